@@ -1,0 +1,121 @@
+"""``lerobot-dali``: inspect datasets, generate test datasets, diagnose decode routes, benchmark.
+
+Imports are deferred to each verb so ``lerobot-dali --help`` answers instantly without loading DALI or torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        h, w = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size must look like 480x640 (HxW), got {text!r}") from None
+    return h, w
+
+
+def _info(args: argparse.Namespace) -> int:
+    from .dataset_reader import open_dataset
+    from .dataset_summary import summarize
+
+    reader = open_dataset(args.dataset, revision=args.revision, cameras=args.cameras)
+    summary = summarize(reader, probe=not args.no_probe)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(f"{summary['source']}  (LeRobot {summary['codebase_version']}, robot {summary['robot_type']})")
+    print(
+        f"  fps {summary['fps']:g}   episodes {summary['total_episodes']}   frames {summary['total_frames']}"
+        f"   tasks {summary['total_tasks']}   data files {summary['data_files']}"
+    )
+    print("  features:")
+    for key, feature in summary["features"].items():
+        print(f"    {key:<40} {feature['dtype']:<8} {feature['shape']}")
+    for key, cam in summary["cameras"].items():
+        probed = (
+            (
+                f"codec {cam.get('codec')} {cam.get('resolution')} {cam.get('fps')} fps GOP {cam.get('gop_frames')}"
+                f"{' B-frames' if cam.get('b_frames') else ''}"
+            )
+            if "codec" in cam
+            else "not probed"
+        )
+        print(
+            f"  camera {key}: {probed}; {cam['video_files']} video file(s), "
+            f"{cam['episodes_per_file']['min']}-{cam['episodes_per_file']['max']} episodes per file"
+        )
+    return 0
+
+
+def _make_dataset(args: argparse.Namespace) -> int:
+    from .generate import make_dataset
+
+    out = make_dataset(
+        args.out,
+        episodes=args.episodes,
+        frames_per_episode=args.frames_per_episode,
+        cameras=args.cameras,
+        size=args.size,
+        fps=args.fps,
+        codec=args.codec,
+        gop=args.gop,
+        episodes_per_file=args.episodes_per_file,
+        version=args.version,
+        seed=args.seed,
+    )
+    print(out)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lerobot-dali", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log INFO (-v) or DEBUG (-vv)")
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    info = verbs.add_parser("info", help="describe a dataset: metadata and what its videos really hold")
+    info.add_argument("dataset", help="local folder, Hub repo id (user/name) or fsspec URL (hf://datasets/...)")
+    info.add_argument("--revision", help="Hub branch, tag or commit")
+    info.add_argument("--cameras", nargs="+", help="only these camera keys")
+    info.add_argument("--json", action="store_true", help="print JSON")
+    info.add_argument("--no-probe", action="store_true", help="do not open video files")
+    info.set_defaults(run=_info)
+
+    make = verbs.add_parser("make-dataset", help="write a synthetic LeRobot dataset with real encoded videos")
+    make.add_argument("out")
+    make.add_argument("--episodes", type=int, default=8)
+    make.add_argument("--frames-per-episode", type=int, default=60)
+    make.add_argument("--cameras", type=int, default=1)
+    make.add_argument("--size", type=_size, default=(96, 128), help="HxW")
+    make.add_argument("--fps", type=int, default=30)
+    make.add_argument("--codec", choices=["av1", "h264", "hevc", "vp9"], default="av1")
+    make.add_argument("--gop", type=int, default=2)
+    make.add_argument("--episodes-per-file", type=int, default=4)
+    make.add_argument("--version", choices=["v3.0", "v2.1"], default="v3.0")
+    make.add_argument("--seed", type=int, default=0)
+    make.set_defaults(run=_make_dataset)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    from .errors import DatasetError
+
+    try:
+        return int(args.run(args))
+    except DatasetError as e:
+        print(f"lerobot-dali {args.verb}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""``meta/info.json``: the dataset's declared schema, frame rate and file layout.
+
+Only the keys the loader needs are read; unknown keys are ignored so newer writers stay readable. Path
+templates are checked once here, so a template that escapes the dataset root fails at open time, not deep
+inside a worker process.
+"""
+
+from __future__ import annotations
+
+import math
+import posixpath
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import DatasetError, InvalidPathTemplateError, UnsupportedVersionError
+
+__all__ = ["SUPPORTED_VERSIONS", "DatasetInfo", "Feature", "VideoInfo", "format_path"]
+
+#: Codebase versions whose layout this loader reads. v2.0 and v2.1 share one layout (one parquet and one
+#: video per episode); v3.0 packs many episodes per file.
+SUPPORTED_VERSIONS = ("v2.0", "v2.1", "v3.0")
+
+_TEMPLATE_FIELDS = {
+    "v3": {"data_path": {"chunk_index", "file_index"}, "video_path": {"chunk_index", "file_index", "video_key"}},
+    "v2": {
+        "data_path": {"episode_chunk", "episode_index"},
+        "video_path": {"episode_chunk", "episode_index", "video_key"},
+    },
+}
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What ``info.json`` claims about a camera's video. The files are the truth; see ``video_probe``."""
+
+    codec: str | None = None
+    fps: float | None = None
+    height: int | None = None
+    width: int | None = None
+    pix_fmt: str | None = None
+    is_depth_map: bool = False
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> VideoInfo:
+        def opt_int(key: str) -> int | None:
+            value = raw.get(key)
+            return int(value) if value is not None else None
+
+        fps = raw.get("video.fps")
+        return cls(
+            codec=raw.get("video.codec"),
+            fps=float(fps) if fps is not None else None,
+            height=opt_int("video.height"),
+            width=opt_int("video.width"),
+            pix_fmt=raw.get("video.pix_fmt"),
+            is_depth_map=bool(raw.get("video.is_depth_map", False)),
+        )
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One declared feature. ``shape`` is as declared: cameras are (H, W, C); scalars are (1,)."""
+
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    names: Any = None
+    video: VideoInfo | None = None
+
+    @property
+    def is_camera(self) -> bool:
+        return self.dtype in ("video", "image")
+
+    @property
+    def is_video(self) -> bool:
+        return self.dtype == "video"
+
+    @property
+    def is_scalar(self) -> bool:
+        """Scalars are stored as plain parquet columns and batch to shape (B,), as in LeRobot."""
+        return self.shape in ((), (1,))
+
+    @classmethod
+    def from_json(cls, key: str, raw: Mapping[str, Any]) -> Feature:
+        try:
+            dtype = str(raw["dtype"])
+            shape = tuple(int(d) for d in raw.get("shape", ()))
+        except (KeyError, TypeError, ValueError) as e:
+            raise DatasetError(f"feature {key!r} in info.json needs 'dtype' and an integer 'shape': {e}") from e
+        video_raw = raw.get("info") or raw.get("video_info")  # 'video_info' is the v2.0 name
+        video = VideoInfo.from_json(video_raw) if dtype == "video" and isinstance(video_raw, Mapping) else None
+        if dtype == "video" and video is None:
+            video = VideoInfo()
+        return cls(key=key, dtype=dtype, shape=shape, names=raw.get("names"), video=video)
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """The parsed ``meta/info.json``."""
+
+    codebase_version: str
+    fps: float
+    features: dict[str, Feature]
+    data_path: str
+    video_path: str | None
+    total_episodes: int
+    total_frames: int
+    total_tasks: int
+    chunks_size: int
+    robot_type: str | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def major_version(self) -> str:
+        """``"v3"`` or ``"v2"``: the layout family that decides how files are found."""
+        return self.codebase_version.split(".")[0]
+
+    @property
+    def camera_keys(self) -> list[str]:
+        return [k for k, f in self.features.items() if f.is_camera]
+
+    @property
+    def video_keys(self) -> list[str]:
+        return [k for k, f in self.features.items() if f.is_video]
+
+    @property
+    def tabular_keys(self) -> list[str]:
+        return [k for k, f in self.features.items() if not f.is_camera]
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any], *, source: str) -> DatasetInfo:
+        """Parse and validate; ``source`` names the file in error messages."""
+        version = raw.get("codebase_version")
+        if version not in SUPPORTED_VERSIONS:
+            raise UnsupportedVersionError(
+                f"{source}: codebase_version {version!r} is not supported; supported versions are "
+                f"{', '.join(SUPPORTED_VERSIONS)}. Convert older datasets with LeRobot's conversion scripts."
+            )
+        try:
+            fps = float(raw["fps"])
+            features_raw = raw["features"]
+            data_path = str(raw["data_path"])
+        except KeyError as e:
+            raise DatasetError(f"{source}: required key {e.args[0]!r} is missing") from e
+        if not math.isfinite(fps) or fps <= 0:
+            raise DatasetError(f"{source}: fps must be a positive number, got {raw['fps']!r}")
+        if not isinstance(features_raw, Mapping) or not features_raw:
+            raise DatasetError(f"{source}: 'features' must be a non-empty mapping")
+        features = {str(k): Feature.from_json(str(k), v) for k, v in features_raw.items()}
+        video_path = raw.get("video_path")
+        info = cls(
+            codebase_version=str(version),
+            fps=fps,
+            features=features,
+            data_path=data_path,
+            video_path=str(video_path) if video_path else None,
+            total_episodes=int(raw.get("total_episodes", 0)),
+            total_frames=int(raw.get("total_frames", 0)),
+            total_tasks=int(raw.get("total_tasks", 0)),
+            chunks_size=int(raw.get("chunks_size", 1000)),
+            robot_type=raw.get("robot_type"),
+            raw=dict(raw),
+        )
+        info._check_templates(source)
+        return info
+
+    def _check_templates(self, source: str) -> None:
+        allowed = _TEMPLATE_FIELDS[self.major_version]
+        templates = {"data_path": self.data_path}
+        if self.video_keys:
+            if self.video_path is None:
+                raise InvalidPathTemplateError(f"{source}: video features are declared but 'video_path' is missing")
+            templates["video_path"] = self.video_path
+        for name, template in templates.items():
+            try:
+                fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+            except ValueError as e:
+                raise InvalidPathTemplateError(f"{source}: {name} {template!r} is not a valid template: {e}") from e
+            unknown = fields - allowed[name]
+            if unknown:
+                raise InvalidPathTemplateError(
+                    f"{source}: {name} {template!r} uses unknown field(s) {sorted(unknown)}; "
+                    f"a {self.codebase_version} template may use {sorted(allowed[name])}"
+                )
+            probe = {**dict.fromkeys(allowed[name], 0), "video_key": "camera"}
+            format_path(template, name=name, source=source, **probe)
+
+
+def format_path(template: str, *, name: str = "path", source: str = "info.json", **values: Any) -> str:
+    """Fill a path template and refuse results that leave the dataset root."""
+    try:
+        path = template.format(**values)
+    except (KeyError, IndexError, ValueError) as e:
+        raise InvalidPathTemplateError(f"{source}: cannot fill {name} {template!r} with {values}: {e}") from e
+    normal = posixpath.normpath(path)
+    if path.startswith(("/", "\\")) or normal == ".." or normal.startswith("../") or "://" in path:
+        raise InvalidPathTemplateError(
+            f"{source}: {name} {template!r} resolves to {path!r}, outside the dataset root; "
+            "templates must be relative paths inside the dataset"
+        )
+    return normal

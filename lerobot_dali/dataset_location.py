@@ -1,0 +1,93 @@
+"""Where a dataset lives: a local folder, a Hub repo id, or any fsspec URL.
+
+Metadata is small and read once, so for the Hub it is downloaded (``meta/`` only) through huggingface_hub's
+cache; bulk ``data/`` and ``videos/`` bytes stay remote and are read lazily through fsspec, which keeps a
+multi-terabyte dataset usable from a machine whose disk holds none of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from .errors import DatasetNotFoundError
+
+__all__ = ["DatasetLocation", "resolve_location"]
+
+logger = logging.getLogger(__name__)
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_HF_DATASET_URL = re.compile(r"^hf://datasets/(?P<repo>[^/@]+/[^/@]+)(?:@(?P<rev>[^/]+))?/?(?P<sub>.*)$")
+
+
+@dataclass(frozen=True)
+class DatasetLocation:
+    """A dataset root as two filesystems: one for ``meta/`` and one for bulk files (often the same)."""
+
+    fs: fsspec.AbstractFileSystem
+    root: str
+    meta_fs: fsspec.AbstractFileSystem
+    meta_root: str
+    description: str
+
+    def path(self, relative: str) -> str:
+        """Path of a bulk file (``data/...``, ``videos/...``) on ``fs``."""
+        return f"{self.root.rstrip('/')}/{relative}" if self.root else relative
+
+    def meta_path(self, relative: str) -> str:
+        return f"{self.meta_root.rstrip('/')}/{relative}" if self.meta_root else relative
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.fs, LocalFileSystem)
+
+
+def resolve_location(
+    path_or_repo: str | os.PathLike[str],
+    *,
+    revision: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> DatasetLocation:
+    """Turn what the user typed into filesystems.
+
+    An existing local folder wins over a repo id of the same spelling. ``revision`` applies to the Hub
+    (branch, tag or commit SHA, passed through untouched).
+    """
+    target = os.fspath(path_or_repo)
+    options = storage_options or {}
+    if "://" not in target and os.path.isdir(target):
+        local = LocalFileSystem()
+        root = os.path.abspath(target)
+        return DatasetLocation(local, root, local, root, root)
+    match = _HF_DATASET_URL.match(target)
+    if match:
+        return _hub_location(match["repo"], match["rev"] or revision, match["sub"], options)
+    if "://" in target:
+        fs, root = fsspec.core.url_to_fs(target, **options)
+        return DatasetLocation(fs, root, fs, root, target)
+    if _REPO_ID.match(target) and not os.path.exists(target):
+        return _hub_location(target, revision, "", options)
+    raise DatasetNotFoundError(
+        f"dataset {target!r} not found: it is not a local folder, a Hub repo id ('user/name') "
+        "or an fsspec URL (e.g. 'hf://datasets/user/name', 's3://bucket/path')"
+    )
+
+
+def _hub_location(repo_id: str, revision: str | None, subfolder: str, options: dict[str, Any]) -> DatasetLocation:
+    from huggingface_hub import HfFileSystem, snapshot_download
+
+    prefix = f"{subfolder.strip('/')}/" if subfolder.strip("/") else ""
+    logger.info("downloading metadata of %s (revision %s)", repo_id, revision or "main")
+    local_meta = snapshot_download(repo_id, repo_type="dataset", revision=revision, allow_patterns=[f"{prefix}meta/**"])
+    fs = HfFileSystem(**options)
+    rev = f"@{revision}" if revision else ""
+    root = f"datasets/{repo_id}{rev}/{prefix}".rstrip("/")
+    local = LocalFileSystem()
+    meta_root = os.path.join(local_meta, prefix.rstrip("/")) if prefix else local_meta
+    return DatasetLocation(fs, root, local, meta_root, f"hf://{root}")

@@ -1,0 +1,272 @@
+"""Open a LeRobot dataset (v3.0, v2.1, v2.0) and answer: which episodes, which rows, which video files.
+
+This is the metadata and tabular layer under the sampler: memory is O(episodes), pixels are never touched,
+and every file access goes through fsspec so local folders, the Hub and buckets behave the same. The
+reader pickles small (no open handles), so DALI worker processes each get their own copy.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from .dataset_info import DatasetInfo, Feature, format_path
+from .dataset_location import DatasetLocation, resolve_location
+from .episode_rows import INDEX_COLUMNS, ParquetCache, read_episode_rows
+from .episode_table import EpisodeTable, read_episode_table
+from .errors import DatasetError, DatasetNotFoundError, EpisodeMetadataError, MissingDataFileError
+
+__all__ = ["LeRobotDatasetReader", "VideoRef", "open_dataset"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VideoRef:
+    """Where one episode's frames of one camera are: file path on the reader's fs and the episode's start."""
+
+    path: str
+    from_timestamp_s: float
+    to_timestamp_s: float | None
+
+
+class LeRobotDatasetReader:
+    """Metadata, episode index, tasks and per-episode rows of one dataset. Build with :func:`open_dataset`."""
+
+    def __init__(
+        self,
+        location: DatasetLocation,
+        info: DatasetInfo,
+        episodes: EpisodeTable,
+        tasks: dict[int, str],
+        *,
+        camera_keys: list[str],
+        tabular_keys: list[str],
+    ) -> None:
+        self.location = location
+        self.info = info
+        self.episodes = episodes
+        self.tasks = tasks
+        self.camera_keys = camera_keys
+        self.tabular_keys = tabular_keys
+        self._parquet = ParquetCache(location.fs)
+
+    @property
+    def fps(self) -> float:
+        return self.info.fps
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self.episodes)
+
+    @property
+    def num_frames(self) -> int:
+        return self.episodes.total_frames
+
+    def __repr__(self) -> str:
+        return (
+            f"LeRobotDatasetReader({self.location.description!r}, version={self.info.codebase_version}, "
+            f"episodes={self.num_episodes}, frames={self.num_frames}, cameras={self.camera_keys})"
+        )
+
+    # -- files ---------------------------------------------------------------------------------------------
+    def data_path(self, episode_pos: int) -> str:
+        ep = self.episodes
+        if self.info.major_version == "v3":
+            values = {
+                "chunk_index": int(ep.data_chunk_index[episode_pos]),
+                "file_index": int(ep.data_file_index[episode_pos]),
+            }
+        else:
+            values = {
+                "episode_chunk": int(ep.data_chunk_index[episode_pos]),
+                "episode_index": int(ep.episode_index[episode_pos]),
+            }
+        return self.location.path(format_path(self.info.data_path, name="data_path", **values))
+
+    def video(self, episode_pos: int, camera: str) -> VideoRef:
+        files = self.episodes.cameras[camera]
+        chunk, file = int(files.chunk_index[episode_pos]), int(files.file_index[episode_pos])
+        if self.info.major_version == "v3":
+            values = {"chunk_index": chunk, "file_index": file, "video_key": camera}
+        else:
+            values = {"episode_chunk": chunk, "episode_index": file, "video_key": camera}
+        template = self.info.video_path or ""
+        path = self.location.path(format_path(template, name="video_path", **values))
+        stop = float(files.to_timestamp_s[episode_pos])
+        return VideoRef(path, float(files.from_timestamp_s[episode_pos]), None if np.isnan(stop) else stop)
+
+    def open(self, path: str) -> Any:
+        """A binary file object for ``path`` on the dataset's filesystem (lazy, range reads for remote)."""
+        try:
+            return self.location.fs.open(path, "rb")
+        except FileNotFoundError as e:
+            raise MissingDataFileError(f"{path} is missing (referenced by {self.location.description})") from e
+
+    # -- rows ----------------------------------------------------------------------------------------------
+    def read_episode(self, episode_pos: int, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """All rows of one episode as ``{key: (length, *shape)}`` plus the index columns LeRobot batches.
+
+        Rows are checked against the episode metadata (episode_index, length, global index) so a data file
+        that drifted from its metadata fails here, naming the file and episode.
+        """
+        ep = self.episodes
+        wanted = list(self.tabular_keys if keys is None else keys)
+        for k in INDEX_COLUMNS:
+            if k in self.info.features and k not in wanted:
+                wanted.append(k)
+        features = {k: self._feature(k) for k in wanted}
+        path = self.data_path(episode_pos)
+        length = int(ep.length[episode_pos])
+        rows = read_episode_rows(
+            self._parquet.get(path),
+            path=path,
+            row_start=int(ep.data_row_start[episode_pos]),
+            length=length,
+            features=features,
+        )
+        episode_index = int(ep.episode_index[episode_pos])
+        self._check_rows(rows, path, episode_pos, episode_index, length)
+        if "frame_index" not in rows:
+            rows["frame_index"] = np.arange(length, dtype=np.int64)
+        return rows
+
+    def _feature(self, key: str) -> Feature:
+        try:
+            feature = self.info.features[key]
+        except KeyError:
+            raise DatasetError(
+                f"{self.location.description}: unknown key {key!r}; tabular keys are {self.info.tabular_keys}"
+            ) from None
+        if feature.is_camera:
+            raise DatasetError(f"{key!r} is a camera; frames come from the video layer, not the data rows")
+        return feature
+
+    def _check_rows(self, rows: dict[str, np.ndarray], path: str, pos: int, episode_index: int, length: int) -> None:
+        if "episode_index" in rows and not (rows["episode_index"] == episode_index).all():
+            found = sorted(set(np.unique(rows["episode_index"]).tolist()))[:5]
+            raise EpisodeMetadataError(
+                f"{path}: rows [{int(self.episodes.data_row_start[pos])}, +{length}) should all be episode "
+                f"{episode_index} per the episode metadata but hold episode_index {found}"
+            )
+        if self.info.major_version == "v3" and "index" in rows:
+            expected = np.arange(self.episodes.dataset_from_index[pos], self.episodes.dataset_to_index[pos])
+            if not np.array_equal(rows["index"], expected):
+                raise EpisodeMetadataError(
+                    f"{path}: episode {episode_index}'s 'index' column does not run from dataset_from_index="
+                    f"{int(expected[0])} to dataset_to_index={int(expected[-1]) + 1}"
+                )
+
+
+def open_dataset(
+    path_or_repo: str | os.PathLike[str],
+    *,
+    revision: str | None = None,
+    cameras: Sequence[str] | None = None,
+    keys: Sequence[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> LeRobotDatasetReader:
+    """Open a dataset from a local folder, a Hub repo id (with ``revision``) or an fsspec URL.
+
+    ``cameras`` selects video keys (default: all declared); ``keys`` selects tabular features (default: all
+    declared). Selecting lets a dataset whose info.json declares a camera without files, or a column that
+    drifted, still be read for the rest.
+    """
+    location = resolve_location(path_or_repo, revision=revision, storage_options=storage_options)
+    info = _read_info(location)
+    camera_keys = _select(info.camera_keys, cameras, "camera", info)
+    for key in camera_keys:
+        if not info.features[key].is_video:
+            raise DatasetError(
+                f"{location.description}: camera {key!r} stores images in the parquet files (dtype "
+                f"{info.features[key].dtype!r}); only video cameras are supported"
+            )
+    tabular_keys = _select(info.tabular_keys, keys, "key", info)
+    episodes = read_episode_table(location.meta_fs, location.meta_root, info, video_keys=camera_keys)
+    if info.total_episodes and info.total_episodes != len(episodes):
+        logger.warning(
+            "%s: info.json says total_episodes=%d but the episode metadata lists %d; using the metadata",
+            location.description,
+            info.total_episodes,
+            len(episodes),
+        )
+    tasks = _read_tasks(location, info)
+    reader = LeRobotDatasetReader(location, info, episodes, tasks, camera_keys=camera_keys, tabular_keys=tabular_keys)
+    _check_first_files(reader)
+    logger.info("opened %r", reader)
+    return reader
+
+
+def _select(available: list[str], chosen: Sequence[str] | None, what: str, info: DatasetInfo) -> list[str]:
+    if chosen is None:
+        return list(available)
+    unknown = [k for k in chosen if k not in available]
+    if unknown:
+        raise DatasetError(f"unknown {what}(s) {unknown}; this dataset declares {available}")
+    return list(chosen)
+
+
+def _read_info(location: DatasetLocation) -> DatasetInfo:
+    path = location.meta_path("meta/info.json")
+    try:
+        with location.meta_fs.open(path, "rt", encoding="utf-8") as f:
+            raw = json.load(f)
+    except FileNotFoundError as e:
+        raise DatasetNotFoundError(f"{location.description} is not a LeRobot dataset: {path} is missing") from e
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{path} is not valid JSON: {e}") from e
+    return DatasetInfo.from_json(raw, source=path)
+
+
+def _read_tasks(location: DatasetLocation, info: DatasetInfo) -> dict[int, str]:
+    fs = location.meta_fs
+    parquet_path = location.meta_path("meta/tasks.parquet")
+    jsonl_path = location.meta_path("meta/tasks.jsonl")
+    if fs.exists(parquet_path):
+        with fs.open(parquet_path, "rb") as f:
+            table = pq.read_table(f)
+        text_column = next((c for c in ("task", "__index_level_0__") if c in table.column_names), None)
+        if text_column is None or "task_index" not in table.column_names:
+            raise DatasetError(
+                f"{parquet_path}: expected a 'task_index' column and the task strings, found {table.column_names}"
+            )
+        return {
+            int(i): str(t) for i, t in zip(table["task_index"].to_pylist(), table[text_column].to_pylist(), strict=True)
+        }
+    if fs.exists(jsonl_path):
+        tasks: dict[int, str] = {}
+        with fs.open(jsonl_path, "rt", encoding="utf-8") as f:
+            for line_no, line in enumerate(f, start=1):
+                if line.strip():
+                    try:
+                        record = json.loads(line)
+                        tasks[int(record["task_index"])] = str(record["task"])
+                    except (ValueError, KeyError, TypeError) as e:
+                        raise DatasetError(f"{jsonl_path}:{line_no}: bad task record ({e})") from e
+        return tasks
+    raise DatasetError(f"{location.description}: no task list (meta/tasks.parquet or meta/tasks.jsonl)")
+
+
+def _check_first_files(reader: LeRobotDatasetReader) -> None:
+    """One existence check per camera and for the first data file: cheap, and catches a camera with no files."""
+    if reader.num_episodes == 0:
+        return
+    fs = reader.location.fs
+    data = reader.data_path(0)
+    if not fs.exists(data):
+        raise MissingDataFileError(f"{data} is missing: the first episode's data file does not exist")
+    for camera in reader.camera_keys:
+        video = reader.video(0, camera).path
+        if not fs.exists(video):
+            others = [c for c in reader.camera_keys if c != camera]
+            raise MissingDataFileError(
+                f"{video} is missing: camera {camera!r} is declared in info.json but its video for the first "
+                f"episode does not exist. If the camera was never recorded, open with cameras={others!r}"
+            )

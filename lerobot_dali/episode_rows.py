@@ -1,0 +1,150 @@
+"""Read one episode's rows from its data parquet: declared columns only, typed and shaped as declared.
+
+A v3 data file packs many episodes, so only the row groups that overlap the episode are read. Columns the
+dataset declares are checked against ``info.json`` (presence, width, castability) and undeclared extras
+(e.g. variable-length ``language_events``) are never read, so schema drift fails loudly, naming the file,
+instead of surfacing as a shape error in the model.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections import OrderedDict
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .dataset_info import Feature
+from .errors import MissingDataFileError, SchemaMismatchError
+
+__all__ = ["ParquetCache", "read_episode_rows"]
+
+#: Columns LeRobot batches for every dataset; ``frame_index`` is derived when a dataset omits it.
+INDEX_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
+
+
+class ParquetCache:
+    """A small per-process LRU of open parquet files: footers are read once, not once per episode.
+
+    Keyed by process id too, so a cache inherited through ``fork`` is never reused by the child.
+    """
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, *, max_open: int = 16) -> None:
+        self._fs = fs
+        self._max_open = max_open
+        self._open: OrderedDict[tuple[int, str], pq.ParquetFile] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, path: str) -> pq.ParquetFile:
+        key = (os.getpid(), path)
+        with self._lock:
+            if key in self._open:
+                self._open.move_to_end(key)
+                return self._open[key]
+        try:
+            handle = self._fs.open(path, "rb")
+        except FileNotFoundError as e:
+            raise MissingDataFileError(f"data file {path} is missing (listed in the episode metadata)") from e
+        parquet = pq.ParquetFile(handle)
+        with self._lock:
+            self._open[key] = parquet
+            while len(self._open) > self._max_open:
+                _, old = self._open.popitem(last=False)
+                old.close()
+        return parquet
+
+    def __getstate__(self) -> dict[str, object]:
+        # Open handles never cross a process boundary; the child opens its own.
+        return {"_fs": self._fs, "_max_open": self._max_open}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._open = OrderedDict()
+        self._lock = threading.Lock()
+
+
+def read_episode_rows(
+    parquet: pq.ParquetFile,
+    *,
+    path: str,
+    row_start: int,
+    length: int,
+    features: dict[str, Feature],
+) -> dict[str, np.ndarray]:
+    """Rows ``[row_start, row_start + length)`` of ``parquet`` as ``{key: array (length, *shape)}``.
+
+    Scalar features (declared shape ``(1,)``) come out as ``(length,)``, as LeRobot batches them.
+    """
+    schema = parquet.schema_arrow
+    missing = [k for k in features if schema.get_field_index(k) < 0]
+    if missing:
+        raise SchemaMismatchError(
+            f"{path}: declared feature(s) {missing} have no column in the data file "
+            f"(columns present: {schema.names}); fix info.json or select other keys"
+        )
+    table = _read_row_range(parquet, path, row_start, length, list(features))
+    return {key: _column_to_numpy(table[key], feature, path) for key, feature in features.items()}
+
+
+def _read_row_range(parquet: pq.ParquetFile, path: str, row_start: int, length: int, columns: list[str]) -> pa.Table:
+    meta = parquet.metadata
+    stop = row_start + length
+    if stop > meta.num_rows:
+        raise SchemaMismatchError(
+            f"{path}: the episode metadata places rows [{row_start}, {stop}) in this file but it has "
+            f"{meta.num_rows} rows"
+        )
+    groups: list[int] = []
+    first_row = None
+    offset = 0
+    for g in range(meta.num_row_groups):
+        n = meta.row_group(g).num_rows
+        if offset < stop and offset + n > row_start:
+            groups.append(g)
+            if first_row is None:
+                first_row = offset
+        offset += n
+    table = parquet.read_row_groups(groups, columns=columns)
+    return table.slice(row_start - (first_row or 0), length)
+
+
+def _column_to_numpy(column: pa.ChunkedArray, feature: Feature, path: str) -> np.ndarray:
+    array = column.combine_chunks()
+    n = len(array)
+    if feature.dtype == "string":
+        return np.asarray(array.to_pylist(), dtype=object)
+    width = math.prod(feature.shape) if feature.shape else 1
+    kind = array.type
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        if array.null_count:
+            raise SchemaMismatchError(f"{path}: column {feature.key!r} has {array.null_count} null row(s)")
+        if pa.types.is_fixed_size_list(kind):
+            widths = np.full(n, kind.list_size)
+        else:
+            offsets = array.offsets.to_numpy()
+            widths = np.diff(offsets)
+        if n and not (widths == width).all():
+            found = sorted(set(widths.tolist()))[:5]
+            raise SchemaMismatchError(
+                f"{path}: column {feature.key!r} holds vectors of length {found} but info.json declares "
+                f"shape {list(feature.shape)} ({width} values); the data file and info.json disagree"
+            )
+        values = array.flatten().to_numpy(zero_copy_only=False)
+    else:
+        if width != 1:
+            raise SchemaMismatchError(
+                f"{path}: column {feature.key!r} is a scalar column of type {kind} but info.json declares "
+                f"shape {list(feature.shape)}"
+            )
+        values = array.to_numpy(zero_copy_only=False)
+    try:
+        values = np.asarray(values).astype(np.dtype(feature.dtype), copy=False)
+    except TypeError as e:
+        raise SchemaMismatchError(
+            f"{path}: column {feature.key!r} of type {kind} cannot be read as the declared dtype {feature.dtype!r}"
+        ) from e
+    return values.reshape((n,) if feature.is_scalar else (n, *feature.shape))

@@ -1,0 +1,211 @@
+"""The episode index: one row per episode, held as numpy columns so a million episodes cost megabytes.
+
+Rows are sorted by ``episode_index``; a row's position (``episode_pos``) is how the sampling layer names
+episodes. Each row says where its frames live: the data file and the row range inside it, and per camera the
+video file and the episode's start time inside that file. v3.0 reads this from ``meta/episodes/*.parquet``;
+v2.x derives it from ``episodes.jsonl`` (one data file and one video per episode, starting at 0 s).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .dataset_info import DatasetInfo
+from .errors import EpisodeMetadataError
+
+__all__ = ["CameraFiles", "EpisodeTable", "read_episode_table"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CameraFiles:
+    """Per episode (aligned with ``EpisodeTable`` rows): which video file, and where in it the episode starts."""
+
+    chunk_index: np.ndarray
+    file_index: np.ndarray
+    from_timestamp_s: np.ndarray
+    to_timestamp_s: np.ndarray  # NaN where the metadata does not say
+
+
+@dataclass(frozen=True)
+class EpisodeTable:
+    """Columnar episode metadata, sorted by ``episode_index``."""
+
+    episode_index: np.ndarray
+    length: np.ndarray
+    dataset_from_index: np.ndarray
+    dataset_to_index: np.ndarray
+    data_chunk_index: np.ndarray
+    data_file_index: np.ndarray
+    #: Row of the episode's first frame inside its data file (v3 files pack several episodes).
+    data_row_start: np.ndarray
+    tasks: pa.Array  # list<string> per episode
+    cameras: dict[str, CameraFiles]
+
+    def __len__(self) -> int:
+        return len(self.episode_index)
+
+    @property
+    def total_frames(self) -> int:
+        return int(self.length.sum())
+
+    def position_of(self, episode_index: int) -> int:
+        """Row position of an ``episode_index``; raises ``KeyError`` naming the episode if absent."""
+        pos = int(np.searchsorted(self.episode_index, episode_index))
+        if pos >= len(self.episode_index) or self.episode_index[pos] != episode_index:
+            raise KeyError(f"episode {episode_index} is not in this dataset")
+        return pos
+
+
+def read_episode_table(
+    fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo, *, video_keys: list[str]
+) -> EpisodeTable:
+    """Read the episode index for ``info``'s layout, validating what later stages rely on."""
+    if info.major_version == "v3":
+        return _read_v3(fs, meta_root, info, video_keys)
+    return _read_v2(fs, meta_root, info, video_keys)
+
+
+def _i64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _read_v3(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo, video_keys: list[str]) -> EpisodeTable:
+    pattern = f"{meta_root.rstrip('/')}/meta/episodes/chunk-*/file-*.parquet"
+    files = sorted(fs.glob(pattern))
+    if not files:
+        raise EpisodeMetadataError(f"no episode metadata found: expected files matching {pattern}")
+    tables = []
+    for path in files:
+        with fs.open(path, "rb") as f:
+            schema = pq.read_schema(f)
+            wanted = [name for name in schema.names if not name.startswith("stats/")]
+            f.seek(0)
+            tables.append(pq.read_table(f, columns=wanted))
+    table = pa.concat_tables(tables, promote_options="default").sort_by("episode_index")
+    source = f"{meta_root}/meta/episodes"
+    required = [
+        "episode_index",
+        "length",
+        "dataset_from_index",
+        "dataset_to_index",
+        "data/chunk_index",
+        "data/file_index",
+    ]
+    missing = [c for c in required if c not in table.column_names]
+    if missing:
+        raise EpisodeMetadataError(f"{source}: episode metadata lacks column(s) {missing}")
+    episode_index = _i64(table["episode_index"])
+    length = _i64(table["length"])
+    from_index = _i64(table["dataset_from_index"])
+    to_index = _i64(table["dataset_to_index"])
+    _check_lengths(source, episode_index, length, from_index, to_index)
+    chunk = _i64(table["data/chunk_index"])
+    file = _i64(table["data/file_index"])
+    row_start = _row_start_in_file(chunk, file, from_index)
+    tasks = (
+        table["tasks"].combine_chunks()
+        if "tasks" in table.column_names
+        else pa.nulls(len(table), pa.list_(pa.string()))
+    )
+    cameras = {key: _v3_camera(source, table, key, chunk.size) for key in video_keys}
+    return EpisodeTable(episode_index, length, from_index, to_index, chunk, file, row_start, tasks, cameras)
+
+
+def _v3_camera(source: str, table: pa.Table, key: str, n: int) -> CameraFiles:
+    prefix = f"videos/{key}/"
+    if f"{prefix}chunk_index" not in table.column_names or f"{prefix}file_index" not in table.column_names:
+        raise EpisodeMetadataError(
+            f"{source}: camera {key!r} is declared in info.json but the episode metadata has no "
+            f"'{prefix}chunk_index'/'{prefix}file_index' columns; select the cameras that have files with cameras=[...]"
+        )
+    chunk = _i64(table[f"{prefix}chunk_index"])
+    file = _i64(table[f"{prefix}file_index"])
+    if f"{prefix}from_timestamp" in table.column_names:
+        start = np.asarray(table[f"{prefix}from_timestamp"].to_numpy(zero_copy_only=False), dtype=np.float64)
+        stop_col = table[f"{prefix}to_timestamp"] if f"{prefix}to_timestamp" in table.column_names else None
+        stop = (
+            np.asarray(stop_col.to_numpy(zero_copy_only=False), dtype=np.float64)
+            if stop_col is not None
+            else np.full(n, np.nan)
+        )
+        return CameraFiles(chunk, file, start, stop)
+    # Without from_timestamp the start is only known where a video file holds a single episode (it is 0).
+    keys = chunk * (1 << 32) + file
+    _, counts = np.unique(keys, return_counts=True)
+    if (counts > 1).any():
+        raise EpisodeMetadataError(
+            f"{source}: camera {key!r} has no '{prefix}from_timestamp' column and some of its video files hold "
+            "several episodes, so where each episode starts is unknown; regenerate the episode metadata"
+        )
+    logger.info("%s: no %sfrom_timestamp; each video file holds one episode, so episodes start at 0 s", source, prefix)
+    return CameraFiles(chunk, file, np.zeros(n), np.full(n, np.nan))
+
+
+def _row_start_in_file(chunk: np.ndarray, file: np.ndarray, from_index: np.ndarray) -> np.ndarray:
+    """Episodes of one data file are stored back to back, so a file's first row is its smallest global index."""
+    keys = chunk * (1 << 32) + file
+    _, inverse = np.unique(keys, return_inverse=True)
+    first = np.full(inverse.max() + 1 if inverse.size else 0, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, inverse, from_index)
+    return from_index - first[inverse]
+
+
+def _check_lengths(
+    source: str, episode_index: np.ndarray, length: np.ndarray, from_index: np.ndarray, to_index: np.ndarray
+) -> None:
+    if np.unique(episode_index).size != episode_index.size:
+        raise EpisodeMetadataError(f"{source}: episode_index values are not unique")
+    bad = np.flatnonzero(to_index - from_index != length)
+    if bad.size:
+        i = int(bad[0])
+        raise EpisodeMetadataError(
+            f"{source}: episode {int(episode_index[i])} has length {int(length[i])} but "
+            f"dataset_to_index - dataset_from_index = {int(to_index[i] - from_index[i])}"
+        )
+    if (length <= 0).any():
+        i = int(np.flatnonzero(length <= 0)[0])
+        raise EpisodeMetadataError(f"{source}: episode {int(episode_index[i])} has no frames (length {int(length[i])})")
+
+
+def _read_v2(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo, video_keys: list[str]) -> EpisodeTable:
+    path = f"{meta_root.rstrip('/')}/meta/episodes.jsonl"
+    if not fs.exists(path):
+        raise EpisodeMetadataError(f"{path} is missing; a {info.codebase_version} dataset lists its episodes there")
+    indices: list[int] = []
+    lengths: list[int] = []
+    tasks: list[list[str]] = []
+    with fs.open(path, "rt", encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                indices.append(int(record["episode_index"]))
+                lengths.append(int(record["length"]))
+            except (ValueError, KeyError, TypeError) as e:
+                raise EpisodeMetadataError(f"{path}:{line_no}: bad episode record ({e}): {line.strip()[:200]}") from e
+            tasks.append([str(t) for t in record.get("tasks", [])])
+    order = np.argsort(np.asarray(indices, dtype=np.int64), kind="stable")
+    episode_index = np.asarray(indices, dtype=np.int64)[order]
+    length = np.asarray(lengths, dtype=np.int64)[order]
+    to_index = np.cumsum(length)
+    from_index = to_index - length
+    _check_lengths(path, episode_index, length, from_index, to_index)
+    chunk = episode_index // info.chunks_size
+    zeros = np.zeros(len(order), dtype=np.int64)
+    task_array = pc.take(pa.array(tasks, type=pa.list_(pa.string())), pa.array(order))
+    cameras = {key: CameraFiles(chunk, episode_index, np.zeros(len(order)), length / info.fps) for key in video_keys}
+    # v2.x: file_index carries the episode index, which is what the v2 path templates are filled with.
+    return EpisodeTable(
+        episode_index, length, from_index, to_index, chunk, episode_index.copy(), zeros, task_array, cameras
+    )

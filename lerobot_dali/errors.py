@@ -1,0 +1,66 @@
+"""Exceptions raised by lerobot_dali.
+
+Every error names the file (or dataset, episode, camera) it is about and says what to do. They subclass
+the builtin that fits, so callers who catch ``ValueError`` or ``FileNotFoundError`` keep working, and
+they survive pickling so an error raised in a worker process reaches the training process intact.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CodecUnsupportedError",
+    "DatasetError",
+    "DatasetNotFoundError",
+    "DeltaTimestampsError",
+    "EpisodeMetadataError",
+    "FrameTimestampError",
+    "InvalidPathTemplateError",
+    "MissingDataFileError",
+    "SchemaMismatchError",
+    "UnsupportedVersionError",
+    "VideoDecodeError",
+]
+
+
+class DatasetError(ValueError):
+    """Base class: the dataset (or its description) is not what a LeRobot dataset must be."""
+
+
+class DatasetNotFoundError(DatasetError, FileNotFoundError):
+    """The dataset root, or its ``meta/info.json``, does not exist."""
+
+
+class UnsupportedVersionError(DatasetError):
+    """``codebase_version`` is one this loader cannot read."""
+
+
+class InvalidPathTemplateError(DatasetError):
+    """A ``data_path``/``video_path`` template is malformed or points outside the dataset root."""
+
+
+class MissingDataFileError(DatasetError, FileNotFoundError):
+    """A data parquet or video file that the metadata refers to is absent."""
+
+
+class EpisodeMetadataError(DatasetError):
+    """Episode metadata is missing, inconsistent, or disagrees with the data rows."""
+
+
+class SchemaMismatchError(DatasetError):
+    """A data column disagrees with the feature declared in ``info.json`` (shape, type, presence)."""
+
+
+class DeltaTimestampsError(DatasetError):
+    """``delta_timestamps`` names an unknown key or a delta that is not a multiple of 1/fps."""
+
+
+class FrameTimestampError(DatasetError):
+    """A requested frame timestamp has no video frame within ``tolerance_s``."""
+
+
+class VideoDecodeError(DatasetError):
+    """A video file is unreadable: truncated, corrupt, or missing the stream."""
+
+
+class CodecUnsupportedError(VideoDecodeError):
+    """No available decoder (NVDEC through DALI, DALI CPU, torchcodec, PyAV) handles this codec."""

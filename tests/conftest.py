@@ -1,0 +1,51 @@
+"""Shared fixtures: small generated datasets (cached per session) and the real datasets in ../shared."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+
+
+def shared_dataset(name: str) -> Path:
+    """Path of a real dataset in ../shared/datasets, skipping the test where the folder is absent."""
+    path = SHARED_DATASETS / name
+    if not path.is_dir():
+        pytest.skip(f"real dataset {path} is not present")
+    return path
+
+
+@pytest.fixture(scope="session")
+def make_ds(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Generate (once per session and argument set) a dataset with ``lerobot_dali.generate.make_dataset``."""
+    from lerobot_dali.generate import make_dataset
+
+    cache: dict[tuple[tuple[str, Any], ...], Path] = {}
+
+    def factory(**kwargs: Any) -> Path:
+        key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in kwargs.items()))
+        if key not in cache:
+            out = tmp_path_factory.mktemp("ds") / "dataset"
+            cache[key] = make_dataset(out, **kwargs)
+        return cache[key]
+
+    return factory
+
+
+@pytest.fixture
+def copy_ds(tmp_path: Path) -> Callable[[Path], Path]:
+    """A writable copy of a dataset, for tests that damage it on purpose."""
+
+    def copy(src: Path) -> Path:
+        dst = tmp_path / src.name
+        shutil.copytree(src, dst)
+        for p in dst.rglob("*"):
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        return dst
+
+    return copy

@@ -1,0 +1,255 @@
+"""The metadata/tabular reader: real datasets, generated datasets, remote filesystems, and every bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.errors import (
+    DatasetError,
+    DatasetNotFoundError,
+    EpisodeMetadataError,
+    InvalidPathTemplateError,
+    MissingDataFileError,
+    SchemaMismatchError,
+    UnsupportedVersionError,
+)
+from lerobot_dali.generate import expected_action, expected_state
+from tests.conftest import shared_dataset
+
+LENGTHS = [5, 1, 7, 4, 6]
+
+
+# -- real datasets ----------------------------------------------------------------------------------------
+def test_cr5_v30_reads_episodes_files_and_rows() -> None:
+    r = open_dataset(shared_dataset("cr5_v30_av1"))
+    assert (r.info.codebase_version, r.num_episodes, r.num_frames, r.fps) == ("v3.0", 12, 2733, 10.0)
+    assert r.camera_keys == ["observation.images.top"]
+    files = {r.video(p, "observation.images.top").path.rsplit("/", 1)[-1] for p in range(12)}
+    assert files == {"file-000.mp4", "file-001.mp4", "file-002.mp4"}
+    # Episode 1 starts where episode 0 (197 frames at 10 fps) ends in the first file.
+    v = r.video(1, "observation.images.top")
+    assert v.from_timestamp_s == pytest.approx(19.7) and v.to_timestamp_s == pytest.approx(41.2)
+    assert r.video(5, "observation.images.top").from_timestamp_s == 0.0  # first episode of file-001
+    rows = r.read_episode(3)
+    assert rows["observation.state"].shape == (209, 6) and rows["observation.state"].dtype == np.float32
+    assert (rows["episode_index"] == 3).all()
+    assert rows["index"][0] == 687 and rows["index"][-1] == 687 + 208
+    np.testing.assert_array_equal(rows["frame_index"], np.arange(209))
+    assert r.tasks == {0: "put the banana on the plate"}
+
+
+def test_cr5_v21_matches_v30_row_for_row() -> None:
+    a = open_dataset(shared_dataset("cr5_v30_av1"))
+    b = open_dataset(shared_dataset("cr5_v21_av1"))
+    assert (b.info.codebase_version, b.num_episodes, b.num_frames) == ("v2.1", 12, 2733)
+    np.testing.assert_array_equal(a.episodes.length, b.episodes.length)
+    for pos in (0, 4, 5, 11):
+        ra, rb = a.read_episode(pos), b.read_episode(pos)
+        assert ra.keys() == rb.keys()
+        for key in ra:
+            np.testing.assert_array_equal(ra[key], rb[key], err_msg=key)
+    assert b.video(4, "observation.images.top").path.endswith("chunk-000/observation.images.top/episode_000004.mp4")
+    assert b.video(4, "observation.images.top").from_timestamp_s == 0.0
+
+
+def test_r1_state_width_drift_is_a_clear_error_and_other_keys_still_read() -> None:
+    r = open_dataset(shared_dataset("r1_v30_h264"))
+    # No from_timestamp column, but one episode per video file: unambiguous start at 0 s.
+    assert r.video(0, "observation.images.rgb").from_timestamp_s == 0.0
+    with pytest.raises(SchemaMismatchError, match=r"observation\.state.*length \[41\].*shape \[17\]"):
+        r.read_episode(0)
+    ok = open_dataset(shared_dataset("r1_v30_h264"), keys=["action"])
+    rows = ok.read_episode(0)
+    assert rows["action"].shape == (790, 17) and rows["action"].dtype == np.float32  # float64 cast as declared
+    assert "next.reward" not in rows  # undeclared columns are never read
+
+
+def test_gr00t_declared_camera_without_files_names_the_fix() -> None:
+    with pytest.raises(
+        MissingDataFileError, match=r"observation\.images\.egoview.*cameras=\['observation\.images\.ego_view'\]"
+    ):
+        open_dataset(shared_dataset("gr00t_v20_h264"))
+    r = open_dataset(shared_dataset("gr00t_v20_h264"), cameras=["observation.images.ego_view"])
+    assert (r.info.codebase_version, r.num_episodes, r.num_frames) == ("v2.0", 5, 2096)
+    rows = r.read_episode(0)
+    np.testing.assert_array_equal(rows["frame_index"], np.arange(416))  # derived: the column is absent
+    assert rows["timestamp"][0] == pytest.approx(0.05, abs=1e-6)
+    assert r.episodes.tasks[0].as_py() == ["pick the pear from the counter and place it in the plate", "valid"]
+
+
+# -- generated datasets -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+def test_generated_rows_have_exact_values(make_ds, version: str) -> None:
+    root = make_ds(episodes=5, frames_per_episode=LENGTHS, episodes_per_file=2, version=version, codec="vp9", fps=10)
+    r = open_dataset(root)
+    assert r.num_episodes == 5 and r.num_frames == sum(LENGTHS)
+    np.testing.assert_array_equal(r.episodes.length, LENGTHS)
+    starts = np.concatenate([[0], np.cumsum(LENGTHS)[:-1]])
+    for pos, n in enumerate(LENGTHS):
+        rows = r.read_episode(pos)
+        for f in range(n):
+            np.testing.assert_array_equal(rows["observation.state"][f], expected_state(pos, f, 6))
+            np.testing.assert_array_equal(rows["action"][f], expected_action(pos, f, 7))
+        np.testing.assert_array_equal(rows["index"], starts[pos] + np.arange(n))
+        np.testing.assert_allclose(rows["timestamp"], np.arange(n) / 10, atol=1e-6)
+    if version == "v3.0":
+        # Two episodes per file: the third episode is the first row of the second file.
+        assert r.episodes.data_row_start.tolist() == [0, 5, 0, 7, 0]
+        assert r.video(1, "observation.images.cam0").from_timestamp_s == pytest.approx(0.5)
+
+
+def test_remote_filesystem_reads_same_rows_as_local(make_ds) -> None:
+    root = make_ds(episodes=5, frames_per_episode=LENGTHS, episodes_per_file=2, codec="vp9", fps=10)
+    mem = fsspec.filesystem("memory")
+    for path in root.rglob("*"):
+        if path.is_file():
+            mem.pipe(f"/remote_ds/{path.relative_to(root).as_posix()}", path.read_bytes())
+    local, remote = open_dataset(root), open_dataset("memory://remote_ds")
+    assert not remote.location.is_local
+    for pos in range(5):
+        a, b = local.read_episode(pos), remote.read_episode(pos)
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+    with remote.open(remote.video(2, "observation.images.cam0").path) as f:
+        assert f.read(8)[4:8] == b"ftyp"
+
+
+def test_hub_repo_downloads_metadata_only(make_ds, monkeypatch, tmp_path) -> None:
+    import huggingface_hub
+    from fsspec.implementations.dirfs import DirFileSystem
+
+    root = make_ds(episodes=5, frames_per_episode=LENGTHS, episodes_per_file=2, codec="vp9", fps=10)
+    calls = []
+
+    def fake_snapshot_download(repo_id, *, repo_type, revision, allow_patterns):
+        calls.append((repo_id, repo_type, revision, allow_patterns))
+        out = tmp_path / "hub_meta"
+        shutil.copytree(root / "meta", out / "meta")
+        return str(out)
+
+    class FakeHfFileSystem(DirFileSystem):
+        def __init__(self, **_: object) -> None:
+            super().__init__(path=str(tmp_path / "hub"), fs=fsspec.filesystem("file"))
+
+    hub_repo = tmp_path / "hub" / "datasets" / "user" / "tiny@v1.0"
+    shutil.copytree(root, hub_repo)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    monkeypatch.setattr(huggingface_hub, "HfFileSystem", FakeHfFileSystem)
+    r = open_dataset("user/tiny", revision="v1.0")
+    assert calls == [("user/tiny", "dataset", "v1.0", ["meta/**"])]
+    assert r.location.description == "hf://datasets/user/tiny@v1.0"
+    assert r.read_episode(3)["index"][0] == sum(LENGTHS[:3])
+    r2 = open_dataset("hf://datasets/user/tiny@v1.0")
+    assert r2.num_frames == sum(LENGTHS)
+
+
+# -- bad input --------------------------------------------------------------------------------------------
+@pytest.fixture
+def v3(make_ds, copy_ds) -> Path:
+    return copy_ds(make_ds(episodes=5, frames_per_episode=LENGTHS, episodes_per_file=2, codec="vp9", fps=10))
+
+
+def _edit_info(root: Path, **changes: object) -> None:
+    info = json.loads((root / "meta/info.json").read_text())
+    info.update(changes)
+    (root / "meta/info.json").write_text(json.dumps(info))
+
+
+def _edit_episodes(root: Path, edit) -> None:
+    path = next((root / "meta/episodes").rglob("*.parquet"))
+    pq.write_table(edit(pq.read_table(path)), path)
+
+
+def test_not_a_dataset(tmp_path: Path) -> None:
+    with pytest.raises(DatasetNotFoundError, match="not found"):
+        open_dataset(tmp_path / "nowhere" / "at all")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetNotFoundError, match=r"meta/info\.json is missing"):
+        open_dataset(tmp_path / "empty")
+
+
+def test_unsupported_version(v3: Path) -> None:
+    _edit_info(v3, codebase_version="v1.6")
+    with pytest.raises(UnsupportedVersionError, match=r"'v1\.6' is not supported.*v2\.0, v2\.1, v3\.0"):
+        open_dataset(v3)
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        ("../../etc/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet", "outside the dataset root"),
+        ("/abs/file-{file_index}.parquet", "outside the dataset root"),
+        ("data/{episode_index}.parquet", "unknown field"),
+        ("data/{chunk_index:03d/file.parquet", "not a valid template"),
+    ],
+)
+def test_bad_path_templates(v3: Path, template: str, message: str) -> None:
+    _edit_info(v3, data_path=template)
+    with pytest.raises(InvalidPathTemplateError, match=message):
+        open_dataset(v3)
+
+
+def test_missing_data_and_video_files(v3: Path) -> None:
+    (v3 / "data/chunk-000/file-001.parquet").unlink()
+    r = open_dataset(v3)  # only the first files are checked at open time
+    with pytest.raises(MissingDataFileError, match=r"file-001\.parquet is missing"):
+        r.read_episode(2)
+    (v3 / "videos/observation.images.cam0/chunk-000/file-000.mp4").unlink()
+    with pytest.raises(MissingDataFileError, match=r"file-000\.mp4 is missing.*observation\.images\.cam0"):
+        open_dataset(v3)
+
+
+def test_episode_metadata_disagreeing_with_rows(v3: Path) -> None:
+    def shift(table: pa.Table) -> pa.Table:
+        # Episode 0 claims 4 frames: episode 1's rows are then misplaced by one row.
+        length = table["length"].to_pylist()
+        frm, to = table["dataset_from_index"].to_pylist(), table["dataset_to_index"].to_pylist()
+        length[0], to[0], frm[1] = 4, 4, 4
+        length[1] = to[1] - 4
+        table = table.set_column(table.schema.get_field_index("length"), "length", pa.array(length))
+        table = table.set_column(table.schema.get_field_index("dataset_to_index"), "dataset_to_index", pa.array(to))
+        return table.set_column(table.schema.get_field_index("dataset_from_index"), "dataset_from_index", pa.array(frm))
+
+    _edit_episodes(v3, shift)
+    r = open_dataset(v3)
+    with pytest.raises(EpisodeMetadataError, match="should all be episode 1.*hold episode_index"):
+        r.read_episode(1)
+
+
+def test_inconsistent_lengths_and_empty_episodes(v3: Path) -> None:
+    _edit_episodes(v3, lambda t: t.set_column(t.schema.get_field_index("length"), "length", pa.array([5, 2, 7, 4, 6])))
+    with pytest.raises(
+        EpisodeMetadataError, match="episode 1 has length 2 but dataset_to_index - dataset_from_index = 1"
+    ):
+        open_dataset(v3)
+
+
+def test_missing_from_timestamp_is_refused_when_files_hold_several_episodes(v3: Path) -> None:
+    cols = ["videos/observation.images.cam0/from_timestamp", "videos/observation.images.cam0/to_timestamp"]
+    _edit_episodes(v3, lambda t: t.drop_columns(cols))
+    with pytest.raises(EpisodeMetadataError, match="hold several episodes"):
+        open_dataset(v3)
+
+
+def test_declared_column_missing_from_data(v3: Path) -> None:
+    info = json.loads((v3 / "meta/info.json").read_text())
+    info["features"]["observation.effort"] = {"dtype": "float32", "shape": [3], "names": None}
+    (v3 / "meta/info.json").write_text(json.dumps(info))
+    r = open_dataset(v3)
+    with pytest.raises(SchemaMismatchError, match=r"\['observation\.effort'\] have no column"):
+        r.read_episode(0)
+    assert "observation.effort" not in open_dataset(v3, keys=["action"]).read_episode(0)
+
+
+def test_unknown_selection(v3: Path) -> None:
+    with pytest.raises(DatasetError, match=r"unknown camera\(s\) \['observation\.images\.nope'\]"):
+        open_dataset(v3, cameras=["observation.images.nope"])
