@@ -13,10 +13,13 @@ __all__ = [
     "DatasetNotFoundError",
     "DeltaTimestampsError",
     "EpisodeMetadataError",
+    "FrameRequestError",
     "FrameTimestampError",
     "InvalidPathTemplateError",
     "MissingDataFileError",
+    "ResumeStateError",
     "SchemaMismatchError",
+    "ShardingError",
     "UnsupportedVersionError",
     "VideoDecodeError",
 ]
@@ -64,3 +67,15 @@ class VideoDecodeError(DatasetError):
 
 class CodecUnsupportedError(VideoDecodeError):
     """No available decoder (NVDEC through DALI, DALI CPU, torchcodec, PyAV) handles this codec."""
+
+
+class ShardingError(ValueError):
+    """The selected episodes cannot be split across the ranks as asked (e.g. fewer episodes than ranks)."""
+
+
+class ResumeStateError(ValueError):
+    """A saved stream state is malformed or does not fit the loader it is loaded into."""
+
+
+class FrameRequestError(ValueError):
+    """A frame request to a video is malformed: no frames at all, or frame indices outside the file."""

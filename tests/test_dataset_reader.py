@@ -133,7 +133,7 @@ def test_hub_repo_downloads_metadata_only(make_ds, monkeypatch, tmp_path) -> Non
     def fake_snapshot_download(repo_id, *, repo_type, revision, allow_patterns):
         calls.append((repo_id, repo_type, revision, allow_patterns))
         out = tmp_path / "hub_meta"
-        shutil.copytree(root / "meta", out / "meta")
+        shutil.copytree(root / "meta", out / "meta", dirs_exist_ok=True)
         return str(out)
 
     class FakeHfFileSystem(DirFileSystem):
@@ -150,6 +150,7 @@ def test_hub_repo_downloads_metadata_only(make_ds, monkeypatch, tmp_path) -> Non
     assert r.read_episode(3)["index"][0] == sum(LENGTHS[:3])
     r2 = open_dataset("hf://datasets/user/tiny@v1.0")
     assert r2.num_frames == sum(LENGTHS)
+    assert len(calls) == 2 and calls[1][2] == "v1.0"
 
 
 # -- bad input --------------------------------------------------------------------------------------------

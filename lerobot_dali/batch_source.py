@@ -1,0 +1,186 @@
+"""The CPU half of one batch: positions -> episode rows -> windows -> video requests, in a DALI worker.
+
+:class:`BatchSource` is the parallel external source's callable. It is stateless in what it returns: batch
+``i`` of DALI epoch ``e`` is a pure function of the sample order, so any worker process can compute any
+batch, and resume is exact. What it keeps are caches only (episode rows, packet indexes, open decoders),
+each bounded and rebuilt after the process boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .clips import build_clip
+from .cpu_decode import CpuFrameDecoder
+from .dali_graph import Field, FieldKind
+from .dataset_reader import LeRobotDatasetReader
+from .decode_route import DecodeRoute
+from .frame_lookup import FrameRequestContext, TimestampSource, nearest_frame_indices
+from .packet_index import PacketIndexCache
+from .sample_order import SampleOrder
+from .windows import query_indices
+
+__all__ = ["INDEX_KEYS", "BatchSource", "SourceSpec", "output_fields"]
+
+logger = logging.getLogger(__name__)
+
+#: Per-sample index columns every batch carries, as LeRobot's items do.
+INDEX_KEYS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """Everything a worker needs, picklable and small (no open files)."""
+
+    reader: LeRobotDatasetReader
+    order: SampleOrder
+    #: ``key -> delta_index`` (frames relative to the sample) for every key with a window.
+    delta_index: dict[str, np.ndarray]
+    batch_size: int
+    drop_last: bool
+    first_epoch: int
+    #: Samples of ``first_epoch`` already consumed (resume); later epochs start at 0.
+    start_position: int
+    camera_routes: dict[str, DecodeRoute]
+    tabular_keys: tuple[str, ...]
+    timestamp_source: TimestampSource
+    tolerance_s: float
+    rows_cache_episodes: int = 256
+
+
+def output_fields(spec: SourceSpec) -> list[Field]:
+    """The external source's outputs, in order; the DALI graph and the iterator both read this list."""
+    fields = [Field(key, FieldKind.TABULAR) for key in spec.tabular_keys]
+    fields += [Field(key, FieldKind.TABULAR) for key in INDEX_KEYS if key not in spec.tabular_keys]
+    fields += [Field(f"{key}_is_pad", FieldKind.TABULAR) for key in spec.delta_index]
+    for camera_index, (camera, route) in enumerate(spec.camera_routes.items()):
+        if route.dali_device is None:
+            fields.append(Field(camera, FieldKind.FRAMES, camera_index=camera_index))
+        else:
+            fields.append(Field(camera, FieldKind.CLIP, decode_device=route.dali_device, camera_index=camera_index))
+            fields.append(Field(f"{camera}.__frames", FieldKind.CLIP_FRAMES, camera_index=camera_index))
+    return fields
+
+
+class BatchSource:
+    """``batch_info -> tuple of outputs`` for DALI's parallel external source (``batch=True``)."""
+
+    def __init__(self, spec: SourceSpec) -> None:
+        self.spec = spec
+        self.fields = output_fields(spec)
+        self._init_caches()
+
+    def _init_caches(self) -> None:
+        self._rows: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
+        self._indexes = PacketIndexCache(max_entries=64)
+        self._decoder = CpuFrameDecoder()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"spec": self.spec, "fields": self.fields}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_caches()
+
+    # -- positions ---------------------------------------------------------------------------------------
+    def positions(self, epoch_offset: int, iteration: int) -> tuple[int, int, int] | None:
+        """``(epoch, start, stop)`` of batch ``iteration`` in DALI epoch ``epoch_offset``, or None past the end."""
+        spec = self.spec
+        epoch = spec.first_epoch + epoch_offset
+        first = spec.start_position if epoch_offset == 0 else 0
+        total = spec.order.num_samples(epoch)
+        start = first + iteration * spec.batch_size
+        stop = min(total, start + spec.batch_size)
+        if start >= total or (spec.drop_last and stop - start < spec.batch_size):
+            return None
+        return epoch, start, stop
+
+    def __call__(self, batch_info: Any) -> tuple[Any, ...]:
+        where = self.positions(batch_info.epoch_idx, batch_info.iteration)
+        if where is None:
+            raise StopIteration
+        epoch, start, stop = where
+        episode_pos, frame = self.spec.order.samples(epoch, start, stop)
+        return self.assemble(episode_pos, frame)
+
+    # -- assembly ----------------------------------------------------------------------------------------
+    def assemble(self, episode_pos: np.ndarray, frame: np.ndarray) -> tuple[Any, ...]:
+        """The outputs for samples ``(episode_pos[i], frame[i])``, in :func:`output_fields` order."""
+        spec = self.spec
+        rows = [self._episode_rows(int(p)) for p in episode_pos]
+        lengths = np.array([len(r["frame_index"]) for r in rows], dtype=np.int64)
+        values: dict[str, Any] = {}
+        for key in spec.tabular_keys:
+            if key in spec.delta_index:
+                idx, _ = query_indices(frame, lengths, spec.delta_index[key])
+                values[key] = np.stack([r[key][i] for r, i in zip(rows, idx, strict=True)])
+            else:
+                values[key] = np.stack([r[key][f] for r, f in zip(rows, frame, strict=True)])
+        for key in INDEX_KEYS:
+            if key not in spec.tabular_keys:
+                values[key] = np.stack([r[key][f] for r, f in zip(rows, frame, strict=True)])
+        for key, delta in spec.delta_index.items():
+            values[f"{key}_is_pad"] = query_indices(frame, lengths, delta)[1]
+        out: list[Any] = []
+        for field in self.fields:
+            if field.kind is FieldKind.TABULAR:
+                out.append(np.ascontiguousarray(values[field.name]))
+            elif field.kind is FieldKind.FRAMES:
+                out.append(self._decoded(field.name, episode_pos, frame, rows, lengths))
+            elif field.kind is FieldKind.CLIP:
+                clips, indices = self._clips(field.name, episode_pos, frame, rows, lengths)
+                out.extend([clips, indices])
+        return tuple(out)
+
+    def _episode_rows(self, episode_pos: int) -> dict[str, np.ndarray]:
+        cached = self._rows.get(episode_pos)
+        if cached is not None:
+            self._rows.move_to_end(episode_pos)
+            return cached
+        rows = self.spec.reader.read_episode(episode_pos, self.spec.tabular_keys)
+        self._rows[episode_pos] = rows
+        while len(self._rows) > self.spec.rows_cache_episodes:
+            self._rows.popitem(last=False)
+        return rows
+
+    def _video_requests(
+        self, camera: str, episode_pos: np.ndarray, frame: np.ndarray, rows: list[dict[str, np.ndarray]], lengths: np.ndarray
+    ):
+        """Per sample: (video path, packet index, display frame numbers of its window)."""
+        spec = self.spec
+        delta = spec.delta_index.get(camera, np.zeros(1, dtype=np.int64))
+        idx, _ = query_indices(frame, lengths, delta)
+        reader = spec.reader
+        for pos, r, i in zip(episode_pos, rows, idx, strict=True):
+            video = reader.video(int(pos), camera)
+            if spec.timestamp_source is TimestampSource.FRAME_INDEX:
+                local_s = r["frame_index"][i].astype(np.float64) / reader.fps
+            else:
+                local_s = r["timestamp"][i].astype(np.float64)
+            index = self._indexes.get(video.path, filesystem=reader.location.fs)
+            context = FrameRequestContext(
+                dataset=reader.location.description, episode_index=int(reader.episodes.episode_index[pos]), camera=camera
+            )
+            numbers = nearest_frame_indices(index, video.from_timestamp_s + local_s, tolerance_s=spec.tolerance_s, context=context)
+            yield video.path, index, numbers
+
+    def _decoded(self, camera, episode_pos, frame, rows, lengths) -> list[np.ndarray]:
+        fs = self.spec.reader.location.fs
+        return [
+            self._decoder.decode(path, index, numbers, filesystem=fs)
+            for path, index, numbers in self._video_requests(camera, episode_pos, frame, rows, lengths)
+        ]
+
+    def _clips(self, camera, episode_pos, frame, rows, lengths) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        fs = self.spec.reader.location.fs
+        clips, indices = [], []
+        for path, index, numbers in self._video_requests(camera, episode_pos, frame, rows, lengths):
+            clip = build_clip(path, index, numbers, filesystem=fs)
+            clips.append(clip.data)
+            indices.append(clip.relative_indices.astype(np.int32))
+        return clips, indices

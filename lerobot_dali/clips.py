@@ -1,0 +1,261 @@
+"""Cut the packets a request needs out of a video file and remux them, unchanged, into a small MP4.
+
+DALI's video decoder re-parses its whole input for every sample, so it must never see a whole file. A clip
+holds only the GOPs that contain requested frames: for each frame, the packets from the keyframe before it
+(in decode order) up to the frame itself; sparse requests get several such runs, not the gaps between.
+Packets are copied byte for byte and re-timed to a gap-free constant rate (pts = display rank x frame
+duration), so every decoder (NVDEC through DALI, DALI CPU, PyAV) numbers the clip's frames the same way:
+frame ``k`` of the clip is the ``k``-th smallest pts, which is what DALI's ``frames=`` argument indexes.
+
+Open-GOP keyframes (HEVC CRA, H.264 recovery points) are followed by "leading" pictures that display
+before them and reference the previous GOP; a clip starting at such a keyframe drops those packets, since
+they are not decodable there and decoders differ in whether they emit or skip them.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import av
+import numpy as np
+from numpy.typing import ArrayLike
+
+from .errors import FrameRequestError, VideoDecodeError
+from .packet_index import PacketIndex, VideoSource, open_video_source
+
+__all__ = [
+    "Clip",
+    "ClipPlan",
+    "build_clip",
+    "plan_clip",
+    "read_packet_payloads",
+    "remux_clip",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, eq=False)
+class ClipPlan:
+    """Which packets a request needs and where each requested frame lands inside the clip.
+
+    ``segments`` are half-open decode-position ranges ``[start, stop)``, each starting at a keyframe;
+    ``packet_positions`` lists the kept packets in decode order (segments minus dropped leading pictures);
+    ``relative_indices[i]`` is the clip display index of the ``i``-th requested frame.
+    """
+
+    segments: tuple[tuple[int, int], ...]
+    packet_positions: np.ndarray
+    relative_indices: np.ndarray
+
+    @property
+    def frame_count(self) -> int:
+        return len(self.packet_positions)
+
+
+@dataclass(frozen=True, eq=False)
+class Clip:
+    """A remuxed MP4 (1-D uint8, the input of ``fn.decoders.video``) and the frames to take from it."""
+
+    data: np.ndarray
+    relative_indices: np.ndarray
+    frame_count: int
+    #: Bytes of packet payload copied from the source file (for bytes-per-clip vs file-size reports).
+    payload_bytes: int
+
+
+def _check_request(index: PacketIndex, frame_indices: ArrayLike) -> np.ndarray:
+    requested = np.asarray(frame_indices)
+    if requested.ndim != 1 or requested.size == 0:
+        raise FrameRequestError(
+            f"{index.source_name}: a clip request needs a non-empty 1-D list of frame indices, "
+            f"got shape {requested.shape}."
+        )
+    if not np.issubdtype(requested.dtype, np.integer):
+        raise FrameRequestError(f"{index.source_name}: frame indices must be integers, got dtype {requested.dtype}.")
+    requested = requested.astype(np.int64)
+    out_of_range = (requested < 0) | (requested >= index.frame_count)
+    if out_of_range.any():
+        raise FrameRequestError(
+            f"{index.source_name}: frame index {int(requested[out_of_range][0])} is outside the video, "
+            f"which has frames 0..{index.frame_count - 1}."
+        )
+    return requested
+
+
+def plan_clip(index: PacketIndex, frame_indices: ArrayLike) -> ClipPlan:
+    """Plan the clip for display frame indices (any order, repeats allowed); pure, no I/O.
+
+    Raises FrameRequestError for an empty request or an index outside the video.
+    """
+    requested = _check_request(index, frame_indices)
+    needed = np.unique(requested)
+    decode_pos = index.display_order[needed]
+    keys = np.flatnonzero(index.keyframe)
+    if keys.size == 0 or keys[0] != 0:
+        # A stream that does not start on a flagged keyframe: decoding can only start at its beginning.
+        keys = np.concatenate(([0], keys))
+    key_slot = np.searchsorted(keys, decode_pos, side="right") - 1
+    # A leading picture displays before the keyframe it follows; it needs the GOP before that keyframe.
+    while True:
+        leading = (index.pts[keys[key_slot]] > index.pts[decode_pos]) & (key_slot > 0)
+        if not leading.any():
+            break
+        key_slot = np.where(leading, key_slot - 1, key_slot)
+    starts = keys[key_slot]
+    segments = _merge(starts, decode_pos + 1)
+    kept: list[np.ndarray] = []
+    for start, stop in segments:
+        positions = np.arange(start, stop)
+        # Leading pictures of the segment's first keyframe reference packets the clip does not hold.
+        kept.append(positions[index.pts[positions] >= index.pts[start]])
+    packet_positions = np.concatenate(kept)
+    clip_ranks = np.sort(index.display_rank[packet_positions])
+    global_ranks = index.display_rank[index.display_order[requested]]
+    relative = np.searchsorted(clip_ranks, global_ranks)
+    missing = (relative >= len(clip_ranks)) | (clip_ranks[np.minimum(relative, len(clip_ranks) - 1)] != global_ranks)
+    if missing.any():
+        frame = int(requested[missing][0])
+        raise VideoDecodeError(
+            f"{index.source_name}: frame {frame} displays before the file's first keyframe and references "
+            "pictures the file does not hold, so no decoder can produce it; re-encode the video."
+        )
+    return ClipPlan(
+        segments=tuple((int(a), int(b)) for a, b in segments),
+        packet_positions=packet_positions,
+        relative_indices=relative.astype(np.int32),
+    )
+
+
+def _merge(starts: np.ndarray, stops: np.ndarray) -> list[tuple[int, int]]:
+    """Union of half-open ranges, sorted; touching ranges are joined (one seek, one read)."""
+    order = np.argsort(starts, kind="stable")
+    merged: list[tuple[int, int]] = []
+    for start, stop in zip(starts[order].tolist(), stops[order].tolist(), strict=True):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], stop))
+        else:
+            merged.append((start, stop))
+    return merged
+
+
+def read_packet_payloads(
+    source: VideoSource, index: PacketIndex, plan: ClipPlan, *, filesystem: Any | None = None
+) -> list[bytes]:
+    """The payload of each planned packet, in ``plan.packet_positions`` order.
+
+    MP4 (``index.byte_exact``): one ranged read per segment. Other containers: a seek and a demux.
+    """
+    with open_video_source(source, filesystem=filesystem) as handle:
+        if index.byte_exact:
+            return _read_ranges(handle, index, plan)
+        return _demux_payloads(handle, index, plan)
+
+
+def _read_ranges(handle: Any, index: PacketIndex, plan: ClipPlan) -> list[bytes]:
+    payloads: list[bytes] = []
+    positions = plan.packet_positions
+    for start, stop in plan.segments:
+        in_segment = positions[(positions >= start) & (positions < stop)]
+        offsets, sizes = index.byte_offset[in_segment], index.size_bytes[in_segment]
+        first, end = int(offsets.min()), int((offsets + sizes).max())
+        handle.seek(first)
+        block = handle.read(end - first)
+        if len(block) != end - first:
+            raise VideoDecodeError(
+                f"{index.source_name}: read {len(block)} of {end - first} bytes at offset {first}; the file is "
+                "shorter than its index says (truncated or replaced since it was indexed)."
+            )
+        view = memoryview(block)
+        payloads.extend(
+            bytes(view[o - first : o - first + s]) for o, s in zip(offsets.tolist(), sizes.tolist(), strict=True)
+        )
+    return payloads
+
+
+def _demux_payloads(handle: Any, index: PacketIndex, plan: ClipPlan) -> list[bytes]:
+    wanted = {int(index.pts[p]): i for i, p in enumerate(plan.packet_positions.tolist())}
+    payloads: list[bytes | None] = [None] * len(wanted)
+    found = 0
+    try:
+        with av.open(handle, mode="r") as container:
+            stream = container.streams.video[0]
+            for start, stop in plan.segments:
+                seek_to = int(min(index.pts[start], index.dts[start]))
+                container.seek(seek_to, stream=stream, backward=True, any_frame=False)
+                pending = {int(index.pts[p]) for p in range(start, stop)}
+                for packet in container.demux(stream):
+                    if packet.size == 0:
+                        break
+                    slot = wanted.get(packet.pts if packet.pts is not None else packet.dts)
+                    if slot is not None and payloads[slot] is None:
+                        payloads[slot] = bytes(packet)
+                        found += 1
+                    pending.discard(packet.pts)
+                    if not pending:
+                        break
+    except av.error.FFmpegError as e:
+        raise VideoDecodeError(f"{index.source_name}: demuxing packets for a clip failed ({e}).") from e
+    if found != len(payloads):
+        raise VideoDecodeError(
+            f"{index.source_name}: {len(payloads) - found} packets of the clip were not found when demuxing; "
+            "the file changed since it was indexed or is corrupt."
+        )
+    return [p for p in payloads if p is not None]
+
+
+def remux_clip(index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> np.ndarray:
+    """Mux ``payloads`` (the planned packets) into an in-memory MP4, re-timed to a gap-free constant rate."""
+    if len(payloads) != plan.frame_count:
+        raise ValueError(f"remux_clip got {len(payloads)} payloads for a plan of {plan.frame_count} packets.")
+    count = plan.frame_count
+    rank = np.argsort(np.argsort(index.pts[plan.packet_positions], kind="stable"), kind="stable")
+    # Decode timestamps must not exceed presentation ones: shift them back by the reorder delay.
+    delay = max(0, int((np.arange(count) - rank).max()))
+    duration = index.frame_duration
+    output = io.BytesIO()
+    try:
+        with (
+            av.open(io.BytesIO(index.template), mode="r") as template,
+            av.open(output, mode="w", format="mp4") as muxer,
+        ):
+            stream = muxer.add_stream_from_template(template.streams.video[0], opaque=True)
+            for position, (payload, display_rank) in enumerate(zip(payloads, rank.tolist(), strict=True)):
+                packet = av.Packet(payload)
+                packet.pts = display_rank * duration
+                packet.dts = (position - delay) * duration
+                packet.duration = duration
+                packet.time_base = index.time_base
+                packet.is_keyframe = bool(index.keyframe[plan.packet_positions[position]])
+                packet.stream = stream
+                muxer.mux(packet)
+    except av.error.FFmpegError as e:
+        raise VideoDecodeError(f"{index.source_name}: remuxing a clip of {count} packets failed ({e}).") from e
+    return np.frombuffer(output.getvalue(), dtype=np.uint8)
+
+
+def build_clip(
+    source: VideoSource, index: PacketIndex, frame_indices: ArrayLike, *, filesystem: Any | None = None
+) -> Clip:
+    """Plan, read and remux the clip holding display frames ``frame_indices`` of ``source``.
+
+    ``index`` must be the packet index of ``source`` (see :func:`~lerobot_dali.packet_index.load_packet_index`).
+    """
+    plan = plan_clip(index, frame_indices)
+    payloads = read_packet_payloads(source, index, plan, filesystem=filesystem)
+    data = remux_clip(index, plan, payloads)
+    payload_bytes = int(index.size_bytes[plan.packet_positions].sum())
+    logger.debug(
+        "Clip of %d frames (%d segments, %d bytes) from %s (%d bytes)",
+        plan.frame_count,
+        len(plan.segments),
+        data.nbytes,
+        index.source_name,
+        index.file_size_bytes,
+    )
+    return Clip(
+        data=data, relative_indices=plan.relative_indices, frame_count=plan.frame_count, payload_bytes=payload_bytes
+    )

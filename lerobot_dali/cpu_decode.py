@@ -1,0 +1,291 @@
+"""CPU fallback: decode requested frames in the external-source worker, for codecs the GPU cannot decode.
+
+Runs where NVDEC lacks the codec (AV1 on A100/H100/H200) or there is no GPU and DALI's CPU decoder lacks
+it (H.264, HEVC, AV1). Frames are found by presentation timestamp from the packet index, so the result is
+the same frame a full sequential decode gives at that pts. Open decoders are kept in a small LRU per
+process and opened lazily: a decoder inherited through fork shares FFmpeg state and file offsets with its
+parent, so a process never uses one it did not open itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import av
+import numpy as np
+from numpy.typing import ArrayLike
+
+from .clips import plan_clip
+from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
+from .packet_index import PacketIndex, VideoSource, source_cache_key, source_label
+
+__all__ = [
+    "CpuDecodeOptions",
+    "CpuDecoderBackend",
+    "CpuFrameDecoder",
+    "pyav_can_decode",
+    "torchcodec_available",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class CpuDecoderBackend(Enum):
+    """Which library decodes on the CPU."""
+
+    #: torchcodec where it loads (CUDA builds of torch ship it), PyAV otherwise.
+    AUTO = "auto"
+    #: PyAV (FFmpeg bundled with the ``av`` wheel); always available.
+    PYAV = "pyav"
+    #: torchcodec; raises CodecUnsupportedError at first use where it does not load.
+    TORCHCODEC = "torchcodec"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpuDecodeOptions:
+    """How the CPU fallback decodes.
+
+    ``threads_per_decoder``: FFmpeg threads per open decoder (0 lets FFmpeg choose; keep it small when
+    several external-source workers decode at once). ``max_open_decoders``: open files kept per process.
+    """
+
+    backend: CpuDecoderBackend = CpuDecoderBackend.AUTO
+    threads_per_decoder: int = 1
+    max_open_decoders: int = 8
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.backend, CpuDecoderBackend):
+            raise ValueError(f"backend must be a CpuDecoderBackend, got {self.backend!r}.")
+        for name, minimum in (("threads_per_decoder", 0), ("max_open_decoders", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}.")
+
+
+def pyav_can_decode(codec: str) -> bool:
+    """Whether the FFmpeg bundled with PyAV has a decoder for ``codec`` (an FFmpeg codec name)."""
+    try:
+        av.codec.Codec(codec, "r")
+    except (av.codec.codec.UnknownCodecError, ValueError):
+        return False
+    return True
+
+
+def torchcodec_available() -> bool:
+    """Whether torchcodec imports and finds its FFmpeg libraries in this environment."""
+    try:
+        from torchcodec.decoders import VideoDecoder  # noqa: F401
+    except Exception:  # torchcodec raises RuntimeError/OSError when its FFmpeg libraries do not load.
+        return False
+    return True
+
+
+class _PyAvReader:
+    """One open container; frames are fetched by seeking to a keyframe and decoding forward."""
+
+    def __init__(self, source: VideoSource, *, filesystem: Any | None, threads: int, label: str) -> None:
+        self.label = label
+        self._handle = None
+        try:
+            if isinstance(source, (str, os.PathLike)) and filesystem is not None:
+                self._handle = filesystem.open(os.fspath(source), "rb")
+                self.container = av.open(self._handle, mode="r")
+            else:
+                self.container = av.open(os.fspath(source) if _is_path(source) else source, "r")
+        except FileNotFoundError as e:
+            self.close()
+            raise MissingDataFileError(f"Video file {label} does not exist.") from e
+        except av.error.FFmpegError as e:
+            self.close()
+            raise VideoDecodeError(f"{label}: cannot open the video ({e}); the file is truncated or corrupt.") from e
+        if not self.container.streams.video or self.container.streams.video[0].codec_context is None:
+            self.close()
+            raise CodecUnsupportedError(f"{label}: no video stream that PyAV can decode.")
+        self.stream = self.container.streams.video[0]
+        self.stream.codec_context.thread_count = threads
+        self.stream.codec_context.thread_type = "AUTO"
+
+    def frames_at(self, index: PacketIndex, frame_indices: np.ndarray) -> dict[int, np.ndarray]:
+        """Decoded RGB frames keyed by pts for the requested display frames."""
+        plan = plan_clip(index, frame_indices)
+        wanted = {int(p) for p in index.frame_pts[np.unique(frame_indices)]}
+        found: dict[int, np.ndarray] = {}
+        try:
+            for start, stop in plan.segments:
+                segment_pts = {int(p) for p in index.pts[start:stop]} & wanted
+                self.container.seek(
+                    int(min(index.pts[start], index.dts[start])), stream=self.stream, backward=True, any_frame=False
+                )
+                self.stream.codec_context.flush_buffers()
+                self._decode_until(segment_pts, found)
+        except av.error.FFmpegError as e:
+            raise VideoDecodeError(f"{self.label}: decoding failed ({e}); the file is corrupt.") from e
+        missing = wanted - found.keys()
+        if missing:
+            first = min(missing) * index.time_base
+            raise VideoDecodeError(
+                f"{self.label}: the decoder produced no frame at pts {float(first):.6f} s ({len(missing)} "
+                "requested frames missing); the file is corrupt or truncated."
+            )
+        return found
+
+    def _decode_until(self, pending: set[int], found: dict[int, np.ndarray]) -> None:
+        pending = pending - found.keys()
+        for packet in self.container.demux(self.stream):
+            for frame in packet.decode():
+                if frame.pts in pending:
+                    found[frame.pts] = frame.to_ndarray(format="rgb24")
+                    pending.discard(frame.pts)
+            if not pending:
+                return
+
+    def close(self) -> None:
+        container = getattr(self, "container", None)
+        if container is not None:
+            container.close()
+        if self._handle is not None:
+            self._handle.close()
+
+
+class _TorchCodecReader:
+    """One torchcodec decoder in exact seek mode; frames are fetched by presentation time."""
+
+    def __init__(self, source: VideoSource, *, filesystem: Any | None, threads: int, label: str) -> None:
+        try:
+            from torchcodec.decoders import VideoDecoder
+        except Exception as e:
+            raise CodecUnsupportedError(
+                f"{label}: torchcodec does not load here ({e}); use CpuDecoderBackend.PYAV or AUTO."
+            ) from e
+        self.label = label
+        self._handle = None
+        if isinstance(source, (str, os.PathLike)) and filesystem is not None:
+            self._handle = filesystem.open(os.fspath(source), "rb")
+            source = self._handle
+        elif isinstance(source, os.PathLike):
+            source = os.fspath(source)
+        try:
+            self.decoder = VideoDecoder(
+                source, seek_mode="exact", num_ffmpeg_threads=threads, dimension_order="NHWC", device="cpu"
+            )
+        except FileNotFoundError as e:
+            raise MissingDataFileError(f"Video file {label} does not exist.") from e
+        except (RuntimeError, ValueError) as e:
+            raise VideoDecodeError(f"{label}: torchcodec cannot open the video ({e}).") from e
+
+    def frames_at(self, index: PacketIndex, frame_indices: np.ndarray) -> dict[int, np.ndarray]:
+        unique = np.unique(frame_indices)
+        try:
+            batch = self.decoder.get_frames_played_at(seconds=index.frame_pts_s[unique].tolist())
+        except (RuntimeError, ValueError, IndexError) as e:
+            raise VideoDecodeError(f"{self.label}: torchcodec failed to decode ({e}).") from e
+        data = batch.data.numpy()
+        return {int(pts): data[i] for i, pts in enumerate(index.frame_pts[unique].tolist())}
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+
+
+def _is_path(source: VideoSource) -> bool:
+    return isinstance(source, (str, os.PathLike))
+
+
+class CpuFrameDecoder:
+    """Decode display frames of video files on the CPU, keeping a bounded LRU of open decoders per process.
+
+    Safe to create before workers fork or to pickle into spawned workers: each process opens its own
+    decoders on first use and drops (never uses) any it inherited.
+    """
+
+    def __init__(self, *, options: CpuDecodeOptions | None = None) -> None:
+        self.options = options if options is not None else CpuDecodeOptions()
+        self._readers: OrderedDict[Hashable, _PyAvReader | _TorchCodecReader] = OrderedDict()
+        self._pid = os.getpid()
+        self._backend = self._resolve_backend()
+
+    def _resolve_backend(self) -> CpuDecoderBackend:
+        if self.options.backend is CpuDecoderBackend.AUTO:
+            return CpuDecoderBackend.TORCHCODEC if torchcodec_available() else CpuDecoderBackend.PYAV
+        return self.options.backend
+
+    @property
+    def backend(self) -> CpuDecoderBackend:
+        """The backend in use (AUTO resolved)."""
+        return self._backend
+
+    def decode(
+        self,
+        source: VideoSource,
+        index: PacketIndex,
+        frame_indices: ArrayLike,
+        *,
+        filesystem: Any | None = None,
+    ) -> np.ndarray:
+        """RGB frames ``(N, H, W, 3)`` uint8 for display ``frame_indices`` (request order, repeats allowed).
+
+        ``index`` is the packet index of ``source``. Raises FrameRequestError for an empty or out-of-range
+        request, MissingDataFileError, VideoDecodeError or CodecUnsupportedError naming the file.
+        """
+        requested = np.asarray(frame_indices)
+        plan_clip(index, requested)  # validates the request before any file is opened
+        requested = requested.astype(np.int64)
+        self._drop_inherited()
+        if self._backend is CpuDecoderBackend.PYAV and not pyav_can_decode(index.codec):
+            raise CodecUnsupportedError(
+                f"{index.source_name}: PyAV has no decoder for codec {index.codec!r}; re-encode the video."
+            )
+        # A lent file object may be closed by its owner, so its decoder is never kept.
+        key = (source_cache_key(source, filesystem=filesystem), os.getpid()) if _is_path(source) else None
+        reader = self._readers.get(key) if key is not None else None
+        if reader is None:
+            kind = _PyAvReader if self._backend is CpuDecoderBackend.PYAV else _TorchCodecReader
+            reader = kind(
+                source, filesystem=filesystem, threads=self.options.threads_per_decoder, label=source_label(source)
+            )
+            if key is not None:
+                self._remember(key, reader)
+        elif key is not None:
+            self._readers.move_to_end(key)
+        try:
+            by_pts = reader.frames_at(index, requested)
+        except Exception:
+            if key is not None:
+                self._readers.pop(key, None)
+            reader.close()
+            raise
+        if key is None:
+            reader.close()
+        return np.stack([by_pts[int(p)] for p in index.frame_pts[requested].tolist()])
+
+    def _remember(self, key: Hashable, reader: _PyAvReader | _TorchCodecReader) -> None:
+        self._readers[key] = reader
+        while len(self._readers) > self.options.max_open_decoders:
+            _, evicted = self._readers.popitem(last=False)
+            evicted.close()
+
+    def _drop_inherited(self) -> None:
+        if self._pid != os.getpid():
+            # Inherited through fork: the parent still uses these; dropping them without closing keeps
+            # the parent's FFmpeg state untouched.
+            self._readers = OrderedDict()
+            self._pid = os.getpid()
+
+    def close(self) -> None:
+        """Close this process's open decoders."""
+        self._drop_inherited()
+        while self._readers:
+            _, reader = self._readers.popitem(last=False)
+            reader.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(options=state["options"])  # type: ignore[misc]

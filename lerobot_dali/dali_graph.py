@@ -1,0 +1,107 @@
+"""The DALI pipeline: parallel external source -> (NVDEC decode) -> augmentation -> outputs.
+
+The external source emits one output per :class:`Field`; cameras on the clip route arrive as small encoded
+clips plus clip-relative frame indices and are decoded by DALI (``mixed`` = NVDEC, ``cpu`` for VP9 in the
+CPU-only mode); cameras on the frames route arrive already decoded by the workers. Either way the frames
+meet the same augmentation, so GPU and CPU-fallback cameras get identical treatment.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .augment import AugmentConfig, augment_frames
+from .dali_video import decode_clips
+
+__all__ = ["Field", "FieldKind", "build_pipeline"]
+
+
+class FieldKind(enum.Enum):
+    """What one external-source output holds, which decides what the graph does with it."""
+
+    #: A numeric array per sample, passed through (moved to the GPU when the pipeline has one).
+    TABULAR = "tabular"
+    #: Encoded clip bytes (1-D uint8) per sample; the next field holds its frame indices.
+    CLIP = "clip"
+    #: Clip-relative display frame indices (int32, (T,)) for the preceding CLIP field.
+    CLIP_FRAMES = "clip_frames"
+    #: Decoded frames (T, H, W, 3) uint8 per sample, from the CPU decode route.
+    FRAMES = "frames"
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    kind: FieldKind
+    #: For camera fields: "cpu" or "mixed" decode device (CLIP), and the camera's position for random draws.
+    decode_device: str = "cpu"
+    camera_index: int = 0
+
+
+def build_pipeline(
+    source: Callable[..., object],
+    fields: Sequence[Field],
+    *,
+    batch_size: int,
+    device_id: int | None,
+    num_workers: int,
+    prefetch: int,
+    seed: int,
+    augment: AugmentConfig | None,
+    image_size: tuple[int, int] | None,
+    return_uint8: bool,
+    num_threads: int = 2,
+) -> tuple[object, list[str]]:
+    """Build the pipeline and return it with its output names, in order.
+
+    ``num_workers == 0`` runs the source in the main process (no pickling; handy for debugging).
+    """
+    from nvidia.dali import fn
+    from nvidia.dali.pipeline import Pipeline
+
+    parallel = num_workers > 0
+    pipe = Pipeline(
+        batch_size=batch_size,
+        num_threads=num_threads,
+        device_id=device_id,
+        seed=seed,
+        prefetch_queue_depth=prefetch,
+        py_num_workers=max(num_workers, 1),
+        py_start_method="spawn",
+    )
+    layouts = [("FHWC" if f.kind == FieldKind.FRAMES else "") for f in fields]
+    on_gpu = device_id is not None
+    names: list[str] = []
+    with pipe:
+        parallel_args = {"parallel": True, "prefetch_queue_depth": prefetch} if parallel else {}
+        outputs = fn.external_source(
+            source=source, num_outputs=len(fields), batch=True, batch_info=True, layout=layouts, **parallel_args
+        )
+        results = []
+        for i, field in enumerate(fields):
+            node = outputs[i]
+            if field.kind == FieldKind.CLIP_FRAMES:
+                continue
+            if field.kind == FieldKind.TABULAR:
+                results.append(node.gpu() if on_gpu else node)
+                names.append(field.name)
+                continue
+            if field.kind == FieldKind.CLIP:
+                frames = decode_clips(node, outputs[i + 1], device=field.decode_device)
+            else:
+                frames = node.gpu() if on_gpu else node
+            results.append(
+                augment_frames(
+                    frames,
+                    config=augment,
+                    seed=seed,
+                    camera_index=field.camera_index,
+                    return_uint8=return_uint8,
+                    output_size=image_size,
+                )
+            )
+            names.append(field.name)
+        pipe.set_outputs(*results)
+    return pipe, names

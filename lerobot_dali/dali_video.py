@@ -1,0 +1,32 @@
+"""The DALI graph fragment that decodes clips: one call inside a pipeline definition.
+
+Clips (see :mod:`lerobot_dali.clips`) arrive as 1-D uint8 samples from an external source together with
+the clip-relative display indices of the frames wanted. ``device="mixed"`` decodes on NVDEC and leaves the
+frames on the GPU; ``device="cpu"`` uses DALI's libavcodec decoder, which handles VP8, VP9 and MJPEG only.
+Both give uint8 frames in FHWC layout, RGB, in the order the indices ask for.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from nvidia.dali import fn
+
+__all__ = ["DALI_CPU_CODECS", "DALI_NVDEC_CODECS", "decode_clips"]
+
+DALI_CPU_CODECS: frozenset[str] = frozenset({"vp8", "vp9", "mjpeg"})
+"""Codecs (FFmpeg names) that ``fn.decoders.video(device="cpu")`` decodes."""
+
+DALI_NVDEC_CODECS: frozenset[str] = frozenset({"h264", "hevc", "av1", "vp8", "vp9", "mjpeg", "mpeg4"})
+"""Codecs that ``fn.decoders.video(device="mixed")`` can send to NVDEC (the GPU may still lack some)."""
+
+
+def decode_clips(clips: Any, frame_indices: Any, *, device: Literal["cpu", "mixed"]) -> Any:
+    """Decode each sample's clip at its ``frame_indices`` (int32, clip display order) -> uint8 FHWC frames.
+
+    Call inside a ``pipeline_def``; ``clips`` and ``frame_indices`` are CPU DataNodes (external sources).
+    Frames are numbered as DALI numbers them, by ascending pts, which is how clips are planned.
+    """
+    if device not in ("cpu", "mixed"):
+        raise ValueError(f"device must be 'cpu' or 'mixed', got {device!r}.")
+    return fn.decoders.video(clips, device=device, frames=frame_indices)

@@ -1,0 +1,301 @@
+"""Pick, per camera, where its frames are decoded: NVDEC, DALI's CPU decoder, or the CPU fallback.
+
+What NVDEC decodes depends on the GPU (A100/H100/H200 have no AV1 decoder; L4, L40S, Ada and Blackwell
+do) and on the stream (bit depth, chroma format), so the truth is a probe: DALI decodes one real clip of
+the file on the GPU and its error says "not supported". A table keyed by compute capability answers
+without a probe when no clip is at hand. The probe runs in a spawned process by default: DALI's fork-based
+workers must start before CUDA is initialised in the training process, so routing must not initialise it.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from .clips import build_clip
+from .cpu_decode import pyav_can_decode, torchcodec_available
+from .dali_video import DALI_CPU_CODECS, DALI_NVDEC_CODECS
+from .errors import CodecUnsupportedError
+from .packet_index import PacketIndex, VideoSource
+
+__all__ = [
+    "DecodePreference",
+    "DecodeRoute",
+    "GpuInfo",
+    "GpuProbe",
+    "choose_route",
+    "nvdec_table_guess",
+    "probe_gpu",
+    "route_for_video",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class DecodePreference(Enum):
+    """What the user asked for (``decode="auto"|"gpu"|"cpu"``)."""
+
+    #: NVDEC where the GPU decodes the codec; otherwise DALI's CPU decoder (VP8/VP9/MJPEG) or the CPU
+    #: fallback, with one log line saying why.
+    AUTO = "auto"
+    #: NVDEC or an error: for runs that must not silently decode on the CPU.
+    GPU = "gpu"
+    #: Never NVDEC: DALI's CPU decoder for VP8/VP9/MJPEG, the CPU fallback for the rest.
+    CPU = "cpu"
+
+    @classmethod
+    def parse(cls, value: DecodePreference | str) -> DecodePreference:
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            allowed = ", ".join(repr(m.value) for m in cls)
+            raise ValueError(f"Invalid decode preference {value!r}; supported values are {allowed}.") from None
+
+
+class DecodeRoute(Enum):
+    """Where a camera's frames are decoded."""
+
+    #: Clips decoded by ``fn.decoders.video(device="mixed")`` on NVDEC; frames land on the GPU.
+    NVDEC = "nvdec"
+    #: Clips decoded by ``fn.decoders.video(device="cpu")`` (VP8, VP9, MJPEG only); no GPU needed.
+    DALI_CPU = "dali_cpu"
+    #: Frames decoded by torchcodec/PyAV in the external-source workers; they enter the DALI graph decoded.
+    CPU_FALLBACK = "cpu_fallback"
+
+    @property
+    def dali_device(self) -> str | None:
+        """The ``device`` for :func:`~lerobot_dali.dali_video.decode_clips`, or None (no DALI decode)."""
+        return {DecodeRoute.NVDEC: "mixed", DecodeRoute.DALI_CPU: "cpu"}.get(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuInfo:
+    """The CUDA device decoding would run on."""
+
+    device_id: int
+    name: str
+    compute_capability: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        if self.device_id < 0:
+            raise ValueError(f"device_id must be >= 0, got {self.device_id}.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuProbe:
+    """What a probe found: the GPU (None when no CUDA device is usable) and, per probed codec, whether
+    NVDEC decoded a real clip of it (with DALI's error message when it did not)."""
+
+    gpu: GpuInfo | None
+    nvdec: Mapping[str, bool]
+    errors: Mapping[str, str]
+
+
+# Compute capabilities whose NVDEC has no AV1: Volta/Turing (7.x), GA100 (8.0: A100, A30) and
+# GH100 (9.0: H100, H200, H20, H800). GA10x (8.6, 8.7), Ada (8.9) and Blackwell (10.x, 12.x) have it.
+_NO_AV1_CAPABILITIES = frozenset({(7, 0), (7, 2), (7, 5), (8, 0), (9, 0)})
+
+
+def nvdec_table_guess(codec: str, gpu: GpuInfo) -> bool | None:
+    """NVDEC support for an 8-bit 4:2:0 stream of ``codec`` from the GPU's compute capability.
+
+    None when the table does not know; a probe (:func:`probe_gpu`) is the truth in every case.
+    """
+    major, minor = gpu.compute_capability
+    if codec not in DALI_NVDEC_CODECS:
+        return False
+    if (major, minor) < (6, 0):
+        return None
+    if codec == "av1":
+        if (major, minor) in _NO_AV1_CAPABILITIES or major < 7:
+            return False
+        return True if (major, minor) >= (8, 6) else None
+    if codec in ("h264", "hevc"):
+        return True
+    if codec == "vp9":
+        return True if major >= 7 else None
+    return None
+
+
+def choose_route(
+    codec: str,
+    *,
+    decode: DecodePreference | str = DecodePreference.AUTO,
+    gpu: GpuInfo | None,
+    nvdec_supported: bool | None,
+    label: str = "",
+) -> DecodeRoute:
+    """The route for a camera whose videos use ``codec``, given the GPU and whether its NVDEC decodes it.
+
+    ``nvdec_supported`` comes from a probe or :func:`nvdec_table_guess` (None: unknown, treated as no).
+    Raises CodecUnsupportedError when the preference cannot be met or nothing decodes the codec.
+    """
+    preference = DecodePreference.parse(decode)
+    what = f"{label} ({codec})" if label else codec
+    if preference is DecodePreference.GPU:
+        if codec not in DALI_NVDEC_CODECS:
+            raise CodecUnsupportedError(
+                f"decode='gpu' was asked for {what}, but DALI sends only {', '.join(sorted(DALI_NVDEC_CODECS))} "
+                "to NVDEC; use decode='auto' or 'cpu', or re-encode the video."
+            )
+        if gpu is None:
+            raise CodecUnsupportedError(
+                f"decode='gpu' was asked for {what}, but no CUDA GPU is usable here; use decode='auto' or 'cpu'."
+            )
+        if not nvdec_supported:
+            raise CodecUnsupportedError(
+                f"decode='gpu' was asked for {what}, but NVDEC on {gpu.name} cannot decode it; use "
+                "decode='auto' to fall back to the CPU, or re-encode the video (H.264/HEVC decode everywhere)."
+            )
+        return DecodeRoute.NVDEC
+    if preference is DecodePreference.AUTO and gpu is not None and nvdec_supported:
+        return DecodeRoute.NVDEC
+    route = _cpu_route(codec, what)
+    if preference is DecodePreference.AUTO and gpu is not None:
+        _log_fallback_once(what, gpu, route)
+    return route
+
+
+def _cpu_route(codec: str, what: str) -> DecodeRoute:
+    if codec in DALI_CPU_CODECS:
+        return DecodeRoute.DALI_CPU
+    if pyav_can_decode(codec) or torchcodec_available():
+        return DecodeRoute.CPU_FALLBACK
+    raise CodecUnsupportedError(
+        f"No decoder handles {what}: NVDEC is not usable for it, DALI's CPU decoder takes only "
+        f"{', '.join(sorted(DALI_CPU_CODECS))}, and PyAV/torchcodec have no decoder for it. Re-encode the video."
+    )
+
+
+_logged_fallbacks: set[tuple[str, str, str]] = set()
+
+
+def _log_fallback_once(what: str, gpu: GpuInfo, route: DecodeRoute) -> None:
+    key = (what, gpu.name, route.value)
+    if key not in _logged_fallbacks:
+        _logged_fallbacks.add(key)
+        logger.warning("NVDEC on %s cannot decode %s; decoding it on the CPU (route %s).", gpu.name, what, route.value)
+
+
+def _driver_present() -> bool:
+    """Whether a CUDA driver is installed; asks the driver's version only, which creates no CUDA context."""
+    from nvidia.dali import backend
+
+    return int(backend.GetCudaVersion()) > 0
+
+
+def _detect_gpu(device_id: int) -> GpuInfo | None:
+    import torch
+
+    if torch.cuda.is_available() and device_id < torch.cuda.device_count():
+        properties = torch.cuda.get_device_properties(device_id)
+        return GpuInfo(
+            device_id=device_id, name=properties.name, compute_capability=(properties.major, properties.minor)
+        )
+    from nvidia.dali import backend
+
+    if device_id < int(backend.GetCUDADeviceCount()):  # a CPU-only torch build next to a usable GPU
+        return GpuInfo(device_id=device_id, name=f"CUDA device {device_id}", compute_capability=(0, 0))
+    return None
+
+
+def _probe_here(device_id: int, samples: Mapping[str, np.ndarray]) -> GpuProbe:
+    """Detect the GPU and decode one clip per codec with DALI's mixed decoder (initialises CUDA)."""
+    gpu = _detect_gpu(device_id) if _driver_present() else None
+    if gpu is None:
+        return GpuProbe(gpu=None, nvdec={}, errors={})
+    nvdec: dict[str, bool] = {}
+    errors: dict[str, str] = {}
+    for codec, clip in samples.items():
+        try:
+            _decode_one_frame_on_gpu(clip, device_id)
+            nvdec[codec] = True
+        except RuntimeError as e:  # DALI reports "Codec configuration not supported on this GPU" this way
+            nvdec[codec] = False
+            errors[codec] = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return GpuProbe(gpu=gpu, nvdec=nvdec, errors=errors)
+
+
+def _decode_one_frame_on_gpu(clip: np.ndarray, device_id: int) -> None:
+    from nvidia.dali import fn, pipeline_def, types
+
+    @pipeline_def(batch_size=1, num_threads=1, device_id=device_id, prefetch_queue_depth=1)
+    def probe_pipeline() -> Any:
+        encoded = fn.external_source(source=lambda: [clip], batch=True, dtype=types.UINT8, ndim=1, no_copy=False)
+        return fn.decoders.video(encoded, device="mixed", frames=[0])
+
+    pipeline = probe_pipeline()
+    try:
+        pipeline.build()
+        pipeline.run()
+    finally:
+        del pipeline
+
+
+# (device, codec, pixel format) -> (GPU or None, NVDEC decodes it, why not)
+_probe_cache: dict[tuple[int, str, str | None], tuple[GpuInfo | None, bool, str]] = {}
+_probe_lock = threading.Lock()
+
+
+def probe_gpu(samples: Mapping[str, np.ndarray], *, device_id: int = 0, isolate: bool = True) -> GpuProbe:
+    """Probe NVDEC on ``device_id`` with one real clip per codec (``{codec: clip bytes}``).
+
+    ``isolate`` runs the probe in a spawned process so this process never initialises CUDA (needed when
+    DALI workers are forked later); pass False where CUDA is in use already. Results are not cached here.
+    """
+    if device_id < 0:
+        raise ValueError(f"device_id must be >= 0, got {device_id}.")
+    arrays = {codec: np.ascontiguousarray(clip, dtype=np.uint8) for codec, clip in samples.items()}
+    if not isolate or not _driver_present():
+        return _probe_here(device_id, arrays)
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_probe_here, device_id, arrays).result()
+
+
+def route_for_video(
+    source: VideoSource,
+    index: PacketIndex,
+    *,
+    decode: DecodePreference | str = DecodePreference.AUTO,
+    device_id: int = 0,
+    filesystem: Any | None = None,
+    label: str = "",
+    isolate_probe: bool = True,
+) -> DecodeRoute:
+    """The route for a camera, probing NVDEC once per process with a clip of this file's first frame.
+
+    The probe result is cached per (device, codec, pixel format). ``label`` names the camera in messages.
+    """
+    preference = DecodePreference.parse(decode)
+    if preference is DecodePreference.CPU:
+        return choose_route(index.codec, decode=preference, gpu=None, nvdec_supported=False, label=label)
+    key = (device_id, index.codec, index.pix_fmt)
+    with _probe_lock:
+        cached = _probe_cache.get(key)
+    if cached is None:
+        if not _driver_present():
+            cached = (None, False, "")
+        elif index.codec in DALI_NVDEC_CODECS:
+            clip = build_clip(source, index, [0], filesystem=filesystem).data
+            probe = probe_gpu({index.codec: clip}, device_id=device_id, isolate=isolate_probe)
+            supported = bool(probe.nvdec.get(index.codec, False))
+            reason = probe.errors.get(index.codec, "")
+            cached = (probe.gpu, supported, reason)
+        else:
+            cached = (None, False, f"DALI has no NVDEC path for {index.codec}")
+        if cached[2]:
+            logger.info("NVDEC probe for %s on device %d: %s", index.codec, device_id, cached[2])
+        with _probe_lock:
+            _probe_cache[key] = cached
+    gpu, supported, _ = cached
+    return choose_route(index.codec, decode=preference, gpu=gpu, nvdec_supported=supported, label=label)

@@ -1,0 +1,52 @@
+"""Which rank am I? Resolved without communication, in the order that is right under every launcher.
+
+``torch.distributed`` is asked first because it is the truth once a process group exists: under
+``torchrun`` on CPU, accelerate's ``PartialState`` can report rank 0 of 1 while the gloo group has two
+ranks, and trusting it would make every rank read the same data. Then the launcher's environment
+(``RANK``/``WORLD_SIZE``/``LOCAL_RANK``), then accelerate, then a single process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+__all__ = ["RankInfo", "resolve_rank"]
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    source: str
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, world_size); got rank={self.rank}, world_size={self.world_size}")
+
+
+def resolve_rank(rank: int | None = None, world_size: int | None = None) -> RankInfo:
+    """Explicit arguments win; otherwise torch.distributed, then the environment, then accelerate, then (0, 1)."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if rank is not None or world_size is not None:
+        if rank is None or world_size is None:
+            raise ValueError("pass both rank and world_size, or neither (to detect them)")
+        return RankInfo(rank, world_size, local_rank, "arguments")
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return RankInfo(dist.get_rank(), dist.get_world_size(), local_rank, "torch.distributed")
+    except ImportError:
+        pass
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return RankInfo(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), local_rank, "environment")
+    try:
+        from accelerate import PartialState
+
+        state = PartialState()
+        return RankInfo(state.process_index, state.num_processes, state.local_process_index, "accelerate")
+    except ImportError:
+        pass
+    return RankInfo(0, 1, 0, "single process")

@@ -1,0 +1,114 @@
+"""Query timestamps -> display frame indices of a video file, checked against a tolerance.
+
+The check runs on the packet index alone, so a window whose timestamps miss the video fails before any
+byte is decoded, with an error that says which dataset, episode, camera and query went wrong.
+Timestamps here are absolute file times in seconds: episode ``from_timestamp`` + episode-local time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from .errors import FrameRequestError, FrameTimestampError
+from .packet_index import PacketIndex
+
+__all__ = [
+    "FrameRequestContext",
+    "TimestampSource",
+    "frame_index_timestamps_s",
+    "nearest_frame_indices",
+]
+
+
+class TimestampSource(Enum):
+    """Where the episode-local time of a data row comes from before it is looked up in the video."""
+
+    #: The parquet ``timestamp`` column (LeRobot's convention); it must match the video's pts.
+    PARQUET_TIMESTAMP = "parquet_timestamp"
+    #: ``frame_index / fps``: for datasets whose parquet timestamps are wall-clock and irregular (e.g.
+    #: ``cr5_*``) while the video is constant-rate; frame ``i`` of an episode is then at ``i / fps``.
+    FRAME_INDEX = "frame_index"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrameRequestContext:
+    """What a request is for, so a failed lookup names it (all optional; empty parts are left out)."""
+
+    dataset: str = ""
+    episode_index: int | None = None
+    camera: str = ""
+
+    def __post_init__(self) -> None:
+        if self.episode_index is not None and (isinstance(self.episode_index, bool) or self.episode_index < 0):
+            raise ValueError(f"episode_index must be a non-negative int or None, got {self.episode_index!r}.")
+
+    def describe(self) -> str:
+        parts = []
+        if self.dataset:
+            parts.append(f"dataset {self.dataset}")
+        if self.episode_index is not None:
+            parts.append(f"episode {self.episode_index}")
+        if self.camera:
+            parts.append(f"camera {self.camera}")
+        return ", ".join(parts)
+
+
+def frame_index_timestamps_s(frame_indices: ArrayLike, *, fps: float) -> np.ndarray:
+    """Episode-local times ``frame_index / fps`` (the :attr:`TimestampSource.FRAME_INDEX` opt-in)."""
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) or fps <= 0:
+        raise ValueError(f"fps must be a positive finite number, got {fps!r}.")
+    indices = np.asarray(frame_indices)
+    if indices.size and (not np.issubdtype(indices.dtype, np.integer) or indices.min() < 0):
+        raise ValueError(f"frame_indices must be non-negative integers, got {indices!r}.")
+    return indices.astype(np.float64) / float(fps)
+
+
+def nearest_frame_indices(
+    index: PacketIndex,
+    query_s: ArrayLike,
+    *,
+    tolerance_s: float,
+    context: FrameRequestContext | None = None,
+) -> np.ndarray:
+    """Display index of the frame nearest each absolute query time (ties go to the earlier frame).
+
+    Raises FrameTimestampError when any ``|pts - query| > tolerance_s`` (or a query is not finite), naming
+    the request, the worst query and the nearest pts; FrameRequestError for an empty request.
+    """
+    if isinstance(tolerance_s, bool) or not isinstance(tolerance_s, (int, float)) or not tolerance_s >= 0:
+        raise ValueError(f"tolerance_s must be a non-negative number of seconds, got {tolerance_s!r}.")
+    where = _where(index, context)
+    queries = np.asarray(query_s, dtype=np.float64).reshape(-1)
+    if queries.size == 0:
+        raise FrameRequestError(f"{where}: the request holds no timestamps; ask for at least one frame.")
+    if not np.isfinite(queries).all():
+        bad = float(queries[~np.isfinite(queries)][0])
+        raise FrameTimestampError(f"{where}: query timestamp {bad} s is not a finite number.")
+    frame_s = index.frame_pts_s
+    upper = np.clip(np.searchsorted(frame_s, queries, side="left"), 0, len(frame_s) - 1)
+    lower = np.clip(upper - 1, 0, len(frame_s) - 1)
+    take_lower = np.abs(frame_s[lower] - queries) <= np.abs(frame_s[upper] - queries)
+    nearest = np.where(take_lower, lower, upper).astype(np.int64)
+    error_s = np.abs(frame_s[nearest] - queries)
+    failing = error_s > tolerance_s
+    if failing.any():
+        worst = int(np.argmax(np.where(failing, error_s, -1.0)))
+        raise FrameTimestampError(
+            f"{where}: query timestamp {queries[worst]:.6f} s has no video frame within "
+            f"tolerance_s={tolerance_s} (nearest frame {int(nearest[worst])} at {frame_s[nearest[worst]]:.6f} s, "
+            f"off by {error_s[worst]:.6f} s; {int(failing.sum())} of {queries.size} queries fail; the video "
+            f"spans {frame_s[0]:.6f}-{frame_s[-1]:.6f} s). If the dataset's parquet timestamps are wall-clock "
+            "time, look frames up by frame_index / fps (TimestampSource.FRAME_INDEX); otherwise check the "
+            "episode's from_timestamp or raise tolerance_s."
+        )
+    return nearest
+
+
+def _where(index: PacketIndex, context: FrameRequestContext | None) -> str:
+    described = context.describe() if context is not None else ""
+    return f"{described} ({index.source_name})" if described else index.source_name

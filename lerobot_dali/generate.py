@@ -1,0 +1,793 @@
+"""Synthetic LeRobot datasets encoded with real codecs, for tests and benchmarks.
+
+Real datasets are few and fixed; tests need many small ones whose every value is predictable. Each video
+frame carries a marker (see :mod:`lerobot_dali.frame_marker`) naming its episode, frame and camera, and
+each data row holds values given by :func:`expected_state` / :func:`expected_action`, so a loader's output
+can be checked exactly after a lossy encode.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import math
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lerobot_dali.frame_marker import (
+    MAX_CAMERA_INDEX,
+    MAX_EPISODE_INDEX,
+    MAX_FRAME_INDEX,
+    MIN_MARKER_SIZE,
+    draw_marker,
+)
+
+__all__ = [
+    "CODECS",
+    "MAX_VECTOR_DIM",
+    "DatasetSpec",
+    "DatasetVersion",
+    "camera_key",
+    "encode_video",
+    "expected_action",
+    "expected_state",
+    "expected_task_index",
+    "make_dataset",
+    "task_name",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _CodecSpec:
+    """How one codec name maps to an FFmpeg encoder and its options."""
+
+    encoder: str
+    default_crf: int
+    max_crf: int
+    extra_options: tuple[tuple[str, str], ...]
+
+
+# Presets favour speed: the videos are tiny and tests make many of them. x264 keeps B-frames on (every
+# preset except "ultrafast" has them) and forces them with b-adapt=0, because loaders must cope with
+# decode order differing from presentation order, as in many published LeRobot datasets.
+_CODEC_SPECS: dict[str, _CodecSpec] = {
+    "av1": _CodecSpec("libsvtav1", 30, 63, (("preset", "10"),)),
+    "h264": _CodecSpec("libx264", 23, 51, (("preset", "veryfast"), ("bf", "2"), ("x264-params", "b-adapt=0"))),
+    "hevc": _CodecSpec("libx265", 28, 51, (("preset", "ultrafast"),)),
+    "vp9": _CodecSpec("libvpx-vp9", 32, 63, (("deadline", "realtime"), ("cpu-used", "8"), ("b", "0"))),
+}
+
+CODECS: tuple[str, ...] = tuple(_CODEC_SPECS)
+"""Codec names accepted by :func:`encode_video` and ``make_dataset``."""
+
+
+# libx265 hands FFmpeg a garbage DTS (which the mp4 muxer rejects) for the first clip of a process when the
+# clip is shorter than its B-frame lookahead; such clips are encoded without B-frames.
+_SHORT_CLIP_FRAMES = 4
+
+
+def _encoder_options(codec: str, *, gop: int, crf: int, short_clip: bool) -> dict[str, str]:
+    spec = _CODEC_SPECS[codec]
+    options = dict(spec.extra_options)
+    options["crf"] = str(crf)
+    if codec == "hevc":
+        # libx265 ignores FFmpeg's "g", logs to stderr on its own unless told not to, and by default makes
+        # open GOPs whose leading B-frames cannot be decoded after seeking to their keyframe.
+        params = f"keyint={gop}:min-keyint=1:open-gop=0:log-level=none"
+        options["x265-params"] = params + (":bframes=0" if short_clip else "")
+    else:
+        options["g"] = str(gop)
+    return options
+
+
+def _check_encode_args(codec: str, *, fps: int, gop: int, crf: int | None) -> int:
+    if codec not in _CODEC_SPECS:
+        raise ValueError(f"Unknown codec {codec!r}; supported codecs are {', '.join(CODECS)}.")
+    if isinstance(fps, bool) or not isinstance(fps, int) or fps <= 0:
+        raise ValueError(f"fps must be a positive int, got {fps!r}.")
+    if isinstance(gop, bool) or not isinstance(gop, int) or gop <= 0:
+        raise ValueError(f"gop (maximum keyframe interval in frames) must be a positive int, got {gop!r}.")
+    spec = _CODEC_SPECS[codec]
+    if crf is None:
+        return spec.default_crf
+    if isinstance(crf, bool) or not isinstance(crf, int) or not 0 <= crf <= spec.max_crf:
+        raise ValueError(f"crf for {codec} must be an int in [0, {spec.max_crf}], got {crf!r}.")
+    return crf
+
+
+def encode_video(
+    path: str | os.PathLike[str],
+    frames: Iterable[np.ndarray],
+    *,
+    fps: int,
+    codec: str,
+    gop: int,
+    crf: int | None = None,
+) -> None:
+    """Encode HxWx3 uint8 RGB ``frames`` into an .mp4 at ``path`` (yuv420p, frame i at pts i / fps).
+
+    ``gop`` is the maximum keyframe interval in frames; encoders may add keyframes (scene cuts) but never
+    space them further apart. Every GOP is closed: decoding from any keyframe yields every frame from it
+    on. H.264 and HEVC use B-frames, which need ``gop >= 3`` to fit between keyframes (and, for HEVC, at
+    least 4 frames). ``crf`` defaults to the codec's usual value (30 for AV1, LeRobot's default).
+    Raises ValueError for bad options, an empty ``frames``, or frames of differing or odd shapes.
+    """
+    crf = _check_encode_args(codec, fps=fps, gop=gop, crf=crf)
+    spec = _CODEC_SPECS[codec]
+    # SVT-AV1 prints a banner to stderr on every encoder start unless its log level says otherwise.
+    os.environ.setdefault("SVT_LOG", "1")
+    time_base = Fraction(1, fps)
+    path = Path(path)
+    count = 0
+    try:
+        with av.open(str(path), mode="w", format="mp4") as container:
+            stream = None
+            remaining = iter(frames)
+            head = list(itertools.islice(remaining, _SHORT_CLIP_FRAMES))
+            short_clip = len(head) < _SHORT_CLIP_FRAMES
+            for frame_index, frame in enumerate(itertools.chain(head, remaining)):
+                array = np.asarray(frame)
+                if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
+                    raise ValueError(
+                        f"Frame {frame_index} for {path} must be an HxWx3 uint8 RGB array, "
+                        f"got shape {array.shape} dtype {array.dtype}."
+                    )
+                height, width = array.shape[:2]
+                if stream is None:
+                    if height % 2 or width % 2:
+                        raise ValueError(f"yuv420p needs an even frame size, got {height}x{width} for {path}.")
+                    stream = container.add_stream(spec.encoder, rate=fps)
+                    stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+                    stream.codec_context.time_base = time_base
+                    stream.options = _encoder_options(codec, gop=gop, crf=crf, short_clip=short_clip)
+                elif (height, width) != (stream.height, stream.width):
+                    raise ValueError(
+                        f"Frame {frame_index} for {path} is {height}x{width}, but the first frame "
+                        f"was {stream.height}x{stream.width}; all frames of a video must match."
+                    )
+                video_frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(array), format="rgb24")
+                video_frame.pts = frame_index
+                video_frame.time_base = time_base
+                container.mux(stream.encode(video_frame))
+                count += 1
+            if stream is None:
+                raise ValueError(f"No frames given for {path}; a video needs at least one frame.")
+            container.mux(stream.encode(None))
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    logger.debug("Encoded %d frames with %s (gop=%d, crf=%d) to %s", count, spec.encoder, gop, crf, path)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Predictable values
+# ---------------------------------------------------------------------------------------------------------
+
+MAX_VECTOR_DIM = 32
+"""Largest ``state_dim`` / ``action_dim``: component i adds i/32, which must stay below 1."""
+
+_FRAME_STRIDE = 1000  # base value of a row: episode_index * 1000 + frame_index
+
+
+def _base_values(episode_index: np.ndarray | int, frame_index: np.ndarray | int) -> np.ndarray:
+    return np.asarray(episode_index, dtype=np.float64) * _FRAME_STRIDE + np.asarray(frame_index, dtype=np.float64)
+
+
+def _vector_values(base: np.ndarray, dim: int, *, negate: bool) -> np.ndarray:
+    values = base[..., None] + np.arange(dim, dtype=np.float64) / MAX_VECTOR_DIM
+    if negate:
+        values = -(values + 1.0 / (2 * MAX_VECTOR_DIM))
+    return values.astype(np.float32)
+
+
+def expected_state(episode_index: int, frame_index: int, dim: int = 6) -> np.ndarray:
+    """``observation.state`` of one row: ``episode*1000 + frame + i/32`` for component i (float32).
+
+    Exact in float32 (no rounding) while ``episode*1000 + frame < 2**18``; always non-negative, so a state
+    can never be mistaken for an action.
+    """
+    return _vector_values(_base_values(episode_index, frame_index), dim, negate=False)
+
+
+def expected_action(episode_index: int, frame_index: int, dim: int = 7) -> np.ndarray:
+    """``action`` of one row: ``-(episode*1000 + frame + i/32 + 1/64)`` for component i (float32).
+
+    Exact in float32 while ``episode*1000 + frame < 2**18``; always negative, unlike any state.
+    """
+    return _vector_values(_base_values(episode_index, frame_index), dim, negate=True)
+
+
+def expected_task_index(episode_index: int, *, num_tasks: int = 2, seed: int = 0) -> int:
+    """Task of an episode: ``(episode_index + seed) % num_tasks``, so the seed shifts the assignment."""
+    return (int(episode_index) + int(seed)) % int(num_tasks)
+
+
+def task_name(task_index: int) -> str:
+    """Natural-language task string stored for ``task_index``."""
+    return f"synthetic task {task_index}: move the marker"
+
+
+def camera_key(camera_index: int) -> str:
+    """Feature key of a camera: ``observation.images.cam<camera_index>``."""
+    return f"observation.images.cam{camera_index}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Options
+# ---------------------------------------------------------------------------------------------------------
+
+
+class DatasetVersion(str, Enum):
+    """On-disk layout written by :func:`make_dataset`."""
+
+    V30 = "v3.0"
+    """LeRobot >= 0.4: several episodes per data parquet and per mp4 (one encode per file), episodes
+    metadata in ``meta/episodes/*.parquet``, tasks in ``meta/tasks.parquet``."""
+    V21 = "v2.1"
+    """LeRobot 0.3.x: one parquet and one mp4 per episode and camera, metadata in ``meta/*.jsonl``."""
+
+
+def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an int, got {value!r}.")
+    if value < minimum or (maximum is not None and value > maximum):
+        allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetSpec:
+    """Everything that determines a synthetic dataset; equal specs give byte-identical parquet files."""
+
+    episodes: int = 4
+    frames_per_episode: int | tuple[int, ...] = 30
+    cameras: int = 1
+    size: tuple[int, int] = (96, 128)
+    """(height, width) of every camera, even numbers >= 64 so the marker survives yuv420p."""
+    fps: int = 30
+    codec: str = "av1"
+    gop: int = 2
+    crf: int | None = None
+    episodes_per_file: int = 2
+    """v3.0 only: episodes per data parquet and per mp4 (ignored for v2.1, which has one per episode)."""
+    version: DatasetVersion = DatasetVersion.V30
+    state_dim: int = 6
+    action_dim: int = 7
+    num_tasks: int = 2
+    chunks_size: int = 1000
+    seed: int = 0
+    episode_lengths: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        _check_int("episodes", self.episodes, 1, MAX_EPISODE_INDEX + 1)
+        lengths = self.frames_per_episode
+        if isinstance(lengths, (int, np.integer)) and not isinstance(lengths, bool):
+            _check_int("frames_per_episode", lengths, 1, MAX_FRAME_INDEX + 1)
+            lengths = (int(lengths),) * self.episodes
+        elif isinstance(lengths, Sequence) and not isinstance(lengths, str):
+            if len(lengths) != self.episodes:
+                raise ValueError(
+                    f"frames_per_episode has {len(lengths)} lengths but episodes={self.episodes}; "
+                    "give one length per episode or a single int."
+                )
+            for i, length in enumerate(lengths):
+                _check_int(f"frames_per_episode[{i}]", length, 1, MAX_FRAME_INDEX + 1)
+            lengths = tuple(int(length) for length in lengths)
+        else:
+            raise ValueError(
+                f"frames_per_episode must be an int or a sequence of ints, got {self.frames_per_episode!r}."
+            )
+        object.__setattr__(self, "frames_per_episode", lengths if len(set(lengths)) > 1 else lengths[0])
+        object.__setattr__(self, "episode_lengths", lengths)
+
+        _check_int("cameras", self.cameras, 0, MAX_CAMERA_INDEX + 1)
+        if not isinstance(self.size, Sequence) or len(self.size) != 2:
+            raise ValueError(f"size must be (height, width), got {self.size!r}.")
+        for name, value in zip(("size[0] (height)", "size[1] (width)"), self.size, strict=True):
+            _check_int(name, value, MIN_MARKER_SIZE)
+            if value % 2:
+                raise ValueError(f"{name} must be even for yuv420p video, got {value}.")
+        object.__setattr__(self, "size", (int(self.size[0]), int(self.size[1])))
+        _check_int("fps", self.fps, 1)
+        _check_encode_args(self.codec, fps=int(self.fps), gop=self.gop, crf=self.crf)
+        _check_int("episodes_per_file", self.episodes_per_file, 1)
+        try:
+            object.__setattr__(self, "version", DatasetVersion(self.version))
+        except ValueError as e:
+            allowed = ", ".join(v.value for v in DatasetVersion)
+            raise ValueError(f"version must be one of {allowed}, got {self.version!r}.") from e
+        _check_int("state_dim", self.state_dim, 1, MAX_VECTOR_DIM)
+        _check_int("action_dim", self.action_dim, 1, MAX_VECTOR_DIM)
+        _check_int("num_tasks", self.num_tasks, 1)
+        _check_int("chunks_size", self.chunks_size, 1)
+        _check_int("seed", self.seed, 0)
+
+    @property
+    def total_frames(self) -> int:
+        return sum(self.episode_lengths)
+
+    @property
+    def video_keys(self) -> tuple[str, ...]:
+        return tuple(camera_key(c) for c in range(self.cameras))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Statistics, in LeRobot's per-feature min/max/mean/std/count form
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Moments:
+    """Running sums from which min/max/mean/std are exact to float64 and mergeable across episodes."""
+
+    count: int
+    total: np.ndarray
+    total_sq: np.ndarray
+    minimum: np.ndarray
+    maximum: np.ndarray
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> _Moments:
+        """Moments over axis 0 of an (n, ...) array."""
+        as_float = values.astype(np.float64)
+        return cls(len(values), as_float.sum(0), (as_float**2).sum(0), values.min(0), values.max(0))
+
+    def merge(self, other: _Moments) -> _Moments:
+        return _Moments(
+            self.count + other.count,
+            self.total + other.total,
+            self.total_sq + other.total_sq,
+            np.minimum(self.minimum, other.minimum),
+            np.maximum(self.maximum, other.maximum),
+        )
+
+    def to_stats(self) -> dict[str, Any]:
+        mean = self.total / self.count
+        std = np.sqrt(np.maximum(self.total_sq / self.count - mean**2, 0.0))
+        return {
+            "min": np.atleast_1d(self.minimum).tolist(),
+            "max": np.atleast_1d(self.maximum).tolist(),
+            "mean": np.atleast_1d(mean).tolist(),
+            "std": np.atleast_1d(std).tolist(),
+            "count": [self.count],
+        }
+
+
+def _image_moments(frame: np.ndarray) -> _Moments:
+    """Per-channel moments of one HxWx3 uint8 frame in [0, 1], shaped (3, 1, 1) as LeRobot stores them."""
+    pixels = frame.reshape(-1, 3).astype(np.float64) / 255.0
+    shape = (3, 1, 1)
+    return _Moments(
+        1,
+        pixels.mean(0).reshape(shape),
+        (pixels**2).mean(0).reshape(shape),
+        pixels.min(0).reshape(shape),
+        pixels.max(0).reshape(shape),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rows and frames
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _episode_columns(spec: DatasetSpec, episode_index: int, first_index: int) -> dict[str, np.ndarray]:
+    length = spec.episode_lengths[episode_index]
+    frame_index = np.arange(length, dtype=np.int64)
+    base = _base_values(episode_index, frame_index)
+    return {
+        "observation.state": _vector_values(base, spec.state_dim, negate=False),
+        "action": _vector_values(base, spec.action_dim, negate=True),
+        "timestamp": (frame_index / spec.fps).astype(np.float32),
+        "frame_index": frame_index,
+        "episode_index": np.full(length, episode_index, dtype=np.int64),
+        "index": np.arange(first_index, first_index + length, dtype=np.int64),
+        "task_index": np.full(
+            length,
+            expected_task_index(episode_index, num_tasks=spec.num_tasks, seed=spec.seed),
+            dtype=np.int64,
+        ),
+    }
+
+
+def _hf_feature(data_type: pa.DataType, *, list_type: str) -> dict[str, Any]:
+    """The ``datasets.Features`` JSON for an arrow type, as ``datasets`` stores it in parquet metadata."""
+    if pa.types.is_fixed_size_list(data_type):
+        inner = _hf_feature(data_type.value_type, list_type=list_type)
+        return {"feature": inner, "length": data_type.list_size, "_type": list_type}
+    if pa.types.is_list(data_type):
+        inner = _hf_feature(data_type.value_type, list_type=list_type)
+        if list_type == "Sequence":  # datasets 3.x writes length -1 for variable-length sequences
+            return {"feature": inner, "length": -1, "_type": list_type}
+        return {"feature": inner, "_type": list_type}
+    names = {pa.float32(): "float32", pa.float64(): "float64", pa.int64(): "int64", pa.string(): "string"}
+    return {"dtype": names[data_type], "_type": "Value"}
+
+
+def _with_hf_metadata(table: pa.Table, *, list_type: str) -> pa.Table:
+    features = {f.name: _hf_feature(f.type, list_type=list_type) for f in table.schema}
+    return table.replace_schema_metadata({"huggingface": json.dumps({"info": {"features": features}})})
+
+
+def _data_table(spec: DatasetSpec, columns: list[dict[str, np.ndarray]]) -> pa.Table:
+    arrays: dict[str, pa.Array] = {}
+    for name in ("observation.state", "action"):
+        values = np.concatenate([c[name] for c in columns])
+        arrays[name] = pa.FixedSizeListArray.from_arrays(pa.array(values.ravel()), values.shape[1])
+    for name in ("timestamp", "frame_index", "episode_index", "index", "task_index"):
+        arrays[name] = pa.array(np.concatenate([c[name] for c in columns]))
+    list_type = "List" if spec.version is DatasetVersion.V30 else "Sequence"
+    return _with_hf_metadata(pa.table(arrays), list_type=list_type)
+
+
+def _camera_frames(
+    spec: DatasetSpec, episode_indices: Sequence[int], camera_index: int, moments: dict[int, _Moments]
+) -> Iterator[np.ndarray]:
+    """Marker frames of consecutive episodes for one camera; fills ``moments`` per episode on the way."""
+    height, width = spec.size
+    for episode_index in episode_indices:
+        for frame_index in range(spec.episode_lengths[episode_index]):
+            frame = draw_marker(episode_index, frame_index, height, width, camera_index)
+            frame_moments = _image_moments(frame)
+            previous = moments.get(episode_index)
+            moments[episode_index] = frame_moments if previous is None else previous.merge(frame_moments)
+            yield frame
+
+
+def _episode_stats(columns: dict[str, np.ndarray], image_moments: dict[str, _Moments]) -> dict[str, dict[str, Any]]:
+    stats = {name: _Moments.of(values).to_stats() for name, values in columns.items()}
+    for key, moments in image_moments.items():
+        stats[key] = _image_stats(moments)
+    return stats
+
+
+def _image_stats(moments: _Moments) -> dict[str, Any]:
+    """Image stats average per-frame moments, weighting every frame equally, as LeRobot's sampling does."""
+    frames = moments.count
+    mean = moments.total / frames
+    std = np.sqrt(np.maximum(moments.total_sq / frames - mean**2, 0.0))
+    return {
+        "min": moments.minimum.tolist(),
+        "max": moments.maximum.tolist(),
+        "mean": mean.tolist(),
+        "std": std.tolist(),
+        "count": [frames],
+    }
+
+
+def _video_info(path: Path) -> dict[str, Any]:
+    """Read back what LeRobot's ``get_video_info`` records, from the encoded file itself."""
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        return {
+            "video.height": stream.height,
+            "video.width": stream.width,
+            "video.codec": stream.codec_context.codec.canonical_name,
+            "video.pix_fmt": stream.codec_context.pix_fmt,
+            "video.is_depth_map": False,
+            "video.fps": int(stream.base_rate),
+            "video.channels": 3,
+            "has_audio": len(container.streams.audio) > 0,
+        }
+
+
+def _features(spec: DatasetSpec, video_info: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    per_feature_fps = spec.version is DatasetVersion.V30
+    height, width = spec.size
+
+    def plain(dtype: str, shape: list[int], names: list[str] | None) -> dict[str, Any]:
+        feature: dict[str, Any] = {"dtype": dtype, "shape": shape, "names": names}
+        if per_feature_fps:
+            feature["fps"] = spec.fps
+        return feature
+
+    features = {"observation.state": plain("float32", [spec.state_dim], [f"state_{i}" for i in range(spec.state_dim)])}
+    for key in spec.video_keys:
+        features[key] = {
+            "dtype": "video",
+            "shape": [height, width, 3],
+            "names": ["height", "width", "channel"],
+            "info": video_info[key],
+        }
+    features["action"] = plain("float32", [spec.action_dim], [f"action_{i}" for i in range(spec.action_dim)])
+    features["timestamp"] = plain("float32", [1], None)
+    for name in ("frame_index", "episode_index", "index", "task_index"):
+        features[name] = plain("int64", [1], None)
+    return features
+
+
+def _write_json(path: Path, data: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=4, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _write_jsonl(path: Path, rows: Iterable[object]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+
+
+def _write_parquet(path: Path, table: pa.Table) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, compression="snappy")
+
+
+def _prepare_root(out: str | os.PathLike[str]) -> Path:
+    root = Path(out)
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise FileExistsError(
+            f"Refusing to write a dataset into {root}: it exists and is not an empty directory. "
+            "Pass a new path (make_dataset never overwrites)."
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Layouts
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _chunk_file(file_ordinal: int, chunks_size: int) -> tuple[int, int]:
+    """(chunk_index, file_index) of the n-th file: a chunk directory holds ``chunks_size`` files."""
+    return divmod(file_ordinal, chunks_size)
+
+
+def _tasks_table(spec: DatasetSpec) -> pa.Table:
+    """``meta/tasks.parquet`` as pandas writes LeRobot's DataFrame: task strings are the (unnamed) index."""
+    tasks = [task_name(i) for i in range(spec.num_tasks)]
+    table = pa.table(
+        {
+            "task_index": pa.array(range(spec.num_tasks), pa.int64()),
+            "__index_level_0__": pa.array(tasks, pa.string()),
+        }
+    )
+    pandas_metadata = {
+        "index_columns": ["__index_level_0__"],
+        "column_indexes": [
+            {
+                "name": None,
+                "field_name": None,
+                "pandas_type": "unicode",
+                "numpy_type": "object",
+                "metadata": {"encoding": "UTF-8"},
+            }
+        ],
+        "columns": [
+            {
+                "name": "task_index",
+                "field_name": "task_index",
+                "pandas_type": "int64",
+                "numpy_type": "int64",
+                "metadata": None,
+            },
+            {
+                "name": None,
+                "field_name": "__index_level_0__",
+                "pandas_type": "unicode",
+                "numpy_type": "object",
+                "metadata": None,
+            },
+        ],
+        "attributes": {},
+        "creator": {"library": "pyarrow", "version": pa.__version__},
+        "pandas_version": "2.2.3",
+    }
+    return table.replace_schema_metadata({"pandas": json.dumps(pandas_metadata)})
+
+
+def _write_v30(root: Path, spec: DatasetSpec) -> None:
+    starts = np.concatenate([[0], np.cumsum(spec.episode_lengths)]).tolist()
+    episode_rows: list[dict[str, Any]] = []
+    video_info: dict[str, dict[str, Any]] = {}
+    total_moments: dict[str, _Moments] = {}
+    data_template = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+    video_template = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+
+    for file_ordinal, first in enumerate(range(0, spec.episodes, spec.episodes_per_file)):
+        group = list(range(first, min(first + spec.episodes_per_file, spec.episodes)))
+        chunk_index, file_index = _chunk_file(file_ordinal, spec.chunks_size)
+        columns = [_episode_columns(spec, e, starts[e]) for e in group]
+        data_path = root / data_template.format(chunk_index=chunk_index, file_index=file_index)
+        _write_parquet(data_path, _data_table(spec, columns))
+
+        image_moments: dict[str, dict[int, _Moments]] = {}
+        for camera_index, key in enumerate(spec.video_keys):
+            video_path = root / video_template.format(video_key=key, chunk_index=chunk_index, file_index=file_index)
+            video_path.parent.mkdir(parents=True, exist_ok=True)
+            image_moments[key] = {}
+            frames = _camera_frames(spec, group, camera_index, image_moments[key])
+            encode_video(video_path, frames, fps=spec.fps, codec=spec.codec, gop=spec.gop, crf=spec.crf)
+            if key not in video_info:
+                video_info[key] = _video_info(video_path)
+
+        for episode_index, episode_columns in zip(group, columns, strict=True):
+            length = spec.episode_lengths[episode_index]
+            row: dict[str, Any] = {
+                "episode_index": episode_index,
+                "data/chunk_index": chunk_index,
+                "data/file_index": file_index,
+                "dataset_from_index": starts[episode_index],
+                "dataset_to_index": starts[episode_index] + length,
+            }
+            frames_before = starts[episode_index] - starts[group[0]]
+            for key in spec.video_keys:
+                row[f"videos/{key}/chunk_index"] = chunk_index
+                row[f"videos/{key}/file_index"] = file_index
+                row[f"videos/{key}/from_timestamp"] = frames_before / spec.fps
+                row[f"videos/{key}/to_timestamp"] = (frames_before + length) / spec.fps
+            row["tasks"] = [task_name(expected_task_index(episode_index, num_tasks=spec.num_tasks, seed=spec.seed))]
+            row["length"] = length
+            episode_image_moments = {key: image_moments[key][episode_index] for key in spec.video_keys}
+            for feature, stats in _episode_stats(episode_columns, episode_image_moments).items():
+                for stat, value in stats.items():
+                    row[f"stats/{feature}/{stat}"] = value
+            row["meta/episodes/chunk_index"] = 0
+            row["meta/episodes/file_index"] = 0
+            episode_rows.append(row)
+
+            for name, values in episode_columns.items():
+                moments = _Moments.of(values)
+                total_moments[name] = total_moments[name].merge(moments) if name in total_moments else moments
+            for key, moments in episode_image_moments.items():
+                total_moments[key] = total_moments[key].merge(moments) if key in total_moments else moments
+        logger.info("Wrote episodes %d-%d to %s and %d video file(s)", group[0], group[-1], data_path, spec.cameras)
+
+    episodes_table = pa.Table.from_pylist(episode_rows)
+    _write_parquet(
+        root / "meta/episodes/chunk-000/file-000.parquet",
+        _with_hf_metadata(episodes_table, list_type="List"),
+    )
+    _write_parquet(root / "meta/tasks.parquet", _tasks_table(spec))
+    stats = {key: _image_stats(m) if key in spec.video_keys else m.to_stats() for key, m in total_moments.items()}
+    _write_json(root / "meta/stats.json", stats)
+    info = {
+        "codebase_version": DatasetVersion.V30.value,
+        "robot_type": "synthetic",
+        "total_episodes": spec.episodes,
+        "total_frames": spec.total_frames,
+        "total_tasks": spec.num_tasks,
+        "chunks_size": spec.chunks_size,
+        "data_files_size_in_mb": 100,
+        "video_files_size_in_mb": 200,
+        "fps": spec.fps,
+        "splits": {"train": f"0:{spec.episodes}"},
+        "data_path": data_template,
+        "video_path": video_template if spec.cameras else None,
+        "features": _features(spec, video_info),
+    }
+    _write_json(root / "meta/info.json", info)
+
+
+def _write_v21(root: Path, spec: DatasetSpec) -> None:
+    starts = np.concatenate([[0], np.cumsum(spec.episode_lengths)]).tolist()
+    data_template = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
+    video_template = "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
+    video_info: dict[str, dict[str, Any]] = {}
+    episodes: list[dict[str, Any]] = []
+    episodes_stats: list[dict[str, Any]] = []
+
+    for episode_index in range(spec.episodes):
+        episode_chunk = episode_index // spec.chunks_size
+        columns = _episode_columns(spec, episode_index, starts[episode_index])
+        data_path = root / data_template.format(episode_chunk=episode_chunk, episode_index=episode_index)
+        _write_parquet(data_path, _data_table(spec, [columns]))
+        image_moments: dict[str, _Moments] = {}
+        for camera_index, key in enumerate(spec.video_keys):
+            video_path = root / video_template.format(
+                episode_chunk=episode_chunk, video_key=key, episode_index=episode_index
+            )
+            video_path.parent.mkdir(parents=True, exist_ok=True)
+            per_episode: dict[int, _Moments] = {}
+            frames = _camera_frames(spec, [episode_index], camera_index, per_episode)
+            encode_video(video_path, frames, fps=spec.fps, codec=spec.codec, gop=spec.gop, crf=spec.crf)
+            image_moments[key] = per_episode[episode_index]
+            if key not in video_info:
+                video_info[key] = _video_info(video_path)
+        task_index = expected_task_index(episode_index, num_tasks=spec.num_tasks, seed=spec.seed)
+        episodes.append(
+            {
+                "episode_index": episode_index,
+                "tasks": [task_name(task_index)],
+                "length": spec.episode_lengths[episode_index],
+            }
+        )
+        episodes_stats.append({"episode_index": episode_index, "stats": _episode_stats(columns, image_moments)})
+        logger.info("Wrote episode %d to %s and %d video file(s)", episode_index, data_path, spec.cameras)
+
+    _write_jsonl(root / "meta/episodes.jsonl", episodes)
+    _write_jsonl(root / "meta/episodes_stats.jsonl", episodes_stats)
+    _write_jsonl(
+        root / "meta/tasks.jsonl",
+        ({"task_index": i, "task": task_name(i)} for i in range(spec.num_tasks)),
+    )
+    info = {
+        "codebase_version": DatasetVersion.V21.value,
+        "robot_type": "synthetic",
+        "total_episodes": spec.episodes,
+        "total_frames": spec.total_frames,
+        "total_tasks": spec.num_tasks,
+        "total_videos": spec.episodes * spec.cameras,
+        "total_chunks": math.ceil(spec.episodes / spec.chunks_size),
+        "chunks_size": spec.chunks_size,
+        "fps": spec.fps,
+        "splits": {"train": f"0:{spec.episodes}"},
+        "data_path": data_template,
+        "video_path": video_template if spec.cameras else None,
+        "features": _features(spec, video_info),
+    }
+    _write_json(root / "meta/info.json", info)
+
+
+def make_dataset(
+    out: str | os.PathLike[str],
+    *,
+    episodes: int = 4,
+    frames_per_episode: int | Sequence[int] = 30,
+    cameras: int = 1,
+    size: tuple[int, int] = (96, 128),
+    fps: int = 30,
+    codec: str = "av1",
+    gop: int = 2,
+    crf: int | None = None,
+    episodes_per_file: int = 2,
+    version: str | DatasetVersion = "v3.0",
+    state_dim: int = 6,
+    action_dim: int = 7,
+    num_tasks: int = 2,
+    chunks_size: int = 1000,
+    seed: int = 0,
+) -> Path:
+    """Write a LeRobot dataset that LeRobot itself loads (v3.0: lerobot 0.4.x, v2.1: lerobot 0.3.x).
+
+    Rows hold :func:`expected_state` / :func:`expected_action` values, ``timestamp = frame_index / fps``
+    and task :func:`expected_task_index`; every video frame carries the marker of its episode, frame and
+    camera (:func:`lerobot_dali.frame_marker.read_full_marker`). ``out`` must be new or an empty
+    directory. Returns ``out`` as a Path.
+    """
+    if isinstance(frames_per_episode, Sequence) and not isinstance(frames_per_episode, str):
+        frames_per_episode = tuple(frames_per_episode)
+    spec = DatasetSpec(
+        episodes=episodes,
+        frames_per_episode=frames_per_episode,  # type: ignore[arg-type]
+        cameras=cameras,
+        size=size,
+        fps=fps,
+        codec=codec,
+        gop=gop,
+        crf=crf,
+        episodes_per_file=episodes_per_file,
+        version=version,  # type: ignore[arg-type]
+        state_dim=state_dim,
+        action_dim=action_dim,
+        num_tasks=num_tasks,
+        chunks_size=chunks_size,
+        seed=seed,
+    )
+    root = _prepare_root(out)
+    logger.info(
+        "Writing a %s dataset of %d episodes (%d frames, %d camera(s), %s) to %s",
+        spec.version.value,
+        spec.episodes,
+        spec.total_frames,
+        spec.cameras,
+        spec.codec,
+        root,
+    )
+    if spec.version is DatasetVersion.V30:
+        _write_v30(root, spec)
+    else:
+        _write_v21(root, spec)
+    return root

@@ -1,0 +1,254 @@
+"""``DALILeRobotIterator``: the drop-in for ``DataLoader(LeRobotDataset(...))`` in a training loop.
+
+The iterator owns the rank's stream position (epoch, samples handed to the trainer) and rebuilds the DALI
+pipeline only when that position jumps (``load_state_dict``, a ``set_epoch`` out of sequence); otherwise
+DALI's own epochs follow ours and workers keep their caches warm.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .augment import AugmentConfig
+from .batch_source import BatchSource, SourceSpec, output_fields
+from .dali_graph import build_pipeline
+from .dataset_reader import LeRobotDatasetReader, open_dataset
+from .decode_route import DecodePreference, DecodeRoute, route_for_video
+from .distributed import resolve_rank
+from .frame_lookup import TimestampSource
+from .packet_index import load_packet_index
+from .sample_order import OrderOptions, RankBalance
+from .stream_state import SampleStream
+from .windows import DeltaWindows
+from .worker_errors import original_worker_error
+
+__all__ = ["DALILeRobotIterator"]
+
+logger = logging.getLogger(__name__)
+
+
+class DALILeRobotIterator:
+    """Batches of a LeRobot dataset as dicts of tensors on ``device``, decoded and augmented by DALI.
+
+    Keys and shapes follow a ``DataLoader`` over ``LeRobotDataset``: every feature key, ``<key>_is_pad`` for
+    keys with deltas, ``index, episode_index, frame_index, timestamp, task_index`` tensors, ``task`` as a
+    list of strings, cameras ``(B, C, H, W)`` or ``(B, T, C, H, W)`` for a multi-step window.
+    Each rank reads its own disjoint episodes: build one per process, never wrap it in
+    ``accelerator.prepare`` (that would keep 1/N of an already rank-disjoint stream).
+    """
+
+    def __init__(
+        self,
+        dataset: str | os.PathLike[str] | LeRobotDatasetReader,
+        *,
+        batch_size: int = 64,
+        delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        episode_pool_size: int = 64,
+        device: str = "cuda",
+        decode: str = "auto",
+        num_workers: int = 4,
+        image_size: tuple[int, int] | None = None,
+        augment: AugmentConfig | None = None,
+        return_uint8: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        tolerance_s: float = 1e-4,
+        drop_last: bool = True,
+        prefetch: int = 2,
+        revision: str | None = None,
+        cameras: Sequence[str] | None = None,
+        keys: Sequence[str] | None = None,
+        timestamp_source: TimestampSource | str = TimestampSource.PARQUET_TIMESTAMP,
+        rank_balance: RankBalance | str = RankBalance.PAD,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if device not in ("cuda", "cpu") and not str(device).startswith("cuda:"):
+            raise ValueError(f"device must be 'cuda', 'cuda:N' or 'cpu', got {device!r}")
+        if num_workers < 0 or prefetch < 1:
+            raise ValueError(f"num_workers must be >= 0 and prefetch >= 1, got {num_workers} and {prefetch}")
+        self.reader = (
+            dataset
+            if isinstance(dataset, LeRobotDatasetReader)
+            else open_dataset(dataset, revision=revision, cameras=cameras, keys=keys)
+        )
+        ranks = resolve_rank(rank, world_size)
+        self.rank, self.world_size = ranks.rank, ranks.world_size
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self._device = torch.device(device if device != "cuda" else f"cuda:{ranks.local_rank}")
+        self._device_id = None if self._device.type == "cpu" else self._device.index or 0
+        self._num_workers = num_workers
+        self._prefetch = prefetch
+        self._seed = seed
+        self._augment = augment
+        self._image_size = image_size
+        self._return_uint8 = return_uint8
+        self._tolerance_s = tolerance_s
+        self._timestamp_source = TimestampSource(timestamp_source)
+        self.windows = DeltaWindows(
+            delta_timestamps=dict(delta_timestamps or {}),
+            fps=self.reader.fps,
+            tolerance_s=tolerance_s,
+            camera_keys=self.reader.camera_keys,
+            feature_keys=list(self.reader.info.features),
+        )
+        options = OrderOptions(
+            seed=seed, shuffle=shuffle, episode_pool_size=episode_pool_size, rank_balance=RankBalance(rank_balance)
+        )
+        self._stream = SampleStream(
+            self.reader.episodes.length, rank=self.rank, world_size=self.world_size, batch_size=batch_size, options=options
+        )
+        self.routes = self._choose_routes(DecodePreference.parse(decode))
+        self._tabular_keys = tuple(
+            k for k in self.reader.tabular_keys if self.reader.info.features[k].dtype != "string"
+        )
+        self._pipeline: Any = None
+        self._dali_iter: Any = None
+        self._dali_epochs = 0  # DALI epochs completed by the current pipeline
+        self._first_epoch = 0
+        logger.info(
+            "rank %d/%d (%s): %d samples per epoch, routes %s",
+            self.rank, self.world_size, ranks.source, self._stream.num_samples(),
+            {k: r.value for k, r in self.routes.items()},
+        )  # fmt: skip
+
+    # -- routing -----------------------------------------------------------------------------------------
+    def _choose_routes(self, preference: DecodePreference) -> dict[str, DecodeRoute]:
+        routes = {}
+        if self._device_id is None:
+            preference = DecodePreference.CPU
+        for camera in self.reader.camera_keys:
+            video = self.reader.video(0, camera)
+            fs = self.reader.location.fs
+            index = load_packet_index(video.path, filesystem=fs)
+            routes[camera] = route_for_video(
+                video.path, index, decode=preference, device_id=self._device_id or 0, filesystem=fs, label=camera
+            )
+        return routes
+
+    # -- epochs and state --------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Batches left in the current epoch (a full epoch unless it was resumed or interrupted)."""
+        remaining = self._stream.num_samples() - self._stream.samples_consumed
+        return remaining // self.batch_size if self.drop_last else -(-remaining // self.batch_size)
+
+    @property
+    def epoch(self) -> int:
+        return self._stream.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` (no-op for the epoch in progress, so it never undoes a resume)."""
+        self._stream.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Seed, epoch, samples the trainer has taken, world size, batch size: enough to resume exactly."""
+        return self._stream.state_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        self._stream.load_state_dict(state_dict)
+        self._close_pipeline()
+
+    # -- iteration ---------------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._stream.samples_consumed >= self._stream.num_samples():
+            self._stream.set_epoch(self._stream.epoch + 1)
+        self._ensure_pipeline()
+        return self._epoch_batches()
+
+    def _ensure_pipeline(self) -> None:
+        # The running pipeline serves our epoch if its DALI epoch count lines up; it then stands either at
+        # the epoch's start or right after the last batch handed out (an interrupted epoch continues).
+        if self._dali_iter is not None and self._stream.epoch == self._first_epoch + self._dali_epochs:
+            return
+        self._close_pipeline()
+        spec = SourceSpec(
+            reader=self.reader,
+            order=self._stream.order,
+            delta_index={k: np.asarray(v) for k, v in self.windows.delta_index.items()},
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            first_epoch=self._stream.epoch,
+            start_position=self._stream.samples_consumed,
+            camera_routes=self.routes,
+            tabular_keys=self._tabular_keys,
+            timestamp_source=self._timestamp_source,
+            tolerance_s=self._tolerance_s,
+        )
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+        pipe, names = build_pipeline(
+            BatchSource(spec),
+            output_fields(spec),
+            batch_size=self.batch_size,
+            device_id=self._device_id,
+            num_workers=self._num_workers,
+            prefetch=self._prefetch,
+            seed=self._seed,
+            augment=self._augment,
+            image_size=self._image_size,
+            return_uint8=self._return_uint8,
+        )
+        self._names = names
+        self._first_epoch = self._stream.epoch
+        self._dali_epochs = 0
+        try:
+            pipe.build()
+            self._dali_iter = DALIGenericIterator(
+                pipe, names, auto_reset=True, last_batch_policy=LastBatchPolicy.PARTIAL, prepare_first_batch=False
+            )
+        except Exception as e:
+            _raise_original(e)
+        self._pipeline = pipe
+
+    def _epoch_batches(self) -> Iterator[dict[str, Any]]:
+        try:
+            for outputs in self._dali_iter:
+                batch = self._to_batch(outputs[0])
+                self._stream.advance(len(batch["index"]))
+                yield batch
+        except Exception as e:
+            self._close_pipeline()
+            _raise_original(e)
+        self._dali_epochs += 1
+        self._stream.set_epoch(self._stream.epoch + 1)
+
+    def _to_batch(self, out: dict[str, torch.Tensor]) -> dict[str, Any]:
+        batch: dict[str, Any] = {}
+        for name in self._names:
+            tensor = out[name]
+            if name in self.routes and self.windows.squeeze_camera(name):
+                tensor = tensor.squeeze(1)
+            if tensor.device != self._device:
+                tensor = tensor.to(self._device, non_blocking=True)
+            batch[name] = tensor
+        tasks = self.reader.tasks
+        batch["task"] = [tasks.get(int(i), "") for i in out["task_index"].cpu().tolist()] if "task_index" in out else []
+        return batch
+
+    def _close_pipeline(self) -> None:
+        self._dali_iter = None
+        self._pipeline = None
+
+    def close(self) -> None:
+        """Stop the worker processes now rather than at garbage collection."""
+        self._close_pipeline()
+
+    def __del__(self) -> None:
+        self._close_pipeline()
+
+
+def _raise_original(error: Exception) -> None:
+    original = original_worker_error(error)
+    if original is not None:
+        raise original from error
+    raise error
+

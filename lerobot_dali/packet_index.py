@@ -1,0 +1,352 @@
+"""Per-file packet index: where every frame of a video lies, read once by demuxing (never decoding).
+
+Everything on the video route (timestamp lookup, clip cutting, CPU seeking) needs the same facts about a
+file: each packet's presentation and decode timestamps, byte range and keyframe flag. Demuxing a file costs
+one pass over its headers; keeping the result per worker (bounded, keyed by path, size and mtime) makes
+every later request pure arithmetic plus one ranged read.
+
+Frames are numbered in display order: frame ``k`` is the packet with the ``k``-th smallest pts, the same
+numbering DALI's video decoder and any sequential decode use (one shown frame per packet, as in MP4).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import IO, Any, TypeAlias
+
+import av
+import numpy as np
+
+from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
+
+__all__ = [
+    "PacketIndex",
+    "PacketIndexCache",
+    "VideoSource",
+    "build_packet_index",
+    "load_packet_index",
+    "open_video_source",
+    "source_cache_key",
+    "source_label",
+]
+
+logger = logging.getLogger(__name__)
+
+VideoSource: TypeAlias = str | os.PathLike[str] | IO[bytes]
+"""A video file: a local path, a path on ``filesystem`` (fsspec), or an open binary file object."""
+
+# Packets whose stored bytes are compared with the file at their byte offset, to prove offsets are exact.
+_BYTE_CHECK_PACKETS = 3
+
+
+@dataclass(frozen=True, eq=False)
+class PacketIndex:
+    """Packets of a file's first video stream, in decode order, plus the display-order view.
+
+    Timestamps are integers in ``time_base``; ``byte_offset``/``size_bytes`` address each packet's payload
+    in the file when ``byte_exact`` is true (checked at build time; MP4 samples are stored verbatim).
+    ``template`` is a tiny MP4 holding the stream's codec parameters and its first keyframe, used as the
+    stream template when remuxing clips so no clip ever re-opens the source file.
+    """
+
+    source_name: str
+    codec: str
+    width: int
+    height: int
+    pix_fmt: str | None
+    time_base: Fraction
+    pts: np.ndarray
+    dts: np.ndarray
+    byte_offset: np.ndarray
+    size_bytes: np.ndarray
+    keyframe: np.ndarray
+    file_size_bytes: int
+    byte_exact: bool
+    template: bytes = field(repr=False)
+    #: Display index -> decode position (argsort of ``pts``).
+    display_order: np.ndarray = field(init=False, repr=False)
+    #: Decode position -> display index (inverse of ``display_order``).
+    display_rank: np.ndarray = field(init=False, repr=False)
+    #: Typical distance between consecutive displayed frames, in ``time_base`` units (at least 1).
+    frame_duration: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        count = len(self.pts)
+        if count == 0:
+            raise VideoDecodeError(f"{self.source_name}: the video stream holds no packets.")
+        for name in ("dts", "byte_offset", "size_bytes", "keyframe"):
+            if len(getattr(self, name)) != count:
+                raise ValueError(f"PacketIndex.{name} has {len(getattr(self, name))} entries, pts has {count}.")
+        if self.time_base <= 0:
+            raise ValueError(f"PacketIndex.time_base must be positive, got {self.time_base}.")
+        order = np.argsort(self.pts, kind="stable")
+        sorted_pts = self.pts[order]
+        if count > 1 and np.any(np.diff(sorted_pts) == 0):
+            duplicate = int(sorted_pts[np.flatnonzero(np.diff(sorted_pts) == 0)[0]])
+            raise VideoDecodeError(
+                f"{self.source_name}: two packets share pts {duplicate}; frames cannot be told apart by "
+                "presentation time. Re-encode or remux the video."
+            )
+        rank = np.empty(count, dtype=np.int64)
+        rank[order] = np.arange(count)
+        duration = int(np.median(np.diff(sorted_pts))) if count > 1 else 1
+        for array in (self.pts, self.dts, self.byte_offset, self.size_bytes, self.keyframe, order, rank):
+            array.setflags(write=False)
+        object.__setattr__(self, "display_order", order)
+        object.__setattr__(self, "display_rank", rank)
+        object.__setattr__(self, "frame_duration", max(duration, 1))
+
+    @property
+    def frame_count(self) -> int:
+        return len(self.pts)
+
+    @property
+    def frame_pts_s(self) -> np.ndarray:
+        """Presentation time in seconds of each displayed frame, ascending (index = display index)."""
+        return self.pts[self.display_order] * float(self.time_base)
+
+    @property
+    def frame_pts(self) -> np.ndarray:
+        """Presentation timestamp (``time_base`` units) of each displayed frame, ascending."""
+        return self.pts[self.display_order]
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.pts, self.dts, self.byte_offset, self.size_bytes, self.keyframe)
+        return sum(a.nbytes for a in arrays) + 2 * self.display_order.nbytes + len(self.template)
+
+
+def source_label(source: VideoSource) -> str:
+    """A name for ``source`` in messages: the path, or the path a file object was opened from."""
+    if isinstance(source, (str, os.PathLike)):
+        return os.fspath(source)
+    for attribute in ("path", "name"):
+        value = getattr(source, attribute, None)
+        if isinstance(value, str):
+            return value
+    return repr(source)
+
+
+@contextmanager
+def open_video_source(source: VideoSource, *, filesystem: Any | None = None) -> Iterator[IO[bytes]]:
+    """Yield a binary file object for ``source``; paths are opened (and closed) here, file objects lent.
+
+    Raises MissingDataFileError naming the path when it does not exist.
+    """
+    if not isinstance(source, (str, os.PathLike)):
+        yield source
+        return
+    path = os.fspath(source)
+    try:
+        handle = filesystem.open(path, "rb") if filesystem is not None else open(path, "rb")  # noqa: SIM115
+    except FileNotFoundError as e:
+        raise MissingDataFileError(
+            f"Video file {path} does not exist; check the dataset's videos/ folder and its video_path."
+        ) from e
+    with handle:
+        yield handle
+
+
+def source_cache_key(source: VideoSource, *, filesystem: Any | None = None) -> Hashable | None:
+    """A key that changes when the file does (path, size, mtime), or None when ``source`` has no identity.
+
+    Raises MissingDataFileError for a path that does not exist.
+    """
+    try:
+        if isinstance(source, (str, os.PathLike)):
+            path = os.fspath(source)
+            if filesystem is None:
+                stat = os.stat(path)
+                return ("local", os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+            return _fsspec_key(filesystem, path)
+        fs, path = getattr(source, "fs", None), getattr(source, "path", None)
+        if fs is not None and isinstance(path, str):
+            return _fsspec_key(fs, path)
+        name = getattr(source, "name", None)
+        if isinstance(name, str) and hasattr(source, "fileno"):
+            stat = os.fstat(source.fileno())
+            return ("local", os.path.realpath(name), stat.st_size, stat.st_mtime_ns)
+    except FileNotFoundError as e:
+        raise MissingDataFileError(f"Video file {source_label(source)} does not exist.") from e
+    except (OSError, io.UnsupportedOperation):
+        return None
+    return None
+
+
+def _fsspec_key(fs: Any, path: str) -> Hashable:
+    info = fs.info(path)
+    stamp = next((info[k] for k in ("mtime", "LastModified", "last_modified", "ETag", "etag") if k in info), None)
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return (protocol, path, info.get("size"), str(stamp))
+
+
+def build_packet_index(source: VideoSource, *, filesystem: Any | None = None) -> PacketIndex:
+    """Demux the first video stream of ``source`` (no decoding) into a :class:`PacketIndex`.
+
+    Raises MissingDataFileError (no such file), VideoDecodeError (unreadable, truncated, no video stream,
+    no packets) and CodecUnsupportedError (a codec this FFmpeg build does not know), each naming the file.
+    """
+    label = source_label(source)
+    with open_video_source(source, filesystem=filesystem) as handle:
+        file_size = _file_size(handle)
+        start = handle.tell() if hasattr(handle, "tell") else 0
+        try:
+            with av.open(handle, mode="r") as container:
+                index = _demux(container, handle, label=label, file_size=file_size)
+        except (av.error.FFmpegError, OSError) as e:  # PyAV reports some I/O failures as OSError
+            raise VideoDecodeError(
+                f"{label}: cannot read the video container ({e}); the file is truncated or corrupt."
+            ) from e
+        finally:
+            if hasattr(handle, "seek"):
+                handle.seek(start)
+    logger.debug(
+        "Indexed %d packets of %s (%s %dx%d)", index.frame_count, label, index.codec, index.width, index.height
+    )
+    return index
+
+
+def _file_size(handle: IO[bytes]) -> int:
+    position = handle.tell()
+    size = handle.seek(0, os.SEEK_END)
+    handle.seek(position)
+    return int(size)
+
+
+def _demux(container: Any, handle: IO[bytes], *, label: str, file_size: int) -> PacketIndex:
+    if not container.streams.video:
+        raise VideoDecodeError(f"{label}: the file has no video stream.")
+    stream = container.streams.video[0]
+    context = stream.codec_context
+    if context is None:
+        raise CodecUnsupportedError(
+            f"{label}: the video codec is unknown to this FFmpeg build, so neither NVDEC (through DALI), "
+            "DALI's CPU decoder nor PyAV can decode it. Re-encode the video (H.264, HEVC, AV1 or VP9)."
+        )
+    rows: list[tuple[int, int, int, int, bool]] = []
+    samples: dict[int, bytes] = {}
+    first_key: bytes | None = None
+    for packet in container.demux(stream):
+        if packet.size == 0:
+            continue
+        pts = packet.pts if packet.pts is not None else packet.dts
+        if pts is None:
+            raise VideoDecodeError(f"{label}: packet {len(rows)} has no timestamp; remux the video into MP4.")
+        dts = packet.dts if packet.dts is not None else pts
+        position = packet.pos if packet.pos is not None else -1
+        if first_key is None and packet.is_keyframe:
+            first_key = bytes(packet)
+        if len(rows) < _BYTE_CHECK_PACKETS:
+            samples[len(rows)] = bytes(packet)
+        rows.append((pts, dts, position, packet.size, packet.is_keyframe))
+    if not rows:
+        raise VideoDecodeError(f"{label}: the video stream holds no packets; the file is truncated or empty.")
+    table = np.asarray(rows, dtype=np.int64)
+    ends = table[:, 2] + table[:, 3]
+    if (table[:, 2] >= 0).all() and ends.max() > file_size:
+        raise VideoDecodeError(
+            f"{label}: packets extend to byte {int(ends.max())} but the file has {file_size} bytes; "
+            "the file is truncated. Download or copy it again."
+        )
+    byte_exact = _offsets_are_exact(handle, table, samples)
+    template = _make_template(stream, first_key if first_key is not None else samples[0])
+    return PacketIndex(
+        source_name=label,
+        codec=context.codec.canonical_name,
+        width=int(context.width),
+        height=int(context.height),
+        pix_fmt=context.pix_fmt,
+        time_base=Fraction(stream.time_base),
+        pts=np.ascontiguousarray(table[:, 0]),
+        dts=np.ascontiguousarray(table[:, 1]),
+        byte_offset=np.ascontiguousarray(table[:, 2]),
+        size_bytes=np.ascontiguousarray(table[:, 3]),
+        keyframe=table[:, 4].astype(bool),
+        file_size_bytes=file_size,
+        byte_exact=byte_exact,
+        template=template,
+    )
+
+
+def _offsets_are_exact(handle: IO[bytes], table: np.ndarray, samples: dict[int, bytes]) -> bool:
+    """Whether the file's bytes at each packet's offset are that packet (true for MP4, not Matroska)."""
+    if (table[:, 2] < 0).any():
+        return False
+    for row, payload in samples.items():
+        handle.seek(int(table[row, 2]))
+        if handle.read(int(table[row, 3])) != payload:
+            return False
+    return True
+
+
+def _make_template(stream: Any, payload: bytes) -> bytes:
+    """A one-packet MP4 carrying the stream's codec parameters (extradata, size, time base)."""
+    output = io.BytesIO()
+    with av.open(output, mode="w", format="mp4") as muxer:
+        template_stream = muxer.add_stream_from_template(stream, opaque=True)
+        copy = av.Packet(payload)
+        copy.pts, copy.dts, copy.time_base = 0, 0, stream.time_base
+        copy.is_keyframe = True
+        copy.stream = template_stream
+        muxer.mux(copy)
+    return output.getvalue()
+
+
+class PacketIndexCache:
+    """Bounded LRU of packet indices per process, keyed by (path, size, mtime) so edited files re-index.
+
+    Indices are immutable, so a cache inherited through fork stays valid; sources without a stable
+    identity (anonymous file objects) are indexed every time.
+    """
+
+    def __init__(self, *, max_entries: int = 64) -> None:
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+            raise ValueError(f"max_entries must be a positive int, got {max_entries!r}.")
+        self.max_entries = max_entries
+        self._entries: OrderedDict[Hashable, PacketIndex] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, source: VideoSource, *, filesystem: Any | None = None) -> PacketIndex:
+        key = source_cache_key(source, filesystem=filesystem)
+        if key is not None:
+            with self._lock:
+                if key in self._entries:
+                    self._entries.move_to_end(key)
+                    return self._entries[key]
+        index = build_packet_index(source, filesystem=filesystem)
+        if key is not None:
+            with self._lock:
+                self._entries[key] = index
+                self._entries.move_to_end(key)
+                while len(self._entries) > self.max_entries:
+                    self._entries.popitem(last=False)
+        return index
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"max_entries": self.max_entries}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(max_entries=state["max_entries"])  # type: ignore[misc]
+
+
+_DEFAULT_CACHE = PacketIndexCache()
+
+
+def load_packet_index(source: VideoSource, *, filesystem: Any | None = None) -> PacketIndex:
+    """The packet index of ``source`` from this process's default cache (built on first use)."""
+    return _DEFAULT_CACHE.get(source, filesystem=filesystem)

@@ -1,0 +1,563 @@
+"""Sample order: which (episode, frame) a rank emits at each position of an epoch.
+
+The order is a pure function of ``(seed, epoch, rank, world_size, position)`` and the episode lengths: no
+hidden RNG state, so every DALI worker process computes its own batches, ranks agree without talking, and
+resume is a replay. Every random stream is a Philox generator keyed by those integers (plus a purpose tag),
+never global state.
+
+Per epoch:
+
+1. **Sharding.** Episodes (never frames or files) are split disjointly across ranks by
+   :func:`shard_episodes`, balancing frame counts: any two ranks differ by at most the longest episode.
+   Every rank computes every rank's count, so :class:`RankBalance` targets are agreed without communication.
+2. **Stream.** A rank's episodes are shuffled into its episode stream (``shuffle=False``: dataset order).
+3. **Pool.** The rank keeps ``episode_pool_size`` whole episodes admitted from its stream and emits a frame
+   uniformly at random among the pool's remaining frames; an episode leaves when all its frames were
+   emitted and the next one is admitted. Which frame of an episode comes out is a per-episode permutation
+   keyed by ``(seed, epoch, episode)`` alone, so "the first ``k`` draws of an episode" name the same frames
+   whatever the world size: that is what lets a resume on another world size skip exactly what was consumed.
+
+Memory is O(episodes + pool): checkpoints of the pool state (a few integers per pooled episode) every few
+thousand samples make increasing access cheap and random access a bounded replay. Determinism holds for a
+fixed numpy version (the Philox stream and ``Generator.choice`` are numpy's).
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import ShardingError
+
+__all__ = [
+    "ConsumedSegment",
+    "OrderOptions",
+    "RankBalance",
+    "ResumedEpoch",
+    "SampleOrder",
+    "shard_episodes",
+]
+
+logger = logging.getLogger(__name__)
+
+# Purpose tags: the random streams for different jobs never share a key.
+_SHARD_STREAM = 0
+_RANK_STREAM = 1
+_POOL_STREAM = 2
+_FRAME_STREAM = 3
+
+#: Smallest pool chunk; below this the per-chunk numpy overhead dominates.
+_MIN_CHUNK = 64
+#: Per-episode frame permutations kept (LRU); pooled episodes recur batch after batch.
+_PERMUTATION_CACHE = 4096
+#: Epoch plans kept (the DALI prefetch can straddle an epoch boundary).
+_PLAN_CACHE = 2
+
+
+def _generator(*key: int) -> np.random.Generator:
+    return np.random.Generator(np.random.Philox(np.random.SeedSequence(list(key))))
+
+
+def _check_int(name: str, value: object, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+class RankBalance(enum.Enum):
+    """How ranks with fewer frames this epoch reach the common per-rank sample count.
+
+    Unequal batch counts hang collective training, so every rank emits exactly
+    :meth:`SampleOrder.num_samples` samples per epoch.
+    """
+
+    PAD = "pad"
+    """Every rank emits as many samples as the fullest rank; a shorter rank then repeats its own first
+    samples of the epoch (cyclically). Nothing is dropped; at most about one episode's worth repeats."""
+
+    DROP = "drop"
+    """Every rank emits as many samples as the emptiest rank; the end of each longer rank's epoch is
+    skipped (different frames each epoch when shuffled). Nothing repeats; at most about one episode's
+    worth per rank is left out."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class OrderOptions:
+    """What defines the order (with the episode lengths, rank and world size). Keep them fixed across a
+    resume: the saved state holds the seed, not these."""
+
+    seed: int = 0
+    shuffle: bool = True
+    episode_pool_size: int = 16
+    rank_balance: RankBalance = RankBalance.PAD
+    #: Positions (rows of ``episode_lengths``) to use, or ``None`` for all; the seam for subsets.
+    episodes: Sequence[int] | None = None
+    #: Samples between pool-state checkpoints (a lower bound; raised to respect ``max_checkpoints``).
+    checkpoint_interval: int = 8192
+    max_checkpoints: int = 1024
+
+    def __post_init__(self) -> None:
+        _check_int("seed", self.seed, minimum=0)
+        if not isinstance(self.shuffle, bool):
+            raise TypeError(f"shuffle must be a bool, got {self.shuffle!r}")
+        _check_int("episode_pool_size", self.episode_pool_size, minimum=1)
+        _check_int("checkpoint_interval", self.checkpoint_interval, minimum=1)
+        _check_int("max_checkpoints", self.max_checkpoints, minimum=1)
+        if not isinstance(self.rank_balance, RankBalance):
+            try:
+                object.__setattr__(self, "rank_balance", RankBalance(self.rank_balance))
+            except ValueError as e:
+                allowed = ", ".join(repr(m.value) for m in RankBalance)
+                raise ValueError(f"rank_balance={self.rank_balance!r} is not one of {allowed}") from e
+        if self.episodes is not None:
+            chosen = tuple(_check_int("episodes[i]", e, minimum=0) for e in self.episodes)
+            if len(set(chosen)) != len(chosen):
+                raise ValueError("episodes lists a position more than once; pass each episode once")
+            object.__setattr__(self, "episodes", chosen)
+
+
+@dataclass(frozen=True)
+class ConsumedSegment:
+    """``samples_consumed`` samples taken by each of ``world_size`` ranks from one plan of an epoch."""
+
+    world_size: int
+    samples_consumed: int
+
+    def __post_init__(self) -> None:
+        _check_int("world_size", self.world_size, minimum=1)
+        _check_int("samples_consumed", self.samples_consumed, minimum=0)
+
+
+@dataclass(frozen=True)
+class ResumedEpoch:
+    """An epoch interrupted under other world sizes: its plan is rebuilt over what those segments (in
+    order, each over the residual of the previous ones) left unconsumed."""
+
+    epoch: int
+    segments: tuple[ConsumedSegment, ...]
+
+    def __post_init__(self) -> None:
+        _check_int("epoch", self.epoch, minimum=0)
+        object.__setattr__(self, "segments", tuple(self.segments))
+        if not all(isinstance(s, ConsumedSegment) for s in self.segments):
+            raise TypeError("segments must be ConsumedSegment objects")
+
+
+def shard_episodes(frame_counts: np.ndarray, *, world_size: int, rng: np.random.Generator | None) -> np.ndarray:
+    """Rank of every episode (``-1`` where ``frame_counts`` is 0), balancing frames per rank.
+
+    Episodes are sorted by frame count (ties broken at random) and dealt in rounds of ``world_size``; each
+    round goes to the ranks in a fresh random order (``rng=None``: a deterministic snake). Within a round
+    counts differ by at most the round's spread, and spreads of consecutive sorted rounds telescope, so
+    two ranks' totals differ by at most the longest episode. O(E log E), vectorised.
+    """
+    world_size = _check_int("world_size", world_size, minimum=1)
+    counts = np.asarray(frame_counts)
+    selected = np.flatnonzero(counts > 0)
+    n = selected.size
+    if n < world_size:
+        raise ShardingError(
+            f"{n} episode(s) with frames cannot give each of {world_size} ranks at least one; "
+            "use fewer ranks or more episodes (episodes are never split across ranks)"
+        )
+    if rng is None:
+        by_length = selected[np.argsort(-counts[selected], kind="stable")]
+    else:
+        shuffled = selected[rng.permutation(n)]
+        by_length = shuffled[np.argsort(-counts[shuffled], kind="stable")]
+    full_rounds = n // world_size
+    if rng is None:
+        lane = np.arange(world_size)
+        rounds = np.where((np.arange(full_rounds) % 2 == 0)[:, None], lane, lane[::-1])
+        tail = np.arange(n - full_rounds * world_size) if full_rounds % 2 == 0 else lane[::-1]
+    else:
+        rounds = rng.permuted(np.tile(np.arange(world_size), (full_rounds, 1)), axis=1)
+        tail = rng.permutation(world_size)
+    rank_of = np.full(counts.shape[0], -1, dtype=np.int64)
+    rank_of[by_length[: full_rounds * world_size]] = rounds.ravel()
+    rank_of[by_length[full_rounds * world_size :]] = tail[: n - full_rounds * world_size]
+    return rank_of
+
+
+@dataclass(frozen=True)
+class _RankStream:
+    """One rank's episodes in stream order, with draws already consumed before this plan."""
+
+    episodes: np.ndarray
+    lengths: np.ndarray
+    first_draw: np.ndarray
+
+    @property
+    def natural(self) -> int:
+        return int((self.lengths - self.first_draw).sum())
+
+
+class _PoolWalk:
+    """The pool state at a chunk boundary. Chunks are a pure function of this state, so replaying from
+    any checkpoint reproduces the same chunks, whatever the access pattern that led here."""
+
+    __slots__ = ("drawn", "emitted", "next_admit", "rng_state", "slots")
+
+    def __init__(
+        self, emitted: int, next_admit: int, slots: np.ndarray, drawn: np.ndarray, rng_state: Mapping[str, Any]
+    ) -> None:
+        self.emitted = emitted
+        self.next_admit = next_admit
+        self.slots = slots  # indices into the rank stream, admission order
+        self.drawn = drawn  # draws already made from each pooled episode
+        self.rng_state = rng_state
+
+
+class _PoolSimulator:
+    """Emits ``(episode, draw_index)`` for positions of one rank's natural (unpadded) stream."""
+
+    def __init__(self, stream: _RankStream, *, pool_size: int, rng_key: tuple[int, ...], interval: int):
+        self._stream = stream
+        self._natural = stream.natural
+        self._interval = interval
+        first = np.arange(min(pool_size, stream.episodes.size), dtype=np.int64)
+        rng_state = _generator(*rng_key).bit_generator.state
+        start = _PoolWalk(0, first.size, first, stream.first_draw[first].copy(), rng_state)
+        self._checkpoints: list[_PoolWalk] = [start]
+        self._checkpoint_positions: list[int] = [0]
+        self._rng = np.random.Generator(np.random.Philox(0))
+        # Live walk plus the outputs of its last chunk, so the next request usually continues in place.
+        self._live = start
+        self._tail = (0, np.empty(0, np.int64), np.empty(0, np.int64))
+
+    def draws(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        out_ep = np.empty(stop - start, np.int64)
+        out_draw = np.empty(stop - start, np.int64)
+        if stop <= start:
+            return out_ep, out_draw
+        tail_start, tail_ep, tail_draw = self._tail
+        if tail_start <= start < self._live.emitted:
+            n = min(stop, self._live.emitted) - start
+            out_ep[:n] = tail_ep[start - tail_start : start - tail_start + n]
+            out_draw[:n] = tail_draw[start - tail_start : start - tail_start + n]
+            walk = self._live
+        elif self._live.emitted <= start:
+            walk = self._live
+        else:
+            walk = self._checkpoint_before(start)
+        self._run(walk, start, stop, out_ep, out_draw)
+        return out_ep, out_draw
+
+    def state_at(self, position: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """``(next_admit, slots, drawn)`` after exactly ``position`` samples (for resume on a new world size)."""
+        walk = self._checkpoint_before(position)
+        while walk.emitted < position:
+            _, _, label, after = self._step(walk)
+            if after.emitted > position:
+                extra = np.bincount(label[: position - walk.emitted], minlength=walk.slots.size)
+                return walk.next_admit, walk.slots, walk.drawn + extra
+            walk = after
+        return walk.next_admit, walk.slots, walk.drawn
+
+    def _checkpoint_before(self, position: int) -> _PoolWalk:
+        return self._checkpoints[bisect.bisect_right(self._checkpoint_positions, position) - 1]
+
+    def _run(self, walk: _PoolWalk, start: int, stop: int, out_ep: np.ndarray, out_draw: np.ndarray) -> None:
+        while walk.emitted < stop:
+            chunk_ep, chunk_draw, _, after = self._step(walk)
+            lo, hi = max(start, walk.emitted), min(stop, after.emitted)
+            if lo < hi:
+                out_ep[lo - start : hi - start] = chunk_ep[lo - walk.emitted : hi - walk.emitted]
+                out_draw[lo - start : hi - start] = chunk_draw[lo - walk.emitted : hi - walk.emitted]
+            if after.emitted // self._interval > self._checkpoints[-1].emitted // self._interval:
+                self._checkpoints.append(after)
+                self._checkpoint_positions.append(after.emitted)
+            self._tail = (walk.emitted, chunk_ep, chunk_draw)
+            walk = after
+        self._live = walk
+
+    def _step(self, walk: _PoolWalk) -> tuple[np.ndarray, np.ndarray, np.ndarray, _PoolWalk]:
+        """One canonical chunk: draws until the first pooled episode runs out (or ``chunk`` draws)."""
+        if walk.slots.size == 0:
+            raise RuntimeError(f"pool simulation ran past the rank's {self._natural} samples")
+        lengths = self._stream.lengths
+        remaining = lengths[walk.slots] - walk.drawn
+        total = int(remaining.sum())
+        chunk = min(total, max(_MIN_CHUNK, 2 * total // walk.slots.size))
+        self._rng.bit_generator.state = walk.rng_state
+        # An ordered sample without replacement of the pool's remaining frames is a prefix of a uniform
+        # permutation of them: each draw is uniform over what is left.
+        picks = self._rng.choice(total, size=chunk, replace=False)
+        label = np.searchsorted(np.cumsum(remaining), picks, side="right")
+        occurrence = _occurrence_rank(label, walk.slots.size)
+        finished = np.flatnonzero(occurrence + 1 == remaining[label])
+        n = int(finished[0]) + 1 if finished.size else chunk
+        label, occurrence = label[:n], occurrence[:n]
+        chunk_ep = self._stream.episodes[walk.slots[label]]
+        chunk_draw = walk.drawn[label] + occurrence
+        slots, drawn = walk.slots, walk.drawn + np.bincount(label, minlength=walk.slots.size)
+        next_admit = walk.next_admit
+        if finished.size:
+            keep = drawn < lengths[slots]
+            slots, drawn = slots[keep], drawn[keep]
+            if next_admit < self._stream.episodes.size:
+                slots = np.append(slots, next_admit)
+                drawn = np.append(drawn, self._stream.first_draw[next_admit])
+                next_admit += 1
+        after = _PoolWalk(walk.emitted + n, next_admit, slots, drawn, self._rng.bit_generator.state)
+        return chunk_ep, chunk_draw, label, after
+
+
+def _occurrence_rank(label: np.ndarray, n_labels: int) -> np.ndarray:
+    """For each entry, how many earlier entries share its label."""
+    order = np.argsort(label, kind="stable")
+    counts = np.bincount(label, minlength=n_labels)
+    starts = np.cumsum(counts) - counts
+    ranked = np.empty_like(label)
+    ranked[order] = np.arange(label.size) - starts[label[order]]
+    return ranked
+
+
+@dataclass
+class _EpochPlan:
+    rank_counts: np.ndarray  # natural samples of every rank
+    target: int  # samples every rank emits
+    stream: _RankStream
+    simulator: _PoolSimulator | None  # None when not shuffling
+    stream_ends: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+
+
+class SampleOrder:
+    """The order of one rank: ``samples(epoch, start, stop)`` for positions ``[start, stop)`` of its epoch.
+
+    Fast for increasing access (what a DALI worker does, batch after batch with a stride); any other
+    access is correct and costs a replay from the nearest checkpoint. Pickles without its caches.
+    """
+
+    def __init__(
+        self,
+        episode_lengths: np.ndarray,
+        *,
+        rank: int,
+        world_size: int,
+        options: OrderOptions | None = None,
+        resumed_epoch: ResumedEpoch | None = None,
+    ) -> None:
+        lengths = np.asarray(episode_lengths)
+        if lengths.ndim != 1 or not np.issubdtype(lengths.dtype, np.integer):
+            raise TypeError(f"episode_lengths must be a 1-D integer array, got {lengths.dtype} {lengths.shape}")
+        if lengths.size and lengths.min() < 0:
+            raise ValueError(f"episode_lengths has a negative length at position {int(np.argmin(lengths))}")
+        self._world_size = _check_int("world_size", world_size, minimum=1)
+        self._rank = _check_int("rank", rank, minimum=0)
+        if self._rank >= self._world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        self._options = options if options is not None else OrderOptions()
+        self._lengths = lengths.astype(np.int64)
+        self._counts = self._lengths.copy()
+        if self._options.episodes is not None:
+            chosen = np.asarray(self._options.episodes, dtype=np.int64)
+            if chosen.size and chosen.max() >= lengths.size:
+                raise ValueError(f"episodes names position {int(chosen.max())} but only {lengths.size} episodes exist")
+            mask = np.zeros(lengths.size, dtype=bool)
+            mask[chosen] = True
+            self._counts[~mask] = 0
+        self._resumed = resumed_epoch
+        self._plans: OrderedDict[int, _EpochPlan] = OrderedDict()
+        self._permutations: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def options(self) -> OrderOptions:
+        return self._options
+
+    @property
+    def resumed_epoch(self) -> ResumedEpoch | None:
+        return self._resumed
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_plans"] = OrderedDict()
+        state["_permutations"] = OrderedDict()
+        return state
+
+    def num_samples(self, epoch: int) -> int:
+        """Samples every rank emits in ``epoch`` (the same on all ranks; see :class:`RankBalance`)."""
+        return self._plan(epoch).target
+
+    def rank_frame_counts(self, epoch: int) -> np.ndarray:
+        """Frames (before balancing) each rank owns in ``epoch``; identical on every rank."""
+        return self._plan(epoch).rank_counts.copy()
+
+    def rank_episodes(self, epoch: int) -> np.ndarray:
+        """Episode positions of this rank in stream (admission) order."""
+        return self._plan(epoch).stream.episodes.copy()
+
+    def samples(self, epoch: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(episode_pos, frame_in_episode)``, int64 arrays for positions ``[start, stop)`` of ``epoch``."""
+        plan = self._plan(epoch)
+        if isinstance(start, bool) or isinstance(stop, bool) or not 0 <= start <= stop <= plan.target:
+            raise IndexError(
+                f"positions [{start}, {stop}) are outside epoch {epoch} of rank {self._rank}, "
+                f"which has {plan.target} samples (0 <= start <= stop <= {plan.target})"
+            )
+        natural = plan.stream.natural
+        pieces: list[tuple[np.ndarray, np.ndarray]] = []
+        position = start
+        while position < stop:
+            # Positions past the rank's own frames (RankBalance.PAD) repeat its first samples, cyclically.
+            q = position if position < natural else (position - natural) % natural
+            run = min(stop, natural) - position if position < natural else min(stop - position, natural - q)
+            pieces.append(self._natural_draws(plan, q, q + run))
+            position += run
+        if not pieces:
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        episodes = np.concatenate([p[0] for p in pieces])
+        draws = np.concatenate([p[1] for p in pieces])
+        return episodes, self._frames(epoch, episodes, draws)
+
+    # -- plan -------------------------------------------------------------------------------------
+
+    def _plan(self, epoch: int) -> _EpochPlan:
+        epoch = _check_int("epoch", epoch, minimum=0)
+        plan = self._plans.get(epoch)
+        if plan is None:
+            plan = self._build_plan(epoch)
+            self._plans[epoch] = plan
+            while len(self._plans) > _PLAN_CACHE:
+                self._plans.popitem(last=False)
+        else:
+            self._plans.move_to_end(epoch)
+        return plan
+
+    def _build_plan(self, epoch: int) -> _EpochPlan:
+        consumed = np.zeros_like(self._counts)
+        segments = self._resumed.segments if self._resumed is not None and self._resumed.epoch == epoch else ()
+        for index, seg in enumerate(segments):
+            consumed = self._consume(epoch, index, seg, consumed)
+        segment = len(segments)
+        remaining = self._counts - consumed
+        if segment and np.count_nonzero(remaining) < self._world_size:
+            logger.warning(
+                "epoch %d: only %d partly-consumed episode(s) remain for %d ranks after the world-size "
+                "change; the epoch ends here (%d frame(s) unseen this epoch)",
+                epoch, np.count_nonzero(remaining), self._world_size, int(remaining.sum()),
+            )  # fmt: skip
+            empty = _RankStream(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64))
+            return _EpochPlan(np.zeros(self._world_size, np.int64), 0, empty, None)
+        shard = self._shard(epoch, segment, self._world_size, remaining)
+        return self._plan_for(epoch, segment, self._rank, shard, consumed)
+
+    def _shard(
+        self, epoch: int, segment: int, world_size: int, remaining: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """``(rank_of, rank_counts, target)``: identical on every rank, computed by each."""
+        rng = (
+            _generator(self._options.seed, _SHARD_STREAM, epoch, world_size, segment) if self._options.shuffle else None
+        )
+        rank_of = shard_episodes(remaining, world_size=world_size, rng=rng)
+        owned = rank_of >= 0
+        rank_counts = np.bincount(rank_of[owned], weights=remaining[owned], minlength=world_size).astype(np.int64)
+        pad = self._options.rank_balance is RankBalance.PAD
+        return rank_of, rank_counts, int(rank_counts.max() if pad else rank_counts.min())
+
+    def _plan_for(
+        self,
+        epoch: int,
+        segment: int,
+        rank: int,
+        shard: tuple[np.ndarray, np.ndarray, int],
+        consumed: np.ndarray,
+    ) -> _EpochPlan:
+        opts = self._options
+        rank_of, rank_counts, target = shard
+        world_size = rank_counts.size
+        episodes = np.flatnonzero(rank_of == rank)
+        if opts.shuffle:
+            episodes = _generator(opts.seed, _RANK_STREAM, epoch, world_size, segment, rank).permutation(episodes)
+        stream = _RankStream(episodes, self._lengths[episodes], consumed[episodes])
+        if not opts.shuffle:
+            ends = np.cumsum(stream.lengths - stream.first_draw)
+            return _EpochPlan(rank_counts, target, stream, None, ends)
+        interval = max(opts.checkpoint_interval, math.ceil(stream.natural / opts.max_checkpoints))
+        simulator = _PoolSimulator(
+            stream,
+            pool_size=opts.episode_pool_size,
+            rng_key=(opts.seed, _POOL_STREAM, epoch, world_size, segment, rank),
+            interval=interval,
+        )
+        return _EpochPlan(rank_counts, target, stream, simulator)
+
+    def _consume(self, epoch: int, segment: int, seg: ConsumedSegment, consumed: np.ndarray) -> np.ndarray:
+        """Draws per episode after every rank of ``seg`` took its first ``samples_consumed`` samples.
+
+        Replays each old rank's prefix: CPU proportional to the samples consumed, memory O(episodes).
+        """
+        shard = self._shard(epoch, segment, seg.world_size, self._counts - consumed)
+        after = consumed.copy()
+        for rank in range(seg.world_size):
+            plan = self._plan_for(epoch, segment, rank, shard, consumed)
+            stream, natural = plan.stream, plan.stream.natural
+            taken = min(seg.samples_consumed, natural)
+            if taken == natural:  # everything, and PAD repeats add nothing new
+                after[stream.episodes] = stream.lengths
+            elif plan.simulator is None:
+                idx = int(np.searchsorted(plan.stream_ends, taken, side="right"))
+                after[stream.episodes[:idx]] = stream.lengths[:idx]
+                before = int(plan.stream_ends[idx - 1]) if idx else 0
+                after[stream.episodes[idx]] = stream.first_draw[idx] + taken - before
+            else:
+                next_admit, slots, drawn = plan.simulator.state_at(taken)
+                done = np.ones(next_admit, dtype=bool)
+                done[slots] = False
+                after[stream.episodes[:next_admit][done]] = stream.lengths[:next_admit][done]
+                after[stream.episodes[slots]] = drawn
+        return after
+
+    # -- draws and frames -------------------------------------------------------------------------
+
+    def _natural_draws(self, plan: _EpochPlan, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        if plan.simulator is not None:
+            return plan.simulator.draws(start, stop)
+        positions = np.arange(start, stop, dtype=np.int64)
+        idx = np.searchsorted(plan.stream_ends, positions, side="right")
+        stream = plan.stream
+        before = plan.stream_ends[idx] - (stream.lengths[idx] - stream.first_draw[idx])
+        return stream.episodes[idx], stream.first_draw[idx] + positions - before
+
+    def _frames(self, epoch: int, episodes: np.ndarray, draws: np.ndarray) -> np.ndarray:
+        if not self._options.shuffle:
+            return draws
+        frames = np.empty_like(draws)
+        order = np.argsort(episodes, kind="stable")
+        grouped = episodes[order]
+        bounds = np.flatnonzero(np.diff(grouped)) + 1
+        for group in np.split(order, bounds):
+            if group.size:
+                frames[group] = self._permutation(epoch, int(episodes[group[0]]))[draws[group]]
+        return frames
+
+    def _permutation(self, epoch: int, episode: int) -> np.ndarray:
+        key = (epoch, episode)
+        perm = self._permutations.get(key)
+        if perm is None:
+            rng = _generator(self._options.seed, _FRAME_STREAM, epoch, episode)
+            perm = rng.permutation(int(self._lengths[episode]))
+            self._permutations[key] = perm
+            while len(self._permutations) > _PERMUTATION_CACHE:
+                self._permutations.popitem(last=False)
+        else:
+            self._permutations.move_to_end(key)
+        return perm

@@ -1,0 +1,227 @@
+"""Resume state of a rank's sample stream, and the small stream object that produces and loads it.
+
+Resuming replays the tabular order (no decode) up to the saved position. What is guaranteed:
+
+* **Same world size** (the usual case): the stream continues at exactly the next sample; the concatenation
+  of the interrupted and resumed streams equals the uninterrupted one.
+* **Another world size** (a warning is logged): the rest of the interrupted epoch is exactly the frames the
+  old ranks had not yet consumed, each once (before :class:`~lerobot_dali.sample_order.RankBalance`
+  padding), re-sharded over the new ranks. No frame consumed before the change comes again in that epoch
+  (PAD repeats aside), and none is skipped, except by DROP balancing, or when fewer unconsumed episodes are
+  left than ranks (then the epoch ends early, logged). Later epochs are those of a fresh run on the new
+  world size. Computing the residual replays every old rank's consumed prefix: CPU proportional to the
+  samples consumed in the epoch, memory O(episodes).
+
+The state holds the seed but not the other :class:`~lerobot_dali.sample_order.OrderOptions` (shuffle, pool
+size, balance, episode subset): resume with the same ones, or the order differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import ResumeStateError
+from .sample_order import ConsumedSegment, OrderOptions, ResumedEpoch, SampleOrder
+
+__all__ = ["SampleStream", "StreamState"]
+
+logger = logging.getLogger(__name__)
+
+_VERSION = 1
+_FIELDS = ("seed", "epoch", "samples_consumed", "world_size", "batch_size")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamState:
+    """Where a rank's stream stands: ``samples_consumed`` samples of ``epoch`` taken by each rank.
+
+    ``prior_segments`` is empty unless the world size changed inside this epoch: then it lists, oldest
+    first, how many samples each earlier world size's ranks took, and ``samples_consumed`` counts within
+    the residual plan.
+    """
+
+    seed: int
+    epoch: int
+    samples_consumed: int
+    world_size: int
+    batch_size: int
+    prior_segments: tuple[ConsumedSegment, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in _FIELDS:
+            value = getattr(self, name)
+            minimum = 1 if name in ("world_size", "batch_size") else 0
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
+                raise ResumeStateError(f"stream state field {name!r} must be an int >= {minimum}, got {value!r}")
+        object.__setattr__(self, "prior_segments", tuple(self.prior_segments))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain ints and lists only, so it goes into any checkpoint format."""
+        out: dict[str, Any] = {"version": _VERSION}
+        out.update({name: int(getattr(self, name)) for name in _FIELDS})
+        out["prior_segments"] = [[s.world_size, s.samples_consumed] for s in self.prior_segments]
+        return out
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> StreamState:
+        if not isinstance(state, Mapping):
+            raise ResumeStateError(f"a stream state is a dict, got {type(state).__name__}")
+        if state.get("version") != _VERSION:
+            raise ResumeStateError(
+                f"stream state version {state.get('version')!r} is not supported (expected {_VERSION}); "
+                "it was saved by another lerobot_dali version"
+            )
+        missing = [name for name in (*_FIELDS, "prior_segments") if name not in state]
+        if missing:
+            raise ResumeStateError(f"stream state lacks {missing}; pass the dict that state_dict() returned")
+        try:
+            segments = tuple(ConsumedSegment(int(ws), int(n)) for ws, n in state["prior_segments"])
+        except (TypeError, ValueError) as e:
+            raise ResumeStateError(
+                f"stream state prior_segments must be [[world_size, samples_consumed], ...], "
+                f"got {state['prior_segments']!r}"
+            ) from e
+        return cls(**{name: state[name] for name in _FIELDS}, prior_segments=segments)
+
+
+class SampleStream:
+    """One rank's stream across epochs: batches in order, ``set_epoch``, ``state_dict``/``load_state_dict``.
+
+    ``samples_consumed`` counts samples handed out by :meth:`next_batch`; save the state when the trainer
+    has taken them (not when a prefetcher has), so resume continues where training stopped.
+    """
+
+    def __init__(
+        self,
+        episode_lengths: np.ndarray,
+        *,
+        rank: int,
+        world_size: int,
+        batch_size: int,
+        options: OrderOptions | None = None,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        self._lengths = np.asarray(episode_lengths)
+        self._batch_size = batch_size
+        self._order = SampleOrder(self._lengths, rank=rank, world_size=world_size, options=options)
+        self._epoch = 0
+        self._consumed = 0
+
+    @property
+    def order(self) -> SampleOrder:
+        return self._order
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def samples_consumed(self) -> int:
+        return self._consumed
+
+    def num_samples(self) -> int:
+        """Samples in the current epoch (equal on every rank)."""
+        return self._order.num_samples(self._epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its beginning; the current epoch keeps its position (so a training loop that
+        calls ``set_epoch`` after ``load_state_dict`` does not undo the resume)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        if epoch != self._epoch:
+            self._epoch, self._consumed = epoch, 0
+
+    def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
+        """Up to ``batch_size`` ``(episode_pos, frame_in_episode)`` samples; the last batch of an epoch may
+        be short, and the call after it starts the next epoch."""
+        while self._consumed >= self.num_samples():
+            self._epoch, self._consumed = self._epoch + 1, 0
+        stop = min(self._consumed + self._batch_size, self.num_samples())
+        batch = self._order.samples(self._epoch, self._consumed, stop)
+        self._consumed = stop
+        return batch
+
+    def advance(self, samples: int) -> None:
+        """Record that the trainer took ``samples`` more samples of the current epoch, produced elsewhere
+        (DALI workers call :meth:`SampleOrder.samples` themselves)."""
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+            raise ValueError(f"samples must be a non-negative int, got {samples!r}")
+        if self._consumed + samples > self.num_samples():
+            raise ValueError(
+                f"cannot advance {samples} samples: {self._consumed} of {self.num_samples()} in epoch "
+                f"{self._epoch} are already consumed; call set_epoch() for the next epoch"
+            )
+        self._consumed += samples
+
+    def state(self) -> StreamState:
+        resumed = self._order.resumed_epoch
+        segments = resumed.segments if resumed is not None and resumed.epoch == self._epoch else ()
+        return StreamState(
+            seed=self._order.options.seed,
+            epoch=self._epoch,
+            samples_consumed=self._consumed,
+            world_size=self._order.world_size,
+            batch_size=self._batch_size,
+            prior_segments=segments,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state().to_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Continue where ``state_dict`` left off; see the module docstring for what a world-size change keeps."""
+        state = StreamState.from_dict(state_dict)
+        options = self._order.options
+        if state.seed != options.seed:
+            logger.info("resuming with the saved seed %d instead of %d", state.seed, options.seed)
+            options = dataclasses.replace(options, seed=state.seed)
+        if state.batch_size != self._batch_size:
+            logger.info(
+                "saved batch size %d differs from %d; resuming at sample %d (positions count samples)",
+                state.batch_size, self._batch_size, state.samples_consumed,
+            )  # fmt: skip
+        segments = state.prior_segments
+        epoch, consumed = state.epoch, state.samples_consumed
+        world_size, rank = self._order.world_size, self._order.rank
+        if state.world_size != world_size:
+            logger.warning(
+                "resuming epoch %d on %d ranks, saved on %d: the rest of the epoch is re-sharded over what "
+                "the old ranks had not consumed (no repeats within the epoch); later epochs follow the new "
+                "world size",
+                epoch, world_size, state.world_size,
+            )  # fmt: skip
+            old = SampleOrder(
+                self._lengths,
+                rank=0,
+                world_size=state.world_size,
+                options=options,
+                resumed_epoch=ResumedEpoch(epoch, segments) if segments else None,
+            )
+            old_samples = _checked_samples(state, old)
+            if consumed == old_samples:
+                epoch, consumed, segments = epoch + 1, 0, ()
+            else:
+                segments, consumed = (*segments, ConsumedSegment(state.world_size, consumed)), 0
+        resumed = ResumedEpoch(epoch, segments) if segments else None
+        order = SampleOrder(self._lengths, rank=rank, world_size=world_size, options=options, resumed_epoch=resumed)
+        if state.world_size == world_size:
+            _checked_samples(state, order)
+        self._order, self._epoch, self._consumed = order, epoch, consumed
+
+
+def _checked_samples(state: StreamState, order: SampleOrder) -> int:
+    """Samples per rank in the saved epoch under ``order``, which must cover what the state says was consumed."""
+    num_samples = order.num_samples(state.epoch)
+    if state.samples_consumed > num_samples:
+        raise ResumeStateError(
+            f"stream state says {state.samples_consumed} samples of epoch {state.epoch} were consumed, but that "
+            f"epoch has {num_samples} per rank; the state belongs to another dataset or other order options"
+        )
+    return num_samples

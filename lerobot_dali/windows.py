@@ -1,0 +1,179 @@
+"""Delta windows with LeRobot's semantics, value for value.
+
+``delta_timestamps={key: [seconds, ...]}`` asks, for a sample at frame ``i`` of an episode of ``n`` frames,
+for the rows ``i + delta_index`` of ``key``. As ``LeRobotDataset`` (v3.0: ``check_delta_timestamps``,
+``get_delta_indices``, ``_get_query_indices``, ``_get_query_timestamps``, ``_query_videos``) does it:
+
+* every delta ``d`` must satisfy ``abs(d * fps - round(d * fps)) / fps <= tolerance_s``, else
+  :class:`~lerobot_dali.errors.DeltaTimestampsError`;
+* ``delta_index = round(d * fps)`` (Python's round: halves go to the even integer);
+* the query row is clamped to ``[0, n - 1]``; ``<key>_is_pad`` is true where it was clamped, so padded
+  positions repeat the edge row's value.
+
+Shapes, and what is squeezed (LeRobot's ``frames.squeeze(0)`` on decoded video, nothing else):
+
+* tabular keys: ``(T, *feature_shape)`` rows, **never squeezed**; a single delta gives ``(1, ...)``;
+* ``<key>_is_pad``: ``(T,)`` bool for every key in ``delta_timestamps``, cameras included;
+* camera (video) keys: the window is the list of query timestamps, the episode-local ``timestamp`` of each
+  clamped row; the video layer decodes ``(T, C, H, W)`` and squeezes the first axis when ``T == 1``
+  (:meth:`DeltaWindows.squeeze_camera`). A camera without deltas is queried at the sample's own
+  ``timestamp`` and is squeezed too. Cameras stored as images in the parquet are tabular for LeRobot
+  (not squeezed); list only video-backed cameras in ``camera_keys``.
+
+Indices here are episode-local (frame within episode); LeRobot clamps absolute indices to
+``[dataset_from_index, dataset_to_index)``, which is the same thing shifted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+
+from .errors import DeltaTimestampsError
+
+__all__ = ["DeltaWindows", "Window", "query_indices"]
+
+
+def query_indices(
+    frame_index: np.ndarray | int, episode_length: np.ndarray | int, delta_index: np.ndarray | Sequence[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Clamped rows and pad flags, ``(N, T)`` each (``(T,)`` for a scalar ``frame_index``).
+
+    ``frame_index`` and ``episode_length`` broadcast against each other, so one call serves a batch of
+    samples from different episodes; rows are episode-local.
+    """
+    frame = np.asarray(frame_index, dtype=np.int64)
+    length = np.asarray(episode_length, dtype=np.int64)
+    delta = np.asarray(delta_index, dtype=np.int64)
+    if delta.ndim != 1:
+        raise ValueError(f"delta_index must be 1-D, got shape {delta.shape}")
+    if np.any(length < 1):
+        raise ValueError("episode_length must be >= 1 (an empty episode has no frame to window)")
+    if np.any((frame < 0) | (frame >= length)):
+        raise IndexError(f"frame_index must lie in [0, episode_length); got {frame} for lengths {length}")
+    query = frame[..., None] + delta
+    end = length[..., None]
+    is_pad = (query < 0) | (query >= end)
+    rows = np.clip(query, 0, end - 1)
+    return rows, is_pad
+
+
+@dataclass(frozen=True)
+class Window:
+    """One sample's (or a batch's) windows; merge ``tabular`` and ``padding`` into the item as is."""
+
+    #: ``key -> (T, ...)`` (a leading ``N`` for a batch), for the non-camera keys of ``delta_timestamps``.
+    tabular: dict[str, np.ndarray]
+    #: ``"<key>_is_pad" -> (T,)`` bool, for every key of ``delta_timestamps``.
+    padding: dict[str, np.ndarray]
+    #: ``camera key -> (T,)`` float64 episode-local seconds to decode, for every camera key.
+    camera_timestamps_s: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeltaWindows:
+    """Validated ``delta_timestamps`` and their ``delta_index``; builds windows from an episode's rows."""
+
+    delta_timestamps: Mapping[str, Sequence[float]]
+    fps: float
+    tolerance_s: float = 1e-4
+    #: Video-backed camera keys: they get query timestamps instead of rows.
+    camera_keys: Iterable[str] = ()
+    #: If given, every key of ``delta_timestamps`` must be one of these (the dataset's features).
+    feature_keys: Iterable[str] | None = None
+    delta_index: Mapping[str, np.ndarray] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.fps, bool) or not isinstance(self.fps, int | float) or not self.fps > 0:
+            raise ValueError(f"fps must be a positive number, got {self.fps!r}")
+        if not isinstance(self.tolerance_s, int | float) or not self.tolerance_s >= 0:
+            raise ValueError(f"tolerance_s must be a non-negative number of seconds, got {self.tolerance_s!r}")
+        if not isinstance(self.delta_timestamps, Mapping):
+            raise TypeError(f"delta_timestamps must map keys to lists of seconds, got {type(self.delta_timestamps)}")
+        cameras = frozenset(self.camera_keys)
+        object.__setattr__(self, "camera_keys", cameras)
+        known = None if self.feature_keys is None else frozenset(self.feature_keys)
+        object.__setattr__(self, "feature_keys", known)
+        deltas: dict[str, tuple[float, ...]] = {}
+        indices: dict[str, np.ndarray] = {}
+        for key, values in self.delta_timestamps.items():
+            if known is not None and key not in known:
+                raise DeltaTimestampsError(
+                    f"delta_timestamps names {key!r}, which is not a feature of the dataset (features: {sorted(known)})"
+                )
+            deltas[key], indices[key] = self._validate(key, values)
+        object.__setattr__(self, "delta_timestamps", MappingProxyType(deltas))
+        object.__setattr__(self, "delta_index", MappingProxyType(indices))
+
+    def _validate(self, key: str, values: Sequence[float]) -> tuple[tuple[float, ...], np.ndarray]:
+        if isinstance(values, str | bytes) or not isinstance(values, Sequence | np.ndarray) or len(values) == 0:
+            raise DeltaTimestampsError(f"delta_timestamps[{key!r}] must be a non-empty list of seconds, got {values!r}")
+        seconds = []
+        for d in values:
+            if isinstance(d, bool) or not isinstance(d, int | float | np.integer | np.floating) or not math.isfinite(d):
+                raise DeltaTimestampsError(f"delta_timestamps[{key!r}] holds {d!r}, not a finite number of seconds")
+            d = float(d)
+            # The same expression as LeRobot's check_delta_timestamps, so the boundary cases agree.
+            if abs(d * self.fps - round(d * self.fps)) / self.fps > self.tolerance_s:
+                nearest = round(d * self.fps) / self.fps
+                raise DeltaTimestampsError(
+                    f"delta_timestamps[{key!r}] holds {d} s, which is not a multiple of 1/fps "
+                    f"(fps={self.fps}) within tolerance_s={self.tolerance_s}; the nearest frame is {nearest} s"
+                )
+            seconds.append(d)
+        return tuple(seconds), np.array([round(d * self.fps) for d in seconds], dtype=np.int64)
+
+    def window_length(self, key: str) -> int:
+        """``T`` of ``key``'s window (``1`` for a camera without deltas)."""
+        return len(self.delta_index[key]) if key in self.delta_index else 1
+
+    def squeeze_camera(self, key: str) -> bool:
+        """Whether the decoded ``(T, C, H, W)`` of camera ``key`` loses its first axis, as in LeRobot."""
+        if key not in self.camera_keys:
+            raise KeyError(f"{key!r} is not a camera key (camera keys: {sorted(self.camera_keys)})")
+        return self.window_length(key) == 1
+
+    def window(self, rows: Mapping[str, np.ndarray], frame_index: np.ndarray | int) -> Window:
+        """Windows for frame(s) ``frame_index`` of the episode whose rows are ``rows``.
+
+        ``rows[key]`` is the episode's whole column (first axis = frame within episode); cameras need the
+        ``timestamp`` column. A scalar ``frame_index`` gives ``(T, ...)``; an array of ``N`` gives
+        ``(N, T, ...)``.
+        """
+        length = _episode_length(rows)
+        tabular: dict[str, np.ndarray] = {}
+        padding: dict[str, np.ndarray] = {}
+        timestamps: dict[str, np.ndarray] = {}
+        for key, delta in self.delta_index.items():
+            index, is_pad = query_indices(frame_index, length, delta)
+            padding[f"{key}_is_pad"] = is_pad
+            if key in self.camera_keys:
+                timestamps[key] = _column(rows, "timestamp")[index].astype(np.float64)
+            else:
+                tabular[key] = _column(rows, key)[index]
+        for key in self.camera_keys - self.delta_index.keys():
+            frame = np.asarray(frame_index, dtype=np.int64)
+            if np.any((frame < 0) | (frame >= length)):
+                raise IndexError(f"frame_index must lie in [0, {length}); got {frame}")
+            timestamps[key] = _column(rows, "timestamp")[frame[..., None]].astype(np.float64)
+        return Window(tabular=tabular, padding=padding, camera_timestamps_s=timestamps)
+
+
+def _column(rows: Mapping[str, np.ndarray], key: str) -> np.ndarray:
+    try:
+        return np.asarray(rows[key])
+    except KeyError as e:
+        raise KeyError(f"the episode rows have no column {key!r} (columns: {sorted(rows)})") from e
+
+
+def _episode_length(rows: Mapping[str, np.ndarray]) -> int:
+    lengths = {key: len(value) for key, value in rows.items()}
+    if not lengths:
+        raise ValueError("rows is empty: pass the episode's columns (first axis = frame within episode)")
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"the episode's columns disagree on its length: {lengths}")
+    return next(iter(lengths.values()))

@@ -1,0 +1,206 @@
+"""DALILeRobotIterator in CPU mode: LeRobot-semantics parity, epochs, partial batches, resume, worker errors.
+
+Expected values are computed here independently: tabular rows from the generator's formulas, windows by
+hand (clamp + pad), frames by reading each decoded frame's marker and by a full sequential PyAV decode.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+import torch
+
+from lerobot_dali.errors import FrameTimestampError, VideoDecodeError
+from lerobot_dali.frame_marker import read_full_marker
+from lerobot_dali.generate import expected_action, expected_state, task_name
+from lerobot_dali.iterator import DALILeRobotIterator
+from tests.conftest import shared_dataset
+
+LENGTHS = [5, 1, 7, 4, 6]
+FPS = 10
+DELTAS = {
+    "observation.state": [-0.1, 0.0],
+    "action": [0.0, 0.1, 0.2],
+    "observation.images.cam0": [-0.2, 0.0],
+}
+
+
+def _dataset(make_ds, codec: str) -> Path:
+    return make_ds(
+        episodes=5, frames_per_episode=LENGTHS, cameras=2, codec=codec, fps=FPS, episodes_per_file=2, gop=4
+    )
+
+
+def _as_hwc_uint8(frame: torch.Tensor) -> np.ndarray:
+    return (frame.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+
+
+def _samples(it: DALILeRobotIterator) -> list[dict]:
+    out = []
+    for batch in it:
+        for i in range(len(batch["index"])):
+            out.append({k: (v[i] if not isinstance(v, list) else v[i]) for k, v in batch.items()})
+    return out
+
+
+def _check_sample(s: dict) -> None:
+    """Every value of one sample against LeRobot semantics computed by hand."""
+    ep, f = int(s["episode_index"]), int(s["frame_index"])
+    n = LENGTHS[ep]
+    assert int(s["index"]) == sum(LENGTHS[:ep]) + f
+    assert float(s["timestamp"]) == pytest.approx(f / FPS, abs=1e-6)
+    assert s["task"] == task_name(int(s["task_index"]))
+    for key, deltas, formula, dim in (
+        ("observation.state", DELTAS["observation.state"], expected_state, 6),
+        ("action", DELTAS["action"], expected_action, 7),
+    ):
+        query = [f + round(d * FPS) for d in deltas]
+        rows = [min(max(q, 0), n - 1) for q in query]
+        np.testing.assert_array_equal(s[key].numpy(), np.stack([formula(ep, r, dim) for r in rows]))
+        assert s[f"{key}_is_pad"].tolist() == [not 0 <= q < n for q in query]
+    query = [f + round(d * FPS) for d in DELTAS["observation.images.cam0"]]
+    frames0 = s["observation.images.cam0"]
+    assert frames0.shape == (2, 3, 96, 128) and frames0.dtype == torch.float32
+    assert [tuple(read_full_marker(_as_hwc_uint8(x))) for x in frames0] == [
+        (ep, min(max(q, 0), n - 1), 0) for q in query
+    ]
+    assert s["observation.images.cam0_is_pad"].tolist() == [not 0 <= q < n for q in query]
+    frame1 = s["observation.images.cam1"]  # no deltas: squeezed to (C, H, W)
+    assert frame1.shape == (3, 96, 128)
+    assert tuple(read_full_marker(_as_hwc_uint8(frame1))) == (ep, f, 1)
+
+
+@pytest.mark.parametrize(("codec", "route"), [("vp9", "dali_cpu"), ("av1", "cpu_fallback"), ("h264", "cpu_fallback")])
+def test_cpu_parity_in_dataset_order(make_ds, codec: str, route: str) -> None:
+    it = DALILeRobotIterator(
+        _dataset(make_ds, codec), batch_size=4, delta_timestamps=DELTAS, shuffle=False, device="cpu",
+        num_workers=0, drop_last=False,
+    )  # fmt: skip
+    assert {r.value for r in it.routes.values()} == {route}
+    assert len(it) == 6  # 23 samples in batches of 4, last one partial
+    samples = _samples(it)
+    assert [(int(s["episode_index"]), int(s["frame_index"])) for s in samples] == [
+        (e, f) for e, n in enumerate(LENGTHS) for f in range(n)
+    ]
+    for s in samples:
+        _check_sample(s)
+
+
+def _reference_frames(path: Path) -> dict[int, np.ndarray]:
+    """Every frame of a file by a plain sequential PyAV decode, keyed by pts."""
+    with av.open(str(path)) as container:
+        return {frame.pts: frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)}
+
+
+def test_worker_decoded_frames_equal_an_independent_full_decode(make_ds) -> None:
+    root = _dataset(make_ds, "h264")
+    it = DALILeRobotIterator(
+        root, batch_size=8, shuffle=False, device="cpu", num_workers=0, drop_last=False, return_uint8=True
+    )
+    refs = {}
+    for batch in it:
+        for i in range(len(batch["index"])):
+            ep, f = int(batch["episode_index"][i]), int(batch["frame_index"][i])
+            file_index = ep // 2
+            path = root / f"videos/observation.images.cam1/chunk-000/file-{file_index:03d}.mp4"
+            if path not in refs:
+                refs[path] = list(_reference_frames(path).items())
+            first_in_file = sum(LENGTHS[file_index * 2 : ep])
+            pts_sorted = sorted(refs[path])
+            expected = pts_sorted[first_in_file + f][1]
+            got = batch["observation.images.cam1"][i].permute(1, 2, 0).numpy()
+            np.testing.assert_array_equal(got, expected)
+
+
+def test_dali_cpu_decode_is_close_to_an_independent_decode(make_ds) -> None:
+    root = _dataset(make_ds, "vp9")
+    it = DALILeRobotIterator(root, batch_size=23, shuffle=False, device="cpu", num_workers=0, return_uint8=True)
+    batch = next(iter(it))
+    ref = sorted(_reference_frames(root / "videos/observation.images.cam1/chunk-000/file-001.mp4").items())
+    for i in range(len(batch["index"])):
+        ep, f = int(batch["episode_index"][i]), int(batch["frame_index"][i])
+        if ep in (2, 3):
+            got = batch["observation.images.cam1"][i].permute(1, 2, 0).numpy().astype(int)
+            expected = ref[(0 if ep == 2 else LENGTHS[2]) + f][1].astype(int)
+            assert np.abs(got - expected).mean() < 2.0  # different YUV->RGB conversions, same decoded frame
+
+
+def test_shuffled_epochs_cover_every_frame_once_and_differ(make_ds) -> None:
+    it = DALILeRobotIterator(
+        _dataset(make_ds, "vp9"), batch_size=4, shuffle=True, seed=3, episode_pool_size=2, device="cpu",
+        num_workers=2, drop_last=False,
+    )  # fmt: skip
+    orders = []
+    for epoch in range(2):
+        it.set_epoch(epoch)
+        keys = [(int(s["episode_index"]), int(s["frame_index"])) for s in _samples(it)]
+        assert Counter(keys) == Counter((e, f) for e, n in enumerate(LENGTHS) for f in range(n))
+        orders.append(keys)
+    assert orders[0] != orders[1]
+    it.close()
+
+
+def test_drop_last_gives_full_batches_only(make_ds) -> None:
+    it = DALILeRobotIterator(_dataset(make_ds, "vp9"), batch_size=4, shuffle=False, device="cpu", num_workers=0)
+    assert len(it) == 5  # 23 samples: the trailing 3 are dropped
+    sizes = [len(b["index"]) for b in it]
+    assert sizes == [4] * 5
+
+
+@pytest.mark.parametrize("stop_after", [0, 2, 5])
+def test_resume_mid_epoch_with_workers_continues_exactly(make_ds, stop_after: int) -> None:
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=3, shuffle=True, seed=7, episode_pool_size=2, device="cpu", num_workers=2)
+    full = DALILeRobotIterator(root, **kwargs)
+    whole = [int(i) for epoch in range(2) for b in (full.set_epoch(epoch) or full) for i in b["index"]]
+    full.close()
+
+    first = DALILeRobotIterator(root, **kwargs)
+    seen: list[int] = []
+    batches = iter(first)
+    for _ in range(stop_after):
+        seen += [int(i) for i in next(batches)["index"]]
+    state = first.state_dict()
+    first.close()
+    resumed = DALILeRobotIterator(root, **kwargs)
+    resumed.load_state_dict(state)
+    for b in resumed:
+        seen += [int(i) for i in b["index"]]
+    resumed.set_epoch(1)
+    for b in resumed:
+        seen += [int(i) for i in b["index"]]
+    assert seen == whole
+
+
+def test_worker_errors_surface_as_the_original_exception(make_ds, copy_ds) -> None:
+    root = copy_ds(_dataset(make_ds, "av1"))
+    video = root / "videos/observation.images.cam0/chunk-000/file-001.mp4"
+    data = video.read_bytes()
+    video.write_bytes(data[: len(data) // 3])  # truncated: the packet index of this file cannot be built
+    it = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=2)
+    with pytest.raises(VideoDecodeError, match=r"file-001\.mp4"):
+        for _ in it:
+            pass
+    it.close()
+
+
+def test_cr5_wall_clock_timestamps_fail_clearly_then_read_by_frame_index() -> None:
+    root = shared_dataset("cr5_v30_av1")
+    it = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=0)
+    with pytest.raises(FrameTimestampError, match=r"episode 0, camera observation\.images\.top.*frame_index / fps"):
+        next(iter(it))
+    it = DALILeRobotIterator(
+        root, batch_size=4, shuffle=False, device="cpu", num_workers=0, timestamp_source="frame_index",
+        return_uint8=True,
+    )  # fmt: skip
+    batch = next(iter(it))
+    ref = sorted(_reference_frames(root / "videos/observation.images.top/chunk-000/file-000.mp4").items())
+    for i in range(4):
+        got = batch["observation.images.top"][i].permute(1, 2, 0).numpy()
+        np.testing.assert_array_equal(got, ref[i][1])
+    assert batch["task"] == ["put the banana on the plate"] * 4
+    assert batch["observation.state"].shape == (4, 6)

@@ -1,0 +1,268 @@
+"""Packet index (demux-only) and timestamp -> frame lookup, against independent PyAV demux/decode."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+from dataclasses import replace
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import fsspec
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from lerobot_dali.errors import (
+    CodecUnsupportedError,
+    FrameRequestError,
+    FrameTimestampError,
+    MissingDataFileError,
+    VideoDecodeError,
+)
+from lerobot_dali.frame_lookup import (
+    FrameRequestContext,
+    TimestampSource,
+    frame_index_timestamps_s,
+    nearest_frame_indices,
+)
+from lerobot_dali.frame_marker import draw_marker
+from lerobot_dali.generate import encode_video
+from lerobot_dali.packet_index import PacketIndexCache, build_packet_index, load_packet_index
+
+DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+CR5 = DATASETS / "cr5_v30_av1"
+R1_VIDEO = DATASETS / "r1_v30_h264" / "videos" / "observation.images.rgb" / "chunk-000" / "file-000.mp4"
+FPS = 30
+EPISODE_LENGTHS = (30, 25, 35)
+
+
+def _cr5_video(file_index: int) -> Path:
+    return CR5 / "videos" / "observation.images.top" / "chunk-000" / f"file-{file_index:03d}.mp4"
+
+
+def _needs(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"real dataset file {path} is not present")
+    return path
+
+
+def _encode(path: Path, codec: str, gop: int) -> Path:
+    frames = [draw_marker(e, f, 64, 96) for e, n in enumerate(EPISODE_LENGTHS) for f in range(n)]
+    encode_video(path, frames, fps=FPS, codec=codec, gop=gop)
+    return path
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Path]:
+    root = tmp_path_factory.mktemp("videos")
+    return {(c, g): _encode(root / f"{c}_g{g}.mp4", c, g) for c in ("av1", "h264", "hevc", "vp9") for g in (2, 30)}
+
+
+def _demux_reference(path: Path) -> list[tuple[int, int, bool, bytes]]:
+    with av.open(str(path)) as container:
+        return [(p.pts, p.dts, p.is_keyframe, bytes(p)) for p in container.demux(container.streams.video[0]) if p.size]
+
+
+def _decoded_pts(path: Path) -> list[int]:
+    with av.open(str(path)) as container:
+        return [frame.pts for frame in container.decode(video=0)]
+
+
+@pytest.mark.parametrize("codec", ["av1", "h264", "hevc", "vp9"])
+@pytest.mark.parametrize("gop", [2, 30])
+def test_index_matches_demux_and_decode(videos: dict[tuple[str, int], Path], codec: str, gop: int) -> None:
+    path = videos[(codec, gop)]
+    index = build_packet_index(path)
+    packets = _demux_reference(path)
+    assert index.codec == codec
+    assert (index.width, index.height) == (96, 64)
+    assert index.frame_count == sum(EPISODE_LENGTHS)
+    assert index.pts.tolist() == [p[0] for p in packets]
+    assert index.dts.tolist() == [p[1] for p in packets]
+    assert index.keyframe.tolist() == [p[2] for p in packets]
+    # Display order is what a sequential decode outputs, and frame i was encoded at i / fps.
+    assert index.frame_pts.tolist() == _decoded_pts(path)
+    np.testing.assert_allclose(index.frame_pts_s, np.arange(index.frame_count) / FPS, atol=1e-9)
+    assert index.byte_exact
+    raw = path.read_bytes()
+    for position in (0, 1, index.frame_count // 2, index.frame_count - 1):
+        offset, size = int(index.byte_offset[position]), int(index.size_bytes[position])
+        assert raw[offset : offset + size] == packets[position][3]
+    assert index.file_size_bytes == len(raw)
+
+
+def test_h264_b_frames_reorder(videos: dict[tuple[str, int], Path]) -> None:
+    index = build_packet_index(videos[("h264", 30)])
+    assert not np.array_equal(index.display_order, np.arange(index.frame_count))
+    assert np.all(np.diff(index.frame_pts) > 0)
+    np.testing.assert_array_equal(index.display_order[index.display_rank], np.arange(index.frame_count))
+
+
+def test_real_files() -> None:
+    r1 = build_packet_index(_needs(R1_VIDEO))
+    assert (r1.codec, r1.width, r1.height, r1.frame_count) == ("h264", 640, 360, 1975)
+    np.testing.assert_allclose(r1.frame_pts_s[:5], [0.0, 0.04, 0.08, 0.12, 0.16], atol=1e-9)
+    assert not np.array_equal(r1.display_order, np.arange(r1.frame_count))  # B-frames
+    episodes = pq.read_table(CR5 / "meta" / "episodes" / "chunk-000" / "file-000.parquet").to_pydict()
+    files = np.asarray(episodes["videos/observation.images.top/file_index"])
+    lengths = np.asarray(episodes["length"])
+    to_s = np.asarray(episodes["videos/observation.images.top/to_timestamp"])
+    for file_index in range(3):
+        index = build_packet_index(_needs(_cr5_video(file_index)))
+        assert index.codec == "av1"
+        assert index.frame_count == lengths[files == file_index].sum()
+        assert index.frame_pts_s[-1] + 0.1 == pytest.approx(to_s[files == file_index].max(), abs=1e-6)
+
+
+def test_sources_path_fsspec_and_file_objects(videos: dict[tuple[str, int], Path]) -> None:
+    path = videos[("vp9", 2)]
+    expected = build_packet_index(path).pts
+    memory = fsspec.filesystem("memory")
+    memory.pipe("/clips/v.mp4", path.read_bytes())
+    np.testing.assert_array_equal(build_packet_index("/clips/v.mp4", filesystem=memory).pts, expected)
+    with memory.open("/clips/v.mp4", "rb") as handle:
+        np.testing.assert_array_equal(build_packet_index(handle).pts, expected)
+    with open(path, "rb") as handle:
+        np.testing.assert_array_equal(build_packet_index(handle).pts, expected)
+
+
+def test_index_pickles(videos: dict[tuple[str, int], Path]) -> None:
+    index = build_packet_index(videos[("hevc", 30)])
+    copy = pickle.loads(pickle.dumps(index))
+    np.testing.assert_array_equal(copy.display_order, index.display_order)
+    assert copy.template == index.template
+    assert copy.time_base == index.time_base
+
+
+def test_cache_reuses_and_notices_changes(videos: dict[tuple[str, int], Path], tmp_path: Path) -> None:
+    path = tmp_path / "v.mp4"
+    shutil.copyfile(videos[("av1", 2)], path)
+    cache = PacketIndexCache(max_entries=2)
+    first = cache.get(path)
+    assert cache.get(str(path)) is first
+    shutil.copyfile(videos[("av1", 30)], path)  # different size and mtime
+    os.utime(path, ns=(1, 1))
+    second = cache.get(path)
+    assert second is not first
+    np.testing.assert_array_equal(second.keyframe, build_packet_index(videos[("av1", 30)]).keyframe)
+    for key in (("h264", 2), ("hevc", 2)):
+        cache.get(videos[key])
+    assert len(cache) == 2
+    assert load_packet_index(path) is load_packet_index(path)
+    with pytest.raises(ValueError, match="max_entries"):
+        PacketIndexCache(max_entries=0)
+
+
+def test_missing_file_names_path(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.mp4"
+    with pytest.raises(MissingDataFileError, match="nope.mp4"):
+        build_packet_index(missing)
+    with pytest.raises(MissingDataFileError, match="nope.mp4"):
+        PacketIndexCache().get(missing)
+    with pytest.raises(MissingDataFileError, match="nope.mp4"):
+        build_packet_index("/nope.mp4", filesystem=fsspec.filesystem("memory"))
+
+
+def test_truncated_and_corrupt_files(videos: dict[tuple[str, int], Path], tmp_path: Path) -> None:
+    raw = videos[("h264", 30)].read_bytes()
+    truncated = tmp_path / "truncated.mp4"
+    truncated.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(VideoDecodeError, match="truncated.mp4"):
+        build_packet_index(truncated)
+    garbage = tmp_path / "garbage.mp4"
+    garbage.write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    with pytest.raises(VideoDecodeError, match="garbage.mp4"):
+        build_packet_index(garbage)
+    empty = tmp_path / "empty.mp4"
+    empty.write_bytes(b"")
+    with pytest.raises(VideoDecodeError, match="empty.mp4"):
+        build_packet_index(empty)
+
+
+def test_codec_without_any_decoder(tmp_path: Path) -> None:
+    path = tmp_path / "evc.mp4"
+    with av.open(str(path), "w", format="mp4") as container:
+        stream = container.add_mux_stream("evc", rate=10, width=64, height=64)
+        for i in range(3):
+            packet = av.Packet(bytes(range(40)))
+            packet.pts = packet.dts = i
+            packet.time_base = Fraction(1, 10)
+            packet.is_keyframe = i == 0
+            packet.stream = stream
+            container.mux(packet)
+    with pytest.raises(CodecUnsupportedError, match="evc.mp4"):
+        build_packet_index(path)
+
+
+# --- frame lookup -------------------------------------------------------------------------------------
+
+
+def test_nearest_frames_exact_and_within_tolerance(videos: dict[tuple[str, int], Path]) -> None:
+    index = build_packet_index(videos[("h264", 30)])
+    frames = np.array([0, 1, 29, 30, 54, 55, 89, 3, 3])
+    exact = nearest_frame_indices(index, frames / FPS, tolerance_s=1e-4)
+    np.testing.assert_array_equal(exact, frames)
+    jittered = frames / FPS + np.where(frames % 2 == 0, 4e-3, -4e-3)
+    np.testing.assert_array_equal(nearest_frame_indices(index, jittered, tolerance_s=5e-3), frames)
+    # Halfway between two frames goes to the earlier one.
+    assert nearest_frame_indices(index, [0.5 / FPS], tolerance_s=0.1).tolist() == [0]
+
+
+def test_lookup_error_names_request(videos: dict[tuple[str, int], Path]) -> None:
+    index = build_packet_index(videos[("vp9", 2)])
+    context = FrameRequestContext(dataset="user/ds", episode_index=2, camera="observation.images.top")
+    with pytest.raises(FrameTimestampError) as info:
+        nearest_frame_indices(index, [0.0, 1.0 + 0.01], tolerance_s=1e-4, context=context)
+    message = str(info.value)
+    for part in ("user/ds", "episode 2", "observation.images.top", "1.010000", "frame 30", "1.000000", "vp9_g2"):
+        assert part in message
+    with pytest.raises(FrameTimestampError, match="spans"):
+        nearest_frame_indices(index, [3.5], tolerance_s=1e-4)
+    with pytest.raises(FrameTimestampError, match="finite"):
+        nearest_frame_indices(index, [float("nan")], tolerance_s=1e-4)
+    with pytest.raises(FrameRequestError, match="vp9_g2"):
+        nearest_frame_indices(index, [], tolerance_s=1e-4)
+    with pytest.raises(ValueError, match="tolerance_s"):
+        nearest_frame_indices(index, [0.0], tolerance_s=-1)
+
+
+def test_wall_clock_timestamps_need_frame_index_opt_in() -> None:
+    data = pq.read_table(
+        _needs(CR5 / "data" / "chunk-000" / "file-000.parquet"), columns=["episode_index", "frame_index", "timestamp"]
+    ).to_pydict()
+    episodes = pq.read_table(CR5 / "meta" / "episodes" / "chunk-000" / "file-000.parquet").to_pydict()
+    episode = 6  # second episode of file-001: from_timestamp 19.9
+    from_s = episodes["videos/observation.images.top/from_timestamp"][episode]
+    assert episodes["videos/observation.images.top/file_index"][episode] == 1
+    index = build_packet_index(_needs(_cr5_video(1)))
+    rows = np.asarray(data["episode_index"]) == episode
+    wall_clock = np.asarray(data["timestamp"])[rows]
+    frame_index = np.asarray(data["frame_index"])[rows]
+    context = FrameRequestContext(dataset="cr5_v30_av1", episode_index=episode, camera="observation.images.top")
+    with pytest.raises(FrameTimestampError, match="FRAME_INDEX"):
+        nearest_frame_indices(index, from_s + wall_clock, tolerance_s=1e-4, context=context)
+    assert TimestampSource.FRAME_INDEX.value == "frame_index"
+    local_s = frame_index_timestamps_s(frame_index, fps=10)
+    found = nearest_frame_indices(index, from_s + local_s, tolerance_s=1e-4, context=context)
+    np.testing.assert_array_equal(found, 199 + frame_index)  # episode 5 holds the file's first 199 frames
+
+
+def test_frame_index_timestamps_validation() -> None:
+    np.testing.assert_allclose(frame_index_timestamps_s([0, 5, 10], fps=10), [0.0, 0.5, 1.0])
+    with pytest.raises(ValueError, match="fps"):
+        frame_index_timestamps_s([0], fps=0)
+    with pytest.raises(ValueError, match="frame_indices"):
+        frame_index_timestamps_s([-1], fps=10)
+    with pytest.raises(ValueError, match="episode_index"):
+        FrameRequestContext(episode_index=-1)
+
+
+def test_duplicate_pts_rejected(videos: dict[tuple[str, int], Path]) -> None:
+    index = build_packet_index(videos[("av1", 2)])
+    pts = index.pts.copy()
+    pts[1] = pts[0]
+    with pytest.raises(VideoDecodeError, match="share pts"):
+        replace(index, pts=pts)

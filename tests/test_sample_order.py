@@ -1,0 +1,365 @@
+"""Sample order: coverage, determinism, mixing, balance, resume (same and changed world size)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lerobot_dali.errors import ResumeStateError, ShardingError
+from lerobot_dali.sample_order import OrderOptions, RankBalance, SampleOrder, shard_episodes
+from lerobot_dali.stream_state import SampleStream, StreamState
+
+REPO = Path(__file__).resolve().parents[1]
+# 41 episodes of 1..30 frames, single-frame episodes included.
+LENGTHS = np.random.default_rng(7).integers(1, 31, size=41)
+LENGTHS[[3, 17]] = 1
+ALL_FRAMES = {(e, f) for e, n in enumerate(LENGTHS.tolist()) for f in range(n)}
+
+
+def _options(**kw: object) -> OrderOptions:
+    base: dict[str, object] = {"seed": 11, "episode_pool_size": 4, "checkpoint_interval": 37}
+    base.update(kw)
+    return OrderOptions(**base)  # type: ignore[arg-type]
+
+
+def _pairs(episodes: np.ndarray, frames: np.ndarray) -> list[tuple[int, int]]:
+    return list(zip(episodes.tolist(), frames.tolist(), strict=True))
+
+
+def _worker_stream(rank: int, world_size: int, workers: int, batch: int, options: OrderOptions) -> np.ndarray:
+    """The rank's epoch as W worker processes would build it: batch i from worker i % W, fresh objects."""
+    orders = [SampleOrder(LENGTHS, rank=rank, world_size=world_size, options=options) for _ in range(workers)]
+    n = orders[0].num_samples(0)
+    out = np.empty((n, 2), np.int64)
+    for w, order in enumerate(orders):
+        for i in range(w, math.ceil(n / batch), workers):
+            ep, fr = order.samples(0, i * batch, min(n, (i + 1) * batch))
+            out[i * batch : i * batch + ep.size] = np.stack([ep, fr], axis=1)
+    return out
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 8])
+@pytest.mark.parametrize("workers", [1, 2, 3, 4])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_one_epoch_covers_every_frame_once(world_size: int, workers: int, shuffle: bool) -> None:
+    options = _options(shuffle=shuffle)
+    seen: list[tuple[int, int]] = []
+    per_rank = []
+    for rank in range(world_size):
+        stream = _worker_stream(rank, world_size, workers, batch=5, options=options)
+        order = SampleOrder(LENGTHS, rank=rank, world_size=world_size, options=options)
+        natural = int(order.rank_frame_counts(0)[rank])
+        rank_frames = [tuple(p) for p in stream[:natural].tolist()]
+        assert len(set(rank_frames)) == natural  # no frame twice within a rank
+        # PAD: past its own frames a rank repeats its first samples.
+        tail = stream[natural:]
+        np.testing.assert_array_equal(tail, stream[: tail.shape[0]])
+        seen += rank_frames
+        per_rank.append(stream.shape[0])
+    assert len(seen) == len(ALL_FRAMES) and set(seen) == ALL_FRAMES  # disjoint ranks, full coverage
+    assert len(set(per_rank)) == 1  # equal per-rank counts
+
+
+def test_ranks_agree_on_counts_and_balance_within_longest_episode() -> None:
+    orders = [SampleOrder(LENGTHS, rank=r, world_size=3, options=_options()) for r in range(3)]
+    counts = [o.rank_frame_counts(2) for o in orders]
+    for c in counts[1:]:
+        np.testing.assert_array_equal(c, counts[0])
+    assert counts[0].sum() == LENGTHS.sum()
+    assert counts[0].max() - counts[0].min() <= LENGTHS.max()
+    episodes = np.concatenate([o.rank_episodes(2) for o in orders])
+    assert sorted(episodes.tolist()) == list(range(LENGTHS.size))
+
+
+def test_shard_snake_hand_computed() -> None:
+    # Sorted by length: ep2(8) ep0(5) ep4(4) ep1(3) ep3(1); rounds: [ep2->0, ep0->1], [ep4->1, ep1->0], [ep3->0].
+    rank_of = shard_episodes(np.array([5, 3, 8, 1, 4, 0]), world_size=2, rng=None)
+    np.testing.assert_array_equal(rank_of, [1, 0, 0, 0, 1, -1])
+
+
+def test_unshuffled_two_ranks_hand_computed() -> None:
+    lengths = np.array([5, 3, 8, 1, 4])
+    pad = [SampleOrder(lengths, rank=r, world_size=2, options=OrderOptions(shuffle=False)) for r in range(2)]
+    np.testing.assert_array_equal(pad[0].rank_frame_counts(0), [12, 9])
+    assert pad[0].num_samples(0) == 12
+    ep, fr = pad[0].samples(0, 0, 12)
+    assert _pairs(ep, fr) == [(1, 0), (1, 1), (1, 2)] + [(2, f) for f in range(8)] + [(3, 0)]
+    ep, fr = pad[1].samples(0, 0, 12)
+    assert _pairs(ep, fr) == [(0, f) for f in range(5)] + [(4, f) for f in range(4)] + [(0, 0), (0, 1), (0, 2)]
+    drop_options = OrderOptions(shuffle=False, rank_balance="drop")  # type: ignore[arg-type]  # as from TOML
+    drop = SampleOrder(lengths, rank=0, world_size=2, options=drop_options)
+    assert drop.options.rank_balance is RankBalance.DROP
+    assert drop.num_samples(0) == 9
+    ep, fr = drop.samples(0, 7, 9)
+    assert _pairs(ep, fr) == [(2, 4), (2, 5)]
+
+
+def test_unshuffled_single_rank_is_dataset_order_every_epoch() -> None:
+    order = SampleOrder(LENGTHS, rank=0, world_size=1, options=_options(shuffle=False))
+    expected = [(e, f) for e, n in enumerate(LENGTHS.tolist()) for f in range(n)]
+    for epoch in (0, 3):
+        assert _pairs(*order.samples(epoch, 0, order.num_samples(epoch))) == expected
+
+
+def test_episode_subset_seam() -> None:
+    order = SampleOrder(LENGTHS, rank=0, world_size=1, options=_options(episodes=[5, 2, 9]))
+    ep, fr = order.samples(0, 0, order.num_samples(0))
+    expected = {(e, f) for e in (2, 5, 9) for f in range(LENGTHS[e])}
+    assert set(_pairs(ep, fr)) == expected and ep.size == len(expected)
+    with pytest.raises(ValueError, match="only 41 episodes"):
+        SampleOrder(LENGTHS, rank=0, world_size=1, options=_options(episodes=[41])).num_samples(0)
+
+
+def test_same_seed_same_order_in_a_fresh_process() -> None:
+    order = SampleOrder(LENGTHS, rank=1, world_size=3, options=_options())
+    ep, fr = order.samples(1, 10, 60)
+    code = (
+        "import numpy as np\n"
+        "from lerobot_dali.sample_order import OrderOptions, SampleOrder\n"
+        f"lengths = np.array({LENGTHS.tolist()})\n"
+        "o = SampleOrder(lengths, rank=1, world_size=3, "
+        "options=OrderOptions(seed=11, episode_pool_size=4, checkpoint_interval=37))\n"
+        "ep, fr = o.samples(1, 10, 60)\n"
+        "print(ep.tolist()); print(fr.tolist())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines == [str(ep.tolist()), str(fr.tolist())]
+
+
+def test_seed_and_epoch_change_the_order() -> None:
+    def first(seed: int, epoch: int) -> list[tuple[int, int]]:
+        order = SampleOrder(LENGTHS, rank=0, world_size=2, options=_options(seed=seed))
+        return _pairs(*order.samples(epoch, 0, 50))
+
+    assert first(11, 0) == first(11, 0)
+    assert first(11, 0) != first(12, 0)
+    assert first(11, 0) != first(11, 1)
+
+
+def test_random_access_equals_sequential() -> None:
+    options = _options()
+    full = SampleOrder(LENGTHS, rank=0, world_size=1, options=options).samples(0, 0, int(LENGTHS.sum()))
+    order = SampleOrder(LENGTHS, rank=0, world_size=1, options=options)
+    for start, stop in [(400, 410), (3, 9), (0, 1), (200, 520), (519, 519), (100, 101)]:
+        ep, fr = order.samples(0, start, stop)
+        np.testing.assert_array_equal(ep, full[0][start:stop])
+        np.testing.assert_array_equal(fr, full[1][start:stop])
+    with pytest.raises(IndexError, match="outside epoch 0"):
+        order.samples(0, 0, int(LENGTHS.sum()) + 1)
+
+
+def test_pickled_order_gives_the_same_samples() -> None:
+    order = SampleOrder(LENGTHS, rank=2, world_size=3, options=_options())
+    before = order.samples(0, 20, 80)
+    clone = pickle.loads(pickle.dumps(order))
+    after = clone.samples(0, 20, 80)
+    np.testing.assert_array_equal(before[0], after[0])
+    np.testing.assert_array_equal(before[1], after[1])
+
+
+@pytest.mark.parametrize(
+    ("lengths", "pool"), [(LENGTHS, 4), (LENGTHS, 64), (np.full(200, 50), 16), (np.full(200, 50), 64)]
+)
+def test_first_batch_mixes_the_pool(lengths: np.ndarray, pool: int) -> None:
+    order = SampleOrder(lengths, rank=0, world_size=1, options=_options(episode_pool_size=pool))
+    ep, _ = order.samples(0, 0, 64)  # a batch at least as large as the pool
+    assert np.unique(ep).size >= min(pool, lengths.size) / 2
+
+
+def test_pool_of_one_emits_whole_episodes_in_turn() -> None:
+    order = SampleOrder(LENGTHS, rank=0, world_size=1, options=_options(episode_pool_size=1))
+    ep, fr = order.samples(0, 0, int(LENGTHS.sum()))
+    changes = np.flatnonzero(np.diff(ep)) + 1
+    blocks = np.split(ep, changes)
+    assert len(blocks) == LENGTHS.size  # each episode is one contiguous block
+    assert [b.size for b in blocks] == LENGTHS[[b[0] for b in blocks]].tolist()
+    assert sorted(fr[: blocks[0].size].tolist()) == list(range(blocks[0].size))
+
+
+def test_first_draw_is_proportional_to_remaining_frames() -> None:
+    # Pool {ep0: 1 frame, ep1: 3 frames}: the first sample is from ep1 with probability 3/4, whichever
+    # episode was admitted first (checked per admission order, so biases cannot cancel out).
+    lengths = np.array([1, 3])
+    hits: dict[int, list[int]] = {0: [], 1: []}
+    for seed in range(800):
+        order = SampleOrder(lengths, rank=0, world_size=1, options=OrderOptions(seed=seed))
+        hits[int(order.rank_episodes(0)[0])].append(int(order.samples(0, 0, 1)[0][0]))
+    for first_admitted, outcomes in hits.items():
+        assert len(outcomes) > 300, first_admitted
+        assert abs(np.mean(outcomes) - 0.75) < 0.08, first_admitted  # sd ~0.022
+
+
+def test_frames_within_an_episode_are_reshuffled_each_epoch() -> None:
+    order = SampleOrder(LENGTHS, rank=0, world_size=1, options=_options(episode_pool_size=1))
+    ep0, fr0 = order.samples(0, 0, int(LENGTHS.sum()))
+    ep1, fr1 = order.samples(1, 0, int(LENGTHS.sum()))
+    changed = [not np.array_equal(fr0[ep0 == e], fr1[ep1 == e]) for e in range(LENGTHS.size) if LENGTHS[e] > 3]
+    assert sum(changed) == len(changed)
+    assert sorted(fr1[ep1 == 0].tolist()) == list(range(LENGTHS[0]))
+
+
+def test_too_few_episodes_for_the_ranks() -> None:
+    with pytest.raises(ShardingError, match="3 episode"):
+        SampleOrder(np.array([4, 0, 2, 9]), rank=0, world_size=4).num_samples(0)
+
+
+def test_option_validation() -> None:
+    with pytest.raises(ValueError, match="episode_pool_size"):
+        OrderOptions(episode_pool_size=0)
+    with pytest.raises(ValueError, match="'pad', 'drop'"):
+        OrderOptions(rank_balance="trim")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="more than once"):
+        OrderOptions(episodes=[1, 1])
+    with pytest.raises(ValueError, match="rank must be in"):
+        SampleOrder(LENGTHS, rank=2, world_size=2)
+
+
+# -- resume ---------------------------------------------------------------------------------------------
+
+
+def _stream(world_size: int = 1, rank: int = 0, batch: int = 4, **kw: object) -> SampleStream:
+    return SampleStream(LENGTHS, rank=rank, world_size=world_size, batch_size=batch, options=_options(**kw))
+
+
+def _take(stream: SampleStream, n: int) -> list[tuple[int, int, int]]:
+    """``n`` samples as (epoch, episode, frame); ``n`` must end on a batch or epoch boundary."""
+    out: list[tuple[int, int, int]] = []
+    while len(out) < n:
+        ep, fr = stream.next_batch()
+        out += [(stream.epoch, e, f) for e, f in _pairs(ep, fr)]
+    assert len(out) == n
+    return out
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_resume_continues_exactly(world_size: int) -> None:
+    epoch_len = _stream(world_size).num_samples()
+    total = 2 * epoch_len + 8
+    for rank in range(world_size):
+        reference = _take(_stream(world_size, rank), total)
+        for k in (0, 12, epoch_len, epoch_len + 8):  # start, mid-pool, epoch boundary, next epoch
+            first = _stream(world_size, rank)
+            head = _take(first, k)
+            state = first.state_dict()
+            resumed = _stream(world_size, rank, seed=999)  # the saved seed wins
+            resumed.load_state_dict(state)
+            rest = _take(resumed, total - k)
+            assert head + rest == reference, (rank, k)
+
+
+def test_advance_counts_samples_produced_elsewhere() -> None:
+    stream = _stream()
+    stream.advance(10)
+    resumed = _stream()
+    resumed.load_state_dict(stream.state_dict())
+    reference = _stream(batch=10)
+    reference.next_batch()
+    np.testing.assert_array_equal(resumed.next_batch()[1], reference.next_batch()[1][:4])
+    with pytest.raises(ValueError, match="call set_epoch"):
+        stream.advance(stream.num_samples())
+
+
+def test_set_epoch_keeps_the_resumed_position() -> None:
+    stream = _stream()
+    _take(stream, 8)
+    resumed = _stream()
+    resumed.load_state_dict(stream.state_dict())
+    resumed.set_epoch(0)
+    assert resumed.samples_consumed == 8
+    resumed.set_epoch(1)
+    assert (resumed.epoch, resumed.samples_consumed) == (1, 0)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize(("old_ws", "new_ws", "consumed"), [(2, 3, 60), (3, 2, 41), (1, 8, 250)])
+def test_resume_on_another_world_size_repeats_nothing(
+    shuffle: bool, old_ws: int, new_ws: int, consumed: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    taken: list[tuple[int, int]] = []
+    for rank in range(old_ws):
+        order = SampleOrder(LENGTHS, rank=rank, world_size=old_ws, options=_options(shuffle=shuffle))
+        taken += _pairs(*order.samples(0, 0, consumed))
+    state = StreamState(seed=11, epoch=0, samples_consumed=consumed, world_size=old_ws, batch_size=4)
+    rest: list[tuple[int, int]] = []
+    for rank in range(new_ws):
+        stream = _stream(new_ws, rank, batch=1000, shuffle=shuffle)
+        with caplog.at_level(logging.WARNING, logger="lerobot_dali.stream_state"):
+            stream.load_state_dict(state.to_dict())
+        assert "re-sharded" in caplog.text
+        natural = int(stream.order.rank_frame_counts(0)[rank])
+        ep, fr = stream.next_batch()
+        assert stream.epoch == 0 and ep.size == stream.num_samples()
+        rest += _pairs(ep[:natural], fr[:natural])
+        saved = StreamState.from_dict(stream.state_dict())
+        assert saved.prior_segments[0].world_size == old_ws and saved.world_size == new_ws
+        # The next epoch is a fresh run's on the new world size.
+        fresh = SampleOrder(LENGTHS, rank=rank, world_size=new_ws, options=_options(shuffle=shuffle))
+        np.testing.assert_array_equal(stream.next_batch()[0], fresh.samples(1, 0, min(1000, fresh.num_samples(1)))[0])
+    assert len(set(taken)) == len(taken)
+    assert len(taken) + len(rest) == len(ALL_FRAMES)
+    assert set(taken) | set(rest) == ALL_FRAMES
+
+
+def test_world_size_change_at_epoch_end_starts_next_epoch() -> None:
+    old = SampleOrder(LENGTHS, rank=0, world_size=2, options=_options())
+    state = StreamState(seed=11, epoch=0, samples_consumed=old.num_samples(0), world_size=2, batch_size=4)
+    stream = _stream(3, 1)
+    stream.load_state_dict(state.to_dict())
+    assert (stream.epoch, stream.samples_consumed) == (1, 0)
+    assert stream.state().prior_segments == ()
+
+
+def test_world_size_change_with_fewer_leftover_episodes_than_ranks_ends_the_epoch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    lengths = np.full(4, 10)
+    # One rank took 38 of 40 frames: at most two episodes still have frames, too few for three ranks.
+    state = StreamState(seed=0, epoch=0, samples_consumed=38, world_size=1, batch_size=2)
+    stream = SampleStream(lengths, rank=2, world_size=3, batch_size=2, options=OrderOptions(seed=0))
+    with caplog.at_level(logging.WARNING):
+        stream.load_state_dict(state.to_dict())
+    assert stream.num_samples() == 0 and "the epoch ends here (2 frame(s) unseen" in caplog.text
+    stream.next_batch()
+    assert (stream.epoch, stream.samples_consumed) == (1, 2)
+
+
+def test_state_dict_round_trip_and_validation() -> None:
+    state = StreamState(seed=1, epoch=2, samples_consumed=30, world_size=4, batch_size=8)
+    as_dict = state.to_dict()
+    assert as_dict == {
+        "version": 1,
+        "seed": 1,
+        "epoch": 2,
+        "samples_consumed": 30,
+        "world_size": 4,
+        "batch_size": 8,
+        "prior_segments": [],
+    }
+    assert StreamState.from_dict(as_dict) == state
+    with pytest.raises(ResumeStateError, match="lacks"):
+        StreamState.from_dict({k: v for k, v in as_dict.items() if k != "epoch"})
+    with pytest.raises(ResumeStateError, match="version"):
+        StreamState.from_dict({**as_dict, "version": 7})
+    with pytest.raises(ResumeStateError, match="world_size"):
+        StreamState.from_dict({**as_dict, "world_size": 0})
+    with pytest.raises(ResumeStateError, match="prior_segments"):
+        StreamState.from_dict({**as_dict, "prior_segments": [[2]]})
+    stream = _stream()
+    with pytest.raises(ResumeStateError, match="other order options"):
+        stream.load_state_dict({**as_dict, "world_size": 1, "samples_consumed": 10**6})

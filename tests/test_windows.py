@@ -1,0 +1,157 @@
+"""Delta windows: hand-computed rows, pads and camera timestamps, LeRobot's validation and squeeze rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lerobot_dali.errors import DeltaTimestampsError
+from lerobot_dali.windows import DeltaWindows, query_indices
+
+# One episode of 5 frames at 10 fps.
+ROWS: dict[str, np.ndarray] = {
+    "action": np.arange(5, dtype=np.float32) * 10,  # 0, 10, 20, 30, 40
+    "observation.state": np.arange(10, dtype=np.float32).reshape(5, 2),
+    "timestamp": np.arange(5, dtype=np.float32) / 10,
+}
+
+
+def _windows(deltas: dict[str, list[float]], **kw: object) -> DeltaWindows:
+    return DeltaWindows(delta_timestamps=deltas, fps=10, **kw)  # type: ignore[arg-type]
+
+
+def test_delta_index_is_rounded_seconds_times_fps() -> None:
+    w = _windows({"action": [-0.2, -0.1, 0.0, 0.1], "observation.state": [0.30000001]})
+    np.testing.assert_array_equal(w.delta_index["action"], [-2, -1, 0, 1])
+    np.testing.assert_array_equal(w.delta_index["observation.state"], [3])
+    assert w.delta_timestamps["action"] == (-0.2, -0.1, 0.0, 0.1)
+
+
+def test_half_frame_rounds_to_even_like_python_round() -> None:
+    # 1.25 s * 2 fps = 2.5 frames, within tolerance 0.3 s (0.5 / 2 = 0.25); round(2.5) == 2, round(3.5) == 4.
+    w = DeltaWindows(delta_timestamps={"a": [1.25, 1.75]}, fps=2, tolerance_s=0.3)
+    np.testing.assert_array_equal(w.delta_index["a"], [2, 4])
+
+
+@pytest.mark.parametrize(
+    ("frame", "rows", "pad", "values"),
+    [
+        (0, [0, 0, 0, 1], [True, True, False, False], [0, 0, 0, 10]),  # episode start
+        (2, [0, 1, 2, 3], [False] * 4, [0, 10, 20, 30]),
+        (4, [2, 3, 4, 4], [False, False, False, True], [20, 30, 40, 40]),  # episode end
+    ],
+)
+def test_tabular_window_at_start_middle_end(frame: int, rows: list[int], pad: list[bool], values: list[float]) -> None:
+    w = _windows({"action": [-0.2, -0.1, 0.0, 0.1]})
+    win = w.window(ROWS, frame)
+    np.testing.assert_array_equal(win.tabular["action"], values)
+    np.testing.assert_array_equal(win.padding["action_is_pad"], pad)
+    assert win.padding["action_is_pad"].dtype == np.bool_
+    index, is_pad = query_indices(frame, 5, w.delta_index["action"])
+    np.testing.assert_array_equal(index, rows)
+    np.testing.assert_array_equal(is_pad, pad)
+
+
+def test_multidimensional_feature_keeps_its_shape() -> None:
+    win = _windows({"observation.state": [-0.1, 0.0]}).window(ROWS, 0)
+    np.testing.assert_array_equal(win.tabular["observation.state"], [[0, 1], [0, 1]])
+    np.testing.assert_array_equal(win.padding["observation.state_is_pad"], [True, False])
+
+
+def test_single_frame_episode() -> None:
+    rows = {"action": np.array([7.0]), "timestamp": np.array([0.0], dtype=np.float32)}
+    win = _windows({"action": [-0.1, 0.0, 0.2]}).window(rows, 0)
+    np.testing.assert_array_equal(win.tabular["action"], [7.0, 7.0, 7.0])
+    np.testing.assert_array_equal(win.padding["action_is_pad"], [True, False, True])
+
+
+def test_deltas_longer_than_the_episode() -> None:
+    rows = {"action": np.array([1.0, 2.0, 3.0])}
+    win = _windows({"action": [-1.0, 0.0, 1.0]}).window(rows, 1)  # -10 and +10 frames on a 3-frame episode
+    np.testing.assert_array_equal(win.tabular["action"], [1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(win.padding["action_is_pad"], [True, False, True])
+
+
+def test_single_tabular_delta_is_not_squeezed() -> None:
+    win = _windows({"action": [0.1], "observation.state": [0.0]}).window(ROWS, 1)
+    assert win.tabular["action"].shape == (1,)
+    np.testing.assert_array_equal(win.tabular["action"], [20.0])
+    assert win.tabular["observation.state"].shape == (1, 2)
+    assert win.padding["action_is_pad"].shape == (1,)
+
+
+def test_camera_windows_are_query_timestamps() -> None:
+    w = _windows({"cam": [-0.2, 0.0], "action": [0.0]}, camera_keys=["cam", "wrist", "top"])
+    w1 = _windows({"top": [0.1]}, camera_keys=["top"])
+    win = w.window(ROWS, 1)
+    # Rows [0, 1] (row -1 clamped): their episode-local timestamps, as float64 of the stored float32.
+    np.testing.assert_array_equal(win.camera_timestamps_s["cam"], [0.0, np.float32(0.1)])
+    assert win.camera_timestamps_s["cam"].dtype == np.float64
+    np.testing.assert_array_equal(win.padding["cam_is_pad"], [True, False])
+    assert "cam" not in win.tabular
+    # A camera without deltas is queried at the sample's own timestamp.
+    np.testing.assert_array_equal(win.camera_timestamps_s["wrist"], [np.float32(0.1)])
+    assert "wrist_is_pad" not in win.padding
+    assert (w.squeeze_camera("cam"), w.squeeze_camera("wrist"), w1.squeeze_camera("top")) == (False, True, True)
+    np.testing.assert_array_equal(w1.window(ROWS, 4).camera_timestamps_s["top"], [np.float32(0.4)])
+    with pytest.raises(KeyError, match="not a camera key"):
+        w.squeeze_camera("action")
+
+
+def test_batch_of_frames_gives_a_leading_axis() -> None:
+    w = _windows({"action": [-0.1, 0.1], "cam": [0.0]}, camera_keys=["cam"])
+    win = w.window(ROWS, np.array([0, 4]))
+    np.testing.assert_array_equal(win.tabular["action"], [[0, 10], [30, 40]])
+    np.testing.assert_array_equal(win.padding["action_is_pad"], [[True, False], [False, True]])
+    np.testing.assert_array_equal(win.camera_timestamps_s["cam"], [[0.0], [np.float32(0.4)]])
+
+
+def test_query_indices_over_episodes_of_different_lengths() -> None:
+    rows, pad = query_indices(np.array([0, 2, 0]), np.array([1, 3, 4]), [-1, 0, 2])
+    np.testing.assert_array_equal(rows, [[0, 0, 0], [1, 2, 2], [0, 0, 2]])
+    np.testing.assert_array_equal(pad, [[True, False, True], [False, False, True], [True, False, False]])
+    with pytest.raises(IndexError, match="frame_index"):
+        query_indices(3, 3, [0])
+
+
+def test_matches_lerobot_absolute_index_formula() -> None:
+    # LeRobot clamps absolute indices to [ep_start, ep_end); check all frames of three concatenated episodes.
+    lengths = [1, 4, 7]
+    deltas = [-5, -1, 0, 2, 6]
+    starts = np.cumsum([0, *lengths[:-1]])
+    for ep_start, n in zip(starts.tolist(), lengths, strict=True):
+        ep_end = ep_start + n
+        for frame in range(n):
+            idx = ep_start + frame
+            expected_rows = [max(ep_start, min(ep_end - 1, idx + d)) - ep_start for d in deltas]
+            expected_pad = [(idx + d < ep_start) | (idx + d >= ep_end) for d in deltas]
+            rows, pad = query_indices(frame, n, deltas)
+            assert rows.tolist() == expected_rows and pad.tolist() == expected_pad
+
+
+@pytest.mark.parametrize("delta", [0.05, 0.1002, -0.149])
+def test_non_multiple_deltas_are_rejected(delta: float) -> None:
+    with pytest.raises(DeltaTimestampsError) as info:
+        _windows({"action": [0.0, delta]})
+    message = str(info.value)
+    assert "'action'" in message and str(delta) in message and "fps=10" in message and "0.0001" in message
+
+
+def test_deltas_within_tolerance_are_accepted() -> None:
+    # |1.0005 - 1| / 10 = 5e-5 <= 1e-4.
+    np.testing.assert_array_equal(_windows({"action": [0.10005]}).delta_index["action"], [1])
+
+
+def test_invalid_specifications() -> None:
+    with pytest.raises(DeltaTimestampsError, match="non-empty list"):
+        _windows({"action": []})
+    with pytest.raises(DeltaTimestampsError, match="finite"):
+        _windows({"action": [float("nan")]})
+    with pytest.raises(DeltaTimestampsError, match="not a feature"):
+        _windows({"actoin": [0.0]}, feature_keys=["action"])
+    with pytest.raises(ValueError, match="fps"):
+        DeltaWindows(delta_timestamps={"action": [0.0]}, fps=0)
+    with pytest.raises(KeyError, match="no column 'action'"):
+        _windows({"action": [0.0]}).window({"timestamp": ROWS["timestamp"]}, 0)
+    with pytest.raises(ValueError, match="disagree"):
+        _windows({"action": [0.0]}).window({"action": np.zeros(3), "timestamp": np.zeros(4)}, 0)
