@@ -19,11 +19,26 @@ from .errors import (
     UnsupportedVersionError,
     VideoDecodeError,
 )
+from .frame_lookup import TimestampSource
+from .sample_order import RankBalance
 
 __version__ = "0.1.0"
 
+# DALI and torch load only when the iterator is used, so the reader and the CLI start fast.
+_LAZY = {"DALILeRobotIterator": "iterator", "AugmentConfig": "augment"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
+    "AugmentConfig",
     "CodecUnsupportedError",
+    "DALILeRobotIterator",
     "DatasetError",
     "DatasetNotFoundError",
     "DeltaTimestampsError",
@@ -32,7 +47,9 @@ __all__ = [
     "InvalidPathTemplateError",
     "LeRobotDatasetReader",
     "MissingDataFileError",
+    "RankBalance",
     "SchemaMismatchError",
+    "TimestampSource",
     "UnsupportedVersionError",
     "VideoDecodeError",
     "VideoRef",

@@ -149,7 +149,12 @@ class BatchSource:
         return rows
 
     def _video_requests(
-        self, camera: str, episode_pos: np.ndarray, frame: np.ndarray, rows: list[dict[str, np.ndarray]], lengths: np.ndarray
+        self,
+        camera: str,
+        episode_pos: np.ndarray,
+        frame: np.ndarray,
+        rows: list[dict[str, np.ndarray]],
+        lengths: np.ndarray,
     ):
         """Per sample: (video path, packet index, display frame numbers of its window)."""
         spec = self.spec
@@ -164,9 +169,13 @@ class BatchSource:
                 local_s = r["timestamp"][i].astype(np.float64)
             index = self._indexes.get(video.path, filesystem=reader.location.fs)
             context = FrameRequestContext(
-                dataset=reader.location.description, episode_index=int(reader.episodes.episode_index[pos]), camera=camera
+                dataset=reader.location.description,
+                episode_index=int(reader.episodes.episode_index[pos]),
+                camera=camera,
             )
-            numbers = nearest_frame_indices(index, video.from_timestamp_s + local_s, tolerance_s=spec.tolerance_s, context=context)
+            numbers = nearest_frame_indices(
+                index, video.from_timestamp_s + local_s, tolerance_s=spec.tolerance_s, context=context
+            )
             yield video.path, index, numbers
 
     def _decoded(self, camera, episode_pos, frame, rows, lengths) -> list[np.ndarray]:

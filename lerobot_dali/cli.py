@@ -75,6 +75,34 @@ def _make_dataset(args: argparse.Namespace) -> int:
     return 0
 
 
+def _diagnose(args: argparse.Namespace) -> int:
+    from .dataset_reader import open_dataset
+    from .diagnose import diagnose_dataset, diagnose_machine
+
+    machine = diagnose_machine()
+    print(f"DALI {machine.dali_version or 'not installed'}")
+    if machine.cuda_available:
+        print(
+            f"GPU {machine.gpu_name} (compute capability {machine.compute_capability}), "
+            f"libnvcuvid {machine.nvcuvid_library or 'NOT FOUND: NVDEC unusable'}"
+        )
+    else:
+        print("GPU none: every camera decodes on the CPU (DALI CPU for VP8/VP9/MJPEG, PyAV otherwise)")
+    if args.dataset is None:
+        return 0
+    reader = open_dataset(args.dataset, revision=args.revision, cameras=args.cameras)
+    failed = False
+    for report in diagnose_dataset(reader, machine=machine):
+        print(
+            f"camera {report.camera}: codec {report.codec} {report.resolution[1]}x{report.resolution[0]} "
+            f"-> route {report.route}"
+        )
+        for route, (ok, seconds, detail) in report.decodes.items():
+            failed |= not ok
+            print(f"  {route:<13} {'ok' if ok else 'FAILED'} {seconds * 1000:8.1f} ms  {detail}")
+    return 1 if failed else 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lerobot-dali", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log INFO (-v) or DEBUG (-vv)")
@@ -87,6 +115,12 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="print JSON")
     info.add_argument("--no-probe", action="store_true", help="do not open video files")
     info.set_defaults(run=_info)
+
+    diagnose = verbs.add_parser("diagnose", help="GPU/NVDEC availability, per-camera route, one decode per route")
+    diagnose.add_argument("dataset", nargs="?", help="dataset to route and test-decode (optional)")
+    diagnose.add_argument("--revision")
+    diagnose.add_argument("--cameras", nargs="+")
+    diagnose.set_defaults(run=_diagnose)
 
     make = verbs.add_parser("make-dataset", help="write a synthetic LeRobot dataset with real encoded videos")
     make.add_argument("out")

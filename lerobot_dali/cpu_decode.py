@@ -97,11 +97,12 @@ class _PyAvReader:
                 self._handle = filesystem.open(os.fspath(source), "rb")
                 self.container = av.open(self._handle, mode="r")
             else:
-                self.container = av.open(os.fspath(source) if _is_path(source) else source, "r")
+                target = os.fspath(source) if isinstance(source, (str, os.PathLike)) else source
+                self.container = av.open(target, "r")
         except FileNotFoundError as e:
             self.close()
             raise MissingDataFileError(f"Video file {label} does not exist.") from e
-        except av.error.FFmpegError as e:
+        except (av.error.FFmpegError, OSError) as e:  # PyAV reports some I/O failures as OSError
             self.close()
             raise VideoDecodeError(f"{label}: cannot open the video ({e}); the file is truncated or corrupt.") from e
         if not self.container.streams.video or self.container.streams.video[0].codec_context is None:
@@ -124,8 +125,8 @@ class _PyAvReader:
                 )
                 self.stream.codec_context.flush_buffers()
                 self._decode_until(segment_pts, found)
-        except av.error.FFmpegError as e:
-            raise VideoDecodeError(f"{self.label}: decoding failed ({e}); the file is corrupt.") from e
+        except (av.error.FFmpegError, OSError) as e:
+            raise VideoDecodeError(f"{self.label}: decoding failed ({e}); the file is corrupt or truncated.") from e
         missing = wanted - found.keys()
         if missing:
             first = min(missing) * index.time_base
@@ -165,12 +166,12 @@ class _TorchCodecReader:
             ) from e
         self.label = label
         self._handle = None
-        if isinstance(source, (str, os.PathLike)) and filesystem is not None:
-            self._handle = filesystem.open(os.fspath(source), "rb")
-            source = self._handle
-        elif isinstance(source, os.PathLike):
-            source = os.fspath(source)
         try:
+            if isinstance(source, (str, os.PathLike)) and filesystem is not None:
+                self._handle = filesystem.open(os.fspath(source), "rb")
+                source = self._handle
+            elif isinstance(source, os.PathLike):
+                source = os.fspath(source)
             self.decoder = VideoDecoder(
                 source, seek_mode="exact", num_ffmpeg_threads=threads, dimension_order="NHWC", device="cpu"
             )
@@ -214,6 +215,12 @@ class CpuFrameDecoder:
         if self.options.backend is CpuDecoderBackend.AUTO:
             return CpuDecoderBackend.TORCHCODEC if torchcodec_available() else CpuDecoderBackend.PYAV
         return self.options.backend
+
+    @property
+    def open_decoders(self) -> int:
+        """Decoders this process holds open (inherited ones do not count: they are never used)."""
+        self._drop_inherited()
+        return len(self._readers)
 
     @property
     def backend(self) -> CpuDecoderBackend:

@@ -191,7 +191,7 @@ def _driver_present() -> bool:
     """Whether a CUDA driver is installed; asks the driver's version only, which creates no CUDA context."""
     from nvidia.dali import backend
 
-    return int(backend.GetCudaVersion()) > 0
+    return int(backend.GetCudaVersion()) > 0  # type: ignore[attr-defined]
 
 
 def _detect_gpu(device_id: int) -> GpuInfo | None:
@@ -204,7 +204,7 @@ def _detect_gpu(device_id: int) -> GpuInfo | None:
         )
     from nvidia.dali import backend
 
-    if device_id < int(backend.GetCUDADeviceCount()):  # a CPU-only torch build next to a usable GPU
+    if device_id < int(backend.GetCUDADeviceCount()):  # type: ignore[attr-defined]  # a CPU-only torch build next to a usable GPU
         return GpuInfo(device_id=device_id, name=f"CUDA device {device_id}", compute_capability=(0, 0))
     return None
 
@@ -231,7 +231,12 @@ def _decode_one_frame_on_gpu(clip: np.ndarray, device_id: int) -> None:
 
     @pipeline_def(batch_size=1, num_threads=1, device_id=device_id, prefetch_queue_depth=1)
     def probe_pipeline() -> Any:
-        encoded = fn.external_source(source=lambda: [clip], batch=True, dtype=types.UINT8, ndim=1, no_copy=False)
+        encoded = fn.external_source(
+            source=lambda: [clip],
+            batch=True,
+            dtype=types.UINT8,  # type: ignore[attr-defined]
+            ndim=1,
+        )
         return fn.decoders.video(encoded, device="mixed", frames=[0])
 
     pipeline = probe_pipeline()

@@ -60,11 +60,13 @@ class _CodecSpec:
     extra_options: tuple[tuple[str, str], ...]
 
 
-# Presets favour speed: the videos are tiny and tests make many of them. x264 keeps B-frames on (every
-# preset except "ultrafast" has them) and forces them with b-adapt=0, because loaders must cope with
-# decode order differing from presentation order, as in many published LeRobot datasets.
+# Presets favour speed, but SVT-AV1 stays at preset 8: at 10 and above (LeRobot records with 12) it leaves
+# whole blocks of the wrong colour in inter frames once gop > 2, which no frame marker can survive.
+# x264 keeps B-frames on (every preset except "ultrafast" has them) and forces them with b-adapt=0,
+# because loaders must cope with decode order differing from presentation order, as in many published
+# LeRobot datasets.
 _CODEC_SPECS: dict[str, _CodecSpec] = {
-    "av1": _CodecSpec("libsvtav1", 30, 63, (("preset", "10"),)),
+    "av1": _CodecSpec("libsvtav1", 30, 63, (("preset", "8"),)),
     "h264": _CodecSpec("libx264", 23, 51, (("preset", "veryfast"), ("bf", "2"), ("x264-params", "b-adapt=0"))),
     "hevc": _CodecSpec("libx265", 28, 51, (("preset", "ultrafast"),)),
     "vp9": _CodecSpec("libvpx-vp9", 32, 63, (("deadline", "realtime"), ("cpu-used", "8"), ("b", "0"))),
@@ -93,19 +95,24 @@ def _encoder_options(codec: str, *, gop: int, crf: int, short_clip: bool) -> dic
     return options
 
 
+def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an int, got {value!r}.")
+    if value < minimum or (maximum is not None and value > maximum):
+        allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}.")
+
+
 def _check_encode_args(codec: str, *, fps: int, gop: int, crf: int | None) -> int:
     if codec not in _CODEC_SPECS:
         raise ValueError(f"Unknown codec {codec!r}; supported codecs are {', '.join(CODECS)}.")
-    if isinstance(fps, bool) or not isinstance(fps, int) or fps <= 0:
-        raise ValueError(f"fps must be a positive int, got {fps!r}.")
-    if isinstance(gop, bool) or not isinstance(gop, int) or gop <= 0:
-        raise ValueError(f"gop (maximum keyframe interval in frames) must be a positive int, got {gop!r}.")
+    _check_int("fps", fps, 1)
+    _check_int("gop (maximum keyframe interval in frames)", gop, 1)
     spec = _CODEC_SPECS[codec]
     if crf is None:
         return spec.default_crf
-    if isinstance(crf, bool) or not isinstance(crf, int) or not 0 <= crf <= spec.max_crf:
-        raise ValueError(f"crf for {codec} must be an int in [0, {spec.max_crf}], got {crf!r}.")
-    return crf
+    _check_int(f"crf for {codec}", crf, 0, spec.max_crf)
+    return int(crf)
 
 
 def encode_video(
@@ -126,6 +133,7 @@ def encode_video(
     Raises ValueError for bad options, an empty ``frames``, or frames of differing or odd shapes.
     """
     crf = _check_encode_args(codec, fps=fps, gop=gop, crf=crf)
+    fps, gop = int(fps), int(gop)
     spec = _CODEC_SPECS[codec]
     # SVT-AV1 prints a banner to stderr on every encoder start unless its log level says otherwise.
     os.environ.setdefault("SVT_LOG", "1")
@@ -193,16 +201,17 @@ def _vector_values(base: np.ndarray, dim: int, *, negate: bool) -> np.ndarray:
     return values.astype(np.float32)
 
 
-def expected_state(episode_index: int, frame_index: int, dim: int = 6) -> np.ndarray:
+def expected_state(episode_index: int | np.ndarray, frame_index: int | np.ndarray, dim: int = 6) -> np.ndarray:
     """``observation.state`` of one row: ``episode*1000 + frame + i/32`` for component i (float32).
 
+    Index arrays broadcast: the result has shape ``(*broadcast_shape, dim)``.
     Exact in float32 (no rounding) while ``episode*1000 + frame < 2**18``; always non-negative, so a state
     can never be mistaken for an action.
     """
     return _vector_values(_base_values(episode_index, frame_index), dim, negate=False)
 
 
-def expected_action(episode_index: int, frame_index: int, dim: int = 7) -> np.ndarray:
+def expected_action(episode_index: int | np.ndarray, frame_index: int | np.ndarray, dim: int = 7) -> np.ndarray:
     """``action`` of one row: ``-(episode*1000 + frame + i/32 + 1/64)`` for component i (float32).
 
     Exact in float32 while ``episode*1000 + frame < 2**18``; always negative, unlike any state.
@@ -240,20 +249,13 @@ class DatasetVersion(str, Enum):
     """LeRobot 0.3.x: one parquet and one mp4 per episode and camera, metadata in ``meta/*.jsonl``."""
 
 
-def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an int, got {value!r}.")
-    if value < minimum or (maximum is not None and value > maximum):
-        allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ValueError(f"{name} must be {allowed}, got {value!r}.")
-
-
 @dataclass(frozen=True, kw_only=True)
 class DatasetSpec:
     """Everything that determines a synthetic dataset; equal specs give byte-identical parquet files."""
 
     episodes: int = 4
-    frames_per_episode: int | tuple[int, ...] = 30
+    frames_per_episode: int | Sequence[int] = 30
+    """One length for all episodes, or one per episode; stored as an int when all lengths are equal."""
     cameras: int = 1
     size: tuple[int, int] = (96, 128)
     """(height, width) of every camera, even numbers >= 64 so the marker survives yuv420p."""
@@ -301,8 +303,7 @@ class DatasetSpec:
             if value % 2:
                 raise ValueError(f"{name} must be even for yuv420p video, got {value}.")
         object.__setattr__(self, "size", (int(self.size[0]), int(self.size[1])))
-        _check_int("fps", self.fps, 1)
-        _check_encode_args(self.codec, fps=int(self.fps), gop=self.gop, crf=self.crf)
+        _check_encode_args(self.codec, fps=self.fps, gop=self.gop, crf=self.crf)
         _check_int("episodes_per_file", self.episodes_per_file, 1)
         try:
             object.__setattr__(self, "version", DatasetVersion(self.version))
@@ -314,6 +315,9 @@ class DatasetSpec:
         _check_int("num_tasks", self.num_tasks, 1)
         _check_int("chunks_size", self.chunks_size, 1)
         _check_int("seed", self.seed, 0)
+        for name in ("episodes", "cameras", "fps", "gop", "episodes_per_file", "state_dim", "action_dim",
+                     "num_tasks", "chunks_size", "seed"):  # fmt: skip
+            object.__setattr__(self, name, int(getattr(self, name)))  # numpy ints would break json.dumps
 
     @property
     def total_frames(self) -> int:
@@ -367,7 +371,11 @@ class _Moments:
 
 
 def _image_moments(frame: np.ndarray) -> _Moments:
-    """Per-channel moments of one HxWx3 uint8 frame in [0, 1], shaped (3, 1, 1) as LeRobot stores them."""
+    """Per-channel moments of one HxWx3 uint8 frame in [0, 1], shaped (3, 1, 1) as LeRobot stores them.
+
+    A frame counts once (its sums are pixel means), so merged moments weight frames equally, as LeRobot's
+    frame sampling does.
+    """
     pixels = frame.reshape(-1, 3).astype(np.float64) / 255.0
     shape = (3, 1, 1)
     return _Moments(
@@ -450,22 +458,8 @@ def _camera_frames(
 def _episode_stats(columns: dict[str, np.ndarray], image_moments: dict[str, _Moments]) -> dict[str, dict[str, Any]]:
     stats = {name: _Moments.of(values).to_stats() for name, values in columns.items()}
     for key, moments in image_moments.items():
-        stats[key] = _image_stats(moments)
+        stats[key] = moments.to_stats()
     return stats
-
-
-def _image_stats(moments: _Moments) -> dict[str, Any]:
-    """Image stats average per-frame moments, weighting every frame equally, as LeRobot's sampling does."""
-    frames = moments.count
-    mean = moments.total / frames
-    std = np.sqrt(np.maximum(moments.total_sq / frames - mean**2, 0.0))
-    return {
-        "min": moments.minimum.tolist(),
-        "max": moments.maximum.tolist(),
-        "mean": mean.tolist(),
-        "std": std.tolist(),
-        "count": [frames],
-    }
 
 
 def _video_info(path: Path) -> dict[str, Any]:
@@ -651,8 +645,7 @@ def _write_v30(root: Path, spec: DatasetSpec) -> None:
         _with_hf_metadata(episodes_table, list_type="List"),
     )
     _write_parquet(root / "meta/tasks.parquet", _tasks_table(spec))
-    stats = {key: _image_stats(m) if key in spec.video_keys else m.to_stats() for key, m in total_moments.items()}
-    _write_json(root / "meta/stats.json", stats)
+    _write_json(root / "meta/stats.json", {key: m.to_stats() for key, m in total_moments.items()})
     info = {
         "codebase_version": DatasetVersion.V30.value,
         "robot_type": "synthetic",
@@ -757,11 +750,9 @@ def make_dataset(
     camera (:func:`lerobot_dali.frame_marker.read_full_marker`). ``out`` must be new or an empty
     directory. Returns ``out`` as a Path.
     """
-    if isinstance(frames_per_episode, Sequence) and not isinstance(frames_per_episode, str):
-        frames_per_episode = tuple(frames_per_episode)
     spec = DatasetSpec(
         episodes=episodes,
-        frames_per_episode=frames_per_episode,  # type: ignore[arg-type]
+        frames_per_episode=frames_per_episode,
         cameras=cameras,
         size=size,
         fps=fps,

@@ -105,7 +105,11 @@ class DALILeRobotIterator:
             seed=seed, shuffle=shuffle, episode_pool_size=episode_pool_size, rank_balance=RankBalance(rank_balance)
         )
         self._stream = SampleStream(
-            self.reader.episodes.length, rank=self.rank, world_size=self.world_size, batch_size=batch_size, options=options
+            self.reader.episodes.length,
+            rank=self.rank,
+            world_size=self.world_size,
+            batch_size=batch_size,
+            options=options,
         )
         self.routes = self._choose_routes(DecodePreference.parse(decode))
         self._tabular_keys = tuple(
@@ -251,4 +255,3 @@ def _raise_original(error: Exception) -> None:
     if original is not None:
         raise original from error
     raise error
-

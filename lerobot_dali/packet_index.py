@@ -167,9 +167,9 @@ def source_cache_key(source: VideoSource, *, filesystem: Any | None = None) -> H
                 stat = os.stat(path)
                 return ("local", os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
             return _fsspec_key(filesystem, path)
-        fs, path = getattr(source, "fs", None), getattr(source, "path", None)
-        if fs is not None and isinstance(path, str):
-            return _fsspec_key(fs, path)
+        fs, fs_path = getattr(source, "fs", None), getattr(source, "path", None)
+        if fs is not None and isinstance(fs_path, str):
+            return _fsspec_key(fs, fs_path)
         name = getattr(source, "name", None)
         if isinstance(name, str) and hasattr(source, "fileno"):
             stat = os.fstat(source.fileno())

@@ -30,9 +30,7 @@ DELTAS = {
 
 
 def _dataset(make_ds, codec: str) -> Path:
-    return make_ds(
-        episodes=5, frames_per_episode=LENGTHS, cameras=2, codec=codec, fps=FPS, episodes_per_file=2, gop=4
-    )
+    return make_ds(episodes=5, frames_per_episode=LENGTHS, cameras=2, codec=codec, fps=FPS, episodes_per_file=2, gop=4)
 
 
 def _as_hwc_uint8(frame: torch.Tensor) -> np.ndarray:
@@ -43,7 +41,7 @@ def _samples(it: DALILeRobotIterator) -> list[dict]:
     out = []
     for batch in it:
         for i in range(len(batch["index"])):
-            out.append({k: (v[i] if not isinstance(v, list) else v[i]) for k, v in batch.items()})
+            out.append({k: v[i] for k, v in batch.items()})
     return out
 
 

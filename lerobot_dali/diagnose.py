@@ -1,0 +1,110 @@
+"""``lerobot-dali diagnose``: what this machine can decode, which route each camera takes, and proof.
+
+Routing failures are the most common surprise on a new cluster (AV1 datasets on H100s decode on the CPU),
+so the report decodes one real frame per camera by every route available here and says how the routes agree.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .clips import build_clip
+from .cpu_decode import CpuFrameDecoder
+from .dali_video import DALI_CPU_CODECS, decode_clips
+from .dataset_reader import LeRobotDatasetReader
+from .decode_route import DecodePreference, DecodeRoute, route_for_video
+from .packet_index import load_packet_index
+
+__all__ = ["CameraReport", "MachineReport", "diagnose_dataset", "diagnose_machine"]
+
+
+@dataclass
+class MachineReport:
+    cuda_available: bool
+    gpu_name: str | None
+    compute_capability: tuple[int, int] | None
+    nvcuvid_library: str | None
+    dali_version: str | None
+
+
+@dataclass
+class CameraReport:
+    camera: str
+    codec: str
+    resolution: tuple[int, int]
+    route: str
+    #: route name -> (ok, seconds, detail): one frame decoded by each route available here.
+    decodes: dict[str, tuple[bool, float, str]] = field(default_factory=dict)
+
+
+def diagnose_machine() -> MachineReport:
+    import torch
+
+    try:
+        import nvidia.dali as dali
+
+        dali_version: str | None = dali.__version__
+    except ImportError:
+        dali_version = None
+    cuda = torch.cuda.is_available()
+    name = capability = None
+    if cuda:
+        props = torch.cuda.get_device_properties(0)
+        name, capability = props.name, (props.major, props.minor)
+    return MachineReport(cuda, name, capability, ctypes.util.find_library("nvcuvid"), dali_version)
+
+
+def diagnose_dataset(reader: LeRobotDatasetReader, *, machine: MachineReport) -> list[CameraReport]:
+    """Route and decode frame 0 of the first episode for every camera, by every route available."""
+    return [_diagnose_camera(reader, camera, machine) for camera in reader.camera_keys]
+
+
+def _diagnose_camera(reader: LeRobotDatasetReader, camera: str, machine: MachineReport) -> CameraReport:
+    fs = reader.location.fs
+    path = reader.video(0, camera).path
+    index = load_packet_index(path, filesystem=fs)
+    preference = DecodePreference.AUTO if machine.cuda_available else DecodePreference.CPU
+    route = route_for_video(path, index, decode=preference, filesystem=fs, label=camera)
+    report = CameraReport(camera, index.codec, (index.height, index.width), route.value)
+    reference = _timed(report, "cpu_fallback", lambda: CpuFrameDecoder().decode(path, index, [0], filesystem=fs)[0])
+    clip = build_clip(path, index, [0], filesystem=fs)
+    if index.codec in DALI_CPU_CODECS:
+        _timed(report, "dali_cpu", lambda: _dali_decode(clip.data, clip.relative_indices, None), reference)
+    if route is DecodeRoute.NVDEC:
+        _timed(report, "nvdec", lambda: _dali_decode(clip.data, clip.relative_indices, 0), reference)
+    return report
+
+
+def _timed(report: CameraReport, name: str, decode: Any, reference: np.ndarray | None = None) -> np.ndarray | None:
+    start = time.perf_counter()
+    try:
+        frame = np.asarray(decode())
+    except Exception as e:  # a diagnosis reports every failure instead of stopping at the first
+        report.decodes[name] = (False, time.perf_counter() - start, f"{type(e).__name__}: {e}")
+        return None
+    detail = f"{frame.shape[1]}x{frame.shape[0]}"
+    if reference is not None and reference.shape == frame.shape:
+        detail += f", mean |diff| vs cpu_fallback {np.abs(frame.astype(int) - reference.astype(int)).mean():.2f}"
+    report.decodes[name] = (True, time.perf_counter() - start, detail)
+    return frame
+
+
+def _dali_decode(clip: np.ndarray, frames: np.ndarray, device_id: int | None) -> np.ndarray:
+    from nvidia.dali import fn, pipeline_def
+
+    @pipeline_def(batch_size=1, num_threads=1, device_id=device_id, prefetch_queue_depth=1)
+    def one_frame() -> Any:
+        data = fn.external_source(source=lambda: [clip], batch=True)
+        indices = fn.external_source(source=lambda: [frames.astype(np.int32)], batch=True)
+        return decode_clips(data, indices, device="cpu" if device_id is None else "mixed")
+
+    pipe = one_frame()
+    pipe.build()
+    (out,) = pipe.run()
+    tensor = out.as_cpu() if device_id is not None else out
+    return np.asarray(tensor.as_array()[0][0])

@@ -1,0 +1,180 @@
+"""A small action-chunking policy: one tiny CNN per camera plus an MLP on the state, predicting ``k`` actions.
+
+It exists to exercise the input pipeline under a real optimiser step (forward, masked loss, backward,
+DDP gradient averaging), not to be a good policy. Its input is the batch dict that
+:class:`~lerobot_dali.iterator.DALILeRobotIterator` yields, as LeRobot policies take a ``DataLoader`` batch.
+
+State and action are normalised inside the model with buffers (mean, std), so the statistics travel with
+every checkpoint and every rank uses the same ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["ChunkPolicy", "FeatureStats", "PolicyConfig", "chunk_deltas", "masked_l1"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FeatureStats:
+    """Per-component mean and standard deviation of one vector feature (``observation.state``, ``action``)."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.mean or len(self.mean) != len(self.std):
+            raise ValueError(f"mean and std need the same non-zero length, got {len(self.mean)} and {len(self.std)}")
+        if any(not s >= 0 for s in self.std):
+            raise ValueError(f"std must be >= 0 (a NaN is not), got {self.std}")
+
+    @classmethod
+    def identity(cls, dim: int) -> FeatureStats:
+        """Mean 0, std 1: no normalisation, for a feature the dataset has no statistics for."""
+        return cls(mean=(0.0,) * dim, std=(1.0,) * dim)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyConfig:
+    """Shapes and widths of :class:`ChunkPolicy`. ``chunk`` is the number of future actions predicted."""
+
+    camera_keys: tuple[str, ...]
+    state_key: str = "observation.state"
+    action_key: str = "action"
+    state_dim: int
+    action_dim: int
+    chunk: int
+    image_channels: int = 3
+    conv_width: int = 32
+    camera_features: int = 64
+    hidden: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("state_dim", "action_dim", "chunk", "image_channels", "conv_width", "camera_features", "hidden"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"PolicyConfig.{name} must be a positive int, got {value!r}")
+        object.__setattr__(self, "camera_keys", tuple(self.camera_keys))
+
+
+class _CameraEncoder(nn.Module):
+    """Three strided convolutions, then a 4x4 average grid: cheap, and keeps coarse positions."""
+
+    def __init__(self, channels: int, width: int, features: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(channels, width, kernel_size=5, stride=2, padding=2),
+            nn.ReLU(),
+            nn.Conv2d(width, width, kernel_size=3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(width, width, kernel_size=3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d((4, 4)),
+            nn.Flatten(),
+            nn.Linear(width * 16, features),
+            nn.ReLU(),
+        )
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.net(images)
+
+
+class _Normalizer(nn.Module):
+    """``(x - mean) / std`` and back; a zero std (a constant component) divides by 1 instead."""
+
+    def __init__(self, stats: FeatureStats) -> None:
+        super().__init__()
+        std = torch.tensor(stats.std, dtype=torch.float32)
+        self.register_buffer("mean", torch.tensor(stats.mean, dtype=torch.float32))
+        self.register_buffer("std", torch.where(std > 0, std, torch.ones_like(std)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
+
+    def inverse(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.std + self.mean
+
+
+def masked_l1(prediction: torch.Tensor, target: torch.Tensor, is_pad: torch.Tensor | None) -> torch.Tensor:
+    """Mean absolute error over the ``(B, k, D)`` chunk, ignoring steps past the episode end (``is_pad``).
+
+    Padded steps repeat the last action (LeRobot's clamp), so learning them would teach the policy to stop
+    at every episode end; they are excluded, as LeRobot's ACT does.
+    """
+    error = (prediction - target).abs().mean(dim=-1)
+    if is_pad is None:
+        return error.mean()
+    valid = (~is_pad.bool()).to(error.dtype)
+    return (error * valid).sum() / valid.sum().clamp(min=1.0)
+
+
+class ChunkPolicy(nn.Module):
+    """``batch -> loss`` in :meth:`forward` (what DDP wraps), ``batch -> actions`` in :meth:`predict`."""
+
+    def __init__(self, config: PolicyConfig, *, state_stats: FeatureStats, action_stats: FeatureStats) -> None:
+        super().__init__()
+        if len(state_stats.mean) != config.state_dim or len(action_stats.mean) != config.action_dim:
+            raise ValueError(
+                f"stats have {len(state_stats.mean)} state and {len(action_stats.mean)} action components; "
+                f"the config says {config.state_dim} and {config.action_dim}"
+            )
+        self.config = config
+        self.state_norm = _Normalizer(state_stats)
+        self.action_norm = _Normalizer(action_stats)
+        self.cameras = nn.ModuleList(
+            _CameraEncoder(config.image_channels, config.conv_width, config.camera_features) for _ in config.camera_keys
+        )
+        inputs = config.state_dim + config.camera_features * len(config.camera_keys)
+        self.head = nn.Sequential(
+            nn.Linear(inputs, config.hidden),
+            nn.ReLU(),
+            nn.Linear(config.hidden, config.hidden),
+            nn.ReLU(),
+            nn.Linear(config.hidden, config.chunk * config.action_dim),
+        )
+
+    def _normalized_prediction(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        state = batch[self.config.state_key]
+        if state.ndim == 3:  # a state window (B, T, D): condition on the current (last) step
+            state = state[:, -1]
+        parts = [self.state_norm(state.float())]
+        for key, encoder in zip(self.config.camera_keys, self.cameras, strict=True):
+            images = batch[key]
+            if images.ndim != 4:
+                raise ValueError(
+                    f"camera {key!r} has shape {tuple(images.shape)}; this policy takes one frame (B, C, H, W), "
+                    "so give the camera no delta_timestamps window"
+                )
+            parts.append(encoder(images.float()))
+        out = self.head(torch.cat(parts, dim=-1))
+        return out.view(-1, self.config.chunk, self.config.action_dim)
+
+    def forward(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """The training loss: masked L1 between predicted and true (normalised) action chunks."""
+        key = self.config.action_key
+        target = batch[key]
+        if target.ndim != 3 or target.shape[1] != self.config.chunk:
+            raise ValueError(
+                f"{key!r} has shape {tuple(target.shape)}; expected (B, {self.config.chunk}, {self.config.action_dim}) "
+                f"from delta_timestamps with {self.config.chunk} steps"
+            )
+        prediction = self._normalized_prediction(batch)
+        return masked_l1(prediction, self.action_norm(target.float()), batch.get(f"{key}_is_pad"))
+
+    @torch.no_grad()
+    def predict(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """The next ``chunk`` actions, ``(B, chunk, action_dim)``, in the dataset's units."""
+        return self.action_norm.inverse(self._normalized_prediction(batch))
+
+
+def chunk_deltas(chunk: int, fps: float) -> list[float]:
+    """``delta_timestamps`` for ``chunk`` actions from now: ``[0, 1/fps, ..., (chunk-1)/fps]`` seconds."""
+    if chunk < 1 or fps <= 0:
+        raise ValueError(f"chunk must be >= 1 and fps > 0, got chunk={chunk}, fps={fps}")
+    return [i / fps for i in range(chunk)]
+

@@ -1,0 +1,182 @@
+"""NVDEC (DALI mixed) decode of clips and the AV1 fallback, on a real GPU. Skipped without one."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)", allow_module_level=True)
+
+from nvidia.dali import fn, pipeline_def, types  # noqa: E402
+
+from lerobot_dali import decode_route  # noqa: E402
+from lerobot_dali.clips import build_clip  # noqa: E402
+from lerobot_dali.cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder  # noqa: E402
+from lerobot_dali.dali_video import decode_clips  # noqa: E402
+from lerobot_dali.decode_route import DecodeRoute, nvdec_table_guess, probe_gpu, route_for_video  # noqa: E402
+from lerobot_dali.errors import CodecUnsupportedError  # noqa: E402
+from lerobot_dali.frame_marker import draw_marker, read_marker  # noqa: E402
+from lerobot_dali.generate import encode_video  # noqa: E402
+from lerobot_dali.packet_index import build_packet_index  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+R1_VIDEO = (
+    Path(__file__).resolve().parents[3]
+    / "shared"
+    / "datasets"
+    / "r1_v30_h264"
+    / "videos"
+    / "observation.images.rgb"
+    / "chunk-000"
+    / "file-000.mp4"
+)
+FPS = 30
+EPISODE_LENGTHS = (30, 25, 35)
+EPISODE_STARTS = np.concatenate(([0], np.cumsum(EPISODE_LENGTHS)[:-1]))
+# NVDEC output goes through DALI's YUV->RGB kernel, PyAV's through swscale: same frame, a few levels apart.
+CROSS_DECODER_MAX_DIFF = 12
+CROSS_DECODER_MAX_MEAN_DIFF = 2.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def dali_gpu_pipeline_works() -> None:
+    @pipeline_def(batch_size=1, num_threads=1, device_id=0)
+    def tiny():  # type: ignore[no-untyped-def]
+        data = fn.external_source(source=lambda: [np.zeros(4, np.uint8)], batch=True, dtype=types.UINT8, ndim=1)
+        return data.gpu()
+
+    try:
+        pipe = tiny()
+        pipe.build()
+        pipe.run()
+    except Exception as e:  # any failure to use device 0 means these tests cannot run here
+        pytest.skip(f"DALI cannot run a pipeline on device 0: {e}")
+
+
+def _encode(path: Path, codec: str, gop: int) -> Path:
+    # NVDEC has minimum sizes (HEVC 144x144, VP9/AV1 128x128), so GPU fixtures are larger than CPU ones.
+    frames = [draw_marker(e, f, 160, 192) for e, n in enumerate(EPISODE_LENGTHS) for f in range(n)]
+    encode_video(path, frames, fps=FPS, codec=codec, gop=gop)
+    return path
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Path]:
+    root = tmp_path_factory.mktemp("gpu_videos")
+    return {(c, g): _encode(root / f"{c}_g{g}.mp4", c, g) for c in ("av1", "h264", "hevc", "vp9") for g in (2, 30)}
+
+
+def _reference(path: Path, keep_pts: set[int]) -> dict[int, np.ndarray]:
+    """Independent full sequential PyAV decode, keeping the frames at ``keep_pts``."""
+    frames: dict[int, np.ndarray] = {}
+    with av.open(str(path)) as container:
+        for frame in container.decode(video=0):
+            if frame.pts in keep_pts:
+                frames[frame.pts] = frame.to_ndarray(format="rgb24")
+    return frames
+
+
+def _run_mixed_decode(encoded: list[np.ndarray], indices: list[np.ndarray]) -> list[np.ndarray]:
+    @pipeline_def(batch_size=len(encoded), num_threads=2, device_id=0)
+    def pipeline():  # type: ignore[no-untyped-def]
+        data = fn.external_source(source=lambda: encoded, batch=True, dtype=types.UINT8, ndim=1)
+        frames = fn.external_source(source=lambda: indices, batch=True, dtype=types.INT32, ndim=1)
+        return decode_clips(data, frames, device="mixed")
+
+    pipe = pipeline()
+    pipe.build()
+    (output,) = pipe.run()
+    output = output.as_cpu()
+    return [np.asarray(output[i]) for i in range(len(encoded))]
+
+
+def _windows(total: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    windows = [np.array([0, 1, 2]), np.array([total - 3, total - 2, total - 1]), np.array([total - 1, 0, total // 2])]
+    for _ in range(5):
+        anchor = int(rng.integers(total))
+        windows.append(np.clip(anchor + np.array([-6, -3, -1, 0, 2]), 0, total - 1))
+    return windows
+
+
+def _assert_close(frame: np.ndarray, expected: np.ndarray) -> None:
+    diff = np.abs(frame.astype(np.int16) - expected)
+    assert diff.max() <= CROSS_DECODER_MAX_DIFF and diff.mean() <= CROSS_DECODER_MAX_MEAN_DIFF
+
+
+def _check_mixed(path: Path, windows: list[np.ndarray], *, markers: bool) -> None:
+    index = build_packet_index(path)
+    clips = [build_clip(path, index, window) for window in windows]
+    decoded = _run_mixed_decode([c.data for c in clips], [c.relative_indices for c in clips])
+    # Same decoder on the whole file at its display indices: identical frames.
+    whole = np.frombuffer(path.read_bytes(), dtype=np.uint8)
+    from_file = _run_mixed_decode([whole] * len(windows), [w.astype(np.int32) for w in windows])
+    reference = _reference(path, {int(p) for w in windows for p in index.frame_pts[w]})
+    for window, frames, whole_frames in zip(windows, decoded, from_file, strict=True):
+        assert frames.shape == (len(window), index.height, index.width, 3) and frames.dtype == np.uint8
+        np.testing.assert_array_equal(frames, whole_frames)
+        for frame_index, frame in zip(window.tolist(), frames, strict=True):
+            _assert_close(frame, reference[int(index.frame_pts[frame_index])])
+            if markers:
+                episode = int(np.searchsorted(EPISODE_STARTS, frame_index, side="right") - 1)
+                assert read_marker(frame) == (episode, frame_index - EPISODE_STARTS[episode])
+
+
+@pytest.mark.parametrize("codec", ["h264", "hevc", "vp9"])
+@pytest.mark.parametrize("gop", [2, 30])
+def test_mixed_decode_of_clips(videos: dict[tuple[str, int], Path], codec: str, gop: int) -> None:
+    _check_mixed(videos[(codec, gop)], _windows(sum(EPISODE_LENGTHS), seed=gop), markers=True)
+
+
+def test_mixed_decode_of_real_h264_with_b_frames() -> None:
+    if not R1_VIDEO.exists():
+        pytest.skip(f"real dataset file {R1_VIDEO} is not present")
+    windows = [np.arange(0, 4), np.arange(1971, 1975), np.array([700, 702, 704, 710]), np.array([5, 1974])]
+    _check_mixed(R1_VIDEO, windows, markers=False)
+
+
+def test_av1_route_follows_the_probe(videos: dict[tuple[str, int], Path], caplog: pytest.LogCaptureFixture) -> None:
+    path = videos[("av1", 2)]
+    index = build_packet_index(path)
+    decode_route._probe_cache.clear()
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.decode_route"):
+        route = route_for_video(path, index, label="camera av1_g2")
+        assert route_for_video(path, index, label="camera av1_g2") is route  # cached, no second log line
+    probe = probe_gpu({"av1": build_clip(path, index, [0]).data}, isolate=False)
+    assert probe.gpu is not None
+    guess = nvdec_table_guess("av1", probe.gpu)
+    if guess is not None:
+        assert guess == probe.nvdec["av1"]
+    fallback_lines = [r.getMessage() for r in caplog.records if "camera av1_g2" in r.getMessage()]
+    window = np.array([0, 1, 44, 45, 89])
+    reference = _reference(path, {int(p) for p in index.frame_pts[window]})
+    if probe.nvdec["av1"]:
+        assert route is DecodeRoute.NVDEC and not fallback_lines
+        _check_mixed(path, [window], markers=True)
+        return
+    assert route is DecodeRoute.CPU_FALLBACK
+    assert len(fallback_lines) == 1 and probe.gpu.name in fallback_lines[0]
+    assert probe.errors["av1"]  # DALI's own words, e.g. "Codec configuration not supported on this GPU"
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    frames = decoder.decode(path, index, window)
+    for frame_index, frame in zip(window.tolist(), frames, strict=True):
+        np.testing.assert_array_equal(frame, reference[int(index.frame_pts[frame_index])])
+    with pytest.raises(CodecUnsupportedError, match="cannot decode"):
+        route_for_video(path, index, decode="gpu")
+    decoder.close()
+
+
+def test_h264_probe_and_route(videos: dict[tuple[str, int], Path]) -> None:
+    path = videos[("h264", 30)]
+    index = build_packet_index(path)
+    probe = probe_gpu({"h264": build_clip(path, index, [0]).data}, isolate=True)
+    assert probe.gpu is not None and probe.nvdec["h264"] is True
+    assert route_for_video(path, index, decode="gpu") is DecodeRoute.NVDEC
+    assert route_for_video(path, index, decode="cpu") is DecodeRoute.CPU_FALLBACK

@@ -1,0 +1,81 @@
+"""The command line: info on the real datasets, make-dataset -> info round trip, diagnose, clear failures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lerobot_dali.cli import main
+from tests.conftest import shared_dataset
+
+
+def _info_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert main(["info", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_info_cr5_v30_probes_av1_and_counts_files(capsys) -> None:
+    info = _info_json(capsys, str(shared_dataset("cr5_v30_av1")))
+    assert (info["codebase_version"], info["total_episodes"], info["total_frames"]) == ("v3.0", 12, 2733)
+    camera = info["cameras"]["observation.images.top"]
+    assert camera["codec"] == "av1" and camera["resolution"] == [480, 640]
+    assert camera["video_files"] == 3 and camera["episodes_per_file"] == {"min": 2, "max": 5}
+    assert camera["gop_frames"] == 2 and camera["b_frames"] is False
+
+
+def test_info_cr5_v21_reports_the_same_dataset(capsys) -> None:
+    info = _info_json(capsys, str(shared_dataset("cr5_v21_av1")))
+    assert (info["codebase_version"], info["total_episodes"], info["total_frames"]) == ("v2.1", 12, 2733)
+    assert info["cameras"]["observation.images.top"]["video_files"] == 12
+
+
+def test_info_r1_reports_true_video_fps_and_b_frames(capsys) -> None:
+    info = _info_json(capsys, str(shared_dataset("r1_v30_h264")))
+    camera = info["cameras"]["observation.images.rgb"]
+    assert camera["declared_fps"] == 10 and camera["fps"] == 25.0  # info.json is wrong; the file says 25
+    assert camera["codec"] == "h264" and camera["b_frames"] is True
+
+
+def test_info_gr00t_fails_clearly_then_loads_with_cameras(capsys) -> None:
+    root = str(shared_dataset("gr00t_v20_h264"))
+    assert main(["info", root]) == 2
+    err = capsys.readouterr().err
+    assert "MissingDataFileError" in err and "observation.images.egoview" in err
+    info = _info_json(capsys, root, "--cameras", "observation.images.ego_view")
+    assert (info["codebase_version"], info["total_episodes"], info["total_frames"]) == ("v2.0", 5, 2096)
+
+
+def test_make_dataset_then_info_then_diagnose(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "demo"
+    args = ["make-dataset", str(out), "--episodes", "3", "--frames-per-episode", "6", "--cameras", "2"]
+    assert main([*args, "--size", "64x96", "--codec", "vp9", "--gop", "3", "--episodes-per-file", "2"]) == 0
+    capsys.readouterr()
+    info = _info_json(capsys, str(out))
+    assert (info["total_episodes"], info["total_frames"]) == (3, 18)
+    assert info["cameras"]["observation.images.cam1"]["resolution"] == [64, 96]
+    assert info["cameras"]["observation.images.cam1"]["episodes_per_file"] == {"min": 1, "max": 2}
+    assert main(["diagnose", str(out)]) == 0
+    report = capsys.readouterr().out
+    assert "observation.images.cam0: codec vp9 96x64 -> route dali_cpu" in report
+    assert report.count(" ok ") == 4  # cpu_fallback and dali_cpu for each camera
+
+
+def test_console_entry_point_runs_without_loading_dali() -> None:
+    code = "import sys; from lerobot_dali.cli import main; main(['--help'])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "make-dataset" in done.stdout
+    code = (
+        "import sys\nfrom lerobot_dali.cli import _parser\n_parser()\n"
+        "assert 'nvidia.dali' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_bad_size_argument_is_rejected() -> None:
+    with pytest.raises(SystemExit):
+        main(["make-dataset", "x", "--size", "big"])

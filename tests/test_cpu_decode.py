@@ -1,0 +1,241 @@
+"""CPU fallback decoder against an independent full sequential PyAV decode, plus fork safety and errors."""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import shutil
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import av
+import fsspec
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from lerobot_dali.cpu_decode import (
+    CpuDecodeOptions,
+    CpuDecoderBackend,
+    CpuFrameDecoder,
+    pyav_can_decode,
+    torchcodec_available,
+)
+from lerobot_dali.errors import CodecUnsupportedError, FrameRequestError, MissingDataFileError, VideoDecodeError
+from lerobot_dali.frame_marker import draw_marker
+from lerobot_dali.generate import encode_video
+from lerobot_dali.packet_index import build_packet_index
+
+DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+CR5 = DATASETS / "cr5_v30_av1"
+R1_VIDEO = DATASETS / "r1_v30_h264" / "videos" / "observation.images.rgb" / "chunk-000" / "file-000.mp4"
+FPS = 30
+EPISODE_LENGTHS = (30, 25, 35)
+
+
+def _encode(path: Path, codec: str, gop: int) -> Path:
+    frames = [draw_marker(e, f, 64, 96) for e, n in enumerate(EPISODE_LENGTHS) for f in range(n)]
+    encode_video(path, frames, fps=FPS, codec=codec, gop=gop)
+    return path
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Path]:
+    root = tmp_path_factory.mktemp("videos")
+    return {(c, g): _encode(root / f"{c}_g{g}.mp4", c, g) for c in ("av1", "h264", "hevc", "vp9") for g in (2, 30)}
+
+
+def _reference(path: Path | str, keep_pts: set[int]) -> dict[int, np.ndarray]:
+    """Independent full sequential decode, keeping the frames at ``keep_pts``."""
+    frames: dict[int, np.ndarray] = {}
+    with av.open(str(path)) as container:
+        for frame in container.decode(video=0):
+            if frame.pts in keep_pts:
+                frames[frame.pts] = frame.to_ndarray(format="rgb24")
+    return frames
+
+
+def _check(decoder: CpuFrameDecoder, path: Path, windows: list[np.ndarray], **kwargs: object) -> None:
+    index = build_packet_index(path)
+    reference = _reference(path, {int(p) for w in windows for p in index.frame_pts[w]})
+    for window in windows:
+        frames = decoder.decode(path, index, window, **kwargs)
+        assert frames.shape == (len(window), index.height, index.width, 3)
+        assert frames.dtype == np.uint8
+        for frame_index, frame in zip(window.tolist(), frames, strict=True):
+            np.testing.assert_array_equal(frame, reference[int(index.frame_pts[frame_index])])
+
+
+def _random_windows(frame_count: int, seed: int, count: int = 8) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    windows = [np.array([0, 1, 2]), np.array([frame_count - 1, frame_count - 2]), np.array([29, 30, 54, 55, 29])]
+    for _ in range(count):
+        anchor = int(rng.integers(frame_count))
+        windows.append(np.clip(anchor + rng.choice([-7, -3, -1, 0, 2, 9], size=4), 0, frame_count - 1))
+    return windows
+
+
+@pytest.fixture
+def pyav_decoder() -> Iterator[CpuFrameDecoder]:
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    yield decoder
+    decoder.close()
+
+
+@pytest.mark.parametrize("codec", ["av1", "h264", "hevc", "vp9"])
+@pytest.mark.parametrize("gop", [2, 30])
+def test_generated_windows_match_full_decode(
+    videos: dict[tuple[str, int], Path], pyav_decoder: CpuFrameDecoder, codec: str, gop: int
+) -> None:
+    _check(pyav_decoder, videos[(codec, gop)], _random_windows(sum(EPISODE_LENGTHS), seed=gop))
+
+
+def test_threads_and_fsspec(videos: dict[tuple[str, int], Path]) -> None:
+    path = videos[("h264", 30)]
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, threads_per_decoder=2))
+    index = build_packet_index(path)
+    memory = fsspec.filesystem("memory")
+    memory.pipe("/v/h264.mp4", path.read_bytes())
+    window = np.array([88, 3, 45, 45, 0])
+    expected = decoder.decode(path, index, window)
+    np.testing.assert_array_equal(decoder.decode("/v/h264.mp4", index, window, filesystem=memory), expected)
+    with open(path, "rb") as handle:
+        np.testing.assert_array_equal(decoder.decode(handle, index, window), expected)
+    _check(decoder, path, [window])
+    decoder.close()
+
+
+def test_real_r1_h264_with_b_frames(pyav_decoder: CpuFrameDecoder) -> None:
+    if not R1_VIDEO.exists():
+        pytest.skip(f"real dataset file {R1_VIDEO} is not present")
+    windows = [np.arange(0, 3), np.arange(1972, 1975), np.array([999, 1000, 1001, 1500]), np.array([1974, 0])]
+    _check(pyav_decoder, R1_VIDEO, windows)
+
+
+def test_real_cr5_av1_across_files_and_episodes(pyav_decoder: CpuFrameDecoder) -> None:
+    episodes_path = CR5 / "meta" / "episodes" / "chunk-000" / "file-000.parquet"
+    if not episodes_path.exists():
+        pytest.skip(f"real dataset {CR5} is not present")
+    episodes = pq.read_table(episodes_path).to_pydict()
+    files = np.asarray(episodes["videos/observation.images.top/file_index"])
+    lengths = np.asarray(episodes["length"])
+    for file_index in range(3):
+        path = CR5 / "videos" / "observation.images.top" / "chunk-000" / f"file-{file_index:03d}.mp4"
+        ends = np.cumsum(lengths[files == file_index])
+        boundaries = [np.array([end - 2, end - 1, end, end + 1]) for end in ends[:-1]]
+        _check(pyav_decoder, path, [np.array([0, 1]), np.array([ends[-1] - 1]), *boundaries])
+
+
+def test_decoder_lru_is_bounded(videos: dict[tuple[str, int], Path]) -> None:
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, max_open_decoders=2))
+    for key in (("vp9", 2), ("vp9", 30), ("h264", 2)):
+        decoder.decode(videos[key], build_packet_index(videos[key]), [5])
+    assert decoder.open_decoders == 2
+    decoder.close()
+    assert decoder.open_decoders == 0
+
+
+_FORK_DECODER: CpuFrameDecoder | None = None
+
+
+def _decode_in_child(path: str, queue: multiprocessing.Queue) -> None:
+    assert _FORK_DECODER is not None
+    index = build_packet_index(path)
+    queue.put((_FORK_DECODER.open_decoders, _FORK_DECODER.decode(path, index, [40, 10])))
+
+
+def test_inherited_decoders_are_not_used_after_fork(videos: dict[tuple[str, int], Path]) -> None:
+    global _FORK_DECODER
+    path = videos[("hevc", 30)]
+    index = build_packet_index(path)
+    _FORK_DECODER = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    try:
+        before = _FORK_DECODER.decode(path, index, [40, 10])
+        assert _FORK_DECODER.open_decoders == 1
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        child = context.Process(target=_decode_in_child, args=(str(path), queue))
+        child.start()
+        inherited, in_child = queue.get(timeout=60)
+        child.join(timeout=60)
+        assert child.exitcode == 0
+        assert inherited == 0  # the child saw none of the parent's open decoders
+        np.testing.assert_array_equal(in_child, before)
+        np.testing.assert_array_equal(_FORK_DECODER.decode(path, index, [40, 10]), before)
+    finally:
+        _FORK_DECODER.close()
+        _FORK_DECODER = None
+
+
+def test_pickles_without_open_decoders(videos: dict[tuple[str, int], Path], pyav_decoder: CpuFrameDecoder) -> None:
+    path = videos[("vp9", 2)]
+    index = build_packet_index(path)
+    expected = pyav_decoder.decode(path, index, [7])
+    copy = pickle.loads(pickle.dumps(pyav_decoder))
+    assert copy.open_decoders == 0
+    assert copy.options == pyav_decoder.options
+    np.testing.assert_array_equal(copy.decode(path, index, [7]), expected)
+    copy.close()
+
+
+def test_options_validation() -> None:
+    with pytest.raises(ValueError, match="threads_per_decoder"):
+        CpuDecodeOptions(threads_per_decoder=-1)
+    with pytest.raises(ValueError, match="max_open_decoders"):
+        CpuDecodeOptions(max_open_decoders=0)
+    with pytest.raises(ValueError, match="backend"):
+        CpuDecodeOptions(backend="pyav")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        CpuDecodeOptions(CpuDecoderBackend.PYAV)  # type: ignore[misc]
+
+
+def test_backend_resolution() -> None:
+    resolved = CpuFrameDecoder().backend
+    expected = CpuDecoderBackend.TORCHCODEC if torchcodec_available() else CpuDecoderBackend.PYAV
+    assert resolved is expected
+    assert pyav_can_decode("av1") and pyav_can_decode("h264") and not pyav_can_decode("evc")
+
+
+def test_torchcodec_backend_where_missing(videos: dict[tuple[str, int], Path]) -> None:
+    if torchcodec_available():
+        pytest.skip("torchcodec loads here")
+    path = videos[("h264", 2)]
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.TORCHCODEC))
+    with pytest.raises(CodecUnsupportedError, match="torchcodec"):
+        decoder.decode(path, build_packet_index(path), [0])
+
+
+def test_torchcodec_matches_pyav(videos: dict[tuple[str, int], Path], pyav_decoder: CpuFrameDecoder) -> None:
+    if not torchcodec_available():
+        pytest.skip("torchcodec does not load here")
+    path = videos[("h264", 30)]
+    index = build_packet_index(path)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.TORCHCODEC))
+    window = np.array([0, 31, 32, 89, 31])
+    got = decoder.decode(path, index, window).astype(np.int16)
+    assert np.abs(got - pyav_decoder.decode(path, index, window)).max() <= 3
+
+
+def test_bad_inputs_raise_named_errors(
+    videos: dict[tuple[str, int], Path], tmp_path: Path, pyav_decoder: CpuFrameDecoder
+) -> None:
+    path = tmp_path / "clip.mp4"
+    shutil.copyfile(videos[("h264", 30)], path)
+    index = build_packet_index(path)
+    with pytest.raises(FrameRequestError, match="clip.mp4"):
+        pyav_decoder.decode(path, index, [])
+    with pytest.raises(FrameRequestError, match="outside"):
+        pyav_decoder.decode(path, index, [90])
+    with pytest.raises(CodecUnsupportedError, match="clip.mp4"):
+        pyav_decoder.decode(path, replace(index, codec="evc"), [0])
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2])  # truncated after indexing: moov is gone
+    with pytest.raises(VideoDecodeError, match="clip.mp4"):
+        pyav_decoder.decode(path, index, [0])
+    path.write_bytes(b"\0" * 64 + raw[64:])  # corrupt header
+    with pytest.raises(VideoDecodeError, match="clip.mp4"):
+        pyav_decoder.decode(path, index, [0])
+    path.unlink()
+    with pytest.raises(MissingDataFileError, match="clip.mp4"):
+        pyav_decoder.decode(path, index, [0])

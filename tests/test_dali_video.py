@@ -1,0 +1,199 @@
+"""The DALI decode fragment on CPU (VP9 clips) and the decode-route decisions."""
+
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+from nvidia.dali import fn, pipeline_def, types
+
+from lerobot_dali import decode_route
+from lerobot_dali.clips import build_clip
+from lerobot_dali.dali_video import DALI_CPU_CODECS, decode_clips
+from lerobot_dali.decode_route import (
+    DecodePreference,
+    DecodeRoute,
+    GpuInfo,
+    choose_route,
+    nvdec_table_guess,
+    probe_gpu,
+    route_for_video,
+)
+from lerobot_dali.errors import CodecUnsupportedError
+from lerobot_dali.frame_marker import draw_marker, read_marker
+from lerobot_dali.generate import encode_video
+from lerobot_dali.packet_index import build_packet_index
+
+FPS = 30
+EPISODE_LENGTHS = (30, 25, 35)
+EPISODE_STARTS = np.concatenate(([0], np.cumsum(EPISODE_LENGTHS)[:-1]))
+# DALI converts YUV to RGB with its own kernel; PyAV uses swscale. Same frame, a few levels apart.
+CROSS_DECODER_MAX_DIFF = 8
+
+
+def _encode(path: Path, codec: str, gop: int) -> Path:
+    frames = [draw_marker(e, f, 64, 96) for e, n in enumerate(EPISODE_LENGTHS) for f in range(n)]
+    encode_video(path, frames, fps=FPS, codec=codec, gop=gop)
+    return path
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Path]:
+    root = tmp_path_factory.mktemp("videos")
+    keys = (("vp9", 2), ("vp9", 30), ("av1", 2), ("h264", 30))
+    return {(c, g): _encode(root / f"{c}_g{g}.mp4", c, g) for c, g in keys}
+
+
+def _reference(path: Path, keep_pts: set[int]) -> dict[int, np.ndarray]:
+    """Independent full sequential PyAV decode, keeping the frames at ``keep_pts``."""
+    frames: dict[int, np.ndarray] = {}
+    with av.open(str(path)) as container:
+        for frame in container.decode(video=0):
+            if frame.pts in keep_pts:
+                frames[frame.pts] = frame.to_ndarray(format="rgb24")
+    return frames
+
+
+def _run_cpu_decode(encoded: list[np.ndarray], indices: list[np.ndarray]) -> list[np.ndarray]:
+    """Decode a batch of (encoded video, frame indices) samples with decode_clips on the CPU."""
+
+    @pipeline_def(batch_size=len(encoded), num_threads=2, device_id=None)
+    def pipeline():  # type: ignore[no-untyped-def]
+        data = fn.external_source(source=lambda: encoded, batch=True, dtype=types.UINT8, ndim=1)
+        frames = fn.external_source(source=lambda: indices, batch=True, dtype=types.INT32, ndim=1)
+        return decode_clips(data, frames, device="cpu")
+
+    pipe = pipeline()
+    pipe.build()
+    (output,) = pipe.run()
+    return [np.asarray(output[i]) for i in range(len(encoded))]
+
+
+def _windows(seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    total = sum(EPISODE_LENGTHS)
+    windows = [np.array([0, 1, 2]), np.array([total - 3, total - 2, total - 1]), np.array([28, 29, 30, 31])]
+    windows.append(np.array([54, 55, 54, 56]))  # episode 1 -> 2 boundary, repeated frame
+    windows.append(np.array([89, 0, 45]))  # sparse: file boundaries and the middle
+    for _ in range(5):
+        anchor = int(rng.integers(total))
+        windows.append(np.clip(anchor + np.array([-6, -3, 0, 3]), 0, total - 1))
+    return windows
+
+
+@pytest.mark.parametrize("gop", [2, 30])
+def test_vp9_clips_decode_on_dali_cpu(videos: dict[tuple[str, int], Path], gop: int) -> None:
+    path = videos[("vp9", gop)]
+    index = build_packet_index(path)
+    windows = _windows(gop)
+    clips = [build_clip(path, index, window) for window in windows]
+    decoded = _run_cpu_decode([c.data for c in clips], [c.relative_indices for c in clips])
+    # Same decoder on the whole file at the file's display indices: must be identical.
+    whole = np.frombuffer(path.read_bytes(), dtype=np.uint8)
+    whole_decoded = _run_cpu_decode([whole] * len(windows), [w.astype(np.int32) for w in windows])
+    reference = _reference(path, {int(p) for w in windows for p in index.frame_pts[w]})
+    for window, frames, from_file in zip(windows, decoded, whole_decoded, strict=True):
+        assert frames.shape == (len(window), 64, 96, 3) and frames.dtype == np.uint8
+        np.testing.assert_array_equal(frames, from_file)
+        for frame_index, frame in zip(window.tolist(), frames, strict=True):
+            expected = reference[int(index.frame_pts[frame_index])]
+            assert np.abs(frame.astype(np.int16) - expected).max() <= CROSS_DECODER_MAX_DIFF
+            episode = int(np.searchsorted(EPISODE_STARTS, frame_index, side="right") - 1)
+            assert read_marker(frame) == (episode, frame_index - EPISODE_STARTS[episode])
+
+
+def test_dali_frame_k_is_pyav_display_frame_k(videos: dict[tuple[str, int], Path]) -> None:
+    """DALI numbers a clip's frames as PyAV displays them (checked on a sparse two-GOP clip)."""
+    path = videos[("vp9", 30)]
+    index = build_packet_index(path)
+    clip = build_clip(path, index, [5, 70])
+    with av.open(io.BytesIO(clip.data.tobytes())) as container:
+        pyav_frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    all_frames = np.arange(clip.frame_count, dtype=np.int32)
+    (dali_frames,) = _run_cpu_decode([clip.data], [all_frames])
+    assert len(pyav_frames) == clip.frame_count == len(dali_frames)
+    for dali_frame, pyav_frame in zip(dali_frames, pyav_frames, strict=True):
+        assert np.abs(dali_frame.astype(np.int16) - pyav_frame).max() <= CROSS_DECODER_MAX_DIFF
+        assert read_marker(dali_frame) == read_marker(pyav_frame)
+
+
+def test_decode_clips_rejects_unknown_device() -> None:
+    with pytest.raises(ValueError, match="'cpu' or 'mixed'"):
+        decode_clips(None, None, device="gpu")  # type: ignore[arg-type]
+
+
+# --- routing ------------------------------------------------------------------------------------------
+
+H200 = GpuInfo(device_id=0, name="NVIDIA H200", compute_capability=(9, 0))
+L4 = GpuInfo(device_id=0, name="NVIDIA L4", compute_capability=(8, 9))
+
+
+def test_table_guess() -> None:
+    assert nvdec_table_guess("av1", H200) is False
+    assert nvdec_table_guess("av1", GpuInfo(device_id=0, name="A100", compute_capability=(8, 0))) is False
+    assert nvdec_table_guess("av1", L4) is True
+    assert nvdec_table_guess("av1", GpuInfo(device_id=0, name="B200", compute_capability=(10, 0))) is True
+    assert nvdec_table_guess("h264", H200) is True and nvdec_table_guess("hevc", L4) is True
+    assert nvdec_table_guess("evc", L4) is False
+    assert nvdec_table_guess("mjpeg", L4) is None
+
+
+def test_route_choices() -> None:
+    assert choose_route("h264", gpu=H200, nvdec_supported=True) is DecodeRoute.NVDEC
+    assert choose_route("vp9", gpu=None, nvdec_supported=None) is DecodeRoute.DALI_CPU
+    assert choose_route("h264", gpu=None, nvdec_supported=None) is DecodeRoute.CPU_FALLBACK
+    assert choose_route("hevc", decode="cpu", gpu=H200, nvdec_supported=True) is DecodeRoute.CPU_FALLBACK
+    assert choose_route("vp9", decode="CPU", gpu=H200, nvdec_supported=True) is DecodeRoute.DALI_CPU
+    assert choose_route("h264", decode="gpu", gpu=L4, nvdec_supported=True) is DecodeRoute.NVDEC
+    assert DecodeRoute.NVDEC.dali_device == "mixed" and DecodeRoute.DALI_CPU.dali_device == "cpu"
+    assert DecodeRoute.CPU_FALLBACK.dali_device is None
+    assert set(DALI_CPU_CODECS) == {"vp8", "vp9", "mjpeg"}
+
+
+def test_av1_without_nvdec_falls_back_with_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.decode_route"):
+        for _ in range(3):
+            route = choose_route("av1", gpu=H200, nvdec_supported=False, label="cam.top/test_fallback")
+            assert route is DecodeRoute.CPU_FALLBACK
+    lines = [r.getMessage() for r in caplog.records if "cam.top/test_fallback" in r.getMessage()]
+    assert len(lines) == 1 and "NVIDIA H200" in lines[0] and "cpu_fallback" in lines[0]
+
+
+def test_route_errors() -> None:
+    with pytest.raises(CodecUnsupportedError, match="no CUDA GPU"):
+        choose_route("h264", decode="gpu", gpu=None, nvdec_supported=None)
+    with pytest.raises(CodecUnsupportedError, match="NVIDIA H200 cannot decode"):
+        choose_route("av1", decode=DecodePreference.GPU, gpu=H200, nvdec_supported=False, label="cam")
+    with pytest.raises(CodecUnsupportedError, match="No decoder handles cam"):
+        choose_route("evc", gpu=None, nvdec_supported=None, label="cam")
+    with pytest.raises(CodecUnsupportedError, match="sends only"):
+        choose_route("evc", decode="gpu", gpu=H200, nvdec_supported=False)
+    with pytest.raises(ValueError, match="'auto', 'gpu', 'cpu'"):
+        DecodePreference.parse("tpu")
+
+
+def test_route_for_video_without_driver(videos: dict[tuple[str, int], Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(decode_route, "_driver_present", lambda: False)
+    monkeypatch.setattr(decode_route, "_probe_cache", {})
+    expected = {("vp9", 2): DecodeRoute.DALI_CPU, ("av1", 2): DecodeRoute.CPU_FALLBACK}
+    for key, route in expected.items():
+        path = videos[key]
+        assert route_for_video(path, build_packet_index(path), label="cam") is route
+    with pytest.raises(CodecUnsupportedError, match="no CUDA GPU"):
+        route_for_video(videos[("h264", 30)], build_packet_index(videos[("h264", 30)]), decode="gpu")
+
+
+def test_isolated_probe_runs_in_a_spawned_process(
+    videos: dict[tuple[str, int], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if decode_route._driver_present():
+        pytest.skip("a CUDA driver is present; tests/gpu covers the real probe")
+    monkeypatch.setattr(decode_route, "_driver_present", lambda: True)  # in this process only
+    path = videos[("h264", 30)]
+    clip = build_clip(path, build_packet_index(path), [0]).data
+    probe = probe_gpu({"h264": clip}, isolate=True)
+    assert probe.gpu is None and dict(probe.nvdec) == {}  # the child found no driver
