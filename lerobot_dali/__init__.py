@@ -35,6 +35,7 @@ def __getattr__(name: str) -> object:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 __all__ = [
     "AugmentConfig",
     "CodecUnsupportedError",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -62,7 +62,8 @@ def output_fields(spec: SourceSpec) -> list[Field]:
         if route.dali_device is None:
             fields.append(Field(camera, FieldKind.FRAMES, camera_index=camera_index))
         else:
-            fields.append(Field(camera, FieldKind.CLIP, decode_device=route.dali_device, camera_index=camera_index))
+            device: Literal["cpu", "mixed"] = "mixed" if route.dali_device == "mixed" else "cpu"
+            fields.append(Field(camera, FieldKind.CLIP, decode_device=device, camera_index=camera_index))
             fields.append(Field(f"{camera}.__frames", FieldKind.CLIP_FRAMES, camera_index=camera_index))
     return fields
 

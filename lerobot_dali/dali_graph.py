@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
 
 from .augment import AugmentConfig, augment_frames
 from .dali_video import decode_clips
@@ -36,12 +37,12 @@ class Field:
     name: str
     kind: FieldKind
     #: For camera fields: "cpu" or "mixed" decode device (CLIP), and the camera's position for random draws.
-    decode_device: str = "cpu"
+    decode_device: Literal["cpu", "mixed"] = "cpu"
     camera_index: int = 0
 
 
 def build_pipeline(
-    source: Callable[..., object],
+    source: Callable[..., Sequence[Any]],
     fields: Sequence[Field],
     *,
     batch_size: int,
@@ -53,7 +54,7 @@ def build_pipeline(
     image_size: tuple[int, int] | None,
     return_uint8: bool,
     num_threads: int = 2,
-) -> tuple[object, list[str]]:
+) -> tuple[Any, list[str]]:
     """Build the pipeline and return it with its output names, in order.
 
     ``num_workers == 0`` runs the source in the main process (no pickling; handy for debugging).
@@ -75,7 +76,7 @@ def build_pipeline(
     on_gpu = device_id is not None
     names: list[str] = []
     with pipe:
-        parallel_args = {"parallel": True, "prefetch_queue_depth": prefetch} if parallel else {}
+        parallel_args: dict[str, Any] = {"parallel": True, "prefetch_queue_depth": prefetch} if parallel else {}
         outputs = fn.external_source(
             source=source, num_outputs=len(fields), batch=True, batch_info=True, layout=layouts, **parallel_args
         )

@@ -185,10 +185,10 @@ class DatasetInfo:
                     f"a {self.codebase_version} template may use {sorted(allowed[name])}"
                 )
             probe = {**dict.fromkeys(allowed[name], 0), "video_key": "camera"}
-            format_path(template, name=name, source=source, **probe)
+            format_path(template, probe, name=name, source=source)
 
 
-def format_path(template: str, *, name: str = "path", source: str = "info.json", **values: Any) -> str:
+def format_path(template: str, values: Mapping[str, object], *, name: str = "path", source: str = "info.json") -> str:
     """Fill a path template and refuse results that leave the dataset root."""
     try:
         path = template.format(**values)

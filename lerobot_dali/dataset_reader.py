@@ -89,7 +89,7 @@ class LeRobotDatasetReader:
                 "episode_chunk": int(ep.data_chunk_index[episode_pos]),
                 "episode_index": int(ep.episode_index[episode_pos]),
             }
-        return self.location.path(format_path(self.info.data_path, name="data_path", **values))
+        return self.location.path(format_path(self.info.data_path, values, name="data_path"))
 
     def video(self, episode_pos: int, camera: str) -> VideoRef:
         files = self.episodes.cameras[camera]
@@ -99,7 +99,7 @@ class LeRobotDatasetReader:
         else:
             values = {"episode_chunk": chunk, "episode_index": file, "video_key": camera}
         template = self.info.video_path or ""
-        path = self.location.path(format_path(template, name="video_path", **values))
+        path = self.location.path(format_path(template, values, name="video_path"))
         stop = float(files.to_timestamp_s[episode_pos])
         return VideoRef(path, float(files.from_timestamp_s[episode_pos]), None if np.isnan(stop) else stop)
 

@@ -14,6 +14,7 @@ import multiprocessing
 import threading
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -204,7 +205,8 @@ def _detect_gpu(device_id: int) -> GpuInfo | None:
         )
     from nvidia.dali import backend
 
-    if device_id < int(backend.GetCUDADeviceCount()):  # type: ignore[attr-defined]  # a CPU-only torch build next to a usable GPU
+    # A CPU-only torch build next to a GPU that DALI can use.
+    if device_id < int(backend.GetCUDADeviceCount()):  # type: ignore[attr-defined]
         return GpuInfo(device_id=device_id, name=f"CUDA device {device_id}", compute_capability=(0, 0))
     return None
 
@@ -292,7 +294,11 @@ def route_for_video(
             cached = (None, False, "")
         elif index.codec in DALI_NVDEC_CODECS:
             clip = build_clip(source, index, [0], filesystem=filesystem).data
-            probe = probe_gpu({index.codec: clip}, device_id=device_id, isolate=isolate_probe)
+            try:
+                probe = probe_gpu({index.codec: clip}, device_id=device_id, isolate=isolate_probe)
+            except BrokenProcessPool as e:  # the probe process died (driver fault): do not guess NVDEC works
+                logger.warning("NVDEC probe process for %s on device %d died (%s)", index.codec, device_id, e)
+                probe = GpuProbe(gpu=None, nvdec={}, errors={index.codec: f"probe process died: {e}"})
             supported = bool(probe.nvdec.get(index.codec, False))
             reason = probe.errors.get(index.codec, "")
             cached = (probe.gpu, supported, reason)

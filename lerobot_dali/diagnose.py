@@ -95,16 +95,16 @@ def _timed(report: CameraReport, name: str, decode: Any, reference: np.ndarray |
 
 
 def _dali_decode(clip: np.ndarray, frames: np.ndarray, device_id: int | None) -> np.ndarray:
-    from nvidia.dali import fn, pipeline_def
+    from nvidia.dali import fn
+    from nvidia.dali.pipeline import Pipeline
+    from nvidia.dali.tensors import TensorListGPU
 
-    @pipeline_def(batch_size=1, num_threads=1, device_id=device_id, prefetch_queue_depth=1)
-    def one_frame() -> Any:
+    pipe = Pipeline(batch_size=1, num_threads=1, device_id=device_id, prefetch_queue_depth=1)
+    with pipe:
         data = fn.external_source(source=lambda: [clip], batch=True)
         indices = fn.external_source(source=lambda: [frames.astype(np.int32)], batch=True)
-        return decode_clips(data, indices, device="cpu" if device_id is None else "mixed")
-
-    pipe = one_frame()
+        pipe.set_outputs(decode_clips(data, indices, device="cpu" if device_id is None else "mixed"))
     pipe.build()
     (out,) = pipe.run()
-    tensor = out.as_cpu() if device_id is not None else out
-    return np.asarray(tensor.as_array()[0][0])
+    host = out.as_cpu() if isinstance(out, TensorListGPU) else out
+    return np.asarray(host.as_array()[0][0])

@@ -75,6 +75,10 @@ class PacketIndex:
     display_order: np.ndarray = field(init=False, repr=False)
     #: Decode position -> display index (inverse of ``display_order``).
     display_rank: np.ndarray = field(init=False, repr=False)
+    #: Presentation timestamp (``time_base`` units) of each displayed frame, ascending.
+    frame_pts: np.ndarray = field(init=False, repr=False)
+    #: Presentation time in seconds of each displayed frame, ascending (index = display index).
+    frame_pts_s: np.ndarray = field(init=False, repr=False)
     #: Typical distance between consecutive displayed frames, in ``time_base`` units (at least 1).
     frame_duration: int = field(init=False)
 
@@ -98,10 +102,14 @@ class PacketIndex:
         rank = np.empty(count, dtype=np.int64)
         rank[order] = np.arange(count)
         duration = int(np.median(np.diff(sorted_pts))) if count > 1 else 1
-        for array in (self.pts, self.dts, self.byte_offset, self.size_bytes, self.keyframe, order, rank):
+        seconds = sorted_pts * self.time_base.numerator / self.time_base.denominator
+        for array in (self.pts, self.dts, self.byte_offset, self.size_bytes, self.keyframe, order, rank, seconds):
             array.setflags(write=False)
+        sorted_pts.setflags(write=False)
         object.__setattr__(self, "display_order", order)
         object.__setattr__(self, "display_rank", rank)
+        object.__setattr__(self, "frame_pts", sorted_pts)
+        object.__setattr__(self, "frame_pts_s", seconds)
         object.__setattr__(self, "frame_duration", max(duration, 1))
 
     @property
@@ -109,19 +117,10 @@ class PacketIndex:
         return len(self.pts)
 
     @property
-    def frame_pts_s(self) -> np.ndarray:
-        """Presentation time in seconds of each displayed frame, ascending (index = display index)."""
-        return self.pts[self.display_order] * float(self.time_base)
-
-    @property
-    def frame_pts(self) -> np.ndarray:
-        """Presentation timestamp (``time_base`` units) of each displayed frame, ascending."""
-        return self.pts[self.display_order]
-
-    @property
     def nbytes(self) -> int:
-        arrays = (self.pts, self.dts, self.byte_offset, self.size_bytes, self.keyframe)
-        return sum(a.nbytes for a in arrays) + 2 * self.display_order.nbytes + len(self.template)
+        """Memory held by this index (what a cache of indices costs per file)."""
+        arrays = (self.pts, self.dts, self.byte_offset, self.size_bytes, self.keyframe, self.display_order)
+        return sum(a.nbytes for a in arrays) + 3 * self.display_order.nbytes + len(self.template)
 
 
 def source_label(source: VideoSource) -> str:

@@ -45,7 +45,7 @@ def _samples(it: DALILeRobotIterator) -> list[dict]:
     return out
 
 
-def _check_sample(s: dict) -> None:
+def _check_sample(s: dict, size: tuple[int, int] = (96, 128)) -> None:
     """Every value of one sample against LeRobot semantics computed by hand."""
     ep, f = int(s["episode_index"]), int(s["frame_index"])
     n = LENGTHS[ep]
@@ -62,13 +62,13 @@ def _check_sample(s: dict) -> None:
         assert s[f"{key}_is_pad"].tolist() == [not 0 <= q < n for q in query]
     query = [f + round(d * FPS) for d in DELTAS["observation.images.cam0"]]
     frames0 = s["observation.images.cam0"]
-    assert frames0.shape == (2, 3, 96, 128) and frames0.dtype == torch.float32
+    assert frames0.shape == (2, 3, *size) and frames0.dtype == torch.float32
     assert [tuple(read_full_marker(_as_hwc_uint8(x))) for x in frames0] == [
         (ep, min(max(q, 0), n - 1), 0) for q in query
     ]
     assert s["observation.images.cam0_is_pad"].tolist() == [not 0 <= q < n for q in query]
     frame1 = s["observation.images.cam1"]  # no deltas: squeezed to (C, H, W)
-    assert frame1.shape == (3, 96, 128)
+    assert frame1.shape == (3, *size)
     assert tuple(read_full_marker(_as_hwc_uint8(frame1))) == (ep, f, 1)
 
 
@@ -202,3 +202,48 @@ def test_cr5_wall_clock_timestamps_fail_clearly_then_read_by_frame_index() -> No
         np.testing.assert_array_equal(got, ref[i][1])
     assert batch["task"] == ["put the banana on the plate"] * 4
     assert batch["observation.state"].shape == (4, 6)
+
+
+def test_cr5_full_epoch_parity_with_independent_reads() -> None:
+    """Every sample of the real AV1 v3.0 dataset (12 episodes in 3 multi-episode files) against pyarrow reads
+    of the parquet files and a full sequential PyAV decode of every video file."""
+    import pyarrow.parquet as pq
+
+    root = shared_dataset("cr5_v30_av1")
+    camera = "observation.images.top"
+    episodes = pq.read_table(root / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    data = pq.read_table(root / "data/chunk-000/file-000.parquet").to_pydict()
+    decoded = {
+        f: [
+            frame
+            for _, frame in sorted(_reference_frames(root / f"videos/{camera}/chunk-000/file-{f:03d}.mp4").items())
+        ]
+        for f in range(3)
+    }
+    deltas = {"observation.state": [-0.2, 0.0, 0.1], camera: [-0.1, 0.0]}
+    it = DALILeRobotIterator(
+        root, batch_size=64, delta_timestamps=deltas, shuffle=False, device="cpu", num_workers=2,
+        drop_last=False, timestamp_source="frame_index", return_uint8=True,
+    )  # fmt: skip
+    seen = 0
+    for batch in it:
+        for i in range(len(batch["index"])):
+            g = int(batch["index"][i])
+            meta = episodes[data["episode_index"][g]]
+            start, n = meta["dataset_from_index"], meta["length"]
+            f = g - start
+            assert int(batch["frame_index"][i]) == f == data["frame_index"][g]
+            rows = [min(max(f + d, 0), n - 1) for d in (-2, 0, 1)]
+            np.testing.assert_array_equal(
+                batch["observation.state"][i].numpy(),
+                np.array([data["observation.state"][start + r] for r in rows], dtype=np.float32),
+            )
+            assert batch["observation.state_is_pad"][i].tolist() == [not 0 <= f + d < n for d in (-2, 0, 1)]
+            first = round(meta[f"videos/{camera}/from_timestamp"] * 10)
+            frames = decoded[meta[f"videos/{camera}/file_index"]]
+            for t, d in enumerate((-1, 0)):
+                expected = frames[first + min(max(f + d, 0), n - 1)]
+                np.testing.assert_array_equal(batch[camera][i, t].permute(1, 2, 0).numpy(), expected)
+            seen += 1
+    assert seen == 2733
+    it.close()

@@ -1,0 +1,434 @@
+"""Train a small action-chunking policy on a LeRobot dataset through ``DALILeRobotIterator``.
+
+One script for every launcher (see ``pipelines/README.md``)::
+
+    python pipelines/train.py --dataset PATH --steps 1000 --device cuda            # one GPU
+    accelerate launch --num_processes 8 pipelines/train.py --dataset PATH ...      # GPUs, nodes
+    torchrun --nproc_per_node 2 --standalone pipelines/train.py --device cpu ...   # CPU, gloo
+
+Data parallelism: accelerate wraps the model (DDP) and the optimiser; every rank builds its own iterator,
+which reads episodes disjoint from the other ranks' and equally many samples per epoch. The iterator is
+never given to ``accelerator.prepare``: accelerate would shard it again and each rank would keep 1/N of a
+stream that is already its own 1/N.
+
+Checkpoints: ``CKPT/step_{n:08d}/state`` is ``accelerator.save_state`` (model, optimiser, RNG states) and
+``CKPT/step_{n:08d}/stream_rank{r}.json`` is rank ``r``'s iterator position; ``CKPT/latest`` names the newest
+complete checkpoint and is written last, once every rank has saved. ``--resume`` continues from it at the
+exact next sample of every rank. ``CKPT`` must be visible to all nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `pipelines` and the repository's `lerobot_dali` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig, chunk_deltas  # noqa: E402
+
+logger = logging.getLogger("pipelines.train")
+
+_DEVICES = ("cpu", "cuda")
+_PRECISIONS = ("no", "fp16", "bf16")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainOptions:
+    """Everything one run needs; the CLI flags map one to one (``--batch-size`` -> ``batch_size``)."""
+
+    dataset: str
+    steps: int
+    batch_size: int = 64
+    device: str = "cuda"
+    num_workers: int = 4
+    chunk: int = 10
+    lr: float = 1e-3
+    grad_clip: float = 10.0
+    seed: int = 0
+    episode_pool_size: int = 64
+    image_size: tuple[int, int] | None = None
+    augment: Path | None = None
+    decode: str = "auto"
+    timestamp_source: str = "parquet_timestamp"
+    mixed_precision: str = "no"
+    checkpoint_dir: Path | None = None
+    save_every: int = 0
+    resume: bool = False
+    log_every: int = 50
+    record_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "chunk", "episode_pool_size", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.num_workers < 0 or self.save_every < 0:
+            raise ValueError(f"--num-workers and --save-every must be >= 0, got {self.num_workers}, {self.save_every}")
+        if self.device not in _DEVICES:
+            raise ValueError(f"--device must be one of {_DEVICES}, got {self.device!r}")
+        if self.mixed_precision not in _PRECISIONS:
+            raise ValueError(f"--mixed-precision must be one of {_PRECISIONS}, got {self.mixed_precision!r}")
+        if (self.resume or self.save_every) and self.checkpoint_dir is None:
+            raise ValueError("--resume and --save-every need --checkpoint-dir")
+        if not self.lr > 0:
+            raise ValueError(f"--lr must be > 0, got {self.lr}")
+
+
+# -- command line ---------------------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--dataset", required=True, help="local path, Hub repo id or fsspec URL of a LeRobot dataset")
+    p.add_argument("--steps", type=int, required=True, help="optimiser steps in total (a resumed run stops there too)")
+    p.add_argument("--batch-size", type=int, default=64, help="samples per rank per step")
+    p.add_argument("--device", choices=_DEVICES, default="cuda")
+    p.add_argument("--num-workers", type=int, default=4, help="DALI worker processes per rank (0: in-process)")
+    p.add_argument("--chunk", type=int, default=10, help="actions predicted per sample: action deltas 0..chunk-1 frames")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--grad-clip", type=float, default=10.0, help="max gradient norm")
+    p.add_argument("--seed", type=int, default=0, help="model init and sample order (same on every rank)")
+    p.add_argument("--episode-pool-size", type=int, default=64)
+    p.add_argument("--image-size", type=int, nargs=2, metavar=("H", "W"), help="resize cameras on the device")
+    p.add_argument("--augment", type=Path, help="augmentation TOML (pipelines/recipes/augment_example.toml)")
+    p.add_argument("--decode", default="auto", help="decode route preference passed to the iterator")
+    p.add_argument("--timestamp-source", choices=("parquet_timestamp", "frame_index"), default="parquet_timestamp")
+    p.add_argument("--mixed-precision", choices=_PRECISIONS, default="no")
+    p.add_argument("--checkpoint-dir", type=Path)
+    p.add_argument("--save-every", type=int, default=0, help="checkpoint every S steps (0: only at the end)")
+    p.add_argument("--resume", action="store_true", help="continue from CHECKPOINT_DIR/latest if there is one")
+    p.add_argument("--log-every", type=int, default=50, help="log loss and throughput every L steps")
+    p.add_argument(
+        "--record",
+        dest="record_dir",
+        type=Path,
+        help="write DIR/rank{r}.json: per step the dataset `index` values and loss of this rank (tests, debugging)",
+    )
+    a = p.parse_args(argv)
+    return TrainOptions(
+        dataset=a.dataset, steps=a.steps, batch_size=a.batch_size, device=a.device, num_workers=a.num_workers,
+        chunk=a.chunk, lr=a.lr, grad_clip=a.grad_clip, seed=a.seed, episode_pool_size=a.episode_pool_size,
+        image_size=tuple(a.image_size) if a.image_size else None, augment=a.augment, decode=a.decode,
+        timestamp_source=a.timestamp_source, mixed_precision=a.mixed_precision, checkpoint_dir=a.checkpoint_dir,
+        save_every=a.save_every, resume=a.resume, log_every=a.log_every, record_dir=a.record_dir,
+    )  # fmt: skip
+
+
+# -- processes and ranks --------------------------------------------------------------------------------------
+def make_accelerator(options: TrainOptions) -> Any:
+    """An ``Accelerator`` whose process count matches the launcher's.
+
+    On CPU ``cpu=True`` is what makes accelerate join torchrun's gloo group (MULTI_CPU): without it accelerate
+    1.15 reports one process while torch.distributed has N, and the model would not be wrapped in DDP.
+    """
+    from accelerate import Accelerator
+
+    return Accelerator(cpu=options.device == "cpu", mixed_precision=options.mixed_precision)
+
+
+def data_rank(accelerator: Any) -> tuple[int, int]:
+    """``(rank, world_size)`` for the iterator, from torch.distributed when it is initialised.
+
+    torch.distributed is the truth about the process group; accelerate's view must agree, or gradients
+    would not be averaged across the ranks that read different data.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if world != accelerator.num_processes:
+            raise RuntimeError(
+                f"torch.distributed has {world} ranks but accelerate sees {accelerator.num_processes} process(es) "
+                f"({accelerator.distributed_type}); gradients would not be synchronised. On CPU pass --device cpu; "
+                "otherwise launch with `accelerate launch` or `torchrun`"
+            )
+        return rank, world
+    return accelerator.process_index, accelerator.num_processes
+
+
+def iterator_device(device: torch.device) -> str:
+    """The iterator's spelling of the accelerator's device (``cpu``, ``cuda:N``)."""
+    return "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"
+
+
+# -- data -----------------------------------------------------------------------------------------------------
+def build_iterator(reader: Any, options: TrainOptions, *, rank: int, world_size: int, device: str) -> Any:
+    """This rank's iterator: the current state plus an action chunk of ``options.chunk`` steps per sample."""
+    from lerobot_dali.augment import AugmentConfig
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    augment = AugmentConfig.from_toml(options.augment) if options.augment else None
+    return DALILeRobotIterator(
+        reader,
+        batch_size=options.batch_size,
+        delta_timestamps={"action": chunk_deltas(options.chunk, reader.fps)},
+        shuffle=True,
+        seed=options.seed,
+        episode_pool_size=options.episode_pool_size,
+        device=device,
+        decode=options.decode,
+        num_workers=options.num_workers,
+        image_size=options.image_size,
+        augment=augment,
+        rank=rank,
+        world_size=world_size,
+        drop_last=True,
+        timestamp_source=options.timestamp_source,
+    )
+
+
+def feature_stats(reader: Any, key: str, *, max_episodes: int = 32) -> FeatureStats:
+    """Mean/std of a vector feature: ``meta/stats.json`` when it has them, else from up to ``max_episodes`` episodes
+    spread over the dataset (v2.x keeps per-episode stats only). Identical on every rank: no data order involved."""
+    location = reader.location
+    path = location.meta_path("meta/stats.json")
+    if location.meta_fs.exists(path):
+        with location.meta_fs.open(path, "rt", encoding="utf-8") as f:
+            entry = json.load(f).get(key)
+        if isinstance(entry, dict) and "mean" in entry and "std" in entry:
+            mean, std = np.ravel(entry["mean"]), np.ravel(entry["std"])
+            return FeatureStats(mean=tuple(map(float, mean)), std=tuple(map(float, std)))
+    positions = np.unique(np.linspace(0, reader.num_episodes - 1, min(max_episodes, reader.num_episodes)).astype(int))
+    rows = np.concatenate([reader.read_episode(int(p), [key])[key] for p in positions]).astype(np.float64)
+    rows = rows.reshape(len(rows), -1)
+    return FeatureStats(mean=tuple(rows.mean(0).tolist()), std=tuple(rows.std(0).tolist()))
+
+
+def build_policy(reader: Any, options: TrainOptions) -> ChunkPolicy:
+    """The policy for this dataset's cameras and state/action sizes, with the dataset's normalisation."""
+    features = reader.info.features
+    for key in ("observation.state", "action"):
+        if key not in features:
+            raise ValueError(f"the dataset has no {key!r} feature (it has {sorted(features)}); this policy needs both")
+    config = PolicyConfig(
+        camera_keys=tuple(reader.camera_keys),
+        state_dim=int(np.prod(features["observation.state"].shape)),
+        action_dim=int(np.prod(features["action"].shape)),
+        chunk=options.chunk,
+    )
+    return ChunkPolicy(
+        config,
+        state_stats=feature_stats(reader, "observation.state"),
+        action_stats=feature_stats(reader, "action"),
+    )
+
+
+def epoch_batches(iterator: Any) -> Iterator[tuple[dict[str, Any], float]]:
+    """Batches across epochs, each with the seconds spent waiting for it.
+
+    The iterator rolls to the next epoch by itself when one is done, which also keeps a resumed position (an
+    explicit ``set_epoch`` counter here could undo it). A resume exactly at an epoch's dropped tail yields one
+    empty pass; two in a row mean no full batch fits an epoch at all.
+    """
+    empty_passes = 0
+    while True:
+        batches = iter(iterator)
+        got = 0
+        while True:
+            start = time.perf_counter()
+            batch = next(batches, None)
+            if batch is None:
+                break
+            got += 1
+            yield batch, time.perf_counter() - start
+        empty_passes = 0 if got else empty_passes + 1
+        if empty_passes > 1:
+            raise ValueError(
+                f"rank {iterator.rank} gets no full batch of {iterator.batch_size} from an epoch; lower --batch-size "
+                "or use a dataset with more frames per rank"
+            )
+
+
+def camera_frames(batch: dict[str, Any], camera_keys: Sequence[str]) -> int:
+    """Decoded camera frames in a batch: B per camera, B*T for a (B, T, C, H, W) window."""
+    return sum(int(np.prod(batch[k].shape[: batch[k].ndim - 3])) for k in camera_keys)
+
+
+# -- checkpoints ----------------------------------------------------------------------------------------------
+def _write_json_atomic(path: Path, payload: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(payload))
+    os.replace(tmp, path)
+
+
+def save_checkpoint(accelerator: Any, root: Path, step: int, iterator: Any) -> Path:
+    """Model, optimiser and RNG via accelerate; this rank's stream position; then ``latest`` once all have saved."""
+    directory = root / f"step_{step:08d}"
+    accelerator.save_state(str(directory / "state"))
+    stream = {"step": step, "rank": iterator.rank, "world_size": iterator.world_size, "stream": iterator.state_dict()}
+    _write_json_atomic(directory / f"stream_rank{iterator.rank}.json", stream)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        (root / ".latest.tmp").write_text(directory.name)
+        os.replace(root / ".latest.tmp", root / "latest")
+        logger.info("saved checkpoint %s", directory)
+    accelerator.wait_for_everyone()
+    return directory
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    marker = root / "latest"
+    return root / marker.read_text().strip() if marker.is_file() else None
+
+
+def restore_checkpoint(accelerator: Any, directory: Path, iterator: Any) -> int:
+    """Load model/optimiser/RNG and this rank's stream position; returns the step the checkpoint was taken at.
+
+    After a world-size change a new rank may have no file of its own; any old rank's position serves, since
+    all old ranks consumed equally many samples and the iterator re-shards the rest of the epoch.
+    """
+    accelerator.load_state(str(directory / "state"))
+    own = directory / f"stream_rank{iterator.rank}.json"
+    saved = json.loads((own if own.is_file() else directory / "stream_rank0.json").read_text())
+    iterator.load_state_dict(saved["stream"])
+    logger.info("resumed from %s at step %d (rank %d)", directory, saved["step"], iterator.rank)
+    return int(saved["step"])
+
+
+# -- throughput -----------------------------------------------------------------------------------------------
+@dataclass
+class Throughput:
+    """Samples and decoded frames per second of this rank since the last report, and the share spent waiting
+    for data (near 0 when the input pipeline keeps up with the model)."""
+
+    samples: int = 0
+    frames: int = 0
+    wait_s: float = 0.0
+    since: float = field(default_factory=time.perf_counter)
+
+    def add(self, samples: int, frames: int, wait_s: float) -> None:
+        self.samples += samples
+        self.frames += frames
+        self.wait_s += wait_s
+
+    def report(self) -> tuple[float, float, float]:
+        """``(samples/s, frames/s, data-wait fraction)``, then start a new window."""
+        elapsed = max(time.perf_counter() - self.since, 1e-9)
+        out = (self.samples / elapsed, self.frames / elapsed, self.wait_s / elapsed)
+        self.samples, self.frames, self.wait_s, self.since = 0, 0, 0.0, time.perf_counter()
+        return out
+
+
+@dataclass
+class RunRecord:
+    """What ``--record`` writes per rank: per step, the epoch, the dataset ``index`` values consumed and the
+    local loss; at the end, per parameter tensor the sum of absolute values (equal on all ranks under DDP)."""
+
+    first_step: int
+    epochs: list[int] = field(default_factory=list)
+    indices: list[torch.Tensor] = field(default_factory=list)
+    losses: list[torch.Tensor] = field(default_factory=list)
+
+    def write(self, directory: Path, *, rank: int, world_size: int, model: torch.nn.Module) -> None:
+        """Tensors are kept on the device during the run and read back here, so recording adds no per-step sync."""
+        directory.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "rank": rank,
+            "world_size": world_size,
+            "first_step": self.first_step,
+            "epochs": self.epochs,
+            "indices": [t.cpu().tolist() for t in self.indices],
+            "losses": [float(t) for t in self.losses],
+            "param_abs_sums": [float(p.detach().double().abs().sum()) for p in model.parameters()],
+        }
+        _write_json_atomic(directory / f"rank{rank}.json", payload)
+
+
+# -- training -------------------------------------------------------------------------------------------------
+def train(options: TrainOptions) -> int:
+    """Run to ``options.steps`` optimiser steps; returns the number of steps taken in this process."""
+    from accelerate.utils import set_seed
+
+    from lerobot_dali.dataset_reader import open_dataset
+
+    accelerator = make_accelerator(options)
+    set_seed(options.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
+    rank, world_size = data_rank(accelerator)
+    reader = open_dataset(options.dataset)
+    iterator = build_iterator(
+        reader, options, rank=rank, world_size=world_size, device=iterator_device(accelerator.device)
+    )
+    policy = build_policy(reader, options)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=options.lr)
+    # Only the model and optimiser go through prepare; the iterator is already rank-disjoint (see module doc).
+    model, optimizer = accelerator.prepare(policy, optimizer)
+
+    step = 0
+    if options.resume and options.checkpoint_dir is not None:
+        directory = latest_checkpoint(options.checkpoint_dir)
+        if directory is None:
+            logger.info("no checkpoint in %s: starting from scratch", options.checkpoint_dir)
+        else:
+            step = restore_checkpoint(accelerator, directory, iterator)
+    start_step = step
+    logger.info(
+        "rank %d/%d: steps %d..%d, batch %d, %d batches left in epoch %d, cameras %s",
+        rank, world_size, step, options.steps, options.batch_size, len(iterator), iterator.epoch, reader.camera_keys,
+    )  # fmt: skip
+    record = RunRecord(first_step=step + 1)
+    meter = Throughput()
+    model.train()
+    batches = epoch_batches(iterator)
+    while step < options.steps:
+        batch, wait_s = next(batches)
+        inputs = {k: v.to(accelerator.device, non_blocking=True) for k, v in batch.items() if torch.is_tensor(v)}
+        loss = model(inputs)
+        accelerator.backward(loss)
+        if options.grad_clip > 0:
+            accelerator.clip_grad_norm_(model.parameters(), options.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        meter.add(len(batch["index"]), camera_frames(batch, reader.camera_keys), wait_s)
+        if options.record_dir is not None:
+            record.epochs.append(iterator.epoch)
+            record.indices.append(batch["index"].detach())
+            record.losses.append(loss.detach())
+        if step % options.log_every == 0 or step == options.steps:
+            _log_progress(accelerator, step, iterator.epoch, loss, meter, world_size)
+        if options.checkpoint_dir is not None and (
+            step == options.steps or (options.save_every and step % options.save_every == 0)
+        ):
+            save_checkpoint(accelerator, options.checkpoint_dir, step, iterator)
+    if options.record_dir is not None:
+        record.write(options.record_dir, rank=rank, world_size=world_size, model=accelerator.unwrap_model(model))
+    iterator.close()
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return step - start_step
+
+
+def _log_progress(
+    accelerator: Any, step: int, epoch: int, loss: torch.Tensor, meter: Throughput, world_size: int
+) -> None:
+    mean_loss = float(accelerator.reduce(loss.detach(), reduction="mean"))
+    samples_s, frames_s, wait = meter.report()
+    if accelerator.is_main_process:
+        logger.info(
+            "step %d epoch %d loss %.4f | per rank %.1f samples/s %.1f frames/s, data wait %.0f%% | all ranks ~%.1f samples/s",
+            step, epoch, mean_loss, samples_s, frames_s, 100 * wait, samples_s * world_size,
+        )  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    options = parse_args(argv)
+    train(options)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
