@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -21,7 +22,7 @@ from .dali_graph import Field, FieldKind
 from .dataset_reader import LeRobotDatasetReader
 from .decode_route import DecodeRoute
 from .frame_lookup import FrameRequestContext, TimestampSource, nearest_frame_indices
-from .packet_index import PacketIndexCache
+from .packet_index import PacketIndex, PacketIndexCache
 from .sample_order import SampleOrder
 from .windows import query_indices
 
@@ -115,27 +116,29 @@ class BatchSource:
         spec = self.spec
         rows = [self._episode_rows(int(p)) for p in episode_pos]
         lengths = np.array([len(r["frame_index"]) for r in rows], dtype=np.int64)
+        # Rows each sample reads, (B, T) per key with a window; keys without one read the sample's own row.
+        windows = {key: query_indices(frame, lengths, delta) for key, delta in spec.delta_index.items()}
+        own_row = frame[:, None]
         values: dict[str, Any] = {}
-        for key in spec.tabular_keys:
-            if key in spec.delta_index:
-                idx, _ = query_indices(frame, lengths, spec.delta_index[key])
-                values[key] = np.stack([r[key][i] for r, i in zip(rows, idx, strict=True)])
-            else:
-                values[key] = np.stack([r[key][f] for r, f in zip(rows, frame, strict=True)])
-        for key in INDEX_KEYS:
-            if key not in spec.tabular_keys:
-                values[key] = np.stack([r[key][f] for r, f in zip(rows, frame, strict=True)])
-        for key, delta in spec.delta_index.items():
-            values[f"{key}_is_pad"] = query_indices(frame, lengths, delta)[1]
+        for key in (*spec.tabular_keys, *(k for k in INDEX_KEYS if k not in spec.tabular_keys)):
+            idx = windows[key][0] if key in windows else own_row
+            stacked = np.stack([r[key][i] for r, i in zip(rows, idx, strict=True)])
+            values[key] = stacked if key in windows else stacked[:, 0]
+        for key, (_, is_pad) in windows.items():
+            values[f"{key}_is_pad"] = is_pad
         out: list[Any] = []
         for field in self.fields:
             if field.kind is FieldKind.TABULAR:
                 out.append(np.ascontiguousarray(values[field.name]))
-            elif field.kind is FieldKind.FRAMES:
-                out.append(self._decoded(field.name, episode_pos, frame, rows, lengths))
-            elif field.kind is FieldKind.CLIP:
-                clips, indices = self._clips(field.name, episode_pos, frame, rows, lengths)
-                out.extend([clips, indices])
+                continue
+            if field.kind is FieldKind.CLIP_FRAMES:
+                continue
+            camera_rows = windows[field.name][0] if field.name in windows else own_row
+            requests = self._video_requests(field.name, episode_pos, rows, camera_rows)
+            if field.kind is FieldKind.FRAMES:
+                out.append(self._decoded(requests))
+            else:
+                out.extend(self._clips(requests))
         return tuple(out)
 
     def _episode_rows(self, episode_pos: int) -> dict[str, np.ndarray]:
@@ -150,19 +153,12 @@ class BatchSource:
         return rows
 
     def _video_requests(
-        self,
-        camera: str,
-        episode_pos: np.ndarray,
-        frame: np.ndarray,
-        rows: list[dict[str, np.ndarray]],
-        lengths: np.ndarray,
-    ):
-        """Per sample: (video path, packet index, display frame numbers of its window)."""
+        self, camera: str, episode_pos: np.ndarray, rows: list[dict[str, np.ndarray]], camera_rows: np.ndarray
+    ) -> Iterator[tuple[str, PacketIndex, np.ndarray]]:
+        """Per sample: (video path, packet index, display frame numbers of the rows it shows)."""
         spec = self.spec
-        delta = spec.delta_index.get(camera, np.zeros(1, dtype=np.int64))
-        idx, _ = query_indices(frame, lengths, delta)
         reader = spec.reader
-        for pos, r, i in zip(episode_pos, rows, idx, strict=True):
+        for pos, r, i in zip(episode_pos, rows, camera_rows, strict=True):
             video = reader.video(int(pos), camera)
             if spec.timestamp_source is TimestampSource.FRAME_INDEX:
                 local_s = r["frame_index"][i].astype(np.float64) / reader.fps
@@ -179,17 +175,16 @@ class BatchSource:
             )
             yield video.path, index, numbers
 
-    def _decoded(self, camera, episode_pos, frame, rows, lengths) -> list[np.ndarray]:
+    def _decoded(self, requests: Iterator[tuple[str, PacketIndex, np.ndarray]]) -> list[np.ndarray]:
         fs = self.spec.reader.location.fs
-        return [
-            self._decoder.decode(path, index, numbers, filesystem=fs)
-            for path, index, numbers in self._video_requests(camera, episode_pos, frame, rows, lengths)
-        ]
+        return [self._decoder.decode(path, index, numbers, filesystem=fs) for path, index, numbers in requests]
 
-    def _clips(self, camera, episode_pos, frame, rows, lengths) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    def _clips(
+        self, requests: Iterator[tuple[str, PacketIndex, np.ndarray]]
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         fs = self.spec.reader.location.fs
         clips, indices = [], []
-        for path, index, numbers in self._video_requests(camera, episode_pos, frame, rows, lengths):
+        for path, index, numbers in requests:
             clip = build_clip(path, index, numbers, filesystem=fs)
             clips.append(clip.data)
             indices.append(clip.relative_indices.astype(np.int32))

@@ -56,7 +56,7 @@ class LeRobotDatasetReader:
         self.tasks = tasks
         self.camera_keys = camera_keys
         self.tabular_keys = tabular_keys
-        self._parquet = ParquetCache(location.fs)
+        self._parquet = ParquetCache(location.open_bulk)
 
     @property
     def fps(self) -> float:
@@ -106,7 +106,7 @@ class LeRobotDatasetReader:
     def open(self, path: str) -> Any:
         """A binary file object for ``path`` on the dataset's filesystem (lazy, range reads for remote)."""
         try:
-            return self.location.fs.open(path, "rb")
+            return self.location.open_bulk(path)
         except FileNotFoundError as e:
             raise MissingDataFileError(f"{path} is missing (referenced by {self.location.description})") from e
 
@@ -134,8 +134,11 @@ class LeRobotDatasetReader:
         )
         episode_index = int(ep.episode_index[episode_pos])
         self._check_rows(rows, path, episode_pos, episode_index, length)
+        # Some writers (GR00T's v2.0) omit columns that are implied by the episode's position.
         if "frame_index" not in rows:
             rows["frame_index"] = np.arange(length, dtype=np.int64)
+        if "index" not in rows:
+            rows["index"] = np.arange(ep.dataset_from_index[episode_pos], ep.dataset_to_index[episode_pos])
         return rows
 
     def _feature(self, key: str) -> Feature:

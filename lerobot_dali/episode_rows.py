@@ -12,8 +12,9 @@ import math
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -33,8 +34,8 @@ class ParquetCache:
     Keyed by process id too, so a cache inherited through ``fork`` is never reused by the child.
     """
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, *, max_open: int = 16) -> None:
-        self._fs = fs
+    def __init__(self, open_file: Callable[[str], Any], *, max_open: int = 16) -> None:
+        self._open_file = open_file
         self._max_open = max_open
         self._open: OrderedDict[tuple[int, str], pq.ParquetFile] = OrderedDict()
         self._lock = threading.Lock()
@@ -46,7 +47,7 @@ class ParquetCache:
                 self._open.move_to_end(key)
                 return self._open[key]
         try:
-            handle = self._fs.open(path, "rb")
+            handle = self._open_file(path)
         except FileNotFoundError as e:
             raise MissingDataFileError(f"data file {path} is missing (listed in the episode metadata)") from e
         parquet = pq.ParquetFile(handle)
@@ -59,7 +60,7 @@ class ParquetCache:
 
     def __getstate__(self) -> dict[str, object]:
         # Open handles never cross a process boundary; the child opens its own.
-        return {"_fs": self._fs, "_max_open": self._max_open}
+        return {"_open_file": self._open_file, "_max_open": self._max_open}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)

@@ -21,6 +21,7 @@ from .dali_graph import build_pipeline
 from .dataset_reader import LeRobotDatasetReader, open_dataset
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
 from .distributed import resolve_rank
+from .errors import SchemaMismatchError
 from .frame_lookup import TimestampSource
 from .packet_index import load_packet_index
 from .sample_order import OrderOptions, RankBalance
@@ -80,6 +81,12 @@ class DALILeRobotIterator:
             if isinstance(dataset, LeRobotDatasetReader)
             else open_dataset(dataset, revision=revision, cameras=cameras, keys=keys)
         )
+        missing = [k for k in ("timestamp", "task_index") if k not in self.reader.info.features]
+        if missing:
+            raise SchemaMismatchError(
+                f"{self.reader.location.description}: info.json declares no {missing} feature(s); every LeRobot "
+                "dataset has them and batches carry them"
+            )
         ranks = resolve_rank(rank, world_size)
         self.rank, self.world_size = ranks.rank, ranks.world_size
         self.batch_size = batch_size

@@ -1,0 +1,183 @@
+"""``pipelines/train.py`` end to end on CPU: it learns, ranks read disjoint data, and ``--resume`` is exact.
+
+Each run is a real subprocess (``python pipelines/train.py`` or ``python -m torch.distributed.run``, which is
+``torchrun``); what each rank consumed comes back through ``--record DIR`` (per step: epoch, dataset
+``index`` values, loss) and the models through the checkpoints' ``model.safetensors``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig, masked_l1
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = REPO / "pipelines" / "train.py"
+COMMON = ["--device", "cpu", "--num-workers", "1", "--chunk", "4", "--lr", "3e-3", "--seed", "0", "--log-every", "4"]
+
+# Single process: 130 frames, batch 8 -> 16 full batches per epoch and a dropped tail of 2.
+UNEVEN = dict(episodes=6, frames_per_episode=[20, 24, 16, 30, 18, 22], cameras=2, size=(64, 64), fps=10, codec="vp9")
+# Two ranks: 6 x 20 frames, three episodes per rank, batch 6 -> exactly 10 batches per rank per epoch.
+EVEN = dict(episodes=6, frames_per_episode=20, cameras=2, size=(64, 64), fps=10, codec="vp9")
+
+
+def _train(args: list[str], *, procs: int = 1, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    # `python -m torch.distributed.run` is torchrun, bound to this interpreter. (`accelerate launch --cpu
+    # --num_processes 2` starts a single process on this machine, so it cannot test two ranks.)
+    launcher = [sys.executable]
+    if procs > 1:
+        launcher += ["-m", "torch.distributed.run", "--nproc_per_node", str(procs), "--standalone"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    result = subprocess.run(
+        [*launcher, str(TRAIN), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO
+    )
+    assert result.returncode == 0, f"train.py exited with {result.returncode}:\n{result.stderr[-8000:]}"
+    return result
+
+
+def _records(directory: Path, world_size: int) -> list[dict[str, Any]]:
+    records = [json.loads((directory / f"rank{r}.json").read_text()) for r in range(world_size)]
+    assert [(r["rank"], r["world_size"]) for r in records] == [(r, world_size) for r in range(world_size)]
+    return records
+
+
+def _model(checkpoint_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    assert (checkpoint_dir / "latest").read_text() == f"step_{step:08d}"
+    return load_file(checkpoint_dir / f"step_{step:08d}" / "state" / "model.safetensors")
+
+
+def _assert_same_model(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def _run(tmp: Path, dataset: Path, *, steps: int, batch: int, procs: int, extra: list[str] = ()) -> tuple[Path, Path, str]:
+    ckpt, record = tmp / "ckpt", tmp / "record"
+    args = [*COMMON, "--dataset", str(dataset), "--steps", str(steps), "--batch-size", str(batch)]
+    result = _train([*args, "--checkpoint-dir", str(ckpt), "--record", str(record), *extra], procs=procs)
+    return ckpt, record, result.stderr
+
+
+# -- single process -------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def single_run(make_ds: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """24 uninterrupted steps, checkpoint at 16 (the last full batch of epoch 0)."""
+    tmp = tmp_path_factory.mktemp("single")
+    return _run(tmp, make_ds(**UNEVEN), steps=24, batch=8, procs=1, extra=["--save-every", "16"])
+
+
+def test_single_process_run_learns_and_logs_throughput(single_run: tuple[Path, Path, str]) -> None:
+    ckpt, record_dir, log = single_run
+    (record,) = _records(record_dir, 1)
+    losses = record["losses"]
+    assert len(losses) == 24 and all(math.isfinite(x) for x in losses)
+    assert sum(losses[-6:]) / 6 < 0.6 * sum(losses[:6]) / 6, losses
+    assert record["epochs"] == [0] * 16 + [1] * 8  # 16 full batches of 8 in 130 frames, then epoch 1
+    epoch0 = [i for step in record["indices"][:16] for i in step]
+    assert len(epoch0) == len(set(epoch0)) == 128 and set(epoch0) <= set(range(130))
+    assert epoch0 != sorted(epoch0)  # shuffled
+    assert "samples/s" in log and "frames/s" in log and "step 24 epoch 1 loss" in log
+    assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step_00000016", "step_00000024"]
+
+
+def test_single_process_resume_at_the_dropped_tail_is_exact(
+    single_run: tuple[Path, Path, str], make_ds: Callable[..., Path], tmp_path: Path
+) -> None:
+    full_ckpt, full_record_dir, _ = single_run
+    (full,) = _records(full_record_dir, 1)
+    dataset = make_ds(**UNEVEN)
+    ckpt, record_dir, _ = _run(tmp_path, dataset, steps=16, batch=8, procs=1)
+    (first,) = _records(record_dir, 1)
+    assert first["indices"] == full["indices"][:16]  # the run is deterministic
+    _, _, log = _run(tmp_path, dataset, steps=24, batch=8, procs=1, extra=["--resume"])
+    (resumed,) = _records(record_dir, 1)
+    assert "resumed from" in log and resumed["first_step"] == 17
+    assert resumed["indices"] == full["indices"][16:]
+    assert resumed["epochs"] == [1] * 8
+    torch.testing.assert_close(torch.tensor(resumed["losses"]), torch.tensor(full["losses"][16:]), rtol=1e-5, atol=1e-6)
+    _assert_same_model(_model(ckpt, 24), _model(full_ckpt, 24))
+
+
+# -- two processes --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def two_rank_run(make_ds: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """25 uninterrupted steps on 2 ranks: epochs 0 and 1 complete (10 steps each), half of epoch 2."""
+    tmp = tmp_path_factory.mktemp("two_ranks")
+    return _run(tmp, make_ds(**EVEN), steps=25, batch=6, procs=2, extra=["--save-every", "10"])
+
+
+def test_two_ranks_read_disjoint_episodes_and_stay_in_sync(two_rank_run: tuple[Path, Path, str]) -> None:
+    ckpt, record_dir, _ = two_rank_run
+    ranks = _records(record_dir, 2)
+    for r in ranks:
+        assert r["epochs"] == [0] * 10 + [1] * 10 + [2] * 5
+        assert [len(step) for step in r["indices"]] == [6] * 25
+        assert all(math.isfinite(x) for x in r["losses"])
+    for epoch in (0, 1):
+        sets = [{i for e, step in zip(r["epochs"], r["indices"]) if e == epoch for i in step} for r in ranks]
+        assert len(sets[0]) == len(sets[1]) == 60  # each index once per rank per epoch
+        assert not sets[0] & sets[1]
+        assert sets[0] | sets[1] == set(range(120))  # a complete epoch covers the dataset
+        episodes = [{i // 20 for i in s} for s in sets]  # 20 frames per episode: index // 20 is the episode
+        assert len(episodes[0]) == len(episodes[1]) == 3 and not episodes[0] & episodes[1]
+    assert ranks[0]["indices"][:10] != ranks[0]["indices"][10:20]  # epochs are reshuffled
+    # DDP averaged the gradients: both ranks end with the same weights despite different data.
+    assert ranks[0]["param_abs_sums"] == pytest.approx(ranks[1]["param_abs_sums"], rel=1e-6)
+    assert ranks[0]["losses"] != ranks[1]["losses"]
+    assert sorted(p.name for p in (ckpt / "step_00000010").iterdir()) == ["state", "stream_rank0.json", "stream_rank1.json"]
+
+
+def test_two_ranks_resume_mid_epoch_is_exact(
+    two_rank_run: tuple[Path, Path, str], make_ds: Callable[..., Path], tmp_path: Path
+) -> None:
+    full_ckpt, full_record_dir, _ = two_rank_run
+    full = _records(full_record_dir, 2)
+    dataset = make_ds(**EVEN)
+    ckpt, record_dir, _ = _run(tmp_path, dataset, steps=13, batch=6, procs=2, extra=["--save-every", "10"])
+    assert (ckpt / "latest").read_text() == "step_00000013"
+    _, _, log = _run(tmp_path, dataset, steps=25, batch=6, procs=2, extra=["--resume"])
+    resumed = _records(record_dir, 2)
+    assert log.count("resumed from") == 2
+    for rank in range(2):
+        assert resumed[rank]["first_step"] == 14
+        assert resumed[rank]["indices"] == full[rank]["indices"][13:]
+        assert resumed[rank]["epochs"] == full[rank]["epochs"][13:]
+    _assert_same_model(_model(ckpt, 25), _model(full_ckpt, 25))
+
+
+# -- the policy alone -----------------------------------------------------------------------------------------
+def test_masked_l1_ignores_padded_steps() -> None:
+    prediction = torch.zeros(2, 3, 2)
+    target = torch.tensor([[[1.0, 3.0], [2.0, 2.0], [100.0, 100.0]], [[4.0, 4.0], [-6.0, 6.0], [8.0, 8.0]]])
+    is_pad = torch.tensor([[False, False, True], [False, False, False]])
+    # per-step errors: [2, 2, (100, padded)], [4, 6, 8] -> mean over the 5 valid steps
+    assert masked_l1(prediction, target, is_pad).item() == pytest.approx(22 / 5)
+    assert masked_l1(prediction, target, None).item() == pytest.approx(122 / 6)
+
+
+def test_policy_predicts_chunks_in_dataset_units() -> None:
+    torch.manual_seed(0)
+    config = PolicyConfig(camera_keys=("cam",), state_dim=2, action_dim=3, chunk=4)
+    stats = FeatureStats(mean=(100.0, -5.0, 0.0), std=(10.0, 1.0, 0.0))  # a zero std divides by 1
+    policy = ChunkPolicy(config, state_stats=FeatureStats.identity(2), action_stats=stats)
+    batch = {"observation.state": torch.randn(5, 2), "cam": torch.rand(5, 3, 32, 32)}
+    normalized = policy._normalized_prediction(batch)
+    actions = policy.predict(batch)
+    assert actions.shape == (5, 4, 3)
+    torch.testing.assert_close(actions, normalized * torch.tensor([10.0, 1.0, 1.0]) + torch.tensor([100.0, -5.0, 0.0]))
+    with pytest.raises(ValueError, match=r"expected \(B, 4, 3\)"):
+        policy({**batch, "action": torch.zeros(5, 2, 3)})
