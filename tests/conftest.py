@@ -1,4 +1,4 @@
-"""Shared fixtures: small generated datasets (cached per session) and the real datasets in ../shared."""
+"""Shared fixtures: small generated datasets and marker videos (cached per session), the real datasets in ../shared."""
 
 from __future__ import annotations
 
@@ -32,6 +32,24 @@ def make_ds(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
         if key not in cache:
             out = tmp_path_factory.mktemp("ds") / "dataset"
             cache[key] = make_dataset(out, **kwargs)
+        return cache[key]
+
+    return factory
+
+
+@pytest.fixture(scope="session")
+def marker_video(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``marker_video(codec, gop, *, height=64, width=96) -> Path``: a marker video (see ``tests.video_fixtures``),
+    encoded the first time a test asks for it and shared by the whole session. Tests must not modify it."""
+    from tests.video_fixtures import MARKER_HEIGHT, MARKER_WIDTH, encode_marker_video
+
+    cache: dict[tuple[str, int, int, int], Path] = {}
+
+    def factory(codec: str, gop: int, *, height: int = MARKER_HEIGHT, width: int = MARKER_WIDTH) -> Path:
+        key = (codec, gop, height, width)
+        if key not in cache:
+            path = tmp_path_factory.mktemp(f"videos_{height}x{width}") / f"{codec}_g{gop}.mp4"  # tests match the name
+            cache[key] = encode_marker_video(path, codec, gop, height=height, width=width)
         return cache[key]
 
     return factory

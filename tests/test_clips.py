@@ -9,22 +9,23 @@ from pathlib import Path
 import av
 import fsspec
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
 from lerobot_dali.clips import build_clip, plan_clip
 from lerobot_dali.errors import FrameRequestError, VideoDecodeError
 from lerobot_dali.frame_lookup import nearest_frame_indices
-from lerobot_dali.frame_marker import draw_marker, read_marker
-from lerobot_dali.generate import encode_video
+from lerobot_dali.frame_marker import read_marker
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
-
-DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
-CR5 = DATASETS / "cr5_v30_av1"
-R1_VIDEO = DATASETS / "r1_v30_h264" / "videos" / "observation.images.rgb" / "chunk-000" / "file-000.mp4"
-FPS = 30
-EPISODE_LENGTHS = (30, 25, 35)
-EPISODE_STARTS = np.concatenate(([0], np.cumsum(EPISODE_LENGTHS)[:-1]))
+from tests.video_fixtures import (
+    EPISODE_LENGTHS,
+    EPISODE_STARTS,
+    FPS,
+    MarkerVideo,
+    cr5_episodes,
+    cr5_video,
+    r1_video,
+    reference_frames,
+)
 
 
 def _synthetic(pts: list[int], keyframe: list[bool]) -> PacketIndex:
@@ -92,28 +93,6 @@ def test_plan_rejects_bad_requests() -> None:
         plan_clip(CLOSED, [0.5])
 
 
-def _encode(path: Path, codec: str, gop: int) -> Path:
-    frames = [draw_marker(e, f, 64, 96) for e, n in enumerate(EPISODE_LENGTHS) for f in range(n)]
-    encode_video(path, frames, fps=FPS, codec=codec, gop=gop)
-    return path
-
-
-@pytest.fixture(scope="module")
-def videos(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Path]:
-    root = tmp_path_factory.mktemp("videos")
-    return {(c, g): _encode(root / f"{c}_g{g}.mp4", c, g) for c in ("av1", "h264", "hevc", "vp9") for g in (2, 30)}
-
-
-def _reference(path: Path | str, keep_pts: set[int]) -> dict[int, np.ndarray]:
-    """Independent full sequential decode, keeping the frames at ``keep_pts``."""
-    frames: dict[int, np.ndarray] = {}
-    with av.open(str(path)) as container:
-        for frame in container.decode(video=0):
-            if frame.pts in keep_pts:
-                frames[frame.pts] = frame.to_ndarray(format="rgb24")
-    return frames
-
-
 def _decode_clip(data: np.ndarray) -> list[np.ndarray]:
     with av.open(io.BytesIO(data.tobytes())) as container:
         return [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
@@ -134,7 +113,7 @@ def _windows(rng: np.random.Generator, starts: np.ndarray, lengths: np.ndarray, 
 
 
 def _check_clips(path: Path | str, index: PacketIndex, windows: list[np.ndarray], **kwargs: object) -> list:
-    reference = _reference(path, {int(p) for w in windows for p in index.frame_pts[w]})
+    reference = reference_frames(path, {int(p) for w in windows for p in index.frame_pts[w]})
     decoded = []
     for window in windows:
         clip = build_clip(path, index, window, **kwargs)
@@ -150,8 +129,8 @@ def _check_clips(path: Path | str, index: PacketIndex, windows: list[np.ndarray]
 
 @pytest.mark.parametrize("codec", ["av1", "h264", "hevc", "vp9"])
 @pytest.mark.parametrize("gop", [2, 30])
-def test_generated_clips_decode_to_requested_frames(videos: dict[tuple[str, int], Path], codec: str, gop: int) -> None:
-    path = videos[(codec, gop)]
+def test_generated_clips_decode_to_requested_frames(marker_video: MarkerVideo, codec: str, gop: int) -> None:
+    path = marker_video(codec, gop)
     index = build_packet_index(path)
     rng = np.random.default_rng(gop + len(codec))
     lengths = np.asarray(EPISODE_LENGTHS)
@@ -168,8 +147,8 @@ def test_generated_clips_decode_to_requested_frames(videos: dict[tuple[str, int]
         assert read_marker(frame) == (episode, frame_index - EPISODE_STARTS[episode])
 
 
-def test_sparse_clip_is_small(videos: dict[tuple[str, int], Path]) -> None:
-    path = videos[("vp9", 2)]
+def test_sparse_clip_is_small(marker_video: MarkerVideo) -> None:
+    path = marker_video("vp9", 2)
     index = build_packet_index(path)
     assert index.keyframe[[2, 86]].all() and not index.keyframe[[3, 87]].any()
     clip = build_clip(path, index, [3, 87])
@@ -178,8 +157,8 @@ def test_sparse_clip_is_small(videos: dict[tuple[str, int], Path]) -> None:
     assert clip.relative_indices.tolist() == [1, 3]
 
 
-def test_clip_from_fsspec_and_file_object(videos: dict[tuple[str, int], Path]) -> None:
-    path = videos[("hevc", 30)]
+def test_clip_from_fsspec_and_file_object(marker_video: MarkerVideo) -> None:
+    path = marker_video("hevc", 30)
     index = build_packet_index(path)
     memory = fsspec.filesystem("memory")
     memory.pipe("/v/hevc.mp4", path.read_bytes())
@@ -193,8 +172,8 @@ def test_clip_from_fsspec_and_file_object(videos: dict[tuple[str, int], Path]) -
         np.testing.assert_array_equal(a, c)
 
 
-def test_matroska_source_uses_demux_path(videos: dict[tuple[str, int], Path], tmp_path: Path) -> None:
-    source = videos[("h264", 30)]
+def test_matroska_source_uses_demux_path(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    source = marker_video("h264", 30)
     mkv = tmp_path / "h264.mkv"
     with av.open(str(source)) as src, av.open(str(mkv), "w", format="matroska") as dst:
         stream = dst.add_stream_from_template(src.streams.video[0], opaque=True)
@@ -207,9 +186,9 @@ def test_matroska_source_uses_demux_path(videos: dict[tuple[str, int], Path], tm
     _check_clips(mkv, index, [np.array([0, 1, 2]), np.array([40, 41, 75]), np.array([89, 88])])
 
 
-def test_clip_of_file_changed_since_indexing(videos: dict[tuple[str, int], Path], tmp_path: Path) -> None:
+def test_clip_of_file_changed_since_indexing(marker_video: MarkerVideo, tmp_path: Path) -> None:
     path = tmp_path / "v.mp4"
-    raw = videos[("av1", 2)].read_bytes()
+    raw = marker_video("av1", 2).read_bytes()
     path.write_bytes(raw)
     index = build_packet_index(path)
     path.write_bytes(raw[: len(raw) // 3])
@@ -218,9 +197,8 @@ def test_clip_of_file_changed_since_indexing(videos: dict[tuple[str, int], Path]
 
 
 def test_r1_h264_b_frames_clips() -> None:
-    if not R1_VIDEO.exists():
-        pytest.skip(f"real dataset file {R1_VIDEO} is not present")
-    index = build_packet_index(R1_VIDEO)
+    path = r1_video()
+    index = build_packet_index(path)
     windows = [
         np.arange(0, 4),
         np.arange(1971, 1975),
@@ -228,15 +206,13 @@ def test_r1_h264_b_frames_clips() -> None:
         np.array([1000, 1001, 1002, 1003]),
         np.array([5, 1974]),
     ]
-    _check_clips(R1_VIDEO, index, windows)
+    _check_clips(path, index, windows)
 
 
 @pytest.mark.parametrize("file_index", [0, 1, 2])
 def test_cr5_av1_clips_across_episodes(file_index: int) -> None:
-    path = CR5 / "videos" / "observation.images.top" / "chunk-000" / f"file-{file_index:03d}.mp4"
-    if not path.exists():
-        pytest.skip(f"real dataset file {path} is not present")
-    episodes = pq.read_table(CR5 / "meta" / "episodes" / "chunk-000" / "file-000.parquet").to_pydict()
+    path = cr5_video(file_index)
+    episodes = cr5_episodes()
     in_file = np.asarray(episodes["videos/observation.images.top/file_index"]) == file_index
     from_s = np.asarray(episodes["videos/observation.images.top/from_timestamp"])[in_file]
     lengths = np.asarray(episodes["length"])[in_file]

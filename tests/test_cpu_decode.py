@@ -9,10 +9,8 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-import av
 import fsspec
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
 from lerobot_dali.cpu_decode import (
@@ -23,42 +21,13 @@ from lerobot_dali.cpu_decode import (
     torchcodec_available,
 )
 from lerobot_dali.errors import CodecUnsupportedError, FrameRequestError, MissingDataFileError, VideoDecodeError
-from lerobot_dali.frame_marker import draw_marker
-from lerobot_dali.generate import encode_video
 from lerobot_dali.packet_index import build_packet_index
-
-DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
-CR5 = DATASETS / "cr5_v30_av1"
-R1_VIDEO = DATASETS / "r1_v30_h264" / "videos" / "observation.images.rgb" / "chunk-000" / "file-000.mp4"
-FPS = 30
-EPISODE_LENGTHS = (30, 25, 35)
-
-
-def _encode(path: Path, codec: str, gop: int) -> Path:
-    frames = [draw_marker(e, f, 64, 96) for e, n in enumerate(EPISODE_LENGTHS) for f in range(n)]
-    encode_video(path, frames, fps=FPS, codec=codec, gop=gop)
-    return path
-
-
-@pytest.fixture(scope="module")
-def videos(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Path]:
-    root = tmp_path_factory.mktemp("videos")
-    return {(c, g): _encode(root / f"{c}_g{g}.mp4", c, g) for c in ("av1", "h264", "hevc", "vp9") for g in (2, 30)}
-
-
-def _reference(path: Path | str, keep_pts: set[int]) -> dict[int, np.ndarray]:
-    """Independent full sequential decode, keeping the frames at ``keep_pts``."""
-    frames: dict[int, np.ndarray] = {}
-    with av.open(str(path)) as container:
-        for frame in container.decode(video=0):
-            if frame.pts in keep_pts:
-                frames[frame.pts] = frame.to_ndarray(format="rgb24")
-    return frames
+from tests.video_fixtures import EPISODE_LENGTHS, MarkerVideo, cr5_episodes, cr5_video, r1_video, reference_frames
 
 
 def _check(decoder: CpuFrameDecoder, path: Path, windows: list[np.ndarray], **kwargs: object) -> None:
     index = build_packet_index(path)
-    reference = _reference(path, {int(p) for w in windows for p in index.frame_pts[w]})
+    reference = reference_frames(path, {int(p) for w in windows for p in index.frame_pts[w]})
     for window in windows:
         frames = decoder.decode(path, index, window, **kwargs)
         assert frames.shape == (len(window), index.height, index.width, 3)
@@ -86,13 +55,13 @@ def pyav_decoder() -> Iterator[CpuFrameDecoder]:
 @pytest.mark.parametrize("codec", ["av1", "h264", "hevc", "vp9"])
 @pytest.mark.parametrize("gop", [2, 30])
 def test_generated_windows_match_full_decode(
-    videos: dict[tuple[str, int], Path], pyav_decoder: CpuFrameDecoder, codec: str, gop: int
+    marker_video: MarkerVideo, pyav_decoder: CpuFrameDecoder, codec: str, gop: int
 ) -> None:
-    _check(pyav_decoder, videos[(codec, gop)], _random_windows(sum(EPISODE_LENGTHS), seed=gop))
+    _check(pyav_decoder, marker_video(codec, gop), _random_windows(sum(EPISODE_LENGTHS), seed=gop))
 
 
-def test_threads_and_fsspec(videos: dict[tuple[str, int], Path]) -> None:
-    path = videos[("h264", 30)]
+def test_threads_and_fsspec(marker_video: MarkerVideo) -> None:
+    path = marker_video("h264", 30)
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, threads_per_decoder=2))
     index = build_packet_index(path)
     memory = fsspec.filesystem("memory")
@@ -107,30 +76,26 @@ def test_threads_and_fsspec(videos: dict[tuple[str, int], Path]) -> None:
 
 
 def test_real_r1_h264_with_b_frames(pyav_decoder: CpuFrameDecoder) -> None:
-    if not R1_VIDEO.exists():
-        pytest.skip(f"real dataset file {R1_VIDEO} is not present")
+    path = r1_video()
     windows = [np.arange(0, 3), np.arange(1972, 1975), np.array([999, 1000, 1001, 1500]), np.array([1974, 0])]
-    _check(pyav_decoder, R1_VIDEO, windows)
+    _check(pyav_decoder, path, windows)
 
 
 def test_real_cr5_av1_across_files_and_episodes(pyav_decoder: CpuFrameDecoder) -> None:
-    episodes_path = CR5 / "meta" / "episodes" / "chunk-000" / "file-000.parquet"
-    if not episodes_path.exists():
-        pytest.skip(f"real dataset {CR5} is not present")
-    episodes = pq.read_table(episodes_path).to_pydict()
+    episodes = cr5_episodes()
     files = np.asarray(episodes["videos/observation.images.top/file_index"])
     lengths = np.asarray(episodes["length"])
     for file_index in range(3):
-        path = CR5 / "videos" / "observation.images.top" / "chunk-000" / f"file-{file_index:03d}.mp4"
+        path = cr5_video(file_index)
         ends = np.cumsum(lengths[files == file_index])
         boundaries = [np.array([end - 2, end - 1, end, end + 1]) for end in ends[:-1]]
         _check(pyav_decoder, path, [np.array([0, 1]), np.array([ends[-1] - 1]), *boundaries])
 
 
-def test_decoder_lru_is_bounded(videos: dict[tuple[str, int], Path]) -> None:
+def test_decoder_lru_is_bounded(marker_video: MarkerVideo) -> None:
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, max_open_decoders=2))
-    for key in (("vp9", 2), ("vp9", 30), ("h264", 2)):
-        decoder.decode(videos[key], build_packet_index(videos[key]), [5])
+    for path in (marker_video("vp9", 2), marker_video("vp9", 30), marker_video("h264", 2)):
+        decoder.decode(path, build_packet_index(path), [5])
     assert decoder.open_decoders == 2
     decoder.close()
     assert decoder.open_decoders == 0
@@ -145,9 +110,9 @@ def _decode_in_child(path: str, queue: multiprocessing.Queue) -> None:
     queue.put((_FORK_DECODER.open_decoders, _FORK_DECODER.decode(path, index, [40, 10])))
 
 
-def test_inherited_decoders_are_not_used_after_fork(videos: dict[tuple[str, int], Path]) -> None:
+def test_inherited_decoders_are_not_used_after_fork(marker_video: MarkerVideo) -> None:
     global _FORK_DECODER
-    path = videos[("hevc", 30)]
+    path = marker_video("hevc", 30)
     index = build_packet_index(path)
     _FORK_DECODER = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
     try:
@@ -168,8 +133,8 @@ def test_inherited_decoders_are_not_used_after_fork(videos: dict[tuple[str, int]
         _FORK_DECODER = None
 
 
-def test_pickles_without_open_decoders(videos: dict[tuple[str, int], Path], pyav_decoder: CpuFrameDecoder) -> None:
-    path = videos[("vp9", 2)]
+def test_pickles_without_open_decoders(marker_video: MarkerVideo, pyav_decoder: CpuFrameDecoder) -> None:
+    path = marker_video("vp9", 2)
     index = build_packet_index(path)
     expected = pyav_decoder.decode(path, index, [7])
     copy = pickle.loads(pickle.dumps(pyav_decoder))
@@ -197,19 +162,19 @@ def test_backend_resolution() -> None:
     assert pyav_can_decode("av1") and pyav_can_decode("h264") and not pyav_can_decode("evc")
 
 
-def test_torchcodec_backend_where_missing(videos: dict[tuple[str, int], Path]) -> None:
+def test_torchcodec_backend_where_missing(marker_video: MarkerVideo) -> None:
     if torchcodec_available():
         pytest.skip("torchcodec loads here")
-    path = videos[("h264", 2)]
+    path = marker_video("h264", 2)
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.TORCHCODEC))
     with pytest.raises(CodecUnsupportedError, match="torchcodec"):
         decoder.decode(path, build_packet_index(path), [0])
 
 
-def test_torchcodec_matches_pyav(videos: dict[tuple[str, int], Path], pyav_decoder: CpuFrameDecoder) -> None:
+def test_torchcodec_matches_pyav(marker_video: MarkerVideo, pyav_decoder: CpuFrameDecoder) -> None:
     if not torchcodec_available():
         pytest.skip("torchcodec does not load here")
-    path = videos[("h264", 30)]
+    path = marker_video("h264", 30)
     index = build_packet_index(path)
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.TORCHCODEC))
     window = np.array([0, 31, 32, 89, 31])
@@ -218,10 +183,10 @@ def test_torchcodec_matches_pyav(videos: dict[tuple[str, int], Path], pyav_decod
 
 
 def test_bad_inputs_raise_named_errors(
-    videos: dict[tuple[str, int], Path], tmp_path: Path, pyav_decoder: CpuFrameDecoder
+    marker_video: MarkerVideo, tmp_path: Path, pyav_decoder: CpuFrameDecoder
 ) -> None:
     path = tmp_path / "clip.mp4"
-    shutil.copyfile(videos[("h264", 30)], path)
+    shutil.copyfile(marker_video("h264", 30), path)
     index = build_packet_index(path)
     with pytest.raises(FrameRequestError, match="clip.mp4"):
         pyav_decoder.decode(path, index, [])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import logging
-from pathlib import Path
 
 import av
 import numpy as np
@@ -24,38 +23,12 @@ from lerobot_dali.decode_route import (
     route_for_video,
 )
 from lerobot_dali.errors import CodecUnsupportedError
-from lerobot_dali.frame_marker import draw_marker, read_marker
-from lerobot_dali.generate import encode_video
+from lerobot_dali.frame_marker import read_marker
 from lerobot_dali.packet_index import build_packet_index
+from tests.video_fixtures import EPISODE_LENGTHS, EPISODE_STARTS, MarkerVideo, reference_frames
 
-FPS = 30
-EPISODE_LENGTHS = (30, 25, 35)
-EPISODE_STARTS = np.concatenate(([0], np.cumsum(EPISODE_LENGTHS)[:-1]))
 # DALI converts YUV to RGB with its own kernel; PyAV uses swscale. Same frame, a few levels apart.
 CROSS_DECODER_MAX_DIFF = 8
-
-
-def _encode(path: Path, codec: str, gop: int) -> Path:
-    frames = [draw_marker(e, f, 64, 96) for e, n in enumerate(EPISODE_LENGTHS) for f in range(n)]
-    encode_video(path, frames, fps=FPS, codec=codec, gop=gop)
-    return path
-
-
-@pytest.fixture(scope="module")
-def videos(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Path]:
-    root = tmp_path_factory.mktemp("videos")
-    keys = (("vp9", 2), ("vp9", 30), ("av1", 2), ("h264", 30))
-    return {(c, g): _encode(root / f"{c}_g{g}.mp4", c, g) for c, g in keys}
-
-
-def _reference(path: Path, keep_pts: set[int]) -> dict[int, np.ndarray]:
-    """Independent full sequential PyAV decode, keeping the frames at ``keep_pts``."""
-    frames: dict[int, np.ndarray] = {}
-    with av.open(str(path)) as container:
-        for frame in container.decode(video=0):
-            if frame.pts in keep_pts:
-                frames[frame.pts] = frame.to_ndarray(format="rgb24")
-    return frames
 
 
 def _run_cpu_decode(encoded: list[np.ndarray], indices: list[np.ndarray]) -> list[np.ndarray]:
@@ -86,8 +59,8 @@ def _windows(seed: int) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("gop", [2, 30])
-def test_vp9_clips_decode_on_dali_cpu(videos: dict[tuple[str, int], Path], gop: int) -> None:
-    path = videos[("vp9", gop)]
+def test_vp9_clips_decode_on_dali_cpu(marker_video: MarkerVideo, gop: int) -> None:
+    path = marker_video("vp9", gop)
     index = build_packet_index(path)
     windows = _windows(gop)
     clips = [build_clip(path, index, window) for window in windows]
@@ -95,7 +68,7 @@ def test_vp9_clips_decode_on_dali_cpu(videos: dict[tuple[str, int], Path], gop: 
     # Same decoder on the whole file at the file's display indices: must be identical.
     whole = np.frombuffer(path.read_bytes(), dtype=np.uint8)
     whole_decoded = _run_cpu_decode([whole] * len(windows), [w.astype(np.int32) for w in windows])
-    reference = _reference(path, {int(p) for w in windows for p in index.frame_pts[w]})
+    reference = reference_frames(path, {int(p) for w in windows for p in index.frame_pts[w]})
     for window, frames, from_file in zip(windows, decoded, whole_decoded, strict=True):
         assert frames.shape == (len(window), 64, 96, 3) and frames.dtype == np.uint8
         np.testing.assert_array_equal(frames, from_file)
@@ -106,9 +79,9 @@ def test_vp9_clips_decode_on_dali_cpu(videos: dict[tuple[str, int], Path], gop: 
             assert read_marker(frame) == (episode, frame_index - EPISODE_STARTS[episode])
 
 
-def test_dali_frame_k_is_pyav_display_frame_k(videos: dict[tuple[str, int], Path]) -> None:
+def test_dali_frame_k_is_pyav_display_frame_k(marker_video: MarkerVideo) -> None:
     """DALI numbers a clip's frames as PyAV displays them (checked on a sparse two-GOP clip)."""
-    path = videos[("vp9", 30)]
+    path = marker_video("vp9", 30)
     index = build_packet_index(path)
     clip = build_clip(path, index, [5, 70])
     with av.open(io.BytesIO(clip.data.tobytes())) as container:
@@ -176,24 +149,23 @@ def test_route_errors() -> None:
         DecodePreference.parse("tpu")
 
 
-def test_route_for_video_without_driver(videos: dict[tuple[str, int], Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_route_for_video_without_driver(marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(decode_route, "_driver_present", lambda: False)
     monkeypatch.setattr(decode_route, "_probe_cache", {})
     expected = {("vp9", 2): DecodeRoute.DALI_CPU, ("av1", 2): DecodeRoute.CPU_FALLBACK}
-    for key, route in expected.items():
-        path = videos[key]
+    for (codec, gop), route in expected.items():
+        path = marker_video(codec, gop)
         assert route_for_video(path, build_packet_index(path), label="cam") is route
+    h264 = marker_video("h264", 30)
     with pytest.raises(CodecUnsupportedError, match="no CUDA GPU"):
-        route_for_video(videos[("h264", 30)], build_packet_index(videos[("h264", 30)]), decode="gpu")
+        route_for_video(h264, build_packet_index(h264), decode="gpu")
 
 
-def test_isolated_probe_runs_in_a_spawned_process(
-    videos: dict[tuple[str, int], Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_isolated_probe_runs_in_a_spawned_process(marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch) -> None:
     if decode_route._driver_present():
         pytest.skip("a CUDA driver is present; tests/gpu covers the real probe")
     monkeypatch.setattr(decode_route, "_driver_present", lambda: True)  # in this process only
-    path = videos[("h264", 30)]
+    path = marker_video("h264", 30)
     clip = build_clip(path, build_packet_index(path), [0]).data
     probe = probe_gpu({"h264": clip}, isolate=True)
     assert probe.gpu is None and dict(probe.nvdec) == {}  # the child found no driver

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-import av
 import numpy as np
 import pytest
 import torch
@@ -19,6 +18,7 @@ from lerobot_dali.frame_marker import read_full_marker
 from lerobot_dali.generate import expected_action, expected_state, task_name
 from lerobot_dali.iterator import DALILeRobotIterator
 from tests.conftest import shared_dataset
+from tests.video_fixtures import reference_frames
 
 LENGTHS = [5, 1, 7, 4, 6]
 FPS = 10
@@ -88,12 +88,6 @@ def test_cpu_parity_in_dataset_order(make_ds, codec: str, route: str) -> None:
         _check_sample(s)
 
 
-def _reference_frames(path: Path) -> dict[int, np.ndarray]:
-    """Every frame of a file by a plain sequential PyAV decode, keyed by pts."""
-    with av.open(str(path)) as container:
-        return {frame.pts: frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)}
-
-
 def test_worker_decoded_frames_equal_an_independent_full_decode(make_ds) -> None:
     root = _dataset(make_ds, "h264")
     it = DALILeRobotIterator(
@@ -106,7 +100,7 @@ def test_worker_decoded_frames_equal_an_independent_full_decode(make_ds) -> None
             file_index = ep // 2
             path = root / f"videos/observation.images.cam1/chunk-000/file-{file_index:03d}.mp4"
             if path not in refs:
-                refs[path] = list(_reference_frames(path).items())
+                refs[path] = list(reference_frames(path).items())
             first_in_file = sum(LENGTHS[file_index * 2 : ep])
             pts_sorted = sorted(refs[path])
             expected = pts_sorted[first_in_file + f][1]
@@ -118,7 +112,7 @@ def test_dali_cpu_decode_is_close_to_an_independent_decode(make_ds) -> None:
     root = _dataset(make_ds, "vp9")
     it = DALILeRobotIterator(root, batch_size=23, shuffle=False, device="cpu", num_workers=0, return_uint8=True)
     batch = next(iter(it))
-    ref = sorted(_reference_frames(root / "videos/observation.images.cam1/chunk-000/file-001.mp4").items())
+    ref = sorted(reference_frames(root / "videos/observation.images.cam1/chunk-000/file-001.mp4").items())
     for i in range(len(batch["index"])):
         ep, f = int(batch["episode_index"][i]), int(batch["frame_index"][i])
         if ep in (2, 3):
@@ -196,7 +190,7 @@ def test_cr5_wall_clock_timestamps_fail_clearly_then_read_by_frame_index() -> No
         return_uint8=True,
     )  # fmt: skip
     batch = next(iter(it))
-    ref = sorted(_reference_frames(root / "videos/observation.images.top/chunk-000/file-000.mp4").items())
+    ref = sorted(reference_frames(root / "videos/observation.images.top/chunk-000/file-000.mp4").items())
     for i in range(4):
         got = batch["observation.images.top"][i].permute(1, 2, 0).numpy()
         np.testing.assert_array_equal(got, ref[i][1])
@@ -215,8 +209,7 @@ def test_cr5_full_epoch_parity_with_independent_reads() -> None:
     data = pq.read_table(root / "data/chunk-000/file-000.parquet").to_pydict()
     decoded = {
         f: [
-            frame
-            for _, frame in sorted(_reference_frames(root / f"videos/{camera}/chunk-000/file-{f:03d}.mp4").items())
+            frame for _, frame in sorted(reference_frames(root / f"videos/{camera}/chunk-000/file-{f:03d}.mp4").items())
         ]
         for f in range(3)
     }

@@ -28,37 +28,9 @@ from lerobot_dali.frame_lookup import (
     frame_index_timestamps_s,
     nearest_frame_indices,
 )
-from lerobot_dali.frame_marker import draw_marker
-from lerobot_dali.generate import encode_video
 from lerobot_dali.packet_index import PacketIndexCache, build_packet_index, load_packet_index
-
-DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
-CR5 = DATASETS / "cr5_v30_av1"
-R1_VIDEO = DATASETS / "r1_v30_h264" / "videos" / "observation.images.rgb" / "chunk-000" / "file-000.mp4"
-FPS = 30
-EPISODE_LENGTHS = (30, 25, 35)
-
-
-def _cr5_video(file_index: int) -> Path:
-    return CR5 / "videos" / "observation.images.top" / "chunk-000" / f"file-{file_index:03d}.mp4"
-
-
-def _needs(path: Path) -> Path:
-    if not path.exists():
-        pytest.skip(f"real dataset file {path} is not present")
-    return path
-
-
-def _encode(path: Path, codec: str, gop: int) -> Path:
-    frames = [draw_marker(e, f, 64, 96) for e, n in enumerate(EPISODE_LENGTHS) for f in range(n)]
-    encode_video(path, frames, fps=FPS, codec=codec, gop=gop)
-    return path
-
-
-@pytest.fixture(scope="module")
-def videos(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Path]:
-    root = tmp_path_factory.mktemp("videos")
-    return {(c, g): _encode(root / f"{c}_g{g}.mp4", c, g) for c in ("av1", "h264", "hevc", "vp9") for g in (2, 30)}
+from tests.conftest import shared_dataset
+from tests.video_fixtures import EPISODE_LENGTHS, FPS, MarkerVideo, cr5_episodes, cr5_video, r1_video
 
 
 def _demux_reference(path: Path) -> list[tuple[int, int, bool, bytes]]:
@@ -73,8 +45,8 @@ def _decoded_pts(path: Path) -> list[int]:
 
 @pytest.mark.parametrize("codec", ["av1", "h264", "hevc", "vp9"])
 @pytest.mark.parametrize("gop", [2, 30])
-def test_index_matches_demux_and_decode(videos: dict[tuple[str, int], Path], codec: str, gop: int) -> None:
-    path = videos[(codec, gop)]
+def test_index_matches_demux_and_decode(marker_video: MarkerVideo, codec: str, gop: int) -> None:
+    path = marker_video(codec, gop)
     index = build_packet_index(path)
     packets = _demux_reference(path)
     assert index.codec == codec
@@ -94,31 +66,31 @@ def test_index_matches_demux_and_decode(videos: dict[tuple[str, int], Path], cod
     assert index.file_size_bytes == len(raw)
 
 
-def test_h264_b_frames_reorder(videos: dict[tuple[str, int], Path]) -> None:
-    index = build_packet_index(videos[("h264", 30)])
+def test_h264_b_frames_reorder(marker_video: MarkerVideo) -> None:
+    index = build_packet_index(marker_video("h264", 30))
     assert not np.array_equal(index.display_order, np.arange(index.frame_count))
     assert np.all(np.diff(index.frame_pts) > 0)
     np.testing.assert_array_equal(index.display_order[index.display_rank], np.arange(index.frame_count))
 
 
 def test_real_files() -> None:
-    r1 = build_packet_index(_needs(R1_VIDEO))
+    r1 = build_packet_index(r1_video())
     assert (r1.codec, r1.width, r1.height, r1.frame_count) == ("h264", 640, 360, 1975)
     np.testing.assert_allclose(r1.frame_pts_s[:5], [0.0, 0.04, 0.08, 0.12, 0.16], atol=1e-9)
     assert not np.array_equal(r1.display_order, np.arange(r1.frame_count))  # B-frames
-    episodes = pq.read_table(CR5 / "meta" / "episodes" / "chunk-000" / "file-000.parquet").to_pydict()
+    episodes = cr5_episodes()
     files = np.asarray(episodes["videos/observation.images.top/file_index"])
     lengths = np.asarray(episodes["length"])
     to_s = np.asarray(episodes["videos/observation.images.top/to_timestamp"])
     for file_index in range(3):
-        index = build_packet_index(_needs(_cr5_video(file_index)))
+        index = build_packet_index(cr5_video(file_index))
         assert index.codec == "av1"
         assert index.frame_count == lengths[files == file_index].sum()
         assert index.frame_pts_s[-1] + 0.1 == pytest.approx(to_s[files == file_index].max(), abs=1e-6)
 
 
-def test_sources_path_fsspec_and_file_objects(videos: dict[tuple[str, int], Path]) -> None:
-    path = videos[("vp9", 2)]
+def test_sources_path_fsspec_and_file_objects(marker_video: MarkerVideo) -> None:
+    path = marker_video("vp9", 2)
     expected = build_packet_index(path).pts
     memory = fsspec.filesystem("memory")
     memory.pipe("/clips/v.mp4", path.read_bytes())
@@ -129,27 +101,27 @@ def test_sources_path_fsspec_and_file_objects(videos: dict[tuple[str, int], Path
         np.testing.assert_array_equal(build_packet_index(handle).pts, expected)
 
 
-def test_index_pickles(videos: dict[tuple[str, int], Path]) -> None:
-    index = build_packet_index(videos[("hevc", 30)])
+def test_index_pickles(marker_video: MarkerVideo) -> None:
+    index = build_packet_index(marker_video("hevc", 30))
     copy = pickle.loads(pickle.dumps(index))
     np.testing.assert_array_equal(copy.display_order, index.display_order)
     assert copy.template == index.template
     assert copy.time_base == index.time_base
 
 
-def test_cache_reuses_and_notices_changes(videos: dict[tuple[str, int], Path], tmp_path: Path) -> None:
+def test_cache_reuses_and_notices_changes(marker_video: MarkerVideo, tmp_path: Path) -> None:
     path = tmp_path / "v.mp4"
-    shutil.copyfile(videos[("av1", 2)], path)
+    shutil.copyfile(marker_video("av1", 2), path)
     cache = PacketIndexCache(max_entries=2)
     first = cache.get(path)
     assert cache.get(str(path)) is first
-    shutil.copyfile(videos[("av1", 30)], path)  # different size and mtime
+    shutil.copyfile(marker_video("av1", 30), path)  # different size and mtime
     os.utime(path, ns=(1, 1))
     second = cache.get(path)
     assert second is not first
-    np.testing.assert_array_equal(second.keyframe, build_packet_index(videos[("av1", 30)]).keyframe)
-    for key in (("h264", 2), ("hevc", 2)):
-        cache.get(videos[key])
+    np.testing.assert_array_equal(second.keyframe, build_packet_index(marker_video("av1", 30)).keyframe)
+    for codec in ("h264", "hevc"):
+        cache.get(marker_video(codec, 2))
     assert len(cache) == 2
     assert load_packet_index(path) is load_packet_index(path)
     with pytest.raises(ValueError, match="max_entries"):
@@ -166,8 +138,8 @@ def test_missing_file_names_path(tmp_path: Path) -> None:
         build_packet_index("/nope.mp4", filesystem=fsspec.filesystem("memory"))
 
 
-def test_truncated_and_corrupt_files(videos: dict[tuple[str, int], Path], tmp_path: Path) -> None:
-    raw = videos[("h264", 30)].read_bytes()
+def test_truncated_and_corrupt_files(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    raw = marker_video("h264", 30).read_bytes()
     truncated = tmp_path / "truncated.mp4"
     truncated.write_bytes(raw[: len(raw) // 2])
     with pytest.raises(VideoDecodeError, match="truncated.mp4"):
@@ -200,8 +172,8 @@ def test_codec_without_any_decoder(tmp_path: Path) -> None:
 # --- frame lookup -------------------------------------------------------------------------------------
 
 
-def test_nearest_frames_exact_and_within_tolerance(videos: dict[tuple[str, int], Path]) -> None:
-    index = build_packet_index(videos[("h264", 30)])
+def test_nearest_frames_exact_and_within_tolerance(marker_video: MarkerVideo) -> None:
+    index = build_packet_index(marker_video("h264", 30))
     frames = np.array([0, 1, 29, 30, 54, 55, 89, 3, 3])
     exact = nearest_frame_indices(index, frames / FPS, tolerance_s=1e-4)
     np.testing.assert_array_equal(exact, frames)
@@ -211,8 +183,8 @@ def test_nearest_frames_exact_and_within_tolerance(videos: dict[tuple[str, int],
     assert nearest_frame_indices(index, [0.5 / FPS], tolerance_s=0.1).tolist() == [0]
 
 
-def test_lookup_error_names_request(videos: dict[tuple[str, int], Path]) -> None:
-    index = build_packet_index(videos[("vp9", 2)])
+def test_lookup_error_names_request(marker_video: MarkerVideo) -> None:
+    index = build_packet_index(marker_video("vp9", 2))
     context = FrameRequestContext(dataset="user/ds", episode_index=2, camera="observation.images.top")
     with pytest.raises(FrameTimestampError) as info:
         nearest_frame_indices(index, [0.0, 1.0 + 0.01], tolerance_s=1e-4, context=context)
@@ -231,13 +203,14 @@ def test_lookup_error_names_request(videos: dict[tuple[str, int], Path]) -> None
 
 def test_wall_clock_timestamps_need_frame_index_opt_in() -> None:
     data = pq.read_table(
-        _needs(CR5 / "data" / "chunk-000" / "file-000.parquet"), columns=["episode_index", "frame_index", "timestamp"]
+        shared_dataset("cr5_v30_av1") / "data" / "chunk-000" / "file-000.parquet",
+        columns=["episode_index", "frame_index", "timestamp"],
     ).to_pydict()
-    episodes = pq.read_table(CR5 / "meta" / "episodes" / "chunk-000" / "file-000.parquet").to_pydict()
+    episodes = cr5_episodes()
     episode = 6  # second episode of file-001: from_timestamp 19.9
     from_s = episodes["videos/observation.images.top/from_timestamp"][episode]
     assert episodes["videos/observation.images.top/file_index"][episode] == 1
-    index = build_packet_index(_needs(_cr5_video(1)))
+    index = build_packet_index(cr5_video(1))
     rows = np.asarray(data["episode_index"]) == episode
     wall_clock = np.asarray(data["timestamp"])[rows]
     frame_index = np.asarray(data["frame_index"])[rows]
@@ -260,8 +233,8 @@ def test_frame_index_timestamps_validation() -> None:
         FrameRequestContext(episode_index=-1)
 
 
-def test_duplicate_pts_rejected(videos: dict[tuple[str, int], Path]) -> None:
-    index = build_packet_index(videos[("av1", 2)])
+def test_duplicate_pts_rejected(marker_video: MarkerVideo) -> None:
+    index = build_packet_index(marker_video("av1", 2))
     pts = index.pts.copy()
     pts[1] = pts[0]
     with pytest.raises(VideoDecodeError, match="share pts"):

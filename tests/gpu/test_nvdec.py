@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import av
 import numpy as np
 import pytest
 
@@ -21,25 +20,14 @@ from lerobot_dali.cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFram
 from lerobot_dali.dali_video import decode_clips  # noqa: E402
 from lerobot_dali.decode_route import DecodeRoute, nvdec_table_guess, probe_gpu, route_for_video  # noqa: E402
 from lerobot_dali.errors import CodecUnsupportedError  # noqa: E402
-from lerobot_dali.frame_marker import draw_marker, read_marker  # noqa: E402
-from lerobot_dali.generate import encode_video  # noqa: E402
+from lerobot_dali.frame_marker import read_marker  # noqa: E402
 from lerobot_dali.packet_index import build_packet_index  # noqa: E402
+from tests.video_fixtures import EPISODE_LENGTHS, EPISODE_STARTS, MarkerVideo, r1_video, reference_frames  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-R1_VIDEO = (
-    Path(__file__).resolve().parents[3]
-    / "shared"
-    / "datasets"
-    / "r1_v30_h264"
-    / "videos"
-    / "observation.images.rgb"
-    / "chunk-000"
-    / "file-000.mp4"
-)
-FPS = 30
-EPISODE_LENGTHS = (30, 25, 35)
-EPISODE_STARTS = np.concatenate(([0], np.cumsum(EPISODE_LENGTHS)[:-1]))
+# NVDEC has minimum sizes (HEVC 144x144, VP9/AV1 128x128), so GPU fixtures are larger than CPU ones.
+GPU_SIZE = {"height": 160, "width": 192}
 # NVDEC output goes through DALI's YUV->RGB kernel, PyAV's through swscale: same frame, a few levels apart.
 CROSS_DECODER_MAX_DIFF = 12
 CROSS_DECODER_MAX_MEAN_DIFF = 2.0
@@ -58,29 +46,6 @@ def dali_gpu_pipeline_works() -> None:
         pipe.run()
     except Exception as e:  # any failure to use device 0 means these tests cannot run here
         pytest.skip(f"DALI cannot run a pipeline on device 0: {e}")
-
-
-def _encode(path: Path, codec: str, gop: int) -> Path:
-    # NVDEC has minimum sizes (HEVC 144x144, VP9/AV1 128x128), so GPU fixtures are larger than CPU ones.
-    frames = [draw_marker(e, f, 160, 192) for e, n in enumerate(EPISODE_LENGTHS) for f in range(n)]
-    encode_video(path, frames, fps=FPS, codec=codec, gop=gop)
-    return path
-
-
-@pytest.fixture(scope="module")
-def videos(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Path]:
-    root = tmp_path_factory.mktemp("gpu_videos")
-    return {(c, g): _encode(root / f"{c}_g{g}.mp4", c, g) for c in ("av1", "h264", "hevc", "vp9") for g in (2, 30)}
-
-
-def _reference(path: Path, keep_pts: set[int]) -> dict[int, np.ndarray]:
-    """Independent full sequential PyAV decode, keeping the frames at ``keep_pts``."""
-    frames: dict[int, np.ndarray] = {}
-    with av.open(str(path)) as container:
-        for frame in container.decode(video=0):
-            if frame.pts in keep_pts:
-                frames[frame.pts] = frame.to_ndarray(format="rgb24")
-    return frames
 
 
 def _run_mixed_decode(encoded: list[np.ndarray], indices: list[np.ndarray]) -> list[np.ndarray]:
@@ -118,7 +83,7 @@ def _check_mixed(path: Path, windows: list[np.ndarray], *, markers: bool) -> Non
     # Same decoder on the whole file at its display indices: identical frames.
     whole = np.frombuffer(path.read_bytes(), dtype=np.uint8)
     from_file = _run_mixed_decode([whole] * len(windows), [w.astype(np.int32) for w in windows])
-    reference = _reference(path, {int(p) for w in windows for p in index.frame_pts[w]})
+    reference = reference_frames(path, {int(p) for w in windows for p in index.frame_pts[w]})
     for window, frames, whole_frames in zip(windows, decoded, from_file, strict=True):
         assert frames.shape == (len(window), index.height, index.width, 3) and frames.dtype == np.uint8
         np.testing.assert_array_equal(frames, whole_frames)
@@ -131,19 +96,18 @@ def _check_mixed(path: Path, windows: list[np.ndarray], *, markers: bool) -> Non
 
 @pytest.mark.parametrize("codec", ["h264", "hevc", "vp9"])
 @pytest.mark.parametrize("gop", [2, 30])
-def test_mixed_decode_of_clips(videos: dict[tuple[str, int], Path], codec: str, gop: int) -> None:
-    _check_mixed(videos[(codec, gop)], _windows(sum(EPISODE_LENGTHS), seed=gop), markers=True)
+def test_mixed_decode_of_clips(marker_video: MarkerVideo, codec: str, gop: int) -> None:
+    _check_mixed(marker_video(codec, gop, **GPU_SIZE), _windows(sum(EPISODE_LENGTHS), seed=gop), markers=True)
 
 
 def test_mixed_decode_of_real_h264_with_b_frames() -> None:
-    if not R1_VIDEO.exists():
-        pytest.skip(f"real dataset file {R1_VIDEO} is not present")
+    path = r1_video()
     windows = [np.arange(0, 4), np.arange(1971, 1975), np.array([700, 702, 704, 710]), np.array([5, 1974])]
-    _check_mixed(R1_VIDEO, windows, markers=False)
+    _check_mixed(path, windows, markers=False)
 
 
-def test_av1_route_follows_the_probe(videos: dict[tuple[str, int], Path], caplog: pytest.LogCaptureFixture) -> None:
-    path = videos[("av1", 2)]
+def test_av1_route_follows_the_probe(marker_video: MarkerVideo, caplog: pytest.LogCaptureFixture) -> None:
+    path = marker_video("av1", 2, **GPU_SIZE)
     index = build_packet_index(path)
     decode_route._probe_cache.clear()
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.decode_route"):
@@ -156,7 +120,7 @@ def test_av1_route_follows_the_probe(videos: dict[tuple[str, int], Path], caplog
         assert guess == probe.nvdec["av1"]
     fallback_lines = [r.getMessage() for r in caplog.records if "camera av1_g2" in r.getMessage()]
     window = np.array([0, 1, 44, 45, 89])
-    reference = _reference(path, {int(p) for p in index.frame_pts[window]})
+    reference = reference_frames(path, {int(p) for p in index.frame_pts[window]})
     if probe.nvdec["av1"]:
         assert route is DecodeRoute.NVDEC and not fallback_lines
         _check_mixed(path, [window], markers=True)
@@ -173,8 +137,8 @@ def test_av1_route_follows_the_probe(videos: dict[tuple[str, int], Path], caplog
     decoder.close()
 
 
-def test_h264_probe_and_route(videos: dict[tuple[str, int], Path]) -> None:
-    path = videos[("h264", 30)]
+def test_h264_probe_and_route(marker_video: MarkerVideo) -> None:
+    path = marker_video("h264", 30, **GPU_SIZE)
     index = build_packet_index(path)
     probe = probe_gpu({"h264": build_clip(path, index, [0]).data}, isolate=True)
     assert probe.gpu is not None and probe.nvdec["h264"] is True

@@ -1,0 +1,60 @@
+"""Shared helpers of the video tests: marker videos, an independent reference decode, real-dataset paths.
+
+The session fixture ``marker_video`` in conftest.py encodes and caches the marker videos built here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+import av
+import numpy as np
+import pyarrow.parquet as pq
+
+from lerobot_dali.frame_marker import draw_marker
+from lerobot_dali.generate import encode_video
+from tests.conftest import shared_dataset
+
+FPS = 30
+EPISODE_LENGTHS = (30, 25, 35)
+EPISODE_STARTS = np.concatenate(([0], np.cumsum(EPISODE_LENGTHS)[:-1]))
+# CPU tests use small frames; NVDEC has minimum sizes (HEVC 144x144, VP9/AV1 128x128), so GPU tests ask for larger.
+MARKER_HEIGHT, MARKER_WIDTH = 64, 96
+
+# ``marker_video(codec, gop, *, height=MARKER_HEIGHT, width=MARKER_WIDTH) -> Path`` (the conftest fixture).
+MarkerVideo = Callable[..., Path]
+
+
+def encode_marker_video(
+    path: Path, codec: str, gop: int, *, height: int = MARKER_HEIGHT, width: int = MARKER_WIDTH
+) -> Path:
+    """Encode one file of ``EPISODE_LENGTHS`` episodes at ``FPS``, every frame carrying its (episode, frame) marker."""
+    frames = [draw_marker(e, f, height, width) for e, n in enumerate(EPISODE_LENGTHS) for f in range(n)]
+    encode_video(path, frames, fps=FPS, codec=codec, gop=gop)
+    return path
+
+
+def reference_frames(path: Path | str, keep_pts: Collection[int] | None = None) -> dict[int, np.ndarray]:
+    """Independent full sequential PyAV decode: RGB frames keyed by pts (only those in ``keep_pts`` when given)."""
+    frames: dict[int, np.ndarray] = {}
+    with av.open(str(path)) as container:
+        for frame in container.decode(video=0):
+            if keep_pts is None or frame.pts in keep_pts:
+                frames[frame.pts] = frame.to_ndarray(format="rgb24")
+    return frames
+
+
+def r1_video() -> Path:
+    """The H.264 (B-frames) file of the real r1_v30_h264 dataset; skips the test where the dataset is absent."""
+    return shared_dataset("r1_v30_h264") / "videos/observation.images.rgb/chunk-000/file-000.mp4"
+
+
+def cr5_video(file_index: int) -> Path:
+    """One AV1 top-camera file of the real cr5_v30_av1 dataset; skips the test where the dataset is absent."""
+    return shared_dataset("cr5_v30_av1") / f"videos/observation.images.top/chunk-000/file-{file_index:03d}.mp4"
+
+
+def cr5_episodes() -> dict[str, list]:
+    """The episodes table of the real cr5_v30_av1 dataset, as columns; skips the test where the dataset is absent."""
+    return pq.read_table(shared_dataset("cr5_v30_av1") / "meta/episodes/chunk-000/file-000.parquet").to_pydict()
