@@ -87,6 +87,9 @@ class _CameraEncoder(nn.Module):
 class _Normalizer(nn.Module):
     """``(x - mean) / std`` and back; a zero std (a constant component) divides by 1 instead."""
 
+    mean: torch.Tensor
+    std: torch.Tensor
+
     def __init__(self, stats: FeatureStats) -> None:
         super().__init__()
         std = torch.tensor(stats.std, dtype=torch.float32)
@@ -177,4 +180,3 @@ def chunk_deltas(chunk: int, fps: float) -> list[float]:
     if chunk < 1 or fps <= 0:
         raise ValueError(f"chunk must be >= 1 and fps > 0, got chunk={chunk}, fps={fps}")
     return [i / fps for i in range(chunk)]
-

@@ -12,7 +12,7 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ def _train(args: list[str], *, procs: int = 1, timeout: float = 240) -> subproce
     result = subprocess.run(
         [*launcher, str(TRAIN), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO
     )
-    assert result.returncode == 0, f"train.py exited with {result.returncode}:\n{result.stderr[-8000:]}"
+    assert result.returncode == 0, f"train.py exited with {result.returncode}:\n{result.stderr[-30000:]}"
     return result
 
 
@@ -65,7 +65,9 @@ def _assert_same_model(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-def _run(tmp: Path, dataset: Path, *, steps: int, batch: int, procs: int, extra: list[str] = ()) -> tuple[Path, Path, str]:
+def _run(
+    tmp: Path, dataset: Path, *, steps: int, batch: int, procs: int, extra: Sequence[str] = ()
+) -> tuple[Path, Path, str]:
     ckpt, record = tmp / "ckpt", tmp / "record"
     args = [*COMMON, "--dataset", str(dataset), "--steps", str(steps), "--batch-size", str(batch)]
     result = _train([*args, "--checkpoint-dir", str(ckpt), "--record", str(record), *extra], procs=procs)
@@ -128,7 +130,9 @@ def test_two_ranks_read_disjoint_episodes_and_stay_in_sync(two_rank_run: tuple[P
         assert [len(step) for step in r["indices"]] == [6] * 25
         assert all(math.isfinite(x) for x in r["losses"])
     for epoch in (0, 1):
-        sets = [{i for e, step in zip(r["epochs"], r["indices"]) if e == epoch for i in step} for r in ranks]
+        sets = [
+            {i for e, step in zip(r["epochs"], r["indices"], strict=True) if e == epoch for i in step} for r in ranks
+        ]
         assert len(sets[0]) == len(sets[1]) == 60  # each index once per rank per epoch
         assert not sets[0] & sets[1]
         assert sets[0] | sets[1] == set(range(120))  # a complete epoch covers the dataset
@@ -138,7 +142,8 @@ def test_two_ranks_read_disjoint_episodes_and_stay_in_sync(two_rank_run: tuple[P
     # DDP averaged the gradients: both ranks end with the same weights despite different data.
     assert ranks[0]["param_abs_sums"] == pytest.approx(ranks[1]["param_abs_sums"], rel=1e-6)
     assert ranks[0]["losses"] != ranks[1]["losses"]
-    assert sorted(p.name for p in (ckpt / "step_00000010").iterdir()) == ["state", "stream_rank0.json", "stream_rank1.json"]
+    saved = sorted(p.name for p in (ckpt / "step_00000010").iterdir())
+    assert saved == ["state", "stream_rank0.json", "stream_rank1.json"]
 
 
 def test_two_ranks_resume_mid_epoch_is_exact(
