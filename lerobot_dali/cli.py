@@ -103,6 +103,33 @@ def _diagnose(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .bench import BenchConfig, format_table, run_bench
+
+    try:
+        config = BenchConfig(
+            dataset=args.dataset, batch_size=args.batch_size, num_workers=args.num_workers,
+            pool_size=args.pool_size, image_size=args.image_size, augment=args.augment, mode=args.mode,
+            device=args.device, recipe=args.recipe, quick=args.quick, out=Path(args.out) if args.out else None,
+            steps=args.steps, warmup=args.warmup, limits=args.limits,
+            loaders=tuple(args.loaders) if args.loaders else None, seed=args.seed,
+            **({"cache_dir": Path(args.cache_dir)} if args.cache_dir else {}),
+        )  # fmt: skip
+    except ValueError as e:
+        print(f"lerobot-dali bench: {e}", file=sys.stderr)
+        return 2
+    report = run_bench(config)
+    print(format_table(report))
+    for note in report.notes:
+        print(f"note: {note}")
+    print(f"results: {report.out_dir}")
+    for failure in report.failures:
+        print(f"lerobot-dali bench: FAILED {failure}", file=sys.stderr)
+    return 0 if report.ok else 1
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lerobot-dali", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log INFO (-v) or DEBUG (-vv)")
@@ -135,6 +162,26 @@ def _parser() -> argparse.ArgumentParser:
     make.add_argument("--version", choices=["v3.0", "v2.1"], default="v3.0")
     make.add_argument("--seed", type=int, default=0)
     make.set_defaults(run=_make_dataset)
+
+    bench = verbs.add_parser("bench", help="data-loading throughput: lerobot-dali vs PyAV DataLoader and LeRobot")
+    bench.add_argument("--dataset", help="dataset to load (default: generate LeRobot-like AV1 and H.264 ones)")
+    bench.add_argument("--mode", choices=["single", "sarm"], default="single", help="1 frame, or 8 frames 1 s apart")
+    bench.add_argument("--recipe", help="act, diffusion, vla or a recipe .toml: windows, image size, augmentation")
+    bench.add_argument("--batch-size", type=int, help="samples per batch, every loader (default 32; quick 8)")
+    bench.add_argument("--num-workers", type=int, help="worker processes, every loader (default min(4, cores))")
+    bench.add_argument("--pool-size", type=int, default=16, help="lerobot-dali episode pool size")
+    bench.add_argument("--image-size", type=_size, help="resize frames to HxW")
+    bench.add_argument("--augment", action=argparse.BooleanOptionalAction, help="default: the recipe's choice")
+    bench.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    bench.add_argument("--steps", type=int, help="measured batches per loader (default 30; quick 6)")
+    bench.add_argument("--warmup", type=int, help="batches before the measured window (default 3; quick 2)")
+    bench.add_argument("--quick", action="store_true", help="tiny dataset and few steps (CI)")
+    bench.add_argument("--limits", action="store_true", help="also measure decode ceilings (bench/limits.py)")
+    bench.add_argument("--loaders", nargs="+", help="only these loaders (default: all that apply)")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--out", help="results folder (default bench/results/<timestamp>)")
+    bench.add_argument("--cache-dir", help="where generated datasets are kept (default ~/.cache/lerobot_dali/bench)")
+    bench.set_defaults(run=_bench)
     return parser
 
 

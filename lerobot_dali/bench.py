@@ -1,0 +1,451 @@
+"""``lerobot-dali bench``: data-loading throughput of lerobot-dali next to the loaders people use today.
+
+Only loading is measured: the consumer moves each batch to the device and nothing else, so the numbers
+are what a training loop could at most consume. Every loader gets the same dataset, windows, batch size
+and worker count, and runs in a fresh spawned process of its own, so peak memory (the loader's whole
+process tree: its process and every worker) and GPU memory belong to that loader alone, and no loader
+inherits another's warm caches or threads.
+
+Timing: the first ``warmup`` batches are not measured; throughput is frames (or samples) over the wall
+clock from the end of the warm-up to the end of the last measured batch, which counts stalls between
+batches that a sum of per-batch times would hide. Batch latency percentiles are over the gaps between
+consecutive measured batches; first-batch latency runs from constructing the loader to its first batch.
+
+Loaders (see :data:`LOADERS`): ``lerobot-dali`` (on a GPU: NVDEC where the GPU decodes the codec, CPU
+fallback otherwise; on the CPU: the CPU mode), ``lerobot-dali-cpu-decode`` (GPU machines only: frames
+decoded by the CPU fallback, augmented on the GPU), ``pyav-dataloader`` (always), and LeRobot's
+``lerobot`` / ``lerobot-streaming`` when ``import lerobot`` works (skipped with a note otherwise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import logging
+import os
+import platform
+import shutil
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .bench_measure import LoaderJob, run_in_child
+from .bench_report import BenchReport, format_table, write_report
+from .bench_types import (
+    _EXTERNAL,
+    _OURS,
+    DALI_CPU_DECODE_LOADER,
+    LOADERS,
+    METRIC_FIELDS,
+    BenchDataset,
+    LoaderResult,
+    LoadPlan,
+)
+
+__all__ = [
+    "LOADERS",
+    "METRIC_FIELDS",
+    "BenchConfig",
+    "BenchDataset",
+    "BenchMode",
+    "BenchReport",
+    "LoaderResult",
+    "format_table",
+    "run_bench",
+]
+
+logger = logging.getLogger(__name__)
+
+SARM_OFFSETS_S: tuple[float, ...] = tuple(float(k) for k in range(-7, 1))
+"""Camera window of the ``sarm`` mode: 8 frames spaced 1 s, ending at the sample's frame."""
+
+DEFAULT_CACHE = Path.home() / ".cache" / "lerobot_dali" / "bench"
+
+
+class BenchMode(Enum):
+    """Which frames every sample asks of every camera."""
+
+    #: One frame per camera (the sample's own; a recipe's camera window if it has one).
+    SINGLE = "single"
+    #: 8 frames per camera spaced 1 s (``delta_timestamps`` ``[-7, ..., 0]`` s), as reward models such as
+    #: SARM read long-horizon context; overrides a recipe's camera window.
+    SARM = "sarm"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GeneratedSpec:
+    """A synthetic dataset the benchmark generates (once, into the cache) when no ``--dataset`` is given."""
+
+    codec: str
+    cameras: int
+    size: tuple[int, int]
+    fps: int
+    gop: int
+    episodes: int
+    frames_per_episode: int
+
+    @property
+    def folder(self) -> str:
+        h, w = self.size
+        return (
+            f"{self.codec}_{self.cameras}cam_{h}x{w}_{self.fps}fps_gop{self.gop}_"
+            f"{self.episodes}ep_{self.frames_per_episode}f"
+        )
+
+
+def default_specs(quick: bool) -> tuple[GeneratedSpec, ...]:
+    """LeRobot-like recordings: 3 cameras 480x640 at 30 fps, GOP 2 (LeRobot's encoder default), 10 s
+    episodes, in AV1 (what LeRobot records) and H.264 (what NVDEC decodes everywhere). All episodes of a
+    camera share one file, as LeRobot v3.0 packs episodes until a file reaches 200 MB. ``quick``: 2 cameras
+    96x128, 6 episodes of 2 s."""
+    if quick:
+        shape: dict[str, Any] = dict(cameras=2, size=(96, 128), episodes=6, frames_per_episode=60)
+    else:
+        shape = dict(cameras=3, size=(480, 640), episodes=12, frames_per_episode=300)
+    return tuple(GeneratedSpec(codec=codec, fps=30, gop=2, **shape) for codec in ("av1", "h264"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    """One benchmark run; ``None`` for ``batch_size``/``num_workers``/``steps``/``warmup`` picks the default
+    for ``quick`` (8 / 2 / 6 / 2) or a full run (32 / min(4, cores) / 30 / 3).
+
+    ``augment``: ``None`` follows the recipe (off without one); ``True`` uses the recipe's augmentation or
+    a colour jitter; ``False`` turns it off. ``image_size`` overrides the recipe's. ``device="auto"`` is
+    ``cuda`` when a GPU is present. ``loaders``: a subset of :data:`LOADERS` (default: all that apply).
+    """
+
+    dataset: str | None = None
+    batch_size: int | None = None
+    num_workers: int | None = None
+    pool_size: int = 16
+    image_size: tuple[int, int] | None = None
+    augment: bool | None = None
+    mode: BenchMode | str = BenchMode.SINGLE
+    device: str = "auto"
+    recipe: str | None = None
+    quick: bool = False
+    out: Path | None = None
+    steps: int | None = None
+    warmup: int | None = None
+    limits: bool = False
+    loaders: tuple[str, ...] | None = None
+    seed: int = 0
+    cache_dir: Path = DEFAULT_CACHE
+
+    def __post_init__(self) -> None:
+        defaults = (8, 2, 6, 2) if self.quick else (32, min(4, os.cpu_count() or 1), 30, 3)
+        for name, default in zip(("batch_size", "num_workers", "steps", "warmup"), defaults, strict=True):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)
+        for name, minimum in (("batch_size", 1), ("num_workers", 0), ("pool_size", 1), ("steps", 1), ("warmup", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"--{name.replace('_', '-')} must be an int >= {minimum}, got {value!r}")
+        try:
+            object.__setattr__(self, "mode", BenchMode(self.mode))
+        except ValueError:
+            raise ValueError(f"--mode must be one of {[m.value for m in BenchMode]}, got {self.mode!r}") from None
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"--device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        if self.loaders is not None:
+            unknown = sorted(set(self.loaders) - set(LOADERS))
+            if unknown or not self.loaders:
+                raise ValueError(f"unknown loader(s) {unknown or '(none given)'}; loaders are {', '.join(LOADERS)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.update(
+            mode=BenchMode(self.mode).value, out=str(self.out) if self.out else None, cache_dir=str(self.cache_dir)
+        )
+        return out
+
+
+# -- datasets -------------------------------------------------------------------------------------------------
+def ensure_generated(spec: GeneratedSpec, cache_dir: Path) -> Path:
+    """The generated dataset for ``spec`` in ``cache_dir``, written first if absent (atomically: a run
+    that dies half-way leaves no dataset that looks complete)."""
+    from .generate import make_dataset
+
+    target = cache_dir / spec.folder
+    if (target / "meta" / "info.json").is_file():
+        logger.info("reusing %s", target)
+        return target
+    staging = cache_dir / f".{spec.folder}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    logger.warning("generating the benchmark dataset %s (once; later runs reuse it)", target)
+    make_dataset(
+        staging,
+        episodes=spec.episodes,
+        frames_per_episode=spec.frames_per_episode,
+        cameras=spec.cameras,
+        size=spec.size,
+        fps=spec.fps,
+        codec=spec.codec,
+        gop=spec.gop,
+        episodes_per_file=spec.episodes,
+    )
+    try:
+        staging.rename(target)
+    except OSError:  # another run finished the same dataset first
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def bench_datasets(config: BenchConfig) -> list[BenchDataset]:
+    if config.dataset is not None:
+        return [BenchDataset(Path(config.dataset).name or config.dataset, config.dataset)]
+    return [
+        BenchDataset(spec.folder, str(ensure_generated(spec, config.cache_dir)), spec.codec)
+        for spec in default_specs(config.quick)
+    ]
+
+
+# -- recipes and windows --------------------------------------------------------------------------------------
+def _repo_module(name: str, relative: str) -> Any:
+    """Import ``name`` (``pipelines.recipes``, ``bench.limits``), else load it from the repository checkout:
+    both live beside the package, not in it."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError:
+        pass
+    path = Path(__file__).resolve().parents[1] / relative
+    if not path.is_file():
+        raise ModuleNotFoundError(
+            f"{name} is not importable and {path} does not exist; run from a checkout of the repository "
+            "(pip install -e . or PYTHONPATH=<repo>)"
+        )
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ModuleNotFoundError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_plan(config: BenchConfig, reader: Any) -> LoadPlan:
+    from .augment import AugmentConfig, ColorJitter
+
+    recipe = (
+        _repo_module("pipelines.recipes", "pipelines/recipes.py").get_recipe(config.recipe) if config.recipe else None
+    )
+    features = reader.info.features
+    deltas: dict[str, list[float]] = {}
+    if recipe is not None:
+        deltas = recipe.delta_timestamps(
+            reader.fps,
+            reader.camera_keys,
+            state_key="observation.state" if "observation.state" in features else None,
+            action_key="action" if "action" in features else None,
+        )
+    if config.mode is BenchMode.SARM:
+        deltas.update({camera: list(SARM_OFFSETS_S) for camera in reader.camera_keys})
+    augment = None
+    if config.augment is None:
+        augment = recipe.augment if recipe is not None else None
+    elif config.augment:
+        augment = recipe.augment if recipe is not None and recipe.augment is not None else None
+        augment = augment or AugmentConfig(color_jitter=ColorJitter(brightness=0.2, contrast=0.2, saturation=0.2))
+    image_size = config.image_size or (recipe.image_size if recipe is not None else None)
+    frames = sum(len(deltas.get(camera, [0.0])) for camera in reader.camera_keys)
+    return LoadPlan(deltas, image_size, augment, tuple(reader.camera_keys), frames)
+
+
+# -- the run --------------------------------------------------------------------------------------------------
+def _resolve_device(requested: str) -> str:
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but torch sees no CUDA GPU; use --device cpu")
+    return requested
+
+
+def _loaders_for(config: BenchConfig, device: str) -> list[str]:
+    chosen = list(config.loaders or LOADERS)
+    if device == "cpu" and DALI_CPU_DECODE_LOADER in chosen:
+        chosen.remove(DALI_CPU_DECODE_LOADER)  # without a GPU, lerobot-dali decodes on the CPU already
+    return [name for name in LOADERS if name in chosen]
+
+
+def machine_info(device: str) -> dict[str, Any]:
+    import av
+    import torch
+
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "torch": torch.__version__,
+        "av": av.__version__,
+        "device": device,
+        # Other work on the machine skews every loader's numbers: the load when the run began says how much.
+        "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
+    try:
+        import nvidia.dali
+
+        info["dali"] = nvidia.dali.__version__
+    except ImportError:
+        info["dali"] = None
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(0)
+    try:
+        import psutil
+
+        info["memory_gb"] = round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:
+        pass
+    return info
+
+
+def clip_footprint(
+    reader: Any, delta_timestamps: Mapping[str, Sequence[float]], *, samples: int = 24, seed: int = 0
+) -> tuple[float, float]:
+    """``(clip bytes, video file bytes)`` per sample, summed over cameras, for random samples.
+
+    The clip is what lerobot-dali's clip route reads and hands to the decoder for a sample's window (see
+    :mod:`lerobot_dali.clips`); the file size is what a loader that opens whole files would touch.
+    """
+    from .clips import build_clip
+    from .frame_lookup import FrameRequestContext, nearest_frame_indices
+    from .packet_index import load_packet_index
+    from .windows import query_indices
+
+    rng = np.random.default_rng(seed)
+    fps, fs = reader.fps, reader.location.fs
+    lengths = np.asarray(reader.episodes.length)
+    clip_bytes = file_bytes = 0
+    for _ in range(samples):
+        pos = int(rng.integers(len(lengths)))
+        frame = int(rng.integers(lengths[pos]))
+        rows = reader.read_episode(pos, [])
+        for camera in reader.camera_keys:
+            delta = np.array([round(d * fps) for d in delta_timestamps.get(camera, [0.0])], dtype=np.int64)
+            window = query_indices(frame, int(lengths[pos]), delta)[0]
+            video = reader.video(pos, camera)
+            index = load_packet_index(video.path, filesystem=fs)
+            context = FrameRequestContext(episode_index=int(reader.episodes.episode_index[pos]), camera=camera)
+            numbers = nearest_frame_indices(
+                index, video.from_timestamp_s + rows["timestamp"][window], tolerance_s=1e-4, context=context
+            )
+            clip_bytes += build_clip(video.path, index, numbers, filesystem=fs).data.nbytes
+            file_bytes += index.file_size_bytes
+    return clip_bytes / samples, file_bytes / samples
+
+
+def _with_derived(
+    results: list[LoaderResult], footprint: tuple[float, float] | None, ceiling_fps: float | None
+) -> list[LoaderResult]:
+    """Add ratios: to the best peer's frames/s, to the decode ceiling; clip bytes on our rows."""
+    peers = [r.frames_per_s for r in results if r.loader not in _OURS and r.status == "ok" and r.frames_per_s > 0]
+    best_peer = max(peers) if peers else None
+    out = []
+    for r in results:
+        if r.status != "ok":
+            out.append(r)
+            continue
+        extra: dict[str, Any] = {}
+        if best_peer:
+            extra["vs_best_peer"] = r.frames_per_s / best_peer
+        if ceiling_fps:
+            extra["fraction_of_decode_ceiling"] = r.frames_per_s / ceiling_fps
+        if footprint is not None and r.loader in _OURS:
+            clip, video = footprint
+            extra.update(clip_bytes_per_sample=clip, video_bytes_per_sample=video, clip_to_file_ratio=clip / video)
+        out.append(dataclasses.replace(r, **extra))
+    return out
+
+
+def _dataset_summary(dataset: BenchDataset, reader: Any, plan: LoadPlan) -> dict[str, Any]:
+    from .packet_index import load_packet_index
+
+    index = load_packet_index(reader.video(0, reader.camera_keys[0]).path, filesystem=reader.location.fs)
+    return {
+        "label": dataset.label,
+        "path": dataset.path,
+        "codec": index.codec,
+        "resolution": [index.height, index.width],
+        "fps": reader.fps,
+        "cameras": list(reader.camera_keys),
+        "episodes": reader.num_episodes,
+        "frames": reader.num_frames,
+        "frames_per_sample": plan.frames_per_sample,
+        "delta_timestamps": plan.delta_timestamps,
+        "image_size": list(plan.image_size) if plan.image_size else None,
+        "augment": plan.augment.to_dict() if plan.augment is not None else None,
+    }
+
+
+def run_bench(config: BenchConfig) -> BenchReport:
+    """Run every applicable loader on every dataset of ``config`` and write JSON, CSV and PNG to its out dir."""
+    from .dataset_reader import open_dataset
+
+    device = _resolve_device(config.device)
+    out_dir = config.out or Path("bench") / "results" / time.strftime("%Y%m%d-%H%M%S")
+    loaders = _loaders_for(config, device)
+    notes: list[str] = []
+    lerobot_missing = None
+    if any(name in _EXTERNAL for name in loaders):
+        from .bench_peers import lerobot_unavailable
+
+        lerobot_missing = lerobot_unavailable()
+        if lerobot_missing:
+            notes.append(f"LeRobot peers skipped: {lerobot_missing}")
+    results: list[LoaderResult] = []
+    summaries: list[dict[str, Any]] = []
+    for dataset in bench_datasets(config):
+        reader = open_dataset(dataset.path)
+        plan = load_plan(config, reader)
+        summary = _dataset_summary(dataset, reader, plan)
+        if plan.augment is not None:
+            notes.append(f"{dataset.label}: augmentation runs in lerobot-dali only; peers load without it")
+        ceiling_fps = None
+        if config.limits:
+            try:
+                limits = _repo_module("bench.limits", "bench/limits.py")
+                summary["ceilings"] = limits.measure_ceilings(dataset.path, gpu=device == "cuda")
+                ceiling_fps = summary["ceilings"]["best_frames_per_s"]
+            except Exception as e:
+                notes.append(f"{dataset.label}: decode ceilings not measured ({type(e).__name__}: {e})")
+        footprint = None
+        if any(name in _OURS for name in loaders):
+            try:
+                footprint = clip_footprint(reader, plan.delta_timestamps, seed=config.seed)
+            except Exception as e:
+                notes.append(f"{dataset.label}: clip bytes not measured ({type(e).__name__}: {e})")
+        rows = []
+        for name in loaders:
+            if name in _EXTERNAL and lerobot_missing:
+                rows.append(LoaderResult(dataset=dataset.label, loader=name, status="skipped", note=lerobot_missing))
+                continue
+            logger.info("bench: %s on %s", name, dataset.label)
+            job = LoaderJob(
+                loader=name, dataset=dataset, plan=plan, batch_size=int(config.batch_size or 1),
+                num_workers=int(config.num_workers or 0), pool_size=config.pool_size, device=device,
+                steps=int(config.steps or 1), warmup=int(config.warmup or 0), seed=config.seed,
+                log_level=logging.getLogger().getEffectiveLevel(),
+            )  # fmt: skip
+            rows.append(run_in_child(job))
+        results.extend(_with_derived(rows, footprint, ceiling_fps))
+        summaries.append(summary)
+    report = BenchReport(
+        config=config.to_dict(),
+        machine=machine_info(device),
+        datasets=summaries,
+        results=tuple(results),
+        notes=tuple(notes),
+        out_dir=out_dir,
+    )
+    files = write_report(report, out_dir, notes)
+    return dataclasses.replace(report, files=files, notes=tuple(notes))

@@ -1,0 +1,312 @@
+"""Measuring one loader of ``lerobot-dali bench``, alone in a fresh spawned process.
+
+Only loading is measured: the consumer moves each batch to the device and nothing else. The first ``warmup``
+batches are not measured; throughput is frames (or samples) over the wall clock from the end of the warm-up
+to the end of the last measured batch. Peak memory is the whole process tree of the loader (its process and
+every worker), sampled.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .bench_types import (
+    _EXTERNAL,
+    _OURS,
+    DALI_CPU_DECODE_LOADER,
+    LEROBOT_LOADER,
+    LEROBOT_STREAMING_LOADER,
+    LOADERS,
+    PLAIN_LOADER,
+    BenchDataset,
+    LoaderResult,
+    LoadPlan,
+)
+
+__all__ = ["LoaderJob", "TreeMemorySampler", "measure_loader", "run_in_child"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderJob:
+    """Everything the child process needs (picklable: plain data and lerobot_dali types only)."""
+
+    loader: str
+    dataset: BenchDataset
+    plan: LoadPlan
+    batch_size: int
+    num_workers: int
+    pool_size: int
+    device: str
+    steps: int
+    warmup: int
+    seed: int
+    log_level: int
+
+
+class TreeMemorySampler(threading.Thread):
+    """Peak resident memory of this process plus all its descendants (and device memory in use), sampled.
+
+    Resident sizes are summed, so pages shared between processes (fork copy-on-write, shared libraries)
+    count once per process: an upper bound, as a machine's memory budget should be read.
+    """
+
+    def __init__(self, *, interval_s: float = 0.05, cuda_device: int | None = None) -> None:
+        super().__init__(name="bench-memory", daemon=True)
+        self.interval_s = interval_s
+        self.cuda_device = cuda_device
+        self.peak_rss_bytes: int | None = None
+        self.peak_gpu_used_bytes: int | None = None
+        self._gpu_baseline: int | None = None
+        self._stop_event = threading.Event()
+        try:
+            import psutil
+
+            self._process: Any = psutil.Process()
+        except ImportError:
+            self._process = None
+            logger.warning("psutil is not installed: peak RSS is not measured (pip install psutil)")
+
+    def _sample(self) -> None:
+        if self._process is not None:
+            import psutil
+
+            total = 0
+            for proc in [self._process, *self._process.children(recursive=True)]:
+                try:
+                    total += proc.memory_info().rss
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+            self.peak_rss_bytes = max(self.peak_rss_bytes or 0, total)
+        if self.cuda_device is not None:
+            import torch
+
+            free, total_bytes = torch.cuda.mem_get_info(self.cuda_device)
+            used = total_bytes - free
+            if self._gpu_baseline is None:
+                self._gpu_baseline = used
+            self.peak_gpu_used_bytes = max(self.peak_gpu_used_bytes or 0, used - self._gpu_baseline)
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            self._sample()
+            self._stop_event.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+        self._sample()
+
+
+def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None]]:
+    """The loader as an iterable of epochs' batches, its decode routes (ours), and how to close it."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    plan = job.plan
+    if job.loader in _OURS:
+        from .iterator import DALILeRobotIterator
+
+        it = DALILeRobotIterator(
+            job.dataset.path, batch_size=job.batch_size, delta_timestamps=plan.delta_timestamps or None,
+            shuffle=True, seed=job.seed, episode_pool_size=job.pool_size, device=job.device,
+            decode="cpu" if job.loader == DALI_CPU_DECODE_LOADER else "auto", num_workers=job.num_workers,
+            image_size=plan.image_size, augment=plan.augment, drop_last=True,
+        )  # fmt: skip
+        routes = " ".join(f"{k.rsplit('.', 1)[-1]}={r.value}" for k, r in it.routes.items())
+        return it, routes, it.close
+    from . import bench_peers
+
+    if job.loader == PLAIN_LOADER:
+        dataset: Any = bench_peers.PyAVFrameDataset(
+            job.dataset.path, delta_timestamps=plan.delta_timestamps, image_size=plan.image_size
+        )
+    elif job.loader == LEROBOT_LOADER:
+        dataset = bench_peers.lerobot_dataset(
+            job.dataset.path, delta_timestamps=plan.delta_timestamps, image_size=plan.image_size
+        )
+    elif job.loader == LEROBOT_STREAMING_LOADER:
+        dataset = bench_peers.lerobot_streaming_dataset(
+            job.dataset.path, delta_timestamps=plan.delta_timestamps, image_size=plan.image_size, seed=job.seed
+        )
+    else:
+        raise ValueError(f"unknown loader {job.loader!r}; loaders are {', '.join(LOADERS)}")
+    iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+    # Workers fork, as a DataLoader's do by default on Linux; this process was spawned, so say it explicitly.
+    context = "fork" if job.num_workers > 0 and sys.platform == "linux" else None
+    loader = DataLoader(
+        dataset, batch_size=job.batch_size, shuffle=not iterable, num_workers=job.num_workers, drop_last=True,
+        pin_memory=job.device.startswith("cuda"), persistent_workers=job.num_workers > 0,
+        generator=torch.Generator().manual_seed(job.seed), multiprocessing_context=context,
+    )  # fmt: skip
+    return loader, "", lambda: None
+
+
+def _frames_in(batch: Mapping[str, Any], camera_keys: Sequence[str]) -> int:
+    """Frames a batch holds: ``B`` per camera, ``B * T`` for a camera window ``(B, T, C, H, W)``."""
+    total = 0
+    for key in camera_keys:
+        shape = batch[key].shape
+        total += int(shape[0]) * (int(shape[1]) if len(shape) == 5 else 1)
+    return total
+
+
+def _to_device(batch: Mapping[str, Any], device: Any) -> None:
+    """The dummy consumer: every tensor of the batch onto the training device, and wait for the copies."""
+    import torch
+
+    moved = [v.to(device, non_blocking=True) for v in batch.values() if isinstance(v, torch.Tensor)]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    del moved
+
+
+class _Progress:
+    """A tqdm bar on a terminal when tqdm is installed, else an INFO log line every tenth of the run."""
+
+    def __init__(self, total: int, label: str) -> None:
+        self.total, self.label, self.done = total, label, 0
+        self._bar: Any = None
+        if sys.stderr.isatty():
+            try:
+                from tqdm import tqdm
+
+                self._bar = tqdm(total=total, desc=label, unit="batch", mininterval=0.5, leave=False)
+            except ImportError:
+                pass
+
+    def update(self) -> None:
+        self.done += 1
+        if self._bar is not None:
+            self._bar.update(1)
+        elif self.done % max(1, self.total // 10) == 0 or self.done == self.total:
+            logger.info("%s: %d/%d batches", self.label, self.done, self.total)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def measure_loader(job: LoaderJob) -> LoaderResult:
+    """Run one loader for ``warmup + steps`` batches (over as many epochs as that takes) and measure it."""
+    import torch
+
+    device = torch.device("cuda", 0) if job.device.startswith("cuda") else torch.device("cpu")
+    cuda_index = 0 if device.type == "cuda" else None
+    if cuda_index is not None:
+        torch.cuda.init()
+        torch.cuda.reset_peak_memory_stats(cuda_index)
+    sampler = TreeMemorySampler(cuda_device=cuda_index)
+    sampler.start()
+    total = job.warmup + job.steps
+    progress = _Progress(total, f"{job.dataset.label[:24]} {job.loader}")
+    built = time.perf_counter()
+    loader, routes, close = _build_loader(job)
+    started = time.perf_counter()
+    window_start = started  # with no warm-up the window starts when the loader is ready
+    previous = started
+    first_batch_s: float | None = None
+    delivered = frames = samples = 0
+    gaps: list[float] = []
+    episodes: list[int] = []
+    try:
+        while delivered < total:
+            epoch_batches = 0
+            for batch in loader:
+                _to_device(batch, device)
+                now = time.perf_counter()
+                epoch_batches += 1
+                delivered += 1
+                progress.update()
+                if first_batch_s is None:
+                    first_batch_s = now - built
+                if delivered <= job.warmup:
+                    window_start = now
+                else:
+                    gaps.append(now - previous)
+                    frames += _frames_in(batch, job.plan.camera_keys)
+                    samples += len(batch["index"])
+                    episodes.append(int(torch.unique(batch["episode_index"].cpu()).numel()))
+                previous = now
+                if delivered >= total:
+                    break
+            if epoch_batches == 0:
+                break  # an epoch without a batch (dataset smaller than one batch): nothing more will come
+    finally:
+        progress.close()
+        close()
+        sampler.stop()
+    window_s = previous - window_start if gaps else 0.0
+    note = ""
+    if frames == 0:
+        note = (
+            f"measured 0 frames ({delivered} batches delivered, {job.warmup} warm-up); a dataset smaller than "
+            "one batch, or a loader that yields nothing"
+        )
+    ms = np.percentile(np.asarray(gaps) * 1000, [50, 95, 99]).tolist() if gaps else [None] * 3
+    return LoaderResult(
+        dataset=job.dataset.label,
+        loader=job.loader,
+        status="ok" if frames > 0 else "zero-frames",
+        note=note,
+        routes=routes,
+        batches=len(gaps),
+        samples=samples,
+        frames=frames,
+        window_s=window_s,
+        frames_per_s=frames / window_s if window_s > 0 else 0.0,
+        samples_per_s=samples / window_s if window_s > 0 else 0.0,
+        first_batch_s=first_batch_s,
+        batch_p50_ms=ms[0],
+        batch_p95_ms=ms[1],
+        batch_p99_ms=ms[2],
+        peak_rss_mb=sampler.peak_rss_bytes / 2**20 if sampler.peak_rss_bytes else None,
+        gpu_max_allocated_mb=torch.cuda.max_memory_allocated(cuda_index) / 2**20 if cuda_index is not None else None,
+        gpu_peak_used_mb=(sampler.peak_gpu_used_bytes or 0) / 2**20 if cuda_index is not None else None,
+        episodes_per_batch=float(np.mean(episodes)) if episodes else None,
+    )
+
+
+def _child_main(job: LoaderJob, conn: Any) -> None:
+    logging.basicConfig(level=job.log_level, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        result = measure_loader(job)
+    except BaseException as e:
+        logger.debug("loader %s failed", job.loader, exc_info=True)
+        result = LoaderResult(
+            dataset=job.dataset.label, loader=job.loader, status="error", note=f"{type(e).__name__}: {e}"[:500]
+        )
+        if job.loader not in _EXTERNAL:
+            traceback.print_exc()
+    conn.send(result)
+    conn.close()
+
+
+def run_in_child(job: LoaderJob) -> LoaderResult:
+    """Measure ``job`` in a fresh spawned process; a child that dies without a result is a failure."""
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_child_main, args=(job, send), name=f"bench-{job.loader}")
+    process.start()
+    send.close()
+    try:
+        result: LoaderResult = receive.recv()
+    except EOFError:
+        process.join()
+        result = LoaderResult(
+            dataset=job.dataset.label, loader=job.loader, status="error",
+            note=f"the loader's process died (exit code {process.exitcode}) before reporting",
+        )  # fmt: skip
+    process.join()
+    return result

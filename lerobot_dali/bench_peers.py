@@ -1,0 +1,266 @@
+"""The loaders ``lerobot-dali bench`` compares against: a plain PyAV ``DataLoader`` and LeRobot's own.
+
+:class:`PyAVFrameDataset` is what a careful user writes without a special pipeline: a map-style dataset
+whose ``__getitem__`` reads the sample's rows from an in-memory pyarrow table and decodes each camera's
+frames with PyAV (seek to the keyframe before the frame, decode forward), then resizes on the CPU. It is
+always available, so every benchmark run has at least one peer.
+
+LeRobot's ``LeRobotDataset`` and ``StreamingLeRobotDataset`` are built only when ``import lerobot`` works;
+:func:`lerobot_unavailable` says why not otherwise, and the benchmark reports the peer as skipped.
+Peers do not augment: ``--augment`` is applied by lerobot-dali only (the report notes it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import Dataset
+
+from .dataset_reader import open_dataset
+from .errors import FrameTimestampError
+from .windows import DeltaWindows, query_indices
+
+__all__ = [
+    "PyAVFrameDataset",
+    "Resize",
+    "decode_frames_pyav",
+    "lerobot_dataset",
+    "lerobot_streaming_dataset",
+    "lerobot_unavailable",
+]
+
+logger = logging.getLogger(__name__)
+
+# Within this distance of the frame decoded last, a wanted frame is reached by decoding forward; further
+# away (a window of frames 1 s apart) a seek to its keyframe is cheaper.
+_DECODE_FORWARD_S = 0.5
+_INDEX_KEYS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
+
+
+def decode_frames_pyav(source: Any, timestamps_s: Sequence[float], *, tolerance_s: float) -> np.ndarray:
+    """RGB frames ``(T, H, W, 3)`` uint8 nearest each of ``timestamps_s`` (seconds in the file), in request order.
+
+    One container per call, one decoder thread, a seek to the keyframe before each wanted time unless it
+    is a short decode forward from the previous one. Raises FrameTimestampError when a time has no frame
+    within ``tolerance_s``.
+    """
+    wanted = sorted(set(float(t) for t in timestamps_s))
+    best: dict[float, tuple[float, np.ndarray]] = {}
+    with av.open(source, "r") as container:
+        stream = container.streams.video[0]
+        stream.thread_count = 1
+        time_base = Fraction(stream.time_base) if stream.time_base is not None else Fraction(1, 1)
+        position_s: float | None = None
+        frames: Any = None
+        for target in wanted:
+            if target in best and abs(best[target][0] - target) <= tolerance_s:
+                continue
+            if frames is None or position_s is None or not (target - _DECODE_FORWARD_S <= position_s <= target):
+                container.seek(int(max(target - tolerance_s, 0) / time_base), stream=stream, backward=True)
+                stream.codec_context.flush_buffers()
+                frames = container.decode(stream)
+            for frame in frames:
+                if frame.pts is None:
+                    continue
+                position_s = float(frame.pts * time_base)
+                for t in wanted:
+                    if abs(position_s - t) <= tolerance_s and (
+                        t not in best or abs(best[t][0] - t) > abs(position_s - t)
+                    ):
+                        best[t] = (position_s, frame.to_ndarray(format="rgb24"))
+                if position_s > target + tolerance_s:
+                    break
+    missing = [t for t in wanted if t not in best]
+    if missing:
+        raise FrameTimestampError(
+            f"{getattr(source, 'path', source)}: no frame within tolerance_s={tolerance_s} of {missing[0]:.6f} s "
+            f"({len(missing)} of {len(wanted)} requested times)."
+        )
+    return np.stack([best[float(t)][1] for t in timestamps_s])
+
+
+class Resize:
+    """``(…, C, H, W)`` float frames resized to ``size`` (bilinear, antialiased); picklable for workers."""
+
+    def __init__(self, size: tuple[int, int]) -> None:
+        self.size = (int(size[0]), int(size[1]))
+
+    def __call__(self, frames: torch.Tensor) -> torch.Tensor:
+        if tuple(frames.shape[-2:]) == self.size:
+            return frames
+        flat = frames.reshape(-1, *frames.shape[-3:])
+        out = torch.nn.functional.interpolate(
+            flat, size=self.size, mode="bilinear", antialias=True, align_corners=False
+        )
+        return out.reshape(*frames.shape[:-2], *self.size)
+
+
+class PyAVFrameDataset(Dataset):
+    """Map-style LeRobot samples: rows by pyarrow, frames by PyAV, one sample per ``__getitem__``.
+
+    Items follow ``LeRobotDataset``: tabular windows ``(T, ...)`` with ``<key>_is_pad``, cameras float32 in
+    [0, 1] ``(C, H, W)`` or ``(T, C, H, W)`` for a window, the index columns and ``task``.
+    """
+
+    def __init__(
+        self,
+        dataset: str | os.PathLike[str],
+        *,
+        delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+        image_size: tuple[int, int] | None = None,
+        tolerance_s: float = 1e-4,
+    ) -> None:
+        reader = open_dataset(dataset)
+        self.camera_keys = list(reader.camera_keys)
+        self.fps = reader.fps
+        self._tolerance_s = tolerance_s
+        self._resize = Resize(image_size) if image_size is not None else None
+        windows = DeltaWindows(
+            delta_timestamps=dict(delta_timestamps or {}),
+            fps=reader.fps,
+            tolerance_s=tolerance_s,
+            camera_keys=self.camera_keys,
+            feature_keys=list(reader.info.features),
+        )
+        # A plain dict: the dataset is pickled into DataLoader workers, and DeltaWindows holds mappingproxies.
+        self._delta_index = {key: np.asarray(value) for key, value in windows.delta_index.items()}
+        numeric = [k for k in reader.tabular_keys if reader.info.features[k].dtype != "string"]
+        self._columns = list(dict.fromkeys([*numeric, *(k for k in _INDEX_KEYS if k in reader.info.features)]))
+        self._table = self._read_rows(reader)
+        self._timestamps = np.asarray(self._table.column("timestamp"), dtype=np.float64)
+        episodes = reader.episodes
+        self._lengths = np.asarray(episodes.length, dtype=np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(self._lengths)[:-1]]).astype(np.int64)
+        self._tasks = reader.tasks
+        self._local = reader.location.is_local
+        self._fs = reader.location.fs
+        self._videos = {
+            camera: [reader.video(pos, camera) for pos in range(len(episodes))] for camera in self.camera_keys
+        }
+
+    def _read_rows(self, reader: Any) -> pa.Table:
+        """Every episode's rows, in episode order, read once per data file."""
+        tables: dict[str, pa.Table] = {}
+        parts = []
+        for pos in range(reader.num_episodes):
+            path = reader.data_path(pos)
+            if path not in tables:
+                with reader.open(path) as f:
+                    tables[path] = pq.read_table(f, columns=self._columns)
+            start, length = int(reader.episodes.data_row_start[pos]), int(reader.episodes.length[pos])
+            parts.append(tables[path].slice(start, length))
+        return pa.concat_tables(parts).combine_chunks()
+
+    def __len__(self) -> int:
+        return self._table.num_rows
+
+    def _rows(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        taken = self._table.take(pa.array(rows.reshape(-1)))
+        out = {}
+        for key in self._columns:
+            column = taken.column(key)
+            if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type):
+                values = np.asarray(column.combine_chunks().flatten()).reshape(len(rows.reshape(-1)), -1)
+            else:
+                values = np.asarray(column)
+            out[key] = values.reshape((*rows.shape, *values.shape[1:]))
+        return out
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        episode = int(np.searchsorted(self._starts, index, side="right") - 1)
+        start, length = int(self._starts[episode]), int(self._lengths[episode])
+        frame = index - start
+        own = self._rows(np.array(index))
+        item: dict[str, Any] = {key: torch.tensor(own[key]) for key in self._columns}
+        for key, delta in self._delta_index.items():
+            rows, is_pad = query_indices(frame, length, delta)
+            item[f"{key}_is_pad"] = torch.as_tensor(is_pad)
+            if key not in self.camera_keys:
+                item[key] = torch.tensor(self._rows(start + rows)[key])
+        for camera in self.camera_keys:
+            window = self._delta_index.get(camera)
+            rows = query_indices(frame, length, window)[0] if window is not None else np.array([frame])
+            video = self._videos[camera][episode]
+            query = (video.from_timestamp_s + self._timestamps[start + rows]).tolist()
+            if self._local:
+                decoded = decode_frames_pyav(video.path, query, tolerance_s=self._tolerance_s)
+            else:
+                with self._fs.open(video.path, "rb") as handle:
+                    decoded = decode_frames_pyav(handle, query, tolerance_s=self._tolerance_s)
+            frames = torch.from_numpy(decoded).permute(0, 3, 1, 2).float().div_(255)
+            if self._resize is not None:
+                frames = self._resize(frames)
+            item[camera] = frames[0] if window is None or len(window) == 1 else frames
+        item["task"] = self._tasks.get(int(own["task_index"]), "") if "task_index" in own else ""
+        return item
+
+
+# -- LeRobot, when it imports ---------------------------------------------------------------------------------
+def lerobot_unavailable() -> str | None:
+    """None when LeRobot's datasets import here, else a one-line reason for the report."""
+    try:
+        from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: F401
+        from lerobot.datasets.streaming_dataset import StreamingLeRobotDataset  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install (torchvision/torchcodec that does not load)
+        return (
+            f"lerobot is not importable here ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            "install lerobot (it pins its own torch: a separate virtual environment) to compare against it"
+        )
+    return None
+
+
+def _repo_and_root(dataset: str | os.PathLike[str]) -> tuple[str, Path | None]:
+    path = Path(dataset)
+    if path.is_dir():
+        # A local dataset: LeRobot needs a repo id only as a name; never reach the Hub for it.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        return f"local/{path.resolve().name}", path
+    return os.fspath(dataset), None
+
+
+def lerobot_dataset(
+    dataset: str | os.PathLike[str],
+    *,
+    delta_timestamps: Mapping[str, Sequence[float]] | None,
+    image_size: tuple[int, int] | None,
+) -> Any:
+    """``LeRobotDataset`` over a local folder (or Hub repo id), with its default video backend."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    repo_id, root = _repo_and_root(dataset)
+    return LeRobotDataset(
+        repo_id,
+        root=root,
+        delta_timestamps={k: list(v) for k, v in (delta_timestamps or {}).items()} or None,
+        image_transforms=Resize(image_size) if image_size is not None else None,
+    )
+
+
+def lerobot_streaming_dataset(
+    dataset: str | os.PathLike[str],
+    *,
+    delta_timestamps: Mapping[str, Sequence[float]] | None,
+    image_size: tuple[int, int] | None,
+    seed: int,
+) -> Any:
+    """``StreamingLeRobotDataset`` (an ``IterableDataset`` that shuffles through its own buffer)."""
+    from lerobot.datasets.streaming_dataset import StreamingLeRobotDataset
+
+    repo_id, root = _repo_and_root(dataset)
+    return StreamingLeRobotDataset(
+        repo_id,
+        root=root,
+        delta_timestamps={k: list(v) for k, v in (delta_timestamps or {}).items()} or None,
+        image_transforms=Resize(image_size) if image_size is not None else None,
+        seed=seed,
+    )

@@ -1,0 +1,137 @@
+"""The report of ``lerobot-dali bench``: ``bench.json``, ``bench.csv``, ``bench.png`` and the text table the
+CLI prints."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .bench_types import _EXTERNAL, METRIC_FIELDS, LoaderResult
+
+__all__ = ["BenchReport", "format_table", "write_report"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    config: dict[str, Any]
+    machine: dict[str, Any]
+    datasets: list[dict[str, Any]]
+    results: tuple[LoaderResult, ...]
+    notes: tuple[str, ...]
+    out_dir: Path
+    files: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def failures(self) -> list[str]:
+        """Why the run failed (empty: it did not): a loader that ran and measured no frame, or an error in
+        lerobot-dali or the plain peer. An error inside LeRobot is reported, not counted: it is not ours."""
+        return [
+            f"{r.dataset} / {r.loader}: {r.note}"
+            for r in self.results
+            if r.status == "zero-frames" or (r.status == "error" and r.loader not in _EXTERNAL)
+        ]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "failures": self.failures,
+            "config": self.config,
+            "machine": self.machine,
+            "datasets": self.datasets,
+            "results": [dataclasses.asdict(r) for r in self.results],
+            "notes": list(self.notes),
+            "files": self.files,
+        }
+
+
+def write_report(report: BenchReport, out_dir: Path, notes: list[str]) -> dict[str, str]:
+    """``bench.json``, ``bench.csv`` and ``bench.png`` (when matplotlib imports) in ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {"json": str(out_dir / "bench.json"), "csv": str(out_dir / "bench.csv")}
+    with open(files["csv"], "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(METRIC_FIELDS))
+        writer.writeheader()
+        for r in report.results:
+            writer.writerow(dataclasses.asdict(r))
+    try:
+        files["png"] = str(_plot(report, out_dir / "bench.png"))
+    except ImportError:
+        notes.append("matplotlib is not installed: no bench.png (pip install matplotlib)")
+        logger.warning(notes[-1])
+    final = dataclasses.replace(report, files=files, notes=tuple(notes))
+    with open(files["json"], "w") as f:
+        json.dump(final.to_dict(), f, indent=2)
+    return files
+
+
+def _plot(report: BenchReport, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in report.results if r.status != "skipped"]
+    datasets = list(dict.fromkeys(r.dataset for r in shown))
+    loaders = list(dict.fromkeys(r.loader for r in shown))
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.2 * len(datasets) * max(1, len(loaders)) / 2), 4.5))
+    width = 0.8 / max(1, len(loaders))
+    for j, loader in enumerate(loaders):
+        values = []
+        for d in datasets:
+            match = [r for r in shown if r.dataset == d and r.loader == loader]
+            values.append(match[0].frames_per_s if match and match[0].status == "ok" else 0.0)
+        xs = [i + (j - (len(loaders) - 1) / 2) * width for i in range(len(datasets))]
+        bars = ax.bar(xs, values, width, label=loader)
+        ax.bar_label(bars, labels=[f"{v:.0f}" if v else "n/a" for v in values], fontsize=7)
+    ax.set_xticks(range(len(datasets)), [d.replace("_", "\n", 1) for d in datasets], fontsize=8)
+    ax.set_ylabel("frames / s (steady window)")
+    config = report.config
+    ax.set_title(
+        f"{config['mode']} mode, batch {config['batch_size']}, {config['num_workers']} workers, "
+        f"device {report.machine['device']}",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(report: BenchReport) -> str:
+    """The results as an aligned text table (what the CLI prints)."""
+    header = (
+        "dataset", "loader", "frames/s", "samples/s", "vs peer", "of ceil", "first s", "p50 ms", "p95 ms",
+        "p99 ms", "RSS MB", "GPU MB", "eps/batch", "clip/file", "status",
+    )  # fmt: skip
+    rows = [header]
+    for r in report.results:
+        gpu = r.gpu_peak_used_mb if r.gpu_peak_used_mb is not None else r.gpu_max_allocated_mb
+        measured = r.status == "ok"
+        rows.append((
+            r.dataset, r.loader, _fmt(r.frames_per_s if measured else None, ".1f"),
+            _fmt(r.samples_per_s if measured else None, ".1f"),
+            _fmt(r.vs_best_peer, ".2f"), _fmt(r.fraction_of_decode_ceiling, ".2f"), _fmt(r.first_batch_s, ".2f"),
+            _fmt(r.batch_p50_ms, ".0f"), _fmt(r.batch_p95_ms, ".0f"), _fmt(r.batch_p99_ms, ".0f"),
+            _fmt(r.peak_rss_mb, ".0f"), _fmt(gpu, ".0f"), _fmt(r.episodes_per_batch, ".1f"),
+            _fmt(r.clip_to_file_ratio, ".4f"), r.status if r.status == "ok" else f"{r.status}: {r.note[:60]}",
+        ))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,88 @@
+"""The plain data every part of ``lerobot-dali bench`` shares: the loader names, the dataset under test, what
+every loader reads from it (:class:`LoadPlan`), and one loader's measured result (:class:`LoaderResult`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "DALI_CPU_DECODE_LOADER",
+    "DALI_LOADER",
+    "LEROBOT_LOADER",
+    "LEROBOT_STREAMING_LOADER",
+    "LOADERS",
+    "METRIC_FIELDS",
+    "PLAIN_LOADER",
+    "BenchDataset",
+    "LoadPlan",
+    "LoaderResult",
+]
+
+DALI_LOADER = "lerobot-dali"
+DALI_CPU_DECODE_LOADER = "lerobot-dali-cpu-decode"
+PLAIN_LOADER = "pyav-dataloader"
+LEROBOT_LOADER = "lerobot"
+LEROBOT_STREAMING_LOADER = "lerobot-streaming"
+LOADERS: tuple[str, ...] = (DALI_LOADER, DALI_CPU_DECODE_LOADER, PLAIN_LOADER, LEROBOT_LOADER, LEROBOT_STREAMING_LOADER)
+"""Every loader name ``--loaders`` accepts, in the order they run."""
+
+_OURS = (DALI_LOADER, DALI_CPU_DECODE_LOADER)
+# Peers from another library: an exception there is reported, not a failed run (zero frames still is).
+_EXTERNAL = (LEROBOT_LOADER, LEROBOT_STREAMING_LOADER)
+
+
+@dataclass(frozen=True)
+class BenchDataset:
+    """A dataset under test: a label for the report and where it is."""
+
+    label: str
+    path: str
+    codec: str | None = None
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """What every loader reads on one dataset: windows, output size, augmentation (lerobot-dali only)."""
+
+    delta_timestamps: dict[str, list[float]]
+    image_size: tuple[int, int] | None
+    augment: Any  # AugmentConfig | None; DALI is imported only where it is used
+    camera_keys: tuple[str, ...]
+    frames_per_sample: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderResult:
+    """One loader on one dataset. Metrics a loader cannot have are ``None`` (never absent)."""
+
+    dataset: str
+    loader: str
+    #: "ok"; "zero-frames" (ran, measured nothing); "error" (raised, see ``note``); "skipped" (not available).
+    status: str
+    note: str = ""
+    routes: str = ""
+    batches: int = 0
+    samples: int = 0
+    frames: int = 0
+    window_s: float = 0.0
+    frames_per_s: float = 0.0
+    samples_per_s: float = 0.0
+    first_batch_s: float | None = None
+    batch_p50_ms: float | None = None
+    batch_p95_ms: float | None = None
+    batch_p99_ms: float | None = None
+    peak_rss_mb: float | None = None
+    gpu_max_allocated_mb: float | None = None
+    gpu_peak_used_mb: float | None = None
+    episodes_per_batch: float | None = None
+    clip_bytes_per_sample: float | None = None
+    video_bytes_per_sample: float | None = None
+    clip_to_file_ratio: float | None = None
+    vs_best_peer: float | None = None
+    fraction_of_decode_ceiling: float | None = None
+
+
+METRIC_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(LoaderResult))
+"""Columns of the CSV and keys of every result in the JSON."""

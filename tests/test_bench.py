@@ -1,0 +1,135 @@
+"""``lerobot-dali bench --quick`` on the CPU: report schema, numbers that agree with each other, the files,
+windows per mode and recipe, and a run that fails because a loader measured no frame."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from lerobot_dali.bench import METRIC_FIELDS, BenchConfig, default_specs, load_plan
+from lerobot_dali.cli import main
+from lerobot_dali.dataset_reader import open_dataset
+
+QUICK_BATCH, QUICK_STEPS = 8, 6  # the --quick defaults the run below relies on
+QUICK_CAMERAS = 2
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("bench_cache")
+
+
+@pytest.fixture(scope="module")
+def quick_run(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, str]:
+    out = tmp_path_factory.mktemp("bench_out") / "run"
+    import contextlib
+    import io
+
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main(["bench", "--device", "cpu", "--quick", "--out", str(out), "--cache-dir", str(cache_dir)])
+    return code, out, stdout.getvalue()
+
+
+def test_quick_bench_report_schema_and_consistent_numbers(quick_run: tuple[int, Path, str]) -> None:
+    code, out, printed = quick_run
+    assert code == 0
+    report = json.loads((out / "bench.json").read_text())
+    assert report["ok"] is True and report["failures"] == []
+    assert report["config"]["batch_size"] == QUICK_BATCH and report["config"]["steps"] == QUICK_STEPS
+    assert [d["codec"] for d in report["datasets"]] == ["av1", "h264"]
+    assert all(d["frames_per_sample"] == QUICK_CAMERAS and d["delta_timestamps"] == {} for d in report["datasets"])
+    results = report["results"]
+    for r in results:
+        assert list(r) == list(METRIC_FIELDS)  # every metric present, in the CSV's order
+    by = {(r["dataset"], r["loader"]): r for r in results}
+    for dataset in (d["label"] for d in report["datasets"]):
+        for loader in ("lerobot-dali", "pyav-dataloader"):
+            r = by[(dataset, loader)]
+            assert r["status"] == "ok", r["note"]
+            # 6 measured batches of 8 samples, one frame of each of 2 cameras per sample
+            assert (r["batches"], r["samples"], r["frames"]) == (QUICK_STEPS, QUICK_STEPS * QUICK_BATCH, 96)
+            assert r["frames_per_s"] > 0
+            assert r["frames_per_s"] == pytest.approx(r["frames"] / r["window_s"])
+            assert r["samples_per_s"] == pytest.approx(r["frames_per_s"] / QUICK_CAMERAS)
+            assert 0 < r["batch_p50_ms"] <= r["batch_p95_ms"] <= r["batch_p99_ms"]
+            assert r["batch_p99_ms"] / 1000 <= r["window_s"]
+            assert r["first_batch_s"] > 0
+            assert r["peak_rss_mb"] > 100  # the loader's process alone imports torch
+            assert 1 <= r["episodes_per_batch"] <= QUICK_BATCH
+            assert r["gpu_max_allocated_mb"] is None and r["gpu_peak_used_mb"] is None
+        ours, plain = by[(dataset, "lerobot-dali")], by[(dataset, "pyav-dataloader")]
+        assert set(ours["routes"].split()) == {"cam0=cpu_fallback", "cam1=cpu_fallback"}
+        # The clip of one frame at GOP 2 is a sliver of the file it comes from.
+        assert 0 < ours["clip_to_file_ratio"] < 0.2
+        assert ours["clip_bytes_per_sample"] == pytest.approx(
+            ours["clip_to_file_ratio"] * ours["video_bytes_per_sample"]
+        )
+        assert plain["clip_to_file_ratio"] is None
+        ran_peers = [
+            r for r in results if r["dataset"] == dataset and r["loader"] != "lerobot-dali" and r["status"] == "ok"
+        ]
+        best = max(r["frames_per_s"] for r in ran_peers)
+        for r in [*ran_peers, ours]:
+            assert r["vs_best_peer"] == pytest.approx(r["frames_per_s"] / best)
+        assert max(r["vs_best_peer"] for r in ran_peers) == pytest.approx(1.0)
+        for loader in ("lerobot", "lerobot-streaming"):
+            r = by[(dataset, loader)]
+            if r["status"] == "skipped":
+                assert "lerobot" in r["note"] and r["frames"] == 0 and r["vs_best_peer"] is None
+    assert "frames/s" in printed and "lerobot-dali" in printed and "pyav-dataloader" in printed
+
+
+def test_quick_bench_writes_csv_and_png(quick_run: tuple[int, Path, str]) -> None:
+    _, out, _ = quick_run
+    report = json.loads((out / "bench.json").read_text())
+    with open(out / "bench.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == list(METRIC_FIELDS)
+    assert [(r["dataset"], r["loader"], r["status"]) for r in rows] == [
+        (r["dataset"], r["loader"], r["status"]) for r in report["results"]
+    ]
+    png = (out / "bench.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert report["files"] == {k: str(out / f"bench.{k}") for k in ("json", "csv", "png")}
+
+
+def test_a_loader_that_measures_no_frame_fails_the_run(cache_dir: Path, tmp_path: Path, capsys) -> None:
+    dataset = cache_dir / default_specs(True)[0].folder  # generated by the quick run (module fixture order)
+    if not dataset.is_dir():
+        pytest.skip("the quick run did not generate its dataset")
+    out = tmp_path / "zero"
+    # 360 samples and drop_last: a batch of 1000 never fills, so the loader runs and delivers nothing.
+    code = main(["bench", "--device", "cpu", "--dataset", str(dataset), "--loaders", "pyav-dataloader",
+                 "--batch-size", "1000", "--steps", "2", "--warmup", "0", "--out", str(out)])  # fmt: skip
+    assert code == 1
+    report = json.loads((out / "bench.json").read_text())
+    (result,) = report["results"]
+    assert result["status"] == "zero-frames" and result["frames"] == 0 and result["frames_per_s"] == 0.0
+    assert report["ok"] is False and "measured 0 frames" in report["failures"][0]
+    assert "FAILED" in capsys.readouterr().err
+
+
+def test_sarm_mode_and_recipe_windows(cache_dir: Path, quick_run: tuple[int, Path, str]) -> None:
+    reader = open_dataset(cache_dir / default_specs(True)[0].folder)
+    plan = load_plan(BenchConfig(quick=True, mode="sarm", recipe="diffusion"), reader)
+    cameras = ["observation.images.cam0", "observation.images.cam1"]
+    # sarm replaces the recipe's camera window with 8 frames 1 s apart; state and action follow the recipe.
+    assert plan.delta_timestamps == {
+        **{c: [-7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0] for c in cameras},
+        "observation.state": [-1 / 30, 0.0],
+        "action": [k / 30 for k in range(-1, 15)],
+    }
+    assert plan.frames_per_sample == 16 and plan.image_size is None and plan.augment is None
+    vla = load_plan(BenchConfig(quick=True, recipe="vla", augment=False, image_size=(64, 64)), reader)
+    assert vla.image_size == (64, 64) and vla.augment is None and list(vla.delta_timestamps) == ["action"]
+
+
+def test_bad_options_are_rejected_with_the_allowed_values(capsys) -> None:
+    assert main(["bench", "--loaders", "torchvision", "--quick"]) == 2
+    assert "pyav-dataloader" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--steps must be an int >= 1"):
+        BenchConfig(steps=0)

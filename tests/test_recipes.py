@@ -1,0 +1,98 @@
+"""Recipes: hand-computed delta_timestamps of the named recipes at 30 and 10 fps, TOML round trips, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lerobot_dali.augment import AugmentConfig, ColorJitter
+from pipelines.recipes import NAMED_RECIPES, Recipe, StepWindow, get_recipe
+
+CAMS = ["observation.images.top", "observation.images.wrist"]
+
+
+def test_act_is_current_frame_and_a_one_second_action_chunk() -> None:
+    act = get_recipe("act")
+    assert act.delta_timestamps(10, CAMS) == {"action": [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]}
+    at30 = act.delta_timestamps(30, CAMS)
+    assert list(at30) == ["action"] and len(at30["action"]) == 30
+    assert at30["action"][:4] == [0.0, 1 / 30, 2 / 30, 0.1]
+    assert at30["action"][-1] == pytest.approx(0.9666666666666667, abs=1e-15)
+    assert act.image_size is None and act.augment is None
+
+
+def test_diffusion_is_two_observation_steps_and_sixteen_actions() -> None:
+    diffusion = get_recipe("diffusion")
+    at10 = diffusion.delta_timestamps(10, CAMS)
+    assert at10 == {
+        "observation.images.top": [-0.1, 0.0],
+        "observation.images.wrist": [-0.1, 0.0],
+        "observation.state": [-0.1, 0.0],
+        "action": [-0.1, 0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4],
+    }
+    at30 = diffusion.delta_timestamps(30, CAMS, state_key="state", action_key="act")
+    assert at30["state"] == [-1 / 30, 0.0] and at30["observation.images.top"] == [-1 / 30, 0.0]
+    assert len(at30["act"]) == 16 and at30["act"][0] == -1 / 30 and at30["act"][-1] == pytest.approx(14 / 30)
+    assert diffusion.delta_timestamps(30, CAMS, state_key=None).keys() == {*CAMS, "action"}
+
+
+def test_vla_is_one_224_frame_a_one_second_chunk_and_colour_jitter() -> None:
+    vla = get_recipe("vla")
+    assert vla.image_size == (224, 224)
+    assert vla.delta_timestamps(30, CAMS) == {"action": [k / 30 for k in range(30)]}
+    assert vla.delta_timestamps(10, CAMS)["action"][-1] == 0.9
+    assert vla.augment == AugmentConfig(
+        color_jitter=ColorJitter(brightness=(0.8, 1.2), contrast=(0.8, 1.2), saturation=(0.8, 1.2))
+    )
+
+
+@pytest.mark.parametrize("name", NAMED_RECIPES)
+def test_named_recipes_round_trip_through_toml(name: str, tmp_path: Path) -> None:
+    recipe = get_recipe(name)
+    path = tmp_path / f"{name}.toml"
+    path.write_text(recipe.to_toml())
+    assert Recipe.from_toml(path) == recipe
+    assert get_recipe(path) == recipe
+
+
+def test_a_user_recipe_with_strides_and_augmentation_round_trips(tmp_path: Path) -> None:
+    recipe = Recipe(
+        name="reward",
+        description='8 frames 1 s apart, "long" context',
+        cameras=StepWindow(steps=8, first=-7, stride_s=1.0),
+        state=StepWindow(seconds=0.4, first=-2),
+        image_size=(240, 320),
+        augment=AugmentConfig.from_dict(
+            {"resize": [240, 320], "blur": {"sigma": [0.1, 1.0], "probability": 0.5}, "shared_across_cameras": True}
+        ),
+    )
+    path = tmp_path / "reward.toml"
+    path.write_text(recipe.to_toml())
+    loaded = get_recipe(str(path))
+    assert loaded == recipe
+    assert loaded.delta_timestamps(15, ["cam"]) == {
+        "cam": [-7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0],
+        "observation.state": [-2 / 15, -1 / 15, 0.0, 1 / 15, 2 / 15, 3 / 15],
+    }
+
+
+def test_unknown_recipe_names_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"Unknown recipe 'pi0'; known recipes are act, diffusion, vla"):
+        get_recipe("pi0")
+    with pytest.raises(FileNotFoundError, match="missing.toml"):
+        get_recipe("missing.toml")
+
+
+def test_bad_recipe_files_and_windows_are_rejected(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('name = "x"\nchunk = 10\n')
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['chunk'\]"):
+        Recipe.from_toml(path)
+    path.write_text('name = "x"\n[action]\nsteps = 4\nseconds = 1.0\n')
+    with pytest.raises(ValueError, match="exactly one of steps or seconds"):
+        Recipe.from_toml(path)
+    with pytest.raises(ValueError, match=r"stride_s = 0.1 s is 1.5 frames at 15 fps"):
+        StepWindow(steps=3, stride_s=0.1).offsets_s(15)
+    with pytest.raises(ValueError, match="image_size"):
+        Recipe(name="x", image_size=(224, 0))
