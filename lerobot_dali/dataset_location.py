@@ -10,15 +10,17 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from .errors import DatasetNotFoundError
+from .remote_retry import RetryingFileSystem, fresh_instance
 
-__all__ = ["DatasetLocation", "resolve_location"]
+__all__ = ["DatasetLocation", "resolve_location", "with_bulk_root"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +81,7 @@ def resolve_location(
         return _hub_location(match["repo"], match["rev"] or revision, match["sub"], options)
     if "://" in target:
         fs, root = fsspec.core.url_to_fs(target, **options)
+        fs = _retrying(fs)
         return DatasetLocation(fs, root, fs, root, target)
     if _REPO_ID.match(target) and not os.path.exists(target):
         return _hub_location(target, revision, "", options)
@@ -94,9 +97,41 @@ def _hub_location(repo_id: str, revision: str | None, subfolder: str, options: d
     prefix = f"{subfolder.strip('/')}/" if subfolder.strip("/") else ""
     logger.info("downloading metadata of %s (revision %s)", repo_id, revision or "main")
     local_meta = snapshot_download(repo_id, repo_type="dataset", revision=revision, allow_patterns=[f"{prefix}meta/**"])
-    fs = HfFileSystem(**options)
+    fs = _retrying(HfFileSystem(**options))
     rev = f"@{revision}" if revision else ""
     root = f"datasets/{repo_id}{rev}/{prefix}".rstrip("/")
     local = LocalFileSystem()
     meta_root = os.path.join(local_meta, prefix.rstrip("/")) if prefix else local_meta
     return DatasetLocation(fs, root, local, meta_root, f"hf://{root}")
+
+
+def with_bulk_root(
+    location: DatasetLocation, bulk_root: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None
+) -> DatasetLocation:
+    """``location`` with ``data/`` and ``videos/`` read from another root (a bucket mirror, a local copy).
+
+    Metadata stays where ``location`` found it, so a Hub revision still decides which episodes exist while
+    the bytes come from storage near the GPUs. ``bulk_root`` is a local folder or an fsspec URL; a remote
+    one is wrapped in :class:`RetryingFileSystem`.
+    """
+    target = os.fspath(bulk_root)
+    if "://" not in target:
+        if not os.path.isdir(target):
+            raise DatasetNotFoundError(
+                f"data_files_root {target!r} is not a local folder; pass an existing folder or an fsspec URL "
+                "(e.g. 's3://bucket/mirror') holding the dataset's data/ and videos/"
+            )
+        fs: fsspec.AbstractFileSystem = LocalFileSystem()
+        root = os.path.abspath(target)
+    else:
+        fs, root = fsspec.core.url_to_fs(target, **(storage_options or {}))
+        fs = _retrying(fs)
+    logger.info("%s: reading data/ and videos/ from %s", location.description, target)
+    return replace(location, fs=fs, root=root, description=f"{location.description} (data files: {target})")
+
+
+def _retrying(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
+    """Remote bulk filesystems retry transient failures; local ones are returned untouched."""
+    if isinstance(fs, (LocalFileSystem, RetryingFileSystem)):
+        return fs
+    return RetryingFileSystem(fs, fresh_client=partial(fresh_instance, fs))

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from .dataset_info import DatasetInfo, Feature, format_path
-from .dataset_location import DatasetLocation, resolve_location
+from .dataset_location import DatasetLocation, resolve_location, with_bulk_root
 from .episode_rows import INDEX_COLUMNS, ParquetCache, read_episode_rows
 from .episode_table import EpisodeTable, read_episode_table
 from .errors import DatasetError, DatasetNotFoundError, EpisodeMetadataError, MissingDataFileError
@@ -175,14 +175,18 @@ def open_dataset(
     cameras: Sequence[str] | None = None,
     keys: Sequence[str] | None = None,
     storage_options: dict[str, Any] | None = None,
+    data_files_root: str | os.PathLike[str] | None = None,
 ) -> LeRobotDatasetReader:
     """Open a dataset from a local folder, a Hub repo id (with ``revision``) or an fsspec URL.
 
     ``cameras`` selects video keys (default: all declared); ``keys`` selects tabular features (default: all
     declared). Selecting lets a dataset whose info.json declares a camera without files, or a column that
-    drifted, still be read for the rest.
+    drifted, still be read for the rest. ``data_files_root`` (a folder or fsspec URL such as
+    ``s3://bucket/mirror``) serves ``data/`` and ``videos/`` while metadata comes from ``path_or_repo``.
     """
     location = resolve_location(path_or_repo, revision=revision, storage_options=storage_options)
+    if data_files_root is not None:
+        location = with_bulk_root(location, data_files_root, storage_options=storage_options)
     info = _read_info(location)
     camera_keys = _select(info.camera_keys, cameras, "camera", info)
     for key in camera_keys:

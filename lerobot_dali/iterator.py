@@ -69,6 +69,7 @@ class DALILeRobotIterator:
         keys: Sequence[str] | None = None,
         timestamp_source: TimestampSource | str = TimestampSource.PARQUET_TIMESTAMP,
         rank_balance: RankBalance | str = RankBalance.PAD,
+        data_files_root: str | os.PathLike[str] | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -79,7 +80,7 @@ class DALILeRobotIterator:
         self.reader = (
             dataset
             if isinstance(dataset, LeRobotDatasetReader)
-            else open_dataset(dataset, revision=revision, cameras=cameras, keys=keys)
+            else open_dataset(dataset, revision=revision, cameras=cameras, keys=keys, data_files_root=data_files_root)
         )
         missing = [k for k in ("timestamp", "task_index") if k not in self.reader.info.features]
         if missing:

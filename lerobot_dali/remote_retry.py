@@ -1,0 +1,391 @@
+"""Retries for remote bulk reads: a transient network failure must cost a delay, not a training run.
+
+A multi-day job reads millions of ranges from S3, GCS or the Hub; some of them will time out, hit a 503 or
+a 429, or see a connection reset. :class:`RetryingFileSystem` wraps any fsspec filesystem and redoes those
+requests (and reads on the files it opens, from the same offset, on a freshly opened file) with capped
+exponential backoff. Errors that retrying cannot fix (missing file, no permission, a malformed dataset)
+are raised at once, so a real mistake still fails fast.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import logging
+import os
+import sys
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import fsspec
+
+from .errors import DatasetError
+
+__all__ = ["RETRIES_ENV", "RetryPolicy", "RetryingFile", "RetryingFileSystem", "fresh_instance", "is_transient"]
+
+logger = logging.getLogger(__name__)
+
+#: Environment variable holding the default retry budget (0 disables retries).
+RETRIES_ENV = "LEROBOT_DALI_REMOTE_RETRIES"
+
+_T = TypeVar("_T")
+
+_TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.ETIMEDOUT,
+        errno.ECONNRESET,
+        errno.ECONNABORTED,
+        errno.ECONNREFUSED,
+        errno.EPIPE,
+        errno.ENETUNREACH,
+        errno.ENETDOWN,
+        errno.EHOSTUNREACH,
+        errno.EAGAIN,
+    }
+)
+_TRANSIENT_STATUS = frozenset({408, 425, 429})
+_TRANSIENT_MESSAGES = (
+    "client has been closed",
+    "connection reset",
+    "connection aborted",
+    "connection broken",
+    "server disconnected",
+    "timed out",
+    "timeout",
+    "temporarily unavailable",
+    "too many requests",
+    "slow down",
+)
+#: Exception class names of HTTP client libraries that mean "the network hiccupped", matched by name so
+#: this module imports none of them.
+_TRANSIENT_TYPE_NAMES = frozenset(
+    {
+        "ServerDisconnectedError",
+        "ClientConnectionError",
+        "ClientConnectorError",
+        "ClientOSError",
+        "ClientPayloadError",
+        "ServerTimeoutError",
+        "ConnectionError",
+        "ChunkedEncodingError",
+        "ReadTimeout",
+        "ConnectTimeout",
+        "Timeout",
+        "TimeoutError",
+        "RemoteDisconnected",
+        "IncompleteRead",
+        "ProtocolError",
+        "ReadTimeoutError",
+    }
+)
+
+
+def _default_retries() -> int:
+    raw = os.environ.get(RETRIES_ENV, "5")
+    try:
+        value = int(raw)
+    except ValueError as e:
+        raise ValueError(f"{RETRIES_ENV}={raw!r} is not an integer; set it to 0 (fail fast) or a positive count") from e
+    if value < 0:
+        raise ValueError(f"{RETRIES_ENV}={raw!r} is negative; set it to 0 (fail fast) or a positive count")
+    return value
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently to redo a transient failure.
+
+    ``retries`` extra attempts follow the first one (0 = fail fast). The wait before retry ``n`` (1-based)
+    is ``min(max_delay_s, base_delay_s * 2 ** (n - 1))`` scaled by a jitter in [0.5, 1.0] derived from the
+    path and attempt, so workers hitting the same outage spread out without any shared random state.
+    """
+
+    retries: int = field(default_factory=_default_retries)
+    base_delay_s: float = 0.5
+    max_delay_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise ValueError(f"retries must be an int >= 0 (0 = fail fast), got {self.retries!r}")
+        if not self.base_delay_s >= 0 or not self.max_delay_s >= 0:
+            raise ValueError(
+                f"base_delay_s and max_delay_s must be >= 0, got {self.base_delay_s!r} and {self.max_delay_s!r}"
+            )
+        if self.max_delay_s < self.base_delay_s:
+            raise ValueError(f"max_delay_s ({self.max_delay_s}) must be >= base_delay_s ({self.base_delay_s})")
+
+    def delay_s(self, attempt: int, key: str = "") -> float:
+        """Seconds to wait before retry ``attempt`` (1-based) of the request named ``key``."""
+        if attempt < 1:
+            raise ValueError(f"attempt is 1-based, got {attempt}")
+        capped = min(self.max_delay_s, self.base_delay_s * 2.0 ** min(attempt - 1, 60))
+        jitter = 0.5 + 0.5 * (zlib.crc32(f"{key}#{attempt}".encode()) / 0xFFFFFFFF)
+        return capped * jitter
+
+
+def _status_of(error: BaseException) -> int | None:
+    for candidate in (error, getattr(error, "response", None)):
+        if candidate is None:
+            continue
+        for name in ("status", "status_code", "code"):
+            value = getattr(candidate, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
+                return value
+    return None
+
+
+def is_transient(error: BaseException) -> bool:
+    """True when redoing the same request may succeed: timeouts, resets, HTTP 408/425/429/5xx.
+
+    Missing files, permissions, invalid values and dataset errors are never transient: retrying them only
+    delays the message the user needs.
+    """
+    if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, DatasetError)):
+        return False
+    status = _status_of(error)
+    if status is not None:
+        return status in _TRANSIENT_STATUS or 500 <= status <= 599
+    if isinstance(error, (TimeoutError, ConnectionError)):
+        return True
+    if isinstance(error, OSError) and error.errno in _TRANSIENT_ERRNOS:
+        return True
+    if isinstance(error, ValueError):
+        return False
+    if any(cls.__name__ in _TRANSIENT_TYPE_NAMES for cls in type(error).__mro__):
+        return True
+    message = str(error).lower()
+    return any(text in message for text in _TRANSIENT_MESSAGES)
+
+
+def fresh_instance(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
+    """A new client of ``fs``'s class and arguments, bypassing fsspec's instance cache.
+
+    Used as ``fresh_client`` hook: a session that was closed or poisoned (aiohttp "client has been closed")
+    keeps failing however often the same object retries.
+    """
+    cls = type(fs)
+    cls.clear_instance_cache()
+    return cls(*fs.storage_args, **fs.storage_options)
+
+
+def _exhausted(error: BaseException, what: str, path: str, attempts: int) -> BaseException:
+    note = f"lerobot_dali: {what} {path!r} failed {attempts} time(s); gave up (set {RETRIES_ENV} to retry more)"
+    logger.warning("%s (last error %s: %s)", note, type(error).__name__, error)
+    if sys.version_info >= (3, 11):
+        error.add_note(note)
+    return error
+
+
+class _Retrier:
+    """The loop shared by the filesystem and its files: try, classify, wait, maybe refresh the client."""
+
+    def __init__(self, policy: RetryPolicy, fresh_client: Callable[[], Any] | None) -> None:
+        self.policy = policy
+        self.fresh_client = fresh_client
+
+    def call(self, what: str, path: str, fn: Callable[[], _T], before_retry: Callable[[int], None] | None = None) -> _T:
+        attempt = 0
+        while True:
+            try:
+                return fn()
+            except Exception as e:
+                if not is_transient(e):
+                    raise
+                attempt += 1
+                if attempt > self.policy.retries:
+                    raise _exhausted(e, what, path, attempt) from None
+                delay = self.policy.delay_s(attempt, f"{what}:{path}")
+                logger.info(
+                    "%s %s failed (%s: %s); retry %d/%d in %.2fs",
+                    what,
+                    path,
+                    type(e).__name__,
+                    e,
+                    attempt,
+                    self.policy.retries,
+                    delay,
+                )
+                time.sleep(delay)
+                if attempt >= 2 and self.fresh_client is not None:
+                    logger.info("%s %s: asking for a fresh client before retry %d", what, path, attempt)
+                    self.fresh_client()
+                if before_retry is not None:
+                    before_retry(attempt)
+
+
+class RetryingFile(io.RawIOBase):
+    """A read-only file whose failed reads are redone from the same offset on a freshly opened file.
+
+    Short reads are completed by reading on, so a caller asking for ``n`` bytes gets ``n`` unless the file
+    ends; an early end of stream (fewer bytes than the known size) counts as a transient failure.
+    """
+
+    def __init__(self, fs: RetryingFileSystem, path: str, mode: str, kwargs: dict[str, Any]) -> None:
+        super().__init__()
+        self._fs, self.path, self._mode, self._kwargs = fs, path, mode, kwargs
+        self._pos = 0
+        self._inner: Any = fs._open_inner(path, mode, kwargs)
+        size = getattr(self._inner, "size", None)
+        self.size: int | None = size if isinstance(size, int) else None
+
+    def _reopen(self, _attempt: int) -> None:
+        try:
+            self._inner.close()
+        except Exception:
+            logger.debug("closing failed handle of %s raised", self.path, exc_info=True)
+        self._inner = self._fs._open_inner(self.path, self._mode, self._kwargs)
+
+    def _read_once(self, size: int) -> bytes:
+        if self._inner.tell() != self._pos:
+            self._inner.seek(self._pos)
+        chunks: list[bytes] = []
+        want, got = size, 0
+        while want != 0 and (self.size is None or self._pos + got < self.size):
+            chunk = self._inner.read(want)
+            if not chunk:
+                if self.size is not None:
+                    raise ConnectionError(f"connection broken: stream of {self.path} ended early")
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+            if want > 0:
+                want -= len(chunk)
+        return b"".join(chunks)
+
+    def read(self, size: int | None = -1) -> bytes:
+        n = -1 if size is None or size < 0 else size
+        data = self._fs._retrier.call("read", self.path, lambda: self._read_once(n), self._reopen)
+        self._pos += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            target = offset
+        elif whence == io.SEEK_CUR:
+            target = self._pos + offset
+        elif whence == io.SEEK_END:
+            if self.size is None:
+                self.size = int(self._fs.size(self.path))
+            target = self.size + offset
+        else:
+            raise ValueError(f"invalid whence {whence!r}; use io.SEEK_SET, io.SEEK_CUR or io.SEEK_END")
+        if target < 0:
+            raise ValueError(f"negative seek position {target} in {self.path}")
+        self._pos = target
+        return target
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._inner.close()
+            finally:
+                super().close()
+
+
+class RetryingFileSystem(fsspec.AbstractFileSystem):
+    """Any fsspec filesystem, with transient failures of metadata calls, opens and reads retried.
+
+    It pickles as its arguments (the wrapped filesystem, policy and hook), so DALI's spawned workers get
+    their own copy. ``fresh_client`` is called from the second retry of a request on, when a closed or
+    poisoned client is the likely cause; if it returns a filesystem (see :func:`fresh_instance`), that one
+    replaces the wrapped one.
+    """
+
+    protocol = "retrying"
+    cachable = False
+
+    def __init__(
+        self,
+        fs: fsspec.AbstractFileSystem,
+        *,
+        policy: RetryPolicy | None = None,
+        fresh_client: Callable[[], Any] | None = None,
+    ) -> None:
+        if not isinstance(fs, fsspec.AbstractFileSystem):
+            raise TypeError(f"RetryingFileSystem wraps an fsspec filesystem, got {type(fs).__name__}")
+        super().__init__(fs, policy=policy, fresh_client=fresh_client)
+        self.fs = fs
+        self.policy = policy if policy is not None else RetryPolicy()
+        self.protocol = fs.protocol
+        self._fresh_client = fresh_client
+        self._retrier = _Retrier(self.policy, self._refresh if fresh_client is not None else None)
+
+    def _refresh(self) -> None:
+        if self._fresh_client is None:
+            return
+        fresh = self._fresh_client()
+        if isinstance(fresh, fsspec.AbstractFileSystem):
+            self.fs = fresh
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        return path
+
+    def __repr__(self) -> str:
+        return f"RetryingFileSystem({self.fs!r}, retries={self.policy.retries})"
+
+    def _open_inner(self, path: str, mode: str, kwargs: dict[str, Any]) -> Any:
+        return self._retrier.call("open", path, lambda: self.fs.open(path, mode, **kwargs))
+
+    def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        """Reads get a :class:`RetryingFile` (text modes wrap it); writes go straight to the wrapped fs."""
+        if "r" not in mode or "+" in mode:
+            return self.fs.open(path, mode, **kwargs)
+        if "b" in mode:
+            return RetryingFile(self, path, "rb", dict(kwargs))
+        text_kwargs = {k: kwargs.pop(k) for k in ("encoding", "errors", "newline") if k in kwargs}
+        return io.TextIOWrapper(io.BufferedReader(RetryingFile(self, path, "rb", kwargs)), **text_kwargs)
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> Any:
+        return self._retrier.call("cat_file", path, lambda: self.fs.cat_file(path, start=start, end=end, **kwargs))
+
+    def info(self, path: str, **kwargs: Any) -> Any:
+        return self._retrier.call("info", path, lambda: self.fs.info(path, **kwargs))
+
+    def exists(self, path: str, **kwargs: Any) -> bool:
+        return bool(self._retrier.call("exists", path, lambda: self.fs.exists(path, **kwargs)))
+
+    def glob(self, path: str, **kwargs: Any) -> Any:
+        return self._retrier.call("glob", path, lambda: self.fs.glob(path, **kwargs))
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+        return self._retrier.call("ls", path, lambda: self.fs.ls(path, detail=detail, **kwargs))
+
+    def size(self, path: str) -> Any:
+        return self.info(path).get("size")
+
+    def isfile(self, path: str) -> bool:
+        try:
+            return bool(self.info(path)["type"] == "file")
+        except FileNotFoundError:
+            return False
+
+    def isdir(self, path: str) -> bool:
+        try:
+            return bool(self.info(path)["type"] == "directory")
+        except FileNotFoundError:
+            return False
+
+    def ukey(self, path: str) -> Any:
+        return self.fs.ukey(path)

@@ -1,0 +1,255 @@
+"""Remote reads that survive a flaky network: retry policy, RetryingFileSystem, split roots, iterator parity.
+
+Everything runs against ``tests.fake_remote`` (a local folder behind a fault schedule); nothing touches
+the network.
+"""
+
+from __future__ import annotations
+
+import errno
+import pickle
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import fsspec
+import numpy as np
+import pytest
+import torch
+
+from lerobot_dali.dataset_location import resolve_location, with_bulk_root
+from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.errors import DatasetError, MissingDataFileError
+from lerobot_dali.remote_retry import RETRIES_ENV, RetryingFileSystem, RetryPolicy, is_transient
+from tests.fake_remote import FakeHTTPError, FakeRemoteFileSystem
+from tests.test_iterator import DELTAS, _check_sample, _dataset, _samples
+
+FAST = RetryPolicy(retries=5, base_delay_s=0.0, max_delay_s=0.0)
+LENGTHS = [5, 1, 7, 4, 6]
+
+
+@pytest.fixture
+def slept(monkeypatch) -> list[float]:
+    """Backoff waits requested by the library's default policy, recorded instead of slept."""
+    waits: list[float] = []
+    monkeypatch.setattr("lerobot_dali.remote_retry.time", SimpleNamespace(sleep=waits.append))
+    return waits
+
+
+class _Response:
+    def __init__(self, status_code: int) -> None:
+        self.status_code = status_code
+
+
+class _HubError(Exception):
+    """Shaped like requests' / huggingface_hub's HTTPError: the status lives on ``.response``."""
+
+    def __init__(self, status_code: int) -> None:
+        super().__init__(f"{status_code} Client Error")
+        self.response = _Response(status_code)
+
+
+class ServerDisconnectedError(Exception):
+    """Named like aiohttp's, to check matching by class name."""
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        (TimeoutError("read timed out"), True),
+        (ConnectionResetError("reset by peer"), True),
+        (ConnectionAbortedError("aborted"), True),
+        (OSError(errno.ETIMEDOUT, "timed out"), True),
+        (OSError(errno.ECONNRESET, "reset"), True),
+        (FakeHTTPError(503, "unavailable"), True),
+        (FakeHTTPError(429, "slow down"), True),
+        (FakeHTTPError(408, "request timeout"), True),
+        (FakeHTTPError(500, "internal"), True),
+        (FakeHTTPError(404, "not found"), False),
+        (FakeHTTPError(403, "forbidden"), False),
+        (_HubError(502), True),
+        (_HubError(401), False),
+        (ServerDisconnectedError(), True),
+        (RuntimeError("Session is closed: client has been closed"), True),
+        (RuntimeError("something else"), False),
+        (FileNotFoundError("gone"), False),
+        (PermissionError("denied"), False),
+        (ValueError("bad value"), False),
+        (DatasetError("bad dataset"), False),
+        (OSError(errno.ENOSPC, "no space"), False),
+    ],
+)
+def test_is_transient(error: BaseException, transient: bool) -> None:
+    assert is_transient(error) is transient
+
+
+def test_backoff_grows_then_caps_with_deterministic_jitter() -> None:
+    policy = RetryPolicy(retries=10, base_delay_s=1.0, max_delay_s=8.0)
+    delays = [policy.delay_s(n, "s3://b/x") for n in range(1, 8)]
+    for n, d in enumerate(delays, start=1):
+        assert 0.5 * min(8.0, 2.0 ** (n - 1)) <= d <= min(8.0, 2.0 ** (n - 1))
+    assert max(delays) <= 8.0 and delays[5] >= 4.0
+    assert delays == [policy.delay_s(n, "s3://b/x") for n in range(1, 8)]  # no global RNG
+    assert [policy.delay_s(n, "s3://b/y") for n in range(1, 8)] != delays
+    assert policy.delay_s(10_000, "k") <= 8.0
+
+
+def test_policy_validation_and_env_default(monkeypatch) -> None:
+    monkeypatch.setenv(RETRIES_ENV, "2")
+    assert RetryPolicy().retries == 2
+    monkeypatch.setenv(RETRIES_ENV, "many")
+    with pytest.raises(ValueError, match=RETRIES_ENV):
+        RetryPolicy()
+    with pytest.raises(ValueError, match="retries"):
+        RetryPolicy(retries=-1)
+    with pytest.raises(ValueError, match="max_delay_s"):
+        RetryPolicy(retries=1, base_delay_s=2.0, max_delay_s=1.0)
+
+
+@pytest.fixture
+def blob(tmp_path: Path) -> tuple[Path, bytes]:
+    data = np.random.default_rng(0).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    (tmp_path / "blob.bin").write_bytes(data)
+    return tmp_path, data
+
+
+def test_retries_zero_fails_fast_on_first_transient_error(blob) -> None:
+    root, _ = blob
+    fake = FakeRemoteFileSystem(str(root), fault_every=1, faults=("503",))
+    fs = RetryingFileSystem(fake, policy=RetryPolicy(retries=0))
+    with pytest.raises(FakeHTTPError) as info:
+        fs.info("blob.bin")
+    assert fake.requests == {"info": 1}
+    assert any("failed 1 time(s)" in note for note in info.value.__notes__)
+
+
+def test_budget_spent_raises_last_error_with_attempt_count(blob) -> None:
+    root, _ = blob
+    fake = FakeRemoteFileSystem(str(root), fault_every=1, faults=("timeout", "429"))
+    fresh = []
+    fs = RetryingFileSystem(fake, policy=RetryPolicy(retries=3, base_delay_s=0.0, max_delay_s=0.0),
+                            fresh_client=lambda: fresh.append(1))  # fmt: skip
+    with pytest.raises(FakeHTTPError) as info:
+        fs.cat_file("blob.bin")
+    assert info.value.status == 429  # the 4th failure, alternating timeout / 429
+    assert fake.requests == {"cat_file": 4}
+    assert "failed 4 time(s)" in info.value.__notes__[-1]
+    assert fresh == [1, 1]  # from the second retry on
+
+
+@pytest.mark.parametrize("call", ["info", "open", "cat_file"])
+def test_non_transient_errors_are_never_retried(blob, call: str) -> None:
+    root, _ = blob
+    fake = FakeRemoteFileSystem(str(root), fault_every=1, faults=("missing",))
+    fs = RetryingFileSystem(fake, policy=FAST)
+    with pytest.raises(FileNotFoundError):
+        getattr(fs, call)("blob.bin")
+    assert sum(fake.requests.values()) == 1
+
+
+@pytest.mark.parametrize("every", [3, 4, 7])
+def test_reads_under_faults_are_byte_identical(blob, every: int) -> None:
+    root, data = blob
+    fake = FakeRemoteFileSystem(str(root), fault_every=every)
+    fs = RetryingFileSystem(fake, policy=FAST)
+    assert fs.cat_file("blob.bin") == data
+    assert fs.info("blob.bin")["size"] == len(data) and fs.exists("blob.bin")
+    with fs.open("blob.bin", "rb") as f:
+        got = [f.read(7_000) for _ in range(10)]
+        f.seek(-1000, 2)
+        tail = f.read()
+        f.seek(123_456)
+        middle = f.read(50_000)
+    assert b"".join(got) == data[:70_000]
+    assert tail == data[-1000:] and middle == data[123_456:173_456]
+    assert fake.faults_injected.total() >= 2
+    if every == 3:  # enough requests for every kind of fault, truncated and reset reads included
+        assert set(fake.faults_injected) == {"timeout", "503", "429", "reset", "truncate"}
+    assert fake.requests["open"] > 1  # failed reads reopened the file
+
+
+def test_wrapper_pickles_and_leaves_local_alone(blob, tmp_path: Path) -> None:
+    root, data = blob
+    fs = RetryingFileSystem(FakeRemoteFileSystem(str(root), fault_every=3), policy=FAST)
+    clone = pickle.loads(pickle.dumps(fs))
+    assert isinstance(clone.fs, FakeRemoteFileSystem) and clone.policy == FAST
+    assert clone.cat_file("blob.bin") == data
+    assert resolve_location(root).fs.__class__ is fsspec.implementations.local.LocalFileSystem
+    assert not isinstance(resolve_location(root).fs, RetryingFileSystem)
+
+
+def _read_all(reader) -> list[dict[str, np.ndarray]]:
+    return [reader.read_episode(pos) for pos in range(len(LENGTHS))]
+
+
+def _assert_rows_equal(a, b) -> None:
+    assert len(a) == len(b)
+    for ra, rb in zip(a, b, strict=True):
+        assert ra.keys() == rb.keys()
+        for key in ra:
+            np.testing.assert_array_equal(ra[key], rb[key])
+
+
+def _ds(make_ds) -> Path:
+    return make_ds(episodes=5, frames_per_episode=LENGTHS, episodes_per_file=2, codec="vp9", fps=10)
+
+
+def test_open_dataset_over_faulty_remote_reads_rows_equal_to_local(make_ds, monkeypatch, slept) -> None:
+    monkeypatch.setenv(RETRIES_ENV, "4")
+    root = _ds(make_ds)
+    remote = open_dataset("fakeremote://", storage_options={"root": str(root), "fault_every": 4})
+    assert isinstance(remote.location.fs, RetryingFileSystem) and not remote.location.is_local
+    fake = remote.location.fs.fs
+    _assert_rows_equal(_read_all(remote), _read_all(open_dataset(root)))
+    assert fake.faults_injected.total() > 0 and fake.requests["read"] > 0
+    assert len(slept) == fake.faults_injected.total() - fake.faults_injected["truncate"]  # short reads just go on
+    assert slept and all(0.25 <= w <= 0.5 for w in slept)
+
+
+def test_split_roots_metadata_local_bulk_from_fake_remote(make_ds, tmp_path: Path, slept) -> None:
+    root = _ds(make_ds)
+    meta_only = tmp_path / "meta_only"
+    shutil.copytree(root / "meta", meta_only / "meta")
+    reader = open_dataset(
+        meta_only, data_files_root="fakeremote://", storage_options={"root": str(root), "fault_every": 3}
+    )
+    assert reader.location.meta_root == str(meta_only) and isinstance(reader.location.fs, RetryingFileSystem)
+    assert "data files: fakeremote://" in reader.location.description
+    _assert_rows_equal(_read_all(reader), _read_all(open_dataset(root)))
+    assert reader.location.fs.fs.faults_injected.total() > 0
+    with pytest.raises(MissingDataFileError):  # bulk files are not looked up next to the metadata
+        open_dataset(meta_only)
+
+
+def test_split_roots_with_a_local_mirror_and_bad_root(make_ds, tmp_path: Path) -> None:
+    root = _ds(make_ds)
+    location = with_bulk_root(resolve_location(tmp_path), root)
+    assert location.is_local and location.root == str(root) and location.meta_root == str(tmp_path)
+    with pytest.raises(FileNotFoundError, match="data_files_root"):
+        with_bulk_root(location, tmp_path / "absent")
+
+
+def test_iterator_over_split_roots_with_faults_matches_local(make_ds, tmp_path: Path, monkeypatch, slept) -> None:
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    monkeypatch.setenv(RETRIES_ENV, "4")
+    root = _dataset(make_ds, "vp9")
+    meta_only = tmp_path / "meta_only"
+    shutil.copytree(root / "meta", meta_only / "meta")
+    options = dict(batch_size=4, delta_timestamps=DELTAS, shuffle=False, device="cpu", num_workers=0,
+                   drop_last=False)  # fmt: skip
+    local = _samples(DALILeRobotIterator(root, **options))
+    reader = open_dataset(
+        meta_only, data_files_root="fakeremote://", storage_options={"root": str(root), "fault_every": 7}
+    )
+    remote = _samples(DALILeRobotIterator(reader, **options))
+    assert [int(s["index"]) for s in remote] == [int(s["index"]) for s in local] == list(range(sum(LENGTHS)))
+    for a, b in zip(local, remote, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            if isinstance(a[key], torch.Tensor):
+                assert torch.equal(a[key], b[key]), key
+            else:
+                assert a[key] == b[key], key
+        _check_sample(b)
+    assert reader.location.fs.fs.faults_injected.total() > 0
