@@ -1,5 +1,9 @@
 """A small action-chunking policy: one tiny CNN per camera plus an MLP on the state, predicting ``k`` actions.
 
+Observation windows (a training recipe's ``[cameras]`` / ``[state]``, e.g. Diffusion Policy's 2 steps) are
+read whole: a camera window ``(B, T, C, H, W)`` enters its CNN as ``T * C`` stacked channels, a state window
+``(B, T, D)`` is normalised per step and flattened to ``T * D``. Without a window a camera is ``(B, C, H, W)``.
+
 It exists to exercise the input pipeline under a real optimiser step (forward, masked loss, backward,
 DDP gradient averaging), not to be a good policy. Its input is the batch dict that
 :class:`~lerobot_dali.iterator.DALILeRobotIterator` yields, as LeRobot policies take a ``DataLoader`` batch.
@@ -41,7 +45,13 @@ class FeatureStats:
 
 @dataclass(frozen=True, kw_only=True)
 class PolicyConfig:
-    """Shapes and widths of :class:`ChunkPolicy`. ``chunk`` is the number of future actions predicted."""
+    """Shapes and widths of :class:`ChunkPolicy`. ``chunk`` is the number of actions predicted per sample.
+
+    ``camera_steps``: frames per camera window, each camera then ``(B, camera_steps, C, H, W)``; ``None``
+    means one frame with no window axis, ``(B, C, H, W)``. ``state_steps``: steps of the state window
+    ``(B, state_steps, D)``, all of which the policy reads; ``None`` means ``(B, D)``, or the last step of
+    a ``(B, T, D)`` window.
+    """
 
     camera_keys: tuple[str, ...]
     state_key: str = "observation.state"
@@ -49,6 +59,8 @@ class PolicyConfig:
     state_dim: int
     action_dim: int
     chunk: int
+    camera_steps: int | None = None
+    state_steps: int | None = None
     image_channels: int = 3
     conv_width: int = 32
     camera_features: int = 64
@@ -59,6 +71,10 @@ class PolicyConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"PolicyConfig.{name} must be a positive int, got {value!r}")
+        for name in ("camera_steps", "state_steps"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"PolicyConfig.{name} must be a positive int or None (no window), got {value!r}")
         object.__setattr__(self, "camera_keys", tuple(self.camera_keys))
 
 
@@ -129,10 +145,11 @@ class ChunkPolicy(nn.Module):
         self.config = config
         self.state_norm = _Normalizer(state_stats)
         self.action_norm = _Normalizer(action_stats)
+        channels = config.image_channels * (config.camera_steps or 1)  # a window's frames stacked on channels
         self.cameras = nn.ModuleList(
-            _CameraEncoder(config.image_channels, config.conv_width, config.camera_features) for _ in config.camera_keys
+            _CameraEncoder(channels, config.conv_width, config.camera_features) for _ in config.camera_keys
         )
-        inputs = config.state_dim + config.camera_features * len(config.camera_keys)
+        inputs = config.state_dim * (config.state_steps or 1) + config.camera_features * len(config.camera_keys)
         self.head = nn.Sequential(
             nn.Linear(inputs, config.hidden),
             nn.ReLU(),
@@ -141,19 +158,39 @@ class ChunkPolicy(nn.Module):
             nn.Linear(config.hidden, config.chunk * config.action_dim),
         )
 
-    def _normalized_prediction(self, batch: Mapping[str, Any]) -> torch.Tensor:
-        state = batch[self.config.state_key]
-        if state.ndim == 3:  # a state window (B, T, D): condition on the current (last) step
-            state = state[:, -1]
-        parts = [self.state_norm(state.float())]
-        for key, encoder in zip(self.config.camera_keys, self.cameras, strict=True):
-            images = batch[key]
+    def _state_features(self, state: torch.Tensor) -> torch.Tensor:
+        steps = self.config.state_steps
+        if steps is None:
+            if state.ndim == 3:  # a state window the config does not ask for: condition on the current (last) step
+                state = state[:, -1]
+            return self.state_norm(state.float())
+        if state.ndim != 3 or state.shape[1] != steps:
+            raise ValueError(
+                f"{self.config.state_key!r} has shape {tuple(state.shape)}; expected (B, {steps}, "
+                f"{self.config.state_dim}), a window of state_steps={steps} steps"
+            )
+        return self.state_norm(state.float()).flatten(1)
+
+    def _camera_input(self, key: str, images: torch.Tensor) -> torch.Tensor:
+        steps = self.config.camera_steps
+        if steps is None:
             if images.ndim != 4:
                 raise ValueError(
-                    f"camera {key!r} has shape {tuple(images.shape)}; this policy takes one frame (B, C, H, W), "
-                    "so give the camera no delta_timestamps window"
+                    f"camera {key!r} has shape {tuple(images.shape)}; this policy was built for one frame "
+                    "(B, C, H, W): give the camera no delta_timestamps window or set PolicyConfig.camera_steps"
                 )
-            parts.append(encoder(images.float()))
+            return images.float()
+        if images.ndim != 5 or images.shape[1] != steps:
+            raise ValueError(
+                f"camera {key!r} has shape {tuple(images.shape)}; expected a window (B, {steps}, C, H, W) "
+                f"of camera_steps={steps} frames"
+            )
+        return images.float().flatten(1, 2)  # (B, T*C, H, W): frames stacked on channels, oldest first
+
+    def _normalized_prediction(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        parts = [self._state_features(batch[self.config.state_key])]
+        for key, encoder in zip(self.config.camera_keys, self.cameras, strict=True):
+            parts.append(encoder(self._camera_input(key, batch[key])))
         out = self.head(torch.cat(parts, dim=-1))
         return out.view(-1, self.config.chunk, self.config.action_dim)
 
@@ -164,14 +201,14 @@ class ChunkPolicy(nn.Module):
         if target.ndim != 3 or target.shape[1] != self.config.chunk:
             raise ValueError(
                 f"{key!r} has shape {tuple(target.shape)}; expected (B, {self.config.chunk}, {self.config.action_dim}) "
-                f"from delta_timestamps with {self.config.chunk} steps"
+                f"from an action window of {self.config.chunk} steps"
             )
         prediction = self._normalized_prediction(batch)
         return masked_l1(prediction, self.action_norm(target.float()), batch.get(f"{key}_is_pad"))
 
     @torch.no_grad()
     def predict(self, batch: Mapping[str, Any]) -> torch.Tensor:
-        """The next ``chunk`` actions, ``(B, chunk, action_dim)``, in the dataset's units."""
+        """The action chunk, ``(B, chunk, action_dim)``, in the dataset's units."""
         return self.action_norm.inverse(self._normalized_prediction(batch))
 
 

@@ -15,6 +15,12 @@ Checkpoints: ``CKPT/step_{n:08d}/state`` is ``accelerator.save_state`` (model, o
 ``CKPT/step_{n:08d}/stream_rank{r}.json`` is rank ``r``'s iterator position; ``CKPT/latest`` names the newest
 complete checkpoint and is written last, once every rank has saved. ``--resume`` continues from it at the
 exact next sample of every rank. ``CKPT`` must be visible to all nodes.
+
+Recipes: ``--recipe act|diffusion|vla|FILE.toml`` (``pipelines/recipes.py``) sets the windows read per sample
+(cameras, state, action), the image size and the augmentation. Explicit flags win over the recipe:
+``--chunk N`` resizes the recipe's action window to N steps (keeping its first offset and stride),
+``--image-size`` replaces its image size and ``--augment FILE`` its whole augmentation. Without ``--recipe``
+a sample is the current frame of every camera, the current state and ``--chunk`` (default 10) actions.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 if __package__ in (None, ""):  # run as a script: make `pipelines` and the repository's `lerobot_dali` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -41,24 +47,35 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np
 import torch
 
-from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig, chunk_deltas
+from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig
+
+if TYPE_CHECKING:
+    from lerobot_dali.augment import AugmentConfig
 
 logger = logging.getLogger("pipelines.train")
 
 _DEVICES = ("cpu", "cuda")
 _PRECISIONS = ("no", "fp16", "bf16")
+DEFAULT_CHUNK = 10
+"""Actions per sample when neither ``--chunk`` nor a recipe's ``[action]`` window says."""
+STATE_KEY = "observation.state"
+ACTION_KEY = "action"
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainOptions:
-    """Everything one run needs; the CLI flags map one to one (``--batch-size`` -> ``batch_size``)."""
+    """Everything one run needs; the CLI flags map one to one (``--batch-size`` -> ``batch_size``).
+
+    ``chunk=None`` takes the recipe's action window, or :data:`DEFAULT_CHUNK` actions without one.
+    """
 
     dataset: str
     steps: int
     batch_size: int = 64
     device: str = "cuda"
     num_workers: int = 4
-    chunk: int = 10
+    recipe: str | None = None
+    chunk: int | None = None
     lr: float = 1e-3
     grad_clip: float = 10.0
     seed: int = 0
@@ -76,7 +93,7 @@ class TrainOptions:
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "chunk", "episode_pool_size", "log_every"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.num_workers < 0 or self.save_every < 0:
             raise ValueError(f"--num-workers and --save-every must be >= 0, got {self.num_workers}, {self.save_every}")
@@ -99,7 +116,15 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     p.add_argument("--device", choices=_DEVICES, default="cuda")
     p.add_argument("--num-workers", type=int, default=4, help="DALI worker processes per rank (0: in-process)")
     p.add_argument(
-        "--chunk", type=int, default=10, help="actions predicted per sample: action deltas 0..chunk-1 frames"
+        "--recipe",
+        help="act, diffusion, vla or a recipe .toml (pipelines/recipes/): windows, image size, augmentation;\n"
+        "--chunk, --image-size and --augment given explicitly win over it",
+    )
+    p.add_argument(
+        "--chunk",
+        type=int,
+        help=f"actions predicted per sample: action deltas 0..chunk-1 frames (default {DEFAULT_CHUNK});\n"
+        "with --recipe, the length of its action window (which keeps its first offset)",
     )
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--grad-clip", type=float, default=10.0, help="max gradient norm")
@@ -123,7 +148,8 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     a = p.parse_args(argv)
     return TrainOptions(
         dataset=a.dataset, steps=a.steps, batch_size=a.batch_size, device=a.device, num_workers=a.num_workers,
-        chunk=a.chunk, lr=a.lr, grad_clip=a.grad_clip, seed=a.seed, episode_pool_size=a.episode_pool_size,
+        recipe=a.recipe, chunk=a.chunk, lr=a.lr, grad_clip=a.grad_clip, seed=a.seed,
+        episode_pool_size=a.episode_pool_size,
         image_size=tuple(a.image_size) if a.image_size else None, augment=a.augment, decode=a.decode,
         timestamp_source=a.timestamp_source, mixed_precision=a.mixed_precision, checkpoint_dir=a.checkpoint_dir,
         save_every=a.save_every, resume=a.resume, log_every=a.log_every, record_dir=a.record_dir,
@@ -168,24 +194,69 @@ def iterator_device(device: torch.device) -> str:
 
 
 # -- data -----------------------------------------------------------------------------------------------------
-def build_iterator(reader: Any, options: TrainOptions, *, rank: int, world_size: int, device: str) -> Any:
-    """This rank's iterator: the current state plus an action chunk of ``options.chunk`` steps per sample."""
+@dataclass(frozen=True, kw_only=True)
+class DataPlan:
+    """What each sample holds, resolved from ``--recipe`` and the explicit flags for one dataset's fps.
+
+    ``camera_steps`` / ``state_steps``: frames in the camera / state window, ``None`` for the sample's own
+    frame with no window axis. ``chunk``: steps in the action window.
+    """
+
+    delta_timestamps: dict[str, list[float]]
+    image_size: tuple[int, int] | None
+    augment: AugmentConfig | None
+    chunk: int
+    camera_steps: int | None
+    state_steps: int | None
+
+
+def data_plan(options: TrainOptions, *, fps: float, camera_keys: Sequence[str]) -> DataPlan:
+    """The iterator's windows, image size and augmentation: the recipe's, each overridden by an explicit flag.
+
+    ``--chunk N`` keeps the recipe's action window start and stride with N steps; without a recipe (or a
+    recipe without ``[action]``) the window is ``0, 1/fps, ..., (N-1)/fps`` with N = ``--chunk`` or 10.
+    """
     from lerobot_dali.augment import AugmentConfig
+    from pipelines.recipes import StepWindow, get_recipe
+
+    recipe = get_recipe(options.recipe) if options.recipe else None
+    deltas = recipe.delta_timestamps(fps, camera_keys, STATE_KEY, ACTION_KEY) if recipe else {}
+    window = recipe.action if recipe else None
+    if options.chunk is not None or window is None:
+        first, stride_s = (window.first, window.stride_s) if window else (0, None)
+        steps = options.chunk if options.chunk is not None else DEFAULT_CHUNK
+        deltas[ACTION_KEY] = StepWindow(steps=steps, first=first, stride_s=stride_s).offsets_s(fps)
+    image_size = options.image_size if options.image_size else (recipe.image_size if recipe else None)
+    augment = AugmentConfig.from_toml(options.augment) if options.augment else (recipe.augment if recipe else None)
+    windowed_camera = next((k for k in camera_keys if k in deltas), None)
+    return DataPlan(
+        delta_timestamps=deltas,
+        image_size=image_size,
+        augment=augment,
+        chunk=len(deltas[ACTION_KEY]),
+        camera_steps=len(deltas[windowed_camera]) if windowed_camera else None,
+        state_steps=len(deltas[STATE_KEY]) if STATE_KEY in deltas else None,
+    )
+
+
+def build_iterator(
+    reader: Any, plan: DataPlan, options: TrainOptions, *, rank: int, world_size: int, device: str
+) -> Any:
+    """This rank's iterator, reading the windows, image size and augmentation of ``plan``."""
     from lerobot_dali.iterator import DALILeRobotIterator
 
-    augment = AugmentConfig.from_toml(options.augment) if options.augment else None
     return DALILeRobotIterator(
         reader,
         batch_size=options.batch_size,
-        delta_timestamps={"action": chunk_deltas(options.chunk, reader.fps)},
+        delta_timestamps=plan.delta_timestamps,
         shuffle=True,
         seed=options.seed,
         episode_pool_size=options.episode_pool_size,
         device=device,
         decode=options.decode,
         num_workers=options.num_workers,
-        image_size=options.image_size,
-        augment=augment,
+        image_size=plan.image_size,
+        augment=plan.augment,
         rank=rank,
         world_size=world_size,
         drop_last=True,
@@ -210,22 +281,25 @@ def feature_stats(reader: Any, key: str, *, max_episodes: int = 32) -> FeatureSt
     return FeatureStats(mean=tuple(rows.mean(0).tolist()), std=tuple(rows.std(0).tolist()))
 
 
-def build_policy(reader: Any, options: TrainOptions) -> ChunkPolicy:
-    """The policy for this dataset's cameras and state/action sizes, with the dataset's normalisation."""
+def build_policy(reader: Any, plan: DataPlan) -> ChunkPolicy:
+    """The policy for this dataset's cameras and state/action sizes and the plan's windows, with the dataset's
+    normalisation."""
     features = reader.info.features
-    for key in ("observation.state", "action"):
+    for key in (STATE_KEY, ACTION_KEY):
         if key not in features:
             raise ValueError(f"the dataset has no {key!r} feature (it has {sorted(features)}); this policy needs both")
     config = PolicyConfig(
         camera_keys=tuple(reader.camera_keys),
-        state_dim=int(np.prod(features["observation.state"].shape)),
-        action_dim=int(np.prod(features["action"].shape)),
-        chunk=options.chunk,
+        state_key=STATE_KEY,
+        action_key=ACTION_KEY,
+        state_dim=int(np.prod(features[STATE_KEY].shape)),
+        action_dim=int(np.prod(features[ACTION_KEY].shape)),
+        chunk=plan.chunk,
+        camera_steps=plan.camera_steps,
+        state_steps=plan.state_steps,
     )
     return ChunkPolicy(
-        config,
-        state_stats=feature_stats(reader, "observation.state"),
-        action_stats=feature_stats(reader, "action"),
+        config, state_stats=feature_stats(reader, STATE_KEY), action_stats=feature_stats(reader, ACTION_KEY)
     )
 
 
@@ -328,9 +402,11 @@ class Throughput:
 @dataclass
 class RunRecord:
     """What ``--record`` writes per rank: per step, the epoch, the dataset ``index`` values consumed and the
-    local loss; at the end, per parameter tensor the sum of absolute values (equal on all ranks under DDP)."""
+    local loss; the shape of every tensor of the first batch; at the end, per parameter tensor the sum of
+    absolute values (equal on all ranks under DDP)."""
 
     first_step: int
+    batch_shapes: dict[str, list[int]] = field(default_factory=dict)
     epochs: list[int] = field(default_factory=list)
     indices: list[torch.Tensor] = field(default_factory=list)
     losses: list[torch.Tensor] = field(default_factory=list)
@@ -343,6 +419,7 @@ class RunRecord:
             "world_size": world_size,
             "first_step": self.first_step,
             "epochs": self.epochs,
+            "batch_shapes": self.batch_shapes,
             "indices": [t.cpu().tolist() for t in self.indices],
             "losses": [float(t) for t in self.losses],
             "param_abs_sums": [float(p.detach().double().abs().sum()) for p in model.parameters()],
@@ -361,10 +438,11 @@ def train(options: TrainOptions) -> int:
     set_seed(options.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
     rank, world_size = data_rank(accelerator)
     reader = open_dataset(options.dataset)
+    plan = data_plan(options, fps=reader.fps, camera_keys=reader.camera_keys)
     iterator = build_iterator(
-        reader, options, rank=rank, world_size=world_size, device=iterator_device(accelerator.device)
+        reader, plan, options, rank=rank, world_size=world_size, device=iterator_device(accelerator.device)
     )
-    policy = build_policy(reader, options)
+    policy = build_policy(reader, plan)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=options.lr)
     # Only the model and optimiser go through prepare; the iterator is already rank-disjoint (see module doc).
     model, optimizer = accelerator.prepare(policy, optimizer)
@@ -378,8 +456,9 @@ def train(options: TrainOptions) -> int:
             step = restore_checkpoint(accelerator, directory, iterator)
     start_step = step
     logger.info(
-        "rank %d/%d: steps %d..%d, batch %d, %d batches left in epoch %d, cameras %s",
+        "rank %d/%d: steps %d..%d, batch %d, %d batches left in epoch %d, cameras %s, recipe %s, windows %s",
         rank, world_size, step, options.steps, options.batch_size, len(iterator), iterator.epoch, reader.camera_keys,
+        options.recipe, {k: len(v) for k, v in plan.delta_timestamps.items()},
     )  # fmt: skip
     record = RunRecord(first_step=step + 1)
     meter = Throughput()
@@ -400,6 +479,8 @@ def train(options: TrainOptions) -> int:
         else:
             meter.add(len(batch["index"]), camera_frames(batch, reader.camera_keys), wait_s)
         if options.record_dir is not None:
+            if not record.batch_shapes:
+                record.batch_shapes = {k: list(v.shape) for k, v in batch.items() if torch.is_tensor(v)}
             record.epochs.append(iterator.epoch)
             record.indices.append(batch["index"].detach())
             record.losses.append(loss.detach())

@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig, masked_l1
+from pipelines.train import TrainOptions, data_plan
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "pipelines" / "train.py"
@@ -164,6 +165,82 @@ def test_two_ranks_resume_mid_epoch_is_exact(
     _assert_same_model(_model(ckpt, 25), _model(full_ckpt, 25))
 
 
+# -- recipes --------------------------------------------------------------------------------------------------
+def _recipe_run(tmp: Path, dataset: Path, recipe: str, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """3 steps of batch 4 with ``--recipe``; the run's record."""
+    args = ["--device", "cpu", "--num-workers", "1", "--seed", "0", "--log-every", "1", "--lr", "3e-3"]
+    args += ["--dataset", str(dataset), "--steps", "3", "--batch-size", "4", "--recipe", recipe]
+    result = _train([*args, "--record", str(tmp / "record"), *extra])
+    assert f"recipe {recipe}" in result.stderr and "step 3 epoch 0 loss" in result.stderr
+    (record,) = _records(tmp / "record", 1)
+    assert len(record["losses"]) == 3 and all(math.isfinite(x) for x in record["losses"])
+    return record
+
+
+def test_diffusion_recipe_trains_on_observation_and_action_windows(
+    make_ds: Callable[..., Path], tmp_path: Path
+) -> None:
+    record = _recipe_run(tmp_path, make_ds(**UNEVEN), "diffusion")
+    shapes = record["batch_shapes"]
+    cameras = sorted(k for k in shapes if k.startswith("observation.images.") and not k.endswith("_is_pad"))
+    assert len(cameras) == 2
+    for key in cameras:  # 2 observation steps per camera: (B, T, C, H, W)
+        assert shapes[key] == [4, 2, 3, 64, 64]
+    assert shapes["observation.state"] == [4, 2, 6] and shapes["observation.state_is_pad"] == [4, 2]
+    assert shapes["action"] == [4, 16, 7] and shapes["action_is_pad"] == [4, 16]  # frames -1 .. 14
+
+
+def test_act_recipe_with_explicit_image_size_and_chunk(make_ds: Callable[..., Path], tmp_path: Path) -> None:
+    dataset = make_ds(**UNEVEN)
+    record = _recipe_run(tmp_path / "recipe", dataset, "act")
+    shapes = record["batch_shapes"]
+    assert shapes["observation.state"] == [4, 6] and shapes["action"] == [4, 10, 7]  # 1 s at 10 fps
+    assert [v for k, v in shapes.items() if k.startswith("observation.images.")] == [[4, 3, 64, 64]] * 2
+    # explicit flags win over the recipe
+    record = _recipe_run(tmp_path / "flags", dataset, "act", ["--chunk", "5", "--image-size", "32", "48"])
+    shapes = record["batch_shapes"]
+    assert shapes["action"] == [4, 5, 7]
+    assert [v for k, v in shapes.items() if k.startswith("observation.images.")] == [[4, 3, 32, 48]] * 2
+
+
+def test_data_plan_resolves_recipe_windows_and_overrides(tmp_path: Path) -> None:
+    cams = ("observation.images.a", "observation.images.b")
+    plain = data_plan(TrainOptions(dataset="d", steps=1), fps=10, camera_keys=cams)
+    assert plain.delta_timestamps == {"action": pytest.approx([i / 10 for i in range(10)])}
+    assert (plain.chunk, plain.camera_steps, plain.state_steps, plain.image_size, plain.augment) == (
+        10,
+        None,
+        None,
+        None,
+        None,
+    )
+
+    diffusion = data_plan(TrainOptions(dataset="d", steps=1, recipe="diffusion"), fps=10, camera_keys=cams)
+    assert diffusion.delta_timestamps == {
+        "observation.images.a": [-0.1, 0.0],
+        "observation.images.b": [-0.1, 0.0],
+        "observation.state": [-0.1, 0.0],
+        "action": pytest.approx([k / 10 for k in range(-1, 15)]),
+    }
+    assert (diffusion.chunk, diffusion.camera_steps, diffusion.state_steps) == (16, 2, 2)
+    # --chunk keeps the recipe's first action offset (-1 frame) and sets the length
+    shorter = data_plan(TrainOptions(dataset="d", steps=1, recipe="diffusion", chunk=3), fps=20, camera_keys=cams)
+    assert shorter.delta_timestamps["action"] == pytest.approx([-0.05, 0.0, 0.05]) and shorter.chunk == 3
+
+    vla = data_plan(TrainOptions(dataset="d", steps=1, recipe="vla"), fps=30, camera_keys=cams)
+    assert vla.image_size == (224, 224) and vla.chunk == 30 and vla.augment is not None
+    assert vla.augment.color_jitter is not None
+    augment = tmp_path / "aug.toml"
+    augment.write_text("[blur]\nsigma = [0.5, 1.0]\n")
+    vla = data_plan(
+        TrainOptions(dataset="d", steps=1, recipe="vla", image_size=(96, 128), augment=augment),
+        fps=30,
+        camera_keys=cams,
+    )
+    assert vla.image_size == (96, 128)
+    assert vla.augment is not None and vla.augment.color_jitter is None and vla.augment.blur is not None
+
+
 # -- the policy alone -----------------------------------------------------------------------------------------
 def test_masked_l1_ignores_padded_steps() -> None:
     prediction = torch.zeros(2, 3, 2)
@@ -186,3 +263,35 @@ def test_policy_predicts_chunks_in_dataset_units() -> None:
     torch.testing.assert_close(actions, normalized * torch.tensor([10.0, 1.0, 1.0]) + torch.tensor([100.0, -5.0, 0.0]))
     with pytest.raises(ValueError, match=r"expected \(B, 4, 3\)"):
         policy({**batch, "action": torch.zeros(5, 2, 3)})
+
+
+def test_policy_stacks_camera_windows_on_channels_and_flattens_the_state_window() -> None:
+    torch.manual_seed(0)
+    config = PolicyConfig(camera_keys=("cam",), state_dim=2, action_dim=3, chunk=16, camera_steps=2, state_steps=2)
+    policy = ChunkPolicy(config, state_stats=FeatureStats.identity(2), action_stats=FeatureStats.identity(3))
+    assert policy.cameras[0].net[0].in_channels == 6  # 2 frames x 3 channels
+    assert policy.head[0].in_features == 2 * 2 + 64
+    frames = torch.rand(5, 2, 3, 32, 32)
+    batch = {"observation.state": torch.randn(5, 2, 2), "cam": frames}
+    assert policy.predict(batch).shape == (5, 16, 3)
+    # frame t is channels 3t..3t+2: the window enters the CNN as one (B, 6, H, W) image
+    stacked = policy._camera_input("cam", frames)
+    torch.testing.assert_close(stacked[:, 3:], frames[:, 1])
+    is_pad = torch.zeros(5, 16, dtype=torch.bool)
+    is_pad[:, 10:] = True
+    target = torch.randn(5, 16, 3)
+    changed = target.clone()
+    changed[:, 10:] += 100.0  # padded steps do not count
+    loss = policy({**batch, "action": target, "action_is_pad": is_pad})
+    assert loss.item() == pytest.approx(policy({**batch, "action": changed, "action_is_pad": is_pad}).item())
+    with pytest.raises(ValueError, match=r"expected a window \(B, 2, C, H, W\)"):
+        policy._normalized_prediction({**batch, "cam": torch.rand(5, 3, 32, 32)})
+    with pytest.raises(ValueError, match=r"expected \(B, 2, 2\)"):
+        policy._normalized_prediction({**batch, "observation.state": torch.randn(5, 2)})
+    one_frame = ChunkPolicy(
+        PolicyConfig(camera_keys=("cam",), state_dim=2, action_dim=3, chunk=4),
+        state_stats=FeatureStats.identity(2),
+        action_stats=FeatureStats.identity(3),
+    )
+    with pytest.raises(ValueError, match="camera_steps"):
+        one_frame._normalized_prediction(batch)
