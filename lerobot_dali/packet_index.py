@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
@@ -45,6 +46,8 @@ VideoSource: TypeAlias = str | os.PathLike[str] | IO[bytes]
 
 # Packets whose stored bytes are compared with the file at their byte offset, to prove offsets are exact.
 _BYTE_CHECK_PACKETS = 3
+# Packets demuxed to check the timestamps read from MP4 sample tables (a whole GOP start of most files).
+_TIMESTAMP_CHECK_PACKETS = 6
 
 
 @dataclass(frozen=True, eq=False)
@@ -188,7 +191,11 @@ def _fsspec_key(fs: Any, path: str) -> Hashable:
 
 
 def build_packet_index(source: VideoSource, *, filesystem: Any | None = None) -> PacketIndex:
-    """Demux the first video stream of ``source`` (no decoding) into a :class:`PacketIndex`.
+    """Index the first video stream of ``source`` (no decoding) into a :class:`PacketIndex`.
+
+    MP4/MOV files are indexed from their ``moov`` sample tables (FFmpeg's own index plus the ``ctts``
+    composition offsets), reading the header and the first few packets only; other containers, and any MP4
+    whose tables disagree with the demuxer, are demuxed packet by packet (the reason is logged at DEBUG).
 
     Raises MissingDataFileError (no such file), VideoDecodeError (unreadable, truncated, no video stream,
     no packets) and CodecUnsupportedError (a codec this FFmpeg build does not know), each naming the file.
@@ -198,8 +205,17 @@ def build_packet_index(source: VideoSource, *, filesystem: Any | None = None) ->
         file_size = _file_size(handle)
         start = handle.tell() if hasattr(handle, "tell") else 0
         try:
+            tracks = read_mp4_tracks(handle, file_size) if start == 0 else None
+            if tracks is None:
+                logger.debug("%s: not an MP4 with a moov box (or not read from byte 0); demuxing.", label)
+            handle.seek(start)
             with av.open(handle, mode="r") as container:
-                index = _demux(container, handle, label=label, file_size=file_size)
+                index = _index_container(container, handle, tracks, label=label, file_size=file_size)
+            if index is None:  # the sample tables were not usable: demux a fresh container
+                handle.seek(start)
+                with av.open(handle, mode="r") as container:
+                    index = _index_container(container, handle, None, label=label, file_size=file_size)
+                assert index is not None  # without sample tables every failure raises
         except (av.error.FFmpegError, OSError) as e:  # PyAV reports some I/O failures as OSError
             raise VideoDecodeError(
                 f"{label}: cannot read the video container ({e}); the file is truncated or corrupt."
@@ -220,7 +236,10 @@ def _file_size(handle: IO[bytes]) -> int:
     return int(size)
 
 
-def _demux(container: Any, handle: IO[bytes], *, label: str, file_size: int) -> PacketIndex:
+def _index_container(
+    container: Any, handle: IO[bytes], tracks: dict[int, Mp4Track] | None, *, label: str, file_size: int
+) -> PacketIndex | None:
+    """The index from the MP4 ``tracks`` (None when they are unusable) or, without tracks, by demuxing."""
     if not container.streams.video:
         raise VideoDecodeError(f"{label}: the file has no video stream.")
     stream = container.streams.video[0]
@@ -230,22 +249,17 @@ def _demux(container: Any, handle: IO[bytes], *, label: str, file_size: int) -> 
             f"{label}: the video codec is unknown to this FFmpeg build, so neither NVDEC (through DALI), "
             "DALI's CPU decoder nor PyAV can decode it. Re-encode the video (H.264, HEVC, AV1 or VP9)."
         )
-    rows: list[tuple[int, int, int, int, bool]] = []
     samples: dict[int, bytes] = {}
     first_key: bytes | None = None
-    for packet in container.demux(stream):
-        if packet.size == 0:
-            continue
-        pts = packet.pts if packet.pts is not None else packet.dts
-        if pts is None:
-            raise VideoDecodeError(f"{label}: packet {len(rows)} has no timestamp; remux the video into MP4.")
-        dts = packet.dts if packet.dts is not None else pts
-        position = packet.pos if packet.pos is not None else -1
-        if first_key is None and packet.is_keyframe:
-            first_key = bytes(packet)
-        if len(rows) < _BYTE_CHECK_PACKETS:
-            samples[len(rows)] = bytes(packet)
-        rows.append((pts, dts, position, packet.size, packet.is_keyframe))
+    rows: list[tuple[int, int, int, int, bool]] | None
+    if tracks is None:
+        rows, first_key = _rows_from_demux(container, stream, samples, label=label)
+    else:
+        rows = _rows_from_sample_tables(container, stream, tracks, samples, label=label)
+        if rows is None:
+            return None
+        if rows and rows[0][4] and 0 in samples:
+            first_key = samples[0]
     if not rows:
         raise VideoDecodeError(f"{label}: the video stream holds no packets; the file is truncated or empty.")
     table = np.asarray(rows, dtype=np.int64)
@@ -256,6 +270,8 @@ def _demux(container: Any, handle: IO[bytes], *, label: str, file_size: int) -> 
             "the file is truncated. Download or copy it again."
         )
     byte_exact = _offsets_are_exact(handle, table, samples)
+    if first_key is None:
+        first_key = _first_keyframe_bytes(handle, table) if byte_exact else None
     template = _make_template(stream, first_key if first_key is not None else samples[0])
     return PacketIndex(
         source_name=label,
@@ -273,6 +289,85 @@ def _demux(container: Any, handle: IO[bytes], *, label: str, file_size: int) -> 
         byte_exact=byte_exact,
         template=template,
     )
+
+
+def _rows_from_demux(
+    container: Any, stream: Any, samples: dict[int, bytes], *, label: str
+) -> tuple[list[tuple[int, int, int, int, bool]], bytes | None]:
+    """Every packet of ``stream`` by demuxing the whole file; fills ``samples`` with the first payloads."""
+    rows: list[tuple[int, int, int, int, bool]] = []
+    first_key: bytes | None = None
+    for packet in container.demux(stream):
+        if packet.size == 0:
+            continue
+        pts = packet.pts if packet.pts is not None else packet.dts
+        if pts is None:
+            raise VideoDecodeError(f"{label}: packet {len(rows)} has no timestamp; remux the video into MP4.")
+        dts = packet.dts if packet.dts is not None else pts
+        position = packet.pos if packet.pos is not None else -1
+        if first_key is None and packet.is_keyframe:
+            first_key = bytes(packet)
+        if len(rows) < _BYTE_CHECK_PACKETS:
+            samples[len(rows)] = bytes(packet)
+        rows.append((pts, dts, position, packet.size, packet.is_keyframe))
+    return rows, first_key
+
+
+def _rows_from_sample_tables(
+    container: Any, stream: Any, tracks: dict[int, Mp4Track], samples: dict[int, bytes], *, label: str
+) -> list[tuple[int, int, int, int, bool]] | None:
+    """Every packet from FFmpeg's MP4 index plus ``ctts``, or None (logged) where that cannot be trusted.
+
+    The demuxer's index (built from ``moov`` at open) holds each sample's dts (edit list applied), byte
+    offset, size and keyframe flag; pts adds the sample's composition offset and the demuxer's constant dts
+    shift, which the first demuxed packets give and check. Fills ``samples`` with those packets' payloads.
+    """
+    track = tracks.get(int(stream.id))
+    if track is None or track.fragmented:
+        logger.debug("%s: no plain MP4 track %s (fragmented or missing); demuxing.", label, stream.id)
+        return None
+    entries = stream.index_entries
+    if len(entries) != track.sample_count:
+        logger.debug("%s: index has %d entries, stsz %d samples; demuxing.", label, len(entries), track.sample_count)
+        return None
+    offsets = track.composition_offsets()
+    if offsets is None:
+        logger.debug("%s: ctts covers a different number of samples than stsz; demuxing.", label)
+        return None
+    rows: list[tuple[int, int, int, int, bool]] = []
+    for entry, offset in zip(entries, offsets.tolist(), strict=True):
+        if entry.is_discard:
+            logger.debug("%s: the edit list discards samples; demuxing.", label)
+            return None
+        if entry.size > 0:
+            rows.append((entry.timestamp + offset, entry.timestamp, entry.pos, entry.size, entry.is_keyframe))
+    shift: int | None = None
+    check = min(_TIMESTAMP_CHECK_PACKETS, len(rows))
+    demuxed = (packet for packet in container.demux(stream) if packet.size > 0)
+    checked = 0
+    for row, packet in zip(rows[:check], demuxed, strict=False):
+        if shift is None and packet.pts is not None:
+            shift = packet.pts - row[0]
+        if (packet.pts, packet.dts, packet.pos, packet.size, packet.is_keyframe) != (row[0] + (shift or 0), *row[1:]):
+            logger.debug("%s: packet %d disagrees with the MP4 sample tables; demuxing.", label, checked)
+            return None
+        if checked < _BYTE_CHECK_PACKETS:
+            samples[checked] = bytes(packet)
+        checked += 1
+    if checked != check:
+        logger.debug("%s: fewer packets than MP4 samples; demuxing.", label)
+        return None
+    if shift:
+        rows = [(pts + shift, *rest) for pts, *rest in rows]  # type: ignore[misc]
+    return rows
+
+
+def _first_keyframe_bytes(handle: IO[bytes], table: np.ndarray) -> bytes | None:
+    keys = np.flatnonzero(table[:, 4])
+    if len(keys) == 0:
+        return None
+    handle.seek(int(table[keys[0], 2]))
+    return handle.read(int(table[keys[0], 3]))
 
 
 def _offsets_are_exact(handle: IO[bytes], table: np.ndarray, samples: dict[int, bytes]) -> bool:
@@ -297,6 +392,123 @@ def _make_template(stream: Any, payload: bytes) -> bytes:
         copy.stream = template_stream
         muxer.mux(copy)
     return output.getvalue()
+
+
+# --- MP4 sample tables (ISO/IEC 14496-12) ----------------------------------------------------------------
+
+# Largest moov box read into memory; real moov boxes are about 20 bytes per sample.
+_MAX_MOOV_BYTES = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Mp4Track:
+    """What the packet index needs from one ``trak`` that FFmpeg's demuxer index does not expose."""
+
+    track_id: int
+    sample_count: int
+    #: ``ctts`` run lengths and composition offsets (signed, as FFmpeg reads both box versions).
+    ctts_counts: np.ndarray
+    ctts_offsets: np.ndarray
+    #: Whether the movie has fragments (``mvex``): samples then live outside ``moov``.
+    fragmented: bool
+
+    def composition_offsets(self) -> np.ndarray | None:
+        """Each sample's composition offset (zeros without ``ctts``), or None when ``ctts`` does not fit."""
+        if len(self.ctts_counts) == 0:
+            return np.zeros(self.sample_count, dtype=np.int64)
+        if int(self.ctts_counts.sum()) != self.sample_count:
+            return None
+        return np.repeat(self.ctts_offsets, self.ctts_counts)
+
+
+def read_mp4_tracks(handle: IO[bytes], file_size: int) -> dict[int, Mp4Track] | None:
+    """The tracks of an MP4/MOV file by track id, reading only top-level box headers and ``moov``.
+
+    Returns None when ``handle`` does not hold an MP4 box structure with a ``moov`` box.
+    """
+    position = 0
+    while position + 8 <= file_size:
+        handle.seek(position)
+        header = handle.read(16)
+        if len(header) < 8:
+            return None
+        size, kind = struct.unpack(">I4s", header[:8])
+        header_size = 8
+        if size == 1:
+            if len(header) < 16:
+                return None
+            size, header_size = struct.unpack(">Q", header[8:16])[0], 16
+        elif size == 0:
+            size = file_size - position
+        if not kind.isalnum() or size < header_size:
+            return None
+        if kind == b"moov":
+            if size > _MAX_MOOV_BYTES or position + size > file_size:
+                return None
+            handle.seek(position + header_size)
+            payload = handle.read(size - header_size)
+            return _parse_moov(payload) if len(payload) == size - header_size else None
+        position += size
+    return None
+
+
+def _child_boxes(data: bytes, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
+    """(type, payload start, payload end) of the boxes in ``data[start:end]``; stops at a malformed box."""
+    position = start
+    while position + 8 <= end:
+        size, kind = struct.unpack_from(">I4s", data, position)
+        header_size = 8
+        if size == 1 and position + 16 <= end:
+            size, header_size = struct.unpack_from(">Q", data, position + 8)[0], 16
+        elif size == 0:
+            size = end - position
+        if size < header_size or position + size > end:
+            return
+        yield kind, position + header_size, position + size
+        position += size
+
+
+def _find_box(data: bytes, start: int, end: int, path: tuple[bytes, ...]) -> tuple[int, int] | None:
+    for kind, child_start, child_end in _child_boxes(data, start, end):
+        if kind == path[0]:
+            return (child_start, child_end) if len(path) == 1 else _find_box(data, child_start, child_end, path[1:])
+    return None
+
+
+def _parse_moov(data: bytes) -> dict[int, Mp4Track] | None:
+    fragmented = _find_box(data, 0, len(data), (b"mvex",)) is not None
+    tracks: dict[int, Mp4Track] = {}
+    for kind, start, end in _child_boxes(data, 0, len(data)):
+        if kind != b"trak":
+            continue
+        tkhd = _find_box(data, start, end, (b"tkhd",))
+        stbl = _find_box(data, start, end, (b"mdia", b"minf", b"stbl"))
+        if tkhd is None or stbl is None:
+            return None
+        track_id_at = tkhd[0] + (20 if data[tkhd[0]] == 1 else 12)
+        (track_id,) = struct.unpack_from(">I", data, track_id_at)
+        sample_count = _sample_count(data, *stbl)
+        if sample_count is None:
+            return None
+        counts, offsets = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        ctts = _find_box(data, *stbl, (b"ctts",))
+        if ctts is not None:
+            (entries,) = struct.unpack_from(">I", data, ctts[0] + 4)
+            if ctts[0] + 8 + 8 * entries > ctts[1]:
+                return None
+            table = np.frombuffer(data, dtype=">i4", count=2 * entries, offset=ctts[0] + 8).reshape(-1, 2)
+            counts = table[:, 0].astype(np.uint32).astype(np.int64)
+            offsets = table[:, 1].astype(np.int64)
+        tracks[track_id] = Mp4Track(track_id, sample_count, counts, offsets, fragmented)
+    return tracks
+
+
+def _sample_count(data: bytes, start: int, end: int) -> int | None:
+    for kind in (b"stsz", b"stz2"):
+        box = _find_box(data, start, end, (kind,))
+        if box is not None and box[0] + 12 <= box[1]:
+            return int(struct.unpack_from(">I", data, box[0] + 8)[0])
+    return None
 
 
 class PacketIndexCache:

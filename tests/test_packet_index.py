@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+import lerobot_dali.packet_index as packet_index
 from lerobot_dali.errors import (
     CodecUnsupportedError,
     FrameRequestError,
@@ -239,3 +240,17 @@ def test_duplicate_pts_rejected(marker_video: MarkerVideo) -> None:
     pts[1] = pts[0]
     with pytest.raises(VideoDecodeError, match="share pts"):
         replace(index, pts=pts)
+
+
+@pytest.mark.parametrize("codec", ["av1", "h264", "hevc", "vp9"])
+@pytest.mark.parametrize("gop", [2, 30])
+def test_moov_index_equals_demux_index(marker_video: MarkerVideo, codec: str, gop: int) -> None:
+    path = marker_video(codec, gop)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(packet_index, "read_mp4_tracks", lambda handle, size: None)
+        demuxed = build_packet_index(path)
+    index = build_packet_index(path)
+    for name in ("pts", "dts", "byte_offset", "size_bytes", "keyframe"):
+        np.testing.assert_array_equal(getattr(index, name), getattr(demuxed, name), err_msg=name)
+    for name in ("codec", "width", "height", "pix_fmt", "time_base", "template", "byte_exact", "file_size_bytes"):
+        assert getattr(index, name) == getattr(demuxed, name), name

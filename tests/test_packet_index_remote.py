@@ -1,0 +1,163 @@
+"""Packet indexes of MP4 files come from the moov sample tables: few bytes read, same index as a full demux."""
+
+from __future__ import annotations
+
+import io
+import logging
+import struct
+from pathlib import Path
+
+import av
+import fsspec
+import numpy as np
+import pytest
+
+import lerobot_dali.packet_index as packet_index
+from lerobot_dali.packet_index import PacketIndex, build_packet_index
+from tests.video_fixtures import MarkerVideo, cr5_video, r1_video
+
+_ARRAYS = ("pts", "dts", "byte_offset", "size_bytes", "keyframe")
+_FIELDS = ("codec", "width", "height", "pix_fmt", "time_base", "template", "byte_exact", "file_size_bytes")
+
+
+class CountingReader(io.RawIOBase):
+    """A seekable local file that counts the bytes read through it."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = open(path, "rb")  # noqa: SIM115
+        self.bytes_read = 0
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        data = self._file.read(len(buffer))
+        buffer[: len(data)] = data
+        self.bytes_read += len(data)
+        return len(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+def demux_index(path: Path | str, monkeypatch: pytest.MonkeyPatch) -> PacketIndex:
+    """The index built by demuxing every packet (the fallback path), as before moov parsing existed."""
+    with monkeypatch.context() as patch:
+        patch.setattr(packet_index, "read_mp4_tracks", lambda handle, size: None)
+        return build_packet_index(path)
+
+
+def assert_same_index(actual: PacketIndex, expected: PacketIndex) -> None:
+    for name in _ARRAYS:
+        np.testing.assert_array_equal(getattr(actual, name), getattr(expected, name), err_msg=name)
+    for name in _FIELDS:
+        assert getattr(actual, name) == getattr(expected, name), name
+
+
+def top_level_boxes(path: Path) -> list[bytes]:
+    raw, kinds, position = path.read_bytes(), [], 0
+    while position < len(raw):
+        size, kind = struct.unpack_from(">I4s", raw, position)
+        size = struct.unpack_from(">Q", raw, position + 8)[0] if size == 1 else size
+        kinds.append(kind)
+        position += size
+    return kinds
+
+
+def remux(source: Path, target: Path, **options: str) -> Path:
+    with av.open(str(source)) as reader, av.open(str(target), "w", options=options) as writer:
+        stream = writer.add_stream_from_template(reader.streams.video[0])
+        for packet in reader.demux(reader.streams.video[0]):
+            if packet.size:
+                packet.stream = stream
+                writer.mux(packet)
+    return target
+
+
+def test_moov_index_reads_few_bytes_of_a_large_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    path = cr5_video(0)
+    reader = CountingReader(path)
+    with reader:
+        index = build_packet_index(reader)
+    assert reader.bytes_read < 0.05 * index.file_size_bytes, (reader.bytes_read, index.file_size_bytes)
+    assert_same_index(index, demux_index(path, monkeypatch))
+
+
+def test_fsspec_source_reads_few_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    path = cr5_video(1)
+    memory = fsspec.filesystem("memory")
+    memory.pipe("/remote/cam.mp4", path.read_bytes())
+    reads: list[int] = []
+    real_open = memory.open
+
+    def counting_open(name: str, mode: str = "rb", **kwargs: object) -> object:
+        handle = real_open(name, mode, **kwargs)
+        read = handle.read
+        handle.read = lambda size=-1: reads.append(len(chunk := read(size))) or chunk  # type: ignore[method-assign]
+        return handle
+
+    monkeypatch.setattr(memory, "open", counting_open)
+    index = build_packet_index("/remote/cam.mp4", filesystem=memory)
+    assert sum(reads) < 0.05 * index.file_size_bytes
+    assert_same_index(index, demux_index(path, monkeypatch))
+
+
+@pytest.mark.parametrize("faststart", [False, True], ids=["moov_at_end", "faststart"])
+def test_moov_at_either_end(
+    marker_video: MarkerVideo, tmp_path: Path, faststart: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = marker_video("h264", 30)
+    options = {"movflags": "faststart"} if faststart else {}
+    path = remux(source, tmp_path / "remuxed.mp4", **options)
+    kinds = top_level_boxes(path)
+    assert (kinds.index(b"moov") < kinds.index(b"mdat")) is faststart
+    assert_same_index(build_packet_index(path), demux_index(path, monkeypatch))
+
+
+def test_non_mp4_falls_back_to_demux(
+    marker_video: MarkerVideo, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    mkv = remux(marker_video("vp9", 30), tmp_path / "v.mkv")
+    with caplog.at_level(logging.DEBUG, logger="lerobot_dali.packet_index"):
+        index = build_packet_index(mkv)
+    assert "not an MP4" in caplog.text
+    with av.open(str(mkv)) as container:
+        expected = [p.pts for p in container.demux(container.streams.video[0]) if p.size]
+    assert index.pts.tolist() == expected
+
+
+def test_disagreeing_tables_fall_back(
+    marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = marker_video("h264", 30)
+    expected = demux_index(path, monkeypatch)
+    real = packet_index.read_mp4_tracks
+
+    def wrong_ctts(handle: io.BufferedIOBase, size: int) -> dict[int, packet_index.Mp4Track] | None:
+        tracks = real(handle, size)
+        assert tracks
+        return {
+            k: packet_index.Mp4Track(k, t.sample_count, t.ctts_counts, t.ctts_offsets * 2, False)
+            for k, t in tracks.items()
+        }
+
+    monkeypatch.setattr(packet_index, "read_mp4_tracks", wrong_ctts)
+    with caplog.at_level(logging.DEBUG, logger="lerobot_dali.packet_index"):
+        index = build_packet_index(path)
+    assert "disagrees" in caplog.text
+    assert_same_index(index, expected)
+
+
+def test_real_files_match_demux(monkeypatch: pytest.MonkeyPatch) -> None:
+    for path in (r1_video(), cr5_video(0), cr5_video(1), cr5_video(2)):
+        assert_same_index(build_packet_index(path), demux_index(path, monkeypatch))
