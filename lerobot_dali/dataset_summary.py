@@ -28,9 +28,7 @@ def summarize(reader: LeRobotDatasetReader, *, probe: bool = True) -> dict[str, 
             "episodes_per_file": _spread(per_file.values()),
         }
         if probe and reader.num_episodes:
-            ref = reader.video(0, key)
-            with reader.open(ref.path) as f:
-                found = probe_video(f, name=ref.path)
+            found = probe_video(reader.video(0, key).path, filesystem=reader.location.fs)
             entry.update(
                 codec=found.codec,
                 resolution=[found.height, found.width],

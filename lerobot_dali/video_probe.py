@@ -1,21 +1,20 @@
-"""What a video file really holds (codec, size, frame rate, GOP, B-frames), read from its packets.
+"""What a video file really holds (codec, size, frame rate, GOP, B-frames), read from its packet index.
 
 ``info.json`` can be wrong (``r1_v30_h264`` declares 10 fps for a 25 fps video), and the decode route
-depends on the true codec, so routing and ``lerobot-dali info`` ask the file. Only packet headers are read;
-nothing is decoded.
+depends on the true codec, so routing and ``lerobot-dali info`` ask the file. Everything here is derived
+from :class:`~lerobot_dali.packet_index.PacketIndex` (container header and packet tables; nothing decoded).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import IO
+from typing import Any
 
-import av
 import numpy as np
 
-from .errors import VideoDecodeError
+from .packet_index import PacketIndex, VideoSource, load_packet_index
 
-__all__ = ["VideoProbe", "probe_video"]
+__all__ = ["VideoProbe", "describe_index", "probe_video"]
 
 
 @dataclass(frozen=True)
@@ -25,51 +24,29 @@ class VideoProbe:
     height: int
     fps: float | None
     pix_fmt: str | None
-    #: Largest distance in frames between keyframes among the packets read (``None`` if only one keyframe).
+    #: Largest distance in displayed frames between keyframes (``None`` with a single keyframe).
     gop_frames: int | None
     #: Presentation order differs from decode order (B-frames): clips must be cut at keyframes by pts.
     has_b_frames: bool
-    packets_read: int
+    frame_count: int
 
 
-def probe_video(file: str | IO[bytes], *, name: str | None = None, max_packets: int = 600) -> VideoProbe:
-    """Probe the first video stream of ``file`` (a path or a binary file object) from its first packets."""
-    label = name or (file if isinstance(file, str) else getattr(file, "path", repr(file)))
-    try:
-        with av.open(file, mode="r") as container:
-            if not container.streams.video:
-                raise VideoDecodeError(f"{label}: no video stream")
-            stream = container.streams.video[0]
-            ctx = stream.codec_context
-            pts: list[int] = []
-            keys: list[bool] = []
-            for packet in container.demux(stream):
-                if packet.size == 0 or packet.pts is None:
-                    continue
-                pts.append(packet.pts)
-                keys.append(packet.is_keyframe)
-                if len(pts) >= max_packets:
-                    break
-            rate = stream.average_rate or stream.guessed_rate
-            return VideoProbe(
-                codec=ctx.codec.canonical_name,
-                width=ctx.width,
-                height=ctx.height,
-                fps=float(rate) if rate else None,
-                pix_fmt=ctx.pix_fmt,
-                gop_frames=_gop(np.asarray(pts), np.asarray(keys, dtype=bool)),
-                has_b_frames=bool(len(pts) > 1 and (np.diff(pts) < 0).any()),
-                packets_read=len(pts),
-            )
-    except av.error.FFmpegError as e:
-        raise VideoDecodeError(f"{label}: cannot read the video ({e})") from e
+def probe_video(source: VideoSource, *, filesystem: Any | None = None) -> VideoProbe:
+    """Probe the first video stream of ``source`` (a path, a path on ``filesystem``, or a binary file)."""
+    return describe_index(load_packet_index(source, filesystem=filesystem))
 
 
-def _gop(pts: np.ndarray, keys: np.ndarray) -> int | None:
-    if pts.size == 0:
-        return None
-    display_rank = np.argsort(np.argsort(pts, kind="stable"), kind="stable")
-    key_positions = np.sort(display_rank[keys])
-    if key_positions.size < 2:
-        return None
-    return int(np.diff(key_positions).max())
+def describe_index(index: PacketIndex) -> VideoProbe:
+    key_positions = np.sort(index.display_rank[index.keyframe])
+    gop = int(np.diff(key_positions).max()) if key_positions.size > 1 else None
+    seconds_per_frame = index.frame_duration * float(index.time_base)
+    return VideoProbe(
+        codec=index.codec,
+        width=index.width,
+        height=index.height,
+        fps=round(1.0 / seconds_per_frame, 6) if index.frame_count > 1 else None,
+        pix_fmt=index.pix_fmt,
+        gop_frames=gop,
+        has_b_frames=bool(index.frame_count > 1 and (np.diff(index.pts) < 0).any()),
+        frame_count=index.frame_count,
+    )
