@@ -8,11 +8,13 @@ Both give uint8 frames in FHWC layout, RGB, in the order the indices ask for.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
+import numpy as np
 from nvidia.dali import fn
 
-__all__ = ["DALI_CPU_CODECS", "DALI_NVDEC_CODECS", "decode_clips"]
+__all__ = ["DALI_CPU_CODECS", "DALI_NVDEC_CODECS", "decode_clip_batch", "decode_clips"]
 
 DALI_CPU_CODECS: frozenset[str] = frozenset({"vp8", "vp9", "mjpeg"})
 """Codecs (FFmpeg names) that ``fn.decoders.video(device="cpu")`` decodes."""
@@ -30,3 +32,31 @@ def decode_clips(clips: Any, frame_indices: Any, *, device: Literal["cpu", "mixe
     if device not in ("cpu", "mixed"):
         raise ValueError(f"device must be 'cpu' or 'mixed', got {device!r}.")
     return fn.decoders.video(clips, device=device, frames=frame_indices)
+
+
+def decode_clip_batch(
+    clips: Sequence[np.ndarray], frame_indices: Sequence[np.ndarray], *, device_id: int | None
+) -> list[np.ndarray]:
+    """Decode one batch of clips outside the loader: ``device_id=None`` on DALI's CPU decoder, else NVDEC.
+
+    For the NVDEC probe, ``diagnose`` and tests: a throwaway pipeline, frames returned as host arrays
+    (one (T, H, W, 3) uint8 array per clip).
+    """
+    from nvidia.dali import types
+    from nvidia.dali.pipeline import Pipeline
+    from nvidia.dali.tensors import TensorListGPU
+
+    encoded = [np.ascontiguousarray(c, dtype=np.uint8) for c in clips]
+    wanted = [np.asarray(i, dtype=np.int32) for i in frame_indices]
+    pipe = Pipeline(batch_size=len(encoded), num_threads=2, device_id=device_id, prefetch_queue_depth=1)
+    with pipe:
+        data = fn.external_source(source=lambda: encoded, batch=True, dtype=types.UINT8, ndim=1)  # type: ignore[attr-defined]
+        frames = fn.external_source(source=lambda: wanted, batch=True, dtype=types.INT32, ndim=1)  # type: ignore[attr-defined]
+        pipe.set_outputs(decode_clips(data, frames, device="cpu" if device_id is None else "mixed"))
+    try:
+        pipe.build()
+        (output,) = pipe.run()
+        host = output.as_cpu() if isinstance(output, TensorListGPU) else output
+        return [np.asarray(host[i]) for i in range(len(encoded))]
+    finally:
+        del pipe

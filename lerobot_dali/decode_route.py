@@ -23,7 +23,7 @@ import numpy as np
 
 from .clips import build_clip
 from .cpu_decode import pyav_can_decode, torchcodec_available
-from .dali_video import DALI_CPU_CODECS, DALI_NVDEC_CODECS
+from .dali_video import DALI_CPU_CODECS, DALI_NVDEC_CODECS, decode_clip_batch
 from .errors import CodecUnsupportedError
 from .packet_index import PacketIndex, VideoSource
 
@@ -220,33 +220,12 @@ def _probe_here(device_id: int, samples: Mapping[str, np.ndarray]) -> GpuProbe:
     errors: dict[str, str] = {}
     for codec, clip in samples.items():
         try:
-            _decode_one_frame_on_gpu(clip, device_id)
+            decode_clip_batch([clip], [np.zeros(1, np.int32)], device_id=device_id)
             nvdec[codec] = True
         except RuntimeError as e:  # DALI reports "Codec configuration not supported on this GPU" this way
             nvdec[codec] = False
             errors[codec] = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return GpuProbe(gpu=gpu, nvdec=nvdec, errors=errors)
-
-
-def _decode_one_frame_on_gpu(clip: np.ndarray, device_id: int) -> None:
-    from nvidia.dali import fn, pipeline_def, types
-
-    @pipeline_def(batch_size=1, num_threads=1, device_id=device_id, prefetch_queue_depth=1)
-    def probe_pipeline() -> Any:
-        encoded = fn.external_source(
-            source=lambda: [clip],
-            batch=True,
-            dtype=types.UINT8,  # type: ignore[attr-defined]
-            ndim=1,
-        )
-        return fn.decoders.video(encoded, device="mixed", frames=[0])
-
-    pipeline = probe_pipeline()
-    try:
-        pipeline.build()
-        pipeline.run()
-    finally:
-        del pipeline
 
 
 # (device, codec, pixel format) -> (GPU or None, NVDEC decodes it, why not)

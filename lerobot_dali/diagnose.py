@@ -15,7 +15,7 @@ import numpy as np
 
 from .clips import build_clip
 from .cpu_decode import CpuFrameDecoder
-from .dali_video import DALI_CPU_CODECS, decode_clips
+from .dali_video import DALI_CPU_CODECS, decode_clip_batch
 from .dataset_reader import LeRobotDatasetReader
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
 from .packet_index import load_packet_index
@@ -74,9 +74,19 @@ def _diagnose_camera(reader: LeRobotDatasetReader, camera: str, machine: Machine
     reference = _timed(report, "cpu_fallback", lambda: CpuFrameDecoder().decode(path, index, [0], filesystem=fs)[0])
     clip = build_clip(path, index, [0], filesystem=fs)
     if index.codec in DALI_CPU_CODECS:
-        _timed(report, "dali_cpu", lambda: _dali_decode(clip.data, clip.relative_indices, None), reference)
+        _timed(
+            report,
+            "dali_cpu",
+            lambda: decode_clip_batch([clip.data], [clip.relative_indices], device_id=None)[0][0],
+            reference,
+        )
     if route is DecodeRoute.NVDEC:
-        _timed(report, "nvdec", lambda: _dali_decode(clip.data, clip.relative_indices, 0), reference)
+        _timed(
+            report,
+            "nvdec",
+            lambda: decode_clip_batch([clip.data], [clip.relative_indices], device_id=0)[0][0],
+            reference,
+        )
     return report
 
 
@@ -92,19 +102,3 @@ def _timed(report: CameraReport, name: str, decode: Any, reference: np.ndarray |
         detail += f", mean |diff| vs cpu_fallback {np.abs(frame.astype(int) - reference.astype(int)).mean():.2f}"
     report.decodes[name] = (True, time.perf_counter() - start, detail)
     return frame
-
-
-def _dali_decode(clip: np.ndarray, frames: np.ndarray, device_id: int | None) -> np.ndarray:
-    from nvidia.dali import fn
-    from nvidia.dali.pipeline import Pipeline
-    from nvidia.dali.tensors import TensorListGPU
-
-    pipe = Pipeline(batch_size=1, num_threads=1, device_id=device_id, prefetch_queue_depth=1)
-    with pipe:
-        data = fn.external_source(source=lambda: [clip], batch=True)
-        indices = fn.external_source(source=lambda: [frames.astype(np.int32)], batch=True)
-        pipe.set_outputs(decode_clips(data, indices, device="cpu" if device_id is None else "mixed"))
-    pipe.build()
-    (out,) = pipe.run()
-    host = out.as_cpu() if isinstance(out, TensorListGPU) else out
-    return np.asarray(host.as_array()[0][0])

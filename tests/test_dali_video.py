@@ -8,11 +8,10 @@ import logging
 import av
 import numpy as np
 import pytest
-from nvidia.dali import fn, pipeline_def, types
 
 from lerobot_dali import decode_route
 from lerobot_dali.clips import build_clip
-from lerobot_dali.dali_video import DALI_CPU_CODECS, decode_clips
+from lerobot_dali.dali_video import DALI_CPU_CODECS, decode_clip_batch, decode_clips
 from lerobot_dali.decode_route import (
     DecodePreference,
     DecodeRoute,
@@ -29,21 +28,6 @@ from tests.video_fixtures import EPISODE_LENGTHS, EPISODE_STARTS, MarkerVideo, r
 
 # DALI converts YUV to RGB with its own kernel; PyAV uses swscale. Same frame, a few levels apart.
 CROSS_DECODER_MAX_DIFF = 8
-
-
-def _run_cpu_decode(encoded: list[np.ndarray], indices: list[np.ndarray]) -> list[np.ndarray]:
-    """Decode a batch of (encoded video, frame indices) samples with decode_clips on the CPU."""
-
-    @pipeline_def(batch_size=len(encoded), num_threads=2, device_id=None)
-    def pipeline():  # type: ignore[no-untyped-def]
-        data = fn.external_source(source=lambda: encoded, batch=True, dtype=types.UINT8, ndim=1)
-        frames = fn.external_source(source=lambda: indices, batch=True, dtype=types.INT32, ndim=1)
-        return decode_clips(data, frames, device="cpu")
-
-    pipe = pipeline()
-    pipe.build()
-    (output,) = pipe.run()
-    return [np.asarray(output[i]) for i in range(len(encoded))]
 
 
 def _windows(seed: int) -> list[np.ndarray]:
@@ -64,10 +48,10 @@ def test_vp9_clips_decode_on_dali_cpu(marker_video: MarkerVideo, gop: int) -> No
     index = build_packet_index(path)
     windows = _windows(gop)
     clips = [build_clip(path, index, window) for window in windows]
-    decoded = _run_cpu_decode([c.data for c in clips], [c.relative_indices for c in clips])
+    decoded = decode_clip_batch([c.data for c in clips], [c.relative_indices for c in clips], device_id=None)
     # Same decoder on the whole file at the file's display indices: must be identical.
     whole = np.frombuffer(path.read_bytes(), dtype=np.uint8)
-    whole_decoded = _run_cpu_decode([whole] * len(windows), [w.astype(np.int32) for w in windows])
+    whole_decoded = decode_clip_batch([whole] * len(windows), [w.astype(np.int32) for w in windows], device_id=None)
     reference = reference_frames(path, {int(p) for w in windows for p in index.frame_pts[w]})
     for window, frames, from_file in zip(windows, decoded, whole_decoded, strict=True):
         assert frames.shape == (len(window), 64, 96, 3) and frames.dtype == np.uint8
@@ -87,7 +71,7 @@ def test_dali_frame_k_is_pyav_display_frame_k(marker_video: MarkerVideo) -> None
     with av.open(io.BytesIO(clip.data.tobytes())) as container:
         pyav_frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
     all_frames = np.arange(clip.frame_count, dtype=np.int32)
-    (dali_frames,) = _run_cpu_decode([clip.data], [all_frames])
+    (dali_frames,) = decode_clip_batch([clip.data], [all_frames], device_id=None)
     assert len(pyav_frames) == clip.frame_count == len(dali_frames)
     for dali_frame, pyav_frame in zip(dali_frames, pyav_frames, strict=True):
         assert np.abs(dali_frame.astype(np.int16) - pyav_frame).max() <= CROSS_DECODER_MAX_DIFF

@@ -17,7 +17,7 @@ from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 from lerobot_dali import decode_route  # noqa: E402
 from lerobot_dali.clips import build_clip  # noqa: E402
 from lerobot_dali.cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder  # noqa: E402
-from lerobot_dali.dali_video import decode_clips  # noqa: E402
+from lerobot_dali.dali_video import decode_clip_batch  # noqa: E402
 from lerobot_dali.decode_route import DecodeRoute, nvdec_table_guess, probe_gpu, route_for_video  # noqa: E402
 from lerobot_dali.errors import CodecUnsupportedError  # noqa: E402
 from lerobot_dali.frame_marker import read_marker  # noqa: E402
@@ -48,20 +48,6 @@ def dali_gpu_pipeline_works() -> None:
         pytest.skip(f"DALI cannot run a pipeline on device 0: {e}")
 
 
-def _run_mixed_decode(encoded: list[np.ndarray], indices: list[np.ndarray]) -> list[np.ndarray]:
-    @pipeline_def(batch_size=len(encoded), num_threads=2, device_id=0)
-    def pipeline():  # type: ignore[no-untyped-def]
-        data = fn.external_source(source=lambda: encoded, batch=True, dtype=types.UINT8, ndim=1)
-        frames = fn.external_source(source=lambda: indices, batch=True, dtype=types.INT32, ndim=1)
-        return decode_clips(data, frames, device="mixed")
-
-    pipe = pipeline()
-    pipe.build()
-    (output,) = pipe.run()
-    output = output.as_cpu()
-    return [np.asarray(output[i]) for i in range(len(encoded))]
-
-
 def _windows(total: int, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     windows = [np.array([0, 1, 2]), np.array([total - 3, total - 2, total - 1]), np.array([total - 1, 0, total // 2])]
@@ -79,10 +65,10 @@ def _assert_close(frame: np.ndarray, expected: np.ndarray) -> None:
 def _check_mixed(path: Path, windows: list[np.ndarray], *, markers: bool) -> None:
     index = build_packet_index(path)
     clips = [build_clip(path, index, window) for window in windows]
-    decoded = _run_mixed_decode([c.data for c in clips], [c.relative_indices for c in clips])
+    decoded = decode_clip_batch([c.data for c in clips], [c.relative_indices for c in clips], device_id=0)
     # Same decoder on the whole file at its display indices: identical frames.
     whole = np.frombuffer(path.read_bytes(), dtype=np.uint8)
-    from_file = _run_mixed_decode([whole] * len(windows), [w.astype(np.int32) for w in windows])
+    from_file = decode_clip_batch([whole] * len(windows), [w.astype(np.int32) for w in windows], device_id=0)
     reference = reference_frames(path, {int(p) for w in windows for p in index.frame_pts[w]})
     for window, frames, whole_frames in zip(windows, decoded, from_file, strict=True):
         assert frames.shape == (len(window), index.height, index.width, 3) and frames.dtype == np.uint8
