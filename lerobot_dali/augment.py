@@ -8,7 +8,8 @@ CPU, as DALI argument inputs.
 
 Order of operations (each skipped when not configured):
 
-1. ``resize``: deterministic resize to (H, W) (``fn.resize``, linear, antialiased).
+1. ``resize``: deterministic resize to (H, W) (``fn.resize``, linear, antialiased); skipped with
+   ``presized`` when the CPU decoding worker already resized the frames (see :func:`leading_resize`).
 2. ``random_resized_crop``: random area/aspect crop resized to its ``size`` (``fn.random_resized_crop``).
 3. ``affine``: rotation and scale about the image centre, then translation (``fn.transforms.*`` +
    ``fn.warp_affine``, outside filled with 0).
@@ -57,6 +58,7 @@ __all__ = [
     "RandomAffine",
     "RandomResizedCrop",
     "augment_frames",
+    "leading_resize",
 ]
 
 _LOG = logging.getLogger(__name__)
@@ -361,6 +363,20 @@ def _uniform(lo: float, hi: float, seed: int) -> float | DataNode:
     return lo if lo == hi else fn.random.uniform(range=[lo, hi], seed=seed)
 
 
+def leading_resize(config: AugmentConfig | None, output_size: tuple[int, int] | None) -> tuple[int, int] | None:
+    """(H, W) of the deterministic resize :func:`augment_frames` applies first, or None when there is none.
+
+    This is the only step that sees the full decoded frame: every later step (crop, affine, jitter, blur)
+    works on its output. So whoever decodes the frames may do this resize instead of the graph
+    (``augment_frames(presized=True)``) without changing what the later steps see. None when
+    ``output_size`` goes to a random crop that must cut the full frame.
+    """
+    cfg = config if config is not None else AugmentConfig()
+    if output_size is not None and cfg.random_resized_crop is None:
+        return _size("leading_resize", "output_size", output_size)
+    return cfg.resize
+
+
 def augment_frames(
     frames: DataNode,
     *,
@@ -369,12 +385,15 @@ def augment_frames(
     camera_index: int,
     return_uint8: bool = False,
     output_size: tuple[int, int] | None = None,
+    presized: bool = False,
 ) -> DataNode:
     """Augment one camera's ``FHWC`` uint8 windows and hand them over as ``FCHW`` (see module docstring).
 
     ``output_size`` (H, W) replaces the size of the last resampling step (the random crop's, else the
     resize's), or adds a resize when neither is configured, so cameras can be brought to one size without
-    resampling twice. Call inside a pipeline definition; works on ``cpu`` and ``gpu`` frames alike.
+    resampling twice. ``presized``: the frames already have the :func:`leading_resize` size (the decoding
+    worker resized them), so that step is skipped. Call inside a pipeline definition; works on ``cpu`` and
+    ``gpu`` frames alike.
     """
     if not isinstance(frames, DataNode):
         raise TypeError(f"frames must be a DALI DataNode (inside a pipeline definition), got {type(frames).__name__}")
@@ -398,19 +417,22 @@ def augment_frames(
     size: tuple[int, int] | None = None  # (H, W) after geometry, when known while building the graph
     steps: list[str] = []
 
-    resize_to = cfg.resize
+    resize_to = leading_resize(cfg, output_size)
     crop = cfg.random_resized_crop
     crop_size = crop.size if crop is not None else None
-    if output_size is not None:
-        if crop is not None:
-            crop_size = output_size
-        else:
-            resize_to = output_size
+    if output_size is not None and crop is not None:
+        crop_size = output_size
+    if presized and resize_to is None:
+        raise ValueError(
+            "presized=True needs a leading resize (AugmentConfig.resize, or output_size without a random crop); "
+            "with none, the frames must arrive at full size"
+        )
 
     if resize_to is not None:
-        x = cast(DataNode, fn.resize(x, size=list(resize_to), antialias=True))  # one output without save_attrs
+        if not presized:
+            x = cast(DataNode, fn.resize(x, size=list(resize_to), antialias=True))  # one output without save_attrs
         size = resize_to
-        steps.append(f"resize{resize_to}")
+        steps.append(f"resize{resize_to}" + (" (in the worker)" if presized else ""))
     if crop is not None and crop_size is not None:
         x = fn.random_resized_crop(
             x,

@@ -8,21 +8,26 @@ each bounded and rebuilt after the process boundary.
 
 from __future__ import annotations
 
+import io
 import logging
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any, Literal
 
 import numpy as np
 
+from . import io_stats
 from .clips import build_clip
 from .cpu_decode import CpuFrameDecoder
 from .dali_graph import Field, FieldKind
 from .dataset_reader import LeRobotDatasetReader
 from .decode_route import DecodeRoute
+from .file_stamps import FileStamp
 from .frame_lookup import FrameRequestContext, TimestampSource, nearest_frame_indices
-from .packet_index import PacketIndex, PacketIndexCache
+from .packet_index import PacketIndex, PacketIndexCache, build_packet_index
+from .packet_index_store import PacketIndexStore
 from .sample_order import SampleOrder
 from .windows import query_indices
 
@@ -52,6 +57,12 @@ class SourceSpec:
     timestamp_source: TimestampSource
     tolerance_s: float
     rows_cache_episodes: int = 256
+    #: Remote datasets: each file's size + version from one listing, so no worker asks the server per file.
+    stamps: Mapping[str, FileStamp] | None = None
+    #: Remote datasets: packet indexes on disk, built once (by the prefetcher or the first worker) for all.
+    index_store: PacketIndexStore | None = None
+    #: ``camera -> (H, W)`` for CPU-fallback cameras the worker resizes while decoding (``resize_in_worker``).
+    worker_resize: Mapping[str, tuple[int, int]] = dataclass_field(default_factory=dict)
 
 
 def output_fields(spec: SourceSpec) -> list[Field]:
@@ -61,7 +72,8 @@ def output_fields(spec: SourceSpec) -> list[Field]:
     fields += [Field(f"{key}_is_pad", FieldKind.TABULAR) for key in spec.delta_index]
     for camera_index, (camera, route) in enumerate(spec.camera_routes.items()):
         if route.dali_device is None:
-            fields.append(Field(camera, FieldKind.FRAMES, camera_index=camera_index))
+            presized = camera in spec.worker_resize
+            fields.append(Field(camera, FieldKind.FRAMES, camera_index=camera_index, presized=presized))
         else:
             device: Literal["cpu", "mixed"] = "mixed" if route.dali_device == "mixed" else "cpu"
             fields.append(Field(camera, FieldKind.CLIP, decode_device=device, camera_index=camera_index))
@@ -136,7 +148,7 @@ class BatchSource:
             camera_rows = windows[field.name][0] if field.name in windows else own_row
             requests = self._video_requests(field.name, episode_pos, rows, camera_rows)
             if field.kind is FieldKind.FRAMES:
-                out.append(self._decoded(requests))
+                out.append(self._decoded(requests, spec.worker_resize.get(field.name)))
             else:
                 out.extend(self._clips(requests))
         return tuple(out)
@@ -164,7 +176,8 @@ class BatchSource:
                 local_s = r["frame_index"][i].astype(np.float64) / reader.fps
             else:
                 local_s = r["timestamp"][i].astype(np.float64)
-            index = self._indexes.get(video.path, filesystem=reader.location.fs)
+            stamp = spec.stamps[video.path] if spec.stamps is not None else None
+            index = self._indexes.get(video.path, filesystem=reader.location.fs, stamp=stamp, store=spec.index_store)
             context = FrameRequestContext(
                 dataset=reader.location.description,
                 episode_index=int(reader.episodes.episode_index[pos]),
@@ -175,9 +188,27 @@ class BatchSource:
             )
             yield video.path, index, numbers
 
-    def _decoded(self, requests: Iterator[tuple[str, PacketIndex, np.ndarray]]) -> list[np.ndarray]:
-        fs = self.spec.reader.location.fs
-        return [self._decoder.decode(path, index, numbers, filesystem=fs) for path, index, numbers in requests]
+    def _decoded(
+        self, requests: Iterator[tuple[str, PacketIndex, np.ndarray]], size: tuple[int, int] | None
+    ) -> list[np.ndarray]:
+        location = self.spec.reader.location
+        if location.is_local:
+            with io_stats.timed("decode_s"):
+                return [
+                    self._decoder.decode(path, index, numbers, filesystem=location.fs, size=size)
+                    for path, index, numbers in requests
+                ]
+        # Remote files: FFmpeg would read the container header and then 32 KB at a time over the network;
+        # a clip reads exactly the packets it needs (ranged reads the prefetch cache serves) and decodes
+        # in memory to the same frames.
+        frames = []
+        for path, index, numbers in requests:
+            with io_stats.timed("clip_s"):
+                clip = build_clip(path, index, numbers, filesystem=location.fs)
+            with io_stats.timed("decode_s"):
+                data = io.BytesIO(clip.data.tobytes())
+                frames.append(self._decoder.decode(data, build_packet_index(data), clip.relative_indices, size=size))
+        return frames
 
     def _clips(
         self, requests: Iterator[tuple[str, PacketIndex, np.ndarray]]
@@ -185,7 +216,8 @@ class BatchSource:
         fs = self.spec.reader.location.fs
         clips, indices = [], []
         for path, index, numbers in requests:
-            clip = build_clip(path, index, numbers, filesystem=fs)
+            with io_stats.timed("clip_s"):
+                clip = build_clip(path, index, numbers, filesystem=fs)
             clips.append(clip.data)
             indices.append(clip.relative_indices.astype(np.int32))
         return clips, indices

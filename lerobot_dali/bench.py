@@ -48,6 +48,7 @@ from .bench_types import (
     LoaderResult,
     LoadPlan,
 )
+from .cache_dirs import cache_root
 
 __all__ = [
     "LOADERS",
@@ -66,7 +67,7 @@ logger = logging.getLogger(__name__)
 SARM_OFFSETS_S: tuple[float, ...] = tuple(float(k) for k in range(-7, 1))
 """Camera window of the ``sarm`` mode: 8 frames spaced 1 s, ending at the sample's frame."""
 
-DEFAULT_CACHE = Path.home() / ".cache" / "lerobot_dali" / "bench"
+DEFAULT_CACHE = cache_root() / "bench"
 
 
 class BenchMode(Enum):

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -20,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from . import io_stats
 from .bench_types import (
     _EXTERNAL,
     _OURS,
@@ -144,7 +147,10 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
         raise ValueError(f"unknown loader {job.loader!r}; loaders are {', '.join(LOADERS)}")
     iterable = isinstance(dataset, torch.utils.data.IterableDataset)
     # Workers fork, as a DataLoader's do by default on Linux; this process was spawned, so say it explicitly.
+    # Remote datasets spawn: fsspec's async clients (HTTP, s3, gcs) refuse to run in a forked child.
     context = "fork" if job.num_workers > 0 and sys.platform == "linux" else None
+    if context and not os.path.isdir(job.dataset.path):
+        context = "spawn"
     loader = DataLoader(
         dataset, batch_size=job.batch_size, shuffle=not iterable, num_workers=job.num_workers, drop_last=True,
         pin_memory=job.device.startswith("cuda"), persistent_workers=job.num_workers > 0,
@@ -198,6 +204,49 @@ class _Progress:
             self._bar.close()
 
 
+class _RemoteCounters:
+    """Requests, bytes and time of a lerobot-dali loader on a remote dataset, per epoch (see io_stats)."""
+
+    def __init__(self, job: LoaderJob) -> None:
+        path = job.dataset.path
+        self.enabled = job.loader in _OURS and not os.path.isdir(path)
+        self.per_epoch: list[int] = []
+        self._seen = 0.0
+        if self.enabled:
+            self.folder = tempfile.mkdtemp(prefix="lerobot-dali-io-")
+            os.environ[io_stats.STATS_ENV] = self.folder  # inherited by the DALI workers spawned later
+
+    def totals(self) -> dict[str, float]:
+        io_stats.flush()
+        time.sleep(0.3)  # the workers' flush threads write every 0.2 s
+        return io_stats.collect(self.folder)
+
+    def epoch_end(self) -> None:
+        if self.enabled:
+            requests = self.totals().get("requests", 0.0)
+            self.per_epoch.append(int(requests - self._seen))
+            self._seen = requests
+
+    def fields(self, loader: Any) -> dict[str, Any]:
+        if not self.enabled:
+            return {}
+        totals = self.totals()
+        files_mb = None
+        reader = getattr(loader, "reader", None)
+        if reader is not None and reader.stamps is not None:
+            files_mb = sum(stamp.size for stamp in reader.stamps.values()) / 2**20
+        hit, miss = totals.get("cache_hit_bytes", 0.0), totals.get("cache_miss_bytes", 0.0)
+        return {
+            "remote_requests": int(totals.get("requests", 0)),
+            "remote_requests_per_epoch": " ".join(str(n) for n in self.per_epoch),
+            "fetched_mb": totals.get("fetched_bytes", 0.0) / 2**20,
+            "dataset_files_mb": files_mb,
+            "fetch_s": totals.get("fetch_s", 0.0),
+            "decode_s": totals.get("decode_s", 0.0) + totals.get("clip_s", 0.0),
+            "cache_hit_ratio": hit / (hit + miss) if hit + miss else None,
+        }
+
+
 def measure_loader(job: LoaderJob) -> LoaderResult:
     """Run one loader for ``warmup + steps`` batches (over as many epochs as that takes) and measure it."""
     import torch
@@ -211,6 +260,7 @@ def measure_loader(job: LoaderJob) -> LoaderResult:
     sampler.start()
     total = job.warmup + job.steps
     progress = _Progress(total, f"{job.dataset.label[:24]} {job.loader}")
+    remote = _RemoteCounters(job)
     built = time.perf_counter()
     loader, routes, close = _build_loader(job)
     started = time.perf_counter()
@@ -241,8 +291,10 @@ def measure_loader(job: LoaderJob) -> LoaderResult:
                 previous = now
                 if delivered >= total:
                     break
+            remote.epoch_end()
             if epoch_batches == 0:
                 break  # an epoch without a batch (dataset smaller than one batch): nothing more will come
+        remote_fields = remote.fields(loader)
     finally:
         progress.close()
         close()
@@ -275,6 +327,7 @@ def measure_loader(job: LoaderJob) -> LoaderResult:
         gpu_max_allocated_mb=torch.cuda.max_memory_allocated(cuda_index) / 2**20 if cuda_index is not None else None,
         gpu_peak_used_mb=(sampler.peak_gpu_used_bytes or 0) / 2**20 if cuda_index is not None else None,
         episodes_per_batch=float(np.mean(episodes)) if episodes else None,
+        **remote_fields,
     )
 
 

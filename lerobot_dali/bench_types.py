@@ -80,6 +80,17 @@ class LoaderResult:
     clip_bytes_per_sample: float | None = None
     video_bytes_per_sample: float | None = None
     clip_to_file_ratio: float | None = None
+    #: Remote datasets (lerobot-dali loaders): requests to the remote, in total and per epoch (``"412 0 0"``;
+    #: epochs split where the loop crossed them, so DALI's read-ahead shifts a few requests across), bytes
+    #: fetched vs bytes of the dataset's files, seconds spent in requests and in CPU decode (summed over the
+    #: process and its workers), and the share of worker reads served by the prefetch cache.
+    remote_requests: int | None = None
+    remote_requests_per_epoch: str | None = None
+    fetched_mb: float | None = None
+    dataset_files_mb: float | None = None
+    fetch_s: float | None = None
+    decode_s: float | None = None
+    cache_hit_ratio: float | None = None
     vs_best_peer: float | None = None
     fraction_of_decode_ceiling: float | None = None
 

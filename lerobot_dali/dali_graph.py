@@ -3,7 +3,8 @@
 The external source emits one output per :class:`Field`; cameras on the clip route arrive as small encoded
 clips plus clip-relative frame indices and are decoded by DALI (``mixed`` = NVDEC, ``cpu`` for VP9 in the
 CPU-only mode); cameras on the frames route arrive already decoded by the workers. Either way the frames
-meet the same augmentation, so GPU and CPU-fallback cameras get identical treatment.
+meet the same augmentation, so GPU and CPU-fallback cameras get identical treatment, except for one
+placement choice (:func:`resize_in_worker`): in CPU mode a worker-decoded camera is resized by the worker.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .augment import AugmentConfig, augment_frames
+from .augment import AugmentConfig, augment_frames, leading_resize
 from .dali_video import decode_clips
+from .decode_route import DecodeRoute
 
-__all__ = ["Field", "FieldKind", "build_pipeline"]
+__all__ = ["Field", "FieldKind", "build_pipeline", "resize_in_worker"]
 
 
 class FieldKind(enum.Enum):
@@ -39,6 +41,29 @@ class Field:
     #: For camera fields: "cpu" or "mixed" decode device (CLIP), and the camera's position for random draws.
     decode_device: Literal["cpu", "mixed"] = "cpu"
     camera_index: int = 0
+    #: FRAMES only: the worker already resized the frames to the leading resize (see :func:`resize_in_worker`).
+    presized: bool = False
+
+
+def resize_in_worker(
+    route: DecodeRoute,
+    *,
+    on_gpu: bool,
+    augment: AugmentConfig | None,
+    image_size: tuple[int, int] | None,
+) -> tuple[int, int] | None:
+    """The (H, W) a camera's decoding worker should resize to, or None to leave the resize to the graph.
+
+    Yes only when all hold: the pipeline runs on the CPU (on a GPU the device resizes, leaving the CPU
+    to decode), the camera is decoded by the workers (CPU fallback; DALI's own decoders hand full frames
+    to the graph), and the graph's first step is a plain resize (:func:`~lerobot_dali.augment.leading_resize`;
+    not a random crop that must cut the full frame). Why: on two cores the graph's resize of full frames
+    was the bottleneck (issue #6); the worker folds the resize into the YUV -> RGB conversion it does
+    anyway, and ships small frames instead of full ones through shared memory.
+    """
+    if on_gpu or route is not DecodeRoute.CPU_FALLBACK:
+        return None
+    return leading_resize(augment, image_size)
 
 
 def build_pipeline(
@@ -101,6 +126,7 @@ def build_pipeline(
                     camera_index=field.camera_index,
                     return_uint8=return_uint8,
                     output_size=image_size,
+                    presized=field.presized,
                 )
             )
             names.append(field.name)

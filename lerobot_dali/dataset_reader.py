@@ -22,6 +22,7 @@ from .dataset_location import DatasetLocation, resolve_location, with_bulk_root
 from .episode_rows import INDEX_COLUMNS, ParquetCache, read_episode_rows
 from .episode_table import EpisodeTable, read_episode_table
 from .errors import DatasetError, DatasetNotFoundError, EpisodeMetadataError, MissingDataFileError
+from .file_stamps import FileStamps
 
 __all__ = ["LeRobotDatasetReader", "VideoRef", "open_dataset"]
 
@@ -49,14 +50,29 @@ class LeRobotDatasetReader:
         *,
         camera_keys: list[str],
         tabular_keys: list[str],
+        stamps: FileStamps | None = None,
     ) -> None:
         self.location = location
+        #: Remote datasets: size and version of every data/video file from one listing per root.
+        self.stamps = stamps
         self.info = info
         self.episodes = episodes
         self.tasks = tasks
         self.camera_keys = camera_keys
         self.tabular_keys = tabular_keys
         self._parquet = ParquetCache(location.open_bulk)
+
+    def with_location(self, location: DatasetLocation) -> LeRobotDatasetReader:
+        """The same dataset read through other filesystems (e.g. the prefetch cache in front of the remote)."""
+        return LeRobotDatasetReader(
+            location,
+            self.info,
+            self.episodes,
+            self.tasks,
+            camera_keys=self.camera_keys,
+            tabular_keys=self.tabular_keys,
+            stamps=self.stamps,
+        )
 
     @property
     def fps(self) -> float:
@@ -205,7 +221,12 @@ def open_dataset(
             len(episodes),
         )
     tasks = _read_tasks(location, info)
-    reader = LeRobotDatasetReader(location, info, episodes, tasks, camera_keys=camera_keys, tabular_keys=tabular_keys)
+    # Remote: one recursive listing per root stamps every file (no per-file metadata request, here or in
+    # any worker); a filesystem that cannot list falls back to one request per file looked up.
+    stamps = None if location.is_local else FileStamps(location.fs, [location.path("data"), location.path("videos")])
+    reader = LeRobotDatasetReader(
+        location, info, episodes, tasks, camera_keys=camera_keys, tabular_keys=tabular_keys, stamps=stamps
+    )
     _check_first_files(reader)
     logger.info("opened %r", reader)
     return reader
@@ -266,12 +287,17 @@ def _check_first_files(reader: LeRobotDatasetReader) -> None:
     if reader.num_episodes == 0:
         return
     fs = reader.location.fs
+    stamps = reader.stamps if reader.stamps is not None else ()
+
+    def exists(path: str) -> bool:
+        return path in stamps or bool(fs.exists(path))
+
     data = reader.data_path(0)
-    if not fs.exists(data):
+    if not exists(data):
         raise MissingDataFileError(f"{data} is missing: the first episode's data file does not exist")
     for camera in reader.camera_keys:
         video = reader.video(0, camera).path
-        if not fs.exists(video):
+        if not exists(video):
             others = [c for c in reader.camera_keys if c != camera]
             raise MissingDataFileError(
                 f"{video} is missing: camera {camera!r} is declared in info.json but its video for the first "

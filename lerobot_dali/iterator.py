@@ -17,13 +17,15 @@ import torch
 
 from .augment import AugmentConfig
 from .batch_source import BatchSource, SourceSpec, output_fields
-from .dali_graph import build_pipeline
+from .dali_graph import build_pipeline, resize_in_worker
 from .dataset_reader import LeRobotDatasetReader, open_dataset
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
 from .distributed import resolve_rank
 from .errors import SchemaMismatchError
 from .frame_lookup import TimestampSource
 from .packet_index import load_packet_index
+from .packet_index_store import PacketIndexStore
+from .prefetch import Prefetcher, prefetching_reader
 from .sample_order import OrderOptions, RankBalance
 from .stream_state import SampleStream
 from .windows import DeltaWindows
@@ -70,6 +72,8 @@ class DALILeRobotIterator:
         timestamp_source: TimestampSource | str = TimestampSource.PARQUET_TIMESTAMP,
         rank_balance: RankBalance | str = RankBalance.PAD,
         data_files_root: str | os.PathLike[str] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_gb: float = 8.0,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -120,8 +124,24 @@ class DALILeRobotIterator:
             options=options,
         )
         self.routes = self._choose_routes(DecodePreference.parse(decode))
+        self._worker_resize = self._plan_worker_resize()
         self._tabular_keys = tuple(
             k for k in self.reader.tabular_keys if self.reader.info.features[k].dtype != "string"
+        )
+        # Remote datasets: file stamps from one listing per root and packet indexes on disk (no per-file
+        # requests from any worker); workers read through a local cache a prefetcher fills on admission.
+        location = self.reader.location
+        self._stamps = self.reader.stamps
+        self._index_store = None if location.is_local else PacketIndexStore()
+        self._worker_reader, self._prefetcher = prefetching_reader(
+            self.reader,
+            self._stream.order,
+            rank=self.rank,
+            lookahead=batch_size * (prefetch + 1) * max(1, num_workers) + batch_size,
+            cache_dir=cache_dir,
+            cache_bytes=int(cache_gb * 1e9),
+            stamps=self._stamps,
+            index_store=self._index_store,
         )
         self._pipeline: Any = None
         self._dali_iter: Any = None
@@ -146,6 +166,18 @@ class DALILeRobotIterator:
                 video.path, index, decode=preference, device_id=self._device_id or 0, filesystem=fs, label=camera
             )
         return routes
+
+    def _plan_worker_resize(self) -> dict[str, tuple[int, int]]:
+        sizes = {}
+        for camera, route in self.routes.items():
+            size = resize_in_worker(
+                route, on_gpu=self._device_id is not None, augment=self._augment, image_size=self._image_size
+            )
+            if size is not None:
+                sizes[camera] = size
+        if sizes:
+            logger.info("CPU mode: the decoding workers resize %s (not the pipeline)", sizes)
+        return sizes
 
     # -- epochs and state --------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -182,8 +214,11 @@ class DALILeRobotIterator:
         if self._dali_iter is not None and self._stream.epoch == self._first_epoch + self._dali_epochs:
             return
         self._close_pipeline()
+        if self._prefetcher is not None:
+            self._prefetcher.set_order(self._stream.order)
+            self._prefetcher.warm(self._stream.epoch, self._stream.samples_consumed)
         spec = SourceSpec(
-            reader=self.reader,
+            reader=self._worker_reader,
             order=self._stream.order,
             delta_index={k: np.asarray(v) for k, v in self.windows.delta_index.items()},
             batch_size=self.batch_size,
@@ -194,6 +229,9 @@ class DALILeRobotIterator:
             tabular_keys=self._tabular_keys,
             timestamp_source=self._timestamp_source,
             tolerance_s=self._tolerance_s,
+            stamps=self._stamps,
+            index_store=self._index_store,
+            worker_resize=self._worker_resize,
         )
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
@@ -226,6 +264,8 @@ class DALILeRobotIterator:
             for outputs in self._dali_iter:
                 batch = self._to_batch(outputs[0])
                 self._stream.advance(len(batch["index"]))
+                if self._prefetcher is not None:
+                    self._prefetcher.advance(self._stream.epoch, self._stream.samples_consumed)
                 yield batch
         except Exception as e:
             self._close_pipeline()
@@ -251,8 +291,17 @@ class DALILeRobotIterator:
         self._pipeline = None
 
     def close(self) -> None:
-        """Stop the worker processes now rather than at garbage collection."""
+        """Stop the worker processes (and the prefetcher) now rather than at garbage collection."""
         self._close_pipeline()
+        prefetcher = getattr(self, "_prefetcher", None)
+        if prefetcher is not None:
+            prefetcher.close()
+            self._prefetcher = None
+
+    @property
+    def prefetcher(self) -> Prefetcher | None:
+        """The prefetcher of a remote dataset (its ``stats`` count cached and fetched ranges), else None."""
+        return self._prefetcher
 
     def __del__(self) -> None:
         self._close_pipeline()

@@ -21,12 +21,16 @@ from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import IO, Any, TypeAlias
+from typing import IO, TYPE_CHECKING, Any, TypeAlias
 
 import av
 import numpy as np
 
 from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
+
+if TYPE_CHECKING:
+    from .file_stamps import FileStamp
+    from .packet_index_store import PacketIndexStore
 
 __all__ = [
     "PacketIndex",
@@ -37,6 +41,7 @@ __all__ = [
     "open_video_source",
     "source_cache_key",
     "source_label",
+    "source_url",
 ]
 
 logger = logging.getLogger(__name__)
@@ -181,6 +186,13 @@ def source_cache_key(source: VideoSource, *, filesystem: Any | None = None) -> H
     except (OSError, io.UnsupportedOperation):
         return None
     return None
+
+
+def source_url(source: str | os.PathLike[str], *, filesystem: Any | None = None) -> str:
+    """The URL of a path on ``filesystem`` (``file://`` plus the absolute path without one): a cache key."""
+    if filesystem is None:
+        return f"file://{os.path.abspath(os.fspath(source))}"
+    return str(filesystem.unstrip_protocol(os.fspath(source)))
 
 
 def _fsspec_key(fs: Any, path: str) -> Hashable:
@@ -512,10 +524,13 @@ def _sample_count(data: bytes, start: int, end: int) -> int | None:
 
 
 class PacketIndexCache:
-    """Bounded LRU of packet indices per process, keyed by (path, size, mtime) so edited files re-index.
+    """Bounded LRU of packet indices per process, keyed so that an edited file is indexed again.
 
-    Indices are immutable, so a cache inherited through fork stays valid; sources without a stable
-    identity (anonymous file objects) are indexed every time.
+    Without a stamp the key is (path, size, mtime) from a stat (one metadata request per call on a remote
+    filesystem); with a :class:`~lerobot_dali.file_stamps.FileStamp` computed once by the caller it is
+    (URL, stamp) and costs no request, and a miss first tries the on-disk ``store`` shared by all processes.
+    Indices are immutable, so a cache inherited through fork stays valid; sources without a stable identity
+    (anonymous file objects) are indexed every time.
     """
 
     def __init__(self, *, max_entries: int = 64) -> None:
@@ -528,21 +543,71 @@ class PacketIndexCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, source: VideoSource, *, filesystem: Any | None = None) -> PacketIndex:
+    def get(
+        self,
+        source: VideoSource,
+        *,
+        filesystem: Any | None = None,
+        stamp: FileStamp | None = None,
+        store: PacketIndexStore | None = None,
+    ) -> PacketIndex:
+        """The index of ``source`` (a path on ``filesystem``, local without one), built on first use.
+
+        ``stamp`` identifies the file's content (see :class:`~lerobot_dali.file_stamps.FileStamps`): no
+        metadata request is made. ``store`` (used only with a stamp) is read on a miss and written after a
+        build. Raises what :func:`build_packet_index` raises.
+        """
+        if stamp is None:
+            return self._get_unstamped(source, filesystem=filesystem)
+        if not isinstance(source, (str, os.PathLike)):
+            raise TypeError(
+                f"a stamp identifies a path; got a {type(source).__name__} source ({source_label(source)})."
+            )
+        url = source_url(source, filesystem=filesystem)
+        key = ("stamped", url, stamp)
+        cached = self._lookup(key)
+        if cached is not None:
+            return cached
+        index = store.load(url, stamp) if store is not None else None
+        if index is None:
+            index = build_packet_index(source, filesystem=filesystem)
+            if index.file_size_bytes != stamp.size:
+                logger.warning(
+                    "%s has %d bytes but was listed with %d: it changed since it was listed; its index is not "
+                    "stored on disk (list the files again to cache it)",
+                    url,
+                    index.file_size_bytes,
+                    stamp.size,
+                )
+            elif store is not None:
+                store.save(url, stamp, index)
+        self._insert(key, index)
+        return index
+
+    def _get_unstamped(self, source: VideoSource, *, filesystem: Any | None) -> PacketIndex:
         key = source_cache_key(source, filesystem=filesystem)
         if key is not None:
-            with self._lock:
-                if key in self._entries:
-                    self._entries.move_to_end(key)
-                    return self._entries[key]
+            cached = self._lookup(key)
+            if cached is not None:
+                return cached
         index = build_packet_index(source, filesystem=filesystem)
         if key is not None:
-            with self._lock:
-                self._entries[key] = index
-                self._entries.move_to_end(key)
-                while len(self._entries) > self.max_entries:
-                    self._entries.popitem(last=False)
+            self._insert(key, index)
         return index
+
+    def _lookup(self, key: Hashable) -> PacketIndex | None:
+        with self._lock:
+            index = self._entries.get(key)
+            if index is not None:
+                self._entries.move_to_end(key)
+            return index
+
+    def _insert(self, key: Hashable, index: PacketIndex) -> None:
+        with self._lock:
+            self._entries[key] = index
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
 
     def clear(self) -> None:
         with self._lock:

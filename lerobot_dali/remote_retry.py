@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import fsspec
 
+from . import io_stats
 from .errors import DatasetError
 
 __all__ = ["RETRIES_ENV", "RetryPolicy", "RetryingFile", "RetryingFileSystem", "fresh_instance", "is_transient"]
@@ -143,6 +144,10 @@ def is_transient(error: BaseException) -> bool:
     Missing files, permissions, invalid values and dataset errors are never transient: retrying them only
     delays the message the user needs.
     """
+    if isinstance(error, FileNotFoundError) and error.__cause__ is not None and error is not error.__cause__:
+        # fsspec's HTTP ``info`` answers any failed GET with ``FileNotFoundError(url) from <the HTTP error>``:
+        # a 503 behind it is an outage, not a missing file.
+        return not isinstance(error.__cause__, FileNotFoundError) and is_transient(error.__cause__)
     if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, DatasetError)):
         return False
     status = _status_of(error)
@@ -190,7 +195,13 @@ class _Retrier:
         attempt = 0
         while True:
             try:
-                return fn()
+                io_stats.add("requests")
+                io_stats.add(f"requests.{what}")
+                with io_stats.timed("fetch_s"):
+                    result = fn()
+                if isinstance(result, (bytes, bytearray)):
+                    io_stats.add("fetched_bytes", len(result))
+                return result
             except Exception as e:
                 if not is_transient(e):
                     raise
@@ -364,10 +375,25 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         return self._retrier.call("info", path, lambda: self.fs.info(path, **kwargs))
 
     def exists(self, path: str, **kwargs: Any) -> bool:
-        return bool(self._retrier.call("exists", path, lambda: self.fs.exists(path, **kwargs)))
+        """Asked through :meth:`info`, so a transient failure is retried (and raised once the budget is spent).
+
+        Filesystems' own ``exists`` turn every error into False (fsspec's HTTP one answers False on a 503,
+        after a GET of the whole file), which would report a network hiccup as a missing file.
+        """
+        try:
+            self.info(path, **kwargs)
+        except Exception as e:
+            if is_transient(e):
+                raise
+            return False
+        return True
 
     def glob(self, path: str, **kwargs: Any) -> Any:
         return self._retrier.call("glob", path, lambda: self.fs.glob(path, **kwargs))
+
+    def find(self, path: str, **kwargs: Any) -> Any:
+        """The wrapped filesystem's own recursive listing (one paginated request on the Hub, S3, GCS)."""
+        return self._retrier.call("find", path, lambda: self.fs.find(path, **kwargs))
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
         return self._retrier.call("ls", path, lambda: self.fs.ls(path, detail=detail, **kwargs))

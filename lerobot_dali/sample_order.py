@@ -428,6 +428,36 @@ class SampleOrder:
         draws = np.concatenate([p[1] for p in pieces])
         return episodes, self._frames(epoch, episodes, draws)
 
+    def pool_window(self, epoch: int, start: int, stop: int) -> np.ndarray:
+        """Episode positions that serve positions ``[start, stop)`` of ``epoch``, in admission order.
+
+        That is the pool at ``start`` plus every episode admitted before ``stop``: what a prefetcher must
+        have local for a consumer between those positions (without shuffling, the episodes those positions
+        fall in). Positions past the rank's own frames (:attr:`RankBalance.PAD`) add the episodes they repeat.
+        """
+        plan = self._plan(epoch)
+        natural = plan.stream.natural
+        start, stop = max(0, start), min(stop, plan.target)
+        if natural == 0 or start >= stop:
+            return np.empty(0, np.int64)
+        parts = []
+        if start < natural:
+            parts.append(self._natural_window(plan, start, min(stop, natural)))
+        if stop > natural:  # PAD: positions from ``natural`` on repeat the epoch's first ones
+            parts.append(self._natural_window(plan, 0, min(natural, stop - natural)))
+        return np.asarray(list(dict.fromkeys(np.concatenate(parts).tolist())), dtype=np.int64)
+
+    def _natural_window(self, plan: _EpochPlan, start: int, stop: int) -> np.ndarray:
+        stream = plan.stream
+        if plan.simulator is None:
+            first = int(np.searchsorted(plan.stream_ends, start, side="right"))
+            last = int(np.searchsorted(plan.stream_ends, stop - 1, side="right"))
+            return stream.episodes[first : last + 1]
+        plan.simulator.draws(stop - 1, stop)  # walks forward, leaving checkpoints for the lookups below
+        next_admit, slots, _ = plan.simulator.state_at(start)
+        last_admit, _, _ = plan.simulator.state_at(stop)
+        return np.concatenate([stream.episodes[slots], stream.episodes[next_admit:last_admit]])
+
     # -- plan -------------------------------------------------------------------------------------
 
     def _plan(self, epoch: int) -> _EpochPlan:

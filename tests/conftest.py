@@ -20,6 +20,12 @@ def shared_dataset(name: str) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def _isolated_cache_root(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Caches (prefetch ranges, packet indexes) go to a fresh folder per test, never the user's ~/.cache."""
+    monkeypatch.setenv("LEROBOT_DALI_CACHE", str(tmp_path_factory.mktemp("cache_root")))
+
+
 @pytest.fixture(scope="session")
 def make_ds(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """Generate (once per session and argument set) a dataset with ``lerobot_dali.generate.make_dataset``."""

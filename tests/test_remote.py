@@ -7,24 +7,29 @@ the network.
 from __future__ import annotations
 
 import errno
+import os
 import pickle
 import shutil
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import fsspec
 import numpy as np
 import pytest
 import torch
+from fsspec.implementations.local import LocalFileSystem
 
 from lerobot_dali.dataset_location import resolve_location, with_bulk_root
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DatasetError, MissingDataFileError
-from lerobot_dali.remote_retry import RETRIES_ENV, RetryingFileSystem, RetryPolicy, is_transient
+from lerobot_dali.remote_retry import RETRIES_ENV, RetryingFileSystem, RetryPolicy, fresh_instance, is_transient
 from tests.fake_remote import FakeHTTPError, FakeRemoteFileSystem
 from tests.test_iterator import DELTAS, _check_sample, _dataset, _samples
 
 FAST = RetryPolicy(retries=5, base_delay_s=0.0, max_delay_s=0.0)
+REPO_ROOT = Path(__file__).resolve().parents[1]
 LENGTHS = [5, 1, 7, 4, 6]
 
 
@@ -202,7 +207,9 @@ def test_open_dataset_over_faulty_remote_reads_rows_equal_to_local(make_ds, monk
     fake = remote.location.fs.fs
     _assert_rows_equal(_read_all(remote), _read_all(open_dataset(root)))
     assert fake.faults_injected.total() > 0 and fake.requests["read"] > 0
-    assert len(slept) == fake.faults_injected.total() - fake.faults_injected["truncate"]  # short reads just go on
+    # Every fault raised is waited on once; a truncate only raises outside reads (reads just come back short).
+    faults = fake.faults_injected.total()
+    assert faults - fake.faults_injected["truncate"] <= len(slept) <= faults
     assert slept and all(0.25 <= w <= 0.5 for w in slept)
 
 
@@ -253,3 +260,143 @@ def test_iterator_over_split_roots_with_faults_matches_local(make_ds, tmp_path: 
                 assert a[key] == b[key], key
         _check_sample(b)
     assert reader.location.fs.fs.faults_injected.total() > 0
+
+
+def use_fast_retries(monkeypatch: pytest.MonkeyPatch, retries: int = 8) -> RetryPolicy:
+    """Remote filesystems resolved from now on retry ``retries`` times without waiting.
+
+    The policy is an argument of the wrapper, so it travels to DALI's spawned workers with the pickled
+    filesystem (a patched ``time.sleep`` would not).
+    """
+    policy = RetryPolicy(retries=retries, base_delay_s=0.0, max_delay_s=0.0)
+
+    def fast(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
+        if isinstance(fs, (LocalFileSystem, RetryingFileSystem)):
+            return fs
+        return RetryingFileSystem(fs, policy=policy, fresh_client=partial(fresh_instance, fs))
+
+    monkeypatch.setattr("lerobot_dali.dataset_location._retrying", fast)
+    return policy
+
+
+def importable_in_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spawned DALI workers unpickle test filesystems by importing ``tests.*``: put the repo root on their path."""
+    paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
+
+
+class _LoggedFakeRemote(FakeRemoteFileSystem):
+    """The fake remote, appending ``pid kind fault`` per injected fault to ``fault_log``, so faults suffered in
+    spawned workers (each with its own copy and counters) are visible to the test."""
+
+    protocol = "fakeremotelog"
+
+    def __init__(self, root: str, *, fault_log: str, **kwargs: Any) -> None:
+        super().__init__(root, fault_log=fault_log, **kwargs)
+        self.fault_log = fault_log
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        text = str(path)
+        return super()._strip_protocol(text[len("fakeremotelog://") :] if text.startswith("fakeremotelog://") else text)
+
+    def _request(self, kind: str, path: str) -> str | None:
+        fault = super()._request(kind, path)
+        if fault is not None:
+            with open(self.fault_log, "a", encoding="utf-8") as f:
+                f.write(f"{os.getpid()} {kind} {fault}\n")
+        return fault
+
+
+fsspec.register_implementation("fakeremotelog", _LoggedFakeRemote, clobber=True)
+
+
+@pytest.mark.parametrize(
+    ("cause", "transient"),
+    [
+        (FakeHTTPError(503, "unavailable"), True),
+        (TimeoutError("timed out"), True),
+        (FakeHTTPError(404, "not found"), False),
+        (FileNotFoundError("really gone"), False),
+        (None, False),
+    ],
+)
+def test_file_not_found_raised_from_a_transient_error_is_transient(
+    cause: BaseException | None, transient: bool
+) -> None:
+    # fsspec's HTTP info: ``raise FileNotFoundError(url) from exc`` for whatever its fallback GET hit
+    try:
+        raise FileNotFoundError("http://host/x.mp4") from cause
+    except FileNotFoundError as e:
+        assert is_transient(e) is transient
+
+
+class _SwallowingFake(FakeRemoteFileSystem):
+    """A fake whose ``exists`` swallows errors, as fsspec's HTTP and AbstractFileSystem ``exists`` do."""
+
+    def exists(self, path: str, **kwargs: Any) -> bool:
+        try:
+            return super().exists(path, **kwargs)
+        except Exception:
+            return False
+
+
+def test_exists_retries_transient_errors_instead_of_answering_false(blob) -> None:
+    root, _ = blob
+    fake = _SwallowingFake(str(root), fault_every=2, faults=("503",))
+    fs = RetryingFileSystem(fake, policy=FAST)
+    assert fake.exists("blob.bin") is True and fake.exists("blob.bin") is False  # the 2nd request fails
+    assert fs.exists("blob.bin") is True and fs.exists("blob.bin") is True  # retried through info
+    assert fake.requests == {"exists": 2, "info": 3} and fake.faults_injected == {"503": 2}
+    assert fs.exists("absent.bin") is False  # FileNotFoundError is an answer, not a failure
+    down = RetryingFileSystem(_SwallowingFake(str(root), fault_every=1, faults=("503",)), policy=FAST)
+    with pytest.raises(FakeHTTPError) as info:  # an outage past the budget is raised, never reported as absent
+        down.exists("blob.bin")
+    assert info.value.status == 503 and "failed 6 time(s)" in info.value.__notes__[-1]
+
+
+@pytest.mark.parametrize("cache_gb", [0.0, 1.0], ids=["workers_read_remote", "prefetch_cache"])
+def test_iterator_with_spawned_workers_over_faulty_fake_remote_matches_local(
+    make_ds, tmp_path: Path, monkeypatch, cache_gb: float
+) -> None:
+    """``cache_gb=0``: the two spawned workers read the fake remote themselves and retry its faults;
+    otherwise the parent's prefetcher fetches through the faults and the workers read its cache."""
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    use_fast_retries(monkeypatch)
+    importable_in_workers(monkeypatch)
+    root = _dataset(make_ds, "vp9")
+    log = tmp_path / "faults.log"
+    options = dict(batch_size=4, delta_timestamps=DELTAS, shuffle=True, seed=3, episode_pool_size=2, device="cpu",
+                   drop_last=False)  # fmt: skip
+    local = _samples(DALILeRobotIterator(root, num_workers=0, **options))
+    reader = open_dataset(
+        "fakeremotelog://", storage_options={"root": str(root), "fault_every": 5, "fault_log": str(log)}
+    )
+    it = DALILeRobotIterator(reader, num_workers=2, cache_dir=tmp_path / "cache", cache_gb=cache_gb, **options)
+    remote = _samples(it)
+    prefetched = it.prefetcher is not None
+    it.close()
+    indices = [int(s["index"]) for s in remote]
+    assert indices == [int(s["index"]) for s in local] and sorted(indices) == list(range(sum(LENGTHS)))
+    assert indices != sorted(indices)  # shuffled
+    _assert_samples_equal(local, remote)
+    lines = [line.split() for line in log.read_text().splitlines()]
+    assert {line[2] for line in lines} >= {"timeout", "503", "429", "reset"}
+    worker_faults = [line for line in lines if int(line[0]) != os.getpid()]
+    if cache_gb == 0:
+        assert len({line[0] for line in worker_faults}) == 2  # both workers read remotely through faults
+        assert any(line[1] == "read" for line in worker_faults)
+    else:
+        assert prefetched and any(line[1] == "read" for line in lines)
+
+
+def _assert_samples_equal(a_samples: list[dict], b_samples: list[dict]) -> None:
+    assert len(a_samples) == len(b_samples)
+    for a, b in zip(a_samples, b_samples, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            if isinstance(a[key], torch.Tensor):
+                assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+            else:
+                assert a[key] == b[key], key

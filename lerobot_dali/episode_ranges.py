@@ -1,0 +1,120 @@
+"""The byte ranges of remote files one episode needs: its parquet row groups and its video packets.
+
+This is what prefetch-on-admit copies locally, so it must cover every read a worker makes for the episode
+and little else: for parquet, the footer Arrow reads first and the row groups holding the episode's rows;
+for each camera, the packets from the keyframe before the episode's first frame to its last packet (the
+union of every clip any window of the episode can ask for), never the whole multi-episode file.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from .clips import plan_clip
+from .dataset_reader import LeRobotDatasetReader
+from .file_stamps import FileStamp
+from .packet_index import PacketIndex, PacketIndexCache
+from .packet_index_store import PacketIndexStore
+
+__all__ = ["PARQUET_FOOTER_READ_BYTES", "EpisodeRanges"]
+
+logger = logging.getLogger(__name__)
+
+#: Arrow's first read of a parquet file is its last 64 KiB (footer and, usually, the whole metadata).
+PARQUET_FOOTER_READ_BYTES = 64 * 1024
+
+
+class EpisodeRanges:
+    """``ranges(episode_pos) -> [(path, start, end)]`` for one reader, memoising per-file metadata."""
+
+    def __init__(
+        self,
+        reader: LeRobotDatasetReader,
+        *,
+        stamps: Mapping[str, FileStamp] | None = None,
+        index_store: PacketIndexStore | None = None,
+        max_parquet_files: int = 64,
+    ) -> None:
+        self.reader = reader
+        self._indexes = PacketIndexCache(max_entries=256)
+        self._stamps = stamps
+        self._store = index_store
+        self._lock = threading.Lock()
+        self._parquet: OrderedDict[str, tuple[int, pq.FileMetaData]] = OrderedDict()
+        self._max_parquet = max_parquet_files
+
+    def ranges(self, episode_pos: int) -> list[tuple[str, int, int]]:
+        return [*self.parquet_ranges(episode_pos), *self.video_ranges(episode_pos)]
+
+    def parquet_ranges(self, episode_pos: int) -> list[tuple[str, int, int]]:
+        path = self.reader.data_path(episode_pos)
+        size, meta = self._parquet_meta(path)
+        episodes = self.reader.episodes
+        row_start = int(episodes.data_row_start[episode_pos])
+        row_stop = row_start + int(episodes.length[episode_pos])
+        out = [(path, max(0, size - PARQUET_FOOTER_READ_BYTES), size)]
+        first_row = 0
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            if first_row < row_stop and first_row + group.num_rows > row_start:
+                starts, ends = [], []
+                for c in range(group.num_columns):
+                    column = group.column(c)
+                    begin = column.data_page_offset
+                    if column.has_dictionary_page and column.dictionary_page_offset:
+                        begin = min(begin, column.dictionary_page_offset)
+                    starts.append(begin)
+                    ends.append(begin + column.total_compressed_size)
+                out.append((path, min(starts), min(size, max(ends))))
+            first_row += group.num_rows
+        return out
+
+    def video_ranges(self, episode_pos: int) -> list[tuple[str, int, int]]:
+        out = []
+        for camera in self.reader.camera_keys:
+            video = self.reader.video(episode_pos, camera)
+            stamp = self._stamps[video.path] if self._stamps is not None else None
+            index = self._indexes.get(video.path, filesystem=self.reader.location.fs, stamp=stamp, store=self._store)
+            span = episode_span(index, video.from_timestamp_s, video.to_timestamp_s)
+            if span is not None:
+                out.append((video.path, *span))
+        return out
+
+    def _parquet_meta(self, path: str) -> tuple[int, pq.FileMetaData]:
+        with self._lock:
+            known = self._parquet.get(path)
+            if known is not None:
+                self._parquet.move_to_end(path)
+                return known
+        with self.reader.open(path) as handle:
+            size = int(handle.seek(0, 2))
+            handle.seek(0)
+            meta = pq.ParquetFile(handle).metadata
+        with self._lock:
+            self._parquet[path] = (size, meta)
+            while len(self._parquet) > self._max_parquet:
+                self._parquet.popitem(last=False)
+        return size, meta
+
+
+def episode_span(index: PacketIndex, from_s: float, to_s: float | None) -> tuple[int, int] | None:
+    """Bytes ``[start, end)`` of the packets any clip of frames in ``[from_s, to_s)`` reads, or None when
+    the container's packets are not byte-addressable (non-MP4: those are demuxed, not range-read)."""
+    if not index.byte_exact:
+        return None
+    half_frame = 0.5 * index.frame_duration * float(index.time_base)
+    seconds = index.frame_pts_s
+    first = int(np.searchsorted(seconds, from_s - half_frame, side="left"))
+    stop = len(seconds) if to_s is None else int(np.searchsorted(seconds, to_s - half_frame, side="left"))
+    if first >= stop:
+        first, stop = max(0, min(first, len(seconds) - 1)), max(0, min(first, len(seconds) - 1)) + 1
+    plan = plan_clip(index, np.arange(first, stop))
+    positions = plan.packet_positions
+    offsets, sizes = index.byte_offset[positions], index.size_bytes[positions]
+    return int(offsets.min()), int((offsets + sizes).max())

@@ -1,0 +1,225 @@
+"""What identifies each remote file's content (size + etag/blob id/mtime), from one listing per folder.
+
+Caches of per-file facts (packet indexes) must notice when a file changes, but asking the server about every
+file is one metadata request per file and worker: a mixture of hundreds of Hub datasets then hits the Hub's
+request rate limit before the first batch. A recursive listing returns the same facts for a whole folder in
+one paginated request, so the main process lists each root once and hands the picklable result to workers.
+Filesystems that cannot list (plain HTTP parses HTML link pages) fall back to one memoised ``info`` per file.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+
+from .errors import MissingDataFileError
+from .remote_retry import RetryingFileSystem
+
+__all__ = ["FileStamp", "FileStamps", "stamp_from_info"]
+
+logger = logging.getLogger(__name__)
+
+# Fields of fsspec ``info`` dicts that identify a file's content, best first, with the prefix each version
+# gets (so equal strings from different fields never collide). Content hashes first: the Hub's LFS sha256
+# and xet hash, its git blob id (changes with any content change, LFS pointers included), GCS md5; then
+# ETags (s3fs ``ETag``, gcsfs/adlfs ``etag``, HTTPFileSystem ``ETag`` from the HEAD response) and digests;
+# then modification times (LocalFileSystem ``mtime``, s3fs ``LastModified``, gcsfs ``updated``, HTTP
+# ``Last-Modified``, Hub buckets ``mtime``/``uploaded_at``).
+_VERSION_FIELDS: tuple[tuple[str, str], ...] = (
+    ("xet_hash", "xet"),
+    ("blob_id", "blob"),
+    ("md5Hash", "md5"),
+    ("ETag", "etag"),
+    ("etag", "etag"),
+    ("Content-MD5", "md5"),
+    ("Digest", "digest"),
+    ("mtime", "mtime"),
+    ("LastModified", "mtime"),
+    ("last_modified", "mtime"),
+    ("Last-Modified", "mtime"),
+    ("updated", "mtime"),
+    ("uploaded_at", "mtime"),
+)
+
+
+@dataclass(frozen=True)
+class FileStamp:
+    """A file's size in bytes and a version string that changes with its content (``""`` when unknown).
+
+    ``version`` carries its kind as a prefix (``sha256:``, ``blob:``, ``etag:``, ``mtime:`` ...). With an
+    empty version only the size tells two contents apart, so caches keyed on it may serve a stale entry
+    for a same-size rewrite; every filesystem lerobot_dali reads gives a version.
+    """
+
+    size: int
+    version: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
+            raise ValueError(f"FileStamp.size must be a non-negative int (bytes), got {self.size!r}.")
+        if not isinstance(self.version, str):
+            raise ValueError(f"FileStamp.version must be a str, got {type(self.version).__name__}.")
+
+
+def stamp_from_info(info: Mapping[str, Any]) -> FileStamp:
+    """The stamp of a file from its fsspec ``info`` (or ``find(detail=True)``) entry.
+
+    Raises ValueError naming the file when the entry has no size (an HTTP server without Content-Length).
+    """
+    size = info.get("size")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValueError(
+            f"{info.get('name', '<unnamed>')}: the filesystem reports no size ({size!r}), so the file cannot be "
+            "identified for caching; serve it with a Content-Length header or copy the dataset locally."
+        )
+    return FileStamp(size=size, version=_version(info))
+
+
+def _version(info: Mapping[str, Any]) -> str:
+    lfs = info.get("lfs")
+    if isinstance(lfs, Mapping) and lfs.get("sha256"):
+        return f"sha256:{lfs['sha256']}"
+    for name, prefix in _VERSION_FIELDS:
+        value = info.get(name)
+        if value is not None and value != "":
+            return f"{prefix}:{str(value).strip(chr(34))}"
+    commit = info.get("last_commit")
+    if isinstance(commit, Mapping) and commit.get("oid"):
+        return f"commit:{commit['oid']}"
+    return ""
+
+
+class FileStamps(Mapping[str, FileStamp]):
+    """Stamps of the files under some roots of one filesystem: ``stamps[path]`` makes no request when listed.
+
+    Each root is listed once with ``fs.find(root, detail=True)`` (on the Hub: the paginated ``tree``
+    endpoint, one request per 1000 files). A path the listings did not return (a filesystem that cannot
+    list, a file outside the roots) costs one ``fs.info`` the first time it is looked up in this process.
+    ``in`` and iteration cover looked-up and listed paths only and never make a request.
+
+    It pickles as the filesystem plus the stamps (no lock, counters kept), so the main process lists once
+    and every worker looks up for free. ``listing_calls`` and ``info_calls`` count the requests made here.
+    """
+
+    def __init__(self, fs: Any, roots: Iterable[str] = ()) -> None:
+        self.fs = fs
+        self.listing_calls = 0
+        self.info_calls = 0
+        self._stamps: dict[str, FileStamp] = {}
+        self._lock = threading.Lock()
+        for root in roots:
+            self.add_root(root)
+
+    def add_root(self, root: str) -> int:
+        """List ``root`` recursively (one call) and record every file's stamp; returns how many were recorded.
+
+        A filesystem that cannot list, an absent root or a failed listing records nothing (logged): lookups
+        then fall back to ``info`` per file, which reports a really missing file as MissingDataFileError.
+        """
+        self.listing_calls += 1
+        try:
+            listing = _find_files(self.fs, root)
+        except NotImplementedError:
+            logger.info("%s cannot list %s; file stamps come from one info request per file", self.fs, root)
+            return 0
+        except FileNotFoundError:
+            logger.info("%s: listing root does not exist; file stamps come from info requests", root)
+            return 0
+        except Exception as e:  # a listing is an optimisation: any failure degrades to per-file info requests
+            logger.warning(
+                "listing %s failed (%s: %s); file stamps come from one info request per file", root, type(e).__name__, e
+            )
+            return 0
+        recorded: dict[str, FileStamp] = {}
+        for name, info in listing.items():
+            if info.get("type", "file") != "file" or not isinstance(info.get("size"), int):
+                continue  # HTTP link pages give no sizes: those files are stamped by info on lookup
+            recorded[self._key(name)] = stamp_from_info(info)
+        if not recorded:
+            logger.info("listing %s returned no file with a size; file stamps come from info requests", root)
+        with self._lock:
+            self._stamps.update(recorded)
+        logger.debug("listed %d files under %s", len(recorded), root)
+        return len(recorded)
+
+    def _key(self, path: str) -> str:
+        inner = self.fs.fs if isinstance(self.fs, RetryingFileSystem) else self.fs
+        return str(inner._strip_protocol(path)).rstrip("/")
+
+    def __getitem__(self, path: str) -> FileStamp:
+        """The stamp of ``path``; raises MissingDataFileError naming it when it does not exist."""
+        key = self._key(path)
+        stamp = self._stamps.get(key)
+        if stamp is not None:
+            return stamp
+        with self._lock:
+            self.info_calls += 1
+        try:
+            info = self.fs.info(path)
+        except FileNotFoundError as e:
+            raise MissingDataFileError(
+                f"File {path} does not exist on {type(self.fs).__name__}; check the dataset's files (and the "
+                "revision or data_files_root it is read from)."
+            ) from e
+        stamp = stamp_from_info({"name": path, **info})
+        with self._lock:
+            self._stamps[key] = stamp
+        return stamp
+
+    def __contains__(self, path: object) -> bool:
+        return isinstance(path, str) and self._key(path) in self._stamps
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._stamps))
+
+    def __len__(self) -> int:
+        return len(self._stamps)
+
+    def __repr__(self) -> str:
+        return (
+            f"FileStamps({self.fs!r}, {len(self)} files, listing_calls={self.listing_calls}, "
+            f"info_calls={self.info_calls})"
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+def _find_files(fs: Any, root: str) -> dict[str, dict[str, Any]]:
+    """Every file under ``root`` with its info: the filesystem's own recursive ``find`` when it has one (the
+    Hub: one tree request; object stores: one paginated listing), else a walk with one ``ls`` per folder.
+
+    The walk is ours because fsspec's generic one skips a folder whose ``ls`` raised OSError (a reset
+    connection) below the top level, returning part of the tree; ``ls`` through :class:`RetryingFileSystem`
+    is retried instead.
+    """
+    inner = fs.fs if isinstance(fs, RetryingFileSystem) else fs
+    if getattr(type(inner), "find", None) is not fsspec.AbstractFileSystem.find:
+        listing = fs.find(root, detail=True)
+        if not isinstance(listing, Mapping):  # find(detail=True) returns {name: info}; be lenient with lists
+            return {entry["name"]: entry for entry in listing}
+        return dict(listing)
+    files: dict[str, dict[str, Any]] = {}
+    pending = [root]
+    while pending:
+        folder = pending.pop()
+        here = str(inner._strip_protocol(folder)).rstrip("/")
+        for info in fs.ls(folder, detail=True):
+            name = str(info["name"]).rstrip("/")
+            if info.get("type") == "directory":
+                if name != here:
+                    pending.append(name)
+            else:
+                files[name] = info
+    return files

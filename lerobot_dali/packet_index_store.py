@@ -1,0 +1,141 @@
+"""Packet indexes of remote videos kept on local disk, so no process or run indexes the same file twice.
+
+Indexing a remote file costs a few ranged reads (~200 KB) of its ``moov``; every DALI worker of every rank
+of every run would pay that per file. The store keeps each index as a numpy ``.npz`` keyed by the sha256 of
+(URL, size, version), so a changed file (new size or etag/blob id) simply misses. Files are written to a
+temporary name and renamed into place, so workers and ranks sharing the folder never read half a file;
+an unreadable file is logged, deleted and rebuilt. Never pickle: loading a cache must not run code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import zipfile
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .cache_dirs import cache_root
+from .file_stamps import FileStamp
+from .packet_index import PacketIndex
+
+__all__ = ["STORE_FORMAT", "PacketIndexStore", "default_packet_index_dir"]
+
+logger = logging.getLogger(__name__)
+
+#: Version of the on-disk layout; files of another version are deleted and rebuilt.
+STORE_FORMAT = 1
+
+_ARRAYS = ("pts", "dts", "byte_offset", "size_bytes", "keyframe")
+
+
+def default_packet_index_dir() -> Path:
+    """``$LEROBOT_DALI_CACHE/packet_index``, else ``~/.cache/lerobot_dali/packet_index``."""
+    return cache_root() / "packet_index"
+
+
+class PacketIndexStore:
+    """A folder of packet indexes keyed by (URL, size, version); safe to share between processes and hosts.
+
+    Pickles as its folder, so the main process picks the folder once and workers use the same one.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None) -> None:
+        self.directory = Path(directory) if directory is not None else default_packet_index_dir()
+
+    def __repr__(self) -> str:
+        return f"PacketIndexStore({str(self.directory)!r})"
+
+    def path_for(self, url: str, stamp: FileStamp) -> Path:
+        """The file holding the index of ``url`` at ``stamp`` (two-level fan-out keeps folders small)."""
+        digest = hashlib.sha256(json.dumps([url, stamp.size, stamp.version]).encode()).hexdigest()
+        return self.directory / digest[:2] / f"{digest}.npz"
+
+    def load(self, url: str, stamp: FileStamp) -> PacketIndex | None:
+        """The stored index of ``url`` at ``stamp``, or None when absent or unreadable (then deleted)."""
+        path = self.path_for(url, stamp)
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                return _decode(data, url, stamp)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, EOFError, zipfile.BadZipFile) as e:
+            logger.warning("packet index cache file %s is unreadable (%s: %s); deleting it", path, type(e).__name__, e)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as unlink_error:
+                logger.warning("cannot delete %s (%s); it will be overwritten", path, unlink_error)
+            return None
+
+    def save(self, url: str, stamp: FileStamp, index: PacketIndex) -> None:
+        """Store ``index`` for ``url`` at ``stamp`` atomically; a failed write is logged, never raised."""
+        path = self.path_for(url, stamp)
+        tmp_name: str | None = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(
+                dir=path.parent, prefix=f".{path.stem[:16]}.", suffix=".tmp", delete=False
+            ) as tmp:
+                tmp_name = tmp.name
+                arrays: dict[str, Any] = _encode(index, url, stamp)
+                np.savez(tmp, allow_pickle=False, **arrays)
+            os.chmod(tmp_name, 0o644)  # temporary files are private; other users sharing the cache may read it
+            os.replace(tmp_name, path)
+            tmp_name = None
+        except OSError as e:
+            logger.warning("cannot write packet index cache file %s (%s); indexes will be rebuilt", path, e)
+        finally:
+            if tmp_name is not None:
+                Path(tmp_name).unlink(missing_ok=True)
+
+
+def _encode(index: PacketIndex, url: str, stamp: FileStamp) -> dict[str, np.ndarray]:
+    return {
+        "format": np.array(STORE_FORMAT, dtype=np.int64),
+        "url": np.array(url),
+        "stamp_size": np.array(stamp.size, dtype=np.int64),
+        "stamp_version": np.array(stamp.version),
+        "source_name": np.array(index.source_name),
+        "codec": np.array(index.codec),
+        "width": np.array(index.width, dtype=np.int64),
+        "height": np.array(index.height, dtype=np.int64),
+        "pix_fmt": np.array("" if index.pix_fmt is None else index.pix_fmt),
+        "has_pix_fmt": np.array(index.pix_fmt is not None),
+        "time_base": np.array([index.time_base.numerator, index.time_base.denominator], dtype=np.int64),
+        "file_size_bytes": np.array(index.file_size_bytes, dtype=np.int64),
+        "byte_exact": np.array(index.byte_exact),
+        "template": np.frombuffer(index.template, dtype=np.uint8),
+        **{name: np.asarray(getattr(index, name)) for name in _ARRAYS},
+    }
+
+
+def _decode(data: Any, url: str, stamp: FileStamp) -> PacketIndex:
+    """The index in an opened ``.npz``; ValueError when it is of another format or for another key."""
+    file_format = int(data["format"])
+    if file_format != STORE_FORMAT:
+        raise ValueError(f"store format {file_format}, this version reads {STORE_FORMAT}")
+    stored_key = (str(data["url"]), int(data["stamp_size"]), str(data["stamp_version"]))
+    if stored_key != (url, stamp.size, stamp.version):
+        raise ValueError(f"the file holds the index of {stored_key}, not of {(url, stamp.size, stamp.version)}")
+    numerator, denominator = (int(v) for v in data["time_base"])
+    arrays = {name: np.array(data[name]) for name in _ARRAYS}
+    if arrays["keyframe"].dtype != np.bool_ or any(arrays[n].dtype != np.int64 for n in _ARRAYS[:-1]):
+        raise ValueError("unexpected array types")
+    return PacketIndex(
+        source_name=str(data["source_name"]),
+        codec=str(data["codec"]),
+        width=int(data["width"]),
+        height=int(data["height"]),
+        pix_fmt=str(data["pix_fmt"]) if bool(data["has_pix_fmt"]) else None,
+        time_base=Fraction(numerator, denominator),
+        file_size_bytes=int(data["file_size_bytes"]),
+        byte_exact=bool(data["byte_exact"]),
+        template=data["template"].tobytes(),
+        **arrays,
+    )

@@ -1,0 +1,214 @@
+"""Prefetch-on-admit: copy what pooled episodes need into the local range cache ahead of the workers.
+
+The sample order says, for any position, which episodes the pool holds, so the prefetcher needs no
+feedback from DALI's workers: the training loop reports how far it has consumed, the prefetcher makes the
+episodes of the next ``lookahead`` positions local (admission order first, so the pool is warm before the
+episodes that come later) and releases the episodes that left the pool behind the consumer. Workers read
+through :class:`~lerobot_dali.cached_filesystem.CachedFileSystem`, so a late or failed prefetch costs a
+remote read, never a wrong or missing sample.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .cache_dirs import cache_root
+from .cached_filesystem import CachedFileSystem
+from .dataset_reader import LeRobotDatasetReader
+from .episode_ranges import EpisodeRanges
+from .file_stamps import FileStamp
+from .packet_index_store import PacketIndexStore
+from .range_cache import ByteRange, CacheStats, RangeCache
+from .sample_order import SampleOrder
+
+__all__ = ["Prefetcher", "prefetching_reader"]
+
+logger = logging.getLogger(__name__)
+
+
+class Prefetcher:
+    """Keeps the range cache holding the episodes of positions ``[consumed, consumed + lookahead)``.
+
+    ``order`` is copied (the prefetcher walks its own; the caller's is not thread-safe). ``version_of``
+    maps a path to the cache version of its current content (see :mod:`cached_filesystem`).
+    """
+
+    def __init__(
+        self,
+        reader: LeRobotDatasetReader,
+        order: SampleOrder,
+        cache: RangeCache,
+        *,
+        lookahead: int,
+        version_of: Any,
+        threads: int = 8,
+        stamps: Mapping[str, FileStamp] | None = None,
+        index_store: PacketIndexStore | None = None,
+    ) -> None:
+        self.reader = reader
+        self.cache = cache
+        self.lookahead = max(1, lookahead)
+        self._order: SampleOrder = pickle.loads(pickle.dumps(order))
+        self._version_of = version_of
+        self._ranges = EpisodeRanges(reader, stamps=stamps, index_store=index_store)
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="lerobot-dali-prefetch")
+        self._target: tuple[int, int] | None = None
+        self._done: tuple[int, int] | None = None
+        self._wake = threading.Condition()
+        self._filling = threading.Lock()  # one fill at a time: warm() may meet a background fill
+        self._closed = False
+        self.failures = 0
+        self._thread = threading.Thread(target=self._run, name="lerobot-dali-prefetcher", daemon=True)
+        self._thread.start()
+
+    @property
+    def stats(self) -> CacheStats:
+        return self.cache.stats
+
+    # -- control -------------------------------------------------------------------------------------------
+    def warm(self, epoch: int, position: int, *, progress: bool = True) -> None:
+        """Fill the cache for ``(epoch, position)`` now, with a progress bar; the first batch then reads local."""
+        self._fill(epoch, position, progress=progress)
+        with self._wake:
+            self._done = (epoch, position)
+
+    def set_order(self, order: SampleOrder) -> None:
+        """Follow another order (after a resume rebuilt it); takes effect at the next fill."""
+        copied = pickle.loads(pickle.dumps(order))
+        with self._wake:
+            self._order = copied
+            self._done = None
+
+    def advance(self, epoch: int, position: int) -> None:
+        """The consumer stands at ``position`` of ``epoch``; refill in the background."""
+        with self._wake:
+            self._target = (epoch, position)
+            self._wake.notify()
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(timeout=30)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- work ----------------------------------------------------------------------------------------------
+    def needed(self, epoch: int, position: int) -> np.ndarray:
+        """Episode positions for ``[position, position + lookahead)``, spilling into the next epoch."""
+        order = self._order
+        total = order.num_samples(epoch)
+        parts = [order.pool_window(epoch, position, min(total, position + self.lookahead))]
+        spill = position + self.lookahead - total
+        if spill > 0:
+            parts.append(order.pool_window(epoch + 1, 0, min(order.num_samples(epoch + 1), spill)))
+        return np.asarray(list(dict.fromkeys(np.concatenate(parts).tolist())), dtype=np.int64)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._closed and (self._target is None or self._target == self._done):
+                    self._wake.wait()
+                if self._closed:
+                    return
+                target = self._target
+            assert target is not None
+            try:
+                self._fill(*target, progress=False)
+            except Exception:  # the workers read remotely instead; never take training down from here
+                self.failures += 1
+                logger.warning("prefetch for epoch %d position %d failed", *target, exc_info=True)
+            with self._wake:
+                self._done = target
+
+    def _fill(self, epoch: int, position: int, *, progress: bool) -> None:
+        with self._filling:
+            self._fill_locked(epoch, position, progress=progress)
+
+    def _fill_locked(self, epoch: int, position: int, *, progress: bool) -> None:
+        wanted = self.needed(epoch, position).tolist()
+        keep = set(wanted)
+        for owner in self.cache.owners():
+            if owner not in keep:
+                self.cache.release(owner)
+        held = set(self.cache.owners())
+        admit = [e for e in wanted if e not in held]
+        if not admit:
+            return
+        bar = _progress_bar(len(admit), progress)
+        try:
+            futures = [self._pool.submit(self._admit, int(e)) for e in admit]
+            for future in futures:
+                future.result()
+                bar.update(1)
+        finally:
+            bar.close()
+
+    def _admit(self, episode_pos: int) -> None:
+        keys = [
+            ByteRange(path, start, end, self._version_of(path)) for path, start, end in self._ranges.ranges(episode_pos)
+        ]
+        self.cache.acquire(episode_pos, keys, self._fetch)
+
+    def _fetch(self, key: ByteRange) -> bytes:
+        return bytes(self.reader.location.fs.cat_file(key.path, start=key.start, end=key.end))
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    """huggingface_hub's tqdm: it honours ``HF_HUB_DISABLE_PROGRESS_BARS`` like the Hub downloads do."""
+    from huggingface_hub.utils import tqdm
+
+    return tqdm(total=total, desc="lerobot-dali: warming prefetch cache", unit="episode", disable=not enabled)
+
+
+def prefetching_reader(
+    reader: LeRobotDatasetReader,
+    order: SampleOrder,
+    *,
+    rank: int,
+    lookahead: int,
+    cache_dir: str | os.PathLike[str] | None,
+    cache_bytes: int,
+    stamps: Mapping[str, FileStamp] | None = None,
+    index_store: PacketIndexStore | None = None,
+) -> tuple[LeRobotDatasetReader, Prefetcher | None]:
+    """``(reader for the workers, prefetcher)``: for a remote dataset, workers read through the cache that the
+    prefetcher fills; a local dataset (or ``cache_bytes == 0``) gets ``(reader, None)``, nothing changes.
+
+    Each rank takes its own subfolder (``rank-N``) of ``cache_dir`` (default: under
+    :func:`~lerobot_dali.cache_dirs.cache_root`, one folder per dataset), so ranks on a node never evict
+    each other's ranges.
+    """
+    if reader.location.is_local or cache_bytes <= 0:
+        return reader, None
+    if cache_dir is None:
+        name = hashlib.sha256(reader.location.description.encode()).hexdigest()[:16]
+        cache_dir = cache_root() / "prefetch" / name
+    directory = Path(cache_dir) / f"rank-{rank}"
+    cache = RangeCache(directory, max_bytes=cache_bytes)
+    cached_fs = CachedFileSystem(reader.location.fs, directory, stamps)
+    worker_reader = reader.with_location(replace(reader.location, fs=cached_fs))
+    prefetcher = Prefetcher(
+        reader,
+        order,
+        cache,
+        lookahead=lookahead,
+        version_of=lambda path: cached_fs.identity(path)[1],
+        stamps=stamps,
+        index_store=index_store,
+    )
+    logger.info(
+        "%s: prefetching pooled episodes into %s (at most %.1f GB)",
+        reader.location.description, directory, cache_bytes / 1e9,
+    )  # fmt: skip
+    return worker_reader, prefetcher

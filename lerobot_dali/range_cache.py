@@ -1,0 +1,256 @@
+"""A bounded on-disk cache of byte ranges of remote files, shared by the prefetcher and the DALI workers.
+
+The prefetcher (one thread of the training process) is the only writer: it stores the byte ranges an
+episode needs when the episode enters the pool and releases them when it leaves. v3 files pack several
+episodes, so one range (a parquet footer, a row group, a GOP on an episode boundary) can serve several
+pooled episodes: entries are reference-counted by the episodes holding them, and a released entry stays on
+disk, evictable, until space is needed (a second epoch over a warm cache fetches nothing).
+
+Readers are the DALI worker processes. They share nothing with the writer but the directory: an entry is a
+file ``<dir>/<file key>/<start>-<end>`` that appears atomically (written aside, then renamed) and may vanish
+when evicted, so a reader that finds no entry, or loses one, reads the remote file instead. The cache can
+make reads faster, never different.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["ByteRange", "CacheStats", "RangeCache", "entry_dir", "list_entries"]
+
+logger = logging.getLogger(__name__)
+
+_SUFFIX = ".bin"
+
+
+@dataclass(frozen=True, order=True)
+class ByteRange:
+    """Bytes ``[start, end)`` of ``path``; ``version`` names the file's content (size + etag), so a file
+    replaced remotely never matches entries cached from its old content."""
+
+    path: str
+    start: int
+    end: int
+    version: str = ""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start < self.end:
+            raise ValueError(f"byte range of {self.path} must satisfy 0 <= start < end, got [{self.start}, {self.end})")
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+def entry_dir(root: str | os.PathLike[str], path: str, version: str = "") -> Path:
+    """The folder holding the cached ranges of one version of one file (a hash: paths can be long URLs)."""
+    digest = hashlib.sha256(f"{path}\0{version}".encode()).hexdigest()[:32]
+    return Path(root) / digest
+
+
+def list_entries(folder: Path) -> list[tuple[int, int, Path]]:
+    """``(start, end, file)`` of the complete entries in ``folder``, sorted; empty when there are none."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    entries = []
+    for name in names:
+        if not name.endswith(_SUFFIX):
+            continue  # temporaries being written
+        try:
+            start, end = (int(x) for x in name[: -len(_SUFFIX)].split("-"))
+        except ValueError:
+            continue
+        entries.append((start, end, folder / name))
+    entries.sort()
+    return entries
+
+
+@dataclass
+class CacheStats:
+    """What the cache did, for logs and the benchmark (requests saved are ``hits``)."""
+
+    fetched_ranges: int = 0
+    fetched_bytes: int = 0
+    reused_ranges: int = 0
+    evicted_ranges: int = 0
+    evicted_bytes: int = 0
+    refused_ranges: int = 0
+
+
+@dataclass
+class _Entry:
+    key: ByteRange
+    file: Path
+    owners: set[Hashable] = field(default_factory=set)
+
+
+class RangeCache:
+    """The writer side: ``acquire(owner, ranges, fetch)`` makes ranges local, ``release(owner)`` lets them go.
+
+    Bytes on disk never exceed ``max_bytes``: an acquire that does not fit after evicting every released
+    entry is refused for that range (its reads then go remote) and logged once. Entries left in ``directory``
+    by an earlier run are adopted as released, so a restart starts warm.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *, max_bytes: int) -> None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+            raise ValueError(f"max_bytes must be a non-negative int, got {max_bytes!r}")
+        self.directory = Path(directory)
+        self.max_bytes = max_bytes
+        self.stats = CacheStats()
+        self._entries: dict[ByteRange, _Entry] = {}
+        self._owned: dict[Hashable, list[ByteRange]] = {}
+        self._released: OrderedDict[ByteRange, None] = OrderedDict()  # evictable, oldest first
+        self._bytes = 0
+        self._pending: dict[ByteRange, threading.Event] = {}
+        self._lock = threading.Lock()
+        self._warned_full = False
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._adopt()
+
+    @property
+    def bytes_cached(self) -> int:
+        return self._bytes
+
+    def holds(self, key: ByteRange) -> bool:
+        return key in self._entries
+
+    def owners(self) -> list[Hashable]:
+        with self._lock:
+            return list(self._owned)
+
+    def acquire(self, owner: Hashable, ranges: Iterable[ByteRange], fetch: Callable[[ByteRange], bytes]) -> int:
+        """Hold ``ranges`` for ``owner``, fetching the missing ones; returns the bytes fetched.
+
+        ``fetch`` runs without the lock (it is the slow part); a fetch error propagates and leaves the
+        owner holding what it got so far, to be released as usual.
+        """
+        fetched = 0
+        held = self._owned.setdefault(owner, [])
+        for key in dict.fromkeys(ranges):
+            if not self._claim(owner, key, held):
+                continue
+            try:
+                data = fetch(key)
+                if len(data) != key.size:
+                    raise OSError(f"{key.path}: fetched {len(data)} bytes for range [{key.start}, {key.end})")
+                file = self._write(key, data)
+            except BaseException:
+                with self._lock:
+                    self._bytes -= key.size
+                    self._pending.pop(key).set()
+                raise
+            with self._lock:
+                self._entries[key] = _Entry(key, file, {owner})
+                held.append(key)
+                self.stats.fetched_ranges += 1
+                self.stats.fetched_bytes += key.size
+                self._pending.pop(key).set()
+            fetched += key.size
+        return fetched
+
+    def _claim(self, owner: Hashable, key: ByteRange, held: list[ByteRange]) -> bool:
+        """True when the caller must fetch ``key`` (room reserved); False when it is held, reused or refused."""
+        while True:
+            with self._lock:
+                pending = self._pending.get(key)
+                if pending is None:
+                    if key in held:
+                        return False
+                    entry = self._entries.get(key)
+                    if entry is not None:
+                        entry.owners.add(owner)
+                        self._released.pop(key, None)
+                        held.append(key)
+                        self.stats.reused_ranges += 1
+                        return False
+                    if not self._make_room(key.size):
+                        self.stats.refused_ranges += 1
+                        self._warn_full(key)
+                        return False
+                    self._bytes += key.size  # reserved while fetching, so concurrent acquires respect the bound
+                    self._pending[key] = threading.Event()
+                    return True
+            pending.wait()  # another thread is fetching this very range; then it is an entry (or failed)
+
+    def release(self, owner: Hashable) -> None:
+        """``owner`` no longer needs its ranges; those no other owner holds become evictable (kept on disk)."""
+        with self._lock:
+            for key in self._owned.pop(owner, []):
+                entry = self._entries.get(key)
+                if entry is None:
+                    continue
+                entry.owners.discard(owner)
+                if not entry.owners:
+                    self._released[key] = None
+
+    def clear(self) -> None:
+        """Delete every entry (held or not); for tests and ``cache_dir`` cleanup."""
+        with self._lock:
+            for entry in self._entries.values():
+                entry.file.unlink(missing_ok=True)
+            self._entries.clear()
+            self._owned.clear()
+            self._released.clear()
+            self._bytes = 0
+
+    # -- internals -----------------------------------------------------------------------------------------
+    def _make_room(self, size: int) -> bool:
+        while self._bytes + size > self.max_bytes and self._released:
+            key, _ = self._released.popitem(last=False)
+            entry = self._entries.pop(key)
+            entry.file.unlink(missing_ok=True)
+            self._bytes -= key.size
+            self.stats.evicted_ranges += 1
+            self.stats.evicted_bytes += key.size
+        return self._bytes + size <= self.max_bytes
+
+    def _warn_full(self, key: ByteRange) -> None:
+        if not self._warned_full:
+            self._warned_full = True
+            logger.warning(
+                "prefetch cache %s is full (%d of %d bytes held by pooled episodes); ranges that do not fit "
+                "(first: %s [%d, %d)) are read remotely. Raise the cache size or lower episode_pool_size.",
+                self.directory, self._bytes, self.max_bytes, key.path, key.start, key.end,
+            )  # fmt: skip
+
+    def _write(self, key: ByteRange, data: bytes) -> Path:
+        folder = entry_dir(self.directory, key.path, key.version)
+        folder.mkdir(parents=True, exist_ok=True)
+        final = folder / f"{key.start}-{key.end}{_SUFFIX}"
+        temporary = folder / f".{key.start}-{key.end}.{os.getpid()}.{threading.get_ident()}.tmp"
+        temporary.write_bytes(data)
+        os.replace(temporary, final)
+        (folder / "path").write_text(f"{key.path}\n{key.version}\n", encoding="utf-8")
+        return final
+
+    def _adopt(self) -> None:
+        """Entries of an earlier run become released entries, oldest first; over the bound, evicted."""
+        found: list[tuple[float, ByteRange, Path]] = []
+        for folder in self.directory.iterdir():
+            label = folder / "path"
+            if not folder.is_dir() or not label.is_file():
+                continue
+            lines = label.read_text(encoding="utf-8").split("\n")
+            path, version = lines[0], lines[1] if len(lines) > 1 else ""
+            for start, end, file in list_entries(folder):
+                if file.stat().st_size != end - start:
+                    file.unlink(missing_ok=True)
+                    continue
+                found.append((file.stat().st_mtime, ByteRange(path, start, end, version), file))
+        for _, key, file in sorted(found, key=lambda item: item[0]):
+            self._entries[key] = _Entry(key, file)
+            self._released[key] = None
+            self._bytes += key.size
+        self._make_room(0)
+        if found:
+            logger.info("prefetch cache %s: adopted %d range(s), %d bytes", self.directory, len(found), self._bytes)

@@ -1,0 +1,353 @@
+"""A real HTTP server on 127.0.0.1 serving a local folder read-only, with range requests and scheduled faults.
+
+Tests point fsspec's ``HTTPFileSystem`` (aiohttp) at it, so the loader's remote path and its retry layer see
+genuine HTTP: ``GET`` with one ``Range: bytes=a-b`` / ``bytes=a-`` / ``bytes=-n`` answers 206 with
+``Content-Range`` (416 when the range starts past the end), ``HEAD`` answers the headers alone, every file
+carries ``Content-Length``, ``ETag``, ``Last-Modified`` and ``Accept-Ranges: bytes``, a missing file is 404,
+and a directory answers an HTML index of links (as nginx ``autoindex`` does; off with ``listings=False``),
+which is how fsspec's ``ls``/``glob`` work over plain HTTP.
+
+Every request is recorded (:class:`RequestRecord`) and counted by ``(method, kind)`` with kind ``range``,
+``full``, ``listing``, ``missing``, ``rejected`` (writes: 405) or ``fault``. With ``fault_every=N`` the N-th,
+2N-th, ... request (all methods, in arrival order) fails with the next kind of ``faults`` in turn: ``503``
+and ``429`` answer that status; ``drop`` sends the headers and half the body, then closes the connection (a
+``HEAD`` or an empty body is closed before any byte), so aiohttp raises its own payload / disconnect errors.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import html
+import os
+import re
+import socket
+import threading
+import urllib.parse
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+__all__ = ["HTTP_FAULT_KINDS", "FolderServer", "RequestRecord", "serve_folder"]
+
+#: ``503``/``429``: that status, empty body; ``drop``: half the body, then the connection closes.
+HTTP_FAULT_KINDS = ("503", "429", "drop")
+
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One answered request: what was asked and what was sent (``sent_bytes`` counts body bytes written)."""
+
+    method: str
+    path: str
+    range: str | None
+    status: int
+    kind: str
+    sent_bytes: int
+    file_size: int | None
+
+
+class FolderServer:
+    """The running server: its URL, the request log and counters, and the fault schedule (changeable live)."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        fault_every: int = 0,
+        faults: tuple[str, ...] = ("503",),
+        listings: bool = True,
+    ) -> None:
+        self.root = Path(root).resolve()
+        self.listings = listings
+        if not self.root.is_dir():
+            raise NotADirectoryError(f"cannot serve {self.root}: not a folder")
+        self._lock = threading.Condition()
+        self._records: list[RequestRecord] = []
+        self._counts: Counter[tuple[str, str]] = Counter()
+        self._faults: Counter[str] = Counter()
+        self._total = 0
+        self._in_flight = 0
+        self.set_faults(fault_every, faults)
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._httpd.daemon_threads = True
+        self._httpd.handle_error = _quiet_handle_error  # type: ignore[method-assign]
+        self.port = int(self._httpd.server_address[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="folder-http", daemon=True
+        )
+
+    def set_faults(self, fault_every: int, faults: tuple[str, ...] = ("503",)) -> None:
+        unknown = [f for f in faults if f not in HTTP_FAULT_KINDS]
+        if fault_every < 0 or not faults or unknown:
+            raise ValueError(f"fault_every must be >= 0 and faults a non-empty subset of {HTTP_FAULT_KINDS}")
+        with self._lock:
+            self.fault_every, self.faults = fault_every, tuple(faults)
+
+    def reset_stats(self) -> None:
+        with self._settled():
+            self._records.clear()
+            self._counts.clear()
+            self._faults.clear()
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        """Every answered request in order (a copy; requests still being answered are waited for)."""
+        with self._settled():
+            return list(self._records)
+
+    @property
+    def counts(self) -> Counter[tuple[str, str]]:
+        """Requests by ``(method, kind)``."""
+        with self._settled():
+            return Counter(self._counts)
+
+    @property
+    def faults_injected(self) -> Counter[str]:
+        with self._settled():
+            return Counter(self._faults)
+
+    @property
+    def sent_bytes(self) -> int:
+        """Body bytes written, all requests."""
+        return sum(r.sent_bytes for r in self.records)
+
+    @contextmanager
+    def _settled(self) -> Iterator[None]:
+        """Hold the lock once no request is mid-answer: a client that has read its response sees it recorded."""
+        with self._lock:
+            if not self._lock.wait_for(lambda: self._in_flight == 0, timeout=10):
+                raise TimeoutError(f"{self._in_flight} request(s) still being answered after 10 s")
+            yield
+
+    def start(self) -> FolderServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=10)
+
+    def _begin(self, *, scheduled: bool = True) -> str | None:
+        """Count one arriving request; the fault it suffers, if the schedule says so (``scheduled``)."""
+        with self._lock:
+            self._in_flight += 1
+            if not scheduled:
+                return None
+            self._total += 1
+            n = self._total
+            if not self.fault_every or n % self.fault_every:
+                return None
+            fault = self.faults[(n // self.fault_every - 1) % len(self.faults)]
+            self._faults[fault] += 1
+            return fault
+
+    def _record(self, record: RequestRecord) -> None:
+        with self._lock:
+            self._records.append(record)
+            self._counts[(record.method, record.kind)] += 1
+
+    def _end(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            self._lock.notify_all()
+
+    def __enter__(self) -> FolderServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextmanager
+def serve_folder(
+    root: str | os.PathLike[str], *, fault_every: int = 0, faults: tuple[str, ...] = ("503",), listings: bool = True
+) -> Iterator[FolderServer]:
+    """Serve ``root`` on an ephemeral 127.0.0.1 port for the duration of the block (``listings=False``: a
+    folder answers 404, as a static host or bucket website without an index does)."""
+    with FolderServer(root, fault_every=fault_every, faults=faults, listings=listings) as server:
+        yield server
+
+
+def _quiet_handle_error(request: Any, client_address: Any) -> None:
+    """Clients hanging up mid-body (aiohttp releasing an unread response) are normal here, not errors."""
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | str | None:
+    """``(start, stop)`` (half-open) for a single satisfiable byte range, ``None`` to serve the whole file
+    (no header, several ranges or a malformed one: RFC 9110 lets a server ignore those), ``"unsatisfiable"``."""
+    if header is None:
+        return None
+    match = _RANGE.match(header.strip())
+    if match is None:
+        return None
+    first, last = match.groups()
+    if not first and not last:
+        return None
+    if not first:  # suffix: the last n bytes
+        n = int(last)
+        if n == 0 or size == 0:
+            return "unsatisfiable"
+        return max(size - n, 0), size
+    start = int(first)
+    stop = size if not last else min(int(last) + 1, size)
+    if last and int(last) < start:
+        return None
+    if start >= size:
+        return "unsatisfiable"
+    return start, stop
+
+
+def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # headers and body go out in separate writes: no 40 ms delayed-ACK stall
+        server_version = "lerobot-dali-test/1.0"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_HEAD(self) -> None:
+            self._serve(body=False)
+
+        def do_GET(self) -> None:
+            self._serve(body=True)
+
+        def _reject_write(self) -> None:
+            server._begin(scheduled=False)
+            try:
+                self._status_only(405, "read-only server", kind="rejected")
+            finally:
+                server._end()
+
+        do_PUT = do_POST = do_DELETE = _reject_write
+
+        def _local(self) -> Path | None:
+            url_path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+            target = (server.root / url_path.lstrip("/")).resolve()
+            if target != server.root and server.root not in target.parents:
+                return None
+            return target
+
+        def _serve(self, *, body: bool) -> None:
+            fault = server._begin()
+            try:
+                self._answer(fault, body=body)
+            finally:
+                server._end()
+
+        def _answer(self, fault: str | None, *, body: bool) -> None:
+            rng = self.headers.get("Range")
+            if fault in ("503", "429"):
+                self._status_only(int(fault), "injected fault", kind="fault", extra={"Retry-After": "0"})
+                return
+            target = self._local()
+            if target is None or not target.exists() or (target.is_dir() and not server.listings):
+                self._status_only(404, "not found", kind="missing")
+                return
+            if target.is_dir():
+                self._listing(target, body=body, fault=fault)
+                return
+            stat = target.stat()
+            size = stat.st_size
+            span = parse_range(rng, size)
+            if span == "unsatisfiable":
+                self._status_only(
+                    416, "range not satisfiable", kind="range", extra={"Content-Range": f"bytes */{size}"}
+                )
+                return
+            headers = {
+                "Content-Type": "application/octet-stream",
+                "Accept-Ranges": "bytes",
+                "ETag": f'"{size:x}-{stat.st_mtime_ns:x}"',
+                "Last-Modified": email.utils.formatdate(stat.st_mtime, usegmt=True),
+            }
+            if isinstance(span, tuple):
+                start, stop = span
+                status, kind = 206, "range"
+                headers["Content-Range"] = f"bytes {start}-{stop - 1}/{size}"
+            else:
+                start, stop, status, kind = 0, size, 200, "full"
+            headers["Content-Length"] = str(stop - start)
+            if fault == "drop" and (not body or stop == start):
+                self._drop()
+                self._record(status, kind, rng, 0, size)
+                return
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            sent = 0
+            if body:
+                limit = (stop - start) // 2 if fault == "drop" else stop - start
+                sent = self._copy(target, start, limit)
+            if fault == "drop":
+                self._drop()
+            self._record(status, kind, rng, sent, size)
+
+        def _copy(self, target: Path, start: int, length: int) -> int:
+            sent = 0
+            try:
+                with open(target, "rb") as f:
+                    f.seek(start)
+                    while sent < length:
+                        chunk = f.read(min(_CHUNK, length - sent))
+                        if not chunk:
+                            break
+                        self.wfile.write(chunk)
+                        sent += len(chunk)
+                self.wfile.flush()
+            except (ConnectionError, BrokenPipeError):  # the client released the response unread
+                self.close_connection = True
+            return sent
+
+        def _listing(self, target: Path, *, body: bool, fault: str | None) -> None:
+            names = sorted(p.name + ("/" if p.is_dir() else "") for p in target.iterdir())
+            links = "".join(f'<li><a href="{urllib.parse.quote(n)}">{html.escape(n)}</a></li>\n' for n in names)
+            page = f"<!DOCTYPE html><html><body><ul>\n{links}</ul></body></html>\n".encode()
+            if fault == "drop":
+                self._drop()
+                self._record(200, "listing", None, 0, None)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            if body:
+                self.wfile.write(page)
+            self._record(200, "listing", None, len(page) if body else 0, None)
+
+        def _status_only(self, status: int, text: str, *, kind: str = "missing", extra: dict[str, str] | None = None):
+            payload = f"{status} {text}\n".encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(payload)))
+            for name, value in (extra or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(payload)
+            self._record(status, kind, self.headers.get("Range"), 0, None)
+
+        def _drop(self) -> None:
+            """Close the connection now, mid-response: the client sees a disconnect or a short body."""
+            self.close_connection = True
+            try:
+                self.wfile.flush()
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+        def _record(self, status: int, kind: str, rng: str | None, sent: int, size: int | None) -> None:
+            path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+            server._record(RequestRecord(self.command, path, rng, status, kind, sent, size))
+
+    return Handler

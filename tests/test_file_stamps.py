@@ -1,0 +1,207 @@
+"""File stamps come from one listing per root (no per-file metadata request), with an info fallback."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fsspec.implementations.local import LocalFileSystem
+from huggingface_hub.hf_api import RepoFile
+from huggingface_hub.hf_file_system import _cache_info_from_path_info
+
+from lerobot_dali.errors import MissingDataFileError
+from lerobot_dali.file_stamps import FileStamp, FileStamps, stamp_from_info
+from lerobot_dali.remote_retry import RetryingFileSystem, RetryPolicy
+from tests.fake_remote import FakeHTTPError, FakeRemoteFileSystem
+
+_SHA = "a" * 64
+
+
+def _hub_entry(**extra: Any) -> dict[str, Any]:
+    """A file entry exactly as HfFileSystem's listing (and info) builds it from the Hub's tree endpoint."""
+    item = {"type": "file", "path": "videos/cam/chunk-000/file-000.mp4", "size": 1234, "oid": "b" * 40, **extra}
+    return _cache_info_from_path_info(RepoFile(**item), "datasets/u/d/" + item["path"])
+
+
+@pytest.mark.parametrize(
+    ("info", "expected"),
+    [
+        (
+            {"name": "/x.mp4", "size": 5, "type": "file", "mtime": 1700000000.25, "ino": 3},
+            FileStamp(5, "mtime:1700000000.25"),
+        ),
+        (_hub_entry(), FileStamp(1234, "blob:" + "b" * 40)),
+        (_hub_entry(lfs={"size": 1234, "oid": _SHA, "pointerSize": 130}), FileStamp(1234, "sha256:" + _SHA)),
+        (_hub_entry(xetHash="c" * 64), FileStamp(1234, "xet:" + "c" * 64)),
+        (
+            {"name": "b/k", "size": 9, "ETag": '"0f3e"', "LastModified": "2024-01-01", "type": "file"},
+            FileStamp(9, "etag:0f3e"),
+        ),
+        (
+            {"name": "b/k", "size": 9, "etag": "CJ3/", "md5Hash": "XUFA==", "updated": "2024"},
+            FileStamp(9, "md5:XUFA=="),
+        ),
+        (
+            {"name": "https://h/x", "size": 7, "ETag": 'W/"abc"', "Last-Modified": "Mon", "url": "u"},
+            FileStamp(7, 'etag:W/"abc'),
+        ),
+        (
+            {"name": "https://h/x", "size": 7, "Last-Modified": "Mon, 01 Jan 2024"},
+            FileStamp(7, "mtime:Mon, 01 Jan 2024"),
+        ),
+        ({"name": "m", "size": 0}, FileStamp(0, "")),
+    ],
+    ids=["local", "hub_git", "hub_lfs", "hub_xet", "s3", "gcs", "http_etag", "http_modified", "unknown"],
+)
+def test_stamp_from_info_picks_content_identity(info: dict[str, Any], expected: FileStamp) -> None:
+    assert stamp_from_info(info) == expected
+
+
+def test_stamp_from_real_local_info(tmp_path: Path) -> None:
+    path = tmp_path / "v.mp4"
+    path.write_bytes(b"x" * 11)
+    info = LocalFileSystem().info(str(path))
+    assert stamp_from_info(info) == FileStamp(11, f"mtime:{info['mtime']}")
+
+
+def test_stamp_needs_a_size() -> None:
+    with pytest.raises(ValueError, match=r"https://h/x\.mp4: the filesystem reports no size"):
+        stamp_from_info({"name": "https://h/x.mp4", "size": None})
+    with pytest.raises(ValueError, match="non-negative int"):
+        FileStamp(-1, "")
+
+
+def _tree(root: Path, cameras: int = 3, files: int = 4) -> list[str]:
+    """A LeRobot v3-like ``videos/`` tree: cameras x chunk folders x files (plus a non-video file)."""
+    names = []
+    for c in range(cameras):
+        for f in range(files):
+            relative = f"videos/observation.images.cam{c}/chunk-00{f % 2}/file-{f:03d}.mp4"
+            (root / relative).parent.mkdir(parents=True, exist_ok=True)
+            (root / relative).write_bytes(bytes(100 + 10 * c + f))
+            names.append(relative)
+    (root / "videos" / "README").write_text("not a video")
+    return [*names, "videos/README"]
+
+
+def test_local_listing_stamps_every_file(tmp_path: Path) -> None:
+    names = _tree(tmp_path)
+    fs = LocalFileSystem()
+    stamps = FileStamps(fs, [str(tmp_path / "videos")])
+    assert (len(stamps), stamps.listing_calls, stamps.info_calls) == (13, 1, 0)
+    for name in names:
+        path = str(tmp_path / name)
+        assert path in stamps
+        assert stamps[path] == stamp_from_info(fs.info(path))
+    assert stamps[str(tmp_path / names[5])].size == 100 + 10 * 1 + 1
+    assert stamps.info_calls == 0
+
+
+class ListingFakeRemote(FakeRemoteFileSystem):
+    """The fake remote with a one-request recursive ``find``, as the Hub's tree endpoint and object stores."""
+
+    protocol = "fakelisting"
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        return super()._strip_protocol(str(path).removeprefix("fakelisting://"))
+
+    def find(
+        self, path: str, maxdepth: int | None = None, withdirs: bool = False, detail: bool = False, **kw: Any
+    ) -> Any:
+        if kw:  # like HfFileSystem, whose tree listing rejects arguments it does not know (e.g. on_error)
+            raise TypeError(f"find() got unexpected keyword arguments {sorted(kw)}")
+        self._check("find", path)
+        found = self._local.find(self._real(path), detail=True)
+        entries = {e["name"]: e for e in (self._public(info) for info in found.values())}
+        return entries if detail else sorted(entries)
+
+
+def test_one_listing_per_root_and_no_info_requests(tmp_path: Path) -> None:
+    names = _tree(tmp_path)
+    remote = ListingFakeRemote(str(tmp_path))
+    fs = RetryingFileSystem(remote)  # as dataset_location wraps every remote filesystem
+    stamps = FileStamps(fs, ["videos"])
+    assert dict(remote.requests) == {"find": 1}
+    assert all(stamps[name] == stamp_from_info(LocalFileSystem().info(str(tmp_path / name))) for name in names)
+    assert stamps["fakelisting://videos/observation.images.cam0/chunk-000/file-000.mp4"].size == 100
+    assert dict(remote.requests) == {"find": 1}
+    assert (stamps.listing_calls, stamps.info_calls) == (1, 0)
+
+    worker_copy = pickle.loads(pickle.dumps(stamps))  # what a spawned worker receives
+    assert worker_copy.fs.fs is not remote and not worker_copy.fs.fs.requests
+    assert [worker_copy[name] for name in names] == [stamps[name] for name in names]
+    assert not worker_copy.fs.fs.requests
+
+
+def test_generic_find_lists_folder_by_folder(tmp_path: Path) -> None:
+    """A filesystem without its own ``find`` is walked: one ``ls`` per folder, still no per-file request."""
+    names = _tree(tmp_path)
+    remote = FakeRemoteFileSystem(str(tmp_path))
+    stamps = FileStamps(RetryingFileSystem(remote), ["videos"])
+    folders = 1 + 3 + 3 * 2  # videos/, one per camera, two chunks per camera
+    assert dict(remote.requests) == {"ls": folders}
+    assert [stamps[name].size for name in names[:2]] == [100, 101]
+    assert dict(remote.requests) == {"ls": folders}
+
+
+def test_a_reset_during_a_folder_walk_redoes_the_listing_instead_of_skipping_the_folder(tmp_path: Path) -> None:
+    """fsspec's walk would skip a folder whose ``ls`` raised OSError; the listing must be complete or retried."""
+    names = _tree(tmp_path)
+    remote = FakeRemoteFileSystem(str(tmp_path), fault_every=4, faults=("reset",))
+    policy = RetryPolicy(retries=3, base_delay_s=0.0, max_delay_s=0.0)
+    stamps = FileStamps(RetryingFileSystem(remote, policy=policy), ["videos"])
+    assert remote.faults_injected["reset"] > 0
+    assert sorted(stamps) == sorted(stamps._key(name) for name in names) and stamps.info_calls == 0
+
+
+class UnlistableRemote(FakeRemoteFileSystem):
+    """A fake remote whose listing fails in a configurable way (plain HTTP, a 503, links without sizes)."""
+
+    protocol = "fakeunlistable"
+
+    def __init__(self, root: str, *, failure: str = "unsupported", **kwargs: Any) -> None:
+        super().__init__(root, failure=failure, **kwargs)
+        self.failure = failure
+
+    def find(
+        self, path: str, maxdepth: int | None = None, withdirs: bool = False, detail: bool = False, **kw: Any
+    ) -> Any:
+        self._check("find", path)
+        if self.failure == "unsupported":
+            raise NotImplementedError("no listing")
+        if self.failure == "missing":
+            raise FileNotFoundError(path)
+        if self.failure == "http_error":
+            raise FakeHTTPError(403, "Forbidden")
+        if self.failure == "empty":
+            return {}
+        # an HTML link page: names, no sizes (what HTTPFileSystem's ls returns)
+        found = self._local.find(self._real(path))
+        return {self._public({"name": n})["name"]: {"name": n, "size": None, "type": "file"} for n in found}
+
+
+@pytest.mark.parametrize("failure", ["unsupported", "missing", "http_error", "empty", "links_without_sizes"])
+def test_falls_back_to_one_memoised_info_per_file(tmp_path: Path, failure: str) -> None:
+    names = _tree(tmp_path)
+    remote = UnlistableRemote(str(tmp_path), failure=failure)
+    stamps = FileStamps(remote, ["videos"])
+    assert (len(stamps), dict(remote.requests)) == (0, {"find": 1})
+    first, second = names[0], names[7]
+    assert stamps[first] == stamp_from_info(LocalFileSystem().info(str(tmp_path / first)))
+    assert stamps[second].size == 100 + 10 + 3
+    assert stamps[first].size == 100  # memoised
+    assert dict(remote.requests) == {"find": 1, "info": 2}
+    assert (stamps.listing_calls, stamps.info_calls, len(stamps)) == (1, 2, 2)
+
+
+def test_missing_file_names_the_path(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    stamps = FileStamps(FakeRemoteFileSystem(str(tmp_path)), ["videos"])
+    absent = "videos/observation.images.cam9/chunk-000/file-000.mp4"
+    assert absent not in stamps
+    with pytest.raises(MissingDataFileError, match=r"cam9/chunk-000/file-000\.mp4 does not exist"):
+        stamps[absent]
+    assert stamps.info_calls == 1

@@ -1,0 +1,274 @@
+"""The loader over real HTTP: fsspec's HTTPFileSystem (aiohttp) against ``tests.http_server`` on 127.0.0.1.
+
+Parity with the local folder (same rows; same batches in the same shuffled order, no sample lost or
+duplicated) without faults, with 503 / 429 / dropped connections on schedule, in-process and with spawned
+workers; the server's log checks that video bytes travel as range requests.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.errors import EpisodeMetadataError
+from lerobot_dali.remote_retry import RETRIES_ENV, RetryingFileSystem, RetryPolicy, is_transient
+from tests.http_server import FolderServer, RequestRecord, parse_range, serve_folder
+from tests.test_iterator import DELTAS, LENGTHS, _dataset, _samples
+from tests.test_remote import _assert_samples_equal, importable_in_workers, use_fast_retries
+
+aiohttp = pytest.importorskip("aiohttp", reason="fsspec's HTTPFileSystem needs aiohttp (the 'test' extra)")
+
+OPTIONS = dict(batch_size=4, delta_timestamps=DELTAS, shuffle=True, seed=3, episode_pool_size=2, device="cpu",
+               drop_last=False)  # fmt: skip
+FAULTS = ("503", "429", "drop")
+
+
+@pytest.fixture
+def slept(monkeypatch) -> list[float]:
+    """Backoff waits of the library's default policy, recorded instead of slept."""
+    waits: list[float] = []
+    monkeypatch.setattr("lerobot_dali.remote_retry.time", SimpleNamespace(sleep=waits.append))
+    return waits
+
+
+@pytest.fixture
+def root(make_ds) -> Path:
+    return _dataset(make_ds, "vp9")
+
+
+@pytest.fixture
+def server(root: Path) -> Iterator[FolderServer]:
+    """The dataset's parent folder on an ephemeral port; the dataset is at ``server.url + "/dataset"``."""
+    with serve_folder(root.parent) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def local_epoch(make_ds) -> list[dict]:
+    """One shuffled epoch over the local folder, in-process: the reference every remote run must equal."""
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    return _samples(DALILeRobotIterator(_dataset(make_ds, "vp9"), num_workers=0, **OPTIONS))
+
+
+def _url(server: FolderServer, root: Path) -> str:
+    return f"{server.url}/{root.name}"
+
+
+def _get(server: FolderServer, method: str, path: str, headers: dict[str, str] | None = None):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        conn.request(method, path, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
+
+
+# -- the server itself -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (None, None),
+        ("bytes=0-9", (0, 10)),
+        ("bytes=10-", (10, 100)),
+        ("bytes=90-500", (90, 100)),
+        ("bytes=-30", (70, 100)),
+        ("bytes=-300", (0, 100)),
+        ("bytes=100-", "unsatisfiable"),
+        ("bytes=-0", "unsatisfiable"),
+        ("bytes=5-2", None),
+        ("bytes=0-1,5-9", None),
+        ("items=0-9", None),
+    ],
+)
+def test_parse_range(header: str | None, expected) -> None:
+    assert parse_range(header, 100) == expected
+
+
+def test_server_ranges_head_missing_and_listing(tmp_path: Path) -> None:
+    data = np.random.default_rng(1).integers(0, 256, 100_000, dtype=np.uint8).tobytes()
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a b.bin").write_bytes(data)
+    with serve_folder(tmp_path) as server:
+        status, headers, body = _get(server, "GET", "/sub/a%20b.bin", {"Range": "bytes=100-199"})
+        assert (status, body, headers["Content-Range"]) == (206, data[100:200], "bytes 100-199/100000")
+        assert headers["Content-Length"] == "100" and headers["Accept-Ranges"] == "bytes"
+        assert headers["ETag"].startswith('"') and headers["Last-Modified"].endswith("GMT")
+        assert _get(server, "GET", "/sub/a%20b.bin", {"Range": "bytes=-10"})[2] == data[-10:]
+        assert _get(server, "GET", "/sub/a%20b.bin", {"Range": "bytes=99990-"})[2] == data[-10:]
+        status, headers, body = _get(server, "GET", "/sub/a%20b.bin", {"Range": "bytes=100000-"})
+        assert status == 416 and headers["Content-Range"] == "bytes */100000"
+        status, headers, body = _get(server, "HEAD", "/sub/a%20b.bin")
+        assert (status, headers["Content-Length"], body) == (200, "100000", b"")
+        assert _get(server, "GET", "/sub/a%20b.bin")[2] == data
+        assert _get(server, "GET", "/sub/absent.bin")[0] == 404
+        assert _get(server, "GET", "/../etc/passwd")[0] == 404
+        assert _get(server, "PUT", "/sub/a%20b.bin")[0] == 405
+        status, _, page = _get(server, "GET", "/sub/")
+        assert status == 200 and b'href="a%20b.bin"' in page
+        assert server.counts == {("GET", "range"): 4, ("HEAD", "full"): 1, ("GET", "full"): 1, ("GET", "missing"): 2,
+                                 ("PUT", "rejected"): 1, ("GET", "listing"): 1}  # fmt: skip
+        assert server.sent_bytes == 100 + 10 + 10 + len(data) + len(page)
+    with serve_folder(tmp_path, listings=False) as server:
+        assert _get(server, "GET", "/sub/")[0] == 404
+
+
+def test_server_fault_schedule(tmp_path: Path) -> None:
+    data = bytes(range(256)) * 400
+    (tmp_path / "f.bin").write_bytes(data)
+    with serve_folder(tmp_path, fault_every=2, faults=FAULTS) as server:
+        got = []
+        for _ in range(6):
+            try:
+                status, _, body = _get(server, "GET", "/f.bin")
+                got.append((status, len(body)))
+            except http.client.IncompleteRead as e:
+                got.append(("short", len(e.partial)))
+        full = len(data)
+        assert got == [(200, full), (503, 19), (200, full), (429, 19), (200, full), ("short", full // 2)]
+        assert server.faults_injected == {"503": 1, "429": 1, "drop": 1}
+        server.set_faults(0)
+        assert _get(server, "GET", "/f.bin")[0] == 200
+
+
+# -- retry classification of real aiohttp errors ---------------------------------------------------------
+
+
+def _response_error(status: int) -> Exception:
+    return aiohttp.ClientResponseError(None, (), status=status, message="injected")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        (_response_error(503), True),
+        (_response_error(429), True),
+        (_response_error(404), False),
+        (_response_error(403), False),
+        (aiohttp.ServerDisconnectedError(), True),
+        (aiohttp.ClientPayloadError("Response payload is not completed"), True),
+        (aiohttp.ClientConnectionError("Connection lost"), True),
+    ],
+)
+def test_aiohttp_errors_are_classified(error: Exception, transient: bool) -> None:
+    assert is_transient(error) is transient
+
+
+def test_exists_is_a_head_and_a_503_is_retried_not_reported_missing(root: Path) -> None:
+    """fsspec's HTTP ``exists`` GETs the whole file and answers False on a 503; through the wrapper it is
+    ``info`` (a HEAD; fsspec falls back to a GET when the HEAD fails), and a 503 is retried."""
+    import fsspec
+
+    with serve_folder(root.parent, fault_every=3, faults=("503",)) as server:
+        fs = RetryingFileSystem(fsspec.filesystem("http"), policy=RetryPolicy(retries=3, base_delay_s=0.0))
+        video = f"{_url(server, root)}/videos/observation.images.cam0/chunk-000/file-000.mp4"
+        assert [fs.exists(video) for _ in range(3)] == [True, True, True]  # the 3rd HEAD fails, its GET answers
+        # HEAD 404, GET 503 -> FileNotFoundError from the 503: retried; HEAD 404, GET 404 -> absent
+        assert fs.exists(f"{_url(server, root)}/videos/absent.mp4") is False
+        assert [(r.method, r.status) for r in server.records] == [
+            ("HEAD", 200), ("HEAD", 200), ("HEAD", 503), ("GET", 200),
+            ("HEAD", 404), ("GET", 503), ("HEAD", 404), ("GET", 404),
+        ]  # fmt: skip
+
+
+# -- the reader and the iterator over HTTP -----------------------------------------------------------------
+
+
+def _video_gets(records: list[RequestRecord]) -> list[RequestRecord]:
+    return [r for r in records if r.method == "GET" and "/videos/" in r.path and r.kind in ("range", "full")]
+
+
+@pytest.mark.parametrize("fault_every", [0, 4])
+def test_open_dataset_over_http_reads_rows_equal_to_local(root: Path, server, monkeypatch, slept, fault_every) -> None:
+    monkeypatch.setenv(RETRIES_ENV, "6")
+    server.set_faults(fault_every, FAULTS)
+    remote = open_dataset(_url(server, root))
+    assert isinstance(remote.location.fs, RetryingFileSystem) and not remote.location.is_local
+    local = open_dataset(root)
+    assert (remote.num_episodes, remote.num_frames, remote.camera_keys) == (
+        local.num_episodes, local.num_frames, local.camera_keys,
+    )  # fmt: skip
+    for pos in range(len(LENGTHS)):
+        a, b = local.read_episode(pos), remote.read_episode(pos)
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+        assert remote.video(pos, "observation.images.cam1").path.startswith(server.url)
+    assert server.counts[("GET", "listing")] >= 1  # meta/episodes/ found by glob over the index page
+    if fault_every:
+        assert set(server.faults_injected) == set(FAULTS) and slept  # retried, waits recorded, not slept
+    else:
+        assert not server.faults_injected and not slept
+
+
+def test_v3_over_http_without_directory_listings_names_the_glob(root: Path) -> None:
+    with (
+        serve_folder(root.parent, listings=False) as server,
+        pytest.raises(EpisodeMetadataError, match="meta/episodes"),
+    ):
+        open_dataset(_url(server, root))
+
+
+@pytest.mark.parametrize("fault_every", [0, 5])
+def test_iterator_over_http_equals_local(root: Path, server, local_epoch, monkeypatch, tmp_path, fault_every) -> None:
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    use_fast_retries(monkeypatch)
+    server.set_faults(fault_every, FAULTS)
+    it = DALILeRobotIterator(_url(server, root), num_workers=0, cache_dir=tmp_path / "cache", **OPTIONS)
+    remote = _samples(it)
+    it.close()
+    indices = [int(s["index"]) for s in remote]
+    assert indices == [int(s["index"]) for s in local_epoch]
+    assert sorted(indices) == list(range(sum(LENGTHS))) and indices != sorted(indices)  # each once, shuffled
+    _assert_samples_equal(local_epoch, remote)
+    _assert_video_bytes_ranged(server, root)
+    if fault_every:
+        assert set(server.faults_injected) == set(FAULTS)
+
+
+def _assert_video_bytes_ranged(server: FolderServer, root: Path) -> None:
+    """Video bytes came as 206 ranges; a full GET only follows a failed HEAD (fsspec's ``info`` falls back
+    to GET), never to read data."""
+    gets = _video_gets(server.records)
+    assert gets and all(r.status == 206 for r in gets if r.kind == "range")
+    full = [r for r in gets if r.kind == "full"]
+    failed_heads = Counter(r.path for r in server.records if r.method == "HEAD" and r.kind == "fault")
+    assert len(full) <= sum(failed_heads.values()), full
+    assert all(failed_heads[r.path] for r in full)
+    sizes = {r.path: r.file_size for r in gets}
+    real = {path: os.path.getsize(root.parent / path.lstrip("/")) for path in sizes}
+    assert sizes == real
+
+
+@pytest.mark.parametrize("cache_gb", [0.0, 1.0], ids=["workers_read_remote", "prefetch_cache"])
+def test_iterator_over_http_with_spawned_workers_and_faults(
+    root: Path, server, local_epoch, monkeypatch, tmp_path, cache_gb: float
+) -> None:
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    use_fast_retries(monkeypatch)
+    importable_in_workers(monkeypatch)
+    it = DALILeRobotIterator(_url(server, root), num_workers=2, cache_dir=tmp_path / "cache", cache_gb=cache_gb,
+                             **OPTIONS)  # fmt: skip
+    server.reset_stats()
+    server.set_faults(6, FAULTS)  # opening is covered above: faults from the first batch on
+    remote = _samples(it)
+    it.close()
+    indices = [int(s["index"]) for s in remote]
+    assert indices == [int(s["index"]) for s in local_epoch] and sorted(indices) == list(range(sum(LENGTHS)))
+    _assert_samples_equal(local_epoch, remote)
+    assert set(server.faults_injected) == set(FAULTS)
+    assert any(r.kind == "range" and "/videos/" in r.path for r in server.records)
+    _assert_video_bytes_ranged(server, root)

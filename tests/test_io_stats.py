@@ -1,0 +1,44 @@
+"""io_stats: counters summed over processes through per-process files (what the bench reads for remote runs)."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+from lerobot_dali import io_stats
+
+
+def _child(folder: str) -> None:
+    import os
+
+    os.environ[io_stats.STATS_ENV] = folder
+    io_stats.add("requests", 3)
+    io_stats.add("fetched_bytes", 100)
+    io_stats.flush()
+
+
+def test_counts_of_several_processes_add_up(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(io_stats.STATS_ENV, str(tmp_path))
+    monkeypatch.setattr(io_stats, "_stats", None)  # a fresh singleton that sees the variable
+    io_stats.add("requests")
+    with io_stats.timed("fetch_s"):
+        pass
+    io_stats.flush()
+    context = multiprocessing.get_context("spawn")
+    children = [context.Process(target=_child, args=(str(tmp_path),)) for _ in range(2)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join()
+        assert child.exitcode == 0
+    totals = io_stats.collect(tmp_path)
+    assert totals["requests"] == 7 and totals["fetched_bytes"] == 200 and 0 <= totals["fetch_s"] < 1
+    assert len(list(tmp_path.glob("*.json"))) == 3
+
+
+def test_without_the_variable_nothing_is_written(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv(io_stats.STATS_ENV, raising=False)
+    monkeypatch.setattr(io_stats, "_stats", None)
+    io_stats.add("requests")
+    io_stats.flush()
+    assert io_stats.collect(tmp_path) == {} and not list(tmp_path.iterdir())

@@ -1,0 +1,249 @@
+"""Packet indexes stored on disk: exact round trip, stale stamps miss, corrupt files rebuilt, shared safely."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import pickle
+import shutil
+import zipfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lerobot_dali.file_stamps import FileStamp, FileStamps
+from lerobot_dali.packet_index import PacketIndex, PacketIndexCache, build_packet_index, source_url
+from lerobot_dali.packet_index_store import STORE_FORMAT, PacketIndexStore, default_packet_index_dir
+from lerobot_dali.remote_retry import RetryingFileSystem
+from tests.fake_remote import FakeRemoteFileSystem
+from tests.video_fixtures import EPISODE_LENGTHS, MarkerVideo
+
+_FIELDS = ("source_name", "codec", "width", "height", "pix_fmt", "time_base", "file_size_bytes", "byte_exact")
+_ARRAYS = ("pts", "dts", "byte_offset", "size_bytes", "keyframe", "display_order", "display_rank", "frame_pts")
+_URL = "hf://datasets/user/name/videos/observation.images.top/chunk-000/file-000.mp4"
+
+
+def assert_identical(actual: PacketIndex, expected: PacketIndex) -> None:
+    for name in _ARRAYS:
+        a, e = getattr(actual, name), getattr(expected, name)
+        assert a.dtype == e.dtype, name
+        np.testing.assert_array_equal(a, e, err_msg=name)
+    np.testing.assert_array_equal(actual.frame_pts_s, expected.frame_pts_s)
+    for name in (*_FIELDS, "template", "frame_duration", "frame_count"):
+        assert getattr(actual, name) == getattr(expected, name), name
+
+
+@pytest.mark.parametrize(("codec", "gop"), [("h264", 30), ("av1", 2)], ids=["h264_bframes", "av1"])
+def test_round_trip_is_exact(marker_video: MarkerVideo, tmp_path: Path, codec: str, gop: int) -> None:
+    index = build_packet_index(marker_video(codec, gop))
+    if codec == "h264":
+        assert not np.array_equal(index.display_order, np.arange(index.frame_count))  # B-frames reorder
+    store = PacketIndexStore(tmp_path / "store")
+    stamp = FileStamp(index.file_size_bytes, "sha256:" + "0" * 64)
+    assert store.load(_URL, stamp) is None
+    store.save(_URL, stamp, index)
+    loaded = store.load(_URL, stamp)
+    assert loaded is not None and loaded is not index
+    assert loaded.frame_count == sum(EPISODE_LENGTHS)
+    assert_identical(loaded, index)
+    (stored,) = (tmp_path / "store").rglob("*.npz")
+    assert stored == store.path_for(_URL, stamp)
+    assert not [p for p in (tmp_path / "store").rglob("*") if p.suffix == ".tmp"]
+    with zipfile.ZipFile(stored) as archive:  # plain .npy members, nothing pickled
+        assert {n.removesuffix(".npy") for n in archive.namelist()} >= {"pts", "template", "url", "format"}
+    assert store.load("hf://datasets/user/name/other.mp4", stamp) is None
+
+
+def test_stale_stamp_misses(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    index = build_packet_index(marker_video("h264", 30))
+    store = PacketIndexStore(tmp_path)
+    stamp = FileStamp(index.file_size_bytes, "blob:1")
+    store.save(_URL, stamp, index)
+    assert store.load(_URL, FileStamp(index.file_size_bytes + 1, "blob:1")) is None
+    assert store.load(_URL, FileStamp(index.file_size_bytes, "blob:2")) is None
+    assert store.load(_URL, stamp) is not None
+
+
+def _valid_file(store: PacketIndexStore, index: PacketIndex, stamp: FileStamp) -> bytes:
+    store.save(_URL, stamp, index)
+    return store.path_for(_URL, stamp).read_bytes()
+
+
+def _old_format(path: Path) -> None:
+    with np.load(path) as data:
+        arrays = dict(data)
+    arrays["format"] = np.array(STORE_FORMAT - 1)
+    with open(path, "wb") as handle:
+        np.savez(handle, **arrays)
+
+
+def _other_key(path: Path) -> None:
+    with np.load(path) as data:
+        arrays = dict(data)
+    arrays["url"] = np.array("s3://elsewhere.mp4")
+    with open(path, "wb") as handle:
+        np.savez(handle, **arrays)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda path: path.write_bytes(b"not a zip at all"),
+        lambda path: path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2]),
+        lambda path: path.write_bytes(b""),
+        _old_format,
+        _other_key,
+    ],
+    ids=["garbage", "truncated", "empty", "old_format", "other_key"],
+)
+def test_corrupt_file_is_deleted_and_rebuilt(
+    marker_video: MarkerVideo, tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: object
+) -> None:
+    video = marker_video("h264", 30)
+    index = build_packet_index(video)
+    store = PacketIndexStore(tmp_path / "store")
+    stamp = FileStamp(index.file_size_bytes, "mtime:1")
+    good = _valid_file(store, index, stamp)
+    path = store.path_for(_URL, stamp)
+    damage(path)  # type: ignore[operator]
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.packet_index_store"):
+        assert store.load(_URL, stamp) is None
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert str(path) in caplog.records[0].getMessage() and "deleting it" in caplog.records[0].getMessage()
+    assert not path.exists()
+    store.save(_URL, stamp, build_packet_index(video))
+    assert path.read_bytes() == good
+    rebuilt = store.load(_URL, stamp)
+    assert rebuilt is not None
+    assert_identical(rebuilt, index)
+
+
+def test_cache_rebuilds_over_a_corrupt_file(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    video = marker_video("av1", 2)
+    store = PacketIndexStore(tmp_path / "store")
+    stamp = FileStamp(video.stat().st_size, "mtime:1")
+    path = store.path_for(source_url(str(video)), stamp)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"PK\x03\x04 broken")
+    index = PacketIndexCache().get(str(video), stamp=stamp, store=store)
+    assert_identical(index, build_packet_index(video))
+    reloaded = store.load(source_url(str(video)), stamp)
+    assert reloaded is not None
+    assert_identical(reloaded, index)
+
+
+def test_unwritable_store_only_warns(
+    marker_video: MarkerVideo, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the store folder should be")
+    index = build_packet_index(marker_video("h264", 30))
+    store = PacketIndexStore(blocker / "store")
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.packet_index_store"):
+        store.save(_URL, FileStamp(1, ""), index)
+    assert "cannot write packet index cache file" in caplog.text
+    assert store.load(_URL, FileStamp(1, "")) is None
+
+
+def test_default_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("LEROBOT_DALI_CACHE", str(tmp_path / "c"))
+    assert default_packet_index_dir() == tmp_path / "c" / "packet_index"
+    assert PacketIndexStore().directory == tmp_path / "c" / "packet_index"
+    monkeypatch.delenv("LEROBOT_DALI_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert PacketIndexStore().directory == tmp_path / "home" / ".cache" / "lerobot_dali" / "packet_index"
+    assert pickle.loads(pickle.dumps(PacketIndexStore(tmp_path / "x"))).directory == tmp_path / "x"
+
+
+def _remote(tmp_path: Path, video: Path) -> tuple[FakeRemoteFileSystem, RetryingFileSystem, str]:
+    folder = tmp_path / "remote" / "videos" / "cam" / "chunk-000"
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(video, folder / "file-000.mp4")
+    remote = FakeRemoteFileSystem(str(tmp_path / "remote"))
+    return remote, RetryingFileSystem(remote), "videos/cam/chunk-000/file-000.mp4"
+
+
+def test_stamped_cache_with_store_skips_the_remote(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    video = marker_video("h264", 30)
+    remote, fs, path = _remote(tmp_path, video)
+    stamps = FileStamps(fs, ["videos"])
+    listing_requests = dict(remote.requests)
+    assert listing_requests == {"ls": 3}
+    store = PacketIndexStore(tmp_path / "store")
+
+    first = PacketIndexCache()
+    index = first.get(path, filesystem=fs, stamp=stamps[path], store=store)
+    build_requests = dict(remote.requests - Counter(listing_requests))
+    assert build_requests["open"] == 1 and "info" not in build_requests, build_requests
+    assert_identical(index, build_packet_index(path, filesystem=fs))
+    before = dict(remote.requests)
+    assert first.get(path, filesystem=fs, stamp=stamps[path], store=store) is index
+    assert dict(remote.requests) == before
+
+    # A worker process: its own copies of the cache, stamps and store; the index comes from disk.
+    worker_cache, worker_stamps, worker_store = pickle.loads(pickle.dumps((first, stamps, store)))
+    worker_fs = worker_stamps.fs
+    assert len(worker_cache) == 0
+    loaded = worker_cache.get(path, filesystem=worker_fs, stamp=worker_stamps[path], store=worker_store)
+    assert not worker_fs.fs.requests
+    assert_identical(loaded, index)
+    assert worker_stamps.info_calls == 0
+
+
+def test_changed_file_is_indexed_again(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    remote, fs, path = _remote(tmp_path, marker_video("h264", 30))
+    store = PacketIndexStore(tmp_path / "store")
+    old = PacketIndexCache().get(path, filesystem=fs, stamp=FileStamps(fs, ["videos"])[path], store=store)
+    remote, fs, path = _remote(tmp_path, marker_video("av1", 2))  # same path, new content
+    stamp = FileStamps(fs, ["videos"])[path]
+    new = PacketIndexCache().get(path, filesystem=fs, stamp=stamp, store=store)
+    assert remote.requests["open"] == 1
+    assert (old.codec, new.codec) == ("h264", "av1")
+    assert len(list((tmp_path / "store").rglob("*.npz"))) == 2
+
+
+def test_stamp_of_another_size_is_not_stored(
+    marker_video: MarkerVideo, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    video = marker_video("h264", 30)
+    store = PacketIndexStore(tmp_path / "store")
+    stale = FileStamp(video.stat().st_size - 1, "mtime:1")
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.packet_index"):
+        index = PacketIndexCache().get(str(video), stamp=stale, store=store)
+    assert index.file_size_bytes == video.stat().st_size
+    assert "changed since it was listed" in caplog.text
+    assert not list((tmp_path / "store").rglob("*.npz"))
+
+
+def test_stamped_cache_needs_a_path(marker_video: MarkerVideo) -> None:
+    with open(marker_video("h264", 30), "rb") as handle, pytest.raises(TypeError, match="a stamp identifies a path"):
+        PacketIndexCache().get(handle, stamp=FileStamp(1, ""))
+
+
+def _save_repeatedly(directory: str, video: str, times: int) -> None:
+    index = build_packet_index(video)
+    store = PacketIndexStore(directory)
+    stamp = FileStamp(index.file_size_bytes, "etag:x")
+    for _ in range(times):
+        store.save(_URL, stamp, index)
+        loaded = store.load(_URL, stamp)
+        if loaded is None or not np.array_equal(loaded.pts, index.pts):
+            raise AssertionError("a concurrent reader saw a partial file")
+
+
+def test_concurrent_saves_from_two_processes(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    video = marker_video("h264", 30)
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_save_repeatedly, args=(str(tmp_path), str(video), 40)) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+    assert [w.exitcode for w in workers] == [0, 0]
+    index = build_packet_index(video)
+    loaded = PacketIndexStore(tmp_path).load(_URL, FileStamp(index.file_size_bytes, "etag:x"))
+    assert loaded is not None
+    assert_identical(loaded, index)
+    assert [p.suffix for p in tmp_path.rglob("*") if p.is_file()] == [".npz"]

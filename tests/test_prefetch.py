@@ -1,0 +1,247 @@
+"""Prefetch-on-admit: pool windows, the bounded ref-counted range cache, read-through files, and the
+iterator over a fake remote reading local bytes (a warm second epoch makes no data requests)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lerobot_dali.cached_filesystem import CachedFileSystem, cache_version
+from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.episode_ranges import EpisodeRanges
+from lerobot_dali.range_cache import ByteRange, RangeCache, entry_dir
+from lerobot_dali.sample_order import OrderOptions, SampleOrder
+from tests.fake_remote import FakeRemoteFileSystem
+from tests.test_iterator import DELTAS, LENGTHS, _check_sample, _dataset, _samples
+
+DATA_KINDS = ("open", "read", "cat_file")
+
+
+# -- pool windows ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_pool_window_holds_every_episode_its_positions_draw(shuffle: bool) -> None:
+    lengths = np.random.default_rng(0).integers(1, 40, size=60)
+    order = SampleOrder(
+        lengths, rank=1, world_size=3, options=OrderOptions(seed=3, shuffle=shuffle, episode_pool_size=5)
+    )
+    total = order.num_samples(0)
+    rng = random.Random(1)
+    for _ in range(40):
+        start = rng.randrange(total)
+        stop = min(total, start + rng.randrange(1, 200))
+        window = order.pool_window(0, start, stop)
+        episodes, _ = order.samples(0, start, stop)
+        assert set(episodes.tolist()) <= set(window.tolist())
+        assert len(set(window.tolist())) == len(window)
+        # No more than the pool plus what gets admitted: each admission needs an episode to finish.
+        finished = len(set(order.samples(0, 0, stop)[0].tolist()) - set(order.samples(0, stop, total)[0].tolist()))
+        assert len(window) <= 5 + finished + 1 if shuffle else len(window) <= len(set(episodes.tolist()))
+    assert order.pool_window(0, total, total + 10).size == 0
+
+
+# -- range cache ------------------------------------------------------------------------------------------------
+def _fetcher(blob: bytes, calls: list[ByteRange]):
+    def fetch(key: ByteRange) -> bytes:
+        calls.append(key)
+        return blob[key.start : key.end]
+
+    return fetch
+
+
+def _disk_bytes(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.rglob("*.bin"))
+
+
+def test_range_cache_refcounts_shared_ranges_and_keeps_released_ones_until_needed(tmp_path: Path) -> None:
+    blob = bytes(range(256)) * 40
+    calls: list[ByteRange] = []
+    cache = RangeCache(tmp_path, max_bytes=3000)
+    shared, a_only, b_only = ByteRange("f", 0, 1000), ByteRange("f", 1000, 2000), ByteRange("f", 2000, 3000)
+    cache.acquire("a", [shared, a_only], _fetcher(blob, calls))
+    cache.acquire("b", [shared, b_only], _fetcher(blob, calls))
+    assert calls == [shared, a_only, b_only] and cache.bytes_cached == 3000 == _disk_bytes(tmp_path)
+    cache.release("a")  # the shared footer-like range stays held by b
+    assert cache.holds(shared) and cache.holds(a_only)  # released, kept on disk until room is needed
+    cache.acquire("c", [ByteRange("f", 3000, 3500)], _fetcher(blob, calls))
+    assert not cache.holds(a_only) and cache.holds(shared) and cache.holds(b_only)
+    assert cache.bytes_cached == 2500 == _disk_bytes(tmp_path)
+    cache.release("b")
+    cache.acquire("a", [shared], _fetcher(blob, calls))  # reused from disk: no fetch
+    assert calls[-1] == ByteRange("f", 3000, 3500) and cache.stats.reused_ranges == 2
+    folder = entry_dir(tmp_path, "f")
+    assert (folder / "0-1000.bin").read_bytes() == blob[:1000]
+
+
+def test_range_cache_never_exceeds_its_bound(tmp_path: Path) -> None:
+    blob = bytes(random.Random(0).randbytes(50_000))
+    cache = RangeCache(tmp_path, max_bytes=10_000)
+    rng = random.Random(2)
+    held: list[str] = []
+    for step in range(300):
+        if held and rng.random() < 0.4:
+            cache.release(held.pop(rng.randrange(len(held))))
+        else:
+            owner = f"ep{step}"
+            ranges = []
+            for _ in range(rng.randrange(1, 4)):
+                start = rng.randrange(0, 46_000)
+                ranges.append(ByteRange("v", start, start + rng.randrange(1, 4000)))
+            cache.acquire(owner, ranges, _fetcher(blob, []))
+            held.append(owner)
+        assert cache.bytes_cached <= 10_000 and _disk_bytes(tmp_path) == cache.bytes_cached
+    assert cache.stats.refused_ranges > 0 and cache.stats.evicted_ranges > 0
+
+
+def test_range_cache_adopts_an_earlier_runs_entries(tmp_path: Path) -> None:
+    blob = bytes(range(200))
+    first = RangeCache(tmp_path, max_bytes=150)
+    first.acquire("x", [ByteRange("p", 0, 100, "v1"), ByteRange("p", 100, 150, "v1")], _fetcher(blob, []))
+    (entry_dir(tmp_path, "p", "v1") / ".junk.tmp").write_bytes(b"partial")
+    second = RangeCache(tmp_path, max_bytes=120)  # smaller bound: the oldest entries go
+    assert second.bytes_cached <= 120 and _disk_bytes(tmp_path) == second.bytes_cached
+    calls: list[ByteRange] = []
+    second.acquire("y", [ByteRange("p", 100, 150, "v1")], _fetcher(blob, calls))
+    assert calls == []
+
+
+# -- read-through files -------------------------------------------------------------------------------------
+def test_cached_file_reads_equal_remote_bytes_and_skip_the_remote_when_covered(tmp_path: Path) -> None:
+    root = tmp_path / "remote"
+    root.mkdir()
+    blob = random.Random(5).randbytes(100_000)
+    (root / "f.bin").write_bytes(blob)
+    fake = FakeRemoteFileSystem(str(root))
+    size, version = 100_000, cache_version(100_000, "e1")
+    stamps = {"f.bin": type("Stamp", (), {"size": size, "version": "e1"})()}
+    cache_dir = tmp_path / "cache"
+    cache = RangeCache(cache_dir, max_bytes=10**6)
+    cache.acquire("ep", [ByteRange("f.bin", 1000, 5000, version), ByteRange("f.bin", 20_000, 30_000, version)],
+                  lambda k: blob[k.start : k.end])  # fmt: skip
+    fs = CachedFileSystem(fake, cache_dir, stamps)
+    before = fake.requests.copy()
+    with fs.open("f.bin") as f:  # fully covered reads: no request at all
+        f.seek(1500)
+        assert f.read(3000) == blob[1500:4500]
+        f.seek(21_000)
+        assert f.read(9000) == blob[21_000:30_000]
+        assert f.seek(0, 2) == size
+    assert fake.requests == before and fs.counters["remote_reads"] == 0
+    rng = random.Random(6)
+    with fs.open("f.bin") as f:
+        for _ in range(50):
+            start = rng.randrange(size)
+            n = rng.randrange(1, 40_000)
+            f.seek(start)
+            assert f.read(n) == blob[start : start + n]
+    assert fs.counters["remote_reads"] > 0 and fs.counters["cached_reads"] > 0
+    assert fs.cat_file("f.bin", 999, 5001) == blob[999:5001]
+
+
+def test_episode_ranges_cover_every_read_of_the_episode(make_ds, tmp_path: Path) -> None:
+    """Reading an episode's rows and clips through a cache that holds only its ranges touches no remote byte."""
+    from lerobot_dali.clips import build_clip
+    from lerobot_dali.packet_index import load_packet_index
+
+    root = _dataset(make_ds, "h264")
+    remote = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    fs = remote.location.fs
+    cache_dir = tmp_path / "cache"
+    cache = RangeCache(cache_dir, max_bytes=10**8)
+    cached_fs = CachedFileSystem(fs, cache_dir)
+    ranges = EpisodeRanges(remote)
+    for pos in range(remote.num_episodes):
+        keys = [ByteRange(p, a, b, cached_fs.identity(p)[1]) for p, a, b in ranges.ranges(pos)]
+        cache.acquire(pos, keys, lambda k: fs.cat_file(k.path, start=k.start, end=k.end))
+    reader = remote.with_location(dataclasses.replace(remote.location, fs=cached_fs))
+    for pos in range(reader.num_episodes):
+        rows = reader.read_episode(pos)
+        np.testing.assert_array_equal(rows["frame_index"], np.arange(LENGTHS[pos]))
+        for camera in reader.camera_keys:
+            video = reader.video(pos, camera)
+            index = load_packet_index(video.path, filesystem=fs)
+            first = int(np.searchsorted(index.frame_pts_s, video.from_timestamp_s - 1e-6))
+            for frame in (first, first + LENGTHS[pos] - 1):
+                build_clip(video.path, index, [frame], filesystem=cached_fs)
+    assert cached_fs.counters["remote_reads"] == 0 and cached_fs.counters["cached_reads"] > 0
+
+
+# -- the iterator over a fake remote ---------------------------------------------------------------------------
+def test_iterator_prefetches_and_a_warm_second_epoch_makes_no_data_requests(make_ds, tmp_path: Path) -> None:
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    root = _dataset(make_ds, "av1")
+    options = dict(batch_size=4, delta_timestamps=DELTAS, shuffle=True, seed=5, episode_pool_size=2, device="cpu",
+                   num_workers=0, drop_last=False)  # fmt: skip
+    local_it = DALILeRobotIterator(root, **options)
+    local = [_samples(local_it), _samples(local_it)]
+    reader = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    fake = reader.location.fs.fs
+    it = DALILeRobotIterator(reader, cache_dir=tmp_path / "cache", cache_gb=1.0, **options)
+    assert it.prefetcher is not None
+    first = _samples(it)
+    after_first = {k: fake.requests[k] for k in DATA_KINDS}
+    second = _samples(it)
+    after_second = {k: fake.requests[k] for k in DATA_KINDS}
+    stats = it.prefetcher.stats
+    assert stats.fetched_ranges > 0 and stats.refused_ranges == 0
+    it.close()
+    for got, want in zip([first, second], local, strict=True):
+        assert [int(s["index"]) for s in got] == [int(s["index"]) for s in want]
+        assert sorted(int(s["index"]) for s in got) == list(range(sum(LENGTHS)))
+        for a, b in zip(want, got, strict=True):
+            for key in a:
+                if isinstance(a[key], torch.Tensor):
+                    assert torch.equal(a[key], b[key]), key
+            _check_sample(b)
+    assert after_second == after_first, "a warm second epoch must not read remote data"
+    assert it.prefetcher is None
+
+
+def test_a_cache_smaller_than_the_pool_stays_in_bounds_and_changes_no_sample(make_ds, tmp_path: Path) -> None:
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    root = _dataset(make_ds, "h264")
+    options = dict(batch_size=4, delta_timestamps=DELTAS, shuffle=True, seed=2, episode_pool_size=3, device="cpu",
+                   num_workers=0, drop_last=False)  # fmt: skip
+    local = _samples(DALILeRobotIterator(root, **options))
+    reader = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    bound = 12_000
+    it = DALILeRobotIterator(reader, cache_dir=tmp_path / "cache", cache_gb=bound / 1e9, **options)
+    remote = _samples(it)
+    stats, cache = it.prefetcher.stats, it.prefetcher.cache
+    assert cache.bytes_cached <= bound and _disk_bytes(tmp_path / "cache") == cache.bytes_cached
+    assert stats.refused_ranges + stats.evicted_ranges > 0  # the bound did bite
+    it.close()
+    assert [int(s["index"]) for s in remote] == [int(s["index"]) for s in local]
+    for a, b in zip(local, remote, strict=True):
+        for key in a:
+            if isinstance(a[key], torch.Tensor):
+                assert torch.equal(a[key], b[key]), key
+
+
+def test_prefetcher_holds_the_pool_window_and_releases_episodes_that_left(make_ds, tmp_path: Path) -> None:
+    from lerobot_dali.prefetch import prefetching_reader
+
+    root = _dataset(make_ds, "av1")
+    reader = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    order = SampleOrder(reader.episodes.length, rank=0, world_size=1, options=OrderOptions(seed=1, episode_pool_size=2))
+    _, prefetcher = prefetching_reader(
+        reader, order, rank=0, lookahead=3, cache_dir=tmp_path, cache_bytes=10**8, stamps=reader.stamps
+    )
+    assert prefetcher is not None
+    try:
+        total = order.num_samples(0)
+        for position in (0, total // 2, total - 1):
+            prefetcher.warm(0, position, progress=False)
+            wanted = set(prefetcher.needed(0, position).tolist())
+            assert set(prefetcher.cache.owners()) == wanted  # admitted on entry, released on exit
+            episodes, _ = order.samples(0, position, min(total, position + 3))
+            assert set(episodes.tolist()) <= wanted
+        assert prefetcher.stats.fetched_ranges > 0
+    finally:
+        prefetcher.close()
