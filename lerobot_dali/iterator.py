@@ -123,16 +123,15 @@ class DALILeRobotIterator:
             batch_size=batch_size,
             options=options,
         )
+        location = self.reader.location
+        self._index_store = None if location.is_local else PacketIndexStore()
         self.routes = self._choose_routes(DecodePreference.parse(decode))
         self._worker_resize = self._plan_worker_resize()
         self._tabular_keys = tuple(
             k for k in self.reader.tabular_keys if self.reader.info.features[k].dtype != "string"
         )
-        # Remote datasets: file stamps from one listing per root and packet indexes on disk (no per-file
-        # requests from any worker); workers read through a local cache a prefetcher fills on admission.
-        location = self.reader.location
-        self._stamps = self.reader.stamps
-        self._index_store = None if location.is_local else PacketIndexStore()
+        # Remote datasets: file stamps (reader.stamps, one listing per root) and packet indexes on disk mean
+        # no per-file requests from any worker; workers read through a cache a prefetcher fills on admission.
         self._worker_reader, self._prefetcher = prefetching_reader(
             self.reader,
             self._stream.order,
@@ -140,7 +139,7 @@ class DALILeRobotIterator:
             lookahead=batch_size * (prefetch + 1) * max(1, num_workers) + batch_size,
             cache_dir=cache_dir,
             cache_bytes=int(cache_gb * 1e9),
-            stamps=self._stamps,
+            stamps=self.reader.stamps,
             index_store=self._index_store,
         )
         self._pipeline: Any = None
@@ -161,7 +160,8 @@ class DALILeRobotIterator:
         for camera in self.reader.camera_keys:
             video = self.reader.video(0, camera)
             fs = self.reader.location.fs
-            index = load_packet_index(video.path, filesystem=fs)
+            stamp = self.reader.stamps[video.path] if self.reader.stamps is not None else None
+            index = load_packet_index(video.path, filesystem=fs, stamp=stamp, store=self._index_store)
             routes[camera] = route_for_video(
                 video.path, index, decode=preference, device_id=self._device_id or 0, filesystem=fs, label=camera
             )
@@ -229,7 +229,7 @@ class DALILeRobotIterator:
             tabular_keys=self._tabular_keys,
             timestamp_source=self._timestamp_source,
             tolerance_s=self._tolerance_s,
-            stamps=self._stamps,
+            stamps=self.reader.stamps,
             index_store=self._index_store,
             worker_resize=self._worker_resize,
         )

@@ -623,6 +623,13 @@ class PacketIndexCache:
 _DEFAULT_CACHE = PacketIndexCache()
 
 
-def load_packet_index(source: VideoSource, *, filesystem: Any | None = None) -> PacketIndex:
-    """The packet index of ``source`` from this process's default cache (built on first use)."""
-    return _DEFAULT_CACHE.get(source, filesystem=filesystem)
+def load_packet_index(
+    source: VideoSource,
+    *,
+    filesystem: Any | None = None,
+    stamp: FileStamp | None = None,
+    store: PacketIndexStore | None = None,
+) -> PacketIndex:
+    """The packet index of ``source`` from this process's default cache (built on first use; see
+    :meth:`PacketIndexCache.get` for ``stamp`` and ``store``)."""
+    return _DEFAULT_CACHE.get(source, filesystem=filesystem, stamp=stamp, store=store)
