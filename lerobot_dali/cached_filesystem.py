@@ -18,6 +18,7 @@ from typing import Any
 import fsspec
 
 from . import io_stats
+from .file_stamps import FileStamp, FileStamps
 from .range_cache import entry_dir, list_entries
 
 __all__ = ["CachedFileSystem", "CachedRangeFile", "cache_version"]
@@ -150,22 +151,26 @@ class CachedRangeFile(io.RawIOBase):
 class CachedFileSystem(fsspec.AbstractFileSystem):
     """``fs`` with binary reads served from the range cache in ``directory`` where it holds the bytes.
 
-    ``stamps`` maps a path to its identity (``.size``, ``.version``); paths it lacks are stamped with one
-    ``fs.info`` each, remembered for the process. Pickles as its arguments, for spawned DALI workers.
+    ``stamps`` maps a path to its identity (``.size``, ``.version``): the dataset's listing, or by default a
+    :class:`~lerobot_dali.file_stamps.FileStamps` of ``fs`` that stamps each path with one memoised ``info``.
+    Pickles as its arguments, for spawned DALI workers.
     """
 
     protocol = "lerobot-dali-cached"
     cachable = False
 
     def __init__(
-        self, fs: fsspec.AbstractFileSystem, directory: str | os.PathLike[str], stamps: Mapping[str, Any] | None = None
+        self,
+        fs: fsspec.AbstractFileSystem,
+        directory: str | os.PathLike[str],
+        stamps: Mapping[str, FileStamp] | None = None,
     ) -> None:
         super().__init__(fs, directory, stamps)
         self.fs = fs
         self.protocol = fs.protocol  # same URLs as the wrapped fs: packet-index store keys must agree
         self.directory = os.fspath(directory)
-        self.stamps: Mapping[str, Any] = stamps if stamps is not None else {}
-        self._looked_up: dict[str, tuple[int, str]] = {}
+        # Without stamps from the dataset, FileStamps stamps each path with one memoised info request.
+        self.stamps: Mapping[str, FileStamp] = stamps if stamps is not None else FileStamps(fs)
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -182,17 +187,9 @@ class CachedFileSystem(fsspec.AbstractFileSystem):
         return str(self.fs.unstrip_protocol(name))
 
     def identity(self, path: str) -> tuple[int, str]:
-        """``(size, cache version)`` of ``path``, from the stamps or one metadata request."""
-        stamp = self.stamps.get(path) if hasattr(self.stamps, "get") else None
-        if stamp is not None:
-            return int(stamp.size), cache_version(int(stamp.size), str(stamp.version))
-        known = self._looked_up.get(path)
-        if known is None:
-            info = self.fs.info(path)
-            size = int(info["size"])
-            tag = next((str(info[k]) for k in ("ETag", "etag", "blob_id", "mtime", "LastModified") if k in info), "")
-            known = self._looked_up[path] = (size, cache_version(size, tag))
-        return known
+        """``(size, cache version)`` of ``path``, from the stamps (one metadata request if not listed)."""
+        stamp = self.stamps[path]
+        return int(stamp.size), cache_version(int(stamp.size), str(stamp.version))
 
     def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
         if mode != "rb":
