@@ -19,8 +19,8 @@ from typing import Any, Literal
 import numpy as np
 
 from . import io_stats
-from .clips import build_clip
-from .cpu_decode import CpuFrameDecoder
+from .clips import build_clip, plan_clip, read_packet_payloads
+from .cpu_decode import CpuFrameDecoder, decode_packets
 from .dali_graph import Field, FieldKind
 from .dataset_reader import LeRobotDatasetReader
 from .decode_route import DecodeRoute
@@ -198,11 +198,19 @@ class BatchSource:
                     self._decoder.decode(path, index, numbers, filesystem=location.fs, size=size)
                     for path, index, numbers in requests
                 ]
-        # Remote files: FFmpeg would read the container header and then 32 KB at a time over the network;
-        # a clip reads exactly the packets it needs (ranged reads the prefetch cache serves) and decodes
-        # in memory to the same frames.
+        # Remote files: FFmpeg would read the container header and then 32 KB at a time over the network.
+        # MP4 packets are read by exact byte range instead (what the prefetch cache holds) and decoded
+        # straight from memory; other containers are demuxed into a clip first.
         frames = []
+        threads = self._decoder.options.threads_per_decoder
         for path, index, numbers in requests:
+            if index.byte_exact:
+                with io_stats.timed("clip_s"):
+                    plan = plan_clip(index, numbers)
+                    payloads = read_packet_payloads(path, index, plan, filesystem=location.fs)
+                with io_stats.timed("decode_s"):
+                    frames.append(decode_packets(index, plan, payloads, size=size, threads=threads))
+                continue
             with io_stats.timed("clip_s"):
                 clip = build_clip(path, index, numbers, filesystem=location.fs)
             with io_stats.timed("decode_s"):

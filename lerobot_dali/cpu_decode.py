@@ -13,6 +13,7 @@ torchcodec's frames are resized after decoding with torch's antialiased bilinear
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 from collections import OrderedDict
@@ -26,7 +27,7 @@ import numpy as np
 from av.video.reformatter import Interpolation
 from numpy.typing import ArrayLike
 
-from .clips import plan_clip
+from .clips import ClipPlan, plan_clip
 from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
 from .packet_index import PacketIndex, VideoSource, source_cache_key, source_label
 
@@ -35,6 +36,7 @@ __all__ = [
     "CpuDecodeOptions",
     "CpuDecoderBackend",
     "CpuFrameDecoder",
+    "decode_packets",
     "pyav_can_decode",
     "torchcodec_available",
 ]
@@ -229,6 +231,56 @@ class _TorchCodecReader:
     def close(self) -> None:
         if self._handle is not None:
             self._handle.close()
+
+
+def decode_packets(
+    index: PacketIndex,
+    plan: ClipPlan,
+    payloads: list[bytes],
+    *,
+    size: tuple[int, int] | None = None,
+    threads: int = 1,
+) -> np.ndarray:
+    """RGB frames ``(N, H, W, 3)`` uint8 at ``plan.relative_indices``, decoded from the planned packets alone.
+
+    For remote MP4s: the payloads are exact ranged reads (what the prefetch cache serves), and feeding
+    them to a decoder opened from ``index.template`` skips the remux and the demux a clip would cost, and
+    every container read beyond the packets. PyAV decodes whatever the backend (torchcodec takes files,
+    not packets). Raises VideoDecodeError naming the file when the packets do not decode to the plan.
+    """
+    if size is not None:
+        size = _checked_size(size)
+    if len(payloads) != plan.frame_count:
+        raise ValueError(f"decode_packets got {len(payloads)} payloads for a plan of {plan.frame_count} packets.")
+    label = index.source_name
+    if not pyav_can_decode(index.codec):
+        raise CodecUnsupportedError(f"{label}: PyAV has no decoder for codec {index.codec!r}; re-encode the video.")
+    # Display rank as pts: the decoder hands frames back in display order, and the pts proves which is which.
+    ranks = np.argsort(np.argsort(index.pts[plan.packet_positions], kind="stable"), kind="stable")
+    frames: list[av.VideoFrame] = []
+    try:
+        with av.open(io.BytesIO(index.template), "r") as template:
+            codec = template.streams.video[0].codec_context
+            codec.thread_count = threads
+            codec.thread_type = "AUTO"
+            for position, (payload, rank) in enumerate(zip(payloads, ranks.tolist(), strict=True)):
+                packet = av.Packet(payload)
+                packet.pts, packet.dts = rank, position
+                packet.is_keyframe = bool(index.keyframe[plan.packet_positions[position]])
+                frames.extend(codec.decode(packet))
+            frames.extend(codec.decode(None))
+    except (av.error.FFmpegError, OSError) as e:
+        raise VideoDecodeError(f"{label}: decoding {len(payloads)} packets failed ({e}); the file is corrupt.") from e
+    by_rank = {int(frame.pts): frame for frame in frames if frame.pts is not None}
+    wanted = np.unique(plan.relative_indices).tolist()
+    missing = [rank for rank in wanted if rank not in by_rank]
+    if missing:
+        raise VideoDecodeError(
+            f"{label}: {len(missing)} of {len(wanted)} requested frames did not come out of the decoder "
+            f"({len(frames)} frames from {len(payloads)} packets); the file is corrupt or truncated."
+        )
+    rgb = {rank: _to_rgb(by_rank[rank], size) for rank in wanted}
+    return np.stack([rgb[int(rank)] for rank in plan.relative_indices])
 
 
 def _checked_size(size: Any) -> tuple[int, int]:

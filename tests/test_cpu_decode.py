@@ -13,10 +13,12 @@ import fsspec
 import numpy as np
 import pytest
 
+from lerobot_dali.clips import plan_clip, read_packet_payloads
 from lerobot_dali.cpu_decode import (
     CpuDecodeOptions,
     CpuDecoderBackend,
     CpuFrameDecoder,
+    decode_packets,
     pyav_can_decode,
     torchcodec_available,
 )
@@ -90,6 +92,57 @@ def test_real_cr5_av1_across_files_and_episodes(pyav_decoder: CpuFrameDecoder) -
         ends = np.cumsum(lengths[files == file_index])
         boundaries = [np.array([end - 2, end - 1, end, end + 1]) for end in ends[:-1]]
         _check(pyav_decoder, path, [np.array([0, 1]), np.array([ends[-1] - 1]), *boundaries])
+
+
+def _check_packets(path: Path, windows: list[np.ndarray], *, size: tuple[int, int] | None = None) -> None:
+    """The remote route: packets read by byte range and decoded without a container."""
+    index = build_packet_index(path)
+    assert index.byte_exact
+    reference = reference_frames(path, {int(p) for w in windows for p in index.frame_pts[w]})
+    for window in windows:
+        plan = plan_clip(index, window)
+        frames = decode_packets(index, plan, read_packet_payloads(path, index, plan), size=size)
+        assert frames.shape == (len(window), *(size or (index.height, index.width)), 3)
+        if size is None:
+            for frame_index, frame in zip(window.tolist(), frames, strict=True):
+                np.testing.assert_array_equal(frame, reference[int(index.frame_pts[frame_index])])
+
+
+@pytest.mark.parametrize("codec", ["av1", "h264", "hevc", "vp9"])
+@pytest.mark.parametrize("gop", [2, 30])
+def test_packet_decode_matches_full_decode(marker_video: MarkerVideo, codec: str, gop: int) -> None:
+    _check_packets(marker_video(codec, gop), _random_windows(sum(EPISODE_LENGTHS), seed=gop + 1))
+
+
+def test_packet_decode_of_real_videos() -> None:
+    _check_packets(r1_video(), [np.array([0, 1, 2]), np.array([1974, 0]), np.array([999, 1000, 1001, 1500])])
+    episodes = cr5_episodes()
+    files = np.asarray(episodes["videos/observation.images.top/file_index"])
+    ends = np.cumsum(np.asarray(episodes["length"])[files == 0])
+    _check_packets(cr5_video(0), [np.array([end - 1, end]) for end in ends[:-1]])
+
+
+def test_packet_decode_resizes_like_the_open_decoder(marker_video: MarkerVideo, pyav_decoder: CpuFrameDecoder) -> None:
+    path = marker_video("av1", 30)
+    index = build_packet_index(path)
+    window = np.array([5, 44, 44, 61])
+    plan = plan_clip(index, window)
+    got = decode_packets(index, plan, read_packet_payloads(path, index, plan), size=(32, 40))
+    np.testing.assert_array_equal(got, pyav_decoder.decode(path, index, window, size=(32, 40)))
+
+
+def test_packet_decode_bad_input_names_the_file(marker_video: MarkerVideo) -> None:
+    path = marker_video("h264", 30)
+    index = build_packet_index(path)
+    plan = plan_clip(index, [40])
+    payloads = read_packet_payloads(path, index, plan)
+    with pytest.raises(ValueError, match="payloads"):
+        decode_packets(index, plan, payloads[:-1])
+    garbage = [b"\xff" * len(p) for p in payloads]
+    with pytest.raises(VideoDecodeError, match=index.source_name):
+        decode_packets(index, plan, garbage)
+    with pytest.raises(CodecUnsupportedError, match=index.source_name):
+        decode_packets(replace(index, codec="evc"), plan, payloads)
 
 
 def test_decoder_lru_is_bounded(marker_video: MarkerVideo) -> None:

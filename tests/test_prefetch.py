@@ -224,6 +224,25 @@ def test_a_cache_smaller_than_the_pool_stays_in_bounds_and_changes_no_sample(mak
                 assert torch.equal(a[key], b[key]), key
 
 
+def test_remote_frames_resized_in_the_worker_equal_local(make_ds, tmp_path: Path) -> None:
+    """Remote MP4 cameras decode from byte-ranged packets, local ones from the file: same pixels, resized too."""
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    root = _dataset(make_ds, "h264")
+    options = dict(batch_size=4, delta_timestamps=DELTAS, shuffle=True, seed=3, episode_pool_size=2, device="cpu",
+                   num_workers=0, drop_last=False, image_size=(24, 40), return_uint8=True)  # fmt: skip
+    local = _samples(DALILeRobotIterator(root, **options))
+    reader = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    it = DALILeRobotIterator(reader, cache_dir=tmp_path / "cache", cache_gb=1.0, **options)
+    remote = _samples(it)
+    it.close()
+    assert [int(s["index"]) for s in remote] == [int(s["index"]) for s in local]
+    for a, b in zip(local, remote, strict=True):
+        for camera in reader.camera_keys:
+            assert b[camera].shape[-2:] == (24, 40)
+            assert torch.equal(a[camera], b[camera]), camera
+
+
 def test_prefetcher_holds_the_pool_window_and_releases_episodes_that_left(make_ds, tmp_path: Path) -> None:
     from lerobot_dali.prefetch import prefetching_reader
 
