@@ -8,6 +8,7 @@ sampling (``sample_order``) -> windows (``windows``) -> video requests and clips
 from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
 from .errors import (
     CodecUnsupportedError,
+    DataFileError,
     DatasetError,
     DatasetNotFoundError,
     DeltaTimestampsError,
@@ -40,6 +41,7 @@ __all__ = [
     "AugmentConfig",
     "CodecUnsupportedError",
     "DALILeRobotIterator",
+    "DataFileError",
     "DatasetError",
     "DatasetNotFoundError",
     "DeltaTimestampsError",

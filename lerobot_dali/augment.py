@@ -3,14 +3,15 @@
 Input: one camera's batch of uint8 sequences, layout ``FHWC`` (F = the frames of one sample's
 ``delta_timestamps`` window, possibly 1), on the CPU or the GPU. Output: ``FCHW`` float32 in [0, 1]
 (or normalised), or ``FCHW`` uint8 with ``return_uint8``. Every step is a DALI operator, so the same
-graph runs on ``cpu`` and ``gpu`` DataNodes; only the random draws (tiny per-sample scalars) live on the
-CPU, as DALI argument inputs.
+graph runs on ``cpu`` and ``gpu`` DataNodes; only the random parameters (tiny per-sample arrays) live on
+the CPU, as DALI argument inputs.
 
 Order of operations (each skipped when not configured):
 
 1. ``resize``: deterministic resize to (H, W) (``fn.resize``, linear, antialiased); skipped with
    ``presized`` when the CPU decoding worker already resized the frames (see :func:`leading_resize`).
-2. ``random_resized_crop``: random area/aspect crop resized to its ``size`` (``fn.random_resized_crop``).
+2. ``random_resized_crop``: a random area/aspect window resized to its ``size`` (``fn.resize`` with a
+   per-sample relative ROI; the window is sampled as torchvision does, see :mod:`.augment_draws`).
 3. ``affine``: rotation and scale about the image centre, then translation (``fn.transforms.*`` +
    ``fn.warp_affine``, outside filled with 0).
 4. ``color_jitter``: one fused ``fn.color_twist``: hue and saturation (a linear transform in RGB), then
@@ -27,9 +28,12 @@ sequence applies that value to every frame, so a window sees one crop, one rotat
 -- as LeRobot's transforms do when applied to a (T, C, H, W) tensor. Velocity-like cues between frames
 survive; only the sample-to-sample variety is random.
 
-Why derived seeds: each random operator gets ``seed=`` hashed from (seed, camera stream, operator name),
-so runs repeat exactly, operators never share a stream by accident, and with ``shared_across_cameras``
-every camera of a sample uses the same stream and therefore the same draws.
+Why host draws: the random parameters are not drawn by DALI's random operators, whose streams restart
+whenever a pipeline is built (so a resumed run would augment differently from the uninterrupted one) and
+are the same on every rank. The external source computes them instead
+(:func:`~lerobot_dali.augment_draws.draw_params`), each sample's from its own identity (seed, rank, epoch,
+position in the rank's stream, camera stream), and hands them to this graph as ``draws``. With
+``shared_across_cameras`` all cameras of a sample read the stream ``"shared"``, so they get the same draws.
 
 Affine without a known size reads the frame shape at run time (``DataNode.shape``); on GPU frames that
 needs DALI's dynamic executor (the default). Configure ``resize``, ``random_resized_crop`` or pass
@@ -38,7 +42,6 @@ needs DALI's dynamic executor (the default). Configure ``resize``, ``random_resi
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
@@ -49,6 +52,8 @@ from typing import Any, cast
 import numpy as np
 from nvidia.dali import fn, types
 from nvidia.dali.data_node import DataNode
+
+from .augment_draws import draw_names
 
 __all__ = [
     "AugmentConfig",
@@ -117,8 +122,10 @@ def _set(obj: Any, name: str, value: Any) -> None:
 class RandomResizedCrop:
     """Crop a random area fraction ``scale`` with aspect ratio ``ratio`` (width/height), resize to ``size``.
 
-    ``scale`` and ``ratio`` mean what they mean in torchvision's ``RandomResizedCrop``; the window is drawn
-    by DALI's ``fn.random_resized_crop`` (its own retry and fallback rules).
+    ``scale`` and ``ratio`` mean what they mean in torchvision's ``RandomResizedCrop`` (same retries and
+    centre-crop fallback) when ``AugmentConfig.resize`` gives the frame the crop cuts. Without a resize the
+    crop cuts full frames of a size not known when the window is drawn: ``scale`` is still the area
+    fraction, but ``ratio`` is relative to the frame's own aspect (see :mod:`lerobot_dali.augment_draws`).
     """
 
     size: tuple[int, int]
@@ -342,25 +349,12 @@ def _checked_keys(cls: type, raw: Any, where: str) -> dict[str, Any]:
 # The graph
 
 
-class _Seeds:
-    """Per-operator seeds hashed from (seed, stream, operator): stable across processes and runs."""
-
-    def __init__(self, seed: int, stream: str) -> None:
-        self._prefix = f"{seed}/{stream}/"
-
-    def __call__(self, op: str) -> int:
-        digest = hashlib.blake2b((self._prefix + op).encode(), digest_size=4).digest()
-        return int.from_bytes(digest, "little") & 0x7FFF_FFFF
-
-
 def _range_of(value: float | Pair) -> Pair:
     # Options store pairs after __post_init__; this only narrows the declared input type.
     return value if isinstance(value, tuple) else (value, value)
 
 
-def _uniform(lo: float, hi: float, seed: int) -> float | DataNode:
-    # fn.random.uniform rejects an empty range, and a constant needs no random stream.
-    return lo if lo == hi else fn.random.uniform(range=[lo, hi], seed=seed)
+Arg = float | DataNode  # an operator argument: a constant, or a per-sample draw
 
 
 def leading_resize(config: AugmentConfig | None, output_size: tuple[int, int] | None) -> tuple[int, int] | None:
@@ -381,24 +375,25 @@ def augment_frames(
     frames: DataNode,
     *,
     config: AugmentConfig | None,
-    seed: int,
     camera_index: int,
+    draws: Mapping[str, DataNode] | None = None,
     return_uint8: bool = False,
     output_size: tuple[int, int] | None = None,
     presized: bool = False,
 ) -> DataNode:
     """Augment one camera's ``FHWC`` uint8 windows and hand them over as ``FCHW`` (see module docstring).
 
-    ``output_size`` (H, W) replaces the size of the last resampling step (the random crop's, else the
+    ``draws``: ``name -> DataNode`` for every name of :func:`~lerobot_dali.augment_draws.draw_names`
+    (``config``), the per-sample random parameters of this camera's stream (CPU argument inputs, e.g. external
+    source outputs filled by :func:`~lerobot_dali.augment_draws.draw_params`); not needed when nothing is
+    random. ``output_size`` (H, W) replaces the size of the last resampling step (the random crop's, else the
     resize's), or adds a resize when neither is configured, so cameras can be brought to one size without
     resampling twice. ``presized``: the frames already have the :func:`leading_resize` size (the decoding
-    worker resized them), so that step is skipped. Call inside a pipeline definition; works on ``cpu`` and
-    ``gpu`` frames alike.
+    worker resized them), so that step is skipped.
+    Call inside a pipeline definition; works on ``cpu`` and ``gpu`` frames alike.
     """
     if not isinstance(frames, DataNode):
         raise TypeError(f"frames must be a DALI DataNode (inside a pipeline definition), got {type(frames).__name__}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ValueError(f"seed = {seed!r} is invalid: expected an integer")
     if not isinstance(camera_index, int) or isinstance(camera_index, bool) or camera_index < 0:
         raise ValueError(f"camera_index = {camera_index!r} is invalid: expected an integer >= 0")
     cfg = config if config is not None else AugmentConfig()
@@ -411,8 +406,8 @@ def augment_frames(
             "return_uint8=True cannot be combined with AugmentConfig.normalize: normalised values do not fit "
             "uint8. Drop normalize (normalise in the policy) or return float32."
         )
+    d = _checked_draws(cfg, draws, camera_index)
 
-    seeds = _Seeds(seed, "shared" if cfg.shared_across_cameras else f"camera{camera_index}")
     x = frames
     size: tuple[int, int] | None = None  # (H, W) after geometry, when known while building the graph
     steps: list[str] = []
@@ -434,31 +429,58 @@ def augment_frames(
         size = resize_to
         steps.append(f"resize{resize_to}" + (" (in the worker)" if presized else ""))
     if crop is not None and crop_size is not None:
-        x = fn.random_resized_crop(
-            x,
-            size=list(crop_size),
-            random_area=list(crop.scale),
-            random_aspect_ratio=list(crop.ratio),
-            seed=seeds("random_resized_crop"),
+        x = cast(
+            DataNode,
+            fn.resize(
+                x,
+                size=list(crop_size),
+                roi_start=d["crop_start"],
+                roi_end=d["crop_end"],
+                roi_relative=True,
+                antialias=True,
+            ),
         )
         size = crop_size
-        steps.append(f"random_resized_crop{crop_size}")
+        steps.append(f"random_resized_crop{crop_size}" + ("" if cfg.resize else " (window relative to the frame)"))
     if cfg.affine is not None:
-        x = _affine(x, cfg.affine, size, seeds)
+        x = _affine(x, cfg.affine, size, d)
         steps.append("affine")
     if cfg.color_jitter is not None:
-        x = _color_jitter(x, cfg.color_jitter, seeds)
+        x = _color_jitter(x, cfg.color_jitter, d)
         steps.append("color_jitter")
     if cfg.blur is not None and cfg.blur.probability > 0:
-        x = _blur(x, cfg.blur, seeds)
+        x = _blur(x, cfg.blur, d)
         steps.append("blur")
     _LOG.debug("camera %d augmentation: %s", camera_index, " -> ".join(steps) or "none")
     return _hand_over(x, cfg.normalize, return_uint8)
 
 
-def _affine(x: DataNode, affine: RandomAffine, size: tuple[int, int] | None, seeds: _Seeds) -> DataNode:
-    scale, degrees, (fx, fy) = _range_of(affine.scale), _range_of(affine.degrees), affine.translate
-    if scale == (1.0, 1.0) and degrees == (0.0, 0.0) and (fx, fy) == (0.0, 0.0):
+def _checked_draws(cfg: AugmentConfig, draws: Mapping[str, DataNode] | None, camera_index: int) -> dict[str, DataNode]:
+    needed = draw_names(cfg)
+    given = dict(draws) if draws is not None else {}
+    missing = [n for n in needed if n not in given]
+    unexpected = sorted(set(given) - set(needed))
+    if missing or unexpected:
+        raise ValueError(
+            f"camera {camera_index}: the augmentation config draws {list(needed)} per sample, but draws holds "
+            f"{sorted(given)} (missing {missing}, unexpected {unexpected}). Feed each as an external source "
+            "output computed by lerobot_dali.augment_draws.draw_params with the same config."
+        )
+    for name, node in given.items():
+        if not isinstance(node, DataNode):
+            raise TypeError(f"draws[{name!r}] must be a DALI DataNode, got {type(node).__name__}")
+    return given
+
+
+def _param(d: Mapping[str, DataNode], name: str, value: float | Pair) -> Arg:
+    """The draw ``name`` when its range is random, else the range's constant."""
+    lo, hi = _range_of(value)
+    return lo if lo == hi else d[name]
+
+
+def _affine(x: DataNode, affine: RandomAffine, size: tuple[int, int] | None, d: Mapping[str, DataNode]) -> DataNode:
+    scale, degrees, translate = _range_of(affine.scale), _range_of(affine.degrees), affine.translate
+    if scale == (1.0, 1.0) and degrees == (0.0, 0.0) and translate == (0.0, 0.0):
         return x
     if size is not None:
         wh: np.ndarray | DataNode = np.array([size[1], size[0]], dtype=np.float32)
@@ -469,45 +491,39 @@ def _affine(x: DataNode, affine: RandomAffine, size: tuple[int, int] | None, see
         center = wh * 0.5
     matrix = None  # chained: each fn.transforms.* appends to the previous transform
     if scale != (1.0, 1.0):
-        s = _uniform(*scale, seeds("affine_scale"))
+        s = _param(d, "affine_scale", scale)
         matrix = fn.transforms.scale(scale=fn.stack(s, s) if isinstance(s, DataNode) else [s, s], center=center)
     if degrees != (0.0, 0.0):
         # DALI turns clockwise on screen for a positive angle (y points down); torchvision the other way.
-        angle = _uniform(-degrees[1], -degrees[0], seeds("affine_degrees"))
+        angle = _param(d, "affine_degrees", degrees)
         args = () if matrix is None else (matrix,)
-        matrix = fn.transforms.rotation(*args, angle=angle, center=center)
-    if (fx, fy) != (0.0, 0.0):
-        unit = fn.random.uniform(range=[-1.0, 1.0], shape=[2], seed=seeds("affine_translate"))
-        limit = np.array([fx, fy], dtype=np.float32)
-        offset = unit * types.Constant(limit * wh) if isinstance(wh, np.ndarray) else unit * types.Constant(limit) * wh
+        matrix = fn.transforms.rotation(*args, angle=-angle, center=center)
+    if translate != (0.0, 0.0):
+        fraction = d["affine_translate"]  # (dx, dy) as fractions of (width, height)
+        offset = fraction * (types.Constant(wh) if isinstance(wh, np.ndarray) else wh)
         args = () if matrix is None else (matrix,)
         matrix = fn.transforms.translation(*args, offset=offset)
     return fn.warp_affine(x, matrix=matrix, inverse_map=False, fill_value=0.0)
 
 
-def _color_jitter(x: DataNode, jitter: ColorJitter, seeds: _Seeds) -> DataNode:
-    def draw(name: str, identity: Pair, to_dali: float = 1.0) -> float | DataNode | None:
-        lo, hi = _range_of(getattr(jitter, name))
-        return None if (lo, hi) == identity else _uniform(lo * to_dali, hi * to_dali, seeds(f"color_{name}"))
+def _color_jitter(x: DataNode, jitter: ColorJitter, d: Mapping[str, DataNode]) -> DataNode:
+    def arg(name: str, identity: Pair) -> Arg | None:
+        value = _range_of(getattr(jitter, name))
+        return None if value == identity else _param(d, name, value)
 
-    brightness, contrast = draw("brightness", (1.0, 1.0)), draw("contrast", (1.0, 1.0))
-    saturation, hue = draw("saturation", (1.0, 1.0)), draw("hue", (0.0, 0.0), to_dali=360.0)  # DALI: degrees
+    brightness, contrast = arg("brightness", (1.0, 1.0)), arg("contrast", (1.0, 1.0))
+    saturation, hue = arg("saturation", (1.0, 1.0)), arg("hue", (0.0, 0.0))
     if brightness is None and contrast is None and saturation is None and hue is None:
         return x
+    hue_degrees = None if hue is None else hue * 360.0  # the config's fraction of the circle; DALI: degrees
     # DALI leaves an argument given as None at its default (no change).
-    return fn.color_twist(x, brightness=brightness, contrast=contrast, saturation=saturation, hue=hue)
+    return fn.color_twist(x, brightness=brightness, contrast=contrast, saturation=saturation, hue=hue_degrees)
 
 
-def _blur(x: DataNode, blur: GaussianBlur, seeds: _Seeds) -> DataNode:
-    lo, hi = _range_of(blur.sigma)
-    sigma = _uniform(lo, hi, seeds("blur_sigma"))
-    k = blur.effective_kernel_size
-    window: int | DataNode = k
-    if blur.probability < 1.0:
-        applied = fn.random.coin_flip(
-            probability=blur.probability, dtype=types.DALIDataType.INT32, seed=seeds("blur_apply")
-        )
-        window = 1 + applied * (k - 1)  # a 1-tap kernel leaves the sample untouched
+def _blur(x: DataNode, blur: GaussianBlur, d: Mapping[str, DataNode]) -> DataNode:
+    sigma = _param(d, "blur_sigma", blur.sigma)
+    # A sample the probability skips gets a 1-tap kernel, which leaves it untouched.
+    window: int | DataNode = blur.effective_kernel_size if blur.probability >= 1.0 else d["blur_window"]
     return fn.gaussian_blur(x, window_size=window, sigma=sigma)
 
 

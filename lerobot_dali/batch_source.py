@@ -18,12 +18,15 @@ from typing import Any, Literal
 
 import numpy as np
 
-from . import io_stats
+from . import errors, io_stats
+from .augment import AugmentConfig
+from .augment_draws import draw_names, draw_params, stream_name
 from .clips import build_clip, plan_clip, read_packet_payloads
-from .cpu_decode import CpuFrameDecoder, decode_packets
-from .dali_graph import Field, FieldKind
+from .cpu_decode import CpuDecodeOptions, CpuFrameDecoder, decode_packets
+from .dali_graph import Field, FieldKind, augment_draw_field
 from .dataset_reader import LeRobotDatasetReader
 from .decode_route import DecodeRoute
+from .errors import DatasetError
 from .file_stamps import FileStamp
 from .frame_lookup import FrameRequestContext, TimestampSource, nearest_frame_indices
 from .packet_index import PacketIndex, PacketIndexCache, build_packet_index
@@ -63,6 +66,12 @@ class SourceSpec:
     index_store: PacketIndexStore | None = None
     #: ``camera -> (H, W)`` for CPU-fallback cameras the worker resizes while decoding (``resize_in_worker``).
     worker_resize: Mapping[str, tuple[int, int]] = dataclass_field(default_factory=dict)
+    #: How worker-decoded (CPU-fallback) cameras are decoded: backend, threads per decoder, open decoders.
+    cpu_decode: CpuDecodeOptions = dataclass_field(default_factory=CpuDecodeOptions)
+    #: The stream's identity, which random augmentation draws are keyed by.
+    seed: int = 0
+    rank: int = 0
+    augment: AugmentConfig | None = None
 
 
 def output_fields(spec: SourceSpec) -> list[Field]:
@@ -78,6 +87,11 @@ def output_fields(spec: SourceSpec) -> list[Field]:
             device: Literal["cpu", "mixed"] = "mixed" if route.dali_device == "mixed" else "cpu"
             fields.append(Field(camera, FieldKind.CLIP, decode_device=device, camera_index=camera_index))
             fields.append(Field(f"{camera}.__frames", FieldKind.CLIP_FRAMES, camera_index=camera_index))
+    # Random augmentation parameters, one set per draw stream (one for all cameras when they share draws).
+    params = draw_names(spec.augment)
+    if params:
+        streams = dict.fromkeys(stream_name(spec.augment, i) for i in range(len(spec.camera_routes)))
+        fields += [augment_draw_field(stream, param) for stream in streams for param in params]
     return fields
 
 
@@ -92,7 +106,7 @@ class BatchSource:
     def _init_caches(self) -> None:
         self._rows: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
         self._indexes = PacketIndexCache(max_entries=64)
-        self._decoder = CpuFrameDecoder()
+        self._decoder = CpuFrameDecoder(options=self.spec.cpu_decode)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"spec": self.spec, "fields": self.fields}
@@ -120,11 +134,27 @@ class BatchSource:
             raise StopIteration
         epoch, start, stop = where
         episode_pos, frame = self.spec.order.samples(epoch, start, stop)
-        return self.assemble(episode_pos, frame)
+        try:
+            return self.assemble(episode_pos, frame, epoch=epoch, positions=np.arange(start, stop))
+        except Exception as e:
+            if type(e).__module__ in ("builtins", errors.__name__):
+                raise  # ours name the file; both cross the worker boundary as themselves (worker_errors)
+            # Third-party (pyarrow, fsspec, aiohttp, ...): DALI would hand over a bare Exception.
+            episodes = sorted({int(self.spec.reader.episodes.episode_index[p]) for p in episode_pos})
+            raise DatasetError(
+                f"{self.spec.reader.location.description}: reading samples [{start}, {stop}) of epoch {epoch} "
+                f"(episodes {episodes}) failed with {type(e).__module__}.{type(e).__qualname__}: {e}"
+            ) from e
 
     # -- assembly ----------------------------------------------------------------------------------------
-    def assemble(self, episode_pos: np.ndarray, frame: np.ndarray) -> tuple[Any, ...]:
-        """The outputs for samples ``(episode_pos[i], frame[i])``, in :func:`output_fields` order."""
+    def assemble(
+        self, episode_pos: np.ndarray, frame: np.ndarray, *, epoch: int = 0, positions: np.ndarray | None = None
+    ) -> tuple[Any, ...]:
+        """The outputs for samples ``(episode_pos[i], frame[i])``, in :func:`output_fields` order.
+
+        ``epoch`` and ``positions`` (each sample's place in the rank's stream of that epoch) key the random
+        augmentation draws; they are needed only when ``spec.augment`` draws any.
+        """
         spec = self.spec
         rows = [self._episode_rows(int(p)) for p in episode_pos]
         lengths = np.array([len(r["frame_index"]) for r in rows], dtype=np.int64)
@@ -138,12 +168,33 @@ class BatchSource:
             values[key] = stacked if key in windows else stacked[:, 0]
         for key, (_, is_pad) in windows.items():
             values[f"{key}_is_pad"] = is_pad
+        # Random augmentation parameters: per draw stream, keyed by (rank, epoch, position) of each sample.
+        draws: dict[str, dict[str, np.ndarray]] = {}
+        draw_keys = np.empty((0, 3), dtype=np.int64)
+        crop_frame = spec.augment.resize if spec.augment is not None else None  # the frame a random crop cuts
+        if any(f.kind is FieldKind.AUGMENT_DRAW for f in self.fields):
+            if positions is None or len(positions) != len(frame):
+                got = "none" if positions is None else len(positions)
+                raise ValueError(
+                    f"spec.augment draws random parameters keyed by each sample's position in the stream: "
+                    f"assemble() needs positions for all {len(frame)} samples, got {got}"
+                )
+            draw_keys = np.stack(
+                [np.full(len(frame), spec.rank), np.full(len(frame), epoch), np.asarray(positions)], axis=1
+            ).astype(np.int64)
         out: list[Any] = []
         for field in self.fields:
             if field.kind is FieldKind.TABULAR:
                 out.append(np.ascontiguousarray(values[field.name]))
                 continue
             if field.kind is FieldKind.CLIP_FRAMES:
+                continue
+            if field.kind is FieldKind.AUGMENT_DRAW:
+                if field.stream not in draws:
+                    draws[field.stream] = draw_params(
+                        spec.augment, seed=spec.seed, stream=field.stream, keys=draw_keys, frame_size=crop_frame
+                    )
+                out.append(draws[field.stream][field.param])
                 continue
             camera_rows = windows[field.name][0] if field.name in windows else own_row
             requests = self._video_requests(field.name, episode_pos, rows, camera_rows)

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from .bench_limits import measure_ceilings
 from .bench_measure import LoaderJob, run_in_child
 from .bench_report import BenchReport, format_table, write_report
 from .bench_types import (
@@ -212,7 +213,7 @@ def bench_datasets(config: BenchConfig) -> list[BenchDataset]:
 
 # -- recipes and windows --------------------------------------------------------------------------------------
 def _repo_module(name: str, relative: str) -> Any:
-    """Import ``name`` (``pipelines.recipes``, ``bench.limits``), else load it from the repository checkout:
+    """Import ``name`` (``pipelines.recipes``), else load it from the repository checkout:
     both live beside the package, not in it."""
     try:
         return importlib.import_module(name)
@@ -414,11 +415,11 @@ def run_bench(config: BenchConfig) -> BenchReport:
         ceiling_fps = None
         if config.limits:
             try:
-                limits = _repo_module("bench.limits", "bench/limits.py")
-                summary["ceilings"] = limits.measure_ceilings(dataset.path, gpu=device == "cuda")
+                summary["ceilings"] = measure_ceilings(dataset.path, gpu=device == "cuda")
                 ceiling_fps = summary["ceilings"]["best_frames_per_s"]
             except Exception as e:
-                notes.append(f"{dataset.label}: decode ceilings not measured ({type(e).__name__}: {e})")
+                summary["ceilings_error"] = f"{type(e).__name__}: {e}"
+                notes.append(f"{dataset.label}: decode ceilings not measured ({summary['ceilings_error']})")
         footprint = None
         if any(name in _OURS for name in loaders):
             try:

@@ -31,12 +31,16 @@ class BenchReport:
     @property
     def failures(self) -> list[str]:
         """Why the run failed (empty: it did not): a loader that ran and measured no frame, or an error in
-        lerobot-dali or the plain peer. An error inside LeRobot is reported, not counted: it is not ours."""
-        return [
+        lerobot-dali or the plain peer, or decode ceilings asked for (``--limits``) and not measured. An error
+        inside LeRobot is reported, not counted: it is not ours."""
+        failed = [
             f"{r.dataset} / {r.loader}: {r.note}"
             for r in self.results
             if r.status == "zero-frames" or (r.status == "error" and r.loader not in _EXTERNAL)
         ]
+        unmeasured = [d for d in self.datasets if "ceilings_error" in d]
+        failed += [f"{d['label']} / decode ceilings: {d['ceilings_error']}" for d in unmeasured]
+        return failed
 
     @property
     def ok(self) -> bool:

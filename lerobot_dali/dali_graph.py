@@ -5,6 +5,8 @@ clips plus clip-relative frame indices and are decoded by DALI (``mixed`` = NVDE
 CPU-only mode); cameras on the frames route arrive already decoded by the workers. Either way the frames
 meet the same augmentation, so GPU and CPU-fallback cameras get identical treatment, except for one
 placement choice (:func:`resize_in_worker`): in CPU mode a worker-decoded camera is resized by the worker.
+The augmentation's random parameters come from the external source too (``AUGMENT_DRAW`` fields, drawn on
+the host by :mod:`.augment_draws`), so they follow the sample, not the pipeline's life.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .augment import AugmentConfig, augment_frames, leading_resize
+from .augment_draws import stream_name
 from .dali_video import decode_clips
 from .decode_route import DecodeRoute
 
-__all__ = ["Field", "FieldKind", "build_pipeline", "resize_in_worker"]
+__all__ = ["Field", "FieldKind", "augment_draw_field", "build_pipeline", "resize_in_worker"]
 
 
 class FieldKind(enum.Enum):
@@ -32,6 +35,9 @@ class FieldKind(enum.Enum):
     CLIP_FRAMES = "clip_frames"
     #: Decoded frames (T, H, W, 3) uint8 per sample, from the CPU decode route.
     FRAMES = "frames"
+    #: One random augmentation parameter per sample (see :mod:`.augment_draws`): stays on the CPU, where
+    #: DALI reads argument inputs, and feeds the augmentation of the cameras of its stream; not an output.
+    AUGMENT_DRAW = "augment_draw"
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,14 @@ class Field:
     camera_index: int = 0
     #: FRAMES only: the worker already resized the frames to the leading resize (see :func:`resize_in_worker`).
     presized: bool = False
+    #: AUGMENT_DRAW only: the draw stream (``augment_draws.stream_name``) and the parameter's name.
+    stream: str = ""
+    param: str = ""
+
+
+def augment_draw_field(stream: str, param: str) -> Field:
+    """The external-source output carrying parameter ``param`` of draw stream ``stream``."""
+    return Field(f"{stream}.__augment.{param}", FieldKind.AUGMENT_DRAW, stream=stream, param=param)
 
 
 def resize_in_worker(
@@ -105,10 +119,15 @@ def build_pipeline(
         outputs = fn.external_source(
             source=source, num_outputs=len(fields), batch=True, batch_info=True, layout=layouts, **parallel_args
         )
+        # Draw streams first: their fields come after the cameras that read them.
+        draws: dict[str, dict[str, Any]] = {}
+        for i, field in enumerate(fields):
+            if field.kind == FieldKind.AUGMENT_DRAW:
+                draws.setdefault(field.stream, {})[field.param] = outputs[i]
         results = []
         for i, field in enumerate(fields):
             node = outputs[i]
-            if field.kind == FieldKind.CLIP_FRAMES:
+            if field.kind in (FieldKind.CLIP_FRAMES, FieldKind.AUGMENT_DRAW):
                 continue
             if field.kind == FieldKind.TABULAR:
                 results.append(node.gpu() if on_gpu else node)
@@ -122,8 +141,8 @@ def build_pipeline(
                 augment_frames(
                     frames,
                     config=augment,
-                    seed=seed,
                     camera_index=field.camera_index,
+                    draws=draws.get(stream_name(augment, field.camera_index), {}),
                     return_uint8=return_uint8,
                     output_size=image_size,
                     presized=field.presized,

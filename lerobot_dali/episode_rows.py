@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .dataset_info import Feature
-from .errors import MissingDataFileError, SchemaMismatchError
+from .errors import DataFileError, MissingDataFileError, SchemaMismatchError
 
 __all__ = ["ParquetCache", "read_episode_rows"]
 
@@ -50,7 +50,11 @@ class ParquetCache:
             handle = self._open_file(path)
         except FileNotFoundError as e:
             raise MissingDataFileError(f"data file {path} is missing (listed in the episode metadata)") from e
-        parquet = pq.ParquetFile(handle)
+        try:
+            parquet = pq.ParquetFile(handle)
+        except (pa.ArrowException, OSError) as e:
+            handle.close()
+            raise DataFileError(f"data file {path} is not readable parquet ({e}); re-download or rewrite it") from e
         with self._lock:
             self._open[key] = parquet
             while len(self._open) > self._max_open:
@@ -109,7 +113,13 @@ def _read_row_range(parquet: pq.ParquetFile, path: str, row_start: int, length: 
             if first_row is None:
                 first_row = offset
         offset += n
-    table = parquet.read_row_groups(groups, columns=columns)
+    try:
+        table = parquet.read_row_groups(groups, columns=columns)
+    except (pa.ArrowException, OSError) as e:
+        raise DataFileError(
+            f"{path}: reading rows [{row_start}, {stop}) failed ({e}); the file is truncated or corrupt: re-download "
+            "or rewrite it"
+        ) from e
     return table.slice(row_start - (first_row or 0), length)
 
 

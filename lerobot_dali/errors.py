@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "CodecUnsupportedError",
+    "DataFileError",
     "DatasetError",
     "DatasetNotFoundError",
     "DeltaTimestampsError",
@@ -43,6 +44,10 @@ class InvalidPathTemplateError(DatasetError):
 
 class MissingDataFileError(DatasetError, FileNotFoundError):
     """A data parquet or video file that the metadata refers to is absent."""
+
+
+class DataFileError(DatasetError):
+    """A data parquet file exists but cannot be read: truncated, corrupt, or not parquet."""
 
 
 class EpisodeMetadataError(DatasetError):

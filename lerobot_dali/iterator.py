@@ -17,8 +17,10 @@ import torch
 
 from .augment import AugmentConfig
 from .batch_source import BatchSource, SourceSpec, output_fields
+from .cpu_decode import CpuDecodeOptions
 from .dali_graph import build_pipeline, resize_in_worker
 from .dataset_reader import LeRobotDatasetReader, open_dataset
+from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
 from .distributed import resolve_rank
 from .errors import SchemaMismatchError
@@ -74,6 +76,7 @@ class DALILeRobotIterator:
         data_files_root: str | os.PathLike[str] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_gb: float = 8.0,
+        cpu_decode: CpuDecodeOptions | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -105,6 +108,7 @@ class DALILeRobotIterator:
         self._image_size = image_size
         self._return_uint8 = return_uint8
         self._tolerance_s = tolerance_s
+        self._cpu_decode = cpu_decode if cpu_decode is not None else CpuDecodeOptions()
         self._timestamp_source = TimestampSource(timestamp_source)
         self.windows = DeltaWindows(
             delta_timestamps=dict(delta_timestamps or {}),
@@ -232,9 +236,14 @@ class DALILeRobotIterator:
             stamps=self.reader.stamps,
             index_store=self._index_store,
             worker_resize=self._worker_resize,
+            cpu_decode=self._cpu_decode,
+            seed=self._seed,
+            rank=self.rank,
+            augment=self._augment,
         )
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
+        self._spec = spec
         pipe, names = build_pipeline(
             BatchSource(spec),
             output_fields(spec),
@@ -269,9 +278,26 @@ class DALILeRobotIterator:
                 yield batch
         except Exception as e:
             self._close_pipeline()
+            located = None if original_worker_error(e) is not None else self._locate_decode_failure(e)
+            if located is not None:
+                raise located from e
             _raise_original(e)
         self._dali_epochs += 1
         self._stream.set_epoch(self._stream.epoch + 1)
+
+    def _locate_decode_failure(self, error: Exception) -> Exception | None:
+        """A failure in the pipeline itself (not a worker) may be DALI rejecting a clip; name its file."""
+        if all(route.dali_device is None for route in self.routes.values()):
+            return None
+        epoch, start = self._stream.epoch, self._stream.samples_consumed
+        # The batches DALI may have had in flight: the external source's queue plus the pipeline's.
+        stop = min(self._stream.num_samples(), start + (2 * self._prefetch + 2) * self.batch_size)
+        try:
+            return locate_clip_failure(
+                BatchSource(self._spec), epoch, start, stop, device_id=self._device_id, cause=error
+            )
+        except Exception as e:  # rebuilding the clips failed: that error names its file
+            return e
 
     def _to_batch(self, out: dict[str, torch.Tensor]) -> dict[str, Any]:
         batch: dict[str, Any] = {}

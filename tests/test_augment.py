@@ -1,14 +1,17 @@
-"""augment_frames on DALI CPU pipelines fed with synthetic FHWC uint8 windows."""
+"""augment_frames on DALI CPU pipelines fed with synthetic FHWC uint8 windows, and the host draws behind it."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from nvidia.dali import fn, pipeline_def
+from nvidia.dali.data_node import DataNode
 
 from lerobot_dali.augment import (
     AugmentConfig,
@@ -19,6 +22,7 @@ from lerobot_dali.augment import (
     RandomResizedCrop,
     augment_frames,
 )
+from lerobot_dali.augment_draws import draw_names, draw_params, stream_name
 
 EXAMPLE_TOML = Path(__file__).resolve().parents[1] / "pipelines" / "recipes" / "augment_example.toml"
 B, T, H, W = 4, 3, 32, 48
@@ -29,6 +33,8 @@ RANDOM_CONFIGS = {
     "affine": AugmentConfig(affine=RandomAffine(degrees=20.0, translate=(0.1, 0.1), scale=(0.8, 1.2))),
     "blur": AugmentConfig(blur=GaussianBlur(sigma=(0.3, 3.0), kernel_size=7)),
 }
+#: brightness in [0, 1) for keys (0, 0, 0) and (1, 2, 3) of stream "camera0", seed 0 (see test_draws_are_stable...).
+PINNED_BRIGHTNESS = [0.31302047, 0.9445902]
 EVERYTHING = AugmentConfig(
     resize=(28, 40),
     random_resized_crop=RandomResizedCrop(size=(20, 24), scale=(0.5, 1.0)),
@@ -74,8 +80,52 @@ def run(graph: Callable[..., object], *inputs: np.ndarray, iterations: int = 1) 
     return results
 
 
-def augment(data: np.ndarray, config: AugmentConfig | None, *, seed: int = 0, **kwargs: object) -> np.ndarray:
-    return run(lambda x: augment_frames(x, config=config, seed=seed, camera_index=0, **kwargs), data)[0][0]
+def draw_keys(n: int, iteration: int = 0, *, first: int = 0, rank: int = 0, epoch: int = 0) -> np.ndarray:
+    """(rank, epoch, position) of batch ``iteration``'s samples (from position ``first`` on)."""
+    positions = first + iteration * n + np.arange(n)
+    return np.stack([np.full(n, rank), np.full(n, epoch), positions], axis=1)
+
+
+def host_draws(
+    config: AugmentConfig | None, *, seed: int, camera_index: int, n: int, first: int = 0
+) -> dict[str, DataNode]:
+    """Inside a pipeline definition: the draws of ``camera_index``'s stream, fed by external sources."""
+    stream = stream_name(config, camera_index)
+    frame_size = config.resize if config is not None else None
+
+    def source(name: str) -> Callable[[int], np.ndarray]:
+        def batch(iteration: int) -> np.ndarray:
+            keys = draw_keys(n, iteration, first=first)
+            return draw_params(config, seed=seed, stream=stream, keys=keys, frame_size=frame_size)[name]
+
+        return batch
+
+    return {name: fn.external_source(source=source(name), batch=True) for name in draw_names(config)}
+
+
+def run_augmented(
+    config: AugmentConfig | None,
+    *inputs: np.ndarray,
+    seed: int = 0,
+    iterations: int = 1,
+    first: int = 0,
+    **kwargs: Any,
+) -> list[list[np.ndarray]]:
+    """Every input is a camera (index = its position), augmented with the host draws of its stream."""
+    n = len(inputs[0])
+
+    def graph(*nodes: DataNode) -> list[DataNode]:
+        outputs = []
+        for i, x in enumerate(nodes):
+            draws = host_draws(config, seed=seed, camera_index=i, n=n, first=first)
+            outputs.append(augment_frames(x, config=config, camera_index=i, draws=draws, **kwargs))
+        return outputs
+
+    return run(graph, *inputs, iterations=iterations)
+
+
+def augment(data: np.ndarray, config: AugmentConfig | None, *, seed: int = 0, **kwargs: Any) -> np.ndarray:
+    return run_augmented(config, data, seed=seed, **kwargs)[0][0]
 
 
 def to_lerobot(data: np.ndarray) -> np.ndarray:
@@ -187,8 +237,7 @@ def test_single_frame_windows_run_every_step() -> None:
 
 
 def _two_iterations(seed: int) -> list[list[np.ndarray]]:
-    data = distinct_windows()
-    return run(lambda x: augment_frames(x, config=EVERYTHING, seed=seed, camera_index=0), data, iterations=2)
+    return run_augmented(EVERYTHING, distinct_windows(), seed=seed, iterations=2)
 
 
 def test_same_seed_repeats_exactly_and_other_seed_differs() -> None:
@@ -207,14 +256,211 @@ def test_cameras_share_draws_only_when_asked(shared: bool) -> None:
         shared_across_cameras=shared,
     )
     data = distinct_windows()
-
-    def two_cameras(a, b):  # type: ignore[no-untyped-def]
-        return [augment_frames(x, config=config, seed=9, camera_index=i) for i, x in enumerate((a, b))]
-
-    cam0, cam1 = run(two_cameras, data, data.copy())[0]
+    cam0, cam1 = run_augmented(config, data, data.copy(), seed=9)[0]
     assert np.array_equal(cam0, cam1) is shared
     for i in range(B):  # not shared: every sample draws anew per camera
         assert np.array_equal(cam0[i], cam1[i]) is shared
+
+
+def test_a_sample_keeps_its_augmentation_in_any_batch() -> None:
+    data = distinct_windows()
+    whole = run_augmented(EVERYTHING, data, seed=4)[0][0]
+    tail = run_augmented(EVERYTHING, data[2:].copy(), seed=4, first=2)[0][0]  # positions 2, 3 alone
+    np.testing.assert_array_equal(tail, whole[2:])
+    shifted = run_augmented(EVERYTHING, data[2:].copy(), seed=4, first=0)[0][0]  # same frames, other positions
+    assert not np.array_equal(shifted, whole[2:])
+
+
+@pytest.mark.parametrize("resize", [None, (H, W)], ids=["relative", "pixels"])
+def test_random_crop_cuts_the_drawn_window(resize: tuple[int, int] | None) -> None:
+    # A ramp image: red = 4 x, green = 6 y (pixel centres), so every output pixel tells where it was read.
+    y, x = np.mgrid[0:H, 0:W]
+    ramp = np.stack([4 * x, 6 * y, np.zeros_like(x)], axis=-1).astype(np.uint8)
+    data = np.broadcast_to(ramp, (B, 1, H, W, 3)).copy()
+    size = 16
+    config = AugmentConfig(resize=resize, random_resized_crop=RandomResizedCrop(size=(size, size), scale=(0.3, 0.6)))
+    out = augment(data, config, seed=2, return_uint8=True).astype(np.float64)
+    draws = draw_params(config, seed=2, stream="camera0", keys=draw_keys(B), frame_size=resize)
+    inner = slice(3, size - 3)  # away from the window's border, where the filter clamps
+    centres = (np.arange(size) + 0.5) / size
+    for i in range(B):
+        (y0, x0), (y1, x1) = draws["crop_start"][i] * (H, W), draws["crop_end"][i] * (H, W)
+        expected_x = x0 + centres * (x1 - x0) - 0.5
+        expected_y = y0 + centres * (y1 - y0) - 0.5
+        np.testing.assert_allclose(out[i, 0, 0, inner, inner], 4 * np.broadcast_to(expected_x[inner], (10, 10)), atol=2)
+        np.testing.assert_allclose(out[i, 0, 1, inner, inner], 6 * expected_y[inner, None].repeat(10, 1), atol=2)
+    assert len({tuple(draws["crop_start"][i]) for i in range(B)}) == B
+
+
+def test_missing_or_unexpected_draws_are_rejected() -> None:
+    data = distinct_windows()
+    config = RANDOM_CONFIGS["color_jitter"]
+    with pytest.raises(ValueError, match=r"missing \['brightness', 'contrast', 'saturation', 'hue'\]"):
+        run(lambda x: augment_frames(x, config=config, camera_index=0), data)
+
+    def extra(x: DataNode) -> DataNode:
+        draws: Mapping[str, DataNode] = host_draws(RANDOM_CONFIGS["blur"], seed=0, camera_index=0, n=B)
+        return augment_frames(x, config=None, camera_index=0, draws=draws)
+
+    with pytest.raises(ValueError, match=r"unexpected \['blur_sigma'\]"):
+        run(extra, data)
+
+
+# --- host draws (pure numpy) -----------------------------------------------------------------------------
+
+
+def _mixed_keys() -> np.ndarray:
+    rng = np.random.default_rng(1)
+    return np.stack([rng.integers(0, 8, 40), rng.integers(0, 5, 40), rng.integers(0, 10_000, 40)], axis=1)
+
+
+def _draw(config: AugmentConfig, keys: np.ndarray, *, seed: int = 0, stream: str = "camera0") -> dict[str, np.ndarray]:
+    return draw_params(config, seed=seed, stream=stream, keys=keys, frame_size=config.resize)
+
+
+def test_draws_of_a_key_do_not_depend_on_the_batch() -> None:
+    keys = _mixed_keys()
+    whole = _draw(EVERYTHING, keys)
+    assert set(whole) == set(draw_names(EVERYTHING))
+    order = np.random.default_rng(2).permutation(len(keys))
+    shuffled = _draw(EVERYTHING, keys[order])
+    pieces = [_draw(EVERYTHING, keys[i : i + 1]) for i in (5, 0, 17)]
+    for name, values in whole.items():
+        np.testing.assert_array_equal(shuffled[name], values[order], err_msg=name)
+        for i, piece in zip((5, 0, 17), pieces, strict=True):
+            np.testing.assert_array_equal(piece[name][0], values[i], err_msg=name)
+
+
+@pytest.mark.parametrize("change", ["rank", "epoch", "position", "stream", "seed"])
+def test_draws_differ_in_every_part_of_the_key(change: str) -> None:
+    keys = _mixed_keys()
+    other_keys = keys.copy()
+    column = {"rank": 0, "epoch": 1, "position": 2}.get(change)
+    if column is not None:
+        other_keys[:, column] += 1
+    config = dataclasses.replace(EVERYTHING, resize=None)  # crop windows in relative terms: no ties on whole pixels
+    base = _draw(config, keys)
+    other = _draw(
+        config,
+        other_keys,
+        seed=1 if change == "seed" else 0,
+        stream="camera1" if change == "stream" else "camera0",
+    )
+    for name in ("crop_start", "affine_degrees", "affine_translate", "brightness", "saturation", "blur_sigma"):
+        rows_equal = np.all(base[name].reshape(len(keys), -1) == other[name].reshape(len(keys), -1), axis=1)
+        assert not rows_equal.any(), f"{name}: {change} changed nothing for rows {np.flatnonzero(rows_equal)}"
+
+
+def test_draws_are_stable_across_runs() -> None:
+    # Pinned values: a change of key derivation, counter layout or float conversion must show up here.
+    config = AugmentConfig(color_jitter=ColorJitter(brightness=(0.0, 1.0)))
+    values = draw_params(config, seed=0, stream="camera0", keys=np.array([[0, 0, 0], [1, 2, 3]]), frame_size=None)
+    np.testing.assert_allclose(values["brightness"], PINNED_BRIGHTNESS, rtol=0, atol=1e-7)
+
+
+def test_scalar_draws_stay_in_their_ranges_and_cover_them() -> None:
+    config = AugmentConfig(
+        affine=RandomAffine(degrees=(-5.0, 15.0), translate=(0.1, 0.3), scale=(0.8, 1.25)),
+        color_jitter=ColorJitter(brightness=(0.6, 1.4), contrast=0.5, saturation=(0.0, 2.0), hue=(-0.1, 0.2)),
+        blur=GaussianBlur(sigma=(0.2, 1.8), probability=0.3, kernel_size=7),
+    )
+    n = 2000
+    draws = _draw(config, draw_keys(n, epoch=3))
+    ranges = {
+        "affine_degrees": (-5.0, 15.0),
+        "affine_scale": (0.8, 1.25),
+        "brightness": (0.6, 1.4),
+        "contrast": (0.5, 1.5),
+        "saturation": (0.0, 2.0),
+        "hue": (-0.1, 0.2),
+        "blur_sigma": (0.2, 1.8),
+    }
+    for name, (lo, hi) in ranges.items():
+        values = draws[name]
+        assert values.shape == (n,) and values.dtype == np.float32, name
+        assert values.min() >= np.float32(lo) and values.max() <= np.float32(hi), name
+        span = hi - lo
+        assert values.min() < lo + 0.01 * span and values.max() > hi - 0.01 * span, f"{name} does not cover its range"
+        assert abs(float(values.mean()) - (lo + hi) / 2) < 0.03 * span, f"{name} is not uniform"
+    shift = draws["affine_translate"]
+    assert shift.shape == (n, 2) and shift.dtype == np.float32
+    assert (np.abs(shift) <= np.float32([0.1, 0.3])).all()
+    assert (np.abs(shift).max(axis=0) > [0.099, 0.297]).all()
+    window = draws["blur_window"]
+    assert window.dtype == np.int32 and set(np.unique(window).tolist()) == {1, 7}
+    assert abs(float(np.mean(window == 7)) - 0.3) < 0.05
+
+
+@pytest.mark.parametrize("frame_size", [(90, 160), None], ids=["pixels", "relative"])
+def test_crop_windows_follow_scale_and_ratio(frame_size: tuple[int, int] | None) -> None:
+    scale, ratio = (0.2, 0.6), (3 / 4, 4 / 3)  # every first try fits: no fallback, so every window is drawn
+    config = AugmentConfig(
+        resize=frame_size, random_resized_crop=RandomResizedCrop(size=(8, 8), scale=scale, ratio=ratio)
+    )
+    draws = _draw(config, draw_keys(2000))
+    assert draws["crop_start"].shape == draws["crop_end"].shape == (2000, 2)
+    assert draws["crop_start"].dtype == draws["crop_end"].dtype == np.float32
+    start, end = draws["crop_start"].astype(np.float64), draws["crop_end"].astype(np.float64)
+    assert (start >= 0).all() and (end <= 1).all() and (end > start).all()
+    height, width = frame_size if frame_size is not None else (1, 1)
+    h, w = (end[:, 0] - start[:, 0]) * height, (end[:, 1] - start[:, 1]) * width
+    area, aspect = h * w / (height * width), w / h
+    if frame_size is not None:  # whole pixels: allow half a pixel of rounding per side
+        np.testing.assert_allclose(start * (height, width), np.round(start * (height, width)), atol=1e-3)
+        np.testing.assert_allclose(h, np.round(h), atol=1e-3)
+        lo = (np.sqrt(scale[0] * height * width) - 0.5) ** 2 / (height * width)
+        hi = (np.sqrt(scale[1] * height * width) + 0.5) ** 2 / (height * width)
+        slack = 0.5 / h + 0.5 / w
+    else:
+        lo, hi, slack = scale[0] - 1e-5, scale[1] + 1e-5, 1e-5
+    assert lo <= area.min() and area.max() <= hi
+    assert (aspect >= ratio[0] * (1 - slack)).all() and (aspect <= ratio[1] * (1 + slack)).all()
+    assert area.min() < scale[0] + 0.02 and area.max() > scale[1] - 0.02
+    assert np.log(aspect).min() < np.log(ratio[0]) + 0.02 and np.log(aspect).max() > np.log(ratio[1]) - 0.02
+    # The corner is uniform over the room the window leaves, on both axes.
+    room = 1 - (end - start)
+    placed = start[room.min(axis=1) > 0.05] / room[room.min(axis=1) > 0.05]
+    assert (placed.min(axis=0) < 0.02).all() and (placed.max(axis=0) > 0.98).all() and (placed <= 1 + 1e-5).all()
+    np.testing.assert_allclose(placed.mean(axis=0), 0.5, atol=0.03)
+
+
+@pytest.mark.parametrize("frame_size", [(100, 100), None], ids=["pixels", "relative"])
+def test_crop_falls_back_to_the_centre_when_no_try_fits(frame_size: tuple[int, int] | None) -> None:
+    # The whole area at aspect 2..3 never fits a square frame: centre crop at aspect 2 (ratio's lower end).
+    config = AugmentConfig(
+        resize=frame_size, random_resized_crop=RandomResizedCrop(size=(8, 8), scale=(1.0, 1.0), ratio=(2.0, 3.0))
+    )
+    draws = _draw(config, draw_keys(5))
+    np.testing.assert_allclose(draws["crop_start"], np.tile([0.25, 0.0], (5, 1)))
+    np.testing.assert_allclose(draws["crop_end"], np.tile([0.75, 1.0], (5, 1)))
+
+
+def test_constant_and_identity_ranges_draw_nothing() -> None:
+    quiet = AugmentConfig(
+        resize=(8, 8),
+        affine=RandomAffine(degrees=(90.0, 90.0), scale=(1.5, 1.5)),
+        color_jitter=ColorJitter(brightness=(1.5, 1.5)),
+        blur=GaussianBlur(sigma=1.0, probability=1.0),
+        normalize=Normalize(mean=(0.5,), std=(0.5,)),
+    )
+    for config in (None, AugmentConfig(), quiet, AugmentConfig(blur=GaussianBlur(sigma=(0.1, 2.0), probability=0.0))):
+        assert draw_names(config) == ()
+        assert draw_params(config, seed=0, stream="camera0", keys=draw_keys(3), frame_size=None) == {}
+    assert draw_names(AugmentConfig(blur=GaussianBlur(sigma=1.0, probability=0.5))) == ("blur_window",)
+    assert draw_names(AugmentConfig(affine=RandomAffine(translate=(0.0, 0.1)))) == ("affine_translate",)
+
+
+def test_streams_and_bad_keys() -> None:
+    assert stream_name(AugmentConfig(shared_across_cameras=True), 3) == "shared"
+    assert stream_name(AugmentConfig(), 3) == stream_name(None, 3) == "camera3"
+    config = RANDOM_CONFIGS["color_jitter"]
+    for keys in (np.zeros((4, 2), np.int64), np.zeros((4, 3), np.float32), np.array([[0, -1, 0]])):
+        with pytest.raises(ValueError, match="keys"):
+            draw_params(config, seed=0, stream="camera0", keys=keys, frame_size=None)
+    with pytest.raises(ValueError, match="seed"):
+        draw_params(config, seed=1.5, stream="camera0", keys=draw_keys(2), frame_size=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="frame_size"):
+        draw_params(config, seed=0, stream="camera0", keys=draw_keys(2), frame_size=(0, 8))
 
 
 # --- configuration -------------------------------------------------------------------------------------
@@ -317,8 +563,8 @@ def test_bad_call_arguments_are_rejected() -> None:
     with pytest.raises(ValueError, match="return_uint8"):
         augment(data, AugmentConfig(normalize=Normalize(mean=(0.5,), std=(0.5,))), return_uint8=True)
     with pytest.raises(ValueError, match="camera_index"):
-        run(lambda x: augment_frames(x, config=None, seed=0, camera_index=-1), data)
+        run(lambda x: augment_frames(x, config=None, camera_index=-1), data)
     with pytest.raises(ValueError, match="output_size"):
         augment(data, None, output_size=(0, 4))
     with pytest.raises(TypeError, match="DataNode"):
-        augment_frames(data, config=None, seed=0, camera_index=0)  # type: ignore[arg-type]
+        augment_frames(data, config=None, camera_index=0)  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ import pytest
 
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import (
+    DataFileError,
     DatasetError,
     DatasetNotFoundError,
     EpisodeMetadataError,
@@ -232,6 +233,29 @@ def test_inconsistent_lengths_and_empty_episodes(v3: Path) -> None:
         EpisodeMetadataError, match="episode 1 has length 2 but dataset_to_index - dataset_from_index = 1"
     ):
         open_dataset(v3)
+
+    def empty_episode_1(table: pa.Table) -> pa.Table:  # consistent bookkeeping, zero frames
+        to = table["dataset_to_index"].to_pylist()
+        to[1] = table["dataset_from_index"].to_pylist()[1]
+        table = table.set_column(table.schema.get_field_index("length"), "length", pa.array([5, 0, 7, 4, 6]))
+        return table.set_column(table.schema.get_field_index("dataset_to_index"), "dataset_to_index", pa.array(to))
+
+    _edit_episodes(v3, empty_episode_1)
+    with pytest.raises(EpisodeMetadataError, match=r"episode 1 .*no frames|no frames.*episode 1"):
+        open_dataset(v3)
+
+
+def test_corrupt_data_file_names_the_file(v3: Path) -> None:
+    path = v3 / "data/chunk-000/file-001.parquet"
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2] + raw[-8:])  # footer magic kept, column chunks and footer cut
+    r = open_dataset(v3)
+    np.testing.assert_array_equal(r.read_episode(0)["frame_index"], np.arange(5))  # other files still read
+    with pytest.raises(DataFileError, match=r"file-001\.parquet"):
+        r.read_episode(2)
+    path.write_bytes(b"not parquet at all")
+    with pytest.raises(DataFileError, match=r"file-001\.parquet is not readable parquet"):
+        open_dataset(v3).read_episode(2)
 
 
 def test_missing_from_timestamp_is_refused_when_files_hold_several_episodes(v3: Path) -> None:

@@ -7,16 +7,24 @@ hand (clamp + pad), frames by reading each decoded frame's marker and by a full 
 from __future__ import annotations
 
 from collections import Counter
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from lerobot_dali.errors import FrameTimestampError, VideoDecodeError
+from lerobot_dali.errors import (
+    CodecUnsupportedError,
+    DataFileError,
+    FrameTimestampError,
+    MissingDataFileError,
+    VideoDecodeError,
+)
 from lerobot_dali.frame_marker import read_full_marker
-from lerobot_dali.generate import expected_action, expected_state, task_name
+from lerobot_dali.generate import expected_action, expected_state, expected_task_index, task_name
 from lerobot_dali.iterator import DALILeRobotIterator
+from lerobot_dali.packet_index import build_packet_index
 from tests.conftest import shared_dataset
 from tests.video_fixtures import reference_frames
 
@@ -51,7 +59,10 @@ def _check_sample(s: dict, size: tuple[int, int] = (96, 128)) -> None:
     n = LENGTHS[ep]
     assert int(s["index"]) == sum(LENGTHS[:ep]) + f
     assert float(s["timestamp"]) == pytest.approx(f / FPS, abs=1e-6)
-    assert s["task"] == task_name(int(s["task_index"]))
+    assert int(s["task_index"]) == expected_task_index(ep) and s["task"] == task_name(expected_task_index(ep))
+    for key in ("index", "episode_index", "frame_index", "task_index"):
+        assert s[key].dtype == torch.int64, key
+    assert s["timestamp"].dtype == torch.float32
     for key, deltas, formula, dim in (
         ("observation.state", DELTAS["observation.state"], expected_state, 6),
         ("action", DELTAS["action"], expected_action, 7),
@@ -60,6 +71,7 @@ def _check_sample(s: dict, size: tuple[int, int] = (96, 128)) -> None:
         rows = [min(max(q, 0), n - 1) for q in query]
         np.testing.assert_array_equal(s[key].numpy(), np.stack([formula(ep, r, dim) for r in rows]))
         assert s[f"{key}_is_pad"].tolist() == [not 0 <= q < n for q in query]
+        assert s[f"{key}_is_pad"].dtype == torch.bool
     query = [f + round(d * FPS) for d in DELTAS["observation.images.cam0"]]
     frames0 = s["observation.images.cam0"]
     assert frames0.shape == (2, 3, *size) and frames0.dtype == torch.float32
@@ -168,16 +180,66 @@ def test_resume_mid_epoch_with_workers_continues_exactly(make_ds, stop_after: in
     assert seen == whole
 
 
-def test_worker_errors_surface_as_the_original_exception(make_ds, copy_ds) -> None:
-    root = copy_ds(_dataset(make_ds, "av1"))
+def _damage(root: Path, how: str) -> None:
+    """Break one file of a dataset the way users' datasets break."""
     video = root / "videos/observation.images.cam0/chunk-000/file-001.mp4"
-    data = video.read_bytes()
-    video.write_bytes(data[: len(data) // 3])  # truncated: the packet index of this file cannot be built
+    if how == "truncated_video":  # the packet index of this file cannot be built
+        data = video.read_bytes()
+        video.write_bytes(data[: len(data) // 3])
+    elif how == "missing_video":
+        video.unlink()
+    elif how == "unknown_codec":  # an MP4 whose codec neither DALI nor PyAV decodes
+        import av
+
+        video.unlink()
+        with av.open(str(video), "w", format="mp4") as container:
+            stream = container.add_mux_stream("evc", rate=FPS, width=128, height=96)
+            for i in range(12):
+                packet = av.Packet(bytes(range(40)))
+                packet.pts = packet.dts = i
+                packet.time_base = stream.time_base = Fraction(1, FPS)
+                packet.is_keyframe, packet.stream = i == 0, stream
+                container.mux(packet)
+    elif how == "corrupt_packets":  # container intact, every packet after the first one garbage
+        index = build_packet_index(video)
+        raw = bytearray(video.read_bytes())
+        rng = np.random.default_rng(0)
+        for offset, size in zip(index.byte_offset[1:].tolist(), index.size_bytes[1:].tolist(), strict=True):
+            raw[offset : offset + size] = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        video.write_bytes(bytes(raw))
+    elif how == "corrupt_parquet":
+        data = root / "data/chunk-000/file-001.parquet"
+        raw = data.read_bytes()
+        data.write_bytes(raw[: len(raw) // 2] + raw[-8:])  # footer kept, column chunks cut
+    else:
+        raise AssertionError(how)
+
+
+@pytest.mark.parametrize(
+    ("codec", "how", "error", "pattern"),
+    [
+        ("av1", "truncated_video", VideoDecodeError, r"file-001\.mp4"),
+        ("av1", "missing_video", MissingDataFileError, r"file-001\.mp4"),
+        ("av1", "unknown_codec", CodecUnsupportedError, r"file-001\.mp4"),
+        ("h264", "corrupt_parquet", DataFileError, r"data/chunk-000/file-001\.parquet"),
+        ("vp9", "corrupt_packets", VideoDecodeError, r"file-001\.mp4: DALI cannot decode .* episode [23], camera "),
+    ],
+)
+def test_worker_errors_surface_as_the_original_exception(make_ds, copy_ds, codec, how, error, pattern) -> None:
+    """Bad files fail with our exception naming the file, from the workers or from DALI's decoder, without a
+    hang; the iterator fails the same way again, and a new one over good data runs (no dead worker pool)."""
+    good = _dataset(make_ds, codec)
+    root = copy_ds(good)
+    _damage(root, how)
     it = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=2)
-    with pytest.raises(VideoDecodeError, match=r"file-001\.mp4"):
-        for _ in it:
-            pass
+    for _ in range(2):
+        with pytest.raises(error, match=pattern):
+            for _ in it:
+                pass
     it.close()
+    healthy = DALILeRobotIterator(good, batch_size=4, shuffle=False, device="cpu", num_workers=2, drop_last=False)
+    assert sum(len(b["index"]) for b in healthy) == sum(LENGTHS)
+    healthy.close()
 
 
 def test_cr5_wall_clock_timestamps_fail_clearly_then_read_by_frame_index() -> None:

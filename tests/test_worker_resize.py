@@ -115,7 +115,7 @@ def test_presized_without_a_leading_resize_is_rejected() -> None:
     @pipeline_def(batch_size=1, num_threads=1, device_id=None)
     def graph():
         frames = fn.external_source(source=lambda: [np.zeros((1, 4, 4, 3), np.uint8)], batch=True, layout="FHWC")
-        return augment_frames(frames, config=None, seed=0, camera_index=0, presized=True)
+        return augment_frames(frames, config=None, camera_index=0, presized=True)
 
     with pytest.raises(ValueError, match="presized=True needs a leading resize"):
         graph()

@@ -7,6 +7,7 @@ import pytest
 from nvidia.dali import backend, fn, pipeline_def
 
 from lerobot_dali.augment import AugmentConfig, ColorJitter, RandomAffine, RandomResizedCrop, augment_frames
+from tests.test_augment import host_draws
 
 
 def _cuda_devices() -> int:
@@ -31,14 +32,15 @@ def _windows(static: bool = False) -> np.ndarray:
     return rng.integers(0, 256, (B, T, H, W, 3), dtype=np.uint8)
 
 
-def _run(data: np.ndarray, *, on_gpu: bool, **kwargs: object) -> np.ndarray:
+def _run(data: np.ndarray, *, on_gpu: bool, config: AugmentConfig | None, **kwargs: object) -> np.ndarray:
     def batch() -> list[np.ndarray]:
         return list(data)
 
     @pipeline_def(batch_size=B, num_threads=2, device_id=0 if on_gpu else None)
     def pipe():  # type: ignore[no-untyped-def]
         frames = fn.external_source(source=batch, layout="FHWC", batch=True)
-        return augment_frames(frames.gpu() if on_gpu else frames, seed=3, camera_index=0, **kwargs)
+        draws = host_draws(config, seed=3, camera_index=0, n=B)  # the same host draws on both backends
+        return augment_frames(frames.gpu() if on_gpu else frames, config=config, camera_index=0, draws=draws, **kwargs)
 
     p = pipe()
     p.build()
@@ -70,7 +72,7 @@ def test_gpu_random_config_keeps_one_draw_per_window() -> None:
     for i in range(B):
         for t in range(1, T):
             np.testing.assert_array_equal(gpu[i, t], gpu[i, 0])
-    # Same draws on both backends (random ops run on the CPU); only rounding may differ, and a few pixels
+    # Same draws on both backends (computed on the host); only rounding may differ, and a few pixels
     # on the edge of the filled border.
     diff = np.abs(_run(data, on_gpu=True, config=no_crop) - _run(data, on_gpu=False, config=no_crop))
     assert diff.mean() < 1 / 255

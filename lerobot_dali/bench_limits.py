@@ -1,0 +1,236 @@
+"""The machine's decode ceilings on a dataset's own videos: what no loader of these files can beat.
+
+A loader that decodes random windows can at best decode as fast as a plain sequential decode of the same
+files using every resource the machine has. Two ceilings are measured:
+
+* ``cpu_pyav``: PyAV decodes keyframe-aligned runs of consecutive frames (to RGB, as loaders deliver
+  them) in a process pool with one process per usable CPU core and one decoder thread per process;
+* ``gpu_dali``: DALI's ``fn.decoders.video(device="mixed")`` (NVDEC) decodes the same runs, cut into
+  clips, in batches; measured only when a CUDA GPU is present, and reported as unsupported when NVDEC
+  lacks the codec (AV1 on A100/H100/H200).
+
+``lerobot-dali bench --limits`` runs this on each benchmarked dataset and divides every loader's frames/s
+by the best ceiling (``fraction_of_decode_ceiling``). Alone::
+
+    python bench/limits.py DATASET [--max-frames 3000] [--run-frames 128] [--no-gpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import av
+import numpy as np
+
+from .dataset_reader import open_dataset
+from .packet_index import load_packet_index
+
+__all__ = ["Ceiling", "DecodeRun", "cpu_decode_ceiling", "decode_runs", "gpu_decode_ceiling", "measure_ceilings"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DecodeRun:
+    """Display frames ``[start, stop)`` of one local video file; ``start_s``/``stop_s`` are their times."""
+
+    path: str
+    start: int
+    stop: int
+    start_s: float
+    stop_s: float
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """One ceiling: frames decoded, wall seconds, and how; ``error`` says why it could not be measured."""
+
+    name: str
+    frames: int
+    seconds: float
+    frames_per_s: float | None
+    workers: int
+    detail: str = ""
+    error: str | None = None
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may run on (cgroup/affinity aware where the OS says so)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def decode_runs(dataset: str | os.PathLike[str], *, max_frames: int, run_frames: int) -> list[DecodeRun]:
+    """Runs of ``run_frames`` consecutive frames covering the dataset's video files, up to ``max_frames``.
+
+    Files are taken camera by camera, run after run, round-robin over files so a capped total still
+    touches every camera. Remote datasets are not supported (a ceiling is about decode, not download).
+    """
+    reader = open_dataset(dataset)
+    if not reader.location.is_local:
+        raise ValueError(f"decode ceilings need a local dataset; {reader.location.description} is remote")
+    files: list[str] = []
+    for camera in reader.camera_keys:
+        for pos in range(reader.num_episodes):
+            path = reader.video(pos, camera).path
+            if path not in files:
+                files.append(path)
+    per_file: list[list[DecodeRun]] = []
+    for path in files:
+        times = load_packet_index(path).frame_pts_s
+        runs = []
+        for start in range(0, len(times), run_frames):
+            stop = min(start + run_frames, len(times))
+            end_s = float(times[stop]) if stop < len(times) else float(times[-1]) + 1e-3
+            runs.append(DecodeRun(path, start, stop, float(times[start]), end_s))
+        per_file.append(runs)
+    chosen: list[DecodeRun] = []
+    total = 0
+    for layer in range(max((len(r) for r in per_file), default=0)):
+        for runs in per_file:
+            if layer < len(runs) and total < max_frames:
+                chosen.append(runs[layer])
+                total += runs[layer].stop - runs[layer].start
+    return chosen
+
+
+def _decode_run_pyav(run: DecodeRun) -> int:
+    """Decode one run to RGB with one thread; returns the frames of the run delivered."""
+    delivered = 0
+    with av.open(run.path) as container:
+        stream = container.streams.video[0]
+        stream.thread_count = 1
+        time_base = stream.time_base
+        container.seek(int(run.start_s / time_base), stream=stream, backward=True)
+        for frame in container.decode(stream):
+            t = float(frame.pts * time_base)
+            if t >= run.stop_s - 1e-6:
+                break
+            if t >= run.start_s - 1e-6:
+                frame.to_ndarray(format="rgb24")
+                delivered += 1
+    return delivered
+
+
+def _noop(_: int) -> int:
+    return 0
+
+
+def cpu_decode_ceiling(runs: Sequence[DecodeRun], *, workers: int | None = None) -> Ceiling:
+    """PyAV on every core: a process pool (started before the clock) decodes all ``runs``."""
+    workers = workers or usable_cpus()
+    context = multiprocessing.get_context("spawn")  # the parent may run threads (torch, DALI, prefetcher)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        list(pool.map(_noop, range(workers * 2)))
+        start = time.perf_counter()
+        frames = sum(pool.map(_decode_run_pyav, runs, chunksize=1))
+        seconds = time.perf_counter() - start
+    return Ceiling(
+        name="cpu_pyav",
+        frames=frames,
+        seconds=seconds,
+        frames_per_s=frames / seconds if seconds > 0 else None,
+        workers=workers,
+        detail=f"PyAV {av.__version__}, {workers} processes x 1 thread, decode to RGB",
+    )
+
+
+def gpu_decode_ceiling(runs: Sequence[DecodeRun], *, device_id: int = 0, batch_size: int = 4) -> Ceiling:
+    """NVDEC through DALI (``fn.decoders.video`` mixed) on the runs cut into clips; clip cutting is untimed."""
+    from nvidia.dali import fn
+    from nvidia.dali.pipeline import Pipeline
+
+    from lerobot_dali.clips import build_clip
+
+    clips = [build_clip(r.path, load_packet_index(r.path), np.arange(r.start, r.stop)) for r in runs]
+    data = [c.data for c in clips]
+    batches = [data[i : i + batch_size] for i in range(0, len(data), batch_size)]
+    batches = [b for b in batches if len(b) == batch_size] or batches[:1]
+    name = "gpu_dali"
+    try:
+        # One batch in flight: every run is fed first, so a deeper queue would ask for batches not fed yet.
+        pipe = Pipeline(
+            batch_size=max(len(b) for b in batches), num_threads=2, device_id=device_id, prefetch_queue_depth=1
+        )
+        with pipe:
+            encoded = fn.external_source(name="clips", batch=True, no_copy=False)
+            pipe.set_outputs(fn.decoders.video(encoded, device="mixed"))
+        pipe.build()
+        pipe.feed_input("clips", batches[0])
+        pipe.run()  # warm-up: decoder creation and memory pools are not part of the ceiling
+        frames = 0
+        start = time.perf_counter()
+        for batch in batches:
+            if len(batch) != pipe.max_batch_size:
+                continue
+            pipe.feed_input("clips", batch)
+            (out,) = pipe.run()
+            frames += sum(int(out[i].shape()[0]) for i in range(len(out)))
+        seconds = time.perf_counter() - start
+    except Exception as e:  # NVDEC lacking the codec surfaces as a DALI RuntimeError at run time
+        message = str(e).strip().splitlines()
+        return Ceiling(name, 0, 0.0, None, 1, error=f"{type(e).__name__}: {message[0] if message else ''}")
+    return Ceiling(
+        name=name,
+        frames=frames,
+        seconds=seconds,
+        frames_per_s=frames / seconds if seconds > 0 else None,
+        workers=1,
+        detail=f"DALI fn.decoders.video(device='mixed'), GPU {device_id}, batches of {pipe.max_batch_size} clips",
+    )
+
+
+def measure_ceilings(
+    dataset: str | os.PathLike[str], *, max_frames: int = 3000, run_frames: int = 128, gpu: bool | None = None
+) -> dict[str, Any]:
+    """Both ceilings for ``dataset`` as plain data; ``gpu=None`` measures the GPU one when CUDA is present."""
+    runs = decode_runs(dataset, max_frames=max_frames, run_frames=run_frames)
+    if not runs:
+        raise ValueError(f"{dataset}: no video frames to decode")
+    ceilings = [cpu_decode_ceiling(runs)]
+    if gpu is None:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    if gpu:
+        ceilings.append(gpu_decode_ceiling(runs))
+    measured = [c.frames_per_s for c in ceilings if c.frames_per_s]
+    result = {
+        "runs": len(runs),
+        "frames_per_run": run_frames,
+        "ceilings": {c.name: asdict(c) for c in ceilings},
+        "best_frames_per_s": max(measured) if measured else None,
+    }
+    logger.info("decode ceilings of %s: %s", dataset, {c.name: c.frames_per_s for c in ceilings})
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dataset", help="local LeRobot dataset folder")
+    parser.add_argument("--max-frames", type=int, default=3000, help="frames decoded per ceiling (default 3000)")
+    parser.add_argument("--run-frames", type=int, default=128, help="consecutive frames per decode task")
+    parser.add_argument("--no-gpu", action="store_true", help="skip the DALI GPU ceiling")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    result = measure_ceilings(
+        args.dataset, max_frames=args.max_frames, run_frames=args.run_frames, gpu=False if args.no_gpu else None
+    )
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

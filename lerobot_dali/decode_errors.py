@@ -1,0 +1,90 @@
+"""Name the file behind a failure of DALI's video decoder.
+
+DALI decodes a whole batch of clips in one operator call, and its error names neither the sample nor the
+file ("Could not find a valid video stream in a file in memory file"). A batch is a pure function of the
+stream position, so after a failure the clips of the batches that may have been in flight are rebuilt and
+decoded again, in halves, until the one clip DALI rejects is found; its file, episode and camera go into a
+:class:`~lerobot_dali.errors.VideoDecodeError`. This runs only on the error path.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import numpy as np
+
+from .batch_source import BatchSource
+from .dali_graph import FieldKind
+from .dali_video import decode_clip_batch
+from .errors import VideoDecodeError
+
+__all__ = ["locate_clip_failure"]
+
+logger = logging.getLogger(__name__)
+
+
+def locate_clip_failure(
+    source: BatchSource, epoch: int, start: int, stop: int, *, device_id: int | None, cause: BaseException
+) -> VideoDecodeError | None:
+    """The first clip of samples ``[start, stop)`` of ``epoch`` that DALI cannot decode, as an error naming
+    its file, or None when every clip decodes (the failure was not a bad clip)."""
+    spec = source.spec
+    cameras = [(i, f) for i, f in enumerate(source.fields) if f.kind is FieldKind.CLIP]
+    if not cameras or start >= stop:
+        return None
+    episode_pos, frame = spec.order.samples(epoch, start, stop)
+    samples = [source.assemble(episode_pos[k : k + 1], frame[k : k + 1]) for k in range(len(episode_pos))]
+    reason = _reason(cause)
+    for i, field in cameras:
+        clips = [outputs[i][0] for outputs in samples]
+        wanted = [outputs[i + 1][0] for outputs in samples]
+        bad = _first_failing(clips, wanted, device_id=None if field.decode_device == "cpu" else device_id)
+        if bad is None:
+            continue
+        pos = int(episode_pos[bad])
+        video = spec.reader.video(pos, field.name)
+        episode = int(spec.reader.episodes.episode_index[pos])
+        return VideoDecodeError(
+            f"{video.path}: DALI cannot decode the frames of episode {episode}, camera {field.name} ({reason}); "
+            "the video is corrupt: re-encode or re-download it."
+        )
+    logger.info("every clip of samples [%d, %d) of epoch %d decodes on its own; the failure was elsewhere", start,
+                stop, epoch)  # fmt: skip
+    return None
+
+
+def _reason(cause: BaseException) -> str:
+    """DALI's own sentence: the line after "encountered:" in its multi-line error, else the last line."""
+    chain: list[BaseException] = []
+    current: BaseException | None = cause
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    for error in chain:
+        _, found, after = str(error).partition("encountered:")
+        lines = [line.strip() for line in after.splitlines() if line.strip()]
+        if found and lines:
+            return re.sub(r"^\[[^\]]+:\d+\]\s*", "", lines[0])  # drop DALI's "[file.cc:123]" prefix
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+    return lines[-1] if lines else type(cause).__name__
+
+
+def _first_failing(clips: list[np.ndarray], wanted: list[np.ndarray], *, device_id: int | None) -> int | None:
+    def decodes(lo: int, hi: int) -> bool:
+        try:
+            decode_clip_batch(clips[lo:hi], wanted[lo:hi], device_id=device_id)
+        except Exception:  # DALI raises RuntimeError; any failure counts as "this part fails"
+            return False
+        return True
+
+    lo, hi = 0, len(clips)
+    if decodes(lo, hi):
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if decodes(lo, mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
