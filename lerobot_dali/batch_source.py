@@ -22,17 +22,18 @@ from . import errors, io_stats
 from .augment import AugmentConfig
 from .augment_draws import draw_names, draw_params, stream_name
 from .clips import build_clip, plan_clip, read_packet_payloads
-from .cpu_decode import CpuDecodeOptions, CpuFrameDecoder, decode_packets
+from .cpu_decode import CpuDecodeOptions, CpuFrameDecoder, decode_packet_planes, decode_packets
 from .dali_graph import Field, FieldKind, augment_draw_field
 from .dataset_reader import LeRobotDatasetReader
 from .decode_route import DecodeRoute
 from .errors import DatasetError
 from .file_stamps import FileStamp
 from .frame_lookup import FrameRequestContext, TimestampSource, nearest_frame_indices
-from .packet_index import PacketIndex, PacketIndexCache, build_packet_index
+from .packet_index import PacketIndex, PacketIndexCache, VideoSource, build_packet_index
 from .packet_index_store import PacketIndexStore
 from .sample_order import SampleOrder
 from .windows import query_indices
+from .yuv_frames import PlaneFrames
 
 __all__ = ["INDEX_KEYS", "BatchSource", "SourceSpec", "output_fields"]
 
@@ -66,6 +67,8 @@ class SourceSpec:
     index_store: PacketIndexStore | None = None
     #: ``camera -> (H, W)`` for CPU-fallback cameras the worker resizes while decoding (``resize_in_worker``).
     worker_resize: Mapping[str, tuple[int, int]] = dataclass_field(default_factory=dict)
+    #: CPU-fallback cameras whose worker ships YUV planes for the graph to convert (``planes_from_worker``).
+    planes_cameras: frozenset[str] = frozenset()
     #: How worker-decoded (CPU-fallback) cameras are decoded: backend, threads per decoder, open decoders.
     cpu_decode: CpuDecodeOptions = dataclass_field(default_factory=CpuDecodeOptions)
     #: The stream's identity, which random augmentation draws are keyed by.
@@ -80,7 +83,11 @@ def output_fields(spec: SourceSpec) -> list[Field]:
     fields += [Field(key, FieldKind.TABULAR) for key in INDEX_KEYS if key not in spec.tabular_keys]
     fields += [Field(f"{key}_is_pad", FieldKind.TABULAR) for key in spec.delta_index]
     for camera_index, (camera, route) in enumerate(spec.camera_routes.items()):
-        if route.dali_device is None:
+        if route.dali_device is None and camera in spec.planes_cameras:
+            fields.append(Field(camera, FieldKind.PLANES_LUMA, camera_index=camera_index))
+            fields.append(Field(f"{camera}.__chroma", FieldKind.PLANES_CHROMA, camera_index=camera_index))
+            fields.append(Field(f"{camera}.__color_matrix", FieldKind.PLANES_MATRIX, camera_index=camera_index))
+        elif route.dali_device is None:
             presized = camera in spec.worker_resize
             fields.append(Field(camera, FieldKind.FRAMES, camera_index=camera_index, presized=presized))
         else:
@@ -187,8 +194,8 @@ class BatchSource:
             if field.kind is FieldKind.TABULAR:
                 out.append(np.ascontiguousarray(values[field.name]))
                 continue
-            if field.kind is FieldKind.CLIP_FRAMES:
-                continue
+            if field.kind in (FieldKind.CLIP_FRAMES, FieldKind.PLANES_CHROMA, FieldKind.PLANES_MATRIX):
+                continue  # filled with the camera field they follow
             if field.kind is FieldKind.AUGMENT_DRAW:
                 if field.stream not in draws:
                     draws[field.stream] = draw_params(
@@ -200,6 +207,9 @@ class BatchSource:
             requests = self._video_requests(field.name, episode_pos, rows, camera_rows)
             if field.kind is FieldKind.FRAMES:
                 out.append(self._decoded(requests, spec.worker_resize.get(field.name)))
+            elif field.kind is FieldKind.PLANES_LUMA:
+                planes = self._decoded_planes(requests)
+                out += [[p.luma for p in planes], [p.chroma for p in planes], [p.matrix for p in planes]]
             else:
                 out.extend(self._clips(requests))
         return tuple(out)
@@ -242,31 +252,48 @@ class BatchSource:
     def _decoded(
         self, requests: Iterator[tuple[str, PacketIndex, np.ndarray]], size: tuple[int, int] | None
     ) -> list[np.ndarray]:
+        """RGB frames per request, resized to ``size`` by the worker when given."""
+        return self._decode_each(requests, size=size, planes=False)
+
+    def _decoded_planes(self, requests: Iterator[tuple[str, PacketIndex, np.ndarray]]) -> list[PlaneFrames]:
+        """The decoder's planes per request, for the graph to convert (``PLANES_*`` fields)."""
+        return self._decode_each(requests, size=None, planes=True)
+
+    def _decode_each(
+        self, requests: Iterator[tuple[str, PacketIndex, np.ndarray]], *, size: tuple[int, int] | None, planes: bool
+    ) -> list[Any]:
         location = self.spec.reader.location
+        decoder = self._decoder
+
+        def from_file(source: VideoSource, index: PacketIndex, numbers: np.ndarray, fs: Any = None) -> Any:
+            if planes:
+                return decoder.decode_planes(source, index, numbers, filesystem=fs)
+            return decoder.decode(source, index, numbers, filesystem=fs, size=size)
+
         if location.is_local:
             with io_stats.timed("decode_s"):
-                return [
-                    self._decoder.decode(path, index, numbers, filesystem=location.fs, size=size)
-                    for path, index, numbers in requests
-                ]
+                return [from_file(path, index, numbers, location.fs) for path, index, numbers in requests]
         # Remote files: FFmpeg would read the container header and then 32 KB at a time over the network.
         # MP4 packets are read by exact byte range instead (what the prefetch cache holds) and decoded
         # straight from memory; other containers are demuxed into a clip first.
-        frames = []
-        threads = self._decoder.options.threads_per_decoder
+        frames: list[Any] = []
+        threads = decoder.options.threads_per_decoder
         for path, index, numbers in requests:
             if index.byte_exact:
                 with io_stats.timed("clip_s"):
                     plan = plan_clip(index, numbers)
                     payloads = read_packet_payloads(path, index, plan, filesystem=location.fs)
                 with io_stats.timed("decode_s"):
-                    frames.append(decode_packets(index, plan, payloads, size=size, threads=threads))
+                    if planes:
+                        frames.append(decode_packet_planes(index, plan, payloads, threads=threads))
+                    else:
+                        frames.append(decode_packets(index, plan, payloads, size=size, threads=threads))
                 continue
             with io_stats.timed("clip_s"):
                 clip = build_clip(path, index, numbers, filesystem=location.fs)
             with io_stats.timed("decode_s"):
                 data = io.BytesIO(clip.data.tobytes())
-                frames.append(self._decoder.decode(data, build_packet_index(data), clip.relative_indices, size=size))
+                frames.append(from_file(data, build_packet_index(data), clip.relative_indices))
         return frames
 
     def _clips(

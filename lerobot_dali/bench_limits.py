@@ -5,6 +5,9 @@ files using every resource the machine has. Two ceilings are measured:
 
 * ``cpu_pyav``: PyAV decodes keyframe-aligned runs of consecutive frames (to RGB, as loaders deliver
   them) in a process pool with one process per usable CPU core and one decoder thread per process;
+* ``cpu_pyav_planes``: the same, leaving frames as YUV planes (:mod:`lerobot_dali.yuv_frames`): what the CPU
+  fallback's workers do when the pipeline runs on a GPU, which converts colour itself; measured with the
+  GPU ceiling (or ``--planes``);
 * ``gpu_dali``: DALI's ``fn.decoders.video(device="mixed")`` (NVDEC) decodes the same runs, cut into
   clips, in batches; measured only when a CUDA GPU is present, and reported as unsupported when NVDEC
   lacks the codec (AV1 on A100/H100/H200).
@@ -18,6 +21,7 @@ by the best ceiling (``fraction_of_decode_ceiling``). Alone::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import multiprocessing
@@ -34,6 +38,7 @@ import numpy as np
 
 from .dataset_reader import open_dataset
 from .packet_index import load_packet_index
+from .yuv_frames import frame_planes
 
 __all__ = ["Ceiling", "DecodeRun", "cpu_decode_ceiling", "decode_runs", "gpu_decode_ceiling", "measure_ceilings"]
 
@@ -106,8 +111,8 @@ def decode_runs(dataset: str | os.PathLike[str], *, max_frames: int, run_frames:
     return chosen
 
 
-def _decode_run_pyav(run: DecodeRun) -> int:
-    """Decode one run to RGB with one thread; returns the frames of the run delivered."""
+def _decode_run_pyav(run: DecodeRun, *, planes: bool = False) -> int:
+    """Decode one run to RGB (or planes) with one thread; returns the frames of the run delivered."""
     delivered = 0
     with av.open(run.path) as container:
         stream = container.streams.video[0]
@@ -119,7 +124,7 @@ def _decode_run_pyav(run: DecodeRun) -> int:
             if t >= run.stop_s - 1e-6:
                 break
             if t >= run.start_s - 1e-6:
-                frame.to_ndarray(format="rgb24")
+                frame_planes(frame) if planes else frame.to_ndarray(format="rgb24")
                 delivered += 1
     return delivered
 
@@ -128,22 +133,24 @@ def _noop(_: int) -> int:
     return 0
 
 
-def cpu_decode_ceiling(runs: Sequence[DecodeRun], *, workers: int | None = None) -> Ceiling:
-    """PyAV on every core: a process pool (started before the clock) decodes all ``runs``."""
+def cpu_decode_ceiling(runs: Sequence[DecodeRun], *, workers: int | None = None, planes: bool = False) -> Ceiling:
+    """PyAV on every core: a process pool (started before the clock) decodes all ``runs`` to RGB, or to
+    YUV planes with ``planes``."""
     workers = workers or usable_cpus()
     context = multiprocessing.get_context("spawn")  # the parent may run threads (torch, DALI, prefetcher)
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         list(pool.map(_noop, range(workers * 2)))
         start = time.perf_counter()
-        frames = sum(pool.map(_decode_run_pyav, runs, chunksize=1))
+        frames = sum(pool.map(functools.partial(_decode_run_pyav, planes=planes), runs, chunksize=1))
         seconds = time.perf_counter() - start
     return Ceiling(
-        name="cpu_pyav",
+        name="cpu_pyav_planes" if planes else "cpu_pyav",
         frames=frames,
         seconds=seconds,
         frames_per_s=frames / seconds if seconds > 0 else None,
         workers=workers,
-        detail=f"PyAV {av.__version__}, {workers} processes x 1 thread, decode to RGB",
+        detail=f"PyAV {av.__version__}, {workers} processes x 1 thread, decode to "
+        + ("YUV planes (colour converted on the GPU)" if planes else "RGB"),
     )
 
 
@@ -193,9 +200,15 @@ def gpu_decode_ceiling(runs: Sequence[DecodeRun], *, device_id: int = 0, batch_s
 
 
 def measure_ceilings(
-    dataset: str | os.PathLike[str], *, max_frames: int = 3000, run_frames: int = 128, gpu: bool | None = None
+    dataset: str | os.PathLike[str],
+    *,
+    max_frames: int = 3000,
+    run_frames: int = 128,
+    gpu: bool | None = None,
+    planes: bool | None = None,
 ) -> dict[str, Any]:
-    """Both ceilings for ``dataset`` as plain data; ``gpu=None`` measures the GPU one when CUDA is present."""
+    """The ceilings for ``dataset`` as plain data; ``gpu=None`` measures the GPU one when CUDA is present,
+    ``planes=None`` the planes one along with it."""
     runs = decode_runs(dataset, max_frames=max_frames, run_frames=run_frames)
     if not runs:
         raise ValueError(f"{dataset}: no video frames to decode")
@@ -204,6 +217,8 @@ def measure_ceilings(
         import torch
 
         gpu = torch.cuda.is_available()
+    if planes or (planes is None and gpu):
+        ceilings.append(cpu_decode_ceiling(runs, planes=True))
     if gpu:
         ceilings.append(gpu_decode_ceiling(runs))
     measured = [c.frames_per_s for c in ceilings if c.frames_per_s]
@@ -223,10 +238,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-frames", type=int, default=3000, help="frames decoded per ceiling (default 3000)")
     parser.add_argument("--run-frames", type=int, default=128, help="consecutive frames per decode task")
     parser.add_argument("--no-gpu", action="store_true", help="skip the DALI GPU ceiling")
+    parser.add_argument("--planes", action="store_true", help="also measure decode to YUV planes without a GPU")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     result = measure_ceilings(
-        args.dataset, max_frames=args.max_frames, run_frames=args.run_frames, gpu=False if args.no_gpu else None
+        args.dataset,
+        max_frames=args.max_frames,
+        run_frames=args.run_frames,
+        gpu=False if args.no_gpu else None,
+        planes=True if args.planes else None,
     )
     print(json.dumps(result, indent=2))
     return 0

@@ -94,10 +94,7 @@ def plan_clip(index: PacketIndex, frame_indices: ArrayLike) -> ClipPlan:
     requested = _check_request(index, frame_indices)
     needed = np.unique(requested)
     decode_pos = index.display_order[needed]
-    keys = np.flatnonzero(index.keyframe)
-    if keys.size == 0 or keys[0] != 0:
-        # A stream that does not start on a flagged keyframe: decoding can only start at its beginning.
-        keys = np.concatenate(([0], keys))
+    keys = index.keyframe_positions
     key_slot = np.searchsorted(keys, decode_pos, side="right") - 1
     # A leading picture displays before the keyframe it follows; it needs the GOP before that keyframe.
     while True:

@@ -8,16 +8,19 @@ parent, so a process never uses one it did not open itself.
 
 With ``size`` the frames come back resized (CPU mode, see ``dali_graph.resize_in_worker``): PyAV folds the
 resize into the YUV -> RGB conversion it does anyway (swscale, :data:`WORKER_RESIZE_INTERPOLATION`);
-torchcodec's frames are resized after decoding with torch's antialiased bilinear.
+torchcodec's frames are resized after decoding with torch's antialiased bilinear. Where the pipeline runs
+on a GPU the worker skips that conversion altogether and hands the decoder's planes over
+(:meth:`CpuFrameDecoder.decode_planes`, :mod:`.yuv_frames`; :class:`ColorConversion` says where).
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -30,12 +33,15 @@ from numpy.typing import ArrayLike
 from .clips import ClipPlan, plan_clip
 from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
 from .packet_index import PacketIndex, VideoSource, source_cache_key, source_label
+from .yuv_frames import PlaneFrames, frame_planes, stack_planes
 
 __all__ = [
     "WORKER_RESIZE_INTERPOLATION",
+    "ColorConversion",
     "CpuDecodeOptions",
     "CpuDecoderBackend",
     "CpuFrameDecoder",
+    "decode_packet_planes",
     "decode_packets",
     "pyav_can_decode",
     "torchcodec_available",
@@ -62,27 +68,56 @@ class CpuDecoderBackend(Enum):
     TORCHCODEC = "torchcodec"
 
 
+class ColorConversion(Enum):
+    """Where a frame the CPU fallback decodes turns from the decoder's YUV into RGB."""
+
+    #: In the graph when the pipeline runs on a GPU (the worker then only decodes), else in the worker.
+    AUTO = "auto"
+    #: In the decoding worker (swscale), which can fold a resize into it: what a CPU pipeline wants.
+    WORKER = "worker"
+    #: In the DALI graph: the worker ships the decoder's planes, half the bytes of RGB (PyAV only; torchcodec
+    #: hands over RGB). On a CPU pipeline this moves the cost from the workers to DALI's threads.
+    GRAPH = "graph"
+
+
 @dataclass(frozen=True, kw_only=True)
 class CpuDecodeOptions:
     """How the CPU fallback decodes.
 
     ``threads_per_decoder``: FFmpeg threads per open decoder (0 lets FFmpeg choose; keep it small when
     several external-source workers decode at once). ``max_open_decoders``: open files kept per process.
+    ``color_conversion``: where frames become RGB; converting in the graph makes ``backend=AUTO`` decode with
+    PyAV, since torchcodec hands over RGB only.
     """
 
     backend: CpuDecoderBackend = CpuDecoderBackend.AUTO
     threads_per_decoder: int = 1
     max_open_decoders: int = 8
+    color_conversion: ColorConversion = ColorConversion.AUTO
 
     def __post_init__(self) -> None:
         if not isinstance(self.backend, CpuDecoderBackend):
             raise ValueError(f"backend must be a CpuDecoderBackend, got {self.backend!r}.")
+        if not isinstance(self.color_conversion, ColorConversion):
+            raise ValueError(f"color_conversion must be a ColorConversion, got {self.color_conversion!r}.")
+        if self.backend is CpuDecoderBackend.TORCHCODEC and self.color_conversion is ColorConversion.GRAPH:
+            raise ValueError(
+                "color_conversion=ColorConversion.GRAPH needs the decoder's YUV planes, which torchcodec does not "
+                "hand over: use backend=CpuDecoderBackend.PYAV or AUTO, or ColorConversion.WORKER."
+            )
         for name, minimum in (("threads_per_decoder", 0), ("max_open_decoders", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}.")
 
+    def converts_in_graph(self, *, on_gpu: bool) -> bool:
+        """Whether worker-decoded cameras ship planes for the graph to convert (:class:`ColorConversion`)."""
+        if self.color_conversion is ColorConversion.AUTO:
+            return on_gpu and self.backend is not CpuDecoderBackend.TORCHCODEC
+        return self.color_conversion is ColorConversion.GRAPH
 
+
+@functools.lru_cache(maxsize=64)
 def pyav_can_decode(codec: str) -> bool:
     """Whether the FFmpeg bundled with PyAV has a decoder for ``codec`` (an FFmpeg codec name)."""
     try:
@@ -128,12 +163,11 @@ class _PyAvReader:
         self.stream.codec_context.thread_type = "AUTO"
 
     def frames_at(
-        self, index: PacketIndex, frame_indices: np.ndarray, size: tuple[int, int] | None = None
-    ) -> dict[int, np.ndarray]:
-        """Decoded RGB frames keyed by pts for the requested display frames, resized to ``size`` (H, W)."""
-        plan = plan_clip(index, frame_indices)
+        self, index: PacketIndex, plan: ClipPlan, frame_indices: np.ndarray, convert: Callable[[av.VideoFrame], Any]
+    ) -> dict[int, Any]:
+        """``convert(frame)`` of each requested display frame (``plan`` is its clip plan), keyed by pts."""
         wanted = {int(p) for p in index.frame_pts[np.unique(frame_indices)]}
-        found: dict[int, np.ndarray] = {}
+        found: dict[int, Any] = {}
         try:
             for start, stop in plan.segments:
                 segment_pts = {int(p) for p in index.pts[start:stop]} & wanted
@@ -141,7 +175,7 @@ class _PyAvReader:
                     int(min(index.pts[start], index.dts[start])), stream=self.stream, backward=True, any_frame=False
                 )
                 self.stream.codec_context.flush_buffers()
-                self._decode_until(segment_pts, found, size)
+                self._decode_until(segment_pts, found, convert)
         except (av.error.FFmpegError, OSError) as e:
             raise VideoDecodeError(f"{self.label}: decoding failed ({e}); the file is corrupt or truncated.") from e
         missing = wanted - found.keys()
@@ -153,12 +187,12 @@ class _PyAvReader:
             )
         return found
 
-    def _decode_until(self, pending: set[int], found: dict[int, np.ndarray], size: tuple[int, int] | None) -> None:
+    def _decode_until(self, pending: set[int], found: dict[int, Any], convert: Callable[[av.VideoFrame], Any]) -> None:
         pending = pending - found.keys()
         for packet in self.container.demux(self.stream):
             for frame in packet.decode():
                 if frame.pts in pending:
-                    found[frame.pts] = _to_rgb(frame, size)
+                    found[frame.pts] = convert(frame)
                     pending.discard(frame.pts)
             if not pending:
                 return
@@ -250,6 +284,22 @@ def decode_packets(
     """
     if size is not None:
         size = _checked_size(size)
+    by_rank = _decode_packet_frames(index, plan, payloads, threads=threads)
+    rgb = {rank: _to_rgb(frame, size) for rank, frame in by_rank.items()}
+    return np.stack([rgb[int(rank)] for rank in plan.relative_indices])
+
+
+def decode_packet_planes(index: PacketIndex, plan: ClipPlan, payloads: list[bytes], *, threads: int = 1) -> PlaneFrames:
+    """:func:`decode_packets`, with the frames left as planes for the graph to convert (:mod:`.yuv_frames`)."""
+    by_rank = _decode_packet_frames(index, plan, payloads, threads=threads)
+    planes = {rank: frame_planes(frame) for rank, frame in by_rank.items()}
+    return stack_planes([planes[int(rank)] for rank in plan.relative_indices], label=index.source_name)
+
+
+def _decode_packet_frames(
+    index: PacketIndex, plan: ClipPlan, payloads: list[bytes], *, threads: int
+) -> dict[int, av.VideoFrame]:
+    """The planned packets decoded: the wanted frames keyed by their display rank in the plan."""
     if len(payloads) != plan.frame_count:
         raise ValueError(f"decode_packets got {len(payloads)} payloads for a plan of {plan.frame_count} packets.")
     label = index.source_name
@@ -279,8 +329,7 @@ def decode_packets(
             f"{label}: {len(missing)} of {len(wanted)} requested frames did not come out of the decoder "
             f"({len(frames)} frames from {len(payloads)} packets); the file is corrupt or truncated."
         )
-    rgb = {rank: _to_rgb(by_rank[rank], size) for rank in wanted}
-    return np.stack([rgb[int(rank)] for rank in plan.relative_indices])
+    return {rank: by_rank[rank] for rank in wanted}
 
 
 def _checked_size(size: Any) -> tuple[int, int]:
@@ -339,21 +388,46 @@ class CpuFrameDecoder:
         (None: the video's size). Raises FrameRequestError for an empty or out-of-range
         request, MissingDataFileError, VideoDecodeError or CodecUnsupportedError naming the file.
         """
-        requested = np.asarray(frame_indices)
         if size is not None:
             size = _checked_size(size)
-        plan_clip(index, requested)  # validates the request before any file is opened
+        return np.stack(self._frames(source, index, frame_indices, filesystem=filesystem, size=size, planes=False))
+
+    def decode_planes(
+        self, source: VideoSource, index: PacketIndex, frame_indices: ArrayLike, *, filesystem: Any | None = None
+    ) -> PlaneFrames:
+        """:meth:`decode` without the conversion to RGB: the decoder's planes for the graph (:mod:`.yuv_frames`).
+
+        Always PyAV (torchcodec hands over RGB only); raises ValueError for a decoder made for torchcodec.
+        """
+        if self.options.backend is CpuDecoderBackend.TORCHCODEC:
+            raise ValueError("decode_planes needs PyAV; this decoder's options ask for torchcodec")
+        frames = self._frames(source, index, frame_indices, filesystem=filesystem, size=None, planes=True)
+        return stack_planes(frames, label=index.source_name)
+
+    def _frames(
+        self,
+        source: VideoSource,
+        index: PacketIndex,
+        frame_indices: ArrayLike,
+        *,
+        filesystem: Any | None,
+        size: tuple[int, int] | None,
+        planes: bool,
+    ) -> list[Any]:
+        requested = np.asarray(frame_indices)
+        plan = plan_clip(index, requested)  # validates the request before any file is opened
         requested = requested.astype(np.int64)
         self._drop_inherited()
-        if self._backend is CpuDecoderBackend.PYAV and not pyav_can_decode(index.codec):
+        backend = CpuDecoderBackend.PYAV if planes else self._backend
+        if backend is CpuDecoderBackend.PYAV and not pyav_can_decode(index.codec):
             raise CodecUnsupportedError(
                 f"{index.source_name}: PyAV has no decoder for codec {index.codec!r}; re-encode the video."
             )
         # A lent file object may be closed by its owner, so its decoder is never kept.
-        key = (source_cache_key(source, filesystem=filesystem), os.getpid()) if _is_path(source) else None
+        key = (source_cache_key(source, filesystem=filesystem), backend, os.getpid()) if _is_path(source) else None
         reader = self._readers.get(key) if key is not None else None
         if reader is None:
-            kind = _PyAvReader if self._backend is CpuDecoderBackend.PYAV else _TorchCodecReader
+            kind = _PyAvReader if backend is CpuDecoderBackend.PYAV else _TorchCodecReader
             reader = kind(
                 source, filesystem=filesystem, threads=self.options.threads_per_decoder, label=source_label(source)
             )
@@ -362,7 +436,11 @@ class CpuFrameDecoder:
         elif key is not None:
             self._readers.move_to_end(key)
         try:
-            by_pts = reader.frames_at(index, requested, size)
+            if isinstance(reader, _PyAvReader):
+                convert = frame_planes if planes else functools.partial(_to_rgb, size=size)
+                by_pts = reader.frames_at(index, plan, requested, convert)
+            else:
+                by_pts = reader.frames_at(index, requested, size)
         except Exception:
             if key is not None:
                 self._readers.pop(key, None)
@@ -370,7 +448,7 @@ class CpuFrameDecoder:
             raise
         if key is None:
             reader.close()
-        return np.stack([by_pts[int(p)] for p in index.frame_pts[requested].tolist()])
+        return [by_pts[int(p)] for p in index.frame_pts[requested].tolist()]
 
     def _remember(self, key: Hashable, reader: _PyAvReader | _TorchCodecReader) -> None:
         self._readers[key] = reader

@@ -3,8 +3,10 @@
 The external source emits one output per :class:`Field`; cameras on the clip route arrive as small encoded
 clips plus clip-relative frame indices and are decoded by DALI (``mixed`` = NVDEC, ``cpu`` for VP9 in the
 CPU-only mode); cameras on the frames route arrive already decoded by the workers. Either way the frames
-meet the same augmentation, so GPU and CPU-fallback cameras get identical treatment, except for one
-placement choice (:func:`resize_in_worker`): in CPU mode a worker-decoded camera is resized by the worker.
+meet the same augmentation, so GPU and CPU-fallback cameras get identical treatment, except for two
+placement choices for worker-decoded cameras: on a GPU pipeline the worker ships the decoder's YUV planes
+and the graph makes RGB (:func:`planes_from_worker`, ``PLANES_*`` fields); in CPU mode the worker makes RGB
+and resizes it too (:func:`resize_in_worker`).
 The augmentation's random parameters come from the external source too (``AUGMENT_DRAW`` fields, drawn on
 the host by :mod:`.augment_draws`), so they follow the sample, not the pipeline's life.
 """
@@ -18,10 +20,12 @@ from typing import Any, Literal
 
 from .augment import AugmentConfig, augment_frames, leading_resize
 from .augment_draws import stream_name
+from .cpu_decode import CpuDecodeOptions
+from .dali_color import planes_to_rgb
 from .dali_video import decode_clips
 from .decode_route import DecodeRoute
 
-__all__ = ["Field", "FieldKind", "augment_draw_field", "build_pipeline", "resize_in_worker"]
+__all__ = ["Field", "FieldKind", "augment_draw_field", "build_pipeline", "planes_from_worker", "resize_in_worker"]
 
 
 class FieldKind(enum.Enum):
@@ -35,6 +39,13 @@ class FieldKind(enum.Enum):
     CLIP_FRAMES = "clip_frames"
     #: Decoded frames (T, H, W, 3) uint8 per sample, from the CPU decode route.
     FRAMES = "frames"
+    #: Decoded frames as planes (:mod:`.yuv_frames`), from the CPU decode route: luma (T, H, W, 1) uint8;
+    #: the next two fields hold the chroma (PLANES_CHROMA) and the colour matrix (PLANES_MATRIX).
+    PLANES_LUMA = "planes_luma"
+    #: Chroma (T, h, w, 2) uint8 of the preceding PLANES_LUMA field.
+    PLANES_CHROMA = "planes_chroma"
+    #: (3, 4) float32 colour matrix of the PLANES_LUMA field two before; stays on the CPU (argument input).
+    PLANES_MATRIX = "planes_matrix"
     #: One random augmentation parameter per sample (see :mod:`.augment_draws`): stays on the CPU, where
     #: DALI reads argument inputs, and feeds the augmentation of the cameras of its stream; not an output.
     AUGMENT_DRAW = "augment_draw"
@@ -59,12 +70,23 @@ def augment_draw_field(stream: str, param: str) -> Field:
     return Field(f"{stream}.__augment.{param}", FieldKind.AUGMENT_DRAW, stream=stream, param=param)
 
 
+def planes_from_worker(route: DecodeRoute, *, on_gpu: bool, cpu_decode: CpuDecodeOptions) -> bool:
+    """Whether a camera's decoding worker ships YUV planes for the graph to convert, rather than RGB.
+
+    Only cameras the workers decode (CPU fallback), and by default only where the pipeline runs on a GPU:
+    there the conversion is nearly free, while in the worker it costs more than decoding (see
+    :mod:`.yuv_frames`). ``cpu_decode.color_conversion`` overrides (:class:`~.cpu_decode.ColorConversion`).
+    """
+    return route is DecodeRoute.CPU_FALLBACK and cpu_decode.converts_in_graph(on_gpu=on_gpu)
+
+
 def resize_in_worker(
     route: DecodeRoute,
     *,
     on_gpu: bool,
     augment: AugmentConfig | None,
     image_size: tuple[int, int] | None,
+    planes: bool = False,
 ) -> tuple[int, int] | None:
     """The (H, W) a camera's decoding worker should resize to, or None to leave the resize to the graph.
 
@@ -73,11 +95,16 @@ def resize_in_worker(
     to the graph), and the graph's first step is a plain resize (:func:`~lerobot_dali.augment.leading_resize`;
     not a random crop that must cut the full frame). Why: on two cores the graph's resize of full frames
     was the bottleneck (issue #6); the worker folds the resize into the YUV -> RGB conversion it does
-    anyway, and ships small frames instead of full ones through shared memory.
+    anyway, and ships small frames instead of full ones through shared memory. Never for a camera whose
+    worker ships ``planes`` (:func:`planes_from_worker`): the graph converts and resizes those.
     """
-    if on_gpu or route is not DecodeRoute.CPU_FALLBACK:
+    if on_gpu or planes or route is not DecodeRoute.CPU_FALLBACK:
         return None
     return leading_resize(augment, image_size)
+
+
+# Fields that feed another field's graph rather than being outputs of their own.
+_AUXILIARY = (FieldKind.CLIP_FRAMES, FieldKind.AUGMENT_DRAW, FieldKind.PLANES_CHROMA, FieldKind.PLANES_MATRIX)
 
 
 def build_pipeline(
@@ -111,7 +138,8 @@ def build_pipeline(
         py_num_workers=max(num_workers, 1),
         py_start_method="spawn",
     )
-    layouts = [("FHWC" if f.kind == FieldKind.FRAMES else "") for f in fields]
+    framed = (FieldKind.FRAMES, FieldKind.PLANES_LUMA, FieldKind.PLANES_CHROMA)
+    layouts = [("FHWC" if f.kind in framed else "") for f in fields]
     on_gpu = device_id is not None
     names: list[str] = []
     with pipe:
@@ -127,7 +155,7 @@ def build_pipeline(
         results = []
         for i, field in enumerate(fields):
             node = outputs[i]
-            if field.kind in (FieldKind.CLIP_FRAMES, FieldKind.AUGMENT_DRAW):
+            if field.kind in _AUXILIARY:
                 continue
             if field.kind == FieldKind.TABULAR:
                 results.append(node.gpu() if on_gpu else node)
@@ -135,6 +163,8 @@ def build_pipeline(
                 continue
             if field.kind == FieldKind.CLIP:
                 frames = decode_clips(node, outputs[i + 1], device=field.decode_device)
+            elif field.kind == FieldKind.PLANES_LUMA:
+                frames = planes_to_rgb(node, outputs[i + 1], outputs[i + 2], on_gpu=on_gpu)
             else:
                 frames = node.gpu() if on_gpu else node
             results.append(

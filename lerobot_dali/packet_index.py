@@ -89,6 +89,9 @@ class PacketIndex:
     frame_pts_s: np.ndarray = field(init=False, repr=False)
     #: Typical distance between consecutive displayed frames, in ``time_base`` units (at least 1).
     frame_duration: int = field(init=False)
+    #: Decode positions where decoding can start: the flagged keyframes, and 0 when the stream does not
+    #: start on one (decoding can then only start at its beginning). Ascending.
+    keyframe_positions: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         count = len(self.pts)
@@ -111,7 +114,11 @@ class PacketIndex:
         rank[order] = np.arange(count)
         duration = int(np.median(np.diff(sorted_pts))) if count > 1 else 1
         seconds = sorted_pts * self.time_base.numerator / self.time_base.denominator
-        for array in (self.pts, self.dts, self.byte_offset, self.size_bytes, self.keyframe, order, rank, seconds):
+        keys = np.flatnonzero(self.keyframe)
+        if keys.size == 0 or keys[0] != 0:
+            keys = np.concatenate(([0], keys))
+        derived = (order, rank, seconds, keys)
+        for array in (self.pts, self.dts, self.byte_offset, self.size_bytes, self.keyframe, *derived):
             array.setflags(write=False)
         sorted_pts.setflags(write=False)
         object.__setattr__(self, "display_order", order)
@@ -119,6 +126,7 @@ class PacketIndex:
         object.__setattr__(self, "frame_pts", sorted_pts)
         object.__setattr__(self, "frame_pts_s", seconds)
         object.__setattr__(self, "frame_duration", max(duration, 1))
+        object.__setattr__(self, "keyframe_positions", keys)
 
     @property
     def frame_count(self) -> int:

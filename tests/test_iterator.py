@@ -37,8 +37,12 @@ DELTAS = {
 }
 
 
-def _dataset(make_ds, codec: str) -> Path:
-    return make_ds(episodes=5, frames_per_episode=LENGTHS, cameras=2, codec=codec, fps=FPS, episodes_per_file=2, gop=4)
+def _dataset(make_ds, codec: str, size: tuple[int, int] | None = None) -> Path:
+    """The tests' dataset; ``size`` only for GPU tests (NVDEC's minimum sizes), so CPU tests share one."""
+    extra = {} if size is None else {"size": size}
+    return make_ds(
+        episodes=5, frames_per_episode=LENGTHS, cameras=2, codec=codec, fps=FPS, episodes_per_file=2, gop=4, **extra
+    )
 
 
 def _as_hwc_uint8(frame: torch.Tensor) -> np.ndarray:

@@ -4,23 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from nvidia.dali import backend, fn, pipeline_def
+from nvidia.dali import fn, pipeline_def
 
 from lerobot_dali.augment import AugmentConfig, ColorJitter, RandomAffine, RandomResizedCrop, augment_frames
+from tests.gpu.requires_cuda import GPU_ONLY
 from tests.test_augment import host_draws
 
-
-def _cuda_devices() -> int:
-    try:
-        return backend.GetCUDADeviceCount()
-    except RuntimeError:
-        return 0
-
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(_cuda_devices() == 0, reason="needs a CUDA device"),
-]
+pytestmark = GPU_ONLY
 
 B, T, H, W = 4, 3, 32, 48
 

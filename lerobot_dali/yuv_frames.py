@@ -1,0 +1,145 @@
+"""Decoded frames as YUV planes plus a colour matrix: the worker's half of converting colour on the GPU.
+
+Where the CPU fallback feeds a GPU pipeline (AV1 on A100/H100/H200), turning each decoded frame into RGB
+in the worker costs more than decoding it: on the bench's AV1 videos (480x640, GOP 2) one core decodes
+~1,900 frames/s, but only ~690 frames/s once swscale makes RGB. So the worker hands the decoder's own
+4:2:0 planes over instead (half the bytes of RGB through shared memory and over PCIe) and the graph turns
+them into RGB on the device (:func:`lerobot_dali.dali_color.planes_to_rgb`).
+
+What the worker ships per frame, and what the graph does with it:
+
+- ``luma`` (H, W, 1) and ``chroma`` (h, w, 2) uint8; the graph brings ``chroma`` to (H, W) by
+  nearest-neighbour sampling, stacks it behind ``luma``, and applies ``matrix``;
+- ``matrix`` (3, 4) float32, ``RGB = M @ (Y, Cb, Cr) + T``, from the frame's colour space and range;
+  the graph rounds to nearest, so ``T`` carries swscale's habit of rounding down (:data:`_SWSCALE_BIAS`).
+
+Frames in 8-bit 4:2:0 with even sides and a colour space listed in :data:`_KR_KB` go as they are: the
+result is within 3 levels of swscale's RGB (PyAV's ``to_ndarray("rgb24")``, which also repeats each chroma
+sample over its 2x2 block). Anything else (odd sides, 10-bit, 4:2:2/4:4:4, other colour spaces) is
+converted by swscale in the worker, exactly as the RGB path does, and shipped in the same form: R as
+``luma``, (G, B) as a full-size ``chroma`` and an identity ``matrix``; the graph then returns it unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import av
+import numpy as np
+
+from .errors import VideoDecodeError
+
+__all__ = ["FramePlanes", "PlaneFrames", "color_matrix", "frame_planes", "stack_planes"]
+
+#: (Kr, Kb) luma coefficients by FFmpeg ``AVColorSpace`` value: 1 BT.709, 2 unspecified (swscale's default,
+#: BT.601), 5 BT.470BG and 6 SMPTE 170M (both BT.601), 9 BT.2020 non-constant luminance.
+_KR_KB: dict[int, tuple[float, float]] = {
+    1: (0.2126, 0.0722),
+    2: (0.299, 0.114),
+    5: (0.299, 0.114),
+    6: (0.299, 0.114),
+    9: (0.2627, 0.0593),
+}
+_FULL_RANGE = 2  # AVCOL_RANGE_JPEG
+_PLANAR_420 = {"yuv420p": False, "yuvj420p": True}  # pixel format -> full range by definition
+#: swscale's fixed-point conversion lands low: against exact BT.601/709 arithmetic rounded to nearest it is
+#: off by a mean 0.70 levels (limited range) and 0.46 (full range) on random YCbCr. Subtracting 0.45 before
+#: rounding brings that to 0.43 and 0.17 (-0.5 would be floor, which turns exact values such as white's
+#: 255.0 into 254 under round-half-to-even).
+_SWSCALE_BIAS = -0.45
+_IDENTITY = np.eye(3, 4, dtype=np.float32)
+_IDENTITY.setflags(write=False)
+
+
+class FramePlanes(NamedTuple):
+    """One decoded frame's planes, possibly views into the decoder's buffers (they keep the frame alive)."""
+
+    #: (H, W) uint8.
+    luma: np.ndarray
+    #: Two (h, w) uint8 planes: (Cb, Cr) at half size, or (G, B) at full size with the identity ``matrix``.
+    chroma: tuple[np.ndarray, np.ndarray]
+    #: (3, 4) float32, read-only.
+    matrix: np.ndarray
+
+
+@dataclass(frozen=True)
+class PlaneFrames:
+    """N decoded frames of one video as planes (see the module docstring); all share ``matrix``."""
+
+    #: (N, H, W, 1) uint8.
+    luma: np.ndarray
+    #: (N, h, w, 2) uint8: (Cb, Cr) at half size, or (G, B) at full size when ``matrix`` is the identity.
+    chroma: np.ndarray
+    #: (3, 4) float32.
+    matrix: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return self.luma.nbytes + self.chroma.nbytes
+
+
+@functools.lru_cache(maxsize=32)
+def color_matrix(colorspace: int, full_range: bool) -> np.ndarray:
+    """(3, 4) float32 ``[M | T]`` taking 8-bit (Y, Cb, Cr) to 8-bit RGB, to be rounded to nearest, for an
+    ``AVColorSpace`` value; ``T`` includes :data:`_SWSCALE_BIAS`."""
+    if colorspace not in _KR_KB:
+        raise ValueError(f"colour space {colorspace} has no YCbCr matrix here; known: {sorted(_KR_KB)}")
+    kr, kb = _KR_KB[colorspace]
+    kg = 1.0 - kr - kb
+    y_scale, c_scale, y_offset = (1.0, 1.0, 0.0) if full_range else (255 / 219, 255 / 224, 16.0)
+    m = np.array(
+        [
+            [y_scale, 0.0, 2 * (1 - kr) * c_scale],
+            [y_scale, -2 * (1 - kb) * kb / kg * c_scale, -2 * (1 - kr) * kr / kg * c_scale],
+            [y_scale, 2 * (1 - kb) * c_scale, 0.0],
+        ]
+    )
+    t = -m @ np.array([y_offset, 128.0, 128.0]) + _SWSCALE_BIAS
+    matrix = np.concatenate([m, t[:, None]], axis=1).astype(np.float32)
+    matrix.setflags(write=False)  # shared by every caller (cached)
+    return matrix
+
+
+def _plane(plane: av.video.plane.VideoPlane, height: int, width: int) -> np.ndarray:
+    rows = np.frombuffer(memoryview(plane), dtype=np.uint8).reshape(-1, plane.line_size)
+    return rows[:height, :width]
+
+
+def frame_planes(frame: av.VideoFrame) -> FramePlanes:
+    """The planes of one decoded frame (module docstring), as views where the decoder's own planes serve."""
+    full_range = _PLANAR_420.get(frame.format.name)
+    even = frame.width % 2 == 0 and frame.height % 2 == 0
+    if full_range is not None and even and frame.colorspace in _KR_KB:
+        full_range = full_range or frame.color_range == _FULL_RANGE
+        h, w = frame.height // 2, frame.width // 2
+        luma = _plane(frame.planes[0], frame.height, frame.width)
+        chroma = (_plane(frame.planes[1], h, w), _plane(frame.planes[2], h, w))
+        return FramePlanes(luma, chroma, color_matrix(frame.colorspace, full_range))
+    rgb = frame.to_ndarray(format="rgb24")
+    return FramePlanes(rgb[:, :, 0], (rgb[:, :, 1], rgb[:, :, 2]), _IDENTITY)
+
+
+def stack_planes(frames: Sequence[FramePlanes], *, label: str) -> PlaneFrames:
+    """The planes of one request's frames in one copy; they must agree on sizes and matrix."""
+    if not frames:
+        raise ValueError(f"{label}: no frames to stack")
+    first = frames[0]
+    for f in frames[1:]:
+        if (
+            f.luma.shape != first.luma.shape
+            or f.chroma[0].shape != first.chroma[0].shape
+            or not (f.matrix is first.matrix or np.array_equal(f.matrix, first.matrix))
+        ):
+            raise VideoDecodeError(
+                f"{label}: frames of one window differ in size or colour space ({first.luma.shape} vs "
+                f"{f.luma.shape}); decode with CpuDecodeOptions(color_conversion=ColorConversion.WORKER)"
+            )
+    luma = np.empty((len(frames), *first.luma.shape, 1), dtype=np.uint8)
+    chroma = np.empty((len(frames), *first.chroma[0].shape, 2), dtype=np.uint8)
+    for i, f in enumerate(frames):
+        luma[i, :, :, 0] = f.luma
+        chroma[i, :, :, 0], chroma[i, :, :, 1] = f.chroma
+    return PlaneFrames(luma=luma, chroma=chroma, matrix=np.array(first.matrix))

@@ -1,0 +1,276 @@
+"""Colour conversion in the graph: workers ship YUV planes, the pipeline makes RGB (``yuv_frames``, ``dali_color``).
+
+The reference is PyAV's own ``to_ndarray("rgb24")`` (swscale) of an independent full decode: what the worker
+path hands over and what LeRobot's PyAV backend gives. The graph runs on DALI's CPU backend here; the same
+three operators run on the GPU (tests/gpu).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+from lerobot_dali.batch_source import output_fields
+from lerobot_dali.clips import plan_clip, read_packet_payloads
+from lerobot_dali.cpu_decode import (
+    ColorConversion,
+    CpuDecodeOptions,
+    CpuDecoderBackend,
+    CpuFrameDecoder,
+    decode_packet_planes,
+)
+from lerobot_dali.dali_graph import FieldKind, planes_from_worker, resize_in_worker
+from lerobot_dali.decode_route import DecodeRoute
+from lerobot_dali.errors import VideoDecodeError
+from lerobot_dali.iterator import DALILeRobotIterator
+from lerobot_dali.packet_index import build_packet_index, load_packet_index
+from lerobot_dali.yuv_frames import FramePlanes, color_matrix, frame_planes, stack_planes
+from tests.video_fixtures import reference_frames
+
+# 4:2:0 as it is (nearest chroma, as swscale's unscaled path); swscale's fixed-point arithmetic differs a little.
+MAX_DIFF, MEAN_DIFF = 3, 0.6
+IDENTITY = np.eye(3, 4, dtype=np.float32)
+
+
+def planes_to_rgb_frames(planes: list[FramePlanes], *, device_id: int | None = None) -> list[np.ndarray]:
+    """Run dali_color.planes_to_rgb (on DALI's CPU backend, or GPU ``device_id``), one frame per sample."""
+    from nvidia.dali import fn, pipeline_def
+
+    from lerobot_dali.dali_color import planes_to_rgb
+
+    stacked = [stack_planes([p], label="test") for p in planes]
+
+    @pipeline_def(batch_size=len(planes), num_threads=1, device_id=device_id)
+    def graph():
+        luma = fn.external_source(source=lambda: [p.luma for p in stacked], batch=True, layout="FHWC")
+        chroma = fn.external_source(source=lambda: [p.chroma for p in stacked], batch=True, layout="FHWC")
+        matrix = fn.external_source(source=lambda: [p.matrix for p in stacked], batch=True)
+        return planes_to_rgb(luma, chroma, matrix, on_gpu=device_id is not None)
+
+    pipe = graph()
+    pipe.build()
+    (out,) = pipe.run()
+    assert out.layout() == "FHWC"
+    host = out.as_cpu() if device_id is not None else out
+    return [np.array(host[i])[0] for i in range(len(planes))]
+
+
+def _encode(
+    path: Path, codec: str, pix_fmt: str, *, width: int, height: int, colorspace: int | None = None, full: bool = False
+) -> Path:
+    """Saturated colour bars over per-pixel noise: the worst case for 4:2:0 chroma and for a wrong matrix."""
+    rng = np.random.default_rng(7)
+    with av.open(str(path), "w", format="mp4") as container:
+        stream = container.add_stream(codec, rate=10)
+        stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
+        if colorspace is not None:
+            stream.codec_context.colorspace = colorspace
+        if full:
+            stream.codec_context.color_range = 2
+        for i in range(6):
+            image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+            bars = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 255), (0, 0, 0), (250, 200, 20)]
+            for b, colour in enumerate(bars):
+                image[: height // 2, b * width // 6 : (b + 1) * width // 6] = np.roll(colour, i)
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+            if colorspace is not None:
+                frame.colorspace = colorspace
+            if full:
+                frame.color_range = 2
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+CASES = {
+    # name: (codec, pix_fmt, width, height, colorspace tag, full range, goes as planes)
+    "h264_unspecified": ("libx264", "yuv420p", 130, 98, None, False, True),
+    "h264_bt709": ("libx264", "yuv420p", 130, 98, 1, False, True),
+    "h264_bt2020": ("libx264", "yuv420p", 130, 98, 9, False, True),
+    "h264_full_range_yuvj": ("libx264", "yuvj420p", 130, 98, None, False, True),
+    "h264_bt709_full_range": ("libx264", "yuv420p", 130, 98, 1, True, True),
+    "av1": ("libsvtav1", "yuv420p", 128, 96, None, False, True),
+    "vp9_odd_sides": ("libvpx-vp9", "yuv420p", 131, 97, None, False, False),
+    "h264_444": ("libx264", "yuv444p", 130, 98, None, False, False),
+    "hevc_10bit": ("libx265", "yuv420p10le", 130, 98, None, False, False),
+    "h264_smpte240m": ("libx264", "yuv420p", 130, 98, 7, False, False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_graph_conversion_matches_swscale(tmp_path: Path, case: str) -> None:
+    codec, pix_fmt, width, height, colorspace, full, as_planes = CASES[case]
+    path = _encode(
+        tmp_path / f"{case}.mp4", codec, pix_fmt, width=width, height=height, colorspace=colorspace, full=full
+    )
+    with av.open(str(path)) as container:
+        frames = list(container.decode(video=0))
+    expected = np.stack([f.to_ndarray(format="rgb24") for f in frames]).astype(np.int32)
+    planes = [frame_planes(f) for f in frames]
+    first = stack_planes(planes[:1], label=case)
+    assert first.luma.shape == (1, height, width, 1) and first.luma.dtype == np.uint8 and first.matrix.shape == (3, 4)
+    if as_planes:  # the decoder's own planes: half-size chroma, a real matrix
+        assert first.chroma.shape == (1, height // 2, width // 2, 2) and not np.array_equal(first.matrix, IDENTITY)
+    else:  # converted by swscale in the worker, shipped as R | GB with the identity
+        assert first.chroma.shape == (1, height, width, 2) and np.array_equal(first.matrix, IDENTITY)
+    got = np.stack(planes_to_rgb_frames(planes)).astype(np.int32)
+    diff = np.abs(got - expected)
+    if as_planes:
+        assert diff.max() <= MAX_DIFF and diff.mean() <= MEAN_DIFF, (diff.max(), diff.mean())
+    else:
+        assert diff.max() == 0
+    # the bound tells a wrong matrix or a wrong chroma sample apart: BT.601 on BT.709 data, or chroma shifted
+    if case == "h264_bt709":
+        wrong = [p._replace(matrix=color_matrix(2, False)) for p in planes]
+        assert np.abs(np.stack(planes_to_rgb_frames(wrong)).astype(np.int32) - expected).max() > 4 * MAX_DIFF
+    if case == "h264_unspecified":
+        shifted = [p._replace(chroma=tuple(np.roll(c, 1, axis=1) for c in p.chroma)) for p in planes]
+        assert np.abs(np.stack(planes_to_rgb_frames(shifted)).astype(np.int32) - expected).mean() > 4 * MEAN_DIFF
+
+
+def test_color_matrix_values() -> None:
+    def rgb(m: np.ndarray, ycbcr: tuple[float, float, float]) -> list[float]:
+        return np.rint(m[:, :3] @ np.array(ycbcr) + m[:, 3]).tolist()
+
+    limited = color_matrix(2, False)
+    assert rgb(limited, (16, 128, 128)) == [0, 0, 0]
+    assert rgb(limited, (235, 128, 128)) == [255, 255, 255]
+    assert rgb(limited, (81.535, 90.256, 239.945)) == [255, 0, 0]  # BT.601 red
+    assert rgb(limited, (50, 128, 128)) == [39, 39, 39]  # 39.59 exactly: swscale gives 39 (module docstring)
+    full = color_matrix(1, True)
+    assert rgb(full, (255, 128, 128)) == [255, 255, 255]
+    assert rgb(full, (0.2126 * 255, 128 - 0.1146 * 255, 128 + 0.5 * 255)) == [255, 0, 0]  # BT.709 red
+    assert color_matrix(5, False).tolist() == color_matrix(6, False).tolist() == limited.tolist()
+    with pytest.raises(ValueError, match="colour space 7 has no YCbCr matrix"):
+        color_matrix(7, False)
+
+
+def test_stack_planes_refuses_mixed_frames() -> None:
+    u, v = np.full((2, 3), 7, np.uint8), np.full((2, 3), 9, np.uint8)
+    small = FramePlanes(np.arange(24, dtype=np.uint8).reshape(4, 6), (u, v), color_matrix(2, False))
+    other = small._replace(matrix=color_matrix(1, False))
+    stacked = stack_planes([small, small], label="cam.mp4")
+    assert stacked.luma.shape == (2, 4, 6, 1) and stacked.chroma.shape == (2, 2, 3, 2)
+    assert stacked.luma[1, :, :, 0].tolist() == small.luma.tolist()
+    assert stacked.chroma[0, :, :, 0].tolist() == u.tolist() and stacked.chroma[0, :, :, 1].tolist() == v.tolist()
+    assert stacked.nbytes == 2 * (24 + 12) and stacked.matrix.flags.writeable
+    with pytest.raises(VideoDecodeError, match=r"cam\.mp4: frames of one window differ"):
+        stack_planes([small, other], label="cam.mp4")
+    with pytest.raises(ValueError, match="no frames"):
+        stack_planes([], label="cam.mp4")
+
+
+# -- the decoder ---------------------------------------------------------------------------------------------
+
+
+def _dataset(make_ds, codec: str) -> Path:
+    lengths = [5, 1, 7, 4, 6]  # as tests/test_iterator.py, so the session's generated datasets are shared
+    return make_ds(episodes=5, frames_per_episode=lengths, cameras=2, codec=codec, fps=10, episodes_per_file=2, gop=4)
+
+
+@pytest.mark.parametrize("codec", ["av1", "h264"])
+def test_decoder_planes_equal_the_frames_planes_of_a_full_decode(make_ds, codec: str) -> None:
+    path = _dataset(make_ds, codec) / "videos/observation.images.cam0/chunk-000/file-001.mp4"
+    index = load_packet_index(path)
+    wanted = [9, 0, 3, 3, 10]  # request order and repeats kept
+    with av.open(str(path)) as container:
+        everything = {f.pts: frame_planes(f) for f in container.decode(video=0)}
+    expected = stack_planes([everything[int(p)] for p in index.frame_pts[wanted]], label="reference")
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    got = decoder.decode_planes(path, index, wanted)
+    np.testing.assert_array_equal(got.luma, expected.luma)
+    np.testing.assert_array_equal(got.chroma, expected.chroma)
+    np.testing.assert_array_equal(got.matrix, expected.matrix)
+    # the remote path (packets by byte range, no container) gives the same planes
+    plan = plan_clip(index, np.array(wanted))
+    remote = decode_packet_planes(index, plan, read_packet_payloads(str(path), index, plan))
+    np.testing.assert_array_equal(remote.luma, got.luma)
+    np.testing.assert_array_equal(remote.chroma, got.chroma)
+    # planes and RGB share the decoder's LRU without mixing readers up
+    rgb = decoder.decode(path, index, wanted)
+    reference = reference_frames(path)
+    np.testing.assert_array_equal(rgb, np.stack([reference[int(p)] for p in index.frame_pts[wanted]]))
+    decoder.close()
+    clip_data = io.BytesIO(path.read_bytes())
+    from_memory = CpuFrameDecoder().decode_planes(clip_data, build_packet_index(clip_data), wanted)
+    np.testing.assert_array_equal(from_memory.luma, got.luma)
+
+
+def test_options_where_colour_is_converted() -> None:
+    assert CpuDecodeOptions().converts_in_graph(on_gpu=True)
+    assert not CpuDecodeOptions().converts_in_graph(on_gpu=False)
+    graph = CpuDecodeOptions(color_conversion=ColorConversion.GRAPH)
+    worker = CpuDecodeOptions(color_conversion=ColorConversion.WORKER)
+    assert graph.converts_in_graph(on_gpu=False) and not worker.converts_in_graph(on_gpu=True)
+    torchcodec = CpuDecodeOptions(backend=CpuDecoderBackend.TORCHCODEC)
+    assert not torchcodec.converts_in_graph(on_gpu=True)  # torchcodec hands over RGB: AUTO converts in the worker
+    with pytest.raises(ValueError, match="torchcodec does not hand over"):
+        CpuDecodeOptions(backend=CpuDecoderBackend.TORCHCODEC, color_conversion=ColorConversion.GRAPH)
+    with pytest.raises(ValueError, match="color_conversion must be a ColorConversion"):
+        CpuDecodeOptions(color_conversion="graph")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="decode_planes needs PyAV"):
+        CpuFrameDecoder(options=torchcodec).decode_planes("x.mp4", None, [0])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("route", "on_gpu", "conversion", "expected"),
+    [
+        (DecodeRoute.CPU_FALLBACK, True, ColorConversion.AUTO, True),
+        (DecodeRoute.CPU_FALLBACK, False, ColorConversion.AUTO, False),
+        (DecodeRoute.CPU_FALLBACK, False, ColorConversion.GRAPH, True),
+        (DecodeRoute.CPU_FALLBACK, True, ColorConversion.WORKER, False),
+        (DecodeRoute.NVDEC, True, ColorConversion.AUTO, False),  # DALI's decoders make RGB themselves
+        (DecodeRoute.DALI_CPU, False, ColorConversion.GRAPH, False),
+    ],
+)
+def test_planes_from_worker_rule(route, on_gpu, conversion, expected) -> None:
+    options = CpuDecodeOptions(color_conversion=conversion)
+    assert planes_from_worker(route, on_gpu=on_gpu, cpu_decode=options) is expected
+    # a worker that ships planes never resizes: the graph does
+    resized = resize_in_worker(route, on_gpu=on_gpu, augment=None, image_size=(32, 32), planes=expected)
+    assert resized is None or not expected
+
+
+# -- the iterator --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("codec", ["av1", "h264"])
+def test_iterator_with_graph_conversion_equals_worker_conversion(make_ds, caplog, codec: str) -> None:
+    """Same samples, same frames within swscale's rounding, whether workers or the graph make RGB; resized too."""
+    root = _dataset(make_ds, codec)
+    deltas = {"observation.images.cam0": [-0.2, 0.0], "action": [0.0, 0.1]}
+    kwargs = dict(
+        batch_size=6, delta_timestamps=deltas, shuffle=True, seed=5, device="cpu", num_workers=2, drop_last=False,
+        return_uint8=True,
+    )  # fmt: skip
+    graph_options = CpuDecodeOptions(color_conversion=ColorConversion.GRAPH)
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.iterator"):
+        in_graph = DALILeRobotIterator(root, cpu_decode=graph_options, **kwargs)
+    assert any("workers ship YUV planes" in r.getMessage() for r in caplog.records)
+    graph_batches = list(in_graph)
+    kinds = {f.name: f.kind for f in output_fields(in_graph._spec)}
+    assert kinds["observation.images.cam0"] is FieldKind.PLANES_LUMA
+    assert kinds["observation.images.cam1.__chroma"] is FieldKind.PLANES_CHROMA
+    worker_batches = list(DALILeRobotIterator(root, **kwargs))
+    assert len(graph_batches) == len(worker_batches) == 4
+    for g, w in zip(graph_batches, worker_batches, strict=True):
+        assert g["index"].tolist() == w["index"].tolist()
+        for camera in ("observation.images.cam0", "observation.images.cam1"):
+            assert g[camera].shape == w[camera].shape and g[camera].dtype == w[camera].dtype
+            diff = (g[camera].int() - w[camera].int()).abs()
+            # measured: max 2, mean 0.68 (marker frames are flat greys, which swscale rounds down most)
+            assert diff.max() <= MAX_DIFF and diff.float().mean() <= 1.0, (camera, diff.max(), diff.float().mean())
+    # with a resize: the graph resizes after converting; close to the worker's swscale resize
+    size = (48, 64)
+    small_graph = next(iter(DALILeRobotIterator(root, cpu_decode=graph_options, image_size=size, **kwargs)))
+    small_worker = next(iter(DALILeRobotIterator(root, image_size=size, **kwargs)))
+    assert small_graph["observation.images.cam1"].shape == (6, 3, *size)
+    diff = (small_graph["observation.images.cam1"].int() - small_worker["observation.images.cam1"].int()).abs()
+    assert diff.float().mean() < 2.5 and diff.max() <= 40, (diff.float().mean(), diff.max())
