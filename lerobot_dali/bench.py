@@ -13,7 +13,9 @@ consecutive measured batches; first-batch latency runs from constructing the loa
 
 Loaders (see :data:`LOADERS`): ``lerobot-dali`` (on a GPU: NVDEC where the GPU decodes the codec, CPU
 fallback otherwise; on the CPU: the CPU mode), ``lerobot-dali-cpu-decode`` (GPU machines only: frames
-decoded by the CPU fallback, augmented on the GPU), ``pyav-dataloader`` (always), and LeRobot's
+decoded by the CPU fallback, converted to RGB and augmented on the GPU), ``lerobot-dali-cpu-decode-rgb``
+(the same with RGB made in the workers, to show what converting on the GPU gains), ``pyav-dataloader``
+(always), and LeRobot's
 ``lerobot`` / ``lerobot-streaming`` when ``import lerobot`` works (skipped with a note otherwise).
 """
 
@@ -41,8 +43,8 @@ from .bench_measure import LoaderJob, run_in_child
 from .bench_report import BenchReport, format_table, write_report
 from .bench_types import (
     _EXTERNAL,
+    _GPU_ONLY,
     _OURS,
-    DALI_CPU_DECODE_LOADER,
     LOADERS,
     METRIC_FIELDS,
     BenchDataset,
@@ -275,8 +277,8 @@ def _resolve_device(requested: str) -> str:
 
 def _loaders_for(config: BenchConfig, device: str) -> list[str]:
     chosen = list(config.loaders or LOADERS)
-    if device == "cpu" and DALI_CPU_DECODE_LOADER in chosen:
-        chosen.remove(DALI_CPU_DECODE_LOADER)  # without a GPU, lerobot-dali decodes on the CPU already
+    if device == "cpu":
+        chosen = [name for name in chosen if name not in _GPU_ONLY]
     return [name for name in LOADERS if name in chosen]
 
 

@@ -26,7 +26,8 @@ from . import io_stats
 from .bench_types import (
     _EXTERNAL,
     _OURS,
-    DALI_CPU_DECODE_LOADER,
+    DALI_CPU_DECODE_RGB_LOADER,
+    DALI_LOADER,
     LEROBOT_LOADER,
     LEROBOT_STREAMING_LOADER,
     LOADERS,
@@ -119,13 +120,18 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
 
     plan = job.plan
     if job.loader in _OURS:
+        from .cpu_decode import ColorConversion, CpuDecodeOptions
         from .iterator import DALILeRobotIterator
 
+        rgb_in_workers = job.loader == DALI_CPU_DECODE_RGB_LOADER
         it = DALILeRobotIterator(
             job.dataset.path, batch_size=job.batch_size, delta_timestamps=plan.delta_timestamps or None,
             shuffle=True, seed=job.seed, episode_pool_size=job.pool_size, device=job.device,
-            decode="cpu" if job.loader == DALI_CPU_DECODE_LOADER else "auto", num_workers=job.num_workers,
+            decode="auto" if job.loader == DALI_LOADER else "cpu", num_workers=job.num_workers,
             image_size=plan.image_size, augment=plan.augment, drop_last=True,
+            cpu_decode=CpuDecodeOptions(
+                color_conversion=ColorConversion.WORKER if rgb_in_workers else ColorConversion.AUTO
+            ),
         )  # fmt: skip
         routes = " ".join(f"{k.rsplit('.', 1)[-1]}={r.value}" for k, r in it.routes.items())
         return it, routes, it.close

@@ -9,6 +9,7 @@ from typing import Any
 
 __all__ = [
     "DALI_CPU_DECODE_LOADER",
+    "DALI_CPU_DECODE_RGB_LOADER",
     "DALI_LOADER",
     "LEROBOT_LOADER",
     "LEROBOT_STREAMING_LOADER",
@@ -22,13 +23,23 @@ __all__ = [
 
 DALI_LOADER = "lerobot-dali"
 DALI_CPU_DECODE_LOADER = "lerobot-dali-cpu-decode"
+DALI_CPU_DECODE_RGB_LOADER = "lerobot-dali-cpu-decode-rgb"
 PLAIN_LOADER = "pyav-dataloader"
 LEROBOT_LOADER = "lerobot"
 LEROBOT_STREAMING_LOADER = "lerobot-streaming"
-LOADERS: tuple[str, ...] = (DALI_LOADER, DALI_CPU_DECODE_LOADER, PLAIN_LOADER, LEROBOT_LOADER, LEROBOT_STREAMING_LOADER)
+LOADERS: tuple[str, ...] = (
+    DALI_LOADER,
+    DALI_CPU_DECODE_LOADER,
+    DALI_CPU_DECODE_RGB_LOADER,
+    PLAIN_LOADER,
+    LEROBOT_LOADER,
+    LEROBOT_STREAMING_LOADER,
+)
 """Every loader name ``--loaders`` accepts, in the order they run."""
 
-_OURS = (DALI_LOADER, DALI_CPU_DECODE_LOADER)
+_OURS = (DALI_LOADER, DALI_CPU_DECODE_LOADER, DALI_CPU_DECODE_RGB_LOADER)
+# GPU machines only: on the CPU lerobot-dali decodes on the CPU already, and makes RGB in its workers.
+_GPU_ONLY = (DALI_CPU_DECODE_LOADER, DALI_CPU_DECODE_RGB_LOADER)
 # Peers from another library: an exception there is reported, not a failed run (zero frames still is).
 _EXTERNAL = (LEROBOT_LOADER, LEROBOT_STREAMING_LOADER)
 

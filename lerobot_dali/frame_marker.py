@@ -86,11 +86,10 @@ def draw_marker(episode_index: int, frame_index: int, height: int, width: int, c
                 f"{name} must be an int >= {_GRID} (>= {MIN_MARKER_SIZE} to survive lossy codecs), got {size!r}."
             )
     bits = _encode_bits(episode_index, frame_index, int(camera_index))
-    rows = np.repeat(np.arange(_GRID), np.diff(_edges(int(height))))
-    cols = np.repeat(np.arange(_GRID), np.diff(_edges(int(width))))
-    cell_bits = bits[rows[:, None], cols[None, :]]
     tint = int(camera_index) % len(_BRIGHT)
-    return np.where(cell_bits[..., None], _BRIGHT[tint], _DARK[tint]).astype(np.uint8)
+    cells = np.where(bits[..., None], _BRIGHT[tint], _DARK[tint]).astype(np.uint8)  # (GRID, GRID, 3)
+    rows = np.repeat(cells, np.diff(_edges(int(height))), axis=0)
+    return np.repeat(rows, np.diff(_edges(int(width))), axis=1)
 
 
 def _as_hwc_255(frame: object) -> np.ndarray:

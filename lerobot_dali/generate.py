@@ -376,14 +376,19 @@ def _image_moments(frame: np.ndarray) -> _Moments:
     A frame counts once (its sums are pixel means), so merged moments weight frames equally, as LeRobot's
     frame sampling does.
     """
-    pixels = frame.reshape(-1, 3).astype(np.float64) / 255.0
+    # From each channel's histogram: the same numbers as float reductions over the pixels, ~20x faster
+    # (generating the bench datasets spent most of its time here).
+    levels = np.arange(256, dtype=np.float64) / 255.0
+    counts = np.stack([np.bincount(frame[..., c].ravel(), minlength=256) for c in range(3)]).astype(np.float64)
+    pixels = frame.shape[0] * frame.shape[1]
+    present = counts > 0
     shape = (3, 1, 1)
     return _Moments(
         1,
-        pixels.mean(0).reshape(shape),
-        (pixels**2).mean(0).reshape(shape),
-        pixels.min(0).reshape(shape),
-        pixels.max(0).reshape(shape),
+        (counts @ levels / pixels).reshape(shape),
+        (counts @ levels**2 / pixels).reshape(shape),
+        levels[np.argmax(present, axis=1)].reshape(shape),
+        levels[255 - np.argmax(present[:, ::-1], axis=1)].reshape(shape),
     )
 
 

@@ -143,3 +143,17 @@ def test_bad_options_are_rejected_with_the_allowed_values(capsys) -> None:
     assert "pyav-dataloader" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--steps must be an int >= 1"):
         BenchConfig(steps=0)
+
+
+def test_gpu_only_loaders_are_left_out_on_the_cpu() -> None:
+    from lerobot_dali.bench import BenchConfig, _loaders_for
+    from lerobot_dali.bench_types import LOADERS
+
+    cpu = _loaders_for(BenchConfig(), "cpu")
+    gpu = _loaders_for(BenchConfig(), "cuda")
+    assert gpu == list(LOADERS)
+    assert cpu == [name for name in LOADERS if name not in ("lerobot-dali-cpu-decode", "lerobot-dali-cpu-decode-rgb")]
+    assert _loaders_for(BenchConfig(loaders=("lerobot-dali-cpu-decode-rgb", "lerobot-dali")), "cuda") == [
+        "lerobot-dali",
+        "lerobot-dali-cpu-decode-rgb",
+    ]

@@ -519,3 +519,19 @@ def test_spec_accepts_numpy_ints_and_stores_plain_ints(tmp_path: Path) -> None:
     assert type(spec.episodes) is int and type(spec.fps) is int and spec.episode_lengths == (3, 3)
     root = make_dataset(tmp_path / "ds", episodes=np.int64(1), frames_per_episode=[np.int64(2)], fps=np.int64(15))
     assert json.loads((root / "meta/info.json").read_text())["total_frames"] == 2
+
+
+@pytest.mark.parametrize("shape", [(96, 128), (97, 131), (8, 8)])
+def test_image_moments_equal_float_reductions_over_the_pixels(shape: tuple[int, int]) -> None:
+    from lerobot_dali.generate import _image_moments
+
+    rng = np.random.default_rng(shape[0])
+    frame = rng.integers(3, 250, (*shape, 3), dtype=np.uint8)
+    frame[0, 0] = (0, 255, 17)  # the extremes of two channels sit in one pixel
+    pixels = frame.reshape(-1, 3).astype(np.float64) / 255.0
+    moments = _image_moments(frame)
+    assert moments.count == 1 and moments.total.shape == (3, 1, 1)
+    np.testing.assert_allclose(moments.total.ravel(), pixels.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(moments.total_sq.ravel(), (pixels**2).mean(0), rtol=1e-12)
+    assert moments.minimum.ravel().tolist() == pixels.min(0).tolist()
+    assert moments.maximum.ravel().tolist() == pixels.max(0).tolist()
