@@ -173,14 +173,19 @@ def open_video_source(source: VideoSource, *, filesystem: Any | None = None) -> 
 def source_cache_key(source: VideoSource, *, filesystem: Any | None = None) -> Hashable | None:
     """A key that changes when the file does (path, size, mtime), or None when ``source`` has no identity.
 
+    Called per request in the workers, so local files cost one ``stat`` (the absolute path, not the real path:
+    resolving links costs a ``lstat`` per path component, and a linked file only gets a second entry).
+
     Raises MissingDataFileError for a path that does not exist.
     """
     try:
         if isinstance(source, (str, os.PathLike)):
             path = os.fspath(source)
+            if filesystem is not None and _is_local(filesystem):
+                path, filesystem = filesystem._strip_protocol(path), None  # os.stat: ~3x cheaper than fs.info
             if filesystem is None:
                 stat = os.stat(path)
-                return ("local", os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+                return ("local", os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
             return _fsspec_key(filesystem, path)
         fs, fs_path = getattr(source, "fs", None), getattr(source, "path", None)
         if fs is not None and isinstance(fs_path, str):
@@ -188,7 +193,7 @@ def source_cache_key(source: VideoSource, *, filesystem: Any | None = None) -> H
         name = getattr(source, "name", None)
         if isinstance(name, str) and hasattr(source, "fileno"):
             stat = os.fstat(source.fileno())
-            return ("local", os.path.realpath(name), stat.st_size, stat.st_mtime_ns)
+            return ("local", os.path.abspath(name), stat.st_size, stat.st_mtime_ns)
     except FileNotFoundError as e:
         raise MissingDataFileError(f"Video file {source_label(source)} does not exist.") from e
     except (OSError, io.UnsupportedOperation):
@@ -201,6 +206,11 @@ def source_url(source: str | os.PathLike[str], *, filesystem: Any | None = None)
     if filesystem is None:
         return f"file://{os.path.abspath(os.fspath(source))}"
     return str(filesystem.unstrip_protocol(os.fspath(source)))
+
+
+def _is_local(fs: Any) -> bool:
+    protocol = getattr(fs, "protocol", None)
+    return "file" in ((protocol,) if isinstance(protocol, str) else tuple(protocol or ()))
 
 
 def _fsspec_key(fs: Any, path: str) -> Hashable:
