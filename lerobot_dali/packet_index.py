@@ -25,6 +25,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeAlias
 
 import av
 import numpy as np
+from fsspec.implementations.local import LocalFileSystem
 
 from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
 
@@ -181,7 +182,7 @@ def source_cache_key(source: VideoSource, *, filesystem: Any | None = None) -> H
     try:
         if isinstance(source, (str, os.PathLike)):
             path = os.fspath(source)
-            if filesystem is not None and _is_local(filesystem):
+            if isinstance(filesystem, LocalFileSystem):  # what DatasetLocation.is_local checks
                 path, filesystem = filesystem._strip_protocol(path), None  # os.stat: ~3x cheaper than fs.info
             if filesystem is None:
                 stat = os.stat(path)
@@ -206,11 +207,6 @@ def source_url(source: str | os.PathLike[str], *, filesystem: Any | None = None)
     if filesystem is None:
         return f"file://{os.path.abspath(os.fspath(source))}"
     return str(filesystem.unstrip_protocol(os.fspath(source)))
-
-
-def _is_local(fs: Any) -> bool:
-    protocol = getattr(fs, "protocol", None)
-    return "file" in ((protocol,) if isinstance(protocol, str) else tuple(protocol or ()))
 
 
 def _fsspec_key(fs: Any, path: str) -> Hashable:
