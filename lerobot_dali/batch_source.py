@@ -23,9 +23,8 @@ from .augment import AugmentConfig
 from .augment_draws import draw_names, draw_params, stream_name
 from .clips import build_clip, plan_clip, read_packet_payloads
 from .cpu_decode import CpuDecodeOptions, CpuFrameDecoder, decode_packet_planes, decode_packets
-from .dali_graph import Field, FieldKind, augment_draw_field
+from .dali_graph import CameraFeed, Field, FieldKind, augment_draw_field
 from .dataset_reader import LeRobotDatasetReader
-from .decode_route import DecodeRoute
 from .errors import DatasetError
 from .file_stamps import FileStamp
 from .frame_lookup import FrameRequestContext, TimestampSource, nearest_frame_indices
@@ -56,7 +55,8 @@ class SourceSpec:
     first_epoch: int
     #: Samples of ``first_epoch`` already consumed (resume); later epochs start at 0.
     start_position: int
-    camera_routes: dict[str, DecodeRoute]
+    #: What each camera sends, in the dataset's camera order (:func:`~.dali_graph.camera_feed`).
+    camera_feeds: dict[str, CameraFeed]
     tabular_keys: tuple[str, ...]
     timestamp_source: TimestampSource
     tolerance_s: float
@@ -65,10 +65,6 @@ class SourceSpec:
     stamps: Mapping[str, FileStamp] | None = None
     #: Remote datasets: packet indexes on disk, built once (by the prefetcher or the first worker) for all.
     index_store: PacketIndexStore | None = None
-    #: ``camera -> (H, W)`` for CPU-fallback cameras the worker resizes while decoding (``resize_in_worker``).
-    worker_resize: Mapping[str, tuple[int, int]] = dataclass_field(default_factory=dict)
-    #: CPU-fallback cameras whose worker ships YUV planes for the graph to convert (``planes_from_worker``).
-    planes_cameras: frozenset[str] = frozenset()
     #: How worker-decoded (CPU-fallback) cameras are decoded: backend, threads per decoder, open decoders.
     cpu_decode: CpuDecodeOptions = dataclass_field(default_factory=CpuDecodeOptions)
     #: The stream's identity, which random augmentation draws are keyed by.
@@ -82,22 +78,22 @@ def output_fields(spec: SourceSpec) -> list[Field]:
     fields = [Field(key, FieldKind.TABULAR) for key in spec.tabular_keys]
     fields += [Field(key, FieldKind.TABULAR) for key in INDEX_KEYS if key not in spec.tabular_keys]
     fields += [Field(f"{key}_is_pad", FieldKind.TABULAR) for key in spec.delta_index]
-    for camera_index, (camera, route) in enumerate(spec.camera_routes.items()):
-        if route.dali_device is None and camera in spec.planes_cameras:
+    for camera_index, (camera, feed) in enumerate(spec.camera_feeds.items()):
+        if feed.planes:
             fields.append(Field(camera, FieldKind.PLANES_LUMA, camera_index=camera_index))
             fields.append(Field(f"{camera}.__chroma", FieldKind.PLANES_CHROMA, camera_index=camera_index))
             fields.append(Field(f"{camera}.__color_matrix", FieldKind.PLANES_MATRIX, camera_index=camera_index))
-        elif route.dali_device is None:
-            presized = camera in spec.worker_resize
+        elif feed.route.dali_device is None:
+            presized = feed.worker_size is not None
             fields.append(Field(camera, FieldKind.FRAMES, camera_index=camera_index, presized=presized))
         else:
-            device: Literal["cpu", "mixed"] = "mixed" if route.dali_device == "mixed" else "cpu"
+            device: Literal["cpu", "mixed"] = "mixed" if feed.route.dali_device == "mixed" else "cpu"
             fields.append(Field(camera, FieldKind.CLIP, decode_device=device, camera_index=camera_index))
             fields.append(Field(f"{camera}.__frames", FieldKind.CLIP_FRAMES, camera_index=camera_index))
     # Random augmentation parameters, one set per draw stream (one for all cameras when they share draws).
     params = draw_names(spec.augment)
     if params:
-        streams = dict.fromkeys(stream_name(spec.augment, i) for i in range(len(spec.camera_routes)))
+        streams = dict.fromkeys(stream_name(spec.augment, i) for i in range(len(spec.camera_feeds)))
         fields += [augment_draw_field(stream, param) for stream in streams for param in params]
     return fields
 
@@ -206,7 +202,7 @@ class BatchSource:
             camera_rows = windows[field.name][0] if field.name in windows else own_row
             requests = self._video_requests(field.name, episode_pos, rows, camera_rows)
             if field.kind is FieldKind.FRAMES:
-                out.append(self._decoded(requests, spec.worker_resize.get(field.name)))
+                out.append(self._decoded(requests, spec.camera_feeds[field.name].worker_size))
             elif field.kind is FieldKind.PLANES_LUMA:
                 planes = self._decoded_planes(requests)
                 out += [[p.luma for p in planes], [p.chroma for p in planes], [p.matrix for p in planes]]

@@ -6,7 +6,7 @@ the same frame a full sequential decode gives at that pts. Open decoders are kep
 process and opened lazily: a decoder inherited through fork shares FFmpeg state and file offsets with its
 parent, so a process never uses one it did not open itself.
 
-With ``size`` the frames come back resized (CPU mode, see ``dali_graph.resize_in_worker``): PyAV folds the
+With ``size`` the frames come back resized (CPU mode, see ``dali_graph.camera_feed``): PyAV folds the
 resize into the YUV -> RGB conversion it does anyway (swscale, :data:`WORKER_RESIZE_INTERPOLATION`);
 torchcodec's frames are resized after decoding with torch's antialiased bilinear. Where the pipeline runs
 on a GPU the worker skips that conversion altogether and hands the decoder's planes over

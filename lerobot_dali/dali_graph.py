@@ -5,8 +5,8 @@ clips plus clip-relative frame indices and are decoded by DALI (``mixed`` = NVDE
 CPU-only mode); cameras on the frames route arrive already decoded by the workers. Either way the frames
 meet the same augmentation, so GPU and CPU-fallback cameras get identical treatment, except for two
 placement choices for worker-decoded cameras: on a GPU pipeline the worker ships the decoder's YUV planes
-and the graph makes RGB (:func:`planes_from_worker`, ``PLANES_*`` fields); in CPU mode the worker makes RGB
-and resizes it too (:func:`resize_in_worker`).
+and the graph makes RGB (``PLANES_*`` fields); in CPU mode the worker makes RGB and resizes it too
+(:func:`camera_feed` decides).
 The augmentation's random parameters come from the external source too (``AUGMENT_DRAW`` fields, drawn on
 the host by :mod:`.augment_draws`), so they follow the sample, not the pipeline's life.
 """
@@ -25,7 +25,7 @@ from .dali_color import planes_to_rgb
 from .dali_video import decode_clips
 from .decode_route import DecodeRoute
 
-__all__ = ["Field", "FieldKind", "augment_draw_field", "build_pipeline", "planes_from_worker", "resize_in_worker"]
+__all__ = ["CameraFeed", "Field", "FieldKind", "augment_draw_field", "build_pipeline", "camera_feed"]
 
 
 class FieldKind(enum.Enum):
@@ -58,7 +58,7 @@ class Field:
     #: For camera fields: "cpu" or "mixed" decode device (CLIP), and the camera's position for random draws.
     decode_device: Literal["cpu", "mixed"] = "cpu"
     camera_index: int = 0
-    #: FRAMES only: the worker already resized the frames to the leading resize (see :func:`resize_in_worker`).
+    #: FRAMES only: the worker already resized the frames to the leading resize (``CameraFeed.worker_size``).
     presized: bool = False
     #: AUGMENT_DRAW only: the draw stream (``augment_draws.stream_name``) and the parameter's name.
     stream: str = ""
@@ -70,37 +70,54 @@ def augment_draw_field(stream: str, param: str) -> Field:
     return Field(f"{stream}.__augment.{param}", FieldKind.AUGMENT_DRAW, stream=stream, param=param)
 
 
-def planes_from_worker(route: DecodeRoute, *, on_gpu: bool, cpu_decode: CpuDecodeOptions) -> bool:
-    """Whether a camera's decoding worker ships YUV planes for the graph to convert, rather than RGB.
+@dataclass(frozen=True)
+class CameraFeed:
+    """What the external source sends the graph for one camera: the one decision that sets its fields.
 
-    Only cameras the workers decode (CPU fallback), and by default only where the pipeline runs on a GPU:
-    there the conversion is nearly free, while in the worker it costs more than decoding (see
-    :mod:`.yuv_frames`). ``cpu_decode.color_conversion`` overrides (:class:`~.cpu_decode.ColorConversion`).
+    Cameras DALI decodes (NVDEC, DALI_CPU) send encoded clips. Cameras the workers decode (CPU_FALLBACK) send
+    either the decoder's YUV planes (``planes``: the graph makes RGB) or RGB frames, which the worker may
+    already have resized (``worker_size``). Build with :func:`camera_feed`.
     """
-    return route is DecodeRoute.CPU_FALLBACK and cpu_decode.converts_in_graph(on_gpu=on_gpu)
+
+    route: DecodeRoute
+    #: CPU_FALLBACK only: the worker ships YUV 4:2:0 planes and a colour matrix (``PLANES_*`` fields).
+    planes: bool = False
+    #: CPU_FALLBACK RGB only: the (H, W) the worker resizes to while converting; None leaves it to the graph.
+    worker_size: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        worker = self.route is DecodeRoute.CPU_FALLBACK
+        if (self.planes or self.worker_size is not None) and not worker:
+            raise ValueError(f"planes and worker_size apply to CPU_FALLBACK cameras only, got route {self.route}")
+        if self.planes and self.worker_size is not None:
+            raise ValueError("a worker shipping planes never resizes (the graph converts, then resizes)")
 
 
-def resize_in_worker(
+def camera_feed(
     route: DecodeRoute,
     *,
     on_gpu: bool,
+    cpu_decode: CpuDecodeOptions,
     augment: AugmentConfig | None,
     image_size: tuple[int, int] | None,
-    planes: bool = False,
-) -> tuple[int, int] | None:
-    """The (H, W) a camera's decoding worker should resize to, or None to leave the resize to the graph.
+) -> CameraFeed:
+    """Decide what a camera's worker ships, from its route and where the pipeline runs.
 
-    Yes only when all hold: the pipeline runs on the CPU (on a GPU the device resizes, leaving the CPU
-    to decode), the camera is decoded by the workers (CPU fallback; DALI's own decoders hand full frames
-    to the graph), and the graph's first step is a plain resize (:func:`~lerobot_dali.augment.leading_resize`;
-    not a random crop that must cut the full frame). Why: on two cores the graph's resize of full frames
-    was the bottleneck (issue #6); the worker folds the resize into the YUV -> RGB conversion it does
-    anyway, and ships small frames instead of full ones through shared memory. Never for a camera whose
-    worker ships ``planes`` (:func:`planes_from_worker`): the graph converts and resizes those.
+    Planes: only worker-decoded cameras, by default only where the pipeline runs on a GPU: there the colour
+    conversion is nearly free, while in the worker it costs more than decoding (see :mod:`.yuv_frames`);
+    ``cpu_decode.color_conversion`` overrides (:class:`~.cpu_decode.ColorConversion`).
+
+    Worker resize: only RGB from worker-decoded cameras in a CPU pipeline (on a GPU the device resizes,
+    leaving the CPU to decode), and only when the graph's first step is a plain resize
+    (:func:`~lerobot_dali.augment.leading_resize`; not a random crop that must cut the full frame). Why: on
+    two cores the graph's resize of full frames was the bottleneck (issue #6); the worker folds the resize
+    into the YUV -> RGB conversion it does anyway and ships small frames through shared memory.
     """
-    if on_gpu or planes or route is not DecodeRoute.CPU_FALLBACK:
-        return None
-    return leading_resize(augment, image_size)
+    if route is not DecodeRoute.CPU_FALLBACK:
+        return CameraFeed(route)
+    if cpu_decode.converts_in_graph(on_gpu=on_gpu):
+        return CameraFeed(route, planes=True)
+    return CameraFeed(route, worker_size=None if on_gpu else leading_resize(augment, image_size))
 
 
 # Fields that feed another field's graph rather than being outputs of their own.

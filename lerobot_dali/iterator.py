@@ -18,7 +18,7 @@ import torch
 from .augment import AugmentConfig
 from .batch_source import BatchSource, SourceSpec, output_fields
 from .cpu_decode import CpuDecodeOptions
-from .dali_graph import build_pipeline, planes_from_worker, resize_in_worker
+from .dali_graph import CameraFeed, build_pipeline, camera_feed
 from .dataset_reader import LeRobotDatasetReader, open_dataset
 from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
@@ -130,8 +130,7 @@ class DALILeRobotIterator:
         location = self.reader.location
         self._index_store = None if location.is_local else PacketIndexStore()
         self.routes = self._choose_routes(DecodePreference.parse(decode))
-        self._planes_cameras = self._plan_worker_planes()
-        self._worker_resize = self._plan_worker_resize()
+        self._feeds = self._plan_feeds()
         self._tabular_keys = tuple(
             k for k in self.reader.tabular_keys if self.reader.info.features[k].dtype != "string"
         )
@@ -172,32 +171,21 @@ class DALILeRobotIterator:
             )
         return routes
 
-    def _plan_worker_planes(self) -> frozenset[str]:
+    def _plan_feeds(self) -> dict[str, CameraFeed]:
         on_gpu = self._device_id is not None
-        cameras = frozenset(
-            camera
-            for camera, route in self.routes.items()
-            if planes_from_worker(route, on_gpu=on_gpu, cpu_decode=self._cpu_decode)
-        )
-        if cameras:
-            logger.info("CPU-fallback cameras %s: workers ship YUV planes, the pipeline makes RGB", sorted(cameras))
-        return cameras
-
-    def _plan_worker_resize(self) -> dict[str, tuple[int, int]]:
-        sizes = {}
-        for camera, route in self.routes.items():
-            size = resize_in_worker(
-                route,
-                on_gpu=self._device_id is not None,
-                augment=self._augment,
-                image_size=self._image_size,
-                planes=camera in self._planes_cameras,
+        feeds = {
+            camera: camera_feed(
+                route, on_gpu=on_gpu, cpu_decode=self._cpu_decode, augment=self._augment, image_size=self._image_size
             )
-            if size is not None:
-                sizes[camera] = size
+            for camera, route in self.routes.items()
+        }
+        planes = sorted(camera for camera, feed in feeds.items() if feed.planes)
+        if planes:
+            logger.info("CPU-fallback cameras %s: workers ship YUV planes, the pipeline makes RGB", planes)
+        sizes = {camera: feed.worker_size for camera, feed in feeds.items() if feed.worker_size is not None}
         if sizes:
             logger.info("CPU mode: the decoding workers resize %s (not the pipeline)", sizes)
-        return sizes
+        return feeds
 
     # -- epochs and state --------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -245,14 +233,12 @@ class DALILeRobotIterator:
             drop_last=self.drop_last,
             first_epoch=self._stream.epoch,
             start_position=self._stream.samples_consumed,
-            camera_routes=self.routes,
+            camera_feeds=self._feeds,
             tabular_keys=self._tabular_keys,
             timestamp_source=self._timestamp_source,
             tolerance_s=self._tolerance_s,
             stamps=self.reader.stamps,
             index_store=self._index_store,
-            worker_resize=self._worker_resize,
-            planes_cameras=self._planes_cameras,
             cpu_decode=self._cpu_decode,
             seed=self._seed,
             rank=self.rank,

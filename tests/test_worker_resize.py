@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from lerobot_dali.augment import AugmentConfig, ColorJitter, Normalize, RandomAffine, RandomResizedCrop, leading_resize
-from lerobot_dali.cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder, _resize_nhwc
-from lerobot_dali.dali_graph import resize_in_worker
+from lerobot_dali.cpu_decode import ColorConversion, CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder, _resize_nhwc
+from lerobot_dali.dali_graph import camera_feed
 from lerobot_dali.decode_route import DecodeRoute
 from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.packet_index import load_packet_index
@@ -95,8 +95,11 @@ AFFINE = AugmentConfig(affine=RandomAffine(degrees=10.0))
         (FALLBACK, CPU, AFFINE, None, None),
     ],
 )
-def test_resize_in_worker_rule(route, on_gpu, augment, image_size, expected) -> None:
-    assert resize_in_worker(route, on_gpu=on_gpu, augment=augment, image_size=image_size) == expected
+def test_worker_resize_rule(route, on_gpu, augment, image_size, expected) -> None:
+    options = CpuDecodeOptions(color_conversion=ColorConversion.WORKER)
+    feed = camera_feed(route, on_gpu=on_gpu, cpu_decode=options, augment=augment, image_size=image_size)
+    assert feed.worker_size == expected
+    assert not feed.planes
 
 
 def test_leading_resize_follows_augment_frames_order() -> None:

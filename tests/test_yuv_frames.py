@@ -24,7 +24,7 @@ from lerobot_dali.cpu_decode import (
     CpuFrameDecoder,
     decode_packet_planes,
 )
-from lerobot_dali.dali_graph import FieldKind, planes_from_worker, resize_in_worker
+from lerobot_dali.dali_graph import CameraFeed, FieldKind, camera_feed
 from lerobot_dali.decode_route import DecodeRoute
 from lerobot_dali.errors import VideoDecodeError
 from lerobot_dali.iterator import DALILeRobotIterator
@@ -230,12 +230,21 @@ def test_options_where_colour_is_converted() -> None:
         (DecodeRoute.DALI_CPU, False, ColorConversion.GRAPH, False),
     ],
 )
-def test_planes_from_worker_rule(route, on_gpu, conversion, expected) -> None:
+def test_planes_rule(route, on_gpu, conversion, expected) -> None:
     options = CpuDecodeOptions(color_conversion=conversion)
-    assert planes_from_worker(route, on_gpu=on_gpu, cpu_decode=options) is expected
-    # a worker that ships planes never resizes: the graph does
-    resized = resize_in_worker(route, on_gpu=on_gpu, augment=None, image_size=(32, 32), planes=expected)
-    assert resized is None or not expected
+    feed = camera_feed(route, on_gpu=on_gpu, cpu_decode=options, augment=None, image_size=(32, 32))
+    assert feed.planes is expected
+    # a worker that ships planes never resizes: the graph converts, then resizes
+    assert feed.worker_size is None or not expected
+
+
+def test_camera_feed_rejects_contradictions() -> None:
+    with pytest.raises(ValueError, match="CPU_FALLBACK cameras only"):
+        CameraFeed(DecodeRoute.NVDEC, planes=True)
+    with pytest.raises(ValueError, match="CPU_FALLBACK cameras only"):
+        CameraFeed(DecodeRoute.DALI_CPU, worker_size=(8, 8))
+    with pytest.raises(ValueError, match="never resizes"):
+        CameraFeed(DecodeRoute.CPU_FALLBACK, planes=True, worker_size=(8, 8))
 
 
 # -- the iterator --------------------------------------------------------------------------------------------
