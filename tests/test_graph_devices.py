@@ -1,0 +1,134 @@
+"""The pipeline graph of a GPU run, defined here without a GPU and checked against DALI's operator registry.
+
+A GPU session is rare, so the GPU graph must not wait for one to catch an operator placed on a device DALI
+has no kernel for, a deprecated operator, or an output left on the host. Defining the graph needs no GPU
+(only ``build()`` does); this walks every operator of it. DALI itself checks argument names, input devices
+and that argument inputs are CPU nodes when the graph is defined; whether a kernel exists for the device
+it checks only at ``build()``, which is what this adds.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, cast
+
+import numpy as np
+import pytest
+
+from lerobot_dali.augment import AugmentConfig, ColorJitter, GaussianBlur, Normalize, RandomAffine, RandomResizedCrop
+from lerobot_dali.batch_source import SourceSpec, output_fields
+from lerobot_dali.dali_graph import CameraFeed, build_pipeline
+from lerobot_dali.decode_route import DecodeRoute
+
+FULL = AugmentConfig(
+    resize=(120, 160),
+    random_resized_crop=RandomResizedCrop(size=(96, 96)),
+    affine=RandomAffine(degrees=5.0, translate=(0.1, 0.1), scale=(0.9, 1.1)),
+    color_jitter=ColorJitter(brightness=0.2, contrast=0.2, saturation=0.2, hue=0.05),
+    blur=GaussianBlur(),
+    normalize=Normalize(mean=(0.5, 0.5, 0.5), std=(0.2, 0.2, 0.2)),
+)
+SHARED = AugmentConfig(color_jitter=ColorJitter(brightness=0.3, hue=0.1), shared_across_cameras=True)
+GPU_FEEDS = {
+    "cam.nvdec": CameraFeed(DecodeRoute.NVDEC),
+    "cam.planes": CameraFeed(DecodeRoute.CPU_FALLBACK, planes=True),
+    "cam.rgb": CameraFeed(DecodeRoute.CPU_FALLBACK),
+}
+CPU_FEEDS = {
+    "cam.vp9": CameraFeed(DecodeRoute.DALI_CPU),
+    "cam.planes": CameraFeed(DecodeRoute.CPU_FALLBACK, planes=True),
+    "cam.rgb": CameraFeed(DecodeRoute.CPU_FALLBACK, worker_size=(120, 160)),
+}
+
+
+def _graph(feeds: dict[str, CameraFeed], *, device_id: int | None, **options: Any) -> tuple[Any, list[str]]:
+    augment = options.get("augment")
+    # output_fields reads these four; a full SourceSpec would need a dataset and a sample order.
+    spec = SimpleNamespace(
+        tabular_keys=("observation.state", "action"),
+        delta_index={"action": np.arange(4)},
+        camera_feeds=feeds,
+        augment=augment,
+    )
+    fields = output_fields(cast(SourceSpec, spec))
+    pipe, names = build_pipeline(
+        lambda batch_info: (),  # never called: the graph is defined, not run
+        fields,
+        batch_size=2,
+        device_id=device_id,
+        num_workers=0,
+        prefetch=1,
+        seed=0,
+        augment=augment,
+        image_size=options.get("image_size"),
+        return_uint8=options.get("return_uint8", False),
+    )
+    pipe._build_graph()  # DALI's Python-side graph: operators, their devices and inputs; no backend, no GPU
+    return pipe, names
+
+
+def _device_problems(pipe: Any) -> list[str]:
+    from nvidia.dali import backend as dali_backend
+
+    backend: Any = dali_backend  # pybind module without stubs
+    kernels = {
+        "cpu": set(backend.RegisteredCPUOps()),
+        "gpu": set(backend.RegisteredGPUOps()),
+        "mixed": set(backend.RegisteredMixedOps()),
+    }
+    problems = []
+    for instance in pipe._ops:
+        op = instance._op
+        name = getattr(op, "schema_name", None) or type(op).__name__
+        where = f"{name} ({op.device}, {instance.name})"
+        if name not in kernels[op.device]:
+            problems.append(f"{where}: DALI has no {op.device} kernel")
+            continue
+        schema = backend.GetSchema(name)
+        if schema.IsDeprecated():
+            problems.append(f"{where}: deprecated ({schema.DeprecationMessage()})")
+    return problems
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"augment": FULL},
+        {"augment": SHARED, "image_size": (224, 224)},
+        {"augment": SHARED, "return_uint8": True},
+        {"image_size": (224, 224)},
+        {},
+    ],
+    ids=["full-augment", "shared-draws", "shared-draws-uint8", "resize-only", "plain"],
+)
+def test_gpu_graph_uses_only_kernels_dali_has_and_ends_on_the_gpu(options: dict[str, Any]) -> None:
+    pipe, names = _graph(GPU_FEEDS, device_id=0, **options)
+    assert _device_problems(pipe) == []
+    devices = {name: node.device for name, node in zip(names, pipe._graph_outputs, strict=True)}
+    assert devices == dict.fromkeys(names, "gpu"), devices
+    assert set(GPU_FEEDS) <= set(names)
+    used = {(getattr(i._op, "schema_name", None), i._op.device) for i in pipe._ops}
+    # the routes this graph exists for: NVDEC decode, and the planes' colour conversion on the device
+    assert {("decoders__Video", "mixed"), ("CoordTransform", "gpu")} <= used
+
+
+@pytest.mark.parametrize("options", [{"augment": FULL}, {"image_size": (120, 160)}], ids=["full-augment", "resize"])
+def test_cpu_graph_has_no_device_operator(options: dict[str, Any]) -> None:
+    pipe, _ = _graph(CPU_FEEDS, device_id=None, **options)
+    assert _device_problems(pipe) == []
+    assert {i._op.device for i in pipe._ops} == {"cpu"}
+    assert {node.device for node in pipe._graph_outputs} == {"cpu"}
+
+
+def test_the_check_catches_an_operator_without_a_kernel_for_its_device() -> None:
+    from nvidia.dali import fn
+    from nvidia.dali.pipeline import Pipeline
+
+    pipe = Pipeline(batch_size=1, num_threads=1, device_id=0)
+    with pipe:
+        angle = fn.external_source(source=lambda: None, batch=True)
+        # defined without complaint; DALI has this kernel on the CPU only and would fail at build()
+        pipe.set_outputs(fn.transforms.rotation(angle=angle, device="gpu"))
+    pipe._build_graph()
+    (problem,) = _device_problems(pipe)
+    assert problem.startswith("transforms__Rotation (gpu,") and problem.endswith("DALI has no gpu kernel")
