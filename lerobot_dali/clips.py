@@ -74,13 +74,13 @@ def _check_request(index: PacketIndex, frame_indices: ArrayLike) -> np.ndarray:
             f"{index.source_name}: a clip request needs a non-empty 1-D list of frame indices, "
             f"got shape {requested.shape}."
         )
-    if not np.issubdtype(requested.dtype, np.integer):
+    if requested.dtype.kind not in "iu":
         raise FrameRequestError(f"{index.source_name}: frame indices must be integers, got dtype {requested.dtype}.")
-    requested = requested.astype(np.int64)
-    out_of_range = (requested < 0) | (requested >= index.frame_count)
-    if out_of_range.any():
+    requested = requested.astype(np.int64, copy=False)
+    if requested.min() < 0 or requested.max() >= index.frame_count:
+        bad = requested[(requested < 0) | (requested >= index.frame_count)]
         raise FrameRequestError(
-            f"{index.source_name}: frame index {int(requested[out_of_range][0])} is outside the video, "
+            f"{index.source_name}: frame index {int(bad[0])} is outside the video, "
             f"which has frames 0..{index.frame_count - 1}."
         )
     return requested
@@ -96,24 +96,14 @@ def plan_clip(index: PacketIndex, frame_indices: ArrayLike) -> ClipPlan:
     decode_pos = index.display_order[needed]
     keys = index.keyframe_positions
     key_slot = np.searchsorted(keys, decode_pos, side="right") - 1
-    # A leading picture displays before the keyframe it follows; it needs the GOP before that keyframe.
-    while True:
-        leading = (index.pts[keys[key_slot]] > index.pts[decode_pos]) & (key_slot > 0)
-        if not leading.any():
-            break
-        key_slot = np.where(leading, key_slot - 1, key_slot)
-    starts = keys[key_slot]
-    segments = _merge(starts, decode_pos + 1)
-    kept: list[np.ndarray] = []
-    for start, stop in segments:
-        positions = np.arange(start, stop)
-        # Leading pictures of the segment's first keyframe reference packets the clip does not hold.
-        kept.append(positions[index.pts[positions] >= index.pts[start]])
-    packet_positions = np.concatenate(kept)
+    if not index.has_leading_pictures:  # every GOP is its keyframe onwards: runs from keyframe to frame
+        segments = _merge(keys[key_slot], decode_pos + 1)
+        packet_positions = np.concatenate([np.arange(start, stop) for start, stop in segments])
+    else:
+        packet_positions, segments = _open_gop_runs(index, decode_pos, key_slot)
     clip_ranks = np.sort(index.display_rank[packet_positions])
-    global_ranks = index.display_rank[index.display_order[requested]]
-    relative = np.searchsorted(clip_ranks, global_ranks)
-    missing = (relative >= len(clip_ranks)) | (clip_ranks[np.minimum(relative, len(clip_ranks) - 1)] != global_ranks)
+    relative = np.searchsorted(clip_ranks, requested)  # a frame's display rank is its display index
+    missing = (relative >= len(clip_ranks)) | (clip_ranks[np.minimum(relative, len(clip_ranks) - 1)] != requested)
     if missing.any():
         frame = int(requested[missing][0])
         raise VideoDecodeError(
@@ -121,10 +111,30 @@ def plan_clip(index: PacketIndex, frame_indices: ArrayLike) -> ClipPlan:
             "pictures the file does not hold, so no decoder can produce it; re-encode the video."
         )
     return ClipPlan(
-        segments=tuple((int(a), int(b)) for a, b in segments),
+        segments=tuple(segments),
         packet_positions=packet_positions,
         relative_indices=relative.astype(np.int32),
     )
+
+
+def _open_gop_runs(
+    index: PacketIndex, decode_pos: np.ndarray, key_slot: np.ndarray
+) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Kept packets and segments where some pictures display before their GOP's keyframe."""
+    keys = index.keyframe_positions
+    # A leading picture displays before the keyframe it follows; it needs the GOP before that keyframe.
+    while True:
+        leading = (index.pts[keys[key_slot]] > index.pts[decode_pos]) & (key_slot > 0)
+        if not leading.any():
+            break
+        key_slot = np.where(leading, key_slot - 1, key_slot)
+    segments = _merge(keys[key_slot], decode_pos + 1)
+    kept: list[np.ndarray] = []
+    for start, stop in segments:
+        positions = np.arange(start, stop)
+        # Leading pictures of the segment's first keyframe reference packets the clip does not hold.
+        kept.append(positions[index.pts[positions] >= index.pts[start]])
+    return np.concatenate(kept), segments
 
 
 def _merge(starts: np.ndarray, stops: np.ndarray) -> list[tuple[int, int]]:

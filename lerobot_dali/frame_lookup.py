@@ -80,33 +80,49 @@ def nearest_frame_indices(
     Raises FrameTimestampError when any ``|pts - query| > tolerance_s`` (or a query is not finite), naming
     the request, the worst query and the nearest pts; FrameRequestError for an empty request.
     """
-    if isinstance(tolerance_s, bool) or not isinstance(tolerance_s, (int, float)) or not tolerance_s >= 0:
-        raise ValueError(f"tolerance_s must be a non-negative number of seconds, got {tolerance_s!r}.")
-    where = _where(index, context)
+    if isinstance(tolerance_s, bool) or not isinstance(tolerance_s, (int, float)) or not 0 <= tolerance_s < math.inf:
+        raise ValueError(f"tolerance_s must be a non-negative finite number of seconds, got {tolerance_s!r}.")
     queries = np.asarray(query_s, dtype=np.float64).reshape(-1)
     if queries.size == 0:
-        raise FrameRequestError(f"{where}: the request holds no timestamps; ask for at least one frame.")
+        raise FrameRequestError(
+            f"{_where(index, context)}: the request holds no timestamps; ask for at least one frame."
+        )
+    frame_s = index.frame_pts_s
+    upper = np.searchsorted(frame_s, queries, side="left")
+    np.minimum(upper, len(frame_s) - 1, out=upper)
+    lower = np.maximum(upper - 1, 0)
+    lower_error_s = np.abs(frame_s[lower] - queries)
+    upper_error_s = np.abs(frame_s[upper] - queries)
+    take_lower = lower_error_s <= upper_error_s
+    error_s = np.where(take_lower, lower_error_s, upper_error_s)
+    if not (error_s <= tolerance_s).all():  # also catches NaN queries, whose errors compare false
+        _raise_out_of_tolerance(index, context, queries, np.where(take_lower, lower, upper), error_s, tolerance_s)
+    return np.where(take_lower, lower, upper).astype(np.int64)
+
+
+def _raise_out_of_tolerance(
+    index: PacketIndex,
+    context: FrameRequestContext | None,
+    queries: np.ndarray,
+    nearest: np.ndarray,
+    error_s: np.ndarray,
+    tolerance_s: float,
+) -> None:
+    where = _where(index, context)
     if not np.isfinite(queries).all():
         bad = float(queries[~np.isfinite(queries)][0])
         raise FrameTimestampError(f"{where}: query timestamp {bad} s is not a finite number.")
     frame_s = index.frame_pts_s
-    upper = np.clip(np.searchsorted(frame_s, queries, side="left"), 0, len(frame_s) - 1)
-    lower = np.clip(upper - 1, 0, len(frame_s) - 1)
-    take_lower = np.abs(frame_s[lower] - queries) <= np.abs(frame_s[upper] - queries)
-    nearest = np.where(take_lower, lower, upper).astype(np.int64)
-    error_s = np.abs(frame_s[nearest] - queries)
     failing = error_s > tolerance_s
-    if failing.any():
-        worst = int(np.argmax(np.where(failing, error_s, -1.0)))
-        raise FrameTimestampError(
-            f"{where}: query timestamp {queries[worst]:.6f} s has no video frame within "
-            f"tolerance_s={tolerance_s} (nearest frame {int(nearest[worst])} at {frame_s[nearest[worst]]:.6f} s, "
-            f"off by {error_s[worst]:.6f} s; {int(failing.sum())} of {queries.size} queries fail; the video "
-            f"spans {frame_s[0]:.6f}-{frame_s[-1]:.6f} s). If the dataset's parquet timestamps are wall-clock "
-            "time, look frames up by frame_index / fps (TimestampSource.FRAME_INDEX); otherwise check the "
-            "episode's from_timestamp or raise tolerance_s."
-        )
-    return nearest
+    worst = int(np.argmax(np.where(failing, error_s, -1.0)))
+    raise FrameTimestampError(
+        f"{where}: query timestamp {queries[worst]:.6f} s has no video frame within "
+        f"tolerance_s={tolerance_s} (nearest frame {int(nearest[worst])} at {frame_s[nearest[worst]]:.6f} s, "
+        f"off by {error_s[worst]:.6f} s; {int(failing.sum())} of {queries.size} queries fail; the video "
+        f"spans {frame_s[0]:.6f}-{frame_s[-1]:.6f} s). If the dataset's parquet timestamps are wall-clock "
+        "time, look frames up by frame_index / fps (TimestampSource.FRAME_INDEX); otherwise check the "
+        "episode's from_timestamp or raise tolerance_s."
+    )
 
 
 def _where(index: PacketIndex, context: FrameRequestContext | None) -> str:

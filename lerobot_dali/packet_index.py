@@ -93,6 +93,9 @@ class PacketIndex:
     #: Decode positions where decoding can start: the flagged keyframes, and 0 when the stream does not
     #: start on one (decoding can then only start at its beginning). Ascending.
     keyframe_positions: np.ndarray = field(init=False, repr=False)
+    #: Whether any packet displays before the keyframe its GOP starts at (open GOPs: HEVC CRA, H.264
+    #: recovery points). Without such "leading" pictures a clip is simply keyframe-to-frame runs.
+    has_leading_pictures: bool = field(init=False)
 
     def __post_init__(self) -> None:
         count = len(self.pts)
@@ -118,6 +121,8 @@ class PacketIndex:
         keys = np.flatnonzero(self.keyframe)
         if keys.size == 0 or keys[0] != 0:
             keys = np.concatenate(([0], keys))
+        gop_start = keys[np.searchsorted(keys, np.arange(count), side="right") - 1]
+        leading = bool(np.any(self.pts < self.pts[gop_start]))
         derived = (order, rank, seconds, keys)
         for array in (self.pts, self.dts, self.byte_offset, self.size_bytes, self.keyframe, *derived):
             array.setflags(write=False)
@@ -128,6 +133,7 @@ class PacketIndex:
         object.__setattr__(self, "frame_pts_s", seconds)
         object.__setattr__(self, "frame_duration", max(duration, 1))
         object.__setattr__(self, "keyframe_positions", keys)
+        object.__setattr__(self, "has_leading_pictures", leading)
 
     @property
     def frame_count(self) -> int:

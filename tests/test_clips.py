@@ -54,6 +54,11 @@ CLOSED = _synthetic([0, 2, 1, 4, 3, 5, 7, 6, 8], [True, False, False, False, Fal
 OPEN = _synthetic([0, 3, 1, 2, 6, 4, 5, 8, 7], [True, False, False, False, True, False, False, False, False])
 
 
+def test_leading_pictures_are_detected() -> None:
+    assert not CLOSED.has_leading_pictures  # B-frames reorder inside each GOP only
+    assert OPEN.has_leading_pictures
+
+
 def test_plan_takes_only_needed_gops() -> None:
     plan = plan_clip(CLOSED, [6])
     assert plan.segments == ((5, 8),)
@@ -82,6 +87,14 @@ def test_plan_without_leading_keyframe_starts_at_zero() -> None:
     index = _synthetic([0, 1, 2, 3], [False, False, True, False])
     assert plan_clip(index, [1]).segments == ((0, 2),)
     assert plan_clip(index, [3]).segments == ((2, 4),)
+
+
+def test_plan_rejects_a_frame_displayed_before_the_first_keyframe() -> None:
+    # decode position 1 (pts 0) is a leading picture of the file's first keyframe: its references are missing
+    index = _synthetic([1, 0, 2, 3], [True, False, True, False])
+    with pytest.raises(VideoDecodeError, match=r"synthetic\.mp4: frame 0 displays before the file's first keyframe"):
+        plan_clip(index, [2, 0])
+    assert plan_clip(index, [1]).packet_positions.tolist() == [0]
 
 
 def test_plan_rejects_bad_requests() -> None:

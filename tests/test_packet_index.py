@@ -194,12 +194,14 @@ def test_lookup_error_names_request(marker_video: MarkerVideo) -> None:
         assert part in message
     with pytest.raises(FrameTimestampError, match="spans"):
         nearest_frame_indices(index, [3.5], tolerance_s=1e-4)
-    with pytest.raises(FrameTimestampError, match="finite"):
-        nearest_frame_indices(index, [float("nan")], tolerance_s=1e-4)
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(FrameTimestampError, match="finite"):
+            nearest_frame_indices(index, [0.0, bad], tolerance_s=1e-4)
     with pytest.raises(FrameRequestError, match="vp9_g2"):
         nearest_frame_indices(index, [], tolerance_s=1e-4)
-    with pytest.raises(ValueError, match="tolerance_s"):
-        nearest_frame_indices(index, [0.0], tolerance_s=-1)
+    for tolerance_s in (-1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="tolerance_s"):
+            nearest_frame_indices(index, [0.0], tolerance_s=tolerance_s)
 
 
 def test_wall_clock_timestamps_need_frame_index_opt_in() -> None:
