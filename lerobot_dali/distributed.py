@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["RankInfo", "resolve_rank"]
+__all__ = ["RankInfo", "cpus_per_local_rank", "resolve_rank"]
 
 
 @dataclass(frozen=True)
@@ -50,3 +50,14 @@ def resolve_rank(rank: int | None = None, world_size: int | None = None) -> Rank
     except ImportError:
         pass
     return RankInfo(0, 1, 0, "single process")
+
+
+def cpus_per_local_rank() -> int:
+    """CPUs this process may run on, shared among the ranks of its node (``LOCAL_WORLD_SIZE``, set by torchrun
+    and accelerate): the budget for this rank's decoding workers."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        local_world = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local_world = 1
+    return max(1, cpus // local_world)

@@ -22,7 +22,7 @@ from .dali_graph import CameraFeed, build_pipeline, camera_feed
 from .dataset_reader import LeRobotDatasetReader, open_dataset
 from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
-from .distributed import resolve_rank
+from .distributed import cpus_per_local_rank, resolve_rank
 from .errors import SchemaMismatchError
 from .frame_lookup import TimestampSource
 from .packet_index import load_packet_index
@@ -185,6 +185,15 @@ class DALILeRobotIterator:
         sizes = {camera: feed.worker_size for camera, feed in feeds.items() if feed.worker_size is not None}
         if sizes:
             logger.info("CPU mode: the decoding workers resize %s (not the pipeline)", sizes)
+        decoded_by_workers = sorted(c for c, feed in feeds.items() if feed.route is DecodeRoute.CPU_FALLBACK)
+        if decoded_by_workers:
+            logger.info(
+                "cameras %s are decoded on the CPU by %s, with %d CPUs for this rank: decoding is usually what "
+                "bounds throughput here, so raise num_workers toward the CPU count if the loop waits for batches",
+                decoded_by_workers,
+                f"{self._num_workers} worker processes" if self._num_workers else "the main process (num_workers=0)",
+                cpus_per_local_rank(),
+            )
         return feeds
 
     # -- epochs and state --------------------------------------------------------------------------------

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from lerobot_dali.distributed import resolve_rank
+from lerobot_dali.distributed import cpus_per_local_rank, resolve_rank
 from lerobot_dali.iterator import DALILeRobotIterator
 
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
 @pytest.fixture
@@ -68,3 +68,24 @@ def test_iterator_reads_its_rank_from_the_launcher(make_ds, clean_env) -> None:
         it.close()
     assert seen[0] and seen[1] and not seen[0] & seen[1]
     assert seen[0] | seen[1] <= set(range(14))
+
+
+def test_cpus_are_shared_among_the_ranks_of_a_node(clean_env) -> None:
+    clean_env.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert cpus_per_local_rank() == 16
+    clean_env.setenv("LOCAL_WORLD_SIZE", "8")
+    assert cpus_per_local_rank() == 2
+    clean_env.setenv("LOCAL_WORLD_SIZE", "32")  # more ranks than CPUs: still one each
+    assert cpus_per_local_rank() == 1
+    clean_env.setenv("LOCAL_WORLD_SIZE", "not a number")
+    assert cpus_per_local_rank() == 16
+
+
+def test_iterator_says_how_many_workers_decode_on_how_many_cpus(make_ds, clean_env, caplog) -> None:
+    root = make_ds(episodes=2, frames_per_episode=3, cameras=1, codec="h264", size=(64, 64))
+    clean_env.setattr("os.sched_getaffinity", lambda pid: set(range(12)), raising=False)
+    clean_env.setenv("LOCAL_WORLD_SIZE", "2")
+    with caplog.at_level("INFO", logger="lerobot_dali.iterator"):
+        DALILeRobotIterator(root, batch_size=1, device="cpu", num_workers=3).close()
+    (line,) = [r.getMessage() for r in caplog.records if "decoded on the CPU" in r.getMessage()]
+    assert "['observation.images.cam0']" in line and "3 worker processes" in line and "6 CPUs" in line
