@@ -9,6 +9,7 @@ workers must start before CUDA is initialised in the training process, so routin
 
 from __future__ import annotations
 
+import ctypes.util
 import logging
 import multiprocessing
 import threading
@@ -33,6 +34,7 @@ __all__ = [
     "GpuInfo",
     "GpuProbe",
     "choose_route",
+    "nvcuvid_library",
     "nvdec_table_guess",
     "probe_gpu",
     "route_for_video",
@@ -135,14 +137,17 @@ def choose_route(
     gpu: GpuInfo | None,
     nvdec_supported: bool | None,
     label: str = "",
+    reason: str = "",
 ) -> DecodeRoute:
     """The route for a camera whose videos use ``codec``, given the GPU and whether its NVDEC decodes it.
 
-    ``nvdec_supported`` comes from a probe or :func:`nvdec_table_guess` (None: unknown, treated as no).
+    ``nvdec_supported`` comes from a probe or :func:`nvdec_table_guess` (None: unknown, treated as no);
+    ``reason`` is the probe's error, quoted where NVDEC is not used (e.g. a driver without libnvcuvid).
     Raises CodecUnsupportedError when the preference cannot be met or nothing decodes the codec.
     """
     preference = DecodePreference.parse(decode)
     what = f"{label} ({codec})" if label else codec
+    because = f" ({reason})" if reason else ""
     if preference is DecodePreference.GPU:
         if codec not in DALI_NVDEC_CODECS:
             raise CodecUnsupportedError(
@@ -155,7 +160,7 @@ def choose_route(
             )
         if not nvdec_supported:
             raise CodecUnsupportedError(
-                f"decode='gpu' was asked for {what}, but NVDEC on {gpu.name} cannot decode it; use "
+                f"decode='gpu' was asked for {what}, but NVDEC on {gpu.name} cannot decode it{because}; use "
                 "decode='auto' to fall back to the CPU, or re-encode the video (H.264/HEVC decode everywhere)."
             )
         return DecodeRoute.NVDEC
@@ -163,7 +168,7 @@ def choose_route(
         return DecodeRoute.NVDEC
     route = _cpu_route(codec, what)
     if preference is DecodePreference.AUTO and gpu is not None:
-        _log_fallback_once(what, gpu, route)
+        _log_fallback_once(what, gpu, route, because)
     return route
 
 
@@ -181,11 +186,27 @@ def _cpu_route(codec: str, what: str) -> DecodeRoute:
 _logged_fallbacks: set[tuple[str, str, str]] = set()
 
 
-def _log_fallback_once(what: str, gpu: GpuInfo, route: DecodeRoute) -> None:
+def _log_fallback_once(what: str, gpu: GpuInfo, route: DecodeRoute, because: str) -> None:
     key = (what, gpu.name, route.value)
     if key not in _logged_fallbacks:
         _logged_fallbacks.add(key)
-        logger.warning("NVDEC on %s cannot decode %s; decoding it on the CPU (route %s).", gpu.name, what, route.value)
+        logger.warning(
+            "NVDEC on %s cannot decode %s%s; decoding it on the CPU (route %s).", gpu.name, what, because, route.value
+        )
+
+
+def nvcuvid_library() -> str | None:
+    """The NVDEC driver library (``libnvcuvid``) as the dynamic loader finds it, or None: NVDEC cannot work.
+
+    The driver installs it; containers get it only with the ``video`` driver capability."""
+    return ctypes.util.find_library("nvcuvid")
+
+
+#: Added to a failed probe's reason when the driver's NVDEC library is missing: the usual container pitfall.
+NO_NVCUVID_HINT = (
+    "libnvcuvid, the driver's NVDEC library, is not found: in a container, add 'video' to "
+    "NVIDIA_DRIVER_CAPABILITIES (e.g. compute,utility,video)"
+)
 
 
 def _driver_present() -> bool:
@@ -225,6 +246,8 @@ def _probe_here(device_id: int, samples: Mapping[str, np.ndarray]) -> GpuProbe:
         except RuntimeError as e:  # DALI reports "Codec configuration not supported on this GPU" this way
             nvdec[codec] = False
             errors[codec] = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if nvcuvid_library() is None:
+                errors[codec] += f"; {NO_NVCUVID_HINT}"
     return GpuProbe(gpu=gpu, nvdec=nvdec, errors=errors)
 
 
@@ -287,5 +310,5 @@ def route_for_video(
             logger.info("NVDEC probe for %s on device %d: %s", index.codec, device_id, cached[2])
         with _probe_lock:
             _probe_cache[key] = cached
-    gpu, supported, _ = cached
-    return choose_route(index.codec, decode=preference, gpu=gpu, nvdec_supported=supported, label=label)
+    gpu, supported, reason = cached
+    return choose_route(index.codec, decode=preference, gpu=gpu, nvdec_supported=supported, label=label, reason=reason)

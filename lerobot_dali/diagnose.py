@@ -6,7 +6,6 @@ so the report decodes one real frame per camera by every route available here an
 
 from __future__ import annotations
 
-import ctypes.util
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +16,7 @@ from .clips import build_clip
 from .cpu_decode import CpuFrameDecoder
 from .dali_video import DALI_CPU_CODECS, decode_clip_batch
 from .dataset_reader import LeRobotDatasetReader
-from .decode_route import DecodePreference, DecodeRoute, route_for_video
+from .decode_route import DecodePreference, DecodeRoute, nvcuvid_library, route_for_video
 from .packet_index import load_packet_index
 
 __all__ = ["CameraReport", "MachineReport", "diagnose_dataset", "diagnose_machine"]
@@ -56,7 +55,7 @@ def diagnose_machine() -> MachineReport:
     if cuda:
         props = torch.cuda.get_device_properties(0)
         name, capability = props.name, (props.major, props.minor)
-    return MachineReport(cuda, name, capability, ctypes.util.find_library("nvcuvid"), dali_version)
+    return MachineReport(cuda, name, capability, nvcuvid_library(), dali_version)
 
 
 def diagnose_dataset(reader: LeRobotDatasetReader, *, machine: MachineReport) -> list[CameraReport]:

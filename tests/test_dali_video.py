@@ -99,6 +99,9 @@ def test_table_guess() -> None:
     assert nvdec_table_guess("mjpeg", L4) is None
 
 
+NOT_SUPPORTED = "Codec configuration not supported on this GPU"
+
+
 def test_route_choices() -> None:
     assert choose_route("h264", gpu=H200, nvdec_supported=True) is DecodeRoute.NVDEC
     assert choose_route("vp9", gpu=None, nvdec_supported=None) is DecodeRoute.DALI_CPU
@@ -114,17 +117,22 @@ def test_route_choices() -> None:
 def test_av1_without_nvdec_falls_back_with_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.decode_route"):
         for _ in range(3):
-            route = choose_route("av1", gpu=H200, nvdec_supported=False, label="cam.top/test_fallback")
+            route = choose_route(
+                "av1", gpu=H200, nvdec_supported=False, label="cam.top/test_fallback", reason=NOT_SUPPORTED
+            )
             assert route is DecodeRoute.CPU_FALLBACK
     lines = [r.getMessage() for r in caplog.records if "cam.top/test_fallback" in r.getMessage()]
     assert len(lines) == 1 and "NVIDIA H200" in lines[0] and "cpu_fallback" in lines[0]
+    assert f"(av1) ({NOT_SUPPORTED});" in lines[0]  # the probe's own words say why
 
 
 def test_route_errors() -> None:
     with pytest.raises(CodecUnsupportedError, match="no CUDA GPU"):
         choose_route("h264", decode="gpu", gpu=None, nvdec_supported=None)
-    with pytest.raises(CodecUnsupportedError, match="NVIDIA H200 cannot decode"):
-        choose_route("av1", decode=DecodePreference.GPU, gpu=H200, nvdec_supported=False, label="cam")
+    with pytest.raises(CodecUnsupportedError, match=rf"NVIDIA H200 cannot decode it \({NOT_SUPPORTED}\)"):
+        choose_route(
+            "av1", decode=DecodePreference.GPU, gpu=H200, nvdec_supported=False, label="cam", reason=NOT_SUPPORTED
+        )
     with pytest.raises(CodecUnsupportedError, match="No decoder handles cam"):
         choose_route("evc", gpu=None, nvdec_supported=None, label="cam")
     with pytest.raises(CodecUnsupportedError, match="sends only"):
@@ -153,3 +161,29 @@ def test_isolated_probe_runs_in_a_spawned_process(marker_video: MarkerVideo, mon
     clip = build_clip(path, build_packet_index(path), [0]).data
     probe = probe_gpu({"h264": clip}, isolate=True)
     assert probe.gpu is None and dict(probe.nvdec) == {}  # the child found no driver
+
+
+@pytest.mark.parametrize("library", [None, "libnvcuvid.so.1"])
+def test_failed_probe_says_when_the_nvdec_library_is_missing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, library: str | None
+) -> None:
+    # A GPU whose driver lacks libnvcuvid (a container without the "video" capability): every probe fails.
+    def no_nvdec(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("CUDA driver API error CUDA_ERROR_NOT_FOUND\nstack trace ...")
+
+    monkeypatch.setattr(decode_route, "_driver_present", lambda: True)
+    monkeypatch.setattr(decode_route, "_detect_gpu", lambda device_id: H200)
+    monkeypatch.setattr(decode_route, "decode_clip_batch", no_nvdec)
+    monkeypatch.setattr(decode_route, "nvcuvid_library", lambda: library)
+    monkeypatch.setattr(decode_route, "_probe_cache", {})
+    monkeypatch.setattr(decode_route, "_logged_fallbacks", set())
+    probe = probe_gpu({"h264": np.zeros(8, np.uint8)}, isolate=False)
+    assert probe.gpu == H200 and probe.nvdec == {"h264": False}
+    reason = probe.errors["h264"]
+    assert reason.startswith("CUDA driver API error CUDA_ERROR_NOT_FOUND")
+    assert (decode_route.NO_NVCUVID_HINT in reason) is (library is None)
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.decode_route"):
+        route = choose_route("h264", gpu=probe.gpu, nvdec_supported=False, label="cam", reason=reason)
+    assert route is DecodeRoute.CPU_FALLBACK
+    (line,) = [r.getMessage() for r in caplog.records if "cam (h264)" in r.getMessage()]
+    assert ("NVIDIA_DRIVER_CAPABILITIES" in line) is (library is None)
