@@ -192,6 +192,7 @@ def open_dataset(
     keys: Sequence[str] | None = None,
     storage_options: dict[str, Any] | None = None,
     data_files_root: str | os.PathLike[str] | None = None,
+    episodes: Sequence[int] | None = None,
 ) -> LeRobotDatasetReader:
     """Open a dataset from a local folder, a Hub repo id (with ``revision``) or an fsspec URL.
 
@@ -199,6 +200,8 @@ def open_dataset(
     declared). Selecting lets a dataset whose info.json declares a camera without files, or a column that
     drifted, still be read for the rest. ``data_files_root`` (a folder or fsspec URL such as
     ``s3://bucket/mirror``) serves ``data/`` and ``videos/`` while metadata comes from ``path_or_repo``.
+    ``episodes`` keeps only those episode indices, as LeRobot's ``LeRobotDataset(episodes=...)`` does (a
+    train/validation split); batches still carry the dataset's own ``index`` and ``episode_index``.
     """
     location = resolve_location(path_or_repo, revision=revision, storage_options=storage_options)
     if data_files_root is not None:
@@ -212,20 +215,22 @@ def open_dataset(
                 f"{info.features[key].dtype!r}); only video cameras are supported"
             )
     tabular_keys = _select(info.tabular_keys, keys, "key", info)
-    episodes = read_episode_table(location.meta_fs, location.meta_root, info, video_keys=camera_keys)
-    if info.total_episodes and info.total_episodes != len(episodes):
+    table = read_episode_table(location.meta_fs, location.meta_root, info, video_keys=camera_keys)
+    if info.total_episodes and info.total_episodes != len(table):
         logger.warning(
             "%s: info.json says total_episodes=%d but the episode metadata lists %d; using the metadata",
             location.description,
             info.total_episodes,
-            len(episodes),
+            len(table),
         )
+    if episodes is not None:
+        table = table.select(episodes, source=location.description)
     tasks = _read_tasks(location, info)
     # Remote: one recursive listing per root stamps every file (no per-file metadata request, here or in
     # any worker); a filesystem that cannot list falls back to one request per file looked up.
     stamps = None if location.is_local else FileStamps(location.fs, [location.path("data"), location.path("videos")])
     reader = LeRobotDatasetReader(
-        location, info, episodes, tasks, camera_keys=camera_keys, tabular_keys=tabular_keys, stamps=stamps
+        location, info, table, tasks, camera_keys=camera_keys, tabular_keys=tabular_keys, stamps=stamps
     )
     _check_first_files(reader)
     logger.info("opened %r", reader)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 
 import fsspec
 import numpy as np
@@ -19,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .dataset_info import DatasetInfo
-from .errors import EpisodeMetadataError
+from .errors import DatasetError, EpisodeMetadataError
 
 __all__ = ["CameraFiles", "EpisodeTable", "read_episode_table"]
 
@@ -64,6 +65,40 @@ class EpisodeTable:
         if pos >= len(self.episode_index) or self.episode_index[pos] != episode_index:
             raise KeyError(f"episode {episode_index} is not in this dataset")
         return pos
+
+    def select(self, episode_indices: Sequence[int], *, source: str = "") -> EpisodeTable:
+        """The rows of ``episode_indices`` only (LeRobot's ``episodes=``, e.g. a train/validation split).
+
+        Rows stay sorted by ``episode_index`` whatever the order asked. Raises DatasetError for an empty or
+        repeated selection and for episodes the dataset does not hold, naming them.
+        """
+        where = f"{source}: " if source else ""
+        wanted = np.asarray(episode_indices)
+        if wanted.ndim != 1 or wanted.size == 0 or wanted.dtype.kind not in "iu":
+            raise DatasetError(
+                f"{where}episodes must be a non-empty list of episode indices (None for all), got {episode_indices!r}"
+            )
+        unique, counts = np.unique(wanted.astype(np.int64), return_counts=True)
+        if (counts > 1).any():
+            raise DatasetError(f"{where}episodes lists {unique[counts > 1].tolist()} more than once")
+        positions = np.minimum(np.searchsorted(self.episode_index, unique), len(self) - 1)
+        absent = unique[self.episode_index[positions] != unique]
+        if absent.size:
+            raise DatasetError(
+                f"{where}episodes {absent[:10].tolist()}{' ...' if absent.size > 10 else ''} are not in this dataset, "
+                f"which holds {len(self)} episodes with indices {int(self.episode_index[0])}.."
+                f"{int(self.episode_index[-1])}"
+            )
+        columns = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("tasks", "cameras")}
+        cameras = {
+            key: CameraFiles(**{f.name: getattr(files, f.name)[positions] for f in fields(files)})
+            for key, files in self.cameras.items()
+        }
+        return EpisodeTable(
+            **{name: column[positions] for name, column in columns.items()},
+            tasks=self.tasks.take(pa.array(positions)),
+            cameras=cameras,
+        )
 
 
 def read_episode_table(

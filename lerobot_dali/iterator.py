@@ -77,6 +77,7 @@ class DALILeRobotIterator:
         cache_dir: str | os.PathLike[str] | None = None,
         cache_gb: float = 8.0,
         cpu_decode: CpuDecodeOptions | None = None,
+        episodes: Sequence[int] | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -84,11 +85,19 @@ class DALILeRobotIterator:
             raise ValueError(f"device must be 'cuda', 'cuda:N' or 'cpu', got {device!r}")
         if num_workers < 0 or prefetch < 1:
             raise ValueError(f"num_workers must be >= 0 and prefetch >= 1, got {num_workers} and {prefetch}")
-        self.reader = (
-            dataset
-            if isinstance(dataset, LeRobotDatasetReader)
-            else open_dataset(dataset, revision=revision, cameras=cameras, keys=keys, data_files_root=data_files_root)
-        )
+        if isinstance(dataset, LeRobotDatasetReader):
+            if episodes is not None:
+                raise ValueError("episodes= selects episodes while opening; pass it to open_dataset with the reader")
+            self.reader = dataset
+        else:
+            self.reader = open_dataset(
+                dataset,
+                revision=revision,
+                cameras=cameras,
+                keys=keys,
+                data_files_root=data_files_root,
+                episodes=episodes,
+            )
         missing = [k for k in ("timestamp", "task_index") if k not in self.reader.info.features]
         if missing:
             raise SchemaMismatchError(

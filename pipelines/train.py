@@ -71,6 +71,8 @@ class TrainOptions:
 
     dataset: str
     steps: int
+    #: Episode indices to train on (None: all), e.g. the training part of a split.
+    episodes: tuple[int, ...] | None = None
     batch_size: int = 64
     device: str = "cuda"
     num_workers: int = 4
@@ -112,6 +114,9 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--dataset", required=True, help="local path, Hub repo id or fsspec URL of a LeRobot dataset")
     p.add_argument("--steps", type=int, required=True, help="optimiser steps in total (a resumed run stops there too)")
+    p.add_argument(
+        "--episodes", type=int, nargs="+", metavar="E", help="train on these episode indices only (default: all)"
+    )
     p.add_argument("--batch-size", type=int, default=64, help="samples per rank per step")
     p.add_argument("--device", choices=_DEVICES, default="cuda")
     p.add_argument("--num-workers", type=int, default=4, help="DALI worker processes per rank (0: in-process)")
@@ -147,7 +152,8 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     )
     a = p.parse_args(argv)
     return TrainOptions(
-        dataset=a.dataset, steps=a.steps, batch_size=a.batch_size, device=a.device, num_workers=a.num_workers,
+        dataset=a.dataset, steps=a.steps, episodes=tuple(a.episodes) if a.episodes else None,
+        batch_size=a.batch_size, device=a.device, num_workers=a.num_workers,
         recipe=a.recipe, chunk=a.chunk, lr=a.lr, grad_clip=a.grad_clip, seed=a.seed,
         episode_pool_size=a.episode_pool_size,
         image_size=tuple(a.image_size) if a.image_size else None, augment=a.augment, decode=a.decode,
@@ -437,7 +443,7 @@ def train(options: TrainOptions) -> int:
     accelerator = make_accelerator(options)
     set_seed(options.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
     rank, world_size = data_rank(accelerator)
-    reader = open_dataset(options.dataset)
+    reader = open_dataset(options.dataset, episodes=options.episodes)
     plan = data_plan(options, fps=reader.fps, camera_keys=reader.camera_keys)
     iterator = build_iterator(
         reader, plan, options, rank=rank, world_size=world_size, device=iterator_device(accelerator.device)

@@ -62,6 +62,40 @@ def test_cr5_v21_matches_v30_row_for_row() -> None:
     assert b.video(4, "observation.images.top").from_timestamp_s == 0.0
 
 
+@pytest.mark.parametrize("name", ["cr5_v30_av1", "cr5_v21_av1"])
+def test_episode_selection_keeps_rows_files_and_tasks_of_those_episodes(name: str) -> None:
+    full = open_dataset(shared_dataset(name))
+    # 6: second episode of the v3.0 set's file-001 (starts at 19.9 s there); 0 and 11: first and last.
+    chosen = open_dataset(shared_dataset(name), episodes=[11, 6, 0])
+    assert chosen.num_episodes == 3 and chosen.episodes.episode_index.tolist() == [0, 6, 11]
+    assert chosen.num_frames == int(full.episodes.length[[0, 6, 11]].sum())
+    camera = "observation.images.top"
+    for pos, episode in enumerate((0, 6, 11)):
+        assert chosen.video(pos, camera) == full.video(episode, camera)
+        assert chosen.episodes.tasks[pos] == full.episodes.tasks[episode]
+        got, expected = chosen.read_episode(pos), full.read_episode(episode)
+        assert got.keys() == expected.keys()
+        for key in got:
+            np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
+    if name == "cr5_v30_av1":
+        assert chosen.video(1, camera).from_timestamp_s == pytest.approx(19.9)
+
+
+def test_episode_selection_errors() -> None:
+    root = shared_dataset("cr5_v30_av1")
+    with pytest.raises(
+        DatasetError,
+        match=r"cr5_v30_av1: episodes \[12, 40\] are not in this dataset, which holds "
+        r"12 episodes with indices 0\.\.11",
+    ):
+        open_dataset(root, episodes=[3, 40, 12])
+    with pytest.raises(DatasetError, match=r"episodes lists \[3\] more than once"):
+        open_dataset(root, episodes=[3, 4, 3])
+    for bad in ([], [1.5], [[1, 2]]):
+        with pytest.raises(DatasetError, match="non-empty list of episode indices"):
+            open_dataset(root, episodes=bad)  # type: ignore[arg-type]
+
+
 def test_r1_state_width_drift_is_a_clear_error_and_other_keys_still_read() -> None:
     r = open_dataset(shared_dataset("r1_v30_h264"))
     # No from_timestamp column, but one episode per video file: unambiguous start at 0 s.

@@ -17,6 +17,7 @@ import torch
 from lerobot_dali.errors import (
     CodecUnsupportedError,
     DataFileError,
+    DatasetError,
     FrameTimestampError,
     MissingDataFileError,
     VideoDecodeError,
@@ -150,6 +151,29 @@ def test_shuffled_epochs_cover_every_frame_once_and_differ(make_ds) -> None:
         orders.append(keys)
     assert orders[0] != orders[1]
     it.close()
+
+
+def test_episode_split_reads_exactly_its_episodes_across_ranks(make_ds) -> None:
+    # LeRobot's episodes=: a train/validation split. Values keep the dataset's own indices (checked by hand).
+    root = _dataset(make_ds, "h264")
+    split = {"train": [4, 0, 2], "val": [1, 3]}
+    for name, chosen in split.items():
+        per_rank = []
+        for rank in (0, 1):
+            it = DALILeRobotIterator(
+                root, batch_size=2, delta_timestamps=DELTAS, shuffle=True, seed=5, device="cpu", num_workers=2,
+                drop_last=False, rank=rank, world_size=2, episodes=chosen,
+            )  # fmt: skip
+            samples = _samples(it)
+            it.close()
+            for s in samples:
+                _check_sample(s)
+            per_rank.append({(int(s["episode_index"]), int(s["frame_index"])) for s in samples})
+        # ranks are disjoint (the shorter one repeats some of its own samples to keep batch counts equal)
+        assert not per_rank[0] & per_rank[1], name
+        assert per_rank[0] | per_rank[1] == {(e, f) for e in chosen for f in range(LENGTHS[e])}, name
+    with pytest.raises(DatasetError, match=r"episodes \[7\] are not in this dataset"):
+        DALILeRobotIterator(root, batch_size=2, device="cpu", episodes=[0, 7])
 
 
 def test_drop_last_gives_full_batches_only(make_ds) -> None:

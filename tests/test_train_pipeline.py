@@ -203,6 +203,16 @@ def test_act_recipe_with_explicit_image_size_and_chunk(make_ds: Callable[..., Pa
     assert [v for k, v in shapes.items() if k.startswith("observation.images.")] == [[4, 3, 32, 48]] * 2
 
 
+def test_episodes_flag_trains_on_those_episodes_only(make_ds: Callable[..., Path], tmp_path: Path) -> None:
+    # EVEN: 6 episodes of 20 frames, so dataset index // 20 is the episode. Episodes 1 and 4: 40 frames,
+    # 10 steps of 4 = one full epoch, every frame once.
+    args = [*COMMON, "--dataset", str(make_ds(**EVEN)), "--steps", "10", "--batch-size", "4", "--episodes", "4", "1"]
+    _train([*args, "--record", str(tmp_path / "record")])
+    (record,) = _records(tmp_path / "record", 1)
+    consumed = [i for step in record["indices"] for i in step]
+    assert sorted(consumed) == [*range(20, 40), *range(80, 100)]
+
+
 def test_data_plan_resolves_recipe_windows_and_overrides(tmp_path: Path) -> None:
     cams = ("observation.images.a", "observation.images.b")
     plain = data_plan(TrainOptions(dataset="d", steps=1), fps=10, camera_keys=cams)
