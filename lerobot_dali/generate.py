@@ -651,22 +651,8 @@ def _write_v30(root: Path, spec: DatasetSpec) -> None:
     )
     _write_parquet(root / "meta/tasks.parquet", _tasks_table(spec))
     _write_json(root / "meta/stats.json", {key: m.to_stats() for key, m in total_moments.items()})
-    info = {
-        "codebase_version": DatasetVersion.V30.value,
-        "robot_type": "synthetic",
-        "total_episodes": spec.episodes,
-        "total_frames": spec.total_frames,
-        "total_tasks": spec.num_tasks,
-        "chunks_size": spec.chunks_size,
-        "data_files_size_in_mb": 100,
-        "video_files_size_in_mb": 200,
-        "fps": spec.fps,
-        "splits": {"train": f"0:{spec.episodes}"},
-        "data_path": data_template,
-        "video_path": video_template if spec.cameras else None,
-        "features": _features(spec, video_info),
-    }
-    _write_json(root / "meta/info.json", info)
+    info = _info(spec, DatasetVersion.V30, data_template, video_template, video_info)
+    _write_json(root / "meta/info.json", {**info, "data_files_size_in_mb": 100, "video_files_size_in_mb": 200})
 
 
 def _write_v21(root: Path, spec: DatasetSpec) -> None:
@@ -711,14 +697,25 @@ def _write_v21(root: Path, spec: DatasetSpec) -> None:
         root / "meta/tasks.jsonl",
         ({"task_index": i, "task": task_name(i)} for i in range(spec.num_tasks)),
     )
-    info = {
-        "codebase_version": DatasetVersion.V21.value,
+    info = _info(spec, DatasetVersion.V21, data_template, video_template, video_info)
+    totals = {"total_videos": spec.episodes * spec.cameras, "total_chunks": math.ceil(spec.episodes / spec.chunks_size)}
+    _write_json(root / "meta/info.json", {**info, **totals})
+
+
+def _info(
+    spec: DatasetSpec,
+    version: DatasetVersion,
+    data_template: str,
+    video_template: str,
+    video_info: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """The ``meta/info.json`` keys both layouts share."""
+    return {
+        "codebase_version": version.value,
         "robot_type": "synthetic",
         "total_episodes": spec.episodes,
         "total_frames": spec.total_frames,
         "total_tasks": spec.num_tasks,
-        "total_videos": spec.episodes * spec.cameras,
-        "total_chunks": math.ceil(spec.episodes / spec.chunks_size),
         "chunks_size": spec.chunks_size,
         "fps": spec.fps,
         "splits": {"train": f"0:{spec.episodes}"},
@@ -726,7 +723,6 @@ def _write_v21(root: Path, spec: DatasetSpec) -> None:
         "video_path": video_template if spec.cameras else None,
         "features": _features(spec, video_info),
     }
-    _write_json(root / "meta/info.json", info)
 
 
 def make_dataset(
