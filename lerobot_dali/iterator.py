@@ -7,6 +7,7 @@ DALI's own epochs follow ours and workers keep their caches warm.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,7 +24,7 @@ from .dataset_reader import LeRobotDatasetReader, open_dataset
 from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
 from .distributed import cpus_per_local_rank, resolve_rank
-from .errors import SchemaMismatchError
+from .errors import ResumeStateError, SchemaMismatchError
 from .frame_lookup import TimestampSource
 from .packet_index import load_packet_index
 from .packet_index_store import PacketIndexStore
@@ -220,12 +221,29 @@ class DALILeRobotIterator:
         self._stream.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """Seed, epoch, samples the trainer has taken, world size, batch size: enough to resume exactly."""
-        return self._stream.state_dict()
+        """Seed, epoch, samples the trainer has taken, world size, batch size: enough to resume exactly.
+
+        Also which episodes the stream runs over (a count and a digest), so a resume over another dataset or
+        another ``episodes=`` selection fails instead of continuing a different order.
+        """
+        return {**self._stream.state_dict(), "episodes": self._episodes_fingerprint()}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        saved = state_dict.get("episodes") if isinstance(state_dict, Mapping) else None
+        if saved is not None and saved != self._episodes_fingerprint():
+            raise ResumeStateError(
+                f"this stream state was saved over other episodes ({saved}) than this iterator reads "
+                f"({self._episodes_fingerprint()}, {self.reader.location.description}); resume with the same "
+                "dataset and episodes= selection"
+            )
         self._stream.load_state_dict(state_dict)
         self._close_pipeline()
+
+    def _episodes_fingerprint(self) -> str:
+        episodes = self.reader.episodes
+        digest = hashlib.sha256(episodes.episode_index.astype("<i8").tobytes())
+        digest.update(episodes.length.astype("<i8").tobytes())
+        return f"{len(episodes)} episodes, sha256 {digest.hexdigest()[:16]}"
 
     # -- iteration ---------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:

@@ -13,7 +13,8 @@ Resuming replays the tabular order (no decode) up to the saved position. What is
   samples consumed in the epoch, memory O(episodes).
 
 The state holds the seed but not the other :class:`~lerobot_dali.sample_order.OrderOptions` (shuffle, pool
-size, balance, episode subset): resume with the same ones, or the order differs.
+size, balance, episode subset): resume with the same ones, or the order differs. (``DALILeRobotIterator``
+adds which episodes it reads to its state and refuses a resume over other episodes.)
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from lerobot_dali.errors import (
     DatasetError,
     FrameTimestampError,
     MissingDataFileError,
+    ResumeStateError,
     VideoDecodeError,
 )
 from lerobot_dali.frame_marker import read_full_marker
@@ -206,6 +207,23 @@ def test_resume_mid_epoch_with_workers_continues_exactly(make_ds, stop_after: in
     for b in resumed:
         seen += [int(i) for i in b["index"]]
     assert seen == whole
+
+
+def test_resume_over_other_episodes_is_refused(make_ds) -> None:
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=3, device="cpu", num_workers=0)
+    train = DALILeRobotIterator(root, episodes=[0, 2, 4], **kwargs)
+    next(iter(train))
+    state = train.state_dict()
+    assert state["episodes"].startswith("3 episodes, sha256 ")
+    for other in ([0, 2, 3], None):
+        with pytest.raises(ResumeStateError, match="saved over other episodes"):
+            DALILeRobotIterator(root, episodes=other, **kwargs).load_state_dict(state)
+    same = DALILeRobotIterator(root, episodes=[4, 2, 0], **kwargs)
+    same.load_state_dict(state)
+    assert same.state_dict() == state
+    legacy = {k: v for k, v in state.items() if k != "episodes"}  # saved before the digest existed
+    DALILeRobotIterator(root, episodes=[0, 2, 4], **kwargs).load_state_dict(legacy)
 
 
 def _damage(root: Path, how: str) -> None:
