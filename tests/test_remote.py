@@ -400,3 +400,21 @@ def _assert_samples_equal(a_samples: list[dict], b_samples: list[dict]) -> None:
                 assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
             else:
                 assert a[key] == b[key], key
+
+
+def test_episode_selection_over_a_remote_matches_local(make_ds, tmp_path: Path) -> None:
+    """``episodes=`` on a remote dataset: the prefetcher warms and the stream reads only those episodes."""
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    root = _dataset(make_ds, "vp9")
+    options = dict(batch_size=4, delta_timestamps=DELTAS, shuffle=True, seed=1, device="cpu", num_workers=0,
+                   drop_last=False)  # fmt: skip
+    local = _samples(DALILeRobotIterator(root, episodes=[1, 3], **options))
+    reader = open_dataset("fakeremote://", storage_options={"root": str(root)}, episodes=[3, 1])
+    it = DALILeRobotIterator(reader, cache_dir=tmp_path / "cache", cache_gb=1.0, **options)
+    remote = _samples(it)
+    assert it.prefetcher is not None
+    it.close()
+    assert [int(s["index"]) for s in remote] == [int(s["index"]) for s in local]
+    assert sorted(int(s["index"]) for s in remote) == [5, *range(13, 17)]  # episodes 1 (1 frame) and 3 (4)
+    _assert_samples_equal(local, remote)
