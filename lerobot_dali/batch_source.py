@@ -28,6 +28,7 @@ from .dataset_reader import LeRobotDatasetReader
 from .errors import DatasetError
 from .file_stamps import FileStamp
 from .frame_lookup import FrameRequestContext, TimestampSource, nearest_frame_indices
+from .image_frames import EpisodeImageCache, decode_images
 from .packet_index import PacketIndex, PacketIndexCache, VideoSource, build_packet_index
 from .packet_index_store import PacketIndexStore
 from .sample_order import SampleOrder
@@ -67,6 +68,10 @@ class SourceSpec:
     index_store: PacketIndexStore | None = None
     #: How worker-decoded (CPU-fallback) cameras are decoded: backend, threads per decoder, open decoders.
     cpu_decode: CpuDecodeOptions = dataclass_field(default_factory=CpuDecodeOptions)
+    #: Cameras stored as images in the data files (:mod:`.image_frames`), after the video cameras.
+    image_keys: tuple[str, ...] = ()
+    #: Per worker: encoded images of recently read episodes kept in memory.
+    image_cache_bytes: int = 256 * 2**20
     #: The stream's identity, which random augmentation draws are keyed by.
     seed: int = 0
     rank: int = 0
@@ -90,10 +95,13 @@ def output_fields(spec: SourceSpec) -> list[Field]:
             device: Literal["cpu", "mixed"] = "mixed" if feed.route.dali_device == "mixed" else "cpu"
             fields.append(Field(camera, FieldKind.CLIP, decode_device=device, camera_index=camera_index))
             fields.append(Field(f"{camera}.__frames", FieldKind.CLIP_FRAMES, camera_index=camera_index))
+    first_image = len(spec.camera_feeds)
+    fields += [Field(key, FieldKind.FRAMES, camera_index=first_image + i) for i, key in enumerate(spec.image_keys)]
     # Random augmentation parameters, one set per draw stream (one for all cameras when they share draws).
     params = draw_names(spec.augment)
     if params:
-        streams = dict.fromkeys(stream_name(spec.augment, i) for i in range(len(spec.camera_feeds)))
+        cameras = len(spec.camera_feeds) + len(spec.image_keys)
+        streams = dict.fromkeys(stream_name(spec.augment, i) for i in range(cameras))
         fields += [augment_draw_field(stream, param) for stream in streams for param in params]
     return fields
 
@@ -110,6 +118,7 @@ class BatchSource:
         self._rows: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
         self._indexes = PacketIndexCache(max_entries=64)
         self._decoder = CpuFrameDecoder(options=self.spec.cpu_decode)
+        self._images = EpisodeImageCache(self.spec.reader.read_episode_images, max_bytes=self.spec.image_cache_bytes)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"spec": self.spec, "fields": self.fields}
@@ -200,6 +209,9 @@ class BatchSource:
                 out.append(draws[field.stream][field.param])
                 continue
             camera_rows = windows[field.name][0] if field.name in windows else own_row
+            if field.name in spec.image_keys:
+                out.append(self._image_frames(field.name, episode_pos, camera_rows))
+                continue
             requests = self._video_requests(field.name, episode_pos, rows, camera_rows)
             if field.kind is FieldKind.FRAMES:
                 out.append(self._decoded(requests, spec.camera_feeds[field.name].worker_size))
@@ -244,6 +256,17 @@ class BatchSource:
                 index, video.from_timestamp_s + local_s, tolerance_s=spec.tolerance_s, context=context
             )
             yield video.path, index, numbers
+
+    def _image_frames(self, camera: str, episode_pos: np.ndarray, camera_rows: np.ndarray) -> list[np.ndarray]:
+        """Per sample: the decoded images of its window's rows, (T, H, W, 3) uint8."""
+        reader = self.spec.reader
+        frames = []
+        for pos, row_indices in zip(episode_pos, camera_rows, strict=True):
+            images = self._images.get(int(pos), camera)
+            label = f"{reader.data_path(int(pos))} (episode {int(reader.episodes.episode_index[pos])}, camera {camera})"
+            with io_stats.timed("decode_s"):
+                frames.append(decode_images([images[int(r)].as_py() for r in row_indices], label=label))
+        return frames
 
     def _decoded(
         self, requests: Iterator[tuple[str, PacketIndex, np.ndarray]], size: tuple[int, int] | None

@@ -52,6 +52,8 @@ def _info(args: argparse.Namespace) -> int:
             f"  camera {key}: {probed}; {cam['video_files']} video file(s), "
             f"{cam['episodes_per_file']['min']}-{cam['episodes_per_file']['max']} episodes per file"
         )
+    for key in summary["image_cameras"]:
+        print(f"  camera {key}: images in the data files (decoded by the workers)")
     return 0
 
 
@@ -70,6 +72,7 @@ def _make_dataset(args: argparse.Namespace) -> int:
         episodes_per_file=args.episodes_per_file,
         version=args.version,
         seed=args.seed,
+        image_cameras=args.image_cameras,
     )
     print(out)
     return 0
@@ -161,6 +164,9 @@ def _parser() -> argparse.ArgumentParser:
     make.add_argument("--episodes-per-file", type=int, default=4)
     make.add_argument("--version", choices=["v3.0", "v2.1"], default="v3.0")
     make.add_argument("--seed", type=int, default=0)
+    make.add_argument(
+        "--image-cameras", action="store_true", help="store cameras as PNG images in the data files, not videos"
+    )
     make.set_defaults(run=_make_dataset)
 
     bench = verbs.add_parser("bench", help="data-loading throughput: lerobot-dali vs PyAV DataLoader and LeRobot")

@@ -126,6 +126,11 @@ class DatasetInfo:
         return [k for k, f in self.features.items() if f.is_video]
 
     @property
+    def image_keys(self) -> list[str]:
+        """Cameras stored as encoded images in the data files (``dtype: "image"``)."""
+        return [k for k, f in self.features.items() if f.is_camera and not f.is_video]
+
+    @property
     def tabular_keys(self) -> list[str]:
         return [k for k, f in self.features.items() if not f.is_camera]
 

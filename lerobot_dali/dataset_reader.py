@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .dataset_info import DatasetInfo, Feature, format_path
 from .dataset_location import DatasetLocation, resolve_location, with_bulk_root
-from .episode_rows import INDEX_COLUMNS, ParquetCache, read_episode_rows
+from .episode_rows import INDEX_COLUMNS, ParquetCache, read_episode_images, read_episode_rows
 from .episode_table import EpisodeTable, read_episode_table
 from .errors import DatasetError, DatasetNotFoundError, EpisodeMetadataError, MissingDataFileError
 from .file_stamps import FileStamps
@@ -51,6 +52,7 @@ class LeRobotDatasetReader:
         camera_keys: list[str],
         tabular_keys: list[str],
         stamps: FileStamps | None = None,
+        image_keys: Sequence[str] = (),
     ) -> None:
         self.location = location
         #: Remote datasets: size and version of every data/video file from one listing per root.
@@ -58,7 +60,10 @@ class LeRobotDatasetReader:
         self.info = info
         self.episodes = episodes
         self.tasks = tasks
+        #: Video cameras.
         self.camera_keys = camera_keys
+        #: Cameras stored as encoded images in the data files (``dtype: "image"``): :meth:`read_episode_images`.
+        self.image_keys = list(image_keys)
         self.tabular_keys = tabular_keys
         self._parquet = ParquetCache(location.open_bulk)
 
@@ -72,6 +77,7 @@ class LeRobotDatasetReader:
             camera_keys=self.camera_keys,
             tabular_keys=self.tabular_keys,
             stamps=self.stamps,
+            image_keys=self.image_keys,
         )
 
     @property
@@ -89,7 +95,8 @@ class LeRobotDatasetReader:
     def __repr__(self) -> str:
         return (
             f"LeRobotDatasetReader({self.location.description!r}, version={self.info.codebase_version}, "
-            f"episodes={self.num_episodes}, frames={self.num_frames}, cameras={self.camera_keys})"
+            f"episodes={self.num_episodes}, frames={self.num_frames}, cameras={self.camera_keys}"
+            + (f", image cameras={self.image_keys})" if self.image_keys else ")")
         )
 
     # -- files ---------------------------------------------------------------------------------------------
@@ -157,6 +164,20 @@ class LeRobotDatasetReader:
             rows["index"] = np.arange(ep.dataset_from_index[episode_pos], ep.dataset_to_index[episode_pos])
         return rows
 
+    def read_episode_images(self, episode_pos: int, key: str) -> pa.Array:
+        """The encoded images (PNG/JPEG bytes, one per row) of image camera ``key`` for one episode."""
+        if key not in self.image_keys:
+            raise DatasetError(f"{key!r} is not an image camera of this reader; image cameras: {self.image_keys}")
+        path = self.data_path(episode_pos)
+        ep = self.episodes
+        return read_episode_images(
+            self._parquet.get(path),
+            path=path,
+            row_start=int(ep.data_row_start[episode_pos]),
+            length=int(ep.length[episode_pos]),
+            key=key,
+        )
+
     def _feature(self, key: str) -> Feature:
         try:
             feature = self.info.features[key]
@@ -207,13 +228,9 @@ def open_dataset(
     if data_files_root is not None:
         location = with_bulk_root(location, data_files_root, storage_options=storage_options)
     info = _read_info(location)
-    camera_keys = _select(info.camera_keys, cameras, "camera", info)
-    for key in camera_keys:
-        if not info.features[key].is_video:
-            raise DatasetError(
-                f"{location.description}: camera {key!r} stores images in the parquet files (dtype "
-                f"{info.features[key].dtype!r}); only video cameras are supported"
-            )
+    selected = _select(info.camera_keys, cameras, "camera", info)
+    camera_keys = [k for k in selected if info.features[k].is_video]
+    image_keys = [k for k in selected if not info.features[k].is_video]
     tabular_keys = _select(info.tabular_keys, keys, "key", info)
     table = read_episode_table(location.meta_fs, location.meta_root, info, video_keys=camera_keys)
     if info.total_episodes and info.total_episodes != len(table):
@@ -230,7 +247,14 @@ def open_dataset(
     # any worker); a filesystem that cannot list falls back to one request per file looked up.
     stamps = None if location.is_local else FileStamps(location.fs, [location.path("data"), location.path("videos")])
     reader = LeRobotDatasetReader(
-        location, info, table, tasks, camera_keys=camera_keys, tabular_keys=tabular_keys, stamps=stamps
+        location,
+        info,
+        table,
+        tasks,
+        camera_keys=camera_keys,
+        tabular_keys=tabular_keys,
+        stamps=stamps,
+        image_keys=image_keys,
     )
     _check_first_files(reader)
     logger.info("opened %r", reader)

@@ -50,6 +50,7 @@ def summarize(reader: LeRobotDatasetReader, *, probe: bool = True) -> dict[str, 
         "episodes_per_data_file": _spread(data_files.values()),
         "features": {k: {"dtype": f.dtype, "shape": list(f.shape)} for k, f in info.features.items()},
         "cameras": cameras,
+        "image_cameras": list(reader.image_keys),
     }
 
 

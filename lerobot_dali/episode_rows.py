@@ -17,12 +17,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .dataset_info import Feature
 from .errors import DataFileError, MissingDataFileError, SchemaMismatchError
 
-__all__ = ["ParquetCache", "read_episode_rows"]
+__all__ = ["ParquetCache", "read_episode_images", "read_episode_rows"]
 
 #: Columns LeRobot batches for every dataset; ``frame_index`` is derived when a dataset omits it.
 INDEX_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
@@ -93,6 +94,37 @@ def read_episode_rows(
         )
     table = _read_row_range(parquet, path, row_start, length, list(features))
     return {key: _column_to_numpy(table[key], feature, path) for key, feature in features.items()}
+
+
+def read_episode_images(parquet: pq.ParquetFile, *, path: str, row_start: int, length: int, key: str) -> pa.Array:
+    """The encoded images (PNG/JPEG bytes) of camera ``key`` in rows ``[row_start, row_start + length)``.
+
+    LeRobot stores ``dtype: "image"`` features as ``datasets.Image``: a struct of the file's ``bytes`` and a
+    ``path``; a plain binary column is accepted too. A missing image raises DataFileError naming the row.
+    """
+    if parquet.schema_arrow.get_field_index(key) < 0:
+        raise SchemaMismatchError(
+            f"{path}: image feature {key!r} has no column in the data file (columns present: "
+            f"{parquet.schema_arrow.names}); fix info.json or select other cameras"
+        )
+    column = _read_row_range(parquet, path, row_start, length, [key])[key].combine_chunks()
+    if pa.types.is_struct(column.type) and column.type.get_field_index("bytes") >= 0:
+        encoded = column.field("bytes")
+        missing = pc.or_(column.is_null(), encoded.is_null())
+    elif pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+        encoded, missing = column, column.is_null()
+    else:
+        raise SchemaMismatchError(
+            f"{path}: column {key!r} is declared an image but holds {column.type}; expected a struct with "
+            "'bytes' (datasets.Image) or binary"
+        )
+    if missing.true_count:
+        row = row_start + int(pc.index(missing, True).as_py())
+        raise DataFileError(
+            f"{path}: row {row} has no image bytes for {key!r} (images stored as paths are not supported); "
+            "rewrite the dataset with the images embedded"
+        )
+    return encoded
 
 
 def _read_row_range(parquet: pq.ParquetFile, path: str, row_start: int, length: int, columns: list[str]) -> pa.Table:

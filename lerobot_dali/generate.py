@@ -8,6 +8,7 @@ can be checked exactly after a lossy encode.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import logging
@@ -271,6 +272,8 @@ class DatasetSpec:
     num_tasks: int = 2
     chunks_size: int = 1000
     seed: int = 0
+    image_cameras: bool = False
+    """Store the cameras as PNG images in the data files (LeRobot's ``dtype: "image"``) instead of videos."""
     episode_lengths: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -315,6 +318,8 @@ class DatasetSpec:
         _check_int("num_tasks", self.num_tasks, 1)
         _check_int("chunks_size", self.chunks_size, 1)
         _check_int("seed", self.seed, 0)
+        if not isinstance(self.image_cameras, bool):
+            raise ValueError(f"image_cameras must be True or False, got {self.image_cameras!r}.")
         for name in ("episodes", "cameras", "fps", "gop", "episodes_per_file", "state_dim", "action_dim",
                      "num_tasks", "chunks_size", "seed"):  # fmt: skip
             object.__setattr__(self, name, int(getattr(self, name)))  # numpy ints would break json.dumps
@@ -426,6 +431,8 @@ def _hf_feature(data_type: pa.DataType, *, list_type: str) -> dict[str, Any]:
         if list_type == "Sequence":  # datasets 3.x writes length -1 for variable-length sequences
             return {"feature": inner, "length": -1, "_type": list_type}
         return {"feature": inner, "_type": list_type}
+    if data_type == IMAGE_TYPE:
+        return {"_type": "Image"}
     names = {pa.float32(): "float32", pa.float64(): "float64", pa.int64(): "int64", pa.string(): "string"}
     return {"dtype": names[data_type], "_type": "Value"}
 
@@ -435,8 +442,10 @@ def _with_hf_metadata(table: pa.Table, *, list_type: str) -> pa.Table:
     return table.replace_schema_metadata({"huggingface": json.dumps({"info": {"features": features}})})
 
 
-def _data_table(spec: DatasetSpec, columns: list[dict[str, np.ndarray]]) -> pa.Table:
-    arrays: dict[str, pa.Array] = {}
+def _data_table(
+    spec: DatasetSpec, columns: list[dict[str, np.ndarray]], images: dict[str, pa.Array] | None = None
+) -> pa.Table:
+    arrays: dict[str, pa.Array] = dict(images or {})
     for name in ("observation.state", "action"):
         values = np.concatenate([c[name] for c in columns])
         arrays[name] = pa.FixedSizeListArray.from_arrays(pa.array(values.ravel()), values.shape[1])
@@ -458,6 +467,28 @@ def _camera_frames(
             previous = moments.get(episode_index)
             moments[episode_index] = frame_moments if previous is None else previous.merge(frame_moments)
             yield frame
+
+
+#: How ``datasets`` stores an ``Image`` feature in parquet: the encoded file and an optional path.
+IMAGE_TYPE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+
+
+def _image_columns(
+    spec: DatasetSpec, episode_indices: Sequence[int], moments: dict[str, dict[int, _Moments]]
+) -> dict[str, pa.Array]:
+    """PNG-encoded marker frames per camera for the data file of ``episode_indices`` (``image_cameras``)."""
+    from PIL import Image
+
+    columns = {}
+    for camera_index, key in enumerate(spec.video_keys):
+        moments[key] = {}
+        encoded = []
+        for frame in _camera_frames(spec, episode_indices, camera_index, moments[key]):
+            buffer = io.BytesIO()
+            Image.fromarray(frame).save(buffer, format="PNG")
+            encoded.append({"bytes": buffer.getvalue(), "path": None})
+        columns[key] = pa.array(encoded, type=IMAGE_TYPE)
+    return columns
 
 
 def _episode_stats(columns: dict[str, np.ndarray], image_moments: dict[str, _Moments]) -> dict[str, dict[str, Any]]:
@@ -495,6 +526,9 @@ def _features(spec: DatasetSpec, video_info: dict[str, dict[str, Any]]) -> dict[
 
     features = {"observation.state": plain("float32", [spec.state_dim], [f"state_{i}" for i in range(spec.state_dim)])}
     for key in spec.video_keys:
+        if spec.image_cameras:
+            features[key] = plain("image", [height, width, 3], ["height", "width", "channel"])
+            continue
         features[key] = {
             "dtype": "video",
             "shape": [height, width, 3],
@@ -600,10 +634,11 @@ def _write_v30(root: Path, spec: DatasetSpec) -> None:
         chunk_index, file_index = _chunk_file(file_ordinal, spec.chunks_size)
         columns = [_episode_columns(spec, e, starts[e]) for e in group]
         data_path = root / data_template.format(chunk_index=chunk_index, file_index=file_index)
-        _write_parquet(data_path, _data_table(spec, columns))
-
         image_moments: dict[str, dict[int, _Moments]] = {}
-        for camera_index, key in enumerate(spec.video_keys):
+        images = _image_columns(spec, group, image_moments) if spec.image_cameras else None
+        _write_parquet(data_path, _data_table(spec, columns, images))
+
+        for camera_index, key in enumerate(() if spec.image_cameras else spec.video_keys):
             video_path = root / video_template.format(video_key=key, chunk_index=chunk_index, file_index=file_index)
             video_path.parent.mkdir(parents=True, exist_ok=True)
             image_moments[key] = {}
@@ -622,7 +657,7 @@ def _write_v30(root: Path, spec: DatasetSpec) -> None:
                 "dataset_to_index": starts[episode_index] + length,
             }
             frames_before = starts[episode_index] - starts[group[0]]
-            for key in spec.video_keys:
+            for key in () if spec.image_cameras else spec.video_keys:
                 row[f"videos/{key}/chunk_index"] = chunk_index
                 row[f"videos/{key}/file_index"] = file_index
                 row[f"videos/{key}/from_timestamp"] = frames_before / spec.fps
@@ -667,9 +702,14 @@ def _write_v21(root: Path, spec: DatasetSpec) -> None:
         episode_chunk = episode_index // spec.chunks_size
         columns = _episode_columns(spec, episode_index, starts[episode_index])
         data_path = root / data_template.format(episode_chunk=episode_chunk, episode_index=episode_index)
-        _write_parquet(data_path, _data_table(spec, [columns]))
         image_moments: dict[str, _Moments] = {}
-        for camera_index, key in enumerate(spec.video_keys):
+        images = None
+        if spec.image_cameras:
+            per_camera: dict[str, dict[int, _Moments]] = {}
+            images = _image_columns(spec, [episode_index], per_camera)
+            image_moments = {key: moments[episode_index] for key, moments in per_camera.items()}
+        _write_parquet(data_path, _data_table(spec, [columns], images))
+        for camera_index, key in enumerate(() if spec.image_cameras else spec.video_keys):
             video_path = root / video_template.format(
                 episode_chunk=episode_chunk, video_key=key, episode_index=episode_index
             )
@@ -698,7 +738,8 @@ def _write_v21(root: Path, spec: DatasetSpec) -> None:
         ({"task_index": i, "task": task_name(i)} for i in range(spec.num_tasks)),
     )
     info = _info(spec, DatasetVersion.V21, data_template, video_template, video_info)
-    totals = {"total_videos": spec.episodes * spec.cameras, "total_chunks": math.ceil(spec.episodes / spec.chunks_size)}
+    videos = 0 if spec.image_cameras else spec.episodes * spec.cameras
+    totals = {"total_videos": videos, "total_chunks": math.ceil(spec.episodes / spec.chunks_size)}
     _write_json(root / "meta/info.json", {**info, **totals})
 
 
@@ -720,7 +761,7 @@ def _info(
         "fps": spec.fps,
         "splits": {"train": f"0:{spec.episodes}"},
         "data_path": data_template,
-        "video_path": video_template if spec.cameras else None,
+        "video_path": video_template if spec.cameras and not spec.image_cameras else None,
         "features": _features(spec, video_info),
     }
 
@@ -743,6 +784,7 @@ def make_dataset(
     num_tasks: int = 2,
     chunks_size: int = 1000,
     seed: int = 0,
+    image_cameras: bool = False,
 ) -> Path:
     """Write a LeRobot dataset that LeRobot itself loads (v3.0: lerobot 0.4.x, v2.1: lerobot 0.3.x).
 
@@ -767,6 +809,7 @@ def make_dataset(
         num_tasks=num_tasks,
         chunks_size=chunks_size,
         seed=seed,
+        image_cameras=image_cameras,
     )
     root = _prepare_root(out)
     logger.info(

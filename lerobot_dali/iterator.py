@@ -276,6 +276,7 @@ class DALILeRobotIterator:
             stamps=self.reader.stamps,
             index_store=self._index_store,
             cpu_decode=self._cpu_decode,
+            image_keys=tuple(self.reader.image_keys),
             seed=self._seed,
             rank=self.rank,
             augment=self._augment,
@@ -344,6 +345,8 @@ class DALILeRobotIterator:
             tensor = out[name]
             if name in self.routes and self.windows.squeeze_camera(name):
                 tensor = tensor.squeeze(1)
+            elif name in self.reader.image_keys and name not in self.windows.delta_index:
+                tensor = tensor.squeeze(1)  # as LeRobot: image rows are tabular, windowed only with deltas
             if tensor.device != self._device:
                 tensor = tensor.to(self._device, non_blocking=True)
             batch[name] = tensor

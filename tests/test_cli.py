@@ -64,6 +64,18 @@ def test_make_dataset_then_info_then_diagnose(tmp_path: Path, capsys) -> None:
     assert report.count(" ok ") == 4  # cpu_fallback and dali_cpu for each camera
 
 
+def test_make_image_dataset_then_info(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "images"
+    args = ["make-dataset", str(out), "--episodes", "2", "--frames-per-episode", "3", "--size", "64x64"]
+    assert main([*args, "--cameras", "1", "--image-cameras"]) == 0
+    capsys.readouterr()
+    info = _info_json(capsys, str(out))
+    assert info["cameras"] == {} and info["image_cameras"] == ["observation.images.cam0"]
+    assert info["features"]["observation.images.cam0"] == {"dtype": "image", "shape": [64, 64, 3]}
+    assert main(["info", str(out), "--no-probe"]) == 0
+    assert "camera observation.images.cam0: images in the data files" in capsys.readouterr().out
+
+
 def test_console_entry_point_runs_without_loading_dali() -> None:
     code = "import sys; from lerobot_dali.cli import main; main(['--help'])"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -43,11 +43,12 @@ CPU_FEEDS = {
 
 def _graph(feeds: dict[str, CameraFeed], *, device_id: int | None, **options: Any) -> tuple[Any, list[str]]:
     augment = options.get("augment")
-    # output_fields reads these four; a full SourceSpec would need a dataset and a sample order.
+    # output_fields reads these five; a full SourceSpec would need a dataset and a sample order.
     spec = SimpleNamespace(
         tabular_keys=("observation.state", "action"),
         delta_index={"action": np.arange(4)},
         camera_feeds=feeds,
+        image_keys=("cam.png_rows",),  # a camera stored as images in the data files
         augment=augment,
     )
     fields = output_fields(cast(SourceSpec, spec))
@@ -106,7 +107,7 @@ def test_gpu_graph_uses_only_kernels_dali_has_and_ends_on_the_gpu(options: dict[
     assert _device_problems(pipe) == []
     devices = {name: node.device for name, node in zip(names, pipe._graph_outputs, strict=True)}
     assert devices == dict.fromkeys(names, "gpu"), devices
-    assert set(GPU_FEEDS) <= set(names)
+    assert {*GPU_FEEDS, "cam.png_rows"} <= set(names)
     used = {(getattr(i._op, "schema_name", None), i._op.device) for i in pipe._ops}
     # the routes this graph exists for: NVDEC decode, and the planes' colour conversion on the device
     assert {("decoders__Video", "mixed"), ("CoordTransform", "gpu")} <= used

@@ -62,3 +62,21 @@ def test_cuda_parity_and_agreement_with_cpu_mode(make_ds, codec: str, caplog: py
             diff = (a[key] - b[key]).abs().mean().item() * 255
             assert diff < 3.0, (key, int(a["episode_index"]), int(a["frame_index"]), diff)
         np.testing.assert_array_equal(a["action"].numpy(), b["action"].numpy())
+
+
+def test_image_cameras_on_cuda_equal_cpu_mode(make_ds) -> None:
+    """Cameras stored as PNG rows: decoded by the workers, moved to the GPU, exactly the CPU-mode frames."""
+    from tests.test_image_cameras import DELTAS as IMAGE_DELTAS
+    from tests.test_image_cameras import _images_dataset
+
+    root = _images_dataset(make_ds)
+    kwargs = dict(batch_size=4, delta_timestamps=IMAGE_DELTAS, shuffle=False, num_workers=2, drop_last=False,
+                  return_uint8=True)  # fmt: skip
+    gpu = DALILeRobotIterator(root, device="cuda", **kwargs)
+    on_gpu = _all(gpu)
+    gpu.close()
+    on_cpu = _all(DALILeRobotIterator(root, device="cpu", **kwargs))
+    assert len(on_gpu) == len(on_cpu) > 0
+    for a, b in zip(on_gpu, on_cpu, strict=True):
+        for key in ("observation.images.cam0", "observation.images.cam1"):
+            assert torch.equal(a[key], b[key]), key

@@ -1,0 +1,79 @@
+"""Cameras stored as images in the data files (``dtype: "image"``): encoded bytes -> uint8 RGB frames.
+
+LeRobot datasets converted from other formats (LIBERO, many simulation sets) keep each frame as a PNG or
+JPEG inside the parquet rows instead of a video. A window of such a camera is a set of rows, read exactly
+like a tabular window (no timestamp lookup), and each row's image is decoded by Pillow in the worker; the
+frames then enter the same DALI graph as video frames, so resizing and augmentation are the same.
+Episodes' encoded images are kept per worker in a byte-bounded cache, since the episode pool samples each
+admitted episode many times.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from .errors import DataFileError
+
+__all__ = ["EpisodeImageCache", "decode_images"]
+
+
+def decode_images(encoded: Sequence[bytes], *, label: str) -> np.ndarray:
+    """(T, H, W, 3) uint8 RGB from T encoded images (any format and mode Pillow reads; alpha is dropped).
+
+    Raises DataFileError naming ``label`` and the position for an undecodable image or differing sizes.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    frames = []
+    for i, data in enumerate(encoded):
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                frames.append(np.asarray(image.convert("RGB")))
+        except (UnidentifiedImageError, OSError, ValueError) as e:
+            raise DataFileError(
+                f"{label}: image {i} of the window cannot be decoded ({e}); the data file is corrupt"
+            ) from e
+    shapes = {f.shape for f in frames}
+    if len(shapes) > 1:
+        raise DataFileError(f"{label}: the window's images differ in size {sorted(shapes)}; a camera has one size")
+    return np.stack(frames)
+
+
+class EpisodeImageCache:
+    """Per worker: ``(episode_pos, camera) -> encoded images``, least recently used first out past ``max_bytes``.
+
+    ``read(episode_pos, camera)`` loads one episode's images (e.g. ``LeRobotDatasetReader.read_episode_images``).
+    An episode larger than the bound is still returned, just not kept.
+    """
+
+    def __init__(self, read: Callable[[int, str], pa.Array], *, max_bytes: int) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        self._read = read
+        self._max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[int, str], pa.Array] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, episode_pos: int, camera: str) -> pa.Array:
+        key = (episode_pos, camera)
+        images = self._entries.get(key)
+        if images is not None:
+            self._entries.move_to_end(key)
+            return images
+        images = self._read(episode_pos, camera)
+        if images.nbytes <= self._max_bytes:
+            self._entries[key] = images
+            self._bytes += images.nbytes
+            while self._bytes > self._max_bytes:
+                _, old = self._entries.popitem(last=False)
+                self._bytes -= old.nbytes
+        return images
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes

@@ -1,0 +1,186 @@
+"""Cameras stored as PNG images in the data files (``dtype: "image"``): rows, windows, decode, errors.
+
+The generated datasets' frames are known exactly (``draw_marker``) and PNG is lossless, so every decoded
+frame is compared pixel for pixel with the frame that was written.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from lerobot_dali.augment import AugmentConfig, ColorJitter
+from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.errors import DataFileError, SchemaMismatchError
+from lerobot_dali.frame_marker import draw_marker
+from lerobot_dali.generate import expected_state
+from lerobot_dali.image_frames import EpisodeImageCache, decode_images
+from lerobot_dali.iterator import DALILeRobotIterator
+
+LENGTHS = [5, 1, 7, 4]
+FPS = 10
+SIZE = (64, 96)
+CAM0, CAM1 = "observation.images.cam0", "observation.images.cam1"
+DELTAS = {CAM0: [-0.2, 0.0, 0.1], "observation.state": [0.0]}
+
+
+def _images_dataset(make_ds, version: str = "v3.0") -> Path:
+    return make_ds(
+        episodes=len(LENGTHS), frames_per_episode=LENGTHS, cameras=2, size=SIZE, fps=FPS, version=version,
+        image_cameras=True,
+    )  # fmt: skip
+
+
+def _frame(episode: int, frame: int, camera: int) -> np.ndarray:
+    return draw_marker(episode, frame, *SIZE, camera)
+
+
+@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+def test_reader_lists_image_cameras_and_returns_their_bytes(make_ds, version: str) -> None:
+    reader = open_dataset(_images_dataset(make_ds, version))
+    assert reader.camera_keys == [] and reader.image_keys == [CAM0, CAM1]
+    assert CAM0 not in reader.tabular_keys
+    for pos, length in enumerate(LENGTHS):
+        encoded = reader.read_episode_images(pos, CAM1)
+        assert len(encoded) == length
+        frames = decode_images([encoded[i].as_py() for i in range(length)], label="x")
+        np.testing.assert_array_equal(frames, np.stack([_frame(pos, f, 1) for f in range(length)]))
+    assert open_dataset(_images_dataset(make_ds, version), cameras=[CAM1]).image_keys == [CAM1]
+
+
+@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+def test_windows_of_image_cameras_follow_lerobot(make_ds, version: str) -> None:
+    it = DALILeRobotIterator(
+        _images_dataset(make_ds, version), batch_size=4, delta_timestamps=DELTAS, shuffle=False, device="cpu",
+        num_workers=0, drop_last=False, return_uint8=True,
+    )  # fmt: skip
+    seen = []
+    for batch in it:
+        # windowed image camera: (B, T, C, H, W); without deltas: (B, C, H, W), as LeRobot's image rows
+        assert batch[CAM0].shape[1:] == (3, 3, *SIZE) and batch[CAM1].shape[1:] == (3, *SIZE)
+        assert batch["observation.state"].shape[1:] == (1, 6)  # a single tabular delta is not squeezed
+        for i in range(len(batch["index"])):
+            ep, f = int(batch["episode_index"][i]), int(batch["frame_index"][i])
+            seen.append((ep, f))
+            query = [f + round(d * FPS) for d in DELTAS[CAM0]]
+            rows = [min(max(q, 0), LENGTHS[ep] - 1) for q in query]
+            window = batch[CAM0][i].permute(0, 2, 3, 1).numpy()
+            np.testing.assert_array_equal(window, np.stack([_frame(ep, r, 0) for r in rows]))
+            assert batch[f"{CAM0}_is_pad"][i].tolist() == [not 0 <= q < LENGTHS[ep] for q in query]
+            np.testing.assert_array_equal(batch[CAM1][i].permute(1, 2, 0).numpy(), _frame(ep, f, 1))
+            np.testing.assert_array_equal(batch["observation.state"][i, 0].numpy(), expected_state(ep, f, 6))
+    assert seen == [(e, f) for e, n in enumerate(LENGTHS) for f in range(n)]
+
+
+def test_shuffled_workers_cover_every_frame_once_and_augment(make_ds) -> None:
+    augment = AugmentConfig(color_jitter=ColorJitter(brightness=0.3))  # one draw stream per image camera
+    it = DALILeRobotIterator(
+        _images_dataset(make_ds), batch_size=3, shuffle=True, seed=2, episode_pool_size=2, device="cpu",
+        num_workers=2, drop_last=False, image_size=(32, 48), augment=augment,
+    )  # fmt: skip
+    keys = []
+    for batch in it:
+        assert batch[CAM0].shape[1:] == (3, 32, 48) and batch[CAM0].dtype == torch.float32
+        assert float(batch[CAM0].min()) >= 0.0 and float(batch[CAM0].max()) <= 1.0
+        keys += [(int(e), int(f)) for e, f in zip(batch["episode_index"], batch["frame_index"], strict=True)]
+    it.close()
+    assert Counter(keys) == Counter((e, f) for e, n in enumerate(LENGTHS) for f in range(n))
+    assert keys != sorted(keys)
+
+
+def _rewrite_image(root: Path, row: int, value: dict | None) -> Path:
+    path = root / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    images = table[CAM0].to_pylist()
+    images[row] = value
+    column = pa.array(images, type=table.schema.field(CAM0).type)
+    pq.write_table(table.set_column(table.schema.get_field_index(CAM0), CAM0, column), path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("value", "pattern"),
+    [
+        ({"bytes": b"\x89PNG not really", "path": None}, r"episode 0, camera observation\.images\.cam0\): image 0 "),
+        (None, r"row 2 has no image bytes for 'observation\.images\.cam0'"),
+    ],
+    ids=["corrupt", "missing"],
+)
+def test_bad_images_name_the_file_episode_and_row(make_ds, copy_ds, value: dict | None, pattern: str) -> None:
+    root = copy_ds(_images_dataset(make_ds))
+    path = _rewrite_image(root, 2, value)
+    it = DALILeRobotIterator(root, batch_size=5, shuffle=False, device="cpu", num_workers=0, cameras=[CAM0])
+    with pytest.raises(DataFileError, match=pattern) as info:
+        next(iter(it))
+    assert str(path) in str(info.value)
+
+
+def test_declared_image_column_missing_from_the_data(make_ds, copy_ds) -> None:
+    root = copy_ds(_images_dataset(make_ds))
+    path = root / "data/chunk-000/file-000.parquet"
+    pq.write_table(pq.read_table(path).drop_columns([CAM1]), path)
+    reader = open_dataset(root)
+    with pytest.raises(SchemaMismatchError, match=r"image feature 'observation\.images\.cam1' has no column"):
+        reader.read_episode_images(0, CAM1)
+
+
+def test_decode_images_rejects_mixed_sizes_and_keeps_rgb() -> None:
+    from io import BytesIO
+
+    from PIL import Image
+
+    def png(array: np.ndarray, mode: str) -> bytes:
+        out = BytesIO()
+        Image.fromarray(array).convert(mode).save(out, format="PNG")
+        return out.getvalue()
+
+    rgb = np.arange(4 * 6 * 3, dtype=np.uint8).reshape(4, 6, 3)
+    frames = decode_images([png(rgb, "RGB"), png(rgb, "RGBA")], label="cam")  # alpha is dropped
+    np.testing.assert_array_equal(frames, np.stack([rgb, rgb]))
+    gray = decode_images([png(rgb[..., 0], "L")], label="cam")
+    np.testing.assert_array_equal(gray[0], np.repeat(rgb[..., :1], 3, axis=2))
+    with pytest.raises(DataFileError, match=r"cam: the window's images differ in size"):
+        decode_images([png(rgb, "RGB"), png(rgb[:2], "RGB")], label="cam")
+
+
+def test_episode_image_cache_is_bounded_by_bytes() -> None:
+    reads: list[tuple[int, str]] = []
+
+    def read(pos: int, camera: str) -> pa.Array:
+        reads.append((pos, camera))
+        return pa.array([b"x" * 100] * (pos + 1), type=pa.binary())
+
+    # episode p holds p + 1 images of 100 B: 104, 208, 312 bytes with the offsets
+    cache = EpisodeImageCache(read, max_bytes=500)
+    for pos in (0, 1, 0, 2):  # 0 and 1 kept; 0 hit; 2 evicts 1, the least recently used
+        cache.get(pos, "cam")
+    assert reads == [(0, "cam"), (1, "cam"), (2, "cam")] and cache.nbytes == 104 + 312
+    cache.get(0, "cam")
+    cache.get(1, "cam")
+    assert reads[-1] == (1, "cam") and len(reads) == 4
+    cache.get(9, "cam")  # 1 KB: larger than the bound, returned but not kept
+    assert cache.nbytes <= 500
+    cache.get(9, "cam")
+    assert reads[-2:] == [(9, "cam"), (9, "cam")]
+
+
+def test_image_dataset_over_a_remote_matches_local(make_ds) -> None:
+    from tests.test_iterator import _samples
+    from tests.test_remote import _assert_samples_equal  # also registers fakeremote://
+
+    root = _images_dataset(make_ds)
+    options = dict(batch_size=4, delta_timestamps=DELTAS, shuffle=True, seed=4, device="cpu", num_workers=0,
+                   drop_last=False, return_uint8=True)  # fmt: skip
+    local = _samples(DALILeRobotIterator(root, **options))
+    reader = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    it = DALILeRobotIterator(reader, cache_gb=1.0, **options)
+    remote = _samples(it)
+    it.close()
+    assert len(remote) == sum(LENGTHS)
+    _assert_samples_equal(local, remote)
