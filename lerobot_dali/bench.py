@@ -243,16 +243,17 @@ def load_plan(config: BenchConfig, reader: Any) -> LoadPlan:
         _repo_module("pipelines.recipes", "pipelines/recipes.py").get_recipe(config.recipe) if config.recipe else None
     )
     features = reader.info.features
+    cameras = [*reader.camera_keys, *reader.image_keys]  # video cameras, then cameras stored as images
     deltas: dict[str, list[float]] = {}
     if recipe is not None:
         deltas = recipe.delta_timestamps(
             reader.fps,
-            reader.camera_keys,
+            cameras,
             state_key="observation.state" if "observation.state" in features else None,
             action_key="action" if "action" in features else None,
         )
     if config.mode is BenchMode.SARM:
-        deltas.update({camera: list(SARM_OFFSETS_S) for camera in reader.camera_keys})
+        deltas.update({camera: list(SARM_OFFSETS_S) for camera in cameras})
     augment = None
     if config.augment is None:
         augment = recipe.augment if recipe is not None else None
@@ -260,8 +261,8 @@ def load_plan(config: BenchConfig, reader: Any) -> LoadPlan:
         augment = recipe.augment if recipe is not None and recipe.augment is not None else None
         augment = augment or AugmentConfig(color_jitter=ColorJitter(brightness=0.2, contrast=0.2, saturation=0.2))
     image_size = config.image_size or (recipe.image_size if recipe is not None else None)
-    frames = sum(len(deltas.get(camera, [0.0])) for camera in reader.camera_keys)
-    return LoadPlan(deltas, image_size, augment, tuple(reader.camera_keys), frames)
+    frames = sum(len(deltas.get(camera, [0.0])) for camera in cameras)
+    return LoadPlan(deltas, image_size, augment, tuple(cameras), frames)
 
 
 # -- the run --------------------------------------------------------------------------------------------------
@@ -374,14 +375,19 @@ def _with_derived(
 def _dataset_summary(dataset: BenchDataset, reader: Any, plan: LoadPlan) -> dict[str, Any]:
     from .packet_index import load_packet_index
 
-    index = load_packet_index(reader.video(0, reader.camera_keys[0]).path, filesystem=reader.location.fs)
+    if reader.camera_keys:
+        index = load_packet_index(reader.video(0, reader.camera_keys[0]).path, filesystem=reader.location.fs)
+        codec, resolution = index.codec, [index.height, index.width]
+    else:  # cameras stored as images in the data files only
+        codec, resolution = "image", list(reader.info.features[reader.image_keys[0]].shape[:2])
     return {
         "label": dataset.label,
         "path": dataset.path,
-        "codec": index.codec,
-        "resolution": [index.height, index.width],
+        "codec": codec,
+        "resolution": resolution,
         "fps": reader.fps,
         "cameras": list(reader.camera_keys),
+        "image_cameras": list(reader.image_keys),
         "episodes": reader.num_episodes,
         "frames": reader.num_frames,
         "frames_per_sample": plan.frames_per_sample,
@@ -423,7 +429,7 @@ def run_bench(config: BenchConfig) -> BenchReport:
                 summary["ceilings_error"] = f"{type(e).__name__}: {e}"
                 notes.append(f"{dataset.label}: decode ceilings not measured ({summary['ceilings_error']})")
         footprint = None
-        if any(name in _OURS for name in loaders):
+        if any(name in _OURS for name in loaders) and reader.camera_keys:  # clips exist for video cameras only
             try:
                 footprint = clip_footprint(reader, plan.delta_timestamps, seed=config.seed)
             except Exception as e:

@@ -28,6 +28,7 @@ from torch.utils.data import Dataset
 
 from .dataset_reader import open_dataset
 from .errors import FrameTimestampError
+from .image_frames import decode_images
 from .windows import DeltaWindows, query_indices
 
 __all__ = [
@@ -136,7 +137,10 @@ class PyAVFrameDataset(Dataset):
         self._delta_index = {key: np.asarray(value) for key, value in windows.delta_index.items()}
         numeric = [k for k in reader.tabular_keys if reader.info.features[k].dtype != "string"]
         self._columns = list(dict.fromkeys([*numeric, *(k for k in _INDEX_KEYS if k in reader.info.features)]))
-        self._table = self._read_rows(reader)
+        self._table = self._read_rows(reader, self._columns)
+        # Cameras stored as images: their encoded rows held in memory, as LeRobot's arrow table holds them.
+        self.image_keys = list(reader.image_keys)
+        self._images = self._read_rows(reader, self.image_keys)
         self._timestamps = np.asarray(self._table.column("timestamp"), dtype=np.float64)
         episodes = reader.episodes
         self._lengths = np.asarray(episodes.length, dtype=np.int64)
@@ -148,15 +152,15 @@ class PyAVFrameDataset(Dataset):
             camera: [reader.video(pos, camera) for pos in range(len(episodes))] for camera in self.camera_keys
         }
 
-    def _read_rows(self, reader: Any) -> pa.Table:
-        """Every episode's rows, in episode order, read once per data file."""
+    def _read_rows(self, reader: Any, columns: list[str]) -> pa.Table:
+        """Every episode's rows of ``columns``, in episode order, read once per data file."""
         tables: dict[str, pa.Table] = {}
         parts = []
         for pos in range(reader.num_episodes):
             path = reader.data_path(pos)
             if path not in tables:
                 with reader.open(path) as f:
-                    tables[path] = pq.read_table(f, columns=self._columns)
+                    tables[path] = pq.read_table(f, columns=columns)
             start, length = int(reader.episodes.data_row_start[pos]), int(reader.episodes.length[pos])
             parts.append(tables[path].slice(start, length))
         return pa.concat_tables(parts).combine_chunks()
@@ -185,7 +189,7 @@ class PyAVFrameDataset(Dataset):
         for key, delta in self._delta_index.items():
             rows, is_pad = query_indices(frame, length, delta)
             item[f"{key}_is_pad"] = torch.as_tensor(is_pad)
-            if key not in self.camera_keys:
+            if key not in self.camera_keys and key not in self.image_keys:
                 item[key] = torch.tensor(self._rows(start + rows)[key])
         for camera in self.camera_keys:
             window = self._delta_index.get(camera)
@@ -201,6 +205,16 @@ class PyAVFrameDataset(Dataset):
             if self._resize is not None:
                 frames = self._resize(frames)
             item[camera] = frames[0] if window is None or len(window) == 1 else frames
+        for camera in self.image_keys:
+            window = self._delta_index.get(camera)
+            rows = query_indices(frame, length, window)[0] if window is not None else np.array([frame])
+            column = self._images.column(camera).take(pa.array(start + rows)).combine_chunks()
+            encoded = column.field("bytes") if pa.types.is_struct(column.type) else column
+            decoded = decode_images([b.as_py() for b in encoded], label=f"{camera} row {index}")
+            frames = torch.from_numpy(decoded).permute(0, 3, 1, 2).float().div_(255)
+            if self._resize is not None:
+                frames = self._resize(frames)
+            item[camera] = frames if window is not None else frames[0]  # image rows are tabular in LeRobot
         item["task"] = self._tasks.get(int(own["task_index"]), "") if "task_index" in own else ""
         return item
 

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from lerobot_dali.bench import METRIC_FIELDS, BenchConfig, default_specs, load_plan
 from lerobot_dali.cli import main
@@ -157,3 +158,24 @@ def test_gpu_only_loaders_are_left_out_on_the_cpu() -> None:
         "lerobot-dali",
         "lerobot-dali-cpu-decode-rgb",
     ]
+
+
+def test_image_camera_datasets_are_planned_and_loaded_by_the_peer_as_by_the_iterator(make_ds) -> None:
+    from lerobot_dali.bench_peers import PyAVFrameDataset
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    root = make_ds(episodes=3, frames_per_episode=[4, 2, 5], cameras=2, size=(64, 64), fps=10, image_cameras=True)
+    reader = open_dataset(root)
+    plan = load_plan(BenchConfig(quick=True, mode="sarm"), reader)
+    cameras = ("observation.images.cam0", "observation.images.cam1")
+    assert plan.camera_keys == cameras and plan.frames_per_sample == 16  # 8 frames per image camera
+    deltas = {"observation.images.cam0": [-0.1, 0.0]}  # cam1 without deltas: (C, H, W)
+    peer = PyAVFrameDataset(root, delta_timestamps=deltas)
+    ours = DALILeRobotIterator(root, batch_size=11, delta_timestamps=deltas, shuffle=False, device="cpu",
+                               num_workers=0)  # fmt: skip
+    batch = next(iter(ours))
+    for i in range(len(peer)):
+        item = peer[i]
+        for key in (*cameras, "observation.images.cam0_is_pad"):
+            assert item[key].shape == batch[key][i].shape, key
+            torch.testing.assert_close(item[key], batch[key][i], atol=1e-6, rtol=0, msg=key)
