@@ -33,7 +33,7 @@ def decode_images(encoded: Sequence[bytes], *, label: str) -> np.ndarray:
     for i, data in enumerate(encoded):
         try:
             with Image.open(io.BytesIO(data)) as image:
-                frames.append(np.asarray(image.convert("RGB")))
+                frames.append(np.asarray(image if image.mode == "RGB" else image.convert("RGB")))
         except (UnidentifiedImageError, OSError, ValueError) as e:
             raise DataFileError(
                 f"{label}: image {i} of the window cannot be decoded ({e}); the data file is corrupt"
