@@ -7,6 +7,7 @@ frame is compared pixel for pixel with the frame that was written.
 from __future__ import annotations
 
 from collections import Counter
+from io import BytesIO
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +15,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from PIL import Image
 
 from lerobot_dali.augment import AugmentConfig, ColorJitter
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DataFileError, SchemaMismatchError
-from lerobot_dali.frame_marker import draw_marker
+from lerobot_dali.frame_marker import draw_marker, read_full_marker
 from lerobot_dali.generate import expected_state
 from lerobot_dali.image_frames import EpisodeImageCache, decode_images
 from lerobot_dali.iterator import DALILeRobotIterator
@@ -131,10 +133,6 @@ def test_declared_image_column_missing_from_the_data(make_ds, copy_ds) -> None:
 
 
 def test_decode_images_rejects_mixed_sizes_and_keeps_rgb() -> None:
-    from io import BytesIO
-
-    from PIL import Image
-
     def png(array: np.ndarray, mode: str) -> bytes:
         out = BytesIO()
         Image.fromarray(array).convert(mode).save(out, format="PNG")
@@ -184,3 +182,49 @@ def test_image_dataset_over_a_remote_matches_local(make_ds) -> None:
     it.close()
     assert len(remote) == sum(LENGTHS)
     _assert_samples_equal(local, remote)
+
+
+def test_video_and_image_cameras_in_one_dataset(make_ds, copy_ds) -> None:
+    # A video dataset plus a wrist camera stored as PNG rows (marker camera 2), declared as LeRobot does.
+    import json
+
+    from lerobot_dali.generate import IMAGE_TYPE
+    from tests.test_iterator import LENGTHS as VIDEO_LENGTHS
+    from tests.test_iterator import _dataset
+
+    root = copy_ds(_dataset(make_ds, "h264"))
+    wrist = "observation.images.wrist"
+    info = json.loads((root / "meta/info.json").read_text())
+    height, width = info["features"][CAM0]["shape"][:2]
+    info["features"][wrist] = {"dtype": "image", "shape": [height, width, 3], "names": ["height", "width", "channel"]}
+    (root / "meta/info.json").write_text(json.dumps(info))
+    for path in sorted((root / "data").rglob("*.parquet")):
+        table = pq.read_table(path)
+        encoded = []
+        for ep, f in zip(table["episode_index"].to_pylist(), table["frame_index"].to_pylist(), strict=True):
+            out = BytesIO()
+            Image.fromarray(draw_marker(ep, f, height, width, 2)).save(out, format="PNG")
+            encoded.append({"bytes": out.getvalue(), "path": None})
+        pq.write_table(table.append_column(wrist, pa.array(encoded, type=IMAGE_TYPE)), path)
+
+    augment = AugmentConfig(color_jitter=ColorJitter(brightness=0.3))  # a draw stream per camera, three in all
+    it = DALILeRobotIterator(
+        root, batch_size=6, delta_timestamps={wrist: [-0.1, 0.0]}, shuffle=False, device="cpu", num_workers=0,
+        drop_last=False, return_uint8=True,
+    )  # fmt: skip
+    assert it.reader.camera_keys == [CAM0, CAM1] and it.reader.image_keys == [wrist]
+    samples = 0
+    for batch in it:
+        assert batch[CAM0].shape[1:] == (3, height, width) and batch[wrist].shape[1:] == (2, 3, height, width)
+        for i in range(len(batch["index"])):
+            ep, f = int(batch["episode_index"][i]), int(batch["frame_index"][i])
+            rows = [max(f - 1, 0), f]
+            np.testing.assert_array_equal(
+                batch[wrist][i].permute(0, 2, 3, 1).numpy(),
+                np.stack([draw_marker(ep, r, height, width, 2) for r in rows]),
+            )
+            assert tuple(read_full_marker(batch[CAM1][i].permute(1, 2, 0).numpy())) == (ep, f, 1)
+            samples += 1
+    assert samples == sum(VIDEO_LENGTHS)
+    augmented = DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=0, augment=augment)
+    assert next(iter(augmented))[wrist].shape == (4, 3, height, width)
