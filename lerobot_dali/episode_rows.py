@@ -85,13 +85,7 @@ def read_episode_rows(
 
     Scalar features (declared shape ``(1,)``) come out as ``(length,)``, as LeRobot batches them.
     """
-    schema = parquet.schema_arrow
-    missing = [k for k in features if schema.get_field_index(k) < 0]
-    if missing:
-        raise SchemaMismatchError(
-            f"{path}: declared feature(s) {missing} have no column in the data file "
-            f"(columns present: {schema.names}); fix info.json or select other keys"
-        )
+    _require_columns(parquet, path, list(features), fix="select other keys")
     table = _read_row_range(parquet, path, row_start, length, list(features))
     return {key: _column_to_numpy(table[key], feature, path) for key, feature in features.items()}
 
@@ -102,11 +96,7 @@ def read_episode_images(parquet: pq.ParquetFile, *, path: str, row_start: int, l
     LeRobot stores ``dtype: "image"`` features as ``datasets.Image``: a struct of the file's ``bytes`` and a
     ``path``; a plain binary column is accepted too. A missing image raises DataFileError naming the row.
     """
-    if parquet.schema_arrow.get_field_index(key) < 0:
-        raise SchemaMismatchError(
-            f"{path}: image feature {key!r} has no column in the data file (columns present: "
-            f"{parquet.schema_arrow.names}); fix info.json or select other cameras"
-        )
+    _require_columns(parquet, path, [key], fix="select other cameras")
     column = _read_row_range(parquet, path, row_start, length, [key])[key].combine_chunks()
     if pa.types.is_struct(column.type) and column.type.get_field_index("bytes") >= 0:
         encoded = column.field("bytes")
@@ -125,6 +115,16 @@ def read_episode_images(parquet: pq.ParquetFile, *, path: str, row_start: int, l
             "rewrite the dataset with the images embedded"
         )
     return encoded
+
+
+def _require_columns(parquet: pq.ParquetFile, path: str, keys: list[str], *, fix: str) -> None:
+    schema = parquet.schema_arrow
+    missing = [k for k in keys if schema.get_field_index(k) < 0]
+    if missing:
+        raise SchemaMismatchError(
+            f"{path}: declared feature(s) {missing} have no column in the data file "
+            f"(columns present: {schema.names}); fix info.json or {fix}"
+        )
 
 
 def _read_row_range(parquet: pq.ParquetFile, path: str, row_start: int, length: int, columns: list[str]) -> pa.Table:
