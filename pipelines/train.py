@@ -287,6 +287,11 @@ def feature_stats(reader: Any, key: str, *, max_episodes: int = 32) -> FeatureSt
     return FeatureStats(mean=tuple(rows.mean(0).tolist()), std=tuple(rows.std(0).tolist()))
 
 
+def all_cameras(reader: Any) -> tuple[str, ...]:
+    """Video cameras, then cameras stored as images in the data files: the policy sees both alike."""
+    return (*reader.camera_keys, *reader.image_keys)
+
+
 def build_policy(reader: Any, plan: DataPlan) -> ChunkPolicy:
     """The policy for this dataset's cameras and state/action sizes and the plan's windows, with the dataset's
     normalisation."""
@@ -295,7 +300,7 @@ def build_policy(reader: Any, plan: DataPlan) -> ChunkPolicy:
         if key not in features:
             raise ValueError(f"the dataset has no {key!r} feature (it has {sorted(features)}); this policy needs both")
     config = PolicyConfig(
-        camera_keys=tuple(reader.camera_keys),
+        camera_keys=all_cameras(reader),
         state_key=STATE_KEY,
         action_key=ACTION_KEY,
         state_dim=int(np.prod(features[STATE_KEY].shape)),
@@ -444,7 +449,8 @@ def train(options: TrainOptions) -> int:
     set_seed(options.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
     rank, world_size = data_rank(accelerator)
     reader = open_dataset(options.dataset, episodes=options.episodes)
-    plan = data_plan(options, fps=reader.fps, camera_keys=reader.camera_keys)
+    cameras = all_cameras(reader)
+    plan = data_plan(options, fps=reader.fps, camera_keys=cameras)
     iterator = build_iterator(
         reader, plan, options, rank=rank, world_size=world_size, device=iterator_device(accelerator.device)
     )
@@ -463,7 +469,7 @@ def train(options: TrainOptions) -> int:
     start_step = step
     logger.info(
         "rank %d/%d: steps %d..%d, batch %d, %d batches left in epoch %d, cameras %s, recipe %s, windows %s",
-        rank, world_size, step, options.steps, options.batch_size, len(iterator), iterator.epoch, reader.camera_keys,
+        rank, world_size, step, options.steps, options.batch_size, len(iterator), iterator.epoch, cameras,
         options.recipe, {k: len(v) for k, v in plan.delta_timestamps.items()},
     )  # fmt: skip
     record = RunRecord(first_step=step + 1)
@@ -483,7 +489,7 @@ def train(options: TrainOptions) -> int:
         if step == start_step + 1:
             meter.report()  # the first step carries pipeline start-up and warm-up: keep it out of the rates
         else:
-            meter.add(len(batch["index"]), camera_frames(batch, reader.camera_keys), wait_s)
+            meter.add(len(batch["index"]), camera_frames(batch, cameras), wait_s)
         if options.record_dir is not None:
             if not record.batch_shapes:
                 record.batch_shapes = {k: list(v.shape) for k, v in batch.items() if torch.is_tensor(v)}

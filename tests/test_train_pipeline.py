@@ -190,6 +190,18 @@ def test_diffusion_recipe_trains_on_observation_and_action_windows(
     assert shapes["action"] == [4, 16, 7] and shapes["action_is_pad"] == [4, 16]  # frames -1 .. 14
 
 
+def test_training_on_cameras_stored_as_images(make_ds: Callable[..., Path], tmp_path: Path) -> None:
+    dataset = make_ds(**{**UNEVEN, "image_cameras": True})
+    args = ["--device", "cpu", "--num-workers", "1", "--seed", "0", "--log-every", "1", "--recipe", "diffusion"]
+    args += ["--dataset", str(dataset), "--steps", "2", "--batch-size", "4", "--record", str(tmp_path / "rec")]
+    stderr = _train(args).stderr
+    # the policy encodes both image cameras, each a 2-step window
+    assert "cameras ('observation.images.cam0', 'observation.images.cam1')" in stderr
+    (record,) = _records(tmp_path / "rec", 1)
+    shapes = record["batch_shapes"]
+    assert shapes["observation.images.cam0"] == shapes["observation.images.cam1"] == [4, 2, 3, 64, 64]
+
+
 def test_act_recipe_with_explicit_image_size_and_chunk(make_ds: Callable[..., Path], tmp_path: Path) -> None:
     dataset = make_ds(**UNEVEN)
     record = _recipe_run(tmp_path / "recipe", dataset, "act")
