@@ -243,7 +243,7 @@ def load_plan(config: BenchConfig, reader: Any) -> LoadPlan:
         _repo_module("pipelines.recipes", "pipelines/recipes.py").get_recipe(config.recipe) if config.recipe else None
     )
     features = reader.info.features
-    cameras = [*reader.camera_keys, *reader.image_keys]  # video cameras, then cameras stored as images
+    cameras = reader.all_camera_keys
     deltas: dict[str, list[float]] = {}
     if recipe is not None:
         deltas = recipe.delta_timestamps(

@@ -81,6 +81,11 @@ class LeRobotDatasetReader:
         )
 
     @property
+    def all_camera_keys(self) -> tuple[str, ...]:
+        """Video cameras, then image cameras: every camera a batch carries, in the pipeline's order."""
+        return (*self.camera_keys, *self.image_keys)
+
+    @property
     def fps(self) -> float:
         return self.info.fps
 

@@ -287,11 +287,6 @@ def feature_stats(reader: Any, key: str, *, max_episodes: int = 32) -> FeatureSt
     return FeatureStats(mean=tuple(rows.mean(0).tolist()), std=tuple(rows.std(0).tolist()))
 
 
-def all_cameras(reader: Any) -> tuple[str, ...]:
-    """Video cameras, then cameras stored as images in the data files: the policy sees both alike."""
-    return (*reader.camera_keys, *reader.image_keys)
-
-
 def build_policy(reader: Any, plan: DataPlan) -> ChunkPolicy:
     """The policy for this dataset's cameras and state/action sizes and the plan's windows, with the dataset's
     normalisation."""
@@ -300,7 +295,7 @@ def build_policy(reader: Any, plan: DataPlan) -> ChunkPolicy:
         if key not in features:
             raise ValueError(f"the dataset has no {key!r} feature (it has {sorted(features)}); this policy needs both")
     config = PolicyConfig(
-        camera_keys=all_cameras(reader),
+        camera_keys=reader.all_camera_keys,  # image-dtype cameras too: the policy sees both alike
         state_key=STATE_KEY,
         action_key=ACTION_KEY,
         state_dim=int(np.prod(features[STATE_KEY].shape)),
@@ -449,7 +444,7 @@ def train(options: TrainOptions) -> int:
     set_seed(options.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
     rank, world_size = data_rank(accelerator)
     reader = open_dataset(options.dataset, episodes=options.episodes)
-    cameras = all_cameras(reader)
+    cameras = reader.all_camera_keys
     plan = data_plan(options, fps=reader.fps, camera_keys=cameras)
     iterator = build_iterator(
         reader, plan, options, rank=rank, world_size=world_size, device=iterator_device(accelerator.device)
