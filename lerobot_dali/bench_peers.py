@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .dataset_reader import open_dataset
+from .episode_rows import image_bytes
 from .errors import FrameTimestampError
 from .image_frames import decode_images
 from .windows import DeltaWindows, query_indices
@@ -209,7 +210,7 @@ class PyAVFrameDataset(Dataset):
             window = self._delta_index.get(camera)
             rows = query_indices(frame, length, window)[0] if window is not None else np.array([frame])
             column = self._images.column(camera).take(pa.array(start + rows)).combine_chunks()
-            encoded = column.field("bytes") if pa.types.is_struct(column.type) else column
+            encoded = image_bytes(column, path=f"dataset rows {(start + rows).tolist()}", key=camera)
             decoded = decode_images([b.as_py() for b in encoded], label=f"{camera} row {index}")
             frames = torch.from_numpy(decoded).permute(0, 3, 1, 2).float().div_(255)
             if self._resize is not None:

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from .dataset_info import Feature
 from .errors import DataFileError, MissingDataFileError, SchemaMismatchError
 
-__all__ = ["ParquetCache", "read_episode_images", "read_episode_rows"]
+__all__ = ["ParquetCache", "image_bytes", "read_episode_images", "read_episode_rows"]
 
 #: Columns LeRobot batches for every dataset; ``frame_index`` is derived when a dataset omits it.
 INDEX_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
@@ -91,13 +91,18 @@ def read_episode_rows(
 
 
 def read_episode_images(parquet: pq.ParquetFile, *, path: str, row_start: int, length: int, key: str) -> pa.Array:
-    """The encoded images (PNG/JPEG bytes) of camera ``key`` in rows ``[row_start, row_start + length)``.
+    """The encoded images (PNG/JPEG bytes) of camera ``key`` in rows ``[row_start, row_start + length)``."""
+    _require_columns(parquet, path, [key], fix="select other cameras")
+    column = _read_row_range(parquet, path, row_start, length, [key])[key].combine_chunks()
+    return image_bytes(column, path=path, key=key, row_start=row_start)
+
+
+def image_bytes(column: pa.Array, *, path: str, key: str, row_start: int = 0) -> pa.Array:
+    """The encoded images of an image column's rows (``row_start``: the first row's number, for messages).
 
     LeRobot stores ``dtype: "image"`` features as ``datasets.Image``: a struct of the file's ``bytes`` and a
     ``path``; a plain binary column is accepted too. A missing image raises DataFileError naming the row.
     """
-    _require_columns(parquet, path, [key], fix="select other cameras")
-    column = _read_row_range(parquet, path, row_start, length, [key])[key].combine_chunks()
     if pa.types.is_struct(column.type) and column.type.get_field_index("bytes") >= 0:
         encoded = column.field("bytes")
         missing = pc.or_(column.is_null(), encoded.is_null())
