@@ -29,7 +29,7 @@ import enum
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,8 +100,6 @@ class OrderOptions:
     shuffle: bool = True
     episode_pool_size: int = 16
     rank_balance: RankBalance = RankBalance.PAD
-    #: Positions (rows of ``episode_lengths``) to use, or ``None`` for all; the seam for subsets.
-    episodes: Sequence[int] | None = None
     #: Samples between pool-state checkpoints (a lower bound; raised to respect ``max_checkpoints``).
     checkpoint_interval: int = 8192
     max_checkpoints: int = 1024
@@ -119,11 +117,6 @@ class OrderOptions:
             except ValueError as e:
                 allowed = ", ".join(repr(m.value) for m in RankBalance)
                 raise ValueError(f"rank_balance={self.rank_balance!r} is not one of {allowed}") from e
-        if self.episodes is not None:
-            chosen = tuple(_check_int("episodes[i]", e, minimum=0) for e in self.episodes)
-            if len(set(chosen)) != len(chosen):
-                raise ValueError("episodes lists a position more than once; pass each episode once")
-            object.__setattr__(self, "episodes", chosen)
 
 
 @dataclass(frozen=True)
@@ -359,14 +352,6 @@ class SampleOrder:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self._options = options if options is not None else OrderOptions()
         self._lengths = lengths.astype(np.int64)
-        self._counts = self._lengths.copy()
-        if self._options.episodes is not None:
-            chosen = np.asarray(self._options.episodes, dtype=np.int64)
-            if chosen.size and chosen.max() >= lengths.size:
-                raise ValueError(f"episodes names position {int(chosen.max())} but only {lengths.size} episodes exist")
-            mask = np.zeros(lengths.size, dtype=bool)
-            mask[chosen] = True
-            self._counts[~mask] = 0
         self._resumed = resumed_epoch
         self._plans: OrderedDict[int, _EpochPlan] = OrderedDict()
         self._permutations: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
@@ -473,12 +458,12 @@ class SampleOrder:
         return plan
 
     def _build_plan(self, epoch: int) -> _EpochPlan:
-        consumed = np.zeros_like(self._counts)
+        consumed = np.zeros_like(self._lengths)
         segments = self._resumed.segments if self._resumed is not None and self._resumed.epoch == epoch else ()
         for index, seg in enumerate(segments):
             consumed = self._consume(epoch, index, seg, consumed)
         segment = len(segments)
-        remaining = self._counts - consumed
+        remaining = self._lengths - consumed
         if segment and np.count_nonzero(remaining) < self._world_size:
             logger.warning(
                 "epoch %d: only %d partly-consumed episode(s) remain for %d ranks after the world-size "
@@ -535,7 +520,7 @@ class SampleOrder:
 
         Replays each old rank's prefix: CPU proportional to the samples consumed, memory O(episodes).
         """
-        shard = self._shard(epoch, segment, seg.world_size, self._counts - consumed)
+        shard = self._shard(epoch, segment, seg.world_size, self._lengths - consumed)
         after = consumed.copy()
         for rank in range(seg.world_size):
             plan = self._plan_for(epoch, segment, rank, shard, consumed)

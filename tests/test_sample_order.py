@@ -109,15 +109,6 @@ def test_unshuffled_single_rank_is_dataset_order_every_epoch() -> None:
         assert _pairs(*order.samples(epoch, 0, order.num_samples(epoch))) == expected
 
 
-def test_episode_subset_seam() -> None:
-    order = SampleOrder(LENGTHS, rank=0, world_size=1, options=_options(episodes=[5, 2, 9]))
-    ep, fr = order.samples(0, 0, order.num_samples(0))
-    expected = {(e, f) for e in (2, 5, 9) for f in range(LENGTHS[e])}
-    assert set(_pairs(ep, fr)) == expected and ep.size == len(expected)
-    with pytest.raises(ValueError, match="only 41 episodes"):
-        SampleOrder(LENGTHS, rank=0, world_size=1, options=_options(episodes=[41])).num_samples(0)
-
-
 def test_same_seed_same_order_in_a_fresh_process() -> None:
     order = SampleOrder(LENGTHS, rank=1, world_size=3, options=_options())
     ep, fr = order.samples(1, 10, 60)
@@ -224,8 +215,6 @@ def test_option_validation() -> None:
         OrderOptions(episode_pool_size=0)
     with pytest.raises(ValueError, match="'pad', 'drop'"):
         OrderOptions(rank_balance="trim")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="more than once"):
-        OrderOptions(episodes=[1, 1])
     with pytest.raises(ValueError, match="rank must be in"):
         SampleOrder(LENGTHS, rank=2, world_size=2)
 
