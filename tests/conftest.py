@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -9,7 +10,10 @@ from typing import Any
 
 import pytest
 
-SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+#: ../shared/datasets beside the checkout; LEROBOT_DALI_SHARED_DATASETS elsewhere (a GPU machine: .ci/gpu-unpack).
+SHARED_DATASETS = Path(
+    os.environ.get("LEROBOT_DALI_SHARED_DATASETS") or Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+)
 
 
 def shared_dataset(name: str) -> Path:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = [ROOT / ".ci" / "run", ROOT / ".ci" / "gpu"]
+SCRIPTS = [ROOT / ".ci" / name for name in ("run", "gpu", "gpu-pack", "gpu-unpack")]
 
 
 def _shellcheck() -> str | None:
@@ -54,3 +54,103 @@ def test_gpu_check_logs_every_step_and_fails_without_a_gpu(tmp_path: Path) -> No
         f"python3 -m lerobot_dali bench --device cuda --limits --out {out}/bench --cache-dir /data/bench --quick"
     ]
     assert {"gpu.log", "nvcuvid.log", "gpu-tests.log", "diagnose.log", "bench.log"} <= {p.name for p in out.iterdir()}
+
+
+def test_gpu_steps_can_be_chosen(tmp_path: Path) -> None:
+    """``STEPS`` runs only the named steps (a device call has a time limit), with each real dataset diagnosed
+    from ``LEROBOT_DALI_SHARED_DATASETS``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.txt"
+    (bin_dir / "python3").write_text(f'#!/bin/sh\necho "python3 $*" >> {calls}\n')
+    (bin_dir / "python3").chmod(0o755)
+    shared = tmp_path / "shared"
+    (shared / "one").mkdir(parents=True)
+    (shared / "README.md").write_text("not a dataset")
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "STEPS": "diagnose",
+        "LEROBOT_DALI_SHARED_DATASETS": str(shared),
+    }
+    result = subprocess.run(["bash", str(ROOT / ".ci" / "gpu"), str(out)], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert calls.read_text().splitlines() == [
+        "python3 -m lerobot_dali diagnose",
+        f"python3 -m lerobot_dali diagnose {shared}/one/",
+    ]
+    assert {p.name for p in out.iterdir()} == {"diagnose.log", "diagnose-dataset-one.log"}
+
+
+def test_gpu_pack_parts_unpack_to_the_packed_tree(tmp_path: Path) -> None:
+    """What .ci/gpu-pack splits into carry-sized parts, .ci/gpu-unpack joins back: the site folder with only
+    the target Python's extension modules and a ``nvidia`` package that extends its path, every bench
+    dataset, the shared datasets, and the exports."""
+    if shutil.which("xz") is None:
+        pytest.skip("xz is not installed")
+    from lerobot_dali.bench import default_specs
+
+    site = tmp_path / "site"
+    (site / "pkg").mkdir(parents=True)
+    payload = os.urandom(3 * 1024 * 1024 // 2)  # incompressible: two parts of 1 MiB
+    (site / "pkg" / "lib.so").write_bytes(payload)
+    (site / "nvidia" / "dali").mkdir(parents=True)
+    for tag in ("310", "312", "314t"):
+        (site / "pkg" / f"backend.cpython-{tag}-x86_64-linux-gnu.so").write_text(tag)
+    bench = tmp_path / "bench"
+    folders = [spec.folder for quick in (True, False) for spec in default_specs(quick)]
+    for folder in folders:  # present: ensure_generated reuses them instead of encoding
+        (bench / folder / "meta").mkdir(parents=True)
+        (bench / folder / "meta" / "info.json").write_text(folder)
+    (bench / "unrelated").mkdir()
+    shared = tmp_path / "shared"
+    (shared / "ds").mkdir(parents=True)
+    (shared / "ds" / "data.bin").write_bytes(b"\x00\x01")
+    bin_dir = tmp_path / "bin"  # the scripts' python3 is this interpreter
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SITE": str(site),
+        "BENCH_CACHE": str(bench),
+        "SHARED_DATASETS": str(shared),
+        "PART_MB": "1",
+    }
+    out = tmp_path / "parts"
+    packed = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "gpu-pack"), str(out)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert packed.returncode == 0, packed.stdout + packed.stderr
+    parts = sorted(p.name for p in out.iterdir())
+    assert parts == ["part-00", "part-01"]
+    assert all(p.stat().st_size <= 1024 * 1024 for p in out.glob("part-*/*"))
+
+    stage = tmp_path / "stage"  # as on the machine: every part copied into one folder
+    stage.mkdir()
+    for p in out.glob("part-*/*"):
+        shutil.copy(p, stage)
+    dest = tmp_path / "dest"
+    unpacked = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "gpu-unpack"), str(stage), str(dest)],
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": ""},
+        timeout=120,
+    )
+    assert unpacked.returncode == 0, unpacked.stderr
+    assert unpacked.stdout.splitlines() == [
+        f"export PYTHONPATH={dest}/site:{ROOT}",
+        f"export LEROBOT_DALI_BENCH_CACHE={dest}/bench",
+        f"export LEROBOT_DALI_SHARED_DATASETS={dest}/shared",
+        "export PYTHONUNBUFFERED=1",
+    ]
+    assert (dest / "site" / "pkg" / "lib.so").read_bytes() == payload
+    assert sorted(p.name for p in (dest / "site" / "pkg").glob("backend.*")) == [
+        "backend.cpython-312-x86_64-linux-gnu.so"
+    ]
+    assert sorted(p.name for p in (dest / "bench").iterdir()) == sorted(folders)
+    assert "extend_path" in (dest / "site" / "nvidia" / "__init__.py").read_text()  # this nvidia.dali wins
+    assert (dest / "bench" / folders[0] / "meta" / "info.json").read_text() == folders[0]
+    assert (dest / "shared" / "ds" / "data.bin").read_bytes() == b"\x00\x01"
