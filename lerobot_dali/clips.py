@@ -265,8 +265,10 @@ def _template_stream(index: PacketIndex) -> Any:
     container = av.open(io.BytesIO(index.template), mode="r")
     with _templates_lock:
         _templates[key] = container
+        # Dropped, not closed: a clip being muxed in another thread may still hold the stream (and so the
+        # container), which closes when the last reference goes.
         while len(_templates) > max(TEMPLATE_CACHE_SIZE, 1):  # never the one just opened
-            _templates.popitem(last=False)[1].close()
+            _templates.popitem(last=False)
     return container.streams.video[0]
 
 
