@@ -12,10 +12,14 @@ files using every resource the machine has. Two ceilings are measured:
   clips, in batches; measured only when a CUDA GPU is present, and reported as unsupported when NVDEC
   lacks the codec (AV1 on A100/H100/H200).
 
+Apart from them, ``clip_cutting`` (with the GPU ceiling, or ``--clips``): every core cuts one-frame clips
+of the same frames in random order, as the NVDEC route's workers do. It is no decode rate, so it is not a
+ceiling for every loader; it bounds the NVDEC route from the CPU side (compare it with ``gpu_dali``).
+
 ``lerobot-dali bench --limits`` runs this on each benchmarked dataset and divides every loader's frames/s
 by the best ceiling (``fraction_of_decode_ceiling``). Alone::
 
-    python bench/limits.py DATASET [--max-frames 3000] [--run-frames 128] [--no-gpu]
+    python bench/limits.py DATASET [--max-frames 3000] [--run-frames 128] [--no-gpu] [--planes] [--clips]
 """
 
 from __future__ import annotations
@@ -36,11 +40,20 @@ from typing import Any
 import av
 import numpy as np
 
+from .clips import build_clip
 from .dataset_reader import open_dataset
 from .packet_index import load_packet_index
 from .yuv_frames import frame_planes
 
-__all__ = ["Ceiling", "DecodeRun", "cpu_decode_ceiling", "decode_runs", "gpu_decode_ceiling", "measure_ceilings"]
+__all__ = [
+    "Ceiling",
+    "DecodeRun",
+    "clip_cutting_rate",
+    "cpu_decode_ceiling",
+    "decode_runs",
+    "gpu_decode_ceiling",
+    "measure_ceilings",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -154,6 +167,37 @@ def cpu_decode_ceiling(runs: Sequence[DecodeRun], *, workers: int | None = None,
     )
 
 
+def _cut_clips(task: tuple[str, list[int]]) -> int:
+    path, frames = task
+    index = load_packet_index(path)
+    for frame in frames:
+        build_clip(path, index, [frame])
+    return len(frames)
+
+
+def clip_cutting_rate(runs: Sequence[DecodeRun], *, workers: int | None = None, seed: int = 0) -> Ceiling:
+    """One-frame clips (the packets from the frame's keyframe, remuxed) for every frame of ``runs``, in random
+    order within each run, cut by a process pool on every core. Each process reads a file's packet index
+    (cached) and opens its template once, as a loader's worker does."""
+    workers = workers or usable_cpus()
+    rng = np.random.default_rng(seed)
+    tasks = [(r.path, rng.permutation(np.arange(r.start, r.stop)).tolist()) for r in runs]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        list(pool.map(_noop, range(workers * 2)))
+        start = time.perf_counter()
+        frames = sum(pool.map(_cut_clips, tasks, chunksize=1))
+        seconds = time.perf_counter() - start
+    return Ceiling(
+        name="clip_cutting",
+        frames=frames,
+        seconds=seconds,
+        frames_per_s=frames / seconds if seconds > 0 else None,
+        workers=workers,
+        detail=f"{workers} processes cutting one-frame clips for NVDEC (PyAV {av.__version__}); no decoding",
+    )
+
+
 def gpu_decode_ceiling(runs: Sequence[DecodeRun], *, device_id: int = 0, batch_size: int = 4) -> Ceiling:
     """NVDEC through DALI (``fn.decoders.video`` mixed) on the runs cut into clips; clip cutting is untimed."""
     from nvidia.dali import fn
@@ -206,9 +250,10 @@ def measure_ceilings(
     run_frames: int = 128,
     gpu: bool | None = None,
     planes: bool | None = None,
+    clips: bool | None = None,
 ) -> dict[str, Any]:
     """The ceilings for ``dataset`` as plain data; ``gpu=None`` measures the GPU one when CUDA is present,
-    ``planes=None`` the planes one along with it."""
+    ``planes=None`` and ``clips=None`` the planes ceiling and the clip-cutting rate along with it."""
     runs = decode_runs(dataset, max_frames=max_frames, run_frames=run_frames)
     if not runs:
         raise ValueError(f"{dataset}: no video frames to decode")
@@ -228,6 +273,8 @@ def measure_ceilings(
         "ceilings": {c.name: asdict(c) for c in ceilings},
         "best_frames_per_s": max(measured) if measured else None,
     }
+    if clips or (clips is None and gpu):
+        result["clip_cutting"] = asdict(clip_cutting_rate(runs))
     logger.info("decode ceilings of %s: %s", dataset, {c.name: c.frames_per_s for c in ceilings})
     return result
 
@@ -239,6 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--run-frames", type=int, default=128, help="consecutive frames per decode task")
     parser.add_argument("--no-gpu", action="store_true", help="skip the DALI GPU ceiling")
     parser.add_argument("--planes", action="store_true", help="also measure decode to YUV planes without a GPU")
+    parser.add_argument("--clips", action="store_true", help="also measure clip cutting for NVDEC without a GPU")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     result = measure_ceilings(
@@ -247,6 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_frames=args.run_frames,
         gpu=False if args.no_gpu else None,
         planes=True if args.planes else None,
+        clips=True if args.clips else None,
     )
     print(json.dumps(result, indent=2))
     return 0

@@ -179,3 +179,19 @@ def test_image_camera_datasets_are_planned_and_loaded_by_the_peer_as_by_the_iter
         for key in (*cameras, "observation.images.cam0_is_pad"):
             assert item[key].shape == batch[key][i].shape, key
             torch.testing.assert_close(item[key], batch[key][i], atol=1e-6, rtol=0, msg=key)
+
+
+def test_clip_cutting_rate_counts_every_frame_and_is_no_decode_ceiling(make_ds) -> None:
+    """``clip_cutting`` cuts one clip per frame of the runs and stays out of ``best_frames_per_s``, which
+    only decode ceilings set; without a GPU it is measured only when asked for."""
+    from lerobot_dali.bench_limits import decode_runs, measure_ceilings
+
+    root = make_ds(episodes=2, frames_per_episode=20, cameras=1, size=(64, 96), codec="h264", gop=4)
+    runs = decode_runs(root, max_frames=40, run_frames=16)
+    result = measure_ceilings(root, max_frames=40, run_frames=16, gpu=False, clips=True)
+    cutting = result["clip_cutting"]
+    assert cutting["error"] is None and cutting["frames"] == sum(r.stop - r.start for r in runs) == 40
+    assert cutting["frames_per_s"] == pytest.approx(cutting["frames"] / cutting["seconds"])
+    assert set(result["ceilings"]) == {"cpu_pyav"}
+    assert result["best_frames_per_s"] == result["ceilings"]["cpu_pyav"]["frames_per_s"]
+    assert "clip_cutting" not in measure_ceilings(root, max_frames=40, run_frames=16, gpu=False)
