@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import io
 import logging
-import os
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +24,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .errors import FrameRequestError, VideoDecodeError
-from .packet_index import PacketIndex, VideoSource, open_video_source
+from .packet_index import PacketIndex, VideoSource, open_video_source, template_container
 
 __all__ = [
     "Clip",
@@ -39,11 +36,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-#: Templates kept open per process (a few KB each, plus FFmpeg's stream state).
-TEMPLATE_CACHE_SIZE = 64
-_templates: OrderedDict[tuple[int, bytes], Any] = OrderedDict()
-_templates_lock = threading.Lock()
 
 
 @dataclass(frozen=True, eq=False)
@@ -234,7 +226,7 @@ def remux_clip(index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> np.
     output = io.BytesIO()
     try:
         with av.open(output, mode="w", format="mp4") as muxer:
-            stream = muxer.add_stream_from_template(_template_stream(index), opaque=True)
+            stream = muxer.add_stream_from_template(template_container(index).streams.video[0], opaque=True)
             for position, (payload, display_rank) in enumerate(zip(payloads, rank.tolist(), strict=True)):
                 packet = av.Packet(payload)
                 packet.pts = display_rank * duration
@@ -247,29 +239,6 @@ def remux_clip(index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> np.
     except av.error.FFmpegError as e:
         raise VideoDecodeError(f"{index.source_name}: remuxing a clip of {count} packets failed ({e}).") from e
     return np.frombuffer(output.getvalue(), dtype=np.uint8)
-
-
-def _template_stream(index: PacketIndex) -> Any:
-    """The video stream of ``index.template``, opened once per process and file.
-
-    Opening the template probes it (~1 ms for H.264 480x640), more than the rest of a clip; muxing only
-    copies the stream's codec parameters, so one open template serves every clip of its file. Keyed by
-    process, so a forked worker opens its own.
-    """
-    key = (os.getpid(), index.template)
-    with _templates_lock:
-        container = _templates.get(key)
-        if container is not None:
-            _templates.move_to_end(key)
-            return container.streams.video[0]
-    container = av.open(io.BytesIO(index.template), mode="r")
-    with _templates_lock:
-        _templates[key] = container
-        # Dropped, not closed: a clip being muxed in another thread may still hold the stream (and so the
-        # container), which closes when the last reference goes.
-        while len(_templates) > max(TEMPLATE_CACHE_SIZE, 1):  # never the one just opened
-            _templates.popitem(last=False)
-    return container.streams.video[0]
 
 
 def build_clip(

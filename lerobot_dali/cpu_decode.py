@@ -16,9 +16,9 @@ on a GPU the worker skips that conversion altogether and hands the decoder's pla
 from __future__ import annotations
 
 import functools
-import io
 import logging
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -32,7 +32,14 @@ from numpy.typing import ArrayLike
 
 from .clips import ClipPlan, plan_clip
 from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
-from .packet_index import PacketIndex, VideoSource, source_cache_key, source_label
+from .packet_index import (
+    PacketIndex,
+    VideoSource,
+    drop_template_container,
+    source_cache_key,
+    source_label,
+    template_container,
+)
 from .yuv_frames import PlaneFrames, frame_planes, stack_planes
 
 __all__ = [
@@ -308,18 +315,22 @@ def _decode_packet_frames(
     # Display rank as pts: the decoder hands frames back in display order, and the pts proves which is which.
     ranks = np.argsort(np.argsort(index.pts[plan.packet_positions], kind="stable"), kind="stable")
     frames: list[av.VideoFrame] = []
+    # One decoder per file, thread and thread count, reset between requests as the file decoders are.
+    owner = ("packet-decoder", threading.get_ident(), threads)
     try:
-        with av.open(io.BytesIO(index.template), "r") as template:
-            codec = template.streams.video[0].codec_context
+        codec = template_container(index, owner=owner).streams.video[0].codec_context
+        if not codec.is_open:
             codec.thread_count = threads
             codec.thread_type = "AUTO"
-            for position, (payload, rank) in enumerate(zip(payloads, ranks.tolist(), strict=True)):
-                packet = av.Packet(payload)
-                packet.pts, packet.dts = rank, position
-                packet.is_keyframe = bool(index.keyframe[plan.packet_positions[position]])
-                frames.extend(codec.decode(packet))
-            frames.extend(codec.decode(None))
+        codec.flush_buffers()
+        for position, (payload, rank) in enumerate(zip(payloads, ranks.tolist(), strict=True)):
+            packet = av.Packet(payload)
+            packet.pts, packet.dts = rank, position
+            packet.is_keyframe = bool(index.keyframe[plan.packet_positions[position]])
+            frames.extend(codec.decode(packet))
+        frames.extend(codec.decode(None))
     except (av.error.FFmpegError, OSError) as e:
+        drop_template_container(index, owner=owner)
         raise VideoDecodeError(f"{label}: decoding {len(payloads)} packets failed ({e}); the file is corrupt.") from e
     by_rank = {int(frame.pts): frame for frame in frames if frame.pts is not None}
     wanted = np.unique(plan.relative_indices).tolist()

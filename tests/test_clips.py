@@ -11,7 +11,7 @@ import fsspec
 import numpy as np
 import pytest
 
-from lerobot_dali import clips
+from lerobot_dali import packet_index
 from lerobot_dali.clips import build_clip, plan_clip
 from lerobot_dali.errors import FrameRequestError, VideoDecodeError
 from lerobot_dali.frame_lookup import nearest_frame_indices
@@ -174,20 +174,21 @@ def test_sparse_clip_is_small(marker_video: MarkerVideo) -> None:
 def test_open_templates_are_reused_per_file_and_bounded(marker_video: MarkerVideo, monkeypatch) -> None:
     """A clip muxed with a template opened for an earlier clip is byte for byte the one a fresh template
     gives, and the process keeps no more templates open than its bound."""
-    monkeypatch.setattr(clips, "TEMPLATE_CACHE_SIZE", 2)
-    monkeypatch.setattr(clips, "_templates", type(clips._templates)())
+    templates = type(packet_index._templates)()
+    monkeypatch.setattr(packet_index, "TEMPLATE_CACHE_SIZE", 2)
+    monkeypatch.setattr(packet_index, "_templates", templates)
     paths = [marker_video("h264", 2), marker_video("hevc", 30), marker_video("vp9", 2)]
     indexes = [build_packet_index(path) for path in paths]
     reused = [build_clip(path, index, [0, 40]).data for path, index in zip(paths, indexes, strict=True)]
-    assert len(clips._templates) == 2  # the first file's template was closed
+    assert len(templates) == 2  # the first file's template was dropped
     again = [build_clip(path, index, [5, 61]).data for path, index in zip(paths, indexes, strict=True)]
-    clips._templates.clear()
+    templates.clear()
     for path, index, data in zip(paths, indexes, again, strict=True):
         np.testing.assert_array_equal(data, build_clip(path, index, [5, 61]).data)
-        clips._templates.clear()
+        templates.clear()
     for path, index, data in zip(paths, indexes, reused, strict=True):
         np.testing.assert_array_equal(data, build_clip(path, index, [0, 40]).data)
-        clips._templates.clear()
+        templates.clear()
 
 
 def test_clip_from_fsspec_and_file_object(marker_video: MarkerVideo) -> None:

@@ -138,9 +138,12 @@ def test_packet_decode_bad_input_names_the_file(marker_video: MarkerVideo) -> No
     payloads = read_packet_payloads(path, index, plan)
     with pytest.raises(ValueError, match="payloads"):
         decode_packets(index, plan, payloads[:-1])
+    good = decode_packets(index, plan, payloads)
     garbage = [b"\xff" * len(p) for p in payloads]
     with pytest.raises(VideoDecodeError, match=index.source_name):
         decode_packets(index, plan, garbage)
+    # The decoder kept for this file (per process and thread) was dropped with the failure; a new one decodes.
+    np.testing.assert_array_equal(decode_packets(index, plan, payloads), good)
     with pytest.raises(CodecUnsupportedError, match=index.source_name):
         decode_packets(replace(index, codec="evc"), plan, payloads)
 
