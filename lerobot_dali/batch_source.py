@@ -22,7 +22,7 @@ from . import errors, io_stats
 from .augment import AugmentConfig
 from .augment_draws import draw_names, draw_params, stream_name
 from .clips import build_clip, plan_clip, read_packet_payloads
-from .cpu_decode import CpuDecodeOptions, CpuFrameDecoder, decode_packet_planes, decode_packets
+from .cpu_decode import CpuDecodeOptions, CpuFrameDecoder
 from .dali_graph import CameraFeed, Field, FieldKind, augment_draw_field
 from .dataset_reader import LeRobotDatasetReader
 from .errors import DatasetError
@@ -296,7 +296,6 @@ class BatchSource:
         # MP4 packets are read by exact byte range instead (what the prefetch cache holds) and decoded
         # straight from memory; other containers are demuxed into a clip first.
         frames: list[Any] = []
-        threads = decoder.options.threads_per_decoder
         for path, index, numbers in requests:
             if index.byte_exact:
                 with io_stats.timed("clip_s"):
@@ -304,9 +303,9 @@ class BatchSource:
                     payloads = read_packet_payloads(path, index, plan, filesystem=location.fs)
                 with io_stats.timed("decode_s"):
                     if planes:
-                        frames.append(decode_packet_planes(index, plan, payloads, threads=threads))
+                        frames.append(decoder.decode_packet_planes(index, plan, payloads))
                     else:
-                        frames.append(decode_packets(index, plan, payloads, size=size, threads=threads))
+                        frames.append(decoder.decode_packets(index, plan, payloads, size=size))
                 continue
             with io_stats.timed("clip_s"):
                 clip = build_clip(path, index, numbers, filesystem=location.fs)

@@ -16,14 +16,14 @@ on a GPU the worker skips that conversion altogether and hands the decoder's pla
 from __future__ import annotations
 
 import functools
+import io
 import logging
 import os
-import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, cast
 
 import av
 import numpy as np
@@ -32,14 +32,7 @@ from numpy.typing import ArrayLike
 
 from .clips import ClipPlan, plan_clip
 from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
-from .packet_index import (
-    PacketIndex,
-    VideoSource,
-    drop_template_container,
-    source_cache_key,
-    source_label,
-    template_container,
-)
+from .packet_index import PacketIndex, VideoSource, source_cache_key, source_label
 from .yuv_frames import PlaneFrames, frame_planes, stack_planes
 
 __all__ = [
@@ -48,8 +41,6 @@ __all__ = [
     "CpuDecodeOptions",
     "CpuDecoderBackend",
     "CpuFrameDecoder",
-    "decode_packet_planes",
-    "decode_packets",
     "pyav_can_decode",
     "torchcodec_available",
 ]
@@ -132,6 +123,13 @@ def pyav_can_decode(codec: str) -> bool:
     except (av.codec.codec.UnknownCodecError, ValueError):
         return False
     return True
+
+
+def _require_pyav_decoder(index: PacketIndex) -> None:
+    if not pyav_can_decode(index.codec):
+        raise CodecUnsupportedError(
+            f"{index.source_name}: PyAV has no decoder for codec {index.codec!r}; re-encode the video."
+        )
 
 
 def torchcodec_available() -> bool:
@@ -274,73 +272,52 @@ class _TorchCodecReader:
             self._handle.close()
 
 
-def decode_packets(
-    index: PacketIndex,
-    plan: ClipPlan,
-    payloads: list[bytes],
-    *,
-    size: tuple[int, int] | None = None,
-    threads: int = 1,
-) -> np.ndarray:
-    """RGB frames ``(N, H, W, 3)`` uint8 at ``plan.relative_indices``, decoded from the planned packets alone.
+class _PacketDecoder:
+    """A PyAV decoder opened from a file's stream template (``PacketIndex.template``), fed the packets of one
+    request at a time and reset between requests, as a file's open decoder is after each seek."""
 
-    For remote MP4s: the payloads are exact ranged reads (what the prefetch cache serves), and feeding
-    them to a decoder opened from ``index.template`` skips the remux and the demux a clip would cost, and
-    every container read beyond the packets. PyAV decodes whatever the backend (torchcodec takes files,
-    not packets). Raises VideoDecodeError naming the file when the packets do not decode to the plan.
-    """
-    if size is not None:
-        size = _checked_size(size)
-    by_rank = _decode_packet_frames(index, plan, payloads, threads=threads)
-    rgb = {rank: _to_rgb(frame, size) for rank, frame in by_rank.items()}
-    return np.stack([rgb[int(rank)] for rank in plan.relative_indices])
+    def __init__(self, index: PacketIndex, *, threads: int) -> None:
+        self.label = index.source_name
+        _require_pyav_decoder(index)
+        try:
+            self.container = av.open(io.BytesIO(index.template), "r")
+        except (av.error.FFmpegError, OSError) as e:
+            raise VideoDecodeError(f"{self.label}: the stream template does not open ({e}).") from e
+        self.codec = self.container.streams.video[0].codec_context
+        self.codec.thread_count = threads
+        self.codec.thread_type = "AUTO"
 
+    def frames_at(self, index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> dict[int, av.VideoFrame]:
+        """The planned packets decoded: the wanted frames keyed by their display rank in the plan."""
+        if len(payloads) != plan.frame_count:
+            raise ValueError(f"decode_packets got {len(payloads)} payloads for a plan of {plan.frame_count} packets.")
+        # Display rank as pts: the decoder hands frames back in display order, and the pts proves which is which.
+        ranks = np.argsort(np.argsort(index.pts[plan.packet_positions], kind="stable"), kind="stable")
+        frames: list[av.VideoFrame] = []
+        try:
+            self.codec.flush_buffers()
+            for position, (payload, rank) in enumerate(zip(payloads, ranks.tolist(), strict=True)):
+                packet = av.Packet(payload)
+                packet.pts, packet.dts = rank, position
+                packet.is_keyframe = bool(index.keyframe[plan.packet_positions[position]])
+                frames.extend(self.codec.decode(packet))
+            frames.extend(self.codec.decode(None))
+        except (av.error.FFmpegError, OSError) as e:
+            raise VideoDecodeError(
+                f"{self.label}: decoding {len(payloads)} packets failed ({e}); the file is corrupt."
+            ) from e
+        by_rank = {int(frame.pts): frame for frame in frames if frame.pts is not None}
+        wanted = np.unique(plan.relative_indices).tolist()
+        missing = [rank for rank in wanted if rank not in by_rank]
+        if missing:
+            raise VideoDecodeError(
+                f"{self.label}: {len(missing)} of {len(wanted)} requested frames did not come out of the decoder "
+                f"({len(frames)} frames from {len(payloads)} packets); the file is corrupt or truncated."
+            )
+        return {rank: by_rank[rank] for rank in wanted}
 
-def decode_packet_planes(index: PacketIndex, plan: ClipPlan, payloads: list[bytes], *, threads: int = 1) -> PlaneFrames:
-    """:func:`decode_packets`, with the frames left as planes for the graph to convert (:mod:`.yuv_frames`)."""
-    by_rank = _decode_packet_frames(index, plan, payloads, threads=threads)
-    planes = {rank: frame_planes(frame) for rank, frame in by_rank.items()}
-    return stack_planes([planes[int(rank)] for rank in plan.relative_indices], label=index.source_name)
-
-
-def _decode_packet_frames(
-    index: PacketIndex, plan: ClipPlan, payloads: list[bytes], *, threads: int
-) -> dict[int, av.VideoFrame]:
-    """The planned packets decoded: the wanted frames keyed by their display rank in the plan."""
-    if len(payloads) != plan.frame_count:
-        raise ValueError(f"decode_packets got {len(payloads)} payloads for a plan of {plan.frame_count} packets.")
-    label = index.source_name
-    if not pyav_can_decode(index.codec):
-        raise CodecUnsupportedError(f"{label}: PyAV has no decoder for codec {index.codec!r}; re-encode the video.")
-    # Display rank as pts: the decoder hands frames back in display order, and the pts proves which is which.
-    ranks = np.argsort(np.argsort(index.pts[plan.packet_positions], kind="stable"), kind="stable")
-    frames: list[av.VideoFrame] = []
-    # One decoder per file, thread and thread count, reset between requests as the file decoders are.
-    owner = ("packet-decoder", threading.get_ident(), threads)
-    try:
-        codec = template_container(index, owner=owner).streams.video[0].codec_context
-        if not codec.is_open:
-            codec.thread_count = threads
-            codec.thread_type = "AUTO"
-        codec.flush_buffers()
-        for position, (payload, rank) in enumerate(zip(payloads, ranks.tolist(), strict=True)):
-            packet = av.Packet(payload)
-            packet.pts, packet.dts = rank, position
-            packet.is_keyframe = bool(index.keyframe[plan.packet_positions[position]])
-            frames.extend(codec.decode(packet))
-        frames.extend(codec.decode(None))
-    except (av.error.FFmpegError, OSError) as e:
-        drop_template_container(index, owner=owner)
-        raise VideoDecodeError(f"{label}: decoding {len(payloads)} packets failed ({e}); the file is corrupt.") from e
-    by_rank = {int(frame.pts): frame for frame in frames if frame.pts is not None}
-    wanted = np.unique(plan.relative_indices).tolist()
-    missing = [rank for rank in wanted if rank not in by_rank]
-    if missing:
-        raise VideoDecodeError(
-            f"{label}: {len(missing)} of {len(wanted)} requested frames did not come out of the decoder "
-            f"({len(frames)} frames from {len(payloads)} packets); the file is corrupt or truncated."
-        )
-    return {rank: by_rank[rank] for rank in wanted}
+    def close(self) -> None:
+        self.container.close()
 
 
 def _checked_size(size: Any) -> tuple[int, int]:
@@ -364,7 +341,7 @@ class CpuFrameDecoder:
 
     def __init__(self, *, options: CpuDecodeOptions | None = None) -> None:
         self.options = options if options is not None else CpuDecodeOptions()
-        self._readers: OrderedDict[Hashable, _PyAvReader | _TorchCodecReader] = OrderedDict()
+        self._readers: OrderedDict[Hashable, _PyAvReader | _TorchCodecReader | _PacketDecoder] = OrderedDict()
         self._pid = os.getpid()
         self._backend = self._resolve_backend()
 
@@ -415,6 +392,45 @@ class CpuFrameDecoder:
         frames = self._frames(source, index, frame_indices, filesystem=filesystem, size=None, planes=True)
         return stack_planes(frames, label=index.source_name)
 
+    def decode_packets(
+        self, index: PacketIndex, plan: ClipPlan, payloads: list[bytes], *, size: tuple[int, int] | None = None
+    ) -> np.ndarray:
+        """RGB frames ``(N, H, W, 3)`` uint8 at ``plan.relative_indices``, decoded from the planned packets alone.
+
+        For remote MP4s: the payloads are exact ranged reads (what the prefetch cache serves), and feeding
+        them to a decoder opened from ``index.template`` skips the remux and the demux a clip would cost, and
+        every container read beyond the packets. The decoder is kept per file like an open file's, so a
+        request costs no template probe and no decoder set-up. PyAV decodes whatever the backend (torchcodec
+        takes files, not packets). Raises VideoDecodeError naming the file when the packets do not decode.
+        """
+        if size is not None:
+            size = _checked_size(size)
+        by_rank = self._packet_frames(index, plan, payloads)
+        rgb = {rank: _to_rgb(frame, size) for rank, frame in by_rank.items()}
+        return np.stack([rgb[int(rank)] for rank in plan.relative_indices])
+
+    def decode_packet_planes(self, index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> PlaneFrames:
+        """:meth:`decode_packets`, with the frames left as planes for the graph to convert (:mod:`.yuv_frames`)."""
+        by_rank = self._packet_frames(index, plan, payloads)
+        planes = {rank: frame_planes(frame) for rank, frame in by_rank.items()}
+        return stack_planes([planes[int(rank)] for rank in plan.relative_indices], label=index.source_name)
+
+    def _packet_frames(self, index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> dict[int, av.VideoFrame]:
+        self._drop_inherited()
+        key = ("packets", index.template, os.getpid())
+        decoder = cast("_PacketDecoder | None", self._readers.get(key))
+        if decoder is None:
+            decoder = _PacketDecoder(index, threads=self.options.threads_per_decoder)
+            self._remember(key, decoder)
+        else:
+            self._readers.move_to_end(key)
+        try:
+            return decoder.frames_at(index, plan, payloads)
+        except Exception:
+            self._readers.pop(key, None)
+            decoder.close()
+            raise
+
     def _frames(
         self,
         source: VideoSource,
@@ -430,10 +446,8 @@ class CpuFrameDecoder:
         requested = requested.astype(np.int64)
         self._drop_inherited()
         backend = CpuDecoderBackend.PYAV if planes else self._backend
-        if backend is CpuDecoderBackend.PYAV and not pyav_can_decode(index.codec):
-            raise CodecUnsupportedError(
-                f"{index.source_name}: PyAV has no decoder for codec {index.codec!r}; re-encode the video."
-            )
+        if backend is CpuDecoderBackend.PYAV:
+            _require_pyav_decoder(index)
         # A lent file object may be closed by its owner, so its decoder is never kept.
         key = (source_cache_key(source, filesystem=filesystem), backend, os.getpid()) if _is_path(source) else None
         reader = self._readers.get(key) if key is not None else None
@@ -451,7 +465,7 @@ class CpuFrameDecoder:
                 convert = frame_planes if planes else functools.partial(_to_rgb, size=size)
                 by_pts = reader.frames_at(index, plan, requested, convert)
             else:
-                by_pts = reader.frames_at(index, requested, size)
+                by_pts = cast(_TorchCodecReader, reader).frames_at(index, requested, size)
         except Exception:
             if key is not None:
                 self._readers.pop(key, None)
@@ -461,7 +475,7 @@ class CpuFrameDecoder:
             reader.close()
         return [by_pts[int(p)] for p in index.frame_pts[requested].tolist()]
 
-    def _remember(self, key: Hashable, reader: _PyAvReader | _TorchCodecReader) -> None:
+    def _remember(self, key: Hashable, reader: _PyAvReader | _TorchCodecReader | _PacketDecoder) -> None:
         self._readers[key] = reader
         while len(self._readers) > self.options.max_open_decoders:
             _, evicted = self._readers.popitem(last=False)

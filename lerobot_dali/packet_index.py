@@ -53,7 +53,7 @@ VideoSource: TypeAlias = str | os.PathLike[str] | IO[bytes]
 
 #: Open stream templates kept per process (:func:`template_container`): a few KB each plus FFmpeg's state.
 TEMPLATE_CACHE_SIZE = 64
-_templates: OrderedDict[tuple[int, Hashable, bytes], Any] = OrderedDict()
+_templates: OrderedDict[tuple[int, bytes], Any] = OrderedDict()
 _templates_lock = threading.Lock()
 
 # Packets whose stored bytes are compared with the file at their byte offset, to prove offsets are exact.
@@ -152,16 +152,16 @@ class PacketIndex:
         return sum(a.nbytes for a in arrays) + 3 * self.display_order.nbytes + len(self.template)
 
 
-def template_container(index: PacketIndex, *, owner: Hashable = None) -> Any:
-    """``index.template`` opened as a PyAV container, once per process, file and ``owner``.
+def template_container(index: PacketIndex) -> Any:
+    """``index.template`` opened as a PyAV container, once per process and file, for remuxing.
 
     Opening a template probes it (~1 ms for H.264 480x640, ~0.5 ms for AV1), more than the rest of a clip,
-    so remuxing (which only copies the stream's codec parameters) shares one per file. A decoder keeps state,
-    so its users pass an ``owner`` of their own (e.g. their thread) and :func:`drop_template_container` it
-    after a failure. Keyed by process too: a forked worker opens its own. Evicted entries are dropped, not
-    closed: a user in another thread may still hold one, and it closes with its last reference.
+    and remuxing only copies the stream's codec parameters, so every clip of a file shares one (never use
+    it to decode: a decoder has state). Keyed by process: a forked worker opens its own. Evicted entries are
+    dropped, not closed: a clip being muxed in another thread may still hold one, and it closes with its
+    last reference.
     """
-    key = (os.getpid(), owner, index.template)
+    key = (os.getpid(), index.template)
     with _templates_lock:
         container = _templates.get(key)
         if container is not None:
@@ -173,12 +173,6 @@ def template_container(index: PacketIndex, *, owner: Hashable = None) -> Any:
         while len(_templates) > max(TEMPLATE_CACHE_SIZE, 1):  # never the one just opened
             _templates.popitem(last=False)
     return container
-
-
-def drop_template_container(index: PacketIndex, *, owner: Hashable = None) -> None:
-    """Forget this process's :func:`template_container` for ``index`` and ``owner`` (a decoder that failed)."""
-    with _templates_lock:
-        _templates.pop((os.getpid(), owner, index.template), None)
 
 
 def source_label(source: VideoSource) -> str:

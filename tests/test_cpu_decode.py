@@ -18,7 +18,6 @@ from lerobot_dali.cpu_decode import (
     CpuDecodeOptions,
     CpuDecoderBackend,
     CpuFrameDecoder,
-    decode_packets,
     pyav_can_decode,
     torchcodec_available,
 )
@@ -95,13 +94,15 @@ def test_real_cr5_av1_across_files_and_episodes(pyav_decoder: CpuFrameDecoder) -
 
 
 def _check_packets(path: Path, windows: list[np.ndarray], *, size: tuple[int, int] | None = None) -> None:
-    """The remote route: packets read by byte range and decoded without a container."""
+    """The remote route: packets read by byte range and decoded without a container, by one kept decoder."""
     index = build_packet_index(path)
     assert index.byte_exact
     reference = reference_frames(path, {int(p) for w in windows for p in index.frame_pts[w]})
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
     for window in windows:
         plan = plan_clip(index, window)
-        frames = decode_packets(index, plan, read_packet_payloads(path, index, plan), size=size)
+        frames = decoder.decode_packets(index, plan, read_packet_payloads(path, index, plan), size=size)
+        assert decoder.open_decoders == 1
         assert frames.shape == (len(window), *(size or (index.height, index.width)), 3)
         if size is None:
             for frame_index, frame in zip(window.tolist(), frames, strict=True):
@@ -127,25 +128,25 @@ def test_packet_decode_resizes_like_the_open_decoder(marker_video: MarkerVideo, 
     index = build_packet_index(path)
     window = np.array([5, 44, 44, 61])
     plan = plan_clip(index, window)
-    got = decode_packets(index, plan, read_packet_payloads(path, index, plan), size=(32, 40))
+    got = pyav_decoder.decode_packets(index, plan, read_packet_payloads(path, index, plan), size=(32, 40))
     np.testing.assert_array_equal(got, pyav_decoder.decode(path, index, window, size=(32, 40)))
 
 
-def test_packet_decode_bad_input_names_the_file(marker_video: MarkerVideo) -> None:
+def test_packet_decode_bad_input_names_the_file(marker_video: MarkerVideo, pyav_decoder: CpuFrameDecoder) -> None:
     path = marker_video("h264", 30)
     index = build_packet_index(path)
     plan = plan_clip(index, [40])
     payloads = read_packet_payloads(path, index, plan)
     with pytest.raises(ValueError, match="payloads"):
-        decode_packets(index, plan, payloads[:-1])
-    good = decode_packets(index, plan, payloads)
+        pyav_decoder.decode_packets(index, plan, payloads[:-1])
+    good = pyav_decoder.decode_packets(index, plan, payloads)
     garbage = [b"\xff" * len(p) for p in payloads]
     with pytest.raises(VideoDecodeError, match=index.source_name):
-        decode_packets(index, plan, garbage)
-    # The decoder kept for this file (per process and thread) was dropped with the failure; a new one decodes.
-    np.testing.assert_array_equal(decode_packets(index, plan, payloads), good)
+        pyav_decoder.decode_packets(index, plan, garbage)
+    assert pyav_decoder.open_decoders == 0  # the failed decoder is closed, not kept
+    np.testing.assert_array_equal(pyav_decoder.decode_packets(index, plan, payloads), good)
     with pytest.raises(CodecUnsupportedError, match=index.source_name):
-        decode_packets(replace(index, codec="evc"), plan, payloads)
+        pyav_decoder.decode_packets(replace(index, codec="evc", template=b"other"), plan, payloads)
 
 
 def test_decoder_lru_is_bounded(marker_video: MarkerVideo) -> None:

@@ -22,7 +22,6 @@ from lerobot_dali.cpu_decode import (
     CpuDecodeOptions,
     CpuDecoderBackend,
     CpuFrameDecoder,
-    decode_packet_planes,
 )
 from lerobot_dali.dali_graph import CameraFeed, FieldKind, camera_feed
 from lerobot_dali.decode_route import DecodeRoute
@@ -190,7 +189,7 @@ def test_decoder_planes_equal_the_frames_planes_of_a_full_decode(make_ds, codec:
     np.testing.assert_array_equal(got.matrix, expected.matrix)
     # the remote path (packets by byte range, no container) gives the same planes
     plan = plan_clip(index, np.array(wanted))
-    remote = decode_packet_planes(index, plan, read_packet_payloads(str(path), index, plan))
+    remote = decoder.decode_packet_planes(index, plan, read_packet_payloads(str(path), index, plan))
     np.testing.assert_array_equal(remote.luma, got.luma)
     np.testing.assert_array_equal(remote.chroma, got.chroma)
     # planes and RGB share the decoder's LRU without mixing readers up
