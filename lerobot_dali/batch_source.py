@@ -253,7 +253,11 @@ class BatchSource:
                 camera=camera,
             )
             numbers = nearest_frame_indices(
-                index, video.from_timestamp_s + local_s, tolerance_s=spec.tolerance_s, context=context
+                index,
+                video.from_timestamp_s + local_s,
+                tolerance_s=spec.tolerance_s,
+                context=context,
+                episode_span_s=(video.from_timestamp_s, video.to_timestamp_s),
             )
             yield video.path, index, numbers
 

@@ -18,11 +18,18 @@ from .errors import FrameRequestError, FrameTimestampError
 from .packet_index import PacketIndex
 
 __all__ = [
+    "TIE_FRACTION",
     "FrameRequestContext",
     "TimestampSource",
     "frame_index_timestamps_s",
     "nearest_frame_indices",
 ]
+
+
+#: Two frames this close in distance to a query (as a fraction of a frame interval) are a tie, which goes to
+#: the earlier frame: 0.1 % of a 25 fps interval is 40 us, above float32's rounding of timestamps up to
+#: ~10 minutes and far below any real offset between data and video.
+TIE_FRACTION = 1e-3
 
 
 class TimestampSource(Enum):
@@ -74,11 +81,22 @@ def nearest_frame_indices(
     *,
     tolerance_s: float,
     context: FrameRequestContext | None = None,
+    episode_span_s: tuple[float, float | None] | None = None,
 ) -> np.ndarray:
     """Display index of the frame nearest each absolute query time (ties go to the earlier frame).
 
-    Raises FrameTimestampError when any ``|pts - query| > tolerance_s`` (or a query is not finite), naming
-    the request, the worst query and the nearest pts; FrameRequestError for an empty request.
+    A tie is two frames whose distances differ by less than :data:`TIE_FRACTION` of a frame interval:
+    parquet timestamps are float32, so a query exactly between two frames (10 fps data over 25 fps video)
+    lands a few microseconds to either side, and a strict comparison would pick frames by rounding noise.
+
+    ``episode_span_s`` ``(from_s, to_s)``: the episode's part of the file (``to_s`` None: to the end). Files
+    that hold several episodes put the next one's first frame right after this one's last, so a row past the
+    episode's video would silently read the neighbour's frame within any tolerance; frames more than half an
+    interval outside the span raise instead.
+
+    Raises FrameTimestampError when any ``|pts - query| > tolerance_s`` (or a query is not finite), or a frame
+    falls outside ``episode_span_s``, naming the request, the worst query and the nearest pts;
+    FrameRequestError for an empty request.
     """
     if isinstance(tolerance_s, bool) or not isinstance(tolerance_s, (int, float)) or not 0 <= tolerance_s < math.inf:
         raise ValueError(f"tolerance_s must be a non-negative finite number of seconds, got {tolerance_s!r}.")
@@ -93,11 +111,40 @@ def nearest_frame_indices(
     lower = np.maximum(upper - 1, 0)
     lower_error_s = np.abs(frame_s[lower] - queries)
     upper_error_s = np.abs(frame_s[upper] - queries)
-    take_lower = lower_error_s <= upper_error_s
+    frame_interval_s = index.frame_duration * float(index.time_base)
+    take_lower = lower_error_s <= upper_error_s + TIE_FRACTION * frame_interval_s
     error_s = np.where(take_lower, lower_error_s, upper_error_s)
+    nearest = np.where(take_lower, lower, upper).astype(np.int64)
     if not (error_s <= tolerance_s).all():  # also catches NaN queries, whose errors compare false
-        _raise_out_of_tolerance(index, context, queries, np.where(take_lower, lower, upper), error_s, tolerance_s)
-    return np.where(take_lower, lower, upper).astype(np.int64)
+        _raise_out_of_tolerance(index, context, queries, nearest, error_s, tolerance_s)
+    if episode_span_s is not None:
+        _check_within_episode(index, context, queries, nearest, episode_span_s, 0.5 * frame_interval_s)
+    return nearest
+
+
+def _check_within_episode(
+    index: PacketIndex,
+    context: FrameRequestContext | None,
+    queries: np.ndarray,
+    nearest: np.ndarray,
+    span_s: tuple[float, float | None],
+    half_interval_s: float,
+) -> None:
+    from_s, to_s = span_s
+    pts_s = index.frame_pts_s[nearest]
+    outside = pts_s < from_s - half_interval_s
+    if to_s is not None:
+        outside |= pts_s >= to_s - half_interval_s
+    if not outside.any():
+        return
+    worst = int(np.argmax(outside))
+    end = "the end of the file" if to_s is None else f"{to_s:.6f} s"
+    raise FrameTimestampError(
+        f"{_where(index, context)}: query timestamp {queries[worst]:.6f} s reads video frame {int(nearest[worst])} "
+        f"at {pts_s[worst]:.6f} s, outside this episode's part of the file ({from_s:.6f} s to {end}; "
+        f"{int(outside.sum())} of {queries.size} queries): that frame belongs to a neighbouring episode. The "
+        "episode's data rows run past its video, or its from/to_timestamp in meta/episodes is wrong."
+    )
 
 
 def _raise_out_of_tolerance(

@@ -226,6 +226,46 @@ def test_wall_clock_timestamps_need_frame_index_opt_in() -> None:
     np.testing.assert_array_equal(found, 199 + frame_index)  # episode 5 holds the file's first 199 frames
 
 
+def test_ties_go_to_the_earlier_frame_despite_float32_timestamps() -> None:
+    """r1: 10 fps data over 25 fps video, so every odd row's float32 timestamp lies halfway between two frames
+    (up to rounding noise either way); each must read the earlier one: row k shows video frame floor(2.5 k)."""
+    root = shared_dataset("r1_v30_h264")
+    data = pq.read_table(root / "data/chunk-000/file-000.parquet", columns=["frame_index", "timestamp"]).to_pydict()
+    index = build_packet_index(root / "videos/observation.images.rgb/chunk-000/file-000.mp4")
+    query_s = np.asarray(data["timestamp"], dtype=np.float64)
+    found = nearest_frame_indices(index, query_s, tolerance_s=0.0201)
+    frame_index = np.asarray(data["frame_index"])
+    assert (frame_index % 2 == 1).sum() == 395  # the halfway rows
+    np.testing.assert_array_equal(found, frame_index * 5 // 2)
+    # Farther than the tie band from halfway, the nearer frame wins.
+    np.testing.assert_array_equal(nearest_frame_indices(index, [0.1 + 1e-4], tolerance_s=0.0201), [3])
+
+
+def test_frames_outside_the_episode_raise() -> None:
+    """cr5 episode 0's wall-clock rows run to 20.55 s but its part of file-000 ends at 19.7 s, where episode 1
+    begins: a loose tolerance finds episode 1's frames, which the episode span refuses."""
+    root = shared_dataset("cr5_v30_av1")
+    data = pq.read_table(root / "data/chunk-000/file-000.parquet", columns=["episode_index", "timestamp"]).to_pydict()
+    episodes = cr5_episodes()
+    from_s, to_s = (episodes[f"videos/observation.images.top/{k}_timestamp"][0] for k in ("from", "to"))
+    assert (from_s, to_s) == (0.0, pytest.approx(19.7))
+    wall_clock = np.asarray(data["timestamp"])[np.asarray(data["episode_index"]) == 0]
+    index = build_packet_index(cr5_video(0))
+    context = FrameRequestContext(dataset="cr5_v30_av1", episode_index=0, camera="observation.images.top")
+    found = nearest_frame_indices(index, wall_clock[-3:], tolerance_s=1.0)
+    assert found.tolist() == [204, 204, 205]  # episode 1 starts at frame 197: without the span nothing notices
+    with pytest.raises(FrameTimestampError, match=r"episode 0.*frame 204 at 20\.400000 s.*neighbouring episode"):
+        nearest_frame_indices(index, wall_clock[-3:], tolerance_s=1.0, context=context, episode_span_s=(from_s, to_s))
+    # Every frame of the episode is inside its span; the next episode's first frame (197) is not.
+    inside = nearest_frame_indices(index, np.arange(197) / 10, tolerance_s=1e-4, episode_span_s=(from_s, to_s))
+    np.testing.assert_array_equal(inside, np.arange(197))
+    with pytest.raises(FrameTimestampError, match="3 of 3 queries"):
+        nearest_frame_indices(index, [19.7, 19.8, 19.9], tolerance_s=1e-4, episode_span_s=(from_s, to_s))
+    # Episode 1 starts at 19.7 s: its rows before that belong to episode 0.
+    with pytest.raises(FrameTimestampError, match="1 of 2 queries"):
+        nearest_frame_indices(index, [19.6, 19.7], tolerance_s=1e-4, episode_span_s=(19.7, None))
+
+
 def test_frame_index_timestamps_validation() -> None:
     np.testing.assert_allclose(frame_index_timestamps_s([0, 5, 10], fps=10), [0.0, 0.5, 1.0])
     with pytest.raises(ValueError, match="fps"):
