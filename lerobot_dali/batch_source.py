@@ -78,6 +78,16 @@ class SourceSpec:
     augment: AugmentConfig | None = None
 
 
+def lerobot_dtype(values: np.ndarray) -> np.ndarray:
+    """``values`` in the dtype LeRobot's items have: they pass through ``torch.tensor`` as Python scalars, so
+    every float column comes out float32 (float64 ones included) and every integer column int64."""
+    if values.dtype.kind == "f" and values.dtype != np.float32:
+        return values.astype(np.float32)
+    if values.dtype.kind in "iu" and values.dtype != np.int64:
+        return values.astype(np.int64)
+    return np.ascontiguousarray(values)
+
+
 def output_fields(spec: SourceSpec) -> list[Field]:
     """The external source's outputs, in order; the DALI graph and the iterator both read this list."""
     fields = [Field(key, FieldKind.TABULAR) for key in spec.tabular_keys]
@@ -197,7 +207,7 @@ class BatchSource:
         out: list[Any] = []
         for field in self.fields:
             if field.kind is FieldKind.TABULAR:
-                out.append(np.ascontiguousarray(values[field.name]))
+                out.append(lerobot_dtype(values[field.name]))
                 continue
             if field.kind in (FieldKind.CLIP_FRAMES, FieldKind.PLANES_CHROMA, FieldKind.PLANES_MATRIX):
                 continue  # filled with the camera field they follow

@@ -24,7 +24,7 @@ from .dataset_reader import LeRobotDatasetReader, open_dataset
 from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
 from .distributed import cpus_per_local_rank, resolve_rank
-from .errors import ResumeStateError, SchemaMismatchError
+from .errors import EpisodeMetadataError, ResumeStateError, SchemaMismatchError
 from .frame_lookup import TimestampSource
 from .packet_index import load_packet_index
 from .packet_index_store import PacketIndexStore
@@ -318,7 +318,9 @@ class DALILeRobotIterator:
                 yield batch
         except Exception as e:
             self._close_pipeline()
-            located = None if original_worker_error(e) is not None else self._locate_decode_failure(e)
+            # DALI's decoder names no file; a worker's error and the batch's own checks do.
+            named = isinstance(e, EpisodeMetadataError) or original_worker_error(e) is not None
+            located = None if named else self._locate_decode_failure(e)
             if located is not None:
                 raise located from e
             _raise_original(e)
@@ -350,9 +352,23 @@ class DALILeRobotIterator:
             if tensor.device != self._device:
                 tensor = tensor.to(self._device, non_blocking=True)
             batch[name] = tensor
-        tasks = self.reader.tasks
-        batch["task"] = [tasks.get(int(i), "") for i in out["task_index"].cpu().tolist()] if "task_index" in out else []
+        batch["task"] = self._task_strings(out["task_index"], out["episode_index"]) if "task_index" in out else []
         return batch
+
+    def _task_strings(self, task_index: torch.Tensor, episode_index: torch.Tensor) -> list[str]:
+        tasks = self.reader.tasks
+        indices = task_index.cpu().tolist()
+        try:
+            return [tasks[int(i)] for i in indices]
+        except KeyError:
+            unknown = sorted({int(i) for i in indices} - tasks.keys())
+            pairs = zip(indices, episode_index.cpu().tolist(), strict=True)
+            episodes = sorted({int(e) for i, e in pairs if int(i) not in tasks})
+            raise EpisodeMetadataError(
+                f"{self.reader.location.description}: task_index {unknown} (episodes {episodes}) is not in the "
+                f"dataset's task list (meta/tasks.parquet or meta/tasks.jsonl, which holds task indices "
+                f"{sorted(tasks)[:20]}); the data rows and the task list disagree"
+            ) from None
 
     def _close_pipeline(self) -> None:
         self._dali_iter = None

@@ -11,6 +11,8 @@ from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 import torch
 
@@ -18,6 +20,7 @@ from lerobot_dali.errors import (
     CodecUnsupportedError,
     DataFileError,
     DatasetError,
+    EpisodeMetadataError,
     FrameTimestampError,
     MissingDataFileError,
     ResumeStateError,
@@ -253,6 +256,21 @@ def _damage(root: Path, how: str) -> None:
         for offset, size in zip(index.byte_offset[1:].tolist(), index.size_bytes[1:].tolist(), strict=True):
             raw[offset : offset + size] = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
         video.write_bytes(bytes(raw))
+    elif how == "rows_past_video":  # the first episode of file-001 keeps 2 rows beyond its part of the video
+        import pyarrow.parquet as pq
+
+        meta = root / "meta/episodes/chunk-000/file-000.parquet"
+        episodes = pq.read_table(meta).to_pylist()
+        key = "videos/observation.images.cam0"
+        first = next(e for e in episodes if e[f"{key}/file_index"] == 1)
+        first[f"{key}/to_timestamp"] -= 2 / FPS
+        pq.write_table(pa.Table.from_pylist(episodes, schema=pq.read_schema(meta)), meta)
+    elif how == "unknown_task":  # the task list lost task 1, which data rows still name
+        import pyarrow.parquet as pq
+
+        tasks = root / "meta/tasks.parquet"
+        table = pq.read_table(tasks)
+        pq.write_table(table.filter(pc.not_equal(table["task_index"], 1)), tasks)
     elif how == "corrupt_parquet":
         data = root / "data/chunk-000/file-001.parquet"
         raw = data.read_bytes()
@@ -268,6 +286,8 @@ def _damage(root: Path, how: str) -> None:
         ("av1", "missing_video", MissingDataFileError, r"file-001\.mp4"),
         ("av1", "unknown_codec", CodecUnsupportedError, r"file-001\.mp4"),
         ("h264", "corrupt_parquet", DataFileError, r"data/chunk-000/file-001\.parquet"),
+        ("h264", "unknown_task", EpisodeMetadataError, r"task_index \[1\] \(episodes \[\d.*\]\) is not in"),
+        ("h264", "rows_past_video", FrameTimestampError, r"file-001\.mp4\): query .* neighbouring episode"),
         ("vp9", "corrupt_packets", VideoDecodeError, r"file-001\.mp4: DALI cannot decode .* episode [23], camera "),
     ],
 )
@@ -286,6 +306,29 @@ def test_worker_errors_surface_as_the_original_exception(make_ds, copy_ds, codec
     healthy = DALILeRobotIterator(good, batch_size=4, shuffle=False, device="cpu", num_workers=2, drop_last=False)
     assert sum(len(b["index"]) for b in healthy) == sum(LENGTHS)
     healthy.close()
+
+
+def test_gr00t_float64_features_come_as_float32_like_lerobot() -> None:
+    """LeRobot's items pass through ``torch.tensor`` as Python scalars: float64 columns (all of GR00T's floats)
+    arrive float32, integers int64, booleans bool; values are the parquet's, rounded to float32."""
+    import pyarrow.parquet as pq
+
+    root = shared_dataset("gr00t_v20_h264")
+    it = DALILeRobotIterator(
+        root, cameras=["observation.images.ego_view"], batch_size=4, shuffle=False, device="cpu", num_workers=0
+    )
+    batch = next(iter(it))
+    table = pq.read_table(root / "data/chunk-000/episode_000000.parquet").to_pydict()
+    expected = {
+        "observation.state": torch.float32, "action": torch.float32, "timestamp": torch.float32,
+        "next.reward": torch.float32, "next.done": torch.bool, "task_index": torch.int64, "index": torch.int64,
+        "annotation.human.validity": torch.int64,
+    }  # fmt: skip
+    assert {k: batch[k].dtype for k in expected} == expected
+    for key in ("observation.state", "action", "timestamp", "next.reward"):
+        want = torch.tensor(table[key][:4])  # what LeRobot's hf_transform_to_torch makes of the rows
+        torch.testing.assert_close(batch[key], want, rtol=0, atol=0)
+    assert batch["observation.images.ego_view"].shape == (4, 3, 256, 256)
 
 
 def test_cr5_wall_clock_timestamps_fail_clearly_then_read_by_frame_index() -> None:
