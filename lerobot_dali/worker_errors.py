@@ -1,13 +1,15 @@
 """Bring an exception raised in a DALI worker process back as itself.
 
 DALI's parallel external source re-raises a worker's failure in the training process as a bare
-``Exception`` carrying the worker's traceback text, chained to a ``RuntimeError`` with the message. A user
-who catches ``FrameTimestampError`` or ``MissingDataFileError`` should not have to parse that, so the
-original type is rebuilt from the traceback's last line when it is one of ours or a builtin.
+``Exception`` carrying the worker's traceback text, chained to a ``RuntimeError`` holding ``str()`` of the
+original. A user who catches ``FrameTimestampError`` or ``MissingDataFileError`` should not have to parse
+that, so the original is rebuilt when it is one of ours or a builtin: the message is the ``RuntimeError``'s,
+exactly (several lines, colons and all), and the type is the name the traceback prints right before it.
 """
 
 from __future__ import annotations
 
+import ast
 import builtins
 import re
 
@@ -15,7 +17,8 @@ from . import errors
 
 __all__ = ["original_worker_error"]
 
-_LAST_LINE = re.compile(r"^(?P<qualname>[A-Za-z_][\w.]*): (?P<message>.*)\Z", re.MULTILINE | re.DOTALL)
+_MARKER = "Exception traceback received from worker"
+_QUALNAME = re.compile(r"[A-Za-z_][\w.]*\Z")
 
 
 def original_worker_error(error: BaseException) -> BaseException | None:
@@ -25,32 +28,46 @@ def original_worker_error(error: BaseException) -> BaseException | None:
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         text = str(current)
-        if "Exception traceback received from worker" in text:
-            rebuilt = _rebuild(text)
+        if _MARKER in text:
+            cause = current.__cause__
+            message = str(cause) if isinstance(cause, RuntimeError) else None
+            rebuilt = _rebuild(text, message)
             if rebuilt is not None:
                 return rebuilt
         current = current.__cause__ or current.__context__
     return None
 
 
-def _rebuild(traceback_text: str) -> BaseException | None:
-    # The exception line is the first line after the last traceback frame that is not indented.
-    lines = traceback_text.rstrip().splitlines()
-    for start in range(len(lines) - 1, -1, -1):
-        match = _LAST_LINE.match("\n".join(lines[start:]))
-        if match and not lines[start].startswith(" "):
-            qualname, message = match["qualname"], match["message"]
-            module, _, name = qualname.rpartition(".")
-            if module == errors.__name__:
-                cls = getattr(errors, name, None)
-            elif module in ("", "builtins"):
-                cls = getattr(builtins, name, None)
-            else:
-                cls = None
-            if isinstance(cls, type) and issubclass(cls, Exception):
-                try:
-                    return cls(message)
-                except TypeError:
-                    return None
-            return None
-    return None
+def _rebuild(traceback_text: str, message: str | None) -> BaseException | None:
+    """The exception ``traceback_text`` ends with; ``message`` is its exact ``str()`` when DALI passed it on."""
+    text = traceback_text.rstrip("\n")
+    if message is None:  # no exact message: the last line, which holds all of a one-line message
+        head, _, message = text.rpartition("\n")[2].partition(": ")
+        qualname = head
+    elif message and text.endswith(f": {message}"):
+        qualname = text[: -len(message) - 2].rpartition("\n")[2]
+    elif not message:
+        qualname = text.rpartition("\n")[2]
+    else:
+        return None
+    if not _QUALNAME.match(qualname):
+        return None
+    module, _, name = qualname.rpartition(".")
+    if module == errors.__name__:
+        cls = getattr(errors, name, None)
+    elif module in ("", "builtins"):
+        cls = getattr(builtins, name, None)
+    else:
+        cls = None
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        return None
+    if issubclass(cls, KeyError):  # str(KeyError(k)) is repr(k): take the key back out
+        try:
+            key = ast.literal_eval(message)
+        except (ValueError, SyntaxError):
+            key = message
+        return cls(key)
+    try:
+        return cls(message) if message else cls()
+    except TypeError:
+        return None

@@ -1,0 +1,71 @@
+"""Errors raised in DALI worker processes reach the loop as the original type with the original message."""
+
+from __future__ import annotations
+
+import traceback
+
+import pytest
+
+import lerobot_dali.iterator as iterator_module
+from lerobot_dali import errors
+from lerobot_dali.batch_source import BatchSource
+from lerobot_dali.iterator import DALILeRobotIterator
+from lerobot_dali.worker_errors import original_worker_error
+
+MULTILINE = "x.mp4 (episode 2): cannot decode\nhint: re-encode it: ffmpeg -i x.mp4 y.mp4"
+
+
+def _as_dali_raises(error: Exception) -> Exception:
+    """The chain DALI 2.4 builds in the training process (``nvidia/dali/_multiproc``): the worker sends
+    ``RuntimeError(str(error))`` and its formatted traceback; the pool raises ``Exception(text) from`` that."""
+    try:
+        raise error
+    except Exception:
+        text = traceback.format_exc()
+    try:
+        raise Exception("\n\nException traceback received from worker thread:\n\n" + text) from RuntimeError(str(error))
+    except Exception as raised:
+        return raised
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        errors.VideoDecodeError("videos/cam/file-001.mp4: decoding failed (episode 3, camera cam)"),
+        errors.FrameTimestampError("ds, episode 0: query 1.0 s: no frame within tolerance_s=0.0001 (x: y)"),
+        ValueError(MULTILINE),
+        KeyError("observation.state"),
+        FileNotFoundError("videos/x.mp4"),
+        RuntimeError(""),
+    ],
+    ids=["ours", "ours-colons", "multiline", "keyerror", "builtin-subclass", "empty"],
+)
+def test_rebuilt_with_type_and_exact_message(error: Exception) -> None:
+    rebuilt = original_worker_error(_as_dali_raises(error))
+    assert type(rebuilt) is type(error)
+    assert str(rebuilt) == str(error)
+
+
+def test_unknown_types_are_not_rebuilt() -> None:
+    class ThirdPartyError(Exception):
+        pass
+
+    assert original_worker_error(_as_dali_raises(ThirdPartyError("boom: x"))) is None
+    assert original_worker_error(RuntimeError("no worker traceback here")) is None
+
+
+class _FailingSource(BatchSource):
+    """Fails every batch with a message of several lines (module level: spawned workers import it)."""
+
+    def assemble(self, *args, **kwargs):
+        raise ValueError(MULTILINE)
+
+
+def test_multiline_error_from_a_real_worker(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="av1", fps=10, episodes_per_file=2, gop=2)
+    monkeypatch.setattr(iterator_module, "BatchSource", _FailingSource)
+    it = DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=1)
+    with pytest.raises(ValueError) as info:
+        next(iter(it))
+    it.close()
+    assert type(info.value) is ValueError and str(info.value) == MULTILINE
