@@ -158,6 +158,7 @@ class DALILeRobotIterator:
         )
         self._pipeline: Any = None
         self._dali_iter: Any = None
+        self._pass_start: int | None = None  # samples_consumed when the pass in progress began
         self._dali_epochs = 0  # DALI epochs completed by the current pipeline
         self._first_epoch = 0
         logger.info(
@@ -208,8 +209,11 @@ class DALILeRobotIterator:
 
     # -- epochs and state --------------------------------------------------------------------------------
     def __len__(self) -> int:
-        """Batches left in the current epoch (a full epoch unless it was resumed or interrupted)."""
-        remaining = self._stream.num_samples() - self._stream.samples_consumed
+        """Batches a pass over the current epoch yields: a full epoch, or what is left of a resumed or
+        interrupted one. Counted from where the pass in progress started, so it holds still while the loop
+        runs, as a ``DataLoader``'s length does (``step == len(it) - 1`` checks, schedulers)."""
+        start = self._pass_start if self._pass_start is not None else self._stream.samples_consumed
+        remaining = self._stream.num_samples() - start
         return remaining // self.batch_size if self.drop_last else -(-remaining // self.batch_size)
 
     @property
@@ -250,6 +254,7 @@ class DALILeRobotIterator:
         if self._stream.samples_consumed >= self._stream.num_samples():
             self._stream.set_epoch(self._stream.epoch + 1)
         self._ensure_pipeline()
+        self._pass_start = self._stream.samples_consumed
         return self._epoch_batches()
 
     def _ensure_pipeline(self) -> None:
@@ -324,6 +329,8 @@ class DALILeRobotIterator:
             if located is not None:
                 raise located from e
             _raise_original(e)
+        finally:  # the pass is over: finished, failed, or left by the loop (the generator is closed)
+            self._pass_start = None
         self._dali_epochs += 1
         self._stream.set_epoch(self._stream.epoch + 1)
 

@@ -212,6 +212,24 @@ def test_resume_mid_epoch_with_workers_continues_exactly(make_ds, stop_after: in
     assert seen == whole
 
 
+def test_len_holds_still_during_a_pass(make_ds) -> None:
+    """As a DataLoader's: len(it) is what the pass in progress yields; a pass left early leaves what remains."""
+    it = DALILeRobotIterator(
+        _dataset(make_ds, "vp9"), batch_size=4, shuffle=False, device="cpu", num_workers=2, drop_last=False
+    )
+    assert len(it) == 6  # 23 samples
+    seen = [len(it) for _ in it]
+    assert seen == [6] * 6 and len(it) == 6  # the next epoch is whole again
+    batches = iter(it)
+    next(batches), next(batches)
+    assert len(it) == 6
+    del batches  # the loop left after 2 batches: the epoch continues where it stopped
+    assert len(it) == 4
+    assert [len(it) for _ in it] == [4] * 4
+    assert len(it) == 6
+    it.close()
+
+
 def test_resume_over_other_episodes_is_refused(make_ds) -> None:
     root = _dataset(make_ds, "vp9")
     kwargs = dict(batch_size=3, device="cpu", num_workers=0)
