@@ -93,7 +93,10 @@ def _check_sample(s: dict, size: tuple[int, int] = (96, 128)) -> None:
     assert tuple(read_full_marker(_as_hwc_uint8(frame1))) == (ep, f, 1)
 
 
-@pytest.mark.parametrize(("codec", "route"), [("vp9", "dali_cpu"), ("av1", "cpu_fallback"), ("h264", "cpu_fallback")])
+@pytest.mark.parametrize(
+    ("codec", "route"),
+    [("vp9", "dali_cpu"), ("av1", "cpu_fallback"), ("h264", "cpu_fallback"), ("hevc", "cpu_fallback")],
+)
 def test_cpu_parity_in_dataset_order(make_ds, codec: str, route: str) -> None:
     it = DALILeRobotIterator(
         _dataset(make_ds, codec), batch_size=4, delta_timestamps=DELTAS, shuffle=False, device="cpu",
@@ -365,6 +368,27 @@ def test_cr5_wall_clock_timestamps_fail_clearly_then_read_by_frame_index() -> No
         np.testing.assert_array_equal(got, ref[i][1])
     assert batch["task"] == ["put the banana on the plate"] * 4
     assert batch["observation.state"].shape == (4, 6)
+
+
+def test_r1_h264_b_frames_through_parquet_timestamps() -> None:
+    """Real H.264 with B-frames, 10 fps rows over 25 fps video, looked up by the parquet timestamps (the default
+    route): row k shows video frame floor(2.5 k) (odd rows lie halfway: ties go to the earlier frame), equal to
+    a full sequential decode. ``observation.state`` is left out: it holds 41 values where info.json says 17."""
+    root = shared_dataset("r1_v30_h264")
+    camera = "observation.images.rgb"
+    with pytest.raises(FrameTimestampError, match="tolerance_s=0.0001"):  # 0.1 s is 0.02 s from a 25 fps frame
+        next(iter(DALILeRobotIterator(root, keys=["action"], batch_size=8, shuffle=False, device="cpu", num_workers=0)))
+    it = DALILeRobotIterator(
+        root, keys=["action"], batch_size=50, shuffle=True, seed=3, device="cpu", num_workers=2,
+        tolerance_s=0.0201, return_uint8=True,
+    )  # fmt: skip
+    batch = next(iter(it))
+    it.close()
+    decoded = [frame for _, frame in sorted(reference_frames(root / f"videos/{camera}/chunk-000/file-000.mp4").items())]
+    assert len(decoded) == 1975
+    for i, k in enumerate(batch["frame_index"].tolist()):
+        np.testing.assert_array_equal(batch[camera][i].permute(1, 2, 0).numpy(), decoded[k * 5 // 2])
+    assert {k % 2 for k in batch["frame_index"].tolist()} == {0, 1}  # both exact and halfway rows
 
 
 def test_cr5_full_epoch_parity_with_independent_reads() -> None:
