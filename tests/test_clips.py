@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from lerobot_dali import packet_index
-from lerobot_dali.clips import build_clip, plan_clip
+from lerobot_dali.clips import build_clip, plan_clip, read_packet_payloads
+from lerobot_dali.cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
 from lerobot_dali.errors import FrameRequestError, VideoDecodeError
 from lerobot_dali.frame_lookup import nearest_frame_indices
-from lerobot_dali.frame_marker import read_marker
+from lerobot_dali.frame_marker import draw_marker, read_marker
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
 from tests.video_fixtures import (
     EPISODE_LENGTHS,
@@ -228,6 +229,41 @@ def test_clip_of_file_changed_since_indexing(marker_video: MarkerVideo, tmp_path
     path.write_bytes(raw[: len(raw) // 3])
     with pytest.raises(VideoDecodeError, match="v.mp4"):
         build_clip(path, index, [80])
+
+
+def _encode_open_gop_hevc(path: Path, frames: int = 90) -> None:
+    """x265 with open GOPs: CRA keyframes whose leading B-pictures are shown before them but decoded after."""
+    params = "keyint=10:min-keyint=10:open-gop=1:bframes=3:scenecut=0:log-level=none"
+    with av.open(str(path), "w", format="mp4") as container:
+        stream = container.add_stream("libx265", rate=30)
+        stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
+        stream.options = {"preset": "ultrafast", "crf": "28", "x265-params": params}
+        for i in range(frames):
+            frame = av.VideoFrame.from_ndarray(draw_marker(i // 30, i % 30, 64, 96), format="rgb24")
+            frame.pts = i
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+
+
+def test_open_gop_frames_by_every_route(tmp_path: Path) -> None:
+    """Every frame of a real open-GOP file, alone and in windows across GOPs, by clip (decoded by PyAV), by the
+    CPU fallback's open decoder and by its packet decoder, equals the full sequential decode."""
+    path = tmp_path / "open_gop.mp4"
+    _encode_open_gop_hevc(path)
+    index = build_packet_index(path)
+    assert index.has_leading_pictures  # else this file tests nothing the closed-GOP tests do not
+    windows = [np.array([f]) for f in range(index.frame_count)]
+    windows += [np.array([7, 8, 9, 10, 11]), np.array([19, 41, 62]), np.array([89, 0, 30, 30])]
+    _check_clips(path, index, windows)
+    reference = reference_frames(path)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    for window in windows:
+        expected = np.stack([reference[int(p)] for p in index.frame_pts[window]])
+        np.testing.assert_array_equal(decoder.decode(path, index, window), expected)
+        plan = plan_clip(index, window)
+        got = decoder.decode_packets(index, plan, read_packet_payloads(path, index, plan))
+        np.testing.assert_array_equal(got, expected)
+    decoder.close()
 
 
 def test_r1_h264_b_frames_clips() -> None:
