@@ -19,6 +19,7 @@ from .errors import (
     SchemaMismatchError,
     UnsupportedVersionError,
     VideoDecodeError,
+    WorkerProcessError,
 )
 from .frame_lookup import TimestampSource
 from .sample_order import RankBalance
@@ -56,6 +57,7 @@ __all__ = [
     "UnsupportedVersionError",
     "VideoDecodeError",
     "VideoRef",
+    "WorkerProcessError",
     "__version__",
     "open_dataset",
 ]

@@ -23,6 +23,7 @@ __all__ = [
     "ShardingError",
     "UnsupportedVersionError",
     "VideoDecodeError",
+    "WorkerProcessError",
 ]
 
 
@@ -84,3 +85,7 @@ class ResumeStateError(ValueError):
 
 class FrameRequestError(ValueError):
     """A frame request to a video is malformed: no frames at all, or frame indices outside the file."""
+
+
+class WorkerProcessError(RuntimeError):
+    """A worker process died without reporting an error (a signal such as the out-of-memory killer's)."""

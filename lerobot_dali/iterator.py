@@ -32,7 +32,7 @@ from .prefetch import Prefetcher, prefetching_reader
 from .sample_order import OrderOptions, RankBalance
 from .stream_state import SampleStream
 from .windows import DeltaWindows
-from .worker_errors import original_worker_error
+from .worker_errors import dead_worker_error, original_worker_error
 
 __all__ = ["DALILeRobotIterator"]
 
@@ -322,7 +322,14 @@ class DALILeRobotIterator:
                     self._prefetcher.advance(self._stream.epoch, self._stream.samples_consumed)
                 yield batch
         except Exception as e:
+            where = (
+                f"the batches after sample {self._stream.samples_consumed} of epoch {self._stream.epoch} "
+                f"(rank {self.rank}, {self._num_workers} worker processes)"
+            )
+            dead = dead_worker_error(e, self._pipeline, where)
             self._close_pipeline()
+            if dead is not None:
+                raise dead from e
             # DALI's decoder names no file; a worker's error and the batch's own checks do.
             named = isinstance(e, EpisodeMetadataError) or original_worker_error(e) is not None
             located = None if named else self._locate_decode_failure(e)

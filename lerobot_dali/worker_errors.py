@@ -12,10 +12,12 @@ from __future__ import annotations
 import ast
 import builtins
 import re
+import signal
+from typing import Any
 
 from . import errors
 
-__all__ = ["original_worker_error"]
+__all__ = ["dead_worker_error", "original_worker_error"]
 
 _MARKER = "Exception traceback received from worker"
 _QUALNAME = re.compile(r"[A-Za-z_][\w.]*\Z")
@@ -71,3 +73,35 @@ def _rebuild(traceback_text: str, message: str | None) -> BaseException | None:
         return cls(message) if message else cls()
     except TypeError:
         return None
+
+
+#: What DALI 2.4 raises when a worker process ends without sending a result (``_multiproc/pool.py``).
+_DEAD_WORKER = "Worker data receiving interrupted"
+
+
+def dead_worker_error(error: BaseException, pipeline: Any, where: str) -> errors.WorkerProcessError | None:
+    """A clear error for DALI's bare message about a worker that died without a word, else None.
+
+    ``pipeline``: the DALI pipeline, whose worker processes' exit codes are read where DALI still holds them
+    (best effort: private attributes); ``where``: which batches were being read, for the message.
+    """
+    if _DEAD_WORKER not in str(error):
+        return None
+    processes = getattr(getattr(getattr(pipeline, "_py_pool", None), "pool", None), "_processes", None) or []
+    codes = [p.exitcode for p in processes if getattr(p, "exitcode", None) is not None]
+    how = ", ".join(_describe_exit(code) for code in codes) or "exit status unknown"
+    return errors.WorkerProcessError(
+        f"a data-loading worker process died without reporting an error ({how}) while reading {where}. A "
+        "SIGKILL is most often the kernel's out-of-memory killer (see `dmesg`): lower num_workers, batch_size, "
+        "prefetch or the frames per sample; with num_workers=0 the same batches run in this process, where a "
+        "Python error would show."
+    )
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import traceback
 
 import pytest
@@ -69,3 +71,23 @@ def test_multiline_error_from_a_real_worker(make_ds, monkeypatch: pytest.MonkeyP
         next(iter(it))
     it.close()
     assert type(info.value) is ValueError and str(info.value) == MULTILINE
+
+
+class _KilledSource(BatchSource):
+    """The worker dies on its first batch as under the out-of-memory killer: SIGKILL, no word to the pool."""
+
+    def assemble(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_killed_worker_is_named_with_its_signal(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="av1", fps=10, episodes_per_file=2, gop=2)
+    monkeypatch.setattr(iterator_module, "BatchSource", _KilledSource)
+    it = DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=1)
+    with pytest.raises(errors.WorkerProcessError, match=r"killed by SIGKILL.*sample 0 of epoch 0.*out-of-memory"):
+        next(iter(it))
+    it.close()
+    monkeypatch.undo()
+    healthy = DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=1)
+    assert [b["index"].tolist() for b in healthy] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    healthy.close()
