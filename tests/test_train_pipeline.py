@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -33,11 +34,24 @@ UNEVEN = dict(episodes=6, frames_per_episode=[20, 24, 16, 30, 18, 22], cameras=2
 EVEN = dict(episodes=6, frames_per_episode=20, cameras=2, size=(64, 64), fps=10, codec="vp9")
 
 
-def _train(args: list[str], *, procs: int = 1, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    # `python -m torch.distributed.run` is torchrun, bound to this interpreter. (`accelerate launch --cpu
-    # --num_processes 2` starts a single process on this machine, so it cannot test two ranks.)
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _train(
+    args: list[str], *, procs: int = 1, timeout: float = 240, accelerate: bool = False
+) -> subprocess.CompletedProcess[str]:
+    # `python -m torch.distributed.run` is torchrun, bound to this interpreter. `accelerate launch --cpu
+    # --num_processes 2` starts a single process on this machine; `--multi_gpu` takes accelerate's
+    # multi-process launcher, which also runs on CPUs (train.py --device cpu joins its gloo group).
     launcher = [sys.executable]
-    if procs > 1:
+    if procs > 1 and accelerate:
+        launcher += ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(procs)]
+        launcher += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+        launcher += ["--main_process_port", str(_free_port())]
+    elif procs > 1:
         launcher += ["-m", "torch.distributed.run", "--nproc_per_node", str(procs), "--standalone"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
@@ -67,11 +81,20 @@ def _assert_same_model(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -
 
 
 def _run(
-    tmp: Path, dataset: Path, *, steps: int, batch: int, procs: int, extra: Sequence[str] = ()
+    tmp: Path,
+    dataset: Path,
+    *,
+    steps: int,
+    batch: int,
+    procs: int,
+    extra: Sequence[str] = (),
+    accelerate: bool = False,
 ) -> tuple[Path, Path, str]:
     ckpt, record = tmp / "ckpt", tmp / "record"
     args = [*COMMON, "--dataset", str(dataset), "--steps", str(steps), "--batch-size", str(batch)]
-    result = _train([*args, "--checkpoint-dir", str(ckpt), "--record", str(record), *extra], procs=procs)
+    result = _train(
+        [*args, "--checkpoint-dir", str(ckpt), "--record", str(record), *extra], procs=procs, accelerate=accelerate
+    )
     return ckpt, record, result.stderr
 
 
@@ -145,6 +168,19 @@ def test_two_ranks_read_disjoint_episodes_and_stay_in_sync(two_rank_run: tuple[P
     assert ranks[0]["losses"] != ranks[1]["losses"]
     saved = sorted(p.name for p in (ckpt / "step_00000010").iterdir())
     assert saved == ["state", "stream_rank0.json", "stream_rank1.json"]
+
+
+def test_accelerate_launch_runs_the_same_two_ranks(
+    two_rank_run: tuple[Path, Path, str], make_ds: Callable[..., Path], tmp_path: Path
+) -> None:
+    """`accelerate launch --multi_gpu --num_processes 2` on CPUs: two ranks reading the same disjoint streams,
+    with the same losses, as the torchrun run."""
+    _, full_record_dir, _ = two_rank_run
+    full = _records(full_record_dir, 2)
+    _, record_dir, _ = _run(tmp_path, make_ds(**EVEN), steps=6, batch=6, procs=2, accelerate=True)
+    for got, want in zip(_records(record_dir, 2), full, strict=True):
+        assert got["indices"] == want["indices"][:6]
+        torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(want["losses"][:6]), rtol=1e-5, atol=1e-6)
 
 
 def test_two_ranks_resume_mid_epoch_is_exact(
