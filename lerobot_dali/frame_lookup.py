@@ -134,7 +134,11 @@ def _check_within_episode(
     pts_s = index.frame_pts_s[nearest]
     outside = pts_s < from_s - half_interval_s
     if to_s is not None:
-        outside |= pts_s >= to_s - half_interval_s
+        # LeRobot writes to_s = from_s + the episode video's duration, so the next episode starts at to_s. A
+        # writer counting (n - 1) frames can only be consistent with one episode per file, whose last frame
+        # then sits at to_s: the file's last frame has no neighbour after it, so it is never refused.
+        beyond = pts_s >= to_s - half_interval_s
+        outside |= beyond & ~((nearest == index.frame_count - 1) & (pts_s < to_s + half_interval_s))
     if not outside.any():
         return
     worst = int(np.argmax(outside))

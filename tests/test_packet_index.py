@@ -261,6 +261,13 @@ def test_frames_outside_the_episode_raise() -> None:
     np.testing.assert_array_equal(inside, np.arange(197))
     with pytest.raises(FrameTimestampError, match="3 of 3 queries"):
         nearest_frame_indices(index, [19.7, 19.8, 19.9], tolerance_s=1e-4, episode_span_s=(from_s, to_s))
+    # A one-episode file (r1: 1,975 frames, the last at 78.96 s) whose to_timestamp counts n - 1 frames: its last
+    # frame is read, not refused; a frame at or beyond to_timestamp that is not the file's last still is.
+    single = build_packet_index(r1_video())
+    span = (0.0, 78.96)
+    np.testing.assert_array_equal(nearest_frame_indices(single, [78.96], tolerance_s=1e-4, episode_span_s=span), [1974])
+    with pytest.raises(FrameTimestampError, match="neighbouring episode"):
+        nearest_frame_indices(single, [78.92], tolerance_s=1e-4, episode_span_s=(0.0, 78.92))
     # Episode 1 starts at 19.7 s: its rows before that belong to episode 0.
     with pytest.raises(FrameTimestampError, match="1 of 2 queries"):
         nearest_frame_indices(index, [19.6, 19.7], tolerance_s=1e-4, episode_span_s=(19.7, None))
