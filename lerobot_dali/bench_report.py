@@ -31,8 +31,9 @@ class BenchReport:
     @property
     def failures(self) -> list[str]:
         """Why the run failed (empty: it did not): a loader that ran and measured no frame, or an error in
-        lerobot-dali or the plain peer, or decode ceilings asked for (``--limits``) and not measured. An error
-        inside LeRobot is reported, not counted: it is not ours."""
+        lerobot-dali or the plain peer, or decode ceilings asked for (``--limits``) and not measured, or no
+        frame measured at all (every loader skipped or failed). An error inside LeRobot alone is reported,
+        not counted: it is not ours."""
         failed = [
             f"{r.dataset} / {r.loader}: {r.note}"
             for r in self.results
@@ -40,6 +41,9 @@ class BenchReport:
         ]
         unmeasured = [d for d in self.datasets if "ceilings_error" in d]
         failed += [f"{d['label']} / decode ceilings: {d['ceilings_error']}" for d in unmeasured]
+        if not any(r.status == "ok" and r.frames > 0 for r in self.results):
+            statuses = sorted({r.status for r in self.results})
+            failed.append(f"no loader measured any frame (statuses: {', '.join(statuses) or 'no loader ran'})")
         return failed
 
     @property
@@ -106,7 +110,8 @@ def _plot(report: BenchReport, path: Path) -> Path:
         f"device {report.machine['device']}",
         fontsize=9,
     )
-    ax.legend(fontsize=8)
+    if loaders:  # none when every loader was skipped
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

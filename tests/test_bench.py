@@ -124,6 +124,28 @@ def test_a_loader_that_measures_no_frame_fails_the_run(cache_dir: Path, quick_ru
     assert "FAILED" in capsys.readouterr().err
 
 
+def test_a_run_where_every_loader_is_skipped_fails(cache_dir: Path, quick_run, tmp_path: Path) -> None:
+    """Zero frames measured is a failure even when no loader ran to measure them (LeRobot absent here)."""
+    if _lerobot_imports():
+        pytest.skip("lerobot imports here, so its loaders would run")
+    dataset = cache_dir / default_specs(True)[0].folder
+    out = tmp_path / "skipped"
+    code = main(["bench", "--device", "cpu", "--dataset", str(dataset), "--loaders", "lerobot", "lerobot-streaming",
+                 "--out", str(out)])  # fmt: skip
+    assert code == 1
+    report = json.loads((out / "bench.json").read_text())
+    assert {r["status"] for r in report["results"]} == {"skipped"}
+    assert report["ok"] is False and report["failures"] == ["no loader measured any frame (statuses: skipped)"]
+
+
+def _lerobot_imports() -> bool:
+    try:
+        import lerobot  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
 def test_sarm_mode_and_recipe_windows(cache_dir: Path, quick_run: tuple[int, Path, str]) -> None:
     reader = open_dataset(cache_dir / default_specs(True)[0].folder)
     plan = load_plan(BenchConfig(quick=True, mode="sarm", recipe="diffusion"), reader)
