@@ -45,6 +45,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, cast
@@ -301,10 +302,10 @@ class AugmentConfig:
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str], *, table: str | None = None) -> AugmentConfig:
         """Read a TOML file: the whole document, or its ``table`` (e.g. ``"augment"`` in a recipe)."""
-        try:
+        if sys.version_info >= (3, 11):
             import tomllib
-        except ModuleNotFoundError as e:  # Python 3.10
-            raise ModuleNotFoundError("reading TOML needs Python >= 3.11 (tomllib)") from e
+        else:  # the same parser, from PyPI (a dependency on 3.10)
+            import tomli as tomllib
         with open(path, "rb") as f:
             document = tomllib.load(f)
         if table is not None:
