@@ -68,3 +68,12 @@ def test_entrypoint_and_extras_match_the_package() -> None:
         assert extra in project["optional-dependencies"], extra
     env = " ".join(args for keyword, args in instructions if keyword == "ENV")
     assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility,video" in env  # NVDEC needs the video capability
+
+
+def test_dependencies_install_before_the_code_is_copied() -> None:
+    """The pip layer (DALI: ~400 MB) must not depend on the code, or every edit downloads it again."""
+    instructions = _instructions()
+    install = next(i for i, (keyword, args) in enumerate(instructions) if keyword == "RUN" and "-e " in args)
+    code = next(i for i, (keyword, args) in enumerate(instructions) if keyword == "COPY" and "lerobot_dali" in args)
+    copied_before = " ".join(args for keyword, args in instructions[:install] if keyword == "COPY")
+    assert install < code and copied_before.split() == ["pyproject.toml", "README.md", "./"], copied_before
