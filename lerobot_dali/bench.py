@@ -14,7 +14,9 @@ consecutive measured batches; first-batch latency runs from constructing the loa
 Loaders (see :data:`LOADERS`): ``lerobot-dali`` (on a GPU: NVDEC where the GPU decodes the codec, CPU
 fallback otherwise; on the CPU: the CPU mode), ``lerobot-dali-cpu-decode`` (GPU machines only: frames
 decoded by the CPU fallback, converted to RGB and augmented on the GPU), ``lerobot-dali-cpu-decode-rgb``
-(the same with RGB made in the workers, to show what converting on the GPU gains), ``pyav-dataloader``
+(the same with RGB made in the workers, to show what converting on the GPU gains),
+``lerobot-dali-cpu-mode`` (GPU machines only: the whole pipeline on the CPU, batches moved to the GPU by the
+consumer like the peers'), ``pyav-dataloader``
 (always), and LeRobot's
 ``lerobot`` / ``lerobot-streaming`` when ``import lerobot`` works (skipped with a note otherwise).
 """

@@ -27,6 +27,7 @@ from .bench_types import (
     _EXTERNAL,
     _OURS,
     DALI_CPU_DECODE_RGB_LOADER,
+    DALI_CPU_MODE_LOADER,
     DALI_LOADER,
     LEROBOT_LOADER,
     LEROBOT_STREAMING_LOADER,
@@ -126,7 +127,8 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
         rgb_in_workers = job.loader == DALI_CPU_DECODE_RGB_LOADER
         it = DALILeRobotIterator(
             job.dataset.path, batch_size=job.batch_size, delta_timestamps=plan.delta_timestamps or None,
-            shuffle=True, seed=job.seed, episode_pool_size=job.pool_size, device=job.device,
+            shuffle=True, seed=job.seed, episode_pool_size=job.pool_size,
+            device="cpu" if job.loader == DALI_CPU_MODE_LOADER else job.device,
             decode="auto" if job.loader == DALI_LOADER else "cpu", num_workers=job.num_workers,
             image_size=plan.image_size, augment=plan.augment, drop_last=True,
             cpu_decode=CpuDecodeOptions(

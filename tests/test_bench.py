@@ -168,6 +168,23 @@ def test_bad_options_are_rejected_with_the_allowed_values(capsys) -> None:
         BenchConfig(steps=0)
 
 
+def test_cpu_mode_loader_runs_the_pipeline_on_the_cpu(cache_dir: Path, quick_run) -> None:
+    """The GPU-only ``lerobot-dali-cpu-mode`` row builds its iterator on the CPU whatever the job's device (here
+    the job's device is the CPU too, so only the loader's own choice is exercised)."""
+    from lerobot_dali.bench_measure import LoaderJob, run_in_child
+    from lerobot_dali.bench_types import DALI_CPU_MODE_LOADER, BenchDataset
+
+    folder = default_specs(True)[0].folder
+    plan = load_plan(BenchConfig(quick=True), open_dataset(cache_dir / folder))
+    job = LoaderJob(
+        loader=DALI_CPU_MODE_LOADER, dataset=BenchDataset(folder, str(cache_dir / folder)), plan=plan,
+        batch_size=4, num_workers=1, pool_size=4, device="cpu", steps=3, warmup=1, seed=0, log_level=30,
+    )  # fmt: skip
+    result = run_in_child(job)
+    assert result.status == "ok" and result.frames == 3 * 4 * plan.frames_per_sample, result.note
+    assert set(result.routes.split()) == {"cam0=cpu_fallback", "cam1=cpu_fallback"}
+
+
 def test_gpu_only_loaders_are_left_out_on_the_cpu() -> None:
     from lerobot_dali.bench import BenchConfig, _loaders_for
     from lerobot_dali.bench_types import LOADERS
@@ -175,7 +192,8 @@ def test_gpu_only_loaders_are_left_out_on_the_cpu() -> None:
     cpu = _loaders_for(BenchConfig(), "cpu")
     gpu = _loaders_for(BenchConfig(), "cuda")
     assert gpu == list(LOADERS)
-    assert cpu == [name for name in LOADERS if name not in ("lerobot-dali-cpu-decode", "lerobot-dali-cpu-decode-rgb")]
+    gpu_only = ("lerobot-dali-cpu-decode", "lerobot-dali-cpu-decode-rgb", "lerobot-dali-cpu-mode")
+    assert cpu == [name for name in LOADERS if name not in gpu_only]
     assert _loaders_for(BenchConfig(loaders=("lerobot-dali-cpu-decode-rgb", "lerobot-dali")), "cuda") == [
         "lerobot-dali",
         "lerobot-dali-cpu-decode-rgb",
