@@ -237,7 +237,8 @@ class BatchSource:
         if cached is not None:
             self._rows.move_to_end(episode_pos)
             return cached
-        rows = self.spec.reader.read_episode(episode_pos, self.spec.tabular_keys)
+        with io_stats.timed("rows_s"):
+            rows = self.spec.reader.read_episode(episode_pos, self.spec.tabular_keys)
         self._rows[episode_pos] = rows
         while len(self._rows) > self.spec.rows_cache_episodes:
             self._rows.popitem(last=False)
@@ -276,7 +277,8 @@ class BatchSource:
         reader = self.spec.reader
         frames = []
         for pos, row_indices in zip(episode_pos, camera_rows, strict=True):
-            images = self._images.get(int(pos), camera)
+            with io_stats.timed("rows_s"):
+                images = self._images.get(int(pos), camera)
             label = f"{reader.data_path(int(pos))} (episode {int(reader.episodes.episode_index[pos])}, camera {camera})"
             with io_stats.timed("decode_s"):
                 frames.append(decode_images([images[int(r)].as_py() for r in row_indices], label=label))

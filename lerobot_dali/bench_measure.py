@@ -212,12 +212,13 @@ class _Progress:
             self._bar.close()
 
 
-class _RemoteCounters:
-    """Requests, bytes and time of a lerobot-dali loader on a remote dataset, per epoch (see io_stats)."""
+class _IoCounters:
+    """Worker time of a lerobot-dali loader (decoding vs reading the dataset) and, on a remote dataset, its
+    requests and bytes per epoch (see io_stats)."""
 
     def __init__(self, job: LoaderJob) -> None:
-        path = job.dataset.path
-        self.enabled = job.loader in _OURS and not os.path.isdir(path)
+        self.enabled = job.loader in _OURS
+        self.remote = not os.path.isdir(job.dataset.path)
         self.per_epoch: list[int] = []
         self._seen = 0.0
         if self.enabled:
@@ -230,7 +231,7 @@ class _RemoteCounters:
         return io_stats.collect(self.folder)
 
     def epoch_end(self) -> None:
-        if self.enabled:
+        if self.enabled and self.remote:
             requests = self.totals().get("requests", 0.0)
             self.per_epoch.append(int(requests - self._seen))
             self._seen = requests
@@ -239,18 +240,25 @@ class _RemoteCounters:
         if not self.enabled:
             return {}
         totals = self.totals()
+        # Decode: decoding plus cutting clips (reading their packets). Fetch: network reads on a remote dataset;
+        # reading episode rows from parquet on a local one (local video bytes are read inside the decoder).
+        times = {
+            "decode_s": totals.get("decode_s", 0.0) + totals.get("clip_s", 0.0),
+            "fetch_s": totals.get("fetch_s" if self.remote else "rows_s", 0.0),
+        }
+        if not self.remote:
+            return times
         files_mb = None
         reader = getattr(loader, "reader", None)
         if reader is not None and reader.stamps is not None:
             files_mb = sum(stamp.size for stamp in reader.stamps.values()) / 2**20
         hit, miss = totals.get("cache_hit_bytes", 0.0), totals.get("cache_miss_bytes", 0.0)
         return {
+            **times,
             "remote_requests": int(totals.get("requests", 0)),
             "remote_requests_per_epoch": " ".join(str(n) for n in self.per_epoch),
             "fetched_mb": totals.get("fetched_bytes", 0.0) / 2**20,
             "dataset_files_mb": files_mb,
-            "fetch_s": totals.get("fetch_s", 0.0),
-            "decode_s": totals.get("decode_s", 0.0) + totals.get("clip_s", 0.0),
             "cache_hit_ratio": hit / (hit + miss) if hit + miss else None,
         }
 
@@ -268,7 +276,7 @@ def measure_loader(job: LoaderJob) -> LoaderResult:
     sampler.start()
     total = job.warmup + job.steps
     progress = _Progress(total, f"{job.dataset.label[:24]} {job.loader}")
-    remote = _RemoteCounters(job)
+    counters = _IoCounters(job)
     built = time.perf_counter()
     loader, routes, close = _build_loader(job)
     started = time.perf_counter()
@@ -299,10 +307,10 @@ def measure_loader(job: LoaderJob) -> LoaderResult:
                 previous = now
                 if delivered >= total:
                     break
-            remote.epoch_end()
+            counters.epoch_end()
             if epoch_batches == 0:
                 break  # an epoch without a batch (dataset smaller than one batch): nothing more will come
-        remote_fields = remote.fields(loader)
+        io_fields = counters.fields(loader)
     finally:
         progress.close()
         close()
@@ -335,7 +343,7 @@ def measure_loader(job: LoaderJob) -> LoaderResult:
         gpu_max_allocated_mb=torch.cuda.max_memory_allocated(cuda_index) / 2**20 if cuda_index is not None else None,
         gpu_peak_used_mb=(sampler.peak_gpu_used_bytes or 0) / 2**20 if cuda_index is not None else None,
         episodes_per_batch=float(np.mean(episodes)) if episodes else None,
-        **remote_fields,
+        **io_fields,
     )
 
 

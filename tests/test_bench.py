@@ -81,6 +81,8 @@ def test_quick_bench_report_schema_and_consistent_numbers(quick_run: tuple[int, 
             ours["clip_to_file_ratio"] * ours["video_bytes_per_sample"]
         )
         assert plain["clip_to_file_ratio"] is None
+        # Worker time: decoding, and (local dataset) reading episode rows; the peer is not instrumented.
+        assert 0 < ours["fetch_s"] < ours["decode_s"] and plain["decode_s"] is None
         ran_peers = [
             r for r in results if r["dataset"] == dataset and r["loader"] != "lerobot-dali" and r["status"] == "ok"
         ]
