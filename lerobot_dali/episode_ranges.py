@@ -108,7 +108,7 @@ def episode_span(index: PacketIndex, from_s: float, to_s: float | None) -> tuple
     the container's packets are not byte-addressable (non-MP4: those are demuxed, not range-read)."""
     if not index.byte_exact:
         return None
-    half_frame = 0.5 * index.frame_duration * float(index.time_base)
+    half_frame = 0.5 * index.frame_interval_s
     seconds = index.frame_pts_s
     first = int(np.searchsorted(seconds, from_s - half_frame, side="left"))
     stop = len(seconds) if to_s is None else int(np.searchsorted(seconds, to_s - half_frame, side="left"))

@@ -92,7 +92,7 @@ def nearest_frame_indices(
     ``episode_span_s`` ``(from_s, to_s)``: the episode's part of the file (``to_s`` None: to the end). Files
     that hold several episodes put the next one's first frame right after this one's last, so a row past the
     episode's video would silently read the neighbour's frame within any tolerance; frames more than half an
-    interval outside the span raise instead.
+    interval outside the span raise instead, except the file's last frame at ``to_s`` (no neighbour follows it).
 
     Raises FrameTimestampError when any ``|pts - query| > tolerance_s`` (or a query is not finite), or a frame
     falls outside ``episode_span_s``, naming the request, the worst query and the nearest pts;
@@ -111,14 +111,13 @@ def nearest_frame_indices(
     lower = np.maximum(upper - 1, 0)
     lower_error_s = np.abs(frame_s[lower] - queries)
     upper_error_s = np.abs(frame_s[upper] - queries)
-    frame_interval_s = index.frame_duration * float(index.time_base)
-    take_lower = lower_error_s <= upper_error_s + TIE_FRACTION * frame_interval_s
+    take_lower = lower_error_s <= upper_error_s + TIE_FRACTION * index.frame_interval_s
     error_s = np.where(take_lower, lower_error_s, upper_error_s)
     nearest = np.where(take_lower, lower, upper).astype(np.int64)
     if not (error_s <= tolerance_s).all():  # also catches NaN queries, whose errors compare false
         _raise_out_of_tolerance(index, context, queries, nearest, error_s, tolerance_s)
     if episode_span_s is not None:
-        _check_within_episode(index, context, queries, nearest, episode_span_s, 0.5 * frame_interval_s)
+        _check_within_episode(index, context, queries, nearest, episode_span_s)
     return nearest
 
 
@@ -128,9 +127,9 @@ def _check_within_episode(
     queries: np.ndarray,
     nearest: np.ndarray,
     span_s: tuple[float, float | None],
-    half_interval_s: float,
 ) -> None:
     from_s, to_s = span_s
+    half_interval_s = 0.5 * index.frame_interval_s
     pts_s = index.frame_pts_s[nearest]
     outside = pts_s < from_s - half_interval_s
     if to_s is not None:

@@ -146,6 +146,11 @@ class PacketIndex:
         return len(self.pts)
 
     @property
+    def frame_interval_s(self) -> float:
+        """Typical distance between consecutive displayed frames, in seconds (``frame_duration``)."""
+        return self.frame_duration * float(self.time_base)
+
+    @property
     def nbytes(self) -> int:
         """Memory held by this index (what a cache of indices costs per file)."""
         arrays = (self.pts, self.dts, self.byte_offset, self.size_bytes, self.keyframe, self.display_order)

@@ -39,12 +39,11 @@ def probe_video(source: VideoSource, *, filesystem: Any | None = None) -> VideoP
 def describe_index(index: PacketIndex) -> VideoProbe:
     key_positions = np.sort(index.display_rank[index.keyframe])
     gop = int(np.diff(key_positions).max()) if key_positions.size > 1 else None
-    seconds_per_frame = index.frame_duration * float(index.time_base)
     return VideoProbe(
         codec=index.codec,
         width=index.width,
         height=index.height,
-        fps=round(1.0 / seconds_per_frame, 6) if index.frame_count > 1 else None,
+        fps=round(1.0 / index.frame_interval_s, 6) if index.frame_count > 1 else None,
         pix_fmt=index.pix_fmt,
         gop_frames=gop,
         has_b_frames=bool(index.frame_count > 1 and (np.diff(index.pts) < 0).any()),
