@@ -48,6 +48,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
+from types import ModuleType
 from typing import Any, cast
 
 import numpy as np
@@ -65,6 +66,7 @@ __all__ = [
     "RandomResizedCrop",
     "augment_frames",
     "leading_resize",
+    "toml_parser",
 ]
 
 _LOG = logging.getLogger(__name__)
@@ -74,6 +76,16 @@ Pair = tuple[float, float]
 
 # --------------------------------------------------------------------------------------------------
 # Validation helpers: every message names the field, the value and what is allowed.
+
+
+def toml_parser() -> ModuleType:
+    """``tomllib`` (Python 3.11+), or ``tomli``, the same parser from PyPI and a dependency on 3.10, for the
+    augmentation and recipe files."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    return tomllib
 
 
 def _fail(owner: str, name: str, value: Any, allowed: str) -> ValueError:
@@ -302,12 +314,8 @@ class AugmentConfig:
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str], *, table: str | None = None) -> AugmentConfig:
         """Read a TOML file: the whole document, or its ``table`` (e.g. ``"augment"`` in a recipe)."""
-        if sys.version_info >= (3, 11):
-            import tomllib
-        else:  # the same parser, from PyPI (a dependency on 3.10)
-            import tomli as tomllib
         with open(path, "rb") as f:
-            document = tomllib.load(f)
+            document = toml_parser().load(f)
         if table is not None:
             if not isinstance(document.get(table), Mapping):
                 raise ValueError(f"{os.fspath(path)} has no [{table}] table; tables: {sorted(document)}")

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, cast
 
-from lerobot_dali.augment import AugmentConfig
+from lerobot_dali.augment import AugmentConfig, toml_parser
 
 __all__ = ["NAMED_RECIPES", "RECIPE_DIR", "Recipe", "StepWindow", "get_recipe"]
 
@@ -212,10 +211,7 @@ class Recipe:
     def from_toml(cls, path: str | os.PathLike[str]) -> Recipe:
         """Read a recipe file (layout: top-level ``name``, ``image_size``; tables ``[cameras]``, ``[state]``,
         ``[action]``, ``[augment]`` with :class:`~lerobot_dali.augment.AugmentConfig`'s sections)."""
-        if sys.version_info >= (3, 11):
-            import tomllib
-        else:  # the same parser, from PyPI (a dependency on 3.10)
-            import tomli as tomllib
+        tomllib = toml_parser()
         with open(path, "rb") as f:
             try:
                 document = tomllib.load(f)
