@@ -44,8 +44,7 @@ def _rebuild(traceback_text: str, message: str | None) -> BaseException | None:
     """The exception ``traceback_text`` ends with; ``message`` is its exact ``str()`` when DALI passed it on."""
     text = traceback_text.rstrip("\n")
     if message is None:  # no exact message: the last line, which holds all of a one-line message
-        head, _, message = text.rpartition("\n")[2].partition(": ")
-        qualname = head
+        qualname, _, message = text.rpartition("\n")[2].partition(": ")
     elif message and text.endswith(f": {message}"):
         qualname = text[: -len(message) - 2].rpartition("\n")[2]
     elif not message:
