@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from lerobot_dali.bench import METRIC_FIELDS, BenchConfig, default_specs, load_plan
+from lerobot_dali.bench_peers import lerobot_unavailable
 from lerobot_dali.cli import main
 from lerobot_dali.dataset_reader import open_dataset
 
@@ -128,7 +129,7 @@ def test_a_loader_that_measures_no_frame_fails_the_run(cache_dir: Path, quick_ru
 
 def test_a_run_where_every_loader_is_skipped_fails(cache_dir: Path, quick_run, tmp_path: Path) -> None:
     """Zero frames measured is a failure even when no loader ran to measure them (LeRobot absent here)."""
-    if _lerobot_imports():
+    if lerobot_unavailable() is None:
         pytest.skip("lerobot imports here, so its loaders would run")
     dataset = cache_dir / default_specs(True)[0].folder
     out = tmp_path / "skipped"
@@ -138,14 +139,6 @@ def test_a_run_where_every_loader_is_skipped_fails(cache_dir: Path, quick_run, t
     report = json.loads((out / "bench.json").read_text())
     assert {r["status"] for r in report["results"]} == {"skipped"}
     assert report["ok"] is False and report["failures"] == ["no loader measured any frame (statuses: skipped)"]
-
-
-def _lerobot_imports() -> bool:
-    try:
-        import lerobot  # noqa: F401
-    except Exception:
-        return False
-    return True
 
 
 def test_sarm_mode_and_recipe_windows(cache_dir: Path, quick_run: tuple[int, Path, str]) -> None:
