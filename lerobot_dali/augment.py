@@ -47,17 +47,19 @@ import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 from types import ModuleType
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 from nvidia.dali import fn, types
 from nvidia.dali.data_node import DataNode
 
 from .augment_draws import draw_names
+from .errors import StatsError
 
 __all__ = [
+    "NORMALIZE_FROM_STATS",
     "AugmentConfig",
     "ColorJitter",
     "GaussianBlur",
@@ -72,6 +74,9 @@ __all__ = [
 _LOG = logging.getLogger(__name__)
 
 Pair = tuple[float, float]
+
+#: ``AugmentConfig.normalize`` value: each camera by its own mean/std in the dataset's statistics.
+NORMALIZE_FROM_STATS = "stats"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -281,6 +286,11 @@ class AugmentConfig:
 
     ``shared_across_cameras``: the cameras of one sample get the same draws (same crop, same jitter),
     which keeps multi-view geometry consistent; otherwise each camera draws on its own, as LeRobot does.
+
+    ``normalize``: one :class:`Normalize` for every camera; ``{camera key: Normalize}``, one per camera; or
+    ``"stats"``, each camera by its own mean/std in the dataset's statistics (as LeRobot's policies normalise
+    images), which :class:`~lerobot_dali.DALILeRobotIterator` reads when it opens the dataset
+    (:meth:`with_stats`).
     """
 
     resize: tuple[int, int] | None = None
@@ -288,7 +298,7 @@ class AugmentConfig:
     affine: RandomAffine | None = None
     color_jitter: ColorJitter | None = None
     blur: GaussianBlur | None = None
-    normalize: Normalize | None = None
+    normalize: Normalize | Mapping[str, Normalize] | Literal["stats"] | None = None
     shared_across_cameras: bool = False
 
     def __post_init__(self) -> None:
@@ -297,19 +307,69 @@ class AugmentConfig:
             _set(self, "resize", _size(owner, "resize", self.resize))
         for name, cls in _SECTIONS.items():
             value = getattr(self, name)
-            if value is not None and not isinstance(value, cls):
+            if value is not None and not isinstance(value, cls) and name != "normalize":
                 raise _fail(owner, name, value, f"None or a {cls.__name__}")
+        norm = self.normalize
+        if isinstance(norm, Mapping):
+            if not norm or not all(isinstance(k, str) and isinstance(v, Normalize) for k, v in norm.items()):
+                raise _fail(owner, "normalize", norm, "a non-empty {camera key: Normalize} mapping")
+            _set(self, "normalize", dict(norm))
+        elif norm is not None and norm != NORMALIZE_FROM_STATS and not isinstance(norm, Normalize):
+            allowed = f"None, a Normalize, a {{camera key: Normalize}} mapping, or {NORMALIZE_FROM_STATS!r}"
+            raise _fail(owner, "normalize", norm, allowed)
         if not isinstance(self.shared_across_cameras, bool):
             raise _fail(owner, "shared_across_cameras", self.shared_across_cameras, "true or false")
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> AugmentConfig:
-        """Build from plain data (a TOML table); unknown keys are rejected by name."""
+        """Build from plain data (a TOML table); unknown keys are rejected by name.
+
+        ``normalize`` is ``"stats"``, a table with ``mean`` and ``std``, or a table of such tables by camera key.
+        """
         kwargs = _checked_keys(cls, raw, cls.__name__)
         for name, section in _SECTIONS.items():
-            if kwargs.get(name) is not None:
+            if kwargs.get(name) is not None and name != "normalize":
                 kwargs[name] = section(**_checked_keys(section, kwargs[name], f"{cls.__name__}.{name}"))
+        norm = kwargs.get("normalize")
+        where = f"{cls.__name__}.normalize"
+        if isinstance(norm, Mapping) and norm and all(isinstance(v, Mapping) for v in norm.values()):
+            kwargs["normalize"] = {k: Normalize(**_checked_keys(Normalize, v, f"{where}.{k}")) for k, v in norm.items()}
+        elif isinstance(norm, Mapping):
+            kwargs["normalize"] = Normalize(**_checked_keys(Normalize, norm, where))
         return cls(**kwargs)
+
+    def with_stats(self, stats: Mapping[str, Any], cameras: Sequence[str], *, source: str) -> AugmentConfig:
+        """``normalize="stats"`` made concrete: one :class:`Normalize` per camera from ``stats`` (a dataset's
+        ``meta/stats.json`` content, see :func:`~lerobot_dali.dataset_stats.read_dataset_stats`). Any other
+        config is returned as it is. ``source`` names the dataset in errors."""
+        if self.normalize != NORMALIZE_FROM_STATS:
+            return self
+        per_camera = {}
+        for camera in cameras:
+            try:
+                per_camera[camera] = Normalize.from_stats(stats, camera)
+            except ValueError as e:
+                raise StatsError(
+                    f"{source}: normalize='stats' needs the mean/std of camera {camera!r} from meta/stats.json "
+                    f"(or v2.1's meta/episodes_stats.jsonl), but {e}. Give AugmentConfig.normalize a Normalize "
+                    "(e.g. ImageNet's), one per camera, or leave it unset."
+                ) from e
+        return replace(self, normalize=per_camera)
+
+    def for_camera(self, camera: str) -> AugmentConfig:
+        """This config with ``normalize`` narrowed to ``camera``'s :class:`Normalize` (what the graph of one
+        camera applies)."""
+        norm = self.normalize
+        if norm == NORMALIZE_FROM_STATS:
+            raise ValueError("normalize='stats' reads the dataset's statistics: resolve it with with_stats() first")
+        if isinstance(norm, Mapping):
+            if camera not in norm:
+                raise ValueError(
+                    f"AugmentConfig.normalize has no Normalize for camera {camera!r}; it has {sorted(norm)}. "
+                    "Give one for every camera, or one Normalize for all."
+                )
+            return replace(self, normalize=norm[camera])
+        return self
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str], *, table: str | None = None) -> AugmentConfig:
@@ -329,12 +389,16 @@ class AugmentConfig:
             value = getattr(self, f.name)
             if value is None:
                 continue
-            if f.name in _SECTIONS:
-                value = {
-                    g.name: _plain(getattr(value, g.name)) for g in fields(value) if getattr(value, g.name) is not None
-                }
+            if isinstance(value, Mapping):
+                value = {camera: _section_dict(norm) for camera, norm in value.items()}
+            elif f.name in _SECTIONS and value != NORMALIZE_FROM_STATS:
+                value = _section_dict(value)
             out[f.name] = _plain(value)
         return out
+
+
+def _section_dict(section: Any) -> dict[str, Any]:
+    return {g.name: _plain(getattr(section, g.name)) for g in fields(section) if getattr(section, g.name) is not None}
 
 
 def _plain(value: Any) -> Any:
@@ -410,7 +474,13 @@ def augment_frames(
         raise TypeError(f"config must be an AugmentConfig or None, got {type(cfg).__name__}")
     if output_size is not None:
         output_size = _size("augment_frames", "output_size", output_size)
-    if return_uint8 and cfg.normalize is not None:
+    normalize = cfg.normalize
+    if normalize is not None and not isinstance(normalize, Normalize):
+        raise ValueError(
+            f"camera {camera_index}: augment_frames applies one Normalize, but config.normalize is {normalize!r}; "
+            "pass config.for_camera(camera_key) (after with_stats() for 'stats')"
+        )
+    if return_uint8 and normalize is not None:
         raise ValueError(
             "return_uint8=True cannot be combined with AugmentConfig.normalize: normalised values do not fit "
             "uint8. Drop normalize (normalise in the policy) or return float32."
@@ -461,7 +531,7 @@ def augment_frames(
         x = _blur(x, cfg.blur, d)
         steps.append("blur")
     _LOG.debug("camera %d augmentation: %s", camera_index, " -> ".join(steps) or "none")
-    return _hand_over(x, cfg.normalize, return_uint8)
+    return _hand_over(x, normalize, return_uint8)
 
 
 def _checked_draws(cfg: AugmentConfig, draws: Mapping[str, DataNode] | None, camera_index: int) -> dict[str, DataNode]:

@@ -187,7 +187,7 @@ def build_pipeline(
             results.append(
                 augment_frames(
                     frames,
-                    config=augment,
+                    config=augment.for_camera(field.name) if augment is not None else None,
                     camera_index=field.camera_index,
                     draws=draws.get(stream_name(augment, field.camera_index), {}),
                     return_uint8=return_uint8,

@@ -21,6 +21,7 @@ __all__ = [
     "ResumeStateError",
     "SchemaMismatchError",
     "ShardingError",
+    "StatsError",
     "UnsupportedVersionError",
     "VideoDecodeError",
     "WorkerProcessError",
@@ -57,6 +58,11 @@ class EpisodeMetadataError(DatasetError):
 
 class SchemaMismatchError(DatasetError):
     """A data column disagrees with the feature declared in ``info.json`` (shape, type, presence)."""
+
+
+class StatsError(DatasetError):
+    """The dataset's statistics (``meta/stats.json``, ``meta/episodes_stats.jsonl``) lack what was asked of them,
+    e.g. the mean/std of a camera to normalise by."""
 
 
 class DeltaTimestampsError(DatasetError):

@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from .augment import AugmentConfig
+from .augment import NORMALIZE_FROM_STATS, AugmentConfig
 from .batch_source import BatchSource, SourceSpec, output_fields
 from .cpu_decode import CpuDecodeOptions
 from .dali_graph import CameraFeed, build_pipeline, camera_feed
 from .dataset_reader import LeRobotDatasetReader, open_dataset
+from .dataset_stats import read_dataset_stats
 from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
 from .distributed import cpus_per_local_rank, resolve_rank
@@ -114,7 +115,7 @@ class DALILeRobotIterator:
         self._num_workers = num_workers
         self._prefetch = prefetch
         self._seed = seed
-        self._augment = augment
+        self._augment = _camera_augment(augment, self.reader)
         self._image_size = image_size
         self._return_uint8 = return_uint8
         self._tolerance_s = tolerance_s
@@ -410,3 +411,18 @@ def _raise_original(error: Exception) -> None:
     if original is not None:
         raise original from error
     raise error
+
+
+def _camera_augment(augment: AugmentConfig | None, reader: LeRobotDatasetReader) -> AugmentConfig | None:
+    """The augmentation with ``normalize="stats"`` read from the dataset, and a per-camera ``normalize`` checked
+    against the dataset's cameras now, rather than when the first pass builds the graph."""
+    if augment is None:
+        return None
+    cameras = reader.all_camera_keys
+    if augment.normalize == NORMALIZE_FROM_STATS:
+        stats = read_dataset_stats(reader.location, reader.info)
+        augment = augment.with_stats(stats, cameras, source=reader.location.description)
+        logger.info("normalising cameras %s by the dataset's statistics", list(cameras))
+    for camera in cameras:
+        augment.for_camera(camera)  # raises naming a camera without a Normalize
+    return augment

@@ -47,6 +47,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np
 import torch
 
+from lerobot_dali.dataset_stats import read_dataset_stats
 from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig
 
 if TYPE_CHECKING:
@@ -271,16 +272,12 @@ def build_iterator(
 
 
 def feature_stats(reader: Any, key: str, *, max_episodes: int = 32) -> FeatureStats:
-    """Mean/std of a vector feature: ``meta/stats.json`` when it has them, else from up to ``max_episodes`` episodes
-    spread over the dataset (v2.x keeps per-episode stats only). Identical on every rank: no data order involved."""
-    location = reader.location
-    path = location.meta_path("meta/stats.json")
-    if location.meta_fs.exists(path):
-        with location.meta_fs.open(path, "rt", encoding="utf-8") as f:
-            entry = json.load(f).get(key)
-        if isinstance(entry, dict) and "mean" in entry and "std" in entry:
-            mean, std = np.ravel(entry["mean"]), np.ravel(entry["std"])
-            return FeatureStats(mean=tuple(map(float, mean)), std=tuple(map(float, std)))
+    """Mean/std of a vector feature: the dataset's statistics when they have them (``meta/stats.json``, or v2.1's
+    aggregated per-episode statistics), else from up to ``max_episodes`` episodes spread over the dataset.
+    Identical on every rank: no data order involved."""
+    entry = read_dataset_stats(reader.location, reader.info).get(key, {})
+    if "mean" in entry and "std" in entry:
+        return FeatureStats(mean=tuple(entry["mean"].ravel().tolist()), std=tuple(entry["std"].ravel().tolist()))
     positions = np.unique(np.linspace(0, reader.num_episodes - 1, min(max_episodes, reader.num_episodes)).astype(int))
     rows = np.concatenate([reader.read_episode(int(p), [key])[key] for p in positions]).astype(np.float64)
     rows = rows.reshape(len(rows), -1)

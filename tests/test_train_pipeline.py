@@ -353,3 +353,21 @@ def test_policy_stacks_camera_windows_on_channels_and_flattens_the_state_window(
     )
     with pytest.raises(ValueError, match="camera_steps"):
         one_frame._normalized_prediction(batch)
+
+
+def test_feature_stats_read_named_and_per_episode_statistics() -> None:
+    """r1 stores state statistics by joint name (ordered by info.json's names); cr5_v21 keeps per-episode
+    statistics only, whose aggregate LeRobot's converter stored in cr5_v30's stats.json."""
+    from lerobot_dali.dataset_reader import open_dataset
+    from pipelines.train import feature_stats
+    from tests.conftest import shared_dataset
+
+    r1 = shared_dataset("r1_v30_h264")
+    stored = json.loads((r1 / "meta/stats.json").read_text())["observation.state"]
+    names = json.loads((r1 / "meta/info.json").read_text())["features"]["observation.state"]["names"]
+    stats = feature_stats(open_dataset(r1), "observation.state")
+    assert stats.mean == tuple(stored["mean"][n] for n in names) and len(stats.std) == 17
+
+    v30 = json.loads((shared_dataset("cr5_v30_av1") / "meta/stats.json").read_text())["action"]
+    stats = feature_stats(open_dataset(shared_dataset("cr5_v21_av1")), "action")
+    assert stats.mean == pytest.approx(v30["mean"], rel=1e-9) and stats.std == pytest.approx(v30["std"], rel=1e-9)

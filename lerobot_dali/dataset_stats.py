@@ -1,0 +1,140 @@
+"""A dataset's feature statistics (mean, std, min, max, count), read the way LeRobot reads them.
+
+LeRobot v2.0 and v3.0 keep them in ``meta/stats.json``. v2.1 keeps per-episode statistics only
+(``meta/episodes_stats.jsonl``) and LeRobot aggregates them when it loads the dataset; so does this module,
+with LeRobot's formulas: means weighted by frame count, variances pooled (each episode's variance plus its
+mean's squared offset from the overall mean), min of mins, max of maxes. Used for normalisation: camera
+frames on the device (``AugmentConfig(normalize="stats")``) and state/action in the training pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .dataset_info import DatasetInfo
+from .dataset_location import DatasetLocation
+from .errors import DatasetError
+
+__all__ = ["FeatureStats", "aggregate_episode_stats", "read_dataset_stats"]
+
+logger = logging.getLogger(__name__)
+
+#: ``{feature key: {"mean": array, "std": array, "min": array, "max": array, "count": array}}``, arrays in
+#: the stored shape (``(C, 1, 1)`` for cameras, ``(D,)`` for vectors).
+FeatureStats = dict[str, dict[str, np.ndarray]]
+
+
+def read_dataset_stats(location: DatasetLocation, info: DatasetInfo | None = None) -> FeatureStats:
+    """The dataset's statistics: the aggregate of ``meta/episodes_stats.jsonl`` where it exists (v2.1, whose
+    ``stats.json``, if one is left from v2.0, LeRobot ignores), else ``meta/stats.json``; ``{}`` with neither.
+
+    Some datasets store a vector's statistics by component name (``{"mean": {"joint_a": 0.1, ...}}``, e.g.
+    ``r1_v30_h264``); those become arrays in the order of the feature's ``names`` in ``info`` (stored order
+    without ``info``).
+    """
+    order = _component_order(info)
+    fs = location.meta_fs
+    episodes_path = location.meta_path("meta/episodes_stats.jsonl")
+    if fs.exists(episodes_path):
+        with fs.open(episodes_path, "rt", encoding="utf-8") as f:
+            per_episode = [_episode_record(line, episodes_path, n) for n, line in enumerate(f, start=1) if line.strip()]
+        logger.debug("aggregating the statistics of %d episodes from %s", len(per_episode), episodes_path)
+        return aggregate_episode_stats(per_episode, source=episodes_path, order=order)
+    path = location.meta_path("meta/stats.json")
+    if not fs.exists(path):
+        return {}
+    with fs.open(path, "rt", encoding="utf-8") as f:
+        try:
+            raw = json.load(f)
+        except json.JSONDecodeError as e:
+            raise DatasetError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(raw, Mapping):
+        raise DatasetError(f"{path}: expected an object of feature statistics, got {type(raw).__name__}")
+    return {key: _arrays(entry, f"{path}: {key}", order.get(key)) for key, entry in raw.items()}
+
+
+def aggregate_episode_stats(
+    per_episode: list[Mapping[str, Any]], *, source: str, order: Mapping[str, list[str]] | None = None
+) -> FeatureStats:
+    """One set of statistics from per-episode ones (each ``{key: {"mean", "std", "min", "max", "count"}}``),
+    as LeRobot's ``aggregate_stats`` computes it. A key takes the episodes that have it. ``order``: component
+    names per key, for statistics stored by name."""
+    order = order or {}
+    grouped: dict[str, list[dict[str, np.ndarray]]] = {}
+    for n, stats in enumerate(per_episode):
+        for key, entry in stats.items():
+            grouped.setdefault(key, []).append(_arrays(entry, f"{source}: episode record {n}, {key}", order.get(key)))
+    return {key: _aggregate(entries, f"{source}: {key}") for key, entries in grouped.items()}
+
+
+def _episode_record(line: str, path: str, line_no: int) -> Mapping[str, Any]:
+    try:
+        record = json.loads(line)
+        stats = record["stats"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise DatasetError(
+            f"{path}:{line_no}: not an episode statistics record ({e!r}); expected {{'stats': ..}}"
+        ) from e
+    if not isinstance(stats, Mapping):
+        raise DatasetError(f"{path}:{line_no}: 'stats' is a {type(stats).__name__}, expected an object")
+    return stats
+
+
+def _component_order(info: DatasetInfo | None) -> dict[str, list[str]]:
+    """Component names per feature from ``info.json``: ``names`` as a flat list of strings, or LeRobot's older
+    ``{"motors": [...]}`` form with one list."""
+    order: dict[str, list[str]] = {}
+    for key, feature in (info.features if info is not None else {}).items():
+        names = feature.names
+        if isinstance(names, Mapping) and len(names) == 1:
+            names = next(iter(names.values()))
+        if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
+            order[key] = names
+    return order
+
+
+def _arrays(entry: Any, where: str, names: list[str] | None) -> dict[str, np.ndarray]:
+    if not isinstance(entry, Mapping):
+        raise DatasetError(f"{where}: expected an object of statistics, got {type(entry).__name__}")
+    out = {}
+    for stat, value in entry.items():
+        if isinstance(value, Mapping):  # by component name
+            wanted = names if names is not None else list(value)
+            missing = [n for n in wanted if n not in value]
+            if missing:
+                raise DatasetError(f"{where}: {stat} has no value for component(s) {missing} named in info.json")
+            value = [value[n] for n in wanted]
+        try:
+            out[stat] = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError) as e:
+            raise DatasetError(f"{where}: {stat} is not a numeric array ({e})") from e
+    return out
+
+
+def _aggregate(entries: list[dict[str, np.ndarray]], where: str) -> dict[str, np.ndarray]:
+    needed = ("mean", "std", "count")
+    for entry in entries:
+        missing = [name for name in needed if name not in entry]
+        if missing:
+            raise DatasetError(f"{where}: an episode lacks {missing}; aggregation needs {list(needed)}")
+    counts = np.array([float(np.sum(e["count"])) for e in entries])
+    if counts.sum() <= 0:
+        raise DatasetError(f"{where}: every episode counts 0 frames")
+    try:
+        means = np.stack([e["mean"] for e in entries])
+        stds = np.stack([e["std"] for e in entries])
+    except ValueError as e:
+        raise DatasetError(f"{where}: episodes disagree on the statistics' shape ({e})") from e
+    weights = (counts / counts.sum()).reshape((-1,) + (1,) * (means.ndim - 1))
+    mean = (weights * means).sum(axis=0)
+    variance = (weights * (stds**2 + (means - mean) ** 2)).sum(axis=0)
+    out = {"mean": mean, "std": np.sqrt(variance), "count": np.array([counts.sum()])}
+    for name, reduce in (("min", np.min), ("max", np.max)):
+        if all(name in e for e in entries):
+            out[name] = reduce(np.stack([e[name] for e in entries]), axis=0)
+    return out

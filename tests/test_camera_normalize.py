@@ -1,0 +1,101 @@
+"""Per-camera normalisation through the iterator: ``normalize="stats"`` (each camera by the dataset's own
+statistics, as LeRobot's policies normalise images) and ``{camera: Normalize}``.
+
+Expected values: the same samples read as uint8 by an iterator without augmentation, normalised here with
+numpy by the mean/std read straight from ``meta/stats.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lerobot_dali.augment import AugmentConfig, Normalize
+from lerobot_dali.errors import StatsError
+from lerobot_dali.iterator import DALILeRobotIterator
+from tests.conftest import shared_dataset
+
+SPEC = {"episodes": 2, "frames_per_episode": [6, 5], "cameras": 2, "codec": "vp9", "fps": 10}
+
+
+def _first_batch(root: Path, **kwargs) -> dict:
+    it = DALILeRobotIterator(root, batch_size=8, shuffle=False, device="cpu", num_workers=0, **kwargs)
+    batch = next(iter(it))
+    it.close()
+    return batch
+
+
+def _expected(frames_uint8, mean, std) -> np.ndarray:
+    """(B, C, H, W) uint8 -> float, normalised per channel."""
+    mean = np.asarray(mean, dtype=np.float64).reshape(1, -1, 1, 1)
+    std = np.asarray(std, dtype=np.float64).reshape(1, -1, 1, 1)
+    return (frames_uint8.numpy().astype(np.float64) / 255 - mean) / std
+
+
+def test_stats_normalise_each_camera_by_its_own_entry(make_ds) -> None:
+    root = make_ds(**SPEC)
+    stats = json.loads((root / "meta/stats.json").read_text())
+    cameras = ("observation.images.cam0", "observation.images.cam1")
+    assert not np.allclose(stats[cameras[0]]["mean"], stats[cameras[1]]["mean"])  # else the test proves little
+    raw = _first_batch(root, return_uint8=True)
+    normalised = _first_batch(root, augment=AugmentConfig(normalize="stats"))
+    assert raw["index"].tolist() == normalised["index"].tolist()
+    for camera in cameras:
+        expected = _expected(raw[camera], stats[camera]["mean"], stats[camera]["std"])
+        np.testing.assert_allclose(normalised[camera].numpy(), expected, rtol=1e-5, atol=1e-5, err_msg=camera)
+
+
+def test_per_camera_mapping_and_missing_camera(make_ds) -> None:
+    root = make_ds(**SPEC)
+    norms = {
+        "observation.images.cam0": Normalize(mean=(0.1, 0.2, 0.3), std=(0.5, 0.25, 0.125)),
+        "observation.images.cam1": Normalize(mean=(0.9, 0.8, 0.7), std=(2.0, 3.0, 4.0)),
+    }
+    raw = _first_batch(root, return_uint8=True)
+    normalised = _first_batch(root, augment=AugmentConfig(normalize=norms))
+    for camera, norm in norms.items():
+        expected = _expected(raw[camera], norm.mean, norm.std)
+        np.testing.assert_allclose(normalised[camera].numpy(), expected, rtol=1e-5, atol=1e-5, err_msg=camera)
+    with pytest.raises(ValueError, match=r"no Normalize for camera 'observation.images.cam1'"):
+        DALILeRobotIterator(
+            root,
+            device="cpu",
+            augment=AugmentConfig(normalize={"observation.images.cam0": norms["observation.images.cam0"]}),
+        )
+
+
+def test_cr5_v21_normalises_by_the_aggregate_of_its_episode_statistics() -> None:
+    """v2.1 has no stats.json: the per-episode statistics aggregate to what LeRobot's converter stored in v3.0."""
+    camera = "observation.images.top"
+    stored = json.loads((shared_dataset("cr5_v30_av1") / "meta/stats.json").read_text())[camera]
+    root = shared_dataset("cr5_v21_av1")
+    common = {"timestamp_source": "frame_index", "episodes": [3]}
+    raw = _first_batch(root, return_uint8=True, **common)
+    normalised = _first_batch(root, augment=AugmentConfig(normalize="stats"), **common)
+    expected = _expected(raw[camera], stored["mean"], stored["std"])
+    np.testing.assert_allclose(normalised[camera].numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_stats_without_the_camera_fail_naming_it() -> None:
+    """r1's stats.json has state and action only."""
+    root = shared_dataset("r1_v30_h264")
+    with pytest.raises(StatsError, match=r"camera 'observation.images.rgb'.*no entry 'observation.images.rgb'"):
+        DALILeRobotIterator(root, device="cpu", augment=AugmentConfig(normalize="stats"))
+
+
+def test_toml_forms_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "augment.toml"
+    path.write_text('normalize = "stats"\n')
+    assert AugmentConfig.from_toml(path).normalize == "stats"
+    path.write_text("[normalize.cam0]\nmean = [0.5]\nstd = [0.25]\n[normalize.cam1]\nmean = [0.1]\nstd = [2.0]\n")
+    config = AugmentConfig.from_toml(path)
+    assert config.normalize == {"cam0": Normalize(mean=(0.5,), std=(0.25,)), "cam1": Normalize(mean=(0.1,), std=(2.0,))}
+    assert AugmentConfig.from_dict(config.to_dict()) == config
+    assert config.for_camera("cam1").normalize == Normalize(mean=(0.1,), std=(2.0,))
+    assert AugmentConfig.from_dict(AugmentConfig(normalize="stats").to_dict()).normalize == "stats"
+    for bad, pattern in (("everything", r"normalize = 'everything' is invalid"), ({}, r"normalize = \{\} is invalid")):
+        with pytest.raises(ValueError, match=pattern):
+            AugmentConfig(normalize=bad)  # type: ignore[arg-type]

@@ -1,0 +1,118 @@
+"""read_dataset_stats: stats.json as stored, v2.1's per-episode statistics aggregated as LeRobot does.
+
+Expected values: LeRobot's own aggregate (its v2.1 -> v3.0 converter wrote cr5_v30's stats.json from the
+per-episode statistics that cr5_v21 keeps), and numpy's statistics of the concatenated raw values.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lerobot_dali.dataset_location import resolve_location
+from lerobot_dali.dataset_stats import aggregate_episode_stats, read_dataset_stats
+from lerobot_dali.errors import DatasetError
+from tests.conftest import shared_dataset
+
+
+def _stats_of(root: Path) -> dict:
+    return read_dataset_stats(resolve_location(str(root)))
+
+
+def test_cr5_v21_aggregate_equals_what_lerobot_converted_into_v30_stats_json() -> None:
+    v21 = _stats_of(shared_dataset("cr5_v21_av1"))
+    stored = json.loads((shared_dataset("cr5_v30_av1") / "meta/stats.json").read_text())
+    for key in ("observation.images.top", "observation.state", "action"):
+        for name in ("mean", "std", "min", "max", "count"):
+            np.testing.assert_allclose(
+                v21[key][name], np.asarray(stored[key][name]), rtol=1e-9, err_msg=f"{key} {name}"
+            )
+    assert v21["observation.images.top"]["mean"].shape == (3, 1, 1)
+    assert float(v21["observation.images.top"]["count"][0]) == 1200  # LeRobot samples 100 frames per episode
+
+
+def test_stats_json_is_read_as_stored() -> None:
+    root = shared_dataset("cr5_v30_av1")
+    stats = _stats_of(root)
+    stored = json.loads((root / "meta/stats.json").read_text())
+    assert sorted(stats) == sorted(stored)
+    np.testing.assert_array_equal(stats["action"]["std"], np.asarray(stored["action"]["std"]))
+
+
+def test_r1_statistics_by_joint_name_follow_info_json_names() -> None:
+    """r1 stores state/action statistics as {joint name: value}; info.json's names give the vector order."""
+    from lerobot_dali.dataset_reader import open_dataset
+
+    root = shared_dataset("r1_v30_h264")
+    reader = open_dataset(root)
+    stats = read_dataset_stats(reader.location, reader.info)
+    stored = json.loads((root / "meta/stats.json").read_text())["observation.state"]
+    names = json.loads((root / "meta/info.json").read_text())["features"]["observation.state"]["names"]
+    assert stats["observation.state"]["mean"].shape == (17,)
+    assert stats["observation.state"]["mean"].tolist() == [stored["mean"][n] for n in names]
+    assert stats["observation.state"]["std"][5] == stored["std"][names[5]]
+    reversed_names = {"x": {"mean": {"b": 2.0, "a": 1.0}, "std": {"b": 1.0, "a": 1.0}, "count": 3}}
+    assert aggregate_episode_stats([reversed_names], source="t", order={"x": ["a", "b"]})["x"]["mean"].tolist() == [
+        1,
+        2,
+    ]
+    with pytest.raises(DatasetError, match=r"x: mean has no value for component\(s\) \['c'\]"):
+        aggregate_episode_stats([reversed_names], source="t", order={"x": ["a", "c"]})
+
+
+def test_aggregate_equals_statistics_of_the_concatenated_values() -> None:
+    rng = np.random.default_rng(0)
+    episodes = [
+        rng.normal(loc, scale, size=(n, 3)) for loc, scale, n in ((0.0, 1.0, 7), (5.0, 0.5, 20), (-2.0, 3.0, 1))
+    ]
+    per_episode = [
+        {"x": {"mean": e.mean(0), "std": e.std(0), "min": e.min(0), "max": e.max(0), "count": [len(e)]}}
+        for e in episodes
+    ]
+    out = aggregate_episode_stats(per_episode, source="test")["x"]
+    everything = np.concatenate(episodes)
+    np.testing.assert_allclose(out["mean"], everything.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(out["std"], everything.std(0), rtol=1e-12)
+    np.testing.assert_array_equal(out["min"], everything.min(0))
+    np.testing.assert_array_equal(out["max"], everything.max(0))
+    assert out["count"].tolist() == [28]
+
+
+def test_generated_v21_aggregate_matches_the_generated_v30_totals(make_ds) -> None:
+    spec = {"episodes": 3, "frames_per_episode": [4, 6, 5], "cameras": 2, "codec": "vp9", "fps": 10}
+    v21 = _stats_of(make_ds(version="v2.1", **spec))
+    v30 = _stats_of(make_ds(**spec))
+    for key in ("observation.images.cam0", "observation.images.cam1", "observation.state", "action"):
+        for name in ("mean", "std", "min", "max", "count"):
+            np.testing.assert_allclose(v21[key][name], v30[key][name], rtol=1e-9, atol=1e-12, err_msg=f"{key} {name}")
+
+
+def test_no_statistics_gives_an_empty_mapping(tmp_path: Path) -> None:
+    (tmp_path / "meta").mkdir()
+    assert _stats_of(tmp_path) == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "pattern"),
+    [
+        ("episodes_stats.jsonl", '{"episode_index": 0, "stats": {}}\nnot json\n', r"episodes_stats.jsonl:2"),
+        ("episodes_stats.jsonl", '{"episode_index": 0}\n', r"episodes_stats.jsonl:1: not an episode statistics"),
+        (
+            "episodes_stats.jsonl",
+            '{"stats": {"x": {"mean": [1], "std": [1], "count": [2]}}}\n'
+            '{"stats": {"x": {"mean": [1, 2], "std": [1, 1], "count": [2]}}}\n',
+            r"x: episodes disagree on the statistics' shape",
+        ),
+        ("episodes_stats.jsonl", '{"stats": {"x": {"mean": [1], "count": [2]}}}\n', r"x: an episode lacks \['std'\]"),
+        ("stats.json", "{", r"stats.json is not valid JSON"),
+        ("stats.json", '{"x": {"mean": "a lot"}}', r"stats.json: x: mean is not a numeric array"),
+    ],
+)
+def test_malformed_statistics_name_the_file(tmp_path: Path, name: str, content: str, pattern: str) -> None:
+    (tmp_path / "meta").mkdir()
+    (tmp_path / "meta" / name).write_text(content)
+    with pytest.raises(DatasetError, match=pattern):
+        _stats_of(tmp_path)
