@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from .bench_limits import measure_ceilings
-from .bench_measure import LoaderJob, run_in_child
+from .bench_measure import LoaderJob, progress_log, run_in_child
 from .bench_report import BenchReport, format_table, write_report
 from .bench_types import (
     _EXTERNAL,
@@ -187,7 +187,7 @@ def ensure_generated(spec: GeneratedSpec, cache_dir: Path) -> Path:
     staging = cache_dir / f".{spec.folder}.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    logger.warning("generating the benchmark dataset %s (once; later runs reuse it)", target)
+    progress_log.info("generating the benchmark dataset %s (once; later runs reuse it)", target)
     make_dataset(
         staging,
         episodes=spec.episodes,
@@ -441,14 +441,19 @@ def run_bench(config: BenchConfig) -> BenchReport:
             if name in _EXTERNAL and lerobot_missing:
                 rows.append(LoaderResult(dataset=dataset.label, loader=name, status="skipped", note=lerobot_missing))
                 continue
-            logger.info("bench: %s on %s", name, dataset.label)
+            progress_log.info("measuring %s on %s", name, dataset.label)
             job = LoaderJob(
                 loader=name, dataset=dataset, plan=plan, batch_size=int(config.batch_size or 1),
                 num_workers=int(config.num_workers or 0), pool_size=config.pool_size, device=device,
                 steps=int(config.steps or 1), warmup=int(config.warmup or 0), seed=config.seed,
                 log_level=logging.getLogger().getEffectiveLevel(),
             )  # fmt: skip
-            rows.append(run_in_child(job))
+            row = run_in_child(job)
+            rows.append(row)
+            progress_log.info(
+                "%s on %s: %s", name, dataset.label,
+                f"{row.frames_per_s:.1f} frames/s" if row.status == "ok" else f"{row.status} {row.note}".strip(),
+            )  # fmt: skip
         results.extend(_with_derived(rows, footprint, ceiling_fps))
         summaries.append(summary)
     report = BenchReport(

@@ -41,6 +41,16 @@ from .bench_types import (
 __all__ = ["LoaderJob", "TreeMemorySampler", "measure_loader", "run_in_child"]
 
 logger = logging.getLogger(__name__)
+#: The bench's own progress lines (which loader runs, batches done): shown at INFO even where the log level is
+#: WARNING (:func:`show_progress`), since a run lasts minutes and a log file or ``docker run`` without ``-t``
+#: has no progress bar.
+progress_log = logging.getLogger("lerobot_dali.bench.progress")
+
+
+def show_progress() -> None:
+    """Let :data:`progress_log` through whatever the root level is (called by the bench's processes)."""
+    if progress_log.getEffectiveLevel() > logging.INFO:
+        progress_log.setLevel(logging.INFO)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,7 +197,7 @@ def _to_device(batch: Mapping[str, Any], device: Any) -> None:
 
 
 class _Progress:
-    """A tqdm bar on a terminal when tqdm is installed, else an INFO log line every tenth of the run."""
+    """A tqdm bar on a terminal when tqdm is installed, else a progress line every tenth of the run."""
 
     def __init__(self, total: int, label: str) -> None:
         self.total, self.label, self.done = total, label, 0
@@ -205,7 +215,7 @@ class _Progress:
         if self._bar is not None:
             self._bar.update(1)
         elif self.done % max(1, self.total // 10) == 0 or self.done == self.total:
-            logger.info("%s: %d/%d batches", self.label, self.done, self.total)
+            progress_log.info("%s: %d/%d batches", self.label, self.done, self.total)
 
     def close(self) -> None:
         if self._bar is not None:
@@ -349,6 +359,7 @@ def measure_loader(job: LoaderJob) -> LoaderResult:
 
 def _child_main(job: LoaderJob, conn: Any) -> None:
     logging.basicConfig(level=job.log_level, format="%(levelname)s %(name)s: %(message)s")
+    show_progress()
     try:
         result = measure_loader(job)
     except BaseException as e:

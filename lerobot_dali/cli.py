@@ -110,6 +110,9 @@ def _bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .bench import BenchConfig, format_table, run_bench
+    from .bench_measure import show_progress
+
+    show_progress()
 
     try:
         config = BenchConfig(

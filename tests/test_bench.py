@@ -141,6 +141,21 @@ def test_a_run_where_every_loader_is_skipped_fails(cache_dir: Path, quick_run, t
     assert report["ok"] is False and report["failures"] == ["no loader measured any frame (statuses: skipped)"]
 
 
+def test_progress_shows_without_a_terminal_or_verbose_flag(cache_dir: Path, quick_run, tmp_path: Path) -> None:
+    """A log file or ``docker run`` without ``-t`` has no bar: the run still says what it measures, as it goes."""
+    import subprocess
+    import sys
+
+    dataset = cache_dir / default_specs(True)[0].folder
+    cmd = [sys.executable, "-m", "lerobot_dali.cli", "bench", "--device", "cpu", "--dataset", str(dataset),
+           "--loaders", "pyav-dataloader", "--steps", "4", "--warmup", "1", "--out", str(tmp_path / "p")]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300, check=True)
+    lines = [line for line in done.stderr.splitlines() if "lerobot_dali.bench.progress" in line]
+    assert lines[0].endswith(f"measuring pyav-dataloader on {dataset.name}")
+    assert any(line.endswith("pyav-dataloader: 5/5 batches") for line in lines)
+    assert "frames/s" in lines[-1] and "DEBUG" not in done.stderr
+
+
 def test_sarm_mode_and_recipe_windows(cache_dir: Path, quick_run: tuple[int, Path, str]) -> None:
     reader = open_dataset(cache_dir / default_specs(True)[0].folder)
     plan = load_plan(BenchConfig(quick=True, mode="sarm", recipe="diffusion"), reader)
