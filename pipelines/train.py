@@ -74,6 +74,8 @@ class TrainOptions:
     steps: int
     #: Episode indices to train on (None: all), e.g. the training part of a split.
     episodes: tuple[int, ...] | None = None
+    #: Cameras to read (None: every camera info.json declares), e.g. leaving out one declared but never recorded.
+    cameras: tuple[str, ...] | None = None
     batch_size: int = 64
     device: str = "cuda"
     num_workers: int = 4
@@ -118,6 +120,9 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     p.add_argument(
         "--episodes", type=int, nargs="+", metavar="E", help="train on these episode indices only (default: all)"
     )
+    p.add_argument(
+        "--cameras", nargs="+", metavar="KEY", help="read only these cameras (default: all that info.json declares)"
+    )
     p.add_argument("--batch-size", type=int, default=64, help="samples per rank per step")
     p.add_argument("--device", choices=_DEVICES, default="cuda")
     p.add_argument("--num-workers", type=int, default=4, help="DALI worker processes per rank (0: in-process)")
@@ -154,6 +159,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     a = p.parse_args(argv)
     return TrainOptions(
         dataset=a.dataset, steps=a.steps, episodes=tuple(a.episodes) if a.episodes else None,
+        cameras=tuple(a.cameras) if a.cameras else None,
         batch_size=a.batch_size, device=a.device, num_workers=a.num_workers,
         recipe=a.recipe, chunk=a.chunk, lr=a.lr, grad_clip=a.grad_clip, seed=a.seed,
         episode_pool_size=a.episode_pool_size,
@@ -440,7 +446,7 @@ def train(options: TrainOptions) -> int:
     accelerator = make_accelerator(options)
     set_seed(options.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
     rank, world_size = data_rank(accelerator)
-    reader = open_dataset(options.dataset, episodes=options.episodes)
+    reader = open_dataset(options.dataset, episodes=options.episodes, cameras=options.cameras)
     cameras = reader.all_camera_keys
     plan = data_plan(options, fps=reader.fps, camera_keys=cameras)
     iterator = build_iterator(

@@ -261,6 +261,19 @@ def test_episodes_flag_trains_on_those_episodes_only(make_ds: Callable[..., Path
     assert sorted(consumed) == [*range(20, 40), *range(80, 100)]
 
 
+def test_cameras_flag_trains_gr00t_without_its_unrecorded_camera(tmp_path: Path) -> None:
+    """gr00t's info.json declares a camera with no video files; --cameras leaves it out, as the open error says."""
+    from tests.conftest import shared_dataset
+
+    args = ["--device", "cpu", "--num-workers", "1", "--seed", "0", "--log-every", "1", "--chunk", "4"]
+    args += ["--dataset", str(shared_dataset("gr00t_v20_h264")), "--steps", "2", "--batch-size", "4"]
+    args += ["--cameras", "observation.images.ego_view", "--record", str(tmp_path / "rec")]
+    _train(args)
+    (record,) = _records(tmp_path / "rec", 1)
+    cameras = sorted(k for k in record["batch_shapes"] if k.startswith("observation.images."))
+    assert cameras == ["observation.images.ego_view"] and record["batch_shapes"][cameras[0]] == [4, 3, 256, 256]
+
+
 def test_data_plan_resolves_recipe_windows_and_overrides(tmp_path: Path) -> None:
     cams = ("observation.images.a", "observation.images.b")
     plain = data_plan(TrainOptions(dataset="d", steps=1), fps=10, camera_keys=cams)
