@@ -144,6 +144,9 @@ class BenchConfig:
     limits: bool = False
     loaders: tuple[str, ...] | None = None
     seed: int = 0
+    #: With ``dataset``: read only these cameras / tabular keys (every loader that can select; LeRobot's cannot).
+    cameras: tuple[str, ...] | None = None
+    keys: tuple[str, ...] | None = None
     cache_dir: Path = DEFAULT_CACHE
 
     def __post_init__(self) -> None:
@@ -161,6 +164,8 @@ class BenchConfig:
             raise ValueError(f"--mode must be one of {[m.value for m in BenchMode]}, got {self.mode!r}") from None
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"--device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        if (self.cameras or self.keys) and self.dataset is None:
+            raise ValueError("--cameras and --keys select parts of --dataset; the generated datasets are read whole")
         if self.loaders is not None:
             unknown = sorted(set(self.loaders) - set(LOADERS))
             if unknown or not self.loaders:
@@ -208,7 +213,8 @@ def ensure_generated(spec: GeneratedSpec, cache_dir: Path) -> Path:
 
 def bench_datasets(config: BenchConfig) -> list[BenchDataset]:
     if config.dataset is not None:
-        return [BenchDataset(Path(config.dataset).name or config.dataset, config.dataset)]
+        label = Path(config.dataset).name or config.dataset
+        return [BenchDataset(label, config.dataset, cameras=config.cameras, keys=config.keys)]
     return [
         BenchDataset(spec.folder, str(ensure_generated(spec, config.cache_dir)), spec.codec)
         for spec in default_specs(config.quick)
@@ -417,7 +423,7 @@ def run_bench(config: BenchConfig) -> BenchReport:
     results: list[LoaderResult] = []
     summaries: list[dict[str, Any]] = []
     for dataset in bench_datasets(config):
-        reader = open_dataset(dataset.path)
+        reader = open_dataset(dataset.path, cameras=dataset.cameras, keys=dataset.keys)
         plan = load_plan(config, reader)
         summary = _dataset_summary(dataset, reader, plan)
         if plan.augment is not None:
@@ -425,7 +431,7 @@ def run_bench(config: BenchConfig) -> BenchReport:
         ceiling_fps = None
         if config.limits:
             try:
-                summary["ceilings"] = measure_ceilings(dataset.path, gpu=device == "cuda")
+                summary["ceilings"] = measure_ceilings(dataset.path, gpu=device == "cuda", cameras=dataset.cameras)
                 ceiling_fps = summary["ceilings"]["best_frames_per_s"]
             except Exception as e:
                 summary["ceilings_error"] = f"{type(e).__name__}: {e}"
@@ -440,6 +446,10 @@ def run_bench(config: BenchConfig) -> BenchReport:
         for name in loaders:
             if name in _EXTERNAL and lerobot_missing:
                 rows.append(LoaderResult(dataset=dataset.label, loader=name, status="skipped", note=lerobot_missing))
+                continue
+            if name in _EXTERNAL and (dataset.cameras or dataset.keys):
+                note = "LeRobot's datasets read every declared feature: they cannot take --cameras/--keys"
+                rows.append(LoaderResult(dataset=dataset.label, loader=name, status="skipped", note=note))
                 continue
             progress_log.info("measuring %s on %s", name, dataset.label)
             job = LoaderJob(

@@ -90,13 +90,15 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def decode_runs(dataset: str | os.PathLike[str], *, max_frames: int, run_frames: int) -> list[DecodeRun]:
+def decode_runs(
+    dataset: str | os.PathLike[str], *, max_frames: int, run_frames: int, cameras: Sequence[str] | None = None
+) -> list[DecodeRun]:
     """Runs of ``run_frames`` consecutive frames covering the dataset's video files, up to ``max_frames``.
 
     Files are taken camera by camera, run after run, round-robin over files so a capped total still
     touches every camera. Remote datasets are not supported (a ceiling is about decode, not download).
     """
-    reader = open_dataset(dataset)
+    reader = open_dataset(dataset, cameras=cameras)
     if not reader.location.is_local:
         raise ValueError(f"decode ceilings need a local dataset; {reader.location.description} is remote")
     files: list[str] = []
@@ -251,10 +253,11 @@ def measure_ceilings(
     gpu: bool | None = None,
     planes: bool | None = None,
     clips: bool | None = None,
+    cameras: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The ceilings for ``dataset`` as plain data; ``gpu=None`` measures the GPU one when CUDA is present,
     ``planes=None`` and ``clips=None`` the planes ceiling and the clip-cutting rate along with it."""
-    runs = decode_runs(dataset, max_frames=max_frames, run_frames=run_frames)
+    runs = decode_runs(dataset, max_frames=max_frames, run_frames=run_frames, cameras=cameras)
     if not runs:
         raise ValueError(f"{dataset}: no video frames to decode")
     ceilings = [cpu_decode_ceiling(runs)]

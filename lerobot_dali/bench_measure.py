@@ -144,6 +144,7 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
             cpu_decode=CpuDecodeOptions(
                 color_conversion=ColorConversion.WORKER if rgb_in_workers else ColorConversion.AUTO
             ),
+            cameras=job.dataset.cameras, keys=job.dataset.keys,
         )  # fmt: skip
         routes = " ".join(f"{k.rsplit('.', 1)[-1]}={r.value}" for k, r in it.routes.items())
         return it, routes, it.close
@@ -151,7 +152,11 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
 
     if job.loader == PLAIN_LOADER:
         dataset: Any = bench_peers.PyAVFrameDataset(
-            job.dataset.path, delta_timestamps=plan.delta_timestamps, image_size=plan.image_size
+            job.dataset.path,
+            delta_timestamps=plan.delta_timestamps,
+            image_size=plan.image_size,
+            cameras=job.dataset.cameras,
+            keys=job.dataset.keys,
         )
     elif job.loader == LEROBOT_LOADER:
         dataset = bench_peers.lerobot_dataset(

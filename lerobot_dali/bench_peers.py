@@ -121,8 +121,10 @@ class PyAVFrameDataset(Dataset):
         delta_timestamps: Mapping[str, Sequence[float]] | None = None,
         image_size: tuple[int, int] | None = None,
         tolerance_s: float = 1e-4,
+        cameras: Sequence[str] | None = None,
+        keys: Sequence[str] | None = None,
     ) -> None:
-        reader = open_dataset(dataset)
+        reader = open_dataset(dataset, cameras=cameras, keys=keys)
         self.camera_keys = list(reader.camera_keys)
         self.fps = reader.fps
         self._tolerance_s = tolerance_s

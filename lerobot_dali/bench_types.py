@@ -49,11 +49,15 @@ _EXTERNAL = (LEROBOT_LOADER, LEROBOT_STREAMING_LOADER)
 
 @dataclass(frozen=True)
 class BenchDataset:
-    """A dataset under test: a label for the report and where it is."""
+    """A dataset under test: a label for the report, where it is, and what of it is read."""
 
     label: str
     path: str
     codec: str | None = None
+    #: Cameras and tabular keys to read (None: all declared), as ``open_dataset``'s ``cameras`` and ``keys``:
+    #: for datasets that declare a camera never recorded, or a column that drifted from info.json.
+    cameras: tuple[str, ...] | None = None
+    keys: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import functools
 import io
+import itertools
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, cast
@@ -176,11 +177,9 @@ class _PyAvReader:
         try:
             for start, stop in plan.segments:
                 segment_pts = {int(p) for p in index.pts[start:stop]} & wanted
-                self.container.seek(
-                    int(min(index.pts[start], index.dts[start])), stream=self.stream, backward=True, any_frame=False
-                )
+                packets = self._packets_from(index, start)
                 self.stream.codec_context.flush_buffers()
-                self._decode_until(segment_pts, found, convert)
+                self._decode_until(packets, segment_pts, found, convert)
         except (av.error.FFmpegError, OSError) as e:
             raise VideoDecodeError(f"{self.label}: decoding failed ({e}); the file is corrupt or truncated.") from e
         missing = wanted - found.keys()
@@ -192,9 +191,39 @@ class _PyAvReader:
             )
         return found
 
-    def _decode_until(self, pending: set[int], found: dict[int, Any], convert: Callable[[av.VideoFrame], Any]) -> None:
+    def _packets_from(self, index: PacketIndex, start: int) -> Iterator[av.Packet]:
+        """The stream's packets from the keyframe at decode position ``start`` on.
+
+        A seek lands on a keyframe at or before its target, and which one depends on the demuxer: with B-frames,
+        MP4's seek compares presentation times, so seeking to the keyframe's (earlier) decode time landed a whole
+        GOP early (250 frames on gr00t's H.264). So: seek to the keyframe's presentation time, then skip by
+        demuxing alone (no decoding) the packets before it; should the seek overshoot, start from the file's
+        first packet instead.
+        """
+        key_dts = int(index.dts[start])
+        for target in (int(index.pts[start]), int(index.dts[0])):
+            self.container.seek(target, stream=self.stream, backward=True, any_frame=False)
+            packets = self.container.demux(self.stream)
+            for packet in packets:
+                if packet.dts is None or packet.dts < key_dts:
+                    continue
+                if packet.dts == key_dts:
+                    return itertools.chain([packet], packets)
+                break  # past the keyframe: the seek overshot
+        raise VideoDecodeError(
+            f"{self.label}: no packet at the keyframe's decode time {key_dts} (position {start}); the file differs "
+            "from its packet index (rewritten since it was indexed?)"
+        )
+
+    def _decode_until(
+        self,
+        packets: Iterator[av.Packet],
+        pending: set[int],
+        found: dict[int, Any],
+        convert: Callable[[av.VideoFrame], Any],
+    ) -> None:
         pending = pending - found.keys()
-        for packet in self.container.demux(self.stream):
+        for packet in packets:
             for frame in packet.decode():
                 if frame.pts in pending:
                     found[frame.pts] = convert(frame)
