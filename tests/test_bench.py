@@ -156,6 +156,26 @@ def test_progress_shows_without_a_terminal_or_verbose_flag(cache_dir: Path, quic
     assert "frames/s" in lines[-1] and "DEBUG" not in done.stderr
 
 
+def test_cameras_and_keys_select_what_every_loader_reads(tmp_path: Path) -> None:
+    """gr00t declares a camera it never recorded: --cameras leaves it out for our loader, the PyAV peer and the
+    decode ceiling alike. Selecting without --dataset is refused."""
+    from tests.conftest import shared_dataset
+
+    out = tmp_path / "gr00t"
+    code = main(["bench", "--device", "cpu", "--dataset", str(shared_dataset("gr00t_v20_h264")), "--cameras",
+                 "observation.images.ego_view", "--keys", "action", "--loaders", "lerobot-dali", "pyav-dataloader",
+                 "--batch-size", "2", "--steps", "2", "--warmup", "0", "--num-workers", "1", "--limits",
+                 "--out", str(out)])  # fmt: skip
+    assert code == 0
+    report = json.loads((out / "bench.json").read_text())
+    assert [r["status"] for r in report["results"]] == ["ok", "ok"]
+    assert all(r["frames"] == 4 for r in report["results"])  # 2 batches of 2 samples, one camera each
+    assert report["config"]["cameras"] == ["observation.images.ego_view"] and report["config"]["keys"] == ["action"]
+    assert report["datasets"][0]["ceilings"]["best_frames_per_s"] > 0
+    with pytest.raises(ValueError, match="--cameras and --keys select parts of --dataset"):
+        BenchConfig(cameras=("observation.images.cam0",))
+
+
 def test_sarm_mode_and_recipe_windows(cache_dir: Path, quick_run: tuple[int, Path, str]) -> None:
     reader = open_dataset(cache_dir / default_specs(True)[0].folder)
     plan = load_plan(BenchConfig(quick=True, mode="sarm", recipe="diffusion"), reader)
