@@ -15,7 +15,9 @@ they are not decodable there and decoders differ in whether they emit or skip th
 from __future__ import annotations
 
 import io
+import itertools
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +32,7 @@ __all__ = [
     "Clip",
     "ClipPlan",
     "build_clip",
+    "packets_from_keyframe",
     "plan_clip",
     "read_packet_payloads",
     "remux_clip",
@@ -183,6 +186,31 @@ def _read_ranges(handle: Any, index: PacketIndex, plan: ClipPlan) -> list[bytes]
     return payloads
 
 
+def packets_from_keyframe(container: Any, stream: Any, index: PacketIndex, start: int) -> Iterator[av.Packet]:
+    """``stream``'s packets from the keyframe at decode position ``start`` of ``index`` on (demuxed, not decoded).
+
+    A seek lands on a keyframe at or before its target, and which one depends on the demuxer: with B-frames,
+    MP4's seek compares presentation times, so seeking to the keyframe's (earlier) decode time landed a whole
+    GOP early (250 frames on gr00t's H.264). So: seek to the keyframe's presentation time, then skip the
+    packets before it by demuxing alone; should the seek overshoot, start from the file's first packet instead.
+    """
+    key_dts = int(index.dts[start])
+    for target in (int(index.pts[start]), int(index.dts[0])):
+        container.seek(target, stream=stream, backward=True, any_frame=False)
+        packets = container.demux(stream)
+        for packet in packets:
+            dts = packet.dts if packet.dts is not None else packet.pts  # as the index records it
+            if packet.size == 0 or dts is None or dts < key_dts:
+                continue
+            if dts == key_dts:
+                return itertools.chain([packet], packets)
+            break  # past the keyframe: the seek overshot
+    raise VideoDecodeError(
+        f"{index.source_name}: no packet at the keyframe's decode time {key_dts} (position {start}); the file "
+        "differs from its packet index (rewritten since it was indexed?)"
+    )
+
+
 def _demux_payloads(handle: Any, index: PacketIndex, plan: ClipPlan) -> list[bytes]:
     wanted = {int(index.pts[p]): i for i, p in enumerate(plan.packet_positions.tolist())}
     payloads: list[bytes | None] = [None] * len(wanted)
@@ -191,17 +219,18 @@ def _demux_payloads(handle: Any, index: PacketIndex, plan: ClipPlan) -> list[byt
         with av.open(handle, mode="r") as container:
             stream = container.streams.video[0]
             for start, stop in plan.segments:
-                seek_to = int(min(index.pts[start], index.dts[start]))
-                container.seek(seek_to, stream=stream, backward=True, any_frame=False)
                 pending = {int(index.pts[p]) for p in range(start, stop)}
-                for packet in container.demux(stream):
+                for packet in packets_from_keyframe(container, stream, index, start):
                     if packet.size == 0:
                         break
-                    slot = wanted.get(packet.pts if packet.pts is not None else packet.dts)
+                    pts = packet.pts if packet.pts is not None else packet.dts  # as the index records it
+                    if pts is None:
+                        continue
+                    slot = wanted.get(pts)
                     if slot is not None and payloads[slot] is None:
                         payloads[slot] = bytes(packet)
                         found += 1
-                    pending.discard(packet.pts)
+                    pending.discard(pts)
                     if not pending:
                         break
     except av.error.FFmpegError as e:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import io
-import itertools
 import logging
 import os
 from collections import OrderedDict
@@ -31,7 +30,7 @@ import numpy as np
 from av.video.reformatter import Interpolation
 from numpy.typing import ArrayLike
 
-from .clips import ClipPlan, plan_clip
+from .clips import ClipPlan, packets_from_keyframe, plan_clip
 from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
 from .packet_index import PacketIndex, VideoSource, source_cache_key, source_label
 from .yuv_frames import PlaneFrames, frame_planes, stack_planes
@@ -177,7 +176,7 @@ class _PyAvReader:
         try:
             for start, stop in plan.segments:
                 segment_pts = {int(p) for p in index.pts[start:stop]} & wanted
-                packets = self._packets_from(index, start)
+                packets = packets_from_keyframe(self.container, self.stream, index, start)
                 self.stream.codec_context.flush_buffers()
                 self._decode_until(packets, segment_pts, found, convert)
         except (av.error.FFmpegError, OSError) as e:
@@ -190,30 +189,6 @@ class _PyAvReader:
                 "requested frames missing); the file is corrupt or truncated."
             )
         return found
-
-    def _packets_from(self, index: PacketIndex, start: int) -> Iterator[av.Packet]:
-        """The stream's packets from the keyframe at decode position ``start`` on.
-
-        A seek lands on a keyframe at or before its target, and which one depends on the demuxer: with B-frames,
-        MP4's seek compares presentation times, so seeking to the keyframe's (earlier) decode time landed a whole
-        GOP early (250 frames on gr00t's H.264). So: seek to the keyframe's presentation time, then skip by
-        demuxing alone (no decoding) the packets before it; should the seek overshoot, start from the file's
-        first packet instead.
-        """
-        key_dts = int(index.dts[start])
-        for target in (int(index.pts[start]), int(index.dts[0])):
-            self.container.seek(target, stream=self.stream, backward=True, any_frame=False)
-            packets = self.container.demux(self.stream)
-            for packet in packets:
-                if packet.dts is None or packet.dts < key_dts:
-                    continue
-                if packet.dts == key_dts:
-                    return itertools.chain([packet], packets)
-                break  # past the keyframe: the seek overshot
-        raise VideoDecodeError(
-            f"{self.label}: no packet at the keyframe's decode time {key_dts} (position {start}); the file differs "
-            "from its packet index (rewritten since it was indexed?)"
-        )
 
     def _decode_until(
         self,

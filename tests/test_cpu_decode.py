@@ -87,25 +87,25 @@ def test_gr00t_long_gop_b_frames_seek_to_the_keyframe_itself(pyav_decoder: CpuFr
     """gr00t's H.264 has B-frames and a 250-frame GOP. Seeking to a keyframe's decode time (earlier than its
     presentation time) landed on the previous keyframe, so every frame of the second GOP decoded 250 extra
     frames; the reader must start at the very keyframe, and the frames must still equal a full decode."""
-    from lerobot_dali.cpu_decode import _PyAvReader
+    import av
+
+    from lerobot_dali.clips import packets_from_keyframe
 
     path = shared_dataset("gr00t_v20_h264") / "videos/chunk-000/observation.images.ego_view/episode_000000.mp4"
     index = build_packet_index(path)
     keyframes = np.flatnonzero(index.keyframe).tolist()
     assert keyframes == [0, 250] and index.dts[250] < index.pts[250]  # the case the old seek got wrong
-    reader = _PyAvReader(path, filesystem=None, threads=1, label=path.name)
-    try:
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
         for start in keyframes:
-            first = next(reader._packets_from(index, start))
+            first = next(packets_from_keyframe(container, stream, index, start))
             assert first.is_keyframe and first.dts == index.dts[start], start
         # a seek that overshoots (target past the keyframe) falls back to the file's start, then skips forward
         late = replace(index, pts=np.where(np.arange(len(index.pts)) == 0, index.pts.max() + 1, index.pts))
-        first = next(reader._packets_from(late, 0))  # its seek lands on keyframe 250
+        first = next(packets_from_keyframe(container, stream, late, 0))  # its seek lands on keyframe 250
         assert first.is_keyframe and first.dts == index.dts[0]
         with pytest.raises(VideoDecodeError, match=r"no packet at the keyframe's decode time"):
-            next(reader._packets_from(replace(index, dts=index.dts + 1), 250))
-    finally:
-        reader.close()
+            next(packets_from_keyframe(container, stream, replace(index, dts=index.dts + 1), 250))
     _check(pyav_decoder, path, [np.array([249, 250, 251]), np.array([260, 300, 415]), np.array([5, 400])])
 
 
