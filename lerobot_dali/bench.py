@@ -35,6 +35,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ from .bench_types import (
     LoadPlan,
 )
 from .cache_dirs import cache_root
+from .frame_lookup import TimestampSource
 
 __all__ = [
     "LOADERS",
@@ -147,6 +149,9 @@ class BenchConfig:
     #: With ``dataset``: read only these cameras / tabular keys (every loader that can select; LeRobot's cannot).
     cameras: tuple[str, ...] | None = None
     keys: tuple[str, ...] | None = None
+    #: How every loader's rows find their frames (see :class:`BenchDataset`).
+    timestamp_source: str = "parquet_timestamp"
+    tolerance_s: float = 1e-4
     cache_dir: Path = DEFAULT_CACHE
 
     def __post_init__(self) -> None:
@@ -164,6 +169,17 @@ class BenchConfig:
             raise ValueError(f"--mode must be one of {[m.value for m in BenchMode]}, got {self.mode!r}") from None
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"--device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        try:
+            TimestampSource(self.timestamp_source)
+        except ValueError:
+            allowed = [s.value for s in TimestampSource]
+            raise ValueError(f"--timestamp-source must be one of {allowed}, got {self.timestamp_source!r}") from None
+        if (
+            isinstance(self.tolerance_s, bool)
+            or not isinstance(self.tolerance_s, (int, float))
+            or self.tolerance_s <= 0
+        ):
+            raise ValueError(f"--tolerance-s must be a number > 0, got {self.tolerance_s!r}")
         if (self.cameras or self.keys) and self.dataset is None:
             raise ValueError("--cameras and --keys select parts of --dataset; the generated datasets are read whole")
         if self.loaders is not None:
@@ -212,11 +228,12 @@ def ensure_generated(spec: GeneratedSpec, cache_dir: Path) -> Path:
 
 
 def bench_datasets(config: BenchConfig) -> list[BenchDataset]:
+    lookup = partial(BenchDataset, timestamp_source=config.timestamp_source, tolerance_s=float(config.tolerance_s))
     if config.dataset is not None:
         label = Path(config.dataset).name or config.dataset
-        return [BenchDataset(label, config.dataset, cameras=config.cameras, keys=config.keys)]
+        return [lookup(label, config.dataset, cameras=config.cameras, keys=config.keys)]
     return [
-        BenchDataset(spec.folder, str(ensure_generated(spec, config.cache_dir)), spec.codec)
+        lookup(spec.folder, str(ensure_generated(spec, config.cache_dir)), spec.codec)
         for spec in default_specs(config.quick)
     ]
 
@@ -323,7 +340,13 @@ def machine_info(device: str) -> dict[str, Any]:
 
 
 def clip_footprint(
-    reader: Any, delta_timestamps: Mapping[str, Sequence[float]], *, samples: int = 24, seed: int = 0
+    reader: Any,
+    delta_timestamps: Mapping[str, Sequence[float]],
+    *,
+    samples: int = 24,
+    seed: int = 0,
+    timestamp_source: str = "parquet_timestamp",
+    tolerance_s: float = 1e-4,
 ) -> tuple[float, float]:
     """``(clip bytes, video file bytes)`` per sample, summed over cameras, for random samples.
 
@@ -337,6 +360,7 @@ def clip_footprint(
 
     rng = np.random.default_rng(seed)
     fps, fs = reader.fps, reader.location.fs
+    by_frame_index = TimestampSource(timestamp_source) is TimestampSource.FRAME_INDEX
     lengths = np.asarray(reader.episodes.length)
     clip_bytes = file_bytes = 0
     for _ in range(samples):
@@ -349,8 +373,9 @@ def clip_footprint(
             video = reader.video(pos, camera)
             index = load_packet_index(video.path, filesystem=fs)
             context = FrameRequestContext(episode_index=int(reader.episodes.episode_index[pos]), camera=camera)
+            local_s = window / fps if by_frame_index else rows["timestamp"][window]
             numbers = nearest_frame_indices(
-                index, video.from_timestamp_s + rows["timestamp"][window], tolerance_s=1e-4, context=context
+                index, video.from_timestamp_s + local_s, tolerance_s=tolerance_s, context=context
             )
             clip_bytes += build_clip(video.path, index, numbers, filesystem=fs).data.nbytes
             file_bytes += index.file_size_bytes
@@ -439,7 +464,13 @@ def run_bench(config: BenchConfig) -> BenchReport:
         footprint = None
         if any(name in _OURS for name in loaders) and reader.camera_keys:  # clips exist for video cameras only
             try:
-                footprint = clip_footprint(reader, plan.delta_timestamps, seed=config.seed)
+                footprint = clip_footprint(
+                    reader,
+                    plan.delta_timestamps,
+                    seed=config.seed,
+                    timestamp_source=dataset.timestamp_source,
+                    tolerance_s=dataset.tolerance_s,
+                )
             except Exception as e:
                 notes.append(f"{dataset.label}: clip bytes not measured ({type(e).__name__}: {e})")
         rows = []
@@ -447,8 +478,11 @@ def run_bench(config: BenchConfig) -> BenchReport:
             if name in _EXTERNAL and lerobot_missing:
                 rows.append(LoaderResult(dataset=dataset.label, loader=name, status="skipped", note=lerobot_missing))
                 continue
-            if name in _EXTERNAL and (dataset.cameras or dataset.keys):
-                note = "LeRobot's datasets read every declared feature: they cannot take --cameras/--keys"
+            if name in _EXTERNAL and (
+                dataset.cameras or dataset.keys or dataset.timestamp_source != "parquet_timestamp"
+            ):
+                note = "LeRobot's datasets read every declared feature by parquet timestamps: they take no "
+                note += "--cameras, --keys or --timestamp-source"
                 rows.append(LoaderResult(dataset=dataset.label, loader=name, status="skipped", note=note))
                 continue
             progress_log.info("measuring %s on %s", name, dataset.label)

@@ -145,6 +145,7 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
                 color_conversion=ColorConversion.WORKER if rgb_in_workers else ColorConversion.AUTO
             ),
             cameras=job.dataset.cameras, keys=job.dataset.keys,
+            timestamp_source=job.dataset.timestamp_source, tolerance_s=job.dataset.tolerance_s,
         )  # fmt: skip
         routes = " ".join(f"{k.rsplit('.', 1)[-1]}={r.value}" for k, r in it.routes.items())
         return it, routes, it.close
@@ -157,14 +158,23 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
             image_size=plan.image_size,
             cameras=job.dataset.cameras,
             keys=job.dataset.keys,
+            timestamp_source=job.dataset.timestamp_source,
+            tolerance_s=job.dataset.tolerance_s,
         )
     elif job.loader == LEROBOT_LOADER:
         dataset = bench_peers.lerobot_dataset(
-            job.dataset.path, delta_timestamps=plan.delta_timestamps, image_size=plan.image_size
+            job.dataset.path,
+            delta_timestamps=plan.delta_timestamps,
+            image_size=plan.image_size,
+            tolerance_s=job.dataset.tolerance_s,
         )
     elif job.loader == LEROBOT_STREAMING_LOADER:
         dataset = bench_peers.lerobot_streaming_dataset(
-            job.dataset.path, delta_timestamps=plan.delta_timestamps, image_size=plan.image_size, seed=job.seed
+            job.dataset.path,
+            delta_timestamps=plan.delta_timestamps,
+            image_size=plan.image_size,
+            seed=job.seed,
+            tolerance_s=job.dataset.tolerance_s,
         )
     else:
         raise ValueError(f"unknown loader {job.loader!r}; loaders are {', '.join(LOADERS)}")

@@ -29,6 +29,7 @@ from torch.utils.data import Dataset
 from .dataset_reader import open_dataset
 from .episode_rows import image_bytes
 from .errors import FrameTimestampError
+from .frame_lookup import TimestampSource
 from .image_frames import decode_images
 from .windows import DeltaWindows, query_indices
 
@@ -123,8 +124,10 @@ class PyAVFrameDataset(Dataset):
         tolerance_s: float = 1e-4,
         cameras: Sequence[str] | None = None,
         keys: Sequence[str] | None = None,
+        timestamp_source: str = "parquet_timestamp",
     ) -> None:
         reader = open_dataset(dataset, cameras=cameras, keys=keys)
+        self._by_frame_index = TimestampSource(timestamp_source) is TimestampSource.FRAME_INDEX
         self.camera_keys = list(reader.camera_keys)
         self.fps = reader.fps
         self._tolerance_s = tolerance_s
@@ -198,7 +201,8 @@ class PyAVFrameDataset(Dataset):
             window = self._delta_index.get(camera)
             rows = query_indices(frame, length, window)[0] if window is not None else np.array([frame])
             video = self._videos[camera][episode]
-            query = (video.from_timestamp_s + self._timestamps[start + rows]).tolist()
+            local_s = rows / self.fps if self._by_frame_index else self._timestamps[start + rows]
+            query = (video.from_timestamp_s + local_s).tolist()
             if self._local:
                 decoded = decode_frames_pyav(video.path, query, tolerance_s=self._tolerance_s)
             else:
@@ -250,6 +254,7 @@ def lerobot_dataset(
     *,
     delta_timestamps: Mapping[str, Sequence[float]] | None,
     image_size: tuple[int, int] | None,
+    tolerance_s: float = 1e-4,
 ) -> Any:
     """``LeRobotDataset`` over a local folder (or Hub repo id), with its default video backend."""
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
@@ -260,6 +265,7 @@ def lerobot_dataset(
         root=root,
         delta_timestamps={k: list(v) for k, v in (delta_timestamps or {}).items()} or None,
         image_transforms=Resize(image_size) if image_size is not None else None,
+        tolerance_s=tolerance_s,
     )
 
 
@@ -269,8 +275,10 @@ def lerobot_streaming_dataset(
     delta_timestamps: Mapping[str, Sequence[float]] | None,
     image_size: tuple[int, int] | None,
     seed: int,
+    tolerance_s: float = 1e-4,
 ) -> Any:
-    """``StreamingLeRobotDataset`` (an ``IterableDataset`` that shuffles through its own buffer)."""
+    """``StreamingLeRobotDataset`` (an ``IterableDataset`` that shuffles through its own buffer). A tolerance
+    other than the default is passed on; LeRobot versions whose streaming dataset lacks one fail that row."""
     from lerobot.datasets.streaming_dataset import StreamingLeRobotDataset
 
     repo_id, root = _repo_and_root(dataset)
@@ -280,4 +288,5 @@ def lerobot_streaming_dataset(
         delta_timestamps={k: list(v) for k, v in (delta_timestamps or {}).items()} or None,
         image_transforms=Resize(image_size) if image_size is not None else None,
         seed=seed,
+        **({"tolerance_s": tolerance_s} if tolerance_s != 1e-4 else {}),
     )

@@ -58,6 +58,10 @@ class BenchDataset:
     #: for datasets that declare a camera never recorded, or a column that drifted from info.json.
     cameras: tuple[str, ...] | None = None
     keys: tuple[str, ...] | None = None
+    #: How rows find their video frames, as ``DALILeRobotIterator``'s options of the same names: ``"frame_index"``
+    #: for wall-clock parquet timestamps (``cr5_*``), a wider tolerance for data slower than its video (``r1``).
+    timestamp_source: str = "parquet_timestamp"
+    tolerance_s: float = 1e-4
 
 
 @dataclass(frozen=True)

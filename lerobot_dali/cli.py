@@ -122,6 +122,7 @@ def _bench(args: argparse.Namespace) -> int:
             steps=args.steps, warmup=args.warmup, limits=args.limits,
             loaders=tuple(args.loaders) if args.loaders else None, seed=args.seed,
             cameras=tuple(args.cameras) if args.cameras else None, keys=tuple(args.keys) if args.keys else None,
+            timestamp_source=args.timestamp_source, tolerance_s=args.tolerance_s,
             **({"cache_dir": Path(args.cache_dir)} if args.cache_dir else {}),
         )  # fmt: skip
     except ValueError as e:
@@ -177,6 +178,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--dataset", help="dataset to load (default: generate LeRobot-like AV1 and H.264 ones)")
     bench.add_argument("--cameras", nargs="+", metavar="KEY", help="with --dataset: read only these cameras")
     bench.add_argument("--keys", nargs="+", metavar="KEY", help="with --dataset: read only these tabular features")
+    bench.add_argument(
+        "--timestamp-source", choices=["parquet_timestamp", "frame_index"], default="parquet_timestamp",
+        help="how rows find their frames: frame_index / fps for wall-clock parquet timestamps",
+    )  # fmt: skip
+    bench.add_argument("--tolerance-s", type=float, default=1e-4, help="max |frame pts - row time| (default 1e-4)")
     bench.add_argument("--mode", choices=["single", "sarm"], default="single", help="1 frame, or 8 frames 1 s apart")
     bench.add_argument("--recipe", help="act, diffusion, vla or a recipe .toml: windows, image size, augmentation")
     bench.add_argument("--batch-size", type=int, help="samples per batch, every loader (default 32; quick 8)")

@@ -7,6 +7,7 @@ import csv
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,6 +15,7 @@ from lerobot_dali.bench import METRIC_FIELDS, BenchConfig, default_specs, load_p
 from lerobot_dali.bench_peers import lerobot_unavailable
 from lerobot_dali.cli import main
 from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.errors import FrameTimestampError
 
 QUICK_BATCH, QUICK_STEPS = 8, 6  # the --quick defaults the run below relies on
 QUICK_CAMERAS = 2
@@ -174,6 +176,39 @@ def test_cameras_and_keys_select_what_every_loader_reads(tmp_path: Path) -> None
     assert report["datasets"][0]["ceilings"]["best_frames_per_s"] > 0
     with pytest.raises(ValueError, match="--cameras and --keys select parts of --dataset"):
         BenchConfig(cameras=("observation.images.cam0",))
+
+
+def test_wall_clock_timestamps_bench_by_frame_index(tmp_path: Path) -> None:
+    """cr5's parquet timestamps are wall-clock: every loader reads it by frame_index / fps when asked, and the
+    peer's frames are the file's frames at from_timestamp + frame_index / fps."""
+    import pyarrow.parquet as pq
+
+    from lerobot_dali.bench_peers import PyAVFrameDataset
+    from tests.conftest import shared_dataset
+    from tests.video_fixtures import reference_frames
+
+    root = shared_dataset("cr5_v30_av1")
+    out = tmp_path / "cr5"
+    code = main(["bench", "--device", "cpu", "--dataset", str(root), "--timestamp-source", "frame_index",
+                 "--loaders", "lerobot-dali", "pyav-dataloader", "--batch-size", "2", "--steps", "2", "--warmup", "0",
+                 "--num-workers", "1", "--out", str(out)])  # fmt: skip
+    assert code == 0
+    report = json.loads((out / "bench.json").read_text())
+    assert [r["status"] for r in report["results"]] == ["ok", "ok"]
+    assert report["results"][0]["clip_to_file_ratio"] > 0  # the clip footprint reads frames by frame_index too
+
+    camera = "observation.images.top"
+    episode = pq.read_table(root / "meta/episodes/chunk-000/file-000.parquet").to_pylist()[1]
+    item = PyAVFrameDataset(root, timestamp_source="frame_index")[episode["dataset_from_index"] + 7]
+    video = root / f"videos/{camera}/chunk-000/file-{episode[f'videos/{camera}/file_index']:03d}.mp4"
+    frames = [frame for _, frame in sorted(reference_frames(video).items())]
+    expected = frames[round(episode[f"videos/{camera}/from_timestamp"] * 10) + 7]
+    np.testing.assert_array_equal((item[camera].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8), expected)
+    with pytest.raises(FrameTimestampError):  # by the wall-clock timestamps, frames are off
+        PyAVFrameDataset(root)[episode["dataset_from_index"] + 100]
+    for bad, pattern in (({"timestamp_source": "wall"}, "--timestamp-source"), ({"tolerance_s": 0}, "--tolerance-s")):
+        with pytest.raises(ValueError, match=pattern):
+            BenchConfig(**bad)
 
 
 def test_sarm_mode_and_recipe_windows(cache_dir: Path, quick_run: tuple[int, Path, str]) -> None:
