@@ -354,7 +354,7 @@ class AugmentConfig:
                     f"(or v2.1's meta/episodes_stats.jsonl), but {e}. Give AugmentConfig.normalize a Normalize "
                     "(e.g. ImageNet's), one per camera, or leave it unset."
                 ) from e
-        return replace(self, normalize=per_camera)
+        return replace(self, normalize=per_camera or None)  # no cameras: nothing to normalise
 
     def for_camera(self, camera: str) -> AugmentConfig:
         """This config with ``normalize`` narrowed to ``camera``'s :class:`Normalize` (what the graph of one

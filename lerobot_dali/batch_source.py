@@ -35,7 +35,7 @@ from .sample_order import SampleOrder
 from .windows import query_indices
 from .yuv_frames import PlaneFrames
 
-__all__ = ["INDEX_KEYS", "BatchSource", "SourceSpec", "output_fields"]
+__all__ = ["INDEX_KEYS", "BatchSource", "SourceSpec", "output_fields", "row_frame_numbers"]
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +114,39 @@ def output_fields(spec: SourceSpec) -> list[Field]:
         streams = dict.fromkeys(stream_name(spec.augment, i) for i in range(cameras))
         fields += [augment_draw_field(stream, param) for stream in streams for param in params]
     return fields
+
+
+def row_frame_numbers(
+    reader: LeRobotDatasetReader,
+    episode_pos: int,
+    camera: str,
+    rows: Mapping[str, np.ndarray],
+    row_indices: np.ndarray,
+    index: PacketIndex,
+    *,
+    timestamp_source: TimestampSource,
+    tolerance_s: float,
+) -> np.ndarray:
+    """Display frame numbers, in the camera's video file, of rows ``row_indices`` of one episode (``rows`` as
+    ``reader.read_episode`` gives them): each row's time (its parquet ``timestamp``, or ``frame_index / fps``)
+    after the episode's ``from_timestamp``, within ``tolerance_s`` and the episode's part of the file."""
+    video = reader.video(episode_pos, camera)
+    if timestamp_source is TimestampSource.FRAME_INDEX:
+        local_s = rows["frame_index"][row_indices].astype(np.float64) / reader.fps
+    else:
+        local_s = rows["timestamp"][row_indices].astype(np.float64)
+    context = FrameRequestContext(
+        dataset=reader.location.description,
+        episode_index=int(reader.episodes.episode_index[episode_pos]),
+        camera=camera,
+    )
+    return nearest_frame_indices(
+        index,
+        video.from_timestamp_s + local_s,
+        tolerance_s=tolerance_s,
+        context=context,
+        episode_span_s=(video.from_timestamp_s, video.to_timestamp_s),
+    )
 
 
 class BatchSource:
@@ -252,23 +285,17 @@ class BatchSource:
         reader = spec.reader
         for pos, r, i in zip(episode_pos, rows, camera_rows, strict=True):
             video = reader.video(int(pos), camera)
-            if spec.timestamp_source is TimestampSource.FRAME_INDEX:
-                local_s = r["frame_index"][i].astype(np.float64) / reader.fps
-            else:
-                local_s = r["timestamp"][i].astype(np.float64)
             stamp = spec.stamps[video.path] if spec.stamps is not None else None
             index = self._indexes.get(video.path, filesystem=reader.location.fs, stamp=stamp, store=spec.index_store)
-            context = FrameRequestContext(
-                dataset=reader.location.description,
-                episode_index=int(reader.episodes.episode_index[pos]),
-                camera=camera,
-            )
-            numbers = nearest_frame_indices(
+            numbers = row_frame_numbers(
+                reader,
+                int(pos),
+                camera,
+                r,
+                i,
                 index,
-                video.from_timestamp_s + local_s,
+                timestamp_source=spec.timestamp_source,
                 tolerance_s=spec.tolerance_s,
-                context=context,
-                episode_span_s=(video.from_timestamp_s, video.to_timestamp_s),
             )
             yield video.path, index, numbers
 

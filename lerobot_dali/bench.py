@@ -478,9 +478,8 @@ def run_bench(config: BenchConfig) -> BenchReport:
             if name in _EXTERNAL and lerobot_missing:
                 rows.append(LoaderResult(dataset=dataset.label, loader=name, status="skipped", note=lerobot_missing))
                 continue
-            if name in _EXTERNAL and (
-                dataset.cameras or dataset.keys or dataset.timestamp_source != "parquet_timestamp"
-            ):
+            by_parquet = TimestampSource(dataset.timestamp_source) is TimestampSource.PARQUET_TIMESTAMP
+            if name in _EXTERNAL and (dataset.cameras or dataset.keys or not by_parquet):
                 note = "LeRobot's datasets read every declared feature by parquet timestamps: they take no "
                 note += "--cameras, --keys or --timestamp-source"
                 rows.append(LoaderResult(dataset=dataset.label, loader=name, status="skipped", note=note))

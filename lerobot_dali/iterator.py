@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .augment import NORMALIZE_FROM_STATS, AugmentConfig
-from .batch_source import BatchSource, SourceSpec, output_fields
+from .batch_source import BatchSource, SourceSpec, output_fields, row_frame_numbers
 from .cpu_decode import CpuDecodeOptions
 from .dali_graph import CameraFeed, build_pipeline, camera_feed
 from .dataset_reader import LeRobotDatasetReader, open_dataset
@@ -27,7 +27,7 @@ from .decode_route import DecodePreference, DecodeRoute, route_for_video
 from .distributed import cpus_per_local_rank, resolve_rank
 from .errors import EpisodeMetadataError, ResumeStateError, SchemaMismatchError
 from .frame_lookup import TimestampSource
-from .packet_index import load_packet_index
+from .packet_index import PacketIndex, load_packet_index
 from .packet_index_store import PacketIndexStore
 from .prefetch import Prefetcher, prefetching_reader
 from .sample_order import OrderOptions, RankBalance
@@ -170,18 +170,37 @@ class DALILeRobotIterator:
 
     # -- routing -----------------------------------------------------------------------------------------
     def _choose_routes(self, preference: DecodePreference) -> dict[str, DecodeRoute]:
+        """A route per video camera, from its first episode's file; that episode's first and last rows are
+        looked up in the file too (:meth:`_check_rows_find_frames`)."""
         routes = {}
         if self._device_id is None:
             preference = DecodePreference.CPU
+        indexes = {}
         for camera in self.reader.camera_keys:
             video = self.reader.video(0, camera)
             fs = self.reader.location.fs
             stamp = self.reader.stamps[video.path] if self.reader.stamps is not None else None
-            index = load_packet_index(video.path, filesystem=fs, stamp=stamp, store=self._index_store)
+            indexes[camera] = load_packet_index(video.path, filesystem=fs, stamp=stamp, store=self._index_store)
             routes[camera] = route_for_video(
-                video.path, index, decode=preference, device_id=self._device_id or 0, filesystem=fs, label=camera
-            )
+                video.path, indexes[camera], decode=preference, device_id=self._device_id or 0, filesystem=fs,
+                label=camera,
+            )  # fmt: skip
+        self._check_rows_find_frames(indexes)
         return routes
+
+    def _check_rows_find_frames(self, indexes: Mapping[str, PacketIndex]) -> None:
+        """Timestamps that miss the video (wall-clock time, rows shifted a frame, the wrong fps) fail here, when
+        the iterator is built, rather than in a worker when a batch first reaches the row, maybe hours into
+        training: the first episode's first and last rows must find their frames in every camera's file."""
+        if not indexes:
+            return
+        rows = self.reader.read_episode(0, [])
+        ends = np.array([0, len(rows["timestamp"]) - 1])
+        for camera, index in indexes.items():
+            row_frame_numbers(
+                self.reader, 0, camera, rows, ends, index,
+                timestamp_source=self._timestamp_source, tolerance_s=self._tolerance_s,
+            )  # fmt: skip
 
     def _plan_feeds(self) -> dict[str, CameraFeed]:
         on_gpu = self._device_id is not None

@@ -165,7 +165,8 @@ def test_cameras_and_keys_select_what_every_loader_reads(tmp_path: Path) -> None
 
     out = tmp_path / "gr00t"
     code = main(["bench", "--device", "cpu", "--dataset", str(shared_dataset("gr00t_v20_h264")), "--cameras",
-                 "observation.images.ego_view", "--keys", "action", "--loaders", "lerobot-dali", "pyav-dataloader",
+                 "observation.images.ego_view", "--keys", "action", "--timestamp-source", "frame_index",
+                 "--loaders", "lerobot-dali", "pyav-dataloader",
                  "--batch-size", "2", "--steps", "2", "--warmup", "0", "--num-workers", "1", "--limits",
                  "--out", str(out)])  # fmt: skip
     assert code == 0

@@ -336,8 +336,9 @@ def test_gr00t_float64_features_come_as_float32_like_lerobot() -> None:
 
     root = shared_dataset("gr00t_v20_h264")
     it = DALILeRobotIterator(
-        root, cameras=["observation.images.ego_view"], batch_size=4, shuffle=False, device="cpu", num_workers=0
-    )
+        root, cameras=["observation.images.ego_view"], batch_size=4, shuffle=False, device="cpu", num_workers=0,
+        timestamp_source="frame_index",
+    )  # fmt: skip
     batch = next(iter(it))
     table = pq.read_table(root / "data/chunk-000/episode_000000.parquet").to_pydict()
     expected = {
@@ -352,11 +353,36 @@ def test_gr00t_float64_features_come_as_float32_like_lerobot() -> None:
     assert batch["observation.images.ego_view"].shape == (4, 3, 256, 256)
 
 
+def test_gr00t_rows_are_a_frame_ahead_of_their_timestamps() -> None:
+    """GR00T's timestamps start at 0.05 s: row i says (i + 1) / 20 s while its video holds as many frames as
+    rows, from 0 s. By timestamp every row would read the next frame and the last row none: the iterator
+    refuses at construction, naming frame_index; by frame_index, row i reads frame i, the last row too."""
+    import pyarrow.parquet as pq
+
+    root = shared_dataset("gr00t_v20_h264")
+    camera = "observation.images.ego_view"
+    with pytest.raises(FrameTimestampError, match=r"query timestamp 20\.79998\d s .*frame_index / fps"):
+        DALILeRobotIterator(root, cameras=[camera], device="cpu", num_workers=0)
+    length = pq.read_metadata(root / "data/chunk-000/episode_000000.parquet").num_rows
+    it = DALILeRobotIterator(
+        root, cameras=[camera], keys=["action"], batch_size=length, shuffle=False, device="cpu", num_workers=0,
+        timestamp_source="frame_index", return_uint8=True, episodes=[0],
+    )  # fmt: skip
+    batch = next(iter(it))
+    frames = [
+        frame for _, frame in sorted(reference_frames(root / f"videos/chunk-000/{camera}/episode_000000.mp4").items())
+    ]
+    assert len(frames) == length == len(batch["index"])
+    for i in (0, 1, 249, 250, length - 1):
+        np.testing.assert_array_equal(batch[camera][i].permute(1, 2, 0).numpy(), frames[i])
+
+
 def test_cr5_wall_clock_timestamps_fail_clearly_then_read_by_frame_index() -> None:
+    """Fails when the iterator is built, not when a worker first reaches the row: the first episode's last
+    row (wall-clock 20.55 s) is checked against the video at construction."""
     root = shared_dataset("cr5_v30_av1")
-    it = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=0)
     with pytest.raises(FrameTimestampError, match=r"episode 0, camera observation\.images\.top.*frame_index / fps"):
-        next(iter(it))
+        DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=0)
     it = DALILeRobotIterator(
         root, batch_size=4, shuffle=False, device="cpu", num_workers=0, timestamp_source="frame_index",
         return_uint8=True,

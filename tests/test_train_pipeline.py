@@ -267,7 +267,8 @@ def test_cameras_flag_trains_gr00t_without_its_unrecorded_camera(tmp_path: Path)
 
     args = ["--device", "cpu", "--num-workers", "1", "--seed", "0", "--log-every", "1", "--chunk", "4"]
     args += ["--dataset", str(shared_dataset("gr00t_v20_h264")), "--steps", "2", "--batch-size", "4"]
-    args += ["--cameras", "observation.images.ego_view", "--record", str(tmp_path / "rec")]
+    args += ["--cameras", "observation.images.ego_view", "--timestamp-source", "frame_index"]
+    args += ["--record", str(tmp_path / "rec")]
     _train(args)
     (record,) = _records(tmp_path / "rec", 1)
     cameras = sorted(k for k in record["batch_shapes"] if k.startswith("observation.images."))
