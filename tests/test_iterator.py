@@ -132,6 +132,42 @@ def test_worker_decoded_frames_equal_an_independent_full_decode(make_ds) -> None
             np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("color", ["worker", "planes"])
+def test_samples_in_one_gop_decode_it_once(make_ds, monkeypatch: pytest.MonkeyPatch, color: str) -> None:
+    """A batch's samples whose frames start in the same GOP are decoded as one request: with a 30-frame GOP,
+    dataset order and batches of 8, each batch asks the decoder once or twice (a batch spanning a GOP or
+    episode boundary), never once per sample; every frame is still its own sample's."""
+    from lerobot_dali.cpu_decode import ColorConversion, CpuDecodeOptions, CpuFrameDecoder
+
+    root = make_ds(episodes=2, frames_per_episode=[45, 35], cameras=1, codec="h264", fps=FPS, gop=30)
+    calls: list[int] = []
+    method = "decode_planes" if color == "planes" else "decode"
+    original = getattr(CpuFrameDecoder, method)
+
+    def counting(self, source, index, frame_indices, **kwargs):
+        calls.append(len(frame_indices))
+        return original(self, source, index, frame_indices, **kwargs)
+
+    monkeypatch.setattr(CpuFrameDecoder, method, counting)
+    conversion = ColorConversion.GRAPH if color == "planes" else ColorConversion.WORKER
+    it = DALILeRobotIterator(
+        root, batch_size=8, shuffle=False, device="cpu", num_workers=0, drop_last=False, return_uint8=True,
+        cpu_decode=CpuDecodeOptions(color_conversion=conversion),
+    )  # fmt: skip
+    seen = 0
+    for batch in it:
+        for i in range(len(batch["index"])):
+            frame = batch["observation.images.cam0"][i].permute(1, 2, 0).numpy()
+            ep, f = int(batch["episode_index"][i]), int(batch["frame_index"][i])
+            assert tuple(read_full_marker(frame)) == (ep, f, 0)
+            seen += 1
+    assert seen == 80
+    # One file of 80 frames, keyframes at 0, 30 and 60; batches of 8 in dataset order. Batch 3 (24-31) and
+    # batch 7 (56-63) straddle a keyframe; batch 5 (40-47) spans both episodes inside one GOP. Later calls,
+    # if any, are the next epoch's batches that DALI's prefetch already asked for.
+    assert calls[:12] == [8, 8, 8, 6, 2, 8, 8, 8, 4, 4, 8, 8], calls
+
+
 def test_dali_cpu_decode_is_close_to_an_independent_decode(make_ds) -> None:
     root = _dataset(make_ds, "vp9")
     it = DALILeRobotIterator(root, batch_size=23, shuffle=False, device="cpu", num_workers=0, return_uint8=True)
