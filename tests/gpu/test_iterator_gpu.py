@@ -33,6 +33,16 @@ def _all(it: DALILeRobotIterator) -> list[dict]:
     return out
 
 
+def _cuda_and_cpu_samples(root, **kwargs) -> list[tuple[dict, dict]]:
+    """The same samples from a cuda iterator and a CPU-mode one, paired."""
+    gpu = DALILeRobotIterator(root, device="cuda", **kwargs)
+    on_gpu = _all(gpu)
+    gpu.close()
+    on_cpu = _all(DALILeRobotIterator(root, device="cpu", **kwargs))
+    assert len(on_gpu) == len(on_cpu) > 0
+    return list(zip(on_gpu, on_cpu, strict=True))
+
+
 @pytest.mark.parametrize("codec", ["h264", "hevc", "vp9", "av1"])
 def test_cuda_parity_and_agreement_with_cpu_mode(make_ds, codec: str, caplog: pytest.LogCaptureFixture) -> None:
     root = _dataset(make_ds, codec, size=GPU_SIZE)
@@ -72,12 +82,7 @@ def test_image_cameras_on_cuda_equal_cpu_mode(make_ds) -> None:
     root = _images_dataset(make_ds)
     kwargs = dict(batch_size=4, delta_timestamps=IMAGE_DELTAS, shuffle=False, num_workers=2, drop_last=False,
                   return_uint8=True)  # fmt: skip
-    gpu = DALILeRobotIterator(root, device="cuda", **kwargs)
-    on_gpu = _all(gpu)
-    gpu.close()
-    on_cpu = _all(DALILeRobotIterator(root, device="cpu", **kwargs))
-    assert len(on_gpu) == len(on_cpu) > 0
-    for a, b in zip(on_gpu, on_cpu, strict=True):
+    for a, b in _cuda_and_cpu_samples(root, **kwargs):
         for key in ("observation.images.cam0", "observation.images.cam1"):
             assert torch.equal(a[key], b[key]), key
 
@@ -88,12 +93,7 @@ def test_stats_normalisation_on_cuda_equals_cpu_mode(make_ds) -> None:
 
     root = _dataset(make_ds, "h264", size=GPU_SIZE)
     kwargs = dict(batch_size=4, shuffle=False, num_workers=2, drop_last=False, augment=AugmentConfig(normalize="stats"))
-    gpu = DALILeRobotIterator(root, device="cuda", **kwargs)
-    on_gpu = _all(gpu)
-    gpu.close()
-    on_cpu = _all(DALILeRobotIterator(root, device="cpu", **kwargs))
-    assert len(on_gpu) == len(on_cpu) > 0
-    for a, b in zip(on_gpu, on_cpu, strict=True):
+    for a, b in _cuda_and_cpu_samples(root, **kwargs):
         for key in ("observation.images.cam0", "observation.images.cam1"):
             # NVDEC against the CPU decode differ by a few levels; divided by std (~0.1-0.3) that is < 0.2
             assert (a[key] - b[key]).abs().mean().item() < 0.2, key
