@@ -27,7 +27,7 @@ from .dali_graph import CameraFeed, Field, FieldKind, augment_draw_field
 from .dataset_reader import LeRobotDatasetReader
 from .errors import DatasetError
 from .file_stamps import FileStamp
-from .frame_lookup import FrameRequestContext, TimestampSource, nearest_frame_indices
+from .frame_lookup import TimestampSource, row_frame_numbers
 from .image_frames import EpisodeImageCache, decode_images
 from .packet_index import PacketIndex, PacketIndexCache, VideoSource, build_packet_index
 from .packet_index_store import PacketIndexStore
@@ -35,7 +35,7 @@ from .sample_order import SampleOrder
 from .windows import query_indices
 from .yuv_frames import PlaneFrames
 
-__all__ = ["INDEX_KEYS", "BatchSource", "SourceSpec", "output_fields", "row_frame_numbers"]
+__all__ = ["INDEX_KEYS", "BatchSource", "SourceSpec", "output_fields"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,39 +121,6 @@ def _first_gop(index: PacketIndex, numbers: np.ndarray) -> int:
     keys = index.keyframe_positions
     first = index.display_order[int(np.min(numbers))]
     return int(keys[max(int(np.searchsorted(keys, first, side="right")) - 1, 0)])
-
-
-def row_frame_numbers(
-    reader: LeRobotDatasetReader,
-    episode_pos: int,
-    camera: str,
-    rows: Mapping[str, np.ndarray],
-    row_indices: np.ndarray,
-    index: PacketIndex,
-    *,
-    timestamp_source: TimestampSource,
-    tolerance_s: float,
-) -> np.ndarray:
-    """Display frame numbers, in the camera's video file, of rows ``row_indices`` of one episode (``rows`` as
-    ``reader.read_episode`` gives them): each row's time (its parquet ``timestamp``, or ``frame_index / fps``)
-    after the episode's ``from_timestamp``, within ``tolerance_s`` and the episode's part of the file."""
-    video = reader.video(episode_pos, camera)
-    if timestamp_source is TimestampSource.FRAME_INDEX:
-        local_s = rows["frame_index"][row_indices].astype(np.float64) / reader.fps
-    else:
-        local_s = rows["timestamp"][row_indices].astype(np.float64)
-    context = FrameRequestContext(
-        dataset=reader.location.description,
-        episode_index=int(reader.episodes.episode_index[episode_pos]),
-        camera=camera,
-    )
-    return nearest_frame_indices(
-        index,
-        video.from_timestamp_s + local_s,
-        tolerance_s=tolerance_s,
-        context=context,
-        episode_span_s=(video.from_timestamp_s, video.to_timestamp_s),
-    )
 
 
 class BatchSource:

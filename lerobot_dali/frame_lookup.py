@@ -8,8 +8,10 @@ Timestamps here are absolute file times in seconds: episode ``from_timestamp`` +
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -17,12 +19,16 @@ from numpy.typing import ArrayLike
 from .errors import FrameRequestError, FrameTimestampError
 from .packet_index import PacketIndex
 
+if TYPE_CHECKING:
+    from .dataset_reader import LeRobotDatasetReader
+
 __all__ = [
     "TIE_FRACTION",
     "FrameRequestContext",
     "TimestampSource",
     "frame_index_timestamps_s",
     "nearest_frame_indices",
+    "row_frame_numbers",
 ]
 
 
@@ -178,3 +184,36 @@ def _raise_out_of_tolerance(
 def _where(index: PacketIndex, context: FrameRequestContext | None) -> str:
     described = context.describe() if context is not None else ""
     return f"{described} ({index.source_name})" if described else index.source_name
+
+
+def row_frame_numbers(
+    reader: LeRobotDatasetReader,
+    episode_pos: int,
+    camera: str,
+    rows: Mapping[str, np.ndarray],
+    row_indices: np.ndarray,
+    index: PacketIndex,
+    *,
+    timestamp_source: TimestampSource,
+    tolerance_s: float,
+) -> np.ndarray:
+    """Display frame numbers, in the camera's video file, of rows ``row_indices`` of one episode (``rows`` as
+    ``reader.read_episode`` gives them): each row's time (its parquet ``timestamp``, or ``frame_index / fps``)
+    after the episode's ``from_timestamp``, within ``tolerance_s`` and the episode's part of the file."""
+    video = reader.video(episode_pos, camera)
+    if timestamp_source is TimestampSource.FRAME_INDEX:
+        local_s = frame_index_timestamps_s(rows["frame_index"][row_indices], fps=reader.fps)
+    else:
+        local_s = rows["timestamp"][row_indices].astype(np.float64)
+    context = FrameRequestContext(
+        dataset=reader.location.description,
+        episode_index=int(reader.episodes.episode_index[episode_pos]),
+        camera=camera,
+    )
+    return nearest_frame_indices(
+        index,
+        video.from_timestamp_s + local_s,
+        tolerance_s=tolerance_s,
+        context=context,
+        episode_span_s=(video.from_timestamp_s, video.to_timestamp_s),
+    )

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .augment import NORMALIZE_FROM_STATS, AugmentConfig
-from .batch_source import BatchSource, SourceSpec, output_fields, row_frame_numbers
+from .batch_source import BatchSource, SourceSpec, output_fields
 from .cpu_decode import CpuDecodeOptions
 from .dali_graph import CameraFeed, build_pipeline, camera_feed
 from .dataset_reader import LeRobotDatasetReader, open_dataset
@@ -26,7 +26,7 @@ from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
 from .distributed import cpus_per_local_rank, resolve_rank
 from .errors import EpisodeMetadataError, ResumeStateError, SchemaMismatchError
-from .frame_lookup import TimestampSource
+from .frame_lookup import TimestampSource, row_frame_numbers
 from .packet_index import PacketIndex, load_packet_index
 from .packet_index_store import PacketIndexStore
 from .prefetch import Prefetcher, prefetching_reader
