@@ -52,6 +52,17 @@ def _info(args: argparse.Namespace) -> int:
             f"  camera {key}: {probed}; {cam['video_files']} video file(s), "
             f"{cam['episodes_per_file']['min']}-{cam['episodes_per_file']['max']} episodes per file"
         )
+        lookup = cam.get("frame_lookup")
+        if lookup:
+            verdicts = ", ".join(f"{source} {'ok' if said == 'ok' else 'fails'}" for source, said in lookup.items())
+            advice = ""
+            if lookup.get("parquet_timestamp") != "ok":
+                advice = (
+                    " -> read with timestamp_source='frame_index'"
+                    if lookup.get("frame_index") == "ok"
+                    else " -> see --json for why; a larger tolerance_s may read it"
+                )
+            print(f"    rows -> frames, first episode, tolerance 1e-4 s: {verdicts}{advice}")
     for key in summary["image_cameras"]:
         print(f"  camera {key}: images in the data files (decoded by the workers)")
     return 0

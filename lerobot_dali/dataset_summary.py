@@ -5,14 +5,24 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import numpy as np
+
 from .dataset_reader import LeRobotDatasetReader
+from .errors import FrameTimestampError
+from .frame_lookup import TimestampSource, row_frame_numbers
+from .packet_index import PacketIndex, load_packet_index
 from .video_probe import probe_video
+
+#: The iterator's default ``tolerance_s`` (and LeRobot's).
+_DEFAULT_TOLERANCE_S = 1e-4
 
 __all__ = ["summarize"]
 
 
 def summarize(reader: LeRobotDatasetReader, *, probe: bool = True) -> dict[str, Any]:
-    """A JSON-ready summary. ``probe`` opens the first video of each camera (packet headers only)."""
+    """A JSON-ready summary. ``probe`` opens the first video of each camera (packet headers only) and looks
+    every row of the first episode up in it, once per timestamp source (``frame_lookup``: ``"ok"`` or why not),
+    so a dataset whose timestamps miss its video says which ``timestamp_source`` reads it."""
     info = reader.info
     episodes = reader.episodes
     data_files = Counter(zip(episodes.data_chunk_index.tolist(), episodes.data_file_index.tolist(), strict=True))
@@ -36,6 +46,9 @@ def summarize(reader: LeRobotDatasetReader, *, probe: bool = True) -> dict[str, 
                 pix_fmt=found.pix_fmt,
                 gop_frames=found.gop_frames,
                 b_frames=found.has_b_frames,
+                frame_lookup=_lookup_by_source(
+                    reader, key, load_packet_index(reader.video(0, key).path, filesystem=reader.location.fs)
+                ),
             )
         cameras[key] = entry
     return {
@@ -52,6 +65,25 @@ def summarize(reader: LeRobotDatasetReader, *, probe: bool = True) -> dict[str, 
         "cameras": cameras,
         "image_cameras": list(reader.image_keys),
     }
+
+
+def _lookup_by_source(reader: LeRobotDatasetReader, camera: str, index: PacketIndex) -> dict[str, str]:
+    """Whether every row of the first episode finds its frame, by each timestamp source, at the default
+    tolerance: ``"ok"``, or the lookup's error message."""
+    rows = reader.read_episode(0, [])
+    every_row = np.arange(len(rows["timestamp"]))
+    found = {}
+    for source in TimestampSource:
+        if source is TimestampSource.FRAME_INDEX and "frame_index" not in rows:
+            continue
+        try:
+            row_frame_numbers(
+                reader, 0, camera, rows, every_row, index, timestamp_source=source, tolerance_s=_DEFAULT_TOLERANCE_S
+            )
+            found[source.value] = "ok"
+        except FrameTimestampError as e:
+            found[source.value] = str(e)
+    return found
 
 
 def _spread(values: Any) -> dict[str, int]:

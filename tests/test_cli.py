@@ -27,6 +27,31 @@ def test_info_cr5_v30_probes_av1_and_counts_files(capsys) -> None:
     assert camera["gop_frames"] == 2 and camera["b_frames"] is False
 
 
+def test_info_says_which_timestamp_source_reads_each_dataset(capsys) -> None:
+    """Every row of the first episode looked up by each source: cr5 (wall-clock) and gr00t (a frame ahead)
+    read by frame_index only; r1 (10 fps rows, 25 fps video) by neither at the default tolerance."""
+    cases = {
+        "cr5_v30_av1": ("observation.images.top", ()),
+        "gr00t_v20_h264": ("observation.images.ego_view", ("--cameras", "observation.images.ego_view")),
+        "r1_v30_h264": ("observation.images.rgb", ()),
+    }
+    found = {}
+    for name, (camera, extra) in cases.items():
+        lookup = _info_json(capsys, str(shared_dataset(name)), *extra)["cameras"][camera]["frame_lookup"]
+        found[name] = {source: said == "ok" for source, said in lookup.items()}
+        if not found[name]["parquet_timestamp"]:
+            assert "has no video frame within tolerance_s=0.0001" in lookup["parquet_timestamp"]
+    assert found == {
+        "cr5_v30_av1": {"parquet_timestamp": False, "frame_index": True},
+        "gr00t_v20_h264": {"parquet_timestamp": False, "frame_index": True},
+        "r1_v30_h264": {"parquet_timestamp": False, "frame_index": False},
+    }
+    assert main(["info", str(shared_dataset("cr5_v30_av1"))]) == 0
+    assert (
+        "parquet_timestamp fails, frame_index ok -> read with timestamp_source='frame_index'" in capsys.readouterr().out
+    )
+
+
 def test_info_cr5_v21_reports_the_same_dataset(capsys) -> None:
     info = _info_json(capsys, str(shared_dataset("cr5_v21_av1")))
     assert (info["codebase_version"], info["total_episodes"], info["total_frames"]) == ("v2.1", 12, 2733)
@@ -58,6 +83,7 @@ def test_make_dataset_then_info_then_diagnose(tmp_path: Path, capsys) -> None:
     assert (info["total_episodes"], info["total_frames"]) == (3, 18)
     assert info["cameras"]["observation.images.cam1"]["resolution"] == [64, 96]
     assert info["cameras"]["observation.images.cam1"]["episodes_per_file"] == {"min": 1, "max": 2}
+    assert info["cameras"]["observation.images.cam1"]["frame_lookup"] == {"parquet_timestamp": "ok", "frame_index": "ok"}
     assert main(["diagnose", str(out)]) == 0
     report = capsys.readouterr().out
     assert "observation.images.cam0: codec vp9 96x64 -> route dali_cpu" in report
