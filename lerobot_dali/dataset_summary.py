@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,7 @@ from .dataset_reader import LeRobotDatasetReader
 from .errors import FrameTimestampError
 from .frame_lookup import TimestampSource, row_frame_numbers
 from .packet_index import PacketIndex, load_packet_index
-from .video_probe import probe_video
+from .video_probe import describe_index
 
 #: The iterator's default ``tolerance_s`` (and LeRobot's).
 _DEFAULT_TOLERANCE_S = 1e-4
@@ -27,6 +28,7 @@ def summarize(reader: LeRobotDatasetReader, *, probe: bool = True) -> dict[str, 
     episodes = reader.episodes
     data_files = Counter(zip(episodes.data_chunk_index.tolist(), episodes.data_file_index.tolist(), strict=True))
     cameras: dict[str, Any] = {}
+    first_rows = reader.read_episode(0, []) if probe and reader.num_episodes and reader.camera_keys else None
     for key in reader.camera_keys:
         files = episodes.cameras[key]
         per_file = Counter(zip(files.chunk_index.tolist(), files.file_index.tolist(), strict=True))
@@ -37,8 +39,9 @@ def summarize(reader: LeRobotDatasetReader, *, probe: bool = True) -> dict[str, 
             "video_files": len(per_file),
             "episodes_per_file": _spread(per_file.values()),
         }
-        if probe and reader.num_episodes:
-            found = probe_video(reader.video(0, key).path, filesystem=reader.location.fs)
+        if first_rows is not None:
+            index = load_packet_index(reader.video(0, key).path, filesystem=reader.location.fs)
+            found = describe_index(index)
             entry.update(
                 codec=found.codec,
                 resolution=[found.height, found.width],
@@ -46,9 +49,7 @@ def summarize(reader: LeRobotDatasetReader, *, probe: bool = True) -> dict[str, 
                 pix_fmt=found.pix_fmt,
                 gop_frames=found.gop_frames,
                 b_frames=found.has_b_frames,
-                frame_lookup=_lookup_by_source(
-                    reader, key, load_packet_index(reader.video(0, key).path, filesystem=reader.location.fs)
-                ),
+                frame_lookup=_lookup_by_source(reader, key, index, first_rows),
             )
         cameras[key] = entry
     return {
@@ -67,10 +68,11 @@ def summarize(reader: LeRobotDatasetReader, *, probe: bool = True) -> dict[str, 
     }
 
 
-def _lookup_by_source(reader: LeRobotDatasetReader, camera: str, index: PacketIndex) -> dict[str, str]:
-    """Whether every row of the first episode finds its frame, by each timestamp source, at the default
-    tolerance: ``"ok"``, or the lookup's error message."""
-    rows = reader.read_episode(0, [])
+def _lookup_by_source(
+    reader: LeRobotDatasetReader, camera: str, index: PacketIndex, rows: Mapping[str, np.ndarray]
+) -> dict[str, str]:
+    """Whether every row of the first episode (``rows``) finds its frame, by each timestamp source, at the
+    default tolerance: ``"ok"``, or the lookup's error message."""
     every_row = np.arange(len(rows["timestamp"]))
     found = {}
     for source in TimestampSource:

@@ -8,13 +8,12 @@ from :class:`~lerobot_dali.packet_index.PacketIndex` (container header and packe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from .packet_index import PacketIndex, VideoSource, load_packet_index
+from .packet_index import PacketIndex
 
-__all__ = ["VideoProbe", "describe_index", "probe_video"]
+__all__ = ["VideoProbe", "describe_index"]
 
 
 @dataclass(frozen=True)
@@ -29,11 +28,6 @@ class VideoProbe:
     #: Presentation order differs from decode order (B-frames): clips must be cut at keyframes by pts.
     has_b_frames: bool
     frame_count: int
-
-
-def probe_video(source: VideoSource, *, filesystem: Any | None = None) -> VideoProbe:
-    """Probe the first video stream of ``source`` (a path, a path on ``filesystem``, or a binary file)."""
-    return describe_index(load_packet_index(source, filesystem=filesystem))
 
 
 def describe_index(index: PacketIndex) -> VideoProbe:
