@@ -271,12 +271,13 @@ class Normalize:
         return cls(mean=tuple(values["mean"]), std=tuple(values["std"]))
 
 
+#: The options that are one table each; ``normalize`` (a table, a table per camera, or ``"stats"``) is read
+#: on its own.
 _SECTIONS: dict[str, type] = {
     "random_resized_crop": RandomResizedCrop,
     "color_jitter": ColorJitter,
     "blur": GaussianBlur,
     "affine": RandomAffine,
-    "normalize": Normalize,
 }
 
 
@@ -307,7 +308,7 @@ class AugmentConfig:
             _set(self, "resize", _size(owner, "resize", self.resize))
         for name, cls in _SECTIONS.items():
             value = getattr(self, name)
-            if value is not None and not isinstance(value, cls) and name != "normalize":
+            if value is not None and not isinstance(value, cls):
                 raise _fail(owner, name, value, f"None or a {cls.__name__}")
         norm = self.normalize
         if isinstance(norm, Mapping):
@@ -328,7 +329,7 @@ class AugmentConfig:
         """
         kwargs = _checked_keys(cls, raw, cls.__name__)
         for name, section in _SECTIONS.items():
-            if kwargs.get(name) is not None and name != "normalize":
+            if kwargs.get(name) is not None:
                 kwargs[name] = section(**_checked_keys(section, kwargs[name], f"{cls.__name__}.{name}"))
         norm = kwargs.get("normalize")
         where = f"{cls.__name__}.normalize"
@@ -391,7 +392,7 @@ class AugmentConfig:
                 continue
             if isinstance(value, Mapping):
                 value = {camera: _section_dict(norm) for camera, norm in value.items()}
-            elif f.name in _SECTIONS and value != NORMALIZE_FROM_STATS:
+            elif f.name in _SECTIONS or isinstance(value, Normalize):
                 value = _section_dict(value)
             out[f.name] = _plain(value)
         return out
