@@ -354,13 +354,13 @@ def clip_footprint(
     :mod:`lerobot_dali.clips`); the file size is what a loader that opens whole files would touch.
     """
     from .clips import build_clip
-    from .frame_lookup import FrameRequestContext, nearest_frame_indices
+    from .frame_lookup import row_frame_numbers
     from .packet_index import load_packet_index
     from .windows import query_indices
 
     rng = np.random.default_rng(seed)
     fps, fs = reader.fps, reader.location.fs
-    by_frame_index = TimestampSource(timestamp_source) is TimestampSource.FRAME_INDEX
+    source = TimestampSource(timestamp_source)
     lengths = np.asarray(reader.episodes.length)
     clip_bytes = file_bytes = 0
     for _ in range(samples):
@@ -372,10 +372,8 @@ def clip_footprint(
             window = query_indices(frame, int(lengths[pos]), delta)[0]
             video = reader.video(pos, camera)
             index = load_packet_index(video.path, filesystem=fs)
-            context = FrameRequestContext(episode_index=int(reader.episodes.episode_index[pos]), camera=camera)
-            local_s = window / fps if by_frame_index else rows["timestamp"][window]
-            numbers = nearest_frame_indices(
-                index, video.from_timestamp_s + local_s, tolerance_s=tolerance_s, context=context
+            numbers = row_frame_numbers(
+                reader, pos, camera, rows, window, index, timestamp_source=source, tolerance_s=tolerance_s
             )
             clip_bytes += build_clip(video.path, index, numbers, filesystem=fs).data.nbytes
             file_bytes += index.file_size_bytes
