@@ -55,7 +55,7 @@ from .bench_types import (
     LoadPlan,
 )
 from .cache_dirs import cache_root
-from .frame_lookup import TimestampSource
+from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 
 __all__ = [
     "LOADERS",
@@ -151,7 +151,7 @@ class BenchConfig:
     keys: tuple[str, ...] | None = None
     #: How every loader's rows find their frames (see :class:`BenchDataset`).
     timestamp_source: str = "parquet_timestamp"
-    tolerance_s: float = 1e-4
+    tolerance_s: float = DEFAULT_TOLERANCE_S
     cache_dir: Path = DEFAULT_CACHE
 
     def __post_init__(self) -> None:
@@ -346,7 +346,7 @@ def clip_footprint(
     samples: int = 24,
     seed: int = 0,
     timestamp_source: str = "parquet_timestamp",
-    tolerance_s: float = 1e-4,
+    tolerance_s: float = DEFAULT_TOLERANCE_S,
 ) -> tuple[float, float]:
     """``(clip bytes, video file bytes)`` per sample, summed over cameras, for random samples.
 

@@ -29,7 +29,7 @@ from torch.utils.data import Dataset
 from .dataset_reader import open_dataset
 from .episode_rows import image_bytes
 from .errors import FrameTimestampError
-from .frame_lookup import TimestampSource
+from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .image_frames import decode_images
 from .windows import DeltaWindows, query_indices
 
@@ -121,7 +121,7 @@ class PyAVFrameDataset(Dataset):
         *,
         delta_timestamps: Mapping[str, Sequence[float]] | None = None,
         image_size: tuple[int, int] | None = None,
-        tolerance_s: float = 1e-4,
+        tolerance_s: float = DEFAULT_TOLERANCE_S,
         cameras: Sequence[str] | None = None,
         keys: Sequence[str] | None = None,
         timestamp_source: str = "parquet_timestamp",
@@ -254,7 +254,7 @@ def lerobot_dataset(
     *,
     delta_timestamps: Mapping[str, Sequence[float]] | None,
     image_size: tuple[int, int] | None,
-    tolerance_s: float = 1e-4,
+    tolerance_s: float = DEFAULT_TOLERANCE_S,
 ) -> Any:
     """``LeRobotDataset`` over a local folder (or Hub repo id), with its default video backend."""
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
@@ -275,7 +275,7 @@ def lerobot_streaming_dataset(
     delta_timestamps: Mapping[str, Sequence[float]] | None,
     image_size: tuple[int, int] | None,
     seed: int,
-    tolerance_s: float = 1e-4,
+    tolerance_s: float = DEFAULT_TOLERANCE_S,
 ) -> Any:
     """``StreamingLeRobotDataset`` (an ``IterableDataset`` that shuffles through its own buffer). A tolerance
     other than the default is passed on; LeRobot versions whose streaming dataset lacks one fail that row."""
@@ -288,5 +288,5 @@ def lerobot_streaming_dataset(
         delta_timestamps={k: list(v) for k, v in (delta_timestamps or {}).items()} or None,
         image_transforms=Resize(image_size) if image_size is not None else None,
         seed=seed,
-        **({"tolerance_s": tolerance_s} if tolerance_s != 1e-4 else {}),
+        **({"tolerance_s": tolerance_s} if tolerance_s != DEFAULT_TOLERANCE_S else {}),
     )

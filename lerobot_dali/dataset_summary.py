@@ -10,12 +10,9 @@ import numpy as np
 
 from .dataset_reader import LeRobotDatasetReader
 from .errors import FrameTimestampError
-from .frame_lookup import TimestampSource, row_frame_numbers
+from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
 from .packet_index import PacketIndex, load_packet_index
 from .video_probe import describe_index
-
-#: The iterator's default ``tolerance_s`` (and LeRobot's).
-_DEFAULT_TOLERANCE_S = 1e-4
 
 __all__ = ["summarize"]
 
@@ -80,7 +77,7 @@ def _lookup_by_source(
             continue
         try:
             row_frame_numbers(
-                reader, 0, camera, rows, every_row, index, timestamp_source=source, tolerance_s=_DEFAULT_TOLERANCE_S
+                reader, 0, camera, rows, every_row, index, timestamp_source=source, tolerance_s=DEFAULT_TOLERANCE_S
             )
             found[source.value] = "ok"
         except FrameTimestampError as e:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .dataset_reader import LeRobotDatasetReader
 
 __all__ = [
+    "DEFAULT_TOLERANCE_S",
     "TIE_FRACTION",
     "FrameRequestContext",
     "TimestampSource",
@@ -31,6 +32,9 @@ __all__ = [
     "row_frame_numbers",
 ]
 
+
+#: How far a frame's pts may be from a row's time, by default: LeRobot's ``tolerance_s`` default.
+DEFAULT_TOLERANCE_S = 1e-4
 
 #: Two frames this close in distance to a query (as a fraction of a frame interval) are a tie, which goes to
 #: the earlier frame: 0.1 % of a 25 fps interval is 40 us, above float32's rounding of timestamps up to

@@ -26,7 +26,7 @@ from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
 from .distributed import cpus_per_local_rank, resolve_rank
 from .errors import EpisodeMetadataError, ResumeStateError, SchemaMismatchError
-from .frame_lookup import TimestampSource, row_frame_numbers
+from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
 from .packet_index import PacketIndex, load_packet_index
 from .packet_index_store import PacketIndexStore
 from .prefetch import Prefetcher, prefetching_reader
@@ -67,7 +67,7 @@ class DALILeRobotIterator:
         return_uint8: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
-        tolerance_s: float = 1e-4,
+        tolerance_s: float = DEFAULT_TOLERANCE_S,
         drop_last: bool = True,
         prefetch: int = 2,
         revision: str | None = None,
