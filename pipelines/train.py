@@ -31,7 +31,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -277,11 +277,14 @@ def build_iterator(
     )
 
 
-def feature_stats(reader: Any, key: str, *, max_episodes: int = 32) -> FeatureStats:
+def feature_stats(
+    reader: Any, key: str, *, max_episodes: int = 32, stats: Mapping[str, Any] | None = None
+) -> FeatureStats:
     """Mean/std of a vector feature: the dataset's statistics when they have them (``meta/stats.json``, or v2.1's
-    aggregated per-episode statistics), else from up to ``max_episodes`` episodes spread over the dataset.
-    Identical on every rank: no data order involved."""
-    entry = read_dataset_stats(reader.location, reader.info).get(key, {})
+    aggregated per-episode statistics; ``stats`` when the caller read them already), else from up to
+    ``max_episodes`` episodes spread over the dataset. Identical on every rank: no data order involved."""
+    stats = read_dataset_stats(reader.location, reader.info) if stats is None else stats
+    entry = stats.get(key, {})
     if "mean" in entry and "std" in entry:
         return FeatureStats(mean=tuple(entry["mean"].ravel().tolist()), std=tuple(entry["std"].ravel().tolist()))
     positions = np.unique(np.linspace(0, reader.num_episodes - 1, min(max_episodes, reader.num_episodes)).astype(int))
@@ -307,8 +310,11 @@ def build_policy(reader: Any, plan: DataPlan) -> ChunkPolicy:
         camera_steps=plan.camera_steps,
         state_steps=plan.state_steps,
     )
+    stats = read_dataset_stats(reader.location, reader.info)  # read (for v2.1: aggregated) once for both
     return ChunkPolicy(
-        config, state_stats=feature_stats(reader, STATE_KEY), action_stats=feature_stats(reader, ACTION_KEY)
+        config,
+        state_stats=feature_stats(reader, STATE_KEY, stats=stats),
+        action_stats=feature_stats(reader, ACTION_KEY, stats=stats),
     )
 
 
