@@ -114,7 +114,6 @@ class DALILeRobotIterator:
         self._device_id = None if self._device.type == "cpu" else self._device.index or 0
         self._num_workers = num_workers
         self._prefetch = prefetch
-        self._seed = seed
         self._augment = _camera_augment(augment, self.reader)
         self._image_size = image_size
         self._return_uint8 = return_uint8
@@ -160,8 +159,7 @@ class DALILeRobotIterator:
         self._pipeline: Any = None
         self._dali_iter: Any = None
         self._pass_start: int | None = None  # samples_consumed when the pass in progress began
-        self._dali_epochs = 0  # DALI epochs completed by the current pipeline
-        self._first_epoch = 0
+        self._pipeline_next: tuple[int, int] | None = None  # (epoch, sample) the pipeline's next batch starts at
         logger.info(
             "rank %d/%d (%s): %d samples per epoch, routes %s",
             self.rank, self.world_size, ranks.source, self._stream.num_samples(),
@@ -271,16 +269,17 @@ class DALILeRobotIterator:
 
     # -- iteration ---------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        if self._stream.samples_consumed >= self._stream.num_samples():
-            self._stream.set_epoch(self._stream.epoch + 1)
+        # An epoch whose samples are all taken (a checkpoint saved after its last batch) gives an empty pass
+        # that ends it, as a drop_last tail does; starting the next epoch here would run it twice in a loop
+        # that calls set_epoch.
         self._ensure_pipeline()
         self._pass_start = self._stream.samples_consumed
         return self._epoch_batches()
 
     def _ensure_pipeline(self) -> None:
-        # The running pipeline serves our epoch if its DALI epoch count lines up; it then stands either at
-        # the epoch's start or right after the last batch handed out (an interrupted epoch continues).
-        if self._dali_iter is not None and self._stream.epoch == self._first_epoch + self._dali_epochs:
+        # The running pipeline serves the stream if it stands where the stream does: right after the last
+        # batch handed out (an interrupted pass continues), or at the start of the epoch after a finished one.
+        if self._dali_iter is not None and self._pipeline_next == (self._stream.epoch, self._stream.samples_consumed):
             return
         self._close_pipeline()
         if self._prefetcher is not None:
@@ -302,7 +301,7 @@ class DALILeRobotIterator:
             index_store=self._index_store,
             cpu_decode=self._cpu_decode,
             image_keys=tuple(self.reader.image_keys),
-            seed=self._seed,
+            seed=self._stream.order.options.seed,
             rank=self.rank,
             augment=self._augment,
         )
@@ -316,14 +315,13 @@ class DALILeRobotIterator:
             device_id=self._device_id,
             num_workers=self._num_workers,
             prefetch=self._prefetch,
-            seed=self._seed,
+            seed=spec.seed,
             augment=self._augment,
             image_size=self._image_size,
             return_uint8=self._return_uint8,
         )
         self._names = names
-        self._first_epoch = self._stream.epoch
-        self._dali_epochs = 0
+        self._pipeline_next = (self._stream.epoch, self._stream.samples_consumed)
         try:
             pipe.build()
             self._dali_iter = DALIGenericIterator(
@@ -338,6 +336,7 @@ class DALILeRobotIterator:
             for outputs in self._dali_iter:
                 batch = self._to_batch(outputs[0])
                 self._stream.advance(len(batch["index"]))
+                self._pipeline_next = (self._stream.epoch, self._stream.samples_consumed)
                 if self._prefetcher is not None:
                     self._prefetcher.advance(self._stream.epoch, self._stream.samples_consumed)
                 yield batch
@@ -358,8 +357,8 @@ class DALILeRobotIterator:
             _raise_original(e)
         finally:  # the pass is over: finished, failed, or left by the loop (the generator is closed)
             self._pass_start = None
-        self._dali_epochs += 1
         self._stream.set_epoch(self._stream.epoch + 1)
+        self._pipeline_next = (self._stream.epoch, 0)  # DALI reset itself (auto_reset) for the next epoch
 
     def _locate_decode_failure(self, error: Exception) -> Exception | None:
         """A failure in the pipeline itself (not a worker) may be DALI rejecting a clip; name its file."""
@@ -405,6 +404,7 @@ class DALILeRobotIterator:
             ) from None
 
     def _close_pipeline(self) -> None:
+        self._pipeline_next = None
         self._dali_iter = None
         self._pipeline = None
 

@@ -465,11 +465,12 @@ class SampleOrder:
         segment = len(segments)
         remaining = self._lengths - consumed
         if segment and np.count_nonzero(remaining) < self._world_size:
-            logger.warning(
-                "epoch %d: only %d partly-consumed episode(s) remain for %d ranks after the world-size "
-                "change; the epoch ends here (%d frame(s) unseen this epoch)",
-                epoch, np.count_nonzero(remaining), self._world_size, int(remaining.sum()),
-            )  # fmt: skip
+            if remaining.any():  # (nothing left: the old ranks had finished the epoch)
+                logger.warning(
+                    "epoch %d: only %d partly-consumed episode(s) remain for %d ranks after the world-size "
+                    "change; the epoch ends here (%d frame(s) unseen this epoch)",
+                    epoch, np.count_nonzero(remaining), self._world_size, int(remaining.sum()),
+                )  # fmt: skip
             empty = _RankStream(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64))
             return _EpochPlan(np.zeros(self._world_size, np.int64), 0, empty, None)
         shard = self._shard(epoch, segment, self._world_size, remaining)

@@ -134,10 +134,10 @@ class SampleStream:
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning; the current epoch keeps its position (so a training loop that
         calls ``set_epoch`` after ``load_state_dict`` does not undo the resume)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        if isinstance(epoch, bool) or not isinstance(epoch, int | np.integer) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
         if epoch != self._epoch:
-            self._epoch, self._consumed = epoch, 0
+            self._epoch, self._consumed = int(epoch), 0
 
     def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
         """Up to ``batch_size`` ``(episode_pos, frame_in_episode)`` samples; the last batch of an epoch may
@@ -152,8 +152,9 @@ class SampleStream:
     def advance(self, samples: int) -> None:
         """Record that the trainer took ``samples`` more samples of the current epoch, produced elsewhere
         (DALI workers call :meth:`SampleOrder.samples` themselves)."""
-        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+        if isinstance(samples, bool) or not isinstance(samples, int | np.integer) or samples < 0:
             raise ValueError(f"samples must be a non-negative int, got {samples!r}")
+        samples = int(samples)
         if self._consumed + samples > self.num_samples():
             raise ValueError(
                 f"cannot advance {samples} samples: {self._consumed} of {self.num_samples()} in epoch "
@@ -205,11 +206,10 @@ class SampleStream:
                 options=options,
                 resumed_epoch=ResumedEpoch(epoch, segments) if segments else None,
             )
-            old_samples = _checked_samples(state, old)
-            if consumed == old_samples:
-                epoch, consumed, segments = epoch + 1, 0, ()
-            else:
-                segments, consumed = (*segments, ConsumedSegment(state.world_size, consumed)), 0
+            _checked_samples(state, old)
+            # An epoch the old ranks finished stays the current one with nothing left (its pass is empty and
+            # ends it), so a loop that calls set_epoch(saved epoch + 1) next does not run that epoch twice.
+            segments, consumed = (*segments, ConsumedSegment(state.world_size, consumed)), 0
         resumed = ResumedEpoch(epoch, segments) if segments else None
         order = SampleOrder(self._lengths, rank=rank, world_size=world_size, options=options, resumed_epoch=resumed)
         if state.world_size == world_size:

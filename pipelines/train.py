@@ -322,8 +322,8 @@ def epoch_batches(iterator: Any) -> Iterator[tuple[dict[str, Any], float]]:
     """Batches across epochs, each with the seconds spent waiting for it.
 
     The iterator rolls to the next epoch by itself when one is done, which also keeps a resumed position (an
-    explicit ``set_epoch`` counter here could undo it). A resume exactly at an epoch's dropped tail yields one
-    empty pass; two in a row mean no full batch fits an epoch at all.
+    explicit ``set_epoch`` counter here could undo it). A resume exactly at an epoch's end (its last batch, or
+    its dropped tail) yields one empty pass; two in a row mean no full batch fits an epoch at all.
     """
     empty_passes = 0
     while True:

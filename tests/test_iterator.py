@@ -251,6 +251,83 @@ def test_resume_mid_epoch_with_workers_continues_exactly(make_ds, stop_after: in
     assert seen == whole
 
 
+def _pairs(batch: dict) -> list[tuple[int, int]]:
+    return list(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=True))
+
+
+def _epoch_loop(it: DALILeRobotIterator, first: int, stop: int) -> list[tuple[int, int, list]]:
+    """The README's loop: per epoch, set_epoch, len(it), then the pass's samples."""
+    out = []
+    for epoch in range(first, stop):
+        it.set_epoch(epoch)
+        expected = len(it)
+        batches = [_pairs(b) for b in it]
+        out.append((epoch, expected, batches))
+    return out
+
+
+@pytest.mark.parametrize("world_sizes", [(1, 1), (2, 1)])
+def test_checkpoint_after_an_epochs_last_batch_resumes_with_the_next_epoch(make_ds, world_sizes) -> None:
+    """Saved right after an epoch's last batch (step-based checkpoints do this), on the same or another world
+    size: the resumed loop's pass over the saved epoch is empty and the next epoch runs once, not twice."""
+    saved_world, resumed_world = world_sizes
+    root = make_ds(episodes=4, frames_per_episode=6, cameras=0, fps=FPS)
+    kwargs = dict(batch_size=4, shuffle=True, seed=3, episode_pool_size=2, device="cpu", num_workers=0)
+    whole = _epoch_loop(DALILeRobotIterator(root, world_size=resumed_world, rank=0, **kwargs), 1, 3)
+    states = []
+    for rank in range(saved_world):
+        it = DALILeRobotIterator(root, rank=rank, world_size=saved_world, **kwargs)
+        steps = len(it)
+        for step, _ in enumerate(it):
+            if step == steps - 1:
+                states.append(it.state_dict())
+                break
+    assert states[0]["samples_consumed"] == 24 // saved_world
+    resumed = DALILeRobotIterator(root, rank=0, world_size=resumed_world, **kwargs)
+    resumed.load_state_dict(states[0])
+    got = _epoch_loop(resumed, states[0]["epoch"], 3)
+    assert got[0] == (0, 0, [])
+    assert got[1:] == whole
+    assert sum(len(b) for _, _, batches in whole for b in batches) == 48
+
+
+def test_set_epoch_back_restarts_the_epoch_from_its_start(make_ds) -> None:
+    root = make_ds(episodes=4, frames_per_episode=6, cameras=0, fps=FPS)
+    it = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=0)
+    first_pass = [_pairs(b) for b in it]
+    batches = iter(it)
+    next(batches), next(batches)
+    del batches  # left epoch 1 after 2 of its 6 batches; the pipeline stands there
+    it.set_epoch(np.int64(2))  # numpy ints are epochs too
+    it.set_epoch(1)
+    assert len(it) == 6
+    assert [_pairs(b) for b in it] == first_pass
+    assert it.state_dict()["epoch"] == 2
+
+
+def test_resume_under_another_seed_keeps_the_saved_augmentation(make_ds) -> None:
+    """The saved seed drives the order and the random augmentation alike, whatever seed the new run was given."""
+    from lerobot_dali.augment import AugmentConfig, ColorJitter
+
+    root = make_ds(episodes=2, frames_per_episode=6, cameras=1, codec="vp9", size=(64, 64), fps=FPS)
+    kwargs = dict(
+        batch_size=3, shuffle=True, episode_pool_size=2, device="cpu", num_workers=0,
+        augment=AugmentConfig(color_jitter=ColorJitter(brightness=0.5, saturation=0.5)),
+    )  # fmt: skip
+    camera = "observation.images.cam0"
+    whole = [b[camera] for b in DALILeRobotIterator(root, seed=1, **kwargs)]
+    first = DALILeRobotIterator(root, seed=1, **kwargs)
+    next(iter(first))
+    state = first.state_dict()
+    relaunched = DALILeRobotIterator(root, seed=2, **kwargs)
+    relaunched.load_state_dict(state)
+    rest = [b[camera] for b in relaunched]
+    assert len(rest) == len(whole) - 1
+    assert all(torch.equal(a, b) for a, b in zip(rest, whole[1:], strict=True))
+    other = [b[camera] for b in DALILeRobotIterator(root, seed=2, **kwargs)]
+    assert not torch.equal(other[0], whole[0])  # the seed does change the draws
+
+
 def test_len_holds_still_during_a_pass(make_ds) -> None:
     """As a DataLoader's: len(it) is what the pass in progress yields; a pass left early leaves what remains."""
     it = DALILeRobotIterator(

@@ -305,13 +305,22 @@ def test_resume_on_another_world_size_repeats_nothing(
     assert set(taken) | set(rest) == ALL_FRAMES
 
 
-def test_world_size_change_at_epoch_end_starts_next_epoch() -> None:
+def test_world_size_change_at_epoch_end_leaves_that_epoch_finished(caplog: pytest.LogCaptureFixture) -> None:
+    """The old ranks finished epoch 0: it stays current with nothing left (so a loop's set_epoch(0) cannot
+    replay it), silently, and the next batch is epoch 1's first."""
     old = SampleOrder(LENGTHS, rank=0, world_size=2, options=_options())
     state = StreamState(seed=11, epoch=0, samples_consumed=old.num_samples(0), world_size=2, batch_size=4)
     stream = _stream(3, 1)
-    stream.load_state_dict(state.to_dict())
-    assert (stream.epoch, stream.samples_consumed) == (1, 0)
-    assert stream.state().prior_segments == ()
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.sample_order"):
+        stream.load_state_dict(state.to_dict())
+    assert (stream.epoch, stream.samples_consumed, stream.num_samples()) == (0, 0, 0)
+    assert "ends here" not in caplog.text
+    stream.set_epoch(0)
+    assert stream.num_samples() == 0
+    fresh = _stream(3, 1)
+    fresh.set_epoch(1)
+    assert [a.tolist() for a in stream.next_batch()] == [a.tolist() for a in fresh.next_batch()]
+    assert stream.epoch == 1
 
 
 def test_world_size_change_with_fewer_leftover_episodes_than_ranks_ends_the_epoch(
