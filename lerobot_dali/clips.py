@@ -2,14 +2,18 @@
 
 DALI's video decoder re-parses its whole input for every sample, so it must never see a whole file. A clip
 holds only the GOPs that contain requested frames: for each frame, the packets from the keyframe before it
-(in decode order) up to the frame itself; sparse requests get several such runs, not the gaps between.
+(in decode order) up to the frame itself; sparse requests get several such runs, not the gaps between
+(closed GOPs only: see below).
 Packets are copied byte for byte and re-timed to a gap-free constant rate (pts = display rank x frame
 duration), so every decoder (NVDEC through DALI, DALI CPU, PyAV) numbers the clip's frames the same way:
 frame ``k`` of the clip is the ``k``-th smallest pts, which is what DALI's ``frames=`` argument indexes.
 
 Open-GOP keyframes (HEVC CRA, H.264 recovery points) are followed by "leading" pictures that display
 before them and reference the previous GOP; a clip starting at such a keyframe drops those packets, since
-they are not decodable there and decoders differ in whether they emit or skip them.
+they are not decodable there and decoders differ in whether they emit or skip them. Such a keyframe also
+does not reset the decoder as an IDR does: after an earlier run, its pictures would be predicted from that
+run's stale references (wrong frames with the right timestamps) or reordered with them. So in files with
+open GOPs a clip is one unbroken run, from the first needed keyframe to the last needed frame.
 """
 
 from __future__ import annotations
@@ -123,7 +127,7 @@ def plan_clip(index: PacketIndex, frame_indices: ArrayLike) -> ClipPlan:
 def _open_gop_runs(
     index: PacketIndex, decode_pos: np.ndarray, key_slot: np.ndarray
 ) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """Kept packets and segments where some pictures display before their GOP's keyframe."""
+    """Kept packets and the one segment where some pictures display before their GOP's keyframe."""
     keys = index.keyframe_positions
     # A leading picture displays before the keyframe it follows; it needs the GOP before that keyframe.
     while True:
@@ -131,13 +135,11 @@ def _open_gop_runs(
         if not leading.any():
             break
         key_slot = np.where(leading, key_slot - 1, key_slot)
-    segments = _merge(keys[key_slot], decode_pos + 1)
-    kept: list[np.ndarray] = []
-    for start, stop in segments:
-        positions = np.arange(start, stop)
-        # Leading pictures of the segment's first keyframe reference packets the clip does not hold.
-        kept.append(positions[index.pts[positions] >= index.pts[start]])
-    return np.concatenate(kept), segments
+    # One run: a later open-GOP keyframe would not reset the decoder after an earlier run (module docstring).
+    start, stop = int(keys[key_slot].min()), int(decode_pos.max()) + 1
+    positions = np.arange(start, stop)
+    # Leading pictures of the run's first keyframe reference packets the clip does not hold.
+    return positions[index.pts[positions] >= index.pts[start]], [(start, stop)]
 
 
 def _merge(starts: np.ndarray, stops: np.ndarray) -> list[tuple[int, int]]:
@@ -194,16 +196,20 @@ def packets_from_keyframe(container: Any, stream: Any, index: PacketIndex, start
     GOP early (250 frames on gr00t's H.264). So: seek to the keyframe's presentation time, then skip the
     packets before it by demuxing alone; should the seek overshoot, start from the file's first packet instead.
     """
-    key_dts = int(index.dts[start])
-    for target in (int(index.pts[start]), int(index.dts[0])):
+    key_dts, key_pts = int(index.dts[start]), int(index.pts[start])
+    for target in (key_pts, int(index.dts[0])):
         container.seek(target, stream=stream, backward=True, any_frame=False)
         packets = container.demux(stream)
         for packet in packets:
-            dts = packet.dts if packet.dts is not None else packet.pts  # as the index records it
-            if packet.size == 0 or dts is None or dts < key_dts:
+            if packet.size == 0:
                 continue
-            if dts == key_dts:
+            # Matroska's demuxer gives the packet it seeked to no dts (its pts stood in for it, which looked
+            # like an overshoot, so every MKV request demuxed from the file's start): the pts decides then.
+            if packet.pts == key_pts and packet.dts in (None, key_dts):
                 return itertools.chain([packet], packets)
+            dts = packet.dts if packet.dts is not None else packet.pts  # as the index records it
+            if dts is None or dts < key_dts:
+                continue
             break  # past the keyframe: the seek overshot
     raise VideoDecodeError(
         f"{index.source_name}: no packet at the keyframe's decode time {key_dts} (position {start}); the file "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from fractions import Fraction
 from pathlib import Path
+from types import SimpleNamespace
 
 import av
 import fsspec
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from lerobot_dali import packet_index
-from lerobot_dali.clips import build_clip, plan_clip, read_packet_payloads
+from lerobot_dali.clips import build_clip, packets_from_keyframe, plan_clip, read_packet_payloads
 from lerobot_dali.cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
 from lerobot_dali.errors import FrameRequestError, VideoDecodeError
 from lerobot_dali.frame_lookup import nearest_frame_indices
@@ -83,6 +84,10 @@ def test_plan_handles_open_gop_leading_pictures() -> None:
     assert after.packet_positions.tolist() == [4, 7, 8]  # leading pictures dropped
     assert after.relative_indices.tolist() == [1]
     assert plan_clip(OPEN, [6]).packet_positions.tolist() == [4]
+    # Sparse frames make one unbroken run: the keyframe at 4 does not reset a decoder that ran GOP 0.
+    sparse = plan_clip(OPEN, [7, 0])
+    assert sparse.segments == ((0, 9),)
+    assert sparse.relative_indices.tolist() == [7, 0]
 
 
 def test_plan_without_leading_keyframe_starts_at_zero() -> None:
@@ -219,6 +224,18 @@ def test_matroska_source_uses_demux_path(marker_video: MarkerVideo, tmp_path: Pa
     index = build_packet_index(mkv)
     assert not index.byte_exact
     _check_clips(mkv, index, [np.array([0, 1, 2]), np.array([40, 41, 75]), np.array([89, 88])])
+    # One seek reaches each keyframe. Matroska gives the packet a seek lands on no dts; taking its pts for one
+    # looked like an overshoot, so every request after the first GOP demuxed from the file's start.
+    seeks: list[int] = []
+    with av.open(str(mkv)) as container:
+        stream = container.streams.video[0]
+        counting = SimpleNamespace(
+            demux=container.demux, seek=lambda t, **kw: seeks.append(t) or container.seek(t, **kw)
+        )
+        for start in index.keyframe_positions.tolist():
+            first = next(packets_from_keyframe(counting, stream, index, start))
+            assert first.is_keyframe and first.pts == index.pts[start]
+    assert len(seeks) == len(index.keyframe_positions) == 3
 
 
 def test_clip_of_file_changed_since_indexing(marker_video: MarkerVideo, tmp_path: Path) -> None:
@@ -231,13 +248,18 @@ def test_clip_of_file_changed_since_indexing(marker_video: MarkerVideo, tmp_path
         build_clip(path, index, [80])
 
 
-def _encode_open_gop_hevc(path: Path, frames: int = 90) -> None:
-    """x265 with open GOPs: CRA keyframes whose leading B-pictures are shown before them but decoded after."""
-    params = "keyint=10:min-keyint=10:open-gop=1:bframes=3:scenecut=0:log-level=none"
+def _encode_open_gop(path: Path, codec: str, frames: int = 90) -> None:
+    """Open GOPs: keyframes (HEVC CRA, x264 recovery-point I-frames) whose leading B-pictures are shown before
+    them but decoded after, and which do not reset the decoder as an IDR does."""
+    params = "keyint=10:min-keyint=10:open-gop=1:bframes=3:scenecut=0"
+    options = {
+        "libx265": {"preset": "ultrafast", "crf": "28", "x265-params": f"{params}:log-level=none"},
+        "libx264": {"preset": "medium", "x264-params": params},
+    }[codec]
     with av.open(str(path), "w", format="mp4") as container:
-        stream = container.add_stream("libx265", rate=30)
+        stream = container.add_stream(codec, rate=30)
         stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
-        stream.options = {"preset": "ultrafast", "crf": "28", "x265-params": params}
+        stream.options = options
         for i in range(frames):
             frame = av.VideoFrame.from_ndarray(draw_marker(i // 30, i % 30, 64, 96), format="rgb24")
             frame.pts = i
@@ -245,15 +267,19 @@ def _encode_open_gop_hevc(path: Path, frames: int = 90) -> None:
         container.mux(stream.encode())
 
 
-def test_open_gop_frames_by_every_route(tmp_path: Path) -> None:
-    """Every frame of a real open-GOP file, alone and in windows across GOPs, by clip (decoded by PyAV), by the
-    CPU fallback's open decoder and by its packet decoder, equals the full sequential decode."""
+@pytest.mark.parametrize("codec", ["libx265", "libx264"])
+def test_open_gop_frames_by_every_route(tmp_path: Path, codec: str) -> None:
+    """Every frame of a real open-GOP file, alone, in windows across GOPs and in sparse pairs (which a clip of
+    separate runs decoded wrongly: a later open-GOP keyframe predicted from the earlier run's pictures), by
+    clip (decoded by PyAV), by the CPU fallback's open decoder and by its packet decoder, equals the full
+    sequential decode."""
     path = tmp_path / "open_gop.mp4"
-    _encode_open_gop_hevc(path)
+    _encode_open_gop(path, codec)
     index = build_packet_index(path)
     assert index.has_leading_pictures  # else this file tests nothing the closed-GOP tests do not
     windows = [np.array([f]) for f in range(index.frame_count)]
     windows += [np.array([7, 8, 9, 10, 11]), np.array([19, 41, 62]), np.array([89, 0, 30, 30])]
+    windows += [np.array([a, b]) for a in range(0, 90, 6) for b in range(a + 5, 90, 8)]
     _check_clips(path, index, windows)
     reference = reference_frames(path)
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))

@@ -8,6 +8,7 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import fsspec
 import numpy as np
@@ -100,10 +101,16 @@ def test_gr00t_long_gop_b_frames_seek_to_the_keyframe_itself(pyav_decoder: CpuFr
         for start in keyframes:
             first = next(packets_from_keyframe(container, stream, index, start))
             assert first.is_keyframe and first.dts == index.dts[start], start
-        # a seek that overshoots (target past the keyframe) falls back to the file's start, then skips forward
-        late = replace(index, pts=np.where(np.arange(len(index.pts)) == 0, index.pts.max() + 1, index.pts))
-        first = next(packets_from_keyframe(container, stream, late, 0))  # its seek lands on keyframe 250
-        assert first.is_keyframe and first.dts == index.dts[0]
+        # a seek that overshoots (lands past the keyframe) falls back to the file's start, then skips forward
+        seeks: list[int] = []
+
+        def overshooting_seek(target: int, **kwargs: object) -> None:
+            seeks.append(target)
+            container.seek(int(index.pts.max()) if len(seeks) == 1 else target, **kwargs)  # lands on keyframe 250
+
+        overshooting = SimpleNamespace(demux=container.demux, seek=overshooting_seek)
+        first = next(packets_from_keyframe(overshooting, stream, index, 0))
+        assert first.is_keyframe and first.dts == index.dts[0] and len(seeks) == 2
         with pytest.raises(VideoDecodeError, match=r"no packet at the keyframe's decode time"):
             next(packets_from_keyframe(container, stream, replace(index, dts=index.dts + 1), 250))
     _check(pyav_decoder, path, [np.array([249, 250, 251]), np.array([260, 300, 415]), np.array([5, 400])])
