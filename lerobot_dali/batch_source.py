@@ -28,6 +28,7 @@ from .dataset_reader import LeRobotDatasetReader
 from .errors import DatasetError
 from .file_stamps import FileStamp
 from .frame_lookup import TimestampSource, row_frame_numbers
+from .host_values import encode_host_values
 from .image_frames import EpisodeImageCache, decode_images
 from .packet_index import PacketIndex, PacketIndexCache, VideoSource, build_packet_index
 from .packet_index_store import PacketIndexStore
@@ -90,7 +91,11 @@ def lerobot_dtype(values: np.ndarray) -> np.ndarray:
 
 def output_fields(spec: SourceSpec) -> list[Field]:
     """The external source's outputs, in order; the DALI graph and the iterator both read this list."""
-    fields = [Field(key, FieldKind.TABULAR) for key in spec.tabular_keys]
+    features = spec.reader.info.features
+    fields = [
+        Field(key, FieldKind.HOST_VALUES if features[key].is_host_value else FieldKind.TABULAR)
+        for key in spec.tabular_keys
+    ]
     fields += [Field(key, FieldKind.TABULAR) for key in INDEX_KEYS if key not in spec.tabular_keys]
     fields += [Field(f"{key}_is_pad", FieldKind.TABULAR) for key in spec.delta_index]
     for camera_index, (camera, feed) in enumerate(spec.camera_feeds.items()):
@@ -215,6 +220,9 @@ class BatchSource:
         for field in self.fields:
             if field.kind is FieldKind.TABULAR:
                 out.append(lerobot_dtype(values[field.name]))
+                continue
+            if field.kind is FieldKind.HOST_VALUES:
+                out.append(encode_host_values(values[field.name], key=field.name))
                 continue
             if field.kind in (FieldKind.CLIP_FRAMES, FieldKind.PLANES_CHROMA, FieldKind.PLANES_MATRIX):
                 continue  # filled with the camera field they follow

@@ -141,7 +141,7 @@ class PyAVFrameDataset(Dataset):
         )
         # A plain dict: the dataset is pickled into DataLoader workers, and DeltaWindows holds mappingproxies.
         self._delta_index = {key: np.asarray(value) for key, value in windows.delta_index.items()}
-        numeric = [k for k in reader.tabular_keys if reader.info.features[k].dtype != "string"]
+        numeric = [k for k in reader.tabular_keys if not reader.info.features[k].is_host_value]
         self._columns = list(dict.fromkeys([*numeric, *(k for k in _INDEX_KEYS if k in reader.info.features)]))
         self._table = self._read_rows(reader, self._columns)
         # Cameras stored as images: their encoded rows held in memory, as LeRobot's arrow table holds them.

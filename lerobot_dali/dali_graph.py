@@ -33,6 +33,9 @@ class FieldKind(enum.Enum):
 
     #: A numeric array per sample, passed through (moved to the GPU when the pipeline has one).
     TABULAR = "tabular"
+    #: A string or structured value per sample as NUL-padded JSON bytes (:mod:`.host_values`): stays on the
+    #: CPU and becomes Python objects again in the iterator.
+    HOST_VALUES = "host_values"
     #: Encoded clip bytes (1-D uint8) per sample; the next field holds its frame indices.
     CLIP = "clip"
     #: Clip-relative display frame indices (int32, (T,)) for the preceding CLIP field.
@@ -174,8 +177,8 @@ def build_pipeline(
             node = outputs[i]
             if field.kind in _AUXILIARY:
                 continue
-            if field.kind == FieldKind.TABULAR:
-                results.append(node.gpu() if on_gpu else node)
+            if field.kind in (FieldKind.TABULAR, FieldKind.HOST_VALUES):
+                results.append(node.gpu() if on_gpu and field.kind == FieldKind.TABULAR else node)
                 names.append(field.name)
                 continue
             if field.kind == FieldKind.CLIP:

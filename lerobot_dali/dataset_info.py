@@ -78,6 +78,12 @@ class Feature:
         return self.dtype == "video"
 
     @property
+    def is_host_value(self) -> bool:
+        """Strings and LeRobot's ``language`` annotations: read as Python objects, batched as lists (as LeRobot's
+        collate leaves them), never as tensors."""
+        return self.dtype in ("string", "language")
+
+    @property
     def is_scalar(self) -> bool:
         """Scalars are stored as plain parquet columns and batch to shape (B,), as in LeRobot."""
         return self.shape in ((), (1,))

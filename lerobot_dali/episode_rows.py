@@ -160,28 +160,46 @@ def _read_row_range(parquet: pq.ParquetFile, path: str, row_start: int, length: 
     return table.slice(row_start - (first_row or 0), length)
 
 
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+
+
+def _flat_list_values(array: pa.Array, feature: Feature, path: str) -> np.ndarray:
+    """The values of a list column, row-major: one list level per declared dimension (``datasets.Array2D``
+    and up store ``(2, 3)`` as lists of lists), or one flat list of all of them."""
+    shape = tuple(feature.shape) or (1,)
+    level_widths = []
+    while _is_list(array.type):
+        if array.null_count:
+            raise SchemaMismatchError(f"{path}: column {feature.key!r} has {array.null_count} null row(s)")
+        if pa.types.is_fixed_size_list(array.type):
+            widths = np.full(len(array), array.type.list_size)
+        else:
+            widths = np.diff(array.offsets.to_numpy())
+        level_widths.append(widths)
+        array = array.flatten()
+    expected = shape if len(level_widths) == len(shape) else (math.prod(shape),) if len(level_widths) == 1 else None
+    if expected is None or any(len(w) and not (w == n).all() for w, n in zip(level_widths, expected, strict=True)):
+        found = [sorted(set(w.tolist()))[:5] for w in level_widths]
+        holds = f"vectors of length {found[0]}" if len(found) == 1 else f"{len(found)}-level lists of lengths {found}"
+        raise SchemaMismatchError(
+            f"{path}: column {feature.key!r} holds {holds} but info.json declares shape {list(feature.shape)} "
+            f"({math.prod(shape)} values); the data file and info.json disagree"
+        )
+    return array.to_numpy(zero_copy_only=False)
+
+
 def _column_to_numpy(column: pa.ChunkedArray, feature: Feature, path: str) -> np.ndarray:
     array = column.combine_chunks()
     n = len(array)
-    if feature.dtype == "string":
-        return np.asarray(array.to_pylist(), dtype=object)
+    if feature.is_host_value:
+        objects = np.empty(n, dtype=object)  # filled, not np.asarray: equal-length lists would become a 2-D array
+        objects[:] = array.to_pylist()
+        return objects
     width = math.prod(feature.shape) if feature.shape else 1
     kind = array.type
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        if array.null_count:
-            raise SchemaMismatchError(f"{path}: column {feature.key!r} has {array.null_count} null row(s)")
-        if pa.types.is_fixed_size_list(kind):
-            widths = np.full(n, kind.list_size)
-        else:
-            offsets = array.offsets.to_numpy()
-            widths = np.diff(offsets)
-        if n and not (widths == width).all():
-            found = sorted(set(widths.tolist()))[:5]
-            raise SchemaMismatchError(
-                f"{path}: column {feature.key!r} holds vectors of length {found} but info.json declares "
-                f"shape {list(feature.shape)} ({width} values); the data file and info.json disagree"
-            )
-        values = array.flatten().to_numpy(zero_copy_only=False)
+    if _is_list(kind):
+        values = _flat_list_values(array, feature, path)
     else:
         if width != 1:
             raise SchemaMismatchError(

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .augment import NORMALIZE_FROM_STATS, AugmentConfig
-from .batch_source import BatchSource, SourceSpec, output_fields
+from .batch_source import INDEX_KEYS, BatchSource, SourceSpec, output_fields
 from .cpu_decode import CpuDecodeOptions
 from .dali_graph import CameraFeed, build_pipeline, camera_feed
 from .dataset_reader import LeRobotDatasetReader, open_dataset
@@ -25,8 +25,9 @@ from .dataset_stats import read_dataset_stats
 from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
 from .distributed import cpus_per_local_rank, resolve_rank
-from .errors import EpisodeMetadataError, ResumeStateError, SchemaMismatchError
+from .errors import DeltaTimestampsError, EpisodeMetadataError, ResumeStateError, SchemaMismatchError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
+from .host_values import decode_host_values
 from .packet_index import PacketIndex, load_packet_index
 from .packet_index_store import PacketIndexStore
 from .prefetch import Prefetcher, prefetching_reader
@@ -127,6 +128,13 @@ class DALILeRobotIterator:
             camera_keys=self.reader.camera_keys,
             feature_keys=list(self.reader.info.features),
         )
+        read = {*self.reader.tabular_keys, *INDEX_KEYS, *self.reader.all_camera_keys}
+        unread = sorted(set(self.windows.delta_index) - read)
+        if unread:
+            raise DeltaTimestampsError(
+                f"delta_timestamps names {unread}, which this iterator does not read (left out by keys= or "
+                "cameras=); select them too, or drop their windows"
+            )
         options = OrderOptions(
             seed=seed, shuffle=shuffle, episode_pool_size=episode_pool_size, rank_balance=RankBalance(rank_balance)
         )
@@ -141,9 +149,8 @@ class DALILeRobotIterator:
         self._index_store = None if location.is_local else PacketIndexStore()
         self.routes = self._choose_routes(DecodePreference.parse(decode))
         self._feeds = self._plan_feeds()
-        self._tabular_keys = tuple(
-            k for k in self.reader.tabular_keys if self.reader.info.features[k].dtype != "string"
-        )
+        self._tabular_keys = tuple(self.reader.tabular_keys)
+        self._host_value_keys = {k for k in self._tabular_keys if self.reader.info.features[k].is_host_value}
         # Remote datasets: file stamps (reader.stamps, one listing per root) and packet indexes on disk mean
         # no per-file requests from any worker; workers read through a cache a prefetcher fills on admission.
         self._worker_reader, self._prefetcher = prefetching_reader(
@@ -378,6 +385,9 @@ class DALILeRobotIterator:
         batch: dict[str, Any] = {}
         for name in self._names:
             tensor = out[name]
+            if name in self._host_value_keys:
+                batch[name] = decode_host_values(tensor.numpy())
+                continue
             if name in self.routes and self.windows.squeeze_camera(name):
                 tensor = tensor.squeeze(1)
             elif name in self.reader.image_keys and name not in self.windows.delta_index:

@@ -1,0 +1,116 @@
+"""Features beyond numeric vectors and cameras, batched as a DataLoader over LeRobotDataset gives them:
+N-D arrays (``datasets.Array2D``..., stored as nested lists) as (B, *shape) tensors; ``string`` and LeRobot's
+``language`` annotations as lists of Python values, windows included. Expected values are written here."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from lerobot_dali.errors import DeltaTimestampsError, SchemaMismatchError
+from lerobot_dali.iterator import DALILeRobotIterator
+
+FPS = 10
+LENGTHS = [4, 3]
+EVENT = pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string()), pa.field("style", pa.string())])
+
+
+def _note(index: int) -> str:
+    return f"note {index} é\x00"  # non-ASCII and a NUL: the transport must carry both
+
+
+def _events(index: int) -> list[dict]:
+    return [{"role": "user", "content": f"pick {index}", "style": None}] * (index % 3)
+
+
+def _matrix(index: int) -> list[list[float]]:
+    return [[index, index + 0.5, -index], [1.0, 2.0, 3.0]]
+
+
+def _with_columns(src: Path, dst: Path, *, flat_matrix: bool = False) -> Path:
+    shutil.copytree(src, dst)
+    for path in sorted(dst.glob("data/*/*.parquet")):
+        table = pq.read_table(path)
+        index = table["index"].to_pylist()
+        table = table.append_column("extra.note", pa.array([_note(i) for i in index]))
+        table = table.append_column("language_events", pa.array([_events(i) for i in index], pa.list_(EVENT)))
+        if flat_matrix:  # as writers that flatten (2, 3) into 6 values per row store it
+            matrix = pa.array([np.ravel(_matrix(i)).tolist() for i in index], pa.list_(pa.float32()))
+        else:  # as datasets.Array2D stores it
+            matrix = pa.array([_matrix(i) for i in index], pa.list_(pa.list_(pa.float32())))
+        table = table.append_column("extra.matrix", matrix)
+        pq.write_table(table, path)
+    info_path = dst / "meta" / "info.json"
+    info = json.loads(info_path.read_text())
+    info["features"]["extra.note"] = {"dtype": "string", "shape": [1], "names": None}
+    info["features"]["language_events"] = {"dtype": "language", "shape": [1], "names": None}
+    info["features"]["extra.matrix"] = {"dtype": "float32", "shape": [2, 3], "names": None}
+    info_path.write_text(json.dumps(info))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def extra_ds(make_ds, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    src = make_ds(episodes=2, frames_per_episode=LENGTHS, cameras=0, fps=FPS)
+    return _with_columns(src, tmp_path_factory.mktemp("extra") / "dataset")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_arrays_strings_and_language_batch_as_lerobot_does(extra_ds: Path, num_workers: int) -> None:
+    deltas = {"extra.note": [-1 / FPS, 0.0], "extra.matrix": [0.0, 1 / FPS]}
+    it = DALILeRobotIterator(
+        extra_ds, batch_size=3, shuffle=False, device="cpu", num_workers=num_workers, drop_last=False,
+        delta_timestamps=deltas,
+    )  # fmt: skip
+    batches = list(it)
+    assert [len(b["index"]) for b in batches] == [3, 3, 1]
+    starts = np.cumsum([0, *LENGTHS])[:-1]
+    for batch in batches:
+        index = batch["index"].tolist()
+        episode = batch["episode_index"].tolist()
+        # Windows clamp to the episode, as LeRobot pads by repeating the boundary row.
+        first = [int(starts[e]) for e in episode]
+        last = [int(starts[e] + LENGTHS[e] - 1) for e in episode]
+        assert batch["extra.note"] == [[_note(max(i - 1, f)), _note(i)] for i, f in zip(index, first, strict=True)]
+        assert batch["extra.note_is_pad"].tolist() == [[i == f, False] for i, f in zip(index, first, strict=True)]
+        assert batch["language_events"] == [_events(i) for i in index]
+        matrix = batch["extra.matrix"]
+        assert matrix.dtype == torch.float32 and matrix.shape == (len(index), 2, 2, 3)
+        expected = [[_matrix(i), _matrix(min(i + 1, la))] for i, la in zip(index, last, strict=True)]
+        np.testing.assert_array_equal(matrix.numpy(), np.asarray(expected, dtype=np.float32))
+
+
+def test_a_flat_list_for_an_nd_feature_reads_too(make_ds, tmp_path: Path) -> None:
+    src = make_ds(episodes=2, frames_per_episode=LENGTHS, cameras=0, fps=FPS)
+    root = _with_columns(src, tmp_path / "dataset", flat_matrix=True)
+    batch = next(iter(DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=0)))
+    np.testing.assert_array_equal(batch["extra.matrix"].numpy(), np.asarray([_matrix(0), _matrix(1)], np.float32))
+
+
+def test_an_nd_feature_of_another_shape_names_the_column(make_ds, tmp_path: Path) -> None:
+    src = make_ds(episodes=2, frames_per_episode=LENGTHS, cameras=0, fps=FPS)
+    root = _with_columns(src, tmp_path / "dataset")
+    info_path = root / "meta" / "info.json"
+    info = json.loads(info_path.read_text())
+    info["features"]["extra.matrix"]["shape"] = [3, 2]
+    info_path.write_text(json.dumps(info))
+    it = DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=0)
+    with pytest.raises(SchemaMismatchError, match=r"'extra.matrix' holds 2-level lists of lengths \[\[2\], \[3\]\]"):
+        next(iter(it))
+
+
+def test_a_window_on_a_key_left_out_by_the_selection_is_refused(extra_ds: Path) -> None:
+    """Otherwise the batch would carry ``extra.note_is_pad`` without ``extra.note``."""
+    with pytest.raises(DeltaTimestampsError, match=r"names \['extra.note'\], which this iterator does not read"):
+        DALILeRobotIterator(extra_ds, keys=["action"], delta_timestamps={"extra.note": [0.0]}, device="cpu")
+    it = DALILeRobotIterator(
+        extra_ds, keys=["action"], delta_timestamps={"frame_index": [0.0]}, batch_size=2, device="cpu", num_workers=0
+    )  # index columns come with every batch, so their windows stand
+    assert "frame_index_is_pad" in next(iter(it))
