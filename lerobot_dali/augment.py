@@ -357,6 +357,15 @@ class AugmentConfig:
                 ) from e
         return replace(self, normalize=per_camera or None)  # no cameras: nothing to normalise
 
+    def for_channels(self, channels: int) -> AugmentConfig:
+        """This config for frames of ``channels`` channels: grey ones (1) keep brightness and contrast jitter only,
+        since saturation and hue leave grey unchanged (as torchvision's do); so those are neither applied nor
+        drawn."""
+        jitter = self.color_jitter
+        if channels != 1 or jitter is None:
+            return self
+        return replace(self, color_jitter=replace(jitter, saturation=0.0, hue=0.0))
+
     def for_camera(self, camera: str) -> AugmentConfig:
         """This config with ``normalize`` narrowed to ``camera``'s :class:`Normalize` (what the graph of one
         camera applies)."""
@@ -454,6 +463,7 @@ def augment_frames(
     return_uint8: bool = False,
     output_size: tuple[int, int] | None = None,
     presized: bool = False,
+    channels: int = 3,
 ) -> DataNode:
     """Augment one camera's ``FHWC`` uint8 windows and hand them over as ``FCHW`` (see module docstring).
 
@@ -463,7 +473,8 @@ def augment_frames(
     random. ``output_size`` (H, W) replaces the size of the last resampling step (the random crop's, else the
     resize's), or adds a resize when neither is configured, so cameras can be brought to one size without
     resampling twice. ``presized``: the frames already have the :func:`leading_resize` size (the decoding
-    worker resized them), so that step is skipped.
+    worker resized them), so that step is skipped. ``channels``: 1 for grey frames, whose colour jitter is
+    brightness and contrast only (saturation and hue leave grey unchanged, as in torchvision).
     Call inside a pipeline definition; works on ``cpu`` and ``gpu`` frames alike.
     """
     if not isinstance(frames, DataNode):
@@ -526,7 +537,7 @@ def augment_frames(
         x = _affine(x, cfg.affine, size, d)
         steps.append("affine")
     if cfg.color_jitter is not None:
-        x = _color_jitter(x, cfg.color_jitter, d)
+        x = _color_jitter(x, cfg.color_jitter, d, grey=channels == 1)
         steps.append("color_jitter")
     if cfg.blur is not None and cfg.blur.probability > 0:
         x = _blur(x, cfg.blur, d)
@@ -586,12 +597,16 @@ def _affine(x: DataNode, affine: RandomAffine, size: tuple[int, int] | None, d: 
     return fn.warp_affine(x, matrix=matrix, inverse_map=False, fill_value=0.0)
 
 
-def _color_jitter(x: DataNode, jitter: ColorJitter, d: Mapping[str, DataNode]) -> DataNode:
+def _color_jitter(x: DataNode, jitter: ColorJitter, d: Mapping[str, DataNode], *, grey: bool = False) -> DataNode:
     def arg(name: str, identity: Pair) -> Arg | None:
         value = _range_of(getattr(jitter, name))
         return None if value == identity else _param(d, name, value)
 
     brightness, contrast = arg("brightness", (1.0, 1.0)), arg("contrast", (1.0, 1.0))
+    if grey:  # color_twist takes RGB only; on equal R=G=B it equals brightness_contrast within 1 level
+        if brightness is None and contrast is None:
+            return x
+        return fn.brightness_contrast(x, brightness=brightness, contrast=contrast)
     saturation, hue = arg("saturation", (1.0, 1.0)), arg("hue", (0.0, 0.0))
     if brightness is None and contrast is None and saturation is None and hue is None:
         return x

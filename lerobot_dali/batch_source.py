@@ -71,6 +71,8 @@ class SourceSpec:
     cpu_decode: CpuDecodeOptions = dataclass_field(default_factory=CpuDecodeOptions)
     #: Cameras stored as images in the data files (:mod:`.image_frames`), after the video cameras.
     image_keys: tuple[str, ...] = ()
+    #: Colour channels of image cameras whose images are not RGB (1: grey).
+    image_channels: Mapping[str, int] = dataclass_field(default_factory=dict)
     #: Per worker: encoded images of recently read episodes kept in memory.
     image_cache_bytes: int = 256 * 2**20
     #: The stream's identity, which random augmentation draws are keyed by.
@@ -111,14 +113,23 @@ def output_fields(spec: SourceSpec) -> list[Field]:
             fields.append(Field(camera, FieldKind.CLIP, decode_device=device, camera_index=camera_index))
             fields.append(Field(f"{camera}.__frames", FieldKind.CLIP_FRAMES, camera_index=camera_index))
     first_image = len(spec.camera_feeds)
-    fields += [Field(key, FieldKind.FRAMES, camera_index=first_image + i) for i, key in enumerate(spec.image_keys)]
-    # Random augmentation parameters, one set per draw stream (one for all cameras when they share draws).
-    params = draw_names(spec.augment)
-    if params:
-        cameras = len(spec.camera_feeds) + len(spec.image_keys)
-        streams = dict.fromkeys(stream_name(spec.augment, i) for i in range(cameras))
-        fields += [augment_draw_field(stream, param) for stream in streams for param in params]
+    fields += [
+        Field(key, FieldKind.FRAMES, camera_index=first_image + i, channels=spec.image_channels.get(key, 3))
+        for i, key in enumerate(spec.image_keys)
+    ]
+    # Random augmentation parameters, one set per draw stream (one for all cameras when they share draws), of
+    # what its cameras use (grey ones draw no saturation or hue).
+    if spec.augment is not None:
+        params: dict[str, dict[str, None]] = {}
+        for field in fields:
+            if field.kind in _CAMERA_KINDS:
+                names = draw_names(spec.augment.for_channels(field.channels))
+                params.setdefault(stream_name(spec.augment, field.camera_index), {}).update(dict.fromkeys(names))
+        fields += [augment_draw_field(stream, param) for stream, names in params.items() for param in names]
     return fields
+
+
+_CAMERA_KINDS = (FieldKind.FRAMES, FieldKind.PLANES_LUMA, FieldKind.CLIP)
 
 
 def _first_gop(index: PacketIndex, numbers: np.ndarray) -> int:
@@ -282,7 +293,7 @@ class BatchSource:
             yield video.path, index, numbers
 
     def _image_frames(self, camera: str, episode_pos: np.ndarray, camera_rows: np.ndarray) -> list[np.ndarray]:
-        """Per sample: the decoded images of its window's rows, (T, H, W, 3) uint8."""
+        """Per sample: the decoded images of its window's rows, (T, H, W, C) uint8."""
         reader = self.spec.reader
         frames = []
         for pos, row_indices in zip(episode_pos, camera_rows, strict=True):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .augment import AugmentConfig, augment_frames, leading_resize
-from .augment_draws import stream_name
+from .augment_draws import draw_names, stream_name
 from .cpu_decode import CpuDecodeOptions
 from .dali_color import planes_to_rgb
 from .dali_video import decode_clips
@@ -63,6 +63,8 @@ class Field:
     camera_index: int = 0
     #: FRAMES only: the worker already resized the frames to the leading resize (``CameraFeed.worker_size``).
     presized: bool = False
+    #: Camera fields: colour channels of the frames (1 for grey image cameras).
+    channels: int = 3
     #: AUGMENT_DRAW only: the draw stream (``augment_draws.stream_name``) and the parameter's name.
     stream: str = ""
     param: str = ""
@@ -187,15 +189,19 @@ def build_pipeline(
                 frames = planes_to_rgb(node, outputs[i + 1], outputs[i + 2], on_gpu=on_gpu)
             else:
                 frames = node.gpu() if on_gpu else node
+            config = augment.for_camera(field.name).for_channels(field.channels) if augment is not None else None
+            used = draw_names(config)  # a stream may draw more than this camera uses (grey: no saturation, hue)
+            stream_draws = draws.get(stream_name(augment, field.camera_index), {})
             results.append(
                 augment_frames(
                     frames,
-                    config=augment.for_camera(field.name) if augment is not None else None,
+                    config=config,
                     camera_index=field.camera_index,
-                    draws=draws.get(stream_name(augment, field.camera_index), {}),
+                    draws={name: node for name, node in stream_draws.items() if name in used},
                     return_uint8=return_uint8,
                     output_size=image_size,
                     presized=field.presized,
+                    channels=field.channels,
                 )
             )
             names.append(field.name)

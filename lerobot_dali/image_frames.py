@@ -1,11 +1,12 @@
-"""Cameras stored as images in the data files (``dtype: "image"``): encoded bytes -> uint8 RGB frames.
+"""Cameras stored as images in the data files (``dtype: "image"``): encoded bytes -> uint8 RGB or grey frames.
 
 LeRobot datasets converted from other formats (LIBERO, many simulation sets) keep each frame as a PNG or
 JPEG inside the parquet rows instead of a video. A window of such a camera is a set of rows, read exactly
 like a tabular window (no timestamp lookup), and each row's image is decoded by Pillow in the worker; the
 frames then enter the same DALI graph as video frames, so resizing and augmentation are the same.
 Episodes' encoded images are kept per worker in a byte-bounded cache, since the episode pool samples each
-admitted episode many times.
+admitted episode many times. Grey images stay one channel, as LeRobot's ``ToTensor`` keeps them; 16-bit
+images (depth) are refused rather than clipped to 8 bits.
 """
 
 from __future__ import annotations
@@ -22,10 +23,18 @@ from .errors import DataFileError
 __all__ = ["EpisodeImageCache", "decode_images"]
 
 
-def decode_images(encoded: Sequence[bytes], *, label: str) -> np.ndarray:
-    """(T, H, W, 3) uint8 RGB from T encoded images (any format and mode Pillow reads; alpha is dropped).
+#: Pillow modes of grey images, read as one channel (alpha dropped).
+_GREY_MODES = frozenset({"1", "L", "LA", "La"})
+#: Pillow modes of more than 8 bits per sample (depth maps), which uint8 frames would clip.
+_WIDE_MODES = ("I", "F")
 
-    Raises DataFileError naming ``label`` and the position for an undecodable image or differing sizes.
+
+def decode_images(encoded: Sequence[bytes], *, label: str) -> np.ndarray:
+    """(T, H, W, C) uint8 from T encoded images (any format Pillow reads): C = 1 for grey images, else 3 (RGB;
+    alpha is dropped).
+
+    Raises DataFileError naming ``label`` and the position for an undecodable or 16-bit image, or for images
+    that differ in size or channels.
     """
     from PIL import Image, UnidentifiedImageError
 
@@ -33,14 +42,26 @@ def decode_images(encoded: Sequence[bytes], *, label: str) -> np.ndarray:
     for i, data in enumerate(encoded):
         try:
             with Image.open(io.BytesIO(data)) as image:
-                frames.append(np.asarray(image if image.mode == "RGB" else image.convert("RGB")))
+                mode = image.mode
+                if mode in _GREY_MODES:
+                    frame = np.asarray(image if mode == "L" else image.convert("L"))[..., None]
+                elif not mode.startswith(_WIDE_MODES):
+                    frame = np.asarray(image if mode == "RGB" else image.convert("RGB"))
         except (UnidentifiedImageError, OSError, ValueError) as e:
             raise DataFileError(
                 f"{label}: image {i} of the window cannot be decoded ({e}); the data file is corrupt"
             ) from e
+        if mode.startswith(_WIDE_MODES):
+            raise DataFileError(
+                f"{label}: image {i} of the window has more than 8 bits per sample (Pillow mode {mode!r}, e.g. a "
+                "depth map), which lerobot_dali does not read; leave the camera out with cameras=[...]"
+            )
+        frames.append(frame)
     shapes = {f.shape for f in frames}
     if len(shapes) > 1:
-        raise DataFileError(f"{label}: the window's images differ in size {sorted(shapes)}; a camera has one size")
+        raise DataFileError(
+            f"{label}: the window's images differ in size or channels {sorted(shapes)}; a camera has one of each"
+        )
     return np.stack(frames)
 
 

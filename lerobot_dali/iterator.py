@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .augment import NORMALIZE_FROM_STATS, AugmentConfig
+from .augment import NORMALIZE_FROM_STATS, AugmentConfig, Normalize
 from .batch_source import INDEX_KEYS, BatchSource, SourceSpec, output_fields
 from .cpu_decode import CpuDecodeOptions
 from .dali_graph import CameraFeed, build_pipeline, camera_feed
@@ -28,6 +28,7 @@ from .distributed import cpus_per_local_rank, resolve_rank
 from .errors import DeltaTimestampsError, EpisodeMetadataError, ResumeStateError, SchemaMismatchError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
 from .host_values import decode_host_values
+from .image_frames import decode_images
 from .packet_index import PacketIndex, load_packet_index
 from .packet_index_store import PacketIndexStore
 from .prefetch import Prefetcher, prefetching_reader
@@ -115,7 +116,8 @@ class DALILeRobotIterator:
         self._device_id = None if self._device.type == "cpu" else self._device.index or 0
         self._num_workers = num_workers
         self._prefetch = prefetch
-        self._augment = _camera_augment(augment, self.reader)
+        self._image_channels = _image_channels(self.reader)
+        self._augment = _camera_augment(augment, self.reader, self._image_channels)
         self._image_size = image_size
         self._return_uint8 = return_uint8
         self._tolerance_s = tolerance_s
@@ -308,6 +310,7 @@ class DALILeRobotIterator:
             index_store=self._index_store,
             cpu_decode=self._cpu_decode,
             image_keys=tuple(self.reader.image_keys),
+            image_channels=self._image_channels,
             seed=self._stream.order.options.seed,
             rank=self.rank,
             augment=self._augment,
@@ -442,9 +445,24 @@ def _raise_original(error: Exception) -> None:
     raise error
 
 
-def _camera_augment(augment: AugmentConfig | None, reader: LeRobotDatasetReader) -> AugmentConfig | None:
+def _image_channels(reader: LeRobotDatasetReader) -> dict[str, int]:
+    """Image cameras that are not RGB (grey: 1 channel), from the first image of the first episode; a camera of
+    16-bit images (depth) fails here, naming itself, rather than in a worker."""
+    channels = {}
+    for key in reader.image_keys:
+        first = reader.read_episode_images(0, key)[:1].to_pylist()
+        if first:
+            count = decode_images(first, label=f"{reader.location.description}: camera {key!r}").shape[-1]
+            if count != 3:
+                channels[key] = count
+    return channels
+
+
+def _camera_augment(
+    augment: AugmentConfig | None, reader: LeRobotDatasetReader, image_channels: Mapping[str, int]
+) -> AugmentConfig | None:
     """The augmentation with ``normalize="stats"`` read from the dataset, and a per-camera ``normalize`` checked
-    against the dataset's cameras now, rather than when the first pass builds the graph."""
+    against the dataset's cameras (and their channels) now, rather than when the first pass builds the graph."""
     if augment is None:
         return None
     cameras = reader.all_camera_keys
@@ -453,5 +471,11 @@ def _camera_augment(augment: AugmentConfig | None, reader: LeRobotDatasetReader)
         augment = augment.with_stats(stats, cameras, source=reader.location.description)
         logger.info("normalising cameras %s by the dataset's statistics", list(cameras))
     for camera in cameras:
-        augment.for_camera(camera)  # raises naming a camera without a Normalize
+        normalize = augment.for_camera(camera).normalize  # raises naming a camera without a Normalize
+        channels = image_channels.get(camera, 3)
+        if isinstance(normalize, Normalize) and len(normalize.mean) != channels:
+            raise ValueError(
+                f"camera {camera!r} has {channels} channel(s) but its Normalize has {len(normalize.mean)} mean/std "
+                "values; give it one per channel (normalize={camera: Normalize(...)})"
+            )
     return augment

@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from lerobot_dali.augment import AugmentConfig, ColorJitter
+from lerobot_dali.augment import AugmentConfig, ColorJitter, Normalize
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DataFileError, SchemaMismatchError
 from lerobot_dali.frame_marker import draw_marker, read_full_marker
@@ -117,8 +117,8 @@ def _rewrite_image(root: Path, row: int, value: dict | None) -> Path:
 def test_bad_images_name_the_file_episode_and_row(make_ds, copy_ds, value: dict | None, pattern: str) -> None:
     root = copy_ds(_images_dataset(make_ds))
     path = _rewrite_image(root, 2, value)
-    it = DALILeRobotIterator(root, batch_size=5, shuffle=False, device="cpu", num_workers=0, cameras=[CAM0])
-    with pytest.raises(DataFileError, match=pattern) as info:
+    with pytest.raises(DataFileError, match=pattern) as info:  # a missing image of episode 0 fails at construction
+        it = DALILeRobotIterator(root, batch_size=5, shuffle=False, device="cpu", num_workers=0, cameras=[CAM0])
         next(iter(it))
     assert str(path) in str(info.value)
 
@@ -142,10 +142,60 @@ def test_decode_images_rejects_mixed_sizes_and_keeps_rgb() -> None:
     rgb = np.arange(4 * 6 * 3, dtype=np.uint8).reshape(4, 6, 3)
     frames = decode_images([png(rgb, "RGB"), png(rgb, "RGBA")], label="cam")  # alpha is dropped
     np.testing.assert_array_equal(frames, np.stack([rgb, rgb]))
-    gray = decode_images([png(rgb[..., 0], "L")], label="cam")
-    np.testing.assert_array_equal(gray[0], np.repeat(rgb[..., :1], 3, axis=2))
+    grey = decode_images([png(rgb[..., 0], "L"), png(rgb[..., 0], "LA")], label="cam")  # one channel, as ToTensor
+    np.testing.assert_array_equal(grey, np.stack([rgb[..., :1], rgb[..., :1]]))
     with pytest.raises(DataFileError, match=r"cam: the window's images differ in size"):
         decode_images([png(rgb, "RGB"), png(rgb[:2], "RGB")], label="cam")
+    with pytest.raises(DataFileError, match=r"cam: the window's images differ in size or channels"):
+        decode_images([png(rgb, "RGB"), png(rgb[..., 0], "L")], label="cam")
+    depth = BytesIO()
+    Image.fromarray(np.full((4, 6), 900, np.uint16)).save(depth, format="PNG")  # 16-bit: uint8 would clip it
+    with pytest.raises(DataFileError, match=r"cam: image 0 of the window has more than 8 bits per sample"):
+        decode_images([depth.getvalue()], label="cam")
+
+
+def _to_mode(root: Path, camera: str, mode: str) -> None:
+    """Rewrite ``camera``'s PNGs in ``mode`` (grey "L", or 16-bit "I;16")."""
+    for path in sorted(root.glob("data/*/*.parquet")):
+        table = pq.read_table(path)
+        rows = table[camera].to_pylist()
+        for row in rows:
+            grey = np.asarray(Image.open(BytesIO(row["bytes"])).convert("L"))
+            out = BytesIO()
+            Image.fromarray(grey if mode == "L" else grey.astype(np.uint16) * 257).save(out, format="PNG")
+            row["bytes"] = out.getvalue()
+        column = pa.array(rows, type=table.schema.field(camera).type)
+        pq.write_table(table.set_column(table.schema.get_field_index(camera), camera, column), path)
+
+
+def test_grey_image_cameras_come_as_one_channel_and_jitter_in_brightness(make_ds, copy_ds) -> None:
+    """As LeRobot's ToTensor: (B, 1, H, W) grey; colour jitter applies brightness/contrast to it (saturation and
+    hue leave grey alone, as torchvision's do), and a 3-value Normalize for it is refused at construction."""
+    root = copy_ds(_images_dataset(make_ds))
+    _to_mode(root, CAM0, "L")
+    plain = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=0)
+    batch = next(iter(plain))
+    assert batch[CAM0].shape == (4, 1, *SIZE) and batch[CAM1].shape == (4, 3, *SIZE)
+    expected = [np.asarray(Image.fromarray(_frame(0, f, 0)).convert("L")) for f in range(4)]
+    np.testing.assert_array_equal((batch[CAM0][:, 0].numpy() * 255).round(), np.stack(expected))
+    jitter = AugmentConfig(color_jitter=ColorJitter(brightness=(1.5, 1.5), saturation=0.5, hue=0.2))
+    bright = next(
+        iter(DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=0, augment=jitter))
+    )
+    np.testing.assert_allclose(bright[CAM0][:, 0].numpy() * 255, np.minimum(np.stack(expected) * 1.5, 255), atol=1.01)
+    with pytest.raises(ValueError, match=r"camera 'observation\.images\.cam0' has 1 channel\(s\) but its Normalize"):
+        DALILeRobotIterator(
+            root, device="cpu", augment=AugmentConfig(normalize=Normalize(mean=[0.5] * 3, std=[0.2] * 3))
+        )
+
+
+def test_a_16_bit_image_camera_fails_at_construction(make_ds, copy_ds) -> None:
+    root = copy_ds(_images_dataset(make_ds))
+    _to_mode(root, CAM1, "I;16")
+    with pytest.raises(DataFileError, match=r"camera 'observation\.images\.cam1'.*more than 8 bits.*cameras="):
+        DALILeRobotIterator(root, device="cpu", num_workers=0)
+    it = DALILeRobotIterator(root, cameras=[CAM0], batch_size=2, device="cpu", num_workers=0)
+    assert CAM1 not in next(iter(it))
 
 
 def test_episode_image_cache_is_bounded_by_bytes() -> None:
