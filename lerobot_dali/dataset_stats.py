@@ -30,8 +30,10 @@ FeatureStats = dict[str, dict[str, np.ndarray]]
 
 
 def read_dataset_stats(location: DatasetLocation, info: DatasetInfo | None = None) -> FeatureStats:
-    """The dataset's statistics: the aggregate of ``meta/episodes_stats.jsonl`` where it exists (v2.1, whose
-    ``stats.json``, if one is left from v2.0, LeRobot ignores), else ``meta/stats.json``; ``{}`` with neither.
+    """The dataset's statistics, from where LeRobot reads them: for v2.x the aggregate of
+    ``meta/episodes_stats.jsonl`` where it exists (a ``stats.json`` left from v2.0 is ignored), else
+    ``meta/stats.json``, which v3.0 always uses (an ``episodes_stats.jsonl`` left from v2.1 is ignored); ``{}``
+    with neither.
 
     Some datasets store a vector's statistics by component name (``{"mean": {"joint_a": 0.1, ...}}``, e.g.
     ``r1_v30_h264``); those become arrays in the order of the feature's ``names`` in ``info`` (stored order
@@ -40,7 +42,8 @@ def read_dataset_stats(location: DatasetLocation, info: DatasetInfo | None = Non
     order = _component_order(info)
     fs = location.meta_fs
     episodes_path = location.meta_path("meta/episodes_stats.jsonl")
-    if fs.exists(episodes_path):
+    v2 = info is None or info.codebase_version.startswith("v2")
+    if v2 and fs.exists(episodes_path):
         with fs.open(episodes_path, "rt", encoding="utf-8") as f:
             per_episode = [_episode_record(line, episodes_path, n) for n, line in enumerate(f, start=1) if line.strip()]
         logger.debug("aggregating the statistics of %d episodes from %s", len(per_episode), episodes_path)

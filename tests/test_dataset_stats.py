@@ -116,3 +116,23 @@ def test_malformed_statistics_name_the_file(tmp_path: Path, name: str, content: 
     (tmp_path / "meta" / name).write_text(content)
     with pytest.raises(DatasetError, match=pattern):
         _stats_of(tmp_path)
+
+
+@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+def test_each_version_reads_the_file_lerobot_reads(make_ds, copy_ds, version: str) -> None:
+    """v3.0 reads stats.json even beside an episodes_stats.jsonl left from v2.1; v2.1 aggregates that file even
+    beside a stats.json left from v2.0."""
+    from lerobot_dali.dataset_reader import open_dataset
+
+    root = copy_ds(make_ds(version=version, episodes=2, frames_per_episode=[4, 6], cameras=0, fps=10))
+    kept = _stats_of(root)
+    stale = {"mean": [1], "std": [1], "min": [1], "max": [1], "count": [1]}
+    if version == "v3.0":
+        left_over = json.dumps({"episode_index": 0, "stats": {"stale": stale}})
+        (root / "meta" / "episodes_stats.jsonl").write_text(left_over + "\n")
+    else:
+        (root / "meta" / "stats.json").write_text(json.dumps({"stale": stale}))
+    reader = open_dataset(root)
+    stats = read_dataset_stats(reader.location, reader.info)
+    assert "stale" not in stats and sorted(stats) == sorted(kept)
+    assert "observation.state" in stats
