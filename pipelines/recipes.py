@@ -221,7 +221,9 @@ class Recipe:
 
     def to_toml(self) -> str:
         """The recipe as TOML text that :meth:`from_toml` reads back to an equal recipe."""
-        return _toml_document(self.to_dict())
+        import tomli_w
+
+        return tomli_w.dumps(self.to_dict())
 
 
 def get_recipe(name_or_path: str | os.PathLike[str]) -> Recipe:
@@ -239,32 +241,3 @@ def get_recipe(name_or_path: str | os.PathLike[str]) -> Recipe:
     raise ValueError(
         f"Unknown recipe {text!r}; known recipes are {', '.join(NAMED_RECIPES)}, or give the path of a .toml file."
     )
-
-
-# -- a TOML writer for the plain data above (numbers, strings, booleans, lists, nested tables) ---------------
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return repr(value)  # shortest text that reads back to the same float
-    if isinstance(value, str):
-        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-        return f'"{escaped}"'
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {value!r} ({type(value).__name__}) to TOML")
-
-
-def _toml_document(data: Mapping[str, Any], prefix: str = "") -> str:
-    scalars = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, Mapping)]
-    lines = []
-    if prefix:
-        lines.append(f"[{prefix}]")
-    lines.extend(scalars)
-    text = "\n".join(lines)
-    for key, value in data.items():
-        if isinstance(value, Mapping):
-            text += "\n\n" + _toml_document(value, f"{prefix}.{key}" if prefix else key)
-    return text.strip("\n") + ("\n" if not prefix else "")

@@ -64,7 +64,16 @@ def test_a_user_recipe_with_strides_and_augmentation_round_trips(tmp_path: Path)
         state=StepWindow(seconds=0.4, first=-2),
         image_size=(240, 320),
         augment=AugmentConfig.from_dict(
-            {"resize": [240, 320], "blur": {"sigma": [0.1, 1.0], "probability": 0.5}, "shared_across_cameras": True}
+            {
+                "resize": [240, 320],
+                "blur": {"sigma": [0.1, 1.0], "probability": 0.5},
+                "shared_across_cameras": True,
+                # camera keys hold dots (and here a space): table names that must be quoted to read back
+                "normalize": {
+                    "observation.images.top": {"mean": [0.5, 0.4, 0.3], "std": [0.2, 0.2, 0.2]},
+                    "wrist cam": {"mean": [0.1], "std": [0.3]},
+                },
+            }
         ),
     )
     path = tmp_path / "reward.toml"
