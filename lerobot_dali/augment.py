@@ -67,6 +67,7 @@ __all__ = [
     "RandomAffine",
     "RandomResizedCrop",
     "augment_frames",
+    "checked_size",
     "leading_resize",
     "toml_parser",
 ]
@@ -120,7 +121,8 @@ def _jitter_range(owner: str, name: str, value: Any, *, center: float, low: floa
     return _pair(owner, name, value, low=low, high=high, allowed=allowed)
 
 
-def _size(owner: str, name: str, value: Any) -> tuple[int, int]:
+def checked_size(owner: str, name: str, value: Any) -> tuple[int, int]:
+    """``value`` as an (H, W) pair of positive ints, or a ValueError naming ``owner.name``."""
     if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
         h, w = value
         if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, w)):
@@ -152,7 +154,7 @@ class RandomResizedCrop:
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
-        _set(self, "size", _size(owner, "size", self.size))
+        _set(self, "size", checked_size(owner, "size", self.size))
         _set(self, "scale", _pair(owner, "scale", self.scale, low=1e-6, high=1.0, allowed="0 < lo <= hi <= 1"))
         _set(self, "ratio", _pair(owner, "ratio", self.ratio, low=1e-6, high=1e6, allowed="0 < lo <= hi"))
 
@@ -305,7 +307,7 @@ class AugmentConfig:
     def __post_init__(self) -> None:
         owner = type(self).__name__
         if self.resize is not None:
-            _set(self, "resize", _size(owner, "resize", self.resize))
+            _set(self, "resize", checked_size(owner, "resize", self.resize))
         for name, cls in _SECTIONS.items():
             value = getattr(self, name)
             if value is not None and not isinstance(value, cls):
@@ -450,7 +452,7 @@ def leading_resize(config: AugmentConfig | None, output_size: tuple[int, int] | 
     """
     cfg = config if config is not None else AugmentConfig()
     if output_size is not None and cfg.random_resized_crop is None:
-        return _size("leading_resize", "output_size", output_size)
+        return checked_size("leading_resize", "output_size", output_size)
     return cfg.resize
 
 
@@ -485,7 +487,7 @@ def augment_frames(
     if not isinstance(cfg, AugmentConfig):
         raise TypeError(f"config must be an AugmentConfig or None, got {type(cfg).__name__}")
     if output_size is not None:
-        output_size = _size("augment_frames", "output_size", output_size)
+        output_size = checked_size("augment_frames", "output_size", output_size)
     normalize = cfg.normalize
     if normalize is not None and not isinstance(normalize, Normalize):
         raise ValueError(

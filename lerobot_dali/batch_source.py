@@ -62,6 +62,8 @@ class SourceSpec:
     tabular_keys: tuple[str, ...]
     timestamp_source: TimestampSource
     tolerance_s: float
+    #: Tabular keys whose values are strings or structures (:mod:`.host_values`), not numbers.
+    host_value_keys: tuple[str, ...] = ()
     rows_cache_episodes: int = 256
     #: Remote datasets: each file's size + version from one listing, so no worker asks the server per file.
     stamps: Mapping[str, FileStamp] | None = None
@@ -93,9 +95,8 @@ def lerobot_dtype(values: np.ndarray) -> np.ndarray:
 
 def output_fields(spec: SourceSpec) -> list[Field]:
     """The external source's outputs, in order; the DALI graph and the iterator both read this list."""
-    features = spec.reader.info.features
     fields = [
-        Field(key, FieldKind.HOST_VALUES if features[key].is_host_value else FieldKind.TABULAR)
+        Field(key, FieldKind.HOST_VALUES if key in spec.host_value_keys else FieldKind.TABULAR)
         for key in spec.tabular_keys
     ]
     fields += [Field(key, FieldKind.TABULAR) for key in INDEX_KEYS if key not in spec.tabular_keys]

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .augment import NORMALIZE_FROM_STATS, AugmentConfig, Normalize
+from .augment import NORMALIZE_FROM_STATS, AugmentConfig, Normalize, checked_size
 from .batch_source import INDEX_KEYS, BatchSource, SourceSpec, output_fields
 from .cpu_decode import CpuDecodeOptions
 from .dali_graph import CameraFeed, build_pipeline, camera_feed
@@ -118,7 +118,7 @@ class DALILeRobotIterator:
         self._prefetch = prefetch
         self._image_channels = _image_channels(self.reader)
         self._augment = _camera_augment(augment, self.reader, self._image_channels)
-        self._image_size = image_size
+        self._image_size = None if image_size is None else checked_size(type(self).__name__, "image_size", image_size)
         self._return_uint8 = return_uint8
         self._tolerance_s = tolerance_s
         self._cpu_decode = cpu_decode if cpu_decode is not None else CpuDecodeOptions()
@@ -152,7 +152,7 @@ class DALILeRobotIterator:
         self.routes = self._choose_routes(DecodePreference.parse(decode))
         self._feeds = self._plan_feeds()
         self._tabular_keys = tuple(self.reader.tabular_keys)
-        self._host_value_keys = {k for k in self._tabular_keys if self.reader.info.features[k].is_host_value}
+        self._host_value_keys = tuple(k for k in self._tabular_keys if self.reader.info.features[k].is_host_value)
         # Remote datasets: file stamps (reader.stamps, one listing per root) and packet indexes on disk mean
         # no per-file requests from any worker; workers read through a cache a prefetcher fills on admission.
         self._worker_reader, self._prefetcher = prefetching_reader(
@@ -304,6 +304,7 @@ class DALILeRobotIterator:
             start_position=self._stream.samples_consumed,
             camera_feeds=self._feeds,
             tabular_keys=self._tabular_keys,
+            host_value_keys=self._host_value_keys,
             timestamp_source=self._timestamp_source,
             tolerance_s=self._tolerance_s,
             stamps=self.reader.stamps,
@@ -473,9 +474,9 @@ def _camera_augment(
     for camera in cameras:
         normalize = augment.for_camera(camera).normalize  # raises naming a camera without a Normalize
         channels = image_channels.get(camera, 3)
-        if isinstance(normalize, Normalize) and len(normalize.mean) != channels:
+        if isinstance(normalize, Normalize) and len(normalize.mean) not in (1, channels):
             raise ValueError(
                 f"camera {camera!r} has {channels} channel(s) but its Normalize has {len(normalize.mean)} mean/std "
-                "values; give it one per channel (normalize={camera: Normalize(...)})"
+                "values; give it one per channel or one for all (normalize={camera: Normalize(...)})"
             )
     return augment

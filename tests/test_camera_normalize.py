@@ -67,6 +67,22 @@ def test_per_camera_mapping_and_missing_camera(make_ds) -> None:
         )
 
 
+def test_one_value_normalises_every_channel_and_a_wrong_count_fails_at_construction(make_ds) -> None:
+    root = make_ds(**SPEC)
+    raw = _first_batch(root, return_uint8=True)
+    normalised = _first_batch(root, augment=AugmentConfig(normalize=Normalize(mean=(0.5,), std=(0.25,))))
+    camera = "observation.images.cam0"
+    expected = _expected(raw[camera], [0.5] * 3, [0.25] * 3)
+    np.testing.assert_allclose(normalised[camera].numpy(), expected, rtol=1e-5, atol=1e-5)
+    four = Normalize(mean=(0.5,) * 4, std=(0.25,) * 4)  # DALI failed on the first batch with a bare size check
+    with pytest.raises(
+        ValueError, match=r"camera 'observation.images.cam0' has 3 channel\(s\) but its Normalize has 4"
+    ):
+        DALILeRobotIterator(root, device="cpu", augment=AugmentConfig(normalize=four))
+    with pytest.raises(ValueError, match=r"DALILeRobotIterator.image_size = \(0, 48\) is invalid"):
+        DALILeRobotIterator(root, device="cpu", image_size=(0, 48))
+
+
 def test_cr5_v21_normalises_by_the_aggregate_of_its_episode_statistics() -> None:
     """v2.1 has no stats.json: the per-episode statistics aggregate to what LeRobot's converter stored in v3.0."""
     camera = "observation.images.top"

@@ -43,12 +43,14 @@ CPU_FEEDS = {
 
 def _graph(feeds: dict[str, CameraFeed], *, device_id: int | None, **options: Any) -> tuple[Any, list[str]]:
     augment = options.get("augment")
-    # output_fields reads these five; a full SourceSpec would need a dataset and a sample order.
+    # output_fields reads these; a full SourceSpec would need a dataset and a sample order.
     spec = SimpleNamespace(
-        tabular_keys=("observation.state", "action"),
+        tabular_keys=("observation.state", "action", "task_note"),
+        host_value_keys=("task_note",),  # strings: stay on the CPU
         delta_index={"action": np.arange(4)},
         camera_feeds=feeds,
-        image_keys=("cam.png_rows",),  # a camera stored as images in the data files
+        image_keys=("cam.png_rows", "cam.grey_rows"),  # cameras stored as images in the data files
+        image_channels={"cam.grey_rows": 1},
         augment=augment,
     )
     fields = output_fields(cast(SourceSpec, spec))
@@ -106,11 +108,14 @@ def test_gpu_graph_uses_only_kernels_dali_has_and_ends_on_the_gpu(options: dict[
     pipe, names = _graph(GPU_FEEDS, device_id=0, **options)
     assert _device_problems(pipe) == []
     devices = {name: node.device for name, node in zip(names, pipe._graph_outputs, strict=True)}
-    assert devices == dict.fromkeys(names, "gpu"), devices
-    assert {*GPU_FEEDS, "cam.png_rows"} <= set(names)
+    # everything ends on the GPU but strings, which the host turns back into Python values
+    assert devices == {**dict.fromkeys(names, "gpu"), "task_note": "cpu"}, devices
+    assert {*GPU_FEEDS, "cam.png_rows", "cam.grey_rows"} <= set(names)
     used = {(getattr(i._op, "schema_name", None), i._op.device) for i in pipe._ops}
     # the routes this graph exists for: NVDEC decode, and the planes' colour conversion on the device
     assert {("decoders__Video", "mixed"), ("CoordTransform", "gpu")} <= used
+    if "augment" in options:  # colour jitter: color_twist for RGB cameras, brightness_contrast for the grey one
+        assert {("ColorTwist", "gpu"), ("BrightnessContrast", "gpu")} <= used
 
 
 @pytest.mark.parametrize("options", [{"augment": FULL}, {"image_size": (120, 160)}], ids=["full-augment", "resize"])
