@@ -2,7 +2,9 @@
 
 Metadata is small and read once, so for the Hub it is downloaded (``meta/`` only) through huggingface_hub's
 cache; bulk ``data/`` and ``videos/`` bytes stay remote and are read lazily through fsspec, which keeps a
-multi-terabyte dataset usable from a machine whose disk holds none of it.
+multi-terabyte dataset usable from a machine whose disk holds none of it. Those bulk reads are pinned to
+the commit the metadata snapshot came from, so a branch that moves mid-training cannot pair old metadata
+with new data files.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import re
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
+from urllib.parse import quote, unquote
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -28,7 +31,19 @@ logger = logging.getLogger(__name__)
 READ_AHEAD_BYTES = 4 * 1024 * 1024
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_HF_DATASET_URL = re.compile(r"^hf://datasets/(?P<repo>[^/@]+/[^/@]+)(?:@(?P<rev>[^/]+))?/?(?P<sub>.*)$")
+#: ``hf://datasets/<user>/<name>[@<revision>][/<subfolder>]``, split as huggingface_hub's HfFileSystem splits it
+#: (its ``resolve_path`` asks the Hub whether the repo exists, so it cannot be called here): a revision ends at
+#: the first "/" unless it is a special ref (``refs/pr/N``, ``refs/convert/<name>``); a branch or tag holding
+#: "/" is written percent-encoded (``@feature%2Fx``) and decoded before use.
+_HF_DATASET_URL = re.compile(
+    r"^hf://datasets/(?P<repo>[^/@]+/[^/@]+)"
+    r"(?:@(?P<rev>refs/pr/\d+|refs/convert/[\w.-]+|[^/]+))?"
+    r"(?:/(?P<sub>.*))?$"
+)
+#: A full commit SHA, as huggingface_hub names snapshot folders (``.../snapshots/<sha>``).
+_COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
+#: ``storage_options`` keys that also tell ``snapshot_download`` which Hub to ask and as whom.
+_HUB_DOWNLOAD_OPTIONS = ("token", "endpoint")
 
 
 @dataclass(frozen=True)
@@ -68,7 +83,8 @@ def resolve_location(
     """Turn what the user typed into filesystems.
 
     An existing local folder wins over a repo id of the same spelling. ``revision`` applies to the Hub
-    (branch, tag or commit SHA, passed through untouched).
+    (branch, tag, ``refs/pr/N`` or commit SHA, spelled plainly: ``feature/x``, not ``feature%2Fx``); an
+    ``hf://`` URL may carry it after ``@`` instead, percent-encoded where it holds "/".
     """
     target = os.fspath(path_or_repo)
     options = storage_options or {}
@@ -78,7 +94,8 @@ def resolve_location(
         return DatasetLocation(local, root, local, root, root)
     match = _HF_DATASET_URL.match(target)
     if match:
-        return _hub_location(match["repo"], match["rev"] or revision, match["sub"], options)
+        in_url = unquote(match["rev"]) if match["rev"] else None
+        return _hub_location(match["repo"], _one_revision(target, in_url, revision), match["sub"] or "", options)
     if "://" in target:
         fs, root = fsspec.core.url_to_fs(target, **options)
         fs = _retrying(fs)
@@ -91,18 +108,61 @@ def resolve_location(
     )
 
 
+def _one_revision(target: str, in_url: str | None, argument: str | None) -> str | None:
+    """The revision of an ``hf://`` URL: given once, or twice alike; two different ones are a mistake, not a choice."""
+    if in_url is not None and argument is not None and in_url != argument:
+        raise ValueError(
+            f"{target!r} names revision {in_url!r} but revision={argument!r} was also given; "
+            "give the revision in one place only"
+        )
+    return in_url if in_url is not None else argument
+
+
 def _hub_location(repo_id: str, revision: str | None, subfolder: str, options: dict[str, Any]) -> DatasetLocation:
+    """Metadata from one snapshot of ``revision`` (decoded), bulk reads at that snapshot's commit.
+
+    The description keeps the revision the user asked for, so it names the dataset the same way (and keys
+    the same prefetch cache) after the branch moves; errors about bulk files show the pinned path.
+    """
     from huggingface_hub import HfFileSystem, snapshot_download
 
     prefix = f"{subfolder.strip('/')}/" if subfolder.strip("/") else ""
     logger.info("downloading metadata of %s (revision %s)", repo_id, revision or "main")
-    local_meta = snapshot_download(repo_id, repo_type="dataset", revision=revision, allow_patterns=[f"{prefix}meta/**"])
+    hub = {key: options[key] for key in _HUB_DOWNLOAD_OPTIONS if options.get(key) is not None}
+    local_meta = snapshot_download(
+        repo_id, repo_type="dataset", revision=revision, allow_patterns=[f"{prefix}meta/**"], **hub
+    )
+    commit = _snapshot_commit(repo_id, revision, local_meta)
     fs = _retrying(HfFileSystem(**options))
-    rev = f"@{revision}" if revision else ""
-    root = f"datasets/{repo_id}{rev}/{prefix}".rstrip("/")
+    root = f"datasets/{repo_id}{_at(commit)}/{prefix}".rstrip("/")
     local = LocalFileSystem()
     meta_root = os.path.join(local_meta, prefix.rstrip("/")) if prefix else local_meta
-    return DatasetLocation(fs, root, local, meta_root, f"hf://{root}")
+    return DatasetLocation(fs, root, local, meta_root, f"hf://datasets/{repo_id}{_at(revision)}/{prefix}".rstrip("/"))
+
+
+def _snapshot_commit(repo_id: str, revision: str | None, local_meta: str) -> str | None:
+    """The commit every bulk read uses: the one the metadata snapshot was taken at.
+
+    A branch or tag is resolved once, here, from the snapshot folder's name; reading data at the branch name
+    instead would pick up whatever the branch points to at each read. A commit SHA the user gave is kept.
+    """
+    if revision is not None and _COMMIT_SHA.match(revision):
+        return revision
+    folder = os.path.basename(os.path.normpath(local_meta))
+    if _COMMIT_SHA.match(folder):
+        logger.info("%s: revision %s is commit %s; data files are read there", repo_id, revision or "main", folder)
+        return folder
+    logger.warning(
+        "%s: the metadata snapshot %s is not named by a commit SHA, so data files are read at revision %s; "
+        "if that branch moves while reading, data and metadata may disagree (pass a commit SHA as revision)",
+        repo_id, local_meta, revision or "main",
+    )  # fmt: skip
+    return revision
+
+
+def _at(revision: str | None) -> str:
+    """``@<revision>`` for an ``hf://`` path, one path segment however many "/" the revision holds."""
+    return f"@{quote(revision, safe='')}" if revision else ""
 
 
 def with_bulk_root(

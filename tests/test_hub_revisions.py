@@ -1,0 +1,147 @@
+"""Hub revisions: how ``hf://`` URLs and ``revision=`` are parsed, and which commit bulk reads are pinned to.
+
+Nothing touches the network: ``snapshot_download`` is stubbed to return a snapshot folder named by a fake
+commit SHA (as huggingface_hub names them), and HfFileSystem's own ``resolve_path``, with its Hub existence
+check stubbed, decides which revision and path a bulk read really asks for.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import huggingface_hub
+import pytest
+from huggingface_hub import HfFileSystem
+
+from lerobot_dali.dataset_location import DatasetLocation, resolve_location
+
+SNAPSHOT_SHA = "c0ffee" * 6 + "c0ff"
+USER_SHA = "0123456789abcdef" * 2 + "01234567"
+DATA_FILE = "data/chunk-000/file-000.parquet"
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path) -> list[dict[str, Any]]:
+    """The calls ``snapshot_download`` gets; it answers ``<cache>/snapshots/<commit>``, the commit being the
+    revision when that is a full SHA, else ``SNAPSHOT_SHA`` (where the branch or tag points now)."""
+    calls: list[dict[str, Any]] = []
+
+    def fake_snapshot_download(repo_id: str, **kwargs: Any) -> str:
+        calls.append({"repo_id": repo_id, **kwargs})
+        revision = kwargs.get("revision")
+        commit = revision if revision and len(revision) == 40 else SNAPSHOT_SHA
+        folder = tmp_path / "snapshots" / commit
+        folder.mkdir(parents=True, exist_ok=True)
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    monkeypatch.setattr(HfFileSystem, "_repo_and_revision_exist", lambda self, *args, **kwargs: (True, None))
+    return calls
+
+
+def _hf_resolve(path: str) -> Any:
+    """What HfFileSystem makes of ``path``: its ``revision`` and ``path_in_repo``."""
+    return HfFileSystem().resolve_path(path)
+
+
+@pytest.mark.parametrize(
+    ("target", "revision", "asked", "subfolder", "description"),
+    [
+        ("user/ds", "feature/x", "feature/x", "", "hf://datasets/user/ds@feature%2Fx"),
+        ("hf://datasets/user/ds@refs/pr/3", None, "refs/pr/3", "", "hf://datasets/user/ds@refs%2Fpr%2F3"),
+        ("hf://datasets/user/ds@refs/pr/3/sub/set", None, "refs/pr/3", "sub/set", None),
+        ("hf://datasets/user/ds@refs/convert/parquet", None, "refs/convert/parquet", "", None),
+        ("hf://datasets/user/ds@feature%2Fx", None, "feature/x", "", "hf://datasets/user/ds@feature%2Fx"),
+        ("hf://datasets/user/ds@feature%2Fx/sub", None, "feature/x", "sub", None),
+        ("hf://datasets/user/ds@v1.0", "v1.0", "v1.0", "", "hf://datasets/user/ds@v1.0"),
+        ("hf://datasets/user/ds", None, None, "", "hf://datasets/user/ds"),
+        ("hf://datasets/user/ds/", None, None, "", "hf://datasets/user/ds"),
+        ("hf://datasets/user/ds/sub", None, None, "sub", None),
+        ("user/ds", None, None, "", "hf://datasets/user/ds"),
+    ],
+)
+def test_revision_is_parsed_as_hf_file_system_does_and_bulk_reads_are_pinned(
+    hub, target: str, revision: str | None, asked: str | None, subfolder: str, description: str | None
+) -> None:
+    location = resolve_location(target, revision=revision)
+    prefix = f"{subfolder}/" if subfolder else ""
+    assert hub == [
+        {"repo_id": "user/ds", "repo_type": "dataset", "revision": asked, "allow_patterns": [f"{prefix}meta/**"]}
+    ]
+    if target.startswith("hf://"):  # the same split HfFileSystem makes of the URL the user typed
+        typed = _hf_resolve(target)
+        assert (typed.revision, typed.path_in_repo) == (asked or "main", subfolder)
+    bulk = _hf_resolve(location.path(DATA_FILE))
+    assert (bulk.repo_id, bulk.revision, bulk.path_in_repo) == ("user/ds", SNAPSHOT_SHA, prefix + DATA_FILE)
+    assert location.meta_path("meta/info.json").endswith(f"snapshots/{SNAPSHOT_SHA}/{prefix}meta/info.json")
+    if description is not None:
+        assert location.description == description
+
+
+@pytest.mark.parametrize("target", ["hf://datasets/user/ds@" + USER_SHA, "user/ds"])
+def test_a_commit_sha_given_by_the_user_is_kept(hub, target: str, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="lerobot_dali.dataset_location")
+    location = resolve_location(target, revision=None if "@" in target else USER_SHA)
+    assert hub[0]["revision"] == USER_SHA
+    bulk = _hf_resolve(location.path(DATA_FILE))
+    assert (bulk.revision, bulk.path_in_repo) == (USER_SHA, DATA_FILE)
+    assert location.description == f"hf://datasets/user/ds@{USER_SHA}"
+    assert "is commit" not in caplog.text
+
+
+def test_branch_resolution_is_logged(hub, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="lerobot_dali.dataset_location")
+    resolve_location("user/ds", revision="feature/x")
+    resolve_location("hf://datasets/user/ds")
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "is commit" in r.getMessage()]
+    assert infos == [
+        f"user/ds: revision feature/x is commit {SNAPSHOT_SHA}; data files are read there",
+        f"user/ds: revision main is commit {SNAPSHOT_SHA}; data files are read there",
+    ]
+
+
+def test_every_read_of_one_location_sees_one_commit_while_the_branch_moves(hub, monkeypatch, tmp_path) -> None:
+    """The branch moves after the metadata was downloaded: the location opened before keeps its commit."""
+    before = resolve_location("hf://datasets/user/ds@main")
+    moved = "beef" * 10
+
+    def moved_snapshot_download(repo_id: str, **kwargs: Any) -> str:
+        folder = tmp_path / "snapshots" / moved
+        folder.mkdir(parents=True, exist_ok=True)
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", moved_snapshot_download)
+    after = resolve_location("hf://datasets/user/ds@main")
+    assert _hf_resolve(before.path(DATA_FILE)).revision == SNAPSHOT_SHA
+    assert _hf_resolve(after.path("videos/a.mp4")).revision == moved
+    assert before.description == after.description == "hf://datasets/user/ds@main"
+
+
+def test_snapshot_not_named_by_a_commit_reads_at_the_encoded_revision(monkeypatch, tmp_path, caplog) -> None:
+    """A snapshot folder that is not a commit SHA cannot pin; bulk reads then follow the revision, encoded."""
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, **kwargs: str(tmp_path))
+    monkeypatch.setattr(HfFileSystem, "_repo_and_revision_exist", lambda self, *args, **kwargs: (True, None))
+    location = resolve_location("user/ds", revision="feature/x")
+    bulk = _hf_resolve(location.path(DATA_FILE))
+    assert (bulk.revision, bulk.path_in_repo) == ("feature/x", DATA_FILE)
+    assert "not named by a commit SHA" in caplog.text
+
+
+def test_token_and_endpoint_reach_snapshot_download(hub) -> None:
+    options = {"token": "hf_fake", "endpoint": "http://127.0.0.1:9"}
+    location = resolve_location("user/ds", revision="v1", storage_options=options)
+    assert hub[0]["token"] == "hf_fake"
+    assert hub[0]["endpoint"] == "http://127.0.0.1:9"
+    assert isinstance(location, DatasetLocation)
+
+
+def test_no_token_is_passed_when_none_is_given(hub) -> None:
+    resolve_location("user/ds")
+    assert "token" not in hub[0] and "endpoint" not in hub[0]
+
+
+def test_two_different_revisions_are_refused(hub) -> None:
+    with pytest.raises(ValueError, match="revision 'v1' but revision='v2'"):
+        resolve_location("hf://datasets/user/ds@v1", revision="v2")
+    assert hub == []
