@@ -45,7 +45,7 @@ class CachedRangeFile(io.RawIOBase):
         self.fs, self.path, self.size, self._folder = fs, path, size, folder
         self._pos = 0
         self._entries = list_entries(folder)
-        self._local: dict[Path, Any] = {}
+        self._local: tuple[Path, Any] | None = None  # one open entry: a long-lived file must not hold many
         self._remote: Any = None
         self._counters = counters
 
@@ -94,8 +94,9 @@ class CachedRangeFile(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
-            for handle in self._local.values():
-                handle.close()
+            if self._local is not None:
+                self._local[1].close()
+                self._local = None
             if self._remote is not None:
                 self._remote.close()
             super().close()
@@ -118,9 +119,12 @@ class CachedRangeFile(io.RawIOBase):
                 return None
         start, end, file = entry
         try:
-            handle = self._local.get(file)
-            if handle is None:
-                handle = self._local[file] = open(file, "rb")  # noqa: SIM115 (closed in close())
+            if self._local is None or self._local[0] != file:
+                if self._local is not None:  # (an evicted entry's open handle would keep its disk space)
+                    self._local[1].close()
+                    self._local = None
+                self._local = (file, open(file, "rb"))  # noqa: SIM115 (closed on the next entry or in close())
+            handle = self._local[1]
             handle.seek(position - start)
             data = handle.read(min(end, stop) - position)
         except FileNotFoundError:  # evicted between listing and opening

@@ -423,8 +423,15 @@ class DALILeRobotIterator:
         self._pipeline = None
 
     def close(self) -> None:
-        """Stop the worker processes (and the prefetcher) now rather than at garbage collection."""
+        """Stop the worker processes (and the prefetcher) now rather than at garbage collection, even while a
+        generator from ``iter(it)`` still holds the pipeline."""
+        pipeline = getattr(self, "_pipeline", None)
         self._close_pipeline()
+        if pipeline is not None:
+            workers = getattr(pipeline, "_py_pool", None)  # DALI's worker pool (private; no public close)
+            if workers is not None:
+                workers.close()
+            pipeline._shutdown()
         prefetcher = getattr(self, "_prefetcher", None)
         if prefetcher is not None:
             prefetcher.close()
@@ -436,7 +443,7 @@ class DALILeRobotIterator:
         return self._prefetcher
 
     def __del__(self) -> None:
-        self._close_pipeline()
+        self.close()  # the prefetcher's thread refers to itself: without this it outlives the iterator
 
 
 def _raise_original(error: Exception) -> None:

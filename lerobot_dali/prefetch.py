@@ -16,8 +16,8 @@ import os
 import pickle
 import threading
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from multiprocessing.pool import ThreadPool
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,8 @@ class Prefetcher:
         self._order: SampleOrder = pickle.loads(pickle.dumps(order))
         self._version_of = version_of
         self._ranges = EpisodeRanges(reader, stamps=stamps, index_store=index_store)
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="lerobot-dali-prefetch")
+        # Daemon threads (unlike ThreadPoolExecutor's): a fetch stalled on the network never holds up exit.
+        self._pool = ThreadPool(threads)
         self._target: tuple[int, int] | None = None
         self._done: tuple[int, int] | None = None
         self._wake = threading.Condition()
@@ -78,8 +79,10 @@ class Prefetcher:
 
     # -- control -------------------------------------------------------------------------------------------
     def warm(self, epoch: int, position: int, *, progress: bool = True) -> None:
-        """Fill the cache for ``(epoch, position)`` now, with a progress bar; the first batch then reads local."""
-        self._fill(epoch, position, progress=progress)
+        """Fill the cache for ``(epoch, position)`` now, with a progress bar; the first batch then reads local.
+
+        A failure is logged, not raised: the workers then read remotely, and raise if the remote fails them."""
+        self._fill_or_log(epoch, position, progress=progress)
         with self._wake:
             self._done = (epoch, position)
 
@@ -97,11 +100,15 @@ class Prefetcher:
             self._wake.notify()
 
     def close(self) -> None:
+        """Stop: queued admissions are dropped and running ones stop at their next range; a fetch stalled on
+        the network is left to its daemon thread, so neither this nor the interpreter's exit waits for it. The
+        cache directory is given up for the next run."""
         with self._wake:
             self._closed = True
             self._wake.notify()
-        self._thread.join(timeout=30)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.terminate()
+        self._thread.join(timeout=5)
+        self.cache.close()
 
     # -- work ----------------------------------------------------------------------------------------------
     def needed(self, epoch: int, position: int) -> np.ndarray:
@@ -123,17 +130,19 @@ class Prefetcher:
                     return
                 target = self._target
             assert target is not None
-            try:
-                self._fill(*target, progress=False)
-            except Exception:  # the workers read remotely instead; never take training down from here
-                self.failures += 1
-                logger.warning("prefetch for epoch %d position %d failed", *target, exc_info=True)
+            self._fill_or_log(*target, progress=False)
             with self._wake:
                 self._done = target
 
-    def _fill(self, epoch: int, position: int, *, progress: bool) -> None:
-        with self._filling:
-            self._fill_locked(epoch, position, progress=progress)
+    def _fill_or_log(self, epoch: int, position: int, *, progress: bool) -> None:
+        try:
+            with self._filling:
+                self._fill_locked(epoch, position, progress=progress)
+        except Exception:  # the workers read remotely instead; never take training down from here
+            if self._closed:
+                return  # (fetches stopped, futures cancelled by close())
+            self.failures += 1
+            logger.warning("prefetch for epoch %d position %d failed", epoch, position, exc_info=True)
 
     def _fill_locked(self, epoch: int, position: int, *, progress: bool) -> None:
         wanted = self.needed(epoch, position).tolist()
@@ -147,21 +156,33 @@ class Prefetcher:
             return
         bar = _progress_bar(len(admit), progress)
         try:
-            futures = [self._pool.submit(self._admit, int(e)) for e in admit]
-            for future in futures:
-                future.result()
+            results = [self._pool.apply_async(self._admit, (int(e),)) for e in admit]
+            for result in results:
+                while not result.ready():  # (polled: a closed pool never completes what it dropped)
+                    if self._closed:
+                        raise _Closed
+                    result.wait(0.5)
+                result.get()
                 bar.update(1)
         finally:
             bar.close()
 
     def _admit(self, episode_pos: int) -> None:
+        if self._closed:
+            raise _Closed
         keys = [
             ByteRange(path, start, end, self._version_of(path)) for path, start, end in self._ranges.ranges(episode_pos)
         ]
         self.cache.acquire(episode_pos, keys, self._fetch)
 
     def _fetch(self, key: ByteRange) -> bytes:
+        if self._closed:
+            raise _Closed
         return bytes(self.reader.location.fs.cat_file(key.path, start=key.start, end=key.end))
+
+
+class _Closed(Exception):
+    """The prefetcher was closed while filling."""
 
 
 def _progress_bar(total: int, enabled: bool) -> Any:
@@ -194,8 +215,8 @@ def prefetching_reader(
     if cache_dir is None:
         name = hashlib.sha256(reader.location.description.encode()).hexdigest()[:16]
         cache_dir = cache_root() / "prefetch" / name
-    directory = Path(cache_dir) / f"rank-{rank}"
-    cache = RangeCache(directory, max_bytes=cache_bytes)
+    cache = RangeCache.open_free_slot(Path(cache_dir) / f"rank-{rank}", max_bytes=cache_bytes)
+    directory = cache.directory
     cached_fs = CachedFileSystem(reader.location.fs, directory, stamps)
     worker_reader = reader.with_location(replace(reader.location, fs=cached_fs))
     prefetcher = Prefetcher(

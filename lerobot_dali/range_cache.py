@@ -9,11 +9,17 @@ disk, evictable, until space is needed (a second epoch over a warm cache fetches
 Readers are the DALI worker processes. They share nothing with the writer but the directory: an entry is a
 file ``<dir>/<file key>/<start>-<end>`` that appears atomically (written aside, then renamed) and may vanish
 when evicted, so a reader that finds no entry, or loses one, reads the remote file instead. The cache can
-make reads faster, never different.
+make reads faster, never different. A cache that cannot write (disk full) refuses the range instead.
+
+One writer per directory: a cache takes an exclusive lock on its directory (``flock``), so two runs that would
+share one (two jobs on a node, a train and a validation iterator) do not evict each other's held entries;
+:meth:`RangeCache.open_free_slot` gives the second one a sibling directory.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import logging
 import os
@@ -22,8 +28,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-__all__ = ["ByteRange", "CacheStats", "RangeCache", "entry_dir", "list_entries"]
+__all__ = ["ByteRange", "CacheBusyError", "CacheStats", "RangeCache", "entry_dir", "list_entries"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +93,10 @@ class CacheStats:
     refused_ranges: int = 0
 
 
+class CacheBusyError(OSError):
+    """Another live cache (of this or another process) writes to this directory."""
+
+
 @dataclass
 class _Entry:
     key: ByteRange
@@ -114,8 +125,32 @@ class RangeCache:
         self._pending: dict[ByteRange, threading.Event] = {}
         self._lock = threading.Lock()
         self._warned_full = False
+        self._warned_write = False
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock_file = _lock_directory(self.directory)
         self._adopt()
+
+    @classmethod
+    def open_free_slot(cls, directory: str | os.PathLike[str], *, max_bytes: int) -> RangeCache:
+        """A cache in ``directory``, or, while another cache holds it, in the first free ``directory.N``
+        sibling (kept across runs, so a restarted second job starts warm too)."""
+        base = Path(directory)
+        for slot in range(64):
+            candidate = base if slot == 0 else base.with_name(f"{base.name}.{slot}")
+            try:
+                cache = cls(candidate, max_bytes=max_bytes)
+            except CacheBusyError:
+                continue
+            if slot:
+                logger.info("prefetch cache %s is in use by another run; using %s", base, candidate)
+            return cache
+        raise CacheBusyError(f"{base} and its 63 sibling slots are all in use by other prefetch caches")
+
+    def close(self) -> None:
+        """Give the directory up (its entries stay, for the next run to adopt)."""
+        if self._lock_file is not None:
+            self._lock_file.close()  # releases the flock
+            self._lock_file = None
 
     @property
     def bytes_cached(self) -> int:
@@ -143,12 +178,18 @@ class RangeCache:
                 data = fetch(key)
                 if len(data) != key.size:
                     raise OSError(f"{key.path}: fetched {len(data)} bytes for range [{key.start}, {key.end})")
-                file = self._write(key, data)
+                file = self._write_or_refuse(key, data)
             except BaseException:
                 with self._lock:
                     self._bytes -= key.size
                     self._pending.pop(key).set()
                 raise
+            if file is None:  # the disk refused it: the range is read remotely
+                with self._lock:
+                    self._bytes -= key.size
+                    self.stats.refused_ranges += 1
+                    self._pending.pop(key).set()
+                continue
             with self._lock:
                 self._entries[key] = _Entry(key, file, {owner})
                 held.append(key)
@@ -223,13 +264,28 @@ class RangeCache:
                 self.directory, self._bytes, self.max_bytes, key.path, key.start, key.end,
             )  # fmt: skip
 
+    def _write_or_refuse(self, key: ByteRange, data: bytes) -> Path | None:
+        try:
+            return self._write(key, data)
+        except OSError as e:
+            if not self._warned_write:
+                self._warned_write = True
+                logger.warning(
+                    "prefetch cache %s cannot write (%s); ranges it cannot store are read remotely", self.directory, e
+                )
+            return None
+
     def _write(self, key: ByteRange, data: bytes) -> Path:
         folder = entry_dir(self.directory, key.path, key.version)
         folder.mkdir(parents=True, exist_ok=True)
         final = folder / f"{key.start}-{key.end}{_SUFFIX}"
         temporary = folder / f".{key.start}-{key.end}.{os.getpid()}.{threading.get_ident()}.tmp"
-        temporary.write_bytes(data)
-        os.replace(temporary, final)
+        try:
+            temporary.write_bytes(data)
+            os.replace(temporary, final)
+        except OSError:
+            temporary.unlink(missing_ok=True)
+            raise
         (folder / "path").write_text(f"{key.path}\n{key.version}\n", encoding="utf-8")
         return final
 
@@ -243,10 +299,14 @@ class RangeCache:
             lines = label.read_text(encoding="utf-8").split("\n")
             path, version = lines[0], lines[1] if len(lines) > 1 else ""
             for start, end, file in list_entries(folder):
-                if file.stat().st_size != end - start:
+                try:
+                    stat = file.stat()
+                except FileNotFoundError:  # (removed by hand, or by a run that held the directory before)
+                    continue
+                if stat.st_size != end - start:
                     file.unlink(missing_ok=True)
                     continue
-                found.append((file.stat().st_mtime, ByteRange(path, start, end, version), file))
+                found.append((stat.st_mtime, ByteRange(path, start, end, version), file))
         for _, key, file in sorted(found, key=lambda item: item[0]):
             self._entries[key] = _Entry(key, file)
             self._released[key] = None
@@ -254,3 +314,18 @@ class RangeCache:
         self._make_room(0)
         if found:
             logger.info("prefetch cache %s: adopted %d range(s), %d bytes", self.directory, len(found), self._bytes)
+
+
+def _lock_directory(directory: Path) -> Any:
+    """An open file holding an exclusive ``flock`` on ``directory``; CacheBusyError while another holds it.
+
+    The lock goes with the file (closed, or the process gone), so a crashed run never leaves it taken."""
+    handle = open(directory / ".lock", "a+b")  # noqa: SIM115 (held open for the cache's life)
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        handle.close()
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise CacheBusyError(f"{directory} is held by another prefetch cache") from e
+        raise
+    return handle

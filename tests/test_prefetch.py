@@ -4,6 +4,8 @@ iterator over a fake remote reading local bytes (a warm second epoch makes no da
 from __future__ import annotations
 
 import dataclasses
+import errno
+import os
 import random
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import torch
 from lerobot_dali.cached_filesystem import CachedFileSystem, cache_version
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.episode_ranges import EpisodeRanges
-from lerobot_dali.range_cache import ByteRange, RangeCache, entry_dir
+from lerobot_dali.range_cache import ByteRange, CacheBusyError, RangeCache, entry_dir
 from lerobot_dali.sample_order import OrderOptions, SampleOrder
 from tests.fake_remote import FakeRemoteFileSystem
 from tests.test_iterator import DELTAS, LENGTHS, _check_sample, _dataset, _samples
@@ -102,11 +104,45 @@ def test_range_cache_adopts_an_earlier_runs_entries(tmp_path: Path) -> None:
     first = RangeCache(tmp_path, max_bytes=150)
     first.acquire("x", [ByteRange("p", 0, 100, "v1"), ByteRange("p", 100, 150, "v1")], _fetcher(blob, []))
     (entry_dir(tmp_path, "p", "v1") / ".junk.tmp").write_bytes(b"partial")
+    first.close()  # the run ends: its directory is free for the next
     second = RangeCache(tmp_path, max_bytes=120)  # smaller bound: the oldest entries go
     assert second.bytes_cached <= 120 and _disk_bytes(tmp_path) == second.bytes_cached
     calls: list[ByteRange] = []
     second.acquire("y", [ByteRange("p", 100, 150, "v1")], _fetcher(blob, calls))
     assert calls == []
+
+
+def test_a_cache_directory_has_one_writer_and_a_second_run_takes_a_sibling_slot(tmp_path: Path) -> None:
+    """Two runs sharing a directory evicted each other's held entries (and crashed adopting a vanishing one)."""
+    blob = bytes(range(200))
+    first = RangeCache.open_free_slot(tmp_path / "rank-0", max_bytes=1000)
+    first.acquire("a", [ByteRange("p", 0, 100)], _fetcher(blob, []))
+    with pytest.raises(CacheBusyError, match="held by another prefetch cache"):
+        RangeCache(tmp_path / "rank-0", max_bytes=1000)
+    second = RangeCache.open_free_slot(tmp_path / "rank-0", max_bytes=50)  # a bound that would evict a's range
+    assert second.directory == tmp_path / "rank-0.1" and second.bytes_cached == 0
+    assert first.holds(ByteRange("p", 0, 100)) and _disk_bytes(first.directory) == 100
+    first.close()
+    second.close()
+    again = RangeCache.open_free_slot(tmp_path / "rank-0", max_bytes=1000)  # free again: starts warm
+    assert again.directory == tmp_path / "rank-0" and again.bytes_cached == 100
+
+
+def test_a_cache_that_cannot_write_refuses_the_range(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk made the prefetcher's warm-up, on the training thread, raise; the range is now read remotely."""
+    blob = bytes(range(200))
+    cache = RangeCache(tmp_path, max_bytes=1000)
+
+    def disk_full(self: Path, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "write_bytes", disk_full)
+        assert cache.acquire("a", [ByteRange("p", 0, 100)], _fetcher(blob, [])) == 0
+    assert cache.stats.refused_ranges == 1 and cache.bytes_cached == 0 and not cache.holds(ByteRange("p", 0, 100))
+    assert not list(tmp_path.rglob("*.tmp"))
+    cache.acquire("a", [ByteRange("p", 0, 100)], _fetcher(blob, []))  # room again: stored as usual
+    assert cache.bytes_cached == 100 == _disk_bytes(tmp_path)
 
 
 # -- read-through files -------------------------------------------------------------------------------------
@@ -140,6 +176,35 @@ def test_cached_file_reads_equal_remote_bytes_and_skip_the_remote_when_covered(t
             assert f.read(n) == blob[start : start + n]
     assert fs.counters["remote_reads"] > 0 and fs.counters["cached_reads"] > 0
     assert fs.cat_file("f.bin", 999, 5001) == blob[999:5001]
+
+
+def _open_files_under(folder: Path) -> list[str]:
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue
+    return [link for link in links if link.startswith(str(folder))]
+
+
+def test_a_cached_file_holds_one_entry_open_however_many_it_reads(tmp_path: Path) -> None:
+    """A long-lived parquet file read through the cache held one open file per entry, evicted ones included."""
+    blob = random.Random(7).randbytes(40_000)
+    cache_dir = tmp_path / "cache"
+    version = cache_version(len(blob), "e1")
+    cache = RangeCache(cache_dir, max_bytes=10**6)
+    keys = [ByteRange("f.bin", start, start + 1000, version) for start in range(0, 40_000, 1000)]
+    cache.acquire("ep", keys, lambda k: blob[k.start : k.end])
+    stamps = {"f.bin": type("Stamp", (), {"size": len(blob), "version": "e1"})()}
+    fs = CachedFileSystem(FakeRemoteFileSystem(str(tmp_path)), cache_dir, stamps)
+    with fs.open("f.bin") as f:
+        for key in keys:
+            f.seek(key.start + 10)
+            assert f.read(500) == blob[key.start + 10 : key.start + 510]
+            assert len(_open_files_under(cache_dir / entry_dir("", "f.bin", version).name)) <= 1
+    assert fs.counters["cached_reads"] == len(keys) and fs.counters["remote_reads"] == 0
+    assert _open_files_under(cache_dir / entry_dir("", "f.bin", version).name) == []
 
 
 def test_episode_ranges_cover_every_read_of_the_episode(make_ds, tmp_path: Path) -> None:
@@ -264,3 +329,50 @@ def test_prefetcher_holds_the_pool_window_and_releases_episodes_that_left(make_d
         assert prefetcher.stats.fetched_ranges > 0
     finally:
         prefetcher.close()
+
+
+def test_close_and_drop_stop_the_prefetcher_and_the_workers(make_ds, tmp_path: Path) -> None:
+    """close() waited 30 s for a fetch stalled on the network (and exit waited for it too); an iterator dropped
+    without close() left its prefetcher thread running; close() left DALI's workers running while a generator
+    from iter(it) was still referenced."""
+    import gc
+    import threading
+    import time
+
+    import psutil
+
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    root = _dataset(make_ds, "av1")
+    reader = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    fake = reader.location.fs.fs
+    options = dict(batch_size=2, shuffle=False, episode_pool_size=1, device="cpu", cache_dir=tmp_path / "cache")
+    it = DALILeRobotIterator(reader, num_workers=2, **options)
+    batches = iter(it)
+    next(batches)
+    workers = [psutil.Process(pid) for pid in it._pipeline._py_pool.pids()]
+    assert workers and all(w.is_running() for w in workers)
+    it.prefetcher.cache.clear()
+    fake.latency_s = 5.0  # the network stalls mid-prefetch
+    it.prefetcher.advance(0, 12)
+    time.sleep(0.5)
+    start = time.perf_counter()
+    it.close()
+    assert time.perf_counter() - start < 3.0
+    psutil.wait_procs(workers, timeout=10)
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+    del batches
+    fake.latency_s = 0.0
+
+    def prefetchers() -> int:
+        return sum(t.name == "lerobot-dali-prefetcher" and t.is_alive() for t in threading.enumerate())
+
+    before = prefetchers()
+    dropped = DALILeRobotIterator(reader, num_workers=0, **options)
+    assert prefetchers() == before + 1
+    del dropped
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while prefetchers() > before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert prefetchers() == before
