@@ -290,11 +290,17 @@ class RangeCache:
         return final
 
     def _adopt(self) -> None:
-        """Entries of an earlier run become released entries, oldest first; over the bound, evicted."""
+        """Entries of an earlier run become released entries, oldest first; over the bound, evicted. What a
+        crashed writer left (temporaries; entries of a folder whose label it never wrote) is deleted, since
+        nothing would ever count or evict it."""
         found: list[tuple[float, ByteRange, Path]] = []
         for folder in self.directory.iterdir():
+            if not folder.is_dir():
+                continue
             label = folder / "path"
-            if not folder.is_dir() or not label.is_file():
+            for leftover in folder.glob(".*.tmp") if label.is_file() else folder.iterdir():
+                leftover.unlink(missing_ok=True)
+            if not label.is_file():
                 continue
             lines = label.read_text(encoding="utf-8").split("\n")
             path, version = lines[0], lines[1] if len(lines) > 1 else ""

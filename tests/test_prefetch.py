@@ -110,6 +110,13 @@ def test_range_cache_adopts_an_earlier_runs_entries(tmp_path: Path) -> None:
     calls: list[ByteRange] = []
     second.acquire("y", [ByteRange("p", 100, 150, "v1")], _fetcher(blob, calls))
     assert calls == []
+    assert not (entry_dir(tmp_path, "p", "v1") / ".junk.tmp").exists()  # a crashed writer's temporary
+    unlabelled = entry_dir(tmp_path, "q", "v1")  # a crash between the entry's rename and its folder's label
+    unlabelled.mkdir()
+    (unlabelled / "0-10.bin").write_bytes(bytes(10))
+    second.close()
+    RangeCache(tmp_path, max_bytes=120)
+    assert not (unlabelled / "0-10.bin").exists()
 
 
 def test_a_cache_directory_has_one_writer_and_a_second_run_takes_a_sibling_slot(tmp_path: Path) -> None:
