@@ -93,6 +93,10 @@ def lerobot_dtype(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(values)
 
 
+#: The field that carries each camera's frames (others follow it), for draws per camera.
+_CAMERA_KINDS = (FieldKind.FRAMES, FieldKind.PLANES_LUMA, FieldKind.CLIP)
+
+
 def output_fields(spec: SourceSpec) -> list[Field]:
     """The external source's outputs, in order; the DALI graph and the iterator both read this list."""
     fields = [
@@ -128,9 +132,6 @@ def output_fields(spec: SourceSpec) -> list[Field]:
                 params.setdefault(stream_name(spec.augment, field.camera_index), {}).update(dict.fromkeys(names))
         fields += [augment_draw_field(stream, param) for stream, names in params.items() for param in names]
     return fields
-
-
-_CAMERA_KINDS = (FieldKind.FRAMES, FieldKind.PLANES_LUMA, FieldKind.CLIP)
 
 
 def _first_gop(index: PacketIndex, numbers: np.ndarray) -> int:
