@@ -438,6 +438,12 @@ class DALILeRobotIterator:
             self._prefetcher = None
 
     @property
+    def camera_channels(self) -> dict[str, int]:
+        """Colour channels of each camera's frames, in batch order: 3, or 1 for grey image cameras (a model's
+        input layers need it before the first batch)."""
+        return {camera: self._image_channels.get(camera, 3) for camera in self.reader.all_camera_keys}
+
+    @property
     def prefetcher(self) -> Prefetcher | None:
         """The prefetcher of a remote dataset (its ``stats`` count cached and fetched ranges), else None."""
         return self._prefetcher

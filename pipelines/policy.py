@@ -61,13 +61,14 @@ class PolicyConfig:
     chunk: int
     camera_steps: int | None = None
     state_steps: int | None = None
-    image_channels: int = 3
+    #: Colour channels per camera, in ``camera_keys`` order (1 for grey image cameras); None: 3 for each.
+    camera_channels: tuple[int, ...] | None = None
     conv_width: int = 32
     camera_features: int = 64
     hidden: int = 256
 
     def __post_init__(self) -> None:
-        for name in ("state_dim", "action_dim", "chunk", "image_channels", "conv_width", "camera_features", "hidden"):
+        for name in ("state_dim", "action_dim", "chunk", "conv_width", "camera_features", "hidden"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"PolicyConfig.{name} must be a positive int, got {value!r}")
@@ -76,6 +77,13 @@ class PolicyConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"PolicyConfig.{name} must be a positive int or None (no window), got {value!r}")
         object.__setattr__(self, "camera_keys", tuple(self.camera_keys))
+        channels = (3,) * len(self.camera_keys) if self.camera_channels is None else tuple(self.camera_channels)
+        if len(channels) != len(self.camera_keys) or not all(c in (1, 3) for c in channels):
+            raise ValueError(
+                f"PolicyConfig.camera_channels must hold 1 or 3 per camera ({len(self.camera_keys)}), got "
+                f"{self.camera_channels!r}"
+            )
+        object.__setattr__(self, "camera_channels", channels)
 
 
 class _CameraEncoder(nn.Module):
@@ -145,9 +153,10 @@ class ChunkPolicy(nn.Module):
         self.config = config
         self.state_norm = _Normalizer(state_stats)
         self.action_norm = _Normalizer(action_stats)
-        channels = config.image_channels * (config.camera_steps or 1)  # a window's frames stacked on channels
+        steps = config.camera_steps or 1  # a window's frames stacked on channels
         self.cameras = nn.ModuleList(
-            _CameraEncoder(channels, config.conv_width, config.camera_features) for _ in config.camera_keys
+            _CameraEncoder(channels * steps, config.conv_width, config.camera_features)
+            for channels in config.camera_channels or ()
         )
         inputs = config.state_dim * (config.state_steps or 1) + config.camera_features * len(config.camera_keys)
         self.head = nn.Sequential(

@@ -293,15 +293,16 @@ def feature_stats(
     return FeatureStats(mean=tuple(rows.mean(0).tolist()), std=tuple(rows.std(0).tolist()))
 
 
-def build_policy(reader: Any, plan: DataPlan) -> ChunkPolicy:
-    """The policy for this dataset's cameras and state/action sizes and the plan's windows, with the dataset's
-    normalisation."""
+def build_policy(reader: Any, plan: DataPlan, camera_channels: Mapping[str, int] | None = None) -> ChunkPolicy:
+    """The policy for this dataset's cameras (``camera_channels``: the iterator's, for grey image cameras) and
+    state/action sizes and the plan's windows, with the dataset's normalisation."""
     features = reader.info.features
     for key in (STATE_KEY, ACTION_KEY):
         if key not in features:
             raise ValueError(f"the dataset has no {key!r} feature (it has {sorted(features)}); this policy needs both")
     config = PolicyConfig(
         camera_keys=reader.all_camera_keys,  # image-dtype cameras too: the policy sees both alike
+        camera_channels=tuple((camera_channels or {}).get(key, 3) for key in reader.all_camera_keys),
         state_key=STATE_KEY,
         action_key=ACTION_KEY,
         state_dim=int(np.prod(features[STATE_KEY].shape)),
@@ -458,7 +459,7 @@ def train(options: TrainOptions) -> int:
     iterator = build_iterator(
         reader, plan, options, rank=rank, world_size=world_size, device=iterator_device(accelerator.device)
     )
-    policy = build_policy(reader, plan)
+    policy = build_policy(reader, plan, iterator.camera_channels)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=options.lr)
     # Only the model and optimiser go through prepare; the iterator is already rank-disjoint (see module doc).
     model, optimizer = accelerator.prepare(policy, optimizer)

@@ -226,8 +226,17 @@ def test_diffusion_recipe_trains_on_observation_and_action_windows(
     assert shapes["action"] == [4, 16, 7] and shapes["action_is_pad"] == [4, 16]  # frames -1 .. 14
 
 
-def test_training_on_cameras_stored_as_images(make_ds: Callable[..., Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("grey", [False, True], ids=["rgb", "grey-cam1"])
+def test_training_on_cameras_stored_as_images(
+    make_ds: Callable[..., Path], copy_ds, tmp_path: Path, grey: bool
+) -> None:
+    """A grey image camera comes as one channel, and the policy's encoder for it takes one (it took three)."""
     dataset = make_ds(**{**UNEVEN, "image_cameras": True})
+    if grey:
+        from tests.test_image_cameras import _to_mode
+
+        dataset = copy_ds(dataset)
+        _to_mode(dataset, "observation.images.cam1", "L")
     args = ["--device", "cpu", "--num-workers", "1", "--seed", "0", "--log-every", "1", "--recipe", "diffusion"]
     args += ["--dataset", str(dataset), "--steps", "2", "--batch-size", "4", "--record", str(tmp_path / "rec")]
     stderr = _train(args).stderr
@@ -235,7 +244,8 @@ def test_training_on_cameras_stored_as_images(make_ds: Callable[..., Path], tmp_
     assert "cameras ('observation.images.cam0', 'observation.images.cam1')" in stderr
     (record,) = _records(tmp_path / "rec", 1)
     shapes = record["batch_shapes"]
-    assert shapes["observation.images.cam0"] == shapes["observation.images.cam1"] == [4, 2, 3, 64, 64]
+    assert shapes["observation.images.cam0"] == [4, 2, 3, 64, 64]
+    assert shapes["observation.images.cam1"] == [4, 2, 1 if grey else 3, 64, 64]
 
 
 def test_act_recipe_with_explicit_image_size_and_chunk(make_ds: Callable[..., Path], tmp_path: Path) -> None:
