@@ -6,10 +6,12 @@ and worker count, and runs in a fresh spawned process of its own, so peak memory
 process tree: its process and every worker) and GPU memory belong to that loader alone, and no loader
 inherits another's warm caches or threads.
 
-Timing: the first ``warmup`` batches are not measured; throughput is frames (or samples) over the wall
+Timing: the first ``warmup`` batches (at least one: the window starts at a delivered batch, and a loader's
+start-up is its first-batch latency) are not measured; throughput is frames (or samples) over the wall
 clock from the end of the warm-up to the end of the last measured batch, which counts stalls between
-batches that a sum of per-batch times would hide. Batch latency percentiles are over the gaps between
-consecutive measured batches; first-batch latency runs from constructing the loader to its first batch.
+batches that a sum of per-batch times would hide (the bench's own bookkeeping between epochs is left out).
+Batch latency percentiles are over the gaps between consecutive measured batches; first-batch latency runs
+from constructing the loader to its first batch.
 
 Loaders (see :data:`LOADERS`): ``lerobot-dali`` (on a GPU: NVDEC where the GPU decodes the codec, CPU
 fallback otherwise; on the CPU: the CPU mode), ``lerobot-dali-cpu-decode`` (GPU machines only: frames
@@ -159,7 +161,7 @@ class BenchConfig:
         for name, default in zip(("batch_size", "num_workers", "steps", "warmup"), defaults, strict=True):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)
-        for name, minimum in (("batch_size", 1), ("num_workers", 0), ("pool_size", 1), ("steps", 1), ("warmup", 0)):
+        for name, minimum in (("batch_size", 1), ("num_workers", 0), ("pool_size", 1), ("steps", 1), ("warmup", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"--{name.replace('_', '-')} must be an int >= {minimum}, got {value!r}")
@@ -433,6 +435,7 @@ def run_bench(config: BenchConfig) -> BenchReport:
     from .dataset_reader import open_dataset
 
     device = _resolve_device(config.device)
+    machine = machine_info(device)  # now: its load average is the one the run began with
     out_dir = config.out or Path("bench") / "results" / time.strftime("%Y%m%d-%H%M%S")
     loaders = _loaders_for(config, device)
     notes: list[str] = []
@@ -499,7 +502,7 @@ def run_bench(config: BenchConfig) -> BenchReport:
         summaries.append(summary)
     report = BenchReport(
         config=config.to_dict(),
-        machine=machine_info(device),
+        machine=machine,
         datasets=summaries,
         results=tuple(results),
         notes=tuple(notes),

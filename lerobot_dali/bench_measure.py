@@ -304,9 +304,7 @@ def measure_loader(job: LoaderJob) -> LoaderResult:
     counters = _IoCounters(job)
     built = time.perf_counter()
     loader, routes, close = _build_loader(job)
-    started = time.perf_counter()
-    window_start = started  # with no warm-up the window starts when the loader is ready
-    previous = started
+    window_start = previous = time.perf_counter()  # both reset by the warm-up's last batch (warmup >= 1)
     first_batch_s: float | None = None
     delivered = frames = samples = 0
     gaps: list[float] = []
@@ -332,7 +330,10 @@ def measure_loader(job: LoaderJob) -> LoaderResult:
                 previous = now
                 if delivered >= total:
                     break
+            paused = time.perf_counter()
             counters.epoch_end()
+            bookkeeping = time.perf_counter() - paused  # the bench's own (it waits for the workers' counters)
+            window_start, previous = window_start + bookkeeping, previous + bookkeeping
             if epoch_batches == 0:
                 break  # an epoch without a batch (dataset smaller than one batch): nothing more will come
         io_fields = counters.fields(loader)

@@ -203,7 +203,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--augment", action=argparse.BooleanOptionalAction, help="default: the recipe's choice")
     bench.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     bench.add_argument("--steps", type=int, help="measured batches per loader (default 30; quick 6)")
-    bench.add_argument("--warmup", type=int, help="batches before the measured window (default 3; quick 2)")
+    bench.add_argument("--warmup", type=int, help="batches before the measured window, >= 1 (default 3; quick 2)")
     bench.add_argument("--quick", action="store_true", help="tiny dataset and few steps (CI)")
     bench.add_argument("--limits", action="store_true", help="also measure decode ceilings (bench/limits.py)")
     bench.add_argument("--loaders", nargs="+", help="only these loaders (default: all that apply)")

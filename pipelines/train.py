@@ -106,6 +106,9 @@ class TrainOptions:
             raise ValueError(f"--device must be one of {_DEVICES}, got {self.device!r}")
         if self.mixed_precision not in _PRECISIONS:
             raise ValueError(f"--mixed-precision must be one of {_PRECISIONS}, got {self.mixed_precision!r}")
+        if self.mixed_precision == "fp16" and self.device == "cpu":
+            raise ValueError("--mixed-precision fp16 does nothing on the CPU (accelerate enables neither autocast "
+                             "nor loss scaling there); use bf16, or no")  # fmt: skip
         if (self.resume or self.save_every) and self.checkpoint_dir is None:
             raise ValueError("--resume and --save-every need --checkpoint-dir")
         if not self.lr > 0:
@@ -384,8 +387,11 @@ def restore_checkpoint(accelerator: Any, directory: Path, iterator: Any) -> int:
     all old ranks consumed equally many samples and the iterator re-shards the rest of the epoch.
     """
     accelerator.load_state(str(directory / "state"))
+    first = json.loads((directory / "stream_rank0.json").read_text())
     own = directory / f"stream_rank{iterator.rank}.json"
-    saved = json.loads((own if own.is_file() else directory / "stream_rank0.json").read_text())
+    saved = json.loads(own.read_text()) if own.is_file() else first
+    if saved["stream"].get("world_size") != first["stream"].get("world_size"):
+        saved = first  # a file left by a run of another world size that wrote this step before (and crashed)
     iterator.load_state_dict(saved["stream"])
     logger.info("resumed from %s at step %d (rank %d)", directory, saved["step"], iterator.rank)
     return int(saved["step"])

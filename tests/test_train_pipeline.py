@@ -395,3 +395,33 @@ def test_feature_stats_read_named_and_per_episode_statistics() -> None:
     v30 = json.loads((shared_dataset("cr5_v30_av1") / "meta/stats.json").read_text())["action"]
     stats = feature_stats(open_dataset(shared_dataset("cr5_v21_av1")), "action")
     assert stats.mean == pytest.approx(v30["mean"], rel=1e-9) and stats.std == pytest.approx(v30["std"], rel=1e-9)
+
+
+def test_fp16_on_the_cpu_is_refused() -> None:
+    """accelerate enables neither autocast nor loss scaling for fp16 on the CPU: the run would be plain fp32."""
+    with pytest.raises(ValueError, match="fp16 does nothing on the CPU"):
+        TrainOptions(dataset="d", steps=1, device="cpu", mixed_precision="fp16")
+    TrainOptions(dataset="d", steps=1, device="cpu", mixed_precision="bf16")
+
+
+def test_resume_ignores_a_stream_file_a_run_of_another_world_size_left(tmp_path: Path) -> None:
+    """A 4-rank run wrote step_N and crashed before 'latest'; a 2-rank run then saved step_N over ranks 0-1 only.
+    A 4-rank resume must not take ranks 2-3's positions from the crashed run."""
+    from types import SimpleNamespace
+
+    from pipelines.train import restore_checkpoint
+
+    def stream(world_size: int, consumed: int) -> dict[str, Any]:
+        return {"step": 8, "stream": {"world_size": world_size, "samples_consumed": consumed}}
+
+    (tmp_path / "state").mkdir()
+    for rank in range(2):
+        (tmp_path / f"stream_rank{rank}.json").write_text(json.dumps(stream(2, 40)))
+    for rank in (2, 3):  # left by the crashed 4-rank run
+        (tmp_path / f"stream_rank{rank}.json").write_text(json.dumps(stream(4, 20)))
+    accelerator = SimpleNamespace(load_state=lambda path: None)
+    for rank in range(4):
+        loaded: list[dict[str, Any]] = []
+        iterator = SimpleNamespace(rank=rank, load_state_dict=loaded.append)
+        assert restore_checkpoint(accelerator, tmp_path, iterator) == 8
+        assert loaded == [stream(2, 40)["stream"]], rank
