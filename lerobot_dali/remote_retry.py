@@ -258,7 +258,10 @@ class RetryingFile(io.RawIOBase):
             chunk = self._inner.read(want)
             if not chunk:
                 if self.size is not None:
-                    raise ConnectionError(f"connection broken: stream of {self.path} ended early")
+                    raise ConnectionError(
+                        f"connection broken: stream of {self.path} ended at byte {self._pos + got} of the "
+                        f"{self.size} it had when opened (or the file changed since: re-open the dataset)"
+                    )
                 break
             chunks.append(chunk)
             got += len(chunk)
