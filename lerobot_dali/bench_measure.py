@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -37,6 +38,7 @@ from .bench_types import (
     LoaderResult,
     LoadPlan,
 )
+from .cache_dirs import CACHE_ENV
 
 __all__ = ["LoaderJob", "TreeMemorySampler", "measure_loader", "run_in_child"]
 
@@ -376,6 +378,10 @@ def measure_loader(job: LoaderJob) -> LoaderResult:
 def _child_main(job: LoaderJob, conn: Any) -> None:
     logging.basicConfig(level=job.log_level, format="%(levelname)s %(name)s: %(message)s")
     show_progress()
+    # On-disk caches of its own (packet indexes, the remote prefetch cache): an earlier loader or run would
+    # otherwise hand a remote dataset's loader a warm start. Its DALI workers inherit the variable.
+    private_cache = tempfile.mkdtemp(prefix="lerobot-dali-bench-cache-")
+    os.environ[CACHE_ENV] = private_cache
     try:
         result = measure_loader(job)
     except BaseException as e:
@@ -385,6 +391,8 @@ def _child_main(job: LoaderJob, conn: Any) -> None:
         )
         if job.loader not in _EXTERNAL:
             traceback.print_exc()
+    finally:
+        shutil.rmtree(private_cache, ignore_errors=True)
     conn.send(result)
     conn.close()
 

@@ -7,6 +7,7 @@ import csv
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -331,3 +332,33 @@ def test_clip_cutting_rate_counts_every_frame_and_is_no_decode_ceiling(make_ds) 
     assert set(result["ceilings"]) == {"cpu_pyav"}
     assert result["best_frames_per_s"] == result["ceilings"]["cpu_pyav"]["frames_per_s"]
     assert "clip_cutting" not in measure_ceilings(root, max_frames=40, run_frames=16, gpu=False)
+
+
+def test_each_loader_measures_with_an_on_disk_cache_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Packet indexes and the remote prefetch cache live under LEROBOT_DALI_CACHE: a loader measured after
+    another (or a later run) started warm from theirs. Each child gets a fresh folder, removed afterwards."""
+    from lerobot_dali import bench_measure
+    from lerobot_dali.bench_types import LoaderResult
+    from lerobot_dali.cache_dirs import CACHE_ENV, cache_root
+
+    seen: list[Path] = []
+
+    def fake_measure(job: object) -> LoaderResult:
+        seen.append(cache_root())
+        assert seen[-1].is_dir() and not any(seen[-1].iterdir())
+        return LoaderResult(dataset="d", loader="x", status="ok")
+
+    class Pipe:
+        def send(self, result: LoaderResult) -> None:
+            self.result = result
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(bench_measure, "measure_loader", fake_measure)
+    monkeypatch.setenv(CACHE_ENV, "/somewhere/shared")
+    job = SimpleNamespace(log_level=30, loader="x")
+    for _ in range(2):
+        bench_measure._child_main(job, Pipe())  # what each spawned child runs
+    assert len(set(seen)) == 2 and Path("/somewhere/shared") not in seen
+    assert not any(path.exists() for path in seen)
