@@ -213,4 +213,6 @@ def _column_to_numpy(column: pa.ChunkedArray, feature: Feature, path: str) -> np
         raise SchemaMismatchError(
             f"{path}: column {feature.key!r} of type {kind} cannot be read as the declared dtype {feature.dtype!r}"
         ) from e
-    return values.reshape((n,) if feature.is_scalar else (n, *feature.shape))
+    # A declared (1,) stored as plain values batches to (B,), stored as one-element lists to (B, 1): as LeRobot's
+    # torch.tensor of each row gives them.
+    return values.reshape((n,) if feature.is_scalar and not _is_list(kind) else (n, *(feature.shape or (1,))))

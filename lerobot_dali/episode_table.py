@@ -126,7 +126,8 @@ def _read_v3(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo, v
             wanted = [name for name in schema.names if not name.startswith("stats/")]
             f.seek(0)
             tables.append(pq.read_table(f, columns=wanted))
-    table = pa.concat_tables(tables, promote_options="default").sort_by("episode_index")
+    # "permissive": files from different writers may differ in types (list<string> vs list<large_string>)
+    table = pa.concat_tables(tables, promote_options="permissive").sort_by("episode_index")
     source = f"{meta_root}/meta/episodes"
     required = [
         "episode_index",
@@ -239,7 +240,10 @@ def _read_v2(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo, v
     chunk = episode_index // info.chunks_size
     zeros = np.zeros(len(order), dtype=np.int64)
     task_array = pc.take(pa.array(tasks, type=pa.list_(pa.string())), pa.array(order))
-    cameras = {key: CameraFiles(chunk, episode_index, np.zeros(len(order)), length / info.fps) for key in video_keys}
+    # A file per episode: it starts at 0 s, and nothing bounds its end (length / fps would refuse valid rows
+    # past it, e.g. an episode whose first rows were dropped but whose video kept them).
+    unbounded = np.full(len(order), np.nan)
+    cameras = {key: CameraFiles(chunk, episode_index, np.zeros(len(order)), unbounded) for key in video_keys}
     # v2.x: file_index carries the episode index, which is what the v2 path templates are filled with.
     return EpisodeTable(
         episode_index, length, from_index, to_index, chunk, episode_index.copy(), zeros, task_array, cameras

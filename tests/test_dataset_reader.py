@@ -188,6 +188,55 @@ def test_hub_repo_downloads_metadata_only(make_ds, monkeypatch, tmp_path) -> Non
     assert len(calls) == 2 and calls[1][2] == "v1.0"
 
 
+def test_v2_episode_videos_have_no_invented_end(make_ds, copy_ds) -> None:
+    """A v2.x file holds one episode and its metadata gives no end: bounding it at length / fps refused valid
+    rows past that as 'a neighbouring episode's' (an episode whose first rows were dropped but whose video kept
+    them: LeRobot reads its frames by timestamp in its own file)."""
+    from lerobot_dali.frame_marker import read_full_marker
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    root = copy_ds(make_ds(episodes=2, frames_per_episode=[12, 8], cameras=1, size=(64, 64), fps=10, codec="vp9",
+                           gop=4, version="v2.1"))  # fmt: skip
+    drop = 2
+    path = root / "data/chunk-000/episode_000000.parquet"
+    table = pq.read_table(path).slice(drop)  # the rows keep their timestamps, 0.2 s on
+    for name in ("frame_index", "index"):
+        table = table.set_column(table.column_names.index(name), name, pa.array(range(len(table)), pa.int64()))
+    pq.write_table(table, path)
+    path = root / "data/chunk-000/episode_000001.parquet"
+    table = pq.read_table(path)
+    shifted = pa.array(np.asarray(table["index"]) - drop)
+    pq.write_table(table.set_column(table.column_names.index("index"), "index", shifted), path)
+    episodes = [json.loads(line) for line in (root / "meta/episodes.jsonl").read_text().splitlines()]
+    episodes[0]["length"] -= drop
+    (root / "meta/episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    info = json.loads((root / "meta/info.json").read_text())
+    info["total_frames"] -= drop
+    (root / "meta/info.json").write_text(json.dumps(info))
+
+    assert open_dataset(root).video(0, "observation.images.cam0").to_timestamp_s is None
+    it = DALILeRobotIterator(root, batch_size=10, shuffle=False, device="cpu", num_workers=0, return_uint8=True)
+    frames = next(iter(it))["observation.images.cam0"]
+    markers = [tuple(read_full_marker(f.permute(1, 2, 0).numpy()))[:2] for f in frames]
+    assert markers == [(0, f) for f in range(drop, 12)]
+
+
+def test_episodes_files_of_different_string_types_read_as_one(make_ds, copy_ds) -> None:
+    """Episode metadata files from different writers (list<string> vs list<large_string> tasks) failed with
+    Arrow's 'Unable to merge'; LeRobot casts them to one schema."""
+    root = copy_ds(make_ds(episodes=4, frames_per_episode=5, cameras=0, fps=10))
+    path = next((root / "meta/episodes").rglob("*.parquet"))
+    table = pq.read_table(path)
+    first, second = table.slice(0, 2), table.slice(2)
+    tasks = second.schema.get_field_index("tasks")
+    second = second.set_column(tasks, "tasks", second["tasks"].cast(pa.list_(pa.large_string())))
+    pq.write_table(first, path)
+    pq.write_table(second, path.with_name("file-001.parquet"))
+    reader = open_dataset(root)
+    assert reader.num_episodes == 4 and reader.episodes.episode_index.tolist() == [0, 1, 2, 3]
+    assert [reader.read_episode(e)["index"][0] for e in range(4)] == [0, 5, 10, 15]
+
+
 # -- bad input --------------------------------------------------------------------------------------------
 @pytest.fixture
 def v3(make_ds, copy_ds) -> Path:

@@ -1,5 +1,6 @@
 """Features beyond numeric vectors and cameras, batched as a DataLoader over LeRobotDataset gives them:
-N-D arrays (``datasets.Array2D``..., stored as nested lists) as (B, *shape) tensors; ``string`` and LeRobot's
+N-D arrays (``datasets.Array2D``..., stored as nested lists) as (B, *shape) tensors, a shape-(1,) list column as
+(B, 1); ``string`` and LeRobot's
 ``language`` annotations as lists of Python values, windows included. Expected values are written here."""
 
 from __future__ import annotations
@@ -46,12 +47,15 @@ def _with_columns(src: Path, dst: Path, *, flat_matrix: bool = False) -> Path:
         else:  # as datasets.Array2D stores it
             matrix = pa.array([_matrix(i) for i in index], pa.list_(pa.list_(pa.float32())))
         table = table.append_column("extra.matrix", matrix)
+        # shape [1] stored as one-element lists: LeRobot's torch.tensor of each row gives (1,), so (B, 1)
+        table = table.append_column("extra.gripper", pa.array([[i / 2] for i in index], pa.list_(pa.float32(), 1)))
         pq.write_table(table, path)
     info_path = dst / "meta" / "info.json"
     info = json.loads(info_path.read_text())
     info["features"]["extra.note"] = {"dtype": "string", "shape": [1], "names": None}
     info["features"]["language_events"] = {"dtype": "language", "shape": [1], "names": None}
     info["features"]["extra.matrix"] = {"dtype": "float32", "shape": [2, 3], "names": None}
+    info["features"]["extra.gripper"] = {"dtype": "float32", "shape": [1], "names": ["g"]}
     info_path.write_text(json.dumps(info))
     return dst
 
@@ -85,6 +89,8 @@ def test_arrays_strings_and_language_batch_as_lerobot_does(extra_ds: Path, num_w
         assert matrix.dtype == torch.float32 and matrix.shape == (len(index), 2, 2, 3)
         expected = [[_matrix(i), _matrix(min(i + 1, la))] for i, la in zip(index, last, strict=True)]
         np.testing.assert_array_equal(matrix.numpy(), np.asarray(expected, dtype=np.float32))
+        assert batch["extra.gripper"].tolist() == [[i / 2] for i in index]
+        assert batch["timestamp"].shape == (len(index),)  # a plain scalar column stays (B,)
 
 
 def test_a_flat_list_for_an_nd_feature_reads_too(make_ds, tmp_path: Path) -> None:
