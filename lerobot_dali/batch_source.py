@@ -25,7 +25,7 @@ from .clips import build_clip, plan_clip, read_packet_payloads
 from .cpu_decode import CpuDecodeOptions, CpuFrameDecoder
 from .dali_graph import CameraFeed, Field, FieldKind, augment_draw_field
 from .dataset_reader import LeRobotDatasetReader
-from .errors import DatasetError
+from .errors import DatasetError, SchemaMismatchError
 from .file_stamps import FileStamp
 from .frame_lookup import TimestampSource, row_frame_numbers
 from .host_values import encode_host_values
@@ -73,6 +73,9 @@ class SourceSpec:
     cpu_decode: CpuDecodeOptions = dataclass_field(default_factory=CpuDecodeOptions)
     #: Cameras stored as images in the data files (:mod:`.image_frames`), after the video cameras.
     image_keys: tuple[str, ...] = ()
+    #: Per video camera, (codec, height, width) of its first file: the route and the batch shape rest on it,
+    #: so a file that differs fails naming itself.
+    camera_formats: Mapping[str, tuple[str, int, int]] = dataclass_field(default_factory=dict)
     #: Colour channels of image cameras whose images are not RGB (1: grey).
     image_channels: Mapping[str, int] = dataclass_field(default_factory=dict)
     #: Per worker: encoded images of recently read episodes kept in memory.
@@ -282,6 +285,14 @@ class BatchSource:
             video = reader.video(int(pos), camera)
             stamp = spec.stamps[video.path] if spec.stamps is not None else None
             index = self._indexes.get(video.path, filesystem=reader.location.fs, stamp=stamp, store=spec.index_store)
+            expected = spec.camera_formats.get(camera)
+            if expected is not None and (index.codec, index.height, index.width) != expected:
+                codec, height, width = expected
+                raise SchemaMismatchError(
+                    f"{video.path} (episode {int(reader.episodes.episode_index[pos])}, camera {camera!r}) is "
+                    f"{index.codec} {index.width}x{index.height}, but the camera's first file is {codec} "
+                    f"{width}x{height}; a camera's videos must share one codec and size: re-encode this file"
+                )
             numbers = row_frame_numbers(
                 reader,
                 int(pos),

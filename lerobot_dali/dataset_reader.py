@@ -153,8 +153,15 @@ class LeRobotDatasetReader:
         features = {k: self._feature(k) for k in wanted}
         path = self.data_path(episode_pos)
         length = int(ep.length[episode_pos])
+        parquet = self._parquet.get(path)
+        if parquet.metadata.num_rows != ep.data_file_rows[episode_pos]:
+            raise EpisodeMetadataError(
+                f"{path}: holds {parquet.metadata.num_rows} rows but the episode metadata places "
+                f"{int(ep.data_file_rows[episode_pos])} in it (episode {int(ep.episode_index[episode_pos])} has "
+                f"length {length}); rows no episode reads would be lost: fix the episode lengths in meta/episodes"
+            )
         rows = read_episode_rows(
-            self._parquet.get(path),
+            parquet,
             path=path,
             row_start=int(ep.data_row_start[episode_pos]),
             length=length,
@@ -167,6 +174,8 @@ class LeRobotDatasetReader:
             rows["frame_index"] = np.arange(length, dtype=np.int64)
         if "index" not in rows:
             rows["index"] = np.arange(ep.dataset_from_index[episode_pos], ep.dataset_to_index[episode_pos])
+        if "episode_index" not in rows:
+            rows["episode_index"] = np.full(length, episode_index, dtype=np.int64)
         return rows
 
     def read_episode_images(self, episode_pos: int, key: str) -> pa.Array:
@@ -208,6 +217,28 @@ class LeRobotDatasetReader:
                     f"{path}: episode {episode_index}'s 'index' column does not run from dataset_from_index="
                     f"{int(expected[0])} to dataset_to_index={int(expected[-1]) + 1}"
                 )
+        if "timestamp" in rows:
+            self._check_timestamps(np.asarray(rows["timestamp"], dtype=np.float64), path, episode_index)
+
+    def _check_timestamps(self, timestamps: np.ndarray, path: str, episode_index: int) -> None:
+        """Rows in time order, about 1/fps apart: out-of-order rows would read swapped frames, and a wrong fps in
+        info.json shifts every delta_timestamps window. The median step is checked, not each one, so wall-clock
+        timestamps with jitter (cr5) pass; LeRobot's own check is stricter."""
+        steps = np.diff(timestamps)
+        if steps.size and not (steps > 0).all():
+            row = int(np.flatnonzero(steps <= 0)[0]) + 1
+            raise EpisodeMetadataError(
+                f"{path}: episode {episode_index}'s timestamps do not increase at its row {row} "
+                f"({timestamps[row - 1]:.6f} s then {timestamps[row]:.6f} s); the rows are out of order"
+            )
+        if steps.size >= 2:
+            median, frame = float(np.median(steps)), 1.0 / self.info.fps
+            if abs(median - frame) > 0.25 * frame:
+                raise DatasetError(
+                    f"{path}: episode {episode_index}'s rows are {median:.6f} s apart (median), but info.json's fps "
+                    f"{self.info.fps:g} says {frame:.6f} s; fix fps in meta/info.json (delta_timestamps windows and "
+                    "frame_index lookups rest on it)"
+                )
 
 
 def open_dataset(
@@ -245,6 +276,8 @@ def open_dataset(
             info.total_episodes,
             len(table),
         )
+    if len(table) == 0:
+        raise DatasetError(f"{location.description}: the episode metadata lists no episodes; nothing to read")
     if episodes is not None:
         table = table.select(episodes, source=location.description)
     tasks = _read_tasks(location, info)
@@ -293,7 +326,10 @@ def _read_tasks(location: DatasetLocation, info: DatasetInfo) -> dict[int, str]:
     jsonl_path = location.meta_path("meta/tasks.jsonl")
     if fs.exists(parquet_path):
         with fs.open(parquet_path, "rb") as f:
-            table = pq.read_table(f)
+            try:
+                table = pq.read_table(f)
+            except pa.ArrowException as e:
+                raise DatasetError(f"{parquet_path} is not a readable parquet file ({e}); re-download it") from e
         text_column = next((c for c in ("task", "__index_level_0__") if c in table.column_names), None)
         if text_column is None or "task_index" not in table.column_names:
             raise DatasetError(

@@ -207,12 +207,19 @@ def _column_to_numpy(column: pa.ChunkedArray, feature: Feature, path: str) -> np
                 f"shape {list(feature.shape)}"
             )
         values = array.to_numpy(zero_copy_only=False)
+    source = np.asarray(values)
     try:
-        values = np.asarray(values).astype(np.dtype(feature.dtype), copy=False)
-    except TypeError as e:
+        values = source.astype(np.dtype(feature.dtype), copy=False)
+    except (TypeError, ValueError) as e:  # (ValueError: strings like 'n/a' in a numeric column)
         raise SchemaMismatchError(
-            f"{path}: column {feature.key!r} of type {kind} cannot be read as the declared dtype {feature.dtype!r}"
+            f"{path}: column {feature.key!r} of type {kind} cannot be read as the declared dtype {feature.dtype!r} "
+            f"({e})"
         ) from e
+    if source.dtype.kind == "f" and values.dtype.kind in "iub" and not np.array_equal(values, source):
+        raise SchemaMismatchError(
+            f"{path}: column {feature.key!r} holds fractional values (type {kind}) but info.json declares "
+            f"{feature.dtype!r}; reading them would round them"
+        )
     # A declared (1,) stored as plain values batches to (B,), stored as one-element lists to (B, 1): as LeRobot's
     # torch.tensor of each row gives them.
     return values.reshape((n,) if feature.is_scalar and not _is_list(kind) else (n, *(feature.shape or (1,))))

@@ -51,6 +51,9 @@ class EpisodeTable:
     data_row_start: np.ndarray
     tasks: pa.Array  # list<string> per episode
     cameras: dict[str, CameraFiles]
+    #: Rows the metadata places in the episode's data file, all its episodes together (kept by ``select``): a
+    #: file holding more or fewer has rows no episode would read, or rows missing.
+    data_file_rows: np.ndarray
 
     def __len__(self) -> int:
         return len(self.episode_index)
@@ -122,10 +125,13 @@ def _read_v3(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo, v
     tables = []
     for path in files:
         with fs.open(path, "rb") as f:
-            schema = pq.read_schema(f)
-            wanted = [name for name in schema.names if not name.startswith("stats/")]
-            f.seek(0)
-            tables.append(pq.read_table(f, columns=wanted))
+            try:
+                schema = pq.read_schema(f)
+                wanted = [name for name in schema.names if not name.startswith("stats/")]
+                f.seek(0)
+                tables.append(pq.read_table(f, columns=wanted))
+            except pa.ArrowException as e:
+                raise EpisodeMetadataError(f"{path} is not a readable parquet file ({e}); re-download it") from e
     # "permissive": files from different writers may differ in types (list<string> vs list<large_string>)
     table = pa.concat_tables(tables, promote_options="permissive").sort_by("episode_index")
     source = f"{meta_root}/meta/episodes"
@@ -154,7 +160,9 @@ def _read_v3(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo, v
         else pa.nulls(len(table), pa.list_(pa.string()))
     )
     cameras = {key: _v3_camera(source, table, key, chunk.size) for key in video_keys}
-    return EpisodeTable(episode_index, length, from_index, to_index, chunk, file, row_start, tasks, cameras)
+    _, inverse = np.unique(chunk * (1 << 32) + file, return_inverse=True)
+    file_rows = np.bincount(inverse, weights=length).astype(np.int64)[inverse]
+    return EpisodeTable(episode_index, length, from_index, to_index, chunk, file, row_start, tasks, cameras, file_rows)
 
 
 def _v3_camera(source: str, table: pa.Table, key: str, n: int) -> CameraFiles:
@@ -174,6 +182,7 @@ def _v3_camera(source: str, table: pa.Table, key: str, n: int) -> CameraFiles:
             if stop_col is not None
             else np.full(n, np.nan)
         )
+        _check_no_overlap(source, key, chunk, file, start, stop)
         return CameraFiles(chunk, file, start, stop)
     # Without from_timestamp the start is only known where a video file holds a single episode (it is 0).
     keys = chunk * (1 << 32) + file
@@ -185,6 +194,23 @@ def _v3_camera(source: str, table: pa.Table, key: str, n: int) -> CameraFiles:
         )
     logger.info("%s: no %sfrom_timestamp; each video file holds one episode, so episodes start at 0 s", source, prefix)
     return CameraFiles(chunk, file, np.zeros(n), np.full(n, np.nan))
+
+
+def _check_no_overlap(
+    source: str, key: str, chunk: np.ndarray, file: np.ndarray, start: np.ndarray, stop: np.ndarray
+) -> None:
+    """Episodes sharing a video file must not claim the same seconds of it: one would read the other's frames."""
+    order = np.lexsort((start, file, chunk))
+    same_file = (chunk[order][1:] == chunk[order][:-1]) & (file[order][1:] == file[order][:-1])
+    overlap = same_file & (start[order][1:] < stop[order][:-1] - 1e-6)  # NaN ends compare False: unknown
+    if overlap.any():
+        i = int(np.flatnonzero(overlap)[0])
+        a, b = order[i], order[i + 1]
+        raise EpisodeMetadataError(
+            f"{source}: camera {key!r}: episodes at metadata rows {int(a)} and {int(b)} both claim "
+            f"[{start[b]:.3f} s, {min(stop[a], stop[b]):.3f} s) of video file chunk {int(chunk[a])} file "
+            f"{int(file[a])}; regenerate the episode metadata"
+        )
 
 
 def _row_start_in_file(chunk: np.ndarray, file: np.ndarray, from_index: np.ndarray) -> np.ndarray:
@@ -246,5 +272,14 @@ def _read_v2(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo, v
     cameras = {key: CameraFiles(chunk, episode_index, np.zeros(len(order)), unbounded) for key in video_keys}
     # v2.x: file_index carries the episode index, which is what the v2 path templates are filled with.
     return EpisodeTable(
-        episode_index, length, from_index, to_index, chunk, episode_index.copy(), zeros, task_array, cameras
+        episode_index,
+        length,
+        from_index,
+        to_index,
+        chunk,
+        episode_index.copy(),
+        zeros,
+        task_array,
+        cameras,
+        length.copy(),  # a file per episode
     )

@@ -193,6 +193,7 @@ class DALILeRobotIterator:
                 label=camera,
             )  # fmt: skip
         self._check_rows_find_frames(indexes)
+        self._camera_formats = {camera: (index.codec, index.height, index.width) for camera, index in indexes.items()}
         return routes
 
     def _check_rows_find_frames(self, indexes: Mapping[str, PacketIndex]) -> None:
@@ -312,6 +313,7 @@ class DALILeRobotIterator:
             cpu_decode=self._cpu_decode,
             image_keys=tuple(self.reader.image_keys),
             image_channels=self._image_channels,
+            camera_formats=self._camera_formats,
             seed=self._stream.order.options.seed,
             rank=self.rank,
             augment=self._augment,
@@ -418,20 +420,21 @@ class DALILeRobotIterator:
             ) from None
 
     def _close_pipeline(self) -> None:
+        """Shut the pipeline and its worker processes down now: a generator from ``iter(it)`` (or the traceback
+        of a failed pass) may still hold it, and would keep the workers running until garbage collection."""
+        pipeline = getattr(self, "_pipeline", None)
         self._pipeline_next = None
         self._dali_iter = None
         self._pipeline = None
-
-    def close(self) -> None:
-        """Stop the worker processes (and the prefetcher) now rather than at garbage collection, even while a
-        generator from ``iter(it)`` still holds the pipeline."""
-        pipeline = getattr(self, "_pipeline", None)
-        self._close_pipeline()
         if pipeline is not None:
             workers = getattr(pipeline, "_py_pool", None)  # DALI's worker pool (private; no public close)
             if workers is not None:
                 workers.close()
             pipeline._shutdown()
+
+    def close(self) -> None:
+        """Stop the worker processes (and the prefetcher) now rather than at garbage collection."""
+        self._close_pipeline()
         prefetcher = getattr(self, "_prefetcher", None)
         if prefetcher is not None:
             prefetcher.close()

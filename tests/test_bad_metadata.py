@@ -1,0 +1,166 @@
+"""Metadata and files that disagree in ways that used to pass silently (wrong data) or fail obscurely: each now
+fails with a specific exception naming the file and the fix. The cases come from a review's repros."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.errors import DatasetError, EpisodeMetadataError, SchemaMismatchError
+from lerobot_dali.iterator import DALILeRobotIterator
+
+SPEC = dict(episodes=4, frames_per_episode=20, cameras=1, codec="vp9", fps=10, gop=4, episodes_per_file=2)
+CAM = "observation.images.cam0"
+
+
+@pytest.fixture
+def ds(make_ds, copy_ds) -> Path:
+    return copy_ds(make_ds(**SPEC, size=(64, 96)))
+
+
+def _first_pass(root: Path, **kwargs) -> list[dict]:
+    it = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=0, **kwargs)
+    try:
+        return list(it)
+    finally:
+        it.close()
+
+
+def _episodes_file(root: Path) -> Path:
+    return next((root / "meta/episodes").rglob("*.parquet"))
+
+
+def _set_episode_column(root: Path, column: str, episode: int, value: float) -> None:
+    path = _episodes_file(root)
+    table = pq.read_table(path)
+    values = table[column].to_pylist()
+    values[episode] = value
+    pq.write_table(
+        table.set_column(table.column_names.index(column), column, pa.array(values, table[column].type)), path
+    )
+
+
+def _rewrite_data(root: Path, edit) -> None:
+    for path in sorted((root / "data").rglob("*.parquet")):
+        pq.write_table(edit(pq.read_table(path)), path)
+
+
+def test_a_video_file_of_another_size_names_itself(make_ds, ds: Path) -> None:
+    """It failed with DALI's bare 'IsDenseTensor' assert, or, when no batch mixed the files, changed the
+    camera's shape mid-epoch."""
+    other = make_ds(**SPEC, size=(96, 128))
+    shutil.copy(other / f"videos/{CAM}/chunk-000/file-001.mp4", ds / f"videos/{CAM}/chunk-000/file-001.mp4")
+    pattern = r"file-001\.mp4 \(episode 2, camera 'observation\.images\.cam0'\) is vp9 128x96, but the camera's first"
+    with pytest.raises(SchemaMismatchError, match=pattern):
+        _first_pass(ds)
+
+
+def test_rows_the_metadata_does_not_count_are_refused(ds: Path) -> None:
+    """Episode 3 said 17 rows where its file's part held 20: frames 17-19 were never served."""
+    _set_episode_column(ds, "length", 3, 17)
+    _set_episode_column(ds, "dataset_to_index", 3, 77)
+    with pytest.raises(
+        EpisodeMetadataError, match=r"file-001\.parquet: holds 40 rows but the episode metadata places 37"
+    ):
+        _first_pass(ds)
+
+
+def test_episodes_claiming_the_same_seconds_of_a_video_file_are_refused(ds: Path) -> None:
+    """Episode 3 pointed at episode 2's seconds and served episode 2's frames as its own."""
+    _set_episode_column(ds, f"videos/{CAM}/from_timestamp", 3, 0.0)
+    _set_episode_column(ds, f"videos/{CAM}/to_timestamp", 3, 2.0)
+    with pytest.raises(
+        EpisodeMetadataError, match=r"episodes at metadata rows 2 and 3 both claim \[0\.000 s, 2\.000 s\)"
+    ):
+        open_dataset(ds)
+
+
+def test_an_fps_that_disagrees_with_the_timestamps_is_refused(ds: Path) -> None:
+    """fps 20 over 10 fps rows turned a -0.05 s window into the row 0.1 s back."""
+    info = json.loads((ds / "meta/info.json").read_text())
+    info["fps"] = 20
+    (ds / "meta/info.json").write_text(json.dumps(info))
+    with pytest.raises(DatasetError, match=r"rows are 0\.100000 s apart \(median\), but info\.json's fps 20"):
+        _first_pass(ds)
+
+
+def test_rows_out_of_time_order_are_refused(ds: Path) -> None:
+    def swap(table: pa.Table) -> pa.Table:
+        ts = table["timestamp"].to_pylist()
+        ts[5], ts[6] = ts[6], ts[5]
+        return table.set_column(table.column_names.index("timestamp"), "timestamp", pa.array(ts, pa.float32()))
+
+    _rewrite_data(ds, swap)
+    with pytest.raises(DatasetError, match=r"episode 0's timestamps do not increase at its row 6"):
+        _first_pass(ds)
+
+
+@pytest.mark.parametrize(
+    ("column", "values", "pattern"),
+    [
+        ("task_index", lambda n: [0.5] * n, r"'task_index' holds fractional values .* reading them would round them"),
+        ("timestamp", lambda n: ["n/a"] * n, r"'timestamp' of type string cannot be read .*could not convert"),
+    ],
+    ids=["fractional-int", "text-in-float"],
+)
+def test_column_values_the_declared_dtype_cannot_hold_are_refused(ds: Path, column: str, values, pattern: str) -> None:
+    """A fractional task_index was rounded silently; text in a float column raised a bare ValueError."""
+
+    def edit(table: pa.Table) -> pa.Table:
+        return table.set_column(table.column_names.index(column), column, pa.array(values(len(table))))
+
+    _rewrite_data(ds, edit)
+    with pytest.raises(SchemaMismatchError, match=pattern):
+        open_dataset(ds).read_episode(0)
+
+
+def test_an_undeclared_episode_index_is_derived(ds: Path) -> None:
+    """It raised a bare KeyError('episode_index') on the first batch; like index and frame_index, it is implied."""
+    info = json.loads((ds / "meta/info.json").read_text())
+    del info["features"]["episode_index"]
+    (ds / "meta/info.json").write_text(json.dumps(info))
+    _rewrite_data(ds, lambda table: table.drop_columns(["episode_index"]))
+    batches = _first_pass(ds)
+    episodes = np.concatenate([b["episode_index"].numpy() for b in batches])
+    assert episodes.tolist() == [e for e in range(4) for _ in range(20)]
+
+
+def test_a_dataset_without_episodes_is_refused(ds: Path) -> None:
+    path = _episodes_file(ds)
+    pq.write_table(pq.read_table(path).slice(0, 0), path)
+    with pytest.raises(DatasetError, match="the episode metadata lists no episodes"):
+        open_dataset(ds)
+
+
+@pytest.mark.parametrize("which", ["episodes", "tasks"])
+def test_unreadable_metadata_parquet_names_the_file(ds: Path, which: str) -> None:
+    """They raised pyarrow's ArrowInvalid naming no file (for tasks: '<Buffer>')."""
+    path = _episodes_file(ds) if which == "episodes" else ds / "meta/tasks.parquet"
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(DatasetError, match=rf"{path.name} is not a readable parquet file"):
+        open_dataset(ds)
+
+
+def test_a_failed_pass_leaves_no_worker_processes(ds: Path) -> None:
+    """After a pass failed, its workers ran on (until garbage collection), and close() no longer reached them."""
+    import psutil
+
+    video = ds / f"videos/{CAM}/chunk-000/file-001.mp4"
+    video.write_bytes(video.read_bytes()[:2000])  # episodes 2 and 3 cannot be read
+    it = DALILeRobotIterator(ds, batch_size=4, shuffle=False, device="cpu", num_workers=2)
+    me = psutil.Process()
+    for _ in range(2):
+        with pytest.raises(DatasetError):
+            for _batch in it:
+                pass
+        alive = [p for p in me.children(recursive=True) if "resource_tracker" not in " ".join(p.cmdline())]
+        psutil.wait_procs(alive, timeout=10)
+        assert not [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    it.close()
