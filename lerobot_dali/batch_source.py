@@ -25,7 +25,7 @@ from .clips import build_clip, plan_clip, read_packet_payloads
 from .cpu_decode import CpuDecodeOptions, CpuFrameDecoder
 from .dali_graph import CameraFeed, Field, FieldKind, augment_draw_field
 from .dataset_reader import LeRobotDatasetReader
-from .errors import DatasetError, SchemaMismatchError
+from .errors import DatasetError, SchemaMismatchError, VideoDecodeError
 from .file_stamps import FileStamp
 from .frame_lookup import TimestampSource, row_frame_numbers
 from .host_values import encode_host_values
@@ -254,13 +254,17 @@ class BatchSource:
                 out.append(self._image_frames(field.name, episode_pos, camera_rows))
                 continue
             requests = self._video_requests(field.name, episode_pos, rows, camera_rows)
-            if field.kind is FieldKind.FRAMES:
-                out.append(self._decoded(requests, spec.camera_feeds[field.name].worker_size))
-            elif field.kind is FieldKind.PLANES_LUMA:
-                planes = self._decoded_planes(requests)
-                out += [[p.luma for p in planes], [p.chroma for p in planes], [p.matrix for p in planes]]
-            else:
-                out.extend(self._clips(requests))
+            try:
+                if field.kind is FieldKind.FRAMES:
+                    out.append(self._decoded(requests, spec.camera_feeds[field.name].worker_size))
+                elif field.kind is FieldKind.PLANES_LUMA:
+                    planes = self._decoded_planes(requests)
+                    out += [[p.luma for p in planes], [p.chroma for p in planes], [p.matrix for p in planes]]
+                else:
+                    out.extend(self._clips(requests))
+            except VideoDecodeError as e:  # the decoder names the file; say whose frames they were
+                episodes = sorted({int(spec.reader.episodes.episode_index[p]) for p in episode_pos})
+                raise type(e)(f"camera {field.name!r}, batch of episodes {episodes}: {e}") from e  # (its own type)
         return tuple(out)
 
     def _episode_rows(self, episode_pos: int) -> dict[str, np.ndarray]:

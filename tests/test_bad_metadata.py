@@ -164,3 +164,14 @@ def test_a_failed_pass_leaves_no_worker_processes(ds: Path) -> None:
         psutil.wait_procs(alive, timeout=10)
         assert not [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     it.close()
+
+
+def test_a_decode_error_names_the_camera_and_episodes(ds: Path) -> None:
+    """The decoder's message names the file only; whose frames they were (camera, episodes) is added."""
+    from lerobot_dali.errors import VideoDecodeError
+
+    video = ds / f"videos/{CAM}/chunk-000/file-001.mp4"
+    video.write_bytes(video.read_bytes()[:2000])
+    pattern = r"camera 'observation\.images\.cam0', batch of episodes \[2\]: .*file-001\.mp4"
+    with pytest.raises(VideoDecodeError, match=pattern):
+        _first_pass(ds)
