@@ -25,6 +25,7 @@ def _size(text: str) -> tuple[int, int]:
 def _info(args: argparse.Namespace) -> int:
     from .dataset_reader import open_dataset
     from .dataset_summary import summarize
+    from .frame_lookup import DEFAULT_TOLERANCE_S
 
     reader = open_dataset(args.dataset, revision=args.revision, cameras=args.cameras)
     summary = summarize(reader, probe=not args.no_probe)
@@ -62,7 +63,7 @@ def _info(args: argparse.Namespace) -> int:
                     if lookup.get("frame_index") == "ok"
                     else " -> see --json for why; a larger tolerance_s may read it"
                 )
-            print(f"    rows -> frames, first episode, tolerance 1e-4 s: {verdicts}{advice}")
+            print(f"    rows -> frames, first episode, tolerance {DEFAULT_TOLERANCE_S:g} s: {verdicts}{advice}")
     for key in summary["image_cameras"]:
         print(f"  camera {key}: images in the data files (decoded by the workers)")
     return 0
