@@ -178,7 +178,8 @@ class DALILeRobotIterator:
     # -- routing -----------------------------------------------------------------------------------------
     def _choose_routes(self, preference: DecodePreference) -> dict[str, DecodeRoute]:
         """A route per video camera, from its first episode's file; that episode's first and last rows are
-        looked up in the file too (:meth:`_check_rows_find_frames`)."""
+        looked up in the file too (:meth:`_check_rows_find_frames`), and its codec and size kept as the camera's
+        (``_camera_formats``, which the workers hold every other file to)."""
         routes = {}
         if self._device_id is None:
             preference = DecodePreference.CPU
