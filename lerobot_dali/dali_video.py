@@ -27,11 +27,12 @@ def decode_clips(clips: Any, frame_indices: Any, *, device: Literal["cpu", "mixe
     """Decode each sample's clip at its ``frame_indices`` (int32, clip display order) -> uint8 FHWC frames.
 
     Call inside a ``pipeline_def``; ``clips`` and ``frame_indices`` are CPU DataNodes (external sources).
-    Frames are numbered as DALI numbers them, by ascending pts, which is how clips are planned.
+    Frames are numbered as DALI numbers them, by ascending pts, which is how clips are planned. An index
+    past the clip's end raises (``pad_mode="none"``): DALI's default pads it with a black frame, silently.
     """
     if device not in ("cpu", "mixed"):
         raise ValueError(f"device must be 'cpu' or 'mixed', got {device!r}.")
-    return fn.decoders.video(clips, device=device, frames=frame_indices)
+    return fn.decoders.video(clips, device=device, frames=frame_indices, pad_mode="none")
 
 
 def decode_clip_batch(

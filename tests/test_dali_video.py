@@ -78,6 +78,14 @@ def test_dali_frame_k_is_pyav_display_frame_k(marker_video: MarkerVideo) -> None
         assert read_marker(dali_frame) == read_marker(pyav_frame)
 
 
+def test_a_frame_index_past_the_clip_raises_instead_of_a_black_frame(marker_video: MarkerVideo) -> None:
+    path = marker_video("vp9", 2)
+    clip = build_clip(path, build_packet_index(path), [4])
+    frames = np.array([0, clip.frame_count], dtype=np.int32)  # the second is one past the end
+    with pytest.raises(RuntimeError, match="out-of-bounds frame index"):
+        decode_clip_batch([clip.data], [frames], device_id=None)
+
+
 def test_decode_clips_rejects_unknown_device() -> None:
     with pytest.raises(ValueError, match="'cpu' or 'mixed'"):
         decode_clips(None, None, device="gpu")  # type: ignore[arg-type]
