@@ -8,13 +8,14 @@ Both give uint8 frames in FHWC layout, RGB, in the order the indices ask for.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
 from nvidia.dali import fn
 
-__all__ = ["DALI_CPU_CODECS", "DALI_NVDEC_CODECS", "decode_clip_batch", "decode_clips"]
+__all__ = ["DALI_CPU_CODECS", "DALI_NVDEC_CODECS", "dali_error_reason", "decode_clip_batch", "decode_clips"]
 
 DALI_CPU_CODECS: frozenset[str] = frozenset({"vp8", "vp9", "mjpeg"})
 """Codecs (FFmpeg names) that ``fn.decoders.video(device="cpu")`` decodes."""
@@ -61,3 +62,20 @@ def decode_clip_batch(
         return [np.asarray(host[i]) for i in range(len(encoded))]
     finally:
         del pipe
+
+
+def dali_error_reason(cause: BaseException) -> str:
+    """DALI's own sentence: the line after "encountered:" in its multi-line error, else the last line. (Its
+    first line is always "Critical error in pipeline:", which says nothing.)"""
+    chain: list[BaseException] = []
+    current: BaseException | None = cause
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    for error in chain:
+        _, found, after = str(error).partition("encountered:")
+        lines = [line.strip() for line in after.splitlines() if line.strip()]
+        if found and lines:
+            return re.sub(r"^\[[^\]]+:\d+\]\s*", "", lines[0])  # drop DALI's "[file.cc:123]" prefix
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+    return lines[-1] if lines else type(cause).__name__

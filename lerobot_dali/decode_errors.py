@@ -10,13 +10,12 @@ decoded again, in halves, until the one clip DALI rejects is found; its file, ep
 from __future__ import annotations
 
 import logging
-import re
 
 import numpy as np
 
 from .batch_source import BatchSource
 from .dali_graph import FieldKind
-from .dali_video import decode_clip_batch
+from .dali_video import dali_error_reason, decode_clip_batch
 from .errors import VideoDecodeError
 
 __all__ = ["locate_clip_failure"]
@@ -35,7 +34,7 @@ def locate_clip_failure(
         return None
     episode_pos, frame = spec.order.samples(epoch, start, stop)
     samples = [source.assemble(episode_pos[k : k + 1], frame[k : k + 1]) for k in range(len(episode_pos))]
-    reason = _reason(cause)
+    reason = dali_error_reason(cause)
     for i, field in cameras:
         clips = [outputs[i][0] for outputs in samples]
         wanted = [outputs[i + 1][0] for outputs in samples]
@@ -52,22 +51,6 @@ def locate_clip_failure(
     logger.info("every clip of samples [%d, %d) of epoch %d decodes on its own; the failure was elsewhere", start,
                 stop, epoch)  # fmt: skip
     return None
-
-
-def _reason(cause: BaseException) -> str:
-    """DALI's own sentence: the line after "encountered:" in its multi-line error, else the last line."""
-    chain: list[BaseException] = []
-    current: BaseException | None = cause
-    while current is not None and current not in chain:
-        chain.append(current)
-        current = current.__cause__ or current.__context__
-    for error in chain:
-        _, found, after = str(error).partition("encountered:")
-        lines = [line.strip() for line in after.splitlines() if line.strip()]
-        if found and lines:
-            return re.sub(r"^\[[^\]]+:\d+\]\s*", "", lines[0])  # drop DALI's "[file.cc:123]" prefix
-    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
-    return lines[-1] if lines else type(cause).__name__
 
 
 def _first_failing(clips: list[np.ndarray], wanted: list[np.ndarray], *, device_id: int | None) -> int | None:

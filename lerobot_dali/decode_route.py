@@ -24,7 +24,7 @@ import numpy as np
 
 from .clips import build_clip
 from .cpu_decode import pyav_can_decode, torchcodec_available
-from .dali_video import DALI_CPU_CODECS, DALI_NVDEC_CODECS, decode_clip_batch
+from .dali_video import DALI_CPU_CODECS, DALI_NVDEC_CODECS, dali_error_reason, decode_clip_batch
 from .errors import CodecUnsupportedError
 from .packet_index import PacketIndex, VideoSource
 
@@ -243,9 +243,13 @@ def _probe_here(device_id: int, samples: Mapping[str, np.ndarray]) -> GpuProbe:
         try:
             decode_clip_batch([clip], [np.zeros(1, np.int32)], device_id=device_id)
             nvdec[codec] = True
-        except RuntimeError as e:  # DALI reports "Codec configuration not supported on this GPU" this way
+        except RuntimeError as e:
             nvdec[codec] = False
-            errors[codec] = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            # DALI's sentence alone can say little: a codec NVDEC lacks (AV1 on H100) gives 'Failed to create
+            # video decoder for "memory file"' (the codec is named only in a warning on stderr).
+            errors[codec] = dali_error_reason(e)
+            if nvdec_table_guess(codec, gpu) is False:
+                errors[codec] += f"; the NVDEC of {gpu.name} has no {codec} decoder"
             if nvcuvid_library() is None:
                 errors[codec] += f"; {NO_NVCUVID_HINT}"
     return GpuProbe(gpu=gpu, nvdec=nvdec, errors=errors)

@@ -176,8 +176,11 @@ def test_failed_probe_says_when_the_nvdec_library_is_missing(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, library: str | None
 ) -> None:
     # A GPU whose driver lacks libnvcuvid (a container without the "video" capability): every probe fails.
-    def no_nvdec(*args: object, **kwargs: object) -> None:
-        raise RuntimeError("CUDA driver API error CUDA_ERROR_NOT_FOUND\nstack trace ...")
+    def no_nvdec(*args: object, **kwargs: object) -> None:  # DALI's shape of error: the sentence after "encountered:"
+        raise RuntimeError(
+            "Critical error in pipeline:\nError in MIXED operator `nvidia.dali.fn.decoders.video`,\n  File ...\n\n"
+            "encountered:\n\nCUDA driver API error CUDA_ERROR_NOT_FOUND\nC++ context: [/opt/dali/x.cc:1]\n"
+        )
 
     monkeypatch.setattr(decode_route, "_driver_present", lambda: True)
     monkeypatch.setattr(decode_route, "_detect_gpu", lambda device_id: H200)
@@ -195,3 +198,22 @@ def test_failed_probe_says_when_the_nvdec_library_is_missing(
     assert route is DecodeRoute.CPU_FALLBACK
     (line,) = [r.getMessage() for r in caplog.records if "cam (h264)" in r.getMessage()]
     assert ("NVIDIA_DRIVER_CAPABILITIES" in line) is (library is None)
+
+
+def test_failed_probe_quotes_dalis_sentence_and_the_codec_the_gpu_lacks(
+    marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The real error of a decoder DALI cannot create (H.264 on its CPU decoder) stands in for AV1 on an H200's
+    # NVDEC, which fails the same way: DALI's first line is "Critical error in pipeline:", which says nothing.
+    path = marker_video("h264", 2)
+    clip = build_clip(path, build_packet_index(path), [0]).data
+    monkeypatch.setattr(decode_route, "_driver_present", lambda: True)
+    monkeypatch.setattr(decode_route, "_detect_gpu", lambda device_id: H200)
+    monkeypatch.setattr(decode_route, "decode_clip_batch", lambda clips, frames, device_id: decode_clip_batch(
+        clips, frames, device_id=None))  # fmt: skip
+    monkeypatch.setattr(decode_route, "nvcuvid_library", lambda: "libnvcuvid.so.1")
+    probe = probe_gpu({"av1": clip, "h264": clip}, isolate=False)
+    assert probe.nvdec == {"av1": False, "h264": False}
+    assert probe.errors["h264"].endswith('Failed to create video decoder for "memory file"')
+    assert "Critical error" not in probe.errors["h264"] and "C++ context" not in probe.errors["h264"]
+    assert probe.errors["av1"] == probe.errors["h264"] + "; the NVDEC of NVIDIA H200 has no av1 decoder"
