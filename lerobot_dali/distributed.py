@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["RankInfo", "cpus_per_local_rank", "resolve_rank"]
+__all__ = ["RankInfo", "cpus_per_local_rank", "local_cuda_device", "resolve_rank"]
 
 
 @dataclass(frozen=True)
@@ -61,3 +61,20 @@ def cpus_per_local_rank() -> int:
     except ValueError:
         local_world = 1
     return max(1, cpus // local_world)
+
+
+def local_cuda_device(local_rank: int) -> str:
+    """The GPU of a rank asking for plain ``"cuda"``: its ``LOCAL_RANK``-th, or the only one it sees when a
+    launcher or scheduler gives each rank its own GPU through ``CUDA_VISIBLE_DEVICES`` (SLURM's GPU binding),
+    where ``LOCAL_RANK`` is no ordinal of this process."""
+    import torch
+
+    visible = torch.cuda.device_count()  # asks the driver; creates no CUDA context
+    if local_rank < visible or visible == 0:  # no GPU: the iterator's GPU checks say so
+        return f"cuda:{local_rank}"
+    if visible == 1:
+        return "cuda:0"
+    raise ValueError(
+        f"LOCAL_RANK is {local_rank} but this process sees {visible} GPUs (CUDA_VISIBLE_DEVICES); pass "
+        "device='cuda:N' to say which one this rank uses"
+    )

@@ -24,7 +24,7 @@ from .dataset_reader import LeRobotDatasetReader, open_dataset
 from .dataset_stats import read_dataset_stats
 from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
-from .distributed import cpus_per_local_rank, resolve_rank
+from .distributed import cpus_per_local_rank, local_cuda_device, resolve_rank
 from .errors import DeltaTimestampsError, EpisodeMetadataError, ResumeStateError, SchemaMismatchError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
 from .host_values import decode_host_values
@@ -112,7 +112,7 @@ class DALILeRobotIterator:
         self.rank, self.world_size = ranks.rank, ranks.world_size
         self.batch_size = batch_size
         self.drop_last = drop_last
-        self._device = torch.device(device if device != "cuda" else f"cuda:{ranks.local_rank}")
+        self._device = torch.device(device if device != "cuda" else local_cuda_device(ranks.local_rank))
         self._device_id = None if self._device.type == "cpu" else self._device.index or 0
         self._num_workers = num_workers
         self._prefetch = prefetch

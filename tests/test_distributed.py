@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from lerobot_dali.distributed import cpus_per_local_rank, resolve_rank
+from lerobot_dali.distributed import cpus_per_local_rank, local_cuda_device, resolve_rank
 from lerobot_dali.iterator import DALILeRobotIterator
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
@@ -89,3 +89,21 @@ def test_iterator_says_how_many_workers_decode_on_how_many_cpus(make_ds, clean_e
         DALILeRobotIterator(root, batch_size=1, device="cpu", num_workers=3).close()
     (line,) = [r.getMessage() for r in caplog.records if "decoded on the CPU" in r.getMessage()]
     assert "['observation.images.cam0']" in line and "3 worker processes" in line and "6 CPUs" in line
+
+
+@pytest.mark.parametrize(
+    ("local_rank", "visible", "expected"),
+    [(3, 8, "cuda:3"), (3, 1, "cuda:0"), (0, 1, "cuda:0"), (3, 0, "cuda:3"), (3, 2, None)],
+    ids=["all-gpus-visible", "one-gpu-per-rank", "rank-0", "no-gpu", "ambiguous"],
+)
+def test_plain_cuda_picks_the_ranks_gpu(
+    monkeypatch: pytest.MonkeyPatch, local_rank: int, visible: int, expected: str | None
+) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    if expected is None:  # 2 GPUs visible to local rank 3: which one is not ours to guess
+        with pytest.raises(ValueError, match="LOCAL_RANK is 3 but this process sees 2 GPUs"):
+            local_cuda_device(local_rank)
+    else:
+        assert local_cuda_device(local_rank) == expected
