@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -36,12 +36,32 @@ from .sample_order import SampleOrder
 from .windows import query_indices
 from .yuv_frames import PlaneFrames
 
-__all__ = ["INDEX_KEYS", "BatchSource", "SourceSpec", "output_fields"]
+__all__ = ["INDEX_KEYS", "BatchSource", "CameraFormat", "SourceSpec", "output_fields"]
 
 logger = logging.getLogger(__name__)
 
 #: Per-sample index columns every batch carries, as LeRobot's items do.
 INDEX_KEYS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
+
+
+class CameraFormat(NamedTuple):
+    """What every file of a video camera must share with its first: codec and size; and the pixel format where
+    NVDEC decodes the camera (its probe decoded the first file's; the CPU decoders convert any)."""
+
+    codec: str
+    height: int
+    width: int
+    pix_fmt: str | None = None  # None: any
+
+    @classmethod
+    def of(cls, index: PacketIndex, *, pix_fmt: bool) -> CameraFormat:
+        return cls(index.codec, index.height, index.width, index.pix_fmt if pix_fmt else None)
+
+    def admits(self, index: PacketIndex) -> bool:
+        return self == CameraFormat.of(index, pix_fmt=self.pix_fmt is not None)
+
+    def __str__(self) -> str:
+        return f"{self.codec} {self.width}x{self.height}" + (f" {self.pix_fmt}" if self.pix_fmt else "")
 
 
 @dataclass(frozen=True)
@@ -73,9 +93,9 @@ class SourceSpec:
     cpu_decode: CpuDecodeOptions = dataclass_field(default_factory=CpuDecodeOptions)
     #: Cameras stored as images in the data files (:mod:`.image_frames`), after the video cameras.
     image_keys: tuple[str, ...] = ()
-    #: Per video camera, (codec, height, width) of its first file: the route and the batch shape rest on it,
-    #: so a file that differs fails naming itself.
-    camera_formats: Mapping[str, tuple[str, int, int]] = dataclass_field(default_factory=dict)
+    #: Per video camera, the format of its first file (:class:`CameraFormat`): the route and the batch shape rest
+    #: on it, so a file that differs fails naming itself.
+    camera_formats: Mapping[str, CameraFormat] = dataclass_field(default_factory=dict)
     #: Colour channels of image cameras whose images are not RGB (1: grey).
     image_channels: Mapping[str, int] = dataclass_field(default_factory=dict)
     #: Per worker: encoded images of recently read episodes kept in memory.
@@ -290,12 +310,12 @@ class BatchSource:
             stamp = spec.stamps[video.path] if spec.stamps is not None else None
             index = self._indexes.get(video.path, filesystem=reader.location.fs, stamp=stamp, store=spec.index_store)
             expected = spec.camera_formats.get(camera)
-            if expected is not None and (index.codec, index.height, index.width) != expected:
-                codec, height, width = expected
+            if expected is not None and not expected.admits(index):
                 raise SchemaMismatchError(
                     f"{video.path} (episode {int(reader.episodes.episode_index[pos])}, camera {camera!r}) is "
-                    f"{index.codec} {index.width}x{index.height}, but the camera's first file is {codec} "
-                    f"{width}x{height}; a camera's videos must share one codec and size: re-encode this file"
+                    f"{CameraFormat.of(index, pix_fmt=expected.pix_fmt is not None)}, but the camera's first file is "
+                    f"{expected}; a camera's videos must share one codec and size (and pixel format on NVDEC, which "
+                    "was probed with the first): re-encode this file"
                 )
             numbers = row_frame_numbers(
                 reader,

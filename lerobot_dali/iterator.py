@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .augment import NORMALIZE_FROM_STATS, AugmentConfig, Normalize, checked_size
-from .batch_source import INDEX_KEYS, BatchSource, SourceSpec, output_fields
+from .batch_source import INDEX_KEYS, BatchSource, CameraFormat, SourceSpec, output_fields
 from .cpu_decode import CpuDecodeOptions
 from .dali_graph import CameraFeed, build_pipeline, camera_feed
 from .dataset_reader import LeRobotDatasetReader, open_dataset
@@ -178,7 +178,7 @@ class DALILeRobotIterator:
     # -- routing -----------------------------------------------------------------------------------------
     def _choose_routes(self, preference: DecodePreference) -> dict[str, DecodeRoute]:
         """A route per video camera, from its first episode's file; that episode's first and last rows are
-        looked up in the file too (:meth:`_check_rows_find_frames`), and its codec and size kept as the camera's
+        looked up in the file too (:meth:`_check_rows_find_frames`), and its format kept as the camera's
         (``_camera_formats``, which the workers hold every other file to)."""
         routes = {}
         if self._device_id is None:
@@ -194,7 +194,10 @@ class DALILeRobotIterator:
                 label=camera,
             )  # fmt: skip
         self._check_rows_find_frames(indexes)
-        self._camera_formats = {camera: (index.codec, index.height, index.width) for camera, index in indexes.items()}
+        self._camera_formats = {
+            camera: CameraFormat.of(index, pix_fmt=routes[camera] is DecodeRoute.NVDEC)
+            for camera, index in indexes.items()
+        }
         return routes
 
     def _check_rows_find_frames(self, indexes: Mapping[str, PacketIndex]) -> None:
