@@ -82,6 +82,7 @@ class DALILeRobotIterator:
         cache_gb: float = 8.0,
         cpu_decode: CpuDecodeOptions | None = None,
         episodes: Sequence[int] | None = None,
+        dali_threads: int | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -89,6 +90,8 @@ class DALILeRobotIterator:
             raise ValueError(f"device must be 'cuda', 'cuda:N' or 'cpu', got {device!r}")
         if num_workers < 0 or prefetch < 1:
             raise ValueError(f"num_workers must be >= 0 and prefetch >= 1, got {num_workers} and {prefetch}")
+        if dali_threads is not None and (isinstance(dali_threads, bool) or dali_threads < 1):
+            raise ValueError(f"dali_threads must be a positive int or None (automatic), got {dali_threads!r}")
         if isinstance(dataset, LeRobotDatasetReader):
             if episodes is not None:
                 raise ValueError("episodes= selects episodes while opening; pass it to open_dataset with the reader")
@@ -115,6 +118,7 @@ class DALILeRobotIterator:
         self._device = torch.device(device if device != "cuda" else local_cuda_device(ranks.local_rank))
         self._device_id = None if self._device.type == "cpu" else self._device.index or 0
         self._num_workers = num_workers
+        self._dali_threads = dali_threads if dali_threads is not None else default_dali_threads(num_workers)
         self._prefetch = prefetch
         self._image_channels = _image_channels(self.reader)
         self._augment = _camera_augment(augment, self.reader, self._image_channels)
@@ -170,9 +174,9 @@ class DALILeRobotIterator:
         self._pass_start: int | None = None  # samples_consumed when the pass in progress began
         self._pipeline_next: tuple[int, int] | None = None  # (epoch, sample) the pipeline's next batch starts at
         logger.info(
-            "rank %d/%d (%s): %d samples per epoch, routes %s",
+            "rank %d/%d (%s): %d samples per epoch, routes %s, %d DALI threads",
             self.rank, self.world_size, ranks.source, self._stream.num_samples(),
-            {k: r.value for k, r in self.routes.items()},
+            {k: r.value for k, r in self.routes.items()}, self._dali_threads,
         )  # fmt: skip
 
     # -- routing -----------------------------------------------------------------------------------------
@@ -331,6 +335,7 @@ class DALILeRobotIterator:
             batch_size=self.batch_size,
             device_id=self._device_id,
             num_workers=self._num_workers,
+            num_threads=self._dali_threads,
             prefetch=self._prefetch,
             seed=spec.seed,
             augment=self._augment,
@@ -500,3 +505,10 @@ def _camera_augment(
                 "values; give it one per channel or one for all (normalize={camera: Normalize(...)})"
             )
     return augment
+
+
+def default_dali_threads(num_workers: int) -> int:
+    """DALI's own threads for a rank: what its CPUs leave after the source's worker processes, 2 to 8. They run
+    the CPU operators, and on a GPU the NVDEC decoder decodes as many clips at once as it has threads (an H100
+    has 7 NVDEC engines)."""
+    return max(2, min(8, cpus_per_local_rank() - num_workers))

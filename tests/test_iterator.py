@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 import pytest
 import torch
 
+from lerobot_dali import iterator as iterator_module
 from lerobot_dali.errors import (
     CodecUnsupportedError,
     DataFileError,
@@ -224,6 +225,20 @@ def test_drop_last_gives_full_batches_only(make_ds) -> None:
     assert len(it) == 5  # 23 samples: the trailing 3 are dropped
     sizes = [len(b["index"]) for b in it]
     assert sizes == [4] * 5
+
+
+def test_dali_threads_reach_the_pipeline(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _dataset(make_ds, "vp9")
+    it = DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=0, dali_threads=3)
+    next(iter(it))
+    assert it._dali_iter._pipes[0].num_threads == 3
+    it.close()
+    # automatic: what the rank's CPUs leave after the workers, 2 to 8
+    for cpus, workers, expected in [(16, 12, 4), (2, 2, 2), (64, 4, 8)]:
+        monkeypatch.setattr(iterator_module, "cpus_per_local_rank", lambda cpus=cpus: cpus)
+        assert iterator_module.default_dali_threads(workers) == expected
+    with pytest.raises(ValueError, match="dali_threads must be a positive int"):
+        DALILeRobotIterator(root, device="cpu", dali_threads=0)
 
 
 @pytest.mark.parametrize("stop_after", [0, 2, 5])
