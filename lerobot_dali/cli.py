@@ -72,20 +72,25 @@ def _info(args: argparse.Namespace) -> int:
 def _make_dataset(args: argparse.Namespace) -> int:
     from .generate import make_dataset
 
-    out = make_dataset(
-        args.out,
-        episodes=args.episodes,
-        frames_per_episode=args.frames_per_episode,
-        cameras=args.cameras,
-        size=args.size,
-        fps=args.fps,
-        codec=args.codec,
-        gop=args.gop,
-        episodes_per_file=args.episodes_per_file,
-        version=args.version,
-        seed=args.seed,
-        image_cameras=args.image_cameras,
-    )
+    try:
+        out = make_dataset(
+            args.out,
+            episodes=args.episodes,
+            frames_per_episode=args.frames_per_episode,
+            cameras=args.cameras,
+            size=args.size,
+            fps=args.fps,
+            codec=args.codec,
+            gop=args.gop,
+            episodes_per_file=args.episodes_per_file,
+            version=args.version,
+            seed=args.seed,
+            image_cameras=args.image_cameras,
+        )
+    except (ValueError, FileExistsError, NotADirectoryError, PermissionError) as e:
+        # A bad option (checked before anything is written) or an OUT that cannot become the dataset.
+        print(f"lerobot-dali make-dataset: {e}", file=sys.stderr)
+        return 2
     print(out)
     return 0
 

@@ -118,3 +118,39 @@ def test_console_entry_point_runs_without_loading_dali() -> None:
 def test_bad_size_argument_is_rejected() -> None:
     with pytest.raises(SystemExit):
         main(["make-dataset", "x", "--size", "big"])
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (("--episodes", "0"), "episodes must be in [1, "),
+        (("--frames-per-episode", "-1"), "frames_per_episode must be in [1, "),
+        (("--cameras", "-1"), "cameras must be in [0, "),
+        (("--size", "0x0"), "size[0] (height) must be >= 64, got 0"),
+        (("--size", "63x64"), "size[0] (height) must be >= 64, got 63"),
+        (("--fps", "0"), "fps must be >= 1, got 0"),
+        (("--gop", "0"), "gop (maximum keyframe interval in frames) must be >= 1, got 0"),
+        (("--episodes-per-file", "0"), "episodes_per_file must be >= 1, got 0"),
+        (("--seed", "-1"), "seed must be >= 0, got -1"),
+    ],
+)
+def test_make_dataset_bad_options_are_one_line_errors(
+    tmp_path: Path, capsys, option: tuple[str, str], message: str
+) -> None:
+    out = tmp_path / "out"
+    assert main(["make-dataset", str(out), *option]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lerobot-dali make-dataset: ") and message in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_make_dataset_unusable_out_is_a_one_line_error(tmp_path: Path, capsys) -> None:
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep").write_text("x")
+    for out, message in (("afile", "it exists and is not an empty directory"), ("full", "not an empty directory"),
+                         ("afile/sub", "afile")):  # fmt: skip
+        assert main(["make-dataset", str(tmp_path / out), "--episodes", "1", "--frames-per-episode", "1"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("lerobot-dali make-dataset: ") and message in err and err.count("\n") == 1, err
+    assert (tmp_path / "afile").read_text() == "x" and [p.name for p in (tmp_path / "full").iterdir()] == ["keep"]
