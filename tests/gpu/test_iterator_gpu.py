@@ -26,18 +26,20 @@ GPU_SIZE = (160, 192)
 
 
 def _all(it: DALILeRobotIterator) -> list[dict]:
+    """Every sample of one pass, on the host; the iterator is closed after (its workers stop)."""
     out = []
-    for batch in it:
-        for i in range(len(batch["index"])):
-            out.append({k: (v[i].cpu() if isinstance(v, torch.Tensor) else v[i]) for k, v in batch.items()})
+    try:
+        for batch in it:
+            for i in range(len(batch["index"])):
+                out.append({k: (v[i].cpu() if isinstance(v, torch.Tensor) else v[i]) for k, v in batch.items()})
+    finally:
+        it.close()
     return out
 
 
 def _cuda_and_cpu_samples(root, **kwargs) -> list[tuple[dict, dict]]:
     """The same samples from a cuda iterator and a CPU-mode one, paired."""
-    gpu = DALILeRobotIterator(root, device="cuda", **kwargs)
-    on_gpu = _all(gpu)
-    gpu.close()
+    on_gpu = _all(DALILeRobotIterator(root, device="cuda", **kwargs))
     on_cpu = _all(DALILeRobotIterator(root, device="cpu", **kwargs))
     assert len(on_gpu) == len(on_cpu) > 0
     return list(zip(on_gpu, on_cpu, strict=True))
@@ -60,9 +62,7 @@ def test_cuda_parity_and_agreement_with_cpu_mode(make_ds, codec: str, caplog: py
     assert batch["observation.images.cam0"].device.type == "cuda"
     assert batch["observation.state"].device.type == "cuda"
     gpu.close()
-    gpu = DALILeRobotIterator(root, device="cuda", **kwargs)
-    on_gpu = _all(gpu)
-    gpu.close()
+    on_gpu = _all(DALILeRobotIterator(root, device="cuda", **kwargs))
     for s in on_gpu:
         _check_sample(s, GPU_SIZE)
     on_cpu = _all(DALILeRobotIterator(root, device="cpu", **kwargs))

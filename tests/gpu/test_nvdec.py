@@ -31,6 +31,10 @@ GPU_SIZE = {"height": 160, "width": 192}
 # NVDEC output goes through DALI's YUV->RGB kernel, PyAV's through swscale: same frame, a few levels apart.
 CROSS_DECODER_MAX_DIFF = 12
 CROSS_DECODER_MAX_MEAN_DIFF = 2.0
+# DALI samples chroma bilinearly where swscale repeats each sample over its 2x2 block: on camera footage the two
+# part by up to ~40 levels at sharp colour edges (a CPU emulation of DALI's kernel on r1's own planes: max 22,
+# on gr00t 41, mean ~1.2), so real content is held to the mean and all but the edge pixels.
+REAL_CONTENT_QUANTILE = 0.999
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -57,9 +61,11 @@ def _windows(total: int, seed: int) -> list[np.ndarray]:
     return windows
 
 
-def _assert_close(frame: np.ndarray, expected: np.ndarray) -> None:
+def _assert_close(frame: np.ndarray, expected: np.ndarray, *, markers: bool) -> None:
     diff = np.abs(frame.astype(np.int16) - expected)
-    assert diff.max() <= CROSS_DECODER_MAX_DIFF and diff.mean() <= CROSS_DECODER_MAX_MEAN_DIFF
+    assert diff.mean() <= CROSS_DECODER_MAX_MEAN_DIFF, diff.mean()
+    bound = diff.max() if markers else np.quantile(diff, REAL_CONTENT_QUANTILE)  # markers: flat grey cells
+    assert bound <= CROSS_DECODER_MAX_DIFF, (bound, diff.max())
 
 
 def _check_mixed(path: Path, windows: list[np.ndarray], *, markers: bool) -> None:
@@ -74,7 +80,7 @@ def _check_mixed(path: Path, windows: list[np.ndarray], *, markers: bool) -> Non
         assert frames.shape == (len(window), index.height, index.width, 3) and frames.dtype == np.uint8
         np.testing.assert_array_equal(frames, whole_frames)
         for frame_index, frame in zip(window.tolist(), frames, strict=True):
-            _assert_close(frame, reference[int(index.frame_pts[frame_index])])
+            _assert_close(frame, reference[int(index.frame_pts[frame_index])], markers=markers)
             if markers:
                 episode = int(np.searchsorted(EPISODE_STARTS, frame_index, side="right") - 1)
                 assert read_marker(frame) == (episode, frame_index - EPISODE_STARTS[episode])

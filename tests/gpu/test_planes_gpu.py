@@ -43,7 +43,9 @@ def test_av1_fallback_ships_planes_on_gpu(make_ds, caplog: pytest.LogCaptureFixt
     assert any("workers ship YUV planes" in r.getMessage() for r in caplog.records)
     on_gpu = next(iter(gpu))
     gpu.close()
-    on_cpu = next(iter(DALILeRobotIterator(root, device="cpu", return_uint8=True, **kwargs)))
+    cpu = DALILeRobotIterator(root, device="cpu", return_uint8=True, **kwargs)
+    on_cpu = next(iter(cpu))
+    cpu.close()
     assert on_gpu["index"].tolist() == on_cpu["index"].tolist()
     for key in ("observation.images.cam0", "observation.images.cam1"):
         assert on_gpu[key].device.type == "cuda"
