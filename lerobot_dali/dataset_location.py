@@ -129,15 +129,52 @@ def _hub_location(repo_id: str, revision: str | None, subfolder: str, options: d
     prefix = f"{subfolder.strip('/')}/" if subfolder.strip("/") else ""
     logger.info("downloading metadata of %s (revision %s)", repo_id, revision or "main")
     hub = {key: options[key] for key in _HUB_DOWNLOAD_OPTIONS if options.get(key) is not None}
-    local_meta = snapshot_download(
-        repo_id, repo_type="dataset", revision=revision, allow_patterns=[f"{prefix}meta/**"], **hub
-    )
+    try:
+        local_meta = snapshot_download(
+            repo_id, repo_type="dataset", revision=revision, allow_patterns=[f"{prefix}meta/**"], **hub
+        )
+    except Exception as e:
+        missing = _missing_on_hub(repo_id, revision, e)
+        if missing is None:
+            raise
+        raise missing from e
     commit = _snapshot_commit(repo_id, revision, local_meta)
     fs = _retrying(HfFileSystem(**options))
     root = f"datasets/{repo_id}{_at(commit)}/{prefix}".rstrip("/")
     local = LocalFileSystem()
     meta_root = os.path.join(local_meta, prefix.rstrip("/")) if prefix else local_meta
     return DatasetLocation(fs, root, local, meta_root, f"hf://datasets/{repo_id}{_at(revision)}/{prefix}".rstrip("/"))
+
+
+def _missing_on_hub(repo_id: str, revision: str | None, error: Exception) -> DatasetNotFoundError | None:
+    """``error`` from ``snapshot_download`` as the package's error when it means the dataset cannot be found
+    (no such repo or revision, private or gated without a token, no Hub reachable and nothing cached); ``None``
+    for other errors (a Hub outage mid-download), which keep their type."""
+    from huggingface_hub.utils import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    token = "log in (`hf auth login`) or pass storage_options={'token': ...}"
+    status = getattr(getattr(error, "response", None), "status_code", None)
+    if isinstance(error, GatedRepoError):
+        why = f"cannot be read: a gated dataset needs a token of an account that accepted its terms; {token}"
+    elif isinstance(error, RevisionNotFoundError):
+        why = f"has no revision {revision or 'main'!r} on the Hub; give an existing branch, tag or commit SHA"
+    elif isinstance(error, RepositoryNotFoundError) or (isinstance(error, HfHubHTTPError) and status == 401):
+        why = f"not found on the Hub, or private and unreadable with the token given; check the repo id, or {token}"
+    elif isinstance(error, LocalEntryNotFoundError):
+        why = (
+            f"cannot be opened: the Hub could not be reached and huggingface_hub's cache holds no metadata of "
+            f"revision {revision or 'main'}; check the network, HF_ENDPOINT and HF_HUB_OFFLINE"
+        )
+    else:
+        return None
+    cause = (str(error).strip().splitlines() or [""])[0]
+    return DatasetNotFoundError(f"dataset {repo_id!r} {why} ({type(error).__name__}: {cause})")
 
 
 def _snapshot_commit(repo_id: str, revision: str | None, local_meta: str) -> str | None:

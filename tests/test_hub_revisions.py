@@ -8,13 +8,23 @@ check stubbed, decides which revision and path a bulk read really asks for.
 from __future__ import annotations
 
 import logging
+import socket
+from types import SimpleNamespace
 from typing import Any
 
 import huggingface_hub
 import pytest
 from huggingface_hub import HfFileSystem
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
 
 from lerobot_dali.dataset_location import DatasetLocation, resolve_location
+from lerobot_dali.errors import DatasetNotFoundError
 
 SNAPSHOT_SHA = "c0ffee" * 6 + "c0ff"
 USER_SHA = "0123456789abcdef" * 2 + "01234567"
@@ -145,3 +155,55 @@ def test_two_different_revisions_are_refused(hub) -> None:
     with pytest.raises(ValueError, match="revision 'v1' but revision='v2'"):
         resolve_location("hf://datasets/user/ds@v1", revision="v2")
     assert hub == []
+
+
+def _http_error(cls: type[HfHubHTTPError], status: int, message: str) -> HfHubHTTPError:
+    """An error as huggingface_hub raises it for an HTTP ``status`` (only ``status_code`` and headers are read)."""
+    return cls(message, response=SimpleNamespace(status_code=status, headers={}, request=None))
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (_http_error(RepositoryNotFoundError, 404, "404 Client Error.\n\nRepo Not Found"), "not found on the Hub"),
+        (_http_error(GatedRepoError, 403, "403 Client Error.\n\nCannot access gated repo"), "gated dataset needs"),
+        (_http_error(HfHubHTTPError, 401, "401 Client Error: Unauthorized"), "not found on the Hub"),
+        (_http_error(RevisionNotFoundError, 404, "404 Client Error.\n\nRevision Not Found"), "has no revision 'v9'"),
+        (LocalEntryNotFoundError("Got: ConnectError: [Errno -2] Name or service not known\nAn error happened"),
+         "the Hub could not be reached"),
+    ],
+)  # fmt: skip
+def test_a_missing_repo_or_an_unreachable_hub_is_dataset_not_found(monkeypatch, error: Exception, said: str) -> None:
+    """Library users and the command line get the package's own error, naming the repo and the cause in one line."""
+
+    def failing_snapshot_download(repo_id: str, **kwargs: Any) -> str:
+        raise error
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", failing_snapshot_download)
+    with pytest.raises(DatasetNotFoundError) as caught:
+        resolve_location("user/ds", revision="v9")
+    message = str(caught.value)
+    assert "'user/ds'" in message and said in message and "\n" not in message
+    assert f"{type(error).__name__}: {str(error).splitlines()[0]}" in message
+    assert caught.value.__cause__ is error
+
+
+def test_other_hub_errors_keep_their_type(monkeypatch) -> None:
+    error = _http_error(HfHubHTTPError, 500, "500 Server Error")
+
+    def failing_snapshot_download(repo_id: str, **kwargs: Any) -> str:
+        raise error
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", failing_snapshot_download)
+    with pytest.raises(HfHubHTTPError) as caught:
+        resolve_location("user/ds")
+    assert caught.value is error
+
+
+def test_a_hub_nobody_answers_is_dataset_not_found() -> None:
+    """huggingface_hub's own snapshot_download against an endpoint where nothing listens (no network needed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(DatasetNotFoundError, match="'nobody/no-such-dataset'.*the Hub could not be reached"):
+        resolve_location("nobody/no-such-dataset", storage_options={"endpoint": f"http://127.0.0.1:{port}"})
