@@ -10,6 +10,10 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .dataset_reader import LeRobotDatasetReader
 
 __all__ = ["main"]
 
@@ -22,12 +26,46 @@ def _size(text: str) -> tuple[int, int]:
     return h, w
 
 
-def _info(args: argparse.Namespace) -> int:
+class _CommandError(Exception):
+    """What the user asked for cannot be done: :func:`main` prints ``lerobot-dali <verb>: <message>``, exits 2."""
+
+
+def _open_dataset(args: argparse.Namespace) -> LeRobotDatasetReader:
+    """``args.dataset`` opened; a URL no installed filesystem reads, or a revision given twice, is a
+    :class:`_CommandError` (the package's own errors pass through: :func:`main` names their type)."""
     from .dataset_reader import open_dataset
+    from .errors import DatasetError
+
+    try:
+        return open_dataset(args.dataset, revision=args.revision, cameras=args.cameras)
+    except DatasetError:
+        raise
+    except (ImportError, ValueError, OSError) as e:
+        raise _CommandError(f"cannot open {args.dataset!r}: {_one_line(e)}") from e
+
+
+def _check_url(dataset: str | None) -> None:
+    """A dataset URL's protocol has a filesystem installed (checked before a verb starts any work)."""
+    if dataset is None or "://" not in dataset:
+        return
+    import fsspec
+
+    try:
+        fsspec.get_filesystem_class(dataset.split("://", 1)[0])
+    except (ImportError, ValueError) as e:
+        raise _CommandError(f"cannot open {dataset!r}: {_one_line(e)}") from e
+
+
+def _one_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
+def _info(args: argparse.Namespace) -> int:
     from .dataset_summary import summarize
     from .frame_lookup import DEFAULT_TOLERANCE_S
 
-    reader = open_dataset(args.dataset, revision=args.revision, cameras=args.cameras)
+    reader = _open_dataset(args)
     summary = summarize(reader, probe=not args.no_probe)
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -96,7 +134,6 @@ def _make_dataset(args: argparse.Namespace) -> int:
 
 
 def _diagnose(args: argparse.Namespace) -> int:
-    from .dataset_reader import open_dataset
     from .diagnose import diagnose_dataset, diagnose_machine
 
     machine = diagnose_machine()
@@ -110,7 +147,7 @@ def _diagnose(args: argparse.Namespace) -> int:
         print("GPU none: every camera decodes on the CPU (DALI CPU for VP8/VP9/MJPEG, PyAV otherwise)")
     if args.dataset is None:
         return 0
-    reader = open_dataset(args.dataset, revision=args.revision, cameras=args.cameras)
+    reader = _open_dataset(args)
     failed = False
     for report in diagnose_dataset(reader, machine=machine):
         print(
@@ -130,7 +167,7 @@ def _bench(args: argparse.Namespace) -> int:
     from .bench_measure import show_progress
 
     show_progress()
-
+    _check_url(args.dataset)
     try:
         config = BenchConfig(
             dataset=args.dataset, batch_size=args.batch_size, num_workers=args.num_workers,
@@ -230,6 +267,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args))
     except DatasetError as e:
         print(f"lerobot-dali {args.verb}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except _CommandError as e:
+        print(f"lerobot-dali {args.verb}: {e}", file=sys.stderr)
         return 2
 
 

@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import huggingface_hub
 import pytest
+from huggingface_hub.utils import LocalEntryNotFoundError
 
 from lerobot_dali.cli import main
 from tests.conftest import shared_dataset
@@ -154,3 +156,28 @@ def test_make_dataset_unusable_out_is_a_one_line_error(tmp_path: Path, capsys) -
         err = capsys.readouterr().err
         assert err.startswith("lerobot-dali make-dataset: ") and message in err and err.count("\n") == 1, err
     assert (tmp_path / "afile").read_text() == "x" and [p.name for p in (tmp_path / "full").iterdir()] == ["keep"]
+
+
+def test_datasets_that_cannot_be_opened_are_one_line_errors(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # as if s3fs were not installed
+
+    def unreachable_hub(repo_id: str, **kwargs: object) -> str:
+        raise LocalEntryNotFoundError("Got: ConnectError: [Errno -2] Name or service not known\nAn error happened")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable_hub)
+    bench = ["bench", "--device", "cpu", "--out", str(tmp_path / "results"), "--dataset"]
+    cases = [
+        (["info", "s3://bucket/ds"], "Install s3fs"),
+        (["diagnose", "s3://bucket/ds"], "Install s3fs"),
+        ([*bench, "s3://bucket/ds"], "Install s3fs"),
+        (["info", "nope://bucket/ds"], "Protocol not known: nope"),
+        (["info", "hf://datasets/a/b@v1", "--revision", "v2"], "give the revision in one place only"),
+        (["info", "nobody/nothing"], "DatasetNotFoundError: dataset 'nobody/nothing' cannot be opened: the Hub"),
+        (["diagnose", "nobody/nothing"], "DatasetNotFoundError: dataset 'nobody/nothing' cannot be opened: the Hub"),
+        ([*bench, "nobody/nothing"], "DatasetNotFoundError: dataset 'nobody/nothing' cannot be opened: the Hub"),
+    ]
+    for argv, said in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"lerobot-dali {argv[0]}: ") and said in err and err.count("\n") == 1, (argv, err)
+    assert not (tmp_path / "results").exists()
