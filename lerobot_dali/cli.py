@@ -136,6 +136,9 @@ def _make_dataset(args: argparse.Namespace) -> int:
 def _diagnose(args: argparse.Namespace) -> int:
     from .diagnose import diagnose_dataset, diagnose_machine
 
+    if args.dataset is None and (args.cameras or args.revision):
+        taken = f" (--cameras took {' '.join(map(repr, args.cameras))})" if args.cameras else ""
+        raise _CommandError(f"--cameras and --revision need a DATASET; give DATASET before --cameras{taken}")
     machine = diagnose_machine()
     print(f"DALI {machine.dali_version or 'not installed'}")
     if machine.cuda_available:
@@ -207,8 +210,8 @@ def _parser() -> argparse.ArgumentParser:
 
     diagnose = verbs.add_parser("diagnose", help="GPU/NVDEC availability, per-camera route, one decode per route")
     diagnose.add_argument("dataset", nargs="?", help="dataset to route and test-decode (optional)")
-    diagnose.add_argument("--revision")
-    diagnose.add_argument("--cameras", nargs="+")
+    diagnose.add_argument("--revision", help="with DATASET: Hub branch, tag or commit")
+    diagnose.add_argument("--cameras", nargs="+", help="with DATASET, given before them: only these camera keys")
     diagnose.set_defaults(run=_diagnose)
 
     make = verbs.add_parser("make-dataset", help="write a synthetic LeRobot dataset with real encoded videos")

@@ -181,3 +181,20 @@ def test_datasets_that_cannot_be_opened_are_one_line_errors(tmp_path: Path, monk
         err = capsys.readouterr().err
         assert err.startswith(f"lerobot-dali {argv[0]}: ") and said in err and err.count("\n") == 1, (argv, err)
     assert not (tmp_path / "results").exists()
+
+
+def test_diagnose_dataset_after_cameras_is_refused(tmp_path: Path, capsys) -> None:
+    """``--cameras`` takes every word after it, so a DATASET given last would be read as one more camera."""
+    dataset = str(tmp_path / "ds")
+    cases = (
+        (["--cameras", "observation.images.cam0", dataset], f"'observation.images.cam0' '{dataset}'"),
+        (["--revision", "v1"], "give DATASET before --cameras"),
+    )
+    for argv, said in cases:
+        assert main(["diagnose", *argv]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1, captured
+        assert (
+            captured.err.startswith("lerobot-dali diagnose: --cameras and --revision need a DATASET")
+            and said in captured.err
+        )
