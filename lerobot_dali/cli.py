@@ -153,12 +153,15 @@ def _diagnose(args: argparse.Namespace) -> int:
     reader = _open_dataset(args)
     failed = False
     for report in diagnose_dataset(reader, machine=machine):
+        failed |= not report.ok
+        if report.error is not None or report.resolution is None:
+            print(f"camera {report.camera}: FAILED {report.error}")
+            continue
         print(
             f"camera {report.camera}: codec {report.codec} {report.resolution[1]}x{report.resolution[0]} "
             f"-> route {report.route}"
         )
         for route, (ok, seconds, detail) in report.decodes.items():
-            failed |= not ok
             print(f"  {route:<13} {'ok' if ok else 'FAILED'} {seconds * 1000:8.1f} ms  {detail}")
     return 1 if failed else 0
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from .clips import build_clip
+from .clips import Clip, build_clip
 from .cpu_decode import CpuFrameDecoder
 from .dali_video import DALI_CPU_CODECS, decode_clip_batch
 from .dataset_reader import LeRobotDatasetReader
@@ -34,11 +35,18 @@ class MachineReport:
 @dataclass
 class CameraReport:
     camera: str
-    codec: str
-    resolution: tuple[int, int]
-    route: str
+    #: ``None`` when the first video could not be opened, indexed or routed (see ``error``).
+    codec: str | None
+    resolution: tuple[int, int] | None
+    route: str | None
     #: route name -> (ok, seconds, detail): one frame decoded by each route available here.
     decodes: dict[str, tuple[bool, float, str]] = field(default_factory=dict)
+    #: Why the first video could not be opened, indexed or routed; no decode was tried then.
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and all(ok for ok, _, _ in self.decodes.values())
 
 
 def diagnose_machine() -> MachineReport:
@@ -59,34 +67,48 @@ def diagnose_machine() -> MachineReport:
 
 
 def diagnose_dataset(reader: LeRobotDatasetReader, *, machine: MachineReport) -> list[CameraReport]:
-    """Route and decode frame 0 of the first episode for every camera, by every route available."""
+    """Route and decode frame 0 of the first episode for every camera, by every route available.
+
+    A diagnosis reports every failure instead of stopping at the first: a camera whose video cannot be read
+    gets its ``error`` (or a failed decode) and the next camera is still diagnosed."""
     return [_diagnose_camera(reader, camera, machine) for camera in reader.camera_keys]
 
 
 def _diagnose_camera(reader: LeRobotDatasetReader, camera: str, machine: MachineReport) -> CameraReport:
     fs = reader.location.fs
-    path = reader.video(0, camera).path
-    index = load_packet_index(path, filesystem=fs)
-    preference = DecodePreference.AUTO if machine.cuda_available else DecodePreference.CPU
-    route = route_for_video(path, index, decode=preference, filesystem=fs, label=camera)
+    try:
+        path = reader.video(0, camera).path
+        index = load_packet_index(path, filesystem=fs)
+        preference = DecodePreference.AUTO if machine.cuda_available else DecodePreference.CPU
+        route = route_for_video(path, index, decode=preference, filesystem=fs, label=camera)
+    except Exception as e:
+        return CameraReport(camera, None, None, None, error=_describe(e))
     report = CameraReport(camera, index.codec, (index.height, index.width), route.value)
     reference = _timed(report, "cpu_fallback", lambda: CpuFrameDecoder().decode(path, index, [0], filesystem=fs)[0])
-    clip = build_clip(path, index, [0], filesystem=fs)
-    if index.codec in DALI_CPU_CODECS:
-        _timed(
-            report,
-            "dali_cpu",
-            lambda: decode_clip_batch([clip.data], [clip.relative_indices], device_id=None)[0][0],
-            reference,
-        )
+    # DALI route -> device_id (None: DALI on the CPU)
+    dali_routes: dict[str, int | None] = {"dali_cpu": None} if index.codec in DALI_CPU_CODECS else {}
     if route is DecodeRoute.NVDEC:
-        _timed(
-            report,
-            "nvdec",
-            lambda: decode_clip_batch([clip.data], [clip.relative_indices], device_id=0)[0][0],
-            reference,
-        )
+        dali_routes["nvdec"] = 0
+    if not dali_routes:
+        return report
+    start = time.perf_counter()
+    try:
+        clip = build_clip(path, index, [0], filesystem=fs)
+    except Exception as e:  # no clip for DALI: each DALI route fails with the reason
+        for name in dali_routes:
+            report.decodes[name] = (False, time.perf_counter() - start, _describe(e))
+        return report
+    for name, device_id in dali_routes.items():
+        _timed(report, name, partial(_dali_frame, clip, device_id), reference)
     return report
+
+
+def _dali_frame(clip: Clip, device_id: int | None) -> Any:
+    return decode_clip_batch([clip.data], [clip.relative_indices], device_id=device_id)[0][0]
+
+
+def _describe(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"
 
 
 def _timed(report: CameraReport, name: str, decode: Any, reference: np.ndarray | None = None) -> np.ndarray | None:
@@ -94,7 +116,7 @@ def _timed(report: CameraReport, name: str, decode: Any, reference: np.ndarray |
     try:
         frame = np.asarray(decode())
     except Exception as e:  # a diagnosis reports every failure instead of stopping at the first
-        report.decodes[name] = (False, time.perf_counter() - start, f"{type(e).__name__}: {e}")
+        report.decodes[name] = (False, time.perf_counter() - start, _describe(e))
         return None
     detail = f"{frame.shape[1]}x{frame.shape[0]}"
     if reference is not None and reference.shape == frame.shape:

@@ -12,6 +12,7 @@ import pytest
 from huggingface_hub.utils import LocalEntryNotFoundError
 
 from lerobot_dali.cli import main
+from lerobot_dali.generate import make_dataset
 from tests.conftest import shared_dataset
 
 
@@ -198,3 +199,16 @@ def test_diagnose_dataset_after_cameras_is_refused(tmp_path: Path, capsys) -> No
             captured.err.startswith("lerobot-dali diagnose: --cameras and --revision need a DATASET")
             and said in captured.err
         )
+
+
+def test_diagnose_reports_an_unreadable_camera_and_goes_on(tmp_path: Path, capsys) -> None:
+    root = make_dataset(
+        tmp_path / "ds", episodes=1, frames_per_episode=3, cameras=2, size=(64, 64), codec="vp9", version="v2.1"
+    )
+    video = root / "videos/chunk-000/observation.images.cam0/episode_000000.mp4"
+    video.write_bytes(video.read_bytes()[:300])  # truncated: no container index to read
+    assert main(["diagnose", str(root)]) == 1
+    report = capsys.readouterr().out
+    assert "camera observation.images.cam0: FAILED VideoDecodeError: " in report and "truncated or corrupt" in report
+    assert "observation.images.cam1: codec vp9 64x64 -> route dali_cpu" in report
+    assert report.count(" ok ") == 2  # cpu_fallback and dali_cpu of cam1
