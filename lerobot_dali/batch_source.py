@@ -25,6 +25,7 @@ from .clips import build_clip, plan_clip, read_packet_payloads
 from .cpu_decode import CpuDecodeOptions, CpuFrameDecoder
 from .dali_graph import CameraFeed, Field, FieldKind, augment_draw_field
 from .dataset_reader import LeRobotDatasetReader
+from .depth_maps import DepthQuantizer, DepthUnit
 from .errors import DatasetError, SchemaMismatchError, VideoDecodeError
 from .file_stamps import FileStamp
 from .frame_lookup import TimestampSource, row_frame_numbers
@@ -96,6 +97,9 @@ class SourceSpec:
     #: Per video camera, the format of its first file (:class:`CameraFormat`): the route and the batch shape rest
     #: on it, so a file that differs fails naming itself.
     camera_formats: Mapping[str, CameraFormat] = dataclass_field(default_factory=dict)
+    #: Depth-map cameras (their feeds say ``depth``): the quantiser of each, and the unit they are read in.
+    depth_quantizers: Mapping[str, DepthQuantizer] = dataclass_field(default_factory=dict)
+    depth_unit: DepthUnit = DepthUnit.MM
     #: Colour channels of image cameras whose images are not RGB (1: grey).
     image_channels: Mapping[str, int] = dataclass_field(default_factory=dict)
     #: Per worker: encoded images of recently read episodes kept in memory.
@@ -118,6 +122,8 @@ def lerobot_dtype(values: np.ndarray) -> np.ndarray:
 
 #: The field that carries each camera's frames (others follow it), for draws per camera.
 _CAMERA_KINDS = (FieldKind.FRAMES, FieldKind.PLANES_LUMA, FieldKind.CLIP)
+#: What a worker makes of decoded frames: RGB, the decoder's planes, or a depth camera's 12-bit codes.
+Pixels = Literal["rgb", "planes", "depth"]
 
 
 def output_fields(spec: SourceSpec) -> list[Field]:
@@ -129,7 +135,9 @@ def output_fields(spec: SourceSpec) -> list[Field]:
     fields += [Field(key, FieldKind.TABULAR) for key in INDEX_KEYS if key not in spec.tabular_keys]
     fields += [Field(f"{key}_is_pad", FieldKind.TABULAR) for key in spec.delta_index]
     for camera_index, (camera, feed) in enumerate(spec.camera_feeds.items()):
-        if feed.planes:
+        if feed.depth:
+            fields.append(Field(camera, FieldKind.DEPTH, camera_index=camera_index, channels=1))
+        elif feed.planes:
             fields.append(Field(camera, FieldKind.PLANES_LUMA, camera_index=camera_index))
             fields.append(Field(f"{camera}.__chroma", FieldKind.PLANES_CHROMA, camera_index=camera_index))
             fields.append(Field(f"{camera}.__color_matrix", FieldKind.PLANES_MATRIX, camera_index=camera_index))
@@ -275,7 +283,9 @@ class BatchSource:
                 continue
             requests = self._video_requests(field.name, episode_pos, rows, camera_rows)
             try:
-                if field.kind is FieldKind.FRAMES:
+                if field.kind is FieldKind.DEPTH:
+                    out.append(self._depth(field.name, requests))
+                elif field.kind is FieldKind.FRAMES:
                     out.append(self._decoded(requests, spec.camera_feeds[field.name].worker_size))
                 elif field.kind is FieldKind.PLANES_LUMA:
                     planes = self._decoded_planes(requests)
@@ -345,14 +355,21 @@ class BatchSource:
         self, requests: Iterator[tuple[str, PacketIndex, np.ndarray]], size: tuple[int, int] | None
     ) -> list[np.ndarray]:
         """RGB frames per request, resized to ``size`` by the worker when given."""
-        return self._decode_each(requests, size=size, planes=False)
+        return self._decode_each(requests, size=size, pixels="rgb")
 
     def _decoded_planes(self, requests: Iterator[tuple[str, PacketIndex, np.ndarray]]) -> list[PlaneFrames]:
         """The decoder's planes per request, for the graph to convert (``PLANES_*`` fields)."""
-        return self._decode_each(requests, size=None, planes=True)
+        return self._decode_each(requests, size=None, pixels="planes")
+
+    def _depth(self, camera: str, requests: Iterator[tuple[str, PacketIndex, np.ndarray]]) -> list[np.ndarray]:
+        """A depth camera's depth per request, (T, H, W, 1) float32 in ``spec.depth_unit`` (``DEPTH`` field)."""
+        quantizer = self.spec.depth_quantizers[camera]
+        codes = self._decode_each(requests, size=None, pixels="depth")
+        with io_stats.timed("decode_s"):
+            return [quantizer.dequantize(c, self.spec.depth_unit)[..., None] for c in codes]
 
     def _decode_each(
-        self, requests: Iterator[tuple[str, PacketIndex, np.ndarray]], *, size: tuple[int, int] | None, planes: bool
+        self, requests: Iterator[tuple[str, PacketIndex, np.ndarray]], *, size: tuple[int, int] | None, pixels: Pixels
     ) -> list[Any]:
         """Frames per request. Samples of a batch whose frames start in the same GOP of the same file are
         decoded as one request (the union of their frames), then split: that GOP decodes once, not once per
@@ -366,29 +383,31 @@ class BatchSource:
         for (path, _), members in groups.items():
             index = listed[members[0]][1]
             if len(members) == 1:
-                out[members[0]] = self._decode_request(path, index, listed[members[0]][2], size=size, planes=planes)
+                out[members[0]] = self._decode_request(path, index, listed[members[0]][2], size=size, pixels=pixels)
                 continue
             union = np.unique(np.concatenate([listed[i][2] for i in members]))
-            decoded = self._decode_request(path, index, union, size=size, planes=planes)
+            decoded = self._decode_request(path, index, union, size=size, pixels=pixels)
             for i in members:
                 rows = np.searchsorted(union, listed[i][2])
                 out[i] = (
                     PlaneFrames(luma=decoded.luma[rows], chroma=decoded.chroma[rows], matrix=decoded.matrix)
-                    if planes
+                    if pixels == "planes"
                     else decoded[rows]
                 )
         return out
 
     def _decode_request(
-        self, path: str, index: PacketIndex, numbers: np.ndarray, *, size: tuple[int, int] | None, planes: bool
+        self, path: str, index: PacketIndex, numbers: np.ndarray, *, size: tuple[int, int] | None, pixels: Pixels
     ) -> Any:
-        """RGB frames (or planes) of display frames ``numbers`` of one file."""
+        """RGB frames (or planes, or depth codes) of display frames ``numbers`` of one file."""
         location = self.spec.reader.location
         decoder = self._decoder
 
         def from_file(source: VideoSource, index: PacketIndex, numbers: np.ndarray, fs: Any = None) -> Any:
-            if planes:
+            if pixels == "planes":
                 return decoder.decode_planes(source, index, numbers, filesystem=fs)
+            if pixels == "depth":
+                return decoder.decode_depth_codes(source, index, numbers, filesystem=fs)
             return decoder.decode(source, index, numbers, filesystem=fs, size=size)
 
         if location.is_local:
@@ -402,8 +421,10 @@ class BatchSource:
                 plan = plan_clip(index, numbers)
                 payloads = read_packet_payloads(path, index, plan, filesystem=location.fs)
             with io_stats.timed("decode_s"):
-                if planes:
+                if pixels == "planes":
                     return decoder.decode_packet_planes(index, plan, payloads)
+                if pixels == "depth":
+                    return decoder.decode_packet_depth_codes(index, plan, payloads)
                 return decoder.decode_packets(index, plan, payloads, size=size)
         with io_stats.timed("clip_s"):
             clip = build_clip(path, index, numbers, filesystem=location.fs)

@@ -221,6 +221,11 @@ def _to_rgb(frame: av.VideoFrame, size: tuple[int, int] | None) -> np.ndarray:
     return frame.to_ndarray(format="rgb24", width=width, height=height, interpolation=WORKER_RESIZE_INTERPOLATION)
 
 
+def _to_depth_codes(frame: av.VideoFrame) -> np.ndarray:
+    """A depth camera's 12-bit codes (H, W) uint16, taken as LeRobot takes them (``gray12le``)."""
+    return frame.to_ndarray(format="gray12le")
+
+
 def _resize_nhwc(frames: Any, size: tuple[int, int]) -> np.ndarray:
     """``(N, H, W, 3)`` uint8 torch frames resized like DALI's ``fn.resize`` (bilinear, antialiased)."""
     import torch
@@ -382,7 +387,7 @@ class CpuFrameDecoder:
         """
         if size is not None:
             size = _checked_size(size)
-        return np.stack(self._frames(source, index, frame_indices, filesystem=filesystem, size=size, planes=False))
+        return np.stack(self._frames(source, index, frame_indices, filesystem=filesystem, size=size, convert=None))
 
     def decode_planes(
         self, source: VideoSource, index: PacketIndex, frame_indices: ArrayLike, *, filesystem: Any | None = None
@@ -393,8 +398,15 @@ class CpuFrameDecoder:
         """
         if self.options.backend is CpuDecoderBackend.TORCHCODEC:
             raise ValueError("decode_planes needs PyAV; this decoder's options ask for torchcodec")
-        frames = self._frames(source, index, frame_indices, filesystem=filesystem, size=None, planes=True)
+        frames = self._frames(source, index, frame_indices, filesystem=filesystem, size=None, convert=frame_planes)
         return stack_planes(frames, label=index.source_name)
+
+    def decode_depth_codes(
+        self, source: VideoSource, index: PacketIndex, frame_indices: ArrayLike, *, filesystem: Any | None = None
+    ) -> np.ndarray:
+        """A depth camera's 12-bit codes ``(N, H, W)`` uint16 (:mod:`.depth_maps`); always PyAV, as LeRobot."""
+        convert = _to_depth_codes
+        return np.stack(self._frames(source, index, frame_indices, filesystem=filesystem, size=None, convert=convert))
 
     def decode_packets(
         self, index: PacketIndex, plan: ClipPlan, payloads: list[bytes], *, size: tuple[int, int] | None = None
@@ -418,6 +430,12 @@ class CpuFrameDecoder:
         by_rank = self._packet_frames(index, plan, payloads)
         planes = {rank: frame_planes(frame) for rank, frame in by_rank.items()}
         return stack_planes([planes[int(rank)] for rank in plan.relative_indices], label=index.source_name)
+
+    def decode_packet_depth_codes(self, index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> np.ndarray:
+        """:meth:`decode_packets` of a depth camera: its 12-bit codes (:meth:`decode_depth_codes`)."""
+        by_rank = self._packet_frames(index, plan, payloads)
+        codes = {rank: _to_depth_codes(frame) for rank, frame in by_rank.items()}
+        return np.stack([codes[int(rank)] for rank in plan.relative_indices])
 
     def _packet_frames(self, index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> dict[int, av.VideoFrame]:
         self._drop_inherited()
@@ -443,13 +461,14 @@ class CpuFrameDecoder:
         *,
         filesystem: Any | None,
         size: tuple[int, int] | None,
-        planes: bool,
+        convert: Callable[[av.VideoFrame], Any] | None,
     ) -> list[Any]:
+        """Each requested frame, RGB (resized to ``size``) or, with ``convert``, what PyAV's frame becomes."""
         requested = np.asarray(frame_indices)
         plan = plan_clip(index, requested)  # validates the request before any file is opened
         requested = requested.astype(np.int64)
         self._drop_inherited()
-        backend = CpuDecoderBackend.PYAV if planes else self._backend
+        backend = CpuDecoderBackend.PYAV if convert is not None else self._backend
         if backend is CpuDecoderBackend.PYAV:
             _require_pyav_decoder(index)
         # A lent file object may be closed by its owner, so its decoder is never kept.
@@ -466,8 +485,7 @@ class CpuFrameDecoder:
             self._readers.move_to_end(key)
         try:
             if isinstance(reader, _PyAvReader):
-                convert = frame_planes if planes else functools.partial(_to_rgb, size=size)
-                by_pts = reader.frames_at(index, plan, requested, convert)
+                by_pts = reader.frames_at(index, plan, requested, convert or functools.partial(_to_rgb, size=size))
             else:
                 by_pts = cast(_TorchCodecReader, reader).frames_at(index, requested, size)
         except Exception:

@@ -49,6 +49,9 @@ class FieldKind(enum.Enum):
     PLANES_CHROMA = "planes_chroma"
     #: (3, 4) float32 colour matrix of the PLANES_LUMA field two before; stays on the CPU (argument input).
     PLANES_MATRIX = "planes_matrix"
+    #: A depth camera's depth (T, H, W, 1) float32 per sample (:mod:`.depth_maps`), decoded by the workers:
+    #: resized (nearest) and handed over, never augmented.
+    DEPTH = "depth"
     #: One random augmentation parameter per sample (see :mod:`.augment_draws`): stays on the CPU, where
     #: DALI reads argument inputs, and feeds the augmentation of the cameras of its stream; not an output.
     AUGMENT_DRAW = "augment_draw"
@@ -89,13 +92,17 @@ class CameraFeed:
     planes: bool = False
     #: CPU_FALLBACK RGB only: the (H, W) the worker resizes to while converting; None leaves it to the graph.
     worker_size: tuple[int, int] | None = None
+    #: CPU_FALLBACK only: a depth-map camera; the worker ships depth (``DEPTH`` field), not colour.
+    depth: bool = False
 
     def __post_init__(self) -> None:
         worker = self.route is DecodeRoute.CPU_FALLBACK
-        if (self.planes or self.worker_size is not None) and not worker:
-            raise ValueError(f"planes and worker_size apply to CPU_FALLBACK cameras only, got route {self.route}")
+        if (self.planes or self.worker_size is not None or self.depth) and not worker:
+            raise ValueError(f"planes, worker_size and depth apply to CPU_FALLBACK cameras only, got {self.route}")
         if self.planes and self.worker_size is not None:
             raise ValueError("a worker shipping planes never resizes (the graph converts, then resizes)")
+        if self.depth and (self.planes or self.worker_size is not None):
+            raise ValueError("a depth camera ships depth: no planes, no worker resize")
 
 
 def camera_feed(
@@ -105,8 +112,10 @@ def camera_feed(
     cpu_decode: CpuDecodeOptions,
     augment: AugmentConfig | None,
     image_size: tuple[int, int] | None,
+    depth: bool = False,
 ) -> CameraFeed:
-    """Decide what a camera's worker ships, from its route and where the pipeline runs.
+    """Decide what a camera's worker ships, from its route and where the pipeline runs (``depth``: a depth-map
+    camera, whose route is always CPU_FALLBACK; its worker ships depth).
 
     Planes: only worker-decoded cameras, by default only where the pipeline runs on a GPU: there the colour
     conversion is nearly free, while in the worker it costs more than decoding (see :mod:`.yuv_frames`);
@@ -118,8 +127,8 @@ def camera_feed(
     two cores the graph's resize of full frames was the bottleneck (issue #6); the worker folds the resize
     into the YUV -> RGB conversion it does anyway and ships small frames through shared memory.
     """
-    if route is not DecodeRoute.CPU_FALLBACK:
-        return CameraFeed(route)
+    if route is not DecodeRoute.CPU_FALLBACK or depth:
+        return CameraFeed(route, depth=depth)
     if cpu_decode.converts_in_graph(on_gpu=on_gpu):
         return CameraFeed(route, planes=True)
     return CameraFeed(route, worker_size=None if on_gpu else leading_resize(augment, image_size))
@@ -160,7 +169,7 @@ def build_pipeline(
         py_num_workers=max(num_workers, 1),
         py_start_method="spawn",
     )
-    framed = (FieldKind.FRAMES, FieldKind.PLANES_LUMA, FieldKind.PLANES_CHROMA)
+    framed = (FieldKind.FRAMES, FieldKind.PLANES_LUMA, FieldKind.PLANES_CHROMA, FieldKind.DEPTH)
     layouts = [("FHWC" if f.kind in framed else "") for f in fields]
     on_gpu = device_id is not None
     names: list[str] = []
@@ -181,6 +190,10 @@ def build_pipeline(
                 continue
             if field.kind in (FieldKind.TABULAR, FieldKind.HOST_VALUES):
                 results.append(node.gpu() if on_gpu and field.kind == FieldKind.TABULAR else node)
+                names.append(field.name)
+                continue
+            if field.kind == FieldKind.DEPTH:
+                results.append(_depth_output(node.gpu() if on_gpu else node, image_size))
                 names.append(field.name)
                 continue
             if field.kind == FieldKind.CLIP:
@@ -207,3 +220,14 @@ def build_pipeline(
             names.append(field.name)
         pipe.set_outputs(*results)
     return pipe, names
+
+
+def _depth_output(depth: Any, output_size: tuple[int, int] | None) -> Any:
+    """Depth windows ``FHWC`` -> ``FCHW``, resized to ``output_size`` by nearest neighbour (interpolating
+    would invent depths between a near edge and the far wall behind it). No augmentation: LeRobot leaves depth
+    out of its image transforms."""
+    from nvidia.dali import fn, types
+
+    if output_size is not None:
+        depth = fn.resize(depth, size=list(output_size), interp_type=types.INTERP_NN)  # type: ignore[attr-defined]
+    return fn.transpose(depth, perm=[0, 3, 1, 2], output_layout="FCHW")

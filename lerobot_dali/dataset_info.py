@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .depth_maps import DepthQuantizer, is_depth_map
 from .errors import DatasetError, InvalidPathTemplateError, UnsupportedVersionError
 
 __all__ = ["SUPPORTED_VERSIONS", "DatasetInfo", "Feature", "VideoInfo", "format_path"]
@@ -40,10 +41,15 @@ class VideoInfo:
     height: int | None = None
     width: int | None = None
     pix_fmt: str | None = None
-    is_depth_map: bool = False
+    #: Depth-map cameras (:mod:`.depth_maps`): the quantiser their 12-bit codes decode with; None for colour.
+    depth: DepthQuantizer | None = None
+
+    @property
+    def is_depth_map(self) -> bool:
+        return self.depth is not None
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> VideoInfo:
+    def from_json(cls, raw: Mapping[str, Any], *, depth_map: bool = False) -> VideoInfo:
         def opt_int(key: str) -> int | None:
             value = raw.get(key)
             return int(value) if value is not None else None
@@ -55,7 +61,7 @@ class VideoInfo:
             height=opt_int("video.height"),
             width=opt_int("video.width"),
             pix_fmt=raw.get("video.pix_fmt"),
-            is_depth_map=bool(raw.get("video.is_depth_map", False)),
+            depth=DepthQuantizer.from_info(raw) if depth_map else None,
         )
 
 
@@ -96,9 +102,15 @@ class Feature:
         except (KeyError, TypeError, ValueError) as e:
             raise DatasetError(f"feature {key!r} in info.json needs 'dtype' and an integer 'shape': {e}") from e
         video_raw = raw.get("info") or raw.get("video_info")  # 'video_info' is the v2.0 name
-        video = VideoInfo.from_json(video_raw) if dtype == "video" and isinstance(video_raw, Mapping) else None
-        if dtype == "video" and video is None:
-            video = VideoInfo()
+        video = None
+        if dtype == "video":
+            infos = [i for i in (raw.get("info"), raw.get("video_info")) if isinstance(i, Mapping)]
+            try:
+                video = VideoInfo.from_json(
+                    video_raw if isinstance(video_raw, Mapping) else {}, depth_map=is_depth_map(*infos)
+                )
+            except (TypeError, ValueError) as e:
+                raise DatasetError(f"video feature {key!r} in info.json has an unusable 'info': {e}") from e
         return cls(key=key, dtype=dtype, shape=shape, names=raw.get("names"), video=video)
 
 
@@ -130,6 +142,11 @@ class DatasetInfo:
     @property
     def video_keys(self) -> list[str]:
         return [k for k, f in self.features.items() if f.is_video]
+
+    @property
+    def depth_keys(self) -> list[str]:
+        """Video cameras of 12-bit quantised depth (:mod:`.depth_maps`)."""
+        return [k for k, f in self.features.items() if f.video is not None and f.video.is_depth_map]
 
     @property
     def image_keys(self) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,14 +18,21 @@ import torch
 
 from .augment import NORMALIZE_FROM_STATS, AugmentConfig, Normalize, checked_size
 from .batch_source import INDEX_KEYS, BatchSource, CameraFormat, SourceSpec, output_fields
-from .cpu_decode import CpuDecodeOptions
+from .cpu_decode import CpuDecodeOptions, pyav_can_decode
 from .dali_graph import CameraFeed, build_pipeline, camera_feed
 from .dataset_reader import LeRobotDatasetReader, open_dataset
 from .dataset_stats import read_dataset_stats
 from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
+from .depth_maps import DepthQuantizer, DepthUnit
 from .distributed import cpus_per_local_rank, local_cuda_device, resolve_rank
-from .errors import DeltaTimestampsError, EpisodeMetadataError, ResumeStateError, SchemaMismatchError
+from .errors import (
+    CodecUnsupportedError,
+    DeltaTimestampsError,
+    EpisodeMetadataError,
+    ResumeStateError,
+    SchemaMismatchError,
+)
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
 from .host_values import decode_host_values
 from .image_frames import decode_images
@@ -83,6 +90,7 @@ class DALILeRobotIterator:
         cpu_decode: CpuDecodeOptions | None = None,
         episodes: Sequence[int] | None = None,
         dali_threads: int | None = None,
+        depth_unit: DepthUnit | str = DepthUnit.MM,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -120,8 +128,11 @@ class DALILeRobotIterator:
         self._num_workers = num_workers
         self._dali_threads = dali_threads if dali_threads is not None else default_dali_threads(num_workers)
         self._prefetch = prefetch
-        self._image_channels = _image_channels(self.reader)
-        self._augment = _camera_augment(augment, self.reader, self._image_channels)
+        self._depth_quantizers = _depth_quantizers(self.reader)
+        self._depth_unit = _depth_unit(depth_unit)
+        # Cameras of other than 3 channels: grey image cameras, depth cameras (1).
+        self._image_channels = _image_channels(self.reader) | dict.fromkeys(self._depth_quantizers, 1)
+        self._augment = _camera_augment(augment, self.reader, self._image_channels, self._depth_quantizers)
         self._image_size = None if image_size is None else checked_size(type(self).__name__, "image_size", image_size)
         self._return_uint8 = return_uint8
         self._tolerance_s = tolerance_s
@@ -193,6 +204,14 @@ class DALILeRobotIterator:
             fs = self.reader.location.fs
             stamp = self.reader.stamps[video.path] if self.reader.stamps is not None else None
             indexes[camera] = load_packet_index(video.path, filesystem=fs, stamp=stamp, store=self._index_store)
+            if camera in self._depth_quantizers:  # 12-bit codes: NVDEC and DALI's decoders give 8-bit RGB only
+                if not pyav_can_decode(indexes[camera].codec):
+                    raise CodecUnsupportedError(
+                        f"depth camera {camera!r} ({video.path}) is {indexes[camera].codec}, which PyAV cannot "
+                        "decode here; leave the camera out with cameras=[...]"
+                    )
+                routes[camera] = DecodeRoute.CPU_FALLBACK
+                continue
             routes[camera] = route_for_video(
                 video.path, indexes[camera], decode=preference, device_id=self._device_id or 0, filesystem=fs,
                 label=camera,
@@ -222,10 +241,20 @@ class DALILeRobotIterator:
         on_gpu = self._device_id is not None
         feeds = {
             camera: camera_feed(
-                route, on_gpu=on_gpu, cpu_decode=self._cpu_decode, augment=self._augment, image_size=self._image_size
+                route,
+                on_gpu=on_gpu,
+                cpu_decode=self._cpu_decode,
+                augment=self._augment,
+                image_size=self._image_size,
+                depth=camera in self._depth_quantizers,
             )
             for camera, route in self.routes.items()
         }
+        if self._depth_quantizers:
+            logger.info(
+                "depth cameras %s: decoded by the workers (12-bit codes) and read in %s, never augmented",
+                sorted(self._depth_quantizers), self._depth_unit.value,
+            )  # fmt: skip
         planes = sorted(camera for camera, feed in feeds.items() if feed.planes)
         if planes:
             logger.info("CPU-fallback cameras %s: workers ship YUV planes, the pipeline makes RGB", planes)
@@ -321,6 +350,8 @@ class DALILeRobotIterator:
             cpu_decode=self._cpu_decode,
             image_keys=tuple(self.reader.image_keys),
             image_channels=self._image_channels,
+            depth_quantizers=self._depth_quantizers,
+            depth_unit=self._depth_unit,
             camera_formats=self._camera_formats,
             seed=self._stream.order.options.seed,
             rank=self.rank,
@@ -484,14 +515,35 @@ def _image_channels(reader: LeRobotDatasetReader) -> dict[str, int]:
     return channels
 
 
+def _depth_quantizers(reader: LeRobotDatasetReader) -> dict[str, DepthQuantizer]:
+    """The depth-map cameras read (:mod:`.depth_maps`), with their quantisers."""
+    quantizers = {}
+    for camera in reader.camera_keys:
+        video = reader.info.features[camera].video
+        if video is not None and video.depth is not None:
+            quantizers[camera] = video.depth
+    return quantizers
+
+
+def _depth_unit(unit: DepthUnit | str) -> DepthUnit:
+    try:
+        return DepthUnit(unit)
+    except ValueError:
+        raise ValueError(f"depth_unit must be 'mm' or 'm', got {unit!r}") from None
+
+
 def _camera_augment(
-    augment: AugmentConfig | None, reader: LeRobotDatasetReader, image_channels: Mapping[str, int]
+    augment: AugmentConfig | None,
+    reader: LeRobotDatasetReader,
+    image_channels: Mapping[str, int],
+    depth_cameras: Collection[str],
 ) -> AugmentConfig | None:
     """The augmentation with ``normalize="stats"`` read from the dataset, and a per-camera ``normalize`` checked
-    against the dataset's cameras (and their channels) now, rather than when the first pass builds the graph."""
+    against the dataset's cameras (and their channels) now, rather than when the first pass builds the graph.
+    Depth cameras are never augmented (as in LeRobot), so they need no statistics and no ``Normalize``."""
     if augment is None:
         return None
-    cameras = reader.all_camera_keys
+    cameras = [camera for camera in reader.all_camera_keys if camera not in depth_cameras]
     if augment.normalize == NORMALIZE_FROM_STATS:
         stats = read_dataset_stats(reader.location, reader.info)
         augment = augment.with_stats(stats, cameras, source=reader.location.description)

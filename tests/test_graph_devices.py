@@ -33,11 +33,13 @@ GPU_FEEDS = {
     "cam.nvdec": CameraFeed(DecodeRoute.NVDEC),
     "cam.planes": CameraFeed(DecodeRoute.CPU_FALLBACK, planes=True),
     "cam.rgb": CameraFeed(DecodeRoute.CPU_FALLBACK),
+    "cam.depth": CameraFeed(DecodeRoute.CPU_FALLBACK, depth=True),
 }
 CPU_FEEDS = {
     "cam.vp9": CameraFeed(DecodeRoute.DALI_CPU),
     "cam.planes": CameraFeed(DecodeRoute.CPU_FALLBACK, planes=True),
     "cam.rgb": CameraFeed(DecodeRoute.CPU_FALLBACK, worker_size=(120, 160)),
+    "cam.depth": CameraFeed(DecodeRoute.CPU_FALLBACK, depth=True),
 }
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from lerobot_dali.iterator import DALILeRobotIterator
+from tests.test_depth_cameras import DEPTH, depth_ds  # noqa: F401 (a fixture)
 from tests.test_iterator import DELTAS, _check_sample, _dataset
 
 pytestmark = [
@@ -98,3 +99,12 @@ def test_stats_normalisation_on_cuda_equals_cpu_mode(make_ds) -> None:
             # NVDEC against the CPU decode differ by a few levels; divided by std (~0.1-0.3) that is < 0.2
             assert (a[key] - b[key]).abs().mean().item() < 0.2, key
             assert (a[key] < 0).any(), key  # normalised: below-mean pixels are negative, unlike [0, 1] frames
+
+
+def test_depth_cameras_on_cuda_equal_cpu_mode(depth_ds) -> None:  # noqa: F811 (the fixture)
+    """Depth is made by the workers and only resized (nearest) on the device: the same values as CPU mode."""
+    kwargs = dict(batch_size=4, shuffle=False, num_workers=2, drop_last=False, image_size=(24, 40),
+                  delta_timestamps={DEPTH: [-0.1, 0.0]})  # fmt: skip
+    for a, b in _cuda_and_cpu_samples(depth_ds, **kwargs):
+        assert a[DEPTH].shape == (2, 1, 24, 40) and a[DEPTH].dtype == torch.float32
+        assert torch.equal(a[DEPTH], b[DEPTH])

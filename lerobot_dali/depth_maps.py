@@ -1,0 +1,83 @@
+"""Depth-map video cameras: LeRobot's 12-bit quantised depth, read back as depth.
+
+LeRobot (``DepthEncoderConfig``) stores a depth camera as a video of 12-bit codes (``gray12le``, lossless
+HEVC by default) and flags its feature ``is_depth_map``; the feature's ``info`` keeps the quantiser
+(``video.depth_min``, ``video.depth_max``, ``video.shift``, ``video.use_log``). Reading it as a colour
+camera would turn depth into a grey picture, so the workers decode the codes (PyAV, ``gray12le``; NVDEC
+and DALI's decoders give 8-bit RGB only) and :meth:`DepthQuantizer.dequantize` turns them into depth as
+LeRobot's ``dequantize_depth`` does: float32 millimetres rounded to whole ones (LeRobot's default) or metres.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["DEPTH_CODE_MAX", "DepthQuantizer", "DepthUnit", "is_depth_map"]
+
+#: Largest code of LeRobot's 12-bit depth quantiser.
+DEPTH_CODE_MAX = (1 << 12) - 1
+
+
+class DepthUnit(str, enum.Enum):
+    """What depth cameras are read as: ``mm`` (LeRobot's default ``depth_output_unit``) or ``m``."""
+
+    MM = "mm"
+    M = "m"
+
+
+def is_depth_map(*infos: Mapping[str, Any] | None) -> bool:
+    """Whether a feature's ``info`` (or v2.0 ``video_info``) flags it a depth map: LeRobot's canonical
+    ``is_depth_map`` or its legacy ``video.is_depth_map``."""
+    return any(bool(i and (i.get("is_depth_map") or i.get("video.is_depth_map"))) for i in infos)
+
+
+@dataclass(frozen=True)
+class DepthQuantizer:
+    """LeRobot's depth quantiser (its defaults): code 0 is ``depth_min`` metres, code 4095 ``depth_max``,
+    spaced evenly in ``log(depth + shift)`` when ``use_log``, else in depth."""
+
+    depth_min: float = 0.01
+    depth_max: float = 10.0
+    shift: float = 3.5
+    use_log: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.depth_max > self.depth_min:
+            raise ValueError(f"depth_max ({self.depth_max}) must exceed depth_min ({self.depth_min})")
+        if self.use_log and not self.depth_min + self.shift > 0:
+            raise ValueError(f"log quantisation needs depth_min + shift > 0, got {self.depth_min} + {self.shift}")
+
+    @classmethod
+    def from_info(cls, info: Mapping[str, Any]) -> DepthQuantizer:
+        """From a depth feature's ``info``; a missing parameter takes LeRobot's default, as LeRobot does."""
+        given = {name: info.get(f"video.{name}") for name in ("depth_min", "depth_max", "shift", "use_log")}
+        kwargs: dict[str, Any] = {
+            k: (bool(v) if k == "use_log" else float(v)) for k, v in given.items() if v is not None
+        }
+        return cls(**kwargs)
+
+    def dequantize(self, codes: np.ndarray, unit: DepthUnit) -> np.ndarray:
+        """Depth (float32, same shape) of 12-bit ``codes``, in float32 arithmetic in LeRobot's order (codes
+        above 4095 clamp to ``depth_max``); millimetres are rounded to whole ones, as LeRobot rounds them."""
+        if self.use_log:
+            low, high = math.log(self.depth_min + self.shift), math.log(self.depth_max + self.shift)
+        else:
+            low, high = self.depth_min, self.depth_max
+        depth = codes.astype(np.float32)
+        depth *= np.float32((high - low) / DEPTH_CODE_MAX)
+        depth += np.float32(low)
+        if self.use_log:
+            np.exp(depth, out=depth)
+            depth -= np.float32(self.shift)
+        np.clip(depth, np.float32(self.depth_min), np.float32(self.depth_max), out=depth)
+        if DepthUnit(unit) is DepthUnit.M:
+            return depth
+        depth *= np.float32(1000.0)
+        np.rint(depth, out=depth)
+        return np.clip(depth, 0, np.float32(np.iinfo(np.uint16).max), out=depth)

@@ -1,0 +1,169 @@
+"""Depth-map video cameras (LeRobot's ``is_depth_map``: 12-bit codes in lossless HEVC ``gray12le``) read back as
+depth: every sample's window against the codes written, dequantised by an independent float64 formula."""
+
+from __future__ import annotations
+
+import json
+import math
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from lerobot_dali.augment import AugmentConfig, ColorJitter
+from lerobot_dali.dataset_info import Feature
+from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.depth_maps import DepthQuantizer
+from lerobot_dali.errors import DatasetError
+from lerobot_dali.iterator import DALILeRobotIterator
+
+DEPTH = "observation.depth.front"
+CAM = "observation.images.cam0"
+FPS = 10
+LENGTHS = [6, 4, 7, 5]
+QUANTIZER = {"video.depth_min": 0.2, "video.depth_max": 5.0, "video.shift": 1.0, "video.use_log": True}
+
+
+def _codes(episode: int, frame: int, height: int, width: int) -> np.ndarray:
+    """The 12-bit codes written for one frame: every code differs from its neighbours, and from other frames."""
+    y, x = np.mgrid[0:height, 0:width]
+    return ((episode * 997 + frame * 131 + y * 29 + x * 7) % 4096).astype(np.uint16)
+
+
+def _expected_depth(codes: np.ndarray, unit: str, q: dict = QUANTIZER) -> np.ndarray:
+    """LeRobot's dequantisation written out in float64 (depth_utils.dequantize_depth)."""
+    low, high = math.log(q["video.depth_min"] + q["video.shift"]), math.log(q["video.depth_max"] + q["video.shift"])
+    metres = np.exp(codes.astype(np.float64) * (high - low) / 4095 + low) - q["video.shift"]
+    metres = np.clip(metres, q["video.depth_min"], q["video.depth_max"])
+    return metres if unit == "m" else np.clip(np.rint(metres * 1000), 0, 65535)
+
+
+def _encode_depth(path: Path, frames: list[np.ndarray]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w", format="mp4") as container:
+        options = {"x265-params": "lossless=1:keyint=4:log-level=none"}
+        stream = container.add_stream("libx265", rate=FPS, options=options)
+        stream.width, stream.height, stream.pix_fmt = frames[0].shape[1], frames[0].shape[0], "gray12le"
+        stream.codec_context.time_base = Fraction(1, FPS)
+        for i, codes in enumerate(frames):
+            frame = av.VideoFrame.from_ndarray(codes, format="gray12le")
+            frame.pts, frame.time_base = i, Fraction(1, FPS)
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+
+
+@pytest.fixture(scope="module")
+def depth_ds(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A generated v3.0 dataset (one colour camera, two episodes per video file) given a depth camera laid out as
+    LeRobot lays one out: the colour camera's file and seconds per episode, 12-bit codes, flagged in info.json."""
+    from lerobot_dali.generate import make_dataset
+
+    root = make_dataset(
+        tmp_path_factory.mktemp("depth") / "ds", episodes=len(LENGTHS), frames_per_episode=LENGTHS, cameras=1,
+        size=(64, 96), fps=FPS, codec="vp9", gop=2, episodes_per_file=2,
+    )  # fmt: skip
+    height, width = 48, 80  # a size of its own: the depth camera is not the colour camera
+    episodes_path = next((root / "meta/episodes").rglob("*.parquet"))
+    episodes = pq.read_table(episodes_path)
+    rows = episodes.to_pylist()
+    for file_index in sorted({r[f"videos/{CAM}/file_index"] for r in rows}):
+        in_file = sorted((r for r in rows if r[f"videos/{CAM}/file_index"] == file_index),
+                         key=lambda r: r[f"videos/{CAM}/from_timestamp"])  # fmt: skip
+        frames = [_codes(r["episode_index"], i, height, width) for r in in_file for i in range(r["length"])]
+        _encode_depth(root / f"videos/{DEPTH}/chunk-000/file-{file_index:03d}.mp4", frames)
+    for part in ("chunk_index", "file_index", "from_timestamp", "to_timestamp"):
+        episodes = episodes.append_column(f"videos/{DEPTH}/{part}", episodes[f"videos/{CAM}/{part}"])
+    pq.write_table(episodes, episodes_path)
+    info_path = root / "meta/info.json"
+    info = json.loads(info_path.read_text())
+    video = {"video.height": height, "video.width": width, "video.codec": "hevc", "video.pix_fmt": "gray12le",
+             "video.fps": FPS, "video.channels": 1, "is_depth_map": True, **QUANTIZER}  # fmt: skip
+    info["features"][DEPTH] = {"dtype": "video", "shape": [height, width, 1], "names": ["height", "width", "channels"],
+                               "info": video}  # fmt: skip
+    info_path.write_text(json.dumps(info, indent=2))
+    return root
+
+
+def _samples(root: Path, **kwargs) -> list[dict]:
+    it = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", drop_last=False, **kwargs)
+    try:
+        out = []
+        for batch in it:
+            for i in range(len(batch["index"])):
+                out.append({k: v[i] for k, v in batch.items()})
+        return out
+    finally:
+        it.close()
+
+
+@pytest.mark.parametrize("unit", ["mm", "m"])
+def test_a_depth_camera_reads_as_lerobots_depth_in_every_window(depth_ds: Path, unit: str) -> None:
+    deltas = [-2 / FPS, -1 / FPS, 0.0, 1 / FPS]  # reaches over both ends of every episode: padded rows
+    samples = _samples(depth_ds, num_workers=2, delta_timestamps={DEPTH: deltas}, depth_unit=unit)
+    assert len(samples) == sum(LENGTHS)
+    for s in samples:
+        episode, frame = int(s["episode_index"]), int(s["frame_index"])
+        depth = s[DEPTH].numpy()
+        assert depth.shape == (4, 1, 48, 80) and depth.dtype == np.float32
+        wanted = frame + np.array([-2, -1, 0, 1])
+        rows = np.clip(wanted, 0, LENGTHS[episode] - 1)  # padding repeats the episode's first/last frame
+        np.testing.assert_array_equal(s[f"{DEPTH}_is_pad"].numpy(), wanted != rows)
+        expected = np.stack([_expected_depth(_codes(episode, int(r), 48, 80), unit) for r in rows])[:, None]
+        if unit == "mm":  # whole millimetres; float32 arithmetic may round a x.5 the other way
+            diff = np.abs(depth - expected)
+            assert diff.max() <= 1 and np.mean(diff == 0) > 0.999, (episode, frame)
+        else:
+            np.testing.assert_allclose(depth, expected, rtol=2e-6)
+
+
+def test_depth_is_resized_by_nearest_neighbour_and_never_augmented(depth_ds: Path) -> None:
+    augment = AugmentConfig(color_jitter=ColorJitter(brightness=0.5, contrast=0.5), normalize="stats")
+    samples = _samples(depth_ds, num_workers=0, image_size=(24, 40), augment=augment)
+    for s in samples[:6]:
+        depth, colour = s[DEPTH].numpy(), s[CAM].numpy()
+        assert depth.shape == (1, 24, 40) and colour.shape == (3, 24, 40)
+        expected = _expected_depth(_codes(int(s["episode_index"]), int(s["frame_index"]), 48, 80), "mm")
+        # a 2x nearest-neighbour shrink samples pixel centres (2j + 1): source depths, no jitter, no stats
+        assert np.abs(depth[0] - expected[1::2, 1::2]).max() <= 1
+
+
+def test_depth_cameras_are_declared_as_lerobot_declares_them() -> None:
+    raw = {"dtype": "video", "shape": [4, 4, 1], "info": {"video.codec": "hevc"}}
+    assert Feature.from_json("d", raw).video.depth is None
+    legacy = {**raw, "info": {"video.is_depth_map": True, "video.depth_max": 3}}
+    assert Feature.from_json("d", legacy).video.depth == DepthQuantizer(depth_max=3.0)  # others: LeRobot's defaults
+    v20 = {"dtype": "video", "shape": [4, 4, 1], "video_info": {"is_depth_map": True, "video.use_log": False}}
+    assert Feature.from_json("d", v20).video.depth == DepthQuantizer(use_log=False)
+    with pytest.raises(DatasetError, match=r"video feature 'd' .*depth_max \(0\.1\) must exceed depth_min"):
+        Feature.from_json("d", {**raw, "info": {"is_depth_map": True, "video.depth_max": 0.1, "video.depth_min": 1}})
+
+
+def test_a_bad_depth_unit_and_a_depth_camera_left_out(depth_ds: Path) -> None:
+    with pytest.raises(ValueError, match="depth_unit must be 'mm' or 'm'"):
+        DALILeRobotIterator(depth_ds, device="cpu", depth_unit="cm")
+    (sample,) = _samples(depth_ds, num_workers=0, cameras=[CAM])[:1]
+    assert DEPTH not in sample and sample[CAM].shape == (3, 64, 96)
+    assert open_dataset(depth_ds).info.depth_keys == [DEPTH]
+
+
+def test_depth_codes_survive_the_remote_packet_path(depth_ds: Path) -> None:
+    """Remote MP4s are decoded from ranged-read packets (``decode_packet_depth_codes``), not from the file."""
+    from lerobot_dali.clips import plan_clip, read_packet_payloads
+    from lerobot_dali.cpu_decode import CpuFrameDecoder
+    from lerobot_dali.packet_index import build_packet_index
+
+    path = depth_ds / f"videos/{DEPTH}/chunk-000/file-000.mp4"
+    index = build_packet_index(path)
+    wanted = np.array([LENGTHS[0] + 3, 1, 2])  # episode 1 frame 3 (B-frames around it), episode 0 frames 1, 2
+    decoder = CpuFrameDecoder()
+    from_packets = decoder.decode_packet_depth_codes(
+        index, plan_clip(index, wanted), read_packet_payloads(path, index, plan_clip(index, wanted))
+    )
+    from_file = decoder.decode_depth_codes(path, index, wanted)
+    decoder.close()
+    expected = np.stack([_codes(1, 3, 48, 80), _codes(0, 1, 48, 80), _codes(0, 2, 48, 80)])
+    np.testing.assert_array_equal(from_packets, expected)
+    np.testing.assert_array_equal(from_file, expected)
