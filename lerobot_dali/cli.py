@@ -277,6 +277,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _CommandError as e:
         print(f"lerobot-dali {args.verb}: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"lerobot-dali {args.verb}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -14,10 +14,12 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterable, Iterator, Sequence
+import shutil
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from fractions import Fraction
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -557,14 +559,46 @@ def _write_parquet(path: Path, table: pa.Table) -> None:
     pq.write_table(table, path, compression="snappy")
 
 
-def _prepare_root(out: str | os.PathLike[str]) -> Path:
+def _write_into(out: str | os.PathLike[str], write: Callable[[Path], None]) -> Path:
+    """Run ``write(folder)`` so that ``out`` holds a dataset only once every file of it is written.
+
+    A new ``out`` is written as a hidden sibling (``.<name>.tmp-<pid>``) renamed to ``out`` at the end; an
+    existing empty folder (a mount point, say) is written in place and emptied again if writing fails. Either
+    way an interrupted or failed run (Ctrl-C, a full disk) leaves nothing that blocks a re-run. Missing parent
+    folders are created.
+    """
     root = Path(out)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise FileExistsError(
             f"Refusing to write a dataset into {root}: it exists and is not an empty directory. "
             "Pass a new path (make_dataset never overwrites)."
         )
-    root.mkdir(parents=True, exist_ok=True)
+    if root.is_dir():
+        try:
+            write(root)
+        except BaseException:
+            for entry in list(root.iterdir()):
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+            raise
+        return root
+    absolute = Path(os.path.abspath(root))
+    try:
+        absolute.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as e:
+        blocker = next(parent for parent in absolute.parents if parent.exists())
+        raise NotADirectoryError(f"Cannot write a dataset to {root}: {blocker} is a file, not a directory.") from e
+    staging = absolute.parent / f".{absolute.name}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        write(staging)
+        staging.rename(absolute)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return root
 
 
@@ -791,7 +825,8 @@ def make_dataset(
     Rows hold :func:`expected_state` / :func:`expected_action` values, ``timestamp = frame_index / fps``
     and task :func:`expected_task_index`; every video frame carries the marker of its episode, frame and
     camera (:func:`lerobot_dali.frame_marker.read_full_marker`). ``out`` must be new or an empty
-    directory. Returns ``out`` as a Path.
+    directory; it holds the dataset only once every file is written (a failed or interrupted run leaves it
+    as it was). Returns ``out`` as a Path.
     """
     spec = DatasetSpec(
         episodes=episodes,
@@ -811,7 +846,6 @@ def make_dataset(
         seed=seed,
         image_cameras=image_cameras,
     )
-    root = _prepare_root(out)
     logger.info(
         "Writing a %s dataset of %d episodes (%d frames, %d camera(s), %s) to %s",
         spec.version.value,
@@ -819,10 +853,6 @@ def make_dataset(
         spec.total_frames,
         spec.cameras,
         spec.codec,
-        root,
+        out,
     )
-    if spec.version is DatasetVersion.V30:
-        _write_v30(root, spec)
-    else:
-        _write_v21(root, spec)
-    return root
+    return _write_into(out, partial(_write_v30 if spec.version is DatasetVersion.V30 else _write_v21, spec=spec))

@@ -212,3 +212,16 @@ def test_diagnose_reports_an_unreadable_camera_and_goes_on(tmp_path: Path, capsy
     assert "camera observation.images.cam0: FAILED VideoDecodeError: " in report and "truncated or corrupt" in report
     assert "observation.images.cam1: codec vp9 64x64 -> route dali_cpu" in report
     assert report.count(" ok ") == 2  # cpu_fallback and dali_cpu of cam1
+
+
+def test_ctrl_c_during_make_dataset_is_one_line_exit_130_and_leaves_no_out(tmp_path: Path, monkeypatch, capsys) -> None:
+    import lerobot_dali.generate
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lerobot_dali.generate, "encode_video", interrupted)
+    out = tmp_path / "ds"
+    assert main(["make-dataset", str(out), "--episodes", "1", "--frames-per-episode", "1"]) == 130
+    assert capsys.readouterr().err == "lerobot-dali make-dataset: interrupted\n"
+    assert list(tmp_path.iterdir()) == []

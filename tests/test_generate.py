@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from fractions import Fraction
@@ -506,6 +507,44 @@ def test_make_dataset_refuses_non_empty_directory(tmp_path: Path) -> None:
     (tmp_path / "ds" / "keep.txt").write_text("x")
     with pytest.raises(FileExistsError, match="not an empty directory"):
         make_dataset(tmp_path / "ds")
+
+
+def test_an_interrupted_make_dataset_leaves_nothing_that_blocks_a_rerun(tmp_path: Path, monkeypatch) -> None:
+    """A new OUT appears only once complete; an empty OUT (a mount point, say) is emptied again."""
+    import lerobot_dali.generate as generate
+
+    real_encode = generate.encode_video
+    seen: list[bool] = []
+    new, empty = tmp_path / "parent" / "new", tmp_path / "empty"
+    empty.mkdir()
+
+    def interrupted_encode(*args: object, **kwargs: object) -> None:
+        seen.append(new.exists())
+        if len(seen) % 2 == 0:
+            raise KeyboardInterrupt  # Ctrl-C while the second video is encoded
+        real_encode(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(generate, "encode_video", interrupted_encode)
+    options = {"episodes": 3, "frames_per_episode": 2, "size": (64, 64), "codec": "vp9", "episodes_per_file": 1}
+    for out in (new, empty):
+        with pytest.raises(KeyboardInterrupt):
+            make_dataset(out, **options)  # type: ignore[arg-type]
+    assert seen == [False, False, False, False]  # the half-written new dataset is never at OUT
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["empty", "parent"]
+    monkeypatch.setattr(generate, "encode_video", real_encode)
+    for out in (new, empty):
+        assert (make_dataset(out, **options) / "meta/info.json").is_file()  # type: ignore[arg-type]
+    assert [p.name for p in new.parent.iterdir()] == ["new"]  # nothing left beside it
+
+
+def test_make_dataset_under_a_file_says_so(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    for out in ("afile/ds", "afile/sub/ds"):
+        with pytest.raises(
+            NotADirectoryError,
+            match=re.escape(f"Cannot write a dataset to {tmp_path / out}: {tmp_path / 'afile'} is a file"),
+        ):
+            make_dataset(tmp_path / out)
 
 
 def test_spec_normalises_lengths() -> None:
