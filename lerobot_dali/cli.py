@@ -110,6 +110,9 @@ def _info(args: argparse.Namespace) -> int:
 def _make_dataset(args: argparse.Namespace) -> int:
     from .generate import make_dataset
 
+    progress = logging.getLogger("lerobot_dali.generate")  # a long run says how far it got, as bench does
+    if progress.getEffectiveLevel() > logging.INFO:
+        progress.setLevel(logging.INFO)
     try:
         out = make_dataset(
             args.out,

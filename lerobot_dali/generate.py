@@ -711,7 +711,15 @@ def _write_v30(root: Path, spec: DatasetSpec) -> None:
                 total_moments[name] = total_moments[name].merge(moments) if name in total_moments else moments
             for key, moments in episode_image_moments.items():
                 total_moments[key] = total_moments[key].merge(moments) if key in total_moments else moments
-        logger.info("Wrote episodes %d-%d to %s and %d video file(s)", group[0], group[-1], data_path, spec.cameras)
+        logger.info(
+            "file %d/%d: episodes %d-%d, %s%s",
+            file_ordinal + 1,
+            math.ceil(spec.episodes / spec.episodes_per_file),
+            group[0],
+            group[-1],
+            data_path.relative_to(root),
+            _camera_files(spec),
+        )
 
     episodes_table = pa.Table.from_pylist(episode_rows)
     _write_parquet(
@@ -763,7 +771,9 @@ def _write_v21(root: Path, spec: DatasetSpec) -> None:
             }
         )
         episodes_stats.append({"episode_index": episode_index, "stats": _episode_stats(columns, image_moments)})
-        logger.info("Wrote episode %d to %s and %d video file(s)", episode_index, data_path, spec.cameras)
+        logger.info(
+            "episode %d/%d: %s%s", episode_index + 1, spec.episodes, data_path.relative_to(root), _camera_files(spec)
+        )
 
     _write_jsonl(root / "meta/episodes.jsonl", episodes)
     _write_jsonl(root / "meta/episodes_stats.jsonl", episodes_stats)
@@ -775,6 +785,13 @@ def _write_v21(root: Path, spec: DatasetSpec) -> None:
     videos = 0 if spec.image_cameras else spec.episodes * spec.cameras
     totals = {"total_videos": videos, "total_chunks": math.ceil(spec.episodes / spec.chunks_size)}
     _write_json(root / "meta/info.json", {**info, **totals})
+
+
+def _camera_files(spec: DatasetSpec) -> str:
+    """What a progress message adds after a data file's path: the cameras written with it."""
+    if not spec.cameras:
+        return ""
+    return " with the camera images" if spec.image_cameras else f" and {spec.cameras} video file(s)"
 
 
 def _info(
@@ -846,13 +863,18 @@ def make_dataset(
         seed=seed,
         image_cameras=image_cameras,
     )
+    if not spec.cameras:
+        what = "no cameras"
+    elif spec.image_cameras:
+        what = f"{spec.cameras} image camera(s) as PNG in the data files"
+    else:
+        what = f"{spec.cameras} camera(s) as {spec.codec} video, gop {spec.gop}"
     logger.info(
-        "Writing a %s dataset of %d episodes (%d frames, %d camera(s), %s) to %s",
+        "Writing a %s dataset of %d episodes (%d frames, %s) to %s",
         spec.version.value,
         spec.episodes,
         spec.total_frames,
-        spec.cameras,
-        spec.codec,
+        what,
         out,
     )
     return _write_into(out, partial(_write_v30 if spec.version is DatasetVersion.V30 else _write_v21, spec=spec))

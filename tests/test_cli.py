@@ -225,3 +225,14 @@ def test_ctrl_c_during_make_dataset_is_one_line_exit_130_and_leaves_no_out(tmp_p
     assert main(["make-dataset", str(out), "--episodes", "1", "--frames-per-episode", "1"]) == 130
     assert capsys.readouterr().err == "lerobot-dali make-dataset: interrupted\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_make_dataset_shows_its_progress_without_verbose(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    argv = ["make-dataset", str(out), "--episodes", "2", "--frames-per-episode", "1", "--episodes-per-file", "1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "lerobot_dali", *argv, "--image-cameras", "--size", "64x64"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout == f"{out}\n", done.stderr
+    assert "INFO lerobot_dali.generate: file 2/2: episodes 1-1" in done.stderr
