@@ -182,6 +182,19 @@ class BenchConfig:
             or self.tolerance_s <= 0
         ):
             raise ValueError(f"--tolerance-s must be a number > 0, got {self.tolerance_s!r}")
+        size = self.image_size
+        if size is not None and not (
+            isinstance(size, (tuple, list))
+            and len(size) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)
+        ):
+            shown = "x".join(map(str, size)) if isinstance(size, (tuple, list)) else repr(size)
+            raise ValueError(f"--image-size must be HxW with both > 0, got {shown}")
+        if self.recipe is not None:
+            try:  # read now, so a bad recipe fails before any dataset is generated
+                _repo_module("pipelines.recipes", "pipelines/recipes.py").get_recipe(self.recipe)
+            except (ValueError, OSError, ImportError) as e:
+                raise ValueError(f"--recipe: {e}") from e
         if (self.cameras or self.keys) and self.dataset is None:
             raise ValueError("--cameras and --keys select parts of --dataset; the generated datasets are read whole")
         if self.loaders is not None:

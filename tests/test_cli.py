@@ -236,3 +236,22 @@ def test_make_dataset_shows_its_progress_without_verbose(tmp_path: Path) -> None
     )  # fmt: skip
     assert done.returncode == 0 and done.stdout == f"{out}\n", done.stderr
     assert "INFO lerobot_dali.generate: file 2/2: episodes 1-1" in done.stderr
+
+
+def test_bench_checks_recipe_and_image_size_before_any_work(tmp_path: Path, monkeypatch, capsys) -> None:
+    import lerobot_dali.bench
+
+    def no_work(config: object) -> None:
+        raise AssertionError("the bench started before its options were checked")
+
+    monkeypatch.setattr(lerobot_dali.bench, "run_bench", no_work)
+    cases = (
+        (["--recipe", "nope"], "--recipe: Unknown recipe 'nope'; known recipes are act, diffusion, vla"),
+        (["--recipe", str(tmp_path / "missing.toml")], "missing.toml does not exist"),
+        (["--image-size", "0x0"], "--image-size must be HxW with both > 0, got 0x0"),
+    )
+    for argv, said in cases:
+        assert main(["bench", "--quick", "--device", "cpu", "--cache-dir", str(tmp_path / "cache"), *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("lerobot-dali bench: ") and said in err and err.count("\n") == 1, err
+    assert not (tmp_path / "cache").exists()
