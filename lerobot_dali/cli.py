@@ -10,7 +10,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .dataset_reader import LeRobotDatasetReader
@@ -79,16 +79,8 @@ def _info(args: argparse.Namespace) -> int:
     for key, feature in summary["features"].items():
         print(f"    {key:<40} {feature['dtype']:<8} {feature['shape']}")
     for key, cam in summary["cameras"].items():
-        probed = (
-            (
-                f"codec {cam.get('codec')} {cam.get('resolution')} {cam.get('fps')} fps GOP {cam.get('gop_frames')}"
-                f"{' B-frames' if cam.get('b_frames') else ''}"
-            )
-            if "codec" in cam
-            else "not probed"
-        )
         print(
-            f"  camera {key}: {probed}; {cam['video_files']} video file(s), "
+            f"  camera {key}: {_probed(cam)}; {cam['video_files']} video file(s), "
             f"{cam['episodes_per_file']['min']}-{cam['episodes_per_file']['max']} episodes per file"
         )
         lookup = cam.get("frame_lookup")
@@ -105,6 +97,20 @@ def _info(args: argparse.Namespace) -> int:
     for key in summary["image_cameras"]:
         print(f"  camera {key}: images in the data files (decoded by the workers)")
     return 0
+
+
+def _probed(camera: dict[str, Any]) -> str:
+    """What the first video of a camera holds, in words: codec, HxW, frame rate, keyframe spacing, B-frames."""
+    if "codec" not in camera:
+        return "not probed"
+    height, width = camera["resolution"]
+    frames = camera["frame_count"]
+    rate = f"{camera['fps']:g} fps" if camera["fps"] is not None else f"{frames} frame{'s' * (frames != 1)} (no fps)"
+    if camera["gop_frames"] is not None:
+        gop = f" GOP {camera['gop_frames']}"
+    else:
+        gop = f" GOP = all {frames} frames (one keyframe)" if frames > 1 else ", one keyframe"
+    return f"codec {camera['codec']} {height}x{width} (HxW) {rate}{gop}{' B-frames' if camera['b_frames'] else ''}"
 
 
 def _make_dataset(args: argparse.Namespace) -> int:
@@ -160,10 +166,8 @@ def _diagnose(args: argparse.Namespace) -> int:
         if report.error is not None or report.resolution is None:
             print(f"camera {report.camera}: FAILED {report.error}")
             continue
-        print(
-            f"camera {report.camera}: codec {report.codec} {report.resolution[1]}x{report.resolution[0]} "
-            f"-> route {report.route}"
-        )
+        height, width = report.resolution
+        print(f"camera {report.camera}: codec {report.codec} {height}x{width} (HxW) -> route {report.route}")
         for route, (ok, seconds, detail) in report.decodes.items():
             print(f"  {route:<13} {'ok' if ok else 'FAILED'} {seconds * 1000:8.1f} ms  {detail}")
     return 1 if failed else 0
@@ -202,7 +206,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lerobot-dali", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="lerobot-dali", description=__doc__.splitlines()[0].replace("``", ""))
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log INFO (-v) or DEBUG (-vv)")
     verbs = parser.add_subparsers(dest="verb", required=True)
 
@@ -221,17 +225,32 @@ def _parser() -> argparse.ArgumentParser:
     diagnose.set_defaults(run=_diagnose)
 
     make = verbs.add_parser("make-dataset", help="write a synthetic LeRobot dataset with real encoded videos")
-    make.add_argument("out")
-    make.add_argument("--episodes", type=int, default=8)
-    make.add_argument("--frames-per-episode", type=int, default=60)
-    make.add_argument("--cameras", type=int, default=1)
-    make.add_argument("--size", type=_size, default=(96, 128), help="HxW")
-    make.add_argument("--fps", type=int, default=30)
-    make.add_argument("--codec", choices=["av1", "h264", "hevc", "vp9"], default="av1")
-    make.add_argument("--gop", type=int, default=2)
-    make.add_argument("--episodes-per-file", type=int, default=4)
-    make.add_argument("--version", choices=["v3.0", "v2.1"], default="v3.0")
-    make.add_argument("--seed", type=int, default=0)
+    make.add_argument("out", help="a new folder, or an empty one")
+    make.add_argument("--episodes", type=int, default=8, metavar="N", help="(default 8)")
+    make.add_argument("--frames-per-episode", type=int, default=60, metavar="N", help="(default 60)")
+    make.add_argument("--cameras", type=int, default=1, metavar="N", help="(default 1)")
+    make.add_argument(
+        "--size", type=_size, default=(96, 128), metavar="HxW", help="both even and >= 64 (default 96x128)"
+    )
+    make.add_argument("--fps", type=int, default=30, metavar="N", help="(default 30)")
+    make.add_argument(
+        "--codec", choices=["av1", "h264", "hevc", "vp9"], default="av1",
+        help="(default av1; ignored with --image-cameras)",
+    )  # fmt: skip
+    make.add_argument(
+        "--gop", type=int, default=2, metavar="N",
+        help="most frames between keyframes; h264 and hevc need --gop >= 3 for B-frames (default 2; ignored with "
+        "--image-cameras)",
+    )  # fmt: skip
+    make.add_argument(
+        "--episodes-per-file",
+        type=int,
+        default=4,
+        metavar="N",
+        help="per data and video file (default 4; ignored for v2.1)",
+    )
+    make.add_argument("--version", choices=["v3.0", "v2.1"], default="v3.0", help="LeRobot layout (default v3.0)")
+    make.add_argument("--seed", type=int, default=0, metavar="N", help="shifts the task of each episode (default 0)")
     make.add_argument(
         "--image-cameras", action="store_true", help="store cameras as PNG images in the data files, not videos"
     )
@@ -251,7 +270,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-size", type=int, help="samples per batch, every loader (default 32; quick 8)")
     bench.add_argument("--num-workers", type=int, help="worker processes, every loader (default min(4, cores))")
     bench.add_argument("--pool-size", type=int, default=16, help="lerobot-dali episode pool size")
-    bench.add_argument("--image-size", type=_size, help="resize frames to HxW")
+    bench.add_argument("--image-size", type=_size, metavar="HxW", help="resize frames to HxW")
     bench.add_argument("--augment", action=argparse.BooleanOptionalAction, help="default: the recipe's choice")
     bench.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     bench.add_argument("--steps", type=int, help="measured batches per loader (default 30; quick 6)")

@@ -118,7 +118,7 @@ def _timed(report: CameraReport, name: str, decode: Any, reference: np.ndarray |
     except Exception as e:  # a diagnosis reports every failure instead of stopping at the first
         report.decodes[name] = (False, time.perf_counter() - start, _describe(e))
         return None
-    detail = f"{frame.shape[1]}x{frame.shape[0]}"
+    detail = f"{frame.shape[0]}x{frame.shape[1]}"  # HxW
     if reference is not None and reference.shape == frame.shape:
         detail += f", mean |diff| vs cpu_fallback {np.abs(frame.astype(int) - reference.astype(int)).mean():.2f}"
     report.decodes[name] = (True, time.perf_counter() - start, detail)

@@ -88,9 +88,12 @@ def test_make_dataset_then_info_then_diagnose(tmp_path: Path, capsys) -> None:
     assert info["cameras"]["observation.images.cam1"]["episodes_per_file"] == {"min": 1, "max": 2}
     lookup = info["cameras"]["observation.images.cam1"]["frame_lookup"]
     assert lookup == {"parquet_timestamp": "ok", "frame_index": "ok"}
+    assert main(["info", str(out)]) == 0
+    assert "camera observation.images.cam1: codec vp9 64x96 (HxW) 30 fps GOP 3;" in capsys.readouterr().out
     assert main(["diagnose", str(out)]) == 0
     report = capsys.readouterr().out
-    assert "observation.images.cam0: codec vp9 96x64 -> route dali_cpu" in report
+    assert "observation.images.cam0: codec vp9 64x96 (HxW) -> route dali_cpu" in report
+    assert "  cpu_fallback  ok" in report and report.count(" 64x96") == 6  # the decoded frames are HxW too
     assert report.count(" ok ") == 4  # cpu_fallback and dali_cpu for each camera
 
 
@@ -210,7 +213,7 @@ def test_diagnose_reports_an_unreadable_camera_and_goes_on(tmp_path: Path, capsy
     assert main(["diagnose", str(root)]) == 1
     report = capsys.readouterr().out
     assert "camera observation.images.cam0: FAILED VideoDecodeError: " in report and "truncated or corrupt" in report
-    assert "observation.images.cam1: codec vp9 64x64 -> route dali_cpu" in report
+    assert "observation.images.cam1: codec vp9 64x64 (HxW) -> route dali_cpu" in report
     assert report.count(" ok ") == 2  # cpu_fallback and dali_cpu of cam1
 
 
@@ -255,3 +258,27 @@ def test_bench_checks_recipe_and_image_size_before_any_work(tmp_path: Path, monk
         err = capsys.readouterr().err
         assert err.startswith("lerobot-dali bench: ") and said in err and err.count("\n") == 1, err
     assert not (tmp_path / "cache").exists()
+
+
+def test_help_is_plain_text_and_make_dataset_options_say_what_they_take(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "lerobot-dali: inspect datasets" in out and "``" not in out
+    with pytest.raises(SystemExit):
+        main(["make-dataset", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for said in ("--size HxW both even and >= 64 (default 96x128)", "ignored for v2.1", "ignored with --image-cameras",
+                 "h264 and hevc need --gop >= 3 for B-frames", "(default 8)", "(default v3.0)"):  # fmt: skip
+        assert said in out, said
+
+
+def test_info_describes_a_one_frame_video_and_a_single_keyframe(tmp_path: Path, capsys) -> None:
+    one = make_dataset(tmp_path / "one", episodes=1, frames_per_episode=1, size=(64, 64), codec="vp9")
+    long_gop = make_dataset(tmp_path / "gop", episodes=1, frames_per_episode=5, size=(64, 64), codec="vp9", gop=10)
+    assert main(["info", str(one)]) == 0
+    out = capsys.readouterr().out
+    assert "codec vp9 64x64 (HxW) 1 frame (no fps), one keyframe;" in out and "None" not in out
+    assert main(["info", str(long_gop)]) == 0
+    out = capsys.readouterr().out
+    assert "codec vp9 64x64 (HxW) 30 fps GOP = all 5 frames (one keyframe);" in out and "None" not in out
