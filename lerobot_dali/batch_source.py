@@ -146,7 +146,9 @@ def output_fields(spec: SourceSpec) -> list[Field]:
             fields.append(Field(camera, FieldKind.FRAMES, camera_index=camera_index, presized=presized))
         else:
             device: Literal["cpu", "mixed"] = "mixed" if feed.route.dali_device == "mixed" else "cpu"
-            fields.append(Field(camera, FieldKind.CLIP, decode_device=device, camera_index=camera_index))
+            fields.append(
+                Field(camera, FieldKind.CLIP, decode_device=device, camera_index=camera_index, color_fix=feed.color_fix)
+            )
             fields.append(Field(f"{camera}.__frames", FieldKind.CLIP_FRAMES, camera_index=camera_index))
     first_image = len(spec.camera_feeds)
     fields += [

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from .augment import AugmentConfig, augment_frames, leading_resize
 from .augment_draws import draw_names, stream_name
 from .cpu_decode import CpuDecodeOptions
-from .dali_color import planes_to_rgb
+from .dali_color import planes_to_rgb, recolor
 from .dali_video import decode_clips
 from .decode_route import DecodeRoute
 
@@ -68,6 +68,9 @@ class Field:
     presized: bool = False
     #: Camera fields: colour channels of the frames (1 for grey image cameras).
     channels: int = 3
+    #: CLIP on NVDEC only: ``[M | T]`` rows that take NVDEC's BT.601 RGB to the stream's tagged colour space
+    #: (:func:`~lerobot_dali.yuv_frames.nvdec_color_fix`); None where they agree.
+    color_fix: tuple[tuple[float, ...], ...] | None = None
     #: AUGMENT_DRAW only: the draw stream (``augment_draws.stream_name``) and the parameter's name.
     stream: str = ""
     param: str = ""
@@ -94,6 +97,8 @@ class CameraFeed:
     worker_size: tuple[int, int] | None = None
     #: CPU_FALLBACK only: a depth-map camera; the worker ships depth (``DEPTH`` field), not colour.
     depth: bool = False
+    #: NVDEC only: the colour correction its frames need (:attr:`Field.color_fix`).
+    color_fix: tuple[tuple[float, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         worker = self.route is DecodeRoute.CPU_FALLBACK
@@ -103,6 +108,8 @@ class CameraFeed:
             raise ValueError("a worker shipping planes never resizes (the graph converts, then resizes)")
         if self.depth and (self.planes or self.worker_size is not None):
             raise ValueError("a depth camera ships depth: no planes, no worker resize")
+        if self.color_fix is not None and self.route is not DecodeRoute.NVDEC:
+            raise ValueError(f"color_fix corrects NVDEC's colour conversion, got route {self.route}")
 
 
 def camera_feed(
@@ -113,6 +120,7 @@ def camera_feed(
     augment: AugmentConfig | None,
     image_size: tuple[int, int] | None,
     depth: bool = False,
+    color_fix: tuple[tuple[float, ...], ...] | None = None,
 ) -> CameraFeed:
     """Decide what a camera's worker ships, from its route and where the pipeline runs (``depth``: a depth-map
     camera, whose route is always CPU_FALLBACK; its worker ships depth).
@@ -128,7 +136,7 @@ def camera_feed(
     into the YUV -> RGB conversion it does anyway and ships small frames through shared memory.
     """
     if route is not DecodeRoute.CPU_FALLBACK or depth:
-        return CameraFeed(route, depth=depth)
+        return CameraFeed(route, depth=depth, color_fix=color_fix if route is DecodeRoute.NVDEC else None)
     if cpu_decode.converts_in_graph(on_gpu=on_gpu):
         return CameraFeed(route, planes=True)
     return CameraFeed(route, worker_size=None if on_gpu else leading_resize(augment, image_size))
@@ -198,6 +206,8 @@ def build_pipeline(
                 continue
             if field.kind == FieldKind.CLIP:
                 frames = decode_clips(node, outputs[i + 1], device=field.decode_device)
+                if field.color_fix is not None:
+                    frames = recolor(frames, field.color_fix)
             elif field.kind == FieldKind.PLANES_LUMA:
                 frames = planes_to_rgb(node, outputs[i + 1], outputs[i + 2], on_gpu=on_gpu)
             else:

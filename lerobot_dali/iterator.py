@@ -43,6 +43,7 @@ from .sample_order import OrderOptions, RankBalance
 from .stream_state import SampleStream
 from .windows import DeltaWindows
 from .worker_errors import dead_worker_error, original_worker_error
+from .yuv_frames import nvdec_color_fix, stream_color
 
 __all__ = ["DALILeRobotIterator"]
 
@@ -221,6 +222,7 @@ class DALILeRobotIterator:
             camera: CameraFormat.of(index, pix_fmt=routes[camera] is DecodeRoute.NVDEC)
             for camera, index in indexes.items()
         }
+        self._color_fixes = _nvdec_color_fixes({c: i for c, i in indexes.items() if routes[c] is DecodeRoute.NVDEC})
         return routes
 
     def _check_rows_find_frames(self, indexes: Mapping[str, PacketIndex]) -> None:
@@ -247,6 +249,7 @@ class DALILeRobotIterator:
                 augment=self._augment,
                 image_size=self._image_size,
                 depth=camera in self._depth_quantizers,
+                color_fix=self._color_fixes.get(camera),
             )
             for camera, route in self.routes.items()
         }
@@ -513,6 +516,22 @@ def _image_channels(reader: LeRobotDatasetReader) -> dict[str, int]:
             if count != 3:
                 channels[key] = count
     return channels
+
+
+def _nvdec_color_fixes(indexes: Mapping[str, PacketIndex]) -> dict[str, tuple[tuple[float, ...], ...]]:
+    """Per NVDEC camera whose stream is tagged with another colour matrix than BT.601 (which NVDEC's output
+    assumes), the correction the graph applies (:func:`~lerobot_dali.yuv_frames.nvdec_color_fix`)."""
+    fixes = {}
+    for camera, index in indexes.items():
+        colorspace, full_range = stream_color(index.template)
+        fix = nvdec_color_fix(colorspace, full_range)
+        if fix is not None:
+            fixes[camera] = tuple(tuple(row) for row in fix.tolist())
+            logger.info(
+                "camera %s is tagged colour space %d: NVDEC's BT.601 RGB is converted to it on the GPU", camera,
+                colorspace,
+            )  # fmt: skip
+    return fixes
 
 
 def _depth_quantizers(reader: LeRobotDatasetReader) -> dict[str, DepthQuantizer]:

@@ -23,6 +23,7 @@ converted by swscale in the worker, exactly as the RGB path does, and shipped in
 from __future__ import annotations
 
 import functools
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -32,7 +33,15 @@ import numpy as np
 
 from .errors import VideoDecodeError
 
-__all__ = ["FramePlanes", "PlaneFrames", "color_matrix", "frame_planes", "stack_planes"]
+__all__ = [
+    "FramePlanes",
+    "PlaneFrames",
+    "color_matrix",
+    "frame_planes",
+    "nvdec_color_fix",
+    "stack_planes",
+    "stream_color",
+]
 
 #: (Kr, Kb) luma coefficients by FFmpeg ``AVColorSpace`` value: 1 BT.709, 2 unspecified (swscale's default,
 #: BT.601), 5 BT.470BG and 6 SMPTE 170M (both BT.601), 9 BT.2020 non-constant luminance.
@@ -101,6 +110,31 @@ def color_matrix(colorspace: int, full_range: bool) -> np.ndarray:
     matrix = np.concatenate([m, t[:, None]], axis=1).astype(np.float32)
     matrix.setflags(write=False)  # shared by every caller (cached)
     return matrix
+
+
+def stream_color(template: bytes) -> tuple[int, bool]:
+    """(``AVColorSpace``, full range) a video stream declares, read from its stream template
+    (``PacketIndex.template``: the container header alone, no file access)."""
+    with av.open(io.BytesIO(template), "r") as container:
+        codec = container.streams.video[0].codec_context
+        return int(codec.colorspace), codec.color_range == _FULL_RANGE or codec.pix_fmt in ("yuvj420p",)
+
+
+def nvdec_color_fix(colorspace: int, full_range: bool) -> np.ndarray | None:
+    """(3, 4) ``[M | T]`` taking NVDEC's RGB to the RGB this colour space gives on the CPU routes, or None when
+    they agree. DALI's NVDEC path converts every stream with BT.601 (limited range, or JPEG's full range;
+    ``dali/operators/video/color_space.cu``) whatever matrix it is tagged with; BT.709 or BT.2020 tags make
+    saturated colours 10+ levels off. Undoing BT.601 and applying the tagged matrix is exact up to rounding,
+    except where DALI's conversion clipped a channel."""
+    if colorspace not in _KR_KB or _KR_KB[colorspace] == _KR_KB[2]:
+        return None
+    dali = color_matrix(2, full_range).astype(np.float64)
+    target = color_matrix(colorspace, full_range).astype(np.float64)
+    a, a_offset = dali[:, :3], dali[:, 3] - _SWSCALE_BIAS  # DALI rounds to nearest: no swscale bias
+    m = target[:, :3] @ np.linalg.inv(a)
+    fix = np.concatenate([m, (target[:, 3] - m @ a_offset)[:, None]], axis=1).astype(np.float32)
+    fix.setflags(write=False)
+    return fix
 
 
 def _plane(plane: av.video.plane.VideoPlane, height: int, width: int) -> np.ndarray:

@@ -19,6 +19,7 @@ from lerobot_dali.augment import AugmentConfig, ColorJitter, GaussianBlur, Norma
 from lerobot_dali.batch_source import SourceSpec, output_fields
 from lerobot_dali.dali_graph import CameraFeed, build_pipeline
 from lerobot_dali.decode_route import DecodeRoute
+from lerobot_dali.yuv_frames import nvdec_color_fix
 
 FULL = AugmentConfig(
     resize=(120, 160),
@@ -31,6 +32,7 @@ FULL = AugmentConfig(
 SHARED = AugmentConfig(color_jitter=ColorJitter(brightness=0.3, hue=0.1), shared_across_cameras=True)
 GPU_FEEDS = {
     "cam.nvdec": CameraFeed(DecodeRoute.NVDEC),
+    "cam.nvdec_bt709": CameraFeed(DecodeRoute.NVDEC, color_fix=tuple(map(tuple, nvdec_color_fix(1, False).tolist()))),
     "cam.planes": CameraFeed(DecodeRoute.CPU_FALLBACK, planes=True),
     "cam.rgb": CameraFeed(DecodeRoute.CPU_FALLBACK),
     "cam.depth": CameraFeed(DecodeRoute.CPU_FALLBACK, depth=True),
@@ -116,6 +118,10 @@ def test_gpu_graph_uses_only_kernels_dali_has_and_ends_on_the_gpu(options: dict[
     used = {(getattr(i._op, "schema_name", None), i._op.device) for i in pipe._ops}
     # the routes this graph exists for: NVDEC decode, and the planes' colour conversion on the device
     assert {("decoders__Video", "mixed"), ("CoordTransform", "gpu")} <= used
+    transforms = [
+        i for i in pipe._ops if (getattr(i._op, "schema_name", None), i._op.device) == ("CoordTransform", "gpu")
+    ]
+    assert len(transforms) == 2  # the planes' conversion, and the BT.709 camera's correction of NVDEC's colours
     if "augment" in options:  # colour jitter: color_twist for RGB cameras, brightness_contrast for the grey one
         assert {("ColorTwist", "gpu"), ("BrightnessContrast", "gpu")} <= used
 

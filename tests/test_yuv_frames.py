@@ -15,6 +15,7 @@ import av
 import numpy as np
 import pytest
 
+from lerobot_dali import yuv_frames
 from lerobot_dali.batch_source import output_fields
 from lerobot_dali.clips import plan_clip, read_packet_payloads
 from lerobot_dali.cpu_decode import (
@@ -28,7 +29,14 @@ from lerobot_dali.decode_route import DecodeRoute
 from lerobot_dali.errors import VideoDecodeError
 from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.packet_index import build_packet_index, load_packet_index
-from lerobot_dali.yuv_frames import FramePlanes, color_matrix, frame_planes, stack_planes
+from lerobot_dali.yuv_frames import (
+    FramePlanes,
+    color_matrix,
+    frame_planes,
+    nvdec_color_fix,
+    stack_planes,
+    stream_color,
+)
 from tests.video_fixtures import reference_frames
 
 # 4:2:0 as it is (nearest chroma, as swscale's unscaled path); swscale's fixed-point arithmetic differs a little.
@@ -282,3 +290,70 @@ def test_iterator_with_graph_conversion_equals_worker_conversion(make_ds, caplog
     assert small_graph["observation.images.cam1"].shape == (6, 3, *size)
     diff = (small_graph["observation.images.cam1"].int() - small_worker["observation.images.cam1"].int()).abs()
     assert diff.float().mean() < 2.5 and diff.max() <= 40, (diff.float().mean(), diff.max())
+
+
+def _nvdec_like(planes: FramePlanes, full_range: bool) -> tuple[np.ndarray, np.ndarray]:
+    """What DALI's NVDEC path makes of a frame whatever its tags: BT.601 (JPEG's when full range), rounded and
+    saturated (``color_space.cu``); chroma repeated over 2x2 here, to judge the matrix alone. Also the mask of
+    pixels it did not saturate."""
+    chroma = [np.repeat(np.repeat(c, 2, axis=0), 2, axis=1) for c in planes.chroma]
+    ycbcr = np.stack([planes.luma, *chroma], axis=-1).astype(np.float64)
+    bt601 = color_matrix(2, full_range).astype(np.float64)
+    exact = ycbcr @ bt601[:, :3].T + bt601[:, 3] - yuv_frames._SWSCALE_BIAS  # DALI rounds to nearest
+    in_range = ((exact > -0.5) & (exact < 255.5)).all(axis=-1)
+    return np.clip(np.rint(exact), 0, 255).astype(np.uint8), in_range
+
+
+def _recolor_on_dali_cpu(frames: list[np.ndarray], fix: np.ndarray) -> list[np.ndarray]:
+    from nvidia.dali import fn, pipeline_def
+
+    from lerobot_dali.dali_color import recolor
+
+    @pipeline_def(batch_size=len(frames), num_threads=1, device_id=None)
+    def graph():
+        return recolor(fn.external_source(source=lambda: [f[None] for f in frames], batch=True, layout="FHWC"), fix)
+
+    pipe = graph()
+    pipe.build()
+    (out,) = pipe.run()
+    return [np.array(out[i])[0] for i in range(len(frames))]
+
+
+@pytest.mark.parametrize("case", ["h264_bt709", "h264_bt2020", "h264_bt709_full_range", "h264_unspecified"])
+def test_nvdec_colours_are_brought_to_the_tagged_colour_space(tmp_path: Path, case: str) -> None:
+    """NVDEC (DALI) converts with BT.601 whatever the stream's tag; the graph's correction brings BT.709 and
+    BT.2020 streams to what the CPU routes (swscale) give; untagged streams need none."""
+    codec, pix_fmt, width, height, colorspace, full, _ = CASES[case]
+    path = _encode(
+        tmp_path / f"{case}.mp4", codec, pix_fmt, width=width - 2, height=height, colorspace=colorspace, full=full
+    )  # fmt: skip (even sides, as NVDEC needs)
+    tag, full_range = stream_color(build_packet_index(path).template)
+    assert (tag, full_range) == (colorspace or 2, full)
+    fix = nvdec_color_fix(tag, full_range)
+    if colorspace is None:
+        assert fix is None
+        return
+    with av.open(str(path)) as container:
+        frames = list(container.decode(video=0))
+    expected = np.stack([f.to_ndarray(format="rgb24") for f in frames]).astype(np.int32)
+    nvdec, in_range = zip(*(_nvdec_like(frame_planes(f), full_range) for f in frames), strict=True)
+    before = np.abs(np.stack(nvdec).astype(np.int32) - expected)
+    after = np.abs(np.stack(_recolor_on_dali_cpu(list(nvdec), fix)).astype(np.int32) - expected)
+    # Where DALI's BT.601 conversion kept every channel in range, the correction is swscale's result up to
+    # rounding; a clipped channel is lost (saturated colour over noise, this test's worst case: most pixels).
+    unclipped = np.stack(in_range)
+    assert unclipped.mean() > 0.3 and np.quantile(before[unclipped], 0.99) > 8
+    assert after[unclipped].max() <= MAX_DIFF and after[unclipped].mean() <= 1.0, after[unclipped].max()  # 2 roundings
+
+
+def test_only_nvdec_cameras_tagged_other_than_bt601_get_a_correction(tmp_path: Path, caplog) -> None:
+    from lerobot_dali.iterator import _nvdec_color_fixes
+
+    tagged = _encode(tmp_path / "bt709.mp4", "libx264", "yuv420p", width=64, height=48, colorspace=1)
+    untagged = _encode(tmp_path / "plain.mp4", "libx264", "yuv420p", width=64, height=48)
+    smpte170m = _encode(tmp_path / "601.mp4", "libx264", "yuv420p", width=64, height=48, colorspace=6)
+    indexes = {name: build_packet_index(p) for name, p in [("a", tagged), ("b", untagged), ("c", smpte170m)]}
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.iterator"):
+        fixes = _nvdec_color_fixes(indexes)
+    assert list(fixes) == ["a"] and np.allclose(fixes["a"], nvdec_color_fix(1, False))
+    assert any("camera a is tagged colour space 1" in r.getMessage() for r in caplog.records)

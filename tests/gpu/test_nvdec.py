@@ -136,3 +136,23 @@ def test_h264_probe_and_route(marker_video: MarkerVideo) -> None:
     assert probe.gpu is not None and probe.nvdec["h264"] is True
     assert route_for_video(path, index, decode="gpu") is DecodeRoute.NVDEC
     assert route_for_video(path, index, decode="cpu") is DecodeRoute.CPU_FALLBACK
+
+
+def test_nvdec_colours_of_a_bt709_stream_are_corrected_to_bt709(tmp_path: Path) -> None:
+    """DALI's NVDEC path converts with BT.601 whatever the tag (``color_space.cu``, read, not yet run): the
+    correction the graph applies (``yuv_frames.nvdec_color_fix``) must bring a BT.709 stream to swscale's RGB."""
+    from lerobot_dali.yuv_frames import nvdec_color_fix, stream_color
+    from tests.test_yuv_frames import _encode, _recolor_on_dali_cpu
+
+    path = _encode(tmp_path / "bt709.mp4", "libx264", "yuv420p", width=192, height=160, colorspace=1)
+    index = build_packet_index(path)
+    fix = nvdec_color_fix(*stream_color(index.template))
+    assert fix is not None
+    frames = np.arange(index.frame_count)
+    clip = build_clip(path, index, frames)
+    (nvdec,) = decode_clip_batch([clip.data], [clip.relative_indices], device_id=0)
+    reference = reference_frames(path)
+    expected = np.stack([reference[int(p)] for p in index.frame_pts[frames]]).astype(np.int16)
+    before = np.abs(nvdec.astype(np.int16) - expected).mean()
+    after = np.abs(np.stack(_recolor_on_dali_cpu(list(nvdec), fix)).astype(np.int16) - expected).mean()
+    assert after < before / 2 and after <= 2 * CROSS_DECODER_MAX_MEAN_DIFF, (before, after)
