@@ -62,7 +62,7 @@ class CameraFormat(NamedTuple):
         return self == CameraFormat.of(index, pix_fmt=self.pix_fmt is not None)
 
     def __str__(self) -> str:
-        return f"{self.codec} {self.width}x{self.height}" + (f" {self.pix_fmt}" if self.pix_fmt else "")
+        return f"{self.codec} {self.height}x{self.width} (HxW)" + (f" {self.pix_fmt}" if self.pix_fmt else "")
 
 
 @dataclass(frozen=True)

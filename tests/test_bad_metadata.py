@@ -59,7 +59,7 @@ def test_a_video_file_of_another_size_names_itself(make_ds, ds: Path) -> None:
     camera's shape mid-epoch."""
     other = make_ds(**SPEC, size=(96, 128))
     shutil.copy(other / f"videos/{CAM}/chunk-000/file-001.mp4", ds / f"videos/{CAM}/chunk-000/file-001.mp4")
-    pattern = r"file-001\.mp4 \(episode 2, camera 'observation\.images\.cam0'\) is vp9 128x96, but the camera's first"
+    pattern = r"file-001\.mp4 \(episode 2, camera 'observation\.images\.cam0'\) is vp9 96x128 \(HxW\), but the camera"
     with pytest.raises(SchemaMismatchError, match=pattern):
         _first_pass(ds)
 
@@ -83,7 +83,7 @@ def test_a_camera_on_nvdec_holds_every_file_to_its_first_files_pixel_format(mark
     on_nvdec, on_cpu = CameraFormat.of(first, pix_fmt=True), CameraFormat.of(first, pix_fmt=False)
     assert on_nvdec.admits(first) and not on_nvdec.admits(other)
     assert on_cpu.admits(other)
-    assert str(on_nvdec) == "h264 96x64 yuv420p" and str(on_cpu) == "h264 96x64"
+    assert str(on_nvdec) == "h264 64x96 (HxW) yuv420p" and str(on_cpu) == "h264 64x96 (HxW)"
 
 
 def test_rows_the_metadata_does_not_count_are_refused(ds: Path) -> None:
