@@ -79,8 +79,9 @@ def _info(args: argparse.Namespace) -> int:
     for key, feature in summary["features"].items():
         print(f"    {key:<40} {feature['dtype']:<8} {feature['shape']}")
     for key, cam in summary["cameras"].items():
+        depth = " (depth map)" if cam["depth_map"] else ""
         print(
-            f"  camera {key}: {_probed(cam)}; {cam['video_files']} video file(s), "
+            f"  camera {key}{depth}: {_probed(cam)}; {cam['video_files']} video file(s), "
             f"{cam['episodes_per_file']['min']}-{cam['episodes_per_file']['max']} episodes per file"
         )
         lookup = cam.get("frame_lookup")

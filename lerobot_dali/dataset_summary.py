@@ -33,6 +33,7 @@ def summarize(reader: LeRobotDatasetReader, *, probe: bool = True) -> dict[str, 
         entry: dict[str, Any] = {
             "declared_codec": declared.codec if declared else None,
             "declared_fps": declared.fps if declared else None,
+            "depth_map": bool(declared and declared.is_depth_map),
             "video_files": len(per_file),
             "episodes_per_file": _spread(per_file.values()),
         }

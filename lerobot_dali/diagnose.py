@@ -76,15 +76,26 @@ def diagnose_dataset(reader: LeRobotDatasetReader, *, machine: MachineReport) ->
 
 def _diagnose_camera(reader: LeRobotDatasetReader, camera: str, machine: MachineReport) -> CameraReport:
     fs = reader.location.fs
+    depth = camera in reader.info.depth_keys  # 12-bit codes: the workers decode them, as the iterator does
     try:
         path = reader.video(0, camera).path
         index = load_packet_index(path, filesystem=fs)
         preference = DecodePreference.AUTO if machine.cuda_available else DecodePreference.CPU
-        route = route_for_video(path, index, decode=preference, filesystem=fs, label=camera)
+        route = DecodeRoute.CPU_FALLBACK if depth else route_for_video(
+            path, index, decode=preference, filesystem=fs, label=camera
+        )  # fmt: skip
     except Exception as e:
         return CameraReport(camera, None, None, None, error=_describe(e))
-    report = CameraReport(camera, index.codec, (index.height, index.width), route.value)
-    reference = _timed(report, "cpu_fallback", lambda: CpuFrameDecoder().decode(path, index, [0], filesystem=fs)[0])
+    shown_route = f"{route.value} (depth map)" if depth else route.value
+    report = CameraReport(camera, index.codec, (index.height, index.width), shown_route)
+    decoder = CpuFrameDecoder()
+    try:
+        if depth:
+            _timed(report, "cpu_fallback", lambda: decoder.decode_depth_codes(path, index, [0], filesystem=fs)[0])
+            return report
+        reference = _timed(report, "cpu_fallback", lambda: decoder.decode(path, index, [0], filesystem=fs)[0])
+    finally:
+        decoder.close()
     # DALI route -> device_id (None: DALI on the CPU)
     dali_routes: dict[str, int | None] = {"dali_cpu": None} if index.codec in DALI_CPU_CODECS else {}
     if route is DecodeRoute.NVDEC:

@@ -167,3 +167,24 @@ def test_depth_codes_survive_the_remote_packet_path(depth_ds: Path) -> None:
     expected = np.stack([_codes(1, 3, 48, 80), _codes(0, 1, 48, 80), _codes(0, 2, 48, 80)])
     np.testing.assert_array_equal(from_packets, expected)
     np.testing.assert_array_equal(from_file, expected)
+
+
+def test_diagnose_decodes_a_depth_camera_as_the_iterator_does(depth_ds: Path) -> None:
+    from lerobot_dali.diagnose import MachineReport, diagnose_dataset
+
+    machine = MachineReport(cuda_available=False, gpu_name=None, compute_capability=None, nvcuvid_library=None,
+                            dali_version=None)  # fmt: skip
+    reports = {r.camera: r for r in diagnose_dataset(open_dataset(depth_ds), machine=machine)}
+    depth = reports[DEPTH]
+    assert (depth.codec, depth.resolution, depth.route) == ("hevc", (48, 80), "cpu_fallback (depth map)")
+    assert list(depth.decodes) == ["cpu_fallback"] and depth.decodes["cpu_fallback"][0]
+    assert reports[CAM].route == "dali_cpu" and set(reports[CAM].decodes) == {"cpu_fallback", "dali_cpu"}
+
+
+def test_info_says_which_camera_is_a_depth_map(depth_ds: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from lerobot_dali.cli import main
+
+    assert main(["info", str(depth_ds)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith(f"  camera {DEPTH} (depth map): codec hevc 48x80") for line in lines), lines
+    assert any(line.startswith(f"  camera {CAM}: codec vp9") for line in lines)
