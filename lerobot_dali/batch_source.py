@@ -25,12 +25,12 @@ from .clips import build_clip, plan_clip, read_packet_payloads
 from .cpu_decode import CpuDecodeOptions, CpuFrameDecoder
 from .dali_graph import CameraFeed, Field, FieldKind, augment_draw_field
 from .dataset_reader import LeRobotDatasetReader
-from .depth_maps import DepthQuantizer, DepthUnit
+from .depth_maps import DepthQuantizer, DepthUnit, in_unit
 from .errors import DatasetError, SchemaMismatchError, VideoDecodeError
 from .file_stamps import FileStamp
 from .frame_lookup import TimestampSource, row_frame_numbers
 from .host_values import encode_host_values
-from .image_frames import EpisodeImageCache, decode_images
+from .image_frames import EpisodeImageCache, decode_depth_images, decode_images
 from .packet_index import PacketIndex, PacketIndexCache, VideoSource, build_packet_index
 from .packet_index_store import PacketIndexStore
 from .sample_order import SampleOrder
@@ -99,6 +99,8 @@ class SourceSpec:
     camera_formats: Mapping[str, CameraFormat] = dataclass_field(default_factory=dict)
     #: Depth-map cameras (their feeds say ``depth``): the quantiser of each, and the unit they are read in.
     depth_quantizers: Mapping[str, DepthQuantizer] = dataclass_field(default_factory=dict)
+    #: Image cameras of depth, with the unit their images are stored in (None: not said, read as stored).
+    depth_image_units: Mapping[str, str | None] = dataclass_field(default_factory=dict)
     depth_unit: DepthUnit = DepthUnit.MM
     #: Colour channels of image cameras whose images are not RGB (1: grey).
     image_channels: Mapping[str, int] = dataclass_field(default_factory=dict)
@@ -152,7 +154,9 @@ def output_fields(spec: SourceSpec) -> list[Field]:
             fields.append(Field(f"{camera}.__frames", FieldKind.CLIP_FRAMES, camera_index=camera_index))
     first_image = len(spec.camera_feeds)
     fields += [
-        Field(key, FieldKind.FRAMES, camera_index=first_image + i, channels=spec.image_channels.get(key, 3))
+        Field(key, FieldKind.DEPTH, camera_index=first_image + i, channels=1)
+        if key in spec.depth_image_units
+        else Field(key, FieldKind.FRAMES, camera_index=first_image + i, channels=spec.image_channels.get(key, 3))
         for i, key in enumerate(spec.image_keys)
     ]
     # Random augmentation parameters, one set per draw stream (one for all cameras when they share draws), of
@@ -342,15 +346,22 @@ class BatchSource:
             yield video.path, index, numbers
 
     def _image_frames(self, camera: str, episode_pos: np.ndarray, camera_rows: np.ndarray) -> list[np.ndarray]:
-        """Per sample: the decoded images of its window's rows, (T, H, W, C) uint8."""
-        reader = self.spec.reader
+        """Per sample: the decoded images of its window's rows, (T, H, W, C) uint8, or for a depth camera
+        (T, H, W, 1) float32 depth in ``spec.depth_unit``."""
+        reader, spec = self.spec.reader, self.spec
+        depth = camera in spec.depth_image_units
         frames = []
         for pos, row_indices in zip(episode_pos, camera_rows, strict=True):
             with io_stats.timed("rows_s"):
                 images = self._images.get(int(pos), camera)
             label = f"{reader.data_path(int(pos))} (episode {int(reader.episodes.episode_index[pos])}, camera {camera})"
+            encoded = [images[int(r)].as_py() for r in row_indices]
             with io_stats.timed("decode_s"):
-                frames.append(decode_images([images[int(r)].as_py() for r in row_indices], label=label))
+                if depth:
+                    stored = spec.depth_image_units[camera]
+                    frames.append(in_unit(decode_depth_images(encoded, label=label), stored, spec.depth_unit))
+                else:
+                    frames.append(decode_images(encoded, label=label))
         return frames
 
     def _decoded(

@@ -74,6 +74,14 @@ class Feature:
     shape: tuple[int, ...]
     names: Any = None
     video: VideoInfo | None = None
+    #: Image cameras of depth (:mod:`.depth_maps`): flagged ``is_depth_map``, stored in ``depth_unit`` ("m",
+    #: "mm", or None: unknown, read as stored) as 16-bit or float images.
+    depth_image: bool = False
+    depth_unit: str | None = None
+
+    @property
+    def is_depth_map(self) -> bool:
+        return self.depth_image or (self.video is not None and self.video.is_depth_map)
 
     @property
     def is_camera(self) -> bool:
@@ -111,7 +119,16 @@ class Feature:
                 )
             except (TypeError, ValueError) as e:
                 raise DatasetError(f"video feature {key!r} in info.json has an unusable 'info': {e}") from e
-        return cls(key=key, dtype=dtype, shape=shape, names=raw.get("names"), video=video)
+        depth_image = dtype == "image" and is_depth_map(
+            raw.get("info") if isinstance(raw.get("info"), Mapping) else None
+        )
+        depth_unit = raw["info"].get("depth_unit") if depth_image else None
+        if depth_unit not in (None, "m", "mm"):
+            raise DatasetError(f"depth image feature {key!r} in info.json has depth_unit {depth_unit!r}; 'm' or 'mm'")
+        return cls(
+            key=key, dtype=dtype, shape=shape, names=raw.get("names"), video=video, depth_image=depth_image,
+            depth_unit=depth_unit,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -145,8 +162,8 @@ class DatasetInfo:
 
     @property
     def depth_keys(self) -> list[str]:
-        """Video cameras of 12-bit quantised depth (:mod:`.depth_maps`)."""
-        return [k for k, f in self.features.items() if f.video is not None and f.video.is_depth_map]
+        """Depth cameras (:mod:`.depth_maps`): videos of 12-bit quantised depth, and depth images."""
+        return [k for k, f in self.features.items() if f.is_depth_map]
 
     @property
     def image_keys(self) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DEPTH_CODE_MAX", "DepthQuantizer", "DepthUnit", "is_depth_map"]
+__all__ = ["DEPTH_CODE_MAX", "DepthQuantizer", "DepthUnit", "in_unit", "is_depth_map"]
 
 #: Largest code of LeRobot's 12-bit depth quantiser.
 DEPTH_CODE_MAX = (1 << 12) - 1
@@ -35,6 +35,18 @@ def is_depth_map(*infos: Mapping[str, Any] | None) -> bool:
     """Whether a feature's ``info`` (or v2.0 ``video_info``) flags it a depth map: LeRobot's canonical
     ``is_depth_map`` or its legacy ``video.is_depth_map``."""
     return any(bool(i and (i.get("is_depth_map") or i.get("video.is_depth_map"))) for i in infos)
+
+
+def in_unit(depth: np.ndarray, stored: str | None, unit: DepthUnit) -> np.ndarray:
+    """A depth image's float32 values (stored in ``stored``: "m", "mm", or None when the dataset does not say,
+    then left as they are) in ``unit``, converted in place as LeRobot converts them."""
+    if stored is None or DepthUnit(stored) is unit:
+        return depth
+    if unit is DepthUnit.MM:
+        depth *= np.float32(1000.0)
+    else:
+        depth /= np.float32(1000.0)
+    return depth
 
 
 @dataclass(frozen=True)

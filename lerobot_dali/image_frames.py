@@ -6,7 +6,8 @@ like a tabular window (no timestamp lookup), and each row's image is decoded by 
 frames then enter the same DALI graph as video frames, so resizing and augmentation are the same.
 Episodes' encoded images are kept per worker in a byte-bounded cache, since the episode pool samples each
 admitted episode many times. Grey images stay one channel, as LeRobot's ``ToTensor`` keeps them; 16-bit
-images (depth) are refused rather than clipped to 8 bits.
+images are refused rather than clipped to 8 bits, unless the camera is flagged a depth map: those are read as
+depth (:func:`decode_depth_images`), as LeRobot reads them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pyarrow as pa
 
 from .errors import DataFileError
 
-__all__ = ["EpisodeImageCache", "decode_images"]
+__all__ = ["EpisodeImageCache", "decode_depth_images", "decode_images"]
 
 
 #: Pillow modes of grey images, read as one channel (alpha dropped).
@@ -62,6 +63,33 @@ def decode_images(encoded: Sequence[bytes], *, label: str) -> np.ndarray:
         raise DataFileError(
             f"{label}: the window's images differ in size or channels {sorted(shapes)}; a camera has one of each"
         )
+    return np.stack(frames)
+
+
+def decode_depth_images(encoded: Sequence[bytes], *, label: str) -> np.ndarray:
+    """(T, H, W, 1) float32 depth from T encoded single-channel images (16-bit or float, e.g. PNG or TIFF), their
+    stored values, as LeRobot reads depth images.
+
+    Raises DataFileError naming ``label`` and the position for an undecodable or multi-channel image, or for
+    images that differ in size.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    frames = []
+    for i, data in enumerate(encoded):
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                mode = image.mode
+                frame = np.array(image, dtype=np.float32) if len(image.getbands()) == 1 else None
+        except (UnidentifiedImageError, OSError, ValueError) as e:
+            raise DataFileError(
+                f"{label}: depth image {i} of the window cannot be decoded ({e}); the data file is corrupt"
+            ) from e
+        if frame is None:
+            raise DataFileError(f"{label}: depth image {i} of the window has Pillow mode {mode!r}, not one channel")
+        frames.append(frame[..., None])
+    if len({f.shape for f in frames}) > 1:
+        raise DataFileError(f"{label}: the window's depth images differ in size {sorted({f.shape for f in frames})}")
     return np.stack(frames)
 
 

@@ -130,10 +130,13 @@ class DALILeRobotIterator:
         self._dali_threads = dali_threads if dali_threads is not None else default_dali_threads(num_workers)
         self._prefetch = prefetch
         self._depth_quantizers = _depth_quantizers(self.reader)
+        self._depth_image_units = {k: self.reader.info.features[k].depth_unit for k in self.reader.image_keys
+                                   if self.reader.info.features[k].depth_image}  # fmt: skip
+        depth_cameras = {*self._depth_quantizers, *self._depth_image_units}
         self._depth_unit = _depth_unit(depth_unit)
         # Cameras of other than 3 channels: grey image cameras, depth cameras (1).
-        self._image_channels = _image_channels(self.reader) | dict.fromkeys(self._depth_quantizers, 1)
-        self._augment = _camera_augment(augment, self.reader, self._image_channels, self._depth_quantizers)
+        self._image_channels = _image_channels(self.reader, skip=depth_cameras) | dict.fromkeys(depth_cameras, 1)
+        self._augment = _camera_augment(augment, self.reader, self._image_channels, depth_cameras)
         self._image_size = None if image_size is None else checked_size(type(self).__name__, "image_size", image_size)
         self._return_uint8 = return_uint8
         self._tolerance_s = tolerance_s
@@ -253,10 +256,10 @@ class DALILeRobotIterator:
             )
             for camera, route in self.routes.items()
         }
-        if self._depth_quantizers:
+        if self._depth_quantizers or self._depth_image_units:
             logger.info(
-                "depth cameras %s: decoded by the workers (12-bit codes) and read in %s, never augmented",
-                sorted(self._depth_quantizers), self._depth_unit.value,
+                "depth cameras %s: decoded by the workers and read in %s, never augmented",
+                sorted({*self._depth_quantizers, *self._depth_image_units}), self._depth_unit.value,
             )  # fmt: skip
         planes = sorted(camera for camera, feed in feeds.items() if feed.planes)
         if planes:
@@ -354,6 +357,7 @@ class DALILeRobotIterator:
             image_keys=tuple(self.reader.image_keys),
             image_channels=self._image_channels,
             depth_quantizers=self._depth_quantizers,
+            depth_image_units=self._depth_image_units,
             depth_unit=self._depth_unit,
             camera_formats=self._camera_formats,
             seed=self._stream.order.options.seed,
@@ -505,11 +509,14 @@ def _raise_original(error: Exception) -> None:
     raise error
 
 
-def _image_channels(reader: LeRobotDatasetReader) -> dict[str, int]:
+def _image_channels(reader: LeRobotDatasetReader, *, skip: Collection[str]) -> dict[str, int]:
     """Image cameras that are not RGB (grey: 1 channel), from the first image of the first episode; a camera of
-    16-bit images (depth) fails here, naming itself, rather than in a worker."""
+    16-bit images not flagged a depth map fails here, naming itself, rather than in a worker. ``skip``: the
+    depth cameras."""
     channels = {}
     for key in reader.image_keys:
+        if key in skip:
+            continue
         first = reader.read_episode_images(0, key)[:1].to_pylist()
         if first:
             count = decode_images(first, label=f"{reader.location.description}: camera {key!r}").shape[-1]

@@ -3,6 +3,7 @@ depth: every sample's window against the codes written, dequantised by an indepe
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from fractions import Fraction
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import av
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -137,6 +139,12 @@ def test_depth_cameras_are_declared_as_lerobot_declares_them() -> None:
     assert Feature.from_json("d", legacy).video.depth == DepthQuantizer(depth_max=3.0)  # others: LeRobot's defaults
     v20 = {"dtype": "video", "shape": [4, 4, 1], "video_info": {"is_depth_map": True, "video.use_log": False}}
     assert Feature.from_json("d", v20).video.depth == DepthQuantizer(use_log=False)
+    image = Feature.from_json("i", {"dtype": "image", "shape": [4, 4, 1], "info": {"is_depth_map": True}})
+    assert image.is_depth_map and image.depth_unit is None  # no unit said: values as stored, as LeRobot
+    with pytest.raises(DatasetError, match=r"depth image feature 'i' .* depth_unit 'cm'"):
+        Feature.from_json(
+            "i", {"dtype": "image", "shape": [4, 4, 1], "info": {"is_depth_map": True, "depth_unit": "cm"}}
+        )
     with pytest.raises(DatasetError, match=r"video feature 'd' .*depth_max \(0\.1\) must exceed depth_min"):
         Feature.from_json("d", {**raw, "info": {"is_depth_map": True, "video.depth_max": 0.1, "video.depth_min": 1}})
 
@@ -188,3 +196,56 @@ def test_info_says_which_camera_is_a_depth_map(depth_ds: Path, capsys: pytest.Ca
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith(f"  camera {DEPTH} (depth map): codec hevc 48x80") for line in lines), lines
     assert any(line.startswith(f"  camera {CAM}: codec vp9") for line in lines)
+
+
+DEPTH_IMAGE = "observation.depth.wrist"
+
+
+def _depth_image_values(episode: int, frame: int) -> np.ndarray:
+    """The uint16 values stored for one depth image (millimetres in the dataset below)."""
+    y, x = np.mgrid[0:32, 0:48]
+    return (300 + episode * 1000 + frame * 50 + y * 7 + x).astype(np.uint16)
+
+
+@pytest.fixture(scope="module")
+def depth_image_ds(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A generated dataset of PNG cameras given a depth camera stored as LeRobot stores depth images: 16-bit
+    PNG rows in the data files, flagged ``is_depth_map`` with their ``depth_unit``."""
+    from PIL import Image
+
+    from lerobot_dali.generate import IMAGE_TYPE, make_dataset
+
+    root = make_dataset(
+        tmp_path_factory.mktemp("depth_images") / "ds", episodes=len(LENGTHS), frames_per_episode=LENGTHS,
+        cameras=1, size=(64, 96), fps=FPS, episodes_per_file=2, image_cameras=True,
+    )  # fmt: skip
+    for path in sorted((root / "data").rglob("*.parquet")):
+        table = pq.read_table(path)
+        encoded = []
+        for episode, frame in zip(table["episode_index"].to_pylist(), table["frame_index"].to_pylist(), strict=True):
+            buffer = io.BytesIO()
+            Image.fromarray(_depth_image_values(episode, frame)).save(buffer, format="PNG")
+            encoded.append({"bytes": buffer.getvalue(), "path": None})
+        pq.write_table(table.append_column(DEPTH_IMAGE, pa.array(encoded, type=IMAGE_TYPE)), path)
+    info_path = root / "meta/info.json"
+    info = json.loads(info_path.read_text())
+    info["features"][DEPTH_IMAGE] = {"dtype": "image", "shape": [32, 48, 1], "names": ["height", "width", "channels"],
+                                     "info": {"is_depth_map": True, "depth_unit": "mm"}}  # fmt: skip
+    info_path.write_text(json.dumps(info, indent=2))
+    return root
+
+
+@pytest.mark.parametrize("unit", ["mm", "m"])
+def test_a_depth_image_camera_reads_its_stored_depth_in_the_asked_unit(depth_image_ds: Path, unit: str) -> None:
+    samples = _samples(depth_image_ds, num_workers=2, delta_timestamps={DEPTH_IMAGE: [-1 / FPS, 0.0]}, depth_unit=unit)
+    assert len(samples) == sum(LENGTHS)
+    for s in samples:
+        episode, frame = int(s["episode_index"]), int(s["frame_index"])
+        rows = np.clip(frame + np.array([-1, 0]), 0, LENGTHS[episode] - 1)
+        expected = np.stack([_depth_image_values(episode, int(r)) for r in rows]).astype(np.float32)[:, None]
+        if unit == "m":
+            expected /= np.float32(1000)  # as LeRobot converts: float32 division
+        depth = s[DEPTH_IMAGE].numpy()
+        assert depth.dtype == np.float32 and depth.shape == (2, 1, 32, 48)
+        np.testing.assert_array_equal(depth, expected)
+        assert s[CAM].shape == (3, 64, 96)  # the colour image camera, no window: as LeRobot

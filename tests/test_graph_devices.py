@@ -53,8 +53,9 @@ def _graph(feeds: dict[str, CameraFeed], *, device_id: int | None, **options: An
         host_value_keys=("task_note",),  # strings: stay on the CPU
         delta_index={"action": np.arange(4)},
         camera_feeds=feeds,
-        image_keys=("cam.png_rows", "cam.grey_rows"),  # cameras stored as images in the data files
+        image_keys=("cam.png_rows", "cam.grey_rows", "cam.depth_rows"),  # cameras stored as images in the data files
         image_channels={"cam.grey_rows": 1},
+        depth_image_units={"cam.depth_rows": "mm"},
         augment=augment,
     )
     fields = output_fields(cast(SourceSpec, spec))
@@ -114,7 +115,7 @@ def test_gpu_graph_uses_only_kernels_dali_has_and_ends_on_the_gpu(options: dict[
     devices = {name: node.device for name, node in zip(names, pipe._graph_outputs, strict=True)}
     # everything ends on the GPU but strings, which the host turns back into Python values
     assert devices == {**dict.fromkeys(names, "gpu"), "task_note": "cpu"}, devices
-    assert {*GPU_FEEDS, "cam.png_rows", "cam.grey_rows"} <= set(names)
+    assert {*GPU_FEEDS, "cam.png_rows", "cam.grey_rows", "cam.depth_rows"} <= set(names)
     used = {(getattr(i._op, "schema_name", None), i._op.device) for i in pipe._ops}
     # the routes this graph exists for: NVDEC decode, and the planes' colour conversion on the device
     assert {("decoders__Video", "mixed"), ("CoordTransform", "gpu")} <= used
