@@ -124,6 +124,8 @@ def lerobot_dtype(values: np.ndarray) -> np.ndarray:
 
 #: The field that carries each camera's frames (others follow it), for draws per camera.
 _CAMERA_KINDS = (FieldKind.FRAMES, FieldKind.PLANES_LUMA, FieldKind.CLIP)
+#: Per worker: bytes of packet indices kept (~70 per frame; a 30,000-frame file's index takes 2 MB).
+INDEX_CACHE_BYTES = 256 * 2**20
 #: What a worker makes of decoded frames: RGB, the decoder's planes, or a depth camera's 12-bit codes.
 Pixels = Literal["rgb", "planes", "depth"]
 
@@ -188,7 +190,9 @@ class BatchSource:
 
     def _init_caches(self) -> None:
         self._rows: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
-        self._indexes = PacketIndexCache(max_entries=64)
+        # Every video file the pooled episodes use, per camera, at least: fewer rebuilt each index per request.
+        files = self.spec.order.options.episode_pool_size * max(1, len(self.spec.camera_feeds))
+        self._indexes = PacketIndexCache(max_entries=max(64, 2 * files), max_bytes=INDEX_CACHE_BYTES)
         self._decoder = CpuFrameDecoder(options=self.spec.cpu_decode)
         self._images = EpisodeImageCache(self.spec.reader.read_episode_images, max_bytes=self.spec.image_cache_bytes)
 

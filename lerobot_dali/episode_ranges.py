@@ -42,7 +42,7 @@ class EpisodeRanges:
         max_parquet_files: int = 64,
     ) -> None:
         self.reader = reader
-        self._indexes = PacketIndexCache(max_entries=256)
+        self._indexes = PacketIndexCache(max_entries=256, max_bytes=512 * 2**20)
         self._stamps = stamps
         self._store = index_store
         self._lock = threading.Lock()

@@ -587,11 +587,16 @@ class PacketIndexCache:
     (anonymous file objects) are indexed every time.
     """
 
-    def __init__(self, *, max_entries: int = 64) -> None:
+    def __init__(self, *, max_entries: int = 64, max_bytes: int | None = None) -> None:
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
             raise ValueError(f"max_entries must be a positive int, got {max_entries!r}.")
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError(f"max_bytes must be positive or None, got {max_bytes!r}.")
         self.max_entries = max_entries
+        #: Bound on the indices' own bytes (~70 per frame: a 30,000-frame file's takes 2 MB); the newest is kept.
+        self.max_bytes = max_bytes
         self._entries: OrderedDict[Hashable, PacketIndex] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -658,20 +663,30 @@ class PacketIndexCache:
 
     def _insert(self, key: Hashable, index: PacketIndex) -> None:
         with self._lock:
+            replaced = self._entries.pop(key, None)
+            self._bytes -= replaced.nbytes if replaced is not None else 0
             self._entries[key] = index
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+            self._bytes += index.nbytes
+            while len(self._entries) > 1 and (
+                len(self._entries) > self.max_entries or (self.max_bytes is not None and self._bytes > self.max_bytes)
+            ):
+                self._bytes -= self._entries.popitem(last=False)[1].nbytes
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._bytes = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the cached indices."""
+        return self._bytes
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"max_entries": self.max_entries}
+        return {"max_entries": self.max_entries, "max_bytes": self.max_bytes}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(max_entries=state["max_entries"])  # type: ignore[misc]
+        self.__init__(max_entries=state["max_entries"], max_bytes=state.get("max_bytes"))  # type: ignore[misc]
 
 
 _DEFAULT_CACHE = PacketIndexCache()

@@ -241,6 +241,20 @@ def test_dali_threads_reach_the_pipeline(make_ds, monkeypatch: pytest.MonkeyPatc
         DALILeRobotIterator(root, device="cpu", dali_threads=0)
 
 
+def test_each_worker_keeps_the_packet_indices_of_every_pooled_file(make_ds) -> None:
+    """64 entries for a pool of 64 episodes over 2+ cameras rebuilt half the indices per request (a review
+    measured 620 ms per batch per worker on 30,000-frame files)."""
+    from lerobot_dali.batch_source import INDEX_CACHE_BYTES, BatchSource
+
+    it = DALILeRobotIterator(_dataset(make_ds, "vp9"), batch_size=4, device="cpu", num_workers=0, episode_pool_size=40)
+    next(iter(it))
+    cameras = len(it._spec.camera_feeds)
+    assert cameras == 2
+    cache = BatchSource(it._spec)._indexes
+    assert (cache.max_entries, cache.max_bytes) == (2 * 40 * cameras, INDEX_CACHE_BYTES)
+    it.close()
+
+
 @pytest.mark.parametrize("stop_after", [0, 2, 5])
 def test_resume_mid_epoch_with_workers_continues_exactly(make_ds, stop_after: int) -> None:
     root = _dataset(make_ds, "vp9")

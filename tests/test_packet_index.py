@@ -129,6 +129,24 @@ def test_cache_reuses_and_notices_changes(marker_video: MarkerVideo, tmp_path: P
         PacketIndexCache(max_entries=0)
 
 
+def test_cache_is_bounded_by_bytes_too(marker_video: MarkerVideo) -> None:
+    """A worker's pool may use hundreds of files; the indices of long files weigh ~70 bytes a frame."""
+    paths = [marker_video(codec, 2) for codec in ("av1", "h264", "hevc", "vp9")]
+    sizes = [build_packet_index(p).nbytes for p in paths]
+    cache = PacketIndexCache(max_entries=100, max_bytes=sizes[-1] + sizes[-2])
+    for p in paths:
+        cache.get(p)
+    assert len(cache) == 2 and cache.nbytes == sizes[-1] + sizes[-2]  # the two newest
+    cache.get(paths[-1])  # a hit changes nothing
+    assert cache.nbytes == sizes[-1] + sizes[-2]
+    tiny = PacketIndexCache(max_bytes=1)
+    assert tiny.get(paths[0]) is tiny.get(paths[0])  # the newest is always kept
+    restored = pickle.loads(pickle.dumps(cache))
+    assert (restored.max_entries, restored.max_bytes, len(restored)) == (100, cache.max_bytes, 0)
+    with pytest.raises(ValueError, match="max_bytes"):
+        PacketIndexCache(max_bytes=0)
+
+
 def test_missing_file_names_path(tmp_path: Path) -> None:
     missing = tmp_path / "nope.mp4"
     with pytest.raises(MissingDataFileError, match="nope.mp4"):
