@@ -75,21 +75,20 @@ class DepthQuantizer:
         return cls(**kwargs)
 
     def dequantize(self, codes: np.ndarray, unit: DepthUnit) -> np.ndarray:
-        """Depth (float32, same shape) of 12-bit ``codes``, in float32 arithmetic in LeRobot's order (codes
-        above 4095 clamp to ``depth_max``); millimetres are rounded to whole ones, as LeRobot rounds them."""
+        """Depth (float32, same shape) of 12-bit ``codes`` (codes above 4095 clamp to ``depth_max``), computed
+        by torch in the order LeRobot's ``dequantize_depth`` computes it, so that the values are LeRobot's to the
+        bit (NumPy's float32 ``exp`` rounds differently); millimetres are rounded to whole ones, as LeRobot's."""
+        import torch
+
         if self.use_log:
             low, high = math.log(self.depth_min + self.shift), math.log(self.depth_max + self.shift)
         else:
             low, high = self.depth_min, self.depth_max
-        depth = codes.astype(np.float32)
-        depth *= np.float32((high - low) / DEPTH_CODE_MAX)
-        depth += np.float32(low)
+        depth = torch.from_numpy(np.ascontiguousarray(codes)).to(dtype=torch.float32, copy=True)
+        depth.mul_((high - low) / DEPTH_CODE_MAX).add_(low)
         if self.use_log:
-            np.exp(depth, out=depth)
-            depth -= np.float32(self.shift)
-        np.clip(depth, np.float32(self.depth_min), np.float32(self.depth_max), out=depth)
-        if DepthUnit(unit) is DepthUnit.M:
-            return depth
-        depth *= np.float32(1000.0)
-        np.rint(depth, out=depth)
-        return np.clip(depth, 0, np.float32(np.iinfo(np.uint16).max), out=depth)
+            depth.exp_().sub_(self.shift)
+        depth.clamp_(self.depth_min, self.depth_max)
+        if DepthUnit(unit) is DepthUnit.MM:
+            depth.mul_(1000.0).round_().clamp_(0.0, float(np.iinfo(np.uint16).max))
+        return depth.numpy()

@@ -18,7 +18,7 @@ import pytest
 from lerobot_dali.augment import AugmentConfig, ColorJitter
 from lerobot_dali.dataset_info import Feature
 from lerobot_dali.dataset_reader import open_dataset
-from lerobot_dali.depth_maps import DepthQuantizer
+from lerobot_dali.depth_maps import DepthQuantizer, DepthUnit
 from lerobot_dali.errors import DatasetError
 from lerobot_dali.iterator import DALILeRobotIterator
 
@@ -249,3 +249,31 @@ def test_a_depth_image_camera_reads_its_stored_depth_in_the_asked_unit(depth_ima
         assert depth.dtype == np.float32 and depth.shape == (2, 1, 32, 48)
         np.testing.assert_array_equal(depth, expected)
         assert s[CAM].shape == (3, 64, 96)  # the colour image camera, no window: as LeRobot
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{}, {"depth_min": 0.1, "depth_max": 5.0, "shift": 1.0}, {"use_log": False}],
+    ids=["default", "log", "linear"],
+)
+@pytest.mark.parametrize("unit", ["mm", "m"])
+def test_every_code_dequantises_to_lerobots_value_to_the_bit(params: dict, unit: str) -> None:
+    """LeRobot's DatasetReader dequantises torch tensors (depth_utils.dequantize_depth, its torch path, transcribed
+    here); NumPy's float32 exp rounds otherwise (1,561 of 4,096 codes differed by an ulp in metres)."""
+    import torch
+
+    q = DepthQuantizer(**params)
+    codes = np.arange(4096, dtype=np.uint16).reshape(64, 64)
+    if q.use_log:
+        scale = (math.log(q.depth_max + q.shift) - math.log(q.depth_min + q.shift)) / 4095
+        offset = math.log(q.depth_min + q.shift)
+    else:
+        scale, offset = (q.depth_max - q.depth_min) / 4095, q.depth_min
+    buf = torch.from_numpy(codes).to(dtype=torch.float32, copy=True)
+    buf.mul_(scale).add_(offset)
+    if q.use_log:
+        buf.exp_().sub_(q.shift)
+    buf.clamp_(q.depth_min, q.depth_max)
+    if unit == "mm":
+        buf.mul_(1000.0).round_().clamp_(0.0, 65535)
+    np.testing.assert_array_equal(q.dequantize(codes, DepthUnit(unit)), buf.numpy())
