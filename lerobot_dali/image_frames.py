@@ -26,6 +26,8 @@ __all__ = ["EpisodeImageCache", "decode_depth_images", "decode_images"]
 
 #: Pillow modes of grey images, read as one channel (alpha dropped).
 _GREY_MODES = frozenset({"1", "L", "LA", "La"})
+#: Single-band Pillow modes of 8 bits (or fewer) per sample.
+_EIGHT_BIT_MODES = frozenset({"1", "L", "P"})
 #: Pillow modes of more than 8 bits per sample (depth maps), which uint8 frames would clip.
 _WIDE_MODES = ("I", "F")
 
@@ -55,7 +57,8 @@ def decode_images(encoded: Sequence[bytes], *, label: str) -> np.ndarray:
         if mode.startswith(_WIDE_MODES):
             raise DataFileError(
                 f"{label}: image {i} of the window has more than 8 bits per sample (Pillow mode {mode!r}, e.g. a "
-                "depth map), which lerobot_dali does not read; leave the camera out with cameras=[...]"
+                "depth map not flagged is_depth_map in info.json), which would lose its precision as a colour "
+                "camera; flag it is_depth_map or leave the camera out with cameras=[...]"
             )
         frames.append(frame)
     shapes = {f.shape for f in frames}
@@ -68,7 +71,7 @@ def decode_images(encoded: Sequence[bytes], *, label: str) -> np.ndarray:
 
 def decode_depth_images(encoded: Sequence[bytes], *, label: str) -> np.ndarray:
     """(T, H, W, 1) float32 depth from T encoded single-channel images (16-bit or float, e.g. PNG or TIFF), their
-    stored values, as LeRobot reads depth images.
+    stored values, as LeRobot reads depth images (8-bit ones divided by 255, as its ``ToTensor`` divides them).
 
     Raises DataFileError naming ``label`` and the position for an undecodable or multi-channel image, or for
     images that differ in size.
@@ -81,6 +84,8 @@ def decode_depth_images(encoded: Sequence[bytes], *, label: str) -> np.ndarray:
             with Image.open(io.BytesIO(data)) as image:
                 mode = image.mode
                 frame = np.array(image, dtype=np.float32) if len(image.getbands()) == 1 else None
+                if frame is not None and mode in _EIGHT_BIT_MODES:
+                    frame /= np.float32(255)  # as LeRobot's ToTensor scales 8-bit images
         except (UnidentifiedImageError, OSError, ValueError) as e:
             raise DataFileError(
                 f"{label}: depth image {i} of the window cannot be decoded ({e}); the data file is corrupt"

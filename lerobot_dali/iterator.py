@@ -99,7 +99,9 @@ class DALILeRobotIterator:
             raise ValueError(f"device must be 'cuda', 'cuda:N' or 'cpu', got {device!r}")
         if num_workers < 0 or prefetch < 1:
             raise ValueError(f"num_workers must be >= 0 and prefetch >= 1, got {num_workers} and {prefetch}")
-        if dali_threads is not None and (isinstance(dali_threads, bool) or dali_threads < 1):
+        if dali_threads is not None and (
+            isinstance(dali_threads, bool) or not isinstance(dali_threads, int) or dali_threads < 1
+        ):
             raise ValueError(f"dali_threads must be a positive int or None (automatic), got {dali_threads!r}")
         if isinstance(dataset, LeRobotDatasetReader):
             if episodes is not None:

@@ -277,3 +277,29 @@ def test_every_code_dequantises_to_lerobots_value_to_the_bit(params: dict, unit:
     if unit == "mm":
         buf.mul_(1000.0).round_().clamp_(0.0, 65535)
     np.testing.assert_array_equal(q.dequantize(codes, DepthUnit(unit)), buf.numpy())
+
+
+def test_depth_images_decode_as_lerobot_reads_each_mode() -> None:
+    """16-bit and float images as stored; 8-bit ones divided by 255, as LeRobot's ToTensor divides them."""
+    from PIL import Image
+
+    from lerobot_dali.image_frames import decode_depth_images
+
+    values = np.arange(12, dtype=np.uint16).reshape(3, 4) * 5000
+    encoded = {}
+    for name, image, fmt in [
+        ("I;16", Image.fromarray(values), "PNG"),
+        ("F", Image.fromarray(values.astype(np.float32) / 7), "TIFF"),
+        ("L", Image.fromarray((values // 256).astype(np.uint8)), "PNG"),
+    ]:
+        buffer = io.BytesIO()
+        image.save(buffer, format=fmt)
+        encoded[name] = buffer.getvalue()
+    read = {name: decode_depth_images([data], label="cam")[0, ..., 0] for name, data in encoded.items()}
+    np.testing.assert_array_equal(read["I;16"], values.astype(np.float32))
+    np.testing.assert_array_equal(read["F"], values.astype(np.float32) / 7)
+    np.testing.assert_array_equal(read["L"], (values // 256).astype(np.float32) / np.float32(255))
+    rgb = io.BytesIO()
+    Image.new("RGB", (4, 3)).save(rgb, format="PNG")
+    with pytest.raises(DatasetError, match=r"cam: depth image 0 of the window has Pillow mode 'RGB', not one channel"):
+        decode_depth_images([rgb.getvalue()], label="cam")

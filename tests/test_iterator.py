@@ -237,8 +237,9 @@ def test_dali_threads_reach_the_pipeline(make_ds, monkeypatch: pytest.MonkeyPatc
     for cpus, workers, expected in [(16, 12, 4), (2, 2, 2), (64, 4, 8)]:
         monkeypatch.setattr(iterator_module, "cpus_per_local_rank", lambda cpus=cpus: cpus)
         assert iterator_module.default_dali_threads(workers) == expected
-    with pytest.raises(ValueError, match="dali_threads must be a positive int"):
-        DALILeRobotIterator(root, device="cpu", dali_threads=0)
+    for bad in (0, 2.5, "4", True):
+        with pytest.raises(ValueError, match="dali_threads must be a positive int"):
+            DALILeRobotIterator(root, device="cpu", dali_threads=bad)
 
 
 def test_each_worker_keeps_the_packet_indices_of_every_pooled_file(make_ds) -> None:
