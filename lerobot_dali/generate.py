@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -562,7 +563,7 @@ def _write_parquet(path: Path, table: pa.Table) -> None:
 def _write_into(out: str | os.PathLike[str], write: Callable[[Path], None]) -> Path:
     """Run ``write(folder)`` so that ``out`` holds a dataset only once every file of it is written.
 
-    A new ``out`` is written as a hidden sibling (``.<name>.tmp-<pid>``) renamed to ``out`` at the end; an
+    A new ``out`` is written as a hidden sibling (``.<name>.tmp-<pid>-<random>``) renamed to ``out`` at the end; an
     existing empty folder (a mount point, say) is written in place and emptied again if writing fails. Either
     way an interrupted or failed run (Ctrl-C, a full disk) leaves nothing that blocks a re-run. Missing parent
     folders are created.
@@ -590,12 +591,18 @@ def _write_into(out: str | os.PathLike[str], write: Callable[[Path], None]) -> P
     except (FileExistsError, NotADirectoryError) as e:
         blocker = next(parent for parent in absolute.parents if parent.exists())
         raise NotADirectoryError(f"Cannot write a dataset to {root}: {blocker} is a file, not a directory.") from e
-    staging = absolute.parent / f".{absolute.name}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
+    staging = absolute.parent / f".{absolute.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"  # one per run
+    staging.mkdir()  # (not mkdtemp: its 0700 would become the dataset's mode)
     try:
         write(staging)
-        staging.rename(absolute)
+        try:
+            staging.rename(absolute)
+        except OSError as e:
+            if not absolute.exists():
+                raise
+            raise FileExistsError(  # another run wrote it meanwhile
+                f"Refusing to write a dataset into {root}: it appeared while this one was written (another run?)"
+            ) from e
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -597,3 +597,24 @@ def test_image_moments_equal_float_reductions_over_the_pixels(shape: tuple[int, 
     np.testing.assert_allclose(moments.total_sq.ravel(), (pixels**2).mean(0), rtol=1e-12)
     assert moments.minimum.ravel().tolist() == pixels.min(0).tolist()
     assert moments.maximum.ravel().tolist() == pixels.max(0).tolist()
+
+
+def test_a_dataset_another_run_wrote_meanwhile_is_kept(tmp_path: Path, monkeypatch) -> None:
+    """Two runs to one new OUT: the one that finishes second refuses cleanly (FileExistsError, one line from the
+    CLI) and leaves the other's dataset and no staging folder."""
+    import lerobot_dali.generate as generate
+
+    out = tmp_path / "out"
+    options = {"episodes": 1, "frames_per_episode": 2, "size": (64, 64), "codec": "vp9"}
+    real_encode = generate.encode_video
+
+    def other_run_finishes_first(*args: object, **kwargs: object) -> None:
+        real_encode(*args, **kwargs)  # type: ignore[arg-type]
+        if not out.exists():
+            monkeypatch.setattr(generate, "encode_video", real_encode)
+            make_dataset(out, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(generate, "encode_video", other_run_finishes_first)
+    with pytest.raises(FileExistsError, match="it appeared while this one was written"):
+        make_dataset(out, **options)  # type: ignore[arg-type]
+    assert (out / "meta/info.json").is_file() and [p.name for p in tmp_path.iterdir()] == ["out"]
