@@ -96,7 +96,8 @@ def _info(args: argparse.Namespace) -> int:
                 )
             print(f"    rows -> frames, first episode, tolerance {DEFAULT_TOLERANCE_S:g} s: {verdicts}{advice}")
     for key in summary["image_cameras"]:
-        print(f"  camera {key}: images in the data files (decoded by the workers)")
+        depth = " (depth map)" if key in summary["depth_image_cameras"] else ""
+        print(f"  camera {key}{depth}: images in the data files (decoded by the workers)")
     return 0
 
 

@@ -303,3 +303,12 @@ def test_depth_images_decode_as_lerobot_reads_each_mode() -> None:
     Image.new("RGB", (4, 3)).save(rgb, format="PNG")
     with pytest.raises(DatasetError, match=r"cam: depth image 0 of the window has Pillow mode 'RGB', not one channel"):
         decode_depth_images([rgb.getvalue()], label="cam")
+
+
+def test_info_marks_a_depth_image_camera(depth_image_ds: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from lerobot_dali.cli import main
+
+    assert main(["info", str(depth_image_ds)]) == 0
+    assert f"  camera {DEPTH_IMAGE} (depth map): images in the data files" in capsys.readouterr().out
+    assert main(["info", str(depth_image_ds), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["depth_image_cameras"] == [DEPTH_IMAGE]
