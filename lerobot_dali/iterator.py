@@ -43,7 +43,7 @@ from .sample_order import OrderOptions, RankBalance
 from .stream_state import SampleStream
 from .windows import DeltaWindows
 from .worker_errors import dead_worker_error, original_worker_error
-from .yuv_frames import nvdec_color_fix, stream_color
+from .yuv_frames import has_color_matrix, nvdec_color_fix, stream_color
 
 __all__ = ["DALILeRobotIterator"]
 
@@ -534,6 +534,11 @@ def _nvdec_color_fixes(indexes: Mapping[str, PacketIndex]) -> dict[str, tuple[tu
     for camera, index in indexes.items():
         colorspace, full_range = stream_color(index.template)
         fix = nvdec_color_fix(colorspace, full_range)
+        if not has_color_matrix(colorspace):
+            logger.warning(
+                "camera %s is tagged colour space %d, which NVDEC (DALI) converts as BT.601 and lerobot_dali cannot "
+                "correct; its colours may differ from the CPU routes' (decode='cpu' gives PyAV's)", camera, colorspace,
+            )  # fmt: skip
         if fix is not None:
             fixes[camera] = tuple(tuple(row) for row in fix.tolist())
             logger.info(

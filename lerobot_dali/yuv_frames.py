@@ -44,12 +44,14 @@ __all__ = [
 ]
 
 #: (Kr, Kb) luma coefficients by FFmpeg ``AVColorSpace`` value: 1 BT.709, 2 unspecified (swscale's default,
-#: BT.601), 5 BT.470BG and 6 SMPTE 170M (both BT.601), 9 BT.2020 non-constant luminance.
+#: BT.601), 4 FCC, 5 BT.470BG and 6 SMPTE 170M (both BT.601), 7 SMPTE 240M, 9 BT.2020 non-constant luminance.
 _KR_KB: dict[int, tuple[float, float]] = {
     1: (0.2126, 0.0722),
     2: (0.299, 0.114),
+    4: (0.30, 0.11),
     5: (0.299, 0.114),
     6: (0.299, 0.114),
+    7: (0.212, 0.087),
     9: (0.2627, 0.0593),
 }
 _FULL_RANGE = 2  # AVCOL_RANGE_JPEG
@@ -118,6 +120,11 @@ def stream_color(template: bytes) -> tuple[int, bool]:
     with av.open(io.BytesIO(template), "r") as container:
         codec = container.streams.video[0].codec_context
         return int(codec.colorspace), codec.color_range == _FULL_RANGE or codec.pix_fmt in ("yuvj420p",)
+
+
+def has_color_matrix(colorspace: int) -> bool:
+    """Whether :func:`color_matrix` knows ``colorspace`` (else only swscale converts it)."""
+    return colorspace in _KR_KB
 
 
 def nvdec_color_fix(colorspace: int, full_range: bool) -> np.ndarray | None:

@@ -107,7 +107,8 @@ CASES = {
     "vp9_odd_sides": ("libvpx-vp9", "yuv420p", 131, 97, None, False, False),
     "h264_444": ("libx264", "yuv444p", 130, 98, None, False, False),
     "hevc_10bit": ("libx265", "yuv420p10le", 130, 98, None, False, False),
-    "h264_smpte240m": ("libx264", "yuv420p", 130, 98, 7, False, False),
+    "h264_smpte240m": ("libx264", "yuv420p", 130, 98, 7, False, True),
+    "h264_fcc": ("libx264", "yuv420p", 130, 98, 4, False, True),
 }
 
 
@@ -142,6 +143,14 @@ def test_graph_conversion_matches_swscale(tmp_path: Path, case: str) -> None:
         assert np.abs(np.stack(planes_to_rgb_frames(shifted)).astype(np.int32) - expected).mean() > 4 * MEAN_DIFF
 
 
+def test_a_colour_space_without_a_matrix_here_is_converted_by_swscale() -> None:
+    frame = av.VideoFrame.from_ndarray(np.full((4, 6, 3), 90, np.uint8), format="rgb24").reformat(format="yuv420p")
+    frame.colorspace = 0  # "RGB" (identity): no YCbCr matrix in the table
+    planes = frame_planes(frame)
+    assert np.array_equal(planes.matrix, IDENTITY) and planes.chroma[0].shape == (4, 6)  # R | G, B from swscale
+    assert nvdec_color_fix(0, False) is None
+
+
 def test_color_matrix_values() -> None:
     def rgb(m: np.ndarray, ycbcr: tuple[float, float, float]) -> list[float]:
         return np.rint(m[:, :3] @ np.array(ycbcr) + m[:, 3]).tolist()
@@ -155,8 +164,8 @@ def test_color_matrix_values() -> None:
     assert rgb(full, (255, 128, 128)) == [255, 255, 255]
     assert rgb(full, (0.2126 * 255, 128 - 0.1146 * 255, 128 + 0.5 * 255)) == [255, 0, 0]  # BT.709 red
     assert color_matrix(5, False).tolist() == color_matrix(6, False).tolist() == limited.tolist()
-    with pytest.raises(ValueError, match="colour space 7 has no YCbCr matrix"):
-        color_matrix(7, False)
+    with pytest.raises(ValueError, match="colour space 8 has no YCbCr matrix"):
+        color_matrix(8, False)
 
 
 def test_stack_planes_refuses_mixed_frames() -> None:
@@ -346,7 +355,8 @@ def test_nvdec_colours_are_brought_to_the_tagged_colour_space(tmp_path: Path, ca
     assert after[unclipped].max() <= MAX_DIFF and after[unclipped].mean() <= 1.0, after[unclipped].max()  # 2 roundings
 
 
-def test_only_nvdec_cameras_tagged_other_than_bt601_get_a_correction(tmp_path: Path, caplog) -> None:
+def test_only_nvdec_cameras_tagged_other_than_bt601_get_a_correction(tmp_path: Path, caplog, monkeypatch) -> None:
+    from lerobot_dali import iterator as iterator_module
     from lerobot_dali.iterator import _nvdec_color_fixes
 
     tagged = _encode(tmp_path / "bt709.mp4", "libx264", "yuv420p", width=64, height=48, colorspace=1)
@@ -357,3 +367,9 @@ def test_only_nvdec_cameras_tagged_other_than_bt601_get_a_correction(tmp_path: P
         fixes = _nvdec_color_fixes(indexes)
     assert list(fixes) == ["a"] and np.allclose(fixes["a"], nvdec_color_fix(1, False))
     assert any("camera a is tagged colour space 1" in r.getMessage() for r in caplog.records)
+    # a tag with no matrix here (YCgCo, 8) cannot be corrected: said once, as a warning
+    monkeypatch.setattr(iterator_module, "stream_color", lambda template: (8, False))
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.iterator"):
+        assert _nvdec_color_fixes({"d": indexes["b"]}) == {}
+    assert any("camera d is tagged colour space 8" in r.getMessage() and r.levelname == "WARNING"
+               for r in caplog.records)  # fmt: skip
