@@ -35,7 +35,7 @@ from .packet_index import PacketIndex, PacketIndexCache, VideoSource, build_pack
 from .packet_index_store import PacketIndexStore
 from .sample_order import SampleOrder
 from .windows import query_indices
-from .yuv_frames import PlaneFrames
+from .yuv_frames import PlaneFrames, stream_color
 
 __all__ = ["INDEX_KEYS", "BatchSource", "CameraFormat", "SourceSpec", "output_fields"]
 
@@ -46,23 +46,34 @@ INDEX_KEYS = ("index", "episode_index", "frame_index", "timestamp", "task_index"
 
 
 class CameraFormat(NamedTuple):
-    """What every file of a video camera must share with its first: codec and size; and the pixel format where
-    NVDEC decodes the camera (its probe decoded the first file's; the CPU decoders convert any)."""
+    """What every file of a video camera must share with its first: codec and size; and, where NVDEC decodes the
+    camera, the pixel format (its probe decoded the first file's) and the colour tags (the graph's colour
+    correction is the first file's). The CPU decoders convert any pixel format and colour space."""
 
     codec: str
     height: int
     width: int
-    pix_fmt: str | None = None  # None: any
+    pix_fmt: str | None = None  # None: any (not on NVDEC)
+    color: tuple[int, bool] | None = None  # (AVColorSpace, full range); None: any (not on NVDEC)
 
     @classmethod
-    def of(cls, index: PacketIndex, *, pix_fmt: bool) -> CameraFormat:
-        return cls(index.codec, index.height, index.width, index.pix_fmt if pix_fmt else None)
+    def of(cls, index: PacketIndex, *, nvdec: bool) -> CameraFormat:
+        if not nvdec:
+            return cls(index.codec, index.height, index.width)
+        return cls(index.codec, index.height, index.width, index.pix_fmt, stream_color(index.template))
+
+    @property
+    def nvdec(self) -> bool:
+        return self.color is not None
 
     def admits(self, index: PacketIndex) -> bool:
-        return self == CameraFormat.of(index, pix_fmt=self.pix_fmt is not None)
+        return self == CameraFormat.of(index, nvdec=self.nvdec)
 
     def __str__(self) -> str:
-        return f"{self.codec} {self.height}x{self.width} (HxW)" + (f" {self.pix_fmt}" if self.pix_fmt else "")
+        text = f"{self.codec} {self.height}x{self.width} (HxW)"
+        if self.color is not None:
+            text += f" {self.pix_fmt}, colour space {self.color[0]}{' full range' if self.color[1] else ''}"
+        return text
 
 
 @dataclass(frozen=True)
@@ -333,9 +344,9 @@ class BatchSource:
             if expected is not None and not expected.admits(index):
                 raise SchemaMismatchError(
                     f"{video.path} (episode {int(reader.episodes.episode_index[pos])}, camera {camera!r}) is "
-                    f"{CameraFormat.of(index, pix_fmt=expected.pix_fmt is not None)}, but the camera's first file is "
-                    f"{expected}; a camera's videos must share one codec and size (and pixel format on NVDEC, which "
-                    "was probed with the first): re-encode this file"
+                    f"{CameraFormat.of(index, nvdec=expected.nvdec)}, but the camera's first file is "
+                    f"{expected}; a camera's videos must share one codec and size (and, on NVDEC, pixel format and "
+                    "colour tags: the first file set them up): re-encode this file"
                 )
             numbers = row_frame_numbers(
                 reader,

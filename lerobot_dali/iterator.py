@@ -224,7 +224,7 @@ class DALILeRobotIterator:
             )  # fmt: skip
         self._check_rows_find_frames(indexes)
         self._camera_formats = {
-            camera: CameraFormat.of(index, pix_fmt=routes[camera] is DecodeRoute.NVDEC)
+            camera: CameraFormat.of(index, nvdec=routes[camera] is DecodeRoute.NVDEC)
             for camera, index in indexes.items()
         }
         self._color_fixes = _nvdec_color_fixes({c: i for c, i in indexes.items() if routes[c] is DecodeRoute.NVDEC})

@@ -114,6 +114,7 @@ def color_matrix(colorspace: int, full_range: bool) -> np.ndarray:
     return matrix
 
 
+@functools.lru_cache(maxsize=256)
 def stream_color(template: bytes) -> tuple[int, bool]:
     """(``AVColorSpace``, full range) a video stream declares, read from its stream template
     (``PacketIndex.template``: the container header alone, no file access)."""

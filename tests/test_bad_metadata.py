@@ -16,7 +16,7 @@ from lerobot_dali.batch_source import CameraFormat
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DatasetError, EpisodeMetadataError, SchemaMismatchError
 from lerobot_dali.iterator import DALILeRobotIterator
-from lerobot_dali.packet_index import build_packet_index
+from lerobot_dali.packet_index import PacketIndex, build_packet_index
 
 SPEC = dict(episodes=4, frames_per_episode=20, cameras=1, codec="vp9", fps=10, gop=4, episodes_per_file=2)
 CAM = "observation.images.cam0"
@@ -64,26 +64,36 @@ def test_a_video_file_of_another_size_names_itself(make_ds, ds: Path) -> None:
         _first_pass(ds)
 
 
-def test_a_camera_on_nvdec_holds_every_file_to_its_first_files_pixel_format(marker_video, tmp_path: Path) -> None:
-    """NVDEC was probed with the first file: a later 4:4:4 file would reach it unprobed. The CPU decoders
-    convert any pixel format, so there only codec and size must agree."""
+def test_a_camera_on_nvdec_holds_every_file_to_its_first_files_pixel_format_and_colour(
+    marker_video, tmp_path: Path
+) -> None:
+    """NVDEC was probed with the first file, and the graph corrects its colours for the first file's tags: a later
+    4:4:4 file would reach NVDEC unprobed, a later BT.709 file would go uncorrected. The CPU decoders convert any
+    pixel format and colour space, so there only codec and size must agree."""
     import av
 
     first = build_packet_index(marker_video("h264", 2))
-    other_path = tmp_path / "yuv444.mp4"
-    with av.open(str(other_path), "w") as container:
-        stream = container.add_stream("libx264", rate=10, options={"g": "2"})
-        stream.width, stream.height, stream.pix_fmt = first.width, first.height, "yuv444p"
-        for frame in range(4):
-            image = np.full((first.height, first.width, 3), 40 * frame, np.uint8)
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
-        container.mux(stream.encode())
-    other = build_packet_index(other_path)
-    assert (first.pix_fmt, other.pix_fmt) == ("yuv420p", "yuv444p")
-    on_nvdec, on_cpu = CameraFormat.of(first, pix_fmt=True), CameraFormat.of(first, pix_fmt=False)
-    assert on_nvdec.admits(first) and not on_nvdec.admits(other)
-    assert on_cpu.admits(other)
-    assert str(on_nvdec) == "h264 64x96 (HxW) yuv420p" and str(on_cpu) == "h264 64x96 (HxW)"
+
+    def encode(name: str, pix_fmt: str, colorspace: int | None = None) -> PacketIndex:
+        path = tmp_path / name
+        with av.open(str(path), "w") as container:
+            stream = container.add_stream("libx264", rate=10, options={"g": "2"})
+            stream.width, stream.height, stream.pix_fmt = first.width, first.height, pix_fmt
+            if colorspace is not None:
+                stream.codec_context.colorspace = colorspace
+            for frame in range(4):
+                image = np.full((first.height, first.width, 3), 40 * frame, np.uint8)
+                container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
+            container.mux(stream.encode())
+        return build_packet_index(path)
+
+    yuv444, bt709 = encode("yuv444.mp4", "yuv444p"), encode("bt709.mp4", "yuv420p", colorspace=1)
+    assert (first.pix_fmt, yuv444.pix_fmt) == ("yuv420p", "yuv444p")
+    on_nvdec, on_cpu = CameraFormat.of(first, nvdec=True), CameraFormat.of(first, nvdec=False)
+    assert on_nvdec.admits(first) and not on_nvdec.admits(yuv444) and not on_nvdec.admits(bt709)
+    assert on_cpu.admits(yuv444) and on_cpu.admits(bt709)
+    assert str(on_nvdec) == "h264 64x96 (HxW) yuv420p, colour space 2" and str(on_cpu) == "h264 64x96 (HxW)"
+    assert str(CameraFormat.of(bt709, nvdec=True)) == "h264 64x96 (HxW) yuv420p, colour space 1"
 
 
 def test_rows_the_metadata_does_not_count_are_refused(ds: Path) -> None:
