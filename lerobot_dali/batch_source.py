@@ -22,7 +22,7 @@ from . import errors, io_stats
 from .augment import AugmentConfig
 from .augment_draws import draw_names, draw_params, stream_name
 from .clips import build_clip, plan_clip, read_packet_payloads
-from .cpu_decode import CpuDecodeOptions, CpuFrameDecoder
+from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
 from .dali_graph import CameraFeed, Field, FieldKind, augment_draw_field
 from .dataset_reader import LeRobotDatasetReader
 from .depth_maps import DepthQuantizer, DepthUnit, in_unit
@@ -210,8 +210,15 @@ class BatchSource:
     def __getstate__(self) -> dict[str, Any]:
         return {"spec": self.spec, "fields": self.fields}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:  # in a worker process
         self.__dict__.update(state)
+        if self.spec.depth_quantizers or self.spec.cpu_decode.backend is not CpuDecoderBackend.PYAV:
+            # torch ops here (depth dequantisation, torchcodec's resizes) on one thread, as in DataLoader's
+            # workers: otherwise each worker's ops spread over every core and the workers thrash (2 workers on 2
+            # cores, a depth camera: 137 frames/s against 2,124).
+            import torch
+
+            torch.set_num_threads(1)
         self._init_caches()
 
     # -- positions ---------------------------------------------------------------------------------------

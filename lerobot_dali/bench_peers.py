@@ -27,10 +27,11 @@ import torch
 from torch.utils.data import Dataset
 
 from .dataset_reader import open_dataset
+from .depth_maps import DepthUnit, in_unit
 from .episode_rows import image_bytes
 from .errors import FrameTimestampError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
-from .image_frames import decode_images
+from .image_frames import decode_depth_images, decode_images
 from .windows import DeltaWindows, query_indices
 
 __all__ = [
@@ -50,8 +51,11 @@ _DECODE_FORWARD_S = 0.5
 _INDEX_KEYS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
 
 
-def decode_frames_pyav(source: Any, timestamps_s: Sequence[float], *, tolerance_s: float) -> np.ndarray:
-    """RGB frames ``(T, H, W, 3)`` uint8 nearest each of ``timestamps_s`` (seconds in the file), in request order.
+def decode_frames_pyav(
+    source: Any, timestamps_s: Sequence[float], *, tolerance_s: float, pixel_format: str = "rgb24"
+) -> np.ndarray:
+    """RGB frames ``(T, H, W, 3)`` uint8 nearest each of ``timestamps_s`` (seconds in the file), in request order
+    (or ``(T, H, W)`` in another ``pixel_format``: ``gray12le`` for a depth camera's codes, as LeRobot's).
 
     One container per call, one decoder thread, a seek to the keyframe before each wanted time unless it
     is a short decode forward from the previous one. Raises FrameTimestampError when a time has no frame
@@ -80,7 +84,7 @@ def decode_frames_pyav(source: Any, timestamps_s: Sequence[float], *, tolerance_
                     if abs(position_s - t) <= tolerance_s and (
                         t not in best or abs(best[t][0] - t) > abs(position_s - t)
                     ):
-                        best[t] = (position_s, frame.to_ndarray(format="rgb24"))
+                        best[t] = (position_s, frame.to_ndarray(format=pixel_format))
                 if position_s > target + tolerance_s:
                     break
     missing = [t for t in wanted if t not in best]
@@ -132,6 +136,10 @@ class PyAVFrameDataset(Dataset):
         self.fps = reader.fps
         self._tolerance_s = tolerance_s
         self._resize = Resize(image_size) if image_size is not None else None
+        self._depth_size = tuple(image_size) if image_size is not None else None
+        # Depth cameras read as LeRobot reads them: 12-bit codes dequantised, depth images in millimetres.
+        self._quantizers = reader.info.depth_quantizers(reader.camera_keys)
+        self._depth_image_units = reader.info.depth_image_units(reader.image_keys)
         windows = DeltaWindows(
             delta_timestamps=dict(delta_timestamps or {}),
             fps=reader.fps,
@@ -157,6 +165,13 @@ class PyAVFrameDataset(Dataset):
         self._videos = {
             camera: [reader.video(pos, camera) for pos in range(len(episodes))] for camera in self.camera_keys
         }
+
+    def _depth(self, depth: np.ndarray) -> torch.Tensor:
+        """``(T, 1, H, W)`` depth, resized as lerobot-dali resizes depth (nearest) when an image size is set."""
+        frames = torch.from_numpy(np.ascontiguousarray(depth))
+        if self._depth_size is None:
+            return frames
+        return torch.nn.functional.interpolate(frames, size=self._depth_size, mode="nearest-exact")  # pixel centres
 
     def _read_rows(self, reader: Any, columns: list[str]) -> pa.Table:
         """Every episode's rows of ``columns``, in episode order, read once per data file."""
@@ -203,24 +218,34 @@ class PyAVFrameDataset(Dataset):
             video = self._videos[camera][episode]
             local_s = rows / self.fps if self._by_frame_index else self._timestamps[start + rows]
             query = (video.from_timestamp_s + local_s).tolist()
+            quantizer = self._quantizers.get(camera)
+            fmt = "rgb24" if quantizer is None else "gray12le"
             if self._local:
-                decoded = decode_frames_pyav(video.path, query, tolerance_s=self._tolerance_s)
+                decoded = decode_frames_pyav(video.path, query, tolerance_s=self._tolerance_s, pixel_format=fmt)
             else:
                 with self._fs.open(video.path, "rb") as handle:
-                    decoded = decode_frames_pyav(handle, query, tolerance_s=self._tolerance_s)
-            frames = torch.from_numpy(decoded).permute(0, 3, 1, 2).float().div_(255)
-            if self._resize is not None:
-                frames = self._resize(frames)
+                    decoded = decode_frames_pyav(handle, query, tolerance_s=self._tolerance_s, pixel_format=fmt)
+            if quantizer is not None:
+                frames = self._depth(quantizer.dequantize(decoded, DepthUnit.MM)[:, None])
+            else:
+                frames = torch.from_numpy(decoded).permute(0, 3, 1, 2).float().div_(255)
+                frames = self._resize(frames) if self._resize is not None else frames
             item[camera] = frames[0] if window is None or len(window) == 1 else frames
         for camera in self.image_keys:
             window = self._delta_index.get(camera)
             rows = query_indices(frame, length, window)[0] if window is not None else np.array([frame])
             column = self._images.column(camera).take(pa.array(start + rows)).combine_chunks()
             encoded = image_bytes(column, path=f"dataset rows {(start + rows).tolist()}", key=camera)
-            decoded = decode_images([b.as_py() for b in encoded], label=f"{camera} row {index}")
-            frames = torch.from_numpy(decoded).permute(0, 3, 1, 2).float().div_(255)
-            if self._resize is not None:
-                frames = self._resize(frames)
+            label = f"{camera} row {index}"
+            if camera in self._depth_image_units:
+                depth = decode_depth_images([b.as_py() for b in encoded], label=label)
+                frames = self._depth(
+                    in_unit(depth, self._depth_image_units[camera], DepthUnit.MM).transpose(0, 3, 1, 2)
+                )
+            else:
+                frames = torch.from_numpy(decode_images([b.as_py() for b in encoded], label=label))
+                frames = frames.permute(0, 3, 1, 2).float().div_(255)
+                frames = self._resize(frames) if self._resize is not None else frames
             item[camera] = frames if window is not None else frames[0]  # image rows are tabular in LeRobot
         item["task"] = self._tasks.get(int(own["task_index"]), "") if "task_index" in own else ""
         return item

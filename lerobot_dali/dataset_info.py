@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import posixpath
 import string
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,6 +164,15 @@ class DatasetInfo:
     def depth_keys(self) -> list[str]:
         """Depth cameras (:mod:`.depth_maps`): videos of 12-bit quantised depth, and depth images."""
         return [k for k, f in self.features.items() if f.is_depth_map]
+
+    def depth_quantizers(self, keys: Iterable[str]) -> dict[str, DepthQuantizer]:
+        """The depth video cameras among ``keys``, with the quantisers of their codes."""
+        features = (self.features[k] for k in keys)
+        return {f.key: f.video.depth for f in features if f.video is not None and f.video.depth is not None}
+
+    def depth_image_units(self, keys: Iterable[str]) -> dict[str, str | None]:
+        """The depth image cameras among ``keys``, with the unit their images are stored in (None: not said)."""
+        return {k: self.features[k].depth_unit for k in keys if self.features[k].depth_image}
 
     @property
     def image_keys(self) -> list[str]:

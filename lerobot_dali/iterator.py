@@ -24,7 +24,7 @@ from .dataset_reader import LeRobotDatasetReader, open_dataset
 from .dataset_stats import read_dataset_stats
 from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
-from .depth_maps import DepthQuantizer, DepthUnit
+from .depth_maps import DepthUnit
 from .distributed import cpus_per_local_rank, local_cuda_device, resolve_rank
 from .errors import (
     CodecUnsupportedError,
@@ -131,9 +131,8 @@ class DALILeRobotIterator:
         self._num_workers = num_workers
         self._dali_threads = dali_threads if dali_threads is not None else default_dali_threads(num_workers)
         self._prefetch = prefetch
-        self._depth_quantizers = _depth_quantizers(self.reader)
-        self._depth_image_units = {k: self.reader.info.features[k].depth_unit for k in self.reader.image_keys
-                                   if self.reader.info.features[k].depth_image}  # fmt: skip
+        self._depth_quantizers = self.reader.info.depth_quantizers(self.reader.camera_keys)
+        self._depth_image_units = self.reader.info.depth_image_units(self.reader.image_keys)
         depth_cameras = {*self._depth_quantizers, *self._depth_image_units}
         self._depth_unit = _depth_unit(depth_unit)
         # Cameras of other than 3 channels: grey image cameras, depth cameras (1).
@@ -546,16 +545,6 @@ def _nvdec_color_fixes(indexes: Mapping[str, PacketIndex]) -> dict[str, tuple[tu
                 colorspace,
             )  # fmt: skip
     return fixes
-
-
-def _depth_quantizers(reader: LeRobotDatasetReader) -> dict[str, DepthQuantizer]:
-    """The depth-map cameras read (:mod:`.depth_maps`), with their quantisers."""
-    quantizers = {}
-    for camera in reader.camera_keys:
-        video = reader.info.features[camera].video
-        if video is not None and video.depth is not None:
-            quantizers[camera] = video.depth
-    return quantizers
 
 
 def _depth_unit(unit: DepthUnit | str) -> DepthUnit:

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from lerobot_dali.augment import AugmentConfig, ColorJitter
 from lerobot_dali.dataset_info import Feature
@@ -260,7 +261,6 @@ def test_a_depth_image_camera_reads_its_stored_depth_in_the_asked_unit(depth_ima
 def test_every_code_dequantises_to_lerobots_value_to_the_bit(params: dict, unit: str) -> None:
     """LeRobot's DatasetReader dequantises torch tensors (depth_utils.dequantize_depth, its torch path, transcribed
     here); NumPy's float32 exp rounds otherwise (1,561 of 4,096 codes differed by an ulp in metres)."""
-    import torch
 
     q = DepthQuantizer(**params)
     codes = np.arange(4096, dtype=np.uint16).reshape(64, 64)
@@ -312,3 +312,36 @@ def test_info_marks_a_depth_image_camera(depth_image_ds: Path, capsys: pytest.Ca
     assert f"  camera {DEPTH_IMAGE} (depth map): images in the data files" in capsys.readouterr().out
     assert main(["info", str(depth_image_ds), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["depth_image_cameras"] == [DEPTH_IMAGE]
+
+
+def test_the_bench_peer_reads_depth_as_lerobot_and_lerobot_dali_do(depth_ds: Path, depth_image_ds: Path) -> None:
+    """The PyAV DataLoader peer of ``bench`` decodes depth cameras as depth too, so 'vs peer' compares like work."""
+    from lerobot_dali.bench_peers import PyAVFrameDataset
+
+    peer = PyAVFrameDataset(depth_ds, delta_timestamps={DEPTH: [-1 / FPS, 0.0]}, image_size=(24, 40))
+    item = peer[LENGTHS[0] + 2]  # episode 1, frame 2
+    assert item[DEPTH].shape == (2, 1, 24, 40) and item[DEPTH].dtype == torch.float32
+    full = np.stack([_expected_depth(_codes(1, f, 48, 80), "mm") for f in (1, 2)])
+    assert np.abs(item[DEPTH].numpy()[:, 0] - full[:, 1::2, 1::2]).max() <= 1  # nearest, as lerobot-dali
+    images = PyAVFrameDataset(depth_image_ds)[LENGTHS[0] + 2]
+    np.testing.assert_array_equal(images[DEPTH_IMAGE].numpy(), _depth_image_values(1, 2)[None].astype(np.float32))
+
+
+def test_a_worker_with_a_depth_camera_runs_torch_on_one_thread(depth_ds: Path, tmp_path: Path) -> None:
+    """As DataLoader's workers do: each DALI worker's torch ops on all cores made two workers thrash on two cores
+    (137 frames/s against 2,124 in bench). Unpickling the source is what happens in a worker process."""
+    import pickle
+    import subprocess
+    import sys
+
+    from lerobot_dali.batch_source import BatchSource
+
+    it = DALILeRobotIterator(depth_ds, batch_size=2, device="cpu", num_workers=0)
+    next(iter(it))
+    it.close()
+    pickled = tmp_path / "source.pkl"
+    pickled.write_bytes(pickle.dumps(BatchSource(it._spec)))
+    code = f"import pickle, torch; torch.set_num_threads(2); pickle.loads(open({str(pickled)!r}, 'rb').read()); "
+    code += "print(torch.get_num_threads())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "1"
