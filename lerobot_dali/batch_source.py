@@ -212,14 +212,14 @@ class BatchSource:
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # in a worker process
         self.__dict__.update(state)
-        if self.spec.depth_quantizers or self.spec.cpu_decode.backend is not CpuDecoderBackend.PYAV:
+        self._init_caches()
+        if self.spec.depth_quantizers or self._decoder.backend is CpuDecoderBackend.TORCHCODEC:
             # torch ops here (depth dequantisation, torchcodec's resizes) on one thread, as in DataLoader's
             # workers: otherwise each worker's ops spread over every core and the workers thrash (2 workers on 2
             # cores, a depth camera: 137 frames/s against 2,124).
             import torch
 
             torch.set_num_threads(1)
-        self._init_caches()
 
     # -- positions ---------------------------------------------------------------------------------------
     def positions(self, epoch_offset: int, iteration: int) -> tuple[int, int, int] | None:
