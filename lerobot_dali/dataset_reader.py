@@ -65,7 +65,8 @@ class LeRobotDatasetReader:
         #: Cameras stored as encoded images in the data files (``dtype: "image"``): :meth:`read_episode_images`.
         self.image_keys = list(image_keys)
         self.tabular_keys = tabular_keys
-        self._parquet = ParquetCache(location.open_bulk)
+        # Remote files each hold a read-ahead buffer (4 MB): fewer stay open.
+        self._parquet = ParquetCache(location.open_bulk, max_open=128 if location.is_local else 16)
 
     def with_location(self, location: DatasetLocation) -> LeRobotDatasetReader:
         """The same dataset read through other filesystems (e.g. the prefetch cache in front of the remote)."""

@@ -142,6 +142,37 @@ def test_generated_rows_have_exact_values(make_ds, version: str) -> None:
         assert r.video(1, "observation.images.cam0").from_timestamp_s == pytest.approx(0.5)
 
 
+@pytest.mark.parametrize("row_group_size", [1, 2, 3, 4, 100])
+def test_episodes_read_the_same_whatever_the_row_groups(make_ds, copy_ds, row_group_size: int) -> None:
+    """Row groups that start inside episodes, at their starts, one row each (found by binary search)."""
+    root = copy_ds(make_ds(episodes=5, frames_per_episode=LENGTHS, episodes_per_file=3, codec="vp9", fps=10))
+    for path in (root / "data").rglob("*.parquet"):
+        pq.write_table(pq.read_table(path), path, row_group_size=row_group_size)
+    r = open_dataset(root)
+    for pos, n in enumerate(LENGTHS):
+        rows = r.read_episode(pos)
+        assert rows["frame_index"].tolist() == list(range(n)) and set(rows["episode_index"].tolist()) == {pos}
+        np.testing.assert_array_equal(rows["action"], expected_action(pos, np.arange(n), 7))
+
+
+def test_open_parquet_files_are_bounded_by_count_and_footer_bytes(tmp_path: Path) -> None:
+    from lerobot_dali.episode_rows import ParquetCache
+
+    paths = []
+    for i in range(4):
+        paths.append(str(tmp_path / f"f{i}.parquet"))
+        pq.write_table(pa.table({"x": np.arange(50 * (i + 1))}), paths[-1], row_group_size=5)  # bigger footers
+    footers = [pq.ParquetFile(p).metadata.serialized_size for p in paths]
+    cache = ParquetCache(fsspec.filesystem("file").open, max_open=3, max_footer_bytes=footers[2] + footers[3])
+    opened = [cache.get(p) for p in paths]
+    assert [k[1] for k in cache._open] == paths[2:]  # the two newest fit the footer bound
+    assert cache.get(paths[3]) is opened[3] and cache._footer_bytes == footers[2] + footers[3]
+    by_count = ParquetCache(fsspec.filesystem("file").open, max_open=3)
+    for p in paths:
+        by_count.get(p)
+    assert [k[1] for k in by_count._open] == paths[1:]
+
+
 def test_remote_filesystem_reads_same_rows_as_local(make_ds) -> None:
     root = make_ds(episodes=5, frames_per_episode=LENGTHS, episodes_per_file=2, codec="vp9", fps=10)
     mem = fsspec.filesystem("memory")
