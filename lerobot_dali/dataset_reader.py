@@ -11,7 +11,7 @@ import json
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -75,6 +75,22 @@ class LeRobotDatasetReader:
             self.info,
             self.episodes,
             self.tasks,
+            camera_keys=self.camera_keys,
+            tabular_keys=self.tabular_keys,
+            stamps=self.stamps,
+            image_keys=self.image_keys,
+        )
+
+    def for_workers(self) -> LeRobotDatasetReader:
+        """This reader without the task texts (the per-episode lists and the task table), which workers never
+        read and which are about half of what each worker process is sent (~120 bytes per episode: 12 MB per
+        worker at 100,000 episodes)."""
+        episodes = replace(self.episodes, tasks=pa.nulls(len(self.episodes), type=self.episodes.tasks.type))
+        return LeRobotDatasetReader(
+            self.location,
+            self.info,
+            episodes,
+            {},
             camera_keys=self.camera_keys,
             tabular_keys=self.tabular_keys,
             stamps=self.stamps,

@@ -340,7 +340,7 @@ class DALILeRobotIterator:
             self._prefetcher.set_order(self._stream.order)
             self._prefetcher.warm(self._stream.epoch, self._stream.samples_consumed)
         spec = SourceSpec(
-            reader=self._worker_reader,
+            reader=self._worker_reader.for_workers(),
             order=self._stream.order,
             delta_index={k: np.asarray(v) for k, v in self.windows.delta_index.items()},
             batch_size=self.batch_size,

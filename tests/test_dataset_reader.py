@@ -173,6 +173,18 @@ def test_open_parquet_files_are_bounded_by_count_and_footer_bytes(tmp_path: Path
     assert [k[1] for k in by_count._open] == paths[1:]
 
 
+def test_the_workers_copy_leaves_the_task_texts_out() -> None:
+    """Workers never read task texts, about half of the metadata every worker process was sent."""
+    import pickle
+
+    reader = open_dataset(shared_dataset("cr5_v30_av1"))
+    workers = reader.for_workers()
+    assert workers.tasks == {} and workers.episodes.tasks.null_count == len(reader.episodes)
+    assert len(pickle.dumps(workers)) < len(pickle.dumps(reader))
+    np.testing.assert_array_equal(workers.read_episode(3)["action"], reader.read_episode(3)["action"])
+    assert workers.video(3, workers.camera_keys[0]) == reader.video(3, reader.camera_keys[0])
+
+
 def test_remote_filesystem_reads_same_rows_as_local(make_ds) -> None:
     root = make_ds(episodes=5, frames_per_episode=LENGTHS, episodes_per_file=2, codec="vp9", fps=10)
     mem = fsspec.filesystem("memory")
