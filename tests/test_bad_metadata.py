@@ -209,3 +209,9 @@ def test_a_decode_error_names_the_camera_and_episodes(ds: Path) -> None:
     pattern = r"camera 'observation\.images\.cam0', batch of episodes \[2\]: .*file-001\.mp4"
     with pytest.raises(VideoDecodeError, match=pattern):
         _first_pass(ds)
+
+
+def test_a_repeated_episode_index_is_refused(ds: Path) -> None:
+    _set_episode_column(ds, "episode_index", 2, 1)
+    with pytest.raises(EpisodeMetadataError, match="episode_index values are not unique"):
+        open_dataset(ds)
