@@ -227,6 +227,10 @@ class _PoolSimulator:
         # Live walk plus the outputs of its last chunk, so the next request usually continues in place.
         self._live = start
         self._tail = (0, np.empty(0, np.int64), np.empty(0, np.int64))
+        # Where the last state_at calls stopped: the prefetcher asks for a window's two ends, each a batch past
+        # the last, which a walk from the checkpoint before each took milliseconds to reach at millions of
+        # samples per rank.
+        self._state_cursors: list[_PoolWalk] = [start]
 
     def draws(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         out_ep = np.empty(stop - start, np.int64)
@@ -249,13 +253,18 @@ class _PoolSimulator:
     def state_at(self, position: int) -> tuple[int, np.ndarray, np.ndarray]:
         """``(next_admit, slots, drawn)`` after exactly ``position`` samples (for resume on a new world size)."""
         walk = self._checkpoint_before(position)
+        for cursor in self._state_cursors:
+            if walk.emitted < cursor.emitted <= position:
+                walk = cursor
+        extra = None
         while walk.emitted < position:
             _, _, label, after = self._step(walk)
             if after.emitted > position:
                 extra = np.bincount(label[: position - walk.emitted], minlength=walk.slots.size)
-                return walk.next_admit, walk.slots, walk.drawn + extra
+                break
             walk = after
-        return walk.next_admit, walk.slots, walk.drawn
+        self._state_cursors = [*self._state_cursors[-1:], walk]
+        return walk.next_admit, walk.slots, walk.drawn if extra is None else walk.drawn + extra
 
     def _checkpoint_before(self, position: int) -> _PoolWalk:
         return self._checkpoints[bisect.bisect_right(self._checkpoint_positions, position) - 1]

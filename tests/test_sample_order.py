@@ -361,3 +361,17 @@ def test_state_dict_round_trip_and_validation() -> None:
     stream = _stream()
     with pytest.raises(ResumeStateError, match="other order options"):
         stream.load_state_dict({**as_dict, "world_size": 1, "samples_consumed": 10**6})
+
+
+def test_pool_windows_asked_in_any_order_match_fresh_orders() -> None:
+    """The pool simulator continues from where its last lookups stopped (the prefetcher asks for windows a batch
+    apart); asked forwards, backwards or at random, every window equals the one a fresh order computes."""
+    options = _options(episode_pool_size=3)
+    total = SampleOrder(LENGTHS, rank=0, world_size=1, options=options).num_samples(0)
+    rng = np.random.default_rng(3)
+    windows = [(s, s + 9) for s in range(0, total - 9, 7)]
+    for queried in (windows, windows[::-1], [windows[i] for i in rng.permutation(len(windows))]):
+        reused = SampleOrder(LENGTHS, rank=0, world_size=1, options=options)
+        for start, stop in queried:
+            fresh = SampleOrder(LENGTHS, rank=0, world_size=1, options=options).pool_window(0, start, stop)
+            np.testing.assert_array_equal(reused.pool_window(0, start, stop), fresh)
