@@ -64,7 +64,7 @@ def summarize(reader: LeRobotDatasetReader, *, probe: bool = True) -> dict[str, 
         "features": {k: {"dtype": f.dtype, "shape": list(f.shape)} for k, f in info.features.items()},
         "cameras": cameras,
         "image_cameras": list(reader.image_keys),
-        "depth_image_cameras": [k for k in reader.image_keys if info.features[k].depth_image],
+        "depth_image_cameras": list(info.depth_image_units(reader.image_keys)),
     }
 
 

@@ -156,13 +156,13 @@ def test_episodes_read_the_same_whatever_the_row_groups(make_ds, copy_ds, row_gr
 
 
 def test_open_parquet_files_are_bounded_by_count_and_footer_bytes(tmp_path: Path) -> None:
-    from lerobot_dali.episode_rows import ParquetCache
+    from lerobot_dali.episode_rows import FOOTER_MEMORY_FACTOR, ParquetCache
 
     paths = []
     for i in range(4):
         paths.append(str(tmp_path / f"f{i}.parquet"))
         pq.write_table(pa.table({"x": np.arange(50 * (i + 1))}), paths[-1], row_group_size=5)  # bigger footers
-    footers = [pq.ParquetFile(p).metadata.serialized_size for p in paths]
+    footers = [FOOTER_MEMORY_FACTOR * pq.ParquetFile(p).metadata.serialized_size for p in paths]  # parsed: ~8x
     cache = ParquetCache(fsspec.filesystem("file").open, max_open=3, max_footer_bytes=footers[2] + footers[3])
     opened = [cache.get(p) for p in paths]
     assert [k[1] for k in cache._open] == paths[2:]  # the two newest fit the footer bound
