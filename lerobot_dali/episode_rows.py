@@ -177,7 +177,8 @@ def _read_row_range(parquet: pq.ParquetFile, path: str, row_start: int, length: 
     groups = list(range(first, last))
     first_row = int(starts[first])
     try:
-        table = parquet.read_row_groups(groups, columns=columns)
+        with _read_lock(parquet):
+            table = parquet.read_row_groups(groups, columns=columns)
     except (pa.ArrowException, OSError) as e:
         raise DataFileError(
             f"{path}: reading rows [{row_start}, {stop}) failed ({e}); the file is truncated or corrupt: re-download "
@@ -190,6 +191,20 @@ def _read_row_range(parquet: pq.ParquetFile, path: str, row_start: int, length: 
 #: one row group per episode (as LeRobot writes them) hold thousands, which a loop over the footer per episode
 #: read paid for each time (4.5 ms at 10,000 groups).
 _ROW_GROUP_STARTS: weakref.WeakKeyDictionary[pq.ParquetFile, np.ndarray] = weakref.WeakKeyDictionary()
+
+
+#: Per open parquet file, a lock its reads take: the cache hands one ParquetFile to every thread of a process,
+#: and pyarrow's reader (pre-buffering) crashed the process when two threads read one file at once.
+_READ_LOCKS: weakref.WeakKeyDictionary[pq.ParquetFile, threading.Lock] = weakref.WeakKeyDictionary()
+_READ_LOCKS_LOCK = threading.Lock()
+
+
+def _read_lock(parquet: pq.ParquetFile) -> threading.Lock:
+    with _READ_LOCKS_LOCK:
+        lock = _READ_LOCKS.get(parquet)
+        if lock is None:
+            lock = _READ_LOCKS[parquet] = threading.Lock()
+        return lock
 
 
 def _row_group_starts(parquet: pq.ParquetFile) -> np.ndarray:

@@ -185,6 +185,35 @@ def test_the_workers_copy_leaves_the_task_texts_out() -> None:
     assert workers.video(3, workers.camera_keys[0]) == reader.video(3, reader.camera_keys[0])
 
 
+def test_one_reader_read_from_several_threads(make_ds, copy_ds) -> None:
+    """Every thread gets the same cached ParquetFile; pyarrow's reader crashed the process (SIGSEGV, or glibc's
+    'malloc(): unaligned fastbin chunk') when two read it at once, so the read runs in a child process here."""
+    import subprocess
+    import sys
+
+    root = copy_ds(make_ds(episodes=12, frames_per_episode=30, cameras=1, codec="vp9", fps=10, episodes_per_file=12))
+    for path in (root / "data").rglob("*.parquet"):
+        pq.write_table(pq.read_table(path), path, row_group_size=5)
+    code = f"""
+import threading, numpy as np
+from lerobot_dali.dataset_reader import open_dataset
+reader, failures = open_dataset({str(root)!r}), []
+def work(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        pos = int(rng.integers(0, 12))
+        try:
+            assert (reader.read_episode(pos)["episode_index"] == reader.episodes.episode_index[pos]).all()
+        except Exception as e:
+            failures.append(repr(e))
+threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+[t.start() for t in threads]; [t.join() for t in threads]
+print(len(failures), failures[:1])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "0 []", (out.returncode, out.stdout, out.stderr[-500:])
+
+
 def test_remote_filesystem_reads_same_rows_as_local(make_ds) -> None:
     root = make_ds(episodes=5, frames_per_episode=LENGTHS, episodes_per_file=2, codec="vp9", fps=10)
     mem = fsspec.filesystem("memory")
