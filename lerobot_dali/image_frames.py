@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -39,34 +40,15 @@ def decode_images(encoded: Sequence[bytes], *, label: str) -> np.ndarray:
     Raises DataFileError naming ``label`` and the position for an undecodable or 16-bit image, or for images
     that differ in size or channels.
     """
-    from PIL import Image, UnidentifiedImageError
-
-    frames = []
-    for i, data in enumerate(encoded):
-        try:
-            with Image.open(io.BytesIO(data)) as image:
-                mode = image.mode
-                if mode in _GREY_MODES:
-                    frame = np.asarray(image if mode == "L" else image.convert("L"))[..., None]
-                elif not mode.startswith(_WIDE_MODES):
-                    frame = np.asarray(image if mode == "RGB" else image.convert("RGB"))
-        except (UnidentifiedImageError, OSError, ValueError) as e:
-            raise DataFileError(
-                f"{label}: image {i} of the window cannot be decoded ({e}); the data file is corrupt"
-            ) from e
-        if mode.startswith(_WIDE_MODES):
-            raise DataFileError(
-                f"{label}: image {i} of the window has more than 8 bits per sample (Pillow mode {mode!r}, e.g. a "
-                "depth map not flagged is_depth_map in info.json), which would lose its precision as a colour "
-                "camera; flag it is_depth_map or leave the camera out with cameras=[...]"
-            )
-        frames.append(frame)
-    shapes = {f.shape for f in frames}
-    if len(shapes) > 1:
-        raise DataFileError(
-            f"{label}: the window's images differ in size or channels {sorted(shapes)}; a camera has one of each"
-        )
-    return np.stack(frames)
+    return _decode_window(
+        encoded,
+        label=label,
+        kind="image",
+        convert=_colour_frame,
+        refusal="has more than 8 bits per sample (Pillow mode {mode!r}, e.g. a depth map not flagged is_depth_map "
+        "in info.json), which would lose its precision as a colour camera; flag it is_depth_map or leave the "
+        "camera out with cameras=[...]",
+    )
 
 
 def decode_depth_images(encoded: Sequence[bytes], *, label: str) -> np.ndarray:
@@ -76,25 +58,59 @@ def decode_depth_images(encoded: Sequence[bytes], *, label: str) -> np.ndarray:
     Raises DataFileError naming ``label`` and the position for an undecodable or multi-channel image, or for
     images that differ in size.
     """
+    return _decode_window(
+        encoded,
+        label=label,
+        kind="depth image",
+        convert=_depth_frame,
+        refusal="has Pillow mode {mode!r}, not one channel",
+    )
+
+
+def _colour_frame(image: Any) -> np.ndarray | None:
+    """(H, W, 1) grey or (H, W, 3) RGB uint8; None for more than 8 bits per sample."""
+    mode = image.mode
+    if mode in _GREY_MODES:
+        return np.asarray(image if mode == "L" else image.convert("L"))[..., None]
+    if mode.startswith(_WIDE_MODES):
+        return None
+    return np.asarray(image if mode == "RGB" else image.convert("RGB"))
+
+
+def _depth_frame(image: Any) -> np.ndarray | None:
+    """(H, W, 1) float32 as stored (8-bit divided by 255, as LeRobot's ToTensor); None for several channels."""
+    if len(image.getbands()) != 1:
+        return None
+    frame = np.array(image, dtype=np.float32)
+    if image.mode in _EIGHT_BIT_MODES:
+        frame /= np.float32(255)
+    return frame[..., None]
+
+
+def _decode_window(
+    encoded: Sequence[bytes], *, label: str, kind: str, convert: Callable[[Any], np.ndarray | None], refusal: str
+) -> np.ndarray:
+    """The window's images through ``convert`` (a Pillow image -> a frame, or None for a mode the camera cannot
+    take, said by ``refusal`` with ``{mode}``), stacked; DataFileError naming ``label`` and the position."""
     from PIL import Image, UnidentifiedImageError
 
     frames = []
     for i, data in enumerate(encoded):
         try:
             with Image.open(io.BytesIO(data)) as image:
-                mode = image.mode
-                frame = np.array(image, dtype=np.float32) if len(image.getbands()) == 1 else None
-                if frame is not None and mode in _EIGHT_BIT_MODES:
-                    frame /= np.float32(255)  # as LeRobot's ToTensor scales 8-bit images
+                mode, frame = image.mode, convert(image)
         except (UnidentifiedImageError, OSError, ValueError) as e:
             raise DataFileError(
-                f"{label}: depth image {i} of the window cannot be decoded ({e}); the data file is corrupt"
+                f"{label}: {kind} {i} of the window cannot be decoded ({e}); the data file is corrupt"
             ) from e
         if frame is None:
-            raise DataFileError(f"{label}: depth image {i} of the window has Pillow mode {mode!r}, not one channel")
-        frames.append(frame[..., None])
-    if len({f.shape for f in frames}) > 1:
-        raise DataFileError(f"{label}: the window's depth images differ in size {sorted({f.shape for f in frames})}")
+            raise DataFileError(f"{label}: {kind} {i} of the window " + refusal.format(mode=mode))
+        frames.append(frame)
+    shapes = {f.shape for f in frames}
+    if len(shapes) > 1:
+        raise DataFileError(
+            f"{label}: the window's {kind}s differ in size or channels {sorted(shapes)}; a camera has one of each"
+        )
     return np.stack(frames)
 
 
