@@ -43,7 +43,7 @@ from .sample_order import OrderOptions, RankBalance
 from .stream_state import SampleStream
 from .windows import DeltaWindows
 from .worker_errors import dead_worker_error, original_worker_error
-from .yuv_frames import has_color_matrix, nvdec_color_fix, stream_color
+from .yuv_frames import has_color_matrix, nvdec_color_fix
 
 __all__ = ["DALILeRobotIterator"]
 
@@ -226,7 +226,7 @@ class DALILeRobotIterator:
             camera: CameraFormat.of(index, nvdec=routes[camera] is DecodeRoute.NVDEC)
             for camera, index in indexes.items()
         }
-        self._color_fixes = _nvdec_color_fixes({c: i for c, i in indexes.items() if routes[c] is DecodeRoute.NVDEC})
+        self._color_fixes = _nvdec_color_fixes(self._camera_formats)
         return routes
 
     def _check_rows_find_frames(self, indexes: Mapping[str, PacketIndex]) -> None:
@@ -526,12 +526,15 @@ def _image_channels(reader: LeRobotDatasetReader, *, skip: Collection[str]) -> d
     return channels
 
 
-def _nvdec_color_fixes(indexes: Mapping[str, PacketIndex]) -> dict[str, tuple[tuple[float, ...], ...]]:
-    """Per NVDEC camera whose stream is tagged with another colour matrix than BT.601 (which NVDEC's output
-    assumes), the correction the graph applies (:func:`~lerobot_dali.yuv_frames.nvdec_color_fix`)."""
+def _nvdec_color_fixes(formats: Mapping[str, CameraFormat]) -> dict[str, tuple[tuple[float, ...], ...]]:
+    """Per NVDEC camera (its format holds the colour tags of its first file) whose stream is tagged with another
+    colour matrix than BT.601 (which NVDEC's output assumes), the correction the graph applies
+    (:func:`~lerobot_dali.yuv_frames.nvdec_color_fix`)."""
     fixes = {}
-    for camera, index in indexes.items():
-        colorspace, full_range = stream_color(index.template)
+    for camera, fmt in formats.items():
+        if fmt.color is None:  # not on NVDEC
+            continue
+        colorspace, full_range = fmt.color
         fix = nvdec_color_fix(colorspace, full_range)
         if not has_color_matrix(colorspace):
             logger.warning(

@@ -355,21 +355,22 @@ def test_nvdec_colours_are_brought_to_the_tagged_colour_space(tmp_path: Path, ca
     assert after[unclipped].max() <= MAX_DIFF and after[unclipped].mean() <= 1.0, after[unclipped].max()  # 2 roundings
 
 
-def test_only_nvdec_cameras_tagged_other_than_bt601_get_a_correction(tmp_path: Path, caplog, monkeypatch) -> None:
-    from lerobot_dali import iterator as iterator_module
+def test_only_nvdec_cameras_tagged_other_than_bt601_get_a_correction(tmp_path: Path, caplog) -> None:
+    from lerobot_dali.batch_source import CameraFormat
     from lerobot_dali.iterator import _nvdec_color_fixes
 
     tagged = _encode(tmp_path / "bt709.mp4", "libx264", "yuv420p", width=64, height=48, colorspace=1)
     untagged = _encode(tmp_path / "plain.mp4", "libx264", "yuv420p", width=64, height=48)
     smpte170m = _encode(tmp_path / "601.mp4", "libx264", "yuv420p", width=64, height=48, colorspace=6)
     indexes = {name: build_packet_index(p) for name, p in [("a", tagged), ("b", untagged), ("c", smpte170m)]}
+    formats = {name: CameraFormat.of(index, nvdec=True) for name, index in indexes.items()}
+    formats["e"] = CameraFormat.of(indexes["a"], nvdec=False)  # BT.709 too, but decoded on the CPU: no correction
     with caplog.at_level(logging.INFO, logger="lerobot_dali.iterator"):
-        fixes = _nvdec_color_fixes(indexes)
+        fixes = _nvdec_color_fixes(formats)
     assert list(fixes) == ["a"] and np.allclose(fixes["a"], nvdec_color_fix(1, False))
     assert any("camera a is tagged colour space 1" in r.getMessage() for r in caplog.records)
     # a tag with no matrix here (YCgCo, 8) cannot be corrected: said once, as a warning
-    monkeypatch.setattr(iterator_module, "stream_color", lambda template: (8, False))
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.iterator"):
-        assert _nvdec_color_fixes({"d": indexes["b"]}) == {}
+        assert _nvdec_color_fixes({"d": formats["b"]._replace(color=(8, False))}) == {}
     assert any("camera d is tagged colour space 8" in r.getMessage() and r.levelname == "WARNING"
                for r in caplog.records)  # fmt: skip
