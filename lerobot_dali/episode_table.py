@@ -153,15 +153,15 @@ def _read_v3(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo, v
     _check_lengths(source, episode_index, length, from_index, to_index)
     chunk = _i64(table["data/chunk_index"])
     file = _i64(table["data/file_index"])
-    row_start = _row_start_in_file(chunk, file, from_index)
+    file_id = _file_ids(chunk, file)
+    row_start = _row_start_in_file(file_id, from_index)
     tasks = (
         table["tasks"].combine_chunks()
         if "tasks" in table.column_names
         else pa.nulls(len(table), pa.list_(pa.string()))
     )
     cameras = {key: _v3_camera(source, table, key, chunk.size) for key in video_keys}
-    _, inverse = np.unique(chunk * (1 << 32) + file, return_inverse=True)
-    file_rows = np.bincount(inverse, weights=length).astype(np.int64)[inverse]
+    file_rows = np.bincount(file_id, weights=length).astype(np.int64)[file_id]
     return EpisodeTable(episode_index, length, from_index, to_index, chunk, file, row_start, tasks, cameras, file_rows)
 
 
@@ -185,9 +185,7 @@ def _v3_camera(source: str, table: pa.Table, key: str, n: int) -> CameraFiles:
         _check_no_overlap(source, key, chunk, file, start, stop)
         return CameraFiles(chunk, file, start, stop)
     # Without from_timestamp the start is only known where a video file holds a single episode (it is 0).
-    keys = chunk * (1 << 32) + file
-    _, counts = np.unique(keys, return_counts=True)
-    if (counts > 1).any():
+    if (np.bincount(_file_ids(chunk, file)) > 1).any():
         raise EpisodeMetadataError(
             f"{source}: camera {key!r} has no '{prefix}from_timestamp' column and some of its video files hold "
             "several episodes, so where each episode starts is unknown; regenerate the episode metadata"
@@ -213,13 +211,17 @@ def _check_no_overlap(
         )
 
 
-def _row_start_in_file(chunk: np.ndarray, file: np.ndarray, from_index: np.ndarray) -> np.ndarray:
+def _file_ids(chunk: np.ndarray, file: np.ndarray) -> np.ndarray:
+    """Per episode, a number naming its (chunk, file) among the distinct ones (0, 1, ...)."""
+    _, inverse = np.unique(chunk * (1 << 32) + file, return_inverse=True)
+    return inverse.reshape(-1)
+
+
+def _row_start_in_file(file_id: np.ndarray, from_index: np.ndarray) -> np.ndarray:
     """Episodes of one data file are stored back to back, so a file's first row is its smallest global index."""
-    keys = chunk * (1 << 32) + file
-    _, inverse = np.unique(keys, return_inverse=True)
-    first = np.full(inverse.max() + 1 if inverse.size else 0, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(first, inverse, from_index)
-    return from_index - first[inverse]
+    first = np.full(file_id.max() + 1 if file_id.size else 0, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, file_id, from_index)
+    return from_index - first[file_id]
 
 
 def _check_lengths(
