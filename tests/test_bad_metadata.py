@@ -215,3 +215,19 @@ def test_a_repeated_episode_index_is_refused(ds: Path) -> None:
     _set_episode_column(ds, "episode_index", 2, 1)
     with pytest.raises(EpisodeMetadataError, match="episode_index values are not unique"):
         open_dataset(ds)
+
+
+def test_without_from_timestamp_only_one_episode_per_video_file_reads(ds: Path, make_ds, tmp_path: Path) -> None:
+    def drop_starts(root: Path) -> None:
+        path = _episodes_file(root)
+        table = pq.read_table(path)
+        pq.write_table(table.drop_columns([f"videos/{CAM}/from_timestamp", f"videos/{CAM}/to_timestamp"]), path)
+
+    drop_starts(ds)  # two episodes per video file: where the second starts is unknown
+    with pytest.raises(EpisodeMetadataError, match=r"no 'videos/observation\.images\.cam0/from_timestamp' column"):
+        open_dataset(ds)
+    alone = Path(shutil.copytree(make_ds(**{**SPEC, "episodes_per_file": 1}, size=(64, 96)), tmp_path / "alone"))
+    for p in alone.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    drop_starts(alone)
+    assert open_dataset(alone).video(3, CAM).from_timestamp_s == 0.0
