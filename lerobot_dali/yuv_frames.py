@@ -38,6 +38,7 @@ __all__ = [
     "PlaneFrames",
     "color_matrix",
     "frame_planes",
+    "has_color_matrix",
     "nvdec_color_fix",
     "stack_planes",
     "stream_color",
@@ -120,7 +121,7 @@ def stream_color(template: bytes) -> tuple[int, bool]:
     (``PacketIndex.template``: the container header alone, no file access)."""
     with av.open(io.BytesIO(template), "r") as container:
         codec = container.streams.video[0].codec_context
-        return int(codec.colorspace), codec.color_range == _FULL_RANGE or codec.pix_fmt in ("yuvj420p",)
+        return int(codec.colorspace), codec.color_range == _FULL_RANGE or bool(_PLANAR_420.get(codec.pix_fmt))
 
 
 def has_color_matrix(colorspace: int) -> bool:
