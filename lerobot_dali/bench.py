@@ -152,7 +152,7 @@ class BenchConfig:
     cameras: tuple[str, ...] | None = None
     keys: tuple[str, ...] | None = None
     #: How every loader's rows find their frames (see :class:`BenchDataset`).
-    timestamp_source: str = "parquet_timestamp"
+    timestamp_source: str = TimestampSource.PARQUET_TIMESTAMP.value
     tolerance_s: float = DEFAULT_TOLERANCE_S
     cache_dir: Path = DEFAULT_CACHE
 
@@ -360,7 +360,7 @@ def clip_footprint(
     *,
     samples: int = 24,
     seed: int = 0,
-    timestamp_source: str = "parquet_timestamp",
+    timestamp_source: str = TimestampSource.PARQUET_TIMESTAMP.value,
     tolerance_s: float = DEFAULT_TOLERANCE_S,
 ) -> tuple[float, float]:
     """``(clip bytes, video file bytes)`` per sample, summed over cameras, for random samples.

@@ -128,7 +128,7 @@ class PyAVFrameDataset(Dataset):
         tolerance_s: float = DEFAULT_TOLERANCE_S,
         cameras: Sequence[str] | None = None,
         keys: Sequence[str] | None = None,
-        timestamp_source: str = "parquet_timestamp",
+        timestamp_source: str = TimestampSource.PARQUET_TIMESTAMP.value,
     ) -> None:
         reader = open_dataset(dataset, cameras=cameras, keys=keys)
         self._by_frame_index = TimestampSource(timestamp_source) is TimestampSource.FRAME_INDEX

@@ -7,6 +7,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
+
 __all__ = [
     "DALI_CPU_DECODE_LOADER",
     "DALI_CPU_DECODE_RGB_LOADER",
@@ -60,8 +62,8 @@ class BenchDataset:
     keys: tuple[str, ...] | None = None
     #: How rows find their video frames, as ``DALILeRobotIterator``'s options of the same names: ``"frame_index"``
     #: for wall-clock parquet timestamps (``cr5_*``), a wider tolerance for data slower than its video (``r1``).
-    timestamp_source: str = "parquet_timestamp"
-    tolerance_s: float = 1e-4
+    timestamp_source: str = TimestampSource.PARQUET_TIMESTAMP.value
+    tolerance_s: float = DEFAULT_TOLERANCE_S
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
+
 if TYPE_CHECKING:
     from .dataset_reader import LeRobotDatasetReader
 
@@ -63,7 +65,6 @@ def _one_line(error: BaseException) -> str:
 
 def _info(args: argparse.Namespace) -> int:
     from .dataset_summary import summarize
-    from .frame_lookup import DEFAULT_TOLERANCE_S
 
     reader = _open_dataset(args)
     summary = summarize(reader, probe=not args.no_probe)
@@ -88,7 +89,7 @@ def _info(args: argparse.Namespace) -> int:
         if lookup:
             verdicts = ", ".join(f"{source} {'ok' if said == 'ok' else 'fails'}" for source, said in lookup.items())
             advice = ""
-            if lookup.get("parquet_timestamp") != "ok":
+            if lookup.get(TimestampSource.PARQUET_TIMESTAMP.value) != "ok":
                 advice = (
                     " -> read with timestamp_source='frame_index'"
                     if lookup.get("frame_index") == "ok"
@@ -263,10 +264,15 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--cameras", nargs="+", metavar="KEY", help="with --dataset: read only these cameras")
     bench.add_argument("--keys", nargs="+", metavar="KEY", help="with --dataset: read only these tabular features")
     bench.add_argument(
-        "--timestamp-source", choices=["parquet_timestamp", "frame_index"], default="parquet_timestamp",
+        "--timestamp-source",
+        choices=[s.value for s in TimestampSource],
+        default=TimestampSource.PARQUET_TIMESTAMP.value,
         help="how rows find their frames: frame_index / fps for wall-clock parquet timestamps",
+    )
+    bench.add_argument(
+        "--tolerance-s", type=float, default=DEFAULT_TOLERANCE_S,
+        help=f"max |frame pts - row time| (default {DEFAULT_TOLERANCE_S:g})",
     )  # fmt: skip
-    bench.add_argument("--tolerance-s", type=float, default=1e-4, help="max |frame pts - row time| (default 1e-4)")
     bench.add_argument("--mode", choices=["single", "sarm"], default="single", help="1 frame, or 8 frames 1 s apart")
     bench.add_argument("--recipe", help="act, diffusion, vla or a recipe .toml: windows, image size, augmentation")
     bench.add_argument("--batch-size", type=int, help="samples per batch, every loader (default 32; quick 8)")

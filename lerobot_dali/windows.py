@@ -34,6 +34,7 @@ from types import MappingProxyType
 import numpy as np
 
 from .errors import DeltaTimestampsError
+from .frame_lookup import DEFAULT_TOLERANCE_S
 
 __all__ = ["DeltaWindows", "Window", "query_indices"]
 
@@ -80,7 +81,7 @@ class DeltaWindows:
 
     delta_timestamps: Mapping[str, Sequence[float]]
     fps: float
-    tolerance_s: float = 1e-4
+    tolerance_s: float = DEFAULT_TOLERANCE_S
     #: Video-backed camera keys: they get query timestamps instead of rows.
     camera_keys: Iterable[str] = ()
     #: If given, every key of ``delta_timestamps`` must be one of these (the dataset's features).
