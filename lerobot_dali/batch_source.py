@@ -186,9 +186,8 @@ def output_fields(spec: SourceSpec) -> list[Field]:
 
 def _first_gop(index: PacketIndex, numbers: np.ndarray) -> int:
     """Decode position of the keyframe that decoding display frames ``numbers`` starts from."""
-    keys = index.keyframe_positions
     first = index.display_order[int(np.min(numbers))]
-    return int(keys[max(int(np.searchsorted(keys, first, side="right")) - 1, 0)])
+    return int(index.keyframe_positions[index.keyframe_slots(first)])
 
 
 class BatchSource:

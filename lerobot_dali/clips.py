@@ -102,7 +102,7 @@ def plan_clip(index: PacketIndex, frame_indices: ArrayLike) -> ClipPlan:
     needed = np.unique(requested)
     decode_pos = index.display_order[needed]
     keys = index.keyframe_positions
-    key_slot = np.searchsorted(keys, decode_pos, side="right") - 1
+    key_slot = index.keyframe_slots(decode_pos)
     if not index.has_leading_pictures:  # every GOP is its keyframe onwards: runs from keyframe to frame
         segments = _merge(keys[key_slot], decode_pos + 1)
         packet_positions = np.concatenate([np.arange(start, stop) for start, stop in segments])

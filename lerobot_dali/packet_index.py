@@ -26,6 +26,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeAlias
 import av
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
+from numpy.typing import ArrayLike
 
 from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
 
@@ -144,6 +145,11 @@ class PacketIndex:
     @property
     def frame_count(self) -> int:
         return len(self.pts)
+
+    def keyframe_slots(self, decode_positions: ArrayLike) -> np.ndarray:
+        """Per decode position, the index in :attr:`keyframe_positions` of the keyframe that decoding it starts
+        from (the last at or before it; position 0 is always one)."""
+        return np.searchsorted(self.keyframe_positions, decode_positions, side="right") - 1
 
     @property
     def frame_interval_s(self) -> float:
