@@ -22,7 +22,7 @@ from . import errors, io_stats
 from .augment import AugmentConfig
 from .augment_draws import draw_names, draw_params, stream_name
 from .clips import build_clip, plan_clip, read_packet_payloads
-from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
+from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder, Pixels
 from .dali_graph import CameraFeed, Field, FieldKind, augment_draw_field
 from .dataset_reader import LeRobotDatasetReader
 from .depth_maps import DepthQuantizer, DepthUnit, in_unit
@@ -31,7 +31,7 @@ from .file_stamps import FileStamp
 from .frame_lookup import TimestampSource, row_frame_numbers
 from .host_values import encode_host_values
 from .image_frames import EpisodeImageCache, decode_depth_images, decode_images
-from .packet_index import PacketIndex, PacketIndexCache, VideoSource, build_packet_index
+from .packet_index import PacketIndex, PacketIndexCache, build_packet_index
 from .packet_index_store import PacketIndexStore
 from .sample_order import SampleOrder
 from .windows import query_indices
@@ -137,8 +137,6 @@ def lerobot_dtype(values: np.ndarray) -> np.ndarray:
 _CAMERA_KINDS = (FieldKind.FRAMES, FieldKind.PLANES_LUMA, FieldKind.CLIP)
 #: Per worker: bytes of packet indices kept (~70 per frame; a 30,000-frame file's index takes 2 MB).
 INDEX_CACHE_BYTES = 256 * 2**20
-#: What a worker makes of decoded frames: RGB, the decoder's planes, or a depth camera's 12-bit codes.
-Pixels = Literal["rgb", "planes", "depth"]
 
 
 def output_fields(spec: SourceSpec) -> list[Field]:
@@ -423,11 +421,7 @@ class BatchSource:
             decoded = self._decode_request(path, index, union, size=size, pixels=pixels)
             for i in members:
                 rows = np.searchsorted(union, listed[i][2])
-                out[i] = (
-                    PlaneFrames(luma=decoded.luma[rows], chroma=decoded.chroma[rows], matrix=decoded.matrix)
-                    if pixels == "planes"
-                    else decoded[rows]
-                )
+                out[i] = decoded[rows]
         return out
 
     def _decode_request(
@@ -436,17 +430,9 @@ class BatchSource:
         """RGB frames (or planes, or depth codes) of display frames ``numbers`` of one file."""
         location = self.spec.reader.location
         decoder = self._decoder
-
-        def from_file(source: VideoSource, index: PacketIndex, numbers: np.ndarray, fs: Any = None) -> Any:
-            if pixels == "planes":
-                return decoder.decode_planes(source, index, numbers, filesystem=fs)
-            if pixels == "depth":
-                return decoder.decode_depth_codes(source, index, numbers, filesystem=fs)
-            return decoder.decode(source, index, numbers, filesystem=fs, size=size)
-
         if location.is_local:
             with io_stats.timed("decode_s"):
-                return from_file(path, index, numbers, location.fs)
+                return decoder.decode(path, index, numbers, filesystem=location.fs, size=size, pixels=pixels)
         # Remote files: FFmpeg would read the container header and then 32 KB at a time over the network.
         # MP4 packets are read by exact byte range instead (what the prefetch cache holds) and decoded
         # straight from memory; other containers are demuxed into a clip first.
@@ -455,16 +441,12 @@ class BatchSource:
                 plan = plan_clip(index, numbers)
                 payloads = read_packet_payloads(path, index, plan, filesystem=location.fs)
             with io_stats.timed("decode_s"):
-                if pixels == "planes":
-                    return decoder.decode_packet_planes(index, plan, payloads)
-                if pixels == "depth":
-                    return decoder.decode_packet_depth_codes(index, plan, payloads)
-                return decoder.decode_packets(index, plan, payloads, size=size)
+                return decoder.decode_packets(index, plan, payloads, size=size, pixels=pixels)
         with io_stats.timed("clip_s"):
             clip = build_clip(path, index, numbers, filesystem=location.fs)
         with io_stats.timed("decode_s"):
             data = io.BytesIO(clip.data.tobytes())
-            return from_file(data, build_packet_index(data), clip.relative_indices)
+            return decoder.decode(data, build_packet_index(data), clip.relative_indices, size=size, pixels=pixels)
 
     def _clips(
         self, requests: Iterator[tuple[str, PacketIndex, np.ndarray]]

@@ -10,7 +10,7 @@ With ``size`` the frames come back resized (CPU mode, see ``dali_graph.camera_fe
 resize into the YUV -> RGB conversion it does anyway (swscale, :data:`WORKER_RESIZE_INTERPOLATION`);
 torchcodec's frames are resized after decoding with torch's antialiased bilinear. Where the pipeline runs
 on a GPU the worker skips that conversion altogether and hands the decoder's planes over
-(:meth:`CpuFrameDecoder.decode_planes`, :mod:`.yuv_frames`; :class:`ColorConversion` says where).
+(``CpuFrameDecoder.decode(pixels="planes")``, :mod:`.yuv_frames`; :class:`ColorConversion` says where).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import av
 import numpy as np
@@ -33,7 +33,7 @@ from numpy.typing import ArrayLike
 from .clips import ClipPlan, packets_from_keyframe, plan_clip
 from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
 from .packet_index import PacketIndex, VideoSource, source_cache_key, source_label
-from .yuv_frames import PlaneFrames, frame_planes, stack_planes
+from .yuv_frames import frame_planes, stack_planes
 
 __all__ = [
     "WORKER_RESIZE_INTERPOLATION",
@@ -41,11 +41,15 @@ __all__ = [
     "CpuDecodeOptions",
     "CpuDecoderBackend",
     "CpuFrameDecoder",
+    "Pixels",
     "pyav_can_decode",
     "torchcodec_available",
 ]
 
 logger = logging.getLogger(__name__)
+
+#: What a decode hands over: RGB, the decoder's planes (:mod:`.yuv_frames`) or depth codes (:mod:`.depth_maps`).
+Pixels = Literal["rgb", "planes", "depth"]
 
 #: swscale flags for resizing in the worker: bilinear (swscale widens it when shrinking, i.e. antialiased,
 #: like DALI's ``fn.resize``) with chroma interpolated at full resolution. Against DALI's resize of the
@@ -337,6 +341,21 @@ def _checked_size(size: Any) -> tuple[int, int]:
     return int(size[0]), int(size[1])
 
 
+def _conversion(pixels: Pixels, size: tuple[int, int] | None) -> Callable[[av.VideoFrame], Any]:
+    """What each PyAV frame becomes for ``pixels``."""
+    if pixels == "rgb":
+        return functools.partial(_to_rgb, size=None if size is None else _checked_size(size))
+    if pixels not in ("planes", "depth"):
+        raise ValueError(f"pixels must be 'rgb', 'planes' or 'depth', got {pixels!r}.")
+    if size is not None:
+        raise ValueError(f"size resizes RGB frames only; pixels={pixels!r} come at the video's size.")
+    return frame_planes if pixels == "planes" else _to_depth_codes
+
+
+def _stacked(frames: list[Any], pixels: Pixels, *, label: str) -> Any:
+    return stack_planes(frames, label=label) if pixels == "planes" else np.stack(frames)
+
+
 def _is_path(source: VideoSource) -> bool:
     return isinstance(source, (str, os.PathLike))
 
@@ -378,40 +397,30 @@ class CpuFrameDecoder:
         *,
         filesystem: Any | None = None,
         size: tuple[int, int] | None = None,
-    ) -> np.ndarray:
-        """RGB frames ``(N, H, W, 3)`` uint8 for display ``frame_indices`` (request order, repeats allowed).
+        pixels: Pixels = "rgb",
+    ) -> Any:
+        """Display frames ``frame_indices`` of ``source`` (request order, repeats allowed), as ``pixels`` says.
 
-        ``index`` is the packet index of ``source``. ``size`` (H, W) resizes the frames while decoding
-        (None: the video's size). Raises FrameRequestError for an empty or out-of-range
-        request, MissingDataFileError, VideoDecodeError or CodecUnsupportedError naming the file.
+        ``"rgb"``: ``(N, H, W, 3)`` uint8, resized to ``size`` (H, W) while decoding (None: the video's size).
+        ``"planes"``: the decoder's planes, for the graph to convert (:mod:`.yuv_frames`). ``"depth"``: a depth
+        camera's 12-bit codes ``(N, H, W)`` uint16 (:mod:`.depth_maps`). Planes and depth always come from
+        PyAV (torchcodec hands over RGB only; LeRobot reads depth with PyAV). ``index`` is the packet index of
+        ``source``. Raises FrameRequestError for an empty or out-of-range request, MissingDataFileError,
+        VideoDecodeError or CodecUnsupportedError naming the file.
         """
-        if size is not None:
-            size = _checked_size(size)
-        return np.stack(self._frames(source, index, frame_indices, filesystem=filesystem, size=size, convert=None))
-
-    def decode_planes(
-        self, source: VideoSource, index: PacketIndex, frame_indices: ArrayLike, *, filesystem: Any | None = None
-    ) -> PlaneFrames:
-        """:meth:`decode` without the conversion to RGB: the decoder's planes for the graph (:mod:`.yuv_frames`).
-
-        Always PyAV (torchcodec hands over RGB only); raises ValueError for a decoder made for torchcodec.
-        """
-        if self.options.backend is CpuDecoderBackend.TORCHCODEC:
-            raise ValueError("decode_planes needs PyAV; this decoder's options ask for torchcodec")
-        frames = self._frames(source, index, frame_indices, filesystem=filesystem, size=None, convert=frame_planes)
-        return stack_planes(frames, label=index.source_name)
-
-    def decode_depth_codes(
-        self, source: VideoSource, index: PacketIndex, frame_indices: ArrayLike, *, filesystem: Any | None = None
-    ) -> np.ndarray:
-        """A depth camera's 12-bit codes ``(N, H, W)`` uint16 (:mod:`.depth_maps`); always PyAV, as LeRobot."""
-        convert = _to_depth_codes
-        return np.stack(self._frames(source, index, frame_indices, filesystem=filesystem, size=None, convert=convert))
+        frames = self._frames(source, index, frame_indices, filesystem=filesystem, size=size, pixels=pixels)
+        return _stacked(frames, pixels, label=index.source_name)
 
     def decode_packets(
-        self, index: PacketIndex, plan: ClipPlan, payloads: list[bytes], *, size: tuple[int, int] | None = None
-    ) -> np.ndarray:
-        """RGB frames ``(N, H, W, 3)`` uint8 at ``plan.relative_indices``, decoded from the planned packets alone.
+        self,
+        index: PacketIndex,
+        plan: ClipPlan,
+        payloads: list[bytes],
+        *,
+        size: tuple[int, int] | None = None,
+        pixels: Pixels = "rgb",
+    ) -> Any:
+        """:meth:`decode` of the frames at ``plan.relative_indices``, decoded from the planned packets alone.
 
         For remote MP4s: the payloads are exact ranged reads (what the prefetch cache serves), and feeding
         them to a decoder opened from ``index.template`` skips the remux and the demux a clip would cost, and
@@ -419,23 +428,10 @@ class CpuFrameDecoder:
         request costs no template probe and no decoder set-up. PyAV decodes whatever the backend (torchcodec
         takes files, not packets). Raises VideoDecodeError naming the file when the packets do not decode.
         """
-        if size is not None:
-            size = _checked_size(size)
-        by_rank = self._packet_frames(index, plan, payloads)
-        rgb = {rank: _to_rgb(frame, size) for rank, frame in by_rank.items()}
-        return np.stack([rgb[int(rank)] for rank in plan.relative_indices])
-
-    def decode_packet_planes(self, index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> PlaneFrames:
-        """:meth:`decode_packets`, with the frames left as planes for the graph to convert (:mod:`.yuv_frames`)."""
-        by_rank = self._packet_frames(index, plan, payloads)
-        planes = {rank: frame_planes(frame) for rank, frame in by_rank.items()}
-        return stack_planes([planes[int(rank)] for rank in plan.relative_indices], label=index.source_name)
-
-    def decode_packet_depth_codes(self, index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> np.ndarray:
-        """:meth:`decode_packets` of a depth camera: its 12-bit codes (:meth:`decode_depth_codes`)."""
-        by_rank = self._packet_frames(index, plan, payloads)
-        codes = {rank: _to_depth_codes(frame) for rank, frame in by_rank.items()}
-        return np.stack([codes[int(rank)] for rank in plan.relative_indices])
+        convert = _conversion(pixels, size)
+        by_rank = {rank: convert(frame) for rank, frame in self._packet_frames(index, plan, payloads).items()}
+        frames = [by_rank[int(rank)] for rank in plan.relative_indices]
+        return _stacked(frames, pixels, label=index.source_name)
 
     def _packet_frames(self, index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> dict[int, av.VideoFrame]:
         self._drop_inherited()
@@ -461,14 +457,18 @@ class CpuFrameDecoder:
         *,
         filesystem: Any | None,
         size: tuple[int, int] | None,
-        convert: Callable[[av.VideoFrame], Any] | None,
+        pixels: Pixels,
     ) -> list[Any]:
-        """Each requested frame, RGB (resized to ``size``) or, with ``convert``, what PyAV's frame becomes."""
+        """Each requested frame, converted as ``pixels`` says."""
+        if pixels == "planes" and self.options.backend is CpuDecoderBackend.TORCHCODEC:
+            raise ValueError("pixels='planes' needs PyAV; this decoder's options ask for torchcodec")
+        convert = _conversion(pixels, size)
+        size = None if size is None else _checked_size(size)
         requested = np.asarray(frame_indices)
         plan = plan_clip(index, requested)  # validates the request before any file is opened
         requested = requested.astype(np.int64)
         self._drop_inherited()
-        backend = CpuDecoderBackend.PYAV if convert is not None else self._backend
+        backend = self._backend if pixels == "rgb" else CpuDecoderBackend.PYAV
         if backend is CpuDecoderBackend.PYAV:
             _require_pyav_decoder(index)
         # A lent file object may be closed by its owner, so its decoder is never kept.
@@ -485,7 +485,7 @@ class CpuFrameDecoder:
             self._readers.move_to_end(key)
         try:
             if isinstance(reader, _PyAvReader):
-                by_pts = reader.frames_at(index, plan, requested, convert or functools.partial(_to_rgb, size=size))
+                by_pts = reader.frames_at(index, plan, requested, convert)
             else:
                 by_pts = cast(_TorchCodecReader, reader).frames_at(index, requested, size)
         except Exception:

@@ -91,7 +91,7 @@ def _diagnose_camera(reader: LeRobotDatasetReader, camera: str, machine: Machine
     decoder = CpuFrameDecoder()
     try:
         if depth:
-            _timed(report, "cpu_fallback", lambda: decoder.decode_depth_codes(path, index, [0], filesystem=fs)[0])
+            _timed(report, "cpu_fallback", lambda: decoder.decode(path, index, [0], filesystem=fs, pixels="depth")[0])
             return report
         reference = _timed(report, "cpu_fallback", lambda: decoder.decode(path, index, [0], filesystem=fs)[0])
     finally:

@@ -26,7 +26,7 @@ import functools
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import av
 import numpy as np
@@ -91,6 +91,10 @@ class PlaneFrames:
     @property
     def nbytes(self) -> int:
         return self.luma.nbytes + self.chroma.nbytes
+
+    def __getitem__(self, rows: Any) -> PlaneFrames:
+        """The frames at ``rows``, as a NumPy index takes them (the sub-requests of a merged decode)."""
+        return PlaneFrames(luma=self.luma[rows], chroma=self.chroma[rows], matrix=self.matrix)
 
 
 @functools.lru_cache(maxsize=32)

@@ -183,6 +183,19 @@ def test_packet_decode_bad_input_names_the_file(marker_video: MarkerVideo, pyav_
         pyav_decoder.decode_packets(replace(index, codec="evc", template=b"other"), plan, payloads)
 
 
+def test_pixels_and_size_are_checked_before_any_file_opens(pyav_decoder: CpuFrameDecoder) -> None:
+    """A bad ``pixels`` or a size given to frames that are never resized fails at once, not in the decoder."""
+    missing = "/no/such/file.mp4"
+    with pytest.raises(ValueError, match="pixels must be 'rgb', 'planes' or 'depth', got 'yuv'"):
+        pyav_decoder.decode(missing, None, [0], pixels="yuv")  # type: ignore[arg-type]
+    for pixels in ("planes", "depth"):
+        with pytest.raises(ValueError, match=f"size resizes RGB frames only; pixels='{pixels}'"):
+            pyav_decoder.decode(missing, None, [0], size=(32, 40), pixels=pixels)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="size must be a pair"):
+        pyav_decoder.decode_packets(None, None, [], size=(0, 40))  # type: ignore[arg-type]
+    assert pyav_decoder.open_decoders == 0
+
+
 def test_decoder_lru_is_bounded(marker_video: MarkerVideo) -> None:
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, max_open_decoders=2))
     for path in (marker_video("vp9", 2), marker_video("vp9", 30), marker_video("h264", 2)):

@@ -159,7 +159,7 @@ def test_a_bad_depth_unit_and_a_depth_camera_left_out(depth_ds: Path) -> None:
 
 
 def test_depth_codes_survive_the_remote_packet_path(depth_ds: Path) -> None:
-    """Remote MP4s are decoded from ranged-read packets (``decode_packet_depth_codes``), not from the file."""
+    """Remote MP4s are decoded from ranged-read packets (``decode_packets(pixels="depth")``), not from the file."""
     from lerobot_dali.clips import plan_clip, read_packet_payloads
     from lerobot_dali.cpu_decode import CpuFrameDecoder
     from lerobot_dali.packet_index import build_packet_index
@@ -168,10 +168,9 @@ def test_depth_codes_survive_the_remote_packet_path(depth_ds: Path) -> None:
     index = build_packet_index(path)
     wanted = np.array([LENGTHS[0] + 3, 1, 2])  # episode 1 frame 3 (B-frames around it), episode 0 frames 1, 2
     decoder = CpuFrameDecoder()
-    from_packets = decoder.decode_packet_depth_codes(
-        index, plan_clip(index, wanted), read_packet_payloads(path, index, plan_clip(index, wanted))
-    )
-    from_file = decoder.decode_depth_codes(path, index, wanted)
+    plan = plan_clip(index, wanted)
+    from_packets = decoder.decode_packets(index, plan, read_packet_payloads(path, index, plan), pixels="depth")
+    from_file = decoder.decode(path, index, wanted, pixels="depth")
     decoder.close()
     expected = np.stack([_codes(1, 3, 48, 80), _codes(0, 1, 48, 80), _codes(0, 2, 48, 80)])
     np.testing.assert_array_equal(from_packets, expected)

@@ -142,14 +142,13 @@ def test_samples_in_one_gop_decode_it_once(make_ds, monkeypatch: pytest.MonkeyPa
 
     root = make_ds(episodes=2, frames_per_episode=[45, 35], cameras=1, codec="h264", fps=FPS, gop=30)
     calls: list[int] = []
-    method = "decode_planes" if color == "planes" else "decode"
-    original = getattr(CpuFrameDecoder, method)
+    original = CpuFrameDecoder.decode
 
     def counting(self, source, index, frame_indices, **kwargs):
         calls.append(len(frame_indices))
         return original(self, source, index, frame_indices, **kwargs)
 
-    monkeypatch.setattr(CpuFrameDecoder, method, counting)
+    monkeypatch.setattr(CpuFrameDecoder, "decode", counting)
     conversion = ColorConversion.GRAPH if color == "planes" else ColorConversion.WORKER
     it = DALILeRobotIterator(
         root, batch_size=8, shuffle=False, device="cpu", num_workers=0, drop_last=False, return_uint8=True,

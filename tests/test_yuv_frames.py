@@ -200,13 +200,13 @@ def test_decoder_planes_equal_the_frames_planes_of_a_full_decode(make_ds, codec:
         everything = {f.pts: frame_planes(f) for f in container.decode(video=0)}
     expected = stack_planes([everything[int(p)] for p in index.frame_pts[wanted]], label="reference")
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
-    got = decoder.decode_planes(path, index, wanted)
+    got = decoder.decode(path, index, wanted, pixels="planes")
     np.testing.assert_array_equal(got.luma, expected.luma)
     np.testing.assert_array_equal(got.chroma, expected.chroma)
     np.testing.assert_array_equal(got.matrix, expected.matrix)
     # the remote path (packets by byte range, no container) gives the same planes
     plan = plan_clip(index, np.array(wanted))
-    remote = decoder.decode_packet_planes(index, plan, read_packet_payloads(str(path), index, plan))
+    remote = decoder.decode_packets(index, plan, read_packet_payloads(str(path), index, plan), pixels="planes")
     np.testing.assert_array_equal(remote.luma, got.luma)
     np.testing.assert_array_equal(remote.chroma, got.chroma)
     # planes and RGB share the decoder's LRU without mixing readers up
@@ -215,7 +215,7 @@ def test_decoder_planes_equal_the_frames_planes_of_a_full_decode(make_ds, codec:
     np.testing.assert_array_equal(rgb, np.stack([reference[int(p)] for p in index.frame_pts[wanted]]))
     decoder.close()
     clip_data = io.BytesIO(path.read_bytes())
-    from_memory = CpuFrameDecoder().decode_planes(clip_data, build_packet_index(clip_data), wanted)
+    from_memory = CpuFrameDecoder().decode(clip_data, build_packet_index(clip_data), wanted, pixels="planes")
     np.testing.assert_array_equal(from_memory.luma, got.luma)
 
 
@@ -231,8 +231,8 @@ def test_options_where_colour_is_converted() -> None:
         CpuDecodeOptions(backend=CpuDecoderBackend.TORCHCODEC, color_conversion=ColorConversion.GRAPH)
     with pytest.raises(ValueError, match="color_conversion must be a ColorConversion"):
         CpuDecodeOptions(color_conversion="graph")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="decode_planes needs PyAV"):
-        CpuFrameDecoder(options=torchcodec).decode_planes("x.mp4", None, [0])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="pixels='planes' needs PyAV"):
+        CpuFrameDecoder(options=torchcodec).decode("x.mp4", None, [0], pixels="planes")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
