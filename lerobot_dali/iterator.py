@@ -297,7 +297,8 @@ class DALILeRobotIterator:
         self._stream.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """Seed, epoch, samples the trainer has taken, world size, batch size: enough to resume exactly.
+        """Seed, epoch, samples the trainer has taken, world size, batch size, and the order options (shuffle,
+        pool size, balance; a resume under others is refused): enough to resume exactly.
 
         Also which episodes the stream runs over (a count and a digest), so a resume over another dataset or
         another ``episodes=`` selection fails instead of continuing a different order.

@@ -12,9 +12,10 @@ Resuming replays the tabular order (no decode) up to the saved position. What is
   world size. Computing the residual replays every old rank's consumed prefix: CPU proportional to the
   samples consumed in the epoch, memory O(episodes).
 
-The state holds the seed but not the other :class:`~lerobot_dali.sample_order.OrderOptions` (shuffle, pool
-size, balance, episode subset): resume with the same ones, or the order differs. (``DALILeRobotIterator``
-adds which episodes it reads to its state and refuses a resume over other episodes.)
+The state holds the :class:`~lerobot_dali.sample_order.OrderOptions` that define the order. A resume adopts the
+saved seed (logged) but refuses other shuffle, pool size or balance: under those the saved position means other
+samples, so the rest of the epoch would repeat some and skip others. (``DALILeRobotIterator`` adds which
+episodes it reads to its state and refuses a resume over other episodes.)
 """
 
 from __future__ import annotations
@@ -36,6 +37,16 @@ logger = logging.getLogger(__name__)
 
 _VERSION = 1
 _FIELDS = ("seed", "epoch", "samples_consumed", "world_size", "batch_size")
+#: The order options besides the seed that a state records, and a resume must match.
+_ORDER_FIELDS = ("shuffle", "episode_pool_size", "rank_balance")
+
+
+def _order_of(options: OrderOptions) -> dict[str, Any]:
+    return {
+        "shuffle": options.shuffle,
+        "episode_pool_size": options.episode_pool_size,
+        "rank_balance": options.rank_balance.value,
+    }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,7 +55,8 @@ class StreamState:
 
     ``prior_segments`` is empty unless the world size changed inside this epoch: then it lists, oldest
     first, how many samples each earlier world size's ranks took, and ``samples_consumed`` counts within
-    the residual plan.
+    the residual plan. ``order`` holds the :data:`_ORDER_FIELDS` it was saved with (None in states saved
+    before they were recorded: not checked).
     """
 
     seed: int
@@ -53,6 +65,7 @@ class StreamState:
     world_size: int
     batch_size: int
     prior_segments: tuple[ConsumedSegment, ...] = ()
+    order: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name in _FIELDS:
@@ -67,6 +80,8 @@ class StreamState:
         out: dict[str, Any] = {"version": _VERSION}
         out.update({name: int(getattr(self, name)) for name in _FIELDS})
         out["prior_segments"] = [[s.world_size, s.samples_consumed] for s in self.prior_segments]
+        if self.order is not None:
+            out["order"] = dict(self.order)
         return out
 
     @classmethod
@@ -88,7 +103,10 @@ class StreamState:
                 f"stream state prior_segments must be [[world_size, samples_consumed], ...], "
                 f"got {state['prior_segments']!r}"
             ) from e
-        return cls(**{name: state[name] for name in _FIELDS}, prior_segments=segments)
+        order = state.get("order")
+        if order is not None and (not isinstance(order, Mapping) or sorted(order) != sorted(_ORDER_FIELDS)):
+            raise ResumeStateError(f"stream state order must be a dict of {list(_ORDER_FIELDS)}, got {order!r}")
+        return cls(**{name: state[name] for name in _FIELDS}, prior_segments=segments, order=order)
 
 
 class SampleStream:
@@ -172,6 +190,7 @@ class SampleStream:
             world_size=self._order.world_size,
             batch_size=self._batch_size,
             prior_segments=segments,
+            order=_order_of(self._order.options),
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -181,6 +200,7 @@ class SampleStream:
         """Continue where ``state_dict`` left off; see the module docstring for what a world-size change keeps."""
         state = StreamState.from_dict(state_dict)
         options = self._order.options
+        _check_order(state, options)
         if state.seed != options.seed:
             logger.info("resuming with the saved seed %d instead of %d", state.seed, options.seed)
             options = dataclasses.replace(options, seed=state.seed)
@@ -215,6 +235,20 @@ class SampleStream:
         if state.world_size == world_size:
             _checked_samples(state, order)
         self._order, self._epoch, self._consumed = order, epoch, consumed
+
+
+def _check_order(state: StreamState, options: OrderOptions) -> None:
+    if state.order is None:
+        return
+    now = _order_of(options)
+    differ = [name for name in _ORDER_FIELDS if state.order[name] != now[name]]
+    if differ:
+        saved = ", ".join(f"{name}={state.order[name]!r}" for name in differ)
+        ours = ", ".join(f"{name}={now[name]!r}" for name in differ)
+        raise ResumeStateError(
+            f"this stream state was saved with {saved}, but this stream runs with {ours}: the saved position "
+            f"would mean other samples, repeating some and skipping others; resume with {saved}"
+        )
 
 
 def _checked_samples(state: StreamState, order: SampleOrder) -> int:

@@ -1,0 +1,67 @@
+"""A resume must run the order it was saved under: other shuffle, pool size or balance would make the saved
+position mean other samples (the rest of the epoch would repeat some and skip others)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lerobot_dali.errors import ResumeStateError
+from lerobot_dali.sample_order import OrderOptions, RankBalance
+from lerobot_dali.stream_state import SampleStream
+
+LENGTHS = np.array([13, 40, 7, 25, 31, 5, 19])
+SAVED = OrderOptions(seed=3, shuffle=True, episode_pool_size=2, rank_balance=RankBalance.PAD)
+
+
+def _stream(options: OrderOptions) -> SampleStream:
+    return SampleStream(LENGTHS, rank=0, world_size=1, batch_size=5, options=options)
+
+
+def _saved_state() -> dict:
+    stream = _stream(SAVED)
+    for _ in range(3):
+        stream.next_batch()
+    return stream.state_dict()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"shuffle": False}, "saved with shuffle=True, but this stream runs with shuffle=False"),
+        ({"episode_pool_size": 10}, "saved with episode_pool_size=2, but this stream runs with episode_pool_size=10"),
+        (
+            {"rank_balance": RankBalance.DROP},
+            "saved with rank_balance='pad', but this stream runs with rank_balance='drop'",
+        ),
+    ],
+)
+def test_a_resume_under_other_order_options_is_refused(change: dict, message: str) -> None:
+    state = _saved_state()
+    assert state["order"] == {"shuffle": True, "episode_pool_size": 2, "rank_balance": "pad"}
+    other = OrderOptions(**{**SAVED.__dict__, **change})
+    with pytest.raises(ResumeStateError, match=message):
+        _stream(other).load_state_dict(state)
+
+
+def test_a_resume_under_the_saved_options_continues_the_uninterrupted_stream() -> None:
+    whole = _stream(SAVED)
+    expected = [whole.next_batch() for _ in range(6)][3:]
+    resumed = _stream(OrderOptions(seed=99, shuffle=True, episode_pool_size=2))  # the saved seed is adopted
+    resumed.load_state_dict(_saved_state())
+    for want in expected:
+        got = resumed.next_batch()
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_states_saved_before_the_options_were_recorded_still_load() -> None:
+    legacy = {k: v for k, v in _saved_state().items() if k != "order"}
+    stream = _stream(SAVED)
+    stream.load_state_dict(legacy)
+    assert stream.samples_consumed == 15
+
+
+def test_a_malformed_order_entry_is_refused() -> None:
+    with pytest.raises(ResumeStateError, match="order must be a dict of"):
+        _stream(SAVED).load_state_dict({**_saved_state(), "order": {"shuffle": True}})
