@@ -26,7 +26,7 @@ from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder, Pi
 from .dali_graph import CameraFeed, Field, FieldKind, augment_draw_field
 from .dataset_reader import LeRobotDatasetReader
 from .depth_maps import DepthQuantizer, DepthUnit, in_unit
-from .errors import DatasetError, SchemaMismatchError, VideoDecodeError
+from .errors import DatasetError, MissingDataFileError, SchemaMismatchError, VideoDecodeError
 from .file_stamps import FileStamp
 from .frame_lookup import TimestampSource, row_frame_numbers
 from .host_values import encode_host_values
@@ -240,13 +240,23 @@ class BatchSource:
         try:
             return self.assemble(episode_pos, frame, epoch=epoch, positions=np.arange(start, stop))
         except Exception as e:
-            if type(e).__module__ in ("builtins", errors.__name__):
-                raise  # ours name the file; both cross the worker boundary as themselves (worker_errors)
-            # Third-party (pyarrow, fsspec, aiohttp, ...): DALI would hand over a bare Exception.
+            if type(e).__module__ == errors.__name__:
+                raise  # ours name the file; they cross the worker boundary as themselves (worker_errors)
             episodes = sorted({int(self.spec.reader.episodes.episode_index[p]) for p in episode_pos})
+            failed_at = f"reading samples [{start}, {stop}) of epoch {epoch} (episodes {episodes})"
+            if type(e).__module__ == "builtins" and not isinstance(e, StopIteration):
+                # They cross as themselves too, but an IndexError or OSError alone says nothing of which data.
+                try:
+                    located = type(e)(f"{self.spec.reader.location.description}: {failed_at}: {e}")
+                except Exception:  # a builtin that takes other arguments (UnicodeDecodeError): as it is
+                    located = None
+                if located is None:
+                    raise
+                raise located from e
+            # Third-party (pyarrow, fsspec, aiohttp, ...): DALI would hand over a bare Exception.
             raise DatasetError(
-                f"{self.spec.reader.location.description}: reading samples [{start}, {stop}) of epoch {epoch} "
-                f"(episodes {episodes}) failed with {type(e).__module__}.{type(e).__qualname__}: {e}"
+                f"{self.spec.reader.location.description}: {failed_at} failed with "
+                f"{type(e).__module__}.{type(e).__qualname__}: {e}"
             ) from e
 
     # -- assembly ----------------------------------------------------------------------------------------
@@ -317,7 +327,7 @@ class BatchSource:
                     out += [[p.luma for p in planes], [p.chroma for p in planes], [p.matrix for p in planes]]
                 else:
                     out.extend(self._clips(requests))
-            except VideoDecodeError as e:  # the decoder names the file; say whose frames they were
+            except (VideoDecodeError, MissingDataFileError) as e:  # they name the file; say whose frames they were
                 episodes = sorted({int(spec.reader.episodes.episode_index[p]) for p in episode_pos})
                 raise type(e)(f"camera {field.name!r}, batch of episodes {episodes}: {e}") from e  # (its own type)
         return tuple(out)

@@ -29,6 +29,9 @@ __all__ = ["LeRobotDatasetReader", "VideoRef", "open_dataset"]
 
 logger = logging.getLogger(__name__)
 
+#: Most an episode's median row step may differ from 1/fps, relative (see ``_check_timestamps``).
+FPS_STEP_TOLERANCE = 0.10
+
 
 @dataclass(frozen=True)
 class VideoRef:
@@ -234,13 +237,29 @@ class LeRobotDatasetReader:
                     f"{path}: episode {episode_index}'s 'index' column does not run from dataset_from_index="
                     f"{int(expected[0])} to dataset_to_index={int(expected[-1]) + 1}"
                 )
+        elif "index" in rows and length and not np.array_equal(rows["index"], rows["index"][0] + np.arange(length)):
+            # v2.x metadata has no index range to hold the column to, but an episode's rows are consecutive:
+            # repeated values would hand the trainer the same `index` for different frames.
+            row = int(np.flatnonzero(np.diff(rows["index"]) != 1)[0]) + 1
+            raise EpisodeMetadataError(
+                f"{path}: episode {episode_index}'s 'index' column does not rise by 1 at its row {row} "
+                f"({int(rows['index'][row - 1])} then {int(rows['index'][row])}); rewrite the data file"
+            )
         if "timestamp" in rows:
             self._check_timestamps(np.asarray(rows["timestamp"], dtype=np.float64), path, episode_index)
 
     def _check_timestamps(self, timestamps: np.ndarray, path: str, episode_index: int) -> None:
         """Rows in time order, about 1/fps apart: out-of-order rows would read swapped frames, and a wrong fps in
         info.json shifts every delta_timestamps window. The median step is checked, not each one, so wall-clock
-        timestamps with jitter (cr5) pass; LeRobot's own check is stricter."""
+        timestamps with jitter pass (cr5's medians are 1.5% short of 1/fps); a step 10% off catches an fps
+        mislabelled by one common rate for another (25 for 30, 15 for 18: 20%). LeRobot's own check is stricter."""
+        not_finite = np.flatnonzero(~np.isfinite(timestamps))
+        if not_finite.size:
+            row = int(not_finite[0])
+            raise EpisodeMetadataError(
+                f"{path}: episode {episode_index}'s timestamp at its row {row} is not a finite number "
+                f"({timestamps[row]}; {not_finite.size} such rows); the data file is damaged: rewrite it"
+            )
         steps = np.diff(timestamps)
         if steps.size and not (steps > 0).all():
             row = int(np.flatnonzero(steps <= 0)[0]) + 1
@@ -250,7 +269,7 @@ class LeRobotDatasetReader:
             )
         if steps.size >= 2:
             median, frame = float(np.median(steps)), 1.0 / self.info.fps
-            if abs(median - frame) > 0.25 * frame:
+            if abs(median - frame) > FPS_STEP_TOLERANCE * frame:
                 raise DatasetError(
                     f"{path}: episode {episode_index}'s rows are {median:.6f} s apart (median), but info.json's fps "
                     f"{self.info.fps:g} says {frame:.6f} s; fix fps in meta/info.json (delta_timestamps windows and "

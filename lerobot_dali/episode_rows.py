@@ -235,6 +235,11 @@ def _flat_list_values(array: pa.Array, feature: Feature, path: str) -> np.ndarra
             widths = np.diff(array.offsets.to_numpy())
         level_widths.append(widths)
         array = array.flatten()
+    if array.null_count:  # a null inside a vector would read as NaN (or fail to cast), silently
+        raise SchemaMismatchError(
+            f"{path}: column {feature.key!r} has {array.null_count} null value(s) inside its vectors; "
+            "rewrite the data file without them"
+        )
     expected = shape if len(level_widths) == len(shape) else (math.prod(shape),) if len(level_widths) == 1 else None
     if expected is None or any(len(w) and not (w == n).all() for w, n in zip(level_widths, expected, strict=True)):
         found = [sorted(set(w.tolist()))[:5] for w in level_widths]
@@ -262,6 +267,10 @@ def _column_to_numpy(column: pa.ChunkedArray, feature: Feature, path: str) -> np
             raise SchemaMismatchError(
                 f"{path}: column {feature.key!r} is a scalar column of type {kind} but info.json declares "
                 f"shape {list(feature.shape)}"
+            )
+        if array.null_count:  # a null int read as a float NaN, then failed as a "fractional value"
+            raise SchemaMismatchError(
+                f"{path}: column {feature.key!r} has {array.null_count} null row(s); rewrite the data file without them"
             )
         values = array.to_numpy(zero_copy_only=False)
     source = np.asarray(values)

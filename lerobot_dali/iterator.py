@@ -28,6 +28,7 @@ from .depth_maps import DepthUnit
 from .distributed import cpus_per_local_rank, local_cuda_device, resolve_rank
 from .errors import (
     CodecUnsupportedError,
+    DatasetError,
     DeltaTimestampsError,
     EpisodeMetadataError,
     ResumeStateError,
@@ -433,8 +434,11 @@ class DALILeRobotIterator:
             return locate_clip_failure(
                 BatchSource(self._spec), epoch, start, stop, device_id=self._device_id, cause=error
             )
-        except Exception as e:  # rebuilding the clips failed: that error names its file
+        except DatasetError as e:  # rebuilding the clips failed: that error names its file
             return e
+        except Exception:  # anything else says less than the original (which names the samples): keep that
+            logger.debug("rebuilding the clips after a pipeline failure failed too", exc_info=True)
+            return None
 
     def _to_batch(self, out: dict[str, torch.Tensor]) -> dict[str, Any]:
         batch: dict[str, Any] = {}

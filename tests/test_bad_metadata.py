@@ -116,13 +116,61 @@ def test_episodes_claiming_the_same_seconds_of_a_video_file_are_refused(ds: Path
         open_dataset(ds)
 
 
-def test_an_fps_that_disagrees_with_the_timestamps_is_refused(ds: Path) -> None:
-    """fps 20 over 10 fps rows turned a -0.05 s window into the row 0.1 s back."""
+@pytest.mark.parametrize("fps", [20, 12, 8])
+def test_an_fps_that_disagrees_with_the_timestamps_is_refused(ds: Path, fps: int) -> None:
+    """fps 20 over 10 fps rows turned a -0.05 s window into the row 0.1 s back; 12 (a 30-for-25 sized mislabel,
+    20% off) passed the old 25% bound and scaled every window by 1.2."""
     info = json.loads((ds / "meta/info.json").read_text())
-    info["fps"] = 20
+    info["fps"] = fps
     (ds / "meta/info.json").write_text(json.dumps(info))
-    with pytest.raises(DatasetError, match=r"rows are 0\.100000 s apart \(median\), but info\.json's fps 20"):
+    with pytest.raises(DatasetError, match=rf"rows are 0\.100000 s apart \(median\), but info\.json's fps {fps}"):
         _first_pass(ds)
+
+
+def _set_value(root: Path, column: str, row: int, value, kind: pa.DataType) -> None:
+    """Row ``row`` of the second data file (episodes 2 and 3, 20 rows each) set to ``value``."""
+    path = sorted((root / "data").rglob("*.parquet"))[1]
+    table = pq.read_table(path)
+    values = table[column].to_pylist()
+    values[row] = value
+    pq.write_table(table.set_column(table.column_names.index(column), column, pa.array(values, kind)), path)
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "kind", "error", "pattern"),
+    [
+        # NaN is neither > 0 nor <= 0: the order check raised a bare IndexError
+        ("timestamp", float("nan"), pa.float32(), EpisodeMetadataError,
+         r"episode 3's timestamp at its row 7 is not a finite number \(nan"),
+        ("timestamp", None, pa.float32(), SchemaMismatchError, r"column 'timestamp' has 1 null row\(s\)"),
+        # read as NaN, then refused as a "fractional value"
+        ("frame_index", None, pa.int64(), SchemaMismatchError, r"column 'frame_index' has 1 null row\(s\)"),
+        # read as NaN, silently
+        ("observation.state", [None, 0.0, 0.0, 0.0, 0.0, 0.0], pa.list_(pa.float32()), SchemaMismatchError,
+         r"column 'observation\.state' has 1 null value\(s\) inside its vectors"),
+    ],
+    ids=["nan-timestamp", "null-timestamp", "null-int", "null-in-vector"],
+)  # fmt: skip
+def test_missing_values_are_refused_naming_the_column(ds: Path, column, value, kind, error, pattern) -> None:
+    _set_value(ds, column, 27, value, kind)  # episode 3's row 7
+    reader = open_dataset(ds)
+    reader.read_episode(2)
+    with pytest.raises(error, match=pattern):
+        reader.read_episode(3)
+
+
+def test_a_v2_index_column_that_repeats_is_refused(make_ds, copy_ds) -> None:
+    """v2.x metadata has no index range, and an episode whose rows all said index 0 was read: 46 samples came
+    to the trainer as index 0."""
+    root = copy_ds(make_ds(**{**SPEC, "version": "v2.1"}, size=(64, 96)))
+    path = root / "data/chunk-000/episode_000002.parquet"
+    table = pq.read_table(path)
+    table = table.set_column(table.column_names.index("index"), "index", pa.array([40] * 5 + [7] * 15, pa.int64()))
+    pq.write_table(table, path)
+    reader = open_dataset(root)
+    np.testing.assert_array_equal(reader.read_episode(1)["index"], np.arange(20, 40))
+    with pytest.raises(EpisodeMetadataError, match=r"episode 2's 'index' column does not rise by 1 at its row 1 "):
+        reader.read_episode(2)
 
 
 def test_rows_out_of_time_order_are_refused(ds: Path) -> None:
@@ -208,6 +256,29 @@ def test_a_decode_error_names_the_camera_and_episodes(ds: Path) -> None:
     video.write_bytes(video.read_bytes()[:2000])
     pattern = r"camera 'observation\.images\.cam0', batch of episodes \[2\]: .*file-001\.mp4"
     with pytest.raises(VideoDecodeError, match=pattern):
+        _first_pass(ds)
+
+
+def test_a_video_file_missing_mid_epoch_names_the_camera_and_episodes(ds: Path) -> None:
+    """It said only 'Video file .../file-001.mp4 does not exist.'"""
+    from lerobot_dali.errors import MissingDataFileError
+
+    (ds / f"videos/{CAM}/chunk-000/file-001.mp4").unlink()
+    pattern = r"camera 'observation\.images\.cam0', batch of episodes \[2\]: .*file-001\.mp4 does not exist"
+    with pytest.raises(MissingDataFileError, match=pattern):
+        _first_pass(ds)
+
+
+def test_a_builtin_error_in_a_worker_names_the_samples(ds: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bare IndexError (a NaN timestamp raised one) named no file, episode or sample."""
+    from lerobot_dali.batch_source import BatchSource
+
+    def failing(self, episode_pos, frame, **kwargs):
+        raise IndexError("index 0 is out of bounds for axis 0 with size 0")
+
+    monkeypatch.setattr(BatchSource, "assemble", failing)
+    pattern = r"reading samples \[0, 4\) of epoch 0 \(episodes \[0\]\): index 0 is out of bounds"
+    with pytest.raises(IndexError, match=pattern):
         _first_pass(ds)
 
 
