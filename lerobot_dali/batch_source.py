@@ -26,7 +26,7 @@ from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder, Pi
 from .dali_graph import CameraFeed, Field, FieldKind, augment_draw_field
 from .dataset_reader import LeRobotDatasetReader
 from .depth_maps import DepthQuantizer, DepthUnit, in_unit
-from .errors import DatasetError, MissingDataFileError, SchemaMismatchError, VideoDecodeError
+from .errors import DataFileError, DatasetError, MissingDataFileError, SchemaMismatchError, VideoDecodeError
 from .file_stamps import FileStamp
 from .frame_lookup import TimestampSource, row_frame_numbers
 from .host_values import encode_host_values
@@ -115,6 +115,8 @@ class SourceSpec:
     depth_unit: DepthUnit = DepthUnit.MM
     #: Colour channels of image cameras whose images are not RGB (1: grey).
     image_channels: Mapping[str, int] = dataclass_field(default_factory=dict)
+    #: Per image camera, (H, W, C) of its first image: a batch is one tensor, so every image must match.
+    image_shapes: Mapping[str, tuple[int, int, int]] = dataclass_field(default_factory=dict)
     #: Per worker: encoded images of recently read episodes kept in memory.
     image_cache_bytes: int = 256 * 2**20
     #: The stream's identity, which random augmentation draws are keyed by.
@@ -137,6 +139,11 @@ def lerobot_dtype(values: np.ndarray) -> np.ndarray:
 _CAMERA_KINDS = (FieldKind.FRAMES, FieldKind.PLANES_LUMA, FieldKind.CLIP)
 #: Per worker: bytes of packet indices kept (~70 per frame; a 30,000-frame file's index takes 2 MB).
 INDEX_CACHE_BYTES = 256 * 2**20
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    height, width, channels = shape
+    return f"{height}x{width} (HxW) with {channels} channel(s)"
 
 
 def output_fields(spec: SourceSpec) -> list[Field]:
@@ -386,11 +393,15 @@ class BatchSource:
             label = f"{reader.data_path(int(pos))} (episode {int(reader.episodes.episode_index[pos])}, camera {camera})"
             encoded = [images[int(r)].as_py() for r in row_indices]
             with io_stats.timed("decode_s"):
-                if depth:
-                    stored = spec.depth_image_units[camera]
-                    frames.append(in_unit(decode_depth_images(encoded, label=label), stored, spec.depth_unit))
-                else:
-                    frames.append(decode_images(encoded, label=label))
+                window = (decode_depth_images if depth else decode_images)(encoded, label=label)
+            expected = spec.image_shapes.get(camera)
+            if expected is not None and window.shape[1:] != expected:
+                raise DataFileError(
+                    f"{label}: images are {_shape_text(window.shape[1:])} but the camera's first image is "
+                    f"{_shape_text(expected)}; a camera's images share one size and channel count (a batch is one "
+                    "tensor): rewrite this episode's images"
+                )
+            frames.append(in_unit(window, spec.depth_image_units[camera], spec.depth_unit) if depth else window)
         return frames
 
     def _decoded(

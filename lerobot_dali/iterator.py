@@ -36,7 +36,7 @@ from .errors import (
 )
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
 from .host_values import decode_host_values
-from .image_frames import decode_images
+from .image_frames import decode_depth_images, decode_images
 from .packet_index import PacketIndex, load_packet_index
 from .packet_index_store import PacketIndexStore
 from .prefetch import Prefetcher, prefetching_reader
@@ -136,8 +136,10 @@ class DALILeRobotIterator:
         self._depth_image_units = self.reader.info.depth_image_units(self.reader.image_keys)
         depth_cameras = {*self._depth_quantizers, *self._depth_image_units}
         self._depth_unit = _depth_unit(depth_unit)
+        self._image_shapes = _image_shapes(self.reader, depth=self._depth_image_units)
         # Cameras of other than 3 channels: grey image cameras, depth cameras (1).
-        self._image_channels = _image_channels(self.reader, skip=depth_cameras) | dict.fromkeys(depth_cameras, 1)
+        grey = {key: shape[2] for key, shape in self._image_shapes.items() if shape[2] != 3}
+        self._image_channels = grey | dict.fromkeys(depth_cameras, 1)
         self._augment = _camera_augment(augment, self.reader, self._image_channels, depth_cameras)
         self._image_size = None if image_size is None else checked_size(type(self).__name__, "image_size", image_size)
         self._return_uint8 = return_uint8
@@ -359,6 +361,7 @@ class DALILeRobotIterator:
             cpu_decode=self._cpu_decode,
             image_keys=tuple(self.reader.image_keys),
             image_channels=self._image_channels,
+            image_shapes=self._image_shapes,
             depth_quantizers=self._depth_quantizers,
             depth_image_units=self._depth_image_units,
             depth_unit=self._depth_unit,
@@ -515,20 +518,18 @@ def _raise_original(error: Exception) -> None:
     raise error
 
 
-def _image_channels(reader: LeRobotDatasetReader, *, skip: Collection[str]) -> dict[str, int]:
-    """Image cameras that are not RGB (grey: 1 channel), from the first image of the first episode; a camera of
-    16-bit images not flagged a depth map fails here, naming itself, rather than in a worker. ``skip``: the
-    depth cameras."""
-    channels = {}
+def _image_shapes(reader: LeRobotDatasetReader, *, depth: Collection[str]) -> dict[str, tuple[int, int, int]]:
+    """(H, W, C) of each image camera's first image (of the first episode): a batch is one tensor, so the workers
+    hold every image to it. A camera of 16-bit images not flagged a depth map fails here, naming itself, rather
+    than in a worker. ``depth``: the depth image cameras."""
+    shapes = {}
     for key in reader.image_keys:
-        if key in skip:
-            continue
         first = reader.read_episode_images(0, key)[:1].to_pylist()
         if first:
-            count = decode_images(first, label=f"{reader.location.description}: camera {key!r}").shape[-1]
-            if count != 3:
-                channels[key] = count
-    return channels
+            decode = decode_depth_images if key in depth else decode_images
+            height, width, channels = decode(first, label=f"{reader.location.description}: camera {key!r}").shape[1:]
+            shapes[key] = (height, width, channels)
+    return shapes
 
 
 def _nvdec_color_fixes(formats: Mapping[str, CameraFormat]) -> dict[str, tuple[tuple[float, ...], ...]]:

@@ -123,6 +123,32 @@ def test_bad_images_name_the_file_episode_and_row(make_ds, copy_ds, value: dict 
     assert str(path) in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("picture", "found"),
+    [
+        (np.zeros((80, 96, 3), np.uint8), r"80x96 \(HxW\) with 3 channel"),
+        (np.zeros(SIZE, np.uint8), r"64x96 \(HxW\) with 1 channel"),
+    ],
+    ids=["other-size", "grey"],
+)
+@pytest.mark.parametrize("image_size", [None, (32, 48)])
+def test_an_image_unlike_the_cameras_first_names_its_episode(make_ds, copy_ds, picture, found, image_size) -> None:
+    """One image of another size or channel count crashed in DALI's batch ('must have uniform shape', naming no
+    file), came out resized without a word (image_size), or changed the batch's shape (every image of an
+    episode); every image is now held to the camera's first."""
+    root = copy_ds(_images_dataset(make_ds))
+    out = BytesIO()
+    Image.fromarray(picture).save(out, format="PNG")
+    path = _rewrite_image(root, 5, {"bytes": out.getvalue(), "path": None})  # episode 1's only image
+    it = DALILeRobotIterator(
+        root, batch_size=5, shuffle=False, device="cpu", num_workers=0, cameras=[CAM0], image_size=image_size
+    )
+    pattern = rf"{path}.*episode 1, camera {CAM0}\): images are {found}.*but the camera's first image is 64x96"
+    with pytest.raises(DataFileError, match=pattern):
+        list(it)
+    it.close()
+
+
 def test_declared_image_column_missing_from_the_data(make_ds, copy_ds) -> None:
     root = copy_ds(_images_dataset(make_ds))
     path = root / "data/chunk-000/file-000.parquet"
