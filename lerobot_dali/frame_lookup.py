@@ -175,13 +175,22 @@ def _raise_out_of_tolerance(
     frame_s = index.frame_pts_s
     failing = error_s > tolerance_s
     worst = int(np.argmax(np.where(failing, error_s, -1.0)))
+    advice = (
+        "If the dataset's parquet timestamps are wall-clock time, look frames up by frame_index / fps "
+        "(TimestampSource.FRAME_INDEX); otherwise check the episode's from_timestamp or raise tolerance_s."
+    )
+    half_frame_s = float(np.median(np.diff(frame_s))) / 2 if frame_s.size > 1 else 0.0
+    if abs(error_s[worst] - half_frame_s) < 1e-3:  # e.g. 10 fps rows over 25 fps video: every other row
+        advice = (
+            f"The row lies halfway between two video frames: the video has more frames per second "
+            f"({0.5 / half_frame_s:.4g}) than the rows. Raise tolerance_s to {half_frame_s + 1e-4:.4g} (half a "
+            "video frame) to read the earlier of the two."
+        )
     raise FrameTimestampError(
         f"{where}: query timestamp {queries[worst]:.6f} s has no video frame within "
         f"tolerance_s={tolerance_s} (nearest frame {int(nearest[worst])} at {frame_s[nearest[worst]]:.6f} s, "
         f"off by {error_s[worst]:.6f} s; {int(failing.sum())} of {queries.size} queries fail; the video "
-        f"spans {frame_s[0]:.6f}-{frame_s[-1]:.6f} s). If the dataset's parquet timestamps are wall-clock "
-        "time, look frames up by frame_index / fps (TimestampSource.FRAME_INDEX); otherwise check the "
-        "episode's from_timestamp or raise tolerance_s."
+        f"spans {frame_s[0]:.6f}-{frame_s[-1]:.6f} s). {advice}"
     )
 
 

@@ -33,6 +33,7 @@ from .errors import (
     EpisodeMetadataError,
     ResumeStateError,
     SchemaMismatchError,
+    WorkerProcessError,
 )
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
 from .host_values import decode_host_values
@@ -394,6 +395,12 @@ class DALILeRobotIterator:
                 pipe, names, auto_reset=True, last_batch_policy=LastBatchPolicy.PARTIAL, prepare_first_batch=False
             )
         except Exception as e:
+            if "Workers initialization failed" in str(e):
+                raise WorkerProcessError(
+                    f"DALI's {self._num_workers} worker processes did not start ({e}). They start with spawn, which "
+                    "imports the main module again: a script that builds the iterator at its top level must do so "
+                    'under `if __name__ == "__main__":`. Otherwise the workers\' traceback above says why.'
+                ) from e
             _raise_original(e)
         self._pipeline = pipe
 

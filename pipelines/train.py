@@ -89,6 +89,7 @@ class TrainOptions:
     augment: Path | None = None
     decode: str = "auto"
     timestamp_source: str = "parquet_timestamp"
+    tolerance_s: float | None = None
     mixed_precision: str = "no"
     checkpoint_dir: Path | None = None
     save_every: int = 0
@@ -148,6 +149,9 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     p.add_argument("--augment", type=Path, help="augmentation TOML (pipelines/recipes/augment_example.toml)")
     p.add_argument("--decode", default="auto", help="decode route preference passed to the iterator")
     p.add_argument("--timestamp-source", choices=("parquet_timestamp", "frame_index"), default="parquet_timestamp")
+    p.add_argument(
+        "--tolerance-s", type=float, help="most a row's time may be from its video frame (default: the iterator's)"
+    )
     p.add_argument("--mixed-precision", choices=_PRECISIONS, default="no")
     p.add_argument("--checkpoint-dir", type=Path)
     p.add_argument("--save-every", type=int, default=0, help="checkpoint every S steps (0: only at the end)")
@@ -167,7 +171,8 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         recipe=a.recipe, chunk=a.chunk, lr=a.lr, grad_clip=a.grad_clip, seed=a.seed,
         episode_pool_size=a.episode_pool_size,
         image_size=tuple(a.image_size) if a.image_size else None, augment=a.augment, decode=a.decode,
-        timestamp_source=a.timestamp_source, mixed_precision=a.mixed_precision, checkpoint_dir=a.checkpoint_dir,
+        timestamp_source=a.timestamp_source, tolerance_s=a.tolerance_s, mixed_precision=a.mixed_precision,
+        checkpoint_dir=a.checkpoint_dir,
         save_every=a.save_every, resume=a.resume, log_every=a.log_every, record_dir=a.record_dir,
     )  # fmt: skip
 
@@ -277,6 +282,7 @@ def build_iterator(
         world_size=world_size,
         drop_last=True,
         timestamp_source=options.timestamp_source,
+        **({} if options.tolerance_s is None else {"tolerance_s": options.tolerance_s}),
     )
 
 

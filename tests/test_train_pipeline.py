@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig, masked_l1
-from pipelines.train import TrainOptions, data_plan
+from pipelines.train import TrainOptions, build_iterator, data_plan, parse_args
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "pipelines" / "train.py"
@@ -283,6 +283,20 @@ def test_cameras_flag_trains_gr00t_without_its_unrecorded_camera(tmp_path: Path)
     (record,) = _records(tmp_path / "rec", 1)
     cameras = sorted(k for k in record["batch_shapes"] if k.startswith("observation.images."))
     assert cameras == ["observation.images.ego_view"] and record["batch_shapes"][cameras[0]] == [4, 3, 256, 256]
+
+
+def test_tolerance_flag_reaches_the_iterator(make_ds: Callable[..., Path]) -> None:
+    """r1's 10 fps rows over 25 fps video need half a video frame of tolerance, which train.py could not pass."""
+    from lerobot_dali import open_dataset
+
+    reader = open_dataset(make_ds(**EVEN))
+    base = ["--dataset", "d", "--steps", "1", "--device", "cpu", "--num-workers", "0"]
+    for extra, expected in (([], 1e-4), (["--tolerance-s", "0.0201"], 0.0201)):
+        options = parse_args([*base, *extra])
+        plan = data_plan(options, fps=reader.fps, camera_keys=reader.camera_keys)
+        iterator = build_iterator(reader, plan, options, device="cpu", rank=0, world_size=1)
+        assert iterator._tolerance_s == expected
+        iterator.close()
 
 
 def test_data_plan_resolves_recipe_windows_and_overrides(tmp_path: Path) -> None:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import traceback
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +96,24 @@ def test_a_killed_worker_is_named_with_its_signal(make_ds, monkeypatch: pytest.M
     healthy = DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=1)
     assert [b["index"].tolist() for b in healthy] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     healthy.close()
+
+
+def test_a_script_without_a_main_guard_is_told_why_the_workers_did_not_start(make_ds, tmp_path: Path) -> None:
+    """DALI's workers start with spawn, which runs an unguarded script again in each worker; the loop died with
+    DALI's bare 'Workers initialization failed'."""
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="av1", fps=10, episodes_per_file=2, gop=2)
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys\n"
+        "from lerobot_dali import DALILeRobotIterator\n"
+        "it = DALILeRobotIterator(sys.argv[1], batch_size=2, device='cpu', num_workers=1)\n"
+        "print(sum(len(b['index']) for b in it))\n"
+    )
+    done = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "WorkerProcessError: DALI's 1 worker processes did not start" in done.stderr
+    assert 'under `if __name__ == "__main__":`' in done.stderr
+    guarded = script.read_text().replace("it = ", "def main():\n    it = ").replace("print(", "    print(")
+    script.write_text(guarded + "if __name__ == '__main__':\n    main()\n")
+    done = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "8", done.stderr
