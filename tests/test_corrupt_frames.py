@@ -1,0 +1,119 @@
+"""Damaged H.264 data fails with VideoDecodeError naming the file, on the file and on the packet path.
+
+FFmpeg's H.264 decoder conceals a damaged keyframe (grey or smeared blocks) and only flags it ``is_corrupt``;
+the frames predicted from it come out wrong and unflagged. The CPU decoder must raise instead of returning them.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lerobot_dali.clips import plan_clip, read_packet_payloads
+from lerobot_dali.cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
+from lerobot_dali.errors import VideoDecodeError
+from lerobot_dali.iterator import DALILeRobotIterator
+from lerobot_dali.packet_index import PacketIndex, build_packet_index
+from tests.video_fixtures import MarkerVideo, reference_frames
+
+#: A damaged frame in the first GOP (GOP 30): the keyframe, a frame predicted from it, a window across both.
+FIRST_GOP_REQUESTS = [[0], [5], [2, 0, 1]]
+
+
+def _damage_keyframe(path: Path, index: PacketIndex, position: int) -> None:
+    """XOR 6 bytes near the end of the keyframe's payload at decode ``position``: inside its slice data (x264's
+    first packet starts with a long SEI text the decoder ignores, so its middle may be harmless)."""
+    assert index.keyframe[position]
+    offset = int(index.byte_offset[position] + index.size_bytes[position]) - 16
+    data = bytearray(path.read_bytes())
+    for i in range(offset, offset + 6):
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture
+def damaged_h264(marker_video: MarkerVideo, tmp_path: Path) -> tuple[Path, Path, PacketIndex]:
+    """(damaged copy, clean original, index) of the H.264 GOP-30 marker video, its first keyframe damaged."""
+    clean = marker_video("h264", 30)
+    path = tmp_path / "damaged.mp4"
+    shutil.copyfile(clean, path)
+    index = build_packet_index(path)
+    _damage_keyframe(path, index, 0)
+    return path, clean, index
+
+
+@pytest.fixture
+def pyav_decoder() -> Iterator[CpuFrameDecoder]:
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    yield decoder
+    decoder.close()
+
+
+def test_damaged_keyframe_raises_on_the_file_path(
+    damaged_h264: tuple[Path, Path, PacketIndex], pyav_decoder: CpuFrameDecoder
+) -> None:
+    path, clean, index = damaged_h264
+    for request in FIRST_GOP_REQUESTS:
+        with pytest.raises(
+            VideoDecodeError, match=r"damaged\.mp4: .*frame at pts 0\.000000 s as corrupt.*file is corrupt"
+        ):
+            pyav_decoder.decode(path, index, request)
+        assert pyav_decoder.open_decoders == 0  # the failed decoder is closed, not kept
+    # The next GOP does not depend on the damaged keyframe: it still decodes exactly.
+    window = np.array([30, 45, 89])
+    reference = reference_frames(clean, {int(p) for p in index.frame_pts[window]})
+    for frame_index, frame in zip(window.tolist(), pyav_decoder.decode(path, index, window), strict=True):
+        np.testing.assert_array_equal(frame, reference[int(index.frame_pts[frame_index])])
+
+
+def test_damaged_keyframe_raises_on_the_packet_path(
+    damaged_h264: tuple[Path, Path, PacketIndex], pyav_decoder: CpuFrameDecoder
+) -> None:
+    path, clean, index = damaged_h264
+    for request in FIRST_GOP_REQUESTS:
+        plan = plan_clip(index, request)
+        payloads = read_packet_payloads(path, index, plan)
+        with pytest.raises(
+            VideoDecodeError, match=r"damaged\.mp4: .*frame at pts 0\.000000 s as corrupt.*file is corrupt"
+        ):
+            pyav_decoder.decode_packets(index, plan, payloads)
+        assert pyav_decoder.open_decoders == 0
+    window = np.array([30, 45, 89])
+    plan = plan_clip(index, window)
+    frames = pyav_decoder.decode_packets(index, plan, read_packet_payloads(path, index, plan))
+    reference = reference_frames(clean, {int(p) for p in index.frame_pts[window]})
+    for frame_index, frame in zip(window.tolist(), frames, strict=True):
+        np.testing.assert_array_equal(frame, reference[int(index.frame_pts[frame_index])])
+
+
+def test_damaged_later_keyframe_names_its_time(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    """The error gives the damaged frame's presentation time, also on the packet path, whose decoder sees
+    display ranks in place of the file's timestamps."""
+    path = tmp_path / "later.mp4"
+    shutil.copyfile(marker_video("h264", 30), path)
+    index = build_packet_index(path)
+    _damage_keyframe(path, index, 30)  # frame 30 at 30 fps: 1 s
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    with pytest.raises(VideoDecodeError, match=r"later\.mp4: .*frame at pts 1\.000000 s as corrupt"):
+        decoder.decode(path, index, [31])
+    plan = plan_clip(index, [29, 31])
+    with pytest.raises(VideoDecodeError, match=r"later\.mp4: .*frame at pts 1\.000000 s as corrupt"):
+        decoder.decode_packets(index, plan, read_packet_payloads(path, index, plan))
+    decoder.close()
+
+
+def test_damaged_dataset_fails_the_cpu_iterator(make_ds, copy_ds) -> None:
+    """End to end: a batch that reads the damaged GOP fails naming the video file, not with grey frames."""
+    root = copy_ds(make_ds(episodes=2, frames_per_episode=30, size=(64, 96), codec="h264", gop=10))
+    video = next((root / "videos").rglob("*.mp4"))
+    _damage_keyframe(video, build_packet_index(video), 0)
+    it = DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=0, shuffle=False, episodes=[0])
+    try:
+        with pytest.raises(VideoDecodeError, match=rf"{video.name}: .*as corrupt"):
+            next(iter(it))
+    finally:
+        it.close()
