@@ -60,6 +60,23 @@ class DALILeRobotIterator:
     list of strings, cameras ``(B, C, H, W)`` or ``(B, T, C, H, W)`` for a multi-step window.
     Each rank reads its own disjoint episodes: build one per process, never wrap it in
     ``accelerator.prepare`` (that would keep 1/N of an already rank-disjoint stream).
+
+    Arguments, by what they decide (README.md has the details):
+
+    * What is read: ``dataset`` (a folder, Hub repo id, ``hf://``/``s3://``/... URL, or an open reader),
+      ``revision``, ``episodes`` (a subset, e.g. a training split), ``cameras`` and ``keys`` (the rest is never
+      read), ``data_files_root`` (data and videos from a mirror of the repo).
+    * What a sample holds: ``delta_timestamps`` (LeRobot's windows; padded steps set ``<key>_is_pad``),
+      ``timestamp_source`` and ``tolerance_s`` (how rows find their video frames), ``image_size``, ``augment``
+      (on the device, one draw per sample for its whole window), ``return_uint8``, ``depth_unit``.
+    * The order: ``batch_size``, ``shuffle``, ``seed``, ``episode_pool_size`` (episodes sampled from at once:
+      more mixes better and holds more open), ``drop_last``, ``rank``/``world_size`` (default: from
+      ``torch.distributed``, then ``RANK``/``WORLD_SIZE``, then accelerate), ``rank_balance`` (how ranks with
+      fewer frames reach the common batch count that collective training needs).
+    * Where the work runs: ``device``, ``decode`` (``"auto"``: NVDEC where the GPU has the codec, else the CPU;
+      ``"gpu"``: NVDEC or fail; ``"cpu"``), ``num_workers`` (processes that read rows and decode on the CPU),
+      ``dali_threads``, ``prefetch`` (batches DALI prepares ahead), ``cpu_decode`` (the CPU decoder's options).
+    * Remote datasets: ``cache_dir`` and ``cache_gb`` (the local cache episodes are prefetched into; 0: off).
     """
 
     def __init__(
