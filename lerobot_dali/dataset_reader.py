@@ -22,7 +22,7 @@ from .dataset_info import DatasetInfo, Feature, format_path
 from .dataset_location import DatasetLocation, resolve_location, with_bulk_root
 from .episode_rows import INDEX_COLUMNS, ParquetCache, read_episode_images, read_episode_rows
 from .episode_table import EpisodeTable, read_episode_table
-from .errors import DatasetError, DatasetNotFoundError, EpisodeMetadataError, MissingDataFileError
+from .errors import DatasetError, DatasetNotFoundError, EpisodeMetadataError, MissingDataFileError, cameras_hint
 from .file_stamps import FileStamps
 
 __all__ = ["LeRobotDatasetReader", "VideoRef", "open_dataset"]
@@ -407,5 +407,5 @@ def _check_first_files(reader: LeRobotDatasetReader) -> None:
             others = [c for c in reader.camera_keys if c != camera]
             raise MissingDataFileError(
                 f"{video} is missing: camera {camera!r} is declared in info.json but its video for the first "
-                f"episode does not exist. If the camera was never recorded, open with cameras={others!r}"
+                f"episode does not exist. If the camera was never recorded, open with {cameras_hint(others)}"
             )

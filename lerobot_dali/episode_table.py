@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .dataset_info import DatasetInfo
-from .errors import DatasetError, EpisodeMetadataError
+from .errors import DatasetError, EpisodeMetadataError, cameras_hint
 
 __all__ = ["CameraFiles", "EpisodeTable", "read_episode_table"]
 
@@ -170,7 +170,8 @@ def _v3_camera(source: str, table: pa.Table, key: str, n: int) -> CameraFiles:
     if f"{prefix}chunk_index" not in table.column_names or f"{prefix}file_index" not in table.column_names:
         raise EpisodeMetadataError(
             f"{source}: camera {key!r} is declared in info.json but the episode metadata has no "
-            f"'{prefix}chunk_index'/'{prefix}file_index' columns; select the cameras that have files with cameras=[...]"
+            f"'{prefix}chunk_index'/'{prefix}file_index' columns; select the cameras that have files with "
+            f"{cameras_hint()}"
         )
     chunk = _i64(table[f"{prefix}chunk_index"])
     file = _i64(table[f"{prefix}file_index"])

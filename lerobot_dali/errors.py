@@ -28,6 +28,13 @@ __all__ = [
 ]
 
 
+def cameras_hint(cameras: list[str] | None = None) -> str:
+    """How to leave cameras out, for the API and the command line alike."""
+    listed = "[...]" if cameras is None else repr(cameras)
+    shown = " ".join(cameras) if cameras else "KEY ..."
+    return f"cameras={listed} (on the command line: --cameras {shown})"
+
+
 class DatasetError(ValueError):
     """Base class: the dataset (or its description) is not what a LeRobot dataset must be."""
 

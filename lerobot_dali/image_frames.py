@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .errors import DataFileError
+from .errors import DataFileError, cameras_hint
 
 __all__ = ["EpisodeImageCache", "decode_depth_images", "decode_images"]
 
@@ -47,7 +47,7 @@ def decode_images(encoded: Sequence[bytes], *, label: str) -> np.ndarray:
         convert=_colour_frame,
         refusal="has more than 8 bits per sample (Pillow mode {mode!r}, e.g. a depth map not flagged is_depth_map "
         "in info.json), which would lose its precision as a colour camera; flag it is_depth_map or leave the "
-        "camera out with cameras=[...]",
+        f"camera out with {cameras_hint()}",
     )
 
 

@@ -34,6 +34,7 @@ from .errors import (
     ResumeStateError,
     SchemaMismatchError,
     WorkerProcessError,
+    cameras_hint,
 )
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
 from .host_values import decode_host_values
@@ -234,7 +235,7 @@ class DALILeRobotIterator:
                 if not pyav_can_decode(indexes[camera].codec):
                     raise CodecUnsupportedError(
                         f"depth camera {camera!r} ({video.path}) is {indexes[camera].codec}, which PyAV cannot "
-                        "decode here; leave the camera out with cameras=[...]"
+                        f"decode here; leave the camera out with {cameras_hint()}"
                     )
                 routes[camera] = DecodeRoute.CPU_FALLBACK
                 continue

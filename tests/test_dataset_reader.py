@@ -110,7 +110,8 @@ def test_r1_state_width_drift_is_a_clear_error_and_other_keys_still_read() -> No
 
 def test_gr00t_declared_camera_without_files_names_the_fix() -> None:
     with pytest.raises(
-        MissingDataFileError, match=r"observation\.images\.egoview.*cameras=\['observation\.images\.ego_view'\]"
+        MissingDataFileError,
+        match=r"egoview.*cameras=\['observation\.images\.ego_view'\] \(on the command line: --cameras observation\.",
     ):
         open_dataset(shared_dataset("gr00t_v20_h264"))
     r = open_dataset(shared_dataset("gr00t_v20_h264"), cameras=["observation.images.ego_view"])
