@@ -8,7 +8,8 @@ never global state.
 Per epoch:
 
 1. **Sharding.** Episodes (never frames or files) are split disjointly across ranks by
-   :func:`shard_episodes`, balancing frame counts: any two ranks differ by at most the longest episode.
+   :func:`shard_episodes`, balancing frame counts: longest first, each episode goes to the least-loaded rank
+   (ties at random), so two ranks differ by at most the fullest rank's shortest episode (at most the longest).
    Every rank computes every rank's count, so :class:`RankBalance` targets are agreed without communication.
 2. **Stream.** A rank's episodes are shuffled into its episode stream (``shuffle=False``: dataset order).
 3. **Pool.** The rank keeps ``episode_pool_size`` whole episodes admitted from its stream and emits a frame
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import heapq
 import logging
 import math
 from collections import OrderedDict
@@ -149,10 +151,14 @@ class ResumedEpoch:
 def shard_episodes(frame_counts: np.ndarray, *, world_size: int, rng: np.random.Generator | None) -> np.ndarray:
     """Rank of every episode (``-1`` where ``frame_counts`` is 0), balancing frames per rank.
 
-    Episodes are sorted by frame count (ties broken at random) and dealt in rounds of ``world_size``; each
-    round goes to the ranks in a fresh random order (``rng=None``: a deterministic snake). Within a round
-    counts differ by at most the round's spread, and spreads of consecutive sorted rounds telescope, so
-    two ranks' totals differ by at most the longest episode. O(E log E), vectorised.
+    A greedy longest-first deal: episodes in descending frame count (equal counts in random order; ``rng=None``:
+    episode order) each go to the rank holding the fewest frames so far, equally loaded ranks taken in a random
+    priority order drawn once per call (``rng=None``: lowest rank first). The first ``world_size`` episodes
+    thus reach distinct ranks, and the fullest rank was the emptiest when it took its last (shortest) episode,
+    so two ranks' totals differ by at most the fullest rank's shortest episode, never more than the longest.
+    The split is a pure function of the counts and ``rng``'s state; across epochs equal counts change groups,
+    but where all counts differ the groups are the same every epoch (only the rank holding each changes).
+    O(E log W) on a heap of Python ints: 0.2-0.3 s for 1M episodes on 8 ranks.
     """
     world_size = _check_int("world_size", world_size, minimum=1)
     counts = np.asarray(frame_counts)
@@ -163,23 +169,32 @@ def shard_episodes(frame_counts: np.ndarray, *, world_size: int, rng: np.random.
             f"{n} episode(s) with frames cannot give each of {world_size} ranks at least one; "
             "use fewer ranks or more episodes (episodes are never split across ranks)"
         )
-    if rng is None:
-        by_length = selected[np.argsort(-counts[selected], kind="stable")]
-    else:
-        shuffled = selected[rng.permutation(n)]
-        by_length = shuffled[np.argsort(-counts[shuffled], kind="stable")]
-    full_rounds = n // world_size
-    if rng is None:
-        lane = np.arange(world_size)
-        rounds = np.where((np.arange(full_rounds) % 2 == 0)[:, None], lane, lane[::-1])
-        tail = np.arange(n - full_rounds * world_size) if full_rounds % 2 == 0 else lane[::-1]
-    else:
-        rounds = rng.permuted(np.tile(np.arange(world_size), (full_rounds, 1)), axis=1)
-        tail = rng.permutation(world_size)
+    if rng is not None:
+        selected = selected[rng.permutation(n)]
+    by_length = selected[np.argsort(-counts[selected], kind="stable")]
+    lengths = counts[by_length].astype(np.int64, copy=False)
+    priority = np.arange(world_size) if rng is None else rng.permutation(world_size)
     rank_of = np.full(counts.shape[0], -1, dtype=np.int64)
-    rank_of[by_length[: full_rounds * world_size]] = rounds.ravel()
-    rank_of[by_length[full_rounds * world_size :]] = tail[: n - full_rounds * world_size]
+    rank_of[by_length] = _greedy_deal(lengths, priority)
     return rank_of
+
+
+_DEAL_CHUNK = 65536
+
+
+def _greedy_deal(lengths: np.ndarray, priority: np.ndarray) -> np.ndarray:
+    """Rank of each of ``lengths`` (descending), dealt in turn to the least-loaded rank, ties to the lowest
+    ``priority`` (a permutation of the ranks): a heap of ``load * world_size + priority``."""
+    world_size = priority.size
+    heap = list(range(world_size))  # every rank at load 0
+    taken = np.empty(lengths.size, np.int64)
+    for start in range(0, lengths.size, _DEAL_CHUNK):  # chunks: 1M lengths as Python ints would take ~80 MB
+        keys = []
+        for step in (lengths[start : start + _DEAL_CHUNK] * world_size).tolist():
+            keys.append(heap[0])
+            heapq.heapreplace(heap, heap[0] + step)
+        taken[start : start + len(keys)] = keys
+    return np.argsort(priority)[taken % world_size]
 
 
 @dataclass(frozen=True)
