@@ -59,6 +59,8 @@ class FrameRequestContext:
     dataset: str = ""
     episode_index: int | None = None
     camera: str = ""
+    #: The rows' fps (info.json): a failed lookup compares it with the video's to say which fix applies.
+    rows_fps: float | None = None
 
     def __post_init__(self) -> None:
         if self.episode_index is not None and (isinstance(self.episode_index, bool) or self.episode_index < 0):
@@ -180,11 +182,14 @@ def _raise_out_of_tolerance(
         "(TimestampSource.FRAME_INDEX); otherwise check the episode's from_timestamp or raise tolerance_s."
     )
     half_frame_s = float(np.median(np.diff(frame_s))) / 2 if frame_s.size > 1 else 0.0
-    if abs(error_s[worst] - half_frame_s) < 1e-3:  # e.g. 10 fps rows over 25 fps video: every other row
+    rows_fps = context.rows_fps if context is not None else None
+    video_has_more_frames = bool(rows_fps and half_frame_s and 0.5 / half_frame_s > 1.2 * rows_fps)
+    # e.g. 10 fps rows over 25 fps video: every other row lies exactly halfway (wall-clock rows only near it)
+    if video_has_more_frames and abs(error_s[worst] - half_frame_s) <= max(tolerance_s, 1e-4):
         advice = (
             f"The row lies halfway between two video frames: the video has more frames per second "
-            f"({0.5 / half_frame_s:.4g}) than the rows. Raise tolerance_s to {half_frame_s + 1e-4:.4g} (half a "
-            "video frame) to read the earlier of the two."
+            f"({0.5 / half_frame_s:.4g}) than the rows ({rows_fps:g}). Raise tolerance_s to "
+            f"{half_frame_s + 1e-4:.4g} (half a video frame) to read the earlier of the two."
         )
     raise FrameTimestampError(
         f"{where}: query timestamp {queries[worst]:.6f} s has no video frame within "
@@ -222,6 +227,7 @@ def row_frame_numbers(
         dataset=reader.location.description,
         episode_index=int(reader.episodes.episode_index[episode_pos]),
         camera=camera,
+        rows_fps=reader.fps,
     )
     return nearest_frame_indices(
         index,

@@ -222,6 +222,21 @@ def test_lookup_error_names_request(marker_video: MarkerVideo) -> None:
             nearest_frame_indices(index, [0.0], tolerance_s=tolerance_s)
 
 
+@pytest.mark.parametrize(("rows_fps", "halfway"), [(12, True), (30, False), (None, False)])
+def test_halfway_advice_only_where_the_video_has_more_frames(marker_video: MarkerVideo, rows_fps, halfway) -> None:
+    """A row exactly between two 30 fps frames is 'raise tolerance_s' advice only for rows of a lower fps; at
+    the video's own fps the row is merely late (wall-clock jitter lands near half a frame too), and the
+    advice there is frame_index, which the halfway advice had replaced."""
+    index = build_packet_index(marker_video("h264", 30))
+    context = FrameRequestContext(dataset="d", episode_index=0, camera="c", rows_fps=rows_fps)
+    with pytest.raises(FrameTimestampError) as info:
+        nearest_frame_indices(index, [0.0, 10.5 / FPS], tolerance_s=1e-4, context=context)
+    message = str(info.value)
+    assert ("halfway between two video frames" in message) is halfway
+    assert ("Raise tolerance_s to 0.01677" in message) is halfway
+    assert ("frame_index / fps" in message) is not halfway
+
+
 def test_wall_clock_timestamps_need_frame_index_opt_in() -> None:
     data = pq.read_table(
         shared_dataset("cr5_v30_av1") / "data" / "chunk-000" / "file-000.parquet",
