@@ -29,8 +29,10 @@ __all__ = ["LeRobotDatasetReader", "VideoRef", "open_dataset"]
 
 logger = logging.getLogger(__name__)
 
-#: Most an episode's median row step may differ from 1/fps, relative (see ``_check_timestamps``).
-FPS_STEP_TOLERANCE = 0.10
+#: How far an episode's median row step may differ from 1/fps, relative, before a warning (once per dataset and
+#: process) and before an error (see ``_check_timestamps``).
+FPS_STEP_WARNING, FPS_STEP_TOLERANCE = 0.10, 0.25
+_fps_warned: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -250,9 +252,10 @@ class LeRobotDatasetReader:
 
     def _check_timestamps(self, timestamps: np.ndarray, path: str, episode_index: int) -> None:
         """Rows in time order, about 1/fps apart: out-of-order rows would read swapped frames, and a wrong fps in
-        info.json shifts every delta_timestamps window. The median step is checked, not each one, so wall-clock
-        timestamps with jitter pass (cr5's medians are 1.5% short of 1/fps); a step 10% off catches an fps
-        mislabelled by one common rate for another (25 for 30, 15 for 18: 20%). LeRobot's own check is stricter."""
+        info.json scales every delta_timestamps window. The median step is checked, not each one, so wall-clock
+        timestamps with jitter pass (cr5's medians are 1.5% short of 1/fps). 10% off warns: an fps mislabelled by
+        one common rate for another (25 for 30, 15 for 18) is 20% off, but so is a recording loop that ran
+        slower than its nominal rate, which reads right by frame_index. Past 25% it fails."""
         not_finite = np.flatnonzero(~np.isfinite(timestamps))
         if not_finite.size:
             row = int(not_finite[0])
@@ -269,12 +272,22 @@ class LeRobotDatasetReader:
             )
         if steps.size >= 2:
             median, frame = float(np.median(steps)), 1.0 / self.info.fps
-            if abs(median - frame) > FPS_STEP_TOLERANCE * frame:
+            off = abs(median - frame) / frame
+            said = (
+                f"{path}: episode {episode_index}'s rows are {median:.6f} s apart (median), but info.json's fps "
+                f"{self.info.fps:g} says {frame:.6f} s"
+            )
+            if off > FPS_STEP_TOLERANCE:
                 raise DatasetError(
-                    f"{path}: episode {episode_index}'s rows are {median:.6f} s apart (median), but info.json's fps "
-                    f"{self.info.fps:g} says {frame:.6f} s; fix fps in meta/info.json (delta_timestamps windows and "
-                    "frame_index lookups rest on it)"
+                    f"{said}; fix fps in meta/info.json (delta_timestamps windows and frame_index lookups rest on it)"
                 )
+            if off > FPS_STEP_WARNING and self.location.description not in _fps_warned:
+                _fps_warned.add(self.location.description)
+                logger.warning(
+                    "%s (%.0f%% off). If fps is wrong, fix it in meta/info.json: delta_timestamps windows count rows "
+                    "at fps, so they are scaled by the error. If the timestamps are wall-clock and fps is right, "
+                    "read video by frame_index (timestamp_source='frame_index').", said, 100 * off,
+                )  # fmt: skip
 
 
 def open_dataset(
