@@ -95,8 +95,8 @@ class RankBalance(enum.Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class OrderOptions:
-    """What defines the order (with the episode lengths, rank and world size). Keep them fixed across a
-    resume: the saved state holds the seed, not these."""
+    """What defines the order (with the episode lengths, rank and world size). A saved state records them,
+    and a resume under others that would change the order is refused (:mod:`.stream_state`)."""
 
     seed: int = 0
     shuffle: bool = True

@@ -13,8 +13,8 @@ Resuming replays the tabular order (no decode) up to the saved position. What is
   samples consumed in the epoch, memory O(episodes).
 
 The state holds the :class:`~lerobot_dali.sample_order.OrderOptions` that define the order. A resume adopts the
-saved seed (logged) but refuses other shuffle, pool size or balance: under those the saved position means other
-samples, so the rest of the epoch would repeat some and skip others. (``DALILeRobotIterator`` adds which
+saved seed (logged) but refuses another shuffle, pool size (when shuffled) or balance (on several ranks): under
+those the saved position means other samples, so the rest of the epoch would repeat some and skip others. (``DALILeRobotIterator`` adds which
 episodes it reads to its state and refuses a resume over other episodes.)
 """
 
@@ -35,7 +35,9 @@ __all__ = ["SampleStream", "StreamState"]
 
 logger = logging.getLogger(__name__)
 
-_VERSION = 1
+#: 2: ranks get episodes by a greedy deal and the state records the order options. Version 1 states still load
+#: where the deal does not matter (one rank, or at an epoch's start).
+_VERSION = 2
 _FIELDS = ("seed", "epoch", "samples_consumed", "world_size", "batch_size")
 #: The order options besides the seed that a state records, and a resume must match.
 _ORDER_FIELDS = ("shuffle", "episode_pool_size", "rank_balance")
@@ -66,6 +68,7 @@ class StreamState:
     batch_size: int
     prior_segments: tuple[ConsumedSegment, ...] = ()
     order: Mapping[str, Any] | None = None
+    version: int = _VERSION
 
     def __post_init__(self) -> None:
         for name in _FIELDS:
@@ -77,7 +80,7 @@ class StreamState:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain ints and lists only, so it goes into any checkpoint format."""
-        out: dict[str, Any] = {"version": _VERSION}
+        out: dict[str, Any] = {"version": self.version}
         out.update({name: int(getattr(self, name)) for name in _FIELDS})
         out["prior_segments"] = [[s.world_size, s.samples_consumed] for s in self.prior_segments]
         if self.order is not None:
@@ -88,9 +91,9 @@ class StreamState:
     def from_dict(cls, state: Mapping[str, Any]) -> StreamState:
         if not isinstance(state, Mapping):
             raise ResumeStateError(f"a stream state is a dict, got {type(state).__name__}")
-        if state.get("version") != _VERSION:
+        if state.get("version") not in (1, _VERSION):
             raise ResumeStateError(
-                f"stream state version {state.get('version')!r} is not supported (expected {_VERSION}); "
+                f"stream state version {state.get('version')!r} is not supported (expected 1 or {_VERSION}); "
                 "it was saved by another lerobot_dali version"
             )
         missing = [name for name in (*_FIELDS, "prior_segments") if name not in state]
@@ -106,7 +109,8 @@ class StreamState:
         order = state.get("order")
         if order is not None and (not isinstance(order, Mapping) or sorted(order) != sorted(_ORDER_FIELDS)):
             raise ResumeStateError(f"stream state order must be a dict of {list(_ORDER_FIELDS)}, got {order!r}")
-        return cls(**{name: state[name] for name in _FIELDS}, prior_segments=segments, order=order)
+        fields = {name: state[name] for name in _FIELDS}
+        return cls(**fields, prior_segments=segments, order=order, version=state["version"])
 
 
 class SampleStream:
@@ -200,7 +204,7 @@ class SampleStream:
         """Continue where ``state_dict`` left off; see the module docstring for what a world-size change keeps."""
         state = StreamState.from_dict(state_dict)
         options = self._order.options
-        _check_order(state, options)
+        _check_order(state, options, world_size=self._order.world_size)
         if state.seed != options.seed:
             logger.info("resuming with the saved seed %d instead of %d", state.seed, options.seed)
             options = dataclasses.replace(options, seed=state.seed)
@@ -237,11 +241,26 @@ class SampleStream:
         self._order, self._epoch, self._consumed = order, epoch, consumed
 
 
-def _check_order(state: StreamState, options: OrderOptions) -> None:
+def _check_order(state: StreamState, options: OrderOptions, *, world_size: int) -> None:
+    """Refuse a resume whose saved position means other samples under ``options`` (or this version's deal)."""
+    several_ranks = max(state.world_size, world_size) > 1 or bool(state.prior_segments)
+    if state.version == 1 and several_ranks and (state.samples_consumed or state.prior_segments):
+        raise ResumeStateError(
+            f"this stream state was saved by an earlier lerobot_dali, whose split of episodes across ranks "
+            f"differed: resuming epoch {state.epoch} part-way would repeat some samples and skip others. Resume "
+            f"at the next epoch instead: load {{**state, 'epoch': {state.epoch + 1}, 'samples_consumed': 0, "
+            "'prior_segments': []}"
+        )
     if state.order is None:
         return
     now = _order_of(options)
-    differ = [name for name in _ORDER_FIELDS if state.order[name] != now[name]]
+    # An unshuffled pool emits its episodes in order whatever its size; one rank needs no balance.
+    relevant = [
+        name
+        for name in _ORDER_FIELDS
+        if (name != "episode_pool_size" or now["shuffle"]) and (name != "rank_balance" or several_ranks)
+    ]
+    differ = [name for name in relevant if state.order[name] != now[name]]
     if differ:
         saved = ", ".join(f"{name}={state.order[name]!r}" for name in differ)
         ours = ", ".join(f"{name}={now[name]!r}" for name in differ)

@@ -14,12 +14,12 @@ LENGTHS = np.array([13, 40, 7, 25, 31, 5, 19])
 SAVED = OrderOptions(seed=3, shuffle=True, episode_pool_size=2, rank_balance=RankBalance.PAD)
 
 
-def _stream(options: OrderOptions) -> SampleStream:
-    return SampleStream(LENGTHS, rank=0, world_size=1, batch_size=5, options=options)
+def _stream(options: OrderOptions, world_size: int = 2) -> SampleStream:
+    return SampleStream(LENGTHS, rank=0, world_size=world_size, batch_size=5, options=options)
 
 
-def _saved_state() -> dict:
-    stream = _stream(SAVED)
+def _saved_state(world_size: int = 2) -> dict:
+    stream = _stream(SAVED, world_size)
     for _ in range(3):
         stream.next_batch()
     return stream.state_dict()
@@ -55,11 +55,31 @@ def test_a_resume_under_the_saved_options_continues_the_uninterrupted_stream() -
         np.testing.assert_array_equal(got[1], want[1])
 
 
-def test_states_saved_before_the_options_were_recorded_still_load() -> None:
-    legacy = {k: v for k, v in _saved_state().items() if k != "order"}
-    stream = _stream(SAVED)
-    stream.load_state_dict(legacy)
-    assert stream.samples_consumed == 15
+def test_options_that_do_not_change_the_order_are_not_held_to() -> None:
+    """Unshuffled, a pool emits its episodes in order whatever its size; one rank needs no balance."""
+    unshuffled = OrderOptions(seed=3, shuffle=False, episode_pool_size=2)
+    stream = _stream(unshuffled)
+    stream.next_batch()
+    _stream(OrderOptions(seed=3, shuffle=False, episode_pool_size=16)).load_state_dict(stream.state_dict())
+    alone = _saved_state(world_size=1)
+    _stream(OrderOptions(**{**SAVED.__dict__, "rank_balance": RankBalance.DROP}), world_size=1).load_state_dict(alone)
+
+
+def test_version_1_states_load_where_the_old_deal_does_not_matter() -> None:
+    """States saved before the order options were recorded (version 1) came with another split of episodes
+    across ranks: on one rank, or at an epoch's start, they resume exactly; part-way on several ranks they
+    would repeat some samples and skip others, so they are refused with the way to go on."""
+    for world_size in (1, 2):
+        legacy = {k: v for k, v in _saved_state(world_size).items() if k != "order"} | {"version": 1}
+        stream = _stream(SAVED, world_size)
+        if world_size == 1:
+            stream.load_state_dict(legacy)
+            assert stream.samples_consumed == 15
+            continue
+        with pytest.raises(ResumeStateError, match=r"earlier lerobot_dali.*'epoch': 1, 'samples_consumed': 0"):
+            stream.load_state_dict(legacy)
+        stream.load_state_dict({**legacy, "epoch": 1, "samples_consumed": 0})
+        assert (stream.epoch, stream.samples_consumed) == (1, 0)
 
 
 def test_a_malformed_order_entry_is_refused() -> None:
