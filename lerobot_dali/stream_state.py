@@ -14,8 +14,8 @@ Resuming replays the tabular order (no decode) up to the saved position. What is
 
 The state holds the :class:`~lerobot_dali.sample_order.OrderOptions` that define the order. A resume adopts the
 saved seed (logged) but refuses another shuffle, pool size (when shuffled) or balance (on several ranks): under
-those the saved position means other samples, so the rest of the epoch would repeat some and skip others. (``DALILeRobotIterator`` adds which
-episodes it reads to its state and refuses a resume over other episodes.)
+those the saved position means other samples, so the rest of the epoch would repeat some and skip others.
+(``DALILeRobotIterator`` adds which episodes it reads to its state and refuses a resume over other episodes.)
 """
 
 from __future__ import annotations
