@@ -253,6 +253,7 @@ class BatchSource:
             failed_at = f"reading samples [{start}, {stop}) of epoch {epoch} (episodes {episodes})"
             if type(e).__module__ == "builtins" and not isinstance(e, StopIteration):
                 # They cross as themselves too, but an IndexError or OSError alone says nothing of which data.
+                # (The copy keeps the type and message only: an OSError's errno and filename stay on __cause__.)
                 try:
                     located = type(e)(f"{self.spec.reader.location.description}: {failed_at}: {e}")
                 except Exception:  # a builtin that takes other arguments (UnicodeDecodeError): as it is

@@ -30,6 +30,8 @@ __all__ = [
 
 def cameras_hint(cameras: list[str] | None = None) -> str:
     """How to leave cameras out, for the API and the command line alike."""
+    if cameras == []:
+        return "cameras=[] (the command line's --cameras cannot leave every camera out)"
     listed = "[...]" if cameras is None else repr(cameras)
     shown = " ".join(cameras) if cameras else "KEY ..."
     return f"cameras={listed} (on the command line: --cameras {shown})"
