@@ -29,6 +29,7 @@ from fsspec.implementations.local import LocalFileSystem
 from numpy.typing import ArrayLike
 
 from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
+from .remote_retry import is_transient
 
 if TYPE_CHECKING:
     from .file_stamps import FileStamp
@@ -289,6 +290,8 @@ def build_packet_index(source: VideoSource, *, filesystem: Any | None = None) ->
                     index = _index_container(container, handle, None, label=label, file_size=file_size)
                 assert index is not None  # without sample tables every failure raises
         except (av.error.FFmpegError, OSError) as e:  # PyAV reports some I/O failures as OSError
+            if is_transient(e):  # the network failed (after its retries): the file is not to blame
+                raise
             raise VideoDecodeError(
                 f"{label}: cannot read the video container ({e}); the file is truncated or corrupt."
             ) from e

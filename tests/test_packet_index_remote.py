@@ -161,3 +161,27 @@ def test_disagreeing_tables_fall_back(
 def test_real_files_match_demux(monkeypatch: pytest.MonkeyPatch) -> None:
     for path in (r1_video(), cr5_video(0), cr5_video(1), cr5_video(2)):
         assert_same_index(build_packet_index(path), demux_index(path, monkeypatch))
+
+
+class ResettingReader(CountingReader):
+    """Reads like the file until ``after`` bytes, then the connection resets (as aiohttp's ClientOSError)."""
+
+    def __init__(self, path: Path, after: int) -> None:
+        super().__init__(path)
+        self.after = after
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        if self.bytes_read >= self.after:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        return super().readinto(buffer)
+
+
+@pytest.mark.parametrize("after", [0, 2000])
+def test_a_network_failure_while_indexing_is_not_called_a_corrupt_file(marker_video: MarkerVideo, after: int) -> None:
+    """A reset while the index was built came back as VideoDecodeError '... the file is truncated or corrupt'."""
+    path = marker_video("h264", 30)
+    with pytest.raises(ConnectionResetError, match="reset by peer"):
+        build_packet_index(ResettingReader(path, after))
+    truncated = io.BytesIO(path.read_bytes()[:2000])
+    with pytest.raises(packet_index.VideoDecodeError, match="truncated or corrupt"):
+        build_packet_index(truncated)
