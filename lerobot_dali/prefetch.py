@@ -215,7 +215,14 @@ def prefetching_reader(
     if cache_dir is None:
         name = hashlib.sha256(reader.location.description.encode()).hexdigest()[:16]
         cache_dir = cache_root() / "prefetch" / name
-    cache = RangeCache.open_free_slot(Path(cache_dir) / f"rank-{rank}", max_bytes=cache_bytes)
+    try:
+        cache = RangeCache.open_free_slot(Path(cache_dir) / f"rank-{rank}", max_bytes=cache_bytes)
+    except OSError as e:  # a read-only or full disk: the workers read remotely, as when a write fails later
+        logger.warning(
+            "%s: no prefetch cache (%s); the workers read every range remotely. Give cache_dir= a writable "
+            "folder, or cache_gb=0 to silence this.", reader.location.description, e,
+        )  # fmt: skip
+        return reader, None
     directory = cache.directory
     cached_fs = CachedFileSystem(reader.location.fs, directory, stamps)
     worker_reader = reader.with_location(replace(reader.location, fs=cached_fs))

@@ -23,6 +23,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import shutil
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
@@ -281,7 +282,10 @@ class RangeCache:
         final = folder / f"{key.start}-{key.end}{_SUFFIX}"
         temporary = folder / f".{key.start}-{key.end}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
-            temporary.write_bytes(data)
+            with open(temporary, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())  # else a crash may leave a zero-filled entry of the right size
             os.replace(temporary, final)
         except OSError:
             temporary.unlink(missing_ok=True)
@@ -302,7 +306,12 @@ class RangeCache:
                 leftover.unlink(missing_ok=True)
             if not label.is_file():
                 continue
-            lines = label.read_text(encoding="utf-8").split("\n")
+            try:
+                lines = label.read_text(encoding="utf-8").split("\n")
+            except (UnicodeDecodeError, OSError):  # a damaged label: its entries cannot be told apart, so go
+                logger.warning("dropping prefetch cache folder %s: its label is unreadable", folder)
+                shutil.rmtree(folder, ignore_errors=True)
+                continue
             path, version = lines[0], lines[1] if len(lines) > 1 else ""
             for start, end, file in list_entries(folder):
                 try:

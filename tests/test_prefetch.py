@@ -140,16 +140,49 @@ def test_a_cache_that_cannot_write_refuses_the_range(tmp_path: Path, monkeypatch
     blob = bytes(range(200))
     cache = RangeCache(tmp_path, max_bytes=1000)
 
-    def disk_full(self: Path, data: bytes) -> int:
-        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+    def disk_full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     with monkeypatch.context() as patch:
-        patch.setattr(Path, "write_bytes", disk_full)
+        patch.setattr(os, "fsync", disk_full)
         assert cache.acquire("a", [ByteRange("p", 0, 100)], _fetcher(blob, [])) == 0
     assert cache.stats.refused_ranges == 1 and cache.bytes_cached == 0 and not cache.holds(ByteRange("p", 0, 100))
     assert not list(tmp_path.rglob("*.tmp"))
     cache.acquire("a", [ByteRange("p", 0, 100)], _fetcher(blob, []))  # room again: stored as usual
     assert cache.bytes_cached == 100 == _disk_bytes(tmp_path)
+
+
+def test_a_cache_folder_with_an_unreadable_label_is_dropped(tmp_path: Path, caplog) -> None:
+    """A label that is not UTF-8 aborted the next run's construction with a bare UnicodeDecodeError."""
+    blob = bytes(range(200))
+    first = RangeCache(tmp_path, max_bytes=1000)
+    first.acquire("a", [ByteRange("p", 0, 100, "v1")], _fetcher(blob, []))
+    first.close()
+    folder = entry_dir(tmp_path, "p", "v1")
+    (folder / "path").write_bytes(b"\xff\xfe not text")
+    with caplog.at_level("WARNING", logger="lerobot_dali.range_cache"):
+        second = RangeCache(tmp_path, max_bytes=1000)
+    assert second.bytes_cached == 0 and not folder.exists() and "label is unreadable" in caplog.text
+    second.close()
+
+
+def test_an_unwritable_cache_folder_reads_remotely(make_ds, tmp_path: Path, monkeypatch, caplog) -> None:
+    """A read-only cache_dir (or default cache root) made a remote dataset fail to open at all."""
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / "cache"))
+
+    monkeypatch.setattr(RangeCache, "open_free_slot", read_only)
+    root = _dataset(make_ds, "av1")
+    options = dict(batch_size=4, shuffle=False, device="cpu", num_workers=0, drop_last=False)
+    reader = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    with caplog.at_level("WARNING", logger="lerobot_dali.prefetch"):
+        it = DALILeRobotIterator(reader, cache_dir=tmp_path / "cache", cache_gb=1.0, **options)
+    assert it.prefetcher is None and "no prefetch cache" in caplog.text and "Read-only file system" in caplog.text
+    got = _samples(it)
+    it.close()
+    assert [int(s["index"]) for s in got] == list(range(sum(LENGTHS)))
 
 
 # -- read-through files -------------------------------------------------------------------------------------
