@@ -97,7 +97,7 @@ def resolve_location(
         in_url = unquote(match["rev"]) if match["rev"] else None
         return _hub_location(match["repo"], _one_revision(target, in_url, revision), match["sub"] or "", options)
     if "://" in target:
-        fs, root = fsspec.core.url_to_fs(target, **options)
+        fs, root = fsspec.core.url_to_fs(target, **_http_timeouts(target, options))
         fs = _retrying(fs)
         return DatasetLocation(fs, root, fs, root, target)
     if _REPO_ID.match(target) and not os.path.exists(target):
@@ -106,6 +106,22 @@ def resolve_location(
         f"dataset {target!r} not found: it is not a local folder, a Hub repo id ('user/name') "
         "or an fsspec URL (e.g. 'hf://datasets/user/name', 's3://bucket/path')"
     )
+
+
+#: Plain HTTP(S) servers: seconds to connect and between bytes read. aiohttp's own default bounds only a whole
+#: request, at 5 minutes, so a stalled server held a read for 5 minutes per try, with nothing logged.
+HTTP_TIMEOUTS_S = {"sock_connect": 30.0, "sock_read": 60.0}
+
+
+def _http_timeouts(target: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with :data:`HTTP_TIMEOUTS_S` for an http(s) URL, unless they set a timeout of their own."""
+    client = dict(options.get("client_kwargs") or {})
+    if not target.startswith(("http://", "https://")) or "timeout" in client:
+        return options
+    import aiohttp
+
+    client["timeout"] = aiohttp.ClientTimeout(total=None, **HTTP_TIMEOUTS_S)
+    return {**options, "client_kwargs": client}
 
 
 def _one_revision(target: str, in_url: str | None, argument: str | None) -> str | None:

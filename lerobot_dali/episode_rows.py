@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from .dataset_info import Feature
 from .errors import DataFileError, MissingDataFileError, SchemaMismatchError
+from .remote_retry import is_transient
 
 __all__ = ["ParquetCache", "image_bytes", "read_episode_images", "read_episode_rows"]
 
@@ -73,6 +74,8 @@ class ParquetCache:
             parquet = pq.ParquetFile(handle)
         except (pa.ArrowException, OSError) as e:
             handle.close()
+            if is_transient(e):  # the network failed (after its retries): the file is not to blame
+                raise
             raise DataFileError(f"data file {path} is not readable parquet ({e}); re-download or rewrite it") from e
         with self._lock:
             raced = self._open.get(key)
@@ -180,6 +183,8 @@ def _read_row_range(parquet: pq.ParquetFile, path: str, row_start: int, length: 
         with _read_lock(parquet):
             table = parquet.read_row_groups(groups, columns=columns)
     except (pa.ArrowException, OSError) as e:
+        if is_transient(e):  # as in ParquetCache.get
+            raise
         raise DataFileError(
             f"{path}: reading rows [{row_start}, {stop}) failed ({e}); the file is truncated or corrupt: re-download "
             "or rewrite it"

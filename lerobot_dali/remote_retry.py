@@ -209,7 +209,8 @@ class _Retrier:
                 if attempt > self.policy.retries:
                     raise _exhausted(e, what, path, attempt) from None
                 delay = self.policy.delay_s(attempt, f"{what}:{path}")
-                logger.info(
+                logger.log(
+                    logging.INFO if attempt == 1 else logging.WARNING,  # a blip, then a trouble worth seeing
                     "%s %s failed (%s: %s); retry %d/%d in %.2fs",
                     what,
                     path,

@@ -11,7 +11,8 @@ Every request is recorded (:class:`RequestRecord`) and counted by ``(method, kin
 ``full``, ``listing``, ``missing``, ``rejected`` (writes: 405) or ``fault``. With ``fault_every=N`` the N-th,
 2N-th, ... request (all methods, in arrival order) fails with the next kind of ``faults`` in turn: ``503``
 and ``429`` answer that status; ``drop`` sends the headers and half the body, then closes the connection (a
-``HEAD`` or an empty body is closed before any byte), so aiohttp raises its own payload / disconnect errors.
+``HEAD`` or an empty body is closed before any byte), so aiohttp raises its own payload / disconnect errors;
+``stall`` sends the headers, then waits ``stall_s`` seconds before the body (a server that hangs).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 import re
 import socket
 import threading
+import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Iterator
@@ -33,8 +35,9 @@ from typing import Any
 
 __all__ = ["HTTP_FAULT_KINDS", "FolderServer", "RequestRecord", "serve_folder"]
 
-#: ``503``/``429``: that status, empty body; ``drop``: half the body, then the connection closes.
-HTTP_FAULT_KINDS = ("503", "429", "drop")
+#: ``503``/``429``: that status, empty body; ``drop``: half the body, then the connection closes; ``stall``: the
+#: headers, then ``stall_s`` seconds of silence before the body.
+HTTP_FAULT_KINDS = ("503", "429", "drop", "stall")
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 _CHUNK = 64 * 1024
@@ -66,6 +69,7 @@ class FolderServer:
     ) -> None:
         self.root = Path(root).resolve()
         self.listings = listings
+        self.stall_s = 5.0
         if not self.root.is_dir():
             raise NotADirectoryError(f"cannot serve {self.root}: not a folder")
         self._lock = threading.Condition()
@@ -285,6 +289,8 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
             for name, value in headers.items():
                 self.send_header(name, value)
             self.end_headers()
+            if fault == "stall":
+                time.sleep(server.stall_s)
             sent = 0
             if body:
                 limit = (stop - start) // 2 if fault == "drop" else stop - start

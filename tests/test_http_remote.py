@@ -272,3 +272,22 @@ def test_iterator_over_http_with_spawned_workers_and_faults(
     assert set(server.faults_injected) == set(FAULTS)
     assert any(r.kind == "range" and "/videos/" in r.path for r in server.records)
     _assert_video_bytes_ranged(server, root)
+
+
+def test_a_stalled_server_fails_a_read_in_the_read_timeout(root: Path, server, monkeypatch) -> None:
+    """With aiohttp's default (5 minutes a request) a server that stopped answering held a read for 5 minutes
+    per try; reads now give up after HTTP_TIMEOUTS_S of silence (here shortened to 0.5 s), as transient."""
+    import time
+
+    monkeypatch.setenv(RETRIES_ENV, "0")
+    monkeypatch.setattr("lerobot_dali.dataset_location.HTTP_TIMEOUTS_S", {"sock_connect": 5.0, "sock_read": 0.5})
+    remote = open_dataset(_url(server, root))
+    server.stall_s = 3.0
+    server.set_faults(1, ("stall",))
+    start = time.monotonic()
+    with pytest.raises(Exception) as info:
+        for pos in range(len(LENGTHS)):
+            remote.read_episode(pos)
+    assert time.monotonic() - start < 2.5
+    assert is_transient(info.value), repr(info.value)
+    server.set_faults(0)
