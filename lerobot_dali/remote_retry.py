@@ -249,6 +249,13 @@ class RetryingFile(io.RawIOBase):
         except Exception:
             logger.debug("closing failed handle of %s raised", self.path, exc_info=True)
         self._inner = self._fs._open_inner(self.path, self._mode, self._kwargs)
+        size = getattr(self._inner, "size", None)
+        if isinstance(size, int) and self.size is not None and size != self.size:
+            # A definite answer, not a blip: reading on would mix the old file's bytes (cached, indexed) with the new.
+            raise DatasetError(
+                f"{self.path} changed on the server while it was read ({self.size} bytes when opened, {size} now); "
+                "re-open the dataset"
+            )
 
     def _read_once(self, size: int) -> bytes:
         if self._inner.tell() != self._pos:

@@ -291,3 +291,24 @@ def test_a_stalled_server_fails_a_read_in_the_read_timeout(root: Path, server, m
     assert time.monotonic() - start < 2.5
     assert is_transient(info.value), repr(info.value)
     server.set_faults(0)
+
+
+def test_a_file_replaced_on_the_server_mid_read_is_named_not_retried(tmp_path: Path, monkeypatch) -> None:
+    """A file that shrank on the server answered 416, which read as a broken connection: retried 6 times, then
+    'gave up (set LEROBOT_DALI_REMOTE_RETRIES to retry more)'. The reopened file's new size says what happened."""
+    import fsspec
+
+    from lerobot_dali.errors import DatasetError
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(range(256)) * 400)
+    waits: list[float] = []
+    monkeypatch.setattr("lerobot_dali.remote_retry.time", SimpleNamespace(sleep=waits.append))
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(fsspec.filesystem("http"), policy=RetryPolicy(retries=5, base_delay_s=0.0))
+        with fs.open(f"{server.url}/f.bin", "rb", block_size=1024) as handle:
+            assert handle.read(1000) == (bytes(range(256)) * 4)[:1000]
+            path.write_bytes(bytes(600))  # replaced by a shorter file
+            with pytest.raises(DatasetError, match=r"changed on the server while it was read \(102400 bytes"):
+                handle.read(50_000)
+    assert len(waits) == 1  # one wait before the reopen that found the new size, then no more tries
