@@ -142,16 +142,24 @@ def test_budget_spent_raises_last_error_with_attempt_count(blob) -> None:
     assert fresh == [1, 1]  # from the second retry on
 
 
-def test_a_file_that_shrank_after_opening_says_it_may_have_changed(blob) -> None:
-    """An early end of stream is retried as a broken connection; once the budget is spent, the error also says
-    the file may have changed since it was opened (it said only 'ended early')."""
+@pytest.mark.parametrize("retries", [0, 1])
+def test_a_file_that_shrank_after_opening_says_it_changed(blob, retries: int) -> None:
+    """An early end of stream is a broken connection or a changed file. Without retries the error says both
+    (it said only 'ended early'); the reopen before a retry sees the new size and says which (a retried
+    'broken connection' spent every retry on it)."""
+    from lerobot_dali.errors import DatasetError
+
     root, data = blob
-    fs = RetryingFileSystem(FakeRemoteFileSystem(str(root)), policy=RetryPolicy(retries=1, base_delay_s=0.0))
+    fs = RetryingFileSystem(FakeRemoteFileSystem(str(root)), policy=RetryPolicy(retries=retries, base_delay_s=0.0))
     with fs.open("blob.bin", "rb") as f:
         (root / "blob.bin").write_bytes(data[:1000])  # replaced remotely by a shorter file
         f.seek(500)
-        with pytest.raises(ConnectionError, match=r"ended at byte 1000 of the 300000 .*the file changed since"):
-            f.read(2000)
+        if retries:
+            with pytest.raises(DatasetError, match=r"changed on the server while it was read \(300000 .*, 1000 now\)"):
+                f.read(2000)
+        else:
+            with pytest.raises(ConnectionError, match=r"ended at byte 1000 of the 300000 .*the file changed since"):
+                f.read(2000)
 
 
 @pytest.mark.parametrize("call", ["info", "open", "cat_file"])
