@@ -173,7 +173,13 @@ class Prefetcher:
         keys = [
             ByteRange(path, start, end, self._version_of(path)) for path, start, end in self._ranges.ranges(episode_pos)
         ]
-        self.cache.acquire(episode_pos, keys, self._fetch)
+        try:
+            self.cache.acquire(episode_pos, keys, self._fetch)
+        except BaseException:
+            # Not held, so the next fill tries it again (what it fetched stays on disk for that); held, it was
+            # read remotely for as long as it stayed in the pool.
+            self.cache.release(episode_pos)
+            raise
 
     def _fetch(self, key: ByteRange) -> bytes:
         if self._closed:

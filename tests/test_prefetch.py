@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import os
 import random
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -367,6 +368,38 @@ def test_prefetcher_holds_the_pool_window_and_releases_episodes_that_left(make_d
             episodes, _ = order.samples(0, position, min(total, position + 3))
             assert set(episodes.tolist()) <= wanted
         assert prefetcher.stats.fetched_ranges > 0
+    finally:
+        prefetcher.close()
+
+
+def test_an_episode_whose_prefetch_failed_is_tried_again(make_ds, tmp_path: Path, monkeypatch) -> None:
+    """It stayed registered as held: the next fills skipped it, and it was read remotely while in the pool."""
+    from lerobot_dali.prefetch import Prefetcher, prefetching_reader
+
+    root = _dataset(make_ds, "av1")
+    reader = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    order = SampleOrder(reader.episodes.length, rank=0, world_size=1, options=OrderOptions(seed=1, episode_pool_size=2))
+    _, prefetcher = prefetching_reader(
+        reader, order, rank=0, lookahead=3, cache_dir=tmp_path, cache_bytes=10**8, stamps=reader.stamps
+    )
+    assert prefetcher is not None
+    fetch, calls = Prefetcher._fetch, []
+
+    def fails_once(self, key):
+        calls.append(key)
+        if len(calls) == 2:  # the first episode's second range: it has fetched some, not all
+            raise OSError(errno.ECONNRESET, "outage")
+        return fetch(self, key)
+
+    monkeypatch.setattr(Prefetcher, "_fetch", fails_once)
+    try:
+        wanted = set(prefetcher.needed(0, 0).tolist())
+        prefetcher.warm(0, 0, progress=False)
+        assert prefetcher.failures == 1 and set(prefetcher.cache.owners()) < wanted
+        prefetcher.warm(0, 0, progress=False)
+        assert prefetcher.failures == 1 and set(prefetcher.cache.owners()) == wanted
+        fetches = Counter(calls)  # the failed range again, nothing else: what the episode got before is reused
+        assert fetches[calls[1]] == 2 and all(n == 1 for key, n in fetches.items() if key != calls[1])
     finally:
         prefetcher.close()
 
