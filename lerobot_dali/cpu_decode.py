@@ -178,7 +178,7 @@ class _PyAvReader:
         except FileNotFoundError as e:
             self.close()
             raise MissingDataFileError(f"Video file {label} does not exist.") from e
-        except (av.error.FFmpegError, OSError) as e:  # PyAV reports some I/O failures as OSError
+        except (av.error.FFmpegError, OSError, UnicodeDecodeError) as e:  # (PyAV: I/O as OSError, bad metadata)
             self.close()
             raise VideoDecodeError(f"{label}: cannot open the video ({e}); the file is truncated or corrupt.") from e
         if not self.container.streams.video or self.container.streams.video[0].codec_context is None:

@@ -289,7 +289,7 @@ def build_packet_index(source: VideoSource, *, filesystem: Any | None = None) ->
                 with av.open(handle, mode="r") as container:
                     index = _index_container(container, handle, None, label=label, file_size=file_size)
                 assert index is not None  # without sample tables every failure raises
-        except (av.error.FFmpegError, OSError) as e:  # PyAV reports some I/O failures as OSError
+        except (av.error.FFmpegError, OSError, UnicodeDecodeError) as e:  # (PyAV: I/O as OSError, bad metadata)
             if is_transient(e):  # the network failed (after its retries): the file is not to blame
                 raise
             raise VideoDecodeError(

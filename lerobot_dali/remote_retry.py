@@ -161,7 +161,9 @@ def is_transient(error: BaseException) -> bool:
         return False
     if any(cls.__name__ in _TRANSIENT_TYPE_NAMES for cls in type(error).__mro__):
         return True
-    message = str(error).lower()
+    # An OSError's (or PyAV error's) str() holds its filename, and a folder named "timeouts" is not a timeout.
+    strerror = getattr(error, "strerror", None)
+    message = (strerror if isinstance(strerror, str) else str(error)).lower()
     return any(text in message for text in _TRANSIENT_MESSAGES)
 
 

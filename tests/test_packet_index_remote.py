@@ -185,3 +185,20 @@ def test_a_network_failure_while_indexing_is_not_called_a_corrupt_file(marker_vi
     truncated = io.BytesIO(path.read_bytes()[:2000])
     with pytest.raises(packet_index.VideoDecodeError, match="truncated or corrupt"):
         build_packet_index(truncated)
+
+
+def test_a_corrupt_local_file_in_a_folder_named_timeout_is_still_corrupt(marker_video: MarkerVideo, tmp_path) -> None:
+    """The transient check read the whole message, which holds the path: a folder named "timeout runs" made a
+    corrupt file's FFmpeg error (EOF, ENOMEM) look like a network timeout, and it escaped as a bare av error."""
+    data = bytearray(marker_video("h264", 30).read_bytes())
+    folder = tmp_path / "timeout runs"
+    folder.mkdir()
+    failures = []
+    for cut in (16, 100, 500, 1000, len(data) // 2):
+        damaged = folder / f"cut{cut}.mp4"
+        damaged.write_bytes(bytes(data[:cut]))
+        try:
+            build_packet_index(damaged)
+        except Exception as e:
+            failures.append(type(e).__name__)
+    assert failures and set(failures) == {"VideoDecodeError"}, failures
