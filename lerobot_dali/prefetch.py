@@ -29,7 +29,7 @@ from .dataset_reader import LeRobotDatasetReader
 from .episode_ranges import EpisodeRanges
 from .file_stamps import FileStamp
 from .packet_index_store import PacketIndexStore
-from .range_cache import ByteRange, CacheStats, RangeCache
+from .range_cache import ByteRange, CacheBusyError, CacheStats, RangeCache
 from .sample_order import SampleOrder
 
 __all__ = ["Prefetcher", "prefetching_reader"]
@@ -155,6 +155,7 @@ class Prefetcher:
         if not admit:
             return
         bar = _progress_bar(len(admit), progress)
+        failed: Exception | None = None
         try:
             results = [self._pool.apply_async(self._admit, (int(e),)) for e in admit]
             for result in results:
@@ -162,10 +163,15 @@ class Prefetcher:
                     if self._closed:
                         raise _Closed
                     result.wait(0.5)
-                result.get()
+                try:
+                    result.get()
+                except Exception as e:  # wait for the others: the next fill must not admit one still running
+                    failed = failed or e
                 bar.update(1)
         finally:
             bar.close()
+        if failed is not None:
+            raise failed
 
     def _admit(self, episode_pos: int) -> None:
         if self._closed:
@@ -223,10 +229,11 @@ def prefetching_reader(
         cache_dir = cache_root() / "prefetch" / name
     try:
         cache = RangeCache.open_free_slot(Path(cache_dir) / f"rank-{rank}", max_bytes=cache_bytes)
-    except OSError as e:  # a read-only or full disk: the workers read remotely, as when a write fails later
+    except OSError as e:  # a read-only or full disk, or every slot busy: the workers read remotely
+        fix = "fewer runs on this cache_dir at once" if isinstance(e, CacheBusyError) else "a writable cache_dir="
         logger.warning(
-            "%s: no prefetch cache (%s); the workers read every range remotely. Give cache_dir= a writable "
-            "folder, or cache_gb=0 to silence this.", reader.location.description, e,
+            "%s: no prefetch cache (%s); the workers read every range remotely. Give it %s, or cache_gb=0 to "
+            "silence this.", reader.location.description, e, fix,
         )  # fmt: skip
         return reader, None
     directory = cache.directory

@@ -290,7 +290,11 @@ class RangeCache:
         except OSError:
             temporary.unlink(missing_ok=True)
             raise
-        (folder / "path").write_text(f"{key.path}\n{key.version}\n", encoding="utf-8")
+        label = folder / "path"
+        if not label.is_file():  # written once per folder, whole or not at all (adoption checks it)
+            staged = folder / f".path.{os.getpid()}.{threading.get_ident()}.tmp"
+            staged.write_text(f"{key.path}\n{key.version}\n", encoding="utf-8")
+            os.replace(staged, label)
         return final
 
     def _adopt(self) -> None:
@@ -308,11 +312,15 @@ class RangeCache:
                 continue
             try:
                 lines = label.read_text(encoding="utf-8").split("\n")
-            except (UnicodeDecodeError, OSError):  # a damaged label: its entries cannot be told apart, so go
-                logger.warning("dropping prefetch cache folder %s: its label is unreadable", folder)
+            except (UnicodeDecodeError, OSError):
+                lines = []
+            path, version = (lines[0], lines[1]) if len(lines) > 1 else ("", "")
+            if entry_dir(self.directory, path, version) != folder:
+                # A damaged label (cut short, zeroed, not text): adopted, its entries would stand under another
+                # file's key, and evicting them would delete what that key's true entries point to.
+                logger.warning("dropping prefetch cache folder %s: its label does not name it", folder)
                 shutil.rmtree(folder, ignore_errors=True)
                 continue
-            path, version = lines[0], lines[1] if len(lines) > 1 else ""
             for start, end, file in list_entries(folder):
                 try:
                     stat = file.stat()

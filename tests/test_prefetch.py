@@ -153,17 +153,23 @@ def test_a_cache_that_cannot_write_refuses_the_range(tmp_path: Path, monkeypatch
     assert cache.bytes_cached == 100 == _disk_bytes(tmp_path)
 
 
-def test_a_cache_folder_with_an_unreadable_label_is_dropped(tmp_path: Path, caplog) -> None:
-    """A label that is not UTF-8 aborted the next run's construction with a bare UnicodeDecodeError."""
+@pytest.mark.parametrize("label", [b"\xff\xfe not text", b"", b"\0" * 12, b"p\n", b"q\nv1\n"])
+def test_a_cache_folder_whose_label_does_not_name_it_is_dropped(tmp_path: Path, caplog, label: bytes) -> None:
+    """A label that is not UTF-8 aborted the next run with a bare UnicodeDecodeError; one cut short or zeroed
+    was adopted under another key (the range fetched again, counted twice, and evicting it deleted the file the
+    true entry pointed to)."""
     blob = bytes(range(200))
     first = RangeCache(tmp_path, max_bytes=1000)
     first.acquire("a", [ByteRange("p", 0, 100, "v1")], _fetcher(blob, []))
     first.close()
     folder = entry_dir(tmp_path, "p", "v1")
-    (folder / "path").write_bytes(b"\xff\xfe not text")
+    (folder / "path").write_bytes(label)
     with caplog.at_level("WARNING", logger="lerobot_dali.range_cache"):
         second = RangeCache(tmp_path, max_bytes=1000)
-    assert second.bytes_cached == 0 and not folder.exists() and "label is unreadable" in caplog.text
+    assert second.bytes_cached == 0 and not folder.exists() and "label does not name it" in caplog.text
+    calls: list[ByteRange] = []
+    second.acquire("b", [ByteRange("p", 0, 100, "v1")], _fetcher(blob, calls))
+    assert calls == [ByteRange("p", 0, 100, "v1")] and second.bytes_cached == 100 == _disk_bytes(tmp_path)
     second.close()
 
 
@@ -400,6 +406,37 @@ def test_an_episode_whose_prefetch_failed_is_tried_again(make_ds, tmp_path: Path
         assert prefetcher.failures == 1 and set(prefetcher.cache.owners()) == wanted
         fetches = Counter(calls)  # the failed range again, nothing else: what the episode got before is reused
         assert fetches[calls[1]] == 2 and all(n == 1 for key, n in fetches.items() if key != calls[1])
+    finally:
+        prefetcher.close()
+
+
+def test_a_failed_fill_waits_for_its_other_admissions(make_ds, tmp_path: Path, monkeypatch) -> None:
+    """A fill returned at its first failed admission while others ran on; the next fill could then admit one of
+    those again, and two acquires of one episode shared (and one released) its list of held ranges."""
+    import time
+
+    from lerobot_dali.prefetch import Prefetcher, prefetching_reader
+
+    root = _dataset(make_ds, "av1")
+    reader = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    order = SampleOrder(reader.episodes.length, rank=0, world_size=1, options=OrderOptions(seed=1, episode_pool_size=2))
+    _, prefetcher = prefetching_reader(
+        reader, order, rank=0, lookahead=3, cache_dir=tmp_path, cache_bytes=10**8, stamps=reader.stamps
+    )
+    assert prefetcher is not None
+    first, finished = int(prefetcher.needed(0, 0)[0]), []
+
+    def admit(self, episode_pos: int) -> None:
+        if episode_pos == first:
+            raise OSError(errno.ECONNRESET, "outage")
+        time.sleep(0.3)
+        finished.append(episode_pos)
+
+    monkeypatch.setattr(Prefetcher, "_admit", admit)
+    try:
+        prefetcher.warm(0, 0, progress=False)
+        assert prefetcher.failures == 1
+        assert sorted(finished) == sorted(int(e) for e in prefetcher.needed(0, 0) if e != first)
     finally:
         prefetcher.close()
 
