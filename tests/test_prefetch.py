@@ -355,16 +355,21 @@ def test_remote_frames_resized_in_the_worker_equal_local(make_ds, tmp_path: Path
             assert torch.equal(a[camera], b[camera]), camera
 
 
-def test_prefetcher_holds_the_pool_window_and_releases_episodes_that_left(make_ds, tmp_path: Path) -> None:
+def _pool_prefetcher(make_ds, tmp_path: Path):
+    """A prefetcher over the AV1 test dataset served by the fake remote (pool of 2, lookahead 3), and its order."""
     from lerobot_dali.prefetch import prefetching_reader
 
-    root = _dataset(make_ds, "av1")
-    reader = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    reader = open_dataset("fakeremote://", storage_options={"root": str(_dataset(make_ds, "av1"))})
     order = SampleOrder(reader.episodes.length, rank=0, world_size=1, options=OrderOptions(seed=1, episode_pool_size=2))
     _, prefetcher = prefetching_reader(
         reader, order, rank=0, lookahead=3, cache_dir=tmp_path, cache_bytes=10**8, stamps=reader.stamps
     )
     assert prefetcher is not None
+    return prefetcher, order
+
+
+def test_prefetcher_holds_the_pool_window_and_releases_episodes_that_left(make_ds, tmp_path: Path) -> None:
+    prefetcher, order = _pool_prefetcher(make_ds, tmp_path)
     try:
         total = order.num_samples(0)
         for position in (0, total // 2, total - 1):
@@ -380,15 +385,9 @@ def test_prefetcher_holds_the_pool_window_and_releases_episodes_that_left(make_d
 
 def test_an_episode_whose_prefetch_failed_is_tried_again(make_ds, tmp_path: Path, monkeypatch) -> None:
     """It stayed registered as held: the next fills skipped it, and it was read remotely while in the pool."""
-    from lerobot_dali.prefetch import Prefetcher, prefetching_reader
+    from lerobot_dali.prefetch import Prefetcher
 
-    root = _dataset(make_ds, "av1")
-    reader = open_dataset("fakeremote://", storage_options={"root": str(root)})
-    order = SampleOrder(reader.episodes.length, rank=0, world_size=1, options=OrderOptions(seed=1, episode_pool_size=2))
-    _, prefetcher = prefetching_reader(
-        reader, order, rank=0, lookahead=3, cache_dir=tmp_path, cache_bytes=10**8, stamps=reader.stamps
-    )
-    assert prefetcher is not None
+    prefetcher, _ = _pool_prefetcher(make_ds, tmp_path)
     fetch, calls = Prefetcher._fetch, []
 
     def fails_once(self, key):
@@ -415,15 +414,9 @@ def test_a_failed_fill_waits_for_its_other_admissions(make_ds, tmp_path: Path, m
     those again, and two acquires of one episode shared (and one released) its list of held ranges."""
     import time
 
-    from lerobot_dali.prefetch import Prefetcher, prefetching_reader
+    from lerobot_dali.prefetch import Prefetcher
 
-    root = _dataset(make_ds, "av1")
-    reader = open_dataset("fakeremote://", storage_options={"root": str(root)})
-    order = SampleOrder(reader.episodes.length, rank=0, world_size=1, options=OrderOptions(seed=1, episode_pool_size=2))
-    _, prefetcher = prefetching_reader(
-        reader, order, rank=0, lookahead=3, cache_dir=tmp_path, cache_bytes=10**8, stamps=reader.stamps
-    )
-    assert prefetcher is not None
+    prefetcher, _ = _pool_prefetcher(make_ds, tmp_path)
     first, finished = int(prefetcher.needed(0, 0)[0]), []
 
     def admit(self, episode_pos: int) -> None:
