@@ -113,9 +113,8 @@ class SourceSpec:
     #: Image cameras of depth, with the unit their images are stored in (None: not said, read as stored).
     depth_image_units: Mapping[str, str | None] = dataclass_field(default_factory=dict)
     depth_unit: DepthUnit = DepthUnit.MM
-    #: Colour channels of image cameras whose images are not RGB (1: grey).
-    image_channels: Mapping[str, int] = dataclass_field(default_factory=dict)
-    #: Per image camera, (H, W, C) of its first image: a batch is one tensor, so every image must match.
+    #: Per image camera, (H, W, C) of its first image: a batch is one tensor, so every image must match (C: its
+    #: channels, 1 for grey).
     image_shapes: Mapping[str, tuple[int, int, int]] = dataclass_field(default_factory=dict)
     #: Per worker: encoded images of recently read episodes kept in memory.
     image_cache_bytes: int = 256 * 2**20
@@ -174,7 +173,9 @@ def output_fields(spec: SourceSpec) -> list[Field]:
     fields += [
         Field(key, FieldKind.DEPTH, camera_index=first_image + i, channels=1)
         if key in spec.depth_image_units
-        else Field(key, FieldKind.FRAMES, camera_index=first_image + i, channels=spec.image_channels.get(key, 3))
+        else Field(
+            key, FieldKind.FRAMES, camera_index=first_image + i, channels=spec.image_shapes.get(key, (0, 0, 3))[2]
+        )
         for i, key in enumerate(spec.image_keys)
     ]
     # Random augmentation parameters, one set per draw stream (one for all cameras when they share draws), of

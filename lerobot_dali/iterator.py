@@ -153,13 +153,13 @@ class DALILeRobotIterator:
         self._prefetch = prefetch
         self._depth_quantizers = self.reader.info.depth_quantizers(self.reader.camera_keys)
         self._depth_image_units = self.reader.info.depth_image_units(self.reader.image_keys)
-        depth_cameras = {*self._depth_quantizers, *self._depth_image_units}
+        self._depth_cameras = {*self._depth_quantizers, *self._depth_image_units}
         self._depth_unit = _depth_unit(depth_unit)
         self._image_shapes = _image_shapes(self.reader, depth=self._depth_image_units)
         # Cameras of other than 3 channels: grey image cameras, depth cameras (1).
         grey = {key: shape[2] for key, shape in self._image_shapes.items() if shape[2] != 3}
-        self._image_channels = grey | dict.fromkeys(depth_cameras, 1)
-        self._augment = _camera_augment(augment, self.reader, self._image_channels, depth_cameras)
+        self._image_channels = grey | dict.fromkeys(self._depth_cameras, 1)
+        self._augment = _camera_augment(augment, self.reader, self._image_channels, self._depth_cameras)
         self._image_size = None if image_size is None else checked_size(type(self).__name__, "image_size", image_size)
         self._return_uint8 = return_uint8
         self._tolerance_s = tolerance_s
@@ -279,10 +279,10 @@ class DALILeRobotIterator:
             )
             for camera, route in self.routes.items()
         }
-        if self._depth_quantizers or self._depth_image_units:
+        if self._depth_cameras:
             logger.info(
                 "depth cameras %s: decoded by the workers and read in %s, never augmented",
-                sorted({*self._depth_quantizers, *self._depth_image_units}), self._depth_unit.value,
+                sorted(self._depth_cameras), self._depth_unit.value,
             )  # fmt: skip
         planes = sorted(camera for camera, feed in feeds.items() if feed.planes)
         if planes:
@@ -379,7 +379,6 @@ class DALILeRobotIterator:
             index_store=self._index_store,
             cpu_decode=self._cpu_decode,
             image_keys=tuple(self.reader.image_keys),
-            image_channels=self._image_channels,
             image_shapes=self._image_shapes,
             depth_quantizers=self._depth_quantizers,
             depth_image_units=self._depth_image_units,

@@ -54,7 +54,7 @@ def _graph(feeds: dict[str, CameraFeed], *, device_id: int | None, **options: An
         delta_index={"action": np.arange(4)},
         camera_feeds=feeds,
         image_keys=("cam.png_rows", "cam.grey_rows", "cam.depth_rows"),  # cameras stored as images in the data files
-        image_channels={"cam.grey_rows": 1},
+        image_shapes={"cam.png_rows": (48, 64, 3), "cam.grey_rows": (48, 64, 1)},
         depth_image_units={"cam.depth_rows": "mm"},
         augment=augment,
     )
