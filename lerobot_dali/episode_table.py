@@ -199,8 +199,9 @@ def _check_no_overlap(
     source: str, key: str, chunk: np.ndarray, file: np.ndarray, start: np.ndarray, stop: np.ndarray
 ) -> None:
     """Episodes sharing a video file must not claim the same seconds of it: one would read the other's frames."""
-    order = np.lexsort((start, file, chunk))
-    same_file = (chunk[order][1:] == chunk[order][:-1]) & (file[order][1:] == file[order][:-1])
+    file_id = _file_ids(chunk, file)
+    order = np.lexsort((start, file_id))
+    same_file = file_id[order][1:] == file_id[order][:-1]
     overlap = same_file & (start[order][1:] < stop[order][:-1] - 1e-6)  # NaN ends compare False: unknown
     if overlap.any():
         i = int(np.flatnonzero(overlap)[0])
