@@ -18,12 +18,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .column_store import ColumnStore
 from .dataset_info import DatasetInfo, Feature, format_path
 from .dataset_location import DatasetLocation, resolve_location, with_bulk_root
-from .episode_rows import INDEX_COLUMNS, ParquetCache, read_episode_images, read_episode_rows
+from .episode_rows import INDEX_COLUMNS, ParquetCache, StoreEntry, read_episode_images, read_episode_rows
 from .episode_table import EpisodeTable, read_episode_table
 from .errors import DatasetError, DatasetNotFoundError, EpisodeMetadataError, MissingDataFileError, cameras_hint
-from .file_stamps import FileStamps
+from .file_stamps import FileStamps, stamp_from_info
 
 __all__ = ["LeRobotDatasetReader", "VideoRef", "open_dataset"]
 
@@ -72,10 +73,12 @@ class LeRobotDatasetReader:
         self.tabular_keys = tabular_keys
         # Remote files each hold a read-ahead buffer (4 MB): fewer stay open.
         self._parquet = ParquetCache(location.open_bulk, max_open=128 if location.is_local else 16)
+        #: Data files written as one big row group are read from memory-mapped Arrow copies on local disk.
+        self.column_store: ColumnStore | None = ColumnStore()
 
     def with_location(self, location: DatasetLocation) -> LeRobotDatasetReader:
         """The same dataset read through other filesystems (e.g. the prefetch cache in front of the remote)."""
-        return LeRobotDatasetReader(
+        reader = LeRobotDatasetReader(
             location,
             self.info,
             self.episodes,
@@ -85,13 +88,15 @@ class LeRobotDatasetReader:
             stamps=self.stamps,
             image_keys=self.image_keys,
         )
+        reader.column_store = self.column_store
+        return reader
 
     def for_workers(self) -> LeRobotDatasetReader:
         """This reader without the task texts (the per-episode lists and the task table), which workers never
         read and which are about half of what each worker process is sent (~120 bytes per episode: 12 MB per
         worker at 100,000 episodes)."""
         episodes = replace(self.episodes, tasks=pa.nulls(len(self.episodes), type=self.episodes.tasks.type))
-        return LeRobotDatasetReader(
+        reader = LeRobotDatasetReader(
             self.location,
             self.info,
             episodes,
@@ -101,6 +106,8 @@ class LeRobotDatasetReader:
             stamps=self.stamps,
             image_keys=self.image_keys,
         )
+        reader.column_store = self.column_store
+        return reader
 
     @property
     def all_camera_keys(self) -> tuple[str, ...]:
@@ -188,6 +195,7 @@ class LeRobotDatasetReader:
             row_start=int(ep.data_row_start[episode_pos]),
             length=length,
             features=features,
+            store=self._store_entry(path),
         )
         episode_index = int(ep.episode_index[episode_pos])
         self._check_rows(rows, path, episode_pos, episode_index, length)
@@ -212,7 +220,14 @@ class LeRobotDatasetReader:
             row_start=int(ep.data_row_start[episode_pos]),
             length=int(ep.length[episode_pos]),
             key=key,
+            store=self._store_entry(path),
         )
+
+    def _store_entry(self, path: str) -> StoreEntry | None:
+        if self.column_store is None:
+            return None
+        stamp = self.stamps[path] if self.stamps is not None else stamp_from_info(self.location.fs.info(path))
+        return self.column_store, stamp
 
     def _feature(self, key: str) -> Feature:
         try:

@@ -21,11 +21,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .column_store import ColumnStore
 from .dataset_info import Feature
 from .errors import DataFileError, MissingDataFileError, SchemaMismatchError
+from .file_stamps import FileStamp
 from .remote_retry import is_transient
 
-__all__ = ["ParquetCache", "image_bytes", "read_episode_images", "read_episode_rows"]
+__all__ = ["ParquetCache", "StoreEntry", "image_bytes", "read_episode_images", "read_episode_rows"]
+
+#: Where a file's rows may be read without decoding whole row groups: the store and the file's stamp (its key).
+StoreEntry = tuple[ColumnStore, FileStamp]
 
 #: Columns LeRobot batches for every dataset; ``frame_index`` is derived when a dataset omits it.
 INDEX_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
@@ -115,20 +120,23 @@ def read_episode_rows(
     row_start: int,
     length: int,
     features: dict[str, Feature],
+    store: StoreEntry | None = None,
 ) -> dict[str, np.ndarray]:
     """Rows ``[row_start, row_start + length)`` of ``parquet`` as ``{key: array (length, *shape)}``.
 
     Scalar features (declared shape ``(1,)``) come out as ``(length,)``, as LeRobot batches them.
     """
     _require_columns(parquet, path, list(features), fix="select other keys")
-    table = _read_row_range(parquet, path, row_start, length, list(features))
+    table = _read_row_range(parquet, path, row_start, length, list(features), store)
     return {key: _column_to_numpy(table[key], feature, path) for key, feature in features.items()}
 
 
-def read_episode_images(parquet: pq.ParquetFile, *, path: str, row_start: int, length: int, key: str) -> pa.Array:
+def read_episode_images(
+    parquet: pq.ParquetFile, *, path: str, row_start: int, length: int, key: str, store: StoreEntry | None = None
+) -> pa.Array:
     """The encoded images (PNG/JPEG bytes) of camera ``key`` in rows ``[row_start, row_start + length)``."""
     _require_columns(parquet, path, [key], fix="select other cameras")
-    column = _read_row_range(parquet, path, row_start, length, [key])[key].combine_chunks()
+    column = _read_row_range(parquet, path, row_start, length, [key], store)[key].combine_chunks()
     return image_bytes(column, path=path, key=key, row_start=row_start)
 
 
@@ -167,7 +175,9 @@ def _require_columns(parquet: pq.ParquetFile, path: str, keys: list[str], *, fix
         )
 
 
-def _read_row_range(parquet: pq.ParquetFile, path: str, row_start: int, length: int, columns: list[str]) -> pa.Table:
+def _read_row_range(
+    parquet: pq.ParquetFile, path: str, row_start: int, length: int, columns: list[str], store: StoreEntry | None
+) -> pa.Table:
     meta = parquet.metadata
     stop = row_start + length
     if stop > meta.num_rows:
@@ -179,6 +189,12 @@ def _read_row_range(parquet: pq.ParquetFile, path: str, row_start: int, length: 
     first, last = int(np.searchsorted(starts, row_start, side="right")) - 1, int(np.searchsorted(starts, stop))
     groups = list(range(first, last))
     first_row = int(starts[first])
+    if store is not None and store[0].wants(int(starts[last]) - first_row, length):
+        stored = store[0].rows(
+            parquet, _read_lock(parquet), path=path, stamp=store[1], columns=columns, row_start=row_start, length=length
+        )
+        if stored is not None:
+            return stored
     try:
         with _read_lock(parquet):
             table = parquet.read_row_groups(groups, columns=columns)

@@ -1,0 +1,223 @@
+"""Data files written as one big row group, kept on local disk as memory-mapped Arrow so an episode read slices.
+
+Parquet decodes whole row groups (pyarrow cannot skip pages within one), and LeRobot's v2.1 -> v3.0 converter
+writes each data file (up to ~100 MB, thousands of episodes) as a single row group. Every episode read then
+decoded the whole file to use a few hundred rows of it: 0.2-0.36 s and ~150 MB of memory per read for a
+118 MB file of 1M rows, against ~2 ms to slice the same rows from a memory-mapped Arrow file.
+
+So such a file's columns are written once per machine as an uncompressed Arrow IPC file (about 1.3x the
+parquet's size) under ``cache_root()/columns``; every worker, rank and later run maps it, and the OS page
+cache shares its pages between them (HF ``datasets``, under LeRobot's own loader, keeps Arrow files for the
+same reason). Entries are keyed by the sha256 of (path, size, version, columns), so a changed file simply
+misses. One process converts a file (an ``flock``), written under a temporary name and renamed; the others
+read the row group directly meanwhile rather than wait. A store that cannot be written or read is logged
+and skipped: it is never needed for correctness, and deleting it only costs the conversion again.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .cache_dirs import cache_root
+from .file_stamps import FileStamp
+
+__all__ = ["STORE_FORMAT", "ColumnStore", "default_column_dir"]
+
+logger = logging.getLogger(__name__)
+
+#: Version of the on-disk layout, part of every key: a new layout misses the old files.
+STORE_FORMAT = 1
+
+#: Rows decoded per batch while converting: bounds the memory of a conversion besides the compressed group.
+_CONVERT_BATCH_ROWS = 65_536
+
+
+def default_column_dir() -> Path:
+    """``$LEROBOT_DALI_CACHE/columns``, else ``~/.cache/lerobot_dali/columns``."""
+    return cache_root() / "columns"
+
+
+class ColumnStore:
+    """Columns of big-row-group parquet files as memory-mapped Arrow files in one folder, shared by processes.
+
+    A read goes through the store when the row groups it must decode hold at least ``min_group_rows`` rows
+    and ``min_ratio`` times the rows it wants (a 65,536-row group costs ~20 ms to decode, which an episode
+    of a few hundred frames amortises). Pickles as its settings: each process maps its own files.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        min_group_rows: int = 65_536,
+        min_ratio: int = 8,
+        max_open: int = 64,
+    ) -> None:
+        self.directory = Path(directory) if directory is not None else default_column_dir()
+        self.min_group_rows = min_group_rows
+        self.min_ratio = min_ratio
+        self.max_open = max_open
+        self._init_process_state()
+
+    def _init_process_state(self) -> None:
+        self._open: OrderedDict[Path, pa.Table] = OrderedDict()
+        #: Entries this process failed to write or read: not tried again (each try decodes the whole group).
+        self._failed: set[Path] = set()
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"ColumnStore({str(self.directory)!r}, min_group_rows={self.min_group_rows})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("directory", "min_group_rows", "min_ratio", "max_open")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_process_state()
+
+    def wants(self, group_rows: int, rows: int) -> bool:
+        """Whether decoding ``group_rows`` rows to use ``rows`` of them costs enough to go through the store."""
+        return group_rows >= self.min_group_rows and group_rows >= self.min_ratio * max(rows, 1)
+
+    def path_for(self, path: str, stamp: FileStamp, columns: list[str]) -> Path:
+        """The Arrow file holding ``columns`` of ``path`` at ``stamp`` (two-level fan-out keeps folders small)."""
+        key = json.dumps([STORE_FORMAT, path, stamp.size, stamp.version, sorted(columns)])
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return self.directory / digest[:2] / f"{digest}.arrow"
+
+    def rows(
+        self,
+        parquet: pq.ParquetFile,
+        read_lock: threading.Lock,
+        *,
+        path: str,
+        stamp: FileStamp,
+        columns: list[str],
+        row_start: int,
+        length: int,
+    ) -> pa.Table | None:
+        """Rows ``[row_start, row_start + length)`` of ``columns``, or None where the caller must read the
+        parquet itself (another process is converting the file, or the store failed: logged)."""
+        target = self.path_for(path, stamp, columns)
+        table = self._table(parquet, read_lock, path=path, target=target, columns=columns)
+        if table is None:
+            return None
+        return table.slice(row_start, length).select(columns)
+
+    def _table(
+        self, parquet: pq.ParquetFile, read_lock: threading.Lock, *, path: str, target: Path, columns: list[str]
+    ) -> pa.Table | None:
+        with self._lock:
+            table = self._open.get(target)
+            if table is not None:
+                self._open.move_to_end(target)
+                return table
+            if target in self._failed:
+                return None
+        expected_rows = parquet.metadata.num_rows
+        table = self._map(target, path, columns, expected_rows)
+        if table is None:
+            if not self._convert(parquet, read_lock, path=path, target=target, columns=columns):
+                return None
+            table = self._map(target, path, columns, expected_rows)
+            if table is None:
+                with self._lock:
+                    self._failed.add(target)
+                return None
+        with self._lock:
+            self._open[target] = table
+            while len(self._open) > self.max_open:
+                self._open.popitem(last=False)
+        return table
+
+    def _map(self, target: Path, path: str, columns: list[str], expected_rows: int) -> pa.Table | None:
+        """The stored table, or None when absent; an unreadable or mismatched file is logged and deleted."""
+        try:
+            table = pa.ipc.open_file(pa.memory_map(str(target))).read_all()
+        except (FileNotFoundError, NotADirectoryError):  # (the latter: the store's folder is a file)
+            return None
+        except (OSError, pa.ArrowException) as e:
+            problem = f"is unreadable ({type(e).__name__}: {e})"
+        else:
+            missing = [c for c in columns if c not in table.column_names]
+            if not missing and table.num_rows == expected_rows:
+                return table
+            problem = f"holds {table.num_rows} rows and lacks {missing}, not the {expected_rows} rows of {path}"
+        logger.warning("column store file %s %s; deleting it", target, problem)
+        try:
+            target.unlink(missing_ok=True)
+        except OSError as e:
+            logger.warning("cannot delete %s (%s)", target, e)
+        return None
+
+    def _convert(
+        self, parquet: pq.ParquetFile, read_lock: threading.Lock, *, path: str, target: Path, columns: list[str]
+    ) -> bool:
+        """Write ``columns`` of ``parquet`` to ``target``; False while another process converts it or on failure."""
+        tmp_name: str | None = None
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(target.with_suffix(".lock"), "a+b") as lock:
+                try:
+                    fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as e:
+                    if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                        return False  # another process converts it: read directly this time
+                    raise
+                if target.exists():  # converted by the process that held the lock before
+                    return True
+                started = time.perf_counter()
+                with tempfile.NamedTemporaryFile(
+                    dir=target.parent, prefix=f".{target.stem[:16]}.", suffix=".tmp", delete=False
+                ) as tmp:
+                    tmp_name = tmp.name
+                    with read_lock:
+                        _write_arrow(parquet, columns, tmp)
+                os.chmod(tmp_name, 0o644)  # temporary files are private; other users sharing the cache may read it
+                os.replace(tmp_name, target)
+                tmp_name = None
+                logger.info(
+                    "column store: wrote %d rows of %s (%d column(s)) to %s in %.2f s",
+                    parquet.metadata.num_rows,
+                    path,
+                    len(columns),
+                    target,
+                    time.perf_counter() - started,
+                )
+                return True
+        except (OSError, pa.ArrowException) as e:
+            logger.warning(
+                "column store: cannot write %s for %s (%s: %s); its episodes are read from the parquet row groups, "
+                "decoding each whole group per read",
+                target,
+                path,
+                type(e).__name__,
+                e,
+            )
+            with self._lock:
+                self._failed.add(target)
+            return False
+        finally:
+            if tmp_name is not None:
+                Path(tmp_name).unlink(missing_ok=True)
+
+
+def _write_arrow(parquet: pq.ParquetFile, columns: list[str], sink: Any) -> None:
+    schema = pa.schema([parquet.schema_arrow.field(c) for c in columns])
+    with pa.ipc.new_file(sink, schema) as writer:
+        for batch in parquet.iter_batches(batch_size=_CONVERT_BATCH_ROWS, columns=columns, use_threads=False):
+            writer.write_batch(batch)
