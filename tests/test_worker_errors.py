@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -117,3 +118,41 @@ def test_a_script_without_a_main_guard_is_told_why_the_workers_did_not_start(mak
     script.write_text(guarded + "if __name__ == '__main__':\n    main()\n")
     done = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "8", done.stderr
+
+
+def test_workers_exit_when_the_training_process_is_killed(make_ds, tmp_path: Path) -> None:
+    """SIGKILL leaves DALI no chance to close its pool; its workers waited forever, reparented to init."""
+    import psutil
+
+    from lerobot_dali.parent_watch import exit_with_parent
+
+    assert exit_with_parent() is False  # the main process has no parent to watch: never ended by this
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="av1", fps=10, episodes_per_file=2, gop=2)
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "from lerobot_dali import DALILeRobotIterator\n"
+        "if __name__ == '__main__':\n"
+        "    it = DALILeRobotIterator(sys.argv[1], batch_size=2, device='cpu', num_workers=2)\n"
+        "    for epoch in range(2):\n"
+        "        it.set_epoch(epoch)\n"
+        "        assert sum(len(b['index']) for b in it) == 8  # the watch never ends a worker of a live parent\n"
+        "    next(iter(it))\n"
+        "    print('READY', flush=True)\n"
+        "    time.sleep(300)\n"
+    )
+    trainer = subprocess.Popen([sys.executable, str(script), str(root)], stdout=subprocess.PIPE, text=True)
+    children: list[psutil.Process] = []
+    try:
+        assert trainer.stdout is not None and trainer.stdout.readline().strip() == "READY"
+        children = psutil.Process(trainer.pid).children(recursive=True)
+        assert len(children) >= 2  # the two DALI workers (and multiprocessing's resource tracker)
+        trainer.kill()
+        trainer.wait(timeout=30)
+        _, alive = psutil.wait_procs(children, timeout=20)
+        assert alive == [], f"workers outlived the killed trainer: {[p.pid for p in alive]}"
+    finally:
+        trainer.kill()
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
