@@ -71,7 +71,8 @@ class DALILeRobotIterator:
       ``timestamp_source`` and ``tolerance_s`` (how rows find their video frames), ``image_size``, ``augment``
       (on the device, one draw per sample for its whole window), ``return_uint8``, ``depth_unit``.
     * The order: ``batch_size``, ``shuffle``, ``seed``, ``episode_pool_size`` (episodes sampled from at once:
-      more mixes better and holds more open), ``drop_last``, ``rank``/``world_size`` (default: from
+      more mixes better and holds more open), ``drop_last`` (default True: every batch full; LeRobot's train
+      script passes ``drop_last=False`` to its DataLoader), ``rank``/``world_size`` (default: from
       ``torch.distributed``, then ``RANK``/``WORLD_SIZE``, then accelerate), ``rank_balance`` (how ranks with
       fewer frames reach the common batch count that collective training needs).
     * Where the work runs: ``device``, ``decode`` (``"auto"``: NVDEC where the GPU has the codec, else the CPU;
