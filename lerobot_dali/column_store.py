@@ -180,10 +180,11 @@ class ColumnStore:
                     raise
                 if target.exists():  # converted by the process that held the lock before
                     return True
+                prefix = f".{target.stem}."
+                for stale in target.parent.glob(f"{prefix}*.tmp"):  # left by a converter killed mid-write
+                    stale.unlink(missing_ok=True)
                 started = time.perf_counter()
-                with tempfile.NamedTemporaryFile(
-                    dir=target.parent, prefix=f".{target.stem[:16]}.", suffix=".tmp", delete=False
-                ) as tmp:
+                with tempfile.NamedTemporaryFile(dir=target.parent, prefix=prefix, suffix=".tmp", delete=False) as tmp:
                     tmp_name = tmp.name
                     with read_lock:
                         _write_arrow(parquet, columns, tmp)

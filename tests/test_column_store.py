@@ -198,3 +198,16 @@ def test_remote_files_are_keyed_by_their_listed_stamp_and_read_once(tmp_path) ->
     reads_after_first_pass = fs.requests["read"]
     _assert_same(_all_episodes(remote), direct)
     assert fs.requests["read"] == reads_after_first_pass  # the mapped copy serves every later read
+
+
+def test_a_conversion_killed_mid_write_leaves_no_file_behind(tmp_path) -> None:
+    store = ColumnStore(tmp_path, **SMALL)
+    reader = _reader(store)
+    target = store.path_for(reader.data_path(0), reader._store_entry(reader.data_path(0))[1], _columns(reader))
+    target.parent.mkdir(parents=True)
+    stale = target.parent / f".{target.stem}.abc123.tmp"
+    stale.write_bytes(b"half an arrow file")
+    other = target.parent / ".someotherentry.abc123.tmp"  # another entry's conversion, maybe running now
+    other.write_bytes(b"x")
+    _all_episodes(reader)
+    assert not stale.exists() and other.exists() and target.exists()
