@@ -1,0 +1,135 @@
+"""Episode reads from a data file written as one big row group (as LeRobot's v3.0 converter writes them), with
+the column store off and on, each in a fresh process: per-episode read time, peak RSS, and a tabular-only
+iterator's samples/s. Prints one JSON object; the ratios compare runs of this same invocation.
+
+    PYTHONPATH=. python bench/row_groups.py [--episodes 3400] [--frames 300] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+READS = 60
+
+
+def _peak_rss_mb() -> float:
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so a child would report the parent's peak.
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _reader(root: str, store: str):
+    from lerobot_dali import open_dataset
+    from lerobot_dali.column_store import ColumnStore
+
+    reader = open_dataset(root)
+    reader.column_store = None if store == "off" else ColumnStore(store)
+    return reader
+
+
+def measure_reads(root: str, store: str) -> dict[str, float]:
+    reader = _reader(root, store)
+    order = np.random.default_rng(0).permutation(reader.num_episodes)[:READS]
+    t0 = time.perf_counter()
+    reader.read_episode(int(order[0]))
+    t1 = time.perf_counter()
+    for pos in order[1:]:
+        reader.read_episode(int(pos))
+    t2 = time.perf_counter()
+    return {"first_read_ms": (t1 - t0) * 1e3, "read_ms": (t2 - t1) / (READS - 1) * 1e3, "peak_rss_mb": _peak_rss_mb()}
+
+
+def measure_iterator(root: str, store: str, batches: int) -> dict[str, float]:
+    from lerobot_dali import DALILeRobotIterator
+
+    it = DALILeRobotIterator(
+        _reader(root, store),
+        batch_size=256,
+        device="cpu",
+        num_workers=2,
+        delta_timestamps={"action": [i / 30 for i in range(16)]},
+    )
+    try:
+        batch_iter = iter(it)
+        next(batch_iter)  # DALI's start-up and the first pool fill are not the steady state
+        t0 = time.perf_counter()
+        for _ in range(batches):
+            next(batch_iter)
+        return {"samples_per_s": batches * 256 / (time.perf_counter() - t0)}
+    finally:
+        it.close()
+
+
+def _child(args: list[str]) -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", *args], capture_output=True, text=True, check=False, timeout=1800
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"child {args} failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=3400)
+    parser.add_argument("--frames", type=int, default=300)
+    parser.add_argument("--batches", type=int, default=100, help="iterator batches of 256 timed per setting")
+    parser.add_argument("--out", type=Path, default=None, help="folder for the dataset and store (default: temp)")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        kind, root, store, *rest = args.child
+        result = measure_reads(root, store) if kind == "reads" else measure_iterator(root, store, int(rest[0]))
+        print(json.dumps(result))
+        return
+
+    from lerobot_dali.generate import make_dataset
+
+    work = args.out or Path(tempfile.mkdtemp(prefix="row_groups."))
+    root = work / "dataset"
+    if not root.exists():
+        make_dataset(
+            root,
+            episodes=args.episodes,
+            frames_per_episode=args.frames,
+            cameras=0,
+            episodes_per_file=args.episodes,
+            state_dim=14,
+            action_dim=14,
+        )
+    store = work / "store"
+    shutil.rmtree(store, ignore_errors=True)  # the first run with the store is a cold one
+    data = next((root / "data").rglob("*.parquet"))
+    result: dict[str, object] = {
+        "rows": args.episodes * args.frames,
+        "data_file_mb": round(data.stat().st_size / 2**20, 1),
+        "reads_store_off": _child(["reads", str(root), "off"]),
+        "reads_store_cold": _child(["reads", str(root), str(store)]),
+        "reads_store_warm": _child(["reads", str(root), str(store)]),
+        "iterator_store_off": _child(["iterator", str(root), "off", str(args.batches)]),
+        "iterator_store_warm": _child(["iterator", str(root), str(store), str(args.batches)]),
+        "store_mb": round(sum(f.stat().st_size for f in store.rglob("*.arrow")) / 2**20, 1),
+    }
+    off, warm = result["reads_store_off"], result["reads_store_warm"]
+    result["read_speedup"] = round(off["read_ms"] / warm["read_ms"], 1)  # type: ignore[index]
+    result["iterator_speedup"] = round(
+        result["iterator_store_warm"]["samples_per_s"] / result["iterator_store_off"]["samples_per_s"],  # type: ignore[index]
+        2,
+    )
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
