@@ -30,38 +30,43 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _reader(root: str, store: str):
+def _reader(root: str, store: str, min_group_rows: int):
     from lerobot_dali import open_dataset
     from lerobot_dali.column_store import ColumnStore
 
     reader = open_dataset(root)
-    reader.column_store = None if store == "off" else ColumnStore(store)
+    reader.column_store = None if store == "off" else ColumnStore(store, min_group_rows=min_group_rows)
     return reader
 
 
-def measure_reads(root: str, store: str) -> dict[str, float]:
-    reader = _reader(root, store)
-    order = np.random.default_rng(0).permutation(reader.num_episodes)[:READS]
+def measure_reads(root: str, store: str, min_group_rows: int) -> dict[str, float]:
+    reader = _reader(root, store, min_group_rows)
+    order = np.random.default_rng(0).permutation(reader.num_episodes)[: min(READS, reader.num_episodes)]
     t0 = time.perf_counter()
     reader.read_episode(int(order[0]))
     t1 = time.perf_counter()
     for pos in order[1:]:
         reader.read_episode(int(pos))
     t2 = time.perf_counter()
-    return {"first_read_ms": (t1 - t0) * 1e3, "read_ms": (t2 - t1) / (READS - 1) * 1e3, "peak_rss_mb": _peak_rss_mb()}
+    return {
+        "first_read_ms": (t1 - t0) * 1e3,
+        "read_ms": (t2 - t1) / max(len(order) - 1, 1) * 1e3,
+        "peak_rss_mb": _peak_rss_mb(),
+    }
 
 
-def measure_iterator(root: str, store: str, batches: int) -> dict[str, float]:
+def measure_iterator(root: str, store: str, min_group_rows: int, batches: int) -> dict[str, float]:
     from lerobot_dali import DALILeRobotIterator
 
     it = DALILeRobotIterator(
-        _reader(root, store),
+        _reader(root, store, min_group_rows),
         batch_size=256,
         device="cpu",
         num_workers=2,
         delta_timestamps={"action": [i / 30 for i in range(16)]},
     )
     try:
+        batches = max(1, min(batches, len(it) - 1))  # within one epoch
         batch_iter = iter(it)
         next(batch_iter)  # DALI's start-up and the first pool fill are not the steady state
         t0 = time.perf_counter()
@@ -86,12 +91,17 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=3400)
     parser.add_argument("--frames", type=int, default=300)
     parser.add_argument("--batches", type=int, default=100, help="iterator batches of 256 timed per setting")
+    parser.add_argument("--min-group-rows", type=int, default=65_536, help="the store's threshold (its default)")
     parser.add_argument("--out", type=Path, default=None, help="folder for the dataset and store (default: temp)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        kind, root, store, *rest = args.child
-        result = measure_reads(root, store) if kind == "reads" else measure_iterator(root, store, int(rest[0]))
+        kind, root, store, rows, *rest = args.child
+        result = (
+            measure_reads(root, store, int(rows))
+            if kind == "reads"
+            else measure_iterator(root, store, int(rows), int(rest[0]))
+        )
         print(json.dumps(result))
         return
 
@@ -112,14 +122,15 @@ def main() -> None:
     store = work / "store"
     shutil.rmtree(store, ignore_errors=True)  # the first run with the store is a cold one
     data = next((root / "data").rglob("*.parquet"))
+    rows = str(args.min_group_rows)
     result: dict[str, object] = {
         "rows": args.episodes * args.frames,
         "data_file_mb": round(data.stat().st_size / 2**20, 1),
-        "reads_store_off": _child(["reads", str(root), "off"]),
-        "reads_store_cold": _child(["reads", str(root), str(store)]),
-        "reads_store_warm": _child(["reads", str(root), str(store)]),
-        "iterator_store_off": _child(["iterator", str(root), "off", str(args.batches)]),
-        "iterator_store_warm": _child(["iterator", str(root), str(store), str(args.batches)]),
+        "reads_store_off": _child(["reads", str(root), "off", rows]),
+        "reads_store_cold": _child(["reads", str(root), str(store), rows]),
+        "reads_store_warm": _child(["reads", str(root), str(store), rows]),
+        "iterator_store_off": _child(["iterator", str(root), "off", rows, str(args.batches)]),
+        "iterator_store_warm": _child(["iterator", str(root), str(store), rows, str(args.batches)]),
         "store_mb": round(sum(f.stat().st_size for f in store.rglob("*.arrow")) / 2**20, 1),
     }
     off, warm = result["reads_store_off"], result["reads_store_warm"]

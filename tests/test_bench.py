@@ -362,3 +362,20 @@ def test_each_loader_measures_with_an_on_disk_cache_of_its_own(monkeypatch: pyte
         bench_measure._child_main(job, Pipe())  # what each spawned child runs
     assert len(set(seen)) == 2 and Path("/somewhere/shared") not in seen
     assert not any(path.exists() for path in seen)
+
+
+def test_row_groups_script_measures_the_store_off_cold_and_warm(tmp_path) -> None:
+    """bench/row_groups.py at toy scale, its threshold lowered so the store engages: the script keeps working."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "row_groups.py"
+    args = ["--episodes", "30", "--frames", "20", "--batches", "2", "--min-group-rows", "100", "--out", str(tmp_path)]
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["rows"] == 600 and result["store_mb"] > 0  # one Arrow file: the cold run converted
+    assert len(list((tmp_path / "store").rglob("*.arrow"))) == 1
+    for run in ("reads_store_off", "reads_store_cold", "reads_store_warm"):
+        assert result[run]["read_ms"] > 0 and result[run]["peak_rss_mb"] > 0
+    assert result["iterator_store_off"]["samples_per_s"] > 0 and result["iterator_store_warm"]["samples_per_s"] > 0
