@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -32,7 +33,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .cache_dirs import cache_root
+from .cache_dirs import CACHE_ENV, cache_root
 from .file_stamps import FileStamp
 
 __all__ = ["STORE_FORMAT", "ColumnStore", "default_column_dir"]
@@ -41,6 +42,14 @@ logger = logging.getLogger(__name__)
 
 #: Version of the on-disk layout, part of every key: a new layout misses the old files.
 STORE_FORMAT = 1
+
+#: Schema metadata key of a stored file: the key it was written for, checked when mapped (a file copied over
+#: another entry's name, or left by a store of another layout, is never served).
+_KEY_METADATA = b"lerobot_dali.column_store.key"
+
+#: An Arrow copy's size over the parquet's uncompressed size of its columns (1.15 measured: list offsets), with
+#: margin; and the share of the disk a conversion leaves free (checkpoints and logs write there too).
+_SIZE_FACTOR, _KEEP_FREE = 1.5, 0.05
 
 #: Rows decoded per batch while converting: bounds the memory of a conversion besides the compressed group.
 _CONVERT_BATCH_ROWS = 65_536
@@ -95,8 +104,7 @@ class ColumnStore:
 
     def path_for(self, path: str, stamp: FileStamp, columns: list[str]) -> Path:
         """The Arrow file holding ``columns`` of ``path`` at ``stamp`` (two-level fan-out keeps folders small)."""
-        key = json.dumps([STORE_FORMAT, path, stamp.size, stamp.version, sorted(columns)])
-        digest = hashlib.sha256(key.encode()).hexdigest()
+        digest = hashlib.sha256(_key(path, stamp, columns).encode()).hexdigest()
         return self.directory / digest[:2] / f"{digest}.arrow"
 
     def rows(
@@ -113,13 +121,22 @@ class ColumnStore:
         """Rows ``[row_start, row_start + length)`` of ``columns``, or None where the caller must read the
         parquet itself (another process is converting the file, or the store failed: logged)."""
         target = self.path_for(path, stamp, columns)
-        table = self._table(parquet, read_lock, path=path, target=target, columns=columns)
+        table = self._table(
+            parquet, read_lock, path=path, key=_key(path, stamp, columns), target=target, columns=columns
+        )
         if table is None:
             return None
         return table.slice(row_start, length).select(columns)
 
     def _table(
-        self, parquet: pq.ParquetFile, read_lock: threading.Lock, *, path: str, target: Path, columns: list[str]
+        self,
+        parquet: pq.ParquetFile,
+        read_lock: threading.Lock,
+        *,
+        path: str,
+        key: str,
+        target: Path,
+        columns: list[str],
     ) -> pa.Table | None:
         with self._lock:
             table = self._open.get(target)
@@ -129,11 +146,11 @@ class ColumnStore:
             if target in self._failed:
                 return None
         expected_rows = parquet.metadata.num_rows
-        table = self._map(target, path, columns, expected_rows)
+        table = self._map(target, key, columns, expected_rows)
         if table is None:
-            if not self._convert(parquet, read_lock, path=path, target=target, columns=columns):
+            if not self._convert(parquet, read_lock, path=path, key=key, target=target, columns=columns):
                 return None
-            table = self._map(target, path, columns, expected_rows)
+            table = self._map(target, key, columns, expected_rows)
             if table is None:
                 with self._lock:
                     self._failed.add(target)
@@ -144,7 +161,7 @@ class ColumnStore:
                 self._open.popitem(last=False)
         return table
 
-    def _map(self, target: Path, path: str, columns: list[str], expected_rows: int) -> pa.Table | None:
+    def _map(self, target: Path, key: str, columns: list[str], expected_rows: int) -> pa.Table | None:
         """The stored table, or None when absent; an unreadable or mismatched file is logged and deleted."""
         try:
             table = pa.ipc.open_file(pa.memory_map(str(target))).read_all()
@@ -153,10 +170,14 @@ class ColumnStore:
         except (OSError, pa.ArrowException) as e:
             problem = f"is unreadable ({type(e).__name__}: {e})"
         else:
+            stored_key = (table.schema.metadata or {}).get(_KEY_METADATA, b"").decode(errors="replace")
             missing = [c for c in columns if c not in table.column_names]
-            if not missing and table.num_rows == expected_rows:
+            if stored_key == key and not missing and table.num_rows == expected_rows:
                 return table
-            problem = f"holds {table.num_rows} rows and lacks {missing}, not the {expected_rows} rows of {path}"
+            problem = (
+                f"was written for {stored_key or 'no key'} with {table.num_rows} rows, not for {key} with "
+                f"{expected_rows} rows"
+            )
         logger.warning("column store file %s %s; deleting it", target, problem)
         try:
             target.unlink(missing_ok=True)
@@ -165,7 +186,14 @@ class ColumnStore:
         return None
 
     def _convert(
-        self, parquet: pq.ParquetFile, read_lock: threading.Lock, *, path: str, target: Path, columns: list[str]
+        self,
+        parquet: pq.ParquetFile,
+        read_lock: threading.Lock,
+        *,
+        path: str,
+        key: str,
+        target: Path,
+        columns: list[str],
     ) -> bool:
         """Write ``columns`` of ``parquet`` to ``target``; False while another process converts it or on failure."""
         tmp_name: str | None = None
@@ -180,6 +208,10 @@ class ColumnStore:
                     raise
                 if target.exists():  # converted by the process that held the lock before
                     return True
+                if not _room_for(parquet, columns, target.parent, path):
+                    with self._lock:
+                        self._failed.add(target)
+                    return False
                 prefix = f".{target.stem}."
                 for stale in target.parent.glob(f"{prefix}*.tmp"):  # left by a converter killed mid-write
                     stale.unlink(missing_ok=True)
@@ -187,7 +219,7 @@ class ColumnStore:
                 with tempfile.NamedTemporaryFile(dir=target.parent, prefix=prefix, suffix=".tmp", delete=False) as tmp:
                     tmp_name = tmp.name
                     with read_lock:
-                        _write_arrow(parquet, columns, tmp)
+                        _write_arrow(parquet, columns, key, tmp)
                 os.chmod(tmp_name, 0o644)  # temporary files are private; other users sharing the cache may read it
                 os.replace(tmp_name, target)
                 tmp_name = None
@@ -217,8 +249,39 @@ class ColumnStore:
                 Path(tmp_name).unlink(missing_ok=True)
 
 
-def _write_arrow(parquet: pq.ParquetFile, columns: list[str], sink: Any) -> None:
-    schema = pa.schema([parquet.schema_arrow.field(c) for c in columns])
+def _room_for(parquet: pq.ParquetFile, columns: list[str], directory: Path, path: str) -> bool:
+    """Whether the disk holds the copy and keeps :data:`_KEEP_FREE` of itself free (logged when not)."""
+    meta = parquet.metadata
+    uncompressed = 0
+    for g in range(meta.num_row_groups):
+        for c in range(meta.num_columns):
+            chunk = meta.row_group(g).column(c)  # a leaf: "action.list.element" for the list column "action"
+            if any(chunk.path_in_schema == name or chunk.path_in_schema.startswith(f"{name}.") for name in columns):
+                uncompressed += chunk.total_uncompressed_size
+    need = int(_SIZE_FACTOR * uncompressed)
+    disk = shutil.disk_usage(directory)
+    if disk.free - need >= _KEEP_FREE * disk.total:
+        return True
+    logger.warning(
+        "column store: %s has %.1f GB free; converting %s needs ~%.2f GB and would leave less than %d%% of the "
+        "disk free, so its episodes are read from the parquet row groups (decoding each whole group per read); "
+        "free space or move the store with $%s",
+        directory,
+        disk.free / 1e9,
+        path,
+        need / 1e9,
+        int(100 * _KEEP_FREE),
+        CACHE_ENV,
+    )
+    return False
+
+
+def _key(path: str, stamp: FileStamp, columns: list[str]) -> str:
+    return json.dumps([STORE_FORMAT, path, stamp.size, stamp.version, sorted(columns)])
+
+
+def _write_arrow(parquet: pq.ParquetFile, columns: list[str], key: str, sink: Any) -> None:
+    schema = pa.schema([parquet.schema_arrow.field(c) for c in columns], metadata={_KEY_METADATA: key.encode()})
     with pa.ipc.new_file(sink, schema) as writer:
         for batch in parquet.iter_batches(batch_size=_CONVERT_BATCH_ROWS, columns=columns, use_threads=False):
             writer.write_batch(batch)

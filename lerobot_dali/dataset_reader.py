@@ -21,10 +21,17 @@ import pyarrow.parquet as pq
 from .column_store import ColumnStore
 from .dataset_info import DatasetInfo, Feature, format_path
 from .dataset_location import DatasetLocation, resolve_location, with_bulk_root
-from .episode_rows import INDEX_COLUMNS, ParquetCache, StoreEntry, read_episode_images, read_episode_rows
+from .episode_rows import (
+    INDEX_COLUMNS,
+    ParquetCache,
+    StoreEntry,
+    opened_stamp,
+    read_episode_images,
+    read_episode_rows,
+)
 from .episode_table import EpisodeTable, read_episode_table
 from .errors import DatasetError, DatasetNotFoundError, EpisodeMetadataError, MissingDataFileError, cameras_hint
-from .file_stamps import FileStamps, stamp_from_info
+from .file_stamps import FileStamp, FileStamps
 
 __all__ = ["LeRobotDatasetReader", "VideoRef", "open_dataset"]
 
@@ -195,7 +202,7 @@ class LeRobotDatasetReader:
             row_start=int(ep.data_row_start[episode_pos]),
             length=length,
             features=features,
-            store=self._store_entry(path),
+            store=self._store_entry(path, parquet),
         )
         episode_index = int(ep.episode_index[episode_pos])
         self._check_rows(rows, path, episode_pos, episode_index, length)
@@ -214,20 +221,25 @@ class LeRobotDatasetReader:
             raise DatasetError(f"{key!r} is not an image camera of this reader; image cameras: {self.image_keys}")
         path = self.data_path(episode_pos)
         ep = self.episodes
+        parquet = self._parquet.get(path)
         return read_episode_images(
-            self._parquet.get(path),
+            parquet,
             path=path,
             row_start=int(ep.data_row_start[episode_pos]),
             length=int(ep.length[episode_pos]),
             key=key,
-            store=self._store_entry(path),
+            store=self._store_entry(path, parquet),
         )
 
-    def _store_entry(self, path: str) -> StoreEntry | None:
+    def _store_entry(self, path: str, parquet: pq.ParquetFile) -> StoreEntry | None:
         if self.column_store is None:
             return None
-        stamp = self.stamps[path] if self.stamps is not None else stamp_from_info(self.location.fs.info(path))
-        return self.column_store, stamp
+        return self.column_store, lambda: self._data_stamp(path, parquet)
+
+    def _data_stamp(self, path: str, parquet: pq.ParquetFile) -> FileStamp | None:
+        """What identifies the content of data file ``path`` read through ``parquet`` (the column store's key):
+        the remote listing's stamp, or the stat of the local handle taken when it was opened."""
+        return self.stamps[path] if self.stamps is not None else opened_stamp(parquet)
 
     def _feature(self, key: str) -> Feature:
         try:

@@ -8,6 +8,7 @@ instead of surfacing as a shape error in the model.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import threading
@@ -24,13 +25,14 @@ import pyarrow.parquet as pq
 from .column_store import ColumnStore
 from .dataset_info import Feature
 from .errors import DataFileError, MissingDataFileError, SchemaMismatchError
-from .file_stamps import FileStamp
+from .file_stamps import FileStamp, stamp_from_stat
 from .remote_retry import is_transient
 
-__all__ = ["ParquetCache", "StoreEntry", "image_bytes", "read_episode_images", "read_episode_rows"]
+__all__ = ["ParquetCache", "StoreEntry", "image_bytes", "opened_stamp", "read_episode_images", "read_episode_rows"]
 
-#: Where a file's rows may be read without decoding whole row groups: the store and the file's stamp (its key).
-StoreEntry = tuple[ColumnStore, FileStamp]
+#: Where a file's rows may be read without decoding whole row groups: the store, and how to get the file's stamp
+#: (the store's key; None: unknown, so the store is not used), asked only when the store is wanted.
+StoreEntry = tuple[ColumnStore, Callable[[], FileStamp | None]]
 
 #: Columns LeRobot batches for every dataset; ``frame_index`` is derived when a dataset omits it.
 INDEX_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
@@ -82,6 +84,9 @@ class ParquetCache:
             if is_transient(e):  # the network failed (after its retries): the file is not to blame
                 raise
             raise DataFileError(f"data file {path} is not readable parquet ({e}); re-download or rewrite it") from e
+        stamp = _handle_stamp(handle)
+        if stamp is not None:
+            _OPENED_STAMPS[parquet] = stamp
         with self._lock:
             raced = self._open.get(key)
             if raced is not None:  # another thread opened it meanwhile
@@ -189,12 +194,9 @@ def _read_row_range(
     first, last = int(np.searchsorted(starts, row_start, side="right")) - 1, int(np.searchsorted(starts, stop))
     groups = list(range(first, last))
     first_row = int(starts[first])
-    if store is not None and store[0].wants(int(starts[last]) - first_row, length):
-        stored = store[0].rows(
-            parquet, _read_lock(parquet), path=path, stamp=store[1], columns=columns, row_start=row_start, length=length
-        )
-        if stored is not None:
-            return stored
+    stored = _stored_rows(store, parquet, path, int(starts[last]) - first_row, columns, row_start, length)
+    if stored is not None:
+        return stored
     try:
         with _read_lock(parquet):
             table = parquet.read_row_groups(groups, columns=columns)
@@ -208,10 +210,49 @@ def _read_row_range(
     return table.slice(row_start - first_row, length)
 
 
+def _stored_rows(
+    store: StoreEntry | None,
+    parquet: pq.ParquetFile,
+    path: str,
+    group_rows: int,
+    columns: list[str],
+    row_start: int,
+    length: int,
+) -> pa.Table | None:
+    """The rows from the column store when decoding ``group_rows`` rows for them costs enough, else None."""
+    if store is None or not store[0].wants(group_rows, length):
+        return None
+    column_store, stamp_of = store
+    stamp = stamp_of()
+    if stamp is None:
+        return None
+    return column_store.rows(
+        parquet, _read_lock(parquet), path=path, stamp=stamp, columns=columns, row_start=row_start, length=length
+    )
+
+
 #: Per open parquet file: the first row of each row group, and the row count after the last. Files written with
 #: one row group per episode (as LeRobot writes them) hold thousands, which a loop over the footer per episode
 #: read paid for each time (4.5 ms at 10,000 groups).
 _ROW_GROUP_STARTS: weakref.WeakKeyDictionary[pq.ParquetFile, np.ndarray] = weakref.WeakKeyDictionary()
+
+
+#: Per open parquet file on a local disk: the stat of the handle it reads, taken when opened (not the path's now:
+#: a file replaced since must not have the old bytes stored under the new file's stamp).
+_OPENED_STAMPS: weakref.WeakKeyDictionary[pq.ParquetFile, FileStamp] = weakref.WeakKeyDictionary()
+
+
+def opened_stamp(parquet: pq.ParquetFile) -> FileStamp | None:
+    """The stamp of the file ``parquet`` reads, as it was when opened by :class:`ParquetCache`; None for files
+    without a local descriptor (remote ones are stamped by their listing)."""
+    return _OPENED_STAMPS.get(parquet)
+
+
+def _handle_stamp(handle: Any) -> FileStamp | None:
+    try:
+        return stamp_from_stat(os.fstat(handle.fileno()))
+    except (AttributeError, OSError, io.UnsupportedOperation, ValueError):
+        return None
 
 
 #: Per open parquet file, a lock its reads take: the cache hands one ParquetFile to every thread of a process,

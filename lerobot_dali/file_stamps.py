@@ -10,6 +10,7 @@ Filesystems that cannot list (plain HTTP parses HTML link pages) fall back to on
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import fsspec
 from .errors import MissingDataFileError
 from .remote_retry import RetryingFileSystem
 
-__all__ = ["FileStamp", "FileStamps", "stamp_from_info"]
+__all__ = ["FileStamp", "FileStamps", "stamp_from_info", "stamp_from_stat"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,12 @@ def stamp_from_info(info: Mapping[str, Any]) -> FileStamp:
             "identified for caching; serve it with a Content-Length header or copy the dataset locally."
         )
     return FileStamp(size=size, version=_version(info))
+
+
+def stamp_from_stat(st: os.stat_result) -> FileStamp:
+    """The stamp of a local file from its ``stat``: device, inode, mtime and ctime, so a file replaced (a new
+    inode) or rewritten in place with its size and mtime restored (``utime`` cannot set ctime) misses."""
+    return FileStamp(size=st.st_size, version=f"stat:{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}:{st.st_ctime_ns}")
 
 
 def _version(info: Mapping[str, Any]) -> str:

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import os
 import pickle
+import shutil
+import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 from conftest import shared_dataset
 
 from lerobot_dali import column_store as column_store_module
 from lerobot_dali.column_store import ColumnStore
 from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.file_stamps import FileStamp, stamp_from_stat
 
 # cr5's data file is one row group of 2,733 rows holding 12 episodes of 127-314 rows, as LeRobot's converter
 # wrote it: a store that takes groups from 1,000 rows and 4x the episode reads every episode through it.
@@ -85,7 +90,7 @@ def test_a_file_converted_by_another_process_is_read_directly_meanwhile(tmp_path
     direct = _all_episodes(_reader(None))
     store = ColumnStore(tmp_path, **SMALL)
     reader = _reader(store)
-    target = store.path_for(reader.data_path(0), reader._store_entry(reader.data_path(0))[1], _columns(reader))
+    target = store.path_for(reader.data_path(0), _stamp(reader), _columns(reader))
     target.parent.mkdir(parents=True)
     with open(target.with_suffix(".lock"), "a+b") as held:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # another process is converting the file
@@ -93,6 +98,12 @@ def test_a_file_converted_by_another_process_is_read_directly_meanwhile(tmp_path
         assert _stored_files(tmp_path) == []
     _assert_same(_all_episodes(reader), direct)  # the lock released: this process converts it now
     assert _stored_files(tmp_path) == [target]
+
+
+def _stamp(reader) -> FileStamp:
+    """The stamp the store keys episode 0's data file by."""
+    path = reader.data_path(0)
+    return reader._data_stamp(path, reader._parquet.get(path))
 
 
 def _columns(reader) -> list[str]:
@@ -115,8 +126,8 @@ def test_a_changed_file_misses_its_old_entry(tmp_path) -> None:
     store = ColumnStore(tmp_path, **SMALL)
     reader = _reader(store)
     path = reader.data_path(0)
-    stamp = reader._store_entry(path)[1]
-    assert stamp.version.startswith("mtime:") and stamp.size == Path(path).stat().st_size
+    stamp = _stamp(reader)
+    assert stamp.version.startswith("stat:") and stamp.size == Path(path).stat().st_size
     columns = _columns(reader)
     keys = {
         store.path_for(path, stamp, columns),
@@ -193,7 +204,7 @@ def test_remote_files_are_keyed_by_their_listed_stamp_and_read_once(tmp_path) ->
     remote.column_store = ColumnStore(tmp_path, **SMALL)
     fs = remote.location.fs.fs
     _assert_same(_all_episodes(remote), direct)
-    stamp = remote._store_entry(remote.data_path(0))[1]
+    stamp = _stamp(remote)
     assert stamp == remote.stamps[remote.data_path(0)] and stamp.version  # from the listing, not a request
     reads_after_first_pass = fs.requests["read"]
     _assert_same(_all_episodes(remote), direct)
@@ -203,7 +214,7 @@ def test_remote_files_are_keyed_by_their_listed_stamp_and_read_once(tmp_path) ->
 def test_a_conversion_killed_mid_write_leaves_no_file_behind(tmp_path) -> None:
     store = ColumnStore(tmp_path, **SMALL)
     reader = _reader(store)
-    target = store.path_for(reader.data_path(0), reader._store_entry(reader.data_path(0))[1], _columns(reader))
+    target = store.path_for(reader.data_path(0), _stamp(reader), _columns(reader))
     target.parent.mkdir(parents=True)
     stale = target.parent / f".{target.stem}.abc123.tmp"
     stale.write_bytes(b"half an arrow file")
@@ -211,3 +222,86 @@ def test_a_conversion_killed_mid_write_leaves_no_file_behind(tmp_path) -> None:
     other.write_bytes(b"x")
     _all_episodes(reader)
     assert not stale.exists() and other.exists() and target.exists()
+
+
+def _copy_of_cr5(tmp_path: Path) -> Path:
+    copy = tmp_path / "cr5"
+    shutil.copytree(shared_dataset("cr5_v30_av1"), copy)
+    return copy
+
+
+def _rewrite_actions(data_file: Path, value: float) -> None:
+    """Replace ``data_file`` (a new inode, as a re-download or a fix script does) with every action set to value."""
+    table = pq.read_table(data_file)
+    actions = table["action"].combine_chunks()
+    filled = pa.array([[value] * len(row) for row in actions.to_pylist()], type=actions.type)
+    pq.write_table(table.set_column(table.schema.get_field_index("action"), "action", filled), f"{data_file}.new")
+    os.replace(f"{data_file}.new", data_file)
+
+
+def test_a_file_replaced_while_open_is_never_stored_under_the_new_files_stamp(tmp_path) -> None:
+    root = _copy_of_cr5(tmp_path)
+    store_dir = tmp_path / "store"
+    reader = open_dataset(root)
+    reader.column_store = None
+    old = reader.read_episode(0)["action"]  # the reader holds the file open
+    data_file = Path(reader.data_path(0))
+    _rewrite_actions(data_file, 999.0)
+    reader.column_store = ColumnStore(store_dir, **SMALL)
+    np.testing.assert_array_equal(reader.read_episode(0)["action"], old)  # the handle it reads: the old file
+    fresh = open_dataset(root)  # a later run
+    fresh.column_store = ColumnStore(store_dir, **SMALL)
+    assert (fresh.read_episode(0)["action"] == 999.0).all()
+    assert len(_stored_files(store_dir)) == 2
+
+
+def test_a_rewrite_in_place_with_size_and_mtime_restored_changes_the_stamp(tmp_path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"a" * 100)
+    before = path.stat()
+    time.sleep(0.01)
+    with open(path, "r+b") as f:
+        f.write(b"b" * 100)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert after.st_size == before.st_size and after.st_mtime_ns == before.st_mtime_ns
+    assert stamp_from_stat(after) != stamp_from_stat(before)
+
+
+def test_a_store_file_of_another_entry_is_refused_and_rebuilt(tmp_path, caplog) -> None:
+    store = ColumnStore(tmp_path, **SMALL)
+    reader = _reader(store)
+    want_all = _all_episodes(_reader(None))
+    want_action = _reader(None).read_episode(0, keys=["action"])["action"]
+    _all_episodes(reader)
+    [everything] = _stored_files(tmp_path)
+    actions_only = store.path_for(reader.data_path(0), _stamp(reader), ["action", *_columns(reader)[-5:]])
+    # (keys=["action"] reads action and the index columns)
+    actions_only.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(everything, actions_only)  # a file under another entry's name: more columns, same rows
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.column_store"):
+        fresh = _reader(ColumnStore(tmp_path, **SMALL))
+        np.testing.assert_array_equal(fresh.read_episode(0, keys=["action"])["action"], want_action)
+    assert any("was written for" in r.getMessage() for r in caplog.records)
+    _assert_same(_all_episodes(fresh), want_all)
+
+
+def test_a_data_file_deleted_while_open_is_still_read_when_the_store_is_not_wanted(tmp_path) -> None:
+    root = _copy_of_cr5(tmp_path)
+    reader = open_dataset(root)  # the default store: cr5's 2,733-row group is under its threshold
+    first = reader.read_episode(0)
+    Path(reader.data_path(0)).unlink()
+    np.testing.assert_array_equal(reader.read_episode(0)["index"], first["index"])  # from the open handle
+
+
+def test_a_disk_without_room_for_the_copy_reads_the_parquet(tmp_path, monkeypatch, caplog) -> None:
+    direct = _all_episodes(_reader(None))
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(
+        column_store_module.shutil, "disk_usage", lambda _: usage._replace(free=int(0.05 * usage.total) + 1000)
+    )
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.column_store"):
+        _assert_same(_all_episodes(_reader(ColumnStore(tmp_path, **SMALL))), direct)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "would leave less than 5% of the disk free" in warnings[0]
+    assert _stored_files(tmp_path) == []
