@@ -4,8 +4,8 @@ DALI's workers wait on a futex for the next task, and nothing wakes them when th
 a chance to close the pool (SIGKILL from the out-of-memory killer or a scheduler's preemption): measured,
 both workers of a killed trainer were still there a minute later with 380 MB each, reparented to init, and
 every restart of a job on the node would leave another set. A daemon thread waits on the parent's
-multiprocessing sentinel (readable once the parent is gone) and exits the worker; torch's DataLoader
-workers watch their parent for the same reason.
+multiprocessing sentinel (readable once the parent is gone) and checks twice a second whether the worker was
+reparented; either ends the worker. torch's DataLoader workers watch their parent for the same reason.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ __all__ = ["exit_with_parent"]
 logger = logging.getLogger(__name__)
 
 _started = threading.Event()
+
+#: How often the parent's pid is checked (see ``_wait_then_exit``).
+_POLL_S = 0.5
 
 
 def exit_with_parent() -> bool:
@@ -39,6 +42,9 @@ def exit_with_parent() -> bool:
 
 
 def _wait_then_exit(parent: multiprocessing.process.BaseProcess) -> None:
-    multiprocessing.connection.wait([parent.sentinel])
+    # The sentinel alone is not enough: it reads end-of-file only once every copy of the parent's end is closed,
+    # and a process the trainer forked after starting the workers holds one. Being reparented is the other sign.
+    while not multiprocessing.connection.wait([parent.sentinel], timeout=_POLL_S) and os.getppid() == parent.pid:
+        pass
     logger.warning("worker %d: the training process %s is gone; exiting", os.getpid(), parent.pid)
     os._exit(1)

@@ -138,6 +138,9 @@ def test_workers_exit_when_the_training_process_is_killed(make_ds, tmp_path: Pat
         "        it.set_epoch(epoch)\n"
         "        assert sum(len(b['index']) for b in it) == 8  # the watch never ends a worker of a live parent\n"
         "    next(iter(it))\n"
+        "    if os.fork() == 0:  # a child forked after the workers started holds the parent's end of their pipes\n"
+        "        time.sleep(120)\n"
+        "        os._exit(0)\n"
         "    print('READY', flush=True)\n"
         "    time.sleep(300)\n"
     )
@@ -146,10 +149,11 @@ def test_workers_exit_when_the_training_process_is_killed(make_ds, tmp_path: Pat
     try:
         assert trainer.stdout is not None and trainer.stdout.readline().strip() == "READY"
         children = psutil.Process(trainer.pid).children(recursive=True)
-        assert len(children) >= 2  # the two DALI workers (and multiprocessing's resource tracker)
+        workers = [p for p in children if "spawn_main" in " ".join(p.cmdline())]
+        assert len(workers) == 2, [p.cmdline() for p in children]
         trainer.kill()
         trainer.wait(timeout=30)
-        _, alive = psutil.wait_procs(children, timeout=20)
+        _, alive = psutil.wait_procs(workers, timeout=10)
         assert alive == [], f"workers outlived the killed trainer: {[p.pid for p in alive]}"
     finally:
         trainer.kill()
