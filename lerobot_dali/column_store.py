@@ -5,8 +5,8 @@ writes each data file (up to ~100 MB, thousands of episodes) as a single row gro
 decoded the whole file to use a few hundred rows of it: 0.2-0.36 s and ~150 MB of memory per read for a
 118 MB file of 1M rows, against ~2 ms to slice the same rows from a memory-mapped Arrow file.
 
-So such a file's columns are written once per machine as an uncompressed Arrow IPC file (about 1.3x the
-parquet's size) under ``cache_root()/columns``; every worker, rank and later run maps it, and the OS page
+So such a file's columns are written once per machine as an uncompressed Arrow IPC file (1.3-2.3x the
+parquet file, measured) under ``cache_root()/columns``; every worker, rank and later run maps it, and the OS page
 cache shares its pages between them (HF ``datasets``, under LeRobot's own loader, keeps Arrow files for the
 same reason). Entries are keyed by the sha256 of (path, size, version, columns), so a changed file simply
 misses. One process converts a file (an ``flock``), written under a temporary name and renamed; the others
@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,16 @@ _SIZE_FACTOR, _KEEP_FREE = 1.5, 0.05
 
 #: Rows decoded per batch while converting: bounds the memory of a conversion besides the compressed group.
 _CONVERT_BATCH_ROWS = 65_536
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One stored file: the data file it copies, its key (recorded in the file), where it lies, its columns."""
+
+    path: str
+    key: str
+    target: Path
+    columns: list[str]
 
 
 def default_column_dir() -> Path:
@@ -120,24 +131,14 @@ class ColumnStore:
     ) -> pa.Table | None:
         """Rows ``[row_start, row_start + length)`` of ``columns``, or None where the caller must read the
         parquet itself (another process is converting the file, or the store failed: logged)."""
-        target = self.path_for(path, stamp, columns)
-        table = self._table(
-            parquet, read_lock, path=path, key=_key(path, stamp, columns), target=target, columns=columns
-        )
+        entry = _Entry(path, _key(path, stamp, columns), self.path_for(path, stamp, columns), columns)
+        table = self._table(parquet, read_lock, entry)
         if table is None:
             return None
         return table.slice(row_start, length).select(columns)
 
-    def _table(
-        self,
-        parquet: pq.ParquetFile,
-        read_lock: threading.Lock,
-        *,
-        path: str,
-        key: str,
-        target: Path,
-        columns: list[str],
-    ) -> pa.Table | None:
+    def _table(self, parquet: pq.ParquetFile, read_lock: threading.Lock, entry: _Entry) -> pa.Table | None:
+        target = entry.target
         with self._lock:
             table = self._open.get(target)
             if table is not None:
@@ -146,11 +147,11 @@ class ColumnStore:
             if target in self._failed:
                 return None
         expected_rows = parquet.metadata.num_rows
-        table = self._map(target, key, columns, expected_rows)
+        table = self._map(entry, expected_rows)
         if table is None:
-            if not self._convert(parquet, read_lock, path=path, key=key, target=target, columns=columns):
+            if not self._convert(parquet, read_lock, entry):
                 return None
-            table = self._map(target, key, columns, expected_rows)
+            table = self._map(entry, expected_rows)
             if table is None:
                 with self._lock:
                     self._failed.add(target)
@@ -161,8 +162,9 @@ class ColumnStore:
                 self._open.popitem(last=False)
         return table
 
-    def _map(self, target: Path, key: str, columns: list[str], expected_rows: int) -> pa.Table | None:
+    def _map(self, entry: _Entry, expected_rows: int) -> pa.Table | None:
         """The stored table, or None when absent; an unreadable or mismatched file is logged and deleted."""
+        target, key = entry.target, entry.key
         try:
             table = pa.ipc.open_file(pa.memory_map(str(target))).read_all()
         except (FileNotFoundError, NotADirectoryError):  # (the latter: the store's folder is a file)
@@ -171,7 +173,7 @@ class ColumnStore:
             problem = f"is unreadable ({type(e).__name__}: {e})"
         else:
             stored_key = (table.schema.metadata or {}).get(_KEY_METADATA, b"").decode(errors="replace")
-            missing = [c for c in columns if c not in table.column_names]
+            missing = [c for c in entry.columns if c not in table.column_names]
             if stored_key == key and not missing and table.num_rows == expected_rows:
                 return table
             problem = (
@@ -185,17 +187,10 @@ class ColumnStore:
             logger.warning("cannot delete %s (%s)", target, e)
         return None
 
-    def _convert(
-        self,
-        parquet: pq.ParquetFile,
-        read_lock: threading.Lock,
-        *,
-        path: str,
-        key: str,
-        target: Path,
-        columns: list[str],
-    ) -> bool:
-        """Write ``columns`` of ``parquet`` to ``target``; False while another process converts it or on failure."""
+    def _convert(self, parquet: pq.ParquetFile, read_lock: threading.Lock, entry: _Entry) -> bool:
+        """Write the entry's columns of ``parquet`` to its file; False while another process converts it or on
+        failure."""
+        path, target, columns = entry.path, entry.target, entry.columns
         tmp_name: str | None = None
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -219,7 +214,7 @@ class ColumnStore:
                 with tempfile.NamedTemporaryFile(dir=target.parent, prefix=prefix, suffix=".tmp", delete=False) as tmp:
                     tmp_name = tmp.name
                     with read_lock:
-                        _write_arrow(parquet, columns, key, tmp)
+                        _write_arrow(parquet, columns, entry.key, tmp)
                 os.chmod(tmp_name, 0o644)  # temporary files are private; other users sharing the cache may read it
                 os.replace(tmp_name, target)
                 tmp_name = None
