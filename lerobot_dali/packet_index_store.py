@@ -13,7 +13,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import zipfile
 from fractions import Fraction
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .cache_dirs import cache_root
+from .cache_dirs import atomic_file, cache_root
 from .file_stamps import FileStamp
 from .packet_index import PacketIndex
 
@@ -76,23 +75,12 @@ class PacketIndexStore:
     def save(self, url: str, stamp: FileStamp, index: PacketIndex) -> None:
         """Store ``index`` for ``url`` at ``stamp`` atomically; a failed write is logged, never raised."""
         path = self.path_for(url, stamp)
-        tmp_name: str | None = None
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(
-                dir=path.parent, prefix=f".{path.stem[:16]}.", suffix=".tmp", delete=False
-            ) as tmp:
-                tmp_name = tmp.name
+            with atomic_file(path, prefix=f".{path.stem[:16]}.") as tmp:
                 arrays: dict[str, Any] = _encode(index, url, stamp)
                 np.savez(tmp, allow_pickle=False, **arrays)
-            os.chmod(tmp_name, 0o644)  # temporary files are private; other users sharing the cache may read it
-            os.replace(tmp_name, path)
-            tmp_name = None
         except OSError as e:
             logger.warning("cannot write packet index cache file %s (%s); indexes will be rebuilt", path, e)
-        finally:
-            if tmp_name is not None:
-                Path(tmp_name).unlink(missing_ok=True)
 
 
 def _encode(index: PacketIndex, url: str, stamp: FileStamp) -> dict[str, np.ndarray]:

@@ -18,8 +18,6 @@ share one (two jobs on a node, a train and a validation iterator) do not evict e
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import hashlib
 import logging
 import os
@@ -30,6 +28,8 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .cache_dirs import try_flock
 
 __all__ = ["ByteRange", "CacheBusyError", "CacheStats", "RangeCache", "entry_dir", "list_entries"]
 
@@ -340,15 +340,8 @@ class RangeCache:
 
 
 def _lock_directory(directory: Path) -> Any:
-    """An open file holding an exclusive ``flock`` on ``directory``; CacheBusyError while another holds it.
-
-    The lock goes with the file (closed, or the process gone), so a crashed run never leaves it taken."""
-    handle = open(directory / ".lock", "a+b")  # noqa: SIM115 (held open for the cache's life)
-    try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        handle.close()
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise CacheBusyError(f"{directory} is held by another prefetch cache") from e
-        raise
+    """An open file holding an exclusive ``flock`` on ``directory``; CacheBusyError while another holds it."""
+    handle = try_flock(directory / ".lock")
+    if handle is None:
+        raise CacheBusyError(f"{directory} is held by another prefetch cache")
     return handle
