@@ -2,28 +2,26 @@
 
 Parquet decodes whole row groups (pyarrow cannot skip pages within one), and LeRobot's v2.1 -> v3.0 converter
 writes each data file (up to ~100 MB, thousands of episodes) as a single row group. Every episode read then
-decoded the whole file to use a few hundred rows of it: 0.2-0.36 s and ~150 MB of memory per read for a
-118 MB file of 1M rows, against ~2 ms to slice the same rows from a memory-mapped Arrow file.
+decoded the whole file to use a few hundred rows of it: 0.2-0.4 s and a peak RSS of ~0.9 GB per read for a
+file of 1M rows (``bench/row_groups.py``), against 0.2-0.4 ms to slice the rows from a memory-mapped Arrow file.
 
-So such a file's columns are written once per machine as an uncompressed Arrow IPC file (1.3-2.3x the
-parquet file, measured) under ``cache_root()/columns``; every worker, rank and later run maps it, and the OS page
-cache shares its pages between them (HF ``datasets``, under LeRobot's own loader, keeps Arrow files for the
-same reason). Entries are keyed by the sha256 of (path, size, version, columns), so a changed file simply
-misses. One process converts a file (an ``flock``), written under a temporary name and renamed; the others
-read the row group directly meanwhile rather than wait. A store that cannot be written or read is logged
-and skipped: it is never needed for correctness, and deleting it only costs the conversion again.
+So the columns a reader reads of such a file are written once per machine as one uncompressed Arrow IPC file
+(1.3-2.3x the parquet file, measured) under ``cache_root()/columns``; every worker, rank and later run maps it,
+and the OS page cache shares its pages between them (HF ``datasets``, under LeRobot's own loader, keeps Arrow
+files for the same reason). Entries are keyed by the sha256 of (path, size, version, columns) and record their
+key, so a changed file simply misses; old entries are never deleted. One process converts a file (an
+``flock``), written under a temporary name and renamed; the others read the row group directly meanwhile
+rather than wait. A store that cannot be written or read is logged and skipped: it is never needed for
+correctness, and deleting it only costs the conversion again.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import shutil
-import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -34,8 +32,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .cache_dirs import CACHE_ENV, cache_root
+from .cache_dirs import CACHE_ENV, atomic_file, cache_root, try_flock
 from .file_stamps import FileStamp
+from .remote_retry import is_transient
 
 __all__ = ["STORE_FORMAT", "ColumnStore", "default_column_dir"]
 
@@ -48,9 +47,8 @@ STORE_FORMAT = 1
 #: another entry's name, or left by a store of another layout, is never served).
 _KEY_METADATA = b"lerobot_dali.column_store.key"
 
-#: An Arrow copy's size over the parquet's uncompressed size of its columns (1.15 measured: list offsets), with
-#: margin; and the share of the disk a conversion leaves free (checkpoints and logs write there too).
-_SIZE_FACTOR, _KEEP_FREE = 1.5, 0.05
+#: The share of the disk a conversion leaves free (checkpoints and logs write there too).
+_KEEP_FREE = 0.05
 
 #: Rows decoded per batch while converting: bounds the memory of a conversion besides the compressed group.
 _CONVERT_BATCH_ROWS = 65_536
@@ -113,6 +111,10 @@ class ColumnStore:
         """Whether decoding ``group_rows`` rows to use ``rows`` of them costs enough to go through the store."""
         return group_rows >= self.min_group_rows and group_rows >= self.min_ratio * max(rows, 1)
 
+    def holds(self, path: str, stamp: FileStamp, columns: list[str]) -> bool:
+        """Whether ``columns`` of ``path`` at ``stamp`` are stored (so prefetching need not fetch its row groups)."""
+        return self.path_for(path, stamp, columns).exists()
+
     def path_for(self, path: str, stamp: FileStamp, columns: list[str]) -> Path:
         """The Arrow file holding ``columns`` of ``path`` at ``stamp`` (two-level fan-out keeps folders small)."""
         digest = hashlib.sha256(_key(path, stamp, columns).encode()).hexdigest()
@@ -125,13 +127,17 @@ class ColumnStore:
         *,
         path: str,
         stamp: FileStamp,
+        stored_columns: list[str],
         columns: list[str],
         row_start: int,
         length: int,
     ) -> pa.Table | None:
-        """Rows ``[row_start, row_start + length)`` of ``columns``, or None where the caller must read the
-        parquet itself (another process is converting the file, or the store failed: logged)."""
-        entry = _Entry(path, _key(path, stamp, columns), self.path_for(path, stamp, columns), columns)
+        """Rows ``[row_start, row_start + length)`` of ``columns`` (some of ``stored_columns``, the entry's), or
+        None where the caller must read the parquet itself (another process is converting the file, or the store
+        failed: logged)."""
+        entry = _Entry(
+            path, _key(path, stamp, stored_columns), self.path_for(path, stamp, stored_columns), stored_columns
+        )
         table = self._table(parquet, read_lock, entry)
         if table is None:
             return None
@@ -163,14 +169,20 @@ class ColumnStore:
         return table
 
     def _map(self, entry: _Entry, expected_rows: int) -> pa.Table | None:
-        """The stored table, or None when absent; an unreadable or mismatched file is logged and deleted."""
+        """The stored table, or None when absent or unusable: a damaged or mismatched file is logged and deleted;
+        one that cannot be opened here (no file descriptors left, no permission) is logged and kept for others."""
         target, key = entry.target, entry.key
         try:
             table = pa.ipc.open_file(pa.memory_map(str(target))).read_all()
         except (FileNotFoundError, NotADirectoryError):  # (the latter: the store's folder is a file)
             return None
+        except pa.ArrowInvalid as e:  # truncated, empty or not Arrow
+            problem = f"is damaged ({e})"
         except (OSError, pa.ArrowException) as e:
-            problem = f"is unreadable ({type(e).__name__}: {e})"
+            logger.warning(
+                "column store file %s cannot be opened (%s: %s); reading the parquet", target, type(e).__name__, e
+            )
+            return None
         else:
             stored_key = (table.schema.metadata or {}).get(_KEY_METADATA, b"").decode(errors="replace")
             missing = [c for c in entry.columns if c not in table.column_names]
@@ -188,45 +200,33 @@ class ColumnStore:
         return None
 
     def _convert(self, parquet: pq.ParquetFile, read_lock: threading.Lock, entry: _Entry) -> bool:
-        """Write the entry's columns of ``parquet`` to its file; False while another process converts it or on
-        failure."""
-        path, target, columns = entry.path, entry.target, entry.columns
-        tmp_name: str | None = None
+        """Write the entry's columns of ``parquet`` to its file; False while another process converts it, when
+        the data file cannot be read (the caller's direct read reports why) or the store cannot be written.
+
+        A transient error reading a remote data file (after its retries) is raised, as a direct read raises it.
+        """
+        path, target = entry.path, entry.target
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            with open(target.with_suffix(".lock"), "a+b") as lock:
-                try:
-                    fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError as e:
-                    if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                        return False  # another process converts it: read directly this time
-                    raise
+            lock = try_flock(target.with_suffix(".lock"))
+            if lock is None:
+                return False  # another process converts it: read directly this time
+            with lock:
                 if target.exists():  # converted by the process that held the lock before
                     return True
-                if not _room_for(parquet, columns, target.parent, path):
-                    with self._lock:
-                        self._failed.add(target)
+                if not _room_for(parquet, entry.columns, target.parent, path):
+                    self._give_up(target)
                     return False
                 prefix = f".{target.stem}."
                 for stale in target.parent.glob(f"{prefix}*.tmp"):  # left by a converter killed mid-write
                     stale.unlink(missing_ok=True)
                 started = time.perf_counter()
-                with tempfile.NamedTemporaryFile(dir=target.parent, prefix=prefix, suffix=".tmp", delete=False) as tmp:
-                    tmp_name = tmp.name
-                    with read_lock:
-                        _write_arrow(parquet, columns, entry.key, tmp)
-                os.chmod(tmp_name, 0o644)  # temporary files are private; other users sharing the cache may read it
-                os.replace(tmp_name, target)
-                tmp_name = None
-                logger.info(
-                    "column store: wrote %d rows of %s (%d column(s)) to %s in %.2f s",
-                    parquet.metadata.num_rows,
-                    path,
-                    len(columns),
-                    target,
-                    time.perf_counter() - started,
-                )
-                return True
+                with atomic_file(target, prefix=prefix) as tmp, read_lock:
+                    _write_arrow(parquet, entry.columns, entry.key, tmp)
+        except _DataReadError as e:
+            if is_transient(e.cause):
+                raise e.cause from None
+            return False
         except (OSError, pa.ArrowException) as e:
             logger.warning(
                 "column store: cannot write %s for %s (%s: %s); its episodes are read from the parquet row groups, "
@@ -236,24 +236,56 @@ class ColumnStore:
                 type(e).__name__,
                 e,
             )
-            with self._lock:
-                self._failed.add(target)
+            self._give_up(target)
             return False
-        finally:
-            if tmp_name is not None:
-                Path(tmp_name).unlink(missing_ok=True)
+        logger.info(
+            "column store: wrote %d rows of %s (%d column(s)) to %s in %.2f s",
+            parquet.metadata.num_rows,
+            path,
+            len(entry.columns),
+            target,
+            time.perf_counter() - started,
+        )
+        return True
+
+    def _give_up(self, target: Path) -> None:
+        with self._lock:
+            self._failed.add(target)
+
+
+class _DataReadError(Exception):
+    """Reading the data file failed while converting it: its own error, not the store's."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+#: Bytes per value of parquet's fixed-width physical types, as Arrow holds them decoded.
+_VALUE_BYTES = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
+
+
+def arrow_bytes(parquet: pq.ParquetFile, columns: list[str]) -> int:
+    """About how many bytes ``columns`` of ``parquet`` take decoded in Arrow: every value at its width (parquet's
+    uncompressed size is still dictionary- and run-length-encoded: an all-zero column of 1M rows x 19 floats
+    is 2.5 MB there and 76 MB in Arrow), byte arrays at their size, plus offsets and validity per row."""
+    meta = parquet.metadata
+    total = 0
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(meta.num_columns):
+            chunk = group.column(c)  # a leaf: "action.list.element" for the list column "action"
+            if not any(chunk.path_in_schema == name or chunk.path_in_schema.startswith(f"{name}.") for name in columns):
+                continue
+            width = _VALUE_BYTES.get(chunk.physical_type)
+            values = chunk.num_values * width if width else chunk.total_uncompressed_size
+            total += values + 9 * group.num_rows
+    return total
 
 
 def _room_for(parquet: pq.ParquetFile, columns: list[str], directory: Path, path: str) -> bool:
     """Whether the disk holds the copy and keeps :data:`_KEEP_FREE` of itself free (logged when not)."""
-    meta = parquet.metadata
-    uncompressed = 0
-    for g in range(meta.num_row_groups):
-        for c in range(meta.num_columns):
-            chunk = meta.row_group(g).column(c)  # a leaf: "action.list.element" for the list column "action"
-            if any(chunk.path_in_schema == name or chunk.path_in_schema.startswith(f"{name}.") for name in columns):
-                uncompressed += chunk.total_uncompressed_size
-    need = int(_SIZE_FACTOR * uncompressed)
+    need = arrow_bytes(parquet, columns)
     disk = shutil.disk_usage(directory)
     if disk.free - need >= _KEEP_FREE * disk.total:
         return True
@@ -277,6 +309,13 @@ def _key(path: str, stamp: FileStamp, columns: list[str]) -> str:
 
 def _write_arrow(parquet: pq.ParquetFile, columns: list[str], key: str, sink: Any) -> None:
     schema = pa.schema([parquet.schema_arrow.field(c) for c in columns], metadata={_KEY_METADATA: key.encode()})
+    batches = parquet.iter_batches(batch_size=_CONVERT_BATCH_ROWS, columns=columns, use_threads=False)
     with pa.ipc.new_file(sink, schema) as writer:
-        for batch in parquet.iter_batches(batch_size=_CONVERT_BATCH_ROWS, columns=columns, use_threads=False):
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except (OSError, pa.ArrowException) as e:
+                raise _DataReadError(e) from e
             writer.write_batch(batch)

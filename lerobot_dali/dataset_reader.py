@@ -182,10 +182,7 @@ class LeRobotDatasetReader:
         that drifted from its metadata fails here, naming the file and episode.
         """
         ep = self.episodes
-        wanted = list(self.tabular_keys if keys is None else keys)
-        for k in INDEX_COLUMNS:
-            if k in self.info.features and k not in wanted:
-                wanted.append(k)
+        wanted = self._with_index_columns(self.tabular_keys if keys is None else keys)
         features = {k: self._feature(k) for k in wanted}
         path = self.data_path(episode_pos)
         length = int(ep.length[episode_pos])
@@ -202,7 +199,7 @@ class LeRobotDatasetReader:
             row_start=int(ep.data_row_start[episode_pos]),
             length=length,
             features=features,
-            store=self._store_entry(path, parquet),
+            store=self._store_entry(path, parquet, self._with_index_columns(self.tabular_keys)),
         )
         episode_index = int(ep.episode_index[episode_pos])
         self._check_rows(rows, path, episode_pos, episode_index, length)
@@ -228,13 +225,28 @@ class LeRobotDatasetReader:
             row_start=int(ep.data_row_start[episode_pos]),
             length=int(ep.length[episode_pos]),
             key=key,
-            store=self._store_entry(path, parquet),
+            store=self._store_entry(path, parquet, [key]),
         )
 
-    def _store_entry(self, path: str, parquet: pq.ParquetFile) -> StoreEntry | None:
+    def rows_stored(self, path: str, group_rows: int, length: int) -> bool:
+        """Whether workers read an episode of ``length`` rows in row groups of ``group_rows`` rows of remote data
+        file ``path`` from the column store, which already holds every column they read of it: prefetching then
+        need not fetch the row groups."""
+        store = self.column_store
+        if store is None or self.stamps is None or not store.wants(group_rows, length):
+            return False
+        stamp = self.stamps[path]
+        stored = [self._with_index_columns(self.tabular_keys), *([key] for key in self.image_keys)]
+        return all(store.holds(path, stamp, columns) for columns in stored)
+
+    def _with_index_columns(self, keys: Sequence[str]) -> list[str]:
+        """``keys`` and the index columns LeRobot batches that the dataset declares."""
+        return [*keys, *(k for k in INDEX_COLUMNS if k in self.info.features and k not in keys)]
+
+    def _store_entry(self, path: str, parquet: pq.ParquetFile, stored_columns: list[str]) -> StoreEntry | None:
         if self.column_store is None:
             return None
-        return self.column_store, lambda: self._data_stamp(path, parquet)
+        return StoreEntry(self.column_store, lambda: self._data_stamp(path, parquet), stored_columns)
 
     def _data_stamp(self, path: str, parquet: pq.ParquetFile) -> FileStamp | None:
         """What identifies the content of data file ``path`` read through ``parquet`` (the column store's key):

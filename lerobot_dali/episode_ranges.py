@@ -59,20 +59,25 @@ class EpisodeRanges:
         row_start = int(episodes.data_row_start[episode_pos])
         row_stop = row_start + int(episodes.length[episode_pos])
         out = [(path, max(0, size - PARQUET_FOOTER_READ_BYTES), size)]
-        first_row = 0
+        overlapping, first_row = [], 0
         for g in range(meta.num_row_groups):
+            if first_row < row_stop and first_row + meta.row_group(g).num_rows > row_start:
+                overlapping.append(g)
+            first_row += meta.row_group(g).num_rows
+        group_rows = sum(meta.row_group(g).num_rows for g in overlapping)
+        if self.reader.rows_stored(path, group_rows, row_stop - row_start):
+            return out  # workers slice the column store's copy: the footer is all they read of the parquet
+        for g in overlapping:
             group = meta.row_group(g)
-            if first_row < row_stop and first_row + group.num_rows > row_start:
-                starts, ends = [], []
-                for c in range(group.num_columns):
-                    column = group.column(c)
-                    begin = column.data_page_offset
-                    if column.has_dictionary_page and column.dictionary_page_offset:
-                        begin = min(begin, column.dictionary_page_offset)
-                    starts.append(begin)
-                    ends.append(begin + column.total_compressed_size)
-                out.append((path, min(starts), min(size, max(ends))))
-            first_row += group.num_rows
+            starts, ends = [], []
+            for c in range(group.num_columns):
+                column = group.column(c)
+                begin = column.data_page_offset
+                if column.has_dictionary_page and column.dictionary_page_offset:
+                    begin = min(begin, column.dictionary_page_offset)
+                starts.append(begin)
+                ends.append(begin + column.total_compressed_size)
+            out.append((path, min(starts), min(size, max(ends))))
         return out
 
     def video_ranges(self, episode_pos: int) -> list[tuple[str, int, int]]:

@@ -15,6 +15,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,9 +31,17 @@ from .remote_retry import is_transient
 
 __all__ = ["ParquetCache", "StoreEntry", "image_bytes", "opened_stamp", "read_episode_images", "read_episode_rows"]
 
-#: Where a file's rows may be read without decoding whole row groups: the store, and how to get the file's stamp
-#: (the store's key; None: unknown, so the store is not used), asked only when the store is wanted.
-StoreEntry = tuple[ColumnStore, Callable[[], FileStamp | None]]
+
+@dataclass(frozen=True)
+class StoreEntry:
+    """Where a data file's rows may be read without decoding whole row groups."""
+
+    store: ColumnStore
+    #: The file's stamp (the store's key; None: unknown, so the store is not used), asked only when it is wanted.
+    stamp: Callable[[], FileStamp | None]
+    #: What the store keeps of the file: every column the reader reads of it, so reads of subsets share one copy.
+    columns: list[str]
+
 
 #: Columns LeRobot batches for every dataset; ``frame_index`` is derived when a dataset omits it.
 INDEX_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
@@ -220,14 +229,23 @@ def _stored_rows(
     length: int,
 ) -> pa.Table | None:
     """The rows from the column store when decoding ``group_rows`` rows for them costs enough, else None."""
-    if store is None or not store[0].wants(group_rows, length):
+    if store is None or not store.store.wants(group_rows, length) or not set(columns) <= set(store.columns):
         return None
-    column_store, stamp_of = store
-    stamp = stamp_of()
+    schema = parquet.schema_arrow
+    if any(schema.get_field_index(c) < 0 for c in store.columns):  # the direct read names what is missing
+        return None
+    stamp = store.stamp()
     if stamp is None:
         return None
-    return column_store.rows(
-        parquet, _read_lock(parquet), path=path, stamp=stamp, columns=columns, row_start=row_start, length=length
+    return store.store.rows(
+        parquet,
+        _read_lock(parquet),
+        path=path,
+        stamp=stamp,
+        stored_columns=store.columns,
+        columns=columns,
+        row_start=row_start,
+        length=length,
     )
 
 

@@ -3,6 +3,7 @@ the parquet, one conversion per file shared by processes, and every store failur
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -14,11 +15,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from conftest import shared_dataset
 
 from lerobot_dali import column_store as column_store_module
 from lerobot_dali.column_store import ColumnStore
 from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.errors import DataFileError
 from lerobot_dali.file_stamps import FileStamp, stamp_from_stat
 
 # cr5's data file is one row group of 2,733 rows holding 12 episodes of 127-314 rows, as LeRobot's converter
@@ -82,7 +85,7 @@ def test_an_unreadable_store_file_is_deleted_and_rebuilt(tmp_path, caplog) -> No
     stored.write_bytes(stored.read_bytes()[:1000])  # truncated
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.column_store"):
         _assert_same(_all_episodes(_reader(ColumnStore(tmp_path, **SMALL))), direct)
-    assert any("is unreadable" in r.getMessage() and "deleting it" in r.getMessage() for r in caplog.records)
+    assert any("is damaged" in r.getMessage() and "deleting it" in r.getMessage() for r in caplog.records)
     assert _stored_files(tmp_path) == [stored] and stored.stat().st_size > 1000
 
 
@@ -206,6 +209,9 @@ def test_remote_files_are_keyed_by_their_listed_stamp_and_read_once(tmp_path) ->
     _assert_same(_all_episodes(remote), direct)
     stamp = _stamp(remote)
     assert stamp == remote.stamps[remote.data_path(0)] and stamp.version  # from the listing, not a request
+    [stored] = _stored_files(tmp_path)
+    key = pa.ipc.open_file(pa.memory_map(str(stored))).schema.metadata[b"lerobot_dali.column_store.key"].decode()
+    assert stamp.version in key and str(stamp.size) in key  # what the stored copy was written for
     reads_after_first_pass = fs.requests["read"]
     _assert_same(_all_episodes(remote), direct)
     assert fs.requests["read"] == reads_after_first_pass  # the mapped copy serves every later read
@@ -269,21 +275,28 @@ def test_a_rewrite_in_place_with_size_and_mtime_restored_changes_the_stamp(tmp_p
 
 
 def test_a_store_file_of_another_entry_is_refused_and_rebuilt(tmp_path, caplog) -> None:
+    want = _all_episodes(_reader(None))
     store = ColumnStore(tmp_path, **SMALL)
     reader = _reader(store)
-    want_all = _all_episodes(_reader(None))
-    want_action = _reader(None).read_episode(0, keys=["action"])["action"]
-    _all_episodes(reader)
-    [everything] = _stored_files(tmp_path)
-    actions_only = store.path_for(reader.data_path(0), _stamp(reader), ["action", *_columns(reader)[-5:]])
-    # (keys=["action"] reads action and the index columns)
-    actions_only.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(everything, actions_only)  # a file under another entry's name: more columns, same rows
+    target = store.path_for(reader.data_path(0), _stamp(reader), _columns(reader))
+    other = open_dataset(shared_dataset("r1_v30_h264"))  # 790 rows in one group: stored with a lower threshold
+    other.column_store = ColumnStore(tmp_path / "other", min_group_rows=100, min_ratio=1)
+    other.read_episode(0, ["action"])
+    [other_file] = _stored_files(tmp_path / "other")
+    target.parent.mkdir(parents=True)
+    shutil.copy(other_file, target)  # another file's copy under cr5's entry name
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.column_store"):
-        fresh = _reader(ColumnStore(tmp_path, **SMALL))
-        np.testing.assert_array_equal(fresh.read_episode(0, keys=["action"])["action"], want_action)
-    assert any("was written for" in r.getMessage() for r in caplog.records)
-    _assert_same(_all_episodes(fresh), want_all)
+        _assert_same(_all_episodes(reader), want)
+    assert any("was written for" in r.getMessage() and "deleting it" in r.getMessage() for r in caplog.records)
+
+
+def test_reads_of_column_subsets_share_one_copy_of_every_column_read(tmp_path) -> None:
+    direct = _reader(None)
+    reader = _reader(ColumnStore(tmp_path, **SMALL))
+    for keys in (["action"], [], None, ["observation.state", "action"]):
+        got, want = reader.read_episode(5, keys), direct.read_episode(5, keys)
+        _assert_same([got], [want])
+    assert len(_stored_files(tmp_path)) == 1
 
 
 def test_a_data_file_deleted_while_open_is_still_read_when_the_store_is_not_wanted(tmp_path) -> None:
@@ -305,3 +318,88 @@ def test_a_disk_without_room_for_the_copy_reads_the_parquet(tmp_path, monkeypatc
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and "would leave less than 5% of the disk free" in warnings[0]
     assert _stored_files(tmp_path) == []
+
+
+def test_a_network_error_while_converting_is_raised_and_the_store_is_tried_again(tmp_path, monkeypatch) -> None:
+    """As a direct read raises it: a blip that outlasts the retries is the network's fault, not the store's."""
+    import tests.fake_remote  # noqa: F401 (registers the fakeremote:// protocol)
+
+    monkeypatch.setenv("LEROBOT_DALI_REMOTE_RETRIES", "0")
+    want = _all_episodes(_reader(None))
+    remote = open_dataset("fakeremote://", storage_options={"root": str(shared_dataset("cr5_v30_av1"))})
+    remote.column_store = store = ColumnStore(tmp_path, **SMALL)
+    fs = remote.location.fs.fs
+    remote._parquet.get(remote.data_path(0))  # the footer read: the file is open
+    fs.faults, fs.fault_every = ("timeout",), fs._total + 1  # the next request fails: the conversion's first read
+    with pytest.raises(TimeoutError):
+        remote.read_episode(0)
+    assert fs.faults_injected["timeout"] == 1 and not store._failed and _stored_files(tmp_path) == []
+    fs.fault_every = 0
+    _assert_same(_all_episodes(remote), want)
+    assert len(_stored_files(tmp_path)) == 1
+
+
+def test_a_damaged_data_file_is_reported_by_the_direct_read_not_as_a_store_failure(tmp_path, caplog) -> None:
+    root = _copy_of_cr5(tmp_path)
+    data_file = next((root / "data").rglob("*.parquet"))
+    raw = bytearray(data_file.read_bytes())
+    footer = int.from_bytes(raw[-8:-4], "little")
+    for i in range(4, len(raw) - footer - 8, 7):  # every page damaged, the footer intact
+        raw[i] ^= 0xFF
+    data_file.write_bytes(bytes(raw))
+    reader = open_dataset(root)
+    reader.column_store = ColumnStore(tmp_path / "store", **SMALL)
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.column_store"), pytest.raises(DataFileError):
+        reader.read_episode(0)
+    assert not caplog.records and _stored_files(tmp_path / "store") == []
+
+
+def test_a_store_file_that_cannot_be_opened_here_is_kept(tmp_path, monkeypatch, caplog) -> None:
+    want = _all_episodes(_reader(None))
+    _all_episodes(_reader(ColumnStore(tmp_path, **SMALL)))
+    [stored] = _stored_files(tmp_path)
+    real_map = column_store_module.pa.memory_map
+
+    def no_descriptors(*args, **kwargs):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(column_store_module.pa, "memory_map", no_descriptors)
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.column_store"):
+        _assert_same(_all_episodes(_reader(ColumnStore(tmp_path, **SMALL))), want)
+    assert stored.exists() and any("cannot be opened" in r.getMessage() for r in caplog.records)
+    monkeypatch.setattr(column_store_module.pa, "memory_map", real_map)
+
+
+def test_the_size_estimate_covers_the_decoded_copy(tmp_path) -> None:
+    _all_episodes(_reader(ColumnStore(tmp_path, **SMALL)))
+    [stored] = _stored_files(tmp_path)
+    reader = _reader(None)
+    estimate = column_store_module.arrow_bytes(reader._parquet.get(reader.data_path(0)), _columns(reader))
+    assert stored.stat().st_size <= estimate <= 3 * stored.stat().st_size
+    # Dictionary and run-length encoding shrink a constant column in parquet, not in Arrow.
+    zeros = pa.table({"a": pa.array([[0.0] * 19] * 200_000, type=pa.list_(pa.float32()))})
+    pq.write_table(zeros, tmp_path / "zeros.parquet")
+    parquet = pq.ParquetFile(tmp_path / "zeros.parquet")
+    uncompressed = parquet.metadata.row_group(0).column(0).total_uncompressed_size
+    with pa.OSFile(str(tmp_path / "zeros.arrow"), "wb") as sink, pa.ipc.new_file(sink, zeros.schema) as writer:
+        writer.write_table(zeros)
+    actual = (tmp_path / "zeros.arrow").stat().st_size
+    assert uncompressed * 5 < actual <= column_store_module.arrow_bytes(parquet, ["a"]) <= 2 * actual
+
+
+def test_prefetching_skips_the_row_groups_of_a_stored_file(tmp_path) -> None:
+    import tests.fake_remote  # noqa: F401 (registers the fakeremote:// protocol)
+    from lerobot_dali.episode_ranges import PARQUET_FOOTER_READ_BYTES, EpisodeRanges
+
+    remote = open_dataset("fakeremote://", storage_options={"root": str(shared_dataset("cr5_v30_av1"))})
+    remote.column_store = ColumnStore(tmp_path, **SMALL)
+    ranges = EpisodeRanges(remote, stamps=remote.stamps)
+    path = remote.data_path(0)
+    size = remote.stamps[path].size
+    footer = (path, max(0, size - PARQUET_FOOTER_READ_BYTES), size)
+    before = ranges.parquet_ranges(3)
+    assert before[0] == footer and len(before) == 2  # the footer and the file's one row group
+    remote.read_episode(0)  # converts the file
+    assert ranges.parquet_ranges(3) == [footer]
+    remote.column_store = ColumnStore(tmp_path, min_group_rows=10**6)  # a store that does not want the file
+    assert ranges.parquet_ranges(3) == before
