@@ -308,3 +308,22 @@ def test_bad_inputs_raise_named_errors(
     path.unlink()
     with pytest.raises(MissingDataFileError, match="clip.mp4"):
         pyav_decoder.decode(path, index, [0])
+
+
+def test_reused_conversions_give_pyav_own_pixels_across_sizes_and_formats(marker_video: MarkerVideo) -> None:
+    """One swscale context per thread replaced PyAV's per-frame ``to_ndarray(format=...)``: the same bytes, also
+    when frames of other sizes, resizes and formats alternate on one thread (the context must be rebuilt)."""
+    import av
+
+    from lerobot_dali.cpu_decode import WORKER_RESIZE_INTERPOLATION, _to_depth_codes, _to_rgb
+
+    frames = []
+    for path in (marker_video("av1", 2), marker_video("h264", 3, height=96, width=128), cr5_video(0)):
+        with av.open(str(path)) as container:
+            frames += [frame for _, frame in zip(range(3), container.decode(video=0), strict=False)]
+    assert len({(f.height, f.width) for f in frames}) == 3
+    for frame in frames * 2:
+        np.testing.assert_array_equal(_to_rgb(frame, None), frame.to_ndarray(format="rgb24"))
+        resized = frame.to_ndarray(format="rgb24", width=40, height=30, interpolation=WORKER_RESIZE_INTERPOLATION)
+        np.testing.assert_array_equal(_to_rgb(frame, (30, 40)), resized)
+        np.testing.assert_array_equal(_to_depth_codes(frame), frame.to_ndarray(format="gray12le"))
