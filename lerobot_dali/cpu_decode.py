@@ -57,6 +57,10 @@ Pixels = Literal["rgb", "planes", "depth"]
 #: full RGB frame, on the four real datasets in ../shared and the generated bench set, to 224x224, 96x128
 #: and 240x320: mean abs difference 0.6-1.2, p99 <= 7, max 49 (at sharp colour edges, where 4:2:0 chroma
 #: meets a different filter). Plain BILINEAR: max 62; AREA, BICUBIC, GAUSS, LANCZOS: further off.
+#: What a process's open decoders may hold, estimated as :data:`DECODER_FRAMES` YUV 4:2:0 frames each (8
+#: measured for H.264 with B-frames: 24 MiB at 1080p; dav1d holds less): ten 1080p or 58 480p H.264 decoders.
+DECODER_MEMORY_BYTES, DECODER_FRAMES, MIN_OPEN_DECODERS = 256 * 2**20, 8, 8
+
 WORKER_RESIZE_INTERPOLATION = int(Interpolation.BILINEAR | Interpolation.FULL_CHR_H_INT | Interpolation.FULL_CHR_H_INP)
 
 
@@ -88,14 +92,16 @@ class CpuDecodeOptions:
     """How the CPU fallback decodes.
 
     ``threads_per_decoder``: FFmpeg threads per open decoder (0 lets FFmpeg choose; keep it small when
-    several external-source workers decode at once). ``max_open_decoders``: open files kept per process.
+    several external-source workers decode at once). ``max_open_decoders``: open files kept per process, while
+    they fit :data:`DECODER_MEMORY_BYTES` (at least 8 are kept whatever their size): an episode pool of one file
+    per episode (v2.1) reopened a file for most requests under the old bound of 8 (+72% time at 96x128).
     ``color_conversion``: where frames become RGB; converting in the graph makes ``backend=AUTO`` decode with
     PyAV, since torchcodec hands over RGB only.
     """
 
     backend: CpuDecoderBackend = CpuDecoderBackend.AUTO
     threads_per_decoder: int = 1
-    max_open_decoders: int = 8
+    max_open_decoders: int = 64
     color_conversion: ColorConversion = ColorConversion.AUTO
 
     def __post_init__(self) -> None:
@@ -409,6 +415,7 @@ class CpuFrameDecoder:
     def __init__(self, *, options: CpuDecodeOptions | None = None) -> None:
         self.options = options if options is not None else CpuDecodeOptions()
         self._readers: OrderedDict[Hashable, _PyAvReader | _TorchCodecReader | _PacketDecoder] = OrderedDict()
+        self._reader_bytes: dict[Hashable, int] = {}
         self._pid = os.getpid()
         self._backend = self._resolve_backend()
 
@@ -478,13 +485,13 @@ class CpuFrameDecoder:
         decoder = cast("_PacketDecoder | None", self._readers.get(key))
         if decoder is None:
             decoder = _PacketDecoder(index, threads=self.options.threads_per_decoder)
-            self._remember(key, decoder)
+            self._remember(key, decoder, index)
         else:
             self._readers.move_to_end(key)
         try:
             return decoder.frames_at(index, plan, payloads)
         except Exception:
-            self._readers.pop(key, None)
+            self._forget(key)
             decoder.close()
             raise
 
@@ -519,7 +526,7 @@ class CpuFrameDecoder:
                 source, filesystem=filesystem, threads=self.options.threads_per_decoder, label=source_label(source)
             )
             if key is not None:
-                self._remember(key, reader)
+                self._remember(key, reader, index)
         elif key is not None:
             self._readers.move_to_end(key)
         try:
@@ -529,29 +536,41 @@ class CpuFrameDecoder:
                 by_pts = cast(_TorchCodecReader, reader).frames_at(index, requested, size)
         except Exception:
             if key is not None:
-                self._readers.pop(key, None)
+                self._forget(key)
             reader.close()
             raise
         if key is None:
             reader.close()
         return [by_pts[int(p)] for p in index.frame_pts[requested].tolist()]
 
-    def _remember(self, key: Hashable, reader: _PyAvReader | _TorchCodecReader | _PacketDecoder) -> None:
+    def _remember(
+        self, key: Hashable, reader: _PyAvReader | _TorchCodecReader | _PacketDecoder, index: PacketIndex
+    ) -> None:
         self._readers[key] = reader
-        while len(self._readers) > self.options.max_open_decoders:
-            _, evicted = self._readers.popitem(last=False)
+        self._reader_bytes[key] = DECODER_FRAMES * index.width * index.height * 3 // 2
+        while len(self._readers) > self.options.max_open_decoders or (
+            len(self._readers) > MIN_OPEN_DECODERS and sum(self._reader_bytes.values()) > DECODER_MEMORY_BYTES
+        ):
+            evicted_key, evicted = self._readers.popitem(last=False)
+            self._reader_bytes.pop(evicted_key, None)
             evicted.close()
+
+    def _forget(self, key: Hashable) -> None:
+        self._readers.pop(key, None)
+        self._reader_bytes.pop(key, None)
 
     def _drop_inherited(self) -> None:
         if self._pid != os.getpid():
             # Inherited through fork: the parent still uses these; dropping them without closing keeps
             # the parent's FFmpeg state untouched.
             self._readers = OrderedDict()
+            self._reader_bytes = {}
             self._pid = os.getpid()
 
     def close(self) -> None:
         """Close this process's open decoders."""
         self._drop_inherited()
+        self._reader_bytes = {}
         while self._readers:
             _, reader = self._readers.popitem(last=False)
             reader.close()

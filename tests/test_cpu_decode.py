@@ -205,6 +205,24 @@ def test_decoder_lru_is_bounded(marker_video: MarkerVideo) -> None:
     assert decoder.open_decoders == 0
 
 
+def test_open_decoders_are_bounded_by_their_estimated_memory(marker_video: MarkerVideo, tmp_path, monkeypatch) -> None:
+    """64 open files by default, while their decoders fit DECODER_MEMORY_BYTES; never fewer than 8."""
+    import lerobot_dali.cpu_decode as cpu_decode
+
+    source = marker_video("vp9", 2)
+    paths = [shutil.copy(source, tmp_path / f"{i}.webm") for i in range(12)]
+    index = build_packet_index(source)
+    per_decoder = cpu_decode.DECODER_FRAMES * index.width * index.height * 3 // 2
+    for budget, kept in ((100 * per_decoder, 12), (10 * per_decoder, 10), (per_decoder, 8)):
+        monkeypatch.setattr(cpu_decode, "DECODER_MEMORY_BYTES", budget)
+        decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+        for path in paths:
+            decoder.decode(path, index, [5])
+        assert decoder.open_decoders == kept
+        decoder.close()
+    assert CpuDecodeOptions().max_open_decoders == 64
+
+
 _FORK_DECODER: CpuFrameDecoder | None = None
 
 
