@@ -60,6 +60,8 @@ Pixels = Literal["rgb", "planes", "depth"]
 #: What a process's open decoders may hold, estimated as :data:`DECODER_FRAMES` YUV 4:2:0 frames each (8
 #: measured for H.264 with B-frames: 24 MiB at 1080p; dav1d holds less): ten 1080p or 58 480p H.264 decoders.
 DECODER_MEMORY_BYTES, DECODER_FRAMES, MIN_OPEN_DECODERS = 256 * 2**20, 8, 8
+#: What an open remote file adds to its decoder: fsspec's read-ahead block (5 MiB for HTTP), with margin.
+REMOTE_HANDLE_BYTES = 8 * 2**20
 
 WORKER_RESIZE_INTERPOLATION = int(Interpolation.BILINEAR | Interpolation.FULL_CHR_H_INT | Interpolation.FULL_CHR_H_INP)
 
@@ -526,7 +528,8 @@ class CpuFrameDecoder:
                 source, filesystem=filesystem, threads=self.options.threads_per_decoder, label=source_label(source)
             )
             if key is not None:
-                self._remember(key, reader, index)
+                remote = filesystem is not None and "file" not in _protocols(filesystem)
+                self._remember(key, reader, index, handle_bytes=REMOTE_HANDLE_BYTES if remote else 0)
         elif key is not None:
             self._readers.move_to_end(key)
         try:
@@ -544,10 +547,15 @@ class CpuFrameDecoder:
         return [by_pts[int(p)] for p in index.frame_pts[requested].tolist()]
 
     def _remember(
-        self, key: Hashable, reader: _PyAvReader | _TorchCodecReader | _PacketDecoder, index: PacketIndex
+        self,
+        key: Hashable,
+        reader: _PyAvReader | _TorchCodecReader | _PacketDecoder,
+        index: PacketIndex,
+        *,
+        handle_bytes: int = 0,
     ) -> None:
         self._readers[key] = reader
-        self._reader_bytes[key] = DECODER_FRAMES * index.width * index.height * 3 // 2
+        self._reader_bytes[key] = DECODER_FRAMES * index.width * index.height * 3 // 2 + handle_bytes
         while len(self._readers) > self.options.max_open_decoders or (
             len(self._readers) > MIN_OPEN_DECODERS and sum(self._reader_bytes.values()) > DECODER_MEMORY_BYTES
         ):
@@ -580,3 +588,9 @@ class CpuFrameDecoder:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(options=state["options"])  # type: ignore[misc]
+
+
+def _protocols(filesystem: Any) -> tuple[str, ...]:
+    inner = getattr(filesystem, "fs", filesystem)  # RetryingFileSystem wraps the remote one
+    protocol = getattr(inner, "protocol", ())
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)

@@ -221,6 +221,16 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(marker_video: Marke
         assert decoder.open_decoders == kept
         decoder.close()
     assert CpuDecodeOptions().max_open_decoders == 64
+    # A remote file's read-ahead buffer counts too.
+    from tests.fake_remote import FakeRemoteFileSystem
+
+    remote = FakeRemoteFileSystem(str(tmp_path))
+    monkeypatch.setattr(cpu_decode, "DECODER_MEMORY_BYTES", 10 * (per_decoder + cpu_decode.REMOTE_HANDLE_BYTES))
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    for i in range(12):
+        decoder.decode(f"{i}.webm", index, [5], filesystem=remote)
+    assert decoder.open_decoders == 10
+    decoder.close()
 
 
 _FORK_DECODER: CpuFrameDecoder | None = None
