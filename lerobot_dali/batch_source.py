@@ -191,6 +191,12 @@ def output_fields(spec: SourceSpec) -> list[Field]:
     return fields
 
 
+def _decode_group(index: PacketIndex, numbers: np.ndarray, *, local: bool) -> int:
+    """Which of a file's requests in a batch decode together (see ``BatchSource._decode_each``): all of a local
+    file with closed GOPs (-1), else those starting in the same GOP (its keyframe's decode position)."""
+    return -1 if local and not index.has_leading_pictures else _first_gop(index, numbers)
+
+
 def _first_gop(index: PacketIndex, numbers: np.ndarray) -> int:
     """Decode position of the keyframe that decoding display frames ``numbers`` starts from."""
     first = index.display_order[int(np.min(numbers))]
@@ -428,25 +434,36 @@ class BatchSource:
     def _decode_each(
         self, requests: Iterator[tuple[str, PacketIndex, np.ndarray]], *, size: tuple[int, int] | None, pixels: Pixels
     ) -> list[Any]:
-        """Frames per request. Samples of a batch whose frames start in the same GOP of the same file are
-        decoded as one request (the union of their frames), then split: that GOP decodes once, not once per
-        sample, which with long GOPs (250 frames in ``r1``, ``gr00t``) is most of the work. Grouping by GOP,
-        not by file, keeps the union small where one file holds every episode (v3.0)."""
+        """Frames per request, the requests of one file decoded together: a GOP several samples need decodes
+        once, not once per sample, which with long GOPs (250 frames in ``r1``, ``gr00t``) is most of the work.
+
+        A local file's requests are one decode when its GOPs are closed: the clip plan starts a segment at each
+        needed keyframe, so the union decodes no more than its parts, and a batch pays one plan, seek and lookup
+        per file (-11% per batch at 96x128). Open GOPs (leading pictures) make the union one unbroken run, and
+        remote requests read their packets per request: those are grouped by the GOP they start in.
+        """
+        location = self.spec.reader.location
         listed = list(requests)
         groups: dict[tuple[str, int], list[int]] = {}
         for i, (path, index, numbers) in enumerate(listed):
-            groups.setdefault((path, _first_gop(index, numbers)), []).append(i)
+            groups.setdefault((path, _decode_group(index, numbers, local=location.is_local)), []).append(i)
         out: list[Any] = [None] * len(listed)
         for (path, _), members in groups.items():
             index = listed[members[0]][1]
             if len(members) == 1:
                 out[members[0]] = self._decode_request(path, index, listed[members[0]][2], size=size, pixels=pixels)
-                continue
-            union = np.unique(np.concatenate([listed[i][2] for i in members]))
-            decoded = self._decode_request(path, index, union, size=size, pixels=pixels)
-            for i in members:
-                rows = np.searchsorted(union, listed[i][2])
-                out[i] = decoded[rows]
+            elif location.is_local:
+                with io_stats.timed("decode_s"):
+                    decoded = self._decoder.decode_each(
+                        path, index, [listed[i][2] for i in members], filesystem=location.fs, size=size, pixels=pixels
+                    )
+                for i, frames in zip(members, decoded, strict=True):
+                    out[i] = frames
+            else:
+                union = np.unique(np.concatenate([listed[i][2] for i in members]))
+                decoded_union = self._decode_request(path, index, union, size=size, pixels=pixels)
+                for i in members:
+                    out[i] = decoded_union[np.searchsorted(union, listed[i][2])]
         return out
 
     def _decode_request(

@@ -355,3 +355,20 @@ def test_reused_conversions_give_pyav_own_pixels_across_sizes_and_formats(marker
         resized = frame.to_ndarray(format="rgb24", width=40, height=30, interpolation=WORKER_RESIZE_INTERPOLATION)
         np.testing.assert_array_equal(_to_rgb(frame, (30, 40)), resized)
         np.testing.assert_array_equal(_to_depth_codes(frame), frame.to_ndarray(format="gray12le"))
+
+
+@pytest.mark.parametrize("pixels", ["rgb", "planes"])
+def test_decode_each_equals_a_decode_per_request(marker_video: MarkerVideo, pixels: str) -> None:
+    path = marker_video("h264", 4)
+    index = build_packet_index(path)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    requests = [np.array([5, 3, 3]), np.array([40]), np.array([11, 10, 5])]
+    together = decoder.decode_each(path, index, requests, pixels=pixels)
+    for request, got in zip(requests, together, strict=True):
+        want = decoder.decode(path, index, request, pixels=pixels)
+        if pixels == "rgb":
+            np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_array_equal(got.luma, want.luma)
+            np.testing.assert_array_equal(got.chroma, want.chroma)
+            np.testing.assert_array_equal(got.matrix, want.matrix)

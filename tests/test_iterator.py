@@ -135,20 +135,20 @@ def test_worker_decoded_frames_equal_an_independent_full_decode(make_ds) -> None
 
 @pytest.mark.parametrize("color", ["worker", "planes"])
 def test_samples_in_one_gop_decode_it_once(make_ds, monkeypatch: pytest.MonkeyPatch, color: str) -> None:
-    """A batch's samples whose frames start in the same GOP are decoded as one request: with a 30-frame GOP,
-    dataset order and batches of 8, each batch asks the decoder once or twice (a batch spanning a GOP or
-    episode boundary), never once per sample; every frame is still its own sample's."""
+    """A batch's samples of one local file with closed GOPs are decoded as one request: with a 30-frame GOP,
+    dataset order and batches of 8, each batch asks the decoder once, also across a GOP or episode boundary,
+    never once per sample; every frame is still its own sample's."""
     from lerobot_dali.cpu_decode import ColorConversion, CpuDecodeOptions, CpuFrameDecoder
 
     root = make_ds(episodes=2, frames_per_episode=[45, 35], cameras=1, codec="h264", fps=FPS, gop=30)
     calls: list[int] = []
-    original = CpuFrameDecoder.decode
+    original = CpuFrameDecoder._frames
 
     def counting(self, source, index, frame_indices, **kwargs):
         calls.append(len(frame_indices))
         return original(self, source, index, frame_indices, **kwargs)
 
-    monkeypatch.setattr(CpuFrameDecoder, "decode", counting)
+    monkeypatch.setattr(CpuFrameDecoder, "_frames", counting)
     conversion = ColorConversion.GRAPH if color == "planes" else ColorConversion.WORKER
     it = DALILeRobotIterator(
         root, batch_size=8, shuffle=False, device="cpu", num_workers=0, drop_last=False, return_uint8=True,
@@ -165,7 +165,18 @@ def test_samples_in_one_gop_decode_it_once(make_ds, monkeypatch: pytest.MonkeyPa
     # One file of 80 frames, keyframes at 0, 30 and 60; batches of 8 in dataset order. Batch 3 (24-31) and
     # batch 7 (56-63) straddle a keyframe; batch 5 (40-47) spans both episodes inside one GOP. Later calls,
     # if any, are the next epoch's batches that DALI's prefetch already asked for.
-    assert calls[:12] == [8, 8, 8, 6, 2, 8, 8, 8, 4, 4, 8, 8], calls
+    assert calls[:12] == [8] * 12, calls
+
+
+def test_open_gops_and_remote_files_decode_by_the_gop_requests_start_in() -> None:
+    """Open GOPs make a union one unbroken run, and remote requests read their packets per request: those
+    decode per GOP (the keyframe's decode position), a local file with closed GOPs as one group (-1)."""
+    from lerobot_dali.batch_source import _decode_group
+    from tests.test_clips import CLOSED, OPEN
+
+    assert _decode_group(CLOSED, np.array([1, 8]), local=True) == _decode_group(CLOSED, np.array([5]), local=True) == -1
+    assert _decode_group(CLOSED, np.array([1]), local=False) != _decode_group(CLOSED, np.array([8]), local=False)
+    assert _decode_group(OPEN, np.array([1]), local=True) != _decode_group(OPEN, np.array([8]), local=True)
 
 
 def test_dali_cpu_decode_is_close_to_an_independent_decode(make_ds) -> None:
