@@ -613,3 +613,31 @@ def test_cr5_full_epoch_parity_with_independent_reads() -> None:
             seen += 1
     assert seen == 2733
     it.close()
+
+
+def test_dali_decoded_clips_open_each_mp4_once_per_batch(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
+    """VP9 clips for DALI's decoder: a batch opens each video file once and lends it to all its clips."""
+    from types import SimpleNamespace
+
+    import lerobot_dali.batch_source as batch_source_module
+    import lerobot_dali.clips as clips_module
+
+    root = _dataset(make_ds, "vp9")
+    it = DALILeRobotIterator(root, batch_size=8, shuffle=False, device="cpu", num_workers=0, delta_timestamps=DELTAS)
+    iter(it)
+    source = batch_source_module.BatchSource(it._spec)
+    it.close()
+    opened: list[str] = []
+    real = clips_module.open_video_source
+
+    def counting(video, **kwargs):
+        if isinstance(video, str):
+            opened.append(video)
+        return real(video, **kwargs)
+
+    monkeypatch.setattr(clips_module, "open_video_source", counting)
+    monkeypatch.setattr(batch_source_module, "open_video_source", counting)
+    outputs = source(SimpleNamespace(epoch_idx=0, iteration=0))
+    episodes = outputs[source.fields.index(next(f for f in source.fields if f.name == "episode_index"))]
+    files = {int(e) // 2 for e in np.asarray(episodes).ravel().tolist()}  # 2 episodes per file
+    assert len(opened) == 2 * len(files) == len(set(opened)), opened  # 2 cameras, 8 samples of 3 frames each
