@@ -389,6 +389,7 @@ class BatchSource:
                 index,
                 timestamp_source=spec.timestamp_source,
                 tolerance_s=spec.tolerance_s,
+                video=video,
             )
             yield video.path, index, numbers
 

@@ -20,7 +20,7 @@ from .errors import FrameRequestError, FrameTimestampError
 from .packet_index import PacketIndex
 
 if TYPE_CHECKING:
-    from .dataset_reader import LeRobotDatasetReader
+    from .dataset_reader import LeRobotDatasetReader, VideoRef
 
 __all__ = [
     "DEFAULT_TOLERANCE_S",
@@ -214,11 +214,14 @@ def row_frame_numbers(
     *,
     timestamp_source: TimestampSource,
     tolerance_s: float,
+    video: VideoRef | None = None,
 ) -> np.ndarray:
     """Display frame numbers, in the camera's video file, of rows ``row_indices`` of one episode (``rows`` as
     ``reader.read_episode`` gives them): each row's time (its parquet ``timestamp``, or ``frame_index / fps``)
-    after the episode's ``from_timestamp``, within ``tolerance_s`` and the episode's part of the file."""
-    video = reader.video(episode_pos, camera)
+    after the episode's ``from_timestamp``, within ``tolerance_s`` and the episode's part of the file.
+    ``video``: ``reader.video(episode_pos, camera)`` where the caller has it (a batch asks per sample)."""
+    if video is None:
+        video = reader.video(episode_pos, camera)
     if timestamp_source is TimestampSource.FRAME_INDEX:
         local_s = frame_index_timestamps_s(rows["frame_index"][row_indices], fps=reader.fps)
     else:
