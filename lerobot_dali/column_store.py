@@ -117,8 +117,12 @@ class ColumnStore:
 
     def path_for(self, path: str, stamp: FileStamp, columns: list[str]) -> Path:
         """The Arrow file holding ``columns`` of ``path`` at ``stamp`` (two-level fan-out keeps folders small)."""
-        digest = hashlib.sha256(_key(path, stamp, columns).encode()).hexdigest()
-        return self.directory / digest[:2] / f"{digest}.arrow"
+        return self._entry(path, stamp, columns).target
+
+    def _entry(self, path: str, stamp: FileStamp, columns: list[str]) -> _Entry:
+        key = json.dumps([STORE_FORMAT, path, stamp.size, stamp.version, sorted(columns)])
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return _Entry(path, key, self.directory / digest[:2] / f"{digest}.arrow", columns)
 
     def rows(
         self,
@@ -135,10 +139,7 @@ class ColumnStore:
         """Rows ``[row_start, row_start + length)`` of ``columns`` (some of ``stored_columns``, the entry's), or
         None where the caller must read the parquet itself (another process is converting the file, or the store
         failed: logged)."""
-        entry = _Entry(
-            path, _key(path, stamp, stored_columns), self.path_for(path, stamp, stored_columns), stored_columns
-        )
-        table = self._table(parquet, read_lock, entry)
+        table = self._table(parquet, read_lock, self._entry(path, stamp, stored_columns))
         if table is None:
             return None
         return table.slice(row_start, length).select(columns)
@@ -159,8 +160,7 @@ class ColumnStore:
                 return None
             table = self._map(entry, expected_rows)
             if table is None:
-                with self._lock:
-                    self._failed.add(target)
+                self._give_up(target)
                 return None
         with self._lock:
             self._open[target] = table
@@ -301,10 +301,6 @@ def _room_for(parquet: pq.ParquetFile, columns: list[str], directory: Path, path
         CACHE_ENV,
     )
     return False
-
-
-def _key(path: str, stamp: FileStamp, columns: list[str]) -> str:
-    return json.dumps([STORE_FORMAT, path, stamp.size, stamp.version, sorted(columns)])
 
 
 def _write_arrow(parquet: pq.ParquetFile, columns: list[str], key: str, sink: Any) -> None:
