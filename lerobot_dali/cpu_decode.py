@@ -52,17 +52,17 @@ logger = logging.getLogger(__name__)
 #: What a decode hands over: RGB, the decoder's planes (:mod:`.yuv_frames`) or depth codes (:mod:`.depth_maps`).
 Pixels = Literal["rgb", "planes", "depth"]
 
-#: swscale flags for resizing in the worker: bilinear (swscale widens it when shrinking, i.e. antialiased,
-#: like DALI's ``fn.resize``) with chroma interpolated at full resolution. Against DALI's resize of the
-#: full RGB frame, on the four real datasets in ../shared and the generated bench set, to 224x224, 96x128
-#: and 240x320: mean abs difference 0.6-1.2, p99 <= 7, max 49 (at sharp colour edges, where 4:2:0 chroma
-#: meets a different filter). Plain BILINEAR: max 62; AREA, BICUBIC, GAUSS, LANCZOS: further off.
 #: What a process's open decoders may hold, estimated as :data:`DECODER_FRAMES` YUV 4:2:0 frames each (8
 #: measured for H.264 with B-frames: 24 MiB at 1080p; dav1d holds less): ten 1080p or 58 480p H.264 decoders.
 DECODER_MEMORY_BYTES, DECODER_FRAMES, MIN_OPEN_DECODERS = 256 * 2**20, 8, 8
 #: What an open remote file adds to its decoder: fsspec's read-ahead block (5 MiB for HTTP), with margin.
 REMOTE_HANDLE_BYTES = 8 * 2**20
 
+#: swscale flags for resizing in the worker: bilinear (swscale widens it when shrinking, i.e. antialiased,
+#: like DALI's ``fn.resize``) with chroma interpolated at full resolution. Against DALI's resize of the
+#: full RGB frame, on the four real datasets in ../shared and the generated bench set, to 224x224, 96x128
+#: and 240x320: mean abs difference 0.6-1.2, p99 <= 7, max 49 (at sharp colour edges, where 4:2:0 chroma
+#: meets a different filter). Plain BILINEAR: max 62; AREA, BICUBIC, GAUSS, LANCZOS: further off.
 WORKER_RESIZE_INTERPOLATION = int(Interpolation.BILINEAR | Interpolation.FULL_CHR_H_INT | Interpolation.FULL_CHR_H_INP)
 
 
