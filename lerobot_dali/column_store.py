@@ -17,6 +17,7 @@ correctness, and deleting it only costs the conversion again.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -49,6 +50,11 @@ _KEY_METADATA = b"lerobot_dali.column_store.key"
 
 #: The share of the disk a conversion leaves free (checkpoints and logs write there too).
 _KEEP_FREE = 0.05
+
+#: Errors that make the whole folder unwritable (full, over quota, read-only, not a folder), not just one file.
+_FOLDER_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST}
+)
 
 #: Rows decoded per batch while converting: bounds the memory of a conversion besides the compressed group.
 _CONVERT_BATCH_ROWS = 65_536
@@ -95,6 +101,8 @@ class ColumnStore:
         self._open: OrderedDict[Path, pa.Table] = OrderedDict()
         #: Entries this process failed to write or read: not tried again (each try decodes the whole group).
         self._failed: set[Path] = set()
+        #: Why the folder takes no writes in this process (a full disk, a quota, read-only): no file is tried again.
+        self._unwritable: str | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -206,6 +214,8 @@ class ColumnStore:
         A transient error reading a remote data file (after its retries) is raised, as a direct read raises it.
         """
         path, target = entry.path, entry.target
+        if self._unwritable is not None:
+            return False
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             lock = try_flock(target.with_suffix(".lock"))
@@ -227,16 +237,21 @@ class ColumnStore:
             if is_transient(e.cause):
                 raise e.cause from None
             return False
-        except (OSError, pa.ArrowException) as e:
+        except OSError as e:
+            if e.errno not in _FOLDER_ERRNOS:
+                self._write_failed(path, target, e)
+                return False
+            self._unwritable = f"{type(e).__name__}: {e}"
             logger.warning(
-                "column store: cannot write %s for %s (%s: %s); its episodes are read from the parquet row groups, "
-                "decoding each whole group per read",
-                target,
-                path,
-                type(e).__name__,
-                e,
+                "column store: cannot write to %s (%s); this process reads data files with big row groups from "
+                "their parquet row groups, decoding each whole group per read: free space or move the store with $%s",
+                self.directory,
+                self._unwritable,
+                CACHE_ENV,
             )
-            self._give_up(target)
+            return False
+        except pa.ArrowException as e:
+            self._write_failed(path, target, e)
             return False
         logger.info(
             "column store: wrote %d rows of %s (%d column(s)) to %s in %.2f s",
@@ -247,6 +262,17 @@ class ColumnStore:
             time.perf_counter() - started,
         )
         return True
+
+    def _write_failed(self, path: str, target: Path, error: Exception) -> None:
+        logger.warning(
+            "column store: cannot write %s for %s (%s: %s); its episodes are read from the parquet row groups, "
+            "decoding each whole group per read",
+            target,
+            path,
+            type(error).__name__,
+            error,
+        )
+        self._give_up(target)
 
     def _give_up(self, target: Path) -> None:
         with self._lock:

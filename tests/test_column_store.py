@@ -9,6 +9,7 @@ import logging
 import os
 import pickle
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -122,7 +123,34 @@ def test_a_store_that_cannot_be_written_warns_once_and_reads_the_parquet(tmp_pat
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.column_store"):
         _assert_same(_all_episodes(_reader(ColumnStore(not_a_folder, **SMALL))), direct)
     warnings = [r.getMessage() for r in caplog.records]
-    assert len(warnings) == 1 and "cannot write" in warnings[0] and "cr5_v30_av1" in warnings[0]
+    assert len(warnings) == 1 and f"cannot write to {not_a_folder}" in warnings[0]
+
+
+def test_a_full_disk_or_quota_stops_every_conversion_of_the_process(tmp_path, monkeypatch, caplog) -> None:
+    """A quota does not show in the disk's free space: the write fails, and no other file is tried."""
+    writes: list[str] = []
+
+    def over_quota(parquet, columns, key, sink) -> None:
+        writes.append(key)
+        sink.write(b"x" * 100)
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+    monkeypatch.setattr(column_store_module, "_write_arrow", over_quota)
+    store = ColumnStore(tmp_path, **SMALL)
+    reader = _reader(store)
+    direct = _all_episodes(_reader(None))
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.column_store"):
+        _assert_same(_all_episodes(reader), direct)
+        path = reader.data_path(0)
+        parquet = reader._parquet.get(path)
+        other = store.rows(
+            parquet, threading.Lock(), path=path, stamp=_stamp(reader), stored_columns=["action"], columns=["action"],
+            row_start=0, length=5,
+        )  # fmt: skip
+    assert other is None and len(writes) == 1  # another entry is not tried
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "Disk quota exceeded" in warnings[0] and "$LEROBOT_DALI_CACHE" in warnings[0]
+    assert _stored_files(tmp_path) == [] and not list(tmp_path.rglob("*.tmp"))
 
 
 def test_a_changed_file_misses_its_old_entry(tmp_path) -> None:
