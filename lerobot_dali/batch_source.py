@@ -192,18 +192,6 @@ def output_fields(spec: SourceSpec) -> list[Field]:
     return fields
 
 
-def _decode_group(index: PacketIndex, numbers: np.ndarray, *, local: bool) -> int:
-    """Which of a file's requests in a batch decode together (see ``BatchSource._decode_each``): all of a local
-    file with closed GOPs (-1), else those starting in the same GOP (its keyframe's decode position)."""
-    return -1 if local and not index.has_leading_pictures else _first_gop(index, numbers)
-
-
-def _first_gop(index: PacketIndex, numbers: np.ndarray) -> int:
-    """Decode position of the keyframe that decoding display frames ``numbers`` starts from."""
-    first = index.display_order[int(np.min(numbers))]
-    return int(index.keyframe_positions[index.keyframe_slots(first)])
-
-
 class BatchSource:
     """``batch_info -> tuple of outputs`` for DALI's parallel external source (``batch=True``)."""
 
@@ -439,16 +427,15 @@ class BatchSource:
         """Frames per request, the requests of one file decoded together: a GOP several samples need decodes
         once, not once per sample, which with long GOPs (250 frames in ``r1``, ``gr00t``) is most of the work.
 
-        A local file's requests are one decode when its GOPs are closed: the clip plan starts a segment at each
-        needed keyframe, so the union decodes no more than its parts, and a batch pays one plan, seek and lookup
-        per file (-11% per batch at 96x128). Open GOPs (leading pictures) make the union one unbroken run, and
-        remote requests read their packets per request: those are grouped by the GOP they start in.
+        A local file's requests go to the decoder together (:meth:`CpuFrameDecoder.decode_each`), which pays one
+        plan, seek and lookup per file and GOP run (-11% per batch at 96x128). Remote requests read their packets
+        per request: those are grouped by the GOP they start in.
         """
         location = self.spec.reader.location
         listed = list(requests)
         groups: dict[tuple[str, int], list[int]] = {}
         for i, (path, index, numbers) in enumerate(listed):
-            groups.setdefault((path, _decode_group(index, numbers, local=location.is_local)), []).append(i)
+            groups.setdefault((path, -1 if location.is_local else index.start_keyframe(numbers)), []).append(i)
         out: list[Any] = [None] * len(listed)
         for (path, _), members in groups.items():
             index = listed[members[0]][1]

@@ -52,9 +52,11 @@ logger = logging.getLogger(__name__)
 #: What a decode hands over: RGB, the decoder's planes (:mod:`.yuv_frames`) or depth codes (:mod:`.depth_maps`).
 Pixels = Literal["rgb", "planes", "depth"]
 
-#: What a process's open decoders may hold, estimated as :data:`DECODER_FRAMES` YUV 4:2:0 frames each (8
-#: measured for H.264 with B-frames: 24 MiB at 1080p; dav1d holds less): ten 1080p or 58 480p H.264 decoders.
-DECODER_MEMORY_BYTES, DECODER_FRAMES, MIN_OPEN_DECODERS = 256 * 2**20, 8, 8
+#: What a process's open decoders may hold, estimated as :data:`DECODER_FRAMES` YUV 4:2:0 frames each per
+#: decoding thread (measured at one thread: 8-13 frames for H.264 with B-frames, 28 MiB at 1080p and 4.2 MiB
+#: for r1's 640x360; up to 24 with 16 reference frames; dav1d holds less): at one thread, seven 1080p or 48
+#: 480p H.264 decoders.
+DECODER_MEMORY_BYTES, DECODER_FRAMES, MIN_OPEN_DECODERS = 256 * 2**20, 12, 8
 #: What an open remote file adds to its decoder: fsspec's read-ahead block (5 MiB for HTTP), with margin.
 REMOTE_HANDLE_BYTES = 8 * 2**20
 
@@ -471,14 +473,22 @@ class CpuFrameDecoder:
     ) -> list[Any]:
         """:meth:`decode` of several requests of one file: their frames decode once, as one request, and each
         request stacks its own (one copy; stacking the union first and indexing it cost two more, +27% at
-        640x480)."""
+        640x480). With closed GOPs the clip plan starts a segment at each needed keyframe, so the union decodes
+        no more than its parts; open GOPs (leading pictures) would make it one unbroken run from the first frame
+        to the last (354 packets for three two-frame requests, against 17), so there each GOP's requests go
+        together."""
         arrays = [np.asarray(r) for r in requests]
-        union = np.unique(np.concatenate(arrays))
-        frames = self._frames(source, index, union, filesystem=filesystem, size=size, pixels=pixels)
-        return [
-            _stacked([frames[row] for row in np.searchsorted(union, r).tolist()], pixels, label=index.source_name)
-            for r in arrays
-        ]
+        groups: dict[int, list[int]] = {}
+        for i, r in enumerate(arrays):
+            groups.setdefault(index.start_keyframe(r) if index.has_leading_pictures else -1, []).append(i)
+        out: list[Any] = [None] * len(arrays)
+        for members in groups.values():
+            union = np.unique(np.concatenate([arrays[i] for i in members]))
+            frames = self._frames(source, index, union, filesystem=filesystem, size=size, pixels=pixels)
+            for i in members:
+                rows = np.searchsorted(union, arrays[i]).tolist()
+                out[i] = _stacked([frames[row] for row in rows], pixels, label=index.source_name)
+        return out
 
     def decode_packets(
         self,
@@ -576,7 +586,9 @@ class CpuFrameDecoder:
         handle_bytes: int = 0,
     ) -> None:
         self._readers[key] = reader
-        self._reader_bytes[key] = DECODER_FRAMES * index.width * index.height * 3 // 2 + handle_bytes
+        threads = self.options.threads_per_decoder or min(16, os.cpu_count() or 1)  # 0: FFmpeg's own choice
+        frames = DECODER_FRAMES * threads  # frame threads each hold frames in flight (measured: 2-4x at 4 threads)
+        self._reader_bytes[key] = frames * index.width * index.height * 3 // 2 + handle_bytes
         while len(self._readers) > self.options.max_open_decoders or (
             len(self._readers) > MIN_OPEN_DECODERS and sum(self._reader_bytes.values()) > DECODER_MEMORY_BYTES
         ):

@@ -152,6 +152,11 @@ class PacketIndex:
         from (the last at or before it; position 0 is always one)."""
         return np.searchsorted(self.keyframe_positions, decode_positions, side="right") - 1
 
+    def start_keyframe(self, frame_numbers: ArrayLike) -> int:
+        """Decode position of the keyframe that decoding display frames ``frame_numbers`` starts from."""
+        first = self.display_order[int(np.min(frame_numbers))]
+        return int(self.keyframe_positions[self.keyframe_slots(first)])
+
     @property
     def frame_interval_s(self) -> float:
         """Typical distance between consecutive displayed frames, in seconds (``frame_duration``)."""

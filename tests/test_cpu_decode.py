@@ -213,12 +213,14 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(marker_video: Marke
     paths = [shutil.copy(source, tmp_path / f"{i}.webm") for i in range(12)]
     index = build_packet_index(source)
     per_decoder = cpu_decode.DECODER_FRAMES * index.width * index.height * 3 // 2
-    for budget, kept in ((100 * per_decoder, 12), (10 * per_decoder, 10), (per_decoder, 8)):
+    for budget, threads, kept in ((100 * per_decoder, 1, 12), (10 * per_decoder, 1, 10), (per_decoder, 1, 8),
+                                  (10 * per_decoder, 2, 8), (20 * per_decoder, 2, 10)):  # fmt: skip
         monkeypatch.setattr(cpu_decode, "DECODER_MEMORY_BYTES", budget)
-        decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+        options = CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, threads_per_decoder=threads)
+        decoder = CpuFrameDecoder(options=options)
         for path in paths:
             decoder.decode(path, index, [5])
-        assert decoder.open_decoders == kept
+        assert decoder.open_decoders == kept, (budget, threads)  # each thread holds frames of its own
         decoder.close()
     assert CpuDecodeOptions().max_open_decoders == 64
     # A remote file's read-ahead buffer counts too.
@@ -372,3 +374,34 @@ def test_decode_each_equals_a_decode_per_request(marker_video: MarkerVideo, pixe
             np.testing.assert_array_equal(got.luma, want.luma)
             np.testing.assert_array_equal(got.chroma, want.chroma)
             np.testing.assert_array_equal(got.matrix, want.matrix)
+
+
+def test_decode_each_of_an_open_gop_file_decodes_each_gop_on_its_own(tmp_path, monkeypatch) -> None:
+    """Open GOPs make a union of far-apart requests one unbroken run: decode_each decodes per GOP there."""
+    import lerobot_dali.cpu_decode as cpu_decode
+    from tests.test_clips import _encode_open_gop
+
+    path = tmp_path / "open_gop.mp4"
+    _encode_open_gop(path, "libx264")
+    index = build_packet_index(path)
+    assert index.has_leading_pictures
+    decoded: list[int] = []
+    original = cpu_decode._PyAvReader._decode_until
+
+    def counting(self, packets, *args):
+        def each():
+            for packet in packets:
+                decoded.append(1)
+                yield packet
+
+        return original(self, each(), *args)
+
+    monkeypatch.setattr(cpu_decode._PyAvReader, "_decode_until", counting)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    requests = [np.array([2, 3]), np.array([45, 46]), np.array([85, 86])]
+    together = decoder.decode_each(path, index, requests)
+    packets_together = len(decoded)
+    decoded.clear()
+    for request, got in zip(requests, together, strict=True):
+        np.testing.assert_array_equal(got, decoder.decode(path, index, request))
+    assert packets_together <= len(decoded) < 40, (packets_together, len(decoded))  # not the file's 90

@@ -168,15 +168,13 @@ def test_samples_in_one_gop_decode_it_once(make_ds, monkeypatch: pytest.MonkeyPa
     assert calls[:12] == [8] * 12, calls
 
 
-def test_open_gops_and_remote_files_decode_by_the_gop_requests_start_in() -> None:
-    """Open GOPs make a union one unbroken run, and remote requests read their packets per request: those
-    decode per GOP (the keyframe's decode position), a local file with closed GOPs as one group (-1)."""
-    from lerobot_dali.batch_source import _decode_group
+def test_the_keyframe_a_request_starts_from() -> None:
+    """Remote requests of a batch group by it; so do a local open-GOP file's (CpuFrameDecoder.decode_each)."""
     from tests.test_clips import CLOSED, OPEN
 
-    assert _decode_group(CLOSED, np.array([1, 8]), local=True) == _decode_group(CLOSED, np.array([5]), local=True) == -1
-    assert _decode_group(CLOSED, np.array([1]), local=False) != _decode_group(CLOSED, np.array([8]), local=False)
-    assert _decode_group(OPEN, np.array([1]), local=True) != _decode_group(OPEN, np.array([8]), local=True)
+    # CLOSED: keyframes at decode positions 0 (display 0) and 5 (display 5); OPEN: 0 and 4 (display 6).
+    assert CLOSED.start_keyframe([1, 8]) == CLOSED.start_keyframe([4]) == 0 and CLOSED.start_keyframe([8, 5]) == 5
+    assert OPEN.start_keyframe([3]) == 0 and OPEN.start_keyframe([8, 5]) == 4  # display 4, 5: leading pictures
 
 
 def test_dali_cpu_decode_is_close_to_an_independent_decode(make_ds) -> None:
