@@ -49,7 +49,11 @@ def try_flock(path: Path) -> IO[bytes] | None:
     """``path`` opened and exclusively ``flock``ed, or None while another process (or handle) holds it.
 
     The lock goes with the returned file (closed, or the process gone), so a crash never leaves it taken."""
-    handle = open(path, "a+b")  # noqa: SIM115 (returned open: the caller holds the lock as long as it likes)
+    handle: IO[bytes]
+    try:
+        handle = open(path, "a+b")  # noqa: SIM115 (returned open: the caller holds the lock as long as it likes)
+    except PermissionError:  # another user's lock file in a shared cache: flock works on a read-only descriptor
+        handle = open(path, "rb")  # noqa: SIM115
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:

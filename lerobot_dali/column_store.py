@@ -9,10 +9,11 @@ So the columns a reader reads of such a file are written once per machine as one
 (1.3-2.3x the parquet file, measured) under ``cache_root()/columns``; every worker, rank and later run maps it,
 and the OS page cache shares its pages between them (HF ``datasets``, under LeRobot's own loader, keeps Arrow
 files for the same reason). Entries are keyed by the sha256 of (path, size, version, columns) and record their
-key, so a changed file simply misses; old entries are never deleted. One process converts a file (an
-``flock``), written under a temporary name and renamed; the others read the row group directly meanwhile
-rather than wait. A store that cannot be written or read is logged and skipped: it is never needed for
-correctness, and deleting it only costs the conversion again.
+key, so a changed file simply misses; stale entries are kept (damaged ones are deleted). One process converts
+a file (an ``flock``), written under a temporary name and renamed; the others read the row group directly
+meanwhile rather than wait. A store that cannot be written or read is logged and skipped: it is never needed
+for correctness, and deleting it only costs the conversion again. A folder that refuses writes (full, over
+quota, read-only) stops the process's conversions for good, with one warning; mapped entries stay in use.
 """
 
 from __future__ import annotations
@@ -51,10 +52,8 @@ _KEY_METADATA = b"lerobot_dali.column_store.key"
 #: The share of the disk a conversion leaves free (checkpoints and logs write there too).
 _KEEP_FREE = 0.05
 
-#: Errors that make the whole folder unwritable (full, over quota, read-only, not a folder), not just one file.
-_FOLDER_ERRNOS = frozenset(
-    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST}
-)
+#: Errors that stop every write to the folder: full, over quota, read-only.
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 
 #: Rows decoded per batch while converting: bounds the memory of a conversion besides the compressed group.
 _CONVERT_BATCH_ROWS = 65_536
@@ -238,7 +237,7 @@ class ColumnStore:
                 raise e.cause from None
             return False
         except OSError as e:
-            if e.errno not in _FOLDER_ERRNOS:
+            if not self._folder_refuses(e):
                 self._write_failed(path, target, e)
                 return False
             self._unwritable = f"{type(e).__name__}: {e}"
@@ -262,6 +261,13 @@ class ColumnStore:
             time.perf_counter() - started,
         )
         return True
+
+    def _folder_refuses(self, error: OSError) -> bool:
+        """Whether ``error`` stops every write to the folder (full, over quota, read-only, not a writable folder),
+        not just one entry's (another user's lock or fan-out folder in a shared cache)."""
+        if error.errno in _FULL_ERRNOS:
+            return True
+        return not (self.directory.is_dir() and os.access(self.directory, os.W_OK))
 
     def _write_failed(self, path: str, target: Path, error: Exception) -> None:
         logger.warning(

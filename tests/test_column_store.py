@@ -431,3 +431,50 @@ def test_prefetching_skips_the_row_groups_of_a_stored_file(tmp_path) -> None:
     assert ranges.parquet_ranges(3) == [footer]
     remote.column_store = ColumnStore(tmp_path, min_group_rows=10**6)  # a store that does not want the file
     assert ranges.parquet_ranges(3) == before
+
+
+def test_another_users_lock_file_is_locked_read_only(tmp_path, monkeypatch) -> None:
+    """A shared cache: a lock file left by another user (mode 0644) cannot be opened for writing."""
+    import builtins
+
+    from lerobot_dali import cache_dirs
+
+    lock = tmp_path / "entry.lock"
+    lock.write_bytes(b"")
+    real_open = builtins.open
+
+    def as_another_user(path, mode="r", *args, **kwargs):
+        if str(path) == str(lock) and mode != "rb":
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", as_another_user)
+    held = cache_dirs.try_flock(lock)
+    assert held is not None and held.mode == "rb"
+    assert cache_dirs.try_flock(lock) is None  # held: another process converts
+    held.close()
+
+
+def test_one_entry_refused_leaves_the_other_entries_converting(tmp_path, monkeypatch, caplog) -> None:
+    """A permission error on one entry (another user's fan-out folder) is that entry's, not the folder's."""
+    store = ColumnStore(tmp_path, **SMALL)
+    reader = _reader(store)
+    blocked = store.path_for(reader.data_path(0), _stamp(reader), _columns(reader))
+    real_try_flock = column_store_module.try_flock
+
+    def refusing(path):
+        if path == blocked.with_suffix(".lock"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_try_flock(path)
+
+    monkeypatch.setattr(column_store_module, "try_flock", refusing)
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.column_store"):
+        _assert_same(_all_episodes(reader), _all_episodes(_reader(None)))
+        path = reader.data_path(0)
+        other = store.rows(
+            reader._parquet.get(path), threading.Lock(), path=path, stamp=_stamp(reader), stored_columns=["action"],
+            columns=["action"], row_start=0, length=5,
+        )  # fmt: skip
+    assert other is not None and len(other) == 5 and store._unwritable is None
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and warnings[0].startswith(f"column store: cannot write {blocked}")
