@@ -36,6 +36,7 @@ __all__ = [
     "Clip",
     "ClipPlan",
     "build_clip",
+    "check_request",
     "packets_from_keyframe",
     "plan_clip",
     "read_packet_payloads",
@@ -74,7 +75,8 @@ class Clip:
     payload_bytes: int
 
 
-def _check_request(index: PacketIndex, frame_indices: ArrayLike) -> np.ndarray:
+def check_request(index: PacketIndex, frame_indices: ArrayLike) -> np.ndarray:
+    """``frame_indices`` as int64; FrameRequestError for an empty request or an index outside the video."""
     requested = np.asarray(frame_indices)
     if requested.ndim != 1 or requested.size == 0:
         raise FrameRequestError(
@@ -98,7 +100,7 @@ def plan_clip(index: PacketIndex, frame_indices: ArrayLike) -> ClipPlan:
 
     Raises FrameRequestError for an empty request or an index outside the video.
     """
-    requested = _check_request(index, frame_indices)
+    requested = check_request(index, frame_indices)
     needed = np.unique(requested)
     decode_pos = index.display_order[needed]
     keys = index.keyframe_positions

@@ -31,7 +31,7 @@ import numpy as np
 from av.video.reformatter import Interpolation, VideoReformatter
 from numpy.typing import ArrayLike
 
-from .clips import ClipPlan, packets_from_keyframe, plan_clip
+from .clips import ClipPlan, check_request, packets_from_keyframe, plan_clip
 from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
 from .packet_index import PacketIndex, VideoSource, source_cache_key, source_label
 from .yuv_frames import frame_planes, stack_planes
@@ -97,8 +97,9 @@ class CpuDecodeOptions:
 
     ``threads_per_decoder``: FFmpeg threads per open decoder (0 lets FFmpeg choose; keep it small when
     several external-source workers decode at once). ``max_open_decoders``: open files kept per process, while
-    they fit :data:`DECODER_MEMORY_BYTES` (at least 8 are kept whatever their size): an episode pool of one file
-    per episode (v2.1) reopened a file for most requests under the old bound of 8 (+72% time at 96x128).
+    they fit :data:`DECODER_MEMORY_BYTES` (8 are kept whatever their size, unless this is lower): an episode
+    pool of one file per episode (v2.1) reopened a file for most requests under the old bound of 8 (+72% time
+    at 96x128).
     ``color_conversion``: where frames become RGB; converting in the graph makes ``backend=AUTO`` decode with
     PyAV, since torchcodec hands over RGB only.
     """
@@ -477,10 +478,12 @@ class CpuFrameDecoder:
         no more than its parts; open GOPs (leading pictures) would make it one unbroken run from the first frame
         to the last (354 packets for three two-frame requests, against 17), so there each GOP's requests go
         together."""
-        arrays = [np.asarray(r) for r in requests]
+        arrays = [check_request(index, r) for r in requests]
         groups: dict[int, list[int]] = {}
         for i, r in enumerate(arrays):
-            groups.setdefault(index.start_keyframe(r) if index.has_leading_pictures else -1, []).append(i)
+            # Open GOPs: where this request's plan starts (a leading picture's starts a GOP early).
+            start = plan_clip(index, r).segments[0][0] if index.has_leading_pictures else -1
+            groups.setdefault(start, []).append(i)
         out: list[Any] = [None] * len(arrays)
         for members in groups.values():
             union = np.unique(np.concatenate([arrays[i] for i in members]))
@@ -586,7 +589,7 @@ class CpuFrameDecoder:
         handle_bytes: int = 0,
     ) -> None:
         self._readers[key] = reader
-        threads = self.options.threads_per_decoder or min(16, os.cpu_count() or 1)  # 0: FFmpeg's own choice
+        threads = self.options.threads_per_decoder or _ffmpeg_auto_threads()
         frames = DECODER_FRAMES * threads  # frame threads each hold frames in flight (measured: 2-4x at 4 threads)
         self._reader_bytes[key] = frames * index.width * index.height * 3 // 2 + handle_bytes
         while len(self._readers) > self.options.max_open_decoders or (
@@ -627,3 +630,9 @@ def _protocols(filesystem: Any) -> tuple[str, ...]:
     inner = getattr(filesystem, "fs", filesystem)  # RetryingFileSystem wraps the remote one
     protocol = getattr(inner, "protocol", ())
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def _ffmpeg_auto_threads() -> int:
+    """The threads FFmpeg gives a decoder with ``thread_count=0``: the CPUs this process may use, plus one, at
+    most 16."""
+    return min(16, len(os.sched_getaffinity(0)) + 1)

@@ -153,7 +153,9 @@ class PacketIndex:
         return np.searchsorted(self.keyframe_positions, decode_positions, side="right") - 1
 
     def start_keyframe(self, frame_numbers: ArrayLike) -> int:
-        """Decode position of the keyframe that decoding display frames ``frame_numbers`` starts from."""
+        """Decode position of the keyframe at or before the first of display frames ``frame_numbers`` in decode
+        order: where decoding them starts, except for a leading picture of an open GOP, whose decoding starts a
+        GOP earlier (:func:`~lerobot_dali.clips.plan_clip`)."""
         first = self.display_order[int(np.min(frame_numbers))]
         return int(self.keyframe_positions[self.keyframe_slots(first)])
 

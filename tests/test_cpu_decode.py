@@ -405,3 +405,45 @@ def test_decode_each_of_an_open_gop_file_decodes_each_gop_on_its_own(tmp_path, m
     for request, got in zip(requests, together, strict=True):
         np.testing.assert_array_equal(got, decoder.decode(path, index, request))
     assert packets_together <= len(decoded) < 40, (packets_together, len(decoded))  # not the file's 90
+
+
+def test_decode_each_groups_a_leading_picture_with_the_gop_its_decoding_starts_in(tmp_path, monkeypatch) -> None:
+    from lerobot_dali.clips import plan_clip
+    from tests.test_clips import _encode_open_gop
+
+    path = tmp_path / "open_gop.mp4"
+    _encode_open_gop(path, "libx264")
+    index = build_packet_index(path)
+    start = {f: plan_clip(index, [f]).segments[0][0] for f in range(index.frame_count)}
+    leading = next(f for f in range(index.frame_count) if start[f] != index.start_keyframe([f]))
+    earlier = next(f for f in range(leading) if start[f] == start[leading] and f != leading)
+    calls: list[int] = []
+    original = CpuFrameDecoder._frames
+
+    def counting(self, source, index, frame_indices, **kwargs):
+        calls.append(len(frame_indices))
+        return original(self, source, index, frame_indices, **kwargs)
+
+    monkeypatch.setattr(CpuFrameDecoder, "_frames", counting)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    got = decoder.decode_each(path, index, [np.array([leading]), np.array([earlier])])
+    assert calls == [2]  # one decode from the keyframe both start from
+    want = reference_frames(path)
+    np.testing.assert_array_equal(got[0][0], want[int(index.frame_pts[leading])])
+    np.testing.assert_array_equal(got[1][0], want[int(index.frame_pts[earlier])])
+
+
+@pytest.mark.parametrize("gop", ["closed", "open"])
+def test_decode_each_refuses_bad_requests_as_decode_does(marker_video: MarkerVideo, tmp_path, gop: str) -> None:
+    from tests.test_clips import _encode_open_gop
+
+    if gop == "open":
+        path = tmp_path / "open_gop.mp4"
+        _encode_open_gop(path, "libx264")
+    else:
+        path = marker_video("h264", 4)
+    index = build_packet_index(path)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    for bad in (np.array([], dtype=np.int64), np.array([index.frame_count])):
+        with pytest.raises(FrameRequestError):
+            decoder.decode_each(path, index, [np.array([1]), bad])

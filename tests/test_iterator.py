@@ -169,12 +169,14 @@ def test_samples_in_one_gop_decode_it_once(make_ds, monkeypatch: pytest.MonkeyPa
 
 
 def test_the_keyframe_a_request_starts_from() -> None:
-    """Remote requests of a batch group by it; so do a local open-GOP file's (CpuFrameDecoder.decode_each)."""
+    """Remote requests of a batch group by it."""
     from tests.test_clips import CLOSED, OPEN
 
     # CLOSED: keyframes at decode positions 0 (display 0) and 5 (display 5); OPEN: 0 and 4 (display 6).
     assert CLOSED.start_keyframe([1, 8]) == CLOSED.start_keyframe([4]) == 0 and CLOSED.start_keyframe([8, 5]) == 5
-    assert OPEN.start_keyframe([3]) == 0 and OPEN.start_keyframe([8, 5]) == 4  # display 4, 5: leading pictures
+    # Display 4 and 5 are leading pictures of the keyframe at 4: decoding them starts at 0 (plan_clip), but the
+    # keyframe at or before them in decode order is 4.
+    assert OPEN.start_keyframe([3]) == 0 and OPEN.start_keyframe([8, 5]) == 4
 
 
 def test_dali_cpu_decode_is_close_to_an_independent_decode(make_ds) -> None:
