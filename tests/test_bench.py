@@ -86,8 +86,9 @@ def test_quick_bench_report_schema_and_consistent_numbers(quick_run: tuple[int, 
             ours["clip_to_file_ratio"] * ours["video_bytes_per_sample"]
         )
         assert plain["clip_to_file_ratio"] is None
-        # Worker time: decoding, and (local dataset) reading episode rows; the peer is not instrumented.
-        assert 0 < ours["fetch_s"] < ours["decode_s"] and plain["decode_s"] is None
+        # Worker time: decoding, and (local dataset) reading episode rows; the peer is not instrumented. (Which
+        # is larger depends on the machine: 96x128 frames now decode about as fast as their rows are read.)
+        assert ours["fetch_s"] > 0 and ours["decode_s"] > 0 and plain["decode_s"] is None
         ran_peers = [
             r for r in results if r["dataset"] == dataset and r["loader"] != "lerobot-dali" and r["status"] == "ok"
         ]

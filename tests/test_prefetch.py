@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import os
 import random
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -326,9 +327,12 @@ def test_a_cache_smaller_than_the_pool_stays_in_bounds_and_changes_no_sample(mak
     it = DALILeRobotIterator(reader, cache_dir=tmp_path / "cache", cache_gb=bound / 1e9, **options)
     remote = _samples(it)
     stats, cache = it.prefetcher.stats, it.prefetcher.cache
+    it.close()  # the prefetcher may still be fetching ahead: its reserved bytes are not on disk yet
+    deadline = time.monotonic() + 10
+    while cache._pending and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert cache.bytes_cached <= bound and _disk_bytes(tmp_path / "cache") == cache.bytes_cached
     assert stats.refused_ranges + stats.evicted_ranges > 0  # the bound did bite
-    it.close()
     assert [int(s["index"]) for s in remote] == [int(s["index"]) for s in local]
     for a, b in zip(local, remote, strict=True):
         for key in a:
@@ -412,7 +416,6 @@ def test_an_episode_whose_prefetch_failed_is_tried_again(make_ds, tmp_path: Path
 def test_a_failed_fill_waits_for_its_other_admissions(make_ds, tmp_path: Path, monkeypatch) -> None:
     """A fill returned at its first failed admission while others ran on; the next fill could then admit one of
     those again, and two acquires of one episode shared (and one released) its list of held ranges."""
-    import time
 
     from lerobot_dali.prefetch import Prefetcher
 
@@ -440,7 +443,6 @@ def test_close_and_drop_stop_the_prefetcher_and_the_workers(make_ds, tmp_path: P
     from iter(it) was still referenced."""
     import gc
     import threading
-    import time
 
     import psutil
 
@@ -458,6 +460,7 @@ def test_close_and_drop_stop_the_prefetcher_and_the_workers(make_ds, tmp_path: P
     it.prefetcher.cache.clear()
     fake.latency_s = 5.0  # the network stalls mid-prefetch
     it.prefetcher.advance(0, 12)
+    stalled = it.prefetcher._thread
     time.sleep(0.5)
     start = time.perf_counter()
     it.close()
@@ -466,6 +469,7 @@ def test_close_and_drop_stop_the_prefetcher_and_the_workers(make_ds, tmp_path: P
     assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
     del batches
     fake.latency_s = 0.0
+    stalled.join(timeout=10)  # its stalled fetch ends: a stable count to compare with
 
     def prefetchers() -> int:
         return sum(t.name == "lerobot-dali-prefetcher" and t.is_alive() for t in threading.enumerate())
