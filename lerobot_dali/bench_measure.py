@@ -252,6 +252,12 @@ class _IoCounters:
             self.folder = tempfile.mkdtemp(prefix="lerobot-dali-io-")
             os.environ[io_stats.STATS_ENV] = self.folder  # inherited by the DALI workers spawned later
 
+    def close(self) -> None:
+        """Remove the counters' folder once the loader and its workers are closed."""
+        if self.enabled:
+            os.environ.pop(io_stats.STATS_ENV, None)
+            shutil.rmtree(self.folder, ignore_errors=True)
+
     def totals(self) -> dict[str, float]:
         io_stats.flush()
         time.sleep(0.3)  # the workers' flush threads write every 0.2 s
@@ -342,6 +348,7 @@ def measure_loader(job: LoaderJob) -> LoaderResult:
     finally:
         progress.close()
         close()
+        counters.close()
         sampler.stop()
     window_s = previous - window_start if gaps else 0.0
     note = ""

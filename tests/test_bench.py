@@ -33,12 +33,23 @@ def quick_run(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
     out = tmp_path_factory.mktemp("bench_out") / "run"
     import contextlib
     import io
+    import os
 
     stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        code = main(
-            ["bench", "--device", "cpu", "--quick", "--limits", "--out", str(out), "--cache-dir", str(cache_dir)]
-        )
+    temporary = tmp_path_factory.mktemp("tmpdir")  # where the measuring processes make their temporary folders
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(temporary)
+    try:
+        with contextlib.redirect_stdout(stdout):
+            code = main(
+                ["bench", "--device", "cpu", "--quick", "--limits", "--out", str(out), "--cache-dir", str(cache_dir)]
+            )
+    finally:
+        if before is None:
+            os.environ.pop("TMPDIR")
+        else:
+            os.environ["TMPDIR"] = before
+    assert list(temporary.iterdir()) == []  # the worker-time counters' folders are removed
     return code, out, stdout.getvalue()
 
 
