@@ -157,6 +157,23 @@ def test_workers_exit_when_the_training_process_is_killed(make_ds, tmp_path: Pat
         assert alive == [], f"workers outlived the killed trainer: {[p.pid for p in alive]}"
     finally:
         trainer.kill()
+        # multiprocessing's resource tracker unlinks the pool's semaphores from /dev/shm once every process using
+        # it is gone: kill the others (the forked child), let it finish, and kill it only if it does not.
+        trackers = [p for p in children if "resource_tracker" in " ".join(_cmdline(p))]
         for child in children:
+            if child not in trackers:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.kill()
+        _, stuck = psutil.wait_procs(trackers, timeout=10)
+        for tracker in stuck:
             with contextlib.suppress(psutil.NoSuchProcess):
-                child.kill()
+                tracker.kill()
+
+
+def _cmdline(process) -> list[str]:
+    import psutil
+
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
