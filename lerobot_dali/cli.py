@@ -88,14 +88,16 @@ def _info(args: argparse.Namespace) -> int:
         lookup = cam.get("frame_lookup")
         if lookup:
             verdicts = ", ".join(f"{source} {'ok' if said == 'ok' else 'fails'}" for source, said in lookup.items())
-            advice = ""
-            if lookup.get(TimestampSource.PARQUET_TIMESTAMP.value) != "ok":
-                advice = (
-                    " -> read with timestamp_source='frame_index'"
-                    if lookup.get("frame_index") == "ok"
-                    else " -> see --json for why; a larger tolerance_s may read it"
-                )
+            advice, why = "", ""
+            parquet = lookup.get(TimestampSource.PARQUET_TIMESTAMP.value)
+            if parquet != "ok":
+                if lookup.get("frame_index") == "ok":
+                    advice = " -> read with timestamp_source='frame_index'"
+                else:  # the lookup's own message says what would read it (e.g. the tolerance_s to raise to)
+                    advice, why = " -> why:", f"      {parquet}"
             print(f"    rows -> frames, first episode, tolerance {DEFAULT_TOLERANCE_S:g} s: {verdicts}{advice}")
+            if why:
+                print(why)
     for key in summary["image_cameras"]:
         depth = " (depth map)" if key in summary["depth_image_cameras"] else ""
         print(f"  camera {key}{depth}: images in the data files (decoded by the workers)")

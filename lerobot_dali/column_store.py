@@ -241,11 +241,13 @@ class ColumnStore:
                 self._write_failed(path, target, e)
                 return False
             self._unwritable = f"{type(e).__name__}: {e}"
+            fix = "free space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "make it a writable folder"
             logger.warning(
                 "column store: cannot write to %s (%s); this process reads data files with big row groups from "
-                "their parquet row groups, decoding each whole group per read: free space or move the store with $%s",
+                "their parquet row groups, decoding each whole group per read: %s or move the store with $%s",
                 self.directory,
                 self._unwritable,
+                fix,
                 CACHE_ENV,
             )
             return False

@@ -53,6 +53,11 @@ def test_info_says_which_timestamp_source_reads_each_dataset(capsys) -> None:
     assert (
         "parquet_timestamp fails, frame_index ok -> read with timestamp_source='frame_index'" in capsys.readouterr().out
     )
+    # Neither source reads r1 at the default tolerance: the text says why, and what would (no --json needed).
+    assert main(["info", str(shared_dataset("r1_v30_h264"))]) == 0
+    printed = capsys.readouterr().out
+    assert "parquet_timestamp fails, frame_index fails -> why:" in printed
+    assert "Raise tolerance_s to 0.0201 (half a video frame)" in printed
 
 
 def test_info_cr5_v21_reports_the_same_dataset(capsys) -> None:

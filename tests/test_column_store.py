@@ -124,6 +124,7 @@ def test_a_store_that_cannot_be_written_warns_once_and_reads_the_parquet(tmp_pat
         _assert_same(_all_episodes(_reader(ColumnStore(not_a_folder, **SMALL))), direct)
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and f"cannot write to {not_a_folder}" in warnings[0]
+    assert "make it a writable folder or move the store" in warnings[0]
 
 
 def test_a_full_disk_or_quota_stops_every_conversion_of_the_process(tmp_path, monkeypatch, caplog) -> None:
@@ -149,7 +150,8 @@ def test_a_full_disk_or_quota_stops_every_conversion_of_the_process(tmp_path, mo
         )  # fmt: skip
     assert other is None and len(writes) == 1  # another entry is not tried
     warnings = [r.getMessage() for r in caplog.records]
-    assert len(warnings) == 1 and "Disk quota exceeded" in warnings[0] and "$LEROBOT_DALI_CACHE" in warnings[0]
+    assert len(warnings) == 1 and "Disk quota exceeded" in warnings[0]
+    assert "free space or move the store with $LEROBOT_DALI_CACHE" in warnings[0]
     assert _stored_files(tmp_path) == [] and not list(tmp_path.rglob("*.tmp"))
 
 
