@@ -25,7 +25,15 @@ from lerobot_dali.cpu_decode import (
 from lerobot_dali.errors import CodecUnsupportedError, FrameRequestError, MissingDataFileError, VideoDecodeError
 from lerobot_dali.packet_index import build_packet_index
 from tests.conftest import shared_dataset
-from tests.video_fixtures import EPISODE_LENGTHS, MarkerVideo, cr5_episodes, cr5_video, r1_video, reference_frames
+from tests.video_fixtures import (
+    EPISODE_LENGTHS,
+    MarkerVideo,
+    count_decodes,
+    cr5_episodes,
+    cr5_video,
+    r1_video,
+    reference_frames,
+)
 
 
 def _check(decoder: CpuFrameDecoder, path: Path, windows: list[np.ndarray], **kwargs: object) -> None:
@@ -417,14 +425,7 @@ def test_decode_each_groups_a_leading_picture_with_the_gop_its_decoding_starts_i
     start = {f: plan_clip(index, [f]).segments[0][0] for f in range(index.frame_count)}
     leading = next(f for f in range(index.frame_count) if start[f] != index.start_keyframe([f]))
     earlier = next(f for f in range(leading) if start[f] == start[leading] and f != leading)
-    calls: list[int] = []
-    original = CpuFrameDecoder._frames
-
-    def counting(self, source, index, frame_indices, **kwargs):
-        calls.append(len(frame_indices))
-        return original(self, source, index, frame_indices, **kwargs)
-
-    monkeypatch.setattr(CpuFrameDecoder, "_frames", counting)
+    calls = count_decodes(monkeypatch)
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
     got = decoder.decode_each(path, index, [np.array([leading]), np.array([earlier])])
     assert calls == [2]  # one decode from the keyframe both start from

@@ -32,7 +32,7 @@ from lerobot_dali.generate import expected_action, expected_state, expected_task
 from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.packet_index import build_packet_index
 from tests.conftest import shared_dataset
-from tests.video_fixtures import reference_frames
+from tests.video_fixtures import count_decodes, reference_frames
 
 LENGTHS = [5, 1, 7, 4, 6]
 FPS = 10
@@ -138,17 +138,10 @@ def test_samples_in_one_gop_decode_it_once(make_ds, monkeypatch: pytest.MonkeyPa
     """A batch's samples of one local file with closed GOPs are decoded as one request: with a 30-frame GOP,
     dataset order and batches of 8, each batch asks the decoder once, also across a GOP or episode boundary,
     never once per sample; every frame is still its own sample's."""
-    from lerobot_dali.cpu_decode import ColorConversion, CpuDecodeOptions, CpuFrameDecoder
+    from lerobot_dali.cpu_decode import ColorConversion, CpuDecodeOptions
 
     root = make_ds(episodes=2, frames_per_episode=[45, 35], cameras=1, codec="h264", fps=FPS, gop=30)
-    calls: list[int] = []
-    original = CpuFrameDecoder._frames
-
-    def counting(self, source, index, frame_indices, **kwargs):
-        calls.append(len(frame_indices))
-        return original(self, source, index, frame_indices, **kwargs)
-
-    monkeypatch.setattr(CpuFrameDecoder, "_frames", counting)
+    calls = count_decodes(monkeypatch)
     conversion = ColorConversion.GRAPH if color == "planes" else ColorConversion.WORKER
     it = DALILeRobotIterator(
         root, batch_size=8, shuffle=False, device="cpu", num_workers=0, drop_last=False, return_uint8=True,

@@ -58,3 +58,18 @@ def cr5_video(file_index: int) -> Path:
 def cr5_episodes() -> dict[str, list]:
     """The episodes table of the real cr5_v30_av1 dataset, as columns; skips the test where the dataset is absent."""
     return pq.read_table(shared_dataset("cr5_v30_av1") / "meta/episodes/chunk-000/file-000.parquet").to_pydict()
+
+
+def count_decodes(monkeypatch) -> list[int]:
+    """Record the number of frames each decode of ``CpuFrameDecoder`` asks for (one entry per decoder run)."""
+    from lerobot_dali.cpu_decode import CpuFrameDecoder
+
+    calls: list[int] = []
+    original = CpuFrameDecoder._frames
+
+    def counting(self, source, index, frame_indices, **kwargs):
+        calls.append(len(frame_indices))
+        return original(self, source, index, frame_indices, **kwargs)
+
+    monkeypatch.setattr(CpuFrameDecoder, "_frames", counting)
+    return calls
