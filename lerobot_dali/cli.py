@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -66,8 +67,10 @@ def _one_line(error: BaseException) -> str:
 def _info(args: argparse.Namespace) -> int:
     from .dataset_summary import summarize
 
+    if not 0 <= args.tolerance_s < math.inf:
+        raise _CommandError(f"--tolerance-s must be a non-negative number of seconds, got {args.tolerance_s!r}")
     reader = _open_dataset(args)
-    summary = summarize(reader, probe=not args.no_probe)
+    summary = summarize(reader, probe=not args.no_probe, tolerance_s=args.tolerance_s)
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
@@ -95,7 +98,7 @@ def _info(args: argparse.Namespace) -> int:
                     advice = " -> read with timestamp_source='frame_index'"
                 else:  # the lookup's own message says what would read it (e.g. the tolerance_s to raise to)
                     advice, why = " -> why:", f"      {parquet}"
-            print(f"    rows -> frames, first episode, tolerance {DEFAULT_TOLERANCE_S:g} s: {verdicts}{advice}")
+            print(f"    rows -> frames, first episode, tolerance {args.tolerance_s:g} s: {verdicts}{advice}")
             if why:
                 print(why)
     for key in summary["image_cameras"]:
@@ -221,6 +224,10 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("--cameras", nargs="+", help="only these camera keys")
     info.add_argument("--json", action="store_true", help="print JSON")
     info.add_argument("--no-probe", action="store_true", help="do not open video files")
+    info.add_argument(
+        "--tolerance-s", type=float, default=DEFAULT_TOLERANCE_S,
+        help=f"max |frame pts - row time| the first episode's lookup allows (default {DEFAULT_TOLERANCE_S:g})",
+    )  # fmt: skip
     info.set_defaults(run=_info)
 
     diagnose = verbs.add_parser("diagnose", help="GPU/NVDEC availability, per-camera route, one decode per route")

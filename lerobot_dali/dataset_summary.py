@@ -17,10 +17,12 @@ from .video_probe import describe_index
 __all__ = ["summarize"]
 
 
-def summarize(reader: LeRobotDatasetReader, *, probe: bool = True) -> dict[str, Any]:
+def summarize(
+    reader: LeRobotDatasetReader, *, probe: bool = True, tolerance_s: float = DEFAULT_TOLERANCE_S
+) -> dict[str, Any]:
     """A JSON-ready summary. ``probe`` opens the first video of each camera (packet headers only) and looks
-    every row of the first episode up in it, once per timestamp source (``frame_lookup``: ``"ok"`` or why not),
-    so a dataset whose timestamps miss its video says which ``timestamp_source`` reads it."""
+    every row of the first episode up in it within ``tolerance_s``, once per timestamp source (``frame_lookup``:
+    ``"ok"`` or why not), so a dataset whose timestamps miss its video says which ``timestamp_source`` reads it."""
     info = reader.info
     episodes = reader.episodes
     data_files = Counter(zip(episodes.data_chunk_index.tolist(), episodes.data_file_index.tolist(), strict=True))
@@ -48,7 +50,7 @@ def summarize(reader: LeRobotDatasetReader, *, probe: bool = True) -> dict[str, 
                 pix_fmt=found.pix_fmt,
                 gop_frames=found.gop_frames,
                 b_frames=found.has_b_frames,
-                frame_lookup=_lookup_by_source(reader, key, index, first_rows),
+                frame_lookup=_lookup_by_source(reader, key, index, first_rows, tolerance_s),
             )
         cameras[key] = entry
     return {
@@ -69,10 +71,10 @@ def summarize(reader: LeRobotDatasetReader, *, probe: bool = True) -> dict[str, 
 
 
 def _lookup_by_source(
-    reader: LeRobotDatasetReader, camera: str, index: PacketIndex, rows: Mapping[str, np.ndarray]
+    reader: LeRobotDatasetReader, camera: str, index: PacketIndex, rows: Mapping[str, np.ndarray], tolerance_s: float
 ) -> dict[str, str]:
-    """Whether every row of the first episode (``rows``) finds its frame, by each timestamp source, at the
-    default tolerance: ``"ok"``, or the lookup's error message."""
+    """Whether every row of the first episode (``rows``) finds its frame, by each timestamp source, within
+    ``tolerance_s``: ``"ok"``, or the lookup's error message."""
     every_row = np.arange(len(rows["timestamp"]))
     found = {}
     for source in TimestampSource:
@@ -80,7 +82,7 @@ def _lookup_by_source(
             continue
         try:
             row_frame_numbers(
-                reader, 0, camera, rows, every_row, index, timestamp_source=source, tolerance_s=DEFAULT_TOLERANCE_S
+                reader, 0, camera, rows, every_row, index, timestamp_source=source, tolerance_s=tolerance_s
             )
             found[source.value] = "ok"
         except FrameTimestampError as e:

@@ -58,6 +58,10 @@ def test_info_says_which_timestamp_source_reads_each_dataset(capsys) -> None:
     printed = capsys.readouterr().out
     assert "parquet_timestamp fails, frame_index fails -> why:" in printed
     assert "Raise tolerance_s to 0.0201 (half a video frame)" in printed
+    assert main(["info", str(shared_dataset("r1_v30_h264")), "--tolerance-s", "0.0201"]) == 0  # checks the advice
+    assert "tolerance 0.0201 s: parquet_timestamp ok, frame_index ok" in capsys.readouterr().out
+    assert main(["info", str(shared_dataset("r1_v30_h264")), "--tolerance-s", "-1"]) == 2
+    assert "--tolerance-s must be a non-negative number of seconds" in capsys.readouterr().err
 
 
 def test_info_cr5_v21_reports_the_same_dataset(capsys) -> None:
