@@ -30,14 +30,18 @@ def cache_root() -> Path:
 
 
 @contextmanager
-def atomic_file(path: Path, *, prefix: str) -> Iterator[IO[bytes]]:
+def atomic_file(path: Path, *, prefix: str, durable: bool = False) -> Iterator[IO[bytes]]:
     """A temporary file beside ``path`` (named ``prefix*.tmp``) that replaces ``path`` when the block ends, and
-    is removed if it raises: workers and ranks sharing a cache never read half a file."""
+    is removed if it raises: workers and ranks sharing a cache never read half a file. ``durable``: synced to
+    disk before it replaces ``path`` (else a crash may leave a zero-filled file of the right size)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = tempfile.NamedTemporaryFile(dir=path.parent, prefix=prefix, suffix=".tmp", delete=False)  # noqa: SIM115
     try:
         with tmp:
             yield tmp
+            if durable:
+                tmp.flush()
+                os.fsync(tmp.fileno())
         os.chmod(tmp.name, 0o644)  # temporary files are private; other users sharing the cache may read it
         os.replace(tmp.name, path)
     except BaseException:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cache_dirs import try_flock
+from .cache_dirs import atomic_file, try_flock
 
 __all__ = ["ByteRange", "CacheBusyError", "CacheStats", "RangeCache", "entry_dir", "list_entries"]
 
@@ -278,23 +278,13 @@ class RangeCache:
 
     def _write(self, key: ByteRange, data: bytes) -> Path:
         folder = entry_dir(self.directory, key.path, key.version)
-        folder.mkdir(parents=True, exist_ok=True)
         final = folder / f"{key.start}-{key.end}{_SUFFIX}"
-        temporary = folder / f".{key.start}-{key.end}.{os.getpid()}.{threading.get_ident()}.tmp"
-        try:
-            with open(temporary, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())  # else a crash may leave a zero-filled entry of the right size
-            os.replace(temporary, final)
-        except OSError:
-            temporary.unlink(missing_ok=True)
-            raise
+        with atomic_file(final, prefix=f".{key.start}-{key.end}.", durable=True) as out:
+            out.write(data)
         label = folder / "path"
         if not label.is_file():  # written once per folder, whole or not at all (adoption checks it)
-            staged = folder / f".path.{os.getpid()}.{threading.get_ident()}.tmp"
-            staged.write_text(f"{key.path}\n{key.version}\n", encoding="utf-8")
-            os.replace(staged, label)
+            with atomic_file(label, prefix=".path.") as out:
+                out.write(f"{key.path}\n{key.version}\n".encode())
         return final
 
     def _adopt(self) -> None:
