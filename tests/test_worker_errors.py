@@ -99,16 +99,24 @@ def test_a_killed_worker_is_named_with_its_signal(make_ds, monkeypatch: pytest.M
     healthy.close()
 
 
+def _training_script(make_ds, tmp_path: Path, source: str) -> tuple[Path, Path]:
+    """A small AV1 dataset (2 episodes of 4 frames) and ``source`` written as a script reading it (argv[1])."""
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="av1", fps=10, episodes_per_file=2, gop=2)
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    return root, script
+
+
 def test_a_script_without_a_main_guard_is_told_why_the_workers_did_not_start(make_ds, tmp_path: Path) -> None:
     """DALI's workers start with spawn, which runs an unguarded script again in each worker; the loop died with
     DALI's bare 'Workers initialization failed'."""
-    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="av1", fps=10, episodes_per_file=2, gop=2)
-    script = tmp_path / "train.py"
-    script.write_text(
+    root, script = _training_script(
+        make_ds,
+        tmp_path,
         "import sys\n"
         "from lerobot_dali import DALILeRobotIterator\n"
         "it = DALILeRobotIterator(sys.argv[1], batch_size=2, device='cpu', num_workers=1)\n"
-        "print(sum(len(b['index']) for b in it))\n"
+        "print(sum(len(b['index']) for b in it))\n",
     )
     done = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
@@ -127,9 +135,9 @@ def test_workers_exit_when_the_training_process_is_killed(make_ds, tmp_path: Pat
     from lerobot_dali.parent_watch import exit_with_parent
 
     assert exit_with_parent() is False  # the main process has no parent to watch: never ended by this
-    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="av1", fps=10, episodes_per_file=2, gop=2)
-    script = tmp_path / "train.py"
-    script.write_text(
+    root, script = _training_script(
+        make_ds,
+        tmp_path,
         "import os, sys, time\n"
         "from lerobot_dali import DALILeRobotIterator\n"
         "if __name__ == '__main__':\n"
@@ -142,7 +150,7 @@ def test_workers_exit_when_the_training_process_is_killed(make_ds, tmp_path: Pat
         "        time.sleep(120)\n"
         "        os._exit(0)\n"
         "    print('READY', flush=True)\n"
-        "    time.sleep(300)\n"
+        "    time.sleep(300)\n",
     )
     trainer = subprocess.Popen([sys.executable, str(script), str(root)], stdout=subprocess.PIPE, text=True)
     children: list[psutil.Process] = []
