@@ -21,6 +21,7 @@ those the saved position means other samples, so the rest of the epoch would rep
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,11 +45,9 @@ _ORDER_FIELDS = ("shuffle", "episode_pool_size", "rank_balance")
 
 
 def _order_of(options: OrderOptions) -> dict[str, Any]:
-    return {
-        "shuffle": options.shuffle,
-        "episode_pool_size": options.episode_pool_size,
-        "rank_balance": options.rank_balance.value,
-    }
+    """The :data:`_ORDER_FIELDS` of ``options`` as a state holds them (enums by value)."""
+    values = {name: getattr(options, name) for name in _ORDER_FIELDS}
+    return {name: value.value if isinstance(value, enum.Enum) else value for name, value in values.items()}
 
 
 @dataclass(frozen=True, kw_only=True)
