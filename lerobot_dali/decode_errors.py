@@ -33,7 +33,10 @@ def locate_clip_failure(
     if not cameras or start >= stop:
         return None
     episode_pos, frame = spec.order.samples(epoch, start, stop)
-    samples = [source.assemble(episode_pos[k : k + 1], frame[k : k + 1]) for k in range(len(episode_pos))]
+    samples = [
+        source.assemble(episode_pos[k : k + 1], frame[k : k + 1], epoch=epoch, positions=np.array([start + k]))
+        for k in range(len(episode_pos))
+    ]  # positions key the augmentation draws: assemble refuses to guess them
     reason = dali_error_reason(cause)
     for i, field in cameras:
         clips = [outputs[i][0] for outputs in samples]

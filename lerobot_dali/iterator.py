@@ -465,7 +465,7 @@ class DALILeRobotIterator:
         except DatasetError as e:  # rebuilding the clips failed: that error names its file
             return e
         except Exception:  # anything else says less than the original (which names the samples): keep that
-            logger.debug("rebuilding the clips after a pipeline failure failed too", exc_info=True)
+            logger.warning("rebuilding the clips after a pipeline failure failed too", exc_info=True)
             return None
 
     def _to_batch(self, out: dict[str, torch.Tensor]) -> dict[str, Any]:

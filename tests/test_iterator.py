@@ -475,6 +475,21 @@ def test_worker_errors_surface_as_the_original_exception(make_ds, copy_ds, codec
     healthy.close()
 
 
+def test_a_bad_clip_is_named_with_random_augmentation_too(make_ds, copy_ds) -> None:
+    """Finding the clip DALI rejects rebuilds its samples, and with random augmentation their draws need the
+    samples' stream positions: without them the search failed and DALI's bare error came through."""
+    from lerobot_dali.augment import AugmentConfig, ColorJitter
+
+    root = copy_ds(_dataset(make_ds, "vp9"))
+    _damage(root, "corrupt_packets")
+    augment = AugmentConfig(color_jitter=ColorJitter(brightness=0.3))
+    it = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=0, augment=augment)
+    with pytest.raises(VideoDecodeError, match=r"file-001\.mp4: DALI cannot decode .* episode [23], camera "):
+        for _ in it:
+            pass
+    it.close()
+
+
 def test_gr00t_float64_features_come_as_float32_like_lerobot() -> None:
     """LeRobot's items pass through ``torch.tensor`` as Python scalars: float64 columns (all of GR00T's floats)
     arrive float32, integers int64, booleans bool; values are the parquet's, rounded to float32."""
