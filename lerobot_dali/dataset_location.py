@@ -97,8 +97,7 @@ def resolve_location(
         in_url = unquote(match["rev"]) if match["rev"] else None
         return _hub_location(match["repo"], _one_revision(target, in_url, revision), match["sub"] or "", options)
     if "://" in target:
-        fs, root = fsspec.core.url_to_fs(target, **_http_timeouts(target, options))
-        fs = _retrying(fs)
+        fs, root = _remote_fs(target, options)
         return DatasetLocation(fs, root, fs, root, target)
     if _REPO_ID.match(target) and not os.path.exists(target):
         return _hub_location(target, revision, "", options)
@@ -237,10 +236,15 @@ def with_bulk_root(
         fs: fsspec.AbstractFileSystem = LocalFileSystem()
         root = os.path.abspath(target)
     else:
-        fs, root = fsspec.core.url_to_fs(target, **(storage_options or {}))
-        fs = _retrying(fs)
+        fs, root = _remote_fs(target, storage_options or {})
     logger.info("%s: reading data/ and videos/ from %s", location.description, target)
     return replace(location, fs=fs, root=root, description=f"{location.description} (data files: {target})")
+
+
+def _remote_fs(target: str, options: dict[str, Any]) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The filesystem and root of an fsspec URL, with HTTP timeouts and retries: every remote root gets both."""
+    fs, root = fsspec.core.url_to_fs(target, **_http_timeouts(target, options))
+    return _retrying(fs), root
 
 
 def _retrying(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:

@@ -274,14 +274,19 @@ def test_iterator_over_http_with_spawned_workers_and_faults(
     _assert_video_bytes_ranged(server, root)
 
 
-def test_a_stalled_server_fails_a_read_in_the_read_timeout(root: Path, server, monkeypatch) -> None:
+@pytest.mark.parametrize("remote_part", ["dataset", "data_files_root"])
+def test_a_stalled_server_fails_a_read_in_the_read_timeout(root: Path, server, monkeypatch, remote_part) -> None:
     """With aiohttp's default (5 minutes a request) a server that stopped answering held a read for 5 minutes
-    per try; reads now give up after HTTP_TIMEOUTS_S of silence (here shortened to 0.5 s), as transient."""
+    per try; reads now give up after HTTP_TIMEOUTS_S of silence (here shortened to 0.5 s), as transient. A
+    ``data_files_root`` URL (a mirror of data/ and videos/) had no such timeouts."""
     import time
 
     monkeypatch.setenv(RETRIES_ENV, "0")
     monkeypatch.setattr("lerobot_dali.dataset_location.HTTP_TIMEOUTS_S", {"sock_connect": 5.0, "sock_read": 0.5})
-    remote = open_dataset(_url(server, root))
+    if remote_part == "dataset":
+        remote = open_dataset(_url(server, root))
+    else:
+        remote = open_dataset(root, data_files_root=_url(server, root))
     server.stall_s = 3.0
     server.set_faults(1, ("stall",))
     start = time.monotonic()
