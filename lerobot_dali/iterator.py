@@ -125,8 +125,14 @@ class DALILeRobotIterator:
         ):
             raise ValueError(f"dali_threads must be a positive int or None (automatic), got {dali_threads!r}")
         if isinstance(dataset, LeRobotDatasetReader):
-            if episodes is not None:
-                raise ValueError("episodes= selects episodes while opening; pass it to open_dataset with the reader")
+            opening = {"revision": revision, "cameras": cameras, "keys": keys, "data_files_root": data_files_root,
+                       "episodes": episodes}  # fmt: skip
+            given = [name for name, value in opening.items() if value is not None]
+            if given:  # the reader is open already: these would be silently ignored
+                raise ValueError(
+                    f"{', '.join(f'{n}=' for n in given)} apply while opening the dataset, and this reader is open "
+                    "already; pass them to open_dataset (or pass the path here instead of a reader)"
+                )
             self.reader = dataset
         else:
             self.reader = open_dataset(

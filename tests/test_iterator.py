@@ -223,6 +223,19 @@ def test_episode_split_reads_exactly_its_episodes_across_ranks(make_ds) -> None:
         DALILeRobotIterator(root, batch_size=2, device="cpu", episodes=[0, 7])
 
 
+def test_opening_options_with_an_open_reader_are_refused_not_ignored(make_ds) -> None:
+    """cameras=, keys=, revision=, data_files_root= and episodes= apply while opening; with a reader already
+    open they were silently dropped (cameras=["cam0"] read every camera)."""
+    from lerobot_dali.dataset_reader import open_dataset
+
+    reader = open_dataset(_dataset(make_ds, "vp9"))
+    for option in ({"cameras": ["observation.images.cam0"]}, {"keys": ["action"]}, {"revision": "main"},
+                   {"data_files_root": "/elsewhere"}, {"episodes": [0]}):  # fmt: skip
+        name = next(iter(option))
+        with pytest.raises(ValueError, match=rf"{name}= apply while opening the dataset.*pass them to open_dataset"):
+            DALILeRobotIterator(reader, device="cpu", **option)
+
+
 def test_drop_last_gives_full_batches_only(make_ds) -> None:
     it = DALILeRobotIterator(_dataset(make_ds, "vp9"), batch_size=4, shuffle=False, device="cpu", num_workers=0)
     assert len(it) == 5  # 23 samples: the trailing 3 are dropped
