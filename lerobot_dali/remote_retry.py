@@ -391,12 +391,13 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         """Asked through :meth:`info`, so a transient failure is retried (and raised once the budget is spent).
 
         Filesystems' own ``exists`` turn every error into False (fsspec's HTTP one answers False on a 503,
-        after a GET of the whole file), which would report a network hiccup as a missing file.
+        after a GET of the whole file), which would report a network hiccup, or a denied access, as a missing
+        file: only FileNotFoundError means "absent".
         """
         try:
             self.info(path, **kwargs)
-        except Exception as e:
-            if is_transient(e):
+        except FileNotFoundError as e:
+            if is_transient(e):  # fsspec's HTTP info raises FileNotFoundError from whatever its GET hit
                 raise
             return False
         return True

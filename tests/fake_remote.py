@@ -23,8 +23,9 @@ __all__ = ["FAULT_KINDS", "FakeHTTPError", "FakeRemoteFileSystem", "fault_except
 
 #: ``timeout``: TimeoutError; ``503``/``429``: an error with ``.status``; ``reset``: ConnectionResetError
 #: (reads deliver half the bytes first); ``truncate``: a read returns half the bytes asked, no error;
-#: ``missing``: FileNotFoundError (not transient: must never be retried).
-FAULT_KINDS = ("timeout", "503", "429", "reset", "truncate", "missing")
+#: ``missing``: FileNotFoundError (not transient: must never be retried); ``denied``: PermissionError (s3fs's
+#: answer to a 403: not transient, and not "absent" either).
+FAULT_KINDS = ("timeout", "503", "429", "reset", "truncate", "missing", "denied")
 
 
 class FakeHTTPError(Exception):
@@ -50,6 +51,8 @@ def fault_exception(kind: str, path: str) -> Exception:
         return ConnectionResetError(f"fake remote: connection reset while reading {path}")
     if kind == "missing":
         return FileNotFoundError(f"fake remote: {path} not found")
+    if kind == "denied":
+        return PermissionError(13, f"fake remote: access denied to {path}")
     raise ValueError(f"unknown fault kind {kind!r}; known: {FAULT_KINDS}")
 
 

@@ -373,6 +373,9 @@ def test_exists_retries_transient_errors_instead_of_answering_false(blob) -> Non
     with pytest.raises(FakeHTTPError) as info:  # an outage past the budget is raised, never reported as absent
         down.exists("blob.bin")
     assert info.value.status == 503 and "failed 6 time(s)" in info.value.__notes__[-1]
+    denied = RetryingFileSystem(FakeRemoteFileSystem(str(root), fault_every=1, faults=("denied",)), policy=FAST)
+    with pytest.raises(PermissionError, match="access denied"):  # a 403 is no answer either: "missing" misled
+        denied.exists("blob.bin")
 
 
 @pytest.mark.parametrize("cache_gb", [0.0, 1.0], ids=["workers_read_remote", "prefetch_cache"])
