@@ -28,7 +28,7 @@ import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 from numpy.typing import ArrayLike
 
-from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
+from .errors import CodecUnsupportedError, DatasetError, MissingDataFileError, VideoDecodeError
 from .remote_retry import is_transient
 
 if TYPE_CHECKING:
@@ -647,14 +647,13 @@ class PacketIndexCache:
         if index is None:
             index = build_packet_index(source, filesystem=filesystem)
             if index.file_size_bytes != stamp.size:
-                logger.warning(
-                    "%s has %d bytes but was listed with %d: it changed since it was listed; its index is not "
-                    "stored on disk (list the files again to cache it)",
-                    url,
-                    index.file_size_bytes,
-                    stamp.size,
+                # Byte ranges are cached under the listed stamp and episode times describe the listed file:
+                # reading on would mix two versions of it (as RetryingFile refuses to when a reopen finds this).
+                raise DatasetError(
+                    f"{url} has {index.file_size_bytes} bytes but was listed with {stamp.size}: it changed on the "
+                    "server since the dataset was opened; re-open the dataset"
                 )
-            elif store is not None:
+            if store is not None:
                 store.save(url, stamp, index)
         self._insert(key, index)
         return index

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lerobot_dali.errors import DatasetError
 from lerobot_dali.file_stamps import FileStamp, FileStamps
 from lerobot_dali.packet_index import PacketIndex, PacketIndexCache, build_packet_index, source_url
 from lerobot_dali.packet_index_store import STORE_FORMAT, PacketIndexStore, default_packet_index_dir
@@ -204,16 +205,16 @@ def test_changed_file_is_indexed_again(marker_video: MarkerVideo, tmp_path: Path
     assert len(list((tmp_path / "store").rglob("*.npz"))) == 2
 
 
-def test_stamp_of_another_size_is_not_stored(
-    marker_video: MarkerVideo, tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_a_file_of_another_size_than_listed_is_refused_and_not_stored(
+    marker_video: MarkerVideo, tmp_path: Path
 ) -> None:
+    """The listed stamp keys the cached byte ranges and the episodes' times describe the listed file: a file that
+    changed since is refused (it was logged and read on, mixing two versions of it)."""
     video = marker_video("h264", 30)
     store = PacketIndexStore(tmp_path / "store")
     stale = FileStamp(video.stat().st_size - 1, "mtime:1")
-    with caplog.at_level(logging.WARNING, logger="lerobot_dali.packet_index"):
-        index = PacketIndexCache().get(str(video), stamp=stale, store=store)
-    assert index.file_size_bytes == video.stat().st_size
-    assert "changed since it was listed" in caplog.text
+    with pytest.raises(DatasetError, match=r"bytes but was listed with \d+: it changed .* re-open the dataset"):
+        PacketIndexCache().get(str(video), stamp=stale, store=store)
     assert not list((tmp_path / "store").rglob("*.npz"))
 
 
