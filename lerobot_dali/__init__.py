@@ -5,6 +5,9 @@ sampling (``sample_order``) -> windows (``windows``) -> video requests and clips
 ``clips``) -> the DALI graph -> the iterator.
 """
 
+from typing import TYPE_CHECKING
+
+from .augment_config import AugmentConfig
 from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
 from .errors import (
     CodecUnsupportedError,
@@ -29,15 +32,16 @@ from .sample_order import RankBalance
 
 __version__ = "0.1.0"
 
-# DALI and torch load only when the iterator is used, so the reader and the CLI start fast.
-_LAZY = {"DALILeRobotIterator": "iterator", "AugmentConfig": "augment"}
+if TYPE_CHECKING:  # type checkers see the class; at run time it is imported on first use (below)
+    from .iterator import DALILeRobotIterator
 
 
 def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        import importlib
+    """DALI and torch load only when the iterator is used, so the reader, configs and the CLI start fast."""
+    if name == "DALILeRobotIterator":
+        from .iterator import DALILeRobotIterator
 
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        return DALILeRobotIterator
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

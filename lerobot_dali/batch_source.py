@@ -20,7 +20,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from . import errors, io_stats
-from .augment import AugmentConfig
+from .augment_config import AugmentConfig
 from .augment_draws import draw_names, draw_params, stream_name
 from .clips import build_clip, plan_clip, read_packet_payloads
 from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder, Pixels

@@ -277,7 +277,7 @@ def _repo_module(name: str, relative: str) -> Any:
 
 
 def load_plan(config: BenchConfig, reader: Any) -> LoadPlan:
-    from .augment import AugmentConfig, ColorJitter
+    from .augment_config import AugmentConfig, ColorJitter
 
     recipe = (
         _repo_module("pipelines.recipes", "pipelines/recipes.py").get_recipe(config.recipe) if config.recipe else None

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .augment import NORMALIZE_FROM_STATS, AugmentConfig, Normalize, checked_size
+from .augment_config import NORMALIZE_FROM_STATS, AugmentConfig, Normalize, checked_size
 from .batch_source import INDEX_KEYS, BatchSource, CameraFormat, SourceSpec, output_fields
 from .cpu_decode import CpuDecodeOptions, pyav_can_decode
 from .dali_graph import CameraFeed, build_pipeline, camera_feed

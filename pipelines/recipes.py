@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, cast
 
-from lerobot_dali.augment import AugmentConfig, toml_parser
+from lerobot_dali.augment_config import AugmentConfig, toml_parser
 
 __all__ = ["NAMED_RECIPES", "RECIPE_DIR", "Recipe", "StepWindow", "get_recipe"]
 

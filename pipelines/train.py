@@ -51,7 +51,7 @@ from lerobot_dali.dataset_stats import read_dataset_stats
 from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig
 
 if TYPE_CHECKING:
-    from lerobot_dali.augment import AugmentConfig
+    from lerobot_dali.augment_config import AugmentConfig
 
 logger = logging.getLogger("pipelines.train")
 
@@ -237,7 +237,7 @@ def data_plan(options: TrainOptions, *, fps: float, camera_keys: Sequence[str]) 
     ``--chunk N`` keeps the recipe's action window start and stride with N steps; without a recipe (or a
     recipe without ``[action]``) the window is ``0, 1/fps, ..., (N-1)/fps`` with N = ``--chunk`` or 10.
     """
-    from lerobot_dali.augment import AugmentConfig
+    from lerobot_dali.augment_config import AugmentConfig
     from pipelines.recipes import StepWindow, get_recipe
 
     recipe = get_recipe(options.recipe) if options.recipe else None

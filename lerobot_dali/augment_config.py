@@ -1,0 +1,393 @@
+"""Augmentation options: frozen dataclasses validated on construction, loadable from TOML.
+
+Apart from the graph (:mod:`.augment`) so that configs, recipes and the command line build and check them
+without importing DALI. What each option does to the frames is described in :mod:`.augment`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, dataclass, fields, replace
+from types import ModuleType
+from typing import Any, Literal
+
+import numpy as np
+
+from .errors import StatsError
+
+__all__ = [
+    "NORMALIZE_FROM_STATS",
+    "AugmentConfig",
+    "ColorJitter",
+    "GaussianBlur",
+    "Normalize",
+    "Pair",
+    "RandomAffine",
+    "RandomResizedCrop",
+    "checked_size",
+    "range_of",
+    "toml_parser",
+]
+
+Pair = tuple[float, float]
+
+#: ``AugmentConfig.normalize`` value: each camera by its own mean/std in the dataset's statistics.
+NORMALIZE_FROM_STATS = "stats"
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation helpers: every message names the field, the value and what is allowed.
+
+
+def toml_parser() -> ModuleType:
+    """``tomllib`` (Python 3.11+), or ``tomli``, the same parser from PyPI and a dependency on 3.10, for the
+    augmentation and recipe files."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    return tomllib
+
+
+def _fail(owner: str, name: str, value: Any, allowed: str) -> ValueError:
+    return ValueError(f"{owner}.{name} = {value!r} is invalid: expected {allowed}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _pair(owner: str, name: str, value: Any, *, low: float, high: float, allowed: str) -> Pair:
+    """A (lo, hi) range with low <= lo <= hi <= high."""
+    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
+        lo, hi = value
+        if _is_number(lo) and _is_number(hi) and low <= lo <= hi <= high:
+            return (float(lo), float(hi))
+    raise _fail(owner, name, value, allowed)
+
+
+def _jitter_range(owner: str, name: str, value: Any, *, center: float, low: float, high: float) -> Pair:
+    """torchvision's convention: a bare number v means [max(low, center - v), center + v]."""
+    allowed = f"a number >= 0 or a pair (lo, hi) with {low} <= lo <= hi <= {high}"
+    if _is_number(value):
+        if value < 0 or center + value > high:
+            raise _fail(owner, name, value, allowed)
+        return (max(low, center - value), center + value)
+    return _pair(owner, name, value, low=low, high=high, allowed=allowed)
+
+
+def checked_size(owner: str, name: str, value: Any) -> tuple[int, int]:
+    """``value`` as an (H, W) pair of positive ints, or a ValueError naming ``owner.name``."""
+    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
+        h, w = value
+        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, w)):
+            return (h, w)
+    raise _fail(owner, name, value, "a pair (height, width) of positive integers")
+
+
+def _set(obj: Any, name: str, value: Any) -> None:
+    object.__setattr__(obj, name, value)
+
+
+# --------------------------------------------------------------------------------------------------
+# Options
+
+
+@dataclass(frozen=True, kw_only=True)
+class RandomResizedCrop:
+    """Crop a random area fraction ``scale`` with aspect ratio ``ratio`` (width/height), resize to ``size``.
+
+    ``scale`` and ``ratio`` mean what they mean in torchvision's ``RandomResizedCrop`` (same retries and
+    centre-crop fallback) when ``AugmentConfig.resize`` gives the frame the crop cuts. Without a resize the
+    crop cuts full frames of a size not known when the window is drawn: ``scale`` is still the area
+    fraction, but ``ratio`` is relative to the frame's own aspect (see :mod:`lerobot_dali.augment_draws`).
+    """
+
+    size: tuple[int, int]
+    scale: Pair = (0.08, 1.0)
+    ratio: Pair = (3 / 4, 4 / 3)
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        _set(self, "size", checked_size(owner, "size", self.size))
+        _set(self, "scale", _pair(owner, "scale", self.scale, low=1e-6, high=1.0, allowed="0 < lo <= hi <= 1"))
+        _set(self, "ratio", _pair(owner, "ratio", self.ratio, low=1e-6, high=1e6, allowed="0 < lo <= hi"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ColorJitter:
+    """torchvision ``ColorJitter`` ranges; each is stored as its (lo, hi) pair.
+
+    ``brightness``/``contrast``/``saturation``: a number v draws a factor in [max(0, 1 - v), 1 + v]; a pair
+    gives the range directly (factors >= 0). ``hue``: a number h <= 0.5 draws a shift in [-h, h] as a
+    fraction of the colour circle; a pair gives it directly within [-0.5, 0.5]. 0 (the default) is off.
+    """
+
+    brightness: float | Pair = 0.0
+    contrast: float | Pair = 0.0
+    saturation: float | Pair = 0.0
+    hue: float | Pair = 0.0
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        for name in ("brightness", "contrast", "saturation"):
+            _set(self, name, _jitter_range(owner, name, getattr(self, name), center=1.0, low=0.0, high=math.inf))
+        _set(self, "hue", _jitter_range(owner, "hue", self.hue, center=0.0, low=-0.5, high=0.5))
+
+
+@dataclass(frozen=True, kw_only=True)
+class GaussianBlur:
+    """Blur with sigma drawn in ``sigma`` (pixels), applied to a sample with ``probability``.
+
+    ``kernel_size`` (odd) is fixed as in torchvision; by default it covers 3 sigma of the largest sigma.
+    """
+
+    sigma: float | Pair = (0.1, 2.0)
+    probability: float = 1.0
+    kernel_size: int | None = None
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        sigma: Any = (self.sigma, self.sigma) if _is_number(self.sigma) else self.sigma
+        _set(self, "sigma", _pair(owner, "sigma", sigma, low=1e-6, high=1e6, allowed="a number > 0 or 0 < lo <= hi"))
+        if not _is_number(self.probability) or not 0.0 <= self.probability <= 1.0:
+            raise _fail(owner, "probability", self.probability, "a number in [0, 1]")
+        _set(self, "probability", float(self.probability))
+        k = self.kernel_size
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1 or k % 2 == 0):
+            raise _fail(owner, "kernel_size", k, "None or an odd integer >= 1")
+
+    @property
+    def effective_kernel_size(self) -> int:
+        hi = range_of(self.sigma)[1]
+        return self.kernel_size if self.kernel_size is not None else 2 * math.ceil(3 * hi) + 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class RandomAffine:
+    """torchvision ``RandomAffine`` without shear: rotate and scale about the centre, then translate.
+
+    ``degrees``: a number d draws in [-d, d], or a pair; positive turns counter-clockwise as in
+    torchvision. ``translate``: maximum shift as a fraction of (width, height). ``scale``: isotropic factor
+    range. Areas uncovered by the moved image are 0.
+    """
+
+    degrees: float | Pair = 0.0
+    translate: Pair = (0.0, 0.0)
+    scale: Pair = (1.0, 1.0)
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        _set(self, "degrees", _jitter_range(owner, "degrees", self.degrees, center=0.0, low=-180.0, high=180.0))
+        translate = self.translate
+        if not (
+            isinstance(translate, Sequence)
+            and len(translate) == 2
+            and all(_is_number(t) and 0.0 <= t <= 1.0 for t in translate)
+        ):
+            raise _fail(owner, "translate", translate, "a pair (fx, fy) of fractions in [0, 1]")
+        _set(self, "translate", (float(translate[0]), float(translate[1])))
+        _set(self, "scale", _pair(owner, "scale", self.scale, low=1e-6, high=1e6, allowed="0 < lo <= hi"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Normalize:
+    """Per-channel ``(x - mean) / std`` with x in [0, 1], as LeRobot's stats are computed."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        for name in ("mean", "std"):
+            value = getattr(self, name)
+            ok = isinstance(value, Sequence) and not isinstance(value, str) and len(value) > 0
+            ok = ok and all(_is_number(v) and (name == "mean" or v > 0) for v in value)
+            if not ok:
+                bound = "finite numbers" if name == "mean" else "numbers > 0"
+                raise _fail(owner, name, value, f"a non-empty list of {bound}, one per channel")
+            _set(self, name, tuple(float(v) for v in value))
+        if len(self.mean) != len(self.std):
+            raise _fail(owner, "std", self.std, f"as many values as mean ({len(self.mean)})")
+
+    @classmethod
+    def from_stats(cls, stats: Mapping[str, Any], key: str) -> Normalize:
+        """Read ``meta/stats.json``'s ``{key: {"mean": [[[r]], [[g]], [[b]]], "std": ...}}`` (shape (C, 1, 1))."""
+        if key not in stats:
+            cameras = sorted(k for k, v in stats.items() if isinstance(v, Mapping) and "mean" in v)
+            raise ValueError(f"stats have no entry {key!r}; entries with a mean: {cameras}")
+        entry = stats[key]
+        values: dict[str, list[float]] = {}
+        for name in ("mean", "std"):
+            if not isinstance(entry, Mapping) or name not in entry:
+                raise ValueError(f"stats[{key!r}] has no {name!r}; expected {{'mean': ..., 'std': ...}}")
+            array = np.asarray(entry[name], dtype=np.float64)
+            if array.ndim not in (1, 3) or array.shape[1:] not in ((), (1, 1)):
+                raise ValueError(f"stats[{key!r}][{name!r}] has shape {array.shape}; expected (C, 1, 1) or (C,)")
+            values[name] = array.reshape(-1).tolist()
+        return cls(mean=tuple(values["mean"]), std=tuple(values["std"]))
+
+
+#: The options that are one table each; ``normalize`` (a table, a table per camera, or ``"stats"``) is read
+#: on its own.
+_SECTIONS: dict[str, type] = {
+    "random_resized_crop": RandomResizedCrop,
+    "color_jitter": ColorJitter,
+    "blur": GaussianBlur,
+    "affine": RandomAffine,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AugmentConfig:
+    """Which augmentations run, in the fixed order of this module's docstring. The default does nothing.
+
+    ``shared_across_cameras``: the cameras of one sample get the same draws (same crop, same jitter),
+    which keeps multi-view geometry consistent; otherwise each camera draws on its own, as LeRobot does.
+
+    ``normalize``: one :class:`Normalize` for every camera; ``{camera key: Normalize}``, one per camera; or
+    ``"stats"``, each camera by its own mean/std in the dataset's statistics (as LeRobot's policies normalise
+    images), which :class:`~lerobot_dali.DALILeRobotIterator` reads when it opens the dataset
+    (:meth:`with_stats`).
+    """
+
+    resize: tuple[int, int] | None = None
+    random_resized_crop: RandomResizedCrop | None = None
+    affine: RandomAffine | None = None
+    color_jitter: ColorJitter | None = None
+    blur: GaussianBlur | None = None
+    normalize: Normalize | Mapping[str, Normalize] | Literal["stats"] | None = None
+    shared_across_cameras: bool = False
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        if self.resize is not None:
+            _set(self, "resize", checked_size(owner, "resize", self.resize))
+        for name, cls in _SECTIONS.items():
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, cls):
+                raise _fail(owner, name, value, f"None or a {cls.__name__}")
+        norm = self.normalize
+        if isinstance(norm, Mapping):
+            if not norm or not all(isinstance(k, str) and isinstance(v, Normalize) for k, v in norm.items()):
+                raise _fail(owner, "normalize", norm, "a non-empty {camera key: Normalize} mapping")
+            _set(self, "normalize", dict(norm))
+        elif norm is not None and norm != NORMALIZE_FROM_STATS and not isinstance(norm, Normalize):
+            allowed = f"None, a Normalize, a {{camera key: Normalize}} mapping, or {NORMALIZE_FROM_STATS!r}"
+            raise _fail(owner, "normalize", norm, allowed)
+        if not isinstance(self.shared_across_cameras, bool):
+            raise _fail(owner, "shared_across_cameras", self.shared_across_cameras, "true or false")
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> AugmentConfig:
+        """Build from plain data (a TOML table); unknown keys are rejected by name.
+
+        ``normalize`` is ``"stats"``, a table with ``mean`` and ``std``, or a table of such tables by camera key.
+        """
+        kwargs = _checked_keys(cls, raw, cls.__name__)
+        for name, section in _SECTIONS.items():
+            if kwargs.get(name) is not None:
+                kwargs[name] = section(**_checked_keys(section, kwargs[name], f"{cls.__name__}.{name}"))
+        norm = kwargs.get("normalize")
+        where = f"{cls.__name__}.normalize"
+        if isinstance(norm, Mapping) and norm and all(isinstance(v, Mapping) for v in norm.values()):
+            kwargs["normalize"] = {k: Normalize(**_checked_keys(Normalize, v, f"{where}.{k}")) for k, v in norm.items()}
+        elif isinstance(norm, Mapping):
+            kwargs["normalize"] = Normalize(**_checked_keys(Normalize, norm, where))
+        return cls(**kwargs)
+
+    def with_stats(self, stats: Mapping[str, Any], cameras: Sequence[str], *, source: str) -> AugmentConfig:
+        """``normalize="stats"`` made concrete: one :class:`Normalize` per camera from ``stats`` (a dataset's
+        ``meta/stats.json`` content, see :func:`~lerobot_dali.dataset_stats.read_dataset_stats`). Any other
+        config is returned as it is. ``source`` names the dataset in errors."""
+        if self.normalize != NORMALIZE_FROM_STATS:
+            return self
+        per_camera = {}
+        for camera in cameras:
+            try:
+                per_camera[camera] = Normalize.from_stats(stats, camera)
+            except ValueError as e:
+                raise StatsError(
+                    f"{source}: normalize='stats' needs the mean/std of camera {camera!r} from meta/stats.json "
+                    f"(or v2.1's meta/episodes_stats.jsonl), but {e}. Give AugmentConfig.normalize a Normalize "
+                    "(e.g. ImageNet's), one per camera, or leave it unset."
+                ) from e
+        return replace(self, normalize=per_camera or None)  # no cameras: nothing to normalise
+
+    def for_channels(self, channels: int) -> AugmentConfig:
+        """This config for frames of ``channels`` channels: grey ones (1) keep brightness and contrast jitter only,
+        since saturation and hue leave grey unchanged (as torchvision's do); so those are neither applied nor
+        drawn."""
+        jitter = self.color_jitter
+        if channels != 1 or jitter is None:
+            return self
+        return replace(self, color_jitter=replace(jitter, saturation=0.0, hue=0.0))
+
+    def for_camera(self, camera: str) -> AugmentConfig:
+        """This config with ``normalize`` narrowed to ``camera``'s :class:`Normalize` (what the graph of one
+        camera applies)."""
+        norm = self.normalize
+        if norm == NORMALIZE_FROM_STATS:
+            raise ValueError("normalize='stats' reads the dataset's statistics: resolve it with with_stats() first")
+        if isinstance(norm, Mapping):
+            if camera not in norm:
+                raise ValueError(
+                    f"AugmentConfig.normalize has no Normalize for camera {camera!r}; it has {sorted(norm)}. "
+                    "Give one for every camera, or one Normalize for all."
+                )
+            return replace(self, normalize=norm[camera])
+        return self
+
+    @classmethod
+    def from_toml(cls, path: str | os.PathLike[str], *, table: str | None = None) -> AugmentConfig:
+        """Read a TOML file: the whole document, or its ``table`` (e.g. ``"augment"`` in a recipe)."""
+        with open(path, "rb") as f:
+            document = toml_parser().load(f)
+        if table is not None:
+            if not isinstance(document.get(table), Mapping):
+                raise ValueError(f"{os.fspath(path)} has no [{table}] table; tables: {sorted(document)}")
+            document = document[table]
+        return cls.from_dict(document)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for TOML/JSON: tuples become lists, unset sections are left out."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if isinstance(value, Mapping):
+                value = {camera: _section_dict(norm) for camera, norm in value.items()}
+            elif f.name in _SECTIONS or isinstance(value, Normalize):
+                value = _section_dict(value)
+            out[f.name] = _plain(value)
+        return out
+
+
+def _section_dict(section: Any) -> dict[str, Any]:
+    return {g.name: _plain(getattr(section, g.name)) for g in fields(section) if getattr(section, g.name) is not None}
+
+
+def _plain(value: Any) -> Any:
+    return [_plain(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _checked_keys(cls: type, raw: Any, where: str) -> dict[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where} = {raw!r} is invalid: expected a table of options")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ValueError(f"{where} has unknown key(s) {unknown}; allowed: {sorted(known)}")
+    missing = [n for n, f in known.items() if f.default is MISSING and f.default_factory is MISSING and n not in raw]
+    if missing:
+        raise ValueError(f"{where} is missing required key(s) {missing}")
+    return dict(raw)
+
+
+def range_of(value: float | Pair) -> Pair:
+    # Options store pairs after __post_init__; this only narrows the declared input type.
+    return value if isinstance(value, tuple) else (value, value)
