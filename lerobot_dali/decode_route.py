@@ -255,8 +255,8 @@ def _probe_here(device_id: int, samples: Mapping[str, np.ndarray]) -> GpuProbe:
     return GpuProbe(gpu=gpu, nvdec=nvdec, errors=errors)
 
 
-# (device, codec, pixel format) -> (GPU or None, NVDEC decodes it, why not)
-_probe_cache: dict[tuple[int, str, str | None], tuple[GpuInfo | None, bool, str]] = {}
+# (device, codec, pixel format, width, height) -> (GPU or None, NVDEC decodes it, why not)
+_probe_cache: dict[tuple[int, str, str | None, int, int], tuple[GpuInfo | None, bool, str]] = {}
 _probe_lock = threading.Lock()
 
 
@@ -287,12 +287,14 @@ def route_for_video(
 ) -> DecodeRoute:
     """The route for a camera, probing NVDEC once per process with a clip of this file's first frame.
 
-    The probe result is cached per (device, codec, pixel format). ``label`` names the camera in messages.
+    The probe result is cached per (device, codec, pixel format, frame size): NVDEC also refuses streams by size
+    (DALI: "Video is too small in at least one dimension"; HEVC under 144x144, VP9 and AV1 under 128x128), so a
+    small wrist camera must not inherit a large camera's answer. ``label`` names the camera in messages.
     """
     preference = DecodePreference.parse(decode)
     if preference is DecodePreference.CPU:
         return choose_route(index.codec, decode=preference, gpu=None, nvdec_supported=False, label=label)
-    key = (device_id, index.codec, index.pix_fmt)
+    key = (device_id, index.codec, index.pix_fmt, index.width, index.height)
     with _probe_lock:
         cached = _probe_cache.get(key)
     if cached is None:

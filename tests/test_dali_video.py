@@ -161,6 +161,28 @@ def test_route_for_video_without_driver(marker_video: MarkerVideo, monkeypatch: 
         route_for_video(h264, build_packet_index(h264), decode="gpu")
 
 
+def test_nvdec_is_probed_per_frame_size_too(marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVDEC refuses streams below a minimum size: a small camera of the same codec as a large one is probed on
+    its own (with one answer per codec, the small one went to NVDEC and failed mid-training)."""
+    probed: list[tuple[int, int]] = []
+
+    def fake_probe(samples, *, device_id, isolate):
+        ((codec, clip),) = samples.items()
+        index = build_packet_index(io.BytesIO(clip.tobytes()))
+        probed.append((index.height, index.width))
+        fits = min(index.height, index.width) >= 128
+        return decode_route.GpuProbe(gpu=H200, nvdec={codec: fits}, errors={} if fits else {codec: "too small"})
+
+    monkeypatch.setattr(decode_route, "_driver_present", lambda: True)
+    monkeypatch.setattr(decode_route, "_probe_cache", {})
+    monkeypatch.setattr(decode_route, "probe_gpu", fake_probe)
+    big, small = marker_video("h264", 2, height=128, width=160), marker_video("h264", 2)
+    assert route_for_video(big, build_packet_index(big), label="top") is DecodeRoute.NVDEC
+    assert route_for_video(small, build_packet_index(small), label="wrist") is DecodeRoute.CPU_FALLBACK
+    assert route_for_video(big, build_packet_index(big), label="top") is DecodeRoute.NVDEC
+    assert probed == [(128, 160), (64, 96)]
+
+
 def test_isolated_probe_runs_in_a_spawned_process(marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch) -> None:
     if decode_route._driver_present():
         pytest.skip("a CUDA driver is present; tests/gpu covers the real probe")
