@@ -206,6 +206,8 @@ def build_pipeline(
                 continue
             if field.kind == FieldKind.CLIP:
                 frames = decode_clips(node, outputs[i + 1], device=field.decode_device)
+                if on_gpu and field.decode_device == "cpu":  # VP9/VP8/MJPEG on DALI's CPU decoder: augment on GPU
+                    frames = frames.gpu()
                 if field.color_fix is not None:
                     frames = recolor(frames, field.color_fix)
             elif field.kind == FieldKind.PLANES_LUMA:

@@ -33,6 +33,7 @@ SHARED = AugmentConfig(color_jitter=ColorJitter(brightness=0.3, hue=0.1), shared
 GPU_FEEDS = {
     "cam.nvdec": CameraFeed(DecodeRoute.NVDEC),
     "cam.nvdec_bt709": CameraFeed(DecodeRoute.NVDEC, color_fix=tuple(map(tuple, nvdec_color_fix(1, False).tolist()))),
+    "cam.vp9": CameraFeed(DecodeRoute.DALI_CPU),  # decode="cpu", or NVDEC refused it: DALI's CPU decoder
     "cam.planes": CameraFeed(DecodeRoute.CPU_FALLBACK, planes=True),
     "cam.rgb": CameraFeed(DecodeRoute.CPU_FALLBACK),
     "cam.depth": CameraFeed(DecodeRoute.CPU_FALLBACK, depth=True),
