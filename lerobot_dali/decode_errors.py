@@ -41,7 +41,8 @@ def locate_clip_failure(
     for i, field in cameras:
         clips = [outputs[i][0] for outputs in samples]
         wanted = [outputs[i + 1][0] for outputs in samples]
-        bad = _first_failing(clips, wanted, device_id=None if field.decode_device == "cpu" else device_id)
+        files = [spec.reader.video(int(pos), field.name).path for pos in episode_pos]
+        bad = _first_failing(clips, wanted, files, device_id=None if field.decode_device == "cpu" else device_id)
         if bad is None:
             continue
         pos = int(episode_pos[bad])
@@ -56,21 +57,37 @@ def locate_clip_failure(
     return None
 
 
-def _first_failing(clips: list[np.ndarray], wanted: list[np.ndarray], *, device_id: int | None) -> int | None:
-    def decodes(lo: int, hi: int) -> bool:
+def _first_failing(
+    clips: list[np.ndarray], wanted: list[np.ndarray], files: list[str], *, device_id: int | None
+) -> int | None:
+    """The first clip that fails on its own, or None. A failure of the decoder itself (a CUDA out-of-memory
+    while the training holds the GPU) fails every part too, which would blame the first clip: unless some part
+    decoded, the clips of other files must decode for the blame to stand."""
+
+    def decodes(members: list[int]) -> bool:
         try:
-            decode_clip_batch(clips[lo:hi], wanted[lo:hi], device_id=device_id)
+            decode_clip_batch([clips[k] for k in members], [wanted[k] for k in members], device_id=device_id)
         except Exception:  # DALI raises RuntimeError; any failure counts as "this part fails"
             return False
         return True
 
     lo, hi = 0, len(clips)
-    if decodes(lo, hi):
+    if decodes(list(range(lo, hi))):
         return None
+    some_decoded = False
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if decodes(lo, mid):
-            lo = mid
+        if decodes(list(range(lo, mid))):
+            lo, some_decoded = mid, True
         else:
             hi = mid
+    if some_decoded:
+        return lo
+    # One clip of each of up to 3 other files, alone (another file may be bad too): one that decodes clears the
+    # decoder; none at all (one file only) leaves the blame where it is.
+    firsts = {files[k]: k for k in reversed(range(len(clips))) if files[k] != files[lo]}
+    others = sorted(firsts.values())[:3]
+    if others and not any(decodes([k]) for k in others):
+        logger.info("clips of %d other file(s) fail alone too: the decoder failed, not %s", len(others), files[lo])
+        return None
     return lo

@@ -662,3 +662,27 @@ def test_dali_decoded_clips_open_each_mp4_once_per_batch(make_ds, monkeypatch: p
     episodes = outputs[source.fields.index(next(f for f in source.fields if f.name == "episode_index"))]
     files = {int(e) // 2 for e in np.asarray(episodes).ravel().tolist()}  # 2 episodes per file
     assert len(opened) == 2 * len(files) == len(set(opened)), opened  # 2 cameras, 8 samples of 3 frames each
+
+
+def test_a_decoder_failing_everything_blames_no_file(monkeypatch) -> None:
+    """Bisecting a failed batch keeps the failing half; when the decoder itself fails (a CUDA out-of-memory), every
+    half fails and the first clip was called corrupt. Clips of other files that decode alone clear it."""
+    from lerobot_dali import decode_errors
+
+    clips = [np.full(4, k, np.uint8) for k in range(6)]
+    wanted = [np.zeros(1, np.int32)] * 6
+    files = ["a.mp4", "a.mp4", "b.mp4", "c.mp4", "c.mp4", "d.mp4"]
+
+    def decoder(bad: set[int] | None):
+        def decode(batch, _wanted, *, device_id):
+            if bad is None or any(int(c[0]) in bad for c in batch):
+                raise RuntimeError("Critical error in pipeline: ... out of memory")
+
+        return decode
+
+    for bad, expected in [(None, None), ({0}, 0), ({4}, 4), ({0, 2}, 0), ({0, 2, 3, 5}, None), (set(), None)]:
+        monkeypatch.setattr(decode_errors, "decode_clip_batch", decoder(bad))
+        assert decode_errors._first_failing(clips, wanted, files, device_id=None) == expected, bad
+    # one file only: nothing clears the decoder, and the blame stands
+    monkeypatch.setattr(decode_errors, "decode_clip_batch", decoder(None))
+    assert decode_errors._first_failing(clips[:2], wanted[:2], ["a.mp4"] * 2, device_id=None) == 0
