@@ -96,6 +96,38 @@ def _encode(
     return path
 
 
+#: Flat, moderately saturated colours: none clips under BT.601, and inside a patch DALI's bilinear chroma equals
+#: swscale's repeated samples, so only the matrix can part NVDEC's colours from swscale's there.
+PATCH_COLOURS = [(180, 120, 60), (60, 150, 200), (200, 90, 140), (90, 170, 90), (150, 150, 210), (210, 180, 110)]
+PATCH_SIDE = 32
+
+
+def encode_flat_patches(path: Path, *, width: int, height: int, colorspace: int) -> Path:
+    """H.264 frames of flat colour patches (``PATCH_SIDE`` squares), tagged ``colorspace``."""
+    with av.open(str(path), "w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=10)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.codec_context.colorspace = colorspace
+        for i in range(4):
+            rows, cols = np.indices((height // PATCH_SIDE, width // PATCH_SIDE))
+            colours = np.array(PATCH_COLOURS, np.uint8)[(rows + cols + i) % len(PATCH_COLOURS)]
+            image = np.repeat(np.repeat(colours, PATCH_SIDE, axis=0), PATCH_SIDE, axis=1)
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
+            frame.colorspace = colorspace
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+def patch_interiors(height: int, width: int, margin: int = 4) -> np.ndarray:
+    """Pixels at least ``margin`` from a patch edge, where chroma interpolation cannot matter."""
+    inside = np.arange(PATCH_SIDE)
+    inside = (inside >= margin) & (inside < PATCH_SIDE - margin)
+    return np.tile(inside, height // PATCH_SIDE)[:, None] & np.tile(inside, width // PATCH_SIDE)[None, :]
+
+
 CASES = {
     # name: (codec, pix_fmt, width, height, colorspace tag, full range, goes as planes)
     "h264_unspecified": ("libx264", "yuv420p", 130, 98, None, False, True),
@@ -353,6 +385,24 @@ def test_nvdec_colours_are_brought_to_the_tagged_colour_space(tmp_path: Path, ca
     unclipped = np.stack(in_range)
     assert unclipped.mean() > 0.3 and np.quantile(before[unclipped], 0.99) > 8
     assert after[unclipped].max() <= MAX_DIFF and after[unclipped].mean() <= 1.0, after[unclipped].max()  # 2 roundings
+
+
+def test_flat_patches_need_the_correction_and_it_suffices(tmp_path: Path) -> None:
+    """The premise of the GPU test of the BT.709 correction, checked here with NVDEC's conversion emulated: on
+    flat patches BT.601 misses swscale's colours by levels, and the correction brings them back to rounding."""
+    path = encode_flat_patches(tmp_path / "patches.mp4", width=192, height=160, colorspace=1)
+    fix = nvdec_color_fix(*stream_color(build_packet_index(path).template))
+    assert fix is not None
+    with av.open(str(path)) as container:
+        frames = list(container.decode(video=0))
+    expected = np.stack([f.to_ndarray(format="rgb24") for f in frames]).astype(np.int32)
+    nvdec, in_range = zip(*(_nvdec_like(frame_planes(f), False) for f in frames), strict=True)
+    assert np.stack(in_range).all()  # nothing clips: what NVDEC gives is recoverable
+    inside = patch_interiors(160, 192)
+    before = np.abs(np.stack(nvdec).astype(np.int32) - expected)[:, inside]
+    after = np.abs(np.stack(_recolor_on_dali_cpu(list(nvdec), fix)).astype(np.int32) - expected)[:, inside]
+    assert before.mean() > 4 and before.max() >= 12, (before.mean(), before.max())
+    assert after.mean() <= 1.0 and after.max() <= MAX_DIFF, (after.mean(), after.max())
 
 
 def test_only_nvdec_cameras_tagged_other_than_bt601_get_a_correction(tmp_path: Path, caplog) -> None:

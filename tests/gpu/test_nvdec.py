@@ -140,11 +140,13 @@ def test_h264_probe_and_route(marker_video: MarkerVideo) -> None:
 
 def test_nvdec_colours_of_a_bt709_stream_are_corrected_to_bt709(tmp_path: Path) -> None:
     """DALI's NVDEC path converts with BT.601 whatever the tag (``color_space.cu``, read, not yet run): the
-    correction the graph applies (``yuv_frames.nvdec_color_fix``) must bring a BT.709 stream to swscale's RGB."""
+    correction the graph applies (``yuv_frames.nvdec_color_fix``) must bring a BT.709 stream to swscale's RGB.
+    Flat patches, compared inside: saturated colours clip under BT.601 (no correction can bring them back) and
+    DALI interpolates chroma where swscale repeats it (edges differ whatever the matrix)."""
     from lerobot_dali.yuv_frames import nvdec_color_fix, stream_color
-    from tests.test_yuv_frames import _encode, _recolor_on_dali_cpu
+    from tests.test_yuv_frames import _recolor_on_dali_cpu, encode_flat_patches, patch_interiors
 
-    path = _encode(tmp_path / "bt709.mp4", "libx264", "yuv420p", width=192, height=160, colorspace=1)
+    path = encode_flat_patches(tmp_path / "bt709.mp4", width=192, height=160, colorspace=1)
     index = build_packet_index(path)
     fix = nvdec_color_fix(*stream_color(index.template))
     assert fix is not None
@@ -153,6 +155,7 @@ def test_nvdec_colours_of_a_bt709_stream_are_corrected_to_bt709(tmp_path: Path) 
     (nvdec,) = decode_clip_batch([clip.data], [clip.relative_indices], device_id=0)
     reference = reference_frames(path)
     expected = np.stack([reference[int(p)] for p in index.frame_pts[frames]]).astype(np.int16)
-    before = np.abs(nvdec.astype(np.int16) - expected).mean()
-    after = np.abs(np.stack(_recolor_on_dali_cpu(list(nvdec), fix)).astype(np.int16) - expected).mean()
-    assert after < before / 2 and after <= 2 * CROSS_DECODER_MAX_MEAN_DIFF, (before, after)
+    inside = patch_interiors(160, 192)
+    before = np.abs(nvdec.astype(np.int16) - expected)[:, inside].mean()
+    after = np.abs(np.stack(_recolor_on_dali_cpu(list(nvdec), fix)).astype(np.int16) - expected)[:, inside].mean()
+    assert after < before / 2 and after <= CROSS_DECODER_MAX_MEAN_DIFF, (before, after)
