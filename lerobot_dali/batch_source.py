@@ -147,6 +147,12 @@ def _shape_text(shape: tuple[int, ...]) -> str:
     return f"{height}x{width} (HxW) with {channels} channel(s)"
 
 
+def _decodes_distinct(spec: SourceSpec, camera: str) -> bool:
+    """Whether a clip camera's window may repeat frames (edge padding), so its distinct frames are decoded once
+    each and put in window order by the graph (``FieldKind.CLIP_ORDER``)."""
+    return len(spec.delta_index.get(camera, ())) > 1
+
+
 def output_fields(spec: SourceSpec) -> list[Field]:
     """The external source's outputs, in order; the DALI graph and the iterator both read this list."""
     fields = [
@@ -171,6 +177,8 @@ def output_fields(spec: SourceSpec) -> list[Field]:
                 Field(camera, FieldKind.CLIP, decode_device=device, camera_index=camera_index, color_fix=feed.color_fix)
             )
             fields.append(Field(f"{camera}.__frames", FieldKind.CLIP_FRAMES, camera_index=camera_index))
+            if _decodes_distinct(spec, camera):
+                fields.append(Field(f"{camera}.__order", FieldKind.CLIP_ORDER, camera_index=camera_index))
     first_image = len(spec.camera_feeds)
     fields += [
         Field(key, FieldKind.DEPTH, camera_index=first_image + i, channels=1)
@@ -309,7 +317,8 @@ class BatchSource:
             if field.kind is FieldKind.HOST_VALUES:
                 out.append(encode_host_values(values[field.name], key=field.name))
                 continue
-            if field.kind in (FieldKind.CLIP_FRAMES, FieldKind.PLANES_CHROMA, FieldKind.PLANES_MATRIX):
+            if field.kind in (FieldKind.CLIP_FRAMES, FieldKind.CLIP_ORDER, FieldKind.PLANES_CHROMA,
+                              FieldKind.PLANES_MATRIX):  # fmt: skip
                 continue  # filled with the camera field they follow
             if field.kind is FieldKind.AUGMENT_DRAW:
                 if field.stream not in draws:
@@ -332,7 +341,13 @@ class BatchSource:
                     planes = self._decoded_planes(requests)
                     out += [[p.luma for p in planes], [p.chroma for p in planes], [p.matrix for p in planes]]
                 else:
-                    out.extend(self._clips(requests))
+                    clips, indices = self._clips(requests)
+                    if _decodes_distinct(spec, field.name):
+                        distinct = [np.unique(i, return_inverse=True) for i in indices]
+                        indices = [d for d, _ in distinct]
+                        out += [clips, indices, [order.astype(np.int32) for _, order in distinct]]
+                    else:
+                        out += [clips, indices]
             except (VideoDecodeError, MissingDataFileError) as e:  # they name the file; say whose frames they were
                 episodes = sorted({int(spec.reader.episodes.episode_index[p]) for p in episode_pos})
                 raise type(e)(f"camera {field.name!r}, batch of episodes {episodes}: {e}") from e  # (its own type)

@@ -38,8 +38,13 @@ class FieldKind(enum.Enum):
     HOST_VALUES = "host_values"
     #: Encoded clip bytes (1-D uint8) per sample; the next field holds its frame indices.
     CLIP = "clip"
-    #: Clip-relative display frame indices (int32, (T,)) for the preceding CLIP field.
+    #: Clip-relative display frame indices (int32) for the preceding CLIP field: a window's distinct frames,
+    #: ascending, when a CLIP_ORDER field follows; else the window's own frames, (T,).
     CLIP_FRAMES = "clip_frames"
+    #: Window order (int32, (T,)) of the CLIP field two before: positions into its decoded distinct frames. DALI's
+    #: decoder decodes a repeated index again from its keyframe (a whole GOP per repeat; windows repeat their
+    #: edge frame as padding), so a windowed camera's repeats decode once and are copied by ``sequence_rearrange``.
+    CLIP_ORDER = "clip_order"
     #: Decoded frames (T, H, W, 3) uint8 per sample, from the CPU decode route.
     FRAMES = "frames"
     #: Decoded frames as planes (:mod:`.yuv_frames`), from the CPU decode route: luma (T, H, W, 1) uint8;
@@ -143,7 +148,13 @@ def camera_feed(
 
 
 # Fields that feed another field's graph rather than being outputs of their own.
-_AUXILIARY = (FieldKind.CLIP_FRAMES, FieldKind.AUGMENT_DRAW, FieldKind.PLANES_CHROMA, FieldKind.PLANES_MATRIX)
+_AUXILIARY = (
+    FieldKind.CLIP_FRAMES,
+    FieldKind.CLIP_ORDER,
+    FieldKind.AUGMENT_DRAW,
+    FieldKind.PLANES_CHROMA,
+    FieldKind.PLANES_MATRIX,
+)
 
 
 def build_pipeline(
@@ -206,6 +217,8 @@ def build_pipeline(
                 continue
             if field.kind == FieldKind.CLIP:
                 frames = decode_clips(node, outputs[i + 1], device=field.decode_device)
+                if i + 2 < len(fields) and fields[i + 2].kind == FieldKind.CLIP_ORDER:
+                    frames = fn.sequence_rearrange(frames, new_order=outputs[i + 2])
                 if on_gpu and field.decode_device == "cpu":  # VP9/VP8/MJPEG on DALI's CPU decoder: augment on GPU
                     frames = frames.gpu()
                 if field.color_fix is not None:

@@ -236,6 +236,27 @@ def test_opening_options_with_an_open_reader_are_refused_not_ignored(make_ds) ->
             DALILeRobotIterator(reader, device="cpu", **option)
 
 
+def test_dali_decodes_a_windows_repeated_frames_once(make_ds) -> None:
+    """DALI's decoder decodes a repeated index again from its keyframe (a measured +90% per repeat of a GOP-60
+    frame), and windows repeat their edge frame as padding: the clip camera asks for its distinct frames and the
+    graph copies them into window order. (Frames against the reference: test_cpu_parity_in_dataset_order.)"""
+    from lerobot_dali.batch_source import BatchSource
+    from lerobot_dali.dali_graph import FieldKind
+
+    it = DALILeRobotIterator(_dataset(make_ds, "vp9"), batch_size=2, delta_timestamps=DELTAS, shuffle=False,
+                             device="cpu", num_workers=0)  # fmt: skip
+    next(iter(it))  # the pipeline (and its source's spec) is built on first use
+    source = BatchSource(it._spec)
+    kinds = [f.kind for f in source.fields]
+    at = kinds.index(FieldKind.CLIP)
+    assert kinds[at : at + 3] == [FieldKind.CLIP, FieldKind.CLIP_FRAMES, FieldKind.CLIP_ORDER]
+    out = source.assemble(np.array([0, 0]), np.array([0, 3]))  # frame 0: [0, 0] padded; frame 3: [1, 3]
+    wanted, order = out[at + 1], out[at + 2]
+    assert [len(w) for w in wanted] == [1, 2] and [o.tolist() for o in order] == [[0, 0], [0, 1]]
+    assert all(np.all(np.diff(w) > 0) for w in wanted)
+    it.close()
+
+
 def test_drop_last_gives_full_batches_only(make_ds) -> None:
     it = DALILeRobotIterator(_dataset(make_ds, "vp9"), batch_size=4, shuffle=False, device="cpu", num_workers=0)
     assert len(it) == 5  # 23 samples: the trailing 3 are dropped
