@@ -52,7 +52,7 @@ def _graph(feeds: dict[str, CameraFeed], *, device_id: int | None, **options: An
     spec = SimpleNamespace(
         tabular_keys=("observation.state", "action", "task_note"),
         host_value_keys=("task_note",),  # strings: stay on the CPU
-        delta_index={"action": np.arange(4)},
+        delta_index={"action": np.arange(4), "cam.nvdec": np.arange(-1, 1)},  # a windowed clip camera: its order
         camera_feeds=feeds,
         image_keys=("cam.png_rows", "cam.grey_rows", "cam.depth_rows"),  # cameras stored as images in the data files
         image_shapes={"cam.png_rows": (48, 64, 3), "cam.grey_rows": (48, 64, 1)},
@@ -119,7 +119,7 @@ def test_gpu_graph_uses_only_kernels_dali_has_and_ends_on_the_gpu(options: dict[
     assert {*GPU_FEEDS, "cam.png_rows", "cam.grey_rows", "cam.depth_rows"} <= set(names)
     used = {(getattr(i._op, "schema_name", None), i._op.device) for i in pipe._ops}
     # the routes this graph exists for: NVDEC decode, and the planes' colour conversion on the device
-    assert {("decoders__Video", "mixed"), ("CoordTransform", "gpu")} <= used
+    assert {("decoders__Video", "mixed"), ("CoordTransform", "gpu"), ("SequenceRearrange", "gpu")} <= used
     transforms = [
         i for i in pipe._ops if (getattr(i._op, "schema_name", None), i._op.device) == ("CoordTransform", "gpu")
     ]
