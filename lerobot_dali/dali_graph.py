@@ -147,6 +147,10 @@ def camera_feed(
     return CameraFeed(route, worker_size=None if on_gpu else leading_resize(augment, image_size))
 
 
+#: Output name of ``task_index``'s host copy on a GPU pipeline, which the iterator reads to join the task strings:
+#: reading the GPU tensor back (``.cpu()``) waited for all the work queued on torch's stream, every batch.
+HOST_TASK_INDEX = "task_index.__host"
+
 # Fields that feed another field's graph rather than being outputs of their own.
 _AUXILIARY = (
     FieldKind.CLIP_FRAMES,
@@ -210,6 +214,9 @@ def build_pipeline(
             if field.kind in (FieldKind.TABULAR, FieldKind.HOST_VALUES):
                 results.append(node.gpu() if on_gpu and field.kind == FieldKind.TABULAR else node)
                 names.append(field.name)
+                if on_gpu and field.name == "task_index":
+                    results.append(node)  # the task strings' lookup reads it on the host
+                    names.append(HOST_TASK_INDEX)
                 continue
             if field.kind == FieldKind.DEPTH:
                 results.append(_depth_output(node.gpu() if on_gpu else node, image_size))

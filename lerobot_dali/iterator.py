@@ -19,7 +19,7 @@ import torch
 from .augment_config import NORMALIZE_FROM_STATS, AugmentConfig, Normalize, checked_size
 from .batch_source import INDEX_KEYS, BatchSource, CameraFormat, SourceSpec, output_fields
 from .cpu_decode import CpuDecodeOptions, pyav_can_decode
-from .dali_graph import CameraFeed, build_pipeline, camera_feed
+from .dali_graph import HOST_TASK_INDEX, CameraFeed, build_pipeline, camera_feed
 from .dataset_reader import LeRobotDatasetReader, open_dataset
 from .dataset_stats import read_dataset_stats
 from .decode_errors import locate_clip_failure
@@ -477,6 +477,8 @@ class DALILeRobotIterator:
     def _to_batch(self, out: dict[str, torch.Tensor]) -> dict[str, Any]:
         batch: dict[str, Any] = {}
         for name in self._names:
+            if name == HOST_TASK_INDEX:
+                continue
             tensor = out[name]
             if name in self._host_value_keys:
                 batch[name] = decode_host_values(tensor.numpy())
@@ -488,7 +490,8 @@ class DALILeRobotIterator:
             if tensor.device != self._device:
                 tensor = tensor.to(self._device, non_blocking=True)
             batch[name] = tensor
-        batch["task"] = self._task_strings(out["task_index"], out["episode_index"]) if "task_index" in out else []
+        task_index = out.get(HOST_TASK_INDEX, out.get("task_index"))
+        batch["task"] = self._task_strings(task_index, out["episode_index"]) if task_index is not None else []
         return batch
 
     def _task_strings(self, task_index: torch.Tensor, episode_index: torch.Tensor) -> list[str]:

@@ -17,7 +17,7 @@ import pytest
 
 from lerobot_dali.augment import AugmentConfig, ColorJitter, GaussianBlur, Normalize, RandomAffine, RandomResizedCrop
 from lerobot_dali.batch_source import SourceSpec, output_fields
-from lerobot_dali.dali_graph import CameraFeed, build_pipeline
+from lerobot_dali.dali_graph import HOST_TASK_INDEX, CameraFeed, build_pipeline
 from lerobot_dali.decode_route import DecodeRoute
 from lerobot_dali.yuv_frames import nvdec_color_fix
 
@@ -114,8 +114,9 @@ def test_gpu_graph_uses_only_kernels_dali_has_and_ends_on_the_gpu(options: dict[
     pipe, names = _graph(GPU_FEEDS, device_id=0, **options)
     assert _device_problems(pipe) == []
     devices = {name: node.device for name, node in zip(names, pipe._graph_outputs, strict=True)}
-    # everything ends on the GPU but strings, which the host turns back into Python values
-    assert devices == {**dict.fromkeys(names, "gpu"), "task_note": "cpu"}, devices
+    # everything ends on the GPU but strings, which the host turns back into Python values, and the host copy of
+    # task_index that the task strings are joined by (reading it back from the GPU waited for torch's stream)
+    assert devices == {**dict.fromkeys(names, "gpu"), "task_note": "cpu", HOST_TASK_INDEX: "cpu"}, devices
     assert {*GPU_FEEDS, "cam.png_rows", "cam.grey_rows", "cam.depth_rows"} <= set(names)
     used = {(getattr(i._op, "schema_name", None), i._op.device) for i in pipe._ops}
     # the routes this graph exists for: NVDEC decode, and the planes' colour conversion on the device

@@ -43,6 +43,7 @@ def _cuda_and_cpu_samples(root, **kwargs) -> list[tuple[dict, dict]]:
     on_gpu = _all(DALILeRobotIterator(root, device="cuda", **kwargs))
     on_cpu = _all(DALILeRobotIterator(root, device="cpu", **kwargs))
     assert len(on_gpu) == len(on_cpu) > 0
+    assert on_gpu[0].keys() == on_cpu[0].keys()  # the same batch keys (the GPU graph's host copies stay inside)
     return list(zip(on_gpu, on_cpu, strict=True))
 
 
