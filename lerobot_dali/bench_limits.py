@@ -240,8 +240,9 @@ def gpu_decode_ceiling(runs: Sequence[DecodeRun], *, device_id: int = 0, batch_s
             frames += sum(int(out[i].shape()[0]) for i in range(len(out)))
         seconds = time.perf_counter() - start
     except Exception as e:  # NVDEC lacking the codec surfaces as a DALI RuntimeError at run time
-        message = str(e).strip().splitlines()
-        return Ceiling(name, 0, 0.0, None, 1, error=f"{type(e).__name__}: {message[0] if message else ''}")
+        from .dali_video import dali_error_reason  # DALI's first line is always "Critical error in pipeline:"
+
+        return Ceiling(name, 0, 0.0, None, 1, error=f"{type(e).__name__}: {dali_error_reason(e)}")
     return Ceiling(
         name=name,
         frames=frames,
