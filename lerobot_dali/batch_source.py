@@ -27,6 +27,7 @@ from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder, Pi
 from .dali_graph import CameraFeed, Field, FieldKind, augment_draw_field
 from .dataset_reader import LeRobotDatasetReader
 from .depth_maps import DepthQuantizer, DepthUnit, in_unit
+from .episode_rows import INDEX_COLUMNS
 from .errors import DataFileError, DatasetError, MissingDataFileError, SchemaMismatchError, VideoDecodeError
 from .file_stamps import FileStamp
 from .frame_lookup import TimestampSource, row_frame_numbers
@@ -39,12 +40,9 @@ from .sample_order import SampleOrder
 from .windows import query_indices
 from .yuv_frames import PlaneFrames, stream_color
 
-__all__ = ["INDEX_KEYS", "BatchSource", "CameraFormat", "SourceSpec", "output_fields"]
+__all__ = ["BatchSource", "CameraFormat", "SourceSpec", "output_fields"]
 
 logger = logging.getLogger(__name__)
-
-#: Per-sample index columns every batch carries, as LeRobot's items do.
-INDEX_KEYS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
 
 
 class CameraFormat(NamedTuple):
@@ -159,7 +157,7 @@ def output_fields(spec: SourceSpec) -> list[Field]:
         Field(key, FieldKind.HOST_VALUES if key in spec.host_value_keys else FieldKind.TABULAR)
         for key in spec.tabular_keys
     ]
-    fields += [Field(key, FieldKind.TABULAR) for key in INDEX_KEYS if key not in spec.tabular_keys]
+    fields += [Field(key, FieldKind.TABULAR) for key in INDEX_COLUMNS if key not in spec.tabular_keys]
     fields += [Field(f"{key}_is_pad", FieldKind.TABULAR) for key in spec.delta_index]
     for camera_index, (camera, feed) in enumerate(spec.camera_feeds.items()):
         if feed.depth:
@@ -289,7 +287,7 @@ class BatchSource:
         windows = {key: query_indices(frame, lengths, delta) for key, delta in spec.delta_index.items()}
         own_row = frame[:, None]
         values: dict[str, Any] = {}
-        for key in (*spec.tabular_keys, *(k for k in INDEX_KEYS if k not in spec.tabular_keys)):
+        for key in (*spec.tabular_keys, *(k for k in INDEX_COLUMNS if k not in spec.tabular_keys)):
             idx = windows[key][0] if key in windows else own_row
             stacked = np.stack([r[key][i] for r, i in zip(rows, idx, strict=True)])
             values[key] = stacked if key in windows else stacked[:, 0]

@@ -28,7 +28,7 @@ from torch.utils.data import Dataset
 
 from .dataset_reader import open_dataset
 from .depth_maps import DepthUnit, in_unit
-from .episode_rows import image_bytes
+from .episode_rows import INDEX_COLUMNS, image_bytes
 from .errors import FrameTimestampError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .image_frames import decode_depth_images, decode_images
@@ -48,7 +48,6 @@ logger = logging.getLogger(__name__)
 # Within this distance of the frame decoded last, a wanted frame is reached by decoding forward; further
 # away (a window of frames 1 s apart) a seek to its keyframe is cheaper.
 _DECODE_FORWARD_S = 0.5
-_INDEX_KEYS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
 
 
 def decode_frames_pyav(
@@ -150,7 +149,7 @@ class PyAVFrameDataset(Dataset):
         # A plain dict: the dataset is pickled into DataLoader workers, and DeltaWindows holds mappingproxies.
         self._delta_index = {key: np.asarray(value) for key, value in windows.delta_index.items()}
         numeric = [k for k in reader.tabular_keys if not reader.info.features[k].is_host_value]
-        self._columns = list(dict.fromkeys([*numeric, *(k for k in _INDEX_KEYS if k in reader.info.features)]))
+        self._columns = list(dict.fromkeys([*numeric, *(k for k in INDEX_COLUMNS if k in reader.info.features)]))
         self._table = self._read_rows(reader, self._columns)
         # Cameras stored as images: their encoded rows held in memory, as LeRobot's arrow table holds them.
         self.image_keys = list(reader.image_keys)

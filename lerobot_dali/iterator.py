@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .augment_config import NORMALIZE_FROM_STATS, AugmentConfig, Normalize, checked_size
-from .batch_source import INDEX_KEYS, BatchSource, CameraFormat, SourceSpec, output_fields
+from .batch_source import BatchSource, CameraFormat, SourceSpec, output_fields
 from .cpu_decode import CpuDecodeOptions, pyav_can_decode
 from .dali_graph import HOST_TASK_INDEX, CameraFeed, build_pipeline, camera_feed
 from .dataset_reader import LeRobotDatasetReader, open_dataset
@@ -26,6 +26,7 @@ from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
 from .depth_maps import DepthUnit
 from .distributed import cpus_per_local_rank, local_cuda_device, resolve_rank
+from .episode_rows import INDEX_COLUMNS
 from .errors import (
     CodecUnsupportedError,
     DatasetError,
@@ -179,7 +180,7 @@ class DALILeRobotIterator:
             camera_keys=self.reader.camera_keys,
             feature_keys=list(self.reader.info.features),
         )
-        read = {*self.reader.tabular_keys, *INDEX_KEYS, *self.reader.all_camera_keys}
+        read = {*self.reader.tabular_keys, *INDEX_COLUMNS, *self.reader.all_camera_keys}
         unread = sorted(set(self.windows.delta_index) - read)
         if unread:
             raise DeltaTimestampsError(
