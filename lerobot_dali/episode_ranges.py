@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from .clips import plan_clip
 from .dataset_reader import LeRobotDatasetReader
+from .episode_rows import row_group_starts, row_groups_holding
 from .file_stamps import FileStamp
 from .packet_index import PacketIndex, PacketIndexCache
 from .packet_index_store import PacketIndexStore
@@ -46,7 +47,7 @@ class EpisodeRanges:
         self._stamps = stamps
         self._store = index_store
         self._lock = threading.Lock()
-        self._parquet: OrderedDict[str, tuple[int, pq.FileMetaData]] = OrderedDict()
+        self._parquet: OrderedDict[str, tuple[int, pq.FileMetaData, np.ndarray]] = OrderedDict()
         self._max_parquet = max_parquet_files
 
     def ranges(self, episode_pos: int) -> list[tuple[str, int, int]]:
@@ -54,30 +55,25 @@ class EpisodeRanges:
 
     def parquet_ranges(self, episode_pos: int) -> list[tuple[str, int, int]]:
         path = self.reader.data_path(episode_pos)
-        size, meta = self._parquet_meta(path)
+        size, meta, starts = self._parquet_meta(path)
         episodes = self.reader.episodes
-        row_start = int(episodes.data_row_start[episode_pos])
-        row_stop = row_start + int(episodes.length[episode_pos])
+        row_start, length = int(episodes.data_row_start[episode_pos]), int(episodes.length[episode_pos])
         out = [(path, max(0, size - PARQUET_FOOTER_READ_BYTES), size)]
-        overlapping, first_row = [], 0
-        for g in range(meta.num_row_groups):
-            if first_row < row_stop and first_row + meta.row_group(g).num_rows > row_start:
-                overlapping.append(g)
-            first_row += meta.row_group(g).num_rows
-        group_rows = sum(meta.row_group(g).num_rows for g in overlapping)
-        if self.reader.rows_stored(path, group_rows, row_stop - row_start):
+        overlapping = row_groups_holding(starts, row_start, length)
+        group_rows = int(starts[overlapping.stop] - starts[overlapping.start])
+        if self.reader.rows_stored(path, group_rows, length):
             return out  # workers slice the column store's copy: the footer is all they read of the parquet
         for g in overlapping:
             group = meta.row_group(g)
-            starts, ends = [], []
+            begins, ends = [], []
             for c in range(group.num_columns):
                 column = group.column(c)
                 begin = column.data_page_offset
                 if column.has_dictionary_page and column.dictionary_page_offset:
                     begin = min(begin, column.dictionary_page_offset)
-                starts.append(begin)
+                begins.append(begin)
                 ends.append(begin + column.total_compressed_size)
-            out.append((path, min(starts), min(size, max(ends))))
+            out.append((path, min(begins), min(size, max(ends))))
         return out
 
     def video_ranges(self, episode_pos: int) -> list[tuple[str, int, int]]:
@@ -91,7 +87,8 @@ class EpisodeRanges:
                 out.append((video.path, *span))
         return out
 
-    def _parquet_meta(self, path: str) -> tuple[int, pq.FileMetaData]:
+    def _parquet_meta(self, path: str) -> tuple[int, pq.FileMetaData, np.ndarray]:
+        """The file's size, footer and row group starts (:func:`row_group_starts`), kept per file."""
         with self._lock:
             known = self._parquet.get(path)
             if known is not None:
@@ -101,11 +98,12 @@ class EpisodeRanges:
             size = int(handle.seek(0, 2))
             handle.seek(0)
             meta = pq.ParquetFile(handle).metadata
+        entry = (size, meta, row_group_starts(meta))
         with self._lock:
-            self._parquet[path] = (size, meta)
+            self._parquet[path] = entry
             while len(self._parquet) > self._max_parquet:
                 self._parquet.popitem(last=False)
-        return size, meta
+        return entry
 
 
 def episode_span(index: PacketIndex, from_s: float, to_s: float | None) -> tuple[int, int] | None:

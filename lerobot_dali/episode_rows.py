@@ -200,15 +200,14 @@ def _read_row_range(
             f"{meta.num_rows} rows"
         )
     starts = _row_group_starts(parquet)
-    first, last = int(np.searchsorted(starts, row_start, side="right")) - 1, int(np.searchsorted(starts, stop))
-    groups = list(range(first, last))
-    first_row = int(starts[first])
-    stored = _stored_rows(store, parquet, path, int(starts[last]) - first_row, columns, row_start, length)
+    groups = row_groups_holding(starts, row_start, length)
+    first_row = int(starts[groups.start])
+    stored = _stored_rows(store, parquet, path, int(starts[groups.stop]) - first_row, columns, row_start, length)
     if stored is not None:
         return stored
     try:
         with _read_lock(parquet):
-            table = parquet.read_row_groups(groups, columns=columns)
+            table = parquet.read_row_groups(list(groups), columns=columns)
     except (pa.ArrowException, OSError) as e:
         if is_transient(e):  # as in ParquetCache.get
             raise
@@ -290,11 +289,21 @@ def _read_lock(parquet: pq.ParquetFile) -> threading.Lock:
 def _row_group_starts(parquet: pq.ParquetFile) -> np.ndarray:
     starts = _ROW_GROUP_STARTS.get(parquet)
     if starts is None:
-        meta = parquet.metadata
-        counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-        starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-        _ROW_GROUP_STARTS[parquet] = starts
+        starts = _ROW_GROUP_STARTS[parquet] = row_group_starts(parquet.metadata)
     return starts
+
+
+def row_group_starts(meta: pq.FileMetaData) -> np.ndarray:
+    """The first row of each row group, then the file's row count (``num_row_groups + 1`` values)."""
+    counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    return np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+
+
+def row_groups_holding(starts: np.ndarray, row_start: int, length: int) -> range:
+    """The row groups that rows ``[row_start, row_start + length)`` lie in (``starts``: :func:`row_group_starts`).
+    The workers read these and the prefetcher fetches them ahead: one computation, so they cannot disagree."""
+    first = int(np.searchsorted(starts, row_start, side="right")) - 1
+    return range(first, int(np.searchsorted(starts, row_start + length)))
 
 
 def _is_list(kind: pa.DataType) -> bool:

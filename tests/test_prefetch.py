@@ -483,3 +483,18 @@ def test_close_and_drop_stop_the_prefetcher_and_the_workers(make_ds, tmp_path: P
     while prefetchers() > before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert prefetchers() == before
+
+
+def test_row_groups_holding_an_episode_against_a_scan() -> None:
+    """The row groups the workers read and the prefetcher fetches come from one function; here against a scan of
+    every group (zero-row groups included), for every row range of a few layouts."""
+    from lerobot_dali.episode_rows import row_groups_holding
+
+    for counts in ([5], [3, 4, 5], [2, 0, 3, 0, 0, 4], [1] * 9):
+        starts = np.concatenate([[0], np.cumsum(counts)])
+        for row_start in range(int(starts[-1])):
+            for length in range(1, int(starts[-1]) - row_start + 1):
+                scan = [g for g in range(len(counts)) if counts[g] and starts[g] < row_start + length
+                        and starts[g + 1] > row_start]  # fmt: skip
+                held = row_groups_holding(starts, row_start, length)
+                assert [g for g in held if counts[g]] == scan, (counts, row_start, length)
