@@ -45,6 +45,19 @@ def locate_clip_failure(
         bad = _first_failing(clips, wanted, files, device_id=None if field.decode_device == "cpu" else device_id)
         if bad is None:
             continue
+        if bad == UNATTRIBUTED:
+            named = sorted(set(files))
+            episodes = sorted({int(spec.reader.episodes.episode_index[int(p)]) for p in episode_pos})
+            remote = "" if spec.reader.location.is_local else (
+                "; for a remote dataset, also delete the prefetch cache (cache_dir, by default "
+                "$LEROBOT_DALI_CACHE/prefetch), which may hold bad byte ranges"
+            )  # fmt: skip
+            return VideoDecodeError(
+                f"DALI cannot decode camera {field.name}'s frames of episodes {episodes[:10]} ({reason}), and clips "
+                f"of several files fail on their own: {named[:5]}{' ...' if len(named) > 5 else ''}. Either these "
+                f"files are damaged (re-download or re-encode them{remote}) or the decoder itself failed (out of GPU "
+                "memory?)."
+            )
         pos = int(episode_pos[bad])
         video = spec.reader.video(pos, field.name)
         episode = int(spec.reader.episodes.episode_index[pos])
@@ -57,12 +70,17 @@ def locate_clip_failure(
     return None
 
 
+#: :func:`_first_failing`'s answer when clips fail but none can be blamed alone.
+UNATTRIBUTED = -1
+
+
 def _first_failing(
     clips: list[np.ndarray], wanted: list[np.ndarray], files: list[str], *, device_id: int | None
 ) -> int | None:
-    """The first clip that fails on its own, or None. A failure of the decoder itself (a CUDA out-of-memory
-    while the training holds the GPU) fails every part too, which would blame the first clip: unless some part
-    decoded, the clips of other files must decode for the blame to stand."""
+    """The first clip that fails on its own; None when all decode; :data:`UNATTRIBUTED` when clips of other files
+    fail alone too. A failure of the decoder itself (a CUDA out-of-memory while the training holds the GPU) fails
+    every part, which would blame the first clip: unless some part decoded, a clip of another file must decode
+    for the blame to stand."""
 
     def decodes(members: list[int]) -> bool:
         try:
@@ -88,6 +106,5 @@ def _first_failing(
     firsts = {files[k]: k for k in reversed(range(len(clips))) if files[k] != files[lo]}
     others = sorted(firsts.values())[:3]
     if others and not any(decodes([k]) for k in others):
-        logger.info("clips of %d other file(s) fail alone too: the decoder failed, not %s", len(others), files[lo])
-        return None
+        return UNATTRIBUTED
     return lo

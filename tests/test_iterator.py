@@ -685,9 +685,30 @@ def test_dali_decoded_clips_open_each_mp4_once_per_batch(make_ds, monkeypatch: p
     assert len(opened) == 2 * len(files) == len(set(opened)), opened  # 2 cameras, 8 samples of 3 frames each
 
 
+def test_unattributed_decode_failures_name_the_files(make_ds, copy_ds, monkeypatch) -> None:
+    """When no clip can be blamed alone (here: every re-decode fails, as with the decoder itself failing), the
+    error still names the camera, the episodes and the files, instead of DALI's bare error."""
+    from lerobot_dali import decode_errors
+
+    root = copy_ds(_dataset(make_ds, "vp9"))
+    _damage(root, "corrupt_packets")
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("Critical error in pipeline:\nout of memory")
+
+    monkeypatch.setattr(decode_errors, "decode_clip_batch", failing)
+    it = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=0)
+    pattern = r"camera observation.images.cam0's frames of episodes \[0, .* several files fail on their own: .*mp4"
+    with pytest.raises(VideoDecodeError, match=pattern):
+        for _ in it:
+            pass
+    it.close()
+
+
 def test_a_decoder_failing_everything_blames_no_file(monkeypatch) -> None:
     """Bisecting a failed batch keeps the failing half; when the decoder itself fails (a CUDA out-of-memory), every
-    half fails and the first clip was called corrupt. Clips of other files that decode alone clear it."""
+    half fails and the first clip was called corrupt. Clips of other files that decode alone clear it; otherwise
+    the error names the files without blaming one (test_unattributed_decode_failures_name_the_files)."""
     from lerobot_dali import decode_errors
 
     clips = [np.full(4, k, np.uint8) for k in range(6)]
@@ -701,7 +722,9 @@ def test_a_decoder_failing_everything_blames_no_file(monkeypatch) -> None:
 
         return decode
 
-    for bad, expected in [(None, None), ({0}, 0), ({4}, 4), ({0, 2}, 0), ({0, 2, 3, 5}, None), (set(), None)]:
+    unattributed = decode_errors.UNATTRIBUTED
+    for bad, expected in [(None, unattributed), ({0}, 0), ({4}, 4), ({0, 2}, 0), ({0, 2, 3, 5}, unattributed),
+                          (set(), None)]:  # fmt: skip
         monkeypatch.setattr(decode_errors, "decode_clip_batch", decoder(bad))
         assert decode_errors._first_failing(clips, wanted, files, device_id=None) == expected, bad
     # one file only: nothing clears the decoder, and the blame stands
