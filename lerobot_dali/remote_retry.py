@@ -178,6 +178,18 @@ def fresh_instance(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
     return cls(*fs.storage_args, **fs.storage_options)
 
 
+def _unmasked(error: Exception) -> Exception:
+    """The HTTP error behind fsspec's ``FileNotFoundError(url) from <whatever its GET hit>`` (its HTTP ``info``)
+    when that was not a 404/410: an outage past the retries, or a denied access, reported as a missing file sent
+    users looking for a file that is there."""
+    cause = error.__cause__
+    if isinstance(error, FileNotFoundError) and isinstance(cause, Exception) and not isinstance(cause, OSError):
+        status = _status_of(cause)
+        if (status is not None and status not in (404, 410)) or (status is None and is_transient(cause)):
+            return cause
+    return error
+
+
 def _exhausted(error: BaseException, what: str, path: str, attempts: int) -> BaseException:
     note = f"lerobot_dali: {what} {path!r} failed {attempts} time(s); gave up (set {RETRIES_ENV} to retry more)"
     logger.warning("%s (last error %s: %s)", note, type(error).__name__, error)
@@ -206,10 +218,12 @@ class _Retrier:
                 return result
             except Exception as e:
                 if not is_transient(e):
+                    if _unmasked(e) is not e:  # a 403, say: no missing file
+                        raise _unmasked(e) from None
                     raise
                 attempt += 1
                 if attempt > self.policy.retries:
-                    raise _exhausted(e, what, path, attempt) from None
+                    raise _exhausted(_unmasked(e), what, path, attempt) from None
                 delay = self.policy.delay_s(attempt, f"{what}:{path}")
                 logger.log(
                     logging.INFO if attempt == 1 else logging.WARNING,  # a blip, then a trouble worth seeing

@@ -9,8 +9,8 @@ which is how fsspec's ``ls``/``glob`` work over plain HTTP.
 
 Every request is recorded (:class:`RequestRecord`) and counted by ``(method, kind)`` with kind ``range``,
 ``full``, ``listing``, ``missing``, ``rejected`` (writes: 405) or ``fault``. With ``fault_every=N`` the N-th,
-2N-th, ... request (all methods, in arrival order) fails with the next kind of ``faults`` in turn: ``503``
-and ``429`` answer that status; ``drop`` sends the headers and half the body, then closes the connection (a
+2N-th, ... request (all methods, in arrival order) fails with the next kind of ``faults`` in turn: ``503``,
+``429`` and ``403`` answer that status; ``drop`` sends the headers and half the body, then closes the connection (a
 ``HEAD`` or an empty body is closed before any byte), so aiohttp raises its own payload / disconnect errors;
 ``stall`` sends the headers, then waits ``stall_s`` seconds before the body (a server that hangs).
 """
@@ -35,9 +35,9 @@ from typing import Any
 
 __all__ = ["HTTP_FAULT_KINDS", "FolderServer", "RequestRecord", "serve_folder"]
 
-#: ``503``/``429``: that status, empty body; ``drop``: half the body, then the connection closes; ``stall``: the
+#: ``503``/``429``/``403``: that status, empty body; ``drop``: half the body, then the connection closes; ``stall``: the
 #: headers, then ``stall_s`` seconds of silence before the body.
-HTTP_FAULT_KINDS = ("503", "429", "drop", "stall")
+HTTP_FAULT_KINDS = ("503", "429", "403", "drop", "stall")
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 _CHUNK = 64 * 1024
@@ -250,7 +250,7 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
 
         def _answer(self, fault: str | None, *, body: bool) -> None:
             rng = self.headers.get("Range")
-            if fault in ("503", "429"):
+            if fault in ("503", "429", "403"):
                 self._status_only(int(fault), "injected fault", kind="fault", extra={"Retry-After": "0"})
                 return
             target = self._local()

@@ -274,6 +274,22 @@ def test_iterator_over_http_with_spawned_workers_and_faults(
     _assert_video_bytes_ranged(server, root)
 
 
+@pytest.mark.parametrize(("fault", "retries"), [("403", "5"), ("503", "1")])
+def test_a_denied_or_failing_server_is_not_reported_as_a_missing_file(
+    root: Path, server, monkeypatch, fault: str, retries: str
+) -> None:
+    """fsspec's HTTP ``info`` raises FileNotFoundError for whatever its GET hit, and the loader reported a 403,
+    or a 503 past the retries, as a missing info.json or video: the HTTP error is raised instead."""
+    monkeypatch.setenv(RETRIES_ENV, retries)
+    use_fast_retries(monkeypatch)
+    server.set_faults(1, (fault,))
+    with pytest.raises(Exception) as info:
+        open_dataset(_url(server, root))
+    assert not isinstance(info.value, FileNotFoundError), repr(info.value)
+    assert getattr(info.value, "status", None) == int(fault), repr(info.value)
+    server.set_faults(0)
+
+
 @pytest.mark.parametrize("remote_part", ["dataset", "data_files_root"])
 def test_a_stalled_server_fails_a_read_in_the_read_timeout(root: Path, server, monkeypatch, remote_part) -> None:
     """With aiohttp's default (5 minutes a request) a server that stopped answering held a read for 5 minutes
