@@ -190,6 +190,40 @@ def _unmasked(error: Exception) -> Exception:
     return error
 
 
+def _check_block_fetches(inner: Any, path: str) -> None:
+    """Make the block fetches of an fsspec buffered file (HTTP's) return exactly the bytes asked, or fail.
+
+    fsspec's read-ahead cache places a response where its request would have put it, so a response cut short
+    (or answered from another offset) shifted every byte after it, and the first reader of the file (the packet
+    index) stored wrong keyframe flags for good. A short block is a transient failure, redone on a fresh open;
+    a server that ignores Range fails with fsspec's ValueError, which names neither the file nor a fix.
+    """
+    cache, size = getattr(inner, "cache", None), getattr(inner, "size", None)
+    fetch = getattr(cache, "fetcher", None)
+    if fetch is None or not isinstance(size, int):
+        return
+
+    def checked(start: int, end: int) -> bytes:
+        try:
+            data = fetch(start, end)
+        except ValueError as e:
+            if "range requests" not in str(e):
+                raise
+            raise DatasetError(
+                f"{path}: the server ignored an HTTP Range request (it sent the whole file), which reading a part "
+                "of a file needs; serve the dataset from a server that supports Range requests, or copy it locally"
+            ) from e
+        expected = max(0, min(end, size) - start)
+        if len(data) != expected:
+            raise ConnectionError(
+                f"{path}: asked for bytes [{start}, {start + expected}) and received {len(data)} bytes (a response "
+                "cut short, or from another offset)"
+            )
+        return data
+
+    cache.fetcher = checked  # type: ignore[union-attr]  # (fetch is not None: neither is cache)
+
+
 def _exhausted(error: BaseException, what: str, path: str, attempts: int) -> BaseException:
     note = f"lerobot_dali: {what} {path!r} failed {attempts} time(s); gave up (set {RETRIES_ENV} to retry more)"
     logger.warning("%s (last error %s: %s)", note, type(error).__name__, error)
@@ -384,7 +418,9 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         return f"RetryingFileSystem({self.fs!r}, retries={self.policy.retries})"
 
     def _open_inner(self, path: str, mode: str, kwargs: dict[str, Any]) -> Any:
-        return self._retrier.call("open", path, lambda: self.fs.open(path, mode, **kwargs))
+        inner = self._retrier.call("open", path, lambda: self.fs.open(path, mode, **kwargs))
+        _check_block_fetches(inner, path)
+        return inner
 
     def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
         """Reads get a :class:`RetryingFile` (text modes wrap it); writes go straight to the wrapped fs."""

@@ -36,8 +36,9 @@ from typing import Any
 __all__ = ["HTTP_FAULT_KINDS", "FolderServer", "RequestRecord", "serve_folder"]
 
 #: ``503``/``429``/``403``: that status, empty body; ``drop``: half the body, then the connection closes; ``stall``: the
-#: headers, then ``stall_s`` seconds of silence before the body.
-HTTP_FAULT_KINDS = ("503", "429", "403", "drop", "stall")
+#: headers, then ``stall_s`` seconds of silence before the body; ``short``: a range answered (206, honest
+#: headers) for half the bytes asked; ``no_range``: the whole file (200), whatever the Range asked.
+HTTP_FAULT_KINDS = ("503", "429", "403", "drop", "stall", "short", "no_range")
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 _CHUNK = 64 * 1024
@@ -274,8 +275,10 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
                 "ETag": f'"{size:x}-{stat.st_mtime_ns:x}"',
                 "Last-Modified": email.utils.formatdate(stat.st_mtime, usegmt=True),
             }
-            if isinstance(span, tuple):
+            if isinstance(span, tuple) and fault != "no_range":
                 start, stop = span
+                if fault == "short":  # an honest answer for fewer bytes than asked
+                    stop = start + max(1, (stop - start) // 2)
                 status, kind = 206, "range"
                 headers["Content-Range"] = f"bytes {start}-{stop - 1}/{size}"
             else:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from lerobot_dali.dataset_reader import open_dataset
-from lerobot_dali.errors import EpisodeMetadataError
+from lerobot_dali.errors import DatasetError, EpisodeMetadataError
 from lerobot_dali.remote_retry import RETRIES_ENV, RetryingFileSystem, RetryPolicy, is_transient
 from tests.http_server import FolderServer, RequestRecord, parse_range, serve_folder
 from tests.test_iterator import DELTAS, LENGTHS, _dataset, _samples
@@ -274,6 +274,40 @@ def test_iterator_over_http_with_spawned_workers_and_faults(
     _assert_video_bytes_ranged(server, root)
 
 
+def test_short_range_answers_are_retried_not_misplaced(tmp_path: Path, monkeypatch) -> None:
+    """fsspec's read-ahead cache placed a response cut short where the whole one would have gone, shifting the
+    bytes after it (a packet index built so stored wrong keyframe flags for good); a short block is now retried."""
+    import fsspec
+
+    data = np.random.default_rng(3).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    (tmp_path / "f.bin").write_bytes(data)
+    monkeypatch.setattr("lerobot_dali.remote_retry.time", SimpleNamespace(sleep=lambda s: None))
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(fsspec.filesystem("http"), policy=RetryPolicy(retries=5, base_delay_s=0.0))
+        server.set_faults(3, ("short",))
+        reads = [(2000, 100), (1000, 800), (150_000, 5000), (140_000, 20_000)]  # a block, then one just before it
+        with fs.open(f"{server.url}/f.bin", "rb") as handle:
+            got = []
+            for offset, length in reads:  # the cache prepends a fetch that ends where its block starts
+                handle.seek(offset)
+                got.append(handle.read(length))
+        assert server.faults_injected["short"] > 0
+    assert [g == data[o : o + n] for g, (o, n) in zip(got, reads, strict=True)] == [True] * len(reads)
+
+
+def test_a_server_that_ignores_range_is_named_with_a_fix(tmp_path: Path) -> None:
+    import fsspec
+
+    (tmp_path / "f.bin").write_bytes(bytes(200_000))
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(fsspec.filesystem("http"), policy=RetryPolicy(retries=0))
+        with fs.open(f"{server.url}/f.bin", "rb", block_size=50_000) as handle:
+            handle.seek(100_000)
+            server.set_faults(1, ("no_range",))
+            with pytest.raises(DatasetError, match=r"f\.bin: the server ignored an HTTP Range request.*supports Range"):
+                handle.read(10)
+
+
 @pytest.mark.parametrize(("fault", "retries"), [("403", "5"), ("503", "1")])
 def test_a_denied_or_failing_server_is_not_reported_as_a_missing_file(
     root: Path, server, monkeypatch, fault: str, retries: str
@@ -318,8 +352,6 @@ def test_a_file_replaced_on_the_server_mid_read_is_named_not_retried(tmp_path: P
     """A file that shrank on the server answered 416, which read as a broken connection: retried 6 times, then
     'gave up (set LEROBOT_DALI_REMOTE_RETRIES to retry more)'. The reopened file's new size says what happened."""
     import fsspec
-
-    from lerobot_dali.errors import DatasetError
 
     path = tmp_path / "f.bin"
     path.write_bytes(bytes(range(256)) * 400)
