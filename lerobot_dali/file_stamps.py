@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +55,7 @@ class FileStamp:
 
     ``version`` carries its kind as a prefix (``sha256:``, ``blob:``, ``etag:``, ``mtime:`` ...). With an
     empty version only the size tells two contents apart, so caches keyed on it may serve a stale entry
-    for a same-size rewrite; every filesystem lerobot_dali reads gives a version.
+    for a same-size rewrite: :class:`FileStamps` gives such files a version valid for one run (``run:``).
     """
 
     size: int
@@ -119,6 +120,11 @@ class FileStamps(Mapping[str, FileStamp]):
         self.info_calls = 0
         self._stamps: dict[str, FileStamp] = {}
         self._lock = threading.Lock()
+        # Files whose server gives no version (no ETag, Last-Modified or hash; a plain HTTP server may not)
+        # are versioned by this run: keyed by size alone, a same-size rewrite between runs was served from the
+        # caches on disk (old frames, old rows). Pickled with the stamps, so every worker of the run shares it.
+        self._run_version = f"run:{uuid.uuid4().hex}"
+        self._warned_unversioned = False
         for root in roots:
             self.add_root(root)
 
@@ -146,7 +152,7 @@ class FileStamps(Mapping[str, FileStamp]):
         for name, info in listing.items():
             if info.get("type", "file") != "file" or not isinstance(info.get("size"), int):
                 continue  # HTTP link pages give no sizes: those files are stamped by info on lookup
-            recorded[self._key(name)] = stamp_from_info(info)
+            recorded[self._key(name)] = self._versioned(stamp_from_info(info), name)
         if not recorded:
             logger.info("listing %s returned no file with a size; file stamps come from info requests", root)
         with self._lock:
@@ -173,10 +179,22 @@ class FileStamps(Mapping[str, FileStamp]):
                 f"File {path} does not exist on {type(self.fs).__name__}; check the dataset's files (and the "
                 "revision or data_files_root it is read from)."
             ) from e
-        stamp = stamp_from_info({"name": path, **info})
+        stamp = self._versioned(stamp_from_info({"name": path, **info}), path)
         with self._lock:
             self._stamps[key] = stamp
         return stamp
+
+    def _versioned(self, stamp: FileStamp, path: str) -> FileStamp:
+        if stamp.version:
+            return stamp
+        if not self._warned_unversioned:
+            self._warned_unversioned = True
+            logger.warning(
+                "%s (and maybe more files) has no ETag, Last-Modified or content hash: what is cached of such files "
+                "on disk serves this run only, since a same-size rewrite could not be told apart",
+                path,
+            )
+        return FileStamp(stamp.size, self._run_version)
 
     def __contains__(self, path: object) -> bool:
         return isinstance(path, str) and self._key(path) in self._stamps

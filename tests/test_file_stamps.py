@@ -205,3 +205,25 @@ def test_missing_file_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(MissingDataFileError, match=r"cam9/chunk-000/file-000\.mp4 does not exist"):
         stamps[absent]
     assert stamps.info_calls == 1
+
+
+def test_files_without_a_version_are_versioned_for_one_run(caplog) -> None:
+    """A server without ETag, Last-Modified or hash left stamps of size alone, so a same-size rewrite between
+    runs was served from the caches on disk: such files get a version of this run (one warning), shared by
+    the run's workers through pickling and new in the next run."""
+    import logging
+    import pickle
+
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/unversioned/a.bin", b"xx")
+    fs.pipe("/unversioned/b.bin", b"yyy")
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.file_stamps"):
+        run = FileStamps(fs, ["/unversioned"])
+        looked_up = run["/unversioned/a.bin"], FileStamps(fs)["/unversioned/b.bin"]  # listed, and by info
+    assert [s.size for s in looked_up] == [2, 3] and all(s.version.startswith("run:") for s in looked_up)
+    assert sum("no ETag, Last-Modified or content hash" in r.getMessage() for r in caplog.records) == 2  # per run
+    worker = pickle.loads(pickle.dumps(run))
+    assert worker["/unversioned/b.bin"] == run["/unversioned/b.bin"]  # one run: one version in every process
+    assert FileStamps(fs, ["/unversioned"])["/unversioned/a.bin"] != run["/unversioned/a.bin"]  # the next run
