@@ -9,6 +9,7 @@ are raised at once, so a real mistake still fails fast.
 
 from __future__ import annotations
 
+import email.utils
 import errno
 import io
 import logging
@@ -16,7 +17,7 @@ import os
 import sys
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -178,6 +179,29 @@ def fresh_instance(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
     return cls(*fs.storage_args, **fs.storage_options)
 
 
+#: The longest wait a server's ``Retry-After`` may ask for; a longer one is cut to this.
+MAX_RETRY_AFTER_S = 300.0
+
+
+def _retry_after_s(error: BaseException) -> float:
+    """Seconds a 429/503 asked to wait (``Retry-After``: seconds, or an HTTP date), at most
+    :data:`MAX_RETRY_AFTER_S`; 0 without one. Retrying sooner only spends the retries inside the rate limit."""
+    for candidate in (error, error.__cause__, getattr(error, "response", None)):
+        headers = getattr(candidate, "headers", None)
+        value = headers.get("Retry-After") if isinstance(headers, Mapping) else None
+        if value is None:
+            continue
+        try:
+            seconds = float(value)
+        except ValueError:
+            try:
+                seconds = email.utils.parsedate_to_datetime(str(value)).timestamp() - time.time()
+            except (TypeError, ValueError):
+                continue
+        return min(MAX_RETRY_AFTER_S, max(0.0, seconds))
+    return 0.0
+
+
 def _unmasked(error: Exception) -> Exception:
     """The HTTP error behind fsspec's ``FileNotFoundError(url) from <whatever its GET hit>`` (its HTTP ``info``)
     when that was not a 404/410: an outage past the retries, or a denied access, reported as a missing file sent
@@ -258,7 +282,7 @@ class _Retrier:
                 attempt += 1
                 if attempt > self.policy.retries:
                     raise _exhausted(_unmasked(e), what, path, attempt) from None
-                delay = self.policy.delay_s(attempt, f"{what}:{path}")
+                delay = max(self.policy.delay_s(attempt, f"{what}:{path}"), _retry_after_s(e))
                 logger.log(
                     logging.INFO if attempt == 1 else logging.WARNING,  # a blip, then a trouble worth seeing
                     "%s %s failed (%s: %s); retry %d/%d in %.2fs",

@@ -6,10 +6,12 @@ the network.
 
 from __future__ import annotations
 
+import email.utils
 import errno
 import os
 import pickle
 import shutil
+import time
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -441,3 +443,31 @@ def test_episode_selection_over_a_remote_matches_local(make_ds, tmp_path: Path) 
     assert [int(s["index"]) for s in remote] == [int(s["index"]) for s in local]
     assert sorted(int(s["index"]) for s in remote) == [5, *range(13, 17)]  # episodes 1 (1 frame) and 3 (4)
     _assert_samples_equal(local, remote)
+
+
+def test_a_rate_limit_waits_as_long_as_the_server_asks(monkeypatch) -> None:
+    """A 429 with Retry-After was retried on the policy's backoff alone (0.5, 1, 2, 4 s...), spending the retries
+    inside the rate limit; the wait is now at least what the server asked, and at most MAX_RETRY_AFTER_S."""
+    from lerobot_dali import remote_retry
+
+    class RateLimited(Exception):
+        def __init__(self, after: str) -> None:
+            super().__init__(429, "Too Many Requests")
+            self.status, self.headers = 429, {"Retry-After": after}
+
+    waits: list[float] = []
+    monkeypatch.setattr("lerobot_dali.remote_retry.time", SimpleNamespace(sleep=waits.append, time=time.time))
+    for after, expected in [("7", 7.0), ("86400", remote_retry.MAX_RETRY_AFTER_S)]:
+        answers = iter([RateLimited(after), b"ok"])
+
+        def request(answers=answers):
+            answer = next(answers)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+        retrier = remote_retry._Retrier(RetryPolicy(retries=2, base_delay_s=0.1, max_delay_s=0.1), None)
+        assert retrier.call("read", "x.mp4", request) == b"ok"
+        assert waits.pop() == expected
+    later = email.utils.formatdate(time.time() + 20, usegmt=True)  # an HTTP date
+    assert 15 < remote_retry._retry_after_s(RateLimited(later)) <= 20
