@@ -438,6 +438,12 @@ class DALILeRobotIterator:
                 if self._prefetcher is not None:
                     self._prefetcher.advance(self._stream.epoch, self._stream.samples_consumed)
                 yield batch
+        except (KeyboardInterrupt, SystemExit):
+            # Raised inside DALI's next(): the batch it was producing is off DALI's schedule, and reusing this
+            # pipeline skipped it (a review: 8-16 samples lost, others repeated). The next pass rebuilds it at the
+            # stream's position.
+            self._close_pipeline()
+            raise
         except Exception as e:
             where = (
                 f"the batches after sample {self._stream.samples_consumed} of epoch {self._stream.epoch} "
