@@ -35,7 +35,7 @@ from .host_values import encode_host_values
 from .image_frames import EpisodeImageCache, decode_depth_images, decode_images
 from .packet_index import PacketIndex, PacketIndexCache, build_packet_index, open_video_source
 from .packet_index_store import PacketIndexStore
-from .parent_watch import exit_with_parent
+from .parent_watch import exit_with_parent, leave_interrupts_to_parent
 from .sample_order import SampleOrder
 from .windows import query_indices
 from .yuv_frames import PlaneFrames, stream_color
@@ -221,6 +221,7 @@ class BatchSource:
         self.__dict__.update(state)
         self._init_caches()
         exit_with_parent()
+        leave_interrupts_to_parent()
         if self.spec.depth_quantizers or self._decoder.backend is CpuDecoderBackend.TORCHCODEC:
             # torch ops here (depth dequantisation, torchcodec's resizes) on one thread, as in DataLoader's
             # workers: otherwise each worker's ops spread over every core and the workers thrash (2 workers on 2

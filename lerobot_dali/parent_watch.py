@@ -14,9 +14,10 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import signal
 import threading
 
-__all__ = ["exit_with_parent"]
+__all__ = ["exit_with_parent", "leave_interrupts_to_parent"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,19 @@ def exit_with_parent() -> bool:
     if not _started.is_set():
         _started.set()
         threading.Thread(target=_wait_then_exit, args=(parent,), name="lerobot-dali-parent-watch", daemon=True).start()
+    return True
+
+
+def leave_interrupts_to_parent() -> bool:
+    """In a multiprocessing child's main thread, ignore SIGINT; returns whether it now does.
+
+    Ctrl-C in a terminal reaches the whole process group: the trainer's KeyboardInterrupt ends its workers (they
+    exit with it, above), and each worker's own printed one more KeyboardInterrupt traceback. torch's DataLoader
+    workers ignore it the same way.
+    """
+    if multiprocessing.parent_process() is None or threading.current_thread() is not threading.main_thread():
+        return False
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     return True
 
 

@@ -185,3 +185,27 @@ def _cmdline(process) -> list[str]:
         return process.cmdline()
     except psutil.Error:
         return []
+
+
+def _sigint_handler_after_leaving(queue) -> None:
+    import signal
+
+    from lerobot_dali.parent_watch import leave_interrupts_to_parent
+
+    queue.put((leave_interrupts_to_parent(), signal.getsignal(signal.SIGINT) is signal.SIG_IGN))
+
+
+def test_workers_leave_ctrl_c_to_the_trainer() -> None:
+    """Ctrl-C reaches the whole process group; each worker printed its own KeyboardInterrupt traceback while the
+    trainer ended them anyway. Workers (multiprocessing children) ignore SIGINT; the main process never does."""
+    import multiprocessing
+    import signal
+
+    from lerobot_dali.parent_watch import leave_interrupts_to_parent
+
+    queue = multiprocessing.get_context("spawn").Queue()
+    child = multiprocessing.get_context("spawn").Process(target=_sigint_handler_after_leaving, args=(queue,))
+    child.start()
+    assert queue.get(timeout=60) == (True, True)
+    child.join(timeout=60)
+    assert leave_interrupts_to_parent() is False and signal.getsignal(signal.SIGINT) is signal.default_int_handler
