@@ -358,7 +358,11 @@ class BatchSource:
             self._rows.move_to_end(episode_pos)
             return cached
         with io_stats.timed("rows_s"):
-            rows = self.spec.reader.read_episode(episode_pos, self.spec.tabular_keys)
+            try:
+                rows = self.spec.reader.read_episode(episode_pos, self.spec.tabular_keys)
+            except (MissingDataFileError, DataFileError) as e:  # they name the file; say whose rows they were
+                episode = int(self.spec.reader.episodes.episode_index[episode_pos])
+                raise type(e)(f"episode {episode}'s rows: {e}") from e  # (its own type)
         self._rows[episode_pos] = rows
         while len(self._rows) > self.spec.rows_cache_episodes:
             self._rows.popitem(last=False)

@@ -472,6 +472,8 @@ def _damage(root: Path, how: str) -> None:
         tasks = root / "meta/tasks.parquet"
         table = pq.read_table(tasks)
         pq.write_table(table.filter(pc.not_equal(table["task_index"], 1)), tasks)
+    elif how == "missing_parquet":
+        (root / "data/chunk-000/file-001.parquet").unlink()
     elif how == "corrupt_parquet":
         data = root / "data/chunk-000/file-001.parquet"
         raw = data.read_bytes()
@@ -486,7 +488,8 @@ def _damage(root: Path, how: str) -> None:
         ("av1", "truncated_video", VideoDecodeError, r"file-001\.mp4"),
         ("av1", "missing_video", MissingDataFileError, r"file-001\.mp4"),
         ("av1", "unknown_codec", CodecUnsupportedError, r"file-001\.mp4"),
-        ("h264", "corrupt_parquet", DataFileError, r"data/chunk-000/file-001\.parquet"),
+        ("h264", "corrupt_parquet", DataFileError, r"episode [23]'s rows: .*data/chunk-000/file-001\.parquet"),
+        ("h264", "missing_parquet", MissingDataFileError, r"episode [23]'s rows: .*data/chunk-000/file-001\.parquet"),
         ("h264", "unknown_task", EpisodeMetadataError, r"task_index \[1\] \(episodes \[\d.*\]\) is not in"),
         ("h264", "rows_past_video", FrameTimestampError, r"file-001\.mp4\): query .* neighbouring episode"),
         ("vp9", "corrupt_packets", VideoDecodeError, r"file-001\.mp4: DALI cannot decode .* episode [23], camera "),
