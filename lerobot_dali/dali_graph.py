@@ -224,10 +224,10 @@ def build_pipeline(
                 continue
             if field.kind == FieldKind.CLIP:
                 frames = decode_clips(node, outputs[i + 1], device=field.decode_device)
+                if on_gpu and field.decode_device == "cpu":  # VP9/VP8/MJPEG on DALI's CPU decoder: augment on GPU
+                    frames = frames.gpu()  # (before the window order: the distinct frames cross, not their copies)
                 if i + 2 < len(fields) and fields[i + 2].kind == FieldKind.CLIP_ORDER:
                     frames = fn.sequence_rearrange(frames, new_order=outputs[i + 2])
-                if on_gpu and field.decode_device == "cpu":  # VP9/VP8/MJPEG on DALI's CPU decoder: augment on GPU
-                    frames = frames.gpu()
                 if field.color_fix is not None:
                     frames = recolor(frames, field.color_fix)
             elif field.kind == FieldKind.PLANES_LUMA:

@@ -58,11 +58,9 @@ def locate_clip_failure(
                 f"files are damaged (re-download or re-encode them{remote}) or the decoder itself failed (out of GPU "
                 "memory?)."
             )
-        pos = int(episode_pos[bad])
-        video = spec.reader.video(pos, field.name)
-        episode = int(spec.reader.episodes.episode_index[pos])
+        episode = int(spec.reader.episodes.episode_index[int(episode_pos[bad])])
         return VideoDecodeError(
-            f"{video.path}: DALI cannot decode the frames of episode {episode}, camera {field.name} ({reason}); "
+            f"{files[bad]}: DALI cannot decode the frames of episode {episode}, camera {field.name} ({reason}); "
             "the video is corrupt: re-encode or re-download it."
         )
     logger.info("every clip of samples [%d, %d) of epoch %d decodes on its own; the failure was elsewhere", start,
