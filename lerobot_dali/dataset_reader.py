@@ -85,29 +85,23 @@ class LeRobotDatasetReader:
 
     def with_location(self, location: DatasetLocation) -> LeRobotDatasetReader:
         """The same dataset read through other filesystems (e.g. the prefetch cache in front of the remote)."""
-        reader = LeRobotDatasetReader(
-            location,
-            self.info,
-            self.episodes,
-            self.tasks,
-            camera_keys=self.camera_keys,
-            tabular_keys=self.tabular_keys,
-            stamps=self.stamps,
-            image_keys=self.image_keys,
-        )
-        reader.column_store = self.column_store
-        return reader
+        return self._copy(location, self.episodes, self.tasks)
 
     def for_workers(self) -> LeRobotDatasetReader:
         """This reader without the task texts (the per-episode lists and the task table), which workers never
         read and which are about half of what each worker process is sent (~120 bytes per episode: 12 MB per
         worker at 100,000 episodes)."""
         episodes = replace(self.episodes, tasks=pa.nulls(len(self.episodes), type=self.episodes.tasks.type))
+        return self._copy(self.location, episodes, {})
+
+    def _copy(self, location: DatasetLocation, episodes: EpisodeTable, tasks: dict[int, str]) -> LeRobotDatasetReader:
+        """This reader with another location, episode table or task table; everything else (its column store
+        setting included) carries over."""
         reader = LeRobotDatasetReader(
-            self.location,
+            location,
             self.info,
             episodes,
-            {},
+            tasks,
             camera_keys=self.camera_keys,
             tabular_keys=self.tabular_keys,
             stamps=self.stamps,
