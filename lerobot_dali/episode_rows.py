@@ -29,7 +29,17 @@ from .errors import DataFileError, MissingDataFileError, SchemaMismatchError
 from .file_stamps import FileStamp, stamp_from_stat
 from .remote_retry import is_transient
 
-__all__ = ["ParquetCache", "StoreEntry", "image_bytes", "opened_stamp", "read_episode_images", "read_episode_rows"]
+__all__ = [
+    "INDEX_COLUMNS",
+    "ParquetCache",
+    "StoreEntry",
+    "image_bytes",
+    "opened_stamp",
+    "read_episode_images",
+    "read_episode_rows",
+    "row_group_starts",
+    "row_groups_holding",
+]
 
 
 @dataclass(frozen=True)
