@@ -20,6 +20,7 @@ from .clips import plan_clip
 from .dataset_reader import LeRobotDatasetReader
 from .episode_rows import row_group_starts, row_groups_holding
 from .file_stamps import FileStamp
+from .frame_lookup import episode_frames
 from .packet_index import PacketIndex, PacketIndexCache
 from .packet_index_store import PacketIndexStore
 
@@ -111,13 +112,11 @@ def episode_span(index: PacketIndex, from_s: float, to_s: float | None) -> tuple
     the container's packets are not byte-addressable (non-MP4: those are demuxed, not range-read)."""
     if not index.byte_exact:
         return None
-    half_frame = 0.5 * index.frame_interval_s
-    seconds = index.frame_pts_s
-    first = int(np.searchsorted(seconds, from_s - half_frame, side="left"))
-    stop = len(seconds) if to_s is None else int(np.searchsorted(seconds, to_s - half_frame, side="left"))
-    if first >= stop:
-        first, stop = max(0, min(first, len(seconds) - 1)), max(0, min(first, len(seconds) - 1)) + 1
-    plan = plan_clip(index, np.arange(first, stop))
+    frames = episode_frames(index, from_s, to_s)
+    if not frames:  # no frame inside the span: the first one after its start (or the file's last) instead
+        only = min(frames.start, index.frame_count - 1)
+        frames = range(only, only + 1)
+    plan = plan_clip(index, np.arange(frames.start, frames.stop))
     positions = plan.packet_positions
     offsets, sizes = index.byte_offset[positions], index.size_bytes[positions]
     return int(offsets.min()), int((offsets + sizes).max())

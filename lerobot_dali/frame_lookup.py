@@ -27,6 +27,7 @@ __all__ = [
     "TIE_FRACTION",
     "FrameRequestContext",
     "TimestampSource",
+    "episode_frames",
     "frame_index_timestamps_s",
     "nearest_frame_indices",
     "row_frame_numbers",
@@ -104,7 +105,7 @@ def nearest_frame_indices(
     ``episode_span_s`` ``(from_s, to_s)``: the episode's part of the file (``to_s`` None: to the end). Files
     that hold several episodes put the next one's first frame right after this one's last, so a row past the
     episode's video would silently read the neighbour's frame within any tolerance; frames more than half an
-    interval outside the span raise instead, except the file's last frame at ``to_s`` (no neighbour follows it).
+    interval outside the span raise instead (:func:`episode_frames` says which frames are the episode's).
 
     Raises FrameTimestampError when any ``|pts - query| > tolerance_s`` (or a query is not finite), or a frame
     falls outside ``episode_span_s``, naming the request, the worst query and the nearest pts;
@@ -133,6 +134,26 @@ def nearest_frame_indices(
     return nearest
 
 
+def episode_frames(index: PacketIndex, from_s: float, to_s: float | None) -> range:
+    """Display indices of the frames of ``index`` that belong to the episode at ``[from_s, to_s)`` of the file.
+
+    Frames within half an interval of ``from_s`` count as the episode's; those from half an interval before
+    ``to_s`` on are the next episode's (LeRobot writes ``to_s = from_s +`` the episode video's duration, so the
+    next episode starts at ``to_s``). Except the file's last frame when it sits at ``to_s``: a writer counting
+    ``n - 1`` frames can only be consistent with one episode per file, and no neighbour follows that frame.
+    The lookup's check and the prefetch's byte span both use this, so what one accepts the other fetches.
+    """
+    half_interval_s = 0.5 * index.frame_interval_s
+    seconds = index.frame_pts_s
+    first = int(np.searchsorted(seconds, from_s - half_interval_s, side="left"))
+    if to_s is None:
+        return range(first, len(seconds))
+    stop = int(np.searchsorted(seconds, to_s - half_interval_s, side="left"))
+    if stop == len(seconds) - 1 and seconds[stop] < to_s + half_interval_s:
+        stop = len(seconds)
+    return range(first, stop)
+
+
 def _check_within_episode(
     index: PacketIndex,
     context: FrameRequestContext | None,
@@ -141,18 +162,12 @@ def _check_within_episode(
     span_s: tuple[float, float | None],
 ) -> None:
     from_s, to_s = span_s
-    half_interval_s = 0.5 * index.frame_interval_s
-    pts_s = index.frame_pts_s[nearest]
-    outside = pts_s < from_s - half_interval_s
-    if to_s is not None:
-        # LeRobot writes to_s = from_s + the episode video's duration, so the next episode starts at to_s. A
-        # writer counting (n - 1) frames can only be consistent with one episode per file, whose last frame
-        # then sits at to_s: the file's last frame has no neighbour after it, so it is never refused.
-        beyond = pts_s >= to_s - half_interval_s
-        outside |= beyond & ~((nearest == index.frame_count - 1) & (pts_s < to_s + half_interval_s))
+    frames = episode_frames(index, from_s, to_s)
+    outside = (nearest < frames.start) | (nearest >= frames.stop)
     if not outside.any():
         return
     worst = int(np.argmax(outside))
+    pts_s = index.frame_pts_s[nearest]
     end = "the end of the file" if to_s is None else f"{to_s:.6f} s"
     raise FrameTimestampError(
         f"{_where(index, context)}: query timestamp {queries[worst]:.6f} s reads video frame {int(nearest[worst])} "

@@ -16,6 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import lerobot_dali.packet_index as packet_index
+from lerobot_dali.clips import plan_clip
+from lerobot_dali.episode_ranges import episode_span
 from lerobot_dali.errors import (
     CodecUnsupportedError,
     FrameRequestError,
@@ -26,6 +28,7 @@ from lerobot_dali.errors import (
 from lerobot_dali.frame_lookup import (
     FrameRequestContext,
     TimestampSource,
+    episode_frames,
     frame_index_timestamps_s,
     nearest_frame_indices,
 )
@@ -304,6 +307,20 @@ def test_frames_outside_the_episode_raise() -> None:
     # Episode 1 starts at 19.7 s: its rows before that belong to episode 0.
     with pytest.raises(FrameTimestampError, match="1 of 2 queries"):
         nearest_frame_indices(index, [19.6, 19.7], tolerance_s=1e-4, episode_span_s=(19.7, None))
+
+
+def test_prefetch_span_covers_every_frame_the_lookup_accepts() -> None:
+    """The bytes prefetched for an episode are those of the frames the lookup reads: for the one-episode r1 file
+    whose to_timestamp counts n - 1 frames, that includes the last frame (read, not refused, above)."""
+    single = build_packet_index(r1_video())
+    assert episode_frames(single, 0.0, 78.96) == range(1975)
+    assert episode_span(single, 0.0, 78.96) == episode_span(single, 0.0, None)
+    last = plan_clip(single, np.array([1974])).packet_positions
+    assert episode_span(single, 0.0, 78.96)[1] >= int((single.byte_offset[last] + single.size_bytes[last]).max())
+    # In a file of several episodes the next episode's first frame (cr5 frame 197 at 19.7 s) stays out.
+    index = build_packet_index(cr5_video(0))
+    assert episode_frames(index, 0.0, 19.7) == range(197)
+    assert episode_frames(index, 19.7, None) == range(197, index.frame_count)
 
 
 def test_frame_index_timestamps_validation() -> None:
