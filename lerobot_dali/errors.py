@@ -17,6 +17,7 @@ __all__ = [
     "FrameRequestError",
     "FrameTimestampError",
     "InvalidPathTemplateError",
+    "IteratorClosedError",
     "MissingDataFileError",
     "ResumeStateError",
     "SchemaMismatchError",
@@ -100,6 +101,10 @@ class ResumeStateError(ValueError):
 
 class FrameRequestError(ValueError):
     """A frame request to a video is malformed: no frames at all, or frame indices outside the file."""
+
+
+class IteratorClosedError(RuntimeError):
+    """A pass read on after ``close()`` (from any thread) or after a newer pass replaced its pipeline."""
 
 
 class WorkerProcessError(RuntimeError):

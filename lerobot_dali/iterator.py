@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -32,6 +33,7 @@ from .errors import (
     DatasetError,
     DeltaTimestampsError,
     EpisodeMetadataError,
+    IteratorClosedError,
     ResumeStateError,
     SchemaMismatchError,
     WorkerProcessError,
@@ -52,6 +54,9 @@ from .yuv_frames import has_color_matrix, nvdec_color_fix
 __all__ = ["DALILeRobotIterator"]
 
 logger = logging.getLogger(__name__)
+
+#: How long close() from another thread waits for a pass inside DALI's next() to let the pipeline go.
+CLOSE_WAIT_S = 60
 
 
 class DALILeRobotIterator:
@@ -217,6 +222,9 @@ class DALILeRobotIterator:
         )
         self._pipeline: Any = None
         self._dali_iter: Any = None
+        # Held while a pass is inside DALI's next(): close() from another thread must not shut the pipeline
+        # down under it. Re-entrant, so a close() in a signal handler or a loop body of the same thread proceeds.
+        self._next_lock = threading.RLock()
         self._pass_start: int | None = None  # samples_consumed when the pass in progress began
         self._pipeline_next: tuple[int, int] | None = None  # (epoch, sample) the pipeline's next batch starts at
         logger.info(
@@ -430,39 +438,69 @@ class DALILeRobotIterator:
         self._pipeline = pipe
 
     def _epoch_batches(self) -> Iterator[dict[str, Any]]:
+        dali_iter = self._dali_iter
         try:
-            for outputs in self._dali_iter:
-                batch = self._to_batch(outputs[0])
+            while (batch := self._next_batch(dali_iter)) is not None:
                 self._stream.advance(len(batch["index"]))
                 self._pipeline_next = (self._stream.epoch, self._stream.samples_consumed)
                 if self._prefetcher is not None:
                     self._prefetcher.advance(self._stream.epoch, self._stream.samples_consumed)
                 yield batch
-        except (KeyboardInterrupt, SystemExit):
-            # Raised inside DALI's next(): the batch it was producing is off DALI's schedule, and reusing this
-            # pipeline skipped it (a review: 8-16 samples lost, others repeated). The next pass rebuilds it at the
-            # stream's position.
-            self._close_pipeline()
-            raise
-        except Exception as e:
-            where = (
-                f"the batches after sample {self._stream.samples_consumed} of epoch {self._stream.epoch} "
-                f"(rank {self.rank}, {self._num_workers} worker processes)"
-            )
-            dead = dead_worker_error(e, self._pipeline, where)
-            self._close_pipeline()
-            if dead is not None:
-                raise dead from e
-            # DALI's decoder names no file; a worker's error and the batch's own checks do.
-            named = isinstance(e, EpisodeMetadataError) or original_worker_error(e) is not None
-            located = None if named else self._locate_decode_failure(e)
-            if located is not None:
-                raise located from e
-            _raise_original(e)
         finally:  # the pass is over: finished, failed, or left by the loop (the generator is closed)
             self._pass_start = None
         self._stream.set_epoch(self._stream.epoch + 1)
         self._pipeline_next = (self._stream.epoch, 0)  # DALI reset itself (auto_reset) for the next epoch
+
+    def _next_batch(self, dali_iter: Any) -> dict[str, Any] | None:
+        """The pass's next batch, or None at the end of the epoch; any failure closes the pipeline."""
+        with self._next_lock:
+            if self._dali_iter is not dali_iter:
+                raise self._closed_error()
+            try:
+                return self._to_batch(next(dali_iter)[0])
+            except StopIteration:
+                return None
+            except (KeyboardInterrupt, SystemExit):
+                # Raised inside DALI's next(): the batch it was producing is off DALI's schedule, and reusing
+                # this pipeline skipped it (a review: 8-16 samples lost, others repeated). The next pass rebuilds
+                # it at the stream's position.
+                self._close_pipeline()
+                raise
+            except Exception as e:
+                closed = self._dali_iter is not dali_iter  # close() from another thread ended the workers
+                if closed:
+                    self._close_pipeline()
+                    raise self._closed_error() from e
+                error = self._failed_batch_error(e)
+                if error is e:
+                    raise
+                raise error from e
+
+    def _closed_error(self) -> IteratorClosedError:
+        return IteratorClosedError(
+            f"rank {self.rank}: the pass was reading the batches after sample {self._stream.samples_consumed} of "
+            f"epoch {self._stream.epoch} when the iterator was closed (close() was called, from this thread or "
+            "another) or a newer pass (a second iter()) replaced its pipeline. No sample was lost: iterating again "
+            "rebuilds the pipeline at that position."
+        )
+
+    def _failed_batch_error(self, e: Exception) -> BaseException:
+        """The error to raise for a failed batch, after closing the pipeline: a dead worker, a named clip, or
+        the original."""
+        where = (
+            f"the batches after sample {self._stream.samples_consumed} of epoch {self._stream.epoch} "
+            f"(rank {self.rank}, {self._num_workers} worker processes)"
+        )
+        dead = dead_worker_error(e, self._pipeline, where)
+        self._close_pipeline()
+        if dead is not None:
+            return dead
+        # DALI's decoder names no file; a worker's error and the batch's own checks do.
+        named = isinstance(e, EpisodeMetadataError) or original_worker_error(e) is not None
+        located = None if named else self._locate_decode_failure(e)
+        if located is not None:
+            return located
+        return original_worker_error(e) or e
 
     def _locate_decode_failure(self, error: Exception) -> Exception | None:
         """A failure in the pipeline itself (not a worker) may be DALI rejecting a clip; name its file."""
@@ -530,12 +568,34 @@ class DALILeRobotIterator:
             pipeline._shutdown()
 
     def close(self) -> None:
-        """Stop the worker processes (and the prefetcher) now rather than at garbage collection."""
-        self._close_pipeline()
-        prefetcher = getattr(self, "_prefetcher", None)
-        if prefetcher is not None:
-            prefetcher.close()
-            self._prefetcher = None
+        """Stop the worker processes (and the prefetcher) now rather than at garbage collection.
+
+        Safe from another thread: a pass waiting in DALI's next() there is woken (its workers are stopped) and
+        raises :class:`IteratorClosedError`; this call returns once that pass has let the pipeline go."""
+        lock = getattr(self, "_next_lock", None)
+        if lock is not None and not lock.acquire(blocking=False):
+            pipeline = self._pipeline
+            self._dali_iter = None  # tells the pass in next() that its failure (or batch) is a close
+            workers = getattr(pipeline, "_py_pool", None)
+            if workers is not None:
+                workers.close()  # ends the wait on the workers; the pass shuts the rest down
+            if not lock.acquire(timeout=CLOSE_WAIT_S):
+                logger.warning(
+                    "close(): a pass is still inside DALI's next() after %d s; the pipeline is left to it (shutting "
+                    "it down under the call could crash the process): that pass raises IteratorClosedError once "
+                    "the call returns; call close() again then",
+                    CLOSE_WAIT_S,
+                )
+                return
+        try:
+            self._close_pipeline()
+            prefetcher = getattr(self, "_prefetcher", None)
+            if prefetcher is not None:
+                prefetcher.close()
+                self._prefetcher = None
+        finally:
+            if lock is not None:
+                lock.release()
 
     @property
     def camera_channels(self) -> dict[str, int]:

@@ -6,6 +6,8 @@ hand (clamp + pad), frames by reading each decoded frame's marker and by a full 
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from fractions import Fraction
 from pathlib import Path
@@ -23,6 +25,7 @@ from lerobot_dali.errors import (
     DatasetError,
     EpisodeMetadataError,
     FrameTimestampError,
+    IteratorClosedError,
     MissingDataFileError,
     ResumeStateError,
     VideoDecodeError,
@@ -760,6 +763,43 @@ def test_an_interrupted_pass_resumes_without_losing_or_repeating_a_sample(make_d
         for batch in it:
             seen += [int(i) for i in batch["index"]]
     for batch in it:  # the user carries on with the same iterator
+        seen += [int(i) for i in batch["index"]]
+    it.close()
+    assert seen == reference
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_close_from_another_thread_ends_the_waiting_pass_with_a_clear_error(make_ds, monkeypatch, num_workers) -> None:
+    """close() from a watchdog thread while the loop waits in DALI's next() shut the pipeline down under it: the
+    loop got a false WorkerProcessError (workers) or an AttributeError (no workers). It now gets
+    IteratorClosedError, the pipeline is gone, and iterating again carries on from the same sample."""
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=num_workers, drop_last=False)
+    reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
+    it = DALILeRobotIterator(root, **kwargs)
+    original, calls, closer = DALIGenericIterator.__next__, [0], []
+
+    def closed_meanwhile(self):
+        calls[0] += 1
+        if calls[0] == 3:
+            closer.append(threading.Thread(target=it.close))
+            closer[0].start()
+            deadline = time.monotonic() + 30
+            while it._dali_iter is not None and time.monotonic() < deadline:  # close() has begun
+                time.sleep(0.01)
+        return original(self)
+
+    monkeypatch.setattr(DALIGenericIterator, "__next__", closed_meanwhile)
+    seen: list[int] = []
+    with pytest.raises(IteratorClosedError, match="when the iterator was closed.*No sample was lost"):
+        for batch in it:
+            seen += [int(i) for i in batch["index"]]
+    closer[0].join(timeout=60)
+    assert not closer[0].is_alive() and it._pipeline is None
+    monkeypatch.setattr(DALIGenericIterator, "__next__", original)
+    for batch in it:
         seen += [int(i) for i in batch["index"]]
     it.close()
     assert seen == reference
