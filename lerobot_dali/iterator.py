@@ -11,6 +11,7 @@ import hashlib
 import logging
 import os
 import threading
+import traceback
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -225,6 +226,7 @@ class DALILeRobotIterator:
         # Held while a pass is inside DALI's next(): close() from another thread must not shut the pipeline
         # down under it. Re-entrant, so a close() in a signal handler or a loop body of the same thread proceeds.
         self._next_lock = threading.RLock()
+        self._generation = 0  # of the pipeline: a pass reads only the one it began with
         self._pass_start: int | None = None  # samples_consumed when the pass in progress began
         self._pipeline_next: tuple[int, int] | None = None  # (epoch, sample) the pipeline's next batch starts at
         logger.info(
@@ -421,6 +423,7 @@ class DALILeRobotIterator:
             return_uint8=self._return_uint8,
         )
         self._names = names
+        self._generation += 1
         self._pipeline_next = (self._stream.epoch, self._stream.samples_consumed)
         try:
             pipe.build()
@@ -438,9 +441,9 @@ class DALILeRobotIterator:
         self._pipeline = pipe
 
     def _epoch_batches(self) -> Iterator[dict[str, Any]]:
-        dali_iter = self._dali_iter
+        generation = self._generation
         try:
-            while (batch := self._next_batch(dali_iter)) is not None:
+            while (batch := self._next_batch(generation)) is not None:
                 self._stream.advance(len(batch["index"]))
                 self._pipeline_next = (self._stream.epoch, self._stream.samples_consumed)
                 if self._prefetcher is not None:
@@ -451,27 +454,34 @@ class DALILeRobotIterator:
         self._stream.set_epoch(self._stream.epoch + 1)
         self._pipeline_next = (self._stream.epoch, 0)  # DALI reset itself (auto_reset) for the next epoch
 
-    def _next_batch(self, dali_iter: Any) -> dict[str, Any] | None:
-        """The pass's next batch, or None at the end of the epoch; any failure closes the pipeline."""
+    def _next_batch(self, generation: int) -> dict[str, Any] | None:
+        """The next batch of the pass reading pipeline ``generation``, or None at the end of the epoch; any
+        failure closes the pipeline. (A pass holds the generation, not the pipeline: the frames of a raised
+        error must not keep the pipeline's workers' shared memory alive.)"""
         with self._next_lock:
-            if self._dali_iter is not dali_iter:
+            dali_iter = self._dali_iter
+            if dali_iter is None or generation != self._generation:
                 raise self._closed_error()
             try:
                 return self._to_batch(next(dali_iter)[0])
             except StopIteration:
                 return None
-            except (KeyboardInterrupt, SystemExit):
+            except (KeyboardInterrupt, SystemExit) as e:
                 # Raised inside DALI's next(): the batch it was producing is off DALI's schedule, and reusing
                 # this pipeline skipped it (a review: 8-16 samples lost, others repeated). The next pass rebuilds
                 # it at the stream's position.
+                dali_iter = None
                 self._close_pipeline()
+                _release_pipeline_frames(e)
                 raise
             except Exception as e:
-                closed = self._dali_iter is not dali_iter  # close() from another thread ended the workers
-                if closed:
+                dali_iter = None  # this frame stays in the error's traceback, running, so it cannot be cleared
+                if self._dali_iter is None:  # close() from another thread ended the workers
                     self._close_pipeline()
+                    _release_pipeline_frames(e)
                     raise self._closed_error() from e
                 error = self._failed_batch_error(e)
+                _release_pipeline_frames(e)
                 if error is e:
                     raise
                 raise error from e
@@ -610,6 +620,18 @@ class DALILeRobotIterator:
 
     def __del__(self) -> None:
         self.close()  # the prefetcher's thread refers to itself: without this it outlives the iterator
+
+
+def _release_pipeline_frames(error: BaseException) -> None:
+    """Drop the local variables of the finished frames in ``error``'s tracebacks (and its causes'): DALI's
+    frames hold the closed pipeline, whose workers' shared memory (a few batches) would otherwise live as long
+    as the caller keeps the error, or until the cycle collector runs. The tracebacks still print in full."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
 
 
 def _raise_original(error: Exception) -> None:

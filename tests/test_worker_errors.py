@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import subprocess
@@ -77,6 +78,39 @@ def test_multiline_error_from_a_real_worker(make_ds, monkeypatch: pytest.MonkeyP
     # the worker adds which samples it was reading; the message, several lines and all, comes back exactly
     located = f"{root}: reading samples [0, 2) of epoch 0 (episodes [0]): {MULTILINE}"
     assert type(info.value) is ValueError and str(info.value) == located
+
+
+def _dali_shared_memory_mib() -> float:
+    """MiB of DALI's worker shared memory mapped into this process."""
+    total = 0
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and "nvidia_dali" in fields[5]:
+            low, high = (int(x, 16) for x in fields[0].split("-"))
+            total += high - low
+    return total / 2**20
+
+
+def test_a_failed_pass_lets_the_workers_shared_memory_go_while_its_error_is_held(make_ds, monkeypatch) -> None:
+    """The error's traceback went through DALI's frames, which held the closed pipeline: its workers' shared
+    memory (a few batches: GBs for decoded frames) stayed mapped while the caller held the error, and after that
+    until the cycle collector ran."""
+    from nvidia.dali._multiproc.pool import WorkerPool  # private: the only handle on the workers' memory
+
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="av1", fps=10, episodes_per_file=2, gop=2)
+    monkeypatch.setattr(iterator_module, "BatchSource", _FailingSource)
+    it = DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=1)
+    gc.collect()
+    gc.disable()  # what is freed must be freed by reference counting, as it is in a loop that catches errors
+    try:
+        with pytest.raises(ValueError, match="reading samples") as info:
+            next(iter(it))
+        assert _dali_shared_memory_mib() == 0
+        assert not [o for o in gc.get_objects() if type(o) is WorkerPool]
+        assert "in receive_batch" in "".join(traceback.format_exception(info.value.__cause__))  # still printable
+    finally:
+        gc.enable()
+        it.close()
 
 
 class _KilledSource(BatchSource):
