@@ -260,7 +260,7 @@ class BatchSource:
                 # They cross as themselves too, but an IndexError or OSError alone says nothing of which data.
                 # (The copy keeps the type and message only: an OSError's errno and filename stay on __cause__.)
                 try:
-                    located = type(e)(f"{self.spec.reader.location.description}: {failed_at}: {e}")
+                    located = type(e)(f"{self.spec.reader.location.description}: {failed_at}: {_with_notes(e)}")
                 except Exception:  # a builtin that takes other arguments (UnicodeDecodeError): as it is
                     located = None
                 if located is None:
@@ -269,7 +269,7 @@ class BatchSource:
             # Third-party (pyarrow, fsspec, aiohttp, ...): DALI would hand over a bare Exception.
             raise DatasetError(
                 f"{self.spec.reader.location.description}: {failed_at} failed with "
-                f"{type(e).__module__}.{type(e).__qualname__}: {e}"
+                f"{type(e).__module__}.{type(e).__qualname__}: {_with_notes(e)}"
             ) from e
 
     # -- assembly ----------------------------------------------------------------------------------------
@@ -519,3 +519,10 @@ class BatchSource:
                         clip = build_clip(source, index, numbers, filesystem=fs)
                     clips[i], indices[i] = clip.data, clip.relative_indices.astype(np.int32)
         return clips, indices
+
+
+def _with_notes(error: BaseException) -> str:
+    """``str(error)`` and its notes: a remote read that gave up notes its file there (``remote_retry``), and
+    some errors have no message of their own (fsspec's timeout), so without the notes nothing names the file."""
+    notes = [note for note in getattr(error, "__notes__", ()) if isinstance(note, str)]
+    return "; ".join([str(error) or "(no message)", *notes])

@@ -348,6 +348,22 @@ def test_a_stalled_server_fails_a_read_in_the_read_timeout(root: Path, server, m
     server.set_faults(0)
 
 
+def test_a_stalled_read_in_a_batch_names_the_file_it_gave_up_on(root: Path, server, monkeypatch, tmp_path) -> None:
+    """fsspec's timeout has no message, and the file that the retries gave up on was only a note on it, which the
+    batch's error left out: the loop got "failed with fsspec.exceptions.FSTimeoutError: " and no file."""
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    monkeypatch.setenv(RETRIES_ENV, "0")
+    monkeypatch.setattr("lerobot_dali.dataset_location.HTTP_TIMEOUTS_S", {"sock_connect": 5.0, "sock_read": 0.5})
+    it = DALILeRobotIterator(_url(server, root), num_workers=0, cache_gb=0.0, **OPTIONS)
+    server.stall_s = 3.0
+    server.set_faults(1, ("stall",))
+    with pytest.raises(DatasetError, match=rf"FSTimeoutError: \(no message\); .* '{server.url}/dataset/\S+' failed 1 "):
+        next(iter(it))
+    server.set_faults(0)
+    it.close()
+
+
 def test_a_file_replaced_on_the_server_mid_read_is_named_not_retried(tmp_path: Path, monkeypatch) -> None:
     """A file that shrank on the server answered 416, which read as a broken connection: retried 6 times, then
     'gave up (set LEROBOT_DALI_REMOTE_RETRIES to retry more)'. The reopened file's new size says what happened."""
