@@ -346,10 +346,10 @@ def open_dataset(
     if data_files_root is not None:
         location = with_bulk_root(location, data_files_root, storage_options=storage_options)
     info = _read_info(location)
-    selected = _select(info.camera_keys, cameras, "camera", info)
+    selected = _select(info.camera_keys, cameras, "camera")
     camera_keys = [k for k in selected if info.features[k].is_video]
     image_keys = [k for k in selected if not info.features[k].is_video]
-    tabular_keys = _select(info.tabular_keys, keys, "key", info)
+    tabular_keys = _select(info.tabular_keys, keys, "key")
     table = read_episode_table(location.meta_fs, location.meta_root, info, video_keys=camera_keys)
     if info.total_episodes and info.total_episodes != len(table):
         logger.warning(
@@ -362,7 +362,7 @@ def open_dataset(
         raise DatasetError(f"{location.description}: the episode metadata lists no episodes; nothing to read")
     if episodes is not None:
         table = table.select(episodes, source=location.description)
-    tasks = _read_tasks(location, info)
+    tasks = _read_tasks(location)
     # Remote: one recursive listing per root stamps every file (no per-file metadata request, here or in
     # any worker); a filesystem that cannot list falls back to one request per file looked up.
     stamps = None if location.is_local else FileStamps(location.fs, [location.path("data"), location.path("videos")])
@@ -381,7 +381,7 @@ def open_dataset(
     return reader
 
 
-def _select(available: list[str], chosen: Sequence[str] | None, what: str, info: DatasetInfo) -> list[str]:
+def _select(available: list[str], chosen: Sequence[str] | None, what: str) -> list[str]:
     if chosen is None:
         return list(available)
     unknown = [k for k in chosen if k not in available]
@@ -402,7 +402,7 @@ def _read_info(location: DatasetLocation) -> DatasetInfo:
     return DatasetInfo.from_json(raw, source=path)
 
 
-def _read_tasks(location: DatasetLocation, info: DatasetInfo) -> dict[int, str]:
+def _read_tasks(location: DatasetLocation) -> dict[int, str]:
     fs = location.meta_fs
     parquet_path = location.meta_path("meta/tasks.parquet")
     jsonl_path = location.meta_path("meta/tasks.jsonl")

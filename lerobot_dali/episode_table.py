@@ -62,13 +62,6 @@ class EpisodeTable:
     def total_frames(self) -> int:
         return int(self.length.sum())
 
-    def position_of(self, episode_index: int) -> int:
-        """Row position of an ``episode_index``; raises ``KeyError`` naming the episode if absent."""
-        pos = int(np.searchsorted(self.episode_index, episode_index))
-        if pos >= len(self.episode_index) or self.episode_index[pos] != episode_index:
-            raise KeyError(f"episode {episode_index} is not in this dataset")
-        return pos
-
     def select(self, episode_indices: Sequence[int], *, source: str = "") -> EpisodeTable:
         """The rows of ``episode_indices`` only (LeRobot's ``episodes=``, e.g. a train/validation split).
 
@@ -109,7 +102,7 @@ def read_episode_table(
 ) -> EpisodeTable:
     """Read the episode index for ``info``'s layout, validating what later stages rely on."""
     if info.major_version == "v3":
-        return _read_v3(fs, meta_root, info, video_keys)
+        return _read_v3(fs, meta_root, video_keys)
     return _read_v2(fs, meta_root, info, video_keys)
 
 
@@ -117,7 +110,7 @@ def _i64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def _read_v3(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo, video_keys: list[str]) -> EpisodeTable:
+def _read_v3(fs: fsspec.AbstractFileSystem, meta_root: str, video_keys: list[str]) -> EpisodeTable:
     pattern = f"{meta_root.rstrip('/')}/meta/episodes/chunk-*/file-*.parquet"
     files = sorted(fs.glob(pattern))
     if not files:

@@ -36,7 +36,7 @@ import numpy as np
 from .errors import DeltaTimestampsError
 from .frame_lookup import DEFAULT_TOLERANCE_S
 
-__all__ = ["DeltaWindows", "Window", "query_indices"]
+__all__ = ["DeltaWindows", "query_indices"]
 
 
 def query_indices(
@@ -63,21 +63,9 @@ def query_indices(
     return rows, is_pad
 
 
-@dataclass(frozen=True)
-class Window:
-    """One sample's (or a batch's) windows; merge ``tabular`` and ``padding`` into the item as is."""
-
-    #: ``key -> (T, ...)`` (a leading ``N`` for a batch), for the non-camera keys of ``delta_timestamps``.
-    tabular: dict[str, np.ndarray]
-    #: ``"<key>_is_pad" -> (T,)`` bool, for every key of ``delta_timestamps``.
-    padding: dict[str, np.ndarray]
-    #: ``camera key -> (T,)`` float64 episode-local seconds to decode, for every camera key.
-    camera_timestamps_s: dict[str, np.ndarray]
-
-
 @dataclass(frozen=True, kw_only=True)
 class DeltaWindows:
-    """Validated ``delta_timestamps`` and their ``delta_index``; builds windows from an episode's rows."""
+    """Validated ``delta_timestamps`` and their ``delta_index`` (:func:`query_indices` turns them into rows)."""
 
     delta_timestamps: Mapping[str, Sequence[float]]
     fps: float
@@ -137,44 +125,3 @@ class DeltaWindows:
         if key not in self.camera_keys:
             raise KeyError(f"{key!r} is not a camera key (camera keys: {sorted(self.camera_keys)})")
         return self.window_length(key) == 1
-
-    def window(self, rows: Mapping[str, np.ndarray], frame_index: np.ndarray | int) -> Window:
-        """Windows for frame(s) ``frame_index`` of the episode whose rows are ``rows``.
-
-        ``rows[key]`` is the episode's whole column (first axis = frame within episode); cameras need the
-        ``timestamp`` column. A scalar ``frame_index`` gives ``(T, ...)``; an array of ``N`` gives
-        ``(N, T, ...)``.
-        """
-        length = _episode_length(rows)
-        tabular: dict[str, np.ndarray] = {}
-        padding: dict[str, np.ndarray] = {}
-        timestamps: dict[str, np.ndarray] = {}
-        for key, delta in self.delta_index.items():
-            index, is_pad = query_indices(frame_index, length, delta)
-            padding[f"{key}_is_pad"] = is_pad
-            if key in self.camera_keys:
-                timestamps[key] = _column(rows, "timestamp")[index].astype(np.float64)
-            else:
-                tabular[key] = _column(rows, key)[index]
-        for key in self.camera_keys - self.delta_index.keys():
-            frame = np.asarray(frame_index, dtype=np.int64)
-            if np.any((frame < 0) | (frame >= length)):
-                raise IndexError(f"frame_index must lie in [0, {length}); got {frame}")
-            timestamps[key] = _column(rows, "timestamp")[frame[..., None]].astype(np.float64)
-        return Window(tabular=tabular, padding=padding, camera_timestamps_s=timestamps)
-
-
-def _column(rows: Mapping[str, np.ndarray], key: str) -> np.ndarray:
-    try:
-        return np.asarray(rows[key])
-    except KeyError as e:
-        raise KeyError(f"the episode rows have no column {key!r} (columns: {sorted(rows)})") from e
-
-
-def _episode_length(rows: Mapping[str, np.ndarray]) -> int:
-    lengths = {key: len(value) for key, value in rows.items()}
-    if not lengths:
-        raise ValueError("rows is empty: pass the episode's columns (first axis = frame within episode)")
-    if len(set(lengths.values())) != 1:
-        raise ValueError(f"the episode's columns disagree on its length: {lengths}")
-    return next(iter(lengths.values()))

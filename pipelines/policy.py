@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["ChunkPolicy", "FeatureStats", "PolicyConfig", "chunk_deltas", "masked_l1"]
+__all__ = ["ChunkPolicy", "FeatureStats", "PolicyConfig", "masked_l1"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,10 +219,3 @@ class ChunkPolicy(nn.Module):
     def predict(self, batch: Mapping[str, Any]) -> torch.Tensor:
         """The action chunk, ``(B, chunk, action_dim)``, in the dataset's units."""
         return self.action_norm.inverse(self._normalized_prediction(batch))
-
-
-def chunk_deltas(chunk: int, fps: float) -> list[float]:
-    """``delta_timestamps`` for ``chunk`` actions from now: ``[0, 1/fps, ..., (chunk-1)/fps]`` seconds."""
-    if chunk < 1 or fps <= 0:
-        raise ValueError(f"chunk must be >= 1 and fps > 0, got chunk={chunk}, fps={fps}")
-    return [i / fps for i in range(chunk)]

@@ -1,4 +1,5 @@
-"""Delta windows: hand-computed rows, pads and camera timestamps, LeRobot's validation and squeeze rules."""
+"""Delta windows: hand-computed rows and pads, LeRobot's validation and squeeze rules (values and camera
+timestamps through the whole loader: test_iterator, test_image_cameras)."""
 
 from __future__ import annotations
 
@@ -43,67 +44,41 @@ def test_half_frame_rounds_to_even_like_python_round() -> None:
 )
 def test_tabular_window_at_start_middle_end(frame: int, rows: list[int], pad: list[bool], values: list[float]) -> None:
     w = _windows({"action": [-0.2, -0.1, 0.0, 0.1]})
-    win = w.window(ROWS, frame)
-    np.testing.assert_array_equal(win.tabular["action"], values)
-    np.testing.assert_array_equal(win.padding["action_is_pad"], pad)
-    assert win.padding["action_is_pad"].dtype == np.bool_
     index, is_pad = query_indices(frame, 5, w.delta_index["action"])
     np.testing.assert_array_equal(index, rows)
     np.testing.assert_array_equal(is_pad, pad)
+    assert is_pad.dtype == np.bool_
+    np.testing.assert_array_equal(ROWS["action"][index], values)
 
 
 def test_multidimensional_feature_keeps_its_shape() -> None:
-    win = _windows({"observation.state": [-0.1, 0.0]}).window(ROWS, 0)
-    np.testing.assert_array_equal(win.tabular["observation.state"], [[0, 1], [0, 1]])
-    np.testing.assert_array_equal(win.padding["observation.state_is_pad"], [True, False])
+    index, is_pad = query_indices(0, 5, _windows({"observation.state": [-0.1, 0.0]}).delta_index["observation.state"])
+    np.testing.assert_array_equal(ROWS["observation.state"][index], [[0, 1], [0, 1]])
+    np.testing.assert_array_equal(is_pad, [True, False])
 
 
 def test_single_frame_episode() -> None:
-    rows = {"action": np.array([7.0]), "timestamp": np.array([0.0], dtype=np.float32)}
-    win = _windows({"action": [-0.1, 0.0, 0.2]}).window(rows, 0)
-    np.testing.assert_array_equal(win.tabular["action"], [7.0, 7.0, 7.0])
-    np.testing.assert_array_equal(win.padding["action_is_pad"], [True, False, True])
+    index, is_pad = query_indices(0, 1, _windows({"action": [-0.1, 0.0, 0.2]}).delta_index["action"])
+    np.testing.assert_array_equal(index, [0, 0, 0])
+    np.testing.assert_array_equal(is_pad, [True, False, True])
 
 
 def test_deltas_longer_than_the_episode() -> None:
-    rows = {"action": np.array([1.0, 2.0, 3.0])}
-    win = _windows({"action": [-1.0, 0.0, 1.0]}).window(rows, 1)  # -10 and +10 frames on a 3-frame episode
-    np.testing.assert_array_equal(win.tabular["action"], [1.0, 2.0, 3.0])
-    np.testing.assert_array_equal(win.padding["action_is_pad"], [True, False, True])
+    # -10 and +10 frames on a 3-frame episode
+    index, is_pad = query_indices(1, 3, _windows({"action": [-1.0, 0.0, 1.0]}).delta_index["action"])
+    np.testing.assert_array_equal(index, [0, 1, 2])
+    np.testing.assert_array_equal(is_pad, [True, False, True])
 
 
-def test_single_tabular_delta_is_not_squeezed() -> None:
-    win = _windows({"action": [0.1], "observation.state": [0.0]}).window(ROWS, 1)
-    assert win.tabular["action"].shape == (1,)
-    np.testing.assert_array_equal(win.tabular["action"], [20.0])
-    assert win.tabular["observation.state"].shape == (1, 2)
-    assert win.padding["action_is_pad"].shape == (1,)
-
-
-def test_camera_windows_are_query_timestamps() -> None:
+def test_cameras_lose_the_window_axis_only_with_one_frame() -> None:
+    """LeRobot squeezes decoded video (``frames.squeeze(0)``): a camera without deltas, or with one, gives
+    ``(C, H, W)``; tabular windows (shape tested in test_image_cameras) never lose the axis."""
     w = _windows({"cam": [-0.2, 0.0], "action": [0.0]}, camera_keys=["cam", "wrist", "top"])
     w1 = _windows({"top": [0.1]}, camera_keys=["top"])
-    win = w.window(ROWS, 1)
-    # Rows [0, 1] (row -1 clamped): their episode-local timestamps, as float64 of the stored float32.
-    np.testing.assert_array_equal(win.camera_timestamps_s["cam"], [0.0, np.float32(0.1)])
-    assert win.camera_timestamps_s["cam"].dtype == np.float64
-    np.testing.assert_array_equal(win.padding["cam_is_pad"], [True, False])
-    assert "cam" not in win.tabular
-    # A camera without deltas is queried at the sample's own timestamp.
-    np.testing.assert_array_equal(win.camera_timestamps_s["wrist"], [np.float32(0.1)])
-    assert "wrist_is_pad" not in win.padding
     assert (w.squeeze_camera("cam"), w.squeeze_camera("wrist"), w1.squeeze_camera("top")) == (False, True, True)
-    np.testing.assert_array_equal(w1.window(ROWS, 4).camera_timestamps_s["top"], [np.float32(0.4)])
+    assert (w.window_length("cam"), w.window_length("wrist"), w.window_length("action")) == (2, 1, 1)
     with pytest.raises(KeyError, match="not a camera key"):
         w.squeeze_camera("action")
-
-
-def test_batch_of_frames_gives_a_leading_axis() -> None:
-    w = _windows({"action": [-0.1, 0.1], "cam": [0.0]}, camera_keys=["cam"])
-    win = w.window(ROWS, np.array([0, 4]))
-    np.testing.assert_array_equal(win.tabular["action"], [[0, 10], [30, 40]])
-    np.testing.assert_array_equal(win.padding["action_is_pad"], [[True, False], [False, True]])
-    np.testing.assert_array_equal(win.camera_timestamps_s["cam"], [[0.0], [np.float32(0.4)]])
 
 
 def test_query_indices_over_episodes_of_different_lengths() -> None:
@@ -154,7 +129,7 @@ def test_invalid_specifications() -> None:
     for tolerance_s in (-1e-4, float("inf"), float("nan")):  # an infinite tolerance would accept any delta
         with pytest.raises(ValueError, match="tolerance_s must be a non-negative finite number"):
             DeltaWindows(delta_timestamps={"action": [0.0]}, fps=10, tolerance_s=tolerance_s)
-    with pytest.raises(KeyError, match="no column 'action'"):
-        _windows({"action": [0.0]}).window({"timestamp": ROWS["timestamp"]}, 0)
-    with pytest.raises(ValueError, match="disagree"):
-        _windows({"action": [0.0]}).window({"action": np.zeros(3), "timestamp": np.zeros(4)}, 0)
+    with pytest.raises(ValueError, match="episode_length must be >= 1"):
+        query_indices(0, 0, [0])
+    with pytest.raises(ValueError, match="must be 1-D"):
+        query_indices(0, 3, [[0]])
