@@ -58,6 +58,7 @@ from .bench_types import (
 )
 from .cache_dirs import cache_root
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
+from .sample_order import DEFAULT_EPISODE_POOL_SIZE
 
 __all__ = [
     "LOADERS",
@@ -135,7 +136,7 @@ class BenchConfig:
     dataset: str | None = None
     batch_size: int | None = None
     num_workers: int | None = None
-    pool_size: int = 16
+    pool_size: int = DEFAULT_EPISODE_POOL_SIZE
     image_size: tuple[int, int] | None = None
     augment: bool | None = None
     mode: BenchMode | str = BenchMode.SINGLE

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
+from .sample_order import DEFAULT_EPISODE_POOL_SIZE
 
 if TYPE_CHECKING:
     from .dataset_reader import LeRobotDatasetReader
@@ -286,7 +287,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--recipe", help="act, diffusion, vla or a recipe .toml: windows, image size, augmentation")
     bench.add_argument("--batch-size", type=int, help="samples per batch, every loader (default 32; quick 8)")
     bench.add_argument("--num-workers", type=int, help="worker processes, every loader (default min(4, cores))")
-    bench.add_argument("--pool-size", type=int, default=16, help="lerobot-dali episode pool size")
+    bench.add_argument(
+        "--pool-size", type=int, default=DEFAULT_EPISODE_POOL_SIZE, help="lerobot-dali episode pool size"
+    )
     bench.add_argument("--image-size", type=_size, metavar="HxW", help="resize frames to HxW")
     bench.add_argument("--augment", action=argparse.BooleanOptionalAction, help="default: the recipe's choice")
     bench.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")

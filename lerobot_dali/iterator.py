@@ -46,7 +46,7 @@ from .image_frames import decode_depth_images, decode_images
 from .packet_index import PacketIndex, load_packet_index
 from .packet_index_store import PacketIndexStore
 from .prefetch import Prefetcher, prefetching_reader
-from .sample_order import OrderOptions, RankBalance
+from .sample_order import DEFAULT_EPISODE_POOL_SIZE, OrderOptions, RankBalance
 from .stream_state import SampleStream
 from .windows import DeltaWindows
 from .worker_errors import dead_worker_error, original_worker_error
@@ -96,7 +96,7 @@ class DALILeRobotIterator:
         delta_timestamps: Mapping[str, Sequence[float]] | None = None,
         shuffle: bool = True,
         seed: int = 0,
-        episode_pool_size: int = 64,
+        episode_pool_size: int = DEFAULT_EPISODE_POOL_SIZE,
         device: str = "cuda",
         decode: str = "auto",
         num_workers: int = 4,

@@ -41,6 +41,7 @@ import numpy as np
 from .errors import ShardingError
 
 __all__ = [
+    "DEFAULT_EPISODE_POOL_SIZE",
     "ConsumedSegment",
     "OrderOptions",
     "RankBalance",
@@ -94,6 +95,11 @@ class RankBalance(enum.Enum):
     worth per rank is left out."""
 
 
+#: Episodes a rank samples from at once, by default: wide enough to mix a batch across episodes, small enough
+#: that a remote pool's prefetch (its episodes' bytes) fits the cache.
+DEFAULT_EPISODE_POOL_SIZE = 64
+
+
 @dataclass(frozen=True, kw_only=True)
 class OrderOptions:
     """What defines the order (with the episode lengths, rank and world size). A saved state records them,
@@ -101,7 +107,7 @@ class OrderOptions:
 
     seed: int = 0
     shuffle: bool = True
-    episode_pool_size: int = 16
+    episode_pool_size: int = DEFAULT_EPISODE_POOL_SIZE
     rank_balance: RankBalance = RankBalance.PAD
     #: Samples between pool-state checkpoints (a lower bound; raised to respect ``max_checkpoints``).
     checkpoint_interval: int = 8192

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from lerobot_dali.dataset_stats import read_dataset_stats
+from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
 from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ class TrainOptions:
     lr: float = 1e-3
     grad_clip: float = 10.0
     seed: int = 0
-    episode_pool_size: int = 64
+    episode_pool_size: int = DEFAULT_EPISODE_POOL_SIZE
     image_size: tuple[int, int] | None = None
     augment: Path | None = None
     decode: str = "auto"
