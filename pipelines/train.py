@@ -47,6 +47,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np
 import torch
 
+from lerobot_dali.cache_dirs import atomic_file
 from lerobot_dali.dataset_stats import read_dataset_stats
 from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
 from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig
@@ -361,10 +362,11 @@ def camera_frames(batch: dict[str, Any], camera_keys: Sequence[str]) -> int:
 
 
 # -- checkpoints ----------------------------------------------------------------------------------------------
-def _write_json_atomic(path: Path, payload: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(payload))
-    os.replace(tmp, path)
+def _write_atomic(path: Path, text: str) -> None:
+    """Whole or not at all, and on disk before it replaces ``path``: after a node crash, ``latest`` must not
+    name a checkpoint whose stream file is empty or zero-filled."""
+    with atomic_file(path, prefix=f".{path.name}.", durable=True) as out:
+        out.write(text.encode())
 
 
 def save_checkpoint(accelerator: Any, root: Path, step: int, iterator: Any) -> Path:
@@ -372,11 +374,10 @@ def save_checkpoint(accelerator: Any, root: Path, step: int, iterator: Any) -> P
     directory = root / f"step_{step:08d}"
     accelerator.save_state(str(directory / "state"))
     stream = {"step": step, "rank": iterator.rank, "world_size": iterator.world_size, "stream": iterator.state_dict()}
-    _write_json_atomic(directory / f"stream_rank{iterator.rank}.json", stream)
+    _write_atomic(directory / f"stream_rank{iterator.rank}.json", json.dumps(stream))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        (root / ".latest.tmp").write_text(directory.name)
-        os.replace(root / ".latest.tmp", root / "latest")
+        _write_atomic(root / "latest", directory.name)
         logger.info("saved checkpoint %s", directory)
     accelerator.wait_for_everyone()
     return directory
@@ -453,7 +454,7 @@ class RunRecord:
             "losses": [float(t) for t in self.losses],
             "param_abs_sums": [float(p.detach().double().abs().sum()) for p in model.parameters()],
         }
-        _write_json_atomic(directory / f"rank{rank}.json", payload)
+        _write_atomic(directory / f"rank{rank}.json", json.dumps(payload))
 
 
 # -- training -------------------------------------------------------------------------------------------------
