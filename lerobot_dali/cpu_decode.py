@@ -306,10 +306,13 @@ class _TorchCodecReader:
             self.decoder = VideoDecoder(
                 source, seek_mode="exact", num_ffmpeg_threads=threads, dimension_order="NHWC", device="cpu"
             )
-        except FileNotFoundError as e:
-            raise MissingDataFileError(f"Video file {label} does not exist.") from e
-        except (RuntimeError, ValueError) as e:
-            raise VideoDecodeError(f"{label}: torchcodec cannot open the video ({e}).") from e
+        except BaseException as e:
+            self.close()  # no reader is returned, so nothing else would close the file opened for it
+            if isinstance(e, FileNotFoundError):
+                raise MissingDataFileError(f"Video file {label} does not exist.") from e
+            if isinstance(e, (RuntimeError, ValueError)):
+                raise VideoDecodeError(f"{label}: torchcodec cannot open the video ({e}).") from e
+            raise
 
     def frames_at(
         self, index: PacketIndex, frame_indices: np.ndarray, size: tuple[int, int] | None = None

@@ -313,6 +313,35 @@ def test_torchcodec_backend_where_missing(marker_video: MarkerVideo) -> None:
         decoder.decode(path, build_packet_index(path), [0])
 
 
+def test_a_video_torchcodec_cannot_open_does_not_leave_its_file_open(monkeypatch, tmp_path: Path) -> None:
+    """The file opened for torchcodec (remote datasets hand it a file object) stayed open when the decoder refused
+    the video: no reader was returned to close it. A stand-in torchcodec refuses here, so it runs without one."""
+    import sys
+    import types
+
+    from lerobot_dali import cpu_decode
+
+    class Refusing:
+        def __init__(self, source, **kwargs):
+            raise RuntimeError("Could not open input file")
+
+    fake = types.ModuleType("torchcodec.decoders")
+    fake.VideoDecoder = Refusing  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torchcodec", types.ModuleType("torchcodec"))
+    monkeypatch.setitem(sys.modules, "torchcodec.decoders", fake)
+    (tmp_path / "bad.mp4").write_bytes(b"not a video")
+    opened = []
+
+    def tracked_open(path, mode="rb"):
+        opened.append(open(path, mode))  # noqa: SIM115 (the reader owns it; the test checks that it closes it)
+        return opened[-1]
+
+    fs = SimpleNamespace(open=tracked_open)
+    with pytest.raises(VideoDecodeError, match="torchcodec cannot open the video"):
+        cpu_decode._TorchCodecReader(str(tmp_path / "bad.mp4"), filesystem=fs, threads=1, label="bad.mp4")
+    assert len(opened) == 1 and opened[0].closed
+
+
 def test_torchcodec_matches_pyav(marker_video: MarkerVideo, pyav_decoder: CpuFrameDecoder) -> None:
     if not torchcodec_available():
         pytest.skip("torchcodec does not load here")
