@@ -2,8 +2,8 @@
 
 What NVDEC decodes depends on the GPU (A100/H100/H200 have no AV1 decoder; L4, L40S, Ada and Blackwell
 do) and on the stream (bit depth, chroma format), so the truth is a probe: DALI decodes one real clip of
-the file on the GPU and its error says "not supported". A table keyed by compute capability answers
-without a probe when no clip is at hand. The probe runs in a spawned process by default: DALI's fork-based
+the file on the GPU and its error says "not supported". A table keyed by compute capability only explains
+a refusal (DALI's error does not name the codec). The probe runs in a spawned process by default: DALI's fork-based
 workers must start before CUDA is initialised in the training process, so routing must not initialise it.
 """
 
@@ -110,9 +110,9 @@ _NO_AV1_CAPABILITIES = frozenset({(7, 0), (7, 2), (7, 5), (8, 0), (9, 0)})
 
 
 def nvdec_table_guess(codec: str, gpu: GpuInfo) -> bool | None:
-    """NVDEC support for an 8-bit 4:2:0 stream of ``codec`` from the GPU's compute capability.
-
-    None when the table does not know; a probe (:func:`probe_gpu`) is the truth in every case.
+    """NVDEC support for an 8-bit 4:2:0 stream of ``codec`` from the GPU's compute capability, to explain a
+    refused probe ("the NVDEC of H100 has no av1 decoder"). None when the table does not know; the probe
+    (:func:`probe_gpu`) decides the route in every case.
     """
     major, minor = gpu.compute_capability
     if codec not in DALI_NVDEC_CODECS:
@@ -141,7 +141,7 @@ def choose_route(
 ) -> DecodeRoute:
     """The route for a camera whose videos use ``codec``, given the GPU and whether its NVDEC decodes it.
 
-    ``nvdec_supported`` comes from a probe or :func:`nvdec_table_guess` (None: unknown, treated as no);
+    ``nvdec_supported`` comes from a probe (None: unknown, treated as no);
     ``reason`` is the probe's error, quoted where NVDEC is not used (e.g. a driver without libnvcuvid).
     Raises CodecUnsupportedError when the preference cannot be met or nothing decodes the codec.
     """

@@ -84,7 +84,8 @@ def list_entries(folder: Path) -> list[tuple[int, int, Path]]:
 
 @dataclass
 class CacheStats:
-    """What the cache did, for logs and the benchmark (requests saved are ``hits``)."""
+    """What the cache did, for logs and the benchmark: ranges fetched, reused (a request saved), evicted, and
+    refused (no room: read remotely)."""
 
     fetched_ranges: int = 0
     fetched_bytes: int = 0
