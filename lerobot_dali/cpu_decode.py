@@ -413,6 +413,9 @@ def _is_path(source: VideoSource) -> bool:
     return isinstance(source, (str, os.PathLike))
 
 
+_Reader = _PyAvReader | _TorchCodecReader | _PacketDecoder
+
+
 class CpuFrameDecoder:
     """Decode display frames of video files on the CPU, keeping a bounded LRU of open decoders per process.
 
@@ -422,8 +425,8 @@ class CpuFrameDecoder:
 
     def __init__(self, *, options: CpuDecodeOptions | None = None) -> None:
         self.options = options if options is not None else CpuDecodeOptions()
-        self._readers: OrderedDict[Hashable, _PyAvReader | _TorchCodecReader | _PacketDecoder] = OrderedDict()
-        self._reader_bytes: dict[Hashable, int] = {}
+        # key -> (open decoder, its estimated memory), least recently used first
+        self._readers: OrderedDict[Hashable, tuple[_Reader, int]] = OrderedDict()
         self._pid = os.getpid()
         self._backend = self._resolve_backend()
 
@@ -521,7 +524,7 @@ class CpuFrameDecoder:
     def _packet_frames(self, index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> dict[int, av.VideoFrame]:
         self._drop_inherited()
         key = ("packets", index.template, os.getpid())
-        decoder = cast("_PacketDecoder | None", self._readers.get(key))
+        decoder = cast("_PacketDecoder | None", self._reader(key))
         if decoder is None:
             decoder = _PacketDecoder(index, threads=self.options.threads_per_decoder)
             self._remember(key, decoder, index)
@@ -558,7 +561,7 @@ class CpuFrameDecoder:
             _require_pyav_decoder(index)
         # A lent file object may be closed by its owner, so its decoder is never kept.
         key = (source_cache_key(source, filesystem=filesystem), backend, os.getpid()) if _is_path(source) else None
-        reader = self._readers.get(key) if key is not None else None
+        reader = self._reader(key) if key is not None else None
         if reader is None:
             kind = _PyAvReader if backend is CpuDecoderBackend.PYAV else _TorchCodecReader
             reader = kind(
@@ -583,43 +586,36 @@ class CpuFrameDecoder:
             reader.close()
         return [by_pts[int(p)] for p in index.frame_pts[requested].tolist()]
 
-    def _remember(
-        self,
-        key: Hashable,
-        reader: _PyAvReader | _TorchCodecReader | _PacketDecoder,
-        index: PacketIndex,
-        *,
-        handle_bytes: int = 0,
-    ) -> None:
-        self._readers[key] = reader
+    def _reader(self, key: Hashable) -> _Reader | None:
+        entry = self._readers.get(key)
+        return None if entry is None else entry[0]
+
+    def _remember(self, key: Hashable, reader: _Reader, index: PacketIndex, *, handle_bytes: int = 0) -> None:
         threads = self.options.threads_per_decoder or _ffmpeg_auto_threads()
         frames = DECODER_FRAMES * threads  # frame threads each hold frames in flight (measured: 2-4x at 4 threads)
-        self._reader_bytes[key] = frames * index.width * index.height * 3 // 2 + handle_bytes
+        self._readers[key] = (reader, frames * index.width * index.height * 3 // 2 + handle_bytes)
         while len(self._readers) > self.options.max_open_decoders or (
-            len(self._readers) > MIN_OPEN_DECODERS and sum(self._reader_bytes.values()) > DECODER_MEMORY_BYTES
+            len(self._readers) > MIN_OPEN_DECODERS
+            and sum(size for _, size in self._readers.values()) > DECODER_MEMORY_BYTES
         ):
-            evicted_key, evicted = self._readers.popitem(last=False)
-            self._reader_bytes.pop(evicted_key, None)
+            _, (evicted, _) = self._readers.popitem(last=False)
             evicted.close()
 
     def _forget(self, key: Hashable) -> None:
         self._readers.pop(key, None)
-        self._reader_bytes.pop(key, None)
 
     def _drop_inherited(self) -> None:
         if self._pid != os.getpid():
             # Inherited through fork: the parent still uses these; dropping them without closing keeps
             # the parent's FFmpeg state untouched.
             self._readers = OrderedDict()
-            self._reader_bytes = {}
             self._pid = os.getpid()
 
     def close(self) -> None:
         """Close this process's open decoders."""
         self._drop_inherited()
-        self._reader_bytes = {}
         while self._readers:
-            _, reader = self._readers.popitem(last=False)
+            _, (reader, _) = self._readers.popitem(last=False)
             reader.close()
 
     def __getstate__(self) -> dict[str, Any]:
