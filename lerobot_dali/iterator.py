@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sys
 import threading
 import traceback
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -227,6 +228,8 @@ class DALILeRobotIterator:
         # down under it. Re-entrant, so a close() in a signal handler or a loop body of the same thread proceeds.
         self._next_lock = threading.RLock()
         self._generation = 0  # of the pipeline: a pass reads only the one it began with
+        self._in_next: int | None = None  # the thread inside DALI's next(), if any
+        self._close_deferred = False  # close() was called by a signal handler on that thread
         self._pass_start: int | None = None  # samples_consumed when the pass in progress began
         self._pipeline_next: tuple[int, int] | None = None  # (epoch, sample) the pipeline's next batch starts at
         logger.info(
@@ -367,9 +370,10 @@ class DALILeRobotIterator:
         # An epoch whose samples are all taken (a checkpoint saved after its last batch) gives an empty pass
         # that ends it, as a drop_last tail does; starting the next epoch here would run it twice in a loop
         # that calls set_epoch.
-        self._ensure_pipeline()
-        self._pass_start = self._stream.samples_consumed
-        return self._epoch_batches()
+        with self._next_lock:  # a close() from another thread meanwhile waits, then closes what was built
+            self._ensure_pipeline()
+            self._pass_start = self._stream.samples_consumed
+            return self._epoch_batches(self._generation)
 
     def _ensure_pipeline(self) -> None:
         # The running pipeline serves the stream if it stands where the stream does: right after the last
@@ -440,14 +444,18 @@ class DALILeRobotIterator:
             _raise_original(e)
         self._pipeline = pipe
 
-    def _epoch_batches(self) -> Iterator[dict[str, Any]]:
-        generation = self._generation
+    def _epoch_batches(self, generation: int) -> Iterator[dict[str, Any]]:
         try:
             while (batch := self._next_batch(generation)) is not None:
-                self._stream.advance(len(batch["index"]))
-                self._pipeline_next = (self._stream.epoch, self._stream.samples_consumed)
-                if self._prefetcher is not None:
-                    self._prefetcher.advance(self._stream.epoch, self._stream.samples_consumed)
+                try:
+                    self._stream.advance(len(batch["index"]))
+                    self._pipeline_next = (self._stream.epoch, self._stream.samples_consumed)
+                    if self._prefetcher is not None:
+                        self._prefetcher.advance(self._stream.epoch, self._stream.samples_consumed)
+                except BaseException:  # Ctrl-C before the stream counted the batch DALI handed out: rebuild
+                    with self._next_lock:
+                        self._close_pipeline()
+                    raise
                 yield batch
         finally:  # the pass is over: finished, failed, or left by the loop (the generator is closed)
             self._pass_start = None
@@ -462,6 +470,8 @@ class DALILeRobotIterator:
             dali_iter = self._dali_iter
             if dali_iter is None or generation != self._generation:
                 raise self._closed_error()
+            outer = sys.exc_info()[1]  # the caller's own error, if it asks for batches while handling one
+            self._in_next = threading.get_ident()
             try:
                 return self._to_batch(next(dali_iter)[0])
             except StopIteration:
@@ -472,19 +482,23 @@ class DALILeRobotIterator:
                 # it at the stream's position.
                 dali_iter = None
                 self._close_pipeline()
-                _release_pipeline_frames(e)
+                _release_pipeline_frames(e, outer)
                 raise
             except Exception as e:
                 dali_iter = None  # this frame stays in the error's traceback, running, so it cannot be cleared
                 if self._dali_iter is None:  # close() from another thread ended the workers
                     self._close_pipeline()
-                    _release_pipeline_frames(e)
+                    _release_pipeline_frames(e, outer)
                     raise self._closed_error() from e
                 error = self._failed_batch_error(e)
-                _release_pipeline_frames(e)
+                _release_pipeline_frames(e, outer)
                 if error is e:
                     raise
                 raise error from e
+            finally:
+                self._in_next = None
+                if self._close_deferred:  # close() ran in a signal handler inside next(): close now
+                    self.close()
 
     def _closed_error(self) -> IteratorClosedError:
         return IteratorClosedError(
@@ -572,9 +586,7 @@ class DALILeRobotIterator:
         self._dali_iter = None
         self._pipeline = None
         if pipeline is not None:
-            workers = getattr(pipeline, "_py_pool", None)  # DALI's worker pool (private; no public close)
-            if workers is not None:
-                workers.close()
+            _close_workers(pipeline)
             pipeline._shutdown()
 
     def close(self) -> None:
@@ -583,12 +595,15 @@ class DALILeRobotIterator:
         Safe from another thread: a pass waiting in DALI's next() there is woken (its workers are stopped) and
         raises :class:`IteratorClosedError`; this call returns once that pass has let the pipeline go."""
         lock = getattr(self, "_next_lock", None)
+        if lock is not None and getattr(self, "_in_next", None) == threading.get_ident():
+            # A signal handler on the thread inside DALI's next(): closing the workers here waits for a
+            # condition that thread holds (a hang); the pass closes everything when next() returns.
+            self._dali_iter = None
+            self._close_deferred = True
+            return
         if lock is not None and not lock.acquire(blocking=False):
-            pipeline = self._pipeline
             self._dali_iter = None  # tells the pass in next() that its failure (or batch) is a close
-            workers = getattr(pipeline, "_py_pool", None)
-            if workers is not None:
-                workers.close()  # ends the wait on the workers; the pass shuts the rest down
+            _close_workers(self._pipeline)  # ends the wait on the workers; the pass shuts the rest down
             if not lock.acquire(timeout=CLOSE_WAIT_S):
                 logger.warning(
                     "close(): a pass is still inside DALI's next() after %d s; the pipeline is left to it (shutting "
@@ -598,6 +613,7 @@ class DALILeRobotIterator:
                 )
                 return
         try:
+            self._close_deferred = False
             self._close_pipeline()
             prefetcher = getattr(self, "_prefetcher", None)
             if prefetcher is not None:
@@ -622,13 +638,25 @@ class DALILeRobotIterator:
         self.close()  # the prefetcher's thread refers to itself: without this it outlives the iterator
 
 
-def _release_pipeline_frames(error: BaseException) -> None:
-    """Drop the local variables of the finished frames in ``error``'s tracebacks (and its causes'): DALI's
-    frames hold the closed pipeline, whose workers' shared memory (a few batches) would otherwise live as long
-    as the caller keeps the error, or until the cycle collector runs. The tracebacks still print in full."""
+#: DALI's worker pool closes are not safe to run in two threads at once (a foreign close() and the pass).
+_workers_close_lock = threading.Lock()
+
+
+def _close_workers(pipeline: Any) -> None:
+    workers = getattr(pipeline, "_py_pool", None)  # DALI's worker pool (private; no public close)
+    if workers is not None:
+        with _workers_close_lock:
+            workers.close()
+
+
+def _release_pipeline_frames(error: BaseException, outer: BaseException | None) -> None:
+    """Drop the local variables of the finished frames in ``error``'s tracebacks (and its causes', down to
+    ``outer``, the caller's own error being handled, whose frames are the caller's): DALI's frames hold the
+    closed pipeline, whose workers' shared memory (a few batches) would otherwise live as long as the caller
+    keeps the error, or until the cycle collector runs. The tracebacks still print in full."""
     seen: set[int] = set()
     current: BaseException | None = error
-    while current is not None and id(current) not in seen:
+    while current is not None and current is not outer and id(current) not in seen:
         seen.add(id(current))
         traceback.clear_frames(current.__traceback__)
         current = current.__cause__ or current.__context__

@@ -803,3 +803,44 @@ def test_close_from_another_thread_ends_the_waiting_pass_with_a_clear_error(make
         seen += [int(i) for i in batch["index"]]
     it.close()
     assert seen == reference
+
+
+def test_a_ctrl_c_before_the_stream_counts_a_batch_resumes_without_losing_it(make_ds, monkeypatch) -> None:
+    """A Ctrl-C after DALI handed a batch out but before the stream counted it left the pipeline in place, one
+    batch ahead of the stream: the next pass lost that batch."""
+    from lerobot_dali.stream_state import SampleStream
+
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+    reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
+    original, calls = SampleStream.advance, [0]
+
+    def interrupted_once(self, n):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise KeyboardInterrupt
+        return original(self, n)
+
+    monkeypatch.setattr(SampleStream, "advance", interrupted_once)
+    it = DALILeRobotIterator(root, **kwargs)
+    seen: list[int] = []
+    with pytest.raises(KeyboardInterrupt):
+        for batch in it:
+            seen += [int(i) for i in batch["index"]]
+    for batch in it:
+        seen += [int(i) for i in batch["index"]]
+    it.close()
+    assert seen == reference
+
+
+def test_a_pass_whose_pipeline_a_newer_pass_replaced_refuses_to_read(make_ds) -> None:
+    """A pass takes its pipeline when iter() is called, not at its first batch: it read the newer pass's batches."""
+    kwargs = dict(batch_size=2, shuffle=False, device="cpu", num_workers=0, drop_last=False)
+    it = DALILeRobotIterator(_dataset(make_ds, "vp9"), **kwargs)
+    first = iter(it)
+    it.set_epoch(1)  # the stream moves: the next iter() builds a new pipeline
+    second = iter(it)
+    with pytest.raises(IteratorClosedError, match="newer pass"):
+        next(first)
+    assert next(second)["index"].tolist() == [0, 1]
+    it.close()

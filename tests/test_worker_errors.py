@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import gc
 import os
 import signal
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -111,6 +113,41 @@ def test_a_failed_pass_lets_the_workers_shared_memory_go_while_its_error_is_held
     finally:
         gc.enable()
         it.close()
+
+
+class _SlowSource(BatchSource):
+    """Each batch takes 0.4 s in the worker, so a timer lands while the loop waits for one."""
+
+    def assemble(self, *args, **kwargs):
+        time.sleep(0.4)
+        return super().assemble(*args, **kwargs)
+
+
+def test_close_in_a_signal_handler_while_the_loop_waits_for_workers(make_ds, monkeypatch) -> None:
+    """A SIGTERM handler that closes the iterator (preemption) ran inside DALI's wait for a worker's batch; closing
+    the workers there waited on a condition the interrupted wait held, for ever. The close now completes when the
+    wait returns, and the loop gets IteratorClosedError."""
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="av1", fps=10, episodes_per_file=2, gop=2)
+    monkeypatch.setattr(iterator_module, "BatchSource", _SlowSource)
+    it = DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=2, prefetch=1)
+    previous = signal.signal(signal.SIGALRM, lambda *_: it.close())
+    faulthandler.dump_traceback_later(120, exit=True)  # a hang fails the run instead of stalling it
+    seen = []
+    try:
+        with pytest.raises(errors.IteratorClosedError):
+            for batch in it:
+                seen += batch["index"].tolist()
+                if len(seen) == 2:
+                    signal.setitimer(signal.ITIMER_REAL, 0.2)  # lands inside the wait for the next batch
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert it._pipeline is None and seen in ([0, 1], [0, 1, 2, 3])
+    monkeypatch.undo()
+    seen += [i for batch in it for i in batch["index"].tolist()]  # iterating again carries on
+    it.close()
+    assert seen == list(range(8))
 
 
 class _KilledSource(BatchSource):
