@@ -369,15 +369,33 @@ def _write_atomic(path: Path, text: str) -> None:
         out.write(text.encode())
 
 
+def _fsync(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(directory: Path) -> None:
+    """fsync every file under ``directory`` and every folder (a folder's entries are the renames into it)."""
+    for folder, _, names in os.walk(directory):
+        for name in names:
+            _fsync(os.path.join(folder, name))
+        _fsync(folder)
+
+
 def save_checkpoint(accelerator: Any, root: Path, step: int, iterator: Any) -> Path:
     """Model, optimiser and RNG via accelerate; this rank's stream position; then ``latest`` once all have saved."""
     directory = root / f"step_{step:08d}"
     accelerator.save_state(str(directory / "state"))
     stream = {"step": step, "rank": iterator.rank, "world_size": iterator.world_size, "stream": iterator.state_dict()}
     _write_atomic(directory / f"stream_rank{iterator.rank}.json", json.dumps(stream))
+    _sync_tree(directory)  # accelerate's files too: latest must never name a checkpoint a crash left empty
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         _write_atomic(root / "latest", directory.name)
+        _fsync(root)  # the rename of latest itself
         logger.info("saved checkpoint %s", directory)
     accelerator.wait_for_everyone()
     return directory
