@@ -391,7 +391,8 @@ def save_checkpoint(accelerator: Any, root: Path, step: int, iterator: Any) -> P
     accelerator.save_state(str(directory / "state"))
     stream = {"step": step, "rank": iterator.rank, "world_size": iterator.world_size, "stream": iterator.state_dict()}
     _write_atomic(directory / f"stream_rank{iterator.rank}.json", json.dumps(stream))
-    _sync_tree(directory)  # accelerate's files too: latest must never name a checkpoint a crash left empty
+    accelerator.wait_for_everyone()
+    _sync_tree(directory)  # every rank's files complete: latest must never name one a crash left empty
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         _write_atomic(root / "latest", directory.name)
