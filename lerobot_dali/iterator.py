@@ -224,8 +224,8 @@ class DALILeRobotIterator:
         )
         self._pipeline: Any = None
         self._dali_iter: Any = None
-        # Held while a pass is inside DALI's next(): close() from another thread must not shut the pipeline
-        # down under it. Re-entrant, so a close() in a signal handler or a loop body of the same thread proceeds.
+        # Held while a pass builds its pipeline or is inside DALI's next(): close() from another thread must not
+        # shut the pipeline down under it (a close() in a signal handler inside next() is deferred, see close()).
         self._next_lock = threading.RLock()
         self._generation = 0  # of the pipeline: a pass reads only the one it began with
         self._in_next: int | None = None  # the thread inside DALI's next(), if any
