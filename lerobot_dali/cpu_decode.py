@@ -29,6 +29,7 @@ from typing import Any, Literal, cast
 import av
 import numpy as np
 from av.video.reformatter import Interpolation, VideoReformatter
+from fsspec.implementations.local import LocalFileSystem
 from numpy.typing import ArrayLike
 
 from .clips import ClipPlan, check_request, packets_from_keyframe, plan_clip
@@ -533,7 +534,7 @@ class CpuFrameDecoder:
         try:
             return decoder.frames_at(index, plan, payloads)
         except Exception:
-            self._forget(key)
+            self._readers.pop(key, None)
             decoder.close()
             raise
 
@@ -568,7 +569,7 @@ class CpuFrameDecoder:
                 source, filesystem=filesystem, threads=self.options.threads_per_decoder, label=source_label(source)
             )
             if key is not None:
-                remote = filesystem is not None and "file" not in _protocols(filesystem)
+                remote = filesystem is not None and not isinstance(filesystem, LocalFileSystem)  # as is_local
                 self._remember(key, reader, index, handle_bytes=REMOTE_HANDLE_BYTES if remote else 0)
         elif key is not None:
             self._readers.move_to_end(key)
@@ -579,7 +580,7 @@ class CpuFrameDecoder:
                 by_pts = cast(_TorchCodecReader, reader).frames_at(index, requested, size)
         except Exception:
             if key is not None:
-                self._forget(key)
+                self._readers.pop(key, None)
             reader.close()
             raise
         if key is None:
@@ -601,9 +602,6 @@ class CpuFrameDecoder:
             _, (evicted, _) = self._readers.popitem(last=False)
             evicted.close()
 
-    def _forget(self, key: Hashable) -> None:
-        self._readers.pop(key, None)
-
     def _drop_inherited(self) -> None:
         if self._pid != os.getpid():
             # Inherited through fork: the parent still uses these; dropping them without closing keeps
@@ -623,12 +621,6 @@ class CpuFrameDecoder:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(options=state["options"])  # type: ignore[misc]
-
-
-def _protocols(filesystem: Any) -> tuple[str, ...]:
-    inner = getattr(filesystem, "fs", filesystem)  # RetryingFileSystem wraps the remote one
-    protocol = getattr(inner, "protocol", ())
-    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
 def _ffmpeg_auto_threads() -> int:
