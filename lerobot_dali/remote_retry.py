@@ -276,8 +276,9 @@ class _Retrier:
                 return result
             except Exception as e:
                 if not is_transient(e):
-                    if _unmasked(e) is not e:  # a 403, say: no missing file
-                        raise _unmasked(e) from None
+                    unmasked = _unmasked(e)
+                    if unmasked is not e:  # a 403, say: no missing file
+                        raise unmasked from None
                     raise
                 attempt += 1
                 if attempt > self.policy.retries:
