@@ -363,8 +363,8 @@ def camera_frames(batch: dict[str, Any], camera_keys: Sequence[str]) -> int:
 
 # -- checkpoints ----------------------------------------------------------------------------------------------
 def _write_atomic(path: Path, text: str) -> None:
-    """Whole or not at all, and on disk before it replaces ``path``: after a node crash, ``latest`` must not
-    name a checkpoint whose stream file is empty or zero-filled."""
+    """Whole or not at all, and on disk before it replaces ``path`` (a crash leaves the old file or the new one,
+    never an empty or zero-filled one)."""
     with atomic_file(path, prefix=f".{path.name}.", durable=True) as out:
         out.write(text.encode())
 
