@@ -63,6 +63,11 @@ def test_unknown_types_are_not_rebuilt() -> None:
     assert original_worker_error(RuntimeError("no worker traceback here")) is None
 
 
+def _small_dataset(make_ds) -> Path:
+    """The workers' tests' dataset: 2 AV1 episodes of 4 frames in one file (one batch of 2 fails or dies fast)."""
+    return make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="av1", fps=10, episodes_per_file=2, gop=2)
+
+
 class _FailingSource(BatchSource):
     """Fails every batch with a message of several lines (module level: spawned workers import it)."""
 
@@ -71,7 +76,7 @@ class _FailingSource(BatchSource):
 
 
 def test_multiline_error_from_a_real_worker(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
-    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="av1", fps=10, episodes_per_file=2, gop=2)
+    root = _small_dataset(make_ds)
     monkeypatch.setattr(iterator_module, "BatchSource", _FailingSource)
     it = DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=1)
     with pytest.raises(ValueError) as info:
@@ -99,7 +104,7 @@ def test_a_failed_pass_lets_the_workers_shared_memory_go_while_its_error_is_held
     until the cycle collector ran."""
     from nvidia.dali._multiproc.pool import WorkerPool  # private: the only handle on the workers' memory
 
-    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="av1", fps=10, episodes_per_file=2, gop=2)
+    root = _small_dataset(make_ds)
     monkeypatch.setattr(iterator_module, "BatchSource", _FailingSource)
     it = DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=1)
     gc.collect()
@@ -127,7 +132,7 @@ def test_close_in_a_signal_handler_while_the_loop_waits_for_workers(make_ds, mon
     """A SIGTERM handler that closes the iterator (preemption) ran inside DALI's wait for a worker's batch; closing
     the workers there waited on a condition the interrupted wait held, for ever. The close now completes when the
     wait returns, and the loop gets IteratorClosedError."""
-    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="av1", fps=10, episodes_per_file=2, gop=2)
+    root = _small_dataset(make_ds)
     monkeypatch.setattr(iterator_module, "BatchSource", _SlowSource)
     it = DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=2, prefetch=1)
     previous = signal.signal(signal.SIGALRM, lambda *_: it.close())
@@ -158,7 +163,7 @@ class _KilledSource(BatchSource):
 
 
 def test_a_killed_worker_is_named_with_its_signal(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
-    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="av1", fps=10, episodes_per_file=2, gop=2)
+    root = _small_dataset(make_ds)
     monkeypatch.setattr(iterator_module, "BatchSource", _KilledSource)
     it = DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=1)
     with pytest.raises(errors.WorkerProcessError, match=r"killed by SIGKILL.*sample 0 of epoch 0.*out-of-memory"):
@@ -171,8 +176,8 @@ def test_a_killed_worker_is_named_with_its_signal(make_ds, monkeypatch: pytest.M
 
 
 def _training_script(make_ds, tmp_path: Path, source: str) -> tuple[Path, Path]:
-    """A small AV1 dataset (2 episodes of 4 frames) and ``source`` written as a script reading it (argv[1])."""
-    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="av1", fps=10, episodes_per_file=2, gop=2)
+    """:func:`_small_dataset` and ``source`` written as a script reading it (argv[1])."""
+    root = _small_dataset(make_ds)
     script = tmp_path / "train.py"
     script.write_text(source)
     return root, script
