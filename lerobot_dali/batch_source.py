@@ -33,10 +33,12 @@ from .file_stamps import FileStamp
 from .frame_lookup import TimestampSource, row_frame_numbers
 from .host_values import encode_host_values
 from .image_frames import EpisodeImageCache, decode_depth_images, decode_images
-from .packet_index import PacketIndex, PacketIndexCache, build_packet_index, open_video_source
+from .packet_index import PacketIndex, build_packet_index
+from .packet_index_cache import PacketIndexCache
 from .packet_index_store import PacketIndexStore
 from .parent_watch import exit_with_parent, leave_interrupts_to_parent
 from .sample_order import SampleOrder
+from .video_source import open_video_source
 from .windows import query_indices
 from .yuv_frames import PlaneFrames, stream_color
 

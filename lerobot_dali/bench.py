@@ -371,7 +371,7 @@ def clip_footprint(
     """
     from .clips import build_clip
     from .frame_lookup import row_frame_numbers
-    from .packet_index import load_packet_index
+    from .packet_index_cache import load_packet_index
     from .windows import query_indices
 
     rng = np.random.default_rng(seed)
@@ -420,7 +420,7 @@ def _with_derived(
 
 
 def _dataset_summary(dataset: BenchDataset, reader: Any, plan: LoadPlan) -> dict[str, Any]:
-    from .packet_index import load_packet_index
+    from .packet_index_cache import load_packet_index
 
     if reader.camera_keys:
         index = load_packet_index(reader.video(0, reader.camera_keys[0]).path, filesystem=reader.location.fs)

@@ -42,7 +42,7 @@ import numpy as np
 
 from .clips import build_clip
 from .dataset_reader import open_dataset
-from .packet_index import load_packet_index
+from .packet_index_cache import load_packet_index
 from .yuv_frames import frame_planes
 
 __all__ = [

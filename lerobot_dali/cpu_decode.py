@@ -34,7 +34,8 @@ from numpy.typing import ArrayLike
 
 from .clips import ClipPlan, check_request, packets_from_keyframe, plan_clip
 from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
-from .packet_index import PacketIndex, VideoSource, source_cache_key, source_label
+from .packet_index import PacketIndex
+from .video_source import VideoSource, source_cache_key, source_label
 from .yuv_frames import frame_planes, stack_planes
 
 __all__ = [

@@ -11,7 +11,8 @@ import numpy as np
 from .dataset_reader import LeRobotDatasetReader
 from .errors import FrameTimestampError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
-from .packet_index import PacketIndex, load_packet_index
+from .packet_index import PacketIndex
+from .packet_index_cache import load_packet_index
 from .video_probe import describe_index
 
 __all__ = ["summarize"]

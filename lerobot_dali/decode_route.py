@@ -26,7 +26,8 @@ from .clips import build_clip
 from .cpu_decode import pyav_can_decode, torchcodec_available
 from .dali_video import DALI_CPU_CODECS, DALI_NVDEC_CODECS, dali_error_reason, decode_clip_batch
 from .errors import CodecUnsupportedError
-from .packet_index import PacketIndex, VideoSource
+from .packet_index import PacketIndex
+from .video_source import VideoSource
 
 __all__ = [
     "DecodePreference",

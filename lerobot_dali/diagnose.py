@@ -18,7 +18,7 @@ from .cpu_decode import CpuFrameDecoder
 from .dali_video import DALI_CPU_CODECS, decode_clip_batch
 from .dataset_reader import LeRobotDatasetReader
 from .decode_route import DecodePreference, DecodeRoute, nvcuvid_library, route_for_video
-from .packet_index import load_packet_index
+from .packet_index_cache import load_packet_index
 
 __all__ = ["CameraReport", "MachineReport", "diagnose_dataset", "diagnose_machine"]
 

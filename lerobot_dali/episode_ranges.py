@@ -21,7 +21,8 @@ from .dataset_reader import LeRobotDatasetReader
 from .episode_rows import row_group_starts, row_groups_holding
 from .file_stamps import FileStamp
 from .frame_lookup import episode_frames
-from .packet_index import PacketIndex, PacketIndexCache
+from .packet_index import PacketIndex
+from .packet_index_cache import PacketIndexCache
 from .packet_index_store import PacketIndexStore
 
 __all__ = ["PARQUET_FOOTER_READ_BYTES", "EpisodeRanges"]

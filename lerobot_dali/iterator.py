@@ -44,7 +44,8 @@ from .errors import (
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
 from .host_values import decode_host_values
 from .image_frames import decode_depth_images, decode_images
-from .packet_index import PacketIndex, load_packet_index
+from .packet_index import PacketIndex
+from .packet_index_cache import load_packet_index
 from .packet_index_store import PacketIndexStore
 from .prefetch import Prefetcher, prefetching_reader
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE, OrderOptions, RankBalance

@@ -2,8 +2,8 @@
 
 Everything on the video route (timestamp lookup, clip cutting, CPU seeking) needs the same facts about a
 file: each packet's presentation and decode timestamps, byte range and keyframe flag. Demuxing a file costs
-one pass over its headers; keeping the result per worker (bounded, keyed by path, size and mtime) makes
-every later request pure arithmetic plus one ranged read.
+one pass over its headers (or, for MP4, a read of its sample tables: :mod:`.mp4_tables`); keeping the result
+per worker (:mod:`.packet_index_cache`) makes every later request pure arithmetic plus one ranged read.
 
 Frames are numbered in display order: frame ``k`` is the packet with the ``k``-th smallest pts, the same
 numbering DALI's video decoder and any sequential decode use (one shown frame per packet, as in MP4).
@@ -14,49 +14,22 @@ from __future__ import annotations
 import io
 import logging
 import os
-import struct
-import threading
-from collections import OrderedDict
-from collections.abc import Hashable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import IO, TYPE_CHECKING, Any, TypeAlias
+from typing import IO, Any
 
 import av
 import numpy as np
-from fsspec.implementations.local import LocalFileSystem
 from numpy.typing import ArrayLike
 
-from .errors import CodecUnsupportedError, DatasetError, MissingDataFileError, VideoDecodeError
+from .errors import CodecUnsupportedError, VideoDecodeError
+from .mp4_tables import Mp4Track, read_mp4_tracks
 from .remote_retry import is_transient
+from .video_source import VideoSource, open_video_source, source_label
 
-if TYPE_CHECKING:
-    from .file_stamps import FileStamp
-    from .packet_index_store import PacketIndexStore
-
-__all__ = [
-    "PacketIndex",
-    "PacketIndexCache",
-    "VideoSource",
-    "build_packet_index",
-    "load_packet_index",
-    "open_video_source",
-    "source_cache_key",
-    "source_label",
-    "source_url",
-    "template_container",
-]
+__all__ = ["PacketIndex", "build_packet_index"]
 
 logger = logging.getLogger(__name__)
-
-VideoSource: TypeAlias = str | os.PathLike[str] | IO[bytes]
-"""A video file: a local path, a path on ``filesystem`` (fsspec), or an open binary file object."""
-
-#: Open stream templates kept per process (:func:`template_container`): a few KB each plus FFmpeg's state.
-TEMPLATE_CACHE_SIZE = 64
-_templates: OrderedDict[tuple[int, bytes], Any] = OrderedDict()
-_templates_lock = threading.Lock()
 
 # Packets whose stored bytes are compared with the file at their byte offset, to prove offsets are exact.
 _BYTE_CHECK_PACKETS = 3
@@ -169,105 +142,6 @@ class PacketIndex:
         """Memory held by this index (what a cache of indices costs per file)."""
         arrays = (self.pts, self.dts, self.byte_offset, self.size_bytes, self.keyframe, self.display_order)
         return sum(a.nbytes for a in arrays) + 3 * self.display_order.nbytes + len(self.template)
-
-
-def template_container(index: PacketIndex) -> Any:
-    """``index.template`` opened as a PyAV container, once per process and file, for remuxing.
-
-    Opening a template probes it (~1 ms for H.264 480x640, ~0.5 ms for AV1), more than the rest of a clip,
-    and remuxing only copies the stream's codec parameters, so every clip of a file shares one (never use
-    it to decode: a decoder has state). Keyed by process: a forked worker opens its own. Evicted entries are
-    dropped, not closed: a clip being muxed in another thread may still hold one, and it closes with its
-    last reference.
-    """
-    key = (os.getpid(), index.template)
-    with _templates_lock:
-        container = _templates.get(key)
-        if container is not None:
-            _templates.move_to_end(key)
-            return container
-    container = av.open(io.BytesIO(index.template), mode="r")
-    with _templates_lock:
-        _templates[key] = container
-        while len(_templates) > max(TEMPLATE_CACHE_SIZE, 1):  # never the one just opened
-            _templates.popitem(last=False)
-    return container
-
-
-def source_label(source: VideoSource) -> str:
-    """A name for ``source`` in messages: the path, or the path a file object was opened from."""
-    if isinstance(source, (str, os.PathLike)):
-        return os.fspath(source)
-    for attribute in ("path", "name"):
-        value = getattr(source, attribute, None)
-        if isinstance(value, str):
-            return value
-    return repr(source)
-
-
-@contextmanager
-def open_video_source(source: VideoSource, *, filesystem: Any | None = None) -> Iterator[IO[bytes]]:
-    """Yield a binary file object for ``source``; paths are opened (and closed) here, file objects lent.
-
-    Raises MissingDataFileError naming the path when it does not exist.
-    """
-    if not isinstance(source, (str, os.PathLike)):
-        yield source
-        return
-    path = os.fspath(source)
-    try:
-        handle = filesystem.open(path, "rb") if filesystem is not None else open(path, "rb")  # noqa: SIM115
-    except FileNotFoundError as e:
-        raise MissingDataFileError(
-            f"Video file {path} does not exist; check the dataset's videos/ folder and its video_path."
-        ) from e
-    with handle:
-        yield handle
-
-
-def source_cache_key(source: VideoSource, *, filesystem: Any | None = None) -> Hashable | None:
-    """A key that changes when the file does (path, size, mtime), or None when ``source`` has no identity.
-
-    Called per request in the workers, so local files cost one ``stat`` (the absolute path, not the real path:
-    resolving links costs a ``lstat`` per path component, and a linked file only gets a second entry).
-
-    Raises MissingDataFileError for a path that does not exist.
-    """
-    try:
-        if isinstance(source, (str, os.PathLike)):
-            path = os.fspath(source)
-            if isinstance(filesystem, LocalFileSystem):  # what DatasetLocation.is_local checks
-                path, filesystem = filesystem._strip_protocol(path), None  # os.stat: ~3x cheaper than fs.info
-            if filesystem is None:
-                stat = os.stat(path)
-                return ("local", os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
-            return _fsspec_key(filesystem, path)
-        fs, fs_path = getattr(source, "fs", None), getattr(source, "path", None)
-        if fs is not None and isinstance(fs_path, str):
-            return _fsspec_key(fs, fs_path)
-        name = getattr(source, "name", None)
-        if isinstance(name, str) and hasattr(source, "fileno"):
-            stat = os.fstat(source.fileno())
-            return ("local", os.path.abspath(name), stat.st_size, stat.st_mtime_ns)
-    except FileNotFoundError as e:
-        raise MissingDataFileError(f"Video file {source_label(source)} does not exist.") from e
-    except (OSError, io.UnsupportedOperation):
-        return None
-    return None
-
-
-def source_url(source: str | os.PathLike[str], *, filesystem: Any | None = None) -> str:
-    """The URL of a path on ``filesystem`` (``file://`` plus the absolute path without one): a cache key."""
-    if filesystem is None:
-        return f"file://{os.path.abspath(os.fspath(source))}"
-    return str(filesystem.unstrip_protocol(os.fspath(source)))
-
-
-def _fsspec_key(fs: Any, path: str) -> Hashable:
-    info = fs.info(path)
-    stamp = next((info[k] for k in ("mtime", "LastModified", "last_modified", "ETag", "etag") if k in info), None)
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return (protocol, path, info.get("size"), str(stamp))
 
 
 def build_packet_index(source: VideoSource, *, filesystem: Any | None = None) -> PacketIndex:
@@ -474,246 +348,3 @@ def _make_template(stream: Any, payload: bytes) -> bytes:
         copy.stream = template_stream
         muxer.mux(copy)
     return output.getvalue()
-
-
-# --- MP4 sample tables (ISO/IEC 14496-12) ----------------------------------------------------------------
-
-# Largest moov box read into memory; real moov boxes are about 20 bytes per sample.
-_MAX_MOOV_BYTES = 512 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Mp4Track:
-    """What the packet index needs from one ``trak`` that FFmpeg's demuxer index does not expose."""
-
-    track_id: int
-    sample_count: int
-    #: ``ctts`` run lengths and composition offsets (signed, as FFmpeg reads both box versions).
-    ctts_counts: np.ndarray
-    ctts_offsets: np.ndarray
-    #: Whether the movie has fragments (``mvex``): samples then live outside ``moov``.
-    fragmented: bool
-
-    def composition_offsets(self) -> np.ndarray | None:
-        """Each sample's composition offset (zeros without ``ctts``), or None when ``ctts`` does not fit."""
-        if len(self.ctts_counts) == 0:
-            return np.zeros(self.sample_count, dtype=np.int64)
-        if int(self.ctts_counts.sum()) != self.sample_count:
-            return None
-        return np.repeat(self.ctts_offsets, self.ctts_counts)
-
-
-def read_mp4_tracks(handle: IO[bytes], file_size: int) -> dict[int, Mp4Track] | None:
-    """The tracks of an MP4/MOV file by track id, reading only top-level box headers and ``moov``.
-
-    Returns None when ``handle`` does not hold an MP4 box structure with a ``moov`` box.
-    """
-    position = 0
-    while position + 8 <= file_size:
-        handle.seek(position)
-        header = handle.read(16)
-        if len(header) < 8:
-            return None
-        size, kind = struct.unpack(">I4s", header[:8])
-        header_size = 8
-        if size == 1:
-            if len(header) < 16:
-                return None
-            size, header_size = struct.unpack(">Q", header[8:16])[0], 16
-        elif size == 0:
-            size = file_size - position
-        if not kind.isalnum() or size < header_size:
-            return None
-        if kind == b"moov":
-            if size > _MAX_MOOV_BYTES or position + size > file_size:
-                return None
-            handle.seek(position + header_size)
-            payload = handle.read(size - header_size)
-            return _parse_moov(payload) if len(payload) == size - header_size else None
-        position += size
-    return None
-
-
-def _child_boxes(data: bytes, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
-    """(type, payload start, payload end) of the boxes in ``data[start:end]``; stops at a malformed box."""
-    position = start
-    while position + 8 <= end:
-        size, kind = struct.unpack_from(">I4s", data, position)
-        header_size = 8
-        if size == 1 and position + 16 <= end:
-            size, header_size = struct.unpack_from(">Q", data, position + 8)[0], 16
-        elif size == 0:
-            size = end - position
-        if size < header_size or position + size > end:
-            return
-        yield kind, position + header_size, position + size
-        position += size
-
-
-def _find_box(data: bytes, start: int, end: int, path: tuple[bytes, ...]) -> tuple[int, int] | None:
-    for kind, child_start, child_end in _child_boxes(data, start, end):
-        if kind == path[0]:
-            return (child_start, child_end) if len(path) == 1 else _find_box(data, child_start, child_end, path[1:])
-    return None
-
-
-def _parse_moov(data: bytes) -> dict[int, Mp4Track] | None:
-    fragmented = _find_box(data, 0, len(data), (b"mvex",)) is not None
-    tracks: dict[int, Mp4Track] = {}
-    for kind, start, end in _child_boxes(data, 0, len(data)):
-        if kind != b"trak":
-            continue
-        tkhd = _find_box(data, start, end, (b"tkhd",))
-        stbl = _find_box(data, start, end, (b"mdia", b"minf", b"stbl"))
-        if tkhd is None or stbl is None:
-            return None
-        track_id_at = tkhd[0] + (20 if data[tkhd[0]] == 1 else 12)
-        (track_id,) = struct.unpack_from(">I", data, track_id_at)
-        sample_count = _sample_count(data, *stbl)
-        if sample_count is None:
-            return None
-        counts, offsets = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        ctts = _find_box(data, *stbl, (b"ctts",))
-        if ctts is not None:
-            (entries,) = struct.unpack_from(">I", data, ctts[0] + 4)
-            if ctts[0] + 8 + 8 * entries > ctts[1]:
-                return None
-            table = np.frombuffer(data, dtype=">i4", count=2 * entries, offset=ctts[0] + 8).reshape(-1, 2)
-            counts = table[:, 0].astype(np.uint32).astype(np.int64)
-            offsets = table[:, 1].astype(np.int64)
-        tracks[track_id] = Mp4Track(track_id, sample_count, counts, offsets, fragmented)
-    return tracks
-
-
-def _sample_count(data: bytes, start: int, end: int) -> int | None:
-    for kind in (b"stsz", b"stz2"):
-        box = _find_box(data, start, end, (kind,))
-        if box is not None and box[0] + 12 <= box[1]:
-            return int(struct.unpack_from(">I", data, box[0] + 8)[0])
-    return None
-
-
-class PacketIndexCache:
-    """Bounded LRU of packet indices per process, keyed so that an edited file is indexed again.
-
-    Without a stamp the key is (path, size, mtime) from a stat (one metadata request per call on a remote
-    filesystem); with a :class:`~lerobot_dali.file_stamps.FileStamp` computed once by the caller it is
-    (URL, stamp) and costs no request, and a miss first tries the on-disk ``store`` shared by all processes.
-    Indices are immutable, so a cache inherited through fork stays valid; sources without a stable identity
-    (anonymous file objects) are indexed every time.
-    """
-
-    def __init__(self, *, max_entries: int = 64, max_bytes: int | None = None) -> None:
-        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
-            raise ValueError(f"max_entries must be a positive int, got {max_entries!r}.")
-        if max_bytes is not None and max_bytes < 1:
-            raise ValueError(f"max_bytes must be positive or None, got {max_bytes!r}.")
-        self.max_entries = max_entries
-        #: Bound on the indices' own bytes (~70 per frame: a 30,000-frame file's takes 2 MB); the newest is kept.
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[Hashable, PacketIndex] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(
-        self,
-        source: VideoSource,
-        *,
-        filesystem: Any | None = None,
-        stamp: FileStamp | None = None,
-        store: PacketIndexStore | None = None,
-    ) -> PacketIndex:
-        """The index of ``source`` (a path on ``filesystem``, local without one), built on first use.
-
-        ``stamp`` identifies the file's content (see :class:`~lerobot_dali.file_stamps.FileStamps`): no
-        metadata request is made. ``store`` (used only with a stamp) is read on a miss and written after a
-        build. Raises what :func:`build_packet_index` raises.
-        """
-        if stamp is None:
-            return self._get_unstamped(source, filesystem=filesystem)
-        if not isinstance(source, (str, os.PathLike)):
-            raise TypeError(
-                f"a stamp identifies a path; got a {type(source).__name__} source ({source_label(source)})."
-            )
-        url = source_url(source, filesystem=filesystem)
-        key = ("stamped", url, stamp)
-        cached = self._lookup(key)
-        if cached is not None:
-            return cached
-        index = store.load(url, stamp) if store is not None else None
-        if index is None:
-            index = build_packet_index(source, filesystem=filesystem)
-            if index.file_size_bytes != stamp.size:
-                # Byte ranges are cached under the listed stamp and episode times describe the listed file:
-                # reading on would mix two versions of it (as RetryingFile refuses to when a reopen finds this).
-                raise DatasetError(
-                    f"{url} has {index.file_size_bytes} bytes but was listed with {stamp.size}: it changed on the "
-                    "server since the dataset was opened; re-open the dataset"
-                )
-            if store is not None:
-                store.save(url, stamp, index)
-        self._insert(key, index)
-        return index
-
-    def _get_unstamped(self, source: VideoSource, *, filesystem: Any | None) -> PacketIndex:
-        key = source_cache_key(source, filesystem=filesystem)
-        if key is not None:
-            cached = self._lookup(key)
-            if cached is not None:
-                return cached
-        index = build_packet_index(source, filesystem=filesystem)
-        if key is not None:
-            self._insert(key, index)
-        return index
-
-    def _lookup(self, key: Hashable) -> PacketIndex | None:
-        with self._lock:
-            index = self._entries.get(key)
-            if index is not None:
-                self._entries.move_to_end(key)
-            return index
-
-    def _insert(self, key: Hashable, index: PacketIndex) -> None:
-        with self._lock:
-            replaced = self._entries.pop(key, None)
-            self._bytes -= replaced.nbytes if replaced is not None else 0
-            self._entries[key] = index
-            self._bytes += index.nbytes
-            while len(self._entries) > 1 and (
-                len(self._entries) > self.max_entries or (self.max_bytes is not None and self._bytes > self.max_bytes)
-            ):
-                self._bytes -= self._entries.popitem(last=False)[1].nbytes
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self._bytes = 0
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the cached indices."""
-        return self._bytes
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"max_entries": self.max_entries, "max_bytes": self.max_bytes}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(max_entries=state["max_entries"], max_bytes=state.get("max_bytes"))  # type: ignore[misc]
-
-
-_DEFAULT_CACHE = PacketIndexCache()
-
-
-def load_packet_index(
-    source: VideoSource,
-    *,
-    filesystem: Any | None = None,
-    stamp: FileStamp | None = None,
-    store: PacketIndexStore | None = None,
-) -> PacketIndex:
-    """The packet index of ``source`` from this process's default cache (built on first use; see
-    :meth:`PacketIndexCache.get` for ``stamp`` and ``store``)."""
-    return _DEFAULT_CACHE.get(source, filesystem=filesystem, stamp=stamp, store=store)

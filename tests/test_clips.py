@@ -12,7 +12,7 @@ import fsspec
 import numpy as np
 import pytest
 
-from lerobot_dali import packet_index
+from lerobot_dali import clips
 from lerobot_dali.clips import build_clip, packets_from_keyframe, plan_clip, read_packet_payloads
 from lerobot_dali.cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
 from lerobot_dali.errors import FrameRequestError, VideoDecodeError
@@ -180,9 +180,9 @@ def test_sparse_clip_is_small(marker_video: MarkerVideo) -> None:
 def test_open_templates_are_reused_per_file_and_bounded(marker_video: MarkerVideo, monkeypatch) -> None:
     """A clip muxed with a template opened for an earlier clip is byte for byte the one a fresh template
     gives, and the process keeps no more templates open than its bound."""
-    templates = type(packet_index._templates)()
-    monkeypatch.setattr(packet_index, "TEMPLATE_CACHE_SIZE", 2)
-    monkeypatch.setattr(packet_index, "_templates", templates)
+    templates = type(clips._templates)()
+    monkeypatch.setattr(clips, "TEMPLATE_CACHE_SIZE", 2)
+    monkeypatch.setattr(clips, "_templates", templates)
     paths = [marker_video("h264", 2), marker_video("hevc", 30), marker_video("vp9", 2)]
     indexes = [build_packet_index(path) for path in paths]
     reused = [build_clip(path, index, [0, 40]).data for path, index in zip(paths, indexes, strict=True)]

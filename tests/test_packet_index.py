@@ -32,7 +32,8 @@ from lerobot_dali.frame_lookup import (
     frame_index_timestamps_s,
     nearest_frame_indices,
 )
-from lerobot_dali.packet_index import PacketIndexCache, build_packet_index, load_packet_index
+from lerobot_dali.packet_index import build_packet_index
+from lerobot_dali.packet_index_cache import PacketIndexCache, load_packet_index
 from tests.conftest import shared_dataset
 from tests.video_fixtures import EPISODE_LENGTHS, FPS, MarkerVideo, cr5_episodes, cr5_video, r1_video
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import lerobot_dali.packet_index as packet_index
+from lerobot_dali.mp4_tables import Mp4Track
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
 from tests.video_fixtures import MarkerVideo, cr5_video, r1_video
 
@@ -143,13 +144,10 @@ def test_disagreeing_tables_fall_back(
     expected = demux_index(path, monkeypatch)
     real = packet_index.read_mp4_tracks
 
-    def wrong_ctts(handle: io.BufferedIOBase, size: int) -> dict[int, packet_index.Mp4Track] | None:
+    def wrong_ctts(handle: io.BufferedIOBase, size: int) -> dict[int, Mp4Track] | None:
         tracks = real(handle, size)
         assert tracks
-        return {
-            k: packet_index.Mp4Track(k, t.sample_count, t.ctts_counts, t.ctts_offsets * 2, False)
-            for k, t in tracks.items()
-        }
+        return {k: Mp4Track(k, t.sample_count, t.ctts_counts, t.ctts_offsets * 2, False) for k, t in tracks.items()}
 
     monkeypatch.setattr(packet_index, "read_mp4_tracks", wrong_ctts)
     with caplog.at_level(logging.DEBUG, logger="lerobot_dali.packet_index"):

@@ -15,9 +15,11 @@ import pytest
 
 from lerobot_dali.errors import DatasetError
 from lerobot_dali.file_stamps import FileStamp, FileStamps
-from lerobot_dali.packet_index import PacketIndex, PacketIndexCache, build_packet_index, source_url
+from lerobot_dali.packet_index import PacketIndex, build_packet_index
+from lerobot_dali.packet_index_cache import PacketIndexCache
 from lerobot_dali.packet_index_store import STORE_FORMAT, PacketIndexStore, default_packet_index_dir
 from lerobot_dali.remote_retry import RetryingFileSystem
+from lerobot_dali.video_source import source_url
 from tests.fake_remote import FakeRemoteFileSystem
 from tests.video_fixtures import EPISODE_LENGTHS, MarkerVideo
 

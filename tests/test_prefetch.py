@@ -258,7 +258,7 @@ def test_a_cached_file_holds_one_entry_open_however_many_it_reads(tmp_path: Path
 def test_episode_ranges_cover_every_read_of_the_episode(make_ds, tmp_path: Path) -> None:
     """Reading an episode's rows and clips through a cache that holds only its ranges touches no remote byte."""
     from lerobot_dali.clips import build_clip
-    from lerobot_dali.packet_index import load_packet_index
+    from lerobot_dali.packet_index_cache import load_packet_index
 
     root = _dataset(make_ds, "h264")
     remote = open_dataset("fakeremote://", storage_options={"root": str(root)})

@@ -18,7 +18,7 @@ from lerobot_dali.cpu_decode import ColorConversion, CpuDecodeOptions, CpuDecode
 from lerobot_dali.dali_graph import camera_feed
 from lerobot_dali.decode_route import DecodeRoute
 from lerobot_dali.iterator import DALILeRobotIterator
-from lerobot_dali.packet_index import load_packet_index
+from lerobot_dali.packet_index_cache import load_packet_index
 from tests.video_fixtures import reference_frames
 
 LENGTHS = [5, 1, 7, 4, 6]  # as tests/test_iterator.py, so the session's generated datasets are shared

@@ -28,7 +28,8 @@ from lerobot_dali.dali_graph import CameraFeed, FieldKind, camera_feed
 from lerobot_dali.decode_route import DecodeRoute
 from lerobot_dali.errors import VideoDecodeError
 from lerobot_dali.iterator import DALILeRobotIterator
-from lerobot_dali.packet_index import build_packet_index, load_packet_index
+from lerobot_dali.packet_index import build_packet_index
+from lerobot_dali.packet_index_cache import load_packet_index
 from lerobot_dali.yuv_frames import (
     FramePlanes,
     color_matrix,

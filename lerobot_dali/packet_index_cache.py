@@ -1,0 +1,149 @@
+"""Packet indices kept per process (bounded LRU) and, for stamped files, on disk across processes.
+
+Every request on the video route needs its file's index; building one costs a demux or a ``moov`` read
+(a remote round trip), so it is done once per file and process and reused until the file changes.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
+
+from .errors import DatasetError
+from .packet_index import PacketIndex, build_packet_index
+from .video_source import VideoSource, source_cache_key, source_label, source_url
+
+if TYPE_CHECKING:
+    from .file_stamps import FileStamp
+    from .packet_index_store import PacketIndexStore
+
+__all__ = ["PacketIndexCache", "load_packet_index"]
+
+
+class PacketIndexCache:
+    """Bounded LRU of packet indices per process, keyed so that an edited file is indexed again.
+
+    Without a stamp the key is (path, size, mtime) from a stat (one metadata request per call on a remote
+    filesystem); with a :class:`~lerobot_dali.file_stamps.FileStamp` computed once by the caller it is
+    (URL, stamp) and costs no request, and a miss first tries the on-disk ``store`` shared by all processes.
+    Indices are immutable, so a cache inherited through fork stays valid; sources without a stable identity
+    (anonymous file objects) are indexed every time.
+    """
+
+    def __init__(self, *, max_entries: int = 64, max_bytes: int | None = None) -> None:
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+            raise ValueError(f"max_entries must be a positive int, got {max_entries!r}.")
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError(f"max_bytes must be positive or None, got {max_bytes!r}.")
+        self.max_entries = max_entries
+        #: Bound on the indices' own bytes (~70 per frame: a 30,000-frame file's takes 2 MB); the newest is kept.
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[Hashable, PacketIndex] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(
+        self,
+        source: VideoSource,
+        *,
+        filesystem: Any | None = None,
+        stamp: FileStamp | None = None,
+        store: PacketIndexStore | None = None,
+    ) -> PacketIndex:
+        """The index of ``source`` (a path on ``filesystem``, local without one), built on first use.
+
+        ``stamp`` identifies the file's content (see :class:`~lerobot_dali.file_stamps.FileStamps`): no
+        metadata request is made. ``store`` (used only with a stamp) is read on a miss and written after a
+        build. Raises what :func:`build_packet_index` raises.
+        """
+        if stamp is None:
+            return self._get_unstamped(source, filesystem=filesystem)
+        if not isinstance(source, (str, os.PathLike)):
+            raise TypeError(
+                f"a stamp identifies a path; got a {type(source).__name__} source ({source_label(source)})."
+            )
+        url = source_url(source, filesystem=filesystem)
+        key = ("stamped", url, stamp)
+        cached = self._lookup(key)
+        if cached is not None:
+            return cached
+        index = store.load(url, stamp) if store is not None else None
+        if index is None:
+            index = build_packet_index(source, filesystem=filesystem)
+            if index.file_size_bytes != stamp.size:
+                # Byte ranges are cached under the listed stamp and episode times describe the listed file:
+                # reading on would mix two versions of it (as RetryingFile refuses to when a reopen finds this).
+                raise DatasetError(
+                    f"{url} has {index.file_size_bytes} bytes but was listed with {stamp.size}: it changed on the "
+                    "server since the dataset was opened; re-open the dataset"
+                )
+            if store is not None:
+                store.save(url, stamp, index)
+        self._insert(key, index)
+        return index
+
+    def _get_unstamped(self, source: VideoSource, *, filesystem: Any | None) -> PacketIndex:
+        key = source_cache_key(source, filesystem=filesystem)
+        if key is not None:
+            cached = self._lookup(key)
+            if cached is not None:
+                return cached
+        index = build_packet_index(source, filesystem=filesystem)
+        if key is not None:
+            self._insert(key, index)
+        return index
+
+    def _lookup(self, key: Hashable) -> PacketIndex | None:
+        with self._lock:
+            index = self._entries.get(key)
+            if index is not None:
+                self._entries.move_to_end(key)
+            return index
+
+    def _insert(self, key: Hashable, index: PacketIndex) -> None:
+        with self._lock:
+            replaced = self._entries.pop(key, None)
+            self._bytes -= replaced.nbytes if replaced is not None else 0
+            self._entries[key] = index
+            self._bytes += index.nbytes
+            while len(self._entries) > 1 and (
+                len(self._entries) > self.max_entries or (self.max_bytes is not None and self._bytes > self.max_bytes)
+            ):
+                self._bytes -= self._entries.popitem(last=False)[1].nbytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the cached indices."""
+        return self._bytes
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"max_entries": self.max_entries, "max_bytes": self.max_bytes}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(max_entries=state["max_entries"], max_bytes=state.get("max_bytes"))  # type: ignore[misc]
+
+
+_DEFAULT_CACHE = PacketIndexCache()
+
+
+def load_packet_index(
+    source: VideoSource,
+    *,
+    filesystem: Any | None = None,
+    stamp: FileStamp | None = None,
+    store: PacketIndexStore | None = None,
+) -> PacketIndex:
+    """The packet index of ``source`` from this process's default cache (built on first use; see
+    :meth:`PacketIndexCache.get` for ``stamp`` and ``store``)."""
+    return _DEFAULT_CACHE.get(source, filesystem=filesystem, stamp=stamp, store=store)
