@@ -29,7 +29,6 @@ from .dataset_reader import LeRobotDatasetReader
 from .depth_maps import DepthQuantizer, DepthUnit, in_unit
 from .episode_rows import INDEX_COLUMNS
 from .errors import DataFileError, DatasetError, MissingDataFileError, SchemaMismatchError, VideoDecodeError
-from .file_stamps import FileStamp
 from .frame_lookup import TimestampSource, row_frame_numbers
 from .host_values import encode_host_values
 from .image_frames import EpisodeImageCache, decode_depth_images, decode_images
@@ -99,8 +98,6 @@ class SourceSpec:
     #: Tabular keys whose values are strings or structures (:mod:`.host_values`), not numbers.
     host_value_keys: tuple[str, ...] = ()
     rows_cache_episodes: int = 256
-    #: Remote datasets: each file's size + version from one listing, so no worker asks the server per file.
-    stamps: Mapping[str, FileStamp] | None = None
     #: Remote datasets: packet indexes on disk, built once (by the prefetcher or the first worker) for all.
     index_store: PacketIndexStore | None = None
     #: How worker-decoded (CPU-fallback) cameras are decoded: backend, threads per decoder, open decoders.
@@ -378,8 +375,10 @@ class BatchSource:
         reader = spec.reader
         for pos, r, i in zip(episode_pos, rows, camera_rows, strict=True):
             video = reader.video(int(pos), camera)
-            stamp = spec.stamps[video.path] if spec.stamps is not None else None
-            index = self._indexes.get(video.path, filesystem=reader.location.fs, stamp=stamp, store=spec.index_store)
+            index = self._indexes.get(
+                video.path, filesystem=reader.location.fs, stamp=reader.listed_stamp(video.path),
+                store=spec.index_store,
+            )  # fmt: skip
             expected = spec.camera_formats.get(camera)
             if expected is not None and not expected.admits(index):
                 raise SchemaMismatchError(

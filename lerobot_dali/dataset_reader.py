@@ -233,6 +233,11 @@ class LeRobotDatasetReader:
         stored = [self._with_index_columns(self.tabular_keys), *([key] for key in self.image_keys)]
         return all(store.holds(path, stamp, columns) for columns in stored)
 
+    def listed_stamp(self, path: str) -> FileStamp | None:
+        """The identity of remote file ``path`` from the dataset's listing (no request), None for a local one:
+        what keys its packet index and cached ranges, so every process agrees on which version it reads."""
+        return self.stamps[path] if self.stamps is not None else None
+
     def _with_index_columns(self, keys: Sequence[str]) -> list[str]:
         """``keys`` and the index columns LeRobot batches that the dataset declares."""
         return [*keys, *(k for k in INDEX_COLUMNS if k in self.info.features and k not in keys)]

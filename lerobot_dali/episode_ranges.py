@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -19,7 +18,6 @@ import pyarrow.parquet as pq
 from .clips import plan_clip
 from .dataset_reader import LeRobotDatasetReader
 from .episode_rows import row_group_starts, row_groups_holding
-from .file_stamps import FileStamp
 from .frame_lookup import episode_frames
 from .packet_index import PacketIndex
 from .packet_index_cache import PacketIndexCache
@@ -40,13 +38,11 @@ class EpisodeRanges:
         self,
         reader: LeRobotDatasetReader,
         *,
-        stamps: Mapping[str, FileStamp] | None = None,
         index_store: PacketIndexStore | None = None,
         max_parquet_files: int = 64,
     ) -> None:
         self.reader = reader
         self._indexes = PacketIndexCache(max_entries=256, max_bytes=512 * 2**20)
-        self._stamps = stamps
         self._store = index_store
         self._lock = threading.Lock()
         self._parquet: OrderedDict[str, tuple[int, pq.FileMetaData, np.ndarray]] = OrderedDict()
@@ -82,8 +78,10 @@ class EpisodeRanges:
         out = []
         for camera in self.reader.camera_keys:
             video = self.reader.video(episode_pos, camera)
-            stamp = self._stamps[video.path] if self._stamps is not None else None
-            index = self._indexes.get(video.path, filesystem=self.reader.location.fs, stamp=stamp, store=self._store)
+            index = self._indexes.get(
+                video.path, filesystem=self.reader.location.fs, stamp=self.reader.listed_stamp(video.path),
+                store=self._store,
+            )  # fmt: skip
             span = episode_span(index, video.from_timestamp_s, video.to_timestamp_s)
             if span is not None:
                 out.append((video.path, *span))

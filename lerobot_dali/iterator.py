@@ -220,7 +220,6 @@ class DALILeRobotIterator:
             lookahead=batch_size * (prefetch + 1) * max(1, num_workers) + batch_size,
             cache_dir=cache_dir,
             cache_bytes=int(cache_gb * 1e9),
-            stamps=self.reader.stamps,
             index_store=self._index_store,
         )
         self._pipeline: Any = None
@@ -251,8 +250,9 @@ class DALILeRobotIterator:
         for camera in self.reader.camera_keys:
             video = self.reader.video(0, camera)
             fs = self.reader.location.fs
-            stamp = self.reader.stamps[video.path] if self.reader.stamps is not None else None
-            indexes[camera] = load_packet_index(video.path, filesystem=fs, stamp=stamp, store=self._index_store)
+            indexes[camera] = load_packet_index(
+                video.path, filesystem=fs, stamp=self.reader.listed_stamp(video.path), store=self._index_store
+            )
             if camera in self._depth_quantizers:  # 12-bit codes: NVDEC and DALI's decoders give 8-bit RGB only
                 if not pyav_can_decode(indexes[camera].codec):
                     raise CodecUnsupportedError(
@@ -398,7 +398,6 @@ class DALILeRobotIterator:
             host_value_keys=self._host_value_keys,
             timestamp_source=self._timestamp_source,
             tolerance_s=self._tolerance_s,
-            stamps=self.reader.stamps,
             index_store=self._index_store,
             cpu_decode=self._cpu_decode,
             image_keys=tuple(self.reader.image_keys),

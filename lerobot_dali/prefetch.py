@@ -15,7 +15,6 @@ import logging
 import os
 import pickle
 import threading
-from collections.abc import Mapping
 from dataclasses import replace
 from multiprocessing.pool import ThreadPool
 from pathlib import Path
@@ -27,7 +26,6 @@ from .cache_dirs import cache_root
 from .cached_filesystem import CachedFileSystem
 from .dataset_reader import LeRobotDatasetReader
 from .episode_ranges import EpisodeRanges
-from .file_stamps import FileStamp
 from .packet_index_store import PacketIndexStore
 from .range_cache import ByteRange, CacheBusyError, CacheStats, RangeCache
 from .sample_order import SampleOrder
@@ -53,7 +51,6 @@ class Prefetcher:
         lookahead: int,
         version_of: Any,
         threads: int = 8,
-        stamps: Mapping[str, FileStamp] | None = None,
         index_store: PacketIndexStore | None = None,
     ) -> None:
         self.reader = reader
@@ -61,7 +58,7 @@ class Prefetcher:
         self.lookahead = max(1, lookahead)
         self._order: SampleOrder = pickle.loads(pickle.dumps(order))
         self._version_of = version_of
-        self._ranges = EpisodeRanges(reader, stamps=stamps, index_store=index_store)
+        self._ranges = EpisodeRanges(reader, index_store=index_store)
         # Daemon threads (unlike ThreadPoolExecutor's): a fetch stalled on the network never holds up exit.
         self._pool = ThreadPool(threads)
         self._target: tuple[int, int] | None = None
@@ -212,7 +209,6 @@ def prefetching_reader(
     lookahead: int,
     cache_dir: str | os.PathLike[str] | None,
     cache_bytes: int,
-    stamps: Mapping[str, FileStamp] | None = None,
     index_store: PacketIndexStore | None = None,
 ) -> tuple[LeRobotDatasetReader, Prefetcher | None]:
     """``(reader for the workers, prefetcher)``: for a remote dataset, workers read through the cache that the
@@ -237,7 +233,7 @@ def prefetching_reader(
         )  # fmt: skip
         return reader, None
     directory = cache.directory
-    cached_fs = CachedFileSystem(reader.location.fs, directory, stamps)
+    cached_fs = CachedFileSystem(reader.location.fs, directory, reader.stamps)
     worker_reader = reader.with_location(replace(reader.location, fs=cached_fs))
     prefetcher = Prefetcher(
         reader,
@@ -245,7 +241,6 @@ def prefetching_reader(
         cache,
         lookahead=lookahead,
         version_of=lambda path: cached_fs.identity(path)[1],
-        stamps=stamps,
         index_store=index_store,
     )
     logger.info(

@@ -423,7 +423,7 @@ def test_prefetching_skips_the_row_groups_of_a_stored_file(tmp_path) -> None:
 
     remote = open_dataset("fakeremote://", storage_options={"root": str(shared_dataset("cr5_v30_av1"))})
     remote.column_store = ColumnStore(tmp_path, **SMALL)
-    ranges = EpisodeRanges(remote, stamps=remote.stamps)
+    ranges = EpisodeRanges(remote)
     path = remote.data_path(0)
     size = remote.stamps[path].size
     footer = (path, max(0, size - PARQUET_FOOTER_READ_BYTES), size)

@@ -365,9 +365,7 @@ def _pool_prefetcher(make_ds, tmp_path: Path):
 
     reader = open_dataset("fakeremote://", storage_options={"root": str(_dataset(make_ds, "av1"))})
     order = SampleOrder(reader.episodes.length, rank=0, world_size=1, options=OrderOptions(seed=1, episode_pool_size=2))
-    _, prefetcher = prefetching_reader(
-        reader, order, rank=0, lookahead=3, cache_dir=tmp_path, cache_bytes=10**8, stamps=reader.stamps
-    )
+    _, prefetcher = prefetching_reader(reader, order, rank=0, lookahead=3, cache_dir=tmp_path, cache_bytes=10**8)
     assert prefetcher is not None
     return prefetcher, order
 
