@@ -123,41 +123,11 @@ class DALILeRobotIterator:
         dali_threads: int | None = None,
         depth_unit: DepthUnit | str = DepthUnit.MM,
     ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if device not in ("cuda", "cpu") and not str(device).startswith("cuda:"):
-            raise ValueError(f"device must be 'cuda', 'cuda:N' or 'cpu', got {device!r}")
-        if num_workers < 0 or prefetch < 1:
-            raise ValueError(f"num_workers must be >= 0 and prefetch >= 1, got {num_workers} and {prefetch}")
-        if dali_threads is not None and (
-            isinstance(dali_threads, bool) or not isinstance(dali_threads, int) or dali_threads < 1
-        ):
-            raise ValueError(f"dali_threads must be a positive int or None (automatic), got {dali_threads!r}")
-        if isinstance(dataset, LeRobotDatasetReader):
-            opening = {"revision": revision, "cameras": cameras, "keys": keys, "data_files_root": data_files_root,
-                       "episodes": episodes}  # fmt: skip
-            given = [name for name, value in opening.items() if value is not None]
-            if given:  # the reader is open already: these would be silently ignored
-                raise ValueError(
-                    f"{', '.join(f'{n}=' for n in given)} apply while opening the dataset, and this reader is open "
-                    "already; pass them to open_dataset (or pass the path here instead of a reader)"
-                )
-            self.reader = dataset
-        else:
-            self.reader = open_dataset(
-                dataset,
-                revision=revision,
-                cameras=cameras,
-                keys=keys,
-                data_files_root=data_files_root,
-                episodes=episodes,
-            )
-        missing = [k for k in ("timestamp", "task_index") if k not in self.reader.info.features]
-        if missing:
-            raise SchemaMismatchError(
-                f"{self.reader.location.description}: info.json declares no {missing} feature(s); every LeRobot "
-                "dataset has them and batches carry them"
-            )
+        _check_counts(batch_size=batch_size, device=device, num_workers=num_workers, prefetch=prefetch,
+                      dali_threads=dali_threads)  # fmt: skip
+        self.reader = _batchable_reader(
+            dataset, revision=revision, cameras=cameras, keys=keys, data_files_root=data_files_root, episodes=episodes
+        )
         ranks = resolve_rank(rank, world_size)
         self.rank, self.world_size = ranks.rank, ranks.world_size
         self.batch_size = batch_size
@@ -640,6 +610,41 @@ class DALILeRobotIterator:
 
 #: DALI's worker pool closes are not safe to run in two threads at once (a foreign close() and the pass).
 _workers_close_lock = threading.Lock()
+
+
+def _check_counts(*, batch_size: int, device: str, num_workers: int, prefetch: int, dali_threads: int | None) -> None:
+    """Reject bad sizes and devices before anything is opened (a typo should not cost a remote listing)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if device not in ("cuda", "cpu") and not str(device).startswith("cuda:"):
+        raise ValueError(f"device must be 'cuda', 'cuda:N' or 'cpu', got {device!r}")
+    if num_workers < 0 or prefetch < 1:
+        raise ValueError(f"num_workers must be >= 0 and prefetch >= 1, got {num_workers} and {prefetch}")
+    if dali_threads is not None and (
+        isinstance(dali_threads, bool) or not isinstance(dali_threads, int) or dali_threads < 1
+    ):
+        raise ValueError(f"dali_threads must be a positive int or None (automatic), got {dali_threads!r}")
+
+
+def _batchable_reader(dataset: str | os.PathLike[str] | LeRobotDatasetReader, **opening: Any) -> LeRobotDatasetReader:
+    """``dataset`` opened with ``opening`` (or the reader given), checked to declare what every batch carries."""
+    if isinstance(dataset, LeRobotDatasetReader):
+        given = [name for name, value in opening.items() if value is not None]
+        if given:  # the reader is open already: these would be silently ignored
+            raise ValueError(
+                f"{', '.join(f'{n}=' for n in given)} apply while opening the dataset, and this reader is open "
+                "already; pass them to open_dataset (or pass the path here instead of a reader)"
+            )
+        reader = dataset
+    else:
+        reader = open_dataset(dataset, **opening)
+    missing = [k for k in ("timestamp", "task_index") if k not in reader.info.features]
+    if missing:
+        raise SchemaMismatchError(
+            f"{reader.location.description}: info.json declares no {missing} feature(s); every LeRobot "
+            "dataset has them and batches carry them"
+        )
+    return reader
 
 
 def _close_workers(pipeline: Any) -> None:

@@ -282,6 +282,22 @@ def test_dali_threads_reach_the_pipeline(make_ds, monkeypatch: pytest.MonkeyPatc
             DALILeRobotIterator(root, device="cpu", dali_threads=bad)
 
 
+@pytest.mark.parametrize(
+    ("option", "match"),
+    [
+        ({"batch_size": 0}, "batch_size must be a positive int"),
+        ({"batch_size": True}, "batch_size must be a positive int"),
+        ({"device": "gpu"}, "device must be 'cuda', 'cuda:N' or 'cpu'"),
+        ({"num_workers": -1}, "num_workers must be >= 0"),
+        ({"prefetch": 0}, "prefetch >= 1"),
+    ],
+)
+def test_bad_sizes_fail_before_the_dataset_is_opened(tmp_path: Path, option: dict, match: str) -> None:
+    """A typo is reported as itself, not as whatever opening the dataset would fail with (here: no dataset)."""
+    with pytest.raises(ValueError, match=match):
+        DALILeRobotIterator(tmp_path / "no-such-dataset", **{"device": "cpu", **option})
+
+
 def test_each_worker_keeps_the_packet_indices_of_every_pooled_file(make_ds) -> None:
     """64 entries for a pool of 64 episodes over 2+ cameras rebuilt half the indices per request (a review
     measured 620 ms per batch per worker on 30,000-frame files)."""
