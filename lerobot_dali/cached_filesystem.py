@@ -130,6 +130,11 @@ class CachedRangeFile(io.RawIOBase):
         except FileNotFoundError:  # evicted between listing and opening
             self._entries = list_entries(self._folder)
             return None
+        if len(data) != min(end, stop) - position:  # cut short on disk: the remote file has the bytes
+            _warn_short_entry(file, end - start)
+            self._local[1].close()
+            self._local = None
+            return None
         self._counters["cached_reads"] += 1
         self._counters["cached_bytes"] += len(data)
         io_stats.add("cache_hit_bytes", len(data))
@@ -150,6 +155,15 @@ class CachedRangeFile(io.RawIOBase):
         self._counters["remote_bytes"] += len(data)
         io_stats.add("cache_miss_bytes", len(data))
         return bytes(data)
+
+
+_warned_short: set[Path] = set()
+
+
+def _warn_short_entry(file: Path, size: int) -> None:
+    if file not in _warned_short:
+        _warned_short.add(file)
+        logger.warning("prefetch cache entry %s holds fewer than its %d bytes; reading the range remotely", file, size)
 
 
 class CachedFileSystem(fsspec.AbstractFileSystem):

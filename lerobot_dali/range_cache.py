@@ -7,9 +7,14 @@ pooled episodes: entries are reference-counted by the episodes holding them, and
 disk, evictable, until space is needed (a second epoch over a warm cache fetches nothing).
 
 Readers are the DALI worker processes. They share nothing with the writer but the directory: an entry is a
-file ``<dir>/<file key>/<start>-<end>`` that appears atomically (written aside, then renamed) and may vanish
-when evicted, so a reader that finds no entry, or loses one, reads the remote file instead. The cache can
-make reads faster, never different. A cache that cannot write (disk full) refuses the range instead.
+file ``<dir>/<file key>/<start>-<end>-<crc32>.bin`` that appears atomically (written aside, then renamed) and
+may vanish when evicted, so a reader that finds no entry, or loses one (or finds it cut short), reads the
+remote file instead. The cache can make reads faster, never different. A cache that cannot write (disk
+full) refuses the range instead.
+
+Entries an earlier run left are trusted only once their bytes match their checksum: adoption renames them
+out of the readers' sight (``.adopted``) and the writer checks each the first time an episode needs it,
+fetching it again if the disk damaged it in between.
 
 One writer per directory: a cache takes an exclusive lock on its directory (``flock``), so two runs that would
 share one (two jobs on a node, a train and a validation iterator) do not evict each other's held entries;
@@ -23,6 +28,7 @@ import logging
 import os
 import shutil
 import threading
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
@@ -35,7 +41,8 @@ __all__ = ["ByteRange", "CacheBusyError", "CacheStats", "RangeCache", "entry_dir
 
 logger = logging.getLogger(__name__)
 
-_SUFFIX = ".bin"
+_SUFFIX = ".bin"  # an entry readers may read: written by this run, or checked against its checksum
+_ADOPTED = ".adopted"  # an earlier run's entry, not yet checked
 
 
 @dataclass(frozen=True, order=True)
@@ -64,22 +71,33 @@ def entry_dir(root: str | os.PathLike[str], path: str, version: str = "") -> Pat
 
 
 def list_entries(folder: Path) -> list[tuple[int, int, Path]]:
-    """``(start, end, file)`` of the complete entries in ``folder``, sorted; empty when there are none."""
+    """``(start, end, file)`` of the entries readers may read in ``folder``, sorted; empty when there are none."""
     try:
         names = os.listdir(folder)
     except FileNotFoundError:
         return []
     entries = []
     for name in names:
-        if not name.endswith(_SUFFIX):
-            continue  # temporaries being written
-        try:
-            start, end = (int(x) for x in name[: -len(_SUFFIX)].split("-"))
-        except ValueError:
-            continue
-        entries.append((start, end, folder / name))
+        parsed = _parse_entry_name(name, _SUFFIX)  # (not temporaries being written, nor unchecked entries)
+        if parsed is not None:
+            entries.append((parsed[0], parsed[1], folder / name))
     entries.sort()
     return entries
+
+
+def _entry_name(start: int, end: int, crc: int, suffix: str = _SUFFIX) -> str:
+    return f"{start}-{end}-{crc:08x}{suffix}"
+
+
+def _parse_entry_name(name: str, suffix: str) -> tuple[int, int, int] | None:
+    """``(start, end, crc32)`` of an entry file's name ending in ``suffix``, or None for any other name."""
+    if not name.endswith(suffix):
+        return None
+    try:
+        start, end, crc = name[: -len(suffix)].split("-")
+        return int(start), int(end), int(crc, 16)
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -104,6 +122,9 @@ class _Entry:
     key: ByteRange
     file: Path
     owners: set[Hashable] = field(default_factory=set)
+    #: An earlier run's entry (``.adopted``): its bytes must match ``crc`` before readers see it.
+    adopted: bool = False
+    crc: int = 0
 
 
 class RangeCache:
@@ -174,13 +195,17 @@ class RangeCache:
         fetched = 0
         held = self._owned.setdefault(owner, [])
         for key in dict.fromkeys(ranges):
-            if not self._claim(owner, key, held):
+            work, adopted = self._claim(owner, key, held)
+            if not work:
                 continue
             try:
-                data = fetch(key)
-                if len(data) != key.size:
-                    raise OSError(f"{key.path}: fetched {len(data)} bytes for range [{key.start}, {key.end})")
-                file = self._write_or_refuse(key, data)
+                file = self._checked(adopted) if adopted is not None else None
+                reused = file is not None
+                if file is None:
+                    data = fetch(key)
+                    if len(data) != key.size:
+                        raise OSError(f"{key.path}: fetched {len(data)} bytes for range [{key.start}, {key.end})")
+                    file = self._write_or_refuse(key, data)
             except BaseException:
                 with self._lock:
                     self._bytes -= key.size
@@ -195,35 +220,65 @@ class RangeCache:
             with self._lock:
                 self._entries[key] = _Entry(key, file, {owner})
                 held.append(key)
-                self.stats.fetched_ranges += 1
-                self.stats.fetched_bytes += key.size
+                if reused:
+                    self.stats.reused_ranges += 1
+                else:
+                    self.stats.fetched_ranges += 1
+                    self.stats.fetched_bytes += key.size
                 self._pending.pop(key).set()
-            fetched += key.size
+            fetched += 0 if reused else key.size
         return fetched
 
-    def _claim(self, owner: Hashable, key: ByteRange, held: list[ByteRange]) -> bool:
-        """True when the caller must fetch ``key`` (room reserved); False when it is held, reused or refused."""
+    def _claim(self, owner: Hashable, key: ByteRange, held: list[ByteRange]) -> tuple[bool, _Entry | None]:
+        """``(True, None)`` when the caller must fetch ``key`` (room reserved), ``(True, entry)`` when it must
+        first check an adopted entry (:meth:`_checked`; its room stays reserved), ``(False, None)`` when the
+        range is held, reused or refused."""
         while True:
             with self._lock:
                 pending = self._pending.get(key)
                 if pending is None:
                     if key in held:
-                        return False
+                        return False, None
                     entry = self._entries.get(key)
+                    if entry is not None and entry.adopted:  # checked outside the lock, as a fetch would be
+                        del self._entries[key]
+                        self._released.pop(key, None)
+                        self._pending[key] = threading.Event()
+                        return True, entry
                     if entry is not None:
                         entry.owners.add(owner)
                         self._released.pop(key, None)
                         held.append(key)
                         self.stats.reused_ranges += 1
-                        return False
+                        return False, None
                     if not self._make_room(key.size):
                         self.stats.refused_ranges += 1
                         self._warn_full(key)
-                        return False
+                        return False, None
                     self._bytes += key.size  # reserved while fetching, so concurrent acquires respect the bound
                     self._pending[key] = threading.Event()
-                    return True
+                    return True, None
             pending.wait()  # another thread is fetching this very range; then it is an entry (or failed)
+
+    def _checked(self, entry: _Entry) -> Path | None:
+        """An adopted entry made readable (renamed to its reader name) if its bytes still match its checksum;
+        None, the file deleted, if the disk lost or damaged them since the run that wrote it."""
+        key = entry.key
+        try:
+            data = entry.file.read_bytes()
+            if len(data) == key.size and zlib.crc32(data) == entry.crc:
+                final = entry.file.with_name(_entry_name(key.start, key.end, entry.crc))
+                os.replace(entry.file, final)
+                return final
+            problem = f"{len(data)} bytes with crc32 {zlib.crc32(data):08x}, not {key.size} with {entry.crc:08x}"
+        except OSError as e:
+            problem = str(e)
+        logger.warning(
+            "prefetch cache entry %s (%s [%d, %d)) is damaged (%s); fetching the range again",
+            entry.file, key.path, key.start, key.end, problem,
+        )  # fmt: skip
+        entry.file.unlink(missing_ok=True)
+        return None
 
     def release(self, owner: Hashable) -> None:
         """``owner`` no longer needs its ranges; those no other owner holds become evictable (kept on disk)."""
@@ -279,20 +334,21 @@ class RangeCache:
 
     def _write(self, key: ByteRange, data: bytes) -> Path:
         folder = entry_dir(self.directory, key.path, key.version)
-        final = folder / f"{key.start}-{key.end}{_SUFFIX}"
-        with atomic_file(final, prefix=f".{key.start}-{key.end}.", durable=True) as out:
-            out.write(data)
         label = folder / "path"
-        if not label.is_file():  # written once per folder, whole or not at all (adoption checks it)
+        if not label.is_file():  # once per folder, whole or not at all (adoption checks it), before any entry
             with atomic_file(label, prefix=".path.") as out:
                 out.write(f"{key.path}\n{key.version}\n".encode())
+        final = folder / _entry_name(key.start, key.end, zlib.crc32(data))
+        with atomic_file(final, prefix=f".{key.start}-{key.end}.", durable=True) as out:
+            out.write(data)
         return final
 
     def _adopt(self) -> None:
-        """Entries of an earlier run become released entries, oldest first; over the bound, evicted. What a
-        crashed writer left (temporaries; entries of a folder whose label it never wrote) is deleted, since
-        nothing would ever count or evict it."""
-        found: list[tuple[float, ByteRange, Path]] = []
+        """Entries of an earlier run become released, unchecked entries (hidden from readers until
+        :meth:`_checked`), oldest first; over the bound, evicted. What a crashed writer left (temporaries;
+        entries of a folder whose label it never wrote) and files that are no entry are deleted, since nothing
+        would ever count or evict them."""
+        found: list[tuple[float, _Entry]] = []
         for folder in self.directory.iterdir():
             if not folder.is_dir():
                 continue
@@ -312,19 +368,28 @@ class RangeCache:
                 logger.warning("dropping prefetch cache folder %s: its label does not name it", folder)
                 shutil.rmtree(folder, ignore_errors=True)
                 continue
-            for start, end, file in list_entries(folder):
+            for file in folder.iterdir():
+                if file.name == "path":
+                    continue
+                parsed = _parse_entry_name(file.name, _SUFFIX) or _parse_entry_name(file.name, _ADOPTED)
                 try:
                     stat = file.stat()
                 except FileNotFoundError:  # (removed by hand, or by a run that held the directory before)
                     continue
-                if stat.st_size != end - start:
-                    file.unlink(missing_ok=True)
+                if parsed is None or stat.st_size != parsed[1] - parsed[0] or parsed[0] >= parsed[1]:
+                    file.unlink(missing_ok=True)  # not an entry (or one of an older layout), or cut short
                     continue
-                found.append((stat.st_mtime, ByteRange(path, start, end, version), file))
-        for _, key, file in sorted(found, key=lambda item: item[0]):
-            self._entries[key] = _Entry(key, file)
-            self._released[key] = None
-            self._bytes += key.size
+                start, end, crc = parsed
+                hidden = file.with_name(_entry_name(start, end, crc, _ADOPTED))
+                if file != hidden:
+                    os.replace(file, hidden)
+                found.append(
+                    (stat.st_mtime, _Entry(ByteRange(path, start, end, version), hidden, adopted=True, crc=crc))
+                )
+        for _, entry in sorted(found, key=lambda item: item[0]):
+            self._entries[entry.key] = entry
+            self._released[entry.key] = None
+            self._bytes += entry.key.size
         self._make_room(0)
         if found:
             logger.info("prefetch cache %s: adopted %d range(s), %d bytes", self.directory, len(found), self._bytes)

@@ -8,6 +8,7 @@ import errno
 import os
 import random
 import time
+import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def _fetcher(blob: bytes, calls: list[ByteRange]):
 
 
 def _disk_bytes(directory: Path) -> int:
-    return sum(p.stat().st_size for p in directory.rglob("*.bin"))
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.suffix in (".bin", ".adopted"))
 
 
 def test_range_cache_refcounts_shared_ranges_and_keeps_released_ones_until_needed(tmp_path: Path) -> None:
@@ -78,7 +79,7 @@ def test_range_cache_refcounts_shared_ranges_and_keeps_released_ones_until_neede
     cache.acquire("a", [shared], _fetcher(blob, calls))  # reused from disk: no fetch
     assert calls[-1] == ByteRange("f", 3000, 3500) and cache.stats.reused_ranges == 2
     folder = entry_dir(tmp_path, "f")
-    assert (folder / "0-1000.bin").read_bytes() == blob[:1000]
+    assert (folder / f"0-1000-{zlib.crc32(blob[:1000]):08x}.bin").read_bytes() == blob[:1000]
 
 
 def test_range_cache_never_exceeds_its_bound(tmp_path: Path) -> None:
@@ -115,10 +116,10 @@ def test_range_cache_adopts_an_earlier_runs_entries(tmp_path: Path) -> None:
     assert not (entry_dir(tmp_path, "p", "v1") / ".junk.tmp").exists()  # a crashed writer's temporary
     unlabelled = entry_dir(tmp_path, "q", "v1")  # a crash between the entry's rename and its folder's label
     unlabelled.mkdir()
-    (unlabelled / "0-10.bin").write_bytes(bytes(10))
+    (unlabelled / "0-10-00000000.bin").write_bytes(bytes(10))
     second.close()
     RangeCache(tmp_path, max_bytes=120)
-    assert not (unlabelled / "0-10.bin").exists()
+    assert not (unlabelled / "0-10-00000000.bin").exists()
 
 
 def test_a_cache_directory_has_one_writer_and_a_second_run_takes_a_sibling_slot(tmp_path: Path) -> None:
@@ -191,6 +192,67 @@ def test_an_unwritable_cache_folder_reads_remotely(make_ds, tmp_path: Path, monk
     got = _samples(it)
     it.close()
     assert [int(s["index"]) for s in got] == list(range(sum(LENGTHS)))
+
+
+def _entry_file(directory: Path, key: ByteRange) -> Path:
+    (file,) = entry_dir(directory, key.path, key.version).glob(f"{key.start}-{key.end}-*")
+    return file
+
+
+def test_an_earlier_runs_damaged_entry_is_fetched_again_and_never_read(tmp_path: Path, caplog) -> None:
+    """A byte flipped on disk between runs was served as the file's byte (a training value off by 1e-8, silently):
+    an adopted entry is hidden from readers until the writer has checked it against its checksum."""
+    blob = random.Random(3).randbytes(10_000)
+    version = cache_version(len(blob), "e1")
+    good, bad = ByteRange("f.bin", 0, 4000, version), ByteRange("f.bin", 4000, 10_000, version)
+    first = RangeCache(tmp_path / "cache", max_bytes=10**6)
+    first.acquire("ep", [good, bad], _fetcher(blob, []))
+    first.close()
+    damaged = _entry_file(tmp_path / "cache", bad)
+    data = bytearray(damaged.read_bytes())
+    data[100] ^= 0x01
+    damaged.write_bytes(bytes(data))
+    (entry_dir(tmp_path / "cache", "f.bin", version) / "0-4000.bin").write_bytes(blob[:4000])  # an older layout
+
+    second = RangeCache(tmp_path / "cache", max_bytes=10**6)
+    assert second.bytes_cached == 10_000  # both adopted; the old-layout file deleted, not counted
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    (remote / "f.bin").write_bytes(blob)
+    stamps = {"f.bin": type("Stamp", (), {"size": len(blob), "version": "e1"})()}
+    fs = CachedFileSystem(FakeRemoteFileSystem(str(remote)), tmp_path / "cache", stamps)
+    assert fs.cat_file("f.bin") == blob and fs.counters["cached_reads"] == 0  # unchecked: read remotely
+    calls: list[ByteRange] = []
+    with caplog.at_level("WARNING", logger="lerobot_dali.range_cache"):
+        assert second.acquire("ep", [good, bad], _fetcher(blob, calls)) == bad.size
+    assert calls == [bad] and "is damaged" in caplog.text  # the intact entry reused, the damaged one fetched
+    assert second.stats.reused_ranges == 1 and second.bytes_cached == 10_000 == _disk_bytes(tmp_path / "cache")
+    fs = CachedFileSystem(FakeRemoteFileSystem(str(remote)), tmp_path / "cache", stamps)
+    assert fs.cat_file("f.bin") == blob and fs.counters["remote_reads"] == 0  # both entries readable now
+    assert sorted(p.name for p in entry_dir(tmp_path / "cache", "f.bin", version).iterdir()) == sorted(
+        ["path", _entry_file(tmp_path / "cache", good).name, _entry_file(tmp_path / "cache", bad).name]
+    )
+
+
+def test_an_entry_cut_short_during_the_run_is_read_remotely(tmp_path: Path, caplog) -> None:
+    """A truncated entry made reads stop short (1000 of 5000 bytes, no error) in the middle of the file."""
+    blob = random.Random(4).randbytes(20_000)
+    version = cache_version(len(blob), "e1")
+    key = ByteRange("f.bin", 2000, 12_000, version)
+    cache = RangeCache(tmp_path / "cache", max_bytes=10**6)
+    cache.acquire("ep", [key], _fetcher(blob, []))
+    entry = _entry_file(tmp_path / "cache", key)
+    entry.write_bytes(entry.read_bytes()[:3000])
+    (tmp_path / "remote").mkdir()
+    (tmp_path / "remote" / "f.bin").write_bytes(blob)
+    stamps = {"f.bin": type("Stamp", (), {"size": len(blob), "version": "e1"})()}
+    fs = CachedFileSystem(FakeRemoteFileSystem(str(tmp_path / "remote")), tmp_path / "cache", stamps)
+    with caplog.at_level("WARNING", logger="lerobot_dali.cached_filesystem"), fs.open("f.bin") as f:
+        f.seek(4000)  # inside what the entry still holds, reading past it
+        assert f.read(5000) == blob[4000:9000]
+        f.seek(1000)
+        assert f.read() == blob[1000:]
+    assert "fewer than its 10000 bytes" in caplog.text and fs.counters["remote_reads"] >= 1
 
 
 # -- read-through files -------------------------------------------------------------------------------------
@@ -313,6 +375,14 @@ def test_iterator_prefetches_and_a_warm_second_epoch_makes_no_data_requests(make
             _check_sample(b)
     assert after_second == after_first, "a warm second epoch must not read remote data"
     assert it.prefetcher is None
+    # The next run adopts the entries: each is checked against its checksum and reused, none fetched again.
+    again = DALILeRobotIterator(reader, cache_dir=tmp_path / "cache", cache_gb=1.0, **options)
+    restarted = _samples(again)
+    assert again.prefetcher is not None
+    stats = again.prefetcher.stats
+    again.close()
+    assert stats.reused_ranges > 0 and stats.fetched_ranges == 0
+    assert [int(s["index"]) for s in restarted] == [int(s["index"]) for s in local[0]]
 
 
 def test_a_cache_smaller_than_the_pool_stays_in_bounds_and_changes_no_sample(make_ds, tmp_path: Path) -> None:
