@@ -323,7 +323,10 @@ class RetryingFile(io.RawIOBase):
             self._inner.close()
         except Exception:
             logger.debug("closing failed handle of %s raised", self.path, exc_info=True)
-        self._inner = self._fs._open_inner(self.path, self._mode, self._kwargs)
+        # Without the size the caller knew (a HEAD spared per open): after a failure the server is asked anew,
+        # or a file that changed would be compared with the size it was opened with, and always agree.
+        kwargs = {k: v for k, v in self._kwargs.items() if k != "size"}
+        self._inner = self._fs._open_inner(self.path, self._mode, kwargs)
         size = getattr(self._inner, "size", None)
         if isinstance(size, int) and self.size is not None and size != self.size:
             # A definite answer, not a blip: reading on would mix the old file's bytes (cached, indexed) with the new.
