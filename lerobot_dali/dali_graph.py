@@ -215,7 +215,9 @@ def build_pipeline(
                 results.append(node.gpu() if on_gpu and field.kind == FieldKind.TABULAR else node)
                 names.append(field.name)
                 if on_gpu and field.name == "task_index":
-                    results.append(node)  # the task strings' lookup reads it on the host
+                    # The task strings' lookup reads it on the host: a copy, since DALI pins a buffer the GPU reads
+                    # and torch.from_dlpack refuses pinned (kDLCUDAHost) tensors.
+                    results.append(fn.copy(node))
                     names.append(HOST_TASK_INDEX)
                 continue
             if field.kind == FieldKind.DEPTH:
@@ -226,10 +228,10 @@ def build_pipeline(
                 frames = decode_clips(node, outputs[i + 1], device=field.decode_device)
                 if on_gpu and field.decode_device == "cpu":  # VP9/VP8/MJPEG on DALI's CPU decoder: augment on GPU
                     frames = frames.gpu()  # (before the window order: the distinct frames cross, not their copies)
+                if field.color_fix is not None:  # (on the distinct frames, before the window repeats them)
+                    frames = recolor(frames, field.color_fix)
                 if i + 2 < len(fields) and fields[i + 2].kind == FieldKind.CLIP_ORDER:
                     frames = fn.sequence_rearrange(frames, new_order=outputs[i + 2])
-                if field.color_fix is not None:
-                    frames = recolor(frames, field.color_fix)
             elif field.kind == FieldKind.PLANES_LUMA:
                 frames = planes_to_rgb(node, outputs[i + 1], outputs[i + 2], on_gpu=on_gpu)
             else:

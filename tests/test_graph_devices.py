@@ -129,6 +129,22 @@ def test_gpu_graph_uses_only_kernels_dali_has_and_ends_on_the_gpu(options: dict[
         assert {("ColorTwist", "gpu"), ("BrightnessContrast", "gpu")} <= used
 
 
+def test_no_host_output_of_the_gpu_graph_also_feeds_the_device() -> None:
+    """DALI pins a CPU buffer that a GPU or mixed node reads, and hands a pinned output to torch through DLPack as
+    kDLCUDAHost, which ``torch.from_dlpack`` refuses ('Unsupported device_type: 3', torch 2.13): the host copy of
+    task_index was the very buffer sent to the GPU, so every batch of a GPU run could fail (read from DALI's
+    source and tried on torch with a retagged capsule; not yet run on a GPU)."""
+    pipe, _ = _graph(GPU_FEEDS, device_id=0, augment=FULL)
+    host_outputs = {node.name for node in pipe._graph_outputs if node.device == "cpu"}
+    assert host_outputs
+    to_device = {node.name for node in pipe._graph_outputs if node.device == "gpu"}
+    for instance in pipe._ops:
+        for node in instance._inputs:
+            if node.device == "gpu" or instance._op.device == "mixed":
+                to_device.add(node.name)
+    assert host_outputs.isdisjoint(to_device), sorted(host_outputs & to_device)
+
+
 @pytest.mark.parametrize("options", [{"augment": FULL}, {"image_size": (120, 160)}], ids=["full-augment", "resize"])
 def test_cpu_graph_has_no_device_operator(options: dict[str, Any]) -> None:
     pipe, _ = _graph(CPU_FEEDS, device_id=None, **options)
