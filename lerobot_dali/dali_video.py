@@ -33,7 +33,9 @@ def decode_clips(clips: Any, frame_indices: Any, *, device: Literal["cpu", "mixe
     """
     if device not in ("cpu", "mixed"):
         raise ValueError(f"device must be 'cpu' or 'mixed', got {device!r}.")
-    return fn.decoders.video(clips, device=device, frames=frame_indices, pad_mode="none")
+    # affine=False: the mixed decoder pins its threads to cores by default, the same cores in every rank of a
+    # node (and one pool per NVDEC camera), on top of the cores the CPU workers use. (The CPU decoder ignores it.)
+    return fn.decoders.video(clips, device=device, frames=frame_indices, pad_mode="none", affine=False)
 
 
 def decode_clip_batch(

@@ -244,7 +244,7 @@ def _probe_here(device_id: int, samples: Mapping[str, np.ndarray]) -> GpuProbe:
         try:
             decode_clip_batch([clip], [np.zeros(1, np.int32)], device_id=device_id)
             nvdec[codec] = True
-        except RuntimeError as e:
+        except Exception as e:  # DALI raises RuntimeError mostly, but maps some C++ errors to ValueError etc.
             nvdec[codec] = False
             # DALI's sentence alone can say little: a codec NVDEC lacks (AV1 on H100) gives 'Failed to create
             # video decoder for "memory file"' (the codec is named only in a warning on stderr).

@@ -48,7 +48,12 @@ def _cuda_and_cpu_samples(root, **kwargs) -> list[tuple[dict, dict]]:
 
 
 @pytest.mark.parametrize("codec", ["h264", "hevc", "vp9", "av1"])
-def test_cuda_parity_and_agreement_with_cpu_mode(make_ds, codec: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_cuda_parity_and_agreement_with_cpu_mode(
+    make_ds, codec: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lerobot_dali import decode_route
+
+    monkeypatch.setattr(decode_route, "_logged_fallbacks", set())  # said once per process: not by an earlier test
     root = _dataset(make_ds, codec, size=GPU_SIZE)
     kwargs = dict(batch_size=4, delta_timestamps=DELTAS, shuffle=False, num_workers=2, drop_last=False)
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.decode_route"):
