@@ -2,23 +2,45 @@
 
 ``$LEROBOT_DALI_CACHE`` when set, else ``~/.cache/lerobot_dali``; each cache takes a subfolder (``bench``,
 ``packet_index``). Nothing under it is ever needed for correctness: deleting it only costs rebuild time.
+What no run has used for ``$LEROBOT_DALI_CACHE_DAYS`` days (default 30) is deleted by the next run (at most
+one sweep a day per cache), so caches of datasets no longer read do not fill the disk.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import logging
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-__all__ = ["CACHE_ENV", "atomic_file", "cache_root", "try_flock"]
+__all__ = [
+    "CACHE_DAYS_ENV",
+    "CACHE_ENV",
+    "atomic_file",
+    "cache_root",
+    "mark_used",
+    "prune_due",
+    "prune_unused_files",
+    "try_flock",
+    "unused_before",
+]
+
+logger = logging.getLogger(__name__)
 
 #: Environment variable that moves the cache root (e.g. onto a fast local disk shared by all ranks of a node).
 CACHE_ENV = "LEROBOT_DALI_CACHE"
+#: Days a cache entry may go unused before a run deletes it; 0 keeps everything.
+CACHE_DAYS_ENV = "LEROBOT_DALI_CACHE_DAYS"
+DEFAULT_CACHE_DAYS = 30.0
+#: Seconds between two sweeps of one cache folder (a sweep lists every entry).
+PRUNE_EVERY_S = 24 * 3600.0
 
 
 def cache_root() -> Path:
@@ -66,3 +88,58 @@ def try_flock(path: Path) -> IO[bytes] | None:
             return None
         raise
     return handle
+
+
+def unused_before() -> float | None:
+    """The time (``time.time()`` scale) before which an entry's last use makes it stale, or None: keep all."""
+    raw = os.environ.get(CACHE_DAYS_ENV, "").strip()
+    try:
+        days = float(raw) if raw else DEFAULT_CACHE_DAYS
+    except ValueError:
+        logger.warning("%s=%r is not a number of days; using %g", CACHE_DAYS_ENV, raw, DEFAULT_CACHE_DAYS)
+        days = DEFAULT_CACHE_DAYS
+    return None if days <= 0 else time.time() - days * 86400
+
+
+def mark_used(path: Path) -> None:
+    """Record a use of cache entry ``path`` (its mtime), so sweeps keep it; best effort."""
+    with contextlib.suppress(OSError):  # (another user's file in a shared cache, or gone): at worst rebuilt
+        os.utime(path)
+
+
+def prune_due(folder: Path) -> bool:
+    """Whether to sweep ``folder`` now: no sweep for :data:`PRUNE_EVERY_S` (a marker's mtime, set here)."""
+    marker = folder / ".swept"
+    try:
+        if time.time() - marker.stat().st_mtime < PRUNE_EVERY_S:
+            return False
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:
+        return False
+    return True
+
+
+def prune_unused_files(folder: Path, pattern: str) -> None:
+    """Delete the files of ``folder`` matching ``pattern`` whose last use (:func:`mark_used`) is stale; a no-op
+    when pruning is off or ``folder`` was swept recently. Readers holding one open or mapped keep their copy."""
+    cutoff = unused_before()
+    if cutoff is None or not folder.is_dir() or not prune_due(folder):
+        return
+    removed, freed = 0, 0
+    for path in folder.glob(pattern):
+        try:
+            stat = path.stat()
+            if stat.st_mtime < cutoff:
+                path.unlink()
+                removed, freed = removed + 1, freed + stat.st_size
+        except OSError:
+            continue  # (removed meanwhile, or not ours to delete)
+    if removed:
+        logger.info("%s: deleted %d cache file(s), %.1f MB, unused for %s days", folder, removed, freed / 1e6,
+                    os.environ.get(CACHE_DAYS_ENV) or f"{DEFAULT_CACHE_DAYS:g}")  # fmt: skip

@@ -34,7 +34,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .cache_dirs import CACHE_ENV, atomic_file, cache_root, try_flock
+from .cache_dirs import CACHE_ENV, atomic_file, cache_root, mark_used, prune_unused_files, try_flock
 from .file_stamps import FileStamp
 from .remote_retry import is_transient
 
@@ -113,6 +113,11 @@ class ColumnStore:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._init_process_state()
+
+    def prune_unused(self) -> None:
+        """Delete the stored files no run has mapped for a while (:func:`~lerobot_dali.cache_dirs.prune_unused_files`);
+        a process mapping one keeps reading its copy."""
+        prune_unused_files(self.directory, "*/*.arrow")
 
     def wants(self, group_rows: int, rows: int) -> bool:
         """Whether decoding ``group_rows`` rows to use ``rows`` of them costs enough to go through the store."""
@@ -194,6 +199,7 @@ class ColumnStore:
             stored_key = (table.schema.metadata or {}).get(_KEY_METADATA, b"").decode(errors="replace")
             missing = [c for c in entry.columns if c not in table.column_names]
             if stored_key == key and not missing and table.num_rows == expected_rows:
+                mark_used(target)
                 return table
             problem = (
                 f"was written for {stored_key or 'no key'} with {table.num_rows} rows, not for {key} with "

@@ -177,6 +177,9 @@ class DALILeRobotIterator:
         )
         location = self.reader.location
         self._index_store = None if location.is_local else PacketIndexStore()
+        for store in (self._index_store, self.reader.column_store):  # (stale entries: a sweep a day at most)
+            if store is not None:
+                store.prune_unused()
         self.routes = self._choose_routes(DecodePreference.parse(decode))
         self._feeds = self._plan_feeds()
         self._tabular_keys = tuple(self.reader.tabular_keys)

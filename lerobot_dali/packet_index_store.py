@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .cache_dirs import atomic_file, cache_root
+from .cache_dirs import atomic_file, cache_root, mark_used, prune_unused_files
 from .file_stamps import FileStamp
 from .packet_index import PacketIndex
 
@@ -61,7 +61,9 @@ class PacketIndexStore:
         path = self.path_for(url, stamp)
         try:
             with np.load(path, allow_pickle=False) as data:
-                return _decode(data, url, stamp)
+                index = _decode(data, url, stamp)
+            mark_used(path)
+            return index
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, EOFError, zipfile.BadZipFile) as e:
@@ -71,6 +73,11 @@ class PacketIndexStore:
             except OSError as unlink_error:
                 logger.warning("cannot delete %s (%s); it will be overwritten", path, unlink_error)
             return None
+
+    def prune_unused(self) -> None:
+        """Delete the indexes no run has loaded for a while (:func:`~lerobot_dali.cache_dirs.prune_unused_files`):
+        files of servers without versions (``run:`` stamps) and of older Hub commits are never loaded again."""
+        prune_unused_files(self.directory, "*/*.npz")
 
     def save(self, url: str, stamp: FileStamp, index: PacketIndex) -> None:
         """Store ``index`` for ``url`` at ``stamp`` atomically; a failed write is logged, never raised."""

@@ -27,7 +27,7 @@ from .cached_filesystem import CachedFileSystem
 from .dataset_reader import LeRobotDatasetReader
 from .episode_ranges import EpisodeRanges
 from .packet_index_store import PacketIndexStore
-from .range_cache import ByteRange, CacheBusyError, CacheStats, RangeCache
+from .range_cache import ByteRange, CacheBusyError, CacheStats, RangeCache, prune_unused_slots
 from .sample_order import SampleOrder
 
 __all__ = ["Prefetcher", "prefetching_reader"]
@@ -222,6 +222,7 @@ def prefetching_reader(
         return reader, None
     if cache_dir is None:
         name = hashlib.sha256(reader.location.description.encode()).hexdigest()[:16]
+        prune_unused_slots(cache_root() / "prefetch")  # other datasets' (and ranks') caches left unused
         cache_dir = cache_root() / "prefetch" / name
     try:
         cache = RangeCache.open_free_slot(Path(cache_dir) / f"rank-{rank}", max_bytes=cache_bytes)

@@ -23,6 +23,7 @@ share one (two jobs on a node, a train and a validation iterator) do not evict e
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -35,12 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cache_dirs import atomic_file, try_flock
+from .cache_dirs import atomic_file, mark_used, prune_due, try_flock, unused_before
 
-__all__ = ["ByteRange", "CacheBusyError", "CacheStats", "RangeCache", "entry_dir", "list_entries"]
+__all__ = ["ByteRange", "CacheBusyError", "CacheStats", "RangeCache", "entry_dir", "list_entries", "prune_unused_slots"]
 
 logger = logging.getLogger(__name__)
 
+_LOCK = ".lock"
 _SUFFIX = ".bin"  # an entry readers may read: written by this run, or checked against its checksum
 _ADOPTED = ".adopted"  # an earlier run's entry, not yet checked
 
@@ -151,6 +153,7 @@ class RangeCache:
         self._warned_write = False
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock_file = _lock_directory(self.directory)
+        mark_used(self.directory / _LOCK)  # the slot's last use, for prune_unused_slots
         self._adopt()
 
     @classmethod
@@ -397,7 +400,31 @@ class RangeCache:
 
 def _lock_directory(directory: Path) -> Any:
     """An open file holding an exclusive ``flock`` on ``directory``; CacheBusyError while another holds it."""
-    handle = try_flock(directory / ".lock")
+    handle = try_flock(directory / _LOCK)
     if handle is None:
         raise CacheBusyError(f"{directory} is held by another prefetch cache")
     return handle
+
+
+def prune_unused_slots(root: Path) -> None:
+    """Delete the cache directories ``root/<dataset>/<slot>`` that no run has opened for a while
+    (``$LEROBOT_DALI_CACHE_DAYS``, see :mod:`.cache_dirs`) and none holds now: each is up to ``cache_gb`` of one
+    dataset and rank, kept for a restart, and would otherwise stay after the dataset is no longer read."""
+    cutoff = unused_before()
+    if cutoff is None or not root.is_dir() or not prune_due(root):
+        return
+    for slot in root.glob("*/*"):
+        lock = slot / _LOCK
+        try:
+            if not slot.is_dir() or (lock if lock.exists() else slot).stat().st_mtime >= cutoff:
+                continue
+            handle = try_flock(lock)
+        except OSError:
+            continue
+        if handle is None:  # a run holds it (a restart after a long pause): its own to keep
+            continue
+        with handle:
+            shutil.rmtree(slot, ignore_errors=True)
+        logger.info("deleted prefetch cache %s: unused for longer than %s allows", slot, "LEROBOT_DALI_CACHE_DAYS")
+        with contextlib.suppress(OSError):
+            slot.parent.rmdir()  # (only once empty)

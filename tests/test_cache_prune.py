@@ -1,0 +1,104 @@
+"""Caches under the cache root drop what no run has used for LEROBOT_DALI_CACHE_DAYS days; used entries stay."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from lerobot_dali.cache_dirs import CACHE_DAYS_ENV, cache_root, prune_unused_files
+from lerobot_dali.file_stamps import FileStamp
+from lerobot_dali.packet_index import build_packet_index
+from lerobot_dali.packet_index_store import PacketIndexStore
+from lerobot_dali.range_cache import ByteRange, RangeCache, prune_unused_slots
+from tests.video_fixtures import MarkerVideo
+
+DAY = 86400.0
+
+
+def _aged(path: Path, days: float) -> Path:
+    then = time.time() - days * DAY
+    os.utime(path, (then, then))
+    return path
+
+
+def _file(path: Path, days: float, size: int = 10) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes(size))
+    return _aged(path, days)
+
+
+def test_files_unused_for_the_set_days_go_and_a_folder_is_swept_once_a_day(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(CACHE_DAYS_ENV, "7")
+    stale, fresh = _file(tmp_path / "ab" / "old.npz", 8), _file(tmp_path / "cd" / "new.npz", 6)
+    other = _file(tmp_path / "ab" / "old.txt", 8)  # not the pattern's
+    prune_unused_files(tmp_path, "*/*.npz")
+    assert not stale.exists() and fresh.exists() and other.exists()
+    later = _file(tmp_path / "ab" / "later.npz", 8)
+    prune_unused_files(tmp_path, "*/*.npz")  # swept less than a day ago
+    assert later.exists()
+    _aged(tmp_path / ".swept", 1.01)
+    prune_unused_files(tmp_path, "*/*.npz")
+    assert not later.exists()
+
+
+@pytest.mark.parametrize("days", ["0", "-1"])
+def test_zero_days_keeps_everything(tmp_path: Path, monkeypatch, days: str) -> None:
+    monkeypatch.setenv(CACHE_DAYS_ENV, days)
+    stale = _file(tmp_path / "ab" / "old.npz", 1000)
+    prune_unused_files(tmp_path, "*/*.npz")
+    assert stale.exists() and not (tmp_path / ".swept").exists()
+
+
+def test_a_loaded_packet_index_counts_as_used(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    """Indexes are written once and then only read: without a read refreshing them, every index of a dataset in
+    daily use would be deleted 30 days after it was built."""
+    store = PacketIndexStore(tmp_path / "store")
+    path = marker_video("h264", 30)
+    index = build_packet_index(path)
+    used, unused = FileStamp(index.file_size_bytes, "etag:a"), FileStamp(index.file_size_bytes, "run:b")
+    store.save("https://host/v.mp4", used, index)
+    store.save("https://host/v.mp4", unused, index)
+    for stamp in (used, unused):
+        _aged(store.path_for("https://host/v.mp4", stamp), 40)
+    assert store.load("https://host/v.mp4", used) is not None
+    store.prune_unused()
+    assert store.path_for("https://host/v.mp4", used).exists()
+    assert not store.path_for("https://host/v.mp4", unused).exists()
+
+
+def test_prefetch_slots_unused_for_a_while_go_unless_a_run_holds_them(tmp_path: Path) -> None:
+    root = tmp_path / "prefetch"
+    blob = bytes(range(200))
+
+    def slot(name: str, days: float, *, hold: bool = False) -> tuple[Path, RangeCache | None]:
+        cache = RangeCache(root / name, max_bytes=1000)
+        cache.acquire("ep", [ByteRange("p", 0, 100)], lambda key: blob[key.start : key.end])
+        _aged(root / name / ".lock", days)
+        if not hold:
+            cache.close()
+        return root / name, cache if hold else None
+
+    gone, _ = slot("dataset-a/rank-0", 40)
+    kept, _ = slot("dataset-b/rank-0", 5)
+    held, holder = slot("dataset-b/rank-1", 40, hold=True)
+    prune_unused_slots(root)
+    assert not gone.exists() and not gone.parent.exists()  # its dataset folder went with its last slot
+    assert kept.exists() and held.exists()
+    assert holder is not None and holder.bytes_cached == 100
+    holder.close()
+    again = RangeCache(kept, max_bytes=1000)  # a run opening a slot marks it used
+    assert time.time() - (kept / ".lock").stat().st_mtime < 60 and again.bytes_cached == 100
+    again.close()
+
+
+def test_the_iterator_sweeps_the_column_store(make_ds) -> None:
+    from lerobot_dali.iterator import DALILeRobotIterator
+    from tests.test_iterator import _dataset
+
+    stale = _file(cache_root() / "columns" / "ab" / "stale.arrow", 40)
+    it = DALILeRobotIterator(_dataset(make_ds, "vp9"), batch_size=2, device="cpu", num_workers=0)
+    it.close()
+    assert not stale.exists()
