@@ -26,10 +26,9 @@ __all__ = [
     "atomic_file",
     "cache_root",
     "mark_used",
-    "prune_due",
     "prune_unused_files",
+    "sweep_cutoff",
     "try_flock",
-    "unused_before",
 ]
 
 logger = logging.getLogger(__name__)
@@ -90,15 +89,14 @@ def try_flock(path: Path) -> IO[bytes] | None:
     return handle
 
 
-def unused_before() -> float | None:
-    """The time (``time.time()`` scale) before which an entry's last use makes it stale, or None: keep all."""
+def _cache_days() -> float:
     raw = os.environ.get(CACHE_DAYS_ENV, "").strip()
     try:
         days = float(raw) if raw else DEFAULT_CACHE_DAYS
     except ValueError:
         logger.warning("%s=%r is not a number of days; using %g", CACHE_DAYS_ENV, raw, DEFAULT_CACHE_DAYS)
         days = DEFAULT_CACHE_DAYS
-    return None if days <= 0 else time.time() - days * 86400
+    return days
 
 
 def mark_used(path: Path) -> None:
@@ -107,29 +105,33 @@ def mark_used(path: Path) -> None:
         os.utime(path)
 
 
-def prune_due(folder: Path) -> bool:
-    """Whether to sweep ``folder`` now: no sweep for :data:`PRUNE_EVERY_S` (a marker's mtime, set here)."""
+def sweep_cutoff(folder: Path) -> float | None:
+    """The time (``time.time()`` scale) before which an entry's last use makes it stale, when ``folder`` is due
+    a sweep (none for :data:`PRUNE_EVERY_S`: a marker's mtime, set here); None when pruning is off (0 days),
+    ``folder`` does not exist or was swept recently."""
+    days = _cache_days()
+    if days <= 0 or not folder.is_dir():
+        return None
     marker = folder / ".swept"
     try:
         if time.time() - marker.stat().st_mtime < PRUNE_EVERY_S:
-            return False
+            return None
     except FileNotFoundError:
         pass
     except OSError:
-        return False
+        return None
     try:
-        folder.mkdir(parents=True, exist_ok=True)
         marker.touch()
     except OSError:
-        return False
-    return True
+        return None
+    return time.time() - days * 86400
 
 
 def prune_unused_files(folder: Path, pattern: str) -> None:
     """Delete the files of ``folder`` matching ``pattern`` whose last use (:func:`mark_used`) is stale; a no-op
     when pruning is off or ``folder`` was swept recently. Readers holding one open or mapped keep their copy."""
-    cutoff = unused_before()
-    if cutoff is None or not folder.is_dir() or not prune_due(folder):
+    cutoff = sweep_cutoff(folder)
+    if cutoff is None:
         return
     removed, freed = 0, 0
     for path in folder.glob(pattern):
@@ -141,5 +143,5 @@ def prune_unused_files(folder: Path, pattern: str) -> None:
         except OSError:
             continue  # (removed meanwhile, or not ours to delete)
     if removed:
-        logger.info("%s: deleted %d cache file(s), %.1f MB, unused for %s days", folder, removed, freed / 1e6,
-                    os.environ.get(CACHE_DAYS_ENV) or f"{DEFAULT_CACHE_DAYS:g}")  # fmt: skip
+        logger.info("%s: deleted %d cache file(s), %.1f MB, unused for %g days", folder, removed, freed / 1e6,
+                    _cache_days())  # fmt: skip

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cache_dirs import atomic_file, mark_used, prune_due, try_flock, unused_before
+from .cache_dirs import CACHE_DAYS_ENV, atomic_file, mark_used, sweep_cutoff, try_flock
 
 __all__ = ["ByteRange", "CacheBusyError", "CacheStats", "RangeCache", "entry_dir", "list_entries", "prune_unused_slots"]
 
@@ -410,8 +410,8 @@ def prune_unused_slots(root: Path) -> None:
     """Delete the cache directories ``root/<dataset>/<slot>`` that no run has opened for a while
     (``$LEROBOT_DALI_CACHE_DAYS``, see :mod:`.cache_dirs`) and none holds now: each is up to ``cache_gb`` of one
     dataset and rank, kept for a restart, and would otherwise stay after the dataset is no longer read."""
-    cutoff = unused_before()
-    if cutoff is None or not root.is_dir() or not prune_due(root):
+    cutoff = sweep_cutoff(root)
+    if cutoff is None:
         return
     for slot in root.glob("*/*"):
         lock = slot / _LOCK
@@ -425,6 +425,6 @@ def prune_unused_slots(root: Path) -> None:
             continue
         with handle:
             shutil.rmtree(slot, ignore_errors=True)
-        logger.info("deleted prefetch cache %s: unused for longer than %s allows", slot, "LEROBOT_DALI_CACHE_DAYS")
+        logger.info("deleted prefetch cache %s: no run has used it for %s days", slot, CACHE_DAYS_ENV)
         with contextlib.suppress(OSError):
             slot.parent.rmdir()  # (only once empty)
