@@ -250,7 +250,7 @@ class LeRobotDatasetReader:
     def _data_stamp(self, path: str, parquet: pq.ParquetFile) -> FileStamp | None:
         """What identifies the content of data file ``path`` read through ``parquet`` (the column store's key):
         the remote listing's stamp, or the stat of the local handle taken when it was opened."""
-        return self.stamps[path] if self.stamps is not None else opened_stamp(parquet)
+        return self.listed_stamp(path) or opened_stamp(parquet)
 
     def _feature(self, key: str) -> Feature:
         try:
