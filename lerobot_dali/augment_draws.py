@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from .augment import AugmentConfig
+    from .augment_config import AugmentConfig
 
 __all__ = ["STREAM_LENGTH", "draw_names", "draw_params", "stream_name"]
 

@@ -9,9 +9,10 @@ So the columns a reader reads of such a file are written once per machine as one
 (1.3-2.3x the parquet file, measured) under ``cache_root()/columns``; every worker, rank and later run maps it,
 and the OS page cache shares its pages between them (HF ``datasets``, under LeRobot's own loader, keeps Arrow
 files for the same reason). Entries are keyed by the sha256 of (path, size, version, columns) and record their
-key, so a changed file simply misses; stale entries are kept (damaged ones are deleted). One process converts
-a file (an ``flock``), written under a temporary name and renamed; the others read the row group directly
-meanwhile rather than wait. A store that cannot be written or read is logged and skipped: it is never needed
+key, so a changed file simply misses; stale entries stay until a sweep finds them unused
+(:meth:`ColumnStore.prune_unused`), damaged ones are deleted at once. One process converts a file (an
+``flock``), written under a temporary name and renamed; the others read the row group directly meanwhile
+rather than wait. A store that cannot be written or read is logged and skipped: it is never needed
 for correctness, and deleting it only costs the conversion again. A folder that refuses writes (full, over
 quota, read-only) stops the process's conversions for good, with one warning; mapped entries stay in use.
 """

@@ -70,7 +70,7 @@ class DeltaWindows:
     delta_timestamps: Mapping[str, Sequence[float]]
     fps: float
     tolerance_s: float = DEFAULT_TOLERANCE_S
-    #: Video-backed camera keys: they get query timestamps instead of rows.
+    #: Video-backed camera keys (:meth:`squeeze_camera` answers for these).
     camera_keys: Iterable[str] = ()
     #: If given, every key of ``delta_timestamps`` must be one of these (the dataset's features).
     feature_keys: Iterable[str] | None = None
