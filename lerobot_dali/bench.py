@@ -26,8 +26,10 @@ consumer like the peers'), ``pyav-dataloader``
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import importlib.util
+import json
 import logging
 import os
 import platform
@@ -212,15 +214,33 @@ class BenchConfig:
 
 
 # -- datasets -------------------------------------------------------------------------------------------------
+#: Beside a generated dataset: what wrote it. A dataset the current generator would write differently is
+#: written again, so a changed generator never benches files of the old one.
+GENERATED_STAMP = ".lerobot_dali_generated.json"
+
+
+def _generator_stamp(spec: GeneratedSpec) -> str:
+    from . import frame_marker, generate
+
+    code = hashlib.sha256()
+    for module in (generate, frame_marker):
+        code.update(Path(str(module.__file__)).read_bytes())
+    return json.dumps({"spec": dataclasses.asdict(spec), "generator_sha256": code.hexdigest()}, sort_keys=True)
+
+
 def ensure_generated(spec: GeneratedSpec, cache_dir: Path) -> Path:
-    """The generated dataset for ``spec`` in ``cache_dir``, written first if absent (atomically: a run
-    that dies half-way leaves no dataset that looks complete)."""
+    """The generated dataset for ``spec`` in ``cache_dir``, written first if absent or written by another
+    generator (atomically: a run that dies half-way leaves no dataset that looks complete)."""
     from .generate import make_dataset
 
     target = cache_dir / spec.folder
+    stamp = _generator_stamp(spec)
     if (target / "meta" / "info.json").is_file():
-        logger.info("reusing %s", target)
-        return target
+        written = target / GENERATED_STAMP
+        if written.is_file() and written.read_text() == stamp:
+            logger.info("reusing %s", target)
+            return target
+        progress_log.info("%s was written by another version of the generator: writing it again", target)
     staging = cache_dir / f".{spec.folder}.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -236,10 +256,15 @@ def ensure_generated(spec: GeneratedSpec, cache_dir: Path) -> Path:
         gop=spec.gop,
         episodes_per_file=spec.episodes,
     )
+    (staging / GENERATED_STAMP).write_text(stamp)
+    stale = cache_dir / f".{spec.folder}.stale-{os.getpid()}"
+    if target.exists():  # an old generator's: set aside, deleted once the new one stands in its place
+        target.rename(stale)
     try:
         staging.rename(target)
     except OSError:  # another run finished the same dataset first
         shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(stale, ignore_errors=True)
     return target
 
 
@@ -400,16 +425,16 @@ def _with_derived(
     results: list[LoaderResult], footprint: tuple[float, float] | None, ceiling_fps: float | None
 ) -> list[LoaderResult]:
     """Add ratios: to the best peer's frames/s, to the decode ceiling; clip bytes on our rows."""
-    peers = [r.frames_per_s for r in results if r.loader not in _OURS and r.status == "ok" and r.frames_per_s > 0]
-    best_peer = max(peers) if peers else None
+    peers = [r for r in results if r.loader not in _OURS and r.status == "ok" and r.frames_per_s > 0]
+    best_peer = max(peers, key=lambda r: r.frames_per_s) if peers else None
     out = []
     for r in results:
         if r.status != "ok":
             out.append(r)
             continue
         extra: dict[str, Any] = {}
-        if best_peer:
-            extra["vs_best_peer"] = r.frames_per_s / best_peer
+        if best_peer is not None:
+            extra.update(vs_best_peer=r.frames_per_s / best_peer.frames_per_s, best_peer=best_peer.loader)
         if ceiling_fps:
             extra["fraction_of_decode_ceiling"] = r.frames_per_s / ceiling_fps
         if footprint is not None and r.loader in _OURS:
@@ -425,13 +450,17 @@ def _dataset_summary(dataset: BenchDataset, reader: Any, plan: LoadPlan) -> dict
     if reader.camera_keys:
         index = load_packet_index(reader.video(0, reader.camera_keys[0]).path, filesystem=reader.location.fs)
         codec, resolution = index.codec, [index.height, index.width]
+        kb_per_frame: float | None = round(float(index.size_bytes.mean()) / 1024, 2)
     else:  # cameras stored as images in the data files only
         codec, resolution = "image", list(reader.info.features[reader.image_keys[0]].shape[:2])
+        kb_per_frame = None
     return {
         "label": dataset.label,
         "path": dataset.path,
         "codec": codec,
         "resolution": resolution,
+        # How hard the frames are to decode: synthetic ones compress ~10x better than camera footage.
+        "video_kb_per_frame": kb_per_frame,
         "fps": reader.fps,
         "cameras": list(reader.camera_keys),
         "image_cameras": list(reader.image_keys),

@@ -140,6 +140,7 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
         it = DALILeRobotIterator(
             job.dataset.path, batch_size=job.batch_size, delta_timestamps=plan.delta_timestamps or None,
             shuffle=True, seed=job.seed, episode_pool_size=job.pool_size,
+            rank=0, world_size=1,  # one process reads the whole dataset, as the peers do, whatever RANK says
             device="cpu" if job.loader == DALI_CPU_MODE_LOADER else job.device,
             decode="auto" if job.loader == DALI_LOADER else "cpu", num_workers=job.num_workers,
             image_size=plan.image_size, augment=plan.augment, drop_last=True,

@@ -122,18 +122,33 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _route(routes: str) -> str:
+    """``cam0=nvdec cam1=nvdec`` as ``nvdec``; cameras on different routes stay named."""
+    distinct = {pair.partition("=")[2] for pair in routes.split()}
+    return "-" if not routes else distinct.pop() if len(distinct) == 1 else routes
+
+
+def _camera_windows(summary: dict[str, Any]) -> bool:
+    cameras = {*summary.get("cameras", ()), *summary.get("image_cameras", ())}
+    return bool(cameras & set(summary.get("delta_timestamps") or {}))
+
+
 def format_table(report: BenchReport) -> str:
-    """The results as an aligned text table (what the CLI prints)."""
+    """The results as an aligned text table (what the CLI prints), then what the ratios divide by.
+
+    Codec and route stand in every row, so an NVDEC H.264 number is never read as an AV1 CPU-fallback one."""
+    codecs = {d["label"]: str(d.get("codec", "-")) for d in report.datasets}
     header = (
-        "dataset", "loader", "frames/s", "samples/s", "vs peer", "of ceil", "first s", "p50 ms", "p95 ms",
-        "p99 ms", "RSS MB", "GPU MB", "eps/batch", "clip/file", "status",
+        "dataset", "codec", "loader", "route", "frames/s", "samples/s", "vs peer", "of ceil", "first s", "p50 ms",
+        "p95 ms", "p99 ms", "RSS MB", "GPU MB", "eps/batch", "clip/file", "status",
     )  # fmt: skip
     rows = [header]
     for r in report.results:
         gpu = r.gpu_peak_used_mb if r.gpu_peak_used_mb is not None else r.gpu_max_allocated_mb
         measured = r.status == "ok"
         rows.append((
-            r.dataset, r.loader, _fmt(r.frames_per_s if measured else None, ".1f"),
+            r.dataset, codecs.get(r.dataset, "-"), r.loader, _route(r.routes),
+            _fmt(r.frames_per_s if measured else None, ".1f"),
             _fmt(r.samples_per_s if measured else None, ".1f"),
             _fmt(r.vs_best_peer, ".2f"), _fmt(r.fraction_of_decode_ceiling, ".2f"), _fmt(r.first_batch_s, ".2f"),
             _fmt(r.batch_p50_ms, ".0f"), _fmt(r.batch_p95_ms, ".0f"), _fmt(r.batch_p99_ms, ".0f"),
@@ -143,4 +158,11 @@ def format_table(report: BenchReport) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    divisors = dict.fromkeys(f"{r.dataset}: {r.best_peer}" for r in report.results if r.best_peer)
+    if divisors:
+        lines.append(f"vs peer: frames/s over the fastest loader that is not lerobot-dali ({'; '.join(divisors)}).")
+    if any(r.fraction_of_decode_ceiling is not None for r in report.results):
+        lines.append("of ceil: frames/s over the best decode ceiling of the same files (--limits).")
+    if any(_camera_windows(d) for d in report.datasets):
+        lines.append("frames: camera images handed over; a window's padded and repeated ones count, for every loader.")
     return "\n".join(lines)

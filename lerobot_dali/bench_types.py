@@ -116,6 +116,8 @@ class LoaderResult:
     decode_s: float | None = None
     cache_hit_ratio: float | None = None
     vs_best_peer: float | None = None
+    #: The loader ``vs_best_peer`` divides by: the fastest on this dataset that is not lerobot-dali.
+    best_peer: str | None = None
     fraction_of_decode_ceiling: float | None = None
 
 

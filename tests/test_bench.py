@@ -104,8 +104,15 @@ def test_quick_bench_report_schema_and_consistent_numbers(quick_run: tuple[int, 
             r for r in results if r["dataset"] == dataset and r["loader"] != "lerobot-dali" and r["status"] == "ok"
         ]
         best = max(r["frames_per_s"] for r in ran_peers)
+        best_name = max(ran_peers, key=lambda r: r["frames_per_s"])["loader"]
         for r in [*ran_peers, ours]:
             assert r["vs_best_peer"] == pytest.approx(r["frames_per_s"] / best)
+            assert r["best_peer"] == best_name
+        # The printed row names the codec and the route, and the ratio's divisor is printed under the table.
+        (line,) = [x for x in printed.splitlines() if x.startswith(dataset) and " lerobot-dali " in x]
+        assert line.split()[1:4] == [summary["codec"], "lerobot-dali", "cpu_fallback"], line
+        assert f"{dataset}: {best_name}" in printed
+        assert summary["video_kb_per_frame"] > 0
         assert max(r["vs_best_peer"] for r in ran_peers) == pytest.approx(1.0)
         for loader in ("lerobot", "lerobot-streaming"):
             r = by[(dataset, loader)]
@@ -263,6 +270,43 @@ def test_cpu_mode_loader_runs_the_pipeline_on_the_cpu(cache_dir: Path, quick_run
     result = run_in_child(job)
     assert result.status == "ok" and result.frames == 3 * 4 * plan.frames_per_sample, result.note
     assert set(result.routes.split()) == {"cam0=cpu_fallback", "cam1=cpu_fallback"}
+
+
+def test_the_bench_reads_the_whole_dataset_whatever_rank_the_environment_names(
+    cache_dir: Path, quick_run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shell left with RANK/WORLD_SIZE set (a torchrun job's) made lerobot-dali read a quarter of the episodes
+    while the peers read them all."""
+    from lerobot_dali.bench_measure import LoaderJob, _build_loader
+    from lerobot_dali.bench_types import DALI_LOADER, BenchDataset
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "1")
+    folder = default_specs(True)[0].folder
+    plan = load_plan(BenchConfig(quick=True), open_dataset(cache_dir / folder))
+    job = LoaderJob(
+        loader=DALI_LOADER, dataset=BenchDataset(folder, str(cache_dir / folder)), plan=plan,
+        batch_size=4, num_workers=0, pool_size=4, device="cpu", steps=3, warmup=1, seed=0, log_level=30,
+    )  # fmt: skip
+    loader, _, close = _build_loader(job)
+    try:
+        assert (loader.rank, loader.world_size) == (0, 1)
+    finally:
+        close()
+
+
+def test_a_generated_dataset_is_written_again_when_the_generator_changed(tmp_path: Path) -> None:
+    from lerobot_dali.bench import GENERATED_STAMP, GeneratedSpec, ensure_generated
+
+    spec = GeneratedSpec(codec="vp9", cameras=1, size=(64, 64), fps=10, gop=2, episodes=1, frames_per_episode=4)
+    first = ensure_generated(spec, tmp_path)
+    data = next((first / "data").rglob("*.parquet"))
+    inode = data.stat().st_ino
+    assert ensure_generated(spec, tmp_path) == first and data.stat().st_ino == inode  # reused
+    (first / GENERATED_STAMP).write_text("{}")  # as an older generator's files would say
+    again = ensure_generated(spec, tmp_path)
+    assert again == first and data.stat().st_ino != inode  # written again, in the same place
+    assert sorted(p.name for p in tmp_path.iterdir()) == [spec.folder]  # no staging or stale copy left
 
 
 def test_the_benchs_own_bookkeeping_between_epochs_is_not_timed(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
