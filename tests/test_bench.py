@@ -435,3 +435,26 @@ def test_row_groups_script_measures_the_store_off_cold_and_warm(tmp_path) -> Non
     for run in ("reads_store_off", "reads_store_cold", "reads_store_warm"):
         assert result[run]["read_ms"] > 0 and result[run]["peak_rss_mb"] > 0
     assert result["iterator_store_off"]["samples_per_s"] > 0 and result["iterator_store_warm"]["samples_per_s"] > 0
+
+
+def test_remote_http_script_benches_a_pool_smaller_than_the_generated_set(
+    make_ds, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the bench's default pool the whole 12-episode set was prefetched before the clock started, so the
+    remote run never timed the network; the script now asks for a pool of 4 unless told otherwise."""
+    import importlib.util
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "remote_http.py"
+    spec = importlib.util.spec_from_file_location("remote_http", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    commands: list[list[str]] = []
+    monkeypatch.setattr(subprocess, "call", lambda command: commands.append(command) or 0)
+    root = make_ds(episodes=1, frames_per_episode=2, cameras=1, size=(64, 64), codec="vp9")
+    assert module.main([str(root), "--device", "cpu"]) == 0
+    assert module.main([str(root), "--pool-size", "9"]) == 0
+    first, second = commands
+    assert first[first.index("--pool-size") + 1] == "4" and first[first.index("--dataset") + 1].startswith("http")
+    assert second.count("--pool-size") == 1 and second[second.index("--pool-size") + 1] == "9"
