@@ -83,8 +83,8 @@ def checked_size(owner: str, name: str, value: Any) -> tuple[int, int]:
     """``value`` as an (H, W) pair of positive ints, or a ValueError naming ``owner.name``."""
     if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
         h, w = value
-        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, w)):
-            return (h, w)
+        if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0 for v in (h, w)):
+            return (int(h), int(w))
     raise _fail(owner, name, value, "a pair (height, width) of positive integers")
 
 

@@ -351,10 +351,10 @@ def open_dataset(
     if data_files_root is not None:
         location = with_bulk_root(location, data_files_root, storage_options=storage_options)
     info = _read_info(location)
-    selected = _select(info.camera_keys, cameras, "camera")
+    selected = _select(info.camera_keys, cameras, "camera", elsewhere=(info.tabular_keys, "keys"))
     camera_keys = [k for k in selected if info.features[k].is_video]
     image_keys = [k for k in selected if not info.features[k].is_video]
-    tabular_keys = _select(info.tabular_keys, keys, "key")
+    tabular_keys = _select(info.tabular_keys, keys, "key", elsewhere=(info.camera_keys, "cameras"))
     table = read_episode_table(location.meta_fs, location.meta_root, info, video_keys=camera_keys)
     if info.total_episodes and info.total_episodes != len(table):
         logger.warning(
@@ -386,10 +386,19 @@ def open_dataset(
     return reader
 
 
-def _select(available: list[str], chosen: Sequence[str] | None, what: str) -> list[str]:
+def _select(
+    available: list[str], chosen: Sequence[str] | None, what: str, *, elsewhere: tuple[list[str], str]
+) -> list[str]:
+    """``chosen`` of ``available``; ``elsewhere``: the other selection's keys and argument, named when a key
+    given here belongs there."""
     if chosen is None:
         return list(available)
+    if isinstance(chosen, str):
+        raise TypeError(f"{what}s= takes a list of keys, got the string {chosen!r}: pass [{chosen!r}]")
     unknown = [k for k in chosen if k not in available]
+    misplaced = [k for k in unknown if k in elsewhere[0]]
+    if misplaced:
+        raise DatasetError(f"{misplaced}: select these with {elsewhere[1]}=, not {what}s=")
     if unknown:
         raise DatasetError(f"unknown {what}(s) {unknown}; this dataset declares {available}")
     return list(chosen)

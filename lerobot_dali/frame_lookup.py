@@ -62,6 +62,8 @@ class FrameRequestContext:
     camera: str = ""
     #: The rows' fps (info.json): a failed lookup compares it with the video's to say which fix applies.
     rows_fps: float | None = None
+    #: Rows are looked up by ``frame_index / fps`` (:attr:`TimestampSource.FRAME_INDEX`), not their timestamps.
+    by_frame_index: bool = False
 
     def __post_init__(self) -> None:
         if self.episode_index is not None and (isinstance(self.episode_index, bool) or self.episode_index < 0):
@@ -192,10 +194,21 @@ def _raise_out_of_tolerance(
     frame_s = index.frame_pts_s
     failing = error_s > tolerance_s
     worst = int(np.argmax(np.where(failing, error_s, -1.0)))
-    advice = (
-        "If the dataset's parquet timestamps are wall-clock time, look frames up by frame_index / fps "
-        "(TimestampSource.FRAME_INDEX); otherwise check the episode's from_timestamp or raise tolerance_s."
-    )
+    if context is not None and context.by_frame_index and queries[worst] > frame_s[-1]:
+        advice = (
+            "The rows are looked up by frame_index / fps and this one lies past the video's last frame: the video "
+            "holds fewer frames than the episode has rows (re-encode it, or leave the episode out with episodes=)."
+        )
+    elif context is not None and context.by_frame_index:
+        advice = (
+            "The rows are looked up by frame_index / fps: check the episode's from_timestamp in meta/episodes, and "
+            "that the video's frame rate is info.json's fps."
+        )
+    else:
+        advice = (
+            "If the dataset's parquet timestamps are wall-clock time, look frames up by frame_index / fps "
+            "(TimestampSource.FRAME_INDEX); otherwise check the episode's from_timestamp or raise tolerance_s."
+        )
     half_frame_s = float(np.median(np.diff(frame_s))) / 2 if frame_s.size > 1 else 0.0
     rows_fps = context.rows_fps if context is not None else None
     video_has_more_frames = bool(rows_fps and half_frame_s and 0.5 / half_frame_s > 1.2 * rows_fps)
@@ -246,6 +259,7 @@ def row_frame_numbers(
         episode_index=int(reader.episodes.episode_index[episode_pos]),
         camera=camera,
         rows_fps=reader.fps,
+        by_frame_index=timestamp_source is TimestampSource.FRAME_INDEX,
     )
     return nearest_frame_indices(
         index,

@@ -10,11 +10,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import sys
 import threading
 import traceback
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from typing import Any
+from enum import Enum
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -57,6 +59,7 @@ from .yuv_frames import has_color_matrix, nvdec_color_fix
 __all__ = ["DALILeRobotIterator"]
 
 logger = logging.getLogger(__name__)
+_Choice = TypeVar("_Choice", bound=Enum)
 
 #: How long close() from another thread waits for a pass inside DALI's next() to let the pipeline go.
 CLOSE_WAIT_S = 60
@@ -123,8 +126,10 @@ class DALILeRobotIterator:
         dali_threads: int | None = None,
         depth_unit: DepthUnit | str = DepthUnit.MM,
     ) -> None:
-        _check_counts(batch_size=batch_size, device=device, num_workers=num_workers, prefetch=prefetch,
-                      dali_threads=dali_threads)  # fmt: skip
+        batch_size, num_workers, prefetch, dali_threads = _check_counts(
+            batch_size=batch_size, device=device, decode=decode, num_workers=num_workers, prefetch=prefetch,
+            dali_threads=dali_threads,
+        )  # fmt: skip
         self.reader = _batchable_reader(
             dataset, revision=revision, cameras=cameras, keys=keys, data_files_root=data_files_root, episodes=episodes
         )
@@ -140,7 +145,7 @@ class DALILeRobotIterator:
         self._depth_quantizers = self.reader.info.depth_quantizers(self.reader.camera_keys)
         self._depth_image_units = self.reader.info.depth_image_units(self.reader.image_keys)
         self._depth_cameras = {*self._depth_quantizers, *self._depth_image_units}
-        self._depth_unit = _depth_unit(depth_unit)
+        self._depth_unit = _choice(DepthUnit, "depth_unit", depth_unit)
         self._image_shapes = _image_shapes(self.reader, depth=self._depth_image_units)
         # Cameras of other than 3 channels: grey image cameras, depth cameras (1).
         grey = {key: shape[2] for key, shape in self._image_shapes.items() if shape[2] != 3}
@@ -150,7 +155,7 @@ class DALILeRobotIterator:
         self._return_uint8 = return_uint8
         self._tolerance_s = tolerance_s
         self._cpu_decode = cpu_decode if cpu_decode is not None else CpuDecodeOptions()
-        self._timestamp_source = TimestampSource(timestamp_source)
+        self._timestamp_source = _choice(TimestampSource, "timestamp_source", timestamp_source)
         self.windows = DeltaWindows(
             delta_timestamps=dict(delta_timestamps or {}),
             fps=self.reader.fps,
@@ -158,6 +163,11 @@ class DALILeRobotIterator:
             camera_keys=self.reader.camera_keys,
             feature_keys=list(self.reader.info.features),
         )
+        if "task_index" in self.windows.delta_index:  # (LeRobot fails on it too, a batch later)
+            raise DeltaTimestampsError(
+                "delta_timestamps names 'task_index', which gives each sample its one `task` string; it takes no "
+                "window: drop it from delta_timestamps"
+            )
         read = {*self.reader.tabular_keys, *INDEX_COLUMNS, *self.reader.all_camera_keys}
         unread = sorted(set(self.windows.delta_index) - read)
         if unread:
@@ -166,7 +176,10 @@ class DALILeRobotIterator:
                 "cameras=); select them too, or drop their windows"
             )
         options = OrderOptions(
-            seed=seed, shuffle=shuffle, episode_pool_size=episode_pool_size, rank_balance=RankBalance(rank_balance)
+            seed=seed,
+            shuffle=shuffle,
+            episode_pool_size=episode_pool_size,
+            rank_balance=_choice(RankBalance, "rank_balance", rank_balance),
         )
         self._stream = SampleStream(
             self.reader.episodes.length,
@@ -201,6 +214,7 @@ class DALILeRobotIterator:
         # shut the pipeline down under it (a close() in a signal handler inside next() is deferred, see close()).
         self._next_lock = threading.RLock()
         self._generation = 0  # of the pipeline: a pass reads only the one it began with
+        self._pass_id = 0  # of the latest iter(): only that pass reads, as a DataLoader's newest iterator does
         self._in_next: int | None = None  # the thread inside DALI's next(), if any
         self._close_deferred = False  # close() was called by a signal handler on that thread
         self._pass_start: int | None = None  # samples_consumed when the pass in progress began
@@ -210,6 +224,12 @@ class DALILeRobotIterator:
             self.rank, self.world_size, ranks.source, self._stream.num_samples(),
             {k: r.value for k, r in self.routes.items()}, self._dali_threads,
         )  # fmt: skip
+        if drop_last and self._stream.num_samples() < batch_size:
+            logger.warning(
+                "rank %d gets %d samples an epoch, fewer than batch_size=%d: with drop_last=True every epoch is "
+                "empty; lower batch_size or pass drop_last=False",
+                self.rank, self._stream.num_samples(), batch_size,
+            )  # fmt: skip
 
     # -- routing -----------------------------------------------------------------------------------------
     def _choose_routes(self, preference: DecodePreference) -> dict[str, DecodeRoute]:
@@ -347,7 +367,8 @@ class DALILeRobotIterator:
         with self._next_lock:  # a close() from another thread meanwhile waits, then closes what was built
             self._ensure_pipeline()
             self._pass_start = self._stream.samples_consumed
-            return self._epoch_batches(self._generation)
+            self._pass_id += 1  # an older pass's generator, if still held, now raises instead of sharing batches
+            return self._epoch_batches(self._generation, self._pass_id)
 
     def _ensure_pipeline(self) -> None:
         # The running pipeline serves the stream if it stands where the stream does: right after the last
@@ -417,9 +438,9 @@ class DALILeRobotIterator:
             _raise_original(e)
         self._pipeline = pipe
 
-    def _epoch_batches(self, generation: int) -> Iterator[dict[str, Any]]:
+    def _epoch_batches(self, generation: int, pass_id: int) -> Iterator[dict[str, Any]]:
         try:
-            while (batch := self._next_batch(generation)) is not None:
+            while (batch := self._next_batch(generation, pass_id)) is not None:
                 try:
                     self._stream.advance(len(batch["index"]))
                     self._pipeline_next = (self._stream.epoch, self._stream.samples_consumed)
@@ -431,17 +452,18 @@ class DALILeRobotIterator:
                     raise
                 yield batch
         finally:  # the pass is over: finished, failed, or left by the loop (the generator is closed)
-            self._pass_start = None
+            if pass_id == self._pass_id:  # (a replaced pass's generator collected later leaves the new one's)
+                self._pass_start = None
         self._stream.set_epoch(self._stream.epoch + 1)
         self._pipeline_next = (self._stream.epoch, 0)  # DALI reset itself (auto_reset) for the next epoch
 
-    def _next_batch(self, generation: int) -> dict[str, Any] | None:
-        """The next batch of the pass reading pipeline ``generation``, or None at the end of the epoch; any
-        failure closes the pipeline. (A pass holds the generation, not the pipeline: the frames of a raised
+    def _next_batch(self, generation: int, pass_id: int) -> dict[str, Any] | None:
+        """The next batch of pass ``pass_id`` reading pipeline ``generation``, or None at the end of the epoch;
+        any failure closes the pipeline. (A pass holds the generation, not the pipeline: the frames of a raised
         error must not keep the pipeline's workers' shared memory alive.)"""
         with self._next_lock:
             dali_iter = self._dali_iter
-            if dali_iter is None or generation != self._generation:
+            if dali_iter is None or generation != self._generation or pass_id != self._pass_id:
                 raise self._closed_error()
             outer = sys.exc_info()[1]  # the caller's own error, if it asks for batches while handling one
             self._in_next = threading.get_ident()
@@ -477,8 +499,8 @@ class DALILeRobotIterator:
         return IteratorClosedError(
             f"rank {self.rank}: the pass was reading the batches after sample {self._stream.samples_consumed} of "
             f"epoch {self._stream.epoch} when the iterator was closed (close() was called, from this thread or "
-            "another) or a newer pass (a second iter()) replaced its pipeline. No sample was lost: iterating again "
-            "rebuilds the pipeline at that position."
+            "another) or a newer pass (a second iter()) replaced it. No sample was lost: iterating again continues "
+            "at that position."
         )
 
     def _failed_batch_error(self, e: Exception) -> BaseException:
@@ -615,18 +637,39 @@ class DALILeRobotIterator:
 _workers_close_lock = threading.Lock()
 
 
-def _check_counts(*, batch_size: int, device: str, num_workers: int, prefetch: int, dali_threads: int | None) -> None:
-    """Reject bad sizes and devices before anything is opened (a typo should not cost a remote listing)."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    if device not in ("cuda", "cpu") and not str(device).startswith("cuda:"):
+def _check_counts(
+    *, batch_size: int, device: str, decode: Any, num_workers: int, prefetch: int, dali_threads: int | None
+) -> tuple[int, int, int, int | None]:
+    """Reject bad sizes and devices before anything is opened (a typo should not cost a remote listing); the
+    counts as ints (numpy integers from a config are taken)."""
+    counts = (
+        _whole("batch_size", batch_size, 1), _whole("num_workers", num_workers, 0), _whole("prefetch", prefetch, 1),
+        None if dali_threads is None else _whole("dali_threads", dali_threads, 1, "or None (automatic)"),
+    )  # fmt: skip
+    if not (device in ("cuda", "cpu") or re.fullmatch(r"cuda:\d+", str(device))):
         raise ValueError(f"device must be 'cuda', 'cuda:N' or 'cpu', got {device!r}")
-    if num_workers < 0 or prefetch < 1:
-        raise ValueError(f"num_workers must be >= 0 and prefetch >= 1, got {num_workers} and {prefetch}")
-    if dali_threads is not None and (
-        isinstance(dali_threads, bool) or not isinstance(dali_threads, int) or dali_threads < 1
-    ):
-        raise ValueError(f"dali_threads must be a positive int or None (automatic), got {dali_threads!r}")
+    preference = DecodePreference.parse(decode)
+    if device == "cpu":
+        if preference is DecodePreference.GPU:
+            raise ValueError("decode='gpu' decodes on NVDEC, which needs device='cuda'; with device='cpu' use 'auto'")
+        return counts
+    visible = torch.cuda.device_count()  # asks the driver; creates no CUDA context
+    if visible == 0:
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ValueError(
+            f"device={device!r} but torch ({torch.__version__}, {build}) sees no CUDA GPU; pass device='cpu' to "
+            "run everything on the CPU"
+        )
+    if device != "cuda" and int(device.split(":")[1]) >= visible:
+        raise ValueError(f"device={device!r} but this process sees {visible} GPU(s) (CUDA_VISIBLE_DEVICES)")
+    return counts
+
+
+def _whole(name: str, value: Any, minimum: int, other: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name} must be {kind}{' ' + other if other else ''}, got {value!r}")
+    return int(value)
 
 
 def _batchable_reader(dataset: str | os.PathLike[str] | LeRobotDatasetReader, **opening: Any) -> LeRobotDatasetReader:
@@ -715,11 +758,12 @@ def _nvdec_color_fixes(formats: Mapping[str, CameraFormat]) -> dict[str, tuple[t
     return fixes
 
 
-def _depth_unit(unit: DepthUnit | str) -> DepthUnit:
+def _choice(kind: type[_Choice], name: str, value: Any) -> _Choice:
     try:
-        return DepthUnit(unit)
+        return kind(value)
     except ValueError:
-        raise ValueError(f"depth_unit must be 'mm' or 'm', got {unit!r}") from None
+        allowed = ", ".join(repr(member.value) for member in kind)
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}") from None
 
 
 def _camera_augment(

@@ -218,8 +218,8 @@ class SampleStream:
         if state.world_size != world_size:
             logger.warning(
                 "resuming epoch %d on %d ranks, saved on %d: the rest of the epoch is re-sharded over what "
-                "the old ranks had not consumed (no repeats within the epoch); later epochs follow the new "
-                "world size",
+                "the old ranks had not consumed (none of it is read twice, beyond rank_balance's padding); later "
+                "epochs follow the new world size",
                 epoch, world_size, state.world_size,
             )  # fmt: skip
             old = SampleOrder(

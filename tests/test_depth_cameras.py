@@ -151,7 +151,7 @@ def test_depth_cameras_are_declared_as_lerobot_declares_them() -> None:
 
 
 def test_a_bad_depth_unit_and_a_depth_camera_left_out(depth_ds: Path) -> None:
-    with pytest.raises(ValueError, match="depth_unit must be 'mm' or 'm'"):
+    with pytest.raises(ValueError, match="depth_unit must be one of 'mm', 'm'"):
         DALILeRobotIterator(depth_ds, device="cpu", depth_unit="cm")
     (sample,) = _samples(depth_ds, num_workers=0, cameras=[CAM])[:1]
     assert DEPTH not in sample and sample[CAM].shape == (3, 64, 96)

@@ -23,6 +23,7 @@ from lerobot_dali.errors import (
     CodecUnsupportedError,
     DataFileError,
     DatasetError,
+    DeltaTimestampsError,
     EpisodeMetadataError,
     FrameTimestampError,
     IteratorClosedError,
@@ -288,8 +289,12 @@ def test_dali_threads_reach_the_pipeline(make_ds, monkeypatch: pytest.MonkeyPatc
         ({"batch_size": 0}, "batch_size must be a positive int"),
         ({"batch_size": True}, "batch_size must be a positive int"),
         ({"device": "gpu"}, "device must be 'cuda', 'cuda:N' or 'cpu'"),
-        ({"num_workers": -1}, "num_workers must be >= 0"),
-        ({"prefetch": 0}, "prefetch >= 1"),
+        ({"num_workers": -1}, "num_workers must be an int >= 0"),
+        ({"num_workers": 1.0}, "num_workers must be an int >= 0"),
+        ({"prefetch": 0}, "prefetch must be a positive int"),
+        ({"device": "cuda:x"}, "device must be 'cuda', 'cuda:N' or 'cpu'"),
+        ({"decode": "gpu"}, "decode='gpu' decodes on NVDEC, which needs device='cuda'"),
+        ({"decode": "nvdec"}, "supported values are 'auto', 'gpu', 'cpu'"),
     ],
 )
 def test_bad_sizes_fail_before_the_dataset_is_opened(tmp_path: Path, option: dict, match: str) -> None:
@@ -847,6 +852,81 @@ def test_a_ctrl_c_before_the_stream_counts_a_batch_resumes_without_losing_it(mak
         seen += [int(i) for i in batch["index"]]
     it.close()
     assert seen == reference
+
+
+@pytest.mark.parametrize(("device", "visible", "match"), [
+    ("cuda", 0, "sees no CUDA GPU; pass device='cpu'"),
+    ("cuda:0", 0, "sees no CUDA GPU; pass device='cpu'"),
+    ("cuda:2", 2, "this process sees 2 GPU"),
+])  # fmt: skip
+def test_a_gpu_device_the_process_does_not_see_fails_before_the_dataset_is_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device: str, visible: int, match: str
+) -> None:
+    """It built, silently decoding on the CPU, and the first batch failed inside DALI (``cuInitChecked``)."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    with pytest.raises(ValueError, match=match):
+        DALILeRobotIterator(tmp_path / "no-such-dataset", device=device)
+
+
+def test_choices_and_counts_from_a_config_are_taken_or_refused_with_the_allowed_values(make_ds) -> None:
+    root = _dataset(make_ds, "vp9")
+    for option, allowed in (
+        ("timestamp_source", "'parquet_timestamp', 'frame_index'"),
+        ("rank_balance", "'pad', 'drop'"),
+    ):
+        with pytest.raises(ValueError, match=f"{option} must be one of {allowed}, got 'none'"):
+            DALILeRobotIterator(root, device="cpu", **{option: "none"})
+    # numpy integers (a config read with numpy, a sweep) are ints
+    it = DALILeRobotIterator(
+        root, device="cpu", batch_size=np.int64(3), num_workers=np.int64(0), image_size=(np.int64(32), 48)
+    )
+    batch = next(iter(it))
+    assert batch["observation.images.cam0"].shape == (3, 3, 32, 48) and type(it.batch_size) is int
+    it.close()
+
+
+def test_selections_name_the_argument_a_key_belongs_to(make_ds) -> None:
+    root = _dataset(make_ds, "vp9")
+    with pytest.raises(TypeError, match=r"takes a list of keys, got the string 'observation.images.cam0'"):
+        DALILeRobotIterator(root, device="cpu", cameras="observation.images.cam0")
+    with pytest.raises(DatasetError, match=r"\['observation.images.cam0'\]: select these with cameras=, not keys="):
+        DALILeRobotIterator(root, device="cpu", keys=["action", "observation.images.cam0"])
+    with pytest.raises(DatasetError, match=r"\['action'\]: select these with keys=, not cameras="):
+        DALILeRobotIterator(root, device="cpu", cameras=["action"])
+
+
+def test_a_task_index_window_is_refused_at_construction(make_ds) -> None:
+    """It built, then every batch failed turning a (B, T) task index into strings."""
+    with pytest.raises(DeltaTimestampsError, match="'task_index'.*takes no window"):
+        DALILeRobotIterator(_dataset(make_ds, "vp9"), device="cpu", delta_timestamps={"task_index": [0.0]})
+
+
+def test_an_epoch_too_short_for_one_batch_is_warned_of(make_ds, caplog: pytest.LogCaptureFixture) -> None:
+    root = _dataset(make_ds, "vp9")  # 23 frames
+    with caplog.at_level("WARNING", logger="lerobot_dali.iterator"):
+        it = DALILeRobotIterator(root, device="cpu", batch_size=24, num_workers=0)
+    assert len(it) == 0 and "gets 23 samples an epoch, fewer than batch_size=24" in caplog.text
+    it.close()
+
+
+def test_a_second_iter_at_the_same_position_ends_the_first_pass(make_ds) -> None:
+    """Both generators read the same pipeline: the older one went on after the newer one's epoch ended, running
+    a whole further epoch (a ``next(iter(it))`` peek kept around does this)."""
+    kwargs = dict(batch_size=4, shuffle=True, device="cpu", num_workers=0, drop_last=False)
+    root = _dataset(make_ds, "vp9")
+    reference = DALILeRobotIterator(root, **kwargs)
+    expected = [int(i) for batch in reference for i in batch["index"]]
+    reference.close()
+    it = DALILeRobotIterator(root, **kwargs)
+    first = iter(it)
+    seen = [int(i) for i in next(first)["index"]]
+    second = iter(it)  # the stream stands where the first pass left it: same pipeline, a new pass
+    seen += [int(i) for batch in second for i in batch["index"]]
+    assert seen == expected and it.epoch == 1
+    with pytest.raises(IteratorClosedError, match="newer pass"):
+        next(first)
+    assert it.epoch == 1 and len(it) == 6  # the old pass read nothing of epoch 1
+    it.close()
 
 
 def test_a_pass_whose_pipeline_a_newer_pass_replaced_refuses_to_read(make_ds) -> None:

@@ -241,6 +241,16 @@ def test_halfway_advice_only_where_the_video_has_more_frames(marker_video: Marke
     assert ("frame_index / fps" in message) is not halfway
 
 
+def test_rows_read_by_frame_index_past_the_video_get_advice_for_that(marker_video: MarkerVideo) -> None:
+    """The advice was to look frames up by frame_index / fps, which the failing run already did."""
+    index = build_packet_index(marker_video("h264", 30))
+    past_the_end = (index.frame_count + 2) / FPS
+    for by_frame_index, advice in ((True, "fewer frames than the episode has rows"), (False, "FRAME_INDEX")):
+        context = FrameRequestContext(dataset="d", episode_index=0, camera="c", by_frame_index=by_frame_index)
+        with pytest.raises(FrameTimestampError, match=advice):
+            nearest_frame_indices(index, [0.0, past_the_end], tolerance_s=1e-4, context=context)
+
+
 def test_wall_clock_timestamps_need_frame_index_opt_in() -> None:
     data = pq.read_table(
         shared_dataset("cr5_v30_av1") / "data" / "chunk-000" / "file-000.parquet",
