@@ -148,6 +148,9 @@ class BenchConfig:
     out: Path | None = None
     steps: int | None = None
     warmup: int | None = None
+    #: Runs of every loader per dataset, each round in another order (round r starts at loader r); the median
+    #: run is reported, with every run's frames/s and ratio (a shared machine's load drifts between runs).
+    repeats: int = 1
     limits: bool = False
     loaders: tuple[str, ...] | None = None
     seed: int = 0
@@ -164,7 +167,8 @@ class BenchConfig:
         for name, default in zip(("batch_size", "num_workers", "steps", "warmup"), defaults, strict=True):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)
-        for name, minimum in (("batch_size", 1), ("num_workers", 0), ("pool_size", 1), ("steps", 1), ("warmup", 1)):
+        checked = (("batch_size", 1), ("num_workers", 0), ("pool_size", 1), ("steps", 1), ("warmup", 1), ("repeats", 1))
+        for name, minimum in checked:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"--{name.replace('_', '-')} must be an int >= {minimum}, got {value!r}")
@@ -444,6 +448,37 @@ def _with_derived(
     return out
 
 
+def _median_runs(rounds: list[list[LoaderResult]], loaders: Sequence[str]) -> list[LoaderResult]:
+    """Per loader, its median run (the lower middle one for an even count) with ``vs_best_peer`` the median of
+    its rounds' ratios, each taken against the best peer of its own round; a run that did not measure stands
+    for the loader instead, naming its round."""
+    out = []
+    for name in loaders:
+        runs = [row for rows in rounds for row in rows if row.loader == name]
+        failed = [(i, r) for i, r in enumerate(runs) if r.status != "ok"]
+        if failed and runs[0].status != "skipped":
+            i, first = failed[0]
+            note = f"run {i + 1} of {len(runs)}: {first.note}" if len(runs) > 1 else first.note
+            out.append(dataclasses.replace(first, note=note, repeats=len(runs)))
+            continue
+        if failed:  # skipped, the same in every round
+            out.append(runs[0])
+            continue
+        median = sorted(runs, key=lambda r: r.frames_per_s)[(len(runs) - 1) // 2]
+        ratios = [r.vs_best_peer for r in runs if r.vs_best_peer is not None]  # (none where no peer ran)
+        complete = len(ratios) == len(runs)
+        out.append(
+            dataclasses.replace(
+                median,
+                repeats=len(runs),
+                frames_per_s_runs=" ".join(f"{r.frames_per_s:.1f}" for r in runs),
+                vs_best_peer=sorted(ratios)[(len(ratios) - 1) // 2] if complete else None,
+                vs_best_peer_runs=" ".join(f"{x:.3f}" for x in ratios) if complete else None,
+            )
+        )
+    return out
+
+
 def _dataset_summary(dataset: BenchDataset, reader: Any, plan: LoadPlan) -> dict[str, Any]:
     from .packet_index_cache import load_packet_index
 
@@ -517,31 +552,37 @@ def run_bench(config: BenchConfig) -> BenchReport:
                 )
             except Exception as e:
                 notes.append(f"{dataset.label}: clip bytes not measured ({type(e).__name__}: {e})")
-        rows = []
+        skipped: dict[str, LoaderResult] = {}
         for name in loaders:
-            if name in _EXTERNAL and lerobot_missing:
-                rows.append(LoaderResult(dataset=dataset.label, loader=name, status="skipped", note=lerobot_missing))
-                continue
             by_parquet = TimestampSource(dataset.timestamp_source) is TimestampSource.PARQUET_TIMESTAMP
-            if name in _EXTERNAL and (dataset.cameras or dataset.keys or not by_parquet):
+            if name in _EXTERNAL and lerobot_missing:
+                skipped[name] = LoaderResult(dataset=dataset.label, loader=name, status="skipped", note=lerobot_missing)
+            elif name in _EXTERNAL and (dataset.cameras or dataset.keys or not by_parquet):
                 note = "LeRobot's datasets read every declared feature by parquet timestamps: they take no "
                 note += "--cameras, --keys or --timestamp-source"
-                rows.append(LoaderResult(dataset=dataset.label, loader=name, status="skipped", note=note))
-                continue
-            progress_log.info("measuring %s on %s", name, dataset.label)
-            job = LoaderJob(
-                loader=name, dataset=dataset, plan=plan, batch_size=int(config.batch_size or 1),
-                num_workers=int(config.num_workers or 0), pool_size=config.pool_size, device=device,
-                steps=int(config.steps or 1), warmup=int(config.warmup or 0), seed=config.seed,
-                log_level=logging.getLogger().getEffectiveLevel(),
-            )  # fmt: skip
-            row = run_in_child(job)
-            rows.append(row)
-            progress_log.info(
-                "%s on %s: %s", name, dataset.label,
-                f"{row.frames_per_s:.1f} frames/s" if row.status == "ok" else f"{row.status} {row.note}".strip(),
-            )  # fmt: skip
-        results.extend(_with_derived(rows, footprint, ceiling_fps))
+                skipped[name] = LoaderResult(dataset=dataset.label, loader=name, status="skipped", note=note)
+        measured = [name for name in loaders if name not in skipped]
+        rounds = []
+        for repeat in range(config.repeats):
+            rows = list(skipped.values())
+            first = repeat % max(1, len(measured))  # every loader takes every place in the order in turn
+            for name in measured[first:] + measured[:first]:
+                of = f" (run {repeat + 1} of {config.repeats})" if config.repeats > 1 else ""
+                progress_log.info("measuring %s on %s%s", name, dataset.label, of)
+                job = LoaderJob(
+                    loader=name, dataset=dataset, plan=plan, batch_size=int(config.batch_size or 1),
+                    num_workers=int(config.num_workers or 0), pool_size=config.pool_size, device=device,
+                    steps=int(config.steps or 1), warmup=int(config.warmup or 0), seed=config.seed,
+                    log_level=logging.getLogger().getEffectiveLevel(),
+                )  # fmt: skip
+                row = run_in_child(job)
+                rows.append(row)
+                progress_log.info(
+                    "%s on %s%s: %s", name, dataset.label, of,
+                    f"{row.frames_per_s:.1f} frames/s" if row.status == "ok" else f"{row.status} {row.note}".strip(),
+                )  # fmt: skip
+            rounds.append(_with_derived(rows, footprint, ceiling_fps))
+        results.extend(_median_runs(rounds, loaders))
         summaries.append(summary)
     report = BenchReport(
         config=config.to_dict(),

@@ -122,6 +122,14 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _spread(result: LoaderResult) -> str:
+    """``2.41-2.95 x3``: the lowest and highest of a loader's per-run ratios to the best peer, and the runs."""
+    if result.vs_best_peer_runs is None:
+        return "-"
+    ratios = [float(x) for x in result.vs_best_peer_runs.split()]
+    return f"{min(ratios):.2f}-{max(ratios):.2f} x{len(ratios)}"
+
+
 def _route(routes: str) -> str:
     """``cam0=nvdec cam1=nvdec`` as ``nvdec``; cameras on different routes stay named."""
     distinct = {pair.partition("=")[2] for pair in routes.split()}
@@ -138,11 +146,11 @@ def format_table(report: BenchReport) -> str:
 
     Codec and route stand in every row, so an NVDEC H.264 number is never read as an AV1 CPU-fallback one."""
     codecs = {d["label"]: str(d.get("codec", "-")) for d in report.datasets}
-    header = (
+    header: tuple[str, ...] = (
         "dataset", "codec", "loader", "route", "frames/s", "samples/s", "vs peer", "of ceil", "first s", "p50 ms",
         "p95 ms", "p99 ms", "RSS MB", "GPU MB", "eps/batch", "clip/file", "status",
     )  # fmt: skip
-    rows = [header]
+    rows: list[tuple[str, ...]] = [header]
     for r in report.results:
         gpu = r.gpu_peak_used_mb if r.gpu_peak_used_mb is not None else r.gpu_max_allocated_mb
         measured = r.status == "ok"
@@ -155,12 +163,20 @@ def format_table(report: BenchReport) -> str:
             _fmt(r.peak_rss_mb, ".0f"), _fmt(gpu, ".0f"), _fmt(r.episodes_per_batch, ".1f"),
             _fmt(r.clip_to_file_ratio, ".4f"), r.status if r.status == "ok" else f"{r.status}: {r.note[:60]}",
         ))  # fmt: skip
+    if any(r.repeats > 1 for r in report.results):  # the spread of the ratio over the runs, after the median
+        at = header.index("vs peer") + 1
+        spreads = ["runs", *(_spread(r) for r in report.results)]
+        rows = [(*row[:at], spread, *row[at:]) for row, spread in zip(rows, spreads, strict=True)]
+        header = rows[0]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     divisors = dict.fromkeys(f"{r.dataset}: {r.best_peer}" for r in report.results if r.best_peer)
     if divisors:
         lines.append(f"vs peer: frames/s over the fastest loader that is not lerobot-dali ({'; '.join(divisors)}).")
+    if "runs" in header:
+        lines.append("runs (--repeats): the row is the median run; vs peer the median of the runs' ratios, each to its")
+        lines.append("own round's fastest peer; runs their lowest-highest and count.")
     if any(r.fraction_of_decode_ceiling is not None for r in report.results):
         lines.append("of ceil: frames/s over the best decode ceiling of the same files (--limits).")
     if any(_camera_windows(d) for d in report.datasets):

@@ -118,6 +118,11 @@ class LoaderResult:
     vs_best_peer: float | None = None
     #: The loader ``vs_best_peer`` divides by: the fastest on this dataset that is not lerobot-dali.
     best_peer: str | None = None
+    #: ``--repeats``: runs of this loader; the row is the median run, ``vs_best_peer`` the median of the runs'
+    #: ratios (each against its own round's best peer). Every run's frames/s and ratio, in run order.
+    repeats: int = 1
+    frames_per_s_runs: str | None = None
+    vs_best_peer_runs: str | None = None
     fraction_of_decode_ceiling: float | None = None
 
 

@@ -195,7 +195,7 @@ def _bench(args: argparse.Namespace) -> int:
             dataset=args.dataset, batch_size=args.batch_size, num_workers=args.num_workers,
             pool_size=args.pool_size, image_size=args.image_size, augment=args.augment, mode=args.mode,
             device=args.device, recipe=args.recipe, quick=args.quick, out=Path(args.out) if args.out else None,
-            steps=args.steps, warmup=args.warmup, limits=args.limits,
+            steps=args.steps, warmup=args.warmup, repeats=args.repeats, limits=args.limits,
             loaders=tuple(args.loaders) if args.loaders else None, seed=args.seed,
             cameras=tuple(args.cameras) if args.cameras else None, keys=tuple(args.keys) if args.keys else None,
             timestamp_source=args.timestamp_source, tolerance_s=args.tolerance_s,
@@ -295,6 +295,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     bench.add_argument("--steps", type=int, help="measured batches per loader (default 30; quick 6)")
     bench.add_argument("--warmup", type=int, help="batches before the measured window, >= 1 (default 3; quick 2)")
+    bench.add_argument(
+        "--repeats", type=int, default=1, help="runs per loader, in rotating order; the median is reported (default 1)"
+    )
     bench.add_argument("--quick", action="store_true", help="tiny dataset and few steps (CI)")
     bench.add_argument("--limits", action="store_true", help="also measure decode ceilings (bench/limits.py)")
     bench.add_argument("--loaders", nargs="+", help="only these loaders (default: all that apply)")

@@ -4,6 +4,7 @@ windows per mode and recipe, and a run that fails because a loader measured no f
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -253,6 +254,8 @@ def test_bad_options_are_rejected_with_the_allowed_values(capsys) -> None:
     assert "pyav-dataloader" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--steps must be an int >= 1"):
         BenchConfig(steps=0)
+    assert main(["bench", "--repeats", "0", "--quick"]) == 2
+    assert "--repeats must be an int >= 1, got 0" in capsys.readouterr().err
 
 
 def test_cpu_mode_loader_runs_the_pipeline_on_the_cpu(cache_dir: Path, quick_run) -> None:
@@ -458,3 +461,54 @@ def test_remote_http_script_benches_a_pool_smaller_than_the_generated_set(
     first, second = commands
     assert first[first.index("--pool-size") + 1] == "4" and first[first.index("--dataset") + 1].startswith("http")
     assert second.count("--pool-size") == 1 and second[second.index("--pool-size") + 1] == "9"
+
+
+def test_repeats_rotate_the_order_and_report_the_median_run_and_paired_ratios(
+    make_ds, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loaders ran once each, lerobot-dali always first, on a machine whose load drifts: ``--repeats`` runs
+    rounds in rotating order and reports each loader's median run, with the median of the rounds' ratios."""
+    from lerobot_dali import bench
+    from lerobot_dali.bench_report import format_table
+    from lerobot_dali.bench_types import LoaderResult
+
+    rates = {"lerobot-dali": [300.0, 100.0, 200.0], "pyav-dataloader": [100.0, 50.0, 200.0]}
+    calls: list[str] = []
+
+    def fake_run(job) -> LoaderResult:
+        calls.append(job.loader)
+        fps = rates[job.loader][sum(c == job.loader for c in calls) - 1]
+        return LoaderResult(
+            dataset=job.dataset.label, loader=job.loader, status="ok", batches=10, samples=40, frames=40,
+            window_s=40 / max(fps, 1.0), frames_per_s=fps, samples_per_s=fps,
+        )  # fmt: skip
+
+    monkeypatch.setattr(bench, "run_in_child", fake_run)
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, size=(64, 64), codec="vp9")
+    config = BenchConfig(
+        dataset=str(root), device="cpu", repeats=3, loaders=("lerobot-dali", "pyav-dataloader"), out=tmp_path / "out"
+    )
+    report = bench.run_bench(config)
+    ours_first, peer_first = ["lerobot-dali", "pyav-dataloader"], ["pyav-dataloader", "lerobot-dali"]
+    assert calls == ours_first + peer_first + ours_first
+    ours, peer = report.results
+    # rounds' ratios 3.0, 2.0, 1.0: median 2.0; frames/s median run 200 (not the run of the median ratio)
+    assert (ours.repeats, ours.frames_per_s, ours.vs_best_peer) == (3, 200.0, 2.0)
+    assert ours.frames_per_s_runs == "300.0 100.0 200.0" and ours.vs_best_peer_runs == "3.000 2.000 1.000"
+    assert (peer.frames_per_s, peer.vs_best_peer, peer.best_peer) == (100.0, 1.0, "pyav-dataloader")
+    table = format_table(report)
+    assert "runs" in table.splitlines()[0] and "1.00-3.00 x3" in table
+
+    rates["pyav-dataloader"] = [100.0, 0.0, 100.0]  # round 2 of the peer measures nothing
+    calls.clear()
+
+    def flaky(job) -> LoaderResult:
+        result = fake_run(job)
+        if result.frames_per_s == 0:
+            return LoaderResult(dataset=result.dataset, loader=result.loader, status="zero-frames", note="no batch")
+        return result
+
+    monkeypatch.setattr(bench, "run_in_child", flaky)
+    report = bench.run_bench(dataclasses.replace(config, out=tmp_path / "out2"))
+    peer = report.results[1]
+    assert peer.status == "zero-frames" and peer.note == "run 2 of 3: no batch" and not report.ok
