@@ -89,7 +89,7 @@ def test_gpu_pack_parts_unpack_to_the_packed_tree(tmp_path: Path) -> None:
     dataset, the shared datasets, and the exports."""
     if shutil.which("xz") is None:
         pytest.skip("xz is not installed")
-    from lerobot_dali.bench import default_specs
+    from lerobot_dali.bench import GENERATED_STAMP, _generator_stamp, default_specs
 
     site = tmp_path / "site"
     (site / "pkg").mkdir(parents=True)
@@ -99,10 +99,12 @@ def test_gpu_pack_parts_unpack_to_the_packed_tree(tmp_path: Path) -> None:
     for tag in ("310", "312", "314t"):
         (site / "pkg" / f"backend.cpython-{tag}-x86_64-linux-gnu.so").write_text(tag)
     bench = tmp_path / "bench"
-    folders = [spec.folder for quick in (True, False) for spec in default_specs(quick)]
-    for folder in folders:  # present: ensure_generated reuses them instead of encoding
-        (bench / folder / "meta").mkdir(parents=True)
-        (bench / folder / "meta" / "info.json").write_text(folder)
+    specs = [spec for quick in (True, False) for spec in default_specs(quick)]
+    for spec in specs:  # present and stamped by this generator: ensure_generated reuses them instead of encoding
+        (bench / spec.folder / "meta").mkdir(parents=True)
+        (bench / spec.folder / "meta" / "info.json").write_text(spec.folder)
+        (bench / spec.folder / GENERATED_STAMP).write_text(_generator_stamp(spec))
+    folders = [spec.folder for spec in specs]
     (bench / "unrelated").mkdir()
     shared = tmp_path / "shared"
     (shared / "ds").mkdir(parents=True)
@@ -153,4 +155,5 @@ def test_gpu_pack_parts_unpack_to_the_packed_tree(tmp_path: Path) -> None:
     assert sorted(p.name for p in (dest / "bench").iterdir()) == sorted(folders)
     assert "extend_path" in (dest / "site" / "nvidia" / "__init__.py").read_text()  # this nvidia.dali wins
     assert (dest / "bench" / folders[0] / "meta" / "info.json").read_text() == folders[0]
+    assert (dest / "bench" / folders[0] / GENERATED_STAMP).read_text() == _generator_stamp(specs[0])  # reused there
     assert (dest / "shared" / "ds" / "data.bin").read_bytes() == b"\x00\x01"
