@@ -100,7 +100,10 @@ def resolve_location(
         fs, root = _remote_fs(target, options)
         return DatasetLocation(fs, root, fs, root, target)
     if _REPO_ID.match(target) and not os.path.exists(target):
-        return _hub_location(target, revision, "", options)
+        try:
+            return _hub_location(target, revision, "", options)
+        except DatasetNotFoundError as e:  # 'data/ds9' may as well be a mistyped local folder
+            raise DatasetNotFoundError(f"{e}; nor is it a local folder under {os.getcwd()}") from e.__cause__
     raise DatasetNotFoundError(
         f"dataset {target!r} not found: it is not a local folder, a Hub repo id ('user/name') "
         "or an fsspec URL (e.g. 'hf://datasets/user/name', 's3://bucket/path')"

@@ -188,6 +188,12 @@ def make_accelerator(options: TrainOptions) -> Any:
     """
     from accelerate import Accelerator
 
+    if options.device == "cuda" and not torch.cuda.is_available():  # accelerate would quietly train on the CPU
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ValueError(
+            f"--device cuda but torch ({torch.__version__}, {build}) sees no CUDA GPU: check the driver and "
+            "CUDA_VISIBLE_DEVICES, or pass --device cpu"
+        )
     return Accelerator(cpu=options.device == "cpu", mixed_precision=options.mixed_precision)
 
 
@@ -378,18 +384,35 @@ def _fsync(path: str | Path) -> None:
 
 
 def _sync_tree(directory: Path) -> None:
-    """fsync every file under ``directory`` and every folder (a folder's entries are the renames into it)."""
+    """fsync every file under ``directory`` and every folder (a folder's entries are the renames into it).
+
+    Every rank syncs the whole tree: which files a rank wrote depends on accelerate's backend (DDP: rank 0 the
+    model, each rank its RNG file; FSDP and DeepSpeed: shards per rank), and a shared filesystem may flush only
+    the writer's own writes. It costs each rank one fsync per file of the checkpoint, in parallel."""
     for folder, _, names in os.walk(directory):
         for name in names:
             _fsync(os.path.join(folder, name))
         _fsync(folder)
 
 
-def save_checkpoint(accelerator: Any, root: Path, step: int, iterator: Any) -> Path:
-    """Model, optimiser and RNG via accelerate; this rank's stream position; then ``latest`` once all have saved."""
+def data_signature(plan: DataPlan, cameras: Sequence[str]) -> dict[str, Any]:
+    """What the policy's shapes follow (windows, image size, cameras), as a checkpoint records it: a resume with
+    other ones fails naming them, not inside ``load_state_dict`` or, where the shapes happen to agree, not at all.
+    """
+    signature = {"delta_timestamps": plan.delta_timestamps, "image_size": plan.image_size, "cameras": list(cameras)}
+    return json.loads(json.dumps(signature))  # as read back: lists, not tuples
+
+
+def save_checkpoint(
+    accelerator: Any, root: Path, step: int, iterator: Any, data: Mapping[str, Any] | None = None
+) -> Path:
+    """Model, optimiser and RNG via accelerate; this rank's stream position and ``data`` (:func:`data_signature`);
+    then ``latest`` once all have saved."""
     directory = root / f"step_{step:08d}"
     accelerator.save_state(str(directory / "state"))
     stream = {"step": step, "rank": iterator.rank, "world_size": iterator.world_size, "stream": iterator.state_dict()}
+    if data is not None:
+        stream["data"] = dict(data)
     _write_atomic(directory / f"stream_rank{iterator.rank}.json", json.dumps(stream))
     accelerator.wait_for_everyone()
     _sync_tree(directory)  # every rank's files complete: latest must never name one a crash left empty
@@ -407,19 +430,31 @@ def latest_checkpoint(root: Path) -> Path | None:
     return root / marker.read_text().strip() if marker.is_file() else None
 
 
-def restore_checkpoint(accelerator: Any, directory: Path, iterator: Any) -> int:
-    """Load model/optimiser/RNG and this rank's stream position; returns the step the checkpoint was taken at.
+def restore_checkpoint(accelerator: Any, directory: Path, iterator: Any, data: Mapping[str, Any] | None = None) -> int:
+    """This rank's stream position, then model/optimiser/RNG; returns the step the checkpoint was taken at.
 
+    The data side goes first: a checkpoint of other episodes or (``data``, :func:`data_signature`) other
+    windows, image size or cameras fails naming that, before the model's shapes fail to load.
     After a world-size change a new rank may have no file of its own; any old rank's position serves, since
     all old ranks consumed equally many samples and the iterator re-shards the rest of the epoch.
     """
-    accelerator.load_state(str(directory / "state"))
     first = json.loads((directory / "stream_rank0.json").read_text())
     own = directory / f"stream_rank{iterator.rank}.json"
     saved = json.loads(own.read_text()) if own.is_file() else first
     if saved["stream"].get("world_size") != first["stream"].get("world_size"):
         saved = first  # a file left by a run of another world size that wrote this step before (and crashed)
+    recorded = saved.get("data")
+    if data is not None and recorded is not None:
+        differ = sorted(k for k in {*data, *recorded} if data.get(k) != recorded.get(k))
+        if differ:
+            raise ValueError(
+                f"{directory} was trained with other {', '.join(differ)} ("
+                + "; ".join(f"{k}: saved {recorded.get(k)}, now {data.get(k)}" for k in differ)
+                + "): resume with the same --recipe, --chunk, --image-size and --cameras, or start in a new "
+                "--checkpoint-dir"
+            )
     iterator.load_state_dict(saved["stream"])
+    accelerator.load_state(str(directory / "state"))
     logger.info("resumed from %s at step %d (rank %d)", directory, saved["step"], iterator.rank)
     return int(saved["step"])
 
@@ -498,12 +533,18 @@ def train(options: TrainOptions) -> int:
     model, optimizer = accelerator.prepare(policy, optimizer)
 
     step = 0
+    data = data_signature(plan, cameras)
     if options.resume and options.checkpoint_dir is not None:
         directory = latest_checkpoint(options.checkpoint_dir)
-        if directory is None:
-            logger.info("no checkpoint in %s: starting from scratch", options.checkpoint_dir)
+        if directory is None:  # (the first launch of a job that resumes itself after preemption)
+            logger.warning("no checkpoint in %s: starting from step 0", options.checkpoint_dir.resolve())
         else:
-            step = restore_checkpoint(accelerator, directory, iterator)
+            step = restore_checkpoint(accelerator, directory, iterator, data)
+            if step >= options.steps:
+                logger.warning(
+                    "the checkpoint is at step %d and --steps is %d: nothing to train (--steps counts from the "
+                    "start of training, not from the checkpoint)", step, options.steps,
+                )  # fmt: skip
     start_step = step
     logger.info(
         "rank %d/%d: steps %d..%d, batch %d, %d batches left in epoch %d, cameras %s, recipe %s, windows %s",
@@ -539,7 +580,7 @@ def train(options: TrainOptions) -> int:
         if options.checkpoint_dir is not None and (
             step == options.steps or (options.save_every and step % options.save_every == 0)
         ):
-            save_checkpoint(accelerator, options.checkpoint_dir, step, iterator)
+            save_checkpoint(accelerator, options.checkpoint_dir, step, iterator, data)
     if options.record_dir is not None:
         record.write(options.record_dir, rank=rank, world_size=world_size, model=accelerator.unwrap_model(model))
     iterator.close()

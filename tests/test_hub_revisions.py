@@ -8,6 +8,7 @@ check stubbed, decides which revision and path a bulk read really asks for.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from types import SimpleNamespace
 from typing import Any
@@ -184,6 +185,7 @@ def test_a_missing_repo_or_an_unreachable_hub_is_dataset_not_found(monkeypatch, 
         resolve_location("user/ds", revision="v9")
     message = str(caught.value)
     assert "'user/ds'" in message and said in message and "\n" not in message
+    assert message.endswith(f"; nor is it a local folder under {os.getcwd()}")  # 'data/ds9': a mistyped path?
     assert f"{type(error).__name__}: {str(error).splitlines()[0]}" in message
     assert caught.value.__cause__ is error
 

@@ -21,6 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from lerobot_dali.errors import ResumeStateError
 from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig, masked_l1
 from pipelines.train import TrainOptions, build_iterator, data_plan, parse_args
 
@@ -136,6 +137,8 @@ def test_single_process_resume_at_the_dropped_tail_is_exact(
     assert resumed["epochs"] == [1] * 8
     torch.testing.assert_close(torch.tensor(resumed["losses"]), torch.tensor(full["losses"][16:]), rtol=1e-5, atol=1e-6)
     _assert_same_model(_model(ckpt, 24), _model(full_ckpt, 24))
+    _, _, log = _run(tmp_path, dataset, steps=24, batch=8, procs=1, extra=["--resume"])  # "24 more steps"?
+    assert "the checkpoint is at step 24 and --steps is 24: nothing to train" in log
 
 
 # -- two processes --------------------------------------------------------------------------------------------
@@ -439,3 +442,46 @@ def test_resume_ignores_a_stream_file_a_run_of_another_world_size_left(tmp_path:
         iterator = SimpleNamespace(rank=rank, load_state_dict=loaded.append)
         assert restore_checkpoint(accelerator, tmp_path, iterator) == 8
         assert loaded == [stream(2, 40)["stream"]], rank
+
+
+def test_resume_with_other_windows_fails_naming_them_before_the_model_loads(tmp_path: Path) -> None:
+    """Other windows or image size made the model's shapes fail inside load_state_dict, or, where the shapes
+    agreed, resumed silently; other episodes failed there too instead of in the stream's own check."""
+    from types import SimpleNamespace
+
+    from pipelines.train import DataPlan, data_signature, restore_checkpoint
+
+    def plan(chunk: int, image_size: tuple[int, int] | None) -> DataPlan:
+        deltas = {"action": [i / 10 for i in range(chunk)]}
+        windows = dict(chunk=chunk, camera_steps=None, state_steps=None)
+        return DataPlan(delta_timestamps=deltas, image_size=image_size, augment=None, **windows)
+
+    saved = data_signature(plan(10, (96, 128)), ["cam"])
+    (tmp_path / "stream_rank0.json").write_text(json.dumps({"step": 8, "stream": {}, "data": saved}))
+    loaded: list[str] = []
+    accelerator = SimpleNamespace(load_state=lambda path: loaded.append("model"))
+    iterator = SimpleNamespace(rank=0, load_state_dict=lambda state: loaded.append("stream"))
+    with pytest.raises(
+        ValueError, match=r"other delta_timestamps, image_size \(delta_timestamps: saved .*; image_size"
+    ):
+        restore_checkpoint(accelerator, tmp_path, iterator, data_signature(plan(5, (224, 224)), ["cam"]))
+    assert loaded == []
+    assert restore_checkpoint(accelerator, tmp_path, iterator, data_signature(plan(10, (96, 128)), ["cam"])) == 8
+    assert loaded == ["stream", "model"]  # the data side first: its errors name episodes, not tensor shapes
+
+    def other_episodes(state: dict) -> None:
+        raise ResumeStateError("saved over other episodes")
+
+    loaded.clear()
+    with pytest.raises(ResumeStateError):
+        restore_checkpoint(accelerator, tmp_path, SimpleNamespace(rank=0, load_state_dict=other_episodes), saved)
+    assert loaded == []
+
+
+def test_device_cuda_without_a_gpu_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """accelerate quietly picked the CPU, and the run trained there at exit status 0."""
+    from pipelines.train import make_accelerator
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="--device cuda but torch .* sees no CUDA GPU"):
+        make_accelerator(TrainOptions(dataset="d", steps=1, device="cuda"))
