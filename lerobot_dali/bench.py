@@ -59,6 +59,7 @@ from .bench_types import (
     LoadPlan,
 )
 from .cache_dirs import cache_root
+from .distributed import require_cuda
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
 
@@ -239,12 +240,14 @@ def ensure_generated(spec: GeneratedSpec, cache_dir: Path) -> Path:
 
     target = cache_dir / spec.folder
     stamp = _generator_stamp(spec)
+    if _is_current(target, stamp):
+        logger.info("reusing %s", target)
+        return target
     if (target / "meta" / "info.json").is_file():
-        written = target / GENERATED_STAMP
-        if written.is_file() and written.read_text() == stamp:
-            logger.info("reusing %s", target)
-            return target
         progress_log.info("%s was written by another version of the generator: writing it again", target)
+    for left in cache_dir.glob(f".{spec.folder}.*-*"):  # staging or stale copies of runs that died
+        if not _pid_alive(left.name.rsplit("-", 1)[-1]):
+            shutil.rmtree(left, ignore_errors=True)
     staging = cache_dir / f".{spec.folder}.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -262,14 +265,29 @@ def ensure_generated(spec: GeneratedSpec, cache_dir: Path) -> Path:
     )
     (staging / GENERATED_STAMP).write_text(stamp)
     stale = cache_dir / f".{spec.folder}.stale-{os.getpid()}"
-    if target.exists():  # an old generator's: set aside, deleted once the new one stands in its place
+    if target.exists() and not _is_current(target, stamp):  # an old generator's: set aside, deleted after
         target.rename(stale)
     try:
         staging.rename(target)
-    except OSError:  # another run finished the same dataset first
+    except OSError:  # another run finished the same dataset first: keep theirs (it may be read already)
         shutil.rmtree(staging, ignore_errors=True)
     shutil.rmtree(stale, ignore_errors=True)
     return target
+
+
+def _is_current(target: Path, stamp: str) -> bool:
+    written = target / GENERATED_STAMP
+    return (target / "meta" / "info.json").is_file() and written.is_file() and written.read_text() == stamp
+
+
+def _pid_alive(text: str) -> bool:
+    try:
+        os.kill(int(text), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def bench_datasets(config: BenchConfig) -> list[BenchDataset]:
@@ -341,8 +359,8 @@ def _resolve_device(requested: str) -> str:
 
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but torch sees no CUDA GPU; use --device cpu")
+    if requested == "cuda":
+        require_cuda("--device cuda", instead="--device cpu")
     return requested
 
 

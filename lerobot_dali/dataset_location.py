@@ -100,10 +100,7 @@ def resolve_location(
         fs, root = _remote_fs(target, options)
         return DatasetLocation(fs, root, fs, root, target)
     if _REPO_ID.match(target) and not os.path.exists(target):
-        try:
-            return _hub_location(target, revision, "", options)
-        except DatasetNotFoundError as e:  # 'data/ds9' may as well be a mistyped local folder
-            raise DatasetNotFoundError(f"{e}; nor is it a local folder under {os.getcwd()}") from e.__cause__
+        return _hub_location(target, revision, "", options, maybe_path=True)
     raise DatasetNotFoundError(
         f"dataset {target!r} not found: it is not a local folder, a Hub repo id ('user/name') "
         "or an fsspec URL (e.g. 'hf://datasets/user/name', 's3://bucket/path')"
@@ -136,8 +133,11 @@ def _one_revision(target: str, in_url: str | None, argument: str | None) -> str 
     return in_url if in_url is not None else argument
 
 
-def _hub_location(repo_id: str, revision: str | None, subfolder: str, options: dict[str, Any]) -> DatasetLocation:
+def _hub_location(
+    repo_id: str, revision: str | None, subfolder: str, options: dict[str, Any], *, maybe_path: bool = False
+) -> DatasetLocation:
     """Metadata from one snapshot of ``revision`` (decoded), bulk reads at that snapshot's commit.
+    ``maybe_path``: ``repo_id`` was typed bare, so it may as well be a mistyped local folder (``data/ds9``).
 
     The description keeps the revision the user asked for, so it names the dataset the same way (and keys
     the same prefetch cache) after the branch moves; errors about bulk files show the pinned path.
@@ -152,7 +152,7 @@ def _hub_location(repo_id: str, revision: str | None, subfolder: str, options: d
             repo_id, repo_type="dataset", revision=revision, allow_patterns=[f"{prefix}meta/**"], **hub
         )
     except Exception as e:
-        missing = _missing_on_hub(repo_id, revision, e)
+        missing = _missing_on_hub(repo_id, revision, e, maybe_path=maybe_path)
         if missing is None:
             raise
         raise missing from e
@@ -164,7 +164,9 @@ def _hub_location(repo_id: str, revision: str | None, subfolder: str, options: d
     return DatasetLocation(fs, root, local, meta_root, f"hf://datasets/{repo_id}{_at(revision)}/{prefix}".rstrip("/"))
 
 
-def _missing_on_hub(repo_id: str, revision: str | None, error: Exception) -> DatasetNotFoundError | None:
+def _missing_on_hub(
+    repo_id: str, revision: str | None, error: Exception, *, maybe_path: bool = False
+) -> DatasetNotFoundError | None:
     """``error`` from ``snapshot_download`` as the package's error when it means the dataset cannot be found
     (no such repo or revision, private or gated without a token, no Hub reachable and nothing cached); ``None``
     for other errors (a Hub outage mid-download), which keep their type."""
@@ -191,6 +193,8 @@ def _missing_on_hub(repo_id: str, revision: str | None, error: Exception) -> Dat
         )
     else:
         return None
+    if maybe_path and not isinstance(error, (GatedRepoError, RevisionNotFoundError)):  # (a repo id, surely)
+        why += f"; nor is it a local folder under {os.getcwd()}"
     cause = (str(error).strip().splitlines() or [""])[0]
     return DatasetNotFoundError(f"dataset {repo_id!r} {why} ({type(error).__name__}: {cause})")
 

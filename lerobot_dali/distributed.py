@@ -63,6 +63,22 @@ def cpus_per_local_rank() -> int:
     return max(1, cpus // local_world)
 
 
+def require_cuda(asked: str, *, instead: str) -> int:
+    """The GPUs this process sees, or a ValueError when it sees none: asked for a GPU (``asked``, as the user
+    spelled it) without one, DALI fails at the first batch and accelerate quietly trains on the CPU.
+    ``instead``: the option that runs on the CPU."""
+    import torch
+
+    visible = torch.cuda.device_count()  # asks the driver; creates no CUDA context
+    if visible == 0:
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ValueError(
+            f"{asked} but torch ({torch.__version__}, {build}) sees no CUDA GPU: check the driver and "
+            f"CUDA_VISIBLE_DEVICES, or pass {instead} to run on the CPU"
+        )
+    return visible
+
+
 def local_cuda_device(local_rank: int) -> str:
     """The GPU of a rank asking for plain ``"cuda"``: its ``LOCAL_RANK``-th, or the only one it sees when a
     launcher or scheduler gives each rank its own GPU through ``CUDA_VISIBLE_DEVICES`` (SLURM's GPU binding),
@@ -70,7 +86,7 @@ def local_cuda_device(local_rank: int) -> str:
     import torch
 
     visible = torch.cuda.device_count()  # asks the driver; creates no CUDA context
-    if local_rank < visible or visible == 0:  # no GPU: the iterator's GPU checks say so
+    if local_rank < visible or visible == 0:  # no GPU: the iterator's check (require_cuda) says so
         return f"cuda:{local_rank}"
     if visible == 1:
         return "cuda:0"

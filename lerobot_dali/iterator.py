@@ -30,7 +30,7 @@ from .dataset_stats import read_dataset_stats
 from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
 from .depth_maps import DepthUnit
-from .distributed import cpus_per_local_rank, local_cuda_device, resolve_rank
+from .distributed import cpus_per_local_rank, local_cuda_device, require_cuda, resolve_rank
 from .episode_rows import INDEX_COLUMNS
 from .errors import (
     CodecUnsupportedError,
@@ -50,7 +50,7 @@ from .packet_index import PacketIndex
 from .packet_index_cache import load_packet_index
 from .packet_index_store import PacketIndexStore
 from .prefetch import Prefetcher, prefetching_reader
-from .sample_order import DEFAULT_EPISODE_POOL_SIZE, OrderOptions, RankBalance
+from .sample_order import DEFAULT_EPISODE_POOL_SIZE, OrderOptions, RankBalance, check_int
 from .stream_state import SampleStream
 from .windows import DeltaWindows
 from .worker_errors import dead_worker_error, original_worker_error
@@ -126,6 +126,7 @@ class DALILeRobotIterator:
         dali_threads: int | None = None,
         depth_unit: DepthUnit | str = DepthUnit.MM,
     ) -> None:
+        device = str(device)  # (a torch.device, as accelerator.device is, spells the same)
         batch_size, num_workers, prefetch, dali_threads = _check_counts(
             batch_size=batch_size, device=device, decode=decode, num_workers=num_workers, prefetch=prefetch,
             dali_threads=dali_threads,
@@ -366,8 +367,8 @@ class DALILeRobotIterator:
         # that calls set_epoch.
         with self._next_lock:  # a close() from another thread meanwhile waits, then closes what was built
             self._ensure_pipeline()
-            self._pass_start = self._stream.samples_consumed
             self._pass_id += 1  # an older pass's generator, if still held, now raises instead of sharing batches
+            self._pass_start = self._stream.samples_consumed
             return self._epoch_batches(self._generation, self._pass_id)
 
     def _ensure_pipeline(self) -> None:
@@ -643,33 +644,21 @@ def _check_counts(
     """Reject bad sizes and devices before anything is opened (a typo should not cost a remote listing); the
     counts as ints (numpy integers from a config are taken)."""
     counts = (
-        _whole("batch_size", batch_size, 1), _whole("num_workers", num_workers, 0), _whole("prefetch", prefetch, 1),
-        None if dali_threads is None else _whole("dali_threads", dali_threads, 1, "or None (automatic)"),
+        check_int("batch_size", batch_size, minimum=1), check_int("num_workers", num_workers, minimum=0),
+        check_int("prefetch", prefetch, minimum=1),
+        None if dali_threads is None else check_int("dali_threads (None: automatic)", dali_threads, minimum=1),
     )  # fmt: skip
-    if not (device in ("cuda", "cpu") or re.fullmatch(r"cuda:\d+", str(device))):
+    if not (device in ("cuda", "cpu") or re.fullmatch(r"cuda:\d+", device)):
         raise ValueError(f"device must be 'cuda', 'cuda:N' or 'cpu', got {device!r}")
     preference = DecodePreference.parse(decode)
     if device == "cpu":
         if preference is DecodePreference.GPU:
             raise ValueError("decode='gpu' decodes on NVDEC, which needs device='cuda'; with device='cpu' use 'auto'")
         return counts
-    visible = torch.cuda.device_count()  # asks the driver; creates no CUDA context
-    if visible == 0:
-        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-        raise ValueError(
-            f"device={device!r} but torch ({torch.__version__}, {build}) sees no CUDA GPU; pass device='cpu' to "
-            "run everything on the CPU"
-        )
+    visible = require_cuda(f"device={device!r}", instead="device='cpu'")
     if device != "cuda" and int(device.split(":")[1]) >= visible:
         raise ValueError(f"device={device!r} but this process sees {visible} GPU(s) (CUDA_VISIBLE_DEVICES)")
     return counts
-
-
-def _whole(name: str, value: Any, minimum: int, other: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-        raise ValueError(f"{name} must be {kind}{' ' + other if other else ''}, got {value!r}")
-    return int(value)
 
 
 def _batchable_reader(dataset: str | os.PathLike[str] | LeRobotDatasetReader, **opening: Any) -> LeRobotDatasetReader:

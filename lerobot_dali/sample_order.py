@@ -70,7 +70,8 @@ def _generator(*key: int) -> np.random.Generator:
     return np.random.Generator(np.random.Philox(np.random.SeedSequence(list(key))))
 
 
-def _check_int(name: str, value: object, *, minimum: int) -> int:
+def check_int(name: str, value: object, *, minimum: int) -> int:
+    """``value`` as an int (numpy integers too): TypeError for another type, ValueError below ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
     if value < minimum:
@@ -114,12 +115,12 @@ class OrderOptions:
     max_checkpoints: int = 1024
 
     def __post_init__(self) -> None:
-        _check_int("seed", self.seed, minimum=0)
+        check_int("seed", self.seed, minimum=0)
         if not isinstance(self.shuffle, bool):
             raise TypeError(f"shuffle must be a bool, got {self.shuffle!r}")
-        _check_int("episode_pool_size", self.episode_pool_size, minimum=1)
-        _check_int("checkpoint_interval", self.checkpoint_interval, minimum=1)
-        _check_int("max_checkpoints", self.max_checkpoints, minimum=1)
+        check_int("episode_pool_size", self.episode_pool_size, minimum=1)
+        check_int("checkpoint_interval", self.checkpoint_interval, minimum=1)
+        check_int("max_checkpoints", self.max_checkpoints, minimum=1)
         if not isinstance(self.rank_balance, RankBalance):
             try:
                 object.__setattr__(self, "rank_balance", RankBalance(self.rank_balance))
@@ -136,8 +137,8 @@ class ConsumedSegment:
     samples_consumed: int
 
     def __post_init__(self) -> None:
-        _check_int("world_size", self.world_size, minimum=1)
-        _check_int("samples_consumed", self.samples_consumed, minimum=0)
+        check_int("world_size", self.world_size, minimum=1)
+        check_int("samples_consumed", self.samples_consumed, minimum=0)
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ class ResumedEpoch:
     segments: tuple[ConsumedSegment, ...]
 
     def __post_init__(self) -> None:
-        _check_int("epoch", self.epoch, minimum=0)
+        check_int("epoch", self.epoch, minimum=0)
         object.__setattr__(self, "segments", tuple(self.segments))
         if not all(isinstance(s, ConsumedSegment) for s in self.segments):
             raise TypeError("segments must be ConsumedSegment objects")
@@ -174,7 +175,7 @@ def shard_episodes(frame_counts: np.ndarray, *, world_size: int, rng: np.random.
     10% of the fullest rank's shortest), never more than the longest. A pure function of the counts and
     ``rng``'s state. O(E log W) on a heap of Python ints: 0.2-0.3 s for 1M episodes on 8 ranks.
     """
-    world_size = _check_int("world_size", world_size, minimum=1)
+    world_size = check_int("world_size", world_size, minimum=1)
     counts = np.asarray(frame_counts)
     selected = np.flatnonzero(counts > 0)
     n = selected.size
@@ -387,8 +388,8 @@ class SampleOrder:
             raise TypeError(f"episode_lengths must be a 1-D integer array, got {lengths.dtype} {lengths.shape}")
         if lengths.size and lengths.min() < 0:
             raise ValueError(f"episode_lengths has a negative length at position {int(np.argmin(lengths))}")
-        self._world_size = _check_int("world_size", world_size, minimum=1)
-        self._rank = _check_int("rank", rank, minimum=0)
+        self._world_size = check_int("world_size", world_size, minimum=1)
+        self._rank = check_int("rank", rank, minimum=0)
         if self._rank >= self._world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self._options = options if options is not None else OrderOptions()
@@ -487,7 +488,7 @@ class SampleOrder:
     # -- plan -------------------------------------------------------------------------------------
 
     def _plan(self, epoch: int) -> _EpochPlan:
-        epoch = _check_int("epoch", epoch, minimum=0)
+        epoch = check_int("epoch", epoch, minimum=0)
         plan = self._plans.get(epoch)
         if plan is None:
             plan = self._build_plan(epoch)

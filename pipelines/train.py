@@ -188,12 +188,10 @@ def make_accelerator(options: TrainOptions) -> Any:
     """
     from accelerate import Accelerator
 
-    if options.device == "cuda" and not torch.cuda.is_available():  # accelerate would quietly train on the CPU
-        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-        raise ValueError(
-            f"--device cuda but torch ({torch.__version__}, {build}) sees no CUDA GPU: check the driver and "
-            "CUDA_VISIBLE_DEVICES, or pass --device cpu"
-        )
+    from lerobot_dali.distributed import require_cuda
+
+    if options.device == "cuda":  # else accelerate quietly trains on the CPU
+        require_cuda("--device cuda", instead="--device cpu")
     return Accelerator(cpu=options.device == "cpu", mixed_precision=options.mixed_precision)
 
 
@@ -445,11 +443,11 @@ def restore_checkpoint(accelerator: Any, directory: Path, iterator: Any, data: M
         saved = first  # a file left by a run of another world size that wrote this step before (and crashed)
     recorded = saved.get("data")
     if data is not None and recorded is not None:
-        differ = sorted(k for k in {*data, *recorded} if data.get(k) != recorded.get(k))
+        differ = sorted(k for k in data.keys() & recorded.keys() if data[k] != recorded[k])  # (keys added later)
         if differ:
             raise ValueError(
                 f"{directory} was trained with other {', '.join(differ)} ("
-                + "; ".join(f"{k}: saved {recorded.get(k)}, now {data.get(k)}" for k in differ)
+                + "; ".join(f"{k}: saved {recorded[k]}, now {data[k]}" for k in differ)
                 + "): resume with the same --recipe, --chunk, --image-size and --cameras, or start in a new "
                 "--checkpoint-dir"
             )

@@ -9,6 +9,7 @@ import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -307,9 +308,36 @@ def test_a_generated_dataset_is_written_again_when_the_generator_changed(tmp_pat
     inode = data.stat().st_ino
     assert ensure_generated(spec, tmp_path) == first and data.stat().st_ino == inode  # reused
     (first / GENERATED_STAMP).write_text("{}")  # as an older generator's files would say
+    (tmp_path / f".{spec.folder}.tmp-999999999").mkdir()  # a run that died while writing (no such pid)
     again = ensure_generated(spec, tmp_path)
     assert again == first and data.stat().st_ino != inode  # written again, in the same place
     assert sorted(p.name for p in tmp_path.iterdir()) == [spec.folder]  # no staging or stale copy left
+
+
+def test_a_run_that_finishes_second_keeps_the_first_runs_current_dataset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs found the dataset missing; the second to finish moved the first's (current, maybe being read)
+    dataset aside and deleted it."""
+    from lerobot_dali import generate
+    from lerobot_dali.bench import GeneratedSpec, ensure_generated
+
+    spec = GeneratedSpec(codec="vp9", cameras=1, size=(64, 64), fps=10, gop=2, episodes=1, frames_per_episode=4)
+    original = generate.make_dataset
+    theirs: list[int] = []
+
+    def other_run_finishes_meanwhile(out: Path, **kwargs: Any) -> Any:
+        result = original(out, **kwargs)
+        if not theirs:  # the other run, finishing while this one encodes
+            theirs.append(0)
+            ensure_generated(spec, tmp_path)
+            theirs[0] = (tmp_path / spec.folder / "meta" / "info.json").stat().st_ino
+        return result
+
+    monkeypatch.setattr(generate, "make_dataset", other_run_finishes_meanwhile)
+    target = ensure_generated(spec, tmp_path)
+    assert (target / "meta" / "info.json").stat().st_ino == theirs[0]  # theirs kept, ours dropped
+    assert sorted(p.name for p in tmp_path.iterdir()) == [spec.folder]
 
 
 def test_the_benchs_own_bookkeeping_between_epochs_is_not_timed(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -468,6 +468,8 @@ def test_resume_with_other_windows_fails_naming_them_before_the_model_loads(tmp_
     assert loaded == []
     assert restore_checkpoint(accelerator, tmp_path, iterator, data_signature(plan(10, (96, 128)), ["cam"])) == 8
     assert loaded == ["stream", "model"]  # the data side first: its errors name episodes, not tensor shapes
+    later = {**data_signature(plan(10, (96, 128)), ["cam"]), "augment": "jitter"}  # a key a later version adds
+    assert restore_checkpoint(accelerator, tmp_path, iterator, later) == 8
 
     def other_episodes(state: dict) -> None:
         raise ResumeStateError("saved over other episodes")
@@ -482,6 +484,6 @@ def test_device_cuda_without_a_gpu_is_refused(monkeypatch: pytest.MonkeyPatch) -
     """accelerate quietly picked the CPU, and the run trained there at exit status 0."""
     from pipelines.train import make_accelerator
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ValueError, match="--device cuda but torch .* sees no CUDA GPU"):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ValueError, match="--device cuda but torch .* sees no CUDA GPU: .* or pass --device cpu"):
         make_accelerator(TrainOptions(dataset="d", steps=1, device="cuda"))
