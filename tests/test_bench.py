@@ -259,20 +259,28 @@ def test_bad_options_are_rejected_with_the_allowed_values(capsys) -> None:
     assert "--repeats must be an int >= 1, got 0" in capsys.readouterr().err
 
 
-def test_cpu_mode_loader_runs_the_pipeline_on_the_cpu(cache_dir: Path, quick_run) -> None:
-    """The GPU-only ``lerobot-dali-cpu-mode`` row builds its iterator on the CPU whatever the job's device (here
-    the job's device is the CPU too, so only the loader's own choice is exercised)."""
-    from lerobot_dali.bench_measure import LoaderJob, run_in_child
-    from lerobot_dali.bench_types import DALI_CPU_MODE_LOADER, BenchDataset
+def _quick_job(cache_dir: Path, loader: str, *, num_workers: int) -> Any:
+    """A 3-batch job of 4 samples on the quick AV1 set the module's run generated."""
+    from lerobot_dali.bench_measure import LoaderJob
+    from lerobot_dali.bench_types import BenchDataset
 
     folder = default_specs(True)[0].folder
     plan = load_plan(BenchConfig(quick=True), open_dataset(cache_dir / folder))
-    job = LoaderJob(
-        loader=DALI_CPU_MODE_LOADER, dataset=BenchDataset(folder, str(cache_dir / folder)), plan=plan,
-        batch_size=4, num_workers=1, pool_size=4, device="cpu", steps=3, warmup=1, seed=0, log_level=30,
+    return LoaderJob(
+        loader=loader, dataset=BenchDataset(folder, str(cache_dir / folder)), plan=plan, batch_size=4,
+        num_workers=num_workers, pool_size=4, device="cpu", steps=3, warmup=1, seed=0, log_level=30,
     )  # fmt: skip
+
+
+def test_cpu_mode_loader_runs_the_pipeline_on_the_cpu(cache_dir: Path, quick_run) -> None:
+    """The GPU-only ``lerobot-dali-cpu-mode`` row builds its iterator on the CPU whatever the job's device (here
+    the job's device is the CPU too, so only the loader's own choice is exercised)."""
+    from lerobot_dali.bench_measure import run_in_child
+    from lerobot_dali.bench_types import DALI_CPU_MODE_LOADER
+
+    job = _quick_job(cache_dir, DALI_CPU_MODE_LOADER, num_workers=1)
     result = run_in_child(job)
-    assert result.status == "ok" and result.frames == 3 * 4 * plan.frames_per_sample, result.note
+    assert result.status == "ok" and result.frames == 3 * 4 * job.plan.frames_per_sample, result.note
     assert set(result.routes.split()) == {"cam0=cpu_fallback", "cam1=cpu_fallback"}
 
 
@@ -281,18 +289,12 @@ def test_the_bench_reads_the_whole_dataset_whatever_rank_the_environment_names(
 ) -> None:
     """A shell left with RANK/WORLD_SIZE set (a torchrun job's) made lerobot-dali read a quarter of the episodes
     while the peers read them all."""
-    from lerobot_dali.bench_measure import LoaderJob, _build_loader
-    from lerobot_dali.bench_types import DALI_LOADER, BenchDataset
+    from lerobot_dali.bench_measure import _build_loader
+    from lerobot_dali.bench_types import DALI_LOADER
 
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "1")
-    folder = default_specs(True)[0].folder
-    plan = load_plan(BenchConfig(quick=True), open_dataset(cache_dir / folder))
-    job = LoaderJob(
-        loader=DALI_LOADER, dataset=BenchDataset(folder, str(cache_dir / folder)), plan=plan,
-        batch_size=4, num_workers=0, pool_size=4, device="cpu", steps=3, warmup=1, seed=0, log_level=30,
-    )  # fmt: skip
-    loader, _, close = _build_loader(job)
+    loader, _, close = _build_loader(_quick_job(cache_dir, DALI_LOADER, num_workers=0))
     try:
         assert (loader.rank, loader.world_size) == (0, 1)
     finally:
