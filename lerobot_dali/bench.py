@@ -492,6 +492,8 @@ def _median_runs(rounds: list[list[LoaderResult]], loaders: Sequence[str]) -> li
                 frames_per_s_runs=" ".join(f"{r.frames_per_s:.1f}" for r in runs),
                 vs_best_peer=sorted(ratios)[(len(ratios) - 1) // 2] if complete else None,
                 vs_best_peer_runs=" ".join(f"{x:.3f}" for x in ratios) if complete else None,
+                # every round's divisor: "pyav-dataloader / lerobot" where rounds had different fastest peers
+                best_peer=" / ".join(dict.fromkeys(r.best_peer for r in runs if r.best_peer)) or None,
             )
         )
     return out

@@ -526,6 +526,14 @@ def test_repeats_rotate_the_order_and_report_the_median_run_and_paired_ratios(
     assert (ours.repeats, ours.frames_per_s, ours.vs_best_peer) == (3, 200.0, 2.0)
     assert ours.frames_per_s_runs == "300.0 100.0 200.0" and ours.vs_best_peer_runs == "3.000 2.000 1.000"
     assert (peer.frames_per_s, peer.vs_best_peer, peer.best_peer) == (100.0, 1.0, "pyav-dataloader")
+    assert ours.best_peer == "pyav-dataloader"
+    # Rounds whose fastest peer differs name each divisor.
+    rounds = [
+        [dataclasses.replace(ours, vs_best_peer=2.0, best_peer="pyav-dataloader")],
+        [dataclasses.replace(ours, vs_best_peer=1.5, best_peer="lerobot")],
+    ]
+    (mixed,) = bench._median_runs(rounds, ["lerobot-dali"])
+    assert mixed.best_peer == "pyav-dataloader / lerobot" and mixed.vs_best_peer_runs == "2.000 1.500"
     table = format_table(report)
     assert "runs" in table.splitlines()[0] and "1.00-3.00 x3" in table
 
