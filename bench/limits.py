@@ -1,6 +1,6 @@
 """The machine's decode ceilings on a dataset's own videos (see ``lerobot_dali.bench_limits``)::
 
-python bench/limits.py DATASET [--max-frames 3000] [--run-frames 128] [--no-gpu]
+python bench/limits.py DATASET [--max-frames 3000] [--run-frames 128] [--no-gpu] [--planes] [--clips]
 """
 
 import sys

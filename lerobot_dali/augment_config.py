@@ -243,7 +243,8 @@ _SECTIONS: dict[str, type] = {
 
 @dataclass(frozen=True, kw_only=True)
 class AugmentConfig:
-    """Which augmentations run, in the fixed order of this module's docstring. The default does nothing.
+    """Which augmentations run, in the fixed order :mod:`lerobot_dali.augment` describes. The default does
+    nothing.
 
     ``shared_across_cameras``: the cameras of one sample get the same draws (same crop, same jitter),
     which keeps multi-view geometry consistent; otherwise each camera draws on its own, as LeRobot does.

@@ -73,7 +73,7 @@ WORKER_RESIZE_INTERPOLATION = int(Interpolation.BILINEAR | Interpolation.FULL_CH
 class CpuDecoderBackend(Enum):
     """Which library decodes on the CPU."""
 
-    #: torchcodec where it loads (CUDA builds of torch ship it), PyAV otherwise.
+    #: torchcodec where it is installed and loads (its PyPI wheels need a CUDA build of torch), PyAV otherwise.
     AUTO = "auto"
     #: PyAV (FFmpeg bundled with the ``av`` wheel); always available.
     PYAV = "pyav"

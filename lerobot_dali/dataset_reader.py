@@ -340,8 +340,8 @@ def open_dataset(
 ) -> LeRobotDatasetReader:
     """Open a dataset from a local folder, a Hub repo id (with ``revision``) or an fsspec URL.
 
-    ``cameras`` selects video keys (default: all declared); ``keys`` selects tabular features (default: all
-    declared). Selecting lets a dataset whose info.json declares a camera without files, or a column that
+    ``cameras`` selects cameras, video and image ones (default: all declared); ``keys`` selects tabular features
+    (default: all declared). Selecting lets a dataset whose info.json declares a camera without files, or a column that
     drifted, still be read for the rest. ``data_files_root`` (a folder or fsspec URL such as
     ``s3://bucket/mirror``) serves ``data/`` and ``videos/`` while metadata comes from ``path_or_repo``.
     ``episodes`` keeps only those episode indices, as LeRobot's ``LeRobotDataset(episodes=...)`` does (a
