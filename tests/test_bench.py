@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -330,9 +331,11 @@ def test_a_run_that_finishes_second_keeps_the_first_runs_current_dataset(
 
     def other_run_finishes_meanwhile(out: Path, **kwargs: Any) -> Any:
         result = original(out, **kwargs)
-        if not theirs:  # the other run, finishing while this one encodes
+        if not theirs:  # the other run (another process: its own staging folder), finishing while this one encodes
             theirs.append(0)
-            ensure_generated(spec, tmp_path)
+            with monkeypatch.context() as other:
+                other.setattr(os, "getpid", lambda: 1)
+                ensure_generated(spec, tmp_path)
             theirs[0] = (tmp_path / spec.folder / "meta" / "info.json").stat().st_ino
         return result
 
