@@ -53,7 +53,7 @@ from .prefetch import Prefetcher, prefetching_reader
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE, OrderOptions, RankBalance, check_int
 from .stream_state import SampleStream
 from .windows import DeltaWindows
-from .worker_errors import dead_worker_error, original_worker_error
+from .worker_errors import SMALL_SHM_BYTES, dead_worker_error, original_worker_error, shared_memory_note, shm_bytes
 from .yuv_frames import has_color_matrix, nvdec_color_fix
 
 __all__ = ["DALILeRobotIterator"]
@@ -225,6 +225,9 @@ class DALILeRobotIterator:
             self.rank, self.world_size, ranks.source, self._stream.num_samples(),
             {k: r.value for k, r in self.routes.items()}, self._dali_threads,
         )  # fmt: skip
+        shm = shm_bytes()
+        if num_workers and shm is not None and shm < SMALL_SHM_BYTES:  # a container's default: SIGBUS ahead
+            logger.warning("/dev/shm is small: %s", shared_memory_note(shm))
         if drop_last and self._stream.num_samples() < batch_size:
             logger.warning(
                 "rank %d gets %d samples an epoch, fewer than batch_size=%d: with drop_last=True every epoch is "

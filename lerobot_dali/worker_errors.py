@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import ast
 import builtins
+import os
 import re
 import signal
 from typing import Any
 
 from . import errors
 
-__all__ = ["dead_worker_error", "original_worker_error"]
+__all__ = ["SMALL_SHM_BYTES", "dead_worker_error", "original_worker_error", "shared_memory_note", "shm_bytes"]
 
 _MARKER = "Exception traceback received from worker"
 _QUALNAME = re.compile(r"[A-Za-z_][\w.]*\Z")
@@ -88,13 +89,43 @@ def dead_worker_error(error: BaseException, pipeline: Any, where: str) -> errors
         return None
     processes = getattr(getattr(getattr(pipeline, "_py_pool", None), "pool", None), "_processes", None) or []
     codes = [p.exitcode for p in processes if getattr(p, "exitcode", None) is not None]
-    how = ", ".join(_describe_exit(code) for code in codes) or "exit status unknown"
+    how = ", ".join(dict.fromkeys(_describe_exit(code) for code in codes)) or "exit status unknown"
+    if -signal.SIGBUS in codes:
+        cause = f"A SIGBUS is a full /dev/shm: {shared_memory_note(shm_bytes())}"
+    else:
+        cause = (
+            "A SIGKILL is most often the kernel's out-of-memory killer (see `dmesg`): lower num_workers, "
+            "batch_size, prefetch or the frames per sample"
+        )
     return errors.WorkerProcessError(
-        f"a data-loading worker process died without reporting an error ({how}) while reading {where}. A "
-        "SIGKILL is most often the kernel's out-of-memory killer (see `dmesg`): lower num_workers, batch_size, "
-        "prefetch or the frames per sample; with num_workers=0 the same batches run in this process, where a "
-        "Python error would show."
+        f"a data-loading worker process died without reporting an error ({how}) while reading {where}. {cause}; "
+        "with num_workers=0 the same batches run in this process, where a Python error would show."
     )
+
+
+#: Below this, /dev/shm is a container's default (Docker's and Kubernetes' 64 MiB), not a machine's half of RAM.
+SMALL_SHM_BYTES = 1 << 30
+
+
+def shared_memory_note(total: int | None) -> str:
+    """Why /dev/shm matters and how to grow it, with its size ``total`` (the worker processes hand each batch
+    over in shared memory there, several batches per worker in flight)."""
+    size = f"{total / 2**20:.0f} MiB here" if total is not None else "its size unknown here"
+    return (
+        f"the worker processes hand their batches over in shared memory there ({size}, and a batch of 32 "
+        "samples of three 480x640 cameras is 88 MiB, a few in flight per worker); in Docker run with --ipc=host "
+        "or --shm-size=8g (Kubernetes: an emptyDir of medium Memory on /dev/shm), or lower num_workers, "
+        "batch_size or prefetch"
+    )
+
+
+def shm_bytes() -> int | None:
+    """The size of /dev/shm (None where there is none)."""
+    try:
+        stats = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return stats.f_frsize * stats.f_blocks
 
 
 def _describe_exit(code: int) -> str:

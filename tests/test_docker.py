@@ -77,3 +77,16 @@ def test_dependencies_install_before_the_code_is_copied() -> None:
     code = next(i for i, (keyword, args) in enumerate(instructions) if keyword == "COPY" and "lerobot_dali" in args)
     copied_before = " ".join(args for keyword, args in instructions[:install] if keyword == "COPY")
     assert install < code and copied_before.split() == ["pyproject.toml", "README.md", "./"], copied_before
+
+
+def test_every_documented_docker_run_gives_the_workers_shared_memory() -> None:
+    """Docker's /dev/shm is 64 MiB and the workers hand batches over there: without --ipc=host (or --shm-size)
+    the documented commands die of SIGBUS at the first batch."""
+    runs = [
+        (path.name, line)
+        for path in (ROOT / "README.md", ROOT / "docker" / "README.md", DOCKERFILE)
+        for line in path.read_text().splitlines()
+        if "docker run" in line and "without `-t`" not in line
+    ]
+    assert len(runs) >= 7
+    assert [r for r in runs if "--ipc=host" not in r[1] and "--shm-size" not in r[1]] == []

@@ -162,11 +162,22 @@ class _KilledSource(BatchSource):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def test_a_killed_worker_is_named_with_its_signal(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
+class _BusErrorSource(BatchSource):
+    """The worker dies as it does writing a batch into a full /dev/shm (Docker's 64 MiB): SIGBUS."""
+
+    def assemble(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGBUS)
+
+
+@pytest.mark.parametrize(("source", "match"), [
+    (_KilledSource, r"killed by SIGKILL\).*sample 0 of epoch 0.*out-of-memory"),
+    (_BusErrorSource, r"killed by SIGBUS\).*sample 0 of epoch 0.*full /dev/shm.*--ipc=host or --shm-size"),
+])  # fmt: skip
+def test_a_killed_worker_is_named_with_its_signal(make_ds, monkeypatch: pytest.MonkeyPatch, source, match) -> None:
     root = _small_dataset(make_ds)
-    monkeypatch.setattr(iterator_module, "BatchSource", _KilledSource)
+    monkeypatch.setattr(iterator_module, "BatchSource", source)
     it = DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=1)
-    with pytest.raises(errors.WorkerProcessError, match=r"killed by SIGKILL.*sample 0 of epoch 0.*out-of-memory"):
+    with pytest.raises(errors.WorkerProcessError, match=match):
         next(iter(it))
     it.close()
     monkeypatch.undo()
@@ -285,3 +296,17 @@ def test_workers_leave_ctrl_c_to_the_trainer() -> None:
     assert queue.get(timeout=60) == (True, True)
     child.join(timeout=60)
     assert leave_interrupts_to_parent() is False and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_container_sized_dev_shm_is_warned_of_at_construction(
+    make_ds, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Docker and Kubernetes give /dev/shm 64 MiB; the workers' batches (88 MiB for 32 samples of three 480x640
+    cameras) died there of SIGBUS on the first batch, with advice about the out-of-memory killer."""
+    root = _small_dataset(make_ds)
+    monkeypatch.setattr(iterator_module, "shm_bytes", lambda: 64 << 20)
+    for workers, warned in ((1, True), (0, False)):  # (without workers nothing crosses /dev/shm)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="lerobot_dali.iterator"):
+            DALILeRobotIterator(root, batch_size=2, device="cpu", num_workers=workers).close()
+        assert ("/dev/shm is small: " in caplog.text and "64 MiB here" in caplog.text) is warned
