@@ -162,7 +162,7 @@ class DALILeRobotIterator:
             fps=self.reader.fps,
             tolerance_s=tolerance_s,
             camera_keys=self.reader.camera_keys,
-            feature_keys=list(self.reader.info.features),
+            feature_keys=[*self.reader.info.features, *INDEX_COLUMNS],  # (derived where a dataset lacks them)
         )
         if "task_index" in self.windows.delta_index:  # (LeRobot fails on it too, a batch later)
             raise DeltaTimestampsError(

@@ -575,6 +575,19 @@ def test_gr00t_float64_features_come_as_float32_like_lerobot() -> None:
     assert batch["observation.images.ego_view"].shape == (4, 3, 256, 256)
 
 
+def test_gr00t_derived_frame_index_takes_a_window_like_a_declared_one() -> None:
+    """GR00T declares no frame_index (the reader derives it); a window over it was refused as 'not a feature'."""
+    it = DALILeRobotIterator(
+        shared_dataset("gr00t_v20_h264"), cameras=["observation.images.ego_view"], keys=["action"], batch_size=3,
+        shuffle=False, device="cpu", num_workers=0, timestamp_source="frame_index",
+        delta_timestamps={"frame_index": [-0.05, 0.0]},  # 20 fps: the previous row and this one
+    )  # fmt: skip
+    batch = next(iter(it))
+    it.close()
+    assert batch["frame_index"].tolist() == [[0, 0], [0, 1], [1, 2]]  # padded at the episode's start, as LeRobot
+    assert batch["frame_index_is_pad"].tolist() == [[True, False], [False, False], [False, False]]
+
+
 def test_gr00t_rows_are_a_frame_ahead_of_their_timestamps() -> None:
     """GR00T's timestamps start at 0.05 s: row i says (i + 1) / 20 s while its video holds as many frames as
     rows, from 0 s. By timestamp every row would read the next frame and the last row none: the iterator
