@@ -214,8 +214,9 @@ class DALILeRobotIterator:
         # Held while a pass builds its pipeline or is inside DALI's next(): close() from another thread must not
         # shut the pipeline down under it (a close() in a signal handler inside next() is deferred, see close()).
         self._next_lock = threading.RLock()
-        self._generation = 0  # of the pipeline: a pass reads only the one it began with
-        self._pass_id = 0  # of the latest iter(): only that pass reads, as a DataLoader's newest iterator does
+        # Of the latest iter(): only that pass reads, as a DataLoader's newest iterator does. Every pipeline is
+        # built by an iter(), so a pass that reads only while its id is the latest reads only its own pipeline.
+        self._pass_id = 0
         self._in_next: int | None = None  # the thread inside DALI's next(), if any
         self._close_deferred = False  # close() was called by a signal handler on that thread
         self._pass_start: int | None = None  # samples_consumed when the pass in progress began
@@ -372,7 +373,7 @@ class DALILeRobotIterator:
             self._ensure_pipeline()
             self._pass_id += 1  # an older pass's generator, if still held, now raises instead of sharing batches
             self._pass_start = self._stream.samples_consumed
-            return self._epoch_batches(self._generation, self._pass_id)
+            return self._epoch_batches(self._pass_id)
 
     def _ensure_pipeline(self) -> None:
         # The running pipeline serves the stream if it stands where the stream does: right after the last
@@ -425,7 +426,6 @@ class DALILeRobotIterator:
             return_uint8=self._return_uint8,
         )
         self._names = names
-        self._generation += 1
         self._pipeline_next = (self._stream.epoch, self._stream.samples_consumed)
         try:
             pipe.build()
@@ -442,9 +442,9 @@ class DALILeRobotIterator:
             _raise_original(e)
         self._pipeline = pipe
 
-    def _epoch_batches(self, generation: int, pass_id: int) -> Iterator[dict[str, Any]]:
+    def _epoch_batches(self, pass_id: int) -> Iterator[dict[str, Any]]:
         try:
-            while (batch := self._next_batch(generation, pass_id)) is not None:
+            while (batch := self._next_batch(pass_id)) is not None:
                 try:
                     self._stream.advance(len(batch["index"]))
                     self._pipeline_next = (self._stream.epoch, self._stream.samples_consumed)
@@ -461,13 +461,13 @@ class DALILeRobotIterator:
         self._stream.set_epoch(self._stream.epoch + 1)
         self._pipeline_next = (self._stream.epoch, 0)  # DALI reset itself (auto_reset) for the next epoch
 
-    def _next_batch(self, generation: int, pass_id: int) -> dict[str, Any] | None:
-        """The next batch of pass ``pass_id`` reading pipeline ``generation``, or None at the end of the epoch;
-        any failure closes the pipeline. (A pass holds the generation, not the pipeline: the frames of a raised
-        error must not keep the pipeline's workers' shared memory alive.)"""
+    def _next_batch(self, pass_id: int) -> dict[str, Any] | None:
+        """The next batch of pass ``pass_id``, or None at the end of the epoch; any failure closes the pipeline.
+        (A pass holds its id, not the pipeline: the frames of a raised error must not keep the pipeline's
+        workers' shared memory alive.)"""
         with self._next_lock:
             dali_iter = self._dali_iter
-            if dali_iter is None or generation != self._generation or pass_id != self._pass_id:
+            if dali_iter is None or pass_id != self._pass_id:
                 raise self._closed_error()
             outer = sys.exc_info()[1]  # the caller's own error, if it asks for batches while handling one
             self._in_next = threading.get_ident()
