@@ -791,15 +791,7 @@ def test_an_interrupted_pass_resumes_without_losing_or_repeating_a_sample(make_d
         return outputs
 
     monkeypatch.setattr(DALIGenericIterator, "__next__", interrupted_once)
-    it = DALILeRobotIterator(root, **kwargs)
-    seen: list[int] = []
-    with pytest.raises(KeyboardInterrupt):
-        for batch in it:
-            seen += [int(i) for i in batch["index"]]
-    for batch in it:  # the user carries on with the same iterator
-        seen += [int(i) for i in batch["index"]]
-    it.close()
-    assert seen == reference
+    assert _indices_across_a_ctrl_c(DALILeRobotIterator(root, **kwargs)) == reference
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -856,7 +848,12 @@ def test_a_ctrl_c_before_the_stream_counts_a_batch_resumes_without_losing_it(mak
         return original(self, n)
 
     monkeypatch.setattr(SampleStream, "advance", interrupted_once)
-    it = DALILeRobotIterator(root, **kwargs)
+    assert _indices_across_a_ctrl_c(DALILeRobotIterator(root, **kwargs)) == reference
+
+
+def _indices_across_a_ctrl_c(it: DALILeRobotIterator) -> list[int]:
+    """The ``index`` values of a pass that a KeyboardInterrupt ends, then of the pass the user carries on with
+    on the same iterator (closed after)."""
     seen: list[int] = []
     with pytest.raises(KeyboardInterrupt):
         for batch in it:
@@ -864,7 +861,7 @@ def test_a_ctrl_c_before_the_stream_counts_a_batch_resumes_without_losing_it(mak
     for batch in it:
         seen += [int(i) for i in batch["index"]]
     it.close()
-    assert seen == reference
+    return seen
 
 
 @pytest.mark.parametrize(("device", "visible", "match"), [
