@@ -104,7 +104,7 @@ class FrameRequestError(ValueError):
 
 
 class IteratorClosedError(RuntimeError):
-    """A pass read on after ``close()`` (from any thread) or after a newer pass replaced its pipeline."""
+    """A pass read on after ``close()`` (from any thread) or after a newer pass (another ``iter()``) began."""
 
 
 class WorkerProcessError(RuntimeError):
