@@ -165,7 +165,8 @@ def _diagnose(args: argparse.Namespace) -> int:
             f"libnvcuvid {machine.nvcuvid_library or 'NOT FOUND: NVDEC unusable'}"
         )
     else:
-        print("GPU none: every camera decodes on the CPU (DALI CPU for VP8/VP9/MJPEG, PyAV otherwise)")
+        print("GPU none: every camera decodes on the CPU (DALI CPU for VP8/VP9/MJPEG, the CPU decoders otherwise)")
+    print(f"CPU decoders: {machine.cpu_decoders}")
     if args.dataset is None:
         return 0
     reader = _open_dataset(args)

@@ -16,6 +16,7 @@ on a GPU the worker skips that conversion altogether and hands the decoder's pla
 from __future__ import annotations
 
 import functools
+import importlib.util
 import io
 import logging
 import os
@@ -47,6 +48,7 @@ __all__ = [
     "Pixels",
     "pyav_can_decode",
     "torchcodec_available",
+    "torchcodec_unavailable",
 ]
 
 logger = logging.getLogger(__name__)
@@ -150,13 +152,42 @@ def _require_pyav_decoder(index: PacketIndex) -> None:
         )
 
 
-def torchcodec_available() -> bool:
-    """Whether torchcodec imports and finds its FFmpeg libraries in this environment."""
+def torchcodec_unavailable() -> str | None:
+    """Why torchcodec cannot decode video here (``None``: it can).
+
+    Importing is not enough: torchcodec >= 0.17 imports without FFmpeg (its image decoders need none) and
+    fails only at the first video it opens, so ``pip install lerobot`` on a machine without FFmpeg's shared
+    libraries leaves a torchcodec that imports but cannot decode. Its ``ffmpeg_major_version`` is ``None``
+    then; older releases raised at import instead.
+    """
     try:
+        import torchcodec
         from torchcodec.decoders import VideoDecoder  # noqa: F401
-    except Exception:  # torchcodec raises RuntimeError/OSError when its FFmpeg libraries do not load.
-        return False
-    return True
+    except ModuleNotFoundError as e:
+        if e.name == "torchcodec":
+            return "torchcodec is not installed"
+        return f"torchcodec does not import (ModuleNotFoundError: {e})"
+    except Exception as e:  # torchcodec raises RuntimeError/OSError when its libraries do not load.
+        first_line = str(e).splitlines()[0] if str(e) else ""
+        return f"torchcodec does not import ({type(e).__name__}: {first_line})"
+    if getattr(torchcodec, "ffmpeg_major_version", 0) is None:
+        return (
+            f"torchcodec {getattr(torchcodec, '__version__', '')} found no FFmpeg shared libraries it supports "
+            "(install FFmpeg's libraries, e.g. apt install ffmpeg or conda install ffmpeg)"
+        )
+    return None
+
+
+@functools.cache
+def _note_torchcodec_skipped(why_not: str) -> None:
+    """Once per process: a torchcodec that is installed but cannot decode is passed over for PyAV."""
+    if importlib.util.find_spec("torchcodec") is not None:
+        logger.info("CPU decode uses PyAV: %s.", why_not)
+
+
+def torchcodec_available() -> bool:
+    """Whether torchcodec imports and loads its FFmpeg libraries in this environment."""
+    return torchcodec_unavailable() is None
 
 
 def _corrupt_frame_error(label: str, seconds: float | None) -> VideoDecodeError:
@@ -291,12 +322,11 @@ class _TorchCodecReader:
     """One torchcodec decoder in exact seek mode; frames are fetched by presentation time."""
 
     def __init__(self, source: VideoSource, *, filesystem: Any | None, threads: int, label: str) -> None:
-        try:
-            from torchcodec.decoders import VideoDecoder
-        except Exception as e:
-            raise CodecUnsupportedError(
-                f"{label}: torchcodec does not load here ({e}); use CpuDecoderBackend.PYAV or AUTO."
-            ) from e
+        why_not = torchcodec_unavailable()
+        if why_not is not None:
+            raise CodecUnsupportedError(f"{label}: {why_not}; use CpuDecoderBackend.PYAV or AUTO.")
+        from torchcodec.decoders import VideoDecoder
+
         self.label = label
         self._handle = None
         try:
@@ -433,9 +463,13 @@ class CpuFrameDecoder:
         self._backend = self._resolve_backend()
 
     def _resolve_backend(self) -> CpuDecoderBackend:
-        if self.options.backend is CpuDecoderBackend.AUTO:
-            return CpuDecoderBackend.TORCHCODEC if torchcodec_available() else CpuDecoderBackend.PYAV
-        return self.options.backend
+        if self.options.backend is not CpuDecoderBackend.AUTO:
+            return self.options.backend
+        why_not = torchcodec_unavailable()
+        if why_not is None:
+            return CpuDecoderBackend.TORCHCODEC
+        _note_torchcodec_skipped(why_not)
+        return CpuDecoderBackend.PYAV
 
     @property
     def open_decoders(self) -> int:

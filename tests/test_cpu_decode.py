@@ -313,6 +313,76 @@ def test_torchcodec_backend_where_missing(marker_video: MarkerVideo) -> None:
         decoder.decode(path, build_packet_index(path), [0])
 
 
+def _stand_in_torchcodec(monkeypatch: pytest.MonkeyPatch, ffmpeg_major_version: int | None) -> None:
+    """A torchcodec that imports, as torchcodec >= 0.17 does, whether or not it found FFmpeg's libraries."""
+    import importlib.machinery
+    import sys
+    import types
+
+    package = types.ModuleType("torchcodec")
+    package.__spec__ = importlib.machinery.ModuleSpec("torchcodec", None)
+    package.__version__ = "0.17.0"  # type: ignore[attr-defined]
+    package.ffmpeg_major_version = ffmpeg_major_version  # type: ignore[attr-defined]
+    decoders = types.ModuleType("torchcodec.decoders")
+
+    class Unreachable:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            raise AssertionError("a torchcodec without FFmpeg must not be asked to decode")
+
+    decoders.VideoDecoder = Unreachable  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torchcodec", package)
+    monkeypatch.setitem(sys.modules, "torchcodec.decoders", decoders)
+
+
+def test_a_torchcodec_without_ffmpeg_is_passed_over_for_pyav(
+    marker_video: MarkerVideo, pyav_decoder: CpuFrameDecoder, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    """``pip install lerobot`` brings torchcodec; where FFmpeg's shared libraries are missing it still imports
+    (>= 0.17), and ``auto`` picked it, so every batch failed with "torchcodec cannot open the video" and a
+    200-line traceback blaming the file. It now decodes with PyAV and logs why, once."""
+    from lerobot_dali import cpu_decode, decode_route, diagnose
+
+    _stand_in_torchcodec(monkeypatch, None)
+    cpu_decode._note_torchcodec_skipped.cache_clear()
+    assert not torchcodec_available()
+    assert "found no FFmpeg shared libraries" in (cpu_decode.torchcodec_unavailable() or "")
+    path = marker_video("h264", 2)
+    index = build_packet_index(path)
+    with caplog.at_level("INFO", logger="lerobot_dali.cpu_decode"):
+        decoders = [CpuFrameDecoder(), CpuFrameDecoder()]
+    assert [d.backend for d in decoders] == [CpuDecoderBackend.PYAV] * 2
+    notes = [r.getMessage() for r in caplog.records if "CPU decode uses PyAV" in r.getMessage()]
+    assert len(notes) == 1 and "torchcodec 0.17.0 found no FFmpeg" in notes[0]
+    window = np.array([0, 3, 4])
+    np.testing.assert_array_equal(decoders[0].decode(path, index, window), pyav_decoder.decode(path, index, window))
+    # Asked for by name, it fails with the reason rather than blaming the video.
+    named = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.TORCHCODEC))
+    with pytest.raises(CodecUnsupportedError, match="found no FFmpeg shared libraries.*CpuDecoderBackend.PYAV"):
+        named.decode(path, index, [0])
+    # A codec PyAV lacks is not routed to the fallback on torchcodec's account.
+    with pytest.raises(CodecUnsupportedError, match="No decoder handles"):
+        decode_route._cpu_route("evc", "camera x")
+    assert "torchcodec unused: torchcodec 0.17.0 found no FFmpeg" in diagnose.cpu_decoders()
+
+
+def test_a_torchcodec_that_found_ffmpeg_is_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lerobot_dali import diagnose
+
+    _stand_in_torchcodec(monkeypatch, 7)
+    assert torchcodec_available() and CpuFrameDecoder().backend is CpuDecoderBackend.TORCHCODEC
+    assert diagnose.cpu_decoders().endswith("torchcodec 0.17.0 (FFmpeg 7), which CPU mode decodes with")
+
+
+def test_a_missing_torchcodec_is_named_as_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from lerobot_dali import cpu_decode
+
+    monkeypatch.setitem(sys.modules, "torchcodec", None)  # import raises ModuleNotFoundError(name="torchcodec")
+    assert cpu_decode.torchcodec_unavailable() == "torchcodec is not installed"
+    assert CpuFrameDecoder().backend is CpuDecoderBackend.PYAV
+
+
 def test_a_video_torchcodec_cannot_open_does_not_leave_its_file_open(monkeypatch, tmp_path: Path) -> None:
     """The file opened for torchcodec (remote datasets hand it a file object) stayed open when the decoder refused
     the video: no reader was returned to close it. A stand-in torchcodec refuses here, so it runs without one."""

@@ -181,7 +181,7 @@ def test_diagnose_decodes_a_depth_camera_as_the_iterator_does(depth_ds: Path) ->
     from lerobot_dali.diagnose import MachineReport, diagnose_dataset
 
     machine = MachineReport(cuda_available=False, gpu_name=None, compute_capability=None, nvcuvid_library=None,
-                            dali_version=None)  # fmt: skip
+                            dali_version=None, cpu_decoders="PyAV")  # fmt: skip
     reports = {r.camera: r for r in diagnose_dataset(open_dataset(depth_ds), machine=machine)}
     depth = reports[DEPTH]
     assert (depth.codec, depth.resolution, depth.route) == ("hevc", (48, 80), "cpu_fallback (depth map)")
