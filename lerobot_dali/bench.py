@@ -59,6 +59,7 @@ from .bench_types import (
     LoadPlan,
 )
 from .cache_dirs import cache_root
+from .cpu_decode import cpu_decoders
 from .distributed import require_cuda
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
@@ -381,6 +382,8 @@ def machine_info(device: str) -> dict[str, Any]:
         "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "torch": torch.__version__,
         "av": av.__version__,
+        # Which library the CPU fallback and the CPU mode decode with (torchcodec where it loads FFmpeg).
+        "cpu_decoders": cpu_decoders(),
         "device": device,
         # Other work on the machine skews every loader's numbers: the load when the run began says how much.
         "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,

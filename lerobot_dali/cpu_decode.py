@@ -46,6 +46,7 @@ __all__ = [
     "CpuDecoderBackend",
     "CpuFrameDecoder",
     "Pixels",
+    "cpu_decoders",
     "pyav_can_decode",
     "torchcodec_available",
     "torchcodec_unavailable",
@@ -183,6 +184,18 @@ def _note_torchcodec_skipped(why_not: str) -> None:
     """Once per process: a torchcodec that is installed but cannot decode is passed over for PyAV."""
     if importlib.util.find_spec("torchcodec") is not None:
         logger.info("CPU decode uses PyAV: %s.", why_not)
+
+
+def cpu_decoders() -> str:
+    """PyAV's version and torchcodec's state: an installed torchcodec that finds no FFmpeg is passed over."""
+    pyav = f"PyAV {av.__version__} (FFmpeg {av.ffmpeg_version_info})"
+    why_not = torchcodec_unavailable()
+    if why_not is not None:
+        return f"{pyav}; torchcodec unused: {why_not}"
+    import torchcodec
+
+    ffmpeg = getattr(torchcodec, "ffmpeg_major_version", "?")
+    return f"{pyav}; torchcodec {torchcodec.__version__} (FFmpeg {ffmpeg}), which CPU mode decodes with"
 
 
 def torchcodec_available() -> bool:

@@ -11,17 +11,16 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-import av
 import numpy as np
 
 from .clips import Clip, build_clip
-from .cpu_decode import CpuFrameDecoder, torchcodec_unavailable
+from .cpu_decode import CpuFrameDecoder, cpu_decoders
 from .dali_video import DALI_CPU_CODECS, decode_clip_batch
 from .dataset_reader import LeRobotDatasetReader
 from .decode_route import DecodePreference, DecodeRoute, nvcuvid_library, route_for_video
 from .packet_index_cache import load_packet_index
 
-__all__ = ["CameraReport", "MachineReport", "cpu_decoders", "diagnose_dataset", "diagnose_machine"]
+__all__ = ["CameraReport", "MachineReport", "diagnose_dataset", "diagnose_machine"]
 
 
 @dataclass
@@ -31,7 +30,7 @@ class MachineReport:
     compute_capability: tuple[int, int] | None
     nvcuvid_library: str | None
     dali_version: str | None
-    #: The CPU fallback's decoders here, and whether torchcodec can decode (see :func:`cpu_decoders`).
+    #: The CPU fallback's decoders here, and whether torchcodec can decode (see :func:`.cpu_decode.cpu_decoders`).
     cpu_decoders: str
 
 
@@ -67,18 +66,6 @@ def diagnose_machine() -> MachineReport:
         props = torch.cuda.get_device_properties(0)
         name, capability = props.name, (props.major, props.minor)
     return MachineReport(cuda, name, capability, nvcuvid_library(), dali_version, cpu_decoders())
-
-
-def cpu_decoders() -> str:
-    """PyAV's version and torchcodec's state: an installed torchcodec that finds no FFmpeg is passed over."""
-    pyav = f"PyAV {av.__version__} (FFmpeg {av.ffmpeg_version_info})"
-    why_not = torchcodec_unavailable()
-    if why_not is not None:
-        return f"{pyav}; torchcodec unused: {why_not}"
-    import torchcodec
-
-    ffmpeg = getattr(torchcodec, "ffmpeg_major_version", "?")
-    return f"{pyav}; torchcodec {torchcodec.__version__} (FFmpeg {ffmpeg}), which CPU mode decodes with"
 
 
 def diagnose_dataset(reader: LeRobotDatasetReader, *, machine: MachineReport) -> list[CameraReport]:

@@ -62,6 +62,7 @@ def test_quick_bench_report_schema_and_consistent_numbers(quick_run: tuple[int, 
     report = json.loads((out / "bench.json").read_text())
     assert report["ok"] is True and report["failures"] == []
     assert report["config"]["batch_size"] == QUICK_BATCH and report["config"]["steps"] == QUICK_STEPS
+    assert report["machine"]["cpu_decoders"].startswith("PyAV ")  # and torchcodec's state: which one decoded
     assert [d["codec"] for d in report["datasets"]] == ["av1", "h264"]
     assert all(d["frames_per_sample"] == QUICK_CAMERAS and d["delta_timestamps"] == {} for d in report["datasets"])
     results = report["results"]

@@ -340,7 +340,7 @@ def test_a_torchcodec_without_ffmpeg_is_passed_over_for_pyav(
     """``pip install lerobot`` brings torchcodec; where FFmpeg's shared libraries are missing it still imports
     (>= 0.17), and ``auto`` picked it, so every batch failed with "torchcodec cannot open the video" and a
     200-line traceback blaming the file. It now decodes with PyAV and logs why, once."""
-    from lerobot_dali import cpu_decode, decode_route, diagnose
+    from lerobot_dali import cpu_decode, decode_route
 
     _stand_in_torchcodec(monkeypatch, None)
     cpu_decode._note_torchcodec_skipped.cache_clear()
@@ -362,15 +362,15 @@ def test_a_torchcodec_without_ffmpeg_is_passed_over_for_pyav(
     # A codec PyAV lacks is not routed to the fallback on torchcodec's account.
     with pytest.raises(CodecUnsupportedError, match="No decoder handles"):
         decode_route._cpu_route("evc", "camera x")
-    assert "torchcodec unused: torchcodec 0.17.0 found no FFmpeg" in diagnose.cpu_decoders()
+    assert "torchcodec unused: torchcodec 0.17.0 found no FFmpeg" in cpu_decode.cpu_decoders()
 
 
 def test_a_torchcodec_that_found_ffmpeg_is_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lerobot_dali import diagnose
+    from lerobot_dali.cpu_decode import cpu_decoders
 
     _stand_in_torchcodec(monkeypatch, 7)
     assert torchcodec_available() and CpuFrameDecoder().backend is CpuDecoderBackend.TORCHCODEC
-    assert diagnose.cpu_decoders().endswith("torchcodec 0.17.0 (FFmpeg 7), which CPU mode decodes with")
+    assert cpu_decoders().endswith("torchcodec 0.17.0 (FFmpeg 7), which CPU mode decodes with")
 
 
 def test_a_missing_torchcodec_is_named_as_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
