@@ -180,7 +180,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
 
 
 # -- processes and ranks --------------------------------------------------------------------------------------
-def make_accelerator(options: TrainOptions) -> Any:
+def make_accelerator(device: str, mixed_precision: str = "no") -> Any:
     """An ``Accelerator`` whose process count matches the launcher's.
 
     On CPU ``cpu=True`` is what makes accelerate join torchrun's gloo group (MULTI_CPU): without it accelerate
@@ -190,9 +190,9 @@ def make_accelerator(options: TrainOptions) -> Any:
 
     from lerobot_dali.distributed import require_cuda
 
-    if options.device == "cuda":  # else accelerate quietly trains on the CPU
+    if device == "cuda":  # else accelerate quietly trains on the CPU
         require_cuda("--device cuda", instead="--device cpu")
-    return Accelerator(cpu=options.device == "cpu", mixed_precision=options.mixed_precision)
+    return Accelerator(cpu=device == "cpu", mixed_precision=mixed_precision)
 
 
 def data_rank(accelerator: Any) -> tuple[int, int]:
@@ -516,7 +516,7 @@ def train(options: TrainOptions) -> int:
 
     from lerobot_dali.dataset_reader import open_dataset
 
-    accelerator = make_accelerator(options)
+    accelerator = make_accelerator(options.device, options.mixed_precision)
     set_seed(options.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
     rank, world_size = data_rank(accelerator)
     reader = open_dataset(options.dataset, episodes=options.episodes, cameras=options.cameras)

@@ -231,3 +231,53 @@ def test_lerobot_written_hevc_with_open_gops_gives_the_right_frames(lerobot_writ
     _assert_marked_frames(
         _ours(root, MARKED_WINDOWS, num_workers=2, cpu_decode=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
     )
+
+
+# -- LeRobot's own policies on lerobot-dali batches ----------------------------------------------------------
+TINY_POLICIES = {
+    "act": {
+        "chunk_size": 8, "n_action_steps": 8, "dim_model": 64, "n_heads": 4, "dim_feedforward": 128,
+        "n_encoder_layers": 1, "n_decoder_layers": 1, "use_vae": False, "pretrained_backbone_weights": None,
+    },
+    "diffusion": {
+        "n_obs_steps": 2, "horizon": 8, "n_action_steps": 4, "crop_shape": None, "pretrained_backbone_weights": None,
+        "down_dims": [32, 64], "num_train_timesteps": 10, "use_group_norm": True,
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("policy_type", sorted(TINY_POLICIES))
+def test_a_lerobot_policy_gets_the_same_loss_from_both_loaders(lerobot_written, policy_type: str) -> None:
+    """The drop-in claim, end to end: LeRobot's preprocessor and policy take a lerobot-dali batch as they take a
+    ``DataLoader(LeRobotDataset)`` batch of the same samples, and compute the same loss."""
+    from pipelines.lerobot_policy import PolicyTrainOptions, build_policy, dataset_metadata
+
+    root = lerobot_written("h264", False)
+    options = PolicyTrainOptions(dataset=str(root), policy=policy_type, policy_args=TINY_POLICIES[policy_type])
+    metadata = dataset_metadata(options.dataset)
+    policy, preprocessor, windows = build_policy(options, metadata, "cpu")
+    it = DALILeRobotIterator(str(root), batch_size=8, shuffle=False, device="cpu", delta_timestamps=windows)
+    try:
+        ours = next(iter(it))
+    finally:
+        it.close()
+    theirs = next(iter(torch.utils.data.DataLoader(_lerobot(root, windows), batch_size=8, shuffle=False)))
+    assert ours["index"].tolist() == theirs["index"].tolist()
+    policy.eval()  # no dropout; the diffusion policy's noise and timesteps come from the seed below
+    losses = []
+    for batch in (ours, theirs):
+        torch.manual_seed(0)
+        losses.append(policy.forward(preprocessor(dict(batch)))[0].item())
+    assert np.isfinite(losses[0]) and losses[0] == pytest.approx(losses[1], rel=1e-6, abs=1e-7)
+
+
+def test_the_lerobot_policy_pipeline_trains_and_saves(lerobot_written, tmp_path: Path) -> None:
+    from pipelines.lerobot_policy import PolicyTrainOptions, train
+
+    options = PolicyTrainOptions(
+        dataset=str(lerobot_written("libsvtav1", True)), policy="act", policy_args=TINY_POLICIES["act"], steps=3,
+        batch_size=4, num_workers=1, device="cpu", log_every=1, output_dir=tmp_path / "policy",
+    )  # fmt: skip
+    losses = train(options)
+    assert len(losses) == 3 and all(np.isfinite(losses))
+    assert {"config.json", "model.safetensors"} <= {p.name for p in (tmp_path / "policy").iterdir()}

@@ -486,4 +486,19 @@ def test_device_cuda_without_a_gpu_is_refused(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     with pytest.raises(ValueError, match="--device cuda but torch .* sees no CUDA GPU: .* or pass --device cpu"):
-        make_accelerator(TrainOptions(dataset="d", steps=1, device="cuda"))
+        make_accelerator("cuda")
+
+
+def test_the_lerobot_policy_pipeline_reads_policy_fields_as_json() -> None:
+    """``pipelines/lerobot_policy.py`` parses without LeRobot (it imports LeRobot only to train)."""
+    from pipelines.lerobot_policy import parse_args
+
+    options = parse_args(
+        ["--dataset", "d", "--policy", "diffusion", "--policy-arg", "horizon=16", "--policy-arg", "crop_shape=null",
+         "--policy-arg", "down_dims=[32, 64]", "--policy-arg", "vision_backbone=resnet34", "--device", "cpu"]
+    )  # fmt: skip
+    assert (options.policy, options.device) == ("diffusion", "cpu")
+    expected = {"horizon": 16, "crop_shape": None, "down_dims": [32, 64], "vision_backbone": "resnet34"}
+    assert options.policy_args == expected
+    with pytest.raises(SystemExit):
+        parse_args(["--dataset", "d", "--policy-arg", "no_equals_sign"])

@@ -1,0 +1,163 @@
+"""Train one of LeRobot's own policies (ACT, Diffusion Policy, ...) on batches from ``DALILeRobotIterator``.
+
+LeRobot builds the policy and its normalising processors from the dataset's metadata (features, fps,
+``meta/stats.json``) and says which windows the policy reads (``resolve_delta_timestamps``); lerobot-dali reads
+the samples, one disjoint stream per rank. The batches are what ``DataLoader(LeRobotDataset)`` gives, so LeRobot's
+preprocessor and ``policy.forward`` take them unchanged (``tests/test_lerobot_parity.py`` checks the loss is the
+same on both). Needs ``lerobot`` importable: it pins its own torch, so run it from LeRobot's environment::
+
+    accelerate launch pipelines/lerobot_policy.py --dataset PATH_OR_REPO --policy act --steps 20000 --device cuda
+
+For exact resume, keep ``iterator.state_dict()`` beside the model as ``pipelines/train.py`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `pipelines` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipelines.train import Throughput, camera_frames, data_rank, epoch_batches, iterator_device, make_accelerator
+
+logger = logging.getLogger("lerobot_dali.pipelines.lerobot_policy")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyTrainOptions:
+    dataset: str
+    policy: str = "act"
+    #: Fields of the policy's LeRobot config (``chunk_size=50``, ``pretrained_backbone_weights=null``).
+    policy_args: Mapping[str, Any] = field(default_factory=dict)
+    steps: int = 1000
+    batch_size: int = 8
+    num_workers: int = 4
+    episode_pool_size: int = 64
+    device: str = "cuda"
+    decode: str = "auto"
+    seed: int = 0
+    log_every: int = 50
+    #: Where the trained policy and its processors are saved (LeRobot's ``save_pretrained`` layout); None: not saved.
+    output_dir: Path | None = None
+
+
+def _policy_arg(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--policy-arg takes KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)  # numbers, null, true/false, lists
+    except json.JSONDecodeError:
+        return key, value  # a plain string
+
+
+def parse_args(argv: Sequence[str] | None = None) -> PolicyTrainOptions:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", required=True, help="local LeRobot dataset folder or Hub repo id")
+    parser.add_argument("--policy", default="act", help="a LeRobot policy type: act, diffusion, ...")
+    parser.add_argument(
+        "--policy-arg", action="append", type=_policy_arg, default=[], metavar="KEY=VALUE",
+        help="a field of the policy's config, VALUE as JSON (chunk_size=50, pretrained_backbone_weights=null)",
+    )  # fmt: skip
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--num-workers", type=int, default=4)
+    parser.add_argument("--episode-pool-size", type=int, default=64)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--decode", choices=("auto", "gpu", "cpu"), default="auto")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--output-dir", type=Path, help="save the trained policy and its processors here")
+    args = parser.parse_args(argv)
+    values = {k: v for k, v in vars(args).items() if k != "policy_arg"}
+    return PolicyTrainOptions(**values, policy_args=dict(args.policy_arg))
+
+
+def dataset_metadata(dataset: str) -> Any:
+    """LeRobot's view of the dataset's metadata: a local folder by path, anything else as a Hub repo id."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDatasetMetadata
+
+    path = Path(dataset)
+    if path.is_dir():
+        return LeRobotDatasetMetadata(f"local/{path.resolve().name}", root=path)
+    return LeRobotDatasetMetadata(dataset)
+
+
+def build_policy(options: PolicyTrainOptions, metadata: Any, device: str) -> tuple[Any, Any, Any]:
+    """``(policy, preprocessor, delta_timestamps)`` as LeRobot's own training script builds them."""
+    from lerobot.datasets.factory import resolve_delta_timestamps
+    from lerobot.policies.factory import make_policy, make_policy_config, make_pre_post_processors
+
+    config = make_policy_config(options.policy, device=device, **options.policy_args)
+    policy = make_policy(config, ds_meta=metadata)
+    preprocessor, _ = make_pre_post_processors(config, dataset_stats=metadata.stats)
+    return policy, preprocessor, resolve_delta_timestamps(config, metadata)
+
+
+def train(options: PolicyTrainOptions) -> list[float]:
+    """Train for ``options.steps`` steps; returns the loss of every step on this rank."""
+    import torch
+
+    from lerobot_dali import DALILeRobotIterator
+
+    accelerator = make_accelerator(options.device)
+    rank, world_size = data_rank(accelerator)
+    torch.manual_seed(options.seed)
+    metadata = dataset_metadata(options.dataset)
+    policy, preprocessor, delta_timestamps = build_policy(options, metadata, accelerator.device.type)
+    optimizer_config = policy.config.get_optimizer_preset()
+    optimizer = optimizer_config.build(policy.get_optim_params())
+    policy, optimizer = accelerator.prepare(policy, optimizer)
+    iterator = DALILeRobotIterator(  # one per rank, never through accelerator.prepare: it shards by itself
+        options.dataset, batch_size=options.batch_size, delta_timestamps=delta_timestamps, shuffle=True,
+        seed=options.seed, episode_pool_size=options.episode_pool_size, device=iterator_device(accelerator.device),
+        decode=options.decode, num_workers=options.num_workers, rank=rank, world_size=world_size,
+    )  # fmt: skip
+    logger.info(
+        "rank %d/%d: %s policy, %d steps of %d samples, windows %s",
+        rank, world_size, options.policy, options.steps, options.batch_size, delta_timestamps,
+    )  # fmt: skip
+    losses: list[float] = []
+    meter = Throughput()
+    policy.train()
+    try:
+        for step, (batch, wait_s) in enumerate(epoch_batches(iterator), start=1):
+            loss, _ = policy(preprocessor(batch))
+            accelerator.backward(loss)
+            if optimizer_config.grad_clip_norm:
+                accelerator.clip_grad_norm_(policy.parameters(), optimizer_config.grad_clip_norm)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(float(loss.detach()))
+            meter.add(len(batch["index"]), camera_frames(batch, metadata.camera_keys), wait_s)
+            if step % options.log_every == 0 or step == options.steps:
+                samples_s, frames_s, waiting = meter.report()
+                logger.info(
+                    "rank %d step %d loss %.4f: %.0f samples/s, %.0f frames/s, %.0f%% waiting for data",
+                    rank, step, losses[-1], samples_s, frames_s, 100 * waiting,
+                )  # fmt: skip
+            if step == options.steps:
+                break
+    finally:
+        iterator.close()
+    if options.output_dir is not None and accelerator.is_main_process:
+        accelerator.unwrap_model(policy).save_pretrained(options.output_dir)
+        preprocessor.save_pretrained(options.output_dir)
+    return losses
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    train(parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
