@@ -158,7 +158,8 @@ MARKED_SIZE = (64, 96)
 @pytest.fixture(scope="session")
 def lerobot_written(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, bool], Path]:
     """``lerobot_written(vcodec, split)``: LENGTHS episodes written by ``LeRobotDataset.create`` with its
-    default encoder settings; ``split`` starts a new data and video file after every episode, two per chunk."""
+    default encoder settings (``vcodec="images"``: image cameras, PNGs in the data files); ``split`` starts a new
+    data and video file after every episode, two per chunk."""
     written: dict[tuple[str, bool], Path] = {}
 
     def write(vcodec: str, split: bool) -> Path:
@@ -167,13 +168,16 @@ def lerobot_written(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, 
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
         root = tmp_path_factory.mktemp("lerobot_written") / f"{vcodec}{'_split' if split else ''}"
-        video = {"dtype": "video", "shape": (*MARKED_SIZE, 3), "names": ["height", "width", "channels"]}
+        images = vcodec == "images"
+        names = ["height", "width", "channels"]
+        camera = {"dtype": "image" if images else "video", "shape": (*MARKED_SIZE, 3), "names": names}
         features = {
             "observation.state": {"dtype": "float32", "shape": (6,), "names": None},
             "action": {"dtype": "float32", "shape": (7,), "names": None},
-            **dict.fromkeys(MARKED_CAMERAS, video),
+            **dict.fromkeys(MARKED_CAMERAS, camera),
         }
-        dataset = LeRobotDataset.create(f"local/{root.name}", fps=FPS, features=features, root=root, vcodec=vcodec)
+        codec = {"use_videos": False} if images else {"vcodec": vcodec}
+        dataset = LeRobotDataset.create(f"local/{root.name}", fps=FPS, features=features, root=root, **codec)
         if split:
             dataset.meta.info.update(video_files_size_in_mb=1e-4, data_files_size_in_mb=1e-4, chunks_size=2)
         for episode, length in enumerate(LENGTHS):
@@ -214,7 +218,7 @@ def _assert_marked_frames(samples: dict[int, dict[str, Any]]) -> None:
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["episodes_share_files", "file_and_chunk_per_episode"])
-@pytest.mark.parametrize("vcodec", ["libsvtav1", "h264"])
+@pytest.mark.parametrize("vcodec", ["libsvtav1", "h264", "images"])
 def test_datasets_lerobot_writes_match_lerobot(lerobot_written, vcodec: str, split: bool) -> None:
     root = lerobot_written(vcodec, split)
     ours = _ours(root, MARKED_WINDOWS)
