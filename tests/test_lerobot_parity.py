@@ -9,12 +9,15 @@ carry markers (:mod:`lerobot_dali.frame_marker`) so the frames are checked for i
 LeRobot pins its own torch and decodes with torchcodec, so they run in a separate environment, e.g.::
 
     python -m venv --system-site-packages /tmp/lrvenv
-    /tmp/lrvenv/bin/pip install torch==2.13.0 torchvision torchcodec  # the CUDA build: torchcodec links it
+    # PyPI's CUDA build of torch, which torchcodec links (--ignore-installed: not the system's CPU build)
+    /tmp/lrvenv/bin/pip install --ignore-installed torch==2.13.0 torchvision==0.28.0 torchcodec==0.17.0
     /tmp/lrvenv/bin/pip install --no-deps lerobot==0.4.4 && /tmp/lrvenv/bin/pip install 'datasets<5' \\
-        'huggingface-hub<0.36' draccus==0.10.0 jsonlines einops deepdiff termcolor
+        'huggingface-hub<0.36' 'diffusers<0.36' 'numpy<2.3' draccus==0.10.0 jsonlines einops deepdiff \\
+        termcolor imageio pyserial gymnasium opencv-python-headless
     /tmp/lrvenv/bin/python -m pytest -m lerobot tests/test_lerobot_parity.py
 
-(torchcodec needs FFmpeg's shared libraries: ``lerobot-dali diagnose`` says whether it found them.)
+(torchcodec needs FFmpeg's shared libraries: ``lerobot-dali diagnose`` says whether it found them. LeRobot
+0.4.4's writer needs numpy < 2.3 for features of shape ``(1,)``.)
 """
 
 from __future__ import annotations
@@ -224,6 +227,56 @@ def test_datasets_lerobot_writes_match_lerobot(lerobot_written, vcodec: str, spl
     ours = _ours(root, MARKED_WINDOWS)
     _assert_marked_frames(ours)
     _assert_same_samples(ours, _lerobot(root, MARKED_WINDOWS), frame_check=_same_decode)
+
+
+def test_every_feature_dtype_lerobot_writes_matches_lerobot(tmp_path: Path) -> None:
+    """bool, int32, int64, float64 and string features, ``(1,)``-shaped columns LeRobot stores as scalars, and
+    windows over them."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    root = tmp_path / "dtypes"
+    features = {
+        "observation.state": {"dtype": "float32", "shape": (6,), "names": ["a", "b", "c", "d", "e", "f"]},
+        "observation.environment_state": {"dtype": "float64", "shape": (3,), "names": None},
+        "action": {"dtype": "float32", "shape": (7,), "names": None},
+        "next.reward": {"dtype": "float32", "shape": (1,), "names": None},
+        "next.done": {"dtype": "bool", "shape": (1,), "names": None},
+        "step_count": {"dtype": "int64", "shape": (1,), "names": None},
+        "grip": {"dtype": "int32", "shape": (2,), "names": None},
+        "language_instruction": {"dtype": "string", "shape": (1,), "names": None},
+        MARKED_CAMERAS[0]: {"dtype": "video", "shape": (*MARKED_SIZE, 3), "names": ["height", "width", "channels"]},
+    }
+    dataset = LeRobotDataset.create("local/dtypes", fps=FPS, features=features, root=root, vcodec="h264")
+    lengths = [5, 9, 3]
+    for episode, length in enumerate(lengths):
+        for frame in range(length):
+            value = episode * 1000 + frame
+            dataset.add_frame(
+                {
+                    "observation.state": np.full(6, value, np.float32),
+                    "observation.environment_state": np.full(3, value / 7, np.float64),
+                    "action": np.full(7, -value, np.float32),
+                    "next.reward": np.array([value / 3], np.float32),
+                    "next.done": np.array([frame == length - 1]),
+                    "step_count": np.array([value], np.int64),
+                    "grip": np.array([value, -value], np.int32),
+                    "language_instruction": f"instruction {episode}-{frame}",
+                    MARKED_CAMERAS[0]: draw_marker(episode, frame, *MARKED_SIZE),
+                    "task": f"task {episode}",
+                }
+            )
+        dataset.save_episode()
+    dataset.finalize()
+    windows = {
+        MARKED_CAMERAS[0]: [-2 / FPS, 0.0],
+        "action": [k / FPS for k in range(4)],
+        "next.done": [0.0, 1 / FPS],
+        "next.reward": [0.0, 1 / FPS],
+        "step_count": [-1 / FPS, 0.0],
+        "observation.environment_state": [-1 / FPS, 0.0],
+    }
+    for options in ({"num_workers": 0}, {"num_workers": 2}):
+        _assert_same_samples(_ours(root, windows, **options), _lerobot(root, windows), frame_check=_same_decode)
 
 
 def test_lerobot_written_hevc_with_open_gops_gives_the_right_frames(lerobot_written) -> None:
