@@ -16,7 +16,6 @@ on a GPU the worker skips that conversion altogether and hands the decoder's pla
 from __future__ import annotations
 
 import functools
-import importlib.util
 import io
 import logging
 import os
@@ -153,6 +152,9 @@ def _require_pyav_decoder(index: PacketIndex) -> None:
         )
 
 
+_TORCHCODEC_NOT_INSTALLED = "torchcodec is not installed"
+
+
 def torchcodec_unavailable() -> str | None:
     """Why torchcodec cannot decode video here (``None``: it can).
 
@@ -166,7 +168,7 @@ def torchcodec_unavailable() -> str | None:
         from torchcodec.decoders import VideoDecoder  # noqa: F401
     except ModuleNotFoundError as e:
         if e.name == "torchcodec":
-            return "torchcodec is not installed"
+            return _TORCHCODEC_NOT_INSTALLED
         return f"torchcodec does not import (ModuleNotFoundError: {e})"
     except Exception as e:  # torchcodec raises RuntimeError/OSError when its libraries do not load.
         first_line = str(e).splitlines()[0] if str(e) else ""
@@ -182,7 +184,7 @@ def torchcodec_unavailable() -> str | None:
 @functools.cache
 def _note_torchcodec_skipped(why_not: str) -> None:
     """Once per process: a torchcodec that is installed but cannot decode is passed over for PyAV."""
-    if importlib.util.find_spec("torchcodec") is not None:
+    if why_not != _TORCHCODEC_NOT_INSTALLED:
         logger.info("CPU decode uses PyAV: %s.", why_not)
 
 

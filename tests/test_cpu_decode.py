@@ -315,12 +315,10 @@ def test_torchcodec_backend_where_missing(marker_video: MarkerVideo) -> None:
 
 def _stand_in_torchcodec(monkeypatch: pytest.MonkeyPatch, ffmpeg_major_version: int | None) -> None:
     """A torchcodec that imports, as torchcodec >= 0.17 does, whether or not it found FFmpeg's libraries."""
-    import importlib.machinery
     import sys
     import types
 
     package = types.ModuleType("torchcodec")
-    package.__spec__ = importlib.machinery.ModuleSpec("torchcodec", None)
     package.__version__ = "0.17.0"  # type: ignore[attr-defined]
     package.ffmpeg_major_version = ffmpeg_major_version  # type: ignore[attr-defined]
     decoders = types.ModuleType("torchcodec.decoders")
