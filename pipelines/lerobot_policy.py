@@ -47,6 +47,12 @@ class PolicyTrainOptions:
     #: Where the trained policy and its processors are saved (LeRobot's ``save_pretrained`` layout); None: not saved.
     output_dir: Path | None = None
 
+    def __post_init__(self) -> None:
+        for name, minimum in (("steps", 1), ("batch_size", 1), ("num_workers", 0), ("log_every", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"--{name.replace('_', '-')} must be an int >= {minimum}, got {value!r}")
+
 
 def _policy_arg(text: str) -> tuple[str, Any]:
     key, sep, value = text.partition("=")

@@ -502,3 +502,5 @@ def test_the_lerobot_policy_pipeline_reads_policy_fields_as_json() -> None:
     assert options.policy_args == expected
     with pytest.raises(SystemExit):
         parse_args(["--dataset", "d", "--policy-arg", "no_equals_sign"])
+    with pytest.raises(ValueError, match="--steps must be an int >= 1, got 0"):  # 0 trained forever
+        parse_args(["--dataset", "d", "--steps", "0"])
