@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = [ROOT / ".ci" / name for name in ("run", "gpu", "gpu-pack", "gpu-unpack")]
+SCRIPTS = [ROOT / ".ci" / name for name in ("run", "gpu", "gpu-pack", "gpu-unpack", "lerobot-parity")]
 
 
 def _shellcheck() -> str | None:

@@ -6,18 +6,8 @@ every sample: keys, dtypes, shapes, tabular values, ``<key>_is_pad``, task strin
 come from this package's generator and from LeRobot's own writer (``LeRobotDataset.create``), whose frames
 carry markers (:mod:`lerobot_dali.frame_marker`) so the frames are checked for identity as well.
 
-LeRobot pins its own torch and decodes with torchcodec, so they run in a separate environment, e.g.::
-
-    python -m venv --system-site-packages /tmp/lrvenv
-    # PyPI's CUDA build of torch, which torchcodec links (--ignore-installed: not the system's CPU build)
-    /tmp/lrvenv/bin/pip install --ignore-installed torch==2.13.0 torchvision==0.28.0 torchcodec==0.17.0
-    /tmp/lrvenv/bin/pip install --no-deps lerobot==0.4.4 && /tmp/lrvenv/bin/pip install 'datasets<5' \\
-        'huggingface-hub<0.36' 'diffusers<0.36' 'numpy<2.3' draccus==0.10.0 jsonlines einops deepdiff \\
-        termcolor imageio pyserial gymnasium opencv-python-headless
-    /tmp/lrvenv/bin/python -m pytest -m lerobot tests/test_lerobot_parity.py
-
-(torchcodec needs FFmpeg's shared libraries: ``lerobot-dali diagnose`` says whether it found them. LeRobot
-0.4.4's writer needs numpy < 2.3 for features of shape ``(1,)``.)
+LeRobot pins its own torch and decodes with torchcodec, so they run in a separate environment:
+``.ci/lerobot-parity [VENV]`` builds one (LeRobot 0.4.4, torch 2.13 from PyPI, torchcodec 0.17) and runs them.
 """
 
 from __future__ import annotations
