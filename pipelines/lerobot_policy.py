@@ -6,9 +6,11 @@ the samples, one disjoint stream per rank. The batches are what ``DataLoader(LeR
 preprocessor and ``policy.forward`` take them unchanged (``tests/test_lerobot_parity.py`` checks the loss is the
 same on both). Needs ``lerobot`` importable: it pins its own torch, so run it from LeRobot's environment::
 
-    accelerate launch pipelines/lerobot_policy.py --dataset PATH_OR_REPO --policy act --steps 20000 --device cuda
+    accelerate launch pipelines/lerobot_policy.py --dataset PATH_OR_REPO --policy act --steps 20000 --device cuda \\
+        --checkpoint-dir ckpt --save-every 1000 --resume
 
-For exact resume, keep ``iterator.state_dict()`` beside the model as ``pipelines/train.py`` does.
+Checkpoints are ``pipelines/train.py``'s: model, optimiser and RNG through accelerate, each rank's stream position,
+and the policy and windows they were trained with; ``--resume`` continues exactly where the last one stopped.
 """
 
 from __future__ import annotations
@@ -25,7 +27,17 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.train import Throughput, camera_frames, data_rank, epoch_batches, iterator_device, make_accelerator
+from pipelines.train import (
+    Throughput,
+    camera_frames,
+    data_rank,
+    epoch_batches,
+    iterator_device,
+    latest_checkpoint,
+    make_accelerator,
+    restore_checkpoint,
+    save_checkpoint,
+)
 
 logger = logging.getLogger("lerobot_dali.pipelines.lerobot_policy")
 
@@ -46,9 +58,12 @@ class PolicyTrainOptions:
     log_every: int = 50
     #: Where the trained policy and its processors are saved (LeRobot's ``save_pretrained`` layout); None: not saved.
     output_dir: Path | None = None
+    checkpoint_dir: Path | None = None
+    save_every: int = 0  # steps between checkpoints; 0: only at the end (with checkpoint_dir)
+    resume: bool = False
 
     def __post_init__(self) -> None:
-        for name, minimum in (("steps", 1), ("batch_size", 1), ("num_workers", 0), ("log_every", 1)):
+        for name, minimum in (("steps", 1), ("batch_size", 1), ("num_workers", 0), ("log_every", 1), ("save_every", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"--{name.replace('_', '-')} must be an int >= {minimum}, got {value!r}")
@@ -81,6 +96,9 @@ def parse_args(argv: Sequence[str] | None = None) -> PolicyTrainOptions:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-every", type=int, default=50)
     parser.add_argument("--output-dir", type=Path, help="save the trained policy and its processors here")
+    parser.add_argument("--checkpoint-dir", type=Path, help="checkpoints for --resume (as pipelines/train.py's)")
+    parser.add_argument("--save-every", type=int, default=0, help="steps between checkpoints (0: at the end only)")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint, if any")
     args = parser.parse_args(argv)
     values = {k: v for k, v in vars(args).items() if k != "policy_arg"}
     return PolicyTrainOptions(**values, policy_args=dict(args.policy_arg))
@@ -108,7 +126,8 @@ def build_policy(options: PolicyTrainOptions, metadata: Any, device: str) -> tup
 
 
 def train(options: PolicyTrainOptions) -> list[float]:
-    """Train for ``options.steps`` steps; returns the loss of every step on this rank."""
+    """Train up to ``options.steps`` steps (counted from the start, resumed ones included); returns the loss of
+    every step this call took on this rank."""
     import torch
 
     from lerobot_dali import DALILeRobotIterator
@@ -126,15 +145,29 @@ def train(options: PolicyTrainOptions) -> list[float]:
         seed=options.seed, episode_pool_size=options.episode_pool_size, device=iterator_device(accelerator.device),
         decode=options.decode, num_workers=options.num_workers, rank=rank, world_size=world_size,
     )  # fmt: skip
+    # What a resume must keep: the policy's shapes and the windows follow these.
+    data = json.loads(
+        json.dumps({"policy": options.policy, "policy_args": options.policy_args, "delta_timestamps": delta_timestamps})
+    )
+    step = 0
+    if options.resume and options.checkpoint_dir is not None:
+        directory = latest_checkpoint(options.checkpoint_dir)
+        if directory is None:
+            logger.warning("no checkpoint in %s: starting from step 0", options.checkpoint_dir.resolve())
+        else:
+            step = restore_checkpoint(accelerator, directory, iterator, data, data_options="--policy and --policy-arg")
     logger.info(
-        "rank %d/%d: %s policy, %d steps of %d samples, windows %s",
-        rank, world_size, options.policy, options.steps, options.batch_size, delta_timestamps,
+        "rank %d/%d: %s policy, steps %d..%d of %d samples, windows %s",
+        rank, world_size, options.policy, step, options.steps, options.batch_size, delta_timestamps,
     )  # fmt: skip
     losses: list[float] = []
     meter = Throughput()
     policy.train()
     try:
-        for step, (batch, wait_s) in enumerate(epoch_batches(iterator), start=1):
+        batches = epoch_batches(iterator)
+        while step < options.steps:
+            batch, wait_s = next(batches)
+            step += 1
             loss, _ = policy(preprocessor(batch))
             accelerator.backward(loss)
             if optimizer_config.grad_clip_norm:
@@ -149,8 +182,10 @@ def train(options: PolicyTrainOptions) -> list[float]:
                     "rank %d step %d loss %.4f: %.0f samples/s, %.0f frames/s, %.0f%% waiting for data",
                     rank, step, losses[-1], samples_s, frames_s, 100 * waiting,
                 )  # fmt: skip
-            if step == options.steps:
-                break
+            if options.checkpoint_dir is not None and (
+                step == options.steps or (options.save_every and step % options.save_every == 0)
+            ):
+                save_checkpoint(accelerator, options.checkpoint_dir, step, iterator, data)
     finally:
         iterator.close()
     if options.output_dir is not None and accelerator.is_main_process:

@@ -428,11 +428,19 @@ def latest_checkpoint(root: Path) -> Path | None:
     return root / marker.read_text().strip() if marker.is_file() else None
 
 
-def restore_checkpoint(accelerator: Any, directory: Path, iterator: Any, data: Mapping[str, Any] | None = None) -> int:
+def restore_checkpoint(
+    accelerator: Any,
+    directory: Path,
+    iterator: Any,
+    data: Mapping[str, Any] | None = None,
+    *,
+    data_options: str = "--recipe, --chunk, --image-size and --cameras",
+) -> int:
     """This rank's stream position, then model/optimiser/RNG; returns the step the checkpoint was taken at.
 
     The data side goes first: a checkpoint of other episodes or (``data``, :func:`data_signature`) other
-    windows, image size or cameras fails naming that, before the model's shapes fail to load.
+    windows, image size or cameras fails naming that (and ``data_options``, the flags that set them), before the
+    model's shapes fail to load.
     After a world-size change a new rank may have no file of its own; any old rank's position serves, since
     all old ranks consumed equally many samples and the iterator re-shards the rest of the epoch.
     """
@@ -448,7 +456,7 @@ def restore_checkpoint(accelerator: Any, directory: Path, iterator: Any, data: M
             raise ValueError(
                 f"{directory} was trained with other {', '.join(differ)} ("
                 + "; ".join(f"{k}: saved {recorded[k]}, now {data[k]}" for k in differ)
-                + "): resume with the same --recipe, --chunk, --image-size and --cameras, or start in a new "
+                + f"): resume with the same {data_options}, or start in a new "
                 "--checkpoint-dir"
             )
     iterator.load_state_dict(saved["stream"])

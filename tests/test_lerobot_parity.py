@@ -328,3 +328,29 @@ def test_the_lerobot_policy_pipeline_trains_and_saves(lerobot_written, tmp_path:
     losses = train(options)
     assert len(losses) == 3 and all(np.isfinite(losses))
     assert {"config.json", "model.safetensors"} <= {p.name for p in (tmp_path / "policy").iterdir()}
+
+
+def test_the_lerobot_policy_pipeline_resumes_exactly(lerobot_written, tmp_path: Path) -> None:
+    """Steps 3-4 after a resume at step 2 give the losses of an uninterrupted run: the stream position, the
+    weights, the optimiser and the dropout's RNG all come back."""
+    from pipelines.lerobot_policy import PolicyTrainOptions, train
+
+    def run(steps: int, checkpoints: Path, **options: Any) -> list[float]:
+        return train(
+            PolicyTrainOptions(
+                dataset=str(lerobot_written("h264", False)), policy="act", policy_args=TINY_POLICIES["act"],
+                steps=steps, batch_size=4, num_workers=1, device="cpu", checkpoint_dir=checkpoints, **options,
+            )
+        )  # fmt: skip
+
+    uninterrupted = run(4, tmp_path / "a")
+    assert run(2, tmp_path / "b", save_every=2) == uninterrupted[:2]
+    assert run(4, tmp_path / "b", resume=True) == uninterrupted[2:]
+    with pytest.raises(ValueError, match="other policy_args .*resume with the same --policy and --policy-arg"):
+        train(
+            PolicyTrainOptions(
+                dataset=str(lerobot_written("h264", False)), policy="act",
+                policy_args={**TINY_POLICIES["act"], "dim_model": 32}, steps=6, batch_size=4, num_workers=1,
+                device="cpu", checkpoint_dir=tmp_path / "b", resume=True,
+            )
+        )  # fmt: skip
