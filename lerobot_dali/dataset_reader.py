@@ -12,6 +12,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ import pyarrow.parquet as pq
 from .column_store import ColumnStore
 from .dataset_info import DatasetInfo, Feature, format_path
 from .dataset_location import DatasetLocation, resolve_location, with_bulk_root
+from .episode_data_files import locate_episode_rows
 from .episode_rows import (
     INDEX_COLUMNS,
     ParquetCache,
@@ -185,7 +187,8 @@ class LeRobotDatasetReader:
             raise EpisodeMetadataError(
                 f"{path}: holds {parquet.metadata.num_rows} rows but the episode metadata places "
                 f"{int(ep.data_file_rows[episode_pos])} in it (episode {int(ep.episode_index[episode_pos])} has "
-                f"length {length}); rows no episode reads would be lost: fix the episode lengths in meta/episodes"
+                f"length {length}); rows no episode reads would be lost: the episode lengths or the episodes' "
+                "data/chunk_index and data/file_index in meta/episodes do not describe the data files"
             )
         rows = read_episode_rows(
             parquet,
@@ -355,6 +358,9 @@ def open_dataset(
     camera_keys = [k for k in selected if info.features[k].is_video]
     image_keys = [k for k in selected if not info.features[k].is_video]
     tabular_keys = _select(info.tabular_keys, keys, "key", elsewhere=(info.camera_keys, "cameras"))
+    # Remote: one recursive listing per root stamps every file (no per-file metadata request, here or in
+    # any worker); a filesystem that cannot list falls back to one request per file looked up.
+    stamps = None if location.is_local else FileStamps(location.fs, [location.path("data"), location.path("videos")])
     table = read_episode_table(location.meta_fs, location.meta_root, info, video_keys=camera_keys)
     if info.total_episodes and info.total_episodes != len(table):
         logger.warning(
@@ -367,10 +373,8 @@ def open_dataset(
         raise DatasetError(f"{location.description}: the episode metadata lists no episodes; nothing to read")
     if episodes is not None:
         table = table.select(episodes, source=location.description)
+    table = locate_episode_rows(location, info, table, exists=partial(_exists, location, stamps))
     tasks = _read_tasks(location)
-    # Remote: one recursive listing per root stamps every file (no per-file metadata request, here or in
-    # any worker); a filesystem that cannot list falls back to one request per file looked up.
-    stamps = None if location.is_local else FileStamps(location.fs, [location.path("data"), location.path("videos")])
     reader = LeRobotDatasetReader(
         location,
         info,
@@ -448,18 +452,20 @@ def _read_tasks(location: DatasetLocation) -> dict[int, str]:
     raise DatasetError(f"{location.description}: no task list (meta/tasks.parquet or meta/tasks.jsonl)")
 
 
+def _exists(location: DatasetLocation, stamps: FileStamps | None, path: str) -> bool:
+    """Whether bulk file ``path`` exists: listed by ``stamps`` (no request), else asked of the filesystem."""
+    return (stamps is not None and path in stamps) or bool(location.fs.exists(path))
+
+
 def _check_first_files(reader: LeRobotDatasetReader) -> None:
-    """One existence check per camera and for the first data file: cheap, and catches a camera with no files."""
+    """One existence check per camera and, for v2.x, for the first data file (a v2.x file per episode is too many
+    to check; v3.0's every data file was checked by :func:`.episode_data_files.locate_episode_rows`): cheap, and
+    catches a camera with no files."""
     if reader.num_episodes == 0:
         return
-    fs = reader.location.fs
-    stamps = reader.stamps if reader.stamps is not None else ()
-
-    def exists(path: str) -> bool:
-        return path in stamps or bool(fs.exists(path))
-
+    exists = partial(_exists, reader.location, reader.stamps)
     data = reader.data_path(0)
-    if not exists(data):
+    if reader.info.major_version != "v3" and not exists(data):
         raise MissingDataFileError(f"{data} is missing: the first episode's data file does not exist")
     for camera in reader.camera_keys:
         video = reader.video(0, camera).path

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import fsspec
 import numpy as np
@@ -61,6 +61,19 @@ class EpisodeTable:
     @property
     def total_frames(self) -> int:
         return int(self.length.sum())
+
+    def with_data_rows(
+        self, chunk_index: np.ndarray, file_index: np.ndarray, row_start: np.ndarray, *, file_rows: np.ndarray
+    ) -> EpisodeTable:
+        """This table with each episode's rows found in the data files themselves: its file, its first row there
+        and the rows the file holds (all accounted for by the search, selected episodes or not)."""
+        return replace(
+            self,
+            data_chunk_index=chunk_index,
+            data_file_index=file_index,
+            data_row_start=row_start,
+            data_file_rows=file_rows,
+        )
 
     def select(self, episode_indices: Sequence[int], *, source: str = "") -> EpisodeTable:
         """The rows of ``episode_indices`` only (LeRobot's ``episodes=``, e.g. a train/validation split).

@@ -358,12 +358,12 @@ def test_bad_path_templates(v3: Path, template: str, message: str) -> None:
 
 def test_missing_data_and_video_files(v3: Path) -> None:
     (v3 / "data/chunk-000/file-001.parquet").unlink()
-    r = open_dataset(v3)  # only the first files are checked at open time
-    with pytest.raises(MissingDataFileError, match=r"file-001\.parquet is missing"):
-        r.read_episode(2)
+    with pytest.raises(MissingDataFileError, match=r"file-001\.parquet is missing: .*episodes \[2, 3\] are in no"):
+        open_dataset(v3)  # every data file the metadata names is checked at open time
+    assert open_dataset(v3, episodes=[0, 1]).read_episode(1)["episode_index"][0] == 1  # a part downloaded reads
     (v3 / "videos/observation.images.cam0/chunk-000/file-000.mp4").unlink()
     with pytest.raises(MissingDataFileError, match=r"file-000\.mp4 is missing.*observation\.images\.cam0"):
-        open_dataset(v3)
+        open_dataset(v3, episodes=[0, 1])
 
 
 def test_episode_metadata_disagreeing_with_rows(v3: Path) -> None:

@@ -1,0 +1,121 @@
+"""meta/episodes whose data/chunk_index and data/file_index name data files that do not exist, as LeRobot's merge
+before 0.4.4 wrote them (LeRobot itself reads such datasets: it never uses these columns). Episodes are then
+located by the data files' own episode_index column; what that cannot explain still fails, naming why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from lerobot_dali.errors import EpisodeMetadataError, MissingDataFileError
+from lerobot_dali.iterator import DALILeRobotIterator
+
+LENGTHS = [6, 9, 4, 8, 5]
+SPEC = dict(episodes=5, frames_per_episode=LENGTHS, cameras=1, codec="vp9", gop=4, size=(64, 96), episodes_per_file=2)
+WINDOWS = {"observation.images.cam0": [-0.1, 0.0], "action": [k / 10 for k in range(4)]}
+
+
+def _samples(root: Path, **options) -> list[dict]:
+    it = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", drop_last=False, **options)
+    try:
+        return list(it)
+    finally:
+        it.close()
+
+
+def _set_episode_columns(root: Path, **columns: list[int]) -> None:
+    path = next((root / "meta/episodes").rglob("*.parquet"))
+    table = pq.read_table(path)
+    for name, values in columns.items():
+        table = table.set_column(table.column_names.index(name), name, pa.array(values, pa.int64()))
+    pq.write_table(table, path)
+
+
+def _drop_rows(data_file: Path, keep) -> None:
+    table = pq.read_table(data_file)
+    pq.write_table(table.filter(keep(table)), data_file)
+
+
+@pytest.fixture
+def merged(make_ds, copy_ds) -> tuple[Path, Path]:
+    """(original, a copy whose every episode names data/chunk-000/file-007.parquet, which does not exist)"""
+    original = make_ds(**SPEC, fps=10)
+    stale = copy_ds(original)
+    _set_episode_columns(stale, **{"data/chunk_index": [0] * 5, "data/file_index": [7] * 5})
+    return original, stale
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_episodes_are_found_by_the_data_files_when_their_file_indices_are_stale(merged, caplog, num_workers) -> None:
+    original, stale = merged
+    expected = _samples(original, delta_timestamps=WINDOWS)
+    with caplog.at_level("WARNING", logger="lerobot_dali.episode_data_files"):
+        got = _samples(stale, delta_timestamps=WINDOWS, num_workers=num_workers)
+    assert len(got) == len(expected) == 8  # 32 samples, batches of 4
+    for ours, theirs in zip(got, expected, strict=True):
+        assert ours.keys() == theirs.keys()
+        for key, value in theirs.items():
+            assert torch.equal(ours[key], value) if torch.is_tensor(value) else ours[key] == value, key
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "LeRobot's dataset merge before 0.4.4" in warnings[0]
+    assert "5 episodes in 3 data file(s)" in warnings[0] and "file-007.parquet" in warnings[0]
+
+
+def test_an_episode_subset_of_a_stale_merge_reads(merged) -> None:
+    original, stale = merged
+    got = _samples(stale, episodes=[1, 4], delta_timestamps=WINDOWS)
+    expected = _samples(original, episodes=[1, 4], delta_timestamps=WINDOWS)
+    assert [b["index"].tolist() for b in got] == [b["index"].tolist() for b in expected]
+    assert all(torch.equal(a["action"], b["action"]) for a, b in zip(got, expected, strict=True))
+
+
+def test_an_episode_in_no_data_file_is_named(merged) -> None:
+    _, stale = merged
+    _drop_rows(stale / "data/chunk-000/file-002.parquet", lambda t: pc.not_equal(t["episode_index"], 4))
+    with pytest.raises(MissingDataFileError, match=r"file-007\.parquet is missing: .*episodes \[4\] are in no other"):
+        _samples(stale)
+
+
+def test_an_episode_whose_rows_disagree_with_its_length_is_named(merged) -> None:
+    _, stale = merged
+    _drop_rows(stale / "data/chunk-000/file-001.parquet", lambda t: pc.not_equal(t["frame_index"], 7))
+    with pytest.raises(EpisodeMetadataError, match=r"episode 3 has length 8 there but 7 rows in .*file-001\.parquet"):
+        _samples(stale)
+
+
+def test_a_file_index_naming_another_existing_file_says_so(make_ds, copy_ds) -> None:
+    """No file is missing, so nothing is relocated: reading fails, and the message names the file columns too."""
+    stale = copy_ds(make_ds(**SPEC, fps=10))
+    _set_episode_columns(stale, **{"data/file_index": [1, 0, 1, 1, 2]})
+    with pytest.raises(EpisodeMetadataError, match=r"data/chunk_index and data/file_index in meta/episodes do not"):
+        _samples(stale)
+
+
+def test_a_stale_merge_reads_from_a_remote_filesystem(merged) -> None:
+    import tests.fake_remote  # noqa: F401 (registers the fakeremote:// protocol)
+    from lerobot_dali.dataset_reader import open_dataset
+
+    original, stale = merged
+    remote = open_dataset("fakeremote://", storage_options={"root": str(stale)})
+    assert not remote.location.is_local
+    local = open_dataset(original)
+    for name in ("data_chunk_index", "data_file_index", "data_row_start", "data_file_rows"):
+        assert np.array_equal(getattr(remote.episodes, name), getattr(local.episodes, name)), name
+    for pos in range(len(LENGTHS)):
+        got, expected = remote.read_episode(pos), local.read_episode(pos)
+        assert all(np.array_equal(got[k], expected[k]) for k in expected)
+
+
+def test_a_stale_merge_whose_data_files_cannot_be_listed_says_so(merged, monkeypatch) -> None:
+    from lerobot_dali.dataset_reader import open_dataset
+
+    _, stale = merged
+    monkeypatch.setattr("lerobot_dali.episode_data_files._listed_data_files", lambda location, info: {})
+    with pytest.raises(MissingDataFileError, match=r"file-007.*no data file matching .* could be listed"):
+        open_dataset(stale)
