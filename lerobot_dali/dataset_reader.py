@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from .column_store import ColumnStore
 from .dataset_info import DatasetInfo, Feature, format_path
 from .dataset_location import DatasetLocation, resolve_location, with_bulk_root
-from .episode_data_files import locate_episode_rows
+from .episode_data_files import bulk_file_exists, data_file_path, locate_episode_rows
 from .episode_rows import (
     INDEX_COLUMNS,
     ParquetCache,
@@ -140,15 +140,12 @@ class LeRobotDatasetReader:
     def data_path(self, episode_pos: int) -> str:
         ep = self.episodes
         if self.info.major_version == "v3":
-            values = {
-                "chunk_index": int(ep.data_chunk_index[episode_pos]),
-                "file_index": int(ep.data_file_index[episode_pos]),
-            }
-        else:
-            values = {
-                "episode_chunk": int(ep.data_chunk_index[episode_pos]),
-                "episode_index": int(ep.episode_index[episode_pos]),
-            }
+            chunk, file = int(ep.data_chunk_index[episode_pos]), int(ep.data_file_index[episode_pos])
+            return data_file_path(self.location, self.info, chunk, file)
+        values = {
+            "episode_chunk": int(ep.data_chunk_index[episode_pos]),
+            "episode_index": int(ep.episode_index[episode_pos]),
+        }
         return self.location.path(format_path(self.info.data_path, values, name="data_path"))
 
     def video(self, episode_pos: int, camera: str) -> VideoRef:
@@ -362,6 +359,7 @@ def open_dataset(
     # any worker); a filesystem that cannot list falls back to one request per file looked up.
     stamps = None if location.is_local else FileStamps(location.fs, [location.path("data"), location.path("videos")])
     table = read_episode_table(location.meta_fs, location.meta_root, info, video_keys=camera_keys)
+    table = locate_episode_rows(location, info, table, stamps=stamps, episodes=episodes)
     if info.total_episodes and info.total_episodes != len(table):
         logger.warning(
             "%s: info.json says total_episodes=%d but the episode metadata lists %d; using the metadata",
@@ -373,7 +371,6 @@ def open_dataset(
         raise DatasetError(f"{location.description}: the episode metadata lists no episodes; nothing to read")
     if episodes is not None:
         table = table.select(episodes, source=location.description)
-    table = locate_episode_rows(location, info, table, exists=partial(_exists, location, stamps))
     tasks = _read_tasks(location)
     reader = LeRobotDatasetReader(
         location,
@@ -452,18 +449,13 @@ def _read_tasks(location: DatasetLocation) -> dict[int, str]:
     raise DatasetError(f"{location.description}: no task list (meta/tasks.parquet or meta/tasks.jsonl)")
 
 
-def _exists(location: DatasetLocation, stamps: FileStamps | None, path: str) -> bool:
-    """Whether bulk file ``path`` exists: listed by ``stamps`` (no request), else asked of the filesystem."""
-    return (stamps is not None and path in stamps) or bool(location.fs.exists(path))
-
-
 def _check_first_files(reader: LeRobotDatasetReader) -> None:
     """One existence check per camera and, for v2.x, for the first data file (a v2.x file per episode is too many
     to check; v3.0's every data file was checked by :func:`.episode_data_files.locate_episode_rows`): cheap, and
     catches a camera with no files."""
     if reader.num_episodes == 0:
         return
-    exists = partial(_exists, reader.location, reader.stamps)
+    exists = partial(bulk_file_exists, reader.location, reader.stamps)
     data = reader.data_path(0)
     if reader.info.major_version != "v3" and not exists(data):
         raise MissingDataFileError(f"{data} is missing: the first episode's data file does not exist")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import re
 import string
-from collections.abc import Callable
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -24,91 +24,116 @@ from .dataset_info import DatasetInfo, format_path
 from .dataset_location import DatasetLocation
 from .episode_table import EpisodeTable
 from .errors import EpisodeMetadataError, MissingDataFileError
+from .file_stamps import FileStamps
 
-__all__ = ["locate_episode_rows"]
+__all__ = ["bulk_file_exists", "data_file_path", "locate_episode_rows"]
 
 logger = logging.getLogger(__name__)
 
 
+def data_file_path(location: DatasetLocation, info: DatasetInfo, chunk_index: int, file_index: int) -> str:
+    """Path of a v3.0 data file on the bulk filesystem, from ``info.json``'s ``data_path`` template."""
+    values = {"chunk_index": chunk_index, "file_index": file_index}
+    return location.path(format_path(info.data_path, values, name="data_path"))
+
+
+def bulk_file_exists(location: DatasetLocation, stamps: FileStamps | None, path: str) -> bool:
+    """Whether bulk file ``path`` exists: listed by ``stamps`` (no request), else asked of the filesystem."""
+    return (stamps is not None and path in stamps) or bool(location.fs.exists(path))
+
+
 def locate_episode_rows(
-    location: DatasetLocation, info: DatasetInfo, table: EpisodeTable, *, exists: Callable[[str], bool]
+    location: DatasetLocation,
+    info: DatasetInfo,
+    table: EpisodeTable,
+    *,
+    stamps: FileStamps | None,
+    episodes: Sequence[int] | None = None,
 ) -> EpisodeTable:
-    """``table``, or (where its data files do not all exist) ``table`` with every episode's data file and first
-    row taken from the data files' ``episode_index`` column. ``exists`` answers for a data file path."""
+    """``table`` (all episodes), or where a data file named by the ``episodes`` to read (all: None) does not
+    exist, ``table`` with each episode's data file and first row taken from the data files' ``episode_index``
+    column. Only the episodes to read must be found; the file row counts stay the metadata's (the rows of the
+    episodes found in each file), so a file holding rows no episode reads still fails when read."""
     if info.major_version != "v3" or len(table) == 0:
         return table
+    wanted = np.ones(len(table), bool) if episodes is None else np.isin(table.episode_index, np.asarray(episodes))
     named = {
-        pair: _data_path(location, info, *pair)
-        for pair in set(zip(table.data_chunk_index.tolist(), table.data_file_index.tolist(), strict=True))
+        pair: data_file_path(location, info, *pair)
+        for pair in zip(table.data_chunk_index[wanted].tolist(), table.data_file_index[wanted].tolist(), strict=True)
     }
-    missing = sorted(path for path in named.values() if not exists(path))
+    missing = sorted(path for path in set(named.values()) if not bulk_file_exists(location, stamps, path))
     if not missing:
         return table
     shown = f"{missing[:3]}{' ...' if len(missing) > 3 else ''}"
-    listed = _listed_data_files(location, info)
+    listed = _listed_data_files(location, info, stamps)
     if not listed:
         raise MissingDataFileError(
             f"{location.description}: meta/episodes names data files that do not exist ({shown}), and no data file "
             f"matching {info.data_path!r} could be listed to find the episodes by; re-download the dataset"
         )
     found = _episode_runs(location, listed, missing=shown)
-    located = [found.get(int(e)) for e in table.episode_index]
-    absent = [int(e) for e, where in zip(table.episode_index, located, strict=True) if where is None]
-    if absent:  # most often a data file that was never downloaded, or deleted
+    runs = np.array([found.get(int(e), (-1, -1, -1, -1)) for e in table.episode_index], dtype=np.int64).reshape(-1, 4)
+    absent = table.episode_index[wanted & (runs[:, 0] < 0)]
+    if absent.size:  # most often a data file that was never downloaded, or deleted
         raise MissingDataFileError(
             f"{missing[0]} is missing{f' (and {len(missing) - 1} more data files)' if len(missing) > 1 else ''}: "
-            f"meta/episodes places episodes there, and episodes {absent[:10]}{' ...' if len(absent) > 10 else ''} "
-            "are in no other data file either; re-download the dataset"
+            f"meta/episodes places episodes there, and episodes {absent[:10].tolist()}"
+            f"{' ...' if absent.size > 10 else ''} are in no other data file either; re-download the dataset"
         )
-    runs = np.array(located, dtype=np.int64)  # (episodes, 5): chunk, file, first row, rows, rows in the file
-    wrong = np.flatnonzero(runs[:, 3] != table.length)
+    wrong = np.flatnonzero(wanted & (runs[:, 3] != table.length))
     if wrong.size:
         i = int(wrong[0])
-        path = _data_path(location, info, int(runs[i, 0]), int(runs[i, 1]))
+        path = data_file_path(location, info, int(runs[i, 0]), int(runs[i, 1]))
         raise EpisodeMetadataError(
             f"{location.description}: meta/episodes names data files that do not exist ({shown}); episode "
             f"{int(table.episode_index[i])} has length {int(table.length[i])} there but {int(runs[i, 3])} rows in "
             f"{path}: the episode metadata does not describe these data files; rebuild it"
         )
+    # Episodes not to read that no file holds keep their (stale) places: the selection drops them.
+    chunk, file, row_start = (np.where(runs[:, 0] < 0, old, runs[:, k]) for k, old in enumerate(
+        (table.data_chunk_index, table.data_file_index, table.data_row_start)
+    ))  # fmt: skip
     logger.warning(
         "%s: meta/episodes' data/chunk_index and data/file_index name data files that do not exist (%s), as LeRobot's "
         "dataset merge before 0.4.4 wrote them; each episode's rows were located by the data files' episode_index "
-        "column instead (%d episodes in %d data file(s)). Rewrite meta/episodes to open faster.",
-        location.description, shown, len(table), len(np.unique(runs[:, :2], axis=0)),
+        "column instead (%d data file(s)). Rewrite meta/episodes to open faster.",
+        location.description, shown, len(listed),
     )  # fmt: skip
-    return table.with_data_rows(runs[:, 0], runs[:, 1], runs[:, 2], file_rows=runs[:, 4])
+    return table.with_data_rows(chunk, file, row_start)
 
 
-def _data_path(location: DatasetLocation, info: DatasetInfo, chunk: int, file: int) -> str:
-    values = {"chunk_index": chunk, "file_index": file}
-    return location.path(format_path(info.data_path, values, name="data_path"))
-
-
-def _listed_data_files(location: DatasetLocation, info: DatasetInfo) -> dict[tuple[int, int], str]:
-    """``(chunk_index, file_index) -> path`` of the data files that exist, found by listing and matched against
-    ``info.json``'s ``data_path`` template."""
+def _listed_data_files(
+    location: DatasetLocation, info: DatasetInfo, stamps: FileStamps | None
+) -> dict[tuple[int, int], str]:
+    """``(chunk_index, file_index) -> path`` of the data files that exist: from the remote listing ``stamps``
+    already made (no request), or a local listing; matched against ``info.json``'s ``data_path`` template, and
+    only under the names that template gives (a file the reader could not name is not one it reads)."""
     pattern = ""
     for literal, field, _, _ in string.Formatter().parse(info.data_path):
         pattern += re.escape(literal)
         if field is not None:
             pattern += rf"(?P<{field}>\d+)" if field in ("chunk_index", "file_index") else r"[^/]*"
     matcher = re.compile(rf"(?:^|/){pattern}$")
-    top = location.path(info.data_path.split("/", 1)[0]) if "/" in info.data_path else location.path("")
+    top = info.data_path.split("/", 1)[0] if "/" in info.data_path else ""
+    names = iter(stamps) if stamps is not None else location.fs.find(location.path(top))
     listed: dict[tuple[int, int], str] = {}
-    for path in location.fs.find(top):
-        match = matcher.search(path)
-        if match is not None:
-            pair = (int(match.group("chunk_index")), int(match.group("file_index")))
-            listed[pair] = _data_path(location, info, *pair)
+    for name in names:
+        match = matcher.search(str(name))
+        if match is None:
+            continue
+        pair = (int(match.group("chunk_index")), int(match.group("file_index")))
+        path = data_file_path(location, info, *pair)
+        if path.endswith(match.group(0).lstrip("/")):  # the template's own spelling (file-001, not file-1)
+            listed[pair] = path
     return listed
 
 
 def _episode_runs(
     location: DatasetLocation, listed: dict[tuple[int, int], str], *, missing: str
-) -> dict[int, tuple[int, int, int, int, int]]:
-    """``episode_index -> (chunk, file, first row, rows, rows in the file)`` over every listed data file; an
-    episode's rows must be one run in one file."""
-    found: dict[int, tuple[int, int, int, int, int]] = {}
+) -> dict[int, tuple[int, int, int, int]]:
+    """``episode_index -> (chunk, file, first row, rows)`` over every listed data file; an episode's rows must be
+    one run in one file."""
+    found: dict[int, tuple[int, int, int, int]] = {}
     for (chunk, file), path in sorted(listed.items()):
         try:
             with location.open_bulk(path) as handle:
@@ -130,5 +155,5 @@ def _episode_runs(
                     f"episode {episode}'s rows are not one run in one data file ({path} holds some after others): "
                     "rewrite the data files"
                 )
-            found[episode] = (chunk, file, start, count, episodes.size)
+            found[episode] = (chunk, file, start, count)
     return found

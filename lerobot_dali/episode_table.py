@@ -62,17 +62,15 @@ class EpisodeTable:
     def total_frames(self) -> int:
         return int(self.length.sum())
 
-    def with_data_rows(
-        self, chunk_index: np.ndarray, file_index: np.ndarray, row_start: np.ndarray, *, file_rows: np.ndarray
-    ) -> EpisodeTable:
-        """This table with each episode's rows found in the data files themselves: its file, its first row there
-        and the rows the file holds (all accounted for by the search, selected episodes or not)."""
+    def with_data_rows(self, chunk_index: np.ndarray, file_index: np.ndarray, row_start: np.ndarray) -> EpisodeTable:
+        """This table with each episode's rows found elsewhere: its data file and its first row there. (Call it on
+        the whole table: a file's row count is its episodes' lengths together.)"""
         return replace(
             self,
             data_chunk_index=chunk_index,
             data_file_index=file_index,
             data_row_start=row_start,
-            data_file_rows=file_rows,
+            data_file_rows=_rows_per_file(_file_ids(chunk_index, file_index), self.length),
         )
 
     def select(self, episode_indices: Sequence[int], *, source: str = "") -> EpisodeTable:
@@ -167,7 +165,7 @@ def _read_v3(fs: fsspec.AbstractFileSystem, meta_root: str, video_keys: list[str
         else pa.nulls(len(table), pa.list_(pa.string()))
     )
     cameras = {key: _v3_camera(source, table, key, chunk.size) for key in video_keys}
-    file_rows = np.bincount(file_id, weights=length).astype(np.int64)[file_id]
+    file_rows = _rows_per_file(file_id, length)
     return EpisodeTable(episode_index, length, from_index, to_index, chunk, file, row_start, tasks, cameras, file_rows)
 
 
@@ -223,6 +221,11 @@ def _file_ids(chunk: np.ndarray, file: np.ndarray) -> np.ndarray:
     """Per episode, a number naming its (chunk, file) among the distinct ones (0, 1, ...)."""
     _, inverse = np.unique(chunk * (1 << 32) + file, return_inverse=True)
     return inverse.reshape(-1)
+
+
+def _rows_per_file(file_id: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """Per episode, the rows of all episodes of its data file together: what the file must hold."""
+    return np.bincount(file_id, weights=length).astype(np.int64)[file_id]
 
 
 def _row_start_in_file(file_id: np.ndarray, from_index: np.ndarray) -> np.ndarray:

@@ -64,7 +64,7 @@ def test_episodes_are_found_by_the_data_files_when_their_file_indices_are_stale(
             assert torch.equal(ours[key], value) if torch.is_tensor(value) else ours[key] == value, key
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and "LeRobot's dataset merge before 0.4.4" in warnings[0]
-    assert "5 episodes in 3 data file(s)" in warnings[0] and "file-007.parquet" in warnings[0]
+    assert "(3 data file(s))" in warnings[0] and "file-007.parquet" in warnings[0]
 
 
 def test_an_episode_subset_of_a_stale_merge_reads(merged) -> None:
@@ -80,6 +80,22 @@ def test_an_episode_in_no_data_file_is_named(merged) -> None:
     _drop_rows(stale / "data/chunk-000/file-002.parquet", lambda t: pc.not_equal(t["episode_index"], 4))
     with pytest.raises(MissingDataFileError, match=r"file-007\.parquet is missing: .*episodes \[4\] are in no other"):
         _samples(stale)
+    # Only the episodes to read must be found: a selection without episode 4 reads.
+    assert [b["episode_index"].unique().tolist() for b in _samples(stale, episodes=[1])] == [[1]] * 3
+
+
+def test_rows_no_episode_reads_still_fail_after_locating(merged) -> None:
+    """The metadata leaves episode 2 out; its rows sit in file-001 beside episode 3's: reading episode 3 fails
+    rather than dropping them silently (the files' row counts stay the metadata's)."""
+    _, stale = merged
+    path = next((stale / "meta/episodes").rglob("*.parquet"))
+    table = pq.read_table(path)
+    pq.write_table(table.filter(pc.not_equal(table["episode_index"], 2)), path)
+    from lerobot_dali.dataset_reader import open_dataset
+
+    reader = open_dataset(stale)
+    with pytest.raises(EpisodeMetadataError, match=r"file-001\.parquet: holds 12 rows but the episode metadata places"):
+        reader.read_episode(2)  # (position 2: episode 3)
 
 
 def test_an_episode_whose_rows_disagree_with_its_length_is_named(merged) -> None:
@@ -116,6 +132,11 @@ def test_a_stale_merge_whose_data_files_cannot_be_listed_says_so(merged, monkeyp
     from lerobot_dali.dataset_reader import open_dataset
 
     _, stale = merged
-    monkeypatch.setattr("lerobot_dali.episode_data_files._listed_data_files", lambda location, info: {})
+    import tests.fake_remote  # noqa: F401 (registers the fakeremote:// protocol)
+
+    def cannot_list(fs, root):
+        raise NotImplementedError  # as a filesystem without listings: FileStamps records nothing
+
+    monkeypatch.setattr("lerobot_dali.file_stamps._find_files", cannot_list)
     with pytest.raises(MissingDataFileError, match=r"file-007.*no data file matching .* could be listed"):
-        open_dataset(stale)
+        open_dataset("fakeremote://", storage_options={"root": str(stale)})
