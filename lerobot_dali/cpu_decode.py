@@ -197,7 +197,8 @@ def cpu_decoders() -> str:
     import torchcodec
 
     ffmpeg = getattr(torchcodec, "ffmpeg_major_version", "?")
-    return f"{pyav}; torchcodec {torchcodec.__version__} (FFmpeg {ffmpeg}), which CPU mode decodes with"
+    version = getattr(torchcodec, "__version__", "(version unknown)")  # a source build may have none
+    return f"{pyav}; torchcodec {version} (FFmpeg {ffmpeg}), which CPU mode decodes with"
 
 
 def torchcodec_available() -> bool:

@@ -1,16 +1,19 @@
 """Train one of LeRobot's own policies (ACT, Diffusion Policy, ...) on batches from ``DALILeRobotIterator``.
 
-LeRobot builds the policy and its normalising processors from the dataset's metadata (features, fps,
-``meta/stats.json``) and says which windows the policy reads (``resolve_delta_timestamps``); lerobot-dali reads
-the samples, one disjoint stream per rank. The batches are what ``DataLoader(LeRobotDataset)`` gives, so LeRobot's
-preprocessor and ``policy.forward`` take them unchanged (``tests/test_lerobot_parity.py`` checks the loss is the
-same on both). Needs ``lerobot`` importable: it pins its own torch, so run it from LeRobot's environment::
+LeRobot builds the policy, its normalising processors and its optimiser and learning-rate schedule presets from
+the dataset's metadata (features, fps, ``meta/stats.json``) and says which windows the policy reads
+(``resolve_delta_timestamps``), as its own training script does; lerobot-dali reads the samples, one disjoint
+stream per rank. The batches are what ``DataLoader(LeRobotDataset)`` gives, so LeRobot's preprocessor and
+``policy.forward`` take them unchanged (``tests/test_lerobot_parity.py`` checks the loss is the same on both, for
+ACT and Diffusion Policy). Needs ``lerobot`` importable: it pins its own torch, so run it from LeRobot's
+environment::
 
     accelerate launch pipelines/lerobot_policy.py --dataset PATH_OR_REPO --policy act --steps 20000 --device cuda \\
         --checkpoint-dir ckpt --save-every 1000 --resume
 
-Checkpoints are ``pipelines/train.py``'s: model, optimiser and RNG through accelerate, each rank's stream position,
-and the policy and windows they were trained with; ``--resume`` continues exactly where the last one stopped.
+Checkpoints are ``pipelines/train.py``'s: model, optimiser, schedule and RNG through accelerate, each rank's stream
+position, and the policy config and windows they were trained with; ``--resume`` continues exactly where the last
+one stopped.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pipelines.train import (
     epoch_batches,
     iterator_device,
     latest_checkpoint,
+    log_progress,
     make_accelerator,
     restore_checkpoint,
     save_checkpoint,
@@ -45,6 +49,7 @@ logger = logging.getLogger("lerobot_dali.pipelines.lerobot_policy")
 @dataclass(frozen=True, kw_only=True)
 class PolicyTrainOptions:
     dataset: str
+    revision: str | None = None
     policy: str = "act"
     #: Fields of the policy's LeRobot config (``chunk_size=50``, ``pretrained_backbone_weights=null``).
     policy_args: Mapping[str, Any] = field(default_factory=dict)
@@ -67,6 +72,8 @@ class PolicyTrainOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"--{name.replace('_', '-')} must be an int >= {minimum}, got {value!r}")
+        if self.checkpoint_dir is None and (self.resume or self.save_every):
+            raise ValueError("--resume and --save-every need --checkpoint-dir")
 
 
 def _policy_arg(text: str) -> tuple[str, Any]:
@@ -82,6 +89,7 @@ def _policy_arg(text: str) -> tuple[str, Any]:
 def parse_args(argv: Sequence[str] | None = None) -> PolicyTrainOptions:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", required=True, help="local LeRobot dataset folder or Hub repo id")
+    parser.add_argument("--revision", help="with a Hub repo id: the branch, tag or commit (metadata and data alike)")
     parser.add_argument("--policy", default="act", help="a LeRobot policy type: act, diffusion, ...")
     parser.add_argument(
         "--policy-arg", action="append", type=_policy_arg, default=[], metavar="KEY=VALUE",
@@ -104,14 +112,23 @@ def parse_args(argv: Sequence[str] | None = None) -> PolicyTrainOptions:
     return PolicyTrainOptions(**values, policy_args=dict(args.policy_arg))
 
 
-def dataset_metadata(dataset: str) -> Any:
+def dataset_metadata(dataset: str, revision: str | None = None) -> Any:
     """LeRobot's view of the dataset's metadata: a local folder by path, anything else as a Hub repo id."""
     from lerobot.datasets.lerobot_dataset import LeRobotDatasetMetadata
 
     path = Path(dataset)
     if path.is_dir():
         return LeRobotDatasetMetadata(f"local/{path.resolve().name}", root=path)
-    return LeRobotDatasetMetadata(dataset)
+    return LeRobotDatasetMetadata(dataset, revision=revision)
+
+
+def config_signature(config: Any) -> dict[str, Any]:
+    """The resolved policy config as a checkpoint records it (a field given explicitly at its default is the same
+    config); the device is left out, so a run may resume on other hardware."""
+    from dataclasses import asdict
+
+    resolved = {k: v for k, v in asdict(config).items() if k != "device"}
+    return json.loads(json.dumps(resolved, sort_keys=True, default=str))
 
 
 def build_policy(options: PolicyTrainOptions, metadata: Any, device: str) -> tuple[Any, Any, Any]:
@@ -129,26 +146,38 @@ def train(options: PolicyTrainOptions) -> list[float]:
     """Train up to ``options.steps`` steps (counted from the start, resumed ones included); returns the loss of
     every step this call took on this rank."""
     import torch
+    from accelerate.utils import DistributedDataParallelKwargs, set_seed
 
     from lerobot_dali import DALILeRobotIterator
 
-    accelerator = make_accelerator(options.device)
+    # As LeRobot's trainer: the schedule steps once per optimiser step, and DDP tolerates parameters a policy
+    # leaves unused in a step (VQ-BeT's, TD-MPC's).
+    accelerator = make_accelerator(
+        options.device,
+        step_scheduler_with_optimizer=False,
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+    )
     rank, world_size = data_rank(accelerator)
-    torch.manual_seed(options.seed)
-    metadata = dataset_metadata(options.dataset)
+    set_seed(options.seed)
+    with accelerator.main_process_first():  # a Hub dataset's metadata downloads once, then the others read it
+        metadata = dataset_metadata(options.dataset, options.revision)
     policy, preprocessor, delta_timestamps = build_policy(options, metadata, accelerator.device.type)
     optimizer_config = policy.config.get_optimizer_preset()
     optimizer = optimizer_config.build(policy.get_optim_params())
-    policy, optimizer = accelerator.prepare(policy, optimizer)
+    schedule = policy.config.get_scheduler_preset()
+    scheduler = schedule.build(optimizer, options.steps) if schedule is not None else None
+    policy, optimizer, scheduler = accelerator.prepare(policy, optimizer, scheduler)
     iterator = DALILeRobotIterator(  # one per rank, never through accelerator.prepare: it shards by itself
-        options.dataset, batch_size=options.batch_size, delta_timestamps=delta_timestamps, shuffle=True,
-        seed=options.seed, episode_pool_size=options.episode_pool_size, device=iterator_device(accelerator.device),
-        decode=options.decode, num_workers=options.num_workers, rank=rank, world_size=world_size,
+        options.dataset, revision=options.revision, batch_size=options.batch_size, delta_timestamps=delta_timestamps,
+        shuffle=True, seed=options.seed, episode_pool_size=options.episode_pool_size,
+        device=iterator_device(accelerator.device), decode=options.decode, num_workers=options.num_workers,
+        rank=rank, world_size=world_size,
     )  # fmt: skip
     # What a resume must keep: the policy's shapes and the windows follow these.
-    data = json.loads(
-        json.dumps({"policy": options.policy, "policy_args": options.policy_args, "delta_timestamps": delta_timestamps})
-    )
+    # (a key per config field, so a mismatch names the field)
+    config = config_signature(accelerator.unwrap_model(policy).config)
+    data = {"policy": options.policy, **{f"policy.{k}": v for k, v in config.items()}}
+    data["delta_timestamps"] = json.loads(json.dumps(delta_timestamps))
     step = 0
     if options.resume and options.checkpoint_dir is not None:
         directory = latest_checkpoint(options.checkpoint_dir)
@@ -156,15 +185,18 @@ def train(options: PolicyTrainOptions) -> list[float]:
             logger.warning("no checkpoint in %s: starting from step 0", options.checkpoint_dir.resolve())
         else:
             step = restore_checkpoint(accelerator, directory, iterator, data, data_options="--policy and --policy-arg")
+            if step >= options.steps:
+                logger.warning("the checkpoint is at step %d and --steps is %d: nothing to train", step, options.steps)
+    start_step = step
     logger.info(
         "rank %d/%d: %s policy, steps %d..%d of %d samples, windows %s",
         rank, world_size, options.policy, step, options.steps, options.batch_size, delta_timestamps,
     )  # fmt: skip
-    losses: list[float] = []
+    losses: list[torch.Tensor] = []  # kept on the device: reading one back each step would wait for the GPU
     meter = Throughput()
     policy.train()
+    batches = epoch_batches(iterator)
     try:
-        batches = epoch_batches(iterator)
         while step < options.steps:
             batch, wait_s = next(batches)
             step += 1
@@ -173,15 +205,18 @@ def train(options: PolicyTrainOptions) -> list[float]:
             if optimizer_config.grad_clip_norm:
                 accelerator.clip_grad_norm_(policy.parameters(), optimizer_config.grad_clip_norm)
             optimizer.step()
-            optimizer.zero_grad()
-            losses.append(float(loss.detach()))
-            meter.add(len(batch["index"]), camera_frames(batch, metadata.camera_keys), wait_s)
+            optimizer.zero_grad(set_to_none=True)
+            if scheduler is not None:
+                scheduler.step()
+            if hasattr(accelerator.unwrap_model(policy), "update"):  # target networks, EMA (TD-MPC)
+                accelerator.unwrap_model(policy).update()
+            losses.append(loss.detach())
+            if step == start_step + 1:
+                meter.report()  # the first step carries pipeline start-up and warm-up: keep it out of the rates
+            else:
+                meter.add(len(batch["index"]), camera_frames(batch, metadata.camera_keys), wait_s)
             if step % options.log_every == 0 or step == options.steps:
-                samples_s, frames_s, waiting = meter.report()
-                logger.info(
-                    "rank %d step %d loss %.4f: %.0f samples/s, %.0f frames/s, %.0f%% waiting for data",
-                    rank, step, losses[-1], samples_s, frames_s, 100 * waiting,
-                )  # fmt: skip
+                log_progress(accelerator, step, iterator.epoch, loss, meter, world_size)
             if options.checkpoint_dir is not None and (
                 step == options.steps or (options.save_every and step % options.save_every == 0)
             ):
@@ -191,7 +226,9 @@ def train(options: PolicyTrainOptions) -> list[float]:
     if options.output_dir is not None and accelerator.is_main_process:
         accelerator.unwrap_model(policy).save_pretrained(options.output_dir)
         preprocessor.save_pretrained(options.output_dir)
-    return losses
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return [float(loss) for loss in losses]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

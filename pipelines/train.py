@@ -180,7 +180,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
 
 
 # -- processes and ranks --------------------------------------------------------------------------------------
-def make_accelerator(device: str, mixed_precision: str = "no") -> Any:
+def make_accelerator(device: str, mixed_precision: str = "no", **accelerator_kwargs: Any) -> Any:
     """An ``Accelerator`` whose process count matches the launcher's.
 
     On CPU ``cpu=True`` is what makes accelerate join torchrun's gloo group (MULTI_CPU): without it accelerate
@@ -192,7 +192,7 @@ def make_accelerator(device: str, mixed_precision: str = "no") -> Any:
 
     if device == "cuda":  # else accelerate quietly trains on the CPU
         require_cuda("--device cuda", instead="--device cpu")
-    return Accelerator(cpu=device == "cpu", mixed_precision=mixed_precision)
+    return Accelerator(cpu=device == "cpu", mixed_precision=mixed_precision, **accelerator_kwargs)
 
 
 def data_rank(accelerator: Any) -> tuple[int, int]:
@@ -582,7 +582,7 @@ def train(options: TrainOptions) -> int:
             record.indices.append(batch["index"].detach())
             record.losses.append(loss.detach())
         if step % options.log_every == 0 or step == options.steps:
-            _log_progress(accelerator, step, iterator.epoch, loss, meter, world_size)
+            log_progress(accelerator, step, iterator.epoch, loss, meter, world_size)
         if options.checkpoint_dir is not None and (
             step == options.steps or (options.save_every and step % options.save_every == 0)
         ):
@@ -595,9 +595,10 @@ def train(options: TrainOptions) -> int:
     return step - start_step
 
 
-def _log_progress(
+def log_progress(
     accelerator: Any, step: int, epoch: int, loss: torch.Tensor, meter: Throughput, world_size: int
 ) -> None:
+    """Rank 0 logs the loss averaged over ranks (every rank must call: it is a collective) and this rank's rates."""
     mean_loss = float(accelerator.reduce(loss.detach(), reduction="mean"))
     samples_s, frames_s, wait = meter.report()
     if accelerator.is_main_process and samples_s == 0:  # only the warm-up step since the last report

@@ -318,12 +318,14 @@ def test_a_lerobot_policy_gets_the_same_loss_from_both_loaders(lerobot_written, 
     assert np.isfinite(losses[0]) and losses[0] == pytest.approx(losses[1], rel=1e-6, abs=1e-7)
 
 
-def test_the_lerobot_policy_pipeline_trains_and_saves(lerobot_written, tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy_type", sorted(TINY_POLICIES))
+def test_the_lerobot_policy_pipeline_trains_and_saves(lerobot_written, tmp_path: Path, policy_type: str) -> None:
+    """Diffusion Policy's preset schedule (cosine with warm-up) runs too: ACT has none."""
     from pipelines.lerobot_policy import PolicyTrainOptions, train
 
     options = PolicyTrainOptions(
-        dataset=str(lerobot_written("libsvtav1", True)), policy="act", policy_args=TINY_POLICIES["act"], steps=3,
-        batch_size=4, num_workers=1, device="cpu", log_every=1, output_dir=tmp_path / "policy",
+        dataset=str(lerobot_written("libsvtav1", True)), policy=policy_type, policy_args=TINY_POLICIES[policy_type],
+        steps=3, batch_size=4, num_workers=1, device="cpu", log_every=1, output_dir=tmp_path / "policy",
     )  # fmt: skip
     losses = train(options)
     assert len(losses) == 3 and all(np.isfinite(losses))
@@ -336,17 +338,20 @@ def test_the_lerobot_policy_pipeline_resumes_exactly(lerobot_written, tmp_path: 
     from pipelines.lerobot_policy import PolicyTrainOptions, train
 
     def run(steps: int, checkpoints: Path, **options: Any) -> list[float]:
+        options = {"policy_args": TINY_POLICIES["act"], **options}
         return train(
             PolicyTrainOptions(
-                dataset=str(lerobot_written("h264", False)), policy="act", policy_args=TINY_POLICIES["act"],
-                steps=steps, batch_size=4, num_workers=1, device="cpu", checkpoint_dir=checkpoints, **options,
+                dataset=str(lerobot_written("h264", False)), policy="act", steps=steps, batch_size=4, num_workers=1,
+                device="cpu", checkpoint_dir=checkpoints, **options,
             )
         )  # fmt: skip
 
     uninterrupted = run(4, tmp_path / "a")
     assert run(2, tmp_path / "b", save_every=2) == uninterrupted[:2]
     assert run(4, tmp_path / "b", resume=True) == uninterrupted[2:]
-    with pytest.raises(ValueError, match="other policy_args .*resume with the same --policy and --policy-arg"):
+    # The resolved config is compared: a field given at its default is the same policy (nothing left to train).
+    assert run(4, tmp_path / "b", resume=True, policy_args={**TINY_POLICIES["act"], "n_obs_steps": 1}) == []
+    with pytest.raises(ValueError, match=r"other policy\.dim_model \(policy\.dim_model: saved 64, now 32\): resume w"):
         train(
             PolicyTrainOptions(
                 dataset=str(lerobot_written("h264", False)), policy="act",

@@ -504,3 +504,5 @@ def test_the_lerobot_policy_pipeline_reads_policy_fields_as_json() -> None:
         parse_args(["--dataset", "d", "--policy-arg", "no_equals_sign"])
     with pytest.raises(ValueError, match="--steps must be an int >= 1, got 0"):  # 0 trained forever
         parse_args(["--dataset", "d", "--steps", "0"])
+    with pytest.raises(ValueError, match="--resume and --save-every need --checkpoint-dir"):  # were ignored
+        parse_args(["--dataset", "d", "--resume"])
