@@ -6,7 +6,9 @@ loads every data file and never reads those columns, so such merged datasets on 
 an episode's rows are found by those columns; when any of them names a missing file, every episode is located
 instead by the data files' own ``episode_index`` column (one column of each data file, read once at open), with a
 warning that says so. Episodes no data file holds (a data file missing), or holds split or at another length,
-still fail, now at open rather than when a batch first reaches them.
+still fail, now at open rather than when a batch first reaches them. Stale indices that happen to name files
+which exist are not detected at open (that would read every file's footer); reading such an episode fails with
+the row-count error, which names these columns.
 """
 
 from __future__ import annotations
