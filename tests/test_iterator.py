@@ -524,8 +524,13 @@ def test_worker_errors_surface_as_the_original_exception(make_ds, copy_ds, codec
     hang; the iterator fails the same way again, and a new one over good data runs (no dead worker pool)."""
     good = _dataset(make_ds, codec)
     root = copy_ds(good)
-    _damage(root, how)
+    # A data file missing when the iterator is built fails there (below); one deleted later, in a worker.
+    late = how == "missing_parquet"
+    if not late:
+        _damage(root, how)
     it = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=2)
+    if late:
+        _damage(root, how)
     for _ in range(2):
         with pytest.raises(error, match=pattern):
             for _ in it:
@@ -534,6 +539,13 @@ def test_worker_errors_surface_as_the_original_exception(make_ds, copy_ds, codec
     healthy = DALILeRobotIterator(good, batch_size=4, shuffle=False, device="cpu", num_workers=2, drop_last=False)
     assert sum(len(b["index"]) for b in healthy) == sum(LENGTHS)
     healthy.close()
+
+
+def test_a_missing_data_file_fails_when_the_iterator_is_built(make_ds, copy_ds) -> None:
+    root = copy_ds(_dataset(make_ds, "h264"))
+    _damage(root, "missing_parquet")
+    with pytest.raises(MissingDataFileError, match=r"file-001\.parquet is missing: .*episodes \[2, 3\] are in no"):
+        DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=2)
 
 
 def test_a_bad_clip_is_named_with_random_augmentation_too(make_ds, copy_ds) -> None:
