@@ -91,17 +91,15 @@ def locate_episode_rows(
             f"{int(table.episode_index[i])} has length {int(table.length[i])} there but {int(runs[i, 3])} rows in "
             f"{path}: the episode metadata does not describe these data files; rebuild it"
         )
-    # Episodes not to read that no file holds keep their (stale) places: the selection drops them.
-    chunk, file, row_start = (np.where(runs[:, 0] < 0, old, runs[:, k]) for k, old in enumerate(
-        (table.data_chunk_index, table.data_file_index, table.data_row_start)
-    ))  # fmt: skip
+    # Episodes not to read that no file holds stay at (-1, -1), a file of their own that no real file's row count
+    # includes; the selection drops them.
     logger.warning(
         "%s: meta/episodes' data/chunk_index and data/file_index name data files that do not exist (%s), as LeRobot's "
         "dataset merge before 0.4.4 wrote them; each episode's rows were located by the data files' episode_index "
         "column instead (%d data file(s)). Rewrite meta/episodes to open faster.",
         location.description, shown, len(listed),
     )  # fmt: skip
-    return table.with_data_rows(chunk, file, row_start)
+    return table.with_data_rows(runs[:, 0], runs[:, 1], runs[:, 2])
 
 
 def _listed_data_files(

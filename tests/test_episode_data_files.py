@@ -84,6 +84,15 @@ def test_an_episode_in_no_data_file_is_named(merged) -> None:
     assert [b["episode_index"].unique().tolist() for b in _samples(stale, episodes=[1])] == [[1]] * 3
 
 
+def test_an_episode_not_to_read_and_in_no_file_does_not_count_toward_a_real_files_rows(merged) -> None:
+    """Episode 4 is in no data file and its stale place names file-000, which holds episodes 0 and 1: a selection
+    of those reads (episode 4's length was counted as file-000's rows)."""
+    _, stale = merged
+    _set_episode_columns(stale, **{"data/chunk_index": [0] * 5, "data/file_index": [7, 7, 7, 7, 0]})
+    _drop_rows(stale / "data/chunk-000/file-002.parquet", lambda t: pc.not_equal(t["episode_index"], 4))
+    assert sum(len(b["index"]) for b in _samples(stale, episodes=[0, 1])) == LENGTHS[0] + LENGTHS[1]
+
+
 def test_rows_no_episode_reads_still_fail_after_locating(merged) -> None:
     """The metadata leaves episode 2 out; its rows sit in file-001 beside episode 3's: reading episode 3 fails
     rather than dropping them silently (the files' row counts stay the metadata's)."""
