@@ -122,12 +122,16 @@ def dataset_metadata(dataset: str, revision: str | None = None) -> Any:
     return LeRobotDatasetMetadata(dataset, revision=revision)
 
 
+#: Config fields that say where the policy runs or is published, not what it is: a resume may change them.
+_NOT_THE_POLICY = ("device", "push_to_hub", "repo_id", "private", "tags", "license")
+
+
 def config_signature(config: Any) -> dict[str, Any]:
     """The resolved policy config as a checkpoint records it (a field given explicitly at its default is the same
-    config); the device is left out, so a run may resume on other hardware."""
+    config), without :data:`_NOT_THE_POLICY`, so a run may resume on other hardware."""
     from dataclasses import asdict
 
-    resolved = {k: v for k, v in asdict(config).items() if k != "device"}
+    resolved = {k: v for k, v in asdict(config).items() if k not in _NOT_THE_POLICY}
     return json.loads(json.dumps(resolved, sort_keys=True, default=str))
 
 
