@@ -127,7 +127,7 @@ class DALILeRobotIterator:
         depth_unit: DepthUnit | str = DepthUnit.MM,
     ) -> None:
         device = str(device)  # (a torch.device, as accelerator.device is, spells the same)
-        batch_size, num_workers, prefetch, dali_threads = _check_counts(
+        (batch_size, num_workers, prefetch, dali_threads), preference = _checked_arguments(
             batch_size=batch_size, device=device, decode=decode, num_workers=num_workers, prefetch=prefetch,
             dali_threads=dali_threads,
         )  # fmt: skip
@@ -194,7 +194,7 @@ class DALILeRobotIterator:
         for store in (self._index_store, self.reader.column_store):  # (stale entries: a sweep a day at most)
             if store is not None:
                 store.prune_unused()
-        self.routes = self._choose_routes(DecodePreference.parse(decode))
+        self.routes = self._choose_routes(preference)
         self._feeds = self._plan_feeds()
         self._tabular_keys = tuple(self.reader.tabular_keys)
         self._host_value_keys = tuple(k for k in self._tabular_keys if self.reader.info.features[k].is_host_value)
@@ -641,11 +641,11 @@ class DALILeRobotIterator:
 _workers_close_lock = threading.Lock()
 
 
-def _check_counts(
+def _checked_arguments(
     *, batch_size: int, device: str, decode: Any, num_workers: int, prefetch: int, dali_threads: int | None
-) -> tuple[int, int, int, int | None]:
-    """Reject bad sizes and devices before anything is opened (a typo should not cost a remote listing); the
-    counts as ints (numpy integers from a config are taken)."""
+) -> tuple[tuple[int, int, int, int | None], DecodePreference]:
+    """Reject bad sizes, devices and decode routes before anything is opened (a typo should not cost a remote
+    listing); the counts as ints (numpy integers from a config are taken) and the decode preference."""
     counts = (
         check_int("batch_size", batch_size, minimum=1), check_int("num_workers", num_workers, minimum=0),
         check_int("prefetch", prefetch, minimum=1),
@@ -657,11 +657,11 @@ def _check_counts(
     if device == "cpu":
         if preference is DecodePreference.GPU:
             raise ValueError("decode='gpu' decodes on NVDEC, which needs device='cuda'; with device='cpu' use 'auto'")
-        return counts
+        return counts, preference
     visible = require_cuda(f"device={device!r}", instead="device='cpu'")
     if device != "cuda" and int(device.split(":")[1]) >= visible:
         raise ValueError(f"device={device!r} but this process sees {visible} GPU(s) (CUDA_VISIBLE_DEVICES)")
-    return counts
+    return counts, preference
 
 
 def _batchable_reader(dataset: str | os.PathLike[str] | LeRobotDatasetReader, **opening: Any) -> LeRobotDatasetReader:
