@@ -36,10 +36,9 @@ from pipelines.train import (
     data_rank,
     epoch_batches,
     iterator_device,
-    latest_checkpoint,
     log_progress,
     make_accelerator,
-    restore_checkpoint,
+    resume_latest,
     save_checkpoint,
 )
 
@@ -184,13 +183,10 @@ def train(options: PolicyTrainOptions) -> list[float]:
     data["delta_timestamps"] = json.loads(json.dumps(delta_timestamps))
     step = 0
     if options.resume and options.checkpoint_dir is not None:
-        directory = latest_checkpoint(options.checkpoint_dir)
-        if directory is None:
-            logger.warning("no checkpoint in %s: starting from step 0", options.checkpoint_dir.resolve())
-        else:
-            step = restore_checkpoint(accelerator, directory, iterator, data, data_options="--policy and --policy-arg")
-            if step >= options.steps:
-                logger.warning("the checkpoint is at step %d and --steps is %d: nothing to train", step, options.steps)
+        step = resume_latest(
+            accelerator, options.checkpoint_dir, iterator, data, steps=options.steps,
+            data_options="--policy and --policy-arg",
+        )  # fmt: skip
     start_step = step
     logger.info(
         "rank %d/%d: %s policy, steps %d..%d of %d samples, windows %s",

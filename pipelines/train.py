@@ -465,6 +465,30 @@ def restore_checkpoint(
     return int(saved["step"])
 
 
+def resume_latest(
+    accelerator: Any,
+    root: Path,
+    iterator: Any,
+    data: Mapping[str, Any] | None,
+    *,
+    steps: int,
+    data_options: str = "--recipe, --chunk, --image-size and --cameras",
+) -> int:
+    """The step to go on from: the latest checkpoint's under ``root``, restored (:func:`restore_checkpoint`), or 0
+    where there is none yet (the first launch of a job that resumes itself after preemption)."""
+    directory = latest_checkpoint(root)
+    if directory is None:
+        logger.warning("no checkpoint in %s: starting from step 0", root.resolve())
+        return 0
+    step = restore_checkpoint(accelerator, directory, iterator, data, data_options=data_options)
+    if step >= steps:
+        logger.warning(
+            "the checkpoint is at step %d and --steps is %d: nothing to train (--steps counts from the start of "
+            "training, not from the checkpoint)", step, steps,
+        )  # fmt: skip
+    return step
+
+
 # -- throughput -----------------------------------------------------------------------------------------------
 @dataclass
 class Throughput:
@@ -541,16 +565,7 @@ def train(options: TrainOptions) -> int:
     step = 0
     data = data_signature(plan, cameras)
     if options.resume and options.checkpoint_dir is not None:
-        directory = latest_checkpoint(options.checkpoint_dir)
-        if directory is None:  # (the first launch of a job that resumes itself after preemption)
-            logger.warning("no checkpoint in %s: starting from step 0", options.checkpoint_dir.resolve())
-        else:
-            step = restore_checkpoint(accelerator, directory, iterator, data)
-            if step >= options.steps:
-                logger.warning(
-                    "the checkpoint is at step %d and --steps is %d: nothing to train (--steps counts from the "
-                    "start of training, not from the checkpoint)", step, options.steps,
-                )  # fmt: skip
+        step = resume_latest(accelerator, options.checkpoint_dir, iterator, data, steps=options.steps)
     start_step = step
     logger.info(
         "rank %d/%d: steps %d..%d, batch %d, %d batches left in epoch %d, cameras %s, recipe %s, windows %s",
