@@ -17,6 +17,7 @@ from typing import Any, Literal
 import numpy as np
 
 from .errors import StatsError
+from .value_checks import is_number
 
 __all__ = [
     "NORMALIZE_FROM_STATS",
@@ -56,15 +57,11 @@ def _fail(owner: str, name: str, value: Any, allowed: str) -> ValueError:
     return ValueError(f"{owner}.{name} = {value!r} is invalid: expected {allowed}")
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _pair(owner: str, name: str, value: Any, *, low: float, high: float, allowed: str) -> Pair:
     """A (lo, hi) range with low <= lo <= hi <= high."""
     if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
         lo, hi = value
-        if _is_number(lo) and _is_number(hi) and low <= lo <= hi <= high:
+        if is_number(lo) and is_number(hi) and low <= lo <= hi <= high:
             return (float(lo), float(hi))
     raise _fail(owner, name, value, allowed)
 
@@ -72,7 +69,7 @@ def _pair(owner: str, name: str, value: Any, *, low: float, high: float, allowed
 def _jitter_range(owner: str, name: str, value: Any, *, center: float, low: float, high: float) -> Pair:
     """torchvision's convention: a bare number v means [max(low, center - v), center + v]."""
     allowed = f"a number >= 0 or a pair (lo, hi) with {low} <= lo <= hi <= {high}"
-    if _is_number(value):
+    if is_number(value):
         if value < 0 or center + value > high:
             raise _fail(owner, name, value, allowed)
         return (max(low, center - value), center + value)
@@ -151,9 +148,9 @@ class GaussianBlur:
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
-        sigma: Any = (self.sigma, self.sigma) if _is_number(self.sigma) else self.sigma
+        sigma: Any = (self.sigma, self.sigma) if is_number(self.sigma) else self.sigma
         _set(self, "sigma", _pair(owner, "sigma", sigma, low=1e-6, high=1e6, allowed="a number > 0 or 0 < lo <= hi"))
-        if not _is_number(self.probability) or not 0.0 <= self.probability <= 1.0:
+        if not is_number(self.probability) or not 0.0 <= self.probability <= 1.0:
             raise _fail(owner, "probability", self.probability, "a number in [0, 1]")
         _set(self, "probability", float(self.probability))
         k = self.kernel_size
@@ -186,7 +183,7 @@ class RandomAffine:
         if not (
             isinstance(translate, Sequence)
             and len(translate) == 2
-            and all(_is_number(t) and 0.0 <= t <= 1.0 for t in translate)
+            and all(is_number(t) and 0.0 <= t <= 1.0 for t in translate)
         ):
             raise _fail(owner, "translate", translate, "a pair (fx, fy) of fractions in [0, 1]")
         _set(self, "translate", (float(translate[0]), float(translate[1])))
@@ -205,7 +202,7 @@ class Normalize:
         for name in ("mean", "std"):
             value = getattr(self, name)
             ok = isinstance(value, Sequence) and not isinstance(value, str) and len(value) > 0
-            ok = ok and all(_is_number(v) and (name == "mean" or v > 0) for v in value)
+            ok = ok and all(is_number(v) and (name == "mean" or v > 0) for v in value)
             if not ok:
                 bound = "finite numbers" if name == "mean" else "numbers > 0"
                 raise _fail(owner, name, value, f"a non-empty list of {bound}, one per channel")

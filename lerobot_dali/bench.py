@@ -63,6 +63,7 @@ from .cpu_decode import cpu_decoders
 from .distributed import require_cuda
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
+from .value_checks import check_int_fields, cli_flag
 
 __all__ = [
     "LOADERS",
@@ -170,10 +171,7 @@ class BenchConfig:
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)
         checked = (("batch_size", 1), ("num_workers", 0), ("pool_size", 1), ("steps", 1), ("warmup", 1), ("repeats", 1))
-        for name, minimum in checked:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"--{name.replace('_', '-')} must be an int >= {minimum}, got {value!r}")
+        check_int_fields(self, checked, label=cli_flag)
         try:
             object.__setattr__(self, "mode", BenchMode(self.mode))
         except ValueError:

@@ -35,6 +35,7 @@ from numpy.typing import ArrayLike
 from .clips import ClipPlan, check_request, packets_from_keyframe, plan_clip
 from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
 from .packet_index import PacketIndex
+from .value_checks import check_int_fields
 from .video_source import VideoSource, source_cache_key, source_label
 from .yuv_frames import frame_planes, stack_planes
 
@@ -123,10 +124,7 @@ class CpuDecodeOptions:
                 "color_conversion=ColorConversion.GRAPH needs the decoder's YUV planes, which torchcodec does not "
                 "hand over: use backend=CpuDecoderBackend.PYAV or AUTO, or ColorConversion.WORKER."
             )
-        for name, minimum in (("threads_per_decoder", 0), ("max_open_decoders", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}.")
+        check_int_fields(self, (("threads_per_decoder", 0), ("max_open_decoders", 1)))
 
     def converts_in_graph(self, *, on_gpu: bool) -> bool:
         """Whether worker-decoded cameras ship planes for the graph to convert (:class:`ColorConversion`)."""

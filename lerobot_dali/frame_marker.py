@@ -14,6 +14,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .value_checks import is_int
+
 __all__ = [
     "MAX_CAMERA_INDEX",
     "MAX_EPISODE_INDEX",
@@ -60,7 +62,7 @@ class Marker(NamedTuple):
 
 
 def _check_index(name: str, value: int, maximum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= maximum:
+    if not is_int(value) or not 0 <= value <= maximum:
         raise ValueError(f"{name} must be an int in [0, {maximum}], got {value!r}.")
 
 

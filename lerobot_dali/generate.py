@@ -36,6 +36,7 @@ from lerobot_dali.frame_marker import (
     MIN_MARKER_SIZE,
     draw_marker,
 )
+from lerobot_dali.value_checks import is_int
 
 __all__ = [
     "CODECS",
@@ -100,7 +101,7 @@ def _encoder_options(codec: str, *, gop: int, crf: int, short_clip: bool) -> dic
 
 
 def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    if not is_int(value):
         raise ValueError(f"{name} must be an int, got {value!r}.")
     if value < minimum or (maximum is not None and value > maximum):
         allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"

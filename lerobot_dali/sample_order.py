@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ShardingError
+from .value_checks import check_int
 
 __all__ = [
     "DEFAULT_EPISODE_POOL_SIZE",
@@ -68,15 +69,6 @@ _PLAN_CACHE = 2
 
 def _generator(*key: int) -> np.random.Generator:
     return np.random.Generator(np.random.Philox(np.random.SeedSequence(list(key))))
-
-
-def check_int(name: str, value: object, *, minimum: int) -> int:
-    """``value`` as an int (numpy integers too): TypeError for another type, ValueError below ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 class RankBalance(enum.Enum):

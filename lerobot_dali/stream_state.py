@@ -31,6 +31,7 @@ import numpy as np
 
 from .errors import ResumeStateError
 from .sample_order import ConsumedSegment, OrderOptions, ResumedEpoch, SampleOrder
+from .value_checks import check_int_fields
 
 __all__ = ["SampleStream", "StreamState"]
 
@@ -70,11 +71,8 @@ class StreamState:
     version: int = _VERSION
 
     def __post_init__(self) -> None:
-        for name in _FIELDS:
-            value = getattr(self, name)
-            minimum = 1 if name in ("world_size", "batch_size") else 0
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-                raise ResumeStateError(f"stream state field {name!r} must be an int >= {minimum}, got {value!r}")
+        minimums = ((name, 1 if name in ("world_size", "batch_size") else 0) for name in _FIELDS)
+        check_int_fields(self, minimums, label="stream state field {!r}".format, error=ResumeStateError)
         object.__setattr__(self, "prior_segments", tuple(self.prior_segments))
 
     def to_dict(self) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from lerobot_dali.value_checks import check_int_fields, cli_flag
 from pipelines.train import (
     Throughput,
     camera_frames,
@@ -67,10 +68,8 @@ class PolicyTrainOptions:
     resume: bool = False
 
     def __post_init__(self) -> None:
-        for name, minimum in (("steps", 1), ("batch_size", 1), ("num_workers", 0), ("log_every", 1), ("save_every", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"--{name.replace('_', '-')} must be an int >= {minimum}, got {value!r}")
+        checked = (("steps", 1), ("batch_size", 1), ("num_workers", 0), ("log_every", 1), ("save_every", 0))
+        check_int_fields(self, checked, label=cli_flag)
         if self.checkpoint_dir is None and (self.resume or self.save_every):
             raise ValueError("--resume and --save-every need --checkpoint-dir")
 

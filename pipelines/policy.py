@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from lerobot_dali.value_checks import check_int_fields
+
 __all__ = ["ChunkPolicy", "FeatureStats", "PolicyConfig", "masked_l1"]
 
 
@@ -68,14 +70,9 @@ class PolicyConfig:
     hidden: int = 256
 
     def __post_init__(self) -> None:
-        for name in ("state_dim", "action_dim", "chunk", "conv_width", "camera_features", "hidden"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"PolicyConfig.{name} must be a positive int, got {value!r}")
-        for name in ("camera_steps", "state_steps"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"PolicyConfig.{name} must be a positive int or None (no window), got {value!r}")
+        windows = ("camera_steps", "state_steps")  # None: no window
+        names = ("state_dim", "action_dim", "chunk", "conv_width", "camera_features", "hidden", *windows)
+        check_int_fields(self, ((name, 1) for name in names), label="PolicyConfig.{}".format, optional=windows)
         object.__setattr__(self, "camera_keys", tuple(self.camera_keys))
         channels = (3,) * len(self.camera_keys) if self.camera_channels is None else tuple(self.camera_channels)
         if len(channels) != len(self.camera_keys) or not all(c in (1, 3) for c in channels):

@@ -17,7 +17,6 @@ The named recipes live as TOML files next to this module (``recipes/act.toml``, 
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from lerobot_dali.augment_config import AugmentConfig, toml_parser
+from lerobot_dali.value_checks import is_number
 
 __all__ = ["NAMED_RECIPES", "RECIPE_DIR", "Recipe", "StepWindow", "get_recipe"]
 
@@ -36,10 +36,6 @@ NAMED_RECIPES: tuple[str, ...] = ("act", "diffusion", "vla")
 
 # A stride must land on frames: |stride * fps - round(stride * fps)| below this many frames.
 _FRAME_TOLERANCE = 1e-6
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,11 +60,11 @@ class StepWindow:
             isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1
         ):
             raise ValueError(f"StepWindow.steps must be an int >= 1, got {self.steps!r}")
-        if self.seconds is not None and not (_is_number(self.seconds) and self.seconds > 0):
+        if self.seconds is not None and not (is_number(self.seconds) and self.seconds > 0):
             raise ValueError(f"StepWindow.seconds must be a number > 0, got {self.seconds!r}")
         if isinstance(self.first, bool) or not isinstance(self.first, int):
             raise ValueError(f"StepWindow.first must be an int (strides from the sample), got {self.first!r}")
-        if self.stride_s is not None and not (_is_number(self.stride_s) and self.stride_s > 0):
+        if self.stride_s is not None and not (is_number(self.stride_s) and self.stride_s > 0):
             raise ValueError(f"StepWindow.stride_s must be a number of seconds > 0 or absent, got {self.stride_s!r}")
 
     def count(self, fps: float) -> int:
@@ -83,7 +79,7 @@ class StepWindow:
 
         Raises ValueError when ``fps`` is not positive or ``stride_s`` is not a whole number of frames.
         """
-        if not (_is_number(fps) and fps > 0):
+        if not (is_number(fps) and fps > 0):
             raise ValueError(f"fps must be a number > 0, got {fps!r}")
         ks = range(self.first, self.first + self.count(fps))
         if self.stride_s is None:

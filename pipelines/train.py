@@ -50,6 +50,7 @@ import torch
 from lerobot_dali.cache_dirs import atomic_file
 from lerobot_dali.dataset_stats import read_dataset_stats
 from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
+from lerobot_dali.value_checks import check_int_fields, cli_flag
 from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig
 
 if TYPE_CHECKING:
@@ -100,11 +101,9 @@ class TrainOptions:
     record_dir: Path | None = None
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "chunk", "episode_pool_size", "log_every"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.num_workers < 0 or self.save_every < 0:
-            raise ValueError(f"--num-workers and --save-every must be >= 0, got {self.num_workers}, {self.save_every}")
+        positive = (("steps", 1), ("batch_size", 1), ("chunk", 1), ("episode_pool_size", 1), ("log_every", 1))
+        checked = (*positive, ("num_workers", 0), ("save_every", 0))
+        check_int_fields(self, checked, label=cli_flag, optional=("chunk",))
         if self.device not in _DEVICES:
             raise ValueError(f"--device must be one of {_DEVICES}, got {self.device!r}")
         if self.mixed_precision not in _PRECISIONS:

@@ -1,0 +1,56 @@
+"""Type checks for option values: ``bool`` is an ``int`` to Python, never to an option that counts things."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Iterable
+from typing import Any, TypeGuard
+
+import numpy as np
+
+__all__ = ["check_int", "check_int_fields", "cli_flag", "is_int", "is_number"]
+
+
+def is_int(value: object) -> TypeGuard[int | np.integer]:
+    """Whether ``value`` is an int or numpy integer, not a bool."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> bool:
+    """Whether ``value`` is a finite int or float, not a bool."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_int(name: str, value: object, *, minimum: int) -> int:
+    """``value`` as an int (numpy integers too): TypeError for another type, ValueError below ``minimum``."""
+    if not is_int(value):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def cli_flag(name: str) -> str:
+    """The command-line flag of an options field (``batch_size`` -> ``--batch-size``), for messages."""
+    return "--" + name.replace("_", "-")
+
+
+def check_int_fields(
+    owner: Any,
+    minimums: Iterable[tuple[str, int]],
+    *,
+    label: Callable[[str], str] = str,
+    optional: Collection[str] = (),
+    error: type[Exception] = ValueError,
+) -> None:
+    """Raise ``error`` naming the first of ``owner``'s fields that is not an int at least its minimum.
+
+    ``label`` names a field in the message (:func:`cli_flag` for command-line options); the fields in
+    ``optional`` may also be None.
+    """
+    for name, minimum in minimums:
+        value = getattr(owner, name)
+        if value is None and name in optional:
+            continue
+        if not is_int(value) or value < minimum:
+            raise error(f"{label(name)} must be an int >= {minimum}, got {value!r}")
