@@ -24,6 +24,7 @@ __all__ = [
     "CACHE_DAYS_ENV",
     "CACHE_ENV",
     "atomic_file",
+    "cache_days",
     "cache_root",
     "mark_used",
     "prune_unused_files",
@@ -89,7 +90,7 @@ def try_flock(path: Path) -> IO[bytes] | None:
     return handle
 
 
-def _cache_days() -> float:
+def cache_days() -> float:
     raw = os.environ.get(CACHE_DAYS_ENV, "").strip()
     try:
         days = float(raw) if raw else DEFAULT_CACHE_DAYS
@@ -109,7 +110,7 @@ def sweep_cutoff(folder: Path) -> float | None:
     """The time (``time.time()`` scale) before which an entry's last use makes it stale, when ``folder`` is due
     a sweep (none for :data:`PRUNE_EVERY_S`: a marker's mtime, set here); None when pruning is off (0 days),
     ``folder`` does not exist or was swept recently."""
-    days = _cache_days()
+    days = cache_days()
     if days <= 0 or not folder.is_dir():
         return None
     marker = folder / ".swept"
@@ -144,4 +145,4 @@ def prune_unused_files(folder: Path, pattern: str) -> None:
             continue  # (removed meanwhile, or not ours to delete)
     if removed:
         logger.info("%s: deleted %d cache file(s), %.1f MB, unused for %g days", folder, removed, freed / 1e6,
-                    _cache_days())  # fmt: skip
+                    cache_days())  # fmt: skip

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cache_dirs import CACHE_DAYS_ENV, atomic_file, mark_used, sweep_cutoff, try_flock
+from .cache_dirs import atomic_file, cache_days, mark_used, sweep_cutoff, try_flock
 
 __all__ = ["ByteRange", "CacheBusyError", "CacheStats", "RangeCache", "entry_dir", "list_entries", "prune_unused_slots"]
 
@@ -425,6 +425,6 @@ def prune_unused_slots(root: Path) -> None:
             continue
         with handle:
             shutil.rmtree(slot, ignore_errors=True)
-        logger.info("deleted prefetch cache %s: no run has used it for %s days", slot, CACHE_DAYS_ENV)
+        logger.info("deleted prefetch cache %s: no run has used it for %g days", slot, cache_days())
         with contextlib.suppress(OSError):
             slot.parent.rmdir()  # (only once empty)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -69,7 +70,7 @@ def test_a_loaded_packet_index_counts_as_used(marker_video: MarkerVideo, tmp_pat
     assert not store.path_for("https://host/v.mp4", unused).exists()
 
 
-def test_prefetch_slots_unused_for_a_while_go_unless_a_run_holds_them(tmp_path: Path) -> None:
+def test_prefetch_slots_unused_for_a_while_go_unless_a_run_holds_them(tmp_path: Path, caplog) -> None:
     root = tmp_path / "prefetch"
     blob = bytes(range(200))
 
@@ -84,7 +85,9 @@ def test_prefetch_slots_unused_for_a_while_go_unless_a_run_holds_them(tmp_path: 
     gone, _ = slot("dataset-a/rank-0", 40)
     kept, _ = slot("dataset-b/rank-0", 5)
     held, holder = slot("dataset-b/rank-1", 40, hold=True)
-    prune_unused_slots(root)
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.range_cache"):
+        prune_unused_slots(root)
+    assert f"deleted prefetch cache {gone}: no run has used it for 30 days" in caplog.text
     assert not gone.exists() and not gone.parent.exists()  # its dataset folder went with its last slot
     assert kept.exists() and held.exists()
     assert holder is not None and holder.bytes_cached == 100
