@@ -1,14 +1,19 @@
-"""Where each episode's rows are when ``meta/episodes`` names data files that do not exist.
+"""Where each episode's rows are when ``meta/episodes`` puts them in the wrong data files.
 
-LeRobot's dataset merge (``aggregate_datasets``) before 0.4.4 (its PRs #2453, #2799, #2861) kept the sources'
-``data/chunk_index`` / ``data/file_index`` although it had concatenated their rows into other files. LeRobot itself
-loads every data file and never reads those columns, so such merged datasets on the Hub train with LeRobot. Here
-an episode's rows are found by those columns; when any of them names a missing file, every episode is located
-instead by the data files' own ``episode_index`` column (one column of each data file, read once at open), with a
-warning that says so. Episodes no data file holds (a data file missing), or holds split or at another length,
-still fail, now at open rather than when a batch first reaches them. Stale indices that happen to name files
-which exist are not detected at open (that would read every file's footer); reading such an episode fails with
-the row-count error, which names these columns.
+Two LeRobot writers left ``data/chunk_index`` / ``data/file_index`` stale:
+
+- its dataset merge (``aggregate_datasets``) before 0.4.4 (its PRs #2453, #2799, #2861) kept the sources' indices
+  although it had concatenated their rows into other files: they name files that do not exist;
+- its v2.1 -> v3.0 converter before 0.5.0 (its issue #2401) recorded the episode that starts each new data file
+  as still in the previous one: every converted dataset with more than one data file (100 MB of parquet by
+  default) has one stale episode per file, and the files it names hold other row counts than it says.
+
+LeRobot itself loads every data file and never reads those columns, so such datasets train with LeRobot. Here an
+episode's rows are found by those columns, so at open every data file the episodes to read name is checked: it
+must exist, and its footer must hold the rows the metadata places in it (one footer read per data file,
+concurrent where remote). When one fails, every episode is located instead by the data files' own
+``episode_index`` column (one column of each data file, read once at open), with a warning that says so.
+Episodes no data file holds (a data file missing), or holds split or at another length, still fail at open.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import logging
 import re
 import string
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +30,7 @@ import pyarrow.parquet as pq
 
 from .dataset_info import DatasetInfo, format_path
 from .dataset_location import DatasetLocation
+from .episode_rows import open_parquet
 from .episode_table import EpisodeTable
 from .errors import EpisodeMetadataError, MissingDataFileError
 from .file_stamps import FileStamps
@@ -31,6 +38,9 @@ from .file_stamps import FileStamps
 __all__ = ["bulk_file_exists", "data_file_path", "locate_episode_rows"]
 
 logger = logging.getLogger(__name__)
+
+#: Footers read at once from a remote filesystem (each a ranged read or two).
+REMOTE_FOOTER_THREADS = 16
 
 
 def data_file_path(location: DatasetLocation, info: DatasetInfo, chunk_index: int, file_index: int) -> str:
@@ -53,53 +63,95 @@ def locate_episode_rows(
     episodes: Sequence[int] | None = None,
 ) -> EpisodeTable:
     """``table`` (all episodes), or where a data file named by the ``episodes`` to read (all: None) does not
-    exist, ``table`` with each episode's data file and first row taken from the data files' ``episode_index``
-    column. Only the episodes to read must be found; the file row counts stay the metadata's (the rows of the
-    episodes found in each file), so a file holding rows no episode reads still fails when read."""
+    exist or holds another row count than the metadata places in it, ``table`` with each episode's data file and
+    first row taken from the data files' ``episode_index`` column. Only the episodes to read must be found; the
+    file row counts stay the metadata's (the rows of the episodes found in each file)."""
     if info.major_version != "v3" or len(table) == 0:
         return table
     wanted = np.ones(len(table), bool) if episodes is None else np.isin(table.episode_index, np.asarray(episodes))
-    named = {
-        pair: data_file_path(location, info, *pair)
-        for pair in zip(table.data_chunk_index[wanted].tolist(), table.data_file_index[wanted].tolist(), strict=True)
+    placed = {  # path -> rows the metadata places in it
+        data_file_path(location, info, chunk, file): rows
+        for chunk, file, rows in zip(
+            table.data_chunk_index[wanted].tolist(),
+            table.data_file_index[wanted].tolist(),
+            table.data_file_rows[wanted].tolist(),
+            strict=True,
+        )
     }
-    missing = sorted(path for path in set(named.values()) if not bulk_file_exists(location, stamps, path))
-    if not missing:
-        return table
-    shown = f"{missing[:3]}{' ...' if len(missing) > 3 else ''}"
+    missing = sorted(path for path in placed if not bulk_file_exists(location, stamps, path))
+    if missing:
+        problem = f"names data files that do not exist ({_shown(missing)})"
+    else:
+        held = _footer_rows(location, sorted(placed))
+        miscounted = [path for path, rows in held.items() if rows != placed[path]]
+        if not miscounted:
+            return table
+        path = miscounted[0]
+        problem = f"places {placed[path]} rows in {path}, which holds {held[path]} ({len(miscounted)} such file(s))"
     listed = _listed_data_files(location, info, stamps)
     if not listed:
         raise MissingDataFileError(
-            f"{location.description}: meta/episodes names data files that do not exist ({shown}), and no data file "
-            f"matching {info.data_path!r} could be listed to find the episodes by; re-download the dataset"
+            f"{location.description}: meta/episodes {problem}, and no data file matching {info.data_path!r} could "
+            "be listed to find the episodes by; re-download the dataset"
         )
-    found = _episode_runs(location, listed, missing=shown)
+    found = _episode_runs(location, listed, problem=problem)
     runs = np.array([found.get(int(e), (-1, -1, -1, -1)) for e in table.episode_index], dtype=np.int64).reshape(-1, 4)
     absent = table.episode_index[wanted & (runs[:, 0] < 0)]
     if absent.size:  # most often a data file that was never downloaded, or deleted
-        raise MissingDataFileError(
-            f"{missing[0]} is missing{f' (and {len(missing) - 1} more data files)' if len(missing) > 1 else ''}: "
-            f"meta/episodes places episodes there, and episodes {absent[:10].tolist()}"
-            f"{' ...' if absent.size > 10 else ''} are in no other data file either; re-download the dataset"
-        )
+        shown = f"{absent[:10].tolist()}{' ...' if absent.size > 10 else ''}"
+        if missing:
+            more = f" (and {len(missing) - 1} more data files)" if len(missing) > 1 else ""
+            where = f"{missing[0]} is missing{more}: meta/episodes places episodes there, and episodes {shown} are in "
+            where += "no other data file either"
+        else:
+            where = f"{location.description}: meta/episodes {problem}, and episodes {shown} are in no data file"
+        raise MissingDataFileError(f"{where}; re-download the dataset")
     wrong = np.flatnonzero(wanted & (runs[:, 3] != table.length))
     if wrong.size:
         i = int(wrong[0])
         path = data_file_path(location, info, int(runs[i, 0]), int(runs[i, 1]))
         raise EpisodeMetadataError(
-            f"{location.description}: meta/episodes names data files that do not exist ({shown}); episode "
-            f"{int(table.episode_index[i])} has length {int(table.length[i])} there but {int(runs[i, 3])} rows in "
-            f"{path}: the episode metadata does not describe these data files; rebuild it"
+            f"{location.description}: meta/episodes {problem}; episode {int(table.episode_index[i])} has length "
+            f"{int(table.length[i])} there but {int(runs[i, 3])} rows in {path}: the episode metadata does not "
+            "describe these data files; rebuild it"
+        )
+    same = (runs[:, 0] == table.data_chunk_index) & (runs[:, 1] == table.data_file_index)
+    if (same & (runs[:, 2] == table.data_row_start))[wanted].all():
+        # Every episode is where the metadata says: the files hold rows no episode reads (dropped by a filter, or
+        # left by an interrupted write), which reading them would lose.
+        raise EpisodeMetadataError(
+            f"{location.description}: meta/episodes {problem}, yet every episode's rows are where it says: the data "
+            "files hold rows no episode reads; rebuild the episode metadata or rewrite the data files"
         )
     # Episodes not to read that no file holds stay at (-1, -1), a file of their own that no real file's row count
     # includes; the selection drops them.
     logger.warning(
-        "%s: meta/episodes' data/chunk_index and data/file_index name data files that do not exist (%s), as LeRobot's "
-        "dataset merge before 0.4.4 wrote them; each episode's rows were located by the data files' episode_index "
-        "column instead (%d data file(s)). Rewrite meta/episodes to open faster.",
-        location.description, shown, len(listed),
+        "%s: meta/episodes %s: its data/chunk_index and data/file_index are stale, as LeRobot's dataset merge before "
+        "0.4.4 and its v2.1 -> v3.0 converter before 0.5.0 wrote them; each episode's rows were located by the data "
+        "files' episode_index column instead (%d data file(s)). Rewrite meta/episodes to open faster.",
+        location.description, problem, len(listed),
     )  # fmt: skip
     return table.with_data_rows(runs[:, 0], runs[:, 1], runs[:, 2])
+
+
+def _shown(paths: Sequence[str]) -> str:
+    return f"{list(paths[:3])}{' ...' if len(paths) > 3 else ''}"
+
+
+def _footer_rows(location: DatasetLocation, paths: Sequence[str]) -> dict[str, int]:
+    """Rows each data file's footer says it holds; remote footers are read concurrently."""
+
+    def rows(path: str) -> int:
+        parquet = open_parquet(location.open_bulk, path)
+        try:
+            return int(parquet.metadata.num_rows)
+        finally:
+            parquet.close(force=True)
+
+    if location.is_local or len(paths) == 1:
+        return {path: rows(path) for path in paths}
+    with ThreadPoolExecutor(min(REMOTE_FOOTER_THREADS, len(paths)), thread_name_prefix="footers") as pool:
+        return dict(zip(paths, pool.map(rows, paths), strict=True))
 
 
 def _listed_data_files(
@@ -129,7 +181,7 @@ def _listed_data_files(
 
 
 def _episode_runs(
-    location: DatasetLocation, listed: dict[tuple[int, int], str], *, missing: str
+    location: DatasetLocation, listed: dict[tuple[int, int], str], *, problem: str
 ) -> dict[int, tuple[int, int, int, int]]:
     """``episode_index -> (chunk, file, first row, rows)`` over every listed data file; an episode's rows must be
     one run in one file."""
@@ -140,7 +192,7 @@ def _episode_runs(
                 column = pq.read_table(handle, columns=["episode_index"])["episode_index"]
         except (KeyError, pa.ArrowException) as e:
             raise EpisodeMetadataError(
-                f"{location.description}: meta/episodes names data files that do not exist ({missing}), and "
+                f"{location.description}: meta/episodes {problem}, and "
                 f"{path} has no readable episode_index column to find the episodes by ({e})"
             ) from e
         except FileNotFoundError as e:
@@ -151,7 +203,7 @@ def _episode_runs(
         for episode, start, count in zip(episodes[starts].tolist(), starts.tolist(), counts.tolist(), strict=True):
             if episode in found:
                 raise EpisodeMetadataError(
-                    f"{location.description}: meta/episodes names data files that do not exist ({missing}), and "
+                    f"{location.description}: meta/episodes {problem}, and "
                     f"episode {episode}'s rows are not one run in one data file ({path} holds some after others): "
                     "rewrite the data files"
                 )

@@ -34,6 +34,7 @@ __all__ = [
     "ParquetCache",
     "StoreEntry",
     "image_bytes",
+    "open_parquet",
     "opened_stamp",
     "read_episode_images",
     "read_episode_rows",
@@ -66,6 +67,29 @@ def _footer_memory(parquet: pq.ParquetFile) -> int:
     return FOOTER_MEMORY_FACTOR * parquet.metadata.serialized_size
 
 
+def open_parquet(open_file: Callable[[str], Any], path: str) -> pq.ParquetFile:
+    """``path`` opened with ``open_file`` and its footer parsed; close it with ``close(force=True)``.
+
+    Raises MissingDataFileError or DataFileError naming the file; a network failure (after its retries) is
+    raised as itself, since the file is not to blame.
+    """
+    try:
+        handle = open_file(path)
+    except FileNotFoundError as e:
+        raise MissingDataFileError(f"data file {path} is missing (listed in the episode metadata)") from e
+    try:
+        parquet = pq.ParquetFile(handle)
+    except (pa.ArrowException, OSError) as e:
+        handle.close()
+        if is_transient(e):
+            raise
+        raise DataFileError(f"data file {path} is not readable parquet ({e}); re-download or rewrite it") from e
+    stamp = _handle_stamp(handle)
+    if stamp is not None:
+        _OPENED_STAMPS[parquet] = stamp
+    return parquet
+
+
 class ParquetCache:
     """A per-process LRU of open parquet files: footers are read once, not once per episode.
 
@@ -92,24 +116,11 @@ class ParquetCache:
             if key in self._open:
                 self._open.move_to_end(key)
                 return self._open[key]
-        try:
-            handle = self._open_file(path)
-        except FileNotFoundError as e:
-            raise MissingDataFileError(f"data file {path} is missing (listed in the episode metadata)") from e
-        try:
-            parquet = pq.ParquetFile(handle)
-        except (pa.ArrowException, OSError) as e:
-            handle.close()
-            if is_transient(e):  # the network failed (after its retries): the file is not to blame
-                raise
-            raise DataFileError(f"data file {path} is not readable parquet ({e}); re-download or rewrite it") from e
-        stamp = _handle_stamp(handle)
-        if stamp is not None:
-            _OPENED_STAMPS[parquet] = stamp
+        parquet = open_parquet(self._open_file, path)
         with self._lock:
             raced = self._open.get(key)
             if raced is not None:  # another thread opened it meanwhile
-                parquet.close()
+                parquet.close(force=True)
                 self._open.move_to_end(key)
                 return raced
             self._open[key] = parquet
@@ -119,7 +130,7 @@ class ParquetCache:
             ):
                 _, old = self._open.popitem(last=False)
                 self._footer_bytes -= _footer_memory(old)
-                old.close()
+                old.close(force=True)  # (without force pyarrow leaves a handle it did not open to the GC)
         return parquet
 
     def __getstate__(self) -> dict[str, object]:

@@ -100,9 +100,7 @@ def test_rows_the_metadata_does_not_count_are_refused(ds: Path) -> None:
     """Episode 3 said 17 rows where its file's part held 20: frames 17-19 were never served."""
     _set_episode_column(ds, "length", 3, 17)
     _set_episode_column(ds, "dataset_to_index", 3, 77)
-    with pytest.raises(
-        EpisodeMetadataError, match=r"file-001\.parquet: holds 40 rows but the episode metadata places 37"
-    ):
+    with pytest.raises(EpisodeMetadataError, match=r"places 37 rows in .*file-001\.parquet, which holds 40 .*17"):
         _first_pass(ds)
 
 

@@ -1,9 +1,11 @@
-"""meta/episodes whose data/chunk_index and data/file_index name data files that do not exist, as LeRobot's merge
-before 0.4.4 wrote them (LeRobot itself reads such datasets: it never uses these columns). Episodes are then
-located by the data files' own episode_index column; what that cannot explain still fails, naming why."""
+"""meta/episodes whose data/chunk_index and data/file_index are stale: naming data files that do not exist, as
+LeRobot's merge before 0.4.4 wrote them, or files that hold other rows, as its v2.1 -> v3.0 converter before 0.5.0
+wrote them (LeRobot itself reads such datasets: it never uses these columns). Episodes are then located by the data
+files' own episode_index column; what that cannot explain still fails, naming why."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -114,12 +116,52 @@ def test_an_episode_whose_rows_disagree_with_its_length_is_named(merged) -> None
         _samples(stale)
 
 
-def test_a_file_index_naming_another_existing_file_says_so(make_ds, copy_ds) -> None:
-    """No file is missing, so nothing is relocated: reading fails, and the message names the file columns too."""
-    stale = copy_ds(make_ds(**SPEC, fps=10))
-    _set_episode_columns(stale, **{"data/file_index": [1, 0, 1, 1, 2]})
-    with pytest.raises(EpisodeMetadataError, match=r"data/chunk_index and data/file_index in meta/episodes do not"):
-        _samples(stale)
+@pytest.fixture
+def converted(make_ds, copy_ds) -> tuple[Path, Path]:
+    """(original, a copy indexed as LeRobot's v2.1 -> v3.0 converter before 0.5.0 indexed it (its issue #2401): the
+    episode that starts each data file after the first (2 in file-001, 4 in file-002) is placed in the one before)"""
+    original = make_ds(**SPEC, fps=10)
+    stale = copy_ds(original)
+    _set_episode_columns(stale, **{"data/file_index": [0, 0, 0, 1, 1]})
+    return original, stale
+
+
+@pytest.mark.parametrize("episodes", [None, [1, 3, 4]])
+def test_a_converted_dataset_whose_file_indices_name_files_that_hold_others_reads(converted, caplog, episodes) -> None:
+    """No file is missing: the footers' row counts (file-000 holds 15, the metadata places 19 there) tell."""
+    original, stale = converted
+    expected = _samples(original, delta_timestamps=WINDOWS, episodes=episodes)
+    with caplog.at_level("WARNING", logger="lerobot_dali.episode_data_files"):
+        got = _samples(stale, delta_timestamps=WINDOWS, episodes=episodes, num_workers=2)
+    assert [b["index"].tolist() for b in got] == [b["index"].tolist() for b in expected]
+    for ours, theirs in zip(got, expected, strict=True):
+        assert all(torch.equal(ours[k], v) if torch.is_tensor(v) else ours[k] == v for k, v in theirs.items())
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert re.search(r"meta/episodes places 19 rows in .*file-000\.parquet, which holds 15 \(2 such", warning), warning
+    assert "v2.1 -> v3.0 converter before 0.5.0" in warning
+
+
+def test_a_converted_dataset_reads_from_a_remote_filesystem(converted) -> None:
+    import tests.fake_remote  # noqa: F401 (registers the fakeremote:// protocol)
+    from lerobot_dali.dataset_reader import open_dataset
+
+    original, stale = converted
+    remote, local = open_dataset("fakeremote://", storage_options={"root": str(stale)}), open_dataset(original)
+    for name in ("data_chunk_index", "data_file_index", "data_row_start", "data_file_rows"):
+        assert np.array_equal(getattr(remote.episodes, name), getattr(local.episodes, name)), name
+
+
+def test_rows_no_episode_reads_fail_at_open_when_every_episode_is_where_the_metadata_says(make_ds, copy_ds) -> None:
+    """meta/episodes leaves episode 1 out: file-000 holds its 9 rows after episode 0's 6, which nothing reads."""
+    from lerobot_dali.dataset_reader import open_dataset
+
+    ds = copy_ds(make_ds(**SPEC, fps=10))
+    path = next((ds / "meta/episodes").rglob("*.parquet"))
+    table = pq.read_table(path)
+    pq.write_table(table.filter(pc.not_equal(table["episode_index"], 1)), path)
+    with pytest.raises(EpisodeMetadataError, match=r"places 6 rows in .*file-000\.parquet, which holds 15 .*yet every"):
+        open_dataset(ds)
+    assert open_dataset(ds, episodes=[2, 3]).read_episode(0)["episode_index"].tolist() == [2] * LENGTHS[2]
 
 
 def test_a_stale_merge_reads_from_a_remote_filesystem(merged) -> None:
