@@ -14,6 +14,7 @@ generated datasets are then v2.1 (what needs LeRobot 0.4 is skipped).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -167,6 +168,37 @@ def test_an_episode_subset_matches_lerobot(make_ds) -> None:
     assert sorted({int(theirs[i]["episode_index"]) for i in range(len(theirs))}) == subset
     _assert_same_samples(_ours(root, WINDOWS, episodes=subset), theirs, frame_check=_same_decode)
     assert np.sum([LENGTHS[e] for e in subset]) == len(theirs)
+
+
+@needs_lerobot_04
+def test_datasets_lerobots_v21_converter_writes_match_lerobot(make_ds, copy_ds, monkeypatch, caplog) -> None:
+    """Most v3.0 datasets on the Hub were converted from v2.1 by this script; before LeRobot 0.5 it placed the episode
+    that starts each data file after the first in the one before (its issue #2401), which these small file sizes
+    (2 episodes per data file, 1-2 per video file) reach."""
+    try:
+        from lerobot.datasets.v30 import convert_dataset_v21_to_v30 as converter
+    except ImportError as e:
+        pytest.skip(f"this LeRobot has no v2.1 -> v3.0 converter where 0.4 had it ({e})")
+
+    def no_hub(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the converter asked the Hub")
+
+    monkeypatch.setattr(converter, "snapshot_download", no_hub)
+    monkeypatch.setattr(converter, "HfApi", no_hub)
+    root = copy_ds(make_ds(codec="av1", gop=2, episodes=5, frames_per_episode=LENGTHS, cameras=2, version="v2.1"))
+    converter.convert_dataset(
+        repo_id=root.name, root=root.parent, push_to_hub=False, data_file_size_in_mb=0.005, video_file_size_in_mb=0.006
+    )
+    assert json.loads((root / "meta/info.json").read_text())["codebase_version"] == "v3.0"
+    assert len(list((root / "data").rglob("*.parquet"))) > 1
+    assert len(list((root / "videos").rglob("*.mp4"))) > 2
+    with caplog.at_level("WARNING", logger="lerobot_dali.episode_data_files"):
+        _assert_same_samples(_ours(root, WINDOWS), _lerobot(root, WINDOWS), frame_check=_same_decode)
+    stale = any("v2.1 -> v3.0 converter before 0.5.0" in r.getMessage() for r in caplog.records)
+    assert stale == ((_installed_lerobot() or (0, 0)) < (0, 5))
+    subset = [1, 3, 4]
+    theirs = _lerobot(root, WINDOWS, episodes=subset)
+    _assert_same_samples(_ours(root, WINDOWS, episodes=subset), theirs, frame_check=_same_decode)
 
 
 # -- datasets LeRobot writes itself ---------------------------------------------------------------------------
