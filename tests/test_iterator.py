@@ -524,8 +524,8 @@ def test_worker_errors_surface_as_the_original_exception(make_ds, copy_ds, codec
     hang; the iterator fails the same way again, and a new one over good data runs (no dead worker pool)."""
     good = _dataset(make_ds, codec)
     root = copy_ds(good)
-    # A data file missing when the iterator is built fails there (below); one deleted later, in a worker.
-    late = how == "missing_parquet"
+    # A data file missing or damaged when the iterator is built fails there (below); one damaged later, in a worker.
+    late = how in ("missing_parquet", "corrupt_parquet")
     if not late:
         _damage(root, how)
     it = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=2)
@@ -545,6 +545,14 @@ def test_a_missing_data_file_fails_when_the_iterator_is_built(make_ds, copy_ds) 
     root = copy_ds(_dataset(make_ds, "h264"))
     _damage(root, "missing_parquet")
     with pytest.raises(MissingDataFileError, match=r"file-001\.parquet is missing: .*episodes \[2, 3\] are in no"):
+        DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=2)
+
+
+def test_a_damaged_data_file_fails_when_the_iterator_is_built(make_ds, copy_ds) -> None:
+    """Its footer is read at open, with every other data file's (their row counts are checked)."""
+    root = copy_ds(_dataset(make_ds, "h264"))
+    _damage(root, "corrupt_parquet")
+    with pytest.raises(DataFileError, match=r"file-001\.parquet is not readable parquet"):
         DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=2)
 
 
