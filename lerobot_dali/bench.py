@@ -36,7 +36,7 @@ import platform
 import shutil
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from functools import partial
@@ -52,6 +52,7 @@ from .bench_types import (
     _EXTERNAL,
     _GPU_ONLY,
     _OURS,
+    LEROBOT_STREAMING_LOADER,
     LOADERS,
     METRIC_FIELDS,
     BenchDataset,
@@ -445,10 +446,18 @@ def clip_footprint(
 
 
 def _with_derived(
-    results: list[LoaderResult], footprint: tuple[float, float] | None, ceiling_fps: float | None
+    results: list[LoaderResult],
+    footprint: tuple[float, float] | None,
+    ceiling_fps: float | None,
+    not_peers: Collection[str] = (),
 ) -> list[LoaderResult]:
-    """Add ratios: to the best peer's frames/s, to the decode ceiling; clip bytes on our rows."""
-    peers = [r for r in results if r.loader not in _OURS and r.status == "ok" and r.frames_per_s > 0]
+    """Add ratios: to the best peer's frames/s (``not_peers``: rows not to divide by), to the decode ceiling;
+    clip bytes on our rows."""
+    peers = [
+        r
+        for r in results
+        if r.loader not in _OURS and r.loader not in not_peers and r.status == "ok" and r.frames_per_s > 0
+    ]
     best_peer = max(peers, key=lambda r: r.frames_per_s) if peers else None
     out = []
     for r in results:
@@ -465,6 +474,28 @@ def _with_derived(
             extra.update(clip_bytes_per_sample=clip, video_bytes_per_sample=video, clip_to_file_ratio=clip / video)
         out.append(dataclasses.replace(r, **extra))
     return out
+
+
+def _unfair_peers(config: BenchConfig, frames: int, loaders: Sequence[str]) -> dict[str, str]:
+    """Peers whose measured window would not do a loader's work, with why (their rows say it; no ratio divides
+    by them): ``StreamingLeRobotDataset`` decodes its shuffle buffer before its first batch, so on a dataset with
+    fewer frames than that buffer plus the samples measured, part of the window only hands out decoded samples
+    (``--quick``'s 360 frames: all of it, and it came out fastest)."""
+    if LEROBOT_STREAMING_LOADER not in loaders:
+        return {}
+    from .bench_peers import streaming_buffer_size
+
+    buffered = streaming_buffer_size()
+    drawn = (int(config.warmup or 0) + int(config.steps or 1)) * int(config.batch_size or 1)
+    if buffered is None or buffered + drawn <= frames:
+        return {}
+    return {
+        LEROBOT_STREAMING_LOADER: (
+            f"not a peer here: its shuffle buffer ({buffered} samples, decoded before the first batch) and the "
+            f"{drawn} samples measured exceed the dataset's {frames} frames, so it decodes little or nothing in the "
+            "measured window"
+        )
+    }
 
 
 def _median_runs(rounds: list[list[LoaderResult]], loaders: Sequence[str]) -> list[LoaderResult]:
@@ -583,6 +614,7 @@ def run_bench(config: BenchConfig) -> BenchReport:
                 note += "--cameras, --keys or --timestamp-source"
                 skipped[name] = LoaderResult(dataset=dataset.label, loader=name, status="skipped", note=note)
         measured = [name for name in loaders if name not in skipped]
+        unfair = _unfair_peers(config, reader.num_frames, measured)
         rounds = []
         for repeat in range(config.repeats):
             rows = list(skipped.values())
@@ -597,12 +629,14 @@ def run_bench(config: BenchConfig) -> BenchReport:
                     log_level=logging.getLogger().getEffectiveLevel(),
                 )  # fmt: skip
                 row = run_in_child(job)
+                if name in unfair and row.status == "ok":
+                    row = dataclasses.replace(row, note="; ".join(filter(None, (row.note, unfair[name]))))
                 rows.append(row)
                 progress_log.info(
                     "%s on %s%s: %s", name, dataset.label, of,
                     f"{row.frames_per_s:.1f} frames/s" if row.status == "ok" else f"{row.status} {row.note}".strip(),
                 )  # fmt: skip
-            rounds.append(_with_derived(rows, footprint, ceiling_fps))
+            rounds.append(_with_derived(rows, footprint, ceiling_fps, not_peers=unfair))
         results.extend(_median_runs(rounds, loaders))
         summaries.append(summary)
     report = BenchReport(

@@ -41,6 +41,7 @@ __all__ = [
     "lerobot_dataset",
     "lerobot_streaming_dataset",
     "lerobot_unavailable",
+    "streaming_buffer_size",
 ]
 
 logger = logging.getLogger(__name__)
@@ -291,6 +292,18 @@ def lerobot_dataset(
         image_transforms=Resize(image_size) if image_size is not None else None,
         tolerance_s=tolerance_s,
     )
+
+
+def streaming_buffer_size() -> int | None:
+    """Samples ``StreamingLeRobotDataset`` decodes into its shuffle buffer before yielding one (its default
+    ``buffer_size``; None where this LeRobot has none)."""
+    import inspect
+
+    from lerobot.datasets.streaming_dataset import StreamingLeRobotDataset
+
+    parameter = inspect.signature(StreamingLeRobotDataset).parameters.get("buffer_size")
+    default = None if parameter is None else parameter.default
+    return default if isinstance(default, int) and not isinstance(default, bool) else None
 
 
 def lerobot_streaming_dataset(

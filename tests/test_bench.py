@@ -554,3 +554,37 @@ def test_repeats_rotate_the_order_and_report_the_median_run_and_paired_ratios(
     report = bench.run_bench(dataclasses.replace(config, out=tmp_path / "out2"))
     peer = report.results[1]
     assert peer.status == "zero-frames" and peer.note == "run 2 of 3: no batch" and not report.ok
+
+
+def test_a_streaming_peer_whose_buffer_holds_the_measured_samples_is_not_divided_by(
+    make_ds, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """StreamingLeRobotDataset decodes its shuffle buffer before its first batch: on `--quick`'s small datasets its
+    measured window only handed out decoded samples, came out fastest and so was every ratio's divisor."""
+    from lerobot_dali import bench, bench_peers
+    from lerobot_dali.bench_types import LoaderResult
+
+    rates = {"lerobot-dali": 300.0, "pyav-dataloader": 100.0, "lerobot-streaming": 900.0}
+
+    def fake_run(job) -> LoaderResult:
+        return LoaderResult(
+            dataset=job.dataset.label, loader=job.loader, status="ok", batches=2, samples=2, frames=2,
+            window_s=2 / rates[job.loader], frames_per_s=rates[job.loader], samples_per_s=rates[job.loader],
+        )  # fmt: skip
+
+    monkeypatch.setattr(bench, "run_in_child", fake_run)
+    monkeypatch.setattr(bench_peers, "lerobot_unavailable", lambda: None)
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, size=(64, 64), codec="vp9")  # 8 frames
+    config = BenchConfig(
+        dataset=str(root), device="cpu", loaders=("lerobot-dali", "pyav-dataloader", "lerobot-streaming"),
+        batch_size=1, steps=2, warmup=1, out=tmp_path / "out",
+    )  # fmt: skip
+    for buffered, fair in ((4, True), (5, True), (6, False), (1000, False)):  # 3 samples drawn of 8 frames
+        monkeypatch.setattr(bench_peers, "streaming_buffer_size", lambda buffered=buffered: buffered)
+        ours, _, streaming = bench.run_bench(dataclasses.replace(config, out=tmp_path / str(buffered))).results
+        assert ours.best_peer == ("lerobot-streaming" if fair else "pyav-dataloader"), buffered
+        assert ours.vs_best_peer == pytest.approx(300 / 900 if fair else 3.0)
+        assert streaming.status == "ok" and streaming.frames_per_s == 900.0
+        assert ("not a peer here" in streaming.note) != fair
+        if not fair:
+            assert f"shuffle buffer ({buffered} samples" in streaming.note and "dataset's 8 frames" in streaming.note
