@@ -21,8 +21,10 @@ from __future__ import annotations
 import logging
 import re
 import string
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -38,9 +40,10 @@ from .file_stamps import FileStamps
 __all__ = ["bulk_file_exists", "data_file_path", "locate_episode_rows"]
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
-#: Footers read at once from a remote filesystem (each a ranged read or two).
-REMOTE_FOOTER_THREADS = 16
+#: Data files read at once from a remote filesystem (footers, each a ranged read or two; episode_index columns).
+REMOTE_FILE_THREADS = 16
 
 
 def data_file_path(location: DatasetLocation, info: DatasetInfo, chunk_index: int, file_index: int) -> str:
@@ -78,16 +81,9 @@ def locate_episode_rows(
             strict=True,
         )
     }
-    missing = sorted(path for path in placed if not bulk_file_exists(location, stamps, path))
-    if missing:
-        problem = f"names data files that do not exist ({_shown(missing)})"
-    else:
-        held = _footer_rows(location, sorted(placed))
-        miscounted = [path for path, rows in held.items() if rows != placed[path]]
-        if not miscounted:
-            return table
-        path = miscounted[0]
-        problem = f"places {placed[path]} rows in {path}, which holds {held[path]} ({len(miscounted)} such file(s))"
+    missing, problem = _stale_index(location, stamps, placed)
+    if problem is None:
+        return table
     listed = _listed_data_files(location, info, stamps)
     if not listed:
         raise MissingDataFileError(
@@ -134,24 +130,37 @@ def locate_episode_rows(
     return table.with_data_rows(runs[:, 0], runs[:, 1], runs[:, 2])
 
 
-def _shown(paths: Sequence[str]) -> str:
-    return f"{list(paths[:3])}{' ...' if len(paths) > 3 else ''}"
+def _stale_index(
+    location: DatasetLocation, stamps: FileStamps | None, placed: dict[str, int]
+) -> tuple[list[str], str | None]:
+    """Of the data files ``placed`` (path -> rows the metadata places there), those that do not exist, and what is
+    wrong with the index (None: nothing): a file missing, or a footer holding another row count."""
+    missing = sorted(path for path in placed if not bulk_file_exists(location, stamps, path))
+    if missing:
+        return missing, f"names data files that do not exist ({list(missing[:3])}{' ...' if len(missing) > 3 else ''})"
+    paths = sorted(placed)
+    held = dict(zip(paths, _for_each_file(location, _footer_rows, paths), strict=True))
+    miscounted = [path for path in paths if held[path] != placed[path]]
+    if not miscounted:
+        return [], None
+    path = miscounted[0]
+    return [], f"places {placed[path]} rows in {path}, which holds {held[path]} ({len(miscounted)} such file(s))"
 
 
-def _footer_rows(location: DatasetLocation, paths: Sequence[str]) -> dict[str, int]:
-    """Rows each data file's footer says it holds; remote footers are read concurrently."""
+def _for_each_file(location: DatasetLocation, read: Callable[[DatasetLocation, str], T], paths: list[str]) -> list[T]:
+    """``read(location, path)`` for every path, in order; remote files are read :data:`REMOTE_FILE_THREADS` at once."""
+    if location.is_local or len(paths) < 2:
+        return [read(location, path) for path in paths]
+    with ThreadPoolExecutor(min(REMOTE_FILE_THREADS, len(paths)), thread_name_prefix="data-files") as pool:
+        return list(pool.map(partial(read, location), paths))
 
-    def rows(path: str) -> int:
-        parquet = open_parquet(location.open_bulk, path)
-        try:
-            return int(parquet.metadata.num_rows)
-        finally:
-            parquet.close(force=True)
 
-    if location.is_local or len(paths) == 1:
-        return {path: rows(path) for path in paths}
-    with ThreadPoolExecutor(min(REMOTE_FOOTER_THREADS, len(paths)), thread_name_prefix="footers") as pool:
-        return dict(zip(paths, pool.map(rows, paths), strict=True))
+def _footer_rows(location: DatasetLocation, path: str) -> int:
+    parquet = open_parquet(location.open_bulk, path)
+    try:
+        return int(parquet.metadata.num_rows)
+    finally:
+        parquet.close(force=True)
 
 
 def _listed_data_files(
@@ -185,19 +194,11 @@ def _episode_runs(
 ) -> dict[int, tuple[int, int, int, int]]:
     """``episode_index -> (chunk, file, first row, rows)`` over every listed data file; an episode's rows must be
     one run in one file."""
+    pairs = sorted(listed)
+    paths = [listed[pair] for pair in pairs]
+    columns = _for_each_file(location, partial(_episode_column, problem=problem), paths)
     found: dict[int, tuple[int, int, int, int]] = {}
-    for (chunk, file), path in sorted(listed.items()):
-        try:
-            with location.open_bulk(path) as handle:
-                column = pq.read_table(handle, columns=["episode_index"])["episode_index"]
-        except (KeyError, pa.ArrowException) as e:
-            raise EpisodeMetadataError(
-                f"{location.description}: meta/episodes {problem}, and "
-                f"{path} has no readable episode_index column to find the episodes by ({e})"
-            ) from e
-        except FileNotFoundError as e:
-            raise MissingDataFileError(f"{path} is missing (listed a moment ago)") from e
-        episodes = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
+    for (chunk, file), path, episodes in zip(pairs, paths, columns, strict=True):
         starts = np.flatnonzero(np.r_[True, episodes[1:] != episodes[:-1]]) if episodes.size else episodes
         counts = np.diff(np.r_[starts, episodes.size])
         for episode, start, count in zip(episodes[starts].tolist(), starts.tolist(), counts.tolist(), strict=True):
@@ -209,3 +210,17 @@ def _episode_runs(
                 )
             found[episode] = (chunk, file, start, count)
     return found
+
+
+def _episode_column(location: DatasetLocation, path: str, *, problem: str) -> np.ndarray:
+    try:
+        with location.open_bulk(path) as handle:
+            column = pq.read_table(handle, columns=["episode_index"])["episode_index"]
+    except (KeyError, pa.ArrowException) as e:
+        raise EpisodeMetadataError(
+            f"{location.description}: meta/episodes {problem}, and "
+            f"{path} has no readable episode_index column to find the episodes by ({e})"
+        ) from e
+    except FileNotFoundError as e:
+        raise MissingDataFileError(f"{path} is missing (listed a moment ago)") from e
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
