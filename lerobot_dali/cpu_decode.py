@@ -37,7 +37,7 @@ from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeErro
 from .packet_index import PacketIndex
 from .value_checks import check_int_fields
 from .video_source import VideoSource, source_cache_key, source_label
-from .yuv_frames import frame_planes, stack_planes
+from .yuv_frames import frame_planes, stack_planes, swscale_colors
 
 __all__ = [
     "WORKER_RESIZE_INTERPOLATION",
@@ -69,8 +69,10 @@ REMOTE_HANDLE_BYTES = 8 * 2**20
 #: like DALI's ``fn.resize``) with chroma interpolated at full resolution. Against DALI's resize of the
 #: full RGB frame, on the four real datasets in ../shared and the generated bench set, to 224x224, 96x128
 #: and 240x320: mean abs difference 0.6-1.2, p99 <= 7, max 49 (at sharp colour edges, where 4:2:0 chroma
-#: meets a different filter). Plain BILINEAR: max 62; AREA, BICUBIC, GAUSS, LANCZOS: further off.
-WORKER_RESIZE_INTERPOLATION = int(Interpolation.BILINEAR | Interpolation.FULL_CHR_H_INT | Interpolation.FULL_CHR_H_INP)
+#: meets a different filter). Plain BILINEAR: max 62; AREA, BICUBIC, GAUSS, LANCZOS: further off. The chroma
+#: flags are swscale's ``SWS_FULL_CHR_H_INT`` and ``SWS_FULL_CHR_H_INP``, spelled as numbers: PyAV names them only
+#: from 18 (LeRobot 0.5+ pins PyAV < 16), and every PyAV passes an int through to swscale.
+WORKER_RESIZE_INTERPOLATION = int(Interpolation.BILINEAR) | 0x2000 | 0x4000
 
 
 class CpuDecoderBackend(Enum):
@@ -302,18 +304,34 @@ class _PyAvReader:
 _REFORMATTERS = threading.local()
 
 
+def _one_thread() -> dict[str, Any]:
+    """``threads=1`` where ``reformat`` takes it; PyAV < 16 has no such option (its swscale runs on the caller's
+    thread alone)."""
+    try:
+        VideoReformatter().reformat(av.VideoFrame(16, 16, "yuv420p"), format="rgb24", threads=1)
+    except TypeError:
+        return {}
+    return {"threads": 1}
+
+
+_ONE_THREAD = _one_thread()
+
+
 def _reformat(frame: av.VideoFrame, **options: Any) -> np.ndarray:
     reformatter = getattr(_REFORMATTERS, "reformatter", None)
     if reformatter is None:
         reformatter = _REFORMATTERS.reformatter = VideoReformatter()
-    return reformatter.reformat(frame, threads=1, **options).to_ndarray()
+    return reformatter.reformat(frame, **_ONE_THREAD, **options).to_ndarray()
 
 
 def _to_rgb(frame: av.VideoFrame, size: tuple[int, int] | None) -> np.ndarray:
+    colors = swscale_colors(frame)
     if size is None or size == (frame.height, frame.width):
-        return _reformat(frame, format="rgb24")
+        return _reformat(frame, format="rgb24", **colors)
     height, width = size
-    return _reformat(frame, format="rgb24", width=width, height=height, interpolation=WORKER_RESIZE_INTERPOLATION)
+    return _reformat(
+        frame, format="rgb24", width=width, height=height, interpolation=WORKER_RESIZE_INTERPOLATION, **colors
+    )
 
 
 def _to_depth_codes(frame: av.VideoFrame) -> np.ndarray:

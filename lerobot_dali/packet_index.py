@@ -11,6 +11,7 @@ numbering DALI's video decoder and any sequential decode use (one shown frame pe
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import os
@@ -269,6 +270,15 @@ def _rows_from_demux(
     return rows, first_key
 
 
+@functools.cache
+def _note_no_demuxer_index() -> None:
+    logger.warning(
+        "PyAV %s does not expose FFmpeg's MP4 index (PyAV >= 16 does): every video is indexed by demuxing it whole, "
+        "which reads each remote video file in full once (the index is then kept on disk) instead of its header.",
+        av.__version__,
+    )
+
+
 def _rows_from_sample_tables(
     container: Any, stream: Any, tracks: dict[int, Mp4Track], samples: dict[int, bytes], *, label: str
 ) -> list[tuple[int, int, int, int, bool]] | None:
@@ -282,7 +292,10 @@ def _rows_from_sample_tables(
     if track is None or track.fragmented:
         logger.debug("%s: no plain MP4 track %s (fragmented or missing); demuxing.", label, stream.id)
         return None
-    entries = stream.index_entries
+    entries = getattr(stream, "index_entries", None)  # (PyAV >= 16)
+    if entries is None:
+        _note_no_demuxer_index()
+        return None
     if len(entries) != track.sample_count:
         logger.debug("%s: index has %d entries, stsz %d samples; demuxing.", label, len(entries), track.sample_count)
         return None

@@ -42,6 +42,7 @@ __all__ = [
     "nvdec_color_fix",
     "stack_planes",
     "stream_color",
+    "swscale_colors",
 ]
 
 #: (Kr, Kb) luma coefficients by FFmpeg ``AVColorSpace`` value: 1 BT.709, 2 unspecified (swscale's default,
@@ -150,6 +151,26 @@ def nvdec_color_fix(colorspace: int, full_range: bool) -> np.ndarray | None:
     return fix
 
 
+#: PyAV < 16 hands swscale no colour space unless told one that differs from the destination's, so it converted
+#: BT.709, BT.2020 and SMPTE 240M streams to RGB as BT.601 (27 levels off at most on a BT.709 test clip).
+_SWSCALE_NEEDS_COLORS = int(av.__version__.split(".")[0]) < 16
+
+
+def swscale_colors(frame: av.VideoFrame) -> dict[str, int]:
+    """``reformat`` options that make any PyAV convert ``frame`` to RGB by its own colour space and range (none
+    where PyAV does so itself). RGB has no colour space: the destination's only has to differ from the source's,
+    which is what makes PyAV < 16 apply it; with these, PyAV 15 gives PyAV 18's pixels exactly."""
+    if not _SWSCALE_NEEDS_COLORS:
+        return {}
+    source = int(frame.colorspace)
+    return {
+        "src_colorspace": source,
+        "dst_colorspace": 1 if source == 5 else 5,
+        "src_color_range": int(frame.color_range),
+        "dst_color_range": _FULL_RANGE,
+    }
+
+
 def _plane(plane: av.video.plane.VideoPlane, height: int, width: int) -> np.ndarray:
     rows = np.frombuffer(memoryview(plane), dtype=np.uint8).reshape(-1, plane.line_size)
     return rows[:height, :width]
@@ -165,7 +186,7 @@ def frame_planes(frame: av.VideoFrame) -> FramePlanes:
         luma = _plane(frame.planes[0], frame.height, frame.width)
         chroma = (_plane(frame.planes[1], h, w), _plane(frame.planes[2], h, w))
         return FramePlanes(luma, chroma, color_matrix(frame.colorspace, full_range))
-    rgb = frame.to_ndarray(format="rgb24")
+    rgb = frame.reformat(format="rgb24", **swscale_colors(frame)).to_ndarray()
     return FramePlanes(rgb[:, :, 0], (rgb[:, :, 1], rgb[:, :, 2]), _IDENTITY)
 
 

@@ -1,6 +1,6 @@
 """Colour conversion in the graph: workers ship YUV planes, the pipeline makes RGB (``yuv_frames``, ``dali_color``).
 
-The reference is PyAV's own ``to_ndarray("rgb24")`` (swscale) of an independent full decode: what the worker
+The reference is PyAV's own swscale RGB of an independent full decode (:func:`_swscale_rgb`): what the worker
 path hands over and what LeRobot's PyAV backend gives. The graph runs on DALI's CPU backend here; the same
 three operators run on the GPU (tests/gpu).
 """
@@ -145,6 +145,16 @@ CASES = {
 }
 
 
+def _swscale_rgb(frame: av.VideoFrame) -> np.ndarray:
+    """swscale's RGB by the frame's own colour space and range, spelled out: PyAV < 16 applies them only when the
+    destination's colour space differs (RGB has none), so its ``to_ndarray`` converted BT.709 as BT.601."""
+    source = int(frame.colorspace)
+    return frame.reformat(
+        format="rgb24", src_colorspace=source, dst_colorspace=1 if source == 5 else 5,
+        src_color_range=int(frame.color_range), dst_color_range=2,
+    ).to_ndarray()  # fmt: skip
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_graph_conversion_matches_swscale(tmp_path: Path, case: str) -> None:
     codec, pix_fmt, width, height, colorspace, full, as_planes = CASES[case]
@@ -153,7 +163,7 @@ def test_graph_conversion_matches_swscale(tmp_path: Path, case: str) -> None:
     )
     with av.open(str(path)) as container:
         frames = list(container.decode(video=0))
-    expected = np.stack([f.to_ndarray(format="rgb24") for f in frames]).astype(np.int32)
+    expected = np.stack([_swscale_rgb(f) for f in frames]).astype(np.int32)
     planes = [frame_planes(f) for f in frames]
     first = stack_planes(planes[:1], label=case)
     assert first.luma.shape == (1, height, width, 1) and first.luma.dtype == np.uint8 and first.matrix.shape == (3, 4)
@@ -377,7 +387,7 @@ def test_nvdec_colours_are_brought_to_the_tagged_colour_space(tmp_path: Path, ca
         return
     with av.open(str(path)) as container:
         frames = list(container.decode(video=0))
-    expected = np.stack([f.to_ndarray(format="rgb24") for f in frames]).astype(np.int32)
+    expected = np.stack([_swscale_rgb(f) for f in frames]).astype(np.int32)
     nvdec, in_range = zip(*(_nvdec_like(frame_planes(f), full_range) for f in frames), strict=True)
     before = np.abs(np.stack(nvdec).astype(np.int32) - expected)
     after = np.abs(np.stack(_recolor_on_dali_cpu(list(nvdec), fix)).astype(np.int32) - expected)
@@ -396,7 +406,7 @@ def test_flat_patches_need_the_correction_and_it_suffices(tmp_path: Path) -> Non
     assert fix is not None
     with av.open(str(path)) as container:
         frames = list(container.decode(video=0))
-    expected = np.stack([f.to_ndarray(format="rgb24") for f in frames]).astype(np.int32)
+    expected = np.stack([_swscale_rgb(f) for f in frames]).astype(np.int32)
     nvdec, in_range = zip(*(_nvdec_like(frame_planes(f), False) for f in frames), strict=True)
     assert np.stack(in_range).all()  # nothing clips: what NVDEC gives is recoverable
     inside = patch_interiors(160, 192)
