@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import av
 import numpy as np
 import pytest
 import torch
@@ -60,8 +61,11 @@ WINDOWS = {
 def _needs_lerobot() -> None:
     try:
         from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: F401
-    except Exception as e:  # ImportError, or an install whose torchvision/torchcodec does not load
-        pytest.skip(f"LeRobot's LeRobotDataset does not import here ({type(e).__name__}: {e}); see .ci/lerobot-parity")
+    except Exception as e:  # ImportError, or an install whose torchvision/torchcodec/PyAV does not load
+        why = f"LeRobot's LeRobotDataset does not import here ({type(e).__name__}: {e})"
+        if _installed_lerobot() is not None:  # installed to be compared with: every test skipping would pass
+            pytest.fail(f"{why}, although LeRobot is installed: fix the environment (.ci/lerobot-parity builds one)")
+        pytest.skip(f"{why}; see .ci/lerobot-parity")
     why_not = torchcodec_unavailable()  # LeRobot's default video backend is torchcodec
     if why_not is not None:
         pytest.skip(why_not)
@@ -175,20 +179,23 @@ def test_datasets_lerobots_v21_converter_writes_match_lerobot(make_ds, copy_ds, 
     """Most v3.0 datasets on the Hub were converted from v2.1 by this script; before LeRobot 0.5 it placed the episode
     that starts each data file after the first in the one before (its issue #2401), which these small file sizes
     (2 episodes per data file, 1-2 per video file) reach."""
-    try:
-        from lerobot.datasets.v30 import convert_dataset_v21_to_v30 as converter
-    except ImportError as e:
-        pytest.skip(f"this LeRobot has no v2.1 -> v3.0 converter where 0.4 had it ({e})")
+    import importlib
+
+    try:  # LeRobot 0.5 moved it, and its root= became the dataset's folder rather than its parent
+        converter, root_is_parent = importlib.import_module("lerobot.scripts.convert_dataset_v21_to_v30"), False
+    except ImportError:
+        converter, root_is_parent = importlib.import_module("lerobot.datasets.v30.convert_dataset_v21_to_v30"), True
 
     def no_hub(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the converter asked the Hub")
 
-    monkeypatch.setattr(converter, "snapshot_download", no_hub)
-    monkeypatch.setattr(converter, "HfApi", no_hub)
+    monkeypatch.setattr(converter, "snapshot_download", no_hub, raising=False)
+    monkeypatch.setattr(converter, "HfApi", no_hub, raising=False)
     root = copy_ds(make_ds(codec="av1", gop=2, episodes=5, frames_per_episode=LENGTHS, cameras=2, version="v2.1"))
     converter.convert_dataset(
-        repo_id=root.name, root=root.parent, push_to_hub=False, data_file_size_in_mb=0.005, video_file_size_in_mb=0.006
-    )
+        repo_id=root.name, root=root.parent if root_is_parent else root, push_to_hub=False,
+        data_file_size_in_mb=0.005, video_file_size_in_mb=0.006,
+    )  # fmt: skip
     assert json.loads((root / "meta/info.json").read_text())["codebase_version"] == "v3.0"
     assert len(list((root / "data").rglob("*.parquet"))) > 1
     assert len(list((root / "videos").rglob("*.mp4"))) > 2
@@ -204,6 +211,15 @@ def test_datasets_lerobots_v21_converter_writes_match_lerobot(make_ds, copy_ds, 
 # -- datasets LeRobot writes itself ---------------------------------------------------------------------------
 MARKED_CAMERAS = ("observation.images.top", "observation.images.wrist")
 MARKED_SIZE = (64, 96)
+
+
+def _encoder(vcodec: str) -> dict[str, Any]:
+    """``LeRobotDataset.create``'s codec option: ``vcodec=`` in LeRobot 0.4, an encoder config since 0.5."""
+    try:
+        from lerobot.configs.video import RGBEncoderConfig
+    except ImportError:
+        return {"vcodec": vcodec}
+    return {"rgb_encoder": RGBEncoderConfig(vcodec=vcodec)}
 
 
 @pytest.fixture(scope="session")
@@ -230,10 +246,16 @@ def lerobot_written(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, 
         }
         if LEROBOT_03 and vcodec not in ("images", "libsvtav1"):
             pytest.skip("LeRobot 0.3's writer encodes AV1 only")
-        codec = {"use_videos": False} if images else {} if LEROBOT_03 else {"vcodec": vcodec}
+        codec = {"use_videos": False} if images else {} if LEROBOT_03 else _encoder(vcodec)
         dataset = LeRobotDataset.create(f"local/{root.name}", fps=FPS, features=features, root=root, **codec)
         if split:
-            dataset.meta.info.update(video_files_size_in_mb=1e-4, data_files_size_in_mb=1e-4, chunks_size=2)
+            sizes = {"video_files_size_in_mb": 1e-4, "data_files_size_in_mb": 1e-4, "chunks_size": 2}
+            info = dataset.meta.info  # a dict before LeRobot 0.5, a dataclass since
+            for name, value in sizes.items():
+                if isinstance(info, dict):
+                    info[name] = value
+                else:
+                    setattr(info, name, value)
         for episode, length in enumerate(LENGTHS):
             for frame in range(length):
                 value = episode * 1000 + frame
@@ -261,17 +283,27 @@ del MARKED_WINDOWS["observation.images.cam0"]
 
 
 def _assert_marked_frames(samples: dict[int, dict[str, Any]]) -> None:
-    """Every frame is the one its row and window name: the marker drawn into it when it was written."""
+    """Every frame is the one its row and window name: the marker drawn into it when it was written. The SVT-AV1
+    3.0 that PyAV < 16 bundles blurs some 64x96 markers past reading (9 of 30 frames at LeRobot's crf 30): there, a
+    marker that reads must still be right, and most must read."""
     steps = {MARKED_CAMERAS[0]: [round(d * FPS) for d in MARKED_WINDOWS[MARKED_CAMERAS[0]]], MARKED_CAMERAS[1]: [0]}
+    checked, unreadable = 0, 0
     for sample in samples.values():
         episode, frame = int(sample["episode_index"]), int(sample["frame_index"])
         for camera_index, camera in enumerate(MARKED_CAMERAS):
             frames = sample[camera] if sample[camera].dim() == 4 else sample[camera][None]
             for image, step in zip(frames, steps[camera], strict=True):
                 wanted = (episode, min(max(frame + step, 0), LENGTHS[episode] - 1), camera_index)
-                marker = read_full_marker((image.permute(1, 2, 0) * 255).round().to(torch.uint8).numpy())
+                checked += 1
+                try:
+                    marker = read_full_marker((image.permute(1, 2, 0) * 255).round().to(torch.uint8).numpy())
+                except ValueError:
+                    unreadable += 1
+                    continue
                 got = (marker.episode_index, marker.frame_index, marker.camera_index)
                 assert got == wanted, f"{camera} of episode {episode} frame {frame}, step {step}"
+    old_svt_av1 = int(av.__version__.split(".")[0]) < 16
+    assert unreadable <= (0.4 * checked if old_svt_av1 else 0), f"{unreadable} of {checked} markers do not read"
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["episodes_share_files", "file_and_chunk_per_episode"])
@@ -279,8 +311,8 @@ def _assert_marked_frames(samples: dict[int, dict[str, Any]]) -> None:
 def test_datasets_lerobot_writes_match_lerobot(lerobot_written, vcodec: str, split: bool) -> None:
     root = lerobot_written(vcodec, split)
     ours = _ours(root, MARKED_WINDOWS)
-    _assert_marked_frames(ours)
     _assert_same_samples(ours, _lerobot(root, MARKED_WINDOWS), frame_check=_same_decode)
+    _assert_marked_frames(ours)
 
 
 @needs_lerobot_04
@@ -301,7 +333,7 @@ def test_every_feature_dtype_lerobot_writes_matches_lerobot(tmp_path: Path) -> N
         "language_instruction": {"dtype": "string", "shape": (1,), "names": None},
         MARKED_CAMERAS[0]: {"dtype": "video", "shape": (*MARKED_SIZE, 3), "names": ["height", "width", "channels"]},
     }
-    dataset = LeRobotDataset.create("local/dtypes", fps=FPS, features=features, root=root, vcodec="h264")
+    dataset = LeRobotDataset.create("local/dtypes", fps=FPS, features=features, root=root, **_encoder("h264"))
     lengths = [5, 9, 3]
     for episode, length in enumerate(lengths):
         for frame in range(length):
