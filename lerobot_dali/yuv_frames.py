@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 
 import av
 import numpy as np
+from av.video.reformatter import VideoReformatter
 
 from .errors import VideoDecodeError
 
@@ -151,17 +152,8 @@ def nvdec_color_fix(colorspace: int, full_range: bool) -> np.ndarray | None:
     return fix
 
 
-#: PyAV < 16 hands swscale no colour space unless told one that differs from the destination's, so it converted
-#: BT.709, BT.2020 and SMPTE 240M streams to RGB as BT.601 (27 levels off at most on a BT.709 test clip).
-_SWSCALE_NEEDS_COLORS = int(av.__version__.split(".")[0]) < 16
-
-
-def swscale_colors(frame: av.VideoFrame) -> dict[str, int]:
-    """``reformat`` options that make any PyAV convert ``frame`` to RGB by its own colour space and range (none
-    where PyAV does so itself). RGB has no colour space: the destination's only has to differ from the source's,
-    which is what makes PyAV < 16 apply it; with these, PyAV 15 gives PyAV 18's pixels exactly."""
-    if not _SWSCALE_NEEDS_COLORS:
-        return {}
+def _explicit_colors(frame: av.VideoFrame) -> dict[str, int]:
+    # RGB has no colour space: the destination's only has to differ from the source's for PyAV 15 to apply it.
     source = int(frame.colorspace)
     return {
         "src_colorspace": source,
@@ -169,6 +161,28 @@ def swscale_colors(frame: av.VideoFrame) -> dict[str, int]:
         "src_color_range": int(frame.color_range),
         "dst_color_range": _FULL_RANGE,
     }
+
+
+def _swscale_ignores_tags() -> bool:
+    """Whether this PyAV converts a BT.709-tagged frame to RGB as BT.601: PyAV 15 does (up to 27 levels off on a
+    BT.709 test clip), even with ``src_colorspace`` given, unless the destination colour space differs; 17 and 18
+    do not."""
+    frame = av.VideoFrame(16, 16, "yuv420p")
+    for plane, value in zip(frame.planes, (120, 60, 200), strict=True):
+        plane.update(bytes([value]) * plane.buffer_size)
+    frame.colorspace = 1
+    default = VideoReformatter().reformat(frame, format="rgb24").to_ndarray()  # (a frame's own reformatter keeps
+    explicit = VideoReformatter().reformat(frame, format="rgb24", **_explicit_colors(frame)).to_ndarray()  # options)
+    return not np.array_equal(default, explicit)
+
+
+_SWSCALE_IGNORES_TAGS = _swscale_ignores_tags()
+
+
+def swscale_colors(frame: av.VideoFrame) -> dict[str, int]:
+    """``reformat`` options that make this PyAV convert ``frame`` to RGB by its own colour space and range (none
+    where it does so itself); with them, PyAV 15 gives PyAV 18's pixels exactly."""
+    return _explicit_colors(frame) if _SWSCALE_IGNORES_TAGS else {}
 
 
 def _plane(plane: av.video.plane.VideoPlane, height: int, width: int) -> np.ndarray:
