@@ -17,7 +17,7 @@ from typing import Any, Literal
 import numpy as np
 
 from .errors import StatsError
-from .value_checks import is_number
+from .value_checks import is_int, is_number
 
 __all__ = [
     "NORMALIZE_FROM_STATS",
@@ -80,7 +80,7 @@ def checked_size(owner: str, name: str, value: Any) -> tuple[int, int]:
     """``value`` as an (H, W) pair of positive ints, or a ValueError naming ``owner.name``."""
     if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
         h, w = value
-        if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0 for v in (h, w)):
+        if all(is_int(v) and v > 0 for v in (h, w)):
             return (int(h), int(w))
     raise _fail(owner, name, value, "a pair (height, width) of positive integers")
 

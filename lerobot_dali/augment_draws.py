@@ -43,6 +43,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .value_checks import is_int
+
 if TYPE_CHECKING:
     from .augment_config import AugmentConfig
 
@@ -153,7 +155,7 @@ def draw_params(
     cuts, i.e. ``config.resize``; None draws the crop in relative terms (module docstring). Returns
     ``name -> array`` with leading dimension B, dtypes as listed in the module docstring.
     """
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+    if not is_int(seed):
         raise ValueError(f"seed = {seed!r} is invalid: expected an integer")
     keys = _checked_keys(keys)
     if frame_size is not None and not (

@@ -32,6 +32,7 @@ from .episode_rows import INDEX_COLUMNS, image_bytes
 from .errors import FrameTimestampError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .image_frames import decode_depth_images, decode_images
+from .value_checks import is_int
 from .windows import DeltaWindows, query_indices
 
 __all__ = [
@@ -303,7 +304,7 @@ def streaming_buffer_size() -> int | None:
 
     parameter = inspect.signature(StreamingLeRobotDataset).parameters.get("buffer_size")
     default = None if parameter is None else parameter.default
-    return default if isinstance(default, int) and not isinstance(default, bool) else None
+    return int(default) if is_int(default) else None
 
 
 def lerobot_streaming_dataset(

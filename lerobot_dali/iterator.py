@@ -50,8 +50,9 @@ from .packet_index import PacketIndex
 from .packet_index_cache import load_packet_index
 from .packet_index_store import PacketIndexStore
 from .prefetch import Prefetcher, prefetching_reader
-from .sample_order import DEFAULT_EPISODE_POOL_SIZE, OrderOptions, RankBalance, check_int
+from .sample_order import DEFAULT_EPISODE_POOL_SIZE, OrderOptions, RankBalance
 from .stream_state import SampleStream
+from .value_checks import check_int
 from .windows import DeltaWindows
 from .worker_errors import SMALL_SHM_BYTES, dead_worker_error, original_worker_error, shared_memory_note, shm_bytes
 from .yuv_frames import has_color_matrix, nvdec_color_fix
