@@ -427,13 +427,17 @@ def latest_checkpoint(root: Path) -> Path | None:
     return root / marker.read_text().strip() if marker.is_file() else None
 
 
+#: The flags that set what a checkpoint's data must match (windows, image size, cameras), named when it does not.
+DATA_OPTIONS = "--recipe, --chunk, --image-size and --cameras"
+
+
 def restore_checkpoint(
     accelerator: Any,
     directory: Path,
     iterator: Any,
     data: Mapping[str, Any] | None = None,
     *,
-    data_options: str = "--recipe, --chunk, --image-size and --cameras",
+    data_options: str = DATA_OPTIONS,
 ) -> int:
     """This rank's stream position, then model/optimiser/RNG; returns the step the checkpoint was taken at.
 
@@ -471,7 +475,7 @@ def resume_latest(
     data: Mapping[str, Any] | None,
     *,
     steps: int,
-    data_options: str = "--recipe, --chunk, --image-size and --cameras",
+    data_options: str = DATA_OPTIONS,
 ) -> int:
     """The step to go on from: the latest checkpoint's under ``root``, restored (:func:`restore_checkpoint`), or 0
     where there is none yet (the first launch of a job that resumes itself after preemption)."""
