@@ -35,14 +35,19 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # type checkers see the class; at run time it is imported on first use (below)
     from .iterator import DALILeRobotIterator
+    from .mixture import DALILeRobotMixture
 
 
 def __getattr__(name: str) -> object:
-    """DALI and torch load only when the iterator is used, so the reader, configs and the CLI start fast."""
+    """DALI and torch load only when an iterator is used, so the reader, configs and the CLI start fast."""
     if name == "DALILeRobotIterator":
         from .iterator import DALILeRobotIterator
 
         return DALILeRobotIterator
+    if name == "DALILeRobotMixture":
+        from .mixture import DALILeRobotMixture
+
+        return DALILeRobotMixture
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -50,6 +55,7 @@ __all__ = [
     "AugmentConfig",
     "CodecUnsupportedError",
     "DALILeRobotIterator",
+    "DALILeRobotMixture",
     "DataFileError",
     "DatasetError",
     "DatasetNotFoundError",

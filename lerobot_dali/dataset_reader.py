@@ -96,18 +96,43 @@ class LeRobotDatasetReader:
         episodes = replace(self.episodes, tasks=pa.nulls(len(self.episodes), type=self.episodes.tasks.type))
         return self._copy(self.location, episodes, {})
 
-    def _copy(self, location: DatasetLocation, episodes: EpisodeTable, tasks: dict[int, str]) -> LeRobotDatasetReader:
-        """This reader with another location, episode table or task table; everything else (its column store
-        setting included) carries over."""
+    def select(
+        self, *, cameras: Sequence[str] | None = None, keys: Sequence[str] | None = None
+    ) -> LeRobotDatasetReader:
+        """This reader narrowed to ``cameras`` and ``keys`` (None: all it reads now), for a reader opened before the
+        selection was known (a mixture keeps what all its datasets share)."""
+        selected_cameras = _select(list(self.all_camera_keys), cameras, "camera", elsewhere=(self.tabular_keys, "keys"))
+        selected_keys = _select(self.tabular_keys, keys, "key", elsewhere=(list(self.all_camera_keys), "cameras"))
+        return self._copy(
+            self.location,
+            self.episodes,
+            self.tasks,
+            camera_keys=[k for k in selected_cameras if k in self.camera_keys],
+            image_keys=[k for k in selected_cameras if k in self.image_keys],
+            tabular_keys=selected_keys,
+        )
+
+    def _copy(
+        self,
+        location: DatasetLocation,
+        episodes: EpisodeTable,
+        tasks: dict[int, str],
+        *,
+        camera_keys: list[str] | None = None,
+        image_keys: list[str] | None = None,
+        tabular_keys: list[str] | None = None,
+    ) -> LeRobotDatasetReader:
+        """This reader with another location, episode table, task table or selection; everything else (its column
+        store setting included) carries over."""
         reader = LeRobotDatasetReader(
             location,
             self.info,
             episodes,
             tasks,
-            camera_keys=self.camera_keys,
-            tabular_keys=self.tabular_keys,
+            camera_keys=self.camera_keys if camera_keys is None else camera_keys,
+            tabular_keys=self.tabular_keys if tabular_keys is None else tabular_keys,
             stamps=self.stamps,
-            image_keys=self.image_keys,
+            image_keys=self.image_keys if image_keys is None else image_keys,
         )
         reader.column_store = self.column_store
         return reader

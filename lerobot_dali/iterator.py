@@ -212,6 +212,7 @@ class DALILeRobotIterator:
         )
         self._pipeline: Any = None
         self._dali_iter: Any = None
+        self._fingerprint: str | None = None
         # Held while a pass builds its pipeline or is inside DALI's next(): close() from another thread must not
         # shut the pipeline down under it (a close() in a signal handler inside next() is deferred, see close()).
         self._next_lock = threading.RLock()
@@ -360,10 +361,12 @@ class DALILeRobotIterator:
         self._close_pipeline()
 
     def _episodes_fingerprint(self) -> str:
-        episodes = self.reader.episodes
-        digest = hashlib.sha256(episodes.episode_index.astype("<i8").tobytes())
-        digest.update(episodes.length.astype("<i8").tobytes())
-        return f"{len(episodes)} episodes, sha256 {digest.hexdigest()[:16]}"
+        if self._fingerprint is None:  # (hashed once: a mixture saves its datasets' states before every batch)
+            episodes = self.reader.episodes
+            digest = hashlib.sha256(episodes.episode_index.astype("<i8").tobytes())
+            digest.update(episodes.length.astype("<i8").tobytes())
+            self._fingerprint = f"{len(episodes)} episodes, sha256 {digest.hexdigest()[:16]}"
+        return self._fingerprint
 
     # -- iteration ---------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:

@@ -1,0 +1,368 @@
+"""``DALILeRobotMixture``: one stream of batches over several LeRobot datasets, every batch a fixed mix of them.
+
+Each dataset is read by its own :class:`~lerobot_dali.iterator.DALILeRobotIterator` (its own pipeline, workers,
+decode routes, fps and rank sharding) at a fixed share of the batch; a mixture batch joins one part of each.
+Fixed shares keep the weights in every batch, not only on average, and keep resume exact: the mixture's state
+is its datasets' states.
+
+Epochs: a mixture epoch is one epoch of its *anchor*, the dataset that takes the most batches to be read once
+at its share (with the default weights, which follow the frame counts, every dataset takes about as many).
+Each other dataset runs through its own epochs as often as that takes, starting each mixture epoch afresh:
+in mixture epoch ``e`` it reads its epochs ``e * EPOCH_STRIDE``, ``e * EPOCH_STRIDE + 1``, ..., so every
+mixture epoch is a pure function of ``e`` and ``set_epoch`` may jump.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .dataset_reader import LeRobotDatasetReader, open_dataset
+from .errors import DatasetError, DeltaTimestampsError, IteratorClosedError, ResumeStateError, SchemaMismatchError
+from .iterator import DALILeRobotIterator, default_dali_threads
+from .value_checks import check_int, is_number
+
+__all__ = ["EPOCH_STRIDE", "DALILeRobotMixture", "batch_shares"]
+
+logger = logging.getLogger(__name__)
+
+#: Epoch numbers a dataset other than the anchor may use within one mixture epoch (far more than any needs).
+EPOCH_STRIDE = 2**32
+#: The key of each sample's dataset (its position in ``datasets``), as in LeRobot's ``MultiLeRobotDataset``.
+DATASET_INDEX = "dataset_index"
+#: Arguments the mixture sets itself for each dataset's iterator; the rest pass through unchanged.
+_OWN_ARGUMENTS = frozenset({"dataset", "batch_size", "seed", "num_workers", "cameras", "keys", "drop_last"})
+#: Arguments that open a dataset: give each dataset its own by passing it opened (``open_dataset``).
+_OPENING_ARGUMENTS = frozenset({"revision", "episodes", "data_files_root"})
+
+Dataset = str | os.PathLike[str] | LeRobotDatasetReader
+
+
+def batch_shares(weights: Sequence[float], total: int) -> tuple[int, ...]:
+    """``total`` split in proportion to ``weights``, at least 1 each (largest remainders get the rest)."""
+    w = np.asarray([float(x) for x in weights])
+    if len(w) == 0 or not np.all(np.isfinite(w)) or np.any(w <= 0):
+        raise ValueError(f"weights must be positive finite numbers, one per dataset, got {list(weights)}")
+    if total < len(w):
+        raise ValueError(f"{total} cannot be split into {len(w)} parts of at least 1")
+    exact = w / w.sum() * total
+    shares = np.maximum(np.floor(exact).astype(np.int64), 1)
+    while shares.sum() < total:
+        shares[np.argmax(exact - shares)] += 1
+    while shares.sum() > total:  # (the minimum of 1 took from the others)
+        over = np.where(shares > 1, shares - exact, -np.inf)
+        shares[np.argmax(over)] -= 1
+    return tuple(int(s) for s in shares)
+
+
+class DALILeRobotMixture:
+    """Batches over several LeRobot datasets at once, each batch holding ``batch_shares(weights, batch_size)``
+    samples of each dataset, in dataset order, with a ``dataset_index`` tensor saying whose each sample is.
+
+    Batches carry the keys and cameras every dataset has (others are left out, with a warning, as LeRobot's
+    ``MultiLeRobotDataset`` does); their shapes must agree (``image_size`` resizes every camera to one size).
+    ``task_index``, ``index`` and ``episode_index`` are each dataset's own; ``task`` is its string.
+
+    ``weights`` (default: each dataset's frame count, as reading their concatenation would) set the shares.
+    ``num_workers`` is split over the datasets by share (at least one each). Every other argument of
+    :class:`~lerobot_dali.iterator.DALILeRobotIterator` applies to every dataset; arguments that open a dataset
+    (``revision``, ``episodes``, ``data_files_root``) are per dataset: pass it opened with ``open_dataset``.
+    Every batch is full (a share of a dataset's last, partial batch of an epoch is left to its next epoch).
+    """
+
+    def __init__(
+        self,
+        datasets: Sequence[Dataset],
+        *,
+        weights: Sequence[float] | None = None,
+        batch_size: int = 64,
+        seed: int = 0,
+        num_workers: int = 4,
+        cameras: Sequence[str] | None = None,
+        keys: Sequence[str] | None = None,
+        **options: Any,
+    ) -> None:
+        _check_options(options)
+        if isinstance(datasets, str | os.PathLike | LeRobotDatasetReader) or not datasets:
+            raise TypeError(f"datasets must be a non-empty list of datasets, got {datasets!r}")
+        batch_size = check_int("batch_size", batch_size, minimum=1)
+        num_workers = check_int("num_workers", num_workers, minimum=0)
+        check_int("seed", seed, minimum=0)
+        readers = [_opened(dataset) for dataset in datasets]
+        readers = _common_selection(readers, cameras=cameras, keys=keys)
+        _check_windows(readers, options.get("delta_timestamps"))
+        _check_shapes(readers)
+        if weights is None:
+            weights = [reader.num_frames for reader in readers]
+        elif len(weights) != len(readers) or not all(is_number(w) for w in weights):
+            raise ValueError(f"weights must hold one number per dataset ({len(readers)}), got {weights!r}")
+        if batch_size < len(readers):
+            raise ValueError(f"batch_size={batch_size} cannot give each of {len(readers)} datasets a sample per batch")
+        self.batch_shares = batch_shares(weights, batch_size)
+        self.batch_size = batch_size
+        workers = (
+            (0,) * len(readers) if num_workers == 0 else batch_shares(self.batch_shares, max(num_workers, len(readers)))
+        )
+        threads = options.pop("dali_threads", None)
+        if threads is None:
+            threads_total = max(default_dali_threads(num_workers), len(readers))
+            dali_threads = batch_shares(self.batch_shares, threads_total)
+        else:
+            dali_threads = (check_int("dali_threads", threads, minimum=1),) * len(readers)
+        self.datasets: list[DALILeRobotIterator] = []
+        try:
+            for i, reader in enumerate(readers):
+                self.datasets.append(
+                    DALILeRobotIterator(
+                        reader,
+                        batch_size=self.batch_shares[i],
+                        seed=_dataset_seed(seed, i),
+                        num_workers=workers[i],
+                        dali_threads=dali_threads[i],
+                        drop_last=True,
+                        **options,
+                    )
+                )
+        except BaseException:
+            self.close()
+            raise
+        # The anchor: the dataset read once in the most batches (its epoch is the mixture's).
+        self.anchor = int(
+            np.argmax([reader.num_frames / share for reader, share in zip(readers, self.batch_shares, strict=True)])
+        )
+        self.rank, self.world_size = self.datasets[0].rank, self.datasets[0].world_size
+        self._check_parts_fill_batches()
+        self._pass_id = 0
+        self._dataset_index = torch.repeat_interleave(torch.arange(len(readers)), torch.tensor(self.batch_shares))
+        logger.info(
+            "mixture of %d datasets, per batch of %d: %s; its epoch is one of %s (%d batches); worker processes %s",
+            len(readers), batch_size,
+            ", ".join(f"{n} of {r.location.description}" for n, r in zip(self.batch_shares, readers, strict=True)),
+            readers[self.anchor].location.description, len(self), list(workers),
+        )  # fmt: skip
+
+    def _check_parts_fill_batches(self) -> None:
+        for i, part in enumerate(self.datasets):
+            if i != self.anchor and len(part) == 0:  # it would never give its share
+                self.close()
+                raise ValueError(
+                    f"{part.reader.location.description} gives rank {self.rank} fewer samples an epoch than its "
+                    f"share of a batch ({self.batch_shares[i]}): lower its weight or the batch size, or run fewer ranks"
+                )
+
+    # -- epochs and state --------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Batches a pass over the current epoch yields (the anchor's, counted as a ``DataLoader`` counts)."""
+        return len(self.datasets[self.anchor])
+
+    @property
+    def epoch(self) -> int:
+        return self.datasets[self.anchor].epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` (no-op for the epoch in progress, so it never undoes a resume)."""
+        self.datasets[self.anchor].set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each dataset's stream state, and the shares and anchor they were taken at."""
+        return {
+            "mixture": {"batch_shares": list(self.batch_shares), "anchor": self.anchor},
+            "datasets": [part.state_dict() for part in self.datasets],
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        saved = state_dict.get("mixture") if isinstance(state_dict, Mapping) else None
+        parts = state_dict.get("datasets") if isinstance(state_dict, Mapping) else None
+        if not isinstance(saved, Mapping) or not isinstance(parts, Sequence) or len(parts) != len(self.datasets):
+            raise ResumeStateError(
+                f"this is not the state of a mixture of {len(self.datasets)} datasets (DALILeRobotMixture.state_dict)"
+            )
+        if saved.get("anchor") != self.anchor:
+            raise ResumeStateError(
+                f"this state was saved with dataset {saved.get('anchor')} as the anchor (the one whose epoch is the "
+                f"mixture's), but these datasets and weights make it dataset {self.anchor}: resume with the same "
+                f"weights (shares per batch then: {saved.get('batch_shares')})"
+            )
+        for part, state in zip(self.datasets, parts, strict=True):
+            part.load_state_dict(state)
+
+    # -- iteration ---------------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        first = self.epoch * EPOCH_STRIDE
+        for i, part in enumerate(self.datasets):
+            if i != self.anchor and not first <= part.epoch < first + EPOCH_STRIDE:
+                part.set_epoch(first)  # (one left in an epoch of this mixture epoch, by a resume, continues)
+        self._pass_id += 1
+        return self._batches(self._pass_id, [iter(part) for part in self.datasets])
+
+    def _batches(self, pass_id: int, passes: list[Iterator[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
+        while True:
+            if pass_id != self._pass_id:
+                raise IteratorClosedError(
+                    "a newer pass (a second iter() of the mixture) replaced this one; iterate the newest"
+                )
+            before = [part.state_dict() for part in self.datasets]
+            try:
+                anchor = next(passes[self.anchor], None)
+                if anchor is None:  # the mixture's epoch is over
+                    return
+                parts = [anchor if i == self.anchor else self._next_part(i, passes) for i in range(len(passes))]
+                batch = self._join(parts)
+            except BaseException:
+                self._restore(before)  # a part taken while another failed is not lost: the next pass reads it
+                raise
+            yield batch
+
+    def _next_part(self, i: int, passes: list[Iterator[dict[str, Any]]]) -> dict[str, Any]:
+        """The next part of dataset ``i`` (not the anchor), starting its next epoch where one is over."""
+        for _ in range(3):  # (an epoch taken to its end before this pass gives an empty pass first)
+            part = next(passes[i], None)
+            if part is not None:
+                return part
+            passes[i] = iter(self.datasets[i])
+        raise DatasetError(
+            f"{self.datasets[i].reader.location.description} gave no batch in two epochs in a row (epoch "
+            f"{self.datasets[i].epoch}): it has fewer samples for rank {self.rank} than its share of a batch "
+            f"({self.batch_shares[i]})"
+        )
+
+    def _restore(self, states: list[dict[str, Any]]) -> None:
+        for part, state in zip(self.datasets, states, strict=True):
+            if part.state_dict() != state:
+                part.load_state_dict(state)
+
+    def _join(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        keys = list(parts[0])
+        for part in parts[1:]:
+            if list(part) != keys:  # (ruled out at construction: the same selection and windows for all)
+                raise SchemaMismatchError(f"the datasets' batches carry different keys: {keys} and {list(part)}")
+        batch: dict[str, Any] = {}
+        for key in keys:
+            values = [part[key] for part in parts]
+            if not isinstance(values[0], torch.Tensor):
+                batch[key] = [item for value in values for item in value]
+                continue
+            if len({(v.dtype, v.shape[1:]) for v in values}) > 1:
+                raise self._mismatch(key, values)
+            batch[key] = torch.cat(values)
+        device = parts[0]["index"].device
+        batch[DATASET_INDEX] = self._dataset_index.to(device, copy=True)
+        return batch
+
+    def _mismatch(self, key: str, values: list[torch.Tensor]) -> SchemaMismatchError:
+        found = "; ".join(
+            f"{part.reader.location.description}: {v.dtype} {tuple(v.shape[1:])}"
+            for part, v in zip(self.datasets, values, strict=True)
+        )
+        camera = key in self.datasets[0].reader.all_camera_keys
+        hint = (
+            "pass image_size=(H, W) to resize every dataset's frames to one size"
+            if camera
+            else "leave it out with keys=[...] or make the datasets agree"
+        )
+        return SchemaMismatchError(f"{key!r} differs across the mixture's datasets ({found}): {hint}")
+
+    @property
+    def camera_channels(self) -> dict[str, int]:
+        """Colour channels of each camera's frames, in batch order (as :attr:`DALILeRobotIterator.camera_channels`)."""
+        return self.datasets[0].camera_channels
+
+    def close(self) -> None:
+        """Stop every dataset's worker processes now."""
+        for part in getattr(self, "datasets", ()):
+            part.close()
+
+
+def _check_options(options: Mapping[str, Any]) -> None:
+    allowed = set(inspect.signature(DALILeRobotIterator.__init__).parameters) - _OWN_ARGUMENTS - {"self"}
+    opening = sorted(set(options) & _OPENING_ARGUMENTS)
+    if opening:
+        raise TypeError(
+            f"{', '.join(f'{n}=' for n in opening)} open a dataset, and may differ per dataset: pass each dataset "
+            "opened, open_dataset(path, ...), in datasets"
+        )
+    if "drop_last" in options:
+        raise TypeError("drop_last: every mixture batch is full (each dataset gives its share), so it takes none")
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise TypeError(f"DALILeRobotMixture got unexpected argument(s) {unknown}")
+
+
+def _opened(dataset: Dataset) -> LeRobotDatasetReader:
+    return dataset if isinstance(dataset, LeRobotDatasetReader) else open_dataset(dataset)
+
+
+def _dataset_seed(seed: int, position: int) -> int:
+    """Each dataset's own seed (shuffle and augmentation draws), so datasets at the same position in their streams
+    do not get the same draws."""
+    return int(np.random.SeedSequence([seed, position]).generate_state(1)[0])
+
+
+def _common_selection(
+    readers: list[LeRobotDatasetReader], *, cameras: Sequence[str] | None, keys: Sequence[str] | None
+) -> list[LeRobotDatasetReader]:
+    """Each reader narrowed to ``cameras`` and ``keys``, by default to those every dataset has (in the first's
+    order); what is left out is logged, per dataset."""
+    chosen = {}
+    for what, given, of in (
+        ("cameras", cameras, lambda r: list(r.all_camera_keys)),
+        ("keys", keys, lambda r: list(r.tabular_keys)),
+    ):
+        if given is not None:
+            chosen[what] = list(given)
+            continue
+        shared = [k for k in of(readers[0]) if all(k in of(r) for r in readers[1:])]
+        for reader in readers:
+            dropped = [k for k in of(reader) if k not in shared]
+            if dropped:
+                logger.warning(
+                    "mixture: %s %s of %s are left out: not every dataset has them", what, dropped,
+                    reader.location.description,
+                )  # fmt: skip
+        chosen[what] = shared
+    narrowed = []
+    for reader in readers:
+        try:
+            narrowed.append(reader.select(cameras=chosen["cameras"], keys=chosen["keys"]))
+        except DatasetError as e:
+            raise DatasetError(f"{reader.location.description}: {e}") from None
+    return narrowed
+
+
+def _check_windows(readers: list[LeRobotDatasetReader], delta_timestamps: Mapping[str, Any] | None) -> None:
+    """Windows must name what every dataset's batches carry (a key one dataset lacks is left out of all)."""
+    read = set(readers[0].all_camera_keys) | set(readers[0].tabular_keys)
+    unread = sorted(set(delta_timestamps or {}) - read - {"index", "episode_index", "frame_index", "timestamp"})
+    if unread:
+        lacking = {
+            reader.location.description: [k for k in unread if k not in reader.info.features] for reader in readers
+        }
+        raise DeltaTimestampsError(
+            f"delta_timestamps names {unread}, which the mixture does not read: not every dataset has them "
+            f"({ {d: k for d, k in lacking.items() if k} }), or cameras=/keys= leave them out"
+        )
+
+
+def _check_shapes(readers: list[LeRobotDatasetReader]) -> None:
+    """Tabular features that batch together must be declared with one shape (cameras are checked on the first
+    batch, after resizing)."""
+    if DATASET_INDEX in readers[0].tabular_keys:
+        raise SchemaMismatchError(
+            f"the datasets have a feature {DATASET_INDEX!r}, the key mixture batches give each sample's dataset "
+            "position in; leave it out with keys=[...]"
+        )
+    for key in readers[0].tabular_keys:
+        features = [reader.info.features[key] for reader in readers]
+        shapes = {
+            r.location.description: () if f.is_scalar else f.shape for r, f in zip(readers, features, strict=True)
+        }
+        if len(set(shapes.values())) > 1:
+            raise SchemaMismatchError(
+                f"{key!r} has different shapes in the mixture's datasets ({shapes}): leave it out with keys=[...]"
+            )

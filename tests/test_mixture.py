@@ -1,0 +1,228 @@
+"""DALILeRobotMixture in CPU mode: per-dataset windows and frames, fixed shares, epochs, coverage, ranks, resume.
+
+Two generated datasets of other fps, codecs (VP9 through DALI's CPU decoder, H.264 by the workers), lengths and
+task assignments; expected values come from the generator's formulas and each frame's marker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lerobot_dali import DALILeRobotMixture, open_dataset
+from lerobot_dali.errors import DeltaTimestampsError, MissingDataFileError, SchemaMismatchError
+from lerobot_dali.frame_marker import read_full_marker
+from lerobot_dali.generate import expected_action, expected_state, expected_task_index, task_name
+from lerobot_dali.mixture import EPOCH_STRIDE, batch_shares
+
+#: Per dataset: lengths, fps, codec, task seed.
+SPECS = (([5, 7, 4], 10, "vp9", 0), ([20, 9], 20, "h264", 1))
+DELTAS = {"action": [0.0, 0.1], "observation.images.cam0": [-0.1, 0.0]}
+
+
+def _datasets(make_ds, second: dict | None = None) -> list[Path]:
+    """The two datasets; ``second``: other arguments for the second."""
+    return [
+        make_ds(episodes=len(lengths), frames_per_episode=lengths, cameras=1 + i, codec=codec, fps=fps, gop=4,
+                seed=seed, **(second or {} if i else {}))
+        for i, (lengths, fps, codec, seed) in enumerate(SPECS)
+    ]  # fmt: skip
+
+
+def _keys(batch: dict) -> list[tuple[int, int, int]]:
+    columns = (batch["dataset_index"], batch["episode_index"], batch["frame_index"])
+    return list(zip(*(c.tolist() for c in columns), strict=True))
+
+
+def _marker(frame: torch.Tensor) -> tuple[int, int, int]:
+    return tuple(read_full_marker((frame.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)))
+
+
+def test_batch_shares_follow_weights_with_at_least_one_each() -> None:
+    assert batch_shares([16, 29], 4) == (1, 3)
+    assert batch_shares([1, 1, 1], 8) == (3, 3, 2)
+    assert batch_shares([1000, 1, 1], 8) == (6, 1, 1)  # the minimum of one takes from the largest
+    assert batch_shares([0.7, 0.3], 64) == (45, 19)
+    with pytest.raises(ValueError, match="positive"):
+        batch_shares([1, 0], 8)
+    with pytest.raises(ValueError, match="cannot be split"):
+        batch_shares([1, 1, 1], 2)
+
+
+def test_every_sample_follows_its_own_datasets_fps_rows_frames_and_tasks(make_ds, caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.mixture"):
+        mix = DALILeRobotMixture(
+            _datasets(make_ds), batch_size=4, delta_timestamps=DELTAS, shuffle=False, device="cpu", num_workers=0
+        )
+    assert "observation.images.cam1" in caplog.text and "left out" in caplog.text  # only the second has it
+    assert mix.batch_shares == (1, 3) and mix.anchor == 0  # 16 and 29 frames: 16 batches read the first once
+    assert len(mix) == 16 and [r.value for r in mix.datasets[1].routes.values()] == ["cpu_fallback"]
+    seen: Counter[tuple[int, int, int]] = Counter()
+    for batch in mix:
+        assert batch["dataset_index"].tolist() == [0, 1, 1, 1]
+        assert "observation.images.cam1" not in batch
+        for i, (d, ep, f) in enumerate(_keys(batch)):
+            seen[d, ep, f] += 1
+            lengths, fps, _, seed = SPECS[d]
+            n = lengths[ep]
+            assert int(batch["index"][i]) == sum(lengths[:ep]) + f
+            assert float(batch["timestamp"][i]) == pytest.approx(f / fps)
+            np.testing.assert_array_equal(batch["observation.state"][i].numpy(), expected_state(ep, f))
+            task = expected_task_index(ep, seed=seed)
+            assert int(batch["task_index"][i]) == task and batch["task"][i] == task_name(task)
+            for key, check in (("action", None), ("observation.images.cam0", _marker)):
+                query = [f + round(delta * fps) for delta in DELTAS[key]]  # the same seconds, other frames
+                rows = [min(max(q, 0), n - 1) for q in query]
+                if check is None:
+                    np.testing.assert_array_equal(batch[key][i].numpy(), expected_action(ep, np.array(rows)))
+                else:
+                    assert [check(frame) for frame in batch[key][i]] == [(ep, r, 0) for r in rows]
+                assert batch[f"{key}_is_pad"][i].tolist() == [not 0 <= q < n for q in query]
+    assert mix.epoch == 1
+    first = [(0, ep, f) for ep, n in enumerate(SPECS[0][0]) for f in range(n)]
+    assert {k: v for k, v in seen.items() if k[0] == 0} == dict.fromkeys(first, 1)
+    # The second dataset's 48 samples: its 9-batch epoch (27 of 29 frames, in order), then 21 of its next.
+    second = [(1, ep, f) for ep, n in enumerate(SPECS[1][0]) for f in range(n)]
+    assert sorted(k for k in seen.elements() if k[0] == 1) == sorted(second[:27] + second[:21])
+    mix.close()
+
+
+def _run(mix: DALILeRobotMixture, epochs: int, taken: list) -> None:
+    for _ in range(epochs):
+        for batch in mix:
+            taken.extend(_keys(batch))
+
+
+def test_shuffled_epochs_cover_once_and_resume_exactly_with_workers(make_ds) -> None:
+    paths = _datasets(make_ds)
+
+    def mixture() -> DALILeRobotMixture:
+        return DALILeRobotMixture(paths, batch_size=4, seed=3, delta_timestamps=DELTAS, device="cpu", num_workers=2)
+
+    mix = mixture()
+    full: list[tuple[int, int, int]] = []
+    _run(mix, 2, full)
+    mix.close()
+    assert len(full) == 2 * 16 * 4
+    for epoch in (full[:64], full[64:]):
+        first = [k for k in epoch if k[0] == 0]
+        assert sorted(first) == sorted((0, ep, f) for ep, n in enumerate(SPECS[0][0]) for f in range(n))
+        second = [k for k in epoch if k[0] == 1]  # epochs of 27: each frame at most once in each
+        assert len(set(second[:27])) == 27 and len(set(second[27:])) == 21
+    assert full[:64] != full[64:]  # each mixture epoch shuffles afresh
+
+    mix = mixture()
+    resumed: list[tuple[int, int, int]] = []
+    batches = iter(mix)
+    for _ in range(10):  # past the second dataset's first epoch (9 batches)
+        resumed.extend(_keys(next(batches)))
+    state = mix.state_dict()
+    assert state["datasets"][0]["samples_consumed"] == 10
+    assert state["datasets"][1]["epoch"] == 1 and state["datasets"][1]["samples_consumed"] == 3
+    mix.close()
+    mix = mixture()
+    mix.load_state_dict(state)
+    assert len(mix) == 6
+    _run(mix, 2, resumed)
+    assert resumed == full
+    mix.close()
+
+    mix = mixture()
+    mix.set_epoch(1)  # a jump: the same epoch as after epoch 0
+    jumped: list[tuple[int, int, int]] = []
+    _run(mix, 1, jumped)
+    assert jumped == full[64:]
+    assert mix.datasets[1].epoch // EPOCH_STRIDE == 1
+    mix.close()
+
+
+def test_ranks_split_the_anchor_disjointly_and_agree_on_length(make_ds) -> None:
+    paths = _datasets(make_ds)
+    per_rank = []
+    for rank in (0, 1):
+        mix = DALILeRobotMixture(paths, batch_size=4, rank=rank, world_size=2, device="cpu", num_workers=0)
+        taken: list[tuple[int, int, int]] = []
+        _run(mix, 1, taken)
+        per_rank.append(taken)
+        mix.close()
+    assert len(per_rank[0]) == len(per_rank[1]) > 0
+    anchors = [{k for k in taken if k[0] == 0} for taken in per_rank]
+    assert not anchors[0] & anchors[1]
+    assert anchors[0] | anchors[1] == {(0, ep, f) for ep, n in enumerate(SPECS[0][0]) for f in range(n)}
+
+
+def test_frames_of_other_sizes_need_image_size(make_ds) -> None:
+    paths = _datasets(make_ds, {"size": (64, 96)})
+    mix = DALILeRobotMixture(paths, batch_size=4, device="cpu", num_workers=0)
+    with pytest.raises(SchemaMismatchError, match=r"observation.images.cam0.*\(3, 64, 96\).*image_size"):
+        next(iter(mix))
+    assert all(part.state_dict()["samples_consumed"] == 0 for part in mix.datasets)  # nothing taken
+    mix.close()
+    mix = DALILeRobotMixture(paths, batch_size=4, device="cpu", num_workers=0, image_size=(48, 64))
+    assert next(iter(mix))["observation.images.cam0"].shape == (4, 3, 48, 64)
+    mix.close()
+
+
+def test_bad_mixtures_fail_before_reading(make_ds) -> None:
+    paths = _datasets(make_ds)
+    with pytest.raises(SchemaMismatchError, match=r"observation.state.*keys="):
+        DALILeRobotMixture([paths[0], _datasets(make_ds, {"state_dim": 4})[1]], device="cpu")
+    with pytest.raises(DeltaTimestampsError, match="observation.images.cam1"):
+        DALILeRobotMixture(paths, delta_timestamps={"observation.images.cam1": [0.0]}, device="cpu")
+    with pytest.raises(TypeError, match="open_dataset"):
+        DALILeRobotMixture(paths, episodes=[0], device="cpu")
+    with pytest.raises(TypeError, match="drop_last"):
+        DALILeRobotMixture(paths, drop_last=False, device="cpu")
+    with pytest.raises(TypeError, match="unexpected"):
+        DALILeRobotMixture(paths, batchsize=4, device="cpu")
+    with pytest.raises(ValueError, match="one number per dataset"):
+        DALILeRobotMixture(paths, weights=[1.0], device="cpu")
+    with pytest.raises(ValueError, match="cannot give each"):
+        DALILeRobotMixture(paths, batch_size=1, device="cpu")
+    # 20 of every 24 samples from a dataset of 16 frames: it could never fill its share.
+    with pytest.raises(ValueError, match=r"fewer samples an epoch than its share of a batch \(20\)"):
+        DALILeRobotMixture(paths, weights=[5, 1], batch_size=24, device="cpu", num_workers=0)
+
+
+def test_per_dataset_selection_through_open_dataset(make_ds) -> None:
+    first, second = _datasets(make_ds)
+    mix = DALILeRobotMixture(
+        [first, open_dataset(second, episodes=[1])], weights=[1, 1], batch_size=2, shuffle=False, device="cpu",
+        num_workers=0, keys=["action"], cameras=[],
+    )  # fmt: skip
+    batch = next(iter(mix))
+    assert set(batch) == {"action", "index", "episode_index", "frame_index", "timestamp", "task_index", "task",
+                          "dataset_index"}  # fmt: skip
+    assert _keys(batch) == [(0, 0, 0), (1, 1, 0)]
+    mix.close()
+
+
+def test_a_failed_part_loses_no_sample_of_the_others(make_ds, copy_ds) -> None:
+    first, second = _datasets(make_ds)
+    second = copy_ds(make_ds(episodes=2, frames_per_episode=[20, 9], cameras=1, codec="h264", fps=20, gop=4,
+                             episodes_per_file=1))  # fmt: skip
+    video = next(second.glob("videos/observation.images.cam0/*/file-001.mp4"))
+    hidden = video.with_suffix(".away")
+    os.rename(video, hidden)
+    mix = DALILeRobotMixture([first, second], batch_size=4, shuffle=False, device="cpu", num_workers=0)
+    taken: list[tuple[int, int, int]] = []
+    with pytest.raises(MissingDataFileError, match="file-001"):
+        _run(mix, 1, taken)
+    # The second dataset's episode 1 starts in its 7th part, which DALI's prefetch asks for a few batches early;
+    # the first dataset's part of the failed batch is given back.
+    assert 0 < len(taken) <= 6 * 4
+    assert [part.state_dict()["samples_consumed"] for part in mix.datasets] == [len(taken) // 4, len(taken) // 4 * 3]
+    os.rename(hidden, video)
+    _run(mix, 1, taken)
+    mix.close()
+    clean = DALILeRobotMixture([first, second], batch_size=4, shuffle=False, device="cpu", num_workers=0)
+    expected: list[tuple[int, int, int]] = []
+    _run(clean, 1, expected)
+    clean.close()
+    assert taken == expected
