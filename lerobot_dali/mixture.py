@@ -28,7 +28,7 @@ from .errors import DatasetError, DeltaTimestampsError, IteratorClosedError, Res
 from .iterator import DALILeRobotIterator, default_dali_threads
 from .value_checks import check_int, is_number
 
-__all__ = ["EPOCH_STRIDE", "DALILeRobotMixture", "batch_shares"]
+__all__ = ["EPOCH_STRIDE", "DALILeRobotMixture", "batch_shares", "shared_selection"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class DALILeRobotMixture:
         num_workers = check_int("num_workers", num_workers, minimum=0)
         check_int("seed", seed, minimum=0)
         readers = [_opened(dataset) for dataset in datasets]
-        readers = _common_selection(readers, cameras=cameras, keys=keys)
+        readers = shared_selection(readers, cameras=cameras, keys=keys)
         _check_windows(readers, options.get("delta_timestamps"))
         _check_shapes(readers)
         if weights is None:
@@ -304,7 +304,7 @@ def _dataset_seed(seed: int, position: int) -> int:
     return int(np.random.SeedSequence([seed, position]).generate_state(1)[0])
 
 
-def _common_selection(
+def shared_selection(
     readers: list[LeRobotDatasetReader], *, cameras: Sequence[str] | None, keys: Sequence[str] | None
 ) -> list[LeRobotDatasetReader]:
     """Each reader narrowed to ``cameras`` and ``keys``, by default to those every dataset has (in the first's

@@ -16,6 +16,9 @@ Checkpoints: ``CKPT/step_{n:08d}/state`` is ``accelerator.save_state`` (model, o
 complete checkpoint and is written last, once every rank has saved. ``--resume`` continues from it at the
 exact next sample of every rank. ``CKPT`` must be visible to all nodes.
 
+Mixtures: ``--dataset A B ... [--weights ...]`` reads several datasets through ``DALILeRobotMixture``, every
+batch a fixed share of each; the policy's normalisation pools their statistics by those shares.
+
 Recipes: ``--recipe act|diffusion|vla|FILE.toml`` (``pipelines/recipes.py``) sets the windows read per sample
 (cameras, state, action), the image size and the augmentation. Explicit flags win over the recipe:
 ``--chunk N`` resizes the recipe's action window to N steps (keeping its first offset and stride),
@@ -73,8 +76,11 @@ class TrainOptions:
     ``chunk=None`` takes the recipe's action window, or :data:`DEFAULT_CHUNK` actions without one.
     """
 
-    dataset: str
+    #: One dataset, or several read as a mixture (``DALILeRobotMixture``: each batch a fixed share of each).
+    dataset: str | tuple[str, ...]
     steps: int
+    #: A mixture's weights, one per dataset (None: their frame counts).
+    weights: tuple[float, ...] | None = None
     #: Episode indices to train on (None: all), e.g. the training part of a split.
     episodes: tuple[int, ...] | None = None
     #: Cameras to read (None: every camera info.json declares), e.g. leaving out one declared but never recorded.
@@ -115,12 +121,29 @@ class TrainOptions:
             raise ValueError("--resume and --save-every need --checkpoint-dir")
         if not self.lr > 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
+        several = not isinstance(self.dataset, str) and len(self.dataset) > 1
+        if self.weights is not None and (not several or len(self.weights) != len(self.dataset)):
+            raise ValueError("--weights takes one weight per --dataset, and needs two datasets or more")
+        if self.episodes is not None and several:
+            raise ValueError("--episodes selects episodes of one dataset; with several, select no episodes")
+
+    @property
+    def datasets(self) -> tuple[str, ...]:
+        return (self.dataset,) if isinstance(self.dataset, str) else tuple(self.dataset)
 
 
 # -- command line ---------------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--dataset", required=True, help="local path, Hub repo id or fsspec URL of a LeRobot dataset")
+    p.add_argument(
+        "--dataset",
+        required=True,
+        nargs="+",
+        metavar="PATH",
+        help="local path, Hub repo id or fsspec URL of a LeRobot dataset; several: a mixture, each batch a fixed\n"
+        "share of each (by --weights, default their frame counts), with the keys and cameras all of them have",
+    )
+    p.add_argument("--weights", type=float, nargs="+", metavar="W", help="a mixture's weights, one per --dataset")
     p.add_argument("--steps", type=int, required=True, help="optimiser steps in total (a resumed run stops there too)")
     p.add_argument(
         "--episodes", type=int, nargs="+", metavar="E", help="train on these episode indices only (default: all)"
@@ -166,7 +189,8 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     )
     a = p.parse_args(argv)
     return TrainOptions(
-        dataset=a.dataset, steps=a.steps, episodes=tuple(a.episodes) if a.episodes else None,
+        dataset=a.dataset[0] if len(a.dataset) == 1 else tuple(a.dataset), steps=a.steps,
+        weights=tuple(a.weights) if a.weights else None, episodes=tuple(a.episodes) if a.episodes else None,
         cameras=tuple(a.cameras) if a.cameras else None,
         batch_size=a.batch_size, device=a.device, num_workers=a.num_workers,
         recipe=a.recipe, chunk=a.chunk, lr=a.lr, grad_clip=a.grad_clip, seed=a.seed,
@@ -265,14 +289,33 @@ def data_plan(options: TrainOptions, *, fps: float, camera_keys: Sequence[str]) 
     )
 
 
-def build_iterator(
-    reader: Any, plan: DataPlan, options: TrainOptions, *, rank: int, world_size: int, device: str
-) -> Any:
-    """This rank's iterator, reading the windows, image size and augmentation of ``plan``."""
-    from lerobot_dali.iterator import DALILeRobotIterator
+def open_readers(options: TrainOptions) -> list[Any]:
+    """The datasets to train on, opened; several keep the keys and cameras all of them have (a mixture's)."""
+    from lerobot_dali.dataset_reader import open_dataset
+    from lerobot_dali.mixture import shared_selection
 
-    return DALILeRobotIterator(
-        reader,
+    readers = [open_dataset(path, episodes=options.episodes, cameras=options.cameras) for path in options.datasets]
+    if len(readers) == 1:
+        return readers
+    rates = {reader.location.description: reader.fps for reader in readers}
+    if len(set(rates.values())) > 1:  # (the library mixes them; this script's windows count frames at one fps)
+        raise ValueError(f"the datasets run at different fps ({rates}); train on datasets of one fps")
+    return shared_selection(readers, cameras=options.cameras, keys=None)
+
+
+def build_iterator(
+    readers: Any, plan: DataPlan, options: TrainOptions, *, rank: int, world_size: int, device: str
+) -> Any:
+    """This rank's iterator over ``readers`` (one reader, or a list: a mixture of several), reading the windows,
+    image size and augmentation of ``plan``."""
+    from lerobot_dali.iterator import DALILeRobotIterator
+    from lerobot_dali.mixture import DALILeRobotMixture
+
+    readers = readers if isinstance(readers, list) else [readers]
+    several = len(readers) > 1
+    return (DALILeRobotMixture if several else DALILeRobotIterator)(
+        readers if several else readers[0],
+        **({"weights": options.weights} if several else {"drop_last": True}),
         batch_size=options.batch_size,
         delta_timestamps=plan.delta_timestamps,
         shuffle=True,
@@ -285,7 +328,6 @@ def build_iterator(
         augment=plan.augment,
         rank=rank,
         world_size=world_size,
-        drop_last=True,
         timestamp_source=options.timestamp_source,
         **({} if options.tolerance_s is None else {"tolerance_s": options.tolerance_s}),
     )
@@ -307,9 +349,17 @@ def feature_stats(
     return FeatureStats(mean=tuple(rows.mean(0).tolist()), std=tuple(rows.std(0).tolist()))
 
 
-def build_policy(reader: Any, plan: DataPlan, camera_channels: Mapping[str, int] | None = None) -> ChunkPolicy:
-    """The policy for this dataset's cameras (``camera_channels``: the iterator's, for grey image cameras) and
-    state/action sizes and the plan's windows, with the dataset's normalisation."""
+def build_policy(
+    readers: Any,
+    plan: DataPlan,
+    camera_channels: Mapping[str, int] | None = None,
+    weights: Sequence[float] | None = None,
+) -> ChunkPolicy:
+    """The policy for the datasets' cameras (``camera_channels``: the iterator's, for grey image cameras) and
+    state/action sizes and the plan's windows, with the datasets' normalisation: ``readers`` is one reader, or a
+    mixture's list, whose statistics are pooled by ``weights`` (its shares of a batch)."""
+    readers = readers if isinstance(readers, list) else [readers]
+    reader = readers[0]  # (a mixture's datasets share the keys, cameras and shapes)
     features = reader.info.features
     for key in (STATE_KEY, ACTION_KEY):
         if key not in features:
@@ -325,12 +375,25 @@ def build_policy(reader: Any, plan: DataPlan, camera_channels: Mapping[str, int]
         camera_steps=plan.camera_steps,
         state_steps=plan.state_steps,
     )
-    stats = read_dataset_stats(reader.location, reader.info)  # read (for v2.1: aggregated) once for both
-    return ChunkPolicy(
-        config,
-        state_stats=feature_stats(reader, STATE_KEY, stats=stats),
-        action_stats=feature_stats(reader, ACTION_KEY, stats=stats),
-    )
+    stats = [read_dataset_stats(r.location, r.info) for r in readers]  # read (for v2.1: aggregated) once for both
+    pooled = {
+        key: pooled_stats([feature_stats(r, key, stats=s) for r, s in zip(readers, stats, strict=True)], weights)
+        for key in (STATE_KEY, ACTION_KEY)
+    }
+    return ChunkPolicy(config, state_stats=pooled[STATE_KEY], action_stats=pooled[ACTION_KEY])
+
+
+def pooled_stats(parts: Sequence[FeatureStats], weights: Sequence[float] | None = None) -> FeatureStats:
+    """Mean/std of the mixture of ``parts`` drawn in proportion to ``weights`` (None: one part)."""
+    if len(parts) == 1:
+        return parts[0]
+    if weights is None or len(weights) != len(parts):
+        raise ValueError(f"pooling {len(parts)} statistics needs one weight each, got {weights!r}")
+    w = np.asarray(weights, np.float64)[:, None] / float(np.sum(weights))
+    means, stds = np.array([p.mean for p in parts]), np.array([p.std for p in parts])
+    mean = (w * means).sum(0)
+    var = (w * (stds**2 + means**2)).sum(0) - mean**2
+    return FeatureStats(mean=tuple(mean.tolist()), std=tuple(np.sqrt(np.maximum(var, 0.0)).tolist()))
 
 
 def epoch_batches(iterator: Any) -> Iterator[tuple[dict[str, Any], float]]:
@@ -427,6 +490,11 @@ def latest_checkpoint(root: Path) -> Path | None:
     return root / marker.read_text().strip() if marker.is_file() else None
 
 
+def _saved_world_size(saved: Mapping[str, Any]) -> Any:
+    """The world size a rank's stream file was written at (a mixture's stream state holds one per dataset)."""
+    return saved.get("world_size", saved["stream"].get("world_size"))
+
+
 #: The flags that set what a checkpoint's data must match (windows, image size, cameras), named when it does not.
 DATA_OPTIONS = "--recipe, --chunk, --image-size and --cameras"
 
@@ -450,7 +518,7 @@ def restore_checkpoint(
     first = json.loads((directory / "stream_rank0.json").read_text())
     own = directory / f"stream_rank{iterator.rank}.json"
     saved = json.loads(own.read_text()) if own.is_file() else first
-    if saved["stream"].get("world_size") != first["stream"].get("world_size"):
+    if _saved_world_size(saved) != _saved_world_size(first):
         saved = first  # a file left by a run of another world size that wrote this step before (and crashed)
     recorded = saved.get("data")
     if data is not None and recorded is not None:
@@ -526,6 +594,8 @@ class RunRecord:
     batch_shapes: dict[str, list[int]] = field(default_factory=dict)
     epochs: list[int] = field(default_factory=list)
     indices: list[torch.Tensor] = field(default_factory=list)
+    #: A mixture's: per step the ``dataset_index`` of each sample (whose ``index`` it is).
+    dataset_indices: list[torch.Tensor] = field(default_factory=list)
     losses: list[torch.Tensor] = field(default_factory=list)
 
     def write(self, directory: Path, *, rank: int, world_size: int, model: torch.nn.Module) -> None:
@@ -538,6 +608,7 @@ class RunRecord:
             "epochs": self.epochs,
             "batch_shapes": self.batch_shapes,
             "indices": [t.cpu().tolist() for t in self.indices],
+            "dataset_indices": [t.cpu().tolist() for t in self.dataset_indices],
             "losses": [float(t) for t in self.losses],
             "param_abs_sums": [float(p.detach().double().abs().sum()) for p in model.parameters()],
         }
@@ -549,18 +620,16 @@ def train(options: TrainOptions) -> int:
     """Run to ``options.steps`` optimiser steps; returns the number of steps taken in this process."""
     from accelerate.utils import set_seed
 
-    from lerobot_dali.dataset_reader import open_dataset
-
     accelerator = make_accelerator(options.device, options.mixed_precision)
     set_seed(options.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
     rank, world_size = data_rank(accelerator)
-    reader = open_dataset(options.dataset, episodes=options.episodes, cameras=options.cameras)
-    cameras = reader.all_camera_keys
-    plan = data_plan(options, fps=reader.fps, camera_keys=cameras)
+    readers = open_readers(options)
+    cameras = readers[0].all_camera_keys
+    plan = data_plan(options, fps=readers[0].fps, camera_keys=cameras)
     iterator = build_iterator(
-        reader, plan, options, rank=rank, world_size=world_size, device=iterator_device(accelerator.device)
+        readers, plan, options, rank=rank, world_size=world_size, device=iterator_device(accelerator.device)
     )
-    policy = build_policy(reader, plan, iterator.camera_channels)
+    policy = build_policy(readers, plan, iterator.camera_channels, getattr(iterator, "batch_shares", None))
     optimizer = torch.optim.AdamW(policy.parameters(), lr=options.lr)
     # Only the model and optimiser go through prepare; the iterator is already rank-disjoint (see module doc).
     model, optimizer = accelerator.prepare(policy, optimizer)
@@ -598,6 +667,8 @@ def train(options: TrainOptions) -> int:
                 record.batch_shapes = {k: list(v.shape) for k, v in batch.items() if torch.is_tensor(v)}
             record.epochs.append(iterator.epoch)
             record.indices.append(batch["index"].detach())
+            if "dataset_index" in batch:
+                record.dataset_indices.append(batch["dataset_index"])
             record.losses.append(loss.detach())
         if step % options.log_every == 0 or step == options.steps:
             log_progress(accelerator, step, iterator.epoch, loss, meter, world_size)

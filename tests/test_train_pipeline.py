@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -83,7 +84,7 @@ def _assert_same_model(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -
 
 def _run(
     tmp: Path,
-    dataset: Path,
+    dataset: Path | Sequence[Path],
     *,
     steps: int,
     batch: int,
@@ -92,7 +93,8 @@ def _run(
     accelerate: bool = False,
 ) -> tuple[Path, Path, str]:
     ckpt, record = tmp / "ckpt", tmp / "record"
-    args = [*COMMON, "--dataset", str(dataset), "--steps", str(steps), "--batch-size", str(batch)]
+    paths = [str(dataset)] if isinstance(dataset, Path) else [str(path) for path in dataset]
+    args = [*COMMON, "--dataset", *paths, "--steps", str(steps), "--batch-size", str(batch)]
     result = _train(
         [*args, "--checkpoint-dir", str(ckpt), "--record", str(record), *extra], procs=procs, accelerate=accelerate
     )
@@ -202,6 +204,36 @@ def test_two_ranks_resume_mid_epoch_is_exact(
         assert resumed[rank]["indices"] == full[rank]["indices"][13:]
         assert resumed[rank]["epochs"] == full[rank]["epochs"][13:]
     _assert_same_model(_model(ckpt, 25), _model(full_ckpt, 25))
+
+
+def test_two_ranks_train_on_a_mixture_and_resume_it_exactly(make_ds: Callable[..., Path], tmp_path: Path) -> None:
+    """Two datasets at 120 and 60 frames: batches of 6 hold 4 and 2 of them. 18 steps on 2 ranks cross the epoch
+    (15 batches a rank), checkpointed at 10; a run resumed from that checkpoint continues exactly."""
+    second = make_ds(**{**EVEN, "episodes": 4, "frames_per_episode": 15, "codec": "h264", "seed": 1})
+    datasets = [make_ds(**EVEN), second]
+    full_ckpt, full_dir, log = _run(
+        tmp_path / "full", datasets, steps=18, batch=6, procs=2, extra=["--save-every", "10"]
+    )
+    assert "mixture of 2 datasets, per batch of 6: 4 of" in log
+    full = _records(full_dir, 2)
+    for r in full:
+        assert r["dataset_indices"] == [[0, 0, 0, 0, 1, 1]] * 18
+        assert r["epochs"] == [0] * 15 + [1] * 3
+        assert all(math.isfinite(x) for x in r["losses"])
+    # The first dataset (the anchor) in epoch 0: each of its frames once, on one rank.
+    firsts = [{i for step in r["indices"][:15] for i in step[:4]} for r in full]
+    assert len(firsts[0]) == len(firsts[1]) == 60 and firsts[0] | firsts[1] == set(range(120))
+    assert full[0]["param_abs_sums"] == pytest.approx(full[1]["param_abs_sums"], rel=1e-6)
+    ckpt = tmp_path / "resumed" / "ckpt"
+    shutil.copytree(full_ckpt / "step_00000010", ckpt / "step_00000010")
+    (ckpt / "latest").write_text("step_00000010")
+    _, record_dir, log = _run(tmp_path / "resumed", datasets, steps=18, batch=6, procs=2, extra=["--resume"])
+    assert log.count("resumed from") == 2
+    for got, want in zip(_records(record_dir, 2), full, strict=True):
+        assert got["first_step"] == 11
+        assert got["indices"] == want["indices"][10:] and got["dataset_indices"] == want["dataset_indices"][10:]
+        torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(want["losses"][10:]), rtol=1e-5, atol=1e-6)
+    _assert_same_model(_model(ckpt, 18), _model(full_ckpt, 18))
 
 
 # -- recipes --------------------------------------------------------------------------------------------------
@@ -421,15 +453,20 @@ def test_fp16_on_the_cpu_is_refused() -> None:
     TrainOptions(dataset="d", steps=1, device="cpu", mixed_precision="bf16")
 
 
-def test_resume_ignores_a_stream_file_a_run_of_another_world_size_left(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mixture", [False, True])
+def test_resume_ignores_a_stream_file_a_run_of_another_world_size_left(tmp_path: Path, mixture: bool) -> None:
     """A 4-rank run wrote step_N and crashed before 'latest'; a 2-rank run then saved step_N over ranks 0-1 only.
-    A 4-rank resume must not take ranks 2-3's positions from the crashed run."""
+    A 4-rank resume must not take ranks 2-3's positions from the crashed run (nor where the stream state is a
+    mixture's, which holds a state per dataset)."""
     from types import SimpleNamespace
 
     from pipelines.train import restore_checkpoint
 
     def stream(world_size: int, consumed: int) -> dict[str, Any]:
-        return {"step": 8, "stream": {"world_size": world_size, "samples_consumed": consumed}}
+        state = {"world_size": world_size, "samples_consumed": consumed}
+        if mixture:
+            state = {"mixture": {"batch_shares": [2, 2], "anchor": 0}, "datasets": [state, state]}
+        return {"step": 8, "world_size": world_size, "stream": state}
 
     (tmp_path / "state").mkdir()
     for rank in range(2):
@@ -442,6 +479,23 @@ def test_resume_ignores_a_stream_file_a_run_of_another_world_size_left(tmp_path:
         iterator = SimpleNamespace(rank=rank, load_state_dict=loaded.append)
         assert restore_checkpoint(accelerator, tmp_path, iterator) == 8
         assert loaded == [stream(2, 40)["stream"]], rank
+
+
+def test_mixture_options_and_pooled_statistics() -> None:
+    from pipelines.train import pooled_stats
+
+    with pytest.raises(ValueError, match="--weights takes one weight per --dataset"):
+        TrainOptions(dataset="d", steps=1, weights=(1.0,))
+    with pytest.raises(ValueError, match="--weights takes one weight per --dataset"):
+        TrainOptions(dataset=("a", "b"), steps=1, weights=(1.0, 2.0, 3.0))
+    with pytest.raises(ValueError, match="--episodes selects episodes of one dataset"):
+        TrainOptions(dataset=("a", "b"), steps=1, episodes=(0,))
+    options = parse_args(["--dataset", "a", "b", "--weights", "3", "1", "--steps", "1"])
+    assert options.datasets == ("a", "b") and options.weights == (3.0, 1.0)
+    assert parse_args(["--dataset", "a", "--steps", "1"]).dataset == "a"
+    # Mixing N(0, 1) and N(4, 3) 3:1 by hand: mean 1, variance E[x^2] - 1 = 3/4 * (1 + 0) + 1/4 * (9 + 16) - 1 = 6.
+    pooled = pooled_stats([FeatureStats(mean=(0.0,), std=(1.0,)), FeatureStats(mean=(4.0,), std=(3.0,))], [3, 1])
+    assert pooled.mean == pytest.approx((1.0,)) and pooled.std == pytest.approx((math.sqrt(6),))
 
 
 def test_resume_with_other_windows_fails_naming_them_before_the_model_loads(tmp_path: Path) -> None:
