@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .dataset_reader import LeRobotDatasetReader, open_dataset
+from .episode_rows import INDEX_COLUMNS
 from .errors import DatasetError, DeltaTimestampsError, IteratorClosedError, ResumeStateError, SchemaMismatchError
 from .iterator import DALILeRobotIterator, default_dali_threads
 from .value_checks import check_int, is_number
@@ -338,7 +339,7 @@ def shared_selection(
 def _check_windows(readers: list[LeRobotDatasetReader], delta_timestamps: Mapping[str, Any] | None) -> None:
     """Windows must name what every dataset's batches carry (a key one dataset lacks is left out of all)."""
     read = set(readers[0].all_camera_keys) | set(readers[0].tabular_keys)
-    unread = sorted(set(delta_timestamps or {}) - read - {"index", "episode_index", "frame_index", "timestamp"})
+    unread = sorted(set(delta_timestamps or {}) - read - set(INDEX_COLUMNS))
     if unread:
         lacking = {
             reader.location.description: [k for k in unread if k not in reader.info.features] for reader in readers
