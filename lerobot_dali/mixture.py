@@ -74,7 +74,7 @@ class DALILeRobotMixture:
     ``num_workers`` is split over the datasets by share (at least one each). Every other argument of
     :class:`~lerobot_dali.iterator.DALILeRobotIterator` applies to every dataset; arguments that open a dataset
     (``revision``, ``episodes``, ``data_files_root``) are per dataset: pass it opened with ``open_dataset``.
-    Every batch is full (a share of a dataset's last, partial batch of an epoch is left to its next epoch).
+    Every batch is full: as with ``drop_last=True``, each dataset's epoch leaves out fewer samples than its share.
     """
 
     def __init__(
@@ -190,15 +190,26 @@ class DALILeRobotMixture:
                 f"mixture's), but these datasets and weights make it dataset {self.anchor}: resume with the same "
                 f"weights (shares per batch then: {saved.get('batch_shares')})"
             )
+        if list(saved.get("batch_shares", [])) != list(self.batch_shares):
+            logger.warning(
+                "resuming a mixture saved with batch shares %s at shares %s (other weights or batch size): each "
+                "dataset continues at its own next sample, in other proportions",
+                saved.get("batch_shares"), list(self.batch_shares),
+            )  # fmt: skip
         for part, state in zip(self.datasets, parts, strict=True):
             part.load_state_dict(state)
 
     # -- iteration ---------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        first = self.epoch * EPOCH_STRIDE
+        anchor = self.datasets[self.anchor].state_dict()
+        first = anchor["epoch"] * EPOCH_STRIDE
+        # The anchor at the start of its epoch (a new mixture epoch, however reached, set_epoch back included): the
+        # others start this mixture epoch's first epoch too. Else one in this mixture epoch's range continues (a pass
+        # left early, a resume, one after another world size, whose anchor carries prior segments).
+        at_start = anchor["samples_consumed"] == 0 and not anchor["prior_segments"]
         for i, part in enumerate(self.datasets):
-            if i != self.anchor and not first <= part.epoch < first + EPOCH_STRIDE:
-                part.set_epoch(first)  # (one left in an epoch of this mixture epoch, by a resume, continues)
+            if i != self.anchor and (at_start or not first <= part.epoch < first + EPOCH_STRIDE):
+                _restart(part, first)
         self._pass_id += 1
         return self._batches(self._pass_id, [iter(part) for part in self.datasets])
 
@@ -278,6 +289,13 @@ class DALILeRobotMixture:
         """Stop every dataset's worker processes now."""
         for part in getattr(self, "datasets", ()):
             part.close()
+
+
+def _restart(part: DALILeRobotIterator, epoch: int) -> None:
+    """``part`` at the start of ``epoch`` (its ``set_epoch`` keeps the position in the epoch in progress)."""
+    state = part.state_dict()
+    if (state["epoch"], state["samples_consumed"], state["prior_segments"]) != (epoch, 0, []):
+        part.load_state_dict({**state, "epoch": epoch, "samples_consumed": 0, "prior_segments": []})
 
 
 def _check_options(options: Mapping[str, Any]) -> None:

@@ -300,7 +300,14 @@ def open_readers(options: TrainOptions) -> list[Any]:
     rates = {reader.location.description: reader.fps for reader in readers}
     if len(set(rates.values())) > 1:  # (the library mixes them; this script's windows count frames at one fps)
         raise ValueError(f"the datasets run at different fps ({rates}); train on datasets of one fps")
-    return shared_selection(readers, cameras=options.cameras, keys=None)
+    readers = shared_selection(readers, cameras=options.cameras, keys=None)
+    if not readers[0].all_camera_keys and options.cameras is None and any(r.info.camera_keys for r in readers):
+        cameras = {reader.location.description: list(reader.info.camera_keys) for reader in readers}
+        raise ValueError(
+            f"the datasets share no camera key ({cameras}), so the policy would see no image: mix datasets that "
+            "have a camera of one name"
+        )
+    return readers
 
 
 def build_iterator(

@@ -481,6 +481,18 @@ def test_resume_ignores_a_stream_file_a_run_of_another_world_size_left(tmp_path:
         assert loaded == [stream(2, 40)["stream"]], rank
 
 
+def test_a_mixture_sharing_no_camera_is_refused(make_ds: Callable[..., Path]) -> None:
+    """Without a shared camera the mixture leaves every camera out (with a warning): the policy would see none."""
+    from pipelines.train import open_readers
+
+    video = make_ds(**{**EVEN, "cameras": 1})
+    image = make_ds(**{**EVEN, "cameras": 1, "image_cameras": True})  # the same key, stored as images: shared
+    readers = open_readers(TrainOptions(dataset=(str(video), str(image)), steps=1))
+    assert [r.all_camera_keys for r in readers] == [("observation.images.cam0",)] * 2
+    with pytest.raises(ValueError, match="share no camera key"):
+        open_readers(TrainOptions(dataset=(str(video), str(make_ds(**{**EVEN, "cameras": 0}))), steps=1))
+
+
 def test_mixture_options_and_pooled_statistics() -> None:
     from pipelines.train import pooled_stats
 
