@@ -340,6 +340,10 @@ class DALILeRobotIterator:
         """Start ``epoch`` (no-op for the epoch in progress, so it never undoes a resume)."""
         self._stream.set_epoch(epoch)
 
+    def epoch_samples(self, epoch: int) -> int:
+        """Samples each rank reads in ``epoch`` (before ``drop_last``), known before it starts."""
+        return self._stream.order.num_samples(epoch)
+
     def state_dict(self) -> dict[str, Any]:
         """Seed, epoch, samples the trainer has taken, world size, batch size, and the order options (shuffle,
         pool size, balance; a resume under others is refused): enough to resume exactly.

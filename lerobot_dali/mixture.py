@@ -9,7 +9,8 @@ Epochs: a mixture epoch is one epoch of its *anchor*, the dataset that takes the
 at its share (with the default weights, which follow the frame counts, every dataset takes about as many).
 Each other dataset runs through its own epochs as often as that takes, starting each mixture epoch afresh:
 in mixture epoch ``e`` it reads its epochs ``e * EPOCH_STRIDE``, ``e * EPOCH_STRIDE + 1``, ..., so every
-mixture epoch is a pure function of ``e`` and ``set_epoch`` may jump.
+mixture epoch is a pure function of ``e`` and ``set_epoch`` may jump. Unshuffled (all its epochs alike) it starts
+mixture epoch ``e`` where the epochs before left it, so its samples come equally often over the epochs.
 """
 
 from __future__ import annotations
@@ -140,6 +141,7 @@ class DALILeRobotMixture:
         self.rank, self.world_size = self.datasets[0].rank, self.datasets[0].world_size
         self._check_parts_fill_batches()
         self._pass_id = 0
+        self._shuffle = bool(options.get("shuffle", True))
         self._dataset_index = torch.repeat_interleave(torch.arange(len(readers)), torch.tensor(self.batch_shares))
         logger.info(
             "mixture of %d datasets, per batch of %d: %s; its epoch is one of %s (%d batches); worker processes %s",
@@ -209,9 +211,18 @@ class DALILeRobotMixture:
         at_start = anchor["samples_consumed"] == 0 and not anchor["prior_segments"]
         for i, part in enumerate(self.datasets):
             if i != self.anchor and (at_start or not first <= part.epoch < first + EPOCH_STRIDE):
-                _restart(part, first)
+                _restart(part, first, self._carried_over(i, anchor["epoch"]))
         self._pass_id += 1
         return self._batches(self._pass_id, [iter(part) for part in self.datasets])
+
+    def _carried_over(self, i: int, epoch: int) -> int:
+        """Where dataset ``i`` starts mixture epoch ``epoch``: unshuffled, where the mixture epochs before left it (its
+        epochs are all alike, so starting each at its first sample would read those more often than its last)."""
+        if self._shuffle:
+            return 0
+        anchor_batches = self.datasets[self.anchor].epoch_samples(epoch) // self.batch_shares[self.anchor]
+        period = self.datasets[i].epoch_samples(epoch * EPOCH_STRIDE) // self.batch_shares[i]
+        return (epoch * anchor_batches) % period * self.batch_shares[i] if period else 0
 
     def _batches(self, pass_id: int, passes: list[Iterator[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
         while True:
@@ -291,11 +302,11 @@ class DALILeRobotMixture:
             part.close()
 
 
-def _restart(part: DALILeRobotIterator, epoch: int) -> None:
-    """``part`` at the start of ``epoch`` (its ``set_epoch`` keeps the position in the epoch in progress)."""
+def _restart(part: DALILeRobotIterator, epoch: int, sample: int) -> None:
+    """``part`` at ``sample`` of ``epoch``, afresh (its ``set_epoch`` keeps the position in the epoch in progress)."""
     state = part.state_dict()
-    if (state["epoch"], state["samples_consumed"], state["prior_segments"]) != (epoch, 0, []):
-        part.load_state_dict({**state, "epoch": epoch, "samples_consumed": 0, "prior_segments": []})
+    if (state["epoch"], state["samples_consumed"], state["prior_segments"]) != (epoch, sample, []):
+        part.load_state_dict({**state, "epoch": epoch, "samples_consumed": sample, "prior_segments": []})
 
 
 def _check_options(options: Mapping[str, Any]) -> None:

@@ -64,7 +64,9 @@ def test_every_sample_follows_its_own_datasets_fps_rows_frames_and_tasks(make_ds
     assert mix.batch_shares == (1, 3) and mix.anchor == 0  # 16 and 29 frames: 16 batches read the first once
     assert len(mix) == 16 and [r.value for r in mix.datasets[1].routes.values()] == ["cpu_fallback"]
     seen: Counter[tuple[int, int, int]] = Counter()
-    for batch in mix:
+    order: list[tuple[int, int, int]] = []
+    for batch in (batch for _ in range(2) for batch in mix):  # two epochs
+        order.extend(_keys(batch))
         assert batch["dataset_index"].tolist() == [0, 1, 1, 1]
         assert "observation.images.cam1" not in batch
         for i, (d, ep, f) in enumerate(_keys(batch)):
@@ -84,12 +86,17 @@ def test_every_sample_follows_its_own_datasets_fps_rows_frames_and_tasks(make_ds
                 else:
                     assert [check(frame) for frame in batch[key][i]] == [(ep, r, 0) for r in rows]
                 assert batch[f"{key}_is_pad"][i].tolist() == [not 0 <= q < n for q in query]
-    assert mix.epoch == 1
+    assert mix.epoch == 2
     first = [(0, ep, f) for ep, n in enumerate(SPECS[0][0]) for f in range(n)]
-    assert {k: v for k, v in seen.items() if k[0] == 0} == dict.fromkeys(first, 1)
-    # The second dataset's 48 samples: its 9-batch epoch (27 of 29 frames, in order), then 21 of its next.
+    assert [k for k in order if k[0] == 0] == first * 2
+    # The second dataset's 48 samples an epoch: its 9-batch epochs (27 of 29 frames, in order) run on across the
+    # mixture's epochs (the second starts at its 22nd sample), so its samples come equally often over time.
     second = [(1, ep, f) for ep, n in enumerate(SPECS[1][0]) for f in range(n)]
-    assert sorted(k for k in seen.elements() if k[0] == 1) == sorted(second[:27] + second[:21])
+    assert [k for k in order if k[0] == 1] == (second[:27] * 4)[:96]
+    mix.close()
+    mix = DALILeRobotMixture(_datasets(make_ds), batch_size=4, shuffle=False, device="cpu", num_workers=0)
+    mix.set_epoch(1)  # reached by a jump: the same
+    assert [k for batch in mix for k in _keys(batch)] == order[64:]
     mix.close()
 
 
