@@ -237,3 +237,30 @@ def test_a_failed_part_loses_no_sample_of_the_others(make_ds, copy_ds) -> None:
     _run(clean, 1, expected)
     clean.close()
     assert taken == expected
+
+
+def test_real_v21_and_v30_datasets_mix_into_what_each_gives_alone() -> None:
+    """``cr5_v21_av1`` and ``cr5_v30_av1`` (the same recording in both formats; wall-clock parquet timestamps, so
+    video is read by frame index): each part of a mixture batch equals that dataset read alone."""
+    from lerobot_dali import DALILeRobotIterator
+    from tests.conftest import shared_dataset
+
+    paths = [shared_dataset("cr5_v21_av1"), shared_dataset("cr5_v30_av1")]
+    options = dict(
+        delta_timestamps={"action": [0.0, 0.1, 0.2]}, shuffle=False, device="cpu", num_workers=0,
+        timestamp_source="frame_index", return_uint8=True,
+    )  # fmt: skip
+    mix = DALILeRobotMixture(paths, weights=[1, 1], batch_size=4, **options)
+    batches = [batch for _, batch in zip(range(4), mix, strict=False)]
+    mix.close()
+    for position, path in enumerate(paths):
+        alone = DALILeRobotIterator(path, batch_size=2, seed=0, **options)
+        for batch, single in zip(batches, alone, strict=False):
+            part = slice(2 * position, 2 * position + 2)
+            assert batch["dataset_index"][part].tolist() == [position] * 2
+            assert batch["task"][part] == single["task"] and set(batch) == {*single, "dataset_index"}
+            for key, value in single.items():
+                if torch.is_tensor(value):
+                    torch.testing.assert_close(batch[key][part], value, rtol=0, atol=0, msg=key)
+        alone.close()
+    assert [int(i) for i in batches[-1]["frame_index"]] == [6, 7, 6, 7]
