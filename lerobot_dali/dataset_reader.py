@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -31,7 +31,7 @@ from .episode_rows import (
     read_episode_images,
     read_episode_rows,
 )
-from .episode_table import EpisodeTable, read_episode_table
+from .episode_table import EpisodeTable, filter_episodes, read_episode_table
 from .errors import DatasetError, DatasetNotFoundError, EpisodeMetadataError, MissingDataFileError, cameras_hint
 from .file_stamps import FileStamp, FileStamps
 
@@ -362,6 +362,7 @@ def open_dataset(
     storage_options: dict[str, Any] | None = None,
     data_files_root: str | os.PathLike[str] | None = None,
     episodes: Sequence[int] | None = None,
+    episode_filter: Callable[[dict[str, Any]], bool] | None = None,
 ) -> LeRobotDatasetReader:
     """Open a dataset from a local folder, a Hub repo id (with ``revision``) or an fsspec URL.
 
@@ -371,6 +372,9 @@ def open_dataset(
     ``s3://bucket/mirror``) serves ``data/`` and ``videos/`` while metadata comes from ``path_or_repo``.
     ``episodes`` keeps only those episode indices, as LeRobot's ``LeRobotDataset(episodes=...)`` does (a
     train/validation split); batches still carry the dataset's own ``index`` and ``episode_index``.
+    ``episode_filter`` keeps the episodes (of ``episodes``, if given) whose metadata row it returns True for, as
+    LeRobot's does: e.g. ``lambda ep: ep["length"] >= 100``, or on a column the dataset's writer added. It runs
+    here, once; the workers only see the episodes it kept.
     """
     location = resolve_location(path_or_repo, revision=revision, storage_options=storage_options)
     if data_files_root is not None:
@@ -384,6 +388,11 @@ def open_dataset(
     # any worker); a filesystem that cannot list falls back to one request per file looked up.
     stamps = None if location.is_local else FileStamps(location.fs, [location.path("data"), location.path("videos")])
     table = read_episode_table(location.meta_fs, location.meta_root, info, video_keys=camera_keys)
+    if episode_filter is not None:
+        candidates = (
+            None if episodes is None else table.select(episodes, source=location.description).episode_index.tolist()
+        )
+        episodes = filter_episodes(location.meta_fs, location.meta_root, info, episode_filter, candidates=candidates)
     table = locate_episode_rows(location, info, table, stamps=stamps, episodes=episodes)
     if info.total_episodes and info.total_episodes != len(table):
         logger.warning(

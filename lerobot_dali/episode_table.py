@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -22,7 +23,7 @@ import pyarrow.parquet as pq
 from .dataset_info import DatasetInfo
 from .errors import DatasetError, EpisodeMetadataError, cameras_hint
 
-__all__ = ["CameraFiles", "EpisodeTable", "read_episode_table"]
+__all__ = ["CameraFiles", "EpisodeTable", "filter_episodes", "read_episode_table"]
 
 logger = logging.getLogger(__name__)
 
@@ -117,11 +118,66 @@ def read_episode_table(
     return _read_v2(fs, meta_root, info, video_keys)
 
 
+def filter_episodes(
+    fs: fsspec.AbstractFileSystem,
+    meta_root: str,
+    info: DatasetInfo,
+    predicate: Callable[[dict[str, Any]], bool],
+    *,
+    candidates: Sequence[int] | None = None,
+) -> list[int]:
+    """The sorted indices of the episodes (of ``candidates``; None: all) whose metadata row ``predicate`` keeps, as
+    LeRobot's ``episode_filter``: a dict of the row's columns but the ``stats/`` ones (v3.0: ``meta/episodes``,
+    e.g. ``length``, ``tasks`` and any column the writer added; v2.x: the ``episodes.jsonl`` record).
+
+    Raises DatasetError when ``predicate`` raises (naming the episode and the columns it may read), returns other
+    than a bool, or keeps no episode.
+    """
+    source = f"{meta_root.rstrip('/')}/meta/{'episodes' if info.major_version == 'v3' else 'episodes.jsonl'}"
+    wanted = None if candidates is None else {int(e) for e in candidates}
+    kept: list[int] = []
+    tested = 0
+    for row in _episode_rows(fs, meta_root, info):
+        episode = int(row["episode_index"])
+        if wanted is not None and episode not in wanted:
+            continue
+        tested += 1
+        try:
+            keep = predicate(row)
+        except Exception as e:
+            raise DatasetError(
+                f"{source}: episode_filter raised {e!r} on episode {episode}; its rows hold {sorted(row)}"
+            ) from e
+        if not isinstance(keep, bool | np.bool_):
+            raise DatasetError(
+                f"{source}: episode_filter must return a bool, and returned {keep!r} ({type(keep).__name__}) for "
+                f"episode {episode}"
+            )
+        if keep:
+            kept.append(episode)
+    if not kept:
+        raise DatasetError(
+            f"{source}: episode_filter kept none of the {tested} episode(s) it was given"
+            + ("" if candidates is None else " (those of episodes=)")
+        )
+    logger.info("%s: episode_filter kept %d of %d episode(s)", source, len(kept), tested)
+    return sorted(kept)
+
+
+def _episode_rows(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo) -> Iterator[dict[str, Any]]:
+    if info.major_version != "v3":
+        yield from _v2_rows(fs, meta_root, info)
+        return
+    for batch in _v3_rows(fs, meta_root).to_batches():
+        yield from batch.to_pylist()
+
+
 def _i64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def _read_v3(fs: fsspec.AbstractFileSystem, meta_root: str, video_keys: list[str]) -> EpisodeTable:
+def _v3_rows(fs: fsspec.AbstractFileSystem, meta_root: str) -> pa.Table:
+    """Every column of ``meta/episodes`` but the ``stats/`` ones (LeRobot's episode rows), by ``episode_index``."""
     pattern = f"{meta_root.rstrip('/')}/meta/episodes/chunk-*/file-*.parquet"
     files = sorted(fs.glob(pattern))
     if not files:
@@ -137,7 +193,14 @@ def _read_v3(fs: fsspec.AbstractFileSystem, meta_root: str, video_keys: list[str
             except pa.ArrowException as e:
                 raise EpisodeMetadataError(f"{path} is not a readable parquet file ({e}); re-download it") from e
     # "permissive": files from different writers may differ in types (list<string> vs list<large_string>)
-    table = pa.concat_tables(tables, promote_options="permissive").sort_by("episode_index")
+    table = pa.concat_tables(tables, promote_options="permissive")
+    if "episode_index" not in table.column_names:
+        raise EpisodeMetadataError(f"{meta_root}/meta/episodes: episode metadata lacks column(s) ['episode_index']")
+    return table.sort_by("episode_index")
+
+
+def _read_v3(fs: fsspec.AbstractFileSystem, meta_root: str, video_keys: list[str]) -> EpisodeTable:
+    table = _v3_rows(fs, meta_root)
     source = f"{meta_root}/meta/episodes"
     required = [
         "episode_index",
@@ -252,24 +315,32 @@ def _check_lengths(
         raise EpisodeMetadataError(f"{source}: episode {int(episode_index[i])} has no frames (length {int(length[i])})")
 
 
-def _read_v2(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo, video_keys: list[str]) -> EpisodeTable:
+def _v2_rows(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo) -> list[dict[str, Any]]:
+    """The records of ``meta/episodes.jsonl``, in file order, each with an int ``episode_index`` and ``length``."""
     path = f"{meta_root.rstrip('/')}/meta/episodes.jsonl"
     if not fs.exists(path):
         raise EpisodeMetadataError(f"{path} is missing; a {info.codebase_version} dataset lists its episodes there")
-    indices: list[int] = []
-    lengths: list[int] = []
-    tasks: list[list[str]] = []
+    records: list[dict[str, Any]] = []
     with fs.open(path, "rt", encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
-                indices.append(int(record["episode_index"]))
-                lengths.append(int(record["length"]))
+                record["episode_index"] = int(record["episode_index"])
+                record["length"] = int(record["length"])
             except (ValueError, KeyError, TypeError) as e:
                 raise EpisodeMetadataError(f"{path}:{line_no}: bad episode record ({e}): {line.strip()[:200]}") from e
-            tasks.append([str(t) for t in record.get("tasks", [])])
+            records.append(record)
+    return records
+
+
+def _read_v2(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo, video_keys: list[str]) -> EpisodeTable:
+    path = f"{meta_root.rstrip('/')}/meta/episodes.jsonl"
+    records = _v2_rows(fs, meta_root, info)
+    indices = [record["episode_index"] for record in records]
+    lengths = [record["length"] for record in records]
+    tasks = [[str(t) for t in record.get("tasks", [])] for record in records]
     order = np.argsort(np.asarray(indices, dtype=np.int64), kind="stable")
     episode_index = np.asarray(indices, dtype=np.int64)[order]
     length = np.asarray(lengths, dtype=np.int64)[order]

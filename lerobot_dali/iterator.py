@@ -14,7 +14,7 @@ import re
 import sys
 import threading
 import traceback
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -78,8 +78,9 @@ class DALILeRobotIterator:
     Arguments, by what they decide (README.md has the details):
 
     * What is read: ``dataset`` (a folder, Hub repo id, ``hf://``/``s3://``/... URL, or an open reader),
-      ``revision``, ``episodes`` (a subset, e.g. a training split), ``cameras`` and ``keys`` (the rest is never
-      read), ``data_files_root`` (data and videos from a mirror of the repo).
+      ``revision``, ``episodes`` (a subset, e.g. a training split), ``episode_filter`` (a predicate over each
+      episode's metadata row, as LeRobot's), ``cameras`` and ``keys`` (the rest is never read),
+      ``data_files_root`` (data and videos from a mirror of the repo).
     * What a sample holds: ``delta_timestamps`` (LeRobot's windows; padded steps set ``<key>_is_pad``),
       ``timestamp_source`` and ``tolerance_s`` (how rows find their video frames), ``image_size``, ``augment``
       (on the device, one draw per sample for its whole window), ``return_uint8``, ``depth_unit``.
@@ -124,6 +125,7 @@ class DALILeRobotIterator:
         cache_gb: float = 8.0,
         cpu_decode: CpuDecodeOptions | None = None,
         episodes: Sequence[int] | None = None,
+        episode_filter: Callable[[dict[str, Any]], bool] | None = None,
         dali_threads: int | None = None,
         depth_unit: DepthUnit | str = DepthUnit.MM,
     ) -> None:
@@ -133,7 +135,13 @@ class DALILeRobotIterator:
             dali_threads=dali_threads,
         )  # fmt: skip
         self.reader = _batchable_reader(
-            dataset, revision=revision, cameras=cameras, keys=keys, data_files_root=data_files_root, episodes=episodes
+            dataset,
+            revision=revision,
+            cameras=cameras,
+            keys=keys,
+            data_files_root=data_files_root,
+            episodes=episodes,
+            episode_filter=episode_filter,
         )
         ranks = resolve_rank(rank, world_size)
         self.rank, self.world_size = ranks.rank, ranks.world_size

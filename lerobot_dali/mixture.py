@@ -41,7 +41,7 @@ DATASET_INDEX = "dataset_index"
 #: Arguments the mixture sets itself for each dataset's iterator; the rest pass through unchanged.
 _OWN_ARGUMENTS = frozenset({"dataset", "batch_size", "seed", "num_workers", "cameras", "keys", "drop_last"})
 #: Arguments that open a dataset: give each dataset its own by passing it opened (``open_dataset``).
-_OPENING_ARGUMENTS = frozenset({"revision", "episodes", "data_files_root"})
+_OPENING_ARGUMENTS = frozenset({"revision", "episodes", "episode_filter", "data_files_root"})
 
 Dataset = str | os.PathLike[str] | LeRobotDatasetReader
 
@@ -74,7 +74,8 @@ class DALILeRobotMixture:
     ``weights`` (default: each dataset's frame count, as reading their concatenation would) set the shares.
     ``num_workers`` is split over the datasets by share (at least one each). Every other argument of
     :class:`~lerobot_dali.iterator.DALILeRobotIterator` applies to every dataset; arguments that open a dataset
-    (``revision``, ``episodes``, ``data_files_root``) are per dataset: pass it opened with ``open_dataset``.
+    (``revision``, ``episodes``, ``episode_filter``, ``data_files_root``) are per dataset: pass it opened with
+    ``open_dataset``.
     Every batch is full: as with ``drop_last=True``, each dataset's epoch leaves out fewer samples than its share.
     """
 

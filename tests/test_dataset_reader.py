@@ -96,6 +96,57 @@ def test_episode_selection_errors() -> None:
             open_dataset(root, episodes=bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("name", ["cr5_v30_av1", "cr5_v21_av1"])
+def test_episode_filter_keeps_the_episodes_whose_metadata_row_passes(name: str) -> None:
+    # cr5 lengths: 197 215 275 209 237 199 211 297 223 217 255 198; at least 220: episodes 2, 4, 7, 8, 10.
+    rows: list[dict] = []
+
+    def long(row: dict) -> bool:
+        rows.append(row)
+        return row["length"] >= 220
+
+    root = shared_dataset(name)
+    full = open_dataset(root)
+    chosen = open_dataset(root, episode_filter=long)
+    assert chosen.episodes.episode_index.tolist() == [2, 4, 7, 8, 10]
+    assert [row["episode_index"] for row in rows] == list(range(12))
+    assert rows[7]["length"] == 297 and rows[7]["tasks"] == ["put the banana on the plate"]
+    if name == "cr5_v30_av1":  # every column of meta/episodes but the stats
+        assert rows[7]["videos/observation.images.top/from_timestamp"] == pytest.approx(41.0)
+        assert not [key for key in rows[0] if key.startswith("stats/")] and "data/file_index" in rows[0]
+    else:
+        assert set(rows[0]) == {"episode_index", "tasks", "length"}
+    assert chosen.num_frames == 275 + 237 + 297 + 223 + 255
+    got, expected = chosen.read_episode(2), full.read_episode(7)
+    for key in expected:
+        np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
+    # With episodes=: the filter sees those only, and keeps what passes of them.
+    rows.clear()
+    both = open_dataset(root, episodes=[11, 7, 0, 4], episode_filter=long)
+    assert both.episodes.episode_index.tolist() == [4, 7]
+    assert sorted(row["episode_index"] for row in rows) == [0, 4, 7, 11]
+
+
+def test_episode_filter_on_a_column_the_writer_added_and_its_errors(v3: Path) -> None:
+    def add_success(table: pa.Table) -> pa.Table:
+        return table.append_column("success", pa.array([i % 2 == 0 for i in range(table.num_rows)]))
+
+    _edit_episodes(v3, add_success)
+    assert open_dataset(v3, episode_filter=lambda ep: ep["success"]).episodes.episode_index.tolist() == [0, 2, 4]
+    with pytest.raises(DatasetError, match=r"episode_filter raised KeyError\('sucess'\) on episode 0; its rows hold "
+                       r"\[.*'length'.*'success'.*\]") as caught:  # fmt: skip
+        open_dataset(v3, episode_filter=lambda ep: ep["sucess"])
+    assert isinstance(caught.value.__cause__, KeyError)
+    with pytest.raises(DatasetError, match=r"must return a bool, and returned 5 \(int\) for episode 0"):
+        open_dataset(v3, episode_filter=lambda ep: ep["length"])  # type: ignore[arg-type, return-value]
+    with pytest.raises(DatasetError, match=r"episode_filter kept none of the 5 episode\(s\) it was given$"):
+        open_dataset(v3, episode_filter=lambda ep: ep["length"] > 100)
+    with pytest.raises(DatasetError, match=r"kept none of the 2 episode\(s\) it was given \(those of episodes=\)"):
+        open_dataset(v3, episodes=[1, 3], episode_filter=lambda ep: ep["success"])
+    with pytest.raises(DatasetError, match=r"episodes \[9\] are not in this dataset"):  # checked before the filter
+        open_dataset(v3, episodes=[0, 9], episode_filter=lambda ep: True)
+
+
 def test_r1_state_width_drift_is_a_clear_error_and_other_keys_still_read() -> None:
     r = open_dataset(shared_dataset("r1_v30_h264"))
     # No from_timestamp column, but one episode per video file: unambiguous start at 0 s.

@@ -454,6 +454,21 @@ def test_resume_over_other_episodes_is_refused(make_ds) -> None:
     DALILeRobotIterator(root, episodes=[0, 2, 4], **kwargs).load_state_dict(legacy)
 
 
+def test_an_episode_filter_reads_its_episodes_only(make_ds) -> None:
+    root = _dataset(make_ds, "vp9")
+    kept = [e for e, length in enumerate(LENGTHS) if length >= 6]
+    assert 0 < len(kept) < len(LENGTHS)
+    kwargs = dict(batch_size=3, device="cpu", num_workers=0, shuffle=False, drop_last=False)
+    it = DALILeRobotIterator(root, episode_filter=lambda ep: ep["length"] >= 6, **kwargs)
+    # The same episodes by number: the same stream, so a state saved by one resumes the other.
+    assert it.state_dict() == DALILeRobotIterator(root, episodes=kept, **kwargs).state_dict()
+    read = [(int(e), int(f)) for b in it for e, f in zip(b["episode_index"], b["frame_index"], strict=True)]
+    assert read == [(e, f) for e in kept for f in range(LENGTHS[e])]
+    with pytest.raises(ValueError, match="episode_filter= apply while opening"):
+        DALILeRobotIterator(it.reader, episode_filter=lambda ep: True, **kwargs)
+    it.close()
+
+
 def _damage(root: Path, how: str) -> None:
     """Break one file of a dataset the way users' datasets break."""
     video = root / "videos/observation.images.cam0/chunk-000/file-001.mp4"

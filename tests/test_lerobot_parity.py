@@ -86,11 +86,17 @@ def _ours(root: Path, windows: Mapping[str, Sequence[float]], **options: Any) ->
     return samples
 
 
-def _lerobot(root: Path, windows: Mapping[str, Sequence[float]], episodes: list[int] | None = None) -> Any:
+def _lerobot(
+    root: Path, windows: Mapping[str, Sequence[float]], episodes: list[int] | None = None, **options: Any
+) -> Any:
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     return LeRobotDataset(
-        f"local/{root.name}", root=root, delta_timestamps={k: list(v) for k, v in windows.items()}, episodes=episodes
+        f"local/{root.name}",
+        root=root,
+        delta_timestamps={k: list(v) for k, v in windows.items()},
+        episodes=episodes,
+        **options,
     )
 
 
@@ -172,6 +178,28 @@ def test_an_episode_subset_matches_lerobot(make_ds) -> None:
     assert sorted({int(theirs[i]["episode_index"]) for i in range(len(theirs))}) == subset
     _assert_same_samples(_ours(root, WINDOWS, episodes=subset), theirs, frame_check=_same_decode)
     assert np.sum([LENGTHS[e] for e in subset]) == len(theirs)
+
+
+@pytest.mark.skipif((_installed_lerobot() or (0, 0)) < (0, 6), reason="LeRobot's episode_filter is new in 0.6")
+def test_an_episode_filter_matches_lerobot(make_ds) -> None:
+    """The filter sees the same metadata rows (every column but the stats) and keeps the same episodes."""
+    root = make_ds(codec="av1", gop=2, episodes=5, frames_per_episode=LENGTHS, cameras=2, episodes_per_file=2)
+    seen: dict[str, dict[int, dict[str, Any]]] = {"ours": {}, "theirs": {}}
+
+    def keeper(side: str) -> Callable[[dict[str, Any]], bool]:
+        def keep(row: dict[str, Any]) -> bool:
+            seen[side][row["episode_index"]] = row
+            return row["length"] >= 16 and row["data/file_index"] != 0  # episodes 3 (25 frames) and 4 (16)
+
+        return keep
+
+    theirs = _lerobot(root, WINDOWS, episodes=[0, 1, 3, 4], episode_filter=keeper("theirs"))
+    ours = _ours(root, WINDOWS, episodes=[0, 1, 3, 4], episode_filter=keeper("ours"))
+    assert sorted({int(theirs[i]["episode_index"]) for i in range(len(theirs))}) == [3, 4]
+    assert sorted(seen["ours"]) == sorted(seen["theirs"]) == [0, 1, 3, 4]
+    for episode, row in seen["theirs"].items():
+        assert seen["ours"][episode] == row, f"episode {episode}'s metadata row"
+    _assert_same_samples(ours, theirs, frame_check=_same_decode)
 
 
 @needs_lerobot_04

@@ -186,8 +186,9 @@ def test_bad_mixtures_fail_before_reading(make_ds) -> None:
         DALILeRobotMixture([paths[0], _datasets(make_ds, {"state_dim": 4})[1]], device="cpu")
     with pytest.raises(DeltaTimestampsError, match="observation.images.cam1"):
         DALILeRobotMixture(paths, delta_timestamps={"observation.images.cam1": [0.0]}, device="cpu")
-    with pytest.raises(TypeError, match="open_dataset"):
-        DALILeRobotMixture(paths, episodes=[0], device="cpu")
+    for opening in ({"episodes": [0]}, {"episode_filter": lambda ep: True}):
+        with pytest.raises(TypeError, match="open_dataset"):
+            DALILeRobotMixture(paths, **opening, device="cpu")
     with pytest.raises(TypeError, match="drop_last"):
         DALILeRobotMixture(paths, drop_last=False, device="cpu")
     with pytest.raises(TypeError, match="unexpected"):
