@@ -30,7 +30,7 @@ from .errors import DatasetError, DeltaTimestampsError, IteratorClosedError, Res
 from .iterator import DALILeRobotIterator, default_dali_threads
 from .value_checks import check_int, is_number
 
-__all__ = ["EPOCH_STRIDE", "DALILeRobotMixture", "batch_shares", "shared_selection"]
+__all__ = ["EPOCH_STRIDE", "PER_DATASET_OPTIONS", "DALILeRobotMixture", "batch_shares", "shared_selection"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,11 @@ DATASET_INDEX = "dataset_index"
 _OWN_ARGUMENTS = frozenset({"dataset", "batch_size", "seed", "num_workers", "cameras", "keys", "drop_last"})
 #: Arguments that open a dataset: give each dataset its own by passing it opened (``open_dataset``).
 _OPENING_ARGUMENTS = frozenset({"revision", "episodes", "episode_filter", "data_files_root"})
+#: Arguments ``dataset_options`` may set per dataset: how its own files are read and its samples drawn, which
+#: datasets of other writers need differently (wall-clock parquet timestamps, a codec NVDEC lacks, long episodes).
+PER_DATASET_OPTIONS = frozenset(
+    {"timestamp_source", "tolerance_s", "decode", "cpu_decode", "augment", "episode_pool_size"}
+)
 
 Dataset = str | os.PathLike[str] | LeRobotDatasetReader
 
@@ -73,9 +78,11 @@ class DALILeRobotMixture:
 
     ``weights`` (default: each dataset's frame count, as reading their concatenation would) set the shares.
     ``num_workers`` is split over the datasets by share (at least one each). Every other argument of
-    :class:`~lerobot_dali.iterator.DALILeRobotIterator` applies to every dataset; arguments that open a dataset
-    (``revision``, ``episodes``, ``episode_filter``, ``data_files_root``) are per dataset: pass it opened with
-    ``open_dataset``.
+    :class:`~lerobot_dali.iterator.DALILeRobotIterator` applies to every dataset, but ``dataset_options`` (one
+    mapping per dataset) sets those of :data:`PER_DATASET_OPTIONS` for one dataset, e.g.
+    ``[{"timestamp_source": "frame_index"}, {}]`` for a first dataset whose parquet timestamps are wall-clock.
+    Arguments that open a dataset (``revision``, ``episodes``, ``episode_filter``, ``data_files_root``) are per
+    dataset too: pass it opened with ``open_dataset``.
     Every batch is full: as with ``drop_last=True``, each dataset's epoch leaves out fewer samples than its share.
     """
 
@@ -89,11 +96,13 @@ class DALILeRobotMixture:
         num_workers: int = 4,
         cameras: Sequence[str] | None = None,
         keys: Sequence[str] | None = None,
+        dataset_options: Sequence[Mapping[str, Any] | None] | None = None,
         **options: Any,
     ) -> None:
         _check_options(options)
         if isinstance(datasets, str | os.PathLike | LeRobotDatasetReader) or not datasets:
             raise TypeError(f"datasets must be a non-empty list of datasets, got {datasets!r}")
+        own_options = _per_dataset(dataset_options, len(datasets))
         batch_size = check_int("batch_size", batch_size, minimum=1)
         num_workers = check_int("num_workers", num_workers, minimum=0)
         check_int("seed", seed, minimum=0)
@@ -129,7 +138,7 @@ class DALILeRobotMixture:
                         num_workers=workers[i],
                         dali_threads=dali_threads[i],
                         drop_last=True,
-                        **options,
+                        **{**options, **own_options[i]},
                     )
                 )
         except BaseException:
@@ -323,6 +332,25 @@ def _check_options(options: Mapping[str, Any]) -> None:
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise TypeError(f"DALILeRobotMixture got unexpected argument(s) {unknown}")
+
+
+def _per_dataset(dataset_options: Sequence[Mapping[str, Any] | None] | None, count: int) -> list[dict[str, Any]]:
+    """``dataset_options`` checked: one mapping (or None) per dataset, of :data:`PER_DATASET_OPTIONS` only."""
+    if dataset_options is None:
+        return [{} for _ in range(count)]
+    if isinstance(dataset_options, Mapping) or len(dataset_options) != count:
+        raise TypeError(f"dataset_options takes one mapping (or None) per dataset ({count}), got {dataset_options!r}")
+    checked = []
+    for i, given in enumerate(dataset_options):
+        given = dict(given or {})
+        other = sorted(set(given) - PER_DATASET_OPTIONS)
+        if other:
+            raise TypeError(
+                f"dataset_options[{i}] sets {other}, which apply to every dataset alike (or, for those that open a "
+                f"dataset, pass it opened with open_dataset); per dataset: {sorted(PER_DATASET_OPTIONS)}"
+            )
+        checked.append(given)
+    return checked
 
 
 def _opened(dataset: Dataset) -> LeRobotDatasetReader:

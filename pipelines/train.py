@@ -97,8 +97,9 @@ class TrainOptions:
     image_size: tuple[int, int] | None = None
     augment: Path | None = None
     decode: str = "auto"
-    timestamp_source: str = "parquet_timestamp"
-    tolerance_s: float | None = None
+    #: One for every dataset, or one per dataset of a mixture (in --dataset order).
+    timestamp_source: str | tuple[str, ...] = "parquet_timestamp"
+    tolerance_s: float | tuple[float, ...] | None = None
     mixed_precision: str = "no"
     checkpoint_dir: Path | None = None
     save_every: int = 0
@@ -126,6 +127,21 @@ class TrainOptions:
             raise ValueError("--weights takes one weight per --dataset, and needs two datasets or more")
         if self.episodes is not None and several:
             raise ValueError("--episodes selects episodes of one dataset; with several, select no episodes")
+        for flag, value in (("--timestamp-source", self.timestamp_source), ("--tolerance-s", self.tolerance_s)):
+            if isinstance(value, tuple) and len(value) != len(self.datasets):
+                raise ValueError(f"{flag} takes one value, or one per --dataset ({len(self.datasets)}), got {value}")
+
+    def dataset_options(self) -> list[dict[str, Any]]:
+        """Per dataset, its ``timestamp_source`` and ``tolerance_s`` (where given): the iterator's arguments."""
+        count = len(self.datasets)
+        sources = (
+            self.timestamp_source if isinstance(self.timestamp_source, tuple) else (self.timestamp_source,) * count
+        )
+        tolerances = self.tolerance_s if isinstance(self.tolerance_s, tuple) else (self.tolerance_s,) * count
+        return [
+            {"timestamp_source": source, **({} if tolerance is None else {"tolerance_s": tolerance})}
+            for source, tolerance in zip(sources, tolerances, strict=True)
+        ]
 
     @property
     def datasets(self) -> tuple[str, ...]:
@@ -172,9 +188,18 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     p.add_argument("--image-size", type=int, nargs=2, metavar=("H", "W"), help="resize cameras on the device")
     p.add_argument("--augment", type=Path, help="augmentation TOML (pipelines/recipes/augment_example.toml)")
     p.add_argument("--decode", default="auto", help="decode route preference passed to the iterator")
-    p.add_argument("--timestamp-source", choices=("parquet_timestamp", "frame_index"), default="parquet_timestamp")
     p.add_argument(
-        "--tolerance-s", type=float, help="most a row's time may be from its video frame (default: the iterator's)"
+        "--timestamp-source",
+        nargs="+",
+        choices=("parquet_timestamp", "frame_index"),
+        default=["parquet_timestamp"],
+        help="how rows find their video frames: one value, or one per --dataset",
+    )
+    p.add_argument(
+        "--tolerance-s",
+        type=float,
+        nargs="+",
+        help="most a row's time may be from its video frame (default: the iterator's): one value, or one per --dataset",
     )
     p.add_argument("--mixed-precision", choices=_PRECISIONS, default="no")
     p.add_argument("--checkpoint-dir", type=Path)
@@ -196,10 +221,16 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         recipe=a.recipe, chunk=a.chunk, lr=a.lr, grad_clip=a.grad_clip, seed=a.seed,
         episode_pool_size=a.episode_pool_size,
         image_size=tuple(a.image_size) if a.image_size else None, augment=a.augment, decode=a.decode,
-        timestamp_source=a.timestamp_source, tolerance_s=a.tolerance_s, mixed_precision=a.mixed_precision,
+        timestamp_source=_one_or_each(a.timestamp_source), tolerance_s=_one_or_each(a.tolerance_s),
+        mixed_precision=a.mixed_precision,
         checkpoint_dir=a.checkpoint_dir,
         save_every=a.save_every, resume=a.resume, log_every=a.log_every, record_dir=a.record_dir,
     )  # fmt: skip
+
+
+def _one_or_each(values: list[Any] | None) -> Any:
+    """A flag's one value, or its several as a tuple (one per dataset)."""
+    return values if values is None else values[0] if len(values) == 1 else tuple(values)
 
 
 # -- processes and ranks --------------------------------------------------------------------------------------
@@ -320,9 +351,10 @@ def build_iterator(
 
     readers = readers if isinstance(readers, list) else [readers]
     several = len(readers) > 1
+    own = options.dataset_options()
     return (DALILeRobotMixture if several else DALILeRobotIterator)(
         readers if several else readers[0],
-        **({"weights": options.weights} if several else {"drop_last": True}),
+        **({"weights": options.weights, "dataset_options": own} if several else {"drop_last": True, **own[0]}),
         batch_size=options.batch_size,
         delta_timestamps=plan.delta_timestamps,
         shuffle=True,
@@ -335,8 +367,6 @@ def build_iterator(
         augment=plan.augment,
         rank=rank,
         world_size=world_size,
-        timestamp_source=options.timestamp_source,
-        **({} if options.tolerance_s is None else {"tolerance_s": options.tolerance_s}),
     )
 
 

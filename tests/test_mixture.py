@@ -8,15 +8,23 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
 from lerobot_dali import DALILeRobotMixture, open_dataset
-from lerobot_dali.errors import DeltaTimestampsError, MissingDataFileError, SchemaMismatchError
+from lerobot_dali.errors import (
+    DeltaTimestampsError,
+    FrameTimestampError,
+    MissingDataFileError,
+    SchemaMismatchError,
+)
 from lerobot_dali.frame_marker import read_full_marker
 from lerobot_dali.generate import expected_action, expected_state, expected_task_index, task_name
 from lerobot_dali.mixture import EPOCH_STRIDE, batch_shares
@@ -29,8 +37,8 @@ DELTAS = {"action": [0.0, 0.1], "observation.images.cam0": [-0.1, 0.0]}
 def _datasets(make_ds, second: dict | None = None) -> list[Path]:
     """The two datasets; ``second``: other arguments for the second."""
     return [
-        make_ds(episodes=len(lengths), frames_per_episode=lengths, cameras=1 + i, codec=codec, fps=fps, gop=4,
-                seed=seed, **(second or {} if i else {}))
+        make_ds(**{"episodes": len(lengths), "frames_per_episode": lengths, "cameras": 1 + i, "codec": codec,
+                   "fps": fps, "gop": 4, "seed": seed, **(second or {} if i else {})})
         for i, (lengths, fps, codec, seed) in enumerate(SPECS)
     ]  # fmt: skip
 
@@ -213,6 +221,52 @@ def test_per_dataset_selection_through_open_dataset(make_ds) -> None:
                           "dataset_index"}  # fmt: skip
     assert _keys(batch) == [(0, 0, 0), (1, 1, 0)]
     mix.close()
+
+
+def _jitter_timestamps(root: Path, seconds: float) -> None:
+    """Parquet timestamps off the frame grid by up to ``seconds`` either way (cr5's wall-clock ones: 0.03 s at
+    10 fps), still in order."""
+    rng = np.random.default_rng(0)
+    for path in sorted((root / "data").rglob("*.parquet")):
+        table = pq.read_table(path)
+        stamps = table["timestamp"].to_numpy() + rng.uniform(-seconds, seconds, table.num_rows)
+        column = table.schema.get_field_index("timestamp")
+        pq.write_table(table.set_column(column, "timestamp", pa.array(stamps.astype(np.float32))), path)
+
+
+def test_dataset_options_read_each_dataset_its_own_way(make_ds, tmp_path: Path) -> None:
+    from lerobot_dali import DALILeRobotIterator
+
+    # The first needs timestamp_source="frame_index"; the second's timestamps are within 1 ms of its frames.
+    wall_clock, other = (
+        shutil.copytree(path, tmp_path / name) for path, name in zip(_datasets(make_ds), "ab", strict=True)
+    )
+    _jitter_timestamps(wall_clock, 0.03)
+    _jitter_timestamps(other, 0.001)
+    options = dict(delta_timestamps=DELTAS, shuffle=False, device="cpu", num_workers=0, return_uint8=True)
+    for wrong in (None, [{"timestamp_source": "frame_index"}, {}]):  # each fails at the dataset it does not fit
+        with pytest.raises(FrameTimestampError, match=str(other if wrong else wall_clock)):
+            DALILeRobotMixture([wall_clock, other], batch_size=4, dataset_options=wrong, **options)
+    own = [{"timestamp_source": "frame_index"}, {"tolerance_s": 2e-3}]
+    mix = DALILeRobotMixture([wall_clock, other], batch_size=4, dataset_options=own, **options)
+    batches = [batch for _, batch in zip(range(6), mix, strict=False)]
+    mix.close()
+    for position, (path, share) in enumerate(zip((wall_clock, other), (1, 3), strict=True)):
+        alone = DALILeRobotIterator(path, batch_size=share, cameras=["observation.images.cam0"], **own[position],
+                                    **options)  # fmt: skip
+        start = 0 if position == 0 else 1
+        for batch, single in zip(batches, alone, strict=False):
+            for key, value in single.items():
+                got = batch[key][start : start + share]
+                assert got == value if key == "task" else torch.equal(got, value), key
+        alone.close()
+    frames = torch.cat([b["observation.images.cam0"][:1] for b in batches])  # the wall-clock dataset's, by marker
+    keys = [k for b in batches for k in _keys(b)[:1]]
+    assert [_marker(f[-1].float() / 255)[:2] for f in frames] == [k[1:] for k in keys]
+    with pytest.raises(TypeError, match=r"dataset_options\[1\] sets \['shuffle'\], which apply to every dataset"):
+        DALILeRobotMixture([wall_clock, other], dataset_options=[{}, {"shuffle": False}], device="cpu")
+    with pytest.raises(TypeError, match=r"one mapping \(or None\) per dataset \(2\)"):
+        DALILeRobotMixture([wall_clock, other], dataset_options=[{}], device="cpu")
 
 
 def test_a_failed_part_loses_no_sample_of_the_others(make_ds, copy_ds) -> None:

@@ -332,6 +332,22 @@ def test_tolerance_flag_reaches_the_iterator(make_ds: Callable[..., Path]) -> No
         iterator = build_iterator(reader, plan, options, device="cpu", rank=0, world_size=1)
         assert iterator._tolerance_s == expected
         iterator.close()
+    # A mixture: one value for every dataset, or one per dataset.
+    other = open_dataset(make_ds(**{**EVEN, "seed": 1}))
+    base = ["--dataset", "a", "b", *base[2:]]
+    for extra, sources, tolerances in (
+        (["--tolerance-s", "0.0201"], ["parquet_timestamp"] * 2, [0.0201] * 2),
+        (["--timestamp-source", "frame_index", "parquet_timestamp", "--tolerance-s", "0.001", "0.0201"],
+         ["frame_index", "parquet_timestamp"], [0.001, 0.0201]),
+    ):  # fmt: skip
+        options = parse_args([*base, *extra])
+        plan = data_plan(options, fps=reader.fps, camera_keys=reader.camera_keys)
+        mix = build_iterator([reader, other], plan, options, device="cpu", rank=0, world_size=1)
+        assert [part._timestamp_source.value for part in mix.datasets] == sources
+        assert [part._tolerance_s for part in mix.datasets] == tolerances
+        mix.close()
+    with pytest.raises(ValueError, match=r"--timestamp-source takes one value, or one per --dataset \(2\)"):
+        parse_args([*base, "--timestamp-source", "frame_index", "frame_index", "frame_index"])
 
 
 def test_data_plan_resolves_recipe_windows_and_overrides(tmp_path: Path) -> None:
