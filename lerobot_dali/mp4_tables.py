@@ -2,6 +2,9 @@
 
 Reading only the top-level box headers and ``moov`` lets the packet index take every packet's timestamps
 from the file's own tables instead of demuxing the whole file (what makes indexing a remote file cheap).
+PyAV >= 16 exposes FFmpeg's index (decode times, offsets, sizes, keyframes), and only ``ctts`` is read here;
+older PyAV does not, so :class:`SampleTable` reads those from ``stts``, ``stsc``, ``stco``/``co64``, ``stsz`` and
+``stss`` too, for the tracks whose tables FFmpeg reads the same way (no sample groups, at most one edit).
 """
 
 from __future__ import annotations
@@ -13,10 +16,21 @@ from typing import IO
 
 import numpy as np
 
-__all__ = ["Mp4Track", "read_mp4_tracks"]
+__all__ = ["Mp4Track", "SampleTable", "read_mp4_tracks"]
 
 # Largest moov box read into memory; real moov boxes are about 20 bytes per sample.
 _MAX_MOOV_BYTES = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SampleTable:
+    """Each sample of a track, in decode order: its decode time in the track's time base counted from 0 (the
+    edit list not applied: FFmpeg shifts every timestamp by the edit's start), byte offset, size and sync flag."""
+
+    dts: np.ndarray
+    offset: np.ndarray
+    size: np.ndarray
+    keyframe: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -30,6 +44,9 @@ class Mp4Track:
     ctts_offsets: np.ndarray
     #: Whether the movie has fragments (``mvex``): samples then live outside ``moov``.
     fragmented: bool
+    #: Every sample from the tables, or None where they hold what FFmpeg reads otherwise than plainly (sample
+    #: groups, partial sync samples, several edits, compact sizes) or do not add up.
+    samples: SampleTable | None = None
 
     def composition_offsets(self) -> np.ndarray | None:
         """Each sample's composition offset (zeros without ``ctts``), or None when ``ctts`` does not fit."""
@@ -118,8 +135,86 @@ def _parse_moov(data: bytes) -> dict[int, Mp4Track] | None:
             table = np.frombuffer(data, dtype=">i4", count=2 * entries, offset=ctts[0] + 8).reshape(-1, 2)
             counts = table[:, 0].astype(np.uint32).astype(np.int64)
             offsets = table[:, 1].astype(np.int64)
-        tracks[track_id] = Mp4Track(track_id, sample_count, counts, offsets, fragmented)
+        samples = _sample_table(data, stbl, start, end, sample_count)
+        tracks[track_id] = Mp4Track(track_id, sample_count, counts, offsets, fragmented, samples)
     return tracks
+
+
+def _full_box_table(data: bytes, box: tuple[int, int] | None, columns: int, dtype: str) -> np.ndarray | None:
+    """The entries of a full box holding a count then ``columns`` values of ``dtype`` each; None if it is cut."""
+    if box is None or box[0] + 8 > box[1]:
+        return None
+    (entries,) = struct.unpack_from(">I", data, box[0] + 4)
+    width = np.dtype(dtype).itemsize * columns
+    if box[0] + 8 + width * entries > box[1]:
+        return None
+    return np.frombuffer(data, dtype=dtype, count=columns * entries, offset=box[0] + 8).reshape(-1, columns)
+
+
+def _sample_table(data: bytes, stbl: tuple[int, int], trak_start: int, trak_end: int, count: int) -> SampleTable | None:
+    def box(kind: bytes) -> tuple[int, int] | None:
+        return _find_box(data, *stbl, (kind,))
+
+    unmodelled = (b"sbgp", b"sgpd", b"stps", b"stz2")  # (sample groups: FFmpeg may flag their samples keyframes)
+    if count == 0 or any(box(kind) for kind in unmodelled) or not _plain_edits(data, trak_start, trak_end):
+        return None
+    stts = _full_box_table(data, box(b"stts"), 2, ">u4")
+    stsc = _full_box_table(data, box(b"stsc"), 3, ">u4")
+    chunks = _full_box_table(data, box(b"stco"), 1, ">u4")
+    if chunks is None:
+        chunks = _full_box_table(data, box(b"co64"), 1, ">u8")
+    stsz = box(b"stsz")
+    if stts is None or stsc is None or chunks is None or stsz is None or stsz[0] + 12 > stsz[1]:
+        return None
+    if int(stts[:, 0].astype(np.int64).sum()) != count or len(stsc) == 0 or len(chunks) == 0:
+        return None
+    dts = np.r_[0, np.cumsum(np.repeat(stts[:, 1].astype(np.int64), stts[:, 0].astype(np.int64)))[:-1]]
+    (uniform,) = struct.unpack_from(">I", data, stsz[0] + 4)
+    if uniform:
+        size = np.full(count, uniform, dtype=np.int64)
+    elif stsz[0] + 12 + 4 * count <= stsz[1]:
+        size = np.frombuffer(data, dtype=">u4", count=count, offset=stsz[0] + 12).astype(np.int64)
+    else:
+        return None
+    # stsc: runs of chunks (1-based first chunk) holding a number of samples each; every chunk's samples are
+    # stored back to back from the chunk's offset.
+    first_chunk = stsc[:, 0].astype(np.int64)
+    if first_chunk[0] != 1 or (np.diff(first_chunk) <= 0).any() or first_chunk[-1] > len(chunks):
+        return None
+    run_chunks = np.diff(np.r_[first_chunk, len(chunks) + 1])
+    per_chunk = np.repeat(stsc[:, 1].astype(np.int64), run_chunks)
+    if int(per_chunk.sum()) < count:
+        return None
+    chunk_of = np.repeat(np.arange(len(chunks)), per_chunk)[:count]
+    first_of_chunk = (np.cumsum(per_chunk) - per_chunk)[chunk_of]  # the first sample of each sample's chunk
+    start = np.cumsum(size) - size  # where each sample would start were all samples in one chunk
+    offset = chunks[:, 0].astype(np.int64)[chunk_of] + start - start[first_of_chunk]
+    stss = box(b"stss")
+    keyframe = np.ones(count, dtype=bool)  # no stss: every sample is a sync sample
+    if stss is not None:
+        sync = _full_box_table(data, stss, 1, ">u4")
+        if sync is None or ((sync < 1) | (sync > count)).any():
+            return None
+        keyframe[:] = False
+        keyframe[sync[:, 0].astype(np.int64) - 1] = True
+    return SampleTable(dts=dts, offset=offset, size=size, keyframe=keyframe)
+
+
+def _plain_edits(data: bytes, trak_start: int, trak_end: int) -> bool:
+    """Whether the track has no edit list, or one edit at normal rate that starts somewhere in the media (what
+    FFmpeg applies as one shift of every timestamp; an empty edit or several edits it applies otherwise)."""
+    elst = _find_box(data, trak_start, trak_end, (b"edts", b"elst"))
+    if elst is None:
+        return True
+    if elst[0] + 8 > elst[1]:
+        return False
+    version = data[elst[0]]
+    (entries,) = struct.unpack_from(">I", data, elst[0] + 4)
+    entry = ">QqhH" if version == 1 else ">IihH"
+    if entries != 1 or elst[0] + 8 + struct.calcsize(entry) > elst[1]:
+        return False
+    _, media_time, rate, fraction = struct.unpack_from(entry, data, elst[0] + 8)
+    return media_time >= 0 and (rate, fraction) == (1, 0)
 
 
 def _sample_count(data: bytes, start: int, end: int) -> int | None:

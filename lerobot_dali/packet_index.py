@@ -208,7 +208,7 @@ def _index_container(
         )
     samples: dict[int, bytes] = {}
     first_key: bytes | None = None
-    rows: list[tuple[int, int, int, int, bool]] | None
+    rows: list[Row] | None
     if tracks is None:
         rows, first_key = _rows_from_demux(container, stream, samples, label=label)
     else:
@@ -273,43 +273,55 @@ def _rows_from_demux(
 @functools.cache
 def _note_no_demuxer_index() -> None:
     logger.warning(
-        "PyAV %s does not expose FFmpeg's MP4 index (PyAV >= 16 does): every video is indexed by demuxing it whole, "
-        "which reads each remote video file in full once (the index is then kept on disk) instead of its header.",
+        "PyAV %s does not expose FFmpeg's MP4 index (PyAV >= 16 does), and a video's sample tables hold what "
+        "lerobot-dali does not read itself (sample groups, several edits): such videos are indexed by demuxing them "
+        "whole, which reads a remote video file in full once (the index is then kept on disk) instead of its header.",
         av.__version__,
     )
 
 
+Row = tuple[int, int, int, int, bool]  # pts, dts, byte offset, size, keyframe
+
+
 def _rows_from_sample_tables(
     container: Any, stream: Any, tracks: dict[int, Mp4Track], samples: dict[int, bytes], *, label: str
-) -> list[tuple[int, int, int, int, bool]] | None:
-    """Every packet from FFmpeg's MP4 index plus ``ctts``, or None (logged) where that cannot be trusted.
+) -> list[Row] | None:
+    """Every packet from the MP4 index plus ``ctts``, or None (logged) where that cannot be trusted.
 
-    The demuxer's index (built from ``moov`` at open) holds each sample's dts (edit list applied), byte
-    offset, size and keyframe flag; pts adds the sample's composition offset and the demuxer's constant dts
-    shift, which the first demuxed packets give and check. Fills ``samples`` with those packets' payloads.
+    The index is FFmpeg's where PyAV exposes it (>= 16; built from ``moov`` at open: each sample's dts with the
+    edit list applied, byte offset, size and keyframe flag), else the sample tables' own
+    (:class:`~lerobot_dali.mp4_tables.SampleTable`, the edit list not applied). pts adds the sample's composition
+    offset; the constant shift FFmpeg applies (the edit's start) comes from the first demuxed packets, which must
+    equal the first rows. The tables' own rows must also equal the packets demuxed from the last keyframe on (an
+    edit that ends early drops those). Fills ``samples`` with the first packets' payloads.
     """
     track = tracks.get(int(stream.id))
     if track is None or track.fragmented:
         logger.debug("%s: no plain MP4 track %s (fragmented or missing); demuxing.", label, stream.id)
         return None
-    entries = getattr(stream, "index_entries", None)  # (PyAV >= 16)
-    if entries is None:
-        _note_no_demuxer_index()
-        return None
-    if len(entries) != track.sample_count:
-        logger.debug("%s: index has %d entries, stsz %d samples; demuxing.", label, len(entries), track.sample_count)
-        return None
     offsets = track.composition_offsets()
     if offsets is None:
         logger.debug("%s: ctts covers a different number of samples than stsz; demuxing.", label)
         return None
-    rows: list[tuple[int, int, int, int, bool]] = []
-    for entry, offset in zip(entries, offsets.tolist(), strict=True):
-        if entry.is_discard:
-            logger.debug("%s: the edit list discards samples; demuxing.", label)
+    entries = _demuxer_index(stream)
+    if entries is not None:
+        rows = _rows_from_demuxer_index(entries, offsets, track, label=label)
+        if rows is None:
             return None
-        if entry.size > 0:
-            rows.append((entry.timestamp + offset, entry.timestamp, entry.pos, entry.size, entry.is_keyframe))
+    elif track.samples is None:
+        _note_no_demuxer_index()
+        return None
+    else:
+        table = track.samples
+        rows = [
+            row
+            for row in zip(
+                (table.dts + offsets).tolist(), table.dts.tolist(), table.offset.tolist(), table.size.tolist(),
+                table.keyframe.tolist(), strict=True,
+            )
+            if row[3] > 0
+        ]  # fmt: skip
+    own_dts = entries is None  # (FFmpeg's dts are shifted already)
     shift: int | None = None
     check = min(_TIMESTAMP_CHECK_PACKETS, len(rows))
     demuxed = (packet for packet in container.demux(stream) if packet.size > 0)
@@ -317,7 +329,9 @@ def _rows_from_sample_tables(
     for row, packet in zip(rows[:check], demuxed, strict=False):
         if shift is None and packet.pts is not None:
             shift = packet.pts - row[0]
-        if (packet.pts, packet.dts, packet.pos, packet.size, packet.is_keyframe) != (row[0] + (shift or 0), *row[1:]):
+        dts_shift = (shift or 0) if own_dts else 0
+        expected = (row[0] + (shift or 0), row[1] + dts_shift, *row[2:])
+        if (packet.pts, packet.dts, packet.pos, packet.size, packet.is_keyframe) != expected:
             logger.debug("%s: packet %d disagrees with the MP4 sample tables; demuxing.", label, checked)
             return None
         if checked < _BYTE_CHECK_PACKETS:
@@ -327,8 +341,41 @@ def _rows_from_sample_tables(
         logger.debug("%s: fewer packets than MP4 samples; demuxing.", label)
         return None
     if shift:
-        rows = [(pts + shift, *rest) for pts, *rest in rows]  # type: ignore[misc]
+        rows = [(pts + shift, dts + shift if own_dts else dts, *rest) for pts, dts, *rest in rows]  # type: ignore[misc]
+    if own_dts and not _tail_agrees(container, stream, rows):
+        logger.debug("%s: the packets from the last keyframe on disagree with the MP4 sample tables; demuxing.", label)
+        return None
     return rows
+
+
+def _demuxer_index(stream: Any) -> Any:
+    """FFmpeg's index of ``stream`` (PyAV >= 16), or None."""
+    return getattr(stream, "index_entries", None)
+
+
+def _rows_from_demuxer_index(entries: Any, offsets: np.ndarray, track: Mp4Track, *, label: str) -> list[Row] | None:
+    if len(entries) != track.sample_count:
+        logger.debug("%s: index has %d entries, stsz %d samples; demuxing.", label, len(entries), track.sample_count)
+        return None
+    rows: list[Row] = []
+    for entry, offset in zip(entries, offsets.tolist(), strict=True):
+        if entry.is_discard:
+            logger.debug("%s: the edit list discards samples; demuxing.", label)
+            return None
+        if entry.size > 0:
+            rows.append((entry.timestamp + offset, entry.timestamp, entry.pos, entry.size, entry.is_keyframe))
+    return rows
+
+
+def _tail_agrees(container: Any, stream: Any, rows: list[Row]) -> bool:
+    """Whether the packets demuxed from the last keyframe on are the last rows (one seek, one GOP read)."""
+    keys = [i for i, row in enumerate(rows) if row[4]]
+    if not keys:
+        return False
+    container.seek(rows[keys[-1]][1], stream=stream, backward=True, any_frame=False)
+    tail = [(p.pts, p.dts, p.pos, p.size, p.is_keyframe) for p in container.demux(stream) if p.size > 0]
+    start = next((i for i in range(keys[-1], -1, -1) if tail and rows[i][2] == tail[0][2]), None)
+    return start is not None and tail == [tuple(row) for row in rows[start:]]
 
 
 def _first_keyframe_bytes(handle: IO[bytes], table: np.ndarray) -> bytes | None:

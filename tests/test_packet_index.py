@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import shutil
@@ -356,12 +357,20 @@ def test_duplicate_pts_rejected(marker_video: MarkerVideo) -> None:
 
 @pytest.mark.parametrize("codec", ["av1", "h264", "hevc", "vp9"])
 @pytest.mark.parametrize("gop", [2, 30])
-def test_moov_index_equals_demux_index(marker_video: MarkerVideo, codec: str, gop: int) -> None:
+@pytest.mark.parametrize("own_tables", [False, True], ids=["ffmpeg_index", "own_tables"])
+def test_moov_index_equals_demux_index(
+    marker_video: MarkerVideo, codec: str, gop: int, own_tables: bool, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    """Read through FFmpeg's index (PyAV >= 16), or from the sample tables alone (as PyAV < 16 must)."""
     path = marker_video(codec, gop)
-    with pytest.MonkeyPatch.context() as patch:
+    with monkeypatch.context() as patch:
         patch.setattr(packet_index, "read_mp4_tracks", lambda handle, size: None)
         demuxed = build_packet_index(path)
-    index = build_packet_index(path)
+    if own_tables:
+        monkeypatch.setattr(packet_index, "_demuxer_index", lambda stream: None)
+    with caplog.at_level(logging.DEBUG, logger="lerobot_dali.packet_index"):
+        index = build_packet_index(path)
+    assert "demuxing" not in caplog.text  # (the tables were used, not the fallback)
     for name in ("pts", "dts", "byte_offset", "size_bytes", "keyframe"):
         np.testing.assert_array_equal(getattr(index, name), getattr(demuxed, name), err_msg=name)
     for name in ("codec", "width", "height", "pix_fmt", "time_base", "template", "byte_exact", "file_size_bytes"):

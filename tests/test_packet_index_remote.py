@@ -1,10 +1,15 @@
-"""Packet indexes of MP4 files come from the moov sample tables: few bytes read, same index as a full demux."""
+"""Packet indexes of MP4 files come from the moov sample tables: few bytes read, same index as a full demux.
+
+The tables are read through FFmpeg's index where PyAV exposes it (>= 16) and by lerobot-dali itself otherwise
+(LeRobot >= 0.5 pins PyAV < 16); tests marked ``index_source`` run both ways.
+"""
 
 from __future__ import annotations
 
 import io
 import logging
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import av
@@ -20,10 +25,17 @@ from tests.video_fixtures import MarkerVideo, cr5_video, r1_video
 _ARRAYS = ("pts", "dts", "byte_offset", "size_bytes", "keyframe")
 _FIELDS = ("codec", "width", "height", "pix_fmt", "time_base", "template", "byte_exact", "file_size_bytes")
 
-#: The MP4 header route reads FFmpeg's index, which PyAV exposes from 16; older ones demux every file whole.
-needs_demuxer_index = pytest.mark.skipif(
-    int(av.__version__.split(".")[0]) < 16, reason="PyAV < 16 exposes no demuxer index: videos are demuxed whole"
-)
+
+@pytest.fixture(params=["ffmpeg_index", "own_tables"])
+def index_source(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Where the MP4 route takes each sample's dts, offset, size and keyframe flag from: FFmpeg's index (PyAV >= 16
+    exposes it) or the sample tables as :mod:`lerobot_dali.mp4_tables` reads them (what PyAV < 16 gets)."""
+    if request.param == "ffmpeg_index":
+        if int(av.__version__.split(".")[0]) < 16:
+            pytest.skip("PyAV < 16 exposes no demuxer index")
+    else:
+        monkeypatch.setattr(packet_index, "_demuxer_index", lambda stream: None)
+    return str(request.param)
 
 
 class CountingReader(io.RawIOBase):
@@ -90,8 +102,7 @@ def remux(source: Path, target: Path, **options: str) -> Path:
     return target
 
 
-@needs_demuxer_index
-def test_moov_index_reads_few_bytes_of_a_large_file(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_moov_index_reads_few_bytes_of_a_large_file(monkeypatch: pytest.MonkeyPatch, index_source: str) -> None:
     path = cr5_video(0)
     reader = CountingReader(path)
     with reader:
@@ -100,8 +111,7 @@ def test_moov_index_reads_few_bytes_of_a_large_file(monkeypatch: pytest.MonkeyPa
     assert_same_index(index, demux_index(path, monkeypatch))
 
 
-@needs_demuxer_index
-def test_fsspec_source_reads_few_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fsspec_source_reads_few_bytes(monkeypatch: pytest.MonkeyPatch, index_source: str) -> None:
     path = cr5_video(1)
     memory = fsspec.filesystem("memory")
     memory.pipe("/remote/cam.mp4", path.read_bytes())
@@ -122,7 +132,7 @@ def test_fsspec_source_reads_few_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("faststart", [False, True], ids=["moov_at_end", "faststart"])
 def test_moov_at_either_end(
-    marker_video: MarkerVideo, tmp_path: Path, faststart: bool, monkeypatch: pytest.MonkeyPatch
+    marker_video: MarkerVideo, tmp_path: Path, faststart: bool, monkeypatch: pytest.MonkeyPatch, index_source: str
 ) -> None:
     source = marker_video("h264", 30)
     options = {"movflags": "faststart"} if faststart else {}
@@ -144,9 +154,8 @@ def test_non_mp4_falls_back_to_demux(
     assert index.pts.tolist() == expected
 
 
-@needs_demuxer_index
 def test_disagreeing_tables_fall_back(
-    marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, index_source: str
 ) -> None:
     path = marker_video("h264", 30)
     expected = demux_index(path, monkeypatch)
@@ -155,7 +164,7 @@ def test_disagreeing_tables_fall_back(
     def wrong_ctts(handle: io.BufferedIOBase, size: int) -> dict[int, Mp4Track] | None:
         tracks = real(handle, size)
         assert tracks
-        return {k: Mp4Track(k, t.sample_count, t.ctts_counts, t.ctts_offsets * 2, False) for k, t in tracks.items()}
+        return {k: replace(t, ctts_offsets=t.ctts_offsets * 2) for k, t in tracks.items()}
 
     monkeypatch.setattr(packet_index, "read_mp4_tracks", wrong_ctts)
     with caplog.at_level(logging.DEBUG, logger="lerobot_dali.packet_index"):
@@ -164,7 +173,61 @@ def test_disagreeing_tables_fall_back(
     assert_same_index(index, expected)
 
 
-def test_real_files_match_demux(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("wrong", "said"),
+    [("last_keyframe", "from the last keyframe on disagree"), ("first_size", "packet 0 disagrees")],
+)
+def test_own_tables_that_disagree_with_the_demuxer_fall_back(
+    marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, wrong: str, said: str
+) -> None:
+    """The tables' own rows are checked at both ends: the first packets, and those from the last keyframe on (an
+    edit list that ends early, which FFmpeg applies by dropping samples, would differ there)."""
+    monkeypatch.setattr(packet_index, "_demuxer_index", lambda stream: None)
+    path = marker_video("h264", 30)
+    expected = demux_index(path, monkeypatch)
+    real = packet_index.read_mp4_tracks
+
+    def damaged(handle: io.BufferedIOBase, size: int) -> dict[int, Mp4Track] | None:
+        tracks = real(handle, size)
+        assert tracks and all(t.samples is not None for t in tracks.values())
+        out = {}
+        for k, t in tracks.items():
+            assert t.samples is not None
+            keyframe, sizes = t.samples.keyframe.copy(), t.samples.size.copy()
+            if wrong == "last_keyframe":
+                keyframe[np.flatnonzero(keyframe)[-1]] = False
+            else:
+                sizes[0] += 1
+            out[k] = replace(t, samples=replace(t.samples, keyframe=keyframe, size=sizes))
+        return out
+
+    monkeypatch.setattr(packet_index, "read_mp4_tracks", damaged)
+    with caplog.at_level(logging.DEBUG, logger="lerobot_dali.packet_index"):
+        index = build_packet_index(path)
+    assert said in caplog.text
+    assert_same_index(index, expected)
+
+
+def test_tables_with_what_is_not_modelled_are_demuxed_with_a_warning(
+    marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(packet_index, "_demuxer_index", lambda stream: None)
+    path = marker_video("h264", 30)
+    expected = demux_index(path, monkeypatch)
+    real = packet_index.read_mp4_tracks
+    monkeypatch.setattr(
+        packet_index,
+        "read_mp4_tracks",
+        lambda handle, size: {k: replace(t, samples=None) for k, t in (real(handle, size) or {}).items()},
+    )
+    packet_index._note_no_demuxer_index.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.packet_index"):
+        assert_same_index(build_packet_index(path), expected)
+        assert_same_index(build_packet_index(path), expected)
+    assert caplog.text.count("indexed by demuxing them whole") == 1
+
+
+def test_real_files_match_demux(monkeypatch: pytest.MonkeyPatch, index_source: str) -> None:
     for path in (r1_video(), cr5_video(0), cr5_video(1), cr5_video(2)):
         assert_same_index(build_packet_index(path), demux_index(path, monkeypatch))
 
