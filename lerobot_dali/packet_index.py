@@ -292,8 +292,8 @@ def _rows_from_sample_tables(
     edit list applied, byte offset, size and keyframe flag), else the sample tables' own
     (:class:`~lerobot_dali.mp4_tables.SampleTable`, the edit list not applied). pts adds the sample's composition
     offset; the constant shift FFmpeg applies (the edit's start) comes from the first demuxed packets, which must
-    equal the first rows. The tables' own rows must also equal the packets demuxed from the last keyframe on (an
-    edit that ends early drops those). Fills ``samples`` with the first packets' payloads.
+    equal the first rows. The tables' own rows must also end as the demuxer's packets do (an edit that ends early
+    drops samples there). Fills ``samples`` with the first packets' payloads.
     """
     track = tracks.get(int(stream.id))
     if track is None or track.fragmented:
@@ -343,7 +343,7 @@ def _rows_from_sample_tables(
     if shift:
         rows = [(pts + shift, dts + shift if own_dts else dts, *rest) for pts, dts, *rest in rows]  # type: ignore[misc]
     if own_dts and not _tail_agrees(container, stream, rows):
-        logger.debug("%s: the packets from the last keyframe on disagree with the MP4 sample tables; demuxing.", label)
+        logger.debug("%s: the last packets disagree with the MP4 sample tables; demuxing.", label)
         return None
     return rows
 
@@ -368,14 +368,12 @@ def _rows_from_demuxer_index(entries: Any, offsets: np.ndarray, track: Mp4Track,
 
 
 def _tail_agrees(container: Any, stream: Any, rows: list[Row]) -> bool:
-    """Whether the packets demuxed from the last keyframe on are the last rows (one seek, one GOP read)."""
-    keys = [i for i, row in enumerate(rows) if row[4]]
-    if not keys:
-        return False
-    container.seek(rows[keys[-1]][1], stream=stream, backward=True, any_frame=False)
+    """Whether the packets the demuxer has from the last row's decode time on are the last rows (one seek to any
+    frame, then a read of the last packet or so)."""
+    container.seek(rows[-1][1], stream=stream, backward=True, any_frame=True)
     tail = [(p.pts, p.dts, p.pos, p.size, p.is_keyframe) for p in container.demux(stream) if p.size > 0]
-    start = next((i for i in range(keys[-1], -1, -1) if tail and rows[i][2] == tail[0][2]), None)
-    return start is not None and tail == [tuple(row) for row in rows[start:]]
+    start = len(rows) - len(tail)
+    return bool(tail) and start >= 0 and tail == [tuple(row) for row in rows[start:]]
 
 
 def _first_keyframe_bytes(handle: IO[bytes], table: np.ndarray) -> bytes | None:

@@ -173,15 +173,35 @@ def test_disagreeing_tables_fall_back(
     assert_same_index(index, expected)
 
 
+@pytest.mark.parametrize("edit", ["later_start", "early_end"])
+def test_an_edited_edit_list_indexes_as_the_demuxer_reads_it(
+    marker_video: MarkerVideo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, index_source: str, edit: str
+) -> None:
+    """An edit that starts 5 frames later (FFmpeg shifts every timestamp by it) or ends halfway through the media."""
+    raw = bytearray(marker_video("h264", 30).read_bytes())
+    at = raw.find(b"elst") + 12  # the first entry: segment duration, media time (version 0)
+    duration, media_time = struct.unpack_from(">Ii", raw, at)
+    if edit == "later_start":
+        struct.pack_into(">i", raw, at + 4, media_time + 5 * 512)
+    else:
+        struct.pack_into(">I", raw, at, duration // 2)
+    path = tmp_path / "edited.mp4"
+    path.write_bytes(bytes(raw))
+    expected = demux_index(path, monkeypatch)
+    assert_same_index(build_packet_index(path), expected)
+    if edit == "later_start":
+        assert expected.pts.min() == -5 * 512 and expected.frame_count == 90
+
+
 @pytest.mark.parametrize(
     ("wrong", "said"),
-    [("last_keyframe", "from the last keyframe on disagree"), ("first_size", "packet 0 disagrees")],
+    [("last_size", "the last packets disagree"), ("first_size", "packet 0 disagrees")],
 )
 def test_own_tables_that_disagree_with_the_demuxer_fall_back(
     marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, wrong: str, said: str
 ) -> None:
-    """The tables' own rows are checked at both ends: the first packets, and those from the last keyframe on (an
-    edit list that ends early, which FFmpeg applies by dropping samples, would differ there)."""
+    """The tables' own rows are checked at both ends: the first packets, and the last (an edit list that ends early,
+    which FFmpeg applies by dropping samples, would differ there)."""
     monkeypatch.setattr(packet_index, "_demuxer_index", lambda stream: None)
     path = marker_video("h264", 30)
     expected = demux_index(path, monkeypatch)
@@ -193,12 +213,9 @@ def test_own_tables_that_disagree_with_the_demuxer_fall_back(
         out = {}
         for k, t in tracks.items():
             assert t.samples is not None
-            keyframe, sizes = t.samples.keyframe.copy(), t.samples.size.copy()
-            if wrong == "last_keyframe":
-                keyframe[np.flatnonzero(keyframe)[-1]] = False
-            else:
-                sizes[0] += 1
-            out[k] = replace(t, samples=replace(t.samples, keyframe=keyframe, size=sizes))
+            sizes = t.samples.size.copy()
+            sizes[-1 if wrong == "last_size" else 0] += 1
+            out[k] = replace(t, samples=replace(t.samples, size=sizes))
         return out
 
     monkeypatch.setattr(packet_index, "read_mp4_tracks", damaged)
