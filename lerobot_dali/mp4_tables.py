@@ -129,10 +129,9 @@ def _parse_moov(data: bytes) -> dict[int, Mp4Track] | None:
         counts, offsets = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         ctts = _find_box(data, *stbl, (b"ctts",))
         if ctts is not None:
-            (entries,) = struct.unpack_from(">I", data, ctts[0] + 4)
-            if ctts[0] + 8 + 8 * entries > ctts[1]:
+            table = _full_box_table(data, ctts, 2, ">i4")
+            if table is None:
                 return None
-            table = np.frombuffer(data, dtype=">i4", count=2 * entries, offset=ctts[0] + 8).reshape(-1, 2)
             counts = table[:, 0].astype(np.uint32).astype(np.int64)
             offsets = table[:, 1].astype(np.int64)
         samples = _sample_table(data, stbl, start, end, sample_count)

@@ -37,6 +37,9 @@ _BYTE_CHECK_PACKETS = 3
 # Packets demuxed to check the timestamps read from MP4 sample tables (a whole GOP start of most files).
 _TIMESTAMP_CHECK_PACKETS = 6
 
+#: One packet: pts, dts, byte offset, size, keyframe.
+Row = tuple[int, int, int, int, bool]
+
 
 @dataclass(frozen=True, eq=False)
 class PacketIndex:
@@ -212,7 +215,7 @@ def _index_container(
     if tracks is None:
         rows, first_key = _rows_from_demux(container, stream, samples, label=label)
     else:
-        rows = _rows_from_sample_tables(container, stream, tracks, samples, label=label)
+        rows = _rows_from_sample_tables(container, stream, tracks, samples, label=label, file_size=file_size)
         if rows is None:
             return None
         if rows and rows[0][4] and 0 in samples:
@@ -250,9 +253,9 @@ def _index_container(
 
 def _rows_from_demux(
     container: Any, stream: Any, samples: dict[int, bytes], *, label: str
-) -> tuple[list[tuple[int, int, int, int, bool]], bytes | None]:
+) -> tuple[list[Row], bytes | None]:
     """Every packet of ``stream`` by demuxing the whole file; fills ``samples`` with the first payloads."""
-    rows: list[tuple[int, int, int, int, bool]] = []
+    rows: list[Row] = []
     first_key: bytes | None = None
     for packet in container.demux(stream):
         if packet.size == 0:
@@ -280,11 +283,8 @@ def _note_no_demuxer_index() -> None:
     )
 
 
-Row = tuple[int, int, int, int, bool]  # pts, dts, byte offset, size, keyframe
-
-
 def _rows_from_sample_tables(
-    container: Any, stream: Any, tracks: dict[int, Mp4Track], samples: dict[int, bytes], *, label: str
+    container: Any, stream: Any, tracks: dict[int, Mp4Track], samples: dict[int, bytes], *, label: str, file_size: int
 ) -> list[Row] | None:
     """Every packet from the MP4 index plus ``ctts``, or None (logged) where that cannot be trusted.
 
@@ -293,7 +293,8 @@ def _rows_from_sample_tables(
     (:class:`~lerobot_dali.mp4_tables.SampleTable`, the edit list not applied). pts adds the sample's composition
     offset; the constant shift FFmpeg applies (the edit's start) comes from the first demuxed packets, which must
     equal the first rows. The tables' own rows must also end as the demuxer's packets do (an edit that ends early
-    drops samples there). Fills ``samples`` with the first packets' payloads.
+    drops samples there), unless they reach past ``file_size`` (a truncated file, which the caller names). Fills
+    ``samples`` with the first packets' payloads.
     """
     track = tracks.get(int(stream.id))
     if track is None or track.fragmented:
@@ -342,7 +343,8 @@ def _rows_from_sample_tables(
         return None
     if shift:
         rows = [(pts + shift, dts + shift if own_dts else dts, *rest) for pts, dts, *rest in rows]  # type: ignore[misc]
-    if own_dts and not _tail_agrees(container, stream, rows):
+    within_file = max((row[2] + row[3] for row in rows), default=0) <= file_size
+    if own_dts and rows and within_file and not _tail_agrees(container, stream, rows):
         logger.debug("%s: the last packets disagree with the MP4 sample tables; demuxing.", label)
         return None
     return rows
@@ -370,8 +372,13 @@ def _rows_from_demuxer_index(entries: Any, offsets: np.ndarray, track: Mp4Track,
 def _tail_agrees(container: Any, stream: Any, rows: list[Row]) -> bool:
     """Whether the packets the demuxer has from the last row's decode time on are the last rows (one seek to any
     frame, then a read of the last packet or so)."""
-    container.seek(rows[-1][1], stream=stream, backward=True, any_frame=True)
-    tail = [(p.pts, p.dts, p.pos, p.size, p.is_keyframe) for p in container.demux(stream) if p.size > 0]
+    try:
+        container.seek(rows[-1][1], stream=stream, backward=True, any_frame=True)
+        tail = [(p.pts, p.dts, p.pos, p.size, p.is_keyframe) for p in container.demux(stream) if p.size > 0]
+    except av.error.FFmpegError as e:  # (a file cut short among them: the demux that follows names it)
+        if is_transient(e):
+            raise
+        return False
     start = len(rows) - len(tail)
     return bool(tail) and start >= 0 and tail == [tuple(row) for row in rows[start:]]
 

@@ -173,6 +173,20 @@ def test_disagreeing_tables_fall_back(
     assert_same_index(index, expected)
 
 
+def test_a_faststart_file_cut_in_its_media_is_called_truncated(
+    marker_video: MarkerVideo, tmp_path: Path, index_source: str
+) -> None:
+    """Its header lists every sample, so the index reaches past the cut and says so (a whole demux, which the
+    tables' own route falls back to when its checks fail, would stop quietly where the bytes end)."""
+    whole = remux(marker_video("h264", 30), tmp_path / "faststart.mp4", movflags="faststart").read_bytes()
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(whole[: len(whole) * 3 // 4])
+    with pytest.raises(
+        packet_index.VideoDecodeError, match=rf"but the file has {len(whole) * 3 // 4} bytes; the file is truncated"
+    ):
+        build_packet_index(cut)
+
+
 @pytest.mark.parametrize("edit", ["later_start", "early_end"])
 def test_an_edited_edit_list_indexes_as_the_demuxer_reads_it(
     marker_video: MarkerVideo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, index_source: str, edit: str
