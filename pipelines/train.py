@@ -134,13 +134,13 @@ class TrainOptions:
     def dataset_options(self) -> list[dict[str, Any]]:
         """Per dataset, its ``timestamp_source`` and ``tolerance_s`` (where given): the iterator's arguments."""
         count = len(self.datasets)
-        sources = (
-            self.timestamp_source if isinstance(self.timestamp_source, tuple) else (self.timestamp_source,) * count
-        )
-        tolerances = self.tolerance_s if isinstance(self.tolerance_s, tuple) else (self.tolerance_s,) * count
+
+        def each(value: Any) -> tuple[Any, ...]:
+            return value if isinstance(value, tuple) else (value,) * count
+
         return [
             {"timestamp_source": source, **({} if tolerance is None else {"tolerance_s": tolerance})}
-            for source, tolerance in zip(sources, tolerances, strict=True)
+            for source, tolerance in zip(each(self.timestamp_source), each(self.tolerance_s), strict=True)
         ]
 
     @property
