@@ -28,6 +28,7 @@ from .dataset_reader import LeRobotDatasetReader, open_dataset
 from .episode_rows import INDEX_COLUMNS
 from .errors import DatasetError, DeltaTimestampsError, IteratorClosedError, ResumeStateError, SchemaMismatchError
 from .iterator import DALILeRobotIterator, default_dali_threads
+from .key_rename import KeyRename
 from .value_checks import check_int, is_number
 
 __all__ = ["EPOCH_STRIDE", "PER_DATASET_OPTIONS", "DALILeRobotMixture", "batch_shares", "shared_selection"]
@@ -47,6 +48,8 @@ _OPENING_ARGUMENTS = frozenset({"revision", "episodes", "episode_filter", "data_
 PER_DATASET_OPTIONS = frozenset(
     {"timestamp_source", "tolerance_s", "decode", "cpu_decode", "augment", "episode_pool_size"}
 )
+#: The ``dataset_options`` key of a dataset's ``{own key: batch key}`` renames (:class:`~.key_rename.KeyRename`).
+RENAME_MAP = "rename_map"
 
 Dataset = str | os.PathLike[str] | LeRobotDatasetReader
 
@@ -81,6 +84,9 @@ class DALILeRobotMixture:
     :class:`~lerobot_dali.iterator.DALILeRobotIterator` applies to every dataset, but ``dataset_options`` (one
     mapping per dataset) sets those of :data:`PER_DATASET_OPTIONS` for one dataset, e.g.
     ``[{"timestamp_source": "frame_index"}, {}]`` for a first dataset whose parquet timestamps are wall-clock.
+    Its ``"rename_map"`` (LeRobot's ``rename_map``, ``{own key: batch key}``) gives a dataset's cameras or features
+    the names the others have, e.g. ``{"observation.images.rgb": "observation.images.top"}``; every other argument
+    (``cameras``, ``keys``, ``delta_timestamps``, a per-camera ``normalize``) names keys as the batches do.
     Arguments that open a dataset (``revision``, ``episodes``, ``episode_filter``, ``data_files_root``) are per
     dataset too: pass it opened with ``open_dataset``.
     Every batch is full: as with ``drop_last=True``, each dataset's epoch leaves out fewer samples than its share.
@@ -107,9 +113,13 @@ class DALILeRobotMixture:
         num_workers = check_int("num_workers", num_workers, minimum=0)
         check_int("seed", seed, minimum=0)
         readers = [_opened(dataset) for dataset in datasets]
-        readers = shared_selection(readers, cameras=cameras, keys=keys)
-        _check_windows(readers, options.get("delta_timestamps"))
-        _check_shapes(readers)
+        self.renames = [
+            KeyRename.checked(own.pop(RENAME_MAP, None), reader)
+            for own, reader in zip(own_options, readers, strict=True)
+        ]
+        readers = shared_selection(readers, cameras=cameras, keys=keys, renames=self.renames)
+        _check_windows(readers, options.get("delta_timestamps"), self.renames)
+        _check_shapes(readers, self.renames)
         if weights is None:
             weights = [reader.num_frames for reader in readers]
         elif len(weights) != len(readers) or not all(is_number(w) for w in weights):
@@ -138,7 +148,7 @@ class DALILeRobotMixture:
                         num_workers=workers[i],
                         dali_threads=dali_threads[i],
                         drop_last=True,
-                        **{**options, **own_options[i]},
+                        **_own_names({**options, **own_options[i]}, self.renames[i]),
                     )
                 )
         except BaseException:
@@ -159,6 +169,9 @@ class DALILeRobotMixture:
             ", ".join(f"{n} of {r.location.description}" for n, r in zip(self.batch_shares, readers, strict=True)),
             readers[self.anchor].location.description, len(self), list(workers),
         )  # fmt: skip
+        for reader, rename in zip(readers, self.renames, strict=True):
+            if rename:
+                logger.info("mixture: %s keys renamed %s", reader.location.description, dict(rename.to_batch))
 
     def _check_parts_fill_batches(self) -> None:
         for i, part in enumerate(self.datasets):
@@ -271,9 +284,10 @@ class DALILeRobotMixture:
                 part.load_state_dict(state)
 
     def _join(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        parts = [rename.batch(part) for rename, part in zip(self.renames, parts, strict=True)]
         keys = list(parts[0])
         for part in parts[1:]:
-            if list(part) != keys:  # (ruled out at construction: the same selection and windows for all)
+            if set(part) != set(keys):  # (ruled out at construction: the same selection and windows for all)
                 raise SchemaMismatchError(f"the datasets' batches carry different keys: {keys} and {list(part)}")
         batch: dict[str, Any] = {}
         for key in keys:
@@ -293,7 +307,7 @@ class DALILeRobotMixture:
             f"{part.reader.location.description}: {v.dtype} {tuple(v.shape[1:])}"
             for part, v in zip(self.datasets, values, strict=True)
         )
-        camera = key in self.datasets[0].reader.all_camera_keys
+        camera = key in self.renames[0].batch_names(self.datasets[0].reader.all_camera_keys)
         hint = (
             "pass image_size=(H, W) to resize every dataset's frames to one size"
             if camera
@@ -304,7 +318,7 @@ class DALILeRobotMixture:
     @property
     def camera_channels(self) -> dict[str, int]:
         """Colour channels of each camera's frames, in batch order (as :attr:`DALILeRobotIterator.camera_channels`)."""
-        return self.datasets[0].camera_channels
+        return {self.renames[0].batch_name(k): n for k, n in self.datasets[0].camera_channels.items()}
 
     def close(self) -> None:
         """Stop every dataset's worker processes now."""
@@ -335,7 +349,8 @@ def _check_options(options: Mapping[str, Any]) -> None:
 
 
 def _per_dataset(dataset_options: Sequence[Mapping[str, Any] | None] | None, count: int) -> list[dict[str, Any]]:
-    """``dataset_options`` checked: one mapping (or None) per dataset, of :data:`PER_DATASET_OPTIONS` only."""
+    """``dataset_options`` checked: one mapping (or None) per dataset, of :data:`PER_DATASET_OPTIONS` (and
+    :data:`RENAME_MAP`) only."""
     if dataset_options is None:
         return [{} for _ in range(count)]
     if isinstance(dataset_options, Mapping) or len(dataset_options) != count:
@@ -343,14 +358,25 @@ def _per_dataset(dataset_options: Sequence[Mapping[str, Any] | None] | None, cou
     checked = []
     for i, given in enumerate(dataset_options):
         given = dict(given or {})
-        other = sorted(set(given) - PER_DATASET_OPTIONS)
+        other = sorted(set(given) - PER_DATASET_OPTIONS - {RENAME_MAP})
         if other:
             raise TypeError(
                 f"dataset_options[{i}] sets {other}, which apply to every dataset alike (or, for those that open a "
-                f"dataset, pass it opened with open_dataset); per dataset: {sorted(PER_DATASET_OPTIONS)}"
+                f"dataset, pass it opened with open_dataset); per dataset: {sorted({*PER_DATASET_OPTIONS, RENAME_MAP})}"
             )
         checked.append(given)
     return checked
+
+
+def _own_names(options: dict[str, Any], rename: KeyRename) -> dict[str, Any]:
+    """A dataset's iterator arguments with the keys they name (windows, per-camera normalisation) as its own."""
+    if not rename:
+        return options
+    return {
+        **options,
+        "delta_timestamps": rename.own_windows(options.get("delta_timestamps")),
+        "augment": rename.own_augment(options.get("augment")),
+    }
 
 
 def _opened(dataset: Dataset) -> LeRobotDatasetReader:
@@ -364,21 +390,27 @@ def _dataset_seed(seed: int, position: int) -> int:
 
 
 def shared_selection(
-    readers: list[LeRobotDatasetReader], *, cameras: Sequence[str] | None, keys: Sequence[str] | None
+    readers: list[LeRobotDatasetReader],
+    *,
+    cameras: Sequence[str] | None,
+    keys: Sequence[str] | None,
+    renames: Sequence[KeyRename] | None = None,
 ) -> list[LeRobotDatasetReader]:
     """Each reader narrowed to ``cameras`` and ``keys``, by default to those every dataset has (in the first's
-    order); what is left out is logged, per dataset."""
+    order), under the names ``renames`` give them (one per reader); what is left out is logged, per dataset."""
+    renames = list(renames) if renames is not None else [KeyRename()] * len(readers)
+    named = list(zip(readers, renames, strict=True))
     chosen = {}
     for what, given, of in (
-        ("cameras", cameras, lambda r: list(r.all_camera_keys)),
-        ("keys", keys, lambda r: list(r.tabular_keys)),
+        ("cameras", cameras, lambda r, n: n.batch_names(r.all_camera_keys)),
+        ("keys", keys, lambda r, n: n.batch_names(r.tabular_keys)),
     ):
         if given is not None:
             chosen[what] = list(given)
             continue
-        shared = [k for k in of(readers[0]) if all(k in of(r) for r in readers[1:])]
-        for reader in readers:
-            dropped = [k for k in of(reader) if k not in shared]
+        shared = [k for k in of(*named[0]) if all(k in of(*pair) for pair in named[1:])]
+        for reader, rename in named:
+            dropped = [k for k in of(reader, rename) if k not in shared]
             if dropped:
                 logger.warning(
                     "mixture: %s %s of %s are left out: not every dataset has them", what, dropped,
@@ -386,21 +418,25 @@ def shared_selection(
                 )  # fmt: skip
         chosen[what] = shared
     narrowed = []
-    for reader in readers:
+    for reader, rename in named:
         try:
-            narrowed.append(reader.select(cameras=chosen["cameras"], keys=chosen["keys"]))
+            own = {what: rename.own_names(chosen[what]) for what in ("cameras", "keys")}
+            narrowed.append(reader.select(**own))
         except DatasetError as e:
             raise DatasetError(f"{reader.location.description}: {e}") from None
     return narrowed
 
 
-def _check_windows(readers: list[LeRobotDatasetReader], delta_timestamps: Mapping[str, Any] | None) -> None:
+def _check_windows(
+    readers: list[LeRobotDatasetReader], delta_timestamps: Mapping[str, Any] | None, renames: Sequence[KeyRename]
+) -> None:
     """Windows must name what every dataset's batches carry (a key one dataset lacks is left out of all)."""
-    read = set(readers[0].all_camera_keys) | set(readers[0].tabular_keys)
+    read = set(renames[0].batch_names([*readers[0].all_camera_keys, *readers[0].tabular_keys]))
     unread = sorted(set(delta_timestamps or {}) - read - set(INDEX_COLUMNS))
     if unread:
         lacking = {
-            reader.location.description: [k for k in unread if k not in reader.info.features] for reader in readers
+            reader.location.description: [k for k in unread if rename.own_name(k) not in reader.info.features]
+            for reader, rename in zip(readers, renames, strict=True)
         }
         raise DeltaTimestampsError(
             f"delta_timestamps names {unread}, which the mixture does not read: not every dataset has them "
@@ -408,16 +444,16 @@ def _check_windows(readers: list[LeRobotDatasetReader], delta_timestamps: Mappin
         )
 
 
-def _check_shapes(readers: list[LeRobotDatasetReader]) -> None:
+def _check_shapes(readers: list[LeRobotDatasetReader], renames: Sequence[KeyRename]) -> None:
     """Tabular features that batch together must be declared with one shape (cameras are checked on the first
     batch, after resizing)."""
-    if DATASET_INDEX in readers[0].tabular_keys:
+    if DATASET_INDEX in renames[0].batch_names(readers[0].tabular_keys):
         raise SchemaMismatchError(
             f"the datasets have a feature {DATASET_INDEX!r}, the key mixture batches give each sample's dataset "
             "position in; leave it out with keys=[...]"
         )
-    for key in readers[0].tabular_keys:
-        features = [reader.info.features[key] for reader in readers]
+    for key in renames[0].batch_names(readers[0].tabular_keys):
+        features = [reader.info.features[rename.own_key(key)] for reader, rename in zip(readers, renames, strict=True)]
         shapes = {
             r.location.description: () if f.is_scalar else f.shape for r, f in zip(readers, features, strict=True)
         }

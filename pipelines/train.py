@@ -17,7 +17,8 @@ complete checkpoint and is written last, once every rank has saved. ``--resume``
 exact next sample of every rank. ``CKPT`` must be visible to all nodes.
 
 Mixtures: ``--dataset A B ... [--weights ...]`` reads several datasets through ``DALILeRobotMixture``, every
-batch a fixed share of each; the policy's normalisation pools their statistics by those shares.
+batch a fixed share of each; the policy's normalisation pools their statistics by those shares. ``--rename-map``
+gives keys of some datasets the names the others use (a camera recorded as ``rgb`` in one, ``top`` in another).
 
 Recipes: ``--recipe act|diffusion|vla|FILE.toml`` (``pipelines/recipes.py``) sets the windows read per sample
 (cameras, state, action), the image size and the augmentation. Explicit flags win over the recipe:
@@ -58,6 +59,7 @@ from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig
 
 if TYPE_CHECKING:
     from lerobot_dali.augment_config import AugmentConfig
+    from lerobot_dali.key_rename import KeyRename
 
 logger = logging.getLogger("pipelines.train")
 
@@ -100,6 +102,8 @@ class TrainOptions:
     #: One for every dataset, or one per dataset of a mixture (in --dataset order).
     timestamp_source: str | tuple[str, ...] = "parquet_timestamp"
     tolerance_s: float | tuple[float, ...] | None = None
+    #: A mixture's ``{key: new name}``: one for every dataset (each takes the keys it reads), or one per dataset.
+    rename_map: Mapping[str, str] | tuple[Mapping[str, str], ...] | None = None
     mixed_precision: str = "no"
     checkpoint_dir: Path | None = None
     save_every: int = 0
@@ -127,7 +131,13 @@ class TrainOptions:
             raise ValueError("--weights takes one weight per --dataset, and needs two datasets or more")
         if self.episodes is not None and several:
             raise ValueError("--episodes selects episodes of one dataset; with several, select no episodes")
-        for flag, value in (("--timestamp-source", self.timestamp_source), ("--tolerance-s", self.tolerance_s)):
+        if self.rename_map is not None and not several:
+            raise ValueError("--rename-map gives the datasets of a mixture shared names; it needs two datasets or more")
+        for flag, value in (
+            ("--timestamp-source", self.timestamp_source),
+            ("--tolerance-s", self.tolerance_s),
+            ("--rename-map", self.rename_map),
+        ):
             if isinstance(value, tuple) and len(value) != len(self.datasets):
                 raise ValueError(f"{flag} takes one value, or one per --dataset ({len(self.datasets)}), got {value}")
 
@@ -201,6 +211,14 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         nargs="+",
         help="most a row's time may be from its video frame (default: the iterator's): one value, or one per --dataset",
     )
+    p.add_argument(
+        "--rename-map",
+        nargs="+",
+        type=_json_map,
+        metavar="JSON",
+        help='a mixture\'s {"key": "new name"}, e.g. \'{"observation.images.rgb": "observation.images.top"}\':\n'
+        "one for every dataset (each renames the keys it has), or one per --dataset ('{}': none)",
+    )
     p.add_argument("--mixed-precision", choices=_PRECISIONS, default="no")
     p.add_argument("--checkpoint-dir", type=Path)
     p.add_argument("--save-every", type=int, default=0, help="checkpoint every S steps (0: only at the end)")
@@ -222,10 +240,21 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         episode_pool_size=a.episode_pool_size,
         image_size=tuple(a.image_size) if a.image_size else None, augment=a.augment, decode=a.decode,
         timestamp_source=_one_or_each(a.timestamp_source), tolerance_s=_one_or_each(a.tolerance_s),
+        rename_map=_one_or_each(a.rename_map),
         mixed_precision=a.mixed_precision,
         checkpoint_dir=a.checkpoint_dir,
         save_every=a.save_every, resume=a.resume, log_every=a.log_every, record_dir=a.record_dir,
     )  # fmt: skip
+
+
+def _json_map(text: str) -> dict[str, str]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e}): {text!r}") from None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise argparse.ArgumentTypeError(f'a JSON object of names, {{"key": "new name"}}, got {text!r}')
+    return value
 
 
 def _one_or_each(values: list[Any] | None) -> Any:
@@ -321,24 +350,51 @@ def data_plan(options: TrainOptions, *, fps: float, camera_keys: Sequence[str]) 
 
 
 def open_readers(options: TrainOptions) -> list[Any]:
-    """The datasets to train on, opened; several keep the keys and cameras all of them have (a mixture's)."""
+    """The datasets to train on, opened; several keep the keys and cameras all of them have (a mixture's), under
+    the names ``--rename-map`` gives them."""
     from lerobot_dali.dataset_reader import open_dataset
+    from lerobot_dali.key_rename import KeyRename
     from lerobot_dali.mixture import shared_selection
 
-    readers = [open_dataset(path, episodes=options.episodes, cameras=options.cameras) for path in options.datasets]
-    if len(readers) == 1:
-        return readers
+    if len(options.datasets) == 1:
+        return [open_dataset(options.datasets[0], episodes=options.episodes, cameras=options.cameras)]
+    readers = [open_dataset(path) for path in options.datasets]  # (--cameras: names as the mixture's batches)
     rates = {reader.location.description: reader.fps for reader in readers}
     if len(set(rates.values())) > 1:  # (the library mixes them; this script's windows count frames at one fps)
         raise ValueError(f"the datasets run at different fps ({rates}); train on datasets of one fps")
-    readers = shared_selection(readers, cameras=options.cameras, keys=None)
+    given = options.rename_map
+    if isinstance(given, tuple):  # one per dataset: each of its keys must be that dataset's
+        for rename_map, reader in zip(given, readers, strict=True):
+            KeyRename.checked(rename_map, reader)
+    elif given:  # one for all: each of its keys must be some dataset's
+        unread = set(given) - set().union(*map(_read_keys, readers))
+        if unread:
+            raise ValueError(f"--rename-map renames {sorted(unread)}, which none of the datasets has")
+    readers = shared_selection(readers, cameras=options.cameras, keys=None, renames=dataset_renames(options, readers))
     if not readers[0].all_camera_keys and options.cameras is None and any(r.info.camera_keys for r in readers):
         cameras = {reader.location.description: list(reader.info.camera_keys) for reader in readers}
         raise ValueError(
-            f"the datasets share no camera key ({cameras}), so the policy would see no image: mix datasets that "
-            "have a camera of one name"
+            f"the datasets share no camera key ({cameras}), so the policy would see no image: give cameras of "
+            "theirs one name with --rename-map, or mix datasets that have a camera of one name"
         )
     return readers
+
+
+def dataset_renames(options: TrainOptions, readers: Sequence[Any]) -> list[KeyRename]:
+    """Each dataset's part of ``--rename-map``: its entries for keys the dataset reads (a key a mixture leaves out
+    is renamed in none)."""
+    from lerobot_dali.key_rename import KeyRename
+
+    given = options.rename_map
+    maps = given if isinstance(given, tuple) else (given or {},) * len(readers)
+    return [
+        KeyRename.checked({k: v for k, v in rename_map.items() if k in _read_keys(reader)}, reader)
+        for rename_map, reader in zip(maps, readers, strict=True)
+    ]
+
+
+def _read_keys(reader: Any) -> set[str]:
+    return {*reader.all_camera_keys, *reader.tabular_keys}
 
 
 def build_iterator(
@@ -352,6 +408,9 @@ def build_iterator(
     readers = readers if isinstance(readers, list) else [readers]
     several = len(readers) > 1
     own = options.dataset_options()
+    if several:
+        renames = dataset_renames(options, readers)
+        own = [{**o, "rename_map": dict(rename.to_batch)} for o, rename in zip(own, renames, strict=True)]
     return (DALILeRobotMixture if several else DALILeRobotIterator)(
         readers if several else readers[0],
         **({"weights": options.weights, "dataset_options": own} if several else {"drop_last": True, **own[0]}),
@@ -391,30 +450,43 @@ def build_policy(
     plan: DataPlan,
     camera_channels: Mapping[str, int] | None = None,
     weights: Sequence[float] | None = None,
+    renames: Sequence[KeyRename] | None = None,
 ) -> ChunkPolicy:
     """The policy for the datasets' cameras (``camera_channels``: the iterator's, for grey image cameras) and
     state/action sizes and the plan's windows, with the datasets' normalisation: ``readers`` is one reader, or a
-    mixture's list, whose statistics are pooled by ``weights`` (its shares of a batch)."""
+    mixture's list, whose statistics are pooled by ``weights`` (its shares of a batch); ``renames``: a mixture's
+    (each dataset's keys under the batches' names)."""
+    from lerobot_dali.key_rename import KeyRename
+
     readers = readers if isinstance(readers, list) else [readers]
-    reader = readers[0]  # (a mixture's datasets share the keys, cameras and shapes)
+    renames = list(renames) if renames is not None else [KeyRename()] * len(readers)
+    reader, rename = readers[0], renames[0]  # (a mixture's datasets share the keys, cameras and shapes)
     features = reader.info.features
+    own = {key: [r.own_name(key) for r in renames] for key in (STATE_KEY, ACTION_KEY)}
     for key in (STATE_KEY, ACTION_KEY):
-        if key not in features:
-            raise ValueError(f"the dataset has no {key!r} feature (it has {sorted(features)}); this policy needs both")
+        if own[key][0] not in reader.tabular_keys:  # (a mixture's: the keys every dataset has)
+            has = rename.batch_names(reader.tabular_keys)
+            raise ValueError(
+                f"the {'datasets read' if len(readers) > 1 else 'dataset has'} no {key!r} feature (only {has}); this "
+                "policy needs both"
+            )
+    cameras = rename.batch_names(reader.all_camera_keys)  # image-dtype cameras too: the policy sees both alike
     config = PolicyConfig(
-        camera_keys=reader.all_camera_keys,  # image-dtype cameras too: the policy sees both alike
-        camera_channels=tuple((camera_channels or {}).get(key, 3) for key in reader.all_camera_keys),
+        camera_keys=tuple(cameras),
+        camera_channels=tuple((camera_channels or {}).get(key, 3) for key in cameras),
         state_key=STATE_KEY,
         action_key=ACTION_KEY,
-        state_dim=int(np.prod(features[STATE_KEY].shape)),
-        action_dim=int(np.prod(features[ACTION_KEY].shape)),
+        state_dim=int(np.prod(features[own[STATE_KEY][0]].shape)),
+        action_dim=int(np.prod(features[own[ACTION_KEY][0]].shape)),
         chunk=plan.chunk,
         camera_steps=plan.camera_steps,
         state_steps=plan.state_steps,
     )
     stats = [read_dataset_stats(r.location, r.info) for r in readers]  # read (for v2.1: aggregated) once for both
     pooled = {
-        key: pooled_stats([feature_stats(r, key, stats=s) for r, s in zip(readers, stats, strict=True)], weights)
+        key: pooled_stats(
+            [feature_stats(r, name, stats=s) for r, name, s in zip(readers, own[key], stats, strict=True)], weights
+        )
         for key in (STATE_KEY, ACTION_KEY)
     }
     return ChunkPolicy(config, state_stats=pooled[STATE_KEY], action_stats=pooled[ACTION_KEY])
@@ -661,12 +733,13 @@ def train(options: TrainOptions) -> int:
     set_seed(options.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
     rank, world_size = data_rank(accelerator)
     readers = open_readers(options)
-    cameras = readers[0].all_camera_keys
+    renames = dataset_renames(options, readers)
+    cameras = tuple(renames[0].batch_names(readers[0].all_camera_keys))
     plan = data_plan(options, fps=readers[0].fps, camera_keys=cameras)
     iterator = build_iterator(
         readers, plan, options, rank=rank, world_size=world_size, device=iterator_device(accelerator.device)
     )
-    policy = build_policy(readers, plan, iterator.camera_channels, getattr(iterator, "batch_shares", None))
+    policy = build_policy(readers, plan, iterator.camera_channels, getattr(iterator, "batch_shares", None), renames)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=options.lr)
     # Only the model and optimiser go through prepare; the iterator is already rank-disjoint (see module doc).
     model, optimizer = accelerator.prepare(policy, optimizer)

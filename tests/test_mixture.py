@@ -19,7 +19,9 @@ import pytest
 import torch
 
 from lerobot_dali import DALILeRobotMixture, open_dataset
+from lerobot_dali.augment_config import AugmentConfig, Normalize
 from lerobot_dali.errors import (
+    DatasetError,
     DeltaTimestampsError,
     FrameTimestampError,
     MissingDataFileError,
@@ -223,6 +225,57 @@ def test_per_dataset_selection_through_open_dataset(make_ds) -> None:
     mix.close()
 
 
+def test_a_rename_map_mixes_cameras_of_other_names_windows_and_normalisation_included(make_ds) -> None:
+    """The second dataset's two cameras swap names: the mixture's ``cam0`` is its ``cam1`` (frames marked camera
+    1), read with the window and the per-camera ``Normalize`` the caller gave ``cam0``."""
+    swap = {"observation.images.cam0": "observation.images.cam1", "observation.images.cam1": "observation.images.cam0"}
+    norm = Normalize(mean=(0.5,), std=(0.25,))
+    mix = DALILeRobotMixture(
+        _datasets(make_ds), batch_size=4, delta_timestamps=DELTAS, shuffle=False, device="cpu", num_workers=0,
+        dataset_options=[None, {"rename_map": swap}],
+        augment=AugmentConfig(normalize={"observation.images.cam0": norm}),
+    )  # fmt: skip
+    assert mix.camera_channels == {"observation.images.cam0": 3}
+    part = mix.datasets[1]
+    assert part.reader.all_camera_keys == ("observation.images.cam1",)  # its own name, read from its own files
+    assert set(part.windows.delta_index) == {"action", "observation.images.cam1"}
+    samples = 0
+    for batch in (batch for _, batch in zip(range(3), mix, strict=False)):
+        assert "observation.images.cam1" not in batch and "observation.images.cam1_is_pad" not in batch
+        for i, (d, ep, f) in enumerate(_keys(batch)):
+            n, fps = SPECS[d][0][ep], SPECS[d][1]
+            query = [f + round(delta * fps) for delta in DELTAS["observation.images.cam0"]]
+            rows = [min(max(q, 0), n - 1) for q in query]
+            frames = batch["observation.images.cam0"][i] * norm.std[0] + norm.mean[0]
+            assert [_marker(frame) for frame in frames] == [(ep, r, d) for r in rows]  # the second's camera 1
+            assert batch["observation.images.cam0_is_pad"][i].tolist() == [not 0 <= q < n for q in query]
+            samples += d
+    assert samples == 9
+    mix.close()
+
+
+def test_bad_rename_maps_fail_naming_the_dataset_and_the_keys(make_ds) -> None:
+    paths = _datasets(make_ds)
+    cam0, cam1 = "observation.images.cam0", "observation.images.cam1"
+    for rename_map, error, match in (
+        ({"observation.images.cam9": "x"}, ValueError, r"renames \['observation.images.cam9'\], which it does not"),
+        ({"observation.state": "index"}, ValueError, r"names \['index'\]: every batch carries"),
+        ({"observation.state": "action_is_pad"}, ValueError, r"names \['action_is_pad'\].*a window's mask"),
+        ({cam0: "observation.state"}, ValueError, r"gives \['observation.state'\] to a key while another key"),
+        ({cam0: "x", cam1: "x"}, ValueError, r"gives \['x'\] to a key"),
+        ({cam0: 3}, TypeError, r"maps key names to new names"),
+        ([cam0], TypeError, r"maps key names to new names"),
+    ):
+        with pytest.raises(error, match=match) as raised:
+            DALILeRobotMixture(paths, dataset_options=[{}, {"rename_map": rename_map}], device="cpu", num_workers=0)
+        assert str(paths[1]) in str(raised.value)
+    renamed = [{}, {"rename_map": {cam0: "observation.images.front"}}]
+    with pytest.raises(DatasetError, match=rf"{paths[1]}.*'{cam0}' is renamed 'observation.images.front'"):
+        DALILeRobotMixture(paths, dataset_options=renamed, cameras=[cam0], device="cpu", num_workers=0)
+    with pytest.raises(DeltaTimestampsError, match=rf"{paths[1]}': \['{cam0}'\]"):  # (left out: not shared)
+        DALILeRobotMixture(paths, dataset_options=renamed, delta_timestamps={cam0: [0.0]}, device="cpu")
+
+
 def _jitter_timestamps(root: Path, seconds: float) -> None:
     """Parquet timestamps off the frame grid by up to ``seconds`` either way (cr5's wall-clock ones: 0.03 s at
     10 fps), still in order."""
@@ -319,3 +372,44 @@ def test_real_v21_and_v30_datasets_mix_into_what_each_gives_alone() -> None:
                     torch.testing.assert_close(batch[key][part], value, rtol=0, atol=0, msg=key)
         alone.close()
     assert [int(i) for i in batches[-1]["frame_index"]] == [6, 7, 6, 7]
+
+
+def test_real_datasets_of_other_camera_names_and_fps_mix_through_a_rename_map() -> None:
+    """``cr5_v30_av1`` (AV1, ``observation.images.top``, wall-clock parquet timestamps) and ``r1_v30_h264`` (H.264
+    with B-frames, ``observation.images.rgb``, 25 fps video under 10 fps rows): they share no camera and their
+    states differ in size, so they mix only with the rgb camera renamed and state and action left out; each part of a
+    batch then equals that dataset read alone under its own names."""
+    from lerobot_dali import DALILeRobotIterator
+    from tests.conftest import shared_dataset
+
+    paths = [shared_dataset("cr5_v30_av1"), shared_dataset("r1_v30_h264")]
+    rgb, top = "observation.images.rgb", "observation.images.top"
+    own = [{"timestamp_source": "frame_index"}, {"tolerance_s": 0.021}]  # (r1: rows between two video frames)
+    options = dict(
+        delta_timestamps={top: [-0.2, 0.0]}, shuffle=False, device="cpu", num_workers=0, return_uint8=True,
+        image_size=(48, 64),
+    )  # fmt: skip
+    with pytest.raises(DeltaTimestampsError, match=rf"r1_v30_h264': \['{top}'\]"):
+        DALILeRobotMixture(paths, dataset_options=own, **options)
+    renamed = [own[0], {**own[1], "rename_map": {rgb: top}}]
+    with pytest.raises(SchemaMismatchError, match=r"'observation.state' has different shapes"):
+        DALILeRobotMixture(paths, dataset_options=renamed, **options)
+    mix = DALILeRobotMixture(paths, weights=[1, 1], batch_size=4, keys=[], dataset_options=renamed, **options)
+    batches = [batch for _, batch in zip(range(3), mix, strict=False)]
+    mix.close()
+    assert mix.camera_channels == {top: 3}
+    for position, path in enumerate(paths):
+        windows = {rgb if position else top: [-0.2, 0.0]}
+        alone = DALILeRobotIterator(path, batch_size=2, seed=0, keys=[], **{**options, **own[position],
+                                    "delta_timestamps": windows})  # fmt: skip
+        for batch, single in zip(batches, alone, strict=False):
+            part = slice(2 * position, 2 * position + 2)
+            assert batch["dataset_index"][part].tolist() == [position] * 2 and batch["task"][part] == single["task"]
+            for key, value in single.items():
+                if torch.is_tensor(value):
+                    mixed = key.replace(rgb, top) if position else key
+                    torch.testing.assert_close(batch[mixed][part], value, rtol=0, atol=0, msg=key)
+            assert set(batch) == {*(k.replace(rgb, top) for k in single), "dataset_index"}
+        alone.close()
+    assert batches[-1][f"{top}_is_pad"].tolist() == [[False, False]] * 4
+    assert batches[0][f"{top}_is_pad"].tolist() == [[True, False]] * 4

@@ -509,6 +509,49 @@ def test_a_mixture_sharing_no_camera_is_refused(make_ds: Callable[..., Path]) ->
         open_readers(TrainOptions(dataset=(str(video), str(make_ds(**{**EVEN, "cameras": 0}))), steps=1))
 
 
+def test_rename_map_mixes_datasets_whose_cameras_differ_in_name(make_ds: Callable[..., Path], tmp_path: Path) -> None:
+    """The second dataset's cam1 takes the first's camera name, cam0 (one map per dataset), or both datasets' cam0
+    is named side (one map for all, each renaming what it has); the policy and the iterator see the batch names."""
+    from pipelines.train import build_policy, dataset_renames, open_readers
+
+    one, two = str(make_ds(**{**EVEN, "cameras": 1})), str(make_ds(**{**EVEN, "seed": 1}))
+    cam0, cam1, side = "observation.images.cam0", "observation.images.cam1", "observation.images.side"
+    swap = json.dumps({cam1: cam0, cam0: side})
+    base = ["--dataset", one, two, "--steps", "1", "--device", "cpu", "--num-workers", "0", "--batch-size", "4"]
+    options = parse_args([*base, "--rename-map", "{}", swap])
+    readers = open_readers(options)
+    assert [r.all_camera_keys for r in readers] == [(cam0,), (cam1,)]  # each its own name for the shared camera
+    renames = dataset_renames(options, readers)
+    assert [dict(r.to_batch) for r in renames] == [{}, {cam1: cam0}]  # (side: left out, so renamed in none)
+    plan = data_plan(options, fps=10, camera_keys=[cam0])
+    mix = build_iterator(readers, plan, options, device="cpu", rank=0, world_size=1)
+    policy = build_policy(readers, plan, mix.camera_channels, mix.batch_shares, renames)
+    assert policy.config.camera_keys == (cam0,) and mix.datasets[1].reader.all_camera_keys == (cam1,)
+    batch = next(iter(mix))
+    assert [k for k in batch if k.startswith("observation.images.")] == [cam0]
+    assert torch.isfinite(policy(batch)).all()
+    mix.close()
+
+    _train([*COMMON, *base[:3], "--steps", "2", "--batch-size", "4", "--rename-map", json.dumps({cam0: side}),
+            "--record", str(tmp_path / "rec")])  # fmt: skip
+    one_for_all = _records(tmp_path / "rec", 1)[0]["batch_shapes"]
+    assert one_for_all[side] == [4, 3, 64, 64] and cam0 not in one_for_all and cam1 not in one_for_all
+    for argv, match in (
+        ([*base[:2], "--steps", "1", "--rename-map", "{}"], "needs two datasets or more"),
+        ([*base, "--rename-map", "{}", "{}", "{}"], r"--rename-map takes one value, or one per --dataset \(2\)"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            parse_args(argv)
+    for maps, match in (
+        ([json.dumps({cam1: side}), "{}"], rf"{one}: rename_map renames \['{cam1}'\], which it does not read"),
+        ([json.dumps({"observation.images.top": side})], r"renames \['observation.images.top'\], which none of"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            open_readers(parse_args([*base, "--rename-map", *maps]))
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--rename-map", "[1]"])
+
+
 def test_mixture_options_and_pooled_statistics() -> None:
     from pipelines.train import pooled_stats
 

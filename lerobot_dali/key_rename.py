@@ -1,0 +1,121 @@
+"""A dataset's keys under the names a mixture's batches give them (LeRobot's ``rename_map``), so that datasets
+recorded with other camera or feature names share them, e.g. ``{"observation.images.rgb": "observation.images.top"}``.
+
+The dataset is still read under its own names (its files, columns and statistics carry them). Names change only
+at the edges: what the caller names (cameras, keys, windows, per-camera normalisation) is translated to the
+dataset's own names, and the keys of its batches back to the caller's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any
+
+from .augment_config import AugmentConfig
+from .dataset_reader import LeRobotDatasetReader
+from .episode_rows import INDEX_COLUMNS
+from .errors import DatasetError
+
+__all__ = ["PAD_SUFFIX", "KeyRename"]
+
+#: The suffix of the mask key a windowed key's batch carries (``<key>_is_pad``), renamed with its key.
+PAD_SUFFIX = "_is_pad"
+#: Keys every batch carries under these names, whatever the dataset: never renamed, never a new name.
+_FIXED_KEYS = frozenset({*INDEX_COLUMNS, "task"})
+
+
+@dataclass(frozen=True)
+class KeyRename:
+    """``{own key: batch key}`` for one dataset; keys it does not name keep their names."""
+
+    to_batch: Mapping[str, str] = field(default_factory=dict)
+
+    @cached_property
+    def _to_own(self) -> dict[str, str]:
+        return {new: old for old, new in self.to_batch.items()}
+
+    @classmethod
+    def checked(cls, rename_map: Mapping[str, str] | None, reader: LeRobotDatasetReader) -> KeyRename:
+        """``rename_map`` for ``reader``: each a camera or feature it reads, to a name no other of its keys has."""
+        if rename_map is None:
+            return cls()
+        where = reader.location.description
+        if not isinstance(rename_map, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) and v for k, v in rename_map.items()
+        ):
+            raise TypeError(f"{where}: a rename_map maps key names to new names ({{old: new}}), got {rename_map!r}")
+        renamed = {old: new for old, new in rename_map.items() if old != new}
+        own = [*reader.all_camera_keys, *reader.tabular_keys]
+        unknown = sorted(set(renamed) - set(own))
+        if unknown:
+            raise ValueError(f"{where}: rename_map renames {unknown}, which it does not read; it reads {own}")
+        fixed = sorted((set(renamed) | set(renamed.values())) & _FIXED_KEYS)
+        padded = sorted(new for new in renamed.values() if new.endswith(PAD_SUFFIX))
+        if fixed or padded:
+            raise ValueError(
+                f"{where}: rename_map names {fixed + padded}: every batch carries {sorted(_FIXED_KEYS)} under those "
+                f"names, and '<key>{PAD_SUFFIX}' is a window's mask"
+            )
+        new_names = list(renamed.values())
+        kept = set(own) - set(renamed)
+        taken = sorted({n for n in new_names if new_names.count(n) > 1 or n in kept})
+        if taken:
+            raise ValueError(
+                f"{where}: rename_map gives {taken} to a key while another key of the dataset has (or gets) that "
+                "name: one key per name"
+            )
+        return cls(renamed)
+
+    def __bool__(self) -> bool:
+        return bool(self.to_batch)
+
+    def batch_name(self, own: str) -> str:
+        return self.to_batch.get(own, own)
+
+    def own_name(self, batch: str) -> str | None:
+        """The dataset's own key under the batch name ``batch``; None for an own key renamed away (no batch key
+        has it)."""
+        if batch in self._to_own:
+            return self._to_own[batch]
+        return None if batch in self.to_batch else batch
+
+    def batch_names(self, own: Iterable[str]) -> list[str]:
+        return [self.batch_name(key) for key in own]
+
+    def own_key(self, batch: str) -> str:
+        """The dataset's own key under the batch name ``batch``, which must not be an own key renamed away."""
+        own = self.own_name(batch)
+        if own is None:
+            raise DatasetError(f"{batch!r} is renamed {self.to_batch[batch]!r} by its rename_map: name it so")
+        return own
+
+    def own_names(self, batch: Iterable[str]) -> list[str]:
+        return [self.own_key(key) for key in batch]
+
+    def own_windows(self, delta_timestamps: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """``delta_timestamps`` by batch name, as this dataset's own keys."""
+        if delta_timestamps is None or not self:
+            return None if delta_timestamps is None else dict(delta_timestamps)
+        return {own: delta_timestamps[key] for key in delta_timestamps if (own := self.own_name(key)) is not None}
+
+    def own_augment(self, augment: AugmentConfig | None) -> AugmentConfig | None:
+        """``augment`` with a per-camera ``normalize`` keyed by this dataset's own camera keys."""
+        if augment is None or not self or not isinstance(augment.normalize, Mapping):
+            return augment
+        by_own = {own: norm for key, norm in augment.normalize.items() if (own := self.own_name(key)) is not None}
+        return replace(augment, normalize=by_own) if by_own else augment  # (none: the iterator names what lacks one)
+
+    def batch(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """A batch of this dataset's, its keys (and their ``_is_pad`` masks) under their batch names."""
+        if not self:
+            return dict(values)
+        renamed = {}
+        for key, value in values.items():
+            if key.endswith(PAD_SUFFIX) and key not in self.to_batch:
+                base = key[: -len(PAD_SUFFIX)]
+                renamed[self.batch_name(base) + PAD_SUFFIX] = value
+            else:
+                renamed[self.batch_name(key)] = value
+        return renamed
