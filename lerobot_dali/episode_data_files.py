@@ -9,11 +9,12 @@ Two LeRobot writers left ``data/chunk_index`` / ``data/file_index`` stale:
   default) has one stale episode per file, and the files it names hold other row counts than it says.
 
 LeRobot itself loads every data file and never reads those columns, so such datasets train with LeRobot. Here an
-episode's rows are found by those columns, so at open every data file the episodes to read name is checked: it
-must exist, and its footer must hold the rows the metadata places in it (one footer read per data file,
-concurrent where remote). When one fails, every episode is located instead by the data files' own
-``episode_index`` column (one column of each data file, read once at open), with a warning that says so.
-Episodes no data file holds (a data file missing), or holds split or at another length, still fail at open.
+episode's rows are found by those columns, so at open every data file the episodes to read name is checked: it must
+exist, and its footer must hold the rows the metadata places in it (one footer read per data file, concurrent where
+remote, and kept on disk for remote files: :mod:`~lerobot_dali.row_count_store`). When one fails, every episode is
+located instead by the data files' own ``episode_index`` column (one column of each data file, read once at open),
+with a warning that says so. Episodes no data file holds (a data file missing), or holds split or at another
+length, still fail at open.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from .episode_rows import open_parquet
 from .episode_table import EpisodeTable
 from .errors import EpisodeMetadataError, MissingDataFileError
 from .file_stamps import FileStamps
+from .row_count_store import cached_row_counts
 
 __all__ = ["bulk_file_exists", "data_file_path", "locate_episode_rows"]
 
@@ -139,7 +141,8 @@ def _stale_index(
     if missing:
         return missing, f"names data files that do not exist ({list(missing[:3])}{' ...' if len(missing) > 3 else ''})"
     paths = sorted(placed)
-    held = dict(zip(paths, _for_each_file(location, _footer_rows, paths), strict=True))
+    counts = cached_row_counts(stamps, paths, partial(_for_each_file, location, _footer_rows))
+    held = dict(zip(paths, counts, strict=True))
     miscounted = [path for path in paths if held[path] != placed[path]]
     if not miscounted:
         return [], None

@@ -1,0 +1,119 @@
+"""Row counts of remote parquet data files, kept on local disk, so that one process per cache folder reads them.
+
+Opening a v3.0 dataset checks that each data file holds the rows ``meta/episodes`` places in it
+(:mod:`~lerobot_dali.episode_data_files`): one footer read per data file. A remote dataset of 1,000 data files
+costs every rank of every run 1,000 ranged reads: 8 ranks of a node starting at once make 8,000, past the Hub's
+request rate limits, and a resumed job pays them again. A row count is a fact about a file's content, so it is
+kept as one small JSON per set of files, keyed by the sha256 of their (path, size, version): a changed file
+misses. The first process to open a set reads it under an ``flock``; the others, on the same node or on any
+node that shares the folder, wait for its result rather than read too (at most :data:`WAIT_S`, then they read
+themselves). Files of servers that give no version (``run:`` stamps, valid one run) are never kept. A store
+that cannot be written or read is skipped: it is never needed for correctness.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO
+
+from .cache_dirs import atomic_file, cache_root, mark_used, prune_unused_files, try_flock
+from .file_stamps import FileStamps
+
+__all__ = ["STORE_FORMAT", "WAIT_S", "cached_row_counts"]
+
+logger = logging.getLogger(__name__)
+
+#: Version of the on-disk layout, part of every key.
+STORE_FORMAT = 1
+#: Longest a process waits for another to read the same files' row counts before it reads them itself.
+WAIT_S = 300.0
+#: Seconds between two looks at a lock another process holds.
+_POLL_S = 0.2
+
+
+def cached_row_counts(
+    stamps: FileStamps | None,
+    paths: Sequence[str],
+    read: Callable[[list[str]], list[int]],
+    *,
+    directory: Path | None = None,
+) -> list[int]:
+    """The row counts of ``paths``, ``read(paths)`` once per cache folder for files ``stamps`` versions; else
+    ``read(paths)`` directly (local files, or files without a version)."""
+    if stamps is None or not paths or not all(path in stamps for path in paths):
+        return read(list(paths))
+    files = [(path, stamps[path].size, stamps[path].version) for path in paths]
+    if any(version.startswith("run:") or not version for _, _, version in files):
+        return read(list(paths))
+    digest = hashlib.sha256(json.dumps([STORE_FORMAT, files]).encode()).hexdigest()
+    folder = directory if directory is not None else cache_root() / "row_counts"
+    entry = folder / digest[:2] / f"{digest}.json"
+    found = _load(entry, paths)
+    if found is not None:
+        return found
+    lock = _wait_for_lock(entry)
+    try:
+        found = _load(entry, paths)  # (written by the process that held the lock)
+        if found is not None:
+            return found
+        counts = read(list(paths))
+        if _save(entry, paths, counts) and lock is not None:  # (a waiter that takes the lock finds the entry)
+            with contextlib.suppress(OSError):
+                entry.with_suffix(".lock").unlink()
+        prune_unused_files(folder, "*/*.json")
+        return counts
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _wait_for_lock(entry: Path) -> IO[bytes] | None:
+    """The entry's lock, taken once no other process holds it (None: not within :data:`WAIT_S`, or no lock can
+    be made here; the caller then reads without one)."""
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            lock = try_flock(entry.with_suffix(".lock"))
+            if lock is not None or entry.exists():
+                return lock
+            if time.monotonic() > deadline:
+                logger.warning("%s: another process has held its lock for %.0f s; reading without it", entry, WAIT_S)
+                return None
+            time.sleep(_POLL_S)
+    except OSError as e:
+        logger.debug("row count store %s unusable (%s); reading the files", entry.parent, e)
+        return None
+
+
+def _load(entry: Path, paths: Sequence[str]) -> list[int] | None:
+    try:
+        raw = json.loads(entry.read_text())
+        counts = raw["rows"]
+        if raw["paths"] != list(paths) or len(counts) != len(paths) or not all(type(n) is int for n in counts):
+            raise ValueError("it holds other files")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        logger.warning("row count cache file %s is unreadable (%s); deleting it and reading the files", entry, e)
+        with contextlib.suppress(OSError):
+            entry.unlink(missing_ok=True)
+        return None
+    mark_used(entry)
+    return list(counts)
+
+
+def _save(entry: Path, paths: Sequence[str], counts: list[int]) -> bool:
+    try:
+        with atomic_file(entry, prefix=".rows") as f:
+            f.write(json.dumps({"paths": list(paths), "rows": counts}).encode())
+    except OSError as e:
+        logger.debug("cannot keep row counts in %s (%s)", entry, e)
+        return False
+    return True

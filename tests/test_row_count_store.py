@@ -1,0 +1,100 @@
+"""Opening a remote v3.0 dataset reads each data file's footer (its row count) once per cache folder: later opens,
+other ranks on the node and resumed jobs read the kept counts; ranks opening at once wait for the first."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from lerobot_dali import row_count_store
+from lerobot_dali.cache_dirs import try_flock
+from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.errors import EpisodeMetadataError
+from tests import fake_remote  # noqa: F401  (registers the fakeremote:// protocol)
+
+SPEC = dict(
+    episodes=6, frames_per_episode=[3, 4, 5, 3, 4, 5], cameras=1, codec="vp9", episodes_per_file=2, size=(64, 64)
+)
+
+
+@pytest.fixture
+def footer_reads(monkeypatch) -> list[str]:
+    """Every data file footer read at open, by path."""
+    from lerobot_dali import episode_data_files
+
+    reads: list[str] = []
+    real = episode_data_files._footer_rows
+
+    def counting(location, path):
+        reads.append(path)
+        return real(location, path)
+
+    monkeypatch.setattr(episode_data_files, "_footer_rows", counting)
+    return reads
+
+
+def _open_remote(root: Path):
+    return open_dataset("fakeremote://", storage_options={"root": str(root)})
+
+
+def test_a_second_open_reads_no_footer_and_a_changed_file_is_read_again(make_ds, copy_ds, footer_reads) -> None:
+    root = copy_ds(make_ds(**SPEC))
+    first = _open_remote(root)
+    assert sorted(footer_reads) == [f"data/chunk-000/file-00{i}.parquet" for i in range(3)]
+    again = _open_remote(root)
+    assert len(footer_reads) == 3  # none more
+    for name in ("data_chunk_index", "data_file_index", "data_row_start", "data_file_rows"):
+        assert np.array_equal(getattr(again.episodes, name), getattr(first.episodes, name)), name
+    assert open_dataset(root).num_frames == again.num_frames and len(footer_reads) == 6  # local: read, not kept
+    # One data file rewritten with a row less (another size): its set of files misses, and the check fails.
+    path = root / "data/chunk-000/file-001.parquet"
+    table = pq.read_table(path)
+    pq.write_table(table.slice(0, table.num_rows - 1), path)
+    with pytest.raises(EpisodeMetadataError, match=r"places 8 rows in .*file-001\.parquet, which holds 7"):
+        _open_remote(root)
+    assert sorted(footer_reads[6:]) == [f"data/chunk-000/file-00{i}.parquet" for i in range(3)]
+
+
+def test_ranks_opening_at_once_read_the_footers_once(make_ds, footer_reads, monkeypatch) -> None:
+    root = make_ds(**SPEC)
+    started = threading.Barrier(4)
+    real = row_count_store._wait_for_lock
+
+    def together(entry):  # every "rank" asks for the lock only once all have missed the kept counts
+        started.wait(timeout=30)
+        return real(entry)
+
+    monkeypatch.setattr(row_count_store, "_wait_for_lock", together)
+    readers: list = []
+    threads = [threading.Thread(target=lambda: readers.append(_open_remote(root))) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(readers) == 4 and len({r.num_frames for r in readers}) == 1
+    assert len(footer_reads) == 3  # one "rank" read them; three waited for its result
+
+
+def test_an_unreadable_entry_or_a_held_lock_falls_back_to_reading(make_ds, footer_reads, monkeypatch, caplog) -> None:
+    root = make_ds(**SPEC)
+    _open_remote(root)
+    (entry,) = (row_count_store.cache_root() / "row_counts").glob("*/*")  # (its lock file gone with the lock)
+    entry.write_text('{"paths": ["elsewhere"], "rows": [1]}')
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.row_count_store"):
+        _open_remote(root)
+    assert caplog.text.count("unreadable (it holds other files); deleting it") == 1 and len(footer_reads) == 6
+    assert row_count_store._load(entry, sorted(set(footer_reads))) == [7, 8, 9]  # rewritten
+    entry.unlink()
+    monkeypatch.setattr(row_count_store, "WAIT_S", 0.3)
+    held = try_flock(entry.with_suffix(".lock"))  # a process that stalls holding the lock
+    assert held is not None
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.row_count_store"):
+        reader = _open_remote(root)
+    held.close()
+    assert "has held its lock for 0 s; reading without it" in caplog.text and len(footer_reads) == 9
+    assert reader.num_frames == sum(SPEC["frames_per_episode"])
