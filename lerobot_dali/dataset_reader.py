@@ -143,6 +143,11 @@ class LeRobotDatasetReader:
         return (*self.camera_keys, *self.image_keys)
 
     @property
+    def read_keys(self) -> tuple[str, ...]:
+        """Every camera and feature a batch carries from this reader (its selection), besides the index columns."""
+        return (*self.all_camera_keys, *self.tabular_keys)
+
+    @property
     def fps(self) -> float:
         return self.info.fps
 

@@ -178,7 +178,7 @@ class DALILeRobotIterator:
                 "delta_timestamps names 'task_index', which gives each sample its one `task` string; it takes no "
                 "window: drop it from delta_timestamps"
             )
-        read = {*self.reader.tabular_keys, *INDEX_COLUMNS, *self.reader.all_camera_keys}
+        read = {*self.reader.read_keys, *INDEX_COLUMNS}
         unread = sorted(set(self.windows.delta_index) - read)
         if unread:
             raise DeltaTimestampsError(

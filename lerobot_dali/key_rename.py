@@ -47,7 +47,7 @@ class KeyRename:
         ):
             raise TypeError(f"{where}: a rename_map maps key names to new names ({{old: new}}), got {rename_map!r}")
         renamed = {old: new for old, new in rename_map.items() if old != new}
-        own = [*reader.all_camera_keys, *reader.tabular_keys]
+        own = list(reader.read_keys)
         unknown = sorted(set(renamed) - set(own))
         if unknown:
             raise ValueError(f"{where}: rename_map renames {unknown}, which it does not read; it reads {own}")

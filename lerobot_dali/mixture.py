@@ -431,7 +431,7 @@ def _check_windows(
     readers: list[LeRobotDatasetReader], delta_timestamps: Mapping[str, Any] | None, renames: Sequence[KeyRename]
 ) -> None:
     """Windows must name what every dataset's batches carry (a key one dataset lacks is left out of all)."""
-    read = set(renames[0].batch_names([*readers[0].all_camera_keys, *readers[0].tabular_keys]))
+    read = set(renames[0].batch_names(readers[0].read_keys))
     unread = sorted(set(delta_timestamps or {}) - read - set(INDEX_COLUMNS))
     if unread:
         lacking = {

@@ -367,7 +367,7 @@ def open_readers(options: TrainOptions) -> list[Any]:
         for rename_map, reader in zip(given, readers, strict=True):
             KeyRename.checked(rename_map, reader)
     elif given:  # one for all: each of its keys must be some dataset's
-        unread = set(given) - set().union(*map(_read_keys, readers))
+        unread = set(given) - {key for reader in readers for key in reader.read_keys}
         if unread:
             raise ValueError(f"--rename-map renames {sorted(unread)}, which none of the datasets has")
     readers = shared_selection(readers, cameras=options.cameras, keys=None, renames=dataset_renames(options, readers))
@@ -388,13 +388,9 @@ def dataset_renames(options: TrainOptions, readers: Sequence[Any]) -> list[KeyRe
     given = options.rename_map
     maps = given if isinstance(given, tuple) else (given or {},) * len(readers)
     return [
-        KeyRename.checked({k: v for k, v in rename_map.items() if k in _read_keys(reader)}, reader)
+        KeyRename.checked({k: v for k, v in rename_map.items() if k in reader.read_keys}, reader)
         for rename_map, reader in zip(maps, readers, strict=True)
     ]
-
-
-def _read_keys(reader: Any) -> set[str]:
-    return {*reader.all_camera_keys, *reader.tabular_keys}
 
 
 def build_iterator(
