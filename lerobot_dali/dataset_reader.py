@@ -31,7 +31,7 @@ from .episode_rows import (
     read_episode_images,
     read_episode_rows,
 )
-from .episode_table import EpisodeTable, filter_episodes, read_episode_table
+from .episode_table import EpisodeTable, filter_episodes, read_episode_records, read_episode_table
 from .errors import DatasetError, DatasetNotFoundError, EpisodeMetadataError, MissingDataFileError, cameras_hint
 from .file_stamps import FileStamp, FileStamps
 
@@ -392,12 +392,13 @@ def open_dataset(
     # Remote: one recursive listing per root stamps every file (no per-file metadata request, here or in
     # any worker); a filesystem that cannot list falls back to one request per file looked up.
     stamps = None if location.is_local else FileStamps(location.fs, [location.path("data"), location.path("videos")])
-    table = read_episode_table(location.meta_fs, location.meta_root, info, video_keys=camera_keys)
+    records = read_episode_records(location.meta_fs, location.meta_root, info)
+    table = read_episode_table(records, info, video_keys=camera_keys)
     if episode_filter is not None:
         candidates = (
             None if episodes is None else table.select(episodes, source=location.description).episode_index.tolist()
         )
-        episodes = filter_episodes(location.meta_fs, location.meta_root, info, episode_filter, candidates=candidates)
+        episodes = filter_episodes(records, episode_filter, candidates=candidates)
     table = locate_episode_rows(location, info, table, stamps=stamps, episodes=episodes)
     if info.total_episodes and info.total_episodes != len(table):
         logger.warning(

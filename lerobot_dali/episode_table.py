@@ -23,7 +23,14 @@ import pyarrow.parquet as pq
 from .dataset_info import DatasetInfo
 from .errors import DatasetError, EpisodeMetadataError, cameras_hint
 
-__all__ = ["CameraFiles", "EpisodeTable", "filter_episodes", "read_episode_table"]
+__all__ = [
+    "CameraFiles",
+    "EpisodeRecords",
+    "EpisodeTable",
+    "filter_episodes",
+    "read_episode_records",
+    "read_episode_table",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -109,19 +116,41 @@ class EpisodeTable:
         )
 
 
-def read_episode_table(
-    fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo, *, video_keys: list[str]
-) -> EpisodeTable:
-    """Read the episode index for ``info``'s layout, validating what later stages rely on."""
+@dataclass(frozen=True)
+class EpisodeRecords:
+    """``meta/episodes`` as read (``source``): for v3.0 a table of every column but the ``stats/`` ones, sorted by
+    ``episode_index``; for v2.x the ``episodes.jsonl`` records in file order. Read once at open, for the episode
+    table and the ``episode_filter`` both."""
+
+    source: str
+    rows: pa.Table | list[dict[str, Any]]
+
+    def dicts(self) -> Iterator[dict[str, Any]]:
+        """Each episode's row as a dict of its own (a predicate may change it)."""
+        if isinstance(self.rows, list):
+            yield from (dict(record) for record in self.rows)
+            return
+        for batch in self.rows.to_batches():
+            yield from batch.to_pylist()
+
+
+def read_episode_records(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo) -> EpisodeRecords:
+    """The episode metadata for ``info``'s layout, as read."""
+    root = meta_root.rstrip("/")
     if info.major_version == "v3":
-        return _read_v3(fs, meta_root, video_keys)
-    return _read_v2(fs, meta_root, info, video_keys)
+        return EpisodeRecords(f"{root}/meta/episodes", _v3_rows(fs, meta_root))
+    return EpisodeRecords(f"{root}/meta/episodes.jsonl", _v2_rows(fs, meta_root, info))
+
+
+def read_episode_table(records: EpisodeRecords, info: DatasetInfo, *, video_keys: list[str]) -> EpisodeTable:
+    """The episode index from ``records``, validating what later stages rely on."""
+    if isinstance(records.rows, pa.Table):
+        return _read_v3(records.rows, records.source, video_keys)
+    return _read_v2(records.rows, records.source, info, video_keys)
 
 
 def filter_episodes(
-    fs: fsspec.AbstractFileSystem,
-    meta_root: str,
-    info: DatasetInfo,
+    records: EpisodeRecords,
     predicate: Callable[[dict[str, Any]], bool],
     *,
     candidates: Sequence[int] | None = None,
@@ -133,11 +162,11 @@ def filter_episodes(
     Raises DatasetError when ``predicate`` raises (naming the episode and the columns it may read), returns other
     than a bool, or keeps no episode.
     """
-    source = f"{meta_root.rstrip('/')}/meta/{'episodes' if info.major_version == 'v3' else 'episodes.jsonl'}"
+    source = records.source
     wanted = None if candidates is None else {int(e) for e in candidates}
     kept: list[int] = []
     tested = 0
-    for row in _episode_rows(fs, meta_root, info):
+    for row in records.dicts():
         episode = int(row["episode_index"])
         if wanted is not None and episode not in wanted:
             continue
@@ -162,14 +191,6 @@ def filter_episodes(
         )
     logger.info("%s: episode_filter kept %d of %d episode(s)", source, len(kept), tested)
     return sorted(kept)
-
-
-def _episode_rows(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo) -> Iterator[dict[str, Any]]:
-    if info.major_version != "v3":
-        yield from _v2_rows(fs, meta_root, info)
-        return
-    for batch in _v3_rows(fs, meta_root).to_batches():
-        yield from batch.to_pylist()
 
 
 def _i64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -199,9 +220,7 @@ def _v3_rows(fs: fsspec.AbstractFileSystem, meta_root: str) -> pa.Table:
     return table.sort_by("episode_index")
 
 
-def _read_v3(fs: fsspec.AbstractFileSystem, meta_root: str, video_keys: list[str]) -> EpisodeTable:
-    table = _v3_rows(fs, meta_root)
-    source = f"{meta_root}/meta/episodes"
+def _read_v3(table: pa.Table, source: str, video_keys: list[str]) -> EpisodeTable:
     required = [
         "episode_index",
         "length",
@@ -335,9 +354,7 @@ def _v2_rows(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo) -
     return records
 
 
-def _read_v2(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo, video_keys: list[str]) -> EpisodeTable:
-    path = f"{meta_root.rstrip('/')}/meta/episodes.jsonl"
-    records = _v2_rows(fs, meta_root, info)
+def _read_v2(records: list[dict[str, Any]], path: str, info: DatasetInfo, video_keys: list[str]) -> EpisodeTable:
     indices = [record["episode_index"] for record in records]
     lengths = [record["length"] for record in records]
     tasks = [[str(t) for t in record.get("tasks", [])] for record in records]
