@@ -7,10 +7,9 @@ is its datasets' states.
 
 Epochs: a mixture epoch is one epoch of its *anchor*, the dataset that takes the most batches to be read once
 at its share (with the default weights, which follow the frame counts, every dataset takes about as many).
-Each other dataset runs through its own epochs as often as that takes, starting each mixture epoch afresh:
-in mixture epoch ``e`` it reads its epochs ``e * EPOCH_STRIDE``, ``e * EPOCH_STRIDE + 1``, ..., so every
-mixture epoch is a pure function of ``e`` and ``set_epoch`` may jump. Unshuffled (all its epochs alike) it starts
-mixture epoch ``e`` where the epochs before left it, so its samples come equally often over the epochs.
+Each other dataset runs through its own epochs as often as that takes, one after another across the mixture's
+epochs (:mod:`.part_schedule`): its pipeline runs on when a mixture epoch starts, its samples come equally often,
+and where it stands at the start of mixture epoch ``e`` is a pure function of ``e``, so ``set_epoch`` may jump.
 """
 
 from __future__ import annotations
@@ -29,14 +28,13 @@ from .episode_rows import INDEX_COLUMNS
 from .errors import DatasetError, DeltaTimestampsError, IteratorClosedError, ResumeStateError, SchemaMismatchError
 from .iterator import DALILeRobotIterator, default_dali_threads
 from .key_rename import KeyRename
+from .part_schedule import PartSchedule
 from .value_checks import check_int, is_number
 
-__all__ = ["EPOCH_STRIDE", "PER_DATASET_OPTIONS", "DALILeRobotMixture", "batch_shares", "shared_selection"]
+__all__ = ["PER_DATASET_OPTIONS", "DALILeRobotMixture", "batch_shares", "shared_selection"]
 
 logger = logging.getLogger(__name__)
 
-#: Epoch numbers a dataset other than the anchor may use within one mixture epoch (far more than any needs).
-EPOCH_STRIDE = 2**32
 #: The key of each sample's dataset (its position in ``datasets``), as in LeRobot's ``MultiLeRobotDataset``.
 DATASET_INDEX = "dataset_index"
 #: Arguments the mixture sets itself for each dataset's iterator; the rest pass through unchanged.
@@ -160,8 +158,8 @@ class DALILeRobotMixture:
         )
         self.rank, self.world_size = self.datasets[0].rank, self.datasets[0].world_size
         self._check_parts_fill_batches()
+        self._schedules = {i: self._schedule(i) for i in range(len(readers)) if i != self.anchor}
         self._pass_id = 0
-        self._shuffle = bool(options.get("shuffle", True))
         self._dataset_index = torch.repeat_interleave(torch.arange(len(readers)), torch.tensor(self.batch_shares))
         logger.info(
             "mixture of %d datasets, per batch of %d: %s; its epoch is one of %s (%d batches); worker processes %s",
@@ -181,6 +179,16 @@ class DALILeRobotMixture:
                     f"{part.reader.location.description} gives rank {self.rank} fewer samples an epoch than its "
                     f"share of a batch ({self.batch_shares[i]}): lower its weight or the batch size, or run fewer ranks"
                 )
+
+    def _schedule(self, i: int) -> PartSchedule:
+        # (its functions hold the iterators, not the mixture: no cycle delays closing a dropped mixture's workers)
+        anchor, part = self.datasets[self.anchor], self.datasets[i]
+        share, part_share, rank = self.batch_shares[self.anchor], self.batch_shares[i], self.rank
+        return PartSchedule(
+            lambda e: anchor.epoch_samples(e) // share,
+            lambda k: part.epoch_samples(k) // part_share,
+            lambda k: _starved(part, k, rank, part_share),
+        )
 
     # -- epochs and state --------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -227,25 +235,16 @@ class DALILeRobotMixture:
     # -- iteration ---------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
         anchor = self.datasets[self.anchor].state_dict()
-        first = anchor["epoch"] * EPOCH_STRIDE
         # The anchor at the start of its epoch (a new mixture epoch, however reached, set_epoch back included): the
-        # others start this mixture epoch's first epoch too. Else one in this mixture epoch's range continues (a pass
-        # left early, a resume, one after another world size, whose anchor carries prior segments).
-        at_start = anchor["samples_consumed"] == 0 and not anchor["prior_segments"]
-        for i, part in enumerate(self.datasets):
-            if i != self.anchor and (at_start or not first <= part.epoch < first + EPOCH_STRIDE):
-                _restart(part, first, self._carried_over(i, anchor["epoch"]))
+        # others go where this mixture epoch starts them, which is where they stand after the epoch before (then
+        # nothing restarts). Else each continues from where it stands (a pass left early, a resume, one after
+        # another world size, whose anchor carries prior segments).
+        if anchor["samples_consumed"] == 0 and not anchor["prior_segments"]:
+            for i, schedule in self._schedules.items():
+                epoch, batches = schedule.start(anchor["epoch"])
+                _restart(self.datasets[i], epoch, batches * self.batch_shares[i])
         self._pass_id += 1
         return self._batches(self._pass_id, [iter(part) for part in self.datasets])
-
-    def _carried_over(self, i: int, epoch: int) -> int:
-        """Where dataset ``i`` starts mixture epoch ``epoch``: unshuffled, where the mixture epochs before left it (its
-        epochs are all alike, so starting each at its first sample would read those more often than its last)."""
-        if self._shuffle:
-            return 0
-        anchor_batches = self.datasets[self.anchor].epoch_samples(epoch) // self.batch_shares[self.anchor]
-        period = self.datasets[i].epoch_samples(epoch * EPOCH_STRIDE) // self.batch_shares[i]
-        return (epoch * anchor_batches) % period * self.batch_shares[i] if period else 0
 
     def _batches(self, pass_id: int, passes: list[Iterator[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
         while True:
@@ -272,11 +271,7 @@ class DALILeRobotMixture:
             if part is not None:
                 return part
             passes[i] = iter(self.datasets[i])
-        raise DatasetError(
-            f"{self.datasets[i].reader.location.description} gave no batch in two epochs in a row (epoch "
-            f"{self.datasets[i].epoch}): it has fewer samples for rank {self.rank} than its share of a batch "
-            f"({self.batch_shares[i]})"
-        )
+        raise _starved(self.datasets[i], self.datasets[i].epoch, self.rank, self.batch_shares[i])
 
     def _restore(self, states: list[dict[str, Any]]) -> None:
         for part, state in zip(self.datasets, states, strict=True):
@@ -324,6 +319,14 @@ class DALILeRobotMixture:
         """Stop every dataset's worker processes now."""
         for part in getattr(self, "datasets", ()):
             part.close()
+
+
+def _starved(part: DALILeRobotIterator, epoch: int, rank: int, share: int) -> DatasetError:
+    return DatasetError(
+        f"{part.reader.location.description} gave no batch in two epochs in a row (epoch {epoch}): it has fewer "
+        f"samples for rank {rank} than its share of a batch ({share}); lower its weight or the batch size, or run "
+        "fewer ranks"
+    )
 
 
 def _restart(part: DALILeRobotIterator, epoch: int, sample: int) -> None:

@@ -11,6 +11,7 @@ import os
 import shutil
 from collections import Counter
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 from lerobot_dali import DALILeRobotMixture, open_dataset
+from lerobot_dali import iterator as iterator_module
 from lerobot_dali.augment_config import AugmentConfig, Normalize
 from lerobot_dali.errors import (
     DatasetError,
@@ -29,7 +31,7 @@ from lerobot_dali.errors import (
 )
 from lerobot_dali.frame_marker import read_full_marker
 from lerobot_dali.generate import expected_action, expected_state, expected_task_index, task_name
-from lerobot_dali.mixture import EPOCH_STRIDE, batch_shares
+from lerobot_dali.mixture import batch_shares
 
 #: Per dataset: lengths, fps, codec, task seed.
 SPECS = (([5, 7, 4], 10, "vp9", 0), ([20, 9], 20, "h264", 1))
@@ -122,17 +124,25 @@ def test_shuffled_epochs_cover_once_and_resume_exactly_with_workers(make_ds) -> 
     def mixture() -> DALILeRobotMixture:
         return DALILeRobotMixture(paths, batch_size=4, seed=3, delta_timestamps=DELTAS, device="cpu", num_workers=2)
 
-    mix = mixture()
-    full: list[tuple[int, int, int]] = []
-    _run(mix, 2, full)
-    mix.close()
+    builds = []
+    build = iterator_module.build_pipeline
+    with mock.patch.object(iterator_module, "build_pipeline", lambda *a, **k: builds.append(a) or build(*a, **k)):
+        mix = mixture()
+        full: list[tuple[int, int, int]] = []
+        _run(mix, 2, full)
+        mix.close()
+    assert len(builds) == 2  # one pipeline per dataset: the second's runs on across the mixture's epochs
     assert len(full) == 2 * 16 * 4
     for epoch in (full[:64], full[64:]):
         first = [k for k in epoch if k[0] == 0]
         assert sorted(first) == sorted((0, ep, f) for ep, n in enumerate(SPECS[0][0]) for f in range(n))
-        second = [k for k in epoch if k[0] == 1]  # epochs of 27: each frame at most once in each
-        assert len(set(second[:27])) == 27 and len(set(second[27:])) == 21
-    assert full[:64] != full[64:]  # each mixture epoch shuffles afresh
+    # The second dataset's epochs of 27 (9 batches of 3, of 29 frames) follow each other across the mixture's
+    # epochs: its 96 samples are its epochs 0, 1 and 2 whole and 15 of epoch 3, each frame at most once in each.
+    second = [k for k in full if k[0] == 1]
+    chunks = [second[i : i + 27] for i in range(0, 96, 27)]
+    assert [len(set(chunk)) for chunk in chunks] == [27, 27, 27, 15]
+    assert len({tuple(chunk) for chunk in chunks[:3]}) == 3  # each of its epochs shuffles afresh
+    assert full[:64] != full[64:]
 
     mix = mixture()
     resumed: list[tuple[int, int, int]] = []
@@ -155,11 +165,34 @@ def test_shuffled_epochs_cover_once_and_resume_exactly_with_workers(make_ds) -> 
     jumped: list[tuple[int, int, int]] = []
     _run(mix, 1, jumped)
     assert jumped == full[64:]
-    assert mix.datasets[1].epoch // EPOCH_STRIDE == 1
+    assert mix.datasets[1].epoch == 3
     mix.set_epoch(1)  # back to the epoch just read, whose range the second dataset still stands in: it restarts too
     again: list[tuple[int, int, int]] = []
     _run(mix, 1, again)
     assert again == full[64:]
+    mix.close()
+
+
+def test_a_state_saved_with_the_former_epoch_numbers_resumes_where_it_stood(make_ds) -> None:
+    """States saved before the datasets' epochs ran on across mixture epochs number a non-anchor dataset's epochs
+    ``e * 2**32 + k`` in mixture epoch ``e``: it continues where it stood, and joins the schedule at the next one."""
+    paths = _datasets(make_ds)
+    mix = DALILeRobotMixture(paths, batch_size=4, shuffle=False, device="cpu", num_workers=0)
+    _run(mix, 1, [])
+    batches = iter(mix)
+    for _ in range(5):  # of epoch 1
+        next(batches)
+    state = mix.state_dict()
+    assert mix.epoch == 1 and state["datasets"][1]["epoch"] == 2  # its epochs of 9 batches: 21 = 9 + 9 + 3
+    rest = [k for _ in range(2) for batch in mix for k in _keys(batch)]  # the rest of epoch 1, then epoch 2
+    mix.close()
+    legacy = {**state, "datasets": [state["datasets"][0], {**state["datasets"][1], "epoch": 2**32 + 1}]}
+    mix = DALILeRobotMixture(paths, batch_size=4, shuffle=False, device="cpu", num_workers=0)
+    mix.load_state_dict(legacy)
+    batch = next(iter(mix))
+    assert mix.datasets[1].state_dict()["epoch"] == 2**32 + 1  # continued, not moved
+    assert _keys(batch) + [k for b in mix for k in _keys(b)] + [k for b in mix for k in _keys(b)] == rest
+    assert mix.datasets[1].epoch == 5  # from where epoch 2 starts it, 16 batches on: 48 = 5 * 9 + 3
     mix.close()
 
 

@@ -1,0 +1,54 @@
+"""PartSchedule: where a mixture's non-anchor dataset starts each mixture epoch, against hand-counted batches."""
+
+from __future__ import annotations
+
+import pytest
+
+from lerobot_dali.errors import DatasetError
+from lerobot_dali.part_schedule import PartSchedule
+
+
+class Starved(DatasetError):
+    pass
+
+
+def _schedule(mixture: list[int] | int, part: list[int] | int) -> tuple[PartSchedule, list[int]]:
+    """A schedule over per-epoch batch counts (a list, or one count for every epoch); also the part epochs asked."""
+    asked: list[int] = []
+
+    def part_batches(k: int) -> int:
+        asked.append(k)
+        return part if isinstance(part, int) else part[k]
+
+    def mixture_batches(e: int) -> int:
+        return mixture if isinstance(mixture, int) else mixture[e]
+
+    return PartSchedule(mixture_batches, part_batches, lambda k: Starved(f"epoch {k}")), asked
+
+
+def test_epochs_run_on_across_mixture_epochs() -> None:
+    schedule, _ = _schedule(16, 9)
+    # 16 batches an epoch from epochs of 9: epoch 0 whole and 7 of 1; then 2, 9, 5; then 4, 9, 3.
+    assert [schedule.start(e) for e in range(4)] == [(0, 0), (1, 7), (3, 5), (5, 3)]
+
+
+def test_a_jump_gives_the_start_a_run_reaches() -> None:
+    ran, _ = _schedule([5, 8, 3, 11, 2], [4, 6, 2, 7, 9, 3, 5])
+    steps = [ran.start(e) for e in range(5)]
+    jumped, _ = _schedule([5, 8, 3, 11, 2], [4, 6, 2, 7, 9, 3, 5])
+    assert jumped.start(4) == steps[4] == (4, 8)  # 5+8+3+11 = 27 batches: 4+6+2+7 = 19, then 8 of epoch 4
+    assert [jumped.start(e) for e in range(5)] == steps
+
+
+def test_an_epoch_that_ends_a_mixture_epoch_stands_at_its_end() -> None:
+    schedule, asked = _schedule(9, 9)
+    assert schedule.start(1) == (0, 9)  # as the dataset's iterator, until a pass finds the epoch over
+    assert schedule.start(2) == (1, 9)
+    assert asked == [0, 0, 1]  # the epoch after is not planned before a batch is needed from it
+
+
+def test_an_epoch_without_a_batch_is_passed_over_but_two_in_a_row_fail() -> None:
+    schedule, _ = _schedule(5, [3, 0, 4, 0, 0, 1])
+    assert schedule.start(1) == (2, 2)  # 3 of epoch 0, none in 1, 2 of 2
+    with pytest.raises(Starved, match="epoch 4"):
+        schedule.start(2)  # 2 of epoch 2, then epochs 3 and 4 give nothing
