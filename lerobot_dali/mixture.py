@@ -231,6 +231,9 @@ class DALILeRobotMixture:
             )  # fmt: skip
         for part, state in zip(self.datasets, parts, strict=True):
             part.load_state_dict(state)
+        # Starts computed before follow the orders replaced now (a resume on another world size changes the
+        # resumed epoch's size): compute them again, as a process that loaded this state first does.
+        self._schedules = {i: self._schedule(i) for i in self._schedules}
 
     # -- iteration ---------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:

@@ -196,6 +196,35 @@ def test_a_state_saved_with_the_former_epoch_numbers_resumes_where_it_stood(make
     mix.close()
 
 
+def test_a_resume_on_fewer_ranks_reads_the_rest_of_the_anchor_once(make_ds) -> None:
+    """Saved by 2 ranks 5 batches into epoch 0, resumed on 1: the anchor's frames the old ranks had not read, each
+    once, then whole epochs; a mixture that had run epochs before loading gives what a fresh one gives."""
+    paths = _datasets(make_ds)
+    kwargs = dict(batch_size=4, seed=5, device="cpu", num_workers=0)
+    states, old = [], []
+    for rank in (0, 1):
+        mix = DALILeRobotMixture(paths, rank=rank, world_size=2, **kwargs)
+        batches = iter(mix)
+        old.extend(k for _ in range(5) for k in _keys(next(batches)))
+        states.append(mix.state_dict())
+        mix.close()
+    runs = []
+    for warm in (False, True):
+        mix = DALILeRobotMixture(paths, **kwargs)
+        if warm:
+            _run(mix, 2, [])  # (its schedule's starts so far follow the orders before the load)
+        mix.load_state_dict(states[0])
+        assert len(mix) == 16 - 10
+        taken: list[tuple[int, int, int]] = []
+        _run(mix, 3, taken)
+        runs.append(taken)
+        mix.close()
+    assert runs[0] == runs[1]
+    anchor = [k for k in old if k[0] == 0] + [k for k in runs[0][: 6 * 4] if k[0] == 0]
+    assert sorted(anchor) == sorted((0, ep, f) for ep, n in enumerate(SPECS[0][0]) for f in range(n))
+    assert len(runs[0]) == (6 + 16 + 16) * 4
+
+
 def test_ranks_split_the_anchor_disjointly_and_agree_on_length(make_ds) -> None:
     paths = _datasets(make_ds)
     per_rank = []
