@@ -18,6 +18,7 @@ import inspect
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -247,7 +248,14 @@ class DALILeRobotMixture:
                 epoch, batches = schedule.start(anchor["epoch"])
                 _restart(self.datasets[i], epoch, batches * self.batch_shares[i])
         self._pass_id += 1
-        return self._batches(self._pass_id, [iter(part) for part in self.datasets])
+        return self._batches(self._pass_id, self._passes())
+
+    def _passes(self) -> list[Iterator[dict[str, Any]]]:
+        """Each dataset's pass. Pipelines that must start (the first pass, a jump) start side by side: each waits
+        about a second for its worker processes to start, which one after another would add up per dataset."""
+        with ThreadPoolExecutor(len(self.datasets), thread_name_prefix="lerobot-dali-mixture-start") as pool:
+            passes = [pool.submit(iter, part) for part in self.datasets]
+        return [p.result() for p in passes]
 
     def _batches(self, pass_id: int, passes: list[Iterator[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
         while True:

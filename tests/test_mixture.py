@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 from collections import Counter
 from pathlib import Path
 from unittest import mock
@@ -126,12 +127,17 @@ def test_shuffled_epochs_cover_once_and_resume_exactly_with_workers(make_ds) -> 
 
     builds = []
     build = iterator_module.build_pipeline
-    with mock.patch.object(iterator_module, "build_pipeline", lambda *a, **k: builds.append(a) or build(*a, **k)):
+    with mock.patch.object(
+        iterator_module,
+        "build_pipeline",
+        lambda *a, **k: builds.append(threading.current_thread().name) or build(*a, **k),
+    ):
         mix = mixture()
         full: list[tuple[int, int, int]] = []
         _run(mix, 2, full)
         mix.close()
-    assert len(builds) == 2  # one pipeline per dataset: the second's runs on across the mixture's epochs
+    # One pipeline per dataset, started side by side; the second's runs on across the mixture's epochs.
+    assert len(builds) == 2 and all(name.startswith("lerobot-dali-mixture-start") for name in builds)
     assert len(full) == 2 * 16 * 4
     for epoch in (full[:64], full[64:]):
         first = [k for k in epoch if k[0] == 0]
