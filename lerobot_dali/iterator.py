@@ -55,6 +55,7 @@ from .stream_state import SampleStream
 from .value_checks import check_int
 from .windows import DeltaWindows
 from .worker_errors import SMALL_SHM_BYTES, dead_worker_error, original_worker_error, shared_memory_note, shm_bytes
+from .worker_start import skipping_main
 from .yuv_frames import has_color_matrix, nvdec_color_fix
 
 __all__ = ["DALILeRobotIterator"]
@@ -428,8 +429,9 @@ class DALILeRobotIterator:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
         self._spec = spec
+        source = BatchSource(spec)
         pipe, names = build_pipeline(
-            BatchSource(spec),
+            source,
             output_fields(spec),
             batch_size=self.batch_size,
             device_id=self._device_id,
@@ -444,7 +446,8 @@ class DALILeRobotIterator:
         self._names = names
         self._pipeline_next = (self._stream.epoch, self._stream.samples_consumed)
         try:
-            pipe.build()
+            with skipping_main(source):
+                pipe.build()
             self._dali_iter = DALIGenericIterator(
                 pipe, names, auto_reset=True, last_batch_policy=LastBatchPolicy.PARTIAL, prepare_first_batch=False
             )
@@ -452,8 +455,9 @@ class DALILeRobotIterator:
             if "Workers initialization failed" in str(e):
                 raise WorkerProcessError(
                     f"DALI's {self._num_workers} worker processes did not start ({e}). They start with spawn, which "
-                    "imports the main module again: a script that builds the iterator at its top level must do so "
-                    'under `if __name__ == "__main__":`. Otherwise the workers\' traceback above says why.'
+                    "imports the main module again where what they run names a class defined in it: a script that "
+                    'builds the iterator at its top level must then do so under `if __name__ == "__main__":`. '
+                    "Otherwise the workers' traceback above says why."
                 ) from e
             _raise_original(e)
         self._pipeline = pipe

@@ -194,25 +194,42 @@ def _training_script(make_ds, tmp_path: Path, source: str) -> tuple[Path, Path]:
     return root, script
 
 
-def test_a_script_without_a_main_guard_is_told_why_the_workers_did_not_start(make_ds, tmp_path: Path) -> None:
-    """DALI's workers start with spawn, which runs an unguarded script again in each worker; the loop died with
-    DALI's bare 'Workers initialization failed'."""
+def test_workers_do_not_run_the_training_script_again(make_ds, tmp_path: Path) -> None:
+    """Spawned workers imported the script (``__main__``) again: its top-level imports in every worker, and an
+    unguarded script died with DALI's bare 'Workers initialization failed'. Now they skip it; where what they run
+    names a class of the script they import it as spawn does, and an unguarded script is told why it failed."""
+    runs = tmp_path / "runs.txt"
     root, script = _training_script(
         make_ds,
         tmp_path,
         "import sys\n"
+        "open(sys.argv[2], 'a').write('ran\\n')\n"
         "from lerobot_dali import DALILeRobotIterator\n"
-        "it = DALILeRobotIterator(sys.argv[1], batch_size=2, device='cpu', num_workers=1)\n"
+        "it = DALILeRobotIterator(sys.argv[1], batch_size=2, device='cpu', num_workers=2)\n"
         "print(sum(len(b['index']) for b in it))\n",
     )
-    done = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(script), str(root), str(runs)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "8", done.stderr
+    assert runs.read_text() == "ran\n"  # the main process only, not its 2 workers
+
+    needs_main = "import lerobot_dali.worker_start as w\nw._names_main = lambda callback: True\n"
+    script.write_text(needs_main + script.read_text())
+    done = subprocess.run(
+        [sys.executable, str(script), str(root), str(runs)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode != 0
-    assert "WorkerProcessError: DALI's 1 worker processes did not start" in done.stderr
+    assert "WorkerProcessError: DALI's 2 worker processes did not start" in done.stderr
     assert 'under `if __name__ == "__main__":`' in done.stderr
     guarded = script.read_text().replace("it = ", "def main():\n    it = ").replace("print(", "    print(")
     script.write_text(guarded + "if __name__ == '__main__':\n    main()\n")
-    done = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True, timeout=300)
+    runs.unlink()
+    done = subprocess.run(
+        [sys.executable, str(script), str(root), str(runs)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0 and done.stdout.strip() == "8", done.stderr
+    assert runs.read_text() == "ran\n" * 3  # the main process and, importing it again, each worker
 
 
 def test_workers_exit_when_the_training_process_is_killed(make_ds, tmp_path: Path) -> None:

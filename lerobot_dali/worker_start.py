@@ -1,0 +1,75 @@
+"""Start DALI's worker processes without running the training script again in each.
+
+DALI starts its workers with ``spawn``, and a spawned process first imports the parent's ``__main__`` (the
+training script, as ``__mp_main__``) to find what the pickled callback names there. The workers only run
+lerobot-dali's own source, which names nothing in ``__main__``, yet each paid for the script's top-level
+imports: measured on this machine, a script importing LeRobot's ACT policy and dataset takes 3.7 s and ~1 GB
+resident per process, so 8 ranks of 8 workers would hold 64 copies (torch alone: 0.9 s, ~220 MB). It is also
+why a script that builds the iterator outside ``if __name__ == "__main__":`` failed: each worker ran it again.
+
+Within :func:`skipping_main`, processes that the calling thread spawns are told not to import ``__main__``
+(multiprocessing's preparation data leaves it out), unless the callback's pickle names ``__main__`` (a class
+the user defined in the script), where they import it as before. Other threads' processes are untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import multiprocessing.spawn
+import pickle
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+__all__ = ["skipping_main"]
+
+logger = logging.getLogger(__name__)
+
+_MAIN_KEYS = ("init_main_from_name", "init_main_from_path")
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def skipping_main(callback: Any) -> Iterator[bool]:
+    """Within, this thread's spawned processes skip importing ``__main__`` if ``callback`` does not need it;
+    yields whether they do skip it."""
+    skip = _installed() and not _names_main(callback)
+    previous = getattr(_local, "skip_main", False)
+    _local.skip_main = skip
+    try:
+        yield skip
+    finally:
+        _local.skip_main = previous
+
+
+def _names_main(callback: Any) -> bool:
+    try:
+        data = pickle.dumps(callback, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # (DALI pickles it too, and says why it cannot)
+        return True
+    named = b"__main__" in data
+    if named:
+        logger.debug("the workers' source names __main__: each worker imports the main module, as spawn does")
+    return named
+
+
+@functools.cache
+def _installed() -> bool:
+    """Wrap multiprocessing's preparation data once (it reads the flag of the thread that starts a process)."""
+    original: Callable[[str], dict[str, Any]] | None = getattr(multiprocessing.spawn, "get_preparation_data", None)
+    if original is None:  # (another Python: the workers import __main__ as before)
+        logger.debug("multiprocessing.spawn has no get_preparation_data: workers import the main module")
+        return False
+
+    @functools.wraps(original)
+    def preparation_data(name: str) -> dict[str, Any]:
+        data = original(name)
+        if getattr(_local, "skip_main", False):
+            for key in _MAIN_KEYS:
+                data.pop(key, None)
+        return data
+
+    multiprocessing.spawn.get_preparation_data = preparation_data
+    return True
