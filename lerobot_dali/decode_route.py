@@ -28,6 +28,7 @@ from .dali_video import DALI_CPU_CODECS, DALI_NVDEC_CODECS, dali_error_reason, d
 from .errors import CodecUnsupportedError
 from .packet_index import PacketIndex
 from .video_source import VideoSource
+from .worker_start import skipping_main
 
 __all__ = [
     "DecodePreference",
@@ -273,7 +274,9 @@ def probe_gpu(samples: Mapping[str, np.ndarray], *, device_id: int = 0, isolate:
     if not isolate or not _driver_present():
         return _probe_here(device_id, arrays)
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_probe_here, device_id, arrays).result()
+        with skipping_main(_probe_here):  # (the process starts at submit, in this thread)
+            probe = pool.submit(_probe_here, device_id, arrays)
+        return probe.result()
 
 
 def route_for_video(

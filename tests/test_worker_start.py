@@ -7,6 +7,7 @@ import multiprocessing.spawn
 import sys
 import threading
 
+import numpy as np
 import pytest
 
 from lerobot_dali.worker_start import _MAIN_KEYS, skipping_main
@@ -42,3 +43,23 @@ def test_a_source_that_names_a_class_of_the_main_module_keeps_importing_it(monke
         assert _imports_main(multiprocessing.spawn.get_preparation_data("inside"))
     with skipping_main(lambda: None) as skip:  # (unpicklable here: left to DALI's own pickler, as before)
         assert not skip
+
+
+def test_the_isolated_nvdec_probe_starts_without_the_main_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a machine with a driver the probe runs in a spawned process; here the child finds no driver."""
+    from lerobot_dali import decode_route
+
+    with skipping_main(None):  # (installs the wrapper, which the recorder below calls)
+        pass
+    prepared: list[dict] = []
+    wrapped = multiprocessing.spawn.get_preparation_data
+    monkeypatch.setattr(multiprocessing.spawn, "get_preparation_data", lambda name: _record(prepared, wrapped(name)))
+    monkeypatch.setattr(decode_route, "_driver_present", lambda: True)
+    probe = decode_route.probe_gpu({"h264": np.zeros(8, np.uint8)}, isolate=True)
+    assert probe.gpu is None and probe.nvdec == {}
+    assert len(prepared) == 1 and not _imports_main(prepared[0])
+
+
+def _record(prepared: list[dict], data: dict) -> dict:
+    prepared.append(data)
+    return data
