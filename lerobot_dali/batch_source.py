@@ -39,6 +39,7 @@ from .parent_watch import exit_with_parent, leave_interrupts_to_parent
 from .sample_order import SampleOrder
 from .video_source import open_video_source
 from .windows import query_indices
+from .worker_start import log_like_trainer
 from .yuv_frames import PlaneFrames, stream_color
 
 __all__ = ["BatchSource", "CameraFormat", "SourceSpec", "output_fields"]
@@ -121,6 +122,8 @@ class SourceSpec:
     seed: int = 0
     rank: int = 0
     augment: AugmentConfig | None = None
+    #: The level lerobot-dali logs at in the training process, which the workers log at too.
+    log_level: int = logging.WARNING
 
 
 def lerobot_dtype(values: np.ndarray) -> np.ndarray:
@@ -221,6 +224,7 @@ class BatchSource:
         self._init_caches()
         exit_with_parent()
         leave_interrupts_to_parent()
+        log_like_trainer(self.spec.log_level)
         if self.spec.depth_quantizers or self._decoder.backend is CpuDecoderBackend.TORCHCODEC:
             # torch ops here (depth dequantisation, torchcodec's resizes) on one thread, as in DataLoader's
             # workers: otherwise each worker's ops spread over every core and the workers thrash (2 workers on 2

@@ -55,7 +55,7 @@ from .stream_state import SampleStream
 from .value_checks import check_int
 from .windows import DeltaWindows
 from .worker_errors import SMALL_SHM_BYTES, dead_worker_error, original_worker_error, shared_memory_note, shm_bytes
-from .worker_start import skipping_main
+from .worker_start import package_log_level, skipping_main
 from .yuv_frames import has_color_matrix, nvdec_color_fix
 
 __all__ = ["DALILeRobotIterator"]
@@ -425,6 +425,7 @@ class DALILeRobotIterator:
             seed=self._stream.order.options.seed,
             rank=self.rank,
             augment=self._augment,
+            log_level=package_log_level(),
         )
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 

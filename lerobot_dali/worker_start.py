@@ -10,6 +10,10 @@ why a script that builds the iterator outside ``if __name__ == "__main__":`` fai
 Within :func:`skipping_main`, processes that the calling thread spawns are told not to import ``__main__``
 (multiprocessing's preparation data leaves it out), unless the callback's pickle names ``__main__`` (a class
 the user defined in the script), where they import it as before. Other threads' processes are untouched.
+
+A spawned worker also starts without the training process's logging set-up: :func:`log_like_trainer` gives
+lerobot-dali's loggers there the trainer's level and, where the worker has no handler, one to stderr that names
+the worker, so its warnings (remote retries, a decoder passed over) and, at ``-v``, its progress still show.
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["skipping_main"]
+__all__ = ["log_like_trainer", "package_log_level", "skipping_main"]
 
 logger = logging.getLogger(__name__)
 
 _MAIN_KEYS = ("init_main_from_name", "init_main_from_path")
+_PACKAGE = __name__.rpartition(".")[0]
 _local = threading.local()
 
 
@@ -73,3 +78,19 @@ def _installed() -> bool:
 
     multiprocessing.spawn.get_preparation_data = preparation_data
     return True
+
+
+def package_log_level() -> int:
+    """The level lerobot-dali's records pass at in this (the training) process."""
+    return logging.getLogger(_PACKAGE).getEffectiveLevel()
+
+
+def log_like_trainer(level: int) -> None:
+    """In a worker: lerobot-dali's records at the trainer's ``level``, to stderr unless a handler exists (a script
+    the worker imported set one up)."""
+    package = logging.getLogger(_PACKAGE)
+    package.setLevel(level)
+    if not logging.getLogger().handlers and not package.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s (worker pid %(process)d): %(message)s"))
+        package.addHandler(handler)

@@ -327,3 +327,28 @@ def test_a_container_sized_dev_shm_is_warned_of_at_construction(
         with caplog.at_level("WARNING", logger="lerobot_dali.iterator"):
             DALILeRobotIterator(root, batch_size=2, device="cpu", num_workers=workers).close()
         assert ("/dev/shm is small: " in caplog.text and "64 MiB here" in caplog.text) is warned
+
+
+def test_workers_log_at_the_training_process_level(make_ds, tmp_path: Path) -> None:
+    """Spawned workers start without the trainer's logging: they take its level for lerobot-dali's records and,
+    with no handler of their own, write them to stderr naming the worker."""
+    root, script = _training_script(
+        make_ds,
+        tmp_path,
+        "import logging, sys\n"
+        "from lerobot_dali import DALILeRobotIterator\n"
+        "def main():\n"
+        "    logging.basicConfig(level=getattr(logging, sys.argv[2]), format='MAIN %(name)s: %(message)s')\n"
+        "    it = DALILeRobotIterator(sys.argv[1], batch_size=2, device='cpu', num_workers=1)\n"
+        "    print(sum(len(b['index']) for b in it))\n"
+        "if __name__ == '__main__':\n"
+        "    main()\n",
+    )
+    for level, shown in (("DEBUG", True), ("WARNING", False)):
+        done = subprocess.run(
+            [sys.executable, str(script), str(root), level], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0 and done.stdout.strip() == "8", done.stderr
+        worker = [line for line in done.stderr.splitlines() if "(worker pid " in line]
+        assert any(line.startswith("DEBUG lerobot_dali.packet_index (worker pid ") for line in worker) is shown, worker
+        assert all(line.startswith(("DEBUG", "INFO", "WARNING")) for line in worker)
