@@ -172,7 +172,7 @@ def test_shuffled_epochs_cover_once_and_resume_exactly_with_workers(make_ds) -> 
     _run(mix, 1, jumped)
     assert jumped == full[64:]
     assert mix.datasets[1].epoch == 3
-    mix.set_epoch(1)  # back to the epoch just read, whose range the second dataset still stands in: it restarts too
+    mix.set_epoch(1)  # back to the epoch just read: the second dataset goes back to where epoch 1 starts it
     again: list[tuple[int, int, int]] = []
     _run(mix, 1, again)
     assert again == full[64:]
