@@ -26,6 +26,7 @@ from .clips import build_clip, plan_clip, read_packet_payloads
 from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder, Pixels
 from .dali_graph import CameraFeed, Field, FieldKind, augment_draw_field
 from .dataset_reader import LeRobotDatasetReader
+from .decode_route import DecodeRoute
 from .depth_maps import DepthQuantizer, DepthUnit, in_unit
 from .episode_rows import INDEX_COLUMNS
 from .errors import DataFileError, DatasetError, MissingDataFileError, SchemaMismatchError, VideoDecodeError
@@ -225,7 +226,8 @@ class BatchSource:
         exit_with_parent()
         leave_interrupts_to_parent()
         log_like_trainer(self.spec.log_level)
-        if self.spec.depth_quantizers or self._decoder.backend is CpuDecoderBackend.TORCHCODEC:
+        worker_decoded = any(feed.route is DecodeRoute.CPU_FALLBACK for feed in self.spec.camera_feeds.values())
+        if self.spec.depth_quantizers or (worker_decoded and self._decoder.backend is CpuDecoderBackend.TORCHCODEC):
             # torch ops here (depth dequantisation, torchcodec's resizes) on one thread, as in DataLoader's
             # workers: otherwise each worker's ops spread over every core and the workers thrash (2 workers on 2
             # cores, a depth camera: 137 frames/s against 2,124).

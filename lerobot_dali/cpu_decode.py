@@ -484,7 +484,8 @@ class CpuFrameDecoder:
     """Decode display frames of video files on the CPU, keeping a bounded LRU of open decoders per process.
 
     Safe to create before workers fork or to pickle into spawned workers: each process opens its own
-    decoders on first use and drops (never uses) any it inherited.
+    decoders on first use and drops (never uses) any it inherited. ``AUTO`` is resolved at first use: looking
+    for torchcodec imports torch (about a second and 150 MB), which a worker whose cameras DALI decodes never needs.
     """
 
     def __init__(self, *, options: CpuDecodeOptions | None = None) -> None:
@@ -492,7 +493,7 @@ class CpuFrameDecoder:
         # key -> (open decoder, its estimated memory), least recently used first
         self._readers: OrderedDict[Hashable, tuple[_Reader, int]] = OrderedDict()
         self._pid = os.getpid()
-        self._backend = self._resolve_backend()
+        self._backend: CpuDecoderBackend | None = None
 
     def _resolve_backend(self) -> CpuDecoderBackend:
         if self.options.backend is not CpuDecoderBackend.AUTO:
@@ -512,6 +513,8 @@ class CpuFrameDecoder:
     @property
     def backend(self) -> CpuDecoderBackend:
         """The backend in use (AUTO resolved)."""
+        if self._backend is None:
+            self._backend = self._resolve_backend()
         return self._backend
 
     def decode(
@@ -624,7 +627,7 @@ class CpuFrameDecoder:
         plan = plan_clip(index, requested)  # validates the request before any file is opened
         requested = requested.astype(np.int64)
         self._drop_inherited()
-        backend = self._backend if pixels == "rgb" else CpuDecoderBackend.PYAV
+        backend = self.backend if pixels == "rgb" else CpuDecoderBackend.PYAV
         if backend is CpuDecoderBackend.PYAV:
             _require_pyav_decoder(index)
         # A lent file object may be closed by its owner, so its decoder is never kept.

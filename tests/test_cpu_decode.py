@@ -346,9 +346,9 @@ def test_a_torchcodec_without_ffmpeg_is_passed_over_for_pyav(
     assert "found no FFmpeg shared libraries" in (cpu_decode.torchcodec_unavailable() or "")
     path = marker_video("h264", 2)
     index = build_packet_index(path)
-    with caplog.at_level("INFO", logger="lerobot_dali.cpu_decode"):
+    with caplog.at_level("INFO", logger="lerobot_dali.cpu_decode"):  # (AUTO is resolved at first use)
         decoders = [CpuFrameDecoder(), CpuFrameDecoder()]
-    assert [d.backend for d in decoders] == [CpuDecoderBackend.PYAV] * 2
+        assert [d.backend for d in decoders] == [CpuDecoderBackend.PYAV] * 2
     notes = [r.getMessage() for r in caplog.records if "CPU decode uses PyAV" in r.getMessage()]
     assert len(notes) == 1 and "torchcodec 0.17.0 found no FFmpeg" in notes[0]
     window = np.array([0, 3, 4])
@@ -545,3 +545,33 @@ def test_decode_each_refuses_bad_requests_as_decode_does(marker_video: MarkerVid
     for bad in (np.array([], dtype=np.int64), np.array([index.frame_count])):
         with pytest.raises(FrameRequestError):
             decoder.decode_each(path, index, [np.array([1]), bad])
+
+
+def test_auto_looks_for_torchcodec_only_when_a_worker_decodes(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Looking for torchcodec imports torch (about a second and 150 MB per worker where it is installed): a worker
+    whose cameras DALI decodes no longer looks."""
+    import logging
+
+    from lerobot_dali import DALILeRobotIterator, cpu_decode
+    from lerobot_dali.batch_source import BatchSource
+
+    looked: list[int] = []
+    monkeypatch.setattr(cpu_decode, "torchcodec_unavailable", lambda: looked.append(1) or "not here")
+    decoder = CpuFrameDecoder()
+    assert looked == []
+    assert decoder.backend is CpuDecoderBackend.PYAV and decoder.backend is CpuDecoderBackend.PYAV and looked == [1]
+
+    package = logging.getLogger("lerobot_dali")
+    level = package.level  # (a source unpickled here sets it, as in a worker)
+    try:
+        for codec, looks in (("vp9", False), ("h264", True)):  # DALI's CPU decoder, then the workers' fallback
+            root = make_ds(episodes=1, frames_per_episode=4, cameras=1, codec=codec)
+            it = DALILeRobotIterator(root, batch_size=2, device="cpu", num_workers=0)
+            next(iter(it))
+            source = BatchSource(it._spec)
+            it.close()
+            looked.clear()
+            pickle.loads(pickle.dumps(source))  # what each worker does at start
+            assert bool(looked) is looks, codec
+    finally:
+        package.setLevel(level)
