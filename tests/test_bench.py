@@ -588,3 +588,19 @@ def test_a_streaming_peer_whose_buffer_holds_the_measured_samples_is_not_divided
         assert ("not a peer here" in streaming.note) != fair
         if not fair:
             assert f"shuffle buffer ({buffered} samples" in streaming.note and "dataset's 8 frames" in streaming.note
+
+
+def test_worker_start_script_counts_who_runs_the_training_script(tmp_path) -> None:
+    """bench/worker_start.py at toy scale: skipping the script, only the main process runs it; importing it
+    again, the iterator's worker and the mixture's two run it too."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "worker_start.py"
+    args = ["--imports", "json", "--workers", "1", "--datasets", "2", "--repeats", "1", "--out", str(tmp_path)]
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["skip_main"]["script_runs"] == 1 and result["import_main"]["script_runs"] == 1 + 1 + 2
+    for setting in ("skip_main", "import_main"):
+        assert all(result[setting][key] > 0 for key in ("build_s", "worker_uss_mb", "mixture_first_batch_s"))
