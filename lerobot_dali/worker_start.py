@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 _MAIN_KEYS = ("init_main_from_name", "init_main_from_path")
 _PACKAGE = __name__.rpartition(".")[0]
 _local = threading.local()
+_install_lock = threading.Lock()
+_WRAPPED = "_lerobot_dali_skips_main"
 
 
 @contextlib.contextmanager
@@ -63,10 +65,17 @@ def _names_main(callback: Any) -> bool:
 @functools.cache
 def _installed() -> bool:
     """Wrap multiprocessing's preparation data once (it reads the flag of the thread that starts a process)."""
+    with _install_lock:  # (functools.cache alone lets two threads that ask first both wrap it)
+        return _install()
+
+
+def _install() -> bool:
     original: Callable[[str], dict[str, Any]] | None = getattr(multiprocessing.spawn, "get_preparation_data", None)
     if original is None:  # (another Python: the workers import __main__ as before)
         logger.debug("multiprocessing.spawn has no get_preparation_data: workers import the main module")
         return False
+    if getattr(original, _WRAPPED, False):
+        return True
 
     @functools.wraps(original)
     def preparation_data(name: str) -> dict[str, Any]:
@@ -76,6 +85,7 @@ def _installed() -> bool:
                 data.pop(key, None)
         return data
 
+    setattr(preparation_data, _WRAPPED, True)
     multiprocessing.spawn.get_preparation_data = preparation_data
     return True
 
