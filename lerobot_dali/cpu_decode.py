@@ -19,7 +19,6 @@ import functools
 import io
 import logging
 import os
-import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from typing import Any, Literal, cast
 
 import av
 import numpy as np
-from av.video.reformatter import Interpolation, VideoReformatter
+from av.video.reformatter import Interpolation
 from fsspec.implementations.local import LocalFileSystem
 from numpy.typing import ArrayLike
 
@@ -37,7 +36,7 @@ from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeErro
 from .packet_index import PacketIndex
 from .value_checks import check_int_fields
 from .video_source import VideoSource, source_cache_key, source_label
-from .yuv_frames import frame_planes, stack_planes, swscale_colors
+from .yuv_frames import frame_planes, reformat_array, stack_planes, swscale_colors
 
 __all__ = [
     "WORKER_RESIZE_INTERPOLATION",
@@ -298,45 +297,19 @@ class _PyAvReader:
             self._handle.close()
 
 
-#: One swscale context per thread, reused from frame to frame on one thread. PyAV's ``to_ndarray(format=...)``
-#: builds a new one per frame with an automatic thread pool (``threads=0``), started and joined per frame: 54% of
-#: an AV1 worker's time at 96x128 (45 -> 10 us a frame), same pixels.
-_REFORMATTERS = threading.local()
-
-
-def _one_thread() -> dict[str, Any]:
-    """``threads=1`` where ``reformat`` takes it; PyAV < 16 has no such option (its swscale runs on the caller's
-    thread alone)."""
-    try:
-        VideoReformatter().reformat(av.VideoFrame(16, 16, "yuv420p"), format="rgb24", threads=1)
-    except TypeError:
-        return {}
-    return {"threads": 1}
-
-
-_ONE_THREAD = _one_thread()
-
-
-def _reformat(frame: av.VideoFrame, **options: Any) -> np.ndarray:
-    reformatter = getattr(_REFORMATTERS, "reformatter", None)
-    if reformatter is None:
-        reformatter = _REFORMATTERS.reformatter = VideoReformatter()
-    return reformatter.reformat(frame, **_ONE_THREAD, **options).to_ndarray()
-
-
 def _to_rgb(frame: av.VideoFrame, size: tuple[int, int] | None) -> np.ndarray:
     colors = swscale_colors(frame)
     if size is None or size == (frame.height, frame.width):
-        return _reformat(frame, format="rgb24", **colors)
+        return reformat_array(frame, format="rgb24", **colors)
     height, width = size
-    return _reformat(
+    return reformat_array(
         frame, format="rgb24", width=width, height=height, interpolation=WORKER_RESIZE_INTERPOLATION, **colors
     )
 
 
 def _to_depth_codes(frame: av.VideoFrame) -> np.ndarray:
     """A depth camera's 12-bit codes (H, W) uint16, taken as LeRobot takes them (``gray12le``)."""
-    return _reformat(frame, format="gray12le")
+    return reformat_array(frame, format="gray12le")
 
 
 def _resize_nhwc(frames: Any, size: tuple[int, int]) -> np.ndarray:
