@@ -39,7 +39,7 @@ from .packet_index_store import PacketIndexStore
 from .parent_watch import exit_with_parent, leave_interrupts_to_parent
 from .sample_order import SampleOrder
 from .video_source import open_video_source
-from .windows import query_indices
+from .windows import PAD_SUFFIX, query_indices
 from .worker_start import log_like_trainer
 from .yuv_frames import PlaneFrames, stream_color
 
@@ -161,7 +161,7 @@ def output_fields(spec: SourceSpec) -> list[Field]:
         for key in spec.tabular_keys
     ]
     fields += [Field(key, FieldKind.TABULAR) for key in INDEX_COLUMNS if key not in spec.tabular_keys]
-    fields += [Field(f"{key}_is_pad", FieldKind.TABULAR) for key in spec.delta_index]
+    fields += [Field(f"{key}{PAD_SUFFIX}", FieldKind.TABULAR) for key in spec.delta_index]
     for camera_index, (camera, feed) in enumerate(spec.camera_feeds.items()):
         if feed.depth:
             fields.append(Field(camera, FieldKind.DEPTH, camera_index=camera_index, channels=1))
@@ -298,7 +298,7 @@ class BatchSource:
             stacked = np.stack([r[key][i] for r, i in zip(rows, idx, strict=True)])
             values[key] = stacked if key in windows else stacked[:, 0]
         for key, (_, is_pad) in windows.items():
-            values[f"{key}_is_pad"] = is_pad
+            values[f"{key}{PAD_SUFFIX}"] = is_pad
         # Random augmentation parameters: per draw stream, keyed by (rank, epoch, position) of each sample.
         draws: dict[str, dict[str, np.ndarray]] = {}
         draw_keys = np.empty((0, 3), dtype=np.int64)

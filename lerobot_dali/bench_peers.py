@@ -33,7 +33,7 @@ from .errors import FrameTimestampError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .image_frames import decode_depth_images, decode_images
 from .value_checks import is_int
-from .windows import DeltaWindows, query_indices
+from .windows import PAD_SUFFIX, DeltaWindows, query_indices
 
 __all__ = [
     "PyAVFrameDataset",
@@ -210,7 +210,7 @@ class PyAVFrameDataset(Dataset):
         item: dict[str, Any] = {key: torch.tensor(own[key]) for key in self._columns}
         for key, delta in self._delta_index.items():
             rows, is_pad = query_indices(frame, length, delta)
-            item[f"{key}_is_pad"] = torch.as_tensor(is_pad)
+            item[f"{key}{PAD_SUFFIX}"] = torch.as_tensor(is_pad)
             if key not in self.camera_keys and key not in self.image_keys:
                 item[key] = torch.tensor(self._rows(start + rows)[key])
         for camera in self.camera_keys:

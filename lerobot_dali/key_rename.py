@@ -17,11 +17,10 @@ from .augment_config import AugmentConfig
 from .dataset_reader import LeRobotDatasetReader
 from .episode_rows import INDEX_COLUMNS
 from .errors import DatasetError
+from .windows import PAD_SUFFIX
 
-__all__ = ["PAD_SUFFIX", "KeyRename"]
+__all__ = ["KeyRename"]
 
-#: The suffix of the mask key a windowed key's batch carries (``<key>_is_pad``), renamed with its key.
-PAD_SUFFIX = "_is_pad"
 #: Keys every batch carries under these names, whatever the dataset: never renamed, never a new name.
 _FIXED_KEYS = frozenset({*INDEX_COLUMNS, "task"})
 

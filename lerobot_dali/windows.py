@@ -36,7 +36,10 @@ import numpy as np
 from .errors import DeltaTimestampsError
 from .frame_lookup import DEFAULT_TOLERANCE_S
 
-__all__ = ["DeltaWindows", "query_indices"]
+__all__ = ["PAD_SUFFIX", "DeltaWindows", "query_indices"]
+
+#: A windowed key's mask of padded steps is batched as ``<key>_is_pad``, as LeRobot names it.
+PAD_SUFFIX = "_is_pad"
 
 
 def query_indices(
