@@ -754,37 +754,39 @@ def train(options: TrainOptions) -> int:
     meter = Throughput()
     model.train()
     batches = epoch_batches(iterator)
-    while step < options.steps:
-        batch, wait_s = next(batches)
-        inputs = {k: v.to(accelerator.device, non_blocking=True) for k, v in batch.items() if torch.is_tensor(v)}
-        loss = model(inputs)
-        accelerator.backward(loss)
-        if options.grad_clip > 0:
-            accelerator.clip_grad_norm_(model.parameters(), options.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        if step == start_step + 1:
-            meter.report()  # the first step carries pipeline start-up and warm-up: keep it out of the rates
-        else:
-            meter.add(len(batch["index"]), camera_frames(batch, cameras), wait_s)
+    try:
+        while step < options.steps:
+            batch, wait_s = next(batches)
+            inputs = {k: v.to(accelerator.device, non_blocking=True) for k, v in batch.items() if torch.is_tensor(v)}
+            loss = model(inputs)
+            accelerator.backward(loss)
+            if options.grad_clip > 0:
+                accelerator.clip_grad_norm_(model.parameters(), options.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if step == start_step + 1:
+                meter.report()  # the first step carries pipeline start-up and warm-up: keep it out of the rates
+            else:
+                meter.add(len(batch["index"]), camera_frames(batch, cameras), wait_s)
+            if options.record_dir is not None:
+                if not record.batch_shapes:
+                    record.batch_shapes = {k: list(v.shape) for k, v in batch.items() if torch.is_tensor(v)}
+                record.epochs.append(iterator.epoch)
+                record.indices.append(batch["index"].detach())
+                if "dataset_index" in batch:
+                    record.dataset_indices.append(batch["dataset_index"])
+                record.losses.append(loss.detach())
+            if step % options.log_every == 0 or step == options.steps:
+                log_progress(accelerator, step, iterator.epoch, loss, meter, world_size)
+            if options.checkpoint_dir is not None and (
+                step == options.steps or (options.save_every and step % options.save_every == 0)
+            ):
+                save_checkpoint(accelerator, options.checkpoint_dir, step, iterator, data)
         if options.record_dir is not None:
-            if not record.batch_shapes:
-                record.batch_shapes = {k: list(v.shape) for k, v in batch.items() if torch.is_tensor(v)}
-            record.epochs.append(iterator.epoch)
-            record.indices.append(batch["index"].detach())
-            if "dataset_index" in batch:
-                record.dataset_indices.append(batch["dataset_index"])
-            record.losses.append(loss.detach())
-        if step % options.log_every == 0 or step == options.steps:
-            log_progress(accelerator, step, iterator.epoch, loss, meter, world_size)
-        if options.checkpoint_dir is not None and (
-            step == options.steps or (options.save_every and step % options.save_every == 0)
-        ):
-            save_checkpoint(accelerator, options.checkpoint_dir, step, iterator, data)
-    if options.record_dir is not None:
-        record.write(options.record_dir, rank=rank, world_size=world_size, model=accelerator.unwrap_model(model))
-    iterator.close()
+            record.write(options.record_dir, rank=rank, world_size=world_size, model=accelerator.unwrap_model(model))
+    finally:
+        iterator.close()
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return step - start_step
