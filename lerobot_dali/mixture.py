@@ -117,8 +117,10 @@ class DALILeRobotMixture:
             for own, reader in zip(own_options, readers, strict=True)
         ]
         readers = shared_selection(readers, cameras=cameras, keys=keys, renames=self.renames)
-        _check_windows(readers, options.get("delta_timestamps"), self.renames)
+        windows = options.get("delta_timestamps")
+        _check_windows(readers, windows, self.renames)
         _check_shapes(readers, self.renames)
+        self._image_windows_to_squeeze = _image_windows_to_squeeze(readers, windows, self.renames)
         if weights is None:
             weights = [reader.num_frames for reader in readers]
         elif len(weights) != len(readers) or not all(is_number(w) for w in weights):
@@ -291,6 +293,9 @@ class DALILeRobotMixture:
 
     def _join(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
         parts = [rename.batch(part) for rename, part in zip(self.renames, parts, strict=True)]
+        for part, squeezed in zip(parts, self._image_windows_to_squeeze, strict=True):
+            for camera in squeezed:
+                part[camera] = part[camera].squeeze(1)
         keys = list(parts[0])
         for part in parts[1:]:
             if set(part) != set(keys):  # (ruled out at construction: the same selection and windows for all)
@@ -314,11 +319,12 @@ class DALILeRobotMixture:
             for part, v in zip(self.datasets, values, strict=True)
         )
         camera = key in self.renames[0].batch_names(self.datasets[0].reader.all_camera_keys)
-        hint = (
-            "pass image_size=(H, W) to resize every dataset's frames to one size"
-            if camera
-            else "leave it out with keys=[...] or make the datasets agree"
-        )
+        if camera and len({(v.dtype, v.shape[1:-2]) for v in values}) == 1:  # only the frame sizes differ
+            hint = "pass image_size=(H, W) to resize every dataset's frames to one size"
+        elif camera:
+            hint = "their frames differ in more than size (channels, depth or colour); leave it out with cameras=[...]"
+        else:
+            hint = "leave it out with keys=[...] or make the datasets agree"
         return SchemaMismatchError(f"{key!r} differs across the mixture's datasets ({found}): {hint}")
 
     @property
@@ -456,6 +462,21 @@ def _check_windows(
             f"delta_timestamps names {unread}, which the mixture does not read: not every dataset has them "
             f"({ {d: k for d, k in lacking.items() if k} }), or cameras=/keys= leave them out"
         )
+
+
+def _image_windows_to_squeeze(
+    readers: list[LeRobotDatasetReader], delta_timestamps: Mapping[str, Any] | None, renames: Sequence[KeyRename]
+) -> list[frozenset[str]]:
+    """Per dataset, the image cameras whose one-step window batches as the video cameras' of another dataset.
+
+    LeRobot squeezes decoded video, not image rows: a one-step window gives a video camera (B, C, H, W) and an
+    image camera (B, 1, C, H, W). Where the datasets store one camera both ways, the video shape is the batch's.
+    """
+    one_step = {key for key, deltas in (delta_timestamps or {}).items() if len(deltas) == 1}
+    video = [set(rename.batch_names(r.camera_keys)) for r, rename in zip(readers, renames, strict=True)]
+    image = [set(rename.batch_names(r.image_keys)) for r, rename in zip(readers, renames, strict=True)]
+    both = one_step & set().union(*video) & set().union(*image)
+    return [frozenset(both & keys) for keys in image]
 
 
 def _check_shapes(readers: list[LeRobotDatasetReader], renames: Sequence[KeyRename]) -> None:

@@ -33,6 +33,7 @@ from lerobot_dali.errors import (
 from lerobot_dali.frame_marker import read_full_marker
 from lerobot_dali.generate import expected_action, expected_state, expected_task_index, task_name
 from lerobot_dali.mixture import batch_shares
+from tests.test_image_cameras import _to_mode
 
 #: Per dataset: lengths, fps, codec, task seed.
 SPECS = (([5, 7, 4], 10, "vp9", 0), ([20, 9], 20, "h264", 1))
@@ -255,6 +256,38 @@ def test_frames_of_other_sizes_need_image_size(make_ds) -> None:
     mix.close()
     mix = DALILeRobotMixture(paths, batch_size=4, device="cpu", num_workers=0, image_size=(48, 64))
     assert next(iter(mix))["observation.images.cam0"].shape == (4, 3, 48, 64)
+    mix.close()
+
+
+def test_a_one_step_window_of_a_camera_stored_as_video_and_as_images_batches_as_video(make_ds) -> None:
+    # LeRobot gives a one-step window (B, C, H, W) on a video camera and (B, 1, C, H, W) on an image camera.
+    paths = _datasets(make_ds, {"image_cameras": True})
+    deltas = {"observation.images.cam0": [0.1]}  # one frame ahead: 1 row at 10 fps, 2 at 20
+    mix = DALILeRobotMixture(paths, batch_size=6, device="cpu", num_workers=0, shuffle=False, delta_timestamps=deltas)
+    batch = next(iter(mix))
+    mix.close()
+    frames, pad = batch["observation.images.cam0"], batch["observation.images.cam0_is_pad"]
+    assert frames.shape == (6, 3, 96, 128) and pad.shape == (6, 1)
+    for i, key in enumerate(_keys(batch)):
+        dataset, episode, frame = key
+        lengths, fps = SPECS[dataset][0], SPECS[dataset][1]
+        ahead = frame + round(0.1 * fps)
+        assert _marker(frames[i]) == (episode, min(ahead, lengths[episode] - 1), 0)
+        assert bool(pad[i, 0]) == (ahead >= lengths[episode])
+    # A window of two steps batches (B, 2, C, H, W) for both, as before.
+    deltas = {"observation.images.cam0": [0.0, 0.1]}
+    mix = DALILeRobotMixture(paths, batch_size=6, device="cpu", num_workers=0, shuffle=False, delta_timestamps=deltas)
+    assert next(iter(mix))["observation.images.cam0"].shape == (6, 2, 3, 96, 128)
+    mix.close()
+
+
+def test_frames_that_differ_in_more_than_size_are_not_sent_to_image_size(make_ds, copy_ds) -> None:
+    paths = _datasets(make_ds, {"image_cameras": True})
+    paths[1] = copy_ds(paths[1])
+    _to_mode(paths[1], "observation.images.cam0", "L")  # grey: one channel
+    mix = DALILeRobotMixture(paths, batch_size=4, device="cpu", num_workers=0, image_size=(48, 64))
+    with pytest.raises(SchemaMismatchError, match=r"\(3, 48, 64\).*\(1, 48, 64\).*more than size.*cameras="):
+        next(iter(mix))
     mix.close()
 
 
