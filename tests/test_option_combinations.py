@@ -2,7 +2,8 @@
 
 The other tests pick their combinations by hand; these draw them (codec, fps, episode lengths, files per
 episode, v2.1/v3.0, image cameras, windows, batch size, shuffle, pool size, workers, ranks, balance, resize,
-uint8, drop_last, episode subsets; every third case over HTTP) from a seeded generator, so a case that fails is
+uint8, drop_last, episode subsets, the CPU decoder's options, DALI's threads, timestamps or frame indices; every
+third case over HTTP, its prefetch cache off, tiny or roomy) from a seeded generator, so a case that fails is
 reproduced by its seed. Every sample is checked: ``index``, ``timestamp``, tasks, tabular windows and masks
 against the generator's formulas, each camera frame against its marker; each epoch's coverage across ranks;
 and a resume in the middle of an epoch (under other worker counts) against the uninterrupted run.
@@ -26,7 +27,9 @@ import pytest
 import torch
 
 from lerobot_dali import DALILeRobotIterator, DALILeRobotMixture
+from lerobot_dali.cpu_decode import ColorConversion, CpuDecodeOptions
 from lerobot_dali.errors import ShardingError
+from lerobot_dali.frame_lookup import TimestampSource
 from lerobot_dali.frame_marker import read_full_marker
 from lerobot_dali.generate import camera_key, expected_action, expected_state, expected_task_index, task_name
 from tests.http_server import FolderServer, serve_folder
@@ -113,7 +116,19 @@ def _draw_case(seed: int, datasets: int) -> Case:
         options["weights"] = rng.choice([None, [rng.randint(1, 4) for _ in range(datasets)]])
     episodes = min(len(options.get("episodes") or d.lengths) for d in data)  # each rank reads whole episodes
     world_size = min(rng.choice([1, 1, 2, 3]), episodes)
-    return Case(data, options, world_size=world_size, remote=datasets == 1 and seed % 3 == 2)
+    remote = datasets == 1 and seed % 3 == 2
+    # How the workers decode (a single open decoder evicts at every file change) and how DALI runs.
+    options["cpu_decode"] = CpuDecodeOptions(
+        threads_per_decoder=rng.choice([1, 2]),
+        max_open_decoders=rng.choice([1, 2, 64]),
+        color_conversion=rng.choice(list(ColorConversion)),
+    )
+    options["dali_threads"] = rng.choice([1, 2, 3])
+    if datasets == 1:
+        options["timestamp_source"] = rng.choice(list(TimestampSource))  # (generated rows agree)
+    if remote:  # the prefetch cache off, a few kilobytes (ranges evicted as episodes leave the pool), or roomy
+        options["cache_gb"] = rng.choice([0.0, 2e-5, 8.0])
+    return Case(data, options, world_size=world_size, remote=remote)
 
 
 # -- the checks ------------------------------------------------------------------------------------------------
