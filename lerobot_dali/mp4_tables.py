@@ -47,6 +47,8 @@ class Mp4Track:
     #: Every sample from the tables, or None where they hold what FFmpeg reads otherwise than plainly (sample
     #: groups, partial sync samples, several edits, compact sizes) or do not add up.
     samples: SampleTable | None = None
+    #: The type of the first sample description (``avc1``, ``av01``...): the codec the file names, for errors.
+    sample_entry: bytes | None = None
 
     def composition_offsets(self) -> np.ndarray | None:
         """Each sample's composition offset (zeros without ``ctts``), or None when ``ctts`` does not fit."""
@@ -135,8 +137,17 @@ def _parse_moov(data: bytes) -> dict[int, Mp4Track] | None:
             counts = table[:, 0].astype(np.uint32).astype(np.int64)
             offsets = table[:, 1].astype(np.int64)
         samples = _sample_table(data, stbl, start, end, sample_count)
-        tracks[track_id] = Mp4Track(track_id, sample_count, counts, offsets, fragmented, samples)
+        tracks[track_id] = Mp4Track(
+            track_id, sample_count, counts, offsets, fragmented, samples, _sample_entry(data, *stbl)
+        )
     return tracks
+
+
+def _sample_entry(data: bytes, start: int, end: int) -> bytes | None:
+    stsd = _find_box(data, start, end, (b"stsd",))
+    if stsd is None or stsd[0] + 16 > stsd[1]:  # (version and flags, entry count, then the first entry's header)
+        return None
+    return data[stsd[0] + 12 : stsd[0] + 16]
 
 
 def _full_box_table(data: bytes, box: tuple[int, int] | None, columns: int, dtype: str) -> np.ndarray | None:

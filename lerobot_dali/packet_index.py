@@ -205,10 +205,7 @@ def _index_container(
     stream = container.streams.video[0]
     context = stream.codec_context
     if context is None:
-        raise CodecUnsupportedError(
-            f"{label}: the video codec is unknown to this FFmpeg build, so neither NVDEC (through DALI), "
-            "DALI's CPU decoder nor PyAV can decode it. Re-encode the video (H.264, HEVC, AV1 or VP9)."
-        )
+        raise _no_decoder(label, None if tracks is None else tracks.get(int(stream.id)))
     samples: dict[int, bytes] = {}
     first_key: bytes | None = None
     rows: list[Row] | None
@@ -249,6 +246,23 @@ def _index_container(
         byte_exact=byte_exact,
         template=template,
     )
+
+
+def _no_decoder(label: str, track: Mp4Track | None) -> CodecUnsupportedError:
+    """FFmpeg found no decoder for the stream: a codec it lacks, or a header too damaged to name one."""
+    entry = None if track is None else track.sample_entry
+    damaged = "the file is damaged (cut short, or its header overwritten): download or copy it again"
+    unknown = (
+        "neither NVDEC (through DALI), DALI's CPU decoder nor PyAV decodes its codec: re-encode it (H.264, HEVC, "
+        "AV1 or VP9)"
+    )
+    if entry is not None and not all(0x20 <= byte < 0x7F for byte in entry):  # a fourcc is printable ASCII
+        why = f"its sample description names codec {entry!r}, which is no codec name: {damaged}"
+    elif entry is not None:
+        why = f"its sample description names codec {entry.decode()!r}: {unknown}, or {damaged}"
+    else:
+        why = f"either {damaged}, or {unknown}"
+    return CodecUnsupportedError(f"{label}: FFmpeg finds no decoder for the video stream; {why}.")
 
 
 def _rows_from_demux(

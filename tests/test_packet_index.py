@@ -191,8 +191,17 @@ def test_codec_without_any_decoder(tmp_path: Path) -> None:
             packet.is_keyframe = i == 0
             packet.stream = stream
             container.mux(packet)
-    with pytest.raises(CodecUnsupportedError, match="evc.mp4"):
+    with pytest.raises(CodecUnsupportedError, match="evc.mp4.*names codec 'evc1': neither NVDEC.*re-encode it"):
         build_packet_index(path)
+
+
+def test_a_header_too_damaged_to_name_its_codec_is_called_damaged(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    raw = marker_video("h264", 30).read_bytes()
+    entry = raw.index(b"avc1", raw.index(b"stsd"))
+    damaged = tmp_path / "damaged.mp4"
+    damaged.write_bytes(raw[:entry] + bytes(4) + raw[entry + 4 :])  # the sample description's codec zeroed
+    with pytest.raises(CodecUnsupportedError, match=r"damaged.mp4.*codec b'\\x00.*no codec name: the file is damaged"):
+        build_packet_index(damaged)
 
 
 # --- frame lookup -------------------------------------------------------------------------------------
