@@ -78,7 +78,9 @@ def open_parquet(open_file: Callable[[str], Any], path: str) -> pq.ParquetFile:
     except FileNotFoundError as e:
         raise MissingDataFileError(f"data file {path} is missing (listed in the episode metadata)") from e
     try:
-        parquet = pq.ParquetFile(handle)
+        # Pages written with checksums (pyarrow's write_page_checksum=True) are verified as they are read: a
+        # flipped byte inside a page's values otherwise reads as another value. LeRobot's own files carry none.
+        parquet = pq.ParquetFile(handle, page_checksum_verification=True)
     except (pa.ArrowException, OSError) as e:
         handle.close()
         if is_transient(e):

@@ -472,6 +472,20 @@ def test_corrupt_data_file_names_the_file(v3: Path) -> None:
         open_dataset(v3)
 
 
+def test_a_value_changed_in_a_checksummed_page_fails_naming_the_file(v3: Path) -> None:
+    path = v3 / "data/chunk-000/file-001.parquet"  # episodes 2 and 3
+    pq.write_table(pq.read_table(path), path, write_page_checksum=True, compression="none")
+    raw = bytearray(path.read_bytes())
+    value = expected_action(2, 0, 7)[0].tobytes()  # (float32 in the page as written: uncompressed, plain)
+    at = raw.index(value)
+    raw[at] ^= 0x01  # the lowest mantissa bit: a plausible value, which only the checksum tells from the real one
+    path.write_bytes(bytes(raw))
+    r = open_dataset(v3)
+    np.testing.assert_array_equal(r.read_episode(0)["action"], expected_action(0, np.arange(LENGTHS[0]), 7))
+    with pytest.raises(DataFileError, match=r"file-001\.parquet: reading rows .*CRC checksum verification failed"):
+        r.read_episode(2)
+
+
 def test_missing_from_timestamp_is_refused_when_files_hold_several_episodes(v3: Path) -> None:
     cols = ["videos/observation.images.cam0/from_timestamp", "videos/observation.images.cam0/to_timestamp"]
     _edit_episodes(v3, lambda t: t.drop_columns(cols))
