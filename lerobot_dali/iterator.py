@@ -89,7 +89,8 @@ class DALILeRobotIterator:
       more mixes better and holds more open), ``drop_last`` (default True: every batch full; LeRobot's train
       script passes ``drop_last=False`` to its DataLoader), ``rank``/``world_size`` (default: from
       ``torch.distributed``, then ``RANK``/``WORLD_SIZE``, then accelerate), ``rank_balance`` (how ranks with
-      fewer frames reach the common batch count that collective training needs).
+      fewer frames reach the common batch count that collective training needs), ``episode_piece_frames``
+      (deal episodes to ranks in pieces of at most that many frames: for more ranks than episodes, or few each).
     * Where the work runs: ``device``, ``decode`` (``"auto"``: NVDEC where the GPU has the codec, else the CPU;
       ``"gpu"``: NVDEC or fail; ``"cpu"``), ``num_workers`` (processes that read rows and decode on the CPU),
       ``dali_threads``, ``prefetch`` (batches DALI prepares ahead), ``cpu_decode`` (the CPU decoder's options).
@@ -129,6 +130,7 @@ class DALILeRobotIterator:
         episode_filter: Callable[[dict[str, Any]], bool] | None = None,
         dali_threads: int | None = None,
         depth_unit: DepthUnit | str = DepthUnit.MM,
+        episode_piece_frames: int | None = None,
     ) -> None:
         device = str(device)  # (a torch.device, as accelerator.device is, spells the same)
         (batch_size, num_workers, prefetch, dali_threads), preference = _checked_arguments(
@@ -191,6 +193,7 @@ class DALILeRobotIterator:
             shuffle=shuffle,
             episode_pool_size=episode_pool_size,
             rank_balance=_choice(RankBalance, "rank_balance", rank_balance),
+            piece_frames=episode_piece_frames,
         )
         self._stream = SampleStream(
             self.reader.episodes.length,

@@ -45,7 +45,7 @@ _OPENING_ARGUMENTS = frozenset({"revision", "episodes", "episode_filter", "data_
 #: Arguments ``dataset_options`` may set per dataset: how its own files are read and its samples drawn, which
 #: datasets of other writers need differently (wall-clock parquet timestamps, a codec NVDEC lacks, long episodes).
 PER_DATASET_OPTIONS = frozenset(
-    {"timestamp_source", "tolerance_s", "decode", "cpu_decode", "augment", "episode_pool_size"}
+    {"timestamp_source", "tolerance_s", "decode", "cpu_decode", "augment", "episode_pool_size", "episode_piece_frames"}
 )
 #: The ``dataset_options`` key of a dataset's ``{own key: batch key}`` renames (:class:`~.key_rename.KeyRename`).
 RENAME_MAP = "rename_map"

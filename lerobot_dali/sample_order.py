@@ -7,7 +7,8 @@ never global state.
 
 Per epoch:
 
-1. **Sharding.** Episodes (never frames or files) are split disjointly across ranks by
+1. **Sharding.** Episodes (never frames or files; or, with ``piece_frames``, pieces of consecutive frames of
+   them, :mod:`.episode_pieces`, each then standing for an episode below) are split disjointly across ranks by
    :func:`shard_episodes`, balancing frame counts: longest first (shuffled: within 10% bands at random), each
    episode goes to the least-loaded rank, so two ranks differ by at most about the fullest rank's shortest
    episode (at most the longest).
@@ -38,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from .episode_pieces import EpisodePieces
 from .errors import ShardingError
 from .value_checks import check_int
 
@@ -102,6 +104,8 @@ class OrderOptions:
     shuffle: bool = True
     episode_pool_size: int = DEFAULT_EPISODE_POOL_SIZE
     rank_balance: RankBalance = RankBalance.PAD
+    #: Deal episodes to ranks in pieces of at most this many frames (None: whole episodes).
+    piece_frames: int | None = None
     #: Samples between pool-state checkpoints (a lower bound; raised to respect ``max_checkpoints``).
     checkpoint_interval: int = 8192
     max_checkpoints: int = 1024
@@ -111,6 +115,8 @@ class OrderOptions:
         if not isinstance(self.shuffle, bool):
             raise TypeError(f"shuffle must be a bool, got {self.shuffle!r}")
         check_int("episode_pool_size", self.episode_pool_size, minimum=1)
+        if self.piece_frames is not None:
+            check_int("piece_frames", self.piece_frames, minimum=1)
         check_int("checkpoint_interval", self.checkpoint_interval, minimum=1)
         check_int("max_checkpoints", self.max_checkpoints, minimum=1)
         if not isinstance(self.rank_balance, RankBalance):
@@ -174,7 +180,7 @@ def shard_episodes(frame_counts: np.ndarray, *, world_size: int, rng: np.random.
     if n < world_size:
         raise ShardingError(
             f"{n} episode(s) with frames cannot give each of {world_size} ranks at least one; "
-            "use fewer ranks or more episodes (episodes are never split across ranks)"
+            "use fewer ranks or more episodes, or deal episodes in pieces (episode_piece_frames=N frames each)"
         )
     if rng is None:
         by_length = selected[np.argsort(-counts[selected], kind="stable")]
@@ -385,7 +391,9 @@ class SampleOrder:
         if self._rank >= self._world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self._options = options if options is not None else OrderOptions()
-        self._lengths = lengths.astype(np.int64)
+        # Everything below deals, pools and draws pieces; only what leaves this class names episodes.
+        self._pieces = EpisodePieces.cut(lengths, self._options.piece_frames)
+        self._lengths = self._pieces.length
         self._resumed = resumed_epoch
         self._plans: OrderedDict[int, _EpochPlan] = OrderedDict()
         self._permutations: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
@@ -422,7 +430,7 @@ class SampleOrder:
 
     def rank_episodes(self, epoch: int) -> np.ndarray:
         """Episode positions of this rank in stream (admission) order."""
-        return self._plan(epoch).stream.episodes.copy()
+        return self._pieces.episodes(self._plan(epoch).stream.episodes.copy())
 
     def samples(self, epoch: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """``(episode_pos, frame_in_episode)``, int64 arrays for positions ``[start, stop)`` of ``epoch``."""
@@ -443,9 +451,9 @@ class SampleOrder:
             position += run
         if not pieces:
             return np.empty(0, np.int64), np.empty(0, np.int64)
-        episodes = np.concatenate([p[0] for p in pieces])
+        units = np.concatenate([p[0] for p in pieces])
         draws = np.concatenate([p[1] for p in pieces])
-        return episodes, self._frames(epoch, episodes, draws)
+        return self._pieces.frames(units, self._frames(epoch, units, draws))
 
     def pool_window(self, epoch: int, start: int, stop: int) -> np.ndarray:
         """Episode positions that serve positions ``[start, stop)`` of ``epoch``, in admission order.
@@ -464,7 +472,7 @@ class SampleOrder:
             parts.append(self._natural_window(plan, start, min(stop, natural)))
         if stop > natural:  # PAD: positions from ``natural`` on repeat the epoch's first ones
             parts.append(self._natural_window(plan, 0, min(natural, stop - natural)))
-        return np.asarray(list(dict.fromkeys(np.concatenate(parts).tolist())), dtype=np.int64)
+        return self._pieces.episodes(np.concatenate(parts))
 
     def _natural_window(self, plan: _EpochPlan, start: int, stop: int) -> np.ndarray:
         stream = plan.stream

@@ -42,7 +42,9 @@ logger = logging.getLogger(__name__)
 _VERSION = 2
 _FIELDS = ("seed", "epoch", "samples_consumed", "world_size", "batch_size")
 #: The order options besides the seed that a state records, and a resume must match.
-_ORDER_FIELDS = ("shuffle", "episode_pool_size", "rank_balance")
+_ORDER_FIELDS = ("shuffle", "episode_pool_size", "rank_balance", "piece_frames")
+#: Order fields states saved before them lack (read as None: the order before them).
+_LATER_ORDER_FIELDS = ("piece_frames",)
 
 
 def _order_of(options: OrderOptions) -> dict[str, Any]:
@@ -104,7 +106,8 @@ class StreamState:
                 f"got {state['prior_segments']!r}"
             ) from e
         order = state.get("order")
-        if order is not None and (not isinstance(order, Mapping) or sorted(order) != sorted(_ORDER_FIELDS)):
+        required = set(_ORDER_FIELDS) - set(_LATER_ORDER_FIELDS)
+        if order is not None and (not isinstance(order, Mapping) or not required <= set(order) <= set(_ORDER_FIELDS)):
             raise ResumeStateError(f"stream state order must be a dict of {list(_ORDER_FIELDS)}, got {order!r}")
         fields = {name: state[name] for name in _FIELDS}
         return cls(**fields, prior_segments=segments, order=order, version=state["version"])
@@ -257,9 +260,10 @@ def _check_order(state: StreamState, options: OrderOptions, *, world_size: int) 
         for name in _ORDER_FIELDS
         if (name != "episode_pool_size" or now["shuffle"]) and (name != "rank_balance" or several_ranks)
     ]
-    differ = [name for name in relevant if state.order[name] != now[name]]
+    # (.get: a state saved before a later field lacks it, and ran as None does)
+    differ = [name for name in relevant if state.order.get(name) != now[name]]
     if differ:
-        saved = ", ".join(f"{name}={state.order[name]!r}" for name in differ)
+        saved = ", ".join(f"{name}={state.order.get(name)!r}" for name in differ)
         ours = ", ".join(f"{name}={now[name]!r}" for name in differ)
         raise ResumeStateError(
             f"this stream state was saved with {saved}, but this stream runs with {ours}: the saved position "

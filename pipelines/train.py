@@ -96,6 +96,8 @@ class TrainOptions:
     grad_clip: float = 10.0
     seed: int = 0
     episode_pool_size: int = DEFAULT_EPISODE_POOL_SIZE
+    #: Deal episodes to ranks in pieces of at most this many frames (None: whole episodes).
+    episode_piece_frames: int | None = None
     image_size: tuple[int, int] | None = None
     augment: Path | None = None
     decode: str = "auto"
@@ -113,8 +115,8 @@ class TrainOptions:
 
     def __post_init__(self) -> None:
         positive = (("steps", 1), ("batch_size", 1), ("chunk", 1), ("episode_pool_size", 1), ("log_every", 1))
-        checked = (*positive, ("num_workers", 0), ("save_every", 0))
-        check_int_fields(self, checked, label=cli_flag, optional=("chunk",))
+        checked = (*positive, ("episode_piece_frames", 1), ("num_workers", 0), ("save_every", 0))
+        check_int_fields(self, checked, label=cli_flag, optional=("chunk", "episode_piece_frames"))
         if self.device not in _DEVICES:
             raise ValueError(f"--device must be one of {_DEVICES}, got {self.device!r}")
         if self.mixed_precision not in _PRECISIONS:
@@ -195,6 +197,11 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     p.add_argument("--grad-clip", type=float, default=10.0, help="max gradient norm")
     p.add_argument("--seed", type=int, default=0, help="model init and sample order (same on every rank)")
     p.add_argument("--episode-pool-size", type=int, default=64)
+    p.add_argument(
+        "--episode-piece-frames",
+        type=int,
+        help="deal episodes to ranks in pieces of at most N frames: for more ranks than episodes, or few each",
+    )
     p.add_argument("--image-size", type=int, nargs=2, metavar=("H", "W"), help="resize cameras on the device")
     p.add_argument("--augment", type=Path, help="augmentation TOML (pipelines/recipes/augment_example.toml)")
     p.add_argument("--decode", default="auto", help="decode route preference passed to the iterator")
@@ -237,7 +244,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         cameras=tuple(a.cameras) if a.cameras else None,
         batch_size=a.batch_size, device=a.device, num_workers=a.num_workers,
         recipe=a.recipe, chunk=a.chunk, lr=a.lr, grad_clip=a.grad_clip, seed=a.seed,
-        episode_pool_size=a.episode_pool_size,
+        episode_pool_size=a.episode_pool_size, episode_piece_frames=a.episode_piece_frames,
         image_size=tuple(a.image_size) if a.image_size else None, augment=a.augment, decode=a.decode,
         timestamp_source=_one_or_each(a.timestamp_source), tolerance_s=_one_or_each(a.tolerance_s),
         rename_map=_one_or_each(a.rename_map),
@@ -415,6 +422,7 @@ def build_iterator(
         shuffle=True,
         seed=options.seed,
         episode_pool_size=options.episode_pool_size,
+        episode_piece_frames=options.episode_piece_frames,
         device=device,
         decode=options.decode,
         num_workers=options.num_workers,

@@ -29,6 +29,7 @@ from lerobot_dali.errors import (
     IteratorClosedError,
     MissingDataFileError,
     ResumeStateError,
+    ShardingError,
     VideoDecodeError,
 )
 from lerobot_dali.frame_marker import read_full_marker
@@ -225,6 +226,28 @@ def test_episode_split_reads_exactly_its_episodes_across_ranks(make_ds) -> None:
         assert per_rank[0] | per_rank[1] == {(e, f) for e in chosen for f in range(LENGTHS[e])}, name
     with pytest.raises(DatasetError, match=r"episodes \[7\] are not in this dataset"):
         DALILeRobotIterator(root, batch_size=2, device="cpu", episodes=[0, 7])
+
+
+def test_episode_pieces_let_more_ranks_than_episodes_read_each_frame_once(make_ds) -> None:
+    """Two episodes (7 and 6 frames) on four ranks, dealt in pieces of at most 3 frames (7 -> 2 + 2 + 3, 6 -> 3 + 3):
+    windows still reach across pieces and pad at the episodes' own edges (``_check_sample``)."""
+    root = _dataset(make_ds, "vp9")
+    options = dict(batch_size=2, delta_timestamps=DELTAS, seed=5, device="cpu", episodes=[2, 4], drop_last=False)
+    with pytest.raises(ShardingError, match="episode_piece_frames"):
+        DALILeRobotIterator(root, num_workers=0, rank=0, world_size=4, **options).set_epoch(0)
+    per_rank, counts = [], set()
+    for rank in range(4):
+        it = DALILeRobotIterator(root, num_workers=1, rank=rank, world_size=4, episode_piece_frames=3, **options)
+        samples = _samples(it)
+        it.close()
+        for s in samples:
+            _check_sample(s)
+        counts.add(len(samples))
+        per_rank.append([(int(s["episode_index"]), int(s["frame_index"])) for s in samples])
+    assert counts == {4}  # 13 frames: 4, 3, 3, 3 (greedy on 3, 3, 3, 2, 2), padded to 4 each
+    distinct = [set(keys) for keys in per_rank]
+    assert sum(len(keys) for keys in distinct) == 13  # disjoint ranks
+    assert set().union(*distinct) == {(e, f) for e in (2, 4) for f in range(LENGTHS[e])}
 
 
 def test_opening_options_with_an_open_reader_are_refused_not_ignored(make_ds) -> None:

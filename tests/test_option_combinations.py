@@ -2,8 +2,9 @@
 
 The other tests pick their combinations by hand; these draw them (codec, fps, episode lengths, files per
 episode, v2.1/v3.0, image cameras, windows, batch size, shuffle, pool size, workers, ranks, balance, resize,
-uint8, drop_last, episode subsets, the CPU decoder's options, DALI's threads, timestamps or frame indices; every
-third case over HTTP, its prefetch cache off, tiny or roomy) from a seeded generator, so a case that fails is
+uint8, drop_last, episode subsets, episodes dealt in pieces, the CPU decoder's options, DALI's threads,
+timestamps or frame indices; every third case over HTTP, its prefetch cache off, tiny or roomy) from a seeded
+generator, so a case that fails is
 reproduced by its seed. Every sample is checked: ``index``, ``timestamp``, tasks, tabular windows and masks
 against the generator's formulas, each camera frame against its marker; each epoch's coverage across ranks;
 and a resume in the middle of an epoch (under other worker counts) against the uninterrupted run.
@@ -128,6 +129,13 @@ def _draw_case(seed: int, datasets: int) -> Case:
         options["timestamp_source"] = rng.choice(list(TimestampSource))  # (generated rows agree)
     if remote:  # the prefetch cache off, a few kilobytes (ranges evicted as episodes leave the pool), or roomy
         options["cache_gb"] = rng.choice([0.0, 2e-5, 8.0])
+    if rng.random() < 0.3:  # episodes dealt to ranks in pieces: then more ranks than episodes too
+        options["episode_piece_frames"] = piece = rng.randint(1, 10)
+        chosen = options.get("episodes")
+        pieces = min(
+            sum(-(-n // piece) for i, n in enumerate(d.lengths) if chosen is None or i in chosen) for d in data
+        )
+        world_size = min(rng.choice([2, 3, 4]), pieces)
     return Case(data, options, world_size=world_size, remote=remote)
 
 

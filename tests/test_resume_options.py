@@ -34,11 +34,12 @@ def _saved_state(world_size: int = 2) -> dict:
             {"rank_balance": RankBalance.DROP},
             "saved with rank_balance='pad', but this stream runs with rank_balance='drop'",
         ),
+        ({"piece_frames": 4}, "saved with piece_frames=None, but this stream runs with piece_frames=4"),
     ],
 )
 def test_a_resume_under_other_order_options_is_refused(change: dict, message: str) -> None:
     state = _saved_state()
-    assert state["order"] == {"shuffle": True, "episode_pool_size": 2, "rank_balance": "pad"}
+    assert state["order"] == {"shuffle": True, "episode_pool_size": 2, "rank_balance": "pad", "piece_frames": None}
     other = OrderOptions(**{**SAVED.__dict__, **change})
     with pytest.raises(ResumeStateError, match=message):
         _stream(other).load_state_dict(state)
@@ -80,6 +81,21 @@ def test_version_1_states_load_where_the_old_deal_does_not_matter() -> None:
             stream.load_state_dict(legacy)
         stream.load_state_dict({**legacy, "epoch": 1, "samples_consumed": 0})
         assert (stream.epoch, stream.samples_consumed) == (1, 0)
+
+
+def test_a_state_saved_before_episode_pieces_resumes_as_whole_episodes() -> None:
+    """States saved before ``piece_frames`` existed lack it; they dealt whole episodes, as None does."""
+    state = _saved_state()
+    older = {**state, "order": {k: v for k, v in state["order"].items() if k != "piece_frames"}}
+    whole = _stream(SAVED)
+    expected = [whole.next_batch() for _ in range(5)][3:]
+    resumed = _stream(SAVED)
+    resumed.load_state_dict(older)
+    for want in expected:
+        np.testing.assert_array_equal(resumed.next_batch()[1], want[1])
+    pieces = OrderOptions(**{**SAVED.__dict__, "piece_frames": 4})
+    with pytest.raises(ResumeStateError, match="piece_frames=None, but this stream runs with piece_frames=4"):
+        _stream(pieces).load_state_dict(older)
 
 
 def test_a_malformed_order_entry_is_refused() -> None:

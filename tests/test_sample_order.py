@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lerobot_dali.episode_pieces import EpisodePieces
 from lerobot_dali.errors import ResumeStateError, ShardingError
 from lerobot_dali.sample_order import OrderOptions, RankBalance, SampleOrder, shard_episodes
 from lerobot_dali.stream_state import SampleStream, StreamState
@@ -46,11 +47,13 @@ def _worker_stream(rank: int, world_size: int, workers: int, batch: int, options
     return out
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3, 8])
+@pytest.mark.parametrize(  # (more ranks than the 41 episodes need pieces)
+    ("world_size", "piece_frames"), [(1, None), (2, None), (3, None), (8, None), (2, 7), (8, 7), (60, 7)]
+)
 @pytest.mark.parametrize("workers", [1, 2, 3, 4])
 @pytest.mark.parametrize("shuffle", [True, False])
-def test_one_epoch_covers_every_frame_once(world_size: int, workers: int, shuffle: bool) -> None:
-    options = _options(shuffle=shuffle)
+def test_one_epoch_covers_every_frame_once(world_size: int, workers: int, shuffle: bool, piece_frames) -> None:
+    options = _options(shuffle=shuffle, piece_frames=piece_frames)
     seen: list[tuple[int, int]] = []
     per_rank = []
     for rank in range(world_size):
@@ -282,8 +285,45 @@ def test_frames_within_an_episode_are_reshuffled_each_epoch() -> None:
 
 
 def test_too_few_episodes_for_the_ranks() -> None:
-    with pytest.raises(ShardingError, match="3 episode"):
+    with pytest.raises(ShardingError, match="3 episode.*episode_piece_frames"):
         SampleOrder(np.array([4, 0, 2, 9]), rank=0, world_size=4).num_samples(0)
+    # In pieces of at most 3 frames: [4] -> 2 + 2, [2], [9] -> 3 + 3 + 3; six pieces for four ranks.
+    options = OrderOptions(shuffle=False, piece_frames=3)
+    orders = [SampleOrder(np.array([4, 0, 2, 9]), rank=r, world_size=4, options=options) for r in range(4)]
+    taken = [_pairs(*o.samples(0, 0, o.num_samples(0))) for o in orders]
+    # Longest first, each to the emptiest rank (ties: the lowest): 3, 3, 3, 2; then 2 to rank 3 and 2 to rank 0.
+    assert orders[0].rank_frame_counts(0).tolist() == [5, 3, 3, 4]
+    assert sorted(p for t in taken for p in set(t)) == [(0, f) for f in range(4)] + [(2, 0), (2, 1)] + [
+        (3, f) for f in range(9)
+    ]
+    assert all(len(t) == 5 for t in taken)  # PAD: every rank as many as the fullest
+
+
+def test_pieces_are_near_equal_runs_of_each_episode() -> None:
+    pieces = EpisodePieces.cut(np.array([5, 101, 0, 3, 100]), 100)
+    assert pieces.episode.tolist() == [0, 1, 1, 2, 3, 4]
+    assert pieces.offset.tolist() == [0, 0, 50, 0, 0, 0]
+    assert pieces.length.tolist() == [5, 50, 51, 0, 3, 100]  # 101 frames: 50 + 51, not 100 + 1
+    assert EpisodePieces.cut(np.array([5, 3]), None).whole and EpisodePieces.cut(np.array([5, 3]), 5).whole
+    split = EpisodePieces.cut(np.array([5, 3]), 2)  # 5 -> 1 + 2 + 2, 3 -> 1 + 2
+    assert (split.length.tolist(), split.offset.tolist()) == ([1, 2, 2, 1, 2], [0, 1, 3, 0, 1])
+    episodes, frames = split.frames(np.array([2, 4]), np.array([1, 0]))
+    assert (episodes.tolist(), frames.tolist()) == ([0, 1], [4, 1])
+    assert split.episodes(np.array([4, 2, 3, 0])).tolist() == [1, 0]
+
+
+def test_pieces_balance_ranks_that_hold_few_episodes() -> None:
+    """50 episodes of 200-800 frames on 32 ranks (~780 frames each): ranks differ by up to an episode whole,
+    by up to a piece in pieces, so PAD repeats 8.8% of the epoch, 6.1% with pieces of 100 and 1.6% of 50."""
+    lengths = np.random.default_rng(0).integers(200, 800, 50)
+    repeated = {}
+    for piece_frames in (None, 100, 50):
+        order = SampleOrder(lengths, rank=0, world_size=32, options=OrderOptions(piece_frames=piece_frames))
+        counts = order.rank_frame_counts(0)
+        assert counts.sum() == lengths.sum()
+        assert counts.max() - counts.min() <= (lengths.max() if piece_frames is None else piece_frames)
+        repeated[piece_frames] = round(float((counts.max() * 32 - counts.sum()) / counts.sum()), 3)
+    assert repeated == {None: 0.088, 100: 0.061, 50: 0.016}
 
 
 def test_option_validation() -> None:
@@ -353,17 +393,19 @@ def test_set_epoch_keeps_the_resumed_position() -> None:
 
 @pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize(("old_ws", "new_ws", "consumed"), [(2, 3, 60), (3, 2, 41), (1, 8, 250)])
+@pytest.mark.parametrize("piece_frames", [None, 7])
 def test_resume_on_another_world_size_repeats_nothing(
-    shuffle: bool, old_ws: int, new_ws: int, consumed: int, caplog: pytest.LogCaptureFixture
+    shuffle: bool, old_ws: int, new_ws: int, consumed: int, piece_frames, caplog: pytest.LogCaptureFixture
 ) -> None:
+    options = _options(shuffle=shuffle, piece_frames=piece_frames)
     taken: list[tuple[int, int]] = []
     for rank in range(old_ws):
-        order = SampleOrder(LENGTHS, rank=rank, world_size=old_ws, options=_options(shuffle=shuffle))
+        order = SampleOrder(LENGTHS, rank=rank, world_size=old_ws, options=options)
         taken += _pairs(*order.samples(0, 0, consumed))
     state = StreamState(seed=11, epoch=0, samples_consumed=consumed, world_size=old_ws, batch_size=4)
     rest: list[tuple[int, int]] = []
     for rank in range(new_ws):
-        stream = _stream(new_ws, rank, batch=1000, shuffle=shuffle)
+        stream = _stream(new_ws, rank, batch=1000, shuffle=shuffle, piece_frames=piece_frames)
         with caplog.at_level(logging.WARNING, logger="lerobot_dali.stream_state"):
             stream.load_state_dict(state.to_dict())
         assert "re-sharded" in caplog.text
@@ -374,7 +416,7 @@ def test_resume_on_another_world_size_repeats_nothing(
         saved = StreamState.from_dict(stream.state_dict())
         assert saved.prior_segments[0].world_size == old_ws and saved.world_size == new_ws
         # The next epoch is a fresh run's on the new world size.
-        fresh = SampleOrder(LENGTHS, rank=rank, world_size=new_ws, options=_options(shuffle=shuffle))
+        fresh = SampleOrder(LENGTHS, rank=rank, world_size=new_ws, options=options)
         np.testing.assert_array_equal(stream.next_batch()[0], fresh.samples(1, 0, min(1000, fresh.num_samples(1)))[0])
     assert len(set(taken)) == len(taken)
     assert len(taken) + len(rest) == len(ALL_FRAMES)

@@ -306,6 +306,15 @@ def test_episodes_flag_trains_on_those_episodes_only(make_ds: Callable[..., Path
     assert sorted(consumed) == [*range(20, 40), *range(80, 100)]
 
 
+def test_two_ranks_train_on_one_episode_dealt_in_pieces(make_ds: Callable[..., Path], tmp_path: Path) -> None:
+    # Episode 4 alone (indices 80-99) on two ranks: whole, it cannot give each rank one; in pieces of 10 frames
+    # each rank trains on its half, 2 steps of 5 = one epoch.
+    args = [*COMMON, "--dataset", str(make_ds(**EVEN)), "--steps", "2", "--batch-size", "5", "--episodes", "4"]
+    _train([*args, "--episode-piece-frames", "10", "--record", str(tmp_path / "record")], procs=2)
+    ranks = [{i for step in r["indices"] for i in step} for r in _records(tmp_path / "record", 2)]
+    assert len(ranks[0]) == len(ranks[1]) == 10 and ranks[0] | ranks[1] == set(range(80, 100))
+
+
 def test_cameras_flag_trains_gr00t_without_its_unrecorded_camera(tmp_path: Path) -> None:
     """gr00t's info.json declares a camera with no video files; --cameras leaves it out, as the open error says."""
     from tests.conftest import shared_dataset

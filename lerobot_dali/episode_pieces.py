@@ -1,0 +1,59 @@
+"""Episodes cut into pieces of consecutive frames, the units the sample order deals to ranks.
+
+Ranks read disjoint units. Whole episodes keep each rank's reads within fewest files, but need an episode per rank
+and balance ranks poorly when each has few (one rank's extra episode is padding on all the others). Pieces of at
+most ``piece_frames`` frames fix both, for a dataset of few long episodes on many ranks. A piece is only a unit of
+the order: windows, padding and masks still follow the episode the piece belongs to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["EpisodePieces"]
+
+
+@dataclass(frozen=True)
+class EpisodePieces:
+    """Each piece's episode position, first frame in that episode, and frame count, in episode order."""
+
+    episode: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+
+    @classmethod
+    def cut(cls, episode_lengths: np.ndarray, piece_frames: int | None) -> EpisodePieces:
+        """Every episode in ``ceil(length / piece_frames)`` pieces of near-equal length (None: whole episodes).
+
+        Equal pieces, not ``piece_frames`` then a remainder: a 101-frame episode at 100 is 51 + 50, not 100 + 1,
+        which would leave a one-frame unit to balance with.
+        """
+        lengths = np.asarray(episode_lengths, dtype=np.int64)
+        if piece_frames is None:
+            return cls(np.arange(lengths.size, dtype=np.int64), np.zeros_like(lengths), lengths)
+        counts = np.maximum(1, -(-lengths // piece_frames))  # (an empty episode stays one empty unit)
+        episode = np.repeat(np.arange(lengths.size, dtype=np.int64), counts)
+        first = np.cumsum(counts) - counts
+        part = np.arange(episode.size, dtype=np.int64) - first[episode]  # which piece of its episode
+        offset = part * lengths[episode] // counts[episode]
+        end = (part + 1) * lengths[episode] // counts[episode]
+        return cls(episode, offset, end - offset)
+
+    @property
+    def whole(self) -> bool:
+        """Whether every piece is a whole episode (the positions then need no mapping)."""
+        return self.episode.size == 0 or bool(self.episode[-1] == self.episode.size - 1)
+
+    def frames(self, pieces: np.ndarray, frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(episode_pos, frame_in_episode)`` of ``frames`` counted within ``pieces``."""
+        if self.whole:
+            return pieces, frames
+        return self.episode[pieces], self.offset[pieces] + frames
+
+    def episodes(self, pieces: np.ndarray) -> np.ndarray:
+        """The episodes ``pieces`` belong to, each once, in the order of their first piece."""
+        episodes = np.asarray(pieces, dtype=np.int64) if self.whole else self.episode[pieces]
+        _, first = np.unique(episodes, return_index=True)
+        return episodes[np.sort(first)]
