@@ -430,7 +430,7 @@ class SampleOrder:
 
     def rank_episodes(self, epoch: int) -> np.ndarray:
         """Episode positions of this rank in stream (admission) order."""
-        return self._pieces.episodes(self._plan(epoch).stream.episodes.copy())
+        return self._pieces.episodes(self._plan(epoch).stream.episodes)  # (a new array)
 
     def samples(self, epoch: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """``(episode_pos, frame_in_episode)``, int64 arrays for positions ``[start, stop)`` of ``epoch``."""
@@ -441,18 +441,18 @@ class SampleOrder:
                 f"which has {plan.target} samples (0 <= start <= stop <= {plan.target})"
             )
         natural = plan.stream.natural
-        pieces: list[tuple[np.ndarray, np.ndarray]] = []
+        runs: list[tuple[np.ndarray, np.ndarray]] = []
         position = start
         while position < stop:
             # Positions past the rank's own frames (RankBalance.PAD) repeat its first samples, cyclically.
             q = position if position < natural else (position - natural) % natural
             run = min(stop, natural) - position if position < natural else min(stop - position, natural - q)
-            pieces.append(self._natural_draws(plan, q, q + run))
+            runs.append(self._natural_draws(plan, q, q + run))
             position += run
-        if not pieces:
+        if not runs:
             return np.empty(0, np.int64), np.empty(0, np.int64)
-        units = np.concatenate([p[0] for p in pieces])
-        draws = np.concatenate([p[1] for p in pieces])
+        units = np.concatenate([r[0] for r in runs])
+        draws = np.concatenate([r[1] for r in runs])
         return self._pieces.frames(units, self._frames(epoch, units, draws))
 
     def pool_window(self, epoch: int, start: int, stop: int) -> np.ndarray:

@@ -476,7 +476,8 @@ def test_a_value_changed_in_a_checksummed_page_fails_naming_the_file(v3: Path) -
     path = v3 / "data/chunk-000/file-001.parquet"  # episodes 2 and 3
     pq.write_table(pq.read_table(path), path, write_page_checksum=True, compression="none")
     raw = bytearray(path.read_bytes())
-    value = expected_action(2, 0, 7)[0].tobytes()  # (float32 in the page as written: uncompressed, plain)
+    # A value inside the page (uncompressed, plain float32), not the column's min or max, which statistics repeat.
+    value = expected_action(2, 1, 7)[3].tobytes()
     at = raw.index(value)
     raw[at] ^= 0x01  # the lowest mantissa bit: a plausible value, which only the checksum tells from the real one
     path.write_bytes(bytes(raw))
