@@ -11,13 +11,12 @@ import argparse
 import json
 import resource
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from child_process import run_child
 
 READS = 60
 
@@ -77,15 +76,6 @@ def measure_iterator(root: str, store: str, min_group_rows: int, batches: int) -
         it.close()
 
 
-def _child(args: list[str]) -> dict[str, float]:
-    done = subprocess.run(
-        [sys.executable, __file__, "--child", *args], capture_output=True, text=True, check=False, timeout=1800
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"child {args} failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=3400)
@@ -126,11 +116,11 @@ def main() -> None:
     result: dict[str, object] = {
         "rows": args.episodes * args.frames,
         "data_file_mb": round(data.stat().st_size / 2**20, 1),
-        "reads_store_off": _child(["reads", str(root), "off", rows]),
-        "reads_store_cold": _child(["reads", str(root), str(store), rows]),
-        "reads_store_warm": _child(["reads", str(root), str(store), rows]),
-        "iterator_store_off": _child(["iterator", str(root), "off", rows, str(args.batches)]),
-        "iterator_store_warm": _child(["iterator", str(root), str(store), rows, str(args.batches)]),
+        "reads_store_off": run_child(__file__, ["reads", str(root), "off", rows]),
+        "reads_store_cold": run_child(__file__, ["reads", str(root), str(store), rows]),
+        "reads_store_warm": run_child(__file__, ["reads", str(root), str(store), rows]),
+        "iterator_store_off": run_child(__file__, ["iterator", str(root), "off", rows, str(args.batches)]),
+        "iterator_store_warm": run_child(__file__, ["iterator", str(root), str(store), rows, str(args.batches)]),
         "store_mb": round(sum(f.stat().st_size for f in store.rglob("*.arrow")) / 2**20, 1),
     }
     off, warm = result["reads_store_off"], result["reads_store_warm"]

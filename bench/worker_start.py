@@ -14,11 +14,11 @@ import importlib
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from child_process import run_child
 
 IMPORTS = "WORKER_START_IMPORTS"  # a training script's top-level imports (each process that runs this file does)
 RUNS = "WORKER_START_RUNS"  # a file each process that runs this file's top level appends a line to
@@ -87,11 +87,7 @@ def measure(mode: str, roots: list[str], workers: int) -> dict[str, object]:
 def _child(mode: str, roots: list[Path], workers: int, imports: str, runs: Path) -> dict[str, object]:
     runs.write_text("")
     env = {**os.environ, IMPORTS: imports, RUNS: str(runs)}
-    command = [sys.executable, __file__, "--child", mode, str(workers), *map(str, roots)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=1800, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"child {mode} failed:\n{done.stderr[-4000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_child(__file__, [mode, str(workers), *map(str, roots)], env=env)
     result["script_runs"] = len(runs.read_text().split())
     return result
 
