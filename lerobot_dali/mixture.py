@@ -26,7 +26,14 @@ import torch
 
 from .dataset_reader import LeRobotDatasetReader, open_dataset
 from .episode_rows import INDEX_COLUMNS
-from .errors import DatasetError, DeltaTimestampsError, IteratorClosedError, ResumeStateError, SchemaMismatchError
+from .errors import (
+    DatasetError,
+    DeltaTimestampsError,
+    IteratorClosedError,
+    ResumeStateError,
+    SchemaMismatchError,
+    ShardingError,
+)
 from .iterator import DALILeRobotIterator, default_dali_threads
 from .key_rename import KeyRename
 from .part_schedule import PartSchedule
@@ -178,7 +185,7 @@ class DALILeRobotMixture:
         for i, part in enumerate(self.datasets):
             if i != self.anchor and len(part) == 0:  # it would never give its share
                 self.close()
-                raise ValueError(
+                raise ShardingError(
                     f"{part.reader.location.description} gives rank {self.rank} fewer samples an epoch than its "
                     f"share of a batch ({self.batch_shares[i]}): lower its weight or the batch size, or run fewer ranks"
                 )

@@ -178,10 +178,8 @@ def shard_episodes(frame_counts: np.ndarray, *, world_size: int, rng: np.random.
     selected = np.flatnonzero(counts > 0)
     n = selected.size
     if n < world_size:
-        raise ShardingError(
-            f"{n} episode(s) with frames cannot give each of {world_size} ranks at least one; "
-            "use fewer ranks or more episodes, or deal episodes in pieces (episode_piece_frames=N frames each)"
-        )
+        fix = _fewer_units_fix(counts, world_size)
+        raise ShardingError(f"{n} episode(s) with frames cannot give each of {world_size} ranks at least one; {fix}")
     if rng is None:
         by_length = selected[np.argsort(-counts[selected], kind="stable")]
     else:  # lengths within a 10% band in random order, so the groups change from epoch to epoch
@@ -196,6 +194,18 @@ def shard_episodes(frame_counts: np.ndarray, *, world_size: int, rng: np.random.
 
 
 _DEAL_CHUNK = 65536
+
+
+def _fewer_units_fix(counts: np.ndarray, world_size: int) -> str:
+    """What to do when the units to deal (episodes, or pieces of them) are fewer than the ranks."""
+    frames = int(counts.sum())
+    if frames < world_size:
+        return f"they hold {frames} frame(s) in all, fewer than the ranks: use fewer ranks or more episodes"
+    pieces = max(1, frames // (4 * world_size))
+    return (
+        f"use fewer ranks or more episodes, or deal episodes in pieces: episode_piece_frames={pieces} gives each "
+        "rank about 4"
+    )
 
 
 def _greedy_deal(lengths: np.ndarray, priority: np.ndarray) -> np.ndarray:

@@ -29,6 +29,7 @@ from lerobot_dali.errors import (
     FrameTimestampError,
     MissingDataFileError,
     SchemaMismatchError,
+    ShardingError,
 )
 from lerobot_dali.frame_marker import read_full_marker
 from lerobot_dali.generate import expected_action, expected_state, expected_task_index, task_name
@@ -309,7 +310,7 @@ def test_bad_mixtures_fail_before_reading(make_ds) -> None:
     with pytest.raises(ValueError, match="cannot give each"):
         DALILeRobotMixture(paths, batch_size=1, device="cpu")
     # 20 of every 24 samples from a dataset of 16 frames: it could never fill its share.
-    with pytest.raises(ValueError, match=r"fewer samples an epoch than its share of a batch \(20\)"):
+    with pytest.raises(ShardingError, match=r"fewer samples an epoch than its share of a batch \(20\)"):
         DALILeRobotMixture(paths, weights=[5, 1], batch_size=24, device="cpu", num_workers=0)
 
 

@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -285,8 +286,20 @@ def test_frames_within_an_episode_are_reshuffled_each_epoch() -> None:
 
 
 def test_too_few_episodes_for_the_ranks() -> None:
-    with pytest.raises(ShardingError, match="3 episode.*episode_piece_frames"):
+    with pytest.raises(ShardingError, match="3 episode.*episode_piece_frames=1 "):
         SampleOrder(np.array([4, 0, 2, 9]), rank=0, world_size=4).num_samples(0)
+    # The value the error suggests deals: 150 frames, 4 ranks -> pieces of 9 frames, 5 + 3 + 10 of them.
+    with pytest.raises(ShardingError, match="episode_piece_frames=9 gives each rank about 4") as raised:
+        SampleOrder(np.array([40, 0, 20, 90]), rank=0, world_size=4).num_samples(0)
+    suggested = int(re.search(r"episode_piece_frames=(\d+)", str(raised.value)).group(1))
+    pieces = [
+        SampleOrder(np.array([40, 0, 20, 90]), rank=r, world_size=4, options=OrderOptions(piece_frames=suggested))
+        for r in range(4)
+    ]
+    counts = {o.num_samples(0) for o in pieces}  # padded to the fullest rank, at most a piece over its share
+    assert len(counts) == 1 and 150 <= 4 * counts.pop() <= 150 + 4 * suggested
+    with pytest.raises(ShardingError, match="3 frame\\(s\\) in all, fewer than the ranks"):
+        SampleOrder(np.array([2, 0, 1]), rank=0, world_size=4).num_samples(0)
     # In pieces of at most 3 frames: [4] -> 2 + 2, [2], [9] -> 3 + 3 + 3; six pieces for four ranks.
     options = OrderOptions(shuffle=False, piece_frames=3)
     orders = [SampleOrder(np.array([4, 0, 2, 9]), rank=r, world_size=4, options=options) for r in range(4)]
