@@ -9,7 +9,9 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -40,8 +42,9 @@ def _open_dataset(args: argparse.Namespace) -> LeRobotDatasetReader:
     from .dataset_reader import open_dataset
     from .errors import DatasetError
 
+    selection = {"keys": args.keys, "episodes": args.episodes} if args.verb == "check" else {}
     try:
-        return open_dataset(args.dataset, revision=args.revision, cameras=args.cameras)
+        return open_dataset(args.dataset, revision=args.revision, cameras=args.cameras, **selection)
     except DatasetError:
         raise
     except (ImportError, ValueError, OSError) as e:
@@ -120,6 +123,39 @@ def _probed(camera: dict[str, Any]) -> str:
     else:
         gop = f" GOP = all {frames} frames (one keyframe)" if frames > 1 else ", one keyframe"
     return f"codec {camera['codec']} {height}x{width} (HxW) {rate}{gop}{' B-frames' if camera['b_frames'] else ''}"
+
+
+def _check(args: argparse.Namespace) -> int:
+    from huggingface_hub.utils import tqdm
+
+    from .dataset_check import check_dataset
+
+    if not 0 <= args.tolerance_s < math.inf:
+        raise _CommandError(f"--tolerance-s must be a non-negative number of seconds, got {args.tolerance_s!r}")
+    reader = _open_dataset(args)
+    with tqdm(total=reader.num_episodes, desc="lerobot-dali check", unit="episode", disable=args.json) as bar:
+        report = check_dataset(
+            reader, timestamp_source=args.timestamp_source, tolerance_s=args.tolerance_s, decode=args.decode,
+            workers=args.workers, progress=bar.update,
+        )  # fmt: skip
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+        return 0 if report.ok else 1
+    decoded = f", {report.frames_decoded} frames decoded" if args.decode else ""
+    print(
+        f"{report.source}: {report.episodes} episodes, {report.rows} rows, {report.video_files} video files"
+        f"{decoded} checked in {report.seconds:.1f} s (timestamp_source={args.timestamp_source}, "
+        f"tolerance_s={args.tolerance_s:g}): {len(report.problems) or 'no'} problem(s)"
+    )
+    kinds = Counter((p.error, p.camera or "rows") for p in report.problems)
+    for (error, where), count in kinds.most_common():
+        print(f"  {count:>6} x {error} in {where}")
+    for problem in report.problems[: args.show]:
+        where = f"camera {problem.camera}" if problem.camera else "rows"
+        print(f"episode {problem.episode_index}, {where}: {problem.error}: {problem.message}")
+    if len(report.problems) > args.show:
+        print(f"... and {len(report.problems) - args.show} more (--show N lists more; --json lists all)")
+    return 0 if report.ok else 1
 
 
 def _make_dataset(args: argparse.Namespace) -> int:
@@ -231,6 +267,32 @@ def _parser() -> argparse.ArgumentParser:
         help=f"max |frame pts - row time| the first episode's lookup allows (default {DEFAULT_TOLERANCE_S:g})",
     )  # fmt: skip
     info.set_defaults(run=_info)
+
+    check = verbs.add_parser(
+        "check", help="read every episode as training would (rows, frame lookups, files; --decode: frames) and list "
+        "every problem",
+    )  # fmt: skip
+    check.add_argument("dataset", help="local folder, Hub repo id (user/name) or fsspec URL (hf://datasets/...)")
+    check.add_argument("--revision", help="Hub branch, tag or commit")
+    check.add_argument("--cameras", nargs="+", metavar="KEY", help="only these camera keys")
+    check.add_argument("--keys", nargs="+", metavar="KEY", help="only these tabular features")
+    check.add_argument("--episodes", nargs="+", type=int, metavar="N", help="only these episode indices")
+    check.add_argument(
+        "--timestamp-source", choices=[s.value for s in TimestampSource],
+        default=TimestampSource.PARQUET_TIMESTAMP.value, help="how rows find their frames, as the run will",
+    )  # fmt: skip
+    check.add_argument(
+        "--tolerance-s", type=float, default=DEFAULT_TOLERANCE_S,
+        help=f"max |frame pts - row time|, as the run will (default {DEFAULT_TOLERANCE_S:g})",
+    )  # fmt: skip
+    check.add_argument("--decode", action="store_true", help="also decode every frame and image the rows read")
+    check.add_argument(
+        "--workers", type=int, default=min(8, os.cpu_count() or 1), metavar="N",
+        help="processes checking episodes (default: the CPUs, at most 8; 0: this one)",
+    )  # fmt: skip
+    check.add_argument("--show", type=int, default=20, metavar="N", help="problems printed in full (default 20)")
+    check.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    check.set_defaults(run=_check)
 
     diagnose = verbs.add_parser("diagnose", help="GPU/NVDEC availability, per-camera route, one decode per route")
     diagnose.add_argument("dataset", nargs="?", help="dataset to route and test-decode (optional)")

@@ -431,8 +431,10 @@ def _checked_size(size: Any) -> tuple[int, int]:
     return int(size[0]), int(size[1])
 
 
-def _conversion(pixels: Pixels, size: tuple[int, int] | None) -> Callable[[av.VideoFrame], Any]:
-    """What each PyAV frame becomes for ``pixels``."""
+def _conversion(pixels: Pixels | None, size: tuple[int, int] | None) -> Callable[[av.VideoFrame], Any]:
+    """What each PyAV frame becomes for ``pixels`` (None: its pts)."""
+    if pixels is None:
+        return _frame_pts
     if pixels == "rgb":
         return functools.partial(_to_rgb, size=None if size is None else _checked_size(size))
     if pixels not in ("planes", "depth"):
@@ -440,6 +442,10 @@ def _conversion(pixels: Pixels, size: tuple[int, int] | None) -> Callable[[av.Vi
     if size is not None:
         raise ValueError(f"size resizes RGB frames only; pixels={pixels!r} come at the video's size.")
     return frame_planes if pixels == "planes" else _to_depth_codes
+
+
+def _frame_pts(frame: av.VideoFrame) -> int | None:
+    return frame.pts
 
 
 def _stacked(frames: list[Any], pixels: Pixels, *, label: str) -> Any:
@@ -511,6 +517,14 @@ class CpuFrameDecoder:
         """
         frames = self._frames(source, index, frame_indices, filesystem=filesystem, size=size, pixels=pixels)
         return _stacked(frames, pixels, label=index.source_name)
+
+    def verify(
+        self, source: VideoSource, index: PacketIndex, frame_indices: ArrayLike, *, filesystem: Any = None
+    ) -> int:
+        """Decode display frames ``frame_indices`` of ``source`` with PyAV and keep none: whether they decode,
+        raising as :meth:`decode` does where they do not (damage FFmpeg flags included), with no memory for
+        frames, however many. Returns how many distinct frames were decoded."""
+        return len(set(self._frames(source, index, frame_indices, filesystem=filesystem, size=None, pixels=None)))
 
     def decode_each(
         self,
@@ -589,9 +603,9 @@ class CpuFrameDecoder:
         *,
         filesystem: Any | None,
         size: tuple[int, int] | None,
-        pixels: Pixels,
+        pixels: Pixels | None,
     ) -> list[Any]:
-        """Each requested frame, converted as ``pixels`` says."""
+        """Each requested frame, converted as ``pixels`` says (None: its pts, the frame dropped at once)."""
         if pixels == "planes" and self.options.backend is CpuDecoderBackend.TORCHCODEC:
             raise ValueError("pixels='planes' needs PyAV; this decoder's options ask for torchcodec")
         convert = _conversion(pixels, size)

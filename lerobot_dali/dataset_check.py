@@ -1,0 +1,339 @@
+"""Every episode read as a training run reads it, before the run (``lerobot-dali check``).
+
+The iterator checks the first episode when it is built; a worker raises on any other bad episode only when a
+batch reaches it, maybe hours into a run on many nodes, and a run stops at the first. :func:`check_dataset`
+reads every episode's rows as the workers do (schema, metadata, timestamps, task indices), looks every row
+up in every video camera's file (packet index only: codec and size against the camera's first file, the
+frame within ``tolerance_s`` and inside the episode's part of the file), reads every image camera's images,
+and with ``decode=True`` decodes every frame the rows read (damage FFmpeg flags) and every image. It lists
+every problem at once, each as the run would have raised it. Episodes are checked in worker processes, those
+sharing a data file together.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .batch_source import CameraFormat
+from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
+from .dataset_reader import LeRobotDatasetReader, VideoRef
+from .errors import EpisodeMetadataError, SchemaMismatchError
+from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
+from .image_frames import decode_depth_images, decode_images
+from .packet_index import PacketIndex
+from .packet_index_cache import PacketIndexCache
+from .packet_index_store import PacketIndexStore
+from .worker_start import log_like_trainer, package_log_level, skipping_main
+
+__all__ = ["CheckReport", "Problem", "check_dataset"]
+
+logger = logging.getLogger(__name__)
+
+#: Most episodes one task checks: episodes of one data file go together, so each process reads it once, but
+#: small datasets are cut finer, so that every worker gets some (about 4 tasks each).
+_TASK_EPISODES = 64
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One episode's failure, as the training run would have raised it."""
+
+    episode_index: int
+    #: The camera whose video or images failed; None: the episode's rows.
+    camera: str | None
+    #: The exception's type, e.g. ``"FrameTimestampError"``.
+    error: str
+    message: str
+
+
+@dataclass
+class CheckReport:
+    """What :func:`check_dataset` read and what failed."""
+
+    source: str
+    episodes: int = 0
+    rows: int = 0
+    #: Distinct video files whose packet index was read.
+    video_files: int = 0
+    #: Distinct frames decoded (``decode=True``): video frames and images.
+    frames_decoded: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+@dataclass(frozen=True)
+class _Tally:
+    """One task's part of the report."""
+
+    episodes: int
+    rows: int
+    video_files: frozenset[str]
+    frames_decoded: int
+    problems: tuple[Problem, ...]
+
+
+@dataclass
+class _EpisodeChecker:
+    """Checks episodes in one process; sent to each worker once (the reader pickles small)."""
+
+    reader: LeRobotDatasetReader
+    timestamp_source: TimestampSource
+    tolerance_s: float
+    decode: bool
+    #: Every camera's first file's codec and size, which the workers hold its other files to.
+    formats: dict[str, CameraFormat]
+    #: (H, W, C) of each image camera's first image (``decode=True``), which its other images must have.
+    image_shapes: dict[str, tuple[int, ...]]
+    task_indices: frozenset[int]
+    index_store: PacketIndexStore | None
+    _indexes: PacketIndexCache = field(default_factory=lambda: _index_cache())
+    _decoder: CpuFrameDecoder = field(
+        default_factory=lambda: CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_indexes": None}  # (its lock does not pickle; each process builds its own)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _indexes=_index_cache())
+
+    def check(self, positions: Sequence[int]) -> _Tally:
+        rows_read, files, decoded, problems = 0, set(), 0, []
+        for pos in positions:
+            episode_index = int(self.reader.episodes.episode_index[pos])
+            try:
+                rows = self.reader.read_episode(pos)
+            except Exception as e:  # (the run would have stopped on it: list it, go on)
+                problems.append(_problem(episode_index, None, e))
+                continue
+            try:
+                self._check_tasks(pos, rows, episode_index)
+            except EpisodeMetadataError as e:
+                problems.append(_problem(episode_index, None, e))
+            rows_read += len(rows["frame_index"])
+            for camera in self.reader.camera_keys:
+                try:
+                    video, index = self.packet_index(pos, camera)
+                    files.add(video.path)
+                    decoded += self._check_video(pos, camera, rows, video, index)
+                except Exception as e:
+                    problems.append(_problem(episode_index, camera, e))
+            for camera in self.reader.image_keys:
+                try:
+                    decoded += self._check_images(pos, camera, len(rows["frame_index"]))
+                except Exception as e:
+                    problems.append(_problem(episode_index, camera, e))
+        return _Tally(len(positions), rows_read, frozenset(files), decoded, tuple(problems))
+
+    def _check_tasks(self, pos: int, rows: dict[str, np.ndarray], episode_index: int) -> None:
+        if "task_index" not in rows:
+            return
+        unknown = sorted(set(np.unique(rows["task_index"]).tolist()) - self.task_indices)
+        if unknown:
+            raise EpisodeMetadataError(
+                f"{self.reader.data_path(pos)}: episode {episode_index}'s task_index {unknown[:10]} is not in the "
+                "dataset's task list (meta/tasks.parquet or meta/tasks.jsonl); the data rows and the task list "
+                "disagree"
+            )
+
+    def packet_index(self, pos: int, camera: str) -> tuple[VideoRef, PacketIndex]:
+        """Episode ``pos``'s video of ``camera`` and its packet index."""
+        reader = self.reader
+        video = reader.video(pos, camera)
+        index = self._indexes.get(
+            video.path, filesystem=reader.location.fs, stamp=reader.listed_stamp(video.path), store=self.index_store
+        )
+        return video, index
+
+    def first_image_shape(self, pos: int, camera: str) -> tuple[int, ...] | None:
+        """(H, W, C) of episode ``pos``'s first image of ``camera``; None when it has none."""
+        first = self.reader.read_episode_images(pos, camera)[:1].to_pylist()
+        if not first:
+            return None
+        return self._decode_images(pos, camera, first).shape[1:]
+
+    def _decode_images(self, pos: int, camera: str, encoded: list[bytes]) -> np.ndarray:
+        depth = camera in self.reader.info.depth_image_units([camera])
+        label = f"{self.reader.data_path(pos)} (camera {camera})"
+        return (decode_depth_images if depth else decode_images)(encoded, label=label)
+
+    def _check_video(
+        self, pos: int, camera: str, rows: dict[str, np.ndarray], video: VideoRef, index: PacketIndex
+    ) -> int:
+        """Frames decoded (``decode=True``) of episode ``pos``'s rows in ``video`` of ``camera``."""
+        reader = self.reader
+        expected = self.formats.get(camera)
+        if expected is not None and not expected.admits(index):
+            raise SchemaMismatchError(
+                f"{video.path} (camera {camera!r}) is {CameraFormat.of(index, nvdec=False)}, but the camera's "
+                f"first file is {expected}; a camera's videos must share one codec and size: re-encode this file"
+            )
+        every_row = np.arange(len(rows["frame_index"]))
+        numbers = row_frame_numbers(
+            reader, pos, camera, rows, every_row, index,
+            timestamp_source=self.timestamp_source, tolerance_s=self.tolerance_s, video=video,
+        )  # fmt: skip
+        if not self.decode or not numbers.size:
+            return 0
+        return self._decoder.verify(video.path, index, np.unique(numbers), filesystem=reader.location.fs)
+
+    def _check_images(self, pos: int, camera: str, length: int) -> int:
+        images = self.reader.read_episode_images(pos, camera)
+        if len(images) != length:
+            raise SchemaMismatchError(f"camera {camera!r} has {len(images)} images for the episode's {length} rows")
+        if not self.decode:
+            return 0
+        expected = self.image_shapes.get(camera)
+        for start in range(0, length, 64):  # (a few decoded at a time, not the episode's all)
+            shape = self._decode_images(pos, camera, images[start : start + 64].to_pylist()).shape[1:]
+            if expected is not None and shape != expected:
+                raise SchemaMismatchError(
+                    f"{self.reader.data_path(pos)} (camera {camera}): images are {shape} (H, W, C) but the camera's "
+                    f"first image is {expected}; a camera's images share one size and channel count"
+                )
+        return length
+
+
+def _index_cache() -> PacketIndexCache:
+    return PacketIndexCache(max_bytes=256 * 2**20)
+
+
+def _problem(episode_index: int, camera: str | None, error: Exception) -> Problem:
+    return Problem(episode_index, camera, type(error).__name__, str(error))
+
+
+_WORKER_CHECKER: _EpisodeChecker | None = None
+
+
+def _start_worker(checker: _EpisodeChecker, log_level: int) -> None:
+    global _WORKER_CHECKER
+    log_like_trainer(log_level)
+    _WORKER_CHECKER = checker
+
+
+def _check_in_worker(positions: list[int]) -> _Tally:
+    assert _WORKER_CHECKER is not None, "the pool's initializer sets the checker"
+    return _WORKER_CHECKER.check(positions)
+
+
+def check_dataset(
+    reader: LeRobotDatasetReader,
+    *,
+    timestamp_source: TimestampSource | str = TimestampSource.PARQUET_TIMESTAMP,
+    tolerance_s: float = DEFAULT_TOLERANCE_S,
+    decode: bool = False,
+    workers: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> CheckReport:
+    """Check every episode of ``reader`` (its selection of episodes, cameras and keys) as the iterator's workers
+    read it, with the same ``timestamp_source`` and ``tolerance_s``, listing every problem.
+
+    ``workers`` processes (0: this one) share the episodes; ``progress(n)`` is called as each ``n`` more are done.
+    """
+    started = time.perf_counter()
+    checker = _EpisodeChecker(
+        reader=reader.for_workers(),
+        timestamp_source=TimestampSource(timestamp_source),
+        tolerance_s=float(tolerance_s),
+        decode=bool(decode),
+        formats={},
+        image_shapes={},
+        task_indices=frozenset(int(i) for i in reader.tasks),
+        index_store=None if reader.location.is_local else PacketIndexStore(),
+    )
+    _set_references(checker)
+    report = CheckReport(source=reader.location.description)
+    files: set[str] = set()
+    most = max(1, min(_TASK_EPISODES, -(-reader.num_episodes // (4 * max(workers, 1)))))
+    for tally in _tallies(checker, list(_tasks(reader, most)), workers):
+        report.episodes += tally.episodes
+        report.rows += tally.rows
+        report.frames_decoded += tally.frames_decoded
+        report.problems.extend(tally.problems)
+        files |= tally.video_files
+        if progress is not None:
+            progress(tally.episodes)
+    report.video_files = len(files)
+    report.problems.sort(key=lambda p: (p.episode_index, p.camera or ""))
+    report.seconds = time.perf_counter() - started
+    logger.info(
+        "checked %d episodes (%d rows, %d video files) of %s in %.1f s: %d problem(s)",
+        report.episodes, report.rows, report.video_files, report.source, report.seconds, len(report.problems),
+    )  # fmt: skip
+    return report
+
+
+def _set_references(checker: _EpisodeChecker) -> None:
+    """What the workers hold every file to, as the iterator's do: each camera's first file's codec and size,
+    and (``decode=True``) each image camera's first image's shape, from the first episode that has them."""
+    reader = checker.reader
+    for camera in reader.camera_keys:
+        for pos in range(reader.num_episodes):
+            try:
+                checker.formats[camera] = CameraFormat.of(checker.packet_index(pos, camera)[1], nvdec=False)
+                break
+            except Exception as e:  # (its episode's check lists it; the next episode's file may serve)
+                logger.debug("camera %s: no format from episode position %d: %s", camera, pos, e)
+    for camera in reader.image_keys if checker.decode else ():
+        for pos in range(reader.num_episodes):
+            try:
+                shape = checker.first_image_shape(pos, camera)
+            except Exception as e:
+                logger.debug("camera %s: no image shape from episode position %d: %s", camera, pos, e)
+                continue
+            if shape is not None:
+                checker.image_shapes[camera] = shape
+                break
+
+
+def _tasks(reader: LeRobotDatasetReader, most: int) -> Iterator[list[int]]:
+    """Episode positions in runs of one data file, at most ``most`` each."""
+    episodes = reader.episodes
+    files = np.stack([episodes.data_chunk_index, episodes.data_file_index], axis=1)
+    order = np.lexsort((np.arange(len(files)), files[:, 1], files[:, 0]))
+    task: list[int] = []
+    for pos in order.tolist():
+        if task and (len(task) == most or not np.array_equal(files[task[-1]], files[pos])):
+            yield task
+            task = []
+        task.append(pos)
+    if task:
+        yield task
+
+
+def _tallies(checker: _EpisodeChecker, tasks: list[list[int]], workers: int) -> Iterator[_Tally]:
+    """Each task's tally, in this process or in ``workers`` spawned ones (a few tasks in flight per worker)."""
+    if workers <= 0 or len(tasks) <= 1:
+        for task in tasks:
+            yield checker.check(task)
+        return
+    with ProcessPoolExecutor(
+        min(workers, len(tasks)), mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
+        initargs=(checker, package_log_level()),
+    ) as pool:  # fmt: skip
+        pending: set[Future[_Tally]] = set()
+        queued = iter(tasks)
+        for task in queued:
+            with skipping_main(checker):  # (the pool starts its processes as tasks come)
+                pending.add(pool.submit(_check_in_worker, task))
+            if len(pending) >= 2 * workers:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                yield from (f.result() for f in done)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            yield from (f.result() for f in done)

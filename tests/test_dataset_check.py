@@ -1,0 +1,154 @@
+"""``check_dataset`` / ``lerobot-dali check``: every episode read as the workers read it, every problem listed.
+
+Each damage below is one a run would raise on mid-epoch; the check must list exactly the episodes and cameras
+it touches, and nothing for the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lerobot_dali import open_dataset
+from lerobot_dali.cli import main
+from lerobot_dali.dataset_check import check_dataset
+from lerobot_dali.packet_index import build_packet_index
+from tests.conftest import shared_dataset
+from tests.test_corrupt_frames import _damage_keyframe
+
+FPS = 10
+#: H.264 with B-frames, two cameras, two episodes per file: file-000 holds episodes 0-1, file-001 2-3, file-002 4.
+SPEC = dict(
+    episodes=5, frames_per_episode=12, cameras=2, codec="h264", fps=FPS, gop=4, episodes_per_file=2, size=(64, 96)
+)
+CAM0, CAM1 = "observation.images.cam0", "observation.images.cam1"
+
+
+def _found(report) -> set[tuple[int, str | None, str]]:
+    return {(p.episode_index, p.camera, p.error) for p in report.problems}
+
+
+def _edit_rows(root: Path, edit) -> None:
+    """``edit(table) -> table`` on every data file."""
+    for path in sorted((root / "data").rglob("*.parquet")):
+        pq.write_table(edit(pq.read_table(path)), path)
+
+
+def _set_where(table: pa.Table, column: str, episode: int, change) -> pa.Table:
+    values = np.asarray(table[column].to_numpy(zero_copy_only=False)).copy()
+    rows = np.asarray(table["episode_index"]) == episode
+    values[rows] = change(values[rows])
+    return table.set_column(table.column_names.index(column), column, pa.array(values, table[column].type))
+
+
+def test_a_sound_dataset_is_read_whole(make_ds) -> None:
+    root = make_ds(**SPEC)
+    report = check_dataset(open_dataset(root))
+    assert report.ok and report.problems == []
+    assert (report.episodes, report.rows, report.video_files, report.frames_decoded) == (5, 60, 6, 0)
+    decoded = check_dataset(open_dataset(root), decode=True)
+    assert decoded.ok and decoded.frames_decoded == 60 * 2  # every row's frame, in each camera
+
+
+def test_every_damage_is_listed_against_its_episode_and_camera(make_ds, copy_ds) -> None:
+    root = copy_ds(make_ds(**SPEC))
+    # Episode 1's rows half a frame late: its frames in both cameras are off by more than the tolerance.
+    _edit_rows(root, lambda t: _set_where(t, "timestamp", 1, lambda v: v + 0.5 / FPS))
+    # Episode 4's rows name a task the task list lacks; its frames are still looked up.
+    _edit_rows(root, lambda t: _set_where(t, "task_index", 4, lambda v: v * 0 + 99))
+    # Camera 1's second file (episodes 2 and 3) is missing.
+    (root / f"videos/{CAM1}/chunk-000/file-001.mp4").unlink()
+    # Camera 0's third file (episode 4) is another size than the camera's first.
+    other = make_ds(**{**SPEC, "size": (96, 128)})
+    shutil.copy(other / f"videos/{CAM0}/chunk-000/file-002.mp4", root / f"videos/{CAM0}/chunk-000/file-002.mp4")
+    expected = {
+        (1, CAM0, "FrameTimestampError"),
+        (1, CAM1, "FrameTimestampError"),
+        (2, CAM1, "MissingDataFileError"),
+        (3, CAM1, "MissingDataFileError"),
+        (4, None, "EpisodeMetadataError"),
+        (4, CAM0, "SchemaMismatchError"),
+    }
+    report = check_dataset(open_dataset(root))
+    assert _found(report) == expected
+    assert (report.episodes, report.rows, report.video_files) == (5, 60, 5)  # (one of six files is missing)
+    messages = {(p.episode_index, p.camera): p.message for p in report.problems}
+    assert "task_index [99]" in messages[4, None] and "file-002.parquet" in messages[4, None]
+    assert "96x128" in messages[4, CAM0] and "64x96" in messages[4, CAM0]
+    assert "file-001.mp4" in messages[2, CAM1]
+    # Two worker processes share the episodes and find the same.
+    parallel = check_dataset(open_dataset(root), workers=2)
+    assert parallel.problems == report.problems
+    assert (parallel.episodes, parallel.rows, parallel.video_files) == (5, 60, 5)
+
+
+def test_damage_the_decoder_flags_is_found_by_decoding(make_ds, copy_ds) -> None:
+    root = copy_ds(make_ds(**SPEC))
+    video = root / f"videos/{CAM0}/chunk-000/file-001.mp4"  # episodes 2 and 3, 12 frames each
+    index = build_packet_index(video)
+    # The keyframe of frame 16 of the file: episode 3's second GOP (its frames 4-7 decode from it).
+    position = int(np.flatnonzero(index.pts == index.frame_pts[16])[0])
+    _damage_keyframe(video, index, position)
+    assert check_dataset(open_dataset(root)).ok  # the packets are all there: only decoding shows it
+    report = check_dataset(open_dataset(root), decode=True)
+    assert _found(report) == {(3, CAM0, "VideoDecodeError")}
+    assert "corrupt" in report.problems[0].message and "file-001.mp4" in report.problems[0].message
+    assert report.frames_decoded == 60 * 2 - 12  # (episode 3 of camera 0 counts none)
+
+
+def test_image_cameras_are_decoded_and_a_damaged_image_is_named(make_ds, copy_ds) -> None:
+    root = copy_ds(make_ds(episodes=3, frames_per_episode=6, cameras=1, fps=FPS, image_cameras=True))
+    assert check_dataset(open_dataset(root), decode=True).frames_decoded == 18
+
+    def damage(table: pa.Table) -> pa.Table:
+        images = table[CAM0].to_pylist()
+        rows = np.flatnonzero(np.asarray(table["episode_index"]) == 1)
+        if rows.size:
+            images[int(rows[2])] = {**images[int(rows[2])], "bytes": b"not a png"}
+        return table.set_column(table.column_names.index(CAM0), CAM0, pa.array(images, table[CAM0].type))
+
+    _edit_rows(root, damage)
+    assert check_dataset(open_dataset(root)).ok  # the images are only read, not decoded
+    report = check_dataset(open_dataset(root), decode=True)
+    assert _found(report) == {(1, CAM0, "DataFileError")}
+
+
+def test_real_datasets_by_each_timestamp_source() -> None:
+    cr5 = open_dataset(shared_dataset("cr5_v30_av1"))
+    by_timestamp = check_dataset(cr5)  # wall-clock parquet timestamps: no episode finds its frames
+    assert _found(by_timestamp) == {(e, "observation.images.top", "FrameTimestampError") for e in range(12)}
+    assert "frame_index / fps" in by_timestamp.problems[0].message
+    by_index = check_dataset(cr5, timestamp_source="frame_index", decode=True)
+    assert by_index.ok
+    assert (by_index.episodes, by_index.rows, by_index.video_files, by_index.frames_decoded) == (12, 2733, 3, 2733)
+    r1 = shared_dataset("r1_v30_h264")
+    drifted = check_dataset(open_dataset(r1))  # observation.state holds 41 values, info.json declares 17
+    assert _found(drifted) == {(0, None, "SchemaMismatchError")}
+    assert "observation.state" in drifted.problems[0].message
+    # 10 fps rows over 25 fps video: half a frame of tolerance reads every row.
+    rest = check_dataset(open_dataset(r1, keys=["action"]), tolerance_s=0.0201, decode=True)
+    assert rest.ok and (rest.rows, rest.frames_decoded) == (790, 790)
+
+
+def test_the_command_exits_by_what_it_found(make_ds, copy_ds, capsys) -> None:
+    root = copy_ds(make_ds(**SPEC))
+    assert main(["check", str(root), "--workers", "0"]) == 0
+    assert "5 episodes, 60 rows, 6 video files" in capsys.readouterr().out
+    (root / f"videos/{CAM1}/chunk-000/file-001.mp4").unlink()
+    assert main(["check", str(root), "--workers", "0", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False and report["episodes"] == 5
+    assert [(p["episode_index"], p["camera"], p["error"]) for p in report["problems"]] == [
+        (2, CAM1, "MissingDataFileError"),
+        (3, CAM1, "MissingDataFileError"),
+    ]
+    assert main(["check", str(root), "--workers", "0", "--show", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "2 x MissingDataFileError in observation.images.cam1" in out and "... and 1 more" in out
+    assert main(["check", str(root / "nowhere")]) == 2
+    assert "DatasetNotFoundError" in capsys.readouterr().err
