@@ -25,7 +25,7 @@ import numpy as np
 from .batch_source import CameraFormat
 from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
 from .dataset_reader import LeRobotDatasetReader, VideoRef
-from .errors import EpisodeMetadataError, SchemaMismatchError
+from .errors import DataFileError, EpisodeMetadataError, SchemaMismatchError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
 from .image_frames import decode_depth_images, decode_images
 from .packet_index import PacketIndex
@@ -111,6 +111,10 @@ class _EpisodeChecker:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _indexes=_index_cache())
+
+    def close(self) -> None:
+        """Close this process's open video files."""
+        self._decoder.close()
 
     def check(self, positions: Sequence[int]) -> _Tally:
         rows_read, files, decoded, problems = 0, set(), 0, []
@@ -202,7 +206,7 @@ class _EpisodeChecker:
         for start in range(0, length, 64):  # (a few decoded at a time, not the episode's all)
             shape = self._decode_images(pos, camera, images[start : start + 64].to_pylist()).shape[1:]
             if expected is not None and shape != expected:
-                raise SchemaMismatchError(
+                raise DataFileError(
                     f"{self.reader.data_path(pos)} (camera {camera}): images are {shape} (H, W, C) but the camera's "
                     f"first image is {expected}; a camera's images share one size and channel count"
                 )
@@ -319,8 +323,11 @@ def _tasks(reader: LeRobotDatasetReader, most: int) -> Iterator[list[int]]:
 def _tallies(checker: _EpisodeChecker, tasks: list[list[int]], workers: int) -> Iterator[_Tally]:
     """Each task's tally, in this process or in ``workers`` spawned ones (a few tasks in flight per worker)."""
     if workers <= 0 or len(tasks) <= 1:
-        for task in tasks:
-            yield checker.check(task)
+        try:
+            for task in tasks:
+                yield checker.check(task)
+        finally:
+            checker.close()
         return
     with ProcessPoolExecutor(
         min(workers, len(tasks)), mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,

@@ -6,6 +6,7 @@ it touches, and nothing for the rest.
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 from pathlib import Path
@@ -13,12 +14,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from PIL import Image
 
 from lerobot_dali import open_dataset
 from lerobot_dali.cli import main
 from lerobot_dali.dataset_check import check_dataset
 from lerobot_dali.packet_index import build_packet_index
 from tests.conftest import shared_dataset
+from tests.http_server import serve_folder
 from tests.test_corrupt_frames import _damage_keyframe
 
 FPS = 10
@@ -105,17 +108,23 @@ def test_image_cameras_are_decoded_and_a_damaged_image_is_named(make_ds, copy_ds
     root = copy_ds(make_ds(episodes=3, frames_per_episode=6, cameras=1, fps=FPS, image_cameras=True))
     assert check_dataset(open_dataset(root), decode=True).frames_decoded == 18
 
+    larger = io.BytesIO()
+    Image.new("RGB", (40, 30)).save(larger, format="PNG")
+
     def damage(table: pa.Table) -> pa.Table:
         images = table[CAM0].to_pylist()
-        rows = np.flatnonzero(np.asarray(table["episode_index"]) == 1)
-        if rows.size:
-            images[int(rows[2])] = {**images[int(rows[2])], "bytes": b"not a png"}
+        episodes = np.asarray(table["episode_index"])
+        for episode, row, data in ((1, 2, b"not a png"), (2, 5, larger.getvalue())):  # garbage; another size
+            rows = np.flatnonzero(episodes == episode)
+            if rows.size:
+                images[int(rows[row])] = {**images[int(rows[row])], "bytes": data}
         return table.set_column(table.column_names.index(CAM0), CAM0, pa.array(images, table[CAM0].type))
 
     _edit_rows(root, damage)
     assert check_dataset(open_dataset(root)).ok  # the images are only read, not decoded
     report = check_dataset(open_dataset(root), decode=True)
-    assert _found(report) == {(1, CAM0, "DataFileError")}
+    assert _found(report) == {(1, CAM0, "DataFileError"), (2, CAM0, "DataFileError")}
+    assert "(30, 40, 3)" in report.problems[1].message
 
 
 def test_real_datasets_by_each_timestamp_source() -> None:
@@ -152,3 +161,12 @@ def test_the_command_exits_by_what_it_found(make_ds, copy_ds, capsys) -> None:
     assert "2 x MissingDataFileError in observation.images.cam1" in out and "... and 1 more" in out
     assert main(["check", str(root / "nowhere")]) == 2
     assert "DatasetNotFoundError" in capsys.readouterr().err
+
+
+def test_a_remote_dataset_is_checked_as_a_local_one(make_ds, copy_ds) -> None:
+    root = copy_ds(make_ds(**SPEC))
+    (root / f"videos/{CAM1}/chunk-000/file-001.mp4").unlink()
+    with serve_folder(root.parent) as server:
+        report = check_dataset(open_dataset(f"{server.url}/{root.name}"), decode=True, workers=2)
+    assert _found(report) == {(2, CAM1, "MissingDataFileError"), (3, CAM1, "MissingDataFileError")}
+    assert (report.episodes, report.rows, report.video_files, report.frames_decoded) == (5, 60, 5, 120 - 24)
