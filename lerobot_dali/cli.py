@@ -9,9 +9,7 @@ import argparse
 import json
 import logging
 import math
-import os
 import sys
-from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -145,16 +143,15 @@ def _check(args: argparse.Namespace) -> int:
     print(
         f"{report.source}: {report.episodes} episodes, {report.rows} rows, {report.video_files} video files"
         f"{decoded} checked in {report.seconds:.1f} s (timestamp_source={args.timestamp_source}, "
-        f"tolerance_s={args.tolerance_s:g}): {len(report.problems) or 'no'} problem(s)"
+        f"tolerance_s={args.tolerance_s:g}): {report.problem_count or 'no'} problem(s)"
     )
-    kinds = Counter((p.error, p.camera or "rows") for p in report.problems)
-    for (error, where), count in kinds.most_common():
-        print(f"  {count:>6} x {error} in {where}")
+    for kind, count in report.problem_kinds.items():
+        print(f"  {count:>6} x {kind}")
     for problem in report.problems[: args.show]:
         where = f"camera {problem.camera}" if problem.camera else "rows"
         print(f"episode {problem.episode_index}, {where}: {problem.error}: {problem.message}")
-    if len(report.problems) > args.show:
-        print(f"... and {len(report.problems) - args.show} more (--show N lists more; --json lists all)")
+    if report.problem_count > args.show:
+        print(f"... and {report.problem_count - args.show} more (--show N lists more; --json lists them)")
     return 0 if report.ok else 1
 
 
@@ -287,8 +284,9 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     check.add_argument("--decode", action="store_true", help="also decode every frame and image the rows read")
     check.add_argument(
-        "--workers", type=int, default=min(8, os.cpu_count() or 1), metavar="N",
-        help="processes checking episodes (default: the CPUs, at most 8; 0: this one)",
+        "--workers", type=int, metavar="N",
+        help="processes checking episodes (0: this one; default: the CPUs, at most 8, to decode, for remote files or "
+        "for 2,000 episodes or more, else 0)",
     )  # fmt: skip
     check.add_argument("--show", type=int, default=20, metavar="N", help="problems printed in full (default 20)")
     check.add_argument("--json", action="store_true", help="print the whole report as JSON")

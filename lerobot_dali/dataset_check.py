@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
@@ -33,7 +35,7 @@ from .packet_index_cache import PacketIndexCache
 from .packet_index_store import PacketIndexStore
 from .worker_start import log_like_trainer, package_log_level, skipping_main
 
-__all__ = ["CheckReport", "Problem", "check_dataset"]
+__all__ = ["CheckReport", "Problem", "check_dataset", "default_workers"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,15 +67,22 @@ class CheckReport:
     video_files: int = 0
     #: Distinct frames decoded (``decode=True``): video frames and images.
     frames_decoded: int = 0
+    #: The problems found, in episode order; past ``max_problems`` only counted (in ``problem_kinds``).
     problems: list[Problem] = field(default_factory=list)
+    #: How many problems of each kind, ``"<error> in <camera or 'rows'>"``, most common first.
+    problem_kinds: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problem_kinds
+
+    @property
+    def problem_count(self) -> int:
+        return sum(self.problem_kinds.values())
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "ok": self.ok}
+        return {**asdict(self), "ok": self.ok, "problem_count": self.problem_count}
 
 
 @dataclass(frozen=True)
@@ -241,15 +250,19 @@ def check_dataset(
     timestamp_source: TimestampSource | str = TimestampSource.PARQUET_TIMESTAMP,
     tolerance_s: float = DEFAULT_TOLERANCE_S,
     decode: bool = False,
-    workers: int = 0,
+    workers: int | None = None,
     progress: Callable[[int], None] | None = None,
+    max_problems: int = 10_000,
 ) -> CheckReport:
     """Check every episode of ``reader`` (its selection of episodes, cameras and keys) as the iterator's workers
     read it, with the same ``timestamp_source`` and ``tolerance_s``, listing every problem.
 
-    ``workers`` processes (0: this one) share the episodes; ``progress(n)`` is called as each ``n`` more are done.
+    ``workers`` processes (0: this one; None: :func:`default_workers`) share the episodes; ``progress(n)`` is
+    called as each ``n`` more are done.
+    Past ``max_problems`` (a fault every episode shares, in a big dataset) problems are counted, not kept.
     """
     started = time.perf_counter()
+    workers = default_workers(reader, decode=decode) if workers is None else workers
     checker = _EpisodeChecker(
         reader=reader.for_workers(),
         timestamp_source=TimestampSource(timestamp_source),
@@ -263,23 +276,35 @@ def check_dataset(
     _set_references(checker)
     report = CheckReport(source=reader.location.description)
     files: set[str] = set()
+    kinds: Counter[str] = Counter()
     most = max(1, min(_TASK_EPISODES, -(-reader.num_episodes // (4 * max(workers, 1)))))
     for tally in _tallies(checker, list(_tasks(reader, most)), workers):
         report.episodes += tally.episodes
         report.rows += tally.rows
         report.frames_decoded += tally.frames_decoded
-        report.problems.extend(tally.problems)
+        report.problems.extend(tally.problems[: max(0, max_problems - len(report.problems))])
+        kinds.update(f"{p.error} in {p.camera or 'rows'}" for p in tally.problems)
         files |= tally.video_files
         if progress is not None:
             progress(tally.episodes)
     report.video_files = len(files)
+    report.problem_kinds = dict(kinds.most_common())
     report.problems.sort(key=lambda p: (p.episode_index, p.camera or ""))
     report.seconds = time.perf_counter() - started
     logger.info(
         "checked %d episodes (%d rows, %d video files) of %s in %.1f s: %d problem(s)",
-        report.episodes, report.rows, report.video_files, report.source, report.seconds, len(report.problems),
+        report.episodes, report.rows, report.video_files, report.source, report.seconds, report.problem_count,
     )  # fmt: skip
     return report
+
+
+def default_workers(reader: LeRobotDatasetReader, *, decode: bool) -> int:
+    """Processes worth starting (each takes about a second): up to 8, one per CPU, to decode, to read remote
+    files, or for 2,000 episodes or more; else none. Checked without decoding, a local episode takes 1-3 ms
+    here (400 episodes of two cameras: 0.4 s in v3.0, 1.1 s in v2.1), two workers 1.1 and 1.8 s."""
+    if decode or not reader.location.is_local or reader.num_episodes >= 2000:
+        return min(8, len(os.sched_getaffinity(0)))
+    return 0
 
 
 def _set_references(checker: _EpisodeChecker) -> None:
@@ -310,14 +335,10 @@ def _tasks(reader: LeRobotDatasetReader, most: int) -> Iterator[list[int]]:
     episodes = reader.episodes
     files = np.stack([episodes.data_chunk_index, episodes.data_file_index], axis=1)
     order = np.lexsort((np.arange(len(files)), files[:, 1], files[:, 0]))
-    task: list[int] = []
-    for pos in order.tolist():
-        if task and (len(task) == most or not np.array_equal(files[task[-1]], files[pos])):
-            yield task
-            task = []
-        task.append(pos)
-    if task:
-        yield task
+    starts = np.flatnonzero(np.any(np.diff(files[order], axis=0) != 0, axis=1)) + 1
+    for run in np.split(order, starts):
+        for start in range(0, len(run), most):
+            yield run[start : start + most].tolist()
 
 
 def _tallies(checker: _EpisodeChecker, tasks: list[list[int]], workers: int) -> Iterator[_Tally]:

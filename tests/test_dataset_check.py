@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from PIL import Image
 
 from lerobot_dali import open_dataset
 from lerobot_dali.cli import main
-from lerobot_dali.dataset_check import check_dataset
+from lerobot_dali.dataset_check import check_dataset, default_workers
 from lerobot_dali.packet_index import build_packet_index
 from tests.conftest import shared_dataset
 from tests.http_server import serve_folder
@@ -56,6 +57,10 @@ def test_a_sound_dataset_is_read_whole(make_ds) -> None:
     assert (report.episodes, report.rows, report.video_files, report.frames_decoded) == (5, 60, 6, 0)
     decoded = check_dataset(open_dataset(root), decode=True)
     assert decoded.ok and decoded.frames_decoded == 60 * 2  # every row's frame, in each camera
+    # Worker processes (about a second to start) only where there is work for them.
+    cpus = min(8, len(os.sched_getaffinity(0)))
+    assert default_workers(open_dataset(root), decode=False) == 0
+    assert default_workers(open_dataset(root), decode=True) == cpus
 
 
 def test_every_damage_is_listed_against_its_episode_and_camera(make_ds, copy_ds) -> None:
@@ -132,6 +137,9 @@ def test_real_datasets_by_each_timestamp_source() -> None:
     by_timestamp = check_dataset(cr5)  # wall-clock parquet timestamps: no episode finds its frames
     assert _found(by_timestamp) == {(e, "observation.images.top", "FrameTimestampError") for e in range(12)}
     assert "frame_index / fps" in by_timestamp.problems[0].message
+    capped = check_dataset(cr5, max_problems=5)  # (past it, counted only)
+    assert len(capped.problems) == 5 and capped.problem_count == 12 and not capped.ok
+    assert capped.problem_kinds == {"FrameTimestampError in observation.images.top": 12}
     by_index = check_dataset(cr5, timestamp_source="frame_index", decode=True)
     assert by_index.ok
     assert (by_index.episodes, by_index.rows, by_index.video_files, by_index.frames_decoded) == (12, 2733, 3, 2733)
@@ -146,7 +154,7 @@ def test_real_datasets_by_each_timestamp_source() -> None:
 
 def test_the_command_exits_by_what_it_found(make_ds, copy_ds, capsys) -> None:
     root = copy_ds(make_ds(**SPEC))
-    assert main(["check", str(root), "--workers", "0"]) == 0
+    assert main(["check", str(root)]) == 0  # (a few local episodes: checked in this process)
     assert "5 episodes, 60 rows, 6 video files" in capsys.readouterr().out
     (root / f"videos/{CAM1}/chunk-000/file-001.mp4").unlink()
     assert main(["check", str(root), "--workers", "0", "--json"]) == 1
@@ -159,6 +167,9 @@ def test_the_command_exits_by_what_it_found(make_ds, copy_ds, capsys) -> None:
     assert main(["check", str(root), "--workers", "0", "--show", "1"]) == 1
     out = capsys.readouterr().out
     assert "2 x MissingDataFileError in observation.images.cam1" in out and "... and 1 more" in out
+    assert report["problem_count"] == 2 and report["problem_kinds"] == {
+        "MissingDataFileError in observation.images.cam1": 2
+    }
     assert main(["check", str(root / "nowhere")]) == 2
     assert "DatasetNotFoundError" in capsys.readouterr().err
 
@@ -167,6 +178,8 @@ def test_a_remote_dataset_is_checked_as_a_local_one(make_ds, copy_ds) -> None:
     root = copy_ds(make_ds(**SPEC))
     (root / f"videos/{CAM1}/chunk-000/file-001.mp4").unlink()
     with serve_folder(root.parent) as server:
-        report = check_dataset(open_dataset(f"{server.url}/{root.name}"), decode=True, workers=2)
+        remote = open_dataset(f"{server.url}/{root.name}")
+        assert default_workers(remote, decode=False) == min(8, len(os.sched_getaffinity(0)))
+        report = check_dataset(remote, decode=True, workers=2)
     assert _found(report) == {(2, CAM1, "MissingDataFileError"), (3, CAM1, "MissingDataFileError")}
     assert (report.episodes, report.rows, report.video_files, report.frames_decoded) == (5, 60, 5, 120 - 24)
