@@ -22,13 +22,12 @@ from typing import Any
 import av
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
 from .dataset_reader import open_dataset
 from .depth_maps import DepthUnit, in_unit
-from .episode_rows import INDEX_COLUMNS, image_bytes
+from .episode_rows import INDEX_COLUMNS, image_bytes, read_parquet
 from .errors import FrameTimestampError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .image_frames import decode_depth_images, decode_images
@@ -182,7 +181,7 @@ class PyAVFrameDataset(Dataset):
             path = reader.data_path(pos)
             if path not in tables:
                 with reader.open(path) as f:
-                    tables[path] = pq.read_table(f, columns=columns)
+                    tables[path] = read_parquet(f, columns)
             start, length = int(reader.episodes.data_row_start[pos]), int(reader.episodes.length[pos])
             parts.append(tables[path].slice(start, length))
         return pa.concat_tables(parts).combine_chunks()

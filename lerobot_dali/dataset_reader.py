@@ -30,6 +30,7 @@ from .episode_rows import (
     opened_stamp,
     read_episode_images,
     read_episode_rows,
+    read_parquet,
 )
 from .episode_table import EpisodeTable, filter_episodes, read_episode_records, read_episode_table
 from .errors import DatasetError, DatasetNotFoundError, EpisodeMetadataError, MissingDataFileError, cameras_hint
@@ -464,7 +465,7 @@ def _read_tasks(location: DatasetLocation) -> dict[int, str]:
     if fs.exists(parquet_path):
         with fs.open(parquet_path, "rb") as f:
             try:
-                table = pq.read_table(f)
+                table = read_parquet(f)
             except pa.ArrowException as e:
                 raise DatasetError(f"{parquet_path} is not a readable parquet file ({e}); re-download it") from e
         text_column = next((c for c in ("task", "__index_level_0__") if c in table.column_names), None)

@@ -29,11 +29,10 @@ from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .dataset_info import DatasetInfo, format_path
 from .dataset_location import DatasetLocation
-from .episode_rows import open_parquet
+from .episode_rows import open_parquet, read_parquet
 from .episode_table import EpisodeTable
 from .errors import EpisodeMetadataError, MissingDataFileError
 from .file_stamps import FileStamps
@@ -218,7 +217,7 @@ def _episode_runs(
 def _episode_column(location: DatasetLocation, path: str, *, problem: str) -> np.ndarray:
     try:
         with location.open_bulk(path) as handle:
-            column = pq.read_table(handle, columns=["episode_index"])["episode_index"]
+            column = read_parquet(handle, ["episode_index"])["episode_index"]  # (KeyError: a file without it)
     except (KeyError, pa.ArrowException) as e:
         raise EpisodeMetadataError(
             f"{location.description}: meta/episodes {problem}, and "

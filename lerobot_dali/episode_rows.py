@@ -14,7 +14,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +65,17 @@ FOOTER_MEMORY_FACTOR = 8
 
 def _footer_memory(parquet: pq.ParquetFile) -> int:
     return FOOTER_MEMORY_FACTOR * parquet.metadata.serialized_size
+
+
+def read_parquet(handle: Any, columns: Sequence[str] | None = None) -> pa.Table:
+    """A whole parquet file (``columns`` of it) from an open binary file object.
+
+    Not ``pq.read_table``: on a file object it goes through the dataset scanner, whose threads outlive it and,
+    at interpreter exit, abort the process ("terminate called without an active exception", exit 134: apache/arrow
+    issues 34314 and 39162). Measured with pyarrow 26.0.1: a script that only opened a dataset exited 134 in 10 to
+    25% of runs; read so, in none of 50. A column the file lacks is left out (``read_table`` raised).
+    """
+    return pq.ParquetFile(handle).read(columns=None if columns is None else list(columns))
 
 
 def open_parquet(open_file: Callable[[str], Any], path: str) -> pq.ParquetFile:

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .dataset_info import DatasetInfo
+from .episode_rows import read_parquet
 from .errors import DatasetError, EpisodeMetadataError, cameras_hint
 
 __all__ = [
@@ -210,7 +211,7 @@ def _v3_rows(fs: fsspec.AbstractFileSystem, meta_root: str) -> pa.Table:
                 schema = pq.read_schema(f)
                 wanted = [name for name in schema.names if not name.startswith("stats/")]
                 f.seek(0)
-                tables.append(pq.read_table(f, columns=wanted))
+                tables.append(read_parquet(f, wanted))
             except pa.ArrowException as e:
                 raise EpisodeMetadataError(f"{path} is not a readable parquet file ({e}); re-download it") from e
     # "permissive": files from different writers may differ in types (list<string> vs list<large_string>)
