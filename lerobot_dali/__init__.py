@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from .augment_config import AugmentConfig
 from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
+from .dataset_union import concat_datasets
 from .errors import (
     CodecUnsupportedError,
     DataFileError,
@@ -77,5 +78,6 @@ __all__ = [
     "VideoRef",
     "WorkerProcessError",
     "__version__",
+    "concat_datasets",
     "open_dataset",
 ]

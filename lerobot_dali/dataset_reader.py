@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from .column_store import ColumnStore
 from .dataset_info import DatasetInfo, Feature, format_path
 from .dataset_location import DatasetLocation, resolve_location, with_bulk_root
+from .dataset_stats import FeatureStats, read_dataset_stats
 from .episode_data_files import bulk_file_exists, data_file_path, locate_episode_rows
 from .episode_rows import (
     INDEX_COLUMNS,
@@ -166,6 +167,10 @@ class LeRobotDatasetReader:
             f"episodes={self.num_episodes}, frames={self.num_frames}, cameras={self.camera_keys}"
             + (f", image cameras={self.image_keys})" if self.image_keys else ")")
         )
+
+    def read_stats(self) -> FeatureStats:
+        """The dataset's feature statistics, as LeRobot reads them (:func:`~.dataset_stats.read_dataset_stats`)."""
+        return read_dataset_stats(self.location, self.info)
 
     # -- files ---------------------------------------------------------------------------------------------
     def data_path(self, episode_pos: int) -> str:

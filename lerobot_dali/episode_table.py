@@ -116,6 +116,26 @@ class EpisodeTable:
             cameras=cameras,
         )
 
+    @staticmethod
+    def concatenate(tables: Sequence[EpisodeTable]) -> EpisodeTable:
+        """The rows of ``tables`` one table after another (several datasets read as one, :mod:`.dataset_union`):
+        each keeps its own values, so ``episode_index`` may repeat. They must have the same cameras."""
+        names = [f.name for f in fields(EpisodeTable) if f.name not in ("tasks", "cameras")]
+        cameras = {
+            key: CameraFiles(
+                **{
+                    f.name: np.concatenate([getattr(t.cameras[key], f.name) for t in tables])
+                    for f in fields(CameraFiles)
+                }
+            )
+            for key in tables[0].cameras
+        }
+        return EpisodeTable(
+            **{name: np.concatenate([getattr(t, name) for t in tables]) for name in names},
+            tasks=pa.concat_arrays([t.tasks for t in tables]),
+            cameras=cameras,
+        )
+
 
 @dataclass(frozen=True)
 class EpisodeRecords:

@@ -26,7 +26,6 @@ from .batch_source import BatchSource, CameraFormat, SourceSpec, output_fields
 from .cpu_decode import CpuDecodeOptions, pyav_can_decode
 from .dali_graph import HOST_TASK_INDEX, CameraFeed, build_pipeline, camera_feed
 from .dataset_reader import LeRobotDatasetReader, open_dataset
-from .dataset_stats import read_dataset_stats
 from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
 from .depth_maps import DepthUnit
@@ -795,7 +794,7 @@ def _camera_augment(
         return None
     cameras = [camera for camera in reader.all_camera_keys if camera not in depth_cameras]
     if augment.normalize == NORMALIZE_FROM_STATS:
-        stats = read_dataset_stats(reader.location, reader.info)
+        stats = reader.read_stats()
         augment = augment.with_stats(stats, cameras, source=reader.location.description)
         logger.info("normalising cameras %s by the dataset's statistics", list(cameras))
     for camera in cameras:

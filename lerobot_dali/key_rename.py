@@ -8,7 +8,8 @@ dataset's own names, and the keys of its batches back to the caller's.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import logging
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -19,7 +20,9 @@ from .episode_rows import INDEX_COLUMNS
 from .errors import DatasetError
 from .windows import PAD_SUFFIX
 
-__all__ = ["KeyRename"]
+__all__ = ["KeyRename", "shared_selection"]
+
+logger = logging.getLogger(__name__)
 
 #: Keys every batch carries under these names, whatever the dataset: never renamed, never a new name.
 _FIXED_KEYS = frozenset({*INDEX_COLUMNS, "task"})
@@ -118,3 +121,41 @@ class KeyRename:
             else:
                 renamed[self.batch_name(key)] = value
         return renamed
+
+
+def shared_selection(
+    readers: list[LeRobotDatasetReader],
+    *,
+    cameras: Sequence[str] | None,
+    keys: Sequence[str] | None,
+    renames: Sequence[KeyRename] | None = None,
+) -> list[LeRobotDatasetReader]:
+    """Each reader narrowed to ``cameras`` and ``keys``, by default to those every dataset has (in the first's
+    order), under the names ``renames`` give them (one per reader); what is left out is logged, per dataset."""
+    renames = list(renames) if renames is not None else [KeyRename()] * len(readers)
+    named = list(zip(readers, renames, strict=True))
+    chosen = {}
+    for what, given, of in (
+        ("cameras", cameras, lambda r, n: n.batch_names(r.all_camera_keys)),
+        ("keys", keys, lambda r, n: n.batch_names(r.tabular_keys)),
+    ):
+        if given is not None:
+            chosen[what] = list(given)
+            continue
+        shared = [k for k in of(*named[0]) if all(k in of(*pair) for pair in named[1:])]
+        for reader, rename in named:
+            dropped = [k for k in of(reader, rename) if k not in shared]
+            if dropped:
+                logger.warning(
+                    "mixture: %s %s of %s are left out: not every dataset has them", what, dropped,
+                    reader.location.description,
+                )  # fmt: skip
+        chosen[what] = shared
+    narrowed = []
+    for reader, rename in named:
+        try:
+            own = {what: rename.own_names(chosen[what]) for what in ("cameras", "keys")}
+            narrowed.append(reader.select(**own))
+        except DatasetError as e:
+            raise DatasetError(f"{reader.location.description}: {e}") from None
+    return narrowed

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .dataset_reader import LeRobotDatasetReader, open_dataset
+from .dataset_union import DATASET_INDEX
 from .episode_rows import INDEX_COLUMNS
 from .errors import (
     DatasetError,
@@ -35,7 +36,7 @@ from .errors import (
     ShardingError,
 )
 from .iterator import DALILeRobotIterator, default_dali_threads
-from .key_rename import KeyRename
+from .key_rename import KeyRename, shared_selection
 from .part_schedule import PartSchedule
 from .value_checks import check_int, is_number
 
@@ -43,8 +44,6 @@ __all__ = ["PER_DATASET_OPTIONS", "DALILeRobotMixture", "batch_shares", "shared_
 
 logger = logging.getLogger(__name__)
 
-#: The key of each sample's dataset (its position in ``datasets``), as in LeRobot's ``MultiLeRobotDataset``.
-DATASET_INDEX = "dataset_index"
 #: Arguments the mixture sets itself for each dataset's iterator; the rest pass through unchanged.
 _OWN_ARGUMENTS = frozenset({"dataset", "batch_size", "seed", "num_workers", "cameras", "keys", "drop_last"})
 #: Arguments that open a dataset: give each dataset its own by passing it opened (``open_dataset``).
@@ -414,44 +413,6 @@ def _dataset_seed(seed: int, position: int) -> int:
     """Each dataset's own seed (shuffle and augmentation draws), so datasets at the same position in their streams
     do not get the same draws."""
     return int(np.random.SeedSequence([seed, position]).generate_state(1)[0])
-
-
-def shared_selection(
-    readers: list[LeRobotDatasetReader],
-    *,
-    cameras: Sequence[str] | None,
-    keys: Sequence[str] | None,
-    renames: Sequence[KeyRename] | None = None,
-) -> list[LeRobotDatasetReader]:
-    """Each reader narrowed to ``cameras`` and ``keys``, by default to those every dataset has (in the first's
-    order), under the names ``renames`` give them (one per reader); what is left out is logged, per dataset."""
-    renames = list(renames) if renames is not None else [KeyRename()] * len(readers)
-    named = list(zip(readers, renames, strict=True))
-    chosen = {}
-    for what, given, of in (
-        ("cameras", cameras, lambda r, n: n.batch_names(r.all_camera_keys)),
-        ("keys", keys, lambda r, n: n.batch_names(r.tabular_keys)),
-    ):
-        if given is not None:
-            chosen[what] = list(given)
-            continue
-        shared = [k for k in of(*named[0]) if all(k in of(*pair) for pair in named[1:])]
-        for reader, rename in named:
-            dropped = [k for k in of(reader, rename) if k not in shared]
-            if dropped:
-                logger.warning(
-                    "mixture: %s %s of %s are left out: not every dataset has them", what, dropped,
-                    reader.location.description,
-                )  # fmt: skip
-        chosen[what] = shared
-    narrowed = []
-    for reader, rename in named:
-        try:
-            own = {what: rename.own_names(chosen[what]) for what in ("cameras", "keys")}
-            narrowed.append(reader.select(**own))
-        except DatasetError as e:
-            raise DatasetError(f"{reader.location.description}: {e}") from None
-    return narrowed
 
 
 def _check_windows(

@@ -52,7 +52,6 @@ import numpy as np
 import torch
 
 from lerobot_dali.cache_dirs import atomic_file
-from lerobot_dali.dataset_stats import read_dataset_stats
 from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
 from lerobot_dali.value_checks import check_int_fields, cli_flag
 from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig
@@ -360,8 +359,7 @@ def open_readers(options: TrainOptions) -> list[Any]:
     """The datasets to train on, opened; several keep the keys and cameras all of them have (a mixture's), under
     the names ``--rename-map`` gives them."""
     from lerobot_dali.dataset_reader import open_dataset
-    from lerobot_dali.key_rename import KeyRename
-    from lerobot_dali.mixture import shared_selection
+    from lerobot_dali.key_rename import KeyRename, shared_selection
 
     if len(options.datasets) == 1:
         return [open_dataset(options.datasets[0], episodes=options.episodes, cameras=options.cameras)]
@@ -439,7 +437,7 @@ def feature_stats(
     """Mean/std of a vector feature: the dataset's statistics when they have them (``meta/stats.json``, or v2.1's
     aggregated per-episode statistics; ``stats`` when the caller read them already), else from up to
     ``max_episodes`` episodes spread over the dataset. Identical on every rank: no data order involved."""
-    stats = read_dataset_stats(reader.location, reader.info) if stats is None else stats
+    stats = reader.read_stats() if stats is None else stats
     entry = stats.get(key, {})
     if "mean" in entry and "std" in entry:
         return FeatureStats(mean=tuple(entry["mean"].ravel().tolist()), std=tuple(entry["std"].ravel().tolist()))
@@ -486,7 +484,7 @@ def build_policy(
         camera_steps=plan.camera_steps,
         state_steps=plan.state_steps,
     )
-    stats = [read_dataset_stats(r.location, r.info) for r in readers]  # read (for v2.1: aggregated) once for both
+    stats = [r.read_stats() for r in readers]  # read (for v2.1: aggregated) once for both
     pooled = {
         key: pooled_stats(
             [feature_stats(r, name, stats=s) for r, name, s in zip(readers, own[key], stats, strict=True)], weights

@@ -1,0 +1,215 @@
+"""Several local datasets of one layout read as one dataset (:func:`concat_datasets`), as LeRobot's
+``MultiLeRobotDataset`` reads them: one iterator, one pipeline, one pool of worker processes.
+
+:class:`~lerobot_dali.mixture.DALILeRobotMixture` gives each dataset an iterator of its own (a pipeline, at least
+one worker, a share of every batch), which suits a few datasets that differ (fps, codecs, options per dataset).
+Tens or hundreds of datasets need one pipeline. The union puts their episodes one dataset after another; the
+iterator samples, deals to ranks and pools them as one dataset's, so samples come in proportion to frames, and
+every batch carries ``dataset_index``. Rows keep each dataset's own ``index`` and ``episode_index``; ``task_index``
+is the union's (each dataset's tasks in turn: one index, one task string, across datasets).
+
+They must share a layout, which one pipeline and one batch tensor per key need: the fps (windows count frames),
+each camera stored one way (video or images) with one codec and size (checked on each dataset's first file;
+every other file is held to the union's first by the workers, as within one dataset), each feature's dtype and
+shape. Statistics are pooled as LeRobot pools them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .dataset_info import Feature
+from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
+from .dataset_stats import FeatureStats, aggregate_episode_stats
+from .episode_table import EpisodeTable
+from .errors import DatasetError, SchemaMismatchError, StatsError
+from .key_rename import shared_selection
+from .packet_index_cache import load_packet_index
+
+__all__ = ["DATASET_INDEX", "DatasetUnion", "concat_datasets"]
+
+logger = logging.getLogger(__name__)
+
+#: The key of each sample's dataset (its position in the union), as in LeRobot's ``MultiLeRobotDataset``.
+DATASET_INDEX = "dataset_index"
+
+
+class DatasetUnion(LeRobotDatasetReader):
+    """Datasets read as one, episode after episode (build with :func:`concat_datasets`). Each episode is read by its
+    own dataset's reader; what the union adds is the order of episodes, the tasks, and ``dataset_index``."""
+
+    def __init__(
+        self,
+        members: Sequence[LeRobotDatasetReader],
+        *,
+        task_offsets: Sequence[int] | None = None,
+        tasks: dict[int, str] | None = None,
+    ) -> None:
+        """``task_offsets`` and ``tasks`` default to the members' own tasks one dataset after another (copies
+        whose members carry no task texts, the workers', keep the union's)."""
+        self.members = tuple(members)
+        first = self.members[0]
+        #: Position of each member's first episode in the union (and the total at the end).
+        self.starts = np.cumsum([0, *(m.num_episodes for m in self.members)])
+        if task_offsets is None:
+            task_offsets = np.cumsum([0, *(max(m.tasks, default=-1) + 1 for m in self.members)])[:-1].tolist()
+        #: Added to each member's ``task_index``.
+        self.task_offsets = tuple(int(t) for t in task_offsets)
+        if tasks is None:
+            tasks = {
+                offset + i: text for m, offset in zip(self.members, self.task_offsets, strict=True)
+                for i, text in m.tasks.items()
+            }  # fmt: skip
+        names = ", ".join(m.location.description for m in self.members[:3])
+        more = f", ... ({len(self.members)} datasets)" if len(self.members) > 3 else ""
+        info = replace(
+            first.info,
+            features={**first.info.features, DATASET_INDEX: Feature(DATASET_INDEX, "int64", (1,))},
+            total_episodes=int(self.starts[-1]),
+            total_frames=sum(m.num_frames for m in self.members),
+            total_tasks=len(tasks),
+        )
+        super().__init__(
+            replace(first.location, description=f"union of {names}{more}"),
+            info,
+            EpisodeTable.concatenate([m.episodes for m in self.members]),
+            tasks,
+            camera_keys=list(first.camera_keys),
+            tabular_keys=[*first.tabular_keys, DATASET_INDEX],
+            image_keys=first.image_keys,
+        )
+        self.column_store = None  # (each member reads through its own)
+
+    def member(self, episode_pos: int) -> tuple[int, int]:
+        """(dataset, its episode position) of the union's episode ``episode_pos``."""
+        d = int(np.searchsorted(self.starts, episode_pos, side="right")) - 1
+        return d, int(episode_pos) - int(self.starts[d])
+
+    # -- what each member answers ----------------------------------------------------------------------------
+    def read_episode(self, episode_pos: int, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        d, pos = self.member(episode_pos)
+        own = None if keys is None else [k for k in keys if k != DATASET_INDEX]
+        rows = self.members[d].read_episode(pos, own)
+        length = len(rows["frame_index"])
+        if "task_index" in rows:
+            rows["task_index"] = rows["task_index"] + self.task_offsets[d]
+        rows[DATASET_INDEX] = np.full(length, d, dtype=np.int64)
+        return rows
+
+    def read_episode_images(self, episode_pos: int, key: str) -> pa.Array:
+        d, pos = self.member(episode_pos)
+        return self.members[d].read_episode_images(pos, key)
+
+    def data_path(self, episode_pos: int) -> str:
+        d, pos = self.member(episode_pos)
+        return self.members[d].data_path(pos)
+
+    def video(self, episode_pos: int, camera: str) -> VideoRef:
+        d, pos = self.member(episode_pos)
+        return self.members[d].video(pos, camera)
+
+    def read_stats(self) -> FeatureStats:
+        """The members' statistics pooled as LeRobot pools datasets' (frame-weighted means, pooled variances)."""
+        try:
+            return aggregate_episode_stats([m.read_stats() for m in self.members], source=self.location.description)
+        except DatasetError as e:
+            raise StatsError(f"the union pools its datasets' statistics by frame count, and cannot: {e}") from None
+
+    def rows_stored(self, path: str, group_rows: int, length: int) -> bool:
+        return False  # (remote datasets only; a union is local)
+
+    # -- copies ----------------------------------------------------------------------------------------------
+    def for_workers(self) -> DatasetUnion:
+        return DatasetUnion([m.for_workers() for m in self.members], task_offsets=self.task_offsets, tasks={})
+
+    def select(self, *, cameras: Sequence[str] | None = None, keys: Sequence[str] | None = None) -> DatasetUnion:
+        own = None if keys is None else [k for k in keys if k != DATASET_INDEX]
+        members = [m.select(cameras=cameras, keys=own) for m in self.members]
+        return DatasetUnion(members, task_offsets=self.task_offsets, tasks=self.tasks)
+
+    def with_location(self, location: Any) -> LeRobotDatasetReader:
+        raise DatasetError(f"{self.location.description}: a union reads local datasets only")
+
+    def __repr__(self) -> str:
+        return f"DatasetUnion({len(self.members)} datasets, episodes={self.num_episodes}, frames={self.num_frames})"
+
+
+def concat_datasets(
+    datasets: Sequence[str | os.PathLike[str] | LeRobotDatasetReader],
+    *,
+    cameras: Sequence[str] | None = None,
+    keys: Sequence[str] | None = None,
+) -> DatasetUnion:
+    """``datasets`` (paths, or readers from :func:`~.dataset_reader.open_dataset` for per-dataset ``episodes=``)
+    read as one, for :class:`~lerobot_dali.iterator.DALILeRobotIterator`. ``cameras`` and ``keys`` default to
+    those every dataset has (the rest are left out with a warning, as LeRobot's ``MultiLeRobotDataset`` does).
+    Raises DatasetError for remote datasets and SchemaMismatchError, naming the datasets, where layouts differ."""
+    if isinstance(datasets, str | os.PathLike | LeRobotDatasetReader) or not datasets:
+        raise TypeError(f"datasets must be a non-empty list of datasets, got {datasets!r}")
+    readers = [d if isinstance(d, LeRobotDatasetReader) else open_dataset(d) for d in datasets]
+    remote = [r.location.description for r in readers if not r.location.is_local]
+    if remote:
+        raise DatasetError(
+            f"a union reads local datasets only, and {remote} are remote: download them (huggingface_hub's "
+            "snapshot_download), or read them side by side with DALILeRobotMixture"
+        )
+    readers = shared_selection(readers, cameras=cameras, keys=keys)
+    _check_layouts(readers)
+    union = DatasetUnion(readers)
+    logger.info(
+        "union of %d datasets: %d episodes, %d frames, cameras %s", len(readers), union.num_episodes,
+        union.num_frames, list(union.all_camera_keys),
+    )  # fmt: skip
+    return union
+
+
+def _check_layouts(readers: list[LeRobotDatasetReader]) -> None:
+    """What one pipeline and one tensor per key need the datasets to share (module docstring)."""
+    first = readers[0]
+
+    def differ(what: str, values: list[Any], fix: str) -> SchemaMismatchError:
+        found = {r.location.description: v for r, v in zip(readers, values, strict=True)}
+        return SchemaMismatchError(f"the datasets differ in {what} ({found}): {fix}")
+
+    rates = [r.fps for r in readers]
+    if len(set(rates)) > 1:
+        raise differ("fps", rates, "a union reads one fps; read them side by side with DALILeRobotMixture")
+    if any(DATASET_INDEX in r.info.features for r in readers):
+        raise SchemaMismatchError(
+            f"a dataset has a feature {DATASET_INDEX!r}, the key a union gives each sample's dataset in; leave it "
+            "out with keys=[...]"
+        )
+    for key in (*first.all_camera_keys, *first.tabular_keys):
+        kinds = [_kind(r.info.features[key]) for r in readers]
+        if len(set(kinds)) > 1:
+            raise differ(repr(key), kinds, "leave it out with cameras=[...] or keys=[...]")
+    for camera in first.camera_keys:
+        formats = [_first_format(r, camera) for r in readers]
+        if len({f for f in formats if f is not None}) > 1:
+            raise differ(
+                f"camera {camera!r}'s video", formats,
+                "a camera's videos share one codec and size: re-encode, or leave it out with cameras=[...]",
+            )  # fmt: skip
+
+
+def _kind(feature: Feature) -> tuple[Any, ...]:
+    """What must agree across datasets for a key to batch as one tensor: video or image, depth or colour, and a
+    feature's dtype and shape (a camera's size is its files', checked apart)."""
+    if feature.is_camera:
+        return (feature.dtype, feature.is_depth_map)
+    return (feature.dtype, () if feature.is_scalar else tuple(feature.shape))
+
+
+def _first_format(reader: LeRobotDatasetReader, camera: str) -> str | None:
+    """Codec and size of the camera's first file (what the workers hold every file of a camera to)."""
+    if not reader.num_episodes:
+        return None
+    index = load_packet_index(reader.video(0, camera).path, filesystem=reader.location.fs)
+    return f"{index.codec} {index.height}x{index.width} (HxW)"

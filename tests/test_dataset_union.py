@@ -1,0 +1,161 @@
+"""``concat_datasets``: several datasets read as one by one iterator, every sample from its own dataset's files.
+
+The two datasets differ in layout version, episode lengths and task assignment, so a sample read from the wrong
+dataset shows in its rows, its frame's marker or its task string.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lerobot_dali import DALILeRobotIterator, concat_datasets, open_dataset
+from lerobot_dali.dataset_stats import read_dataset_stats
+from lerobot_dali.errors import DatasetError, SchemaMismatchError
+from lerobot_dali.frame_marker import read_full_marker
+from lerobot_dali.generate import expected_action, expected_state, expected_task_index, task_name
+from tests.http_server import serve_folder
+
+#: Per dataset: episode lengths, layout, task seed.
+SPECS = (([5, 7, 4], "v3.0", 0), ([9, 3], "v2.1", 1))
+FPS = 10
+DELTAS = {"action": [0.0, 0.1], "observation.images.cam0": [-0.1, 0.0]}
+
+
+def _datasets(make_ds, codec: str = "vp9", **second) -> list[Path]:
+    """The two datasets; ``second``: other arguments for the second."""
+    return [
+        make_ds(**{"episodes": len(lengths), "frames_per_episode": lengths, "cameras": 1, "codec": codec, "fps": FPS,
+                   "gop": 4, "episodes_per_file": 2, "version": version, "seed": seed, **(second if i else {})})
+        for i, (lengths, version, seed) in enumerate(SPECS)
+    ]  # fmt: skip
+
+
+def _keys(batch: dict) -> list[tuple[int, int, int]]:
+    columns = (batch["dataset_index"], batch["episode_index"], batch["frame_index"])
+    return list(zip(*(c.tolist() for c in columns), strict=True))
+
+
+def _marker(frame: torch.Tensor) -> tuple[int, int, int]:
+    return tuple(read_full_marker((frame.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)))
+
+
+def test_every_sample_is_its_own_datasets_row_frame_and_task(make_ds) -> None:
+    union = concat_datasets(_datasets(make_ds))
+    assert (union.num_episodes, union.num_frames) == (5, 28)
+    # Task indices are the union's: the first dataset's two tasks, then the second's.
+    assert union.tasks == {i: task_name(i % 2) for i in range(4)}
+    it = DALILeRobotIterator(
+        union, batch_size=4, delta_timestamps=DELTAS, shuffle=False, device="cpu", num_workers=0, drop_last=False
+    )
+    taken = []
+    for batch in it:
+        for i, (d, ep, f) in enumerate(_keys(batch)):
+            taken.append((d, ep, f))
+            lengths, _, seed = SPECS[d]
+            n = lengths[ep]
+            assert int(batch["index"][i]) == sum(lengths[:ep]) + f  # the dataset's own
+            assert float(batch["timestamp"][i]) == pytest.approx(f / FPS)
+            np.testing.assert_array_equal(batch["observation.state"][i].numpy(), expected_state(ep, f))
+            task = expected_task_index(ep, seed=seed)
+            assert int(batch["task_index"][i]) == 2 * d + task and batch["task"][i] == task_name(task)
+            query = [f + round(delta * FPS) for delta in DELTAS["action"]]
+            rows = [min(max(q, 0), n - 1) for q in query]
+            np.testing.assert_array_equal(batch["action"][i].numpy(), expected_action(ep, np.array(rows)))
+            assert batch["action_is_pad"][i].tolist() == [not 0 <= q < n for q in query]
+            query = [f + round(delta * FPS) for delta in DELTAS["observation.images.cam0"]]
+            rows = [min(max(q, 0), n - 1) for q in query]
+            assert [_marker(frame) for frame in batch["observation.images.cam0"][i]] == [(ep, r, 0) for r in rows]
+    it.close()
+    expected = [(d, ep, f) for d, (lengths, _, _) in enumerate(SPECS) for ep, n in enumerate(lengths) for f in range(n)]
+    assert taken == expected
+
+
+def test_ranks_and_workers_share_the_union_exactly_once_and_resume(make_ds) -> None:
+    """Shuffled over two ranks with worker processes (H.264: the CPU-fallback decoders), each epoch covers every
+    frame of both datasets once; a resume in the middle gives the rest of the uninterrupted run."""
+    paths = _datasets(make_ds, codec="h264")
+
+    def iterator(rank: int) -> DALILeRobotIterator:
+        return DALILeRobotIterator(
+            concat_datasets(paths), batch_size=3, seed=5, device="cpu", num_workers=2, rank=rank, world_size=2,
+            rank_balance="drop", drop_last=False, episode_piece_frames=4,
+        )  # fmt: skip
+
+    everything = Counter(
+        (d, ep, f) for d, (lengths, _, _) in enumerate(SPECS) for ep, n in enumerate(lengths) for f in range(n)
+    )
+    runs = []
+    for rank in (0, 1):
+        it = iterator(rank)
+        epochs = []
+        for epoch in range(2):
+            it.set_epoch(epoch)
+            epochs.append([k for batch in it for k in _keys(batch)])
+        it.close()
+        runs.append(epochs)
+    for epoch in range(2):
+        both = Counter(runs[0][epoch]) + Counter(runs[1][epoch])
+        assert set(both) <= set(everything) and max(both.values()) == 1  # none twice (drop: the fuller rank's end)
+        assert len(runs[0][epoch]) == len(runs[1][epoch]) >= 12
+    assert runs[0][0] != runs[0][1]  # reshuffled
+    it = iterator(0)
+    head = []
+    for batch in it:
+        head.extend(_keys(batch))
+        if len(head) >= 6:
+            break
+    state = it.state_dict()
+    it.close()
+    resumed = iterator(0)
+    resumed.load_state_dict(state)
+    assert head + [k for batch in resumed for k in _keys(batch)] == runs[0][0]
+    resumed.close()
+
+
+def test_statistics_are_pooled_over_every_frame(make_ds) -> None:
+    union = concat_datasets(_datasets(make_ds))
+    states = np.concatenate(
+        [expected_state(ep, np.arange(n)) for lengths, _, _ in SPECS for ep, n in enumerate(lengths)]
+    ).astype(np.float64)
+    stats = union.read_stats()["observation.state"]
+    np.testing.assert_allclose(stats["mean"], states.mean(axis=0), rtol=1e-6)
+    np.testing.assert_allclose(stats["std"], states.std(axis=0), rtol=1e-4)
+    np.testing.assert_array_equal(stats["min"], states.min(axis=0))
+    assert int(stats["count"][0]) == 28
+    first = read_dataset_stats(open_dataset(_datasets(make_ds)[0]).location)["observation.state"]
+    assert not np.allclose(first["mean"], stats["mean"])  # (not the first dataset's alone)
+
+
+def test_each_dataset_keeps_its_own_episode_selection(make_ds) -> None:
+    first, second = _datasets(make_ds)
+    union = concat_datasets([open_dataset(first, episodes=[0, 2]), second])
+    assert union.episodes.episode_index.tolist() == [0, 2, 0, 1] and union.num_frames == 5 + 4 + 12
+    it = DALILeRobotIterator(union, batch_size=3, shuffle=False, device="cpu", num_workers=0, drop_last=False)
+    keys = [k for batch in it for k in _keys(batch)]
+    it.close()
+    assert keys == [(0, ep, f) for ep in (0, 2) for f in range(SPECS[0][0][ep])] + [
+        (1, ep, f) for ep, n in enumerate(SPECS[1][0]) for f in range(n)
+    ]
+
+
+def test_layouts_that_cannot_share_one_pipeline_are_refused(make_ds, caplog) -> None:
+    paths = _datasets(make_ds)
+    with pytest.raises(SchemaMismatchError, match=r"differ in fps .*DALILeRobotMixture"):
+        concat_datasets([paths[0], _datasets(make_ds, fps=20)[1]])
+    with pytest.raises(SchemaMismatchError, match=r"camera 'observation.images.cam0'.*vp9 \d+x\d+.*h264 \d+x\d+"):
+        concat_datasets([paths[0], _datasets(make_ds, codec="h264")[1]])
+    with pytest.raises(SchemaMismatchError, match=r"'observation.state'.*keys="):
+        concat_datasets([paths[0], _datasets(make_ds, state_dim=4)[1]])
+    with caplog.at_level(logging.WARNING):  # a camera only the second has is left out, as LeRobot does
+        union = concat_datasets([paths[0], _datasets(make_ds, cameras=2)[1]])
+    assert union.camera_keys == ["observation.images.cam0"] and "observation.images.cam1" in caplog.text
+    with pytest.raises(TypeError, match="list of datasets"):
+        concat_datasets(paths[0])
+    with serve_folder(paths[1].parent) as server, pytest.raises(DatasetError, match="local datasets only"):
+        concat_datasets([paths[0], f"{server.url}/{paths[1].name}"])
