@@ -19,6 +19,8 @@ exact next sample of every rank. ``CKPT`` must be visible to all nodes.
 Mixtures: ``--dataset A B ... [--weights ...]`` reads several datasets through ``DALILeRobotMixture``, every
 batch a fixed share of each; the policy's normalisation pools their statistics by those shares. ``--rename-map``
 gives keys of some datasets the names the others use (a camera recorded as ``rgb`` in one, ``top`` in another).
+``--concat`` reads local datasets of one layout as one instead (``concat_datasets``: one pipeline, samples in
+proportion to frames), for many datasets.
 
 Recipes: ``--recipe act|diffusion|vla|FILE.toml`` (``pipelines/recipes.py``) sets the windows read per sample
 (cameras, state, action), the image size and the augmentation. Explicit flags win over the recipe:
@@ -105,6 +107,8 @@ class TrainOptions:
     tolerance_s: float | tuple[float, ...] | None = None
     #: A mixture's ``{key: new name}``: one for every dataset (each takes the keys it reads), or one per dataset.
     rename_map: Mapping[str, str] | tuple[Mapping[str, str], ...] | None = None
+    #: Several datasets read as one (``concat_datasets``) instead of a mixture.
+    concat: bool = False
     mixed_precision: str = "no"
     checkpoint_dir: Path | None = None
     save_every: int = 0
@@ -134,6 +138,15 @@ class TrainOptions:
             raise ValueError("--episodes selects episodes of one dataset; with several, select no episodes")
         if self.rename_map is not None and not several:
             raise ValueError("--rename-map gives the datasets of a mixture shared names; it needs two datasets or more")
+        if self.concat:
+            per_dataset = (("--timestamp-source", self.timestamp_source), ("--tolerance-s", self.tolerance_s))
+            mixing = [flag for flag, value in (("--weights", self.weights), ("--rename-map", self.rename_map)) if value]
+            mixing += [flag for flag, value in per_dataset if isinstance(value, tuple)]
+            if not several or mixing:
+                raise ValueError(
+                    "--concat reads two datasets or more as one, alike: it takes no weights, renames or options per "
+                    f"dataset (a mixture's){f'; got {mixing}' if mixing else ''}"
+                )
         for flag, value in (
             ("--timestamp-source", self.timestamp_source),
             ("--tolerance-s", self.tolerance_s),
@@ -225,6 +238,11 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         help='a mixture\'s {"key": "new name"}, e.g. \'{"observation.images.rgb": "observation.images.top"}\':\n'
         "one for every dataset (each renames the keys it has), or one per --dataset ('{}': none)",
     )
+    p.add_argument(
+        "--concat", action="store_true",
+        help="read the --dataset datasets as one (local, one layout: one pipeline, samples in proportion to\n"
+        "frames), not as a mixture; for many datasets",
+    )  # fmt: skip
     p.add_argument("--mixed-precision", choices=_PRECISIONS, default="no")
     p.add_argument("--checkpoint-dir", type=Path)
     p.add_argument("--save-every", type=int, default=0, help="checkpoint every S steps (0: only at the end)")
@@ -246,7 +264,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         episode_pool_size=a.episode_pool_size, episode_piece_frames=a.episode_piece_frames,
         image_size=tuple(a.image_size) if a.image_size else None, augment=a.augment, decode=a.decode,
         timestamp_source=_one_or_each(a.timestamp_source), tolerance_s=_one_or_each(a.tolerance_s),
-        rename_map=_one_or_each(a.rename_map),
+        rename_map=_one_or_each(a.rename_map), concat=a.concat,
         mixed_precision=a.mixed_precision,
         checkpoint_dir=a.checkpoint_dir,
         save_every=a.save_every, resume=a.resume, log_every=a.log_every, record_dir=a.record_dir,
@@ -359,10 +377,15 @@ def open_readers(options: TrainOptions) -> list[Any]:
     """The datasets to train on, opened; several keep the keys and cameras all of them have (a mixture's), under
     the names ``--rename-map`` gives them."""
     from lerobot_dali.dataset_reader import open_dataset
+    from lerobot_dali.dataset_union import concat_datasets
     from lerobot_dali.key_rename import KeyRename, shared_selection
 
     if len(options.datasets) == 1:
         return [open_dataset(options.datasets[0], episodes=options.episodes, cameras=options.cameras)]
+    if options.concat:  # (one reader: the rest of this script reads it as one dataset)
+        union = concat_datasets(options.datasets, cameras=options.cameras)
+        _need_a_shared_camera([union], options, union.members)
+        return [union]
     readers = [open_dataset(path) for path in options.datasets]  # (--cameras: names as the mixture's batches)
     rates = {reader.location.description: reader.fps for reader in readers}
     if len(set(rates.values())) > 1:  # (the library mixes them; this script's windows count frames at one fps)
@@ -376,13 +399,18 @@ def open_readers(options: TrainOptions) -> list[Any]:
         if unread:
             raise ValueError(f"--rename-map renames {sorted(unread)}, which none of the datasets has")
     readers = shared_selection(readers, cameras=options.cameras, keys=None, renames=dataset_renames(options, readers))
-    if not readers[0].all_camera_keys and options.cameras is None and any(r.info.camera_keys for r in readers):
-        cameras = {reader.location.description: list(reader.info.camera_keys) for reader in readers}
+    _need_a_shared_camera(readers, options, readers)
+    return readers
+
+
+def _need_a_shared_camera(readers: Sequence[Any], options: TrainOptions, datasets: Sequence[Any]) -> None:
+    """``readers`` (the datasets narrowed to what they share) must keep a camera where ``datasets`` have some."""
+    if not readers[0].all_camera_keys and options.cameras is None and any(r.info.camera_keys for r in datasets):
+        cameras = {reader.location.description: list(reader.info.camera_keys) for reader in datasets}
         raise ValueError(
             f"the datasets share no camera key ({cameras}), so the policy would see no image: give cameras of "
             "theirs one name with --rename-map, or mix datasets that have a camera of one name"
         )
-    return readers
 
 
 def dataset_renames(options: TrainOptions, readers: Sequence[Any]) -> list[KeyRename]:

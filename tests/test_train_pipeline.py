@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -234,6 +235,26 @@ def test_two_ranks_train_on_a_mixture_and_resume_it_exactly(make_ds: Callable[..
         assert got["indices"] == want["indices"][10:] and got["dataset_indices"] == want["dataset_indices"][10:]
         torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(want["losses"][10:]), rtol=1e-5, atol=1e-6)
     _assert_same_model(_model(ckpt, 18), _model(full_ckpt, 18))
+
+
+def test_two_ranks_train_on_datasets_read_as_one(make_ds: Callable[..., Path], tmp_path: Path) -> None:
+    """``--concat``: 120 and 60 frames read as one dataset of 180 (15 batches of 6 a rank): each rank's epoch holds
+    both datasets' samples in no fixed share, every frame once across the ranks."""
+    second = make_ds(**{**EVEN, "episodes": 4, "frames_per_episode": 15, "seed": 1})
+    _, record_dir, log = _run(tmp_path, [make_ds(**EVEN), second], steps=15, batch=6, procs=2, extra=["--concat"])
+    assert "union of" in log and "mixture" not in log
+    records = _records(record_dir, 2)
+    seen = Counter()
+    for r in records:
+        assert all(math.isfinite(x) for x in r["losses"]) and r["epochs"] == [0] * 15
+        for step, datasets in zip(r["indices"], r["dataset_indices"], strict=True):
+            seen.update(zip(datasets, step, strict=True))
+    assert sorted(seen) == [(0, i) for i in range(120)] + [(1, i) for i in range(60)] and set(seen.values()) == {1}
+    assert any(len(set(d)) == 2 for r in records for d in r["dataset_indices"])  # batches mix them
+    with pytest.raises(ValueError, match="--concat .*--weights"):
+        TrainOptions(dataset=("a", "b"), steps=1, weights=(1.0, 2.0), concat=True)
+    with pytest.raises(ValueError, match="--concat reads two datasets or more"):
+        TrainOptions(dataset="a", steps=1, concat=True)
 
 
 # -- recipes --------------------------------------------------------------------------------------------------
