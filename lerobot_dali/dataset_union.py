@@ -200,10 +200,12 @@ def _check_layouts(readers: list[LeRobotDatasetReader]) -> None:
 
 
 def _kind(feature: Feature) -> tuple[Any, ...]:
-    """What must agree across datasets for a key to batch as one tensor: video or image, depth or colour, and a
-    feature's dtype and shape (a camera's size is its files', checked apart)."""
+    """What must agree across datasets for a key to batch as one tensor: video or image, colour or depth (with
+    the parameters its depth is read with, which the union takes from its first dataset), and a feature's dtype
+    and shape (a camera's size is its files', checked apart)."""
     if feature.is_camera:
-        return (feature.dtype, feature.is_depth_map)
+        quantizer = feature.video.depth if feature.video is not None else None
+        return (feature.dtype, feature.is_depth_map, quantizer, feature.depth_unit)
     return (feature.dtype, () if feature.is_scalar else tuple(feature.shape))
 
 

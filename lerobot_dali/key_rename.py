@@ -147,7 +147,7 @@ def shared_selection(
             dropped = [k for k in of(reader, rename) if k not in shared]
             if dropped:
                 logger.warning(
-                    "mixture: %s %s of %s are left out: not every dataset has them", what, dropped,
+                    "%s %s of %s are left out: not every dataset read with it has them", what, dropped,
                     reader.location.description,
                 )  # fmt: skip
         chosen[what] = shared

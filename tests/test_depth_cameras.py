@@ -344,3 +344,20 @@ def test_a_worker_with_a_depth_camera_runs_torch_on_one_thread(depth_ds: Path, t
     code += "print(torch.get_num_threads())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "1"
+
+
+def test_a_union_reads_depth_with_one_set_of_parameters(depth_ds: Path, tmp_path: Path) -> None:
+    """A union dequantises every dataset's depth with its first dataset's parameters: others are refused."""
+    import shutil
+
+    from lerobot_dali import concat_datasets
+    from lerobot_dali.errors import SchemaMismatchError
+
+    other = tmp_path / "other"
+    shutil.copytree(depth_ds, other)
+    assert DEPTH in concat_datasets([depth_ds, other]).camera_keys
+    info = json.loads((other / "meta/info.json").read_text())
+    info["features"][DEPTH]["info"]["video.depth_max"] = 4.0
+    (other / "meta/info.json").write_text(json.dumps(info))
+    with pytest.raises(SchemaMismatchError, match=r"differ in 'observation\.depth\.front'.*depth_max=5\.0.*4\.0"):
+        concat_datasets([depth_ds, other])
