@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,7 +62,7 @@ def read_dataset_stats(location: DatasetLocation, info: DatasetInfo | None = Non
 
 
 def aggregate_episode_stats(
-    per_episode: list[Mapping[str, Any]], *, source: str, order: Mapping[str, list[str]] | None = None
+    per_episode: Sequence[Mapping[str, Any]], *, source: str, order: Mapping[str, list[str]] | None = None
 ) -> FeatureStats:
     """One set of statistics from per-episode ones (each ``{key: {"mean", "std", "min", "max", "count"}}``),
     as LeRobot's ``aggregate_stats`` computes it. A key takes the episodes that have it. ``order``: component

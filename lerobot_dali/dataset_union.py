@@ -6,7 +6,8 @@ one worker, a share of every batch), which suits a few datasets that differ (fps
 Tens or hundreds of datasets need one pipeline. The union puts their episodes one dataset after another; the
 iterator samples, deals to ranks and pools them as one dataset's, so samples come in proportion to frames, and
 every batch carries ``dataset_index``. Rows keep each dataset's own ``index`` and ``episode_index``; ``task_index``
-is the union's (each dataset's tasks in turn: one index, one task string, across datasets).
+is the union's (each dataset's tasks in turn: one index, one task string, across datasets). A dataset's keys may
+be read under other names (LeRobot's ``rename_map``), so datasets recorded with other camera names join.
 
 They must share a layout, which one pipeline and one batch tensor per key need: the fps (windows count frames),
 each camera stored one way (video or images) with one codec and size (checked on each dataset's first file;
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -30,7 +31,7 @@ from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
 from .dataset_stats import FeatureStats, aggregate_episode_stats
 from .episode_table import EpisodeTable
 from .errors import DatasetError, SchemaMismatchError, StatsError
-from .key_rename import shared_selection
+from .key_rename import KeyRename, shared_selection
 from .packet_index_cache import load_packet_index
 
 __all__ = ["DATASET_INDEX", "DatasetUnion", "concat_datasets"]
@@ -49,13 +50,16 @@ class DatasetUnion(LeRobotDatasetReader):
         self,
         members: Sequence[LeRobotDatasetReader],
         *,
+        renames: Sequence[KeyRename] | None = None,
         task_offsets: Sequence[int] | None = None,
         tasks: dict[int, str] | None = None,
     ) -> None:
-        """``task_offsets`` and ``tasks`` default to the members' own tasks one dataset after another (copies
-        whose members carry no task texts, the workers', keep the union's)."""
+        """``renames``: each member's keys under the union's names (none by default). ``task_offsets`` and
+        ``tasks`` default to the members' own tasks one dataset after another (copies whose members carry no task
+        texts, the workers', keep the union's)."""
         self.members = tuple(members)
-        first = self.members[0]
+        self.renames = tuple(renames) if renames is not None else (KeyRename(),) * len(self.members)
+        first, named = self.members[0], self.renames[0]
         #: Position of each member's first episode in the union (and the total at the end).
         self.starts = np.cumsum([0, *(m.num_episodes for m in self.members)])
         if task_offsets is None:
@@ -69,9 +73,13 @@ class DatasetUnion(LeRobotDatasetReader):
             }  # fmt: skip
         names = ", ".join(m.location.description for m in self.members[:3])
         more = f", ... ({len(self.members)} datasets)" if len(self.members) > 3 else ""
+        features = {
+            named.batch_name(key): replace(feature, key=named.batch_name(key))
+            for key, feature in first.info.features.items()
+        }
         info = replace(
             first.info,
-            features={**first.info.features, DATASET_INDEX: Feature(DATASET_INDEX, "int64", (1,))},
+            features={**features, DATASET_INDEX: Feature(DATASET_INDEX, "int64", (1,))},
             total_episodes=int(self.starts[-1]),
             total_frames=sum(m.num_frames for m in self.members),
             total_tasks=len(tasks),
@@ -79,11 +87,13 @@ class DatasetUnion(LeRobotDatasetReader):
         super().__init__(
             replace(first.location, description=f"union of {names}{more}"),
             info,
-            EpisodeTable.concatenate([m.episodes for m in self.members]),
+            EpisodeTable.concatenate(
+                [_renamed_cameras(m.episodes, r) for m, r in zip(self.members, self.renames, strict=True)]
+            ),
             tasks,
-            camera_keys=list(first.camera_keys),
-            tabular_keys=[*first.tabular_keys, DATASET_INDEX],
-            image_keys=first.image_keys,
+            camera_keys=named.batch_names(first.camera_keys),
+            tabular_keys=[*named.batch_names(first.tabular_keys), DATASET_INDEX],
+            image_keys=named.batch_names(first.image_keys),
         )
         self.column_store = None  # (each member reads through its own)
 
@@ -95,8 +105,9 @@ class DatasetUnion(LeRobotDatasetReader):
     # -- what each member answers ----------------------------------------------------------------------------
     def read_episode(self, episode_pos: int, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         d, pos = self.member(episode_pos)
-        own = None if keys is None else [k for k in keys if k != DATASET_INDEX]
-        rows = self.members[d].read_episode(pos, own)
+        rename = self.renames[d]
+        own = None if keys is None else rename.own_names(k for k in keys if k != DATASET_INDEX)
+        rows = {rename.batch_name(key): values for key, values in self.members[d].read_episode(pos, own).items()}
         length = len(rows["frame_index"])
         if "task_index" in rows:
             rows["task_index"] = rows["task_index"] + self.task_offsets[d]
@@ -105,7 +116,7 @@ class DatasetUnion(LeRobotDatasetReader):
 
     def read_episode_images(self, episode_pos: int, key: str) -> pa.Array:
         d, pos = self.member(episode_pos)
-        return self.members[d].read_episode_images(pos, key)
+        return self.members[d].read_episode_images(pos, self.renames[d].own_key(key))
 
     def data_path(self, episode_pos: int) -> str:
         d, pos = self.member(episode_pos)
@@ -113,12 +124,13 @@ class DatasetUnion(LeRobotDatasetReader):
 
     def video(self, episode_pos: int, camera: str) -> VideoRef:
         d, pos = self.member(episode_pos)
-        return self.members[d].video(pos, camera)
+        return self.members[d].video(pos, self.renames[d].own_key(camera))
 
     def read_stats(self) -> FeatureStats:
         """The members' statistics pooled as LeRobot pools datasets' (frame-weighted means, pooled variances)."""
+        stats = [r.batch(m.read_stats()) for m, r in zip(self.members, self.renames, strict=True)]
         try:
-            return aggregate_episode_stats([m.read_stats() for m in self.members], source=self.location.description)
+            return aggregate_episode_stats(stats, source=self.location.description)
         except DatasetError as e:
             raise StatsError(f"the union pools its datasets' statistics by frame count, and cannot: {e}") from None
 
@@ -127,12 +139,20 @@ class DatasetUnion(LeRobotDatasetReader):
 
     # -- copies ----------------------------------------------------------------------------------------------
     def for_workers(self) -> DatasetUnion:
-        return DatasetUnion([m.for_workers() for m in self.members], task_offsets=self.task_offsets, tasks={})
+        members = [m.for_workers() for m in self.members]
+        return DatasetUnion(members, renames=self.renames, task_offsets=self.task_offsets, tasks={})
 
     def select(self, *, cameras: Sequence[str] | None = None, keys: Sequence[str] | None = None) -> DatasetUnion:
-        own = None if keys is None else [k for k in keys if k != DATASET_INDEX]
-        members = [m.select(cameras=cameras, keys=own) for m in self.members]
-        return DatasetUnion(members, task_offsets=self.task_offsets, tasks=self.tasks)
+        """The union narrowed to ``cameras`` and ``keys``, by the union's names (``dataset_index`` stays)."""
+        keys = None if keys is None else [k for k in keys if k != DATASET_INDEX]
+        members = [
+            m.select(
+                cameras=None if cameras is None else r.own_names(cameras),
+                keys=None if keys is None else r.own_names(keys),
+            )
+            for m, r in zip(self.members, self.renames, strict=True)
+        ]
+        return DatasetUnion(members, renames=self.renames, task_offsets=self.task_offsets, tasks=self.tasks)
 
     def with_location(self, location: Any) -> LeRobotDatasetReader:
         raise DatasetError(f"{self.location.description}: a union reads local datasets only")
@@ -146,11 +166,14 @@ def concat_datasets(
     *,
     cameras: Sequence[str] | None = None,
     keys: Sequence[str] | None = None,
+    rename_maps: Sequence[Mapping[str, str] | None] | None = None,
 ) -> DatasetUnion:
     """``datasets`` (paths, or readers from :func:`~.dataset_reader.open_dataset` for per-dataset ``episodes=``)
-    read as one, for :class:`~lerobot_dali.iterator.DALILeRobotIterator`. ``cameras`` and ``keys`` default to
-    those every dataset has (the rest are left out with a warning, as LeRobot's ``MultiLeRobotDataset`` does).
-    Raises DatasetError for remote datasets and SchemaMismatchError, naming the datasets, where layouts differ."""
+    read as one, for :class:`~lerobot_dali.iterator.DALILeRobotIterator`. ``rename_maps`` (one ``{own key: union
+    key}``, LeRobot's ``rename_map``, or None per dataset) gives keys recorded under other names the names the
+    others use. ``cameras`` and ``keys`` (by the union's names) default to those every dataset has (the rest are left
+    out with a warning, as LeRobot's ``MultiLeRobotDataset`` does). Raises DatasetError for remote datasets and
+    SchemaMismatchError, naming the datasets, where layouts differ."""
     if isinstance(datasets, str | os.PathLike | LeRobotDatasetReader) or not datasets:
         raise TypeError(f"datasets must be a non-empty list of datasets, got {datasets!r}")
     readers = [d if isinstance(d, LeRobotDatasetReader) else open_dataset(d) for d in datasets]
@@ -160,9 +183,12 @@ def concat_datasets(
             f"a union reads local datasets only, and {remote} are remote: download them (huggingface_hub's "
             "snapshot_download), or read them side by side with DALILeRobotMixture"
         )
-    readers = shared_selection(readers, cameras=cameras, keys=keys)
-    _check_layouts(readers)
-    union = DatasetUnion(readers)
+    if rename_maps is not None and (isinstance(rename_maps, Mapping) or len(rename_maps) != len(readers)):
+        raise TypeError(f"rename_maps takes one mapping (or None) per dataset ({len(readers)}), got {rename_maps!r}")
+    renames = [KeyRename.checked(m, r) for m, r in zip(rename_maps or [None] * len(readers), readers, strict=True)]
+    readers = shared_selection(readers, cameras=cameras, keys=keys, renames=renames)
+    _check_layouts(readers, renames)
+    union = DatasetUnion(readers, renames=renames)
     logger.info(
         "union of %d datasets: %d episodes, %d frames, cameras %s", len(readers), union.num_episodes,
         union.num_frames, list(union.all_camera_keys),
@@ -170,9 +196,10 @@ def concat_datasets(
     return union
 
 
-def _check_layouts(readers: list[LeRobotDatasetReader]) -> None:
-    """What one pipeline and one tensor per key need the datasets to share (module docstring)."""
-    first = readers[0]
+def _check_layouts(readers: list[LeRobotDatasetReader], renames: list[KeyRename]) -> None:
+    """What one pipeline and one tensor per key need the datasets to share (module docstring), by the union's
+    names."""
+    named = list(zip(readers, renames, strict=True))
 
     def differ(what: str, values: list[Any], fix: str) -> SchemaMismatchError:
         found = {r.location.description: v for r, v in zip(readers, values, strict=True)}
@@ -181,22 +208,27 @@ def _check_layouts(readers: list[LeRobotDatasetReader]) -> None:
     rates = [r.fps for r in readers]
     if len(set(rates)) > 1:
         raise differ("fps", rates, "a union reads one fps; read them side by side with DALILeRobotMixture")
-    if any(DATASET_INDEX in r.info.features for r in readers):
+    if any(DATASET_INDEX in n.batch_names(r.info.features) for r, n in named):
         raise SchemaMismatchError(
             f"a dataset has a feature {DATASET_INDEX!r}, the key a union gives each sample's dataset in; leave it "
             "out with keys=[...]"
         )
-    for key in (*first.all_camera_keys, *first.tabular_keys):
-        kinds = [_kind(r.info.features[key]) for r in readers]
+    first, rename = named[0]
+    for key in rename.batch_names((*first.all_camera_keys, *first.tabular_keys)):
+        kinds = [_kind(r.info.features[n.own_key(key)]) for r, n in named]
         if len(set(kinds)) > 1:
             raise differ(repr(key), kinds, "leave it out with cameras=[...] or keys=[...]")
-    for camera in first.camera_keys:
-        formats = [_first_format(r, camera) for r in readers]
+    for camera in rename.batch_names(first.camera_keys):
+        formats = [_first_format(r, n.own_key(camera)) for r, n in named]
         if len({f for f in formats if f is not None}) > 1:
             raise differ(
                 f"camera {camera!r}'s video", formats,
                 "a camera's videos share one codec and size: re-encode, or leave it out with cameras=[...]",
             )  # fmt: skip
+
+
+def _renamed_cameras(episodes: EpisodeTable, rename: KeyRename) -> EpisodeTable:
+    return replace(episodes, cameras={rename.batch_name(k): files for k, files in episodes.cameras.items()})
 
 
 def _kind(feature: Feature) -> tuple[Any, ...]:

@@ -140,12 +140,12 @@ class TrainOptions:
             raise ValueError("--rename-map gives the datasets of a mixture shared names; it needs two datasets or more")
         if self.concat:
             per_dataset = (("--timestamp-source", self.timestamp_source), ("--tolerance-s", self.tolerance_s))
-            mixing = [flag for flag, value in (("--weights", self.weights), ("--rename-map", self.rename_map)) if value]
+            mixing = ["--weights"] if self.weights else []
             mixing += [flag for flag, value in per_dataset if isinstance(value, tuple)]
             if not several or mixing:
                 raise ValueError(
-                    "--concat reads two datasets or more as one, alike: it takes no weights, renames or options per "
-                    f"dataset (a mixture's){f'; got {mixing}' if mixing else ''}"
+                    "--concat reads two datasets or more as one, alike: it takes no weights or options per dataset "
+                    f"(a mixture's){f'; got {mixing}' if mixing else ''}"
                 )
         for flag, value in (
             ("--timestamp-source", self.timestamp_source),
@@ -382,10 +382,6 @@ def open_readers(options: TrainOptions) -> list[Any]:
 
     if len(options.datasets) == 1:
         return [open_dataset(options.datasets[0], episodes=options.episodes, cameras=options.cameras)]
-    if options.concat:  # (one reader: the rest of this script reads it as one dataset)
-        union = concat_datasets(options.datasets, cameras=options.cameras)
-        _need_a_shared_camera([union], options, union.members)
-        return [union]
     readers = [open_dataset(path) for path in options.datasets]  # (--cameras: names as the mixture's batches)
     rates = {reader.location.description: reader.fps for reader in readers}
     if len(set(rates.values())) > 1:  # (the library mixes them; this script's windows count frames at one fps)
@@ -398,6 +394,11 @@ def open_readers(options: TrainOptions) -> list[Any]:
         unread = set(given) - {key for reader in readers for key in reader.read_keys}
         if unread:
             raise ValueError(f"--rename-map renames {sorted(unread)}, which none of the datasets has")
+    if options.concat:  # (one reader, its keys under the new names: the rest of this script reads one dataset)
+        renames = [dict(rename.to_batch) for rename in dataset_renames(options, readers)]
+        union = concat_datasets(readers, cameras=options.cameras, rename_maps=renames)
+        _need_a_shared_camera([union], options, union.members)
+        return [union]
     readers = shared_selection(readers, cameras=options.cameras, keys=None, renames=dataset_renames(options, readers))
     _need_a_shared_camera(readers, options, readers)
     return readers
@@ -759,11 +760,13 @@ def train(options: TrainOptions) -> int:
     """Run to ``options.steps`` optimiser steps; returns the number of steps taken in this process."""
     from accelerate.utils import set_seed
 
+    from lerobot_dali.key_rename import KeyRename
+
     accelerator = make_accelerator(options.device, options.mixed_precision)
     set_seed(options.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
     rank, world_size = data_rank(accelerator)
     readers = open_readers(options)
-    renames = dataset_renames(options, readers)
+    renames = [KeyRename()] if options.concat else dataset_renames(options, readers)  # (a union's are its own)
     cameras = tuple(renames[0].batch_names(readers[0].all_camera_keys))
     plan = data_plan(options, fps=readers[0].fps, camera_keys=cameras)
     iterator = build_iterator(

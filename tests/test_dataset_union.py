@@ -144,6 +144,34 @@ def test_each_dataset_keeps_its_own_episode_selection(make_ds) -> None:
     ]
 
 
+def test_renamed_keys_read_each_datasets_own(make_ds) -> None:
+    """The second dataset's camera 1 is the union's camera 0 (its own camera 0 renamed away, so left out), and its
+    state the union's ``observation.state``: each frame's marker says which camera it came from."""
+    first, second = _datasets(make_ds, cameras=2, state_dim=6)
+    renames = [
+        None,
+        {
+            "observation.images.cam1": "observation.images.cam0",
+            "observation.images.cam0": "observation.images.side",
+        },
+    ]
+    union = concat_datasets([first, second], rename_maps=renames)
+    assert union.camera_keys == ["observation.images.cam0"]
+    it = DALILeRobotIterator(union, batch_size=4, shuffle=False, device="cpu", num_workers=1, drop_last=False)
+    seen = []
+    for batch in it:
+        for i, (d, ep, f) in enumerate(_keys(batch)):
+            seen.append(d)
+            assert _marker(batch["observation.images.cam0"][i]) == (ep, f, d)  # camera 0 of the first, 1 of the second
+            np.testing.assert_array_equal(batch["observation.state"][i].numpy(), expected_state(ep, f))
+    it.close()
+    assert seen.count(0) == 16 and seen.count(1) == 12
+    with pytest.raises(ValueError, match="renames .*observation.images.nope.*which it does not read"):
+        concat_datasets([first, second], rename_maps=[None, {"observation.images.nope": "observation.images.cam0"}])
+    with pytest.raises(TypeError, match="one mapping .*per dataset"):
+        concat_datasets([first, second], rename_maps=[None])
+
+
 def test_layouts_that_cannot_share_one_pipeline_are_refused(make_ds, caplog) -> None:
     paths = _datasets(make_ds)
     with pytest.raises(SchemaMismatchError, match=r"differ in fps .*DALILeRobotMixture"):

@@ -251,6 +251,7 @@ def test_two_ranks_train_on_datasets_read_as_one(make_ds: Callable[..., Path], t
             seen.update(zip(datasets, step, strict=True))
     assert sorted(seen) == [(0, i) for i in range(120)] + [(1, i) for i in range(60)] and set(seen.values()) == {1}
     assert any(len(set(d)) == 2 for r in records for d in r["dataset_indices"])  # batches mix them
+    assert TrainOptions(dataset=("a", "b"), steps=1, rename_map={"x": "y"}, concat=True).concat
     with pytest.raises(ValueError, match="--concat .*--weights"):
         TrainOptions(dataset=("a", "b"), steps=1, weights=(1.0, 2.0), concat=True)
     with pytest.raises(ValueError, match="--concat reads two datasets or more"):
