@@ -96,6 +96,10 @@ class DatasetUnion(LeRobotDatasetReader):
             image_keys=named.batch_names(first.image_keys),
         )
         self.column_store = None  # (each member reads through its own)
+        # One bound on open data files for all: each member's own (128) would let a worker of a union of hundreds
+        # of datasets hold tens of thousands open.
+        for member in self.members:
+            member._parquet = self._parquet
 
     def member(self, episode_pos: int) -> tuple[int, int]:
         """(dataset, its episode position) of the union's episode ``episode_pos``."""

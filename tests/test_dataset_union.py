@@ -172,6 +172,21 @@ def test_renamed_keys_read_each_datasets_own(make_ds) -> None:
         concat_datasets([first, second], rename_maps=[None])
 
 
+def test_the_datasets_share_one_bound_on_open_data_files(make_ds) -> None:
+    """v2.1 keeps a data file per episode: eight datasets of three episodes opened 24 files, each dataset's cache
+    keeping its own; the union's one bound holds for all."""
+    import psutil
+
+    paths = [make_ds(episodes=3, frames_per_episode=4, cameras=1, fps=FPS, codec="vp9", version="v2.1", seed=s)
+             for s in range(8)]  # fmt: skip
+    union = concat_datasets(paths)
+    union._parquet._max_open = 5
+    for pos in range(union.num_episodes):
+        union.read_episode(pos)
+    opened = [f.path for f in psutil.Process().open_files() if f.path.endswith(".parquet")]
+    assert len(opened) <= 5, opened
+
+
 def test_layouts_that_cannot_share_one_pipeline_are_refused(make_ds, caplog) -> None:
     paths = _datasets(make_ds)
     with pytest.raises(SchemaMismatchError, match=r"differ in fps .*DALILeRobotMixture"):
