@@ -12,14 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from lerobot_dali import DALILeRobotIterator, concat_datasets, open_dataset
 from lerobot_dali.dataset_stats import read_dataset_stats
 from lerobot_dali.errors import DatasetError, SchemaMismatchError
-from lerobot_dali.frame_marker import read_full_marker
 from lerobot_dali.generate import expected_action, expected_state, expected_task_index, task_name
 from tests.http_server import serve_folder
+from tests.test_mixture import _keys, _marker  # (dataset, episode, frame) of each sample; a frame's marker
 
 #: Per dataset: episode lengths, layout, task seed.
 SPECS = (([5, 7, 4], "v3.0", 0), ([9, 3], "v2.1", 1))
@@ -34,15 +33,6 @@ def _datasets(make_ds, codec: str = "vp9", **second) -> list[Path]:
                    "gop": 4, "episodes_per_file": 2, "version": version, "seed": seed, **(second if i else {})})
         for i, (lengths, version, seed) in enumerate(SPECS)
     ]  # fmt: skip
-
-
-def _keys(batch: dict) -> list[tuple[int, int, int]]:
-    columns = (batch["dataset_index"], batch["episode_index"], batch["frame_index"])
-    return list(zip(*(c.tolist() for c in columns), strict=True))
-
-
-def _marker(frame: torch.Tensor) -> tuple[int, int, int]:
-    return tuple(read_full_marker((frame.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)))
 
 
 def test_every_sample_is_its_own_datasets_row_frame_and_task(make_ds) -> None:
@@ -183,7 +173,8 @@ def test_the_datasets_share_one_bound_on_open_data_files(make_ds) -> None:
     union._parquet._max_open = 5
     for pos in range(union.num_episodes):
         union.read_episode(pos)
-    opened = [f.path for f in psutil.Process().open_files() if f.path.endswith(".parquet")]
+    roots = tuple(f"{p}/" for p in paths)  # (other tests' readers may hold files of theirs)
+    opened = [f.path for f in psutil.Process().open_files() if f.path.startswith(roots) and "/data/" in f.path]
     assert len(opened) <= 5, opened
 
 
