@@ -40,7 +40,7 @@ def _open_dataset(args: argparse.Namespace) -> LeRobotDatasetReader:
     from .dataset_reader import open_dataset
     from .errors import DatasetError
 
-    selection = {"keys": args.keys, "episodes": args.episodes} if args.verb == "check" else {}
+    selection = {name: getattr(args, name) for name in ("keys", "episodes") if getattr(args, name, None) is not None}
     try:
         return open_dataset(args.dataset, revision=args.revision, cameras=args.cameras, **selection)
     except DatasetError:
