@@ -10,9 +10,9 @@ is the union's (each dataset's tasks in turn: one index, one task string, across
 be read under other names (LeRobot's ``rename_map``), so datasets recorded with other camera names join.
 
 They must share a layout, which one pipeline and one batch tensor per key need: the fps (windows count frames),
-each camera stored one way (video or images) with one codec and size (checked on each dataset's first file;
-every other file is held to the union's first by the workers, as within one dataset), each feature's dtype and
-shape. Statistics are pooled as LeRobot pools them.
+each camera stored one way (video or images) with one codec and size (checked on each dataset's first file or
+image; every other is held to the union's first by the workers, as within one dataset) and, for depth, one set of
+depth parameters; each feature's dtype and shape. Statistics are pooled as LeRobot pools them.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
 from .dataset_stats import FeatureStats, aggregate_episode_stats
 from .episode_table import EpisodeTable
 from .errors import DatasetError, SchemaMismatchError, StatsError
+from .image_frames import decode_depth_images, decode_images
 from .key_rename import KeyRename, shared_selection
 from .packet_index_cache import load_packet_index
 
@@ -222,6 +223,13 @@ def _check_layouts(readers: list[LeRobotDatasetReader], renames: list[KeyRename]
         kinds = [_kind(r.info.features[n.own_key(key)]) for r, n in named]
         if len(set(kinds)) > 1:
             raise differ(repr(key), kinds, "leave it out with cameras=[...] or keys=[...]")
+    for camera in rename.batch_names(first.image_keys):
+        shapes = [_first_image_shape(r, n.own_key(camera)) for r, n in named]
+        if len({s for s in shapes if s is not None}) > 1:
+            raise differ(
+                f"image camera {camera!r}'s images (H, W, C)", shapes,
+                "a camera's images share one size and channel count: leave it out with cameras=[...]",
+            )  # fmt: skip
     for camera in rename.batch_names(first.camera_keys):
         formats = [_first_format(r, n.own_key(camera)) for r, n in named]
         if len({f for f in formats if f is not None}) > 1:
@@ -251,3 +259,12 @@ def _first_format(reader: LeRobotDatasetReader, camera: str) -> str | None:
         return None
     index = load_packet_index(reader.video(0, camera).path, filesystem=reader.location.fs)
     return f"{index.codec} {index.height}x{index.width} (HxW)"
+
+
+def _first_image_shape(reader: LeRobotDatasetReader, camera: str) -> tuple[int, ...] | None:
+    """(H, W, C) of the camera's first image (what the workers hold every image of a camera to)."""
+    first = reader.read_episode_images(0, camera)[:1].to_pylist() if reader.num_episodes else []
+    if not first:
+        return None
+    depth = camera in reader.info.depth_image_units([camera])
+    return tuple((decode_depth_images if depth else decode_images)(first, label=camera).shape[1:])

@@ -189,6 +189,14 @@ def test_layouts_that_cannot_share_one_pipeline_are_refused(make_ds, caplog) -> 
     with caplog.at_level(logging.WARNING):  # a camera only the second has is left out, as LeRobot does
         union = concat_datasets([paths[0], _datasets(make_ds, cameras=2)[1]])
     assert union.camera_keys == ["observation.images.cam0"] and "observation.images.cam1" in caplog.text
+    images = [
+        make_ds(episodes=2, frames_per_episode=3, fps=FPS, image_cameras=True, size=size)
+        for size in ((64, 64), (64, 96))
+    ]
+    with pytest.raises(
+        SchemaMismatchError, match=r"image camera 'observation.images.cam0'.*\(64, 64, 3\).*\(64, 96, 3\)"
+    ):
+        concat_datasets(images)
     with pytest.raises(TypeError, match="list of datasets"):
         concat_datasets(paths[0])
     with serve_folder(paths[1].parent) as server, pytest.raises(DatasetError, match="local datasets only"):
