@@ -3,15 +3,16 @@
 The other tests pick their combinations by hand; these draw them (codec, fps, episode lengths, files per
 episode, v2.1/v3.0, image cameras, windows, batch size, shuffle, pool size, workers, ranks, balance, resize,
 uint8, drop_last, episode subsets, episodes dealt in pieces, the CPU decoder's options, DALI's threads,
-timestamps or frame indices; every third case over HTTP, its prefetch cache off, tiny or roomy) from a seeded
-generator, so a case that fails is
+timestamps or frame indices; every third case over HTTP, its prefetch cache off, tiny or roomy), over one
+dataset, a mixture or a union (``concat_datasets``) of 2-3, from a seeded generator, so a case that fails is
 reproduced by its seed. Every sample is checked: ``index``, ``timestamp``, tasks, tabular windows and masks
 against the generator's formulas, each camera frame against its marker; each epoch's coverage across ranks;
 and a resume in the middle of an epoch (under other worker counts) against the uninterrupted run.
 
-``LEROBOT_DALI_COMBINATIONS=N`` draws N cases of each kind (default: a few, for CI) from seed
-``LEROBOT_DALI_COMBINATIONS_FROM=K`` on (default 0; a higher K draws cases earlier sweeps did not); a drawn case the
-loader refuses with a clear error (more ranks than episodes, a dataset smaller than its share of a batch) is skipped.
+``LEROBOT_DALI_COMBINATIONS=N`` draws N single-dataset cases and N/3 of each other kind (default: a few, for CI)
+from seed ``LEROBOT_DALI_COMBINATIONS_FROM=K`` on (default 0; a higher K draws cases earlier sweeps did not); a drawn
+case the loader refuses with a clear error (more ranks than episodes, a dataset smaller than its share of a batch)
+is skipped.
 The first run of this module found a mixture of a video and an image dataset failing on one-step windows.
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ import numpy as np
 import pytest
 import torch
 
-from lerobot_dali import DALILeRobotIterator, DALILeRobotMixture
+from lerobot_dali import DALILeRobotIterator, DALILeRobotMixture, concat_datasets
 from lerobot_dali.cpu_decode import ColorConversion, CpuDecodeOptions
 from lerobot_dali.errors import ShardingError
 from lerobot_dali.frame_lookup import TimestampSource
@@ -69,6 +70,8 @@ class Case:
     options: dict[str, Any]
     world_size: int
     remote: bool
+    #: Several datasets read as one (``concat_datasets``), not a mixture.
+    union: bool = False
     cameras: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -89,10 +92,13 @@ def _draw_data(rng: random.Random, fps: int) -> Data:
     )
 
 
-def _draw_case(seed: int, datasets: int) -> Case:
+def _draw_case(seed: int, datasets: int, *, union: bool = False) -> Case:
     rng = random.Random(seed)
     fps = rng.choice([10, 15, 30])
     data = [_draw_data(rng, fps) for _ in range(datasets)]
+    if union:  # one layout: codec, cameras and their storage shared; lengths, files, versions and tasks not
+        data = [replace(d, codec=data[0].codec, cameras=data[0].cameras, image_cameras=data[0].image_cameras)
+                for d in data]  # fmt: skip
     keys = ["action", "observation.state", *(camera_key(i) for i in range(min(d.cameras for d in data)))]
     windows = {
         key: sorted({rng.randint(-6, 6) / fps for _ in range(rng.randint(1, 5))}) for key in keys if rng.random() < 0.5
@@ -109,15 +115,19 @@ def _draw_case(seed: int, datasets: int) -> Case:
         "prefetch": rng.choice([1, 2]),
         "rank_balance": rng.choice(["pad", "drop"]),
     }
-    if datasets == 1:
+    if datasets == 1 or union:
         options["drop_last"] = rng.random() < 0.5
         lengths = data[0].lengths
-        if len(lengths) > 1 and rng.random() < 0.25:
+        if datasets == 1 and len(lengths) > 1 and rng.random() < 0.25:
             options["episodes"] = sorted(rng.sample(range(len(lengths)), rng.randint(1, len(lengths))))
     else:
         options["batch_size"] = max(options["batch_size"], datasets)
         options["weights"] = rng.choice([None, [rng.randint(1, 4) for _ in range(datasets)]])
-    episodes = min(len(options.get("episodes") or d.lengths) for d in data)  # each rank reads whole episodes
+    # Each rank reads whole episodes: of each dataset in a mixture, of all of them in a union.
+    if union:
+        episodes = sum(len(d.lengths) for d in data)
+    else:
+        episodes = min(len(options.get("episodes") or d.lengths) for d in data)
     world_size = min(rng.choice([1, 1, 2, 3]), episodes)
     remote = datasets == 1 and seed % 3 == 2
     # How the workers decode (a single open decoder evicts at every file change) and how DALI runs.
@@ -127,18 +137,16 @@ def _draw_case(seed: int, datasets: int) -> Case:
         color_conversion=rng.choice(list(ColorConversion)),
     )
     options["dali_threads"] = rng.choice([1, 2, 3])
-    if datasets == 1:
+    if datasets == 1 or union:
         options["timestamp_source"] = rng.choice(list(TimestampSource))  # (generated rows agree)
     if remote:  # the prefetch cache off, a few kilobytes (ranges evicted as episodes leave the pool), or roomy
         options["cache_gb"] = rng.choice([0.0, 2e-5, 8.0])
     if rng.random() < 0.3:  # episodes dealt to ranks in pieces: then more ranks than episodes too
         options["episode_piece_frames"] = piece = rng.randint(1, 10)
         chosen = options.get("episodes")
-        pieces = min(
-            sum(-(-n // piece) for i, n in enumerate(d.lengths) if chosen is None or i in chosen) for d in data
-        )
-        world_size = min(rng.choice([2, 3, 4]), pieces)
-    return Case(data, options, world_size=world_size, remote=remote)
+        each = [sum(-(-n // piece) for i, n in enumerate(d.lengths) if chosen is None or i in chosen) for d in data]
+        world_size = min(rng.choice([2, 3, 4]), sum(each) if union else min(each))
+    return Case(data, options, world_size=world_size, remote=remote, union=union)
 
 
 # -- the checks ------------------------------------------------------------------------------------------------
@@ -148,15 +156,17 @@ def _window(fps: int, deltas: list[float], frames: np.ndarray, lengths: np.ndarr
     return np.clip(rows, 0, lengths[:, None] - 1), (rows < 0) | (rows >= lengths[:, None])
 
 
-def _check_batch(batch: dict[str, Any], data: Data, case: Case) -> None:
-    """Every value of a batch of ``data``'s samples against the generator's formulas and the frames' markers."""
+def _check_batch(batch: dict[str, Any], data: Data, case: Case, task_offset: int = 0) -> None:
+    """Every value of a batch of ``data``'s samples against the generator's formulas and the frames' markers
+    (``task_offset``: a union's, added to the dataset's own task indices)."""
     windows = case.options["delta_timestamps"] or {}
     episodes, frames = batch["episode_index"].numpy(), batch["frame_index"].numpy()
     lengths = np.asarray(data.lengths)[episodes]
     np.testing.assert_array_equal(batch["index"].numpy(), np.cumsum([0, *data.lengths])[episodes] + frames)
     np.testing.assert_allclose(batch["timestamp"].numpy(), frames / data.fps, atol=1e-6)
     tasks = [expected_task_index(e, num_tasks=2, seed=data.seed) for e in episodes]
-    assert batch["task_index"].tolist() == tasks and batch["task"] == [task_name(t) for t in tasks]
+    assert batch["task_index"].tolist() == [task_offset + t for t in tasks]
+    assert batch["task"] == [task_name(t) for t in tasks]
     for key, values in (("action", expected_action), ("observation.state", expected_state)):
         if key in windows:
             rows, pad = _window(data.fps, windows[key], frames, lengths)
@@ -198,7 +208,10 @@ def _epoch(loader: Any, case: Case, limit: int | None = None) -> list[list[tuple
     batches = []
     for batch in loader:
         datasets = batch["dataset_index"] if "dataset_index" in batch else torch.zeros_like(batch["index"])
-        if "dataset_index" in batch:
+        if case.union:
+            for i, data in enumerate(case.data):
+                _check_batch(_split(batch, i), data, case, task_offset=loader.reader.task_offsets[i])
+        elif "dataset_index" in batch:
             counts = [int((datasets == i).sum()) for i in range(len(case.data))]
             assert counts == list(loader.batch_shares)
             for i, data in enumerate(case.data):
@@ -220,6 +233,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FolderServer]:
 
 def _loader(sources: list[Any], case: Case, rank: int, **changes: Any) -> Any:
     options = {**case.options, **changes}
+    if case.union:
+        union = concat_datasets(sources)
+        return DALILeRobotIterator(union, device="cpu", rank=rank, world_size=case.world_size, **options)
     if len(sources) == 1:
         return DALILeRobotIterator(sources[0], device="cpu", rank=rank, world_size=case.world_size, **options)
     return DALILeRobotMixture(sources, device="cpu", rank=rank, world_size=case.world_size, **options)
@@ -266,14 +282,15 @@ def _check_coverage(case: Case, epochs: list[list[list[list[tuple[int, int]]]]],
         taken = [[pair for batch in rank[epoch] for pair in batch] for rank in epochs]
         assert len({len(t) for t in taken}) == 1, "ranks took different numbers of samples"
         pairs = [pair for t in taken for pair in t]
-        if len(case.data) > 1:  # the mixture's epoch is its anchor's: no anchor sample twice unless ranks pad
-            read = [p for p in pairs if p[0] == anchor]
+        if len(case.data) > 1 and not case.union:  # a mixture's epoch is its anchor's: no anchor sample twice
+            read = [p for p in pairs if p[0] == anchor]  # (unless ranks pad)
             assert (world > 1 and balance == "pad") or len(set(read)) == len(read)
             continue
-        lengths = case.data[0].lengths
-        chosen = case.options.get("episodes") or range(len(lengths))
-        starts = np.cumsum([0, *lengths])
-        every = sorted((0, i) for e in chosen for i in range(starts[e], starts[e + 1]))
+        every = []  # (dataset, index) of every sample: of one dataset (its chosen episodes), or a union's
+        for d, data in enumerate(case.data):
+            chosen = case.options.get("episodes") or range(len(data.lengths))
+            starts = np.cumsum([0, *data.lengths])
+            every += [(d, i) for e in chosen for i in range(starts[e], starts[e + 1])]
         assert set(pairs) <= set(every)
         batch_size = case.options["batch_size"]
         if world == 1:
@@ -285,9 +302,9 @@ def _check_coverage(case: Case, epochs: list[list[list[list[tuple[int, int]]]]],
             assert set(pairs) == set(every)
 
 
-def _case_id(seed: int, datasets: int) -> str:
-    case = _draw_case(seed, datasets)
-    where = "http" if case.remote else "local"
+def _case_id(seed: int, datasets: int, union: bool = False) -> str:
+    case = _draw_case(seed, datasets, union=union)
+    where = "http" if case.remote else "union" if union else "local"
     return f"{seed}-{'+'.join(d.codec for d in case.data)}-{case.world_size}ranks-{where}"
 
 
@@ -301,3 +318,10 @@ def test_random_options_over_one_dataset(seed: int, make_ds, server: FolderServe
 )
 def test_random_options_over_a_mixture(seed: int, make_ds, server: FolderServer) -> None:
     _run_case(_draw_case(1000 + seed, datasets=2 + seed % 2), make_ds, server, seed)
+
+
+@pytest.mark.parametrize(
+    "seed", range(FIRST, FIRST + max(1, CASES // 3)), ids=lambda seed: _case_id(2000 + seed, 2 + seed % 2, True)
+)
+def test_random_options_over_a_union(seed: int, make_ds, server: FolderServer) -> None:
+    _run_case(_draw_case(2000 + seed, datasets=2 + seed % 2, union=True), make_ds, server, seed)
