@@ -124,12 +124,39 @@ def _probed(camera: dict[str, Any]) -> str:
 
 
 def _check(args: argparse.Namespace) -> int:
+    """Each dataset checked in turn: exit 0 when none has a problem, 1 when one has, 2 when one does not open."""
+    from .errors import DatasetError
+
+    if not 0 <= args.tolerance_s < math.inf:
+        raise _CommandError(f"--tolerance-s must be a non-negative number of seconds, got {args.tolerance_s!r}")
+    if len(args.dataset) == 1:
+        report = _check_one(argparse.Namespace(**{**vars(args), "dataset": args.dataset[0]}))
+        if args.json:
+            print(json.dumps(report, indent=2))
+        return 0 if report["ok"] else 1
+    reports, worst = [], 0
+    for dataset in args.dataset:
+        try:
+            report = _check_one(argparse.Namespace(**{**vars(args), "dataset": dataset}))
+        except (DatasetError, _CommandError) as e:  # (the others are still checked)
+            print(f"{dataset}: cannot open: {type(e).__name__}: {e}")
+            report, worst = {"source": dataset, "ok": False, "error": f"{type(e).__name__}: {e}"}, 2
+        reports.append(report)
+        worst = max(worst, 0 if report["ok"] else 1)
+    failed = sum(not r["ok"] for r in reports)
+    if args.json:
+        print(json.dumps(reports, indent=2))
+    else:
+        print(f"{failed} of {len(reports)} datasets have problems" if failed else f"all {len(reports)} datasets ok")
+    return worst
+
+
+def _check_one(args: argparse.Namespace) -> dict[str, Any]:
+    """One dataset's report (``CheckReport.to_json``), printed unless ``--json``."""
     from huggingface_hub.utils import tqdm
 
     from .dataset_check import check_dataset
 
-    if not 0 <= args.tolerance_s < math.inf:
-        raise _CommandError(f"--tolerance-s must be a non-negative number of seconds, got {args.tolerance_s!r}")
     reader = _open_dataset(args)
     with tqdm(total=reader.num_episodes, desc="lerobot-dali check", unit="episode", disable=args.json) as bar:
         report = check_dataset(
@@ -137,8 +164,7 @@ def _check(args: argparse.Namespace) -> int:
             workers=args.workers, progress=bar.update,
         )  # fmt: skip
     if args.json:
-        print(json.dumps(report.to_json(), indent=2))
-        return 0 if report.ok else 1
+        return report.to_json()
     decoded = f", {report.frames_decoded} frames decoded" if args.decode else ""
     print(
         f"{report.source}: {report.episodes} episodes, {report.rows} rows, {report.video_files} video files"
@@ -152,7 +178,7 @@ def _check(args: argparse.Namespace) -> int:
         print(f"episode {problem.episode_index}, {where}: {problem.error}: {problem.message}")
     if report.problem_count > args.show:
         print(f"... and {report.problem_count - args.show} more (--show N lists more; --json lists them)")
-    return 0 if report.ok else 1
+    return report.to_json()
 
 
 def _make_dataset(args: argparse.Namespace) -> int:
@@ -269,7 +295,10 @@ def _parser() -> argparse.ArgumentParser:
         "check", help="read every episode as training would (rows, frame lookups, files; --decode: frames) and list "
         "every problem",
     )  # fmt: skip
-    check.add_argument("dataset", help="local folder, Hub repo id (user/name) or fsspec URL (hf://datasets/...)")
+    check.add_argument(
+        "dataset", nargs="+",
+        help="local folder, Hub repo id (user/name) or fsspec URL (hf://datasets/...); several: each in turn",
+    )  # fmt: skip
     check.add_argument("--revision", help="Hub branch, tag or commit")
     check.add_argument("--cameras", nargs="+", metavar="KEY", help="only these camera keys")
     check.add_argument("--keys", nargs="+", metavar="KEY", help="only these tabular features")
@@ -289,7 +318,7 @@ def _parser() -> argparse.ArgumentParser:
         "for 2,000 episodes or more, else 0)",
     )  # fmt: skip
     check.add_argument("--show", type=int, default=20, metavar="N", help="problems printed in full (default 20)")
-    check.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    check.add_argument("--json", action="store_true", help="print the whole report as JSON (several: a list)")
     check.set_defaults(run=_check)
 
     diagnose = verbs.add_parser("diagnose", help="GPU/NVDEC availability, per-camera route, one decode per route")

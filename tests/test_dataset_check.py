@@ -172,6 +172,16 @@ def test_the_command_exits_by_what_it_found(make_ds, copy_ds, capsys) -> None:
     }
     assert main(["check", str(root / "nowhere")]) == 2
     assert "DatasetNotFoundError" in capsys.readouterr().err
+    # Several: each in turn, one that does not open among them; the exit code is the worst.
+    clean = make_ds(**SPEC)
+    assert main(["check", str(clean), str(root), "--json"]) == 1
+    assert [(r["source"], r["ok"], r["problem_count"]) for r in json.loads(capsys.readouterr().out)] == [
+        (str(clean), True, 0),
+        (str(root), False, 2),
+    ]
+    assert main(["check", str(clean), str(root / "nowhere"), str(root)]) == 2
+    out = capsys.readouterr().out
+    assert "nowhere: cannot open: DatasetNotFoundError" in out and "2 of 3 datasets have problems" in out
 
 
 def test_a_remote_dataset_is_checked_as_a_local_one(make_ds, copy_ds) -> None:
