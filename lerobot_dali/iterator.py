@@ -697,6 +697,11 @@ def _batchable_reader(dataset: str | os.PathLike[str] | LeRobotDatasetReader, **
                 "already; pass them to open_dataset (or pass the path here instead of a reader)"
             )
         reader = dataset
+    elif isinstance(dataset, list | tuple):
+        raise TypeError(
+            "dataset is one dataset; read several as one with concat_datasets([...]) (one layout, one pipeline) or "
+            "side by side with DALILeRobotMixture([...]) (a share of each per batch)"
+        )
     else:
         reader = open_dataset(dataset, **opening)
     missing = [k for k in ("timestamp", "task_index") if k not in reader.info.features]

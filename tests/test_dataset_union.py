@@ -199,5 +199,7 @@ def test_layouts_that_cannot_share_one_pipeline_are_refused(make_ds, caplog) -> 
         concat_datasets(images)
     with pytest.raises(TypeError, match="list of datasets"):
         concat_datasets(paths[0])
+    with pytest.raises(TypeError, match=r"concat_datasets\(\[...\]\).*DALILeRobotMixture"):  # (str() of a list)
+        DALILeRobotIterator(paths, device="cpu")
     with serve_folder(paths[1].parent) as server, pytest.raises(DatasetError, match="local datasets only"):
         concat_datasets([paths[0], f"{server.url}/{paths[1].name}"])
