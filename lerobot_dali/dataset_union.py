@@ -1,4 +1,4 @@
-"""Several local datasets of one layout read as one dataset (:func:`concat_datasets`), as LeRobot's
+"""Several datasets of one layout read as one dataset (:func:`concat_datasets`), as LeRobot's
 ``MultiLeRobotDataset`` reads them: one iterator, one pipeline, one pool of worker processes.
 
 :class:`~lerobot_dali.mixture.DALILeRobotMixture` gives each dataset an iterator of its own (a pipeline, at least
@@ -12,7 +12,9 @@ be read under other names (LeRobot's ``rename_map``), so datasets recorded with 
 They must share a layout, which one pipeline and one batch tensor per key need: the fps (windows count frames),
 each camera stored one way (video or images) with one codec and size (checked on each dataset's first file or
 image; every other is held to the union's first by the workers, as within one dataset) and, for depth, one set of
-depth parameters; each feature's dtype and shape. Statistics are pooled as LeRobot pools them.
+depth parameters; each feature's dtype and shape. Statistics are pooled as LeRobot pools them. The datasets
+are all local or all on one kind of remote filesystem (the Hub, one HTTP server, S3...): the union opens every
+file through the first's filesystem, so remote ones share one prefetch cache and one listing of stamps.
 """
 
 from __future__ import annotations
@@ -27,13 +29,17 @@ import numpy as np
 import pyarrow as pa
 
 from .dataset_info import Feature
+from .dataset_location import DatasetLocation
 from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
 from .dataset_stats import FeatureStats, aggregate_episode_stats
 from .episode_table import EpisodeTable
 from .errors import DatasetError, SchemaMismatchError, StatsError
+from .file_stamps import FileStamps
 from .image_frames import decode_depth_images, decode_images
 from .key_rename import KeyRename, shared_selection
 from .packet_index_cache import load_packet_index
+from .packet_index_store import PacketIndexStore
+from .remote_retry import RetryingFileSystem
 
 __all__ = ["DATASET_INDEX", "DatasetUnion", "concat_datasets"]
 
@@ -85,6 +91,7 @@ class DatasetUnion(LeRobotDatasetReader):
             total_frames=sum(m.num_frames for m in self.members),
             total_tasks=len(tasks),
         )
+        stamps = [m.stamps for m in self.members if m.stamps is not None]
         super().__init__(
             replace(first.location, description=f"union of {names}{more}"),
             info,
@@ -95,6 +102,7 @@ class DatasetUnion(LeRobotDatasetReader):
             camera_keys=named.batch_names(first.camera_keys),
             tabular_keys=[*named.batch_names(first.tabular_keys), DATASET_INDEX],
             image_keys=named.batch_names(first.image_keys),
+            stamps=FileStamps.merged(stamps) if stamps else None,
         )
         self.column_store = None  # (each member reads through its own)
         # One bound on open data files for all: each member's own (128) would let a worker of a union of hundreds
@@ -140,7 +148,8 @@ class DatasetUnion(LeRobotDatasetReader):
             raise StatsError(f"the union pools its datasets' statistics by frame count, and cannot: {e}") from None
 
     def rows_stored(self, path: str, group_rows: int, length: int) -> bool:
-        return False  # (remote datasets only; a union is local)
+        holder = next((m for m in self.members if m.stamps is not None and path in m.stamps), None)
+        return holder is not None and holder.rows_stored(path, group_rows, length)
 
     # -- copies ----------------------------------------------------------------------------------------------
     def for_workers(self) -> DatasetUnion:
@@ -159,8 +168,11 @@ class DatasetUnion(LeRobotDatasetReader):
         ]
         return DatasetUnion(members, renames=self.renames, task_offsets=self.task_offsets, tasks=self.tasks)
 
-    def with_location(self, location: Any) -> LeRobotDatasetReader:
-        raise DatasetError(f"{self.location.description}: a union reads local datasets only")
+    def with_location(self, location: DatasetLocation) -> DatasetUnion:
+        """The union read through ``location``'s filesystem (the prefetch cache in front of the remote one), which
+        every member's files are opened through."""
+        members = [m.with_location(replace(m.location, fs=location.fs)) for m in self.members]
+        return DatasetUnion(members, renames=self.renames, task_offsets=self.task_offsets, tasks=self.tasks)
 
     def __repr__(self) -> str:
         return f"DatasetUnion({len(self.members)} datasets, episodes={self.num_episodes}, frames={self.num_frames})"
@@ -177,16 +189,16 @@ def concat_datasets(
     read as one, for :class:`~lerobot_dali.iterator.DALILeRobotIterator`. ``rename_maps`` (one ``{own key: union
     key}``, LeRobot's ``rename_map``, or None per dataset) gives keys recorded under other names the names the
     others use. ``cameras`` and ``keys`` (by the union's names) default to those every dataset has (the rest are left
-    out with a warning, as LeRobot's ``MultiLeRobotDataset`` does). Raises DatasetError for remote datasets and
-    SchemaMismatchError, naming the datasets, where layouts differ."""
+    out with a warning, as LeRobot's ``MultiLeRobotDataset`` does). Raises DatasetError for datasets on several kinds
+    of filesystem and SchemaMismatchError, naming the datasets, where layouts differ."""
     if isinstance(datasets, str | os.PathLike | LeRobotDatasetReader) or not datasets:
         raise TypeError(f"datasets must be a non-empty list of datasets, got {datasets!r}")
     readers = [d if isinstance(d, LeRobotDatasetReader) else open_dataset(d) for d in datasets]
-    remote = [r.location.description for r in readers if not r.location.is_local]
-    if remote:
+    kinds = {r.location.description: _filesystem_kind(r) for r in readers}
+    if len(set(kinds.values())) > 1:
         raise DatasetError(
-            f"a union reads local datasets only, and {remote} are remote: download them (huggingface_hub's "
-            "snapshot_download), or read them side by side with DALILeRobotMixture"
+            f"a union reads its datasets through one filesystem, and these are on several ({kinds}): download the "
+            "remote ones (huggingface_hub's snapshot_download), or read them side by side with DALILeRobotMixture"
         )
     if rename_maps is not None and (isinstance(rename_maps, Mapping) or len(rename_maps) != len(readers)):
         raise TypeError(f"rename_maps takes one mapping (or None) per dataset ({len(readers)}), got {rename_maps!r}")
@@ -253,11 +265,21 @@ def _kind(feature: Feature) -> tuple[Any, ...]:
     return (feature.dtype, () if feature.is_scalar else tuple(feature.shape))
 
 
+def _filesystem_kind(reader: LeRobotDatasetReader) -> str:
+    """Local, or the protocol of the remote filesystem: one union opens every dataset's files through one."""
+    fs = reader.location.fs
+    inner = fs.fs if isinstance(fs, RetryingFileSystem) else fs
+    protocol = inner.protocol if isinstance(inner.protocol, str) else inner.protocol[0]
+    return "local" if reader.location.is_local else protocol
+
+
 def _first_format(reader: LeRobotDatasetReader, camera: str) -> str | None:
     """Codec and size of the camera's first file (what the workers hold every file of a camera to)."""
     if not reader.num_episodes:
         return None
-    index = load_packet_index(reader.video(0, camera).path, filesystem=reader.location.fs)
+    path = reader.video(0, camera).path
+    store = None if reader.location.is_local else PacketIndexStore()  # (the iterator finds it there)
+    index = load_packet_index(path, filesystem=reader.location.fs, stamp=reader.listed_stamp(path), store=store)
     return f"{index.codec} {index.height}x{index.width} (HxW)"
 
 

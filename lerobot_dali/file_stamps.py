@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,6 +127,17 @@ class FileStamps(Mapping[str, FileStamp]):
         self._warned_unversioned = False
         for root in roots:
             self.add_root(root)
+
+    @classmethod
+    def merged(cls, parts: Sequence[FileStamps]) -> FileStamps:
+        """The stamps of ``parts`` (of datasets on one filesystem kind, read as one) as one mapping, on the first's
+        filesystem: what none listed is looked up through it."""
+        merged = cls(parts[0].fs)
+        for part in parts:
+            merged._stamps.update(part._stamps)
+            merged.listing_calls += part.listing_calls
+            merged.info_calls += part.info_calls
+        return merged
 
     def add_root(self, root: str) -> int:
         """List ``root`` recursively (one call) and record every file's stamp; returns how many were recorded.

@@ -19,7 +19,7 @@ exact next sample of every rank. ``CKPT`` must be visible to all nodes.
 Mixtures: ``--dataset A B ... [--weights ...]`` reads several datasets through ``DALILeRobotMixture``, every
 batch a fixed share of each; the policy's normalisation pools their statistics by those shares. ``--rename-map``
 gives keys of some datasets the names the others use (a camera recorded as ``rgb`` in one, ``top`` in another).
-``--concat`` reads local datasets of one layout as one instead (``concat_datasets``: one pipeline, samples in
+``--concat`` reads datasets of one layout as one instead (``concat_datasets``: one pipeline, samples in
 proportion to frames), for many datasets.
 
 Recipes: ``--recipe act|diffusion|vla|FILE.toml`` (``pipelines/recipes.py``) sets the windows read per sample
@@ -240,7 +240,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     )
     p.add_argument(
         "--concat", action="store_true",
-        help="read the --dataset datasets as one (local, one layout: one pipeline, samples in proportion to\n"
+        help="read the --dataset datasets as one (one layout: one pipeline, samples in proportion to\n"
         "frames), not as a mixture; for many datasets",
     )  # fmt: skip
     p.add_argument("--mixed-precision", choices=_PRECISIONS, default="no")

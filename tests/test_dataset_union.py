@@ -35,14 +35,39 @@ def _datasets(make_ds, codec: str = "vp9", **second) -> list[Path]:
     ]  # fmt: skip
 
 
-def test_every_sample_is_its_own_datasets_row_frame_and_task(make_ds) -> None:
-    union = concat_datasets(_datasets(make_ds))
+@pytest.mark.parametrize("where", ["local", "http", "http-uncached"])
+def test_every_sample_is_its_own_datasets_row_frame_and_task(make_ds, where: str, tmp_path_factory) -> None:
+    """Local, and over HTTP through the prefetch cache (every dataset's ranges in one) or without it."""
+    paths = _datasets(make_ds)
+    if where == "local":
+        _read_every_sample(concat_datasets(paths))
+        return
+    with serve_folder(tmp_path_factory.getbasetemp()) as server:
+        union = concat_datasets([f"{server.url}/{p.parent.name}/{p.name}" for p in paths])
+        assert not union.location.is_local and union.location.description.startswith("union of http")
+        cached = where == "http"
+        # Through the cache, the workers read every dataset's ranges from one: a second epoch asks for nothing.
+        _read_every_sample(union, cache_gb=8.0 if cached else 0.0, num_workers=1, between=server.reset_stats)
+        assert not cached or [(r.method, r.path) for r in server.records] == []
+
+
+def _read_every_sample(union, between=None, **options) -> None:
+    """Two epochs (``between()`` called between them), every sample checked."""
     assert (union.num_episodes, union.num_frames) == (5, 28)
     # Task indices are the union's: the first dataset's two tasks, then the second's.
     assert union.tasks == {i: task_name(i % 2) for i in range(4)}
+    options = {"num_workers": 0, **options}
     it = DALILeRobotIterator(
-        union, batch_size=4, delta_timestamps=DELTAS, shuffle=False, device="cpu", num_workers=0, drop_last=False
+        union, batch_size=4, delta_timestamps=DELTAS, shuffle=False, device="cpu", drop_last=False, **options
     )
+    for epoch in range(2):
+        if epoch and between is not None:
+            between()
+        _check_epoch(it)
+    it.close()
+
+
+def _check_epoch(it: DALILeRobotIterator) -> None:
     taken = []
     for batch in it:
         for i, (d, ep, f) in enumerate(_keys(batch)):
@@ -61,7 +86,6 @@ def test_every_sample_is_its_own_datasets_row_frame_and_task(make_ds) -> None:
             query = [f + round(delta * FPS) for delta in DELTAS["observation.images.cam0"]]
             rows = [min(max(q, 0), n - 1) for q in query]
             assert [_marker(frame) for frame in batch["observation.images.cam0"][i]] == [(ep, r, 0) for r in rows]
-    it.close()
     expected = [(d, ep, f) for d, (lengths, _, _) in enumerate(SPECS) for ep, n in enumerate(lengths) for f in range(n)]
     assert taken == expected
 
@@ -201,5 +225,5 @@ def test_layouts_that_cannot_share_one_pipeline_are_refused(make_ds, caplog) -> 
         concat_datasets(paths[0])
     with pytest.raises(TypeError, match=r"concat_datasets\(\[...\]\).*DALILeRobotMixture"):  # (str() of a list)
         DALILeRobotIterator(paths, device="cpu")
-    with serve_folder(paths[1].parent) as server, pytest.raises(DatasetError, match="local datasets only"):
+    with serve_folder(paths[1].parent) as server, pytest.raises(DatasetError, match=r"one filesystem.*'local'.*'http'"):
         concat_datasets([paths[0], f"{server.url}/{paths[1].name}"])

@@ -129,7 +129,7 @@ def _draw_case(seed: int, datasets: int, *, union: bool = False) -> Case:
     else:
         episodes = min(len(options.get("episodes") or d.lengths) for d in data)
     world_size = min(rng.choice([1, 1, 2, 3]), episodes)
-    remote = datasets == 1 and seed % 3 == 2
+    remote = (datasets == 1 or union) and seed % 3 == 2
     # How the workers decode (a single open decoder evicts at every file change) and how DALI runs.
     options["cpu_decode"] = CpuDecodeOptions(
         threads_per_decoder=rng.choice([1, 2]),
