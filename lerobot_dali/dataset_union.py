@@ -19,6 +19,7 @@ file through the first's filesystem, so remote ones share one prefetch cache and
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -79,7 +80,9 @@ class DatasetUnion(LeRobotDatasetReader):
                 for i, text in m.tasks.items()
             }  # fmt: skip
         names = ", ".join(m.location.description for m in self.members[:3])
-        more = f", ... ({len(self.members)} datasets)" if len(self.members) > 3 else ""
+        # (unique to the datasets, since it names the union's prefetch cache folder too)
+        every = hashlib.sha256("\n".join(m.location.description for m in self.members).encode()).hexdigest()[:8]
+        more = f", ... ({len(self.members)} datasets, {every})" if len(self.members) > 3 else ""
         features = {
             named.batch_name(key): replace(feature, key=named.batch_name(key))
             for key, feature in first.info.features.items()
