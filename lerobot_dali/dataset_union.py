@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -238,20 +238,15 @@ def _check_layouts(readers: list[LeRobotDatasetReader], renames: list[KeyRename]
         kinds = [_kind(r.info.features[n.own_key(key)]) for r, n in named]
         if len(set(kinds)) > 1:
             raise differ(repr(key), kinds, "leave it out with cameras=[...] or keys=[...]")
-    for camera in rename.batch_names(first.image_keys):
-        shapes = [_first_image_shape(r, n.own_key(camera)) for r, n in named]
-        if len({s for s in shapes if s is not None}) > 1:
-            raise differ(
-                f"image camera {camera!r}'s images (H, W, C)", shapes,
-                "a camera's images share one size and channel count: leave it out with cameras=[...]",
-            )  # fmt: skip
-    for camera in rename.batch_names(first.camera_keys):
-        formats = [_first_format(r, n.own_key(camera)) for r, n in named]
-        if len({f for f in formats if f is not None}) > 1:
-            raise differ(
-                f"camera {camera!r}'s video", formats,
-                "a camera's videos share one codec and size: re-encode, or leave it out with cameras=[...]",
-            )  # fmt: skip
+    firsts: tuple[tuple[Sequence[str], Callable[[LeRobotDatasetReader, str], Any], str, str], ...] = (
+        (first.image_keys, _first_image_shape, "the images (H, W, C)", "a camera's images share one size and channels"),
+        (first.camera_keys, _first_format, "the video", "a camera's videos share one codec and size: re-encode"),
+    )
+    for cameras, first_of, what, fix in firsts:  # (what the workers hold every file or image of a camera to)
+        for camera in rename.batch_names(cameras):
+            found = [first_of(r, n.own_key(camera)) for r, n in named]
+            if len({f for f in found if f is not None}) > 1:
+                raise differ(f"{what} of camera {camera!r}", found, f"{fix}, or leave it out with cameras=[...]")
 
 
 def _renamed_cameras(episodes: EpisodeTable, rename: KeyRename) -> EpisodeTable:

@@ -218,7 +218,8 @@ def test_layouts_that_cannot_share_one_pipeline_are_refused(make_ds, caplog) -> 
         for size in ((64, 64), (64, 96))
     ]
     with pytest.raises(
-        SchemaMismatchError, match=r"image camera 'observation.images.cam0'.*\(64, 64, 3\).*\(64, 96, 3\)"
+        SchemaMismatchError,
+        match=r"images \(H, W, C\) of camera 'observation.images.cam0'.*\(64, 64, 3\).*\(64, 96, 3\)",
     ):
         concat_datasets(images)
     with pytest.raises(TypeError, match="list of datasets"):
