@@ -145,6 +145,10 @@ class DatasetUnion(LeRobotDatasetReader):
     def read_stats(self) -> FeatureStats:
         """The members' statistics pooled as LeRobot pools datasets' (frame-weighted means, pooled variances)."""
         stats = [r.batch(m.read_stats()) for m, r in zip(self.members, self.renames, strict=True)]
+        for key in sorted({key for part in stats for key in part}):
+            lacking = [m.location.description for m, part in zip(self.members, stats, strict=True) if key not in part]
+            if lacking:  # (pooled over the others, as LeRobot pools them)
+                logger.warning("%s: %s has no statistics in %s; pooled over the other datasets", self, key, lacking)
         try:
             return aggregate_episode_stats(stats, source=self.location.description)
         except DatasetError as e:

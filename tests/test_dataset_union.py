@@ -132,7 +132,7 @@ def test_ranks_and_workers_share_the_union_exactly_once_and_resume(make_ds) -> N
     resumed.close()
 
 
-def test_statistics_are_pooled_over_every_frame(make_ds) -> None:
+def test_statistics_are_pooled_over_every_frame(make_ds, copy_ds, caplog) -> None:
     union = concat_datasets(_datasets(make_ds))
     states = np.concatenate(
         [expected_state(ep, np.arange(n)) for lengths, _, _ in SPECS for ep, n in enumerate(lengths)]
@@ -144,6 +144,13 @@ def test_statistics_are_pooled_over_every_frame(make_ds) -> None:
     assert int(stats["count"][0]) == 28
     first = read_dataset_stats(open_dataset(_datasets(make_ds)[0]).location)["observation.state"]
     assert not np.allclose(first["mean"], stats["mean"])  # (not the first dataset's alone)
+    # A dataset without statistics: pooled over the others, said once per key.
+    second = copy_ds(_datasets(make_ds)[1])
+    (second / "meta/episodes_stats.jsonl").unlink()
+    with caplog.at_level(logging.WARNING):
+        alone = concat_datasets([_datasets(make_ds)[0], second]).read_stats()["observation.state"]
+    np.testing.assert_array_equal(alone["mean"], first["mean"])
+    assert "observation.state has no statistics in" in caplog.text
 
 
 def test_each_dataset_keeps_its_own_episode_selection(make_ds) -> None:
