@@ -72,6 +72,16 @@ class CameraFormat(NamedTuple):
     def admits(self, index: PacketIndex) -> bool:
         return self == CameraFormat.of(index, nvdec=self.nvdec)
 
+    def check(self, index: PacketIndex, label: str) -> None:
+        """Raise SchemaMismatchError naming ``label`` (the file, episode and camera) unless it :meth:`admits`
+        ``index``."""
+        if not self.admits(index):
+            raise SchemaMismatchError(
+                f"{label} is {CameraFormat.of(index, nvdec=self.nvdec)}, but the camera's first file is {self}; a "
+                "camera's videos must share one codec and size (and, on NVDEC, pixel format and colour tags: the "
+                "first file set them up): re-encode this file"
+            )
+
     def __str__(self) -> str:
         text = f"{self.codec} {self.height}x{self.width} (HxW)"
         if self.color is not None:
@@ -386,12 +396,9 @@ class BatchSource:
                 store=spec.index_store,
             )  # fmt: skip
             expected = spec.camera_formats.get(camera)
-            if expected is not None and not expected.admits(index):
-                raise SchemaMismatchError(
-                    f"{video.path} (episode {int(reader.episodes.episode_index[pos])}, camera {camera!r}) is "
-                    f"{CameraFormat.of(index, nvdec=expected.nvdec)}, but the camera's first file is "
-                    f"{expected}; a camera's videos must share one codec and size (and, on NVDEC, pixel format and "
-                    "colour tags: the first file set them up): re-encode this file"
+            if expected is not None:
+                expected.check(
+                    index, f"{video.path} (episode {int(reader.episodes.episode_index[pos])}, camera {camera!r})"
                 )
             numbers = row_frame_numbers(
                 reader,

@@ -191,11 +191,8 @@ class _EpisodeChecker:
         """Frames decoded (``decode=True``) of episode ``pos``'s rows in ``video`` of ``camera``."""
         reader = self.reader
         expected = self.formats.get(camera)
-        if expected is not None and not expected.admits(index):
-            raise SchemaMismatchError(
-                f"{video.path} (camera {camera!r}) is {CameraFormat.of(index, nvdec=False)}, but the camera's "
-                f"first file is {expected}; a camera's videos must share one codec and size: re-encode this file"
-            )
+        if expected is not None:
+            expected.check(index, f"{video.path} (camera {camera!r})")
         every_row = np.arange(len(rows["frame_index"]))
         numbers = row_frame_numbers(
             reader, pos, camera, rows, every_row, index,

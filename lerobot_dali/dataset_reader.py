@@ -168,6 +168,11 @@ class LeRobotDatasetReader:
             + (f", image cameras={self.image_keys})" if self.image_keys else ")")
         )
 
+    def first_episodes(self) -> list[int]:
+        """Positions of the episodes the iterator checks when it is built (its files' formats, its rows' frames):
+        the first; a union's, each dataset's first."""
+        return [0] if self.num_episodes else []
+
     def read_stats(self) -> FeatureStats:
         """The dataset's feature statistics, as LeRobot reads them (:func:`~.dataset_stats.read_dataset_stats`)."""
         return read_dataset_stats(self.location, self.info)

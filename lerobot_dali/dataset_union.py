@@ -142,6 +142,9 @@ class DatasetUnion(LeRobotDatasetReader):
         d, pos = self.member(episode_pos)
         return self.members[d].video(pos, self.renames[d].own_key(camera))
 
+    def first_episodes(self) -> list[int]:
+        return [int(start) for start, stop in zip(self.starts[:-1], self.starts[1:], strict=True) if stop > start]
+
     def read_stats(self) -> FeatureStats:
         """The members' statistics pooled as LeRobot pools datasets' (frame-weighted means, pooled variances)."""
         stats = [r.batch(m.read_stats()) for m, r in zip(self.members, self.renames, strict=True)]

@@ -253,7 +253,8 @@ class DALILeRobotIterator:
     def _choose_routes(self, preference: DecodePreference) -> dict[str, DecodeRoute]:
         """A route per video camera, from its first episode's file; that episode's first and last rows are
         looked up in the file too (:meth:`_check_rows_find_frames`), and its format kept as the camera's
-        (``_camera_formats``, which the workers hold every other file to)."""
+        (``_camera_formats``, which the workers hold every other file to). A union's other datasets' first
+        episodes are held to them now too, rather than when a batch first reaches them."""
         routes = {}
         if self._device_id is None:
             preference = DecodePreference.CPU
@@ -276,25 +277,41 @@ class DALILeRobotIterator:
                 video.path, indexes[camera], decode=preference, device_id=self._device_id or 0, filesystem=fs,
                 label=camera,
             )  # fmt: skip
-        self._check_rows_find_frames(indexes)
         self._camera_formats = {
             camera: CameraFormat.of(index, nvdec=routes[camera] is DecodeRoute.NVDEC)
             for camera, index in indexes.items()
         }
+        for pos in self.reader.first_episodes():
+            if pos:
+                indexes = self._indexes_held_to_formats(pos)
+            self._check_rows_find_frames(pos, indexes)
         self._color_fixes = _nvdec_color_fixes(self._camera_formats)
         return routes
 
-    def _check_rows_find_frames(self, indexes: Mapping[str, PacketIndex]) -> None:
+    def _indexes_held_to_formats(self, pos: int) -> dict[str, PacketIndex]:
+        """The packet index of each camera's file of episode ``pos``, each held to the camera's format."""
+        indexes = {}
+        for camera, expected in self._camera_formats.items():
+            video = self.reader.video(pos, camera)
+            indexes[camera] = load_packet_index(
+                video.path, filesystem=self.reader.location.fs, stamp=self.reader.listed_stamp(video.path),
+                store=self._index_store,
+            )  # fmt: skip
+            episode = int(self.reader.episodes.episode_index[pos])
+            expected.check(indexes[camera], f"{video.path} (episode {episode}, camera {camera!r})")
+        return indexes
+
+    def _check_rows_find_frames(self, pos: int, indexes: Mapping[str, PacketIndex]) -> None:
         """Timestamps that miss the video (wall-clock time, rows shifted a frame, the wrong fps) fail here, when
         the iterator is built, rather than in a worker when a batch first reaches the row, maybe hours into
-        training: the first episode's first and last rows must find their frames in every camera's file."""
+        training: episode ``pos``'s first and last rows must find their frames in every camera's file."""
         if not indexes:
             return
-        rows = self.reader.read_episode(0, [])
+        rows = self.reader.read_episode(pos, [])
         ends = np.array([0, len(rows["timestamp"]) - 1])
         for camera, index in indexes.items():
             row_frame_numbers(
-                self.reader, 0, camera, rows, ends, index,
+                self.reader, pos, camera, rows, ends, index,
                 timestamp_source=self._timestamp_source, tolerance_s=self._tolerance_s,
             )  # fmt: skip
 

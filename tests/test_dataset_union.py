@@ -11,11 +11,13 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from lerobot_dali import DALILeRobotIterator, concat_datasets, open_dataset
 from lerobot_dali.dataset_stats import read_dataset_stats
-from lerobot_dali.errors import DatasetError, SchemaMismatchError
+from lerobot_dali.errors import DatasetError, FrameTimestampError, SchemaMismatchError
 from lerobot_dali.generate import expected_action, expected_state, expected_task_index, task_name
 from tests.http_server import serve_folder
 from tests.test_mixture import _keys, _marker  # (dataset, episode, frame) of each sample; a frame's marker
@@ -207,6 +209,19 @@ def test_the_datasets_share_one_bound_on_open_data_files(make_ds) -> None:
     roots = tuple(f"{p}/" for p in paths)  # (other tests' readers may hold files of theirs)
     opened = [f.path for f in psutil.Process().open_files() if f.path.startswith(roots) and "/data/" in f.path]
     assert len(opened) <= 5, opened
+
+
+def test_each_datasets_first_episode_is_looked_up_when_the_iterator_is_built(make_ds, copy_ds) -> None:
+    """Rows that miss their frames in a later dataset fail at construction, as in the first, not mid-epoch."""
+    first, second = _datasets(make_ds)
+    late = copy_ds(second)
+    for path in sorted((late / "data").rglob("*.parquet")):  # every row half a frame late
+        table = pq.read_table(path)
+        shifted = pa.array(table["timestamp"].to_numpy() + 0.5 / FPS, table["timestamp"].type)
+        pq.write_table(table.set_column(table.column_names.index("timestamp"), "timestamp", shifted), path)
+    union = concat_datasets([first, late])
+    with pytest.raises(FrameTimestampError, match=rf"episode 0, camera observation.images.cam0 \({late}"):
+        DALILeRobotIterator(union, device="cpu", num_workers=0)
 
 
 def test_layouts_that_cannot_share_one_pipeline_are_refused(make_ds, caplog) -> None:
