@@ -175,7 +175,8 @@ def _check_one(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  {count:>6} x {kind}")
     for problem in report.problems[: args.show]:
         where = f"camera {problem.camera}" if problem.camera else "rows"
-        print(f"episode {problem.episode_index}, {where}: {problem.error}: {problem.message}")
+        dataset = "" if problem.dataset == report.source else f"{problem.dataset}: "  # (a union's datasets)
+        print(f"{dataset}episode {problem.episode_index}, {where}: {problem.error}: {problem.message}")
     if report.problem_count > args.show:
         print(f"... and {report.problem_count - args.show} more (--show N lists more; --json lists them)")
     return report.to_json()

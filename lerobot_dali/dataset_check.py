@@ -48,6 +48,8 @@ _TASK_EPISODES = 64
 class Problem:
     """One episode's failure, as the training run would have raised it."""
 
+    #: The dataset the episode is in (a union's: the one it came from).
+    dataset: str
     episode_index: int
     #: The camera whose video or images failed; None: the episode's rows.
     camera: str | None
@@ -132,12 +134,12 @@ class _EpisodeChecker:
             try:
                 rows = self.reader.read_episode(pos)
             except Exception as e:  # (the run would have stopped on it: list it, go on)
-                problems.append(_problem(episode_index, None, e))
+                problems.append(self._problem(pos, episode_index, None, e))
                 continue
             try:
                 self._check_tasks(pos, rows, episode_index)
             except EpisodeMetadataError as e:
-                problems.append(_problem(episode_index, None, e))
+                problems.append(self._problem(pos, episode_index, None, e))
             rows_read += len(rows["frame_index"])
             for camera in self.reader.camera_keys:
                 try:
@@ -145,12 +147,12 @@ class _EpisodeChecker:
                     files.add(video.path)
                     decoded += self._check_video(pos, camera, rows, video, index)
                 except Exception as e:
-                    problems.append(_problem(episode_index, camera, e))
+                    problems.append(self._problem(pos, episode_index, camera, e))
             for camera in self.reader.image_keys:
                 try:
                     decoded += self._check_images(pos, camera, len(rows["frame_index"]))
                 except Exception as e:
-                    problems.append(_problem(episode_index, camera, e))
+                    problems.append(self._problem(pos, episode_index, camera, e))
         return _Tally(len(positions), rows_read, frozenset(files), decoded, tuple(problems))
 
     def _check_tasks(self, pos: int, rows: dict[str, np.ndarray], episode_index: int) -> None:
@@ -218,13 +220,12 @@ class _EpisodeChecker:
                 )
         return length
 
+    def _problem(self, pos: int, episode_index: int, camera: str | None, error: Exception) -> Problem:
+        return Problem(self.reader.source_of(pos), episode_index, camera, type(error).__name__, str(error))
+
 
 def _index_cache() -> PacketIndexCache:
     return PacketIndexCache(max_bytes=256 * 2**20)
-
-
-def _problem(episode_index: int, camera: str | None, error: Exception) -> Problem:
-    return Problem(episode_index, camera, type(error).__name__, str(error))
 
 
 _WORKER_CHECKER: _EpisodeChecker | None = None
@@ -286,7 +287,7 @@ def check_dataset(
             progress(tally.episodes)
     report.video_files = len(files)
     report.problem_kinds = dict(kinds.most_common())
-    report.problems.sort(key=lambda p: (p.episode_index, p.camera or ""))
+    report.problems.sort(key=lambda p: (p.dataset, p.episode_index, p.camera or ""))
     report.seconds = time.perf_counter() - started
     logger.info(
         "checked %d episodes (%d rows, %d video files) of %s in %.1f s: %d problem(s)",

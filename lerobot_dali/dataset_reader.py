@@ -168,6 +168,10 @@ class LeRobotDatasetReader:
             + (f", image cameras={self.image_keys})" if self.image_keys else ")")
         )
 
+    def source_of(self, episode_pos: int) -> str:
+        """The dataset that holds episode ``episode_pos``, as messages name it (a union's: the one it came from)."""
+        return self.location.description
+
     def first_episodes(self) -> list[int]:
         """Positions of the episodes the iterator checks when it is built (its files' formats, its rows' frames):
         the first; a union's, each dataset's first."""

@@ -142,6 +142,9 @@ class DatasetUnion(LeRobotDatasetReader):
         d, pos = self.member(episode_pos)
         return self.members[d].video(pos, self.renames[d].own_key(camera))
 
+    def source_of(self, episode_pos: int) -> str:
+        return self.members[self.member(episode_pos)[0]].location.description
+
     def first_episodes(self) -> list[int]:
         return [int(start) for start, stop in zip(self.starts[:-1], self.starts[1:], strict=True) if stop > start]
 

@@ -255,7 +255,7 @@ def row_frame_numbers(
     else:
         local_s = rows["timestamp"][row_indices].astype(np.float64)
     context = FrameRequestContext(
-        dataset=reader.location.description,
+        dataset=reader.source_of(episode_pos),
         episode_index=int(reader.episodes.episode_index[episode_pos]),
         camera=camera,
         rows_fps=reader.fps,

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lerobot_dali import DALILeRobotIterator, concat_datasets, open_dataset
+from lerobot_dali.dataset_check import check_dataset
 from lerobot_dali.dataset_stats import read_dataset_stats
 from lerobot_dali.errors import DatasetError, FrameTimestampError, SchemaMismatchError
 from lerobot_dali.generate import expected_action, expected_state, expected_task_index, task_name
@@ -222,6 +223,17 @@ def test_each_datasets_first_episode_is_looked_up_when_the_iterator_is_built(mak
     union = concat_datasets([first, late])
     with pytest.raises(FrameTimestampError, match=rf"episode 0, camera observation.images.cam0 \({late}"):
         DALILeRobotIterator(union, device="cpu", num_workers=0)
+
+
+def test_a_union_is_checked_naming_the_dataset_of_each_problem(make_ds, copy_ds) -> None:
+    first, second = _datasets(make_ds)
+    damaged = copy_ds(second)
+    (damaged / "videos/chunk-000/observation.images.cam0/episode_000001.mp4").unlink()  # (v2.1: one per episode)
+    report = check_dataset(concat_datasets([first, damaged]))
+    assert [(p.dataset, p.episode_index, p.camera, p.error) for p in report.problems] == [
+        (str(damaged), 1, "observation.images.cam0", "MissingDataFileError")
+    ]
+    assert (report.episodes, report.rows) == (5, 28)
 
 
 def test_layouts_that_cannot_share_one_pipeline_are_refused(make_ds, caplog) -> None:
