@@ -48,6 +48,19 @@ logger = logging.getLogger(__name__)
 
 #: The key of each sample's dataset (its position in the union), as in LeRobot's ``MultiLeRobotDataset``.
 DATASET_INDEX = "dataset_index"
+#: One of several datasets read together: its path or URL, or a reader from ``open_dataset``.
+Dataset = str | os.PathLike[str] | LeRobotDatasetReader
+
+
+def dataset_list(datasets: Sequence[Dataset]) -> list[Dataset]:
+    """``datasets`` as a list, refusing one dataset given alone (a string is a sequence too) or none."""
+    if isinstance(datasets, str | os.PathLike | LeRobotDatasetReader) or not datasets:
+        raise TypeError(f"datasets must be a non-empty list of datasets, got {datasets!r}")
+    return list(datasets)
+
+
+def opened(dataset: Dataset) -> LeRobotDatasetReader:
+    return dataset if isinstance(dataset, LeRobotDatasetReader) else open_dataset(dataset)
 
 
 class DatasetUnion(LeRobotDatasetReader):
@@ -192,7 +205,7 @@ class DatasetUnion(LeRobotDatasetReader):
 
 
 def concat_datasets(
-    datasets: Sequence[str | os.PathLike[str] | LeRobotDatasetReader],
+    datasets: Sequence[Dataset],
     *,
     cameras: Sequence[str] | None = None,
     keys: Sequence[str] | None = None,
@@ -204,9 +217,7 @@ def concat_datasets(
     others use. ``cameras`` and ``keys`` (by the union's names) default to those every dataset has (the rest are left
     out with a warning, as LeRobot's ``MultiLeRobotDataset`` does). Raises DatasetError for datasets on several kinds
     of filesystem and SchemaMismatchError, naming the datasets, where layouts differ."""
-    if isinstance(datasets, str | os.PathLike | LeRobotDatasetReader) or not datasets:
-        raise TypeError(f"datasets must be a non-empty list of datasets, got {datasets!r}")
-    readers = [d if isinstance(d, LeRobotDatasetReader) else open_dataset(d) for d in datasets]
+    readers = [opened(dataset) for dataset in dataset_list(datasets)]
     kinds = {r.location.description: _filesystem_kind(r) for r in readers}
     if len(set(kinds.values())) > 1:
         raise DatasetError(

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -24,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .dataset_reader import LeRobotDatasetReader, open_dataset
-from .dataset_union import DATASET_INDEX
+from .dataset_reader import LeRobotDatasetReader
+from .dataset_union import DATASET_INDEX, Dataset, dataset_list, opened
 from .episode_rows import INDEX_COLUMNS
 from .errors import (
     DatasetError,
@@ -55,8 +54,6 @@ PER_DATASET_OPTIONS = frozenset(
 )
 #: The ``dataset_options`` key of a dataset's ``{own key: batch key}`` renames (:class:`~.key_rename.KeyRename`).
 RENAME_MAP = "rename_map"
-
-Dataset = str | os.PathLike[str] | LeRobotDatasetReader
 
 
 def batch_shares(weights: Sequence[float], total: int) -> tuple[int, ...]:
@@ -111,13 +108,12 @@ class DALILeRobotMixture:
         **options: Any,
     ) -> None:
         _check_options(options)
-        if isinstance(datasets, str | os.PathLike | LeRobotDatasetReader) or not datasets:
-            raise TypeError(f"datasets must be a non-empty list of datasets, got {datasets!r}")
+        datasets = dataset_list(datasets)
         own_options = _per_dataset(dataset_options, len(datasets))
         batch_size = check_int("batch_size", batch_size, minimum=1)
         num_workers = check_int("num_workers", num_workers, minimum=0)
         check_int("seed", seed, minimum=0)
-        readers = [_opened(dataset) for dataset in datasets]
+        readers = [opened(dataset) for dataset in datasets]
         self.renames = [
             KeyRename.checked(own.pop(RENAME_MAP, None), reader)
             for own, reader in zip(own_options, readers, strict=True)
@@ -403,10 +399,6 @@ def _own_names(options: dict[str, Any], rename: KeyRename) -> dict[str, Any]:
         "delta_timestamps": rename.own_windows(options.get("delta_timestamps")),
         "augment": rename.own_augment(options.get("augment")),
     }
-
-
-def _opened(dataset: Dataset) -> LeRobotDatasetReader:
-    return dataset if isinstance(dataset, LeRobotDatasetReader) else open_dataset(dataset)
 
 
 def _dataset_seed(seed: int, position: int) -> int:
