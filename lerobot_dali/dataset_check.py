@@ -12,13 +12,14 @@ sharing a data file together.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing
 import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -352,14 +353,12 @@ def _tallies(checker: _EpisodeChecker, tasks: list[list[int]], workers: int) -> 
         min(workers, len(tasks)), mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
         initargs=(checker, package_log_level()),
     ) as pool:  # fmt: skip
-        pending: set[Future[_Tally]] = set()
         queued = iter(tasks)
-        for task in queued:
-            with skipping_main(checker):  # (the pool starts its processes as tasks come)
-                pending.add(pool.submit(_check_in_worker, task))
-            if len(pending) >= 2 * workers:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                yield from (f.result() for f in done)
+        # The pool starts a process at each of its first submits, in this thread: whether they need __main__ is
+        # decided (the checker pickled) once, for those, not once per task.
+        with skipping_main(checker):
+            pending = {pool.submit(_check_in_worker, task) for task in itertools.islice(queued, 2 * workers)}
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            pending |= {pool.submit(_check_in_worker, task) for task in itertools.islice(queued, len(done))}
             yield from (f.result() for f in done)
