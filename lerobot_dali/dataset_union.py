@@ -249,11 +249,7 @@ def _check_layouts(readers: list[LeRobotDatasetReader], renames: list[KeyRename]
     rates = [r.fps for r in readers]
     if len(set(rates)) > 1:
         raise differ("fps", rates, "a union reads one fps; read them side by side with DALILeRobotMixture")
-    if any(DATASET_INDEX in n.batch_names(r.info.features) for r, n in named):
-        raise SchemaMismatchError(
-            f"a dataset has a feature {DATASET_INDEX!r}, the key a union gives each sample's dataset in; leave it "
-            "out with keys=[...]"
-        )
+    refuse_dataset_index_feature(readers, renames, "a union's batches")
     first, rename = named[0]
     for key in rename.batch_names((*first.all_camera_keys, *first.tabular_keys)):
         kinds = [_kind(r.info.features[n.own_key(key)]) for r, n in named]
@@ -268,6 +264,18 @@ def _check_layouts(readers: list[LeRobotDatasetReader], renames: list[KeyRename]
             found = [first_of(r, n.own_key(camera)) for r, n in named]
             if len({f for f in found if f is not None}) > 1:
                 raise differ(f"{what} of camera {camera!r}", found, f"{fix}, or leave it out with cameras=[...]")
+
+
+def refuse_dataset_index_feature(
+    readers: Sequence[LeRobotDatasetReader], renames: Sequence[KeyRename], whose: str
+) -> None:
+    """A feature the datasets read (after their selection) under :data:`DATASET_INDEX`, the key ``whose`` batches
+    carry each sample's dataset in, would clash with it: refused."""
+    if any(DATASET_INDEX in rename.batch_names(r.tabular_keys) for r, rename in zip(readers, renames, strict=True)):
+        raise SchemaMismatchError(
+            f"a dataset has a feature {DATASET_INDEX!r}, the key {whose} give each sample's dataset position in; "
+            "leave it out with keys=[...]"
+        )
 
 
 def _renamed_cameras(episodes: EpisodeTable, rename: KeyRename) -> EpisodeTable:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .dataset_reader import LeRobotDatasetReader
-from .dataset_union import DATASET_INDEX, Dataset, dataset_list, opened
+from .dataset_union import DATASET_INDEX, Dataset, dataset_list, opened, refuse_dataset_index_feature
 from .episode_rows import INDEX_COLUMNS
 from .errors import (
     DatasetError,
@@ -442,11 +442,7 @@ def _image_windows_to_squeeze(
 def _check_shapes(readers: list[LeRobotDatasetReader], renames: Sequence[KeyRename]) -> None:
     """Tabular features that batch together must be declared with one shape (cameras are checked on the first
     batch, after resizing)."""
-    if DATASET_INDEX in renames[0].batch_names(readers[0].tabular_keys):
-        raise SchemaMismatchError(
-            f"the datasets have a feature {DATASET_INDEX!r}, the key mixture batches give each sample's dataset "
-            "position in; leave it out with keys=[...]"
-        )
+    refuse_dataset_index_feature(readers, renames, "mixture batches")
     for key in renames[0].batch_names(readers[0].tabular_keys):
         features = [reader.info.features[rename.own_key(key)] for reader, rename in zip(readers, renames, strict=True)]
         shapes = {

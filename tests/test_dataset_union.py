@@ -6,7 +6,9 @@ dataset shows in its rows, its frame's marker or its task string.
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lerobot_dali import DALILeRobotIterator, concat_datasets, open_dataset
+from lerobot_dali import DALILeRobotIterator, DALILeRobotMixture, concat_datasets, open_dataset
 from lerobot_dali.dataset_check import check_dataset
 from lerobot_dali.dataset_stats import read_dataset_stats
 from lerobot_dali.errors import DatasetError, FrameTimestampError, SchemaMismatchError
@@ -234,6 +236,34 @@ def test_a_union_is_checked_naming_the_dataset_of_each_problem(make_ds, copy_ds)
         (str(damaged), 1, "observation.images.cam0", "MissingDataFileError")
     ]
     assert (report.episodes, report.rows) == (5, 28)
+
+
+def test_a_feature_named_dataset_index_is_refused_unless_left_out(make_ds, tmp_path) -> None:
+    """It would clash with the key the batches give each sample's dataset in; keys=[...] leaving it out reads the
+    rest (the union refused even then: it looked at every declared feature)."""
+    first, second = (
+        shutil.copytree(path, tmp_path / name) for path, name in zip(_datasets(make_ds), "ab", strict=True)
+    )
+    for root in (first, second):  # (both: a feature one lacks is left out anyway)
+        for path in sorted((root / "data").rglob("*.parquet")):
+            table = pq.read_table(path)
+            pq.write_table(table.append_column("dataset_index", pa.array([7] * table.num_rows, pa.int64())), path)
+        info = json.loads((root / "meta/info.json").read_text())
+        info["features"]["dataset_index"] = {"dtype": "int64", "shape": [1], "names": None}
+        (root / "meta/info.json").write_text(json.dumps(info))
+
+    def mixture(paths, **kw):
+        return DALILeRobotMixture(paths, batch_size=4, device="cpu", num_workers=0, **kw)
+
+    for read in (concat_datasets, mixture):
+        with pytest.raises(SchemaMismatchError, match="feature 'dataset_index'.*keys="):
+            read([first, second])
+    union = concat_datasets([first, second], keys=["action", "observation.state"])
+    assert union.tabular_keys == ["action", "observation.state", "dataset_index"]
+    it = DALILeRobotIterator(union, batch_size=4, shuffle=False, device="cpu", num_workers=0, drop_last=False)
+    assert {d for batch in it for d in batch["dataset_index"].tolist()} == {0, 1}
+    it.close()
+    mixture([first, second], keys=["action", "observation.state"]).close()
 
 
 def test_layouts_that_cannot_share_one_pipeline_are_refused(make_ds, caplog) -> None:
