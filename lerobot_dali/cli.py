@@ -129,6 +129,11 @@ def _check(args: argparse.Namespace) -> int:
 
     if not 0 <= args.tolerance_s < math.inf:
         raise _CommandError(f"--tolerance-s must be a non-negative number of seconds, got {args.tolerance_s!r}")
+    if args.concat or args.rename_map is not None:
+        report = _check_one(args, _union(args))
+        if args.json:
+            print(json.dumps(report, indent=2))
+        return 0 if report["ok"] else 1
     if len(args.dataset) == 1:
         report = _check_one(argparse.Namespace(**{**vars(args), "dataset": args.dataset[0]}))
         if args.json:
@@ -151,13 +156,14 @@ def _check(args: argparse.Namespace) -> int:
     return worst
 
 
-def _check_one(args: argparse.Namespace) -> dict[str, Any]:
-    """One dataset's report (``CheckReport.to_json``), printed unless ``--json``."""
+def _check_one(args: argparse.Namespace, reader: LeRobotDatasetReader | None = None) -> dict[str, Any]:
+    """One dataset's report (``CheckReport.to_json``; ``reader``: ``args.dataset`` opened), printed unless
+    ``--json``."""
     from huggingface_hub.utils import tqdm
 
     from .dataset_check import check_dataset
 
-    reader = _open_dataset(args)
+    reader = reader if reader is not None else _open_dataset(args)
     with tqdm(total=reader.num_episodes, desc="lerobot-dali check", unit="episode", disable=args.json) as bar:
         report = check_dataset(
             reader, timestamp_source=args.timestamp_source, tolerance_s=args.tolerance_s, decode=args.decode,
@@ -180,6 +186,37 @@ def _check_one(args: argparse.Namespace) -> dict[str, Any]:
     if report.problem_count > args.show:
         print(f"... and {report.problem_count - args.show} more (--show N lists more; --json lists them)")
     return report.to_json()
+
+
+def _union(args: argparse.Namespace) -> LeRobotDatasetReader:
+    """``args.dataset`` read as one (``--concat``), keys named by ``--rename-map``, as a run would read them."""
+    from .dataset_union import concat_datasets
+    from .key_rename import rename_maps_for
+
+    if not args.concat or len(args.dataset) < 2 or args.episodes is not None:
+        raise _CommandError(
+            "--concat checks two datasets or more as one (--rename-map names their keys there), with no --episodes "
+            "(each dataset's own): check a selection of episodes dataset by dataset"
+        )
+    unselected = argparse.Namespace(**{**vars(args), "cameras": None, "keys": None})
+    readers = [_open_dataset(argparse.Namespace(**{**vars(unselected), "dataset": d})) for d in args.dataset]
+    maps = args.rename_map[0] if args.rename_map is not None and len(args.rename_map) == 1 else args.rename_map
+    try:
+        renames = rename_maps_for(maps, readers)
+    except ValueError as e:
+        raise _CommandError(f"--rename-map: {e}") from e
+    return concat_datasets(
+        readers, cameras=args.cameras, keys=args.keys, rename_maps=[dict(rename.to_batch) for rename in renames]
+    )
+
+
+def _rename_map(text: str) -> dict[str, str]:
+    from .key_rename import rename_map_from_json
+
+    try:
+        return rename_map_from_json(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _make_dataset(args: argparse.Namespace) -> int:
@@ -317,6 +354,16 @@ def _parser() -> argparse.ArgumentParser:
         "--workers", type=int, metavar="N",
         help="processes checking episodes (0: this one; default: the CPUs, at most 8, to decode, for remote files or "
         "for 2,000 episodes or more, else 0)",
+    )  # fmt: skip
+    check.add_argument(
+        "--concat", action="store_true",
+        help="check the datasets as one (concat_datasets): their layouts agree, and every file is held to the "
+        "union's first",
+    )  # fmt: skip
+    check.add_argument(
+        "--rename-map", nargs="+", type=_rename_map, metavar="JSON",
+        help='with --concat, {"key": "union name"}: one for every dataset (each renames the keys it has), or one per '
+        "dataset ('{}': none)",
     )  # fmt: skip
     check.add_argument("--show", type=int, default=20, metavar="N", help="problems printed in full (default 20)")
     check.add_argument("--json", action="store_true", help="print the whole report as JSON (several: a list)")

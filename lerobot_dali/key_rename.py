@@ -8,6 +8,7 @@ dataset's own names, and the keys of its batches back to the caller's.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -20,7 +21,7 @@ from .episode_rows import INDEX_COLUMNS
 from .errors import DatasetError
 from .windows import PAD_SUFFIX
 
-__all__ = ["KeyRename", "shared_selection"]
+__all__ = ["KeyRename", "rename_map_from_json", "rename_maps_for", "shared_selection"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,38 @@ class KeyRename:
             else:
                 renamed[self.batch_name(key)] = value
         return renamed
+
+
+def rename_maps_for(
+    rename_map: Mapping[str, str] | Sequence[Mapping[str, str] | None] | None, readers: Sequence[LeRobotDatasetReader]
+) -> list[KeyRename]:
+    """Each dataset's :class:`KeyRename` from one ``rename_map`` for all (each dataset takes the entries for keys
+    it reads; every entry must be some dataset's), or from one per dataset (None: none; every entry the dataset's
+    own), so that one map serves datasets of which only some use a name."""
+    if rename_map is None or isinstance(rename_map, Mapping):
+        given = dict(rename_map or {})
+        unread = set(given) - {key for reader in readers for key in reader.read_keys}
+        if unread:
+            raise ValueError(f"rename_map renames {sorted(unread)}, which none of the datasets reads")
+        maps: Sequence[Mapping[str, str] | None] = [
+            {k: v for k, v in given.items() if k in reader.read_keys} for reader in readers
+        ]
+    else:
+        maps = rename_map
+        if len(maps) != len(readers):
+            raise ValueError(f"one rename_map for all datasets, or one per dataset ({len(readers)}), got {len(maps)}")
+    return [KeyRename.checked(m, reader) for m, reader in zip(maps, readers, strict=True)]
+
+
+def rename_map_from_json(text: str) -> dict[str, str]:
+    """``{"key": "new name"}`` from a command line's JSON; ValueError says what a rename map looks like."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON ({e}): {text!r}") from None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ValueError(f'a JSON object of names, {{"key": "new name"}}, got {text!r}')
+    return value
 
 
 def shared_selection(

@@ -272,13 +272,12 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
 
 
 def _json_map(text: str) -> dict[str, str]:
+    from lerobot_dali.key_rename import rename_map_from_json
+
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON ({e}): {text!r}") from None
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise argparse.ArgumentTypeError(f'a JSON object of names, {{"key": "new name"}}, got {text!r}')
-    return value
+        return rename_map_from_json(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _one_or_each(values: list[Any] | None) -> Any:
@@ -378,7 +377,7 @@ def open_readers(options: TrainOptions) -> list[Any]:
     the names ``--rename-map`` gives them."""
     from lerobot_dali.dataset_reader import open_dataset
     from lerobot_dali.dataset_union import concat_datasets
-    from lerobot_dali.key_rename import KeyRename, shared_selection
+    from lerobot_dali.key_rename import rename_maps_for, shared_selection
 
     if len(options.datasets) == 1:
         return [open_dataset(options.datasets[0], episodes=options.episodes, cameras=options.cameras)]
@@ -386,20 +385,12 @@ def open_readers(options: TrainOptions) -> list[Any]:
     rates = {reader.location.description: reader.fps for reader in readers}
     if len(set(rates.values())) > 1:  # (the library mixes them; this script's windows count frames at one fps)
         raise ValueError(f"the datasets run at different fps ({rates}); train on datasets of one fps")
-    given = options.rename_map
-    if isinstance(given, tuple):  # one per dataset: each of its keys must be that dataset's
-        for rename_map, reader in zip(given, readers, strict=True):
-            KeyRename.checked(rename_map, reader)
-    elif given:  # one for all: each of its keys must be some dataset's
-        unread = set(given) - {key for reader in readers for key in reader.read_keys}
-        if unread:
-            raise ValueError(f"--rename-map renames {sorted(unread)}, which none of the datasets has")
+    renames = rename_maps_for(options.rename_map, readers)
     if options.concat:  # (one reader, its keys under the new names: the rest of this script reads one dataset)
-        renames = [dict(rename.to_batch) for rename in dataset_renames(options, readers)]
-        union = concat_datasets(readers, cameras=options.cameras, rename_maps=renames)
+        union = concat_datasets(readers, cameras=options.cameras, rename_maps=[dict(r.to_batch) for r in renames])
         _need_a_shared_camera([union], options, union.members)
         return [union]
-    readers = shared_selection(readers, cameras=options.cameras, keys=None, renames=dataset_renames(options, readers))
+    readers = shared_selection(readers, cameras=options.cameras, keys=None, renames=renames)
     _need_a_shared_camera(readers, options, readers)
     return readers
 

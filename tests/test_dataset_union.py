@@ -238,6 +238,37 @@ def test_a_union_is_checked_naming_the_dataset_of_each_problem(make_ds, copy_ds)
     assert (report.episodes, report.rows) == (5, 28)
 
 
+def test_the_command_checks_datasets_as_one_under_the_names_a_rename_map_gives(make_ds, copy_ds, capsys) -> None:
+    """``check --concat``: the second dataset's camera 1 read as the union's camera 0; a problem names the dataset
+    it is in, its own episode, and the camera by the union's name."""
+    from lerobot_dali.cli import main
+
+    first, second = _datasets(make_ds, cameras=2)
+    second = copy_ds(second)
+    rename = json.dumps({"observation.images.cam1": "observation.images.cam0", "observation.images.cam0": "x.side"})
+    argv = ["check", str(first), str(second), "--concat", "--rename-map", "{}", rename, "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["episodes"], report["rows"], report["video_files"]) == (5, 28, 4)  # (2 + one camera's 2)
+    (second / "videos/chunk-000/observation.images.cam1/episode_000001.mp4").unlink()
+    assert main(argv) == 1
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert [(p["dataset"], p["episode_index"], p["camera"], p["error"]) for p in problems] == [
+        (str(second), 1, "observation.images.cam0", "MissingDataFileError")
+    ]
+    assert "observation.images.cam1/episode_000001.mp4" in problems[0]["message"]
+    for args, error in (
+        ([str(first), "--concat"], "two datasets or more"),
+        ([str(first), str(second), "--rename-map", "{}"], "--concat checks"),
+        ([str(first), str(second), "--concat", "--episodes", "0"], "no --episodes"),
+        ([str(first), str(second), "--concat", "--rename-map", '{"nope": "x"}'], "renames ['nope'], which none"),
+        ([str(first), str(second), "--concat", "--rename-map", "{}", "{}", "{}"], "one per dataset (2), got 3"),
+        ([str(first), str(_datasets(make_ds, fps=20)[1]), "--concat"], "SchemaMismatchError: the datasets differ in"),
+    ):
+        assert main(["check", *args]) == 2
+        assert error in capsys.readouterr().err
+
+
 def test_a_feature_named_dataset_index_is_refused_unless_left_out(make_ds, tmp_path) -> None:
     """It would clash with the key the batches give each sample's dataset in; keys=[...] leaving it out reads the
     rest (the union refused even then: it looked at every declared feature)."""
