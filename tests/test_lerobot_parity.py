@@ -180,6 +180,63 @@ def test_an_episode_subset_matches_lerobot(make_ds) -> None:
     assert np.sum([LENGTHS[e] for e in subset]) == len(theirs)
 
 
+def test_a_union_matches_lerobots_multi_dataset(make_ds, tmp_path: Path) -> None:
+    """``concat_datasets`` against LeRobot's ``MultiLeRobotDataset`` over two datasets that differ in episodes,
+    tasks and cameras (the second's extra camera is left out by both): every sample, ``dataset_index`` included.
+    Where the union means to differ: its ``task_index`` counts the first dataset's tasks before the second's (one
+    index, one task string), where LeRobot's repeats each dataset's own; the statistics are pooled alike."""
+    from lerobot.datasets.lerobot_dataset import MultiLeRobotDataset
+
+    from lerobot_dali import concat_datasets
+
+    roots = {
+        "a": make_ds(codec="av1", gop=2, episodes=3, frames_per_episode=[12, 7, 20], cameras=1, seed=3,
+                     version=DATASET_VERSION),
+        "b": make_ds(codec="av1", gop=2, episodes=2, frames_per_episode=[9, 15], cameras=2, seed=4,
+                     episodes_per_file=2, version=DATASET_VERSION),
+    }  # fmt: skip
+    (tmp_path / "local").mkdir()
+    for name, root in roots.items():
+        (tmp_path / "local" / name).symlink_to(root)
+    windows = {k: list(v) for k, v in WINDOWS.items()}
+    theirs = MultiLeRobotDataset([f"local/{name}" for name in roots], root=tmp_path, delta_timestamps=windows)
+    union = concat_datasets(list(roots.values()))
+    offsets = union.task_offsets
+    it = DALILeRobotIterator(
+        union, batch_size=7, shuffle=False, device="cpu", delta_timestamps=WINDOWS, drop_last=False
+    )
+    ours: dict[tuple[int, int], dict[str, Any]] = {}
+    for batch in it:
+        for row, (d, index) in enumerate(zip(batch["dataset_index"].tolist(), batch["index"].tolist(), strict=True)):
+            assert (d, index) not in ours, f"sample {index} of dataset {d} delivered twice"
+            ours[d, index] = {key: values[row] for key, values in batch.items()}
+    it.close()
+    assert len(ours) == len(theirs) == 12 + 7 + 20 + 9 + 15
+    for position in range(len(theirs)):
+        expected = theirs[position]
+        d = int(expected["dataset_index"])
+        got = ours[d, int(expected["index"])]
+        where = f"dataset {d}, sample index {int(expected['index'])}"
+        assert set(got) == set(expected), f"{where}: keys differ by {sorted(set(got) ^ set(expected))}"
+        assert int(got["task_index"]) == int(expected["task_index"]) + offsets[d], where
+        assert union.tasks[int(got["task_index"])] == got["task"] == expected["task"], where
+        for key, value in expected.items():
+            if isinstance(value, str) or key == "task_index":
+                continue
+            if key == "dataset_index":  # (LeRobot's is a 0-d tensor; a batch's entries are too)
+                assert got[key].dtype == value.dtype and int(got[key]) == int(value), where
+                continue
+            assert (got[key].dtype, got[key].shape) == (value.dtype, value.shape), f"{where}, {key}"
+            if key in theirs.camera_keys:
+                _same_decode(got[key], value)
+            else:
+                assert torch.equal(got[key], value), f"{where}, {key}: {got[key]} != {value}"
+    pooled = union.read_stats()
+    for key in ("action", "observation.state"):
+        for stat in ("mean", "std", "min", "max"):
+            np.testing.assert_allclose(pooled[key][stat], np.asarray(theirs.stats[key][stat]), rtol=1e-6, atol=1e-9)
+
+
 @pytest.mark.skipif((_installed_lerobot() or (0, 0)) < (0, 6), reason="LeRobot's episode_filter is new in 0.6")
 def test_an_episode_filter_matches_lerobot(make_ds) -> None:
     """The filter sees the same metadata rows (every column but the stats) and keeps the same episodes."""
