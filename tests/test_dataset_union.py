@@ -16,14 +16,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from lerobot_dali import DALILeRobotIterator, DALILeRobotMixture, concat_datasets, open_dataset
 from lerobot_dali.dataset_check import check_dataset
 from lerobot_dali.dataset_stats import read_dataset_stats
 from lerobot_dali.errors import DatasetError, FrameTimestampError, SchemaMismatchError
 from lerobot_dali.generate import expected_action, expected_state, expected_task_index, task_name
+from tests.conftest import shared_dataset
 from tests.http_server import serve_folder
 from tests.test_mixture import _keys, _marker  # (dataset, episode, frame) of each sample; a frame's marker
+from tests.video_fixtures import reference_frames
 
 #: Per dataset: episode lengths, layout, task seed.
 SPECS = (([5, 7, 4], "v3.0", 0), ([9, 3], "v2.1", 1))
@@ -196,6 +199,38 @@ def test_renamed_keys_read_each_datasets_own(make_ds) -> None:
         concat_datasets([first, second], rename_maps=[None, {"observation.images.nope": "observation.images.cam0"}])
     with pytest.raises(TypeError, match="one mapping .*per dataset"):
         concat_datasets([first, second], rename_maps=[None])
+
+
+def test_the_real_v30_and_v21_copies_of_one_recording_read_as_one() -> None:
+    """``cr5_v30_av1`` is ``cr5_v21_av1`` converted (its videos joined several episodes to a file): the union of
+    both, by ``frame_index / fps`` as their wall-clock timestamps need, gives each selected sample once from each,
+    with the same rows, and frames equal to a full decode of the v2.1 episode's own file. Episodes 4 and 5 sit on
+    either side of a v3.0 video file boundary; 11 is the last."""
+    v30, v21 = shared_dataset("cr5_v30_av1"), shared_dataset("cr5_v21_av1")
+    episodes = [4, 5, 11]
+    union = concat_datasets([open_dataset(v30, episodes=episodes), open_dataset(v21, episodes=episodes)])
+    assert union.tasks == {0: "put the banana on the plate", 1: "put the banana on the plate"}
+    it = DALILeRobotIterator(
+        union, batch_size=16, device="cpu", num_workers=1, timestamp_source="frame_index", drop_last=False,
+        delta_timestamps={"action": [0.0, 0.1]}, return_uint8=True,
+    )  # fmt: skip
+    samples: dict[tuple[int, int], dict] = {}
+    for batch in it:
+        for row, key in enumerate(zip(batch["dataset_index"].tolist(), batch["index"].tolist(), strict=True)):
+            assert key not in samples, f"{key} delivered twice"
+            samples[key] = {name: values[row] for name, values in batch.items()}
+    it.close()
+    lengths = open_dataset(v21).episodes.length
+    assert len(samples) == 2 * sum(int(lengths[e]) for e in episodes)
+    files = {e: v21 / f"videos/chunk-000/observation.images.top/episode_{e:06d}.mp4" for e in episodes}
+    references = {e: [frame for _, frame in sorted(reference_frames(path).items())] for e, path in files.items()}
+    for (d, index), got in samples.items():
+        twin = samples[1 - d, index]
+        assert int(got["task_index"]) == d and got["task"] == twin["task"] == "put the banana on the plate"
+        for key in ("episode_index", "frame_index", "action", "action_is_pad", "observation.state", "timestamp"):
+            assert torch.equal(got[key], twin[key]), (d, index, key)
+        expected = references[int(got["episode_index"])][int(got["frame_index"])]
+        np.testing.assert_array_equal(got["observation.images.top"].permute(1, 2, 0).numpy(), expected)
 
 
 def test_the_datasets_share_one_bound_on_open_data_files(make_ds) -> None:
