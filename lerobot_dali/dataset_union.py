@@ -60,6 +60,10 @@ def dataset_list(datasets: Sequence[Dataset]) -> list[Dataset]:
 
 
 def opened(dataset: Dataset) -> LeRobotDatasetReader:
+    """``dataset`` opened, to be read beside others: a union among them reads without its :data:`DATASET_INDEX`,
+    the key whose batches give each sample's dataset position in them."""
+    if isinstance(dataset, DatasetUnion) and dataset.with_dataset_index:
+        return dataset.select(keys=[k for k in dataset.tabular_keys if k != DATASET_INDEX])
     return dataset if isinstance(dataset, LeRobotDatasetReader) else open_dataset(dataset)
 
 
@@ -74,11 +78,14 @@ class DatasetUnion(LeRobotDatasetReader):
         renames: Sequence[KeyRename] | None = None,
         task_offsets: Sequence[int] | None = None,
         tasks: dict[int, str] | None = None,
+        with_dataset_index: bool = True,
     ) -> None:
         """``renames``: each member's keys under the union's names (none by default). ``task_offsets`` and
         ``tasks`` default to the members' own tasks one dataset after another (copies whose members carry no task
-        texts, the workers', keep the union's)."""
+        texts, the workers', keep the union's). ``with_dataset_index``: rows carry :data:`DATASET_INDEX` (a
+        mixture gives its own)."""
         self.members = tuple(members)
+        self.with_dataset_index = with_dataset_index
         self.renames = tuple(renames) if renames is not None else (KeyRename(),) * len(self.members)
         first, named = self.members[0], self.renames[0]
         #: Position of each member's first episode in the union (and the total at the end).
@@ -100,9 +107,11 @@ class DatasetUnion(LeRobotDatasetReader):
             named.batch_name(key): replace(feature, key=named.batch_name(key))
             for key, feature in first.info.features.items()
         }
+        if with_dataset_index:
+            features[DATASET_INDEX] = Feature(DATASET_INDEX, "int64", (1,))
         info = replace(
             first.info,
-            features={**features, DATASET_INDEX: Feature(DATASET_INDEX, "int64", (1,))},
+            features=features,
             total_episodes=int(self.starts[-1]),
             total_frames=sum(m.num_frames for m in self.members),
             total_tasks=len(tasks),
@@ -116,7 +125,7 @@ class DatasetUnion(LeRobotDatasetReader):
             ),
             tasks,
             camera_keys=named.batch_names(first.camera_keys),
-            tabular_keys=[*named.batch_names(first.tabular_keys), DATASET_INDEX],
+            tabular_keys=[*named.batch_names(first.tabular_keys), *[DATASET_INDEX] * with_dataset_index],
             image_keys=named.batch_names(first.image_keys),
             stamps=FileStamps.merged(stamps) if stamps else None,
         )
@@ -140,7 +149,8 @@ class DatasetUnion(LeRobotDatasetReader):
         length = len(rows["frame_index"])
         if "task_index" in rows:
             rows["task_index"] = rows["task_index"] + self.task_offsets[d]
-        rows[DATASET_INDEX] = np.full(length, d, dtype=np.int64)
+        if self.with_dataset_index:
+            rows[DATASET_INDEX] = np.full(length, d, dtype=np.int64)
         return rows
 
     def read_episode_images(self, episode_pos: int, key: str) -> pa.Array:
@@ -180,10 +190,12 @@ class DatasetUnion(LeRobotDatasetReader):
     # -- copies ----------------------------------------------------------------------------------------------
     def for_workers(self) -> DatasetUnion:
         members = [m.for_workers() for m in self.members]
-        return DatasetUnion(members, renames=self.renames, task_offsets=self.task_offsets, tasks={})
+        return self._with_members(members, tasks={})
 
     def select(self, *, cameras: Sequence[str] | None = None, keys: Sequence[str] | None = None) -> DatasetUnion:
-        """The union narrowed to ``cameras`` and ``keys``, by the union's names (``dataset_index`` stays)."""
+        """The union narrowed to ``cameras`` and ``keys``, by the union's names (``keys`` without
+        :data:`DATASET_INDEX`: rows without it, as a mixture reads a union, giving each sample its own)."""
+        with_dataset_index = keys is None or DATASET_INDEX in keys
         keys = None if keys is None else [k for k in keys if k != DATASET_INDEX]
         members = [
             m.select(
@@ -192,13 +204,26 @@ class DatasetUnion(LeRobotDatasetReader):
             )
             for m, r in zip(self.members, self.renames, strict=True)
         ]
-        return DatasetUnion(members, renames=self.renames, task_offsets=self.task_offsets, tasks=self.tasks)
+        return self._with_members(members, with_dataset_index=with_dataset_index)
 
     def with_location(self, location: DatasetLocation) -> DatasetUnion:
         """The union read through ``location``'s filesystem (the prefetch cache in front of the remote one), which
         every member's files are opened through."""
         members = [m.with_location(replace(m.location, fs=location.fs)) for m in self.members]
-        return DatasetUnion(members, renames=self.renames, task_offsets=self.task_offsets, tasks=self.tasks)
+        return self._with_members(members)
+
+    def _with_members(
+        self,
+        members: list[LeRobotDatasetReader],
+        *,
+        tasks: dict[int, str] | None = None,
+        with_dataset_index: bool | None = None,
+    ) -> DatasetUnion:
+        """This union over ``members`` (copies of its own)."""
+        return DatasetUnion(
+            members, renames=self.renames, task_offsets=self.task_offsets, tasks=self.tasks if tasks is None else tasks,
+            with_dataset_index=self.with_dataset_index if with_dataset_index is None else with_dataset_index,
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         return f"DatasetUnion({len(self.members)} datasets, episodes={self.num_episodes}, frames={self.num_frames})"

@@ -233,6 +233,40 @@ def test_the_real_v30_and_v21_copies_of_one_recording_read_as_one() -> None:
         np.testing.assert_array_equal(got["observation.images.top"].permute(1, 2, 0).numpy(), expected)
 
 
+def test_a_union_is_one_dataset_of_a_mixture(make_ds, caplog) -> None:
+    """A mixture of a union (the second dataset's camera 1 read as camera 0) and a third dataset: the mixture's
+    ``dataset_index`` says union or third, and the union's share of an epoch holds each of its members' samples
+    once, each frame its member's (a frame's marker names the camera it was drawn for: 0 for the first, 1 for the
+    second)."""
+    first, second = _datasets(make_ds, cameras=2)
+    third = make_ds(episodes=3, frames_per_episode=4, cameras=1, codec="vp9", fps=FPS, gop=4, seed=2)
+    cam0 = "observation.images.cam0"
+    union = concat_datasets([first, second], rename_maps=[None, {"observation.images.cam1": cam0, cam0: "x.side"}])
+    with caplog.at_level(logging.WARNING):
+        mix = DALILeRobotMixture([union, third], weights=[2, 1], batch_size=6, device="cpu", num_workers=0)
+    assert "dataset_index" not in caplog.text  # (not "left out": the mixture gives its own)
+    assert mix.batch_shares == (4, 2) and len(mix) == 28 // 4  # (the union's epoch is the mixture's)
+    seen = Counter()
+    for batch in mix:
+        assert batch["dataset_index"].tolist() == [0, 0, 0, 0, 1, 1]
+        for i, (d, ep, f) in enumerate(_keys(batch)):
+            marker_ep, marker_f, camera = _marker(batch[cam0][i])
+            assert (marker_ep, marker_f) == (ep, f) and (d == 0 or camera == 0)
+            np.testing.assert_array_equal(batch["observation.state"][i].numpy(), expected_state(ep, f))
+            if d == 0:
+                seen[camera, ep, f] += 1
+    mix.close()
+    expected = {(member, ep, f) for member, (lengths, _, _) in enumerate(SPECS) for ep, n in enumerate(lengths)
+                for f in range(n)}  # fmt: skip
+    assert set(seen) == expected and set(seen.values()) == {1}
+    assert union.with_dataset_index  # (the union itself is untouched; the mixture reads a copy without the key)
+    # Unions only: the key every one of them has is still the mixture's own.
+    mix = DALILeRobotMixture([union, concat_datasets([third, third])], batch_size=4, device="cpu", num_workers=0)
+    batch = next(iter(mix))
+    assert batch["dataset_index"].tolist() == [0, 0, 1, 1] and "x.side" not in batch
+    mix.close()
+
+
 def test_the_datasets_share_one_bound_on_open_data_files(make_ds) -> None:
     """v2.1 keeps a data file per episode: eight datasets of three episodes opened 24 files, each dataset's cache
     keeping its own; the union's one bound holds for all."""
