@@ -185,7 +185,10 @@ def test_a_union_matches_lerobots_multi_dataset(make_ds, tmp_path: Path) -> None
     tasks and cameras (the second's extra camera is left out by both): every sample, ``dataset_index`` included.
     Where the union means to differ: its ``task_index`` counts the first dataset's tasks before the second's (one
     index, one task string), where LeRobot's repeats each dataset's own; the statistics are pooled alike."""
-    from lerobot.datasets.lerobot_dataset import MultiLeRobotDataset
+    try:
+        from lerobot.datasets.multi_dataset import MultiLeRobotDataset  # (LeRobot >= 0.5)
+    except ImportError:
+        from lerobot.datasets.lerobot_dataset import MultiLeRobotDataset
 
     from lerobot_dali import concat_datasets
 
