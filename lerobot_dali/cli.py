@@ -190,7 +190,7 @@ def _check_one(args: argparse.Namespace, reader: LeRobotDatasetReader | None = N
 
 def _union(args: argparse.Namespace) -> LeRobotDatasetReader:
     """``args.dataset`` read as one (``--concat``), keys named by ``--rename-map``, as a run would read them."""
-    from .dataset_union import concat_datasets
+    from .dataset_union import concat_datasets, open_all
     from .key_rename import rename_maps_for
 
     if not args.concat or len(args.dataset) < 2 or args.episodes is not None:
@@ -199,7 +199,7 @@ def _union(args: argparse.Namespace) -> LeRobotDatasetReader:
             "(each dataset's own): check a selection of episodes dataset by dataset"
         )
     unselected = argparse.Namespace(**{**vars(args), "cameras": None, "keys": None})
-    readers = [_open_dataset(argparse.Namespace(**{**vars(unselected), "dataset": d})) for d in args.dataset]
+    readers = open_all(args.dataset, lambda d: _open_dataset(argparse.Namespace(**{**vars(unselected), "dataset": d})))
     maps = args.rename_map[0] if args.rename_map is not None and len(args.rename_map) == 1 else args.rename_map
     try:
         renames = rename_maps_for(maps, readers)

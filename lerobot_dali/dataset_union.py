@@ -23,8 +23,10 @@ import hashlib
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -50,6 +52,28 @@ logger = logging.getLogger(__name__)
 DATASET_INDEX = "dataset_index"
 #: One of several datasets read together: its path or URL, or a reader from ``open_dataset``.
 Dataset = str | os.PathLike[str] | LeRobotDatasetReader
+#: Datasets opened (or first files probed) at once.
+_THREADS = 16
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def in_threads(function: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+    """``function`` of each item, in order, several at once: opening a remote dataset, or probing its first files,
+    waits on one request after another (20 datasets over HTTP with 50 ms of latency took 48 s to open one by one).
+    The first item's exception, in order, is raised."""
+    if len(items) < 2:
+        return [function(item) for item in items]
+    with ThreadPoolExecutor(min(len(items), _THREADS), thread_name_prefix="lerobot-dali-datasets") as pool:
+        return list(pool.map(function, items))
+
+
+def open_all(
+    datasets: Sequence[Dataset], opener: Callable[[Dataset], LeRobotDatasetReader] | None = None
+) -> list[LeRobotDatasetReader]:
+    """Each of ``datasets`` (a list, :func:`dataset_list`) opened by ``opener`` (default :func:`opened`), several
+    at once."""
+    return in_threads(opener or opened, dataset_list(datasets))
 
 
 def dataset_list(datasets: Sequence[Dataset]) -> list[Dataset]:
@@ -242,7 +266,7 @@ def concat_datasets(
     others use. ``cameras`` and ``keys`` (by the union's names) default to those every dataset has (the rest are left
     out with a warning, as LeRobot's ``MultiLeRobotDataset`` does). Raises DatasetError for datasets on several kinds
     of filesystem and SchemaMismatchError, naming the datasets, where layouts differ."""
-    readers = [opened(dataset) for dataset in dataset_list(datasets)]
+    readers = open_all(datasets)
     kinds = {r.location.description: _filesystem_kind(r) for r in readers}
     if len(set(kinds.values())) > 1:
         raise DatasetError(
@@ -286,7 +310,7 @@ def _check_layouts(readers: list[LeRobotDatasetReader], renames: list[KeyRename]
     )
     for cameras, first_of, what, fix in firsts:  # (what the workers hold every file or image of a camera to)
         for camera in rename.batch_names(cameras):
-            found = [first_of(r, n.own_key(camera)) for r, n in named]
+            found = in_threads(partial(_first_of_member, first_of, camera), named)
             if len({f for f in found if f is not None}) > 1:
                 raise differ(f"{what} of camera {camera!r}", found, f"{fix}, or leave it out with cameras=[...]")
 
@@ -301,6 +325,13 @@ def refuse_dataset_index_feature(
             f"a dataset has a feature {DATASET_INDEX!r}, the key {whose} give each sample's dataset position in; "
             "leave it out with keys=[...]"
         )
+
+
+def _first_of_member(
+    first_of: Callable[[LeRobotDatasetReader, str], Any], camera: str, member: tuple[LeRobotDatasetReader, KeyRename]
+) -> Any:
+    reader, rename = member
+    return first_of(reader, rename.own_key(camera))
 
 
 def _renamed_cameras(episodes: EpisodeTable, rename: KeyRename) -> EpisodeTable:

@@ -26,6 +26,7 @@ from .batch_source import BatchSource, CameraFormat, SourceSpec, output_fields
 from .cpu_decode import CpuDecodeOptions, pyav_can_decode
 from .dali_graph import HOST_TASK_INDEX, CameraFeed, build_pipeline, camera_feed
 from .dataset_reader import LeRobotDatasetReader, open_dataset
+from .dataset_union import in_threads
 from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
 from .depth_maps import DepthUnit
@@ -281,10 +282,11 @@ class DALILeRobotIterator:
             camera: CameraFormat.of(index, nvdec=routes[camera] is DecodeRoute.NVDEC)
             for camera, index in indexes.items()
         }
-        for pos in self.reader.first_episodes():
-            if pos:
-                indexes = self._indexes_held_to_formats(pos)
-            self._check_rows_find_frames(pos, indexes)
+
+        def check_first(pos: int) -> None:
+            self._check_rows_find_frames(pos, self._indexes_held_to_formats(pos) if pos else indexes)
+
+        in_threads(check_first, self.reader.first_episodes())  # (a union's datasets' at once)
         self._color_fixes = _nvdec_color_fixes(self._camera_formats)
         return routes
 

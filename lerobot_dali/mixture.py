@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .dataset_reader import LeRobotDatasetReader
-from .dataset_union import DATASET_INDEX, Dataset, dataset_list, opened, refuse_dataset_index_feature
+from .dataset_union import DATASET_INDEX, Dataset, dataset_list, open_all, refuse_dataset_index_feature
 from .episode_rows import INDEX_COLUMNS
 from .errors import (
     DatasetError,
@@ -113,7 +113,7 @@ class DALILeRobotMixture:
         batch_size = check_int("batch_size", batch_size, minimum=1)
         num_workers = check_int("num_workers", num_workers, minimum=0)
         check_int("seed", seed, minimum=0)
-        readers = [opened(dataset) for dataset in datasets]
+        readers = open_all(datasets)
         self.renames = [
             KeyRename.checked(own.pop(RENAME_MAP, None), reader)
             for own, reader in zip(own_options, readers, strict=True)

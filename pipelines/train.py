@@ -376,12 +376,12 @@ def open_readers(options: TrainOptions) -> list[Any]:
     """The datasets to train on, opened; several keep the keys and cameras all of them have (a mixture's), under
     the names ``--rename-map`` gives them."""
     from lerobot_dali.dataset_reader import open_dataset
-    from lerobot_dali.dataset_union import concat_datasets
+    from lerobot_dali.dataset_union import concat_datasets, open_all
     from lerobot_dali.key_rename import rename_maps_for, shared_selection
 
     if len(options.datasets) == 1:
         return [open_dataset(options.datasets[0], episodes=options.episodes, cameras=options.cameras)]
-    readers = [open_dataset(path) for path in options.datasets]  # (--cameras: names as the mixture's batches)
+    readers = open_all(options.datasets)  # (at once; --cameras: names as the mixture's batches)
     rates = {reader.location.description: reader.fps for reader in readers}
     if len(set(rates.values())) > 1:  # (the library mixes them; this script's windows count frames at one fps)
         raise ValueError(f"the datasets run at different fps ({rates}); train on datasets of one fps")

@@ -267,6 +267,32 @@ def test_a_union_is_one_dataset_of_a_mixture(make_ds, caplog) -> None:
     mix.close()
 
 
+def test_datasets_are_opened_at_once_and_the_first_failure_in_order_is_raised(make_ds, monkeypatch) -> None:
+    """Opening a remote dataset waits on a dozen requests one after another: a union's (and a mixture's) datasets
+    open at once, so two opens meet at a barrier that one-by-one opening would leave broken; of several that fail,
+    the first in the list is named, whatever finished first."""
+    import threading
+
+    from lerobot_dali import dataset_union
+
+    paths = _datasets(make_ds)
+    meet = threading.Barrier(2, timeout=30)
+    real_open = dataset_union.open_dataset
+
+    def open_together(path, **kwargs):
+        meet.wait()
+        return real_open(path, **kwargs)
+
+    monkeypatch.setattr(dataset_union, "open_dataset", open_together)
+    assert concat_datasets(paths).num_episodes == 5
+    meet.reset()
+    DALILeRobotMixture(paths, batch_size=2, device="cpu", num_workers=0).close()
+    monkeypatch.setattr(dataset_union, "open_dataset", real_open)
+    missing = [paths[0].parent / "nowhere-1", paths[1].parent / "nowhere-2"]
+    with pytest.raises(DatasetError, match="nowhere-1"):
+        concat_datasets([missing[0], paths[0], missing[1]])
+
+
 def test_the_datasets_share_one_bound_on_open_data_files(make_ds) -> None:
     """v2.1 keeps a data file per episode: eight datasets of three episodes opened 24 files, each dataset's cache
     keeping its own; the union's one bound holds for all."""
