@@ -312,7 +312,13 @@ def test_workers_leave_ctrl_c_to_the_trainer() -> None:
     child.start()
     assert queue.get(timeout=60) == (True, True)
     child.join(timeout=60)
-    assert leave_interrupts_to_parent() is False and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # (set first: a shell starting the tests as a background job hands them SIGINT already ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert leave_interrupts_to_parent() is False
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_container_sized_dev_shm_is_warned_of_at_construction(
