@@ -58,14 +58,23 @@ _T = TypeVar("_T")
 _R = TypeVar("_R")
 
 
-def in_threads(function: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+def in_threads(function: Callable[[_T], _R], items: Sequence[_T], *, progress: str | None = None) -> list[_R]:
     """``function`` of each item, in order, several at once: opening a remote dataset, or probing its first files,
     waits on one request after another (20 datasets over HTTP with 50 ms of latency took 48 s to open one by one).
-    The first item's exception, in order, is raised."""
+    The first item's exception, in order, is raised. ``progress``: a bar of that name where it takes over 2 s
+    (huggingface_hub's, which ``HF_HUB_DISABLE_PROGRESS_BARS`` turns off)."""
     if len(items) < 2:
         return [function(item) for item in items]
-    with ThreadPoolExecutor(min(len(items), _THREADS), thread_name_prefix="lerobot-dali-datasets") as pool:
-        return list(pool.map(function, items))
+    from huggingface_hub.utils import tqdm
+
+    with (
+        tqdm(total=len(items), desc=progress, unit="dataset", delay=2.0, disable=progress is None) as bar,
+        ThreadPoolExecutor(min(len(items), _THREADS), thread_name_prefix="lerobot-dali-datasets") as pool,
+    ):
+        futures = [pool.submit(function, item) for item in items]
+        for future in futures:
+            future.add_done_callback(lambda _: bar.update())
+        return [future.result() for future in futures]
 
 
 def open_all(
@@ -73,7 +82,7 @@ def open_all(
 ) -> list[LeRobotDatasetReader]:
     """Each of ``datasets`` (a list, :func:`dataset_list`) opened by ``opener`` (default :func:`opened`), several
     at once."""
-    return in_threads(opener or opened, dataset_list(datasets))
+    return in_threads(opener or opened, dataset_list(datasets), progress="lerobot-dali: opening datasets")
 
 
 def dataset_list(datasets: Sequence[Dataset]) -> list[Dataset]:
@@ -84,8 +93,8 @@ def dataset_list(datasets: Sequence[Dataset]) -> list[Dataset]:
 
 
 def opened(dataset: Dataset) -> LeRobotDatasetReader:
-    """``dataset`` opened, to be read beside others: a union among them reads without its :data:`DATASET_INDEX`,
-    the key whose batches give each sample's dataset position in them."""
+    """``dataset`` opened, to be read beside others. A union among them is read without its own
+    :data:`DATASET_INDEX`: where datasets are read together, that key says which of them a sample came from."""
     if isinstance(dataset, DatasetUnion) and dataset.with_dataset_index:
         return dataset.select(keys=[k for k in dataset.tabular_keys if k != DATASET_INDEX])
     return dataset if isinstance(dataset, LeRobotDatasetReader) else open_dataset(dataset)
