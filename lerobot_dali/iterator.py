@@ -357,7 +357,9 @@ class DALILeRobotIterator:
     def __len__(self) -> int:
         """Batches a pass over the current epoch yields: a full epoch, or what is left of a resumed or
         interrupted one. Counted from where the pass in progress started, so it holds still while the loop
-        runs, as a ``DataLoader``'s length does (``step == len(it) - 1`` checks, schedulers)."""
+        runs, as a ``DataLoader``'s length does (``step == len(it) - 1`` checks, schedulers). Once a pass ends,
+        the current epoch is the next one, whose count may differ by a few samples where several ranks are
+        balanced (:class:`~.sample_order.RankBalance`)."""
         start = self._pass_start if self._pass_start is not None else self._stream.samples_consumed
         remaining = self._stream.num_samples() - start
         return remaining // self.batch_size if self.drop_last else -(-remaining // self.batch_size)

@@ -254,10 +254,14 @@ def _run_case(case: Case, make_ds: Callable[..., Path], server: FolderServer, se
             loader = _loader(sources, case, rank)
             anchor = getattr(loader, "anchor", 0)
             try:
-                runs = [_epoch(loader, case)]
-                assert len(runs[0]) == len(loader)
-                loader.set_epoch(1)
-                runs.append(_epoch(loader, case))
+                # len() is the coming pass's: taken after a pass it is the next epoch's, whose sample count may
+                # differ (ranks balanced by dropping or padding to another rank's count of that epoch).
+                runs = []
+                for epoch in range(2):
+                    loader.set_epoch(epoch)
+                    length = len(loader)
+                    runs.append(_epoch(loader, case))
+                    assert len(runs[epoch]) == length, f"epoch {epoch}"
                 if len(runs[1]) > 1:  # stop in epoch 1, resume under other workers: the same batches
                     stop = rng.randint(1, len(runs[1]) - 1)
                     loader.set_epoch(1)
