@@ -139,7 +139,8 @@ class BenchConfig:
     ``cuda`` when a GPU is present. ``loaders``: a subset of :data:`LOADERS` (default: all that apply).
     """
 
-    dataset: str | None = None
+    #: A path or repo id; several: read as one (``concat_datasets``, and LeRobot's ``MultiLeRobotDataset``).
+    dataset: str | tuple[str, ...] | None = None
     batch_size: int | None = None
     num_workers: int | None = None
     pool_size: int = DEFAULT_EPISODE_POOL_SIZE
@@ -203,6 +204,12 @@ class BenchConfig:
                 _repo_module("pipelines.recipes", "pipelines/recipes.py").get_recipe(self.recipe)
             except (ValueError, OSError, ImportError) as e:
                 raise ValueError(f"--recipe: {e}") from e
+        if isinstance(self.dataset, (tuple, list)):
+            if len(self.dataset) < 2 or not all(isinstance(d, str) for d in self.dataset):
+                raise ValueError(f"--dataset takes a dataset, or several to read as one; got {self.dataset!r}")
+            object.__setattr__(self, "dataset", tuple(self.dataset))
+            if self.limits:
+                raise ValueError("--limits measures one dataset's files: bench the datasets one by one for it")
         if (self.cameras or self.keys) and self.dataset is None:
             raise ValueError("--cameras and --keys select parts of --dataset; the generated datasets are read whole")
         if self.loaders is not None:
@@ -292,6 +299,10 @@ def _pid_alive(text: str) -> bool:
 
 def bench_datasets(config: BenchConfig) -> list[BenchDataset]:
     lookup = partial(BenchDataset, timestamp_source=config.timestamp_source, tolerance_s=float(config.tolerance_s))
+    if isinstance(config.dataset, tuple):
+        names = [Path(d).name or d for d in config.dataset]
+        label = "+".join(names[:3]) + (f"+{len(names) - 3} more" if len(names) > 3 else "")
+        return [lookup(label, config.dataset[0], cameras=config.cameras, keys=config.keys, members=config.dataset)]
     if config.dataset is not None:
         label = Path(config.dataset).name or config.dataset
         return [lookup(label, config.dataset, cameras=config.cameras, keys=config.keys)]
@@ -544,6 +555,7 @@ def _dataset_summary(dataset: BenchDataset, reader: Any, plan: LoadPlan) -> dict
     return {
         "label": dataset.label,
         "path": dataset.path,
+        "members": list(dataset.members),
         "codec": codec,
         "resolution": resolution,
         # How hard the frames are to decode: synthetic ones compress ~10x better than camera footage.
@@ -562,8 +574,6 @@ def _dataset_summary(dataset: BenchDataset, reader: Any, plan: LoadPlan) -> dict
 
 def run_bench(config: BenchConfig) -> BenchReport:
     """Run every applicable loader on every dataset of ``config`` and write JSON, CSV and PNG to its out dir."""
-    from .dataset_reader import open_dataset
-
     device = _resolve_device(config.device)
     machine = machine_info(device)  # now: its load average is the one the run began with
     out_dir = config.out or Path("bench") / "results" / time.strftime("%Y%m%d-%H%M%S")
@@ -579,7 +589,7 @@ def run_bench(config: BenchConfig) -> BenchReport:
     results: list[LoaderResult] = []
     summaries: list[dict[str, Any]] = []
     for dataset in bench_datasets(config):
-        reader = open_dataset(dataset.path, cameras=dataset.cameras, keys=dataset.keys)
+        reader = dataset.open()
         plan = load_plan(config, reader)
         summary = _dataset_summary(dataset, reader, plan)
         if plan.augment is not None:
@@ -612,6 +622,9 @@ def run_bench(config: BenchConfig) -> BenchReport:
             elif name in _EXTERNAL and (dataset.cameras or dataset.keys or not by_parquet):
                 note = "LeRobot's datasets read every declared feature by parquet timestamps: they take no "
                 note += "--cameras, --keys or --timestamp-source"
+                skipped[name] = LoaderResult(dataset=dataset.label, loader=name, status="skipped", note=note)
+            elif name == LEROBOT_STREAMING_LOADER and dataset.members:
+                note = "StreamingLeRobotDataset reads one dataset (MultiLeRobotDataset is LeRobot's for several)"
                 skipped[name] = LoaderResult(dataset=dataset.label, loader=name, status="skipped", note=note)
         measured = [name for name in loaders if name not in skipped]
         unfair = _unfair_peers(config, reader.num_frames, measured)

@@ -137,8 +137,9 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
         from .iterator import DALILeRobotIterator
 
         rgb_in_workers = job.loader == DALI_CPU_DECODE_RGB_LOADER
+        union = job.dataset.open() if job.dataset.members else None
         it = DALILeRobotIterator(
-            job.dataset.path, batch_size=job.batch_size, delta_timestamps=plan.delta_timestamps or None,
+            union or job.dataset.path, batch_size=job.batch_size, delta_timestamps=plan.delta_timestamps or None,
             shuffle=True, seed=job.seed, episode_pool_size=job.pool_size,
             rank=0, world_size=1,  # one process reads the whole dataset, as the peers do, whatever RANK says
             device="cpu" if job.loader == DALI_CPU_MODE_LOADER else job.device,
@@ -147,21 +148,34 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
             cpu_decode=CpuDecodeOptions(
                 color_conversion=ColorConversion.WORKER if rgb_in_workers else ColorConversion.AUTO
             ),
-            cameras=job.dataset.cameras, keys=job.dataset.keys,
+            cameras=None if union else job.dataset.cameras, keys=None if union else job.dataset.keys,
             timestamp_source=job.dataset.timestamp_source, tolerance_s=job.dataset.tolerance_s,
         )  # fmt: skip
         routes = " ".join(f"{k.rsplit('.', 1)[-1]}={r.value}" for k, r in it.routes.items())
         return it, routes, it.close
     from . import bench_peers
 
+    paths = job.dataset.members or (job.dataset.path,)
+    close: Callable[[], None] | None = None
     if job.loader == PLAIN_LOADER:
-        dataset: Any = bench_peers.PyAVFrameDataset(
-            job.dataset.path,
+        parts = [
+            bench_peers.PyAVFrameDataset(
+                path,
+                delta_timestamps=plan.delta_timestamps,
+                image_size=plan.image_size,
+                cameras=job.dataset.cameras,
+                keys=job.dataset.keys,
+                timestamp_source=job.dataset.timestamp_source,
+                tolerance_s=job.dataset.tolerance_s,
+            )
+            for path in paths
+        ]
+        dataset: Any = parts[0] if len(parts) == 1 else torch.utils.data.ConcatDataset(parts)
+    elif job.loader == LEROBOT_LOADER and job.dataset.members:
+        dataset, close = bench_peers.lerobot_multi_dataset(
+            job.dataset.members,
             delta_timestamps=plan.delta_timestamps,
             image_size=plan.image_size,
-            cameras=job.dataset.cameras,
-            keys=job.dataset.keys,
-            timestamp_source=job.dataset.timestamp_source,
             tolerance_s=job.dataset.tolerance_s,
         )
     elif job.loader == LEROBOT_LOADER:
@@ -192,7 +206,7 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
         pin_memory=job.device.startswith("cuda"), persistent_workers=job.num_workers > 0,
         generator=torch.Generator().manual_seed(job.seed), multiprocessing_context=context,
     )  # fmt: skip
-    return loader, "", lambda: None
+    return loader, "", close or (lambda: None)
 
 
 def _frames_in(batch: Mapping[str, Any], camera_keys: Sequence[str]) -> int:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -292,6 +294,43 @@ def lerobot_dataset(
         image_transforms=Resize(image_size) if image_size is not None else None,
         tolerance_s=tolerance_s,
     )
+
+
+def lerobot_multi_dataset(
+    datasets: Sequence[str],
+    *,
+    delta_timestamps: Mapping[str, Sequence[float]] | None,
+    image_size: tuple[int, int] | None,
+    tolerance_s: float = DEFAULT_TOLERANCE_S,
+) -> tuple[Any, Callable[[], None]]:
+    """LeRobot's ``MultiLeRobotDataset`` over local folders (or Hub repo ids), and what removes the folder of links
+    it reads local ones through (it finds each dataset at ``root / repo_id``)."""
+    try:
+        from lerobot.datasets.multi_dataset import MultiLeRobotDataset  # (LeRobot >= 0.5)
+    except ImportError:
+        from lerobot.datasets.lerobot_dataset import MultiLeRobotDataset
+
+    local = [Path(d) for d in datasets if Path(d).is_dir()]
+    root: Path | None = None
+    repo_ids = list(datasets)
+    if local:
+        if len(local) != len(datasets):
+            raise ValueError("MultiLeRobotDataset reads datasets from one root: give local folders, or repo ids only")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        root = Path(tempfile.mkdtemp(prefix="lerobot-multi-"))
+        repo_ids = [f"local/{i}-{path.resolve().name}" for i, path in enumerate(local)]
+        (root / "local").mkdir()
+        for repo_id, path in zip(repo_ids, local, strict=True):
+            (root / repo_id).symlink_to(path.resolve())
+    tolerances = dict.fromkeys(repo_ids, tolerance_s)
+    dataset = MultiLeRobotDataset(
+        repo_ids,
+        root=root,
+        delta_timestamps={k: list(v) for k, v in (delta_timestamps or {}).items()} or None,
+        image_transforms=Resize(image_size) if image_size is not None else None,
+        tolerances_s=tolerances,
+    )
+    return dataset, (lambda: shutil.rmtree(root, ignore_errors=True)) if root is not None else (lambda: None)
 
 
 def streaming_buffer_size() -> int | None:

@@ -64,6 +64,19 @@ class BenchDataset:
     #: for wall-clock parquet timestamps (``cr5_*``), a wider tolerance for data slower than its video (``r1``).
     timestamp_source: str = TimestampSource.PARQUET_TIMESTAMP.value
     tolerance_s: float = DEFAULT_TOLERANCE_S
+    #: Several datasets of one layout read as one (``path`` is the first's): lerobot-dali's ``concat_datasets``,
+    #: LeRobot's ``MultiLeRobotDataset``, a ``ConcatDataset`` of the plain peer's.
+    members: tuple[str, ...] = ()
+
+    def open(self) -> Any:
+        """The dataset's reader (``concat_datasets`` of the members where there are several)."""
+        if self.members:
+            from .dataset_union import concat_datasets
+
+            return concat_datasets(self.members, cameras=self.cameras, keys=self.keys)
+        from .dataset_reader import open_dataset
+
+        return open_dataset(self.path, cameras=self.cameras, keys=self.keys)
 
 
 @dataclass(frozen=True)

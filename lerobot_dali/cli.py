@@ -287,10 +287,12 @@ def _bench(args: argparse.Namespace) -> int:
     from .bench_measure import show_progress
 
     show_progress()
-    _check_url(args.dataset)
+    for dataset in args.dataset or ():
+        _check_url(dataset)
     try:
         config = BenchConfig(
-            dataset=args.dataset, batch_size=args.batch_size, num_workers=args.num_workers,
+            dataset=args.dataset if args.dataset is None or len(args.dataset) > 1 else args.dataset[0],
+            batch_size=args.batch_size, num_workers=args.num_workers,
             pool_size=args.pool_size, image_size=args.image_size, augment=args.augment, mode=args.mode,
             device=args.device, recipe=args.recipe, quick=args.quick, out=Path(args.out) if args.out else None,
             steps=args.steps, warmup=args.warmup, repeats=args.repeats, limits=args.limits,
@@ -408,7 +410,11 @@ def _parser() -> argparse.ArgumentParser:
     make.set_defaults(run=_make_dataset)
 
     bench = verbs.add_parser("bench", help="data-loading throughput: lerobot-dali vs PyAV DataLoader and LeRobot")
-    bench.add_argument("--dataset", help="dataset to load (default: generate LeRobot-like AV1 and H.264 ones)")
+    bench.add_argument(
+        "--dataset", nargs="+",
+        help="dataset to load (default: generate LeRobot-like AV1 and H.264 ones); several: read as one "
+        "(concat_datasets, against LeRobot's MultiLeRobotDataset)",
+    )  # fmt: skip
     bench.add_argument("--cameras", nargs="+", metavar="KEY", help="with --dataset: read only these cameras")
     bench.add_argument("--keys", nargs="+", metavar="KEY", help="with --dataset: read only these tabular features")
     bench.add_argument(

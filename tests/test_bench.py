@@ -204,6 +204,28 @@ def test_cameras_and_keys_select_what_every_loader_reads(tmp_path: Path) -> None
         BenchConfig(cameras=("observation.images.cam0",))
 
 
+def test_several_datasets_bench_as_one(make_ds, tmp_path: Path, capsys) -> None:
+    """Several --dataset: lerobot-dali reads them as one (concat_datasets), the PyAV peer as a ConcatDataset; the
+    report names them all. --limits measures one dataset's files, so it is refused with several."""
+    spec = dict(frames_per_episode=6, cameras=1, codec="vp9", fps=10, gop=3)
+    paths = [str(make_ds(episodes=2, **spec)), str(make_ds(episodes=3, version="v2.1", seed=1, **spec))]
+    out = tmp_path / "union"
+    small = ["--batch-size", "2", "--steps", "2", "--warmup", "1", "--num-workers", "1", "--out", str(out)]
+    loaders = ["--loaders", "lerobot-dali", "pyav-dataloader"]
+    code = main(["bench", "--device", "cpu", "--dataset", *paths, *loaders, *small])
+    assert code == 0
+    report = json.loads((out / "bench.json").read_text())
+    assert [(r["loader"], r["status"], r["frames"]) for r in report["results"]] == [
+        ("lerobot-dali", "ok", 4),
+        ("pyav-dataloader", "ok", 4),
+    ]
+    (summary,) = report["datasets"]
+    assert summary["members"] == paths and (summary["episodes"], summary["frames"]) == (5, 30)
+    assert report["config"]["dataset"] == paths
+    assert main(["bench", "--device", "cpu", "--dataset", *paths, "--limits"]) == 2
+    assert "--limits measures one dataset's files" in capsys.readouterr().err
+
+
 def test_wall_clock_timestamps_bench_by_frame_index(tmp_path: Path) -> None:
     """cr5's parquet timestamps are wall-clock: every loader reads it by frame_index / fps when asked, and the
     peer's frames are the file's frames at from_timestamp + frame_index / fps."""
