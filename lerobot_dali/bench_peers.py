@@ -322,15 +322,23 @@ def lerobot_multi_dataset(
         (root / "local").mkdir()
         for repo_id, path in zip(repo_ids, local, strict=True):
             (root / repo_id).symlink_to(path.resolve())
-    tolerances = dict.fromkeys(repo_ids, tolerance_s)
-    dataset = MultiLeRobotDataset(
-        repo_ids,
-        root=root,
-        delta_timestamps={k: list(v) for k, v in (delta_timestamps or {}).items()} or None,
-        image_transforms=Resize(image_size) if image_size is not None else None,
-        tolerances_s=tolerances,
-    )
-    return dataset, (lambda: shutil.rmtree(root, ignore_errors=True)) if root is not None else (lambda: None)
+
+    def remove_links() -> None:
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
+
+    try:
+        dataset = MultiLeRobotDataset(
+            repo_ids,
+            root=root,
+            delta_timestamps={k: list(v) for k, v in (delta_timestamps or {}).items()} or None,
+            image_transforms=Resize(image_size) if image_size is not None else None,
+            tolerances_s=dict.fromkeys(repo_ids, tolerance_s),
+        )
+    except BaseException:
+        remove_links()
+        raise
+    return dataset, remove_links
 
 
 def streaming_buffer_size() -> int | None:
