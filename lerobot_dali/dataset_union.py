@@ -95,8 +95,8 @@ def dataset_list(datasets: Sequence[Dataset]) -> list[Dataset]:
 def opened(dataset: Dataset) -> LeRobotDatasetReader:
     """``dataset`` opened, to be read beside others. A union among them is read without its own
     :data:`DATASET_INDEX`: where datasets are read together, that key says which of them a sample came from."""
-    if isinstance(dataset, DatasetUnion) and dataset.with_dataset_index:
-        return dataset.select(keys=[k for k in dataset.tabular_keys if k != DATASET_INDEX])
+    if isinstance(dataset, DatasetUnion):
+        return dataset.without_dataset_index()
     return dataset if isinstance(dataset, LeRobotDatasetReader) else open_dataset(dataset)
 
 
@@ -226,9 +226,7 @@ class DatasetUnion(LeRobotDatasetReader):
         return self._with_members(members, tasks={})
 
     def select(self, *, cameras: Sequence[str] | None = None, keys: Sequence[str] | None = None) -> DatasetUnion:
-        """The union narrowed to ``cameras`` and ``keys``, by the union's names (``keys`` without
-        :data:`DATASET_INDEX`: rows without it, as a mixture reads a union, giving each sample its own)."""
-        with_dataset_index = keys is None or DATASET_INDEX in keys
+        """The union narrowed to ``cameras`` and ``keys``, by the union's names (``dataset_index`` stays)."""
         keys = None if keys is None else [k for k in keys if k != DATASET_INDEX]
         members = [
             m.select(
@@ -237,7 +235,12 @@ class DatasetUnion(LeRobotDatasetReader):
             )
             for m, r in zip(self.members, self.renames, strict=True)
         ]
-        return self._with_members(members, with_dataset_index=with_dataset_index)
+        return self._with_members(members)
+
+    def without_dataset_index(self) -> DatasetUnion:
+        """This union with no :data:`DATASET_INDEX` in its rows: read beside other datasets (a mixture's), where
+        that key says which of them a sample came from."""
+        return self._with_members(list(self.members), with_dataset_index=False)
 
     def with_location(self, location: DatasetLocation) -> DatasetUnion:
         """The union read through ``location``'s filesystem (the prefetch cache in front of the remote one), which
