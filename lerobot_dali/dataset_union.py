@@ -158,7 +158,7 @@ class DatasetUnion(LeRobotDatasetReader):
             ),
             tasks,
             camera_keys=named.batch_names(first.camera_keys),
-            tabular_keys=[*named.batch_names(first.tabular_keys), *[DATASET_INDEX] * with_dataset_index],
+            tabular_keys=[*named.batch_names(first.tabular_keys), *([DATASET_INDEX] if with_dataset_index else [])],
             image_keys=named.batch_names(first.image_keys),
             stamps=FileStamps.merged(stamps) if stamps else None,
         )
