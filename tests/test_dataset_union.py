@@ -246,8 +246,9 @@ def test_a_union_is_one_dataset_of_a_mixture(make_ds, caplog) -> None:
         mix = DALILeRobotMixture([union, third], weights=[2, 1], batch_size=6, device="cpu", num_workers=0)
     assert "dataset_index" not in caplog.text  # (not "left out": the mixture gives its own)
     assert mix.batch_shares == (4, 2) and len(mix) == 28 // 4  # (the union's epoch is the mixture's)
-    seen = Counter()
+    seen, epoch = Counter(), []
     for batch in mix:
+        epoch.append(_keys(batch))
         assert batch["dataset_index"].tolist() == [0, 0, 0, 0, 1, 1]
         for i, (d, ep, f) in enumerate(_keys(batch)):
             marker_ep, marker_f, camera = _marker(batch[cam0][i])
@@ -260,6 +261,15 @@ def test_a_union_is_one_dataset_of_a_mixture(make_ds, caplog) -> None:
                 for f in range(n)}  # fmt: skip
     assert set(seen) == expected and set(seen.values()) == {1}
     assert union.with_dataset_index  # (the union itself is untouched; the mixture reads a copy without the key)
+    # Stopped after 3 batches and resumed with a worker: the rest of the same epoch.
+    mix = DALILeRobotMixture([union, third], weights=[2, 1], batch_size=6, device="cpu", num_workers=0)
+    head = [_keys(batch) for _, batch in zip(range(3), mix, strict=False)]
+    state = mix.state_dict()
+    mix.close()
+    mix = DALILeRobotMixture([union, third], weights=[2, 1], batch_size=6, device="cpu", num_workers=1)
+    mix.load_state_dict(state)
+    assert head + [_keys(batch) for batch in mix] == epoch
+    mix.close()
     # Unions only: the key every one of them has is still the mixture's own.
     mix = DALILeRobotMixture([union, concat_datasets([third, third])], batch_size=4, device="cpu", num_workers=0)
     batch = next(iter(mix))
