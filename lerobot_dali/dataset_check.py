@@ -30,7 +30,7 @@ from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
 from .dataset_reader import LeRobotDatasetReader, VideoRef
 from .errors import DataFileError, EpisodeMetadataError, SchemaMismatchError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
-from .image_frames import decode_depth_images, decode_images
+from .image_frames import decode_depth_images, decode_images, first_image_shape
 from .packet_index import PacketIndex
 from .packet_index_cache import PacketIndexCache
 from .packet_index_store import PacketIndexStore
@@ -176,13 +176,6 @@ class _EpisodeChecker:
         )
         return video, index
 
-    def first_image_shape(self, pos: int, camera: str) -> tuple[int, ...] | None:
-        """(H, W, C) of episode ``pos``'s first image of ``camera``; None when it has none."""
-        first = self.reader.read_episode_images(pos, camera)[:1].to_pylist()
-        if not first:
-            return None
-        return self._decode_images(pos, camera, first).shape[1:]
-
     def _decode_images(self, pos: int, camera: str, encoded: list[bytes]) -> np.ndarray:
         depth = camera in self.reader.info.depth_image_units([camera])
         label = f"{self.reader.data_path(pos)} (camera {camera})"
@@ -320,7 +313,7 @@ def _set_references(checker: _EpisodeChecker) -> None:
     for camera in reader.image_keys if checker.decode else ():
         for pos in range(reader.num_episodes):
             try:
-                shape = checker.first_image_shape(pos, camera)
+                shape = first_image_shape(checker.reader, pos, camera)
             except Exception as e:
                 logger.debug("camera %s: no image shape from episode position %d: %s", camera, pos, e)
                 continue

@@ -38,7 +38,7 @@ from .dataset_stats import FeatureStats, aggregate_episode_stats
 from .episode_table import EpisodeTable
 from .errors import DatasetError, SchemaMismatchError, StatsError
 from .file_stamps import FileStamps
-from .image_frames import decode_depth_images, decode_images
+from .image_frames import first_image_shape
 from .key_rename import KeyRename, shared_selection
 from .packet_index_cache import load_packet_index
 from .packet_index_store import PacketIndexStore
@@ -380,8 +380,4 @@ def _first_format(reader: LeRobotDatasetReader, camera: str) -> str | None:
 
 def _first_image_shape(reader: LeRobotDatasetReader, camera: str) -> tuple[int, ...] | None:
     """(H, W, C) of the camera's first image (what the workers hold every image of a camera to)."""
-    first = reader.read_episode_images(0, camera)[:1].to_pylist() if reader.num_episodes else []
-    if not first:
-        return None
-    depth = camera in reader.info.depth_image_units([camera])
-    return tuple((decode_depth_images if depth else decode_images)(first, label=camera).shape[1:])
+    return first_image_shape(reader, 0, camera) if reader.num_episodes else None

@@ -15,12 +15,15 @@ from __future__ import annotations
 import io
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from .errors import DataFileError, cameras_hint
+
+if TYPE_CHECKING:
+    from .dataset_reader import LeRobotDatasetReader
 
 __all__ = ["EpisodeImageCache", "decode_depth_images", "decode_images"]
 
@@ -49,6 +52,18 @@ def decode_images(encoded: Sequence[bytes], *, label: str) -> np.ndarray:
         "in info.json), which would lose its precision as a colour camera; flag it is_depth_map or leave the "
         f"camera out with {cameras_hint()}",
     )
+
+
+def first_image_shape(reader: LeRobotDatasetReader, episode_pos: int, camera: str) -> tuple[int, int, int] | None:
+    """(H, W, C) of episode ``episode_pos``'s first image of image camera ``camera``, decoded as the workers decode
+    it (a depth map's as depth), or None where the episode has none: what every image of a camera is held to,
+    since a batch is one tensor. An image the workers could not decode raises here, naming the dataset."""
+    first = reader.read_episode_images(episode_pos, camera)[:1].to_pylist()
+    if not first:
+        return None
+    decode = decode_depth_images if camera in reader.info.depth_image_units([camera]) else decode_images
+    height, width, channels = decode(first, label=f"{reader.source_of(episode_pos)}: camera {camera!r}").shape[1:]
+    return height, width, channels
 
 
 def decode_depth_images(encoded: Sequence[bytes], *, label: str) -> np.ndarray:

@@ -45,7 +45,7 @@ from .errors import (
 )
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
 from .host_values import decode_host_values
-from .image_frames import decode_depth_images, decode_images
+from .image_frames import first_image_shape
 from .packet_index import PacketIndex
 from .packet_index_cache import load_packet_index
 from .packet_index_store import PacketIndexStore
@@ -159,7 +159,7 @@ class DALILeRobotIterator:
         self._depth_image_units = self.reader.info.depth_image_units(self.reader.image_keys)
         self._depth_cameras = {*self._depth_quantizers, *self._depth_image_units}
         self._depth_unit = _choice(DepthUnit, "depth_unit", depth_unit)
-        self._image_shapes = _image_shapes(self.reader, depth=self._depth_image_units)
+        self._image_shapes = _image_shapes(self.reader)
         # Cameras of other than 3 channels: grey image cameras, depth cameras (1).
         grey = {key: shape[2] for key, shape in self._image_shapes.items() if shape[2] != 3}
         self._image_channels = grey | dict.fromkeys(self._depth_cameras, 1)
@@ -761,18 +761,11 @@ def _raise_original(error: Exception) -> None:
     raise error
 
 
-def _image_shapes(reader: LeRobotDatasetReader, *, depth: Collection[str]) -> dict[str, tuple[int, int, int]]:
-    """(H, W, C) of each image camera's first image (of the first episode): a batch is one tensor, so the workers
-    hold every image to it. A camera of 16-bit images not flagged a depth map fails here, naming itself, rather
-    than in a worker. ``depth``: the depth image cameras."""
-    shapes = {}
-    for key in reader.image_keys:
-        first = reader.read_episode_images(0, key)[:1].to_pylist()
-        if first:
-            decode = decode_depth_images if key in depth else decode_images
-            height, width, channels = decode(first, label=f"{reader.location.description}: camera {key!r}").shape[1:]
-            shapes[key] = (height, width, channels)
-    return shapes
+def _image_shapes(reader: LeRobotDatasetReader) -> dict[str, tuple[int, int, int]]:
+    """(H, W, C) of each image camera's first image (of the first episode), which the workers hold every image to.
+    A camera of 16-bit images not flagged a depth map fails here, naming itself, rather than in a worker."""
+    shapes = {key: first_image_shape(reader, 0, key) for key in reader.image_keys}
+    return {key: shape for key, shape in shapes.items() if shape is not None}
 
 
 def _nvdec_color_fixes(formats: Mapping[str, CameraFormat]) -> dict[str, tuple[tuple[float, ...], ...]]:
