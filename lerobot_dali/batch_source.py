@@ -72,12 +72,13 @@ class CameraFormat(NamedTuple):
     def admits(self, index: PacketIndex) -> bool:
         return self == CameraFormat.of(index, nvdec=self.nvdec)
 
-    def check(self, index: PacketIndex, label: str) -> None:
-        """Raise SchemaMismatchError naming ``label`` (the file, episode and camera) unless it :meth:`admits`
-        ``index``."""
+    def check(self, index: PacketIndex, *, path: str, episode: int, camera: str) -> None:
+        """Raise SchemaMismatchError naming the file, episode and camera unless it :meth:`admits` ``index``
+        (episode ``episode``'s file ``path`` of ``camera``)."""
         if not self.admits(index):
             raise SchemaMismatchError(
-                f"{label} is {CameraFormat.of(index, nvdec=self.nvdec)}, but the camera's first file is {self}; a "
+                f"{path} (episode {episode}, camera {camera!r}) is {CameraFormat.of(index, nvdec=self.nvdec)}, but "
+                f"the camera's first file is {self}; a "
                 "camera's videos must share one codec and size (and, on NVDEC, pixel format and colour tags: the "
                 "first file set them up): re-encode this file"
             )
@@ -397,9 +398,7 @@ class BatchSource:
             )  # fmt: skip
             expected = spec.camera_formats.get(camera)
             if expected is not None:
-                expected.check(
-                    index, f"{video.path} (episode {int(reader.episodes.episode_index[pos])}, camera {camera!r})"
-                )
+                expected.check(index, path=video.path, episode=int(reader.episodes.episode_index[pos]), camera=camera)
             numbers = row_frame_numbers(
                 reader,
                 int(pos),

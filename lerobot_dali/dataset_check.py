@@ -188,7 +188,8 @@ class _EpisodeChecker:
         reader = self.reader
         expected = self.formats.get(camera)
         if expected is not None:
-            expected.check(index, f"{video.path} (camera {camera!r})")
+            episode = int(reader.episodes.episode_index[pos])
+            expected.check(index, path=video.path, episode=episode, camera=camera)
         every_row = np.arange(len(rows["frame_index"]))
         numbers = row_frame_numbers(
             reader, pos, camera, rows, every_row, index,

@@ -25,7 +25,7 @@ from .augment_config import NORMALIZE_FROM_STATS, AugmentConfig, Normalize, chec
 from .batch_source import BatchSource, CameraFormat, SourceSpec, output_fields
 from .cpu_decode import CpuDecodeOptions, pyav_can_decode
 from .dali_graph import HOST_TASK_INDEX, CameraFeed, build_pipeline, camera_feed
-from .dataset_reader import LeRobotDatasetReader, open_dataset
+from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
 from .dataset_union import in_threads
 from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
@@ -261,11 +261,7 @@ class DALILeRobotIterator:
             preference = DecodePreference.CPU
         indexes = {}
         for camera in self.reader.camera_keys:
-            video = self.reader.video(0, camera)
-            fs = self.reader.location.fs
-            indexes[camera] = load_packet_index(
-                video.path, filesystem=fs, stamp=self.reader.listed_stamp(video.path), store=self._index_store
-            )
+            video, indexes[camera] = self._packet_index(0, camera)
             if camera in self._depth_quantizers:  # 12-bit codes: NVDEC and DALI's decoders give 8-bit RGB only
                 if not pyav_can_decode(indexes[camera].codec):
                     raise CodecUnsupportedError(
@@ -275,8 +271,8 @@ class DALILeRobotIterator:
                 routes[camera] = DecodeRoute.CPU_FALLBACK
                 continue
             routes[camera] = route_for_video(
-                video.path, indexes[camera], decode=preference, device_id=self._device_id or 0, filesystem=fs,
-                label=camera,
+                video.path, indexes[camera], decode=preference, device_id=self._device_id or 0,
+                filesystem=self.reader.location.fs, label=camera,
             )  # fmt: skip
         self._camera_formats = {
             camera: CameraFormat.of(index, nvdec=routes[camera] is DecodeRoute.NVDEC)
@@ -290,17 +286,22 @@ class DALILeRobotIterator:
         self._color_fixes = _nvdec_color_fixes(self._camera_formats)
         return routes
 
+    def _packet_index(self, pos: int, camera: str) -> tuple[VideoRef, PacketIndex]:
+        """Episode ``pos``'s video of ``camera`` and its packet index."""
+        video = self.reader.video(pos, camera)
+        index = load_packet_index(
+            video.path, filesystem=self.reader.location.fs, stamp=self.reader.listed_stamp(video.path),
+            store=self._index_store,
+        )  # fmt: skip
+        return video, index
+
     def _indexes_held_to_formats(self, pos: int) -> dict[str, PacketIndex]:
         """The packet index of each camera's file of episode ``pos``, each held to the camera's format."""
         indexes = {}
+        episode = int(self.reader.episodes.episode_index[pos])
         for camera, expected in self._camera_formats.items():
-            video = self.reader.video(pos, camera)
-            indexes[camera] = load_packet_index(
-                video.path, filesystem=self.reader.location.fs, stamp=self.reader.listed_stamp(video.path),
-                store=self._index_store,
-            )  # fmt: skip
-            episode = int(self.reader.episodes.episode_index[pos])
-            expected.check(indexes[camera], f"{video.path} (episode {episode}, camera {camera!r})")
+            video, indexes[camera] = self._packet_index(pos, camera)
+            expected.check(indexes[camera], path=video.path, episode=episode, camera=camera)
         return indexes
 
     def _check_rows_find_frames(self, pos: int, indexes: Mapping[str, PacketIndex]) -> None:
