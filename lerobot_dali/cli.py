@@ -129,20 +129,16 @@ def _check(args: argparse.Namespace) -> int:
 
     if not 0 <= args.tolerance_s < math.inf:
         raise _CommandError(f"--tolerance-s must be a non-negative number of seconds, got {args.tolerance_s!r}")
-    if args.concat or args.rename_map is not None:
-        report = _check_one(args, _union(args))
-        if args.json:
-            print(json.dumps(report, indent=2))
-        return 0 if report["ok"] else 1
-    if len(args.dataset) == 1:
-        report = _check_one(argparse.Namespace(**{**vars(args), "dataset": args.dataset[0]}))
+    as_one = args.concat or args.rename_map is not None
+    if as_one or len(args.dataset) == 1:
+        report = _check_one(args, _union(args)) if as_one else _check_one(_with(args, dataset=args.dataset[0]))
         if args.json:
             print(json.dumps(report, indent=2))
         return 0 if report["ok"] else 1
     reports, worst = [], 0
     for dataset in args.dataset:
         try:
-            report = _check_one(argparse.Namespace(**{**vars(args), "dataset": dataset}))
+            report = _check_one(_with(args, dataset=dataset))
         except (DatasetError, _CommandError) as e:  # (the others are still checked)
             print(f"{dataset}: cannot open: {type(e).__name__}: {e}")
             report, worst = {"source": dataset, "ok": False, "error": f"{type(e).__name__}: {e}"}, 2
@@ -154,6 +150,11 @@ def _check(args: argparse.Namespace) -> int:
     else:
         print(f"{failed} of {len(reports)} datasets have problems" if failed else f"all {len(reports)} datasets ok")
     return worst
+
+
+def _with(args: argparse.Namespace, **changes: Any) -> argparse.Namespace:
+    """``args`` with ``changes`` (one dataset of several, its selection)."""
+    return argparse.Namespace(**{**vars(args), **changes})
 
 
 def _check_one(args: argparse.Namespace, reader: LeRobotDatasetReader | None = None) -> dict[str, Any]:
@@ -198,8 +199,7 @@ def _union(args: argparse.Namespace) -> LeRobotDatasetReader:
             "--concat checks two datasets or more as one (--rename-map names their keys there), with no --episodes "
             "(each dataset's own): check a selection of episodes dataset by dataset"
         )
-    unselected = argparse.Namespace(**{**vars(args), "cameras": None, "keys": None})
-    readers = open_all(args.dataset, lambda d: _open_dataset(argparse.Namespace(**{**vars(unselected), "dataset": d})))
+    readers = open_all(args.dataset, lambda d: _open_dataset(_with(args, dataset=d, cameras=None, keys=None)))
     maps = args.rename_map[0] if args.rename_map is not None and len(args.rename_map) == 1 else args.rename_map
     try:
         renames = rename_maps_for(maps, readers)
