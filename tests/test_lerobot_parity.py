@@ -71,16 +71,25 @@ def _needs_lerobot() -> None:
         pytest.skip(why_not)
 
 
-def _ours(root: Path, windows: Mapping[str, Sequence[float]], **options: Any) -> dict[int, dict[str, Any]]:
+def _sample_key(sample: Mapping[str, Any]) -> Any:
+    """Which sample it is: its ``index``, with its ``dataset_index`` where several datasets each keep their own."""
+    index = int(sample["index"])
+    return (int(sample["dataset_index"]), index) if "dataset_index" in sample else index
+
+
+def _ours(dataset: Any, windows: Mapping[str, Sequence[float]], **options: Any) -> dict[Any, dict[str, Any]]:
+    """Every sample lerobot-dali reads from ``dataset`` (a folder, or a reader such as a union), by its key."""
     it = DALILeRobotIterator(
-        str(root), batch_size=7, shuffle=False, device="cpu", delta_timestamps=windows, drop_last=False, **options
+        dataset, batch_size=7, shuffle=False, device="cpu", delta_timestamps=windows, drop_last=False, **options
     )
-    samples: dict[int, dict[str, Any]] = {}
+    samples: dict[Any, dict[str, Any]] = {}
     try:
         for batch in it:
-            for row, index in enumerate(batch["index"].tolist()):
-                assert index not in samples, f"sample {index} delivered twice"
-                samples[index] = {key: values[row] for key, values in batch.items()}
+            for row in range(len(batch["index"])):
+                sample = {key: values[row] for key, values in batch.items()}
+                key = _sample_key(sample)
+                assert key not in samples, f"sample {key} delivered twice"
+                samples[key] = sample
     finally:
         it.close()
     return samples
@@ -101,21 +110,29 @@ def _lerobot(
 
 
 def _assert_same_samples(
-    ours: dict[int, dict[str, Any]], theirs: Any, *, frame_check: Callable[[torch.Tensor, torch.Tensor], None]
+    ours: dict[Any, dict[str, Any]],
+    theirs: Any,
+    *,
+    frame_check: Callable[[torch.Tensor, torch.Tensor], None],
+    video_keys: Sequence[str] | None = None,
+    expected_of: Callable[[dict[str, Any]], dict[str, Any]] = lambda sample: sample,
 ) -> None:
-    expected_indices = sorted(int(theirs[i]["index"]) for i in range(len(theirs)))
-    assert sorted(ours) == expected_indices
+    """Every sample of ``theirs`` (LeRobot's, ``expected_of`` applied: where ours means to differ) equals ours.
+    ``video_keys``: the keys ``frame_check`` compares (default: ``theirs.meta.video_keys``)."""
+    video_keys = theirs.meta.video_keys if video_keys is None else video_keys
+    expected_keys = sorted(_sample_key(theirs[i]) for i in range(len(theirs)))
+    assert sorted(ours) == expected_keys
     for position in range(len(theirs)):
-        expected = theirs[position]
-        got = ours[int(expected["index"])]
-        where = f"sample index {int(expected['index'])}"
+        expected = expected_of(theirs[position])
+        got = ours[_sample_key(expected)]
+        where = f"sample {_sample_key(expected)}"
         assert set(got) == set(expected), f"{where}: keys differ by {sorted(set(got) ^ set(expected))}"
         for key, value in expected.items():
             if isinstance(value, str):
                 assert got[key] == value, f"{where}, {key}"
                 continue
             assert (got[key].dtype, got[key].shape) == (value.dtype, value.shape), f"{where}, {key}"
-            if key in theirs.meta.video_keys:
+            if key in video_keys:
                 frame_check(got[key], value)
             else:
                 assert torch.equal(got[key], value), f"{where}, {key}: {got[key]} != {value}"
@@ -204,36 +221,17 @@ def test_a_union_matches_lerobots_multi_dataset(make_ds, tmp_path: Path) -> None
     windows = {k: list(v) for k, v in WINDOWS.items()}
     theirs = MultiLeRobotDataset([f"local/{name}" for name in roots], root=tmp_path, delta_timestamps=windows)
     union = concat_datasets(list(roots.values()))
-    offsets = union.task_offsets
-    it = DALILeRobotIterator(
-        union, batch_size=7, shuffle=False, device="cpu", delta_timestamps=WINDOWS, drop_last=False
-    )
-    ours: dict[tuple[int, int], dict[str, Any]] = {}
-    for batch in it:
-        for row, (d, index) in enumerate(zip(batch["dataset_index"].tolist(), batch["index"].tolist(), strict=True)):
-            assert (d, index) not in ours, f"sample {index} of dataset {d} delivered twice"
-            ours[d, index] = {key: values[row] for key, values in batch.items()}
-    it.close()
+    ours = _ours(union, WINDOWS)
     assert len(ours) == len(theirs) == 12 + 7 + 20 + 9 + 15
-    for position in range(len(theirs)):
-        expected = theirs[position]
-        d = int(expected["dataset_index"])
-        got = ours[d, int(expected["index"])]
-        where = f"dataset {d}, sample index {int(expected['index'])}"
-        assert set(got) == set(expected), f"{where}: keys differ by {sorted(set(got) ^ set(expected))}"
-        assert int(got["task_index"]) == int(expected["task_index"]) + offsets[d], where
-        assert union.tasks[int(got["task_index"])] == got["task"] == expected["task"], where
-        for key, value in expected.items():
-            if isinstance(value, str) or key == "task_index":
-                continue
-            if key == "dataset_index":  # (LeRobot's is a 0-d tensor; a batch's entries are too)
-                assert got[key].dtype == value.dtype and int(got[key]) == int(value), where
-                continue
-            assert (got[key].dtype, got[key].shape) == (value.dtype, value.shape), f"{where}, {key}"
-            if key in theirs.camera_keys:
-                _same_decode(got[key], value)
-            else:
-                assert torch.equal(got[key], value), f"{where}, {key}: {got[key]} != {value}"
+
+    def union_task_index(sample: dict[str, Any]) -> dict[str, Any]:
+        return {**sample, "task_index": sample["task_index"] + union.task_offsets[int(sample["dataset_index"])]}
+
+    _assert_same_samples(
+        ours, theirs, frame_check=_same_decode, video_keys=theirs.video_frame_keys, expected_of=union_task_index
+    )
+    assert union.task_offsets == (0, 2)  # (the second dataset's indices did move)
+    assert all(union.tasks[int(sample["task_index"])] == sample["task"] for sample in ours.values())
     pooled = union.read_stats()
     for key in ("action", "observation.state"):
         for stat in ("mean", "std", "min", "max"):
