@@ -32,6 +32,8 @@ from tests.video_fixtures import reference_frames
 SPECS = (([5, 7, 4], "v3.0", 0), ([9, 3], "v2.1", 1))
 FPS = 10
 DELTAS = {"action": [0.0, 0.1], "observation.images.cam0": [-0.1, 0.0]}
+#: (dataset, episode, frame) of every frame of the two datasets, in the union's order.
+EVERY_FRAME = [(d, ep, f) for d, (lengths, _, _) in enumerate(SPECS) for ep, n in enumerate(lengths) for f in range(n)]
 
 
 def _datasets(make_ds, codec: str = "vp9", **second) -> list[Path]:
@@ -94,8 +96,7 @@ def _check_epoch(it: DALILeRobotIterator) -> None:
             query = [f + round(delta * FPS) for delta in DELTAS["observation.images.cam0"]]
             rows = [min(max(q, 0), n - 1) for q in query]
             assert [_marker(frame) for frame in batch["observation.images.cam0"][i]] == [(ep, r, 0) for r in rows]
-    expected = [(d, ep, f) for d, (lengths, _, _) in enumerate(SPECS) for ep, n in enumerate(lengths) for f in range(n)]
-    assert taken == expected
+    assert taken == EVERY_FRAME
 
 
 def test_ranks_and_workers_share_the_union_exactly_once_and_resume(make_ds) -> None:
@@ -109,9 +110,7 @@ def test_ranks_and_workers_share_the_union_exactly_once_and_resume(make_ds) -> N
             rank_balance="drop", drop_last=False, episode_piece_frames=4,
         )  # fmt: skip
 
-    everything = Counter(
-        (d, ep, f) for d, (lengths, _, _) in enumerate(SPECS) for ep, n in enumerate(lengths) for f in range(n)
-    )
+    everything = Counter(EVERY_FRAME)
     runs = []
     for rank in (0, 1):
         it = iterator(rank)
@@ -257,9 +256,7 @@ def test_a_union_is_one_dataset_of_a_mixture(make_ds, caplog) -> None:
             if d == 0:
                 seen[camera, ep, f] += 1
     mix.close()
-    expected = {(member, ep, f) for member, (lengths, _, _) in enumerate(SPECS) for ep, n in enumerate(lengths)
-                for f in range(n)}  # fmt: skip
-    assert set(seen) == expected and set(seen.values()) == {1}
+    assert set(seen) == set(EVERY_FRAME) and set(seen.values()) == {1}  # (member, episode, frame)
     assert union.with_dataset_index  # (the union itself is untouched; the mixture reads a copy without the key)
     # Stopped after 3 batches and resumed with a worker: the rest of the same epoch.
     mix = DALILeRobotMixture([union, third], weights=[2, 1], batch_size=6, device="cpu", num_workers=0)
