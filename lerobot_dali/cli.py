@@ -69,8 +69,7 @@ def _one_line(error: BaseException) -> str:
 def _info(args: argparse.Namespace) -> int:
     from .dataset_summary import summarize
 
-    if not 0 <= args.tolerance_s < math.inf:
-        raise _CommandError(f"--tolerance-s must be a non-negative number of seconds, got {args.tolerance_s!r}")
+    _check_tolerance(args.tolerance_s)
     reader = _open_dataset(args)
     summary = summarize(reader, probe=not args.no_probe, tolerance_s=args.tolerance_s)
     if args.json:
@@ -127,18 +126,18 @@ def _check(args: argparse.Namespace) -> int:
     """Each dataset checked in turn: exit 0 when none has a problem, 1 when one has, 2 when one does not open."""
     from .errors import DatasetError
 
-    if not 0 <= args.tolerance_s < math.inf:
-        raise _CommandError(f"--tolerance-s must be a non-negative number of seconds, got {args.tolerance_s!r}")
+    each = _each_dataset(args)
     as_one = args.concat or args.rename_map is not None
     if as_one or len(args.dataset) == 1:
-        report = _check_one(args, _union(args)) if as_one else _check_one(_with(args, dataset=args.dataset[0]))
+        report = _check_one(args, _union(args, each)) if as_one else _check_one(each[0])
         if args.json:
             print(json.dumps(report, indent=2))
         return 0 if report["ok"] else 1
     reports, worst = [], 0
-    for dataset in args.dataset:
+    for own in each:
+        dataset = own.dataset
         try:
-            report = _check_one(_with(args, dataset=dataset))
+            report = _check_one(own)
         except (DatasetError, _CommandError) as e:  # (the others are still checked)
             print(f"{dataset}: cannot open: {type(e).__name__}: {e}")
             report, worst = {"source": dataset, "ok": False, "error": f"{type(e).__name__}: {e}"}, 2
@@ -150,6 +149,27 @@ def _check(args: argparse.Namespace) -> int:
     else:
         print(f"{failed} of {len(reports)} datasets have problems" if failed else f"all {len(reports)} datasets ok")
     return worst
+
+
+def _each_dataset(args: argparse.Namespace) -> list[argparse.Namespace]:
+    """``args`` for each dataset: its own ``--timestamp-source`` and ``--tolerance-s`` (one given: each's)."""
+    count = len(args.dataset)
+    values = {}
+    for flag, given in (("--timestamp-source", args.timestamp_source), ("--tolerance-s", args.tolerance_s)):
+        if len(given) not in (1, count):
+            raise _CommandError(f"{flag} takes one value, or one per dataset ({count}), got {len(given)}")
+        values[flag] = given * count if len(given) == 1 else given
+    for tolerance in values["--tolerance-s"]:
+        _check_tolerance(tolerance)
+    return [
+        _with(args, dataset=dataset, timestamp_source=source, tolerance_s=tolerance)
+        for dataset, source, tolerance in zip(args.dataset, *values.values(), strict=True)
+    ]
+
+
+def _check_tolerance(tolerance_s: float) -> None:
+    if not 0 <= tolerance_s < math.inf:
+        raise _CommandError(f"--tolerance-s must be a non-negative number of seconds, got {tolerance_s!r}")
 
 
 def _with(args: argparse.Namespace, **changes: Any) -> argparse.Namespace:
@@ -165,18 +185,20 @@ def _check_one(args: argparse.Namespace, reader: LeRobotDatasetReader | None = N
     from .dataset_check import check_dataset
 
     reader = reader if reader is not None else _open_dataset(args)
+    # (a union's args hold a list, one value or one per dataset, which the union holds itself)
+    source, tolerance = (v[0] if isinstance(v, list) else v for v in (args.timestamp_source, args.tolerance_s))
     with tqdm(total=reader.num_episodes, desc="lerobot-dali check", unit="episode", disable=args.json) as bar:
         report = check_dataset(
-            reader, timestamp_source=args.timestamp_source, tolerance_s=args.tolerance_s, decode=args.decode,
-            workers=args.workers, progress=bar.update,
+            reader, timestamp_source=source, tolerance_s=tolerance, decode=args.decode, workers=args.workers,
+            progress=bar.update,
         )  # fmt: skip
     if args.json:
         return report.to_json()
     decoded = f", {report.frames_decoded} frames decoded" if args.decode else ""
     print(
         f"{report.source}: {report.episodes} episodes, {report.rows} rows, {report.video_files} video files"
-        f"{decoded} checked in {report.seconds:.1f} s (timestamp_source={args.timestamp_source}, "
-        f"tolerance_s={args.tolerance_s:g}): {report.problem_count or 'no'} problem(s)"
+        f"{decoded} checked in {report.seconds:.1f} s (timestamp_source={_said(args.timestamp_source)}, "
+        f"tolerance_s={_said(args.tolerance_s)}): {report.problem_count or 'no'} problem(s)"
     )
     for kind, count in report.problem_kinds.items():
         print(f"  {count:>6} x {kind}")
@@ -189,8 +211,15 @@ def _check_one(args: argparse.Namespace, reader: LeRobotDatasetReader | None = N
     return report.to_json()
 
 
-def _union(args: argparse.Namespace) -> LeRobotDatasetReader:
-    """``args.dataset`` read as one (``--concat``), keys named by ``--rename-map``, as a run would read them."""
+def _said(value: Any) -> str:
+    """A setting as a report prints it: its value, or one per dataset where they differ."""
+    text = [f"{v:g}" if isinstance(v, float) else str(v) for v in (value if isinstance(value, list) else [value])]
+    return text[0] if len(set(text)) == 1 else f"[{', '.join(text)}]"
+
+
+def _union(args: argparse.Namespace, each: Sequence[argparse.Namespace]) -> LeRobotDatasetReader:
+    """``args.dataset`` read as one (``--concat``), keys named by ``--rename-map``, each dataset's rows finding their
+    frames its own way (``each``: its args), as a run would read them."""
     from .dataset_union import concat_datasets, open_all
     from .key_rename import rename_maps_for
 
@@ -205,8 +234,12 @@ def _union(args: argparse.Namespace) -> LeRobotDatasetReader:
         renames = rename_maps_for(maps, readers)
     except ValueError as e:
         raise _CommandError(f"--rename-map: {e}") from e
+    own = {
+        "timestamp_sources": [e.timestamp_source for e in each] if len(args.timestamp_source) > 1 else None,
+        "tolerances_s": [e.tolerance_s for e in each] if len(args.tolerance_s) > 1 else None,
+    }
     return concat_datasets(
-        readers, cameras=args.cameras, keys=args.keys, rename_maps=[dict(rename.to_batch) for rename in renames]
+        readers, cameras=args.cameras, keys=args.keys, rename_maps=[dict(rename.to_batch) for rename in renames], **own
     )
 
 
@@ -344,12 +377,13 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--keys", nargs="+", metavar="KEY", help="only these tabular features")
     check.add_argument("--episodes", nargs="+", type=int, metavar="N", help="only these episode indices")
     check.add_argument(
-        "--timestamp-source", choices=[s.value for s in TimestampSource],
-        default=TimestampSource.PARQUET_TIMESTAMP.value, help="how rows find their frames, as the run will",
+        "--timestamp-source", nargs="+", choices=[s.value for s in TimestampSource],
+        default=[TimestampSource.PARQUET_TIMESTAMP.value],
+        help="how rows find their frames, as the run will: one for every dataset, or one per dataset",
     )  # fmt: skip
     check.add_argument(
-        "--tolerance-s", type=float, default=DEFAULT_TOLERANCE_S,
-        help=f"max |frame pts - row time|, as the run will (default {DEFAULT_TOLERANCE_S:g})",
+        "--tolerance-s", nargs="+", type=float, default=[DEFAULT_TOLERANCE_S],
+        help=f"max |frame pts - row time|, as the run will (default {DEFAULT_TOLERANCE_S:g}): one, or one per dataset",
     )  # fmt: skip
     check.add_argument("--decode", action="store_true", help="also decode every frame and image the rows read")
     check.add_argument(

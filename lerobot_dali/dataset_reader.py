@@ -36,6 +36,7 @@ from .episode_rows import (
 from .episode_table import EpisodeTable, filter_episodes, read_episode_records, read_episode_table
 from .errors import DatasetError, DatasetNotFoundError, EpisodeMetadataError, MissingDataFileError, cameras_hint
 from .file_stamps import FileStamp, FileStamps
+from .frame_lookup import ITERATORS_LOOKUP, FrameLookup
 
 __all__ = ["LeRobotDatasetReader", "VideoRef", "open_dataset"]
 
@@ -171,6 +172,11 @@ class LeRobotDatasetReader:
     def source_of(self, episode_pos: int) -> str:
         """The dataset that holds episode ``episode_pos``, as messages name it (a union's: the one it came from)."""
         return self.location.description
+
+    def frame_lookup(self, episode_pos: int) -> FrameLookup:
+        """How episode ``episode_pos``'s rows find their frames where the iterator's options do not decide: a
+        union's datasets may each have their own; a dataset alone has none."""
+        return ITERATORS_LOOKUP
 
     def first_episodes(self) -> list[int]:
         """Positions of the episodes the iterator checks when it is built (its files' formats, its rows' frames):

@@ -38,6 +38,7 @@ from .dataset_stats import FeatureStats, aggregate_episode_stats
 from .episode_table import EpisodeTable
 from .errors import DatasetError, SchemaMismatchError, StatsError
 from .file_stamps import FileStamps
+from .frame_lookup import ITERATORS_LOOKUP, FrameLookup, TimestampSource
 from .image_frames import first_image_shape
 from .key_rename import KeyRename, shared_selection
 from .packet_index_cache import load_packet_index
@@ -112,14 +113,17 @@ class DatasetUnion(LeRobotDatasetReader):
         task_offsets: Sequence[int] | None = None,
         tasks: dict[int, str] | None = None,
         with_dataset_index: bool = True,
+        lookups: Sequence[FrameLookup] | None = None,
     ) -> None:
-        """``renames``: each member's keys under the union's names (none by default). ``task_offsets`` and
+        """``renames``: each member's keys under the union's names (none by default). ``lookups``: how each
+        member's rows find their frames, where not as the iterator says (by default as it says). ``task_offsets`` and
         ``tasks`` default to the members' own tasks one dataset after another (copies whose members carry no task
         texts, the workers', keep the union's). ``with_dataset_index``: rows carry :data:`DATASET_INDEX` (a
         mixture gives its own)."""
         self.members = tuple(members)
         self.with_dataset_index = with_dataset_index
         self.renames = tuple(renames) if renames is not None else (KeyRename(),) * len(self.members)
+        self.lookups = tuple(lookups) if lookups is not None else (ITERATORS_LOOKUP,) * len(self.members)
         first, named = self.members[0], self.renames[0]
         #: Position of each member's first episode in the union (and the total at the end).
         self.starts = np.cumsum([0, *(m.num_episodes for m in self.members)])
@@ -201,6 +205,9 @@ class DatasetUnion(LeRobotDatasetReader):
     def source_of(self, episode_pos: int) -> str:
         return self.members[self.member(episode_pos)[0]].location.description
 
+    def frame_lookup(self, episode_pos: int) -> FrameLookup:
+        return self.lookups[self.member(episode_pos)[0]]
+
     def first_episodes(self) -> list[int]:
         return [int(start) for start, stop in zip(self.starts[:-1], self.starts[1:], strict=True) if stop > start]
 
@@ -259,6 +266,7 @@ class DatasetUnion(LeRobotDatasetReader):
         return DatasetUnion(
             members, renames=self.renames, task_offsets=self.task_offsets, tasks=self.tasks if tasks is None else tasks,
             with_dataset_index=self.with_dataset_index if with_dataset_index is None else with_dataset_index,
+            lookups=self.lookups,
         )  # fmt: skip
 
     def __repr__(self) -> str:
@@ -271,13 +279,20 @@ def concat_datasets(
     cameras: Sequence[str] | None = None,
     keys: Sequence[str] | None = None,
     rename_maps: Sequence[Mapping[str, str] | None] | None = None,
+    timestamp_sources: Sequence[TimestampSource | str | None] | None = None,
+    tolerances_s: Sequence[float | None] | None = None,
 ) -> DatasetUnion:
     """``datasets`` (paths, or readers from :func:`~.dataset_reader.open_dataset` for per-dataset ``episodes=``)
     read as one, for :class:`~lerobot_dali.iterator.DALILeRobotIterator`. ``rename_maps`` (one ``{own key: union
     key}``, LeRobot's ``rename_map``, or None per dataset) gives keys recorded under other names the names the
     others use. ``cameras`` and ``keys`` (by the union's names) default to those every dataset has (the rest are left
     out with a warning, as LeRobot's ``MultiLeRobotDataset`` does). Raises DatasetError for datasets on several kinds
-    of filesystem and SchemaMismatchError, naming the datasets, where layouts differ."""
+    of filesystem and SchemaMismatchError, naming the datasets, where layouts differ.
+
+    ``timestamp_sources`` and ``tolerances_s`` (one per dataset, None: the iterator's ``timestamp_source`` and
+    ``tolerance_s``) let datasets of different recorders join: e.g. ``[None, "frame_index"]`` for a second dataset
+    whose parquet timestamps are wall-clock (LeRobot's ``MultiLeRobotDataset`` takes ``tolerances_s`` per dataset
+    too)."""
     readers = open_all(datasets)
     kinds = {r.location.description: _filesystem_kind(r) for r in readers}
     if len(set(kinds.values())) > 1:
@@ -285,17 +300,35 @@ def concat_datasets(
             f"a union reads its datasets through one filesystem, and these are on several ({kinds}): download the "
             "remote ones (huggingface_hub's snapshot_download), or read them side by side with DALILeRobotMixture"
         )
-    if rename_maps is not None and (isinstance(rename_maps, Mapping) or len(rename_maps) != len(readers)):
-        raise TypeError(f"rename_maps takes one mapping (or None) per dataset ({len(readers)}), got {rename_maps!r}")
-    renames = [KeyRename.checked(m, r) for m, r in zip(rename_maps or [None] * len(readers), readers, strict=True)]
+    count = len(readers)
+    rename_maps = _one_each("rename_maps", rename_maps, count)
+    renames = [KeyRename.checked(m, r) for m, r in zip(rename_maps, readers, strict=True)]
+    lookups = [
+        FrameLookup(source, tolerance) for source, tolerance in zip(
+            _one_each("timestamp_sources", timestamp_sources, count), _one_each("tolerances_s", tolerances_s, count),
+            strict=True,
+        )
+    ]  # fmt: skip
     readers = shared_selection(readers, cameras=cameras, keys=keys, renames=renames)
     _check_layouts(readers, renames)
-    union = DatasetUnion(readers, renames=renames)
+    union = DatasetUnion(readers, renames=renames, lookups=lookups)
     logger.info(
         "union of %d datasets: %d episodes, %d frames, cameras %s", len(readers), union.num_episodes,
         union.num_frames, list(union.all_camera_keys),
     )  # fmt: skip
+    for reader, lookup in zip(readers, lookups, strict=True):
+        if lookup != ITERATORS_LOOKUP:
+            logger.info("%s: rows find their frames with %s", reader.location.description, lookup)
     return union
+
+
+def _one_each(name: str, values: Sequence[Any] | None, count: int) -> Sequence[Any]:
+    """``values``, one per dataset (None each where not given)."""
+    if values is None:
+        return [None] * count
+    if isinstance(values, str | Mapping) or not isinstance(values, Sequence) or len(values) != count:
+        raise TypeError(f"{name} takes one value (or None) per dataset ({count}), got {values!r}")
+    return values
 
 
 def _check_layouts(readers: list[LeRobotDatasetReader], renames: list[KeyRename]) -> None:

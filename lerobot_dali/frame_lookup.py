@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_TOLERANCE_S",
+    "ITERATORS_LOOKUP",
     "TIE_FRACTION",
+    "FrameLookup",
     "FrameRequestContext",
     "TimestampSource",
     "episode_frames",
@@ -51,6 +53,44 @@ class TimestampSource(Enum):
     #: ``frame_index / fps``: for datasets whose parquet timestamps are wall-clock and irregular (e.g.
     #: ``cr5_*``) while the video is constant-rate; frame ``i`` of an episode is then at ``i / fps``.
     FRAME_INDEX = "frame_index"
+
+
+@dataclass(frozen=True)
+class FrameLookup:
+    """How one dataset's rows find their video frames where that differs from what the iterator was given: the
+    datasets of a union may come from different recorders, one writing wall-clock parquet timestamps (read by
+    ``frame_index``), one jittering more than the tolerance. None keeps the iterator's."""
+
+    timestamp_source: TimestampSource | None = None
+    tolerance_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.timestamp_source is not None:
+            try:
+                object.__setattr__(self, "timestamp_source", TimestampSource(self.timestamp_source))
+            except ValueError:
+                allowed = [s.value for s in TimestampSource]
+                raise ValueError(f"timestamp_source must be one of {allowed}, got {self.timestamp_source!r}") from None
+        tolerance = self.tolerance_s
+        if tolerance is not None and (
+            isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not 0 <= tolerance < math.inf
+        ):
+            raise ValueError(f"tolerance_s must be a non-negative finite number of seconds, got {tolerance!r}")
+
+    def over(self, timestamp_source: TimestampSource, tolerance_s: float) -> tuple[TimestampSource, float]:
+        """This lookup's own settings, the given ones where it has none."""
+        return (
+            timestamp_source if self.timestamp_source is None else self.timestamp_source,
+            tolerance_s if self.tolerance_s is None else float(self.tolerance_s),
+        )
+
+    def __str__(self) -> str:
+        own = [f"{k}={v.value if isinstance(v, Enum) else v}" for k, v in vars(self).items() if v is not None]
+        return ", ".join(own) or "the iterator's"
+
+
+#: A dataset that reads its rows as the iterator says.
+ITERATORS_LOOKUP = FrameLookup()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -247,9 +287,11 @@ def row_frame_numbers(
     """Display frame numbers, in the camera's video file, of rows ``row_indices`` of one episode (``rows`` as
     ``reader.read_episode`` gives them): each row's time (its parquet ``timestamp``, or ``frame_index / fps``)
     after the episode's ``from_timestamp``, within ``tolerance_s`` and the episode's part of the file.
+    ``timestamp_source`` and ``tolerance_s`` give way to the episode's dataset's own (``reader.frame_lookup``).
     ``video``: ``reader.video(episode_pos, camera)`` where the caller has it (a batch asks per sample)."""
     if video is None:
         video = reader.video(episode_pos, camera)
+    timestamp_source, tolerance_s = reader.frame_lookup(episode_pos).over(timestamp_source, tolerance_s)
     if timestamp_source is TimestampSource.FRAME_INDEX:
         local_s = frame_index_timestamps_s(rows["frame_index"][row_indices], fps=reader.fps)
     else:

@@ -102,7 +102,7 @@ class TrainOptions:
     image_size: tuple[int, int] | None = None
     augment: Path | None = None
     decode: str = "auto"
-    #: One for every dataset, or one per dataset of a mixture (in --dataset order).
+    #: One for every dataset, or one per dataset (in --dataset order).
     timestamp_source: str | tuple[str, ...] = "parquet_timestamp"
     tolerance_s: float | tuple[float, ...] | None = None
     #: A mixture's ``{key: new name}``: one for every dataset (each takes the keys it reads), or one per dataset.
@@ -138,15 +138,11 @@ class TrainOptions:
             raise ValueError("--episodes selects episodes of one dataset; with several, select no episodes")
         if self.rename_map is not None and not several:
             raise ValueError("--rename-map gives the datasets of a mixture shared names; it needs two datasets or more")
-        if self.concat:
-            per_dataset = (("--timestamp-source", self.timestamp_source), ("--tolerance-s", self.tolerance_s))
-            mixing = ["--weights"] if self.weights else []
-            mixing += [flag for flag, value in per_dataset if isinstance(value, tuple)]
-            if not several or mixing:
-                raise ValueError(
-                    "--concat reads two datasets or more as one, alike: it takes no weights or options per dataset "
-                    f"(a mixture's){f'; got {mixing}' if mixing else ''}"
-                )
+        if self.concat and (not several or self.weights):
+            raise ValueError(
+                "--concat reads two datasets or more as one, in proportion to their frames: it takes no --weights "
+                "(a mixture's)"
+            )
         for flag, value in (
             ("--timestamp-source", self.timestamp_source),
             ("--tolerance-s", self.tolerance_s),
@@ -387,7 +383,13 @@ def open_readers(options: TrainOptions) -> list[Any]:
         raise ValueError(f"the datasets run at different fps ({rates}); train on datasets of one fps")
     renames = rename_maps_for(options.rename_map, readers)
     if options.concat:  # (one reader, its keys under the new names: the rest of this script reads one dataset)
-        union = concat_datasets(readers, cameras=options.cameras, rename_maps=[dict(r.to_batch) for r in renames])
+        each = options.dataset_options()  # (the union holds those given per dataset; the iterator the others)
+        sources = [o["timestamp_source"] for o in each] if isinstance(options.timestamp_source, tuple) else None
+        tolerances = [o.get("tolerance_s") for o in each] if isinstance(options.tolerance_s, tuple) else None
+        union = concat_datasets(
+            readers, cameras=options.cameras, rename_maps=[dict(r.to_batch) for r in renames],
+            timestamp_sources=sources, tolerances_s=tolerances,
+        )  # fmt: skip
         _need_a_shared_camera([union], options, union.members)
         return [union]
     readers = shared_selection(readers, cameras=options.cameras, keys=None, renames=renames)

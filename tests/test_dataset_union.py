@@ -77,7 +77,8 @@ def _read_every_sample(union, between=None, **options) -> None:
     it.close()
 
 
-def _check_epoch(it: DALILeRobotIterator) -> None:
+def _check_epoch(it: DALILeRobotIterator, timestamp=lambda d, f: f / FPS) -> None:
+    """``timestamp(dataset, frame)``: a row's parquet timestamp."""
     taken = []
     for batch in it:
         for i, (d, ep, f) in enumerate(_keys(batch)):
@@ -85,7 +86,7 @@ def _check_epoch(it: DALILeRobotIterator) -> None:
             lengths, _, seed = SPECS[d]
             n = lengths[ep]
             assert int(batch["index"][i]) == sum(lengths[:ep]) + f  # the dataset's own
-            assert float(batch["timestamp"][i]) == pytest.approx(f / FPS)
+            assert float(batch["timestamp"][i]) == pytest.approx(timestamp(d, f))
             np.testing.assert_array_equal(batch["observation.state"][i].numpy(), expected_state(ep, f))
             task = expected_task_index(ep, seed=seed)
             assert int(batch["task_index"][i]) == 2 * d + task and batch["task"][i] == task_name(task)
@@ -196,7 +197,7 @@ def test_renamed_keys_read_each_datasets_own(make_ds) -> None:
     assert seen.count(0) == 16 and seen.count(1) == 12
     with pytest.raises(ValueError, match="renames .*observation.images.nope.*which it does not read"):
         concat_datasets([first, second], rename_maps=[None, {"observation.images.nope": "observation.images.cam0"}])
-    with pytest.raises(TypeError, match="one mapping .*per dataset"):
+    with pytest.raises(TypeError, match=r"rename_maps takes one value \(or None\) per dataset \(2\)"):
         concat_datasets([first, second], rename_maps=[None])
 
 
@@ -319,14 +320,77 @@ def test_the_datasets_share_one_bound_on_open_data_files(make_ds) -> None:
 def test_each_datasets_first_episode_is_looked_up_when_the_iterator_is_built(make_ds, copy_ds) -> None:
     """Rows that miss their frames in a later dataset fail at construction, as in the first, not mid-epoch."""
     first, second = _datasets(make_ds)
-    late = copy_ds(second)
-    for path in sorted((late / "data").rglob("*.parquet")):  # every row half a frame late
-        table = pq.read_table(path)
-        shifted = pa.array(table["timestamp"].to_numpy() + 0.5 / FPS, table["timestamp"].type)
-        pq.write_table(table.set_column(table.column_names.index("timestamp"), "timestamp", shifted), path)
+    late = _retimed(copy_ds(second), lambda t: t + 0.5 / FPS)  # every row half a frame late
     union = concat_datasets([first, late])
     with pytest.raises(FrameTimestampError, match=rf"episode 0, camera observation.images.cam0 \({late}"):
         DALILeRobotIterator(union, device="cpu", num_workers=0)
+
+
+def _retimed(root: Path, timestamps) -> Path:
+    """``root`` with each data row's parquet timestamp ``t`` replaced by ``timestamps(t)``."""
+    for path in sorted((root / "data").rglob("*.parquet")):
+        table = pq.read_table(path)
+        changed = pa.array(timestamps(table["timestamp"].to_numpy()), table["timestamp"].type)
+        pq.write_table(table.set_column(table.column_names.index("timestamp"), "timestamp", changed), path)
+    return root
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("kind", ["wall-clock", "late"])
+def test_each_dataset_finds_its_frames_its_own_way(make_ds, copy_ds, capsys, kind: str, workers: int) -> None:
+    """A dataset whose rows miss its video by the iterator's lookup joins with its own: wall-clock timestamps (a
+    clock 1.5% fast, as cr5's) read by ``frame_index``; rows 0.3 frame late within a wider ``tolerance_s``. Every
+    sample is still its own row and frame (the workers, too, look each dataset's rows up its own way)."""
+    first, second = _datasets(make_ds)
+    if kind == "wall-clock":
+        own, flag = (
+            {"timestamp_sources": [None, "frame_index"]},
+            ["--timestamp-source", "parquet_timestamp", "frame_index"],
+        )
+        second, stamp = _retimed(copy_ds(second), lambda t: t * 0.985), lambda f: f / FPS * 0.985
+    else:
+        own, flag = {"tolerances_s": [None, 0.035]}, ["--tolerance-s", "1e-4", "0.035"]
+        second, stamp = _retimed(copy_ds(second), lambda t: t + 0.03), lambda f: f / FPS + 0.03
+    with pytest.raises(FrameTimestampError, match=rf"\({second}"):
+        DALILeRobotIterator(concat_datasets([first, second]), device="cpu", num_workers=0)
+    union = concat_datasets([first, second], **own)
+    it = DALILeRobotIterator(
+        union, batch_size=4, delta_timestamps=DELTAS, shuffle=False, device="cpu", drop_last=False,
+        num_workers=workers,
+    )  # fmt: skip
+    _check_epoch(it, timestamp=lambda d, f: stamp(f) if d else f / FPS)
+    it.close()
+    report = check_dataset(union)
+    assert (report.problems, report.rows) == ([], 28)
+    if workers:
+        return
+    # The command takes one value per dataset too: as one, or each in turn.
+    from lerobot_dali.cli import main
+
+    assert main(["check", str(first), str(second), "--concat"]) == 1
+    assert "FrameTimestampError" in capsys.readouterr().out
+    assert main(["check", str(first), str(second), "--concat", *flag]) == 0
+    said = {
+        "wall-clock": "timestamp_source=[parquet_timestamp, frame_index], tolerance_s=0.0001",
+        "late": "timestamp_source=parquet_timestamp, tolerance_s=[0.0001, 0.035]",
+    }[kind]
+    assert f"union of {first}, {second}: 5 episodes, 28 rows" in (out := capsys.readouterr().out) and said in out
+    assert main(["check", str(first), str(second), *flag]) == 0
+    assert "all 2 datasets ok" in capsys.readouterr().out
+    assert main(["check", str(first), str(second), *flag, flag[-1]]) == 2
+    assert f"{flag[0]} takes one value, or one per dataset (2), got 3" in capsys.readouterr().err
+
+
+def test_per_dataset_lookups_take_one_value_or_none_per_dataset(make_ds) -> None:
+    paths = _datasets(make_ds)
+    with pytest.raises(TypeError, match=r"timestamp_sources takes one value \(or None\) per dataset \(2\)"):
+        concat_datasets(paths, timestamp_sources="frame_index")
+    with pytest.raises(TypeError, match=r"tolerances_s takes one value \(or None\) per dataset \(2\)"):
+        concat_datasets(paths, tolerances_s=[0.1])
+    with pytest.raises(ValueError, match=r"timestamp_source must be one of \['parquet_timestamp', 'frame_index'\]"):
+        concat_datasets(paths, timestamp_sources=[None, "wall_clock"])
+    with pytest.raises(ValueError, match=r"tolerance_s must be a non-negative finite number of seconds, got -1"):
+        concat_datasets(paths, tolerances_s=[None, -1])
 
 
 def test_a_union_is_checked_naming_the_dataset_of_each_problem(make_ds, copy_ds) -> None:

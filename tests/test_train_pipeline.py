@@ -237,12 +237,19 @@ def test_two_ranks_train_on_a_mixture_and_resume_it_exactly(make_ds: Callable[..
     _assert_same_model(_model(ckpt, 18), _model(full_ckpt, 18))
 
 
-def test_two_ranks_train_on_datasets_read_as_one(make_ds: Callable[..., Path], tmp_path: Path) -> None:
+def test_two_ranks_train_on_datasets_read_as_one(make_ds: Callable[..., Path], copy_ds, tmp_path: Path) -> None:
     """``--concat``: 120 and 60 frames read as one dataset of 180 (15 batches of 6 a rank): each rank's epoch holds
-    both datasets' samples in no fixed share, every frame once across the ranks."""
-    second = make_ds(**{**EVEN, "episodes": 4, "frames_per_episode": 15, "seed": 1})
-    _, record_dir, log = _run(tmp_path, [make_ds(**EVEN), second], steps=15, batch=6, procs=2, extra=["--concat"])
+    both datasets' samples in no fixed share, every frame once across the ranks. The second's parquet timestamps
+    are wall-clock (a clock 1.5% fast), so it finds its frames by frame_index, the first by its timestamps."""
+    from tests.test_dataset_union import _retimed
+
+    second = _retimed(
+        copy_ds(make_ds(**{**EVEN, "episodes": 4, "frames_per_episode": 15, "seed": 1})), lambda t: t * 0.985
+    )
+    extra = ["--concat", "--timestamp-source", "parquet_timestamp", "frame_index"]
+    _, record_dir, log = _run(tmp_path, [make_ds(**EVEN), second], steps=15, batch=6, procs=2, extra=extra)
     assert "union of" in log and "mixture" not in log
+    assert f"{second}: rows find their frames with timestamp_source=frame_index" in log
     records = _records(record_dir, 2)
     seen = Counter()
     for r in records:
@@ -252,6 +259,7 @@ def test_two_ranks_train_on_datasets_read_as_one(make_ds: Callable[..., Path], t
     assert sorted(seen) == [(0, i) for i in range(120)] + [(1, i) for i in range(60)] and set(seen.values()) == {1}
     assert any(len(set(d)) == 2 for r in records for d in r["dataset_indices"])  # batches mix them
     assert TrainOptions(dataset=("a", "b"), steps=1, rename_map={"x": "y"}, concat=True).concat
+    assert TrainOptions(dataset=("a", "b"), steps=1, tolerance_s=(1e-4, 0.02), concat=True).concat
     with pytest.raises(ValueError, match="--concat .*--weights"):
         TrainOptions(dataset=("a", "b"), steps=1, weights=(1.0, 2.0), concat=True)
     with pytest.raises(ValueError, match="--concat reads two datasets or more"):
