@@ -57,7 +57,11 @@ def test_every_sample_is_its_own_datasets_row_frame_and_task(make_ds, where: str
         assert not union.location.is_local and union.location.description.startswith("union of http")
         cached = where == "http"
         # Through the cache, the workers read every dataset's ranges from one: a second epoch asks for nothing.
-        _read_every_sample(union, cache_gb=8.0 if cached else 0.0, num_workers=1, between=server.reset_stats)
+        # (prefetch=6: the warm-up before the first batch holds all 28 samples' episodes. Else the background
+        # prefetcher may fall behind the worker under load, and an episode the worker read remotely is fetched
+        # into the cache in the second epoch.)
+        options = {"cache_gb": 8.0, "prefetch": 6} if cached else {"cache_gb": 0.0}
+        _read_every_sample(union, num_workers=1, between=server.reset_stats, **options)
         assert not cached or [(r.method, r.path) for r in server.records] == []
 
 
