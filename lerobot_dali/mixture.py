@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .dataset_reader import LeRobotDatasetReader
-from .dataset_union import DATASET_INDEX, Dataset, dataset_list, open_all, refuse_dataset_index_feature
+from .dataset_union import DATASET_INDEX, Dataset, dataset_list, in_threads, open_all, refuse_dataset_index_feature
 from .episode_rows import INDEX_COLUMNS
 from .errors import (
     DatasetError,
@@ -140,22 +140,25 @@ class DALILeRobotMixture:
             dali_threads = batch_shares(self.batch_shares, threads_total)
         else:
             dali_threads = (check_int("dali_threads", threads, minimum=1),) * len(readers)
-        self.datasets: list[DALILeRobotIterator] = []
-        try:
-            for i, reader in enumerate(readers):
-                self.datasets.append(
-                    DALILeRobotIterator(
-                        reader,
-                        batch_size=self.batch_shares[i],
-                        seed=_dataset_seed(seed, i),
-                        num_workers=workers[i],
-                        dali_threads=dali_threads[i],
-                        drop_last=True,
-                        **_own_names({**options, **own_options[i]}, self.renames[i]),
-                    )
-                )
+        built: dict[int, DALILeRobotIterator] = {}
+
+        def build(i: int) -> DALILeRobotIterator:
+            built[i] = DALILeRobotIterator(
+                readers[i],
+                batch_size=self.batch_shares[i],
+                seed=_dataset_seed(seed, i),
+                num_workers=workers[i],
+                dali_threads=dali_threads[i],
+                drop_last=True,
+                **_own_names({**options, **own_options[i]}, self.renames[i]),
+            )
+            return built[i]
+
+        try:  # (at once: each checks its first files, over a network one request after another)
+            self.datasets = in_threads(build, range(len(readers)), progress="lerobot-dali: preparing datasets")
         except BaseException:
-            self.close()
+            for part in built.values():  # (every build has ended: in_threads waits for all)
+                part.close()
             raise
         # The anchor: the dataset read once in the most batches (its epoch is the mixture's).
         self.anchor = int(

@@ -6,6 +6,7 @@ task assignments; expected values come from the generator's formulas and each fr
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import shutil
@@ -312,6 +313,42 @@ def test_bad_mixtures_fail_before_reading(make_ds) -> None:
     # 20 of every 24 samples from a dataset of 16 frames: it could never fill its share.
     with pytest.raises(ShardingError, match=r"fewer samples an epoch than its share of a batch \(20\)"):
         DALILeRobotMixture(paths, weights=[5, 1], batch_size=24, device="cpu", num_workers=0)
+
+
+def test_the_parts_are_built_at_once_and_a_failed_build_closes_the_others(make_ds, monkeypatch) -> None:
+    """Each part checks its dataset's first files as it is built, over a network one request after another, so
+    the parts are built at the same time (every build has begun before any ends); one that fails is raised once
+    the others have ended, and those are closed."""
+    from lerobot_dali import mixture
+
+    paths = [*_datasets(make_ds), _datasets(make_ds)[0]]
+    started, closed = threading.Barrier(len(paths), timeout=60), []
+    failing: list[str] = []
+
+    class Part(mixture.DALILeRobotIterator):
+        def __init__(self, reader, **options) -> None:
+            started.wait()
+            if reader.location.description in failing:
+                raise FrameTimestampError(f"{reader.location.description} fails")
+            super().__init__(reader, **options)
+
+        def close(self) -> None:
+            if hasattr(self, "reader"):  # (not the one that failed before it was built)
+                closed.append(self.reader.location.description)
+                super().close()
+
+    Part.__init__.__signature__ = inspect.signature(mixture.DALILeRobotIterator.__init__)  # (options checked by it)
+    monkeypatch.setattr(mixture, "DALILeRobotIterator", Part)
+    mix = DALILeRobotMixture(paths, batch_size=4, shuffle=False, device="cpu", num_workers=0)
+    assert [part.reader.location.description for part in mix.datasets] == [str(p) for p in paths]
+    assert next(iter(mix))["dataset_index"].tolist() == [0, 1, 1, 2]  # (shares by frames: 16, 29, 16)
+    mix.close()
+    closed.clear()
+    started.reset()
+    failing.append(str(paths[1]))
+    with pytest.raises(FrameTimestampError, match=f"{paths[1]} fails"):
+        DALILeRobotMixture(paths, batch_size=4, shuffle=False, device="cpu", num_workers=0)
+    assert sorted(closed) == sorted([str(paths[0]), str(paths[2])])
 
 
 def test_per_dataset_selection_through_open_dataset(make_ds) -> None:
