@@ -23,14 +23,14 @@ import hashlib
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from .concurrent_calls import in_threads
 from .dataset_info import Feature
 from .dataset_location import DatasetLocation
 from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
@@ -53,29 +53,6 @@ logger = logging.getLogger(__name__)
 DATASET_INDEX = "dataset_index"
 #: One of several datasets read together: its path or URL, or a reader from ``open_dataset``.
 Dataset = str | os.PathLike[str] | LeRobotDatasetReader
-#: Datasets opened (or first files probed) at once.
-_THREADS = 16
-_T = TypeVar("_T")
-_R = TypeVar("_R")
-
-
-def in_threads(function: Callable[[_T], _R], items: Sequence[_T], *, progress: str | None = None) -> list[_R]:
-    """``function`` of each item, in order, several at once: opening a remote dataset, or probing its first files,
-    waits on one request after another (20 datasets over HTTP with 50 ms of latency took 48 s to open one by one).
-    The first item's exception, in order, is raised. ``progress``: a bar of that name where it takes over 2 s
-    (huggingface_hub's, which ``HF_HUB_DISABLE_PROGRESS_BARS`` turns off)."""
-    if len(items) < 2:
-        return [function(item) for item in items]
-    from huggingface_hub.utils import tqdm
-
-    with (
-        tqdm(total=len(items), desc=progress, unit="dataset", delay=2.0, disable=progress is None) as bar,
-        ThreadPoolExecutor(min(len(items), _THREADS), thread_name_prefix="lerobot-dali-datasets") as pool,
-    ):
-        futures = [pool.submit(function, item) for item in items]
-        for future in futures:
-            future.add_done_callback(lambda _: bar.update())
-        return [future.result() for future in futures]
 
 
 def open_all(

@@ -23,13 +23,13 @@ import logging
 import re
 import string
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
 
+from .concurrent_calls import in_threads
 from .dataset_info import DatasetInfo, format_path
 from .dataset_location import DatasetLocation
 from .episode_rows import open_parquet, read_parquet
@@ -42,9 +42,6 @@ __all__ = ["bulk_file_exists", "data_file_path", "locate_episode_rows"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-#: Data files read at once from a remote filesystem (footers, each a ranged read or two; episode_index columns).
-REMOTE_FILE_THREADS = 16
 
 
 def data_file_path(location: DatasetLocation, info: DatasetInfo, chunk_index: int, file_index: int) -> str:
@@ -150,11 +147,10 @@ def _stale_index(
 
 
 def _for_each_file(location: DatasetLocation, read: Callable[[DatasetLocation, str], T], paths: list[str]) -> list[T]:
-    """``read(location, path)`` for every path, in order; remote files are read :data:`REMOTE_FILE_THREADS` at once."""
-    if location.is_local or len(paths) < 2:
+    """``read(location, path)`` for every path, in order; remote files several at once."""
+    if location.is_local:
         return [read(location, path) for path in paths]
-    with ThreadPoolExecutor(min(REMOTE_FILE_THREADS, len(paths)), thread_name_prefix="data-files") as pool:
-        return list(pool.map(partial(read, location), paths))
+    return in_threads(partial(read, location), paths)
 
 
 def _footer_rows(location: DatasetLocation, path: str) -> int:

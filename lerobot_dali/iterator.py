@@ -23,10 +23,10 @@ import torch
 
 from .augment_config import NORMALIZE_FROM_STATS, AugmentConfig, Normalize, checked_size
 from .batch_source import BatchSource, CameraFormat, SourceSpec, output_fields
+from .concurrent_calls import in_threads
 from .cpu_decode import CpuDecodeOptions, pyav_can_decode
 from .dali_graph import HOST_TASK_INDEX, CameraFeed, build_pipeline, camera_feed
 from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
-from .dataset_union import in_threads
 from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
 from .depth_maps import DepthUnit

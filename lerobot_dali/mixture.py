@@ -17,14 +17,14 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import torch
 
+from .concurrent_calls import in_threads
 from .dataset_reader import LeRobotDatasetReader
-from .dataset_union import DATASET_INDEX, Dataset, dataset_list, in_threads, open_all, refuse_dataset_index_feature
+from .dataset_union import DATASET_INDEX, Dataset, dataset_list, open_all, refuse_dataset_index_feature
 from .episode_rows import INDEX_COLUMNS
 from .errors import (
     DatasetError,
@@ -260,9 +260,7 @@ class DALILeRobotMixture:
     def _passes(self) -> list[Iterator[dict[str, Any]]]:
         """Each dataset's pass. Pipelines that must start (the first pass, a jump) start side by side: each waits
         about a second for its worker processes to start, which one after another would add up per dataset."""
-        with ThreadPoolExecutor(len(self.datasets), thread_name_prefix="lerobot-dali-mixture-start") as pool:
-            passes = [pool.submit(iter, part) for part in self.datasets]
-        return [p.result() for p in passes]
+        return in_threads(iter, self.datasets)
 
     def _batches(self, pass_id: int, passes: list[Iterator[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
         while True:

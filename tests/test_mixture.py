@@ -140,7 +140,7 @@ def test_shuffled_epochs_cover_once_and_resume_exactly_with_workers(make_ds) -> 
         _run(mix, 2, full)
         mix.close()
     # One pipeline per dataset, started side by side; the second's runs on across the mixture's epochs.
-    assert len(builds) == 2 and all(name.startswith("lerobot-dali-mixture-start") for name in builds)
+    assert len(builds) == 2 and all(name.startswith("lerobot-dali-at-once") for name in builds)
     assert len(full) == 2 * 16 * 4
     for epoch in (full[:64], full[64:]):
         first = [k for k in epoch if k[0] == 0]
