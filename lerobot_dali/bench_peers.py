@@ -270,10 +270,24 @@ def lerobot_unavailable() -> str | None:
 def _repo_and_root(dataset: str | os.PathLike[str]) -> tuple[str, Path | None]:
     path = Path(dataset)
     if path.is_dir():
-        # A local dataset: LeRobot needs a repo id only as a name; never reach the Hub for it.
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        _offline()
         return f"local/{path.resolve().name}", path
     return os.fspath(dataset), None
+
+
+def _offline() -> None:
+    """Local datasets: LeRobot needs a repo id only as a name; never reach the Hub for it."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _windows_and_resize(
+    delta_timestamps: Mapping[str, Sequence[float]] | None, image_size: tuple[int, int] | None
+) -> dict[str, Any]:
+    """The arguments of LeRobot's datasets that give the windows and image size the other loaders read."""
+    return {
+        "delta_timestamps": {k: list(v) for k, v in (delta_timestamps or {}).items()} or None,
+        "image_transforms": Resize(image_size) if image_size is not None else None,
+    }
 
 
 def lerobot_dataset(
@@ -290,8 +304,7 @@ def lerobot_dataset(
     return LeRobotDataset(
         repo_id,
         root=root,
-        delta_timestamps={k: list(v) for k, v in (delta_timestamps or {}).items()} or None,
-        image_transforms=Resize(image_size) if image_size is not None else None,
+        **_windows_and_resize(delta_timestamps, image_size),
         tolerance_s=tolerance_s,
     )
 
@@ -316,7 +329,7 @@ def lerobot_multi_dataset(
     if local:
         if len(local) != len(datasets):
             raise ValueError("MultiLeRobotDataset reads datasets from one root: give local folders, or repo ids only")
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        _offline()
         root = Path(tempfile.mkdtemp(prefix="lerobot-multi-"))
         repo_ids = [f"local/{i}-{path.resolve().name}" for i, path in enumerate(local)]
         (root / "local").mkdir()
@@ -331,8 +344,7 @@ def lerobot_multi_dataset(
         dataset = MultiLeRobotDataset(
             repo_ids,
             root=root,
-            delta_timestamps={k: list(v) for k, v in (delta_timestamps or {}).items()} or None,
-            image_transforms=Resize(image_size) if image_size is not None else None,
+            **_windows_and_resize(delta_timestamps, image_size),
             tolerances_s=dict.fromkeys(repo_ids, tolerance_s),
         )
     except BaseException:
@@ -369,8 +381,7 @@ def lerobot_streaming_dataset(
     return StreamingLeRobotDataset(
         repo_id,
         root=root,
-        delta_timestamps={k: list(v) for k, v in (delta_timestamps or {}).items()} or None,
-        image_transforms=Resize(image_size) if image_size is not None else None,
+        **_windows_and_resize(delta_timestamps, image_size),
         seed=seed,
         **({"tolerance_s": tolerance_s} if tolerance_s != DEFAULT_TOLERANCE_S else {}),
     )
