@@ -72,6 +72,8 @@ class Case:
     remote: bool
     #: Several datasets read as one (``concat_datasets``), not a mixture.
     union: bool = False
+    #: A union's datasets' own ways to find their frames (None: the iterator's; generated rows agree with both).
+    timestamp_sources: list[str | None] | None = None
     cameras: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -146,7 +148,10 @@ def _draw_case(seed: int, datasets: int, *, union: bool = False) -> Case:
         chosen = options.get("episodes")
         each = [sum(-(-n // piece) for i, n in enumerate(d.lengths) if chosen is None or i in chosen) for d in data]
         world_size = min(rng.choice([2, 3, 4]), sum(each) if union else min(each))
-    return Case(data, options, world_size=world_size, remote=remote, union=union)
+    case = Case(data, options, world_size=world_size, remote=remote, union=union)
+    if union:  # (drawn last: the other draws stay those of the seeds swept before it existed)
+        case.timestamp_sources = [rng.choice([None, *(s.value for s in TimestampSource)]) for _ in data]
+    return case
 
 
 # -- the checks ------------------------------------------------------------------------------------------------
@@ -234,7 +239,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FolderServer]:
 def _loader(sources: list[Any], case: Case, rank: int, **changes: Any) -> Any:
     options = {**case.options, **changes}
     if case.union:
-        union = concat_datasets(sources)
+        union = concat_datasets(sources, timestamp_sources=case.timestamp_sources)
         return DALILeRobotIterator(union, device="cpu", rank=rank, world_size=case.world_size, **options)
     if len(sources) == 1:
         return DALILeRobotIterator(sources[0], device="cpu", rank=rank, world_size=case.world_size, **options)
