@@ -197,11 +197,14 @@ def test_an_episode_subset_matches_lerobot(make_ds) -> None:
     assert np.sum([LENGTHS[e] for e in subset]) == len(theirs)
 
 
-def test_a_union_matches_lerobots_multi_dataset(make_ds, tmp_path: Path) -> None:
+@pytest.mark.parametrize("late", [False, True], ids=["", "late-rows-own-tolerance"])
+def test_a_union_matches_lerobots_multi_dataset(make_ds, copy_ds, tmp_path: Path, late: bool) -> None:
     """``concat_datasets`` against LeRobot's ``MultiLeRobotDataset`` over two datasets that differ in episodes,
     tasks and cameras (the second's extra camera is left out by both): every sample, ``dataset_index`` included.
     Where the union means to differ: its ``task_index`` counts the first dataset's tasks before the second's (one
-    index, one task string), where LeRobot's repeats each dataset's own; the statistics are pooled alike."""
+    index, one task string), where LeRobot's repeats each dataset's own; the statistics are pooled alike.
+    ``late``: the second's rows sit 0.3 frame after their frames, which its own tolerance (``tolerances_s``, as
+    LeRobot takes it per dataset) reads, and the first's default does not."""
     try:
         from lerobot.datasets.multi_dataset import MultiLeRobotDataset  # (LeRobot >= 0.5)
     except ImportError:
@@ -215,12 +218,22 @@ def test_a_union_matches_lerobots_multi_dataset(make_ds, tmp_path: Path) -> None
         "b": make_ds(codec="av1", gop=2, episodes=2, frames_per_episode=[9, 15], cameras=2, seed=4,
                      episodes_per_file=2, version=DATASET_VERSION),
     }  # fmt: skip
+    tolerances = [None, None]
+    if late:
+        from tests.test_dataset_union import _retimed
+
+        fps = json.loads((roots["b"] / "meta/info.json").read_text())["fps"]
+        roots["b"] = _retimed(copy_ds(roots["b"]), lambda t: t + 0.3 / fps)
+        tolerances = [None, 0.4 / fps]
     (tmp_path / "local").mkdir()
     for name, root in roots.items():
         (tmp_path / "local" / name).symlink_to(root)
     windows = {k: list(v) for k, v in WINDOWS.items()}
-    theirs = MultiLeRobotDataset([f"local/{name}" for name in roots], root=tmp_path, delta_timestamps=windows)
-    union = concat_datasets(list(roots.values()))
+    theirs = MultiLeRobotDataset(
+        [f"local/{name}" for name in roots], root=tmp_path, delta_timestamps=windows,
+        tolerances_s={f"local/{name}": t or 1e-4 for name, t in zip(roots, tolerances, strict=True)},
+    )  # fmt: skip
+    union = concat_datasets(list(roots.values()), tolerances_s=tolerances)
     ours = _ours(union, WINDOWS)
     assert len(ours) == len(theirs) == 12 + 7 + 20 + 9 + 15
 
