@@ -4,11 +4,15 @@ Ranks read disjoint units. Whole episodes keep each rank's reads within fewest f
 and balance ranks poorly when each has few (one rank's extra episode is padding on all the others). Pieces of at
 most ``piece_frames`` frames fix both, for a dataset of few long episodes on many ranks. A piece is only a unit of
 the order: windows, padding and masks still follow the episode the piece belongs to.
+
+A unit may also leave out an episode's first and last frames (``drop_first``, ``drop_last``: LeRobot's
+``EpisodeAwareSampler``, which policies predicting a long action horizon train with, so that few samples are
+mostly padding): those frames are never sampled, but windows of the frames kept still read them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,29 +26,39 @@ class EpisodePieces:
     episode: np.ndarray
     offset: np.ndarray
     length: np.ndarray
+    _whole: bool = field(init=False, repr=False, compare=False)
 
     @classmethod
-    def cut(cls, episode_lengths: np.ndarray, piece_frames: int | None) -> EpisodePieces:
-        """Every episode in ``ceil(length / piece_frames)`` pieces of near-equal length (None: whole episodes).
+    def cut(
+        cls, episode_lengths: np.ndarray, piece_frames: int | None, *, drop_first: int = 0, drop_last: int = 0
+    ) -> EpisodePieces:
+        """Every episode's frames but its first ``drop_first`` and last ``drop_last`` (an episode no longer than
+        both keeps none), in ``ceil(frames / piece_frames)`` pieces of near-equal length (None: one piece).
 
         Equal pieces, not ``piece_frames`` then a remainder: a 101-frame episode at 100 is 51 + 50, not 100 + 1,
         which would leave a one-frame unit to balance with.
         """
         lengths = np.asarray(episode_lengths, dtype=np.int64)
+        kept = np.maximum(lengths - drop_first - drop_last, 0)
+        start = np.where(kept > 0, drop_first, 0)
         if piece_frames is None:
-            return cls(np.arange(lengths.size, dtype=np.int64), np.zeros_like(lengths), lengths)
-        counts = np.maximum(1, -(-lengths // piece_frames))  # (an empty episode stays one empty unit)
+            return cls(np.arange(lengths.size, dtype=np.int64), start, kept)
+        counts = np.maximum(1, -(-kept // piece_frames))  # (an empty episode stays one empty unit)
         episode = np.repeat(np.arange(lengths.size, dtype=np.int64), counts)
         first = np.cumsum(counts) - counts
         part = np.arange(episode.size, dtype=np.int64) - first[episode]  # which piece of its episode
-        offset = part * lengths[episode] // counts[episode]
-        end = (part + 1) * lengths[episode] // counts[episode]
-        return cls(episode, offset, end - offset)
+        offset = part * kept[episode] // counts[episode]
+        end = (part + 1) * kept[episode] // counts[episode]
+        return cls(episode, start[episode] + offset, end - offset)
 
     @property
     def whole(self) -> bool:
         """Whether every piece is a whole episode (the positions then need no mapping)."""
-        return self.episode.size == 0 or bool(self.episode[-1] == self.episode.size - 1)
+        return self._whole
+
+    def __post_init__(self) -> None:
+        one_each = self.episode.size == 0 or bool(self.episode[-1] == self.episode.size - 1)
+        object.__setattr__(self, "_whole", one_each and not self.offset.any())
 
     def frames(self, pieces: np.ndarray, frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(episode_pos, frame_in_episode)`` of ``frames`` counted within ``pieces``."""

@@ -90,7 +90,9 @@ class DALILeRobotIterator:
       script passes ``drop_last=False`` to its DataLoader), ``rank``/``world_size`` (default: from
       ``torch.distributed``, then ``RANK``/``WORLD_SIZE``, then accelerate), ``rank_balance`` (how ranks with
       fewer frames reach the common batch count that collective training needs), ``episode_piece_frames``
-      (deal episodes to ranks in pieces of at most that many frames: for more ranks than episodes, or few each).
+      (deal episodes to ranks in pieces of at most that many frames: for more ranks than episodes, or few each),
+      ``drop_n_first_frames`` and ``drop_n_last_frames`` (never sample an episode's first or last frames, as
+      LeRobot's ``EpisodeAwareSampler``, with which it trains Diffusion Policy: their windows still read them).
     * Where the work runs: ``device``, ``decode`` (``"auto"``: NVDEC where the GPU has the codec, else the CPU;
       ``"gpu"``: NVDEC or fail; ``"cpu"``), ``num_workers`` (processes that read rows and decode on the CPU),
       ``dali_threads``, ``prefetch`` (batches DALI prepares ahead), ``cpu_decode`` (the CPU decoder's options).
@@ -131,6 +133,8 @@ class DALILeRobotIterator:
         dali_threads: int | None = None,
         depth_unit: DepthUnit | str = DepthUnit.MM,
         episode_piece_frames: int | None = None,
+        drop_n_first_frames: int = 0,
+        drop_n_last_frames: int = 0,
     ) -> None:
         device = str(device)  # (a torch.device, as accelerator.device is, spells the same)
         (batch_size, num_workers, prefetch, dali_threads), preference = _checked_arguments(
@@ -194,6 +198,8 @@ class DALILeRobotIterator:
             episode_pool_size=episode_pool_size,
             rank_balance=_choice(RankBalance, "rank_balance", rank_balance),
             piece_frames=episode_piece_frames,
+            drop_n_first_frames=drop_n_first_frames,
+            drop_n_last_frames=drop_n_last_frames,
         )
         self._stream = SampleStream(
             self.reader.episodes.length,

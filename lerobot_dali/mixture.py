@@ -25,6 +25,7 @@ import torch
 from .concurrent_calls import in_threads
 from .dataset_reader import LeRobotDatasetReader
 from .dataset_union import DATASET_INDEX, Dataset, dataset_list, open_all, refuse_dataset_index_feature
+from .episode_pieces import EpisodePieces
 from .episode_rows import INDEX_COLUMNS
 from .errors import (
     DatasetError,
@@ -81,7 +82,7 @@ class DALILeRobotMixture:
     ``MultiLeRobotDataset`` does); their shapes must agree (``image_size`` resizes every camera to one size).
     ``task_index``, ``index`` and ``episode_index`` are each dataset's own; ``task`` is its string.
 
-    ``weights`` (default: each dataset's frame count, as reading their concatenation would) set the shares.
+    ``weights`` (default: each dataset's frames sampled, as reading their concatenation would) set the shares.
     ``num_workers`` is split over the datasets by share (at least one each). Every other argument of
     :class:`~lerobot_dali.iterator.DALILeRobotIterator` applies to every dataset, but ``dataset_options`` (one
     mapping per dataset) sets those of :data:`PER_DATASET_OPTIONS` for one dataset, e.g.
@@ -123,8 +124,9 @@ class DALILeRobotMixture:
         _check_windows(readers, windows, self.renames)
         _check_shapes(readers, self.renames)
         self._image_windows_to_squeeze = _image_windows_to_squeeze(readers, windows, self.renames)
+        sampled = [_sampled_frames(reader, options) for reader in readers]
         if weights is None:
-            weights = [reader.num_frames for reader in readers]
+            weights = sampled
         elif len(weights) != len(readers) or not all(is_number(w) for w in weights):
             raise ValueError(f"weights must hold one number per dataset ({len(readers)}), got {weights!r}")
         if batch_size < len(readers):
@@ -161,9 +163,7 @@ class DALILeRobotMixture:
                 part.close()
             raise
         # The anchor: the dataset read once in the most batches (its epoch is the mixture's).
-        self.anchor = int(
-            np.argmax([reader.num_frames / share for reader, share in zip(readers, self.batch_shares, strict=True)])
-        )
+        self.anchor = int(np.argmax([n / share for n, share in zip(sampled, self.batch_shares, strict=True)]))
         self.rank, self.world_size = self.datasets[0].rank, self.datasets[0].world_size
         self._check_parts_fill_batches()
         self._schedules = {i: self._schedule(i) for i in range(len(readers)) if i != self.anchor}
@@ -339,6 +339,14 @@ class DALILeRobotMixture:
         """Stop every dataset's worker processes now."""
         for part in getattr(self, "datasets", ()):
             part.close()
+
+
+def _sampled_frames(reader: LeRobotDatasetReader, options: Mapping[str, Any]) -> int:
+    """Frames an epoch of ``reader`` samples: all, but those ``drop_n_first_frames``/``drop_n_last_frames`` leave
+    out of every episode."""
+    first = check_int("drop_n_first_frames", options.get("drop_n_first_frames", 0), minimum=0)
+    last = check_int("drop_n_last_frames", options.get("drop_n_last_frames", 0), minimum=0)
+    return int(EpisodePieces.cut(reader.episodes.length, None, drop_first=first, drop_last=last).length.sum())
 
 
 def _starved(part: DALILeRobotIterator, epoch: int, rank: int, share: int) -> DatasetError:

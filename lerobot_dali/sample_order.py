@@ -13,6 +13,8 @@ Per epoch:
    episode goes to the least-loaded rank, so two ranks differ by at most about the fullest rank's shortest
    episode (at most the longest).
    Every rank computes every rank's count, so :class:`RankBalance` targets are agreed without communication.
+   An episode's frames here are those sampled: ``drop_n_first_frames`` and ``drop_n_last_frames`` leave its
+   first and last ones out (an episode no longer than both, whole).
 2. **Stream.** A rank's episodes are shuffled into its episode stream (``shuffle=False``: dataset order).
 3. **Pool.** The rank keeps ``episode_pool_size`` whole episodes admitted from its stream and emits a frame
    uniformly at random among the pool's remaining frames; an episode leaves when all its frames were
@@ -106,6 +108,9 @@ class OrderOptions:
     rank_balance: RankBalance = RankBalance.PAD
     #: Deal episodes to ranks in pieces of at most this many frames (None: whole episodes).
     piece_frames: int | None = None
+    #: Frames at the start and the end of every episode never sampled (LeRobot's ``EpisodeAwareSampler``).
+    drop_n_first_frames: int = 0
+    drop_n_last_frames: int = 0
     #: Samples between pool-state checkpoints (a lower bound; raised to respect ``max_checkpoints``).
     checkpoint_interval: int = 8192
     max_checkpoints: int = 1024
@@ -117,6 +122,8 @@ class OrderOptions:
         check_int("episode_pool_size", self.episode_pool_size, minimum=1)
         if self.piece_frames is not None:
             check_int("piece_frames", self.piece_frames, minimum=1)
+        check_int("drop_n_first_frames", self.drop_n_first_frames, minimum=0)
+        check_int("drop_n_last_frames", self.drop_n_last_frames, minimum=0)
         check_int("checkpoint_interval", self.checkpoint_interval, minimum=1)
         check_int("max_checkpoints", self.max_checkpoints, minimum=1)
         if not isinstance(self.rank_balance, RankBalance):
@@ -402,7 +409,10 @@ class SampleOrder:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self._options = options if options is not None else OrderOptions()
         # Everything below deals, pools and draws pieces; only what leaves this class names episodes.
-        self._pieces = EpisodePieces.cut(lengths, self._options.piece_frames)
+        opts = self._options
+        self._pieces = EpisodePieces.cut(
+            lengths, opts.piece_frames, drop_first=opts.drop_n_first_frames, drop_last=opts.drop_n_last_frames
+        )
         self._lengths = self._pieces.length
         self._resumed = resumed_epoch
         self._plans: OrderedDict[int, _EpochPlan] = OrderedDict()
@@ -535,7 +545,16 @@ class SampleOrder:
         rng = (
             _generator(self._options.seed, _SHARD_STREAM, epoch, world_size, segment) if self._options.shuffle else None
         )
-        rank_of = shard_episodes(remaining, world_size=world_size, rng=rng)
+        try:
+            rank_of = shard_episodes(remaining, world_size=world_size, rng=rng)
+        except ShardingError as e:
+            first, last = self._options.drop_n_first_frames, self._options.drop_n_last_frames
+            if not first and not last:
+                raise
+            raise ShardingError(
+                f"{e} (frames sampled, that is: drop_n_first_frames={first} and drop_n_last_frames={last} leave "
+                "out the rest, all of an episode no longer than both)"
+            ) from None
         owned = rank_of >= 0
         rank_counts = np.bincount(rank_of[owned], weights=remaining[owned], minlength=world_size).astype(np.int64)
         pad = self._options.rank_balance is RankBalance.PAD

@@ -42,9 +42,11 @@ logger = logging.getLogger(__name__)
 _VERSION = 2
 _FIELDS = ("seed", "epoch", "samples_consumed", "world_size", "batch_size")
 #: The order options besides the seed that a state records, and a resume must match.
-_ORDER_FIELDS = ("shuffle", "episode_pool_size", "rank_balance", "piece_frames")
-#: Order fields states saved before them lack (read as None: the order before them).
-_LATER_ORDER_FIELDS = ("piece_frames",)
+_ORDER_FIELDS = (
+    "shuffle", "episode_pool_size", "rank_balance", "piece_frames", "drop_n_first_frames", "drop_n_last_frames"
+)  # fmt: skip
+#: Order fields states saved before them lack, and the value they ran as.
+_LATER_ORDER_FIELDS = {"piece_frames": None, "drop_n_first_frames": 0, "drop_n_last_frames": 0}
 
 
 def _order_of(options: OrderOptions) -> dict[str, Any]:
@@ -260,10 +262,10 @@ def _check_order(state: StreamState, options: OrderOptions, *, world_size: int) 
         for name in _ORDER_FIELDS
         if (name != "episode_pool_size" or now["shuffle"]) and (name != "rank_balance" or several_ranks)
     ]
-    # (.get: a state saved before a later field lacks it, and ran as None does)
-    differ = [name for name in relevant if state.order.get(name) != now[name]]
+    saved_order = {**_LATER_ORDER_FIELDS, **state.order}  # (a state saved before a later field ran as its default)
+    differ = [name for name in relevant if saved_order.get(name) != now[name]]
     if differ:
-        saved = ", ".join(f"{name}={state.order.get(name)!r}" for name in differ)
+        saved = ", ".join(f"{name}={saved_order.get(name)!r}" for name in differ)
         ours = ", ".join(f"{name}={now[name]!r}" for name in differ)
         raise ResumeStateError(
             f"this stream state was saved with {saved}, but this stream runs with {ours}: the saved position "

@@ -174,6 +174,8 @@ def train(options: PolicyTrainOptions) -> list[float]:
         shuffle=True, seed=options.seed, episode_pool_size=options.episode_pool_size,
         device=iterator_device(accelerator.device), decode=options.decode, num_workers=options.num_workers,
         rank=rank, world_size=world_size,
+        # (as LeRobot's train script samples for the policies that ask: Diffusion Policy's last 7 frames)
+        drop_n_last_frames=getattr(accelerator.unwrap_model(policy).config, "drop_n_last_frames", None) or 0,
     )  # fmt: skip
     # What a resume must keep: the policy's shapes and the windows follow these.
     # (a key per config field, so a mismatch names the field)

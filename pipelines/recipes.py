@@ -117,6 +117,8 @@ class Recipe:
     key; ``None`` reads only the sample's own frame, with no window axis (LeRobot's convention when a key
     has no ``delta_timestamps``). ``image_size`` is the ``(height, width)`` frames are resized to on the
     device (``None``: as stored). ``augment`` is the on-device augmentation, or ``None`` for none.
+    ``drop_n_last_frames``: frames at the end of each episode never sampled (their windows would be mostly
+    padding), as the policy's LeRobot config asks of its ``EpisodeAwareSampler``.
     """
 
     name: str
@@ -126,6 +128,7 @@ class Recipe:
     action: StepWindow | None = None
     image_size: tuple[int, int] | None = None
     augment: AugmentConfig | None = None
+    drop_n_last_frames: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -145,6 +148,9 @@ class Recipe:
             object.__setattr__(self, "image_size", (int(size[0]), int(size[1])))
         if self.augment is not None and not isinstance(self.augment, AugmentConfig):
             raise ValueError(f"Recipe.augment must be an AugmentConfig or None, got {self.augment!r}")
+        drop = self.drop_n_last_frames
+        if isinstance(drop, bool) or not isinstance(drop, int) or drop < 0:
+            raise ValueError(f"Recipe.drop_n_last_frames must be an int >= 0, got {drop!r}")
 
     def delta_timestamps(
         self,
@@ -175,6 +181,8 @@ class Recipe:
             out["description"] = self.description
         if self.image_size is not None:
             out["image_size"] = list(self.image_size)
+        if self.drop_n_last_frames:
+            out["drop_n_last_frames"] = self.drop_n_last_frames
         for role in _WINDOWS:
             window = getattr(self, role)
             if window is not None:
@@ -205,7 +213,8 @@ class Recipe:
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str]) -> Recipe:
-        """Read a recipe file (layout: top-level ``name``, ``image_size``; tables ``[cameras]``, ``[state]``,
+        """Read a recipe file (layout: top-level ``name``, ``image_size``, ``drop_n_last_frames``; tables
+        ``[cameras]``, ``[state]``,
         ``[action]``, ``[augment]`` with :class:`~lerobot_dali.augment.AugmentConfig`'s sections)."""
         tomllib = toml_parser()
         with open(path, "rb") as f:

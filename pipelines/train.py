@@ -23,9 +23,10 @@ gives keys of some datasets the names the others use (a camera recorded as ``rgb
 proportion to frames), for many datasets.
 
 Recipes: ``--recipe act|diffusion|vla|FILE.toml`` (``pipelines/recipes.py``) sets the windows read per sample
-(cameras, state, action), the image size and the augmentation. Explicit flags win over the recipe:
-``--chunk N`` resizes the recipe's action window to N steps (keeping its first offset and stride),
-``--image-size`` replaces its image size and ``--augment FILE`` its whole augmentation. Without ``--recipe``
+(cameras, state, action), the image size, the augmentation and the frames at each episode's end never sampled.
+Explicit flags win over the recipe: ``--chunk N`` resizes the recipe's action window to N steps (keeping its first
+offset and stride), ``--image-size`` replaces its image size, ``--augment FILE`` its whole augmentation and
+``--drop-n-last-frames N`` its frames left out. Without ``--recipe``
 a sample is the current frame of every camera, the current state and ``--chunk`` (default 10) actions.
 """
 
@@ -99,6 +100,8 @@ class TrainOptions:
     episode_pool_size: int = DEFAULT_EPISODE_POOL_SIZE
     #: Deal episodes to ranks in pieces of at most this many frames (None: whole episodes).
     episode_piece_frames: int | None = None
+    #: Frames at the end of every episode never sampled (None: the recipe's, else 0).
+    drop_n_last_frames: int | None = None
     image_size: tuple[int, int] | None = None
     augment: Path | None = None
     decode: str = "auto"
@@ -118,8 +121,10 @@ class TrainOptions:
 
     def __post_init__(self) -> None:
         positive = (("steps", 1), ("batch_size", 1), ("chunk", 1), ("episode_pool_size", 1), ("log_every", 1))
-        checked = (*positive, ("episode_piece_frames", 1), ("num_workers", 0), ("save_every", 0))
-        check_int_fields(self, checked, label=cli_flag, optional=("chunk", "episode_piece_frames"))
+        at_least_0 = (("num_workers", 0), ("save_every", 0), ("drop_n_last_frames", 0))
+        checked = (*positive, ("episode_piece_frames", 1), *at_least_0)
+        optional = ("chunk", "episode_piece_frames", "drop_n_last_frames")
+        check_int_fields(self, checked, label=cli_flag, optional=optional)
         if self.device not in _DEVICES:
             raise ValueError(f"--device must be one of {_DEVICES}, got {self.device!r}")
         if self.mixed_precision not in _PRECISIONS:
@@ -193,7 +198,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     p.add_argument(
         "--recipe",
         help="act, diffusion, vla or a recipe .toml (pipelines/recipes/): windows, image size, augmentation;\n"
-        "--chunk, --image-size and --augment given explicitly win over it",
+        "--chunk, --image-size, --augment and --drop-n-last-frames given explicitly win over it",
     )
     p.add_argument(
         "--chunk",
@@ -209,6 +214,13 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         "--episode-piece-frames",
         type=int,
         help="deal episodes to ranks in pieces of at most N frames: for more ranks than episodes, or few each",
+    )
+    p.add_argument(
+        "--drop-n-last-frames",
+        type=int,
+        metavar="N",
+        help="never sample the last N frames of an episode (their windows would be mostly padding), as LeRobot\n"
+        "trains Diffusion Policy (7); default: the recipe's, else 0",
     )
     p.add_argument("--image-size", type=int, nargs=2, metavar=("H", "W"), help="resize cameras on the device")
     p.add_argument("--augment", type=Path, help="augmentation TOML (pipelines/recipes/augment_example.toml)")
@@ -258,6 +270,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         batch_size=a.batch_size, device=a.device, num_workers=a.num_workers,
         recipe=a.recipe, chunk=a.chunk, lr=a.lr, grad_clip=a.grad_clip, seed=a.seed,
         episode_pool_size=a.episode_pool_size, episode_piece_frames=a.episode_piece_frames,
+        drop_n_last_frames=a.drop_n_last_frames,
         image_size=tuple(a.image_size) if a.image_size else None, augment=a.augment, decode=a.decode,
         timestamp_source=_one_or_each(a.timestamp_source), tolerance_s=_one_or_each(a.tolerance_s),
         rename_map=_one_or_each(a.rename_map), concat=a.concat,
@@ -328,7 +341,8 @@ class DataPlan:
     """What each sample holds, resolved from ``--recipe`` and the explicit flags for one dataset's fps.
 
     ``camera_steps`` / ``state_steps``: frames in the camera / state window, ``None`` for the sample's own
-    frame with no window axis. ``chunk``: steps in the action window.
+    frame with no window axis. ``chunk``: steps in the action window. ``drop_n_last_frames``: frames at the end
+    of each episode never sampled.
     """
 
     delta_timestamps: dict[str, list[float]]
@@ -337,6 +351,7 @@ class DataPlan:
     chunk: int
     camera_steps: int | None
     state_steps: int | None
+    drop_n_last_frames: int = 0
 
 
 def data_plan(options: TrainOptions, *, fps: float, camera_keys: Sequence[str]) -> DataPlan:
@@ -365,7 +380,11 @@ def data_plan(options: TrainOptions, *, fps: float, camera_keys: Sequence[str]) 
         chunk=len(deltas[ACTION_KEY]),
         camera_steps=len(deltas[windowed_camera]) if windowed_camera else None,
         state_steps=len(deltas[STATE_KEY]) if STATE_KEY in deltas else None,
-    )
+        drop_n_last_frames=(
+            options.drop_n_last_frames if options.drop_n_last_frames is not None
+            else recipe.drop_n_last_frames if recipe else 0
+        ),
+    )  # fmt: skip
 
 
 def open_readers(options: TrainOptions) -> list[Any]:
@@ -443,6 +462,7 @@ def build_iterator(
         seed=options.seed,
         episode_pool_size=options.episode_pool_size,
         episode_piece_frames=options.episode_piece_frames,
+        drop_n_last_frames=plan.drop_n_last_frames,
         device=device,
         decode=options.decode,
         num_workers=options.num_workers,

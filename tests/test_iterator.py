@@ -250,6 +250,32 @@ def test_episode_pieces_let_more_ranks_than_episodes_read_each_frame_once(make_d
     assert set().union(*distinct) == {(e, f) for e in (2, 4) for f in range(LENGTHS[e])}
 
 
+@pytest.mark.parametrize(("first", "last"), [(0, 2), (1, 3)])
+def test_frames_left_out_of_sampling_still_fill_windows(make_ds, first: int, last: int) -> None:
+    """``drop_n_first_frames``/``drop_n_last_frames`` (LeRobot's EpisodeAwareSampler): two ranks with workers
+    sample each kept frame once, episodes no longer than both give none, and the kept frames' windows still read
+    the frames left out, padding only at the episodes' own edges (``_check_sample``). A resume needs the same."""
+    root = _dataset(make_ds, "vp9")
+    options = dict(batch_size=2, delta_timestamps=DELTAS, seed=3, device="cpu", drop_last=False, num_workers=1,
+                   world_size=2, drop_n_first_frames=first, drop_n_last_frames=last)  # fmt: skip
+    taken = []
+    for rank in range(2):
+        it = DALILeRobotIterator(root, rank=rank, **options)
+        samples = _samples(it)
+        natural = int(it._stream.order.rank_frame_counts(0)[rank])  # (then PAD repeats)
+        it.close()
+        for s in samples:
+            _check_sample(s)
+        taken += [(int(s["episode_index"]), int(s["frame_index"])) for s in samples[:natural]]
+    kept = [(e, f) for e, n in enumerate(LENGTHS) for f in range(first, n - last)]
+    assert sorted(taken) == kept
+    state = DALILeRobotIterator(root, rank=0, **options).state_dict()
+    with pytest.raises(ResumeStateError, match=f"saved with drop_n_last_frames={last}, but .* drop_n_last_frames=0"):
+        DALILeRobotIterator(root, rank=0, **{**options, "drop_n_last_frames": 0}).load_state_dict(state)
+    with pytest.raises(ShardingError, match="drop_n_first_frames=4 and drop_n_last_frames=4 leave out the rest"):
+        DALILeRobotIterator(root, rank=0, **{**options, "drop_n_first_frames": 4, "drop_n_last_frames": 4})
+
+
 def test_opening_options_with_an_open_reader_are_refused_not_ignored(make_ds) -> None:
     """cameras=, keys=, revision=, data_files_root= and episodes= apply while opening; with a reader already
     open they were silently dropped (cameras=["cam0"] read every camera)."""

@@ -187,6 +187,31 @@ def test_windows_longer_than_episodes_match_lerobot(make_ds) -> None:
     _assert_same_samples(_ours(root, windows), _lerobot(root, windows), frame_check=_same_decode)
 
 
+@pytest.mark.parametrize(("first", "last"), [(0, 7), (2, 3)])
+def test_frames_left_out_of_sampling_match_lerobots_episode_aware_sampler(make_ds, first: int, last: int) -> None:
+    """``drop_n_first_frames``/``drop_n_last_frames`` sample what LeRobot's ``EpisodeAwareSampler`` does (its
+    train script's, for Diffusion Policy: ``drop_n_last_frames=7``), with the same windows around each sample,
+    reaching into the frames left out. The 7-frame episode has nothing left at (0, 7)."""
+    from lerobot.datasets.sampler import EpisodeAwareSampler
+    from torch.utils.data import Subset
+
+    root = make_ds(codec="av1", gop=2, episodes=5, frames_per_episode=LENGTHS, cameras=2, episodes_per_file=2,
+                   version=DATASET_VERSION)  # fmt: skip
+    theirs = _lerobot(root, WINDOWS)
+    drops = {"drop_n_first_frames": first, "drop_n_last_frames": last}
+    if hasattr(theirs, "episode_data_index"):  # (LeRobot 0.3)
+        sampler = EpisodeAwareSampler(theirs.episode_data_index, **drops)
+    else:
+        episodes = theirs.meta.episodes
+        sampler = EpisodeAwareSampler(episodes["dataset_from_index"], episodes["dataset_to_index"], **drops)
+    sampled = [int(i) for i in sampler]
+    assert len(sampled) == sum(max(n - first - last, 0) for n in LENGTHS)
+    _assert_same_samples(
+        _ours(root, WINDOWS, **drops), Subset(theirs, sampled), frame_check=_same_decode,
+        video_keys=theirs.meta.video_keys,
+    )  # fmt: skip
+
+
 @pytest.mark.skipif(LEROBOT_03, reason="LeRobot 0.3 reads windows of an episodes= subset wrong (its issue #1783)")
 def test_an_episode_subset_matches_lerobot(make_ds) -> None:
     root = make_ds(codec="av1", gop=2, episodes=5, frames_per_episode=LENGTHS, cameras=2, episodes_per_file=2)
@@ -518,15 +543,24 @@ def test_a_lerobot_policy_gets_the_same_loss_from_both_loaders(lerobot_written, 
 
 @needs_lerobot_04
 @pytest.mark.parametrize("policy_type", sorted(TINY_POLICIES))
-def test_the_lerobot_policy_pipeline_trains_and_saves(lerobot_written, tmp_path: Path, policy_type: str) -> None:
-    """Diffusion Policy's preset schedule (cosine with warm-up) runs too: ACT has none."""
+def test_the_lerobot_policy_pipeline_trains_and_saves(
+    lerobot_written, tmp_path: Path, policy_type: str, monkeypatch
+) -> None:
+    """Diffusion Policy's preset schedule (cosine with warm-up) runs too: ACT has none. As in LeRobot's train
+    script, Diffusion Policy's samples leave out the last ``drop_n_last_frames`` frames of each episode."""
+    import lerobot_dali
     from pipelines.lerobot_policy import PolicyTrainOptions, train
 
+    built = []
+    monkeypatch.setattr(
+        lerobot_dali, "DALILeRobotIterator", lambda *a, **k: built.append(k) or DALILeRobotIterator(*a, **k)
+    )
     options = PolicyTrainOptions(
         dataset=str(lerobot_written("libsvtav1", True)), policy=policy_type, policy_args=TINY_POLICIES[policy_type],
         steps=3, batch_size=4, num_workers=1, device="cpu", log_every=1, output_dir=tmp_path / "policy",
     )  # fmt: skip
     losses = train(options)
+    assert [k["drop_n_last_frames"] for k in built] == [7 if policy_type == "diffusion" else 0]
     assert len(losses) == 3 and all(np.isfinite(losses))
     assert {"config.json", "model.safetensors"} <= {p.name for p in (tmp_path / "policy").iterdir()}
 

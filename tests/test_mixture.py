@@ -351,6 +351,25 @@ def test_the_parts_are_built_at_once_and_a_failed_build_closes_the_others(make_d
     assert sorted(closed) == sorted([str(paths[0]), str(paths[2])])
 
 
+def test_frames_left_out_of_sampling_set_the_default_shares(make_ds) -> None:
+    """With the last 3 frames of every episode never sampled, 7 of the first dataset's 16 frames and 23 of the
+    second's 29 are: the default shares of a batch of 6 follow those (1 and 5, not 2 and 4), and no sample is one
+    of the frames left out."""
+    paths = _datasets(make_ds)
+    options = dict(batch_size=6, shuffle=False, device="cpu", num_workers=0)
+    plain = DALILeRobotMixture(paths, **options)
+    assert plain.batch_shares == (2, 4)
+    plain.close()
+    mix = DALILeRobotMixture(paths, drop_n_last_frames=3, **options)
+    assert mix.batch_shares == (1, 5)
+    for batch in mix:
+        for d, ep, f in _keys(batch):
+            assert f < SPECS[d][0][ep] - 3
+    mix.close()
+    with pytest.raises(ValueError, match="drop_n_last_frames must be"):
+        DALILeRobotMixture(paths, drop_n_last_frames=-1, **options)
+
+
 def test_per_dataset_selection_through_open_dataset(make_ds) -> None:
     first, second = _datasets(make_ds)
     mix = DALILeRobotMixture(

@@ -2,12 +2,13 @@
 
 The other tests pick their combinations by hand; these draw them (codec, fps, episode lengths, files per
 episode, v2.1/v3.0, image cameras, windows, batch size, shuffle, pool size, workers, ranks, balance, resize,
-uint8, drop_last, episode subsets, episodes dealt in pieces, the CPU decoder's options, DALI's threads,
-timestamps or frame indices; every third case over HTTP, its prefetch cache off, tiny or roomy), over one
-dataset, a mixture or a union (``concat_datasets``) of 2-3, from a seeded generator, so a case that fails is
-reproduced by its seed. Every sample is checked: ``index``, ``timestamp``, tasks, tabular windows and masks
-against the generator's formulas, each camera frame against its marker; each epoch's coverage across ranks;
-and a resume in the middle of an epoch (under other worker counts) against the uninterrupted run.
+uint8, drop_last, episode subsets, episodes dealt in pieces, first and last frames never sampled, the CPU
+decoder's options, DALI's threads, timestamps or frame indices (a union's: per dataset); every third case over
+HTTP, its prefetch cache off, tiny or roomy), over one dataset, a mixture or a union (``concat_datasets``) of 2-3,
+from a seeded generator, so a case that fails is reproduced by its seed. Every sample is checked: ``index``,
+``timestamp``, tasks, tabular windows and masks against the generator's formulas, each camera frame against its
+marker; each epoch's coverage across ranks; and a resume in the middle of an epoch (under other worker counts)
+against the uninterrupted run.
 
 ``LEROBOT_DALI_COMBINATIONS=N`` draws N single-dataset cases and N/3 of each other kind (default: a few, for CI)
 from seed ``LEROBOT_DALI_COMBINATIONS_FROM=K`` on (default 0; a higher K draws cases earlier sweeps did not); a drawn
@@ -149,8 +150,11 @@ def _draw_case(seed: int, datasets: int, *, union: bool = False) -> Case:
         each = [sum(-(-n // piece) for i, n in enumerate(d.lengths) if chosen is None or i in chosen) for d in data]
         world_size = min(rng.choice([2, 3, 4]), sum(each) if union else min(each))
     case = Case(data, options, world_size=world_size, remote=remote, union=union)
-    if union:  # (drawn last: the other draws stay those of the seeds swept before it existed)
+    # (drawn last: the other draws stay those of the seeds swept before these existed)
+    if union:
         case.timestamp_sources = [rng.choice([None, *(s.value for s in TimestampSource)]) for _ in data]
+    if rng.random() < 0.3:  # an episode's first and last frames never sampled (LeRobot's EpisodeAwareSampler)
+        options["drop_n_first_frames"], options["drop_n_last_frames"] = rng.randint(0, 1), rng.randint(0, 3)
     return case
 
 
@@ -296,10 +300,11 @@ def _check_coverage(case: Case, epochs: list[list[list[list[tuple[int, int]]]]],
             assert (world > 1 and balance == "pad") or len(set(read)) == len(read)
             continue
         every = []  # (dataset, index) of every sample: of one dataset (its chosen episodes), or a union's
+        first, last = case.options.get("drop_n_first_frames", 0), case.options.get("drop_n_last_frames", 0)
         for d, data in enumerate(case.data):
             chosen = case.options.get("episodes") or range(len(data.lengths))
             starts = np.cumsum([0, *data.lengths])
-            every += [(d, i) for e in chosen for i in range(starts[e], starts[e + 1])]
+            every += [(d, i) for e in chosen for i in range(starts[e] + first, starts[e + 1] - last)]
         assert set(pairs) <= set(every)
         batch_size = case.options["batch_size"]
         if world == 1:

@@ -35,11 +35,17 @@ def _saved_state(world_size: int = 2) -> dict:
             "saved with rank_balance='pad', but this stream runs with rank_balance='drop'",
         ),
         ({"piece_frames": 4}, "saved with piece_frames=None, but this stream runs with piece_frames=4"),
+        ({"drop_n_last_frames": 7}, "saved with drop_n_last_frames=0, but this stream runs with drop_n_last_frames=7"),
+        (
+            {"drop_n_first_frames": 1},
+            "saved with drop_n_first_frames=0, but this stream runs with drop_n_first_frames=1",
+        ),
     ],
 )
 def test_a_resume_under_other_order_options_is_refused(change: dict, message: str) -> None:
     state = _saved_state()
-    assert state["order"] == {"shuffle": True, "episode_pool_size": 2, "rank_balance": "pad", "piece_frames": None}
+    assert state["order"] == {"shuffle": True, "episode_pool_size": 2, "rank_balance": "pad", "piece_frames": None,
+                              "drop_n_first_frames": 0, "drop_n_last_frames": 0}  # fmt: skip
     other = OrderOptions(**{**SAVED.__dict__, **change})
     with pytest.raises(ResumeStateError, match=message):
         _stream(other).load_state_dict(state)
@@ -84,9 +90,11 @@ def test_version_1_states_load_where_the_old_deal_does_not_matter() -> None:
 
 
 def test_a_state_saved_before_episode_pieces_resumes_as_whole_episodes() -> None:
-    """States saved before ``piece_frames`` existed lack it; they dealt whole episodes, as None does."""
+    """States saved before ``piece_frames`` existed lack it; they dealt whole episodes, as None does. Those saved
+    before ``drop_n_first_frames`` and ``drop_n_last_frames`` sampled every frame, as 0 does."""
     state = _saved_state()
-    older = {**state, "order": {k: v for k, v in state["order"].items() if k != "piece_frames"}}
+    later = ("piece_frames", "drop_n_first_frames", "drop_n_last_frames")
+    older = {**state, "order": {k: v for k, v in state["order"].items() if k not in later}}
     whole = _stream(SAVED)
     expected = [whole.next_batch() for _ in range(5)][3:]
     resumed = _stream(SAVED)
@@ -96,6 +104,9 @@ def test_a_state_saved_before_episode_pieces_resumes_as_whole_episodes() -> None
     pieces = OrderOptions(**{**SAVED.__dict__, "piece_frames": 4})
     with pytest.raises(ResumeStateError, match="piece_frames=None, but this stream runs with piece_frames=4"):
         _stream(pieces).load_state_dict(older)
+    dropping = OrderOptions(**{**SAVED.__dict__, "drop_n_last_frames": 2})
+    with pytest.raises(ResumeStateError, match="drop_n_last_frames=0, but this stream runs with drop_n_last_frames=2"):
+        _stream(dropping).load_state_dict(older)
 
 
 def test_a_malformed_order_entry_is_refused() -> None:

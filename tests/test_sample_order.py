@@ -72,6 +72,27 @@ def test_one_epoch_covers_every_frame_once(world_size: int, workers: int, shuffl
     assert len(set(per_rank)) == 1  # equal per-rank counts
 
 
+@pytest.mark.parametrize(("world_size", "piece_frames"), [(1, None), (3, None), (8, None), (8, 4), (30, 4)])
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize(("first", "last"), [(2, 3), (0, 7), (1, 0)])
+def test_an_epoch_covers_every_frame_but_those_dropped_once(
+    world_size: int, piece_frames, shuffle: bool, first: int, last: int
+) -> None:
+    """LeRobot's EpisodeAwareSampler: frames ``[first, length - last)`` of each episode, each once across ranks
+    and workers (episodes no longer than ``first + last``, none); the ranks still balance."""
+    options = _options(shuffle=shuffle, piece_frames=piece_frames, drop_n_first_frames=first, drop_n_last_frames=last)
+    kept = {(e, f) for e, n in enumerate(LENGTHS.tolist()) for f in range(first, n - last)}
+    seen: list[tuple[int, int]] = []
+    for rank in range(world_size):
+        stream = _worker_stream(rank, world_size, 3, batch=5, options=options)
+        natural = int(
+            SampleOrder(LENGTHS, rank=rank, world_size=world_size, options=options).rank_frame_counts(0)[rank]
+        )
+        seen += [tuple(p) for p in stream[:natural].tolist()]
+        assert stream.shape[0] == SampleOrder(LENGTHS, rank=0, world_size=world_size, options=options).num_samples(0)
+    assert len(seen) == len(kept) and set(seen) == kept
+
+
 def test_ranks_agree_on_counts_and_balance_within_longest_episode() -> None:
     orders = [SampleOrder(LENGTHS, rank=r, world_size=3, options=_options()) for r in range(3)]
     counts = [o.rank_frame_counts(2) for o in orders]
@@ -323,6 +344,11 @@ def test_pieces_are_near_equal_runs_of_each_episode() -> None:
     episodes, frames = split.frames(np.array([2, 4]), np.array([1, 0]))
     assert (episodes.tolist(), frames.tolist()) == ([0, 1], [4, 1])
     assert split.episodes(np.array([4, 2, 3, 0])).tolist() == [1, 0]
+    # Frames dropped at both ends: 5 keeps [1, 3), 3 none, 101 keeps [1, 99) in 49 + 49.
+    dropped = EpisodePieces.cut(np.array([5, 3, 101]), 50, drop_first=1, drop_last=2)
+    assert dropped.episode.tolist() == [0, 1, 2, 2] and not dropped.whole
+    assert (dropped.offset.tolist(), dropped.length.tolist()) == ([1, 0, 1, 50], [2, 0, 49, 49])
+    assert EpisodePieces.cut(np.array([5, 3]), None, drop_last=2).whole  # (no mapping: each starts at 0)
 
 
 def test_pieces_balance_ranks_that_hold_few_episodes() -> None:
@@ -342,6 +368,8 @@ def test_pieces_balance_ranks_that_hold_few_episodes() -> None:
 def test_option_validation() -> None:
     with pytest.raises(ValueError, match="episode_pool_size"):
         OrderOptions(episode_pool_size=0)
+    with pytest.raises(ValueError, match="drop_n_last_frames"):
+        OrderOptions(drop_n_last_frames=-1)
     with pytest.raises(ValueError, match="'pad', 'drop'"):
         OrderOptions(rank_balance="trim")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="rank must be in"):
@@ -407,10 +435,13 @@ def test_set_epoch_keeps_the_resumed_position() -> None:
 @pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize(("old_ws", "new_ws", "consumed"), [(2, 3, 60), (3, 2, 41), (1, 8, 250)])
 @pytest.mark.parametrize("piece_frames", [None, 7])
+@pytest.mark.parametrize("drops", [(0, 0), (2, 3)])
 def test_resume_on_another_world_size_repeats_nothing(
-    shuffle: bool, old_ws: int, new_ws: int, consumed: int, piece_frames, caplog: pytest.LogCaptureFixture
+    shuffle: bool, old_ws: int, new_ws: int, consumed: int, piece_frames, drops, caplog: pytest.LogCaptureFixture
 ) -> None:
-    options = _options(shuffle=shuffle, piece_frames=piece_frames)
+    dropping = {"drop_n_first_frames": drops[0], "drop_n_last_frames": drops[1]}
+    options = _options(shuffle=shuffle, piece_frames=piece_frames, **dropping)
+    every = {(e, f) for e, n in enumerate(LENGTHS.tolist()) for f in range(drops[0], n - drops[1])}
     taken: list[tuple[int, int]] = []
     for rank in range(old_ws):
         order = SampleOrder(LENGTHS, rank=rank, world_size=old_ws, options=options)
@@ -418,7 +449,7 @@ def test_resume_on_another_world_size_repeats_nothing(
     state = StreamState(seed=11, epoch=0, samples_consumed=consumed, world_size=old_ws, batch_size=4)
     rest: list[tuple[int, int]] = []
     for rank in range(new_ws):
-        stream = _stream(new_ws, rank, batch=1000, shuffle=shuffle, piece_frames=piece_frames)
+        stream = _stream(new_ws, rank, batch=1000, shuffle=shuffle, piece_frames=piece_frames, **dropping)
         with caplog.at_level(logging.WARNING, logger="lerobot_dali.stream_state"):
             stream.load_state_dict(state.to_dict())
         assert "re-sharded" in caplog.text
@@ -432,8 +463,8 @@ def test_resume_on_another_world_size_repeats_nothing(
         fresh = SampleOrder(LENGTHS, rank=rank, world_size=new_ws, options=options)
         np.testing.assert_array_equal(stream.next_batch()[0], fresh.samples(1, 0, min(1000, fresh.num_samples(1)))[0])
     assert len(set(taken)) == len(taken)
-    assert len(taken) + len(rest) == len(ALL_FRAMES)
-    assert set(taken) | set(rest) == ALL_FRAMES
+    assert len(taken) + len(rest) == len(every)
+    assert set(taken) | set(rest) == every
 
 
 def test_world_size_change_at_epoch_end_leaves_that_epoch_finished(caplog: pytest.LogCaptureFixture) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -289,6 +290,10 @@ def test_diffusion_recipe_trains_on_observation_and_action_windows(
         assert shapes[key] == [4, 2, 3, 64, 64]
     assert shapes["observation.state"] == [4, 2, 6] and shapes["observation.state_is_pad"] == [4, 2]
     assert shapes["action"] == [4, 16, 7] and shapes["action_is_pad"] == [4, 16]  # frames -1 .. 14
+    # As LeRobot trains it, no sample is one of the last 7 frames of its episode (a third of them here).
+    ends = np.cumsum(UNEVEN["frames_per_episode"])
+    for index in (i for step in record["indices"] for i in step):
+        assert index < ends[np.searchsorted(ends, index, side="right")] - 7, index
 
 
 @pytest.mark.parametrize("grey", [False, True], ids=["rgb", "grey-cam1"])
@@ -409,9 +414,15 @@ def test_data_plan_resolves_recipe_windows_and_overrides(tmp_path: Path) -> None
         "action": pytest.approx([k / 10 for k in range(-1, 15)]),
     }
     assert (diffusion.chunk, diffusion.camera_steps, diffusion.state_steps) == (16, 2, 2)
+    assert (plain.drop_n_last_frames, diffusion.drop_n_last_frames) == (0, 7)  # (LeRobot's diffusion config)
     # --chunk keeps the recipe's first action offset (-1 frame) and sets the length
-    shorter = data_plan(TrainOptions(dataset="d", steps=1, recipe="diffusion", chunk=3), fps=20, camera_keys=cams)
+    shorter = data_plan(
+        TrainOptions(dataset="d", steps=1, recipe="diffusion", chunk=3, drop_n_last_frames=0), fps=20, camera_keys=cams
+    )
     assert shorter.delta_timestamps["action"] == pytest.approx([-0.05, 0.0, 0.05]) and shorter.chunk == 3
+    assert shorter.drop_n_last_frames == 0
+    with pytest.raises(ValueError, match="--drop-n-last-frames"):
+        TrainOptions(dataset="d", steps=1, drop_n_last_frames=-1)
 
     vla = data_plan(TrainOptions(dataset="d", steps=1, recipe="vla"), fps=30, camera_keys=cams)
     assert vla.image_size == (224, 224) and vla.chunk == 30 and vla.augment is not None
