@@ -18,6 +18,7 @@ from numpy.typing import ArrayLike
 
 from .errors import FrameRequestError, FrameTimestampError
 from .packet_index import PacketIndex
+from .value_checks import check_seconds
 
 if TYPE_CHECKING:
     from .dataset_reader import LeRobotDatasetReader, VideoRef
@@ -71,11 +72,8 @@ class FrameLookup:
             except ValueError:
                 allowed = [s.value for s in TimestampSource]
                 raise ValueError(f"timestamp_source must be one of {allowed}, got {self.timestamp_source!r}") from None
-        tolerance = self.tolerance_s
-        if tolerance is not None and (
-            isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not 0 <= tolerance < math.inf
-        ):
-            raise ValueError(f"tolerance_s must be a non-negative finite number of seconds, got {tolerance!r}")
+        if self.tolerance_s is not None:
+            check_seconds("tolerance_s", self.tolerance_s)
 
     def over(self, timestamp_source: TimestampSource, tolerance_s: float) -> tuple[TimestampSource, float]:
         """This lookup's own settings, the given ones where it has none."""
@@ -153,8 +151,7 @@ def nearest_frame_indices(
     falls outside ``episode_span_s``, naming the request, the worst query and the nearest pts;
     FrameRequestError for an empty request.
     """
-    if isinstance(tolerance_s, bool) or not isinstance(tolerance_s, (int, float)) or not 0 <= tolerance_s < math.inf:
-        raise ValueError(f"tolerance_s must be a non-negative finite number of seconds, got {tolerance_s!r}.")
+    check_seconds("tolerance_s", tolerance_s)
     queries = np.asarray(query_s, dtype=np.float64).reshape(-1)
     if queries.size == 0:
         raise FrameRequestError(

@@ -8,7 +8,7 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-__all__ = ["check_int", "check_int_fields", "cli_flag", "is_int", "is_number"]
+__all__ = ["check_int", "check_int_fields", "check_seconds", "cli_flag", "is_int", "is_number"]
 
 
 def is_int(value: object) -> TypeGuard[int | np.integer]:
@@ -28,6 +28,13 @@ def check_int(name: str, value: object, *, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
+
+
+def check_seconds(name: str, value: object) -> float:
+    """``value`` as seconds: ValueError unless a non-negative finite number (a tolerance, a duration)."""
+    if not is_number(value) or value < 0:  # type: ignore[operator]
+        raise ValueError(f"{name} must be a non-negative finite number of seconds, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
 
 
 def cli_flag(name: str) -> str:

@@ -35,6 +35,7 @@ import numpy as np
 
 from .errors import DeltaTimestampsError
 from .frame_lookup import DEFAULT_TOLERANCE_S
+from .value_checks import check_seconds
 
 __all__ = ["PAD_SUFFIX", "DeltaWindows", "query_indices"]
 
@@ -82,8 +83,7 @@ class DeltaWindows:
     def __post_init__(self) -> None:
         if isinstance(self.fps, bool) or not isinstance(self.fps, int | float) or not self.fps > 0:
             raise ValueError(f"fps must be a positive number, got {self.fps!r}")
-        if not isinstance(self.tolerance_s, int | float) or not 0 <= self.tolerance_s < math.inf:
-            raise ValueError(f"tolerance_s must be a non-negative finite number of seconds, got {self.tolerance_s!r}")
+        check_seconds("tolerance_s", self.tolerance_s)
         if not isinstance(self.delta_timestamps, Mapping):
             raise TypeError(f"delta_timestamps must map keys to lists of seconds, got {type(self.delta_timestamps)}")
         cameras = frozenset(self.camera_keys)
