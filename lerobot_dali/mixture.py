@@ -51,8 +51,9 @@ _OPENING_ARGUMENTS = frozenset({"revision", "episodes", "episode_filter", "data_
 #: Arguments ``dataset_options`` may set per dataset: how its own files are read and its samples drawn, which
 #: datasets of other writers need differently (wall-clock parquet timestamps, a codec NVDEC lacks, long episodes).
 PER_DATASET_OPTIONS = frozenset(
-    {"timestamp_source", "tolerance_s", "decode", "cpu_decode", "augment", "episode_pool_size", "episode_piece_frames"}
-)
+    {"timestamp_source", "tolerance_s", "decode", "cpu_decode", "augment", "episode_pool_size", "episode_piece_frames",
+     "drop_n_first_frames", "drop_n_last_frames"}
+)  # fmt: skip
 #: The ``dataset_options`` key of a dataset's ``{own key: batch key}`` renames (:class:`~.key_rename.KeyRename`).
 RENAME_MAP = "rename_map"
 
@@ -124,7 +125,9 @@ class DALILeRobotMixture:
         _check_windows(readers, windows, self.renames)
         _check_shapes(readers, self.renames)
         self._image_windows_to_squeeze = _image_windows_to_squeeze(readers, windows, self.renames)
-        sampled = [_sampled_frames(reader, options) for reader in readers]
+        sampled = [
+            _sampled_frames(reader, {**options, **own}) for reader, own in zip(readers, own_options, strict=True)
+        ]
         if weights is None:
             weights = sampled
         elif len(weights) != len(readers) or not all(is_number(w) for w in weights):

@@ -354,7 +354,7 @@ def test_the_parts_are_built_at_once_and_a_failed_build_closes_the_others(make_d
 def test_frames_left_out_of_sampling_set_the_default_shares(make_ds) -> None:
     """With the last 3 frames of every episode never sampled, 7 of the first dataset's 16 frames and 23 of the
     second's 29 are: the default shares of a batch of 6 follow those (1 and 5, not 2 and 4), and no sample is one
-    of the frames left out."""
+    of the frames left out. ``dataset_options`` may leave out frames of one dataset only."""
     paths = _datasets(make_ds)
     options = dict(batch_size=6, shuffle=False, device="cpu", num_workers=0)
     plain = DALILeRobotMixture(paths, **options)
@@ -368,6 +368,13 @@ def test_frames_left_out_of_sampling_set_the_default_shares(make_ds) -> None:
     mix.close()
     with pytest.raises(ValueError, match="drop_n_last_frames must be"):
         DALILeRobotMixture(paths, drop_n_last_frames=-1, **options)
+    # Per dataset (datasets of other fps need other counts): the first keeps 16 frames, the second 23.
+    own = DALILeRobotMixture(paths, dataset_options=[{}, {"drop_n_last_frames": 3}], **options)
+    assert own.batch_shares == (2, 4)  # (16 : 23 of 6 -> 2.46 : 3.54)
+    for batch in own:
+        for d, ep, f in _keys(batch):
+            assert d == 0 or f < SPECS[d][0][ep] - 3
+    own.close()
 
 
 def test_per_dataset_selection_through_open_dataset(make_ds) -> None:
