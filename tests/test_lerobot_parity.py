@@ -212,6 +212,27 @@ def test_frames_left_out_of_sampling_match_lerobots_episode_aware_sampler(make_d
     )  # fmt: skip
 
 
+@pytest.mark.skipif((_installed_lerobot() or (0, 0)) < (0, 6), reason="LeRobot maps a subset's indices from 0.6")
+def test_frames_left_out_of_an_episode_subset_match_lerobots_train_script(make_ds) -> None:
+    """LeRobot 0.6's train script samples an ``episodes=`` subset through ``EpisodeAwareSampler`` with
+    ``absolute_to_relative_idx``; ``episodes=`` with ``drop_n_last_frames`` samples the same frames."""
+    from lerobot.datasets.sampler import EpisodeAwareSampler
+    from torch.utils.data import Subset
+
+    root = make_ds(codec="av1", gop=2, episodes=5, frames_per_episode=LENGTHS, cameras=2, episodes_per_file=2)
+    subset = [1, 3, 4]
+    theirs = _lerobot(root, WINDOWS, episodes=subset)
+    episodes = theirs.meta.episodes
+    sampler = EpisodeAwareSampler(
+        episodes["dataset_from_index"], episodes["dataset_to_index"], episode_indices_to_use=theirs.episodes,
+        drop_n_last_frames=7, absolute_to_relative_idx=theirs.absolute_to_relative_idx,
+    )  # fmt: skip
+    sampled = [int(i) for i in sampler]
+    assert len(sampled) == sum(LENGTHS[e] - 7 for e in subset)
+    ours = _ours(root, WINDOWS, episodes=subset, drop_n_last_frames=7)
+    _assert_same_samples(ours, Subset(theirs, sampled), frame_check=_same_decode, video_keys=theirs.meta.video_keys)
+
+
 @pytest.mark.skipif(LEROBOT_03, reason="LeRobot 0.3 reads windows of an episodes= subset wrong (its issue #1783)")
 def test_an_episode_subset_matches_lerobot(make_ds) -> None:
     root = make_ds(codec="av1", gop=2, episodes=5, frames_per_episode=LENGTHS, cameras=2, episodes_per_file=2)
