@@ -258,8 +258,12 @@ def _probe_here(device_id: int, samples: Mapping[str, np.ndarray]) -> GpuProbe:
 
 
 # (device, codec, pixel format, width, height) -> (GPU or None, NVDEC decodes it, why not)
-_probe_cache: dict[tuple[int, str, str | None, int, int], tuple[GpuInfo | None, bool, str]] = {}
+_ProbeKey = tuple[int, str, str | None, int, int]
+_probe_cache: dict[_ProbeKey, tuple[GpuInfo | None, bool, str]] = {}
 _probe_lock = threading.Lock()
+# One probe per key at a time: a mixture builds its datasets' iterators in threads, whose cameras often share a
+# codec and size, and each probe is a process with a CUDA context of its own.
+_probing: dict[_ProbeKey, threading.Lock] = {}
 
 
 def probe_gpu(samples: Mapping[str, np.ndarray], *, device_id: int = 0, isolate: bool = True) -> GpuProbe:
@@ -300,6 +304,20 @@ def route_for_video(
         return choose_route(index.codec, decode=preference, gpu=None, nvdec_supported=False, label=label)
     key = (device_id, index.codec, index.pix_fmt, index.width, index.height)
     with _probe_lock:
+        probing = _probing.setdefault(key, threading.Lock())
+    with probing:  # (a thread probing this key now: wait for its answer)
+        cached = _cached_or_probed(key, source, index, filesystem=filesystem, isolate=isolate_probe)
+    gpu, supported, reason = cached
+    return choose_route(index.codec, decode=preference, gpu=gpu, nvdec_supported=supported, label=label, reason=reason)
+
+
+def _cached_or_probed(
+    key: _ProbeKey, source: VideoSource, index: PacketIndex, *, filesystem: Any | None, isolate: bool
+) -> tuple[GpuInfo | None, bool, str]:
+    """The probe's answer for ``key`` (device, codec, format, size): cached, else probed with this file's first
+    frame and cached."""
+    device_id = key[0]
+    with _probe_lock:
         cached = _probe_cache.get(key)
     if cached is None:
         if not _driver_present():
@@ -307,7 +325,7 @@ def route_for_video(
         elif index.codec in DALI_NVDEC_CODECS:
             clip = build_clip(source, index, [0], filesystem=filesystem).data
             try:
-                probe = probe_gpu({index.codec: clip}, device_id=device_id, isolate=isolate_probe)
+                probe = probe_gpu({index.codec: clip}, device_id=device_id, isolate=isolate)
             except BrokenProcessPool as e:  # the probe process died (driver fault): do not guess NVDEC works
                 logger.warning("NVDEC probe process for %s on device %d died (%s)", index.codec, device_id, e)
                 probe = GpuProbe(gpu=None, nvdec={}, errors={index.codec: f"probe process died: {e}"})
@@ -320,5 +338,4 @@ def route_for_video(
             logger.info("NVDEC probe for %s on device %d: %s", index.codec, device_id, cached[2])
         with _probe_lock:
             _probe_cache[key] = cached
-    gpu, supported, reason = cached
-    return choose_route(index.codec, decode=preference, gpu=gpu, nvdec_supported=supported, label=label, reason=reason)
+    return cached

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import av
 import numpy as np
@@ -181,6 +184,32 @@ def test_nvdec_is_probed_per_frame_size_too(marker_video: MarkerVideo, monkeypat
     assert route_for_video(small, build_packet_index(small), label="wrist") is DecodeRoute.CPU_FALLBACK
     assert route_for_video(big, build_packet_index(big), label="top") is DecodeRoute.NVDEC
     assert probed == [(128, 160), (64, 96)]
+
+
+def test_cameras_routed_at_once_share_one_probe(marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mixture builds its datasets' iterators in threads; cameras of one codec and size then wait for one probe
+    (a process with a CUDA context of its own) instead of each starting one. Other sizes probe beside it."""
+    probed: list[tuple[int, int]] = []
+    started = threading.Barrier(2, timeout=30)  # the two sizes' probes run at the same time
+
+    def slow_probe(samples, *, device_id, isolate):
+        ((codec, clip),) = samples.items()
+        index = build_packet_index(io.BytesIO(clip.tobytes()))
+        probed.append((index.height, index.width))
+        started.wait()
+        time.sleep(0.2)  # (the other threads of this size arrive meanwhile)
+        return decode_route.GpuProbe(gpu=H200, nvdec={codec: True}, errors={})
+
+    monkeypatch.setattr(decode_route, "_driver_present", lambda: True)
+    monkeypatch.setattr(decode_route, "_probe_cache", {})
+    monkeypatch.setattr(decode_route, "_probing", {}, raising=False)
+    monkeypatch.setattr(decode_route, "probe_gpu", slow_probe)
+    videos = [marker_video("h264", 2, height=128, width=160), marker_video("h264", 2, height=144, width=160)]
+    indexes = [build_packet_index(v) for v in videos]
+    with ThreadPoolExecutor(8) as pool:
+        routes = list(pool.map(lambda i: route_for_video(videos[i % 2], indexes[i % 2], label=f"cam{i}"), range(8)))
+    assert routes == [DecodeRoute.NVDEC] * 8
+    assert sorted(probed) == [(128, 160), (144, 160)]
 
 
 def test_isolated_probe_runs_in_a_spawned_process(marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch) -> None:
