@@ -207,15 +207,19 @@ def test_renamed_keys_read_each_datasets_own(make_ds) -> None:
 
 def test_the_real_v30_and_v21_copies_of_one_recording_read_as_one() -> None:
     """``cr5_v30_av1`` is ``cr5_v21_av1`` converted (its videos joined several episodes to a file): the union of
-    both, by ``frame_index / fps`` as their wall-clock timestamps need, gives each selected sample once from each,
-    with the same rows, and frames equal to a full decode of the v2.1 episode's own file. Episodes 4 and 5 sit on
-    either side of a v3.0 video file boundary; 11 is the last."""
+    both, each by ``frame_index / fps`` as their wall-clock timestamps need (their own setting), gives each
+    selected sample once from each, with the same rows, and frames equal to a full decode of the v2.1 episode's own
+    file. Episodes 4 and 5 sit on either side of a v3.0 video file boundary; 11 is the last."""
     v30, v21 = shared_dataset("cr5_v30_av1"), shared_dataset("cr5_v21_av1")
     episodes = [4, 5, 11]
-    union = concat_datasets([open_dataset(v30, episodes=episodes), open_dataset(v21, episodes=episodes)])
+    # (each its own frame_index lookup, over the iterator's parquet timestamps, which their rows miss)
+    union = concat_datasets(
+        [open_dataset(v30, episodes=episodes), open_dataset(v21, episodes=episodes)],
+        timestamp_sources=["frame_index"] * 2,
+    )
     assert union.tasks == {0: "put the banana on the plate", 1: "put the banana on the plate"}
     it = DALILeRobotIterator(
-        union, batch_size=16, device="cpu", num_workers=1, timestamp_source="frame_index", drop_last=False,
+        union, batch_size=16, device="cpu", num_workers=1, timestamp_source="parquet_timestamp", drop_last=False,
         delta_timestamps={"action": [0.0, 0.1]}, return_uint8=True,
     )  # fmt: skip
     samples: dict[tuple[int, int], dict] = {}
