@@ -89,7 +89,8 @@ class DALILeRobotIterator:
       more mixes better and holds more open), ``drop_last`` (default True: every batch full; LeRobot's train
       script passes ``drop_last=False`` to its DataLoader), ``rank``/``world_size`` (default: from
       ``torch.distributed``, then ``RANK``/``WORLD_SIZE``, then accelerate), ``rank_balance`` (how ranks with
-      fewer frames reach the common batch count that collective training needs), ``episode_piece_frames``
+      fewer frames reach the common batch count that collective training needs; ``"none"``: they do not, for
+      evaluation, every frame once), ``episode_piece_frames``
       (deal episodes to ranks in pieces of at most that many frames: for more ranks than episodes, or few each),
       ``drop_n_first_frames`` and ``drop_n_last_frames`` (never sample an episode's first or last frames, as
       LeRobot's ``EpisodeAwareSampler``, with which it trains Diffusion Policy: their windows still read them).
@@ -249,6 +250,11 @@ class DALILeRobotIterator:
         shm = shm_bytes()
         if num_workers and shm is not None and shm < SMALL_SHM_BYTES:  # a container's default: SIGBUS ahead
             logger.warning("/dev/shm is small: %s", shared_memory_note(shm))
+        if self._stream.order.options.rank_balance is RankBalance.NONE and self.world_size > 1:
+            logger.info(
+                "rank_balance='none': ranks read %s samples this epoch, unequal; run no collective per batch",
+                self._stream.order.rank_frame_counts(self._stream.epoch).tolist(),
+            )
         if drop_last and self._stream.num_samples() < batch_size:
             logger.warning(
                 "rank %d gets %d samples an epoch, fewer than batch_size=%d: with drop_last=True every epoch is "

@@ -38,6 +38,7 @@ from .errors import (
 from .iterator import DALILeRobotIterator, default_dali_threads
 from .key_rename import KeyRename, shared_selection
 from .part_schedule import PartSchedule
+from .sample_order import RankBalance
 from .value_checks import check_int, is_number
 
 __all__ = ["PER_DATASET_OPTIONS", "DALILeRobotMixture", "batch_shares", "shared_selection"]
@@ -110,6 +111,11 @@ class DALILeRobotMixture:
         **options: Any,
     ) -> None:
         _check_options(options)
+        if options.get("rank_balance") in (RankBalance.NONE, RankBalance.NONE.value):
+            raise ValueError(
+                "rank_balance='none' (ranks of unequal counts, for evaluation) reads one dataset or a union "
+                "(concat_datasets), not a mixture, whose every batch holds a share of each dataset"
+            )
         datasets = dataset_list(datasets)
         own_options = _per_dataset(dataset_options, len(datasets))
         batch_size = check_int("batch_size", batch_size, minimum=1)

@@ -79,7 +79,7 @@ class RankBalance(enum.Enum):
     """How ranks with fewer frames this epoch reach the common per-rank sample count.
 
     Unequal batch counts hang collective training, so every rank emits exactly
-    :meth:`SampleOrder.num_samples` samples per epoch.
+    :meth:`SampleOrder.num_samples` samples per epoch (but with ``NONE``, for evaluation).
     """
 
     PAD = "pad"
@@ -90,6 +90,11 @@ class RankBalance(enum.Enum):
     """Every rank emits as many samples as the emptiest rank; the end of each longer rank's epoch is
     skipped (different frames each epoch when shuffled). Nothing repeats; at most about one episode's
     worth per rank is left out."""
+
+    NONE = "none"
+    """Every rank emits exactly its own frames, so ranks' counts differ (by up to about an episode): for
+    evaluation, where every frame must count once and no collective runs per batch (one would hang), as
+    accelerate's ``even_batches=False``. A resume must keep the world size."""
 
 
 #: Episodes a rank samples from at once, by default: wide enough to mix a batch across episodes, small enough
@@ -441,7 +446,7 @@ class SampleOrder:
         return state
 
     def num_samples(self, epoch: int) -> int:
-        """Samples every rank emits in ``epoch`` (the same on all ranks; see :class:`RankBalance`)."""
+        """Samples this rank emits in ``epoch`` (the same on all ranks but with ``RankBalance.NONE``)."""
         return self._plan(epoch).target
 
     def rank_frame_counts(self, epoch: int) -> np.ndarray:
@@ -557,8 +562,9 @@ class SampleOrder:
             ) from None
         owned = rank_of >= 0
         rank_counts = np.bincount(rank_of[owned], weights=remaining[owned], minlength=world_size).astype(np.int64)
-        pad = self._options.rank_balance is RankBalance.PAD
-        return rank_of, rank_counts, int(rank_counts.max() if pad else rank_counts.min())
+        balance = self._options.rank_balance
+        target = rank_counts.max() if balance is RankBalance.PAD else rank_counts.min()
+        return rank_of, rank_counts, int(rank_counts[self._rank] if balance is RankBalance.NONE else target)
 
     def _plan_for(
         self,

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ResumeStateError
-from .sample_order import ConsumedSegment, OrderOptions, ResumedEpoch, SampleOrder
+from .sample_order import ConsumedSegment, OrderOptions, RankBalance, ResumedEpoch, SampleOrder
 from .value_checks import check_int_fields
 
 __all__ = ["SampleStream", "StreamState"]
@@ -218,6 +218,17 @@ class SampleStream:
         segments = state.prior_segments
         epoch, consumed = state.epoch, state.samples_consumed
         world_size, rank = self._order.world_size, self._order.rank
+        if options.rank_balance is RankBalance.NONE and (state.world_size != world_size or segments):
+            if consumed or segments:
+                raise ResumeStateError(
+                    f"with rank_balance='none' each rank reads its own count, so one rank's position (saved on "
+                    f"{state.world_size} ranks) does not say where the others stood: resume epoch {epoch} on "
+                    f"{state.world_size} ranks, or start epoch {epoch + 1} here"
+                )
+            # (an epoch not begun starts afresh on these ranks)
+            self._order = SampleOrder(self._lengths, rank=rank, world_size=world_size, options=options)
+            self._epoch, self._consumed = epoch, 0
+            return
         if state.world_size != world_size:
             logger.warning(
                 "resuming epoch %d on %d ranks, saved on %d: the rest of the epoch is re-sharded over what "

@@ -6,6 +6,7 @@ hand (clamp + pad), frames by reading each decoded frame's marker and by a full 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -35,6 +36,7 @@ from lerobot_dali.errors import (
 from lerobot_dali.frame_marker import read_full_marker
 from lerobot_dali.generate import expected_action, expected_state, expected_task_index, task_name
 from lerobot_dali.iterator import DALILeRobotIterator
+from lerobot_dali.mixture import DALILeRobotMixture
 from lerobot_dali.packet_index import build_packet_index
 from tests.conftest import shared_dataset
 from tests.video_fixtures import count_decodes, reference_frames
@@ -274,6 +276,31 @@ def test_frames_left_out_of_sampling_still_fill_windows(make_ds, first: int, las
         DALILeRobotIterator(root, rank=0, **{**options, "drop_n_last_frames": 0}).load_state_dict(state)
     with pytest.raises(ShardingError, match="drop_n_first_frames=4 and drop_n_last_frames=4 leave out the rest"):
         DALILeRobotIterator(root, rank=0, **{**options, "drop_n_first_frames": 4, "drop_n_last_frames": 4})
+
+
+def test_unbalanced_ranks_evaluate_every_frame_once(make_ds, caplog) -> None:
+    """``rank_balance="none"`` (evaluation): three ranks with workers read the 23 frames in unequal counts, each
+    frame once, with no padding repeated, and say so in the log. A mixture refuses it."""
+    root = _dataset(make_ds, "vp9")
+    options = dict(batch_size=3, delta_timestamps=DELTAS, seed=2, device="cpu", drop_last=False, num_workers=1,
+                   world_size=3, rank_balance="none")  # fmt: skip
+    taken, lengths = [], []
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.iterator"):
+        for rank in range(3):
+            it = DALILeRobotIterator(root, rank=rank, **options)
+            lengths.append((len(it), it.epoch_samples(0)))
+            samples = _samples(it)
+            it.close()
+            for s in samples:
+                _check_sample(s)
+            taken += [(int(s["episode_index"]), int(s["frame_index"])) for s in samples]
+    assert sorted(taken) == [(e, f) for e, n in enumerate(LENGTHS) for f in range(n)]
+    counts = [n for _, n in lengths]
+    assert sum(counts) == 23 and len(set(counts)) > 1
+    assert [b for b, _ in lengths] == [-(-n // 3) for n in counts]  # (batches of 3, the last short)
+    assert "rank_balance='none': ranks read" in caplog.text
+    with pytest.raises(ValueError, match="rank_balance='none'.*not a mixture"):
+        DALILeRobotMixture([root, root], rank_balance="none", device="cpu")
 
 
 def test_opening_options_with_an_open_reader_are_refused_not_ignored(make_ds) -> None:
@@ -969,10 +996,10 @@ def test_choices_and_counts_from_a_config_are_taken_or_refused_with_the_allowed_
     root = _dataset(make_ds, "vp9")
     for option, allowed in (
         ("timestamp_source", "'parquet_timestamp', 'frame_index'"),
-        ("rank_balance", "'pad', 'drop'"),
+        ("rank_balance", "'pad', 'drop', 'none'"),
     ):
-        with pytest.raises(ValueError, match=f"{option} must be one of {allowed}, got 'none'"):
-            DALILeRobotIterator(root, device="cpu", **{option: "none"})
+        with pytest.raises(ValueError, match=f"{option} must be one of {allowed}, got 'even'"):
+            DALILeRobotIterator(root, device="cpu", **{option: "even"})
     # numpy integers (a config read with numpy, a sweep) are ints
     it = DALILeRobotIterator(
         root, device="cpu", batch_size=np.int64(3), num_workers=np.int64(0), image_size=(np.int64(32), 48)

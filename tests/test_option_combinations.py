@@ -1,14 +1,14 @@
 """Random combinations of datasets and options, each checked against values computed from the generator.
 
 The other tests pick their combinations by hand; these draw them (codec, fps, episode lengths, files per
-episode, v2.1/v3.0, image cameras, windows, batch size, shuffle, pool size, workers, ranks, balance, resize,
-uint8, drop_last, episode subsets, episodes dealt in pieces, first and last frames never sampled, the CPU
-decoder's options, DALI's threads, timestamps or frame indices (a union's: per dataset); every third case over
-HTTP, its prefetch cache off, tiny or roomy), over one dataset, a mixture or a union (``concat_datasets``) of 2-3,
-from a seeded generator, so a case that fails is reproduced by its seed. Every sample is checked: ``index``,
-``timestamp``, tasks, tabular windows and masks against the generator's formulas, each camera frame against its
-marker; each epoch's coverage across ranks; and a resume in the middle of an epoch (under other worker counts)
-against the uninterrupted run.
+episode, v2.1/v3.0, image cameras, windows, batch size, shuffle, pool size, workers, ranks, balance (none too,
+for evaluation), resize, uint8, drop_last, episode subsets, episodes dealt in pieces, first and last frames never
+sampled, the CPU decoder's options, DALI's threads, timestamps or frame indices (a union's: per dataset); every
+third case over HTTP, its prefetch cache off, tiny or roomy), over one dataset, a mixture or a union
+(``concat_datasets``) of 2-3, from a seeded generator, so a case that fails is reproduced by its seed. Every
+sample is checked: ``index``, ``timestamp``, tasks, tabular windows and masks against the generator's formulas,
+each camera frame against its marker; each epoch's coverage across ranks; and a resume in the middle of an epoch
+(under other worker counts) against the uninterrupted run.
 
 ``LEROBOT_DALI_COMBINATIONS=N`` draws N single-dataset cases and N/3 of each other kind (default: a few, for CI)
 from seed ``LEROBOT_DALI_COMBINATIONS_FROM=K`` on (default 0; a higher K draws cases earlier sweeps did not); a drawn
@@ -155,6 +155,8 @@ def _draw_case(seed: int, datasets: int, *, union: bool = False) -> Case:
         case.timestamp_sources = [rng.choice([None, *(s.value for s in TimestampSource)]) for _ in data]
     if rng.random() < 0.3:  # an episode's first and last frames never sampled (LeRobot's EpisodeAwareSampler)
         options["drop_n_first_frames"], options["drop_n_last_frames"] = rng.randint(0, 1), rng.randint(0, 3)
+    if (datasets == 1 or union) and rng.random() < 0.2:  # evaluation: each rank its own frames, unequal counts
+        options["rank_balance"] = "none"
     return case
 
 
@@ -293,18 +295,18 @@ def _check_coverage(case: Case, epochs: list[list[list[list[tuple[int, int]]]]],
     balance, world = case.options["rank_balance"], case.world_size
     for epoch in range(2):
         taken = [[pair for batch in rank[epoch] for pair in batch] for rank in epochs]
-        assert len({len(t) for t in taken}) == 1, "ranks took different numbers of samples"
         pairs = [pair for t in taken for pair in t]
+        if balance == "none":  # each rank exactly its own frames (less a short last batch with drop_last)
+            every = _every_sample(case)
+            assert len(set(pairs)) == len(pairs) and set(pairs) <= set(every)
+            assert case.options["drop_last"] or set(pairs) == set(every)
+            continue
+        assert len({len(t) for t in taken}) == 1, "ranks took different numbers of samples"
         if len(case.data) > 1 and not case.union:  # a mixture's epoch is its anchor's: no anchor sample twice
             read = [p for p in pairs if p[0] == anchor]  # (unless ranks pad)
             assert (world > 1 and balance == "pad") or len(set(read)) == len(read)
             continue
-        every = []  # (dataset, index) of every sample: of one dataset (its chosen episodes), or a union's
-        first, last = case.options.get("drop_n_first_frames", 0), case.options.get("drop_n_last_frames", 0)
-        for d, data in enumerate(case.data):
-            chosen = case.options.get("episodes") or range(len(data.lengths))
-            starts = np.cumsum([0, *data.lengths])
-            every += [(d, i) for e in chosen for i in range(starts[e] + first, starts[e + 1] - last)]
+        every = _every_sample(case)
         assert set(pairs) <= set(every)
         batch_size = case.options["batch_size"]
         if world == 1:
@@ -314,6 +316,17 @@ def _check_coverage(case: Case, epochs: list[list[list[list[tuple[int, int]]]]],
             assert len(set(pairs)) == len(pairs)
         elif not case.options["drop_last"]:
             assert set(pairs) == set(every)
+
+
+def _every_sample(case: Case) -> list[tuple[int, int]]:
+    """(dataset, index) of every sample an epoch holds: of one dataset (its chosen episodes), or a union's."""
+    every = []
+    first, last = case.options.get("drop_n_first_frames", 0), case.options.get("drop_n_last_frames", 0)
+    for d, data in enumerate(case.data):
+        chosen = case.options.get("episodes") or range(len(data.lengths))
+        starts = np.cumsum([0, *data.lengths])
+        every += [(d, i) for e in chosen for i in range(starts[e] + first, starts[e + 1] - last)]
+    return every
 
 
 def _case_id(seed: int, datasets: int, union: bool = False) -> str:

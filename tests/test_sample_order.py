@@ -93,6 +93,47 @@ def test_an_epoch_covers_every_frame_but_those_dropped_once(
     assert len(seen) == len(kept) and set(seen) == kept
 
 
+@pytest.mark.parametrize(("world_size", "piece_frames"), [(2, None), (3, None), (8, 7)])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_unbalanced_ranks_read_their_own_frames_exactly(world_size: int, piece_frames, shuffle: bool) -> None:
+    """RankBalance.NONE (evaluation): each rank emits exactly the frames it owns, so counts differ, and together
+    every frame once: no repeat, nothing left out."""
+    options = _options(shuffle=shuffle, piece_frames=piece_frames, rank_balance=RankBalance.NONE)
+    seen: list[tuple[int, int]] = []
+    counts = []
+    for rank in range(world_size):
+        stream = _worker_stream(rank, world_size, 2, batch=5, options=options)
+        order = SampleOrder(LENGTHS, rank=rank, world_size=world_size, options=options)
+        assert stream.shape[0] == order.num_samples(0) == order.rank_frame_counts(0)[rank]
+        counts.append(stream.shape[0])
+        seen += [tuple(p) for p in stream.tolist()]
+    assert len(seen) == len(ALL_FRAMES) and set(seen) == ALL_FRAMES
+    assert sum(counts) == LENGTHS.sum()
+    # Where the episodes do not deal evenly, neither do the counts: 5 and 3 frames on two ranks.
+    uneven = [SampleOrder(np.array([5, 3]), rank=r, world_size=2, options=options).num_samples(0) for r in range(2)]
+    assert sorted(uneven) == [3, 5]
+
+
+def test_unbalanced_ranks_resume_on_their_own_world_size_only() -> None:
+    options = {"rank_balance": RankBalance.NONE}
+    stream = _stream(2, 0, batch=4, **options)
+    for _ in range(3):
+        stream.next_batch()
+    state = stream.state_dict()
+    rest = [stream.next_batch() for _ in range(2)]
+    resumed = _stream(2, 0, batch=4, **options)
+    resumed.load_state_dict(state)
+    for want in rest:
+        np.testing.assert_array_equal(resumed.next_batch()[1], want[1])
+    with pytest.raises(ResumeStateError, match=r"rank_balance='none'.*resume epoch 0 on 2 ranks, or start epoch 1"):
+        _stream(3, 0, batch=4, **options).load_state_dict(state)
+    # An epoch not begun starts afresh on the new world size.
+    fresh = _stream(3, 1, batch=4, **options)
+    fresh.load_state_dict({**state, "epoch": 1, "samples_consumed": 0})
+    expected = SampleOrder(LENGTHS, rank=1, world_size=3, options=_options(**options)).samples(1, 0, 4)
+    np.testing.assert_array_equal(fresh.next_batch()[1], expected[1])
+
+
 def test_ranks_agree_on_counts_and_balance_within_longest_episode() -> None:
     orders = [SampleOrder(LENGTHS, rank=r, world_size=3, options=_options()) for r in range(3)]
     counts = [o.rank_frame_counts(2) for o in orders]
