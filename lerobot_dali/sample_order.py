@@ -562,9 +562,8 @@ class SampleOrder:
             ) from None
         owned = rank_of >= 0
         rank_counts = np.bincount(rank_of[owned], weights=remaining[owned], minlength=world_size).astype(np.int64)
-        balance = self._options.rank_balance
-        target = rank_counts.max() if balance is RankBalance.PAD else rank_counts.min()
-        return rank_of, rank_counts, int(rank_counts[self._rank] if balance is RankBalance.NONE else target)
+        pad = self._options.rank_balance is RankBalance.PAD  # (NONE: each rank's own, in _plan_for)
+        return rank_of, rank_counts, int(rank_counts.max() if pad else rank_counts.min())
 
     def _plan_for(
         self,
@@ -576,6 +575,8 @@ class SampleOrder:
     ) -> _EpochPlan:
         opts = self._options
         rank_of, rank_counts, target = shard
+        if opts.rank_balance is RankBalance.NONE:
+            target = int(rank_counts[rank])
         world_size = rank_counts.size
         episodes = np.flatnonzero(rank_of == rank)
         if opts.shuffle:
