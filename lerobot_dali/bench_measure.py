@@ -137,9 +137,8 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
         from .iterator import DALILeRobotIterator
 
         rgb_in_workers = job.loader == DALI_CPU_DECODE_RGB_LOADER
-        union = job.dataset.open() if job.dataset.members else None
         it = DALILeRobotIterator(
-            union or job.dataset.path, batch_size=job.batch_size, delta_timestamps=plan.delta_timestamps or None,
+            job.dataset.open(), batch_size=job.batch_size, delta_timestamps=plan.delta_timestamps or None,
             shuffle=True, seed=job.seed, episode_pool_size=job.pool_size,
             rank=0, world_size=1,  # one process reads the whole dataset, as the peers do, whatever RANK says
             device="cpu" if job.loader == DALI_CPU_MODE_LOADER else job.device,
@@ -148,7 +147,6 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
             cpu_decode=CpuDecodeOptions(
                 color_conversion=ColorConversion.WORKER if rgb_in_workers else ColorConversion.AUTO
             ),
-            cameras=None if union else job.dataset.cameras, keys=None if union else job.dataset.keys,
             timestamp_source=job.dataset.timestamp_source, tolerance_s=job.dataset.tolerance_s,
         )  # fmt: skip
         routes = " ".join(f"{k.rsplit('.', 1)[-1]}={r.value}" for k, r in it.routes.items())
