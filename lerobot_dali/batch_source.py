@@ -391,11 +391,7 @@ class BatchSource:
         spec = self.spec
         reader = spec.reader
         for pos, r, i in zip(episode_pos, rows, camera_rows, strict=True):
-            video = reader.video(int(pos), camera)
-            index = self._indexes.get(
-                video.path, filesystem=reader.location.fs, stamp=reader.listed_stamp(video.path),
-                store=spec.index_store,
-            )  # fmt: skip
+            video, index = self._indexes.of_episode(reader, int(pos), camera, store=spec.index_store)
             expected = spec.camera_formats.get(camera)
             if expected is not None:
                 expected.check(index, path=video.path, episode=int(reader.episodes.episode_index[pos]), camera=camera)

@@ -169,12 +169,7 @@ class _EpisodeChecker:
 
     def packet_index(self, pos: int, camera: str) -> tuple[VideoRef, PacketIndex]:
         """Episode ``pos``'s video of ``camera`` and its packet index."""
-        reader = self.reader
-        video = reader.video(pos, camera)
-        index = self._indexes.get(
-            video.path, filesystem=reader.location.fs, stamp=reader.listed_stamp(video.path), store=self.index_store
-        )
-        return video, index
+        return self._indexes.of_episode(self.reader, pos, camera, store=self.index_store)
 
     def _decode_images(self, pos: int, camera: str, encoded: list[bytes]) -> np.ndarray:
         depth = camera in self.reader.info.depth_image_units([camera])

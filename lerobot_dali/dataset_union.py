@@ -41,7 +41,7 @@ from .file_stamps import FileStamps
 from .frame_lookup import ITERATORS_LOOKUP, FrameLookup, TimestampSource
 from .image_frames import first_image_shape
 from .key_rename import KeyRename, shared_selection
-from .packet_index_cache import load_packet_index
+from .packet_index_cache import load_episode_packet_index
 from .packet_index_store import PacketIndexStore
 from .remote_retry import RetryingFileSystem
 
@@ -382,9 +382,8 @@ def _first_format(reader: LeRobotDatasetReader, camera: str) -> str | None:
     """Codec and size of the camera's first file (what the workers hold every file of a camera to)."""
     if not reader.num_episodes:
         return None
-    path = reader.video(0, camera).path
     store = None if reader.location.is_local else PacketIndexStore()  # (the iterator finds it there)
-    index = load_packet_index(path, filesystem=reader.location.fs, stamp=reader.listed_stamp(path), store=store)
+    _, index = load_episode_packet_index(reader, 0, camera, store=store)
     return f"{index.codec} {index.height}x{index.width} (HxW)"
 
 

@@ -77,11 +77,7 @@ class EpisodeRanges:
     def video_ranges(self, episode_pos: int) -> list[tuple[str, int, int]]:
         out = []
         for camera in self.reader.camera_keys:
-            video = self.reader.video(episode_pos, camera)
-            index = self._indexes.get(
-                video.path, filesystem=self.reader.location.fs, stamp=self.reader.listed_stamp(video.path),
-                store=self._store,
-            )  # fmt: skip
+            video, index = self._indexes.of_episode(self.reader, episode_pos, camera, store=self._store)
             span = episode_span(index, video.from_timestamp_s, video.to_timestamp_s)
             if span is not None:
                 out.append((video.path, *span))

@@ -47,7 +47,7 @@ from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_number
 from .host_values import decode_host_values
 from .image_frames import first_image_shape
 from .packet_index import PacketIndex
-from .packet_index_cache import load_packet_index
+from .packet_index_cache import load_episode_packet_index
 from .packet_index_store import PacketIndexStore
 from .prefetch import Prefetcher, prefetching_reader
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE, OrderOptions, RankBalance
@@ -300,12 +300,7 @@ class DALILeRobotIterator:
 
     def _packet_index(self, pos: int, camera: str) -> tuple[VideoRef, PacketIndex]:
         """Episode ``pos``'s video of ``camera`` and its packet index."""
-        video = self.reader.video(pos, camera)
-        index = load_packet_index(
-            video.path, filesystem=self.reader.location.fs, stamp=self.reader.listed_stamp(video.path),
-            store=self._index_store,
-        )  # fmt: skip
-        return video, index
+        return load_episode_packet_index(self.reader, pos, camera, store=self._index_store)
 
     def _indexes_held_to_formats(self, pos: int) -> dict[str, PacketIndex]:
         """The packet index of each camera's file of episode ``pos``, each held to the camera's format."""

@@ -17,6 +17,7 @@ from .packet_index import PacketIndex, build_packet_index
 from .video_source import VideoSource, source_cache_key, source_label, source_url
 
 if TYPE_CHECKING:
+    from .dataset_reader import LeRobotDatasetReader, VideoRef
     from .file_stamps import FileStamp
     from .packet_index_store import PacketIndexStore
 
@@ -99,6 +100,15 @@ class PacketIndexCache:
             self._insert(key, index)
         return index
 
+    def of_episode(
+        self, reader: LeRobotDatasetReader, episode_pos: int, camera: str, *, store: PacketIndexStore | None = None
+    ) -> tuple[VideoRef, PacketIndex]:
+        """Episode ``episode_pos``'s video of ``camera`` and its index, read through the dataset's filesystem with
+        the stamp its listing gave the file."""
+        video = reader.video(episode_pos, camera)
+        stamp = reader.listed_stamp(video.path)
+        return video, self.get(video.path, filesystem=reader.location.fs, stamp=stamp, store=store)
+
     def _lookup(self, key: Hashable) -> PacketIndex | None:
         with self._lock:
             index = self._entries.get(key)
@@ -147,3 +157,10 @@ def load_packet_index(
     """The packet index of ``source`` from this process's default cache (built on first use; see
     :meth:`PacketIndexCache.get` for ``stamp`` and ``store``)."""
     return _DEFAULT_CACHE.get(source, filesystem=filesystem, stamp=stamp, store=store)
+
+
+def load_episode_packet_index(
+    reader: LeRobotDatasetReader, episode_pos: int, camera: str, *, store: PacketIndexStore | None = None
+) -> tuple[VideoRef, PacketIndex]:
+    """:meth:`PacketIndexCache.of_episode` from this process's default cache."""
+    return _DEFAULT_CACHE.of_episode(reader, episode_pos, camera, store=store)
