@@ -449,7 +449,11 @@ def _frame_pts(frame: av.VideoFrame) -> int | None:
 
 
 def _stacked(frames: list[Any], pixels: Pixels, *, label: str) -> Any:
-    return stack_planes(frames, label=label) if pixels == "planes" else np.stack(frames)
+    if pixels == "planes":
+        return stack_planes(frames, label=label)
+    if len(frames) == 1:  # every request of a single-frame camera: the worker's copy to shared memory is the only one
+        return np.ascontiguousarray(frames[0])[np.newaxis]
+    return np.stack(frames)
 
 
 def _is_path(source: VideoSource) -> bool:
@@ -513,7 +517,8 @@ class CpuFrameDecoder:
         camera's 12-bit codes ``(N, H, W)`` uint16 (:mod:`.depth_maps`). Planes and depth always come from
         PyAV (torchcodec hands over RGB only; LeRobot reads depth with PyAV). ``index`` is the packet index of
         ``source``. Raises FrameRequestError for an empty or out-of-range request, MissingDataFileError,
-        VideoDecodeError or CodecUnsupportedError naming the file.
+        VideoDecodeError or CodecUnsupportedError naming the file. A one-frame RGB or depth request's array is the
+        converted frame's own memory, not a copy (in :meth:`decode_each`, shared by requests of that one frame).
         """
         frames = self._frames(source, index, frame_indices, filesystem=filesystem, size=size, pixels=pixels)
         return _stacked(frames, pixels, label=index.source_name)

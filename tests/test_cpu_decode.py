@@ -481,6 +481,37 @@ def test_decode_each_equals_a_decode_per_request(marker_video: MarkerVideo, pixe
             np.testing.assert_array_equal(got.matrix, want.matrix)
 
 
+def _memory_owner(array: np.ndarray) -> object:
+    owner: object = array
+    while isinstance(owner, np.ndarray) and owner.base is not None:
+        owner = owner.base
+    return owner
+
+
+def test_a_one_frame_request_hands_over_its_frame_without_a_copy(marker_video: MarkerVideo) -> None:
+    """A single-frame camera's request is one frame: its converted array goes out as it is (no stacking copy; the
+    worker's copy into shared memory is the only one), contiguous as DALI's shared memory takes it. Rows that
+    swscale pads (an odd width) are made contiguous; repeats and longer requests are stacked as before."""
+    path = marker_video("h264", 4)
+    index = build_packet_index(path)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    reference = reference_frames(path)
+    for size in (None, (37, 101)):
+        one = decoder.decode(path, index, [7], size=size)
+        assert one.shape == (1, *(size or (index.height, index.width)), 3)
+        assert one.flags.c_contiguous
+        # The converted frame's own pixels (PyAV's plane), or for padded rows one contiguous copy.
+        assert isinstance(_memory_owner(one), np.ndarray) == (size is not None)
+        together = decoder.decode_each(path, index, [np.array([7]), np.array([7, 7]), np.array([8])], size=size)
+        np.testing.assert_array_equal(together[0], one)
+        np.testing.assert_array_equal(together[1], np.concatenate([one, one]))
+        assert isinstance(_memory_owner(together[1]), np.ndarray)
+        if size is None:
+            np.testing.assert_array_equal(one[0], reference[int(index.frame_pts[7])])
+            np.testing.assert_array_equal(together[2][0], reference[int(index.frame_pts[8])])
+    decoder.close()
+
+
 def test_decode_each_of_an_open_gop_file_decodes_each_gop_on_its_own(tmp_path, monkeypatch) -> None:
     """Open GOPs make a union of far-apart requests one unbroken run: decode_each decodes per GOP there."""
     import lerobot_dali.cpu_decode as cpu_decode
