@@ -162,9 +162,10 @@ class BenchConfig:
     #: With ``dataset``: read only these cameras / tabular keys (every loader that can select; LeRobot's cannot).
     cameras: tuple[str, ...] | None = None
     keys: tuple[str, ...] | None = None
-    #: How every loader's rows find their frames (see :class:`BenchDataset`).
-    timestamp_source: str = TimestampSource.PARQUET_TIMESTAMP.value
-    tolerance_s: float = DEFAULT_TOLERANCE_S
+    #: How every loader's rows find their frames (see :class:`BenchDataset`): one value, or with several datasets one
+    #: per dataset (as ``concat_datasets``' ``timestamp_sources`` / ``tolerances_s``).
+    timestamp_source: str | tuple[str, ...] = TimestampSource.PARQUET_TIMESTAMP.value
+    tolerance_s: float | tuple[float, ...] = DEFAULT_TOLERANCE_S
     cache_dir: Path = DEFAULT_CACHE
 
     def __post_init__(self) -> None:
@@ -180,17 +181,15 @@ class BenchConfig:
             raise ValueError(f"--mode must be one of {[m.value for m in BenchMode]}, got {self.mode!r}") from None
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"--device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
-        try:
-            TimestampSource(self.timestamp_source)
-        except ValueError:
-            allowed = [s.value for s in TimestampSource]
-            raise ValueError(f"--timestamp-source must be one of {allowed}, got {self.timestamp_source!r}") from None
-        if (
-            isinstance(self.tolerance_s, bool)
-            or not isinstance(self.tolerance_s, (int, float))
-            or self.tolerance_s <= 0
-        ):
-            raise ValueError(f"--tolerance-s must be a number > 0, got {self.tolerance_s!r}")
+        for source in _per_dataset(self.timestamp_source):
+            try:
+                TimestampSource(source)
+            except ValueError:
+                allowed = [s.value for s in TimestampSource]
+                raise ValueError(f"--timestamp-source must be one of {allowed}, got {source!r}") from None
+        for tolerance in _per_dataset(self.tolerance_s):
+            if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or tolerance <= 0:
+                raise ValueError(f"--tolerance-s must be a number > 0, got {tolerance!r}")
         size = self.image_size
         if size is not None and not (
             isinstance(size, (tuple, list))
@@ -210,6 +209,16 @@ class BenchConfig:
             object.__setattr__(self, "dataset", tuple(self.dataset))
             if self.limits:
                 raise ValueError("--limits measures one dataset's files: bench the datasets one by one for it")
+        count = len(self.dataset) if isinstance(self.dataset, tuple) else 1
+        for flag, name in (("--timestamp-source", "timestamp_source"), ("--tolerance-s", "tolerance_s")):
+            value = getattr(self, name)
+            if isinstance(value, (tuple, list)) and len(value) == 1:
+                object.__setattr__(self, name, value[0])
+            elif isinstance(value, (tuple, list)):
+                if len(value) != count:
+                    several = f"one per --dataset ({count})" if count > 1 else "one per --dataset, with several"
+                    raise ValueError(f"{flag} takes one value, or {several}; got {len(value)}: {list(value)}")
+                object.__setattr__(self, name, tuple(value))
         if (self.cameras or self.keys) and self.dataset is None:
             raise ValueError("--cameras and --keys select parts of --dataset; the generated datasets are read whole")
         if self.loaders is not None:
@@ -223,6 +232,11 @@ class BenchConfig:
             mode=BenchMode(self.mode).value, out=str(self.out) if self.out else None, cache_dir=str(self.cache_dir)
         )
         return out
+
+
+def _per_dataset(value: Any, count: int = 1) -> tuple[Any, ...]:
+    """A per-dataset option's values: its one per dataset as given, or its one value ``count`` times."""
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,) * count
 
 
 # -- datasets -------------------------------------------------------------------------------------------------
@@ -298,11 +312,20 @@ def _pid_alive(text: str) -> bool:
 
 
 def bench_datasets(config: BenchConfig) -> list[BenchDataset]:
-    lookup = partial(BenchDataset, timestamp_source=config.timestamp_source, tolerance_s=float(config.tolerance_s))
     if isinstance(config.dataset, tuple):
         names = [Path(d).name or d for d in config.dataset]
         label = "+".join(names[:3]) + (f"+{len(names) - 3} more" if len(names) > 3 else "")
-        return [lookup(label, config.dataset[0], cameras=config.cameras, keys=config.keys, members=config.dataset)]
+        count = len(config.dataset)
+        return [
+            BenchDataset(
+                label, config.dataset[0], cameras=config.cameras, keys=config.keys, members=config.dataset,
+                member_timestamp_sources=_per_dataset(config.timestamp_source, count),
+                member_tolerances_s=tuple(float(t) for t in _per_dataset(config.tolerance_s, count)),
+            )
+        ]  # fmt: skip
+    # One dataset: one value each (BenchConfig refuses several).
+    assert not isinstance(config.timestamp_source, tuple) and not isinstance(config.tolerance_s, tuple)
+    lookup = partial(BenchDataset, timestamp_source=config.timestamp_source, tolerance_s=float(config.tolerance_s))
     if config.dataset is not None:
         label = Path(config.dataset).name or config.dataset
         return [lookup(label, config.dataset, cameras=config.cameras, keys=config.keys)]
@@ -615,8 +638,9 @@ def run_bench(config: BenchConfig) -> BenchReport:
             except Exception as e:
                 notes.append(f"{dataset.label}: clip bytes not measured ({type(e).__name__}: {e})")
         skipped: dict[str, LoaderResult] = {}
+        lookups = dataset.lookups()
         for name in loaders:
-            by_parquet = TimestampSource(dataset.timestamp_source) is TimestampSource.PARQUET_TIMESTAMP
+            by_parquet = all(TimestampSource(source) is TimestampSource.PARQUET_TIMESTAMP for _, source, _ in lookups)
             if name in _EXTERNAL and lerobot_missing:
                 skipped[name] = LoaderResult(dataset=dataset.label, loader=name, status="skipped", note=lerobot_missing)
             elif name in _EXTERNAL and (dataset.cameras or dataset.keys or not by_parquet):

@@ -153,7 +153,6 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
         return it, routes, it.close
     from . import bench_peers
 
-    paths = job.dataset.members or (job.dataset.path,)
     close: Callable[[], None] | None = None
     if job.loader == PLAIN_LOADER:
         parts = [
@@ -163,10 +162,10 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
                 image_size=plan.image_size,
                 cameras=job.dataset.cameras,
                 keys=job.dataset.keys,
-                timestamp_source=job.dataset.timestamp_source,
-                tolerance_s=job.dataset.tolerance_s,
+                timestamp_source=source,
+                tolerance_s=tolerance,
             )
-            for path in paths
+            for path, source, tolerance in job.dataset.lookups()
         ]
         dataset: Any = parts[0] if len(parts) == 1 else torch.utils.data.ConcatDataset(parts)
     elif job.loader == LEROBOT_LOADER and job.dataset.members:
@@ -174,7 +173,7 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
             job.dataset.members,
             delta_timestamps=plan.delta_timestamps,
             image_size=plan.image_size,
-            tolerance_s=job.dataset.tolerance_s,
+            tolerances_s=[tolerance for _, _, tolerance in job.dataset.lookups()],
         )
     elif job.loader == LEROBOT_LOADER:
         dataset = bench_peers.lerobot_dataset(

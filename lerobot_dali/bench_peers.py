@@ -314,10 +314,11 @@ def lerobot_multi_dataset(
     *,
     delta_timestamps: Mapping[str, Sequence[float]] | None,
     image_size: tuple[int, int] | None,
-    tolerance_s: float = DEFAULT_TOLERANCE_S,
+    tolerances_s: Sequence[float] | None = None,
 ) -> tuple[Any, Callable[[], None]]:
-    """LeRobot's ``MultiLeRobotDataset`` over local folders (or Hub repo ids), and what removes the folder of links
-    it reads local ones through (it finds each dataset at ``root / repo_id``)."""
+    """LeRobot's ``MultiLeRobotDataset`` over local folders (or Hub repo ids), with each one's ``tolerances_s``
+    (None: LeRobot's default), and what removes the folder of links it reads local ones through (it finds each
+    dataset at ``root / repo_id``)."""
     try:
         from lerobot.datasets.multi_dataset import MultiLeRobotDataset  # (LeRobot >= 0.5)
     except ImportError:
@@ -345,7 +346,7 @@ def lerobot_multi_dataset(
             repo_ids,
             root=root,
             **_windows_and_resize(delta_timestamps, image_size),
-            tolerances_s=dict.fromkeys(repo_ids, tolerance_s),
+            tolerances_s=dict(zip(repo_ids, tolerances_s or [DEFAULT_TOLERANCE_S] * len(repo_ids), strict=True)),
         )
     except BaseException:
         remove_links()

@@ -67,16 +67,30 @@ class BenchDataset:
     #: Several datasets of one layout read as one (``path`` is the first's): lerobot-dali's ``concat_datasets``,
     #: LeRobot's ``MultiLeRobotDataset``, a ``ConcatDataset`` of the plain peer's.
     members: tuple[str, ...] = ()
+    #: With ``members``: how each one's rows find their frames (``concat_datasets``' per-dataset values, which
+    #: override ``timestamp_source`` and ``tolerance_s``); empty: those two, for every member.
+    member_timestamp_sources: tuple[str, ...] = ()
+    member_tolerances_s: tuple[float, ...] = ()
 
     def open(self) -> Any:
         """The dataset's reader (``concat_datasets`` of the members where there are several)."""
         if self.members:
             from .dataset_union import concat_datasets
 
-            return concat_datasets(self.members, cameras=self.cameras, keys=self.keys)
+            return concat_datasets(
+                self.members, cameras=self.cameras, keys=self.keys,
+                timestamp_sources=self.member_timestamp_sources or None, tolerances_s=self.member_tolerances_s or None,
+            )  # fmt: skip
         from .dataset_reader import open_dataset
 
         return open_dataset(self.path, cameras=self.cameras, keys=self.keys)
+
+    def lookups(self) -> list[tuple[str, str, float]]:
+        """``(path, timestamp_source, tolerance_s)`` of each dataset read: the one, or each member."""
+        paths = self.members or (self.path,)
+        sources = self.member_timestamp_sources or (self.timestamp_source,) * len(paths)
+        tolerances = self.member_tolerances_s or (self.tolerance_s,) * len(paths)
+        return list(zip(paths, sources, tolerances, strict=True))
 
 
 @dataclass(frozen=True)

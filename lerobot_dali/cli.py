@@ -331,7 +331,7 @@ def _bench(args: argparse.Namespace) -> int:
             steps=args.steps, warmup=args.warmup, repeats=args.repeats, limits=args.limits,
             loaders=tuple(args.loaders) if args.loaders else None, seed=args.seed,
             cameras=tuple(args.cameras) if args.cameras else None, keys=tuple(args.keys) if args.keys else None,
-            timestamp_source=args.timestamp_source, tolerance_s=args.tolerance_s,
+            timestamp_source=tuple(args.timestamp_source), tolerance_s=tuple(args.tolerance_s),
             **({"cache_dir": Path(args.cache_dir)} if args.cache_dir else {}),
         )  # fmt: skip
     except ValueError as e:
@@ -452,14 +452,14 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--cameras", nargs="+", metavar="KEY", help="with --dataset: read only these cameras")
     bench.add_argument("--keys", nargs="+", metavar="KEY", help="with --dataset: read only these tabular features")
     bench.add_argument(
-        "--timestamp-source",
-        choices=[s.value for s in TimestampSource],
-        default=TimestampSource.PARQUET_TIMESTAMP.value,
-        help="how rows find their frames: frame_index / fps for wall-clock parquet timestamps",
-    )
+        "--timestamp-source", nargs="+", choices=[s.value for s in TimestampSource],
+        default=[TimestampSource.PARQUET_TIMESTAMP.value],
+        help="how rows find their frames: frame_index / fps for wall-clock parquet timestamps; one for every dataset, "
+        "or one per --dataset",
+    )  # fmt: skip
     bench.add_argument(
-        "--tolerance-s", type=float, default=DEFAULT_TOLERANCE_S,
-        help=f"max |frame pts - row time| (default {DEFAULT_TOLERANCE_S:g})",
+        "--tolerance-s", nargs="+", type=float, default=[DEFAULT_TOLERANCE_S],
+        help=f"max |frame pts - row time| (default {DEFAULT_TOLERANCE_S:g}); one, or one per --dataset",
     )  # fmt: skip
     bench.add_argument("--mode", choices=["single", "sarm"], default="single", help="1 frame, or 8 frames 1 s apart")
     bench.add_argument("--recipe", help="act, diffusion, vla or a recipe .toml: windows, image size, augmentation")

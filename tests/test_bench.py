@@ -226,6 +226,38 @@ def test_several_datasets_bench_as_one(make_ds, tmp_path: Path, capsys) -> None:
     assert "--limits measures one dataset's files" in capsys.readouterr().err
 
 
+def test_several_datasets_each_find_their_frames_their_own_way(make_ds, copy_ds, tmp_path: Path, capsys) -> None:
+    """Datasets of different recorders bench as one with a --timestamp-source (or --tolerance-s) each, as
+    ``concat_datasets`` takes them: here the second's parquet timestamps are wall-clock (a clock 1.5% fast). Every
+    loader follows them; a count that is neither one nor one per dataset is refused."""
+    from tests.test_dataset_union import _retimed
+
+    spec = dict(frames_per_episode=6, cameras=1, codec="vp9", fps=10, gop=3)
+    wall_clock = _retimed(copy_ds(make_ds(episodes=3, version="v2.1", seed=1, **spec)), lambda t: t * 0.985)
+    paths = [str(make_ds(episodes=2, **spec)), str(wall_clock)]
+    small = ["--batch-size", "2", "--steps", "2", "--warmup", "1", "--num-workers", "1"]
+    run = ["bench", "--device", "cpu", "--dataset", *paths, "--loaders", "lerobot-dali", "pyav-dataloader", *small]
+
+    def results(out: Path) -> list[tuple[str, str, str]]:
+        report = json.loads((out / "bench.json").read_text())
+        return [(r["loader"], r["status"], r["note"]) for r in report["results"]]
+
+    assert main([*run, "--out", str(tmp_path / "one"), "--timestamp-source", "parquet_timestamp"]) == 1
+    (_, ours_status, ours_note), (_, peer_status, peer_note) = results(tmp_path / "one")
+    assert (ours_status, peer_status) == ("error", "error")
+    assert "FrameTimestampError" in ours_note and str(wall_clock) in ours_note and "FrameTimestampError" in peer_note
+    capsys.readouterr()
+    own = ["--timestamp-source", "parquet_timestamp", "frame_index"]
+    assert main([*run, "--out", str(tmp_path / "own"), *own]) == 0
+    assert [status for _, status, _ in results(tmp_path / "own")] == ["ok", "ok"]
+    config = json.loads((tmp_path / "own" / "bench.json").read_text())["config"]
+    assert config["timestamp_source"] == ["parquet_timestamp", "frame_index"] and config["tolerance_s"] == 1e-4
+    assert main([*run, "--tolerance-s", "1e-4", "1e-4", "0.1"]) == 2
+    assert "--tolerance-s takes one value, or one per --dataset (2); got 3" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--timestamp-source takes one value, or one per --dataset, with several"):
+        BenchConfig(dataset=paths[0], timestamp_source=("parquet_timestamp", "frame_index"))
+
+
 def test_wall_clock_timestamps_bench_by_frame_index(tmp_path: Path) -> None:
     """cr5's parquet timestamps are wall-clock: every loader reads it by frame_index / fps when asked, and the
     peer's frames are the file's frames at from_timestamp + frame_index / fps."""
