@@ -64,7 +64,7 @@ from .cpu_decode import cpu_decoders
 from .distributed import require_cuda
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
-from .value_checks import check_int_fields, cli_flag
+from .value_checks import check_int_fields, check_seconds, cli_flag
 
 __all__ = [
     "LOADERS",
@@ -188,8 +188,7 @@ class BenchConfig:
                 allowed = [s.value for s in TimestampSource]
                 raise ValueError(f"--timestamp-source must be one of {allowed}, got {source!r}") from None
         for tolerance in _per_dataset(self.tolerance_s):
-            if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or tolerance <= 0:
-                raise ValueError(f"--tolerance-s must be a number > 0, got {tolerance!r}")
+            check_seconds("--tolerance-s", tolerance)
         size = self.image_size
         if size is not None and not (
             isinstance(size, (tuple, list))

@@ -8,13 +8,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
+from .value_checks import check_seconds
 
 if TYPE_CHECKING:
     from .dataset_reader import LeRobotDatasetReader
@@ -168,8 +168,10 @@ def _each_dataset(args: argparse.Namespace) -> list[argparse.Namespace]:
 
 
 def _check_tolerance(tolerance_s: float) -> None:
-    if not 0 <= tolerance_s < math.inf:
-        raise _CommandError(f"--tolerance-s must be a non-negative number of seconds, got {tolerance_s!r}")
+    try:
+        check_seconds("--tolerance-s", tolerance_s)
+    except ValueError as e:
+        raise _CommandError(str(e)) from None
 
 
 def _with(args: argparse.Namespace, **changes: Any) -> argparse.Namespace:

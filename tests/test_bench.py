@@ -286,7 +286,12 @@ def test_wall_clock_timestamps_bench_by_frame_index(tmp_path: Path) -> None:
     np.testing.assert_array_equal((item[camera].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8), expected)
     with pytest.raises(FrameTimestampError):  # by the wall-clock timestamps, frames are off
         PyAVFrameDataset(root)[episode["dataset_from_index"] + 100]
-    for bad, pattern in (({"timestamp_source": "wall"}, "--timestamp-source"), ({"tolerance_s": 0}, "--tolerance-s")):
+    for bad, pattern in (
+        ({"timestamp_source": "wall"}, "--timestamp-source"),
+        ({"tolerance_s": -0.1}, "--tolerance-s must be a non-negative finite number"),
+        ({"tolerance_s": float("inf")}, "--tolerance-s"),
+        ({"tolerance_s": True}, "--tolerance-s"),
+    ):
         with pytest.raises(ValueError, match=pattern):
             BenchConfig(**bad)
 
