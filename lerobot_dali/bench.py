@@ -637,9 +637,8 @@ def run_bench(config: BenchConfig) -> BenchReport:
             except Exception as e:
                 notes.append(f"{dataset.label}: clip bytes not measured ({type(e).__name__}: {e})")
         skipped: dict[str, LoaderResult] = {}
-        lookups = dataset.lookups()
+        by_parquet = all(TimestampSource(s) is TimestampSource.PARQUET_TIMESTAMP for _, s, _ in dataset.lookups())
         for name in loaders:
-            by_parquet = all(TimestampSource(source) is TimestampSource.PARQUET_TIMESTAMP for _, source, _ in lookups)
             if name in _EXTERNAL and lerobot_missing:
                 skipped[name] = LoaderResult(dataset=dataset.label, loader=name, status="skipped", note=lerobot_missing)
             elif name in _EXTERNAL and (dataset.cameras or dataset.keys or not by_parquet):
