@@ -56,6 +56,7 @@ from .bench_types import (
     LOADERS,
     METRIC_FIELDS,
     BenchDataset,
+    ClipFootprint,
     LoaderResult,
     LoadPlan,
 )
@@ -445,8 +446,8 @@ def clip_footprint(
     seed: int = 0,
     timestamp_source: str = TimestampSource.PARQUET_TIMESTAMP.value,
     tolerance_s: float = DEFAULT_TOLERANCE_S,
-) -> tuple[float, float]:
-    """``(clip bytes, video file bytes)`` per sample, summed over cameras, for random samples.
+) -> ClipFootprint:
+    """What random samples' windows cost the clip route, summed over cameras (see :class:`ClipFootprint`).
 
     The clip is what lerobot-dali's clip route reads and hands to the decoder for a sample's window (see
     :mod:`lerobot_dali.clips`); the file size is what a loader that opens whole files would touch.
@@ -460,7 +461,7 @@ def clip_footprint(
     fps, fs = reader.fps, reader.location.fs
     source = TimestampSource(timestamp_source)
     lengths = np.asarray(reader.episodes.length)
-    clip_bytes = file_bytes = 0
+    clip_bytes = file_bytes = decoded = shown = 0
     for _ in range(samples):
         pos = int(rng.integers(len(lengths)))
         frame = int(rng.integers(lengths[pos]))
@@ -473,14 +474,17 @@ def clip_footprint(
             numbers = row_frame_numbers(
                 reader, pos, camera, rows, window, index, timestamp_source=source, tolerance_s=tolerance_s
             )
-            clip_bytes += build_clip(video.path, index, numbers, filesystem=fs).data.nbytes
+            clip = build_clip(video.path, index, numbers, filesystem=fs)
+            clip_bytes += clip.data.nbytes
             file_bytes += index.file_size_bytes
-    return clip_bytes / samples, file_bytes / samples
+            decoded += clip.frame_count
+            shown += len(np.unique(numbers))
+    return ClipFootprint(clip_bytes / samples, file_bytes / samples, decoded / shown)
 
 
 def _with_derived(
     results: list[LoaderResult],
-    footprint: tuple[float, float] | None,
+    footprint: ClipFootprint | None,
     ceiling_fps: float | None,
     not_peers: Collection[str] = (),
 ) -> list[LoaderResult]:
@@ -503,7 +507,7 @@ def _with_derived(
         if ceiling_fps:
             extra["fraction_of_decode_ceiling"] = r.frames_per_s / ceiling_fps
         if footprint is not None and r.loader in _OURS:
-            clip, video = footprint
+            clip, video = footprint.clip_bytes, footprint.file_bytes
             extra.update(clip_bytes_per_sample=clip, video_bytes_per_sample=video, clip_to_file_ratio=clip / video)
         out.append(dataclasses.replace(r, **extra))
     return out
@@ -634,6 +638,7 @@ def run_bench(config: BenchConfig) -> BenchReport:
                     timestamp_source=dataset.timestamp_source,
                     tolerance_s=dataset.tolerance_s,
                 )
+                summary["decoded_frames_per_frame"] = footprint.decoded_per_frame
             except Exception as e:
                 notes.append(f"{dataset.label}: clip bytes not measured ({type(e).__name__}: {e})")
         skipped: dict[str, LoaderResult] = {}

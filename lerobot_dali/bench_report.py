@@ -179,6 +179,10 @@ def format_table(report: BenchReport) -> str:
         lines.append("own round's fastest peer; runs their lowest-highest and count.")
     if any(r.fraction_of_decode_ceiling is not None for r in report.results):
         lines.append("of ceil: frames/s over the best decode ceiling of the same files (--limits).")
+    decoded = [f"{d['label']}: {d['decoded_frames_per_frame']:.2f}" for d in report.datasets
+               if d.get("decoded_frames_per_frame") is not None]  # fmt: skip
+    if decoded:
+        lines.append(f"decoded/frame: frames decoded per frame shown, from its keyframe on ({'; '.join(decoded)}).")
     if any(_camera_windows(d) for d in report.datasets):
         lines.append("frames: camera images handed over; a window's padded and repeated ones count, for every loader.")
     return "\n".join(lines)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 
@@ -19,6 +19,7 @@ __all__ = [
     "METRIC_FIELDS",
     "PLAIN_LOADER",
     "BenchDataset",
+    "ClipFootprint",
     "LoadPlan",
     "LoaderResult",
 ]
@@ -91,6 +92,17 @@ class BenchDataset:
         sources = self.member_timestamp_sources or (self.timestamp_source,) * len(paths)
         tolerances = self.member_tolerances_s or (self.tolerance_s,) * len(paths)
         return list(zip(paths, sources, tolerances, strict=True))
+
+
+class ClipFootprint(NamedTuple):
+    """Per sample, over its cameras: the bytes of the clips cut for its windows and of the files they come from;
+    and the frames decoded per distinct frame shown (from each window's preceding keyframe: 1 where every frame is
+    a keyframe, about half the GOP for a single frame in long GOPs). The clip route decodes each sample's clips;
+    the CPU route decodes a batch's frames of one file together, so it decodes no more."""
+
+    clip_bytes: float
+    file_bytes: float
+    decoded_per_frame: float
 
 
 @dataclass(frozen=True)

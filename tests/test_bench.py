@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from lerobot_dali.bench import METRIC_FIELDS, BenchConfig, default_specs, load_plan
+from lerobot_dali.bench import METRIC_FIELDS, BenchConfig, clip_footprint, default_specs, load_plan
 from lerobot_dali.bench_peers import lerobot_unavailable
 from lerobot_dali.cli import main
 from lerobot_dali.dataset_reader import open_dataset
@@ -101,6 +101,9 @@ def test_quick_bench_report_schema_and_consistent_numbers(quick_run: tuple[int, 
             ours["clip_to_file_ratio"] * ours["video_bytes_per_sample"]
         )
         assert plain["clip_to_file_ratio"] is None
+        # GOP 2 without B-frames: a keyframe decodes itself, the frame after it both (1.5 on average).
+        assert 1 < summary["decoded_frames_per_frame"] < 2
+        assert f"{dataset}: {summary['decoded_frames_per_frame']:.2f}" in printed
         # Worker time: decoding, and (local dataset) reading episode rows; the peer is not instrumented. (Which
         # is larger depends on the machine: 96x128 frames now decode about as fast as their rows are read.)
         assert ours["fetch_s"] > 0 and ours["decode_s"] > 0 and plain["decode_s"] is None
@@ -256,6 +259,32 @@ def test_several_datasets_each_find_their_frames_their_own_way(make_ds, copy_ds,
     assert "--tolerance-s takes one value, or one per --dataset (2); got 3" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--timestamp-source takes one value, or one per --dataset, with several"):
         BenchConfig(dataset=paths[0], timestamp_source=("parquet_timestamp", "frame_index"))
+
+
+@pytest.mark.parametrize("gop", [1, 5, 100])
+def test_decoded_frames_per_frame_follow_the_keyframes(make_ds, gop: int) -> None:
+    """The decode work of a window: every frame from the keyframe before each frame shown. A window reaching past
+    both ends of 12-frame episodes shows frames 0 and 11 whatever the sample; their decode runs are counted here from
+    the keyframes an independent PyAV decode flags (VP9 has no B-frames: decode order is display order)."""
+    import av
+
+    length, fps = 12, 10
+    root = make_ds(episodes=3, frames_per_episode=length, cameras=1, codec="vp9", fps=fps, gop=gop, version="v2.1")
+    reader = open_dataset(root)
+    (camera,) = reader.camera_keys
+    expected = set()
+    for pos in range(reader.num_episodes):
+        with av.open(str(reader.video(pos, camera).path)) as container:
+            keyframes = [i for i, frame in enumerate(container.decode(video=0)) if frame.key_frame]
+        decoded = set()
+        for shown in (0, length - 1):
+            decoded |= set(range(max(k for k in keyframes if k <= shown), shown + 1))
+        expected.add(len(decoded) / 2)
+    (want,) = expected  # the same for every episode
+    reach = (length - 1) / fps
+    footprint = clip_footprint(reader, {camera: [-reach, reach]}, samples=5)
+    assert footprint.decoded_per_frame == pytest.approx(want)
+    assert want == {1: 1.0, 5: 1.5, 100: 6.0}[gop]
 
 
 def test_wall_clock_timestamps_bench_by_frame_index(tmp_path: Path) -> None:
