@@ -542,11 +542,11 @@ class CpuFrameDecoder:
         pixels: Pixels = "rgb",
     ) -> list[Any]:
         """:meth:`decode` of several requests of one file: their frames decode once, as one request, and each
-        request stacks its own (one copy; stacking the union first and indexing it cost two more, +27% at
-        640x480). With closed GOPs the clip plan starts a segment at each needed keyframe, so the union decodes
-        no more than its parts; open GOPs (leading pictures) would make it one unbroken run from the first frame
-        to the last (354 packets for three two-frame requests, against 17), so there each GOP's requests go
-        together."""
+        request stacks its own (one copy, none for one frame; stacking the union first and indexing it cost two
+        more, +27% at 640x480). With closed GOPs the clip plan starts a segment at each needed keyframe, so the
+        union decodes no more than its parts; open GOPs (leading pictures) would make it one unbroken run from the
+        first frame to the last (354 packets for three two-frame requests, against 17), so there each GOP's
+        requests go together."""
         arrays = [check_request(index, r) for r in requests]
         groups: dict[int, list[int]] = {}
         for i, r in enumerate(arrays):
