@@ -89,6 +89,12 @@ def _info(args: argparse.Namespace) -> int:
             f"  camera {key}{depth}: {_probed(cam)}; {cam['video_files']} video file(s), "
             f"{cam['episodes_per_file']['min']}-{cam['episodes_per_file']['max']} episodes per file"
         )
+        spacing = cam.get("gop_frames") or cam.get("frame_count") or 0  # (one keyframe: the whole video)
+        if spacing > LONG_GOP_FRAMES:
+            print(
+                f"    random access: about {(spacing + 1) / 2:g} frames decoded per frame (from the keyframe before "
+                "it); about 1.5 re-encoded at GOP 2, LeRobot's default"
+            )
         lookup = cam.get("frame_lookup")
         if lookup:
             verdicts = ", ".join(f"{source} {'ok' if said == 'ok' else 'fails'}" for source, said in lookup.items())
@@ -106,6 +112,10 @@ def _info(args: argparse.Namespace) -> int:
         depth = " (depth map)" if key in summary["depth_image_cameras"] else ""
         print(f"  camera {key}{depth}: images in the data files (decoded by the workers)")
     return 0
+
+
+#: Keyframe spacing above which ``info`` says what random access costs (a random frame decodes > 8.5 on average).
+LONG_GOP_FRAMES = 16
 
 
 def _probed(camera: dict[str, Any]) -> str:

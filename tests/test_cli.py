@@ -50,14 +50,16 @@ def test_info_says_which_timestamp_source_reads_each_dataset(capsys) -> None:
         "r1_v30_h264": {"parquet_timestamp": False, "frame_index": False},
     }
     assert main(["info", str(shared_dataset("cr5_v30_av1"))]) == 0
-    assert (
-        "parquet_timestamp fails, frame_index ok -> read with timestamp_source='frame_index'" in capsys.readouterr().out
-    )
+    printed = capsys.readouterr().out
+    assert "parquet_timestamp fails, frame_index ok -> read with timestamp_source='frame_index'" in printed
+    assert "random access" not in printed
     # Neither source reads r1 at the default tolerance: the text says why, and what would (no --json needed).
     assert main(["info", str(shared_dataset("r1_v30_h264"))]) == 0
     printed = capsys.readouterr().out
     assert "parquet_timestamp fails, frame_index fails -> why:" in printed
     assert "Raise tolerance_s to 0.0201 (half a video frame)" in printed
+    # r1's keyframes are 250 frames apart (cr5's 2): what a random frame costs, and what re-encoding would.
+    assert "random access: about 125.5 frames decoded per frame (from the keyframe before it)" in printed
     assert main(["info", str(shared_dataset("r1_v30_h264")), "--tolerance-s", "0.0201"]) == 0  # checks the advice
     assert "tolerance 0.0201 s: parquet_timestamp ok, frame_index ok" in capsys.readouterr().out
     assert main(["info", str(shared_dataset("r1_v30_h264")), "--tolerance-s", "-1"]) == 2
@@ -304,3 +306,7 @@ def test_info_describes_a_one_frame_video_and_a_single_keyframe(tmp_path: Path, 
     assert main(["info", str(long_gop)]) == 0
     out = capsys.readouterr().out
     assert "codec vp9 64x64 (HxW) 30 fps GOP = all 5 frames (one keyframe);" in out and "None" not in out
+    assert "random access" not in out  # 5 frames: no long GOP to speak of
+    longer = make_dataset(tmp_path / "longer", episodes=1, frames_per_episode=20, size=(64, 64), codec="vp9", gop=50)
+    assert main(["info", str(longer)]) == 0
+    assert "random access: about 10.5 frames decoded per frame" in capsys.readouterr().out
