@@ -65,7 +65,7 @@ from .cpu_decode import cpu_decoders
 from .distributed import require_cuda
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
-from .value_checks import check_int_fields, check_seconds, cli_flag
+from .value_checks import check_choice, check_int_fields, check_seconds, cli_flag
 
 __all__ = [
     "LOADERS",
@@ -183,11 +183,7 @@ class BenchConfig:
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"--device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
         for source in _per_dataset(self.timestamp_source):
-            try:
-                TimestampSource(source)
-            except ValueError:
-                allowed = [s.value for s in TimestampSource]
-                raise ValueError(f"--timestamp-source must be one of {allowed}, got {source!r}") from None
+            check_choice(TimestampSource, "--timestamp-source", source)
         for tolerance in _per_dataset(self.tolerance_s):
             check_seconds("--tolerance-s", tolerance)
         size = self.image_size

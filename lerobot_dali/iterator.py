@@ -15,8 +15,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from enum import Enum
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,7 +51,7 @@ from .packet_index_store import PacketIndexStore
 from .prefetch import Prefetcher, prefetching_reader
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE, OrderOptions, RankBalance
 from .stream_state import SampleStream
-from .value_checks import check_int
+from .value_checks import check_choice, check_int
 from .windows import DeltaWindows
 from .worker_errors import SMALL_SHM_BYTES, dead_worker_error, original_worker_error, shared_memory_note, shm_bytes
 from .worker_start import package_log_level, skipping_main
@@ -61,7 +60,6 @@ from .yuv_frames import has_color_matrix, nvdec_color_fix
 __all__ = ["DALILeRobotIterator"]
 
 logger = logging.getLogger(__name__)
-_Choice = TypeVar("_Choice", bound=Enum)
 
 #: How long close() from another thread waits for a pass inside DALI's next() to let the pipeline go.
 CLOSE_WAIT_S = 60
@@ -163,7 +161,7 @@ class DALILeRobotIterator:
         self._depth_quantizers = self.reader.info.depth_quantizers(self.reader.camera_keys)
         self._depth_image_units = self.reader.info.depth_image_units(self.reader.image_keys)
         self._depth_cameras = {*self._depth_quantizers, *self._depth_image_units}
-        self._depth_unit = _choice(DepthUnit, "depth_unit", depth_unit)
+        self._depth_unit = check_choice(DepthUnit, "depth_unit", depth_unit)
         self._image_shapes = _image_shapes(self.reader)
         # Cameras of other than 3 channels: grey image cameras, depth cameras (1).
         grey = {key: shape[2] for key, shape in self._image_shapes.items() if shape[2] != 3}
@@ -173,7 +171,7 @@ class DALILeRobotIterator:
         self._return_uint8 = return_uint8
         self._tolerance_s = tolerance_s
         self._cpu_decode = cpu_decode if cpu_decode is not None else CpuDecodeOptions()
-        self._timestamp_source = _choice(TimestampSource, "timestamp_source", timestamp_source)
+        self._timestamp_source = check_choice(TimestampSource, "timestamp_source", timestamp_source)
         self.windows = DeltaWindows(
             delta_timestamps=dict(delta_timestamps or {}),
             fps=self.reader.fps,
@@ -197,7 +195,7 @@ class DALILeRobotIterator:
             seed=seed,
             shuffle=shuffle,
             episode_pool_size=episode_pool_size,
-            rank_balance=_choice(RankBalance, "rank_balance", rank_balance),
+            rank_balance=check_choice(RankBalance, "rank_balance", rank_balance),
             piece_frames=episode_piece_frames,
             drop_n_first_frames=drop_n_first_frames,
             drop_n_last_frames=drop_n_last_frames,
@@ -798,14 +796,6 @@ def _nvdec_color_fixes(formats: Mapping[str, CameraFormat]) -> dict[str, tuple[t
                 colorspace,
             )  # fmt: skip
     return fixes
-
-
-def _choice(kind: type[_Choice], name: str, value: Any) -> _Choice:
-    try:
-        return kind(value)
-    except ValueError:
-        allowed = ", ".join(repr(member.value) for member in kind)
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}") from None
 
 
 def _camera_augment(

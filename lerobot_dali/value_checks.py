@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Iterable
-from typing import Any, TypeGuard
+from enum import Enum
+from typing import Any, TypeGuard, TypeVar
 
 import numpy as np
 
-__all__ = ["check_int", "check_int_fields", "check_seconds", "cli_flag", "is_int", "is_number"]
+__all__ = ["check_choice", "check_int", "check_int_fields", "check_seconds", "cli_flag", "is_int", "is_number"]
+
+_Choice = TypeVar("_Choice", bound=Enum)
 
 
 def is_int(value: object) -> TypeGuard[int | np.integer]:
@@ -35,6 +38,15 @@ def check_seconds(name: str, value: object) -> float:
     if not is_number(value) or value < 0:  # type: ignore[operator]
         raise ValueError(f"{name} must be a non-negative finite number of seconds, got {value!r}")
     return float(value)  # type: ignore[arg-type]
+
+
+def check_choice(kind: type[_Choice], name: str, value: object) -> _Choice:
+    """``value`` as a member of enum ``kind`` (a member or its value): ValueError naming ``name`` and the values."""
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(repr(member.value) for member in kind)
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}") from None
 
 
 def cli_flag(name: str) -> str:
