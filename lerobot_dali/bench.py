@@ -450,7 +450,7 @@ def clip_footprint(
     """
     from .clips import build_clip
     from .frame_lookup import row_frame_numbers
-    from .packet_index_cache import load_packet_index
+    from .packet_index_cache import load_episode_packet_index
     from .windows import query_indices
 
     rng = np.random.default_rng(seed)
@@ -465,10 +465,9 @@ def clip_footprint(
         for camera in reader.camera_keys:
             delta = np.array([round(d * fps) for d in delta_timestamps.get(camera, [0.0])], dtype=np.int64)
             window = query_indices(frame, int(lengths[pos]), delta)[0]
-            video = reader.video(pos, camera)
-            index = load_packet_index(video.path, filesystem=fs)
+            video, index = load_episode_packet_index(reader, pos, camera)
             numbers = row_frame_numbers(
-                reader, pos, camera, rows, window, index, timestamp_source=source, tolerance_s=tolerance_s
+                reader, pos, camera, rows, window, index, timestamp_source=source, tolerance_s=tolerance_s, video=video
             )
             clip = build_clip(video.path, index, numbers, filesystem=fs)
             clip_bytes += clip.data.nbytes
@@ -565,10 +564,10 @@ def _median_runs(rounds: list[list[LoaderResult]], loaders: Sequence[str]) -> li
 
 
 def _dataset_summary(dataset: BenchDataset, reader: Any, plan: LoadPlan) -> dict[str, Any]:
-    from .packet_index_cache import load_packet_index
+    from .packet_index_cache import load_episode_packet_index
 
     if reader.camera_keys:
-        index = load_packet_index(reader.video(0, reader.camera_keys[0]).path, filesystem=reader.location.fs)
+        _, index = load_episode_packet_index(reader, 0, reader.camera_keys[0])
         codec, resolution = index.codec, [index.height, index.width]
         kb_per_frame: float | None = round(float(index.size_bytes.mean()) / 1024, 2)
     else:  # cameras stored as images in the data files only

@@ -12,7 +12,7 @@ from .dataset_reader import LeRobotDatasetReader
 from .errors import FrameTimestampError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
 from .packet_index import PacketIndex
-from .packet_index_cache import load_packet_index
+from .packet_index_cache import load_episode_packet_index
 from .video_probe import describe_index
 
 __all__ = ["summarize"]
@@ -41,7 +41,7 @@ def summarize(
             "episodes_per_file": _spread(per_file.values()),
         }
         if first_rows is not None:
-            index = load_packet_index(reader.video(0, key).path, filesystem=reader.location.fs)
+            _, index = load_episode_packet_index(reader, 0, key)
             found = describe_index(index)
             entry.update(
                 codec=found.codec,

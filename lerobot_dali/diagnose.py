@@ -18,7 +18,7 @@ from .cpu_decode import CpuFrameDecoder, cpu_decoders
 from .dali_video import DALI_CPU_CODECS, decode_clip_batch
 from .dataset_reader import LeRobotDatasetReader
 from .decode_route import DecodePreference, DecodeRoute, nvcuvid_library, route_for_video
-from .packet_index_cache import load_packet_index
+from .packet_index_cache import load_episode_packet_index
 
 __all__ = ["CameraReport", "MachineReport", "diagnose_dataset", "diagnose_machine"]
 
@@ -80,8 +80,8 @@ def _diagnose_camera(reader: LeRobotDatasetReader, camera: str, machine: Machine
     fs = reader.location.fs
     depth = camera in reader.info.depth_keys  # 12-bit codes: the workers decode them, as the iterator does
     try:
-        path = reader.video(0, camera).path
-        index = load_packet_index(path, filesystem=fs)
+        video, index = load_episode_packet_index(reader, 0, camera)
+        path = video.path
         preference = DecodePreference.AUTO if machine.cuda_available else DecodePreference.CPU
         route = DecodeRoute.CPU_FALLBACK if depth else route_for_video(
             path, index, decode=preference, filesystem=fs, label=camera
