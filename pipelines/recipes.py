@@ -214,8 +214,8 @@ class Recipe:
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str]) -> Recipe:
         """Read a recipe file (layout: top-level ``name``, ``image_size``, ``drop_n_last_frames``; tables
-        ``[cameras]``, ``[state]``,
-        ``[action]``, ``[augment]`` with :class:`~lerobot_dali.augment.AugmentConfig`'s sections)."""
+        ``[cameras]``, ``[state]``, ``[action]``, ``[augment]`` with :class:`~lerobot_dali.augment.AugmentConfig`'s
+        sections)."""
         tomllib = toml_parser()
         with open(path, "rb") as f:
             try:
