@@ -14,9 +14,7 @@ import json
 import logging
 import math
 import os
-import secrets
-import shutil
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from fractions import Fraction
@@ -36,7 +34,9 @@ from lerobot_dali.frame_marker import (
     MIN_MARKER_SIZE,
     draw_marker,
 )
-from lerobot_dali.value_checks import is_int
+from lerobot_dali.new_folder import write_new_folder
+from lerobot_dali.video_encoding import CODECS, check_codec, encoder_settings
+from lerobot_dali.video_encoding import check_bounded_int as _check_int
 
 __all__ = [
     "CODECS",
@@ -55,69 +55,15 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class _CodecSpec:
-    """How one codec name maps to an FFmpeg encoder and its options."""
-
-    encoder: str
-    default_crf: int
-    max_crf: int
-    extra_options: tuple[tuple[str, str], ...]
-
-
-# Presets favour speed, but SVT-AV1 stays at preset 8: at 10 and above (LeRobot records with 12) it leaves
-# whole blocks of the wrong colour in inter frames once gop > 2, which no frame marker can survive.
-# x264 keeps B-frames on (every preset except "ultrafast" has them) and forces them with b-adapt=0,
-# because loaders must cope with decode order differing from presentation order, as in many published
-# LeRobot datasets.
-_CODEC_SPECS: dict[str, _CodecSpec] = {
-    "av1": _CodecSpec("libsvtav1", 30, 63, (("preset", "8"),)),
-    "h264": _CodecSpec("libx264", 23, 51, (("preset", "veryfast"), ("bf", "2"), ("x264-params", "b-adapt=0"))),
-    "hevc": _CodecSpec("libx265", 28, 51, (("preset", "ultrafast"),)),
-    "vp9": _CodecSpec("libvpx-vp9", 32, 63, (("deadline", "realtime"), ("cpu-used", "8"), ("b", "0"))),
-}
-
-CODECS: tuple[str, ...] = tuple(_CODEC_SPECS)
-"""Codec names accepted by :func:`encode_video` and ``make_dataset``."""
-
-
 # libx265 hands FFmpeg a garbage DTS (which the mp4 muxer rejects) for the first clip of a process when the
 # clip is shorter than its B-frame lookahead; such clips are encoded without B-frames.
 _SHORT_CLIP_FRAMES = 4
 
 
-def _encoder_options(codec: str, *, gop: int, crf: int, short_clip: bool) -> dict[str, str]:
-    spec = _CODEC_SPECS[codec]
-    options = dict(spec.extra_options)
-    options["crf"] = str(crf)
-    if codec == "hevc":
-        # libx265 ignores FFmpeg's "g", logs to stderr on its own unless told not to, and by default makes
-        # open GOPs whose leading B-frames cannot be decoded after seeking to their keyframe.
-        params = f"keyint={gop}:min-keyint=1:open-gop=0:log-level=none"
-        options["x265-params"] = params + (":bframes=0" if short_clip else "")
-    else:
-        options["g"] = str(gop)
-    return options
-
-
-def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
-    if not is_int(value):
-        raise ValueError(f"{name} must be an int, got {value!r}.")
-    if value < minimum or (maximum is not None and value > maximum):
-        allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ValueError(f"{name} must be {allowed}, got {value!r}.")
-
-
 def _check_encode_args(codec: str, *, fps: int, gop: int, crf: int | None) -> int:
-    if codec not in _CODEC_SPECS:
-        raise ValueError(f"Unknown codec {codec!r}; supported codecs are {', '.join(CODECS)}.")
+    check_codec(codec)
     _check_int("fps", fps, 1)
-    _check_int("gop (maximum keyframe interval in frames)", gop, 1)
-    spec = _CODEC_SPECS[codec]
-    if crf is None:
-        return spec.default_crf
-    _check_int(f"crf for {codec}", crf, 0, spec.max_crf)
-    return int(crf)
+    return encoder_settings(codec, gop=gop, crf=crf).crf
 
 
 def encode_video(
@@ -139,9 +85,7 @@ def encode_video(
     """
     crf = _check_encode_args(codec, fps=fps, gop=gop, crf=crf)
     fps, gop = int(fps), int(gop)
-    spec = _CODEC_SPECS[codec]
-    # SVT-AV1 prints a banner to stderr on every encoder start unless its log level says otherwise.
-    os.environ.setdefault("SVT_LOG", "1")
+    encoder = ""
     time_base = Fraction(1, fps)
     path = Path(path)
     count = 0
@@ -162,10 +106,12 @@ def encode_video(
                 if stream is None:
                     if height % 2 or width % 2:
                         raise ValueError(f"yuv420p needs an even frame size, got {height}x{width} for {path}.")
-                    stream = container.add_stream(spec.encoder, rate=fps)
+                    settings = encoder_settings(codec, gop=gop, crf=crf, b_frames=not (short_clip and codec == "hevc"))
+                    encoder = settings.encoder
+                    stream = container.add_stream(encoder, rate=fps)
                     stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
                     stream.codec_context.time_base = time_base
-                    stream.options = _encoder_options(codec, gop=gop, crf=crf, short_clip=short_clip)
+                    stream.options = settings.options
                 elif (height, width) != (stream.height, stream.width):
                     raise ValueError(
                         f"Frame {frame_index} for {path} is {height}x{width}, but the first frame "
@@ -182,7 +128,7 @@ def encode_video(
     except BaseException:
         path.unlink(missing_ok=True)
         raise
-    logger.debug("Encoded %d frames with %s (gop=%d, crf=%d) to %s", count, spec.encoder, gop, crf, path)
+    logger.debug("Encoded %d frames with %s (gop=%d, crf=%d) to %s", count, encoder, gop, crf, path)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -561,55 +507,6 @@ def _write_parquet(path: Path, table: pa.Table) -> None:
     pq.write_table(table, path, compression="snappy")
 
 
-def _write_into(out: str | os.PathLike[str], write: Callable[[Path], None]) -> Path:
-    """Run ``write(folder)`` so that ``out`` holds a dataset only once every file of it is written.
-
-    A new ``out`` is written as a hidden sibling (``.<name>.tmp-<pid>-<random>``) renamed to ``out`` at the end; an
-    existing empty folder (a mount point, say) is written in place and emptied again if writing fails. Either
-    way an interrupted or failed run (Ctrl-C, a full disk) leaves nothing that blocks a re-run. Missing parent
-    folders are created.
-    """
-    root = Path(out)
-    if root.exists() and (not root.is_dir() or any(root.iterdir())):
-        raise FileExistsError(
-            f"Refusing to write a dataset into {root}: it exists and is not an empty directory. "
-            "Pass a new path (make_dataset never overwrites)."
-        )
-    if root.is_dir():
-        try:
-            write(root)
-        except BaseException:
-            for entry in list(root.iterdir()):
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
-            raise
-        return root
-    absolute = Path(os.path.abspath(root))
-    try:
-        absolute.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError) as e:
-        blocker = next(parent for parent in absolute.parents if parent.exists())
-        raise NotADirectoryError(f"Cannot write a dataset to {root}: {blocker} is a file, not a directory.") from e
-    staging = absolute.parent / f".{absolute.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"  # one per run
-    staging.mkdir()  # (not mkdtemp: its 0700 would become the dataset's mode)
-    try:
-        write(staging)
-        try:
-            staging.rename(absolute)
-        except OSError as e:
-            if not absolute.exists():
-                raise
-            raise FileExistsError(  # another run wrote it meanwhile
-                f"Refusing to write a dataset into {root}: it appeared while this one was written (another run?)"
-            ) from e
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return root
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Layouts
 # ---------------------------------------------------------------------------------------------------------
@@ -885,4 +782,5 @@ def make_dataset(
         what,
         out,
     )
-    return _write_into(out, partial(_write_v30 if spec.version is DatasetVersion.V30 else _write_v21, spec=spec))
+    write = partial(_write_v30 if spec.version is DatasetVersion.V30 else _write_v21, spec=spec)
+    return write_new_folder(out, write, writer="make_dataset")
