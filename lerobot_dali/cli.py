@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
 from .value_checks import check_seconds
+from .video_encoding import CODECS
 
 if TYPE_CHECKING:
     from .dataset_reader import LeRobotDatasetReader
@@ -93,7 +94,7 @@ def _info(args: argparse.Namespace) -> int:
         if spacing > LONG_GOP_FRAMES:
             print(
                 f"    random access: about {(spacing + 1) / 2:g} frames decoded per frame (from the keyframe before "
-                "it); about 1.5 re-encoded at GOP 2, LeRobot's default"
+                "it); about 1.5 re-encoded at GOP 2, LeRobot's default (lerobot-dali reencode)"
             )
         lookup = cam.get("frame_lookup")
         if lookup:
@@ -293,6 +294,42 @@ def _make_dataset(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reencode(args: argparse.Namespace) -> int:
+    from .errors import DatasetError
+    from .reencode import reencode_dataset
+
+    progress = logging.getLogger("lerobot_dali.reencode")  # one line per file, as make-dataset says how far it got
+    if progress.getEffectiveLevel() > logging.INFO:
+        progress.setLevel(logging.INFO)
+    try:
+        report = reencode_dataset(
+            args.dataset, args.out, codec=args.codec, gop=args.gop, crf=args.crf, cameras=args.cameras,
+            jobs=args.jobs, revision=args.revision, progress=sys.stderr.isatty(),
+        )  # fmt: skip
+    except DatasetError:
+        raise  # (main names its type)
+    except (ValueError, FileExistsError, NotADirectoryError, PermissionError) as e:
+        print(f"lerobot-dali reencode: {e}", file=sys.stderr)
+        return 2
+    print(f"{report.out}: {report.codec}, keyframes at most {report.gop} frames apart")
+    for camera in sorted({video.camera for video in report.videos}):
+        videos = [video for video in report.videos if video.camera == camera]
+        frames = sum(video.frames for video in videos)
+        megabytes = [sum(getattr(video, f"bytes_{when}") for video in videos) / 1e6 for when in ("before", "after")]
+        decoded = [
+            sum(getattr(video, f"decoded_per_frame_{when}") * video.frames for video in videos) / frames
+            for when in ("before", "after")
+        ]
+        print(
+            f"  {camera}: {len(videos)} video file(s), {frames} frames, {megabytes[0]:.1f} -> {megabytes[1]:.1f} MB; "
+            f"random access: about {decoded[0]:.1f} -> {decoded[1]:.1f} frames decoded per frame"
+        )
+    for path in report.kept_videos:
+        print(f"  kept as it was: {path}")
+    print(f"  {report.copied_files} other file(s) copied unchanged")
+    return 0
+
+
 def _diagnose(args: argparse.Namespace) -> int:
     from .diagnose import diagnose_dataset, diagnose_machine
 
@@ -454,6 +491,24 @@ def _parser() -> argparse.ArgumentParser:
         "--image-cameras", action="store_true", help="store cameras as PNG images in the data files, not videos"
     )
     make.set_defaults(run=_make_dataset)
+
+    reencode = verbs.add_parser(
+        "reencode", help="copy a dataset with its videos re-encoded: keyframes close together, a codec NVDEC decodes"
+    )
+    reencode.add_argument("dataset", help="local folder, Hub repo id (user/name) or fsspec URL (hf://datasets/...)")
+    reencode.add_argument("out", help="a new folder, or an empty one")
+    reencode.add_argument(
+        "--codec", choices=CODECS, default="h264",
+        help="(default h264: NVDEC on every NVIDIA GPU; av1 has none on A100/H100/H200)",
+    )  # fmt: skip
+    reencode.add_argument(
+        "--gop", type=int, default=2, metavar="N", help="most frames between keyframes (default 2, LeRobot's)"
+    )
+    reencode.add_argument("--crf", type=int, metavar="N", help="quality (default: the codec's; h264 23, av1 30)")
+    reencode.add_argument("--cameras", nargs="+", help="re-encode only these video keys (the rest are copied)")
+    reencode.add_argument("--jobs", type=int, metavar="N", help="files encoded at once (default: one per CPU)")
+    reencode.add_argument("--revision", help="Hub branch, tag or commit")
+    reencode.set_defaults(run=_reencode)
 
     bench = verbs.add_parser("bench", help="data-loading throughput: lerobot-dali vs PyAV DataLoader and LeRobot")
     bench.add_argument(

@@ -163,7 +163,8 @@ def choose_route(
         if not nvdec_supported:
             raise CodecUnsupportedError(
                 f"decode='gpu' was asked for {what}, but NVDEC on {gpu.name} cannot decode it{because}; use "
-                "decode='auto' to fall back to the CPU, or re-encode the video (H.264/HEVC decode everywhere)."
+                "decode='auto' to fall back to the CPU, or re-encode the video (H.264/HEVC decode everywhere: "
+                "lerobot-dali reencode --codec h264)."
             )
         return DecodeRoute.NVDEC
     if preference is DecodePreference.AUTO and gpu is not None and nvdec_supported:

@@ -1,0 +1,234 @@
+"""``reencode_dataset`` / ``lerobot-dali reencode``: every frame keeps its instant and its picture, keyframes
+end up at most ``gop`` frames apart, and every other file is the source's byte for byte."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+from lerobot_dali.cli import main
+from lerobot_dali.clips import plan_clip
+from lerobot_dali.errors import VideoDecodeError
+from lerobot_dali.frame_marker import read_full_marker
+from lerobot_dali.generate import expected_state
+from lerobot_dali.packet_index import build_packet_index
+from lerobot_dali.reencode import reencode_dataset
+from lerobot_dali.video_encoding import CODECS
+from tests.conftest import shared_dataset
+from tests.video_fixtures import reference_frames
+
+LENGTHS = [9, 14, 11, 7]
+FPS = 15
+
+
+@pytest.fixture(scope="module")
+def long_gop_ds(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """v3.0, two cameras, two episodes per video file, keyframes 30 frames apart (more than any file holds)."""
+    from lerobot_dali.generate import make_dataset
+
+    return make_dataset(
+        tmp_path_factory.mktemp("long_gop") / "ds", episodes=len(LENGTHS), frames_per_episode=LENGTHS, cameras=2,
+        size=(64, 96), fps=FPS, codec="av1", gop=30, episodes_per_file=2,
+    )  # fmt: skip
+
+
+def _files(root: Path) -> dict[str, Path]:
+    return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _instants(path: Path) -> list[Fraction]:
+    """Display instants of every frame, from an independent full decode (not the packet index)."""
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        return [frame.pts * stream.time_base for frame in container.decode(stream)]
+
+
+def _keyframe_gaps(path: Path) -> list[int]:
+    with av.open(str(path)) as container:
+        flags = [packet.is_keyframe for packet in container.demux(video=0) if packet.size]
+    return np.diff(np.flatnonzero([*flags, True])).tolist()
+
+
+def _mean_decoded_per_frame(path: Path) -> float:
+    index = build_packet_index(path)
+    return float(np.mean([plan_clip(index, [i]).frame_count for i in range(index.frame_count)]))
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_every_frame_keeps_its_instant_and_its_marker(long_gop_ds: Path, codec: str, tmp_path: Path) -> None:
+    report = reencode_dataset(long_gop_ds, tmp_path / "out", codec=codec, gop=2)
+    source, out = _files(long_gop_ds), _files(tmp_path / "out")
+    assert source.keys() == out.keys()
+    videos = sorted(k for k in source if k.startswith("videos/"))
+    assert len(videos) == 4  # two cameras x two files
+    assert sorted(v.path for v in report.videos) == videos
+    for relative in videos:
+        assert _instants(out[relative]) == _instants(source[relative])
+        assert max(_keyframe_gaps(out[relative])) <= 2 < max(_keyframe_gaps(source[relative]))
+        with av.open(str(out[relative])) as container:
+            assert container.streams.video[0].codec_context.codec.canonical_name == codec
+        before, after = reference_frames(source[relative]), reference_frames(out[relative])
+        for pts, frame in after.items():  # markers survive a lossy re-encode exactly; the picture stays close
+            assert read_full_marker(frame) == read_full_marker(before[pts])
+            assert np.abs(frame.astype(np.int16) - before[pts]).mean() < 6
+    info_before, info_after = (json.loads(files["meta/info.json"].read_text()) for files in (source, out))
+    for key, feature in info_after["features"].items():
+        expected = info_before["features"][key]
+        if feature["dtype"] == "video":
+            expected = {**expected, "info": {**expected["info"], "video.codec": codec}}
+        assert feature == expected
+    for relative in set(source) - set(videos) - {"meta/info.json"}:
+        assert out[relative].read_bytes() == source[relative].read_bytes(), relative
+    assert report.copied_files == len(source) - len(videos) - (codec != "av1")  # info.json unchanged: copied
+    for video in report.videos:
+        assert video.decoded_per_frame_after == pytest.approx(_mean_decoded_per_frame(out[video.path]))
+        assert video.decoded_per_frame_before == pytest.approx(_mean_decoded_per_frame(source[video.path]))
+
+
+def test_the_iterator_reads_a_reencoded_dataset_as_the_source(long_gop_ds: Path, tmp_path: Path) -> None:
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    out = reencode_dataset(long_gop_ds, tmp_path / "out", codec="h264", gop=2).out
+    deltas = {"observation.images.cam0": [-2 / FPS, 0.0], "observation.images.cam1": [0.0, 1 / FPS]}
+    it = DALILeRobotIterator(
+        out, batch_size=5, shuffle=False, device="cpu", drop_last=False, num_workers=1, delta_timestamps=deltas,
+        return_uint8=True,
+    )  # fmt: skip
+    seen = 0
+    try:
+        for batch in it:
+            for i in range(len(batch["index"])):
+                episode, frame = int(batch["episode_index"][i]), int(batch["frame_index"][i])
+                np.testing.assert_array_equal(batch["observation.state"][i].numpy(), expected_state(episode, frame))
+                for camera, (key, steps) in enumerate(deltas.items()):
+                    for step, delta in enumerate(steps):
+                        wanted = min(max(frame + round(delta * FPS), 0), LENGTHS[episode] - 1)
+                        marker = read_full_marker(batch[key][i, step].permute(1, 2, 0).numpy())
+                        assert (marker.episode_index, marker.frame_index, marker.camera_index) == (
+                            episode, wanted, camera,
+                        )  # fmt: skip
+                seen += 1
+    finally:
+        it.close()
+    assert seen == sum(LENGTHS)
+
+
+@pytest.mark.parametrize(
+    ("name", "camera", "files"),
+    [
+        ("r1_v30_h264", "observation.images.rgb", 1),  # v3.0, B-frames, 25 fps video under 10 fps rows
+        ("gr00t_v20_h264", "observation.images.ego_view", 5),  # v2.0, B-frames, a declared camera with no files
+    ],
+)
+def test_real_long_gop_datasets_become_gop_2_at_the_same_instants(
+    name: str, camera: str, files: int, tmp_path: Path
+) -> None:
+    source_root = shared_dataset(name)
+    report = reencode_dataset(source_root, tmp_path / "out", jobs=2)
+    source, out = _files(source_root), _files(tmp_path / "out")
+    assert source.keys() == out.keys()
+    assert len(report.videos) == files and {v.camera for v in report.videos} == {camera}
+    for video in report.videos:
+        before, after = source[video.path], out[video.path]
+        assert _instants(after) == _instants(before)
+        assert max(_keyframe_gaps(after)) <= 2 and max(_keyframe_gaps(before)) > 100
+        assert video.decoded_per_frame_before > 100 and video.decoded_per_frame_after == pytest.approx(1.5, abs=1e-3)
+        reference = reference_frames(before)
+        for pts, frame in reference_frames(after).items():
+            assert np.abs(frame.astype(np.int16) - reference[pts]).mean() < 3, pts
+    for relative in set(source) - {v.path for v in report.videos}:  # info.json too: its codec was h264 already
+        assert out[relative].read_bytes() == source[relative].read_bytes(), relative
+
+
+def test_depth_videos_are_copied_and_cannot_be_chosen(long_gop_ds: Path, copy_ds, tmp_path: Path) -> None:
+    root = copy_ds(long_gop_ds)
+    info_path = root / "meta/info.json"
+    info = json.loads(info_path.read_text())
+    depth = "observation.images.cam1"
+    quantizer = {"video.depth_min": 0.2, "video.depth_max": 5.0, "video.shift": 1.0, "video.use_log": True}
+    info["features"][depth]["info"].update({"video.is_depth_map": True, **quantizer})
+    info_path.write_text(json.dumps(info, indent=4))
+    with pytest.raises(ValueError, match=r"\['observation.images.cam1'\] are depth maps"):
+        reencode_dataset(root, tmp_path / "refused", cameras=[depth])
+    assert not (tmp_path / "refused").exists()
+    report = reencode_dataset(root, tmp_path / "out", gop=2)
+    kept = sorted(k for k in _files(root) if k.startswith(f"videos/{depth}/"))
+    assert report.kept_videos == tuple(kept) and len(kept) == 2
+    assert {v.camera for v in report.videos} == {"observation.images.cam0"}
+    for relative in kept:
+        assert (tmp_path / "out" / relative).read_bytes() == (root / relative).read_bytes()
+    features = json.loads((tmp_path / "out/meta/info.json").read_text())["features"]
+    assert features[depth] == info["features"][depth]
+    assert features["observation.images.cam0"]["info"]["video.codec"] == "h264"
+
+
+def test_bad_options_and_a_taken_out_fail_before_any_work(long_gop_ds: Path, tmp_path: Path) -> None:
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="reencode never overwrites"):
+        reencode_dataset(long_gop_ds, taken)
+    assert [p.name for p in taken.iterdir()] == ["keep.txt"]
+    for kwargs, message in [
+        ({"codec": "vp8"}, "Unknown codec 'vp8'"),
+        ({"gop": 0}, r"gop \(maximum keyframe interval in frames\) must be >= 1"),
+        ({"crf": 99}, r"crf for h264 must be in \[0, 51\]"),
+        ({"jobs": 0}, "jobs must be >= 1"),
+        ({"cameras": ["observation.images.nope"]}, r"cameras \['observation.images.nope'\] are not video features"),
+        ({"cameras": "observation.images.cam0"}, "must be a list of video keys"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            reencode_dataset(long_gop_ds, tmp_path / "new", **kwargs)
+    with pytest.raises(ValueError, match="inside the source dataset"):
+        reencode_dataset(long_gop_ds, long_gop_ds / "copy")
+    assert not (tmp_path / "new").exists() and not (long_gop_ds / "copy").exists()
+
+
+def test_a_corrupt_video_fails_naming_it_and_leaves_nothing(long_gop_ds: Path, copy_ds, tmp_path: Path) -> None:
+    root = copy_ds(long_gop_ds)
+    video = root / "videos/observation.images.cam1/chunk-000/file-001.mp4"
+    data = bytearray(video.read_bytes())
+    mdat = data.index(b"mdat") + 4
+    data[mdat + 200 : mdat + 1200] = bytes(1000)  # frames' payloads zeroed: the container still opens
+    video.write_bytes(bytes(data))
+    with pytest.raises(VideoDecodeError, match="file-001.mp4"):
+        reencode_dataset(root, tmp_path / "out", jobs=2)
+    assert list(tmp_path.iterdir()) == [root]  # no out, no staging folder beside it
+
+
+def test_cli_reencode_prints_what_random_access_costs(
+    long_gop_ds: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_root = tmp_path / "out"
+    assert (
+        main(["reencode", str(long_gop_ds), str(out_root), "--gop", "3", "--cameras", "observation.images.cam1"]) == 0
+    )
+    out = capsys.readouterr().out.splitlines()
+    videos = sorted(k for k in _files(long_gop_ds) if k.startswith("videos/observation.images.cam1/"))
+    frames = {v: len(_instants(long_gop_ds / v)) for v in videos}
+
+    def mean(root: Path) -> float:  # per frame: files weigh by their frames
+        return sum(_mean_decoded_per_frame(root / v) * n for v, n in frames.items()) / sum(frames.values())
+
+    megabytes = [sum((root / v).stat().st_size for v in videos) / 1e6 for root in (long_gop_ds, out_root)]
+    assert out == [
+        f"{out_root}: h264, keyframes at most 3 frames apart",
+        f"  observation.images.cam1: 2 video file(s), {sum(LENGTHS)} frames, {megabytes[0]:.1f} -> "
+        f"{megabytes[1]:.1f} MB; random access: about {mean(long_gop_ds):.1f} -> {mean(out_root):.1f} frames "
+        "decoded per frame",
+        *(f"  kept as it was: {v}" for v in sorted(k for k in _files(long_gop_ds) if "/observation.images.cam0/" in k)),
+        f"  {len(_files(long_gop_ds)) - 2 - 1} other file(s) copied unchanged",  # (info.json changed)
+    ]
+    assert mean(long_gop_ds) > 5 and mean(out_root) == pytest.approx(2.0, abs=0.2)
+    assert main(["reencode", str(long_gop_ds), str(out_root)]) == 2
+    assert "reencode never overwrites" in capsys.readouterr().err
+    shutil.rmtree(out_root)
+    assert main(["reencode", str(long_gop_ds), str(out_root), "--cameras", "observation.images.nope"]) == 2
+    assert "are not video features" in capsys.readouterr().err
+    assert not out_root.exists()
