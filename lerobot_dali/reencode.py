@@ -7,8 +7,8 @@ has no NVDEC on A100/H100/H200, so there it decodes on the CPU. Re-encoded at GO
 H.264 or HEVC, the same dataset decodes about 1.5 frames per frame, on NVDEC.
 
 What changes in the copy:
-- Only the videos change. Every other file is copied byte for byte, and info.json changes only in its
-  ``video.codec``.
+- Only the videos change (audio tracks are dropped: LeRobot reads video alone). Every other file is copied byte
+  for byte, and info.json changes only in its ``video.codec`` (and ``has_audio``).
 - Every re-encoded frame keeps its presentation timestamp and time base exactly. This is checked against
   the source's packet index after each file. So parquet timestamps, ``meta/episodes``' per-file seconds, and
   v3.0's several episodes per file all still line up.
@@ -220,7 +220,7 @@ def _video_camera(relative: str, video_keys: Sequence[str]) -> str | None:
 
 
 def _with_codec(raw_info: dict[str, Any], cameras: set[str], codec: str) -> dict[str, Any]:
-    """``raw_info`` with ``video.codec`` (and an 8-bit 4:2:0 ``video.pix_fmt``) of ``cameras`` as re-encoded."""
+    """``raw_info`` with ``video.codec`` of ``cameras`` as re-encoded (and ``video.pix_fmt`` 8-bit 4:2:0, no audio)."""
     out = json.loads(json.dumps(raw_info))
     for key in cameras:
         for name in ("info", "video_info"):  # ('video_info': v2.0)
@@ -230,6 +230,8 @@ def _with_codec(raw_info: dict[str, Any], cameras: set[str], codec: str) -> dict
                     video["video.codec"] = codec
                 if video.get("video.pix_fmt") not in (None, *_PLANAR_420):
                     video["video.pix_fmt"] = "yuv420p"
+                if "has_audio" in video:
+                    video["has_audio"] = False
     return out
 
 
@@ -295,6 +297,8 @@ def _reencode_file(job: _Job) -> VideoReencoded:
 
 def _encode(source: Any, job: _Job, *, label: str) -> None:
     stream = source.streams.video[0]
+    if source.streams.audio:
+        logger.warning("%s: its audio is not copied (LeRobot reads video alone)", label)
     stream.thread_type = "AUTO"
     stream.codec_context.thread_count = job.threads
     decoder = stream.codec_context

@@ -232,3 +232,42 @@ def test_cli_reencode_prints_what_random_access_costs(
     assert main(["reencode", str(long_gop_ds), str(out_root), "--cameras", "observation.images.nope"]) == 2
     assert "are not video features" in capsys.readouterr().err
     assert not out_root.exists()
+
+
+def _add_silence(path: Path) -> None:
+    """Remux ``path`` with an AAC track of silence beside its video (packets copied, nothing re-encoded)."""
+    with_audio = path.with_suffix(".audio.mp4")
+    with av.open(str(path)) as source, av.open(str(with_audio), "w", format="mp4") as target:
+        video = target.add_stream_from_template(source.streams.video[0], opaque=True)
+        audio = target.add_stream("aac", rate=48000, layout="mono")
+        for packet in source.demux(video=0):
+            if packet.dts is not None:
+                packet.stream = video
+                target.mux(packet)
+        silence = av.AudioFrame.from_ndarray(np.zeros((1, 1024), dtype=np.float32), format="fltp", layout="mono")
+        silence.sample_rate, silence.pts = 48000, 0
+        target.mux(audio.encode(silence))
+        target.mux(audio.encode(None))
+    with_audio.replace(path)
+
+
+def test_an_audio_track_is_dropped_with_a_warning(
+    long_gop_ds: Path, copy_ds, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    root = copy_ds(long_gop_ds)
+    relative = "videos/observation.images.cam0/chunk-000/file-000.mp4"
+    _add_silence(root / relative)
+    info_path = root / "meta/info.json"
+    info = json.loads(info_path.read_text())
+    info["features"]["observation.images.cam0"]["info"]["has_audio"] = True
+    info_path.write_text(json.dumps(info, indent=4))
+    with av.open(str(root / relative)) as container:
+        assert len(container.streams.audio) == 1
+    out = reencode_dataset(root, tmp_path / "out", jobs=1).out
+    assert f"{root / relative}: its audio is not copied" in capfd.readouterr().err
+    with av.open(str(out / relative)) as container:
+        assert not container.streams.audio
+    assert _instants(out / relative) == _instants(root / relative)
+    features = json.loads((out / "meta/info.json").read_text())["features"]
+    assert features["observation.images.cam0"]["info"]["has_audio"] is False
+    assert features["observation.images.cam1"]["info"]["has_audio"] is False  # (it had none)
