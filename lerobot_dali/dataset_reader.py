@@ -38,9 +38,12 @@ from .errors import DatasetError, DatasetNotFoundError, EpisodeMetadataError, Mi
 from .file_stamps import FileStamp, FileStamps
 from .frame_lookup import ITERATORS_LOOKUP, FrameLookup
 
-__all__ = ["LeRobotDatasetReader", "VideoRef", "open_dataset"]
+__all__ = ["INFO_PATH", "LeRobotDatasetReader", "VideoRef", "open_dataset", "read_info_json"]
 
 logger = logging.getLogger(__name__)
+
+#: Where a dataset's ``info.json`` is, relative to its root.
+INFO_PATH = "meta/info.json"
 
 #: How far an episode's median row step may differ from 1/fps, relative, before a warning (once per dataset and
 #: process) and before an error (see ``_check_timestamps``).
@@ -467,7 +470,13 @@ def _select(
 
 
 def _read_info(location: DatasetLocation) -> DatasetInfo:
-    path = location.meta_path("meta/info.json")
+    return DatasetInfo.from_json(read_info_json(location), source=location.meta_path(INFO_PATH))
+
+
+def read_info_json(location: DatasetLocation) -> dict[str, Any]:
+    """``meta/info.json`` as parsed JSON; DatasetNotFoundError where there is none, DatasetError where it is not a
+    JSON object."""
+    path = location.meta_path(INFO_PATH)
     try:
         with location.meta_fs.open(path, "rt", encoding="utf-8") as f:
             raw = json.load(f)
@@ -475,7 +484,9 @@ def _read_info(location: DatasetLocation) -> DatasetInfo:
         raise DatasetNotFoundError(f"{location.description} is not a LeRobot dataset: {path} is missing") from e
     except json.JSONDecodeError as e:
         raise DatasetError(f"{path} is not valid JSON: {e}") from e
-    return DatasetInfo.from_json(raw, source=path)
+    if not isinstance(raw, dict):
+        raise DatasetError(f"{path} holds a JSON {type(raw).__name__}, not the object LeRobot writes")
+    return raw
 
 
 def _read_tasks(location: DatasetLocation) -> dict[int, str]:

@@ -36,6 +36,7 @@ import numpy as np
 from .clips import plan_clip
 from .dataset_info import DatasetInfo
 from .dataset_location import DatasetLocation, resolve_location
+from .dataset_reader import INFO_PATH, read_info_json
 from .errors import DatasetError, VideoDecodeError
 from .new_folder import write_new_folder
 from .packet_index import PacketIndex, build_packet_index
@@ -46,7 +47,6 @@ __all__ = ["ReencodeReport", "VideoReencoded", "reencode_dataset"]
 
 logger = logging.getLogger(__name__)
 
-_INFO = "meta/info.json"
 #: 8-bit 4:2:0 pixel formats, re-encoded as they are; others are converted to yuv420p, with a warning.
 _PLANAR_420 = ("yuv420p", "yuvj420p")
 
@@ -122,8 +122,8 @@ def reencode_dataset(
         check_bounded_int("jobs", jobs, 1)
     location = resolve_location(source, revision=revision)
     _refuse_out_inside(location, out)
-    raw_info = _read_raw_info(location)
-    info = DatasetInfo.from_json(raw_info, source=location.description)
+    raw_info = read_info_json(location)
+    info = DatasetInfo.from_json(raw_info, source=location.meta_path(INFO_PATH))
     chosen = _chosen_cameras(info, cameras)
     files = _listed_files(location)
     videos = {relative: camera for relative in files if (camera := _video_camera(relative, info.video_keys))}
@@ -153,7 +153,7 @@ def reencode_dataset(
         done.extend(_run_jobs(job_list, workers, progress=progress))
         new_info = _with_codec(raw_info, chosen, codec)
         for relative in files:
-            if relative == _INFO and new_info != raw_info:
+            if relative == INFO_PATH and new_info != raw_info:
                 (folder / relative).write_text(json.dumps(new_info, indent=4) + "\n", encoding="utf-8")
             elif relative not in videos or relative in kept:
                 location.fs.get_file(location.path(relative), str(folder / relative))
@@ -173,18 +173,6 @@ def reencode_dataset(
 def _refuse_out_inside(location: DatasetLocation, out: str | os.PathLike[str]) -> None:
     if location.is_local and Path(os.path.abspath(out)).is_relative_to(Path(location.root)):
         raise ValueError(f"out ({out}) is inside the source dataset {location.root}; write the copy elsewhere")
-
-
-def _read_raw_info(location: DatasetLocation) -> dict[str, Any]:
-    path = location.meta_path(_INFO)
-    try:
-        with location.meta_fs.open(path, "rb") as f:
-            raw = json.load(f)
-    except FileNotFoundError as e:
-        raise DatasetError(f"{location.description}: no meta/info.json; is this a LeRobot dataset?") from e
-    if not isinstance(raw, dict):
-        raise DatasetError(f"{path}: info.json is not a JSON object")
-    return raw
 
 
 def _chosen_cameras(info: DatasetInfo, cameras: Sequence[str] | None) -> set[str]:

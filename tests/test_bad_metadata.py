@@ -317,3 +317,11 @@ def test_without_from_timestamp_only_one_episode_per_video_file_reads(ds: Path, 
         p.chmod(0o755 if p.is_dir() else 0o644)
     drop_starts(alone)
     assert open_dataset(alone).video(3, CAM).from_timestamp_s == 0.0
+
+
+@pytest.mark.parametrize(("text", "message"), [("{", "is not valid JSON"), ("[]", "holds a JSON list, not the object")])
+def test_an_info_json_that_is_not_an_object_names_itself(ds: Path, text: str, message: str) -> None:
+    """A JSON list or string there failed with AttributeError ('list' object has no attribute 'get')."""
+    (ds / "meta/info.json").write_text(text)
+    with pytest.raises(DatasetError, match=rf"meta/info.json {message}"):
+        open_dataset(ds)
