@@ -158,6 +158,31 @@ def test_every_sample_matches_lerobot(make_ds, codec: str, gop: int, frame_check
     _assert_same_samples(_ours(root, WINDOWS), _lerobot(root, WINDOWS), frame_check=frame_check)
 
 
+def test_a_reencoded_dataset_reads_in_lerobot_as_its_source(make_ds, tmp_path: Path) -> None:
+    """``lerobot-dali reencode``'s copy is a dataset LeRobot loads: every sample as the source's, each frame the
+    same picture (its marker; a few levels apart after the lossy re-encode), and lerobot-dali reads it as LeRobot."""
+    from lerobot_dali.reencode import reencode_dataset
+
+    source = make_ds(codec="h264", gop=30, episodes=5, frames_per_episode=LENGTHS, cameras=2, version=DATASET_VERSION)
+    copy = reencode_dataset(source, tmp_path / "copy", gop=2).out
+    theirs_source, theirs_copy = _lerobot(source, WINDOWS), _lerobot(copy, WINDOWS)
+    assert len(theirs_copy) == len(theirs_source) == sum(LENGTHS)
+    for position in range(len(theirs_source)):
+        expected, got = theirs_source[position], theirs_copy[position]
+        assert got.keys() == expected.keys()
+        for key, value in expected.items():
+            if key not in theirs_source.meta.video_keys:
+                assert got[key] == value if isinstance(value, str) else torch.equal(got[key], value), (position, key)
+                continue
+            assert got[key].shape == value.shape and (got[key] - value).abs().mean().item() * 255 < 4, (position, key)
+            for frame_got, frame_expected in zip(
+                got[key].reshape(-1, *value.shape[-3:]), value.reshape(-1, *value.shape[-3:]), strict=True
+            ):
+                as_hwc = [(f.permute(1, 2, 0) * 255).round().byte().numpy() for f in (frame_got, frame_expected)]
+                assert read_full_marker(as_hwc[0]) == read_full_marker(as_hwc[1]), (position, key)
+    _assert_same_samples(_ours(copy, WINDOWS), theirs_copy, frame_check=_same_decode)
+
+
 def test_workers_and_the_pyav_decoder_match_lerobot(make_ds) -> None:
     """torchcodec decodes for lerobot-dali too where it loads; PyAV in two workers is the other path."""
     root = make_ds(codec="h264", gop=30, episodes=5, frames_per_episode=LENGTHS, cameras=2, version=DATASET_VERSION)
