@@ -324,6 +324,9 @@ def _reencode(args: argparse.Namespace) -> int:
             f"  {camera}: {len(videos)} video file(s), {frames} frames, {megabytes[0]:.1f} -> {megabytes[1]:.1f} MB; "
             f"random access: about {decoded[0]:.1f} -> {decoded[1]:.1f} frames decoded per frame"
         )
+    resumed = sum(video.resumed for video in report.videos)
+    if resumed:
+        print(f"  {resumed} video file(s) re-encoded by an earlier run that did not finish (checked again)")
     for path in report.kept_videos:
         print(f"  kept as it was: {path}")
     print(f"  {report.copied_files} other file(s) copied unchanged")

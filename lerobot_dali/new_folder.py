@@ -9,7 +9,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["write_new_folder"]
+__all__ = ["partial_folder", "write_new_folder", "write_resumable_folder"]
 
 
 def write_new_folder(out: str | os.PathLike[str], write: Callable[[Path], None], *, writer: str) -> Path:
@@ -20,12 +20,7 @@ def write_new_folder(out: str | os.PathLike[str], write: Callable[[Path], None],
     way an interrupted or failed run (Ctrl-C, a full disk) leaves nothing that blocks a re-run. Missing parent
     folders are created.
     """
-    root = Path(out)
-    if root.exists() and (not root.is_dir() or any(root.iterdir())):
-        raise FileExistsError(
-            f"Refusing to write a dataset into {root}: it exists and is not an empty directory. "
-            f"Pass a new path ({writer} never overwrites)."
-        )
+    root = _new_or_empty(out, writer=writer)
     if root.is_dir():
         try:
             write(root)
@@ -37,25 +32,69 @@ def write_new_folder(out: str | os.PathLike[str], write: Callable[[Path], None],
                     entry.unlink()
             raise
         return root
+    absolute = _with_parent(root)
+    staging = absolute.parent / f".{absolute.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"  # one per run
+    staging.mkdir()  # (not mkdtemp: its 0700 would become the dataset's mode)
+    try:
+        write(staging)
+        _rename(staging, root)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return root
+
+
+def partial_folder(out: str | os.PathLike[str]) -> Path:
+    """Where :func:`write_resumable_folder` writes ``out`` until it is whole: ``.<name>.partial`` beside it."""
+    absolute = Path(os.path.abspath(out))
+    return absolute.parent / f".{absolute.name}.partial"
+
+
+def write_resumable_folder(out: str | os.PathLike[str], write: Callable[[Path], None], *, writer: str) -> Path:
+    """Run ``write(folder)`` in :func:`partial_folder` and make it ``out`` once it returns (an existing empty
+    ``out`` receives its entries). When ``write`` raises, the folder is kept, and the next call hands it to
+    ``write`` again with what it holds: long work resumes instead of starting over. ``write`` must tell its
+    finished files from unfinished ones, and a folder left by other work from one it can resume."""
+    root = _new_or_empty(out, writer=writer)
+    staging = partial_folder(_with_parent(root))
+    staging.mkdir(exist_ok=True)
+    write(staging)
+    if root.is_dir():
+        for entry in list(staging.iterdir()):
+            os.replace(entry, root / entry.name)
+        staging.rmdir()
+    else:
+        _rename(staging, root)
+    return root
+
+
+def _new_or_empty(out: str | os.PathLike[str], *, writer: str) -> Path:
+    root = Path(out)
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise FileExistsError(
+            f"Refusing to write a dataset into {root}: it exists and is not an empty directory. "
+            f"Pass a new path ({writer} never overwrites)."
+        )
+    return root
+
+
+def _with_parent(root: Path) -> Path:
+    """``root`` made absolute, its missing parent folders created."""
     absolute = Path(os.path.abspath(root))
     try:
         absolute.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as e:
         blocker = next(parent for parent in absolute.parents if parent.exists())
         raise NotADirectoryError(f"Cannot write a dataset to {root}: {blocker} is a file, not a directory.") from e
-    staging = absolute.parent / f".{absolute.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"  # one per run
-    staging.mkdir()  # (not mkdtemp: its 0700 would become the dataset's mode)
+    return absolute
+
+
+def _rename(staging: Path, root: Path) -> None:
     try:
-        write(staging)
-        try:
-            staging.rename(absolute)
-        except OSError as e:
-            if not absolute.exists():
-                raise
-            raise FileExistsError(  # another run wrote it meanwhile
-                f"Refusing to write a dataset into {root}: it appeared while this one was written (another run?)"
-            ) from e
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return root
+        staging.rename(os.path.abspath(root))
+    except OSError as e:
+        if not root.exists():
+            raise
+        raise FileExistsError(  # another run wrote it meanwhile
+            f"Refusing to write a dataset into {root}: it appeared while this one was written (another run?)"
+        ) from e

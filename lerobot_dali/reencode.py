@@ -19,12 +19,13 @@ What changes in the copy:
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import logging
 import multiprocessing
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -33,12 +34,13 @@ from typing import Any
 import av
 import numpy as np
 
+from .cache_dirs import try_flock
 from .clips import plan_clip
 from .dataset_info import DatasetInfo
 from .dataset_location import DatasetLocation, resolve_location
 from .dataset_reader import INFO_PATH, read_info_json
 from .errors import DatasetError, VideoDecodeError
-from .new_folder import write_new_folder
+from .new_folder import write_resumable_folder
 from .packet_index import PacketIndex, build_packet_index
 from .video_encoding import check_bounded_int, check_codec, encoder_settings
 from .worker_start import log_like_trainer, package_log_level, skipping_main
@@ -47,6 +49,9 @@ __all__ = ["ReencodeReport", "VideoReencoded", "reencode_dataset"]
 
 logger = logging.getLogger(__name__)
 
+#: In the unfinished copy: what it is a copy of (checked when a run resumes it), and the lock of the run writing it.
+_PLAN = ".reencode-plan.json"
+_LOCK = ".reencode-lock"
 #: 8-bit 4:2:0 pixel formats, re-encoded as they are; others are converted to yuv420p, with a warning.
 _PLANAR_420 = ("yuv420p", "yuvj420p")
 
@@ -65,6 +70,8 @@ class VideoReencoded:
     """Mean frames decoded to show one frame, from the keyframe before it (1.0: every frame a keyframe)."""
     decoded_per_frame_after: float
     seconds: float
+    resumed: bool = False
+    """Re-encoded (and checked) by an earlier run that did not finish; this one checked it again."""
 
 
 @dataclass(frozen=True)
@@ -112,9 +119,11 @@ def reencode_dataset(
 
     ``cameras`` limits the re-encode to those video keys (the rest are copied). ``jobs`` is how many files
     encode at once (default: one per CPU, at most one per file). ``out`` appears only once every file is
-    written and checked; on any failure nothing is left there. Raises ValueError for bad options,
-    FileExistsError for an ``out`` that is not new or empty, and VideoDecodeError naming the file when a video
-    does not decode or its re-encode does not keep every timestamp.
+    written and checked. Until then the copy is written to ``.<out name>.partial`` beside it, which a failed or
+    interrupted run leaves: the same call again keeps the videos re-encoded there and does the rest; a call with
+    other options or another source is refused until that folder is deleted. Raises ValueError for bad options,
+    FileExistsError for an ``out`` that is not new or empty (or such a folder), and VideoDecodeError naming the
+    file when a video does not decode or its re-encode does not keep every timestamp.
     """
     check_codec(codec)
     encoder_settings(codec, gop=gop, crf=crf)  # (checks gop and crf before any work)
@@ -125,7 +134,8 @@ def reencode_dataset(
     raw_info = read_info_json(location)
     info = DatasetInfo.from_json(raw_info, source=location.meta_path(INFO_PATH))
     chosen = _chosen_cameras(info, cameras)
-    files = _listed_files(location)
+    sizes = _listed_files(location)
+    files = sorted(sizes)
     videos = {relative: camera for relative in files if (camera := _video_camera(relative, info.video_keys))}
     encode = sorted(relative for relative, camera in videos.items() if camera in chosen)
     if not encode:
@@ -142,24 +152,30 @@ def reencode_dataset(
     )  # fmt: skip
     done: list[VideoReencoded] = []
     copied: list[str] = []
+    plan = {
+        "source": location.description, "revision": revision, "codec": codec, "gop": gop, "crf": crf,
+        "cameras": sorted(chosen), "files": sizes,
+    }  # fmt: skip
 
     def write(folder: Path) -> None:
-        filesystem = None if location.is_local else location.fs
-        job_list = [
-            _Job(location.path(r), filesystem, str(folder / r), r, videos[r], codec, gop, crf, threads) for r in encode
-        ]
-        for relative in files:
-            (folder / relative).parent.mkdir(parents=True, exist_ok=True)
-        done.extend(_run_jobs(job_list, workers, progress=progress))
-        new_info = _with_codec(raw_info, chosen, codec)
-        for relative in files:
-            if relative == INFO_PATH and new_info != raw_info:
-                (folder / relative).write_text(json.dumps(new_info, indent=4) + "\n", encoding="utf-8")
-            elif relative not in videos or relative in kept:
-                location.fs.get_file(location.path(relative), str(folder / relative))
-                copied.append(relative)
+        with _resumable(folder, plan):
+            filesystem = None if location.is_local else location.fs
+            job_list = [
+                _Job(location.path(r), filesystem, str(folder / r), r, videos[r], codec, gop, crf, threads)
+                for r in encode
+            ]
+            for relative in files:
+                (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+            done.extend(_run_jobs(job_list, workers, progress=progress))
+            new_info = _with_codec(raw_info, chosen, codec)
+            for relative in files:
+                if relative == INFO_PATH and new_info != raw_info:
+                    (folder / relative).write_text(json.dumps(new_info, indent=4) + "\n", encoding="utf-8")
+                elif relative not in videos or relative in kept:
+                    location.fs.get_file(location.path(relative), str(folder / relative))
+                    copied.append(relative)
 
-    root = write_new_folder(out, write, writer="reencode")
+    root = write_resumable_folder(out, write, writer="reencode")
     return ReencodeReport(
         out=root,
         codec=codec,
@@ -190,13 +206,47 @@ def _chosen_cameras(info: DatasetInfo, cameras: Sequence[str] | None) -> set[str
     return set(cameras)
 
 
-def _listed_files(location: DatasetLocation) -> list[str]:
-    """Every file of the dataset, relative to its root; folders whose names start with "." (``.cache``, ``.git``)
-    are not part of it."""
+def _listed_files(location: DatasetLocation) -> dict[str, int | None]:
+    """Every file of the dataset, relative to its root, with its size where the listing says; folders whose names
+    start with "." (``.cache``, ``.git``) are not part of it."""
     root = location.root.rstrip("/")
-    found = location.fs.find(root)
-    relative = sorted(path[len(root) + 1 :] for path in found)
-    return [r for r in relative if not any(part.startswith(".") for part in r.split("/")[:-1])]
+    found = location.fs.find(root, detail=True)
+    sizes = {path[len(root) + 1 :]: entry.get("size") for path, entry in found.items()}
+    return {r: size for r, size in sorted(sizes.items()) if not any(p.startswith(".") for p in r.split("/")[:-1])}
+
+
+@contextlib.contextmanager
+def _resumable(folder: Path, plan: dict[str, Any]) -> Iterator[None]:
+    """Hold ``folder`` for this run alone and check that what an earlier run left there is this run's work: the
+    same source files (sizes), options and cameras. On failure, say what is kept; on success, leave no trace."""
+    lock = try_flock(folder / _LOCK)
+    if lock is None:
+        raise FileExistsError(f"{folder}: another lerobot-dali reencode is writing there; wait for it, or stop it")
+    try:
+        plan_file = folder / _PLAN
+        if plan_file.exists():
+            earlier = json.loads(plan_file.read_text(encoding="utf-8"))
+            if earlier != json.loads(json.dumps(plan)):
+                raise FileExistsError(
+                    f"{folder} holds an unfinished re-encode of {earlier.get('source')} with other options, cameras "
+                    "or source files: run that command again to finish it, or delete the folder"
+                )
+            logger.info("resuming the unfinished re-encode in %s", folder)
+        else:
+            plan_file.write_text(json.dumps(plan), encoding="utf-8")
+        try:
+            yield
+        except BaseException:
+            finished = sum(1 for p in folder.rglob("*.mp4") if p.is_file())
+            logger.warning(
+                "re-encode stopped: %d video(s) finished are kept in %s; the same command resumes there", finished,
+                folder,
+            )  # fmt: skip
+            raise
+        plan_file.unlink()
+        (folder / _LOCK).unlink()
+    finally:
+        lock.close()
 
 
 def _video_camera(relative: str, video_keys: Sequence[str]) -> str | None:
@@ -255,22 +305,29 @@ def _run_jobs(jobs: list[_Job], workers: int, *, progress: bool) -> list[VideoRe
 
 
 def _reencode_file(job: _Job) -> VideoReencoded:
-    """Re-encode one video (in a worker process) and check that every frame kept its timestamp."""
+    """Re-encode one video (in a worker process) and check that every frame kept its timestamp. The target appears
+    only once checked, so one that exists is an earlier run's finished work: it is checked again, not redone."""
     started = time.perf_counter()
     before = build_packet_index(job.source, filesystem=job.filesystem)
-    handle = job.filesystem.open(job.source, "rb") if job.filesystem is not None else None
-    try:
-        with av.open(handle if handle is not None else job.source, "r") as source:
-            _encode(source, job, label=before.source_name)
-    except (av.error.FFmpegError, OSError) as e:  # (the half-written target goes with the unfinished folder)
-        raise VideoDecodeError(
-            f"{before.source_name}: re-encoding failed ({e}); the file is corrupt or truncated."
-        ) from e
-    finally:
-        if handle is not None:
-            handle.close()
-    after = build_packet_index(job.target)
+    target = Path(job.target)
+    unfinished = target.with_name(target.name + ".unfinished")
+    resumed = target.exists()
+    if not resumed:
+        handle = job.filesystem.open(job.source, "rb") if job.filesystem is not None else None
+        try:
+            with av.open(handle if handle is not None else job.source, "r") as source:
+                _encode(source, job, unfinished, label=before.source_name)
+        except (av.error.FFmpegError, OSError) as e:
+            raise VideoDecodeError(
+                f"{before.source_name}: re-encoding failed ({e}); the file is corrupt or truncated."
+            ) from e
+        finally:
+            if handle is not None:
+                handle.close()
+    after = build_packet_index(target if resumed else unfinished)
     _check_same_frames(before, after)
+    if not resumed:
+        os.replace(unfinished, target)
     return VideoReencoded(
         path=job.relative,
         camera=job.camera,
@@ -280,10 +337,11 @@ def _reencode_file(job: _Job) -> VideoReencoded:
         decoded_per_frame_before=decoded_per_frame(before),
         decoded_per_frame_after=decoded_per_frame(after),
         seconds=time.perf_counter() - started,
+        resumed=resumed,
     )
 
 
-def _encode(source: Any, job: _Job, *, label: str) -> None:
+def _encode(source: Any, job: _Job, path: Path, *, label: str) -> None:
     stream = source.streams.video[0]
     if source.streams.audio:
         logger.warning("%s: its audio is not copied (LeRobot reads video alone)", label)
@@ -295,7 +353,7 @@ def _encode(source: Any, job: _Job, *, label: str) -> None:
         logger.warning("%s: %s converted to yuv420p (8-bit 4:2:0) for the re-encode", label, decoder.pix_fmt)
     settings = encoder_settings(job.codec, gop=job.gop, crf=job.crf, b_frames=False)
     rate = stream.average_rate or stream.guessed_rate or Fraction(30)
-    with av.open(job.target, "w", format="mp4") as target:
+    with av.open(str(path), "w", format="mp4") as target:
         out = target.add_stream(settings.encoder, rate=rate)
         out.width, out.height, out.pix_fmt = decoder.width, decoder.height, pix_fmt
         out.codec_context.time_base = out.time_base = stream.time_base

@@ -190,16 +190,84 @@ def test_bad_options_and_a_taken_out_fail_before_any_work(long_gop_ds: Path, tmp
     assert not (tmp_path / "new").exists() and not (long_gop_ds / "copy").exists()
 
 
-def test_a_corrupt_video_fails_naming_it_and_leaves_nothing(long_gop_ds: Path, copy_ds, tmp_path: Path) -> None:
-    root = copy_ds(long_gop_ds)
-    video = root / "videos/observation.images.cam1/chunk-000/file-001.mp4"
+def _corrupt(video: Path) -> None:
     data = bytearray(video.read_bytes())
     mdat = data.index(b"mdat") + 4
     data[mdat + 200 : mdat + 1200] = bytes(1000)  # frames' payloads zeroed: the container still opens
     video.write_bytes(bytes(data))
-    with pytest.raises(VideoDecodeError, match="file-001.mp4"):
-        reencode_dataset(root, tmp_path / "out", jobs=2)
-    assert list(tmp_path.iterdir()) == [root]  # no out, no staging folder beside it
+
+
+BAD = "videos/observation.images.cam1/chunk-000/file-001.mp4"
+
+
+def test_a_corrupt_video_fails_naming_it_and_the_same_call_resumes(
+    long_gop_ds: Path, copy_ds, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = copy_ds(long_gop_ds)
+    _corrupt(root / BAD)
+    out, partial = tmp_path / "out", tmp_path / ".out.partial"
+    with pytest.raises(VideoDecodeError, match="file-001.mp4: re-encoding failed"):
+        reencode_dataset(root, out, jobs=1)
+    assert not out.exists() and sorted(tmp_path.iterdir()) == [partial, root]
+    videos = sorted(k for k in _files(long_gop_ds) if k.startswith("videos/"))
+    finished = sorted(k for k in _files(partial) if k.endswith(".mp4"))
+    assert finished == [v for v in videos if v != BAD]  # jobs=1: the others ran to the end, one at a time
+    assert "3 video(s) finished are kept in" in caplog.text and "the same command resumes there" in caplog.text
+    kept = {k: (partial / k).stat().st_mtime_ns for k in finished}
+
+    shutil.copyfile(long_gop_ds / BAD, root / BAD)  # mended
+    caplog.clear()
+    report = reencode_dataset(root, out, jobs=1)
+    assert not partial.exists() and report.out == out
+    assert [v.path for v in report.videos if not v.resumed] == [BAD]
+    assert sorted(v.path for v in report.videos if v.resumed) == finished
+    files = _files(out)
+    assert {k: files[k].stat().st_mtime_ns for k in finished} == kept  # not encoded again
+    assert sorted(files) == sorted(_files(long_gop_ds))  # (no plan, lock or unfinished file left)
+    for relative in videos:
+        assert _instants(files[relative]) == _instants(long_gop_ds / relative)
+        assert max(_keyframe_gaps(files[relative])) <= 2
+    assert (
+        json.loads(files["meta/info.json"].read_text())["features"]["observation.images.cam1"]["info"]["video.codec"]
+        == "h264"
+    )
+
+
+def test_an_unfinished_copy_of_other_work_is_refused(long_gop_ds: Path, copy_ds, tmp_path: Path) -> None:
+    root = copy_ds(long_gop_ds)
+    _corrupt(root / BAD)
+    out = tmp_path / "out"
+    with pytest.raises(VideoDecodeError):
+        reencode_dataset(root, out, jobs=1)
+    shutil.copyfile(long_gop_ds / BAD, root / BAD)
+    for kwargs in ({"gop": 3}, {"codec": "hevc"}, {"cameras": ["observation.images.cam0"]}):
+        with pytest.raises(FileExistsError, match=r"\.out\.partial holds an unfinished re-encode of .* other options"):
+            reencode_dataset(root, out, jobs=1, **kwargs)
+    with pytest.raises(FileExistsError, match="holds an unfinished re-encode"):
+        reencode_dataset(long_gop_ds, out, jobs=1)  # another source
+    (root / "meta/extra.txt").write_text("a file added since")
+    with pytest.raises(FileExistsError, match="holds an unfinished re-encode"):
+        reencode_dataset(root, out, jobs=1)
+    (root / "meta/extra.txt").unlink()
+    assert reencode_dataset(root, out, jobs=1).out == out
+
+
+def test_a_second_run_into_the_same_copy_is_refused_while_one_writes(long_gop_ds: Path, tmp_path: Path) -> None:
+    from lerobot_dali.cache_dirs import try_flock
+
+    partial = tmp_path / ".out.partial"
+    partial.mkdir()
+    lock = try_flock(partial / ".reencode-lock")
+    assert lock is not None
+    try:
+        with pytest.raises(FileExistsError, match="another lerobot-dali reencode is writing there"):
+            reencode_dataset(long_gop_ds, tmp_path / "out")
+    finally:
+        lock.close()
+    (tmp_path / "out").mkdir()  # an empty folder given (a mount point, say) receives the copy
+    report = reencode_dataset(long_gop_ds, tmp_path / "out", cameras=["observation.images.cam0"])
+    assert sorted(_files(tmp_path / "out")) == sorted(_files(long_gop_ds)) and not partial.exists()
+    assert len(report.videos) == 2
 
 
 def test_cli_reencode_prints_what_random_access_costs(
