@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import itertools
 import json
 import logging
 import multiprocessing
@@ -274,9 +275,12 @@ def _with_codec(raw_info: dict[str, Any], cameras: set[str], codec: str) -> dict
 
 
 def _run_jobs(jobs: list[_Job], workers: int, *, progress: bool) -> list[VideoReencoded]:
+    """Each job's result, from ``workers`` spawned processes. No more jobs are handed out than there are workers,
+    so a failure or Ctrl-C waits for the files in progress at most, never for queued ones."""
     from huggingface_hub.utils import tqdm
 
     done = []
+    queued = iter(jobs)
     # Spawned: FFmpeg's threads and the caller's (DALI, torch) never cross a fork.
     context = multiprocessing.get_context("spawn")
     with (
@@ -286,21 +290,20 @@ def _run_jobs(jobs: list[_Job], workers: int, *, progress: bool) -> list[VideoRe
         tqdm(total=len(jobs), desc="lerobot-dali reencode", unit="video", disable=not progress) as bar,
     ):
         with skipping_main(_reencode_file):  # (the pool starts its processes at these submits, in this thread)
-            futures = [pool.submit(_reencode_file, job) for job in jobs]
-        try:
-            for future in concurrent.futures.as_completed(futures):
+            running = {pool.submit(_reencode_file, job) for job in itertools.islice(queued, workers)}
+        while running:
+            finished, running = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in finished:
                 video = future.result()
                 logger.info(
-                    "%s: %d frames, %.1f -> %.1f frames decoded per frame, %.1f -> %.1f MB, %.1f s",
+                    "%s: %d frames, %.1f -> %.1f frames decoded per frame, %.1f -> %.1f MB, %.1f s%s",
                     video.path, video.frames, video.decoded_per_frame_before, video.decoded_per_frame_after,
                     video.bytes_before / 1e6, video.bytes_after / 1e6, video.seconds,
+                    " (re-encoded by an earlier run)" if video.resumed else "",
                 )  # fmt: skip
                 done.append(video)
                 bar.update()
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            raise
+            running |= {pool.submit(_reencode_file, job) for job in itertools.islice(queued, len(finished))}
     return done
 
 
