@@ -171,7 +171,7 @@ def choose_route(
         return DecodeRoute.NVDEC
     route = _cpu_route(codec, what)
     if preference is DecodePreference.AUTO and gpu is not None:
-        _log_fallback_once(what, gpu, route, because)
+        _log_fallback_once(what, gpu, route, because, codec=codec)
     return route
 
 
@@ -189,13 +189,20 @@ def _cpu_route(codec: str, what: str) -> DecodeRoute:
 _logged_fallbacks: set[tuple[str, str, str]] = set()
 
 
-def _log_fallback_once(what: str, gpu: GpuInfo, route: DecodeRoute, because: str) -> None:
+#: Added to the CPU fallback's warning where this GPU's NVDEC lacks the codec but has H.264 (AV1 on A100/H100/H200).
+REENCODE_HINT = " A copy re-encoded in H.264 (lerobot-dali reencode DATASET OUT) decodes on NVDEC."
+
+
+def _log_fallback_once(what: str, gpu: GpuInfo, route: DecodeRoute, because: str, *, codec: str) -> None:
     key = (what, gpu.name, route.value)
     if key not in _logged_fallbacks:
         _logged_fallbacks.add(key)
+        # (Not where the driver's NVDEC library is missing: then no copy decodes on NVDEC either.)
+        copy = nvdec_table_guess(codec, gpu) is False and nvdec_table_guess("h264", gpu) and nvcuvid_library()
         logger.warning(
-            "NVDEC on %s cannot decode %s%s; decoding it on the CPU (route %s).", gpu.name, what, because, route.value
-        )
+            "NVDEC on %s cannot decode %s%s; decoding it on the CPU (route %s).%s", gpu.name, what, because,
+            route.value, REENCODE_HINT if copy else "",
+        )  # fmt: skip
 
 
 def nvcuvid_library() -> str | None:

@@ -251,6 +251,25 @@ def test_failed_probe_says_when_the_nvdec_library_is_missing(
     assert ("NVIDIA_DRIVER_CAPABILITIES" in line) is (library is None)
 
 
+@pytest.mark.parametrize(
+    ("codec", "library", "hinted"),
+    [("av1", "libnvcuvid.so.1", True), ("av1", None, False), ("h264", "libnvcuvid.so.1", False)],
+)
+def test_the_cpu_fallback_warning_names_reencode_where_a_copy_would_decode_on_nvdec(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, codec: str, library: str | None, hinted: bool
+) -> None:
+    # AV1 on an H200 (NVDEC has H.264, not AV1): a copy in H.264 would decode there. Not where the driver's NVDEC
+    # library is missing, nor for H.264 itself (NVDEC refused what it has: a driver or file problem).
+    monkeypatch.setattr(decode_route, "nvcuvid_library", lambda: library)
+    monkeypatch.setattr(decode_route, "_logged_fallbacks", set())
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.decode_route"):
+        route = choose_route(codec, gpu=H200, nvdec_supported=False, label="cam", reason="not supported")
+    assert route is DecodeRoute.CPU_FALLBACK
+    (line,) = [r.getMessage() for r in caplog.records if f"cam ({codec})" in r.getMessage()]
+    assert line.startswith(f"NVDEC on NVIDIA H200 cannot decode cam ({codec}) (not supported); decoding it on the CPU")
+    assert line.endswith(decode_route.REENCODE_HINT) is hinted
+
+
 def test_failed_probe_quotes_dalis_sentence_and_the_codec_the_gpu_lacks(
     marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
