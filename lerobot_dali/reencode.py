@@ -212,6 +212,9 @@ def _listed_files(location: DatasetLocation) -> dict[str, int | None]:
     start with "." (``.cache``, ``.git``) are not part of it."""
     root = location.root.rstrip("/")
     found = location.fs.find(root, detail=True)
+    stray = next((path for path in found if not path.startswith(f"{root}/")), None)
+    if stray is not None:  # (a filesystem that lists in another spelling than its root's)
+        raise DatasetError(f"{location.description}: listing {root} gave {stray}, which is not under it")
     sizes = {path[len(root) + 1 :]: entry.get("size") for path, entry in found.items()}
     return {r: size for r, size in sorted(sizes.items()) if not any(p.startswith(".") for p in r.split("/")[:-1])}
 

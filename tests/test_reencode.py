@@ -339,3 +339,21 @@ def test_an_audio_track_is_dropped_with_a_warning(
     features = json.loads((out / "meta/info.json").read_text())["features"]
     assert features["observation.images.cam0"]["info"]["has_audio"] is False
     assert features["observation.images.cam1"]["info"]["has_audio"] is False  # (it had none)
+
+
+def test_a_dataset_over_http_reencodes_as_the_local_folder(long_gop_ds: Path, tmp_path: Path) -> None:
+    """The workers read the videos through the remote filesystem, the rest is fetched from it, nothing local."""
+    from tests.http_server import serve_folder
+
+    with serve_folder(long_gop_ds.parent) as server:
+        report = reencode_dataset(f"{server.url}/{long_gop_ds.name}", tmp_path / "out", jobs=2)
+        assert server.counts[("GET", "range")] > 0
+    source, out = _files(long_gop_ds), _files(tmp_path / "out")
+    assert source.keys() == out.keys() and len(report.videos) == 4
+    for relative, path in out.items():
+        if relative.startswith("videos/"):
+            assert _instants(path) == _instants(source[relative]) and max(_keyframe_gaps(path)) <= 2
+            before, after = reference_frames(source[relative]), reference_frames(path)
+            assert all(read_full_marker(after[pts]) == read_full_marker(frame) for pts, frame in before.items())
+        elif relative != "meta/info.json":
+            assert path.read_bytes() == source[relative].read_bytes(), relative
