@@ -12,10 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from .bench_types import _EXTERNAL, METRIC_FIELDS, LoaderResult
+from .video_encoding import LONG_GOP_FRAMES
 
 __all__ = ["BenchReport", "format_table", "write_report"]
 
 logger = logging.getLogger(__name__)
+
+
+#: Mean frames decoded per frame shown at the keyframe spacing ``info`` calls long.
+_LONG_GOP_DECODES = (LONG_GOP_FRAMES + 1) / 2
 
 
 @dataclass(frozen=True)
@@ -183,6 +188,12 @@ def format_table(report: BenchReport) -> str:
                if d.get("decoded_frames_per_frame") is not None]  # fmt: skip
     if decoded:
         lines.append(f"decoded/frame: frames decoded per frame shown, from its keyframe on ({'; '.join(decoded)}).")
+    long_gop = [d["label"] for d in report.datasets if (d.get("decoded_frames_per_frame") or 0) > _LONG_GOP_DECODES]
+    if long_gop:
+        lines.append(
+            f"{', '.join(long_gop)}: keyframes far apart; a copy re-encoded at GOP 2 (lerobot-dali reencode DATASET "
+            "OUT) decodes about 1.5 frames per frame."
+        )
     if any(_camera_windows(d) for d in report.datasets):
         lines.append("frames: camera images handed over; a window's padded and repeated ones count, for every loader.")
     return "\n".join(lines)

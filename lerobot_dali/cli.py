@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
 from .value_checks import check_seconds
-from .video_encoding import CODECS
+from .video_encoding import CODECS, LONG_GOP_FRAMES
 
 if TYPE_CHECKING:
     from .dataset_reader import LeRobotDatasetReader
@@ -113,10 +113,6 @@ def _info(args: argparse.Namespace) -> int:
         depth = " (depth map)" if key in summary["depth_image_cameras"] else ""
         print(f"  camera {key}{depth}: images in the data files (decoded by the workers)")
     return 0
-
-
-#: Keyframe spacing above which ``info`` says what random access costs (a random frame decodes > 8.5 on average).
-LONG_GOP_FRAMES = 16
 
 
 def _probed(camera: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from lerobot_dali.value_checks import is_int
 
-__all__ = ["CODECS", "EncoderSettings", "check_bounded_int", "check_codec", "encoder_settings"]
+__all__ = ["CODECS", "LONG_GOP_FRAMES", "EncoderSettings", "check_bounded_int", "check_codec", "encoder_settings"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,10 @@ _CODEC_SPECS: dict[str, _CodecSpec] = {
     "hevc": _CodecSpec("libx265", 28, 51, (("preset", "ultrafast"),)),
     "vp9": _CodecSpec("libvpx-vp9", 32, 63, (("deadline", "realtime"), ("cpu-used", "8"), ("b", "0"))),
 }
+
+#: Keyframe spacing above which ``info`` and the bench say what random access costs and that a copy re-encoded at
+#: GOP 2 (``lerobot-dali reencode``) would cost about 1.5 decoded frames per frame (a random frame decodes > 8.5).
+LONG_GOP_FRAMES = 16
 
 CODECS: tuple[str, ...] = tuple(_CODEC_SPECS)
 """Codec names accepted by :func:`encoder_settings` (and so by ``encode_video``, ``make_dataset``, ``reencode``)."""

@@ -287,6 +287,26 @@ def test_decoded_frames_per_frame_follow_the_keyframes(make_ds, gop: int) -> Non
     assert want == {1: 1.0, 5: 1.5, 100: 6.0}[gop]
 
 
+def test_the_table_says_which_datasets_a_short_gop_copy_would_serve(tmp_path: Path) -> None:
+    """Above 8.5 frames decoded per frame (keyframes more than 16 frames apart, where ``info`` says so too)."""
+    from lerobot_dali.bench_report import BenchReport, format_table
+    from lerobot_dali.bench_types import LoaderResult
+
+    decoded = {"r1": 101.96, "cr5": 1.38, "edge": 8.5, "long": 8.51}
+    datasets = [{"label": label, "decoded_frames_per_frame": d} for label, d in decoded.items()]
+    counts = {"batches": 1, "samples": 1, "frames": 1, "window_s": 1.0, "frames_per_s": 1.0, "samples_per_s": 1.0}
+    results = tuple(LoaderResult(dataset=label, loader="lerobot-dali", status="ok", **counts) for label in decoded)
+
+    def table(kept: slice) -> str:
+        return format_table(BenchReport({}, {}, datasets[kept], results[kept], notes=(), out_dir=tmp_path))
+
+    assert table(slice(None)).splitlines()[-1] == (
+        "r1, long: keyframes far apart; a copy re-encoded at GOP 2 (lerobot-dali reencode DATASET OUT) decodes about "
+        "1.5 frames per frame."
+    )
+    assert "reencode" not in table(slice(1, 3))
+
+
 def test_wall_clock_timestamps_bench_by_frame_index(tmp_path: Path) -> None:
     """cr5's parquet timestamps are wall-clock: every loader reads it by frame_index / fps when asked, and the
     peer's frames are the file's frames at from_timestamp + frame_index / fps."""
