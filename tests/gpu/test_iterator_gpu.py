@@ -114,3 +114,24 @@ def test_depth_cameras_on_cuda_equal_cpu_mode(depth_ds) -> None:  # noqa: F811 (
     for a, b in _cuda_and_cpu_samples(depth_ds, **kwargs):
         assert a[DEPTH].shape == (2, 1, 24, 40) and a[DEPTH].dtype == torch.float32
         assert torch.equal(a[DEPTH], b[DEPTH])
+
+
+def test_an_av1_dataset_reencoded_in_h264_decodes_on_nvdec(make_ds, tmp_path) -> None:
+    """Where NVDEC has no AV1 (A100/H100/H200) the AV1 set falls back to the CPU; its ``lerobot-dali reencode`` copy
+    in H.264 routes to NVDEC and gives every sample by LeRobot semantics, frames close to the source's CPU decode."""
+    from lerobot_dali.reencode import reencode_dataset
+
+    source = _dataset(make_ds, "av1", size=GPU_SIZE)
+    copy = reencode_dataset(source, tmp_path / "h264", codec="h264", gop=2).out
+    kwargs = dict(batch_size=4, delta_timestamps=DELTAS, shuffle=False, num_workers=2, drop_last=False)
+    it = DALILeRobotIterator(copy, device="cuda", **kwargs)
+    assert {r.value for r in it.routes.values()} == {"nvdec"}
+    on_copy = _all(it)
+    on_source = _all(DALILeRobotIterator(source, device="cpu", **kwargs))
+    assert len(on_copy) == len(on_source) > 0
+    for a, b in zip(on_copy, on_source, strict=True):
+        _check_sample(a, GPU_SIZE)
+        assert int(a["index"]) == int(b["index"])
+        for key in ("observation.images.cam0", "observation.images.cam1"):
+            diff = (a[key] - b[key]).abs().mean().item() * 255
+            assert diff < 4.0, (key, int(a["index"]), diff)
