@@ -43,7 +43,7 @@ from .dataset_reader import INFO_PATH, read_info_json
 from .errors import DatasetError, VideoDecodeError
 from .new_folder import write_resumable_folder
 from .packet_index import PacketIndex, build_packet_index
-from .video_encoding import check_bounded_int, check_codec, encoder_settings
+from .video_encoding import check_bounded_int, encoder_settings
 from .worker_start import log_like_trainer, package_log_level, skipping_main
 
 __all__ = ["ReencodeReport", "VideoReencoded", "reencode_dataset"]
@@ -126,8 +126,7 @@ def reencode_dataset(
     FileExistsError for an ``out`` that is not new or empty (or such a folder), and VideoDecodeError naming the
     file when a video does not decode or its re-encode does not keep every timestamp.
     """
-    check_codec(codec)
-    encoder_settings(codec, gop=gop, crf=crf)  # (checks gop and crf before any work)
+    encoder_settings(codec, gop=gop, crf=crf)  # (checks the codec, gop and crf before any work)
     if jobs is not None:
         check_bounded_int("jobs", jobs, 1)
     location = resolve_location(source, revision=revision)
