@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import posixpath
+import re
 import string
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import Any
 from .depth_maps import DepthQuantizer, is_depth_map
 from .errors import DatasetError, InvalidPathTemplateError, UnsupportedVersionError
 
-__all__ = ["SUPPORTED_VERSIONS", "DatasetInfo", "Feature", "VideoInfo", "format_path"]
+__all__ = ["SUPPORTED_VERSIONS", "DatasetInfo", "Feature", "VideoInfo", "format_path", "template_pattern"]
 
 #: Codebase versions whose layout this loader reads. v2.0 and v2.1 share one layout (one parquet and one
 #: video per episode); v3.0 packs many episodes per file.
@@ -255,3 +256,14 @@ def format_path(template: str, values: Mapping[str, object], *, name: str = "pat
             "templates must be relative paths inside the dataset"
         )
     return normal
+
+
+def template_pattern(template: str, captures: Mapping[str, str]) -> str:
+    """A regular expression (unanchored) for the paths ``template`` formats: each field named in ``captures`` as a
+    group of that name and pattern, any other field as ``[^/]*``, the rest literal."""
+    pattern = ""
+    for literal, field_name, _, _ in string.Formatter().parse(template):
+        pattern += re.escape(literal)
+        if field_name is not None:
+            pattern += rf"(?P<{field_name}>{captures[field_name]})" if field_name in captures else r"[^/]*"
+    return pattern

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import re
-import string
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TypeVar
@@ -30,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from .concurrent_calls import in_threads
-from .dataset_info import DatasetInfo, format_path
+from .dataset_info import DatasetInfo, format_path, template_pattern
 from .dataset_location import DatasetLocation
 from .episode_rows import open_parquet, read_parquet
 from .episode_table import EpisodeTable
@@ -167,11 +166,7 @@ def _listed_data_files(
     """``(chunk_index, file_index) -> path`` of the data files that exist: from the remote listing ``stamps``
     already made (no request), or a local listing; matched against ``info.json``'s ``data_path`` template, and
     only under the names that template gives (a file the reader could not name is not one it reads)."""
-    pattern = ""
-    for literal, field, _, _ in string.Formatter().parse(info.data_path):
-        pattern += re.escape(literal)
-        if field is not None:
-            pattern += rf"(?P<{field}>\d+)" if field in ("chunk_index", "file_index") else r"[^/]*"
+    pattern = template_pattern(info.data_path, {"chunk_index": r"\d+", "file_index": r"\d+"})
     matcher = re.compile(rf"(?:^|/){pattern}$")
     top = info.data_path.split("/", 1)[0] if "/" in info.data_path else ""
     names = iter(stamps) if stamps is not None else location.fs.find(location.path(top))

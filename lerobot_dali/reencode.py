@@ -25,6 +25,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ import numpy as np
 
 from .cache_dirs import try_flock
 from .clips import plan_clip
-from .dataset_info import DatasetInfo
+from .dataset_info import DatasetInfo, template_pattern
 from .dataset_location import DatasetLocation, resolve_location
 from .dataset_reader import INFO_PATH, read_info_json
 from .errors import DatasetError, VideoDecodeError
@@ -136,7 +137,7 @@ def reencode_dataset(
     chosen = _chosen_cameras(info, cameras)
     sizes = _listed_files(location)
     files = sorted(sizes)
-    videos = {relative: camera for relative in files if (camera := _video_camera(relative, info.video_keys))}
+    videos = _camera_videos(files, info)
     encode = sorted(relative for relative, camera in videos.items() if camera in chosen)
     if not encode:
         raise DatasetError(
@@ -252,12 +253,14 @@ def _resumable(folder: Path, plan: dict[str, Any]) -> Iterator[None]:
         lock.close()
 
 
-def _video_camera(relative: str, video_keys: Sequence[str]) -> str | None:
-    """The camera a file under ``videos/`` belongs to: v2.x puts the key after the chunk folder, v3.0 before."""
-    parts = relative.split("/")
-    if parts[0] != "videos" or not relative.endswith(".mp4"):
-        return None
-    return next((part for part in parts[1:-1] if part in video_keys), None)
+def _camera_videos(files: Sequence[str], info: DatasetInfo) -> dict[str, str]:
+    """The video files among ``files`` (relative paths), each with its camera: the names info.json's ``video_path``
+    gives a video key (v2.x puts the key after the chunk folder, v3.0 before)."""
+    if info.video_path is None:
+        return {}
+    matcher = re.compile(template_pattern(info.video_path, {"video_key": r"[^/]+"}))
+    matches = ((relative, matcher.fullmatch(relative)) for relative in files)
+    return {r: m["video_key"] for r, m in matches if m is not None and m["video_key"] in info.video_keys}
 
 
 def _with_codec(raw_info: dict[str, Any], cameras: set[str], codec: str) -> dict[str, Any]:

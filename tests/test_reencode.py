@@ -357,3 +357,28 @@ def test_a_dataset_over_http_reencodes_as_the_local_folder(long_gop_ds: Path, tm
             assert all(read_full_marker(after[pts]) == read_full_marker(frame) for pts, frame in before.items())
         elif relative != "meta/info.json":
             assert path.read_bytes() == source[relative].read_bytes(), relative
+
+
+def test_videos_are_found_by_info_jsons_video_path(long_gop_ds: Path, copy_ds, tmp_path: Path) -> None:
+    """A template that puts the camera in the file name; an mp4 it does not name is copied as any other file."""
+    root = copy_ds(long_gop_ds)
+    info = json.loads((root / "meta/info.json").read_text())
+    template = "videos/chunk-{chunk_index:03d}/{video_key}-file-{file_index:03d}.mp4"
+    for old in sorted((root / "videos").rglob("*.mp4")):
+        camera, chunk, name = old.relative_to(root / "videos").parts
+        new = root / template.format(chunk_index=int(chunk[-3:]), video_key=camera, file_index=int(name[5:8]))
+        new.parent.mkdir(parents=True, exist_ok=True)
+        old.rename(new)
+    shutil.rmtree(root / "videos/observation.images.cam0")
+    shutil.rmtree(root / "videos/observation.images.cam1")
+    stray = root / "videos/chunk-000/preview.mp4"
+    shutil.copyfile(long_gop_ds / BAD, stray)
+    (root / "meta/info.json").write_text(json.dumps({**info, "video_path": template}, indent=4))
+    report = reencode_dataset(root, tmp_path / "out", jobs=2)
+    assert sorted(v.path for v in report.videos) == [
+        f"videos/chunk-000/observation.images.cam{c}-file-00{f}.mp4" for c in (0, 1) for f in (0, 1)
+    ]
+    assert {v.camera for v in report.videos} == {"observation.images.cam0", "observation.images.cam1"}
+    assert (tmp_path / "out/videos/chunk-000/preview.mp4").read_bytes() == stray.read_bytes()
+    for video in report.videos:
+        assert _instants(tmp_path / "out" / video.path) == _instants(root / video.path)
