@@ -83,6 +83,36 @@ def test_gpu_steps_can_be_chosen(tmp_path: Path) -> None:
     assert {p.name for p in out.iterdir()} == {"diagnose.log", "diagnose-dataset-one.log"}
 
 
+def test_gpu_reencode_step_benches_the_av1_set_and_its_h264_copy(tmp_path: Path) -> None:
+    """Opt-in: ``STEPS=reencode`` makes the H.264 copy, then benches source and copy each on its own (several
+    ``--dataset`` would be read as one union)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.txt"
+    (bin_dir / "python3").write_text(f'#!/bin/sh\necho "python3 $*" >> {calls}\n')
+    (bin_dir / "python3").chmod(0o755)
+    shared, out = tmp_path / "shared", tmp_path / "out"
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "STEPS": "reencode",
+        "LEROBOT_DALI_SHARED_DATASETS": str(shared),
+    }
+    result = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "gpu"), str(out), "--steps", "20"], capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    bench = "python3 -m lerobot_dali bench --device cuda --dataset {} --timestamp-source frame_index --limits --out {}"
+    assert calls.read_text().splitlines() == [
+        f"python3 -m lerobot_dali reencode {shared}/cr5_v30_av1 {out}/cr5_v30_h264",
+        bench.format(f"{shared}/cr5_v30_av1", f"{out}/bench-cr5_v30_av1") + " --steps 20",
+        bench.format(f"{out}/cr5_v30_h264", f"{out}/bench-cr5_v30_h264") + " --steps 20",
+    ]
+    assert {p.name for p in out.iterdir()} == {
+        "reencode.log", "reencode-dataset-cr5_v30_av1.log", "reencode-dataset-cr5_v30_h264.log",
+    }  # fmt: skip
+
+
 def test_gpu_pack_parts_unpack_to_the_packed_tree(tmp_path: Path) -> None:
     """What .ci/gpu-pack splits into carry-sized parts, .ci/gpu-unpack joins back: the site folder with only
     the target Python's extension modules and a ``nvidia`` package that extends its path, every bench
