@@ -62,7 +62,7 @@ from .bench_types import (
 )
 from .cache_dirs import cache_root
 from .cpu_decode import cpu_decoders
-from .distributed import require_cuda
+from .distributed import require_cuda, usable_cpus
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
 from .value_checks import check_choice, check_int_fields, check_seconds, cli_flag
@@ -408,7 +408,7 @@ def machine_info(device: str) -> dict[str, Any]:
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpus": usable_cpus(),
         "torch": torch.__version__,
         "av": av.__version__,
         # Which library the CPU fallback and the CPU mode decode with (torchcodec where it loads FFmpeg).

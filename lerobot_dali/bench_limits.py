@@ -42,6 +42,7 @@ import numpy as np
 
 from .clips import build_clip
 from .dataset_reader import open_dataset
+from .distributed import usable_cpus
 from .packet_index_cache import load_packet_index
 from .yuv_frames import frame_planes
 
@@ -80,14 +81,6 @@ class Ceiling:
     workers: int
     detail: str = ""
     error: str | None = None
-
-
-def usable_cpus() -> int:
-    """CPU cores this process may run on (cgroup/affinity aware where the OS says so)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def decode_runs(

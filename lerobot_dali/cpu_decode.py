@@ -32,6 +32,7 @@ from fsspec.implementations.local import LocalFileSystem
 from numpy.typing import ArrayLike
 
 from .clips import ClipPlan, check_request, packets_from_keyframe, plan_clip
+from .distributed import usable_cpus
 from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
 from .packet_index import PacketIndex
 from .value_checks import check_int_fields
@@ -688,4 +689,4 @@ class CpuFrameDecoder:
 def _ffmpeg_auto_threads() -> int:
     """The threads FFmpeg gives a decoder with ``thread_count=0``: the CPUs this process may use, plus one, at
     most 16."""
-    return min(16, len(os.sched_getaffinity(0)) + 1)
+    return min(16, usable_cpus() + 1)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing
-import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -28,6 +27,7 @@ import numpy as np
 from .batch_source import CameraFormat
 from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
 from .dataset_reader import LeRobotDatasetReader, VideoRef
+from .distributed import usable_cpus
 from .errors import DataFileError, EpisodeMetadataError, SchemaMismatchError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
 from .image_frames import decode_depth_images, decode_images, first_image_shape
@@ -291,7 +291,7 @@ def default_workers(reader: LeRobotDatasetReader, *, decode: bool) -> int:
     files, or for 2,000 episodes or more; else none. Checked without decoding, a local episode takes 1-3 ms
     here (400 episodes of two cameras: 0.4 s in v3.0, 1.1 s in v2.1), two workers 1.1 and 1.8 s."""
     if decode or not reader.location.is_local or reader.num_episodes >= 2000:
-        return min(8, len(os.sched_getaffinity(0)))
+        return min(8, usable_cpus())
     return 0
 
 

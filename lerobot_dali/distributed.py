@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["RankInfo", "cpus_per_local_rank", "local_cuda_device", "resolve_rank"]
+__all__ = ["RankInfo", "cpus_per_local_rank", "local_cuda_device", "resolve_rank", "usable_cpus"]
 
 
 @dataclass(frozen=True)
@@ -52,10 +52,18 @@ def resolve_rank(rank: int | None = None, world_size: int | None = None) -> Rank
     return RankInfo(0, 1, 0, "single process")
 
 
+def usable_cpus() -> int:
+    """CPU cores this process may run on (cgroup/affinity aware where the OS says so)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def cpus_per_local_rank() -> int:
     """CPUs this process may run on, shared among the ranks of its node (``LOCAL_WORLD_SIZE``, set by torchrun
     and accelerate): the budget for this rank's decoding workers."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpus = usable_cpus()
     try:
         local_world = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     except ValueError:

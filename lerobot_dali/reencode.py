@@ -41,6 +41,7 @@ from .clips import plan_clip
 from .dataset_info import DatasetInfo, template_pattern
 from .dataset_location import DatasetLocation, resolve_location
 from .dataset_reader import INFO_PATH, read_info_json
+from .distributed import usable_cpus
 from .errors import DatasetError, VideoDecodeError
 from .new_folder import write_resumable_folder
 from .packet_index import PacketIndex, build_packet_index
@@ -144,7 +145,7 @@ def reencode_dataset(
             f"{location.description}: no video file of {sorted(chosen)} found under videos/; nothing to re-encode"
         )
     kept = tuple(sorted(set(videos) - set(encode)))
-    cpus = len(os.sched_getaffinity(0))
+    cpus = usable_cpus()
     workers = min(jobs or cpus, len(encode))
     threads = max(1, cpus // workers)
     logger.info(
