@@ -170,7 +170,7 @@ class BenchConfig:
     cache_dir: Path = DEFAULT_CACHE
 
     def __post_init__(self) -> None:
-        defaults = (8, 2, 6, 2) if self.quick else (32, min(4, os.cpu_count() or 1), 30, 3)
+        defaults = (8, 2, 6, 2) if self.quick else (32, min(4, usable_cpus()), 30, 3)
         for name, default in zip(("batch_size", "num_workers", "steps", "warmup"), defaults, strict=True):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)

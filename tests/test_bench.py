@@ -712,3 +712,14 @@ def test_worker_start_script_counts_who_runs_the_training_script(tmp_path) -> No
     assert result["skip_main"]["script_runs"] == 1 and result["import_main"]["script_runs"] == 1 + 1 + 2
     for setting in ("skip_main", "import_main"):
         assert all(result[setting][key] > 0 for key in ("build_s", "worker_uss_mb", "mixture_first_batch_s"))
+
+
+@pytest.mark.parametrize(("cpus", "workers"), [(1, 1), (2, 2), (64, 4)])
+def test_default_workers_follow_the_cpus_this_process_may_use(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, workers: int
+) -> None:
+    """A container given 2 of a host's 64 cores started 4 workers per loader (``os.cpu_count`` sees the host)."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    assert BenchConfig().num_workers == workers
+    assert BenchConfig(quick=True).num_workers == 2
