@@ -36,7 +36,7 @@ from typing import Any
 import av
 import numpy as np
 
-from .cache_dirs import try_flock
+from .cache_dirs import atomic_file, try_flock
 from .clips import plan_clip
 from .dataset_info import DatasetInfo, template_pattern
 from .dataset_location import DatasetLocation, resolve_location
@@ -238,7 +238,8 @@ def _resumable(folder: Path, plan: dict[str, Any]) -> Iterator[None]:
                 )
             logger.info("resuming the unfinished re-encode in %s", folder)
         else:
-            plan_file.write_text(json.dumps(plan), encoding="utf-8")
+            with atomic_file(plan_file, prefix=_PLAN) as f:  # (a crash never leaves half a plan)
+                f.write(json.dumps(plan).encode())
         try:
             yield
         except BaseException:
