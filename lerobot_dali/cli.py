@@ -323,8 +323,8 @@ def _reencode(args: argparse.Namespace) -> int:
     resumed = sum(video.resumed for video in report.videos)
     if resumed:
         print(f"  {resumed} video file(s) re-encoded by an earlier run that did not finish (checked again)")
-    for path in report.kept_videos:
-        print(f"  kept as it was: {path}")
+    if report.kept_videos:
+        print(f"  kept as they were: {len(report.kept_videos)} video file(s) of {', '.join(report.kept_cameras)}")
     print(f"  {report.copied_files} other file(s) copied unchanged")
     return 0
 

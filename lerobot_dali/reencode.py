@@ -87,6 +87,8 @@ class ReencodeReport:
     videos: tuple[VideoReencoded, ...]
     kept_videos: tuple[str, ...]
     """Videos copied unchanged: depth maps, and cameras left out by ``cameras``."""
+    kept_cameras: tuple[str, ...]
+    """The cameras of ``kept_videos``."""
     copied_files: int
     """Files copied byte for byte, ``kept_videos`` included (info.json too, unless a codec in it changed)."""
 
@@ -184,6 +186,7 @@ def reencode_dataset(
         gop=gop,
         videos=tuple(sorted(done, key=lambda v: v.path)),
         kept_videos=kept,
+        kept_cameras=tuple(sorted({videos[relative] for relative in kept})),
         copied_files=len(copied),
     )
 
