@@ -52,6 +52,8 @@ __all__ = ["ReencodeReport", "VideoReencoded", "reencode_dataset"]
 
 logger = logging.getLogger(__name__)
 
+#: Seconds between a worker's progress lines on one file (INFO, as ``lerobot-dali reencode`` logs).
+PROGRESS_EVERY_S = 30.0
 #: In the unfinished copy: what it is a copy of (checked when a run resumes it), and the lock of the run writing it.
 _PLAN = ".reencode-plan.json"
 _LOCK = ".reencode-lock"
@@ -295,7 +297,10 @@ def _run_jobs(jobs: list[_Job], workers: int, *, progress: bool) -> list[VideoRe
     context = multiprocessing.get_context("spawn")
     with (
         concurrent.futures.ProcessPoolExecutor(
-            workers, mp_context=context, initializer=log_like_trainer, initargs=(package_log_level(),)
+            workers,
+            mp_context=context,
+            initializer=log_like_trainer,
+            initargs=(min(package_log_level(), logger.getEffectiveLevel()),),
         ) as pool,
         tqdm(total=len(jobs), desc="lerobot-dali reencode", unit="video", disable=not progress) as bar,
     ):
@@ -329,7 +334,7 @@ def _reencode_file(job: _Job) -> VideoReencoded:
         handle = job.filesystem.open(job.source, "rb") if job.filesystem is not None else None
         try:
             with av.open(handle if handle is not None else job.source, "r") as source:
-                _encode(source, job, unfinished, label=before.source_name)
+                _encode(source, job, unfinished, label=before.source_name, frames=before.frame_count)
         except (av.error.FFmpegError, OSError) as e:
             raise VideoDecodeError(
                 f"{before.source_name}: re-encoding failed ({e}); the file is corrupt or truncated."
@@ -354,7 +359,7 @@ def _reencode_file(job: _Job) -> VideoReencoded:
     )
 
 
-def _encode(source: Any, job: _Job, path: Path, *, label: str) -> None:
+def _encode(source: Any, job: _Job, path: Path, *, label: str, frames: int) -> None:
     stream = source.streams.video[0]
     if source.streams.audio:
         logger.warning("%s: its audio is not copied (LeRobot reads video alone)", label)
@@ -374,7 +379,11 @@ def _encode(source: Any, job: _Job, path: Path, *, label: str) -> None:
             setattr(out.codec_context, tag, getattr(decoder, tag))
         out.codec_context.thread_count = job.threads
         out.options = settings.options
-        for frame in source.decode(stream):
+        said = time.monotonic()
+        for done, frame in enumerate(source.decode(stream)):
+            if time.monotonic() - said >= PROGRESS_EVERY_S:  # a long file says how far it got
+                said = time.monotonic()
+                logger.info("%s: %d of %d frames re-encoded", label, done, frames)
             if frame.is_corrupt:
                 raise VideoDecodeError(f"{label}: a frame at {frame.time} s is damaged; the file is corrupt.")
             if frame.pts is None:

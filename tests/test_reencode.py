@@ -4,6 +4,7 @@ end up at most ``gop`` frames apart, and every other file is the source's byte f
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from fractions import Fraction
 from pathlib import Path
@@ -412,3 +413,23 @@ def test_a_hub_dataset_reencodes_at_its_snapshots_commit(
         assert _instants(out[video.path]) == _instants(source[video.path])
     for relative in set(source) - {v.path for v in report.videos} - {"meta/info.json"}:
         assert out[relative].read_bytes() == source[relative].read_bytes(), relative
+
+
+def test_a_long_file_says_how_far_it_got(
+    long_gop_ds: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker logs its file's progress every ``PROGRESS_EVERY_S`` (here every frame, in this process)."""
+    from lerobot_dali import reencode
+
+    monkeypatch.setattr(reencode, "PROGRESS_EVERY_S", 0.0)
+    relative = "videos/observation.images.cam0/chunk-000/file-001.mp4"
+    frames = len(_instants(long_gop_ds / relative))
+    job = reencode._Job(
+        str(long_gop_ds / relative), None, str(tmp_path / "out.mp4"), relative, "observation.images.cam0", "h264", 2,
+        None, 1,
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.reencode"):
+        video = reencode._reencode_file(job)
+    assert video.frames == frames and not video.resumed
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().endswith("frames re-encoded")]
+    assert lines == [f"{long_gop_ds / relative}: {done} of {frames} frames re-encoded" for done in range(frames)]
