@@ -148,7 +148,8 @@ def reencode_dataset(
         raise DatasetError(
             f"{location.description}: no video file of {sorted(chosen)} found under videos/; nothing to re-encode"
         )
-    kept = tuple(sorted(set(videos) - set(encode)))
+    encoded = set(encode)
+    kept = tuple(sorted(set(videos) - encoded))
     cpus = usable_cpus()
     workers = min(jobs or cpus, len(encode))
     threads = max(1, cpus // workers)
@@ -177,7 +178,7 @@ def reencode_dataset(
             for relative in files:
                 if relative == INFO_PATH and new_info != raw_info:
                     (folder / relative).write_text(json.dumps(new_info, indent=4) + "\n", encoding="utf-8")
-                elif relative not in videos or relative in kept:
+                elif relative not in encoded:  # (kept videos too)
                     location.fs.get_file(location.path(relative), str(folder / relative))
                     copied.append(relative)
 
