@@ -176,10 +176,7 @@ class BenchConfig:
                 object.__setattr__(self, name, default)
         checked = (("batch_size", 1), ("num_workers", 0), ("pool_size", 1), ("steps", 1), ("warmup", 1), ("repeats", 1))
         check_int_fields(self, checked, label=cli_flag)
-        try:
-            object.__setattr__(self, "mode", BenchMode(self.mode))
-        except ValueError:
-            raise ValueError(f"--mode must be one of {[m.value for m in BenchMode]}, got {self.mode!r}") from None
+        object.__setattr__(self, "mode", check_choice(BenchMode, "--mode", self.mode))
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"--device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
         for source in _per_dataset(self.timestamp_source):
