@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO
 
 import numpy as np
@@ -20,6 +20,8 @@ __all__ = ["Mp4Track", "SampleTable", "read_mp4_tracks"]
 
 # Largest moov box read into memory; real moov boxes are about 20 bytes per sample.
 _MAX_MOOV_BYTES = 512 * 1024 * 1024
+# mdat boxes walked for Mp4Track.media_data; past this many, media_data is not known (a header read each).
+_MAX_MEDIA_BOXES = 64
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,11 @@ class Mp4Track:
     samples: SampleTable | None = None
     #: The type of the first sample description (``avc1``, ``av01``...): the codec the file names, for errors.
     sample_entry: bytes | None = None
+    #: Where the file's media data lies, the same for every track: each top-level ``mdat`` box's payload (start,
+    #: end), in file order. Every sample's bytes lie in one, which tells damaged sample tables (a changed size
+    #: shifts every later sample of its chunk) from sound ones. None where it is not known: a fragmented movie
+    #: (not walked), or boxes after ``moov`` that do not parse.
+    media_data: tuple[tuple[int, int], ...] | None = None
 
     def composition_offsets(self) -> np.ndarray | None:
         """Each sample's composition offset (zeros without ``ctts``), or None when ``ctts`` does not fit."""
@@ -62,32 +69,47 @@ class Mp4Track:
 def read_mp4_tracks(handle: IO[bytes], file_size: int) -> dict[int, Mp4Track] | None:
     """The tracks of an MP4/MOV file by track id, reading only top-level box headers and ``moov``.
 
-    Returns None when ``handle`` does not hold an MP4 box structure with a ``moov`` box.
+    Returns None when ``handle`` does not hold an MP4 box structure with a ``moov`` box. Past ``moov`` only box
+    headers are read, for :attr:`Mp4Track.media_data` (with ``moov`` first, the header after it: one more read).
     """
+    media: list[tuple[int, int]] = []
+    tracks: dict[int, Mp4Track] | None = None
+    for kind, start, end in _top_level_boxes(handle, file_size):
+        if kind == b"moov":
+            if end - start > _MAX_MOOV_BYTES or end > file_size:
+                return None
+            handle.seek(start)
+            payload = handle.read(end - start)
+            tracks = _parse_moov(payload) if len(payload) == end - start else None
+            if tracks is None or any(track.fragmented for track in tracks.values()):  # (fragments: not walked)
+                return tracks
+        elif kind == b"mdat":
+            media.append((start, end))
+        if kind is None or (tracks is not None and len(media) > _MAX_MEDIA_BOXES):
+            return tracks  # (not a box: no MP4 before moov; past it, media_data is not known)
+    if tracks is None or len(media) > _MAX_MEDIA_BOXES:
+        return tracks
+    return {track_id: replace(track, media_data=tuple(media)) for track_id, track in tracks.items()}
+
+
+def _top_level_boxes(handle: IO[bytes], file_size: int) -> Iterator[tuple[bytes | None, int, int]]:
+    """(type, payload start, end) of each top-level box, reading its header only; ends with (None, ...) at bytes
+    that are no box header. A box may end past ``file_size`` (a file cut short)."""
     position = 0
     while position + 8 <= file_size:
         handle.seek(position)
         header = handle.read(16)
-        if len(header) < 8:
-            return None
-        size, kind = struct.unpack(">I4s", header[:8])
-        header_size = 8
+        size, kind = struct.unpack(">I4s", header[:8]) if len(header) >= 8 else (0, b"")
+        header_size = 16 if size == 1 else 8
         if size == 1:
-            if len(header) < 16:
-                return None
-            size, header_size = struct.unpack(">Q", header[8:16])[0], 16
+            size = struct.unpack(">Q", header[8:16])[0] if len(header) >= 16 else 0
         elif size == 0:
             size = file_size - position
         if not kind.isalnum() or size < header_size:
-            return None
-        if kind == b"moov":
-            if size > _MAX_MOOV_BYTES or position + size > file_size:
-                return None
-            handle.seek(position + header_size)
-            payload = handle.read(size - header_size)
-            return _parse_moov(payload) if len(payload) == size - header_size else None
+            yield None, position, file_size
+            return
+        yield kind, position + header_size, position + size
         position += size
-    return None
 
 
 def _child_boxes(data: bytes, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:

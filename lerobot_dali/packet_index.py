@@ -168,11 +168,11 @@ def build_packet_index(source: VideoSource, *, filesystem: Any | None = None) ->
                 logger.debug("%s: not an MP4 with a moov box (or not read from byte 0); demuxing.", label)
             handle.seek(start)
             with av.open(handle, mode="r") as container:
-                index = _index_container(container, handle, tracks, label=label, file_size=file_size)
+                index = _index_container(container, handle, tracks, demux=False, label=label, file_size=file_size)
             if index is None:  # the sample tables were not usable: demux a fresh container
                 handle.seek(start)
                 with av.open(handle, mode="r") as container:
-                    index = _index_container(container, handle, None, label=label, file_size=file_size)
+                    index = _index_container(container, handle, tracks, demux=True, label=label, file_size=file_size)
                 assert index is not None  # without sample tables every failure raises
         except (av.error.FFmpegError, OSError, UnicodeDecodeError) as e:  # (PyAV: I/O as OSError, bad metadata)
             if is_transient(e):  # the network failed (after its retries): the file is not to blame
@@ -197,20 +197,26 @@ def _file_size(handle: IO[bytes]) -> int:
 
 
 def _index_container(
-    container: Any, handle: IO[bytes], tracks: dict[int, Mp4Track] | None, *, label: str, file_size: int
+    container: Any, handle: IO[bytes], tracks: dict[int, Mp4Track] | None, *, demux: bool, label: str, file_size: int
 ) -> PacketIndex | None:
-    """The index from the MP4 ``tracks`` (None when they are unusable) or, without tracks, by demuxing."""
+    """The index from the MP4 ``tracks`` (None when they are unusable), or by demuxing (``demux``, or no tracks).
+
+    In an MP4 every packet must lie in the file's media data, and so must the samples its tables list where the
+    demuxer found other than those (:func:`_check_packets_in_media_data`).
+    """
     if not container.streams.video:
         raise VideoDecodeError(f"{label}: the file has no video stream.")
     stream = container.streams.video[0]
     context = stream.codec_context
+    track = None if tracks is None else tracks.get(int(stream.id))
     if context is None:
-        raise _no_decoder(label, None if tracks is None else tracks.get(int(stream.id)))
+        raise _no_decoder(label, track)
     samples: dict[int, bytes] = {}
     first_key: bytes | None = None
     rows: list[Row] | None
-    if tracks is None:
+    if demux or tracks is None:
         rows, first_key = _rows_from_demux(container, stream, samples, label=label)
+        _check_listed_samples(track, len(rows), label=label)
     else:
         rows = _rows_from_sample_tables(container, stream, tracks, samples, label=label, file_size=file_size)
         if rows is None:
@@ -221,6 +227,9 @@ def _index_container(
         raise VideoDecodeError(f"{label}: the video stream holds no packets; the file is truncated or empty.")
     table = np.asarray(rows, dtype=np.int64)
     ends = table[:, 2] + table[:, 3]
+    media = None if track is None else track.media_data
+    if media is not None and max((stop for _, stop in media), default=0) <= file_size and (table[:, 2] >= 0).all():
+        _check_packets_in_media_data(table[:, 2], table[:, 3], media, label=label)  # (first: the media is whole)
     if (table[:, 2] >= 0).all() and ends.max() > file_size:
         raise VideoDecodeError(
             f"{label}: packets extend to byte {int(ends.max())} but the file has {file_size} bytes; "
@@ -395,6 +404,50 @@ def _tail_agrees(container: Any, stream: Any, rows: list[Row]) -> bool:
         return False
     start = len(rows) - len(tail)
     return bool(tail) and start >= 0 and tail == [tuple(row) for row in rows[start:]]
+
+
+def _check_listed_samples(track: Mp4Track | None, found: int, *, label: str) -> None:
+    """Where the demuxer found other than the ``track``'s listed samples, those must lie in the media data: FFmpeg
+    drops the samples from a damaged size on, and may shift every timestamp by a frame, which a demux of what is
+    left cannot tell."""
+    if track is None or track.samples is None or track.media_data is None:
+        return
+    listed = track.samples.size > 0
+    if int(listed.sum()) != found:
+        offsets, sizes = track.samples.offset[listed], track.samples.size[listed]
+        _check_packets_in_media_data(offsets, sizes, track.media_data, label=label)
+
+
+def _check_packets_in_media_data(
+    offsets: np.ndarray, sizes: np.ndarray, media_data: tuple[tuple[int, int], ...], *, label: str
+) -> None:
+    """Raise VideoDecodeError unless every packet's bytes lie in one ``mdat`` box and no two packets share bytes.
+
+    Damaged sample tables (``stsz``, ``stco``) pass every other check: a changed sample size shifts every later
+    sample of its chunk, so their packets start mid-frame or in ``moov``, and FFmpeg decodes what it is given,
+    concealing, without an error; or FFmpeg drops the samples from there on and shifts every timestamp by a
+    frame, which the rows' timestamps cannot tell. Either way the frames decoded are wrong.
+    """
+    ends = offsets + sizes
+    bounds = np.array(media_data or [(0, 0)], dtype=np.int64).reshape(-1, 2)  # (file order: ascending)
+    box = np.searchsorted(bounds[:, 0], offsets, side="right") - 1
+    inside = (box >= 0) & (ends <= bounds[box, 1])
+    damaged = "its sample tables (stsz/stco) are damaged: download or copy the file again"
+    if not inside.all():
+        at = int(np.flatnonzero(~inside)[0])
+        boxes = ", ".join(f"{start}-{stop}" for start, stop in media_data) or "none"
+        raise VideoDecodeError(
+            f"{label}: packet {at} (bytes {int(offsets[at])}-{int(ends[at])}) lies outside the file's media data "
+            f"(mdat bytes {boxes}); {damaged}."
+        )
+    order = np.argsort(offsets, kind="stable")
+    overlap = np.flatnonzero(offsets[order][1:] < ends[order][:-1])
+    if overlap.size:
+        first, second = (int(order[overlap[0] + step]) for step in (0, 1))
+        raise VideoDecodeError(
+            f"{label}: packets {first} (bytes {int(offsets[first])}-{int(ends[first])}) and {second} (bytes "
+            f"{int(offsets[second])}-{int(ends[second])}) share bytes; {damaged}."
+        )
 
 
 def _first_keyframe_bytes(handle: IO[bytes], table: np.ndarray) -> bytes | None:

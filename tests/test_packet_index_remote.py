@@ -187,6 +187,71 @@ def test_a_faststart_file_cut_in_its_media_is_called_truncated(
         build_packet_index(cut)
 
 
+def _mdat_payload(raw: bytes) -> tuple[int, int]:
+    at = raw.find(b"mdat") - 4
+    (size,) = struct.unpack_from(">I", raw, at)
+    return at + 8, at + size
+
+
+@pytest.mark.parametrize(
+    ("layout", "damage"),
+    [("moov_last", 4096), ("moov_last", 2**30), ("moov_last", "chunk_moved"), ("faststart", 4096)],
+)
+def test_sample_tables_that_place_packets_outside_the_media_data_are_called_damaged(
+    marker_video: MarkerVideo, tmp_path: Path, index_source: str, layout: str, damage: int | str
+) -> None:
+    """Sample 45's size grown (every later sample of its one chunk shifts into moov or past the file's end; at
+    1 GiB FFmpeg drops the samples from there on and shifts every timestamp by a frame) or the chunk moved 16
+    bytes: the file fails as damaged, naming the first packet outside its mdat box, where frames would otherwise
+    decode from the wrong bytes, or be handed out a frame late. (Not "truncated": the mdat box is whole.)"""
+    source = marker_video("h264", 30)
+    if layout == "faststart":
+        source = remux(source, tmp_path / "faststart.mp4", movflags="faststart")
+    clean = build_packet_index(source)
+    raw = bytearray(source.read_bytes())
+    offsets, sizes = clean.byte_offset.copy(), clean.size_bytes.copy()
+    if damage == "chunk_moved":
+        at = raw.find(b"stco") + 12  # (type, version and flags, entry count): the one chunk's offset
+        assert struct.unpack_from(">I", raw, at - 4) == (1,)
+        struct.pack_into(">I", raw, at, struct.unpack_from(">I", raw, at)[0] + 16)
+        offsets += 16
+    else:
+        at = raw.find(b"stsz") + 16 + 4 * 45  # (type, version and flags, uniform size, count): sample 45's size
+        struct.pack_into(">I", raw, at, struct.unpack_from(">I", raw, at)[0] + int(damage))
+        sizes[45] += int(damage)
+        offsets[46:] += int(damage)
+    path = tmp_path / "damaged.mp4"
+    path.write_bytes(bytes(raw))
+    start, stop = _mdat_payload(raw)
+    first = int(np.flatnonzero((offsets < start) | (offsets + sizes > stop))[0])
+    assert first == (89 if damage == "chunk_moved" else 45)
+    with pytest.raises(
+        packet_index.VideoDecodeError,
+        match=rf"damaged\.mp4: packet {first} \(bytes {offsets[first]}-{offsets[first] + sizes[first]}\) lies "
+        rf"outside the file's media data \(mdat bytes {start}-{stop}\); its sample tables \(stsz/stco\) are damaged",
+    ):
+        build_packet_index(path)
+
+
+def test_packets_sharing_bytes_or_without_media_data_are_called_damaged() -> None:
+    """What a chunk moved into its neighbour looks like (one chunk per marker video: made up here), and an MP4
+    with no mdat box at all."""
+    offsets, sizes = np.array([100, 150, 140]), np.array([50, 40, 20])
+    check = packet_index._check_packets_in_media_data
+    check(offsets[:2], sizes[:2], ((100, 190),), label="v.mp4")  # back to back: sound
+    with pytest.raises(
+        packet_index.VideoDecodeError,
+        match=r"v\.mp4: packets 0 \(bytes 100-150\) and 2 \(bytes 140-160\) share bytes; its sample tables",
+    ):
+        check(offsets, sizes, ((90, 200),), label="v.mp4")
+    with pytest.raises(
+        packet_index.VideoDecodeError, match=r"packet 1 \(bytes 150-190\) lies outside .*bytes 90-180\)"
+    ):
+        check(offsets, sizes, ((90, 180),), label="v.mp4")
+    with pytest.raises(packet_index.VideoDecodeError, match=r"packet 0 \(bytes 100-150\) .*\(mdat bytes none\)"):
+        check(offsets, sizes, (), label="v.mp4")
+
+
 @pytest.mark.parametrize("edit", ["later_start", "early_end"])
 def test_an_edited_edit_list_indexes_as_the_demuxer_reads_it(
     marker_video: MarkerVideo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, index_source: str, edit: str
