@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import io
+import itertools
 import logging
 import os
 from collections import OrderedDict
@@ -223,6 +224,19 @@ def _corrupt_frame_error(label: str, seconds: float | None) -> VideoDecodeError:
     )
 
 
+def _out_of_order_error(label: str, which: str) -> VideoDecodeError:
+    """The error for frames a decoder shows out of their timestamps' order (``which``: the pair, as shown).
+
+    A decoder shows frames in the order the bitstream says (H.264/HEVC picture order), and a sound file's
+    timestamps say the same. Damaged composition offsets (``ctts``) reorder the timestamps alone, so frames
+    would be handed out under each other's timestamps, with no error from the decoder.
+    """
+    return VideoDecodeError(
+        f"{label}: the decoder shows frames in another order than their timestamps say ({which}); the file's "
+        "timestamps (its composition offsets, ctts) are damaged: download or copy it again, or re-encode it."
+    )
+
+
 class _PyAvReader:
     """One open container; frames are fetched by seeking to a keyframe and decoding forward."""
 
@@ -280,10 +294,15 @@ class _PyAvReader:
         convert: Callable[[av.VideoFrame], Any],
     ) -> None:
         pending = pending - found.keys()
+        last: tuple[int, float] | None = None  # (pts, seconds) of the last frame shown
         for packet in packets:
             for frame in packet.decode():
                 if frame.is_corrupt:
                     raise _corrupt_frame_error(self.label, frame.time)
+                if frame.pts is not None:
+                    if last is not None and frame.pts <= last[0]:
+                        raise _out_of_order_error(self.label, f"pts {frame.time:.6f} s after {last[1]:.6f} s")
+                    last = (frame.pts, float(frame.time))
                 if frame.pts in pending:
                     found[frame.pts] = convert(frame)
                     pending.discard(frame.pts)
@@ -410,6 +429,10 @@ class _PacketDecoder:
             rank = corrupt.pts
             known = rank is not None and 0 <= rank < len(clip_pts)
             raise _corrupt_frame_error(self.label, float(int(clip_pts[rank]) * index.time_base) if known else None)
+        shown = [int(frame.pts) for frame in frames if frame.pts is not None]
+        for earlier, later in itertools.pairwise(shown):
+            if later <= earlier:
+                raise _out_of_order_error(self.label, f"display rank {later} of the clip after {earlier}")
         by_rank = {int(frame.pts): frame for frame in frames if frame.pts is not None}
         wanted = np.unique(plan.relative_indices).tolist()
         missing = [rank for rank in wanted if rank not in by_rank]

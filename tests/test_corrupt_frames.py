@@ -7,6 +7,7 @@ the frames predicted from it come out wrong and unflagged. The CPU decoder must 
 from __future__ import annotations
 
 import shutil
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,3 +118,31 @@ def test_damaged_dataset_fails_the_cpu_iterator(make_ds, copy_ds) -> None:
             next(iter(it))
     finally:
         it.close()
+
+
+def test_timestamps_against_the_decoders_order_raise(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    """Composition offsets (ctts) rewritten so the P-frame decoded second is stamped display frame 1 and the two
+    B-frames after it 2 and 3: every timestamp still on the frame grid and no decoder error, so frame 1 would be
+    display frame 3's picture. The decoder shows them in picture order, against the timestamps: that raises."""
+    clean = marker_video("h264", 30)
+    raw = bytearray(clean.read_bytes())
+    at = raw.find(b"ctts") + 20  # (type, version and flags, entry count, sample 0's entry): samples 1 (P), 2-3 (B)
+    assert struct.unpack_from(">IiIi", raw, at) == (1, 2048, 2, 512)
+    struct.pack_into(">IiIi", raw, at, 1, 1024, 2, 1024)
+    path = tmp_path / "reordered.mp4"
+    path.write_bytes(bytes(raw))
+    index = build_packet_index(path)
+    np.testing.assert_array_equal(index.frame_pts, build_packet_index(clean).frame_pts)
+    assert index.display_order[:4].tolist() == [0, 1, 2, 3]  # (clean: [0, 2, 3, 1])
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    with pytest.raises(
+        VideoDecodeError,
+        match=r"reordered\.mp4: the decoder shows frames in another order than their timestamps say \(pts 0\.033333 s "
+        r"after 0\.100000 s\); the file's timestamps \(its composition offsets, ctts\) are damaged",
+    ):
+        decoder.decode(path, index, [1])
+    plan = plan_clip(index, [1, 2])
+    with pytest.raises(VideoDecodeError, match=r"reordered\.mp4: .*\(display rank 1 of the clip after 2\)"):
+        decoder.decode_packets(index, plan, read_packet_payloads(path, index, plan))
+    np.testing.assert_array_equal(decoder.decode(path, index, [0])[0], reference_frames(clean, {0})[0])
+    decoder.close()
