@@ -207,8 +207,9 @@ def torchcodec_available() -> bool:
     return torchcodec_unavailable() is None
 
 
-def _corrupt_frame_error(label: str, seconds: float | None) -> VideoDecodeError:
-    """The error for a decoded frame FFmpeg flags corrupt (``frame.is_corrupt``).
+def _is_damaged(frame: av.VideoFrame, index: PacketIndex) -> bool:
+    """Whether a decoded frame is damaged: FFmpeg flags it corrupt (``frame.is_corrupt``), or it has another size
+    than the stream's (a damaged in-band header: AV1's sequence header made a GOP decode as 1x1 frames).
 
     FFmpeg conceals damaged data (grey or smeared blocks) instead of failing. Every frame decoded for a request
     is checked, not only the returned ones: a damaged H.264 keyframe flags itself alone, and the frames predicted
@@ -217,10 +218,22 @@ def _corrupt_frame_error(label: str, seconds: float | None) -> VideoDecodeError:
     the rest (about a third of damaged H.264 non-key frames; nothing in HEVC or VP9). ``err_detect=explode``
     would catch little more and fails valid open-GOP H.264 read from a keyframe that is not an IDR picture.
     """
+    return bool(frame.is_corrupt) or (frame.width, frame.height) != (index.width, index.height)
+
+
+def _damaged_frame_error(
+    label: str, frame: av.VideoFrame, index: PacketIndex, seconds: float | None
+) -> VideoDecodeError:
+    """The error for a frame :func:`_is_damaged` found, shown at ``seconds``."""
     where = "at an unknown time" if seconds is None else f"at pts {seconds:.6f} s"
+    if frame.is_corrupt:
+        what = f"the decoder flagged the frame {where} as corrupt (it concealed damaged data"
+    else:
+        what = f"the decoder produced a {frame.width}x{frame.height} frame {where} in a {index.width}x{index.height} "
+        what += "video (a damaged stream header"
     return VideoDecodeError(
-        f"{label}: the decoder flagged the frame {where} as corrupt (it concealed damaged data, so the frames "
-        "decoded from it are wrong); the file is corrupt: restore it from its source or re-encode it."
+        f"{label}: {what}, so the frames decoded from it are wrong); the file is corrupt: restore it from its source "
+        "or re-encode it."
     )
 
 
@@ -274,7 +287,7 @@ class _PyAvReader:
                 segment_pts = {int(p) for p in index.pts[start:stop]} & wanted
                 packets = packets_from_keyframe(self.container, self.stream, index, start)
                 self.stream.codec_context.flush_buffers()
-                self._decode_until(packets, segment_pts, found, convert)
+                self._decode_until(packets, segment_pts, found, convert, index)
         except (av.error.FFmpegError, OSError) as e:
             raise VideoDecodeError(f"{self.label}: decoding failed ({e}); the file is corrupt or truncated.") from e
         missing = wanted - found.keys()
@@ -292,13 +305,14 @@ class _PyAvReader:
         pending: set[int],
         found: dict[int, Any],
         convert: Callable[[av.VideoFrame], Any],
+        index: PacketIndex,
     ) -> None:
         pending = pending - found.keys()
         last: tuple[int, float] | None = None  # (pts, seconds) of the last frame shown
         for packet in packets:
             for frame in packet.decode():
-                if frame.is_corrupt:
-                    raise _corrupt_frame_error(self.label, frame.time)
+                if _is_damaged(frame, index):
+                    raise _damaged_frame_error(self.label, frame, index, frame.time)
                 if frame.pts is not None:
                     if last is not None and frame.pts <= last[0]:
                         raise _out_of_order_error(self.label, f"pts {frame.time:.6f} s after {last[1]:.6f} s")
@@ -423,12 +437,13 @@ class _PacketDecoder:
             raise VideoDecodeError(
                 f"{self.label}: decoding {len(payloads)} packets failed ({e}); the file is corrupt."
             ) from e
-        corrupt = next((frame for frame in frames if frame.is_corrupt), None)
-        if corrupt is not None:
+        damaged = next((frame for frame in frames if _is_damaged(frame, index)), None)
+        if damaged is not None:
             clip_pts = np.sort(index.pts[plan.packet_positions])
-            rank = corrupt.pts
+            rank = damaged.pts
             known = rank is not None and 0 <= rank < len(clip_pts)
-            raise _corrupt_frame_error(self.label, float(int(clip_pts[rank]) * index.time_base) if known else None)
+            seconds = float(int(clip_pts[rank]) * index.time_base) if known else None
+            raise _damaged_frame_error(self.label, damaged, index, seconds)
         shown = [int(frame.pts) for frame in frames if frame.pts is not None]
         for earlier, later in itertools.pairwise(shown):
             if later <= earlier:

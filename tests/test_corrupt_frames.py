@@ -11,6 +11,7 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
+import av
 import numpy as np
 import pytest
 
@@ -145,4 +146,32 @@ def test_timestamps_against_the_decoders_order_raise(marker_video: MarkerVideo, 
     with pytest.raises(VideoDecodeError, match=r"reordered\.mp4: .*\(display rank 1 of the clip after 2\)"):
         decoder.decode_packets(index, plan, read_packet_payloads(path, index, plan))
     np.testing.assert_array_equal(decoder.decode(path, index, [0])[0], reference_frames(clean, {0})[0])
+    decoder.close()
+
+
+def test_frames_of_another_size_than_the_stream_raise(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    """AV1's sequence header (the first packet's first OBU) with its frame-size bytes zeroed: dav1d decodes the first
+    GOP as 1x1 frames and flags nothing. They would be stacked with sound frames (ValueError from numpy in the
+    worker), or, resized in the worker, handed out as flat frames."""
+    clean = marker_video("av1", 30)
+    index = build_packet_index(clean)
+    raw = bytearray(clean.read_bytes())
+    start = int(index.byte_offset[0])
+    assert raw[start] == 0x0A  # an OBU_SEQUENCE_HEADER with a size field
+    raw[start + 4 : start + 8] = bytes(4)
+    path = tmp_path / "header.mp4"
+    path.write_bytes(bytes(raw))
+    with av.open(str(path)) as container:
+        assert (1, 1) in {(frame.width, frame.height) for frame in container.decode(video=0)}
+    index = build_packet_index(path)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    said = r"header\.mp4: the decoder produced a 1x1 frame at pts 0\.000000 s in a 96x64 video \(a damaged stream"
+    for size in (None, (32, 48)):
+        with pytest.raises(VideoDecodeError, match=said):
+            decoder.decode(path, index, [0, 40], size=size)
+    plan = plan_clip(index, [2])
+    with pytest.raises(VideoDecodeError, match=said):
+        decoder.decode_packets(index, plan, read_packet_payloads(path, index, plan))
+    pts = int(index.frame_pts[40])  # the second GOP's header is sound
+    np.testing.assert_array_equal(decoder.decode(path, index, [40])[0], reference_frames(clean, {pts})[pts])
     decoder.close()
