@@ -28,6 +28,7 @@ from .episode_rows import (
     INDEX_COLUMNS,
     ParquetCache,
     StoreEntry,
+    damaged_parquet_as,
     opened_stamp,
     read_episode_images,
     read_episode_rows,
@@ -494,11 +495,8 @@ def _read_tasks(location: DatasetLocation) -> dict[int, str]:
     parquet_path = location.meta_path("meta/tasks.parquet")
     jsonl_path = location.meta_path("meta/tasks.jsonl")
     if fs.exists(parquet_path):
-        with fs.open(parquet_path, "rb") as f:
-            try:
-                table = read_parquet(f)
-            except pa.ArrowException as e:
-                raise DatasetError(f"{parquet_path} is not a readable parquet file ({e}); re-download it") from e
+        with fs.open(parquet_path, "rb") as f, damaged_parquet_as(DatasetError, parquet_path):
+            table = read_parquet(f)
         text_column = next((c for c in ("task", "__index_level_0__") if c in table.column_names), None)
         if text_column is None or "task_index" not in table.column_names:
             raise DatasetError(

@@ -14,7 +14,8 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ import pyarrow.parquet as pq
 
 from .column_store import ColumnStore
 from .dataset_info import Feature
-from .errors import DataFileError, MissingDataFileError, SchemaMismatchError
+from .errors import DataFileError, DatasetError, MissingDataFileError, SchemaMismatchError
 from .file_stamps import FileStamp, stamp_from_stat
 from .remote_retry import is_transient
 
@@ -33,6 +34,7 @@ __all__ = [
     "INDEX_COLUMNS",
     "ParquetCache",
     "StoreEntry",
+    "damaged_parquet_as",
     "image_bytes",
     "open_parquet",
     "opened_stamp",
@@ -76,6 +78,21 @@ def read_parquet(handle: Any, columns: Sequence[str] | None = None) -> pa.Table:
     25% of runs; read so, in none of 50. A column the file lacks is left out (``read_table`` raised).
     """
     return pq.ParquetFile(handle).read(columns=None if columns is None else list(columns))
+
+
+@contextmanager
+def damaged_parquet_as(error: type[DatasetError], path: str) -> Iterator[None]:
+    """Raise pyarrow's failure to read the parquet file ``path`` as ``error`` naming it.
+
+    pyarrow raises an ArrowException for most damage, but an OSError for bytes that do not parse (a page header's
+    thrift); a network failure (after its retries) is raised as itself, since the file is not to blame.
+    """
+    try:
+        yield
+    except (pa.ArrowException, OSError) as e:
+        if is_transient(e):
+            raise
+        raise error(f"{path} is not a readable parquet file ({e}); re-download it") from e
 
 
 def open_parquet(open_file: Callable[[str], Any], path: str) -> pq.ParquetFile:

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .dataset_info import DatasetInfo
-from .episode_rows import read_parquet
+from .episode_rows import damaged_parquet_as, read_parquet
 from .errors import DatasetError, EpisodeMetadataError, cameras_hint
 
 __all__ = [
@@ -226,14 +226,11 @@ def _v3_rows(fs: fsspec.AbstractFileSystem, meta_root: str) -> pa.Table:
         raise EpisodeMetadataError(f"no episode metadata found: expected files matching {pattern}")
     tables = []
     for path in files:
-        with fs.open(path, "rb") as f:
-            try:
-                schema = pq.read_schema(f)
-                wanted = [name for name in schema.names if not name.startswith("stats/")]
-                f.seek(0)
-                tables.append(read_parquet(f, wanted))
-            except pa.ArrowException as e:
-                raise EpisodeMetadataError(f"{path} is not a readable parquet file ({e}); re-download it") from e
+        with fs.open(path, "rb") as f, damaged_parquet_as(EpisodeMetadataError, path):
+            schema = pq.read_schema(f)
+            wanted = [name for name in schema.names if not name.startswith("stats/")]
+            f.seek(0)
+            tables.append(read_parquet(f, wanted))
     # "permissive": files from different writers may differ in types (list<string> vs list<large_string>)
     table = pa.concat_tables(tables, promote_options="permissive")
     if "episode_index" not in table.column_names:

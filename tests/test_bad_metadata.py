@@ -245,6 +245,20 @@ def test_unreadable_metadata_parquet_names_the_file(ds: Path, which: str) -> Non
         open_dataset(ds)
 
 
+@pytest.mark.parametrize(("which", "error"), [("episodes", EpisodeMetadataError), ("tasks", DatasetError)])
+def test_metadata_parquet_with_a_damaged_page_names_the_file(ds: Path, which: str, error: type) -> None:
+    """A page header that does not parse makes pyarrow raise OSError ("Couldn't deserialize thrift"), not an
+    ArrowException: it came through as a bare OSError naming no file (found by a corruption fuzz)."""
+    path = _episodes_file(ds) if which == "episodes" else ds / "meta/tasks.parquet"
+    column = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    at = column.dictionary_page_offset or column.data_page_offset
+    raw = bytearray(path.read_bytes())
+    raw[at : at + 4] = bytes(4)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(error, match=rf"{path.name} is not a readable parquet file \(Couldn't deserialize thrift"):
+        open_dataset(ds)
+
+
 def test_a_failed_pass_leaves_no_worker_processes(ds: Path) -> None:
     """After a pass failed, its workers ran on (until garbage collection), and close() no longer reached them."""
     import psutil
