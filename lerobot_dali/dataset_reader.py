@@ -483,7 +483,7 @@ def read_info_json(location: DatasetLocation) -> dict[str, Any]:
             raw = json.load(f)
     except FileNotFoundError as e:
         raise DatasetNotFoundError(f"{location.description} is not a LeRobot dataset: {path} is missing") from e
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:  # (bytes that are not UTF-8 fail as the file is read)
         raise DatasetError(f"{path} is not valid JSON: {e}") from e
     if not isinstance(raw, dict):
         raise DatasetError(f"{path} holds a JSON {type(raw).__name__}, not the object LeRobot writes")
@@ -507,11 +507,11 @@ def _read_tasks(location: DatasetLocation) -> dict[int, str]:
         }
     if fs.exists(jsonl_path):
         tasks: dict[int, str] = {}
-        with fs.open(jsonl_path, "rt", encoding="utf-8") as f:
+        with fs.open(jsonl_path, "rb") as f:  # (decoded per line: bytes that are not UTF-8 then name their line)
             for line_no, line in enumerate(f, start=1):
                 if line.strip():
                     try:
-                        record = json.loads(line)
+                        record = json.loads(line.decode("utf-8"))
                         tasks[int(record["task_index"])] = str(record["task"])
                     except (ValueError, KeyError, TypeError) as e:
                         raise DatasetError(f"{jsonl_path}:{line_no}: bad task record ({e})") from e

@@ -44,7 +44,7 @@ def read_dataset_stats(location: DatasetLocation, info: DatasetInfo | None = Non
     episodes_path = location.meta_path("meta/episodes_stats.jsonl")
     v2 = info is None or info.codebase_version.startswith("v2")
     if v2 and fs.exists(episodes_path):
-        with fs.open(episodes_path, "rt", encoding="utf-8") as f:
+        with fs.open(episodes_path, "rb") as f:  # (decoded per line: bytes that are not UTF-8 then name their line)
             per_episode = [_episode_record(line, episodes_path, n) for n, line in enumerate(f, start=1) if line.strip()]
         logger.debug("aggregating the statistics of %d episodes from %s", len(per_episode), episodes_path)
         return aggregate_episode_stats(per_episode, source=episodes_path, order=order)
@@ -54,7 +54,7 @@ def read_dataset_stats(location: DatasetLocation, info: DatasetInfo | None = Non
     with fs.open(path, "rt", encoding="utf-8") as f:
         try:
             raw = json.load(f)
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:  # (bytes that are not UTF-8 fail as the file is read)
             raise DatasetError(f"{path} is not valid JSON: {e}") from e
     if not isinstance(raw, Mapping):
         raise DatasetError(f"{path}: expected an object of feature statistics, got {type(raw).__name__}")
@@ -75,11 +75,11 @@ def aggregate_episode_stats(
     return {key: _aggregate(entries, f"{source}: {key}") for key, entries in grouped.items()}
 
 
-def _episode_record(line: str, path: str, line_no: int) -> Mapping[str, Any]:
+def _episode_record(line: bytes, path: str, line_no: int) -> Mapping[str, Any]:
     try:
-        record = json.loads(line)
+        record = json.loads(line.decode("utf-8"))
         stats = record["stats"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError) as e:  # (ValueError: not JSON, or not UTF-8)
         raise DatasetError(
             f"{path}:{line_no}: not an episode statistics record ({e!r}); expected {{'stats': ..}}"
         ) from e

@@ -358,16 +358,17 @@ def _v2_rows(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo) -
     if not fs.exists(path):
         raise EpisodeMetadataError(f"{path} is missing; a {info.codebase_version} dataset lists its episodes there")
     records: list[dict[str, Any]] = []
-    with fs.open(path, "rt", encoding="utf-8") as f:
+    with fs.open(path, "rb") as f:  # (decoded per line: bytes that are not UTF-8 then name their line)
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = json.loads(line.decode("utf-8"))
                 record["episode_index"] = int(record["episode_index"])
                 record["length"] = int(record["length"])
             except (ValueError, KeyError, TypeError) as e:
-                raise EpisodeMetadataError(f"{path}:{line_no}: bad episode record ({e}): {line.strip()[:200]}") from e
+                text = line.decode("utf-8", "replace").strip()[:200]
+                raise EpisodeMetadataError(f"{path}:{line_no}: bad episode record ({e}): {text}") from e
             records.append(record)
     return records
 

@@ -13,7 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from lerobot_dali.batch_source import CameraFormat
+from lerobot_dali.dataset_location import resolve_location
 from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.dataset_stats import read_dataset_stats
 from lerobot_dali.errors import DatasetError, EpisodeMetadataError, SchemaMismatchError
 from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
@@ -339,3 +341,26 @@ def test_an_info_json_that_is_not_an_object_names_itself(ds: Path, text: str, me
     (ds / "meta/info.json").write_text(text)
     with pytest.raises(DatasetError, match=rf"meta/info.json {message}"):
         open_dataset(ds)
+
+
+@pytest.mark.parametrize(
+    ("version", "file", "error", "said"),
+    [
+        ("v3.0", "meta/info.json", DatasetError, r"meta/info\.json is not valid JSON: 'utf-8' codec can't decode"),
+        ("v2.1", "meta/info.json", DatasetError, r"meta/info\.json is not valid JSON: 'utf-8' codec can't decode"),
+        ("v2.1", "meta/tasks.jsonl", DatasetError, r"meta/tasks\.jsonl:1: bad task record \('utf-8' codec"),
+        ("v2.1", "meta/episodes.jsonl", EpisodeMetadataError, r"meta/episodes\.jsonl:1: bad episode record \('utf-8"),
+        ("v2.1", "meta/episodes_stats.jsonl", DatasetError, r"episodes_stats\.jsonl:1: not an episode statistics"),
+    ],
+)
+def test_metadata_that_is_not_utf8_names_the_file(make_ds, copy_ds, version, file, error, said) -> None:
+    """A byte flipped into one that is not UTF-8 (0xff) inside a string: a bare UnicodeDecodeError naming no file
+    came through from reading info.json, and from iterating the lines of the JSON-lines files (found by a fuzz)."""
+    root = copy_ds(make_ds(**{**SPEC, "version": version}, size=(64, 96)))
+    path = root / file
+    raw = bytearray(path.read_bytes())
+    raw[raw.index(b'"', raw.index(b":")) + 1] = 0xFF  # the first byte of the first string value
+    path.write_bytes(bytes(raw))
+    with pytest.raises(error, match=said):
+        open_dataset(root)
+        read_dataset_stats(resolve_location(str(root)))
