@@ -497,6 +497,7 @@ def _read_tasks(location: DatasetLocation) -> dict[int, str]:
     if fs.exists(parquet_path):
         with fs.open(parquet_path, "rb") as f, damaged_parquet_as(DatasetError, parquet_path):
             table = read_parquet(f)
+            table.validate(full=True)  # (strings that are not UTF-8)
         text_column = next((c for c in ("task", "__index_level_0__") if c in table.column_names), None)
         if text_column is None or "task_index" not in table.column_names:
             raise DatasetError(

@@ -209,7 +209,7 @@ def _episode_column(location: DatasetLocation, path: str, *, problem: str) -> np
     try:
         with location.open_bulk(path) as handle:
             column = read_parquet(handle, ["episode_index"])["episode_index"]  # (KeyError: a file without it)
-    except (KeyError, pa.ArrowException) as e:
+    except (KeyError, pa.ArrowException, UnicodeDecodeError) as e:  # (a column name that is not UTF-8)
         raise EpisodeMetadataError(
             f"{location.description}: meta/episodes {problem}, and "
             f"{path} has no readable episode_index column to find the episodes by ({e})"

@@ -85,11 +85,13 @@ def damaged_parquet_as(error: type[DatasetError], path: str) -> Iterator[None]:
     """Raise pyarrow's failure to read the parquet file ``path`` as ``error`` naming it.
 
     pyarrow raises an ArrowException for most damage, but an OSError for bytes that do not parse (a page header's
-    thrift); a network failure (after its retries) is raised as itself, since the file is not to blame.
+    thrift) and a UnicodeDecodeError for a column name that is not UTF-8; a network failure (after its retries) is
+    raised as itself, since the file is not to blame. String values are not checked as they are read: validate the
+    table (``validate(full=True)``) inside, or their first use raises UnicodeDecodeError.
     """
     try:
         yield
-    except (pa.ArrowException, OSError) as e:
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
         if is_transient(e):
             raise
         raise error(f"{path} is not a readable parquet file ({e}); re-download it") from e
@@ -109,7 +111,7 @@ def open_parquet(open_file: Callable[[str], Any], path: str) -> pq.ParquetFile:
         # Pages written with checksums (pyarrow's write_page_checksum=True) are verified as they are read: a
         # flipped byte inside a page's values otherwise reads as another value. LeRobot's own files carry none.
         parquet = pq.ParquetFile(handle, page_checksum_verification=True)
-    except (pa.ArrowException, OSError) as e:
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as e:  # (a column name that is not UTF-8)
         handle.close()
         if is_transient(e):
             raise
@@ -396,7 +398,13 @@ def _column_to_numpy(column: pa.ChunkedArray, feature: Feature, path: str) -> np
     n = len(array)
     if feature.is_host_value:
         objects = np.empty(n, dtype=object)  # filled, not np.asarray: equal-length lists would become a 2-D array
-        objects[:] = array.to_pylist()
+        try:
+            objects[:] = array.to_pylist()
+        except UnicodeDecodeError as e:  # (parquet readers do not check strings: their first use does)
+            raise DataFileError(
+                f"{path}: column {feature.key!r} holds a string that is not UTF-8 ({e}); the file is damaged: "
+                "re-download or rewrite it"
+            ) from e
         return objects
     width = math.prod(feature.shape) if feature.shape else 1
     kind = array.type

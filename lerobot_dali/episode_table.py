@@ -231,6 +231,7 @@ def _v3_rows(fs: fsspec.AbstractFileSystem, meta_root: str) -> pa.Table:
             wanted = [name for name in schema.names if not name.startswith("stats/")]
             f.seek(0)
             tables.append(read_parquet(f, wanted))
+            tables[-1].validate(full=True)  # (strings that are not UTF-8)
     # "permissive": files from different writers may differ in types (list<string> vs list<large_string>)
     table = pa.concat_tables(tables, promote_options="permissive")
     if "episode_index" not in table.column_names:

@@ -16,7 +16,7 @@ from lerobot_dali.batch_source import CameraFormat
 from lerobot_dali.dataset_location import resolve_location
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.dataset_stats import read_dataset_stats
-from lerobot_dali.errors import DatasetError, EpisodeMetadataError, SchemaMismatchError
+from lerobot_dali.errors import DataFileError, DatasetError, EpisodeMetadataError, SchemaMismatchError
 from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
 
@@ -340,6 +340,21 @@ def test_an_info_json_that_is_not_an_object_names_itself(ds: Path, text: str, me
     """A JSON list or string there failed with AttributeError ('list' object has no attribute 'get')."""
     (ds / "meta/info.json").write_text(text)
     with pytest.raises(DatasetError, match=rf"meta/info.json {message}"):
+        open_dataset(ds)
+
+
+@pytest.mark.parametrize("which", ["data_column_name", "task_string"])
+def test_parquet_strings_that_are_not_utf8_name_the_file(ds: Path, which: str) -> None:
+    """pyarrow checks no string as it reads: a column name in a data file's footer, or a task in tasks.parquet, that
+    is not UTF-8 raised a bare UnicodeDecodeError where it was first used (found by a fuzz)."""
+    if which == "data_column_name":
+        path, text, error = next((ds / "data").rglob("*.parquet")), b"frame_index", DataFileError
+    else:
+        path, text, error = ds / "meta/tasks.parquet", open_dataset(ds).tasks[0].encode(), DatasetError
+    raw = bytearray(path.read_bytes())
+    raw[raw.index(text)] = 0xFF  # the first: the footer's schema (the pages hold values), or the task's page
+    path.write_bytes(bytes(raw))
+    with pytest.raises(error, match=rf"{path.name} is not (a )?readable parquet.*(utf-8|UTF8)"):
         open_dataset(ds)
 
 
