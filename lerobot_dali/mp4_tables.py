@@ -80,7 +80,7 @@ def read_mp4_tracks(handle: IO[bytes], file_size: int) -> dict[int, Mp4Track] | 
                 return None
             handle.seek(start)
             payload = handle.read(end - start)
-            tracks = _parse_moov(payload) if len(payload) == end - start else None
+            tracks = _parse_moov(payload, file_size) if len(payload) == end - start else None
             if tracks is None or any(track.fragmented for track in tracks.values()):  # (fragments: not walked)
                 return tracks
         elif kind == b"mdat":
@@ -135,7 +135,7 @@ def _find_box(data: bytes, start: int, end: int, path: tuple[bytes, ...]) -> tup
     return None
 
 
-def _parse_moov(data: bytes) -> dict[int, Mp4Track] | None:
+def _parse_moov(data: bytes, file_size: int) -> dict[int, Mp4Track] | None:
     fragmented = _find_box(data, 0, len(data), (b"mvex",)) is not None
     tracks: dict[int, Mp4Track] = {}
     for kind, start, end in _child_boxes(data, 0, len(data)):
@@ -147,7 +147,7 @@ def _parse_moov(data: bytes) -> dict[int, Mp4Track] | None:
             return None
         track_id_at = tkhd[0] + (20 if data[tkhd[0]] == 1 else 12)
         (track_id,) = struct.unpack_from(">I", data, track_id_at)
-        sample_count = _sample_count(data, *stbl)
+        sample_count = _sample_count(data, *stbl, file_size=file_size)
         if sample_count is None:
             return None
         counts, offsets = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
@@ -249,9 +249,20 @@ def _plain_edits(data: bytes, trak_start: int, trak_end: int) -> bool:
     return media_time >= 0 and (rate, fraction) == (1, 0)
 
 
-def _sample_count(data: bytes, start: int, end: int) -> int | None:
+def _sample_count(data: bytes, start: int, end: int, *, file_size: int) -> int | None:
+    """The sample count ``stsz`` or ``stz2`` gives, or None where it cannot be (a damaged count: 3.4 billion made an
+    array of 25 GiB; FFmpeg reads what is there): more sizes than the box holds, or one size for all that the file
+    cannot hold that many times."""
     for kind in (b"stsz", b"stz2"):
         box = _find_box(data, start, end, (kind,))
         if box is not None and box[0] + 12 <= box[1]:
-            return int(struct.unpack_from(">I", data, box[0] + 8)[0])
+            count = int(struct.unpack_from(">I", data, box[0] + 8)[0])
+            if kind == b"stsz":
+                uniform = int(struct.unpack_from(">I", data, box[0] + 4)[0])  # (one size for all: no entries)
+                if uniform:
+                    return count if uniform * count <= file_size else None
+                size_bits = 32
+            else:
+                size_bits = data[box[0] + 7]  # (stz2: the field size, in bits)
+            return count if box[0] + 12 + (size_bits * count + 7) // 8 <= box[1] else None
     return None

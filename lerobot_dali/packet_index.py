@@ -224,7 +224,9 @@ def _index_container(
         if rows and rows[0][4] and 0 in samples:
             first_key = samples[0]
     if not rows:
-        raise VideoDecodeError(f"{label}: the video stream holds no packets; the file is truncated or empty.")
+        raise VideoDecodeError(
+            f"{label}: the video stream holds no packets; the file is truncated, empty or its header damaged."
+        )
     table = np.asarray(rows, dtype=np.int64)
     ends = table[:, 2] + table[:, 3]
     media = None if track is None else track.media_data

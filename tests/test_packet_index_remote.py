@@ -233,6 +233,20 @@ def test_sample_tables_that_place_packets_outside_the_media_data_are_called_dama
         build_packet_index(path)
 
 
+@pytest.mark.parametrize("uniform", [0, 154_189_438], ids=["sizes_listed", "one_size"])
+def test_a_sample_count_the_file_cannot_hold_fails_as_damaged(
+    marker_video: MarkerVideo, tmp_path: Path, index_source: str, uniform: int
+) -> None:
+    """stsz's count (and its one size for all) damaged to what a fuzz drew: the index asked numpy for 25 GiB
+    (MemoryError) instead of leaving the tables to FFmpeg, which finds the file damaged."""
+    raw = bytearray(marker_video("av1", 30).read_bytes())
+    struct.pack_into(">II", raw, raw.find(b"stsz") + 8, uniform, 3_361_798_706)  # (type, version and flags)
+    path = tmp_path / "count.mp4"
+    path.write_bytes(bytes(raw))
+    with pytest.raises(packet_index.VideoDecodeError, match=r"count\.mp4: .*(header damaged|truncated or corrupt)"):
+        build_packet_index(path)
+
+
 def test_packets_sharing_bytes_or_without_media_data_are_called_damaged() -> None:
     """What a chunk moved into its neighbour looks like (one chunk per marker video: made up here), and an MP4
     with no mdat box at all."""
