@@ -25,8 +25,15 @@ from lerobot_dali.iterator import DALILeRobotIterator
 
 CASES = int(os.environ.get("LEROBOT_DALI_DAMAGE", "10"))
 FIRST = int(os.environ.get("LEROBOT_DALI_DAMAGE_FROM", "0"))
-#: (codec, layout): the CPU decode route (AV1), DALI's CPU decoder (VP9), and v2.1's file per episode and JSON lines.
-DATASETS = [("av1", "v3.0"), ("vp9", "v3.0"), ("av1", "v2.1")]
+#: The CPU decode route (AV1; H.264 with B-frames and 30-frame GOPs), DALI's CPU decoder (VP9), v2.1's file per
+#: episode and JSON lines, and cameras stored as PNG images in the data files.
+DATASETS = {
+    "av1": dict(codec="av1"),
+    "vp9": dict(codec="vp9"),
+    "h264_gop30": dict(codec="h264", gop=30),
+    "v2.1": dict(codec="av1", version="v2.1"),
+    "images": dict(image_cameras=True),
+}
 
 
 def _damage(root: Path, seed: int) -> str:
@@ -46,22 +53,35 @@ def _damage(root: Path, seed: int) -> str:
     return f"{path.relative_to(root)}: {count} bytes {'zeroed' if mode == 'zeros' else 'flipped'} at {at}"
 
 
-@pytest.mark.parametrize("seed", range(FIRST, FIRST + CASES))
-@pytest.mark.parametrize(("codec", "version"), DATASETS)
-def test_a_damaged_file_gives_values_or_an_error_of_ours(
-    make_ds, copy_ds, caplog: pytest.LogCaptureFixture, codec: str, version: str, seed: int
-) -> None:
-    root = copy_ds(
-        make_ds(episodes=4, frames_per_episode=20, codec=codec, version=version, episodes_per_file=2, size=(64, 64))
-    )
-    damage = _damage(root, seed)
+def _read(root: Path, seed: int) -> int:
+    """Samples in one pass over ``root``, as every case reads it."""
     deltas = {"observation.images.cam0": [-0.1, 0.0], "action": [0.0, 0.1]}
+    it = DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=0, seed=seed, delta_timestamps=deltas)
     try:
-        it = DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=0, seed=seed, delta_timestamps=deltas)
-        try:
-            samples = sum(len(batch["index"]) for batch in it)
-        finally:
-            it.close()
+        return sum(len(batch["index"]) for batch in it)
+    finally:
+        it.close()
+
+
+def _dataset(make_ds, name: str) -> Path:
+    return make_ds(episodes=4, frames_per_episode=20, episodes_per_file=2, size=(64, 64), **DATASETS[name])
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_undamaged_every_dataset_reads_whole(make_ds, dataset: str) -> None:
+    """The control: an error below is the damage's, not the setting's."""
+    assert _read(_dataset(make_ds, dataset), 0) == 80
+
+
+@pytest.mark.parametrize("seed", range(FIRST, FIRST + CASES))
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_a_damaged_file_gives_values_or_an_error_of_ours(
+    make_ds, copy_ds, caplog: pytest.LogCaptureFixture, dataset: str, seed: int
+) -> None:
+    root = copy_ds(_dataset(make_ds, dataset))
+    damage = _damage(root, seed)
+    try:
+        samples = _read(root, seed)
     except DatasetError:
         return
     except Exception as e:
