@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from lerobot_dali.errors import DatasetError
 from lerobot_dali.iterator import DALILeRobotIterator
+from tests.http_server import FolderServer, serve_folder
 
 CASES = int(os.environ.get("LEROBOT_DALI_DAMAGE", "10"))
 FIRST = int(os.environ.get("LEROBOT_DALI_DAMAGE_FROM", "0"))
@@ -53,8 +55,8 @@ def _damage(root: Path, seed: int) -> str:
     return f"{path.relative_to(root)}: {count} bytes {'zeroed' if mode == 'zeros' else 'flipped'} at {at}"
 
 
-def _read(root: Path, seed: int) -> int:
-    """Samples in one pass over ``root``, as every case reads it."""
+def _read(root: Path | str, seed: int) -> int:
+    """Samples in one pass over ``root`` (a folder or a URL), as every case reads it."""
     deltas = {"observation.images.cam0": [-0.1, 0.0], "action": [0.0, 0.1]}
     it = DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=0, seed=seed, delta_timestamps=deltas)
     try:
@@ -67,21 +69,35 @@ def _dataset(make_ds, name: str) -> Path:
     return make_ds(episodes=4, frames_per_episode=20, episodes_per_file=2, size=(64, 64), **DATASETS[name])
 
 
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FolderServer]:
+    """pytest's base folder (every test's copies) over HTTP."""
+    with serve_folder(tmp_path_factory.getbasetemp()) as running:
+        yield running
+
+
+def _source(root: Path, remote: bool, server: FolderServer, base: Path) -> Path | str:
+    return f"{server.url}/{root.relative_to(base).as_posix()}" if remote else root
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["local", "http"])
 @pytest.mark.parametrize("dataset", DATASETS)
-def test_undamaged_every_dataset_reads_whole(make_ds, dataset: str) -> None:
+def test_undamaged_every_dataset_reads_whole(make_ds, tmp_path_factory, server, dataset: str, remote: bool) -> None:
     """The control: an error below is the damage's, not the setting's."""
-    assert _read(_dataset(make_ds, dataset), 0) == 80
+    root = _dataset(make_ds, dataset)
+    assert _read(_source(root, remote, server, tmp_path_factory.getbasetemp()), 0) == 80
 
 
 @pytest.mark.parametrize("seed", range(FIRST, FIRST + CASES))
 @pytest.mark.parametrize("dataset", DATASETS)
 def test_a_damaged_file_gives_values_or_an_error_of_ours(
-    make_ds, copy_ds, caplog: pytest.LogCaptureFixture, dataset: str, seed: int
+    make_ds, copy_ds, tmp_path_factory, server: FolderServer, caplog: pytest.LogCaptureFixture, dataset: str, seed: int
 ) -> None:
+    """Every third case over HTTP: the remote route reads packets by byte range, and caches what it reads."""
     root = copy_ds(_dataset(make_ds, dataset))
     damage = _damage(root, seed)
     try:
-        samples = _read(root, seed)
+        samples = _read(_source(root, seed % 3 == 2, server, tmp_path_factory.getbasetemp()), seed)
     except DatasetError:
         return
     except Exception as e:
