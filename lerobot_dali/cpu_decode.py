@@ -227,13 +227,14 @@ def _damaged_frame_error(
     """The error for a frame :func:`_is_damaged` found, shown at ``seconds``."""
     where = "at an unknown time" if seconds is None else f"at pts {seconds:.6f} s"
     if frame.is_corrupt:
-        what = f"the decoder flagged the frame {where} as corrupt (it concealed damaged data"
-    else:
-        what = f"the decoder produced a {frame.width}x{frame.height} frame {where} in a {index.width}x{index.height} "
-        what += "video (a damaged stream header"
+        return VideoDecodeError(
+            f"{label}: the decoder flagged the frame {where} as corrupt (it concealed damaged data, so the frames "
+            "decoded from it are wrong); the file is corrupt: restore it from its source or re-encode it."
+        )
     return VideoDecodeError(
-        f"{label}: {what}, so the frames decoded from it are wrong); the file is corrupt: restore it from its source "
-        "or re-encode it."
+        f"{label}: the decoder produced a {frame.width}x{frame.height} frame {where} in a {index.width}x"
+        f"{index.height} video: a damaged stream header (the frames decoded from it are wrong), or a stream that "
+        "changes size, which one camera's frames cannot; restore the file from its source or re-encode it."
     )
 
 
