@@ -1,6 +1,7 @@
 """Random damage to one file of a dataset (a run of bytes flipped or zeroed, or the file cut short): a pass over it
 ends in values or in one of lerobot-dali's errors (a ``DatasetError``) naming what is wrong, never in a bare
-third-party exception (numpy's, pyarrow's, Python's own).
+third-party exception (numpy's, pyarrow's, Python's own). And damage to a file of the cache a remote pass leaves
+is never served: the next pass reads the same values.
 
 Cases are drawn from a seeded generator, so a failing one is reproduced by its seed: ``LEROBOT_DALI_DAMAGE=N`` draws
 N per dataset (default a few, for CI) from seed ``LEROBOT_DALI_DAMAGE_FROM=K`` on. The values a damaged file still
@@ -19,8 +20,11 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
+from lerobot_dali.cache_dirs import cache_root
 from lerobot_dali.errors import DatasetError
 from lerobot_dali.iterator import DALILeRobotIterator
 from tests.http_server import FolderServer, serve_folder
@@ -55,14 +59,18 @@ def _damage(root: Path, seed: int) -> str:
     return f"{path.relative_to(root)}: {count} bytes {'zeroed' if mode == 'zeros' else 'flipped'} at {at}"
 
 
-def _read(root: Path | str, seed: int) -> int:
-    """Samples in one pass over ``root`` (a folder or a URL), as every case reads it."""
+def _read(root: Path | str, seed: int) -> list[dict[str, np.ndarray]]:
+    """One pass over ``root`` (a folder or a URL), as every case reads it: its batches' arrays."""
     deltas = {"observation.images.cam0": [-0.1, 0.0], "action": [0.0, 0.1]}
     it = DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=0, seed=seed, delta_timestamps=deltas)
     try:
-        return sum(len(batch["index"]) for batch in it)
+        return [{k: v.numpy() for k, v in batch.items() if isinstance(v, torch.Tensor)} for batch in it]
     finally:
         it.close()
+
+
+def _samples(batches: list[dict[str, np.ndarray]]) -> int:
+    return sum(len(batch["index"]) for batch in batches)
 
 
 def _dataset(make_ds, name: str) -> Path:
@@ -85,7 +93,7 @@ def _source(root: Path, remote: bool, server: FolderServer, base: Path) -> Path 
 def test_undamaged_every_dataset_reads_whole(make_ds, tmp_path_factory, server, dataset: str, remote: bool) -> None:
     """The control: an error below is the damage's, not the setting's."""
     root = _dataset(make_ds, dataset)
-    assert _read(_source(root, remote, server, tmp_path_factory.getbasetemp()), 0) == 80
+    assert _samples(_read(_source(root, remote, server, tmp_path_factory.getbasetemp()), 0)) == 80
 
 
 @pytest.mark.parametrize("seed", range(FIRST, FIRST + CASES))
@@ -97,7 +105,7 @@ def test_a_damaged_file_gives_values_or_an_error_of_ours(
     root = copy_ds(_dataset(make_ds, dataset))
     damage = _damage(root, seed)
     try:
-        samples = _read(_source(root, seed % 3 == 2, server, tmp_path_factory.getbasetemp()), seed)
+        samples = _samples(_read(_source(root, seed % 3 == 2, server, tmp_path_factory.getbasetemp()), seed))
     except DatasetError:
         return
     except Exception as e:
@@ -105,3 +113,20 @@ def test_a_damaged_file_gives_values_or_an_error_of_ours(
     # Every frame once, as undamaged; or the episodes the metadata still lists (a JSON-lines file cut at a line's end),
     # which the reader warns of.
     assert samples == 80 or "but the episode metadata lists" in caplog.text, damage
+
+
+@pytest.mark.parametrize("seed", range(FIRST, FIRST + CASES // 2))
+@pytest.mark.parametrize("dataset", ["av1", "v2.1"])
+def test_a_damaged_cache_file_is_never_served(make_ds, tmp_path_factory, server, dataset: str, seed: int) -> None:
+    """A remote pass leaves packet indexes and prefetched byte ranges (each with its crc32) under the cache root: one
+    of its files damaged, the next pass reads the very same values (it checks, drops and reads again).
+    """
+    source = _source(_dataset(make_ds, dataset), True, server, tmp_path_factory.getbasetemp())
+    first = _read(source, seed)
+    damage = _damage(cache_root(), seed)
+    again = _read(source, seed)
+    assert len(again) == len(first), damage
+    for batch, before in zip(again, first, strict=True):
+        assert batch.keys() == before.keys(), damage
+        for key, values in before.items():
+            np.testing.assert_array_equal(batch[key], values, err_msg=f"{damage}: {key}")
