@@ -4,13 +4,14 @@ third-party exception (numpy's, pyarrow's, Python's own). And damage to a file o
 is never served: the next pass reads the same values.
 
 Cases are drawn from a seeded generator, so a failing one is reproduced by its seed: ``LEROBOT_DALI_DAMAGE=N`` draws
-N per dataset (default a few, for CI) from seed ``LEROBOT_DALI_DAMAGE_FROM=K`` on. The values a damaged file still
-gives are not checked: FFmpeg conceals much damage inside frames, and LeRobot's parquet files carry no page
-checksums (README, *Errors*). The first runs (about 1,500 cases by hand) found eight ways through, each mended
-with a test of its own: sample tables placing frames outside mdat (wrong frames, no error), ctts reordering frames,
-an AV1 header decoding 1x1 frames (numpy's ValueError), a stsz count of 3.4 billion (a 25 GiB allocation), a parquet
-page header that does not parse (pyarrow's OSError), parquet column names and task strings that are not UTF-8, and
-JSON metadata that is not UTF-8 (UnicodeDecodeError).
+N per dataset (default a few, for CI) from seed ``LEROBOT_DALI_DAMAGE_FROM=K`` on, read by
+``LEROBOT_DALI_DAMAGE_WORKERS`` worker processes (default 0: in-process). The values a damaged file still gives are
+not checked: FFmpeg conceals much damage inside frames, and LeRobot's parquet files carry no page checksums (README,
+*Errors*). The first runs (about 1,500 cases by hand) found eight ways through, each mended with a test of its own:
+sample tables placing frames outside mdat (wrong frames, no error), ctts reordering frames, an AV1 header decoding
+1x1 frames (numpy's ValueError), a stsz count of 3.4 billion (a 25 GiB allocation), a parquet page header that does
+not parse (pyarrow's OSError), parquet column names and task strings that are not UTF-8, and JSON metadata that is
+not UTF-8 (UnicodeDecodeError).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from tests.http_server import FolderServer, serve_folder
 
 CASES = int(os.environ.get("LEROBOT_DALI_DAMAGE", "10"))
 FIRST = int(os.environ.get("LEROBOT_DALI_DAMAGE_FROM", "0"))
+#: Worker processes per pass (default none: in-process, fast); errors then cross DALI's worker boundary.
+WORKERS = int(os.environ.get("LEROBOT_DALI_DAMAGE_WORKERS", "0"))
 #: The CPU decode route (AV1; H.264 with B-frames and 30-frame GOPs), DALI's CPU decoder (VP9), v2.1's file per
 #: episode and JSON lines, and cameras stored as PNG images in the data files.
 DATASETS = {
@@ -60,11 +63,12 @@ def _damage(root: Path, seed: int) -> str:
 
 
 def _read(root: Path | str, seed: int) -> list[dict[str, np.ndarray]]:
-    """One pass over ``root`` (a folder or a URL), as every case reads it: its batches' arrays."""
+    """One pass over ``root`` (a folder or a URL), as every case reads it: its batches' arrays (copies: a batch may
+    share memory with the next)."""
     deltas = {"observation.images.cam0": [-0.1, 0.0], "action": [0.0, 0.1]}
-    it = DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=0, seed=seed, delta_timestamps=deltas)
+    it = DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=WORKERS, seed=seed, delta_timestamps=deltas)
     try:
-        return [{k: v.numpy() for k, v in batch.items() if isinstance(v, torch.Tensor)} for batch in it]
+        return [{k: v.numpy().copy() for k, v in batch.items() if isinstance(v, torch.Tensor)} for batch in it]
     finally:
         it.close()
 
