@@ -6,8 +6,10 @@ import logging
 import multiprocessing
 import pickle
 import shutil
+import struct
 import zipfile
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +92,17 @@ def _other_key(path: Path) -> None:
         np.savez(handle, **arrays)
 
 
+def _central_entry(offset: int, value: int) -> Callable[[Path], None]:
+    """Set a 2-byte field of the first zip central directory entry: what a flipped bit there looks like to zipfile."""
+
+    def damage(path: Path) -> None:
+        raw = bytearray(path.read_bytes())
+        struct.pack_into("<H", raw, raw.index(b"PK\x01\x02") + offset, value)
+        path.write_bytes(bytes(raw))
+
+    return damage
+
+
 @pytest.mark.parametrize(
     "damage",
     [
@@ -98,8 +111,10 @@ def _other_key(path: Path) -> None:
         lambda path: path.write_bytes(b""),
         _old_format,
         _other_key,
+        _central_entry(6, 161),  # the version needed to extract: zipfile raises NotImplementedError (found by a fuzz)
+        _central_entry(8, 1),  # the general purpose flags: "encrypted", zipfile's RuntimeError
     ],
-    ids=["garbage", "truncated", "empty", "old_format", "other_key"],
+    ids=["garbage", "truncated", "empty", "old_format", "other_key", "zip_version", "encrypted_flag"],
 )
 def test_corrupt_file_is_deleted_and_rebuilt(
     marker_video: MarkerVideo, tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: object
