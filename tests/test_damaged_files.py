@@ -46,9 +46,11 @@ DATASETS = {
 
 
 def _damage(root: Path, seed: int) -> str:
-    """Damage one file of ``root`` as ``seed`` draws it; returns what was done, for the failure message."""
+    """Damage one file of ``root`` as ``seed`` draws it; returns what was done, for the failure message. Files are
+    drawn in order of suffix and size first: a cache's file names hash URLs, whose port changes from run to run."""
     rng = random.Random(seed)
-    path = rng.choice(sorted(p for p in root.rglob("*") if p.is_file()))
+    files = (p for p in root.rglob("*") if p.is_file())
+    path = rng.choice(sorted(files, key=lambda p: (p.suffix, p.stat().st_size, p.as_posix())))
     raw = bytearray(path.read_bytes())
     mode = rng.choice(["flip", "zeros", "cut"])
     if mode == "cut" or not raw:
