@@ -11,7 +11,8 @@ not checked: FFmpeg conceals much damage inside frames, and LeRobot's parquet fi
 sample tables placing frames outside mdat (wrong frames, no error), ctts reordering frames, an AV1 header decoding
 1x1 frames (numpy's ValueError), a stsz count of 3.4 billion (a 25 GiB allocation), a parquet page header that does
 not parse (pyarrow's OSError), parquet column names and task strings that are not UTF-8, and JSON metadata that is
-not UTF-8 (UnicodeDecodeError).
+not UTF-8 (UnicodeDecodeError). The cache test found a ninth: a stored packet index with a damaged zip header
+(zipfile's NotImplementedError).
 """
 
 from __future__ import annotations
