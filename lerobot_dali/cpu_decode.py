@@ -48,6 +48,8 @@ __all__ = [
     "CpuFrameDecoder",
     "Pixels",
     "cpu_decoders",
+    "damaged_frame_error",
+    "is_damaged",
     "pyav_can_decode",
     "torchcodec_available",
     "torchcodec_unavailable",
@@ -207,7 +209,7 @@ def torchcodec_available() -> bool:
     return torchcodec_unavailable() is None
 
 
-def _is_damaged(frame: av.VideoFrame, index: PacketIndex) -> bool:
+def is_damaged(frame: av.VideoFrame, index: PacketIndex) -> bool:
     """Whether a decoded frame is damaged: FFmpeg flags it corrupt (``frame.is_corrupt``), or it has another size
     than the stream's (a damaged in-band header: AV1's sequence header made a GOP decode as 1x1 frames).
 
@@ -221,10 +223,10 @@ def _is_damaged(frame: av.VideoFrame, index: PacketIndex) -> bool:
     return bool(frame.is_corrupt) or (frame.width, frame.height) != (index.width, index.height)
 
 
-def _damaged_frame_error(
+def damaged_frame_error(
     label: str, frame: av.VideoFrame, index: PacketIndex, seconds: float | None
 ) -> VideoDecodeError:
-    """The error for a frame :func:`_is_damaged` found, shown at ``seconds``."""
+    """The error for a frame :func:`is_damaged` found, shown at ``seconds``."""
     where = "at an unknown time" if seconds is None else f"at pts {seconds:.6f} s"
     if frame.is_corrupt:
         return VideoDecodeError(
@@ -312,8 +314,8 @@ class _PyAvReader:
         last: tuple[int, float] | None = None  # (pts, seconds) of the last frame shown
         for packet in packets:
             for frame in packet.decode():
-                if _is_damaged(frame, index):
-                    raise _damaged_frame_error(self.label, frame, index, frame.time)
+                if is_damaged(frame, index):
+                    raise damaged_frame_error(self.label, frame, index, frame.time)
                 if frame.pts is not None:
                     if last is not None and frame.pts <= last[0]:
                         raise _out_of_order_error(self.label, f"pts {frame.time:.6f} s after {last[1]:.6f} s")
@@ -438,13 +440,13 @@ class _PacketDecoder:
             raise VideoDecodeError(
                 f"{self.label}: decoding {len(payloads)} packets failed ({e}); the file is corrupt."
             ) from e
-        damaged = next((frame for frame in frames if _is_damaged(frame, index)), None)
+        damaged = next((frame for frame in frames if is_damaged(frame, index)), None)
         if damaged is not None:
             clip_pts = np.sort(index.pts[plan.packet_positions])
             rank = damaged.pts
             known = rank is not None and 0 <= rank < len(clip_pts)
             seconds = float(int(clip_pts[rank]) * index.time_base) if known else None
-            raise _damaged_frame_error(self.label, damaged, index, seconds)
+            raise damaged_frame_error(self.label, damaged, index, seconds)
         shown = [int(frame.pts) for frame in frames if frame.pts is not None]
         for earlier, later in itertools.pairwise(shown):
             if later <= earlier:

@@ -38,6 +38,7 @@ import numpy as np
 
 from .cache_dirs import atomic_file, try_flock
 from .clips import plan_clip
+from .cpu_decode import damaged_frame_error, is_damaged
 from .dataset_info import DatasetInfo, template_pattern
 from .dataset_location import DatasetLocation, resolve_location
 from .dataset_reader import INFO_PATH, read_info_json
@@ -335,7 +336,7 @@ def _reencode_file(job: _Job) -> VideoReencoded:
         handle = job.filesystem.open(job.source, "rb") if job.filesystem is not None else None
         try:
             with av.open(handle if handle is not None else job.source, "r") as source:
-                _encode(source, job, unfinished, label=before.source_name, frames=before.frame_count)
+                _encode(source, job, unfinished, before)
         except (av.error.FFmpegError, OSError) as e:
             raise VideoDecodeError(
                 f"{before.source_name}: re-encoding failed ({e}); the file is corrupt or truncated."
@@ -360,7 +361,11 @@ def _reencode_file(job: _Job) -> VideoReencoded:
     )
 
 
-def _encode(source: Any, job: _Job, path: Path, *, label: str, frames: int) -> None:
+def _encode(source: Any, job: _Job, path: Path, index: PacketIndex) -> None:
+    """Encode ``source``'s frames (``index`` is its packet index) into ``path``, refusing a damaged one as the loader
+    does (:func:`~lerobot_dali.cpu_decode.is_damaged`): the encoder would scale a 1x1 frame of a damaged header to
+    the stream's size, and the copy would then hide the damage."""
+    label, frames = index.source_name, index.frame_count
     stream = source.streams.video[0]
     if source.streams.audio:
         logger.warning("%s: its audio is not copied (LeRobot reads video alone)", label)
@@ -385,8 +390,8 @@ def _encode(source: Any, job: _Job, path: Path, *, label: str, frames: int) -> N
             if time.monotonic() - said >= PROGRESS_EVERY_S:  # a long file says how far it got
                 said = time.monotonic()
                 logger.info("%s: %d of %d frames re-encoded", label, done, frames)
-            if frame.is_corrupt:
-                raise VideoDecodeError(f"{label}: a frame at {frame.time} s is damaged; the file is corrupt.")
+            if is_damaged(frame, index):
+                raise damaged_frame_error(label, frame, index, frame.time)
             if frame.pts is None:
                 raise VideoDecodeError(f"{label}: a decoded frame has no timestamp; it cannot keep its place.")
             frame.pict_type = av.video.frame.PictureType.NONE  # (the source's keyframes are not forced)

@@ -235,6 +235,24 @@ def test_a_corrupt_video_fails_naming_it_and_the_same_call_resumes(
     )
 
 
+def test_frames_of_a_damaged_header_fail_instead_of_being_scaled_into_the_copy(
+    long_gop_ds: Path, copy_ds, tmp_path: Path
+) -> None:
+    """An AV1 sequence header with its frame-size bytes zeroed decodes a GOP as 1x1 frames, unflagged. The encoder
+    scaled them to the stream's size, so the copy held flat frames and no trace of the damage; the loader's own
+    check (cpu_decode.is_damaged) now refuses them here too."""
+    root = copy_ds(long_gop_ds)
+    raw = bytearray((root / BAD).read_bytes())
+    start = int(build_packet_index(root / BAD).byte_offset[0])
+    assert raw[start] == 0x0A  # an OBU_SEQUENCE_HEADER with a size field
+    raw[start + 4 : start + 8] = bytes(4)
+    (root / BAD).write_bytes(bytes(raw))
+    with av.open(str(root / BAD)) as container:
+        assert (1, 1) in {(frame.width, frame.height) for frame in container.decode(video=0)}
+    with pytest.raises(VideoDecodeError, match=r"file-001\.mp4: the decoder produced a 1x1 frame at pts 0\.000000 s"):
+        reencode_dataset(root, tmp_path / "out", jobs=1)
+
+
 def test_an_unfinished_copy_of_other_work_is_refused(long_gop_ds: Path, copy_ds, tmp_path: Path) -> None:
     root = copy_ds(long_gop_ds)
     _corrupt(root / BAD)
