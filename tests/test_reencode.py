@@ -23,7 +23,7 @@ from lerobot_dali.packet_index import build_packet_index
 from lerobot_dali.reencode import reencode_dataset
 from lerobot_dali.video_encoding import CODECS
 from tests.conftest import shared_dataset
-from tests.video_fixtures import reference_frames
+from tests.video_fixtures import damage_av1_frame_size, reference_frames
 
 LENGTHS = [9, 14, 11, 7]
 FPS = 15
@@ -242,13 +242,7 @@ def test_frames_of_a_damaged_header_fail_instead_of_being_scaled_into_the_copy(
     scaled them to the stream's size, so the copy held flat frames and no trace of the damage; the loader's own
     check (cpu_decode.is_damaged) now refuses them here too."""
     root = copy_ds(long_gop_ds)
-    raw = bytearray((root / BAD).read_bytes())
-    start = int(build_packet_index(root / BAD).byte_offset[0])
-    assert raw[start] == 0x0A  # an OBU_SEQUENCE_HEADER with a size field
-    raw[start + 4 : start + 8] = bytes(4)
-    (root / BAD).write_bytes(bytes(raw))
-    with av.open(str(root / BAD)) as container:
-        assert (1, 1) in {(frame.width, frame.height) for frame in container.decode(video=0)}
+    damage_av1_frame_size(root / BAD)
     with pytest.raises(VideoDecodeError, match=r"file-001\.mp4: the decoder produced a 1x1 frame at pts 0\.000000 s"):
         reencode_dataset(root, tmp_path / "out", jobs=1)
 

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 
 from lerobot_dali.frame_marker import draw_marker
 from lerobot_dali.generate import encode_video
+from lerobot_dali.packet_index import build_packet_index
 from tests.conftest import shared_dataset
 
 FPS = 30
@@ -43,6 +44,18 @@ def reference_frames(path: Path | str, keep_pts: Collection[int] | None = None) 
             if keep_pts is None or frame.pts in keep_pts:
                 frames[frame.pts] = frame.to_ndarray(format="rgb24")
     return frames
+
+
+def damage_av1_frame_size(path: Path) -> None:
+    """Zero the frame-size bytes of the AV1 sequence header that opens ``path``'s first packet, in place: dav1d then
+    decodes that GOP as 1x1 frames and flags nothing (checked here, so a changed encoder fails this, not the test)."""
+    raw = bytearray(path.read_bytes())
+    start = int(build_packet_index(path).byte_offset[0])
+    assert raw[start] == 0x0A  # an OBU_SEQUENCE_HEADER with a size field
+    raw[start + 4 : start + 8] = bytes(4)
+    path.write_bytes(bytes(raw))
+    with av.open(str(path)) as container:
+        assert (1, 1) in {(frame.width, frame.height) for frame in container.decode(video=0)}
 
 
 def r1_video() -> Path:
