@@ -229,10 +229,11 @@ def _index_container(
         )
     table = np.asarray(rows, dtype=np.int64)
     ends = table[:, 2] + table[:, 3]
+    positioned = bool((table[:, 2] >= 0).all())  # (every packet's byte offset known)
     media = None if track is None else track.media_data
-    if media is not None and max((stop for _, stop in media), default=0) <= file_size and (table[:, 2] >= 0).all():
+    if positioned and media is not None and max((stop for _, stop in media), default=0) <= file_size:
         _check_packets_in_media_data(table[:, 2], table[:, 3], media, label=label)  # (first: the media is whole)
-    if (table[:, 2] >= 0).all() and ends.max() > file_size:
+    if positioned and ends.max() > file_size:
         raise VideoDecodeError(
             f"{label}: packets extend to byte {int(ends.max())} but the file has {file_size} bytes; "
             "the file is truncated. Download or copy it again."
