@@ -35,6 +35,7 @@ from .episode_rows import open_parquet, read_parquet
 from .episode_table import EpisodeTable
 from .errors import EpisodeMetadataError, MissingDataFileError
 from .file_stamps import FileStamps
+from .remote_retry import is_transient
 from .row_count_store import cached_row_counts
 
 __all__ = ["bulk_file_exists", "data_file_path", "locate_episode_rows"]
@@ -209,11 +210,14 @@ def _episode_column(location: DatasetLocation, path: str, *, problem: str) -> np
     try:
         with location.open_bulk(path) as handle:
             column = read_parquet(handle, ["episode_index"])["episode_index"]  # (KeyError: a file without it)
-    except (KeyError, pa.ArrowException, UnicodeDecodeError) as e:  # (a column name that is not UTF-8)
+    except FileNotFoundError as e:
+        raise MissingDataFileError(f"{path} is missing (listed a moment ago)") from e
+    # (OSError: a page header that does not parse; UnicodeDecodeError: a column name that is not UTF-8)
+    except (KeyError, pa.ArrowException, OSError, UnicodeDecodeError) as e:
+        if is_transient(e):
+            raise
         raise EpisodeMetadataError(
             f"{location.description}: meta/episodes {problem}, and "
             f"{path} has no readable episode_index column to find the episodes by ({e})"
         ) from e
-    except FileNotFoundError as e:
-        raise MissingDataFileError(f"{path} is missing (listed a moment ago)") from e
     return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)

@@ -191,3 +191,24 @@ def test_a_stale_merge_whose_data_files_cannot_be_listed_says_so(merged, monkeyp
     monkeypatch.setattr("lerobot_dali.file_stamps._find_files", cannot_list)
     with pytest.raises(MissingDataFileError, match=r"file-007.*no data file matching .* could be listed"):
         open_dataset("fakeremote://", storage_options={"root": str(stale)})
+
+
+def test_a_data_file_whose_episode_index_page_does_not_parse_is_named(merged) -> None:
+    """Locating reads each listed file's episode_index column: a page header that does not parse made pyarrow raise
+    a bare OSError ("Couldn't deserialize thrift") naming neither the file nor why it was read."""
+    from lerobot_dali.dataset_reader import open_dataset
+
+    _, stale = merged
+    path = stale / "data/chunk-000/file-001.parquet"
+    meta = pq.ParquetFile(path).metadata
+    names = [meta.row_group(0).column(c).path_in_schema for c in range(meta.num_columns)]
+    column = meta.row_group(0).column(names.index("episode_index"))
+    at = column.dictionary_page_offset or column.data_page_offset
+    raw = bytearray(path.read_bytes())
+    raw[at : at + 4] = bytes(4)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(
+        EpisodeMetadataError,
+        match=r"file-007\.parquet.*file-001\.parquet has no readable episode_index column .*deserialize thrift",
+    ):
+        open_dataset(stale)
