@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 
 from .clips import plan_clip
 from .dataset_reader import LeRobotDatasetReader
-from .episode_rows import row_group_starts, row_groups_holding
+from .episode_rows import damaged_parquet_as, row_group_starts, row_groups_holding
+from .errors import DataFileError
 from .frame_lookup import episode_frames
 from .packet_index import PacketIndex
 from .packet_index_cache import PacketIndexCache
@@ -90,7 +91,7 @@ class EpisodeRanges:
             if known is not None:
                 self._parquet.move_to_end(path)
                 return known
-        with self.reader.open(path) as handle:
+        with self.reader.open(path) as handle, damaged_parquet_as(DataFileError, path):
             size = int(handle.seek(0, 2))
             handle.seek(0)
             meta = pq.ParquetFile(handle).metadata

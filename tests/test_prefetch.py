@@ -566,3 +566,19 @@ def test_row_groups_holding_an_episode_against_a_scan() -> None:
                         and starts[g + 1] > row_start]  # fmt: skip
                 held = row_groups_holding(starts, row_start, length)
                 assert [g for g in held if counts[g]] == scan, (counts, row_start, length)
+
+
+def test_episode_ranges_name_a_data_file_whose_footer_does_not_parse(make_ds, copy_ds) -> None:
+    """Prefetch logs what failed: a footer damaged after the dataset was opened came through as a bare OSError
+    ("Couldn't deserialize thrift") naming no file."""
+    from lerobot_dali.errors import DataFileError
+
+    root = copy_ds(_dataset(make_ds, "h264"))
+    remote = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    path = root / remote.data_path(0)
+    raw = bytearray(path.read_bytes())
+    footer = int.from_bytes(raw[-8:-4], "little")
+    raw[-8 - footer : -8 - footer + 16] = bytes(16)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DataFileError, match=rf"{path.name} is not a readable parquet file \(.*thrift"):
+        EpisodeRanges(remote).parquet_ranges(0)
