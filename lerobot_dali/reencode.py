@@ -129,9 +129,10 @@ def reencode_dataset(
     encode at once (default: one per CPU, at most one per file). ``out`` appears only once every file is
     written and checked. Until then the copy is written to ``.<out name>.partial`` beside it, which a failed or
     interrupted run leaves: the same call again keeps the videos re-encoded there and does the rest; a call with
-    other options or another source is refused until that folder is deleted. Raises ValueError for bad options,
-    FileExistsError for an ``out`` that is not new or empty (or such a folder), and VideoDecodeError naming the
-    file when a video does not decode or its re-encode does not keep every timestamp.
+    other options or another source is refused until that folder is deleted, as is a folder there that holds
+    files of other work. Raises ValueError for bad options, FileExistsError for an ``out`` that is not new or
+    empty (or such a folder), and VideoDecodeError naming the file when a video does not decode or its re-encode
+    does not keep every timestamp.
     """
     encoder_settings(codec, gop=gop, crf=crf)  # (checks the codec, gop and crf before any work)
     if jobs is not None:
@@ -244,6 +245,10 @@ def _resumable(folder: Path, plan: dict[str, Any]) -> Iterator[None]:
                     "or source files: run that command again to finish it, or delete the folder"
                 )
             logger.info("resuming the unfinished re-encode in %s", folder)
+        elif any(entry.name != _LOCK for entry in folder.iterdir()):  # (the plan is written before any file)
+            raise FileExistsError(
+                f"{folder} holds files but no re-encode plan: it is not an unfinished re-encode's; delete the folder"
+            )
         else:
             with atomic_file(plan_file, prefix=_PLAN) as f:  # (a crash never leaves half a plan)
                 f.write(json.dumps(plan).encode())

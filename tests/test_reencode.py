@@ -266,6 +266,17 @@ def test_an_unfinished_copy_of_other_work_is_refused(long_gop_ds: Path, copy_ds,
     assert reencode_dataset(root, out, jobs=1).out == out
 
 
+def test_a_partial_folder_with_files_but_no_plan_is_refused(long_gop_ds: Path, tmp_path: Path) -> None:
+    """A re-encode writes its plan before any file, so files without one are not its work: a copy of the source
+    video placed there was taken as re-encoded (its frames matched) and handed out in the source's codec."""
+    partial = tmp_path / ".out.partial"
+    (partial / BAD).parent.mkdir(parents=True)
+    shutil.copyfile(long_gop_ds / BAD, partial / BAD)
+    with pytest.raises(FileExistsError, match=r"\.out\.partial holds files but no re-encode plan: .*delete the folder"):
+        reencode_dataset(long_gop_ds, tmp_path / "out", jobs=1)
+    assert (partial / BAD).is_file() and not (tmp_path / "out").exists()
+
+
 def test_a_second_run_into_the_same_copy_is_refused_while_one_writes(long_gop_ds: Path, tmp_path: Path) -> None:
     from lerobot_dali.cache_dirs import try_flock
 
