@@ -154,6 +154,7 @@ class DALILeRobotIterator:
         self.batch_size = batch_size
         self.drop_last = drop_last
         self._device = torch.device(device if device != "cuda" else local_cuda_device(ranks.local_rank))
+        self._shows_progress = ranks.local_rank == 0  # (one bar per node, not one per rank on one terminal)
         self._device_id = None if self._device.type == "cpu" else self._device.index or 0
         self._num_workers = num_workers
         self._dali_threads = dali_threads if dali_threads is not None else default_dali_threads(num_workers)
@@ -429,7 +430,7 @@ class DALILeRobotIterator:
         self._close_pipeline()
         if self._prefetcher is not None:
             self._prefetcher.set_order(self._stream.order)
-            self._prefetcher.warm(self._stream.epoch, self._stream.samples_consumed)
+            self._prefetcher.warm(self._stream.epoch, self._stream.samples_consumed, progress=self._shows_progress)
         spec = SourceSpec(
             reader=self._worker_reader.for_workers(),
             order=self._stream.order,

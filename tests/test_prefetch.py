@@ -582,3 +582,23 @@ def test_episode_ranges_name_a_data_file_whose_footer_does_not_parse(make_ds, co
     path.write_bytes(bytes(raw))
     with pytest.raises(DataFileError, match=rf"{path.name} is not a readable parquet file \(.*thrift"):
         EpisodeRanges(remote).parquet_ranges(0)
+
+
+@pytest.mark.parametrize(("local_rank", "shown"), [("0", True), ("1", False)])
+def test_the_warming_bar_shows_on_each_nodes_first_rank_only(make_ds, tmp_path: Path, monkeypatch, local_rank, shown):
+    """Every rank of a node warms its own cache: eight bars on one terminal overwrote each other."""
+    from lerobot_dali import prefetch
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    bars: list[bool] = []
+    real = prefetch._progress_bar
+    monkeypatch.setattr(prefetch, "_progress_bar", lambda total, enabled: bars.append(enabled) or real(total, False))
+    monkeypatch.setenv("LOCAL_RANK", local_rank)
+    reader = open_dataset("fakeremote://", storage_options={"root": str(_dataset(make_ds, "av1"))})
+    it = DALILeRobotIterator(reader, batch_size=4, device="cpu", rank=int(local_rank), world_size=2,
+                             cache_dir=tmp_path / "cache", cache_gb=1.0)  # fmt: skip
+    try:
+        next(iter(it))
+    finally:
+        it.close()
+    assert bars and bars[0] is shown
