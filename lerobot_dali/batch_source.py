@@ -25,10 +25,10 @@ from .augment_draws import draw_names, draw_params, stream_name
 from .clips import build_clip, plan_clip, read_packet_payloads
 from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder, Pixels
 from .dali_graph import CameraFeed, Field, FieldKind, augment_draw_field
+from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import LeRobotDatasetReader
 from .decode_route import DecodeRoute
 from .depth_maps import DepthQuantizer, DepthUnit, in_unit
-from .episode_rows import INDEX_COLUMNS
 from .errors import DataFileError, DatasetError, MissingDataFileError, SchemaMismatchError, VideoDecodeError
 from .frame_lookup import TimestampSource, row_frame_numbers
 from .host_values import encode_host_values

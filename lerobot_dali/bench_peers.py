@@ -27,9 +27,10 @@ import pyarrow as pa
 import torch
 from torch.utils.data import Dataset
 
+from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import open_dataset
 from .depth_maps import DepthUnit, in_unit
-from .episode_rows import INDEX_COLUMNS, image_bytes, read_parquet
+from .episode_rows import image_bytes, read_parquet
 from .errors import FrameTimestampError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .image_frames import decode_depth_images, decode_images

@@ -18,11 +18,21 @@ from typing import Any
 from .depth_maps import DepthQuantizer, is_depth_map
 from .errors import DatasetError, InvalidPathTemplateError, UnsupportedVersionError
 
-__all__ = ["SUPPORTED_VERSIONS", "DatasetInfo", "Feature", "VideoInfo", "format_path", "template_pattern"]
+__all__ = [
+    "INDEX_COLUMNS",
+    "SUPPORTED_VERSIONS",
+    "DatasetInfo",
+    "Feature",
+    "VideoInfo",
+    "format_path",
+    "template_pattern",
+]
 
 #: Codebase versions whose layout this loader reads. v2.0 and v2.1 share one layout (one parquet and one
 #: video per episode); v3.0 packs many episodes per file.
 SUPPORTED_VERSIONS = ("v2.0", "v2.1", "v3.0")
+#: Columns LeRobot batches for every dataset, one value per frame; ``frame_index`` is derived when a dataset omits it.
+INDEX_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
 
 _TEMPLATE_FIELDS = {
     "v3": {"data_path": {"chunk_index", "file_index"}, "video_path": {"chunk_index", "file_index", "video_key"}},
@@ -204,6 +214,12 @@ class DatasetInfo:
         if not isinstance(features_raw, Mapping) or not features_raw:
             raise DatasetError(f"{source}: 'features' must be a non-empty mapping")
         features = {str(k): Feature.from_json(str(k), v) for k, v in features_raw.items()}
+        for key in INDEX_COLUMNS:
+            if key in features and not features[key].is_scalar:
+                raise DatasetError(
+                    f"{source}: feature {key!r} is declared with shape {list(features[key].shape)}, but it is a scalar "
+                    "per frame in every LeRobot dataset: declare shape [1]"
+                )
         video_path = raw.get("video_path")
         info = cls(
             codebase_version=str(version),
@@ -211,10 +227,10 @@ class DatasetInfo:
             features=features,
             data_path=data_path,
             video_path=str(video_path) if video_path else None,
-            total_episodes=int(raw.get("total_episodes", 0)),
-            total_frames=int(raw.get("total_frames", 0)),
-            total_tasks=int(raw.get("total_tasks", 0)),
-            chunks_size=int(raw.get("chunks_size", 1000)),
+            total_episodes=_count(raw, "total_episodes", 0, minimum=0, source=source),
+            total_frames=_count(raw, "total_frames", 0, minimum=0, source=source),
+            total_tasks=_count(raw, "total_tasks", 0, minimum=0, source=source),
+            chunks_size=_count(raw, "chunks_size", 1000, minimum=1, source=source),
             robot_type=raw.get("robot_type"),
             raw=dict(raw),
         )
@@ -241,6 +257,21 @@ class DatasetInfo:
                 )
             probe = {**dict.fromkeys(allowed[name], 0), "video_key": "camera"}
             format_path(template, probe, name=name, source=source)
+
+
+def _count(raw: Mapping[str, Any], key: str, default: int, *, minimum: int, source: str) -> int:
+    """A count of info.json (null or absent: ``default``); one written as a string or a whole float reads, as it
+    does in LeRobot."""
+    value = raw.get(key)
+    if value is None:
+        return default
+    try:
+        count = int(value)
+    except (TypeError, ValueError):
+        count = None
+    if count is None or isinstance(value, bool) or count != float(value) or count < minimum:
+        raise DatasetError(f"{source}: {key} must be a whole number >= {minimum}, got {value!r}")
+    return count
 
 
 def format_path(template: str, values: Mapping[str, object], *, name: str = "path", source: str = "info.json") -> str:

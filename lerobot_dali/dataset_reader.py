@@ -20,12 +20,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .column_store import ColumnStore
-from .dataset_info import DatasetInfo, Feature, format_path
+from .dataset_info import INDEX_COLUMNS, DatasetInfo, Feature, format_path
 from .dataset_location import DatasetLocation, resolve_location, with_bulk_root
 from .dataset_stats import FeatureStats, read_dataset_stats
 from .episode_data_files import bulk_file_exists, data_file_path, locate_episode_rows
 from .episode_rows import (
-    INDEX_COLUMNS,
     ParquetCache,
     StoreEntry,
     damaged_parquet_as,

@@ -31,7 +31,6 @@ from .file_stamps import FileStamp, stamp_from_stat
 from .remote_retry import is_transient
 
 __all__ = [
-    "INDEX_COLUMNS",
     "ParquetCache",
     "StoreEntry",
     "damaged_parquet_as",
@@ -54,10 +53,6 @@ class StoreEntry:
     stamp: Callable[[], FileStamp | None]
     #: What the store keeps of the file: every column the reader reads of it, so reads of subsets share one copy.
     columns: list[str]
-
-
-#: Columns LeRobot batches for every dataset; ``frame_index`` is derived when a dataset omits it.
-INDEX_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
 
 
 #: Memory of a parsed parquet footer over its serialized size (7.5x and 8.4x measured on two LeRobot-like layouts

@@ -25,12 +25,12 @@ from .batch_source import BatchSource, CameraFormat, SourceSpec, output_fields
 from .concurrent_calls import in_threads
 from .cpu_decode import CpuDecodeOptions, pyav_can_decode
 from .dali_graph import HOST_TASK_INDEX, CameraFeed, build_pipeline, camera_feed
+from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
 from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
 from .depth_maps import DepthUnit
 from .distributed import cpus_per_local_rank, local_cuda_device, require_cuda, resolve_rank
-from .episode_rows import INDEX_COLUMNS
 from .errors import (
     CodecUnsupportedError,
     DatasetError,

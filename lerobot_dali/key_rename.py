@@ -16,8 +16,8 @@ from functools import cached_property
 from typing import Any
 
 from .augment_config import AugmentConfig
+from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import LeRobotDatasetReader
-from .episode_rows import INDEX_COLUMNS
 from .errors import DatasetError
 from .windows import PAD_SUFFIX
 

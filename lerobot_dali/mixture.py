@@ -23,10 +23,10 @@ import numpy as np
 import torch
 
 from .concurrent_calls import in_threads
+from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import LeRobotDatasetReader
 from .dataset_union import DATASET_INDEX, Dataset, dataset_list, open_all, refuse_dataset_index_feature
 from .episode_pieces import EpisodePieces
-from .episode_rows import INDEX_COLUMNS
 from .errors import (
     DatasetError,
     DeltaTimestampsError,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -396,6 +397,43 @@ def test_not_a_dataset(tmp_path: Path) -> None:
 def test_unsupported_version(v3: Path) -> None:
     _edit_info(v3, codebase_version="v1.6")
     with pytest.raises(UnsupportedVersionError, match=r"'v1\.6' is not supported.*v2\.0, v2\.1, v3\.0"):
+        open_dataset(v3)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "pattern"),
+    [
+        ("total_episodes", "five", r"total_episodes must be a whole number >= 0, got 'five'"),
+        ("total_frames", "many", r"total_frames must be a whole number >= 0, got 'many'"),
+        ("total_tasks", -1, r"total_tasks must be a whole number >= 0, got -1"),
+        ("chunks_size", 0, r"chunks_size must be a whole number >= 1, got 0"),
+        ("chunks_size", 2.5, r"chunks_size must be a whole number >= 1, got 2\.5"),
+        ("chunks_size", [1000], r"chunks_size must be a whole number >= 1, got \[1000\]"),
+    ],
+)
+def test_counts_in_info_json_that_are_not_whole_numbers_are_named(v3: Path, key: str, value, pattern: str) -> None:
+    """int() of them raised a bare TypeError or ValueError naming neither the file nor the key (found by a fuzz of
+    the metadata's values); a count written as a string or a whole float still reads, as it does in LeRobot, and
+    null reads as absent."""
+    _edit_info(v3, **{key: value})
+    with pytest.raises(DatasetError, match=rf"info\.json: {pattern}"):
+        open_dataset(v3)
+    for readable in ("4" if key != "chunks_size" else 1000.0, None):
+        _edit_info(v3, **{key: readable})
+        assert open_dataset(v3).num_episodes == 5
+
+
+@pytest.mark.parametrize("shape", [[1, 1], [2], []])
+def test_an_index_column_declared_with_a_shape_is_refused(v3: Path, shape: list[int]) -> None:
+    """task_index declared [1, 1] batched as (B, 1, 1), and turning it into task strings raised a bare TypeError
+    (found by a fuzz of the metadata's values)."""
+    info = json.loads((v3 / "meta/info.json").read_text())
+    info["features"]["task_index"]["shape"] = shape
+    (v3 / "meta/info.json").write_text(json.dumps(info))
+    if not shape:  # (a scalar declared with no dimensions is a scalar too)
+        assert open_dataset(v3).read_episode(0)["task_index"].shape == (5,)
+        return
+    with pytest.raises(DatasetError, match=rf"feature 'task_index' .*shape {re.escape(str(shape))}.*a scalar"):
         open_dataset(v3)
 
 
