@@ -17,6 +17,7 @@ from typing import Any
 
 from .depth_maps import DepthQuantizer, is_depth_map
 from .errors import DatasetError, InvalidPathTemplateError, UnsupportedVersionError
+from .value_checks import whole_number
 
 __all__ = [
     "INDEX_COLUMNS",
@@ -265,11 +266,8 @@ def _count(raw: Mapping[str, Any], key: str, default: int, *, minimum: int, sour
     value = raw.get(key)
     if value is None:
         return default
-    try:
-        count = int(value)
-    except (TypeError, ValueError):
-        count = None
-    if count is None or isinstance(value, bool) or count != float(value) or count < minimum:
+    count = whole_number(value)
+    if count is None or count < minimum:
         raise DatasetError(f"{source}: {key} must be a whole number >= {minimum}, got {value!r}")
     return count
 

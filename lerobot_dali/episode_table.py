@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from .dataset_info import DatasetInfo
 from .episode_rows import damaged_parquet_as, read_parquet
 from .errors import DatasetError, EpisodeMetadataError, cameras_hint
+from .value_checks import whole_number
 
 __all__ = [
     "CameraFiles",
@@ -214,8 +215,16 @@ def filter_episodes(
     return sorted(kept)
 
 
-def _i64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
+def _i64(table: pa.Table, name: str, source: str) -> np.ndarray:
+    """A column of whole numbers as int64 (written as floats or text too). A missing value or a fraction is refused:
+    a plain cast turned them into other numbers (-2**63 for a null, 20 for 20.5), which then named other rows."""
+    column = table[name]
+    if column.null_count:
+        raise EpisodeMetadataError(f"{source}: column {name!r} has {column.null_count} missing value(s)")
+    try:
+        return np.asarray(pc.cast(column, pa.int64()).to_numpy(), dtype=np.int64)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise EpisodeMetadataError(f"{source}: column {name!r} must hold whole numbers ({e})") from e
 
 
 def _v3_rows(fs: fsspec.AbstractFileSystem, meta_root: str) -> pa.Table:
@@ -251,13 +260,13 @@ def _read_v3(table: pa.Table, source: str, video_keys: list[str]) -> EpisodeTabl
     missing = [c for c in required if c not in table.column_names]
     if missing:
         raise EpisodeMetadataError(f"{source}: episode metadata lacks column(s) {missing}")
-    episode_index = _i64(table["episode_index"])
-    length = _i64(table["length"])
-    from_index = _i64(table["dataset_from_index"])
-    to_index = _i64(table["dataset_to_index"])
+    episode_index = _i64(table, "episode_index", source)
+    length = _i64(table, "length", source)
+    from_index = _i64(table, "dataset_from_index", source)
+    to_index = _i64(table, "dataset_to_index", source)
     _check_lengths(source, episode_index, length, from_index, to_index)
-    chunk = _i64(table["data/chunk_index"])
-    file = _i64(table["data/file_index"])
+    chunk = _i64(table, "data/chunk_index", source)
+    file = _i64(table, "data/file_index", source)
     file_id = _file_ids(chunk, file)
     row_start = _row_start_in_file(file_id, from_index)
     tasks = (
@@ -278,8 +287,8 @@ def _v3_camera(source: str, table: pa.Table, key: str, n: int) -> CameraFiles:
             f"'{prefix}chunk_index'/'{prefix}file_index' columns; select the cameras that have files with "
             f"{cameras_hint()}"
         )
-    chunk = _i64(table[f"{prefix}chunk_index"])
-    file = _i64(table[f"{prefix}file_index"])
+    chunk = _i64(table, f"{prefix}chunk_index", source)
+    file = _i64(table, f"{prefix}file_index", source)
     if f"{prefix}from_timestamp" in table.column_names:
         start = np.asarray(table[f"{prefix}from_timestamp"].to_numpy(zero_copy_only=False), dtype=np.float64)
         stop_col = table[f"{prefix}to_timestamp"] if f"{prefix}to_timestamp" in table.column_names else None
@@ -365,8 +374,11 @@ def _v2_rows(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo) -
                 continue
             try:
                 record = json.loads(line.decode("utf-8"))
-                record["episode_index"] = int(record["episode_index"])
-                record["length"] = int(record["length"])
+                for key in ("episode_index", "length"):
+                    number = whole_number(record[key])
+                    if number is None:
+                        raise ValueError(f"{key} must be a whole number, got {record[key]!r}")
+                    record[key] = number
             except (ValueError, KeyError, TypeError) as e:
                 text = line.decode("utf-8", "replace").strip()[:200]
                 raise EpisodeMetadataError(f"{path}:{line_no}: bad episode record ({e}): {text}") from e

@@ -9,7 +9,16 @@ from typing import Any, TypeGuard, TypeVar
 
 import numpy as np
 
-__all__ = ["check_choice", "check_int", "check_int_fields", "check_seconds", "cli_flag", "is_int", "is_number"]
+__all__ = [
+    "check_choice",
+    "check_int",
+    "check_int_fields",
+    "check_seconds",
+    "cli_flag",
+    "is_int",
+    "is_number",
+    "whole_number",
+]
 
 _Choice = TypeVar("_Choice", bound=Enum)
 
@@ -22,6 +31,18 @@ def is_int(value: object) -> TypeGuard[int | np.integer]:
 def is_number(value: object) -> bool:
     """Whether ``value`` is a finite int or float, not a bool."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def whole_number(value: object) -> int | None:
+    """A metadata count or index as an int, also where it is written as a whole float or a string of one, as
+    LeRobot's readers take it; None for anything else (a fraction, a bool, another type)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str | np.integer | np.floating):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return int(number) if number.is_integer() else None
 
 
 def check_int(name: str, value: object, *, minimum: int) -> int:

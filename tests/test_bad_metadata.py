@@ -379,3 +379,51 @@ def test_metadata_that_is_not_utf8_names_the_file(make_ds, copy_ds, version, fil
     with pytest.raises(error, match=said):
         open_dataset(root)
         read_dataset_stats(resolve_location(str(root)))
+
+
+@pytest.mark.parametrize(("field", "value"), [("episode_index", 0.5), ("length", 4.5), ("length", "many")])
+def test_a_v2_episode_record_that_is_not_a_whole_number_is_refused(make_ds, copy_ds, field: str, value) -> None:
+    """int() cut 0.5 to episode 0 and 4.5 to 4 frames, and the dataset read (found by a fuzz of the metadata's
+    values); a whole number written as 4.0 or "4", which LeRobot takes, still reads."""
+    root = copy_ds(make_ds(**{**SPEC, "version": "v2.1"}, size=(64, 96)))
+    path = root / "meta/episodes.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    original = lines[0][field]
+    for written, reads in ((value, False), (float(original), True), (str(original), True)):
+        lines[0][field] = written
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        if reads:
+            assert open_dataset(root).num_episodes == SPEC["episodes"]
+            continue
+        with pytest.raises(EpisodeMetadataError, match=rf"episodes\.jsonl:1: bad episode record \({field} must be a "):
+            open_dataset(root)
+
+
+@pytest.mark.parametrize(
+    ("column", "values", "kind", "pattern"),
+    [
+        ("length", [20.5, 20, 20, 20], pa.float64(), r"column 'length' must hold whole numbers \(Float value 20\.5"),
+        ("episode_index", [0, 1, 2.5, 3], pa.float64(), r"column 'episode_index' must hold whole numbers"),
+        ("length", [None, 20, 20, 20], pa.int64(), r"column 'length' has 1 missing value"),
+        ("data/file_index", [0, None, 1, 1], pa.int64(), r"column 'data/file_index' has 1 missing value"),
+        (
+            "videos/observation.images.cam0/file_index",
+            ["0", "0", "one", "1"],
+            pa.string(),
+            r"column '.*' must hold whole",
+        ),
+        ("length", [20.0, 20.0, 20.0, 20.0], pa.float64(), None),
+        ("dataset_from_index", ["0", "20", "40", "60"], pa.string(), None),
+    ],
+)
+def test_v3_episode_columns_that_are_not_whole_numbers_are_refused(ds: Path, column, values, kind, pattern) -> None:
+    """A cast to int64 cut 20.5 to 20 and made a null -2**63, which then named a file 'file--9223372036854775808'
+    (found by a fuzz of the metadata's values); whole numbers written as floats or text still read."""
+    path = _episodes_file(ds)
+    table = pq.read_table(path)
+    pq.write_table(table.set_column(table.column_names.index(column), column, pa.array(values, kind)), path)
+    if pattern is None:
+        assert open_dataset(ds).episodes.length.tolist() == [20] * 4
+        return
+    with pytest.raises(EpisodeMetadataError, match=rf"meta/episodes: {pattern}"):
+        open_dataset(ds)
