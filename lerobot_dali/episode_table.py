@@ -379,6 +379,8 @@ def _v2_rows(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo) -
                     if number is None:
                         raise ValueError(f"{key} must be a whole number, got {record[key]!r}")
                     record[key] = number
+                if not isinstance(record.get("tasks"), list | None):  # (a string's letters would read as its tasks)
+                    raise ValueError(f"tasks must be a list of strings, got {record['tasks']!r}")
             except (ValueError, KeyError, TypeError) as e:
                 text = line.decode("utf-8", "replace").strip()[:200]
                 raise EpisodeMetadataError(f"{path}:{line_no}: bad episode record ({e}): {text}") from e
@@ -389,7 +391,7 @@ def _v2_rows(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo) -
 def _read_v2(records: list[dict[str, Any]], path: str, info: DatasetInfo, video_keys: list[str]) -> EpisodeTable:
     indices = [record["episode_index"] for record in records]
     lengths = [record["length"] for record in records]
-    tasks = [[str(t) for t in record.get("tasks", [])] for record in records]
+    tasks = [[str(t) for t in record.get("tasks") or []] for record in records]
     order = np.argsort(np.asarray(indices, dtype=np.int64), kind="stable")
     episode_index = np.asarray(indices, dtype=np.int64)[order]
     length = np.asarray(lengths, dtype=np.int64)[order]

@@ -381,15 +381,19 @@ def test_metadata_that_is_not_utf8_names_the_file(make_ds, copy_ds, version, fil
         read_dataset_stats(resolve_location(str(root)))
 
 
-@pytest.mark.parametrize(("field", "value"), [("episode_index", 0.5), ("length", 4.5), ("length", "many")])
-def test_a_v2_episode_record_that_is_not_a_whole_number_is_refused(make_ds, copy_ds, field: str, value) -> None:
+@pytest.mark.parametrize(
+    ("field", "value"), [("episode_index", 0.5), ("length", 4.5), ("length", "many"), ("tasks", "pick the cube")]
+)
+def test_a_v2_episode_record_of_the_wrong_kind_is_refused(make_ds, copy_ds, field: str, value) -> None:
     """int() cut 0.5 to episode 0 and 4.5 to 4 frames, and the dataset read (found by a fuzz of the metadata's
-    values); a whole number written as 4.0 or "4", which LeRobot takes, still reads."""
+    values); a whole number written as 4.0 or "4", which LeRobot takes, still reads. A string of tasks read as one
+    task per letter; null tasks (a TypeError came through) read as none."""
     root = copy_ds(make_ds(**{**SPEC, "version": "v2.1"}, size=(64, 96)))
     path = root / "meta/episodes.jsonl"
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     original = lines[0][field]
-    for written, reads in ((value, False), (float(original), True), (str(original), True)):
+    readable = [(None, True)] if field == "tasks" else [(float(original), True), (str(original), True)]
+    for written, reads in [(value, False), *readable]:
         lines[0][field] = written
         path.write_text("".join(json.dumps(line) + "\n" for line in lines))
         if reads:
