@@ -118,7 +118,7 @@ class Feature:
     def from_json(cls, key: str, raw: Mapping[str, Any]) -> Feature:
         try:
             dtype = str(raw["dtype"])
-            shape = tuple(int(d) for d in raw.get("shape", ()))
+            shape = tuple(_dimension(d) for d in raw.get("shape", ()))
         except (KeyError, TypeError, ValueError) as e:
             raise DatasetError(f"feature {key!r} in info.json needs 'dtype' and an integer 'shape': {e}") from e
         video_raw = raw.get("info") or raw.get("video_info")  # 'video_info' is the v2.0 name
@@ -210,6 +210,8 @@ class DatasetInfo:
             data_path = str(raw["data_path"])
         except KeyError as e:
             raise DatasetError(f"{source}: required key {e.args[0]!r} is missing") from e
+        except (TypeError, ValueError) as e:  # (null, or text that is not a number)
+            raise DatasetError(f"{source}: fps must be a positive number, got {raw['fps']!r}") from e
         if not math.isfinite(fps) or fps <= 0:
             raise DatasetError(f"{source}: fps must be a positive number, got {raw['fps']!r}")
         if not isinstance(features_raw, Mapping) or not features_raw:
@@ -258,6 +260,13 @@ class DatasetInfo:
                 )
             probe = {**dict.fromkeys(allowed[name], 0), "video_key": "camera"}
             format_path(template, probe, name=name, source=source)
+
+
+def _dimension(value: object) -> int:
+    size = whole_number(value)
+    if size is None or size < 0:
+        raise ValueError(f"dimension {value!r} is not a whole number >= 0")
+    return size
 
 
 def _count(raw: Mapping[str, Any], key: str, default: int, *, minimum: int, source: str) -> int:

@@ -409,6 +409,8 @@ def test_unsupported_version(v3: Path) -> None:
         ("chunks_size", 0, r"chunks_size must be a whole number >= 1, got 0"),
         ("chunks_size", 2.5, r"chunks_size must be a whole number >= 1, got 2\.5"),
         ("chunks_size", [1000], r"chunks_size must be a whole number >= 1, got \[1000\]"),
+        ("fps", None, r"fps must be a positive number, got None"),
+        ("fps", "thirty", r"fps must be a positive number, got 'thirty'"),
     ],
 )
 def test_counts_in_info_json_that_are_not_whole_numbers_are_named(v3: Path, key: str, value, pattern: str) -> None:
@@ -418,9 +420,18 @@ def test_counts_in_info_json_that_are_not_whole_numbers_are_named(v3: Path, key:
     _edit_info(v3, **{key: value})
     with pytest.raises(DatasetError, match=rf"info\.json: {pattern}"):
         open_dataset(v3)
-    for readable in ("4" if key != "chunks_size" else 1000.0, None):
+    for readable in {"chunks_size": (1000.0, None), "fps": ("10", 10.0)}.get(key, ("4", None)):
         _edit_info(v3, **{key: readable})
         assert open_dataset(v3).num_episodes == 5
+
+
+@pytest.mark.parametrize("shape", [[6.5], [-6], ["six"]])
+def test_a_feature_shape_that_is_not_whole_numbers_is_refused(v3: Path, shape: list) -> None:
+    info = json.loads((v3 / "meta/info.json").read_text())
+    info["features"]["observation.state"]["shape"] = shape
+    (v3 / "meta/info.json").write_text(json.dumps(info))
+    with pytest.raises(DatasetError, match=r"feature 'observation.state' in info.json needs .*an integer 'shape'"):
+        open_dataset(v3)
 
 
 @pytest.mark.parametrize("shape", [[1, 1], [2], []])
