@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Collection, Iterable
 from enum import Enum
@@ -38,6 +39,11 @@ def whole_number(value: object) -> int | None:
     LeRobot's readers take it; None for anything else (a fraction, a bool, another type)."""
     if isinstance(value, bool) or not isinstance(value, int | float | str | np.integer | np.floating):
         return None
+    if isinstance(value, int | np.integer):
+        return int(value)
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return int(value)  # (exactly: a float holds 53 bits)
     try:
         number = float(value)
     except ValueError:

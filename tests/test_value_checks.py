@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lerobot_dali.errors import ResumeStateError
-from lerobot_dali.value_checks import check_int, check_int_fields, cli_flag, is_int, is_number
+from lerobot_dali.value_checks import check_int, check_int_fields, cli_flag, is_int, is_number, whole_number
 
 
 def test_bool_is_neither_int_nor_number() -> None:
@@ -16,6 +16,13 @@ def test_bool_is_neither_int_nor_number() -> None:
     assert [is_number(v) for v in (3, 2.5, np.float64(2.5), False, float("nan"), float("inf"))] == [
         True, True, True, False, False, False,
     ]  # fmt: skip
+
+
+def test_whole_number_takes_what_lerobot_takes_and_cuts_nothing() -> None:
+    taken = [4, np.int64(4), "4", " 4 ", 4.0, np.float32(4.0), "4.0", 2**60 + 1, str(2**60 + 1)]
+    assert [whole_number(v) for v in taken] == [4] * 7 + [2**60 + 1] * 2  # (a float's 53 bits would cut the last two)
+    refused = [2.5, "2.5", True, None, [4], "four", float("nan"), float("inf"), "inf"]
+    assert [whole_number(v) for v in refused] == [None] * len(refused)
 
 
 def test_check_int_tells_type_from_range() -> None:
