@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from lerobot_dali.dataset_info import INDEX_COLUMNS
 from lerobot_dali.errors import DatasetError
 from lerobot_dali.iterator import DALILeRobotIterator
 
@@ -32,8 +33,6 @@ CASES = int(os.environ.get("LEROBOT_DALI_CHANGES", "8"))
 FIRST = int(os.environ.get("LEROBOT_DALI_CHANGES_FROM", "0"))
 #: v3.0 (episodes and tasks in parquet, two episodes per data file) and v2.1 (JSON lines, a file per episode).
 DATASETS = {"v3.0": dict(episodes_per_file=2), "v2.1": dict(version="v2.1")}
-#: The data files' columns whose values place rows: the others are values a pass hands out as they are.
-INDEX_COLUMNS = ["timestamp", "frame_index", "episode_index", "index", "task_index"]
 _DELETE = object()
 
 
@@ -163,7 +162,8 @@ def _change(root: Path, seed: int) -> str:
     if where == "info":
         return _change_json_file(meta / "info.json", rng)
     if where == "data":
-        return _change_parquet(rng.choice(sorted((root / "data").rglob("*.parquet"))), rng, INDEX_COLUMNS)
+        # (the columns whose values place rows: the others are values a pass hands out as they are)
+        return _change_parquet(rng.choice(sorted((root / "data").rglob("*.parquet"))), rng, list(INDEX_COLUMNS))
     if (meta / "episodes.jsonl").exists():  # v2.1
         return _change_lines(
             meta / {"episodes": "episodes.jsonl", "tasks": "tasks.jsonl"}.get(where, "episodes_stats.jsonl"), rng
