@@ -37,6 +37,7 @@ from .episode_table import EpisodeTable, filter_episodes, read_episode_records, 
 from .errors import DatasetError, DatasetNotFoundError, EpisodeMetadataError, MissingDataFileError, cameras_hint
 from .file_stamps import FileStamp, FileStamps
 from .frame_lookup import ITERATORS_LOOKUP, FrameLookup
+from .value_checks import whole_number
 
 __all__ = ["INFO_PATH", "LeRobotDatasetReader", "VideoRef", "open_dataset", "read_info_json"]
 
@@ -502,21 +503,40 @@ def _read_tasks(location: DatasetLocation) -> dict[int, str]:
             raise DatasetError(
                 f"{parquet_path}: expected a 'task_index' column and the task strings, found {table.column_names}"
             )
-        return {
-            int(i): str(t) for i, t in zip(table["task_index"].to_pylist(), table[text_column].to_pylist(), strict=True)
-        }
-    if fs.exists(jsonl_path):
         tasks: dict[int, str] = {}
+        for row, (index, text) in enumerate(
+            zip(table["task_index"].to_pylist(), table[text_column].to_pylist(), strict=True)
+        ):
+            try:
+                _add_task(tasks, index, text)
+            except ValueError as e:
+                raise DatasetError(f"{parquet_path}: bad task at row {row} ({e})") from e
+        return tasks
+    if fs.exists(jsonl_path):
+        tasks = {}
         with fs.open(jsonl_path, "rb") as f:  # (decoded per line: bytes that are not UTF-8 then name their line)
             for line_no, line in enumerate(f, start=1):
                 if line.strip():
                     try:
                         record = json.loads(line.decode("utf-8"))
-                        tasks[int(record["task_index"])] = str(record["task"])
+                        _add_task(tasks, record["task_index"], record["task"])
                     except (ValueError, KeyError, TypeError) as e:
                         raise DatasetError(f"{jsonl_path}:{line_no}: bad task record ({e})") from e
         return tasks
     raise DatasetError(f"{location.description}: no task list (meta/tasks.parquet or meta/tasks.jsonl)")
+
+
+def _add_task(tasks: dict[int, str], index: Any, text: Any) -> None:
+    """Add one task of the task list to ``tasks``. An index that is not a whole number, a missing task, or an index
+    listed twice with two tasks raises ValueError: cut to a whole number or kept once, it named another task."""
+    number = whole_number(index)
+    if number is None:
+        raise ValueError(f"task_index must be a whole number, got {index!r}")
+    if text is None:
+        raise ValueError(f"task_index {number} has no task")
+    text = str(text)
+    if tasks.setdefault(number, text) != text:
+        raise ValueError(f"task_index {number} is listed twice, as {tasks[number]!r} and as {text!r}")
 
 
 def _check_first_files(reader: LeRobotDatasetReader) -> None:

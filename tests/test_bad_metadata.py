@@ -431,3 +431,39 @@ def test_v3_episode_columns_that_are_not_whole_numbers_are_refused(ds: Path, col
         return
     with pytest.raises(EpisodeMetadataError, match=rf"meta/episodes: {pattern}"):
         open_dataset(ds)
+
+
+def _write_tasks(root: Path, tasks: list[tuple[object, object]]) -> None:
+    """The task list as (task_index, task) pairs, in the dataset's own format."""
+    if (root / "meta/tasks.jsonl").exists():
+        lines = [json.dumps({"task_index": index, "task": task}) for index, task in tasks]
+        (root / "meta/tasks.jsonl").write_text("".join(line + "\n" for line in lines))
+        return
+    indices, texts = zip(*tasks, strict=True)
+    table = pa.table({"task_index": pa.array(indices, pa.float64() if 0.5 in indices else pa.int64()), "task": texts})
+    pq.write_table(table, root / "meta/tasks.parquet")
+
+
+@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+@pytest.mark.parametrize(
+    ("tasks", "said"),
+    [
+        ([(0, "pick"), (None, "place")], r"task_index must be a whole number, got None"),
+        ([(0, "pick"), (0.5, "place")], r"task_index must be a whole number, got 0\.5"),
+        ([(0, "pick"), (1, None)], r"task_index 1 has no task"),
+        ([(0, "pick"), (1, "place"), (1, "stack")], r"task_index 1 is listed twice, as 'place' and as 'stack'"),
+        ([(0, "pick"), (1, "place"), (1, "place")], None),
+    ],
+)
+def test_a_task_list_that_names_no_single_task_per_index_is_refused(make_ds, copy_ds, version, tasks, said) -> None:
+    """A null index raised a bare TypeError from int() (found by tests/test_changed_metadata.py), 0.5 was cut to
+    task 0, a null task read as the string 'None', and of an index listed twice the last task silently won."""
+    root = copy_ds(make_ds(**{**SPEC, "version": version}, size=(64, 96)))
+    _write_tasks(root, tasks)
+    if said is None:  # (listed twice as the same task: one task)
+        assert open_dataset(root).tasks == {0: "pick", 1: "place"}
+        return
+    with pytest.raises(
+        DatasetError, match=rf"meta/tasks\.(parquet|jsonl)(:\d+)?: bad task (at row \d+|record) \({said}"
+    ):
+        open_dataset(root)

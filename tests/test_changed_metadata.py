@@ -108,16 +108,17 @@ def _change_lines(path: Path, rng: random.Random) -> str:
 
 
 def _changed_cell(value: Any, rng: random.Random) -> Any:
+    """Another value for a parquet cell: near it, or missing (a null)."""
     if isinstance(value, bool):
         return not value
     if isinstance(value, int):
-        return rng.choice([value + 1, value - 1, 0, -1, value + 1000])
+        return rng.choice([value + 1, value - 1, 0, -1, value + 1000, None])
     if isinstance(value, float):
         return rng.choice(
-            [value + 1 / 30, value - 1 / 30, value + 0.5 / 30, value + 1e-5, -1.0, 2 * value, float("nan")]
+            [value + 1 / 30, value - 1 / 30, value + 0.5 / 30, value + 1e-5, -1.0, 2 * value, float("nan"), None]
         )
     if isinstance(value, str):
-        return rng.choice(["", value + "x", "other"])
+        return rng.choice(["", value + "x", "other", None])
     if isinstance(value, list) and value and all(isinstance(v, (int, float)) for v in value):
         at = rng.randrange(len(value))
         return [*value[:at], value[at] + 1, *value[at + 1 :]]
