@@ -128,16 +128,20 @@ def _aggregate(entries: list[dict[str, np.ndarray]], where: str) -> dict[str, np
     counts = np.array([float(np.sum(e["count"])) for e in entries])
     if counts.sum() <= 0:
         raise DatasetError(f"{where}: every episode counts 0 frames")
-    try:
-        means = np.stack([e["mean"] for e in entries])
-        stds = np.stack([e["std"] for e in entries])
-    except ValueError as e:
-        raise DatasetError(f"{where}: episodes disagree on the statistics' shape ({e})") from e
+    means, stds = _stacked(entries, "mean", where), _stacked(entries, "std", where)
     weights = (counts / counts.sum()).reshape((-1,) + (1,) * (means.ndim - 1))
     mean = (weights * means).sum(axis=0)
     variance = (weights * (stds**2 + (means - mean) ** 2)).sum(axis=0)
     out = {"mean": mean, "std": np.sqrt(variance), "count": np.array([counts.sum()])}
     for name, reduce in (("min", np.min), ("max", np.max)):
         if all(name in e for e in entries):
-            out[name] = reduce(np.stack([e[name] for e in entries]), axis=0)
+            out[name] = reduce(_stacked(entries, name, where), axis=0)
     return out
+
+
+def _stacked(entries: list[dict[str, np.ndarray]], name: str, where: str) -> np.ndarray:
+    try:
+        return np.stack([e[name] for e in entries])
+    except ValueError as e:
+        shapes = sorted({e[name].shape for e in entries})
+        raise DatasetError(f"{where}: episodes disagree on the statistics' shape ({name}: {shapes})") from e

@@ -106,6 +106,12 @@ def test_no_statistics_gives_an_empty_mapping(tmp_path: Path) -> None:
             '{"stats": {"x": {"mean": [1, 2], "std": [1, 1], "count": [2]}}}\n',
             r"x: episodes disagree on the statistics' shape",
         ),
+        (  # (min and max were stacked unchecked: numpy's bare ValueError came through; found by a fuzz)
+            "episodes_stats.jsonl",
+            '{"stats": {"x": {"mean": [1], "std": [1], "min": [0], "count": [2]}}}\n'
+            '{"stats": {"x": {"mean": [1], "std": [1], "min": [0, 0], "count": [2]}}}\n',
+            r"x: episodes disagree on the statistics' shape \(min: \[\(1,\), \(2,\)\]\)",
+        ),
         ("episodes_stats.jsonl", '{"stats": {"x": {"mean": [1], "count": [2]}}}\n', r"x: an episode lacks \['std'\]"),
         ("stats.json", "{", r"stats.json is not valid JSON"),
         ("stats.json", '{"x": {"mean": "a lot"}}', r"stats.json: x: mean is not a numeric array"),
