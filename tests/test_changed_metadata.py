@@ -176,9 +176,11 @@ def _change(root: Path, seed: int) -> str:
 
 
 def _samples(root: Path) -> int:
+    """One pass's samples; the statistics are read too, as normalisation reads them."""
     deltas = {"observation.images.cam0": [-0.1, 0.0], "action": [0.0, 0.1]}
     it = DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=0, drop_last=False, delta_timestamps=deltas)
     try:
+        it.reader.read_stats()
         return sum(len(batch["index"]) for batch in it)
     finally:
         it.close()
