@@ -34,7 +34,12 @@ class DepthUnit(str, enum.Enum):
 def is_depth_map(*infos: Mapping[str, Any] | None) -> bool:
     """Whether a feature's ``info`` (or v2.0 ``video_info``) flags it a depth map: LeRobot's canonical
     ``is_depth_map`` or its legacy ``video.is_depth_map``."""
-    return any(bool(i and (i.get("is_depth_map") or i.get("video.is_depth_map"))) for i in infos)
+    return any(_flag(i.get("is_depth_map")) or _flag(i.get("video.is_depth_map")) for i in infos if i)
+
+
+def _flag(value: Any) -> bool:
+    """A flag as LeRobot writes it (a bool), or as text: "false" is not a depth map, though a string is truthy."""
+    return value.strip().lower() == "true" if isinstance(value, str) else bool(value)
 
 
 def in_unit(depth: np.ndarray, stored: str | None, unit: DepthUnit) -> np.ndarray:
@@ -70,7 +75,7 @@ class DepthQuantizer:
         """From a depth feature's ``info``; a missing parameter takes LeRobot's default, as LeRobot does."""
         given = {name: info.get(f"video.{name}") for name in ("depth_min", "depth_max", "shift", "use_log")}
         kwargs: dict[str, Any] = {
-            k: (bool(v) if k == "use_log" else float(v)) for k, v in given.items() if v is not None
+            k: (_flag(v) if k == "use_log" else float(v)) for k, v in given.items() if v is not None
         }
         return cls(**kwargs)
 

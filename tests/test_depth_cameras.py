@@ -150,6 +150,16 @@ def test_depth_cameras_are_declared_as_lerobot_declares_them() -> None:
         Feature.from_json("d", {**raw, "info": {"is_depth_map": True, "video.depth_max": 0.1, "video.depth_min": 1}})
 
 
+@pytest.mark.parametrize(("flag", "depth"), [("false", False), ("False", False), ("true", True), (0, False), (1, True)])
+def test_a_depth_flag_written_as_text_reads_as_what_it_says(flag, depth: bool) -> None:
+    """Any non-empty string is truthy: "false" made a colour camera a depth map, read as one channel of 12-bit
+    codes (found by a fuzz of the metadata's values)."""
+    for info in ({"video.is_depth_map": flag}, {"is_depth_map": flag}):
+        feature = Feature.from_json("d", {"dtype": "video", "shape": [4, 4, 3], "info": info})
+        assert (feature.video.depth is not None) is depth, info
+    assert DepthQuantizer.from_info({"video.use_log": flag}).use_log is depth  # (the quantiser's one flag too)
+
+
 def test_a_bad_depth_unit_and_a_depth_camera_left_out(depth_ds: Path) -> None:
     with pytest.raises(ValueError, match="depth_unit must be one of 'mm', 'm'"):
         DALILeRobotIterator(depth_ds, device="cpu", depth_unit="cm")
