@@ -6,10 +6,13 @@ the reader warns of.
 
 Where :mod:`tests.test_damaged_files` damages bytes, this changes meaning: files that parse, holding values that do not
 fit together. Cases are drawn from a seeded generator: ``LEROBOT_DALI_CHANGES=N`` draws N per dataset (default a few,
-for CI) from seed ``LEROBOT_DALI_CHANGES_FROM=K`` on. The first runs (2026-11-25) found two ways through, each mended
-with a test of its own: info.json counts that ``int()`` cannot take (a bare TypeError or ValueError) and an index
-column declared with a shape (a bare TypeError when the task strings were looked up). Which changes read as values
-(a task string, a row's frame_index: the data are the truth, as in LeRobot) was triaged by hand.
+for CI) from seed ``LEROBOT_DALI_CHANGES_FROM=K`` on. The first runs (2026-11-25, about 5,000 cases, with a
+triage of the values that read against the unchanged pass) found these ways through, each mended with a test of its
+own: counts, indices and lengths that are not whole numbers or are missing (bare TypeErrors, or cut: 20.5 read as
+20, a null as -2**63), an index column declared with a shape, a null fps, episode tasks that are not a list, a task
+list naming two tasks for one index or none, episode statistics of different shapes (numpy's ValueError), and a depth
+flag written as the text "false" (read as a depth map). Which changes read as values (a task string, a row's
+frame_index or timestamp within tolerance: the data are the truth, as in LeRobot) was triaged by hand.
 """
 
 from __future__ import annotations
