@@ -27,6 +27,7 @@ from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .concurrent_calls import in_threads
 from .dataset_info import DatasetInfo, format_path, template_pattern
@@ -210,6 +211,9 @@ def _episode_column(location: DatasetLocation, path: str, *, problem: str) -> np
     try:
         with location.open_bulk(path) as handle:
             column = read_parquet(handle, ["episode_index"])["episode_index"]  # (KeyError: a file without it)
+        if column.null_count:  # (a plain cast made a null episode -2**63)
+            raise pa.ArrowInvalid(f"{column.null_count} of its values are missing")
+        column = pc.cast(column, pa.int64())  # (ArrowInvalid for a fraction, which a plain cast cut)
     except FileNotFoundError as e:
         raise MissingDataFileError(f"{path} is missing (listed a moment ago)") from e
     # (OSError: a page header that does not parse; UnicodeDecodeError: a column name that is not UTF-8)
@@ -220,4 +224,4 @@ def _episode_column(location: DatasetLocation, path: str, *, problem: str) -> np
             f"{location.description}: meta/episodes {problem}, and "
             f"{path} has no readable episode_index column to find the episodes by ({e})"
         ) from e
-    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
+    return np.asarray(column.to_numpy(), dtype=np.int64)

@@ -212,3 +212,20 @@ def test_a_data_file_whose_episode_index_page_does_not_parse_is_named(merged) ->
         match=r"file-007\.parquet.*file-001\.parquet has no readable episode_index column .*deserialize thrift",
     ):
         open_dataset(stale)
+
+
+@pytest.mark.parametrize(("values", "said"), [("null", "1 of its values are missing"), ("fraction", "truncated")])
+def test_a_data_files_episode_index_that_is_not_whole_numbers_is_named(merged, values: str, said: str) -> None:
+    """Locating cast the column plainly: a null became episode -2**63 and 1.5 became 1, so the error (if any) spoke
+    of rows and lengths instead of the column."""
+    from lerobot_dali.dataset_reader import open_dataset
+
+    _, stale = merged
+    path = stale / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    episodes = table["episode_index"].to_pylist()
+    episodes[3] = None if values == "null" else 0.5
+    column = pa.array(episodes, pa.int64() if values == "null" else pa.float64())
+    pq.write_table(table.set_column(table.column_names.index("episode_index"), "episode_index", column), path)
+    with pytest.raises(EpisodeMetadataError, match=rf"file-000\.parquet has no readable episode_index column .*{said}"):
+        open_dataset(stale)
