@@ -270,8 +270,8 @@ def _dimension(value: object) -> int:
 
 
 def _count(raw: Mapping[str, Any], key: str, default: int, *, minimum: int, source: str) -> int:
-    """A count of info.json (null or absent: ``default``); one written as a string or a whole float reads, as it
-    does in LeRobot."""
+    """A count of info.json (null or absent: ``default``); one written as a string or a whole float reads, since
+    its value is not in doubt."""
     value = raw.get(key)
     if value is None:
         return default

@@ -386,7 +386,7 @@ def test_metadata_that_is_not_utf8_names_the_file(make_ds, copy_ds, version, fil
 )
 def test_a_v2_episode_record_of_the_wrong_kind_is_refused(make_ds, copy_ds, field: str, value) -> None:
     """int() cut 0.5 to episode 0 and 4.5 to 4 frames, and the dataset read (found by a fuzz of the metadata's
-    values); a whole number written as 4.0 or "4", which LeRobot takes, still reads. A string of tasks read as one
+    values); a whole number written as 4.0 or "4" still reads (its value is not in doubt). A string of tasks read as one
     task per letter; null tasks (a TypeError came through) read as none."""
     root = copy_ds(make_ds(**{**SPEC, "version": "v2.1"}, size=(64, 96)))
     path = root / "meta/episodes.jsonl"

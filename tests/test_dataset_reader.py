@@ -415,7 +415,7 @@ def test_unsupported_version(v3: Path) -> None:
 )
 def test_counts_in_info_json_that_are_not_whole_numbers_are_named(v3: Path, key: str, value, pattern: str) -> None:
     """int() of them raised a bare TypeError or ValueError naming neither the file nor the key (found by a fuzz of
-    the metadata's values); a count written as a string or a whole float still reads, as it does in LeRobot, and
+    the metadata's values); a count written as a string or a whole float still reads (its value is not in doubt), and
     null reads as absent."""
     _edit_info(v3, **{key: value})
     with pytest.raises(DatasetError, match=rf"info\.json: {pattern}"):
