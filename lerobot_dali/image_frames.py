@@ -114,7 +114,8 @@ def _decode_window(
         try:
             with Image.open(io.BytesIO(data)) as image:
                 mode, frame = image.mode, convert(image)
-        except (UnidentifiedImageError, OSError, ValueError) as e:
+        # (SyntaxError: Pillow's "broken PNG file", a chunk header read from inside another chunk)
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
             raise DataFileError(
                 f"{label}: {kind} {i} of the window cannot be decoded ({e}); the data file is corrupt"
             ) from e

@@ -106,13 +106,26 @@ def _rewrite_image(root: Path, row: int, value: dict | None) -> Path:
     return path
 
 
+def _png_with_a_short_idat() -> bytes:
+    """A PNG whose IDAT chunk says half its length: the next chunk header is read from inside the image data."""
+    out = BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 96, 3), dtype=np.uint8)).save(out, format="PNG")
+    raw = bytearray(out.getvalue())
+    at = raw.index(b"IDAT") - 4
+    raw[at : at + 4] = (int.from_bytes(raw[at : at + 4], "big") // 2).to_bytes(4, "big")
+    return bytes(raw)
+
+
 @pytest.mark.parametrize(
     ("value", "pattern"),
     [
         ({"bytes": b"\x89PNG not really", "path": None}, r"episode 0, camera observation\.images\.cam0\): image 0 "),
         (None, r"row 2 has no image bytes for 'observation\.images\.cam0'"),
+        # Pillow raises SyntaxError ("broken PNG file") for a chunk read from inside another: a builtin came through
+        # (found by tests/test_damaged_files.py at seed 9266: one byte zeroed in a data file).
+        ({"bytes": _png_with_a_short_idat(), "path": None}, r"image 0 of the window cannot be decoded \(broken PNG"),
     ],
-    ids=["corrupt", "missing"],
+    ids=["corrupt", "missing", "broken-chunk"],
 )
 def test_bad_images_name_the_file_episode_and_row(make_ds, copy_ds, value: dict | None, pattern: str) -> None:
     root = copy_ds(_images_dataset(make_ds))
