@@ -12,7 +12,8 @@ sample tables placing frames outside mdat (wrong frames, no error), ctts reorder
 1x1 frames (numpy's ValueError), a stsz count of 3.4 billion (a 25 GiB allocation), a parquet page header that does
 not parse (pyarrow's OSError), parquet column names and task strings that are not UTF-8, and JSON metadata that is
 not UTF-8 (UnicodeDecodeError). The cache test found a ninth: a stored packet index with a damaged zip header
-(zipfile's NotImplementedError).
+(zipfile's NotImplementedError). A later sweep (seed 9266) found a tenth: a PNG whose chunk lengths no longer fit,
+which Pillow answers with a builtin SyntaxError.
 """
 
 from __future__ import annotations
