@@ -20,6 +20,7 @@ from urllib.parse import quote, unquote
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from .distributed import draws_progress
 from .errors import DatasetNotFoundError
 from .remote_retry import RetryingFileSystem, fresh_instance
 
@@ -147,6 +148,8 @@ def _hub_location(
     prefix = f"{subfolder.strip('/')}/" if subfolder.strip("/") else ""
     logger.info("downloading metadata of %s (revision %s)", repo_id, revision or "main")
     hub = {key: options[key] for key in _HUB_DOWNLOAD_OPTIONS if options.get(key) is not None}
+    if not draws_progress():
+        hub["tqdm_class"] = _hidden_bars()
     try:
         local_meta = snapshot_download(
             repo_id, repo_type="dataset", revision=revision, allow_patterns=[f"{prefix}meta/**"], **hub
@@ -162,6 +165,18 @@ def _hub_location(
     local = LocalFileSystem()
     meta_root = os.path.join(local_meta, prefix.rstrip("/")) if prefix else local_meta
     return DatasetLocation(fs, root, local, meta_root, f"hf://datasets/{repo_id}{_at(revision)}/{prefix}".rstrip("/"))
+
+
+def _hidden_bars() -> type:
+    """huggingface_hub's progress bar, never drawn: ``snapshot_download`` draws three per call, even when the
+    files are cached, and every rank of a node calls it at once."""
+    from huggingface_hub.utils import tqdm
+
+    class HiddenBar(tqdm):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "disable": True})
+
+    return HiddenBar
 
 
 def _missing_on_hub(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["RankInfo", "cpus_per_local_rank", "local_cuda_device", "resolve_rank", "usable_cpus"]
+__all__ = ["RankInfo", "cpus_per_local_rank", "draws_progress", "local_cuda_device", "resolve_rank", "usable_cpus"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,12 @@ class RankInfo:
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, world_size); got rank={self.rank}, world_size={self.world_size}")
+
+
+def draws_progress() -> bool:
+    """Whether this process draws progress bars (its launcher's ``LOCAL_RANK`` is 0): one per node, not one per
+    rank over each other on one terminal. For code that runs before the ranks are resolved."""
+    return int(os.environ.get("LOCAL_RANK", "0")) == 0
 
 
 def resolve_rank(rank: int | None = None, world_size: int | None = None) -> RankInfo:

@@ -23,6 +23,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from huggingface_hub.utils import tqdm as hub_tqdm
 
 from lerobot_dali.dataset_location import DatasetLocation, resolve_location
 from lerobot_dali.errors import DatasetNotFoundError
@@ -150,6 +151,20 @@ def test_token_and_endpoint_reach_snapshot_download(hub) -> None:
 def test_no_token_is_passed_when_none_is_given(hub) -> None:
     resolve_location("user/ds")
     assert "token" not in hub[0] and "endpoint" not in hub[0]
+
+
+def test_only_a_nodes_first_rank_draws_the_hubs_progress_bars(hub, monkeypatch, capsys) -> None:
+    """snapshot_download draws three bars per call, cached files too, and every rank of a node calls it at once:
+    ranks other than LOCAL_RANK 0 hand it a bar that is never drawn."""
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    resolve_location("user/ds")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    resolve_location("user/ds")
+    assert "tqdm_class" not in hub[0]  # huggingface_hub's own bars, as they are
+    with hub[1]["tqdm_class"](total=3, desc="Fetching 3 files", disable=False) as bar:  # as on a terminal
+        assert isinstance(bar, hub_tqdm) and bar.disable
+        bar.update(3)
+    assert "Fetching" not in capsys.readouterr().err  # (where huggingface_hub's own bar writes its line)
 
 
 def test_two_different_revisions_are_refused(hub) -> None:
