@@ -6,13 +6,16 @@ the reader warns of.
 
 Where :mod:`tests.test_damaged_files` damages bytes, this changes meaning: files that parse, holding values that do not
 fit together. Cases are drawn from a seeded generator: ``LEROBOT_DALI_CHANGES=N`` draws N per dataset (default a few,
-for CI) from seed ``LEROBOT_DALI_CHANGES_FROM=K`` on. The first runs (2026-11-25, about 5,000 cases, with a
-triage of the values that read against the unchanged pass) found these ways through, each mended with a test of its
-own: counts, indices and lengths that are not whole numbers or are missing (bare TypeErrors, or cut: 20.5 read as
-20, a null as -2**63), an index column declared with a shape, a null fps, episode tasks that are not a list, a task
-list naming two tasks for one index or none, episode statistics of different shapes (numpy's ValueError), and a depth
-flag written as the text "false" (read as a depth map). Which changes read as values (a task string, a row's
-frame_index or timestamp within tolerance: the data are the truth, as in LeRobot) was triaged by hand.
+for CI) from seed ``LEROBOT_DALI_CHANGES_FROM=K`` on, read by ``LEROBOT_DALI_CHANGES_WORKERS`` worker processes
+(default 0: in-process). The first runs (2026-11-25, about 5,000 cases, with a triage of the values that read
+against the unchanged pass) found these ways through, each mended with a test of its own: counts, indices and
+lengths that are not whole numbers or are missing (bare TypeErrors, or cut: 20.5 read as 20, a null as -2**63), an
+index column declared with a shape, a null fps, episode tasks that are not a list, a task list naming two tasks for
+one index or none, episode statistics of different shapes (numpy's ValueError), and a depth flag written as the text
+"false" (read as a depth map). Which changes read as values (a task string, a row's frame_index or timestamp within
+tolerance: the data are the truth, as in LeRobot) was triaged by hand. The image-camera and GR00T datasets joined
+later (400 and 250 cases, and a triage of 150 each), and every third case read over HTTP (1,800 cases): no way
+through.
 """
 
 from __future__ import annotations
@@ -31,15 +34,30 @@ import pytest
 from lerobot_dali.dataset_info import INDEX_COLUMNS
 from lerobot_dali.errors import DatasetError
 from lerobot_dali.iterator import DALILeRobotIterator
+from tests.conftest import shared_dataset
+from tests.http_server import FolderServer, serve_folder
 
 CASES = int(os.environ.get("LEROBOT_DALI_CHANGES", "8"))
 FIRST = int(os.environ.get("LEROBOT_DALI_CHANGES_FROM", "0"))
-#: v3.0 (episodes and tasks in parquet, two episodes per data file) and v2.1 (JSON lines, a file per episode).
-DATASETS = {"v3.0": dict(episodes_per_file=2), "v2.1": dict(version="v2.1")}
+#: Worker processes per pass (default none: in-process, fast); errors then cross DALI's worker boundary.
+WORKERS = int(os.environ.get("LEROBOT_DALI_CHANGES_WORKERS", "0"))
+#: v3.0 (episodes and tasks in parquet, two episodes per data file), v2.1 (JSON lines, a file per episode), v3.0
+#: with its camera stored as PNG images in the data files, and the real GR00T v2.0 set (stats.json only, no
+#: frame_index column, a camera declared without files: read with the options its quirks need).
+DATASETS = {
+    "v3.0": dict(episodes_per_file=2),
+    "v2.1": dict(version="v2.1"),
+    "images": dict(image_cameras=True),
+    "gr00t": None,
+}
+GR00T_CAMERA = "observation.images.ego_view"
 _DELETE = object()
+_samples_unchanged: dict[str, int] = {}
 
 
 def _dataset(make_ds, name: str) -> Path:
+    if DATASETS[name] is None:
+        return shared_dataset("gr00t_v20_h264")
     return make_ds(episodes=4, frames_per_episode=20, cameras=1, codec="av1", size=(64, 64), **DATASETS[name])
 
 
@@ -166,22 +184,34 @@ def _change(root: Path, seed: int) -> str:
     if where == "info":
         return _change_json_file(meta / "info.json", rng)
     if where == "data":
-        # (the columns whose values place rows: the others are values a pass hands out as they are)
-        return _change_parquet(rng.choice(sorted((root / "data").rglob("*.parquet"))), rng, list(INDEX_COLUMNS))
-    if (meta / "episodes.jsonl").exists():  # v2.1
+        # (the columns whose values place rows, and images: the others are values a pass hands out as they are)
+        path = rng.choice(sorted((root / "data").rglob("*.parquet")))
+        images = [field.name for field in pq.read_schema(path) if pa.types.is_struct(field.type)]
+        return _change_parquet(path, rng, [*INDEX_COLUMNS, *images])
+    if where == "stats" and not (meta / "episodes_stats.jsonl").exists():  # v3.0, v2.0
+        return _change_json_file(meta / "stats.json", rng)
+    if (meta / "episodes.jsonl").exists():  # v2.1, v2.0
         return _change_lines(
             meta / {"episodes": "episodes.jsonl", "tasks": "tasks.jsonl"}.get(where, "episodes_stats.jsonl"), rng
         )
-    if where == "stats":
-        return _change_json_file(meta / "stats.json", rng)
     tables = sorted((meta / "episodes").rglob("*.parquet")) if where == "episodes" else [meta / "tasks.parquet"]
     return _change_parquet(rng.choice(tables), rng)
 
 
-def _samples(root: Path) -> int:
+def _options(dataset: str) -> dict[str, Any]:
+    """How a pass over ``dataset`` reads it: a window on its camera and one on its actions."""
+    if dataset != "gr00t":
+        return dict(batch_size=4, delta_timestamps={"observation.images.cam0": [-0.1, 0.0], "action": [0.0, 0.1]})
+    # (in order: its 250-frame GOPs make a shuffled pass decode about 125 frames a sample, 12 times as long)
+    return dict(
+        batch_size=64, cameras=[GR00T_CAMERA], timestamp_source="frame_index", shuffle=False,
+        delta_timestamps={GR00T_CAMERA: [-0.1, 0.0], "action": [0.0, 0.1]},
+    )  # fmt: skip
+
+
+def _samples(root: Path | str, dataset: str) -> int:
     """One pass's samples; the statistics are read too, as normalisation reads them."""
-    deltas = {"observation.images.cam0": [-0.1, 0.0], "action": [0.0, 0.1]}
-    it = DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=0, drop_last=False, delta_timestamps=deltas)
+    it = DALILeRobotIterator(root, device="cpu", num_workers=WORKERS, drop_last=False, **_options(dataset))
     try:
         it.reader.read_stats()
         return sum(len(batch["index"]) for batch in it)
@@ -189,23 +219,46 @@ def _samples(root: Path) -> int:
         it.close()
 
 
+def _whole(make_ds, dataset: str) -> int:
+    """The unchanged dataset's samples in one pass (once per session)."""
+    if dataset not in _samples_unchanged:
+        _samples_unchanged[dataset] = _samples(_dataset(make_ds, dataset), dataset)
+    return _samples_unchanged[dataset]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FolderServer]:
+    """pytest's base folder (every test's copies) over HTTP."""
+    with serve_folder(tmp_path_factory.getbasetemp()) as running:
+        yield running
+
+
+def _over_http(root: Path, server: FolderServer, base: Path) -> str:
+    return f"{server.url}/{root.relative_to(base).as_posix()}"
+
+
 @pytest.mark.parametrize("dataset", DATASETS)
-def test_unchanged_every_dataset_reads_whole(make_ds, dataset: str) -> None:
+def test_unchanged_every_dataset_reads_whole(make_ds, copy_ds, tmp_path_factory, server, dataset: str) -> None:
     """The control: an error below is the change's, not the setting's."""
-    assert _samples(_dataset(make_ds, dataset)) == 80
+    assert _whole(make_ds, dataset) == (2096 if dataset == "gr00t" else 80)
+    served = _over_http(copy_ds(_dataset(make_ds, dataset)), server, tmp_path_factory.getbasetemp())
+    assert _samples(served, dataset) == _whole(make_ds, dataset)
 
 
 @pytest.mark.parametrize("seed", range(FIRST, FIRST + CASES))
 @pytest.mark.parametrize("dataset", DATASETS)
 def test_a_changed_value_gives_values_or_an_error_of_ours(
-    make_ds, copy_ds, caplog: pytest.LogCaptureFixture, dataset: str, seed: int
+    make_ds, copy_ds, tmp_path_factory, server, caplog: pytest.LogCaptureFixture, dataset: str, seed: int
 ) -> None:
+    """Every third case over HTTP: remote metadata is read through fsspec and a cache of its own."""
+    whole = _whole(make_ds, dataset)
     root = copy_ds(_dataset(make_ds, dataset))
     change = _change(root, seed)
+    source = _over_http(root, server, tmp_path_factory.getbasetemp()) if seed % 3 == 2 else root
     try:
-        samples = _samples(root)
+        samples = _samples(source, dataset)
     except DatasetError:
         return
     except Exception as e:
         pytest.fail(f"{change}: {type(e).__name__} came through: {e}")
-    assert samples == 80 or "but the episode metadata lists" in caplog.text, change
+    assert samples == whole or "but the episode metadata lists" in caplog.text, change
