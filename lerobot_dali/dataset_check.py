@@ -5,9 +5,9 @@ batch reaches it, maybe hours into a run on many nodes, and a run stops at the f
 reads every episode's rows as the workers do (schema, metadata, timestamps, task indices), looks every row
 up in every video camera's file (packet index only: codec and size against the camera's first file, the
 frame within ``tolerance_s`` and inside the episode's part of the file), reads every image camera's images,
-and with ``decode=True`` decodes every frame the rows read (damage FFmpeg flags) and every image. It lists
-every problem at once, each as the run would have raised it. Episodes are checked in worker processes, those
-sharing a data file together.
+and with ``decode=True`` decodes every frame the rows read (damage FFmpeg flags; each GOP entered at its
+keyframe, as a shuffled run enters it) and every image. It lists every problem at once, each as the run would
+have raised it. Episodes are checked in worker processes, those sharing a data file together.
 """
 
 from __future__ import annotations

@@ -15,11 +15,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from PIL import Image
 
 from lerobot_dali import open_dataset
 from lerobot_dali.cli import main
 from lerobot_dali.dataset_check import check_dataset, default_workers
+from lerobot_dali.errors import VideoDecodeError
+from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.packet_index import build_packet_index
 from tests.conftest import shared_dataset
 from tests.http_server import serve_folder
@@ -107,6 +110,27 @@ def test_damage_the_decoder_flags_is_found_by_decoding(make_ds, copy_ds) -> None
     assert _found(report) == {(3, CAM0, "VideoDecodeError")}
     assert "corrupt" in report.problems[0].message and "file-001.mp4" in report.problems[0].message
     assert report.frames_decoded == 60 * 2 - 12  # (episode 3 of camera 0 counts none)
+
+
+def test_a_keyframe_that_fails_only_where_a_pass_enters_it_is_found(make_ds, copy_ds) -> None:
+    """The first byte of a later AV1 keyframe damaged (its sequence header's OBU header): dav1d decodes it in one run
+    from the GOP before, and refuses it after a reset, as a shuffled pass enters a GOP. Check decoded each episode
+    in one run and reported nothing; the run then failed mid-epoch (a damage sweep's seed 11018)."""
+    root = copy_ds(make_ds(episodes=4, frames_per_episode=20, episodes_per_file=2, size=(64, 64), codec="av1"))
+    video = root / "videos/observation.images.cam0/chunk-000/file-001.mp4"  # episodes 2 and 3, GOP 2
+    index = build_packet_index(video)
+    position = int(index.keyframe_positions[3])  # episode 2's frame 6
+    data = bytearray(video.read_bytes())
+    assert data[int(index.byte_offset[position])] == 0x0A  # (an OBU header: a sequence header, sized)
+    data[int(index.byte_offset[position])] = 0xDB  # (its forbidden bit set, another type)
+    video.write_bytes(bytes(data))
+    report = check_dataset(open_dataset(root), decode=True, workers=0)
+    assert _found(report) == {(2, "observation.images.cam0", "VideoDecodeError")}
+    assert report.frames_decoded == 80 - 20
+    # A pass of one frame a batch enters each GOP at its keyframe (as a shuffled pass mostly does) and fails there.
+    with pytest.raises(VideoDecodeError, match=r"file-001\.mp4: decoding failed"):
+        for _ in DALILeRobotIterator(root, batch_size=1, device="cpu", num_workers=0, shuffle=False, episodes=[2]):
+            pass
 
 
 def test_image_cameras_are_decoded_and_a_damaged_image_is_named(make_ds, copy_ds) -> None:
