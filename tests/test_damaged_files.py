@@ -13,7 +13,8 @@ sample tables placing frames outside mdat (wrong frames, no error), ctts reorder
 not parse (pyarrow's OSError), parquet column names and task strings that are not UTF-8, and JSON metadata that is
 not UTF-8 (UnicodeDecodeError). The cache test found a ninth: a stored packet index with a damaged zip header
 (zipfile's NotImplementedError). A later sweep (seed 9266) found a tenth: a PNG whose chunk lengths no longer fit,
-which Pillow answers with a builtin SyntaxError.
+which Pillow answers with a builtin SyntaxError. Holding ``lerobot-dali check`` to a pass found an eleventh (seed
+11018): a keyframe that decodes in one run from the GOP before but not after a decoder reset, which check missed.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import pytest
 import torch
 
 from lerobot_dali.cache_dirs import cache_root
+from lerobot_dali.dataset_check import check_dataset
 from lerobot_dali.errors import DatasetError
 from lerobot_dali.iterator import DALILeRobotIterator
 from tests.http_server import FolderServer, serve_folder
@@ -66,11 +68,17 @@ def _damage(root: Path, seed: int) -> str:
     return f"{path.relative_to(root)}: {count} bytes {'zeroed' if mode == 'zeros' else 'flipped'} at {at}"
 
 
-def _read(root: Path | str, seed: int) -> list[dict[str, np.ndarray]]:
-    """One pass over ``root`` (a folder or a URL), as every case reads it: its batches' arrays (copies: a batch may
-    share memory with the next)."""
+def _iterator(root: Path | str, seed: int) -> DALILeRobotIterator:
+    """``root`` (a folder or a URL) opened as every case reads it."""
     deltas = {"observation.images.cam0": [-0.1, 0.0], "action": [0.0, 0.1]}
-    it = DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=WORKERS, seed=seed, delta_timestamps=deltas)
+    return DALILeRobotIterator(
+        root, batch_size=4, device="cpu", num_workers=WORKERS, seed=seed, delta_timestamps=deltas
+    )
+
+
+def _read(root: Path | str, seed: int) -> list[dict[str, np.ndarray]]:
+    """One pass over ``root``: its batches' arrays (copies: a batch may share memory with the next)."""
+    it = _iterator(root, seed)
     try:
         return [{k: v.numpy().copy() for k, v in batch.items() if isinstance(v, torch.Tensor)} for batch in it]
     finally:
@@ -121,6 +129,33 @@ def test_a_damaged_file_gives_values_or_an_error_of_ours(
     # Every frame once, as undamaged; or the episodes the metadata still lists (a JSON-lines file cut at a line's end),
     # which the reader warns of.
     assert samples == 80 or "but the episode metadata lists" in caplog.text, damage
+
+
+@pytest.mark.parametrize("seed", range(FIRST, FIRST + CASES))
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_check_reports_what_a_pass_would_meet(
+    make_ds, copy_ds, tmp_path_factory, server: FolderServer, dataset: str, seed: int
+) -> None:
+    """``lerobot-dali check`` is a long run's pre-flight: on a damaged dataset that opens, it reports a problem where a
+    pass raises, and none where a pass reads it whole. (Not always the same error: check reports each episode's
+    first problem, a shuffled pass meets whichever of them its order reaches first.) Every third case over HTTP."""
+    root = copy_ds(_dataset(make_ds, dataset))
+    damage = _damage(root, seed)
+    try:
+        it = _iterator(_source(root, seed % 3 == 2, server, tmp_path_factory.getbasetemp()), seed)
+    except DatasetError:
+        return  # (refused when built, as check refuses when it opens)
+    met = None
+    try:
+        try:
+            for _ in it:
+                pass
+        except DatasetError as e:
+            met = type(e).__name__
+        found = {problem.error for problem in check_dataset(it.reader, decode=True, workers=0).problems}
+    finally:
+        it.close()
+    assert bool(met) == bool(found), f"{damage}: a pass raises {met or 'nothing'}, check reports {found or 'nothing'}"
 
 
 @pytest.mark.parametrize("seed", range(FIRST, FIRST + CASES // 2))
