@@ -341,7 +341,9 @@ class LeRobotDatasetReader:
                 f"({int(rows['index'][row - 1])} then {int(rows['index'][row])}); rewrite the data file"
             )
         if "timestamp" in rows:
-            self._check_timestamps(np.asarray(rows["timestamp"], dtype=np.float64), path, episode_index)
+            with np.errstate(invalid="ignore"):  # (damaged bytes' signalling NaN: refused below, not warned of)
+                timestamps = np.asarray(rows["timestamp"], dtype=np.float64)
+            self._check_timestamps(timestamps, path, episode_index)
 
     def _check_timestamps(self, timestamps: np.ndarray, path: str, episode_index: int) -> None:
         """Rows in time order, about 1/fps apart: out-of-order rows would read swapped frames, and a wrong fps in

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -174,6 +175,21 @@ def test_missing_values_are_refused_naming_the_column(ds: Path, column, value, k
     reader.read_episode(2)
     with pytest.raises(error, match=pattern):
         reader.read_episode(3)
+
+
+def test_a_signalling_nan_timestamp_is_refused_without_a_numpy_warning(ds: Path) -> None:
+    """Damaged float32 bytes can make a signalling NaN, whose cast to float64 made numpy warn ("invalid value
+    encountered in cast") in front of the error (a damage sweep's seed 11212)."""
+    path = sorted((ds / "data").rglob("*.parquet"))[1]
+    table = pq.read_table(path)
+    timestamps = table["timestamp"].to_numpy().copy()
+    timestamps.view(np.uint32)[27] = 0x7F800001  # episode 3's row 7
+    pq.write_table(table.set_column(table.column_names.index("timestamp"), "timestamp", pa.array(timestamps)), path)
+    reader = open_dataset(ds)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(EpisodeMetadataError, match=r"episode 3's timestamp at its row 7 is not a finite number"):
+            reader.read_episode(3)
 
 
 def test_a_v2_index_column_that_repeats_is_refused(make_ds, copy_ds) -> None:
