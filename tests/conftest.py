@@ -1,10 +1,11 @@
-"""Shared fixtures: small generated datasets and marker videos (cached per session), the real datasets in ../shared."""
+"""Shared fixtures: small generated datasets and marker videos (cached per session), the real datasets in ../shared,
+pytest's base folder over HTTP."""
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,3 +78,13 @@ def copy_ds(tmp_path: Path) -> Callable[[Path], Path]:
         return dst
 
     return copy
+
+
+@pytest.fixture(scope="module")
+def basetemp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """pytest's base folder over HTTP (a ``tests.http_server.FolderServer``): every test's copies and the session's
+    generated datasets (``make_ds`` and ``copy_ds`` write under it)."""
+    from tests.http_server import serve_folder
+
+    with serve_folder(tmp_path_factory.getbasetemp()) as running:
+        yield running

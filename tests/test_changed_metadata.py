@@ -35,7 +35,7 @@ from lerobot_dali.dataset_info import INDEX_COLUMNS
 from lerobot_dali.errors import DatasetError
 from lerobot_dali.iterator import DALILeRobotIterator
 from tests.conftest import shared_dataset
-from tests.http_server import FolderServer, serve_folder
+from tests.http_server import FolderServer
 
 CASES = int(os.environ.get("LEROBOT_DALI_CHANGES", "8"))
 FIRST = int(os.environ.get("LEROBOT_DALI_CHANGES_FROM", "0"))
@@ -226,35 +226,28 @@ def _whole(make_ds, dataset: str) -> int:
     return _samples_unchanged[dataset]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FolderServer]:
-    """pytest's base folder (every test's copies) over HTTP."""
-    with serve_folder(tmp_path_factory.getbasetemp()) as running:
-        yield running
-
-
 def _over_http(root: Path, server: FolderServer, base: Path) -> str:
     return f"{server.url}/{root.relative_to(base).as_posix()}"
 
 
 @pytest.mark.parametrize("dataset", DATASETS)
-def test_unchanged_every_dataset_reads_whole(make_ds, copy_ds, tmp_path_factory, server, dataset: str) -> None:
+def test_unchanged_every_dataset_reads_whole(make_ds, copy_ds, tmp_path_factory, basetemp_server, dataset: str) -> None:
     """The control: an error below is the change's, not the setting's."""
     assert _whole(make_ds, dataset) == (2096 if dataset == "gr00t" else 80)
-    served = _over_http(copy_ds(_dataset(make_ds, dataset)), server, tmp_path_factory.getbasetemp())
+    served = _over_http(copy_ds(_dataset(make_ds, dataset)), basetemp_server, tmp_path_factory.getbasetemp())
     assert _samples(served, dataset) == _whole(make_ds, dataset)
 
 
 @pytest.mark.parametrize("seed", range(FIRST, FIRST + CASES))
 @pytest.mark.parametrize("dataset", DATASETS)
 def test_a_changed_value_gives_values_or_an_error_of_ours(
-    make_ds, copy_ds, tmp_path_factory, server, caplog: pytest.LogCaptureFixture, dataset: str, seed: int
+    make_ds, copy_ds, tmp_path_factory, basetemp_server, caplog: pytest.LogCaptureFixture, dataset: str, seed: int
 ) -> None:
     """Every third case over HTTP: remote metadata is read through fsspec and a cache of its own."""
     whole = _whole(make_ds, dataset)
     root = copy_ds(_dataset(make_ds, dataset))
     change = _change(root, seed)
-    source = _over_http(root, server, tmp_path_factory.getbasetemp()) if seed % 3 == 2 else root
+    source = _over_http(root, basetemp_server, tmp_path_factory.getbasetemp()) if seed % 3 == 2 else root
     try:
         samples = _samples(source, dataset)
     except DatasetError:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +31,7 @@ from lerobot_dali.cache_dirs import cache_root
 from lerobot_dali.dataset_check import check_dataset
 from lerobot_dali.errors import DatasetError
 from lerobot_dali.iterator import DALILeRobotIterator
-from tests.http_server import FolderServer, serve_folder
+from tests.http_server import FolderServer
 
 CASES = int(os.environ.get("LEROBOT_DALI_DAMAGE", "10"))
 FIRST = int(os.environ.get("LEROBOT_DALI_DAMAGE_FROM", "0"))
@@ -93,35 +92,36 @@ def _dataset(make_ds, name: str) -> Path:
     return make_ds(episodes=4, frames_per_episode=20, episodes_per_file=2, size=(64, 64), **DATASETS[name])
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FolderServer]:
-    """pytest's base folder (every test's copies) over HTTP."""
-    with serve_folder(tmp_path_factory.getbasetemp()) as running:
-        yield running
-
-
 def _source(root: Path, remote: bool, server: FolderServer, base: Path) -> Path | str:
     return f"{server.url}/{root.relative_to(base).as_posix()}" if remote else root
 
 
 @pytest.mark.parametrize("remote", [False, True], ids=["local", "http"])
 @pytest.mark.parametrize("dataset", DATASETS)
-def test_undamaged_every_dataset_reads_whole(make_ds, tmp_path_factory, server, dataset: str, remote: bool) -> None:
+def test_undamaged_every_dataset_reads_whole(
+    make_ds, tmp_path_factory, basetemp_server, dataset: str, remote: bool
+) -> None:
     """The control: an error below is the damage's, not the setting's."""
     root = _dataset(make_ds, dataset)
-    assert _samples(_read(_source(root, remote, server, tmp_path_factory.getbasetemp()), 0)) == 80
+    assert _samples(_read(_source(root, remote, basetemp_server, tmp_path_factory.getbasetemp()), 0)) == 80
 
 
 @pytest.mark.parametrize("seed", range(FIRST, FIRST + CASES))
 @pytest.mark.parametrize("dataset", DATASETS)
 def test_a_damaged_file_gives_values_or_an_error_of_ours(
-    make_ds, copy_ds, tmp_path_factory, server: FolderServer, caplog: pytest.LogCaptureFixture, dataset: str, seed: int
+    make_ds,
+    copy_ds,
+    tmp_path_factory,
+    basetemp_server: FolderServer,
+    caplog: pytest.LogCaptureFixture,
+    dataset: str,
+    seed: int,
 ) -> None:
     """Every third case over HTTP: the remote route reads packets by byte range, and caches what it reads."""
     root = copy_ds(_dataset(make_ds, dataset))
     damage = _damage(root, seed)
     try:
-        samples = _samples(_read(_source(root, seed % 3 == 2, server, tmp_path_factory.getbasetemp()), seed))
+        samples = _samples(_read(_source(root, seed % 3 == 2, basetemp_server, tmp_path_factory.getbasetemp()), seed))
     except DatasetError:
         return
     except Exception as e:
@@ -134,7 +134,7 @@ def test_a_damaged_file_gives_values_or_an_error_of_ours(
 @pytest.mark.parametrize("seed", range(FIRST, FIRST + CASES))
 @pytest.mark.parametrize("dataset", DATASETS)
 def test_check_reports_what_a_pass_would_meet(
-    make_ds, copy_ds, tmp_path_factory, server: FolderServer, dataset: str, seed: int
+    make_ds, copy_ds, tmp_path_factory, basetemp_server: FolderServer, dataset: str, seed: int
 ) -> None:
     """``lerobot-dali check`` is a long run's pre-flight: on a damaged dataset that opens, it reports a problem where a
     pass raises, and none where a pass reads it whole. (Not always the same error: check reports each episode's
@@ -142,7 +142,7 @@ def test_check_reports_what_a_pass_would_meet(
     root = copy_ds(_dataset(make_ds, dataset))
     damage = _damage(root, seed)
     try:
-        it = _iterator(_source(root, seed % 3 == 2, server, tmp_path_factory.getbasetemp()), seed)
+        it = _iterator(_source(root, seed % 3 == 2, basetemp_server, tmp_path_factory.getbasetemp()), seed)
     except DatasetError:
         return  # (refused when built, as check refuses when it opens)
     met = None
@@ -160,11 +160,13 @@ def test_check_reports_what_a_pass_would_meet(
 
 @pytest.mark.parametrize("seed", range(FIRST, FIRST + CASES // 2))
 @pytest.mark.parametrize("dataset", ["av1", "v2.1"])
-def test_a_damaged_cache_file_is_never_served(make_ds, tmp_path_factory, server, dataset: str, seed: int) -> None:
+def test_a_damaged_cache_file_is_never_served(
+    make_ds, tmp_path_factory, basetemp_server, dataset: str, seed: int
+) -> None:
     """A remote pass leaves packet indexes and prefetched byte ranges (each with its crc32) under the cache root: one
     of its files damaged, the next pass reads the very same values (it checks, drops and reads again).
     """
-    source = _source(_dataset(make_ds, dataset), True, server, tmp_path_factory.getbasetemp())
+    source = _source(_dataset(make_ds, dataset), True, basetemp_server, tmp_path_factory.getbasetemp())
     first = _read(source, seed)
     damage = _damage(cache_root(), seed)
     again = _read(source, seed)

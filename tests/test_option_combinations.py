@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from lerobot_dali.errors import ShardingError
 from lerobot_dali.frame_lookup import TimestampSource
 from lerobot_dali.frame_marker import read_full_marker
 from lerobot_dali.generate import camera_key, expected_action, expected_state, expected_task_index, task_name
-from tests.http_server import FolderServer, serve_folder
+from tests.http_server import FolderServer
 
 CASES = int(os.environ.get("LEROBOT_DALI_COMBINATIONS", "6"))
 FIRST = int(os.environ.get("LEROBOT_DALI_COMBINATIONS_FROM", "0"))
@@ -235,13 +235,6 @@ def _epoch(loader: Any, case: Case, limit: int | None = None) -> list[list[tuple
     return batches
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FolderServer]:
-    """The session's generated datasets (``make_ds`` writes them under pytest's base folder) over HTTP."""
-    with serve_folder(tmp_path_factory.getbasetemp()) as running:
-        yield running
-
-
 def _loader(sources: list[Any], case: Case, rank: int, **changes: Any) -> Any:
     options = {**case.options, **changes}
     if case.union:
@@ -336,19 +329,19 @@ def _case_id(seed: int, datasets: int, union: bool = False) -> str:
 
 
 @pytest.mark.parametrize("seed", range(FIRST, FIRST + CASES), ids=lambda seed: _case_id(seed, 1))
-def test_random_options_over_one_dataset(seed: int, make_ds, server: FolderServer) -> None:
-    _run_case(_draw_case(seed, datasets=1), make_ds, server, seed)
+def test_random_options_over_one_dataset(seed: int, make_ds, basetemp_server: FolderServer) -> None:
+    _run_case(_draw_case(seed, datasets=1), make_ds, basetemp_server, seed)
 
 
 @pytest.mark.parametrize(
     "seed", range(FIRST, FIRST + max(1, CASES // 3)), ids=lambda seed: _case_id(1000 + seed, 2 + seed % 2)
 )
-def test_random_options_over_a_mixture(seed: int, make_ds, server: FolderServer) -> None:
-    _run_case(_draw_case(1000 + seed, datasets=2 + seed % 2), make_ds, server, seed)
+def test_random_options_over_a_mixture(seed: int, make_ds, basetemp_server: FolderServer) -> None:
+    _run_case(_draw_case(1000 + seed, datasets=2 + seed % 2), make_ds, basetemp_server, seed)
 
 
 @pytest.mark.parametrize(
     "seed", range(FIRST, FIRST + max(1, CASES // 3)), ids=lambda seed: _case_id(2000 + seed, 2 + seed % 2, True)
 )
-def test_random_options_over_a_union(seed: int, make_ds, server: FolderServer) -> None:
-    _run_case(_draw_case(2000 + seed, datasets=2 + seed % 2, union=True), make_ds, server, seed)
+def test_random_options_over_a_union(seed: int, make_ds, basetemp_server: FolderServer) -> None:
+    _run_case(_draw_case(2000 + seed, datasets=2 + seed % 2, union=True), make_ds, basetemp_server, seed)
