@@ -37,7 +37,7 @@ from .episode_table import EpisodeTable, filter_episodes, read_episode_records, 
 from .errors import DatasetError, DatasetNotFoundError, EpisodeMetadataError, MissingDataFileError, cameras_hint
 from .file_stamps import FileStamp, FileStamps
 from .frame_lookup import ITERATORS_LOOKUP, FrameLookup
-from .value_checks import whole_number
+from .value_checks import required_whole_number
 
 __all__ = ["INFO_PATH", "LeRobotDatasetReader", "VideoRef", "open_dataset", "read_info_json"]
 
@@ -531,9 +531,7 @@ def _read_tasks(location: DatasetLocation) -> dict[int, str]:
 def _add_task(tasks: dict[int, str], index: Any, text: Any) -> None:
     """Add one task of the task list to ``tasks``. An index that is not a whole number, a missing task, or an index
     listed twice with two tasks raises ValueError: cut to a whole number or kept once, it named another task."""
-    number = whole_number(index)
-    if number is None:
-        raise ValueError(f"task_index must be a whole number, got {index!r}")
+    number = required_whole_number("task_index", index)
     if text is None:
         raise ValueError(f"task_index {number} has no task")
     text = str(text)

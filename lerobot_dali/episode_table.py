@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from .dataset_info import DatasetInfo
 from .episode_rows import damaged_parquet_as, read_parquet
 from .errors import DatasetError, EpisodeMetadataError, cameras_hint
-from .value_checks import whole_number
+from .value_checks import required_whole_number
 
 __all__ = [
     "CameraFiles",
@@ -375,10 +375,7 @@ def _v2_rows(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo) -
             try:
                 record = json.loads(line.decode("utf-8"))
                 for key in ("episode_index", "length"):
-                    number = whole_number(record[key])
-                    if number is None:
-                        raise ValueError(f"{key} must be a whole number, got {record[key]!r}")
-                    record[key] = number
+                    record[key] = required_whole_number(key, record[key])
                 if not isinstance(record.get("tasks"), list | None):  # (a string's letters would read as its tasks)
                     raise ValueError(f"tasks must be a list of strings, got {record['tasks']!r}")
             except (ValueError, KeyError, TypeError) as e:

@@ -18,6 +18,7 @@ __all__ = [
     "cli_flag",
     "is_int",
     "is_number",
+    "required_whole_number",
     "whole_number",
 ]
 
@@ -49,6 +50,14 @@ def whole_number(value: object) -> int | None:
     except ValueError:
         return None
     return int(number) if number.is_integer() else None
+
+
+def required_whole_number(name: str, value: object) -> int:
+    """:func:`whole_number`, or ValueError naming ``name`` where ``value`` is none."""
+    number = whole_number(value)
+    if number is None:
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    return number
 
 
 def check_int(name: str, value: object, *, minimum: int) -> int:

@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from lerobot_dali.errors import ResumeStateError
-from lerobot_dali.value_checks import check_int, check_int_fields, cli_flag, is_int, is_number, whole_number
+from lerobot_dali.value_checks import (
+    check_int,
+    check_int_fields,
+    cli_flag,
+    is_int,
+    is_number,
+    required_whole_number,
+    whole_number,
+)
 
 
 def test_bool_is_neither_int_nor_number() -> None:
@@ -23,6 +31,12 @@ def test_whole_number_takes_what_lerobot_takes_and_cuts_nothing() -> None:
     assert [whole_number(v) for v in taken] == [4] * 7 + [2**60 + 1] * 2  # (a float's 53 bits would cut the last two)
     refused = [2.5, "2.5", True, None, [4], "four", float("nan"), float("inf"), "inf"]
     assert [whole_number(v) for v in refused] == [None] * len(refused)
+
+
+def test_required_whole_number_names_what_is_not_one() -> None:
+    assert required_whole_number("length", "20") == 20
+    with pytest.raises(ValueError, match=r"length must be a whole number, got 20\.5"):
+        required_whole_number("length", 20.5)
 
 
 def test_check_int_tells_type_from_range() -> None:
