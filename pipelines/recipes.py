@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from lerobot_dali.augment_config import AugmentConfig, toml_parser
-from lerobot_dali.value_checks import is_number
+from lerobot_dali.value_checks import check_int_fields, is_number
 
 __all__ = ["NAMED_RECIPES", "RECIPE_DIR", "Recipe", "StepWindow", "get_recipe"]
 
@@ -148,9 +148,8 @@ class Recipe:
             object.__setattr__(self, "image_size", (int(size[0]), int(size[1])))
         if self.augment is not None and not isinstance(self.augment, AugmentConfig):
             raise ValueError(f"Recipe.augment must be an AugmentConfig or None, got {self.augment!r}")
-        drop = self.drop_n_last_frames
-        if isinstance(drop, bool) or not isinstance(drop, int) or drop < 0:
-            raise ValueError(f"Recipe.drop_n_last_frames must be an int >= 0, got {drop!r}")
+        check_int_fields(self, [("drop_n_last_frames", 0)], label=lambda name: f"Recipe.{name}")
+        object.__setattr__(self, "drop_n_last_frames", int(self.drop_n_last_frames))  # a numpy integer: TOML-ready
 
     def delta_timestamps(
         self,

@@ -105,3 +105,23 @@ def test_bad_recipe_files_and_windows_are_rejected(tmp_path: Path) -> None:
         StepWindow(steps=3, stride_s=0.1).offsets_s(15)
     with pytest.raises(ValueError, match="image_size"):
         Recipe(name="x", image_size=(224, 0))
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.0, "7"])
+def test_drop_n_last_frames_is_a_whole_count(bad: object, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=rf"Recipe.drop_n_last_frames must be an int >= 0, got {bad!r}"):
+        Recipe(name="x", drop_n_last_frames=bad)  # type: ignore[arg-type]
+    path = tmp_path / "r.toml"
+    path.write_text(f'name = "x"\ndrop_n_last_frames = {bad!r}\n'.replace("True", "true").replace("'", '"'))
+    with pytest.raises(ValueError, match="Recipe.drop_n_last_frames must be an int >= 0"):
+        Recipe.from_toml(path)
+
+
+def test_a_numpy_drop_n_last_frames_is_kept_as_an_int(tmp_path: Path) -> None:
+    import numpy as np
+
+    recipe = Recipe(name="x", drop_n_last_frames=np.int64(7))  # type: ignore[arg-type]
+    assert type(recipe.drop_n_last_frames) is int and recipe.to_dict()["drop_n_last_frames"] == 7
+    path = tmp_path / "r.toml"
+    path.write_text(recipe.to_toml())
+    assert Recipe.from_toml(path).drop_n_last_frames == 7
