@@ -26,15 +26,20 @@ class RankInfo:
             raise ValueError(f"rank must be in [0, world_size); got rank={self.rank}, world_size={self.world_size}")
 
 
+def _launcher_local_rank() -> int:
+    """This process's rank on its node, as torchrun, accelerate and deepspeed launchers set it (0 without one)."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
 def draws_progress() -> bool:
     """Whether this process draws progress bars (its launcher's ``LOCAL_RANK`` is 0): one per node, not one per
     rank over each other on one terminal. For code that runs before the ranks are resolved."""
-    return int(os.environ.get("LOCAL_RANK", "0")) == 0
+    return _launcher_local_rank() == 0
 
 
 def resolve_rank(rank: int | None = None, world_size: int | None = None) -> RankInfo:
     """Explicit arguments win; otherwise torch.distributed, then the environment, then accelerate, then (0, 1)."""
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_rank = _launcher_local_rank()
     if rank is not None or world_size is not None:
         if rank is None or world_size is None:
             raise ValueError("pass both rank and world_size, or neither (to detect them)")
