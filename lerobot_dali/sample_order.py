@@ -599,6 +599,8 @@ class SampleOrder:
 
         Replays each old rank's prefix: CPU proportional to the samples consumed, memory O(episodes).
         """
+        if np.count_nonzero(self._lengths - consumed) < seg.world_size:
+            return consumed  # those ranks' epoch had ended (as in _build_plan): they took nothing
         shard = self._shard(epoch, segment, seg.world_size, self._lengths - consumed)
         after = consumed.copy()
         for rank in range(seg.world_size):

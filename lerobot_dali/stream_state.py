@@ -8,9 +8,10 @@ Resuming replays the tabular order (no decode) up to the saved position. What is
   old ranks had not yet consumed, each once (before :class:`~lerobot_dali.sample_order.RankBalance`
   padding), re-sharded over the new ranks. No frame consumed before the change comes again in that epoch
   (PAD repeats aside), and none is skipped, except by DROP balancing, or when fewer unconsumed episodes are
-  left than ranks (then the epoch ends early, logged). Later epochs are those of a fresh run on the new
-  world size. Computing the residual replays every old rank's consumed prefix: CPU proportional to the
-  samples consumed in the epoch, memory O(episodes).
+  left than ranks (then the epoch ends early, logged; a resume of that on fewer ranks before its next batch
+  reads them after all). Later epochs are those of a fresh run on the new world size. Computing the residual
+  replays every old rank's consumed prefix: CPU proportional to the samples consumed in the epoch, memory
+  O(episodes).
 
 The state holds the :class:`~lerobot_dali.sample_order.OrderOptions` that define the order. A resume adopts the
 saved seed (logged) but refuses another shuffle, pool size (when shuffled) or balance (on several ranks): under

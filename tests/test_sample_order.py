@@ -540,6 +540,44 @@ def test_world_size_change_with_fewer_leftover_episodes_than_ranks_ends_the_epoc
     assert (stream.epoch, stream.samples_consumed) == (1, 2)
 
 
+def test_a_second_world_size_change_after_one_that_found_the_epoch_over_resumes() -> None:
+    """3 ranks finish epoch 0; a resume on 1 rank finds nothing left and saves before its first batch; a resume of
+    that on 2 ranks has nothing left either, rather than failing to deal the empty rest to the 1-rank segment."""
+    done = SampleOrder(LENGTHS, rank=0, world_size=3, options=_options()).num_samples(0)
+    state = StreamState(seed=11, epoch=0, samples_consumed=done, world_size=3, batch_size=4).to_dict()
+    one = _stream(1)
+    one.load_state_dict(state)
+    assert one.num_samples() == 0
+    for rank in range(2):
+        two = _stream(2, rank)
+        two.load_state_dict(one.state_dict())
+        assert (two.epoch, two.num_samples()) == (0, 0)
+        fresh = _stream(2, rank)
+        fresh.set_epoch(1)
+        assert [a.tolist() for a in two.next_batch()] == [a.tolist() for a in fresh.next_batch()]
+
+
+def test_leftovers_too_few_for_one_world_size_are_read_once_by_the_next(caplog: pytest.LogCaptureFixture) -> None:
+    """1 rank takes 38 of 40 frames; 3 ranks find the 2 partly-read episodes too few and save before their first
+    batch; 2 ranks then read the 2 frames left, each once."""
+    lengths = np.full(4, 10)
+    options = OrderOptions(seed=0, shuffle=True, episode_pool_size=2)
+    taken = _pairs(*SampleOrder(lengths, rank=0, world_size=1, options=options).samples(0, 0, 38))
+    assert len({e for e, _ in taken if sum(t[0] == e for t in taken) < 10}) == 2  # (two episodes left part-read)
+    state = StreamState(seed=0, epoch=0, samples_consumed=38, world_size=1, batch_size=2).to_dict()
+    three = SampleStream(lengths, rank=0, world_size=3, batch_size=2, options=options)
+    with caplog.at_level(logging.WARNING):
+        three.load_state_dict(state)
+    assert three.num_samples() == 0 and "the epoch ends here (2 frame(s) unseen" in caplog.text
+    rest = []
+    for rank in range(2):
+        two = SampleStream(lengths, rank=rank, world_size=2, batch_size=2, options=options)
+        two.load_state_dict(three.state_dict())
+        assert two.num_samples() == 1
+        rest += _pairs(*two.next_batch())
+    assert sorted(taken + rest) == [(e, f) for e in range(4) for f in range(10)]
+
+
 def test_state_dict_round_trip_and_validation() -> None:
     state = StreamState(seed=1, epoch=2, samples_consumed=30, world_size=4, batch_size=8)
     as_dict = state.to_dict()
