@@ -25,6 +25,7 @@ by the best ceiling (``fraction_of_decode_ceiling``). Alone::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import logging
@@ -134,13 +135,14 @@ def _decode_run_pyav(run: DecodeRun, *, planes: bool = False) -> int:
         stream.thread_count = 1
         time_base = stream.time_base
         container.seek(int(run.start_s / time_base), stream=stream, backward=True)
-        for frame in container.decode(stream):
-            t = float(frame.pts * time_base)
-            if t >= run.stop_s - 1e-6:
-                break
-            if t >= run.start_s - 1e-6:
-                frame_planes(frame) if planes else frame.to_ndarray(format="rgb24")
-                delivered += 1
+        with contextlib.closing(container.decode(stream)) as frames:  # (PyAV's generators leak when dropped unfinished)
+            for frame in frames:
+                t = float(frame.pts * time_base)
+                if t >= run.stop_s - 1e-6:
+                    break
+                if t >= run.start_s - 1e-6:
+                    frame_planes(frame) if planes else frame.to_ndarray(format="rgb24")
+                    delivered += 1
     return delivered
 
 

@@ -76,6 +76,8 @@ def decode_frames_pyav(
             if target in best and abs(best[target][0] - target) <= tolerance_s:
                 continue
             if frames is None or position_s is None or not (target - _DECODE_FORWARD_S <= position_s <= target):
+                if frames is not None:
+                    frames.close()  # (PyAV's generators leak their packet when dropped unfinished)
                 container.seek(int(max(target - tolerance_s, 0) / time_base), stream=stream, backward=True)
                 stream.codec_context.flush_buffers()
                 frames = container.decode(stream)
@@ -90,6 +92,8 @@ def decode_frames_pyav(
                         best[t] = (position_s, frame.to_ndarray(format=pixel_format))
                 if position_s > target + tolerance_s:
                     break
+        if frames is not None:
+            frames.close()
     missing = [t for t in wanted if t not in best]
     if missing:
         raise FrameTimestampError(

@@ -18,8 +18,8 @@ open GOPs a clip is one unbroken run, from the first needed keyframe to the last
 
 from __future__ import annotations
 
+import contextlib
 import io
-import itertools
 import logging
 import os
 import threading
@@ -206,22 +206,28 @@ def packets_from_keyframe(container: Any, stream: Any, index: PacketIndex, start
     MP4's seek compares presentation times, so seeking to the keyframe's (earlier) decode time landed a whole
     GOP early (250 frames on gr00t's H.264). So: seek to the keyframe's presentation time, then skip the
     packets before it by demuxing alone; should the seek overshoot, start from the file's first packet instead.
+
+    A generator: it seeks on the first ``next``, and closes PyAV's demux generator when it is closed or dropped
+    part-way, as its callers do. PyAV's abi3 wheels build generators that never run their cleanup when dropped
+    unfinished, and each leaked the demuxer's packet buffer: ~300 bytes per seek, 34 KB per batch in a worker.
     """
     key_dts, key_pts = int(index.dts[start]), int(index.pts[start])
     for target in (key_pts, int(index.dts[0])):
         container.seek(target, stream=stream, backward=True, any_frame=False)
-        packets = container.demux(stream)
-        for packet in packets:
-            if packet.size == 0:
-                continue
-            # Matroska's demuxer gives the packet it seeked to no dts (its pts stood in for it, which looked
-            # like an overshoot, so every MKV request demuxed from the file's start): the pts decides then.
-            if packet.pts == key_pts and packet.dts in (None, key_dts):
-                return itertools.chain([packet], packets)
-            dts = packet.dts if packet.dts is not None else packet.pts  # as the index records it
-            if dts is None or dts < key_dts:
-                continue
-            break  # past the keyframe: the seek overshot
+        with contextlib.closing(container.demux(stream)) as packets:
+            for packet in packets:
+                if packet.size == 0:
+                    continue
+                # Matroska's demuxer gives the packet it seeked to no dts (its pts stood in for it, which looked
+                # like an overshoot, so every MKV request demuxed from the file's start): the pts decides then.
+                if packet.pts == key_pts and packet.dts in (None, key_dts):
+                    yield packet
+                    yield from packets
+                    return
+                dts = packet.dts if packet.dts is not None else packet.pts  # as the index records it
+                if dts is None or dts < key_dts:
+                    continue
+                break  # past the keyframe: the seek overshot
     raise VideoDecodeError(
         f"{index.source_name}: no packet at the keyframe's decode time {key_dts} (position {start}); the file "
         "differs from its packet index (rewritten since it was indexed?)"

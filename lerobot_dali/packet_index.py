@@ -11,6 +11,7 @@ numbering DALI's video decoder and any sequential decode use (one shown frame pe
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import logging
@@ -351,19 +352,20 @@ def _rows_from_sample_tables(
     own_dts = entries is None  # (FFmpeg's dts are shifted already)
     shift: int | None = None
     check = min(_TIMESTAMP_CHECK_PACKETS, len(rows))
-    demuxed = (packet for packet in container.demux(stream) if packet.size > 0)
     checked = 0
-    for row, packet in zip(rows[:check], demuxed, strict=False):
-        if shift is None and packet.pts is not None:
-            shift = packet.pts - row[0]
-        dts_shift = (shift or 0) if own_dts else 0
-        expected = (row[0] + (shift or 0), row[1] + dts_shift, *row[2:])
-        if (packet.pts, packet.dts, packet.pos, packet.size, packet.is_keyframe) != expected:
-            logger.debug("%s: packet %d disagrees with the MP4 sample tables; demuxing.", label, checked)
-            return None
-        if checked < _BYTE_CHECK_PACKETS:
-            samples[checked] = bytes(packet)
-        checked += 1
+    with contextlib.closing(container.demux(stream)) as packets:  # (a PyAV generator dropped unfinished leaks)
+        demuxed = (packet for packet in packets if packet.size > 0)
+        for row, packet in zip(rows[:check], demuxed, strict=False):
+            if shift is None and packet.pts is not None:
+                shift = packet.pts - row[0]
+            dts_shift = (shift or 0) if own_dts else 0
+            expected = (row[0] + (shift or 0), row[1] + dts_shift, *row[2:])
+            if (packet.pts, packet.dts, packet.pos, packet.size, packet.is_keyframe) != expected:
+                logger.debug("%s: packet %d disagrees with the MP4 sample tables; demuxing.", label, checked)
+                return None
+            if checked < _BYTE_CHECK_PACKETS:
+                samples[checked] = bytes(packet)
+            checked += 1
     if checked != check:
         logger.debug("%s: fewer packets than MP4 samples; demuxing.", label)
         return None

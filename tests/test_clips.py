@@ -6,6 +6,7 @@ import io
 from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import av
 import fsspec
@@ -317,3 +318,81 @@ def test_cr5_av1_clips_across_episodes(file_index: int) -> None:
     np.testing.assert_array_equal(starts, np.concatenate(([0], np.cumsum(lengths)[:-1])))
     windows = _windows(np.random.default_rng(file_index), starts, lengths, 3)
     _check_clips(path, index, windows)
+
+
+class _Run:
+    """A PyAV generator (demux or decode) that says whether it ran out or was closed; like PyAV's own (abi3
+    builds), it runs no cleanup when dropped."""
+
+    def __init__(self, generator: Any) -> None:
+        self._generator, self.finished, self.closed = generator, False, False
+
+    def __iter__(self) -> _Run:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._generator)
+        except StopIteration:
+            self.finished = True
+            raise
+
+    def close(self) -> None:
+        self.closed = True
+        self._generator.close()
+
+
+class _TrackedContainer:
+    def __init__(self, container: Any) -> None:
+        self._container, self.runs = container, []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._container, name)
+
+    def __enter__(self) -> _TrackedContainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._container.close()
+
+    def demux(self, *args: Any, **kwargs: Any) -> _Run:
+        self.runs.append(_Run(self._container.demux(*args, **kwargs)))
+        return self.runs[-1]
+
+
+def test_every_demux_is_closed_or_run_out(
+    marker_video: MarkerVideo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PyAV's abi3 wheels build generators that never run their cleanup when dropped unfinished: each demux the
+    CPU decoder dropped after its frames leaked the demuxer's packet (~300 bytes a seek, a worker grew 34 KB a
+    batch). Indexing, decoding and cutting clips by demuxing must each close what they stop early."""
+    mp4 = marker_video("h264", 30)
+    mkv = tmp_path / "h264.mkv"
+    with av.open(str(mp4)) as src, av.open(str(mkv), "w", format="matroska") as dst:
+        stream = dst.add_stream_from_template(src.streams.video[0], opaque=True)
+        for packet in src.demux(src.streams.video[0]):
+            if packet.size:
+                packet.stream = stream
+                dst.mux(packet)
+    containers: list[_TrackedContainer] = []
+    real_open = av.open
+
+    def tracked_open(*args: Any, **kwargs: Any) -> _TrackedContainer:
+        containers.append(_TrackedContainer(real_open(*args, **kwargs)))
+        return containers[-1]
+
+    monkeypatch.setattr(av, "open", tracked_open)
+    index = build_packet_index(mp4)  # (checks the MP4 tables against the first packets the demuxer gives)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    frames = decoder.decode(mp4, index, [3, 40, 41, 75])
+    decoder.close()
+    clip = build_clip(mkv, build_packet_index(mkv), [40, 41, 75])  # (payloads demuxed: MKV has no byte offsets)
+    monkeypatch.undo()
+    runs = [run for container in containers for run in container.runs]
+    left = [i for i, run in enumerate(runs) if not (run.closed or run.finished)]
+    assert len(runs) >= 4 and not left, f"{len(left)} of {len(runs)} demuxes dropped unfinished"
+    expected = reference_frames(mp4)
+    wanted = [expected[int(pts)] for pts in index.frame_pts[[3, 40, 41, 75]]]
+    np.testing.assert_array_equal(frames, np.stack(wanted))
+    cut = _decode_clip(clip.data)
+    np.testing.assert_array_equal(np.stack([cut[i] for i in clip.relative_indices]), np.stack(wanted[1:]))
