@@ -26,7 +26,7 @@ import numpy as np
 
 from .batch_source import CameraFormat
 from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
-from .dataset_reader import LeRobotDatasetReader, VideoRef
+from .dataset_reader import LeRobotDatasetReader, VideoRef, warn_undeclared_columns
 from .distributed import usable_cpus
 from .errors import DataFileError, EpisodeMetadataError, SchemaMismatchError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
@@ -250,6 +250,7 @@ def check_dataset(
     Past ``max_problems`` (a fault every episode shares, in a big dataset) problems are counted, not kept.
     """
     started = time.perf_counter()
+    warn_undeclared_columns(reader)
     workers = default_workers(reader, decode=decode) if workers is None else workers
     checker = _EpisodeChecker(
         reader=reader.for_workers(),

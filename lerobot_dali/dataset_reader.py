@@ -39,7 +39,7 @@ from .file_stamps import FileStamp, FileStamps
 from .frame_lookup import ITERATORS_LOOKUP, FrameLookup
 from .value_checks import required_whole_number
 
-__all__ = ["INFO_PATH", "LeRobotDatasetReader", "VideoRef", "open_dataset", "read_info_json"]
+__all__ = ["INFO_PATH", "LeRobotDatasetReader", "VideoRef", "open_dataset", "read_info_json", "warn_undeclared_columns"]
 
 logger = logging.getLogger(__name__)
 
@@ -186,6 +186,12 @@ class LeRobotDatasetReader:
         """Positions of the episodes the iterator checks when it is built (its files' formats, its rows' frames):
         the first; a union's, each dataset's first."""
         return [0] if self.num_episodes else []
+
+    def undeclared_columns(self, episode_pos: int) -> list[str]:
+        """Columns of episode ``episode_pos``'s data file that info.json does not declare. They are never read, so a
+        feature whose entry was dropped from info.json is simply missing from batches (LeRobot refuses such a file)."""
+        names = self._parquet.get(self.data_path(episode_pos)).schema_arrow.names
+        return [name for name in names if name not in self.info.features and not name.startswith("__index_level_")]
 
     def read_stats(self) -> FeatureStats:
         """The dataset's feature statistics, as LeRobot reads them (:func:`~.dataset_stats.read_dataset_stats`)."""
@@ -452,6 +458,23 @@ def open_dataset(
     _check_first_files(reader)
     logger.info("opened %r", reader)
     return reader
+
+
+def warn_undeclared_columns(reader: LeRobotDatasetReader) -> None:
+    """Warn, per dataset, of data-file columns info.json does not declare: a batch then lacks a key the data holds,
+    which a KeyError in the training loop would not explain. A first data file that does not open is left to the
+    row reads, which raise naming it."""
+    for pos in reader.first_episodes():
+        try:
+            extra = reader.undeclared_columns(pos)
+        except DatasetError:
+            continue
+        if extra:
+            logger.warning(
+                "%s: the data files hold columns info.json does not declare, %s: they are not read, so batches have "
+                "no such keys; declare them under 'features' in meta/info.json to read them",
+                reader.source_of(pos), extra,
+            )  # fmt: skip
 
 
 def _select(

@@ -185,6 +185,10 @@ class DatasetUnion(LeRobotDatasetReader):
     def frame_lookup(self, episode_pos: int) -> FrameLookup:
         return self.lookups[self.member(episode_pos)[0]]
 
+    def undeclared_columns(self, episode_pos: int) -> list[str]:
+        d, pos = self.member(episode_pos)
+        return self.members[d].undeclared_columns(pos)
+
     def first_episodes(self) -> list[int]:
         return [int(start) for start, stop in zip(self.starts[:-1], self.starts[1:], strict=True) if stop > start]
 

@@ -26,7 +26,7 @@ from .concurrent_calls import in_threads
 from .cpu_decode import CpuDecodeOptions, pyav_can_decode
 from .dali_graph import HOST_TASK_INDEX, CameraFeed, build_pipeline, camera_feed
 from .dataset_info import INDEX_COLUMNS
-from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
+from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset, warn_undeclared_columns
 from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
 from .depth_maps import DepthUnit
@@ -214,6 +214,7 @@ class DALILeRobotIterator:
             if store is not None:
                 store.prune_unused()
         self.routes = self._choose_routes(preference)
+        warn_undeclared_columns(self.reader)
         self._feeds = self._plan_feeds()
         self._tabular_keys = tuple(self.reader.tabular_keys)
         self._host_value_keys = tuple(k for k in self._tabular_keys if self.reader.info.features[k].is_host_value)

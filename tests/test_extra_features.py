@@ -6,6 +6,7 @@ N-D arrays (``datasets.Array2D``..., stored as nested lists) as (B, *shape) tens
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from lerobot_dali.dataset_check import check_dataset
+from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DeltaTimestampsError, SchemaMismatchError
 from lerobot_dali.iterator import DALILeRobotIterator
 
@@ -120,3 +123,33 @@ def test_a_window_on_a_key_left_out_by_the_selection_is_refused(extra_ds: Path) 
         extra_ds, keys=["action"], delta_timestamps={"frame_index": [0.0]}, batch_size=2, device="cpu", num_workers=0
     )  # index columns come with every batch, so their windows stand
     assert "frame_index_is_pad" in next(iter(it))
+
+
+def test_columns_info_json_does_not_declare_are_named_once_when_built(
+    extra_ds: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A feature's entry dropped from info.json leaves its column unread: the batch lacks the key, and the warning
+    says why (a KeyError in the loop would not)."""
+    caplog.set_level(logging.WARNING, logger="lerobot_dali")
+    DALILeRobotIterator(extra_ds, batch_size=2, device="cpu", num_workers=0)
+    check_dataset(open_dataset(extra_ds), workers=0)
+    assert not [r for r in caplog.records if "does not declare" in r.getMessage()]  # every column declared
+
+    root = shutil.copytree(extra_ds, tmp_path / "dataset")
+    info_path = root / "meta" / "info.json"
+    info = json.loads(info_path.read_text())
+    del info["features"]["extra.gripper"], info["features"]["language_events"]
+    info_path.write_text(json.dumps(info))
+    caplog.clear()
+    it = DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=0)
+    warned = [r.getMessage() for r in caplog.records if "does not declare" in r.getMessage()]
+    assert warned == [
+        f"{root}: the data files hold columns info.json does not declare, ['language_events', 'extra.gripper']: they "
+        "are not read, so batches have no such keys; declare them under 'features' in meta/info.json to read them"
+    ]
+    batch = next(iter(it))
+    assert "extra.gripper" not in batch and "language_events" not in batch
+    assert batch["extra.note"] == [_note(0), _note(1)]  # the declared columns read as before
+    caplog.clear()
+    assert check_dataset(open_dataset(root), workers=0).ok
+    assert [r.getMessage() for r in caplog.records if "does not declare" in r.getMessage()] == warned
