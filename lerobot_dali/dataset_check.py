@@ -34,6 +34,7 @@ from .image_frames import decode_depth_images, decode_images, first_image_shape
 from .packet_index import PacketIndex
 from .packet_index_cache import PacketIndexCache
 from .packet_index_store import PacketIndexStore
+from .value_checks import check_choice
 from .worker_start import log_like_trainer, package_log_level, skipping_main
 
 __all__ = ["CheckReport", "Problem", "check_dataset", "default_workers"]
@@ -254,7 +255,7 @@ def check_dataset(
     workers = default_workers(reader, decode=decode) if workers is None else workers
     checker = _EpisodeChecker(
         reader=reader.for_workers(),
-        timestamp_source=TimestampSource(timestamp_source),
+        timestamp_source=check_choice(TimestampSource, "timestamp_source", timestamp_source),
         tolerance_s=float(tolerance_s),
         decode=bool(decode),
         formats={},

@@ -18,7 +18,7 @@ from numpy.typing import ArrayLike
 
 from .errors import FrameRequestError, FrameTimestampError
 from .packet_index import PacketIndex
-from .value_checks import check_seconds
+from .value_checks import check_choice, check_seconds
 
 if TYPE_CHECKING:
     from .dataset_reader import LeRobotDatasetReader, VideoRef
@@ -67,11 +67,8 @@ class FrameLookup:
 
     def __post_init__(self) -> None:
         if self.timestamp_source is not None:
-            try:
-                object.__setattr__(self, "timestamp_source", TimestampSource(self.timestamp_source))
-            except ValueError:
-                allowed = [s.value for s in TimestampSource]
-                raise ValueError(f"timestamp_source must be one of {allowed}, got {self.timestamp_source!r}") from None
+            source = check_choice(TimestampSource, "timestamp_source", self.timestamp_source)
+            object.__setattr__(self, "timestamp_source", source)
         if self.tolerance_s is not None:
             check_seconds("tolerance_s", self.tolerance_s)
 

@@ -64,6 +64,8 @@ def test_a_sound_dataset_is_read_whole(make_ds) -> None:
     cpus = min(8, len(os.sched_getaffinity(0)))
     assert default_workers(open_dataset(root), decode=False) == 0
     assert default_workers(open_dataset(root), decode=True) == cpus
+    with pytest.raises(ValueError, match="timestamp_source must be one of 'parquet_timestamp', 'frame_index', got 'w"):
+        check_dataset(open_dataset(root), timestamp_source="wall_clock")  # (as the iterator says it, not enum's)
 
 
 def test_every_damage_is_listed_against_its_episode_and_camera(make_ds, copy_ds) -> None:
