@@ -43,7 +43,7 @@ import numpy as np
 
 from .episode_pieces import EpisodePieces
 from .errors import ShardingError
-from .value_checks import check_int
+from .value_checks import check_choice, check_int
 
 __all__ = [
     "DEFAULT_EPISODE_POOL_SIZE",
@@ -131,12 +131,7 @@ class OrderOptions:
         check_int("drop_n_last_frames", self.drop_n_last_frames, minimum=0)
         check_int("checkpoint_interval", self.checkpoint_interval, minimum=1)
         check_int("max_checkpoints", self.max_checkpoints, minimum=1)
-        if not isinstance(self.rank_balance, RankBalance):
-            try:
-                object.__setattr__(self, "rank_balance", RankBalance(self.rank_balance))
-            except ValueError as e:
-                allowed = ", ".join(repr(m.value) for m in RankBalance)
-                raise ValueError(f"rank_balance={self.rank_balance!r} is not one of {allowed}") from e
+        object.__setattr__(self, "rank_balance", check_choice(RankBalance, "rank_balance", self.rank_balance))
 
 
 @dataclass(frozen=True)

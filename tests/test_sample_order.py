@@ -411,7 +411,7 @@ def test_option_validation() -> None:
         OrderOptions(episode_pool_size=0)
     with pytest.raises(ValueError, match="drop_n_last_frames"):
         OrderOptions(drop_n_last_frames=-1)
-    with pytest.raises(ValueError, match="'pad', 'drop'"):
+    with pytest.raises(ValueError, match="rank_balance must be one of 'pad', 'drop', 'none', got 'trim'"):
         OrderOptions(rank_balance="trim")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="rank must be in"):
         SampleOrder(LENGTHS, rank=2, world_size=2)
