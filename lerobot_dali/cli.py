@@ -40,6 +40,7 @@ def _open_dataset(args: argparse.Namespace) -> LeRobotDatasetReader:
     :class:`_CommandError` (the package's own errors pass through: :func:`main` names their type)."""
     from .dataset_reader import open_dataset
     from .errors import DatasetError
+    from .remote_retry import is_transient
 
     selection = {name: getattr(args, name) for name in ("keys", "episodes") if getattr(args, name, None) is not None}
     try:
@@ -47,6 +48,8 @@ def _open_dataset(args: argparse.Namespace) -> LeRobotDatasetReader:
     except DatasetError:
         raise
     except (ImportError, ValueError, OSError) as e:
+        if is_transient(e):
+            raise  # (main names a network failure as one)
         raise _CommandError(f"cannot open {args.dataset!r}: {_one_line(e)}") from e
 
 
@@ -569,6 +572,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"lerobot-dali {args.verb}: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        from .remote_retry import RETRIES_ENV, is_transient
+
+        if not is_transient(e):
+            raise
+        print(
+            f"lerobot-dali {args.verb}: the network failed past its retries ({_one_line(e)}); "
+            f"check the connection, or retry more with {RETRIES_ENV}",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":

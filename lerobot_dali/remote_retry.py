@@ -81,6 +81,8 @@ _TRANSIENT_TYPE_NAMES = frozenset(
         "IncompleteRead",
         "ProtocolError",
         "ReadTimeoutError",
+        "NetworkError",  # httpx's (huggingface_hub's client): ConnectError, ReadError, WriteError, CloseError
+        "TimeoutException",  # httpx's: PoolTimeout, WriteTimeout too
     }
 )
 
@@ -204,10 +206,14 @@ def _retry_after_s(error: BaseException) -> float:
 
 def _unmasked(error: Exception) -> Exception:
     """The HTTP error behind fsspec's ``FileNotFoundError(url) from <whatever its GET hit>`` (its HTTP ``info``)
-    when that was not a 404/410: an outage past the retries, or a denied access, reported as a missing file sent
-    users looking for a file that is there."""
+    when that was not a 404/410: an outage past the retries (a refused connection too), or a denied access,
+    reported as a missing file sent users looking for a file that is there."""
     cause = error.__cause__
-    if isinstance(error, FileNotFoundError) and isinstance(cause, Exception) and not isinstance(cause, OSError):
+    if (
+        isinstance(error, FileNotFoundError)
+        and isinstance(cause, Exception)
+        and not isinstance(cause, FileNotFoundError)
+    ):
         status = _status_of(cause)
         if (status is not None and status not in (404, 410)) or (status is None and is_transient(cause)):
             return cause

@@ -211,6 +211,28 @@ def test_datasets_that_cannot_be_opened_are_one_line_errors(tmp_path: Path, monk
     assert not (tmp_path / "results").exists()
 
 
+def test_a_network_failure_past_its_retries_is_a_one_line_error(tmp_path: Path, monkeypatch, capsys) -> None:
+    """huggingface_hub's client (httpx) raises no OSError: an unreachable Hub came out as a traceback."""
+    from lerobot_dali import dataset_reader
+    from tests.test_remote import ConnectError
+
+    def unreachable(target: str, **kwargs: object) -> None:
+        raise ConnectError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(dataset_reader, "resolve_location", unreachable)
+    bench = ["bench", "--device", "cpu", "--quick", "--out", str(tmp_path / "results"), "--dataset"]
+    for argv in (["info", "hf://datasets/a/b"], ["check", "hf://datasets/a/b"], [*bench, "hf://datasets/a/b"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err == (
+            f"lerobot-dali {argv[0]}: the network failed past its retries (ConnectError: [Errno -2] Name or service "
+            "not known); check the connection, or retry more with LEROBOT_DALI_REMOTE_RETRIES\n"
+        ), err
+    monkeypatch.setattr(dataset_reader, "resolve_location", lambda target, **kwargs: 1 / 0)
+    with pytest.raises(ZeroDivisionError):  # (any other failure is a bug to see whole)
+        main(["info", "hf://datasets/a/b"])
+
+
 def test_diagnose_dataset_after_cameras_is_refused(tmp_path: Path, capsys) -> None:
     """``--cameras`` takes every word after it, so a DATASET given last would be read as one more camera."""
     dataset = str(tmp_path / "ds")

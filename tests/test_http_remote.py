@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import socket
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from lerobot_dali.cli import main
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DatasetError, EpisodeMetadataError
 from lerobot_dali.remote_retry import RETRIES_ENV, RetryingFileSystem, RetryPolicy, is_transient
@@ -322,6 +324,24 @@ def test_a_denied_or_failing_server_is_not_reported_as_a_missing_file(
     assert not isinstance(info.value, FileNotFoundError), repr(info.value)
     assert getattr(info.value, "status", None) == int(fault), repr(info.value)
     server.set_faults(0)
+
+
+def test_a_server_that_refuses_connections_is_not_reported_as_a_missing_file(monkeypatch, capsys) -> None:
+    """fsspec raises FileNotFoundError from aiohttp's ClientConnectorError (an OSError) when nothing listens: past
+    the retries that read "not a LeRobot dataset: meta/info.json is missing". The connection error is raised."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/dataset"
+    monkeypatch.setenv(RETRIES_ENV, "1")
+    use_fast_retries(monkeypatch, retries=1)
+    with pytest.raises(Exception) as info:
+        open_dataset(url)
+    assert not isinstance(info.value, FileNotFoundError) and is_transient(info.value), repr(info.value)
+    assert "Cannot connect to host 127.0.0.1" in str(info.value)
+    assert main(["info", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lerobot-dali info: the network failed past its retries (ClientConnectorError: Cannot co")
+    assert err.endswith(f"retry more with {RETRIES_ENV}\n") and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize("remote_part", ["dataset", "data_files_root"])

@@ -60,6 +60,22 @@ class ServerDisconnectedError(Exception):
     """Named like aiohttp's, to check matching by class name."""
 
 
+class NetworkError(Exception):
+    """Named like httpx's (huggingface_hub's HTTP client), as are its subclasses below."""
+
+
+class ConnectError(NetworkError):
+    pass
+
+
+class TimeoutException(Exception):
+    pass
+
+
+class PoolTimeout(TimeoutException):
+    pass
+
+
 @pytest.mark.parametrize(
     ("error", "transient"),
     [
@@ -77,6 +93,8 @@ class ServerDisconnectedError(Exception):
         (_HubError(502), True),
         (_HubError(401), False),
         (ServerDisconnectedError(), True),
+        (ConnectError("[Errno -2] Name or service not known"), True),
+        (PoolTimeout(""), True),
         (RuntimeError("Session is closed: client has been closed"), True),
         (RuntimeError("something else"), False),
         (FileNotFoundError("gone"), False),
