@@ -136,6 +136,8 @@ def _check(args: argparse.Namespace) -> int:
     """Each dataset checked in turn: exit 0 when none has a problem, 1 when one has, 2 when one does not open."""
     from .errors import DatasetError
 
+    if args.workers is not None and args.workers < 0:
+        raise _CommandError(f"--workers must be an int >= 0 (0: this process), got {args.workers}")
     each = _each_dataset(args)
     as_one = args.concat or args.rename_map is not None
     if as_one or len(args.dataset) == 1:

@@ -34,7 +34,7 @@ from .image_frames import decode_depth_images, decode_images, first_image_shape
 from .packet_index import PacketIndex
 from .packet_index_cache import PacketIndexCache
 from .packet_index_store import PacketIndexStore
-from .value_checks import check_choice
+from .value_checks import check_choice, check_int
 from .worker_start import log_like_trainer, package_log_level, skipping_main
 
 __all__ = ["CheckReport", "Problem", "check_dataset", "default_workers"]
@@ -251,8 +251,8 @@ def check_dataset(
     Past ``max_problems`` (a fault every episode shares, in a big dataset) problems are counted, not kept.
     """
     started = time.perf_counter()
+    workers = default_workers(reader, decode=decode) if workers is None else check_int("workers", workers, minimum=0)
     warn_undeclared_columns(reader)
-    workers = default_workers(reader, decode=decode) if workers is None else workers
     checker = _EpisodeChecker(
         reader=reader.for_workers(),
         timestamp_source=check_choice(TimestampSource, "timestamp_source", timestamp_source),

@@ -66,6 +66,8 @@ def test_a_sound_dataset_is_read_whole(make_ds) -> None:
     assert default_workers(open_dataset(root), decode=True) == cpus
     with pytest.raises(ValueError, match="timestamp_source must be one of 'parquet_timestamp', 'frame_index', got 'w"):
         check_dataset(open_dataset(root), timestamp_source="wall_clock")  # (as the iterator says it, not enum's)
+    with pytest.raises(ValueError, match="workers must be >= 0, got -1"):  # (it ran in this process, unsaid)
+        check_dataset(open_dataset(root), workers=-1)
 
 
 def test_every_damage_is_listed_against_its_episode_and_camera(make_ds, copy_ds) -> None:
@@ -198,6 +200,8 @@ def test_the_command_exits_by_what_it_found(make_ds, copy_ds, capsys) -> None:
     }
     assert main(["check", str(root / "nowhere")]) == 2
     assert "DatasetNotFoundError" in capsys.readouterr().err
+    assert main(["check", str(root), "--workers", "-2"]) == 2
+    assert capsys.readouterr().err == "lerobot-dali check: --workers must be an int >= 0 (0: this process), got -2\n"
     # Several: each in turn, one that does not open among them; the exit code is the worst.
     clean = make_ds(**SPEC)
     assert main(["check", str(clean), str(root), "--json"]) == 1
