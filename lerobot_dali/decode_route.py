@@ -27,6 +27,7 @@ from .cpu_decode import pyav_can_decode, torchcodec_available
 from .dali_video import DALI_CPU_CODECS, DALI_NVDEC_CODECS, dali_error_reason, decode_clip_batch
 from .errors import CodecUnsupportedError
 from .packet_index import PacketIndex
+from .value_checks import check_choice
 from .video_source import VideoSource
 from .worker_start import skipping_main
 
@@ -58,13 +59,7 @@ class DecodePreference(Enum):
 
     @classmethod
     def parse(cls, value: DecodePreference | str) -> DecodePreference:
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(str(value).lower())
-        except ValueError:
-            allowed = ", ".join(repr(m.value) for m in cls)
-            raise ValueError(f"Invalid decode preference {value!r}; supported values are {allowed}.") from None
+        return check_choice(cls, "decode", value.lower() if isinstance(value, str) else value)
 
 
 class DecodeRoute(Enum):

@@ -148,8 +148,9 @@ def test_route_errors() -> None:
         choose_route("evc", gpu=None, nvdec_supported=None, label="cam")
     with pytest.raises(CodecUnsupportedError, match="sends only"):
         choose_route("evc", decode="gpu", gpu=H200, nvdec_supported=False)
-    with pytest.raises(ValueError, match="'auto', 'gpu', 'cpu'"):
-        DecodePreference.parse("tpu")
+    with pytest.raises(ValueError, match="decode must be one of 'auto', 'gpu', 'cpu', got 'tpu'"):
+        DecodePreference.parse("TPU")
+    assert DecodePreference.parse("CPU") is DecodePreference.CPU
 
 
 def test_route_for_video_without_driver(marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -997,6 +997,7 @@ def test_choices_and_counts_from_a_config_are_taken_or_refused_with_the_allowed_
     for option, allowed in (
         ("timestamp_source", "'parquet_timestamp', 'frame_index'"),
         ("rank_balance", "'pad', 'drop', 'none'"),
+        ("decode", "'auto', 'gpu', 'cpu'"),
     ):
         with pytest.raises(ValueError, match=f"{option} must be one of {allowed}, got 'even'"):
             DALILeRobotIterator(root, device="cpu", **{option: "even"})
