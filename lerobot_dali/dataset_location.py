@@ -90,6 +90,7 @@ def resolve_location(
     target = os.fspath(path_or_repo)
     options = storage_options or {}
     if "://" not in target and os.path.isdir(target):
+        _revision_ignored(revision, target, "a local folder")
         local = LocalFileSystem()
         root = os.path.abspath(target)
         return DatasetLocation(local, root, local, root, root)
@@ -98,6 +99,7 @@ def resolve_location(
         in_url = unquote(match["rev"]) if match["rev"] else None
         return _hub_location(match["repo"], _one_revision(target, in_url, revision), match["sub"] or "", options)
     if "://" in target:
+        _revision_ignored(revision, target, "not a Hub dataset")
         fs, root = _remote_fs(target, options)
         return DatasetLocation(fs, root, fs, root, target)
     if _REPO_ID.match(target) and not os.path.exists(target):
@@ -106,6 +108,15 @@ def resolve_location(
         f"dataset {target!r} not found: it is not a local folder, a Hub repo id ('user/name') "
         "or an fsspec URL (e.g. 'hf://datasets/user/name', 's3://bucket/path')"
     )
+
+
+def _revision_ignored(revision: str | None, target: str, what: str) -> None:
+    """Warn that ``revision`` names nothing here: the files read are whatever ``target`` holds now."""
+    if revision is not None:
+        logger.warning(
+            "revision=%r is ignored: %s is %s, read as it is now (a revision selects a Hub dataset's commit)",
+            revision, target, what,
+        )  # fmt: skip
 
 
 #: Plain HTTP(S) servers: seconds to connect and between bytes read. aiohttp's own default bounds only a whole

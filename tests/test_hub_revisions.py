@@ -173,6 +173,23 @@ def test_two_different_revisions_are_refused(hub) -> None:
     assert hub == []
 
 
+def test_a_revision_where_no_hub_dataset_is_read_is_named_ignored(hub, tmp_path, caplog) -> None:
+    """A local folder or another filesystem's URL is read as it is now: a revision asked for there selects nothing."""
+    caplog.set_level(logging.WARNING, logger="lerobot_dali")
+    resolve_location(tmp_path)
+    resolve_location("memory://somewhere/ds")
+    resolve_location("hf://datasets/user/ds", revision="v2")
+    assert caplog.records == []
+    resolve_location(tmp_path, revision="v2")
+    resolve_location("memory://somewhere/ds", revision="v2")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"revision='v2' is ignored: {tmp_path} is a local folder, read as it is now (a revision selects a Hub "
+        "dataset's commit)",
+        "revision='v2' is ignored: memory://somewhere/ds is not a Hub dataset, read as it is now (a revision "
+        "selects a Hub dataset's commit)",
+    ]
+
+
 def _http_error(cls: type[HfHubHTTPError], status: int, message: str) -> HfHubHTTPError:
     """An error as huggingface_hub raises it for an HTTP ``status`` (only ``status_code`` and headers are read)."""
     return cls(message, response=SimpleNamespace(status_code=status, headers={}, request=None))
