@@ -213,15 +213,20 @@ def test_clip_from_fsspec_and_file_object(marker_video: MarkerVideo) -> None:
         np.testing.assert_array_equal(a, c)
 
 
-def test_matroska_source_uses_demux_path(marker_video: MarkerVideo, tmp_path: Path) -> None:
-    source = marker_video("h264", 30)
-    mkv = tmp_path / "h264.mkv"
+def _remux_to_matroska(source: Path, mkv: Path) -> Path:
+    """``source``'s video packets in a Matroska file (no byte offsets: clips are cut by demuxing)."""
     with av.open(str(source)) as src, av.open(str(mkv), "w", format="matroska") as dst:
         stream = dst.add_stream_from_template(src.streams.video[0], opaque=True)
         for packet in src.demux(src.streams.video[0]):
             if packet.size:
                 packet.stream = stream
                 dst.mux(packet)
+    return mkv
+
+
+def test_matroska_source_uses_demux_path(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    source = marker_video("h264", 30)
+    mkv = _remux_to_matroska(source, tmp_path / "h264.mkv")
     index = build_packet_index(mkv)
     assert not index.byte_exact
     _check_clips(mkv, index, [np.array([0, 1, 2]), np.array([40, 41, 75]), np.array([89, 88])])
@@ -367,13 +372,7 @@ def test_every_demux_is_closed_or_run_out(
     CPU decoder dropped after its frames leaked the demuxer's packet (~300 bytes a seek, a worker grew 34 KB a
     batch). Indexing, decoding and cutting clips by demuxing must each close what they stop early."""
     mp4 = marker_video("h264", 30)
-    mkv = tmp_path / "h264.mkv"
-    with av.open(str(mp4)) as src, av.open(str(mkv), "w", format="matroska") as dst:
-        stream = dst.add_stream_from_template(src.streams.video[0], opaque=True)
-        for packet in src.demux(src.streams.video[0]):
-            if packet.size:
-                packet.stream = stream
-                dst.mux(packet)
+    mkv = _remux_to_matroska(mp4, tmp_path / "h264.mkv")
     containers: list[_TrackedContainer] = []
     real_open = av.open
 
