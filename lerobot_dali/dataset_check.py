@@ -252,7 +252,6 @@ def check_dataset(
     """
     started = time.perf_counter()
     workers = default_workers(reader, decode=decode) if workers is None else check_int("workers", workers, minimum=0)
-    warn_undeclared_columns(reader)
     checker = _EpisodeChecker(
         reader=reader.for_workers(),
         timestamp_source=check_choice(TimestampSource, "timestamp_source", timestamp_source),
@@ -263,6 +262,7 @@ def check_dataset(
         task_indices=frozenset(int(i) for i in reader.tasks),
         index_store=None if reader.location.is_local else PacketIndexStore(),
     )
+    warn_undeclared_columns(reader)
     _set_references(checker)
     report = CheckReport(source=reader.location.description)
     files: set[str] = set()
