@@ -370,7 +370,7 @@ def test_dali_threads_reach_the_pipeline(make_ds, monkeypatch: pytest.MonkeyPatc
         ({"prefetch": 0}, ValueError, "prefetch must be >= 1"),
         ({"device": "cuda:x"}, ValueError, "device must be 'cuda', 'cuda:N' or 'cpu'"),
         ({"decode": "gpu"}, ValueError, "decode='gpu' decodes on NVDEC, which needs device='cuda'"),
-        ({"decode": "nvdec"}, ValueError, "supported values are 'auto', 'gpu', 'cpu'"),
+        ({"decode": "nvdec"}, ValueError, "decode must be one of 'auto', 'gpu', 'cpu', got 'nvdec'"),
     ],
 )
 def test_bad_sizes_fail_before_the_dataset_is_opened(tmp_path: Path, option: dict, error: type, match: str) -> None:
