@@ -377,7 +377,8 @@ def load_plan(config: BenchConfig, reader: Any) -> LoadPlan:
         augment = augment or AugmentConfig(color_jitter=ColorJitter(brightness=0.2, contrast=0.2, saturation=0.2))
     image_size = config.image_size or (recipe.image_size if recipe is not None else None)
     frames = sum(len(deltas.get(camera, [0.0])) for camera in cameras)
-    return LoadPlan(deltas, image_size, augment, tuple(cameras), frames)
+    drop_last = recipe.drop_n_last_frames if recipe is not None else 0
+    return LoadPlan(deltas, image_size, augment, tuple(cameras), frames, drop_n_last_frames=drop_last)
 
 
 # -- the run --------------------------------------------------------------------------------------------------
@@ -587,6 +588,7 @@ def _dataset_summary(dataset: BenchDataset, reader: Any, plan: LoadPlan) -> dict
         "delta_timestamps": plan.delta_timestamps,
         "image_size": list(plan.image_size) if plan.image_size else None,
         "augment": plan.augment.to_dict() if plan.augment is not None else None,
+        "drop_n_last_frames": plan.drop_n_last_frames,
     }
 
 
@@ -612,6 +614,11 @@ def run_bench(config: BenchConfig) -> BenchReport:
         summary = _dataset_summary(dataset, reader, plan)
         if plan.augment is not None:
             notes.append(f"{dataset.label}: augmentation runs in lerobot-dali only; peers load without it")
+        if plan.drop_n_last_frames and LEROBOT_STREAMING_LOADER in loaders:
+            notes.append(
+                f"{dataset.label}: StreamingLeRobotDataset takes no sampler, so it samples every frame; the other "
+                f"loaders leave each episode's last {plan.drop_n_last_frames} frames out, as the recipe says"
+            )
         ceiling_fps = None
         if config.limits:
             try:

@@ -39,6 +39,7 @@ from .bench_types import (
     LoadPlan,
 )
 from .cache_dirs import CACHE_ENV
+from .episode_pieces import EpisodePieces
 
 __all__ = ["LoaderJob", "TreeMemorySampler", "measure_loader", "run_in_child"]
 
@@ -148,6 +149,7 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
                 color_conversion=ColorConversion.WORKER if rgb_in_workers else ColorConversion.AUTO
             ),
             timestamp_source=job.dataset.timestamp_source, tolerance_s=job.dataset.tolerance_s,
+            drop_n_last_frames=plan.drop_n_last_frames,
         )  # fmt: skip
         routes = " ".join(f"{k.rsplit('.', 1)[-1]}={r.value}" for k, r in it.routes.items())
         return it, routes, it.close
@@ -193,17 +195,39 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
     else:
         raise ValueError(f"unknown loader {job.loader!r}; loaders are {', '.join(LOADERS)}")
     iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+    sampler = None
+    if plan.drop_n_last_frames and not iterable:
+        kept = sampled_frames(job.dataset.open().episodes.length, len(dataset), plan.drop_n_last_frames)
+        sampler = torch.utils.data.SubsetRandomSampler(kept.tolist(), generator=torch.Generator().manual_seed(job.seed))
     # Workers fork, as a DataLoader's do by default on Linux; this process was spawned, so say it explicitly.
     # Remote datasets spawn: fsspec's async clients (HTTP, s3, gcs) refuse to run in a forked child.
     context = "fork" if job.num_workers > 0 and sys.platform == "linux" else None
     if context and not os.path.isdir(job.dataset.path):
         context = "spawn"
     loader = DataLoader(
-        dataset, batch_size=job.batch_size, shuffle=not iterable, num_workers=job.num_workers, drop_last=True,
+        dataset, batch_size=job.batch_size, shuffle=not iterable and sampler is None, sampler=sampler,
+        num_workers=job.num_workers, drop_last=True,
         pin_memory=job.device.startswith("cuda"), persistent_workers=job.num_workers > 0,
         generator=torch.Generator().manual_seed(job.seed), multiprocessing_context=context,
     )  # fmt: skip
     return loader, "", close or (lambda: None)
+
+
+def sampled_frames(episode_lengths: Sequence[int] | np.ndarray, dataset_len: int, drop_last: int) -> np.ndarray:
+    """The indices a map-style peer samples when every episode's last ``drop_last`` frames are left out, as
+    LeRobot's ``EpisodeAwareSampler`` gives them (its frames are the episodes' in order, as the reader's are)."""
+    lengths = np.asarray(episode_lengths, dtype=np.int64)
+    if int(lengths.sum()) != dataset_len:
+        raise ValueError(
+            f"the peer holds {dataset_len} frames where the dataset's episodes hold {int(lengths.sum())}: cannot "
+            "tell which frames drop_n_last_frames leaves out"
+        )
+    kept = EpisodePieces.cut(lengths, None, drop_last=drop_last)
+    first = np.cumsum(lengths) - lengths + kept.offset  # each episode's first kept frame in the dataset
+    within = np.arange(int(kept.length.sum()), dtype=np.int64) - np.repeat(
+        np.cumsum(kept.length) - kept.length, kept.length
+    )
+    return np.repeat(first, kept.length) + within
 
 
 def _frames_in(batch: Mapping[str, Any], camera_keys: Sequence[str]) -> int:

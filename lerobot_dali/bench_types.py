@@ -114,6 +114,9 @@ class LoadPlan:
     augment: Any  # AugmentConfig | None; DALI is imported only where it is used
     camera_keys: tuple[str, ...]
     frames_per_sample: int
+    #: Frames at the end of every episode never sampled (a recipe's, as LeRobot's train script gives its
+    #: ``EpisodeAwareSampler``): lerobot-dali leaves them out itself, the map-style peers through their sampler.
+    drop_n_last_frames: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -356,6 +356,7 @@ def test_sarm_mode_and_recipe_windows(cache_dir: Path, quick_run: tuple[int, Pat
         "action": [k / 30 for k in range(-1, 15)],
     }
     assert plan.frames_per_sample == 16 and plan.image_size is None and plan.augment is None
+    assert plan.drop_n_last_frames == 7  # the diffusion recipe's, as LeRobot's train script samples for it
     vla = load_plan(BenchConfig(quick=True, recipe="vla", augment=False, image_size=(64, 64)), reader)
     assert vla.image_size == (64, 64) and vla.augment is None and list(vla.delta_timestamps) == ["action"]
 
@@ -409,6 +410,40 @@ def test_the_bench_reads_the_whole_dataset_whatever_rank_the_environment_names(
         assert (loader.rank, loader.world_size) == (0, 1)
     finally:
         close()
+
+
+def test_sampled_frames_leave_out_each_episodes_last_frames() -> None:
+    from lerobot_dali.bench_measure import sampled_frames
+
+    # Episodes of 3, 5 and 1 frames at dataset indices 0-2, 3-7, 8; the last 2 of each left out.
+    assert sampled_frames([3, 5, 1], 9, 2).tolist() == [0, 3, 4, 5]
+    assert sampled_frames([3, 5, 1], 9, 0).tolist() == list(range(9))
+    with pytest.raises(ValueError, match="the peer holds 10 frames where the dataset's episodes hold 9"):
+        sampled_frames([3, 5, 1], 10, 2)
+
+
+@pytest.mark.parametrize("loader", ["lerobot-dali", "pyav-dataloader"])
+def test_a_recipes_drop_n_last_frames_is_sampled_alike_by_lerobot_dali_and_the_peers(
+    cache_dir: Path, quick_run, loader: str
+) -> None:
+    """The bench sampled every frame whatever the recipe said, unlike the train script. With the last 50 of each
+    60-frame episode left out, an epoch of either loader is exactly the first 10 frames of each of the 6 episodes."""
+    import dataclasses
+
+    from lerobot_dali.bench_measure import _build_loader
+
+    job = _quick_job(cache_dir, loader, num_workers=0)
+    job = dataclasses.replace(job, plan=dataclasses.replace(job.plan, drop_n_last_frames=50))
+    iterable, _, close = _build_loader(job)
+    try:
+        seen = [
+            (int(e), int(f))
+            for batch in iterable
+            for e, f in zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=True)
+        ]
+    finally:
+        close()
+    assert sorted(seen) == [(e, f) for e in range(6) for f in range(10)]
 
 
 def test_a_generated_dataset_is_written_again_when_the_generator_changed(tmp_path: Path) -> None:
