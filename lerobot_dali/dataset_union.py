@@ -134,9 +134,7 @@ class DatasetUnion(LeRobotDatasetReader):
         super().__init__(
             replace(first.location, description=f"union of {names}{more}"),
             info,
-            EpisodeTable.concatenate(
-                [_renamed_cameras(m.episodes, r) for m, r in zip(self.members, self.renames, strict=True)]
-            ),
+            EpisodeTable.concatenate([_read_cameras(m, r) for m, r in zip(self.members, self.renames, strict=True)]),
             tasks,
             camera_keys=named.batch_names(first.camera_keys),
             tabular_keys=[*named.batch_names(first.tabular_keys), *([DATASET_INDEX] if with_dataset_index else [])],
@@ -360,8 +358,12 @@ def _first_of_member(
     return first_of(reader, rename.own_key(camera))
 
 
-def _renamed_cameras(episodes: EpisodeTable, rename: KeyRename) -> EpisodeTable:
-    return replace(episodes, cameras={rename.batch_name(k): files for k, files in episodes.cameras.items()})
+def _read_cameras(member: LeRobotDatasetReader, rename: KeyRename) -> EpisodeTable:
+    """``member``'s episode table with the files of the cameras it reads only (a narrowed reader's table still
+    holds every camera's), under the union's names."""
+    episodes = member.episodes
+    cameras = {rename.batch_name(k): files for k, files in episodes.cameras.items() if k in member.camera_keys}
+    return replace(episodes, cameras=cameras)
 
 
 def _kind(feature: Feature) -> tuple[Any, ...]:

@@ -498,3 +498,16 @@ def test_layouts_that_cannot_share_one_pipeline_are_refused(make_ds, caplog) -> 
         DALILeRobotIterator(paths, device="cpu")
     with serve_folder(paths[1].parent) as server, pytest.raises(DatasetError, match=r"one filesystem.*'local'.*'http'"):
         concat_datasets([paths[0], f"{server.url}/{paths[1].name}"])
+
+
+def test_a_camera_only_the_first_dataset_has_is_left_out(make_ds, caplog) -> None:
+    """The first dataset's extra camera is left out (warned) as the second's is, not a KeyError while the union's
+    episode table is built (it read every camera of the first dataset's table in the others')."""
+    paths = _datasets(make_ds)
+    with caplog.at_level(logging.WARNING):
+        union = concat_datasets([_datasets(make_ds, cameras=2)[1], paths[0]])
+    assert union.camera_keys == ["observation.images.cam0"] and "observation.images.cam1" in caplog.text
+    assert list(union.episodes.cameras) == ["observation.images.cam0"]
+    it = DALILeRobotIterator(union, batch_size=4, shuffle=False, device="cpu", num_workers=0, drop_last=False)
+    assert sum(len(batch["index"]) for batch in it) == union.num_frames
+    it.close()
