@@ -204,7 +204,10 @@ class Recipe:
             if role in kwargs:
                 kwargs[role] = StepWindow.from_dict(kwargs[role], where=f"{source} [{role}]")
         if "augment" in kwargs:
-            kwargs["augment"] = AugmentConfig.from_dict(kwargs["augment"])
+            try:
+                kwargs["augment"] = AugmentConfig.from_dict(kwargs["augment"])
+            except ValueError as e:  # (its messages name AugmentConfig, not the file or table)
+                raise ValueError(f"{source} [augment]: {e}") from e
         if "image_size" in kwargs:
             size = kwargs["image_size"]
             kwargs["image_size"] = tuple(size) if isinstance(size, list) else size

@@ -360,7 +360,6 @@ def data_plan(options: TrainOptions, *, fps: float, camera_keys: Sequence[str]) 
     ``--chunk N`` keeps the recipe's action window start and stride with N steps; without a recipe (or a
     recipe without ``[action]``) the window is ``0, 1/fps, ..., (N-1)/fps`` with N = ``--chunk`` or 10.
     """
-    from lerobot_dali.augment_config import AugmentConfig
     from pipelines.recipes import StepWindow, get_recipe
 
     recipe = get_recipe(options.recipe) if options.recipe else None
@@ -371,7 +370,7 @@ def data_plan(options: TrainOptions, *, fps: float, camera_keys: Sequence[str]) 
         steps = options.chunk if options.chunk is not None else DEFAULT_CHUNK
         deltas[ACTION_KEY] = StepWindow(steps=steps, first=first, stride_s=stride_s).offsets_s(fps)
     image_size = options.image_size if options.image_size else (recipe.image_size if recipe else None)
-    augment = AugmentConfig.from_toml(options.augment) if options.augment else (recipe.augment if recipe else None)
+    augment = read_augment(options.augment) if options.augment else (recipe.augment if recipe else None)
     windowed_camera = next((k for k in camera_keys if k in deltas), None)
     return DataPlan(
         delta_timestamps=deltas,
@@ -385,6 +384,27 @@ def data_plan(options: TrainOptions, *, fps: float, camera_keys: Sequence[str]) 
             else recipe.drop_n_last_frames if recipe else 0
         ),
     )  # fmt: skip
+
+
+def read_augment(path: Path) -> AugmentConfig:
+    """The ``--augment`` file; ValueError names it (AugmentConfig's own messages do not)."""
+    from lerobot_dali.augment_config import AugmentConfig
+
+    try:
+        return AugmentConfig.from_toml(path)
+    except ValueError as e:  # (invalid TOML too: tomllib's error is a ValueError)
+        raise ValueError(f"--augment {path}: {e}") from e
+
+
+def check_files(options: TrainOptions) -> None:
+    """Read ``--recipe`` and ``--augment`` (what can be checked before the datasets open): a mistake in either
+    raises ValueError or FileNotFoundError before any process group starts or any dataset downloads."""
+    from pipelines.recipes import get_recipe
+
+    if options.recipe:
+        get_recipe(options.recipe)
+    if options.augment:
+        read_augment(options.augment)
 
 
 def open_readers(options: TrainOptions) -> list[Any]:
@@ -864,7 +884,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         format=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    options = parse_args(argv)
+    try:
+        options = parse_args(argv)
+        check_files(options)
+    except (ValueError, OSError) as e:  # a flag's value, a recipe or --augment file: one line, before training starts
+        logger.error("train.py: %s", e)
+        return 2
     train(options)
     return 0
 

@@ -8,8 +8,10 @@ Each run is a real subprocess (``python pipelines/train.py`` or ``python -m torc
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -510,6 +512,39 @@ def test_feature_stats_read_named_and_per_episode_statistics() -> None:
     v30 = json.loads((shared_dataset("cr5_v30_av1") / "meta/stats.json").read_text())["action"]
     stats = feature_stats(open_dataset(shared_dataset("cr5_v21_av1")), "action")
     assert stats.mean == pytest.approx(v30["mean"], rel=1e-9) and stats.std == pytest.approx(v30["std"], rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("extra", "files", "message"),
+    [
+        (["--steps", "0"], {}, r"--steps must be an int >= 1, got 0"),
+        (["--recipe", "pi0"], {}, r"Unknown recipe 'pi0'"),
+        (["--recipe", "{tmp}/r.toml"], {"r.toml": 'name = "r"\n[action]\nstep = 4\n'},
+         r".*/r\.toml \[action\] has unknown key\(s\) \['step'\]"),
+        (["--recipe", "{tmp}/r.toml"], {"r.toml": 'name = "r"\n[augment]\nresize = [0, 5]\n'},
+         r".*/r\.toml \[augment\]: AugmentConfig\.resize = \[0, 5\] is invalid"),
+        (["--recipe", "{tmp}/missing.toml"], {}, r"recipe file .*missing\.toml does not exist"),
+        (["--augment", "{tmp}/a.toml"], {"a.toml": "[blur\n"}, r"--augment .*a\.toml: "),
+        (["--augment", "{tmp}/a.toml"], {"a.toml": "[color_jitter]\nbrightnes = 0.2\n"},
+         r"--augment .*a\.toml: AugmentConfig\.color_jitter has unknown key\(s\) \['brightnes'\]"),
+        (["--augment", "{tmp}/missing.toml"], {}, r".*No such file or directory: .*missing\.toml"),
+    ],
+)  # fmt: skip
+def test_mistakes_in_flags_recipe_and_augment_files_are_one_line_errors_before_training(
+    extra: list[str], files: dict[str, str], message: str, tmp_path: Path, caplog, monkeypatch
+) -> None:
+    """They were tracebacks (one per rank), and a recipe's or --augment file's only after the process group had
+    started and the datasets had opened (a Hub dataset downloaded); an augmentation error named neither file."""
+    from pipelines import train as train_module
+
+    monkeypatch.setattr(train_module, "train", lambda options: pytest.fail("training started"))
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    argv = ["--dataset", str(tmp_path / "no-dataset"), "--steps", "1", "--device", "cpu"]
+    with caplog.at_level(logging.ERROR, logger="pipelines.train"):
+        assert train_module.main([*argv, *(arg.format(tmp=tmp_path) for arg in extra)]) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and re.match(r"train\.py: " + message, errors[0]), errors
 
 
 def test_fp16_on_the_cpu_is_refused() -> None:
