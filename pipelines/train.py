@@ -55,8 +55,9 @@ import numpy as np
 import torch
 
 from lerobot_dali.cache_dirs import atomic_file
+from lerobot_dali.decode_route import DecodePreference
 from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
-from lerobot_dali.value_checks import check_int_fields, cli_flag
+from lerobot_dali.value_checks import check_choice, check_int_fields, cli_flag, is_int
 from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig
 
 if TYPE_CHECKING:
@@ -136,6 +137,10 @@ class TrainOptions:
             raise ValueError("--resume and --save-every need --checkpoint-dir")
         if not self.lr > 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
+        check_choice(DecodePreference, "--decode", self.decode.lower())
+        if self.image_size is not None and not all(is_int(v) and v > 0 for v in self.image_size):
+            size = " ".join(map(str, self.image_size))
+            raise ValueError(f"--image-size takes a positive height and width, got {size}")
         several = not isinstance(self.dataset, str) and len(self.dataset) > 1
         if self.weights is not None and (not several or len(self.weights) != len(self.dataset)):
             raise ValueError("--weights takes one weight per --dataset, and needs two datasets or more")

@@ -518,6 +518,8 @@ def test_feature_stats_read_named_and_per_episode_statistics() -> None:
     ("extra", "files", "message"),
     [
         (["--steps", "0"], {}, r"--steps must be an int >= 1, got 0"),
+        (["--decode", "tpu"], {}, r"--decode must be one of 'auto', 'gpu', 'cpu', got 'tpu'"),
+        (["--image-size", "0", "64"], {}, r"--image-size takes a positive height and width, got 0 64"),
         (["--recipe", "pi0"], {}, r"Unknown recipe 'pi0'"),
         (["--recipe", "{tmp}/r.toml"], {"r.toml": 'name = "r"\n[action]\nstep = 4\n'},
          r".*/r\.toml \[action\] has unknown key\(s\) \['step'\]"),
