@@ -60,5 +60,5 @@ def _wait_then_exit(parent: multiprocessing.process.BaseProcess) -> None:
     # and a process the trainer forked after starting the workers holds one. Being reparented is the other sign.
     while not multiprocessing.connection.wait([parent.sentinel], timeout=_POLL_S) and os.getppid() == parent.pid:
         pass
-    logger.warning("worker %d: the training process %s is gone; exiting", os.getpid(), parent.pid)
+    logger.warning("worker %d: the process that started it (%s) is gone; exiting", os.getpid(), parent.pid)
     os._exit(1)

@@ -46,6 +46,7 @@ from .distributed import usable_cpus
 from .errors import DatasetError, VideoDecodeError
 from .new_folder import write_resumable_folder
 from .packet_index import PacketIndex, build_packet_index
+from .parent_watch import exit_with_parent
 from .video_encoding import check_bounded_int, encoder_settings
 from .worker_start import log_like_trainer, package_log_level, skipping_main
 
@@ -306,7 +307,7 @@ def _run_jobs(jobs: list[_Job], workers: int, *, progress: bool) -> list[VideoRe
         concurrent.futures.ProcessPoolExecutor(
             workers,
             mp_context=context,
-            initializer=log_like_trainer,
+            initializer=_start_worker,
             initargs=(min(package_log_level(), logger.getEffectiveLevel()),),
         ) as pool,
         tqdm(total=len(jobs), desc="lerobot-dali reencode", unit="video", disable=not progress) as bar,
@@ -327,6 +328,14 @@ def _run_jobs(jobs: list[_Job], workers: int, *, progress: bool) -> list[VideoRe
                 bar.update()
             running |= {pool.submit(_reencode_file, job) for job in itertools.islice(queued, len(finished))}
     return done
+
+
+def _start_worker(level: int) -> None:
+    """In each worker: log as this process does, and exit once it is gone. A worker whose parent was killed
+    (SIGTERM, the out-of-memory killer) otherwise finished its file and then waited forever, reparented to init;
+    meanwhile a re-run, its lock free, wrote the same file beside it."""
+    log_like_trainer(level)
+    exit_with_parent()
 
 
 def _reencode_file(job: _Job) -> VideoReencoded:

@@ -3,11 +3,13 @@ end up at most ``gop`` frames apart, and every other file is the source's byte f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -456,3 +458,51 @@ def test_a_long_file_says_how_far_it_got(
     assert video.frames == frames and not video.resumed
     lines = [r.getMessage() for r in caplog.records if r.getMessage().endswith("frames re-encoded")]
     assert lines == [f"{long_gop_ds / relative}: {done} of {frames} frames re-encoded" for done in range(frames)]
+
+
+def test_workers_exit_when_the_reencode_process_is_killed(long_gop_ds: Path, tmp_path: Path) -> None:
+    """SIGKILL (or SIGTERM, the out-of-memory killer) leaves the pool no chance to close: its workers finished their
+    file and then waited forever, reparented to init, and a re-run (the lock freed with the killed process) wrote
+    the same ``.unfinished`` file beside them, failing on it once they renamed it."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "lerobot_dali", "reencode", str(long_gop_ds), str(out), "--jobs", "2"]
+    run = subprocess.Popen(command, cwd=Path(__file__).parents[1], stderr=subprocess.DEVNULL)
+    children: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        workers: list[psutil.Process] = []
+        while len(workers) < 2 and time.monotonic() < deadline and run.poll() is None:
+            time.sleep(0.05)
+            children = psutil.Process(run.pid).children(recursive=True)
+            workers = [p for p in children if "spawn_main" in " ".join(_cmdline(p))]
+        assert len(workers) == 2, "the re-encode's two workers never started"
+        run.kill()
+        run.wait(timeout=30)
+        _, alive = psutil.wait_procs(workers, timeout=15)
+        assert alive == [], f"workers outlived the killed re-encode: {[p.pid for p in alive]}"
+    finally:
+        run.kill()
+        for child in children:  # (the resource tracker ends by itself once the others are gone)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if "resource_tracker" not in " ".join(_cmdline(child)):
+                    child.kill()
+        _, stuck = psutil.wait_procs(children, timeout=10)
+        for child in stuck:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+    assert reencode_dataset(long_gop_ds, out, jobs=2).out == out  # the same command finishes the copy
+
+
+def _cmdline(process: Any) -> list[str]:
+    import psutil
+
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
