@@ -198,7 +198,9 @@ def reencode_dataset(
 
 
 def _refuse_out_inside(location: DatasetLocation, out: str | os.PathLike[str]) -> None:
-    if location.is_local and Path(os.path.abspath(out)).is_relative_to(Path(location.root)):
+    """ValueError for an ``out`` inside the local source, symbolic links followed (a link to the source, or in
+    it, made the copy and its ``.partial`` folder land in the source)."""
+    if location.is_local and Path(os.path.realpath(out)).is_relative_to(os.path.realpath(location.root)):
         raise ValueError(f"out ({out}) is inside the source dataset {location.root}; write the copy elsewhere")
 
 

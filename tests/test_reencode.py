@@ -194,6 +194,16 @@ def test_bad_options_and_a_taken_out_fail_before_any_work(long_gop_ds: Path, tmp
     assert not (tmp_path / "new").exists() and not (long_gop_ds / "copy").exists()
 
 
+def test_an_out_inside_the_source_is_refused_through_symbolic_links(long_gop_ds: Path, tmp_path: Path) -> None:
+    """A link to the source (or one inside it) hid that ``out`` was in it: the copy was written into the source."""
+    link = tmp_path / "link"
+    link.symlink_to(long_gop_ds, target_is_directory=True)
+    for source, out in [(link, long_gop_ds / "copy"), (long_gop_ds, link / "copy"), (link, link / "copy")]:
+        with pytest.raises(ValueError, match="inside the source dataset"):
+            reencode_dataset(source, out)
+    assert sorted(p.name for p in long_gop_ds.iterdir()) == ["data", "meta", "videos"]
+
+
 def _corrupt(video: Path) -> None:
     data = bytearray(video.read_bytes())
     mdat = data.index(b"mdat") + 4
