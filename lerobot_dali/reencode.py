@@ -283,14 +283,15 @@ def _camera_videos(files: Sequence[str], info: DatasetInfo) -> dict[str, str]:
 def _with_codec(raw_info: dict[str, Any], cameras: set[str], codec: str) -> dict[str, Any]:
     """``raw_info`` with ``video.codec`` of ``cameras`` as re-encoded (and ``video.pix_fmt`` 8-bit 4:2:0, no audio)."""
     out = json.loads(json.dumps(raw_info))
+    encoder = encoder_settings(codec, gop=1).encoder
     for key in cameras:
         for name in ("info", "video_info"):  # ('video_info': v2.0)
             video = out["features"][key].get(name)
             if isinstance(video, dict):
                 if "video.codec" in video:
                     video["video.codec"] = codec
-                if video.get("video.pix_fmt") not in (None, *_PLANAR_420):
-                    video["video.pix_fmt"] = "yuv420p"
+                if video.get("video.pix_fmt") is not None:
+                    video["video.pix_fmt"] = _encoded_pix_fmt(video["video.pix_fmt"], encoder)
                 if "has_audio" in video:
                     video["has_audio"] = False
     return out
@@ -388,10 +389,10 @@ def _encode(source: Any, job: _Job, path: Path, index: PacketIndex) -> None:
     stream.thread_type = "AUTO"
     stream.codec_context.thread_count = job.threads
     decoder = stream.codec_context
-    pix_fmt = decoder.pix_fmt if decoder.pix_fmt in _PLANAR_420 else "yuv420p"
+    settings = encoder_settings(job.codec, gop=job.gop, crf=job.crf, b_frames=False)
+    pix_fmt = _encoded_pix_fmt(decoder.pix_fmt, settings.encoder)
     if decoder.pix_fmt not in _PLANAR_420:
         logger.warning("%s: %s converted to yuv420p (8-bit 4:2:0) for the re-encode", label, decoder.pix_fmt)
-    settings = encoder_settings(job.codec, gop=job.gop, crf=job.crf, b_frames=False)
     rate = stream.average_rate or stream.guessed_rate or Fraction(30)
     with av.open(str(path), "w", format="mp4") as target:
         out = target.add_stream(settings.encoder, rate=rate)
@@ -413,6 +414,15 @@ def _encode(source: Any, job: _Job, path: Path, index: PacketIndex) -> None:
             frame.pict_type = av.video.frame.PictureType.NONE  # (the source's keyframes are not forced)
             target.mux(out.encode(frame))
         target.mux(out.encode(None))
+
+
+def _encoded_pix_fmt(pix_fmt: str, encoder: str) -> str:
+    """The pixel format ``encoder`` writes frames of ``pix_fmt`` in: 8-bit 4:2:0 as it is where the encoder takes
+    it, else yuv420p. (yuvj420p, full-range 4:2:0, was handed to libvpx-vp9 and libsvtav1 as it was, and they
+    refused it; in yuv420p the full range goes with the stream's colour range, copied from the source's.)"""
+    if pix_fmt in _PLANAR_420 and pix_fmt in {f.name for f in av.codec.Codec(encoder, "w").video_formats or ()}:
+        return pix_fmt
+    return "yuv420p"
 
 
 def _check_same_frames(before: PacketIndex, after: PacketIndex) -> None:

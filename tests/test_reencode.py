@@ -378,6 +378,59 @@ def test_an_audio_track_is_dropped_with_a_warning(
     assert features["observation.images.cam1"]["info"]["has_audio"] is False  # (it had none)
 
 
+def _as_full_range_h264(path: Path) -> None:
+    """Re-encode ``path`` in place as full-range H.264 (yuvj420p, as a webcam's MJPEG becomes), every frame at its
+    timestamp and time base."""
+    full = path.with_suffix(".full.mp4")
+    with av.open(str(path)) as source, av.open(str(full), "w", format="mp4") as target:
+        stream = source.streams.video[0]
+        out = target.add_stream("libx264", rate=stream.average_rate)
+        out.width, out.height, out.pix_fmt = stream.codec_context.width, stream.codec_context.height, "yuvj420p"
+        out.codec_context.time_base = out.time_base = stream.time_base
+        out.codec_context.color_range = av.video.reformatter.ColorRange.JPEG
+        out.options = {"bf": "0", "crf": "10"}
+        for frame in source.decode(stream):
+            full_frame = frame.reformat(format="yuvj420p", dst_color_range=av.video.reformatter.ColorRange.JPEG)
+            full_frame.pts, full_frame.time_base = frame.pts, frame.time_base
+            target.mux(out.encode(full_frame))
+        target.mux(out.encode(None))
+    full.replace(path)
+
+
+@pytest.mark.parametrize("codec", ["vp9", "av1"])
+def test_a_full_range_video_reencodes_in_an_encoder_without_yuvj420p(
+    long_gop_ds: Path, copy_ds, tmp_path: Path, codec: str
+) -> None:
+    """libvpx-vp9 and libsvtav1 take no yuvj420p: a full-range source failed as "corrupt or truncated". Its frames go
+    in as yuv420p with the source's (full) colour range, so the picture stays as it was."""
+    root = copy_ds(long_gop_ds)
+    camera = "observation.images.cam0"
+    videos = sorted(k for k in _files(root) if k.startswith(f"videos/{camera}/"))
+    for relative in videos:
+        _as_full_range_h264(root / relative)
+        with av.open(str(root / relative)) as container:
+            assert container.streams.video[0].codec_context.pix_fmt == "yuvj420p"
+    info_path = root / "meta/info.json"
+    info = json.loads(info_path.read_text())
+    info["features"][camera]["info"].update({"video.codec": "h264", "video.pix_fmt": "yuvj420p"})
+    info_path.write_text(json.dumps(info, indent=4))
+    report = reencode_dataset(root, tmp_path / "out", codec=codec, cameras=[camera], jobs=1)
+    assert sorted(v.path for v in report.videos) == videos
+    for relative in videos:
+        out = tmp_path / "out" / relative
+        with av.open(str(out)) as container:
+            context = container.streams.video[0].codec_context
+            assert (context.codec.canonical_name, context.pix_fmt) == (codec, "yuv420p")
+            assert context.color_range == av.video.reformatter.ColorRange.JPEG
+        before, after = reference_frames(root / relative), reference_frames(out)
+        assert before.keys() == after.keys()
+        for pts, frame in after.items():
+            assert read_full_marker(frame) == read_full_marker(before[pts])
+            assert np.abs(frame.astype(np.int16) - before[pts]).mean() < 6
+    written = json.loads((tmp_path / "out/meta/info.json").read_text())["features"][camera]["info"]
+    assert (written["video.codec"], written["video.pix_fmt"]) == (codec, "yuv420p")
+
+
 def test_a_dataset_over_http_reencodes_as_the_local_folder(long_gop_ds: Path, tmp_path: Path) -> None:
     """The workers read the videos through the remote filesystem, the rest is fetched from it, nothing local."""
     from tests.http_server import serve_folder
