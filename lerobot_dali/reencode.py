@@ -131,9 +131,9 @@ def reencode_dataset(
     written and checked. Until then the copy is written to ``.<out name>.partial`` beside it, which a failed or
     interrupted run leaves: the same call again keeps the videos re-encoded there and does the rest; a call with
     other options or another source is refused until that folder is deleted, as is a folder there that holds
-    files of other work. Raises ValueError for bad options, FileExistsError for an ``out`` that is not new or
-    empty (or such a folder), and VideoDecodeError naming the file when a video does not decode or its re-encode
-    does not keep every timestamp.
+    files of other work. Raises ValueError for bad options or a codec whose encoder refuses a video's frames (an
+    odd size in H.264), FileExistsError for an ``out`` that is not new or empty (or such a folder), and
+    VideoDecodeError naming the file when a video does not decode or its re-encode does not keep every timestamp.
     """
     encoder_settings(codec, gop=gop, crf=crf)  # (checks the codec, gop and crf before any work)
     if jobs is not None:
@@ -402,6 +402,10 @@ def _encode(source: Any, job: _Job, path: Path, index: PacketIndex) -> None:
             setattr(out.codec_context, tag, getattr(decoder, tag))
         out.codec_context.thread_count = job.threads
         out.options = settings.options
+        try:
+            out.codec_context.open()
+        except av.error.FFmpegError as e:  # (not the file's fault: it would be named corrupt)
+            raise _encoder_refused(label, settings.encoder, decoder.width, decoder.height, pix_fmt, e) from e
         said = time.monotonic()
         for done, frame in enumerate(source.decode(stream)):
             if time.monotonic() - said >= PROGRESS_EVERY_S:  # a long file says how far it got
@@ -414,6 +418,15 @@ def _encode(source: Any, job: _Job, path: Path, index: PacketIndex) -> None:
             frame.pict_type = av.video.frame.PictureType.NONE  # (the source's keyframes are not forced)
             target.mux(out.encode(frame))
         target.mux(out.encode(None))
+
+
+def _encoder_refused(label: str, encoder: str, width: int, height: int, pix_fmt: str, error: Exception) -> ValueError:
+    """The error for an encoder that does not open for a video's frames (libx264 and libx265 take no odd size)."""
+    odd = " (H.264 and HEVC take no odd width or height; AV1 and VP9 do)" if width % 2 or height % 2 else ""
+    return ValueError(
+        f"{label}: the {encoder} encoder refused its {width}x{height} {pix_fmt} frames ({error}){odd}; the file "
+        "itself is fine: re-encode the dataset in another codec (codec=, on the command line --codec)"
+    )
 
 
 def _encoded_pix_fmt(pix_fmt: str, encoder: str) -> str:

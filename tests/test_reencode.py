@@ -431,6 +431,43 @@ def test_a_full_range_video_reencodes_in_an_encoder_without_yuvj420p(
     assert (written["video.codec"], written["video.pix_fmt"]) == (codec, "yuv420p")
 
 
+def _cropped_by_a_pixel(path: Path) -> None:
+    """Re-encode ``path`` in place in AV1 one pixel narrower and lower (an odd size), every frame at its timestamp."""
+    cropped = path.with_suffix(".odd.mp4")
+    with av.open(str(path)) as source, av.open(str(cropped), "w", format="mp4") as target:
+        stream = source.streams.video[0]
+        out = target.add_stream("libsvtav1", rate=stream.average_rate)
+        out.width, out.height = stream.codec_context.width - 1, stream.codec_context.height - 1
+        out.pix_fmt, out.options = "yuv420p", {"preset": "8"}
+        out.codec_context.time_base = out.time_base = stream.time_base
+        for frame in source.decode(stream):
+            odd = frame.reformat(width=out.width, height=out.height)
+            odd.pts, odd.time_base = frame.pts, frame.time_base
+            target.mux(out.encode(odd))
+        target.mux(out.encode(None))
+    cropped.replace(path)
+
+
+def test_an_encoder_that_refuses_the_frames_is_not_blamed_on_the_file(
+    long_gop_ds: Path, copy_ds, tmp_path: Path
+) -> None:
+    """libx264 does not open for an odd frame size: the sound file was called "corrupt or truncated"."""
+    root = copy_ds(long_gop_ds)
+    camera = "observation.images.cam0"
+    videos = sorted(k for k in _files(root) if k.startswith(f"videos/{camera}/"))
+    for relative in videos:
+        _cropped_by_a_pixel(root / relative)
+    message = (
+        r"file-000\.mp4: the libx264 encoder refused its 95x63 yuv420p frames \(.*\) \(H\.264 and HEVC take no odd "
+        r"width or height; AV1 and VP9 do\); the file itself is fine: re-encode the dataset in another codec"
+    )
+    with pytest.raises(ValueError, match=message):
+        reencode_dataset(root, tmp_path / "out", cameras=[camera], jobs=1)
+    report = reencode_dataset(root, tmp_path / "vp9", codec="vp9", cameras=[camera], jobs=1)
+    for video in report.videos:
+        assert _instants(tmp_path / "vp9" / video.path) == _instants(root / video.path)
+
+
 def test_a_dataset_over_http_reencodes_as_the_local_folder(long_gop_ds: Path, tmp_path: Path) -> None:
     """The workers read the videos through the remote filesystem, the rest is fetched from it, nothing local."""
     from tests.http_server import serve_folder
