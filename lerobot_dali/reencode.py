@@ -243,10 +243,7 @@ def _resumable(folder: Path, plan: dict[str, Any]) -> Iterator[None]:
         if plan_file.exists():
             earlier = json.loads(plan_file.read_text(encoding="utf-8"))
             if earlier != json.loads(json.dumps(plan)):
-                raise FileExistsError(
-                    f"{folder} holds an unfinished re-encode of {earlier.get('source')} with other options, cameras "
-                    "or source files: run that command again to finish it, or delete the folder"
-                )
+                raise _other_plan_error(folder, earlier, json.loads(json.dumps(plan)))
             logger.info("resuming the unfinished re-encode in %s", folder)
         elif any(entry.name != _LOCK for entry in folder.iterdir()):  # (the plan is written before any file)
             raise FileExistsError(
@@ -268,6 +265,25 @@ def _resumable(folder: Path, plan: dict[str, Any]) -> Iterator[None]:
         (folder / _LOCK).unlink()
     finally:
         lock.close()
+
+
+def _other_plan_error(folder: Path, earlier: dict[str, Any], plan: dict[str, Any]) -> FileExistsError:
+    """The error for a ``folder`` holding another re-encode's work, saying what differs. (A source file mended
+    since, of another size, was told to run the same command again, which was refused the same way.)"""
+    options = [f"{k} {earlier.get(k)!r} -> {plan.get(k)!r}" for k in plan if k != "files" and earlier.get(k) != plan[k]]
+    if options:
+        return FileExistsError(
+            f"{folder} holds an unfinished re-encode of {earlier.get('source')} with other options, cameras or "
+            f"source ({'; '.join(options)}): run that command again to finish it, or delete the folder"
+        )
+    before, now = earlier.get("files") or {}, plan["files"]
+    changed = sorted(set(before) ^ set(now) | {r for r in set(before) & set(now) if before[r] != now[r]})
+    shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    return FileExistsError(
+        f"{folder} holds an unfinished re-encode of {earlier.get('source')} whose files have changed since it "
+        f"started (added, removed or resized: {shown}): its videos may be of the old files; delete the folder "
+        "to start over"
+    )
 
 
 def _camera_videos(files: Sequence[str], info: DatasetInfo) -> dict[str, str]:

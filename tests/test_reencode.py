@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import shutil
 from fractions import Fraction
 from pathlib import Path
@@ -266,15 +267,31 @@ def test_an_unfinished_copy_of_other_work_is_refused(long_gop_ds: Path, copy_ds,
     with pytest.raises(VideoDecodeError):
         reencode_dataset(root, out, jobs=1)
     shutil.copyfile(long_gop_ds / BAD, root / BAD)
-    for kwargs in ({"gop": 3}, {"codec": "hevc"}, {"cameras": ["observation.images.cam0"]}):
-        with pytest.raises(FileExistsError, match=r"\.out\.partial holds an unfinished re-encode of .* other options"):
+    for kwargs, change in [
+        ({"gop": 3}, "gop 2 -> 3"),
+        ({"codec": "hevc"}, "codec 'h264' -> 'hevc'"),
+        (
+            {"cameras": ["observation.images.cam0"]},
+            re.escape("cameras ['observation.images.cam0', 'observation.images.cam1'] -> ['observation.images.cam0']"),
+        ),
+    ]:
+        with pytest.raises(
+            FileExistsError, match=rf"\.out\.partial holds an unfinished re-encode of .* other options.*{change}"
+        ):
             reencode_dataset(root, out, jobs=1, **kwargs)
-    with pytest.raises(FileExistsError, match="holds an unfinished re-encode"):
+    with pytest.raises(FileExistsError, match="holds an unfinished re-encode .*source '.*' -> '.*'"):
         reencode_dataset(long_gop_ds, out, jobs=1)  # another source
     (root / "meta/extra.txt").write_text("a file added since")
-    with pytest.raises(FileExistsError, match="holds an unfinished re-encode"):
+    grown = root / BAD
+    grown.write_bytes(grown.read_bytes() + bytes(8))  # (a mended file is seldom of the same size)
+    files_changed = (
+        r"whose files have changed since it started \(added, removed or resized: meta/extra\.txt, "
+        rf"{BAD}\): its videos may be of the old files; delete the folder to start over"
+    )
+    with pytest.raises(FileExistsError, match=files_changed):
         reencode_dataset(root, out, jobs=1)
     (root / "meta/extra.txt").unlink()
+    shutil.copyfile(long_gop_ds / BAD, root / BAD)
     assert reencode_dataset(root, out, jobs=1).out == out
 
 
