@@ -383,7 +383,8 @@ def _flat_list_values(array: pa.Array, feature: Feature, path: str) -> np.ndarra
         holds = f"vectors of length {found[0]}" if len(found) == 1 else f"{len(found)}-level lists of lengths {found}"
         raise SchemaMismatchError(
             f"{path}: column {feature.key!r} holds {holds} but info.json declares shape {list(feature.shape)} "
-            f"({math.prod(shape)} values); the data file and info.json disagree"
+            f"({math.prod(shape)} values); the data file and info.json disagree: correct the shape in info.json, "
+            f"or read the other features only (keys= without {feature.key!r}; --keys on the command line)"
         )
     return array.to_numpy(zero_copy_only=False)
 

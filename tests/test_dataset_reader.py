@@ -152,7 +152,10 @@ def test_r1_state_width_drift_is_a_clear_error_and_other_keys_still_read() -> No
     r = open_dataset(shared_dataset("r1_v30_h264"))
     # No from_timestamp column, but one episode per video file: unambiguous start at 0 s.
     assert r.video(0, "observation.images.rgb").from_timestamp_s == 0.0
-    with pytest.raises(SchemaMismatchError, match=r"observation\.state.*length \[41\].*shape \[17\]"):
+    with pytest.raises(
+        SchemaMismatchError,
+        match=r"observation\.state.*length \[41\].*shape \[17\].*keys= without 'observation\.state'",
+    ):
         r.read_episode(0)
     ok = open_dataset(shared_dataset("r1_v30_h264"), keys=["action"])
     rows = ok.read_episode(0)
