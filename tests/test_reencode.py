@@ -3,14 +3,12 @@ end up at most ``gop`` frames apart, and every other file is the source's byte f
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import re
 import shutil
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
 
 import av
 import numpy as np
@@ -26,6 +24,7 @@ from lerobot_dali.packet_index import build_packet_index
 from lerobot_dali.reencode import reencode_dataset
 from lerobot_dali.video_encoding import CODECS
 from tests.conftest import shared_dataset
+from tests.process_tree import assert_workers_end_with, kill_all, spawned_workers
 from tests.video_fixtures import damage_av1_frame_size, reference_frames
 
 LENGTHS = [9, 14, 11, 7]
@@ -597,29 +596,9 @@ def test_workers_exit_when_the_reencode_process_is_killed(long_gop_ds: Path, tmp
         while len(workers) < 2 and time.monotonic() < deadline and run.poll() is None:
             time.sleep(0.05)
             children = psutil.Process(run.pid).children(recursive=True)
-            workers = [p for p in children if "spawn_main" in " ".join(_cmdline(p))]
+            workers = spawned_workers(children)
         assert len(workers) == 2, "the re-encode's two workers never started"
-        run.kill()
-        run.wait(timeout=30)
-        _, alive = psutil.wait_procs(workers, timeout=15)
-        assert alive == [], f"workers outlived the killed re-encode: {[p.pid for p in alive]}"
+        assert_workers_end_with(run, workers, timeout=15)
     finally:
-        run.kill()
-        for child in children:  # (the resource tracker ends by itself once the others are gone)
-            with contextlib.suppress(psutil.NoSuchProcess):
-                if "resource_tracker" not in " ".join(_cmdline(child)):
-                    child.kill()
-        _, stuck = psutil.wait_procs(children, timeout=10)
-        for child in stuck:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                child.kill()
+        kill_all(run, children)
     assert reencode_dataset(long_gop_ds, out, jobs=2).out == out  # the same command finishes the copy
-
-
-def _cmdline(process: Any) -> list[str]:
-    import psutil
-
-    try:
-        return process.cmdline()
-    except psutil.Error:
-        return []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import gc
 import os
@@ -20,6 +19,7 @@ from lerobot_dali import errors
 from lerobot_dali.batch_source import BatchSource
 from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.worker_errors import original_worker_error
+from tests.process_tree import assert_workers_end_with, cmdline, kill_all, spawned_workers
 
 MULTILINE = "x.mp4 (episode 2): cannot decode\nhint: re-encode it: ffmpeg -i x.mp4 y.mp4"
 
@@ -261,34 +261,11 @@ def test_workers_exit_when_the_training_process_is_killed(make_ds, tmp_path: Pat
     try:
         assert trainer.stdout is not None and trainer.stdout.readline().strip() == "READY"
         children = psutil.Process(trainer.pid).children(recursive=True)
-        workers = [p for p in children if "spawn_main" in " ".join(p.cmdline())]
-        assert len(workers) == 2, [p.cmdline() for p in children]
-        trainer.kill()
-        trainer.wait(timeout=30)
-        _, alive = psutil.wait_procs(workers, timeout=10)
-        assert alive == [], f"workers outlived the killed trainer: {[p.pid for p in alive]}"
+        workers = spawned_workers(children)
+        assert len(workers) == 2, [cmdline(p) for p in children]
+        assert_workers_end_with(trainer, workers, timeout=10)
     finally:
-        trainer.kill()
-        # multiprocessing's resource tracker unlinks the pool's semaphores from /dev/shm once every process using
-        # it is gone: kill the others (the forked child), let it finish, and kill it only if it does not.
-        trackers = [p for p in children if "resource_tracker" in " ".join(_cmdline(p))]
-        for child in children:
-            if child not in trackers:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    child.kill()
-        _, stuck = psutil.wait_procs(trackers, timeout=10)
-        for tracker in stuck:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                tracker.kill()
-
-
-def _cmdline(process) -> list[str]:
-    import psutil
-
-    try:
-        return process.cmdline()
-    except psutil.Error:
-        return []
+        kill_all(trainer, children)
 
 
 def _sigint_handler_after_leaving(queue) -> None:

@@ -1,0 +1,46 @@
+"""Tests that kill a process and watch its worker processes: find the workers, check they end with it, and clean
+up whatever is left."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from typing import Any
+
+import psutil
+
+
+def cmdline(process: Any) -> list[str]:
+    """The process's command line, or [] once it has ended."""
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
+def spawned_workers(children: list[psutil.Process]) -> list[psutil.Process]:
+    """The multiprocessing spawn workers among ``children``."""
+    return [p for p in children if "spawn_main" in " ".join(cmdline(p))]
+
+
+def assert_workers_end_with(parent: subprocess.Popen, workers: list[psutil.Process], *, timeout: float) -> None:
+    """SIGKILL ``parent``, then wait for ``workers`` to end by themselves."""
+    parent.kill()
+    parent.wait(timeout=30)
+    _, alive = psutil.wait_procs(workers, timeout=timeout)
+    assert alive == [], f"workers outlived the killed process: {[p.pid for p in alive]}"
+
+
+def kill_all(parent: subprocess.Popen, children: list[psutil.Process]) -> None:
+    """Kill ``parent`` and ``children``. multiprocessing's resource tracker unlinks the pool's semaphores from
+    /dev/shm once every process using it is gone: kill the others, let it finish, and kill it only if it does not."""
+    parent.kill()
+    trackers = [p for p in children if "resource_tracker" in " ".join(cmdline(p))]
+    for child in children:
+        if child not in trackers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+    _, stuck = psutil.wait_procs(trackers, timeout=10)
+    for tracker in stuck:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            tracker.kill()
