@@ -167,7 +167,9 @@ class DALILeRobotIterator:
         # Cameras of other than 3 channels: grey image cameras, depth cameras (1).
         grey = {key: shape[2] for key, shape in self._image_shapes.items() if shape[2] != 3}
         self._image_channels = grey | dict.fromkeys(self._depth_cameras, 1)
-        self._augment = _camera_augment(augment, self.reader, self._image_channels, self._depth_cameras)
+        self._augment = _camera_augment(
+            augment, self.reader, self._image_channels, self._depth_cameras, return_uint8=return_uint8
+        )
         self._image_size = None if image_size is None else checked_size(type(self).__name__, "image_size", image_size)
         self._return_uint8 = return_uint8
         self._tolerance_s = tolerance_s
@@ -805,13 +807,21 @@ def _camera_augment(
     reader: LeRobotDatasetReader,
     image_channels: Mapping[str, int],
     depth_cameras: Collection[str],
+    *,
+    return_uint8: bool = False,
 ) -> AugmentConfig | None:
     """The augmentation with ``normalize="stats"`` read from the dataset, and a per-camera ``normalize`` checked
-    against the dataset's cameras (and their channels) now, rather than when the first pass builds the graph.
-    Depth cameras are never augmented (as in LeRobot), so they need no statistics and no ``Normalize``."""
+    against the dataset's cameras (and their channels, and ``return_uint8``) now, rather than when the first pass
+    builds the graph. Depth cameras are never augmented (as in LeRobot), so they need no statistics and no
+    ``Normalize``."""
     if augment is None:
         return None
     cameras = [camera for camera in reader.all_camera_keys if camera not in depth_cameras]
+    if return_uint8 and augment.normalize is not None and cameras:
+        raise ValueError(
+            "return_uint8=True cannot be combined with AugmentConfig.normalize: normalised values do not fit uint8; "
+            "drop normalize (normalise in the policy) or return float32."
+        )
     if augment.normalize == NORMALIZE_FROM_STATS:
         stats = reader.read_stats()
         augment = augment.with_stats(stats, cameras, source=reader.location.description)

@@ -115,3 +115,22 @@ def test_toml_forms_round_trip(tmp_path: Path) -> None:
     for bad, pattern in (("everything", r"normalize = 'everything' is invalid"), ({}, r"normalize = \{\} is invalid")):
         with pytest.raises(ValueError, match=pattern):
             AugmentConfig(normalize=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "normalize",
+    ["stats", Normalize(mean=(0.5,), std=(0.25,)), {"observation.images.cam1": Normalize(mean=(0.5,), std=(0.25,))}],
+    ids=["stats", "one", "per-camera"],
+)
+def test_return_uint8_with_normalize_fails_at_construction(make_ds, normalize) -> None:
+    """Normalised values do not fit uint8: refused when the iterator is built, as the other option mistakes are,
+    not when the first pass builds the graph (with workers, after they started)."""
+    root = make_ds(**SPEC)
+    if isinstance(normalize, dict):  # one camera left: cameras= narrows what must have a Normalize
+        options: dict = {"cameras": ["observation.images.cam1"]}
+    else:
+        options = {}
+    with pytest.raises(ValueError, match=r"return_uint8=True cannot be combined with AugmentConfig.normalize"):
+        DALILeRobotIterator(
+            root, device="cpu", num_workers=0, return_uint8=True, augment=AugmentConfig(normalize=normalize), **options
+        )
