@@ -816,6 +816,11 @@ def _camera_augment(
     ``Normalize``."""
     if augment is None:
         return None
+    if not isinstance(augment, AugmentConfig):
+        raise TypeError(
+            f"augment must be an AugmentConfig or None, got {type(augment).__name__} {augment!r}; build one with "
+            "AugmentConfig(...), AugmentConfig.from_dict(table) or AugmentConfig.from_toml(path)"
+        )
     cameras = [camera for camera in reader.all_camera_keys if camera not in depth_cameras]
     if return_uint8 and augment.normalize is not None and cameras:
         raise ValueError(

@@ -134,3 +134,11 @@ def test_return_uint8_with_normalize_fails_at_construction(make_ds, normalize) -
         DALILeRobotIterator(
             root, device="cpu", num_workers=0, return_uint8=True, augment=AugmentConfig(normalize=normalize), **options
         )
+
+
+def test_an_augment_that_is_not_an_augment_config_is_refused_naming_it(make_ds, tmp_path: Path) -> None:
+    """A TOML table or a file name passed as ``augment`` was an AttributeError ('dict' has no 'normalize')."""
+    root = make_ds(**SPEC)
+    for wrong in ({"resize": [32, 32]}, str(tmp_path / "augment.toml")):
+        with pytest.raises(TypeError, match=r"augment must be an AugmentConfig or None, got (dict|str).*from_toml"):
+            DALILeRobotIterator(root, device="cpu", num_workers=0, augment=wrong)  # type: ignore[arg-type]
