@@ -283,7 +283,8 @@ class AugmentConfig:
     def from_dict(cls, raw: Mapping[str, Any]) -> AugmentConfig:
         """Build from plain data (a TOML table); unknown keys are rejected by name.
 
-        ``normalize`` is ``"stats"``, a table with ``mean`` and ``std``, or a table of such tables by camera key.
+        ``normalize`` is ``"stats"``, a table with ``mean`` and ``std``, or a table of such tables by camera key
+        (TOML's ``[normalize.observation.images.top]``, quoted or not: nested tables join into the dotted key).
         """
         kwargs = _checked_keys(cls, raw, cls.__name__)
         for name, section in _SECTIONS.items():
@@ -292,7 +293,10 @@ class AugmentConfig:
         norm = kwargs.get("normalize")
         where = f"{cls.__name__}.normalize"
         if isinstance(norm, Mapping) and norm and all(isinstance(v, Mapping) for v in norm.values()):
-            kwargs["normalize"] = {k: Normalize(**_checked_keys(Normalize, v, f"{where}.{k}")) for k, v in norm.items()}
+            cameras = _camera_tables(norm)
+            kwargs["normalize"] = {
+                k: Normalize(**_checked_keys(Normalize, v, f"{where}.{k}")) for k, v in cameras.items()
+            }
         elif isinstance(norm, Mapping):
             kwargs["normalize"] = Normalize(**_checked_keys(Normalize, norm, where))
         return cls(**kwargs)
@@ -363,6 +367,20 @@ class AugmentConfig:
                 value = _section_dict(value)
             out[f.name] = _plain(value)
         return out
+
+
+def _camera_tables(tables: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{camera key: table}`` from TOML's per-camera tables, joining nested tables with dots: LeRobot's camera keys
+    hold dots, which TOML splits into tables (``[normalize.observation.images.top]``) unless quoted. A table whose
+    values are all tables is a level of a key (a Normalize table holds lists)."""
+    out: dict[str, Any] = {}
+    for key, value in tables.items():
+        name = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, Mapping) and value and all(isinstance(v, Mapping) for v in value.values()):
+            out.update(_camera_tables(value, name))
+        else:
+            out[name] = value
+    return out
 
 
 def _section_dict(section: Any) -> dict[str, Any]:

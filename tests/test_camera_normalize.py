@@ -117,6 +117,26 @@ def test_toml_forms_round_trip(tmp_path: Path) -> None:
             AugmentConfig(normalize=bad)  # type: ignore[arg-type]
 
 
+def test_toml_camera_keys_with_dots_unquoted(tmp_path: Path) -> None:
+    """LeRobot's camera keys hold dots, which TOML splits into nested tables unless the key is quoted:
+    ``[normalize.observation.images.top]`` means the camera ``observation.images.top`` as the quoted form does
+    (it failed as "AugmentConfig.normalize.observation has unknown key(s) ['images']")."""
+    path = tmp_path / "augment.toml"
+    path.write_text(
+        "[normalize.observation.images.top]\nmean = [0.5]\nstd = [0.25]\n"
+        '[normalize."observation.images.wrist"]\nmean = [0.1]\nstd = [2.0]\n'
+    )
+    config = AugmentConfig.from_toml(path)
+    assert config.normalize == {
+        "observation.images.top": Normalize(mean=(0.5,), std=(0.25,)),
+        "observation.images.wrist": Normalize(mean=(0.1,), std=(2.0,)),
+    }
+    assert AugmentConfig.from_dict(config.to_dict()) == config
+    path.write_text("[normalize.observation.images.top]\nmean = [0.5]\nstdev = [0.25]\n")
+    with pytest.raises(ValueError, match=r"normalize.observation.images.top has unknown key\(s\) \['stdev'\]"):
+        AugmentConfig.from_toml(path)
+
+
 @pytest.mark.parametrize(
     "normalize",
     ["stats", Normalize(mean=(0.5,), std=(0.25,)), {"observation.images.cam1": Normalize(mean=(0.5,), std=(0.25,))}],
