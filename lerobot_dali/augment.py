@@ -64,6 +64,7 @@ from .augment_config import (
     RandomResizedCrop,
     checked_size,
     range_of,
+    refuse_uint8_normalize,
     toml_parser,
 )
 from .augment_draws import draw_names
@@ -144,11 +145,7 @@ def augment_frames(
             f"camera {camera_index}: augment_frames applies one Normalize, but config.normalize is {normalize!r}; "
             "pass config.for_camera(camera_key) (after with_stats() for 'stats')"
         )
-    if return_uint8 and normalize is not None:
-        raise ValueError(
-            "return_uint8=True cannot be combined with AugmentConfig.normalize: normalised values do not fit "
-            "uint8. Drop normalize (normalise in the policy) or return float32."
-        )
+    refuse_uint8_normalize(return_uint8, normalize)
     d = _checked_draws(cfg, draws, camera_index)
 
     x = frames

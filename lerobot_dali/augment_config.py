@@ -30,6 +30,7 @@ __all__ = [
     "RandomResizedCrop",
     "checked_size",
     "range_of",
+    "refuse_uint8_normalize",
     "toml_parser",
 ]
 
@@ -83,6 +84,15 @@ def checked_size(owner: str, name: str, value: Any) -> tuple[int, int]:
         if all(is_int(v) and v > 0 for v in (h, w)):
             return (int(h), int(w))
     raise _fail(owner, name, value, "a pair (height, width) of positive integers")
+
+
+def refuse_uint8_normalize(return_uint8: bool, normalize: object) -> None:
+    """ValueError where normalised frames would be handed out as uint8, which cannot hold them."""
+    if return_uint8 and normalize is not None:
+        raise ValueError(
+            "return_uint8=True cannot be combined with AugmentConfig.normalize: normalised values do not fit "
+            "uint8. Drop normalize (normalise in the policy) or return float32."
+        )
 
 
 def _set(obj: Any, name: str, value: Any) -> None:

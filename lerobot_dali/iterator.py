@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .augment_config import NORMALIZE_FROM_STATS, AugmentConfig, Normalize, checked_size
+from .augment_config import NORMALIZE_FROM_STATS, AugmentConfig, Normalize, checked_size, refuse_uint8_normalize
 from .batch_source import BatchSource, CameraFormat, SourceSpec, output_fields
 from .concurrent_calls import in_threads
 from .cpu_decode import CpuDecodeOptions, pyav_can_decode
@@ -822,11 +822,8 @@ def _camera_augment(
             "AugmentConfig(...), AugmentConfig.from_dict(table) or AugmentConfig.from_toml(path)"
         )
     cameras = [camera for camera in reader.all_camera_keys if camera not in depth_cameras]
-    if return_uint8 and augment.normalize is not None and cameras:
-        raise ValueError(
-            "return_uint8=True cannot be combined with AugmentConfig.normalize: normalised values do not fit uint8; "
-            "drop normalize (normalise in the policy) or return float32."
-        )
+    if cameras:
+        refuse_uint8_normalize(return_uint8, augment.normalize)
     if augment.normalize == NORMALIZE_FROM_STATS:
         stats = reader.read_stats()
         augment = augment.with_stats(stats, cameras, source=reader.location.description)

@@ -105,9 +105,10 @@ class KeyRename:
 
     def own_augment(self, augment: AugmentConfig | None) -> AugmentConfig | None:
         """``augment`` with a per-camera ``normalize`` keyed by this dataset's own camera keys."""
-        if augment is None or not self or not isinstance(augment.normalize, Mapping):
+        normalize = getattr(augment, "normalize", None)  # (not an AugmentConfig: the iterator refuses it, naming it)
+        if augment is None or not self or not isinstance(normalize, Mapping):
             return augment
-        by_own = {own: norm for key, norm in augment.normalize.items() if (own := self.own_name(key)) is not None}
+        by_own = {own: norm for key, norm in normalize.items() if (own := self.own_name(key)) is not None}
         return replace(augment, normalize=by_own) if by_own else augment  # (none: the iterator names what lacks one)
 
     def batch(self, values: Mapping[str, Any]) -> dict[str, Any]:

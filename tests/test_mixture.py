@@ -437,6 +437,8 @@ def test_bad_rename_maps_fail_naming_the_dataset_and_the_keys(make_ds) -> None:
     renamed = [{}, {"rename_map": {cam0: "observation.images.front"}}]
     with pytest.raises(DatasetError, match=rf"{paths[1]}.*'{cam0}' is renamed 'observation.images.front'"):
         DALILeRobotMixture(paths, dataset_options=renamed, cameras=[cam0], device="cpu", num_workers=0)
+    with pytest.raises(TypeError, match=r"augment must be an AugmentConfig or None, got dict"):  # (not AttributeError)
+        DALILeRobotMixture(paths, dataset_options=renamed, augment={"normalize": {}}, device="cpu", num_workers=0)
     with pytest.raises(DeltaTimestampsError, match=rf"{paths[1]}': \['{cam0}'\]"):  # (left out: not shared)
         DALILeRobotMixture(paths, dataset_options=renamed, delta_timestamps={cam0: [0.0]}, device="cpu")
 
