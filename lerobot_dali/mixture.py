@@ -134,6 +134,7 @@ class DALILeRobotMixture:
         sampled = [
             _sampled_frames(reader, {**options, **own}) for reader, own in zip(readers, own_options, strict=True)
         ]
+        _check_frames_sampled(readers, sampled)
         if weights is None:
             weights = sampled
         elif len(weights) != len(readers) or not all(is_number(w) for w in weights):
@@ -356,6 +357,18 @@ def _sampled_frames(reader: LeRobotDatasetReader, options: Mapping[str, Any]) ->
     first = check_int("drop_n_first_frames", options.get("drop_n_first_frames", 0), minimum=0)
     last = check_int("drop_n_last_frames", options.get("drop_n_last_frames", 0), minimum=0)
     return int(EpisodePieces.cut(reader.episodes.length, None, drop_first=first, drop_last=last).length.sum())
+
+
+def _check_frames_sampled(readers: Sequence[LeRobotDatasetReader], sampled: Sequence[int]) -> None:
+    """A dataset whose ``drop_n_first_frames``/``drop_n_last_frames`` leave no frame to sample could never give its
+    share: refused naming it (the default weights, its frames sampled, would be 0: not a weight the caller gave)."""
+    empty = [reader.location.description for reader, n in zip(readers, sampled, strict=True) if n == 0]
+    if empty:
+        raise ShardingError(
+            f"{empty}: drop_n_first_frames and drop_n_last_frames leave no frame of any episode to sample (every "
+            "episode is no longer than both); lower them for these datasets (dataset_options=[...]) or leave the "
+            "datasets out"
+        )
 
 
 def _starved(part: DALILeRobotIterator, epoch: int, rank: int, share: int) -> DatasetError:

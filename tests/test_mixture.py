@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import re
 import shutil
 import threading
 from collections import Counter
@@ -375,6 +376,17 @@ def test_frames_left_out_of_sampling_set_the_default_shares(make_ds) -> None:
         for d, ep, f in _keys(batch):
             assert d == 0 or f < SPECS[d][0][ep] - 3
     own.close()
+
+
+def test_a_dataset_left_no_frame_to_sample_is_named(make_ds) -> None:
+    """Leaving out more frames than the first dataset's episodes hold (7 of 5, 7 and 4) gave it a default weight of
+    0, refused as weights the caller never gave; it names the dataset and the options instead, weights or not."""
+    paths = _datasets(make_ds)
+    options = dict(batch_size=6, device="cpu", num_workers=0, dataset_options=[{"drop_n_last_frames": 7}, {}])
+    for weights in (None, [1, 1]):
+        refused = rf"{re.escape(str(paths[0]))}.*drop_n_first_frames and drop_n_last_frames leave no frame"
+        with pytest.raises(ShardingError, match=refused):
+            DALILeRobotMixture(paths, weights=weights, **options)
 
 
 def test_per_dataset_selection_through_open_dataset(make_ds) -> None:
