@@ -247,8 +247,13 @@ class DALILeRobotMixture:
                 "dataset continues at its own next sample, in other proportions",
                 saved.get("batch_shares"), list(self.batch_shares),
             )  # fmt: skip
-        for part, state in zip(self.datasets, parts, strict=True):
-            part.load_state_dict(state)
+        before = [part.state_dict() for part in self.datasets]
+        try:
+            for part, state in zip(self.datasets, parts, strict=True):
+                part.load_state_dict(state)
+        except BaseException:  # all or none: a refused dataset's state leaves the others where they stood
+            self._restore(before)
+            raise
         # Starts computed before follow the orders replaced now (a resume on another world size changes the
         # resumed epoch's size): compute them again, as a process that loaded this state first does.
         self._schedules = {i: self._schedule(i) for i in self._schedules}

@@ -30,6 +30,7 @@ from lerobot_dali.errors import (
     DeltaTimestampsError,
     FrameTimestampError,
     MissingDataFileError,
+    ResumeStateError,
     SchemaMismatchError,
     ShardingError,
 )
@@ -499,6 +500,26 @@ def test_dataset_options_read_each_dataset_its_own_way(make_ds, tmp_path: Path) 
         DALILeRobotMixture([wall_clock, other], dataset_options=[{}, {"shuffle": False}], device="cpu")
     with pytest.raises(TypeError, match=r"one mapping \(or None\) per dataset \(2\)"):
         DALILeRobotMixture([wall_clock, other], dataset_options=[{}], device="cpu")
+
+
+def test_a_refused_resume_leaves_every_dataset_where_it_stood(make_ds) -> None:
+    """A state whose second dataset's episodes differ is refused; the first dataset's state, loaded before, was
+    kept, so a run that goes on without the resume (the error caught) read that dataset from the saved position."""
+    first, second = _datasets(make_ds)
+    options = dict(weights=[1, 1], batch_size=4, seed=1, device="cpu", num_workers=0)
+    mix = DALILeRobotMixture([first, second], **options)
+    batches = iter(mix)
+    for _ in range(2):
+        next(batches)
+    saved = mix.state_dict()
+    mix.close()
+    other = DALILeRobotMixture([first, open_dataset(second, episodes=[0])], **options)
+    fresh = other.state_dict()
+    assert saved["datasets"][0]["samples_consumed"] == 4 and fresh["datasets"][0]["samples_consumed"] == 0
+    with pytest.raises(ResumeStateError, match="saved over other episodes"):
+        other.load_state_dict(saved)
+    assert other.state_dict() == fresh
+    other.close()
 
 
 def test_a_failed_part_loses_no_sample_of_the_others(make_ds, copy_ds) -> None:
