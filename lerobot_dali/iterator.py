@@ -396,6 +396,7 @@ class DALILeRobotIterator:
         return {**self._stream.state_dict(), "episodes": self._episodes_fingerprint()}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        _refuse_mixture_state(state_dict)
         saved = state_dict.get("episodes") if isinstance(state_dict, Mapping) else None
         if saved is not None and saved != self._episodes_fingerprint():
             raise ResumeStateError(
@@ -762,6 +763,17 @@ def _release_pipeline_frames(error: BaseException, outer: BaseException | None) 
         seen.add(id(current))
         traceback.clear_frames(current.__traceback__)
         current = current.__cause__ or current.__context__
+
+
+def _refuse_mixture_state(state_dict: object) -> None:
+    """A :class:`~lerobot_dali.mixture.DALILeRobotMixture`'s state (one stream state per dataset) is not one
+    iterator's: say so, rather than call it a state of another lerobot_dali version."""
+    if isinstance(state_dict, Mapping) and "mixture" in state_dict and "version" not in state_dict:
+        raise ResumeStateError(
+            "this is the state of a DALILeRobotMixture (DALILeRobotMixture.state_dict: one stream state per "
+            "dataset), not of one iterator: load it into a mixture of the same datasets, or start this iterator "
+            "afresh (a union, concat_datasets, deals its episodes in another order)"
+        )
 
 
 def _raise_original(error: Exception) -> None:

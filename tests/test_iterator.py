@@ -530,6 +530,20 @@ def test_resume_over_other_episodes_is_refused(make_ds) -> None:
     DALILeRobotIterator(root, episodes=[0, 2, 4], **kwargs).load_state_dict(legacy)
 
 
+def test_a_mixtures_state_is_refused_as_one(make_ds) -> None:
+    """A mixture's state given to one iterator (moving a run from a mixture to a union) was refused as "saved by
+    another lerobot_dali version"."""
+    root = _dataset(make_ds, "vp9")
+    mix = DALILeRobotMixture([root, root], batch_size=4, device="cpu", num_workers=0)
+    state = mix.state_dict()
+    mix.close()
+    it = DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=0)
+    with pytest.raises(ResumeStateError, match="state of a DALILeRobotMixture .*load it into a mixture"):
+        it.load_state_dict(state)
+    it.load_state_dict(state["datasets"][0])  # (one of its datasets' own states loads)
+    it.close()
+
+
 def test_an_episode_filter_reads_its_episodes_only(make_ds) -> None:
     root = _dataset(make_ds, "vp9")
     kept = [e for e, length in enumerate(LENGTHS) if length >= 6]
