@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .value_checks import check_int
+
 __all__ = ["RankInfo", "cpus_per_local_rank", "draws_progress", "local_cuda_device", "resolve_rank", "usable_cpus"]
 
 
@@ -43,6 +45,8 @@ def resolve_rank(rank: int | None = None, world_size: int | None = None) -> Rank
     if rank is not None or world_size is not None:
         if rank is None or world_size is None:
             raise ValueError("pass both rank and world_size, or neither (to detect them)")
+        # (checked here: a string, e.g. os.environ["RANK"], failed comparing with 0 in a bare TypeError)
+        rank, world_size = check_int("rank", rank, minimum=0), check_int("world_size", world_size, minimum=1)
         return RankInfo(rank, world_size, local_rank, "arguments")
     try:
         import torch.distributed as dist

@@ -29,6 +29,11 @@ def test_arguments_win_and_must_come_in_pairs(clean_env) -> None:
         resolve_rank(1, None)
     with pytest.raises(ValueError, match=r"rank must be in \[0, world_size\)"):
         resolve_rank(3, 3)
+    # A launcher's variables passed as they come (strings) are named, not a bare comparison error.
+    with pytest.raises(TypeError, match=r"rank must be an int, got str \('1'\)"):
+        resolve_rank("1", 4)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"world_size must be an int, got str \('4'\)"):
+        resolve_rank(1, "4")  # type: ignore[arg-type]
 
 
 def test_launcher_environment(clean_env) -> None:
