@@ -257,6 +257,13 @@ class DALILeRobotIterator:
                 "rank_balance='none': ranks read %s samples this epoch, unequal; run no collective per batch",
                 self._stream.order.rank_frame_counts(self._stream.epoch).tolist(),
             )
+        if self._stream.order.options.rank_balance is RankBalance.NONE and drop_last:
+            logger.warning(
+                "rank_balance='none' reads every frame once across ranks only with drop_last=False: drop_last=True "
+                "leaves out the last samples of each rank's epoch that do not fill a batch (%d of rank %d's in epoch "
+                "%d); pass drop_last=False to evaluate every frame",
+                self._stream.num_samples() % batch_size, self.rank, self._stream.epoch,
+            )  # fmt: skip
         if drop_last and self._stream.num_samples() < batch_size:
             logger.warning(
                 "rank %d gets %d samples an epoch, fewer than batch_size=%d: with drop_last=True every epoch is "

@@ -303,6 +303,22 @@ def test_unbalanced_ranks_evaluate_every_frame_once(make_ds, caplog) -> None:
         DALILeRobotMixture([root, root], rank_balance="none", device="cpu")
 
 
+def test_unbalanced_ranks_with_drop_last_are_warned_of_the_frames_left_out(make_ds, caplog) -> None:
+    """``rank_balance="none"`` is for evaluating every frame once, which the default ``drop_last=True`` silently
+    did not: each rank left out its last samples short of a batch (here 23 frames on one rank, batches of 4: 3)."""
+    root = _dataset(make_ds, "vp9")
+    options = dict(batch_size=4, device="cpu", num_workers=0, rank=0, world_size=1, rank_balance="none")
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.iterator"):
+        it = DALILeRobotIterator(root, **options)
+    assert sum(len(b["index"]) for b in it) == 20
+    it.close()
+    assert "only with drop_last=False" in caplog.text and "(3 of rank 0's in epoch 0)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.iterator"):
+        DALILeRobotIterator(root, drop_last=False, **options).close()
+    assert "drop_last" not in caplog.text
+
+
 def test_opening_options_with_an_open_reader_are_refused_not_ignored(make_ds) -> None:
     """cameras=, keys=, revision=, data_files_root= and episodes= apply while opening; with a reader already
     open they were silently dropped (cameras=["cam0"] read every camera)."""
