@@ -8,6 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import select
+import signal
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -564,7 +567,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .errors import DatasetError
 
     try:
-        return int(args.run(args))
+        code = int(args.run(args))
+        sys.stdout.flush()  # (a reader that left, as `| head` does, fails here, not in the interpreter's exit)
+        return code
+    except BrokenPipeError as e:  # (a ConnectionError: transient where it is the network's)
+        if _stdout_closed():  # the reader of the output left (`| head`): stop quietly, as other tools do
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (nothing left to flush at exit)
+            return 128 + signal.SIGPIPE
+        return _network_failed(args.verb, e)
     except DatasetError as e:
         print(f"lerobot-dali {args.verb}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
@@ -575,16 +585,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"lerobot-dali {args.verb}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
-        from .remote_retry import RETRIES_ENV, is_transient
+        from .remote_retry import is_transient
 
         if not is_transient(e):
             raise
-        print(
-            f"lerobot-dali {args.verb}: the network failed past its retries ({_one_line(e)}); "
-            f"check the connection, or retry more with {RETRIES_ENV}",
-            file=sys.stderr,
-        )
-        return 2
+        return _network_failed(args.verb, e)
+
+
+def _network_failed(verb: str, error: BaseException) -> int:
+    from .remote_retry import RETRIES_ENV
+
+    print(
+        f"lerobot-dali {verb}: the network failed past its retries ({_one_line(error)}); "
+        f"check the connection, or retry more with {RETRIES_ENV}",
+        file=sys.stderr,
+    )
+    return 2
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (``| head`` after its lines)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # (not a file: a test's capture)
+        return False
+    poll = select.poll()
+    poll.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poll.poll(0))
 
 
 if __name__ == "__main__":
