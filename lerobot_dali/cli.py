@@ -154,7 +154,8 @@ def _check(args: argparse.Namespace) -> int:
         try:
             report = _check_one(own)
         except (DatasetError, _CommandError) as e:  # (the others are still checked)
-            print(f"{dataset}: cannot open: {type(e).__name__}: {e}")
+            # (with --json, stdout holds the JSON alone: the reason is in it, and said on stderr)
+            print(f"{dataset}: cannot open: {type(e).__name__}: {e}", file=sys.stderr if args.json else sys.stdout)
             report, worst = {"source": dataset, "ok": False, "error": f"{type(e).__name__}: {e}"}, 2
         reports.append(report)
         worst = max(worst, 0 if report["ok"] else 1)

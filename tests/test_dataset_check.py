@@ -212,6 +212,13 @@ def test_the_command_exits_by_what_it_found(make_ds, copy_ds, capsys) -> None:
     assert main(["check", str(clean), str(root / "nowhere"), str(root)]) == 2
     out = capsys.readouterr().out
     assert "nowhere: cannot open: DatasetNotFoundError" in out and "2 of 3 datasets have problems" in out
+    # With --json stdout is the JSON alone (the line saying which did not open went there, before it, too).
+    assert main(["check", str(clean), str(root / "nowhere"), "--json"]) == 2
+    captured = capsys.readouterr()
+    reports = json.loads(captured.out)
+    assert [(r["source"], r["ok"]) for r in reports] == [(str(clean), True), (str(root / "nowhere"), False)]
+    assert reports[1]["error"].startswith("DatasetNotFoundError: ")
+    assert "nowhere: cannot open: DatasetNotFoundError" in captured.err
 
 
 def test_a_remote_dataset_is_checked_as_a_local_one(make_ds, copy_ds) -> None:
