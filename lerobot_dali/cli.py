@@ -141,6 +141,8 @@ def _check(args: argparse.Namespace) -> int:
 
     if args.workers is not None and args.workers < 0:
         raise _CommandError(f"--workers must be an int >= 0 (0: this process), got {args.workers}")
+    if args.show < 0:
+        raise _CommandError(f"--show must be an int >= 0 (problems printed in full), got {args.show}")
     each = _each_dataset(args)
     as_one = args.concat or args.rename_map is not None
     if as_one or len(args.dataset) == 1:

@@ -219,6 +219,10 @@ def test_the_command_exits_by_what_it_found(make_ds, copy_ds, capsys) -> None:
     assert [(r["source"], r["ok"]) for r in reports] == [(str(clean), True), (str(root / "nowhere"), False)]
     assert reports[1]["error"].startswith("DatasetNotFoundError: ")
     assert "nowhere: cannot open: DatasetNotFoundError" in captured.err
+    # A negative --show printed all but the last problems, then "... and 3 more" of 2.
+    assert main(["check", str(root), "--workers", "0", "--show", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert err == "lerobot-dali check: --show must be an int >= 0 (problems printed in full), got -1\n", err
 
 
 def test_a_remote_dataset_is_checked_as_a_local_one(make_ds, copy_ds) -> None:
