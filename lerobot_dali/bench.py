@@ -63,6 +63,7 @@ from .bench_types import (
 from .cache_dirs import cache_root
 from .cpu_decode import cpu_decoders
 from .distributed import require_cuda, usable_cpus
+from .errors import DatasetError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
 from .value_checks import check_choice, check_int_fields, check_seconds, cli_flag
@@ -610,6 +611,11 @@ def run_bench(config: BenchConfig) -> BenchReport:
     summaries: list[dict[str, Any]] = []
     for dataset in bench_datasets(config):
         reader = dataset.open()
+        if not reader.camera_keys and not reader.image_keys:
+            raise DatasetError(
+                f"{dataset.label}: no camera to load (info.json declares no video or image feature); the bench "
+                "measures camera frames loaded per second: bench a dataset with cameras"
+            )
         plan = load_plan(config, reader)
         summary = _dataset_summary(dataset, reader, plan)
         if plan.augment is not None:

@@ -758,3 +758,16 @@ def test_default_workers_follow_the_cpus_this_process_may_use(
     monkeypatch.setattr("os.cpu_count", lambda: 64)
     assert BenchConfig().num_workers == workers
     assert BenchConfig(quick=True).num_workers == 2
+
+
+def test_a_dataset_without_cameras_is_a_one_line_error(tmp_path: Path, capsys) -> None:
+    """A dataset of tabular features only (make-dataset --cameras 0) failed in the dataset summary with an
+    IndexError traceback; the bench measures camera frames, so it is refused in one line before any loader runs."""
+    from lerobot_dali.generate import make_dataset
+
+    root = make_dataset(tmp_path / "tabular", episodes=2, frames_per_episode=3, cameras=0)
+    out = tmp_path / "out"
+    assert main(["bench", "--device", "cpu", "--quick", "--dataset", str(root), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lerobot-dali bench: DatasetError: ") and err.count("\n") == 1, err
+    assert "no camera to load" in err and not out.exists()
