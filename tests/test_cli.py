@@ -348,3 +348,15 @@ def test_output_to_a_reader_that_left_stops_quietly_not_as_a_network_failure(tmp
         child.stdout.close()  # (before the child, still importing, writes a line)
         _, err = child.communicate(timeout=300)
         assert (child.returncode, err) == (128 + signal.SIGPIPE, ""), (argv, child.returncode, err)
+
+
+def test_check_logs_a_warning_on_its_own_line_not_after_the_progress_bar() -> None:
+    """r1's data files hold columns info.json does not declare: the warning check logs as it starts was written
+    after the bar's 0% (``... 0/1 [00:00<?, ?episode/s]WARNING lerobot_dali...``)."""
+    argv = ["check", str(shared_dataset("r1_v30_h264")), "--keys", "action", "--tolerance-s", "0.0201"]
+    done = subprocess.run(
+        [sys.executable, "-m", "lerobot_dali", *argv], capture_output=True, text=True, timeout=300
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    warnings = [line.rsplit("\r", 1)[-1] for line in done.stderr.split("\n") if "WARNING" in line]
+    assert warnings and all(line.startswith("WARNING lerobot_dali.") for line in warnings), done.stderr
