@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from .dataset_info import DatasetInfo
 from .episode_rows import damaged_parquet_as, read_parquet
-from .errors import DatasetError, EpisodeMetadataError, cameras_hint
+from .errors import DatasetError, EpisodeMetadataError, cameras_hint, listing_hint
 from .value_checks import required_whole_number
 
 __all__ = [
@@ -232,7 +232,7 @@ def _v3_rows(fs: fsspec.AbstractFileSystem, meta_root: str) -> pa.Table:
     pattern = f"{meta_root.rstrip('/')}/meta/episodes/chunk-*/file-*.parquet"
     files = sorted(fs.glob(pattern))
     if not files:
-        raise EpisodeMetadataError(f"no episode metadata found: expected files matching {pattern}")
+        raise EpisodeMetadataError(f"no episode metadata found: expected files matching {pattern}{listing_hint(fs)}")
     tables = []
     for path in files:
         with fs.open(path, "rb") as f, damaged_parquet_as(EpisodeMetadataError, path):

@@ -29,6 +29,18 @@ __all__ = [
 ]
 
 
+def listing_hint(fs: object) -> str:
+    """What to add where a glob or a listing of ``fs`` found nothing: over plain HTTP the files are found through
+    the server's directory listings (HTML index pages), which many servers do not serve; elsewhere nothing."""
+    protocol = getattr(fs, "protocol", ())
+    if not {"http", "https"} & set((protocol,) if isinstance(protocol, str) else protocol):
+        return ""
+    return (
+        "; over HTTP files are found through the server's directory listings (HTML index pages), and this server "
+        "may serve none: turn them on (nginx: autoindex on), or read the dataset by hf:// or s3://"
+    )
+
+
 def cameras_hint(cameras: list[str] | None = None) -> str:
     """How to leave cameras out, for the API and the command line alike."""
     if cameras == []:

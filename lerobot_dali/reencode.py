@@ -43,7 +43,7 @@ from .dataset_info import DatasetInfo, template_pattern
 from .dataset_location import DatasetLocation, resolve_location
 from .dataset_reader import INFO_PATH, read_info_json
 from .distributed import usable_cpus
-from .errors import DatasetError, VideoDecodeError
+from .errors import DatasetError, VideoDecodeError, listing_hint
 from .new_folder import write_resumable_folder
 from .packet_index import PacketIndex, build_packet_index
 from .parent_watch import exit_with_parent
@@ -150,6 +150,7 @@ def reencode_dataset(
     if not encode:
         raise DatasetError(
             f"{location.description}: no video file of {sorted(chosen)} found under videos/; nothing to re-encode"
+            f"{listing_hint(location.fs)}"
         )
     encoded = set(encode)
     kept = tuple(sorted(set(videos) - encoded))

@@ -222,6 +222,23 @@ def test_v3_over_http_without_directory_listings_names_the_glob(root: Path) -> N
         open_dataset(_url(server, root))
 
 
+def test_a_server_without_directory_listings_is_named(root: Path, make_ds, tmp_path: Path, capsys) -> None:
+    """A v3.0 dataset's episode files, and every video reencode copies, are found by listing folders: on a server
+    that lists none the command said "no episode metadata found" / "no video file found" of files that are there."""
+    v21 = make_ds(codec="vp9", version="v2.1", episodes=1, frames_per_episode=2)
+    for dataset, argv, said in (
+        (root, ["info"], "EpisodeMetadataError: no episode metadata found"),
+        (v21, ["reencode", "--codec", "h264"], "no video file of ['observation.images.cam0'] found under videos/"),
+    ):
+        with serve_folder(dataset.parent, listings=False) as server:
+            out = [str(tmp_path / "copy")] if argv[0] == "reencode" else []
+            assert main([argv[0], _url(server, dataset), *out, *argv[1:]]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err
+        assert "over HTTP files are found through the server's directory listings" in err, err
+    assert not (tmp_path / "copy").exists()
+
+
 @pytest.mark.parametrize("fault_every", [0, 5])
 def test_iterator_over_http_equals_local(root: Path, server, local_epoch, monkeypatch, tmp_path, fault_every) -> None:
     from lerobot_dali.iterator import DALILeRobotIterator
