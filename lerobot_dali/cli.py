@@ -614,6 +614,8 @@ def _stdout_closed() -> bool:
         fd = sys.stdout.fileno()
     except (AttributeError, OSError, ValueError):  # (not a file: a test's capture)
         return False
+    if not hasattr(select, "poll"):  # (Windows)
+        return False
     poll = select.poll()
     poll.register(fd, select.POLLOUT)
     return any(events & select.POLLERR for _, events in poll.poll(0))
