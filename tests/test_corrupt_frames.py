@@ -27,13 +27,31 @@ FIRST_GOP_REQUESTS = [[0], [5], [2, 0, 1]]
 
 def _damage_keyframe(path: Path, index: PacketIndex, position: int) -> None:
     """XOR 6 bytes near the end of the keyframe's payload at decode ``position``: inside its slice data (x264's
-    first packet starts with a long SEI text the decoder ignores, so its middle may be harmless)."""
+    first packet starts with a long SEI text the decoder ignores, so its middle may be harmless). x264 does not
+    always encode the same frames to the same bytes, and some 6 bytes damage nothing FFmpeg notices: the damage
+    moves toward the payload's start until a full PyAV decode of the file flags a frame corrupt."""
     assert index.keyframe[position]
-    offset = int(index.byte_offset[position] + index.size_bytes[position]) - 16
-    data = bytearray(path.read_bytes())
-    for i in range(offset, offset + 6):
-        data[i] ^= 0x5A
-    path.write_bytes(bytes(data))
+    clean = path.read_bytes()
+    end = int(index.byte_offset[position] + index.size_bytes[position])
+    for offset in range(end - 16, end - int(index.size_bytes[position]) // 2, -12):
+        data = bytearray(clean)
+        for i in range(offset, offset + 6):
+            data[i] ^= 0x5A
+        path.write_bytes(bytes(data))
+        if _flags_corrupt(path):
+            return
+    raise AssertionError(f"no damage to the keyframe at decode position {position} of {path} was flagged")
+
+
+def _flags_corrupt(path: Path) -> bool:
+    """Whether FFmpeg flags any frame of the file corrupt, decoding it whole."""
+    import av
+
+    try:
+        with av.open(str(path)) as container:
+            return any(frame.is_corrupt for frame in container.decode(video=0))
+    except av.error.FFmpegError:
+        return True
 
 
 @pytest.fixture
