@@ -6,6 +6,7 @@ without importing DALI. What each option does to the frames is described in :mod
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sys
@@ -33,6 +34,8 @@ __all__ = [
     "refuse_uint8_normalize",
     "toml_parser",
 ]
+
+logger = logging.getLogger(__name__)
 
 Pair = tuple[float, float]
 
@@ -200,6 +203,10 @@ class RandomAffine:
         _set(self, "scale", _pair(owner, "scale", self.scale, low=1e-6, high=1e6, allowed="0 < lo <= hi"))
 
 
+#: What LeRobot adds to every std it normalises by; here, what a std of 0 in a dataset's statistics becomes.
+STD_EPSILON = 1e-8
+
+
 @dataclass(frozen=True, kw_only=True)
 class Normalize:
     """Per-channel ``(x - mean) / std`` with x in [0, 1], as LeRobot's stats are computed."""
@@ -235,6 +242,14 @@ class Normalize:
             if array.ndim not in (1, 3) or array.shape[1:] not in ((), (1, 1)):
                 raise ValueError(f"stats[{key!r}][{name!r}] has shape {array.shape}; expected (C, 1, 1) or (C,)")
             values[name] = array.reshape(-1).tolist()
+        constant = [channel for channel, std in enumerate(values["std"]) if std == 0]
+        if constant:  # (a dead or masked camera channel): LeRobot divides by std + 1e-8 and carries on
+            logger.warning(
+                "stats[%r]: std is 0 in channel(s) %s (constant across the dataset): dividing by %g there, as "
+                "LeRobot's normalisation (std + %g) does; a frame that differs from the mean there becomes huge",
+                key, constant, STD_EPSILON, STD_EPSILON,
+            )  # fmt: skip
+            values["std"] = [std or STD_EPSILON for std in values["std"]]
         return cls(mean=tuple(values["mean"]), std=tuple(values["std"]))
 
 

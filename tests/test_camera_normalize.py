@@ -8,6 +8,7 @@ numpy by the mean/std read straight from ``meta/stats.json``.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +82,23 @@ def test_one_value_normalises_every_channel_and_a_wrong_count_fails_at_construct
         DALILeRobotIterator(root, device="cpu", augment=AugmentConfig(normalize=four))
     with pytest.raises(ValueError, match=r"DALILeRobotIterator.image_size = \(0, 48\) is invalid"):
         DALILeRobotIterator(root, device="cpu", image_size=(0, 48))
+
+
+def test_a_channel_of_zero_std_divides_by_lerobots_epsilon_with_a_warning(make_ds, copy_ds, caplog) -> None:
+    """A dead or masked camera channel has std 0 in the statistics: normalize="stats" refused the dataset, where
+    LeRobot divides by std + 1e-8 and trains on."""
+    root = copy_ds(make_ds(**SPEC))
+    stats = json.loads((root / "meta/stats.json").read_text())
+    camera = "observation.images.cam0"
+    stats[camera]["std"][1] = [[0.0]]
+    (root / "meta/stats.json").write_text(json.dumps(stats))
+    raw = _first_batch(root, return_uint8=True)
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.augment_config"):
+        normalised = _first_batch(root, augment=AugmentConfig(normalize="stats"))
+    assert "stats['observation.images.cam0']: std is 0 in channel(s) [1]" in caplog.text
+    std = [stats[camera]["std"][0][0][0], 1e-8, stats[camera]["std"][2][0][0]]
+    expected = _expected(raw[camera], stats[camera]["mean"], std)
+    np.testing.assert_allclose(normalised[camera].numpy(), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_cr5_v21_normalises_by_the_aggregate_of_its_episode_statistics() -> None:
