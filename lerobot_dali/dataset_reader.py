@@ -23,7 +23,7 @@ from .column_store import ColumnStore
 from .dataset_info import INDEX_COLUMNS, DatasetInfo, Feature, format_path
 from .dataset_location import DatasetLocation, resolve_location, with_bulk_root
 from .dataset_stats import FeatureStats, read_dataset_stats
-from .episode_data_files import bulk_file_exists, data_file_path, locate_episode_rows
+from .episode_data_files import bulk_file_exists, data_file_path, locate_episode_rows, video_file_path
 from .episode_rows import (
     ParquetCache,
     StoreEntry,
@@ -211,13 +211,7 @@ class LeRobotDatasetReader:
 
     def video(self, episode_pos: int, camera: str) -> VideoRef:
         files = self.episodes.cameras[camera]
-        chunk, file = int(files.chunk_index[episode_pos]), int(files.file_index[episode_pos])
-        if self.info.major_version == "v3":
-            values = {"chunk_index": chunk, "file_index": file, "video_key": camera}
-        else:
-            values = {"episode_chunk": chunk, "episode_index": file, "video_key": camera}
-        template = self.info.video_path or ""
-        path = self.location.path(format_path(template, values, name="video_path"))
+        path = self.location.path(video_file_path(self.info, files, episode_pos, camera))
         stop = float(files.to_timestamp_s[episode_pos])
         return VideoRef(path, float(files.from_timestamp_s[episode_pos]), None if np.isnan(stop) else stop)
 

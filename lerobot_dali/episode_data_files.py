@@ -33,13 +33,13 @@ from .concurrent_calls import in_threads
 from .dataset_info import DatasetInfo, format_path, template_pattern
 from .dataset_location import DatasetLocation
 from .episode_rows import open_parquet, read_parquet
-from .episode_table import EpisodeTable
+from .episode_table import CameraFiles, EpisodeTable
 from .errors import EpisodeMetadataError, MissingDataFileError
 from .file_stamps import FileStamps
 from .remote_retry import is_transient
 from .row_count_store import cached_row_counts
 
-__all__ = ["bulk_file_exists", "data_file_path", "locate_episode_rows"]
+__all__ = ["bulk_file_exists", "data_file_path", "locate_episode_rows", "video_file_path"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -49,6 +49,17 @@ def data_file_path(location: DatasetLocation, info: DatasetInfo, chunk_index: in
     """Path of a v3.0 data file on the bulk filesystem, from ``info.json``'s ``data_path`` template."""
     values = {"chunk_index": chunk_index, "file_index": file_index}
     return location.path(format_path(info.data_path, values, name="data_path"))
+
+
+def video_file_path(info: DatasetInfo, files: CameraFiles, episode_pos: int, camera: str) -> str:
+    """Path of the video holding episode ``episode_pos`` of ``camera``, relative to the dataset's root, from
+    ``info.json``'s ``video_path`` template (v3.0 names chunk and file, v2.x chunk and episode)."""
+    chunk, file = int(files.chunk_index[episode_pos]), int(files.file_index[episode_pos])
+    if info.major_version == "v3":
+        values = {"chunk_index": chunk, "file_index": file, "video_key": camera}
+    else:
+        values = {"episode_chunk": chunk, "episode_index": file, "video_key": camera}
+    return format_path(info.video_path or "", values, name="video_path")
 
 
 def bulk_file_exists(location: DatasetLocation, stamps: FileStamps | None, path: str) -> bool:
