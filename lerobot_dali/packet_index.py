@@ -205,6 +205,11 @@ def _index_container(
     In an MP4 every packet must lie in the file's media data, and so must the samples its tables list where the
     demuxer found other than those (:func:`_check_packets_in_media_data`).
     """
+    if not container.streams:  # (an MP4 cut before its moov box opens with none: FFmpeg says nothing)
+        raise VideoDecodeError(
+            f"{label}: the file holds no stream: it is truncated (an MP4's index, the moov box, is missing) or not a "
+            "video; restore it from its source or re-encode it."
+        )
     if not container.streams.video:
         raise VideoDecodeError(f"{label}: the file has no video stream.")
     stream = container.streams.video[0]

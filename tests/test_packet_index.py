@@ -168,6 +168,14 @@ def test_truncated_and_corrupt_files(marker_video: MarkerVideo, tmp_path: Path) 
     truncated.write_bytes(raw[: len(raw) // 2])
     with pytest.raises(VideoDecodeError, match="truncated.mp4"):
         build_packet_index(truncated)
+    # Cut inside the moov box (written last, after the media data): FFmpeg opens it, with no stream at all.
+    mdat = raw.find(b"mdat") - 4
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(raw[: mdat + int.from_bytes(raw[mdat : mdat + 4], "big") + 16])
+    with av.open(str(cut)) as container:
+        assert len(container.streams) == 0
+    with pytest.raises(VideoDecodeError, match=r"cut\.mp4: the file holds no stream: it is truncated"):
+        build_packet_index(cut)
     garbage = tmp_path / "garbage.mp4"
     garbage.write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
     with pytest.raises(VideoDecodeError, match="garbage.mp4"):
