@@ -137,7 +137,7 @@ class TrainOptions:
             raise ValueError("--resume and --save-every need --checkpoint-dir")
         if not self.lr > 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
-        check_choice(DecodePreference, "--decode", self.decode.lower())
+        check_choice(DecodePreference, "--decode", self.decode.lower() if isinstance(self.decode, str) else self.decode)
         if self.image_size is not None and not all(is_int(v) and v > 0 for v in self.image_size):
             size = " ".join(map(str, self.image_size))
             raise ValueError(f"--image-size takes a positive height and width, got {size}")

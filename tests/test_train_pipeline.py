@@ -718,3 +718,11 @@ def test_the_lerobot_policy_pipeline_reads_policy_fields_as_json() -> None:
         parse_args(["--dataset", "d", "--steps", "0"])
     with pytest.raises(ValueError, match="--resume and --save-every need --checkpoint-dir"):  # were ignored
         parse_args(["--dataset", "d", "--resume"])
+
+
+def test_decode_takes_what_the_iterator_takes() -> None:
+    """The --decode check (c39f719) called .lower() on whatever it got: a DecodePreference given in code failed."""
+    from lerobot_dali.decode_route import DecodePreference
+
+    for decode in (DecodePreference.GPU, "GPU", "cpu"):
+        assert TrainOptions(dataset="x", steps=1, decode=decode).decode == decode
