@@ -213,11 +213,10 @@ def _warn_missing_videos(location: DatasetLocation, info: DatasetInfo, cameras: 
     named = {video_file_path(info, table.cameras[c], pos, c) for c in cameras for pos in range(len(table.length))}
     missing = sorted(named - listed)
     if missing:
-        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         logger.warning(
             "%s: %d video file(s) the episode metadata names do not exist (%s): the copy lacks them too, and loading "
             "their episodes fails; restore them in the source and re-encode, or leave those episodes out",
-            location.description, len(missing), shown,
+            location.description, len(missing), _first_few(missing),
         )  # fmt: skip
 
 
@@ -302,12 +301,16 @@ def _other_plan_error(folder: Path, earlier: dict[str, Any], plan: dict[str, Any
         )
     before, now = earlier.get("files") or {}, plan["files"]
     changed = sorted(set(before) ^ set(now) | {r for r in set(before) & set(now) if before[r] != now[r]})
-    shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
     return FileExistsError(
         f"{folder} holds an unfinished re-encode of {earlier.get('source')} whose files have changed since it "
-        f"started (added, removed or resized: {shown}): its videos may be of the old files; delete the folder "
-        "to start over"
+        f"started (added, removed or resized: {_first_few(changed)}): its videos may be of the old files; delete "
+        "the folder to start over"
     )
+
+
+def _first_few(paths: Sequence[str]) -> str:
+    """The first three of ``paths``, and how many more, for a message."""
+    return ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
 
 
 def _camera_videos(files: Sequence[str], info: DatasetInfo) -> dict[str, str]:
