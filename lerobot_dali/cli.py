@@ -79,9 +79,10 @@ def _info(args: argparse.Namespace) -> int:
     _check_tolerance(args.tolerance_s)
     reader = _open_dataset(args)
     summary = summarize(reader, probe=not args.no_probe, tolerance_s=args.tolerance_s)
+    failed = 1 if any("probe_error" in cam for cam in summary["cameras"].values()) else 0
     if args.json:
         print(json.dumps(summary, indent=2))
-        return 0
+        return failed
     print(f"{summary['source']}  (LeRobot {summary['codebase_version']}, robot {summary['robot_type']})")
     print(
         f"  fps {summary['fps']:g}   episodes {summary['total_episodes']}   frames {summary['total_frames']}"
@@ -96,6 +97,8 @@ def _info(args: argparse.Namespace) -> int:
             f"  camera {key}{depth}: {_probed(cam)}; {cam['video_files']} video file(s), "
             f"{cam['episodes_per_file']['min']}-{cam['episodes_per_file']['max']} episodes per file"
         )
+        if "probe_error" in cam:
+            print(f"    {cam['probe_error']}")
         spacing = cam.get("gop_frames") or cam.get("frame_count") or 0  # (one keyframe: the whole video)
         if spacing > LONG_GOP_FRAMES:
             print(
@@ -118,11 +121,13 @@ def _info(args: argparse.Namespace) -> int:
     for key in summary["image_cameras"]:
         depth = " (depth map)" if key in summary["depth_image_cameras"] else ""
         print(f"  camera {key}{depth}: images in the data files (decoded by the workers)")
-    return 0
+    return failed
 
 
 def _probed(camera: dict[str, Any]) -> str:
     """What the first video of a camera holds, in words: codec, HxW, frame rate, keyframe spacing, B-frames."""
+    if "probe_error" in camera:
+        return "first video does not open (below)"
     if "codec" not in camera:
         return "not probed"
     height, width = camera["resolution"]

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .dataset_reader import LeRobotDatasetReader
-from .errors import FrameTimestampError
+from .errors import DatasetError, FrameTimestampError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
 from .packet_index import PacketIndex
 from .packet_index_cache import load_episode_packet_index
@@ -23,7 +23,8 @@ def summarize(
 ) -> dict[str, Any]:
     """A JSON-ready summary. ``probe`` opens the first video of each camera (packet headers only) and looks
     every row of the first episode up in it within ``tolerance_s``, once per timestamp source (``frame_lookup``:
-    ``"ok"`` or why not), so a dataset whose timestamps miss its video says which ``timestamp_source`` reads it."""
+    ``"ok"`` or why not), so a dataset whose timestamps miss its video says which ``timestamp_source`` reads it.
+    A camera whose first video does not open has ``probe_error`` (why) in place of what the video holds."""
     info = reader.info
     episodes = reader.episodes
     data_files = Counter(zip(episodes.data_chunk_index.tolist(), episodes.data_file_index.tolist(), strict=True))
@@ -41,7 +42,12 @@ def summarize(
             "episodes_per_file": _spread(per_file.values()),
         }
         if first_rows is not None:
-            _, index = load_episode_packet_index(reader, 0, key)
+            try:
+                _, index = load_episode_packet_index(reader, 0, key)
+            except DatasetError as e:  # one damaged or missing video: the rest of the summary still stands
+                entry["probe_error"] = str(e)
+                cameras[key] = entry
+                continue
             found = describe_index(index)
             entry.update(
                 codec=found.codec,

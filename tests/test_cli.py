@@ -360,3 +360,21 @@ def test_check_logs_a_warning_on_its_own_line_not_after_the_progress_bar() -> No
     assert done.returncode == 0, done.stderr
     warnings = [line.rsplit("\r", 1)[-1] for line in done.stderr.split("\n") if "WARNING" in line]
     assert warnings and all(line.startswith("WARNING lerobot_dali.") for line in warnings), done.stderr
+
+
+def test_info_on_a_damaged_first_video_still_describes_the_rest(tmp_path: Path, capsys) -> None:
+    """One camera's first video cut short: that camera says why it did not open, the other camera and the metadata
+    are still described, exit 1 (a finding); it was one line about the file and nothing else, exit 2."""
+    root = make_dataset(tmp_path / "ds", episodes=2, frames_per_episode=6, size=(64, 64), codec="vp9", cameras=2)
+    video = sorted((root / "videos" / "observation.images.cam0").rglob("*.mp4"))[0]
+    video.write_bytes(video.read_bytes()[:200])
+    assert main(["info", str(root), "--json"]) == 1
+    info = json.loads(capsys.readouterr().out)
+    damaged, whole = info["cameras"]["observation.images.cam0"], info["cameras"]["observation.images.cam1"]
+    assert str(video) in damaged["probe_error"] and "codec" not in damaged
+    assert "probe_error" not in whole and (whole["codec"], whole["frame_count"]) == ("vp9", 12)
+    assert info["total_frames"] == 12
+    assert main(["info", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert "camera observation.images.cam0: first video does not open (below)" in out and str(video) in out
+    assert "camera observation.images.cam1: codec vp9 64x64 (HxW) 30 fps" in out
