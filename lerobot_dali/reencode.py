@@ -386,13 +386,15 @@ def _start_worker(level: int) -> None:
 
 def _reencode_file(job: _Job) -> VideoReencoded:
     """Re-encode one video (in a worker process) and check that every frame kept its timestamp. The target appears
-    only once checked, so one that exists is an earlier run's finished work: it is checked again, not redone."""
+    only once checked (and flushed to disk), so one that exists is an earlier run's finished work: it is checked
+    again, not redone, unless it no longer checks (cut short by a power loss or a full disk), when it is redone."""
     started = time.perf_counter()
     before = build_packet_index(job.source, filesystem=job.filesystem)
     target = Path(job.target)
-    unfinished = target.with_name(target.name + ".unfinished")
-    resumed = target.exists()
-    if not resumed:
+    after = _finished_copy(target, before) if target.exists() else None
+    resumed = after is not None
+    if after is None:
+        unfinished = target.with_name(target.name + ".unfinished")
         handle = job.filesystem.open(job.source, "rb") if job.filesystem is not None else None
         try:
             with av.open(handle if handle is not None else job.source, "r") as source:
@@ -404,9 +406,10 @@ def _reencode_file(job: _Job) -> VideoReencoded:
         finally:
             if handle is not None:
                 handle.close()
-    after = build_packet_index(target if resumed else unfinished)
-    _check_same_frames(before, after)
-    if not resumed:
+        after = build_packet_index(unfinished)
+        _check_same_frames(before, after)
+        with open(unfinished, "rb+") as written:  # (on disk before it is named finished: a crash keeps no stub)
+            os.fsync(written.fileno())
         os.replace(unfinished, target)
     return VideoReencoded(
         path=job.relative,
@@ -419,6 +422,19 @@ def _reencode_file(job: _Job) -> VideoReencoded:
         seconds=time.perf_counter() - started,
         resumed=resumed,
     )
+
+
+def _finished_copy(target: Path, before: PacketIndex) -> PacketIndex | None:
+    """The packet index of ``target``, an earlier run's finished copy of the video ``before`` indexes, if it still
+    holds every frame of it; else None, with a warning, and the file is removed to be encoded again."""
+    try:
+        after = build_packet_index(target)
+        _check_same_frames(before, after)
+    except VideoDecodeError as e:
+        logger.warning("%s: its copy from an earlier run does not check (%s); encoding it again", target, e)
+        target.unlink()
+        return None
+    return after
 
 
 def _encode(source: Any, job: _Job, path: Path, index: PacketIndex) -> None:

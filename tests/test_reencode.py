@@ -232,6 +232,27 @@ def _corrupt(video: Path) -> None:
 BAD = "videos/observation.images.cam1/chunk-000/file-001.mp4"
 
 
+def test_a_finished_copy_cut_short_since_is_encoded_again_on_resume(
+    long_gop_ds: Path, copy_ds, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A finished video in the unfinished copy cut short after its run stopped (a power loss before the disk had
+    it, a full disk): the resume checks it again and failed on it ("the file is truncated or corrupt", the copy's
+    own file), a dead end short of deleting the folder; now it is encoded again, with a warning."""
+    root = copy_ds(long_gop_ds)
+    _corrupt(root / BAD)
+    out, partial = tmp_path / "out", tmp_path / ".out.partial"
+    with pytest.raises(VideoDecodeError):
+        reencode_dataset(root, out, jobs=1)
+    cut = next(k for k in sorted(_files(partial)) if k.endswith(".mp4"))
+    (partial / cut).write_bytes((partial / cut).read_bytes()[:300])
+    shutil.copyfile(long_gop_ds / BAD, root / BAD)
+    capfd.readouterr()
+    report = reencode_dataset(root, out, jobs=1)
+    assert sorted(v.path for v in report.videos if not v.resumed) == sorted([BAD, cut])
+    assert f"{cut}: its copy from an earlier run does not check" in capfd.readouterr().err  # (a worker's log)
+    assert _instants(out / cut) == _instants(long_gop_ds / cut) and max(_keyframe_gaps(out / cut)) <= 2
+
+
 def test_a_corrupt_video_fails_naming_it_and_the_same_call_resumes(
     long_gop_ds: Path, copy_ds, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
