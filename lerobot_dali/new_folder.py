@@ -9,7 +9,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["partial_folder", "write_new_folder", "write_resumable_folder"]
+__all__ = ["partial_folder", "refuse_taken", "write_new_folder", "write_resumable_folder"]
 
 
 def write_new_folder(out: str | os.PathLike[str], write: Callable[[Path], None], *, writer: str) -> Path:
@@ -20,7 +20,7 @@ def write_new_folder(out: str | os.PathLike[str], write: Callable[[Path], None],
     way an interrupted or failed run (Ctrl-C, a full disk) leaves nothing that blocks a re-run. Missing parent
     folders are created.
     """
-    root = _new_or_empty(out, writer=writer)
+    root = refuse_taken(out, writer=writer)
     if root.is_dir():
         try:
             write(root)
@@ -55,7 +55,7 @@ def write_resumable_folder(out: str | os.PathLike[str], write: Callable[[Path], 
     ``out`` receives its entries). When ``write`` raises, the folder is kept, and the next call hands it to
     ``write`` again with what it holds: long work resumes instead of starting over. ``write`` must tell its
     finished files from unfinished ones, and a folder left by other work from one it can resume."""
-    root = _new_or_empty(out, writer=writer)
+    root = refuse_taken(out, writer=writer)
     staging = partial_folder(_with_parent(root))
     staging.mkdir(exist_ok=True)
     write(staging)
@@ -68,7 +68,9 @@ def write_resumable_folder(out: str | os.PathLike[str], write: Callable[[Path], 
     return root
 
 
-def _new_or_empty(out: str | os.PathLike[str], *, writer: str) -> Path:
+def refuse_taken(out: str | os.PathLike[str], *, writer: str) -> Path:
+    """``out`` as a Path; FileExistsError where it exists and is not an empty folder (checked again on writing:
+    a caller that reads a source first calls this before, so a taken ``out`` costs no reading)."""
     root = Path(out)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise FileExistsError(

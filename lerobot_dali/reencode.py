@@ -46,7 +46,7 @@ from .distributed import usable_cpus
 from .episode_data_files import video_file_path
 from .episode_table import read_episode_records, read_episode_table
 from .errors import DatasetError, VideoDecodeError, listing_hint
-from .new_folder import write_resumable_folder
+from .new_folder import refuse_taken, write_resumable_folder
 from .packet_index import PacketIndex, build_packet_index
 from .parent_watch import exit_with_parent
 from .video_encoding import check_bounded_int, encoder_settings
@@ -140,6 +140,7 @@ def reencode_dataset(
     encoder_settings(codec, gop=gop, crf=crf)  # (checks the codec, gop and crf before any work)
     if jobs is not None:
         check_bounded_int("jobs", jobs, 1)
+    refuse_taken(out, writer="reencode")  # (before the source is listed and read, which may be remote)
     location = resolve_location(source, revision=revision)
     _refuse_out_inside(location, out)
     raw_info = read_info_json(location)

@@ -190,12 +190,15 @@ def test_videos_the_metadata_names_but_the_source_lacks_are_warned_of(
     assert "do not exist" not in caplog.text
 
 
-def test_bad_options_and_a_taken_out_fail_before_any_work(long_gop_ds: Path, tmp_path: Path) -> None:
+def test_bad_options_and_a_taken_out_fail_before_any_work(long_gop_ds: Path, tmp_path: Path, caplog) -> None:
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "keep.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="reencode never overwrites"):
+    with caplog.at_level(logging.INFO, logger="lerobot_dali"), pytest.raises(FileExistsError, match="never overw"):
         reencode_dataset(long_gop_ds, taken)
+    assert caplog.records == []  # (it logged "re-encoding 4 video file(s)" first, having listed the source)
+    with pytest.raises(FileExistsError, match="reencode never overwrites"):  # before the source is looked for
+        reencode_dataset(tmp_path / "no such dataset", taken)
     assert [p.name for p in taken.iterdir()] == ["keep.txt"]
     for kwargs, message in [
         ({"codec": "vp8"}, "Unknown codec 'vp8'"),
