@@ -20,10 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .column_store import ColumnStore
-from .dataset_info import INDEX_COLUMNS, DatasetInfo, Feature, format_path
+from .dataset_info import INDEX_COLUMNS, DatasetInfo, Feature
 from .dataset_location import DatasetLocation, resolve_location, with_bulk_root
 from .dataset_stats import FeatureStats, read_dataset_stats
-from .episode_data_files import bulk_file_exists, data_file_path, locate_episode_rows, video_file_path
+from .episode_data_files import bulk_file_exists, episode_data_path, locate_episode_rows, video_file_path
 from .episode_rows import (
     ParquetCache,
     StoreEntry,
@@ -199,15 +199,7 @@ class LeRobotDatasetReader:
 
     # -- files ---------------------------------------------------------------------------------------------
     def data_path(self, episode_pos: int) -> str:
-        ep = self.episodes
-        if self.info.major_version == "v3":
-            chunk, file = int(ep.data_chunk_index[episode_pos]), int(ep.data_file_index[episode_pos])
-            return data_file_path(self.location, self.info, chunk, file)
-        values = {
-            "episode_chunk": int(ep.data_chunk_index[episode_pos]),
-            "episode_index": int(ep.episode_index[episode_pos]),
-        }
-        return self.location.path(format_path(self.info.data_path, values, name="data_path"))
+        return self.location.path(episode_data_path(self.info, self.episodes, episode_pos))
 
     def video(self, episode_pos: int, camera: str) -> VideoRef:
         files = self.episodes.cameras[camera]

@@ -39,7 +39,7 @@ from .file_stamps import FileStamps
 from .remote_retry import is_transient
 from .row_count_store import cached_row_counts
 
-__all__ = ["bulk_file_exists", "data_file_path", "locate_episode_rows", "video_file_path"]
+__all__ = ["bulk_file_exists", "data_file_path", "episode_data_path", "locate_episode_rows", "video_file_path"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -49,6 +49,17 @@ def data_file_path(location: DatasetLocation, info: DatasetInfo, chunk_index: in
     """Path of a v3.0 data file on the bulk filesystem, from ``info.json``'s ``data_path`` template."""
     values = {"chunk_index": chunk_index, "file_index": file_index}
     return location.path(format_path(info.data_path, values, name="data_path"))
+
+
+def episode_data_path(info: DatasetInfo, episodes: EpisodeTable, episode_pos: int) -> str:
+    """Path of the data file holding episode ``episode_pos``, relative to the dataset's root, from ``info.json``'s
+    ``data_path`` template (v3.0 names chunk and file, v2.x chunk and episode)."""
+    chunk = int(episodes.data_chunk_index[episode_pos])
+    if info.major_version == "v3":
+        values = {"chunk_index": chunk, "file_index": int(episodes.data_file_index[episode_pos])}
+    else:
+        values = {"episode_chunk": chunk, "episode_index": int(episodes.episode_index[episode_pos])}
+    return format_path(info.data_path, values, name="data_path")
 
 
 def video_file_path(info: DatasetInfo, files: CameraFiles, episode_pos: int, camera: str) -> str:

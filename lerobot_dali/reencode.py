@@ -43,7 +43,7 @@ from .dataset_info import DatasetInfo, template_pattern
 from .dataset_location import DatasetLocation, resolve_location
 from .dataset_reader import INFO_PATH, read_info_json
 from .distributed import usable_cpus
-from .episode_data_files import video_file_path
+from .episode_data_files import episode_data_path, video_file_path
 from .episode_table import read_episode_records, read_episode_table
 from .errors import DatasetError, VideoDecodeError, listing_hint
 from .new_folder import refuse_taken, write_resumable_folder
@@ -155,7 +155,7 @@ def reencode_dataset(
             f"{location.description}: no video file of {sorted(chosen)} found under videos/; nothing to re-encode"
             f"{listing_hint(location.fs)}"
         )
-    _warn_missing_videos(location, info, chosen, set(files))
+    _warn_missing_files(location, info, chosen, set(files))
     encoded = set(encode)
     kept = tuple(sorted(set(videos) - encoded))
     cpus = usable_cpus()
@@ -202,20 +202,23 @@ def reencode_dataset(
     )
 
 
-def _warn_missing_videos(location: DatasetLocation, info: DatasetInfo, cameras: set[str], listed: set[str]) -> None:
-    """Warn of the videos of ``cameras`` the episode metadata names that the source lacks: the copy lacks them too,
-    and was made without a word. Metadata that does not read is left to the loader, which names what is wrong."""
+def _warn_missing_files(location: DatasetLocation, info: DatasetInfo, cameras: set[str], listed: set[str]) -> None:
+    """Warn of the data files, and videos of ``cameras``, the episode metadata names that the source lacks: the
+    copy lacks them too, and was made without a word. Metadata that does not read is left to the loader, which
+    names what is wrong."""
     try:
         records = read_episode_records(location.meta_fs, location.meta_root, info)
         table = read_episode_table(records, info, video_keys=sorted(cameras))
     except DatasetError as e:
-        logger.debug("%s: episode metadata not read (%s); missing videos not looked for", location.description, e)
+        logger.debug("%s: episode metadata not read (%s); missing files not looked for", location.description, e)
         return
-    named = {video_file_path(info, table.cameras[c], pos, c) for c in cameras for pos in range(len(table.length))}
+    episodes = range(len(table.length))
+    named = {episode_data_path(info, table, pos) for pos in episodes}
+    named |= {video_file_path(info, table.cameras[c], pos, c) for c in cameras for pos in episodes}
     missing = sorted(named - listed)
     if missing:
         logger.warning(
-            "%s: %d video file(s) the episode metadata names do not exist (%s): the copy lacks them too, and loading "
+            "%s: %d file(s) the episode metadata names do not exist (%s): the copy lacks them too, and loading "
             "their episodes fails; restore them in the source and re-encode, or leave those episodes out",
             location.description, len(missing), _first_few(missing),
         )  # fmt: skip

@@ -172,17 +172,20 @@ def test_depth_videos_are_copied_and_cannot_be_chosen(long_gop_ds: Path, copy_ds
     assert features["observation.images.cam0"]["info"]["video.codec"] == "h264"
 
 
-def test_videos_the_metadata_names_but_the_source_lacks_are_warned_of(
+def test_files_the_metadata_names_but_the_source_lacks_are_warned_of(
     long_gop_ds: Path, copy_ds, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A video missing from the source was left out of the copy without a word, and the run said it succeeded."""
+    """A video or data file missing from the source was left out of the copy without a word, and the run said it
+    succeeded."""
     source = copy_ds(long_gop_ds)
     gone = "videos/observation.images.cam1/chunk-000/file-001.mp4"  # (episodes 2 and 3 of camera 1)
     (source / gone).unlink()
+    data = "data/chunk-000/file-001.parquet"
+    (source / data).unlink()
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.reencode"):
         report = reencode_dataset(source, tmp_path / "out", jobs=1)
     warned = [r.getMessage() for r in caplog.records if "do not exist" in r.getMessage()]
-    assert len(warned) == 1 and f"1 video file(s) the episode metadata names do not exist ({gone})" in warned[0]
+    assert len(warned) == 1 and f"2 file(s) the episode metadata names do not exist ({data}, {gone})" in warned[0]
     assert not (report.out / gone).exists() and len(report.videos) == 3
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.reencode"):
