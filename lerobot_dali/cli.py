@@ -369,11 +369,11 @@ def _diagnose(args: argparse.Namespace) -> int:
     failed = False
     for report in diagnose_dataset(reader, machine=machine):
         failed |= not report.ok
-        if report.error is not None or report.resolution is None:
+        if report.error is not None:
             print(f"camera {report.camera}: FAILED {report.error}")
             continue
-        height, width = report.resolution
-        print(f"camera {report.camera}: codec {report.codec} {height}x{width} (HxW) -> route {report.route}")
+        size = "{}x{} (HxW)".format(*report.resolution) if report.resolution else "size unknown"
+        print(f"camera {report.camera}: codec {report.codec} {size} -> route {report.route}")
         for route, (ok, seconds, detail) in report.decodes.items():
             print(f"  {route:<13} {'ok' if ok else 'FAILED'} {seconds * 1000:8.1f} ms  {detail}")
     return 1 if failed else 0

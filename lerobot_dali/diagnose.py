@@ -6,21 +6,27 @@ so the report decodes one real frame per camera by every route available here an
 
 from __future__ import annotations
 
+import io
 import time
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from .clips import Clip, build_clip
 from .cpu_decode import CpuFrameDecoder, cpu_decoders
 from .dali_video import DALI_CPU_CODECS, decode_clip_batch
 from .dataset_reader import LeRobotDatasetReader
 from .decode_route import DecodePreference, DecodeRoute, nvcuvid_library, route_for_video
+from .image_frames import decode_depth_images, decode_images
 from .packet_index_cache import load_episode_packet_index
 
 __all__ = ["CameraReport", "MachineReport", "diagnose_dataset", "diagnose_machine"]
+
+#: The route of an image camera's frames: decoded from the data files by Pillow in the workers.
+_IMAGE_ROUTE = "images (Pillow, in the workers)"
 
 
 @dataclass
@@ -72,8 +78,28 @@ def diagnose_dataset(reader: LeRobotDatasetReader, *, machine: MachineReport) ->
     """Route and decode frame 0 of the first episode for every camera, by every route available.
 
     A diagnosis reports every failure instead of stopping at the first: a camera whose video cannot be read
-    gets its ``error`` (or a failed decode) and the next camera is still diagnosed."""
-    return [_diagnose_camera(reader, camera, machine) for camera in reader.camera_keys]
+    gets its ``error`` (or a failed decode) and the next camera is still diagnosed. Image cameras (images in the
+    data files) decode their first image as the workers do."""
+    videos = [_diagnose_camera(reader, camera, machine) for camera in reader.camera_keys]
+    return videos + [_diagnose_image_camera(reader, camera) for camera in reader.image_keys]
+
+
+def _diagnose_image_camera(reader: LeRobotDatasetReader, camera: str) -> CameraReport:
+    """An image camera's first image of the first episode, read and decoded as the workers do (Pillow)."""
+    try:
+        first = reader.read_episode_images(0, camera)[:1].to_pylist()
+    except Exception as e:
+        return CameraReport(camera, None, None, None, error=_describe(e))
+    if not first:
+        return CameraReport(camera, None, None, None, error="the first episode holds no image")
+    depth = camera in reader.info.depth_image_units([camera])
+    decode = decode_depth_images if depth else decode_images
+    route = f"{_IMAGE_ROUTE} (depth map)" if depth else _IMAGE_ROUTE
+    report = CameraReport(camera, _image_format(first[0]), None, route)
+    frame = _timed(report, "pillow", lambda: decode(first, label=f"{reader.source_of(0)}: camera {camera!r}")[0])
+    if frame is not None:
+        report.resolution = (frame.shape[0], frame.shape[1])
+    return report
 
 
 def _diagnose_camera(reader: LeRobotDatasetReader, camera: str, machine: MachineReport) -> CameraReport:
@@ -114,6 +140,15 @@ def _diagnose_camera(reader: LeRobotDatasetReader, camera: str, machine: Machine
     for name, device_id in dali_routes.items():
         _timed(report, name, partial(_dali_frame, clip, device_id), reference)
     return report
+
+
+def _image_format(data: bytes) -> str:
+    """The format Pillow finds ``data`` in (png, jpeg, ...), "unknown" where it finds none (the decode says why)."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return (image.format or "unknown").lower()
+    except Exception:
+        return "unknown"
 
 
 def _dali_frame(clip: Clip, device_id: int | None) -> Any:

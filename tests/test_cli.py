@@ -378,3 +378,28 @@ def test_info_on_a_damaged_first_video_still_describes_the_rest(tmp_path: Path, 
     out = capsys.readouterr().out
     assert "camera observation.images.cam0: first video does not open (below)" in out and str(video) in out
     assert "camera observation.images.cam1: codec vp9 64x64 (HxW) 30 fps" in out
+
+
+def test_diagnose_decodes_an_image_camera_and_names_a_broken_image(tmp_path: Path, capsys) -> None:
+    """Image cameras (images in the data files) were left out of the report: a dataset of them printed the machine
+    alone and exit 0, even with its first image undecodable."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = make_dataset(tmp_path / "ds", episodes=1, frames_per_episode=2, size=(64, 96), image_cameras=True, cameras=2)
+    assert main(["diagnose", str(root)]) == 0
+    report = capsys.readouterr().out
+    for camera in ("cam0", "cam1"):
+        assert f"camera observation.images.{camera}: codec png 64x96 (HxW) -> route images (Pillow" in report
+    assert report.count("  pillow        ok ") == 2 and report.count(" 64x96\n") == 2
+    data = root / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(data)
+    key = "observation.images.cam1"
+    images = table[key].to_pylist()
+    images[0] = {"bytes": b"\x89PNG not really", "path": None}
+    column = pa.array(images, type=table.schema.field(key).type)
+    pq.write_table(table.set_column(table.schema.get_field_index(key), key, column), data)
+    assert main(["diagnose", str(root)]) == 1
+    report = capsys.readouterr().out
+    assert "camera observation.images.cam1: codec unknown size unknown -> route images" in report
+    assert "  pillow        FAILED" in report and "DataFileError" in report and "image 0" in report
