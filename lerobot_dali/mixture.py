@@ -204,8 +204,9 @@ class DALILeRobotMixture:
         share, part_share, rank = self.batch_shares[self.anchor], self.batch_shares[i], self.rank
         return PartSchedule(
             lambda e: anchor.epoch_samples(e) // share,
-            lambda k: part.epoch_samples(k) // part_share,
+            part.epoch_samples,
             lambda k: _starved(part, k, rank, part_share),
+            share=part_share,
         )
 
     # -- epochs and state --------------------------------------------------------------------------------
@@ -255,8 +256,18 @@ class DALILeRobotMixture:
             self._restore(before)
             raise
         # Starts computed before follow the orders replaced now (a resume on another world size changes the
-        # resumed epoch's size): compute them again, as a process that loaded this state first does.
+        # resumed epoch's size): compute them again, as a process that loaded this state first does. Saved at
+        # other shares or by other ranks, a dataset stands elsewhere than the schedule would put it: the later
+        # epochs start from where it stands (it was moved back or on, repeating or skipping part of its epoch).
         self._schedules = {i: self._schedule(i) for i in self._schedules}
+        anchor = self.datasets[self.anchor].state_dict()
+        left = (self.datasets[self.anchor].epoch_samples(anchor["epoch"]) - anchor["samples_consumed"]) // (
+            self.batch_shares[self.anchor]
+        )
+        at_start = anchor["samples_consumed"] == 0 and not anchor["prior_segments"]
+        for i, schedule in self._schedules.items():
+            part = self.datasets[i].state_dict()
+            schedule.rebase(anchor["epoch"], (part["epoch"], part["samples_consumed"]), left, at_start=at_start)
 
     # -- iteration ---------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -267,8 +278,7 @@ class DALILeRobotMixture:
         # another world size, whose anchor carries prior segments).
         if anchor["samples_consumed"] == 0 and not anchor["prior_segments"]:
             for i, schedule in self._schedules.items():
-                epoch, batches = schedule.start(anchor["epoch"])
-                _restart(self.datasets[i], epoch, batches * self.batch_shares[i])
+                _restart(self.datasets[i], *schedule.start(anchor["epoch"]))
         self._pass_id += 1
         return self._batches(self._pass_id, self._passes())
 
@@ -385,9 +395,10 @@ def _starved(part: DALILeRobotIterator, epoch: int, rank: int, share: int) -> Da
 
 
 def _restart(part: DALILeRobotIterator, epoch: int, sample: int) -> None:
-    """``part`` at ``sample`` of ``epoch``, afresh (its ``set_epoch`` keeps the position in the epoch in progress)."""
+    """``part`` at ``sample`` of ``epoch``, afresh (its ``set_epoch`` keeps the position in the epoch in progress).
+    One already there stays, with what it read of that epoch on other ranks (a resume's)."""
     state = part.state_dict()
-    if (state["epoch"], state["samples_consumed"], state["prior_segments"]) != (epoch, sample, []):
+    if (state["epoch"], state["samples_consumed"]) != (epoch, sample):
         part.load_state_dict({**state, "epoch": epoch, "samples_consumed": sample, "prior_segments": []})
 
 

@@ -186,7 +186,8 @@ def test_shuffled_epochs_cover_once_and_resume_exactly_with_workers(make_ds) -> 
 
 def test_a_state_saved_with_the_former_epoch_numbers_resumes_where_it_stood(make_ds) -> None:
     """States saved before the datasets' epochs ran on across mixture epochs number a non-anchor dataset's epochs
-    ``e * 2**32 + k`` in mixture epoch ``e``: it continues where it stood, and joins the schedule at the next one."""
+    ``e * 2**32 + k`` in mixture epoch ``e``: it continues where it stood, its epochs numbered on from there (it
+    joined the schedule at the next mixture epoch, which moved it)."""
     paths = _datasets(make_ds)
     mix = DALILeRobotMixture(paths, batch_size=4, shuffle=False, device="cpu", num_workers=0)
     _run(mix, 1, [])
@@ -203,8 +204,46 @@ def test_a_state_saved_with_the_former_epoch_numbers_resumes_where_it_stood(make
     batch = next(iter(mix))
     assert mix.datasets[1].state_dict()["epoch"] == 2**32 + 1  # continued, not moved
     assert _keys(batch) + [k for b in mix for k in _keys(b)] + [k for b in mix for k in _keys(b)] == rest
-    assert mix.datasets[1].epoch == 5  # from where epoch 2 starts it, 16 batches on: 48 = 5 * 9 + 3
+    assert mix.datasets[1].epoch == 2**32 + 4  # 1 batch of 9 in, then 11 + 16 batches: 8 + 9 + 9 + 1
     mix.close()
+
+
+def test_a_resume_at_other_shares_reads_each_epoch_of_the_other_dataset_once(make_ds, caplog) -> None:
+    """Saved at shares (1, 5) of 6, resumed at (2, 4): the second dataset continues where it stood, and the next
+    mixture epochs start it from there. They started it where a run at (2, 4) from the beginning would stand,
+    12 samples back into its epoch 1, which it read twice."""
+    paths = _datasets(make_ds)
+
+    def mixture(weights: list[float]) -> DALILeRobotMixture:
+        return DALILeRobotMixture(paths, batch_size=6, weights=weights, seed=3, device="cpu", num_workers=0)
+
+    def second(mix: DALILeRobotMixture, batch: dict) -> list[tuple[int, tuple[int, int, int]]]:
+        return [(mix.datasets[1].epoch, k) for k in _keys(batch) if k[0] == 1]
+
+    mix = mixture([1, 5])
+    assert (mix.batch_shares, mix.anchor) == ((1, 5), 0)
+    batches, taken = iter(mix), []
+    for _ in range(5):
+        taken.extend(second(mix, next(batches)))
+    state = mix.state_dict()
+    mix.close()
+    mix = mixture([2, 4])
+    assert mix.batch_shares == (2, 4)
+    mix.load_state_dict(state)
+    assert "saved with batch shares [1, 5] at shares [2, 4]" in caplog.text
+    for _ in range(3):
+        taken.extend(pair for batch in mix for pair in second(mix, batch))
+    mix.close()
+    epochs = [epoch for epoch, _ in taken]
+    assert epochs == sorted(epochs)  # its epochs in turn
+    for epoch in range(max(epochs)):  # (the last one is under way)
+        keys = [key for e, key in taken if e == epoch]
+        assert len(keys) == len(set(keys)) >= 28 - 4, (
+            epoch,
+            len(keys),
+            len(set(keys)),
+        )  # (29 frames, at most 1 batch dropped)
+    assert len(taken) == 5 * 5 + (5 + 8 + 8) * 4  # 5 batches at 5; at 4, (16 - 5) // 2 left of epoch 0, then 8 a time
 
 
 def test_a_resume_on_fewer_ranks_reads_the_rest_of_the_anchor_once(make_ds) -> None:

@@ -52,3 +52,24 @@ def test_an_epoch_without_a_batch_is_passed_over_but_two_in_a_row_fail() -> None
     assert schedule.start(1) == (2, 2)  # 3 of epoch 0, none in 1, 2 of 2
     with pytest.raises(Starved, match="epoch 4"):
         schedule.start(2)  # 2 of epoch 2, then epochs 3 and 4 give nothing
+
+
+def test_a_rebase_starts_later_epochs_where_the_dataset_stands() -> None:
+    """A resume finds the dataset at epoch 4, 2 batches in, with 10 batches of mixture epoch 2 to go: epoch 3
+    starts 10 batches on (7 left of epoch 4, 3 of 5), epoch 4 16 on from there; epoch 2 keeps its pure start."""
+    schedule, _ = _schedule(16, 9)
+    schedule.rebase(2, (4, 2), 10, at_start=False)
+    assert [schedule.start(e) for e in (3, 4)] == [(5, 3), (7, 1)]
+    assert [schedule.start(e) for e in range(3)] == [(0, 0), (1, 7), (3, 5)]
+    at_start, _ = _schedule(16, 9)
+    at_start.rebase(2, (4, 2), 16, at_start=True)
+    assert [at_start.start(e) for e in (2, 3)] == [(4, 2), (5, 9)]  # (7 of epoch 4, then 5 whole: at its end)
+
+
+def test_samples_at_a_share_drop_a_short_last_batch() -> None:
+    """Counted in samples at 3 a batch: epochs of 29 give 9 batches (2 dropped); a rebase 4 samples in (at
+    another share before) leaves (29 - 4) // 3 = 8 of that epoch."""
+    schedule = PartSchedule(lambda e: 10, lambda k: 29, lambda k: Starved(f"epoch {k}"), share=3)
+    assert [schedule.start(e) for e in range(3)] == [(0, 0), (1, 3), (2, 6)]
+    schedule.rebase(1, (1, 4), 10, at_start=True)
+    assert [schedule.start(e) for e in (1, 2)] == [(1, 4), (2, 6)]
