@@ -142,6 +142,7 @@ def _probed(camera: dict[str, Any]) -> str:
 
 def _check(args: argparse.Namespace) -> int:
     """Each dataset checked in turn: exit 0 when none has a problem, 1 when one has, 2 when one does not open."""
+    from .dataset_check import CheckReport
     from .errors import DatasetError
 
     if args.workers is not None and args.workers < 0:
@@ -163,7 +164,9 @@ def _check(args: argparse.Namespace) -> int:
         except (DatasetError, _CommandError) as e:  # (the others are still checked)
             # (with --json, stdout holds the JSON alone: the reason is in it, and said on stderr)
             print(f"{dataset}: cannot open: {type(e).__name__}: {e}", file=sys.stderr if args.json else sys.stdout)
-            report, worst = {"source": dataset, "ok": False, "error": f"{type(e).__name__}: {e}"}, 2
+            # (a report as the others', its fields summed or read alike: one problem, of opening)
+            failed_open = CheckReport(dataset, problem_kinds={f"{type(e).__name__} opening the dataset": 1})
+            report, worst = {**failed_open.to_json(), "error": f"{type(e).__name__}: {e}"}, 2
         reports.append(report)
         worst = max(worst, 0 if report["ok"] else 1)
     failed = sum(not r["ok"] for r in reports)

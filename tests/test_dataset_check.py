@@ -218,6 +218,9 @@ def test_the_command_exits_by_what_it_found(make_ds, copy_ds, capsys) -> None:
     reports = json.loads(captured.out)
     assert [(r["source"], r["ok"]) for r in reports] == [(str(clean), True), (str(root / "nowhere"), False)]
     assert reports[1]["error"].startswith("DatasetNotFoundError: ")
+    # (the same fields as the others': it had source, ok and error alone, and summing problem_count failed)
+    assert sorted(reports[1]) == sorted([*reports[0], "error"]) and reports[1]["problem_count"] == 1
+    assert reports[1]["problem_kinds"] == {"DatasetNotFoundError opening the dataset": 1}
     assert "nowhere: cannot open: DatasetNotFoundError" in captured.err
     # A negative --show printed all but the last problems, then "... and 3 more" of 2.
     assert main(["check", str(root), "--workers", "0", "--show", "-1"]) == 2
