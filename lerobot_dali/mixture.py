@@ -257,8 +257,8 @@ class DALILeRobotMixture:
             raise
         # Starts computed before follow the orders replaced now (a resume on another world size changes the
         # resumed epoch's size): compute them again, as a process that loaded this state first does. Saved at
-        # other shares or by other ranks, a dataset stands elsewhere than the schedule would put it: the later
-        # epochs start from where it stands (it was moved back or on, repeating or skipping part of its epoch).
+        # other shares, a dataset stands elsewhere than the schedule would put it: the later epochs start from
+        # where it stands (it was moved back or on, repeating or skipping part of its epoch).
         self._schedules = {i: self._schedule(i) for i in self._schedules}
         anchor = self.datasets[self.anchor].state_dict()
         left = (self.datasets[self.anchor].epoch_samples(anchor["epoch"]) - anchor["samples_consumed"]) // (

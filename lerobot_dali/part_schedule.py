@@ -5,8 +5,8 @@ Such a dataset reads its own epochs one after another across the mixture's epoch
 restart, no worker start-up) and every one of its samples comes equally often over the run. The start of mixture
 epoch ``e`` is still a pure function of ``e`` (``set_epoch`` may jump, and every rank agrees): the batches the
 anchor gives in the epochs before, taken from the dataset's epochs in turn. A resume where the dataset stands
-elsewhere than that (saved at other shares of the batch, or by another number of ranks) rebases the schedule on
-where it stands, so it still reads each of its epochs once, no sample skipped or repeated.
+elsewhere than that (saved at other shares of the batch) rebases the schedule on where it stands, so it still
+reads each of its epochs once, no sample skipped or repeated.
 """
 
 from __future__ import annotations
