@@ -254,6 +254,16 @@ def _check_block_fetches(inner: Any, path: str) -> None:
     cache.fetcher = checked  # type: ignore[union-attr]  # (fetch is not None: neither is cache)
 
 
+def _sent_only_whole(path: str, why: str) -> DatasetError:
+    """The error for a file fsspec can only stream from its start (HTTP's streaming file: the server answered
+    ``Accept-Ranges: none`` or gave no size): reading a part of it, as parquet and MP4 readers do, cannot work."""
+    return DatasetError(
+        f"{path}: the server sends this file only whole ({why}), and reading a part of a file needs HTTP Range "
+        "requests and its size; serve the dataset from a server that supports Range requests and sends "
+        "Content-Length, or copy it locally"
+    )
+
+
 def _exhausted(error: BaseException, what: str, path: str, attempts: int) -> BaseException:
     note = f"lerobot_dali: {what} {path!r} failed {attempts} time(s); gave up (set {RETRIES_ENV} to retry more)"
     logger.warning("%s (last error %s: %s)", note, type(error).__name__, error)
@@ -343,7 +353,12 @@ class RetryingFile(io.RawIOBase):
 
     def _read_once(self, size: int) -> bytes:
         if self._inner.tell() != self._pos:
-            self._inner.seek(self._pos)
+            try:
+                self._inner.seek(self._pos)
+            except ValueError as e:
+                if type(self._inner).__name__ != "HTTPStreamFile":
+                    raise
+                raise _sent_only_whole(self.path, "it answered 'Accept-Ranges: none' or no size") from e
         chunks: list[bytes] = []
         want, got = size, 0
         while want != 0 and (self.size is None or self._pos + got < self.size):
@@ -383,7 +398,10 @@ class RetryingFile(io.RawIOBase):
             target = self._pos + offset
         elif whence == io.SEEK_END:
             if self.size is None:
-                self.size = int(self._fs.size(self.path))
+                size = self._fs.size(self.path)
+                if size is None:
+                    raise _sent_only_whole(self.path, "it answered no Content-Length")
+                self.size = int(size)
             target = self.size + offset
         else:
             raise ValueError(f"invalid whence {whence!r}; use io.SEEK_SET, io.SEEK_CUR or io.SEEK_END")

@@ -327,6 +327,28 @@ def test_a_server_that_ignores_range_is_named_with_a_fix(tmp_path: Path) -> None
                 handle.read(10)
 
 
+@pytest.mark.parametrize("header", ["Accept-Ranges", "Content-Length"])
+def test_a_server_that_sends_files_only_whole_is_named_with_a_fix(root: Path, server, monkeypatch, header) -> None:
+    """A server answering ``Accept-Ranges: none``, or giving no size, gets a streaming file from fsspec, which cannot
+    seek: opening the dataset failed with "ValueError: Cannot seek streaming HTTP file", or a TypeError from
+    ``int(None)``, naming neither the file nor a fix."""
+    handler = server._httpd.RequestHandlerClass
+    send_header = handler.send_header
+
+    def quirky(self, name: str, value: str) -> None:
+        if name == header == "Accept-Ranges":
+            value = "none"
+        elif name == header:  # (no size: the body ends when the connection closes)
+            self.close_connection = True
+            return
+        send_header(self, name, value)
+
+    monkeypatch.setattr(handler, "send_header", quirky)
+    monkeypatch.setenv(RETRIES_ENV, "0")
+    with pytest.raises(DatasetError, match=rf"{server.url}/dataset/meta/\S+: the server .* supports Range requests"):
+        open_dataset(_url(server, root))
+
+
 @pytest.mark.parametrize(("fault", "retries"), [("403", "5"), ("503", "1")])
 def test_a_denied_or_failing_server_is_not_reported_as_a_missing_file(
     root: Path, server, monkeypatch, fault: str, retries: str
