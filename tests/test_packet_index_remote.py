@@ -130,6 +130,33 @@ def test_fsspec_source_reads_few_bytes(monkeypatch: pytest.MonkeyPatch, index_so
     assert_same_index(index, demux_index(path, monkeypatch))
 
 
+def test_a_video_over_http_fetches_few_bytes_to_index_and_cut_a_clip() -> None:
+    """The reads above were few, but fsspec fetched its default block (5 MB) for each: indexing a remote file cost
+    5 MB (a smaller file: all of it), and every clip a worker reads without the prefetch cache (cache_gb=0, a
+    read-only disk) fetched 5 MB past its GOP: 3 batches of 8 frames of cr5_v30_av1 fetched 92 MB, thrice the
+    dataset's videos."""
+    pytest.importorskip("aiohttp", reason="fsspec's HTTPFileSystem needs aiohttp (the 'test' extra)")
+    from lerobot_dali.clips import build_clip, plan_clip
+    from lerobot_dali.remote_retry import RetryingFileSystem
+    from lerobot_dali.video_source import VIDEO_READ_AHEAD_BYTES
+    from tests.http_server import serve_folder
+
+    path = cr5_video(0)
+    with serve_folder(path.parent) as server:
+        fs, url = RetryingFileSystem(fsspec.filesystem("http")), f"{server.url}/{path.name}"
+        index = build_packet_index(url, filesystem=fs)
+        assert server.sent_bytes < 0.05 * index.file_size_bytes, (server.sent_bytes, index.file_size_bytes)
+        frames = [len(index.pts) // 2, len(index.pts) // 2 + 3]
+        spans = sum(
+            int((index.byte_offset[stop - 1] + index.size_bytes[stop - 1]) - index.byte_offset[start])
+            for start, stop in plan_clip(index, frames).segments
+        )
+        server.reset_stats()
+        clip = build_clip(url, index, frames, filesystem=fs)
+        assert len(clip.relative_indices) == 2
+        assert server.sent_bytes <= spans + VIDEO_READ_AHEAD_BYTES, (server.sent_bytes, spans)
+
+
 @pytest.mark.parametrize("faststart", [False, True], ids=["moov_at_end", "faststart"])
 def test_moov_at_either_end(
     marker_video: MarkerVideo, tmp_path: Path, faststart: bool, monkeypatch: pytest.MonkeyPatch, index_source: str
