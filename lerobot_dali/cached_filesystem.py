@@ -38,11 +38,22 @@ def cache_version(size: int, version: str) -> str:
 
 
 class CachedRangeFile(io.RawIOBase):
-    """A read-only file over ``fs`` whose reads prefer entries of the range cache under ``folder``."""
+    """A read-only file over ``fs`` whose reads prefer entries of the range cache under ``folder``; what the
+    cache lacks is read remotely ``block_size`` bytes ahead."""
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, size: int, folder: Path, counters: dict[str, int]):
+    def __init__(
+        self,
+        fs: fsspec.AbstractFileSystem,
+        path: str,
+        size: int,
+        folder: Path,
+        counters: dict[str, int],
+        *,
+        block_size: int = GAP_READ_AHEAD_BYTES,
+    ):
         super().__init__()
         self.fs, self.path, self.size, self._folder = fs, path, size, folder
+        self._block_size = block_size
         self._pos = 0
         self._entries = list_entries(folder)
         self._local: tuple[Path, Any] | None = None  # one open entry: a long-lived file must not hold many
@@ -147,7 +158,7 @@ class CachedRangeFile(io.RawIOBase):
     def _read_remote(self, start: int, end: int) -> bytes:
         if self._remote is None:
             self._remote = self.fs.open(
-                self.path, "rb", block_size=GAP_READ_AHEAD_BYTES, cache_type="readahead", size=self.size
+                self.path, "rb", block_size=self._block_size, cache_type="readahead", size=self.size
             )  # a known size spares HTTP's HEAD per open
         self._remote.seek(start)
         data = self._remote.read(end - start)
@@ -210,10 +221,13 @@ class CachedFileSystem(fsspec.AbstractFileSystem):
         return int(stamp.size), cache_version(int(stamp.size), str(stamp.version))
 
     def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        """Reads through the cache; a ``block_size`` given (video files: small) is the read-ahead of what it lacks."""
         if mode != "rb":
             return self.fs.open(path, mode, **kwargs)
         size, version = self.identity(path)
-        return CachedRangeFile(self.fs, path, size, entry_dir(self.directory, path, version), self.counters)
+        folder = entry_dir(self.directory, path, version)
+        block_size = kwargs.get("block_size") or GAP_READ_AHEAD_BYTES
+        return CachedRangeFile(self.fs, path, size, folder, self.counters, block_size=block_size)
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         with self.open(path, "rb") as f:

@@ -130,12 +130,14 @@ def test_fsspec_source_reads_few_bytes(monkeypatch: pytest.MonkeyPatch, index_so
     assert_same_index(index, demux_index(path, monkeypatch))
 
 
-def test_a_video_over_http_fetches_few_bytes_to_index_and_cut_a_clip() -> None:
+@pytest.mark.parametrize("cached", [False, True], ids=["remote", "prefetch_cache_lacking_it"])
+def test_a_video_over_http_fetches_few_bytes_to_index_and_cut_a_clip(tmp_path: Path, cached: bool) -> None:
     """The reads above were few, but fsspec fetched its default block (5 MB) for each: indexing a remote file cost
     5 MB (a smaller file: all of it), and every clip a worker reads without the prefetch cache (cache_gb=0, a
     read-only disk) fetched 5 MB past its GOP: 3 batches of 8 frames of cr5_v30_av1 fetched 92 MB, thrice the
-    dataset's videos."""
+    dataset's videos. What the prefetch cache lacks (a cache smaller than the pool) was read 4 MB ahead: 87 MB."""
     pytest.importorskip("aiohttp", reason="fsspec's HTTPFileSystem needs aiohttp (the 'test' extra)")
+    from lerobot_dali.cached_filesystem import CachedFileSystem
     from lerobot_dali.clips import build_clip, plan_clip
     from lerobot_dali.remote_retry import RetryingFileSystem
     from lerobot_dali.video_source import VIDEO_READ_AHEAD_BYTES
@@ -144,6 +146,8 @@ def test_a_video_over_http_fetches_few_bytes_to_index_and_cut_a_clip() -> None:
     path = cr5_video(0)
     with serve_folder(path.parent) as server:
         fs, url = RetryingFileSystem(fsspec.filesystem("http")), f"{server.url}/{path.name}"
+        if cached:
+            fs = CachedFileSystem(fs, tmp_path)
         index = build_packet_index(url, filesystem=fs)
         assert server.sent_bytes < 0.05 * index.file_size_bytes, (server.sent_bytes, index.file_size_bytes)
         frames = [len(index.pts) // 2, len(index.pts) // 2 + 3]
