@@ -87,6 +87,9 @@ SARM_OFFSETS_S: tuple[float, ...] = tuple(float(k) for k in range(-7, 1))
 
 DEFAULT_CACHE = cache_root() / "bench"
 
+RESULTS_DIR = Path("bench") / "results"
+"""Where a run's results go without ``--out``: a folder per run, named by its start time."""
+
 
 class BenchMode(Enum):
     """Which frames every sample asks of every camera."""
@@ -213,6 +216,10 @@ class BenchConfig:
                     several = f"one per --dataset ({count})" if count > 1 else "one per --dataset, with several"
                     raise ValueError(f"{flag} takes one value, or {several}; got {len(value)}: {list(value)}")
                 object.__setattr__(self, name, tuple(value))
+        # Checked now: the results are written after every loader ran, and the datasets generated before any.
+        _check_folder("--out", self.out if self.out is not None else RESULTS_DIR)
+        if self.dataset is None:
+            _check_folder("--cache-dir", self.cache_dir)
         if (self.cameras or self.keys) and self.dataset is None:
             raise ValueError("--cameras and --keys select parts of --dataset; the generated datasets are read whole")
         if self.loaders is not None:
@@ -226,6 +233,17 @@ class BenchConfig:
             mode=BenchMode(self.mode).value, out=str(self.out) if self.out else None, cache_dir=str(self.cache_dir)
         )
         return out
+
+
+def _check_folder(flag: str, folder: Path) -> None:
+    """ValueError unless ``folder`` is a folder or can be made one. A file at or above it, or an unwritable
+    folder above it, failed the run with a traceback only where it was written (``--out``: after every loader)."""
+    folder = Path(os.path.abspath(folder))
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"{flag} {folder}: {existing} is a file, not a folder; give a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {folder}: {existing} is not writable; give a folder this user may write")
 
 
 def _per_dataset(value: Any, count: int = 1) -> tuple[Any, ...]:
@@ -597,7 +615,7 @@ def run_bench(config: BenchConfig) -> BenchReport:
     """Run every applicable loader on every dataset of ``config`` and write JSON, CSV and PNG to its out dir."""
     device = _resolve_device(config.device)
     machine = machine_info(device)  # now: its load average is the one the run began with
-    out_dir = config.out or Path("bench") / "results" / time.strftime("%Y%m%d-%H%M%S")
+    out_dir = config.out or RESULTS_DIR / time.strftime("%Y%m%d-%H%M%S")
     loaders = _loaders_for(config, device)
     notes: list[str] = []
     lerobot_missing = None

@@ -771,3 +771,17 @@ def test_a_dataset_without_cameras_is_a_one_line_error(tmp_path: Path, capsys) -
     err = capsys.readouterr().err
     assert err.startswith("lerobot-dali bench: DatasetError: ") and err.count("\n") == 1, err
     assert "no camera to load" in err and not out.exists()
+
+
+@pytest.mark.parametrize("flag", ["--out", "--cache-dir"])
+def test_an_out_or_cache_folder_that_cannot_be_written_is_a_one_line_error(flag: str, tmp_path: Path, capsys) -> None:
+    """``--out`` a file failed with a FileExistsError traceback once every loader had run, losing the results;
+    ``--cache-dir`` under a file, with a NotADirectoryError traceback before the datasets were generated."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    # (--out with a dataset that is not there: without the check, the run stops there in one line of its own)
+    dataset = ["--dataset", str(tmp_path / "missing")] if flag == "--out" else []
+    for folder in (blocker, blocker / "sub"):
+        assert main(["bench", "--device", "cpu", "--quick", *dataset, flag, str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"lerobot-dali bench: {flag} {folder}: {blocker} is a file, not a folder; give a folder\n"
