@@ -258,10 +258,10 @@ GENERATED_STAMP = ".lerobot_dali_generated.json"
 
 
 def _generator_stamp(spec: GeneratedSpec) -> str:
-    from . import frame_marker, generate
+    from . import frame_marker, generate, video_encoding
 
     code = hashlib.sha256()
-    for module in (generate, frame_marker):
+    for module in (generate, frame_marker, video_encoding):  # the rows, the frames, the encoders and their options
         code.update(Path(str(module.__file__)).read_bytes())
     return json.dumps({"spec": dataclasses.asdict(spec), "generator_sha256": code.hexdigest()}, sort_keys=True)
 

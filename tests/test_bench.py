@@ -461,6 +461,25 @@ def test_a_generated_dataset_is_written_again_when_the_generator_changed(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == [spec.folder]  # no staging or stale copy left
 
 
+@pytest.mark.parametrize("module", ["generate", "frame_marker", "video_encoding"])
+def test_a_change_to_any_module_that_decides_the_generated_bytes_changes_the_stamp(
+    module: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The encoders and their options (preset, crf, B-frames, GOP) moved from generate.py to video_encoding.py,
+    which the stamp left out: a changed encoder setting benched the files the old one wrote."""
+    import importlib
+
+    from lerobot_dali.bench import GeneratedSpec, _generator_stamp
+
+    spec = GeneratedSpec(codec="vp9", cameras=1, size=(64, 64), fps=10, gop=2, episodes=1, frames_per_episode=4)
+    before = _generator_stamp(spec)
+    source = importlib.import_module(f"lerobot_dali.{module}")
+    changed = tmp_path / f"{module}.py"
+    changed.write_text(Path(str(source.__file__)).read_text() + "\n# changed\n")
+    monkeypatch.setattr(source, "__file__", str(changed))
+    assert _generator_stamp(spec) != before
+
+
 def test_a_run_that_finishes_second_keeps_the_first_runs_current_dataset(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
