@@ -39,6 +39,7 @@ from .bench_types import (
     LoadPlan,
 )
 from .cache_dirs import CACHE_ENV
+from .dataset_union import DATASET_INDEX
 from .episode_pieces import EpisodePieces
 
 __all__ = ["LoaderJob", "TreeMemorySampler", "measure_loader", "run_in_child"]
@@ -166,8 +167,9 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
                 keys=job.dataset.keys,
                 timestamp_source=source,
                 tolerance_s=tolerance,
+                dataset_index=i if job.dataset.members else None,
             )
-            for path, source, tolerance in job.dataset.lookups()
+            for i, (path, source, tolerance) in enumerate(job.dataset.lookups())
         ]
         dataset: Any = parts[0] if len(parts) == 1 else torch.utils.data.ConcatDataset(parts)
     elif job.loader == LEROBOT_LOADER and job.dataset.members:
@@ -237,6 +239,18 @@ def _frames_in(batch: Mapping[str, Any], camera_keys: Sequence[str]) -> int:
         shape = batch[key].shape
         total += int(shape[0]) * (int(shape[1]) if len(shape) == 5 else 1)
     return total
+
+
+def _distinct_episodes(batch: Mapping[str, Any]) -> int:
+    """Episodes a batch draws from. Datasets read as one keep their own episode numbers, so there an episode is a
+    ``(dataset_index, episode_index)`` pair (episode 0 of two datasets counted once)."""
+    import torch
+
+    episodes = batch["episode_index"].cpu().reshape(-1)
+    if DATASET_INDEX not in batch:
+        return int(torch.unique(episodes).numel())
+    pairs = torch.stack([batch[DATASET_INDEX].cpu().reshape(-1).long(), episodes.long()], dim=1)
+    return int(torch.unique(pairs, dim=0).shape[0])
 
 
 def _to_device(batch: Mapping[str, Any], device: Any) -> None:
@@ -370,7 +384,7 @@ def measure_loader(job: LoaderJob) -> LoaderResult:
                     gaps.append(now - previous)
                     frames += _frames_in(batch, job.plan.camera_keys)
                     samples += len(batch["index"])
-                    episodes.append(int(torch.unique(batch["episode_index"].cpu()).numel()))
+                    episodes.append(_distinct_episodes(batch))
                 previous = now
                 if delivered >= total:
                     break

@@ -29,6 +29,7 @@ from torch.utils.data import Dataset
 
 from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import open_dataset
+from .dataset_union import DATASET_INDEX
 from .depth_maps import DepthUnit, in_unit
 from .episode_rows import image_bytes, read_parquet
 from .errors import FrameTimestampError
@@ -123,7 +124,9 @@ class PyAVFrameDataset(Dataset):
     """Map-style LeRobot samples: rows by pyarrow, frames by PyAV, one sample per ``__getitem__``.
 
     Items follow ``LeRobotDataset``: tabular windows ``(T, ...)`` with ``<key>_is_pad``, cameras float32 in
-    [0, 1] ``(C, H, W)`` or ``(T, C, H, W)`` for a window, the index columns and ``task``.
+    [0, 1] ``(C, H, W)`` or ``(T, C, H, W)`` for a window, the index columns and ``task``. ``dataset_index``: this
+    dataset's place among several read as one, which items then carry as ``dataset_index`` (as
+    ``MultiLeRobotDataset``'s and ``concat_datasets``' do).
     """
 
     def __init__(
@@ -136,8 +139,10 @@ class PyAVFrameDataset(Dataset):
         cameras: Sequence[str] | None = None,
         keys: Sequence[str] | None = None,
         timestamp_source: str = TimestampSource.PARQUET_TIMESTAMP.value,
+        dataset_index: int | None = None,
     ) -> None:
         reader = open_dataset(dataset, cameras=cameras, keys=keys)
+        self._dataset_index = dataset_index
         self._by_frame_index = TimestampSource(timestamp_source) is TimestampSource.FRAME_INDEX
         self.camera_keys = list(reader.camera_keys)
         self.fps = reader.fps
@@ -255,6 +260,8 @@ class PyAVFrameDataset(Dataset):
                 frames = self._resize(frames) if self._resize is not None else frames
             item[camera] = frames if window is not None else frames[0]  # image rows are tabular in LeRobot
         item["task"] = self._tasks.get(int(own["task_index"]), "") if "task_index" in own else ""
+        if self._dataset_index is not None:
+            item[DATASET_INDEX] = torch.tensor(self._dataset_index)
         return item
 
 

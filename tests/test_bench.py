@@ -527,6 +527,25 @@ def test_the_benchs_own_bookkeeping_between_epochs_is_not_timed(make_ds, monkeyp
     assert result.window_s < 1.0 and result.batch_p99_ms < 1000, (result.window_s, result.batch_p99_ms)
 
 
+@pytest.mark.parametrize("loader", ["lerobot-dali", "pyav-dataloader"])
+def test_episodes_per_batch_tell_apart_the_episodes_of_datasets_read_as_one(make_ds, loader: str) -> None:
+    """Datasets read as one keep their own episode numbers: eps/batch counted episode 0 of two datasets once, so
+    every batch here (one episode per dataset) counted 1 episode; the PyAV peer's items also lacked
+    ``dataset_index``, which the other loaders' carry."""
+    from lerobot_dali.bench_measure import LoaderJob, measure_loader
+    from lerobot_dali.bench_types import BenchDataset
+
+    spec = dict(episodes=1, frames_per_episode=8, cameras=1, size=(64, 64), codec="vp9")
+    paths = (str(make_ds(**spec)), str(make_ds(seed=1, **spec)))
+    dataset = BenchDataset("two", paths[0], members=paths)
+    job = LoaderJob(
+        loader=loader, dataset=dataset, plan=load_plan(BenchConfig(quick=True), dataset.open()), batch_size=8,
+        num_workers=0, pool_size=2, device="cpu", steps=2, warmup=1, seed=0, log_level=30,
+    )  # fmt: skip
+    result = measure_loader(job)
+    assert result.status == "ok" and result.episodes_per_batch > 1, result
+
+
 def test_gpu_only_loaders_are_left_out_on_the_cpu() -> None:
     from lerobot_dali.bench import BenchConfig, _loaders_for
     from lerobot_dali.bench_types import LOADERS
