@@ -432,6 +432,20 @@ def measure_loader(job: LoaderJob) -> LoaderResult:
     )
 
 
+def _error_note(error: BaseException) -> str:
+    """The report's note for a loader that raised: the error's type and message, at most 500 characters. An error a
+    ``DataLoader`` worker raised reads "Caught X in DataLoader worker process N." and then the worker's whole
+    traceback, which the 500 characters never got past: the note keeps the first line and the worker's error."""
+    text = str(error)
+    head, wrapped, worker_traceback = text.partition("\nOriginal Traceback")
+    if not wrapped:
+        return f"{type(error).__name__}: {text}"[:500]
+    lines = worker_traceback.splitlines()
+    last_frame = max((i for i, line in enumerate(lines) if line.startswith(" ")), default=0)
+    raised = " ".join(line.strip() for line in lines[last_frame + 1 :] if line.strip())
+    return f"{type(error).__name__}: {head.strip()} {raised}"[:500]
+
+
 def _child_main(job: LoaderJob, conn: Any) -> None:
     logging.basicConfig(level=job.log_level, format="%(levelname)s %(name)s: %(message)s")
     show_progress()
@@ -443,9 +457,7 @@ def _child_main(job: LoaderJob, conn: Any) -> None:
         result = measure_loader(job)
     except BaseException as e:
         logger.debug("loader %s failed", job.loader, exc_info=True)
-        result = LoaderResult(
-            dataset=job.dataset.label, loader=job.loader, status="error", note=f"{type(e).__name__}: {e}"[:500]
-        )
+        result = LoaderResult(dataset=job.dataset.label, loader=job.loader, status="error", note=_error_note(e))
         if job.loader not in _EXTERNAL:
             traceback.print_exc()
     finally:

@@ -546,6 +546,25 @@ def test_episodes_per_batch_tell_apart_the_episodes_of_datasets_read_as_one(make
     assert result.status == "ok" and result.episodes_per_batch > 1, result
 
 
+def test_a_peer_that_fails_in_a_dataloader_worker_is_reported_with_the_workers_error(make_ds, copy_ds) -> None:
+    """A DataLoader worker's error reads "Caught X in DataLoader worker process 0." and then the worker's traceback:
+    the note's 500 characters ended inside the traceback, so the report never said what failed."""
+    from lerobot_dali.bench_measure import LoaderJob, run_in_child
+    from lerobot_dali.bench_types import BenchDataset
+    from tests.test_dataset_union import _retimed
+
+    root = copy_ds(make_ds(episodes=1, frames_per_episode=4, cameras=1, size=(64, 64), codec="vp9", fps=10))
+    late = _retimed(root, lambda t: t + 0.05)  # every row half a frame after its frame
+    job = LoaderJob(
+        loader="pyav-dataloader", dataset=BenchDataset("late", str(late)), plan=load_plan(BenchConfig(quick=True),
+        open_dataset(late)), batch_size=2, num_workers=1, pool_size=1, device="cpu", steps=1, warmup=1, seed=0,
+        log_level=30,
+    )  # fmt: skip
+    result = run_in_child(job)
+    assert result.status == "error" and result.note.startswith("FrameTimestampError: Caught FrameTimestampError in")
+    assert "no frame within tolerance_s=0.0001 of" in result.note and "\n" not in result.note, result.note
+
+
 def test_gpu_only_loaders_are_left_out_on_the_cpu() -> None:
     from lerobot_dali.bench import BenchConfig, _loaders_for
     from lerobot_dali.bench_types import LOADERS
