@@ -48,6 +48,8 @@ _ORDER_FIELDS = (
 )  # fmt: skip
 #: Order fields states saved before them lack, and the value they ran as.
 _LATER_ORDER_FIELDS = {"piece_frames": None, "drop_n_first_frames": 0, "drop_n_last_frames": 0}
+#: The iterator's argument for an order field whose name differs (what an error tells a user to pass).
+_ARGUMENT_NAMES = {"piece_frames": "episode_piece_frames"}
 
 
 def _order_of(options: OrderOptions) -> dict[str, Any]:
@@ -277,8 +279,8 @@ def _check_order(state: StreamState, options: OrderOptions, *, world_size: int) 
     saved_order = {**_LATER_ORDER_FIELDS, **state.order}  # (a state saved before a later field ran as its default)
     differ = [name for name in relevant if saved_order.get(name) != now[name]]
     if differ:
-        saved = ", ".join(f"{name}={saved_order.get(name)!r}" for name in differ)
-        ours = ", ".join(f"{name}={now[name]!r}" for name in differ)
+        saved = ", ".join(f"{_ARGUMENT_NAMES.get(name, name)}={saved_order.get(name)!r}" for name in differ)
+        ours = ", ".join(f"{_ARGUMENT_NAMES.get(name, name)}={now[name]!r}" for name in differ)
         raise ResumeStateError(
             f"this stream state was saved with {saved}, but this stream runs with {ours}: the saved position "
             f"would mean other samples, repeating some and skipping others; resume with {saved}"

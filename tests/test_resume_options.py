@@ -34,7 +34,10 @@ def _saved_state(world_size: int = 2) -> dict:
             {"rank_balance": RankBalance.DROP},
             "saved with rank_balance='pad', but this stream runs with rank_balance='drop'",
         ),
-        ({"piece_frames": 4}, "saved with piece_frames=None, but this stream runs with piece_frames=4"),
+        (  # (named as the iterator's argument, episode_piece_frames, that a user passes)
+            {"piece_frames": 4},
+            "saved with episode_piece_frames=None, but this stream runs with episode_piece_frames=4",
+        ),
         ({"drop_n_last_frames": 7}, "saved with drop_n_last_frames=0, but this stream runs with drop_n_last_frames=7"),
         (
             {"drop_n_first_frames": 1},
@@ -102,7 +105,7 @@ def test_a_state_saved_before_episode_pieces_resumes_as_whole_episodes() -> None
     for want in expected:
         np.testing.assert_array_equal(resumed.next_batch()[1], want[1])
     pieces = OrderOptions(**{**SAVED.__dict__, "piece_frames": 4})
-    with pytest.raises(ResumeStateError, match="piece_frames=None, but this stream runs with piece_frames=4"):
+    with pytest.raises(ResumeStateError, match="episode_piece_frames=None, but .* episode_piece_frames=4"):
         _stream(pieces).load_state_dict(older)
     dropping = OrderOptions(**{**SAVED.__dict__, "drop_n_last_frames": 2})
     with pytest.raises(ResumeStateError, match="drop_n_last_frames=0, but this stream runs with drop_n_last_frames=2"):
