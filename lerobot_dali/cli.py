@@ -568,7 +568,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--loaders", nargs="+", help="only these loaders (default: all that apply)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--out", help="results folder (default bench/results/<timestamp>)")
-    bench.add_argument("--cache-dir", help="where generated datasets are kept (default ~/.cache/lerobot_dali/bench)")
+    bench.add_argument(
+        "--cache-dir",
+        help="where generated datasets are kept (default $LEROBOT_DALI_CACHE/bench, which is "
+        "~/.cache/lerobot_dali/bench where that variable is not set)",
+    )
     bench.set_defaults(run=_bench)
     return parser
 
