@@ -120,4 +120,5 @@ class IteratorClosedError(RuntimeError):
 
 
 class WorkerProcessError(RuntimeError):
-    """A worker process died without reporting an error (a signal such as the out-of-memory killer's)."""
+    """A worker process died without reporting an error (a signal such as the out-of-memory killer's), or the
+    worker processes did not start."""
