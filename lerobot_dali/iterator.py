@@ -395,7 +395,8 @@ class DALILeRobotIterator:
 
     def state_dict(self) -> dict[str, Any]:
         """Seed, epoch, samples the trainer has taken, world size, batch size, and the order options (shuffle,
-        pool size, balance; a resume under others is refused): enough to resume exactly.
+        pool size, rank balance, episode piece size, frames never sampled at episode ends; a resume under others
+        is refused where they change the order): enough to resume exactly.
 
         Also which episodes the stream runs over (a count and a digest), so a resume over another dataset or
         another ``episodes=`` selection fails instead of continuing a different order.
