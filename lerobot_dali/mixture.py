@@ -428,6 +428,12 @@ def _per_dataset(dataset_options: Sequence[Mapping[str, Any] | None] | None, cou
     for i, given in enumerate(dataset_options):
         given = dict(given or {})
         other = sorted(set(given) - PER_DATASET_OPTIONS - {RENAME_MAP})
+        unknown = sorted(set(other) - set(inspect.signature(DALILeRobotIterator.__init__).parameters))
+        if unknown:  # (a misspelt option, not one of every dataset)
+            raise TypeError(
+                f"dataset_options[{i}] sets {unknown}, which DALILeRobotIterator does not take; per dataset: "
+                f"{sorted({*PER_DATASET_OPTIONS, RENAME_MAP})}"
+            )
         if other:
             raise TypeError(
                 f"dataset_options[{i}] sets {other}, which apply to every dataset alike (or, for those that open a "

@@ -541,6 +541,13 @@ def test_dataset_options_read_each_dataset_its_own_way(make_ds, tmp_path: Path) 
         DALILeRobotMixture([wall_clock, other], dataset_options=[{}], device="cpu")
 
 
+def test_a_misspelt_dataset_option_is_named_as_no_option(tmp_path: Path) -> None:
+    """Refused before any dataset opens, as no option at all: not as one that applies to every dataset alike."""
+    paths = [tmp_path / "a", tmp_path / "b"]  # (never opened)
+    with pytest.raises(TypeError, match=r"sets \['timestamp_sorce'\], which DALILeRobotIterator does not take"):
+        DALILeRobotMixture(paths, dataset_options=[{}, {"timestamp_sorce": "frame_index"}], device="cpu")
+
+
 def test_a_refused_resume_leaves_every_dataset_where_it_stood(make_ds) -> None:
     """A state whose second dataset's episodes differ is refused; the first dataset's state, loaded before, was
     kept, so a run that goes on without the resume (the error caught) read that dataset from the saved position."""
