@@ -266,8 +266,8 @@ class DALILeRobotMixture:
         )
         at_start = anchor["samples_consumed"] == 0 and not anchor["prior_segments"]
         for i, schedule in self._schedules.items():
-            part = self.datasets[i].state_dict()
-            schedule.rebase(anchor["epoch"], (part["epoch"], part["samples_consumed"]), left, at_start=at_start)
+            stands = self.datasets[i].state_dict()
+            schedule.rebase(anchor["epoch"], (stands["epoch"], stands["samples_consumed"]), left, at_start=at_start)
 
     # -- iteration ---------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
