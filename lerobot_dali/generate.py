@@ -34,7 +34,7 @@ from lerobot_dali.frame_marker import (
     MIN_MARKER_SIZE,
     draw_marker,
 )
-from lerobot_dali.new_folder import write_new_folder
+from lerobot_dali.new_folder import refuse_taken, write_new_folder
 from lerobot_dali.video_encoding import CODECS, check_codec, encoder_settings
 from lerobot_dali.video_encoding import check_bounded_int as _check_int
 
@@ -768,6 +768,7 @@ def make_dataset(
         seed=seed,
         image_cameras=image_cameras,
     )
+    refuse_taken(out, writer="make_dataset")  # (before saying it writes there)
     if not spec.cameras:
         what = "no cameras"
     elif spec.image_cameras:

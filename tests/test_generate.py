@@ -503,11 +503,12 @@ def test_make_dataset_rejects_bad_arguments(tmp_path: Path, kwargs: dict[str, ob
     assert not (tmp_path / "ds").exists()
 
 
-def test_make_dataset_refuses_non_empty_directory(tmp_path: Path) -> None:
+def test_make_dataset_refuses_non_empty_directory(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "ds").mkdir()
     (tmp_path / "ds" / "keep.txt").write_text("x")
-    with pytest.raises(FileExistsError, match="not an empty directory"):
+    with caplog.at_level(logging.INFO, logger="lerobot_dali"), pytest.raises(FileExistsError, match="not an empty d"):
         make_dataset(tmp_path / "ds")
+    assert caplog.records == []  # (it said "Writing a v3.0 dataset ... to ds" first)
 
 
 def test_an_interrupted_make_dataset_leaves_nothing_that_blocks_a_rerun(tmp_path: Path, monkeypatch) -> None:
