@@ -520,8 +520,9 @@ class BatchSource:
         clips: list[np.ndarray] = [np.empty(0, np.uint8)] * len(listed)
         indices: list[np.ndarray] = [np.empty(0, np.int32)] * len(listed)
         for path, members in by_file.items():
-            byte_exact = listed[members[0]][1].byte_exact
-            with open_video_source(path, filesystem=fs) if byte_exact else contextlib.nullcontext(path) as source:
+            first = listed[members[0]][1]  # (its size spares a remote open's HEAD)
+            opened = open_video_source(path, filesystem=fs, size=first.file_size_bytes) if first.byte_exact else None
+            with opened or contextlib.nullcontext(path) as source:
                 for i in members:
                     _, index, numbers = listed[i]
                     with io_stats.timed("clip_s"):

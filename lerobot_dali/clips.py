@@ -172,7 +172,7 @@ def read_packet_payloads(
 
     MP4 (``index.byte_exact``): one ranged read per segment. Other containers: a seek and a demux.
     """
-    with open_video_source(source, filesystem=filesystem) as handle:
+    with open_video_source(source, filesystem=filesystem, size=index.file_size_bytes) as handle:
         if index.byte_exact:
             return _read_ranges(handle, index, plan)
         return _demux_payloads(handle, index, plan)

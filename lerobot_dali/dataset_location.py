@@ -68,11 +68,13 @@ class DatasetLocation:
     def is_local(self) -> bool:
         return isinstance(self.fs, LocalFileSystem)
 
-    def open_bulk(self, path: str) -> Any:
-        """A binary file on ``fs``; remote reads fetch ahead in bounded blocks, never the whole file."""
+    def open_bulk(self, path: str, *, size: int | None = None) -> Any:
+        """A binary file on ``fs``; remote reads fetch ahead in bounded blocks, never the whole file. ``size`` (bytes,
+        from the file's stamp) spares the metadata request a remote open makes for it (an HTTP HEAD)."""
         if self.is_local:
             return self.fs.open(path, "rb")
-        return self.fs.open(path, "rb", block_size=READ_AHEAD_BYTES, cache_type="readahead")
+        known = {} if size is None else {"size": size}
+        return self.fs.open(path, "rb", block_size=READ_AHEAD_BYTES, cache_type="readahead", **known)
 
 
 def resolve_location(

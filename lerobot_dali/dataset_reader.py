@@ -23,7 +23,7 @@ from .column_store import ColumnStore
 from .dataset_info import INDEX_COLUMNS, DatasetInfo, Feature
 from .dataset_location import DatasetLocation, resolve_location, with_bulk_root
 from .dataset_stats import FeatureStats, read_dataset_stats
-from .episode_data_files import bulk_file_exists, episode_data_path, locate_episode_rows, video_file_path
+from .episode_data_files import bulk_file_exists, episode_data_path, locate_episode_rows, open_stamped, video_file_path
 from .episode_rows import (
     ParquetCache,
     StoreEntry,
@@ -88,7 +88,7 @@ class LeRobotDatasetReader:
         self.image_keys = list(image_keys)
         self.tabular_keys = tabular_keys
         # Remote files each hold a read-ahead buffer (4 MB): fewer stay open.
-        self._parquet = ParquetCache(location.open_bulk, max_open=128 if location.is_local else 16)
+        self._parquet = ParquetCache(partial(open_stamped, location, stamps), max_open=128 if location.is_local else 16)
         #: Data files written as one big row group are read from memory-mapped Arrow copies on local disk.
         self.column_store: ColumnStore | None = ColumnStore()
 
@@ -210,7 +210,9 @@ class LeRobotDatasetReader:
     def open(self, path: str) -> Any:
         """A binary file object for ``path`` on the dataset's filesystem (lazy, range reads for remote)."""
         try:
-            return self.location.open_bulk(path)
+            return open_stamped(self.location, self.stamps, path)
+        except MissingDataFileError:
+            raise
         except FileNotFoundError as e:
             raise MissingDataFileError(f"{path} is missing (referenced by {self.location.description})") from e
 

@@ -23,7 +23,7 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -39,7 +39,14 @@ from .file_stamps import FileStamps
 from .remote_retry import is_transient
 from .row_count_store import cached_row_counts
 
-__all__ = ["bulk_file_exists", "data_file_path", "episode_data_path", "locate_episode_rows", "video_file_path"]
+__all__ = [
+    "bulk_file_exists",
+    "data_file_path",
+    "episode_data_path",
+    "locate_episode_rows",
+    "open_stamped",
+    "video_file_path",
+]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -74,8 +81,22 @@ def video_file_path(info: DatasetInfo, files: CameraFiles, episode_pos: int, cam
 
 
 def bulk_file_exists(location: DatasetLocation, stamps: FileStamps | None, path: str) -> bool:
-    """Whether bulk file ``path`` exists: listed by ``stamps`` (no request), else asked of the filesystem."""
-    return (stamps is not None and path in stamps) or bool(location.fs.exists(path))
+    """Whether bulk file ``path`` exists: stamped by ``stamps`` (listed: no request; else the one memoised request
+    its stamp costs, which opening it later reuses), else asked of the filesystem."""
+    if stamps is None:
+        return bool(location.fs.exists(path))
+    try:
+        stamps[path]
+    except MissingDataFileError:
+        return False
+    return True
+
+
+def open_stamped(location: DatasetLocation, stamps: FileStamps | None, path: str) -> Any:
+    """Bulk file ``path`` opened with the size its stamp gives (remote: no metadata request of its own).
+
+    Raises MissingDataFileError naming it when it does not exist."""
+    return location.open_bulk(path, size=stamps[path].size if stamps is not None else None)
 
 
 def locate_episode_rows(
@@ -111,7 +132,7 @@ def locate_episode_rows(
             f"{location.description}: meta/episodes {problem}, and no data file matching {info.data_path!r} could "
             "be listed to find the episodes by; re-download the dataset"
         )
-    found = _episode_runs(location, listed, problem=problem)
+    found = _episode_runs(location, stamps, listed, problem=problem)
     runs = np.array([found.get(int(e), (-1, -1, -1, -1)) for e in table.episode_index], dtype=np.int64).reshape(-1, 4)
     absent = table.episode_index[wanted & (runs[:, 0] < 0)]
     if absent.size:  # most often a data file that was never downloaded, or deleted
@@ -160,7 +181,7 @@ def _stale_index(
     if missing:
         return missing, f"names data files that do not exist ({list(missing[:3])}{' ...' if len(missing) > 3 else ''})"
     paths = sorted(placed)
-    counts = cached_row_counts(stamps, paths, partial(_for_each_file, location, _footer_rows))
+    counts = cached_row_counts(stamps, paths, partial(_for_each_file, location, partial(_footer_rows, stamps=stamps)))
     held = dict(zip(paths, counts, strict=True))
     miscounted = [path for path in paths if held[path] != placed[path]]
     if not miscounted:
@@ -176,8 +197,8 @@ def _for_each_file(location: DatasetLocation, read: Callable[[DatasetLocation, s
     return in_threads(partial(read, location), paths)
 
 
-def _footer_rows(location: DatasetLocation, path: str) -> int:
-    parquet = open_parquet(location.open_bulk, path)
+def _footer_rows(location: DatasetLocation, path: str, *, stamps: FileStamps | None) -> int:
+    parquet = open_parquet(partial(open_stamped, location, stamps), path)
     try:
         return int(parquet.metadata.num_rows)
     finally:
@@ -207,13 +228,13 @@ def _listed_data_files(
 
 
 def _episode_runs(
-    location: DatasetLocation, listed: dict[tuple[int, int], str], *, problem: str
+    location: DatasetLocation, stamps: FileStamps | None, listed: dict[tuple[int, int], str], *, problem: str
 ) -> dict[int, tuple[int, int, int, int]]:
     """``episode_index -> (chunk, file, first row, rows)`` over every listed data file; an episode's rows must be
     one run in one file."""
     pairs = sorted(listed)
     paths = [listed[pair] for pair in pairs]
-    columns = _for_each_file(location, partial(_episode_column, problem=problem), paths)
+    columns = _for_each_file(location, partial(_episode_column, stamps=stamps, problem=problem), paths)
     found: dict[int, tuple[int, int, int, int]] = {}
     for (chunk, file), path, episodes in zip(pairs, paths, columns, strict=True):
         starts = np.flatnonzero(np.r_[True, episodes[1:] != episodes[:-1]]) if episodes.size else episodes
@@ -229,9 +250,9 @@ def _episode_runs(
     return found
 
 
-def _episode_column(location: DatasetLocation, path: str, *, problem: str) -> np.ndarray:
+def _episode_column(location: DatasetLocation, path: str, *, stamps: FileStamps | None, problem: str) -> np.ndarray:
     try:
-        with location.open_bulk(path) as handle:
+        with open_stamped(location, stamps, path) as handle:
             column = read_parquet(handle, ["episode_index"])["episode_index"]  # (KeyError: a file without it)
         if column.null_count:  # (a plain cast made a null episode -2**63)
             raise pa.ArrowInvalid(f"{column.null_count} of its values are missing")

@@ -20,7 +20,7 @@ from typing import Any
 import fsspec
 
 from .errors import MissingDataFileError
-from .remote_retry import RetryingFileSystem
+from .remote_retry import RetryingFileSystem, is_transient
 
 __all__ = ["FileStamp", "FileStamps", "stamp_from_info", "stamp_from_stat"]
 
@@ -107,7 +107,8 @@ class FileStamps(Mapping[str, FileStamp]):
 
     Each root is listed once with ``fs.find(root, detail=True)`` (on the Hub: the paginated ``tree``
     endpoint, one request per 1000 files). A path the listings did not return (a filesystem that cannot
-    list, a file outside the roots) costs one ``fs.info`` the first time it is looked up in this process.
+    list, a file outside the roots) costs one ``fs.info`` the first time it is looked up in this process (threads
+    looking up the same path at once share that one request).
     ``in`` and iteration cover looked-up and listed paths only and never make a request.
 
     It pickles as the filesystem plus the stamps (no lock, counters kept), so the main process lists once
@@ -120,6 +121,7 @@ class FileStamps(Mapping[str, FileStamp]):
         self.info_calls = 0
         self._stamps: dict[str, FileStamp] = {}
         self._lock = threading.Lock()
+        self._asking: dict[str, threading.Lock] = {}  # path -> held while one thread asks the server for its stamp
         # Files whose server gives no version (no ETag, Last-Modified or hash; a plain HTTP server may not)
         # are versioned by this run: keyed by size alone, a same-size rewrite between runs was served from the
         # caches on disk (old frames, old rows). Pickled with the stamps, so every worker of the run shares it.
@@ -182,10 +184,25 @@ class FileStamps(Mapping[str, FileStamp]):
         if stamp is not None:
             return stamp
         with self._lock:
+            asking = self._asking.setdefault(key, threading.Lock())
+        with asking:  # (prefetch threads admitting episodes of one file asked the server once each)
+            stamp = self._stamps.get(key)
+            if stamp is not None:
+                return stamp
+            try:
+                return self._ask(path, key)
+            finally:
+                with self._lock:
+                    self._asking.pop(key, None)
+
+    def _ask(self, path: str, key: str) -> FileStamp:
+        with self._lock:
             self.info_calls += 1
         try:
             info = self.fs.info(path)
         except FileNotFoundError as e:
+            if is_transient(e):  # fsspec's HTTP info raises it from whatever its GET hit: a 503 is no missing file
+                raise
             raise MissingDataFileError(
                 f"File {path} does not exist on {type(self.fs).__name__}; check the dataset's files (and the "
                 "revision or data_files_root it is read from)."
@@ -224,12 +241,13 @@ class FileStamps(Mapping[str, FileStamp]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        del state["_lock"]
+        del state["_lock"], state["_asking"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._asking = {}
 
 
 def _find_files(fs: Any, root: str) -> dict[str, dict[str, Any]]:

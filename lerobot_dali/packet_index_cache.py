@@ -45,6 +45,7 @@ class PacketIndexCache:
         self._entries: OrderedDict[Hashable, PacketIndex] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self._building: dict[Hashable, threading.Lock] = {}  # key -> held while one thread loads or builds it
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -74,6 +75,20 @@ class PacketIndexCache:
         cached = self._lookup(key)
         if cached is not None:
             return cached
+        with self._lock:
+            building = self._building.setdefault(key, threading.Lock())
+        with building:  # (prefetch threads admitting two episodes of one file each built its index)
+            try:
+                cached = self._lookup(key)
+                return cached if cached is not None else self._load_or_build(source, filesystem, url, stamp, store)
+            finally:
+                with self._lock:
+                    self._building.pop(key, None)
+
+    def _load_or_build(
+        self, source: VideoSource, filesystem: Any | None, url: str, stamp: FileStamp, store: PacketIndexStore | None
+    ) -> PacketIndex:
+        key = ("stamped", url, stamp)
         index = store.load(url, stamp) if store is not None else None
         if index is None:
             index = build_packet_index(source, filesystem=filesystem)

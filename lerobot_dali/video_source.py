@@ -38,10 +38,14 @@ def source_label(source: VideoSource) -> str:
 
 
 @contextmanager
-def open_video_source(source: VideoSource, *, filesystem: Any | None = None) -> Iterator[IO[bytes]]:
+def open_video_source(
+    source: VideoSource, *, filesystem: Any | None = None, size: int | None = None
+) -> Iterator[IO[bytes]]:
     """Yield a binary file object for ``source``; paths are opened (and closed) here, file objects lent.
 
-    Raises MissingDataFileError naming the path when it does not exist.
+    ``size`` (bytes: what the file's packet index was built from) spares the metadata request a remote open
+    makes for it (an HTTP HEAD per open: per batch and file). Raises MissingDataFileError naming the path when
+    it does not exist.
     """
     if not isinstance(source, (str, os.PathLike)):
         yield source
@@ -53,7 +57,8 @@ def open_video_source(source: VideoSource, *, filesystem: Any | None = None) -> 
         elif isinstance(filesystem, LocalFileSystem):
             handle = filesystem.open(path, "rb")
         else:  # (fsspec's default block, 5 MB, was fetched for every 16-byte box header and every GOP)
-            handle = filesystem.open(path, "rb", block_size=VIDEO_READ_AHEAD_BYTES, cache_type="readahead")
+            known = {} if size is None else {"size": size}
+            handle = filesystem.open(path, "rb", block_size=VIDEO_READ_AHEAD_BYTES, cache_type="readahead", **known)
     except FileNotFoundError as e:
         raise MissingDataFileError(
             f"Video file {path} does not exist; check the dataset's videos/ folder and its video_path."

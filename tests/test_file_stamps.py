@@ -227,3 +227,35 @@ def test_files_without_a_version_are_versioned_for_one_run(caplog) -> None:
     worker = pickle.loads(pickle.dumps(run))
     assert worker["/unversioned/b.bin"] == run["/unversioned/b.bin"]  # one run: one version in every process
     assert FileStamps(fs, ["/unversioned"])["/unversioned/a.bin"] != run["/unversioned/a.bin"]  # the next run
+
+
+def test_threads_looking_up_one_path_ask_once() -> None:
+    """Prefetch threads admitting episodes of one file looked its stamp up at once, each with its own request."""
+    import threading
+    import time
+
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class SlowInfo(MemoryFileSystem):
+        protocol = "slowinfo"
+
+        def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+            time.sleep(0.05)
+            return super().info(path, **kwargs)
+
+    fs = SlowInfo()
+    fs.pipe("/slow/a.bin", b"xyz")
+    stamps = FileStamps(fs)
+    barrier = threading.Barrier(4)
+    got: list[FileStamp] = []
+
+    def look_up() -> None:
+        barrier.wait()
+        got.append(stamps["/slow/a.bin"])
+
+    threads = [threading.Thread(target=look_up) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [stamp.size for stamp in got] == [3] * 4 and stamps.info_calls == 1

@@ -3,12 +3,17 @@ grow with its number of files, and no worker asks the server about a file it was
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
+
+import pytest
 
 from lerobot_dali.dataset_reader import open_dataset
 from tests import fake_remote  # noqa: F401  (registers the fakeremote:// protocol)
+from tests.http_server import serve_folder
 
 METADATA_KINDS = ("info", "exists")
+OPTIONS = dict(batch_size=4, device="cpu", num_workers=0, drop_last=False)
 
 
 def _open_counting(root: Path):
@@ -42,3 +47,30 @@ def test_iterating_a_remote_dataset_makes_no_per_sample_metadata_request(make_ds
     assert sum(len(batch["index"]) for batch in it) == 24
     assert {kind: requests[kind] for kind in METADATA_KINDS} == before
     it.close()
+
+
+@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+@pytest.mark.parametrize("cache_gb", [0.0, 1.0], ids=["remote_reads", "prefetch_cache"])
+def test_over_http_a_file_costs_one_head(make_ds, tmp_path: Path, version: str, cache_gb: float) -> None:
+    """Plain HTTP lists no sizes, so each file is asked for its stamp once (a HEAD) and its opens reuse that size;
+    an MP4 whose packet index is built is asked once more (the build checks the file still has that size). Parquet
+    opens asked again (up to 7 HEADs for one data file), the exists checks at open too, an MP4 once per batch that
+    read it, and prefetch threads admitting two episodes of one file each stamped and indexed it."""
+    pytest.importorskip("aiohttp", reason="fsspec's HTTPFileSystem needs aiohttp (the 'test' extra)")
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    root = make_ds(episodes=4, frames_per_episode=6, cameras=2, codec="vp9", episodes_per_file=2, size=(64, 64),
+                   version=version)  # fmt: skip
+    with serve_folder(root.parent) as server:
+        for run in range(2):  # the second finds every packet index built: an MP4 costs its stamp alone
+            server.reset_stats()
+            it = DALILeRobotIterator(
+                f"{server.url}/{root.name}", cache_dir=tmp_path / f"cache{run}", cache_gb=cache_gb, **OPTIONS
+            )
+            assert sum(len(batch["index"]) for batch in it) == 24
+            it.close()
+            heads = Counter(r.path for r in server.records if r.method == "HEAD")
+            videos = {path: n for path, n in heads.items() if "/videos/" in path}
+            data = {path: n for path, n in heads.items() if "/data/" in path}
+            assert len(videos) == 2 * len(data) == (4 if version == "v3.0" else 8), heads
+            assert set(data.values()) == {1} and set(videos.values()) == {2 - run}, heads
