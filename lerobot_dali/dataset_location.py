@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -102,6 +103,7 @@ def resolve_location(
         return _hub_location(match["repo"], _one_revision(target, in_url, revision), match["sub"] or "", options)
     if "://" in target:
         _revision_ignored(revision, target, "not a Hub dataset")
+        target, options = _http_query_as_params(target, options)
         fs, root = _remote_fs(target, options)
         return DatasetLocation(fs, root, fs, root, target)
     if _REPO_ID.match(target) and not os.path.exists(target):
@@ -124,6 +126,29 @@ def _revision_ignored(revision: str | None, target: str, what: str) -> None:
 #: Plain HTTP(S) servers: seconds to connect and between bytes read. aiohttp's own default bounds only a whole
 #: request, at 5 minutes, so a stalled server held a read for 5 minutes per try, with nothing logged.
 HTTP_TIMEOUTS_S = {"sock_connect": 30.0, "sock_read": 60.0}
+
+
+def _http_query_as_params(target: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """An http(s) URL without its query string, and ``options`` with that query as ``params``, which fsspec's
+    HTTPFileSystem sends with every request: a file's URL is the root's with its path appended, which landed inside
+    the query (``ds?token=x/meta/info.json``). Parameters ``options`` already gives win. A ``#`` is refused: it
+    starts a fragment, which is never sent to the server.
+    """
+    if not target.startswith(("http://", "https://")):
+        return target, options
+    if "#" in target:
+        raise ValueError(
+            f"{target!r}: a '#' in an http(s) URL starts a fragment, which is never sent to the server; write a '#' "
+            "that is part of a folder name as %23"
+        )
+    parts = urlsplit(target)
+    if not parts.query:
+        return target, options
+    given = options.get("params") or {}
+    given_pairs = list(given.items() if isinstance(given, Mapping) else given)
+    named = {name for name, _ in given_pairs}
+    in_url = [(name, value) for name, value in parse_qsl(parts.query, keep_blank_values=True) if name not in named]
+    return urlunsplit(parts._replace(query="")), {**options, "params": in_url + given_pairs}
 
 
 def _http_timeouts(target: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -271,7 +296,8 @@ def with_bulk_root(
         fs: fsspec.AbstractFileSystem = LocalFileSystem()
         root = os.path.abspath(target)
     else:
-        fs, root = _remote_fs(target, storage_options or {})
+        target, options = _http_query_as_params(target, storage_options or {})
+        fs, root = _remote_fs(target, options)
     logger.info("%s: reading data/ and videos/ from %s", location.description, target)
     return replace(location, fs=fs, root=root, description=f"{location.description} (data files: {target})")
 

@@ -55,6 +55,7 @@ class RequestRecord:
     kind: str
     sent_bytes: int
     file_size: int | None
+    query: str = ""
 
 
 class FolderServer:
@@ -356,7 +357,8 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
                 pass
 
         def _record(self, status: int, kind: str, rng: str | None, sent: int, size: int | None) -> None:
-            path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
-            server._record(RequestRecord(self.command, path, rng, status, kind, sent, size))
+            url = urllib.parse.urlsplit(self.path)
+            path = urllib.parse.unquote(url.path)
+            server._record(RequestRecord(self.command, path, rng, status, kind, sent, size, url.query))
 
     return Handler

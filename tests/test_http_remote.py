@@ -384,6 +384,30 @@ def test_a_server_that_refuses_connections_is_not_reported_as_a_missing_file(mon
 
 
 @pytest.mark.parametrize("remote_part", ["dataset", "data_files_root"])
+def test_a_query_string_is_sent_with_every_request(root: Path, server, remote_part) -> None:
+    """Files' paths were appended after the '?' ("...dataset?token=x/meta/info.json is not valid JSON"); the query is
+    now sent with every request, as storage_options' params, and kept out of the dataset's name in messages."""
+    url = _url(server, root)
+    if remote_part == "dataset":
+        remote = open_dataset(f"{url}?token=x&scope=read", storage_options={"params": {"scope": "all"}})
+        assert remote.location.description == url
+    else:
+        remote = open_dataset(root, data_files_root=f"{url}?token=x&scope=all")
+    local = open_dataset(root)
+    for pos in range(len(LENGTHS)):
+        np.testing.assert_array_equal(remote.read_episode(pos)["index"], local.read_episode(pos)["index"])
+    assert server.records and {r.query for r in server.records} == {"token=x&scope=all"}
+    assert "token" not in remote.location.description
+
+
+def test_a_fragment_is_refused_naming_the_fix(root: Path, server) -> None:
+    with pytest.raises(ValueError, match="starts a fragment, which is never sent to the server; .* as %23"):
+        open_dataset(f"{_url(server, root)}#ds")
+    with pytest.raises(ValueError, match="starts a fragment"):
+        open_dataset(root, data_files_root=f"{_url(server, root)}#")
+
+
+@pytest.mark.parametrize("remote_part", ["dataset", "data_files_root"])
 def test_a_stalled_server_fails_a_read_in_the_read_timeout(root: Path, server, monkeypatch, remote_part) -> None:
     """With aiohttp's default (5 minutes a request) a server that stopped answering held a read for 5 minutes
     per try; reads now give up after HTTP_TIMEOUTS_S of silence (here shortened to 0.5 s), as transient. A
