@@ -26,6 +26,7 @@ __all__ = [
     "atomic_file",
     "cache_days",
     "cache_root",
+    "folder_refuses",
     "mark_used",
     "prune_unused_files",
     "sweep_cutoff",
@@ -41,6 +42,8 @@ CACHE_DAYS_ENV = "LEROBOT_DALI_CACHE_DAYS"
 DEFAULT_CACHE_DAYS = 30.0
 #: Seconds between two sweeps of one cache folder (a sweep lists every entry).
 PRUNE_EVERY_S = 24 * 3600.0
+#: Errors that stop every write to a folder: full, over quota, read-only.
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 
 
 def cache_root() -> Path:
@@ -69,6 +72,16 @@ def atomic_file(path: Path, *, prefix: str, durable: bool = False) -> Iterator[I
     except BaseException:
         Path(tmp.name).unlink(missing_ok=True)
         raise
+
+
+def folder_refuses(folder: Path, error: OSError) -> str | None:
+    """What to do about ``error`` of a write under cache ``folder`` when it stops every write there (full, over
+    quota, read-only, not a writable folder); None when it is one entry's (another user's file in a shared cache)."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free space"
+    if error.errno in _FULL_ERRNOS or not (folder.is_dir() and os.access(folder, os.W_OK)):
+        return "make it a writable folder"
+    return None
 
 
 def try_flock(path: Path) -> IO[bytes] | None:

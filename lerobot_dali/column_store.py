@@ -19,7 +19,6 @@ quota, read-only) stops the process's conversions for good, with one warning; ma
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
@@ -35,7 +34,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .cache_dirs import CACHE_ENV, atomic_file, cache_root, mark_used, prune_unused_files, try_flock
+from .cache_dirs import CACHE_ENV, atomic_file, cache_root, folder_refuses, mark_used, prune_unused_files, try_flock
 from .file_stamps import FileStamp
 from .remote_retry import is_transient
 
@@ -52,9 +51,6 @@ _KEY_METADATA = b"lerobot_dali.column_store.key"
 
 #: The share of the disk a conversion leaves free (checkpoints and logs write there too).
 _KEEP_FREE = 0.05
-
-#: Errors that stop every write to the folder: full, over quota, read-only.
-_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 
 #: Rows decoded per batch while converting: bounds the memory of a conversion besides the compressed group.
 _CONVERT_BATCH_ROWS = 65_536
@@ -244,11 +240,11 @@ class ColumnStore:
                 raise e.cause from None
             return False
         except OSError as e:
-            if not self._folder_refuses(e):
+            fix = folder_refuses(self.directory, e)
+            if fix is None:
                 self._write_failed(path, target, e)
                 return False
             self._unwritable = f"{type(e).__name__}: {e}"
-            fix = "free space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "make it a writable folder"
             logger.warning(
                 "column store: cannot write to %s (%s); this process reads data files with big row groups from "
                 "their parquet row groups, decoding each whole group per read: %s or move the store with $%s",
@@ -270,13 +266,6 @@ class ColumnStore:
             time.perf_counter() - started,
         )
         return True
-
-    def _folder_refuses(self, error: OSError) -> bool:
-        """Whether ``error`` stops every write to the folder (full, over quota, read-only, not a writable folder),
-        not just one entry's (another user's lock or fan-out folder in a shared cache)."""
-        if error.errno in _FULL_ERRNOS:
-            return True
-        return not (self.directory.is_dir() and os.access(self.directory, os.W_OK))
 
     def _write_failed(self, path: str, target: Path, error: Exception) -> None:
         logger.warning(

@@ -4,7 +4,8 @@ Indexing a remote file costs a few ranged reads (~200 KB) of its ``moov``; every
 of every run would pay that per file. The store keeps each index as a numpy ``.npz`` keyed by the sha256 of
 (URL, size, version), so a changed file (new size or etag/blob id) simply misses. Files are written to a
 temporary name and renamed into place, so workers and ranks sharing the folder never read half a file;
-an unreadable file is logged, deleted and rebuilt. Never pickle: loading a cache must not run code.
+an unreadable file is logged, deleted and rebuilt. A folder that refuses writes (full, over quota, read-only)
+is written no more by the process, with one warning. Never pickle: loading a cache must not run code.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ import hashlib
 import json
 import logging
 import os
+import threading
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .cache_dirs import atomic_file, cache_root, mark_used, prune_unused_files
+from .cache_dirs import CACHE_ENV, atomic_file, cache_root, folder_refuses, mark_used, prune_unused_files
 from .file_stamps import FileStamp
 from .packet_index import PacketIndex
 
@@ -31,6 +33,12 @@ logger = logging.getLogger(__name__)
 STORE_FORMAT = 1
 
 _ARRAYS = ("pts", "dts", "byte_offset", "size_bytes", "keyframe")
+
+#: Store folders that refused a write in this process (full, over quota, read-only), and entries that could not be
+#: written in one that takes writes: not tried again, so each is warned about once (every store of one folder,
+#: a store per reader and worker, shares them).
+_REFUSED: set[Path] = set()
+_REFUSED_LOCK = threading.Lock()
 
 
 def default_packet_index_dir() -> Path:
@@ -80,14 +88,37 @@ class PacketIndexStore:
         prune_unused_files(self.directory, "*/*.npz")
 
     def save(self, url: str, stamp: FileStamp, index: PacketIndex) -> None:
-        """Store ``index`` for ``url`` at ``stamp`` atomically; a failed write is logged, never raised."""
+        """Store ``index`` for ``url`` at ``stamp`` atomically; a failed write is logged, never raised, and not
+        tried again in this process (nor any write to a folder that refuses them)."""
         path = self.path_for(url, stamp)
+        if self.directory in _REFUSED or path in _REFUSED:
+            return
         try:
             with atomic_file(path, prefix=f".{path.stem[:16]}.") as tmp:
                 arrays: dict[str, Any] = _encode(index, url, stamp)
                 np.savez(tmp, allow_pickle=False, **arrays)
         except OSError as e:
-            logger.warning("cannot write packet index cache file %s (%s); indexes will be rebuilt", path, e)
+            self._write_failed(path, e)
+
+    def _write_failed(self, path: Path, error: OSError) -> None:
+        fix = folder_refuses(self.directory, error)
+        refused = self.directory if fix is not None else path
+        with _REFUSED_LOCK:
+            if refused in _REFUSED:  # (another thread's write failed meanwhile)
+                return
+            _REFUSED.add(refused)
+        if fix is None:
+            logger.warning("cannot write packet index cache file %s (%s); its video is indexed again", path, error)
+            return
+        logger.warning(
+            "packet index store: cannot write to %s (%s: %s); each process indexes again each remote video it reads "
+            "(a few ranged reads of its header): %s or move the store with $%s",
+            self.directory,
+            type(error).__name__,
+            error,
+            fix,
+            CACHE_ENV,
+        )
 
 
 def _encode(index: PacketIndex, url: str, stamp: FileStamp) -> dict[str, np.ndarray]:

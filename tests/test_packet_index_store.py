@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import multiprocessing
 import pickle
@@ -152,17 +153,61 @@ def test_cache_rebuilds_over_a_corrupt_file(marker_video: MarkerVideo, tmp_path:
     assert_identical(reloaded, index)
 
 
-def test_unwritable_store_only_warns(
+def test_unwritable_store_warns_once_per_folder(
     marker_video: MarkerVideo, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A read-only or misplaced $LEROBOT_DALI_CACHE logged a warning per file on every save, the same file again and
+    again; the column store stops after one."""
     blocker = tmp_path / "file"
     blocker.write_text("a file where the store folder should be")
     index = build_packet_index(marker_video("h264", 30))
-    store = PacketIndexStore(blocker / "store")
+    stores = [PacketIndexStore(blocker / "store"), PacketIndexStore(blocker / "store")]  # (a reader's, a worker's)
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.packet_index_store"):
-        store.save(_URL, FileStamp(1, ""), index)
-    assert "cannot write packet index cache file" in caplog.text
-    assert store.load(_URL, FileStamp(1, "")) is None
+        for store in stores:
+            for version in ("a", "b", "a"):
+                store.save(_URL, FileStamp(1, version), index)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and f"cannot write to {blocker / 'store'}" in warnings[0], warnings
+    assert "make it a writable folder or move the store with $LEROBOT_DALI_CACHE" in warnings[0]
+    assert stores[0].load(_URL, FileStamp(1, "a")) is None
+
+
+def test_a_full_store_is_written_no_more(
+    marker_video: MarkerVideo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    writes: list[object] = []
+
+    def over_quota(file, **arrays) -> None:
+        writes.append(file)
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+    monkeypatch.setattr("lerobot_dali.packet_index_store.np.savez", over_quota)
+    index = build_packet_index(marker_video("h264", 30))
+    store = PacketIndexStore(tmp_path / "store")
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.packet_index_store"):
+        for version in ("a", "b"):
+            store.save(_URL, FileStamp(1, version), index)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(writes) == 1 and len(warnings) == 1 and "Disk quota exceeded" in warnings[0], warnings
+    assert "free space or move the store" in warnings[0]
+    assert not list((tmp_path / "store").rglob("*.tmp"))
+
+
+def test_one_entry_that_cannot_be_written_warns_once_and_others_are_stored(
+    marker_video: MarkerVideo, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    index = build_packet_index(marker_video("h264", 30))
+    store = PacketIndexStore(tmp_path)
+    blocked = FileStamp(1, "a")
+    fan_out = store.path_for(_URL, blocked).parent
+    fan_out.write_text("a file where the fan-out folder should be (another user's, in a shared cache)")
+    other = next(FileStamp(1, v) for v in "bcdefghij" if store.path_for(_URL, FileStamp(1, v)).parent != fan_out)
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.packet_index_store"):
+        for stamp in (blocked, other, blocked):
+            store.save(_URL, stamp, index)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "cannot write packet index cache file" in warnings[0], warnings
+    assert store.load(_URL, other) is not None
 
 
 def test_default_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
