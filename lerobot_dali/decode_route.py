@@ -9,6 +9,7 @@ workers must start before CUDA is initialised in the training process, so routin
 
 from __future__ import annotations
 
+import ctypes
 import ctypes.util
 import logging
 import multiprocessing
@@ -203,8 +204,19 @@ def _log_fallback_once(what: str, gpu: GpuInfo, route: DecodeRoute, because: str
 def nvcuvid_library() -> str | None:
     """The NVDEC driver library (``libnvcuvid``) as the dynamic loader finds it, or None: NVDEC cannot work.
 
-    The driver installs it; containers get it only with the ``video`` driver capability."""
-    return ctypes.util.find_library("nvcuvid")
+    The driver installs it; containers get it only with the ``video`` driver capability. Where the loader's cache
+    lacks it, it is looked for as DALI does (``dlopen`` of ``libnvcuvid.so``, then ``libnvcuvid.so.1``, which
+    searches LD_LIBRARY_PATH too: GKE's /usr/local/nvidia/lib64); loading it initialises no CUDA."""
+    found = ctypes.util.find_library("nvcuvid")
+    if found is not None:
+        return found
+    for name in ("libnvcuvid.so", "libnvcuvid.so.1"):
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            continue
+        return name
+    return None
 
 
 #: Added to a failed probe's reason when the driver's NVDEC library is missing: the usual container pitfall.

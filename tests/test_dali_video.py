@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import io
 import logging
+import os
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import av
 import numpy as np
@@ -250,6 +255,27 @@ def test_failed_probe_says_when_the_nvdec_library_is_missing(
     assert route is DecodeRoute.CPU_FALLBACK
     (line,) = [r.getMessage() for r in caplog.records if "cam (h264)" in r.getMessage()]
     assert ("NVIDIA_DRIVER_CAPABILITIES" in line) is (library is None)
+
+
+def test_the_nvdec_library_is_found_where_dali_finds_it(tmp_path: Path) -> None:
+    """DALI dlopens ``libnvcuvid.so``, then ``libnvcuvid.so.1``, so a driver reached through LD_LIBRARY_PATH (GKE's
+    /usr/local/nvidia/lib64, outside the loader's cache) decodes; ``ctypes.util.find_library`` reads the cache, and
+    elsewhere looks for the unversioned ``libnvcuvid.so`` only, so it found none there: ``diagnose`` printed "NVDEC
+    unusable" beside a working NVDEC, and a refused AV1 probe sent the user to NVIDIA_DRIVER_CAPABILITIES."""
+    import zlib  # noqa: F401 (maps libz into this process, the stand-in for the driver's library)
+
+    mapped = Path("/proc/self/maps").read_text() if Path("/proc/self/maps").exists() else ""
+    libz = next((line.split()[-1] for line in mapped.splitlines() if "/libz.so" in line), None)
+    if libz is None:
+        pytest.skip("needs Linux and a shared libz to stand in for libnvcuvid")
+    folder = tmp_path / "driver"
+    folder.mkdir()
+    shutil.copy(libz, folder / "libnvcuvid.so.1")  # the versioned name only, as the driver installs it
+    found = subprocess.run(
+        [sys.executable, "-c", "from lerobot_dali.decode_route import nvcuvid_library; print(nvcuvid_library())"],
+        capture_output=True, text=True, check=True, env={**os.environ, "LD_LIBRARY_PATH": str(folder)},
+    ).stdout.strip()  # fmt: skip
+    assert found == "libnvcuvid.so.1"
 
 
 @pytest.mark.parametrize(
