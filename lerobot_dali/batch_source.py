@@ -237,8 +237,13 @@ class BatchSource:
         exit_with_parent()
         leave_interrupts_to_parent()
         log_like_trainer(self.spec.log_level)
-        worker_decoded = any(feed.route is DecodeRoute.CPU_FALLBACK for feed in self.spec.camera_feeds.values())
-        if self.spec.depth_quantizers or (worker_decoded and self._decoder.backend is CpuDecoderBackend.TORCHCODEC):
+        # (Only RGB may come from torchcodec: planes and depth always come from PyAV, and asking which backend AUTO
+        # is looks for torchcodec, which imports torch.)
+        rgb_decoded = any(
+            feed.route is DecodeRoute.CPU_FALLBACK and not (feed.planes or feed.depth)
+            for feed in self.spec.camera_feeds.values()
+        )
+        if self.spec.depth_quantizers or (rgb_decoded and self._decoder.backend is CpuDecoderBackend.TORCHCODEC):
             # torch ops here (depth dequantisation, torchcodec's resizes) on one thread, as in DataLoader's
             # workers: otherwise each worker's ops spread over every core and the workers thrash (2 workers on 2
             # cores, a depth camera: 137 frames/s against 2,124).

@@ -606,3 +606,34 @@ def test_auto_looks_for_torchcodec_only_when_a_worker_decodes(make_ds, monkeypat
             assert bool(looked) is looks, codec
     finally:
         package.setLevel(level)
+
+
+def test_a_worker_shipping_planes_does_not_look_for_torchcodec(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planes always come from PyAV (torchcodec hands over RGB only), and planes are what the CPU fallback's workers
+    ship on a GPU by default: looking for torchcodec there imported torch in every worker for nothing. GRAPH makes
+    the same feed in CPU mode."""
+    import logging
+
+    from lerobot_dali import DALILeRobotIterator, cpu_decode
+    from lerobot_dali.batch_source import BatchSource
+    from lerobot_dali.cpu_decode import ColorConversion
+
+    looked: list[int] = []
+    monkeypatch.setattr(cpu_decode, "torchcodec_unavailable", lambda: looked.append(1) or "not here")
+    package = logging.getLogger("lerobot_dali")
+    level = package.level  # (a source unpickled here sets it, as in a worker)
+    try:
+        root = make_ds(episodes=1, frames_per_episode=4, cameras=1, codec="h264")
+        it = DALILeRobotIterator(
+            root, batch_size=2, device="cpu", num_workers=0,
+            cpu_decode=CpuDecodeOptions(color_conversion=ColorConversion.GRAPH),
+        )  # fmt: skip
+        next(iter(it))
+        assert all(feed.planes for feed in it._feeds.values())
+        source = BatchSource(it._spec)
+        it.close()
+        looked.clear()
+        pickle.loads(pickle.dumps(source))  # what each worker does at start
+        assert looked == []
+    finally:
+        package.setLevel(level)
