@@ -135,3 +135,44 @@ def test_an_av1_dataset_reencoded_in_h264_decodes_on_nvdec(make_ds, tmp_path) ->
         for key in ("observation.images.cam0", "observation.images.cam1"):
             diff = (a[key] - b[key]).abs().mean().item() * 255
             assert diff < 4.0, (key, int(a["index"]), diff)
+
+
+def test_dali_cpu_decoder_frames_cross_to_the_gpu_graph(make_ds) -> None:
+    """decode='cpu' on a GPU sends VP9 to DALI's CPU decoder, whose frames cross to the GPU before the window order
+    (``dali_graph``: ``frames.gpu()``, a branch no other GPU test runs): the same frames as CPU mode, on the GPU."""
+    root = _dataset(make_ds, "vp9", size=GPU_SIZE)
+    kwargs = dict(batch_size=4, delta_timestamps=DELTAS, shuffle=False, num_workers=2, drop_last=False)
+    it = DALILeRobotIterator(root, device="cuda", decode="cpu", **kwargs)
+    assert {r.value for r in it.routes.values()} == {"dali_cpu"}
+    first = next(iter(it))
+    assert first["observation.images.cam0"].device.type == "cuda"
+    it.close()
+    on_gpu = _all(DALILeRobotIterator(root, device="cuda", decode="cpu", **kwargs))
+    on_cpu = _all(DALILeRobotIterator(root, device="cpu", **kwargs))
+    assert len(on_gpu) == len(on_cpu) > 0
+    for a, b in zip(on_gpu, on_cpu, strict=True):
+        _check_sample(a, GPU_SIZE)
+        for key in ("observation.images.cam0", "observation.images.cam1"):
+            torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6)
+
+
+def test_a_mixture_on_cuda_joins_its_datasets_on_the_gpu(make_ds) -> None:
+    """Each dataset's part comes from its own pipeline on the GPU; the mixture concatenates them there and adds
+    ``dataset_index`` on the same device (no GPU test built a mixture before)."""
+    from lerobot_dali import DALILeRobotMixture
+
+    roots = [_dataset(make_ds, "h264", size=GPU_SIZE), _dataset(make_ds, "vp9", size=GPU_SIZE)]
+    mix = DALILeRobotMixture(
+        roots, batch_size=4, device="cuda", num_workers=2, shuffle=False, delta_timestamps=DELTAS
+    )  # fmt: skip
+    try:
+        batch = next(iter(mix))
+    finally:
+        mix.close()
+    assert mix.batch_shares == (2, 2)
+    assert batch["dataset_index"].device.type == "cuda" and batch["dataset_index"].tolist() == [0, 0, 1, 1]
+    for key in ("observation.images.cam0", "observation.state", "index"):
+        assert batch[key].device.type == "cuda" and len(batch[key]) == 4, key
+    assert len(batch["task"]) == 4
+    for i in range(4):
+        _check_sample({k: (v[i].cpu() if isinstance(v, torch.Tensor) else v[i]) for k, v in batch.items()}, GPU_SIZE)
