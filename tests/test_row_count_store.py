@@ -30,9 +30,9 @@ def footer_reads(monkeypatch) -> list[str]:
     reads: list[str] = []
     real = episode_data_files._footer_rows
 
-    def counting(location, path):
+    def counting(location, path, **kwargs):
         reads.append(path)
-        return real(location, path)
+        return real(location, path, **kwargs)
 
     monkeypatch.setattr(episode_data_files, "_footer_rows", counting)
     return reads
