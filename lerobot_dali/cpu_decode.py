@@ -28,6 +28,7 @@ from typing import Any, Literal, cast
 
 import av
 import numpy as np
+from av.video.frame import PictureType
 from av.video.reformatter import Interpolation
 from fsspec.implementations.local import LocalFileSystem
 from numpy.typing import ArrayLike
@@ -253,6 +254,27 @@ def _out_of_order_error(label: str, which: str) -> VideoDecodeError:
     )
 
 
+def _check_random_access(label: str, frame: av.VideoFrame | None, key_pts: int, seconds: float) -> None:
+    """Raise unless ``frame``, the first shown at or after the keyframe at ``key_pts`` (shown at ``seconds``) that
+    decoding started from, is that keyframe's own intra-coded picture.
+
+    A file may flag pictures that are no random-access point as keyframes: x264's intra refresh marks the P-frame
+    that starts each refresh cycle (an H.264 recovery point) a sync sample. Decoding from there, FFmpeg withholds
+    the pictures until the cycle completes, then shows frames predicted from references it never had (grey or
+    green, unflagged: 6 of the 9 frames after the last refresh start of a 90-frame 96x64 file); fed after an
+    earlier run of the same clip, it shows that P-frame predicted from the wrong pictures. No error either way.
+    """
+    if frame is not None and frame.pts == key_pts and frame.pict_type == PictureType.I:
+        return
+    shown = "is not shown" if frame is None or frame.pts != key_pts else "is not an intra picture"
+    raise VideoDecodeError(
+        f"{label}: the keyframe at pts {seconds:.6f} s {shown} when "
+        "decoding starts there: the file flags a picture that is no random-access point as a keyframe (an H.264 "
+        "recovery point of intra refresh), so frames decoded from it would not be the file's. Re-encode the video "
+        "with real keyframes (lerobot-dali reencode)."
+    )
+
+
 class _PyAvReader:
     """One open container; frames are fetched by seeking to a keyframe and decoding forward."""
 
@@ -290,7 +312,7 @@ class _PyAvReader:
                 segment_pts = {int(p) for p in index.pts[start:stop]} & wanted
                 packets = packets_from_keyframe(self.container, self.stream, index, start)
                 self.stream.codec_context.flush_buffers()
-                self._decode_until(packets, segment_pts, found, convert, index)
+                self._decode_until(packets, segment_pts, found, convert, index, int(index.pts[start]))
         except (av.error.FFmpegError, OSError) as e:
             raise VideoDecodeError(f"{self.label}: decoding failed ({e}); the file is corrupt or truncated.") from e
         missing = wanted - found.keys()
@@ -309,13 +331,24 @@ class _PyAvReader:
         found: dict[int, Any],
         convert: Callable[[av.VideoFrame], Any],
         index: PacketIndex,
+        key_pts: int,
     ) -> None:
+        """Decode ``packets`` (from the keyframe at ``key_pts`` on, the decoder just reset) until every pts in
+        ``pending`` is in ``found``; the keyframe's own picture must show first, intra-coded
+        (:func:`_check_random_access`)."""
         pending = pending - found.keys()
         last: tuple[int, float] | None = None  # (pts, seconds) of the last frame shown
+        key_checked, key_discarded = False, False
         for packet in packets:
+            if packet.pts == key_pts:
+                key_discarded = bool(packet.is_discard)  # (an edit list hides it: no picture to check)
             for frame in packet.decode():
                 if is_damaged(frame, index):
                     raise damaged_frame_error(self.label, frame, index, frame.time)
+                if not key_checked and frame.pts is not None and frame.pts >= key_pts:
+                    key_checked = True
+                    if frame.pts == key_pts or not key_discarded:
+                        _check_random_access(self.label, frame, key_pts, float(key_pts * index.time_base))
                 if frame.pts is not None:
                     if last is not None and frame.pts <= last[0]:
                         raise _out_of_order_error(self.label, f"pts {frame.time:.6f} s after {last[1]:.6f} s")
@@ -452,6 +485,10 @@ class _PacketDecoder:
             if later <= earlier:
                 raise _out_of_order_error(self.label, f"display rank {later} of the clip after {earlier}")
         by_rank = {int(frame.pts): frame for frame in frames if frame.pts is not None}
+        for start, _ in plan.segments:  # each run's keyframe, decoded after the previous run's pictures
+            rank = int(ranks[int(np.searchsorted(plan.packet_positions, start))])
+            seconds = float(int(index.pts[start]) * index.time_base)
+            _check_random_access(self.label, by_rank.get(rank), rank, seconds)
         wanted = np.unique(plan.relative_indices).tolist()
         missing = [rank for rank in wanted if rank not in by_rank]
         if missing:

@@ -23,6 +23,7 @@ from lerobot_dali.cpu_decode import (
     torchcodec_available,
 )
 from lerobot_dali.errors import CodecUnsupportedError, FrameRequestError, MissingDataFileError, VideoDecodeError
+from lerobot_dali.frame_marker import draw_marker
 from lerobot_dali.packet_index import build_packet_index
 from tests.conftest import shared_dataset
 from tests.video_fixtures import (
@@ -560,6 +561,46 @@ def test_decode_each_groups_a_leading_picture_with_the_gop_its_decoding_starts_i
     want = reference_frames(path)
     np.testing.assert_array_equal(got[0][0], want[int(index.frame_pts[leading])])
     np.testing.assert_array_equal(got[1][0], want[int(index.frame_pts[earlier])])
+
+
+def test_keyframes_of_intra_refresh_are_refused_not_decoded_wrongly(tmp_path: Path) -> None:
+    """x264's intra refresh flags the P-frame starting each refresh cycle a keyframe: decoded from there, frames
+    84-89 came out green, and after another run of the packets (``[1, f]``) frames came out predicted from it, with
+    no error. Each frame now equals the full decode or is refused as read from no random-access point."""
+    import av
+
+    path = tmp_path / "intra_refresh.mp4"
+    with av.open(str(path), "w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=30)
+        stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
+        stream.options = {"preset": "medium", "x264-params": "intra-refresh=1:keyint=20:bframes=0"}
+        for i in range(90):
+            frame = av.VideoFrame.from_ndarray(draw_marker(i // 30, i % 30, 64, 96), format="rgb24")
+            frame.pts = i
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    index = build_packet_index(path)
+    assert index.keyframe_positions.tolist() == [0, 20, 40, 60, 80]  # else this file tests nothing
+    reference = reference_frames(path)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    windows = [np.array(w) for w in ([0], [19], [20], [24], [39], [84], [89], [1, 21], [1, 45], [1, 84])]
+    outcomes = []
+    for window in windows:
+        plan = plan_clip(index, window)
+        for route in ("file", "packets"):
+            try:
+                if route == "file":
+                    got = decoder.decode(path, index, window)
+                else:
+                    got = decoder.decode_packets(index, plan, read_packet_payloads(path, index, plan))
+            except VideoDecodeError as e:
+                assert "intra_refresh.mp4: the keyframe at pts" in str(e) and "no random-access point" in str(e)
+                outcomes.append("refused")
+                continue
+            np.testing.assert_array_equal(got, np.stack([reference[int(p)] for p in index.frame_pts[window]]))
+            outcomes.append("exact")
+    assert outcomes == ["exact"] * 4 + ["refused"] * 16  # (frames 0-19 decode from the first keyframe, an IDR)
+    decoder.close()
 
 
 @pytest.mark.parametrize("gop", ["closed", "open"])
