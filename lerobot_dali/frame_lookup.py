@@ -228,7 +228,8 @@ def _raise_out_of_tolerance(
     frame_s = index.frame_pts_s
     failing = error_s > tolerance_s
     worst = int(np.argmax(np.where(failing, error_s, -1.0)))
-    if context is not None and context.by_frame_index and queries[worst] > frame_s[-1]:
+    past_end = bool(queries[worst] > frame_s[-1])
+    if context is not None and context.by_frame_index and past_end:
         advice = (
             "The rows are looked up by frame_index / fps and this one lies past the video's last frame: the video "
             "holds fewer frames than the episode has rows (re-encode it, or leave the episode out with episodes=)."
@@ -237,6 +238,12 @@ def _raise_out_of_tolerance(
         advice = (
             "The rows are looked up by frame_index / fps: check the episode's from_timestamp in meta/episodes, and "
             "that the video's frame rate is info.json's fps."
+        )
+    elif past_end:  # (a higher tolerance_s would read the last frame again for this row: a wrong frame)
+        advice = (
+            "The row lies past the video's last frame: the video holds fewer frames than the episode has rows "
+            "(re-encode it, or leave the episode out with episodes=), or the parquet timestamps are wall-clock time "
+            "(look frames up by frame_index / fps: TimestampSource.FRAME_INDEX)."
         )
     else:
         advice = (

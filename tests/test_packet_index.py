@@ -271,6 +271,17 @@ def test_rows_read_by_frame_index_past_the_video_get_advice_for_that(marker_vide
             nearest_frame_indices(index, [0.0, past_the_end], tolerance_s=1e-4, context=context)
 
 
+def test_a_row_past_a_video_one_frame_short_is_not_told_to_raise_tolerance(marker_video: MarkerVideo) -> None:
+    """A video one frame shorter than its rows: raising tolerance_s, as the advice said, read the last frame twice."""
+    index = build_packet_index(marker_video("h264", 30))
+    one_past = index.frame_count / FPS
+    with pytest.raises(FrameTimestampError) as info:
+        nearest_frame_indices(index, [0.0, one_past], tolerance_s=1e-4, context=FrameRequestContext(camera="c"))
+    message = str(info.value)
+    assert "past the video's last frame" in message and "fewer frames than the episode has rows" in message
+    assert "raise tolerance_s" not in message.lower()
+
+
 def test_wall_clock_timestamps_need_frame_index_opt_in() -> None:
     data = pq.read_table(
         shared_dataset("cr5_v30_av1") / "data" / "chunk-000" / "file-000.parquet",
