@@ -259,7 +259,8 @@ def _check_random_access(label: str, frame: av.VideoFrame | None, key_pts: int, 
     decoding started from, is that keyframe's own intra-coded picture.
 
     A file may flag pictures that are no random-access point as keyframes: x264's intra refresh marks the P-frame
-    that starts each refresh cycle (an H.264 recovery point) a sync sample. Decoding from there, FFmpeg withholds
+    that starts each refresh cycle (an H.264 recovery point) a sync sample. The packet index drops those flags
+    (:mod:`.random_access`), so this guards against what that check does not see. Decoding from there, FFmpeg withholds
     the pictures until the cycle completes, then shows frames predicted from references it never had (grey or
     green, unflagged: 6 of the 9 frames after the last refresh start of a 90-frame 96x64 file); fed after an
     earlier run of the same clip, it shows that P-frame predicted from the wrong pictures. No error either way.

@@ -26,6 +26,7 @@ from numpy.typing import ArrayLike
 
 from .errors import CodecUnsupportedError, VideoDecodeError
 from .mp4_tables import Mp4Track, read_mp4_tracks
+from .random_access import HEAD_BYTES, NalLayout, is_random_access, nal_layout
 from .remote_retry import is_transient
 from .video_source import VideoSource, open_video_source, source_label
 
@@ -37,6 +38,8 @@ logger = logging.getLogger(__name__)
 _BYTE_CHECK_PACKETS = 3
 # Packets demuxed to check the timestamps read from MP4 sample tables (a whole GOP start of most files).
 _TIMESTAMP_CHECK_PACKETS = 6
+# Bytes kept of each keyframe a demux passes, to tell whether it is a random-access point without reading it again.
+_DEMUXED_HEAD_BYTES = 8 * HEAD_BYTES
 
 #: One packet: pts, dts, byte offset, size, keyframe.
 Row = tuple[int, int, int, int, bool]
@@ -76,8 +79,8 @@ class PacketIndex:
     frame_pts_s: np.ndarray = field(init=False, repr=False)
     #: Typical distance between consecutive displayed frames, in ``time_base`` units (at least 1).
     frame_duration: int = field(init=False)
-    #: Decode positions where decoding can start: the flagged keyframes, and 0 when the stream does not
-    #: start on one (decoding can then only start at its beginning). Ascending.
+    #: Decode positions where decoding can start: the keyframes, and 0 when the stream does not start on one
+    #: (decoding can then only start at its beginning). Ascending.
     keyframe_positions: np.ndarray = field(init=False, repr=False)
     #: Whether any packet displays before the keyframe its GOP starts at (open GOPs: HEVC CRA, H.264
     #: recovery points). Without such "leading" pictures a clip is simply keyframe-to-frame runs.
@@ -156,6 +159,10 @@ def build_packet_index(source: VideoSource, *, filesystem: Any | None = None) ->
     composition offsets), reading the header and the first few packets only; other containers, and any MP4
     whose tables disagree with the demuxer, are demuxed packet by packet (the reason is logged at DEBUG).
 
+    ``keyframe`` holds the random-access points among the packets the container flags: an H.264 or HEVC packet
+    whose first slice is a P or B picture (x264's intra refresh flags those) is not one
+    (:mod:`~lerobot_dali.random_access`; one read of a packet's first bytes more for most files).
+
     Raises MissingDataFileError (no such file), VideoDecodeError (unreadable, truncated, no video stream,
     no packets) and CodecUnsupportedError (a codec this FFmpeg build does not know), each naming the file.
     """
@@ -218,10 +225,11 @@ def _index_container(
     if context is None:
         raise _no_decoder(label, track)
     samples: dict[int, bytes] = {}
+    heads: dict[int, bytes] = {}  # (decode position -> the first bytes of its packet, where the demux had them)
     first_key: bytes | None = None
     rows: list[Row] | None
     if demux or tracks is None:
-        rows, first_key = _rows_from_demux(container, stream, samples, label=label)
+        rows, first_key = _rows_from_demux(container, stream, samples, heads, label=label)
         _check_listed_samples(track, len(rows), label=label)
     else:
         rows = _rows_from_sample_tables(container, stream, tracks, samples, label=label, file_size=file_size)
@@ -248,6 +256,12 @@ def _index_container(
     if first_key is None:
         first_key = _first_keyframe_bytes(handle, table) if byte_exact else None
     template = _make_template(stream, first_key if first_key is not None else samples[0])
+    keyframe = table[:, 4].astype(bool)
+    layout = nal_layout(context.codec.canonical_name, context.extradata)
+    if layout is not None:
+        keyframe = _random_access_keyframes(
+            keyframe, table, layout, {**heads, **samples}, handle if byte_exact else None, label=label
+        )
     return PacketIndex(
         source_name=label,
         codec=context.codec.canonical_name,
@@ -259,7 +273,7 @@ def _index_container(
         dts=np.ascontiguousarray(table[:, 1]),
         byte_offset=np.ascontiguousarray(table[:, 2]),
         size_bytes=np.ascontiguousarray(table[:, 3]),
-        keyframe=table[:, 4].astype(bool),
+        keyframe=keyframe,
         file_size_bytes=file_size,
         byte_exact=byte_exact,
         template=template,
@@ -284,9 +298,10 @@ def _no_decoder(label: str, track: Mp4Track | None) -> CodecUnsupportedError:
 
 
 def _rows_from_demux(
-    container: Any, stream: Any, samples: dict[int, bytes], *, label: str
+    container: Any, stream: Any, samples: dict[int, bytes], heads: dict[int, bytes], *, label: str
 ) -> tuple[list[Row], bytes | None]:
-    """Every packet of ``stream`` by demuxing the whole file; fills ``samples`` with the first payloads."""
+    """Every packet of ``stream`` by demuxing the whole file; fills ``samples`` with the first payloads and
+    ``heads`` with the first bytes of each keyframe."""
     rows: list[Row] = []
     first_key: bytes | None = None
     for packet in container.demux(stream):
@@ -299,6 +314,8 @@ def _rows_from_demux(
         position = packet.pos if packet.pos is not None else -1
         if first_key is None and packet.is_keyframe:
             first_key = bytes(packet)
+        if packet.is_keyframe:
+            heads[len(rows)] = bytes(memoryview(packet)[:_DEMUXED_HEAD_BYTES])
         if len(rows) < _BYTE_CHECK_PACKETS:
             samples[len(rows)] = bytes(packet)
         rows.append((pts, dts, position, packet.size, packet.is_keyframe))
@@ -458,6 +475,55 @@ def _check_packets_in_media_data(
             f"{label}: packets {first} (bytes {int(offsets[first])}-{int(ends[first])}) and {second} (bytes "
             f"{int(offsets[second])}-{int(ends[second])}) share bytes; {damaged}."
         )
+
+
+def _random_access_keyframes(
+    keyframe: np.ndarray,
+    table: np.ndarray,
+    layout: NalLayout,
+    heads: dict[int, bytes],
+    handle: IO[bytes] | None,
+    *,
+    label: str,
+) -> np.ndarray:
+    """``keyframe`` without the flagged packets that are no random-access point (:mod:`.random_access`).
+
+    Each verdict reads the packet's first bytes: from ``heads`` (decode position -> its first bytes, where already
+    read), else from ``handle`` at the packet's byte offset (None where offsets are not exact: the flag then
+    stands). A file either uses intra refresh or not, so the packets in ``heads`` and the second keyframe (the first
+    is the stream's IDR either way) are judged first, one small read for most files; only if one of those is no
+    random-access point is every keyframe judged, a read each.
+    """
+    verdicts: dict[int, bool] = {}
+
+    def random_access(row: int) -> bool:
+        if row not in verdicts:
+            head = heads.get(row, b"")
+            offset = int(table[row, 2])
+
+            def read(start: int, length: int) -> bytes:
+                if start + length <= len(head) or handle is None:
+                    return head[start : start + length]
+                handle.seek(offset + start)
+                return handle.read(length)
+
+            verdicts[row] = is_random_access(layout, read, int(table[row, 3])) is not False  # (None: not judged)
+        return verdicts[row]
+
+    keys = np.flatnonzero(keyframe).tolist()
+    first = [row for row in keys if row in heads] + keys[1:2]
+    if all(random_access(row) for row in first):
+        return keyframe
+    kept = keyframe.copy()
+    for row in keys:
+        kept[row] = random_access(row)
+    logger.debug(
+        "%s: %d of %d flagged keyframes are no random-access point (intra refresh); decoding starts at the others.",
+        label,
+        len(keys) - int(kept.sum()),
+        len(keys),
+    )
+    return kept
 
 
 def _first_keyframe_bytes(handle: IO[bytes], table: np.ndarray) -> bytes | None:

@@ -29,8 +29,9 @@ __all__ = ["STORE_FORMAT", "PacketIndexStore", "default_packet_index_dir"]
 
 logger = logging.getLogger(__name__)
 
-#: Version of the on-disk layout; files of another version are deleted and rebuilt.
-STORE_FORMAT = 1
+#: Version of the on-disk layout; files of another version are deleted and rebuilt. 2: ``keyframe`` holds random-access
+#: points only, not every flagged sync sample (x264 intra refresh flags P-frames; :mod:`.random_access`).
+STORE_FORMAT = 2
 
 _ARRAYS = ("pts", "dts", "byte_offset", "size_bytes", "keyframe")
 

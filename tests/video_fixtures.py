@@ -86,3 +86,26 @@ def count_decodes(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(CpuFrameDecoder, "_frames", counting)
     return calls
+
+
+def encode_intra_refresh(path: Path, frames: list[np.ndarray], *, fps: int = FPS, keyint: int = 20) -> Path:
+    """Encode RGB ``frames`` (frame i at pts i / fps) with x264's intra refresh, no B-frames: the MP4 flags the
+    P-frame starting each refresh cycle (every ``keyint`` frames) a sync sample, though only frame 0 is an IDR."""
+    with av.open(str(path), "w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.height, stream.width = frames[0].shape[:2]
+        stream.pix_fmt = "yuv420p"
+        stream.options = {"preset": "medium", "x264-params": f"intra-refresh=1:keyint={keyint}:bframes=0"}
+        for i, array in enumerate(frames):
+            frame = av.VideoFrame.from_ndarray(array, format="rgb24")
+            frame.pts = i
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return path
+
+
+def flagged_keyframes(path: Path | str) -> list[int]:
+    """Decode positions of the packets the container flags as keyframes (demuxed, as FFmpeg reads the file)."""
+    with av.open(str(path)) as container:
+        packets = [p for p in container.demux(video=0) if p.size]
+    return [i for i, packet in enumerate(packets) if packet.is_keyframe]
