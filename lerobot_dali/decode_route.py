@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .clips import build_clip
+from .concurrent_calls import KeyedLocks
 from .cpu_decode import pyav_can_decode, torchcodec_available
 from .dali_video import DALI_CPU_CODECS, DALI_NVDEC_CODECS, dali_error_reason, decode_clip_batch
 from .errors import CodecUnsupportedError
@@ -278,7 +279,7 @@ _probe_cache: dict[_ProbeKey, tuple[GpuInfo | None, bool, str]] = {}
 _probe_lock = threading.Lock()
 # One probe per key at a time: a mixture builds its datasets' iterators in threads, whose cameras often share a
 # codec and size, and each probe is a process with a CUDA context of its own.
-_probing: dict[_ProbeKey, threading.Lock] = {}
+_probing = KeyedLocks()
 
 
 def probe_gpu(samples: Mapping[str, np.ndarray], *, device_id: int = 0, isolate: bool = True) -> GpuProbe:
@@ -318,9 +319,7 @@ def route_for_video(
     if preference is DecodePreference.CPU:
         return choose_route(index.codec, decode=preference, gpu=None, nvdec_supported=False, label=label)
     key = (device_id, index.codec, index.pix_fmt, index.width, index.height)
-    with _probe_lock:
-        probing = _probing.setdefault(key, threading.Lock())
-    with probing:  # (a thread probing this key now: wait for its answer)
+    with _probing.held(key):  # (a thread probing this key now: wait for its answer)
         cached = _cached_or_probed(key, source, index, filesystem=filesystem, isolate=isolate_probe)
     gpu, supported, reason = cached
     return choose_route(index.codec, decode=preference, gpu=gpu, nvdec_supported=supported, label=label, reason=reason)

@@ -19,6 +19,7 @@ from typing import Any
 
 import fsspec
 
+from .concurrent_calls import KeyedLocks
 from .errors import MissingDataFileError
 from .remote_retry import RetryingFileSystem, is_transient
 
@@ -121,7 +122,7 @@ class FileStamps(Mapping[str, FileStamp]):
         self.info_calls = 0
         self._stamps: dict[str, FileStamp] = {}
         self._lock = threading.Lock()
-        self._asking: dict[str, threading.Lock] = {}  # path -> held while one thread asks the server for its stamp
+        self._asking = KeyedLocks()  # (a path's, held while one thread asks the server for its stamp)
         # Files whose server gives no version (no ETag, Last-Modified or hash; a plain HTTP server may not)
         # are versioned by this run: keyed by size alone, a same-size rewrite between runs was served from the
         # caches on disk (old frames, old rows). Pickled with the stamps, so every worker of the run shares it.
@@ -183,17 +184,9 @@ class FileStamps(Mapping[str, FileStamp]):
         stamp = self._stamps.get(key)
         if stamp is not None:
             return stamp
-        with self._lock:
-            asking = self._asking.setdefault(key, threading.Lock())
-        with asking:  # (prefetch threads admitting episodes of one file asked the server once each)
+        with self._asking.held(key):  # (prefetch threads admitting episodes of one file asked the server once each)
             stamp = self._stamps.get(key)
-            if stamp is not None:
-                return stamp
-            try:
-                return self._ask(path, key)
-            finally:
-                with self._lock:
-                    self._asking.pop(key, None)
+            return stamp if stamp is not None else self._ask(path, key)
 
     def _ask(self, path: str, key: str) -> FileStamp:
         with self._lock:
@@ -241,13 +234,12 @@ class FileStamps(Mapping[str, FileStamp]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        del state["_lock"], state["_asking"]
+        del state["_lock"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
-        self._asking = {}
 
 
 def _find_files(fs: Any, root: str) -> dict[str, dict[str, Any]]:

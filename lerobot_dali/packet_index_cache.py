@@ -12,6 +12,7 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
+from .concurrent_calls import KeyedLocks
 from .errors import DatasetError
 from .packet_index import PacketIndex, build_packet_index
 from .video_source import VideoSource, source_cache_key, source_label, source_url
@@ -45,7 +46,7 @@ class PacketIndexCache:
         self._entries: OrderedDict[Hashable, PacketIndex] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
-        self._building: dict[Hashable, threading.Lock] = {}  # key -> held while one thread loads or builds it
+        self._building = KeyedLocks()  # (a key's, held while one thread loads or builds its index)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -75,15 +76,9 @@ class PacketIndexCache:
         cached = self._lookup(key)
         if cached is not None:
             return cached
-        with self._lock:
-            building = self._building.setdefault(key, threading.Lock())
-        with building:  # (prefetch threads admitting two episodes of one file each built its index)
-            try:
-                cached = self._lookup(key)
-                return cached if cached is not None else self._load_or_build(source, filesystem, url, stamp, store)
-            finally:
-                with self._lock:
-                    self._building.pop(key, None)
+        with self._building.held(key):  # (prefetch threads admitting two episodes of one file each built its index)
+            cached = self._lookup(key)
+            return cached if cached is not None else self._load_or_build(source, filesystem, url, stamp, store)
 
     def _load_or_build(
         self, source: VideoSource, filesystem: Any | None, url: str, stamp: FileStamp, store: PacketIndexStore | None

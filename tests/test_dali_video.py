@@ -19,6 +19,7 @@ import pytest
 
 from lerobot_dali import decode_route
 from lerobot_dali.clips import build_clip
+from lerobot_dali.concurrent_calls import KeyedLocks
 from lerobot_dali.dali_video import DALI_CPU_CODECS, decode_clip_batch, decode_clips
 from lerobot_dali.decode_route import (
     DecodePreference,
@@ -208,7 +209,7 @@ def test_cameras_routed_at_once_share_one_probe(marker_video: MarkerVideo, monke
 
     monkeypatch.setattr(decode_route, "_driver_present", lambda: True)
     monkeypatch.setattr(decode_route, "_probe_cache", {})
-    monkeypatch.setattr(decode_route, "_probing", {}, raising=False)
+    monkeypatch.setattr(decode_route, "_probing", KeyedLocks())
     monkeypatch.setattr(decode_route, "probe_gpu", slow_probe)
     videos = [marker_video("h264", 2, height=128, width=160), marker_video("h264", 2, height=144, width=160)]
     indexes = [build_packet_index(v) for v in videos]
