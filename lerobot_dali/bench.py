@@ -583,18 +583,24 @@ def _median_runs(rounds: list[list[LoaderResult]], loaders: Sequence[str]) -> li
 def _dataset_summary(dataset: BenchDataset, reader: Any, plan: LoadPlan) -> dict[str, Any]:
     from .packet_index_cache import load_episode_packet_index
 
-    if reader.camera_keys:
-        _, index = load_episode_packet_index(reader, 0, reader.camera_keys[0])
-        codec, resolution = index.codec, [index.height, index.width]
-        kb_per_frame: float | None = round(float(index.size_bytes.mean()) / 1024, 2)
+    # Every camera's codec: they may differ ("vp9/h264"; datasets read as one share each camera's) and take two
+    # routes on one GPU.
+    indexes = [load_episode_packet_index(reader, 0, key)[1] for key in reader.camera_keys]
+    camera_codecs = {key: index.codec for key, index in zip(reader.camera_keys, indexes, strict=True)}
+    camera_codecs.update(dict.fromkeys(reader.image_keys, "image"))
+    kb_per_frame: float | None = None
+    if indexes:
+        resolution = [indexes[0].height, indexes[0].width]
+        kb_per_frame = round(float(np.concatenate([index.size_bytes for index in indexes]).mean()) / 1024, 2)
     else:  # cameras stored as images in the data files only
-        codec, resolution = "image", list(reader.info.features[reader.image_keys[0]].shape[:2])
-        kb_per_frame = None
+        resolution = list(reader.info.features[reader.image_keys[0]].shape[:2])
+    codec = "/".join(dict.fromkeys(camera_codecs.values()))
     return {
         "label": dataset.label,
         "path": dataset.path,
         "members": list(dataset.members),
         "codec": codec,
+        "camera_codecs": camera_codecs,
         "resolution": resolution,
         # How hard the frames are to decode: synthetic ones compress ~10x better than camera footage.
         "video_kb_per_frame": kb_per_frame,

@@ -842,3 +842,23 @@ def test_an_out_or_cache_folder_that_cannot_be_written_is_a_one_line_error(flag:
         assert main(["bench", "--device", "cpu", "--quick", *dataset, flag, str(folder)]) == 2
         err = capsys.readouterr().err
         assert err == f"lerobot-dali bench: {flag} {folder}: {blocker} is a file, not a folder; give a folder\n"
+
+
+def test_the_codec_column_names_every_cameras_codec(make_ds, copy_ds, tmp_path: Path, capsys) -> None:
+    """A dataset whose cameras were encoded apart (cam0 VP9, cam1 H.264): the report names both codecs, each
+    camera's own, not the first camera's alone."""
+    spec = dict(episodes=2, frames_per_episode=6, cameras=2, fps=10, gop=3)
+    vp9, h264 = make_ds(codec="vp9", **spec), make_ds(codec="h264", **spec)
+    mixed = copy_ds(vp9)
+    for src in (h264 / "videos" / "observation.images.cam1").rglob("*.mp4"):
+        dst = mixed / src.relative_to(h264)
+        assert dst.is_file()
+        dst.write_bytes(src.read_bytes())
+    small = ["--batch-size", "2", "--steps", "1", "--warmup", "1", "--num-workers", "0", "--loaders", "lerobot-dali"]
+    out = tmp_path / "out"
+    assert main(["bench", "--device", "cpu", "--dataset", str(mixed), *small, "--out", str(out)]) == 0
+    (summary,) = json.loads((out / "bench.json").read_text())["datasets"]
+    cameras = {"observation.images.cam0": "vp9", "observation.images.cam1": "h264"}
+    assert (summary["codec"], summary["camera_codecs"]) == ("vp9/h264", cameras)
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "lerobot-dali" in line and " ok" in line]
+    assert row.split()[1] == "vp9/h264"
