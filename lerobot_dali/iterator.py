@@ -257,12 +257,19 @@ class DALILeRobotIterator:
                 "rank_balance='none': ranks read %s samples this epoch, unequal; run no collective per batch",
                 self._stream.order.rank_frame_counts(self._stream.epoch).tolist(),
             )
-        if self._stream.order.options.rank_balance is RankBalance.NONE and drop_last:
+        left_out = self._stream.num_samples() % batch_size
+        if self._stream.order.options.rank_balance is RankBalance.NONE and drop_last and left_out:
             logger.warning(
                 "rank_balance='none' reads every frame once across ranks only with drop_last=False: drop_last=True "
                 "leaves out the last samples of each rank's epoch that do not fill a batch (%d of rank %d's in epoch "
                 "%d); pass drop_last=False to evaluate every frame",
-                self._stream.num_samples() % batch_size, self.rank, self._stream.epoch,
+                left_out, self.rank, self._stream.epoch,
+            )  # fmt: skip
+        elif self._stream.order.options.rank_balance is RankBalance.NONE and drop_last and self.world_size > 1:
+            logger.info(
+                "rank_balance='none' with drop_last=True: rank %d's epoch %d fills whole batches, but the ranks' "
+                "counts change between epochs, so a later epoch may leave samples out; drop_last=False never does",
+                self.rank, self._stream.epoch,
             )  # fmt: skip
         if drop_last and self._stream.num_samples() < batch_size:
             logger.warning(
