@@ -25,7 +25,7 @@ from .distributed import draws_progress
 from .errors import DatasetNotFoundError
 from .remote_retry import RetryingFileSystem, fresh_instance
 
-__all__ = ["DatasetLocation", "resolve_location", "with_bulk_root"]
+__all__ = ["DatasetLocation", "open_if_present", "resolve_location", "with_bulk_root"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,15 @@ _HF_DATASET_URL = re.compile(
 _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 #: ``storage_options`` keys that also tell ``snapshot_download`` which Hub to ask and as whom.
 _HUB_DOWNLOAD_OPTIONS = ("token", "endpoint")
+
+
+def open_if_present(fs: fsspec.AbstractFileSystem, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+    """``fs.open(path, mode)``, or None where there is no such file: over HTTP one metadata request where
+    ``exists`` then ``open`` made two."""
+    try:
+        return fs.open(path, mode, **kwargs)
+    except FileNotFoundError:
+        return None
 
 
 @dataclass(frozen=True)

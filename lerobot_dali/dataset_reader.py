@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from .column_store import ColumnStore
 from .dataset_info import INDEX_COLUMNS, DatasetInfo, Feature
-from .dataset_location import DatasetLocation, resolve_location, with_bulk_root
+from .dataset_location import DatasetLocation, open_if_present, resolve_location, with_bulk_root
 from .dataset_stats import FeatureStats, read_dataset_stats
 from .episode_data_files import bulk_file_exists, episode_data_path, locate_episode_rows, open_stamped, video_file_path
 from .episode_rows import (
@@ -432,7 +432,7 @@ def open_dataset(
         raise DatasetError(f"{location.description}: the episode metadata lists no episodes; nothing to read")
     if episodes is not None:
         table = table.select(episodes, source=location.description)
-    tasks = _read_tasks(location)
+    tasks = _read_tasks(location, info.codebase_version)
     reader = LeRobotDatasetReader(
         location,
         info,
@@ -503,40 +503,48 @@ def read_info_json(location: DatasetLocation) -> dict[str, Any]:
     return raw
 
 
-def _read_tasks(location: DatasetLocation) -> dict[int, str]:
-    fs = location.meta_fs
+def _read_tasks(location: DatasetLocation, version: str) -> dict[int, str]:
     parquet_path = location.meta_path("meta/tasks.parquet")
     jsonl_path = location.meta_path("meta/tasks.jsonl")
-    if fs.exists(parquet_path):
-        with fs.open(parquet_path, "rb") as f, damaged_parquet_as(DatasetError, parquet_path):
-            table = read_parquet(f)
-            table.validate(full=True)  # (strings that are not UTF-8)
-        text_column = next((c for c in ("task", "__index_level_0__") if c in table.column_names), None)
-        if text_column is None or "task_index" not in table.column_names:
-            raise DatasetError(
-                f"{parquet_path}: expected a 'task_index' column and the task strings, found {table.column_names}"
-            )
-        tasks: dict[int, str] = {}
-        for row, (index, text) in enumerate(
-            zip(table["task_index"].to_pylist(), table[text_column].to_pylist(), strict=True)
-        ):
-            try:
-                _add_task(tasks, index, text)
-            except ValueError as e:
-                raise DatasetError(f"{parquet_path}: bad task at row {row} ({e})") from e
-        return tasks
-    if fs.exists(jsonl_path):
-        tasks = {}
-        with fs.open(jsonl_path, "rb") as f:  # (decoded per line: bytes that are not UTF-8 then name their line)
-            for line_no, line in enumerate(f, start=1):
-                if line.strip():
-                    try:
-                        record = json.loads(line.decode("utf-8"))
-                        _add_task(tasks, record["task_index"], record["task"])
-                    except (ValueError, KeyError, TypeError) as e:
-                        raise DatasetError(f"{jsonl_path}:{line_no}: bad task record ({e})") from e
-        return tasks
+    # Each version's own file asked for first: over HTTP a file that is not there costs requests of its own.
+    readers = [(parquet_path, _tasks_from_parquet), (jsonl_path, _tasks_from_jsonl)]
+    for path, read in readers[::-1] if version.startswith("v2") else readers:
+        f = open_if_present(location.meta_fs, path)
+        if f is not None:
+            with f:
+                return read(f, path)
     raise DatasetError(f"{location.description}: no task list (meta/tasks.parquet or meta/tasks.jsonl)")
+
+
+def _tasks_from_parquet(f: Any, parquet_path: str) -> dict[int, str]:
+    with damaged_parquet_as(DatasetError, parquet_path):
+        table = read_parquet(f)
+        table.validate(full=True)  # (strings that are not UTF-8)
+    text_column = next((c for c in ("task", "__index_level_0__") if c in table.column_names), None)
+    if text_column is None or "task_index" not in table.column_names:
+        raise DatasetError(
+            f"{parquet_path}: expected a 'task_index' column and the task strings, found {table.column_names}"
+        )
+    tasks: dict[int, str] = {}
+    pairs = zip(table["task_index"].to_pylist(), table[text_column].to_pylist(), strict=True)
+    for row, (index, text) in enumerate(pairs):
+        try:
+            _add_task(tasks, index, text)
+        except ValueError as e:
+            raise DatasetError(f"{parquet_path}: bad task at row {row} ({e})") from e
+    return tasks
+
+
+def _tasks_from_jsonl(f: Any, jsonl_path: str) -> dict[int, str]:
+    tasks: dict[int, str] = {}
+    for line_no, line in enumerate(f, start=1):  # (decoded per line: bytes that are not UTF-8 then name their line)
+        if line.strip():
+            try:
+                record = json.loads(line.decode("utf-8"))
+                _add_task(tasks, record["task_index"], record["task"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise DatasetError(f"{jsonl_path}:{line_no}: bad task record ({e})") from e
+    return tasks
 
 
 def _add_task(tasks: dict[int, str], index: Any, text: Any) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .dataset_info import DatasetInfo
-from .dataset_location import DatasetLocation
+from .dataset_location import DatasetLocation, open_if_present
 from .errors import DatasetError
 
 __all__ = ["FeatureStats", "aggregate_episode_stats", "read_dataset_stats"]
@@ -43,15 +43,17 @@ def read_dataset_stats(location: DatasetLocation, info: DatasetInfo | None = Non
     fs = location.meta_fs
     episodes_path = location.meta_path("meta/episodes_stats.jsonl")
     v2 = info is None or info.codebase_version.startswith("v2")
-    if v2 and fs.exists(episodes_path):
-        with fs.open(episodes_path, "rb") as f:  # (decoded per line: bytes that are not UTF-8 then name their line)
+    opened = open_if_present(fs, episodes_path) if v2 else None
+    if opened is not None:
+        with opened as f:  # (decoded per line: bytes that are not UTF-8 then name their line)
             per_episode = [_episode_record(line, episodes_path, n) for n, line in enumerate(f, start=1) if line.strip()]
         logger.debug("aggregating the statistics of %d episodes from %s", len(per_episode), episodes_path)
         return aggregate_episode_stats(per_episode, source=episodes_path, order=order)
     path = location.meta_path("meta/stats.json")
-    if not fs.exists(path):
+    opened = open_if_present(fs, path, "rt", encoding="utf-8")
+    if opened is None:
         return {}
-    with fs.open(path, "rt", encoding="utf-8") as f:
+    with opened as f:
         try:
             raw = json.load(f)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:  # (bytes that are not UTF-8 fail as the file is read)

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .dataset_info import DatasetInfo
+from .dataset_location import open_if_present
 from .episode_rows import damaged_parquet_as, read_parquet
 from .errors import DatasetError, EpisodeMetadataError, cameras_hint, listing_hint
 from .value_checks import required_whole_number
@@ -365,10 +366,11 @@ def _check_lengths(
 def _v2_rows(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo) -> list[dict[str, Any]]:
     """The records of ``meta/episodes.jsonl``, in file order, each with an int ``episode_index`` and ``length``."""
     path = f"{meta_root.rstrip('/')}/meta/episodes.jsonl"
-    if not fs.exists(path):
+    opened = open_if_present(fs, path)
+    if opened is None:
         raise EpisodeMetadataError(f"{path} is missing; a {info.codebase_version} dataset lists its episodes there")
     records: list[dict[str, Any]] = []
-    with fs.open(path, "rb") as f:  # (decoded per line: bytes that are not UTF-8 then name their line)
+    with opened as f:  # (decoded per line: bytes that are not UTF-8 then name their line)
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue

@@ -74,3 +74,21 @@ def test_over_http_a_file_costs_one_head(make_ds, tmp_path: Path, version: str, 
             data = {path: n for path, n in heads.items() if "/data/" in path}
             assert len(videos) == 2 * len(data) == (4 if version == "v3.0" else 8), heads
             assert set(data.values()) == {1} and set(videos.values()) == {2 - run}, heads
+
+
+@pytest.mark.parametrize(("version", "tasks"), [("v3.0", "meta/tasks.parquet"), ("v2.1", "meta/tasks.jsonl")])
+def test_over_http_each_metadata_file_is_asked_for_once(make_ds, version: str, tasks: str) -> None:
+    """Opening (and reading the statistics of) a dataset over HTTP: each metadata file costs one HEAD, and a v2.1
+    dataset is never asked for v3.0's tasks.parquet. The task list, episodes.jsonl and the statistics were checked
+    with ``exists`` and then opened (two HEADs each), and a v2.1 dataset first asked for tasks.parquet (a HEAD and a
+    GET, both 404)."""
+    pytest.importorskip("aiohttp", reason="fsspec's HTTPFileSystem needs aiohttp (the 'test' extra)")
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="vp9", size=(64, 64), version=version)
+    with serve_folder(root.parent) as server:
+        server.reset_stats()
+        reader = open_dataset(f"{server.url}/{root.name}")
+        assert reader.tasks and reader.read_stats()
+        meta = [(r.method, r.path.split(f"/{root.name}/", 1)[1]) for r in server.records if "/meta/" in r.path]
+    heads = Counter(path for method, path in meta if method == "HEAD")
+    assert heads[tasks] == 1 and set(heads.values()) == {1}, heads
+    assert all(status < 400 for status in (r.status for r in server.records)), meta
