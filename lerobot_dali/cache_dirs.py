@@ -31,6 +31,7 @@ __all__ = [
     "prune_unused_files",
     "sweep_cutoff",
     "try_flock",
+    "wait_for_flock",
 ]
 
 logger = logging.getLogger(__name__)
@@ -101,6 +102,19 @@ def try_flock(path: Path) -> IO[bytes] | None:
             return None
         raise
     return handle
+
+
+def wait_for_flock(path: Path, *, ready: Path, wait_s: float, poll_s: float) -> IO[bytes] | None:
+    """``path`` exclusively ``flock``ed (:func:`try_flock`) once no other process holds it; None as soon as ``ready``
+    exists (the holder's result, to be read instead) or once ``wait_s`` have passed (a holder that stalls: the caller
+    goes on without the lock, so it never waits forever). Raises OSError where no lock file can be made or opened
+    (a read-only folder): the caller goes on without one."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        lock = try_flock(path)
+        if lock is not None or ready.exists() or time.monotonic() > deadline:
+            return lock
+        time.sleep(poll_s)
 
 
 def cache_days() -> float:

@@ -85,18 +85,27 @@ class PacketIndexCache:
     ) -> PacketIndex:
         key = ("stamped", url, stamp)
         index = store.load(url, stamp) if store is not None else None
-        if index is None:
-            index = build_packet_index(source, filesystem=filesystem)
-            if index.file_size_bytes != stamp.size:
-                # Byte ranges are cached under the listed stamp and episode times describe the listed file:
-                # reading on would mix two versions of it (as RetryingFile refuses to when a reopen finds this).
-                raise DatasetError(
-                    f"{url} has {index.file_size_bytes} bytes but was listed with {stamp.size}: it changed on the "
-                    "server since the dataset was opened; re-open the dataset"
-                )
-            if store is not None:
-                store.save(url, stamp, index)
+        if store is None:
+            index = self._build(source, filesystem, url, stamp)
+        elif index is None:
+            with store.building(url, stamp):  # (DALI workers and ranks each read the video to index it)
+                index = store.load(url, stamp)  # (stored by the process that held the lock meanwhile)
+                if index is None:
+                    index = self._build(source, filesystem, url, stamp)
+                    store.save(url, stamp, index)
         self._insert(key, index)
+        return index
+
+    @staticmethod
+    def _build(source: VideoSource, filesystem: Any | None, url: str, stamp: FileStamp) -> PacketIndex:
+        index = build_packet_index(source, filesystem=filesystem)
+        if index.file_size_bytes != stamp.size:
+            # Byte ranges are cached under the listed stamp and episode times describe the listed file:
+            # reading on would mix two versions of it (as RetryingFile refuses to when a reopen finds this).
+            raise DatasetError(
+                f"{url} has {index.file_size_bytes} bytes but was listed with {stamp.size}: it changed on the "
+                "server since the dataset was opened; re-open the dataset"
+            )
         return index
 
     def _get_unstamped(self, source: VideoSource, *, filesystem: Any | None) -> PacketIndex:

@@ -4,8 +4,11 @@ Indexing a remote file costs a few ranged reads (~200 KB) of its ``moov``; every
 of every run would pay that per file. The store keeps each index as a numpy ``.npz`` keyed by the sha256 of
 (URL, size, version), so a changed file (new size or etag/blob id) simply misses. Files are written to a
 temporary name and renamed into place, so workers and ranks sharing the folder never read half a file;
-an unreadable file is logged, deleted and rebuilt. A folder that refuses writes (full, over quota, read-only)
-is written no more by the process, with one warning. Never pickle: loading a cache must not run code.
+an unreadable file is logged, deleted and rebuilt. Processes that miss the same index at once (the DALI
+workers of a rank, the ranks of a node) take turns on an ``flock`` beside its file
+(:meth:`PacketIndexStore.building`): one reads the video, the others load its stored index. A folder that
+refuses writes (full, over quota, read-only) is written no more by the process, with one warning. Never
+pickle: loading a cache must not run code.
 """
 
 from __future__ import annotations
@@ -15,23 +18,38 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .cache_dirs import CACHE_ENV, atomic_file, cache_root, folder_refuses, mark_used, prune_unused_files
+from .cache_dirs import (
+    CACHE_ENV,
+    atomic_file,
+    cache_root,
+    folder_refuses,
+    mark_used,
+    prune_unused_files,
+    wait_for_flock,
+)
 from .file_stamps import FileStamp
 from .packet_index import PacketIndex
 
-__all__ = ["STORE_FORMAT", "PacketIndexStore", "default_packet_index_dir"]
+__all__ = ["STORE_FORMAT", "WAIT_S", "PacketIndexStore", "default_packet_index_dir"]
 
 logger = logging.getLogger(__name__)
 
 #: Version of the on-disk layout; files of another version are deleted and rebuilt. 2: ``keyframe`` holds random-access
 #: points only, not every flagged sync sample (x264 intra refresh flags P-frames; :mod:`.random_access`).
 STORE_FORMAT = 2
+
+#: Longest a process waits for another that indexes the same video before it indexes it too.
+WAIT_S = 300.0
+#: Seconds between two looks at a lock another process holds.
+_POLL_S = 0.05
 
 _ARRAYS = ("pts", "dts", "byte_offset", "size_bytes", "keyframe")
 
@@ -82,6 +100,37 @@ class PacketIndexStore:
             except OSError as unlink_error:
                 logger.warning("cannot delete %s (%s); it will be overwritten", path, unlink_error)
             return None
+
+    @contextmanager
+    def building(self, url: str, stamp: FileStamp) -> Iterator[None]:
+        """Held while this process indexes ``url`` at ``stamp`` (call :meth:`load` again inside: another process
+        may have stored it meanwhile). Processes sharing the folder take turns on a lock file beside the entry, so
+        the later ones load the first one's index instead of reading the video too (over HTTP, the same requests
+        again). A holder that stalls is waited on :data:`WAIT_S` at most (logged), one that dies frees the lock at
+        once; a folder where no lock can be made (read-only, refusing writes) is not waited on."""
+        path = self.path_for(url, stamp)
+        lock_path = path.with_suffix(".lock")
+        lock = None
+        if self.directory not in _REFUSED and path not in _REFUSED:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                lock = wait_for_flock(lock_path, ready=path, wait_s=WAIT_S, poll_s=_POLL_S)
+            except OSError as e:
+                logger.debug("packet index store %s: no lock for %s (%s); indexing without one", self.directory, url, e)
+            else:
+                if lock is None and not path.exists():
+                    logger.warning(
+                        "another process has been indexing %s for %.0f s (its lock %s is held); indexing it here too",
+                        url, WAIT_S, lock_path,
+                    )  # fmt: skip
+        try:
+            yield
+        finally:
+            if lock is not None:
+                if path.exists():  # (stored: whoever comes next loads it, no lock file needs to stay)
+                    with suppress(OSError):
+                        lock_path.unlink()
+                lock.close()
 
     def prune_unused(self) -> None:
         """Delete the indexes no run has loaded for a while (:func:`~lerobot_dali.cache_dirs.prune_unused_files`):

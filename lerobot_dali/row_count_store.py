@@ -17,12 +17,11 @@ import contextlib
 import hashlib
 import json
 import logging
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
-from .cache_dirs import atomic_file, cache_root, mark_used, prune_unused_files, try_flock
+from .cache_dirs import atomic_file, cache_root, mark_used, prune_unused_files, wait_for_flock
 from .file_stamps import FileStamps
 
 __all__ = ["STORE_FORMAT", "WAIT_S", "cached_row_counts"]
@@ -78,18 +77,13 @@ def _wait_for_lock(entry: Path) -> IO[bytes] | None:
     be made here; the caller then reads without one)."""
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
-        deadline = time.monotonic() + WAIT_S
-        while True:
-            lock = try_flock(entry.with_suffix(".lock"))
-            if lock is not None or entry.exists():
-                return lock
-            if time.monotonic() > deadline:
-                logger.warning("%s: another process has held its lock for %.0f s; reading without it", entry, WAIT_S)
-                return None
-            time.sleep(_POLL_S)
+        lock = wait_for_flock(entry.with_suffix(".lock"), ready=entry, wait_s=WAIT_S, poll_s=_POLL_S)
     except OSError as e:
         logger.debug("row count store %s unusable (%s); reading the files", entry.parent, e)
         return None
+    if lock is None and not entry.exists():
+        logger.warning("%s: another process has held its lock for %.0f s; reading without it", entry, WAIT_S)
+    return lock
 
 
 def _load(entry: Path, paths: Sequence[str]) -> list[int] | None:

@@ -8,10 +8,12 @@ import multiprocessing
 import pickle
 import shutil
 import struct
+import time
 import zipfile
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -310,3 +312,79 @@ def test_concurrent_saves_from_two_processes(marker_video: MarkerVideo, tmp_path
     assert loaded is not None
     assert_identical(loaded, index)
     assert [p.suffix for p in tmp_path.rglob("*") if p.is_file()] == [".npz"]
+
+
+def _index_at_once(root: str, path: str, store_dir: str, stamp: FileStamp, barrier: Any, results: Any) -> None:
+    """A DALI worker or a rank: indexes a remote video the moment another process does; reports its builds, its
+    requests to the remote and the index's frame count."""
+    from lerobot_dali import packet_index_cache
+
+    builds: list[object] = []
+    real = packet_index_cache.build_packet_index
+
+    def slow_build(source: object, **kwargs: Any) -> PacketIndex:
+        builds.append(source)
+        time.sleep(0.5)  # (a moov read over HTTP: the other process misses the store meanwhile)
+        return real(source, **kwargs)
+
+    packet_index_cache.build_packet_index = slow_build  # type: ignore[assignment]
+    remote = FakeRemoteFileSystem(root)
+    barrier.wait(timeout=60)
+    index = PacketIndexCache().get(
+        path, filesystem=RetryingFileSystem(remote), stamp=stamp, store=PacketIndexStore(store_dir)
+    )
+    results.put((len(builds), remote.requests["open"], index.frame_count))
+
+
+def test_two_processes_missing_one_index_at_once_read_the_video_once(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    """Two DALI workers (or ranks of a node) that missed the stored index at once both read the video to index it
+    (over HTTP, the same requests twice); the second now waits for the first's lock and loads its stored index."""
+    remote, fs, path = _remote(tmp_path, marker_video("h264", 30))
+    stamp = FileStamps(fs, ["videos"])[path]
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(2), context.Queue()
+    args = (remote.root, path, str(tmp_path / "store"), stamp, barrier, results)
+    workers = [context.Process(target=_index_at_once, args=args) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    reports = [results.get(timeout=120) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=60)
+    assert [w.exitcode for w in workers] == [0, 0]
+    assert sorted(builds for builds, _, _ in reports) == [0, 1], reports
+    assert sum(opens for _, opens, _ in reports) == 1, reports
+    assert {frames for _, _, frames in reports} == {sum(EPISODE_LENGTHS)}
+    assert [p.suffix for p in (tmp_path / "store").rglob("*") if p.is_file()] == [".npz"]  # (no lock file left)
+
+
+def test_a_stalled_lock_holder_is_waited_on_for_a_while_and_a_lockless_store_not_at_all(
+    marker_video: MarkerVideo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from lerobot_dali import packet_index_store
+    from lerobot_dali.cache_dirs import try_flock
+
+    video = marker_video("h264", 30)
+    index = build_packet_index(video)
+    stamp = FileStamp(index.file_size_bytes, "etag:x")
+    store = PacketIndexStore(tmp_path / "store")
+    url = source_url(str(video))
+    entry = store.path_for(url, stamp)
+    entry.parent.mkdir(parents=True)
+    held = try_flock(entry.with_suffix(".lock"))  # a process that stalls while it indexes the video
+    assert held is not None
+    monkeypatch.setattr(packet_index_store, "WAIT_S", 0.3)
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.packet_index_store"):
+        started = time.monotonic()
+        assert PacketIndexCache().get(str(video), stamp=stamp, store=store).frame_count == index.frame_count
+    held.close()
+    assert 0.3 <= time.monotonic() - started < 30
+    assert "another process has been indexing" in caplog.text and "indexing it here too" in caplog.text
+    assert store.load(url, stamp) is not None
+    blocker = tmp_path / "file"  # a store where no lock file can be made: no wait, no warning
+    blocker.write_text("a file where the store folder should be")
+    monkeypatch.setattr(packet_index_store, "WAIT_S", 60.0)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.packet_index_store"):
+        started = time.monotonic()
+        PacketIndexCache().get(str(video), stamp=stamp, store=PacketIndexStore(blocker / "store"))
+    assert time.monotonic() - started < 30 and "another process" not in caplog.text
