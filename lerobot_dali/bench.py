@@ -65,6 +65,7 @@ from .cpu_decode import cpu_decoders
 from .distributed import require_cuda, usable_cpus
 from .errors import DatasetError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
+from .new_folder import remove_dead_run_folders, run_folder
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
 from .value_checks import check_choice, check_int_fields, check_seconds, cli_flag
 
@@ -278,26 +279,29 @@ def ensure_generated(spec: GeneratedSpec, cache_dir: Path) -> Path:
         return target
     if (target / "meta" / "info.json").is_file():
         progress_log.info("%s was written by another version of the generator: writing it again", target)
-    for left in cache_dir.glob(f".{spec.folder}.*-*"):  # staging or stale copies of runs that died
-        if not _pid_alive(left.name.rsplit("-", 1)[-1]):
-            shutil.rmtree(left, ignore_errors=True)
-    staging = cache_dir / f".{spec.folder}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
     cache_dir.mkdir(parents=True, exist_ok=True)
+    for kind in ("tmp", "stale"):  # staging or stale copies of runs on this host that were killed
+        remove_dead_run_folders(target, kind, writer="bench")
+    staging = run_folder(target, "tmp")
+    staging.mkdir()  # (make_dataset writes an empty folder in place: no staging folder of its own)
     progress_log.info("generating the benchmark dataset %s (once; later runs reuse it)", target)
-    make_dataset(
-        staging,
-        episodes=spec.episodes,
-        frames_per_episode=spec.frames_per_episode,
-        cameras=spec.cameras,
-        size=spec.size,
-        fps=spec.fps,
-        codec=spec.codec,
-        gop=spec.gop,
-        episodes_per_file=spec.episodes,
-    )
-    (staging / GENERATED_STAMP).write_text(stamp)
-    stale = cache_dir / f".{spec.folder}.stale-{os.getpid()}"
+    try:
+        make_dataset(
+            staging,
+            episodes=spec.episodes,
+            frames_per_episode=spec.frames_per_episode,
+            cameras=spec.cameras,
+            size=spec.size,
+            fps=spec.fps,
+            codec=spec.codec,
+            gop=spec.gop,
+            episodes_per_file=spec.episodes,
+        )
+        (staging / GENERATED_STAMP).write_text(stamp)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    stale = run_folder(target, "stale")
     if target.exists() and not _is_current(target, stamp):  # an old generator's: set aside, deleted after
         target.rename(stale)
     try:
@@ -311,16 +315,6 @@ def ensure_generated(spec: GeneratedSpec, cache_dir: Path) -> Path:
 def _is_current(target: Path, stamp: str) -> bool:
     written = target / GENERATED_STAMP
     return (target / "meta" / "info.json").is_file() and written.is_file() and written.read_text() == stamp
-
-
-def _pid_alive(text: str) -> bool:
-    try:
-        os.kill(int(text), 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def bench_datasets(config: BenchConfig) -> list[BenchDataset]:

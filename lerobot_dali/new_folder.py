@@ -3,22 +3,36 @@ would train on missing episodes, and one left behind by a crash would block the 
 
 from __future__ import annotations
 
+import glob
+import logging
 import os
+import re
 import secrets
 import shutil
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["partial_folder", "refuse_taken", "write_new_folder", "write_resumable_folder"]
+__all__ = [
+    "partial_folder",
+    "refuse_taken",
+    "remove_dead_run_folders",
+    "run_folder",
+    "write_new_folder",
+    "write_resumable_folder",
+]
+
+logger = logging.getLogger(__name__)
 
 
 def write_new_folder(out: str | os.PathLike[str], write: Callable[[Path], None], *, writer: str) -> Path:
     """Run ``write(folder)`` so that ``out`` holds a dataset only once every file of it is written.
 
-    A new ``out`` is written as a hidden sibling (``.<name>.tmp-<pid>-<random>``) renamed to ``out`` at the end; an
-    existing empty folder (a mount point, say) is written in place and emptied again if writing fails. Either
-    way an interrupted or failed run (Ctrl-C, a full disk) leaves nothing that blocks a re-run. Missing parent
-    folders are created.
+    A new ``out`` is written as a hidden sibling (``.<name>.tmp-<host>-<pid>-<random>``, :func:`run_folder`) renamed
+    to ``out`` at the end; an existing empty folder (a mount point, say) is written in place and emptied again if
+    writing fails. Either way an interrupted or failed run (Ctrl-C, a full disk) leaves nothing that blocks a
+    re-run; the sibling of a run killed outright (SIGKILL, the OOM killer) is deleted by the next run on its host
+    (:func:`remove_dead_run_folders`). Missing parent folders are created.
     """
     root = refuse_taken(out, writer=writer)
     if root.is_dir():
@@ -33,7 +47,8 @@ def write_new_folder(out: str | os.PathLike[str], write: Callable[[Path], None],
             raise
         return root
     absolute = _with_parent(root)
-    staging = absolute.parent / f".{absolute.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"  # one per run
+    remove_dead_run_folders(absolute, "tmp", writer=writer)
+    staging = run_folder(absolute, "tmp")
     staging.mkdir()  # (not mkdtemp: its 0700 would become the dataset's mode)
     try:
         write(staging)
@@ -66,6 +81,43 @@ def write_resumable_folder(out: str | os.PathLike[str], write: Callable[[Path], 
     else:
         _rename(staging, root)
     return root
+
+
+def run_folder(out: Path, kind: str) -> Path:
+    """A hidden sibling of ``out`` that is this run's alone, ``.<name>.<kind>-<host>-<pid>-<random>`` (not made
+    here): the host and PID tell :func:`remove_dead_run_folders` whether the run that made it still runs."""
+    return out.parent / f".{out.name}.{kind}-{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def remove_dead_run_folders(out: Path, kind: str, *, writer: str) -> None:
+    """Delete the :func:`run_folder` siblings of ``out`` for ``kind`` that runs on this host left when killed (a PID
+    no process has), logging each. Another host's are never touched (on a shared filesystem its PIDs say nothing
+    here), nor a live run's."""
+    prefix = f".{out.name}.{kind}-{_host()}-"
+    for left in out.parent.glob(glob.escape(prefix) + "*"):
+        owner = re.fullmatch(r"(\d+)-[0-9a-f]{8}", left.name[len(prefix) :])
+        if owner is None or _pid_alive(int(owner.group(1))):
+            continue
+        shutil.rmtree(left, ignore_errors=True)
+        if not left.exists():
+            logger.info("removed %s, left by a %s run on this host (PID %s) that was killed", left, writer,
+                        owner.group(1))  # fmt: skip
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # (another user's process)
+        return True
+    except (OverflowError, OSError):  # (no PID this system can have)
+        return False
+    return True
 
 
 def refuse_taken(out: str | os.PathLike[str], *, writer: str) -> Path:

@@ -448,6 +448,7 @@ def test_a_recipes_drop_n_last_frames_is_sampled_alike_by_lerobot_dali_and_the_p
 
 def test_a_generated_dataset_is_written_again_when_the_generator_changed(tmp_path: Path) -> None:
     from lerobot_dali.bench import GENERATED_STAMP, GeneratedSpec, ensure_generated
+    from lerobot_dali.new_folder import _host
 
     spec = GeneratedSpec(codec="vp9", cameras=1, size=(64, 64), fps=10, gop=2, episodes=1, frames_per_episode=4)
     first = ensure_generated(spec, tmp_path)
@@ -455,10 +456,14 @@ def test_a_generated_dataset_is_written_again_when_the_generator_changed(tmp_pat
     inode = data.stat().st_ino
     assert ensure_generated(spec, tmp_path) == first and data.stat().st_ino == inode  # reused
     (first / GENERATED_STAMP).write_text("{}")  # as an older generator's files would say
-    (tmp_path / f".{spec.folder}.tmp-999999999").mkdir()  # a run that died while writing (no such pid)
+    host = _host()
+    (tmp_path / f".{spec.folder}.tmp-{host}-999999999-0123abcd").mkdir()  # a run that died while writing (no such pid)
+    (tmp_path / f".{spec.folder}.stale-{host}-999999999-0123abcd").mkdir()
+    kept = tmp_path / f".{spec.folder}.tmp-elsewhere-1-0123abcd"  # another host's, on a shared filesystem
+    kept.mkdir()
     again = ensure_generated(spec, tmp_path)
     assert again == first and data.stat().st_ino != inode  # written again, in the same place
-    assert sorted(p.name for p in tmp_path.iterdir()) == [spec.folder]  # no staging or stale copy left
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([kept.name, spec.folder])  # no staging or stale copy
 
 
 @pytest.mark.parametrize("module", ["generate", "frame_marker", "video_encoding"])

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from fractions import Fraction
 from pathlib import Path
 
@@ -619,3 +620,44 @@ def test_a_dataset_another_run_wrote_meanwhile_is_kept(tmp_path: Path, monkeypat
     with pytest.raises(FileExistsError, match="it appeared while this one was written"):
         make_dataset(out, **options)  # type: ignore[arg-type]
     assert (out / "meta/info.json").is_file() and [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+_KILLED_WHILE_ENCODING = """
+import sys, time
+import lerobot_dali.generate as generate
+
+def stall(*args, **kwargs):
+    open(sys.argv[2], "w").close()  # (the test kills the process now)
+    time.sleep(600)
+
+generate.encode_video = stall
+generate.make_dataset(sys.argv[1], episodes=1, frames_per_episode=2, size=(64, 64), codec="vp9")
+"""
+
+
+def test_the_staging_folder_of_a_killed_make_dataset_is_removed_by_the_next_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A make-dataset killed outright (SIGKILL, the OOM killer) left its ``.OUT.tmp-*`` folder beside OUT forever;
+    the next run on its host removes it, and says so. Another host's (a shared filesystem) and a live run's stay."""
+    from lerobot_dali.new_folder import _host
+
+    out, started = tmp_path / "out", tmp_path / "started"
+    run = subprocess.Popen([sys.executable, "-c", _KILLED_WHILE_ENCODING, str(out), str(started)])
+    try:
+        for _ in range(600):
+            if started.exists() or run.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert started.exists(), "the run never started encoding"
+    finally:
+        run.kill()
+        run.wait(timeout=30)
+    (left,) = tmp_path.glob(".out.tmp-*")
+    others = [tmp_path / ".out.tmp-elsewhere-1-0123abcd", tmp_path / f".out.tmp-{_host()}-{os.getpid()}-0123abcd"]
+    for other in others:
+        other.mkdir()
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.new_folder"):
+        make_dataset(out, episodes=1, frames_per_episode=2, size=(64, 64), codec="vp9")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", "started", *(p.name for p in others)])
+    assert f"removed {left}, left by a make_dataset run on this host (PID {run.pid}) that was killed" in caplog.text
