@@ -19,6 +19,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,8 @@ from .bench_types import (
 from .cache_dirs import CACHE_ENV
 from .dataset_union import DATASET_INDEX
 from .episode_pieces import EpisodePieces
+from .new_folder import remove_dead_run_folders, run_folder
+from .parent_watch import exit_with_parent
 
 __all__ = ["LoaderJob", "TreeMemorySampler", "measure_loader", "run_in_child"]
 
@@ -49,6 +52,8 @@ logger = logging.getLogger(__name__)
 #: WARNING (:func:`show_progress`), since a run lasts minutes and a log file or ``docker run`` without ``-t``
 #: has no progress bar.
 progress_log = logging.getLogger("lerobot_dali.bench.progress")
+#: Name beside which, in the system's temporary folder, each measuring process gets a folder of its own.
+_SCRATCH = "lerobot-dali-bench"
 
 
 def show_progress() -> None:
@@ -446,9 +451,12 @@ def _error_note(error: BaseException) -> str:
     return f"{type(error).__name__}: {head.strip()} {raised}"[:500]
 
 
-def _child_main(job: LoaderJob, conn: Any) -> None:
+def _child_main(job: LoaderJob, conn: Any, scratch: str | None = None) -> None:
     logging.basicConfig(level=job.log_level, format="%(levelname)s %(name)s: %(message)s")
     show_progress()
+    if scratch is not None:  # every temporary folder of this process and its workers: the parent removes it
+        exit_with_parent()  # (a parent gone leaves its folder to the next run, which must not pull it from under us)
+        os.environ["TMPDIR"] = tempfile.tempdir = scratch
     # On-disk caches of its own (packet indexes, the remote prefetch cache): an earlier loader or run would
     # otherwise hand a remote dataset's loader a warm start. Its DALI workers inherit the variable.
     private_cache = tempfile.mkdtemp(prefix="lerobot-dali-bench-cache-")
@@ -467,19 +475,30 @@ def _child_main(job: LoaderJob, conn: Any) -> None:
 
 
 def run_in_child(job: LoaderJob) -> LoaderResult:
-    """Measure ``job`` in a fresh spawned process; a child that dies without a result is a failure."""
-    context = multiprocessing.get_context("spawn")
-    receive, send = context.Pipe(duplex=False)
-    process = context.Process(target=_child_main, args=(job, send), name=f"bench-{job.loader}")
-    process.start()
-    send.close()
+    """Measure ``job`` in a fresh spawned process; a child that dies without a result is a failure.
+
+    The child's temporary folders (its private caches, its workers' counters) go in one of this process's
+    :func:`~lerobot_dali.new_folder.run_folder` folders in the system's temporary folder, removed once the child ends,
+    killed or not (a killed child left them in /tmp); the next run removes those of runs killed themselves."""
+    base = Path(tempfile.gettempdir()) / _SCRATCH
+    remove_dead_run_folders(base, "run", writer="bench")
+    scratch = run_folder(base, "run")
+    scratch.mkdir(mode=0o700)
     try:
-        result: LoaderResult = receive.recv()
-    except EOFError:
+        context = multiprocessing.get_context("spawn")
+        receive, send = context.Pipe(duplex=False)
+        process = context.Process(target=_child_main, args=(job, send, str(scratch)), name=f"bench-{job.loader}")
+        process.start()
+        send.close()
+        try:
+            result: LoaderResult = receive.recv()
+        except EOFError:
+            process.join()
+            result = LoaderResult(
+                dataset=job.dataset.label, loader=job.loader, status="error",
+                note=f"the loader's process died (exit code {process.exitcode}) before reporting",
+            )  # fmt: skip
         process.join()
-        result = LoaderResult(
-            dataset=job.dataset.label, loader=job.loader, status="error",
-            note=f"the loader's process died (exit code {process.exitcode}) before reporting",
-        )  # fmt: skip
-    process.join()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return result

@@ -2,8 +2,8 @@
 
 Remote reads happen in spawned worker processes that share nothing with the process that wants the totals
 (the benchmark). When ``$LEROBOT_DALI_IO_STATS`` names a folder, every process adds to its own counters
-and a daemon thread writes them to ``<folder>/<pid>.json`` every 0.2 s (and at exit); :func:`collect`
-sums the files. Without the variable, counting is a dict update and nothing is written.
+and a daemon thread writes them to ``<folder>/<pid>.json`` every 0.2 s (and at exit) while the folder exists;
+:func:`collect` sums the files. Without the variable, counting is a dict update and nothing is written.
 """
 
 from __future__ import annotations
@@ -47,10 +47,12 @@ class _ProcessStats:
             snapshot = dict(self.values)
             self.dirty = False
         folder = Path(self.folder)
-        folder.mkdir(parents=True, exist_ok=True)
         temporary = folder / f".{self.pid}.tmp"
-        temporary.write_text(json.dumps(snapshot), encoding="utf-8")
-        os.replace(temporary, folder / f"{self.pid}.json")
+        try:
+            temporary.write_text(json.dumps(snapshot), encoding="utf-8")
+            os.replace(temporary, folder / f"{self.pid}.json")
+        except FileNotFoundError:  # removed by its maker (a worker outliving the benchmark's loader): counting is
+            self.folder = None  # over (the folder was made again, and stayed in /tmp)
 
 
 _stats: _ProcessStats | None = None

@@ -7,6 +7,8 @@ import csv
 import dataclasses
 import json
 import os
+import signal
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +20,7 @@ import torch
 
 from lerobot_dali.bench import METRIC_FIELDS, BenchConfig, clip_footprint, default_specs, load_plan
 from lerobot_dali.bench_peers import lerobot_unavailable
+from lerobot_dali.bench_types import BenchDataset
 from lerobot_dali.cli import main
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import FrameTimestampError
@@ -568,6 +571,39 @@ def test_a_peer_that_fails_in_a_dataloader_worker_is_reported_with_the_workers_e
     result = run_in_child(job)
     assert result.status == "error" and result.note.startswith("FrameTimestampError: Caught FrameTimestampError in")
     assert "no frame within tolerance_s=0.0001 of" in result.note and "\n" not in result.note, result.note
+
+
+@dataclasses.dataclass(frozen=True)
+class _KilledWhenOpened(BenchDataset):
+    """A dataset whose opening kills the measuring process outright, as the OOM killer would."""
+
+    def open(self) -> Any:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_killed_measuring_process_leaves_no_temporary_folder(
+    make_ds, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A measuring process killed outright left its private cache and its counters' folder in /tmp
+    (``lerobot-dali-bench-cache-*``, ``lerobot-dali-io-*``) forever: they are now in a folder of the bench's, removed
+    once the process ends; a killed bench's own is removed by the next run on the host."""
+    from lerobot_dali.bench_measure import LoaderJob, run_in_child
+    from lerobot_dali.bench_types import DALI_LOADER
+    from lerobot_dali.new_folder import _host
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # (the measuring process's temporary folder)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    killed_bench = tmp_path / f".lerobot-dali-bench.run-{_host()}-999999999-0123abcd"
+    (killed_bench / "lerobot-dali-io-x").mkdir(parents=True)
+    root = make_ds(episodes=1, frames_per_episode=4, cameras=1, size=(64, 64), codec="vp9", fps=10)
+    job = LoaderJob(
+        loader=DALI_LOADER, dataset=_KilledWhenOpened("killed", str(root)), plan=load_plan(BenchConfig(quick=True),
+        open_dataset(root)), batch_size=2, num_workers=0, pool_size=1, device="cpu", steps=1, warmup=1, seed=0,
+        log_level=30,
+    )  # fmt: skip
+    result = run_in_child(job)
+    assert result.status == "error" and "died (exit code -9)" in result.note, result.note
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_gpu_only_loaders_are_left_out_on_the_cpu() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 from pathlib import Path
 
 from lerobot_dali import io_stats
@@ -42,3 +43,20 @@ def test_without_the_variable_nothing_is_written(tmp_path: Path, monkeypatch) ->
     io_stats.add("requests")
     io_stats.flush()
     assert io_stats.collect(tmp_path) == {} and not list(tmp_path.iterdir())
+
+
+def test_a_folder_removed_by_its_maker_is_not_made_again(tmp_path: Path, monkeypatch) -> None:
+    """A DALI worker that outlived the bench's loader flushed into the counters' folder the bench had removed, and
+    made it again: it stayed in /tmp. Counting ends there, without an error in the flush thread."""
+    folder = tmp_path / "lerobot-dali-io-x"
+    folder.mkdir()
+    monkeypatch.setenv(io_stats.STATS_ENV, str(folder))
+    monkeypatch.setattr(io_stats, "_stats", None)
+    io_stats.add("requests")
+    io_stats.flush()
+    assert io_stats.collect(folder) == {"requests": 1.0}
+    (folder / f"{os.getpid()}.json").unlink()
+    folder.rmdir()  # the bench is done with it
+    io_stats.add("requests")
+    io_stats.flush()
+    assert not folder.exists()
