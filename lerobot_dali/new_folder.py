@@ -10,11 +10,12 @@ import re
 import secrets
 import shutil
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 __all__ = [
     "partial_folder",
+    "refuse_resumable_taken",
     "refuse_taken",
     "remove_dead_run_folders",
     "run_folder",
@@ -65,21 +66,37 @@ def partial_folder(out: str | os.PathLike[str]) -> Path:
     return absolute.parent / f".{absolute.name}.partial"
 
 
-def write_resumable_folder(out: str | os.PathLike[str], write: Callable[[Path], None], *, writer: str) -> Path:
-    """Run ``write(folder)`` in :func:`partial_folder` and make it ``out`` once it returns (an existing empty
-    ``out`` receives its entries). When ``write`` raises, the folder is kept, and the next call hands it to
-    ``write`` again with what it holds: long work resumes instead of starting over. ``write`` must tell its
-    finished files from unfinished ones, and a folder left by other work from one it can resume."""
-    root = refuse_taken(out, writer=writer)
+def write_resumable_folder(
+    out: str | os.PathLike[str], write: Callable[[Path], None], *, writer: str, bookkeeping: Collection[str] = ()
+) -> Path:
+    """Run ``write(folder)`` in :func:`partial_folder` and rename it to ``out`` once it returns, in one step (an
+    existing empty ``out`` is replaced whole: moved entry by entry, an interruption split the work between the two
+    folders, and the next call refused the half-filled ``out``). When ``write`` raises, the folder is kept, and the
+    next call hands it to ``write`` again with what it holds: long work resumes instead of starting over.
+    ``write`` must tell its finished files from unfinished ones, and a folder left by other work from one it can
+    resume: by the ``bookkeeping`` files it keeps there (its plan, its lock), which stay until the folder is ``out``
+    (an interruption just before the rename left a finished folder the next call could not tell from other work),
+    then are deleted. ``out`` must not be a mount point (:func:`refuse_resumable_taken`)."""
+    root = refuse_resumable_taken(out, writer=writer)
     staging = partial_folder(_with_parent(root))
     staging.mkdir(exist_ok=True)
     write(staging)
-    if root.is_dir():
-        for entry in list(staging.iterdir()):
-            os.replace(entry, root / entry.name)
-        staging.rmdir()
-    else:
-        _rename(staging, root)
+    _rename(staging, root)  # (rename(2) replaces an empty folder)
+    for name in bookkeeping:
+        (root / name).unlink(missing_ok=True)
+    return root
+
+
+def refuse_resumable_taken(out: str | os.PathLike[str], *, writer: str) -> Path:
+    """:func:`refuse_taken`, and ValueError for an ``out`` that is a mount point (a docker volume, say), which the
+    folder written beside it cannot be renamed onto (it failed with EXDEV once all the work was done)."""
+    root = refuse_taken(out, writer=writer)
+    if root.is_dir() and os.path.ismount(root):
+        raise ValueError(
+            f"Cannot write a dataset into {root}: it is a mount point, and {writer} writes the dataset beside it "
+            f"first, then renames it into place, which cannot cross filesystems. Pass a new folder inside it "
+            f"({root / 'NAME'})."
+        )
     return root
 
 

@@ -46,7 +46,7 @@ from .distributed import usable_cpus
 from .episode_data_files import episode_data_path, video_file_path
 from .episode_table import read_episode_records, read_episode_table
 from .errors import DatasetError, VideoDecodeError, listing_hint
-from .new_folder import refuse_taken, write_resumable_folder
+from .new_folder import refuse_resumable_taken, write_resumable_folder
 from .packet_index import PacketIndex, build_packet_index
 from .parent_watch import exit_with_parent
 from .video_encoding import check_bounded_int, encoder_settings
@@ -129,18 +129,19 @@ def reencode_dataset(
     docstring).
 
     ``cameras`` limits the re-encode to those video keys (the rest are copied). ``jobs`` is how many files
-    encode at once (default: one per CPU, at most one per file). ``out`` appears only once every file is
-    written and checked. Until then the copy is written to ``.<out name>.partial`` beside it, which a failed or
-    interrupted run leaves: the same call again keeps the videos re-encoded there and does the rest; a call with
-    other options or another source is refused until that folder is deleted, as is a folder there that holds
-    files of other work. Raises ValueError for bad options or a codec whose encoder refuses a video's frames (an
-    odd size in H.264), FileExistsError for an ``out`` that is not new or empty (or such a folder), and
-    VideoDecodeError naming the file when a video does not decode or its re-encode does not keep every timestamp.
+    encode at once (default: one per CPU, at most one per file). ``out`` appears only once every file is written and
+    checked. Until then the copy is written to ``.<out name>.partial`` beside it, which a failed or interrupted run
+    leaves: the same call again keeps the videos re-encoded there and does the rest; a call with other options or
+    another source is refused until that folder is deleted, as is a folder there that holds files of other work.
+    Raises ValueError for bad options, an ``out`` that is a mount point (write into a new folder inside it) or a
+    codec whose encoder refuses a video's frames (an odd size in H.264), FileExistsError for an ``out`` that is not
+    new or empty (or such a folder), and VideoDecodeError naming the file when a video does not decode or its
+    re-encode does not keep every timestamp.
     """
     encoder_settings(codec, gop=gop, crf=crf)  # (checks the codec, gop and crf before any work)
     if jobs is not None:
         check_bounded_int("jobs", jobs, 1)
-    refuse_taken(out, writer="reencode")  # (before the source is listed and read, which may be remote)
+    refuse_resumable_taken(out, writer="reencode")  # (before the source is listed and read, which may be remote)
     location = resolve_location(source, revision=revision)
     _refuse_out_inside(location, out)
     raw_info = read_info_json(location)
@@ -190,7 +191,7 @@ def reencode_dataset(
                     location.fs.get_file(location.path(relative), str(folder / relative))
                     copied.append(relative)
 
-    root = write_resumable_folder(out, write, writer="reencode")
+    root = write_resumable_folder(out, write, writer="reencode", bookkeeping=(_PLAN, _LOCK))
     return ReencodeReport(
         out=root,
         codec=codec,
@@ -261,7 +262,8 @@ def _listed_files(location: DatasetLocation) -> dict[str, int | None]:
 @contextlib.contextmanager
 def _resumable(folder: Path, plan: dict[str, Any]) -> Iterator[None]:
     """Hold ``folder`` for this run alone and check that what an earlier run left there is this run's work: the
-    same source files (sizes), options and cameras. On failure, say what is kept; on success, leave no trace."""
+    same source files (sizes), options and cameras. On failure, say what is kept; on success, the plan and lock
+    files stay until the folder is renamed to ``out`` (:func:`~lerobot_dali.new_folder.write_resumable_folder`)."""
     lock = try_flock(folder / _LOCK)
     if lock is None:
         raise FileExistsError(f"{folder}: another lerobot-dali reencode is writing there; wait for it, or stop it")
@@ -288,8 +290,6 @@ def _resumable(folder: Path, plan: dict[str, Any]) -> Iterator[None]:
                 folder,
             )  # fmt: skip
             raise
-        plan_file.unlink()
-        (folder / _LOCK).unlink()
     finally:
         lock.close()
 

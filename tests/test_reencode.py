@@ -3,12 +3,15 @@ end up at most ``gop`` frames apart, and every other file is the source's byte f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import re
 import shutil
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -647,3 +650,52 @@ def test_workers_exit_when_the_reencode_process_is_killed(long_gop_ds: Path, tmp
     finally:
         kill_all(run, children)
     assert reencode_dataset(long_gop_ds, out, jobs=2).out == out  # the same command finishes the copy
+
+
+def test_an_interrupted_move_into_an_empty_out_leaves_the_copy_whole_in_one_place(
+    long_gop_ds: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Into an existing empty OUT the finished copy was moved entry by entry: interrupted after the first (Ctrl-C,
+    a kill), OUT held part of the copy and ``.OUT.partial`` the rest, and the same command refused OUT as taken.
+    It is now renamed in one step; interrupted before that step, the same command finishes, every video kept."""
+    moves: list[str] = []
+
+    def interrupted(real: Any, out: Path, at: int) -> Any:
+        def move(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+            if out in (Path(dst), Path(dst).parent):
+                moves.append(str(dst))
+                if len(moves) == at:
+                    raise KeyboardInterrupt
+            real(src, dst, *args, **kwargs)
+
+        return move
+
+    for at in (2, 1):  # after the first move into OUT, then before it
+        moves.clear()
+        out = tmp_path / f"out{at}"
+        out.mkdir()
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "replace", interrupted(os.replace, out, at))
+            patch.setattr(os, "rename", interrupted(os.rename, out, at))
+            with contextlib.suppress(KeyboardInterrupt):
+                reencode_dataset(long_gop_ds, out, jobs=1)
+        partial = tmp_path / f".out{at}.partial"
+        in_out, in_partial = _files(out), _files(partial) if partial.exists() else {}
+        assert not (in_out and in_partial), (sorted(in_out), sorted(in_partial))  # never split between the two
+        if in_partial:
+            report = reencode_dataset(long_gop_ds, out, jobs=1)
+            assert report.videos and all(video.resumed for video in report.videos)
+        assert sorted(_files(out)) == sorted(_files(long_gop_ds)) and not partial.exists()
+
+
+def test_a_mount_point_out_is_refused_before_any_work(long_gop_ds: Path, tmp_path: Path, monkeypatch) -> None:
+    """An empty OUT that is a mount point (a docker volume) failed once every video was re-encoded: the copy, written
+    beside it, cannot be moved across filesystems (EXDEV)."""
+    import lerobot_dali.new_folder as new_folder
+
+    out = tmp_path / "volume"
+    out.mkdir()
+    monkeypatch.setattr(new_folder.os.path, "ismount", lambda path: Path(path) == out)
+    with pytest.raises(ValueError, match=r"volume: it is a mount point, .* new folder inside it \(.*volume/NAME"):
+        reencode_dataset(long_gop_ds, out, jobs=1)
+    assert sorted(tmp_path.iterdir()) == [out] and not any(out.iterdir())
