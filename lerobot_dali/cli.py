@@ -208,19 +208,21 @@ def _with(args: argparse.Namespace, **changes: Any) -> argparse.Namespace:
 def _check_one(args: argparse.Namespace, reader: LeRobotDatasetReader | None = None) -> dict[str, Any]:
     """One dataset's report (``CheckReport.to_json``; ``reader``: ``args.dataset`` opened), printed unless
     ``--json``."""
-    from huggingface_hub.utils import tqdm
-    from tqdm.contrib.logging import logging_redirect_tqdm
-
     from .dataset_check import check_dataset
+    from .progress_lines import progress_counter
 
     reader = reader if reader is not None else _open_dataset(args)
     # (a union's args hold a list, one value or one per dataset, which the union holds itself)
     source, tolerance = (v[0] if isinstance(v, list) else v for v in (args.timestamp_source, args.tolerance_s))
-    bar = tqdm(total=reader.num_episodes, desc="lerobot-dali check", unit="episode", disable=args.json)
-    with bar, logging_redirect_tqdm(tqdm_class=tqdm):  # (a warning on its own line, not after the bar)
+    lines = logging.getLogger("lerobot_dali.check.progress")  # (where stderr is no terminal: no bar, a few lines)
+    if lines.getEffectiveLevel() > logging.INFO:
+        lines.setLevel(logging.INFO)
+    with progress_counter(
+        reader.num_episodes, desc="lerobot-dali check", unit="episode", logger=lines, enabled=not args.json
+    ) as progress:
         report = check_dataset(
             reader, timestamp_source=source, tolerance_s=tolerance, decode=args.decode, workers=args.workers,
-            progress=bar.update,
+            progress=progress,
         )  # fmt: skip
     if args.json:
         return report.to_json()

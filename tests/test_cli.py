@@ -350,16 +350,67 @@ def test_output_to_a_reader_that_left_stops_quietly_not_as_a_network_failure(tmp
         assert (child.returncode, err) == (128 + signal.SIGPIPE, ""), (argv, child.returncode, err)
 
 
+def _check_r1_with_stderr_on_a_terminal(argv: list[str]) -> tuple[int, str]:
+    """``lerobot-dali check`` of r1 with ``argv`` more, its stderr a terminal (a pty): exit code and stderr."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # (0 columns: tqdm draws nothing)
+    argv = ["check", str(shared_dataset("r1_v30_h264")), "--keys", "action", "--tolerance-s", "0.0201", *argv]
+    child = subprocess.Popen([sys.executable, "-m", "lerobot_dali", *argv], stdout=subprocess.DEVNULL, stderr=follower)
+    os.close(follower)
+    chunks: list[bytes] = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # (EIO: the child closed its end)
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    return child.wait(timeout=300), b"".join(chunks).decode(errors="replace")
+
+
 def test_check_logs_a_warning_on_its_own_line_not_after_the_progress_bar() -> None:
     """r1's data files hold columns info.json does not declare: the warning check logs as it starts was written
     after the bar's 0% (``... 0/1 [00:00<?, ?episode/s]WARNING lerobot_dali...``)."""
+    code, err = _check_r1_with_stderr_on_a_terminal([])
+    assert code == 0, err
+    assert "\r" in err and "episode/s]" in err  # the bar, drawn
+    warnings = [line.rsplit("\r", 1)[-1] for line in err.replace("\r\n", "\n").split("\n") if "WARNING" in line]
+    assert warnings and all(line.startswith("WARNING lerobot_dali.") for line in warnings), err
+
+
+def test_check_logs_plain_progress_lines_where_stderr_is_no_terminal() -> None:
+    """Its stderr a file or a pipe (a CI log, a job's output), check drew its bar there too: every redraw stayed,
+    joined by carriage returns. There it logs a few plain lines instead."""
     argv = ["check", str(shared_dataset("r1_v30_h264")), "--keys", "action", "--tolerance-s", "0.0201"]
     done = subprocess.run(
         [sys.executable, "-m", "lerobot_dali", *argv], capture_output=True, text=True, timeout=300
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    warnings = [line.rsplit("\r", 1)[-1] for line in done.stderr.split("\n") if "WARNING" in line]
-    assert warnings and all(line.startswith("WARNING lerobot_dali.") for line in warnings), done.stderr
+    assert "\r" not in done.stderr, done.stderr
+    assert "INFO lerobot_dali.check.progress: lerobot-dali check: 1/1 episodes (" in done.stderr, done.stderr
+    assert any(line.startswith("WARNING lerobot_dali.") for line in done.stderr.splitlines()), done.stderr
+
+
+def test_progress_lines_come_at_each_tenth_and_at_the_end(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from lerobot_dali.progress_lines import ProgressLines
+
+    lines = ProgressLines(100, desc="check", unit="episode", logger=logging.getLogger("test.progress"))
+    with caplog.at_level(logging.INFO, logger="test.progress"):
+        for _ in range(100):
+            lines.update(1)
+        lines.finish()
+    said = [r.getMessage().split(" (")[0] for r in caplog.records]
+    assert said == [f"check: {n}/100 episodes" for n in range(10, 101, 10)]
 
 
 def test_info_on_a_damaged_first_video_still_describes_the_rest(tmp_path: Path, capsys) -> None:
