@@ -389,6 +389,24 @@ def _flat_list_values(array: pa.Array, feature: Feature, path: str) -> np.ndarra
     return array.to_numpy(zero_copy_only=False)
 
 
+def _outside_range(source: np.ndarray, dtype: str) -> Any:
+    """The first of ``source``'s numbers that the integer ``dtype`` cannot hold (a NaN or an infinity included), or
+    None: numpy's cast wraps an integer around (300 reads as 44 in uint8) and makes anything of a float past the
+    range, where LeRobot's cast to the declared dtype fails."""
+    try:
+        target = np.dtype(dtype)
+    except TypeError:  # (not a numpy dtype: the cast says so)
+        return None
+    if target.kind not in "iu" or source.dtype.kind not in "iuf" or not source.size:
+        return None
+    low, past = np.iinfo(target).min, np.iinfo(target).max + 1  # (powers of two: exact as floats too)
+    if source.dtype.kind == "f":
+        outside = ~np.isfinite(source) | (source < low) | (source >= float(past))
+    else:
+        outside = (source < low) | (source >= past)
+    return source[outside].flat[0].item() if outside.any() else None
+
+
 def _column_to_numpy(column: pa.ChunkedArray, feature: Feature, path: str) -> np.ndarray:
     array = column.combine_chunks()
     n = len(array)
@@ -418,6 +436,13 @@ def _column_to_numpy(column: pa.ChunkedArray, feature: Feature, path: str) -> np
             )
         values = array.to_numpy(zero_copy_only=False)
     source = np.asarray(values)
+    outside = _outside_range(source, feature.dtype)
+    if outside is not None:
+        raise SchemaMismatchError(
+            f"{path}: column {feature.key!r} holds {outside} (type {kind}), outside the range of the declared dtype "
+            f"{feature.dtype!r}; reading it would wrap it around: correct the dtype in info.json, or read the other "
+            f"features only (keys= without {feature.key!r}; --keys on the command line)"
+        )
     try:
         values = source.astype(np.dtype(feature.dtype), copy=False)
     except (TypeError, ValueError) as e:  # (ValueError: strings like 'n/a' in a numeric column)

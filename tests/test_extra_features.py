@@ -153,3 +153,40 @@ def test_columns_info_json_does_not_declare_are_named_once_when_built(
     caplog.clear()
     assert check_dataset(open_dataset(root), workers=0).ok
     assert [r.getMessage() for r in caplog.records if "does not declare" in r.getMessage()] == warned
+
+
+@pytest.mark.parametrize(
+    ("dtype", "stored", "found"),
+    [
+        ("uint8", pa.array([7, 300]), "300"),
+        ("int32", pa.array([7, 2**31]), "2147483648"),
+        ("int8", pa.array([7, -129]), "-129"),
+        ("int32", pa.array([7.0, 3e9]), r"3000000000\.0"),
+        ("int64", pa.array([7.0, float("inf")]), "inf"),
+    ],
+    ids=["uint8", "int32", "int8-below", "float-past-int32", "inf"],
+)
+def test_numbers_outside_the_declared_integer_dtype_are_refused(make_ds, tmp_path: Path, dtype, stored, found) -> None:
+    """Schema drift: one data file of the dataset holds a value its feature's declared dtype cannot hold. numpy's
+    cast wrapped it around without a word (300 read as 44 in a uint8 feature, 2**31 as -2**31 in int32) where
+    LeRobot's cast to the declared dtype fails; a float past the range was refused as 'fractional' after numpy
+    warned 'invalid value encountered in cast'."""
+    import warnings
+
+    root = shutil.copytree(make_ds(episodes=2, frames_per_episode=LENGTHS, cameras=0, fps=FPS), tmp_path / "dataset")
+    for path in sorted(root.glob("data/*/*.parquet")):  # (one file holds both episodes: episode 1 gets the value)
+        table = pq.read_table(path)
+        episode = np.asarray(table["episode_index"])
+        values = pa.array([stored[1].as_py() if e == 1 else stored[0].as_py() for e in episode], stored.type)
+        pq.write_table(table.append_column("extra.count", values), path)
+    info_path = root / "meta" / "info.json"
+    info = json.loads(info_path.read_text())
+    info["features"]["extra.count"] = {"dtype": dtype, "shape": [1], "names": None}
+    info_path.write_text(json.dumps(info))
+    reader = open_dataset(root)
+    assert reader.read_episode(0)["extra.count"].tolist() == [7] * LENGTHS[0]
+    pattern = rf"column 'extra\.count' holds {found} \(type .*\), outside the range of the declared dtype '{dtype}'"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(SchemaMismatchError, match=pattern):
+            reader.read_episode(1)
