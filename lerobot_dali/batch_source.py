@@ -32,7 +32,7 @@ from .depth_maps import DepthQuantizer, DepthUnit, in_unit
 from .errors import DataFileError, DatasetError, MissingDataFileError, SchemaMismatchError, VideoDecodeError
 from .frame_lookup import TimestampSource, row_frame_numbers
 from .host_values import encode_host_values
-from .image_frames import EpisodeImageCache, decode_depth_images, decode_images
+from .image_frames import EpisodeImageCache, decode_depth_images, decode_images, image_label
 from .packet_index import PacketIndex, build_packet_index
 from .packet_index_cache import PacketIndexCache
 from .packet_index_store import PacketIndexStore
@@ -422,10 +422,10 @@ class BatchSource:
         for pos, row_indices in zip(episode_pos, camera_rows, strict=True):
             with io_stats.timed("rows_s"):
                 images = self._images.get(int(pos), camera)
-            label = f"{reader.data_path(int(pos))} (episode {int(reader.episodes.episode_index[pos])}, camera {camera})"
+            label = image_label(reader, int(pos), camera)
             encoded = [images[int(r)].as_py() for r in row_indices]
             with io_stats.timed("decode_s"):
-                window = (decode_depth_images if depth else decode_images)(encoded, label=label)
+                window = (decode_depth_images if depth else decode_images)(encoded, label=label, rows=row_indices)
             expected = spec.image_shapes.get(camera)
             if expected is not None and window.shape[1:] != expected:
                 raise DataFileError(

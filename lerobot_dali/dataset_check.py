@@ -30,7 +30,7 @@ from .dataset_reader import LeRobotDatasetReader, VideoRef, warn_undeclared_colu
 from .distributed import usable_cpus
 from .errors import DataFileError, EpisodeMetadataError, SchemaMismatchError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
-from .image_frames import decode_depth_images, decode_images, first_image_shape
+from .image_frames import decode_depth_images, decode_images, first_image_shape, image_label
 from .packet_index import PacketIndex
 from .packet_index_cache import PacketIndexCache
 from .packet_index_store import PacketIndexStore
@@ -172,10 +172,12 @@ class _EpisodeChecker:
         """Episode ``pos``'s video of ``camera`` and its packet index."""
         return self._indexes.of_episode(self.reader, pos, camera, store=self.index_store)
 
-    def _decode_images(self, pos: int, camera: str, encoded: list[bytes]) -> np.ndarray:
+    def _decode_images(self, pos: int, camera: str, encoded: list[bytes], first_row: int) -> np.ndarray:
+        """Episode ``pos``'s images of ``camera`` from its row ``first_row`` on, decoded as the workers decode them."""
         depth = camera in self.reader.info.depth_image_units([camera])
-        label = f"{self.reader.data_path(pos)} (camera {camera})"
-        return (decode_depth_images if depth else decode_images)(encoded, label=label)
+        rows = range(first_row, first_row + len(encoded))
+        label = image_label(self.reader, pos, camera)
+        return (decode_depth_images if depth else decode_images)(encoded, label=label, rows=rows)
 
     def _check_video(
         self, pos: int, camera: str, rows: dict[str, np.ndarray], video: VideoRef, index: PacketIndex
@@ -203,7 +205,7 @@ class _EpisodeChecker:
             return 0
         expected = self.image_shapes.get(camera)
         for start in range(0, length, 64):  # (a few decoded at a time, not the episode's all)
-            shape = self._decode_images(pos, camera, images[start : start + 64].to_pylist()).shape[1:]
+            shape = self._decode_images(pos, camera, images[start : start + 64].to_pylist(), start).shape[1:]
             if expected is not None and shape != expected:
                 raise DataFileError(
                     f"{self.reader.data_path(pos)} (camera {camera}): images are {shape} (H, W, C) but the camera's "

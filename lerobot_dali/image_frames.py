@@ -25,7 +25,7 @@ from .errors import DataFileError, cameras_hint
 if TYPE_CHECKING:
     from .dataset_reader import LeRobotDatasetReader
 
-__all__ = ["EpisodeImageCache", "decode_depth_images", "decode_images"]
+__all__ = ["EpisodeImageCache", "decode_depth_images", "decode_images", "image_label"]
 
 
 #: Pillow modes of grey images, read as one channel (alpha dropped).
@@ -36,16 +36,18 @@ _EIGHT_BIT_MODES = frozenset({"1", "L", "P"})
 _WIDE_MODES = ("I", "F")
 
 
-def decode_images(encoded: Sequence[bytes], *, label: str) -> np.ndarray:
+def decode_images(encoded: Sequence[bytes], *, label: str, rows: Sequence[int] | None = None) -> np.ndarray:
     """(T, H, W, C) uint8 from T encoded images (any format Pillow reads): C = 1 for grey images, else 3 (RGB;
     alpha is dropped).
 
-    Raises DataFileError naming ``label`` and the position for an undecodable or 16-bit image, or for images
-    that differ in size or channels.
+    Raises DataFileError naming ``label`` and the image (its episode row from ``rows``, the images' rows within
+    their episode, else its position) for an undecodable or 16-bit image, or for images that differ in size or
+    channels.
     """
     return _decode_window(
         encoded,
         label=label,
+        rows=rows,
         kind="image",
         convert=_colour_frame,
         refusal="has more than 8 bits per sample (Pillow mode {mode!r}, e.g. a depth map not flagged is_depth_map "
@@ -62,20 +64,27 @@ def first_image_shape(reader: LeRobotDatasetReader, episode_pos: int, camera: st
     if not first:
         return None
     decode = decode_depth_images if camera in reader.info.depth_image_units([camera]) else decode_images
-    height, width, channels = decode(first, label=f"{reader.source_of(episode_pos)}: camera {camera!r}").shape[1:]
+    height, width, channels = decode(first, label=image_label(reader, episode_pos, camera), rows=[0]).shape[1:]
     return height, width, channels
 
 
-def decode_depth_images(encoded: Sequence[bytes], *, label: str) -> np.ndarray:
+def image_label(reader: LeRobotDatasetReader, episode_pos: int, camera: str) -> str:
+    """How errors name an episode's images of ``camera``: its data file, episode and camera."""
+    episode = int(reader.episodes.episode_index[episode_pos])
+    return f"{reader.data_path(episode_pos)} (episode {episode}, camera {camera})"
+
+
+def decode_depth_images(encoded: Sequence[bytes], *, label: str, rows: Sequence[int] | None = None) -> np.ndarray:
     """(T, H, W, 1) float32 depth from T encoded single-channel images (16-bit or float, e.g. PNG or TIFF), their
     stored values, as LeRobot reads depth images (8-bit ones divided by 255, as its ``ToTensor`` divides them).
 
-    Raises DataFileError naming ``label`` and the position for an undecodable or multi-channel image, or for
-    images that differ in size.
+    Raises DataFileError naming ``label`` and the image (as :func:`decode_images`) for an undecodable or
+    multi-channel image, or for images that differ in size.
     """
     return _decode_window(
         encoded,
         label=label,
+        rows=rows,
         kind="depth image",
         convert=_depth_frame,
         refusal="has Pillow mode {mode!r}, not one channel",
@@ -103,24 +112,36 @@ def _depth_frame(image: Any) -> np.ndarray | None:
 
 
 def _decode_window(
-    encoded: Sequence[bytes], *, label: str, kind: str, convert: Callable[[Any], np.ndarray | None], refusal: str
+    encoded: Sequence[bytes],
+    *,
+    label: str,
+    rows: Sequence[int] | None,
+    kind: str,
+    convert: Callable[[Any], np.ndarray | None],
+    refusal: str,
 ) -> np.ndarray:
     """The window's images through ``convert`` (a Pillow image -> a frame, or None for a mode the camera cannot
-    take, said by ``refusal`` with ``{mode}``), stacked; DataFileError naming ``label`` and the position."""
+    take, said by ``refusal`` with ``{mode}``), stacked; DataFileError naming ``label`` and the image's row in
+    ``rows`` (else its position)."""
     from PIL import Image, UnidentifiedImageError
 
     frames = []
     for i, data in enumerate(encoded):
+        image_name = f"{kind} {i} of the window" if rows is None else f"the {kind} of the episode's row {int(rows[i])}"
         try:
             with Image.open(io.BytesIO(data)) as image:
                 mode, frame = image.mode, convert(image)
         # (SyntaxError: Pillow's "broken PNG file", a chunk header read from inside another chunk)
         except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-            raise DataFileError(
-                f"{label}: {kind} {i} of the window cannot be decoded ({e}); the data file is corrupt"
-            ) from e
+            # (Pillow's own message names its BytesIO object: 'cannot identify image file <_io.BytesIO ...>')
+            why = (
+                f"no format Pillow reads; its bytes begin {bytes(data[:8])!r}"
+                if isinstance(e, UnidentifiedImageError)
+                else str(e)
+            )
+            raise DataFileError(f"{label}: {image_name} cannot be decoded ({why}); the data file is corrupt") from e
         if frame is None:
-            raise DataFileError(f"{label}: {kind} {i} of the window " + refusal.format(mode=mode))
+            raise DataFileError(f"{label}: {image_name} " + refusal.format(mode=mode))
         frames.append(frame)
     shapes = {f.shape for f in frames}
     if len(shapes) > 1:

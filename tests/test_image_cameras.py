@@ -6,6 +6,7 @@ frame is compared pixel for pixel with the frame that was written.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from io import BytesIO
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 from PIL import Image
 
 from lerobot_dali.augment import AugmentConfig, ColorJitter, Normalize
+from lerobot_dali.dataset_check import check_dataset
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DataFileError, SchemaMismatchError
 from lerobot_dali.frame_marker import draw_marker, read_full_marker
@@ -96,8 +98,8 @@ def test_shuffled_workers_cover_every_frame_once_and_augment(make_ds) -> None:
     assert keys != sorted(keys)
 
 
-def _rewrite_image(root: Path, row: int, value: dict | None) -> Path:
-    path = root / "data/chunk-000/file-000.parquet"
+def _rewrite_image(root: Path, row: int, value: dict | None, file: str = "file-000") -> Path:
+    path = root / f"data/chunk-000/{file}.parquet"
     table = pq.read_table(path)
     images = table[CAM0].to_pylist()
     images[row] = value
@@ -119,11 +121,17 @@ def _png_with_a_short_idat() -> bytes:
 @pytest.mark.parametrize(
     ("value", "pattern"),
     [
-        ({"bytes": b"\x89PNG not really", "path": None}, r"episode 0, camera observation\.images\.cam0\): image 0 "),
+        (
+            {"bytes": b"\x89PNG not really", "path": None},
+            r"episode 0, camera observation\.images\.cam0\): the image of the episode's row 2 ",
+        ),
         (None, r"row 2 has no image bytes for 'observation\.images\.cam0'"),
         # Pillow raises SyntaxError ("broken PNG file") for a chunk read from inside another: a builtin came through
         # (found by tests/test_damaged_files.py at seed 9266: one byte zeroed in a data file).
-        ({"bytes": _png_with_a_short_idat(), "path": None}, r"image 0 of the window cannot be decoded \(broken PNG"),
+        (
+            {"bytes": _png_with_a_short_idat(), "path": None},
+            r"the image of the episode's row 2 cannot be decoded \(broken PNG",
+        ),
     ],
     ids=["corrupt", "missing", "broken-chunk"],
 )
@@ -134,6 +142,30 @@ def test_bad_images_name_the_file_episode_and_row(make_ds, copy_ds, value: dict 
         it = DALILeRobotIterator(root, batch_size=5, shuffle=False, device="cpu", num_workers=0, cameras=[CAM0])
         next(iter(it))
     assert str(path) in str(info.value)
+
+
+def test_an_undecodable_image_is_named_by_its_file_episode_and_row(make_ds, copy_ds) -> None:
+    """The error said 'image 0 of the window' (the image's place in the failing sample's window; in the check
+    command's, in its chunk of 64), with Pillow's '<_io.BytesIO object at 0x...>' for the file; and the first image,
+    decoded when the iterator is built, named the dataset folder but no data file: nothing led to the row."""
+    root = copy_ds(_images_dataset(make_ds))
+    path = _rewrite_image(root, 5, {"bytes": b"junk", "path": None}, file="file-001")  # episode 2's row 5
+    pattern = (
+        rf"{re.escape(str(path))} \(episode 2, camera {CAM0}\): the image of the episode's row 5 cannot be decoded "
+        r"\(no format Pillow reads; its bytes begin b'junk'\); the data file is corrupt"
+    )
+    it = DALILeRobotIterator(
+        root, batch_size=4, shuffle=False, device="cpu", num_workers=0, cameras=[CAM0], drop_last=False,
+        delta_timestamps={CAM0: [-0.1, 0.0]},
+    )  # fmt: skip
+    with pytest.raises(DataFileError, match=pattern):
+        list(it)
+    it.close()
+    problems = check_dataset(open_dataset(root, cameras=[CAM0]), workers=0, decode=True).problems
+    assert [p.episode_index for p in problems] == [2] and re.search(pattern, problems[0].message), problems
+    first = _rewrite_image(root, 0, {"bytes": b"junk", "path": None})
+    with pytest.raises(DataFileError, match=rf"{re.escape(str(first))} \(episode 0, camera {CAM0}\): the image of "):
+        DALILeRobotIterator(root, device="cpu", num_workers=0, cameras=[CAM0])
 
 
 @pytest.mark.parametrize(
@@ -231,7 +263,8 @@ def test_grey_image_cameras_come_as_one_channel_and_jitter_in_brightness(make_ds
 def test_a_16_bit_image_camera_fails_at_construction(make_ds, copy_ds) -> None:
     root = copy_ds(_images_dataset(make_ds))
     _to_mode(root, CAM1, "I;16")
-    with pytest.raises(DataFileError, match=r"camera 'observation\.images\.cam1'.*more than 8 bits.*cameras="):
+    pattern = r"\(episode 0, camera observation\.images\.cam1\): the image of the episode's row 0 has more than 8 bits"
+    with pytest.raises(DataFileError, match=pattern + ".*cameras="):
         DALILeRobotIterator(root, device="cpu", num_workers=0)
     it = DALILeRobotIterator(root, cameras=[CAM0], batch_size=2, device="cpu", num_workers=0)
     assert CAM1 not in next(iter(it))
