@@ -25,7 +25,7 @@ from .augment_draws import draw_names, draw_params, stream_name
 from .clips import build_clip, plan_clip, read_packet_payloads
 from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder, Pixels
 from .dali_graph import CameraFeed, Field, FieldKind, augment_draw_field
-from .dataset_info import INDEX_COLUMNS
+from .dataset_info import INDEX_COLUMNS, Feature
 from .dataset_reader import LeRobotDatasetReader
 from .decode_route import DecodeRoute
 from .depth_maps import DepthQuantizer, DepthUnit, in_unit
@@ -128,6 +128,10 @@ class SourceSpec:
     #: Per image camera, (H, W, C) of its first image: a batch is one tensor, so every image must match (C: its
     #: channels, 1 for grey).
     image_shapes: Mapping[str, tuple[int, int, int]] = dataclass_field(default_factory=dict)
+    #: The scalar features (declared shape (1,)) that batch as (B, 1), stored as one-element lists in the first
+    #: episode's data file; every episode's rows are given that shape, every other scalar's (B,). None: each
+    #: file's own.
+    listed_scalars: frozenset[str] | None = None
     #: Per worker: encoded images of recently read episodes kept in memory.
     image_cache_bytes: int = 256 * 2**20
     #: The stream's identity, which random augmentation draws are keyed by.
@@ -384,6 +388,8 @@ class BatchSource:
             except (MissingDataFileError, DataFileError) as e:  # they name the file; say whose rows they were
                 episode = int(self.spec.reader.episodes.episode_index[episode_pos])
                 raise type(e)(f"episode {episode}'s rows: {e}") from e  # (its own type)
+        if self.spec.listed_scalars is not None:
+            rows = _scalar_layout(rows, self.spec.reader.info.features, self.spec.listed_scalars)
         self._rows[episode_pos] = rows
         while len(self._rows) > self.spec.rows_cache_episodes:
             self._rows.popitem(last=False)
@@ -534,6 +540,19 @@ class BatchSource:
                         clip = build_clip(source, index, numbers, filesystem=fs)
                     clips[i], indices[i] = clip.data, clip.relative_indices.astype(np.int32)
         return clips, indices
+
+
+def _scalar_layout(
+    rows: dict[str, np.ndarray], features: Mapping[str, Feature], listed: frozenset[str]
+) -> dict[str, np.ndarray]:
+    """``rows`` with each scalar feature's values (n,), or (n, 1) for those in ``listed``, however its file stores
+    them (:attr:`SourceSpec.listed_scalars`)."""
+    out = dict(rows)
+    for key, values in rows.items():
+        feature = features.get(key)
+        if feature is not None and feature.is_scalar and not feature.is_host_value:
+            out[key] = values.reshape((len(values), 1) if key in listed else (len(values),))
+    return out
 
 
 def _with_notes(error: BaseException) -> str:

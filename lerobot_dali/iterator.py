@@ -164,6 +164,7 @@ class DALILeRobotIterator:
         self._depth_cameras = {*self._depth_quantizers, *self._depth_image_units}
         self._depth_unit = check_choice(DepthUnit, "depth_unit", depth_unit)
         self._image_shapes = _image_shapes(self.reader)
+        self._listed_scalars = _listed_scalars(self.reader)
         # Cameras of other than 3 channels: grey image cameras, depth cameras (1).
         grey = {key: shape[2] for key, shape in self._image_shapes.items() if shape[2] != 3}
         self._image_channels = grey | dict.fromkeys(self._depth_cameras, 1)
@@ -467,6 +468,7 @@ class DALILeRobotIterator:
             cpu_decode=self._cpu_decode,
             image_keys=tuple(self.reader.image_keys),
             image_shapes=self._image_shapes,
+            listed_scalars=self._listed_scalars,
             depth_quantizers=self._depth_quantizers,
             depth_image_units=self._depth_image_units,
             depth_unit=self._depth_unit,
@@ -803,6 +805,23 @@ def _image_shapes(reader: LeRobotDatasetReader) -> dict[str, tuple[int, int, int
     A camera of 16-bit images not flagged a depth map fails here, naming itself, rather than in a worker."""
     shapes = {key: first_image_shape(reader, 0, key) for key in reader.image_keys}
     return {key: shape for key, shape in shapes.items() if shape is not None}
+
+
+def _listed_scalars(reader: LeRobotDatasetReader) -> frozenset[str] | None:
+    """The scalar features (declared shape (1,)) that the first episode's data file stores as one-element lists, so
+    that they batch as (B, 1), not (B,): the workers give every episode's rows that shape. A data file that stores
+    one the other way (another writer's, merged in or in a union) changed the batch's shape, or failed to stack
+    with a ValueError naming neither the feature nor the file. None where the first episode's rows do not read:
+    each file then keeps its own, and the workers' read of that episode fails naming the file."""
+    features = reader.info.features
+    keys = [k for k in reader.tabular_keys if features[k].is_scalar and not features[k].is_host_value]
+    if not keys or not reader.num_episodes:
+        return frozenset()
+    try:
+        rows = reader.read_episode(0, keys)
+    except DatasetError:
+        return None
+    return frozenset(k for k in keys if rows[k].ndim == 2)
 
 
 def _nvdec_color_fixes(formats: Mapping[str, CameraFormat]) -> dict[str, tuple[tuple[float, ...], ...]]:

@@ -190,3 +190,37 @@ def test_numbers_outside_the_declared_integer_dtype_are_refused(make_ds, tmp_pat
         warnings.simplefilter("error")
         with pytest.raises(SchemaMismatchError, match=pattern):
             reader.read_episode(1)
+
+
+@pytest.mark.parametrize("first_file", ["lists", "values"])
+def test_a_scalar_stored_both_ways_batches_as_the_first_episodes_file_stores_it(
+    make_ds, tmp_path: Path, first_file: str
+) -> None:
+    """A shape-(1,) feature stored as one-element lists in one data file and as plain values in the next (two
+    writers' files, merged): a batch of both failed with 'all input arrays must have the same shape', naming neither
+    the feature nor a file, and a batch of one file's rows had that file's shape, (B, 1) or (B,). Every batch now
+    has the first episode's file's shape, with the values stored."""
+    src = make_ds(episodes=2, frames_per_episode=LENGTHS, cameras=0, fps=FPS, episodes_per_file=1)
+    root = shutil.copytree(src, tmp_path / "dataset")
+    for n, path in enumerate(sorted(root.glob("data/*/*.parquet"))):  # episode 0's file, then episode 1's
+        table = pq.read_table(path)
+        index = table["index"].to_pylist()
+        as_lists = (n == 0) == (first_file == "lists")
+        column = (
+            pa.array([[i / 2] for i in index], pa.list_(pa.float32())) if as_lists else pa.array([i / 2 for i in index])
+        )
+        pq.write_table(table.append_column("extra.gripper", column), path)
+    info_path = root / "meta" / "info.json"
+    info = json.loads(info_path.read_text())
+    info["features"]["extra.gripper"] = {"dtype": "float32", "shape": [1], "names": ["g"]}
+    info_path.write_text(json.dumps(info))
+    shape = (1,) if first_file == "lists" else ()
+    for batch_size in (3, 2):  # a batch of both files' rows; batches of one file's rows
+        it = DALILeRobotIterator(
+            root, batch_size=batch_size, shuffle=False, device="cpu", num_workers=0, drop_last=False
+        )
+        for batch in it:
+            gripper = batch["extra.gripper"]
+            assert gripper.dtype == torch.float32 and gripper.shape == (len(batch["index"]), *shape)
+            assert gripper.flatten().tolist() == [i / 2 for i in batch["index"].tolist()]
+        it.close()
