@@ -870,6 +870,14 @@ def _camera_augment(
     cameras = [camera for camera in reader.all_camera_keys if camera not in depth_cameras]
     if cameras:
         refuse_uint8_normalize(return_uint8, augment.normalize)
+    if isinstance(augment.normalize, Mapping):
+        depth = sorted(set(augment.normalize) & set(depth_cameras))
+        if depth:
+            raise ValueError(
+                f"AugmentConfig.normalize has a Normalize for depth camera(s) {depth}, which are never augmented or "
+                "normalised (LeRobot's image transforms leave depth out): they would come as depth, unnormalised. "
+                "Drop them from normalize and normalise depth in the policy, as LeRobot does"
+            )
     if augment.normalize == NORMALIZE_FROM_STATS:
         stats = reader.read_stats()
         augment = augment.with_stats(stats, cameras, source=reader.location.description)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 from fractions import Fraction
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from lerobot_dali.augment import AugmentConfig, ColorJitter
+from lerobot_dali.augment import AugmentConfig, ColorJitter, Normalize
 from lerobot_dali.dataset_info import Feature
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.depth_maps import DepthQuantizer, DepthUnit
@@ -131,6 +132,22 @@ def test_depth_is_resized_by_nearest_neighbour_and_never_augmented(depth_ds: Pat
         expected = _expected_depth(_codes(int(s["episode_index"]), int(s["frame_index"]), 48, 80), "mm")
         # a 2x nearest-neighbour shrink samples pixel centres (2j + 1): source depths, no jitter, no stats
         assert np.abs(depth[0] - expected[1::2, 1::2]).max() <= 1
+
+
+def test_a_normalize_given_for_a_depth_camera_is_refused(depth_ds: Path, depth_image_ds: Path) -> None:
+    """Depth is never normalised, so a Normalize given for a depth camera by name was dropped without a word: the
+    batch held raw millimetres where the caller had asked for normalised depth."""
+    colour = Normalize(mean=[0.5] * 3, std=[0.2] * 3)
+    for root, depth in ((depth_ds, DEPTH), (depth_image_ds, DEPTH_IMAGE)):
+        augment = AugmentConfig(normalize={CAM: colour, depth: Normalize(mean=[2000.0], std=[1000.0])})
+        pattern = rf"normalize has a Normalize for depth camera\(s\) \['{re.escape(depth)}'\], which are never"
+        with pytest.raises(ValueError, match=pattern):
+            DALILeRobotIterator(root, device="cpu", num_workers=0, augment=augment)
+    it = DALILeRobotIterator(
+        depth_ds, batch_size=2, device="cpu", num_workers=0, augment=AugmentConfig(normalize={CAM: colour})
+    )
+    assert next(iter(it))[DEPTH].min() >= 200  # millimetres (depth_min 0.2 m), as before
+    it.close()
 
 
 def test_depth_cameras_are_declared_as_lerobot_declares_them() -> None:
