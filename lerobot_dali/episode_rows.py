@@ -413,8 +413,12 @@ def _column_to_numpy(column: pa.ChunkedArray, feature: Feature, path: str) -> np
     if feature.is_host_value:
         objects = np.empty(n, dtype=object)  # filled, not np.asarray: equal-length lists would become a 2-D array
         try:
+            if feature.dtype == "string" and (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
+                # Text written without parquet's UTF-8 annotation reads as bytes, which LeRobot's cast to its declared
+                # string feature makes text again (and the batch's JSON transport cannot carry).
+                array = array.cast(pa.large_string())
             objects[:] = array.to_pylist()
-        except UnicodeDecodeError as e:  # (parquet readers do not check strings: their first use does)
+        except (UnicodeDecodeError, pa.ArrowInvalid) as e:  # (parquet readers do not check strings: their use does)
             raise DataFileError(
                 f"{path}: column {feature.key!r} holds a string that is not UTF-8 ({e}); the file is damaged: "
                 "re-download or rewrite it"
