@@ -5,9 +5,10 @@ JPEG inside the parquet rows instead of a video. A window of such a camera is a 
 like a tabular window (no timestamp lookup), and each row's image is decoded by Pillow in the worker; the
 frames then enter the same DALI graph as video frames, so resizing and augmentation are the same.
 Episodes' encoded images are kept per worker in a byte-bounded cache, since the episode pool samples each
-admitted episode many times. Grey images stay one channel, as LeRobot's ``ToTensor`` keeps them; 16-bit
-images are refused rather than clipped to 8 bits, unless the camera is flagged a depth map: those are read as
-depth (:func:`decode_depth_images`), as LeRobot reads them.
+admitted episode many times. Images tagged with an EXIF orientation are turned upright, as LeRobot decodes them.
+Grey images stay one channel, as LeRobot's ``ToTensor`` keeps them; 16-bit images are refused rather than clipped
+to 8 bits, unless the camera is flagged a depth map: those are read as depth (:func:`decode_depth_images`), as
+LeRobot reads them.
 """
 
 from __future__ import annotations
@@ -111,6 +112,17 @@ def _depth_frame(image: Any) -> np.ndarray | None:
     return frame[..., None]
 
 
+def _upright(image: Any) -> Any:
+    """``image`` (open, Pillow) turned as its EXIF orientation says, as LeRobot's image features (``datasets.Image``)
+    decode it: a JPEG or PNG tagged "rotate 90" came on its side, with height and width swapped."""
+    from PIL import ExifTags, ImageOps
+
+    image.load()  # (a PNG's EXIF may follow its pixels: asked after them, it costs nothing)
+    if image.getexif().get(ExifTags.Base.Orientation) is None:
+        return image
+    return ImageOps.exif_transpose(image)
+
+
 def _decode_window(
     encoded: Sequence[bytes],
     *,
@@ -129,7 +141,8 @@ def _decode_window(
     for i, data in enumerate(encoded):
         image_name = f"{kind} {i} of the window" if rows is None else f"the {kind} of the episode's row {int(rows[i])}"
         try:
-            with Image.open(io.BytesIO(data)) as image:
+            with Image.open(io.BytesIO(data)) as opened:
+                image = _upright(opened)
                 mode, frame = image.mode, convert(image)
         # (SyntaxError: Pillow's "broken PNG file", a chunk header read from inside another chunk)
         except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:

@@ -260,6 +260,32 @@ def test_grey_image_cameras_come_as_one_channel_and_jitter_in_brightness(make_ds
         )
 
 
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_images_tagged_with_an_exif_orientation_come_upright_as_in_lerobot(make_ds, copy_ds, fmt: str) -> None:
+    """LeRobot's image features (datasets.Image) turn an image as its EXIF orientation says; here a frame stored on
+    its side and tagged 'rotate 90 clockwise to show' came on its side, 96x64 where the camera's frames are 64x96."""
+    root = copy_ds(_images_dataset(make_ds))
+    for path in sorted(root.glob("data/*/*.parquet")):
+        table = pq.read_table(path)
+        rows = table[CAM0].to_pylist()
+        for row in rows:
+            frame = Image.open(BytesIO(row["bytes"]))
+            exif = Image.Exif()
+            exif[0x0112] = 6  # Orientation: the stored picture is turned 90 degrees counter-clockwise
+            out = BytesIO()
+            frame.transpose(Image.Transpose.ROTATE_90).save(out, format=fmt, exif=exif, quality=95)
+            row["bytes"] = out.getvalue()
+        column = pa.array(rows, type=table.schema.field(CAM0).type)
+        pq.write_table(table.set_column(table.schema.get_field_index(CAM0), CAM0, column), path)
+    it = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=0, cameras=[CAM0])
+    batch = next(iter(it))
+    it.close()
+    assert batch[CAM0].shape == (4, 3, *SIZE)
+    got = (batch[CAM0].numpy().transpose(0, 2, 3, 1) * 255).round()
+    expected = np.stack([_frame(0, f, 0) for f in range(4)]).astype(np.float32)
+    assert np.abs(got - expected).max() <= (0 if fmt == "PNG" else 64) and np.abs(got - expected).mean() < 3
+
+
 def test_a_16_bit_image_camera_fails_at_construction(make_ds, copy_ds) -> None:
     root = copy_ds(_images_dataset(make_ds))
     _to_mode(root, CAM1, "I;16")
