@@ -12,8 +12,9 @@ never given to ``accelerator.prepare``: accelerate would shard it again and each
 stream that is already its own 1/N.
 
 Checkpoints: ``CKPT/step_{n:08d}/state`` is ``accelerator.save_state`` (model, optimiser, RNG states) and
-``CKPT/step_{n:08d}/stream_rank{r}.json`` is rank ``r``'s iterator position; ``CKPT/latest`` names the newest
-complete checkpoint and is written last, once every rank has saved. ``--resume`` continues from it at the
+``CKPT/step_{n:08d}/stream_rank{r}.json`` is rank ``r``'s iterator position, written under a staging name and
+renamed once complete; ``CKPT/latest`` names the newest complete checkpoint and is written last, once every rank
+has saved. ``--resume`` continues from it at the
 exact next sample of every rank. ``CKPT`` must be visible to all nodes.
 
 Mixtures: ``--dataset A B ... [--weights ...]`` reads several datasets through ``DALILeRobotMixture``, every
@@ -36,6 +37,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -645,22 +647,43 @@ def save_checkpoint(
     accelerator: Any, root: Path, step: int, iterator: Any, data: Mapping[str, Any] | None = None
 ) -> Path:
     """Model, optimiser and RNG via accelerate; this rank's stream position and ``data`` (:func:`data_signature`);
-    then ``latest`` once all have saved."""
+    then ``latest`` once all have saved.
+
+    The ranks write ``.step_{n:08d}.partial``, which becomes ``step_{n:08d}`` once every file is on disk: a step
+    saved before (by a run stopped before ``latest`` named it, maybe on more ranks) is replaced whole, never
+    written over in place, where its other ranks' files (``random_states_{r}.pkl``, ``stream_rank{r}.json``)
+    would stay beside the new ones and be loaded by a later resume on that many ranks."""
     directory = root / f"step_{step:08d}"
-    accelerator.save_state(str(directory / "state"))
+    staging = root / f".{directory.name}.partial"
+    if accelerator.is_main_process:
+        shutil.rmtree(staging, ignore_errors=True)  # left by a save that was killed
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(staging / "state"))
     stream = {"step": step, "rank": iterator.rank, "world_size": iterator.world_size, "stream": iterator.state_dict()}
     if data is not None:
         stream["data"] = dict(data)
-    _write_atomic(directory / f"stream_rank{iterator.rank}.json", json.dumps(stream))
+    _write_atomic(staging / f"stream_rank{iterator.rank}.json", json.dumps(stream))
     accelerator.wait_for_everyone()
-    _sync_tree(directory)  # every rank's files complete: latest must never name one a crash left empty
+    _sync_tree(staging)  # every rank's files complete: latest must never name one a crash left empty
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        _replace_folder(staging, directory)
         _write_atomic(root / "latest", directory.name)
         _fsync(root)  # the rename of latest itself
         logger.info("saved checkpoint %s", directory)
     accelerator.wait_for_everyone()
     return directory
+
+
+def _replace_folder(staging: Path, directory: Path) -> None:
+    """Rename ``staging`` to ``directory``, an earlier ``directory`` set aside first and removed after."""
+    old = directory.with_name(f".{directory.name}.replaced")
+    shutil.rmtree(old, ignore_errors=True)
+    if directory.exists():
+        directory.rename(old)
+    staging.rename(directory)
+    _fsync(directory.parent)  # both renames
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def latest_checkpoint(root: Path) -> Path | None:

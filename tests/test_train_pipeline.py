@@ -210,6 +210,31 @@ def test_two_ranks_resume_mid_epoch_is_exact(
     _assert_same_model(_model(ckpt, 25), _model(full_ckpt, 25))
 
 
+def test_a_step_saved_again_on_fewer_ranks_keeps_no_file_of_the_earlier_save(
+    two_rank_run: tuple[Path, Path, str], make_ds: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A 2-rank run saved step 20 and stopped before ``latest`` named it (``latest``: step 10); a 1-rank resume
+    saved step 20 again. That save wrote over the folder in place: the stopped run's ``random_states_1.pkl``
+    and ``stream_rank1.json`` stayed beside the new files, so a 2-rank resume from it gave rank 1 the stopped
+    run's RNG state. A killed save's staging folder is cleared too."""
+    full_ckpt, _, _ = two_rank_run
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(full_ckpt, ckpt)
+    shutil.rmtree(ckpt / "step_00000025")
+    (ckpt / "latest").write_text("step_00000010")
+    assert (ckpt / "step_00000020" / "state" / "random_states_1.pkl").is_file()
+    killed = ckpt / ".step_00000020.partial" / "state"  # a save killed half-way
+    killed.mkdir(parents=True)
+    (killed / "random_states_1.pkl").write_bytes(b"half")
+    args = [*COMMON, "--dataset", str(make_ds(**EVEN)), "--steps", "20", "--batch-size", "6"]
+    _train([*args, "--checkpoint-dir", str(ckpt), "--resume"])
+    saved = ckpt / "step_00000020"
+    assert (ckpt / "latest").read_text() == saved.name
+    assert sorted(p.name for p in saved.iterdir()) == ["state", "stream_rank0.json"]
+    assert not list(saved.glob("state/random_states_*[!0].pkl"))
+    assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step_00000010", "step_00000020"]
+
+
 def test_two_ranks_train_on_a_mixture_and_resume_it_exactly(make_ds: Callable[..., Path], tmp_path: Path) -> None:
     """Two datasets at 120 and 60 frames: batches of 6 hold 4 and 2 of them. 18 steps on 2 ranks cross the epoch
     (15 batches a rank), checkpointed at 10; a run resumed from that checkpoint continues exactly."""
