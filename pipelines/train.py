@@ -466,6 +466,26 @@ def dataset_renames(options: TrainOptions, readers: Sequence[Any]) -> list[KeyRe
     ]
 
 
+def check_policy_features(readers: Sequence[Any], renames: Sequence[KeyRename]) -> None:
+    """Read ``observation.state`` and ``action`` of each dataset's first episode: vectors other than info.json
+    declares (r1_v30_h264's state holds 41 values a row where info.json declares 17) fail here, before the model,
+    optimiser and worker processes are built, and with advice for this policy, which cannot leave either out."""
+    from lerobot_dali.errors import SchemaMismatchError
+
+    for reader, rename in zip(readers, renames, strict=True):
+        own = [name for k in (STATE_KEY, ACTION_KEY) if (name := rename.own_name(k)) in reader.tabular_keys]
+        for pos in reader.first_episodes():  # (a feature missing altogether: build_policy names it)
+            try:
+                reader.read_episode(pos, own)
+            except SchemaMismatchError as e:
+                found = str(e).partition("; the data file and info.json disagree")[0]  # (its advice: leave it out)
+                raise SchemaMismatchError(
+                    f"{found}. train.py's policy reads {STATE_KEY!r} and {ACTION_KEY!r} and cannot leave either out: "
+                    "correct the feature's shape and names in the dataset's meta/info.json (and its statistics in "
+                    "meta/stats.json) to what the data files hold, or train on another dataset"
+                ) from e
+
+
 def build_iterator(
     readers: Any, plan: DataPlan, options: TrainOptions, *, rank: int, world_size: int, device: str
 ) -> Any:
@@ -828,6 +848,7 @@ def train(options: TrainOptions) -> int:
     rank, world_size = data_rank(accelerator)
     readers = open_readers(options)
     renames = [KeyRename()] if options.concat else dataset_renames(options, readers)  # (a union's are its own)
+    check_policy_features(readers, renames)
     cameras = tuple(renames[0].batch_names(readers[0].all_camera_keys))
     plan = data_plan(options, fps=readers[0].fps, camera_keys=cameras)
     iterator = build_iterator(

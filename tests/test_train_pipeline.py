@@ -521,6 +521,32 @@ def test_policy_stacks_camera_windows_on_channels_and_flattens_the_state_window(
         one_frame._normalized_prediction(batch)
 
 
+def test_r1s_state_wider_than_info_json_declares_fails_before_training_with_advice_for_the_policy() -> None:
+    """r1_v30_h264's observation.state holds 41 values a row where info.json declares 17. train.py built the model,
+    the optimiser and the pipeline, logged its start, and failed at the first step advising to leave the state out
+    (keys=, --keys: no flag of train.py, whose policy reads the state)."""
+    from tests.conftest import shared_dataset
+
+    r1 = shared_dataset("r1_v30_h264")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    args = ["--dataset", str(r1), "--steps", "1", "--batch-size", "4", "--device", "cpu", "--num-workers", "0"]
+    result = subprocess.run(
+        [sys.executable, str(TRAIN), *args, "--tolerance-s", "0.0201"],
+        capture_output=True, text=True, timeout=240, env=env, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "samples per epoch" not in result.stderr and "rank 0/1: steps" not in result.stderr  # no pipeline built
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"lerobot_dali\.errors\.SchemaMismatchError: .*file-000\.parquet: column 'observation\.state' holds vectors "
+        r"of length \[41\] but info\.json declares shape \[17\] \(17 values\)\. train\.py's policy reads "
+        r"'observation\.state' and 'action' and cannot leave either out: correct the feature's shape and names in "
+        r"the dataset's meta/info\.json .*",
+        last,
+    ), last
+    assert "keys" not in last
+
+
 def test_feature_stats_read_named_and_per_episode_statistics() -> None:
     """r1 stores state statistics by joint name (ordered by info.json's names); cr5_v21 keeps per-episode
     statistics only, whose aggregate LeRobot's converter stored in cr5_v30's stats.json."""
