@@ -34,6 +34,7 @@ from lerobot_dali.value_checks import check_int_fields, cli_flag
 from pipelines.train import (
     Throughput,
     camera_frames,
+    check_checkpoint_dir,
     data_rank,
     epoch_batches,
     iterator_device,
@@ -234,7 +235,14 @@ def train(options: PolicyTrainOptions) -> list[float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    train(parse_args(argv))
+    try:
+        options = parse_args(argv)
+        if options.checkpoint_dir is not None:
+            check_checkpoint_dir(options.checkpoint_dir, resume=options.resume)
+    except (ValueError, OSError) as e:  # flags, --checkpoint-dir: one line, before training
+        logger.error("lerobot_policy.py: %s", e)
+        return 2
+    train(options)
     return 0
 
 

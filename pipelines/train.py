@@ -404,14 +404,16 @@ def read_augment(path: Path) -> AugmentConfig:
 
 
 def check_files(options: TrainOptions) -> None:
-    """Read ``--recipe`` and ``--augment`` (what can be checked before the datasets open): a mistake in either
-    raises ValueError or FileNotFoundError before any process group starts or any dataset downloads."""
+    """Read ``--recipe`` and ``--augment`` and check ``--checkpoint-dir`` (what can be checked before the datasets
+    open): a mistake raises ValueError or an OSError before any process group starts or any dataset downloads."""
     from pipelines.recipes import get_recipe
 
     if options.recipe:
         get_recipe(options.recipe)
     if options.augment:
         read_augment(options.augment)
+    if options.checkpoint_dir is not None:
+        check_checkpoint_dir(options.checkpoint_dir, resume=options.resume)
 
 
 def open_readers(options: TrainOptions) -> list[Any]:
@@ -706,6 +708,25 @@ def _replace_folder(staging: Path, directory: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def check_checkpoint_dir(root: Path, *, resume: bool) -> None:
+    """``root`` as ``--checkpoint-dir``, created: a folder this process can write (else a save would fail only after
+    ``--save-every`` steps of training), and, without ``--resume``, holding no checkpoint: a run from step 0 would
+    replace that run's ``latest`` at its first save and its checkpoints step by step (a relaunch that forgot
+    ``--resume`` loses the progress)."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as e:
+        raise NotADirectoryError(f"--checkpoint-dir {root} is a file, or lies under one: give a folder") from e
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise PermissionError(f"--checkpoint-dir {root} cannot be written: give a folder this user can write")
+    latest = latest_checkpoint(root)
+    if not resume and latest is not None:
+        raise FileExistsError(
+            f"--checkpoint-dir {root} holds a checkpoint ({latest.name}): pass --resume to continue that run, or give "
+            "a new --checkpoint-dir (a run from step 0 would replace its checkpoints)"
+        )
+
+
 def latest_checkpoint(root: Path) -> Path | None:
     marker = root / "latest"
     return root / marker.read_text().strip() if marker.is_file() else None
@@ -936,7 +957,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         options = parse_args(argv)
         check_files(options)
-    except (ValueError, OSError) as e:  # a flag's value, a recipe or --augment file: one line, before training starts
+    except (ValueError, OSError) as e:  # flags, --recipe, --augment, --checkpoint-dir: one line, before training
         logger.error("train.py: %s", e)
         return 2
     train(options)

@@ -600,6 +600,45 @@ def test_mistakes_in_flags_recipe_and_augment_files_are_one_line_errors_before_t
     assert len(errors) == 1 and re.match(r"train\.py: " + message, errors[0]), errors
 
 
+def test_a_checkpoint_dir_holding_a_checkpoint_needs_resume_and_one_that_cannot_be_written_is_refused(
+    tmp_path: Path, caplog, monkeypatch
+) -> None:
+    """Without --resume, a run in a --checkpoint-dir holding another run's checkpoint trained from step 0 and replaced
+    that run's 'latest' at its first save (a relaunch that forgot --resume lost the progress); a --checkpoint-dir
+    that is a file failed only at the first save, after --save-every steps of training. Both are one line now,
+    before training starts."""
+    from pipelines import train as train_module
+
+    started: list[TrainOptions] = []
+    monkeypatch.setattr(train_module, "train", started.append)
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "step_00000010").mkdir(parents=True)
+    (ckpt / "latest").write_text("step_00000010")
+    argv = ["--dataset", str(tmp_path / "no-dataset"), "--steps", "1", "--device", "cpu", "--checkpoint-dir"]
+    file = tmp_path / "file"
+    file.write_text("")
+    for path, message in (
+        (ckpt, rf"--checkpoint-dir {ckpt} holds a checkpoint \(step_00000010\): pass --resume to continue that run"),
+        (file, rf"--checkpoint-dir {file} is a file, or lies under one"),
+        (file / "ckpt", rf"--checkpoint-dir {file}/ckpt is a file, or lies under one"),
+    ):
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="pipelines.train"):
+            assert train_module.main([*argv, str(path)]) == 2
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and re.match(r"train\.py: " + message, errors[0]), errors
+    assert not started
+    assert train_module.main([*argv, str(ckpt), "--resume"]) == 0
+    assert train_module.main([*argv, str(tmp_path / "new" / "ckpt")]) == 0 and (tmp_path / "new" / "ckpt").is_dir()
+    assert len(started) == 2
+    from pipelines import lerobot_policy  # (its checkpoints are train.py's)
+
+    monkeypatch.setattr(lerobot_policy, "train", started.append)
+    assert lerobot_policy.main(["--dataset", "d", "--device", "cpu", "--checkpoint-dir", str(ckpt)]) == 2
+    assert lerobot_policy.main(["--dataset", "d", "--device", "cpu", "--checkpoint-dir", str(ckpt), "--resume"]) == 0
+    assert len(started) == 3
+
+
 def test_fp16_on_the_cpu_is_refused() -> None:
     """accelerate enables neither autocast nor loss scaling for fp16 on the CPU: the run would be plain fp32."""
     with pytest.raises(ValueError, match="fp16 does nothing on the CPU"):
