@@ -59,7 +59,7 @@ import torch
 from lerobot_dali.cache_dirs import atomic_file
 from lerobot_dali.decode_route import DecodePreference
 from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
-from lerobot_dali.value_checks import check_choice, check_int_fields, cli_flag, is_int
+from lerobot_dali.value_checks import check_choice, check_int_fields, check_seconds, cli_flag, is_int, is_number
 from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig
 
 if TYPE_CHECKING:
@@ -137,8 +137,15 @@ class TrainOptions:
                              "nor loss scaling there); use bf16, or no")  # fmt: skip
         if (self.resume or self.save_every) and self.checkpoint_dir is None:
             raise ValueError("--resume and --save-every need --checkpoint-dir")
-        if not self.lr > 0:
-            raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if not (is_number(self.lr) and self.lr > 0):
+            raise ValueError(f"--lr must be a finite number > 0, got {self.lr}")
+        if not (is_number(self.grad_clip) and self.grad_clip >= 0):
+            raise ValueError(f"--grad-clip must be a finite number >= 0 (0: no clipping), got {self.grad_clip}")
+        tolerances = self.tolerance_s if isinstance(self.tolerance_s, tuple) else (self.tolerance_s,)
+        for tolerance in (t for t in tolerances if t is not None):
+            check_seconds("--tolerance-s", tolerance)
+        if self.weights is not None and not all(is_number(w) and w > 0 for w in self.weights):
+            raise ValueError(f"--weights must be finite numbers > 0, got {' '.join(map(str, self.weights))}")
         check_choice(DecodePreference, "--decode", self.decode.lower() if isinstance(self.decode, str) else self.decode)
         if self.image_size is not None and not all(is_int(v) and v > 0 for v in self.image_size):
             size = " ".join(map(str, self.image_size))
@@ -214,7 +221,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         "with --recipe, the length of its action window (which keeps its first offset)",
     )
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--grad-clip", type=float, default=10.0, help="max gradient norm")
+    p.add_argument("--grad-clip", type=float, default=10.0, help="max gradient norm (0: no clipping)")
     p.add_argument("--seed", type=int, default=0, help="model init and sample order (same on every rank)")
     p.add_argument("--episode-pool-size", type=int, default=64)
     p.add_argument(
