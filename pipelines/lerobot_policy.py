@@ -35,6 +35,7 @@ from pipelines.train import (
     Throughput,
     camera_frames,
     check_checkpoint_dir,
+    configure_logging,
     data_rank,
     epoch_batches,
     iterator_device,
@@ -234,7 +235,7 @@ def train(options: PolicyTrainOptions) -> list[float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging()
     try:
         options = parse_args(argv)
         if options.checkpoint_dir is not None:

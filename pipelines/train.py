@@ -955,12 +955,17 @@ def log_progress(
         )  # fmt: skip
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def configure_logging() -> None:
+    """INFO and up to stderr, each line with its time and the launcher's ``RANK`` (torchrun, accelerate launch)."""
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    configure_logging()
     try:
         options = parse_args(argv)
         check_files(options)

@@ -644,6 +644,21 @@ def test_a_checkpoint_dir_holding_a_checkpoint_needs_resume_and_one_that_cannot_
     assert len(started) == 3
 
 
+def test_the_lerobot_policy_pipeline_logs_each_line_with_its_rank(tmp_path: Path) -> None:
+    """Its lines read 'INFO lerobot_dali.pipelines.lerobot_policy: ...' on every rank, so under torchrun the ranks'
+    logs could not be told apart; train.py's carry the time and 'rank{RANK}'."""
+    (tmp_path / "latest").write_text("step_00000002")  # refused without --resume: a line logged before lerobot loads
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RANK": "3"}
+    argv = [str(REPO / "pipelines" / "lerobot_policy.py"), "--dataset", "d", "--checkpoint-dir", str(tmp_path)]
+    result = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert result.returncode == 2
+    assert re.fullmatch(
+        r"\d\d:\d\d:\d\d rank3 lerobot_dali\.pipelines\.lerobot_policy: lerobot_policy\.py: --checkpoint-dir .* "
+        r"holds a checkpoint \(step_00000002\).*",
+        result.stderr.strip(),
+    ), result.stderr
+
+
 def test_fp16_on_the_cpu_is_refused() -> None:
     """accelerate enables neither autocast nor loss scaling for fp16 on the CPU: the run would be plain fp32."""
     with pytest.raises(ValueError, match="fp16 does nothing on the CPU"):
