@@ -23,6 +23,7 @@ from typing import IO
 __all__ = [
     "CACHE_DAYS_ENV",
     "CACHE_ENV",
+    "LOCK_FILES",
     "atomic_file",
     "cache_days",
     "cache_root",
@@ -43,6 +44,9 @@ CACHE_DAYS_ENV = "LEROBOT_DALI_CACHE_DAYS"
 DEFAULT_CACHE_DAYS = 30.0
 #: Seconds between two sweeps of one cache folder (a sweep lists every entry).
 PRUNE_EVERY_S = 24 * 3600.0
+#: The lock files the stores take beside their entries (``<entry>.lock``): a holder that stored nothing (a failed
+#: build, a killed process) leaves one, which :func:`prune_unused_files` sweeps with the entries.
+LOCK_FILES = "*/*.lock"
 #: Errors that stop every write to a folder: full, over quota, read-only.
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 
@@ -155,14 +159,14 @@ def sweep_cutoff(folder: Path) -> float | None:
     return time.time() - days * 86400
 
 
-def prune_unused_files(folder: Path, pattern: str) -> None:
-    """Delete the files of ``folder`` matching ``pattern`` whose last use (:func:`mark_used`) is stale; a no-op
-    when pruning is off or ``folder`` was swept recently. Readers holding one open or mapped keep their copy."""
+def prune_unused_files(folder: Path, *patterns: str) -> None:
+    """Delete the files of ``folder`` matching any of ``patterns`` whose last use (:func:`mark_used`) is stale; a
+    no-op when pruning is off or ``folder`` was swept recently. Readers holding one open or mapped keep their copy."""
     cutoff = sweep_cutoff(folder)
     if cutoff is None:
         return
     removed, freed = 0, 0
-    for path in folder.glob(pattern):
+    for path in (path for pattern in patterns for path in folder.glob(pattern)):
         try:
             stat = path.stat()
             if stat.st_mtime < cutoff:

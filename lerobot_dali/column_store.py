@@ -19,6 +19,7 @@ quota, read-only) stops the process's conversions for good, with one warning; ma
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -34,7 +35,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .cache_dirs import CACHE_ENV, atomic_file, cache_root, folder_refuses, mark_used, prune_unused_files, try_flock
+from .cache_dirs import (
+    CACHE_ENV,
+    LOCK_FILES,
+    atomic_file,
+    cache_root,
+    folder_refuses,
+    mark_used,
+    prune_unused_files,
+    try_flock,
+)
 from .file_stamps import FileStamp
 from .remote_retry import is_transient
 
@@ -114,7 +124,7 @@ class ColumnStore:
     def prune_unused(self) -> None:
         """Delete the stored files no run has mapped for a while (:func:`~lerobot_dali.cache_dirs.prune_unused_files`);
         a process mapping one keeps reading its copy."""
-        prune_unused_files(self.directory, "*/*.arrow")
+        prune_unused_files(self.directory, "*/*.arrow", LOCK_FILES)
 
     def wants(self, group_rows: int, rows: int) -> bool:
         """Whether decoding ``group_rows`` rows to use ``rows`` of them costs enough to go through the store."""
@@ -220,11 +230,13 @@ class ColumnStore:
             return False
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            lock = try_flock(target.with_suffix(".lock"))
+            lock_path = target.with_suffix(".lock")
+            lock = try_flock(lock_path)
             if lock is None:
                 return False  # another process converts it: read directly this time
             with lock:
                 if target.exists():  # converted by the process that held the lock before
+                    _drop_lock_file(lock_path)
                     return True
                 if not _room_for(parquet, entry.columns, target.parent, path):
                     self._give_up(target)
@@ -235,6 +247,7 @@ class ColumnStore:
                 started = time.perf_counter()
                 with atomic_file(target, prefix=prefix) as tmp, read_lock:
                     _write_arrow(parquet, entry.columns, entry.key, tmp)
+                _drop_lock_file(lock_path)
         except _DataReadError as e:
             if is_transient(e.cause):
                 raise e.cause from None
@@ -281,6 +294,13 @@ class ColumnStore:
     def _give_up(self, target: Path) -> None:
         with self._lock:
             self._failed.add(target)
+
+
+def _drop_lock_file(lock_path: Path) -> None:
+    """Delete a stored entry's lock file (held by the caller): who comes next maps the entry and takes no lock, and
+    one empty file per entry ever converted would otherwise stay for good (sweeps go by last use)."""
+    with contextlib.suppress(OSError):
+        lock_path.unlink()
 
 
 class _DataReadError(Exception):

@@ -28,6 +28,7 @@ import numpy as np
 
 from .cache_dirs import (
     CACHE_ENV,
+    LOCK_FILES,
     atomic_file,
     cache_root,
     folder_refuses,
@@ -135,7 +136,7 @@ class PacketIndexStore:
     def prune_unused(self) -> None:
         """Delete the indexes no run has loaded for a while (:func:`~lerobot_dali.cache_dirs.prune_unused_files`):
         files of servers without versions (``run:`` stamps) and of older Hub commits are never loaded again."""
-        prune_unused_files(self.directory, "*/*.npz")
+        prune_unused_files(self.directory, "*/*.npz", LOCK_FILES)
 
     def save(self, url: str, stamp: FileStamp, index: PacketIndex) -> None:
         """Store ``index`` for ``url`` at ``stamp`` atomically; a failed write is logged, never raised, and not

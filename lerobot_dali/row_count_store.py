@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
-from .cache_dirs import atomic_file, cache_root, mark_used, prune_unused_files, wait_for_flock
+from .cache_dirs import LOCK_FILES, atomic_file, cache_root, mark_used, prune_unused_files, wait_for_flock
 from .file_stamps import FileStamps
 
 __all__ = ["STORE_FORMAT", "WAIT_S", "cached_row_counts"]
@@ -65,7 +65,7 @@ def cached_row_counts(
         if _save(entry, paths, counts) and lock is not None:  # (a waiter that takes the lock finds the entry)
             with contextlib.suppress(OSError):
                 entry.with_suffix(".lock").unlink()
-        prune_unused_files(folder, "*/*.json")
+        prune_unused_files(folder, "*/*.json", LOCK_FILES)
         return counts
     finally:
         if lock is not None:

@@ -45,6 +45,29 @@ def test_files_unused_for_the_set_days_go_and_a_folder_is_swept_once_a_day(tmp_p
     assert not later.exists()
 
 
+def test_lock_files_left_beside_entries_are_swept_with_them(tmp_path: Path, monkeypatch) -> None:
+    """A lock file stays where its holder stored nothing (a failed build, a killed process) or, in the column store
+    until now, after every conversion: the sweeps deleted the entries alone, so those stayed for good."""
+    from lerobot_dali.column_store import ColumnStore
+    from lerobot_dali.row_count_store import cached_row_counts
+
+    monkeypatch.setenv(CACHE_DAYS_ENV, "7")
+    stores = {
+        "columns": (ColumnStore(tmp_path / "columns").prune_unused, "arrow"),
+        "packet_index": (PacketIndexStore(tmp_path / "packet_index").prune_unused, "npz"),
+    }
+    for name, (prune, suffix) in stores.items():
+        stale_lock = _file(tmp_path / name / "ab" / "old.lock", 8, 0)
+        fresh_lock = _file(tmp_path / name / "cd" / "new.lock", 1, 0)
+        stale = _file(tmp_path / name / "ab" / f"old.{suffix}", 8)
+        prune()
+        assert not stale.exists() and not stale_lock.exists() and fresh_lock.exists(), name
+    stale_lock = _file(tmp_path / "row_counts" / "ab" / "old.lock", 8, 0)
+    stamps = {"a.parquet": FileStamp(10, "etag:a")}
+    cached_row_counts(stamps, ["a.parquet"], lambda paths: [1] * len(paths), directory=tmp_path / "row_counts")
+    assert not list((tmp_path / "row_counts").rglob("*.lock"))
+
+
 @pytest.mark.parametrize("days", ["0", "-1"])
 def test_zero_days_keeps_everything(tmp_path: Path, monkeypatch, days: str) -> None:
     monkeypatch.setenv(CACHE_DAYS_ENV, days)

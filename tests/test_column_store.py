@@ -72,6 +72,16 @@ def test_episodes_read_through_the_store_equal_the_parquet_rows_and_convert_once
     assert not [r for r in caplog.records if "wrote" in r.getMessage()]
 
 
+def test_a_converted_file_leaves_no_lock_file_behind(tmp_path) -> None:
+    """Each conversion left its ``.lock`` beside the stored file for good, and the sweep deletes unused ``.arrow``
+    files only: a cache in daily use gained an empty file per data file, column selection and version ever read."""
+    _all_episodes(_reader(ColumnStore(tmp_path, **SMALL)))
+    [stored] = _stored_files(tmp_path)
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == [stored]
+    _all_episodes(_reader(ColumnStore(tmp_path, **SMALL)))  # mapped by the next run: no lock taken
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == [stored]
+
+
 def test_files_under_the_threshold_are_read_from_the_parquet(tmp_path) -> None:
     direct = _all_episodes(_reader(None))
     _assert_same(_all_episodes(_reader(ColumnStore(tmp_path, min_group_rows=5000))), direct)
