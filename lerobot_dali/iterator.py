@@ -503,7 +503,13 @@ class DALILeRobotIterator:
             self._dali_iter = DALIGenericIterator(
                 pipe, names, auto_reset=True, last_batch_policy=LastBatchPolicy.PARTIAL, prepare_first_batch=False
             )
-        except Exception as e:
+        except BaseException as e:
+            # Not this iterator's pipeline yet, so nothing else closes it: workers started before the failure ran on
+            # (one set per failed pass) until the cycle collector freed this frame from the error's traceback.
+            _close_workers(pipe)
+            pipe._shutdown()
+            if not isinstance(e, Exception):
+                raise
             if "Workers initialization failed" in str(e):
                 raise WorkerProcessError(
                     f"DALI's {self._num_workers} worker processes did not start ({e}). They start with spawn, which "

@@ -120,6 +120,40 @@ def test_a_failed_pass_lets_the_workers_shared_memory_go_while_its_error_is_held
         it.close()
 
 
+def test_a_pipeline_that_fails_to_build_ends_the_workers_it_started(make_ds, monkeypatch) -> None:
+    """A pipeline whose build failed after its workers started (DALI failing to set up its graph) was never closed:
+    the workers ran on, one set per failed pass, until the cycle collector freed the error's frames (the error
+    re-raised by a helper refers to itself through its traceback)."""
+    import psutil
+
+    root = _small_dataset(make_ds)
+    real_build_pipeline = iterator_module.build_pipeline
+
+    def failing_after_the_workers_start(*args, **kwargs):
+        pipe, names = real_build_pipeline(*args, **kwargs)
+        start = pipe.build
+
+        def build():
+            start()
+            raise RuntimeError("Critical error when building pipeline: out of memory")
+
+        pipe.build = build
+        return pipe, names
+
+    monkeypatch.setattr(iterator_module, "build_pipeline", failing_after_the_workers_start)
+    it = DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=1)
+    gc.collect()
+    gc.disable()  # what is ended must be ended by the iterator, as in a loop that catches errors between collections
+    try:
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="out of memory"):
+                next(iter(it))
+            assert spawned_workers(psutil.Process().children()) == []
+    finally:
+        gc.enable()
+        it.close()
+
+
 class _SlowSource(BatchSource):
     """Each batch takes 0.4 s in the worker, so a timer lands while the loop waits for one."""
 
