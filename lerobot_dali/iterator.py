@@ -506,8 +506,11 @@ class DALILeRobotIterator:
         except BaseException as e:
             # Not this iterator's pipeline yet, so nothing else closes it: workers started before the failure ran on
             # (one set per failed pass) until the cycle collector freed this frame from the error's traceback.
-            _close_workers(pipe)
-            pipe._shutdown()
+            try:
+                _close_workers(pipe)
+                pipe._shutdown()
+            except Exception as cleanup:  # (a half-built pipeline: the build's own error is the one to raise)
+                logger.debug("closing the pipeline that failed to build: %r", cleanup)
             if not isinstance(e, Exception):
                 raise
             if "Workers initialization failed" in str(e):
