@@ -8,35 +8,46 @@ clean up what the others made), as a loop over the items would give them.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-__all__ = ["MAX_THREADS", "KeyedLocks", "in_threads"]
+from .distributed import draws_progress
+from .progress_lines import progress_counter
+
+__all__ = ["MAX_THREADS", "PROGRESS_DELAY_S", "KeyedLocks", "in_threads"]
+
+logger = logging.getLogger(__name__)
 
 #: Calls made at once, at most.
 MAX_THREADS = 16
+#: Seconds :func:`in_threads` runs before it shows its progress.
+PROGRESS_DELAY_S = 2.0
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
 
 def in_threads(function: Callable[[_T], _R], items: Sequence[_T], *, progress: str | None = None) -> list[_R]:
     """``function`` of each item, in order, :data:`MAX_THREADS` at once (20 datasets over HTTP with 50 ms of latency
-    took 48 s to open one by one, 3 s so). ``progress``: a bar of that name, counting datasets, where it takes over
-    2 s (huggingface_hub's, which ``HF_HUB_DISABLE_PROGRESS_BARS`` turns off)."""
+    took 48 s to open one by one, 3 s so). ``progress``: where it takes over :data:`PROGRESS_DELAY_S`, the datasets
+    done so far under that name, on a node's first rank only (:func:`~lerobot_dali.distributed.draws_progress`): a
+    bar on a terminal (``HF_HUB_DISABLE_PROGRESS_BARS`` turns it off), INFO lines in a log
+    (:func:`~lerobot_dali.progress_lines.progress_counter`)."""
     if len(items) < 2:
         return [function(item) for item in items]
-    from huggingface_hub.utils import tqdm
-
     with (
-        tqdm(total=len(items), desc=progress, unit="dataset", delay=2.0, disable=progress is None) as bar,
+        progress_counter(
+            len(items), desc=progress or "", unit="dataset", logger=logger, delay_s=PROGRESS_DELAY_S,
+            enabled=progress is not None and draws_progress(),
+        ) as done,
         ThreadPoolExecutor(min(len(items), MAX_THREADS), thread_name_prefix="lerobot-dali-at-once") as pool,
-    ):
+    ):  # fmt: skip
         futures = [pool.submit(function, item) for item in items]
-        for future in futures:
-            future.add_done_callback(lambda _: bar.update())
+        for _ in as_completed(futures):  # (counted here: the counter is one thread's)
+            done(1)
         return [future.result() for future in futures]
 
 

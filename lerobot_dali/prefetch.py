@@ -15,6 +15,8 @@ import logging
 import os
 import pickle
 import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from multiprocessing.pool import ThreadPool
 from pathlib import Path
@@ -27,12 +29,16 @@ from .cached_filesystem import CachedFileSystem
 from .dataset_reader import LeRobotDatasetReader
 from .episode_ranges import EpisodeRanges
 from .packet_index_store import PacketIndexStore
+from .progress_lines import progress_counter
 from .range_cache import ByteRange, CacheBusyError, CacheStats, RangeCache, prune_unused_slots
 from .sample_order import SampleOrder
 
 __all__ = ["Prefetcher", "prefetching_reader"]
 
 logger = logging.getLogger(__name__)
+
+#: Seconds a warm-up runs before it shows its progress (each epoch warms the cache; most take a moment).
+WARM_PROGRESS_DELAY_S = 2.0
 
 
 class Prefetcher:
@@ -151,9 +157,8 @@ class Prefetcher:
         admit = [e for e in wanted if e not in held]
         if not admit:
             return
-        bar = _progress_bar(len(admit), progress)
         failed: Exception | None = None
-        try:
+        with _progress_bar(len(admit), progress) as admitted:
             results = [self._pool.apply_async(self._admit, (int(e),)) for e in admit]
             for result in results:
                 while not result.ready():  # (polled: a closed pool never completes what it dropped)
@@ -164,9 +169,7 @@ class Prefetcher:
                     result.get()
                 except Exception as e:  # wait for the others: the next fill must not admit one still running
                     failed = failed or e
-                bar.update(1)
-        finally:
-            bar.close()
+                admitted(1)
         if failed is not None:
             raise failed
 
@@ -194,11 +197,13 @@ class _Closed(Exception):
     """The prefetcher was closed while filling."""
 
 
-def _progress_bar(total: int, enabled: bool) -> Any:
-    """huggingface_hub's tqdm: it honours ``HF_HUB_DISABLE_PROGRESS_BARS`` like the Hub downloads do."""
-    from huggingface_hub.utils import tqdm
-
-    return tqdm(total=total, desc="lerobot-dali: warming prefetch cache", unit="episode", disable=not enabled)
+def _progress_bar(total: int, enabled: bool) -> AbstractContextManager[Callable[[int], None]]:
+    """The warm-up's progress where it takes over :data:`WARM_PROGRESS_DELAY_S`: a bar on a terminal (it honours
+    ``HF_HUB_DISABLE_PROGRESS_BARS`` like the Hub downloads do), INFO lines in a log."""
+    return progress_counter(
+        total, desc="lerobot-dali: warming prefetch cache", unit="episode", logger=logger, enabled=enabled,
+        delay_s=WARM_PROGRESS_DELAY_S,
+    )  # fmt: skip
 
 
 def prefetching_reader(

@@ -4,6 +4,9 @@ A tqdm bar redraws itself with carriage returns. Written to a file or a pipe (a 
 scheduler's output file) every redraw stays: one long line of ``\\r``-joined states that a log viewer shows as
 one, or as hundreds. There the count is logged instead, a line at each tenth of the total (at most
 :data:`LINE_EVERY_S` apart, so a long run still shows it is alive) and one at the end.
+
+Used by ``lerobot-dali check``, the bench, and the library's own waits (opening several datasets at once, the
+prefetch cache's warm-up), which a training job's log gets from each node's first rank only.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ LINE_EVERY_S = 60.0
 
 @contextmanager
 def progress_counter(
-    total: int, *, desc: str, unit: str, logger: logging.Logger, enabled: bool = True
+    total: int, *, desc: str, unit: str, logger: logging.Logger, enabled: bool = True, delay_s: float = 0.0
 ) -> Iterator[Callable[[int], None]]:
-    """``update(n)``, which counts ``n`` more units done (of ``total``). Where stderr is a terminal,
-    huggingface_hub's bar (``HF_HUB_DISABLE_PROGRESS_BARS`` hides it), log records written on lines of their own;
-    elsewhere INFO lines of ``logger`` (:class:`ProgressLines`). Nothing at all when not ``enabled``."""
+    """``update(n)``, which counts ``n`` more units done (of ``total``), from one thread. Where stderr is a
+    terminal, huggingface_hub's bar (``HF_HUB_DISABLE_PROGRESS_BARS`` hides it), log records written on lines of
+    their own; elsewhere INFO lines of ``logger`` (:class:`ProgressLines`). Neither before ``delay_s`` seconds have
+    passed (work done sooner shows nothing); nothing at all when not ``enabled``."""
     if not enabled:
         yield lambda n: None
         return
@@ -35,37 +39,43 @@ def progress_counter(
         from tqdm.contrib.logging import logging_redirect_tqdm
 
         with (
-            tqdm(total=total, desc=desc, unit=unit) as bar,
+            tqdm(total=total, desc=desc, unit=unit, delay=delay_s) as bar,
             logging_redirect_tqdm(tqdm_class=tqdm),  # (a warning on its own line, not after the bar)
         ):
             yield bar.update
         return
-    lines = ProgressLines(total, desc=desc, unit=unit, logger=logger)
+    lines = ProgressLines(total, desc=desc, unit=unit, logger=logger, delay_s=delay_s)
     yield lines.update
     lines.finish()
 
 
 class ProgressLines:
     """A count of ``total`` logged as ``desc: done/total units (seconds)`` at each tenth of ``total``, at most
-    :data:`LINE_EVERY_S` apart, and by :meth:`finish`."""
+    :data:`LINE_EVERY_S` apart, and by :meth:`finish`; none until ``delay_s`` seconds have passed (:meth:`finish`
+    of a count done sooner logs nothing)."""
 
-    def __init__(self, total: int, *, desc: str, unit: str, logger: logging.Logger) -> None:
-        self.total, self.desc, self.unit, self.logger = total, desc, unit, logger
+    def __init__(self, total: int, *, desc: str, unit: str, logger: logging.Logger, delay_s: float = 0.0) -> None:
+        self.total, self.desc, self.unit, self.logger, self.delay_s = total, desc, unit, logger, delay_s
         self.done = 0
         self._started = self._logged = time.monotonic()
         self._next_tenth = 1
+        self._shown = False
 
     def update(self, n: int = 1) -> None:
         self.done += n
         now = time.monotonic()
+        if now - self._started < self.delay_s:
+            return
         tenth = self.done * 10 // max(self.total, 1)
         if (tenth >= self._next_tenth and self.done < self.total) or now - self._logged >= LINE_EVERY_S:
             self._next_tenth = tenth + 1
             self._line(now)
 
     def finish(self) -> None:
-        self._line(time.monotonic())
+        now = time.monotonic()
+        if self._shown or now - self._started >= self.delay_s:
+            self._line(now)
 
     def _line(self, now: float) -> None:
-        self._logged = now
+        self._logged, self._shown = now, True
         self.logger.info("%s: %d/%d %ss (%.0f s)", self.desc, self.done, self.total, self.unit, now - self._started)

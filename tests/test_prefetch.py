@@ -602,3 +602,26 @@ def test_the_warming_bar_shows_on_each_nodes_first_rank_only(make_ds, tmp_path: 
     finally:
         it.close()
     assert bars and bars[0] is shown
+
+
+def test_the_warm_up_logs_lines_not_a_bar_where_stderr_is_no_terminal(make_ds, tmp_path: Path, monkeypatch, capsys,
+                                                                      caplog) -> None:  # fmt: skip
+    """A training job's log (no terminal) got the bar's every redraw, joined by carriage returns, each epoch."""
+    import logging
+
+    from lerobot_dali import prefetch
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setattr(prefetch, "WARM_PROGRESS_DELAY_S", 0.0, raising=False)  # (a warm-up here takes a moment)
+    reader = open_dataset("fakeremote://", storage_options={"root": str(_dataset(make_ds, "av1"))})
+    it = DALILeRobotIterator(reader, batch_size=4, device="cpu", cache_dir=tmp_path / "cache", cache_gb=1.0)
+    try:
+        with caplog.at_level(logging.INFO, logger="lerobot_dali.prefetch"):
+            next(iter(it))
+    finally:
+        it.close()
+    assert "warming prefetch cache" not in capsys.readouterr().err
+    said = [r.getMessage() for r in caplog.records if "warming" in r.getMessage()]
+    assert said and said[-1].startswith("lerobot-dali: warming prefetch cache: ")
+    assert all(" episodes (" in line for line in said), said
