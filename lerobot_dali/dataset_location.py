@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import partial
@@ -195,7 +196,7 @@ def _hub_location(
     prefix = f"{subfolder.strip('/')}/" if subfolder.strip("/") else ""
     logger.info("downloading metadata of %s (revision %s)", repo_id, revision or "main")
     hub = {key: options[key] for key in _HUB_DOWNLOAD_OPTIONS if options.get(key) is not None}
-    if not draws_progress():
+    if not draws_progress() or not sys.stderr.isatty():  # (a log file keeps each redraw: the line above says it)
         hub["tqdm_class"] = _hidden_bars()
     try:
         local_meta = snapshot_download(
@@ -216,7 +217,8 @@ def _hub_location(
 
 def _hidden_bars() -> type:
     """huggingface_hub's progress bar, never drawn: ``snapshot_download`` draws three per call, even when the
-    files are cached, and every rank of a node calls it at once."""
+    files are cached, and every rank of a node calls it at once; where stderr is no terminal (a job's log file)
+    each redraw stays, joined to the others by carriage returns."""
     from huggingface_hub.utils import tqdm
 
     class HiddenBar(tqdm):

@@ -300,7 +300,7 @@ def test_hub_repo_downloads_metadata_only(make_ds, monkeypatch, tmp_path) -> Non
     root = make_ds(episodes=5, frames_per_episode=LENGTHS, episodes_per_file=2, codec="vp9", fps=10)
     calls = []
 
-    def fake_snapshot_download(repo_id, *, repo_type, revision, allow_patterns):
+    def fake_snapshot_download(repo_id, *, repo_type, revision, allow_patterns, tqdm_class=None):
         calls.append((repo_id, repo_type, revision, allow_patterns))
         out = tmp_path / "hub_meta"
         shutil.copytree(root / "meta", out / "meta", dirs_exist_ok=True)

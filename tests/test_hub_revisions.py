@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -49,6 +50,7 @@ def hub(monkeypatch, tmp_path) -> list[dict[str, Any]]:
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
     monkeypatch.setattr(HfFileSystem, "_repo_and_revision_exist", lambda self, *args, **kwargs: (True, None))
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # (as on a terminal, where the Hub's own bars show)
     return calls
 
 
@@ -156,6 +158,7 @@ def test_no_token_is_passed_when_none_is_given(hub) -> None:
 def test_only_a_nodes_first_rank_draws_the_hubs_progress_bars(hub, monkeypatch, capsys) -> None:
     """snapshot_download draws three bars per call, cached files too, and every rank of a node calls it at once:
     ranks other than LOCAL_RANK 0 hand it a bar that is never drawn."""
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
     monkeypatch.setenv("LOCAL_RANK", "0")
     resolve_location("user/ds")
     monkeypatch.setenv("LOCAL_RANK", "1")
@@ -165,6 +168,18 @@ def test_only_a_nodes_first_rank_draws_the_hubs_progress_bars(hub, monkeypatch, 
         assert isinstance(bar, hub_tqdm) and bar.disable
         bar.update(3)
     assert "Fetching" not in capsys.readouterr().err  # (where huggingface_hub's own bar writes its line)
+
+
+def test_the_hubs_progress_bars_are_not_drawn_where_stderr_is_no_terminal(hub, monkeypatch, capsys) -> None:
+    """A training job's log file (or a CI log) kept each of their redraws, joined by carriage returns, on the
+    first rank of every node; the INFO line 'downloading metadata of ...' says what is happening there."""
+    assert not sys.stderr.isatty()  # (capsys's)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    resolve_location("user/ds")
+    assert "tqdm_class" in hub[0]
+    with hub[0]["tqdm_class"](total=3, desc="Fetching 3 files", disable=False) as bar:
+        bar.update(3)
+    assert "Fetching" not in capsys.readouterr().err
 
 
 def test_two_different_revisions_are_refused(hub) -> None:
