@@ -44,6 +44,7 @@ from .dataset_union import DATASET_INDEX
 from .episode_pieces import EpisodePieces
 from .new_folder import remove_dead_run_folders, run_folder
 from .parent_watch import exit_with_parent
+from .progress_lines import progress_counter
 
 __all__ = ["LoaderJob", "TreeMemorySampler", "measure_loader", "run_in_child"]
 
@@ -268,32 +269,6 @@ def _to_device(batch: Mapping[str, Any], device: Any) -> None:
     del moved
 
 
-class _Progress:
-    """A tqdm bar on a terminal when tqdm is installed, else a progress line every tenth of the run."""
-
-    def __init__(self, total: int, label: str) -> None:
-        self.total, self.label, self.done = total, label, 0
-        self._bar: Any = None
-        if sys.stderr.isatty():
-            try:
-                from tqdm import tqdm
-
-                self._bar = tqdm(total=total, desc=label, unit="batch", mininterval=0.5, leave=False)
-            except ImportError:
-                pass
-
-    def update(self) -> None:
-        self.done += 1
-        if self._bar is not None:
-            self._bar.update(1)
-        elif self.done % max(1, self.total // 10) == 0 or self.done == self.total:
-            progress_log.info("%s: %d/%d batches", self.label, self.done, self.total)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-
-
 class _IoCounters:
     """Worker time of a lerobot-dali loader (decoding vs reading the dataset) and, on a remote dataset, its
     requests and bytes per epoch (see io_stats)."""
@@ -363,7 +338,6 @@ def measure_loader(job: LoaderJob) -> LoaderResult:
     sampler = TreeMemorySampler(cuda_device=cuda_index)
     sampler.start()
     total = job.warmup + job.steps
-    progress = _Progress(total, f"{job.dataset.label[:24]} {job.loader}")
     counters = _IoCounters(job)
     built = time.perf_counter()
     loader, routes, close = _build_loader(job)
@@ -373,35 +347,37 @@ def measure_loader(job: LoaderJob) -> LoaderResult:
     gaps: list[float] = []
     episodes: list[int] = []
     try:
-        while delivered < total:
-            epoch_batches = 0
-            for batch in loader:
-                _to_device(batch, device)
-                now = time.perf_counter()
-                epoch_batches += 1
-                delivered += 1
-                progress.update()
-                if first_batch_s is None:
-                    first_batch_s = now - built
-                if delivered <= job.warmup:
-                    window_start = now
-                else:
-                    gaps.append(now - previous)
-                    frames += _frames_in(batch, job.plan.camera_keys)
-                    samples += len(batch["index"])
-                    episodes.append(_distinct_episodes(batch))
-                previous = now
-                if delivered >= total:
-                    break
-            paused = time.perf_counter()
-            counters.epoch_end()
-            bookkeeping = time.perf_counter() - paused  # the bench's own (it waits for the workers' counters)
-            window_start, previous = window_start + bookkeeping, previous + bookkeeping
-            if epoch_batches == 0:
-                break  # an epoch without a batch (dataset smaller than one batch): nothing more will come
+        with progress_counter(
+            total, desc=f"{job.dataset.label[:24]} {job.loader}", unit="batch", logger=progress_log
+        ) as progress:
+            while delivered < total:
+                epoch_batches = 0
+                for batch in loader:
+                    _to_device(batch, device)
+                    now = time.perf_counter()
+                    epoch_batches += 1
+                    delivered += 1
+                    progress(1)
+                    if first_batch_s is None:
+                        first_batch_s = now - built
+                    if delivered <= job.warmup:
+                        window_start = now
+                    else:
+                        gaps.append(now - previous)
+                        frames += _frames_in(batch, job.plan.camera_keys)
+                        samples += len(batch["index"])
+                        episodes.append(_distinct_episodes(batch))
+                    previous = now
+                    if delivered >= total:
+                        break
+                paused = time.perf_counter()
+                counters.epoch_end()
+                bookkeeping = time.perf_counter() - paused  # the bench's own (it waits for the workers' counters)
+                window_start, previous = window_start + bookkeeping, previous + bookkeeping
+                if epoch_batches == 0:
+                    break  # an epoch without a batch (dataset smaller than one batch): nothing more will come
         io_fields = counters.fields(loader)
     finally:
-        progress.close()
         close()
         counters.close()
         sampler.stop()

@@ -5,8 +5,8 @@ scheduler's output file) every redraw stays: one long line of ``\\r``-joined sta
 one, or as hundreds. There the count is logged instead, a line at each tenth of the total (at most
 :data:`LINE_EVERY_S` apart, so a long run still shows it is alive) and one at the end.
 
-Used by ``lerobot-dali check``, the bench, and the library's own waits (opening several datasets at once, the
-prefetch cache's warm-up), which a training job's log gets from each node's first rank only.
+Used by ``lerobot-dali check``, the bench's measurements, and the library's own waits (opening several datasets
+at once, the prefetch cache's warm-up), which a training job's log gets from each node's first rank only.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ class ProgressLines:
     of a count done sooner logs nothing)."""
 
     def __init__(self, total: int, *, desc: str, unit: str, logger: logging.Logger, delay_s: float = 0.0) -> None:
-        self.total, self.desc, self.unit, self.logger, self.delay_s = total, desc, unit, logger, delay_s
+        self.total, self.desc, self.logger, self.delay_s = total, desc, logger, delay_s
+        self.units = f"{unit}es" if unit.endswith(("s", "x", "ch", "sh")) else f"{unit}s"  # (batch: batches)
         self.done = 0
         self._started = self._logged = time.monotonic()
         self._next_tenth = 1
@@ -78,4 +79,4 @@ class ProgressLines:
 
     def _line(self, now: float) -> None:
         self._logged, self._shown = now, True
-        self.logger.info("%s: %d/%d %ss (%.0f s)", self.desc, self.done, self.total, self.unit, now - self._started)
+        self.logger.info("%s: %d/%d %s (%.0f s)", self.desc, self.done, self.total, self.units, now - self._started)

@@ -185,7 +185,7 @@ def test_progress_shows_without_a_terminal_or_verbose_flag(cache_dir: Path, quic
     done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300, check=True)
     lines = [line for line in done.stderr.splitlines() if "lerobot_dali.bench.progress" in line]
     assert lines[0].endswith(f"measuring pyav-dataloader on {dataset.name}")
-    assert any(line.endswith("pyav-dataloader: 5/5 batches") for line in lines)
+    assert any("pyav-dataloader: 5/5 batches (" in line for line in lines)
     assert "frames/s" in lines[-1] and "DEBUG" not in done.stderr
 
 
@@ -533,6 +533,40 @@ def test_the_benchs_own_bookkeeping_between_epochs_is_not_timed(make_ds, monkeyp
     result = measure_loader(job)
     assert result.status == "ok" and result.batches == 6  # across three epoch ends
     assert result.window_s < 1.0 and result.batch_p99_ms < 1000, (result.window_s, result.batch_p99_ms)
+
+
+def test_a_warning_during_a_measurement_is_logged_on_its_own_line_not_after_the_bar(
+    make_ds, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a terminal a warning logged while a loader ran (the loader's own, a remote retry) was written after the
+    bar (``... 2/6 [00:00<00:00, 9.1batch/s]WARNING ...``), as check's was."""
+    import logging
+    import sys
+
+    from lerobot_dali import bench_measure
+    from lerobot_dali.bench_measure import LoaderJob, measure_loader
+    from lerobot_dali.bench_types import BenchDataset
+
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, size=(64, 64), codec="vp9")  # 2 batches an epoch
+    said = logging.getLogger("lerobot_dali.test_warning")
+    monkeypatch.setattr(bench_measure._IoCounters, "epoch_end", lambda self: said.warning("between epochs"))
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    plan = load_plan(BenchConfig(quick=True), open_dataset(root))
+    job = LoaderJob(
+        loader="pyav-dataloader", dataset=BenchDataset("tiny", str(root)), plan=plan, batch_size=4, num_workers=0,
+        pool_size=4, device="cpu", steps=3, warmup=1, seed=0, log_level=30,
+    )  # fmt: skip
+    try:
+        assert measure_loader(job).status == "ok"
+    finally:
+        logging.getLogger().removeHandler(handler)
+    err = capsys.readouterr().err
+    assert "batch/s]" in err or "batch]" in err, err  # the bar, drawn
+    warnings = [line.rsplit("\r", 1)[-1] for line in err.split("\n") if "between epochs" in line]
+    assert warnings and all(line.startswith("WARNING lerobot_dali.test_warning") for line in warnings), err
 
 
 @pytest.mark.parametrize("loader", ["lerobot-dali", "pyav-dataloader"])
