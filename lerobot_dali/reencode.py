@@ -49,6 +49,7 @@ from .errors import DatasetError, VideoDecodeError, listing_hint
 from .new_folder import refuse_resumable_taken, write_resumable_folder
 from .packet_index import PacketIndex, build_packet_index
 from .parent_watch import exit_with_parent
+from .progress_lines import progress_counter
 from .video_encoding import check_bounded_int, encoder_settings
 from .worker_start import log_like_trainer, package_log_level, skipping_main
 
@@ -347,8 +348,6 @@ def _with_codec(raw_info: dict[str, Any], cameras: set[str], codec: str) -> dict
 def _run_jobs(jobs: list[_Job], workers: int, *, progress: bool) -> list[VideoReencoded]:
     """Each job's result, from ``workers`` spawned processes. No more jobs are handed out than there are workers,
     so a failure or Ctrl-C waits for the files in progress at most, never for queued ones."""
-    from huggingface_hub.utils import tqdm
-
     done = []
     queued = iter(jobs)
     # Spawned: FFmpeg's threads and the caller's (DALI, torch) never cross a fork.
@@ -360,7 +359,9 @@ def _run_jobs(jobs: list[_Job], workers: int, *, progress: bool) -> list[VideoRe
             initializer=_start_worker,
             initargs=(min(package_log_level(), logger.getEffectiveLevel()),),
         ) as pool,
-        tqdm(total=len(jobs), desc="lerobot-dali reencode", unit="video", disable=not progress) as bar,
+        progress_counter(  # (each file's line below is its progress where no bar is drawn)
+            len(jobs), desc="lerobot-dali reencode", unit="video", logger=logger, enabled=progress
+        ) as encoded,
     ):
         with skipping_main(_reencode_file):  # (the pool starts its processes at these submits, in this thread)
             running = {pool.submit(_reencode_file, job) for job in itertools.islice(queued, workers)}
@@ -375,7 +376,7 @@ def _run_jobs(jobs: list[_Job], workers: int, *, progress: bool) -> list[VideoRe
                     " (re-encoded by an earlier run)" if video.resumed else "",
                 )  # fmt: skip
                 done.append(video)
-                bar.update()
+                encoded(1)
             running |= {pool.submit(_reencode_file, job) for job in itertools.islice(queued, len(finished))}
     return done
 

@@ -699,3 +699,31 @@ def test_a_mount_point_out_is_refused_before_any_work(long_gop_ds: Path, tmp_pat
     with pytest.raises(ValueError, match=r"volume: it is a mount point, .* new folder inside it \(.*volume/NAME"):
         reencode_dataset(long_gop_ds, out, jobs=1)
     assert sorted(tmp_path.iterdir()) == [out] and not any(out.iterdir())
+
+
+def test_each_videos_line_is_logged_on_its_own_line_not_after_the_bar(
+    long_gop_ds: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """On a terminal (``lerobot-dali reencode`` draws its bar there) each file's INFO line was written after the
+    bar (``... 0/4 [00:00<?, ?video/s]INFO lerobot_dali.reencode: ...``), as check's warnings were."""
+    import logging
+    import sys
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    caplog.set_level(logging.INFO, logger="lerobot_dali.reencode")
+    try:
+        report = reencode_dataset(long_gop_ds, tmp_path / "out", gop=2, jobs=1, progress=True)
+    finally:
+        logging.getLogger().removeHandler(handler)
+    err = capsys.readouterr().err
+    assert "video/s]" in err, err  # the bar, drawn
+    lines = [line.rsplit("\r", 1)[-1] for line in err.split("\n") if "frames decoded per frame" in line]
+    assert len(lines) == len(report.videos), err
+    assert all(line.startswith("INFO lerobot_dali.reencode: ") for line in lines), err
