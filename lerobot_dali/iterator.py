@@ -369,13 +369,16 @@ class DALILeRobotIterator:
             logger.info("CPU mode: the decoding workers resize %s (not the pipeline)", sizes)
         decoded_by_workers = sorted(c for c, feed in feeds.items() if feed.route is DecodeRoute.CPU_FALLBACK)
         if decoded_by_workers:
+            cpus = cpus_per_local_rank()
             logger.info(
                 "cameras %s are decoded on the CPU by %s, with %d CPUs for this rank: decoding is usually what "
-                "bounds throughput here, so raise num_workers toward the CPU count if the loop waits for batches",
+                "bounds throughput here, so %s if the loop waits for batches",
                 decoded_by_workers,
                 f"{self._num_workers} worker processes" if self._num_workers else "the main process (num_workers=0)",
-                cpus_per_local_rank(),
-            )
+                cpus,
+                "raise num_workers toward the CPU count" if self._num_workers < cpus
+                else "give this rank more CPUs (fewer ranks per node); more workers than CPUs decode no faster",
+            )  # fmt: skip
         return feeds
 
     # -- epochs and state --------------------------------------------------------------------------------

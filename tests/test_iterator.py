@@ -379,6 +379,20 @@ def test_dali_threads_reach_the_pipeline(make_ds, monkeypatch: pytest.MonkeyPatc
             DALILeRobotIterator(root, device="cpu", dali_threads=bad)
 
 
+@pytest.mark.parametrize(("cpus", "advice"), [(4, "raise num_workers toward the CPU count"), (2, "more CPUs")])
+def test_the_cpu_decoding_line_asks_for_more_workers_only_where_cpus_are_left(
+    make_ds, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, cpus: int, advice: str
+) -> None:
+    """8 ranks of 8 workers on a 64-core node were told to raise num_workers toward the CPU count (8), as were 2
+    workers with 1 CPU: more workers than CPUs only take turns on them."""
+    monkeypatch.setattr(iterator_module, "cpus_per_local_rank", lambda: cpus)
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.iterator"):
+        DALILeRobotIterator(_dataset(make_ds, "av1"), batch_size=4, device="cpu", num_workers=2).close()
+    said = [r.getMessage() for r in caplog.records if "decoded on the CPU by 2 worker processes" in r.getMessage()]
+    assert len(said) == 1 and f"with {cpus} CPUs for this rank" in said[0] and advice in said[0], said
+    assert ("raise num_workers" in said[0]) == (cpus > 2)
+
+
 @pytest.mark.parametrize(
     ("option", "error", "match"),
     [
