@@ -20,6 +20,7 @@ import fsspec
 from . import io_stats
 from .file_stamps import FileStamp, FileStamps
 from .range_cache import entry_dir, list_entries
+from .said_once import warn_once
 
 __all__ = ["CachedFileSystem", "CachedRangeFile", "cache_version"]
 
@@ -168,13 +169,8 @@ class CachedRangeFile(io.RawIOBase):
         return bytes(data)
 
 
-_warned_short: set[Path] = set()
-
-
 def _warn_short_entry(file: Path, size: int) -> None:
-    if file not in _warned_short:
-        _warned_short.add(file)
-        logger.warning("prefetch cache entry %s holds fewer than its %d bytes; reading the range remotely", file, size)
+    warn_once(logger, "prefetch cache entry %s holds fewer than its %d bytes; reading the range remotely", file, size)
 
 
 class CachedFileSystem(fsspec.AbstractFileSystem):

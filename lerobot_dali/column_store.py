@@ -47,6 +47,7 @@ from .cache_dirs import (
 )
 from .file_stamps import FileStamp
 from .remote_retry import is_transient
+from .said_once import warn_once
 
 __all__ = ["STORE_FORMAT", "ColumnStore", "default_column_dir"]
 
@@ -258,7 +259,8 @@ class ColumnStore:
                 self._write_failed(path, target, e)
                 return False
             self._unwritable = f"{type(e).__name__}: {e}"
-            logger.warning(
+            warn_once(
+                logger,
                 "column store: cannot write to %s (%s); this process reads data files with big row groups from "
                 "their parquet row groups, decoding each whole group per read: %s or move the store with $%s",
                 self.directory,
@@ -281,7 +283,8 @@ class ColumnStore:
         return True
 
     def _write_failed(self, path: str, target: Path, error: Exception) -> None:
-        logger.warning(
+        warn_once(
+            logger,
             "column store: cannot write %s for %s (%s: %s); its episodes are read from the parquet row groups, "
             "decoding each whole group per read",
             target,

@@ -28,6 +28,7 @@ from .errors import CodecUnsupportedError, VideoDecodeError
 from .mp4_tables import Mp4Track, read_mp4_tracks
 from .random_access import HEAD_BYTES, NalLayout, is_random_access, nal_layout
 from .remote_retry import is_transient
+from .said_once import warn_once
 from .video_source import VideoSource, open_video_source, source_label
 
 __all__ = ["PacketIndex", "build_packet_index"]
@@ -324,7 +325,8 @@ def _rows_from_demux(
 
 @functools.cache
 def _note_no_demuxer_index() -> None:
-    logger.warning(
+    warn_once(
+        logger,
         "PyAV %s does not expose FFmpeg's MP4 index (PyAV >= 16 does), and a video's sample tables hold what "
         "lerobot-dali does not read itself (sample groups, several edits): such videos are indexed by demuxing them "
         "whole, which reads a remote video file in full once (the index is then kept on disk) instead of its header.",

@@ -38,6 +38,7 @@ from .cache_dirs import (
 )
 from .file_stamps import FileStamp
 from .packet_index import PacketIndex
+from .said_once import warn_once
 
 __all__ = ["STORE_FORMAT", "WAIT_S", "PacketIndexStore", "default_packet_index_dir"]
 
@@ -159,9 +160,10 @@ class PacketIndexStore:
                 return
             _REFUSED.add(refused)
         if fix is None:
-            logger.warning("cannot write packet index cache file %s (%s); its video is indexed again", path, error)
+            warn_once(logger, "cannot write packet index cache file %s (%s); its video is indexed again", path, error)
             return
-        logger.warning(
+        warn_once(
+            logger,
             "packet index store: cannot write to %s (%s: %s); each process indexes again each remote video it reads "
             "(a few ranged reads of its header): %s or move the store with $%s",
             self.directory,

@@ -13,7 +13,8 @@ the user defined in the script), where they import it as before. Other threads' 
 
 A spawned worker also starts without the training process's logging set-up: :func:`log_like_trainer` gives
 lerobot-dali's loggers there the trainer's level and, where the worker has no handler, one to stderr that names
-the worker, so its warnings (remote retries, a decoder passed over) and, at ``-v``, its progress still show.
+the worker, so its warnings (remote retries, a decoder passed over) and, at ``-v``, its progress still show;
+one that every worker would give alike (a cache folder that takes no writes) shows once for the job.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import pickle
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from .said_once import shared_with_children
 
 __all__ = ["log_like_trainer", "package_log_level", "skipping_main"]
 
@@ -41,12 +44,14 @@ _WRAPPED = "_lerobot_dali_skips_main"
 @contextlib.contextmanager
 def skipping_main(callback: Any) -> Iterator[bool]:
     """Within, this thread's spawned processes skip importing ``__main__`` if ``callback`` does not need it;
-    yields whether they do skip it."""
+    yields whether they do skip it. They also say no warning that another process of the job said
+    (:mod:`~lerobot_dali.said_once`)."""
     skip = _installed() and not _names_main(callback)
     previous = getattr(_local, "skip_main", False)
     _local.skip_main = skip
     try:
-        yield skip
+        with shared_with_children():
+            yield skip
     finally:
         _local.skip_main = previous
 

@@ -31,6 +31,15 @@ def _isolated_cache_root(tmp_path_factory: pytest.TempPathFactory, monkeypatch: 
     monkeypatch.setenv("LEROBOT_DALI_CACHE", str(tmp_path_factory.mktemp("cache_root")))
 
 
+@pytest.fixture(autouse=True)
+def _warnings_said_afresh(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's processes say their warnings once (said_once), whatever an earlier test in this process said."""
+    from lerobot_dali import said_once
+
+    monkeypatch.setattr(said_once, "_said", set())
+    monkeypatch.setenv(said_once.SAID_ENV, str(tmp_path_factory.mktemp("said")))
+
+
 @pytest.fixture(scope="session")
 def make_ds(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """Generate (once per session and argument set) a dataset with ``lerobot_dali.generate.make_dataset``."""

@@ -1,0 +1,129 @@
+"""Warnings about one fact said once per job on a host, however many processes meet it.
+
+A fact about the machine or the dataset (a cache folder that takes no writes, an old PyAV, columns info.json does
+not declare) is met alike by every rank of a node and by each of their DALI worker processes, which start again
+each epoch: a read-only cache folder was warned about 8 times by a run of 2 ranks with 2 workers over 2 epochs,
+and would be 64 times an epoch on a node of 8 GPUs with 8 workers each. :func:`warn_once` logs such a warning in
+the first process of the job that says it and at DEBUG in the others (``-vv`` still shows each).
+
+The processes agree through empty files named by the message in a folder of the job's under the temporary
+directory: the launcher's (torchrun's or accelerate's agent, the parent of every rank of the node) or else the
+training process's, named by its host, PID and start time (a reused PID never inherits it), and passed on to the
+worker processes it starts (:func:`shared_with_children`) through ``$LEROBOT_DALI_SAID_DIR``. Folders of
+processes that no longer run are removed by the next job on the host. Where no folder can be made (no /proc),
+each process says each warning once.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .new_folder import _host
+
+__all__ = ["SAID_ENV", "shared_with_children", "warn_once"]
+
+#: The folder of the job's said warnings, set for the processes that this one starts.
+SAID_ENV = "LEROBOT_DALI_SAID_DIR"
+_PREFIX = "lerobot-dali-said-"
+
+_lock = threading.Lock()
+_said: set[str] = set()  # this process's, whatever the folder
+_sharing = 0  # threads within shared_with_children
+
+
+def warn_once(logger: logging.Logger, message: str, *args: Any) -> None:
+    """``logger.warning(message, *args)`` in the first process of the job to say it; DEBUG in the others."""
+    text = message % args if args else message
+    logger.log(logging.WARNING if _first(text) else logging.DEBUG, message, *args)
+
+
+@contextmanager
+def shared_with_children() -> Iterator[None]:
+    """Within, the processes this one starts (its workers) share its folder: they say nothing it said. (Threads
+    may be within at once: a mixture builds its datasets' pipelines in threads.)"""
+    global _sharing
+    with _lock:
+        inherited = not _sharing and bool(os.environ.get(SAID_ENV))  # (this process's starter's: kept for them)
+        folder = None if inherited else _folder()
+        if folder is not None:
+            _sharing += 1
+            os.environ[SAID_ENV] = str(folder)
+    try:
+        yield
+    finally:
+        if folder is not None:
+            with _lock:
+                _sharing -= 1
+                if not _sharing:
+                    os.environ.pop(SAID_ENV, None)
+
+
+def _first(text: str) -> bool:
+    name = hashlib.sha256(text.encode()).hexdigest()[:32]
+    with _lock:
+        if name in _said:
+            return False
+        _said.add(name)
+    folder = _folder()
+    if folder is None:
+        return True
+    try:
+        os.close(os.open(folder / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
+    except OSError:  # (the folder removed or full: say it, as every process did)
+        return True
+    return True
+
+
+def _folder() -> Path | None:
+    inherited = os.environ.get(SAID_ENV)
+    if inherited:
+        return Path(inherited)
+    return _made_folder()
+
+
+@functools.cache
+def _made_folder() -> Path | None:
+    """The job's folder, made once per process (None where it cannot be)."""
+    owner = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid()  # (a rank's parent: the agent)
+    started = _start_time(owner)
+    if started is None:  # (no /proc: each process says each warning once)
+        return None
+    root = Path(tempfile.gettempdir())
+    folder = root / f"{_PREFIX}{_host()}-{owner}-{started}"
+    try:
+        _remove_dead(root)
+        folder.mkdir(exist_ok=True)
+    except OSError:
+        return None
+    return folder
+
+
+def _remove_dead(root: Path) -> None:
+    """Remove this host's folders whose process no longer runs (or whose PID another process has now)."""
+    prefix = f"{_PREFIX}{_host()}-"
+    for left in root.glob(f"{prefix}*"):
+        match = re.fullmatch(r"(\d+)-(\d+)", left.name[len(prefix) :])
+        if match is not None and _start_time(int(match.group(1))) != match.group(2):
+            shutil.rmtree(left, ignore_errors=True)
+
+
+def _start_time(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, from /proc), None where it does not run or is unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[19]  # (field 22; the name before it may hold spaces)

@@ -1,0 +1,82 @@
+"""Warnings that every process of a job meets alike are said once: by the first process, at DEBUG by the others."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from lerobot_dali import said_once
+
+UNWRITABLE = "column store: cannot write to"
+
+
+def test_a_cache_folder_that_takes_no_writes_is_warned_about_once_not_by_each_worker_each_epoch(
+    make_ds, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Each DALI worker converts data files of big row groups to the column store, and workers start again each
+    epoch: 2 ranks of 2 workers over 2 epochs warned 8 times of one read-only folder (each worker's stderr)."""
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    root = make_ds(episodes=40, frames_per_episode=2000, cameras=0, episodes_per_file=40)  # one 80,000-row group
+    not_a_folder = tmp_path / "cache"
+    not_a_folder.write_text("")
+    monkeypatch.setenv("LEROBOT_DALI_CACHE", str(not_a_folder))
+    it = DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=2, seed=0)
+    try:
+        for epoch in range(2):
+            it.set_epoch(epoch)
+            for step, _ in enumerate(it):
+                if step == 3:
+                    break
+    finally:
+        it.close()
+    err = capfd.readouterr().err
+    assert err.count(UNWRITABLE) == 1, err
+    assert "WARNING lerobot_dali.column_store (worker pid" in err and "make it a writable folder" in err
+
+
+def test_the_ranks_of_a_node_say_a_warning_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun's ranks are siblings, children of its agent: the agent's folder is theirs."""
+    monkeypatch.delenv(said_once.SAID_ENV)
+    rank = textwrap.dedent("""
+        import logging, sys, time
+        from lerobot_dali.said_once import warn_once
+        logging.basicConfig(format="%(levelname)s %(message)s", level=logging.DEBUG)
+        warn_once(logging.getLogger("lerobot_dali.test"), "the same for %s", "every rank")
+    """)
+    agent = textwrap.dedent(f"""
+        import os, subprocess, sys
+        env = {{**os.environ, "TORCHELASTIC_RUN_ID": "job", "TMPDIR": {str(tmp_path)!r}}}
+        ranks = [subprocess.Popen([sys.executable, "-c", {rank!r}], env=env) for _ in range(3)]
+        sys.exit(max(r.wait() for r in ranks))
+    """)
+    done = subprocess.run([sys.executable, "-c", agent], capture_output=True, text=True, timeout=120, check=True)
+    lines = sorted(done.stderr.splitlines())
+    assert lines == ["DEBUG the same for every rank"] * 2 + ["WARNING the same for every rank"], done.stderr
+    assert len(list(tmp_path.glob("lerobot-dali-said-*"))) == 1  # (the agent's)
+
+
+def test_a_folder_left_by_a_process_that_no_longer_runs_is_removed(tmp_path: Path, monkeypatch) -> None:
+    """Named by PID and start time: a process that has the PID now is another one, and never inherits it."""
+    host = said_once._host()
+    mine = said_once._start_time(os.getpid())
+    reused = tmp_path / f"lerobot-dali-said-{host}-{os.getpid()}-{int(mine or 0) + 1}"  # this PID, another start
+    dead = tmp_path / f"lerobot-dali-said-{host}-999999999-1"
+    other_host = tmp_path / "lerobot-dali-said-elsewhere-999999999-1"
+    for folder in (reused, dead, other_host):
+        folder.mkdir()
+        (folder / "said").touch()
+    monkeypatch.delenv(said_once.SAID_ENV)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    said_once._made_folder.cache_clear()
+    try:
+        folder = said_once._folder()
+    finally:
+        said_once._made_folder.cache_clear()
+    assert folder == tmp_path / f"lerobot-dali-said-{host}-{os.getpid()}-{mine}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([folder.name, other_host.name])
