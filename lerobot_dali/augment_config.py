@@ -18,6 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from .errors import StatsError
+from .said_once import warn_once
 from .value_checks import is_int, is_number
 
 __all__ = [
@@ -244,7 +245,7 @@ class Normalize:
             values[name] = array.reshape(-1).tolist()
         constant = [channel for channel, std in enumerate(values["std"]) if std == 0]
         if constant:  # (a dead or masked camera channel): LeRobot divides by std + 1e-8 and carries on
-            logger.warning(
+            warn_once(logger,
                 "stats[%r]: std is 0 in channel(s) %s (constant across the dataset): dividing by %g there, as "
                 "LeRobot's normalisation (std + %g) does; a frame that differs from the mean there becomes huge",
                 key, constant, STD_EPSILON, STD_EPSILON,

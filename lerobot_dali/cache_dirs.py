@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from .said_once import warn_once
+
 __all__ = [
     "CACHE_DAYS_ENV",
     "CACHE_ENV",
@@ -126,7 +128,7 @@ def cache_days() -> float:
     try:
         days = float(raw) if raw else DEFAULT_CACHE_DAYS
     except ValueError:
-        logger.warning("%s=%r is not a number of days; using %g", CACHE_DAYS_ENV, raw, DEFAULT_CACHE_DAYS)
+        warn_once(logger, "%s=%r is not a number of days; using %g", CACHE_DAYS_ENV, raw, DEFAULT_CACHE_DAYS)
         days = DEFAULT_CACHE_DAYS
     return days
 

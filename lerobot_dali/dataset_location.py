@@ -25,6 +25,7 @@ from fsspec.implementations.local import LocalFileSystem
 from .distributed import draws_progress
 from .errors import DatasetNotFoundError
 from .remote_retry import RetryingFileSystem, fresh_instance
+from .said_once import warn_once
 
 __all__ = ["DatasetLocation", "open_if_present", "resolve_location", "with_bulk_root"]
 
@@ -127,7 +128,7 @@ def resolve_location(
 def _revision_ignored(revision: str | None, target: str, what: str) -> None:
     """Warn that ``revision`` names nothing here: the files read are whatever ``target`` holds now."""
     if revision is not None:
-        logger.warning(
+        warn_once(logger,
             "revision=%r is ignored: %s is %s, read as it is now (a revision selects a Hub dataset's commit)",
             revision, target, what,
         )  # fmt: skip
@@ -275,7 +276,7 @@ def _snapshot_commit(repo_id: str, revision: str | None, local_meta: str) -> str
     if _COMMIT_SHA.match(folder):
         logger.info("%s: revision %s is commit %s; data files are read there", repo_id, revision or "main", folder)
         return folder
-    logger.warning(
+    warn_once(logger,
         "%s: the metadata snapshot %s is not named by a commit SHA, so data files are read at revision %s; "
         "if that branch moves while reading, data and metadata may disagree (pass a commit SHA as revision)",
         repo_id, local_meta, revision or "main",

@@ -37,6 +37,7 @@ from .episode_table import EpisodeTable, filter_episodes, read_episode_records, 
 from .errors import DatasetError, DatasetNotFoundError, EpisodeMetadataError, MissingDataFileError, cameras_hint
 from .file_stamps import FileStamp, FileStamps
 from .frame_lookup import ITERATORS_LOOKUP, FrameLookup
+from .said_once import warn_once
 from .value_checks import required_whole_number
 
 __all__ = ["INFO_PATH", "LeRobotDatasetReader", "VideoRef", "open_dataset", "read_info_json", "warn_undeclared_columns"]
@@ -372,7 +373,7 @@ class LeRobotDatasetReader:
                 )
             if off > FPS_STEP_WARNING and self.location.description not in _fps_warned:
                 _fps_warned.add(self.location.description)
-                logger.warning(
+                warn_once(logger,
                     "%s (%.0f%% off). If fps is wrong, fix it in meta/info.json: delta_timestamps windows count rows "
                     "at fps, so they are scaled by the error. If the timestamps are wall-clock and fps is right, "
                     "read video by frame_index (timestamp_source='frame_index').", said, 100 * off,
@@ -422,7 +423,8 @@ def open_dataset(
         episodes = filter_episodes(records, episode_filter, candidates=candidates)
     table = locate_episode_rows(location, info, table, stamps=stamps, episodes=episodes)
     if info.total_episodes and info.total_episodes != len(table):
-        logger.warning(
+        warn_once(
+            logger,
             "%s: info.json says total_episodes=%d but the episode metadata lists %d; using the metadata",
             location.description,
             info.total_episodes,
@@ -458,7 +460,7 @@ def warn_undeclared_columns(reader: LeRobotDatasetReader) -> None:
         except DatasetError:
             continue
         if extra:
-            logger.warning(
+            warn_once(logger,
                 "%s: the data files hold columns info.json does not declare, %s: they are not read, so batches have "
                 "no such keys; declare them under 'features' in meta/info.json to read them",
                 reader.source_of(pos), extra,

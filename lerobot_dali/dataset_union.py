@@ -44,6 +44,7 @@ from .key_rename import KeyRename, shared_selection
 from .packet_index_cache import load_episode_packet_index
 from .packet_index_store import PacketIndexStore
 from .remote_retry import RetryingFileSystem
+from .said_once import warn_once
 
 __all__ = ["DATASET_INDEX", "DatasetUnion", "concat_datasets"]
 
@@ -196,7 +197,7 @@ class DatasetUnion(LeRobotDatasetReader):
         for key in sorted({key for part in stats for key in part}):
             lacking = [m.location.description for m, part in zip(self.members, stats, strict=True) if key not in part]
             if lacking:  # (pooled over the others, as LeRobot pools them)
-                logger.warning("%s: %s has no statistics in %s; pooled over the other datasets", self, key, lacking)
+                warn_once(logger, "%s: %s has no statistics in %s; pooled over the other datasets", self, key, lacking)
         try:
             return aggregate_episode_stats(stats, source=self.location.description)
         except DatasetError as e:

@@ -29,6 +29,7 @@ from .cpu_decode import pyav_can_decode, torchcodec_available
 from .dali_video import DALI_CPU_CODECS, DALI_NVDEC_CODECS, dali_error_reason, decode_clip_batch
 from .errors import CodecUnsupportedError
 from .packet_index import PacketIndex
+from .said_once import warn_once
 from .value_checks import check_choice
 from .video_source import VideoSource
 from .worker_start import skipping_main
@@ -196,7 +197,7 @@ def _log_fallback_once(what: str, gpu: GpuInfo, route: DecodeRoute, because: str
         _logged_fallbacks.add(key)
         # (Not where the driver's NVDEC library is missing: then no copy decodes on NVDEC either.)
         copy = nvdec_table_guess(codec, gpu) is False and nvdec_table_guess("h264", gpu) and nvcuvid_library()
-        logger.warning(
+        warn_once(logger,
             "NVDEC on %s cannot decode %s%s; decoding it on the CPU (route %s).%s", gpu.name, what, because,
             route.value, REENCODE_HINT if copy else "",
         )  # fmt: skip

@@ -38,6 +38,7 @@ from .errors import EpisodeMetadataError, MissingDataFileError
 from .file_stamps import FileStamps
 from .remote_retry import is_transient
 from .row_count_store import cached_row_counts
+from .said_once import warn_once
 
 __all__ = [
     "bulk_file_exists",
@@ -163,7 +164,7 @@ def locate_episode_rows(
         )
     # Episodes not to read that no file holds stay at (-1, -1), a file of their own that no real file's row count
     # includes; the selection drops them.
-    logger.warning(
+    warn_once(logger,
         "%s: meta/episodes %s: its data/chunk_index and data/file_index are stale, as LeRobot's dataset merge before "
         "0.4.4 and its v2.1 -> v3.0 converter before 0.5.0 wrote them; each episode's rows were located by the data "
         "files' episode_index column instead (%d data file(s)). Rewrite meta/episodes to open faster.",

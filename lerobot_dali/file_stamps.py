@@ -22,6 +22,7 @@ import fsspec
 from .concurrent_calls import KeyedLocks
 from .errors import MissingDataFileError
 from .remote_retry import RetryingFileSystem, is_transient
+from .said_once import warn_once
 
 __all__ = ["FileStamp", "FileStamps", "stamp_from_info", "stamp_from_stat"]
 
@@ -158,8 +159,12 @@ class FileStamps(Mapping[str, FileStamp]):
             logger.info("%s: listing root does not exist; file stamps come from info requests", root)
             return 0
         except Exception as e:  # a listing is an optimisation: any failure degrades to per-file info requests
-            logger.warning(
-                "listing %s failed (%s: %s); file stamps come from one info request per file", root, type(e).__name__, e
+            warn_once(
+                logger,
+                "listing %s failed (%s: %s); file stamps come from one info request per file",
+                root,
+                type(e).__name__,
+                e,
             )
             return 0
         recorded: dict[str, FileStamp] = {}
@@ -210,7 +215,8 @@ class FileStamps(Mapping[str, FileStamp]):
             return stamp
         if not self._warned_unversioned:
             self._warned_unversioned = True
-            logger.warning(
+            warn_once(
+                logger,
                 "%s (and maybe more files) has no ETag, Last-Modified or content hash: what is cached of such files "
                 "on disk serves this run only, since a same-size rewrite could not be told apart",
                 path,

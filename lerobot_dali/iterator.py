@@ -49,6 +49,7 @@ from .packet_index import PacketIndex
 from .packet_index_cache import load_episode_packet_index
 from .packet_index_store import PacketIndexStore
 from .prefetch import Prefetcher, prefetching_reader
+from .said_once import warn_once
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE, OrderOptions, RankBalance
 from .stream_state import SampleStream
 from .value_checks import check_choice, check_int
@@ -252,7 +253,7 @@ class DALILeRobotIterator:
         )  # fmt: skip
         shm = shm_bytes()
         if num_workers and shm is not None and shm < SMALL_SHM_BYTES:  # a container's default: SIGBUS ahead
-            logger.warning("/dev/shm is small: %s", shared_memory_note(shm))
+            warn_once(logger, "/dev/shm is small: %s", shared_memory_note(shm))
         if self._stream.order.options.rank_balance is RankBalance.NONE and self.world_size > 1:
             logger.info(
                 "rank_balance='none': ranks read %s samples this epoch, unequal; run no collective per batch",
@@ -847,7 +848,7 @@ def _nvdec_color_fixes(formats: Mapping[str, CameraFormat]) -> dict[str, tuple[t
         colorspace, full_range = fmt.color
         fix = nvdec_color_fix(colorspace, full_range)
         if not has_color_matrix(colorspace):
-            logger.warning(
+            warn_once(logger,
                 "camera %s is tagged colour space %d, which NVDEC (DALI) converts as BT.601 and lerobot_dali cannot "
                 "correct; its colours may differ from the CPU routes' (decode='cpu' gives PyAV's)", camera, colorspace,
             )  # fmt: skip

@@ -19,6 +19,7 @@ from .augment_config import AugmentConfig
 from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import LeRobotDatasetReader
 from .errors import DatasetError
+from .said_once import warn_once
 from .windows import PAD_SUFFIX
 
 __all__ = ["KeyRename", "rename_map_from_json", "rename_maps_for", "shared_selection"]
@@ -180,7 +181,7 @@ def shared_selection(
         for reader, rename in named:
             dropped = [k for k in of(reader, rename) if k not in shared]
             if dropped:
-                logger.warning(
+                warn_once(logger,
                     "%s %s of %s are left out: not every dataset read with it has them", what, dropped,
                     reader.location.description,
                 )  # fmt: skip

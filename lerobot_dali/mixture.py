@@ -38,6 +38,7 @@ from .errors import (
 from .iterator import DALILeRobotIterator, default_dali_threads
 from .key_rename import KeyRename, shared_selection
 from .part_schedule import PartSchedule
+from .said_once import warn_once
 from .sample_order import RankBalance
 from .value_checks import check_int, is_number
 
@@ -243,7 +244,7 @@ class DALILeRobotMixture:
                 f"weights (shares per batch then: {saved.get('batch_shares')})"
             )
         if list(saved.get("batch_shares", [])) != list(self.batch_shares):
-            logger.warning(
+            warn_once(logger,
                 "resuming a mixture saved with batch shares %s at shares %s (other weights or batch size): each "
                 "dataset continues at its own next sample, in other proportions",
                 saved.get("batch_shares"), list(self.batch_shares),

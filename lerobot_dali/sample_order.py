@@ -43,6 +43,7 @@ import numpy as np
 
 from .episode_pieces import EpisodePieces
 from .errors import ShardingError
+from .said_once import warn_once
 from .value_checks import check_choice, check_int
 
 __all__ = [
@@ -528,7 +529,7 @@ class SampleOrder:
         remaining = self._lengths - consumed
         if segment and np.count_nonzero(remaining) < self._world_size:
             if remaining.any():  # (nothing left: the old ranks had finished the epoch)
-                logger.warning(
+                warn_once(logger,
                     "epoch %d: only %d partly-consumed episode(s) remain for %d ranks after the world-size "
                     "change; the epoch ends here (%d frame(s) unseen this epoch)",
                     epoch, np.count_nonzero(remaining), self._world_size, int(remaining.sum()),

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ResumeStateError
+from .said_once import warn_once
 from .sample_order import ConsumedSegment, OrderOptions, RankBalance, ResumedEpoch, SampleOrder
 from .value_checks import check_int_fields
 
@@ -233,7 +234,7 @@ class SampleStream:
             self._epoch, self._consumed = epoch, 0
             return
         if state.world_size != world_size:
-            logger.warning(
+            warn_once(logger,
                 "resuming epoch %d on %d ranks, saved on %d: the rest of the epoch is re-sharded over what "
                 "the old ranks had not consumed (none of it is read twice, beyond rank_balance's padding); later "
                 "epochs follow the new world size",

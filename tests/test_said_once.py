@@ -40,25 +40,48 @@ def test_a_cache_folder_that_takes_no_writes_is_warned_about_once_not_by_each_wo
     assert "WARNING lerobot_dali.column_store (worker pid" in err and "make it a writable folder" in err
 
 
+def _ranks_of_one_node(rank_code: str, ranks: int, tmp_path: Path) -> str:
+    """The stderr of ``ranks`` processes running ``rank_code`` as torchrun starts them: siblings, children of one
+    agent, with TORCHELASTIC_RUN_ID set."""
+    agent = textwrap.dedent(f"""
+        import os, subprocess, sys
+        env = {{**os.environ, "TORCHELASTIC_RUN_ID": "job", "TMPDIR": {str(tmp_path)!r}}}
+        ranks = [subprocess.Popen([sys.executable, "-c", {rank_code!r}], env=env) for _ in range({ranks})]
+        sys.exit(max(r.wait() for r in ranks))
+    """)
+    done = subprocess.run([sys.executable, "-c", agent], capture_output=True, text=True, timeout=300, check=True)
+    return done.stderr
+
+
 def test_the_ranks_of_a_node_say_a_warning_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """torchrun's ranks are siblings, children of its agent: the agent's folder is theirs."""
     monkeypatch.delenv(said_once.SAID_ENV)
     rank = textwrap.dedent("""
-        import logging, sys, time
+        import logging
         from lerobot_dali.said_once import warn_once
         logging.basicConfig(format="%(levelname)s %(message)s", level=logging.DEBUG)
         warn_once(logging.getLogger("lerobot_dali.test"), "the same for %s", "every rank")
     """)
-    agent = textwrap.dedent(f"""
-        import os, subprocess, sys
-        env = {{**os.environ, "TORCHELASTIC_RUN_ID": "job", "TMPDIR": {str(tmp_path)!r}}}
-        ranks = [subprocess.Popen([sys.executable, "-c", {rank!r}], env=env) for _ in range(3)]
-        sys.exit(max(r.wait() for r in ranks))
-    """)
-    done = subprocess.run([sys.executable, "-c", agent], capture_output=True, text=True, timeout=120, check=True)
-    lines = sorted(done.stderr.splitlines())
-    assert lines == ["DEBUG the same for every rank"] * 2 + ["WARNING the same for every rank"], done.stderr
+    lines = sorted(_ranks_of_one_node(rank, 3, tmp_path).splitlines())
+    assert lines == ["DEBUG the same for every rank"] * 2 + ["WARNING the same for every rank"], lines
     assert len(list(tmp_path.glob("lerobot-dali-said-*"))) == 1  # (the agent's)
+
+
+def test_a_warning_about_the_dataset_is_said_once_by_the_ranks_of_a_node(tmp_path: Path, monkeypatch) -> None:
+    """r1's data files hold columns info.json does not declare: each rank opening it warned, 8 times on a node of
+    8 GPUs (2 here)."""
+    from tests.conftest import shared_dataset
+
+    monkeypatch.delenv(said_once.SAID_ENV)
+    rank = textwrap.dedent(f"""
+        import logging
+        from lerobot_dali.dataset_reader import open_dataset, warn_undeclared_columns
+        logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+        warn_undeclared_columns(open_dataset({str(shared_dataset("r1_v30_h264"))!r}))  # (as the iterator does)
+    """)
+    err = _ranks_of_one_node(rank, 2, tmp_path)
+    assert err.count("the data files hold columns info.json does not declare") == 1, err
+    assert err.startswith("WARNING lerobot_dali.dataset_reader: "), err
 
 
 def test_a_folder_left_by_a_process_that_no_longer_runs_is_removed(tmp_path: Path, monkeypatch) -> None:
