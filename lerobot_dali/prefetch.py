@@ -141,11 +141,19 @@ class Prefetcher:
         try:
             with self._filling:
                 self._fill_locked(epoch, position, progress=progress)
-        except Exception:  # the workers read remotely instead; never take training down from here
+        except Exception as e:  # the workers read remotely instead; never take training down from here
             if self._closed:
                 return  # (fetches stopped, futures cancelled by close())
             self.failures += 1
-            logger.warning("prefetch for epoch %d position %d failed", epoch, position, exc_info=True)
+            logger.debug("prefetching epoch %d from position %d failed", epoch, position, exc_info=True)
+            if str(self.failures).strip("0") == "1":  # (the 1st, 10th, 100th...: a server down fails each fill)
+                logger.warning(
+                    "%s: prefetching epoch %d from position %d failed (%s: %s)%s; the workers read what it did not "
+                    "fetch remotely instead, slower (where that fails too, training stops with the error). "
+                    "cache_gb=0 turns prefetching off; each failure's traceback is logged at DEBUG",
+                    self.reader.location.description, epoch, position, type(e).__name__, e,
+                    f", {self.failures} failures so far" if self.failures > 1 else "",
+                )  # fmt: skip
 
     def _fill_locked(self, epoch: int, position: int, *, progress: bool) -> None:
         wanted = self.needed(epoch, position).tolist()

@@ -505,6 +505,35 @@ def test_a_failed_fill_waits_for_its_other_admissions(make_ds, tmp_path: Path, m
         prefetcher.close()
 
 
+def test_a_failed_fill_is_one_warning_that_says_why_and_what_follows(make_ds, tmp_path: Path, monkeypatch,
+                                                                     caplog) -> None:  # fmt: skip
+    """It was 'prefetch for epoch 0 position 0 failed' and a traceback, on every failed fill (each batch while
+    a server is down): the cause sat at the traceback's end and nothing said that training goes on."""
+    import logging
+
+    from lerobot_dali.prefetch import Prefetcher
+
+    prefetcher, _ = _pool_prefetcher(make_ds, tmp_path)
+
+    def admit(self, episode_pos: int) -> None:
+        raise OSError(errno.ECONNRESET, "outage")
+
+    monkeypatch.setattr(Prefetcher, "_admit", admit)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="lerobot_dali.prefetch"):
+            for _ in range(3):
+                prefetcher.warm(0, 0, progress=False)
+    finally:
+        prefetcher.close()
+    assert prefetcher.failures == 3
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].exc_info is None, caplog.text
+    said = warnings[0].getMessage()
+    assert said.startswith("fakeremote://: prefetching epoch 0 from position 0 failed (ConnectionResetError: "), said
+    assert "outage" in said and "fetch remotely instead" in said and "cache_gb=0" in said, said
+    assert [r.exc_info is not None for r in caplog.records if r.levelno == logging.DEBUG] == [True] * 3
+
+
 def test_close_and_drop_stop_the_prefetcher_and_the_workers(make_ds, tmp_path: Path) -> None:
     """close() waited 30 s for a fetch stalled on the network (and exit waited for it too); an iterator dropped
     without close() left its prefetcher thread running; close() left DALI's workers running while a generator
