@@ -9,13 +9,14 @@ the first process of the job that says it and at DEBUG in the others (``-vv`` st
 The processes agree through empty files named by the message in a folder of the job's under the temporary
 directory: the launcher's (torchrun's or accelerate's agent, the parent of every rank of the node) or else the
 training process's, named by its host, PID and start time (a reused PID never inherits it), and passed on to the
-worker processes it starts (:func:`shared_with_children`) through ``$LEROBOT_DALI_SAID_DIR``. Folders of
-processes that no longer run are removed by the next job on the host. Where no folder can be made (no /proc),
-each process says each warning once.
+worker processes it starts (:func:`shared_with_children`) through ``$LEROBOT_DALI_SAID_DIR``. The training
+process removes its own at exit; a launcher's, or one left by a killed process, is removed by the next job on the
+host. Where no folder can be made (no /proc), each process says each warning once.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import logging
@@ -108,6 +109,8 @@ def _made_folder() -> Path | None:
         folder.mkdir(exist_ok=True)
     except OSError:
         return None
+    if owner == os.getpid():  # (a launcher's stays for its other ranks: the next job removes it)
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
     return folder
 
 

@@ -103,3 +103,13 @@ def test_a_folder_left_by_a_process_that_no_longer_runs_is_removed(tmp_path: Pat
         said_once._made_folder.cache_clear()
     assert folder == tmp_path / f"lerobot-dali-said-{host}-{os.getpid()}-{mine}"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([folder.name, other_host.name])
+
+
+def test_a_training_process_removes_its_folder_at_exit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a launcher's (its ranks may still run) or a killed process's is left for the next job to remove."""
+    monkeypatch.delenv(said_once.SAID_ENV)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    code = "import logging; from lerobot_dali.said_once import warn_once; warn_once(logging.getLogger('x'), 'said')"
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=120, check=True)
+    assert list(tmp_path.iterdir()) == []
