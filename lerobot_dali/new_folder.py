@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 
 __all__ = [
+    "host_name",
     "partial_folder",
     "refuse_resumable_taken",
     "refuse_taken",
@@ -103,14 +104,14 @@ def refuse_resumable_taken(out: str | os.PathLike[str], *, writer: str) -> Path:
 def run_folder(out: Path, kind: str) -> Path:
     """A hidden sibling of ``out`` that is this run's alone, ``.<name>.<kind>-<host>-<pid>-<random>`` (not made
     here): the host and PID tell :func:`remove_dead_run_folders` whether the run that made it still runs."""
-    return out.parent / f".{out.name}.{kind}-{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
+    return out.parent / f".{out.name}.{kind}-{host_name()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 def remove_dead_run_folders(out: Path, kind: str, *, writer: str) -> None:
     """Delete the :func:`run_folder` siblings of ``out`` for ``kind`` that runs on this host left when killed (a PID
     no process has), logging each. Another host's are never touched (on a shared filesystem its PIDs say nothing
     here), nor a live run's."""
-    prefix = f".{out.name}.{kind}-{_host()}-"
+    prefix = f".{out.name}.{kind}-{host_name()}-"
     for left in out.parent.glob(glob.escape(prefix) + "*"):
         owner = re.fullmatch(r"(\d+)-[0-9a-f]{8}", left.name[len(prefix) :])
         if owner is None or _pid_alive(int(owner.group(1))):
@@ -121,7 +122,8 @@ def remove_dead_run_folders(out: Path, kind: str, *, writer: str) -> None:
                         owner.group(1))  # fmt: skip
 
 
-def _host() -> str:
+def host_name() -> str:
+    """This host's name as a file name may hold it: folders named by host and PID tell this host's runs apart."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
 
 

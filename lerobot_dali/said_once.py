@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .new_folder import _host
+from .new_folder import host_name
 
 __all__ = ["SAID_ENV", "shared_with_children", "warn_once"]
 
@@ -103,7 +103,7 @@ def _made_folder() -> Path | None:
     if started is None:  # (no /proc: each process says each warning once)
         return None
     root = Path(tempfile.gettempdir())
-    folder = root / f"{_PREFIX}{_host()}-{owner}-{started}"
+    folder = root / f"{_PREFIX}{host_name()}-{owner}-{started}"
     try:
         _remove_dead(root)
         folder.mkdir(exist_ok=True)
@@ -116,7 +116,7 @@ def _made_folder() -> Path | None:
 
 def _remove_dead(root: Path) -> None:
     """Remove this host's folders whose process no longer runs (or whose PID another process has now)."""
-    prefix = f"{_PREFIX}{_host()}-"
+    prefix = f"{_PREFIX}{host_name()}-"
     for left in root.glob(f"{prefix}*"):
         match = re.fullmatch(r"(\d+)-(\d+)", left.name[len(prefix) :])
         if match is not None and _start_time(int(match.group(1))) != match.group(2):
