@@ -451,7 +451,7 @@ def test_a_recipes_drop_n_last_frames_is_sampled_alike_by_lerobot_dali_and_the_p
 
 def test_a_generated_dataset_is_written_again_when_the_generator_changed(tmp_path: Path) -> None:
     from lerobot_dali.bench import GENERATED_STAMP, GeneratedSpec, ensure_generated
-    from lerobot_dali.new_folder import _host
+    from lerobot_dali.new_folder import host_name
 
     spec = GeneratedSpec(codec="vp9", cameras=1, size=(64, 64), fps=10, gop=2, episodes=1, frames_per_episode=4)
     first = ensure_generated(spec, tmp_path)
@@ -459,7 +459,7 @@ def test_a_generated_dataset_is_written_again_when_the_generator_changed(tmp_pat
     inode = data.stat().st_ino
     assert ensure_generated(spec, tmp_path) == first and data.stat().st_ino == inode  # reused
     (first / GENERATED_STAMP).write_text("{}")  # as an older generator's files would say
-    host = _host()
+    host = host_name()
     (tmp_path / f".{spec.folder}.tmp-{host}-999999999-0123abcd").mkdir()  # a run that died while writing (no such pid)
     (tmp_path / f".{spec.folder}.stale-{host}-999999999-0123abcd").mkdir()
     kept = tmp_path / f".{spec.folder}.tmp-elsewhere-1-0123abcd"  # another host's, on a shared filesystem
@@ -623,11 +623,11 @@ def test_a_killed_measuring_process_leaves_no_temporary_folder(
     once the process ends; a killed bench's own is removed by the next run on the host."""
     from lerobot_dali.bench_measure import LoaderJob, run_in_child
     from lerobot_dali.bench_types import DALI_LOADER
-    from lerobot_dali.new_folder import _host
+    from lerobot_dali.new_folder import host_name
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # (the measuring process's temporary folder)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    killed_bench = tmp_path / f".lerobot-dali-bench.run-{_host()}-999999999-0123abcd"
+    killed_bench = tmp_path / f".lerobot-dali-bench.run-{host_name()}-999999999-0123abcd"
     (killed_bench / "lerobot-dali-io-x").mkdir(parents=True)
     root = make_ds(episodes=1, frames_per_episode=4, cameras=1, size=(64, 64), codec="vp9", fps=10)
     job = LoaderJob(

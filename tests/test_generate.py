@@ -640,7 +640,7 @@ def test_the_staging_folder_of_a_killed_make_dataset_is_removed_by_the_next_run(
 ) -> None:
     """A make-dataset killed outright (SIGKILL, the OOM killer) left its ``.OUT.tmp-*`` folder beside OUT forever;
     the next run on its host removes it, and says so. Another host's (a shared filesystem) and a live run's stay."""
-    from lerobot_dali.new_folder import _host
+    from lerobot_dali.new_folder import host_name
 
     out, started = tmp_path / "out", tmp_path / "started"
     run = subprocess.Popen([sys.executable, "-c", _KILLED_WHILE_ENCODING, str(out), str(started)])
@@ -654,7 +654,7 @@ def test_the_staging_folder_of_a_killed_make_dataset_is_removed_by_the_next_run(
         run.kill()
         run.wait(timeout=30)
     (left,) = tmp_path.glob(".out.tmp-*")
-    others = [tmp_path / ".out.tmp-elsewhere-1-0123abcd", tmp_path / f".out.tmp-{_host()}-{os.getpid()}-0123abcd"]
+    others = [tmp_path / ".out.tmp-elsewhere-1-0123abcd", tmp_path / f".out.tmp-{host_name()}-{os.getpid()}-0123abcd"]
     for other in others:
         other.mkdir()
     with caplog.at_level(logging.INFO, logger="lerobot_dali.new_folder"):
