@@ -43,16 +43,27 @@ def exit_with_parent() -> bool:
 
 
 def leave_interrupts_to_parent() -> bool:
-    """In a multiprocessing child's main thread, ignore SIGINT; returns whether it now does.
+    """In a multiprocessing child's main thread, ignore SIGINT and SIGUSR1 and end on SIGTERM by raising SystemExit;
+    returns whether it now does.
 
     Ctrl-C in a terminal reaches the whole process group: the trainer's KeyboardInterrupt ends its workers (they
     exit with it, above), and each worker's own printed one more KeyboardInterrupt traceback. torch's DataLoader
-    workers ignore it the same way.
+    workers ignore it the same way. SIGUSR1 (SLURM's notice ahead of a preemption, sent to every process of the job)
+    is left to the trainer too, whose workers it ended. SIGTERM (torchrun's to each rank's process group, SLURM's to
+    every process) still ends a worker, but unwinding, so that it lets go of the locks of DALI's queues it shares
+    with the trainer: ended outright while it held one, the trainer (which may outlive the signal to save a
+    checkpoint) waited for it for ever, in its next batch or in closing the pool.
     """
     if multiprocessing.parent_process() is None or threading.current_thread() is not threading.main_thread():
         return False
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_unwinding)
     return True
+
+
+def _exit_unwinding(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # (the status a shell gives a process the signal ended)
 
 
 def _wait_then_exit(parent: multiprocessing.process.BaseProcess) -> None:

@@ -17,6 +17,9 @@ renamed once complete; ``CKPT/latest`` names the newest complete checkpoint and 
 has saved. ``--resume`` continues from it at the
 exact next sample of every rank. ``CKPT`` must be visible to all nodes.
 
+Preemption: SIGTERM or SIGUSR1 (a scheduler's notice before it kills the job) on any rank stops every rank at the
+same step boundary, saves a checkpoint there and exits with status :data:`EXIT_PREEMPTED`; rerun with ``--resume``.
+
 Mixtures: ``--dataset A B ... [--weights ...]`` reads several datasets through ``DALILeRobotMixture``, every
 batch a fixed share of each; the policy's normalisation pools their statistics by those shares. ``--rename-map``
 gives keys of some datasets the names the others use (a camera recorded as ``rgb`` in one, ``top`` in another).
@@ -38,7 +41,9 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -74,6 +79,12 @@ DEFAULT_CHUNK = 10
 """Actions per sample when neither ``--chunk`` nor a recipe's ``[action]`` window says."""
 STATE_KEY = "observation.state"
 ACTION_KEY = "action"
+#: Exit status of a run stopped by a preemption signal once its checkpoint is saved (sysexits' EX_TEMPFAIL: try
+#: again later), so a job script can tell it from a failure and relaunch with ``--resume``.
+EXIT_PREEMPTED = 75
+#: What schedulers send before they kill a job: SIGTERM (SLURM at the time limit or scancel, Kubernetes, spot
+#: instances' shutdown, torchrun passing on its own), SIGUSR1 (SLURM's ``--signal``, ahead of time).
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -673,10 +684,17 @@ def data_signature(plan: DataPlan, cameras: Sequence[str]) -> dict[str, Any]:
 
 
 def save_checkpoint(
-    accelerator: Any, root: Path, step: int, iterator: Any, data: Mapping[str, Any] | None = None
+    accelerator: Any,
+    root: Path,
+    step: int,
+    iterator: Any,
+    data: Mapping[str, Any] | None = None,
+    *,
+    stream: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Model, optimiser and RNG via accelerate; this rank's stream position and ``data`` (:func:`data_signature`);
-    then ``latest`` once all have saved.
+    """Model, optimiser and RNG via accelerate; this rank's stream position (``stream``, where a batch was taken
+    since the step: else ``iterator.state_dict()``) and ``data`` (:func:`data_signature`); then ``latest`` once all
+    have saved.
 
     The ranks write ``.step_{n:08d}.partial``, which becomes ``step_{n:08d}`` once every file is on disk: a step
     saved before (by a run stopped before ``latest`` named it, maybe on more ranks) is replaced whole, never
@@ -688,10 +706,11 @@ def save_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)  # left by a save that was killed
     accelerator.wait_for_everyone()
     accelerator.save_state(str(staging / "state"))
-    stream = {"step": step, "rank": iterator.rank, "world_size": iterator.world_size, "stream": iterator.state_dict()}
+    position = iterator.state_dict() if stream is None else dict(stream)
+    saved = {"step": step, "rank": iterator.rank, "world_size": iterator.world_size, "stream": position}
     if data is not None:
-        stream["data"] = dict(data)
-    _write_atomic(staging / f"stream_rank{iterator.rank}.json", json.dumps(stream))
+        saved["data"] = dict(data)
+    _write_atomic(staging / f"stream_rank{iterator.rank}.json", json.dumps(saved))
     accelerator.wait_for_everyone()
     _sync_tree(staging)  # every rank's files complete: latest must never name one a crash left empty
     accelerator.wait_for_everyone()
@@ -864,9 +883,85 @@ class RunRecord:
         _write_atomic(directory / f"rank{rank}.json", json.dumps(payload))
 
 
+# -- preemption -----------------------------------------------------------------------------------------------
+class Preempted(Exception):
+    """:func:`train` stopped early on a preemption signal, every rank at ``step`` (saved in ``checkpoint`` where
+    there is a ``--checkpoint-dir``); :func:`main` exits with :attr:`exit_status`."""
+
+    def __init__(self, signum: int, step: int, checkpoint: Path | None) -> None:
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        super().__init__(f"{signal.Signals(signum).name}: every rank stopped at step {step}")
+
+    @property
+    def exit_status(self) -> int:
+        """:data:`EXIT_PREEMPTED` with a checkpoint to resume from; without, 128 + the signal, as the signal itself
+        would have ended the process."""
+        return EXIT_PREEMPTED if self.checkpoint is not None else 128 + self.signum
+
+
+class PreemptionNotice:
+    """Once installed: :data:`PREEMPTION_SIGNALS` are noted (they no longer end the process) and :meth:`agreed` tells
+    every rank, at the same point of the same step, whether any rank has received one.
+
+    A signal often reaches one rank, or reaches the ranks at different steps (SLURM signals the processes one by
+    one, a spot instance's notice ends one node's ranks only); a rank that stopped alone would leave the others
+    waiting in the gradients' all-reduce or the checkpoint's barrier. The handler only notes the signal: the loop
+    acts on it between steps. SIGINT (Ctrl-C) keeps its KeyboardInterrupt. Outside the main thread (where Python
+    takes no signal handlers) nothing is installed.
+
+    Several ranks agree through an all-reduce (max) of the signal's number each step: on the CPU, on gloo (the
+    process group's own where it is gloo, else a gloo group made for it), so it waits for no GPU work; its cost is
+    one small message's round trip a step.
+    """
+
+    def __init__(self, world_size: int) -> None:
+        self.received = 0
+        self._group: Any = None
+        self._previous: dict[int, Any] = {}
+        import torch.distributed as dist
+
+        self._agree = world_size > 1 and dist.is_available() and dist.is_initialized()
+        if world_size > 1 and not self._agree:  # (accelerate on TPUs: ranks without torch.distributed)
+            logger.warning("no torch.distributed process group: each rank stops on its own signals")
+        if self._agree and dist.get_backend() != "gloo":
+            self._group = dist.new_group(backend="gloo")  # (a collective: every rank makes it here)
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in PREEMPTION_SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._note)
+
+    def uninstall(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    def _note(self, signum: int, frame: object) -> None:
+        self.received = self.received or signum  # (the first: SLURM's early SIGUSR1, then its SIGTERM)
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received else "no signal"
+
+    def agreed(self) -> int:
+        """The signal any rank has received (the highest number where several), 0 for none; every rank must call
+        it at the same point (a collective)."""
+        if not self._agree:
+            return self.received
+        import torch.distributed as dist
+
+        flag = torch.tensor([self.received], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+        return int(flag.item())
+
+
 # -- training -------------------------------------------------------------------------------------------------
 def train(options: TrainOptions) -> int:
-    """Run to ``options.steps`` optimiser steps; returns the number of steps taken in this process."""
+    """Run to ``options.steps`` optimiser steps; returns the number of steps taken in this process.
+
+    Once training has started, a preemption signal (:class:`PreemptionNotice`) stops every rank at one step boundary,
+    saves a checkpoint there (with ``--checkpoint-dir``) and raises :class:`Preempted` once the run is closed."""
     from accelerate.utils import set_seed
 
     from lerobot_dali.key_rename import KeyRename
@@ -901,9 +996,28 @@ def train(options: TrainOptions) -> int:
     meter = Throughput()
     model.train()
     batches = epoch_batches(iterator)
+    saved = step if step else None  # (the checkpoint resumed from: a preemption before a step saves no new one)
+    stopped_by, position = 0, None
+    notice = PreemptionNotice(world_size)
     try:
+        notice.install()  # (before: a signal ends the process as before, with no step trained to lose)
         while step < options.steps:
-            batch, wait_s = next(batches)
+            position = iterator.state_dict()  # the stream at this step: a preemption's checkpoint takes no batch more
+            try:
+                if not notice.received:
+                    batch, wait_s = next(batches)
+            except Exception as e:
+                if not notice.received:
+                    raise
+                # (A signal sent to the process group, as torchrun sends it, or to every process, as SLURM does, ends
+                # the DALI workers too. The batch is read again on resume: `position` is before it.)
+                logger.warning(
+                    "rank %d: reading the batch of step %d failed after %s (%s: %s); the resumed run reads it",
+                    rank, step + 1, notice.name, type(e).__name__, str(e).partition(". ")[0],
+                )  # fmt: skip
+            stopped_by = notice.agreed()
+            if stopped_by:
+                break
             inputs = {k: v.to(accelerator.device, non_blocking=True) for k, v in batch.items() if torch.is_tensor(v)}
             loss = model(inputs)
             accelerator.backward(loss)
@@ -930,13 +1044,42 @@ def train(options: TrainOptions) -> int:
                 step == options.steps or (options.save_every and step % options.save_every == 0)
             ):
                 save_checkpoint(accelerator, options.checkpoint_dir, step, iterator, data)
+                saved = step
+        checkpoint = None
+        if stopped_by and options.checkpoint_dir is not None:
+            checkpoint = options.checkpoint_dir / f"step_{step:08d}"
+            if saved != step:
+                save_checkpoint(accelerator, options.checkpoint_dir, step, iterator, data, stream=position)
         if options.record_dir is not None:
             record.write(options.record_dir, rank=rank, world_size=world_size, model=accelerator.unwrap_model(model))
+    except BaseException:
+        notice.uninstall()
+        raise
     finally:
         iterator.close()
     accelerator.wait_for_everyone()
     accelerator.end_training()
+    if stopped_by:  # (the handlers stay, for main to ignore the signals from here on)
+        preempted = Preempted(stopped_by, step, checkpoint)
+        if accelerator.is_main_process:
+            log_preemption(preempted)
+        raise preempted
+    notice.uninstall()
     return step - start_step
+
+
+def log_preemption(preempted: Preempted) -> None:
+    """The line that says how to go on after :class:`Preempted` (rank 0's)."""
+    if preempted.checkpoint is None:
+        logger.warning(
+            "%s; no checkpoint can be saved without --checkpoint-dir: a new run starts from step 0 (exit status %d)",
+            preempted, preempted.exit_status,
+        )  # fmt: skip
+    else:
+        logger.warning(
+            "%s and saved %s: to continue from it, run the same command with --resume (exit status %d)",
+            preempted, preempted.checkpoint, preempted.exit_status,
+        )  # fmt: skip
 
 
 def log_progress(
@@ -972,7 +1115,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as e:  # flags, --recipe, --augment, --checkpoint-dir: one line, before training
         logger.error("train.py: %s", e)
         return 2
-    train(options)
+    try:
+        train(options)
+    except Preempted as e:  # (logged where it stopped)
+        # Saved and closed: a signal now could only change the exit status (torchrun sends SIGTERM to the ranks left
+        # once one has exited, which Python's shutdown, restoring the default handlers, would die of).
+        for signum in PREEMPTION_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+        return e.exit_status
     return 0
 
 

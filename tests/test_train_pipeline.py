@@ -13,9 +13,11 @@ import math
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,9 +48,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _train(
-    args: list[str], *, procs: int = 1, timeout: float = 240, accelerate: bool = False
-) -> subprocess.CompletedProcess[str]:
+def _command(args: list[str], *, procs: int = 1, accelerate: bool = False) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment that run train.py with ``args`` on ``procs`` ranks."""
     # `python -m torch.distributed.run` is torchrun, bound to this interpreter. `accelerate launch --cpu
     # --num_processes 2` starts a single process on this machine; `--multi_gpu` takes accelerate's
     # multi-process launcher, which also runs on CPUs (train.py --device cpu joins its gloo group).
@@ -62,11 +63,47 @@ def _train(
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    result = subprocess.run(
-        [*launcher, str(TRAIN), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO
-    )
+    return [*launcher, str(TRAIN), *args], env
+
+
+def _train(
+    args: list[str], *, procs: int = 1, timeout: float = 240, accelerate: bool = False
+) -> subprocess.CompletedProcess[str]:
+    command, env = _command(args, procs=procs, accelerate=accelerate)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
     assert result.returncode == 0, f"train.py exited with {result.returncode}:\n{result.stderr[-30000:]}"
     return result
+
+
+def _train_until_signalled(
+    args: list[str], *, after: str, send: Callable[[subprocess.Popen[str]], None], procs: int = 1, timeout: float = 240
+) -> tuple[int, str]:
+    """Run train.py in a session of its own and call ``send(process)`` once its log has a line holding ``after``;
+    returns its exit status and log."""
+    command, env = _command(args, procs=procs)
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, start_new_session=True)
+    watchdog = threading.Timer(timeout, os.killpg, (process.pid, signal.SIGKILL))  # (a hang fails the test)
+    watchdog.start()
+    lines: list[str] = []
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:
+            lines.append(line)
+            if after and after in line:
+                send(process)
+                after = ""
+        return process.wait(), "".join(lines)
+    finally:
+        watchdog.cancel()
+
+
+def _rank_pid(launcher: subprocess.Popen[str], rank: int) -> int:
+    """The process of ``rank`` among the launcher's children (by its RANK variable)."""
+    for task in Path(f"/proc/{launcher.pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if f"RANK={rank}".encode() in Path(f"/proc/{child}/environ").read_bytes().split(b"\0"):
+                return int(child)
+    raise AssertionError(f"no rank {rank} among the children of {launcher.pid}")
 
 
 def _records(directory: Path, world_size: int) -> list[dict[str, Any]]:
@@ -233,6 +270,106 @@ def test_a_step_saved_again_on_fewer_ranks_keeps_no_file_of_the_earlier_save(
     assert sorted(p.name for p in saved.iterdir()) == ["state", "stream_rank0.json"]
     assert not list(saved.glob("state/random_states_*[!0].pkl"))
     assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step_00000010", "step_00000020"]
+
+
+# -- preemption -----------------------------------------------------------------------------------------------
+def _preempted_at(log: str, checkpoint_dir: Path, signal_name: str) -> int:
+    """The step a preempted run stopped at, from its line saying how to go on, which names its checkpoint."""
+    match = re.search(
+        rf"{signal_name}: every rank stopped at step (\d+) and saved (\S+): to continue from it, run the same command "
+        r"with --resume \(exit status 75\)",
+        log,
+    )
+    assert match, log[-30000:]
+    step = int(match.group(1))
+    assert match.group(2) == str(checkpoint_dir / f"step_{step:08d}")
+    assert (checkpoint_dir / "latest").read_text() == f"step_{step:08d}"
+    return step
+
+
+def test_sigterm_saves_at_the_next_step_and_a_resumed_run_is_exact(
+    single_run: tuple[Path, Path, str], make_ds: Callable[..., Path], tmp_path: Path
+) -> None:
+    """SIGTERM to the process group (as torchrun and SLURM send it: the DALI worker ends too) during training:
+    train.py checkpoints at the next step boundary and exits with status 75; --resume then gives the uninterrupted
+    run's samples, losses and weights. It was killed there, having saved nothing since its last --save-every."""
+    full_ckpt, full_record_dir, _ = single_run
+    (full,) = _records(full_record_dir, 1)
+    ckpt, record_dir = tmp_path / "ckpt", tmp_path / "record"
+    args = [*COMMON, "--dataset", str(make_ds(**UNEVEN)), "--steps", "24", "--batch-size", "8"]
+    args += ["--checkpoint-dir", str(ckpt), "--record", str(record_dir)]
+    status, log = _train_until_signalled(
+        [*args, "--log-every", "1"], after="step 3 epoch", send=lambda p: os.killpg(p.pid, signal.SIGTERM)
+    )
+    assert status == 75, log[-30000:]
+    step = _preempted_at(log, ckpt, "SIGTERM")
+    assert 3 <= step < 24
+    (first,) = _records(record_dir, 1)
+    assert first["indices"] == full["indices"][:step]
+    _, _, log = _run(tmp_path, make_ds(**UNEVEN), steps=24, batch=8, procs=1, extra=["--resume"])
+    (resumed,) = _records(record_dir, 1)
+    assert "resumed from" in log and resumed["first_step"] == step + 1
+    assert resumed["indices"] == full["indices"][step:]
+    torch.testing.assert_close(
+        torch.tensor(resumed["losses"]), torch.tensor(full["losses"][step:]), rtol=1e-5, atol=1e-6
+    )
+    _assert_same_model(_model(ckpt, 24), _model(full_ckpt, 24))
+
+
+def test_a_preemption_signal_without_a_checkpoint_dir_says_nothing_is_saved(
+    make_ds: Callable[..., Path], tmp_path: Path
+) -> None:
+    """SIGUSR1 (SLURM's --signal) to the trainer alone, its DALI worker left alive: it stops at the next step and
+    exits with 128 + the signal, as the signal itself would have ended it (it did, with nothing logged)."""
+    args = [*COMMON, "--dataset", str(make_ds(**UNEVEN)), "--steps", "24", "--batch-size", "8", "--log-every", "1"]
+    status, log = _train_until_signalled(args, after="step 3 epoch", send=lambda p: p.send_signal(signal.SIGUSR1))
+    assert status == 128 + signal.SIGUSR1, log[-30000:]
+    assert re.search(
+        r"SIGUSR1: every rank stopped at step \d+; no checkpoint can be saved without --checkpoint-dir: a new run "
+        r"starts from step 0 \(exit status 138\)",
+        log,
+    ), log[-30000:]
+    assert "Traceback" not in log
+
+
+def test_a_signal_to_one_rank_or_to_torchrun_stops_both_ranks_at_one_step_and_resumes_exactly(
+    two_rank_run: tuple[Path, Path, str], make_ds: Callable[..., Path], tmp_path: Path
+) -> None:
+    """SIGUSR1 to rank 1 alone: both ranks checkpoint the same step (rank 0 had no signal: without agreeing, it
+    would wait in the gradients' all-reduce or the save's barrier) and exit with status 75. The resumed run is
+    then sent SIGTERM through torchrun (which sends it on to each rank's process group, DALI workers included), as
+    Kubernetes stops a pod; a last resume ends with the uninterrupted run's samples and weights."""
+    full_ckpt, full_record_dir, _ = two_rank_run
+    full = _records(full_record_dir, 2)
+    ckpt, record_dir = tmp_path / "ckpt", tmp_path / "record"
+    args = [*COMMON, "--dataset", str(make_ds(**EVEN)), "--steps", "25", "--batch-size", "6", "--log-every", "1"]
+    args += ["--checkpoint-dir", str(ckpt), "--record", str(record_dir)]
+    status, log = _train_until_signalled(
+        args, procs=2, after="step 3 epoch", send=lambda p: os.kill(_rank_pid(p, 1), signal.SIGUSR1)
+    )
+    assert status != 0 and log.count("exitcode  : 75") == 2, log[-30000:]  # (torchrun: 1, each rank's in its summary)
+    first = _preempted_at(log, ckpt, "SIGUSR1")
+    assert 3 <= first < 20
+    saved = sorted(p.name for p in (ckpt / f"step_{first:08d}").iterdir())
+    assert saved == ["state", "stream_rank0.json", "stream_rank1.json"]
+    for got, want in zip(_records(record_dir, 2), full, strict=True):
+        assert got["indices"] == want["indices"][:first]
+    status, log = _train_until_signalled(
+        [*args, "--resume"], procs=2, after=f"step {first + 1} epoch", send=lambda p: p.send_signal(signal.SIGTERM)
+    )
+    assert status != 0 and "Unable to shutdown process" not in log, log[-30000:]  # (torchrun's SIGKILL, 30 s on)
+    second = _preempted_at(log, ckpt, "SIGTERM")
+    assert first < second < 25
+    for got, want in zip(_records(record_dir, 2), full, strict=True):
+        assert got["first_step"] == first + 1 and got["indices"] == want["indices"][first:second]
+    _, _, log = _run(tmp_path, make_ds(**EVEN), steps=25, batch=6, procs=2, extra=["--resume"])
+    for got, want in zip(_records(record_dir, 2), full, strict=True):
+        assert got["first_step"] == second + 1
+        assert got["indices"] == want["indices"][second:] and got["epochs"] == want["epochs"][second:]
+        torch.testing.assert_close(
+            torch.tensor(got["losses"]), torch.tensor(want["losses"][second:]), rtol=1e-5, atol=1e-6
+        )
+    _assert_same_model(_model(ckpt, 25), _model(full_ckpt, 25))
 
 
 def test_two_ranks_train_on_a_mixture_and_resume_it_exactly(make_ds: Callable[..., Path], tmp_path: Path) -> None:

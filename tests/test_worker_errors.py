@@ -310,6 +310,48 @@ def _sigint_handler_after_leaving(queue) -> None:
     queue.put((leave_interrupts_to_parent(), signal.getsignal(signal.SIGINT) is signal.SIG_IGN))
 
 
+def _hold_a_lock_after_leaving(lock, queue) -> None:
+    import os
+    import signal
+    import time
+
+    from lerobot_dali.parent_watch import leave_interrupts_to_parent
+
+    leave_interrupts_to_parent()
+    with lock:  # (as a worker holds the lock of a DALI queue it shares with the trainer)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        queue.put("alive after SIGUSR1")
+        time.sleep(120)
+
+
+def test_workers_leave_sigusr1_to_the_trainer_and_let_go_of_shared_locks_on_sigterm() -> None:
+    """SLURM sends its preemption notice (SIGUSR1, ahead of time) and SIGTERM to every process of the job, torchrun
+    SIGTERM to each rank's process group: a trainer that saves a checkpoint on them outlives them, and its workers
+    died at once, one of them perhaps holding the lock of a DALI queue it shares with the trainer, which then waited
+    for it for ever (its next batch, or closing the pool). SIGUSR1 is left to the trainer; SIGTERM ends a worker
+    unwinding, its locks let go."""
+    import multiprocessing
+    import signal
+
+    from lerobot_dali.parent_watch import leave_interrupts_to_parent
+
+    spawn = multiprocessing.get_context("spawn")
+    lock, queue = spawn.Lock(), spawn.Queue()
+    child = spawn.Process(target=_hold_a_lock_after_leaving, args=(lock, queue))
+    child.start()
+    try:
+        assert queue.get(timeout=60) == "alive after SIGUSR1"
+        child.terminate()  # SIGTERM
+        child.join(timeout=60)
+        assert child.exitcode == 128 + signal.SIGTERM
+        assert lock.acquire(timeout=5), "the worker ended holding the lock"
+    finally:
+        child.kill()
+    previous = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
+    assert leave_interrupts_to_parent() is False  # the trainer keeps its own
+    assert {s: signal.getsignal(s) for s in previous} == previous
+
+
 def test_workers_leave_ctrl_c_to_the_trainer() -> None:
     """Ctrl-C reaches the whole process group; each worker printed its own KeyboardInterrupt traceback while the
     trainer ended them anyway. Workers (multiprocessing children) ignore SIGINT; the main process never does."""
