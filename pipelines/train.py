@@ -63,6 +63,7 @@ import torch
 
 from lerobot_dali.cache_dirs import atomic_file
 from lerobot_dali.decode_route import DecodePreference
+from lerobot_dali.errors import DatasetError, ResumeStateError, ShardingError
 from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
 from lerobot_dali.value_checks import check_choice, check_int_fields, check_seconds, cli_flag, is_int, is_number
 from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig
@@ -883,6 +884,19 @@ class RunRecord:
         _write_atomic(directory / f"rank{rank}.json", json.dumps(payload))
 
 
+# -- set-up errors --------------------------------------------------------------------------------------------
+#: The library's own errors about what the run reads (:mod:`lerobot_dali.errors`: a dataset path that does not exist,
+#: a ``--cameras`` key or ``--episodes`` index the dataset lacks, a checkpoint's stream of other episodes): raised
+#: while the run is set up, each is the user's to fix and its message says how. Anything else (a bug) keeps its
+#: traceback.
+SETUP_ERRORS: tuple[type[Exception], ...] = (DatasetError, ShardingError, ResumeStateError)
+
+
+class SetupError(Exception):
+    """An error of :data:`SETUP_ERRORS` before training started; :func:`main` logs it as one line (each rank its own)
+    and exits with status 2, as for a flag's mistake."""
+
+
 # -- preemption -----------------------------------------------------------------------------------------------
 class Preempted(Exception):
     """:func:`train` stopped early on a preemption signal, every rank at ``step`` (saved in ``checkpoint`` where
@@ -961,7 +975,8 @@ def train(options: TrainOptions) -> int:
     """Run to ``options.steps`` optimiser steps; returns the number of steps taken in this process.
 
     Once training has started, a preemption signal (:class:`PreemptionNotice`) stops every rank at one step boundary,
-    saves a checkpoint there (with ``--checkpoint-dir``) and raises :class:`Preempted` once the run is closed."""
+    saves a checkpoint there (with ``--checkpoint-dir``) and raises :class:`Preempted` once the run is closed. An
+    error of :data:`SETUP_ERRORS` before the first step raises :class:`SetupError`."""
     from accelerate.utils import set_seed
 
     from lerobot_dali.key_rename import KeyRename
@@ -969,23 +984,26 @@ def train(options: TrainOptions) -> int:
     accelerator = make_accelerator(options.device, options.mixed_precision)
     set_seed(options.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
     rank, world_size = data_rank(accelerator)
-    readers = open_readers(options)
-    renames = [KeyRename()] if options.concat else dataset_renames(options, readers)  # (a union's are its own)
-    check_policy_features(readers, renames)
-    cameras = tuple(renames[0].batch_names(readers[0].all_camera_keys))
-    plan = data_plan(options, fps=readers[0].fps, camera_keys=cameras)
-    iterator = build_iterator(
-        readers, plan, options, rank=rank, world_size=world_size, device=iterator_device(accelerator.device)
-    )
-    policy = build_policy(readers, plan, iterator.camera_channels, getattr(iterator, "batch_shares", None), renames)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=options.lr)
-    # Only the model and optimiser go through prepare; the iterator is already rank-disjoint (see module doc).
-    model, optimizer = accelerator.prepare(policy, optimizer)
+    try:  # (the library's errors about the data or a checkpoint: main logs them as one line)
+        readers = open_readers(options)
+        renames = [KeyRename()] if options.concat else dataset_renames(options, readers)  # (a union's are its own)
+        check_policy_features(readers, renames)
+        cameras = tuple(renames[0].batch_names(readers[0].all_camera_keys))
+        plan = data_plan(options, fps=readers[0].fps, camera_keys=cameras)
+        iterator = build_iterator(
+            readers, plan, options, rank=rank, world_size=world_size, device=iterator_device(accelerator.device)
+        )
+        policy = build_policy(readers, plan, iterator.camera_channels, getattr(iterator, "batch_shares", None), renames)
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=options.lr)
+        # Only the model and optimiser go through prepare; the iterator is already rank-disjoint (see module doc).
+        model, optimizer = accelerator.prepare(policy, optimizer)
 
-    step = 0
-    data = data_signature(plan, cameras)
-    if options.resume and options.checkpoint_dir is not None:
-        step = resume_latest(accelerator, options.checkpoint_dir, iterator, data, steps=options.steps)
+        step = 0
+        data = data_signature(plan, cameras)
+        if options.resume and options.checkpoint_dir is not None:
+            step = resume_latest(accelerator, options.checkpoint_dir, iterator, data, steps=options.steps)
+    except SETUP_ERRORS as e:
+        raise SetupError(str(e)) from e
     start_step = step
     logger.info(
         "rank %d/%d: steps %d..%d, batch %d, %d batches left in epoch %d, cameras %s, recipe %s, windows %s",
@@ -1117,6 +1135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         train(options)
+    except SetupError as e:  # the datasets or the checkpoint: one line, not a traceback on every rank
+        logger.error("train.py: %s", e)
+        return 2
     except Preempted as e:  # (logged where it stopped)
         # Saved and closed: a signal now could only change the exit status (torchrun sends SIGTERM to the ranks left
         # once one has exited, which Python's shutdown, restoring the default handlers, would die of).

@@ -671,11 +671,11 @@ def test_r1s_state_wider_than_info_json_declares_fails_before_training_with_advi
         [sys.executable, str(TRAIN), *args, "--tolerance-s", "0.0201"],
         capture_output=True, text=True, timeout=240, env=env, cwd=REPO,
     )  # fmt: skip
-    assert result.returncode != 0
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-30000:]
     assert "samples per epoch" not in result.stderr and "rank 0/1: steps" not in result.stderr  # no pipeline built
     last = result.stderr.strip().splitlines()[-1]
     assert re.fullmatch(
-        r"lerobot_dali\.errors\.SchemaMismatchError: .*file-000\.parquet: column 'observation\.state' holds vectors "
+        r".* rank0 pipelines\.train: train\.py: .*file-000\.parquet: column 'observation\.state' holds vectors "
         r"of length \[41\] but info\.json declares shape \[17\] \(17 values\)\. train\.py's policy reads "
         r"'observation\.state' and 'action' and cannot leave either out: correct the feature's shape and names in "
         r"the dataset's meta/info\.json .*",
@@ -740,6 +740,67 @@ def test_mistakes_in_flags_recipe_and_augment_files_are_one_line_errors_before_t
         assert train_module.main([*argv, *(arg.format(tmp=tmp_path) for arg in extra)]) == 2
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and re.match(r"train\.py: " + message, errors[0]), errors
+
+
+def _failed(args: list[str], *, procs: int = 1) -> subprocess.CompletedProcess[str]:
+    command, env = _command(args, procs=procs)
+    return subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
+
+
+def test_dataset_errors_while_setting_up_are_one_line_on_each_rank(
+    single_run: tuple[Path, Path, str], make_ds: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A dataset path that does not exist, a --cameras key or an --episodes index the dataset lacks, a checkpoint
+    of other episodes: each printed a traceback (on every rank) ending in the library's message. Now that message
+    is one line, exit status 2, as a flag's mistake is."""
+    dataset = make_ds(**UNEVEN)
+    base = [*COMMON, "--steps", "30", "--batch-size", "8"]
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(single_run[0], ckpt)
+    cases = [
+        (["--dataset", str(tmp_path / "nope")], rf"dataset '{tmp_path}/nope' not found: it is not a local folder, .*"),
+        (["--dataset", str(dataset), "--episodes", "0", "9"], r".*: episodes \[9\] are not in this dataset, .*0\.\.5"),
+        (["--dataset", str(dataset), "--episodes", "0", "1", "2", "--checkpoint-dir", str(ckpt), "--resume"],
+         r"this stream state was saved over other episodes \(6 episodes, .*\) than this iterator reads \(3 episodes.*"),
+    ]  # fmt: skip
+    for args, message in cases:
+        result = _failed([*base, *args])
+        assert result.returncode == 2, result.stderr[-30000:]
+        assert "Traceback" not in result.stderr, result.stderr[-30000:]
+        last = result.stderr.strip().splitlines()[-1]
+        assert re.fullmatch(r"\d\d:\d\d:\d\d rank0 pipelines\.train: train\.py: " + message, last), last
+    result = _failed([*base, "--dataset", str(make_ds(**EVEN)), "--cameras", "observation.images.top"], procs=2)
+    assert "exitcode  : 2" in result.stderr, result.stderr[-30000:]  # (torchrun's summary)
+    assert "lerobot_dali.errors" not in result.stderr, result.stderr[-30000:]  # (no rank's traceback)
+    lines = [line for line in result.stderr.splitlines() if "train.py: " in line]
+    assert len({line.split()[1] for line in lines}) == len(lines) >= 1  # (one a rank: torchrun may end the second
+    for line in lines:  # before it logs, once the first has failed)
+        assert line.endswith(
+            "train.py: unknown camera(s) ['observation.images.top']; this dataset declares "
+            "['observation.images.cam0', 'observation.images.cam1']"
+        )
+
+
+def test_other_errors_while_setting_up_keep_their_traceback(tmp_path: Path, monkeypatch, caplog) -> None:
+    """Only the library's own errors about the data are a user's mistake told in one line; anything else raised
+    while setting up (a bug) propagates with its traceback."""
+    from types import SimpleNamespace
+
+    from lerobot_dali.errors import DatasetError, IteratorClosedError
+    from pipelines import train as train_module
+
+    monkeypatch.setattr(
+        train_module, "make_accelerator", lambda *a, **k: SimpleNamespace(process_index=0, num_processes=1)
+    )
+    argv = ["--dataset", str(tmp_path), "--steps", "1", "--device", "cpu"]
+    for error in (KeyError("a bug"), ValueError("a bug"), IteratorClosedError("a bug")):
+        monkeypatch.setattr(train_module, "open_readers", lambda options, error=error: (_ for _ in ()).throw(error))
+        with pytest.raises(type(error), match="a bug"):
+            train_module.main(argv)
+    monkeypatch.setattr(train_module, "open_readers", lambda options: (_ for _ in ()).throw(DatasetError("refused")))
+    with caplog.at_level(logging.ERROR, logger="pipelines.train"):
+        assert train_module.main(argv) == 2
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == ["train.py: refused"]
 
 
 def test_a_checkpoint_dir_holding_a_checkpoint_needs_resume_and_one_that_cannot_be_written_is_refused(
