@@ -123,6 +123,19 @@ def wait_for_flock(path: Path, *, ready: Path, wait_s: float, poll_s: float) -> 
         time.sleep(poll_s)
 
 
+def lock_file(entry: Path) -> Path:
+    """The lock file beside store entry ``entry`` (matched by :data:`LOCK_FILES`)."""
+    return entry.with_suffix(".lock")
+
+
+def drop_lock_file(entry: Path) -> None:
+    """Delete ``entry``'s lock file once ``entry`` is stored (the caller holds the lock): whoever comes next finds
+    the entry and takes no lock, and one empty file per entry ever stored would otherwise stay for good (sweeps go
+    by last use). Best effort: at worst a sweep removes it later."""
+    with contextlib.suppress(OSError):
+        lock_file(entry).unlink()
+
+
 def cache_days() -> float:
     raw = os.environ.get(CACHE_DAYS_ENV, "").strip()
     try:

@@ -19,7 +19,6 @@ quota, read-only) stops the process's conversions for good, with one warning; ma
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -40,7 +39,9 @@ from .cache_dirs import (
     LOCK_FILES,
     atomic_file,
     cache_root,
+    drop_lock_file,
     folder_refuses,
+    lock_file,
     mark_used,
     prune_unused_files,
     try_flock,
@@ -231,13 +232,12 @@ class ColumnStore:
             return False
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            lock_path = target.with_suffix(".lock")
-            lock = try_flock(lock_path)
+            lock = try_flock(lock_file(target))
             if lock is None:
                 return False  # another process converts it: read directly this time
             with lock:
                 if target.exists():  # converted by the process that held the lock before
-                    _drop_lock_file(lock_path)
+                    drop_lock_file(target)
                     return True
                 if not _room_for(parquet, entry.columns, target.parent, path):
                     self._give_up(target)
@@ -248,7 +248,7 @@ class ColumnStore:
                 started = time.perf_counter()
                 with atomic_file(target, prefix=prefix) as tmp, read_lock:
                     _write_arrow(parquet, entry.columns, entry.key, tmp)
-                _drop_lock_file(lock_path)
+                drop_lock_file(target)
         except _DataReadError as e:
             if is_transient(e.cause):
                 raise e.cause from None
@@ -297,13 +297,6 @@ class ColumnStore:
     def _give_up(self, target: Path) -> None:
         with self._lock:
             self._failed.add(target)
-
-
-def _drop_lock_file(lock_path: Path) -> None:
-    """Delete a stored entry's lock file (held by the caller): who comes next maps the entry and takes no lock, and
-    one empty file per entry ever converted would otherwise stay for good (sweeps go by last use)."""
-    with contextlib.suppress(OSError):
-        lock_path.unlink()
 
 
 class _DataReadError(Exception):

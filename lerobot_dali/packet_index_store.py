@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,9 @@ from .cache_dirs import (
     LOCK_FILES,
     atomic_file,
     cache_root,
+    drop_lock_file,
     folder_refuses,
+    lock_file,
     mark_used,
     prune_unused_files,
     wait_for_flock,
@@ -111,7 +113,7 @@ class PacketIndexStore:
         again). A holder that stalls is waited on :data:`WAIT_S` at most (logged), one that dies frees the lock at
         once; a folder where no lock can be made (read-only, refusing writes) is not waited on."""
         path = self.path_for(url, stamp)
-        lock_path = path.with_suffix(".lock")
+        lock_path = lock_file(path)
         lock = None
         if self.directory not in _REFUSED and path not in _REFUSED:
             try:
@@ -129,9 +131,8 @@ class PacketIndexStore:
             yield
         finally:
             if lock is not None:
-                if path.exists():  # (stored: whoever comes next loads it, no lock file needs to stay)
-                    with suppress(OSError):
-                        lock_path.unlink()
+                if path.exists():
+                    drop_lock_file(path)
                 lock.close()
 
     def prune_unused(self) -> None:

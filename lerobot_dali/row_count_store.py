@@ -21,7 +21,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
-from .cache_dirs import LOCK_FILES, atomic_file, cache_root, mark_used, prune_unused_files, wait_for_flock
+from .cache_dirs import (
+    LOCK_FILES,
+    atomic_file,
+    cache_root,
+    drop_lock_file,
+    lock_file,
+    mark_used,
+    prune_unused_files,
+    wait_for_flock,
+)
 from .file_stamps import FileStamps
 
 __all__ = ["STORE_FORMAT", "WAIT_S", "cached_row_counts"]
@@ -62,9 +71,8 @@ def cached_row_counts(
         if found is not None:
             return found
         counts = read(list(paths))
-        if _save(entry, paths, counts) and lock is not None:  # (a waiter that takes the lock finds the entry)
-            with contextlib.suppress(OSError):
-                entry.with_suffix(".lock").unlink()
+        if _save(entry, paths, counts) and lock is not None:
+            drop_lock_file(entry)
         prune_unused_files(folder, "*/*.json", LOCK_FILES)
         return counts
     finally:
@@ -77,7 +85,7 @@ def _wait_for_lock(entry: Path) -> IO[bytes] | None:
     be made here; the caller then reads without one)."""
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
-        lock = wait_for_flock(entry.with_suffix(".lock"), ready=entry, wait_s=WAIT_S, poll_s=_POLL_S)
+        lock = wait_for_flock(lock_file(entry), ready=entry, wait_s=WAIT_S, poll_s=_POLL_S)
     except OSError as e:
         logger.debug("row count store %s unusable (%s); reading the files", entry.parent, e)
         return None
