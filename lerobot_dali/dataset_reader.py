@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -34,7 +34,14 @@ from .episode_rows import (
     read_parquet,
 )
 from .episode_table import EpisodeTable, filter_episodes, read_episode_records, read_episode_table
-from .errors import DatasetError, DatasetNotFoundError, EpisodeMetadataError, MissingDataFileError, cameras_hint
+from .errors import (
+    DatasetError,
+    DatasetNotFoundError,
+    EpisodeMetadataError,
+    MissingDataFileError,
+    SchemaMismatchError,
+    cameras_hint,
+)
 from .file_stamps import FileStamp, FileStamps
 from .frame_lookup import ITERATORS_LOOKUP, FrameLookup
 from .said_once import warn_once
@@ -76,6 +83,7 @@ class LeRobotDatasetReader:
         tabular_keys: list[str],
         stamps: FileStamps | None = None,
         image_keys: Sequence[str] = (),
+        data_file_columns: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
         self.location = location
         #: Remote datasets: size and version of every data/video file from one listing per root.
@@ -88,6 +96,8 @@ class LeRobotDatasetReader:
         #: Cameras stored as encoded images in the data files (``dtype: "image"``): :meth:`read_episode_images`.
         self.image_keys = list(image_keys)
         self.tabular_keys = tabular_keys
+        #: Column names of the v3.0 data files whose footers the open read (by path): :meth:`check_data_columns`.
+        self.data_file_columns: Mapping[str, tuple[str, ...]] = data_file_columns or {}
         # Remote files each hold a read-ahead buffer (4 MB): fewer stay open.
         self._parquet = ParquetCache(partial(open_stamped, location, stamps), max_open=128 if location.is_local else 16)
         #: Data files written as one big row group are read from memory-mapped Arrow copies on local disk.
@@ -141,6 +151,7 @@ class LeRobotDatasetReader:
             tabular_keys=self.tabular_keys if tabular_keys is None else tabular_keys,
             stamps=self.stamps,
             image_keys=self.image_keys if image_keys is None else image_keys,
+            data_file_columns=self.data_file_columns,
         )
         reader.column_store = self.column_store
         return reader
@@ -193,6 +204,27 @@ class LeRobotDatasetReader:
         feature whose entry was dropped from info.json is simply missing from batches (LeRobot refuses such a file)."""
         names = self._parquet.get(self.data_path(episode_pos)).schema_arrow.names
         return [name for name in names if name not in self.info.features and not name.startswith("__index_level_")]
+
+    def check_data_columns(self) -> None:
+        """Raise SchemaMismatchError where a data file of the episodes read lacks the column of a feature read, as
+        far as the open read their footers (v3.0's: every data file). Such a file failed only once one of its
+        episodes was read, maybe hours into training; LeRobot, which loads every data file first, fails at once."""
+        wanted = [*self.tabular_keys, *self.image_keys]
+        if not self.data_file_columns or not wanted:
+            return
+        lacking: dict[str, list[str]] = {}
+        for path in dict.fromkeys(self.data_path(pos) for pos in range(self.num_episodes)):
+            columns = self.data_file_columns.get(path)
+            missing = [] if columns is None else [k for k in wanted if k not in columns]
+            if missing:
+                lacking[path] = missing
+        if lacking:
+            path, missing = next(iter(lacking.items()))
+            more = f" (and {len(lacking) - 1} more data file(s) lack some)" if len(lacking) > 1 else ""
+            raise SchemaMismatchError(
+                f"{path}: declared feature(s) {missing} have no column in the data file{more} (columns present: "
+                f"{list(self.data_file_columns[path])}); fix info.json or select other keys/cameras"
+            )
 
     def read_stats(self) -> FeatureStats:
         """The dataset's feature statistics, as LeRobot reads them (:func:`~.dataset_stats.read_dataset_stats`)."""
@@ -421,7 +453,7 @@ def open_dataset(
             None if episodes is None else table.select(episodes, source=location.description).episode_index.tolist()
         )
         episodes = filter_episodes(records, episode_filter, candidates=candidates)
-    table = locate_episode_rows(location, info, table, stamps=stamps, episodes=episodes)
+    table, data_file_columns = locate_episode_rows(location, info, table, stamps=stamps, episodes=episodes)
     if info.total_episodes and info.total_episodes != len(table):
         warn_once(
             logger,
@@ -444,6 +476,7 @@ def open_dataset(
         tabular_keys=tabular_keys,
         stamps=stamps,
         image_keys=image_keys,
+        data_file_columns=data_file_columns,
     )
     _check_first_files(reader)
     logger.info("opened %r", reader)

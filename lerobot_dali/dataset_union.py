@@ -191,6 +191,10 @@ class DatasetUnion(LeRobotDatasetReader):
     def first_episodes(self) -> list[int]:
         return [int(start) for start, stop in zip(self.starts[:-1], self.starts[1:], strict=True) if stop > start]
 
+    def check_data_columns(self) -> None:
+        for member in self.members:
+            member.check_data_columns()
+
     def read_stats(self) -> FeatureStats:
         """The members' statistics pooled as LeRobot pools datasets' (frame-weighted means, pooled variances)."""
         stats = [r.batch(m.read_stats()) for m, r in zip(self.members, self.renames, strict=True)]

@@ -37,7 +37,7 @@ from .episode_table import CameraFiles, EpisodeTable
 from .errors import EpisodeMetadataError, MissingDataFileError
 from .file_stamps import FileStamps
 from .remote_retry import is_transient
-from .row_count_store import cached_row_counts
+from .row_count_store import Footer, cached_footers
 from .said_once import warn_once
 
 __all__ = [
@@ -107,13 +107,16 @@ def locate_episode_rows(
     *,
     stamps: FileStamps | None,
     episodes: Sequence[int] | None = None,
-) -> EpisodeTable:
+) -> tuple[EpisodeTable, dict[str, tuple[str, ...]]]:
     """``table`` (all episodes), or where a data file named by the ``episodes`` to read (all: None) does not
     exist or holds another row count than the metadata places in it, ``table`` with each episode's data file and
     first row taken from the data files' ``episode_index`` column. Only the episodes to read must be found; the
-    file row counts stay the metadata's (the rows of the episodes found in each file)."""
+    file row counts stay the metadata's (the rows of the episodes found in each file).
+
+    Also the column names of the data files whose footers were read (those the metadata names, where they exist):
+    :meth:`~lerobot_dali.dataset_reader.LeRobotDatasetReader.check_data_columns` checks them."""
     if info.major_version != "v3" or len(table) == 0:
-        return table
+        return table, {}
     wanted = np.ones(len(table), bool) if episodes is None else np.isin(table.episode_index, np.asarray(episodes))
     placed = {  # path -> rows the metadata places in it
         data_file_path(location, info, chunk, file): rows
@@ -124,9 +127,10 @@ def locate_episode_rows(
             strict=True,
         )
     }
-    missing, problem = _stale_index(location, stamps, placed)
+    missing, problem, footers = _stale_index(location, stamps, placed)
+    columns = {path: footer.columns for path, footer in footers.items()}
     if problem is None:
-        return table
+        return table, columns
     listed = _listed_data_files(location, info, stamps)
     if not listed:
         raise MissingDataFileError(
@@ -170,25 +174,27 @@ def locate_episode_rows(
         "files' episode_index column instead (%d data file(s)). Rewrite meta/episodes to open faster.",
         location.description, problem, len(listed),
     )  # fmt: skip
-    return table.with_data_rows(runs[:, 0], runs[:, 1], runs[:, 2])
+    return table.with_data_rows(runs[:, 0], runs[:, 1], runs[:, 2]), columns
 
 
 def _stale_index(
     location: DatasetLocation, stamps: FileStamps | None, placed: dict[str, int]
-) -> tuple[list[str], str | None]:
-    """Of the data files ``placed`` (path -> rows the metadata places there), those that do not exist, and what is
-    wrong with the index (None: nothing): a file missing, or a footer holding another row count."""
+) -> tuple[list[str], str | None, dict[str, Footer]]:
+    """Of the data files ``placed`` (path -> rows the metadata places there), those that do not exist, what is
+    wrong with the index (None: nothing): a file missing, or a footer holding another row count; and the footers
+    read (none where a file is missing)."""
     missing = sorted(path for path in placed if not bulk_file_exists(location, stamps, path))
     if missing:
-        return missing, f"names data files that do not exist ({list(missing[:3])}{' ...' if len(missing) > 3 else ''})"
+        shown = f"{list(missing[:3])}{' ...' if len(missing) > 3 else ''}"
+        return missing, f"names data files that do not exist ({shown})", {}
     paths = sorted(placed)
-    counts = cached_row_counts(stamps, paths, partial(_for_each_file, location, partial(_footer_rows, stamps=stamps)))
-    held = dict(zip(paths, counts, strict=True))
-    miscounted = [path for path in paths if held[path] != placed[path]]
+    read = partial(_for_each_file, location, partial(_footer, stamps=stamps))
+    footers = dict(zip(paths, cached_footers(stamps, paths, read), strict=True))
+    miscounted = [path for path in paths if footers[path].rows != placed[path]]
     if not miscounted:
-        return [], None
-    path = miscounted[0]
-    return [], f"places {placed[path]} rows in {path}, which holds {held[path]} ({len(miscounted)} such file(s))"
+        return [], None, footers
+    path, held = miscounted[0], footers[miscounted[0]].rows
+    return [], f"places {placed[path]} rows in {path}, which holds {held} ({len(miscounted)} such file(s))", footers
 
 
 def _for_each_file(location: DatasetLocation, read: Callable[[DatasetLocation, str], T], paths: list[str]) -> list[T]:
@@ -198,10 +204,10 @@ def _for_each_file(location: DatasetLocation, read: Callable[[DatasetLocation, s
     return in_threads(partial(read, location), paths)
 
 
-def _footer_rows(location: DatasetLocation, path: str, *, stamps: FileStamps | None) -> int:
+def _footer(location: DatasetLocation, path: str, *, stamps: FileStamps | None) -> Footer:
     parquet = open_parquet(partial(open_stamped, location, stamps), path)
     try:
-        return int(parquet.metadata.num_rows)
+        return Footer(int(parquet.metadata.num_rows), tuple(parquet.schema_arrow.names))
     finally:
         parquet.close(force=True)
 

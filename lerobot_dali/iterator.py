@@ -772,6 +772,7 @@ def _batchable_reader(dataset: str | os.PathLike[str] | LeRobotDatasetReader, **
             f"{reader.location.description}: info.json declares no {missing} feature(s); every LeRobot "
             "dataset has them and batches carry them"
         )
+    reader.check_data_columns()
     return reader
 
 

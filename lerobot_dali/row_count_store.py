@@ -1,14 +1,16 @@
-"""Row counts of remote parquet data files, kept on local disk, so that one process per cache folder reads them.
+"""Row counts and column names of remote parquet data files, kept on local disk, so that one process per cache
+folder reads them.
 
-Opening a v3.0 dataset checks that each data file holds the rows ``meta/episodes`` places in it
-(:mod:`~lerobot_dali.episode_data_files`): one footer read per data file. A remote dataset of 1,000 data files
-costs every rank of every run 1,000 ranged reads: 8 ranks of a node starting at once make 8,000, past the Hub's
-request rate limits, and a resumed job pays them again. A row count is a fact about a file's content, so it is
-kept as one small JSON per set of files, keyed by the sha256 of their (path, size, version): a changed file
-misses. The first process to open a set reads it under an ``flock``; the others, on the same node or on any
-node that shares the folder, wait for its result rather than read too (at most :data:`WAIT_S`, then they read
-themselves). Files of servers that give no version (``run:`` stamps, valid one run) are never kept. A store
-that cannot be written or read is skipped: it is never needed for correctness.
+Opening a v3.0 dataset checks that each data file holds the rows ``meta/episodes`` places in it, and the columns
+of the features read (:mod:`~lerobot_dali.episode_data_files`): one footer read per data file. A remote dataset
+of 1,000 data files costs every rank of every run 1,000 ranged reads: 8 ranks of a node starting at once make
+8,000, past the Hub's request rate limits, and a resumed job pays them again. A footer is a fact about a file's
+content, so its row count and column names are kept as one small JSON per set of files, keyed by the sha256 of
+their (path, size, version): a changed file misses. The first process to open a set reads it under an
+``flock``; the others, on the same node or on any node that shares the folder, wait for its result rather than
+read too (at most :data:`WAIT_S`, then they read themselves). Files of servers that give no version (``run:``
+stamps, valid one run) are never kept. A store that cannot be written or read is skipped: it is never needed for
+correctness.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, NamedTuple
 
 from .cache_dirs import (
     LOCK_FILES,
@@ -33,26 +35,33 @@ from .cache_dirs import (
 )
 from .file_stamps import FileStamps
 
-__all__ = ["STORE_FORMAT", "WAIT_S", "cached_row_counts"]
+__all__ = ["STORE_FORMAT", "WAIT_S", "Footer", "cached_footers"]
 
 logger = logging.getLogger(__name__)
 
-#: Version of the on-disk layout, part of every key.
-STORE_FORMAT = 1
+#: Version of the on-disk layout, part of every key (2: column names too).
+STORE_FORMAT = 2
 #: Longest a process waits for another to read the same files' row counts before it reads them itself.
 WAIT_S = 300.0
 #: Seconds between two looks at a lock another process holds.
 _POLL_S = 0.2
 
 
-def cached_row_counts(
+class Footer(NamedTuple):
+    """What a parquet file's footer says that opening a dataset checks."""
+
+    rows: int
+    columns: tuple[str, ...]
+
+
+def cached_footers(
     stamps: FileStamps | None,
     paths: Sequence[str],
-    read: Callable[[list[str]], list[int]],
+    read: Callable[[list[str]], list[Footer]],
     *,
     directory: Path | None = None,
-) -> list[int]:
-    """The row counts of ``paths``, ``read(paths)`` once per cache folder for files ``stamps`` versions; else
+) -> list[Footer]:
+    """The footers of ``paths``, ``read(paths)`` once per cache folder for files ``stamps`` versions; else
     ``read(paths)`` directly (local files, or files without a version)."""
     if stamps is None or not paths or not all(path in stamps for path in paths):
         return read(list(paths))
@@ -70,11 +79,11 @@ def cached_row_counts(
         found = _load(entry, paths)  # (written by the process that held the lock)
         if found is not None:
             return found
-        counts = read(list(paths))
-        if _save(entry, paths, counts) and lock is not None:
+        footers = read(list(paths))
+        if _save(entry, paths, footers) and lock is not None:
             drop_lock_file(entry)
         prune_unused_files(folder, "*/*.json", LOCK_FILES)
-        return counts
+        return footers
     finally:
         if lock is not None:
             lock.close()
@@ -94,12 +103,14 @@ def _wait_for_lock(entry: Path) -> IO[bytes] | None:
     return lock
 
 
-def _load(entry: Path, paths: Sequence[str]) -> list[int] | None:
+def _load(entry: Path, paths: Sequence[str]) -> list[Footer] | None:
     try:
         raw = json.loads(entry.read_text())
-        counts = raw["rows"]
-        if raw["paths"] != list(paths) or len(counts) != len(paths) or not all(type(n) is int for n in counts):
+        counts, columns = raw["rows"], raw["columns"]
+        if raw["paths"] != list(paths) or len(counts) != len(paths) or len(columns) != len(paths):
             raise ValueError("it holds other files")
+        if not all(type(n) is int for n in counts) or not all(all(type(c) is str for c in cs) for cs in columns):
+            raise ValueError("it holds other values than row counts and column names")
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -108,13 +119,14 @@ def _load(entry: Path, paths: Sequence[str]) -> list[int] | None:
             entry.unlink(missing_ok=True)
         return None
     mark_used(entry)
-    return list(counts)
+    return [Footer(n, tuple(cs)) for n, cs in zip(counts, columns, strict=True)]
 
 
-def _save(entry: Path, paths: Sequence[str], counts: list[int]) -> bool:
+def _save(entry: Path, paths: Sequence[str], footers: list[Footer]) -> bool:
+    kept = {"paths": list(paths), "rows": [f.rows for f in footers], "columns": [list(f.columns) for f in footers]}
     try:
         with atomic_file(entry, prefix=".rows") as f:
-            f.write(json.dumps({"paths": list(paths), "rows": counts}).encode())
+            f.write(json.dumps(kept).encode())
     except OSError as e:
         logger.debug("cannot keep row counts in %s (%s)", entry, e)
         return False

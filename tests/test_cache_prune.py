@@ -49,7 +49,7 @@ def test_lock_files_left_beside_entries_are_swept_with_them(tmp_path: Path, monk
     """A lock file stays where its holder stored nothing (a failed build, a killed process) or, in the column store
     until now, after every conversion: the sweeps deleted the entries alone, so those stayed for good."""
     from lerobot_dali.column_store import ColumnStore
-    from lerobot_dali.row_count_store import cached_row_counts
+    from lerobot_dali.row_count_store import Footer, cached_footers
 
     monkeypatch.setenv(CACHE_DAYS_ENV, "7")
     stores = {
@@ -64,7 +64,8 @@ def test_lock_files_left_beside_entries_are_swept_with_them(tmp_path: Path, monk
         assert not stale.exists() and not stale_lock.exists() and fresh_lock.exists(), name
     stale_lock = _file(tmp_path / "row_counts" / "ab" / "old.lock", 8, 0)
     stamps = {"a.parquet": FileStamp(10, "etag:a")}
-    cached_row_counts(stamps, ["a.parquet"], lambda paths: [1] * len(paths), directory=tmp_path / "row_counts")
+    read = lambda paths: [Footer(1, ("a",))] * len(paths)  # noqa: E731
+    cached_footers(stamps, ["a.parquet"], read, directory=tmp_path / "row_counts")
     assert not list((tmp_path / "row_counts").rglob("*.lock"))
 
 

@@ -28,13 +28,13 @@ def footer_reads(monkeypatch) -> list[str]:
     from lerobot_dali import episode_data_files
 
     reads: list[str] = []
-    real = episode_data_files._footer_rows
+    real = episode_data_files._footer
 
     def counting(location, path, **kwargs):
         reads.append(path)
         return real(location, path, **kwargs)
 
-    monkeypatch.setattr(episode_data_files, "_footer_rows", counting)
+    monkeypatch.setattr(episode_data_files, "_footer", counting)
     return reads
 
 
@@ -84,11 +84,14 @@ def test_an_unreadable_entry_or_a_held_lock_falls_back_to_reading(make_ds, foote
     root = make_ds(**SPEC)
     _open_remote(root)
     (entry,) = (row_count_store.cache_root() / "row_counts").glob("*/*")  # (its lock file gone with the lock)
-    entry.write_text('{"paths": ["elsewhere"], "rows": [1]}')
+    entry.write_text('{"paths": ["elsewhere"], "rows": [1], "columns": [["action"]]}')
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.row_count_store"):
         _open_remote(root)
     assert caplog.text.count("unreadable (it holds other files); deleting it") == 1 and len(footer_reads) == 6
-    assert row_count_store._load(entry, sorted(set(footer_reads))) == [7, 8, 9]  # rewritten
+    kept = row_count_store._load(entry, sorted(set(footer_reads)))  # rewritten
+    assert kept is not None and [footer.rows for footer in kept] == [7, 8, 9]
+    schema = pq.read_schema(next((root / "data").rglob("*.parquet")))
+    assert {footer.columns for footer in kept} == {tuple(schema.names)}
     entry.unlink()
     monkeypatch.setattr(row_count_store, "WAIT_S", 0.3)
     held = try_flock(entry.with_suffix(".lock"))  # a process that stalls holding the lock
