@@ -553,7 +553,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--mode", choices=["single", "sarm"], default="single", help="1 frame, or 8 frames 1 s apart")
     bench.add_argument("--recipe", help="act, diffusion, vla or a recipe .toml: windows, image size, augmentation")
     bench.add_argument("--batch-size", type=int, help="samples per batch, every loader (default 32; quick 8)")
-    bench.add_argument("--num-workers", type=int, help="worker processes, every loader (default min(4, cores))")
+    bench.add_argument(
+        "--num-workers", type=int, help="worker processes, every loader (default min(4, cores); quick 2)"
+    )
     bench.add_argument(
         "--pool-size", type=int, default=DEFAULT_EPISODE_POOL_SIZE, help="lerobot-dali episode pool size"
     )

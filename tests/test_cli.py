@@ -454,3 +454,23 @@ def test_diagnose_decodes_an_image_camera_and_names_a_broken_image(tmp_path: Pat
     report = capsys.readouterr().out
     assert "camera observation.images.cam1: codec unknown size unknown -> route images" in report
     assert "  pillow        FAILED" in report and "DataFileError" in report and "image 0" in report
+
+
+def test_bench_help_states_the_defaults_bench_uses(capsys, monkeypatch) -> None:
+    """Each of --batch-size, --num-workers, --steps and --warmup says its default for a full run and for --quick,
+    and they are the values BenchConfig picks (on a machine of 16 CPUs, where min(4, cores) is 4)."""
+    import re
+
+    from lerobot_dali import bench
+
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    monkeypatch.setattr(bench, "usable_cpus", lambda: 16)
+    for flag, field in (("--batch-size", "batch_size"), ("--num-workers", "num_workers"), ("--steps", "steps"),
+                        ("--warmup", "warmup")):  # fmt: skip
+        said = re.search(rf"{flag} \S+ [^(]*\(default ((?:[^;()]|\([^()]*\))+); quick (\d+)\)", out)
+        assert said, f"{flag}: no '(default ...; quick N)' in --help"
+        full, quick = said.groups()
+        assert getattr(bench.BenchConfig(quick=True), field) == int(quick), flag
+        assert str(getattr(bench.BenchConfig(), field)) == full.replace("min(4, cores)", "4"), flag
