@@ -77,7 +77,7 @@ def measure_iterator(root: str, store: str, min_group_rows: int, batches: int) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("``", ""))
     parser.add_argument("--episodes", type=int, default=3400)
     parser.add_argument("--frames", type=int, default=300)
     parser.add_argument("--batches", type=int, default=100, help="iterator batches of 256 timed per setting")

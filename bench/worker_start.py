@@ -93,7 +93,7 @@ def _child(mode: str, roots: list[Path], workers: int, imports: str, runs: Path)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("``", ""))
     parser.add_argument("--imports", default="torch", help="comma-separated modules the script imports at its top")
     parser.add_argument("--workers", type=int, default=2, help="worker processes of the one-dataset iterator")
     parser.add_argument("--datasets", type=int, default=6, help="datasets in the mixture (a worker each)")

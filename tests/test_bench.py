@@ -937,3 +937,17 @@ def test_the_codec_column_names_every_cameras_codec(make_ds, copy_ds, tmp_path: 
     assert (summary["codec"], summary["camera_codecs"]) == ("vp9/h264", cameras)
     (row,) = [line for line in capsys.readouterr().out.splitlines() if "lerobot-dali" in line and " ok" in line]
     assert row.split()[1] == "vp9/h264"
+
+
+@pytest.mark.parametrize("name", ["limits", "order_scale", "row_groups", "worker_start"])
+def test_bench_scripts_help_says_what_they_do_in_whole_sentences(name: str) -> None:
+    """Each script's --help opens with its docstring's first paragraph, not a line of it cut mid-sentence
+    (row_groups.py's said "..., with" and stopped)."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    description = done.stdout.split("\n\n")[1]  # (after the usage lines)
+    assert description.rstrip().endswith((".", ")")), description
