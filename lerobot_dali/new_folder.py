@@ -122,9 +122,30 @@ def remove_dead_run_folders(out: Path, kind: str, *, writer: str) -> None:
                         owner.group(1))  # fmt: skip
 
 
+#: The inode of Linux's initial PID namespace (``PROC_PID_INIT_INO``): processes outside any container.
+_INITIAL_PID_NAMESPACE = 4026531836
+
+
 def host_name() -> str:
-    """This host's name as a file name may hold it: folders named by host and PID tell this host's runs apart."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
+    """This host's name as a file name may hold it: folders named by host and PID tell this host's runs apart.
+
+    Inside a PID namespace of its own (a container) the namespace is part of it: containers that share the host's
+    name (host networking: docker's ``--network host``, Kubernetes' ``hostNetwork``) each number their processes
+    their own way, so one container's live run read as a dead PID in another, which removed its folders (a shared
+    volume's staging folders)."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
+    namespace = _pid_namespace()
+    return name if namespace in (None, _INITIAL_PID_NAMESPACE) else f"{name}.pidns{namespace}"
+
+
+def _pid_namespace() -> int | None:
+    """The inode of this process's PID namespace, None where it cannot be read (no /proc)."""
+    try:
+        link = os.readlink("/proc/self/ns/pid")  # "pid:[4026532481]"
+    except OSError:
+        return None
+    found = re.fullmatch(r"pid:\[(\d+)\]", link)
+    return int(found.group(1)) if found else None
 
 
 def _pid_alive(pid: int) -> bool:
