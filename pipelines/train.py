@@ -18,7 +18,8 @@ has saved. ``--resume`` continues from it at the
 exact next sample of every rank. ``CKPT`` must be visible to all nodes.
 
 Preemption: SIGTERM or SIGUSR1 (a scheduler's notice before it kills the job) on any rank stops every rank at the
-same step boundary, saves a checkpoint there and exits with status :data:`EXIT_PREEMPTED`; rerun with ``--resume``.
+same step boundary, saves a checkpoint there and exits with status :data:`EXIT_PREEMPTED`; rerun with ``--resume``
+(:class:`PreemptibleLoop`).
 
 Mixtures: ``--dataset A B ... [--weights ...]`` reads several datasets through ``DALILeRobotMixture``, every
 batch a fixed share of each; the policy's normalisation pools their statistics by those shares. ``--rename-map``
@@ -37,6 +38,7 @@ a sample is the current frame of every camera, the current state and ``--chunk``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -45,7 +47,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -893,14 +895,24 @@ SETUP_ERRORS: tuple[type[Exception], ...] = (DatasetError, ShardingError, Resume
 
 
 class SetupError(Exception):
-    """An error of :data:`SETUP_ERRORS` before training started; :func:`main` logs it as one line (each rank its own)
-    and exits with status 2, as for a flag's mistake."""
+    """An error of :data:`SETUP_ERRORS` before training started; :func:`exit_status` logs it as one line (each rank
+    its own) and gives status 2, as for a flag's mistake."""
+
+
+@contextlib.contextmanager
+def setting_up() -> Iterator[None]:
+    """Around a run's set-up (datasets, iterator, model, resume): an error of :data:`SETUP_ERRORS` raised there
+    becomes a :class:`SetupError`."""
+    try:
+        yield
+    except SETUP_ERRORS as e:
+        raise SetupError(str(e)) from e
 
 
 # -- preemption -----------------------------------------------------------------------------------------------
 class Preempted(Exception):
-    """:func:`train` stopped early on a preemption signal, every rank at ``step`` (saved in ``checkpoint`` where
-    there is a ``--checkpoint-dir``); :func:`main` exits with :attr:`exit_status`."""
+    """A training loop (:class:`PreemptibleLoop`) stopped early on a preemption signal, every rank at ``step`` (saved
+    in ``checkpoint`` where there is a ``--checkpoint-dir``); :func:`exit_status` gives :attr:`exit_status`."""
 
     def __init__(self, signum: int, step: int, checkpoint: Path | None) -> None:
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
@@ -970,13 +982,104 @@ class PreemptionNotice:
         return int(flag.item())
 
 
+class PreemptibleLoop:
+    """A training loop's side of preemption (``train.py``'s and ``lerobot_policy.py``'s): on a preemption signal
+    (:class:`PreemptionNotice`) every rank stops at one step boundary and saves a checkpoint there, with the stream
+    position before the batch it did not train on; once the run is closed, :meth:`finish` raises :class:`Preempted`::
+
+        loop = PreemptibleLoop(accelerator, iterator, step=step, checkpoint_dir=checkpoint_dir, data=data)
+        with contextlib.closing(iterator), loop:  # (the signals are noted from here on)
+            while step < steps:
+                got = loop.next_batch(batches, step)
+                if got is None:  # every rank stops here
+                    break
+                ...  # the step
+                step += 1
+                loop.save_if_due(step, steps=steps, save_every=save_every)
+            loop.stop(step)
+        accelerator.end_training()
+        loop.finish(step)
+    """
+
+    def __init__(
+        self, accelerator: Any, iterator: Any, *, step: int, checkpoint_dir: Path | None, data: Mapping[str, Any]
+    ) -> None:
+        self.accelerator, self.iterator, self.checkpoint_dir, self.data = accelerator, iterator, checkpoint_dir, data
+        self.notice = PreemptionNotice(iterator.world_size)  # (may make a gloo group: a collective)
+        self.saved = step if step else None  # (the checkpoint resumed from: a preemption before a step saves none)
+        self.stopped_by = 0
+        self.checkpoint: Path | None = None
+        self._position: dict[str, Any] | None = None
+
+    def __enter__(self) -> PreemptibleLoop:
+        self.notice.install()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> None:
+        if kind is not None:  # (without an error the handlers stay until finish: a signal while closing is noted)
+            self.notice.uninstall()
+
+    def next_batch(
+        self, batches: Iterator[tuple[dict[str, Any], float]], step: int
+    ) -> tuple[dict[str, Any], float] | None:
+        """The next ``(batch, wait_s)`` of ``batches`` (:func:`epoch_batches`), step ``step + 1``'s, or None where
+        every rank stops at this boundary (a collective: every rank calls it once a step)."""
+        self._position = self.iterator.state_dict()  # the stream here: a preemption's checkpoint takes no batch more
+        got = None
+        try:
+            if not self.notice.received:
+                got = next(batches)
+        except Exception as e:
+            if not self.notice.received:
+                raise
+            # (A signal sent to the process group, as torchrun sends it, or to every process, as SLURM does, ends
+            # the DALI workers too. The batch is read again on resume: the position is before it.)
+            logger.warning(
+                "rank %d: reading the batch of step %d failed after %s (%s: %s); the resumed run reads it",
+                self.iterator.rank, step + 1, self.notice.name, type(e).__name__, str(e).partition(". ")[0],
+            )  # fmt: skip
+        self.stopped_by = self.notice.agreed()
+        if self.stopped_by:
+            return None
+        assert got is not None  # (no rank had a signal: this one read its batch)
+        return got
+
+    def save_if_due(self, step: int, *, steps: int, save_every: int) -> None:
+        """After step ``step`` of ``steps``, with a checkpoint folder: the checkpoint at the last step and every
+        ``save_every`` steps (0: at the last only)."""
+        if self.checkpoint_dir is not None and (step == steps or (save_every and step % save_every == 0)):
+            save_checkpoint(self.accelerator, self.checkpoint_dir, step, self.iterator, self.data)
+            self.saved = step
+
+    def stop(self, step: int) -> None:
+        """After the loop: where it stopped on a signal, with a checkpoint folder, the checkpoint at ``step`` (unless
+        saved there already)."""
+        if self.stopped_by and self.checkpoint_dir is not None:
+            self.checkpoint = self.checkpoint_dir / f"step_{step:08d}"
+            if self.saved != step:
+                save_checkpoint(
+                    self.accelerator, self.checkpoint_dir, step, self.iterator, self.data, stream=self._position
+                )
+
+    def finish(self, step: int) -> None:
+        """Once the run is closed (every rank): where it stopped on a signal, raise :class:`Preempted`, rank 0 logging
+        how to go on (the handlers stay, for :func:`exit_status` to ignore the signals from here on); else the
+        signals' own handlers come back."""
+        if self.stopped_by:
+            preempted = Preempted(self.stopped_by, step, self.checkpoint)
+            if self.accelerator.is_main_process:
+                log_preemption(preempted)
+            raise preempted
+        self.notice.uninstall()
+
+
 # -- training -------------------------------------------------------------------------------------------------
 def train(options: TrainOptions) -> int:
     """Run to ``options.steps`` optimiser steps; returns the number of steps taken in this process.
 
-    Once training has started, a preemption signal (:class:`PreemptionNotice`) stops every rank at one step boundary,
+    Once training has started, a preemption signal (:class:`PreemptibleLoop`) stops every rank at one step boundary,
     saves a checkpoint there (with ``--checkpoint-dir``) and raises :class:`Preempted` once the run is closed. An
-    error of :data:`SETUP_ERRORS` before the first step raises :class:`SetupError`."""
+    error of :data:`SETUP_ERRORS` before the first step raises :class:`SetupError` (:func:`setting_up`)."""
     from accelerate.utils import set_seed
 
     from lerobot_dali.key_rename import KeyRename
@@ -984,7 +1087,7 @@ def train(options: TrainOptions) -> int:
     accelerator = make_accelerator(options.device, options.mixed_precision)
     set_seed(options.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
     rank, world_size = data_rank(accelerator)
-    try:  # (the library's errors about the data or a checkpoint: main logs them as one line)
+    with setting_up():  # (the library's errors about the data or a checkpoint: main logs them as one line)
         readers = open_readers(options)
         renames = [KeyRename()] if options.concat else dataset_renames(options, readers)  # (a union's are its own)
         check_policy_features(readers, renames)
@@ -1002,8 +1105,6 @@ def train(options: TrainOptions) -> int:
         data = data_signature(plan, cameras)
         if options.resume and options.checkpoint_dir is not None:
             step = resume_latest(accelerator, options.checkpoint_dir, iterator, data, steps=options.steps)
-    except SETUP_ERRORS as e:
-        raise SetupError(str(e)) from e
     start_step = step
     logger.info(
         "rank %d/%d: steps %d..%d, batch %d, %d batches left in epoch %d, cameras %s, recipe %s, windows %s",
@@ -1014,28 +1115,13 @@ def train(options: TrainOptions) -> int:
     meter = Throughput()
     model.train()
     batches = epoch_batches(iterator)
-    saved = step if step else None  # (the checkpoint resumed from: a preemption before a step saves no new one)
-    stopped_by, position = 0, None
-    notice = PreemptionNotice(world_size)
-    try:
-        notice.install()  # (before: a signal ends the process as before, with no step trained to lose)
+    loop = PreemptibleLoop(accelerator, iterator, step=step, checkpoint_dir=options.checkpoint_dir, data=data)
+    with contextlib.closing(iterator), loop:  # (a signal before: ends the process as before, no step trained to lose)
         while step < options.steps:
-            position = iterator.state_dict()  # the stream at this step: a preemption's checkpoint takes no batch more
-            try:
-                if not notice.received:
-                    batch, wait_s = next(batches)
-            except Exception as e:
-                if not notice.received:
-                    raise
-                # (A signal sent to the process group, as torchrun sends it, or to every process, as SLURM does, ends
-                # the DALI workers too. The batch is read again on resume: `position` is before it.)
-                logger.warning(
-                    "rank %d: reading the batch of step %d failed after %s (%s: %s); the resumed run reads it",
-                    rank, step + 1, notice.name, type(e).__name__, str(e).partition(". ")[0],
-                )  # fmt: skip
-            stopped_by = notice.agreed()
-            if stopped_by:
+            got = loop.next_batch(batches, step)
+            if got is None:  # a preemption signal: every rank stops at this step
                 break
+            batch, wait_s = got
             inputs = {k: v.to(accelerator.device, non_blocking=True) for k, v in batch.items() if torch.is_tensor(v)}
             loss = model(inputs)
             accelerator.backward(loss)
@@ -1058,31 +1144,13 @@ def train(options: TrainOptions) -> int:
                 record.losses.append(loss.detach())
             if step % options.log_every == 0 or step == options.steps:
                 log_progress(accelerator, step, iterator.epoch, loss, meter, world_size)
-            if options.checkpoint_dir is not None and (
-                step == options.steps or (options.save_every and step % options.save_every == 0)
-            ):
-                save_checkpoint(accelerator, options.checkpoint_dir, step, iterator, data)
-                saved = step
-        checkpoint = None
-        if stopped_by and options.checkpoint_dir is not None:
-            checkpoint = options.checkpoint_dir / f"step_{step:08d}"
-            if saved != step:
-                save_checkpoint(accelerator, options.checkpoint_dir, step, iterator, data, stream=position)
+            loop.save_if_due(step, steps=options.steps, save_every=options.save_every)
+        loop.stop(step)
         if options.record_dir is not None:
             record.write(options.record_dir, rank=rank, world_size=world_size, model=accelerator.unwrap_model(model))
-    except BaseException:
-        notice.uninstall()
-        raise
-    finally:
-        iterator.close()
     accelerator.wait_for_everyone()
     accelerator.end_training()
-    if stopped_by:  # (the handlers stay, for main to ignore the signals from here on)
-        preempted = Preempted(stopped_by, step, checkpoint)
-        if accelerator.is_main_process:
-            log_preemption(preempted)
-        raise preempted
-    notice.uninstall()
+    loop.finish(step)
     return step - start_step
 
 
@@ -1125,18 +1193,14 @@ def configure_logging() -> None:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    configure_logging()
+def exit_status(run: Callable[[], object], program: str, log: logging.Logger) -> int:
+    """A pipeline's exit status once it has called ``run`` (its training): 0; 2 after a :class:`SetupError`, logged
+    as one line (``program: message``), as a flag's mistake; after :class:`Preempted`, its
+    :attr:`~Preempted.exit_status`."""
     try:
-        options = parse_args(argv)
-        check_files(options)
-    except (ValueError, OSError) as e:  # flags, --recipe, --augment, --checkpoint-dir: one line, before training
-        logger.error("train.py: %s", e)
-        return 2
-    try:
-        train(options)
+        run()
     except SetupError as e:  # the datasets or the checkpoint: one line, not a traceback on every rank
-        logger.error("train.py: %s", e)
+        log.error("%s: %s", program, e)
         return 2
     except Preempted as e:  # (logged where it stopped)
         # Saved and closed: a signal now could only change the exit status (torchrun sends SIGTERM to the ranks left
@@ -1145,6 +1209,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signum, signal.SIG_IGN)
         return e.exit_status
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    configure_logging()
+    try:
+        options = parse_args(argv)
+        check_files(options)
+    except (ValueError, OSError) as e:  # flags, --recipe, --augment, --checkpoint-dir: one line, before training
+        logger.error("train.py: %s", e)
+        return 2
+    return exit_status(lambda: train(options), "train.py", logger)
 
 
 if __name__ == "__main__":
