@@ -13,12 +13,17 @@ environment::
 
 Checkpoints are ``pipelines/train.py``'s: model, optimiser, schedule and RNG through accelerate, each rank's stream
 position, and the policy config and windows they were trained with; ``--resume`` continues exactly where the last
-one stopped.
+one stopped. So is the rest of the run's handling, from ``pipelines/train.py``'s pieces: a preemption signal
+(SIGTERM, SIGUSR1) on any rank stops every rank at the same step boundary, saves a checkpoint there (``--output-dir``
+is left to the resumed run) and exits with status 75 (``EXIT_PREEMPTED``; rerun with ``--resume``), and
+lerobot-dali's errors about the dataset or the checkpoint while the run is set up are one logged line on each rank
+and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -32,17 +37,19 @@ if __package__ in (None, ""):  # run as a script: make `pipelines` importable
 
 from lerobot_dali.value_checks import check_int_fields, cli_flag
 from pipelines.train import (
+    PreemptibleLoop,
     Throughput,
     camera_frames,
     check_checkpoint_dir,
     configure_logging,
     data_rank,
     epoch_batches,
+    exit_status,
     iterator_device,
     log_progress,
     make_accelerator,
     resume_latest,
-    save_checkpoint,
+    setting_up,
 )
 
 logger = logging.getLogger("lerobot_dali.pipelines.lerobot_policy")
@@ -148,7 +155,12 @@ def build_policy(options: PolicyTrainOptions, metadata: Any, device: str) -> tup
 
 def train(options: PolicyTrainOptions) -> list[float]:
     """Train up to ``options.steps`` steps (counted from the start, resumed ones included); returns the loss of
-    every step this call took on this rank."""
+    every step this call took on this rank.
+
+    As ``pipelines/train.py``'s ``train``: once training has started, a preemption signal stops every rank at one step
+    boundary, saves a checkpoint there (with ``checkpoint_dir``; ``output_dir`` is left to the resumed run) and
+    raises ``Preempted`` once the run is closed; lerobot-dali's errors while setting up (``SETUP_ERRORS``) raise
+    ``SetupError``."""
     import torch
     from accelerate.utils import DistributedDataParallelKwargs, set_seed
 
@@ -163,33 +175,34 @@ def train(options: PolicyTrainOptions) -> list[float]:
     )
     rank, world_size = data_rank(accelerator)
     set_seed(options.seed)
-    with accelerator.main_process_first():  # a Hub dataset's metadata downloads once, then the others read it
-        metadata = dataset_metadata(options.dataset, options.revision)
-    policy, preprocessor, delta_timestamps = build_policy(options, metadata, accelerator.device.type)
-    optimizer_config = policy.config.get_optimizer_preset()
-    optimizer = optimizer_config.build(policy.get_optim_params())
-    schedule = policy.config.get_scheduler_preset()
-    scheduler = schedule.build(optimizer, options.steps) if schedule is not None else None
-    policy, optimizer, scheduler = accelerator.prepare(policy, optimizer, scheduler)
-    iterator = DALILeRobotIterator(  # one per rank, never through accelerator.prepare: it shards by itself
-        options.dataset, revision=options.revision, batch_size=options.batch_size, delta_timestamps=delta_timestamps,
-        shuffle=True, seed=options.seed, episode_pool_size=options.episode_pool_size,
-        device=iterator_device(accelerator.device), decode=options.decode, num_workers=options.num_workers,
-        rank=rank, world_size=world_size,
-        # (as LeRobot's train script samples for the policies that ask: Diffusion Policy's last 7 frames)
-        drop_n_last_frames=getattr(accelerator.unwrap_model(policy).config, "drop_n_last_frames", None) or 0,
-    )  # fmt: skip
-    # What a resume must keep: the policy's shapes and the windows follow these.
-    # (a key per config field, so a mismatch names the field)
-    config = config_signature(accelerator.unwrap_model(policy).config)
-    data = {"policy": options.policy, **{f"policy.{k}": v for k, v in config.items()}}
-    data["delta_timestamps"] = json.loads(json.dumps(delta_timestamps))
-    step = 0
-    if options.resume and options.checkpoint_dir is not None:
-        step = resume_latest(
-            accelerator, options.checkpoint_dir, iterator, data, steps=options.steps,
-            data_options="--policy and --policy-arg",
+    with setting_up():  # (lerobot-dali's errors about the data or a checkpoint: main logs them as one line)
+        with accelerator.main_process_first():  # a Hub dataset's metadata downloads once, then the others read it
+            metadata = dataset_metadata(options.dataset, options.revision)
+        policy, preprocessor, delta_timestamps = build_policy(options, metadata, accelerator.device.type)
+        optimizer_config = policy.config.get_optimizer_preset()
+        optimizer = optimizer_config.build(policy.get_optim_params())
+        schedule = policy.config.get_scheduler_preset()
+        scheduler = schedule.build(optimizer, options.steps) if schedule is not None else None
+        policy, optimizer, scheduler = accelerator.prepare(policy, optimizer, scheduler)
+        iterator = DALILeRobotIterator(  # one per rank, never through accelerator.prepare: it shards by itself
+            options.dataset, revision=options.revision, batch_size=options.batch_size,
+            delta_timestamps=delta_timestamps, shuffle=True, seed=options.seed,
+            episode_pool_size=options.episode_pool_size, device=iterator_device(accelerator.device),
+            decode=options.decode, num_workers=options.num_workers, rank=rank, world_size=world_size,
+            # (as LeRobot's train script samples for the policies that ask: Diffusion Policy's last 7 frames)
+            drop_n_last_frames=getattr(accelerator.unwrap_model(policy).config, "drop_n_last_frames", None) or 0,
         )  # fmt: skip
+        # What a resume must keep: the policy's shapes and the windows follow these.
+        # (a key per config field, so a mismatch names the field)
+        config = config_signature(accelerator.unwrap_model(policy).config)
+        data = {"policy": options.policy, **{f"policy.{k}": v for k, v in config.items()}}
+        data["delta_timestamps"] = json.loads(json.dumps(delta_timestamps))
+        step = 0
+        if options.resume and options.checkpoint_dir is not None:
+            step = resume_latest(
+                accelerator, options.checkpoint_dir, iterator, data, steps=options.steps,
+                data_options="--policy and --policy-arg",
+            )  # fmt: skip
     start_step = step
     logger.info(
         "rank %d/%d: %s policy, steps %d..%d of %d samples, windows %s",
@@ -199,9 +212,13 @@ def train(options: PolicyTrainOptions) -> list[float]:
     meter = Throughput()
     policy.train()
     batches = epoch_batches(iterator)
-    try:
+    loop = PreemptibleLoop(accelerator, iterator, step=step, checkpoint_dir=options.checkpoint_dir, data=data)
+    with contextlib.closing(iterator), loop:  # (a signal before: ends the process as before, no step trained to lose)
         while step < options.steps:
-            batch, wait_s = next(batches)
+            got = loop.next_batch(batches, step)
+            if got is None:  # a preemption signal: every rank stops at this step
+                break
+            batch, wait_s = got
             step += 1
             loss, _ = policy(preprocessor(batch))
             accelerator.backward(loss)
@@ -220,17 +237,15 @@ def train(options: PolicyTrainOptions) -> list[float]:
                 meter.add(len(batch["index"]), camera_frames(batch, metadata.camera_keys), wait_s)
             if step % options.log_every == 0 or step == options.steps:
                 log_progress(accelerator, step, iterator.epoch, loss, meter, world_size)
-            if options.checkpoint_dir is not None and (
-                step == options.steps or (options.save_every and step % options.save_every == 0)
-            ):
-                save_checkpoint(accelerator, options.checkpoint_dir, step, iterator, data)
-    finally:
-        iterator.close()
-    if options.output_dir is not None and accelerator.is_main_process:
+            loop.save_if_due(step, steps=options.steps, save_every=options.save_every)
+        loop.stop(step)
+    # (a preempted run's policy is not the trained one: the resumed run saves that)
+    if options.output_dir is not None and accelerator.is_main_process and not loop.stopped_by:
         accelerator.unwrap_model(policy).save_pretrained(options.output_dir)
         preprocessor.save_pretrained(options.output_dir)
     accelerator.wait_for_everyone()
     accelerator.end_training()
+    loop.finish(step)
     return [float(loss) for loss in losses]
 
 
@@ -243,8 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as e:  # flags, --checkpoint-dir: one line, before training
         logger.error("lerobot_policy.py: %s", e)
         return 2
-    train(options)
-    return 0
+    return exit_status(lambda: train(options), "lerobot_policy.py", logger)
 
 
 if __name__ == "__main__":

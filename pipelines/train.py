@@ -19,7 +19,7 @@ exact next sample of every rank. ``CKPT`` must be visible to all nodes.
 
 Preemption: SIGTERM or SIGUSR1 (a scheduler's notice before it kills the job) on any rank stops every rank at the
 same step boundary, saves a checkpoint there and exits with status :data:`EXIT_PREEMPTED`; rerun with ``--resume``
-(:class:`PreemptibleLoop`).
+(:class:`PreemptibleLoop`, which ``pipelines/lerobot_policy.py``'s loop shares).
 
 Mixtures: ``--dataset A B ... [--weights ...]`` reads several datasets through ``DALILeRobotMixture``, every
 batch a fixed share of each; the policy's normalisation pools their statistics by those shares. ``--rename-map``

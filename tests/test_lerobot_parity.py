@@ -15,6 +15,11 @@ generated datasets are then v2.1 (what needs LeRobot 0.4 is skipped).
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -639,3 +644,93 @@ def test_the_lerobot_policy_pipeline_resumes_exactly(lerobot_written, tmp_path: 
                 device="cpu", checkpoint_dir=tmp_path / "b", resume=True,
             )
         )  # fmt: skip
+
+
+# -- the pipeline's run as a process: preemption, set-up errors -----------------------------------------------
+POLICY_SCRIPT = Path(__file__).resolve().parents[1] / "pipelines" / "lerobot_policy.py"
+
+
+def _policy_command(dataset: Path, *args: str) -> tuple[list[str], dict[str, str]]:
+    """``python pipelines/lerobot_policy.py`` training the tiny ACT on ``dataset`` on the CPU as the tests' own
+    :func:`train` calls do (the same threads: the losses match to the bit), and its environment."""
+    policy_args = [f"--policy-arg={k}={json.dumps(v)}" for k, v in TINY_POLICIES["act"].items()]
+    command = [sys.executable, str(POLICY_SCRIPT), "--dataset", str(dataset), "--policy", "act", *policy_args]
+    command += ["--batch-size", "4", "--num-workers", "1", "--device", "cpu", *args]
+    env = {**os.environ, "PYTHONPATH": str(POLICY_SCRIPT.parents[1]), "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    return command, env
+
+
+@needs_lerobot_04
+def test_the_lerobot_policy_pipeline_stops_on_sigterm_at_a_step_and_resumes_exactly(
+    lerobot_written, tmp_path: Path
+) -> None:
+    """SIGTERM to the process group (as torchrun and SLURM send it: the DALI worker ends too) during training:
+    lerobot_policy.py checkpoints at the next step boundary and exits with status 75, as train.py does; --resume then
+    gives the uninterrupted run's losses and weights. It was killed there, having saved nothing since its last
+    --save-every."""
+    from safetensors.torch import load_file
+
+    from pipelines.lerobot_policy import PolicyTrainOptions, train
+    from tests.test_train_pipeline import _preempted_at, _run_until_signalled
+
+    dataset = lerobot_written("h264", False)
+    steps = 8
+
+    def run(checkpoints: Path, **options: Any) -> list[float]:
+        return train(
+            PolicyTrainOptions(
+                dataset=str(dataset), policy="act", policy_args=TINY_POLICIES["act"], steps=steps, batch_size=4,
+                num_workers=1, device="cpu", checkpoint_dir=checkpoints, **options,
+            )
+        )  # fmt: skip
+
+    uninterrupted = run(tmp_path / "a")
+    ckpt = tmp_path / "b"
+    command, env = _policy_command(dataset, "--steps", str(steps), "--checkpoint-dir", str(ckpt), "--log-every", "1")
+    command += ["--output-dir", str(tmp_path / "policy")]
+    status, log = _run_until_signalled(
+        command, env, after="step 2 epoch", send=lambda p: os.killpg(p.pid, signal.SIGTERM)
+    )
+    assert status == 75, log[-30000:]
+    assert "Traceback" not in log, log[-30000:]
+    step = _preempted_at(log, ckpt, "SIGTERM")
+    assert 2 <= step < steps
+    assert not (tmp_path / "policy").exists()  # (not the trained policy: the resumed run saves that)
+    assert run(ckpt, resume=True) == uninterrupted[step:]
+    ours, theirs = (load_file(c / f"step_{steps:08d}" / "state" / "model.safetensors") for c in (ckpt, tmp_path / "a"))
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        assert torch.equal(ours[name], theirs[name]), name
+
+
+@needs_lerobot_04
+def test_the_lerobot_policy_pipelines_dataset_errors_while_setting_up_are_one_line(
+    make_ds, copy_ds, tmp_path: Path
+) -> None:
+    """A data file missing, a checkpoint of other episodes (a resume over another dataset): each printed a traceback
+    ending in lerobot-dali's message (exit status 1). Now that message is one line, exit status 2, as train.py's."""
+    from pipelines.lerobot_policy import PolicyTrainOptions, train
+
+    spec = {"codec": "h264", "gop": 30, "cameras": 1, "size": (64, 96), "version": DATASET_VERSION}
+    dataset = make_ds(episodes=3, frames_per_episode=LENGTHS[:3], **spec)
+    damaged = copy_ds(dataset)
+    (damaged / "data/chunk-000/file-001.parquet").unlink()
+    ckpt = tmp_path / "ckpt"
+    options = {"policy_args": TINY_POLICIES["act"], "batch_size": 4, "num_workers": 0, "device": "cpu"}
+    train(PolicyTrainOptions(dataset=str(dataset), policy="act", steps=1, checkpoint_dir=ckpt, **options))
+    other = make_ds(episodes=2, frames_per_episode=LENGTHS[:2], **spec)
+    cases = [
+        (damaged, [], r".*/data/chunk-000/file-001\.parquet is missing: meta/episodes places episodes there, .*"),
+        (other, ["--checkpoint-dir", str(ckpt), "--resume"],
+         r"this stream state was saved over other episodes \(3 episodes, .*\) than this iterator reads \(2 episodes.*"),
+    ]  # fmt: skip
+    for data, args, message in cases:
+        command, env = _policy_command(data, "--steps", "2", *args)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
+        assert result.returncode == 2, result.stderr[-30000:]
+        assert "Traceback" not in result.stderr, result.stderr[-30000:]
+        last = result.stderr.strip().splitlines()[-1]
+        pattern = r"\d\d:\d\d:\d\d rank0 lerobot_dali\.pipelines\.lerobot_policy: lerobot_policy\.py: " + message
+        assert re.fullmatch(pattern, last), last

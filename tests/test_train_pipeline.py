@@ -81,6 +81,20 @@ def _train_until_signalled(
     """Run train.py in a session of its own and call ``send(process)`` once its log has a line holding ``after``;
     returns its exit status and log."""
     command, env = _command(args, procs=procs)
+    return _run_until_signalled(command, env, after=after, send=send, timeout=timeout)
+
+
+def _run_until_signalled(
+    command: list[str],
+    env: dict[str, str],
+    *,
+    after: str,
+    send: Callable[[subprocess.Popen[str]], None],
+    timeout: float = 240,
+) -> tuple[int, str]:
+    """Run ``command`` (from the repository) in a session of its own and call ``send(process)`` once its log has a
+    line holding ``after``; returns its exit status and log (``tests/test_lerobot_parity.py`` runs
+    ``pipelines/lerobot_policy.py`` so)."""
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, start_new_session=True)
     watchdog = threading.Timer(timeout, os.killpg, (process.pid, signal.SIGKILL))  # (a hang fails the test)
     watchdog.start()
@@ -274,7 +288,8 @@ def test_a_step_saved_again_on_fewer_ranks_keeps_no_file_of_the_earlier_save(
 
 # -- preemption -----------------------------------------------------------------------------------------------
 def _preempted_at(log: str, checkpoint_dir: Path, signal_name: str) -> int:
-    """The step a preempted run stopped at, from its line saying how to go on, which names its checkpoint."""
+    """The step a preempted run stopped at, from its line saying how to go on, which names its checkpoint (train.py's
+    and lerobot_policy.py's alike)."""
     match = re.search(
         rf"{signal_name}: every rank stopped at step (\d+) and saved (\S+): to continue from it, run the same command "
         r"with --resume \(exit status 75\)",
