@@ -27,7 +27,7 @@ from .errors import DatasetNotFoundError
 from .remote_retry import RetryingFileSystem, fresh_instance
 from .said_once import warn_once
 
-__all__ = ["DatasetLocation", "open_if_present", "resolve_location", "with_bulk_root"]
+__all__ = ["DatasetLocation", "is_repo_id", "open_if_present", "resolve_location", "with_bulk_root"]
 
 logger = logging.getLogger(__name__)
 
@@ -117,12 +117,17 @@ def resolve_location(
         target, options = _http_query_as_params(target, options)
         fs, root = _remote_fs(target, options)
         return DatasetLocation(fs, root, fs, root, target)
-    if _REPO_ID.match(target) and not os.path.exists(target):
+    if is_repo_id(target) and not os.path.exists(target):
         return _hub_location(target, revision, "", options, maybe_path=True)
     raise DatasetNotFoundError(
         f"dataset {target!r} not found: it is not a local folder, a Hub repo id ('user/name') "
         "or an fsspec URL (e.g. 'hf://datasets/user/name', 's3://bucket/path')"
     )
+
+
+def is_repo_id(text: str) -> bool:
+    """Whether ``text`` is spelled as a Hub repo id (``user/name``)."""
+    return _REPO_ID.match(text) is not None
 
 
 def _revision_ignored(revision: str | None, target: str, what: str) -> None:

@@ -35,6 +35,8 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from lerobot_dali.dataset_location import is_repo_id
+from lerobot_dali.errors import DatasetNotFoundError
 from lerobot_dali.value_checks import check_int_fields, cli_flag
 from pipelines.train import (
     PreemptibleLoop,
@@ -77,7 +79,10 @@ class PolicyTrainOptions:
     resume: bool = False
 
     def __post_init__(self) -> None:
-        checked = (("steps", 1), ("batch_size", 1), ("num_workers", 0), ("log_every", 1), ("save_every", 0))
+        checked = (
+            ("steps", 1), ("batch_size", 1), ("num_workers", 0), ("episode_pool_size", 1), ("log_every", 1),
+            ("save_every", 0),
+        )  # fmt: skip
         check_int_fields(self, checked, label=cli_flag)
         if self.checkpoint_dir is None and (self.resume or self.save_every):
             raise ValueError("--resume and --save-every need --checkpoint-dir")
@@ -120,12 +125,24 @@ def parse_args(argv: Sequence[str] | None = None) -> PolicyTrainOptions:
 
 
 def dataset_metadata(dataset: str, revision: str | None = None) -> Any:
-    """LeRobot's view of the dataset's metadata: a local folder by path, anything else as a Hub repo id."""
-    from lerobot.datasets.lerobot_dataset import LeRobotDatasetMetadata
+    """LeRobot's view of the dataset's metadata: a local folder by path, a Hub repo id (``user/name``) from the Hub.
 
+    LeRobot reads no URL, and took a mistyped folder for a repo id (a traceback of the Hub client's); both raise
+    :class:`~lerobot_dali.errors.DatasetNotFoundError` here, one line under :func:`main`."""
     path = Path(dataset)
     if path.is_dir():
+        from lerobot.datasets.lerobot_dataset import LeRobotDatasetMetadata
+
         return LeRobotDatasetMetadata(f"local/{path.resolve().name}", root=path)
+    if "://" in dataset:
+        raise DatasetNotFoundError(
+            f"dataset {dataset!r}: lerobot_policy.py builds the policy from LeRobot's reading of the metadata, which "
+            "takes a local folder or a Hub repo id ('user/name'), not a URL: pass the repo id, or a local copy"
+        )
+    if not is_repo_id(dataset):
+        raise DatasetNotFoundError(f"dataset {dataset!r} not found: it is not a local folder or a Hub repo id")
+    from lerobot.datasets.lerobot_dataset import LeRobotDatasetMetadata
+
     return LeRobotDatasetMetadata(dataset, revision=revision)
 
 

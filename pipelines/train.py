@@ -449,7 +449,7 @@ def open_readers(options: TrainOptions) -> list[Any]:
     readers = open_all(options.datasets)  # (at once; --cameras: names as the mixture's batches)
     rates = {reader.location.description: reader.fps for reader in readers}
     if len(set(rates.values())) > 1:  # (the library mixes them; this script's windows count frames at one fps)
-        raise ValueError(f"the datasets run at different fps ({rates}); train on datasets of one fps")
+        raise RunRefused(f"the datasets run at different fps ({rates}); train on datasets of one fps")
     renames = rename_maps_for(options.rename_map, readers)
     if options.concat:  # (one reader, its keys under the new names: the rest of this script reads one dataset)
         each = options.dataset_options()  # (the union holds those given per dataset; the iterator the others)
@@ -470,7 +470,7 @@ def _need_a_shared_camera(readers: Sequence[Any], options: TrainOptions, dataset
     """``readers`` (the datasets narrowed to what they share) must keep a camera where ``datasets`` have some."""
     if not readers[0].all_camera_keys and options.cameras is None and any(r.info.camera_keys for r in datasets):
         cameras = {reader.location.description: list(reader.info.camera_keys) for reader in datasets}
-        raise ValueError(
+        raise RunRefused(
             f"the datasets share no camera key ({cameras}), so the policy would see no image: give cameras of "
             "theirs one name with --rename-map, or mix datasets that have a camera of one name"
         )
@@ -580,7 +580,7 @@ def build_policy(
     for key in (STATE_KEY, ACTION_KEY):
         if own[key][0] not in reader.tabular_keys:  # (a mixture's: the keys every dataset has)
             has = rename.batch_names(reader.tabular_keys)
-            raise ValueError(
+            raise RunRefused(
                 f"the {'datasets read' if len(readers) > 1 else 'dataset has'} no {key!r} feature (only {has}); this "
                 "policy needs both"
             )
@@ -795,7 +795,7 @@ def restore_checkpoint(
     if data is not None and recorded is not None:
         differ = sorted(k for k in data.keys() & recorded.keys() if data[k] != recorded[k])  # (keys added later)
         if differ:
-            raise ValueError(
+            raise RunRefused(
                 f"{directory} was trained with other {', '.join(differ)} ("
                 + "; ".join(f"{k}: saved {recorded[k]}, now {data[k]}" for k in differ)
                 + f"): resume with the same {data_options}, or start in a new "
@@ -890,8 +890,14 @@ class RunRecord:
 #: The library's own errors about what the run reads (:mod:`lerobot_dali.errors`: a dataset path that does not exist,
 #: a ``--cameras`` key or ``--episodes`` index the dataset lacks, a checkpoint's stream of other episodes): raised
 #: while the run is set up, each is the user's to fix and its message says how. Anything else (a bug) keeps its
-#: traceback.
-SETUP_ERRORS: tuple[type[Exception], ...] = (DatasetError, ShardingError, ResumeStateError)
+#: traceback. With them this script's own refusals of what the run reads (:class:`RunRefused`).
+class RunRefused(ValueError):
+    """What the run reads cannot be trained on as asked (datasets of different fps or of no shared camera, no
+    state or action feature) or differs from the checkpoint resumed (other windows, image size or cameras); the
+    message says what to change."""
+
+
+SETUP_ERRORS: tuple[type[Exception], ...] = (DatasetError, ShardingError, ResumeStateError, RunRefused)
 
 
 class SetupError(Exception):

@@ -766,8 +766,8 @@ def test_dataset_errors_while_setting_up_are_one_line_on_each_rank(
     single_run: tuple[Path, Path, str], make_ds: Callable[..., Path], tmp_path: Path
 ) -> None:
     """A dataset path that does not exist, a --cameras key or an --episodes index the dataset lacks, a checkpoint
-    of other episodes: each printed a traceback (on every rank) ending in the library's message. Now that message
-    is one line, exit status 2, as a flag's mistake is."""
+    of other episodes or other windows: each printed a traceback (on every rank) ending in the library's message
+    (or train.py's own). Now that message is one line, exit status 2, as a flag's mistake is."""
     dataset = make_ds(**UNEVEN)
     base = [*COMMON, "--steps", "30", "--batch-size", "8"]
     ckpt = tmp_path / "ckpt"
@@ -777,6 +777,8 @@ def test_dataset_errors_while_setting_up_are_one_line_on_each_rank(
         (["--dataset", str(dataset), "--episodes", "0", "9"], r".*: episodes \[9\] are not in this dataset, .*0\.\.5"),
         (["--dataset", str(dataset), "--episodes", "0", "1", "2", "--checkpoint-dir", str(ckpt), "--resume"],
          r"this stream state was saved over other episodes \(6 episodes, .*\) than this iterator reads \(3 episodes.*"),
+        (["--dataset", str(dataset), "--checkpoint-dir", str(ckpt), "--resume", "--chunk", "3"],  # (train.py's own)
+         rf"{ckpt}/step_00000024 was trained with other delta_timestamps \(.*\): resume with the same .*"),
     ]  # fmt: skip
     for args, message in cases:
         result = _failed([*base, *args])
@@ -855,6 +857,21 @@ def test_a_checkpoint_dir_holding_a_checkpoint_needs_resume_and_one_that_cannot_
     assert lerobot_policy.main(["--dataset", "d", "--device", "cpu", "--checkpoint-dir", str(ckpt)]) == 2
     assert lerobot_policy.main(["--dataset", "d", "--device", "cpu", "--checkpoint-dir", str(ckpt), "--resume"]) == 0
     assert len(started) == 3
+
+
+def test_the_lerobot_policy_pipeline_refuses_a_missing_folder_a_url_and_a_pool_of_no_episodes(tmp_path: Path) -> None:
+    """A mistyped folder went to LeRobot as a Hub repo id (the Hub client's traceback), a URL the iterator reads
+    failed in LeRobot's metadata, and --episode-pool-size 0 in the iterator: each a traceback. Now
+    DatasetNotFoundError (one line under main) and a flag error before anything runs."""
+    from lerobot_dali.errors import DatasetNotFoundError
+    from pipelines.lerobot_policy import PolicyTrainOptions, dataset_metadata
+
+    with pytest.raises(DatasetNotFoundError, match=r"not found: it is not a local folder or a Hub repo id"):
+        dataset_metadata(str(tmp_path / "no" / "such"))
+    with pytest.raises(DatasetNotFoundError, match=r"not a URL: pass the repo id, or a local copy"):
+        dataset_metadata("hf://datasets/user/name")
+    with pytest.raises(ValueError, match="--episode-pool-size"):
+        PolicyTrainOptions(dataset="d", episode_pool_size=0)
 
 
 def test_the_lerobot_policy_pipeline_logs_each_line_with_its_rank(tmp_path: Path) -> None:
