@@ -37,6 +37,7 @@ from .clips import ClipPlan, check_request, packets_from_keyframe, plan_clip
 from .distributed import usable_cpus
 from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
 from .packet_index import PacketIndex
+from .said_once import warn_once
 from .value_checks import check_int_fields
 from .video_source import VideoSource, source_cache_key, source_label
 from .yuv_frames import frame_planes, reformat_array, stack_planes, swscale_colors
@@ -426,10 +427,22 @@ class _TorchCodecReader:
         self, index: PacketIndex, frame_indices: np.ndarray, size: tuple[int, int] | None = None
     ) -> dict[int, np.ndarray]:
         unique = np.unique(frame_indices)
+        asked = index.frame_pts_s[unique]
         try:
-            batch = self.decoder.get_frames_played_at(seconds=index.frame_pts_s[unique].tolist())
+            batch = self.decoder.get_frames_played_at(seconds=asked.tolist())
         except (RuntimeError, ValueError, IndexError) as e:
             raise VideoDecodeError(f"{self.label}: torchcodec failed to decode ({e}).") from e
+        got = batch.pts_seconds.numpy()
+        # torchcodec seeks to the keyframes the container flags, which intra refresh flags on P-frames: FFmpeg drops
+        # the frames until the picture is whole again, and torchcodec hands over later frames than those asked for.
+        # (Half a frame's time: a frame's own pts, read back in seconds, is within rounding of it.)
+        wrong = np.flatnonzero(np.abs(got - asked) > 0.5 * index.frame_interval_s)
+        if wrong.size:
+            first = int(wrong[0])
+            raise _MisplacedFrames(
+                f"gave the frame at {got[first]:.4f} s for the one at {asked[first]:.4f} s"
+                f"{f' ({wrong.size} of {len(asked)} frames)' if wrong.size > 1 else ''}"
+            )
         # Resized after decoding, in one call: newer torchcodec can resize inside the decoder
         # (``VideoDecoder(transforms=[Resize])``), but no torchcodec loads where this was written to test it.
         data = batch.data.numpy() if size is None else _resize_nhwc(batch.data, size)
@@ -438,6 +451,10 @@ class _TorchCodecReader:
     def close(self) -> None:
         if self._handle is not None:
             self._handle.close()
+
+
+class _MisplacedFrames(Exception):
+    """torchcodec handed over other frames than those asked for: the file is decoded with PyAV instead."""
 
 
 class _PacketDecoder:
@@ -557,6 +574,8 @@ class CpuFrameDecoder:
         self._readers: OrderedDict[Hashable, tuple[_Reader, int]] = OrderedDict()
         self._pid = os.getpid()
         self._backend: CpuDecoderBackend | None = None
+        #: Files torchcodec misread (:class:`_MisplacedFrames`), by source key: PyAV decodes them.
+        self._pyav_files: set[Hashable] = set()
 
     def _resolve_backend(self) -> CpuDecoderBackend:
         if self.options.backend is not CpuDecoderBackend.AUTO:
@@ -710,11 +729,12 @@ class CpuFrameDecoder:
         plan = plan_clip(index, requested)  # validates the request before any file is opened
         requested = requested.astype(np.int64)
         self._drop_inherited()
-        backend = self.backend if pixels == "rgb" else CpuDecoderBackend.PYAV
+        source_key = source_cache_key(source, filesystem=filesystem) if _is_path(source) else None
+        backend = self.backend if pixels == "rgb" and source_key not in self._pyav_files else CpuDecoderBackend.PYAV
         if backend is CpuDecoderBackend.PYAV:
             _require_pyav_decoder(index)
         # A lent file object may be closed by its owner, so its decoder is never kept.
-        key = (source_cache_key(source, filesystem=filesystem), backend, os.getpid()) if _is_path(source) else None
+        key = (source_key, backend, os.getpid()) if source_key is not None else None
         reader = self._reader(key) if key is not None else None
         if reader is None:
             kind = _PyAvReader if backend is CpuDecoderBackend.PYAV else _TorchCodecReader
@@ -731,6 +751,24 @@ class CpuFrameDecoder:
                 by_pts = reader.frames_at(index, plan, requested, convert)
             else:
                 by_pts = cast(_TorchCodecReader, reader).frames_at(index, requested, size)
+        except _MisplacedFrames as e:
+            if key is not None:
+                self._readers.pop(key, None)
+            reader.close()
+            _require_pyav_decoder(index)  # (else the file's codec has no CPU decoder here but torchcodec's)
+            warn_once(logger, "%s: torchcodec %s (keyframes flagged where decoding cannot start: intra refresh?); "
+                      "decoding this file with PyAV", index.source_name, e)  # fmt: skip
+            if source_key is None:
+                reader = _PyAvReader(
+                    source, filesystem=filesystem, threads=self.options.threads_per_decoder, label=source_label(source)
+                )
+                try:
+                    by_pts = reader.frames_at(index, plan, requested, convert)
+                finally:
+                    reader.close()
+                return [by_pts[int(p)] for p in index.frame_pts[requested].tolist()]
+            self._pyav_files.add(source_key)
+            return self._frames(source, index, requested, filesystem=filesystem, size=size, pixels=pixels)
         except Exception:
             if key is not None:
                 self._readers.pop(key, None)

@@ -372,6 +372,50 @@ def test_a_torchcodec_that_found_ffmpeg_is_chosen(monkeypatch: pytest.MonkeyPatc
     assert cpu_decoders().endswith("torchcodec 0.17.0 (FFmpeg 7), which CPU mode decodes with")
 
 
+def test_frames_torchcodec_misplaces_are_decoded_with_pyav(
+    marker_video: MarkerVideo, pyav_decoder: CpuFrameDecoder, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    """torchcodec seeks to the keyframes the container flags; on an x264 intra-refresh file (P-frames flagged) it
+    handed over later frames than those asked for (0.4 s later at 10 fps: 31 of 60 samples of
+    test_intra_refresh.py's iterator test were other frames, with torchcodec 0.17). The frames' own times tell: such
+    a file is decoded with PyAV from then on, said once. Frames at the times asked for are torchcodec's."""
+    import sys
+
+    import torch
+
+    from lerobot_dali import said_once
+
+    _stand_in_torchcodec(monkeypatch, 7)
+    shift = {"s": 0.0}
+    calls: list[list[float]] = []
+
+    class StandIn:
+        def __init__(self, source: object, **kwargs: object) -> None:
+            self.height, self.width = build_packet_index(source).height, build_packet_index(source).width
+
+        def get_frames_played_at(self, seconds: list[float]) -> object:
+            calls.append(seconds)
+            data = torch.full((len(seconds), self.height, self.width, 3), 7, dtype=torch.uint8)
+            return SimpleNamespace(data=data, pts_seconds=torch.tensor(seconds, dtype=torch.float64) + shift["s"])
+
+    monkeypatch.setattr(sys.modules["torchcodec.decoders"], "VideoDecoder", StandIn)
+    monkeypatch.setattr(said_once, "_folder", lambda: None)
+    path = marker_video("h264", 2)
+    index = build_packet_index(path)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.TORCHCODEC))
+    window = np.array([1, 3, 4])
+    assert (decoder.decode(path, index, window) == 7).all() and len(calls) == 1  # (in place: torchcodec's frames)
+    shift["s"] = 4 * index.frame_interval_s
+    with caplog.at_level("WARNING", logger="lerobot_dali.cpu_decode"):
+        for _ in range(2):
+            np.testing.assert_array_equal(decoder.decode(path, index, window), pyav_decoder.decode(path, index, window))
+    assert len(calls) == 2  # (the second request went to PyAV at once)
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert f"{path}: torchcodec gave the frame at " in said and "(3 of 3 frames)" in said
+    assert said.endswith("decoding this file with PyAV")
+    decoder.close()
+
+
 def test_a_missing_torchcodec_is_named_as_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
