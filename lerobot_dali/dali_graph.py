@@ -150,6 +150,9 @@ def camera_feed(
 #: Output name of ``task_index``'s host copy on a GPU pipeline, which the iterator reads to join the task strings:
 #: reading the GPU tensor back (``.cpu()``) waited for all the work queued on torch's stream, every batch.
 HOST_TASK_INDEX = "task_index.__host"
+#: ``subtask_index``'s, for the ``subtask`` strings alike.
+HOST_SUBTASK_INDEX = "subtask_index.__host"
+_HOST_COPIES = {"task_index": HOST_TASK_INDEX, "subtask_index": HOST_SUBTASK_INDEX}
 
 # Fields that feed another field's graph rather than being outputs of their own.
 _AUXILIARY = (
@@ -214,11 +217,11 @@ def build_pipeline(
             if field.kind in (FieldKind.TABULAR, FieldKind.HOST_VALUES):
                 results.append(node.gpu() if on_gpu and field.kind == FieldKind.TABULAR else node)
                 names.append(field.name)
-                if on_gpu and field.name == "task_index":
-                    # The task strings' lookup reads it on the host: a copy, since DALI pins a buffer the GPU reads
-                    # and torch.from_dlpack refuses pinned (kDLCUDAHost) tensors.
+                if on_gpu and field.name in _HOST_COPIES:
+                    # The (sub)task strings' lookup reads it on the host: a copy, since DALI pins a buffer the GPU
+                    # reads and torch.from_dlpack refuses pinned (kDLCUDAHost) tensors.
                     results.append(fn.copy(node))
-                    names.append(HOST_TASK_INDEX)
+                    names.append(_HOST_COPIES[field.name])
                 continue
             if field.kind == FieldKind.DEPTH:
                 results.append(_depth_output(node.gpu() if on_gpu else node, image_size))

@@ -91,6 +91,10 @@ class LeRobotDatasetReader:
         self.info = info
         self.episodes = episodes
         self.tasks = tasks
+        #: ``meta/subtasks.parquet`` (LeRobot 0.4-0.5's subtask annotations): ``subtask_index`` -> text, for the
+        #: ``subtask`` strings a batch carries beside ``task``; None where the dataset has none (set by
+        #: :func:`open_dataset`, which reads it only where info.json declares ``subtask_index``, as LeRobot does).
+        self.subtasks: dict[int, str] | None = None
         #: Video cameras.
         self.camera_keys = camera_keys
         #: Cameras stored as encoded images in the data files (``dtype: "image"``): :meth:`read_episode_images`.
@@ -154,6 +158,7 @@ class LeRobotDatasetReader:
             data_file_columns=self.data_file_columns,
         )
         reader.column_store = self.column_store
+        reader.subtasks = self.subtasks
         return reader
 
     @property
@@ -478,6 +483,8 @@ def open_dataset(
         image_keys=image_keys,
         data_file_columns=data_file_columns,
     )
+    if "subtask_index" in info.features:
+        reader.subtasks = _read_subtasks(location)
     _check_first_files(reader)
     logger.info("opened %r", reader)
     return reader
@@ -542,7 +549,10 @@ def _read_tasks(location: DatasetLocation, version: str) -> dict[int, str]:
     parquet_path = location.meta_path("meta/tasks.parquet")
     jsonl_path = location.meta_path("meta/tasks.jsonl")
     # Each version's own file asked for first: over HTTP a file that is not there costs requests of its own.
-    readers = [(parquet_path, _tasks_from_parquet), (jsonl_path, _tasks_from_jsonl)]
+    readers: list[tuple[str, Callable[[Any, str], dict[int, str]]]] = [
+        (parquet_path, _tasks_from_parquet),
+        (jsonl_path, _tasks_from_jsonl),
+    ]
     for path, read in readers[::-1] if version.startswith("v2") else readers:
         f = open_if_present(location.meta_fs, path)
         if f is not None:
@@ -551,22 +561,32 @@ def _read_tasks(location: DatasetLocation, version: str) -> dict[int, str]:
     raise DatasetError(f"{location.description}: no task list (meta/tasks.parquet or meta/tasks.jsonl)")
 
 
-def _tasks_from_parquet(f: Any, parquet_path: str) -> dict[int, str]:
+def _read_subtasks(location: DatasetLocation) -> dict[int, str] | None:
+    """``meta/subtasks.parquet`` (written as ``tasks.parquet`` is, with ``subtask_index``), None where absent."""
+    path = location.meta_path("meta/subtasks.parquet")
+    f = open_if_present(location.meta_fs, path)
+    if f is None:
+        return None
+    with f:
+        return _tasks_from_parquet(f, path, name="subtask")
+
+
+def _tasks_from_parquet(f: Any, parquet_path: str, *, name: str = "task") -> dict[int, str]:
     with damaged_parquet_as(DatasetError, parquet_path):
         table = read_parquet(f)
         table.validate(full=True)  # (strings that are not UTF-8)
-    text_column = next((c for c in ("task", "__index_level_0__") if c in table.column_names), None)
-    if text_column is None or "task_index" not in table.column_names:
+    text_column = next((c for c in (name, "__index_level_0__") if c in table.column_names), None)
+    if text_column is None or f"{name}_index" not in table.column_names:
         raise DatasetError(
-            f"{parquet_path}: expected a 'task_index' column and the task strings, found {table.column_names}"
+            f"{parquet_path}: expected a '{name}_index' column and the {name} strings, found {table.column_names}"
         )
     tasks: dict[int, str] = {}
-    pairs = zip(table["task_index"].to_pylist(), table[text_column].to_pylist(), strict=True)
+    pairs = zip(table[f"{name}_index"].to_pylist(), table[text_column].to_pylist(), strict=True)
     for row, (index, text) in enumerate(pairs):
         try:
-            _add_task(tasks, index, text)
+            _add_task(tasks, index, text, name=name)
         except ValueError as e:
-            raise DatasetError(f"{parquet_path}: bad task at row {row} ({e})") from e
+            raise DatasetError(f"{parquet_path}: bad {name} at row {row} ({e})") from e
     return tasks
 
 
@@ -582,15 +602,16 @@ def _tasks_from_jsonl(f: Any, jsonl_path: str) -> dict[int, str]:
     return tasks
 
 
-def _add_task(tasks: dict[int, str], index: Any, text: Any) -> None:
+def _add_task(tasks: dict[int, str], index: Any, text: Any, *, name: str = "task") -> None:
     """Add one task of the task list to ``tasks``. An index that is not a whole number, a missing task, or an index
-    listed twice with two tasks raises ValueError: cut to a whole number or kept once, it named another task."""
-    number = required_whole_number("task_index", index)
+    listed twice with two tasks raises ValueError: cut to a whole number or kept once, it named another task.
+    ``name``: "subtask" for the subtask list."""
+    number = required_whole_number(f"{name}_index", index)
     if text is None:
-        raise ValueError(f"task_index {number} has no task")
+        raise ValueError(f"{name}_index {number} has no {name}")
     text = str(text)
     if tasks.setdefault(number, text) != text:
-        raise ValueError(f"task_index {number} is listed twice, as {tasks[number]!r} and as {text!r}")
+        raise ValueError(f"{name}_index {number} is listed twice, as {tasks[number]!r} and as {text!r}")
 
 
 def _check_first_files(reader: LeRobotDatasetReader) -> None:

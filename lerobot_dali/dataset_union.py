@@ -143,6 +143,15 @@ class DatasetUnion(LeRobotDatasetReader):
             stamps=FileStamps.merged(stamps) if stamps else None,
         )
         self.column_store = None  # (each member reads through its own)
+        # Subtask strings where every member's subtask_index means the same text (their rows keep their own indices).
+        subtask_lists = [m.subtasks for m in self.members]
+        if all(s == subtask_lists[0] for s in subtask_lists):
+            self.subtasks = subtask_lists[0]
+        elif any(s is not None for s in subtask_lists):
+            warn_once(
+                logger, "%s: its datasets' subtask lists (meta/subtasks.parquet) differ, so batches carry each "
+                "dataset's own subtask_index and no 'subtask' strings", self.location.description,
+            )  # fmt: skip
         # One bound on open data files for all: each member's own (128) would let a worker of a union of hundreds
         # of datasets hold tens of thousands open.
         for member in self.members:

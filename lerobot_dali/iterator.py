@@ -24,7 +24,7 @@ from .augment_config import NORMALIZE_FROM_STATS, AugmentConfig, Normalize, chec
 from .batch_source import BatchSource, CameraFormat, SourceSpec, output_fields
 from .concurrent_calls import in_threads
 from .cpu_decode import CpuDecodeOptions, pyav_can_decode
-from .dali_graph import HOST_TASK_INDEX, CameraFeed, build_pipeline, camera_feed
+from .dali_graph import HOST_SUBTASK_INDEX, HOST_TASK_INDEX, CameraFeed, build_pipeline, camera_feed
 from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset, warn_undeclared_columns
 from .decode_errors import locate_clip_failure
@@ -71,7 +71,8 @@ class DALILeRobotIterator:
 
     Keys and shapes follow a ``DataLoader`` over ``LeRobotDataset``: every feature key, ``<key>_is_pad`` for
     keys with deltas, ``index, episode_index, frame_index, timestamp, task_index`` tensors, ``task`` as a
-    list of strings, cameras ``(B, C, H, W)`` or ``(B, T, C, H, W)`` for a multi-step window.
+    list of strings (``subtask`` too where the dataset has ``meta/subtasks.parquet``), cameras ``(B, C, H, W)``
+    or ``(B, T, C, H, W)`` for a multi-step window.
     Each rank reads its own disjoint episodes: build one per process, never wrap it in
     ``accelerator.prepare`` (that would keep 1/N of an already rank-disjoint stream).
 
@@ -188,6 +189,11 @@ class DALILeRobotIterator:
             raise DeltaTimestampsError(
                 "delta_timestamps names 'task_index', which gives each sample its one `task` string; it takes no "
                 "window: drop it from delta_timestamps"
+            )
+        if "subtask_index" in self.windows.delta_index and self.reader.subtasks is not None:  # (as task_index)
+            raise DeltaTimestampsError(
+                "delta_timestamps names 'subtask_index', which gives each sample its one `subtask` string; it takes "
+                "no window: drop it from delta_timestamps"
             )
         read = {*self.reader.read_keys, *INDEX_COLUMNS}
         unread = sorted(set(self.windows.delta_index) - read)
@@ -630,7 +636,7 @@ class DALILeRobotIterator:
     def _to_batch(self, out: dict[str, torch.Tensor]) -> dict[str, Any]:
         batch: dict[str, Any] = {}
         for name in self._names:
-            if name == HOST_TASK_INDEX:
+            if name in (HOST_TASK_INDEX, HOST_SUBTASK_INDEX):
                 continue
             tensor = out[name]
             if name in self._host_value_keys:
@@ -645,21 +651,26 @@ class DALILeRobotIterator:
             batch[name] = tensor
         task_index = out.get(HOST_TASK_INDEX, out.get("task_index"))
         batch["task"] = self._task_strings(task_index, out["episode_index"]) if task_index is not None else []
+        subtask_index = out.get(HOST_SUBTASK_INDEX, out.get("subtask_index"))
+        if self.reader.subtasks is not None and subtask_index is not None:  # (LeRobot 0.4-0.5's `subtask`)
+            batch["subtask"] = self._task_strings(subtask_index, out["episode_index"], name="subtask")
         return batch
 
-    def _task_strings(self, task_index: torch.Tensor, episode_index: torch.Tensor) -> list[str]:
-        tasks = self.reader.tasks
-        indices = task_index.cpu().tolist()
+    def _task_strings(self, task_index: torch.Tensor, episode_index: torch.Tensor, *, name: str = "task") -> list[str]:
+        """The texts of ``task_index`` (``name="subtask"``: of ``subtask_index``, from ``meta/subtasks.parquet``)."""
+        tasks = self.reader.tasks if name == "task" else self.reader.subtasks or {}
+        indices = task_index.cpu().reshape(-1).tolist()
         try:
             return [tasks[int(i)] for i in indices]
         except KeyError:
             unknown = sorted({int(i) for i in indices} - tasks.keys())
-            pairs = zip(indices, episode_index.cpu().tolist(), strict=True)
+            pairs = zip(indices, episode_index.cpu().reshape(-1).tolist(), strict=True)
             episodes = sorted({int(e) for i, e in pairs if int(i) not in tasks})
+            files = "meta/tasks.parquet or meta/tasks.jsonl" if name == "task" else "meta/subtasks.parquet"
             raise EpisodeMetadataError(
-                f"{self.reader.location.description}: task_index {unknown} (episodes {episodes}) is not in the "
-                f"dataset's task list (meta/tasks.parquet or meta/tasks.jsonl, which holds task indices "
-                f"{sorted(tasks)[:20]}); the data rows and the task list disagree"
+                f"{self.reader.location.description}: {name}_index {unknown} (episodes {episodes}) is not in the "
+                f"dataset's {name} list ({files}, which holds {name} indices "
+                f"{sorted(tasks)[:20]}); the data rows and the {name} list disagree"
             ) from None
 
     def _close_pipeline(self) -> None:

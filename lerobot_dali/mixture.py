@@ -325,6 +325,13 @@ class DALILeRobotMixture:
         for part, squeezed in zip(parts, self._image_windows_to_squeeze, strict=True):
             for camera in squeezed:
                 part[camera] = part[camera].squeeze(1)
+        with_subtask = ["subtask" in part for part in parts]
+        if any(with_subtask) and not all(with_subtask):  # (meta/subtasks.parquet in some datasets only)
+            lacking = [part.reader.location.description for part, has in zip(self.datasets, with_subtask, strict=True)
+                       if not has]  # fmt: skip
+            warn_once(logger, "a mixture's batches carry no 'subtask' strings: %s have no subtask list "
+                      "(meta/subtasks.parquet) beside subtask_index", lacking)  # fmt: skip
+            parts = [{key: value for key, value in part.items() if key != "subtask"} for part in parts]
         keys = list(parts[0])
         for part in parts[1:]:
             if set(part) != set(keys):  # (ruled out at construction: the same selection and windows for all)

@@ -251,3 +251,64 @@ def test_a_string_feature_stored_as_bytes_reads_as_text(make_ds, tmp_path: Path)
     store_notes([b"\xff\xfe"] * len(index))
     with pytest.raises(DataFileError, match=rf"{re.escape(str(second))}: column 'extra.note' holds a string that is "):
         open_dataset(root).read_episode(1)
+
+
+SUBTASKS = ["approach", "grasp the cup", "lift é"]
+
+
+def _subtask_of(index: int) -> int:
+    return (index * 7 // 3) % len(SUBTASKS)
+
+
+def _with_subtasks(src: Path, dst: Path, *, subtask_list: bool = True, order: tuple[int, ...] = (2, 0, 1)) -> Path:
+    """``subtask_index`` rows and ``meta/subtasks.parquet`` as LeRobot 0.4-0.5 read them (its docs'
+    ``dataset_subtask``: the subtask strings are the pandas index, ``subtask_index`` the column). ``order``: the
+    list's rows, by default out of order, which the ``subtask_index`` column says (LeRobot takes the row at
+    position ``subtask_index``, so its parity test lists them in order)."""
+    shutil.copytree(src, dst)
+    for path in sorted(dst.glob("data/*/*.parquet")):
+        table = pq.read_table(path)
+        subtask = [_subtask_of(i) for i in table["index"].to_pylist()]
+        pq.write_table(table.append_column("subtask_index", pa.array(subtask, pa.int64())), path)
+    info_path = dst / "meta" / "info.json"
+    info = json.loads(info_path.read_text())
+    info["features"]["subtask_index"] = {"dtype": "int64", "shape": [1], "names": None}
+    info_path.write_text(json.dumps(info))
+    if subtask_list:
+        table = pa.table({"subtask_index": pa.array(list(order), pa.int64())}).append_column(
+            "__index_level_0__", pa.array([SUBTASKS[i] for i in order])
+        )
+        pq.write_table(table, dst / "meta" / "subtasks.parquet")
+    return dst
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_subtask_strings_batch_beside_the_task_as_lerobot_gives_them(make_ds, tmp_path: Path, num_workers: int) -> None:
+    """LeRobot 0.4-0.5 adds ``subtask`` (the text of the row's ``subtask_index`` in ``meta/subtasks.parquet``) to
+    every sample of a dataset with subtask annotations, which its tokenizer processor tokenizes for VLA policies;
+    batches had ``subtask_index`` only."""
+    root = _with_subtasks(make_ds(episodes=2, frames_per_episode=LENGTHS, cameras=0, fps=FPS), tmp_path / "dataset")
+    it = DALILeRobotIterator(
+        root, batch_size=3, shuffle=False, device="cpu", num_workers=num_workers, drop_last=False,
+        delta_timestamps={"action": [0.0, 1 / FPS]},
+    )  # fmt: skip
+    batches = list(it)
+    assert sum(len(b["index"]) for b in batches) == sum(LENGTHS)
+    for batch in batches:
+        index = batch["index"].tolist()
+        assert batch["subtask_index"].tolist() == [_subtask_of(i) for i in index]
+        assert batch["subtask"] == [SUBTASKS[_subtask_of(i)] for i in index]
+    with pytest.raises(DeltaTimestampsError, match="'subtask_index', which gives each sample its one `subtask`"):
+        DALILeRobotIterator(root, batch_size=3, device="cpu", delta_timestamps={"subtask_index": [0.0, 1 / FPS]})
+
+
+def test_without_a_subtask_list_a_batch_has_no_subtask_strings(make_ds, tmp_path: Path) -> None:
+    """As LeRobot: ``subtask_index`` without ``meta/subtasks.parquet`` is a plain column (and may take a window)."""
+    src = make_ds(episodes=2, frames_per_episode=LENGTHS, cameras=0, fps=FPS)
+    root = _with_subtasks(src, tmp_path / "dataset", subtask_list=False)
+    it = DALILeRobotIterator(
+        root, batch_size=7, shuffle=False, device="cpu", drop_last=False, delta_timestamps={"subtask_index": [0.0]}
+    )
+    (batch,) = list(it)
+    assert "subtask" not in batch
+    assert batch["subtask_index"].tolist() == [[_subtask_of(i)] for i in range(sum(LENGTHS))]

@@ -273,6 +273,26 @@ def test_an_episode_subset_matches_lerobot(make_ds) -> None:
     assert np.sum([LENGTHS[e] for e in subset]) == len(theirs)
 
 
+@pytest.mark.skipif(
+    LEROBOT_03 or (_installed_lerobot() or (0, 0)) >= (0, 6), reason="LeRobot 0.4-0.5 give subtask strings"
+)
+def test_subtask_strings_match_lerobot(make_ds, tmp_path: Path) -> None:
+    """A dataset with subtask annotations (``subtask_index`` rows, ``meta/subtasks.parquet`` as pandas writes it):
+    every sample carries LeRobot's ``subtask`` string, over an episode subset and windows too."""
+    import pandas as pd
+
+    from tests.test_extra_features import SUBTASKS, _with_subtasks
+
+    src = make_ds(codec="av1", gop=2, episodes=5, frames_per_episode=LENGTHS, cameras=2, episodes_per_file=2)
+    root = _with_subtasks(src, tmp_path / "dataset", subtask_list=False)
+    subtasks = pd.DataFrame({"subtask_index": range(len(SUBTASKS))}, index=pd.Index(SUBTASKS, name="subtask"))
+    subtasks.to_parquet(root / "meta" / "subtasks.parquet")
+    subset = [4, 0, 2]
+    theirs = _lerobot(root, WINDOWS, episodes=subset)
+    assert {theirs[i]["subtask"] for i in range(len(theirs))} == set(SUBTASKS)
+    _assert_same_samples(_ours(root, WINDOWS, episodes=subset), theirs, frame_check=_same_decode)
+
+
 @pytest.mark.parametrize("late", [False, True], ids=["", "late-rows-own-tolerance"])
 def test_a_union_matches_lerobots_multi_dataset(make_ds, copy_ds, tmp_path: Path, late: bool) -> None:
     """``concat_datasets`` against LeRobot's ``MultiLeRobotDataset`` over two datasets that differ in episodes,
