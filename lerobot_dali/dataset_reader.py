@@ -391,12 +391,21 @@ class LeRobotDatasetReader:
                 f"({timestamps[row]}; {not_finite.size} such rows); the data file is damaged: rewrite it"
             )
         steps = np.diff(timestamps)
-        if steps.size and not (steps > 0).all():
-            row = int(np.flatnonzero(steps <= 0)[0]) + 1
+        if steps.size and not (steps >= 0).all():
+            row = int(np.flatnonzero(steps < 0)[0]) + 1
             raise EpisodeMetadataError(
-                f"{path}: episode {episode_index}'s timestamps do not increase at its row {row} "
+                f"{path}: episode {episode_index}'s timestamps go back at its row {row} "
                 f"({timestamps[row - 1]:.6f} s then {timestamps[row]:.6f} s); the rows are out of order"
             )
+        repeats = np.flatnonzero(steps == 0)
+        if repeats.size:  # (a recorder that logged one camera frame twice)
+            row = int(repeats[0]) + 1
+            more = f" (and {repeats.size - 1} more pairs of rows)" if repeats.size > 1 else ""
+            warn_once(logger,
+                "%s: episode %d's rows %d and %d%s share the timestamp %.6f s: found by timestamp (the default, as "
+                "LeRobot finds them) both read one video frame; timestamp_source='frame_index' reads each row's own",
+                path, episode_index, row - 1, row, more, timestamps[row],
+            )  # fmt: skip
         if steps.size >= 2:
             median, frame = float(np.median(steps)), 1.0 / self.info.fps
             off = abs(median - frame) / frame

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from lerobot_dali.batch_source import CameraFormat
 from lerobot_dali.dataset_location import resolve_location
@@ -213,8 +214,39 @@ def test_rows_out_of_time_order_are_refused(ds: Path) -> None:
         return table.set_column(table.column_names.index("timestamp"), "timestamp", pa.array(ts, pa.float32()))
 
     _rewrite_data(ds, swap)
-    with pytest.raises(DatasetError, match=r"episode 0's timestamps do not increase at its row 6"):
+    with pytest.raises(DatasetError, match=r"episode 0's timestamps go back at its row 6 .*the rows are out of order"):
         _first_pass(ds)
+
+
+def test_rows_that_share_a_timestamp_are_read_as_lerobot_reads_them(make_ds, copy_ds, caplog) -> None:
+    """Two rows at one time (a recorder that logged one camera frame twice) were refused as "out of order", even
+    read by frame_index. LeRobot reads them, both rows the frame their timestamp finds; so do these, with a warning
+    that says so and how to read each row's own frame."""
+    root = copy_ds(make_ds(episodes=2, frames_per_episode=[12, 10], codec="vp9", size=(64, 64), episodes_per_file=2))
+    path = root / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    ts = table["timestamp"].to_pylist()
+    ts[6] = ts[5]
+    pq.write_table(
+        table.set_column(table.column_names.index("timestamp"), "timestamp", pa.array(ts, pa.float32())), path
+    )
+    frames = {}
+    for source in ("parquet_timestamp", "frame_index"):
+        with caplog.at_level("WARNING", logger="lerobot_dali.dataset_reader"):
+            it = DALILeRobotIterator(
+                root, batch_size=4, shuffle=False, device="cpu", num_workers=0, drop_last=False, return_uint8=True,
+                timestamp_source=source,
+            )  # fmt: skip
+            batches = list(it)
+            it.close()
+        index = torch.cat([b["index"] for b in batches]).tolist()
+        assert index == list(range(22))
+        frames[source] = torch.cat([b["observation.images.cam0"] for b in batches])
+        assert torch.cat([b["timestamp"] for b in batches])[6].item() == pytest.approx(ts[5])
+    assert torch.equal(frames["parquet_timestamp"][6], frames["parquet_timestamp"][5])  # (LeRobot's: the same frame)
+    assert torch.equal(frames["frame_index"][5], frames["parquet_timestamp"][5])
+    assert not torch.equal(frames["frame_index"][6], frames["frame_index"][5])  # (row 6's own frame)
+    assert "episode 0's rows 5 and 6 share the timestamp 0.166667 s" in caplog.text
 
 
 @pytest.mark.parametrize(
