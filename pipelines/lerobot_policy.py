@@ -225,7 +225,14 @@ def train(options: PolicyTrainOptions) -> list[float]:
         "rank %d/%d: %s policy, steps %d..%d of %d samples, windows %s",
         rank, world_size, options.policy, step, options.steps, options.batch_size, delta_timestamps,
     )  # fmt: skip
-    losses: list[torch.Tensor] = []  # kept on the device: reading one back each step would wait for the GPU
+    losses: list[float] = []
+    pending: list[torch.Tensor] = []  # on the device until a log line reads one back anyway: no wait for the GPU
+
+    def read_back() -> None:  # (one tensor per step kept on the GPU for a whole run: 100,000 allocations)
+        if pending:
+            losses.extend(torch.stack(pending).float().cpu().tolist())
+            pending.clear()
+
     meter = Throughput()
     policy.train()
     batches = epoch_batches(iterator)
@@ -247,15 +254,17 @@ def train(options: PolicyTrainOptions) -> list[float]:
                 scheduler.step()
             if hasattr(accelerator.unwrap_model(policy), "update"):  # target networks, EMA (TD-MPC)
                 accelerator.unwrap_model(policy).update()
-            losses.append(loss.detach())
+            pending.append(loss.detach())
             if step == start_step + 1:
                 meter.report()  # the first step carries pipeline start-up and warm-up: keep it out of the rates
             else:
                 meter.add(len(batch["index"]), camera_frames(batch, metadata.camera_keys), wait_s)
             if step % options.log_every == 0 or step == options.steps:
                 log_progress(accelerator, step, iterator.epoch, loss, meter, world_size)
+                read_back()
             loop.save_if_due(step, steps=options.steps, save_every=options.save_every)
         loop.stop(step)
+    read_back()
     # (a preempted run's policy is not the trained one: the resumed run saves that)
     if options.output_dir is not None and accelerator.is_main_process and not loop.stopped_by:
         accelerator.unwrap_model(policy).save_pretrained(options.output_dir)
@@ -263,7 +272,7 @@ def train(options: PolicyTrainOptions) -> list[float]:
     accelerator.wait_for_everyone()
     accelerator.end_training()
     loop.finish(step)
-    return [float(loss) for loss in losses]
+    return losses
 
 
 def main(argv: Sequence[str] | None = None) -> int:
