@@ -10,7 +10,6 @@ reparented; either ends the worker. torch's DataLoader workers watch their paren
 
 from __future__ import annotations
 
-import atexit
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -60,9 +59,6 @@ def leave_interrupts_to_parent() -> bool:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_unwinding)
-    # Once exiting there is nothing left to unwind: a SIGTERM then (the pool closing) raised in an exit handler
-    # (DALI's, registered before this one, so run after it) and printed "Exception ignored in atexit callback".
-    atexit.register(signal.signal, signal.SIGTERM, signal.SIG_DFL)
     return True
 
 

@@ -352,36 +352,6 @@ def test_workers_leave_sigusr1_to_the_trainer_and_let_go_of_shared_locks_on_sigt
     assert {s: signal.getsignal(s) for s in previous} == previous
 
 
-_SIGTERM_WHILE_EXITING = """
-import atexit, multiprocessing, os, signal, sys, time
-
-def child():
-    # (as DALI's exit handler, registered at its import: the pool closing sends SIGTERM while it runs)
-    atexit.register(lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(2)))
-    from lerobot_dali.parent_watch import leave_interrupts_to_parent
-    assert leave_interrupts_to_parent()
-
-if __name__ == "__main__":
-    process = multiprocessing.get_context("spawn").Process(target=child)
-    process.start()
-    process.join(timeout=60)
-    print("exitcode", process.exitcode)
-"""
-
-
-def test_a_worker_sent_sigterm_while_exiting_ends_without_a_traceback(tmp_path) -> None:
-    """A worker's SIGTERM ends it unwinding (above), but one that came while it ran its exit handlers (the pool
-    closing: DALI's own handler) raised there and printed "Exception ignored in atexit callback ... SystemExit: 143"
-    at the end of a run. Once exiting, SIGTERM ends it as by default."""
-    script = tmp_path / "sigterm_while_exiting.py"
-    script.write_text(_SIGTERM_WHILE_EXITING)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Exception ignored" not in done.stderr and "SystemExit" not in done.stderr, done.stderr[-3000:]
-    assert done.stdout.split() == ["exitcode", str(-signal.SIGTERM)], done.stdout
-
-
 def test_workers_leave_ctrl_c_to_the_trainer() -> None:
     """Ctrl-C reaches the whole process group; each worker printed its own KeyboardInterrupt traceback while the
     trainer ended them anyway. Workers (multiprocessing children) ignore SIGINT; the main process never does."""
