@@ -218,7 +218,9 @@ class LeRobotDatasetReader:
         if not self.data_file_columns or not wanted:
             return
         lacking: dict[str, list[str]] = {}
-        for path in dict.fromkeys(self.data_path(pos) for pos in range(self.num_episodes)):
+        files = np.stack([self.episodes.data_chunk_index, self.episodes.data_file_index], axis=1)
+        firsts = np.unique(files, axis=0, return_index=True)[1]  # (one episode of each data file)
+        for path in (self.data_path(int(pos)) for pos in sorted(firsts)):
             columns = self.data_file_columns.get(path)
             missing = [] if columns is None else [k for k in wanted if k not in columns]
             if missing:
