@@ -719,8 +719,11 @@ class CpuFrameDecoder:
         filesystem: Any | None,
         size: tuple[int, int] | None,
         pixels: Pixels | None,
+        backend: CpuDecoderBackend | None = None,
     ) -> list[Any]:
-        """Each requested frame, converted as ``pixels`` says (None: its pts, the frame dropped at once)."""
+        """Each requested frame, converted as ``pixels`` says (None: its pts, the frame dropped at once).
+
+        ``backend`` overrides the choice (PyAV for a file torchcodec misread)."""
         if pixels == "planes" and self.options.backend is CpuDecoderBackend.TORCHCODEC:
             raise ValueError("pixels='planes' needs PyAV; this decoder's options ask for torchcodec")
         convert = _conversion(pixels, size)
@@ -730,7 +733,8 @@ class CpuFrameDecoder:
         requested = requested.astype(np.int64)
         self._drop_inherited()
         source_key = source_cache_key(source, filesystem=filesystem) if _is_path(source) else None
-        backend = self.backend if pixels == "rgb" and source_key not in self._pyav_files else CpuDecoderBackend.PYAV
+        if backend is None:
+            backend = self.backend if pixels == "rgb" and source_key not in self._pyav_files else CpuDecoderBackend.PYAV
         if backend is CpuDecoderBackend.PYAV:
             _require_pyav_decoder(index)
         # A lent file object may be closed by its owner, so its decoder is never kept.
@@ -758,17 +762,17 @@ class CpuFrameDecoder:
             _require_pyav_decoder(index)  # (else the file's codec has no CPU decoder here but torchcodec's)
             warn_once(logger, "%s: torchcodec %s (keyframes flagged where decoding cannot start: intra refresh?); "
                       "decoding this file with PyAV", index.source_name, e)  # fmt: skip
-            if source_key is None:
-                reader = _PyAvReader(
-                    source, filesystem=filesystem, threads=self.options.threads_per_decoder, label=source_label(source)
-                )
-                try:
-                    by_pts = reader.frames_at(index, plan, requested, convert)
-                finally:
-                    reader.close()
-                return [by_pts[int(p)] for p in index.frame_pts[requested].tolist()]
-            self._pyav_files.add(source_key)
-            return self._frames(source, index, requested, filesystem=filesystem, size=size, pixels=pixels)
+            if source_key is not None:
+                self._pyav_files.add(source_key)
+            return self._frames(
+                source,
+                index,
+                requested,
+                filesystem=filesystem,
+                size=size,
+                pixels=pixels,
+                backend=CpuDecoderBackend.PYAV,
+            )
         except Exception:
             if key is not None:
                 self._readers.pop(key, None)

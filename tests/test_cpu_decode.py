@@ -413,6 +413,10 @@ def test_frames_torchcodec_misplaces_are_decoded_with_pyav(
     (said,) = [r.getMessage() for r in caplog.records]
     assert f"{path}: torchcodec gave the frame at " in said and "(3 of 3 frames)" in said
     assert said.endswith("decoding this file with PyAV")
+    with open(path, "rb") as lent:  # a file object (remote datasets lend one): never kept, so torchcodec each time
+        for _ in range(2):
+            np.testing.assert_array_equal(decoder.decode(lent, index, window), pyav_decoder.decode(path, index, window))
+    assert len(calls) == 4
     decoder.close()
 
 
