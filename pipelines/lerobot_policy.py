@@ -264,14 +264,14 @@ def train(options: PolicyTrainOptions) -> list[float]:
                 read_back()
             loop.save_if_due(step, steps=options.steps, save_every=options.save_every)
         loop.stop(step)
-    read_back()
-    # (a preempted run's policy is not the trained one: the resumed run saves that)
-    if options.output_dir is not None and accelerator.is_main_process and not loop.stopped_by:
-        accelerator.unwrap_model(policy).save_pretrained(options.output_dir)
-        preprocessor.save_pretrained(options.output_dir)
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-    loop.finish(step)
+    with loop.finishing(step):
+        read_back()
+        # (a preempted run's policy is not the trained one: the resumed run saves that)
+        if options.output_dir is not None and accelerator.is_main_process and not loop.stopped_by:
+            accelerator.unwrap_model(policy).save_pretrained(options.output_dir)
+            preprocessor.save_pretrained(options.output_dir)
+        accelerator.wait_for_everyone()
+        accelerator.end_training()
     return losses
 
 

@@ -991,7 +991,7 @@ class PreemptionNotice:
 class PreemptibleLoop:
     """A training loop's side of preemption (``train.py``'s and ``lerobot_policy.py``'s): on a preemption signal
     (:class:`PreemptionNotice`) every rank stops at one step boundary and saves a checkpoint there, with the stream
-    position before the batch it did not train on; once the run is closed, :meth:`finish` raises :class:`Preempted`::
+    position before the batch it did not train on; once the run is closed, :meth:`finishing` raises :class:`Preempted`::
 
         loop = PreemptibleLoop(accelerator, iterator, step=step, checkpoint_dir=checkpoint_dir, data=data)
         with contextlib.closing(iterator), loop:  # (the signals are noted from here on)
@@ -1003,8 +1003,8 @@ class PreemptibleLoop:
                 step += 1
                 loop.save_if_due(step, steps=steps, save_every=save_every)
             loop.stop(step)
-        accelerator.end_training()
-        loop.finish(step)
+        with loop.finishing(step):
+            accelerator.end_training()
     """
 
     def __init__(
@@ -1022,7 +1022,7 @@ class PreemptibleLoop:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> None:
-        if kind is not None:  # (without an error the handlers stay until finish: a signal while closing is noted)
+        if kind is not None:  # (without an error the handlers stay until finishing: a signal while closing is noted)
             self.notice.uninstall()
 
     def next_batch(
@@ -1067,10 +1067,16 @@ class PreemptibleLoop:
                     self.accelerator, self.checkpoint_dir, step, self.iterator, self.data, stream=self._position
                 )
 
-    def finish(self, step: int) -> None:
-        """Once the run is closed (every rank): where it stopped on a signal, raise :class:`Preempted`, rank 0 logging
-        how to go on (the handlers stay, for :func:`exit_status` to ignore the signals from here on); else the
-        signals' own handlers come back."""
+    @contextlib.contextmanager
+    def finishing(self, step: int) -> Iterator[None]:
+        """Around closing the run (every rank: saving, ``end_training``); after it, where the loop stopped on a
+        signal, raise :class:`Preempted`, rank 0 logging how to go on (the handlers stay, for :func:`exit_status` to
+        ignore the signals from here on); else, or where closing raised, the signals' own handlers come back."""
+        try:
+            yield
+        except BaseException:
+            self.notice.uninstall()
+            raise
         if self.stopped_by:
             preempted = Preempted(self.stopped_by, step, self.checkpoint)
             if self.accelerator.is_main_process:
@@ -1154,9 +1160,9 @@ def train(options: TrainOptions) -> int:
         loop.stop(step)
         if options.record_dir is not None:
             record.write(options.record_dir, rank=rank, world_size=world_size, model=accelerator.unwrap_model(model))
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-    loop.finish(step)
+    with loop.finishing(step):
+        accelerator.wait_for_everyone()
+        accelerator.end_training()
     return step - start_step
 
 

@@ -347,6 +347,40 @@ def test_a_preemption_signal_without_a_checkpoint_dir_says_nothing_is_saved(
     assert "Traceback" not in log
 
 
+def test_a_run_whose_closing_fails_gives_the_signals_back() -> None:
+    """Saving the trained policy or ``end_training`` raising (a full disk, a tracker's upload) left the preemption
+    handlers installed in a process that goes on (a notebook, a sweep calling ``train`` in a loop): its SIGTERM was
+    then noted by a loop long gone and ignored. A run that closes cleanly gives them back too; a preempted one
+    raises :class:`Preempted` and keeps them (``exit_status`` ignores the signals from there on)."""
+    from types import SimpleNamespace
+
+    from pipelines.train import Preempted, PreemptibleLoop
+
+    iterator = SimpleNamespace(world_size=1, rank=0, state_dict=lambda: {})
+    accelerator = SimpleNamespace(is_main_process=True)
+    before = signal.getsignal(signal.SIGTERM)
+    loop = PreemptibleLoop(accelerator, iterator, step=0, checkpoint_dir=None, data={})
+    with loop:
+        assert signal.getsignal(signal.SIGTERM) != before
+    with pytest.raises(OSError, match="disk full"), loop.finishing(0):
+        raise OSError("disk full")
+    assert signal.getsignal(signal.SIGTERM) == before
+    with loop:
+        pass
+    with loop.finishing(0):
+        pass
+    assert signal.getsignal(signal.SIGTERM) == before
+    with loop:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert loop.next_batch(iter([({}, 0.0)]), 0) is None
+    try:
+        with pytest.raises(Preempted), loop.finishing(0):
+            pass
+        assert signal.getsignal(signal.SIGTERM) != before
+    finally:
+        loop.notice.uninstall()
+
+
 def test_a_signal_to_one_rank_or_to_torchrun_stops_both_ranks_at_one_step_and_resumes_exactly(
     two_rank_run: tuple[Path, Path, str], make_ds: Callable[..., Path], tmp_path: Path
 ) -> None:
