@@ -132,6 +132,7 @@ class DALILeRobotMixture:
         _check_windows(readers, windows, self.renames)
         _check_shapes(readers, self.renames)
         self._image_windows_to_squeeze = _image_windows_to_squeeze(readers, windows, self.renames)
+        self._said_no_subtask = False  # (said at the first batch, not every batch)
         sampled = [
             _sampled_frames(reader, {**options, **own}) for reader, own in zip(readers, own_options, strict=True)
         ]
@@ -327,10 +328,12 @@ class DALILeRobotMixture:
                 part[camera] = part[camera].squeeze(1)
         with_subtask = ["subtask" in part for part in parts]
         if any(with_subtask) and not all(with_subtask):  # (meta/subtasks.parquet in some datasets only)
-            lacking = [part.reader.location.description for part, has in zip(self.datasets, with_subtask, strict=True)
-                       if not has]  # fmt: skip
-            warn_once(logger, "a mixture's batches carry no 'subtask' strings: %s have no subtask list "
-                      "(meta/subtasks.parquet) beside subtask_index", lacking)  # fmt: skip
+            if not self._said_no_subtask:
+                lacking = [d.reader.location.description for d, has in zip(self.datasets, with_subtask, strict=True)
+                           if not has]  # fmt: skip
+                warn_once(logger, "a mixture's batches carry no 'subtask' strings: %s have no subtask list "
+                          "(meta/subtasks.parquet) beside subtask_index", lacking)  # fmt: skip
+                self._said_no_subtask = True
             parts = [{key: value for key, value in part.items() if key != "subtask"} for part in parts]
         keys = list(parts[0])
         for part in parts[1:]:

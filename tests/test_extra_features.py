@@ -302,6 +302,24 @@ def test_subtask_strings_batch_beside_the_task_as_lerobot_gives_them(make_ds, tm
         DALILeRobotIterator(root, batch_size=3, device="cpu", delta_timestamps={"subtask_index": [0.0, 1 / FPS]})
 
 
+def test_a_mixture_where_one_dataset_lacks_a_subtask_list_says_so_once(make_ds, tmp_path: Path, caplog) -> None:
+    """Its batches carry no ``subtask`` strings (the other dataset's rows have none to give), which is said once;
+    every batch after the first logged it again (at DEBUG, through the said-once folder: a hash and a file
+    lookup per batch)."""
+    from lerobot_dali.mixture import DALILeRobotMixture
+
+    src = make_ds(episodes=2, frames_per_episode=LENGTHS, cameras=0, fps=FPS)
+    with_list = _with_subtasks(src, tmp_path / "with")
+    without = _with_subtasks(src, tmp_path / "without", subtask_list=False)
+    mix = DALILeRobotMixture([with_list, without], batch_size=2, shuffle=False, device="cpu", num_workers=0)
+    with caplog.at_level(logging.DEBUG, logger="lerobot_dali.mixture"):
+        batches = list(mix)
+    mix.close()
+    assert len(batches) >= 3 and all("subtask" not in b and "subtask_index" in b for b in batches)
+    said = [r for r in caplog.records if "carry no 'subtask' strings" in r.getMessage()]
+    assert len(said) == 1 and str(without) in said[0].getMessage(), [r.getMessage() for r in said]
+
+
 def test_without_a_subtask_list_a_batch_has_no_subtask_strings(make_ds, tmp_path: Path) -> None:
     """As LeRobot: ``subtask_index`` without ``meta/subtasks.parquet`` is a plain column (and may take a window)."""
     src = make_ds(episodes=2, frames_per_episode=LENGTHS, cameras=0, fps=FPS)
