@@ -63,10 +63,25 @@ def leave_interrupts_to_parent() -> bool:
 
 
 def _exit_unwinding(signum: int, frame: object) -> None:
+    if not threading.main_thread().is_alive():
+        # Exiting already (threading's shutdown is done, exit handlers run): nothing is left to unwind, and raised in
+        # an exit handler (DALI's, as the pool closes and sends SIGTERM) it printed "Exception ignored in atexit
+        # callback ... SystemExit: 143". The signal ends the process as by default.
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     raise SystemExit(128 + signum)  # (the status a shell gives a process the signal ended)
 
 
+#: Signals the watching thread never takes: the kernel gives a process's signal to any thread not blocking it, and
+#: Python runs the handler in the main thread only once that runs Python again: taken by another thread, a SIGTERM
+#: waits until the main thread's wait for its next task ends (a test's child asleep for 120 s, whose queue's thread
+#: took it, was still there 60 s later).
+_LEFT_TO_MAIN_THREAD = {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1}
+
+
 def _wait_then_exit(parent: multiprocessing.process.BaseProcess) -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, _LEFT_TO_MAIN_THREAD)
     # The sentinel alone is not enough: it reads end-of-file only once every copy of the parent's end is closed,
     # and a process the trainer forked after starting the workers holds one. Being reparented is the other sign.
     while not multiprocessing.connection.wait([parent.sentinel], timeout=_POLL_S) and os.getppid() == parent.pid:

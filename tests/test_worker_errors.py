@@ -321,6 +321,10 @@ def _hold_a_lock_after_leaving(lock, queue) -> None:
     with lock:  # (as a worker holds the lock of a DALI queue it shares with the trainer)
         os.kill(os.getpid(), signal.SIGUSR1)
         queue.put("alive after SIGUSR1")
+        # (the queue's own thread ends here: the kernel may give SIGTERM to any thread, and Python runs the handler
+        # in the main thread only once this sleep ends; DALI's workers keep no such thread, and ours blocks it)
+        queue.close()
+        queue.join_thread()
         time.sleep(120)
 
 
@@ -350,6 +354,71 @@ def test_workers_leave_sigusr1_to_the_trainer_and_let_go_of_shared_locks_on_sigt
     previous = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
     assert leave_interrupts_to_parent() is False  # the trainer keeps its own
     assert {s: signal.getsignal(s) for s in previous} == previous
+
+
+_SIGTERM_WHILE_EXITING = """
+import atexit, multiprocessing, os, signal, sys, time
+
+def child():
+    # (as DALI's exit handler, registered at its import: the pool closing sends SIGTERM while it runs)
+    atexit.register(lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(2)))
+    from lerobot_dali.parent_watch import leave_interrupts_to_parent
+    assert leave_interrupts_to_parent()
+
+if __name__ == "__main__":
+    process = multiprocessing.get_context("spawn").Process(target=child)
+    process.start()
+    process.join(timeout=60)
+    print("exitcode", process.exitcode)
+"""
+
+
+def test_a_worker_sent_sigterm_while_exiting_ends_without_a_traceback(tmp_path) -> None:
+    """A worker's SIGTERM ends it unwinding (above), but one that came while it ran its exit handlers (the pool
+    closing: DALI's own handler) raised there and printed "Exception ignored in atexit callback ... SystemExit: 143"
+    at the end of a run. Once exiting, SIGTERM ends it as by default."""
+    script = tmp_path / "sigterm_while_exiting.py"
+    script.write_text(_SIGTERM_WHILE_EXITING)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Exception ignored" not in done.stderr and "SystemExit" not in done.stderr, done.stderr[-3000:]
+    assert done.stdout.split() == ["exitcode", str(-signal.SIGTERM)], done.stdout
+
+
+def _parent_watch_blocked_signals(queue) -> None:
+    import re
+    import threading
+
+    from lerobot_dali.parent_watch import exit_with_parent
+
+    assert exit_with_parent()
+    (watch,) = [t for t in threading.enumerate() if t.name == "lerobot-dali-parent-watch"]
+    for _ in range(100):  # (until the thread has set its mask, if it does: 5 s at most)
+        status = Path(f"/proc/self/task/{watch.native_id}/status").read_text()
+        blocked = int(re.search(r"^SigBlk:\s*([0-9a-f]+)$", status, re.M).group(1), 16)
+        if blocked:
+            break
+        time.sleep(0.05)
+    queue.put(blocked)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the thread's signal mask from Linux's /proc")
+def test_the_parent_watch_thread_leaves_interrupts_to_the_main_thread() -> None:
+    """The kernel gives a signal sent to a process to any of its threads that does not block it, and Python runs the
+    handler in the main thread only once that runs Python again: a SIGTERM the watching thread took waited until
+    the worker's main thread woke for its next task. It blocks them, so they reach the main thread."""
+    import multiprocessing
+
+    queue = multiprocessing.get_context("spawn").Queue()
+    child = multiprocessing.get_context("spawn").Process(target=_parent_watch_blocked_signals, args=(queue,))
+    child.start()
+    blocked = queue.get(timeout=60)
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert {s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) if blocked >> (s - 1) & 1} == {
+        signal.SIGINT, signal.SIGTERM, signal.SIGUSR1,
+    }  # fmt: skip
 
 
 def test_workers_leave_ctrl_c_to_the_trainer() -> None:
