@@ -422,6 +422,11 @@ class _TorchCodecReader:
             if isinstance(e, (RuntimeError, ValueError)):
                 raise VideoDecodeError(f"{label}: torchcodec cannot open the video ({e}).") from e
             raise
+        # torchcodec (>= 0.8) turns frames by the stream's display matrix (a phone's portrait recording); PyAV, DALI
+        # and NVDEC hand over the picture as stored, whose size the packet index holds: undo the turn (quarter
+        # turns, counter-clockwise), so every route gives one camera the same frames.
+        rotation = getattr(self.decoder.metadata, "rotation", None) or 0.0
+        self._quarter_turns = round(-rotation / 90) % 4
 
     def frames_at(
         self, index: PacketIndex, frame_indices: np.ndarray, size: tuple[int, int] | None = None
@@ -443,9 +448,12 @@ class _TorchCodecReader:
                 f"gave the frame at {got[first]:.4f} s for the one at {asked[first]:.4f} s"
                 f"{f' ({wrong.size} of {len(asked)} frames)' if wrong.size > 1 else ''}"
             )
+        frames = batch.data
+        if self._quarter_turns:
+            frames = frames.rot90(self._quarter_turns, dims=(1, 2)).contiguous()
         # Resized after decoding, in one call: newer torchcodec can resize inside the decoder
         # (``VideoDecoder(transforms=[Resize])``), but no torchcodec loads where this was written to test it.
-        data = batch.data.numpy() if size is None else _resize_nhwc(batch.data, size)
+        data = frames.numpy() if size is None else _resize_nhwc(frames, size)
         return {int(pts): data[i] for i, pts in enumerate(index.frame_pts[unique].tolist())}
 
     def close(self) -> None:

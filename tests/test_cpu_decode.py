@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import pickle
 import shutil
+import struct
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -390,6 +391,8 @@ def test_frames_torchcodec_misplaces_are_decoded_with_pyav(
     calls: list[list[float]] = []
 
     class StandIn:
+        metadata = SimpleNamespace(rotation=None)
+
         def __init__(self, source: object, **kwargs: object) -> None:
             self.height, self.width = build_packet_index(source).height, build_packet_index(source).width
 
@@ -468,6 +471,79 @@ def test_torchcodec_matches_pyav(marker_video: MarkerVideo, pyav_decoder: CpuFra
     window = np.array([0, 31, 32, 89, 31])
     got = decoder.decode(path, index, window).astype(np.int16)
     assert np.abs(got - pyav_decoder.decode(path, index, window)).max() <= 3
+
+
+def _turned(source: Path, target: Path, matrix: tuple[int, ...]) -> Path:
+    """A copy of MP4 ``source`` whose track header carries the display ``matrix`` (a rotation, as phones record)."""
+    raw = bytearray(source.read_bytes())
+    start = raw.find(b"tkhd") + 4
+    assert raw[start] == 0  # (version 0: the matrix follows 40 bytes of fields)
+    raw[start + 40 : start + 76] = struct.pack(">9i", *matrix)
+    target.write_bytes(bytes(raw))
+    return target
+
+
+#: Display matrices (16.16 fixed point) of a quarter turn each way and a half turn, as ``tkhd`` stores them.
+_TURNS = {
+    "quarter": (0, 0x10000, 0, -0x10000, 0, 0, 0, 0, 0x40000000),
+    "three_quarters": (0, -0x10000, 0, 0x10000, 0, 0, 0, 0, 0x40000000),
+    "half": (-0x10000, 0, 0, 0, -0x10000, 0, 0, 0, 0x40000000),
+}
+
+
+@pytest.mark.parametrize("turn", sorted(_TURNS))
+def test_torchcodec_gives_a_turned_video_as_stored_like_every_other_route(
+    marker_video: MarkerVideo, pyav_decoder: CpuFrameDecoder, tmp_path: Path, turn: str
+) -> None:
+    """torchcodec 0.17 turns frames upright by the display matrix; PyAV, DALI and NVDEC hand the stored picture over,
+    whose size the packet index (and so the camera's format) holds. On a 64x96 file with a quarter turn, CPU mode
+    (AUTO picks torchcodec where it loads) gave 96x64 frames, PyAV 64x96: the same camera came turned or not by
+    the machine's packages. torchcodec's frames are turned back."""
+    if not torchcodec_available():
+        pytest.skip("torchcodec does not load here")
+    path = _turned(marker_video("h264", 30), tmp_path / f"{turn}.mp4", _TURNS[turn])
+    index = build_packet_index(path)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.TORCHCODEC))
+    window = np.array([0, 31, 89])
+    expected = pyav_decoder.decode(path, index, window)
+    assert expected.shape == (3, 64, 96, 3)
+    got = decoder.decode(path, index, window)
+    assert got.shape == expected.shape
+    assert np.abs(got.astype(np.int16) - expected).max() <= 3
+    resized = decoder.decode(path, index, window, size=(32, 48))
+    assert np.abs(resized.astype(np.int16) - pyav_decoder.decode(path, index, window, size=(32, 48))).max() <= 40
+    decoder.close()
+
+
+def test_a_turned_video_is_turned_back_from_torchcodecs_frames(
+    marker_video: MarkerVideo, pyav_decoder: CpuFrameDecoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, with a stand-in for torchcodec where it does not load: one that turns frames as torchcodec 0.17 does
+    (its ``metadata.rotation`` -90 for a quarter turn clockwise; each way checked with the real one)."""
+    import sys
+
+    import torch
+
+    _stand_in_torchcodec(monkeypatch, 7)
+    path = marker_video("h264", 30)
+    index = build_packet_index(path)
+
+    class StandIn:
+        metadata = SimpleNamespace(rotation=-90.0)
+
+        def __init__(self, source: object, **kwargs: object) -> None:
+            pass
+
+        def get_frames_played_at(self, seconds: list[float]) -> object:
+            frames = pyav_decoder.decode(path, index, np.searchsorted(index.frame_pts_s, seconds))
+            data = torch.from_numpy(np.rot90(frames, -1, axes=(1, 2)).copy())  # (how torchcodec gave them)
+            return SimpleNamespace(data=data, pts_seconds=torch.tensor(seconds, dtype=torch.float64))
+
+    monkeypatch.setattr(sys.modules["torchcodec.decoders"], "VideoDecoder", StandIn)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.TORCHCODEC))
+    window = np.array([0, 31, 89])
+    np.testing.assert_array_equal(decoder.decode(path, index, window), pyav_decoder.decode(path, index, window))
+    decoder.close()
 
 
 def test_bad_inputs_raise_named_errors(
