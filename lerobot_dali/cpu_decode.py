@@ -398,7 +398,9 @@ def _resize_nhwc(frames: Any, size: tuple[int, int]) -> np.ndarray:
 class _TorchCodecReader:
     """One torchcodec decoder in exact seek mode; frames are fetched by presentation time."""
 
-    def __init__(self, source: VideoSource, *, filesystem: Any | None, threads: int, label: str) -> None:
+    def __init__(
+        self, source: VideoSource, *, filesystem: Any | None, threads: int, label: str, stream_index: int
+    ) -> None:
         why_not = torchcodec_unavailable()
         if why_not is not None:
             raise CodecUnsupportedError(f"{label}: {why_not}; use CpuDecoderBackend.PYAV or AUTO.")
@@ -412,8 +414,15 @@ class _TorchCodecReader:
                 source = self._handle
             elif isinstance(source, os.PathLike):
                 source = os.fspath(source)
+            # The stream the packet index holds: torchcodec's default is FFmpeg's "best" video stream, which in a
+            # file of several need not be the first, that every other route decodes.
             self.decoder = VideoDecoder(
-                source, seek_mode="exact", num_ffmpeg_threads=threads, dimension_order="NHWC", device="cpu"
+                source,
+                stream_index=stream_index,
+                seek_mode="exact",
+                num_ffmpeg_threads=threads,
+                dimension_order="NHWC",
+                device="cpu",
             )
         except BaseException as e:
             self.close()  # no reader is returned, so nothing else would close the file opened for it
@@ -749,10 +758,13 @@ class CpuFrameDecoder:
         key = (source_key, backend, os.getpid()) if source_key is not None else None
         reader = self._reader(key) if key is not None else None
         if reader is None:
-            kind = _PyAvReader if backend is CpuDecoderBackend.PYAV else _TorchCodecReader
-            reader = kind(
-                source, filesystem=filesystem, threads=self.options.threads_per_decoder, label=source_label(source)
-            )
+            threads, label = self.options.threads_per_decoder, source_label(source)
+            if backend is CpuDecoderBackend.PYAV:
+                reader = _PyAvReader(source, filesystem=filesystem, threads=threads, label=label)
+            else:
+                reader = _TorchCodecReader(
+                    source, filesystem=filesystem, threads=threads, label=label, stream_index=index.stream_index
+                )
             if key is not None:
                 remote = filesystem is not None and not isinstance(filesystem, LocalFileSystem)  # as is_local
                 self._remember(key, reader, index, handle_bytes=REMOTE_HANDLE_BYTES if remote else 0)

@@ -70,6 +70,9 @@ class PacketIndex:
     file_size_bytes: int
     byte_exact: bool
     template: bytes = field(repr=False)
+    #: The container's index of the stream indexed: its first video stream (a file may hold audio first, or more
+    #: video streams, of which FFmpeg's "best" need not be the first).
+    stream_index: int = 0
     #: Display index -> decode position (argsort of ``pts``).
     display_order: np.ndarray = field(init=False, repr=False)
     #: Decode position -> display index (inverse of ``display_order``).
@@ -278,6 +281,7 @@ def _index_container(
         file_size_bytes=file_size,
         byte_exact=byte_exact,
         template=template,
+        stream_index=int(stream.index),
     )
 
 

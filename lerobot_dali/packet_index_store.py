@@ -47,8 +47,9 @@ __all__ = ["STORE_FORMAT", "WAIT_S", "PacketIndexStore", "default_packet_index_d
 logger = logging.getLogger(__name__)
 
 #: Version of the on-disk layout; files of another version are deleted and rebuilt. 2: ``keyframe`` holds random-access
-#: points only, not every flagged sync sample (x264 intra refresh flags P-frames; :mod:`.random_access`).
-STORE_FORMAT = 2
+#: points only, not every flagged sync sample (x264 intra refresh flags P-frames; :mod:`.random_access`). 3: the
+#: stream's index in the container (``stream_index``).
+STORE_FORMAT = 3
 
 #: Longest a process waits for another that indexes the same video before it indexes it too.
 WAIT_S = 300.0
@@ -191,6 +192,7 @@ def _encode(index: PacketIndex, url: str, stamp: FileStamp) -> dict[str, np.ndar
         "file_size_bytes": np.array(index.file_size_bytes, dtype=np.int64),
         "byte_exact": np.array(index.byte_exact),
         "template": np.frombuffer(index.template, dtype=np.uint8),
+        "stream_index": np.array(index.stream_index, dtype=np.int64),
         **{name: np.asarray(getattr(index, name)) for name in _ARRAYS},
     }
 
@@ -217,5 +219,6 @@ def _decode(data: Any, url: str, stamp: FileStamp) -> PacketIndex:
         file_size_bytes=int(data["file_size_bytes"]),
         byte_exact=bool(data["byte_exact"]),
         template=data["template"].tobytes(),
+        stream_index=int(data["stream_index"]),
         **arrays,
     )

@@ -458,7 +458,9 @@ def test_a_video_torchcodec_cannot_open_does_not_leave_its_file_open(monkeypatch
 
     fs = SimpleNamespace(open=tracked_open)
     with pytest.raises(VideoDecodeError, match="torchcodec cannot open the video"):
-        cpu_decode._TorchCodecReader(str(tmp_path / "bad.mp4"), filesystem=fs, threads=1, label="bad.mp4")
+        cpu_decode._TorchCodecReader(
+            str(tmp_path / "bad.mp4"), filesystem=fs, threads=1, label="bad.mp4", stream_index=0
+        )
     assert len(opened) == 1 and opened[0].closed
 
 
@@ -543,6 +545,99 @@ def test_a_turned_video_is_turned_back_from_torchcodecs_frames(
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.TORCHCODEC))
     window = np.array([0, 31, 89])
     np.testing.assert_array_equal(decoder.decode(path, index, window), pyav_decoder.decode(path, index, window))
+    decoder.close()
+
+
+def _with_a_second_video_stream(path: Path, target: Path) -> Path:
+    """A copy of ``path`` with a second video stream of noise that FFmpeg's "best stream" picks: flagged default, the
+    first not, and of a higher bit rate."""
+    import av
+
+    rng = np.random.default_rng(0)
+    with av.open(str(path)) as source, av.open(str(target), "w", format="mp4") as out:
+        first = out.add_stream_from_template(source.streams.video[0])
+        second = out.add_stream("libx264", rate=30)
+        second.width, second.height, second.pix_fmt = first.width, first.height, "yuv420p"
+        first.disposition, second.disposition = 0, av.stream.Disposition.default
+        for packet in source.demux(video=0):
+            if packet.size:
+                packet.stream = first
+                out.mux(packet)
+        for i in range(sum(EPISODE_LENGTHS)):
+            noise = rng.integers(0, 256, (first.height, first.width, 3), dtype=np.uint8)
+            frame = av.VideoFrame.from_ndarray(noise, format="rgb24")
+            frame.pts = i
+            out.mux(second.encode(frame))
+        out.mux(second.encode(None))
+    return target
+
+
+def test_torchcodec_decodes_the_video_stream_the_index_holds(
+    marker_video: MarkerVideo, pyav_decoder: CpuFrameDecoder, tmp_path: Path
+) -> None:
+    """torchcodec decodes FFmpeg's "best" video stream unless told which; every other route, and the packet index
+    that times the frames, take the first. On a file whose second stream is the best (flagged default), CPU mode with
+    torchcodec handed over that stream's frames, other pictures at the right times and size with no error (a second
+    stream of another size came at that size: 192x256 frames for a 96x128 camera)."""
+    if not torchcodec_available():
+        pytest.skip("torchcodec does not load here")
+    path = _with_a_second_video_stream(marker_video("h264", 30), tmp_path / "two_streams.mp4")
+    index = build_packet_index(path)
+    assert index.stream_index == 0
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.TORCHCODEC))
+    window = np.array([0, 31, 89])
+    got = decoder.decode(path, index, window).astype(np.int16)
+    assert np.abs(got - pyav_decoder.decode(path, index, window)).max() <= 3
+    decoder.close()
+
+
+def test_the_index_names_its_stream_for_torchcodec(
+    marker_video: MarkerVideo, pyav_decoder: CpuFrameDecoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, where torchcodec does not load: the packet index says which stream it holds (1 behind an audio
+    stream; 0 of two video streams), and torchcodec is told."""
+    import sys
+
+    import av
+    import torch
+
+    path = _with_a_second_video_stream(marker_video("h264", 30), tmp_path / "two_streams.mp4")
+    audio_first = tmp_path / "audio_first.mp4"
+    with av.open(str(path)) as source, av.open(str(audio_first), "w", format="mp4") as out:
+        audio = out.add_stream("aac", rate=48000, layout="mono")
+        video = out.add_stream_from_template(source.streams.video[0])
+        silence = av.AudioFrame.from_ndarray(np.zeros((1, 1024), dtype=np.float32), format="fltp", layout="mono")
+        silence.sample_rate, silence.pts = 48000, 0
+        out.mux(audio.encode(silence))
+        out.mux(audio.encode(None))
+        for packet in source.demux(source.streams.video[0]):
+            if packet.size:
+                packet.stream = video
+                out.mux(packet)
+    _stand_in_torchcodec(monkeypatch, 7)
+    asked: list[object] = []
+
+    class StandIn:
+        metadata = SimpleNamespace(rotation=None)
+
+        def __init__(self, source: object, **kwargs: object) -> None:
+            asked.append(kwargs.get("stream_index"))
+            self.source = source
+
+        def get_frames_played_at(self, seconds: list[float]) -> object:
+            index = build_packet_index(self.source)
+            data = torch.from_numpy(
+                pyav_decoder.decode(self.source, index, np.searchsorted(index.frame_pts_s, seconds))
+            )
+            return SimpleNamespace(data=data, pts_seconds=torch.tensor(seconds, dtype=torch.float64))
+
+    monkeypatch.setattr(sys.modules["torchcodec.decoders"], "VideoDecoder", StandIn)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.TORCHCODEC))
+    for video, stream_index in ((path, 0), (audio_first, 1)):
+        index = build_packet_index(video)
+        assert index.stream_index == stream_index
+        np.testing.assert_array_equal(decoder.decode(video, index, [0, 31]), pyav_decoder.decode(video, index, [0, 31]))
+    assert asked == [0, 1]
     decoder.close()
 
 
