@@ -45,6 +45,9 @@ DEFAULT_TOLERANCE_S = 1e-4
 #: ~10 minutes and far below any real offset between data and video.
 TIE_FRACTION = 1e-3
 
+#: A video whose frame rate is under this fraction of the rows' fps has fewer frames than the rows.
+_FEWER_FRAMES = 0.99
+
 
 class TimestampSource(Enum):
     """Where the episode-local time of a data row comes from before it is looked up in the video."""
@@ -259,6 +262,13 @@ def _raise_out_of_tolerance(
             f"The row lies halfway between two video frames: the video has more frames per second "
             f"({0.5 / half_frame_s:.4g}) than the rows ({rows_fps:g}). Raise tolerance_s to "
             f"{half_frame_s + 1e-4:.4g} (half a video frame) to read the earlier of the two."
+        )
+    elif rows_fps and half_frame_s and 0.5 / half_frame_s < _FEWER_FRAMES * rows_fps:
+        # (a higher tolerance_s or frame_index / fps would read some frames for two rows: wrong frames)
+        advice = (
+            f"The video has fewer frames per second ({0.5 / half_frame_s:.4g}) than info.json's fps ({rows_fps:g}), "
+            "so some rows have no frame of their own: re-encode the video from its source at info.json's fps, or "
+            "correct info.json's fps if the rows too are at the video's rate."
         )
     raise FrameTimestampError(
         f"{where}: query timestamp {queries[worst]:.6f} s has no video frame within "

@@ -261,6 +261,25 @@ def test_halfway_advice_only_where_the_video_has_more_frames(marker_video: Marke
     assert ("frame_index / fps" in message) is not halfway
 
 
+@pytest.mark.parametrize("by_frame_index", [False, True])
+def test_rows_of_a_higher_fps_than_the_video_are_told_so(marker_video: MarkerVideo, by_frame_index: bool) -> None:
+    """info.json saying 30 fps over a 25 fps video: the first rows off a frame (1/30 s: 6.7 ms from the frame at
+    1/25 s) were told to look frames up by frame_index / fps (which fails alike) or to raise tolerance_s, which then
+    reads some frames for two rows. The message now names both rates."""
+    index = build_packet_index(marker_video("h264", 30))  # (30 fps video: rows of 36 fps stand for 30 over 25)
+    context = FrameRequestContext(dataset="d", camera="c", rows_fps=36.0, by_frame_index=by_frame_index)
+    with pytest.raises(FrameTimestampError) as info:
+        nearest_frame_indices(index, np.arange(6) / 36.0, tolerance_s=1e-4, context=context)
+    message = str(info.value)
+    assert "The video has fewer frames per second (30) than info.json's fps (36)" in message
+    assert "raise tolerance_s" not in message.lower()
+    for rows_fps in (30.0, 30.1):  # (at the video's own rate, and within 1 %: rows merely off their frames)
+        context = FrameRequestContext(dataset="d", camera="c", rows_fps=rows_fps)
+        with pytest.raises(FrameTimestampError) as info:
+            nearest_frame_indices(index, [0.0, 10.2 / FPS], tolerance_s=1e-4, context=context)
+        assert "fewer frames per second" not in str(info.value)
+
+
 def test_rows_read_by_frame_index_past_the_video_get_advice_for_that(marker_video: MarkerVideo) -> None:
     """The advice was to look frames up by frame_index / fps, which the failing run already did."""
     index = build_packet_index(marker_video("h264", 30))
