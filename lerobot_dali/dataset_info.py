@@ -104,6 +104,17 @@ class Feature:
         return self.dtype == "video"
 
     @property
+    def declared_size(self) -> tuple[int, int] | None:
+        """A camera's (height, width) as info.json declares it (``video.height``/``video.width``, else the shape by
+        its ``names``); None where it does not say."""
+        if self.video is not None and self.video.height and self.video.width:
+            return self.video.height, self.video.width
+        names = [str(n).lower() for n in self.names] if isinstance(self.names, list) else []
+        if len(names) == len(self.shape) and "height" in names and "width" in names:
+            return int(self.shape[names.index("height")]), int(self.shape[names.index("width")])
+        return None
+
+    @property
     def is_host_value(self) -> bool:
         """Strings and LeRobot's ``language`` annotations: read as Python objects, batched as lists (as LeRobot's
         collate leaves them), never as tensors."""

@@ -314,6 +314,13 @@ class DALILeRobotIterator:
             camera: CameraFormat.of(index, nvdec=routes[camera] is DecodeRoute.NVDEC)
             for camera, index in indexes.items()
         }
+        for camera, index in indexes.items():
+            declared = self.reader.info.features[camera].declared_size
+            if declared is not None and declared != (index.height, index.width):
+                warn_once(logger, "camera %r: info.json declares %dx%d frames, its videos hold %dx%d (%s): batches "
+                          "carry the videos' size%s; correct info.json where a policy is built from it", camera,
+                          *declared[::-1], index.width, index.height, index.source_name,
+                          "" if self._image_size is None else " before image_size resizes them")  # fmt: skip
 
         def check_first(pos: int) -> None:
             self._check_rows_find_frames(pos, self._indexes_held_to_formats(pos) if pos else indexes)

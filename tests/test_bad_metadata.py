@@ -68,6 +68,31 @@ def test_a_video_file_of_another_size_names_itself(make_ds, ds: Path) -> None:
         _first_pass(ds)
 
 
+@pytest.mark.parametrize("declared", ["shape", "video"])
+def test_videos_of_another_size_than_info_json_declares_are_warned_of_once(ds: Path, declared: str, caplog) -> None:
+    """info.json declaring 480x640 for 64x96 videos passed in silence: batches carry the videos' size (as LeRobot's,
+    which decode the files), and a policy whose input shapes come from info.json failed at its first step, far
+    from the cause. Said once when the iterator is built, by either of info.json's two places for the size."""
+    info_path = ds / "meta" / "info.json"
+    info = json.loads(info_path.read_text())
+    feature = info["features"][CAM]
+    video = feature.get("info") or feature.get("video_info") or {}
+    assert feature["shape"] == [64, 96, 3] and video.get("video.height") in (64, None)
+    if declared == "shape":
+        feature["shape"] = [480, 640, 3]
+        video.pop("video.height", None), video.pop("video.width", None)
+    else:
+        video.update({"video.height": 480, "video.width": 640})
+        feature["info"] = video
+    info_path.write_text(json.dumps(info))
+    with caplog.at_level("WARNING", logger="lerobot_dali.iterator"):
+        batches = _first_pass(ds, image_size=(32, 48))
+    assert {tuple(b[CAM].shape[1:]) for b in batches} == {(3, 32, 48)}
+    (said,) = [r.getMessage() for r in caplog.records if "info.json declares" in r.getMessage()]
+    assert said.startswith(f"camera '{CAM}': info.json declares 640x480 frames, its videos hold 96x64 (")
+    assert "before image_size resizes them" in said
+
+
 def test_a_camera_on_nvdec_holds_every_file_to_its_first_files_pixel_format_and_colour(
     marker_video, tmp_path: Path
 ) -> None:
