@@ -100,7 +100,7 @@ class LeRobotDatasetReader:
         #: Cameras stored as encoded images in the data files (``dtype: "image"``): :meth:`read_episode_images`.
         self.image_keys = list(image_keys)
         self.tabular_keys = tabular_keys
-        #: Column names of the v3.0 data files whose footers the open read (by path): :meth:`check_data_columns`.
+        #: Column names of the data files whose footers the open read (by path): :meth:`check_data_columns`.
         self.data_file_columns: Mapping[str, tuple[str, ...]] = data_file_columns or {}
         # Remote files each hold a read-ahead buffer (4 MB): fewer stay open.
         self._parquet = ParquetCache(partial(open_stamped, location, stamps), max_open=128 if location.is_local else 16)
@@ -212,7 +212,7 @@ class LeRobotDatasetReader:
 
     def check_data_columns(self) -> None:
         """Raise SchemaMismatchError where a data file of the episodes read lacks the column of a feature read, as
-        far as the open read their footers (v3.0's: every data file). Such a file failed only once one of its
+        far as the open read their footers (those of the episodes read). Such a file failed only once one of its
         episodes was read, maybe hours into training; LeRobot, which loads every data file first, fails at once."""
         wanted = [*self.tabular_keys, *self.image_keys]
         if not self.data_file_columns or not wanted:
@@ -626,15 +626,11 @@ def _add_task(tasks: dict[int, str], index: Any, text: Any, *, name: str = "task
 
 
 def _check_first_files(reader: LeRobotDatasetReader) -> None:
-    """One existence check per camera and, for v2.x, for the first data file (a v2.x file per episode is too many
-    to check; v3.0's every data file was checked by :func:`.episode_data_files.locate_episode_rows`): cheap, and
-    catches a camera with no files."""
+    """One existence check per camera (every data file was checked by
+    :func:`.episode_data_files.locate_episode_rows`): cheap, and catches a camera with no files."""
     if reader.num_episodes == 0:
         return
     exists = partial(bulk_file_exists, reader.location, reader.stamps)
-    data = reader.data_path(0)
-    if reader.info.major_version != "v3" and not exists(data):
-        raise MissingDataFileError(f"{data} is missing: the first episode's data file does not exist")
     for camera in reader.camera_keys:
         video = reader.video(0, camera).path
         if not exists(video):

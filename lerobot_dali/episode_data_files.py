@@ -15,13 +15,18 @@ remote, and kept on disk for remote files: :mod:`~lerobot_dali.row_count_store`)
 located instead by the data files' own ``episode_index`` column (one column of each data file, read once at open),
 with a warning that says so. Episodes no data file holds (a data file missing), or holds split or at another
 length, still fail at open.
+
+A v2.x dataset has a data file per episode, named by the episode: there is nothing to locate, but its files are
+checked alike, each footer once (~1 ms a file on local disk; one ranged read a file where remote, kept on disk as
+v3.0's are): an episode of ``episodes.jsonl`` with no data file, or whose file holds another row count than its
+``length``, fails at open. Without the check either failed only once a shuffled epoch first reached that episode.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -114,10 +119,13 @@ def locate_episode_rows(
     file row counts stay the metadata's (the rows of the episodes found in each file).
 
     Also the column names of the data files whose footers were read (those the metadata names, where they exist):
-    :meth:`~lerobot_dali.dataset_reader.LeRobotDatasetReader.check_data_columns` checks them."""
-    if info.major_version != "v3" or len(table) == 0:
+    :meth:`~lerobot_dali.dataset_reader.LeRobotDatasetReader.check_data_columns` checks them. v2.x: ``table``, its
+    episodes to read each checked to have a data file of their length (:func:`_check_episode_files`)."""
+    if len(table) == 0:
         return table, {}
     wanted = np.ones(len(table), bool) if episodes is None else np.isin(table.episode_index, np.asarray(episodes))
+    if info.major_version != "v3":
+        return table, _check_episode_files(location, info, table, stamps=stamps, wanted=wanted)
     placed = {  # path -> rows the metadata places in it
         data_file_path(location, info, chunk, file): rows
         for chunk, file, rows in zip(
@@ -177,19 +185,57 @@ def locate_episode_rows(
     return table.with_data_rows(runs[:, 0], runs[:, 1], runs[:, 2]), columns
 
 
+def _check_episode_files(
+    location: DatasetLocation, info: DatasetInfo, table: EpisodeTable, *, stamps: FileStamps | None, wanted: np.ndarray
+) -> dict[str, tuple[str, ...]]:
+    """v2.x: the column names of the data files of the ``wanted`` episodes, each of which must exist and hold the
+    episode's length in rows (MissingDataFileError, EpisodeMetadataError naming the first and counting the rest)."""
+    positions = np.flatnonzero(wanted).tolist()
+    placed = {location.path(episode_data_path(info, table, pos)): pos for pos in positions}
+    missing, footers = _read_footers(location, stamps, placed)
+    leave_out = "or open without those episodes (episodes=[...] of the others)"
+    if missing:
+        pos = placed[missing[0]]
+        more = f" (and {len(missing) - 1} more episodes' data files)" if len(missing) > 1 else ""
+        raise MissingDataFileError(
+            f"{missing[0]} is missing{more}: meta/episodes.jsonl lists episode {int(table.episode_index[pos])}, "
+            f"whose data file it is; re-download the dataset, {leave_out}"
+        )
+    miscounted = [path for path, pos in placed.items() if footers[path].rows != table.length[pos]]
+    if miscounted:
+        pos = placed[miscounted[0]]
+        more = f" (and {len(miscounted) - 1} more episodes)" if len(miscounted) > 1 else ""
+        raise EpisodeMetadataError(
+            f"{miscounted[0]}: holds {footers[miscounted[0]].rows} rows, but meta/episodes.jsonl gives episode "
+            f"{int(table.episode_index[pos])} length {int(table.length[pos])}{more}; rebuild the episode metadata "
+            f"from the data files, {leave_out}"
+        )
+    return {path: footer.columns for path, footer in footers.items()}
+
+
+def _read_footers(
+    location: DatasetLocation, stamps: FileStamps | None, paths: Iterable[str]
+) -> tuple[list[str], dict[str, Footer]]:
+    """Of the data files ``paths``, those that do not exist; else (none missing) every one's footer."""
+    missing = sorted(path for path in paths if not bulk_file_exists(location, stamps, path))
+    if missing:
+        return missing, {}
+    ordered = sorted(paths)
+    read = partial(_for_each_file, location, partial(_footer, stamps=stamps))
+    return [], dict(zip(ordered, cached_footers(stamps, ordered, read), strict=True))
+
+
 def _stale_index(
     location: DatasetLocation, stamps: FileStamps | None, placed: dict[str, int]
 ) -> tuple[list[str], str | None, dict[str, Footer]]:
     """Of the data files ``placed`` (path -> rows the metadata places there), those that do not exist, what is
     wrong with the index (None: nothing): a file missing, or a footer holding another row count; and the footers
     read (none where a file is missing)."""
-    missing = sorted(path for path in placed if not bulk_file_exists(location, stamps, path))
+    missing, footers = _read_footers(location, stamps, placed)
     if missing:
         shown = f"{list(missing[:3])}{' ...' if len(missing) > 3 else ''}"
         return missing, f"names data files that do not exist ({shown})", {}
     paths = sorted(placed)
-    read = partial(_for_each_file, location, partial(_footer, stamps=stamps))
-    footers = dict(zip(paths, cached_footers(stamps, paths, read), strict=True))
     miscounted = [path for path in paths if footers[path].rows != placed[path]]
     if not miscounted:
         return [], None, footers

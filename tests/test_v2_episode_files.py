@@ -1,0 +1,86 @@
+"""A v2.x dataset (a data file per episode) whose data files drifted from meta/episodes.jsonl is refused when it is
+opened (a file missing, another row count than the episode's length) or when the iterator is built (a column of a
+feature read missing), naming the file: each failed only once a shuffled epoch first read that episode, maybe hours
+into training. The footers are read once at open, as v3.0's are, and kept for remote datasets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.errors import EpisodeMetadataError, MissingDataFileError, SchemaMismatchError
+from lerobot_dali.iterator import DALILeRobotIterator
+from tests import fake_remote  # noqa: F401  (registers the fakeremote:// protocol)
+
+LENGTHS = [3, 4, 5, 3, 4, 5]
+# chunks_size=4: episodes 4 and 5 are in chunk-001.
+SPEC = dict(
+    episodes=6, frames_per_episode=LENGTHS, cameras=1, codec="vp9", size=(64, 64), version="v2.1", chunks_size=4
+)
+LAST = "data/chunk-001/episode_000005.parquet"
+
+
+def _iterator(dataset, **kw) -> DALILeRobotIterator:
+    return DALILeRobotIterator(dataset, batch_size=2, device="cpu", num_workers=0, drop_last=False, **kw)
+
+
+def _indices(it: DALILeRobotIterator) -> list[int]:
+    try:
+        return sorted(i for batch in it for i in batch["index"].tolist())
+    finally:
+        it.close()
+
+
+def test_an_episode_file_lacking_a_column_is_refused_when_the_iterator_is_built(make_ds, copy_ds) -> None:
+    root = copy_ds(make_ds(**SPEC))
+    pq.write_table(pq.read_table(root / LAST).drop_columns(["action"]), root / LAST)
+    pattern = r"chunk-001/episode_000005\.parquet: declared feature\(s\) \['action'\] have no column"
+    with pytest.raises(SchemaMismatchError, match=pattern):
+        _iterator(root)
+    # The other episodes, or the other keys, still read: every frame once.
+    assert _indices(_iterator(root, episodes=[0, 1, 2, 3, 4], shuffle=False)) == list(range(sum(LENGTHS[:5])))
+    assert _indices(_iterator(root, keys=["observation.state"])) == list(range(sum(LENGTHS)))
+
+
+def test_an_episode_without_a_data_file_is_refused_at_open(make_ds, copy_ds) -> None:
+    root = copy_ds(make_ds(**SPEC))
+    (root / "data/chunk-000/episode_000003.parquet").unlink()
+    (root / LAST).unlink()
+    pattern = (
+        r"chunk-000/episode_000003\.parquet is missing \(and 1 more episodes' data files\): meta/episodes\.jsonl "
+        r"lists episode 3"
+    )
+    with pytest.raises(MissingDataFileError, match=pattern):
+        open_dataset(root)
+    assert open_dataset(root, episodes=[0, 1, 2, 4]).num_frames == 3 + 4 + 5 + 4
+
+
+def test_an_episode_whose_file_holds_other_rows_than_its_length_is_refused_at_open(make_ds, copy_ds) -> None:
+    root = copy_ds(make_ds(**SPEC))
+    records = [json.loads(line) for line in (root / "meta/episodes.jsonl").read_text().splitlines()]
+    records[4]["length"] = 3  # its file holds 4 rows
+    (root / "meta/episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    pattern = r"chunk-001/episode_000004\.parquet: holds 4 rows, but meta/episodes\.jsonl gives episode 4 length 3;"
+    with pytest.raises(EpisodeMetadataError, match=pattern):
+        open_dataset(root)
+    assert _indices(_iterator(root, episodes=[0, 5])) == [0, 1, 2, 19, 20, 21, 22, 23]
+
+
+def test_a_remote_v2_dataset_reads_each_footer_once_and_keeps_it(make_ds, copy_ds, monkeypatch) -> None:
+    from lerobot_dali import episode_data_files
+
+    root = copy_ds(make_ds(**SPEC))
+    pq.write_table(pq.read_table(root / LAST).drop_columns(["action"]), root / LAST)
+    reads: list[str] = []
+    real = episode_data_files._footer
+    monkeypatch.setattr(
+        episode_data_files, "_footer", lambda loc, path, **kw: reads.append(path) or real(loc, path, **kw)
+    )
+    for _ in range(2):
+        with pytest.raises(SchemaMismatchError, match=r"episode_000005\.parquet: .*\['action'\] have no column"):
+            _iterator(open_dataset("fakeremote://", storage_options={"root": str(root)}))
+    assert sorted(Path(p).name for p in reads) == [f"episode_{i:06d}.parquet" for i in range(6)]  # the first open's
