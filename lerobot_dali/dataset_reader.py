@@ -27,6 +27,7 @@ from .episode_data_files import bulk_file_exists, episode_data_path, locate_epis
 from .episode_rows import (
     ParquetCache,
     StoreEntry,
+    check_column_shape,
     damaged_parquet_as,
     opened_stamp,
     read_episode_images,
@@ -44,6 +45,7 @@ from .errors import (
 )
 from .file_stamps import FileStamp, FileStamps
 from .frame_lookup import ITERATORS_LOOKUP, FrameLookup
+from .row_count_store import Footer
 from .said_once import warn_once
 from .value_checks import required_whole_number
 
@@ -83,7 +85,7 @@ class LeRobotDatasetReader:
         tabular_keys: list[str],
         stamps: FileStamps | None = None,
         image_keys: Sequence[str] = (),
-        data_file_columns: Mapping[str, tuple[str, ...]] | None = None,
+        data_file_footers: Mapping[str, Footer] | None = None,
     ) -> None:
         self.location = location
         #: Remote datasets: size and version of every data/video file from one listing per root.
@@ -100,8 +102,8 @@ class LeRobotDatasetReader:
         #: Cameras stored as encoded images in the data files (``dtype: "image"``): :meth:`read_episode_images`.
         self.image_keys = list(image_keys)
         self.tabular_keys = tabular_keys
-        #: Column names of the data files whose footers the open read (by path): :meth:`check_data_columns`.
-        self.data_file_columns: Mapping[str, tuple[str, ...]] = data_file_columns or {}
+        #: Footers of the data files the open read (by path): :meth:`check_data_columns`.
+        self.data_file_footers: Mapping[str, Footer] = data_file_footers or {}
         # Remote files each hold a read-ahead buffer (4 MB): fewer stay open.
         self._parquet = ParquetCache(partial(open_stamped, location, stamps), max_open=128 if location.is_local else 16)
         #: Data files written as one big row group are read from memory-mapped Arrow copies on local disk.
@@ -155,7 +157,7 @@ class LeRobotDatasetReader:
             tabular_keys=self.tabular_keys if tabular_keys is None else tabular_keys,
             stamps=self.stamps,
             image_keys=self.image_keys if image_keys is None else image_keys,
-            data_file_columns=self.data_file_columns,
+            data_file_footers=self.data_file_footers,
         )
         reader.column_store = self.column_store
         reader.subtasks = self.subtasks
@@ -211,27 +213,33 @@ class LeRobotDatasetReader:
         return [name for name in names if name not in self.info.features and not name.startswith("__index_level_")]
 
     def check_data_columns(self) -> None:
-        """Raise SchemaMismatchError where a data file of the episodes read lacks the column of a feature read, as
-        far as the open read their footers (those of the episodes read). Such a file failed only once one of its
-        episodes was read, maybe hours into training; LeRobot, which loads every data file first, fails at once."""
+        """Raise SchemaMismatchError where a data file of the episodes read lacks the column of a feature read, or
+        its type (a fixed-size list: LeRobot's v2.1 files) cannot hold the declared shape, as far as the open read
+        their footers (those of the episodes read). Such a file failed only once one of its episodes was read,
+        maybe hours into training; LeRobot, which loads every data file first, fails at once."""
         wanted = [*self.tabular_keys, *self.image_keys]
-        if not self.data_file_columns or not wanted:
+        if not self.data_file_footers or not wanted:
             return
-        lacking: dict[str, list[str]] = {}
         files = np.stack([self.episodes.data_chunk_index, self.episodes.data_file_index], axis=1)
         firsts = np.unique(files, axis=0, return_index=True)[1]  # (one episode of each data file)
-        for path in (self.data_path(int(pos)) for pos in sorted(firsts)):
-            columns = self.data_file_columns.get(path)
-            missing = [] if columns is None else [k for k in wanted if k not in columns]
-            if missing:
-                lacking[path] = missing
+        footers = {path: self.data_file_footers.get(path) for path in map(self.data_path, sorted(firsts.tolist()))}
+        lacking = {
+            path: missing
+            for path, footer in footers.items()
+            if footer is not None and (missing := [k for k in wanted if k not in footer.columns])
+        }
         if lacking:
             path, missing = next(iter(lacking.items()))
             more = f" (and {len(lacking) - 1} more data file(s) lack some)" if len(lacking) > 1 else ""
             raise SchemaMismatchError(
                 f"{path}: declared feature(s) {missing} have no column in the data file{more} (columns present: "
-                f"{list(self.data_file_columns[path])}); fix info.json or select other keys/cameras"
+                f"{list(self.data_file_footers[path].columns)}); fix info.json or select other keys/cameras"
             )
+        for path, footer in footers.items():
+            if footer is not None and footer.list_widths:
+                for key in self.tabular_keys:
+                    widths = footer.list_widths[footer.columns.index(key)]
+                    check_column_shape(self.info.features[key], widths, path)
 
     def read_stats(self) -> FeatureStats:
         """The dataset's feature statistics, as LeRobot reads them (:func:`~.dataset_stats.read_dataset_stats`)."""
@@ -469,7 +477,7 @@ def open_dataset(
             None if episodes is None else table.select(episodes, source=location.description).episode_index.tolist()
         )
         episodes = filter_episodes(records, episode_filter, candidates=candidates)
-    table, data_file_columns = locate_episode_rows(location, info, table, stamps=stamps, episodes=episodes)
+    table, data_file_footers = locate_episode_rows(location, info, table, stamps=stamps, episodes=episodes)
     if info.total_episodes and info.total_episodes != len(table):
         warn_once(
             logger,
@@ -492,7 +500,7 @@ def open_dataset(
         tabular_keys=tabular_keys,
         stamps=stamps,
         image_keys=image_keys,
-        data_file_columns=data_file_columns,
+        data_file_footers=data_file_footers,
     )
     if "subtask_index" in info.features:
         reader.subtasks = _read_subtasks(location)

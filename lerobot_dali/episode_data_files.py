@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 from .concurrent_calls import in_threads
 from .dataset_info import DatasetInfo, format_path, template_pattern
 from .dataset_location import DatasetLocation
-from .episode_rows import open_parquet, read_parquet
+from .episode_rows import list_level_widths, open_parquet, read_parquet
 from .episode_table import CameraFiles, EpisodeTable
 from .errors import EpisodeMetadataError, MissingDataFileError
 from .file_stamps import FileStamps
@@ -112,13 +112,13 @@ def locate_episode_rows(
     *,
     stamps: FileStamps | None,
     episodes: Sequence[int] | None = None,
-) -> tuple[EpisodeTable, dict[str, tuple[str, ...]]]:
+) -> tuple[EpisodeTable, dict[str, Footer]]:
     """``table`` (all episodes), or where a data file named by the ``episodes`` to read (all: None) does not
     exist or holds another row count than the metadata places in it, ``table`` with each episode's data file and
     first row taken from the data files' ``episode_index`` column. Only the episodes to read must be found; the
     file row counts stay the metadata's (the rows of the episodes found in each file).
 
-    Also the column names of the data files whose footers were read (those the metadata names, where they exist):
+    Also the footers of the data files read (those the metadata names, where they exist), by path:
     :meth:`~lerobot_dali.dataset_reader.LeRobotDatasetReader.check_data_columns` checks them. v2.x: ``table``, its
     episodes to read each checked to have a data file of their length (:func:`_check_episode_files`)."""
     if len(table) == 0:
@@ -136,9 +136,8 @@ def locate_episode_rows(
         )
     }
     missing, problem, footers = _stale_index(location, stamps, placed)
-    columns = {path: footer.columns for path, footer in footers.items()}
     if problem is None:
-        return table, columns
+        return table, footers
     listed = _listed_data_files(location, info, stamps)
     if not listed:
         raise MissingDataFileError(
@@ -182,13 +181,13 @@ def locate_episode_rows(
         "files' episode_index column instead (%d data file(s)). Rewrite meta/episodes to open faster.",
         location.description, problem, len(listed),
     )  # fmt: skip
-    return table.with_data_rows(runs[:, 0], runs[:, 1], runs[:, 2]), columns
+    return table.with_data_rows(runs[:, 0], runs[:, 1], runs[:, 2]), footers
 
 
 def _check_episode_files(
     location: DatasetLocation, info: DatasetInfo, table: EpisodeTable, *, stamps: FileStamps | None, wanted: np.ndarray
-) -> dict[str, tuple[str, ...]]:
-    """v2.x: the column names of the data files of the ``wanted`` episodes, each of which must exist and hold the
+) -> dict[str, Footer]:
+    """v2.x: the footers of the data files of the ``wanted`` episodes, each of which must exist and hold the
     episode's length in rows (MissingDataFileError, EpisodeMetadataError naming the first and counting the rest)."""
     positions = np.flatnonzero(wanted).tolist()
     placed = {location.path(episode_data_path(info, table, pos)): pos for pos in positions}
@@ -210,7 +209,7 @@ def _check_episode_files(
             f"{int(table.episode_index[pos])} length {int(table.length[pos])}{more}; rebuild the episode metadata "
             f"from the data files, {leave_out}"
         )
-    return {path: footer.columns for path, footer in footers.items()}
+    return footers
 
 
 def _read_footers(
@@ -253,7 +252,9 @@ def _for_each_file(location: DatasetLocation, read: Callable[[DatasetLocation, s
 def _footer(location: DatasetLocation, path: str, *, stamps: FileStamps | None) -> Footer:
     parquet = open_parquet(partial(open_stamped, location, stamps), path)
     try:
-        return Footer(int(parquet.metadata.num_rows), tuple(parquet.schema_arrow.names))
+        schema = parquet.schema_arrow
+        widths = tuple(list_level_widths(field.type) for field in schema)
+        return Footer(int(parquet.metadata.num_rows), tuple(schema.names), widths)
     finally:
         parquet.close(force=True)
 

@@ -33,8 +33,10 @@ from .remote_retry import is_transient
 __all__ = [
     "ParquetCache",
     "StoreEntry",
+    "check_column_shape",
     "damaged_parquet_as",
     "image_bytes",
+    "list_level_widths",
     "open_parquet",
     "opened_stamp",
     "read_episode_images",
@@ -361,7 +363,6 @@ def _is_list(kind: pa.DataType) -> bool:
 def _flat_list_values(array: pa.Array, feature: Feature, path: str) -> np.ndarray:
     """The values of a list column, row-major: one list level per declared dimension (``datasets.Array2D``
     and up store ``(2, 3)`` as lists of lists), or one flat list of all of them."""
-    shape = tuple(feature.shape) or (1,)
     level_widths = []
     while _is_list(array.type):
         if array.null_count:
@@ -377,6 +378,14 @@ def _flat_list_values(array: pa.Array, feature: Feature, path: str) -> np.ndarra
             f"{path}: column {feature.key!r} has {array.null_count} null value(s) inside its vectors; "
             "rewrite the data file without them"
         )
+    _check_list_shape(level_widths, feature, path)
+    return array.to_numpy(zero_copy_only=False)
+
+
+def _check_list_shape(level_widths: Sequence[np.ndarray], feature: Feature, path: str) -> None:
+    """Raise SchemaMismatchError unless lists of ``level_widths`` (per list level, outermost first, each row's
+    length; none: not known) hold ``feature``'s declared shape: one level per dimension, or one of all values."""
+    shape = tuple(feature.shape) or (1,)
     expected = shape if len(level_widths) == len(shape) else (math.prod(shape),) if len(level_widths) == 1 else None
     if expected is None or any(len(w) and not (w == n).all() for w, n in zip(level_widths, expected, strict=True)):
         found = [sorted(set(w.tolist()))[:5] for w in level_widths]
@@ -386,7 +395,40 @@ def _flat_list_values(array: pa.Array, feature: Feature, path: str) -> np.ndarra
             f"({math.prod(shape)} values); the data file and info.json disagree: correct the shape in info.json, "
             f"or read the other features only (keys= without {feature.key!r}; --keys on the command line)"
         )
-    return array.to_numpy(zero_copy_only=False)
+
+
+def _check_scalar_shape(feature: Feature, path: str, kind: object | None = None) -> None:
+    """Raise SchemaMismatchError where ``feature`` declares more than one value per row but its column (of type
+    ``kind``, where known) holds a scalar."""
+    if (math.prod(feature.shape) if feature.shape else 1) != 1:
+        of_type = "" if kind is None else f" of type {kind}"
+        raise SchemaMismatchError(
+            f"{path}: column {feature.key!r} is a scalar column{of_type} but info.json declares "
+            f"shape {list(feature.shape)}"
+        )
+
+
+def list_level_widths(kind: pa.DataType) -> tuple[int, ...]:
+    """The list levels of column type ``kind``, outermost first: each one's fixed size, or -1 where its lists vary
+    in length (a scalar type: none). What a parquet footer tells of a column's shape."""
+    widths: list[int] = []
+    while _is_list(kind):
+        widths.append(kind.list_size if pa.types.is_fixed_size_list(kind) else -1)
+        kind = kind.value_type
+    return tuple(widths)
+
+
+def check_column_shape(feature: Feature, list_widths: Sequence[int], path: str) -> None:
+    """Raise SchemaMismatchError, as reading its rows would, where a column of ``list_widths``
+    (:func:`list_level_widths`) cannot hold ``feature``'s declared shape: from its file's footer alone, before
+    any row is read. Lists of varying length (-1) are checked as their rows are read."""
+    if feature.is_host_value:
+        return
+    if not list_widths:
+        _check_scalar_shape(feature, path)
+        return
+    known = [np.full(1 if n >= 0 else 0, n, dtype=np.int64) for n in list_widths]
+    _check_list_shape(known, feature, path)
 
 
 def _outside_range(source: np.ndarray, dtype: str) -> Any:
@@ -424,16 +466,11 @@ def _column_to_numpy(column: pa.ChunkedArray, feature: Feature, path: str) -> np
                 "re-download or rewrite it"
             ) from e
         return objects
-    width = math.prod(feature.shape) if feature.shape else 1
     kind = array.type
     if _is_list(kind):
         values = _flat_list_values(array, feature, path)
     else:
-        if width != 1:
-            raise SchemaMismatchError(
-                f"{path}: column {feature.key!r} is a scalar column of type {kind} but info.json declares "
-                f"shape {list(feature.shape)}"
-            )
+        _check_scalar_shape(feature, path, kind)
         if array.null_count:  # a null int read as a float NaN, then failed as a "fractional value"
             raise SchemaMismatchError(
                 f"{path}: column {feature.key!r} has {array.null_count} null row(s); rewrite the data file without them"

@@ -1,16 +1,16 @@
-"""Row counts and column names of remote parquet data files, kept on local disk, so that one process per cache
-folder reads them.
+"""Row counts, column names and list widths of remote parquet data files, kept on local disk, so that one process
+per cache folder reads them.
 
 Opening a v3.0 dataset checks that each data file holds the rows ``meta/episodes`` places in it, and the columns
-of the features read (:mod:`~lerobot_dali.episode_data_files`): one footer read per data file. A remote dataset
-of 1,000 data files costs every rank of every run 1,000 ranged reads: 8 ranks of a node starting at once make
-8,000, past the Hub's request rate limits, and a resumed job pays them again. A footer is a fact about a file's
-content, so its row count and column names are kept as one small JSON per set of files, keyed by the sha256 of
-their (path, size, version): a changed file misses. The first process to open a set reads it under an
-``flock``; the others, on the same node or on any node that shares the folder, wait for its result rather than
-read too (at most :data:`WAIT_S`, then they read themselves). Files of servers that give no version (``run:``
-stamps, valid one run) are never kept. A store that cannot be written or read is skipped: it is never needed for
-correctness.
+(and where the file's types fix them, the shapes) of the features read (:mod:`~lerobot_dali.episode_data_files`):
+one footer read per data file (v2.x: per episode). A remote dataset of 1,000 data files costs every rank of every
+run 1,000 ranged reads: 8 ranks of a node starting at once make 8,000, past the Hub's request rate limits, and a
+resumed job pays them again. A footer is a fact about a file's content, so what is checked of it is kept as one
+small JSON per set of files, keyed by the sha256 of their (path, size, version): a changed file misses. The first
+process to open a set reads it under an ``flock``; the others, on the same node or on any node that shares the
+folder, wait for its result rather than read too (at most :data:`WAIT_S`, then they read themselves). Files of
+servers that give no version (``run:`` stamps, valid one run) are never kept. A store that cannot be written or
+read is skipped: it is never needed for correctness.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ __all__ = ["STORE_FORMAT", "WAIT_S", "Footer", "cached_footers"]
 
 logger = logging.getLogger(__name__)
 
-#: Version of the on-disk layout, part of every key (2: column names too).
-STORE_FORMAT = 2
+#: Version of the on-disk layout, part of every key (2: column names too; 3: their list widths).
+STORE_FORMAT = 3
 #: Longest a process waits for another to read the same files' row counts before it reads them itself.
 WAIT_S = 300.0
 #: Seconds between two looks at a lock another process holds.
@@ -52,6 +52,9 @@ class Footer(NamedTuple):
 
     rows: int
     columns: tuple[str, ...]
+    #: Per column, its list levels' sizes, outermost first (-1: lists of varying length; none: a scalar column):
+    #: :func:`~lerobot_dali.episode_rows.list_level_widths`. Empty: not known.
+    list_widths: tuple[tuple[int, ...], ...] = ()
 
 
 def cached_footers(
@@ -106,11 +109,14 @@ def _wait_for_lock(entry: Path) -> IO[bytes] | None:
 def _load(entry: Path, paths: Sequence[str]) -> list[Footer] | None:
     try:
         raw = json.loads(entry.read_text())
-        counts, columns = raw["rows"], raw["columns"]
-        if raw["paths"] != list(paths) or len(counts) != len(paths) or len(columns) != len(paths):
+        counts, columns, widths = raw["rows"], raw["columns"], raw["list_widths"]
+        if raw["paths"] != list(paths) or not len(counts) == len(columns) == len(widths) == len(paths):
             raise ValueError("it holds other files")
         if not all(type(n) is int for n in counts) or not all(all(type(c) is str for c in cs) for cs in columns):
             raise ValueError("it holds other values than row counts and column names")
+        shaped = zip(widths, columns, strict=True)
+        if not all(len(ws) == len(cs) and all(type(n) is int for w in ws for n in w) for ws, cs in shaped):
+            raise ValueError("it holds other values than the columns' list widths")
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -119,11 +125,18 @@ def _load(entry: Path, paths: Sequence[str]) -> list[Footer] | None:
             entry.unlink(missing_ok=True)
         return None
     mark_used(entry)
-    return [Footer(n, tuple(cs)) for n, cs in zip(counts, columns, strict=True)]
+    return [
+        Footer(n, tuple(cs), tuple(tuple(w) for w in ws)) for n, cs, ws in zip(counts, columns, widths, strict=True)
+    ]
 
 
 def _save(entry: Path, paths: Sequence[str], footers: list[Footer]) -> bool:
-    kept = {"paths": list(paths), "rows": [f.rows for f in footers], "columns": [list(f.columns) for f in footers]}
+    kept = {
+        "paths": list(paths),
+        "rows": [f.rows for f in footers],
+        "columns": [list(f.columns) for f in footers],
+        "list_widths": [[list(w) for w in f.list_widths] for f in footers],
+    }
     try:
         with atomic_file(entry, prefix=".rows") as f:
             f.write(json.dumps(kept).encode())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -83,3 +84,20 @@ def test_a_remote_dataset_is_refused_from_the_kept_footers_too(make_ds, copy_ds,
         with pytest.raises(SchemaMismatchError, match=r"file-002\.parquet: .*\['action'\] have no column"):
             _iterator(open_dataset("fakeremote://", storage_options={"root": str(root)}))
     assert len(reads) == 3  # the second open read no footer: the kept ones said which columns each file holds
+
+
+def test_a_fixed_size_column_of_another_width_is_refused_from_the_kept_footers_too(make_ds, copy_ds) -> None:
+    """A column stored as fixed-size lists (as LeRobot's v2.1 files are, and a v3.0 file converted from them may be)
+    says its width in the footer: a file whose width is not the declared shape is refused when the iterator is
+    built, from the footers the open read or, remote, kept."""
+    root = copy_ds(make_ds(**SPEC))
+    path = root / LAST_FILE
+    table = pq.read_table(path)
+    wide = pa.array([[*row, 0.0] for row in table["action"].to_pylist()], pa.list_(pa.float32(), 8))
+    pq.write_table(table.set_column(table.schema.get_field_index("action"), "action", wide), path)
+    pattern = r"file-002\.parquet: column 'action' holds vectors of length \[8\] but info\.json declares shape \[7\]"
+    with pytest.raises(SchemaMismatchError, match=pattern):
+        _iterator(root)
+    for _ in range(2):  # the second open reads the kept footers
+        with pytest.raises(SchemaMismatchError, match=pattern):
+            _iterator(open_dataset("fakeremote://", storage_options={"root": str(root)}))

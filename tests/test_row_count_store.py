@@ -84,7 +84,7 @@ def test_an_unreadable_entry_or_a_held_lock_falls_back_to_reading(make_ds, foote
     root = make_ds(**SPEC)
     _open_remote(root)
     (entry,) = (row_count_store.cache_root() / "row_counts").glob("*/*")  # (its lock file gone with the lock)
-    entry.write_text('{"paths": ["elsewhere"], "rows": [1], "columns": [["action"]]}')
+    entry.write_text('{"paths": ["elsewhere"], "rows": [1], "columns": [["action"]], "list_widths": [[[7]]]}')
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.row_count_store"):
         _open_remote(root)
     assert caplog.text.count("unreadable (it holds other files); deleting it") == 1 and len(footer_reads) == 6

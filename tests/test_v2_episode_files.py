@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -84,3 +85,41 @@ def test_a_remote_v2_dataset_reads_each_footer_once_and_keeps_it(make_ds, copy_d
         with pytest.raises(SchemaMismatchError, match=r"episode_000005\.parquet: .*\['action'\] have no column"):
             _iterator(open_dataset("fakeremote://", storage_options={"root": str(root)}))
     assert sorted(Path(p).name for p in reads) == [f"episode_{i:06d}.parquet" for i in range(6)]  # the first open's
+
+
+def _replace_action(path: Path, values: pa.Array) -> None:
+    table = pq.read_table(path)
+    pq.write_table(table.set_column(table.schema.get_field_index("action"), "action", values), path)
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("fixed_size_list", r"column 'action' holds vectors of length \[8\] but info\.json declares shape \[7\]"),
+        ("string", r"column 'action' is a scalar column but info\.json declares shape \[7\]"),
+    ],
+)
+def test_an_episode_file_whose_column_type_cannot_hold_the_shape_is_refused_when_the_iterator_is_built(
+    make_ds, copy_ds, kind: str, message: str
+) -> None:
+    """LeRobot's v2.1 files store vectors as fixed-size lists: the footer says each one's length."""
+    root = copy_ds(make_ds(**SPEC))
+    rows = pq.read_table(root / LAST)["action"].to_pylist()
+    if kind == "fixed_size_list":
+        _replace_action(root / LAST, pa.array([[*row, 0.0] for row in rows], pa.list_(pa.float32(), 8)))
+    else:
+        _replace_action(root / LAST, pa.array([str(row) for row in rows]))
+    with pytest.raises(SchemaMismatchError, match=rf"chunk-001/episode_000005\.parquet: {message}"):
+        _iterator(root)
+    assert _indices(_iterator(root, keys=["observation.state"])) == list(range(sum(LENGTHS)))
+
+
+def test_lists_of_varying_length_are_checked_as_their_rows_are_read(make_ds, copy_ds) -> None:
+    """A footer does not say how long a variable-length list is: the row read refuses it, naming the file."""
+    root = copy_ds(make_ds(**SPEC))
+    rows = pq.read_table(root / LAST)["action"].to_pylist()
+    _replace_action(root / LAST, pa.array([[*row, 0.0] for row in rows], pa.list_(pa.float32())))
+    it = _iterator(root, episodes=[5])
+    with pytest.raises(SchemaMismatchError, match=r"episode_000005\.parquet: column 'action' holds vectors of length"):
+        next(iter(it))
+    it.close()
