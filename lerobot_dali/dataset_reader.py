@@ -220,9 +220,8 @@ class LeRobotDatasetReader:
         wanted = [*self.tabular_keys, *self.image_keys]
         if not self.data_file_footers or not wanted:
             return
-        files = np.stack([self.episodes.data_chunk_index, self.episodes.data_file_index], axis=1)
-        firsts = np.unique(files, axis=0, return_index=True)[1]  # (one episode of each data file)
-        footers = {path: self.data_file_footers.get(path) for path in map(self.data_path, sorted(firsts.tolist()))}
+        firsts = self.episodes.first_of_each_data_file().tolist()
+        footers = {path: self.data_file_footers.get(path) for path in map(self.data_path, firsts)}
         lacking = {
             path: missing
             for path, footer in footers.items()

@@ -142,12 +142,13 @@ def locate_episode_rows(
             )  # fmt: skip
             return table, {}
         return table, _check_episode_files(location, info, table, stamps=stamps, wanted=wanted)
+    firsts = table.first_of_each_data_file(wanted)
     placed = {  # path -> rows the metadata places in it
         data_file_path(location, info, chunk, file): rows
         for chunk, file, rows in zip(
-            table.data_chunk_index[wanted].tolist(),
-            table.data_file_index[wanted].tolist(),
-            table.data_file_rows[wanted].tolist(),
+            table.data_chunk_index[firsts].tolist(),
+            table.data_file_index[firsts].tolist(),
+            table.data_file_rows[firsts].tolist(),
             strict=True,
         )
     }

@@ -164,6 +164,33 @@ def test_rows_no_episode_reads_fail_at_open_when_every_episode_is_where_the_meta
     assert open_dataset(ds, episodes=[2, 3]).read_episode(0)["episode_index"].tolist() == [2] * LENGTHS[2]
 
 
+def test_open_and_the_column_check_name_each_data_file_once_not_each_episode(make_ds, monkeypatch) -> None:
+    """A v3.0 data file holds thousands of episodes; the open's footer check formatted a data path per episode (a
+    dataset of 100,000 episodes in 100 files: 100,000 paths, 0.3-0.5 s of every rank's start). 5 episodes in 3 files
+    here: 3 paths at open, 3 more for the column check."""
+    from lerobot_dali import episode_data_files
+    from lerobot_dali.dataset_reader import open_dataset
+
+    formatted: list[str] = []
+    format_path = episode_data_files.format_path
+
+    def counting(template: str, values, *, name: str = "path", **kwargs) -> str:
+        path = format_path(template, values, name=name, **kwargs)
+        if name == "data_path":
+            formatted.append(path)
+        return path
+
+    monkeypatch.setattr(episode_data_files, "format_path", counting)
+    reader = open_dataset(make_ds(**SPEC, fps=10))
+    files = ["data/chunk-000/file-000.parquet", "data/chunk-000/file-001.parquet", "data/chunk-000/file-002.parquet"]
+    assert formatted == files
+    formatted.clear()
+    reader.check_data_columns()
+    assert formatted == files
+    assert reader.episodes.first_of_each_data_file().tolist() == [0, 2, 4]
+    assert reader.episodes.first_of_each_data_file(np.array([False, True, True, False, True])).tolist() == [1, 2, 4]
+
+
 def test_a_stale_merge_reads_from_a_remote_filesystem(merged) -> None:
     import tests.fake_remote  # noqa: F401 (registers the fakeremote:// protocol)
     from lerobot_dali.dataset_reader import open_dataset
