@@ -166,7 +166,8 @@ class DALILeRobotIterator:
         self._depth_cameras = {*self._depth_quantizers, *self._depth_image_units}
         self._depth_unit = check_choice(DepthUnit, "depth_unit", depth_unit)
         self._image_shapes = _image_shapes(self.reader)
-        self._listed_scalars = _listed_scalars(self.reader)
+        first_rows = _first_episode_rows(self.reader)  # (read once: for the scalars' shapes and the frames' lookup)
+        self._listed_scalars = _listed_scalars(self.reader, first_rows)
         # Cameras of other than 3 channels: grey image cameras, depth cameras (1).
         grey = {key: shape[2] for key, shape in self._image_shapes.items() if shape[2] != 3}
         self._image_channels = grey | dict.fromkeys(self._depth_cameras, 1)
@@ -223,7 +224,7 @@ class DALILeRobotIterator:
         for store in (self._index_store, self.reader.column_store):  # (stale entries: a sweep a day at most)
             if store is not None:
                 store.prune_unused()
-        self.routes = self._choose_routes(preference)
+        self.routes = self._choose_routes(preference, first_rows)
         warn_undeclared_columns(self.reader)
         self._feeds = self._plan_feeds()
         self._tabular_keys = tuple(self.reader.tabular_keys)
@@ -287,9 +288,12 @@ class DALILeRobotIterator:
             )  # fmt: skip
 
     # -- routing -----------------------------------------------------------------------------------------
-    def _choose_routes(self, preference: DecodePreference) -> dict[str, DecodeRoute]:
-        """A route per video camera, from its first episode's file; that episode's first and last rows are
-        looked up in the file too (:meth:`_check_rows_find_frames`), and its format kept as the camera's
+    def _choose_routes(
+        self, preference: DecodePreference, first_rows: Mapping[str, np.ndarray] | None
+    ) -> dict[str, DecodeRoute]:
+        """A route per video camera, from its first episode's file; that episode's first and last rows
+        (``first_rows``, where already read) are looked up in the file too (:meth:`_check_rows_find_frames`), and
+        its format kept as the camera's
         (``_camera_formats``, which the workers hold every other file to). A union's other datasets' first
         episodes are held to them now too, rather than when a batch first reaches them."""
         routes = {}
@@ -323,7 +327,10 @@ class DALILeRobotIterator:
                           "" if self._image_size is None else " before image_size resizes them")  # fmt: skip
 
         def check_first(pos: int) -> None:
-            self._check_rows_find_frames(pos, self._indexes_held_to_formats(pos) if pos else indexes)
+            if pos:
+                self._check_rows_find_frames(pos, self._indexes_held_to_formats(pos))
+            else:
+                self._check_rows_find_frames(pos, indexes, rows=first_rows)
 
         in_threads(check_first, self.reader.first_episodes())  # (a union's datasets' at once)
         self._color_fixes = _nvdec_color_fixes(self._camera_formats)
@@ -342,13 +349,17 @@ class DALILeRobotIterator:
             expected.check(indexes[camera], path=video.path, episode=episode, camera=camera)
         return indexes
 
-    def _check_rows_find_frames(self, pos: int, indexes: Mapping[str, PacketIndex]) -> None:
+    def _check_rows_find_frames(
+        self, pos: int, indexes: Mapping[str, PacketIndex], *, rows: Mapping[str, np.ndarray] | None = None
+    ) -> None:
         """Timestamps that miss the video (wall-clock time, rows shifted a frame, the wrong fps) fail here, when
         the iterator is built, rather than in a worker when a batch first reaches the row, maybe hours into
-        training: episode ``pos``'s first and last rows must find their frames in every camera's file."""
+        training: episode ``pos``'s first and last rows (of ``rows``, its rows if already read) must find their
+        frames in every camera's file."""
         if not indexes:
             return
-        rows = self.reader.read_episode(pos, [])
+        if rows is None:
+            rows = self.reader.read_episode(pos, [])
         ends = np.array([0, len(rows["timestamp"]) - 1])
         for camera, index in indexes.items():
             row_frame_numbers(
@@ -839,19 +850,34 @@ def _image_shapes(reader: LeRobotDatasetReader) -> dict[str, tuple[int, int, int
     return {key: shape for key, shape in shapes.items() if shape is not None}
 
 
-def _listed_scalars(reader: LeRobotDatasetReader) -> frozenset[str] | None:
+def _scalar_keys(reader: LeRobotDatasetReader) -> list[str]:
+    features = reader.info.features
+    return [k for k in reader.tabular_keys if features[k].is_scalar and not features[k].is_host_value]
+
+
+def _first_episode_rows(reader: LeRobotDatasetReader) -> dict[str, np.ndarray] | None:
+    """The first episode's rows of the scalar features and the index columns, read once when the iterator is built
+    (its data file's row groups were decoded twice, for :func:`_listed_scalars` and for the frame lookup); None
+    where there is none or they do not read (the lookup then reads again, failing with the file named)."""
+    if not reader.num_episodes:
+        return None
+    try:
+        return reader.read_episode(0, _scalar_keys(reader))
+    except DatasetError:
+        return None
+
+
+def _listed_scalars(reader: LeRobotDatasetReader, rows: Mapping[str, np.ndarray] | None) -> frozenset[str] | None:
     """The scalar features (declared shape (1,)) that the first episode's data file stores as one-element lists, so
     that they batch as (B, 1), not (B,): the workers give every episode's rows that shape. A data file that stores
     one the other way (another writer's, merged in or in a union) changed the batch's shape, or failed to stack
     with a ValueError naming neither the feature nor the file. None where the first episode's rows do not read:
-    each file then keeps its own, and the workers' read of that episode fails naming the file."""
-    features = reader.info.features
-    keys = [k for k in reader.tabular_keys if features[k].is_scalar and not features[k].is_host_value]
+    each file then keeps its own, and the workers' read of that episode fails naming the file. ``rows``: the first
+    episode's (:func:`_first_episode_rows`)."""
+    keys = _scalar_keys(reader)
     if not keys or not reader.num_episodes:
         return frozenset()
-    try:
-        rows = reader.read_episode(0, keys)
-    except DatasetError:
+    if rows is None:
         return None
     return frozenset(k for k in keys if rows[k].ndim == 2)
 

@@ -697,6 +697,25 @@ def test_a_damaged_data_file_fails_when_the_iterator_is_built(make_ds, copy_ds) 
         DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=2)
 
 
+def test_the_first_episode_is_read_once_when_the_iterator_is_built(make_ds, monkeypatch) -> None:
+    """Its rows give the scalars' stored shapes and its first and last rows' frame lookup: it was read twice, each
+    read decoding its data file's row groups (a converted v3.0 file's one group: the whole file, twice)."""
+    from lerobot_dali.dataset_reader import LeRobotDatasetReader
+
+    read_episode = LeRobotDatasetReader.read_episode
+    reads: list[int] = []
+
+    def counting(self, episode_pos: int, keys=None):
+        reads.append(episode_pos)
+        return read_episode(self, episode_pos, keys)
+
+    monkeypatch.setattr(LeRobotDatasetReader, "read_episode", counting)
+    it = DALILeRobotIterator(_dataset(make_ds, "h264"), batch_size=4, shuffle=False, device="cpu", num_workers=0)
+    assert reads == [0]
+    assert it._listed_scalars == frozenset()  # (the generator writes scalars as plain columns)
+    it.close()
+
+
 def test_a_bad_clip_is_named_with_random_augmentation_too(make_ds, copy_ds) -> None:
     """Finding the clip DALI rejects rebuilds its samples, and with random augmentation their draws need the
     samples' stream positions: without them the search failed and DALI's bare error came through."""
