@@ -217,7 +217,8 @@ class CachedFileSystem(fsspec.AbstractFileSystem):
         return int(stamp.size), cache_version(int(stamp.size), str(stamp.version))
 
     def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
-        """Reads through the cache; a ``block_size`` given (video files: small) is the read-ahead of what it lacks."""
+        """Reads through the cache; a ``block_size`` given (video files: small) is the read-ahead of what it lacks
+        (always read ahead: a ``cache_type`` given is not used)."""
         if mode != "rb":
             return self.fs.open(path, mode, **kwargs)
         size, version = self.identity(path)

@@ -39,13 +39,15 @@ def source_label(source: VideoSource) -> str:
 
 @contextmanager
 def open_video_source(
-    source: VideoSource, *, filesystem: Any | None = None, size: int | None = None
+    source: VideoSource, *, filesystem: Any | None = None, size: int | None = None, exact_reads: bool = False
 ) -> Iterator[IO[bytes]]:
     """Yield a binary file object for ``source``; paths are opened (and closed) here, file objects lent.
 
     ``size`` (bytes: what the file's packet index was built from) spares the metadata request a remote open
-    makes for it (an HTTP HEAD per open: per batch and file). Raises MissingDataFileError naming the path when
-    it does not exist.
+    makes for it (an HTTP HEAD per open: per batch and file). ``exact_reads``: the caller reads only byte ranges
+    it knows, each in one read (packets at the offsets of their index), so a remote file fetches those bytes and
+    none ahead (the prefetch cache's view keeps its read-ahead for what it lacks). Raises MissingDataFileError
+    naming the path when it does not exist.
     """
     if not isinstance(source, (str, os.PathLike)):
         yield source
@@ -58,7 +60,8 @@ def open_video_source(
             handle = filesystem.open(path, "rb")
         else:  # (fsspec's default block, 5 MB, was fetched for every 16-byte box header and every GOP)
             known = {} if size is None else {"size": size}
-            handle = filesystem.open(path, "rb", block_size=VIDEO_READ_AHEAD_BYTES, cache_type="readahead", **known)
+            cache_type = "none" if exact_reads else "readahead"
+            handle = filesystem.open(path, "rb", block_size=VIDEO_READ_AHEAD_BYTES, cache_type=cache_type, **known)
     except FileNotFoundError as e:
         raise MissingDataFileError(
             f"Video file {path} does not exist; check the dataset's videos/ folder and its video_path."
