@@ -104,13 +104,8 @@ class LeRobotDatasetReader:
         self.tabular_keys = tabular_keys
         #: Footers of the data files the open read (by path): :meth:`check_data_columns`.
         self.data_file_footers: Mapping[str, Footer] = data_file_footers or {}
-        # Remote files each hold a read-ahead buffer (4 MB): fewer stay open. Local ones, 128 of them, are read without
-        # pyarrow's pre-buffering, which held each one's last read (2 workers, 20 batches, 45 files open: ~31 MiB of
-        # each worker's 290; a converted file's whole row group, 100 MB, for as long as it stayed open).
-        local = location.is_local
-        self._parquet = ParquetCache(
-            partial(open_stamped, location, stamps), max_open=128 if local else 16, pre_buffer=not local
-        )
+        # Remote files each hold a read-ahead buffer (4 MB): fewer stay open.
+        self._parquet = ParquetCache(partial(open_stamped, location, stamps), max_open=128 if location.is_local else 16)
         #: Data files written as one big row group are read from memory-mapped Arrow copies on local disk.
         self.column_store: ColumnStore | None = ColumnStore()
 

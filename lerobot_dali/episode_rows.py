@@ -94,13 +94,8 @@ def damaged_parquet_as(error: type[DatasetError], path: str) -> Iterator[None]:
         raise error(f"{path} is not a readable parquet file ({e}); re-download it") from e
 
 
-def open_parquet(open_file: Callable[[str], Any], path: str, *, pre_buffer: bool = True) -> pq.ParquetFile:
+def open_parquet(open_file: Callable[[str], Any], path: str) -> pq.ParquetFile:
     """``path`` opened with ``open_file`` and its footer parsed; close it with ``close(force=True)``.
-
-    ``pre_buffer`` (pyarrow's default) reads a row group's column chunks in one coalesced request, and keeps those
-    bytes until the file's next read or its close: worth it for a remote file, where each chunk would be a request
-    of its own; a local one gains nothing and, held open, keeps its last read (a file converted to the column store:
-    its whole row group, never read again).
 
     Raises MissingDataFileError or DataFileError naming the file; a network failure (after its retries) is
     raised as itself, since the file is not to blame.
@@ -112,7 +107,7 @@ def open_parquet(open_file: Callable[[str], Any], path: str, *, pre_buffer: bool
     try:
         # Pages written with checksums (pyarrow's write_page_checksum=True) are verified as they are read: a
         # flipped byte inside a page's values otherwise reads as another value. LeRobot's own files carry none.
-        parquet = pq.ParquetFile(handle, page_checksum_verification=True, pre_buffer=pre_buffer)
+        parquet = pq.ParquetFile(handle, page_checksum_verification=True)
     except (pa.ArrowException, OSError, UnicodeDecodeError) as e:  # (a column name that is not UTF-8)
         handle.close()
         if is_transient(e):
@@ -131,20 +126,13 @@ class ParquetCache:
     large v3.0 dataset sit in ~50 files), and a file with a row group per episode has a footer of ~800 bytes
     per episode (8 MB at 10,000), which took 100 ms to parse again each time 16 open files were not enough;
     parsed, a footer takes ~8 times its serialized size (:data:`FOOTER_MEMORY_FACTOR`).
-    Keyed by process id too, so a cache inherited through ``fork`` is never reused by the child. ``pre_buffer``: as
-    :func:`open_parquet` opens them (False for local files: an open file then holds no bytes of its last read).
+    Keyed by process id too, so a cache inherited through ``fork`` is never reused by the child.
     """
 
     def __init__(
-        self,
-        open_file: Callable[[str], Any],
-        *,
-        max_open: int = 16,
-        max_footer_bytes: int = 192 * 2**20,
-        pre_buffer: bool = True,
+        self, open_file: Callable[[str], Any], *, max_open: int = 16, max_footer_bytes: int = 192 * 2**20
     ) -> None:
         self._open_file = open_file
-        self._pre_buffer = pre_buffer
         self._max_open = max_open
         self._max_footer_bytes = max_footer_bytes
         self._open: OrderedDict[tuple[int, str], pq.ParquetFile] = OrderedDict()
@@ -157,7 +145,7 @@ class ParquetCache:
             if key in self._open:
                 self._open.move_to_end(key)
                 return self._open[key]
-        parquet = open_parquet(self._open_file, path, pre_buffer=self._pre_buffer)
+        parquet = open_parquet(self._open_file, path)
         with self._lock:
             raced = self._open.get(key)
             if raced is not None:  # another thread opened it meanwhile
@@ -178,7 +166,6 @@ class ParquetCache:
         # Open handles never cross a process boundary; the child opens its own.
         return {
             "_open_file": self._open_file,
-            "_pre_buffer": self._pre_buffer,
             "_max_open": self._max_open,
             "_max_footer_bytes": self._max_footer_bytes,
         }

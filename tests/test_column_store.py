@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import gc
 import logging
 import os
 import pickle
 import shutil
 import threading
 import time
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -52,28 +50,6 @@ def _assert_same(got: list[dict[str, np.ndarray]], want: list[dict[str, np.ndarr
 
 def _stored_files(directory: Path) -> list[Path]:
     return sorted(directory.rglob("*.arrow"))
-
-
-@pytest.mark.parametrize("stored", [False, True], ids=["parquet", "converted"])
-def test_an_open_local_data_file_keeps_no_bytes_of_its_read(tmp_path, stored: bool) -> None:
-    """pyarrow pre-buffers a row group's column chunks (its default) and keeps the bytes until the file's next read
-    or close, and a reader keeps up to 128 local files open: each held its last read (2 workers, 20 batches of a
-    dataset of 100 data files of one 35,000-row group: ~31 MiB of each worker's 290), a converted file the whole row
-    group it converted, never read again (cr5's: the file's 143 kB; a converted LeRobot file's: ~100 MB)."""
-    _reader(None).read_episode(0)  # (what a first read imports or caches is not what is held)
-    reader = _reader(ColumnStore(tmp_path, **SMALL) if stored else None)
-    size = os.path.getsize(reader.data_path(3))
-    tracemalloc.start()
-    try:
-        rows = reader.read_episode(3)
-        del rows
-        gc.collect()
-        held = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    assert held < size / 2, (held, size)
-    if stored:
-        assert _stored_files(tmp_path)  # (it converted the file)
 
 
 def test_episodes_read_through_the_store_equal_the_parquet_rows_and_convert_once(tmp_path, caplog) -> None:
