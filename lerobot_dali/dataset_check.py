@@ -7,7 +7,8 @@ up in every video camera's file (packet index only: codec and size against the c
 frame within ``tolerance_s`` and inside the episode's part of the file), reads every image camera's images,
 and with ``decode=True`` decodes every frame the rows read (damage FFmpeg flags; each GOP entered at its
 keyframe, as a shuffled run enters it) and every image. It lists every problem at once, each as the run would
-have raised it. Episodes are checked in worker processes, those sharing a data file together.
+have raised it. Episodes are checked in worker processes, those sharing a data file together, from one decode of
+the file's row groups (:class:`~.episode_rows.DecodedGroups`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .batch_source import CameraFormat
 from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
 from .dataset_reader import LeRobotDatasetReader, VideoRef, warn_undeclared_columns
 from .distributed import usable_cpus
+from .episode_rows import DecodedGroups
 from .errors import DataFileError, EpisodeMetadataError, SchemaMismatchError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
 from .image_frames import decode_depth_images, decode_images, first_image_shape, image_label
@@ -130,11 +132,13 @@ class _EpisodeChecker:
         self._decoder.close()
 
     def check(self, positions: Sequence[int]) -> _Tally:
+        """Check episodes ``positions`` (of one data file, :func:`_tasks`: its row groups decoded once for all)."""
         rows_read, files, decoded, problems = 0, set(), 0, []
+        groups = DecodedGroups()
         for pos in positions:
             episode_index = int(self.reader.episodes.episode_index[pos])
             try:
-                rows = self.reader.read_episode(pos)
+                rows = self.reader.read_episode(pos, decoded=groups)
             except Exception as e:  # (the run would have stopped on it: list it, go on)
                 problems.append(self._problem(pos, episode_index, None, e))
                 continue
@@ -152,7 +156,7 @@ class _EpisodeChecker:
                     problems.append(self._problem(pos, episode_index, camera, e))
             for camera in self.reader.image_keys:
                 try:
-                    decoded += self._check_images(pos, camera, len(rows["frame_index"]))
+                    decoded += self._check_images(pos, camera, len(rows["frame_index"]), groups)
                 except Exception as e:
                     problems.append(self._problem(pos, episode_index, camera, e))
         return _Tally(len(positions), rows_read, frozenset(files), decoded, tuple(problems))
@@ -197,8 +201,8 @@ class _EpisodeChecker:
             return 0
         return self._decoder.verify(video.path, index, np.unique(numbers), filesystem=reader.location.fs)
 
-    def _check_images(self, pos: int, camera: str, length: int) -> int:
-        images = self.reader.read_episode_images(pos, camera)
+    def _check_images(self, pos: int, camera: str, length: int, groups: DecodedGroups) -> int:
+        images = self.reader.read_episode_images(pos, camera, decoded=groups)
         if len(images) != length:
             raise SchemaMismatchError(f"camera {camera!r} has {len(images)} images for the episode's {length} rows")
         if not self.decode:

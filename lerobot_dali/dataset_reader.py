@@ -25,6 +25,7 @@ from .dataset_location import DatasetLocation, open_if_present, resolve_location
 from .dataset_stats import FeatureStats, read_dataset_stats
 from .episode_data_files import bulk_file_exists, episode_data_path, locate_episode_rows, open_stamped, video_file_path
 from .episode_rows import (
+    DecodedGroups,
     ParquetCache,
     StoreEntry,
     check_column_shape,
@@ -264,11 +265,14 @@ class LeRobotDatasetReader:
             raise MissingDataFileError(f"{path} is missing (referenced by {self.location.description})") from e
 
     # -- rows ----------------------------------------------------------------------------------------------
-    def read_episode(self, episode_pos: int, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    def read_episode(
+        self, episode_pos: int, keys: Sequence[str] | None = None, *, decoded: DecodedGroups | None = None
+    ) -> dict[str, np.ndarray]:
         """All rows of one episode as ``{key: (length, *shape)}`` plus the index columns LeRobot batches.
 
         Rows are checked against the episode metadata (episode_index, length, global index) so a data file
-        that drifted from its metadata fails here, naming the file and episode.
+        that drifted from its metadata fails here, naming the file and episode. ``decoded``: row groups earlier
+        reads decoded, reused (:class:`~.episode_rows.DecodedGroups`: many episodes of one file read in a row).
         """
         ep = self.episodes
         wanted = self._with_index_columns(self.tabular_keys if keys is None else keys)
@@ -290,6 +294,7 @@ class LeRobotDatasetReader:
             length=length,
             features=features,
             store=self._store_entry(path, parquet, self._with_index_columns(self.tabular_keys)),
+            decoded=decoded,
         )
         episode_index = int(ep.episode_index[episode_pos])
         self._check_rows(rows, path, episode_pos, episode_index, length)
@@ -302,8 +307,9 @@ class LeRobotDatasetReader:
             rows["episode_index"] = np.full(length, episode_index, dtype=np.int64)
         return rows
 
-    def read_episode_images(self, episode_pos: int, key: str) -> pa.Array:
-        """The encoded images (PNG/JPEG bytes, one per row) of image camera ``key`` for one episode."""
+    def read_episode_images(self, episode_pos: int, key: str, *, decoded: DecodedGroups | None = None) -> pa.Array:
+        """The encoded images (PNG/JPEG bytes, one per row) of image camera ``key`` for one episode (``decoded``:
+        as in :meth:`read_episode`)."""
         if key not in self.image_keys:
             raise DatasetError(f"{key!r} is not an image camera of this reader; image cameras: {self.image_keys}")
         path = self.data_path(episode_pos)
@@ -316,6 +322,7 @@ class LeRobotDatasetReader:
             length=int(ep.length[episode_pos]),
             key=key,
             store=self._store_entry(path, parquet, [key]),
+            decoded=decoded,
         )
 
     def rows_stored(self, path: str, group_rows: int, length: int) -> bool:

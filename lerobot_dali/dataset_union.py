@@ -35,6 +35,7 @@ from .dataset_info import Feature
 from .dataset_location import DatasetLocation
 from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
 from .dataset_stats import FeatureStats, aggregate_episode_stats
+from .episode_rows import DecodedGroups
 from .episode_table import EpisodeTable
 from .errors import DatasetError, SchemaMismatchError, StatsError
 from .file_stamps import FileStamps
@@ -163,11 +164,14 @@ class DatasetUnion(LeRobotDatasetReader):
         return d, int(episode_pos) - int(self.starts[d])
 
     # -- what each member answers ----------------------------------------------------------------------------
-    def read_episode(self, episode_pos: int, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    def read_episode(
+        self, episode_pos: int, keys: Sequence[str] | None = None, *, decoded: DecodedGroups | None = None
+    ) -> dict[str, np.ndarray]:
         d, pos = self.member(episode_pos)
         rename = self.renames[d]
         own = None if keys is None else rename.own_names(k for k in keys if k != DATASET_INDEX)
-        rows = {rename.batch_name(key): values for key, values in self.members[d].read_episode(pos, own).items()}
+        read = self.members[d].read_episode(pos, own, decoded=decoded)
+        rows = {rename.batch_name(key): values for key, values in read.items()}
         length = len(rows["frame_index"])
         if "task_index" in rows:
             rows["task_index"] = rows["task_index"] + self.task_offsets[d]
@@ -175,9 +179,9 @@ class DatasetUnion(LeRobotDatasetReader):
             rows[DATASET_INDEX] = np.full(length, d, dtype=np.int64)
         return rows
 
-    def read_episode_images(self, episode_pos: int, key: str) -> pa.Array:
+    def read_episode_images(self, episode_pos: int, key: str, *, decoded: DecodedGroups | None = None) -> pa.Array:
         d, pos = self.member(episode_pos)
-        return self.members[d].read_episode_images(pos, self.renames[d].own_key(key))
+        return self.members[d].read_episode_images(pos, self.renames[d].own_key(key), decoded=decoded)
 
     def data_path(self, episode_pos: int) -> str:
         d, pos = self.member(episode_pos)

@@ -31,6 +31,7 @@ from .file_stamps import FileStamp, stamp_from_stat
 from .remote_retry import is_transient
 
 __all__ = [
+    "DecodedGroups",
     "ParquetCache",
     "StoreEntry",
     "check_column_shape",
@@ -55,6 +56,34 @@ class StoreEntry:
     stamp: Callable[[], FileStamp | None]
     #: What the store keeps of the file: every column the reader reads of it, so reads of subsets share one copy.
     columns: list[str]
+
+
+class DecodedGroups:
+    """Row groups already decoded, for reading many episodes of one data file from one decode of its row groups.
+
+    Without it each episode read decodes every row group it overlaps whole, which for a file of many episodes in
+    one row group (too small for the column store) costs the group's rows per episode: :func:`check_dataset
+    <lerobot_dali.dataset_check.check_dataset>` read 1,000 episodes of 35 rows from one 35,000-row group, once
+    per episode. Keeps the last rows decoded of each column set (as much memory as one read of them takes);
+    the iterator's workers, which read an episode of a file once per pool, do not use it. One thread's.
+    """
+
+    def __init__(self) -> None:
+        self._tables: dict[tuple[str, ...], tuple[pq.ParquetFile, range, pa.Table]] = {}
+
+    def get(self, parquet: pq.ParquetFile, groups: range, columns: list[str]) -> tuple[pa.Table, int] | None:
+        """The decoded rows of ``columns`` holding row groups ``groups`` of ``parquet``, and the group they start
+        at; None when not decoded."""
+        held = self._tables.get(tuple(columns))
+        if held is None:
+            return None
+        held_parquet, held_groups, table = held
+        if held_parquet is not parquet or not held_groups.start <= groups.start <= groups.stop <= held_groups.stop:
+            return None
+        return table, held_groups.start
+
+    def put(self, parquet: pq.ParquetFile, groups: range, columns: list[str], table: pa.Table) -> None:
+        self._tables[tuple(columns)] = (parquet, groups, table)
 
 
 #: Memory of a parsed parquet footer over its serialized size (7.5x and 8.4x measured on two LeRobot-like layouts
@@ -185,22 +214,31 @@ def read_episode_rows(
     length: int,
     features: dict[str, Feature],
     store: StoreEntry | None = None,
+    decoded: DecodedGroups | None = None,
 ) -> dict[str, np.ndarray]:
     """Rows ``[row_start, row_start + length)`` of ``parquet`` as ``{key: array (length, *shape)}``.
 
-    Scalar features (declared shape ``(1,)``) come out as ``(length,)``, as LeRobot batches them.
+    Scalar features (declared shape ``(1,)``) come out as ``(length,)``, as LeRobot batches them. ``decoded``:
+    row groups decoded by earlier reads of the file, reused and kept.
     """
     _require_columns(parquet, path, list(features), fix="select other keys")
-    table = _read_row_range(parquet, path, row_start, length, list(features), store)
+    table = _read_row_range(parquet, path, row_start, length, list(features), store, decoded)
     return {key: _column_to_numpy(table[key], feature, path) for key, feature in features.items()}
 
 
 def read_episode_images(
-    parquet: pq.ParquetFile, *, path: str, row_start: int, length: int, key: str, store: StoreEntry | None = None
+    parquet: pq.ParquetFile,
+    *,
+    path: str,
+    row_start: int,
+    length: int,
+    key: str,
+    store: StoreEntry | None = None,
+    decoded: DecodedGroups | None = None,
 ) -> pa.Array:
     """The encoded images (PNG/JPEG bytes) of camera ``key`` in rows ``[row_start, row_start + length)``."""
     _require_columns(parquet, path, [key], fix="select other cameras")
-    column = _read_row_range(parquet, path, row_start, length, [key], store)[key].combine_chunks()
+    column = _read_row_range(parquet, path, row_start, length, [key], store, decoded)[key].combine_chunks()
     return image_bytes(column, path=path, key=key, row_start=row_start)
 
 
@@ -240,7 +278,13 @@ def _require_columns(parquet: pq.ParquetFile, path: str, keys: list[str], *, fix
 
 
 def _read_row_range(
-    parquet: pq.ParquetFile, path: str, row_start: int, length: int, columns: list[str], store: StoreEntry | None
+    parquet: pq.ParquetFile,
+    path: str,
+    row_start: int,
+    length: int,
+    columns: list[str],
+    store: StoreEntry | None,
+    decoded: DecodedGroups | None = None,
 ) -> pa.Table:
     meta = parquet.metadata
     stop = row_start + length
@@ -255,6 +299,10 @@ def _read_row_range(
     stored = _stored_rows(store, parquet, path, int(starts[groups.stop]) - first_row, columns, row_start, length)
     if stored is not None:
         return stored
+    held = None if decoded is None else decoded.get(parquet, groups, columns)
+    if held is not None:
+        table, first_group = held
+        return table.slice(row_start - int(starts[first_group]), length)
     try:
         with _read_lock(parquet):
             table = parquet.read_row_groups(list(groups), columns=columns)
@@ -265,6 +313,8 @@ def _read_row_range(
             f"{path}: reading rows [{row_start}, {stop}) failed ({e}); the file is truncated or corrupt: re-download "
             "or rewrite it"
         ) from e
+    if decoded is not None:
+        decoded.put(parquet, groups, columns, table)
     return table.slice(row_start - first_row, length)
 
 

@@ -21,6 +21,7 @@ from PIL import Image
 from lerobot_dali import open_dataset
 from lerobot_dali.cli import main
 from lerobot_dali.dataset_check import check_dataset, default_workers
+from lerobot_dali.episode_rows import DecodedGroups
 from lerobot_dali.errors import VideoDecodeError
 from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.packet_index import build_packet_index
@@ -68,6 +69,42 @@ def test_a_sound_dataset_is_read_whole(make_ds) -> None:
         check_dataset(open_dataset(root), timestamp_source="wall_clock")  # (as the iterator says it, not enum's)
     with pytest.raises(ValueError, match="workers must be >= 0, got -1"):  # (it ran in this process, unsaid)
         check_dataset(open_dataset(root), workers=-1)
+
+
+def test_the_episodes_of_a_file_are_read_from_one_decode_of_its_row_group(make_ds, copy_ds, monkeypatch) -> None:
+    # Four episodes of 5 rows per data file, each file one row group (too small for the column store), checked
+    # in tasks of a file each: each episode read used to decode the whole group again, 16 decodes of rows and
+    # 16 of images for 4 files.
+    root = copy_ds(make_ds(episodes=16, frames_per_episode=5, cameras=1, image_cameras=True, episodes_per_file=4))
+    files = sorted((root / "data").rglob("*.parquet"))
+    assert [pq.ParquetFile(f).metadata.num_row_groups for f in files] == [1, 1, 1, 1]
+    reads: list[tuple[tuple[int, ...], tuple[str, ...]]] = []
+    plain = pq.ParquetFile.read_row_groups
+
+    def counted(self, row_groups, columns=None, **kwargs):
+        reads.append((tuple(row_groups), tuple(columns or ())))
+        return plain(self, row_groups, columns=columns, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", counted)
+    report = check_dataset(open_dataset(root), decode=True, workers=0)
+    assert report.ok and (report.episodes, report.rows, report.frames_decoded) == (16, 80, 80)
+    image_reads = [r for r in reads if r[1] == ("observation.images.cam0",)]
+    # One decode of each file's rows and one of its images, besides the read of the camera's first image's shape.
+    assert len(reads) - len(image_reads) == 4 and len(image_reads) == 4 + 1
+    # What the shared decode hands each episode is what a worker's own read of it returns.
+    reader = open_dataset(root)
+    groups = DecodedGroups()
+    for pos in range(16):
+        shared, own = reader.read_episode(pos, decoded=groups), reader.read_episode(pos)
+        assert shared.keys() == own.keys() and all(np.array_equal(shared[k], own[k]) for k in own)
+        assert shared["episode_index"].tolist() == [pos] * 5
+        shared_images = reader.read_episode_images(pos, "observation.images.cam0", decoded=groups)
+        assert shared_images.equals(reader.read_episode_images(pos, "observation.images.cam0"))
+    # Damage to one episode of a shared group is still listed against that episode alone.
+    _edit_rows(root, lambda t: _set_where(t, "timestamp", 5, lambda v: v[::-1].copy()))
+    damaged = check_dataset(open_dataset(root))
+    assert _found(damaged) == {(5, None, "EpisodeMetadataError")}
+    assert "episode 5's timestamps go back" in damaged.problems[0].message
 
 
 def test_every_damage_is_listed_against_its_episode_and_camera(make_ds, copy_ds) -> None:
