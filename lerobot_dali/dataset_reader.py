@@ -217,12 +217,19 @@ class LeRobotDatasetReader:
         """Raise SchemaMismatchError where a data file of the episodes read lacks the column of a feature read, or
         its type (a fixed-size list: LeRobot's v2.1 files) cannot hold the declared shape, as far as the open read
         their footers (those of the episodes read). Such a file failed only once one of its episodes was read,
-        maybe hours into training; LeRobot, which loads every data file first, fails at once."""
-        wanted = [*self.tabular_keys, *self.image_keys]
-        if not self.data_file_footers or not wanted:
+        maybe hours into training; LeRobot, which loads every data file first, fails at once.
+
+        Raise EpisodeMetadataError, as a batch of its rows would, where the ``task_index`` statistics of a data
+        file whose rows are all read hold an index the task list lacks (:meth:`_check_task_indices`)."""
+        if not self.data_file_footers:
             return
         firsts = self.episodes.first_of_each_data_file().tolist()
-        footers = {path: self.data_file_footers.get(path) for path in map(self.data_path, firsts)}
+        paths = [self.data_path(first) for first in firsts]
+        footers = {path: self.data_file_footers.get(path) for path in paths}
+        self._check_task_indices(dict(zip(paths, firsts, strict=True)))
+        wanted = [*self.tabular_keys, *self.image_keys]
+        if not wanted:
+            return
         lacking = {
             path: missing
             for path, footer in footers.items()
@@ -240,6 +247,35 @@ class LeRobotDatasetReader:
                 for key in self.tabular_keys:
                     widths = footer.list_widths[footer.columns.index(key)]
                     check_column_shape(self.info.features[key], widths, path)
+
+    def _check_task_indices(self, firsts: Mapping[str, int]) -> None:
+        """Raise EpisodeMetadataError where the smallest or largest ``task_index`` of a data file (``firsts``: each
+        one's path -> its first episode read), from the statistics its footer holds, is not in the task list. Only
+        files all of whose rows the episodes read hold are checked: rows of the episodes left out are never read."""
+        ep = self.episodes
+        files = ep.data_chunk_index * (1 << 32) + ep.data_file_index
+        ids, which = np.unique(files, return_inverse=True)
+        read_rows = np.bincount(which, weights=ep.length, minlength=len(ids)).astype(np.int64)
+        wrong: list[tuple[str, tuple[int, int], list[int]]] = []
+        for path, first in firsts.items():
+            footer = self.data_file_footers.get(path)
+            if footer is None or footer.task_index_range is None:
+                continue  # (a writer that wrote no statistics: a batch of its rows fails, as before)
+            if footer.rows != read_rows[np.searchsorted(ids, files[first])]:
+                continue
+            unknown = sorted({i for i in footer.task_index_range if i not in self.tasks})
+            if unknown:
+                wrong.append((path, footer.task_index_range, unknown))
+        if not wrong:
+            return
+        path, (low, high), unknown = wrong[0]
+        listed = "meta/tasks.parquet" if self.info.major_version == "v3" else "meta/tasks.jsonl"
+        more = f" (and {len(wrong) - 1} more data file(s))" if len(wrong) > 1 else ""
+        raise EpisodeMetadataError(
+            f"{path}: its task_index values run from {low} to {high}, and task_index {unknown} is not in the "
+            f"dataset's task list ({listed}, which holds task indices {sorted(self.tasks)[:20]}){more}; the data "
+            "rows and the task list disagree: fix one of them, or leave that file's episodes out (episodes=[...])"
+        )
 
     def read_stats(self) -> FeatureStats:
         """The dataset's feature statistics, as LeRobot reads them (:func:`~.dataset_stats.read_dataset_stats`)."""

@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 from .concurrent_calls import in_threads
 from .dataset_info import DatasetInfo, format_path, template_pattern
 from .dataset_location import DatasetLocation
-from .episode_rows import list_level_widths, open_parquet, read_parquet
+from .episode_rows import integer_column_range, list_level_widths, open_parquet, read_parquet
 from .episode_table import CameraFiles, EpisodeTable
 from .errors import EpisodeMetadataError, MissingDataFileError
 from .file_stamps import FileStamps
@@ -271,7 +271,8 @@ def _footer(location: DatasetLocation, path: str, *, stamps: FileStamps | None) 
     try:
         schema = parquet.schema_arrow
         widths = tuple(list_level_widths(field.type) for field in schema)
-        return Footer(int(parquet.metadata.num_rows), tuple(schema.names), widths)
+        task_range = integer_column_range(parquet.metadata, "task_index")
+        return Footer(int(parquet.metadata.num_rows), tuple(schema.names), widths, task_range)
     finally:
         parquet.close(force=True)
 

@@ -37,6 +37,7 @@ __all__ = [
     "check_column_shape",
     "damaged_parquet_as",
     "image_bytes",
+    "integer_column_range",
     "list_level_widths",
     "open_parquet",
     "opened_stamp",
@@ -466,6 +467,29 @@ def list_level_widths(kind: pa.DataType) -> tuple[int, ...]:
         widths.append(kind.list_size if pa.types.is_fixed_size_list(kind) else -1)
         kind = kind.value_type
     return tuple(widths)
+
+
+def integer_column_range(metadata: pq.FileMetaData, name: str) -> tuple[int, int] | None:
+    """The smallest and largest value of top-level integer column ``name``, from the row groups' statistics in the
+    footer ``metadata`` (no read of the column itself); None where there is no such column or a row group holding
+    rows has no statistics (not every writer writes them)."""
+    groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
+    groups = [group for group in groups if group.num_rows]
+    if not groups:
+        return None
+    first = groups[0]
+    column = next((j for j in range(first.num_columns) if first.column(j).path_in_schema == name), None)
+    if column is None:
+        return None
+    lows: list[int] = []
+    highs: list[int] = []
+    for group in groups:
+        stats = group.column(column).statistics
+        if stats is None or not stats.has_min_max or type(stats.min) is not int or type(stats.max) is not int:
+            return None
+        lows.append(stats.min)
+        highs.append(stats.max)
+    return min(lows), max(highs)
 
 
 def check_column_shape(feature: Feature, list_widths: Sequence[int], path: str) -> None:

@@ -1,5 +1,5 @@
-"""Row counts, column names and list widths of remote parquet data files, kept on local disk, so that one process
-per cache folder reads them.
+"""Row counts, column names, list widths and ``task_index`` ranges of remote parquet data files, kept on local
+disk, so that one process per cache folder reads them.
 
 Opening a v3.0 dataset checks that each data file holds the rows ``meta/episodes`` places in it, and the columns
 (and where the file's types fix them, the shapes) of the features read (:mod:`~lerobot_dali.episode_data_files`):
@@ -39,7 +39,8 @@ __all__ = ["STORE_FORMAT", "WAIT_S", "Footer", "cached_footers"]
 
 logger = logging.getLogger(__name__)
 
-#: Version of the on-disk layout, part of every key (2: column names too; 3: their list widths).
+#: Version of the on-disk layout, part of every key (2: column names too; 3: their list widths and ``task_index``'s
+#: range).
 STORE_FORMAT = 3
 #: Longest a process waits for another to read the same files' row counts before it reads them itself.
 WAIT_S = 300.0
@@ -55,6 +56,9 @@ class Footer(NamedTuple):
     #: Per column, its list levels' sizes, outermost first (-1: lists of varying length; none: a scalar column):
     #: :func:`~lerobot_dali.episode_rows.list_level_widths`. Empty: not known.
     list_widths: tuple[tuple[int, ...], ...] = ()
+    #: The smallest and largest ``task_index`` of the file, from its row groups' statistics (None: no such column,
+    #: or a row group without statistics).
+    task_index_range: tuple[int, int] | None = None
 
 
 def cached_footers(
@@ -109,14 +113,16 @@ def _wait_for_lock(entry: Path) -> IO[bytes] | None:
 def _load(entry: Path, paths: Sequence[str]) -> list[Footer] | None:
     try:
         raw = json.loads(entry.read_text())
-        counts, columns, widths = raw["rows"], raw["columns"], raw["list_widths"]
-        if raw["paths"] != list(paths) or not len(counts) == len(columns) == len(widths) == len(paths):
+        counts, columns, widths, ranges = raw["rows"], raw["columns"], raw["list_widths"], raw["task_index_range"]
+        if raw["paths"] != list(paths) or not len(counts) == len(columns) == len(widths) == len(ranges) == len(paths):
             raise ValueError("it holds other files")
         if not all(type(n) is int for n in counts) or not all(all(type(c) is str for c in cs) for cs in columns):
             raise ValueError("it holds other values than row counts and column names")
         shaped = zip(widths, columns, strict=True)
         if not all(len(ws) == len(cs) and all(type(n) is int for w in ws for n in w) for ws, cs in shaped):
             raise ValueError("it holds other values than the columns' list widths")
+        if not all(r is None or (len(r) == 2 and all(type(n) is int for n in r)) for r in ranges):
+            raise ValueError("it holds other values than task_index ranges")
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -126,7 +132,8 @@ def _load(entry: Path, paths: Sequence[str]) -> list[Footer] | None:
         return None
     mark_used(entry)
     return [
-        Footer(n, tuple(cs), tuple(tuple(w) for w in ws)) for n, cs, ws in zip(counts, columns, widths, strict=True)
+        Footer(n, tuple(cs), tuple(tuple(w) for w in ws), None if r is None else (r[0], r[1]))
+        for n, cs, ws, r in zip(counts, columns, widths, ranges, strict=True)
     ]
 
 
@@ -136,6 +143,7 @@ def _save(entry: Path, paths: Sequence[str], footers: list[Footer]) -> bool:
         "rows": [f.rows for f in footers],
         "columns": [list(f.columns) for f in footers],
         "list_widths": [[list(w) for w in f.list_widths] for f in footers],
+        "task_index_range": [None if f.task_index_range is None else list(f.task_index_range) for f in footers],
     }
     try:
         with atomic_file(entry, prefix=".rows") as f:

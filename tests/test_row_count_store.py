@@ -3,6 +3,7 @@ other ranks on the node and resumed jobs read the kept counts; ranks opening at 
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from pathlib import Path
@@ -84,7 +85,8 @@ def test_an_unreadable_entry_or_a_held_lock_falls_back_to_reading(make_ds, foote
     root = make_ds(**SPEC)
     _open_remote(root)
     (entry,) = (row_count_store.cache_root() / "row_counts").glob("*/*")  # (its lock file gone with the lock)
-    entry.write_text('{"paths": ["elsewhere"], "rows": [1], "columns": [["action"]], "list_widths": [[[7]]]}')
+    other = {"paths": ["elsewhere"], "rows": [1], "columns": [["action"]], "list_widths": [[[7]]]}
+    entry.write_text(json.dumps({**other, "task_index_range": [None]}))
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.row_count_store"):
         _open_remote(root)
     assert caplog.text.count("unreadable (it holds other files); deleting it") == 1 and len(footer_reads) == 6
@@ -92,6 +94,7 @@ def test_an_unreadable_entry_or_a_held_lock_falls_back_to_reading(make_ds, foote
     assert kept is not None and [footer.rows for footer in kept] == [7, 8, 9]
     schema = pq.read_schema(next((root / "data").rglob("*.parquet")))
     assert {footer.columns for footer in kept} == {tuple(schema.names)}
+    assert all(footer.task_index_range is not None for footer in kept)
     entry.unlink()
     monkeypatch.setattr(row_count_store, "WAIT_S", 0.3)
     held = try_flock(entry.with_suffix(".lock"))  # a process that stalls holding the lock

@@ -1,0 +1,131 @@
+"""A data file whose ``task_index`` holds an index the task list lacks is refused when the iterator is built, naming
+the file, the index and the list's indices: the footer opening read anyway holds each row group's min and max
+(statistics, which pyarrow and LeRobot write by default). It failed only once a shuffled epoch first batched one of
+its rows, maybe hours into training. A file written without statistics is refused when read, as before."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.dataset_union import concat_datasets
+from lerobot_dali.errors import EpisodeMetadataError
+from lerobot_dali.iterator import DALILeRobotIterator
+from lerobot_dali.mixture import DALILeRobotMixture
+from tests import fake_remote  # noqa: F401  (registers the fakeremote:// protocol)
+
+LENGTHS = [3, 4, 5, 3, 4, 5]
+V3 = dict(episodes=6, frames_per_episode=LENGTHS, cameras=1, codec="vp9", episodes_per_file=2, size=(64, 64))
+V3_LAST = "data/chunk-000/file-002.parquet"  # episodes 4 and 5
+V2 = dict(V3, version="v2.1", chunks_size=4)
+del V2["episodes_per_file"]
+V2_LAST = "data/chunk-001/episode_000005.parquet"
+
+
+def _set_task_index(path: Path, value: int, *, statistics: bool = True) -> None:
+    """Every row of data file ``path`` given ``task_index`` ``value`` (written with or without statistics)."""
+    table = pq.read_table(path)
+    column = pa.array(np.full(table.num_rows, value), table.schema.field("task_index").type)
+    table = table.set_column(table.schema.get_field_index("task_index"), "task_index", column)
+    pq.write_table(table, path, write_statistics=statistics)
+
+
+def _iterator(dataset, **kw) -> DALILeRobotIterator:
+    return DALILeRobotIterator(dataset, batch_size=2, device="cpu", num_workers=0, drop_last=False, **kw)
+
+
+def _indices(it: DALILeRobotIterator) -> list[int]:
+    try:
+        return sorted(i for batch in it for i in batch["index"].tolist())
+    finally:
+        it.close()
+
+
+@pytest.mark.parametrize(
+    ("spec", "last", "tasks_file"), [(V3, V3_LAST, "tasks.parquet"), (V2, V2_LAST, "tasks.jsonl")], ids=["v3", "v2"]
+)
+def test_a_data_file_with_a_task_index_not_in_the_task_list_is_refused_when_the_iterator_is_built(
+    make_ds, copy_ds, spec, last, tasks_file
+) -> None:
+    root = copy_ds(make_ds(**spec))
+    assert sorted(open_dataset(root).tasks) == [0, 1]
+    _set_task_index(root / last, 7)
+    pattern = (
+        rf"{last}: its task_index values run from 7 to 7, and task_index \[7\] is not in the dataset's task list "
+        rf"\(meta/{tasks_file}, which holds task indices \[0, 1\]\)"
+    )
+    with pytest.raises(EpisodeMetadataError, match=pattern):
+        _iterator(root)
+    with pytest.raises(EpisodeMetadataError, match=pattern):
+        _iterator(open_dataset(root))  # (a reader opened first)
+    # The other files' episodes still read: every frame once.
+    assert _indices(_iterator(root, episodes=[0, 1, 2, 3], shuffle=False)) == list(range(sum(LENGTHS[:4])))
+
+
+def test_a_negative_task_index_is_refused_and_the_other_files_are_counted(make_ds, copy_ds) -> None:
+    root = copy_ds(make_ds(**V3))
+    _set_task_index(root / "data/chunk-000/file-001.parquet", -1)
+    _set_task_index(root / V3_LAST, 2)
+    with pytest.raises(EpisodeMetadataError, match=r"file-001\.parquet: .* task_index \[-1\] .*and 1 more data file"):
+        _iterator(root)
+
+
+def test_a_file_only_partly_read_is_not_refused_for_the_rows_left_out(make_ds, copy_ds) -> None:
+    """Statistics cover the whole file; episode 5 alone of file-002 is read, so the file is not judged by them."""
+    root = copy_ds(make_ds(**V3))
+    path = root / V3_LAST
+    table = pq.read_table(path)
+    values = np.where(np.asarray(table["episode_index"]) == 4, 9, np.asarray(table["task_index"]))
+    column = pa.array(values, table.schema.field("task_index").type)
+    pq.write_table(table.set_column(table.schema.get_field_index("task_index"), "task_index", column), path)
+    with pytest.raises(EpisodeMetadataError, match=r"task_index \[9\]"):
+        _iterator(root)
+    expected = list(range(sum(LENGTHS[:5]), sum(LENGTHS)))
+    assert _indices(_iterator(root, episodes=[5], shuffle=False)) == expected
+
+
+def test_a_file_without_statistics_is_still_refused_when_its_rows_are_read(make_ds, copy_ds) -> None:
+    root = copy_ds(make_ds(**V3))
+    _set_task_index(root / V3_LAST, 7, statistics=False)
+    it = _iterator(root, shuffle=False)  # (nothing to check it by)
+    with pytest.raises(EpisodeMetadataError, match=r"task_index \[7\] \(episodes \[4\]\) is not in the dataset's"):
+        _indices(it)
+
+
+def test_a_remote_dataset_is_refused_from_the_kept_footers_too(make_ds, copy_ds, monkeypatch) -> None:
+    from lerobot_dali import episode_data_files
+
+    root = copy_ds(make_ds(**V3))
+    _set_task_index(root / V3_LAST, 7)
+    reads: list[str] = []
+    real = episode_data_files._footer
+    monkeypatch.setattr(
+        episode_data_files, "_footer", lambda loc, path, **kw: reads.append(path) or real(loc, path, **kw)
+    )
+    for _ in range(2):
+        with pytest.raises(EpisodeMetadataError, match=r"file-002\.parquet: its task_index values run from 7 to 7"):
+            _iterator(open_dataset("fakeremote://", storage_options={"root": str(root)}))
+    assert len(reads) == 3  # the second open read no footer: the kept ones held each file's task_index range
+    reader = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    assert [f.task_index_range for _, f in sorted(reader.data_file_footers.items())][-1] == (7, 7)
+
+
+def test_a_union_and_a_mixture_check_each_dataset_against_its_own_task_list(make_ds, tmp_path) -> None:
+    """A union renumbers each dataset's tasks after the previous ones' (the second's 0 and 1 are its 2 and 3): a
+    row of the first with task_index 2 would read as the second's first task, silently. Each dataset's files are
+    held to its own list."""
+    first = shutil.copytree(make_ds(**V3), tmp_path / "first")
+    second = shutil.copytree(make_ds(**V3, seed=1), tmp_path / "second")
+    union = concat_datasets([first, second])
+    assert _indices(_iterator(union, shuffle=False)) == sorted(list(range(sum(LENGTHS))) * 2)  # (good data reads)
+    _set_task_index(first / V3_LAST, 2)
+    with pytest.raises(EpisodeMetadataError, match=r"first/data/chunk-000/file-002\.parquet: .*task_index \[2\]"):
+        _iterator(concat_datasets([first, second]))
+    with pytest.raises(EpisodeMetadataError, match=r"first/data/chunk-000/file-002\.parquet: .*task_index \[2\]"):
+        DALILeRobotMixture([second, first], batch_size=4, device="cpu", num_workers=0)
