@@ -16,9 +16,9 @@ import pytest
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.dataset_union import concat_datasets
 from lerobot_dali.errors import EpisodeMetadataError
-from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.mixture import DALILeRobotMixture
 from tests import fake_remote  # noqa: F401  (registers the fakeremote:// protocol)
+from tests.test_v2_episode_files import _indices, _iterator
 
 LENGTHS = [3, 4, 5, 3, 4, 5]
 V3 = dict(episodes=6, frames_per_episode=LENGTHS, cameras=1, codec="vp9", episodes_per_file=2, size=(64, 64))
@@ -34,17 +34,6 @@ def _set_task_index(path: Path, value: int, *, statistics: bool = True) -> None:
     column = pa.array(np.full(table.num_rows, value), table.schema.field("task_index").type)
     table = table.set_column(table.schema.get_field_index("task_index"), "task_index", column)
     pq.write_table(table, path, write_statistics=statistics)
-
-
-def _iterator(dataset, **kw) -> DALILeRobotIterator:
-    return DALILeRobotIterator(dataset, batch_size=2, device="cpu", num_workers=0, drop_last=False, **kw)
-
-
-def _indices(it: DALILeRobotIterator) -> list[int]:
-    try:
-        return sorted(i for batch in it for i in batch["index"].tolist())
-    finally:
-        it.close()
 
 
 @pytest.mark.parametrize(
