@@ -252,16 +252,13 @@ class LeRobotDatasetReader:
         """Raise EpisodeMetadataError where the smallest or largest ``task_index`` of a data file (``firsts``: each
         one's path -> its first episode read), from the statistics its footer holds, is not in the task list. Only
         files all of whose rows the episodes read hold are checked: rows of the episodes left out are never read."""
-        ep = self.episodes
-        files = ep.data_chunk_index * (1 << 32) + ep.data_file_index
-        ids, which = np.unique(files, return_inverse=True)
-        read_rows = np.bincount(which, weights=ep.length, minlength=len(ids)).astype(np.int64)
+        read_rows = self.episodes.rows_read_per_data_file()
         wrong: list[tuple[str, tuple[int, int], list[int]]] = []
         for path, first in firsts.items():
             footer = self.data_file_footers.get(path)
             if footer is None or footer.task_index_range is None:
                 continue  # (a writer that wrote no statistics: a batch of its rows fails, as before)
-            if footer.rows != read_rows[np.searchsorted(ids, files[first])]:
+            if footer.rows != read_rows[first]:
                 continue
             unknown = sorted({i for i in footer.task_index_range if i not in self.tasks})
             if unknown:

@@ -77,8 +77,13 @@ class EpisodeTable:
         """Positions of the first episode of each data file (among the ``wanted`` ones, a mask; None: all), ascending:
         for work done once per data file, not once per episode (a v3.0 file holds thousands)."""
         positions = np.arange(len(self)) if wanted is None else np.flatnonzero(wanted)
-        keys = self.data_chunk_index[positions] * (1 << 32) + self.data_file_index[positions]
-        return np.sort(positions[np.unique(keys, return_index=True)[1]])
+        ids = _file_ids(self.data_chunk_index[positions], self.data_file_index[positions])
+        return np.sort(positions[np.unique(ids, return_index=True)[1]])
+
+    def rows_read_per_data_file(self) -> np.ndarray:
+        """Per episode, the rows this table's episodes take from its data file (all of the file's where the table
+        holds every episode of it; fewer where it was opened with some left out)."""
+        return _rows_per_file(_file_ids(self.data_chunk_index, self.data_file_index), self.length)
 
     def with_data_rows(self, chunk_index: np.ndarray, file_index: np.ndarray, row_start: np.ndarray) -> EpisodeTable:
         """This table with each episode's rows found elsewhere: its data file and its first row there. (Call it on
