@@ -637,6 +637,9 @@ def _damage(root: Path, how: str) -> None:
         tasks = root / "meta/tasks.parquet"
         table = pq.read_table(tasks)
         pq.write_table(table.filter(pc.not_equal(table["task_index"], 1)), tasks)
+        # (written without column statistics, from which the iterator's build would refuse it: the workers find it)
+        for data in sorted((root / "data").rglob("*.parquet")):
+            pq.write_table(pq.read_table(data), data, write_statistics=False)
     elif how == "missing_parquet":
         (root / "data/chunk-000/file-001.parquet").unlink()
     elif how == "corrupt_parquet":
