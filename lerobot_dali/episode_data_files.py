@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -230,7 +230,7 @@ def _check_episode_files(
 
 
 def _read_footers(
-    location: DatasetLocation, stamps: FileStamps | None, paths: Iterable[str]
+    location: DatasetLocation, stamps: FileStamps | None, paths: Collection[str]
 ) -> tuple[list[str], dict[str, Footer]]:
     """Of the data files ``paths``, those that do not exist; else (none missing) every one's footer."""
     missing = sorted(path for path in paths if not bulk_file_exists(location, stamps, path))
