@@ -12,6 +12,7 @@ from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
 from .dataset_union import concat_datasets
 from .errors import (
     CodecUnsupportedError,
+    CudaUnavailableError,
     DataFileError,
     DatasetError,
     DatasetNotFoundError,
@@ -55,6 +56,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "AugmentConfig",
     "CodecUnsupportedError",
+    "CudaUnavailableError",
     "DALILeRobotIterator",
     "DALILeRobotMixture",
     "DataFileError",

@@ -585,7 +585,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    from .errors import DatasetError
+    from .errors import CudaUnavailableError, DatasetError
 
     try:
         code = int(args.run(args))
@@ -599,7 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DatasetError as e:
         print(f"lerobot-dali {args.verb}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
-    except _CommandError as e:
+    except (_CommandError, CudaUnavailableError) as e:
         print(f"lerobot-dali {args.verb}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .errors import CudaUnavailableError
 from .value_checks import check_int
 
 __all__ = ["RankInfo", "cpus_per_local_rank", "draws_progress", "local_cuda_device", "resolve_rank", "usable_cpus"]
@@ -87,15 +88,15 @@ def cpus_per_local_rank() -> int:
 
 
 def require_cuda(asked: str, *, instead: str) -> int:
-    """The GPUs this process sees, or a ValueError when it sees none: asked for a GPU (``asked``, as the user
-    spelled it) without one, DALI fails at the first batch and accelerate quietly trains on the CPU.
-    ``instead``: the option that runs on the CPU."""
+    """The GPUs this process sees, or :class:`~lerobot_dali.errors.CudaUnavailableError` when it sees none: asked
+    for a GPU (``asked``, as the user spelled it) without one, DALI fails at the first batch and accelerate quietly
+    trains on the CPU. ``instead``: the option that runs on the CPU."""
     import torch
 
     visible = torch.cuda.device_count()  # asks the driver; creates no CUDA context
     if visible == 0:
         build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-        raise ValueError(
+        raise CudaUnavailableError(
             f"{asked} but torch ({torch.__version__}, {build}) sees no CUDA GPU: check the driver and "
             f"CUDA_VISIBLE_DEVICES, or pass {instead} to run on the CPU"
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "CodecUnsupportedError",
+    "CudaUnavailableError",
     "DataFileError",
     "DatasetError",
     "DatasetNotFoundError",
@@ -101,6 +102,11 @@ class VideoDecodeError(DatasetError):
 
 class CodecUnsupportedError(VideoDecodeError):
     """No available decoder (NVDEC through DALI, DALI CPU, torchcodec, PyAV) handles this codec."""
+
+
+class CudaUnavailableError(ValueError):
+    """A CUDA device was asked for (``device="cuda"``, ``cuda:N``) that this process does not see: no driver, a
+    CPU-only torch, or ``CUDA_VISIBLE_DEVICES`` hiding it."""
 
 
 class ShardingError(ValueError):

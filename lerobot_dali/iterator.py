@@ -33,6 +33,7 @@ from .depth_maps import DepthUnit
 from .distributed import cpus_per_local_rank, local_cuda_device, require_cuda, resolve_rank
 from .errors import (
     CodecUnsupportedError,
+    CudaUnavailableError,
     DatasetError,
     DeltaTimestampsError,
     EpisodeMetadataError,
@@ -774,7 +775,7 @@ def _checked_arguments(
         return counts, preference
     visible = require_cuda(f"device={device!r}", instead="device='cpu'")
     if device != "cuda" and int(device.split(":")[1]) >= visible:
-        raise ValueError(f"device={device!r} but this process sees {visible} GPU(s) (CUDA_VISIBLE_DEVICES)")
+        raise CudaUnavailableError(f"device={device!r} but this process sees {visible} GPU(s) (CUDA_VISIBLE_DEVICES)")
     return counts, preference
 
 

@@ -185,11 +185,12 @@ def train(options: PolicyTrainOptions) -> list[float]:
 
     # As LeRobot's trainer: the schedule steps once per optimiser step, and DDP tolerates parameters a policy
     # leaves unused in a step (VQ-BeT's, TD-MPC's).
-    accelerator = make_accelerator(
-        options.device,
-        step_scheduler_with_optimizer=False,
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
-    )
+    with setting_up():  # (--device cuda where no GPU is seen: one line)
+        accelerator = make_accelerator(
+            options.device,
+            step_scheduler_with_optimizer=False,
+            kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+        )
     rank, world_size = data_rank(accelerator)
     set_seed(options.seed)
     with setting_up():  # (lerobot-dali's errors about the data or a checkpoint: main logs them as one line)

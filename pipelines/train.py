@@ -65,7 +65,7 @@ import torch
 
 from lerobot_dali.cache_dirs import atomic_file
 from lerobot_dali.decode_route import DecodePreference
-from lerobot_dali.errors import DatasetError, ResumeStateError, ShardingError
+from lerobot_dali.errors import CudaUnavailableError, DatasetError, ResumeStateError, ShardingError
 from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
 from lerobot_dali.value_checks import check_choice, check_int_fields, check_seconds, cli_flag, is_int, is_number
 from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig
@@ -888,16 +888,19 @@ class RunRecord:
 
 # -- set-up errors --------------------------------------------------------------------------------------------
 #: The library's own errors about what the run reads (:mod:`lerobot_dali.errors`: a dataset path that does not exist,
-#: a ``--cameras`` key or ``--episodes`` index the dataset lacks, a checkpoint's stream of other episodes): raised
-#: while the run is set up, each is the user's to fix and its message says how. Anything else (a bug) keeps its
-#: traceback. With them this script's own refusals of what the run reads (:class:`RunRefused`).
+#: a ``--cameras`` key or ``--episodes`` index the dataset lacks, a checkpoint's stream of other episodes, ``--device
+#: cuda`` where no GPU is seen): raised while the run is set up, each is the user's to fix and its message says how.
+#: Anything else (a bug) keeps its traceback. With them this script's own refusals of what the run reads
+#: (:class:`RunRefused`).
 class RunRefused(ValueError):
     """What the run reads cannot be trained on as asked (datasets of different fps or of no shared camera, no
     state or action feature) or differs from the checkpoint resumed (other windows, image size or cameras); the
     message says what to change."""
 
 
-SETUP_ERRORS: tuple[type[Exception], ...] = (DatasetError, ShardingError, ResumeStateError, RunRefused)
+SETUP_ERRORS: tuple[type[Exception], ...] = (
+    DatasetError, ShardingError, ResumeStateError, CudaUnavailableError, RunRefused
+)  # fmt: skip
 
 
 class SetupError(Exception):
@@ -1096,7 +1099,8 @@ def train(options: TrainOptions) -> int:
 
     from lerobot_dali.key_rename import KeyRename
 
-    accelerator = make_accelerator(options.device, options.mixed_precision)
+    with setting_up():  # (--device cuda where no GPU is seen: one line)
+        accelerator = make_accelerator(options.device, options.mixed_precision)
     set_seed(options.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
     rank, world_size = data_rank(accelerator)
     with setting_up():  # (the library's errors about the data or a checkpoint: main logs them as one line)

@@ -7,6 +7,7 @@ import csv
 import dataclasses
 import json
 import os
+import re
 import signal
 import tempfile
 import time
@@ -362,6 +363,14 @@ def test_sarm_mode_and_recipe_windows(cache_dir: Path, quick_run: tuple[int, Pat
     assert plan.drop_n_last_frames == 7  # the diffusion recipe's, as LeRobot's train script samples for it
     vla = load_plan(BenchConfig(quick=True, recipe="vla", augment=False, image_size=(64, 64)), reader)
     assert vla.image_size == (64, 64) and vla.augment is None and list(vla.delta_timestamps) == ["action"]
+
+
+def test_device_cuda_without_a_gpu_is_one_line(capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``lerobot-dali bench --device cuda`` on a machine without a GPU was a traceback."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert main(["bench", "--device", "cuda", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"lerobot-dali bench: --device cuda but torch .* sees no CUDA GPU: .* --device cpu .*\n", err)
 
 
 def test_bad_options_are_rejected_with_the_allowed_values(capsys) -> None:

@@ -22,6 +22,7 @@ import torch
 from lerobot_dali import iterator as iterator_module
 from lerobot_dali.errors import (
     CodecUnsupportedError,
+    CudaUnavailableError,
     DataFileError,
     DatasetError,
     DeltaTimestampsError,
@@ -1058,7 +1059,7 @@ def test_a_gpu_device_the_process_does_not_see_fails_before_the_dataset_is_opene
 ) -> None:
     """It built, silently decoding on the CPU, and the first batch failed inside DALI (``cuInitChecked``)."""
     monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(CudaUnavailableError, match=match):
         DALILeRobotIterator(tmp_path / "no-such-dataset", device=device)
 
 

@@ -28,7 +28,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lerobot_dali.errors import ResumeStateError
+from lerobot_dali.errors import CudaUnavailableError, ResumeStateError
 from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig, masked_l1
 from pipelines.train import TrainOptions, build_iterator, data_plan, parse_args
 
@@ -1066,13 +1066,25 @@ def test_resume_with_other_windows_fails_naming_them_before_the_model_loads(tmp_
     assert loaded == []
 
 
-def test_device_cuda_without_a_gpu_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    """accelerate quietly picked the CPU, and the run trained there at exit status 0."""
-    from pipelines.train import make_accelerator
+def test_device_cuda_without_a_gpu_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """accelerate quietly picked the CPU, and the run trained there at exit status 0. Then the refusal was a
+    traceback on every rank (``--device cuda`` is the default, so every run without a GPU and the flag met it); it is
+    one line, exit status 2, in both pipelines."""
+    from pipelines import lerobot_policy
+    from pipelines import train as train_module
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    with pytest.raises(ValueError, match="--device cuda but torch .* sees no CUDA GPU: .* or pass --device cpu"):
-        make_accelerator("cuda")
+    with pytest.raises(CudaUnavailableError, match="--device cuda but torch .* sees no CUDA GPU: .* pass --device cpu"):
+        train_module.make_accelerator("cuda")
+    with caplog.at_level(logging.ERROR):
+        assert train_module.main(["--dataset", str(tmp_path), "--steps", "1"]) == 2
+        assert lerobot_policy.main(["--dataset", str(tmp_path)]) == 2
+    errors = [(r.name, r.getMessage()) for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [name for name, _ in errors] == ["pipelines.train", "lerobot_dali.pipelines.lerobot_policy"], errors
+    for _, message in errors:
+        assert re.fullmatch(r"(train|lerobot_policy)\.py: --device cuda but torch .* sees no CUDA GPU: .*", message)
 
 
 def test_the_lerobot_policy_pipeline_reads_policy_fields_as_json() -> None:
