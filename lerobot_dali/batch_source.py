@@ -531,8 +531,12 @@ class BatchSource:
         clips: list[np.ndarray] = [np.empty(0, np.uint8)] * len(listed)
         indices: list[np.ndarray] = [np.empty(0, np.int32)] * len(listed)
         for path, members in by_file.items():
-            first = listed[members[0]][1]  # (its size spares a remote open's HEAD)
-            opened = open_video_source(path, filesystem=fs, size=first.file_size_bytes) if first.byte_exact else None
+            first = listed[members[0]][1]  # (its size spares a remote open's HEAD; its clips read exact ranges)
+            opened = (
+                open_video_source(path, filesystem=fs, size=first.file_size_bytes, exact_reads=True)
+                if first.byte_exact
+                else None
+            )
             with opened or contextlib.nullcontext(path) as source:
                 for i in members:
                     _, index, numbers = listed[i]
