@@ -109,3 +109,23 @@ def flagged_keyframes(path: Path | str) -> list[int]:
     with av.open(str(path)) as container:
         packets = [p for p in container.demux(video=0) if p.size]
     return [i for i, packet in enumerate(packets) if packet.is_keyframe]
+
+
+def concatenate_stream_copy(out: Path, parts: list[Path]) -> Path:
+    """Stream-copy the video packets of ``parts`` one after another into the MP4 ``out`` as LeRobot 0.4.4's
+    ``concatenate_video_files`` does (FFmpeg's concat demuxer, the first file's stream as the template): parts of
+    different sizes give one stream that changes frame size part-way."""
+    listing = out.with_suffix(".ffconcat")
+    listing.write_text("ffconcat version 1.0\n" + "".join(f"file '{part.resolve()}'\n" for part in parts))
+    with (
+        av.open(str(listing), "r", format="concat", options={"safe": "0"}) as source,
+        av.open(str(out), "w", format="mp4") as output,
+    ):
+        stream = output.add_stream_from_template(template=source.streams.video[0], opaque=True)
+        stream.time_base = source.streams.video[0].time_base
+        for packet in source.demux(source.streams.video[0]):
+            if packet.dts is not None:
+                packet.stream = stream
+                output.mux(packet)
+    listing.unlink()
+    return out
