@@ -33,9 +33,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .errors import FrameRequestError, VideoDecodeError
+from .keyframe_sizes import check_vp9_keyframe_size
 from .packet_index import PacketIndex
 from .video_source import VideoSource, open_video_source
-from .vp9_frame_size import check_vp9_keyframe_size
 
 __all__ = [
     "Clip",

@@ -26,12 +26,12 @@ from fsspec.implementations.local import LocalFileOpener
 from numpy.typing import ArrayLike
 
 from .errors import CodecUnsupportedError, VideoDecodeError
+from .keyframe_sizes import KEYFRAME_SIZE_CODECS, PacketBytes, ReadAt, check_keyframe_sizes
 from .mp4_tables import Mp4Track, read_mp4_tracks
 from .random_access import HEAD_BYTES, NalLayout, is_random_access, nal_layout
 from .remote_retry import is_transient
 from .said_once import warn_once
 from .video_source import VideoSource, open_video_source, source_label
-from .vp9_frame_size import VP9_HEADER_BYTES, check_vp9_keyframe_size
 
 __all__ = ["PacketIndex", "build_packet_index"]
 
@@ -268,10 +268,13 @@ def _index_container(
         keyframe = _random_access_keyframes(
             keyframe, table, layout, {**heads, **samples}, handle if byte_exact else None, label=label
         )
-    if context.codec.canonical_name == "vp9":
-        _check_vp9_frame_sizes(
-            table, keyframe, {**heads, **samples}, handle if byte_exact and _reads_are_local(handle) else None,
-            size=(int(context.width), int(context.height)), time_base=Fraction(stream.time_base), label=label,
+    codec = context.codec.canonical_name
+    if codec in KEYFRAME_SIZE_CODECS and (layout is not None or codec not in ("h264", "hevc")):  # (not Annex B)
+        read_at = _local_reads(handle) if byte_exact else None
+        check_keyframe_sizes(
+            context, np.flatnonzero(keyframe).tolist(), PacketBytes(table, {**heads, **samples}, read_at),
+            pts=table[:, 0], time_base=Fraction(stream.time_base), length_size=layout.length_size if layout else 4,
+            label=label,
         )  # fmt: skip
     return PacketIndex(
         source_name=label,
@@ -539,39 +542,17 @@ def _random_access_keyframes(
     return kept
 
 
-def _reads_are_local(handle: IO[bytes]) -> bool:
-    """Whether ``handle`` reads a local file (or memory), where a small read per keyframe costs microseconds; a
-    remote file's would cost a request (or a read-ahead block) each."""
-    return isinstance(handle, (io.BufferedReader, io.FileIO, io.BytesIO, LocalFileOpener))
-
-
-def _check_vp9_frame_sizes(
-    table: np.ndarray,
-    keyframe: np.ndarray,
-    heads: dict[int, bytes],
-    handle: IO[bytes] | None,
-    *,
-    size: tuple[int, int],
-    time_base: Fraction,
-    label: str,
-) -> None:
-    """Raise VideoDecodeError naming the first VP9 keyframe whose header declares another frame size than the
-    stream's ``size`` (width, height) (:mod:`.vp9_frame_size`).
-
-    Such a stream is valid VP9 (a stream copy of videos of several sizes into one file), but one camera's frames
-    need one size, and DALI's CPU decoder fails or decodes such frames wrongly without an error. Each keyframe's
-    first bytes come from ``heads`` (decode position -> its first bytes, where the index read them), else from
-    ``handle`` at its byte offset (None where reads are not exact, or are remote: a request each; those keyframes
-    go unchecked here, and the CPU decoders still refuse a frame of another size).
-    """
-    for row in np.flatnonzero(keyframe).tolist():
-        head = heads.get(row)
-        if head is None:
-            if handle is None:
-                continue
-            handle.seek(int(table[row, 2]))
-            head = handle.read(VP9_HEADER_BYTES)
-        check_vp9_keyframe_size(head, size=size, label=label, seconds=float(int(table[row, 0]) * time_base))
+def _local_reads(handle: IO[bytes]) -> ReadAt | None:
+    """Reads of ``handle`` at an offset where it is a local file (or memory), or None: a small read of every
+    keyframe (:mod:`.keyframe_sizes`) costs a few microseconds each on a local file (``pread``: no buffer filled), and
+    a request (or a read-ahead block) each on a remote one."""
+    if isinstance(handle, io.BytesIO):
+        view = handle.getbuffer()
+        return lambda offset, length: bytes(view[offset : offset + length])
+    if not isinstance(handle, (io.BufferedReader, io.FileIO, LocalFileOpener)):
+        return None
+    descriptor = handle.fileno()
+    return lambda offset, length: os.pread(descriptor, length, offset)
 
 
 def _first_keyframe_bytes(handle: IO[bytes], table: np.ndarray) -> bytes | None:

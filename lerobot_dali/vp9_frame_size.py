@@ -3,17 +3,14 @@
 VP9 lets any keyframe start a new frame size, so a stream copy of several videos of different sizes into one
 file (as LeRobot's v3.0 concatenation does) is a valid stream whose frames change size part-way; the container
 (MP4 ``vpcC``, Matroska) names one size only. The packet index reads each keyframe's header to find such streams
-(:mod:`.packet_index`), and each clip for DALI its keyframes (:mod:`.clips`): one camera's batches need one size,
-and DALI's CPU decoder fails on such frames ("Could not convert frame data") or decodes them wrongly.
+(:mod:`.keyframe_sizes`), and each clip for DALI its keyframes (:mod:`.clips`).
 
 Only keyframes are read here: the first frame of the packet (a superframe's first frame starts the packet too).
 """
 
 from __future__ import annotations
 
-from .errors import VideoDecodeError
-
-__all__ = ["VP9_HEADER_BYTES", "check_vp9_keyframe_size", "vp9_keyframe_size"]
+__all__ = ["VP9_HEADER_BYTES", "vp9_keyframe_size"]
 
 #: Bytes of a keyframe that hold its frame size: 2 marker/profile bytes, the 3-byte sync code, at most 5 bits of
 #: colour configuration and the two 16-bit sizes (rounded up).
@@ -60,16 +57,3 @@ def vp9_keyframe_size(head: bytes) -> tuple[int, int] | None:
     if width is None or height is None:
         return None
     return width + 1, height + 1
-
-
-def check_vp9_keyframe_size(head: bytes, *, size: tuple[int, int], label: str, seconds: float) -> None:
-    """Raise VideoDecodeError naming ``label`` when ``head`` starts a VP9 keyframe (shown at ``seconds``) whose
-    frame size is not the stream's ``size`` (width, height)."""
-    found = vp9_keyframe_size(head)
-    if found is not None and found != size:
-        raise VideoDecodeError(
-            f"{label}: the VP9 stream changes frame size: its keyframe at {seconds:.6f} s is {found[0]}x{found[1]} "
-            f"(WxH), the stream {size[0]}x{size[1]} (videos of several sizes stream-copied into one file?); one "
-            f"camera's frames must share one size: re-encode the file at one size (e.g. ffmpeg -i IN -vf "
-            f"scale={size[0]}:{size[1]} OUT)."
-        )
