@@ -33,7 +33,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .errors import FrameRequestError, VideoDecodeError
-from .keyframe_sizes import check_vp9_keyframe_size
+from .keyframe_sizes import KEYFRAME_SIZE_CODECS, check_clip_keyframe_sizes
 from .packet_index import PacketIndex
 from .video_source import VideoSource, open_video_source
 
@@ -297,13 +297,16 @@ def remux_clip(index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> np.
     """Mux ``payloads`` (the planned packets) into an in-memory MP4, re-timed to a gap-free constant rate."""
     if len(payloads) != plan.frame_count:
         raise ValueError(f"remux_clip got {len(payloads)} payloads for a plan of {plan.frame_count} packets.")
-    if index.codec == "vp9":  # (the packet index checks a remote file's keyframes only where it read them)
-        for position, payload in zip(plan.packet_positions.tolist(), payloads, strict=True):
-            if index.keyframe[position]:
-                seconds = float(int(index.pts[position]) * index.time_base)
-                check_vp9_keyframe_size(
-                    payload, size=(index.width, index.height), label=index.source_name, seconds=seconds
-                )
+    if index.codec in KEYFRAME_SIZE_CODECS:  # (a remote file's packet index checks only the keyframes it read)
+        seconds = float(index.time_base)
+        keyframes = [
+            (int(index.pts[position]) * seconds, payload)
+            for position, payload in zip(plan.packet_positions.tolist(), payloads, strict=True)
+            if index.keyframe[position]
+        ]
+        check_clip_keyframe_sizes(
+            index.template, index.codec, keyframes, size=(index.width, index.height), label=index.source_name
+        )
     count = plan.frame_count
     rank = np.argsort(np.argsort(index.pts[plan.packet_positions], kind="stable"), kind="stable")
     # Decode timestamps must not exceed presentation ones: shift them back by the reorder delay.

@@ -11,7 +11,11 @@ FFmpeg, once per distinct headers.
 
 from __future__ import annotations
 
+import io
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 import av
@@ -19,10 +23,17 @@ import numpy as np
 from av.video.codeccontext import VideoCodecContext
 
 from .errors import VideoDecodeError
+from .random_access import nal_layout
 from .sequence_headers import SEQUENCE_HEADER_CODECS, ReadBytes, keyframe_sequence_headers
 from .vp9_frame_size import VP9_HEADER_BYTES, vp9_keyframe_size
 
-__all__ = ["KEYFRAME_SIZE_CODECS", "PacketBytes", "ReadAt", "check_keyframe_sizes", "check_vp9_keyframe_size"]
+__all__ = [
+    "KEYFRAME_SIZE_CODECS",
+    "PacketBytes",
+    "ReadAt",
+    "check_clip_keyframe_sizes",
+    "check_keyframe_sizes",
+]
 
 #: Codecs whose keyframes are checked.
 KEYFRAME_SIZE_CODECS = SEQUENCE_HEADER_CODECS | {"vp9"}
@@ -87,7 +98,7 @@ def size_change_error(
     )
 
 
-def check_vp9_keyframe_size(head: bytes, *, size: tuple[int, int], label: str, seconds: float) -> None:
+def _check_vp9_keyframe_size(head: bytes, *, size: tuple[int, int], label: str, seconds: float) -> None:
     """Raise :func:`size_change_error` when ``head`` starts a VP9 keyframe (shown at ``seconds``) whose size is not
     the stream's ``size`` (width, height)."""
     found = vp9_keyframe_size(head)
@@ -127,19 +138,95 @@ def check_keyframe_sizes(
                 continue
             if headers not in decoded:
                 payload = packets.whole(row)
-                decoded[headers] = None if payload is None else _decoded_size(context, payload)
+                decoded[headers] = (
+                    None if payload is None else _decoded_size(context.codec.name, context.extradata, payload)
+                )
             found = decoded[headers]
         if found is not None and found != size:
             seconds = float(int(pts[row]) * time_base)
             raise size_change_error(label, codec, seconds=seconds, found=found, size=size)
 
 
-def _decoded_size(context: VideoCodecContext, payload: bytes) -> tuple[int, int] | None:
-    """(width, height) of the first frame FFmpeg decodes from the keyframe ``payload`` alone, or None when it
-    decodes none (a damaged packet is the decoders' to report)."""
-    decoder = av.CodecContext.create(context.codec.name, "r")
+def check_clip_keyframe_sizes(
+    template: bytes, codec: str, keyframes: Iterable[tuple[float, bytes]], *, size: tuple[int, int], label: str
+) -> None:
+    """Raise :func:`size_change_error` for the first of a clip's ``keyframes`` (seconds shown, payload) whose frame
+    size is not the stream's ``size`` (width, height): the packet index of a remote file reads only its first packets.
+
+    ``template`` is the index's one-keyframe MP4 (:attr:`~lerobot_dali.packet_index.PacketIndex.template`): its
+    keyframe's sequence headers are the stream's; a keyframe with others is decoded alone, once per process.
+    """
+    if codec == "vp9":
+        for seconds, payload in keyframes:
+            _check_vp9_keyframe_size(payload, size=size, label=label, seconds=seconds)
+        return
+    if codec not in SEQUENCE_HEADER_CODECS:
+        return
+    facts = _template_facts(template, codec)
+    if facts is None:
+        return
+    for seconds, payload in keyframes:
+        headers = keyframe_sequence_headers(codec, _reader(payload), len(payload), length_size=facts.length_size)
+        if not headers or headers == facts.reference:
+            continue
+        if headers not in facts.decoded:
+            facts.decoded[headers] = _decoded_size(facts.decoder, facts.extradata, payload)
+        found = facts.decoded[headers]
+        if found is not None and found != size:
+            raise size_change_error(label, codec, seconds=seconds, found=found, size=size)
+
+
+@dataclass(frozen=True)
+class _TemplateFacts:
+    decoder: str
+    extradata: bytes | None
+    length_size: int
+    #: The sequence headers of the template's keyframe.
+    reference: tuple[bytes, ...] | None
+    #: Sequence headers -> the size of a keyframe carrying them, decoded alone (None: it decodes to nothing).
+    decoded: dict[tuple[bytes, ...], tuple[int, int] | None] = field(default_factory=dict)
+
+
+# Templates of the files whose clips were checked last, in this process (a template is a few KB).
+_TEMPLATE_FACTS_SIZE = 64
+_template_facts_cache: OrderedDict[bytes, _TemplateFacts | None] = OrderedDict()
+_template_facts_lock = threading.Lock()
+
+
+def _template_facts(template: bytes, codec: str) -> _TemplateFacts | None:
+    """What :func:`check_clip_keyframe_sizes` needs of ``template``, read once per process; None for an Annex B
+    stream (its NAL units are not read)."""
+    with _template_facts_lock:
+        if template in _template_facts_cache:
+            _template_facts_cache.move_to_end(template)
+            return _template_facts_cache[template]
+    with av.open(io.BytesIO(template), mode="r") as container:
+        stream = container.streams.video[0]
+        context = stream.codec_context
+        payload = next((bytes(packet) for packet in container.demux(stream) if packet.size), b"")
+    layout = nal_layout(codec, context.extradata)
+    facts = None
+    if layout is not None or codec == "av1":
+        length_size = layout.length_size if layout is not None else 4
+        reference = keyframe_sequence_headers(codec, _reader(payload), len(payload), length_size=length_size)
+        facts = _TemplateFacts(context.codec.name, context.extradata, length_size, reference)
+    with _template_facts_lock:
+        _template_facts_cache[template] = facts
+        while len(_template_facts_cache) > _TEMPLATE_FACTS_SIZE:
+            _template_facts_cache.popitem(last=False)
+    return facts
+
+
+def _reader(data: bytes) -> ReadBytes:
+    return lambda start, length: data[start : start + length]
+
+
+def _decoded_size(decoder_name: str, extradata: bytes | None, payload: bytes) -> tuple[int, int] | None:
+    """(width, height) of the first frame FFmpeg's ``decoder_name`` decodes from the keyframe ``payload`` alone (with
+    the stream's ``extradata``), or None when it decodes none (a damaged packet is the decoders' to report)."""
+    decoder = av.CodecContext.create(decoder_name, "r")
     assert isinstance(decoder, VideoCodecContext)  # (a video codec's name)
-    decoder.extradata = context.extradata
+    decoder.extradata = extradata
     try:
         frames = [*decoder.decode(av.Packet(payload)), *decoder.decode(None)]
     except av.error.FFmpegError:

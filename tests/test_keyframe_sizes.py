@@ -166,20 +166,26 @@ def test_an_index_demuxed_refuses_it_too(resized_vp9: Path, monkeypatch: pytest.
         build_packet_index(resized_vp9)
 
 
+@pytest.mark.parametrize("codec", ["vp9", "h264", "av1"])
 def test_a_clip_checks_the_keyframes_a_remote_index_did_not_read(
-    resized_vp9: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, codec: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A remote file's index reads its first packets only; each clip for DALI (VP9 on the CPU, the rest on NVDEC)
+    checks its keyframes before DALI decodes them."""
+    path = _resized(tmp_path, codec)
     monkeypatch.setattr(packet_index_module, "_local_reads", lambda handle: None)  # (a remote file)
-    index = build_packet_index(resized_vp9)  # (its sample tables and first packets: the change is not among them)
+    index = build_packet_index(path)  # (its sample tables and first packets: the change is not among them)
     assert (index.width, index.height) == SMALL[::-1]
-    assert build_clip(resized_vp9, index, [3]).frame_count == 2  # (keyframe 2, frame 3: the first part's size)
+    assert build_clip(path, index, [3]).frame_count == 2  # (keyframe 2, frame 3: the first part's size)
     with pytest.raises(VideoDecodeError, match=r"keyframe at 0\.400000 s is 128x96 \(WxH\), the stream 96x64"):
-        build_clip(resized_vp9, index, [FRAMES + 3])
+        build_clip(path, index, [FRAMES + 3])
 
 
 def test_a_vp9_stream_of_one_size_is_indexed(resized_vp9: Path) -> None:
-    index = build_packet_index(resized_vp9.parent / "large.mp4")
+    path = resized_vp9.parent / "large.mp4"
+    index = build_packet_index(path)
     assert (index.width, index.height, index.frame_count) == (128, 96, FRAMES)
+    assert build_clip(path, index, [FRAMES - 1]).frame_count == 2
 
 
 @pytest.mark.parametrize("codec", ["vp9", "h264"])  # (DALI's CPU decoder; PyAV's route)
