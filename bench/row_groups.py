@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=3400)
     parser.add_argument("--frames", type=int, default=300)
     parser.add_argument("--batches", type=int, default=100, help="iterator batches of 256 timed per setting")
-    parser.add_argument("--min-group-rows", type=int, default=65_536, help="the store's threshold (its default)")
+    parser.add_argument("--min-group-rows", type=int, default=4_096, help="the store's threshold (its default)")
     parser.add_argument("--out", type=Path, default=None, help="folder for the dataset and store (default: temp)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()

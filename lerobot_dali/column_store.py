@@ -87,15 +87,17 @@ class ColumnStore:
     """Columns of big-row-group parquet files as memory-mapped Arrow files in one folder, shared by processes.
 
     A read goes through the store when the row groups it must decode hold at least ``min_group_rows`` rows
-    and ``min_ratio`` times the rows it wants (a 65,536-row group costs ~20 ms to decode, which an episode
-    of a few hundred frames amortises). Pickles as its settings: each process maps its own files.
+    and ``min_ratio`` times the rows it wants. A direct read decodes the whole group for each episode, and
+    training reads every episode of a file once per worker and epoch: with state and action of 14, 0.7 us
+    per row (29 ms per read of a 40,000-row group, 2.8 ms at the 4,096-row floor), against ~0.3 ms to slice
+    the mapped copy. Pickles as its settings: each process maps its own files.
     """
 
     def __init__(
         self,
         directory: str | os.PathLike[str] | None = None,
         *,
-        min_group_rows: int = 65_536,
+        min_group_rows: int = 4_096,
         min_ratio: int = 8,
         max_open: int = 64,
     ) -> None:
