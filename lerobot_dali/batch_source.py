@@ -226,10 +226,11 @@ class BatchSource:
 
     def _init_caches(self) -> None:
         self._rows: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
-        # Every video file the pooled episodes use, per camera, at least: fewer rebuilt each index per request.
+        # Every video file the pooled episodes use, per camera, at least: fewer rebuilt each index, and reopened
+        # each file, per request.
         files = self.spec.order.options.episode_pool_size * max(1, len(self.spec.camera_feeds))
         self._indexes = PacketIndexCache(max_entries=max(64, 2 * files), max_bytes=INDEX_CACHE_BYTES)
-        self._decoder = CpuFrameDecoder(options=self.spec.cpu_decode)
+        self._decoder = CpuFrameDecoder(options=self.spec.cpu_decode, files_in_use=files)
         self._images = EpisodeImageCache(self.spec.reader.read_episode_images, max_bytes=self.spec.image_cache_bytes)
 
     def __getstate__(self) -> dict[str, Any]:

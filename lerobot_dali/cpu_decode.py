@@ -20,6 +20,7 @@ import io
 import itertools
 import logging
 import os
+import resource
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
@@ -67,6 +68,8 @@ Pixels = Literal["rgb", "planes", "depth"]
 #: for r1's 640x360; up to 24 with 16 reference frames; dav1d holds less): at one thread, seven 1080p or 48
 #: 480p H.264 decoders.
 DECODER_MEMORY_BYTES, DECODER_FRAMES, MIN_OPEN_DECODERS = 256 * 2**20, 12, 8
+#: Open files kept per process when the options leave it (``max_open_decoders=None``) and no pool says more.
+DEFAULT_OPEN_DECODERS = 64
 #: What an open remote file adds to its decoder: fsspec's read-ahead block (5 MiB for HTTP), with margin.
 REMOTE_HANDLE_BYTES = 8 * 2**20
 
@@ -109,16 +112,21 @@ class CpuDecodeOptions:
 
     ``threads_per_decoder``: FFmpeg threads per open decoder (0 lets FFmpeg choose; keep it small when
     several external-source workers decode at once). ``max_open_decoders``: open files kept per process, while
-    they fit :data:`DECODER_MEMORY_BYTES` (8 are kept whatever their size, unless this is lower): an episode
-    pool of one file per episode (v2.1) reopened a file for most requests under the old bound of 8 (+72% time
-    at 96x128).
+    they fit ``max_decoder_memory_bytes`` (8 are kept whatever their size, unless this is lower); None: 64, or
+    in the iterator's workers the files their episode pool draws from (pool size x cameras) where that is more,
+    up to half the process's open-file limit.
+    A file reopened costs ~6 ms at 640x480 (open, decoder set-up, first conversion): 3 cameras and a pool of 64
+    (192 files) reopened a file for 3 of 4 requests under a bound of 64, +71% CPU per sample. An open 640x480
+    H.264 decoder holds ~6 MB (measured RSS), as :data:`DECODER_FRAMES` estimates: such a pool needs ~1.1 GB
+    per worker, over the default budget, which a worker then says once.
     ``color_conversion``: where frames become RGB; converting in the graph makes ``backend=AUTO`` decode with
     PyAV, since torchcodec hands over RGB only.
     """
 
     backend: CpuDecoderBackend = CpuDecoderBackend.AUTO
     threads_per_decoder: int = 1
-    max_open_decoders: int = 64
+    max_open_decoders: int | None = None
+    max_decoder_memory_bytes: int = DECODER_MEMORY_BYTES
     color_conversion: ColorConversion = ColorConversion.AUTO
 
     def __post_init__(self) -> None:
@@ -131,7 +139,11 @@ class CpuDecodeOptions:
                 "color_conversion=ColorConversion.GRAPH needs the decoder's YUV planes, which torchcodec does not "
                 "hand over: use backend=CpuDecoderBackend.PYAV or AUTO, or ColorConversion.WORKER."
             )
-        check_int_fields(self, (("threads_per_decoder", 0), ("max_open_decoders", 1)))
+        check_int_fields(
+            self,
+            (("threads_per_decoder", 0), ("max_open_decoders", 1), ("max_decoder_memory_bytes", 1)),
+            optional=("max_open_decoders",),
+        )
 
     def converts_in_graph(self, *, on_gpu: bool) -> bool:
         """Whether worker-decoded cameras ship planes for the graph to convert (:class:`ColorConversion`)."""
@@ -585,8 +597,11 @@ class CpuFrameDecoder:
     for torchcodec imports torch (about a second and 150 MB), which a worker whose cameras DALI decodes never needs.
     """
 
-    def __init__(self, *, options: CpuDecodeOptions | None = None) -> None:
+    def __init__(self, *, options: CpuDecodeOptions | None = None, files_in_use: int = 0) -> None:
         self.options = options if options is not None else CpuDecodeOptions()
+        #: Files the caller's requests cycle through (a worker: its episode pool's, per camera): kept open when
+        #: the options leave the bound to it (``max_open_decoders=None``), memory permitting.
+        self.files_in_use = files_in_use
         # key -> (open decoder, its estimated memory), least recently used first
         self._readers: OrderedDict[Hashable, tuple[_Reader, int]] = OrderedDict()
         self._pid = os.getpid()
@@ -608,6 +623,14 @@ class CpuFrameDecoder:
         """Decoders this process holds open (inherited ones do not count: they are never used)."""
         self._drop_inherited()
         return len(self._readers)
+
+    @property
+    def max_open(self) -> int:
+        """The open files kept at most (besides the memory budget): the options', else 64 or the files in use,
+        within half the process's open-file limit."""
+        if self.options.max_open_decoders is not None:
+            return self.options.max_open_decoders
+        return max(DEFAULT_OPEN_DECODERS, min(self.files_in_use, _open_files_limit() // 2))
 
     @property
     def backend(self) -> CpuDecoderBackend:
@@ -810,10 +833,25 @@ class CpuFrameDecoder:
         threads = self.options.threads_per_decoder or _ffmpeg_auto_threads()
         frames = DECODER_FRAMES * threads  # frame threads each hold frames in flight (measured: 2-4x at 4 threads)
         self._readers[key] = (reader, frames * index.width * index.height * 3 // 2 + handle_bytes)
-        while len(self._readers) > self.options.max_open_decoders or (
-            len(self._readers) > MIN_OPEN_DECODERS
-            and sum(size for _, size in self._readers.values()) > DECODER_MEMORY_BYTES
+        budget = self.options.max_decoder_memory_bytes
+        limit = self.max_open
+        while len(self._readers) > limit or (
+            len(self._readers) > MIN_OPEN_DECODERS and sum(size for _, size in self._readers.values()) > budget
         ):
+            if len(self._readers) <= min(limit, self.files_in_use):
+                each = self._readers[key][1]
+                warn_once(
+                    logger,
+                    "CPU decode: up to %d files are in use (episode pool x cameras) but %d open decoders of ~%.1f MB "
+                    "fit max_decoder_memory_bytes=%d, so files are reopened as requests move between them (~6 ms "
+                    "each at 640x480); raise CpuDecodeOptions(max_decoder_memory_bytes=...) (about %d per worker "
+                    "holds them all), or lower episode_pool_size",
+                    self.files_in_use,
+                    len(self._readers) - 1,
+                    each / 2**20,
+                    budget,
+                    self.files_in_use * each,
+                )
             _, (evicted, _) = self._readers.popitem(last=False)
             evicted.close()
 
@@ -832,10 +870,18 @@ class CpuFrameDecoder:
             reader.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options}
+        return {"options": self.options, "files_in_use": self.files_in_use}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(options=state["options"])  # type: ignore[misc]
+        self.__init__(options=state["options"], files_in_use=state.get("files_in_use", 0))  # type: ignore[misc]
+
+
+def _open_files_limit() -> int:
+    """The process's soft limit on open files (1024 by default on Linux): a pool's decoders keep at most half, the
+    rest left to data files, sockets and DALI's shared memory (a pool of 512 x 3 cameras would otherwise fail to
+    open files with EMFILE)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 def _ffmpeg_auto_threads() -> int:
