@@ -110,6 +110,7 @@ class SourceSpec:
     tolerance_s: float
     #: Tabular keys whose values are strings or structures (:mod:`.host_values`), not numbers.
     host_value_keys: tuple[str, ...] = ()
+    #: Per worker: rows of recently read episodes kept, at least the episode pool's.
     rows_cache_episodes: int = 256
     #: Remote datasets: packet indexes on disk, built once (by the prefetcher or the first worker) for all.
     index_store: PacketIndexStore | None = None
@@ -226,6 +227,8 @@ class BatchSource:
 
     def _init_caches(self) -> None:
         self._rows: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
+        # Every pooled episode's rows at least: a sample of an episode the cache dropped reads its rows again.
+        self._rows_kept = max(self.spec.rows_cache_episodes, self.spec.order.options.episode_pool_size)
         # Every video file the pooled episodes use, per camera, at least: fewer rebuilt each index, and reopened
         # each file, per request.
         files = self.spec.order.options.episode_pool_size * max(1, len(self.spec.camera_feeds))
@@ -392,7 +395,7 @@ class BatchSource:
         if self.spec.listed_scalars is not None:
             rows = _scalar_layout(rows, self.spec.reader.info.features, self.spec.listed_scalars)
         self._rows[episode_pos] = rows
-        while len(self._rows) > self.spec.rows_cache_episodes:
+        while len(self._rows) > self._rows_kept:
             self._rows.popitem(last=False)
         return rows
 
