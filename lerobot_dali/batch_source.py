@@ -229,11 +229,13 @@ class BatchSource:
         self._rows: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
         # Every pooled episode's rows at least: a sample of an episode the cache dropped reads its rows again.
         self._rows_kept = max(self.spec.rows_cache_episodes, self.spec.order.options.episode_pool_size)
-        # Every video file the pooled episodes use, per camera, at least: fewer rebuilt each index, and reopened
-        # each file, per request.
-        files = self.spec.order.options.episode_pool_size * max(1, len(self.spec.camera_feeds))
+        # Every video file the pooled episodes use, per camera, at least: fewer rebuilt each index per request.
+        pool = self.spec.order.options.episode_pool_size
+        files = pool * max(1, len(self.spec.camera_feeds))
         self._indexes = PacketIndexCache(max_entries=max(64, 2 * files), max_bytes=INDEX_CACHE_BYTES)
-        self._decoder = CpuFrameDecoder(options=self.spec.cpu_decode, files_in_use=files)
+        # And open, those of the cameras the worker decodes itself (DALI decodes the others' clips): fewer reopened.
+        decoded_here = sum(f.depth or f.planes or f.route.dali_device is None for f in self.spec.camera_feeds.values())
+        self._decoder = CpuFrameDecoder(options=self.spec.cpu_decode, files_in_use=pool * decoded_here)
         self._images = EpisodeImageCache(self.spec.reader.read_episode_images, max_bytes=self.spec.image_cache_bytes)
 
     def __getstate__(self) -> dict[str, Any]:

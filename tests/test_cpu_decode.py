@@ -890,6 +890,23 @@ def test_a_worker_keeps_open_every_file_of_its_episode_pool(make_ds, monkeypatch
             np.testing.assert_array_equal(np.stack(got), np.stack(want))
 
 
+def test_cameras_dali_decodes_keep_no_files_open_in_the_worker(make_ds) -> None:
+    """VP9 goes to DALI's CPU decoder as clips: the worker opens none of its files, so its open-file bound is
+    the default, not pool x cameras (as the counts of worker-decoded H.264 cameras are)."""
+    from lerobot_dali import DALILeRobotIterator
+    from lerobot_dali.batch_source import BatchSource
+
+    counts = {}
+    for codec in ("vp9", "h264"):
+        root = make_ds(episodes=2, frames_per_episode=4, cameras=2, codec=codec)
+        it = DALILeRobotIterator(root, batch_size=2, device="cpu", num_workers=0, episode_pool_size=40)
+        next(iter(it))
+        decoder = BatchSource(it._spec)._decoder
+        it.close()
+        counts[codec] = (decoder.files_in_use, decoder.max_open)
+    assert counts == {"vp9": (0, 64), "h264": (80, 80)}
+
+
 def test_auto_looks_for_torchcodec_only_when_a_worker_decodes(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
     """Looking for torchcodec imports torch (about a second and 150 MB per worker where it is installed): a worker
     whose cameras DALI decodes no longer looks."""
