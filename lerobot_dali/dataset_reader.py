@@ -219,8 +219,9 @@ class LeRobotDatasetReader:
         their footers (those of the episodes read). Such a file failed only once one of its episodes was read,
         maybe hours into training; LeRobot, which loads every data file first, fails at once.
 
-        Raise EpisodeMetadataError, as a batch of its rows would, where the ``task_index`` statistics of a data
-        file whose rows are all read hold an index the task list lacks (:meth:`_check_task_indices`)."""
+        Raise EpisodeMetadataError, as a batch of its rows would, where the ``task_index`` (or ``subtask_index``)
+        statistics of a data file whose rows are all read hold an index the task (subtask) list lacks
+        (:meth:`_check_task_indices`)."""
         if not self.data_file_footers:
             return
         firsts = self.episodes.first_of_each_data_file().tolist()
@@ -250,28 +251,38 @@ class LeRobotDatasetReader:
 
     def _check_task_indices(self, firsts: Mapping[str, int]) -> None:
         """Raise EpisodeMetadataError where the smallest or largest ``task_index`` of a data file (``firsts``: each
-        one's path -> its first episode read), from the statistics its footer holds, is not in the task list. Only
-        files all of whose rows the episodes read hold are checked: rows of the episodes left out are never read."""
+        one's path -> its first episode read), from the statistics its footer holds, is not in the task list; and
+        ``subtask_index`` alike where the dataset has a subtask list (``meta/subtasks.parquet``), whose texts
+        batches carry too. Only files all of whose rows the episodes read hold are checked: rows of the episodes
+        left out are never read."""
+        tasks_file = "meta/tasks.parquet" if self.info.major_version == "v3" else "meta/tasks.jsonl"
+        self._check_listed_indices(firsts, "task", self.tasks, tasks_file)
+        if self.subtasks is not None:
+            self._check_listed_indices(firsts, "subtask", self.subtasks, "meta/subtasks.parquet")
+
+    def _check_listed_indices(self, firsts: Mapping[str, int], name: str, listed: Mapping[int, str], file: str) -> None:
+        """:meth:`_check_task_indices` for column ``{name}_index`` and the list ``listed`` (read from ``file``)."""
         read_rows = self.episodes.rows_read_per_data_file()
+        column = f"{name}_index"
         wrong: list[tuple[str, tuple[int, int], list[int]]] = []
         for path, first in firsts.items():
             footer = self.data_file_footers.get(path)
-            if footer is None or footer.task_index_range is None:
+            span = None if footer is None else footer.value_ranges.get(column)
+            if footer is None or span is None:
                 continue  # (a writer that wrote no statistics: a batch of its rows fails, as before)
             if footer.rows != read_rows[first]:
                 continue
-            unknown = sorted({i for i in footer.task_index_range if i not in self.tasks})
+            unknown = sorted({i for i in span if i not in listed})
             if unknown:
-                wrong.append((path, footer.task_index_range, unknown))
+                wrong.append((path, span, unknown))
         if not wrong:
             return
         path, (low, high), unknown = wrong[0]
-        listed = "meta/tasks.parquet" if self.info.major_version == "v3" else "meta/tasks.jsonl"
         more = f" (and {len(wrong) - 1} more data file(s))" if len(wrong) > 1 else ""
         raise EpisodeMetadataError(
-            f"{path}: its task_index values run from {low} to {high}, and task_index {unknown} is not in the "
-            f"dataset's task list ({listed}, which holds task indices {sorted(self.tasks)[:20]}){more}; the data "
-            "rows and the task list disagree: fix one of them, or leave that file's episodes out (episodes=[...])"
+            f"{path}: its {column} values run from {low} to {high}, and {column} {unknown} is not in the "
+            f"dataset's {name} list ({file}, which holds {name} indices {sorted(listed)[:20]}){more}; the data "
+            f"rows and the {name} list disagree: fix one of them, or leave that file's episodes out (episodes=[...])"
         )
 
     def read_stats(self) -> FeatureStats:

@@ -46,6 +46,7 @@ from .row_count_store import Footer, cached_footers
 from .said_once import warn_once
 
 __all__ = [
+    "RANGED_COLUMNS",
     "bulk_file_exists",
     "data_file_path",
     "episode_data_path",
@@ -56,6 +57,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+#: Integer columns whose smallest and largest value in each data file the open keeps from the footer's statistics
+#: (:attr:`~lerobot_dali.row_count_store.Footer.value_ranges`), to hold them to the metadata when the iterator is
+#: built (:meth:`~lerobot_dali.dataset_reader.LeRobotDatasetReader.check_data_columns`).
+RANGED_COLUMNS = ("task_index", "subtask_index")
 
 
 def data_file_path(location: DatasetLocation, info: DatasetInfo, chunk_index: int, file_index: int) -> str:
@@ -271,8 +277,9 @@ def _footer(location: DatasetLocation, path: str, *, stamps: FileStamps | None) 
     try:
         schema = parquet.schema_arrow
         widths = tuple(list_level_widths(field.type) for field in schema)
-        task_range = integer_column_range(parquet.metadata, "task_index")
-        return Footer(int(parquet.metadata.num_rows), tuple(schema.names), widths, task_range)
+        ranges = {name: integer_column_range(parquet.metadata, name) for name in RANGED_COLUMNS}
+        kept = {name: span for name, span in ranges.items() if span is not None}
+        return Footer(int(parquet.metadata.num_rows), tuple(schema.names), widths, kept)
     finally:
         parquet.close(force=True)
 

@@ -1,4 +1,4 @@
-"""Row counts, column names, list widths and ``task_index`` ranges of remote parquet data files, kept on local
+"""Row counts, column names, list widths and index columns' value ranges of remote parquet data files, kept on local
 disk, so that one process per cache folder reads them.
 
 Opening a v3.0 dataset checks that each data file holds the rows ``meta/episodes`` places in it, and the columns
@@ -19,7 +19,7 @@ import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, NamedTuple
 
@@ -40,8 +40,8 @@ __all__ = ["STORE_FORMAT", "WAIT_S", "Footer", "cached_footers"]
 logger = logging.getLogger(__name__)
 
 #: Version of the on-disk layout, part of every key (2: column names too; 3: their list widths and ``task_index``'s
-#: range).
-STORE_FORMAT = 3
+#: range; 4: the value ranges of several index columns).
+STORE_FORMAT = 4
 #: Longest a process waits for another to read the same files' row counts before it reads them itself.
 WAIT_S = 300.0
 #: Seconds between two looks at a lock another process holds.
@@ -56,9 +56,10 @@ class Footer(NamedTuple):
     #: Per column, its list levels' sizes, outermost first (-1: lists of varying length; none: a scalar column):
     #: :func:`~lerobot_dali.episode_rows.list_level_widths`. Empty: not known.
     list_widths: tuple[tuple[int, ...], ...] = ()
-    #: The smallest and largest ``task_index`` of the file, from its row groups' statistics (None: no such column,
-    #: or a row group without statistics).
-    task_index_range: tuple[int, int] | None = None
+    #: Column -> its smallest and largest value in the file, from its row groups' statistics, for the index columns
+    #: opening checks (``task_index``, ...: :data:`~lerobot_dali.episode_data_files.RANGED_COLUMNS`); a column
+    #: the file lacks, or with a row group without statistics, is absent.
+    value_ranges: Mapping[str, tuple[int, int]] = {}
 
 
 def cached_footers(
@@ -113,7 +114,7 @@ def _wait_for_lock(entry: Path) -> IO[bytes] | None:
 def _load(entry: Path, paths: Sequence[str]) -> list[Footer] | None:
     try:
         raw = json.loads(entry.read_text())
-        counts, columns, widths, ranges = raw["rows"], raw["columns"], raw["list_widths"], raw["task_index_range"]
+        counts, columns, widths, ranges = raw["rows"], raw["columns"], raw["list_widths"], raw["value_ranges"]
         if raw["paths"] != list(paths) or not len(counts) == len(columns) == len(widths) == len(ranges) == len(paths):
             raise ValueError("it holds other files")
         if not all(type(n) is int for n in counts) or not all(all(type(c) is str for c in cs) for cs in columns):
@@ -121,8 +122,9 @@ def _load(entry: Path, paths: Sequence[str]) -> list[Footer] | None:
         shaped = zip(widths, columns, strict=True)
         if not all(len(ws) == len(cs) and all(type(n) is int for w in ws for n in w) for ws, cs in shaped):
             raise ValueError("it holds other values than the columns' list widths")
-        if not all(r is None or (len(r) == 2 and all(type(n) is int for n in r)) for r in ranges):
-            raise ValueError("it holds other values than task_index ranges")
+        spans = [span for rs in ranges for span in (rs.values() if isinstance(rs, dict) else [None])]
+        if not all(type(span) is list and len(span) == 2 and all(type(n) is int for n in span) for span in spans):
+            raise ValueError("it holds other values than value ranges")
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -132,8 +134,8 @@ def _load(entry: Path, paths: Sequence[str]) -> list[Footer] | None:
         return None
     mark_used(entry)
     return [
-        Footer(n, tuple(cs), tuple(tuple(w) for w in ws), None if r is None else (r[0], r[1]))
-        for n, cs, ws, r in zip(counts, columns, widths, ranges, strict=True)
+        Footer(n, tuple(cs), tuple(tuple(w) for w in ws), {name: (r[0], r[1]) for name, r in rs.items()})
+        for n, cs, ws, rs in zip(counts, columns, widths, ranges, strict=True)
     ]
 
 
@@ -143,7 +145,7 @@ def _save(entry: Path, paths: Sequence[str], footers: list[Footer]) -> bool:
         "rows": [f.rows for f in footers],
         "columns": [list(f.columns) for f in footers],
         "list_widths": [[list(w) for w in f.list_widths] for f in footers],
-        "task_index_range": [None if f.task_index_range is None else list(f.task_index_range) for f in footers],
+        "value_ranges": [{name: list(r) for name, r in f.value_ranges.items()} for f in footers],
     }
     try:
         with atomic_file(entry, prefix=".rows") as f:

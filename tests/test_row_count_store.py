@@ -86,7 +86,7 @@ def test_an_unreadable_entry_or_a_held_lock_falls_back_to_reading(make_ds, foote
     _open_remote(root)
     (entry,) = (row_count_store.cache_root() / "row_counts").glob("*/*")  # (its lock file gone with the lock)
     other = {"paths": ["elsewhere"], "rows": [1], "columns": [["action"]], "list_widths": [[[7]]]}
-    entry.write_text(json.dumps({**other, "task_index_range": [None]}))
+    entry.write_text(json.dumps({**other, "value_ranges": [{}]}))
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.row_count_store"):
         _open_remote(root)
     assert caplog.text.count("unreadable (it holds other files); deleting it") == 1 and len(footer_reads) == 6
@@ -94,7 +94,7 @@ def test_an_unreadable_entry_or_a_held_lock_falls_back_to_reading(make_ds, foote
     assert kept is not None and [footer.rows for footer in kept] == [7, 8, 9]
     schema = pq.read_schema(next((root / "data").rglob("*.parquet")))
     assert {footer.columns for footer in kept} == {tuple(schema.names)}
-    assert all(footer.task_index_range is not None for footer in kept)
+    assert all("task_index" in footer.value_ranges for footer in kept)
     entry.unlink()
     monkeypatch.setattr(row_count_store, "WAIT_S", 0.3)
     held = try_flock(entry.with_suffix(".lock"))  # a process that stalls holding the lock

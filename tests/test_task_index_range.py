@@ -18,6 +18,7 @@ from lerobot_dali.dataset_union import concat_datasets
 from lerobot_dali.errors import EpisodeMetadataError
 from lerobot_dali.mixture import DALILeRobotMixture
 from tests import fake_remote  # noqa: F401  (registers the fakeremote:// protocol)
+from tests.test_extra_features import _with_subtasks
 from tests.test_v2_episode_files import _indices, _iterator
 
 LENGTHS = [3, 4, 5, 3, 4, 5]
@@ -28,11 +29,12 @@ del V2["episodes_per_file"]
 V2_LAST = "data/chunk-001/episode_000005.parquet"
 
 
-def _set_task_index(path: Path, value: int, *, statistics: bool = True) -> None:
-    """Every row of data file ``path`` given ``task_index`` ``value`` (written with or without statistics)."""
+def _set_task_index(path: Path, value: int, *, statistics: bool = True, name: str = "task_index") -> None:
+    """Every row of data file ``path`` given ``task_index`` (or column ``name``) ``value`` (written with or
+    without statistics)."""
     table = pq.read_table(path)
-    column = pa.array(np.full(table.num_rows, value), table.schema.field("task_index").type)
-    table = table.set_column(table.schema.get_field_index("task_index"), "task_index", column)
+    column = pa.array(np.full(table.num_rows, value), table.schema.field(name).type)
+    table = table.set_column(table.schema.get_field_index(name), name, column)
     pq.write_table(table, path, write_statistics=statistics)
 
 
@@ -102,7 +104,7 @@ def test_a_remote_dataset_is_refused_from_the_kept_footers_too(make_ds, copy_ds,
             _iterator(open_dataset("fakeremote://", storage_options={"root": str(root)}))
     assert len(reads) == 3  # the second open read no footer: the kept ones held each file's task_index range
     reader = open_dataset("fakeremote://", storage_options={"root": str(root)})
-    assert [f.task_index_range for _, f in sorted(reader.data_file_footers.items())][-1] == (7, 7)
+    assert [f.value_ranges["task_index"] for _, f in sorted(reader.data_file_footers.items())][-1] == (7, 7)
 
 
 def test_a_union_and_a_mixture_check_each_dataset_against_its_own_task_list(make_ds, tmp_path) -> None:
@@ -118,3 +120,21 @@ def test_a_union_and_a_mixture_check_each_dataset_against_its_own_task_list(make
         _iterator(concat_datasets([first, second]))
     with pytest.raises(EpisodeMetadataError, match=r"first/data/chunk-000/file-002\.parquet: .*task_index \[2\]"):
         DALILeRobotMixture([second, first], batch_size=4, device="cpu", num_workers=0)
+
+
+def test_a_subtask_index_not_in_the_subtask_list_is_refused_when_the_iterator_is_built(make_ds, tmp_path) -> None:
+    """``subtask_index`` is held to ``meta/subtasks.parquet`` as ``task_index`` is to the task list: batches carry
+    its text (``subtask``). It failed only when a batch first held one of the file's rows (wherever a shuffled epoch
+    put them). A union holds each dataset to its own list."""
+    root = _with_subtasks(make_ds(**V3), tmp_path / "dataset")
+    assert _indices(_iterator(root, shuffle=False)) == list(range(sum(LENGTHS)))  # (good data reads)
+    _set_task_index(root / V3_LAST, 5, name="subtask_index")
+    pattern = (
+        r"dataset/data/chunk-000/file-002\.parquet: its subtask_index values run from 5 to 5, and subtask_index \[5\] "
+        r"is not in the dataset's subtask list \(meta/subtasks\.parquet, which holds subtask indices \[0, 1, 2\]\)"
+    )
+    with pytest.raises(EpisodeMetadataError, match=pattern):
+        _iterator(root)
+    with pytest.raises(EpisodeMetadataError, match=pattern):
+        _iterator(concat_datasets([_with_subtasks(make_ds(**V3, seed=1), tmp_path / "other"), root]))
+    assert _indices(_iterator(root, episodes=[0, 1, 2, 3], shuffle=False)) == list(range(sum(LENGTHS[:4])))
