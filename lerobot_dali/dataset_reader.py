@@ -255,13 +255,19 @@ class LeRobotDatasetReader:
         ``subtask_index`` alike where the dataset has a subtask list (``meta/subtasks.parquet``), whose texts
         batches carry too. Only files all of whose rows the episodes read hold are checked: rows of the episodes
         left out are never read."""
-        tasks_file = "meta/tasks.parquet" if self.info.major_version == "v3" else "meta/tasks.jsonl"
-        self._check_listed_indices(firsts, "task", self.tasks, tasks_file)
+        self._check_listed_indices(firsts, "task")
         if self.subtasks is not None:
-            self._check_listed_indices(firsts, "subtask", self.subtasks, "meta/subtasks.parquet")
+            self._check_listed_indices(firsts, "subtask")
 
-    def _check_listed_indices(self, firsts: Mapping[str, int], name: str, listed: Mapping[int, str], file: str) -> None:
-        """:meth:`_check_task_indices` for column ``{name}_index`` and the list ``listed`` (read from ``file``)."""
+    def _index_list(self, name: str) -> tuple[Mapping[int, str], str]:
+        """The list ``{name}_index`` values name (``name``: "task" or "subtask") and the file it was read from."""
+        if name == "subtask":
+            return self.subtasks or {}, "meta/subtasks.parquet"
+        return self.tasks, "meta/tasks.parquet" if self.info.major_version == "v3" else "meta/tasks.jsonl"
+
+    def _check_listed_indices(self, firsts: Mapping[str, int], name: str) -> None:
+        """:meth:`_check_task_indices` for column ``{name}_index`` and its list (:meth:`_index_list`)."""
+        listed, file = self._index_list(name)
         read_rows = self.episodes.rows_read_per_data_file()
         column = f"{name}_index"
         wrong: list[tuple[str, tuple[int, int], list[int]]] = []
@@ -283,6 +289,25 @@ class LeRobotDatasetReader:
             f"{path}: its {column} values run from {low} to {high}, and {column} {unknown} is not in the "
             f"dataset's {name} list ({file}, which holds {name} indices {sorted(listed)[:20]}){more}; the data "
             f"rows and the {name} list disagree: fix one of them, or leave that file's episodes out (episodes=[...])"
+        )
+
+    def unlisted_index_error(
+        self, name: str, index: int, episode_index: int, dataset: int | None = None, *, more: int = 0
+    ) -> EpisodeMetadataError:
+        """The error for a batched row of episode ``episode_index`` whose ``{name}_index`` (``name``: "task" or
+        "subtask") is ``index``, which the list lacks: naming the data file, the episode, the value and the list's
+        indices. ``dataset``: the row's ``dataset_index`` in a union (which names the member). ``more``: other
+        such rows in the batch."""
+        listed, file = self._index_list(name)
+        ep = self.episodes
+        pos = int(np.searchsorted(ep.episode_index, episode_index))
+        found = pos < len(ep) and int(ep.episode_index[pos]) == episode_index
+        where = self.data_path(pos) if found else self.location.description
+        others = f" (and {more} more row(s) of the batch)" if more else ""
+        return EpisodeMetadataError(
+            f"{where}: episode {episode_index}'s rows hold {name}_index {index}{others}, which is not in the "
+            f"dataset's {name} list ({file}, which holds {name} indices {sorted(listed)[:20]}); the data rows and the "
+            f"{name} list disagree: fix one of them, or leave the episode out (episodes=[...])"
         )
 
     def read_stats(self) -> FeatureStats:

@@ -37,7 +37,7 @@ from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
 from .dataset_stats import FeatureStats, aggregate_episode_stats
 from .episode_rows import DecodedGroups
 from .episode_table import EpisodeTable
-from .errors import DatasetError, SchemaMismatchError, StatsError
+from .errors import DatasetError, EpisodeMetadataError, SchemaMismatchError, StatsError
 from .file_stamps import FileStamps
 from .frame_lookup import ITERATORS_LOOKUP, FrameLookup, TimestampSource
 from .image_frames import first_image_shape
@@ -200,6 +200,16 @@ class DatasetUnion(LeRobotDatasetReader):
     def undeclared_columns(self, episode_pos: int) -> list[str]:
         d, pos = self.member(episode_pos)
         return self.members[d].undeclared_columns(pos)
+
+    def unlisted_index_error(
+        self, name: str, index: int, episode_index: int, dataset: int | None = None, *, more: int = 0
+    ) -> EpisodeMetadataError:
+        """The member's error (:meth:`LeRobotDatasetReader.unlisted_index_error`), with the row's own index (a
+        union's ``task_index`` is offset by the member's); the union's where rows carry no ``dataset_index``."""
+        if dataset is None or not 0 <= dataset < len(self.members):
+            return super().unlisted_index_error(name, index, episode_index, more=more)
+        own = index - self.task_offsets[dataset] if name == "task" else index
+        return self.members[dataset].unlisted_index_error(name, own, episode_index, more=more)
 
     def first_episodes(self) -> list[int]:
         return [int(start) for start, stop in zip(self.starts[:-1], self.starts[1:], strict=True) if stop > start]

@@ -27,6 +27,7 @@ from .cpu_decode import CpuDecodeOptions, pyav_can_decode
 from .dali_graph import HOST_SUBTASK_INDEX, HOST_TASK_INDEX, CameraFeed, build_pipeline, camera_feed
 from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset, warn_undeclared_columns
+from .dataset_union import DATASET_INDEX
 from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
 from .depth_maps import DepthUnit
@@ -669,28 +670,37 @@ class DALILeRobotIterator:
                 tensor = tensor.to(self._device, non_blocking=True)
             batch[name] = tensor
         task_index = out.get(HOST_TASK_INDEX, out.get("task_index"))
-        batch["task"] = self._task_strings(task_index, out["episode_index"]) if task_index is not None else []
+        episodes, datasets = out["episode_index"], out.get(DATASET_INDEX)
+        batch["task"] = self._task_strings(task_index, episodes, datasets) if task_index is not None else []
         subtask_index = out.get(HOST_SUBTASK_INDEX, out.get("subtask_index"))
         if self.reader.subtasks is not None and subtask_index is not None:  # (LeRobot 0.4-0.5's `subtask`)
-            batch["subtask"] = self._task_strings(subtask_index, out["episode_index"], name="subtask")
+            batch["subtask"] = self._task_strings(subtask_index, episodes, datasets, name="subtask")
         return batch
 
-    def _task_strings(self, task_index: torch.Tensor, episode_index: torch.Tensor, *, name: str = "task") -> list[str]:
-        """The texts of ``task_index`` (``name="subtask"``: of ``subtask_index``, from ``meta/subtasks.parquet``)."""
+    def _task_strings(
+        self,
+        task_index: torch.Tensor,
+        episode_index: torch.Tensor,
+        dataset_index: torch.Tensor | None = None,
+        *,
+        name: str = "task",
+    ) -> list[str]:
+        """The texts of ``task_index`` (``name="subtask"``: of ``subtask_index``, from ``meta/subtasks.parquet``).
+        ``dataset_index``: a union's rows', which name the dataset of a row whose index the list lacks."""
         tasks = self.reader.tasks if name == "task" else self.reader.subtasks or {}
         indices = task_index.cpu().reshape(-1).tolist()
         try:
             return [tasks[int(i)] for i in indices]
         except KeyError:
-            unknown = sorted({int(i) for i in indices} - tasks.keys())
-            pairs = zip(indices, episode_index.cpu().reshape(-1).tolist(), strict=True)
-            episodes = sorted({int(e) for i, e in pairs if int(i) not in tasks})
-            files = "meta/tasks.parquet or meta/tasks.jsonl" if name == "task" else "meta/subtasks.parquet"
-            raise EpisodeMetadataError(
-                f"{self.reader.location.description}: {name}_index {unknown} (episodes {episodes}) is not in the "
-                f"dataset's {name} list ({files}, which holds {name} indices "
-                f"{sorted(tasks)[:20]}); the data rows and the {name} list disagree"
-            ) from None
+            bad = [row for row, i in enumerate(indices) if int(i) not in tasks]
+            row, more = bad[0], len(bad) - 1
+
+            def of_row(values: torch.Tensor) -> int:  # (a sample's first, where a window gave it several)
+                return int(values.cpu().reshape(len(indices), -1)[row, 0])
+
+            dataset = None if dataset_index is None else of_row(dataset_index)
+            error = self.reader.unlisted_index_error(name, int(indices[row]), of_row(episode_index), dataset, more=more)
+            raise error from None
 
     def _close_pipeline(self) -> None:
         """Shut the pipeline and its worker processes down now: a generator from ``iter(it)`` (or the traceback

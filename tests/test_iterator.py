@@ -659,7 +659,7 @@ def _damage(root: Path, how: str) -> None:
         ("av1", "unknown_codec", CodecUnsupportedError, r"file-001\.mp4"),
         ("h264", "corrupt_parquet", DataFileError, r"episode [23]'s rows: .*data/chunk-000/file-001\.parquet"),
         ("h264", "missing_parquet", MissingDataFileError, r"episode [23]'s rows: .*data/chunk-000/file-001\.parquet"),
-        ("h264", "unknown_task", EpisodeMetadataError, r"task_index \[1\] \(episodes \[\d.*\]\) is not in"),
+        ("h264", "unknown_task", EpisodeMetadataError, r"file-00\d\.parquet: episode \d+'s rows hold task_index 1\b"),
         ("h264", "rows_past_video", FrameTimestampError, r"file-001\.mp4\): query .* neighbouring episode"),
         ("vp9", "corrupt_packets", VideoDecodeError, r"file-001\.mp4: DALI cannot decode .* episode [23], camera "),
     ],

@@ -85,7 +85,7 @@ def test_a_file_without_statistics_is_still_refused_when_its_rows_are_read(make_
     root = copy_ds(make_ds(**V3))
     _set_task_index(root / V3_LAST, 7, statistics=False)
     it = _iterator(root, shuffle=False)  # (nothing to check it by)
-    with pytest.raises(EpisodeMetadataError, match=r"task_index \[7\] \(episodes \[4\]\) is not in the dataset's"):
+    with pytest.raises(EpisodeMetadataError, match=r"file-002\.parquet: episode 4's rows hold task_index 7\b.*not in"):
         _indices(it)
 
 
@@ -138,3 +138,32 @@ def test_a_subtask_index_not_in_the_subtask_list_is_refused_when_the_iterator_is
     with pytest.raises(EpisodeMetadataError, match=pattern):
         _iterator(concat_datasets([_with_subtasks(make_ds(**V3, seed=1), tmp_path / "other"), root]))
     assert _indices(_iterator(root, episodes=[0, 1, 2, 3], shuffle=False)) == list(range(sum(LENGTHS[:4])))
+
+
+def test_a_task_index_in_a_gap_of_the_task_list_names_its_file_episode_and_own_value_when_read(
+    make_ds, tmp_path
+) -> None:
+    """Task list {0, 1, 3}, a file's rows 0, 2 and 3: its min and max are listed, so only the rows can show 2 is
+    not. The batch's error named the dataset, the episode and the index; in a union, the union, its offset index
+    (6 for the second dataset's 2) and the union's list. It names the data file, the episode and the dataset's
+    own index and list."""
+    first = shutil.copytree(make_ds(**V3), tmp_path / "first")
+    second = shutil.copytree(make_ds(**V3, seed=1), tmp_path / "second")
+    tasks = pq.read_table(first / "meta/tasks.parquet")
+    extra = pa.table({"task_index": [3], tasks.column_names[1]: ["task three"]}, schema=tasks.schema)
+    pq.write_table(pa.concat_tables([tasks, extra]), first / "meta/tasks.parquet")
+    path = first / V3_LAST
+    table = pq.read_table(path)
+    episode = np.asarray(table["episode_index"])
+    values = np.where(episode == 5, 3, 2)
+    values[0] = 0
+    column = pa.array(values, table.schema.field("task_index").type)
+    pq.write_table(table.set_column(table.schema.get_field_index("task_index"), "task_index", column), path)
+    pattern = (
+        r"first/data/chunk-000/file-002\.parquet: episode 4's rows hold task_index 2\b.*which is not in the dataset's "
+        r"task list \(meta/tasks\.parquet, which holds task indices \[0, 1, 3\]\)"
+    )
+    for dataset in (first, concat_datasets([second, first])):
+        it = _iterator(dataset, shuffle=False)  # (nothing in the footer to refuse it by)
+        with pytest.raises(EpisodeMetadataError, match=pattern):
+            _indices(it)
