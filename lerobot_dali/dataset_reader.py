@@ -228,6 +228,7 @@ class LeRobotDatasetReader:
         paths = [self.data_path(first) for first in firsts]
         footers = {path: self.data_file_footers.get(path) for path in paths}
         self._check_task_indices(dict(zip(paths, firsts, strict=True)))
+        self._check_episode_ranges(dict(zip(paths, firsts, strict=True)))
         wanted = [*self.tabular_keys, *self.image_keys]
         if not wanted:
             return
@@ -258,6 +259,39 @@ class LeRobotDatasetReader:
         self._check_listed_indices(firsts, "task")
         if self.subtasks is not None:
             self._check_listed_indices(firsts, "subtask")
+
+    def _check_episode_ranges(self, firsts: Mapping[str, int]) -> None:
+        """Raise EpisodeMetadataError, as reading its rows would (:meth:`_check_rows`), where the ``episode_index``
+        (v3.0: and ``index``) statistics of a data file whose rows are all read (``firsts``: each one's path -> its
+        first episode read) are not those of the episodes the metadata places there: the smallest and largest
+        ``episode_index``, and ``dataset_from_index`` to ``dataset_to_index`` - 1. A file whose rows all read
+        right has exactly these, so nothing that reads is refused; one that does not failed only when a shuffled
+        epoch first reached it."""
+        ep = self.episodes
+        read_rows = ep.rows_read_per_data_file()
+        first_episode, last_episode = ep.data_file_spans(ep.episode_index)
+        first_row, _ = ep.data_file_spans(ep.dataset_from_index)
+        _, stop_row = ep.data_file_spans(ep.dataset_to_index)
+        checked = ["episode_index", *(["index"] if self.info.major_version == "v3" else [])]
+        for path, first in firsts.items():
+            footer = self.data_file_footers.get(path)
+            if footer is None or footer.rows != read_rows[first]:
+                continue  # (rows of episodes left out: the statistics cover them too)
+            expected = {
+                "episode_index": (int(first_episode[first]), int(last_episode[first])),
+                "index": (int(first_row[first]), int(stop_row[first]) - 1),
+            }
+            for column in checked:
+                span = footer.value_ranges.get(column)
+                if column not in self.info.features or span is None or span == expected[column]:
+                    continue  # (a column not declared is not read, nor checked when read)
+                said = {"episode_index": "episodes", "index": "rows (dataset_from_index to dataset_to_index - 1)"}
+                raise EpisodeMetadataError(
+                    f"{path}: its {column} values run from {span[0]} to {span[1]}, but the episode metadata places "
+                    f"{said[column]} {expected[column][0]} to {expected[column][1]} in it; the data file and the "
+                    "episode metadata disagree: rebuild the episode metadata from the data files, or leave that "
+                    "file's episodes out (episodes=[...])"
+                )
 
     def _index_list(self, name: str) -> tuple[Mapping[int, str], str]:
         """The list ``{name}_index`` values name (``name``: "task" or "subtask") and the file it was read from."""

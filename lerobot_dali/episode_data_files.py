@@ -61,7 +61,7 @@ T = TypeVar("T")
 #: Integer columns whose smallest and largest value in each data file the open keeps from the footer's statistics
 #: (:attr:`~lerobot_dali.row_count_store.Footer.value_ranges`), to hold them to the metadata when the iterator is
 #: built (:meth:`~lerobot_dali.dataset_reader.LeRobotDatasetReader.check_data_columns`).
-RANGED_COLUMNS = ("task_index", "subtask_index")
+RANGED_COLUMNS = ("task_index", "subtask_index", "episode_index", "index")
 
 
 def data_file_path(location: DatasetLocation, info: DatasetInfo, chunk_index: int, file_index: int) -> str:
