@@ -372,8 +372,13 @@ def _row_start_in_file(file_id: np.ndarray, from_index: np.ndarray) -> np.ndarra
 def _check_lengths(
     source: str, episode_index: np.ndarray, length: np.ndarray, from_index: np.ndarray, to_index: np.ndarray
 ) -> None:
-    if (np.diff(episode_index) <= 0).any():  # sorted by the callers: a repeat is a non-increase (no np.unique)
-        raise EpisodeMetadataError(f"{source}: episode_index values are not unique")
+    repeated = episode_index[1:][np.diff(episode_index) <= 0]  # sorted by the callers: a repeat is a non-increase
+    if repeated.size:
+        shown = np.unique(repeated)
+        raise EpisodeMetadataError(
+            f"{source}: episode_index values are not unique: episode(s) {shown[:10].tolist()}"
+            f"{' ...' if shown.size > 10 else ''} are listed more than once; list each episode once"
+        )
     bad = np.flatnonzero(to_index - from_index != length)
     if bad.size:
         i = int(bad[0])

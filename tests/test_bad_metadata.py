@@ -388,7 +388,7 @@ def test_a_builtin_error_in_a_worker_names_the_samples(ds: Path, monkeypatch: py
 
 def test_a_repeated_episode_index_is_refused(ds: Path) -> None:
     _set_episode_column(ds, "episode_index", 2, 1)
-    with pytest.raises(EpisodeMetadataError, match="episode_index values are not unique"):
+    with pytest.raises(EpisodeMetadataError, match=r"not unique: episode\(s\) \[1\] are listed more than once"):
         open_dataset(ds)
 
 
