@@ -595,6 +595,13 @@ def open_dataset(
             info.total_episodes,
             len(table),
         )
+    if info.total_frames and info.total_frames != table.total_frames:
+        warn_once(logger,
+            "%s: info.json says total_frames=%d but the episode metadata's lengths add up to %d; reading the "
+            "metadata's (LeRobot 0.4.4 takes len(dataset) from total_frames, so it reads other frames): fix "
+            "total_frames in meta/info.json",
+            location.description, info.total_frames, table.total_frames,
+        )  # fmt: skip
     if len(table) == 0:
         raise DatasetError(f"{location.description}: the episode metadata lists no episodes; nothing to read")
     if episodes is not None:

@@ -386,6 +386,20 @@ def test_a_builtin_error_in_a_worker_names_the_samples(ds: Path, monkeypatch: py
         _first_pass(ds)
 
 
+def test_info_json_totals_that_disagree_with_the_episode_metadata_are_warned_of(ds: Path, caplog) -> None:
+    """LeRobot 0.4.4 takes ``len(dataset)`` from ``total_frames``: a stale one made it sample other frames. Reading
+    keeps the metadata's episodes and lengths; a stale total_frames went unsaid (total_episodes was warned of)."""
+    info_path = ds / "meta/info.json"
+    info = json.loads(info_path.read_text())
+    info_path.write_text(json.dumps({**info, "total_episodes": 5, "total_frames": 75}))
+    with caplog.at_level("WARNING", logger="lerobot_dali.dataset_reader"):
+        reader = open_dataset(ds)
+    assert (reader.num_episodes, reader.num_frames) == (4, 80)
+    said = caplog.text
+    assert "total_episodes=5 but the episode metadata lists 4" in said
+    assert "total_frames=75 but the episode metadata's lengths add up to 80" in said
+
+
 def test_a_repeated_episode_index_is_refused(ds: Path) -> None:
     _set_episode_column(ds, "episode_index", 2, 1)
     with pytest.raises(EpisodeMetadataError, match=r"not unique: episode\(s\) \[1\] are listed more than once"):
