@@ -269,9 +269,8 @@ class LeRobotDatasetReader:
         epoch first reached it."""
         ep = self.episodes
         read_rows = ep.rows_read_per_data_file()
-        first_episode, last_episode = ep.data_file_spans(ep.episode_index)
-        first_row, _ = ep.data_file_spans(ep.dataset_from_index)
-        _, stop_row = ep.data_file_spans(ep.dataset_to_index)
+        spans = ep.data_file_spans(ep.episode_index, ep.dataset_from_index, ep.dataset_to_index)
+        (first_episode, last_episode), (first_row, _), (_, stop_row) = spans
         checked = ["episode_index", *(["index"] if self.info.major_version == "v3" else [])]
         for path, first in firsts.items():
             footer = self.data_file_footers.get(path)

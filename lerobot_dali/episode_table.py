@@ -85,16 +85,19 @@ class EpisodeTable:
         holds every episode of it; fewer where it was opened with some left out)."""
         return _rows_per_file(_file_ids(self.data_chunk_index, self.data_file_index), self.length)
 
-    def data_file_spans(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per episode, the smallest and the largest of ``values`` (one per episode) over this table's episodes of
-        its data file."""
+    def data_file_spans(self, *values: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """For each of ``values`` (one per episode): per episode, the smallest and the largest of it over this
+        table's episodes of its data file."""
         file_id = _file_ids(self.data_chunk_index, self.data_file_index)
         count = int(file_id.max()) + 1 if file_id.size else 0
-        low = np.full(count, np.iinfo(np.int64).max, dtype=np.int64)
-        high = np.full(count, np.iinfo(np.int64).min, dtype=np.int64)
-        np.minimum.at(low, file_id, values)
-        np.maximum.at(high, file_id, values)
-        return low[file_id], high[file_id]
+        spans = []
+        for column in values:
+            low = np.full(count, np.iinfo(np.int64).max, dtype=np.int64)
+            high = np.full(count, np.iinfo(np.int64).min, dtype=np.int64)
+            np.minimum.at(low, file_id, column)
+            np.maximum.at(high, file_id, column)
+            spans.append((low[file_id], high[file_id]))
+        return spans
 
     def with_data_rows(self, chunk_index: np.ndarray, file_index: np.ndarray, row_start: np.ndarray) -> EpisodeTable:
         """This table with each episode's rows found elsewhere: its data file and its first row there. (Call it on
