@@ -332,16 +332,19 @@ class LeRobotDatasetReader:
         indices. ``dataset``: the row's ``dataset_index`` in a union (which names the member). ``more``: other
         such rows in the batch."""
         listed, file = self._index_list(name)
-        ep = self.episodes
-        pos = int(np.searchsorted(ep.episode_index, episode_index))
-        found = pos < len(ep) and int(ep.episode_index[pos]) == episode_index
-        where = self.data_path(pos) if found else self.location.description
+        where = self._data_file_of(episode_index) or self.location.description
         others = f" (and {more} more row(s) of the batch)" if more else ""
         return EpisodeMetadataError(
             f"{where}: episode {episode_index}'s rows hold {name}_index {index}{others}, which is not in the "
             f"dataset's {name} list ({file}, which holds {name} indices {sorted(listed)[:20]}); the data rows and the "
             f"{name} list disagree: fix one of them, or leave the episode out (episodes=[...])"
         )
+
+    def _data_file_of(self, episode_index: int) -> str | None:
+        """The data file of the episode whose ``episode_index`` this is, None where none is read."""
+        ep = self.episodes
+        pos = int(np.searchsorted(ep.episode_index, episode_index))
+        return self.data_path(pos) if pos < len(ep) and int(ep.episode_index[pos]) == episode_index else None
 
     def read_stats(self) -> FeatureStats:
         """The dataset's feature statistics, as LeRobot reads them (:func:`~.dataset_stats.read_dataset_stats`)."""

@@ -211,6 +211,9 @@ class DatasetUnion(LeRobotDatasetReader):
         own = index - self.task_offsets[dataset] if name == "task" else index
         return self.members[dataset].unlisted_index_error(name, own, episode_index, more=more)
 
+    def _data_file_of(self, episode_index: int) -> str | None:
+        return None  # (every dataset has its own episode 0, 1, ...: the row's dataset_index names its file)
+
     def first_episodes(self) -> list[int]:
         return [int(start) for start, stop in zip(self.starts[:-1], self.starts[1:], strict=True) if stop > start]
 

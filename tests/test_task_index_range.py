@@ -145,7 +145,7 @@ def test_a_task_index_in_a_gap_of_the_task_list_names_its_file_episode_and_own_v
 ) -> None:
     """Task list {0, 1, 3}, a file's rows 0, 2 and 3: its min and max are listed, so only the rows can show 2 is
     not. The batch's error named the dataset, the episode and the index; in a union, the union, its offset index
-    (6 for the second dataset's 2) and the union's list. It names the data file, the episode and the dataset's
+    (4 for the second dataset's 2 here) and the union's list. It names the data file, the episode and the dataset's
     own index and list."""
     first = shutil.copytree(make_ds(**V3), tmp_path / "first")
     second = shutil.copytree(make_ds(**V3, seed=1), tmp_path / "second")
@@ -167,3 +167,9 @@ def test_a_task_index_in_a_gap_of_the_task_list_names_its_file_episode_and_own_v
         it = _iterator(dataset, shuffle=False)  # (nothing in the footer to refuse it by)
         with pytest.raises(EpisodeMetadataError, match=pattern):
             _indices(it)
+    # A union in a mixture has no dataset_index in its rows: its error names the union, not a file of a dataset
+    # that has an episode 4 of its own.
+    mix = DALILeRobotMixture([concat_datasets([second, first])], batch_size=4, device="cpu", num_workers=0)
+    with pytest.raises(EpisodeMetadataError, match=r"^union of .*: episode 4's rows hold task_index 4\b"):
+        list(mix)
+    mix.close()
