@@ -229,6 +229,7 @@ class LeRobotDatasetReader:
         footers = {path: self.data_file_footers.get(path) for path in paths}
         self._check_task_indices(dict(zip(paths, firsts, strict=True)))
         self._check_episode_ranges(dict(zip(paths, firsts, strict=True)))
+        self._check_episode_tasks(dict(zip(paths, firsts, strict=True)))
         wanted = [*self.tabular_keys, *self.image_keys]
         if not wanted:
             return
@@ -291,6 +292,44 @@ class LeRobotDatasetReader:
                     "episode metadata disagree: rebuild the episode metadata from the data files, or leave that "
                     "file's episodes out (episodes=[...])"
                 )
+
+    def _check_episode_tasks(self, firsts: Mapping[str, int]) -> None:
+        """Warn where every row of a data file (``firsts``: each one's path -> its first episode read) holds one
+        ``task_index`` (its statistics' min and max), yet the episode metadata's ``tasks`` of one of its episodes
+        lacks that index's text: the task list was most likely renumbered or edited apart from the data, so the
+        ``task`` strings batches carry (the task list's text of each row's index, as LeRobot's) may be another
+        task's. Not refused: LeRobot reads it, and the episode lists are only metadata."""
+        ep = self.episodes
+        read_rows = ep.rows_read_per_data_file()
+        ids = ep.data_file_ids()
+        single: dict[int, int] = {}  # data file id -> its one task_index
+        for path, first in firsts.items():
+            footer = self.data_file_footers.get(path)
+            span = None if footer is None else footer.value_ranges.get("task_index")
+            if footer is None or span is None or span[0] != span[1] or span[0] not in self.tasks:
+                continue
+            if footer.rows == read_rows[first]:
+                single[int(ids[first])] = span[0]
+        if not single:
+            return
+        files = np.fromiter(single, np.int64, len(single))
+        order = np.argsort(files)
+        positions = np.flatnonzero(np.isin(ids, files))
+        task_index = np.fromiter(single.values(), np.int64, len(single))[order][
+            np.searchsorted(files[order], ids[positions])
+        ]
+        lacking = ep.lacking_task(positions, task_index, self.tasks)
+        if not lacking.size:
+            return
+        at = int(lacking[0])
+        pos = int(positions[at])
+        warn_once(logger,
+            "%s: every row holds task_index %d, %r in the task list, but the episode metadata lists episode %d's "
+            "tasks as %s (%d such episode(s)): the task list may have been renumbered apart from the data files; "
+            "batches carry the task list's text of each row's task_index (as LeRobot's do): check the task list",
+            self.data_path(pos), int(task_index[at]), self.tasks[int(task_index[at])], int(ep.episode_index[pos]),
+            ep.tasks[pos].as_py(), lacking.size,
+        )  # fmt: skip
 
     def _index_list(self, name: str) -> tuple[Mapping[int, str], str]:
         """The list ``{name}_index`` values name (``name``: "task" or "subtask") and the file it was read from."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -84,6 +84,26 @@ class EpisodeTable:
         """Per episode, the rows this table's episodes take from its data file (all of the file's where the table
         holds every episode of it; fewer where it was opened with some left out)."""
         return _rows_per_file(_file_ids(self.data_chunk_index, self.data_file_index), self.length)
+
+    def data_file_ids(self) -> np.ndarray:
+        """Per episode, a number naming its data file among this table's (0, 1, ...)."""
+        return _file_ids(self.data_chunk_index, self.data_file_index)
+
+    def lacking_task(self, positions: np.ndarray, task_index: np.ndarray, tasks: Mapping[int, str]) -> np.ndarray:
+        """Of the episodes at ``positions``, those (indices into ``positions``) whose ``tasks`` list is not empty
+        (nor missing) and lacks the text ``tasks`` gives their ``task_index`` (one per position, each in
+        ``tasks``)."""
+        every = len(positions) == len(self.tasks)  # (positions ascend: all of them in order)
+        lists = self.tasks if every else self.tasks.take(pa.array(positions, pa.int64()))
+        listed = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
+        parents = np.asarray(pc.list_parent_indices(lists).to_numpy(zero_copy_only=False), dtype=np.int64)
+        used = np.unique(task_index)
+        texts = pa.array([tasks[int(i)] for i in used], pa.string())
+        flat = pc.index_in(pc.list_flatten(lists), value_set=texts)  # (each listed text's place in ``texts``)
+        codes = np.asarray(pc.fill_null(flat, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+        wanted = np.searchsorted(used, task_index)
+        found = np.bincount(parents[codes == wanted[parents]], minlength=len(positions))
+        return np.flatnonzero((listed > 0) & (found == 0))
 
     def data_file_spans(self, *values: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         """For each of ``values`` (one per episode): per episode, the smallest and the largest of it over this

@@ -5,6 +5,8 @@ its rows, maybe hours into training. A file written without statistics is refuse
 
 from __future__ import annotations
 
+import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -173,3 +175,41 @@ def test_a_task_index_in_a_gap_of_the_task_list_names_its_file_episode_and_own_v
     with pytest.raises(EpisodeMetadataError, match=r"^union of .*: episode 4's rows hold task_index 4\b"):
         list(mix)
     mix.close()
+
+
+def _swap_first_two_tasks(root: Path) -> None:
+    """The task list's texts of task 0 and 1 swapped (renumbered apart from the data files)."""
+    jsonl = root / "meta/tasks.jsonl"
+    if jsonl.exists():
+        records = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+        records[0]["task"], records[1]["task"] = records[1]["task"], records[0]["task"]
+        jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
+        return
+    path = root / "meta/tasks.parquet"
+    table = pq.read_table(path)
+    text = table.column_names[1]
+    swapped = pa.array([table[text][1].as_py(), table[text][0].as_py(), *table[text].to_pylist()[2:]])
+    pq.write_table(table.set_column(1, text, swapped), path)
+
+
+@pytest.mark.parametrize("spec", [V2, dict(V3, episodes_per_file=1)], ids=["v2", "v3"])
+def test_a_task_list_renumbered_apart_from_the_data_is_warned_of_when_the_iterator_is_built(
+    make_ds, copy_ds, spec, caplog
+) -> None:
+    """Each data file holds one task_index, and the episode metadata names each episode's task: where the task
+    list gives that index another text, batches would carry another task's text (as LeRobot's would), silently."""
+    root = copy_ds(make_ds(**spec))
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.dataset_reader"):
+        open_dataset(root).check_data_columns()
+    assert "renumbered" not in caplog.text
+    _swap_first_two_tasks(root)
+    reader = open_dataset(root)
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.dataset_reader"):
+        reader.check_data_columns()
+    first = reader.data_path(0)
+    said = (
+        f"{first}: every row holds task_index 0, 'synthetic task 1: move the marker' in the task list, but the "
+        "episode metadata lists episode 0's tasks as ['synthetic task 0: move the marker'] (6 such episode(s)): the "
+        "task list may have been renumbered apart from the data files"
+    )
+    assert said in caplog.text
