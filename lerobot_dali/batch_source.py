@@ -133,8 +133,6 @@ class SourceSpec:
     #: episode's data file; every episode's rows are given that shape, every other scalar's (B,). None: each
     #: file's own.
     listed_scalars: frozenset[str] | None = None
-    #: Per worker: encoded images of recently read episodes kept in memory.
-    image_cache_bytes: int = 256 * 2**20
     #: The stream's identity, which random augmentation draws are keyed by.
     seed: int = 0
     rank: int = 0
@@ -236,7 +234,12 @@ class BatchSource:
         # And open, those of the cameras the worker decodes itself (DALI decodes the others' clips): fewer reopened.
         decoded_here = sum(f.depth or f.planes or f.route.dali_device is None for f in self.spec.camera_feeds.values())
         self._decoder = CpuFrameDecoder(options=self.spec.cpu_decode, files_in_use=pool * decoded_here)
-        self._images = EpisodeImageCache(self.spec.reader.read_episode_images, max_bytes=self.spec.image_cache_bytes)
+        # Likewise every pooled episode's encoded images, per image camera, while they fit the budget (else said).
+        self._images = EpisodeImageCache(
+            self.spec.reader.read_episode_images,
+            max_bytes=self.spec.cpu_decode.image_cache_bytes,
+            entries_in_use=pool * len(self.spec.image_keys),
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         return {"spec": self.spec, "fields": self.fields}

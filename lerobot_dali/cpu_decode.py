@@ -68,6 +68,8 @@ Pixels = Literal["rgb", "planes", "depth"]
 #: for r1's 640x360; up to 24 with 16 reference frames; dav1d holds less): at one thread, seven 1080p or 48
 #: 480p H.264 decoders.
 DECODER_MEMORY_BYTES, DECODER_FRAMES, MIN_OPEN_DECODERS = 256 * 2**20, 12, 8
+#: Per worker: encoded images of image cameras kept, by default (:attr:`CpuDecodeOptions.image_cache_bytes`).
+IMAGE_CACHE_BYTES = 256 * 2**20
 #: Open files kept per process when the options leave it (``max_open_decoders=None``) and no pool says more.
 DEFAULT_OPEN_DECODERS = 64
 #: What an open remote file adds to its decoder: fsspec's read-ahead block (5 MiB for HTTP), with margin.
@@ -121,6 +123,11 @@ class CpuDecodeOptions:
     per worker, over the default budget, which a worker then says once.
     ``color_conversion``: where frames become RGB; converting in the graph makes ``backend=AUTO`` decode with
     PyAV, since torchcodec hands over RGB only.
+    ``image_cache_bytes``: image cameras (``dtype: "image"``, always decoded in the workers, by Pillow): the
+    encoded images of recently read episodes kept per worker (:class:`~.image_frames.EpisodeImageCache`). A
+    sample of an episode not kept reads the camera's whole column of that episode again (~2 ms per MB: 85 ms for
+    a 40 MB episode, ten times its PNG decode); a worker whose episode pool does not fit says so once, with the
+    bytes that would hold it.
     """
 
     backend: CpuDecoderBackend = CpuDecoderBackend.AUTO
@@ -128,6 +135,7 @@ class CpuDecodeOptions:
     max_open_decoders: int | None = None
     max_decoder_memory_bytes: int = DECODER_MEMORY_BYTES
     color_conversion: ColorConversion = ColorConversion.AUTO
+    image_cache_bytes: int = IMAGE_CACHE_BYTES
 
     def __post_init__(self) -> None:
         if not isinstance(self.backend, CpuDecoderBackend):
@@ -141,7 +149,12 @@ class CpuDecodeOptions:
             )
         check_int_fields(
             self,
-            (("threads_per_decoder", 0), ("max_open_decoders", 1), ("max_decoder_memory_bytes", 1)),
+            (
+                ("threads_per_decoder", 0),
+                ("max_open_decoders", 1),
+                ("max_decoder_memory_bytes", 1),
+                ("image_cache_bytes", 0),
+            ),
             optional=("max_open_decoders",),
         )
 

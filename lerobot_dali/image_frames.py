@@ -14,6 +14,7 @@ LeRobot reads them.
 from __future__ import annotations
 
 import io
+import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,11 +23,14 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import DataFileError, cameras_hint
+from .said_once import warn_once
 
 if TYPE_CHECKING:
     from .dataset_reader import LeRobotDatasetReader
 
 __all__ = ["EpisodeImageCache", "decode_depth_images", "decode_images", "image_label"]
+
+logger = logging.getLogger(__name__)
 
 
 #: Pillow modes of grey images, read as one channel (alpha dropped).
@@ -168,16 +172,21 @@ class EpisodeImageCache:
     """Per worker: ``(episode_pos, camera) -> encoded images``, least recently used first out past ``max_bytes``.
 
     ``read(episode_pos, camera)`` loads one episode's images (e.g. ``LeRobotDatasetReader.read_episode_images``).
-    An episode larger than the bound is still returned, just not kept.
+    An episode larger than the bound is still returned, just not kept. ``entries_in_use``: the (episode, camera)
+    pairs the caller's samples cycle through (a worker: its episode pool's, per image camera); a bound that cannot
+    hold them is said once, with the bytes that would: samples then draw episodes at random among more than are
+    kept, and most of them read their episode's whole image column again (parquet decodes whole row groups).
     """
 
-    def __init__(self, read: Callable[[int, str], pa.Array], *, max_bytes: int) -> None:
+    def __init__(self, read: Callable[[int, str], pa.Array], *, max_bytes: int, entries_in_use: int = 0) -> None:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self._read = read
         self._max_bytes = max_bytes
+        self.entries_in_use = entries_in_use
         self._entries: OrderedDict[tuple[int, str], pa.Array] = OrderedDict()
         self._bytes = 0
+        self._said_short = False
 
     def get(self, episode_pos: int, camera: str) -> pa.Array:
         key = (episode_pos, camera)
@@ -186,13 +195,33 @@ class EpisodeImageCache:
             self._entries.move_to_end(key)
             return images
         images = self._read(episode_pos, camera)
-        if images.nbytes <= self._max_bytes:
-            self._entries[key] = images
-            self._bytes += images.nbytes
-            while self._bytes > self._max_bytes:
-                _, old = self._entries.popitem(last=False)
-                self._bytes -= old.nbytes
+        if images.nbytes > self._max_bytes:
+            self._say_short(images.nbytes)
+            return images
+        self._entries[key] = images
+        self._bytes += images.nbytes
+        while self._bytes > self._max_bytes:
+            self._say_short(self._bytes // len(self._entries))
+            _, old = self._entries.popitem(last=False)
+            self._bytes -= old.nbytes
         return images
+
+    def _say_short(self, each: int) -> None:
+        """Said once where the bound drops an entry while holding fewer than are in use (``each``: bytes each)."""
+        if self._said_short or not self.entries_in_use or len(self._entries) > self.entries_in_use:
+            return
+        self._said_short = True  # (once per cache: the sizes in the message vary from episode to episode)
+        warn_once(
+            logger,
+            "image cameras: the worker's samples draw from up to %d episodes' images (episode pool x image "
+            "cameras) of ~%.1f MB each, but image_cache_bytes=%d keeps fewer, so most samples read their "
+            "episode's images from the data file again (~2 ms per MB); raise CpuDecodeOptions(image_cache_bytes="
+            "...) (about %d per worker holds them all), or lower episode_pool_size",
+            self.entries_in_use,
+            each / 2**20,
+            self._max_bytes,
+            self.entries_in_use * each,
+        )
 
     @property
     def nbytes(self) -> int:

@@ -6,10 +6,13 @@ frame is compared pixel for pixel with the frame that was written.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import Counter
+from dataclasses import replace
 from io import BytesIO
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -19,8 +22,10 @@ import torch
 from PIL import Image
 
 from lerobot_dali.augment import AugmentConfig, ColorJitter, Normalize
+from lerobot_dali.batch_source import BatchSource
+from lerobot_dali.cpu_decode import CpuDecodeOptions
 from lerobot_dali.dataset_check import check_dataset
-from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.dataset_reader import LeRobotDatasetReader, open_dataset
 from lerobot_dali.errors import DataFileError, SchemaMismatchError
 from lerobot_dali.frame_marker import draw_marker, read_full_marker
 from lerobot_dali.generate import expected_state
@@ -315,6 +320,56 @@ def test_episode_image_cache_is_bounded_by_bytes() -> None:
     assert cache.nbytes <= 500
     cache.get(9, "cam")
     assert reads[-2:] == [(9, "cam"), (9, "cam")]
+
+
+def test_a_workers_image_cache_takes_its_budget_and_says_when_the_pool_does_not_fit(
+    make_ds, caplog, monkeypatch
+) -> None:
+    """CpuDecodeOptions(image_cache_bytes=...) bounds the workers' cache of encoded images; one that cannot hold
+    the episode pool's images (pool x image cameras) rereads episodes, and is said once with the bytes that would."""
+    root = _images_dataset(make_ds, "v2.1")
+    reader = open_dataset(root)
+    entries = [(p, c) for p in range(len(LENGTHS)) for c in (CAM0, CAM1)]
+    need = sum(reader.read_episode_images(p, c).nbytes for p, c in entries)
+    reads: list[tuple[int, str]] = []
+    plain = LeRobotDatasetReader.read_episode_images
+
+    def counted(self, episode_pos, key, **kwargs):
+        reads.append((episode_pos, key))
+        return plain(self, episode_pos, key, **kwargs)
+
+    it = DALILeRobotIterator(
+        root, batch_size=4, delta_timestamps=DELTAS, seed=1, episode_pool_size=len(LENGTHS), device="cpu",
+        num_workers=0, drop_last=False, return_uint8=True, cpu_decode=CpuDecodeOptions(image_cache_bytes=need),
+    )  # fmt: skip
+    next(iter(it))
+    spec = it._spec
+    it.close()
+    monkeypatch.setattr(LeRobotDatasetReader, "read_episode_images", counted)
+    epoch = [SimpleNamespace(epoch_idx=0, iteration=i) for i in range(5)]  # 17 samples in batches of 4
+    outputs, said = {}, {}
+    for budget in (need, need - 1, 0):
+        reads.clear()
+        caplog.clear()
+        source = BatchSource(replace(spec, cpu_decode=CpuDecodeOptions(image_cache_bytes=budget)))
+        with caplog.at_level(logging.WARNING, logger="lerobot_dali.image_frames"):
+            outputs[budget] = [source(info) for info in epoch]
+        said[budget] = [r.getMessage() for r in caplog.records if "image_cache_bytes" in r.getMessage()]
+        counts = Counter(reads)
+        if budget == need:  # the pool's 8 (episode, camera) pairs, each read once
+            assert sorted(counts) == entries and set(counts.values()) == {1} and said[budget] == []
+        else:
+            assert len(reads) > len(entries) and len(said[budget]) == 1
+            assert "draw from up to 8 episodes' images (episode pool x image cameras)" in said[budget][0]
+            assert f"image_cache_bytes={budget} keeps fewer" in said[budget][0]
+    assert len(reads) == 2 * sum(LENGTHS)  # nothing kept: every sample reads both cameras' images
+    for budget in (need - 1, 0):  # the same samples, whatever is kept
+        for batch, same in zip(outputs[need], outputs[budget], strict=True):
+            for got, want in zip(batch, same, strict=True):
+                np.testing.assert_array_equal(np.stack(got), np.stack(want))
+    assert CpuDecodeOptions().image_cache_bytes == 256 * 2**20
+    with pytest.raises(ValueError, match="image_cache_bytes must be an int >= 0, got -1"):
+        CpuDecodeOptions(image_cache_bytes=-1)
 
 
 def test_image_dataset_over_a_remote_matches_local(make_ds) -> None:
