@@ -617,6 +617,9 @@ class CpuFrameDecoder:
         self.files_in_use = files_in_use
         # key -> (open decoder, its estimated memory), least recently used first
         self._readers: OrderedDict[Hashable, tuple[_Reader, int]] = OrderedDict()
+        #: Their estimated memory in all, kept as they come and go (summed afresh per eviction, it cost O(open
+        #: files) per reopen: 37 us at 250 open, more than a 64x96 frame's decode share).
+        self._open_bytes = 0
         self._pid = os.getpid()
         self._backend: CpuDecoderBackend | None = None
         #: Files torchcodec misread (:class:`_MisplacedFrames`), by source key: PyAV decodes them.
@@ -759,7 +762,7 @@ class CpuFrameDecoder:
         try:
             return decoder.frames_at(index, plan, payloads)
         except Exception:
-            self._readers.pop(key, None)
+            self._forget(key)
             decoder.close()
             raise
 
@@ -813,7 +816,7 @@ class CpuFrameDecoder:
                 by_pts = cast(_TorchCodecReader, reader).frames_at(index, requested, size)
         except _MisplacedFrames as e:
             if key is not None:
-                self._readers.pop(key, None)
+                self._forget(key)
             reader.close()
             _require_pyav_decoder(index)  # (else the file's codec has no CPU decoder here but torchcodec's)
             warn_once(logger, "%s: torchcodec %s (keyframes flagged where decoding cannot start: intra refresh?); "
@@ -831,12 +834,18 @@ class CpuFrameDecoder:
             )
         except Exception:
             if key is not None:
-                self._readers.pop(key, None)
+                self._forget(key)
             reader.close()
             raise
         if key is None:
             reader.close()
         return [by_pts[int(p)] for p in index.frame_pts[requested].tolist()]
+
+    def _forget(self, key: Hashable) -> None:
+        """Drop ``key``'s decoder from the open ones, if there (the caller closes it)."""
+        entry = self._readers.pop(key, None)
+        if entry is not None:
+            self._open_bytes -= entry[1]
 
     def _reader(self, key: Hashable) -> _Reader | None:
         entry = self._readers.get(key)
@@ -845,12 +854,13 @@ class CpuFrameDecoder:
     def _remember(self, key: Hashable, reader: _Reader, index: PacketIndex, *, handle_bytes: int = 0) -> None:
         threads = self.options.threads_per_decoder or _ffmpeg_auto_threads()
         frames = DECODER_FRAMES * threads  # frame threads each hold frames in flight (measured: 2-4x at 4 threads)
-        self._readers[key] = (reader, frames * index.width * index.height * 3 // 2 + handle_bytes)
+        self._forget(key)
+        size = frames * index.width * index.height * 3 // 2 + handle_bytes
+        self._readers[key] = (reader, size)
+        self._open_bytes += size
         budget = self.options.max_decoder_memory_bytes
         limit = self.max_open
-        while len(self._readers) > limit or (
-            len(self._readers) > MIN_OPEN_DECODERS and sum(size for _, size in self._readers.values()) > budget
-        ):
+        while len(self._readers) > limit or (len(self._readers) > MIN_OPEN_DECODERS and self._open_bytes > budget):
             if len(self._readers) <= min(limit, self.files_in_use):
                 each = self._readers[key][1]
                 warn_once(
@@ -865,7 +875,8 @@ class CpuFrameDecoder:
                     budget,
                     self.files_in_use * each,
                 )
-            _, (evicted, _) = self._readers.popitem(last=False)
+            _, (evicted, evicted_bytes) = self._readers.popitem(last=False)
+            self._open_bytes -= evicted_bytes
             evicted.close()
 
     def _drop_inherited(self) -> None:
@@ -873,13 +884,15 @@ class CpuFrameDecoder:
             # Inherited through fork: the parent still uses these; dropping them without closing keeps
             # the parent's FFmpeg state untouched.
             self._readers = OrderedDict()
+            self._open_bytes = 0
             self._pid = os.getpid()
 
     def close(self) -> None:
         """Close this process's open decoders."""
         self._drop_inherited()
         while self._readers:
-            _, (reader, _) = self._readers.popitem(last=False)
+            _, (reader, size) = self._readers.popitem(last=False)
+            self._open_bytes -= size
             reader.close()
 
     def __getstate__(self) -> dict[str, Any]:

@@ -269,6 +269,42 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
     decoder.close()
 
 
+def test_the_memory_bound_holds_as_decoders_fail_close_and_reopen(marker_video: MarkerVideo, tmp_path, monkeypatch):
+    """The open decoders' memory is kept as a running total: a decoder dropped when its decode fails, or closed,
+    gives its share back, so the budget keeps exactly as many open as before."""
+    import lerobot_dali.cpu_decode as cpu_decode
+
+    source = marker_video("vp9", 2)
+    paths = [shutil.copy(source, tmp_path / f"{i}.webm") for i in range(14)]
+    index = build_packet_index(source)
+    per_decoder = cpu_decode.DECODER_FRAMES * index.width * index.height * 3 // 2
+    options = CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, max_decoder_memory_bytes=10 * per_decoder)
+    decoder = CpuFrameDecoder(options=options)
+    first = [decoder.decode(path, index, [5]) for path in paths[:10]]
+    assert decoder.open_decoders == 10
+    plain = cpu_decode._PyAvReader.frames_at
+
+    def failing(self, *args, **kwargs):
+        raise VideoDecodeError("broken")
+
+    monkeypatch.setattr(cpu_decode._PyAvReader, "frames_at", failing)
+    with pytest.raises(VideoDecodeError, match="broken"):
+        decoder.decode(paths[10], index, [5])  # opened (one evicted for it), then dropped
+    monkeypatch.setattr(cpu_decode._PyAvReader, "frames_at", plain)
+    assert decoder.open_decoders == 9
+    decoder.decode(paths[11], index, [5])
+    assert decoder.open_decoders == 10  # its share was given back: room for one more
+    decoder.decode(paths[12], index, [5])
+    assert decoder.open_decoders == 10
+    decoder.close()
+    assert decoder.open_decoders == 0
+    again = [decoder.decode(path, index, [5]) for path in paths[:10]]
+    assert decoder.open_decoders == 10  # after close, the full budget again
+    for got, want in zip(again, first, strict=True):
+        np.testing.assert_array_equal(got, want)
+    decoder.close()
+
+
 _FORK_DECODER: CpuFrameDecoder | None = None
 
 
