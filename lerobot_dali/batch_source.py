@@ -234,11 +234,12 @@ class BatchSource:
         # And open, those of the cameras the worker decodes itself (DALI decodes the others' clips): fewer reopened.
         decoded_here = sum(f.depth or f.planes or f.route.dali_device is None for f in self.spec.camera_feeds.values())
         self._decoder = CpuFrameDecoder(options=self.spec.cpu_decode, files_in_use=pool * decoded_here)
-        # Likewise every pooled episode's encoded images, per image camera, while they fit the budget (else said).
+        # Likewise the encoded images of every pooled episode (of those the dataset has), per image camera, while
+        # they fit the budget (else said).
         self._images = EpisodeImageCache(
             self.spec.reader.read_episode_images,
             max_bytes=self.spec.cpu_decode.image_cache_bytes,
-            entries_in_use=pool * len(self.spec.image_keys),
+            entries_in_use=min(pool, self.spec.reader.num_episodes) * len(self.spec.image_keys),
         )
 
     def __getstate__(self) -> dict[str, Any]:

@@ -326,7 +326,8 @@ def test_a_workers_image_cache_takes_its_budget_and_says_when_the_pool_does_not_
     make_ds, caplog, monkeypatch
 ) -> None:
     """CpuDecodeOptions(image_cache_bytes=...) bounds the workers' cache of encoded images; one that cannot hold
-    the episode pool's images (pool x image cameras) rereads episodes, and is said once with the bytes that would."""
+    the episode pool's images (pool x image cameras; a pool of 64 holds the dataset's 4 episodes) rereads episodes,
+    and is said once with the bytes that would."""
     root = _images_dataset(make_ds, "v2.1")
     reader = open_dataset(root)
     entries = [(p, c) for p in range(len(LENGTHS)) for c in (CAM0, CAM1)]
@@ -339,7 +340,7 @@ def test_a_workers_image_cache_takes_its_budget_and_says_when_the_pool_does_not_
         return plain(self, episode_pos, key, **kwargs)
 
     it = DALILeRobotIterator(
-        root, batch_size=4, delta_timestamps=DELTAS, seed=1, episode_pool_size=len(LENGTHS), device="cpu",
+        root, batch_size=4, delta_timestamps=DELTAS, seed=1, episode_pool_size=64, device="cpu",
         num_workers=0, drop_last=False, return_uint8=True, cpu_decode=CpuDecodeOptions(image_cache_bytes=need),
     )  # fmt: skip
     next(iter(it))
@@ -362,6 +363,8 @@ def test_a_workers_image_cache_takes_its_budget_and_says_when_the_pool_does_not_
             assert len(reads) > len(entries) and len(said[budget]) == 1
             assert "draw from up to 8 episodes' images (episode pool x image cameras)" in said[budget][0]
             assert f"image_cache_bytes={budget} keeps fewer" in said[budget][0]
+            held = int(re.search(r"about (\d+) per worker holds them all", said[budget][0]).group(1))
+            assert need // 2 <= held <= 2 * need  # 8 entries of their mean size, not 64 x 2
     assert len(reads) == 2 * sum(LENGTHS)  # nothing kept: every sample reads both cameras' images
     for budget in (need - 1, 0):  # the same samples, whatever is kept
         for batch, same in zip(outputs[need], outputs[budget], strict=True):
