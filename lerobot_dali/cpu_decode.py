@@ -874,6 +874,7 @@ class CpuFrameDecoder:
                     each / 2**20,
                     budget,
                     self.files_in_use * each,
+                    key="cpu_decode.max_decoder_memory_bytes",  # (each worker's numbers its own: said once a job)
                 )
             _, (evicted, evicted_bytes) = self._readers.popitem(last=False)
             self._open_bytes -= evicted_bytes

@@ -210,7 +210,7 @@ class EpisodeImageCache:
         """Said once where the bound drops an entry while holding fewer than are in use (``each``: bytes each)."""
         if self._said_short or not self.entries_in_use or len(self._entries) > self.entries_in_use:
             return
-        self._said_short = True  # (once per cache: the sizes in the message vary from episode to episode)
+        self._said_short = True
         warn_once(
             logger,
             "image cameras: the worker's samples draw from up to %d episodes' images (episode pool x image "
@@ -221,6 +221,7 @@ class EpisodeImageCache:
             each / 2**20,
             self._max_bytes,
             self.entries_in_use * each,
+            key="image_cache_bytes",  # (each worker's numbers its own: said once a job)
         )
 
     @property

@@ -43,10 +43,13 @@ _said: set[str] = set()  # this process's, whatever the folder
 _sharing = 0  # threads within shared_with_children
 
 
-def warn_once(logger: logging.Logger, message: str, *args: Any) -> None:
-    """``logger.warning(message, *args)`` in the first process of the job to say it; DEBUG in the others."""
+def warn_once(logger: logging.Logger, message: str, *args: Any, key: str | None = None) -> None:
+    """``logger.warning(message, *args)`` in the first process of the job to say it; DEBUG in the others.
+
+    ``key``: what makes two warnings the same, where not their text: a fact each worker measures its own numbers
+    for (a cache's shortfall, by the episodes it drew) is said once with the first one's."""
     text = message % args if args else message
-    logger.log(logging.WARNING if _first(text) else logging.DEBUG, message, *args)
+    logger.log(logging.WARNING if _first(text if key is None else f"key:{key}") else logging.DEBUG, message, *args)
 
 
 @contextmanager

@@ -21,6 +21,7 @@ import pytest
 import torch
 from PIL import Image
 
+from lerobot_dali import said_once
 from lerobot_dali.augment import AugmentConfig, ColorJitter, Normalize
 from lerobot_dali.batch_source import BatchSource
 from lerobot_dali.cpu_decode import CpuDecodeOptions
@@ -323,7 +324,7 @@ def test_episode_image_cache_is_bounded_by_bytes() -> None:
 
 
 def test_a_workers_image_cache_takes_its_budget_and_says_when_the_pool_does_not_fit(
-    make_ds, caplog, monkeypatch
+    make_ds, caplog, monkeypatch, tmp_path: Path
 ) -> None:
     """CpuDecodeOptions(image_cache_bytes=...) bounds the workers' cache of encoded images; one that cannot hold
     the episode pool's images (pool x image cameras; a pool of 64 holds the dataset's 4 episodes) rereads episodes,
@@ -352,6 +353,9 @@ def test_a_workers_image_cache_takes_its_budget_and_says_when_the_pool_does_not_
     for budget in (need, need - 1, 0):
         reads.clear()
         caplog.clear()
+        monkeypatch.setattr(said_once, "_said", set())  # (each budget a job of its own: said once by its key)
+        monkeypatch.setenv(said_once.SAID_ENV, str(tmp_path / f"said-{budget}"))
+        (tmp_path / f"said-{budget}").mkdir()
         source = BatchSource(replace(spec, cpu_decode=CpuDecodeOptions(image_cache_bytes=budget)))
         with caplog.at_level(logging.WARNING, logger="lerobot_dali.image_frames"):
             outputs[budget] = [source(info) for info in epoch]

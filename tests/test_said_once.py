@@ -69,6 +69,25 @@ def test_the_ranks_of_a_node_say_a_warning_once(tmp_path: Path, monkeypatch: pyt
     assert len(list(tmp_path.glob("lerobot-dali-said-*"))) == 1  # (the agent's)
 
 
+def test_a_warning_whose_numbers_differ_between_processes_is_said_once_by_its_key(tmp_path: Path, monkeypatch) -> None:
+    """A cache's shortfall (images, open decoders) carries each worker's own measures: matched by text, every worker
+    of every rank said it, again each epoch."""
+    monkeypatch.delenv(said_once.SAID_ENV)
+    rank = textwrap.dedent("""
+        import logging, os
+        from lerobot_dali.said_once import warn_once
+        logging.basicConfig(format="%(levelname)s %(message)s", level=logging.DEBUG)
+        log = logging.getLogger("lerobot_dali.test")
+        warn_once(log, "short by %d", os.getpid(), key="shortfall")
+        warn_once(log, "short by %d", os.getpid(), key="shortfall")  # (said already: by this process)
+        warn_once(log, "other %d", os.getpid())  # (no key: by its text, each process's own)
+    """)
+    lines = _ranks_of_one_node(rank, 3, tmp_path).splitlines()
+    assert sum(line.startswith("WARNING short by ") for line in lines) == 1, lines
+    assert sum(line.startswith("DEBUG short by ") for line in lines) == 5, lines
+    assert sum(line.startswith("WARNING other ") for line in lines) == 3, lines
+
+
 def test_a_warning_about_the_dataset_is_said_once_by_the_ranks_of_a_node(tmp_path: Path, monkeypatch) -> None:
     """r1's data files hold columns info.json does not declare: each rank opening it warned, 8 times on a node of
     8 GPUs (2 here)."""
