@@ -225,21 +225,22 @@ class BatchSource:
 
     def _init_caches(self) -> None:
         self._rows: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
+        # The episodes a worker's samples cycle through: its pool's (all of the dataset's, where the pool is larger).
+        pooled = min(self.spec.order.options.episode_pool_size, self.spec.reader.num_episodes)
         # Every pooled episode's rows at least: a sample of an episode the cache dropped reads its rows again.
-        self._rows_kept = max(self.spec.rows_cache_episodes, self.spec.order.options.episode_pool_size)
+        self._rows_kept = max(self.spec.rows_cache_episodes, pooled)
         # Every video file the pooled episodes use, per camera, at least: fewer rebuilt each index per request.
-        pool = self.spec.order.options.episode_pool_size
-        files = pool * max(1, len(self.spec.camera_feeds))
+        files = pooled * max(1, len(self.spec.camera_feeds))
         self._indexes = PacketIndexCache(max_entries=max(64, 2 * files), max_bytes=INDEX_CACHE_BYTES)
         # And open, those of the cameras the worker decodes itself (DALI decodes the others' clips): fewer reopened.
         decoded_here = sum(f.depth or f.planes or f.route.dali_device is None for f in self.spec.camera_feeds.values())
-        self._decoder = CpuFrameDecoder(options=self.spec.cpu_decode, files_in_use=pool * decoded_here)
-        # Likewise the encoded images of every pooled episode (of those the dataset has), per image camera, while
-        # they fit the budget (else said).
+        self._decoder = CpuFrameDecoder(options=self.spec.cpu_decode, files_in_use=pooled * decoded_here)
+        # Likewise the encoded images of every pooled episode, per image camera, while they fit the budget (else
+        # said).
         self._images = EpisodeImageCache(
             self.spec.reader.read_episode_images,
             max_bytes=self.spec.cpu_decode.image_cache_bytes,
-            entries_in_use=min(pool, self.spec.reader.num_episodes) * len(self.spec.image_keys),
+            entries_in_use=pooled * len(self.spec.image_keys),
         )
 
     def __getstate__(self) -> dict[str, Any]:
