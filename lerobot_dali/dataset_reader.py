@@ -50,9 +50,22 @@ from .row_count_store import Footer
 from .said_once import warn_once
 from .value_checks import required_whole_number
 
-__all__ = ["INFO_PATH", "LeRobotDatasetReader", "VideoRef", "open_dataset", "read_info_json", "warn_undeclared_columns"]
+__all__ = [
+    "INFO_PATH",
+    "NO_SUBTASK_INDEX",
+    "LeRobotDatasetReader",
+    "VideoRef",
+    "open_dataset",
+    "read_info_json",
+    "warn_undeclared_columns",
+]
 
 logger = logging.getLogger(__name__)
+
+#: The ``subtask_index`` of a row no subtask annotates: subtask annotators for LeRobot v3.0 (rosbag2lerobot's writer,
+#: among others) write -1 for the rows of an episode they did not annotate. Its ``subtask`` string is "" (LeRobot
+#: 0.4.4 reads the list's last text: its ``iloc[-1]``).
+NO_SUBTASK_INDEX = -1
 
 #: Where a dataset's ``info.json`` is, relative to its root.
 INFO_PATH = "meta/info.json"
@@ -350,7 +363,7 @@ class LeRobotDatasetReader:
                 continue  # (a writer that wrote no statistics: a batch of its rows fails, as before)
             if footer.rows != read_rows[first]:
                 continue
-            unknown = sorted({i for i in span if i not in listed})
+            unknown = sorted({i for i in span if i not in listed and (name, i) != ("subtask", NO_SUBTASK_INDEX)})
             if unknown:
                 wrong.append((path, span, unknown))
         if not wrong:

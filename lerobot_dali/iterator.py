@@ -26,7 +26,7 @@ from .concurrent_calls import in_threads
 from .cpu_decode import CpuDecodeOptions, pyav_can_decode
 from .dali_graph import HOST_SUBTASK_INDEX, HOST_TASK_INDEX, CameraFeed, build_pipeline, camera_feed
 from .dataset_info import INDEX_COLUMNS
-from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset, warn_undeclared_columns
+from .dataset_reader import NO_SUBTASK_INDEX, LeRobotDatasetReader, VideoRef, open_dataset, warn_undeclared_columns
 from .dataset_union import DATASET_INDEX
 from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodeRoute, route_for_video
@@ -688,11 +688,12 @@ class DALILeRobotIterator:
         """The texts of ``task_index`` (``name="subtask"``: of ``subtask_index``, from ``meta/subtasks.parquet``).
         ``dataset_index``: a union's rows', which name the dataset of a row whose index the list lacks."""
         tasks = self.reader.tasks if name == "task" else self.reader.subtasks or {}
+        none = NO_SUBTASK_INDEX if name == "subtask" else None  # (a row no subtask annotates: "")
         indices = task_index.cpu().reshape(-1).tolist()
         try:
-            return [tasks[int(i)] for i in indices]
+            return ["" if i == none else tasks[int(i)] for i in indices]
         except KeyError:
-            bad = [row for row, i in enumerate(indices) if int(i) not in tasks]
+            bad = [row for row, i in enumerate(indices) if int(i) not in tasks and i != none]
             row, more = bad[0], len(bad) - 1
 
             def of_row(values: torch.Tensor) -> int:  # (a sample's first, where a window gave it several)

@@ -213,3 +213,29 @@ def test_a_task_list_renumbered_apart_from_the_data_is_warned_of_when_the_iterat
         "task list may have been renumbered apart from the data files"
     )
     assert said in caplog.text
+
+
+def test_a_subtask_index_of_minus_one_is_no_subtask_and_reads(make_ds, tmp_path) -> None:
+    """Subtask annotators for LeRobot v3.0 (rosbag2lerobot's writer, and others) write ``subtask_index`` -1 for the
+    rows of an episode they did not annotate. Such a dataset was refused when the iterator was built ("subtask_index
+    [-1] is not in the dataset's subtask list"), and before that at its first batch; LeRobot 0.4.4 reads it (its
+    ``iloc[-1]`` gives those rows the list's last text). Those rows read, with subtask "" and subtask_index -1."""
+    root = _with_subtasks(make_ds(**V3), tmp_path / "dataset")
+    _set_task_index(root / V3_LAST, -1, name="subtask_index")  # (episodes 4 and 5 not annotated)
+    it = _iterator(root, shuffle=False)
+    try:
+        rows = [
+            (i, s, t)
+            for b in it
+            for i, s, t in zip(b["index"].tolist(), b["subtask_index"].tolist(), b["subtask"], strict=True)
+        ]
+    finally:
+        it.close()
+    assert [i for i, _, _ in rows] == list(range(sum(LENGTHS)))
+    unannotated = sum(LENGTHS[:4])
+    assert {(s, t) for i, s, t in rows if i >= unannotated} == {(-1, "")}
+    assert all(s >= 0 and t for i, s, t in rows if i < unannotated)
+    # Another negative value is still refused.
+    _set_task_index(root / V3_LAST, -2, name="subtask_index")
+    with pytest.raises(EpisodeMetadataError, match=r"subtask_index \[-2\] is not in the dataset's subtask list"):
+        _iterator(root)
