@@ -266,8 +266,9 @@ def _index_container(
     layout = nal_layout(context.codec.canonical_name, context.extradata)
     if layout is not None:
         keyframe = _random_access_keyframes(
-            keyframe, table, layout, {**heads, **samples}, handle if byte_exact else None, label=label
-        )
+            keyframe, table, layout, {**heads, **samples}, handle if byte_exact else None, label=label,
+            local=_local_reads(handle) if byte_exact else None,
+        )  # fmt: skip
     codec = context.codec.canonical_name
     if codec in KEYFRAME_SIZE_CODECS and (layout is not None or codec not in ("h264", "hevc")):  # (not Annex B)
         read_at = _local_reads(handle) if byte_exact else None
@@ -501,14 +502,18 @@ def _random_access_keyframes(
     handle: IO[bytes] | None,
     *,
     label: str,
+    local: ReadAt | None = None,
 ) -> np.ndarray:
     """``keyframe`` without the flagged packets that are no random-access point (:mod:`.random_access`).
 
     Each verdict reads the packet's first bytes: from ``heads`` (decode position -> its first bytes, where already
     read), else from ``handle`` at the packet's byte offset (None where offsets are not exact: the flag then
     stands). A file either uses intra refresh or not, so the packets in ``heads`` and the second keyframe (the first
-    is the stream's IDR either way) are judged first, one small read for most files; only if one of those is no
-    random-access point is every keyframe judged, a read each.
+    is the stream's IDR either way) are judged first, one small read for most files (a request each on a remote
+    one); only if one of those is no random-access point is every keyframe judged, a read each. ``local``: reads of
+    a local ``handle`` (:func:`_local_reads`), where a read costs microseconds: every keyframe is judged, through
+    it: x264's intra refresh still starts an IDR at a scene cut, and one that is the second keyframe hid the
+    P-frames flagged after it.
     """
     verdicts: dict[int, bool] = {}
 
@@ -520,6 +525,8 @@ def _random_access_keyframes(
             def read(start: int, length: int) -> bytes:
                 if start + length <= len(head) or handle is None:
                     return head[start : start + length]
+                if local is not None:
+                    return local(offset + start, length)
                 handle.seek(offset + start)
                 return handle.read(length)
 
@@ -527,7 +534,7 @@ def _random_access_keyframes(
         return verdicts[row]
 
     keys = np.flatnonzero(keyframe).tolist()
-    first = [row for row in keys if row in heads] + keys[1:2]
+    first = keys if local is not None else [row for row in keys if row in heads] + keys[1:2]
     if all(random_access(row) for row in first):
         return keyframe
     kept = keyframe.copy()

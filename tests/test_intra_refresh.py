@@ -197,3 +197,24 @@ def test_hevc_irap_and_stream_layouts() -> None:
     assert nal_layout("h264", bytes([1, 0x64, 0, 0x0A, 0xFD, 0xE1, 0])) == NalLayout("h264", 2)
     assert nal_layout("h264", b"\x00\x00\x00\x01\x67") is None  # (Annex B)
     assert nal_layout("av1", bytes([1] * 30)) is None
+
+
+def test_a_scene_cut_idr_second_does_not_hide_the_flagged_p_frames(tmp_path: Path) -> None:
+    """x264's intra refresh starts an IDR at a scene cut. Where that IDR was the second flagged keyframe, the
+    sample judged (the first two) passed and every flag stood: flagged [0, 5 (scene cut), 25, 45 (P-frames)] were
+    all kept, and the CPU decoder refused the file at frame 25 ("the keyframe at pts 1.0 s is not shown when decoding
+    starts there"). A local file has every keyframe judged: only the IDRs stay, and every frame is the file's."""
+    noise = np.random.default_rng(0).integers(0, 255, (64, 96, 3), dtype=np.uint8)
+    frames = [np.zeros_like(noise) if i < 5 else np.roll(noise, i, axis=1) for i in range(60)]
+    path = encode_intra_refresh(tmp_path / "scene_cut.mp4", frames)
+    assert flagged_keyframes(path) == [0, 5, 25, 45]  # (else this file tests nothing)
+    index = build_packet_index(path)
+    assert np.flatnonzero(index.keyframe).tolist() == [0, 5]
+    reference = reference_frames(path)
+    want = np.stack([reference[int(pts)] for pts in index.frame_pts])
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    try:
+        for frame in (24, 25, 30, 45, 59):
+            np.testing.assert_array_equal(decoder.decode(path, index, np.array([frame]))[0], want[frame])
+    finally:
+        decoder.close()
