@@ -76,11 +76,14 @@ class CameraFormat(NamedTuple):
         """Raise SchemaMismatchError naming the file, episode and camera unless it :meth:`admits` ``index``
         (episode ``episode``'s file ``path`` of ``camera``)."""
         if not self.admits(index):
+            # (LeRobot 0.4's delete_episodes and split_dataset re-encode the video files they cut, as AV1, and
+            # leave the others: an H.264 dataset they edit mixes codecs)
+            copy = " (`lerobot-dali reencode` copies the dataset with one codec)" if index.codec != self.codec else ""
             raise SchemaMismatchError(
                 f"{path} (episode {episode}, camera {camera!r}) is {CameraFormat.of(index, nvdec=self.nvdec)}, but "
                 f"the camera's first file is {self}; a "
                 "camera's videos must share one codec and size (and, on NVDEC, pixel format and colour tags: the "
-                "first file set them up): re-encode this file"
+                f"first file set them up): re-encode this file{copy}"
             )
 
     def __str__(self) -> str:
