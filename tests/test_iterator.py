@@ -416,16 +416,20 @@ def test_bad_sizes_fail_before_the_dataset_is_opened(tmp_path: Path, option: dic
 
 def test_each_worker_keeps_the_packet_indices_of_every_pooled_file(make_ds) -> None:
     """64 entries for a pool of 64 episodes over 2+ cameras rebuilt half the indices per request (a review
-    measured 620 ms per batch per worker on 30,000-frame files)."""
+    measured 620 ms per batch per worker on 30,000-frame files). A pool larger than the dataset holds its episodes:
+    those count."""
     from lerobot_dali.batch_source import INDEX_CACHE_BYTES, BatchSource
 
-    it = DALILeRobotIterator(_dataset(make_ds, "vp9"), batch_size=4, device="cpu", num_workers=0, episode_pool_size=40)
-    next(iter(it))
-    cameras = len(it._spec.camera_feeds)
-    assert cameras == 2
-    cache = BatchSource(it._spec)._indexes
-    assert (cache.max_entries, cache.max_bytes) == (2 * 40 * cameras, INDEX_CACHE_BYTES)
-    it.close()
+    root = make_ds(episodes=20, frames_per_episode=2, cameras=2, codec="vp9", size=(64, 64))
+    entries = {}
+    for pool in (18, 40):
+        it = DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=0, episode_pool_size=pool)
+        next(iter(it))
+        assert len(it._spec.camera_feeds) == 2
+        cache = BatchSource(it._spec)._indexes
+        entries[pool] = (cache.max_entries, cache.max_bytes)
+        it.close()
+    assert entries == {18: (2 * 18 * 2, INDEX_CACHE_BYTES), 40: (2 * 20 * 2, INDEX_CACHE_BYTES)}
 
 
 @pytest.mark.parametrize("stop_after", [0, 2, 5])
