@@ -39,6 +39,7 @@ from .cache_dirs import (
     wait_for_flock,
 )
 from .file_stamps import FileStamp
+from .literal_parsing import PARSE_LOCK, is_parse_race
 from .packet_index import PacketIndex
 from .said_once import warn_once
 
@@ -90,21 +91,31 @@ class PacketIndexStore:
     def load(self, url: str, stamp: FileStamp) -> PacketIndex | None:
         """The stored index of ``url`` at ``stamp``, or None when absent or unreadable (then deleted)."""
         path = self.path_for(url, stamp)
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                index = _decode(data, url, stamp)
-            mark_used(path)
-            return index
-        except FileNotFoundError:
-            return None
-        except Exception as e:  # a stored index is a shortcut: whatever fails to load it, it is rebuilt from the file
-            # (damage reaches zipfile's and numpy's parsers as any type: NotImplementedError for a flipped version)
-            logger.warning("packet index cache file %s is unreadable (%s: %s); deleting it", path, type(e).__name__, e)
+        for attempt in range(2):
             try:
-                path.unlink(missing_ok=True)
-            except OSError as unlink_error:
-                logger.warning("cannot delete %s (%s); it will be overwritten", path, unlink_error)
-            return None
+                with PARSE_LOCK, np.load(path, allow_pickle=False) as data:  # np.load parses its headers as Python
+                    index = _decode(data, url, stamp)
+                mark_used(path)
+                return index
+            except FileNotFoundError:
+                return None
+            except Exception as e:  # a stored index is a shortcut: whatever fails to load it, it is rebuilt from
+                # the file (damage reaches zipfile's and numpy's parsers as any type: NotImplementedError for a
+                # flipped version)
+                if is_parse_race(e):  # another thread's parse collided with ours: the file is fine
+                    if attempt == 0:
+                        continue
+                    logger.debug("packet index cache file %s: %s twice; indexing the video instead", path, e)
+                    return None
+                logger.warning(
+                    "packet index cache file %s is unreadable (%s: %s); deleting it", path, type(e).__name__, e
+                )
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as unlink_error:
+                    logger.warning("cannot delete %s (%s); it will be overwritten", path, unlink_error)
+                return None
+        return None
 
     @contextmanager
     def building(self, url: str, stamp: FileStamp) -> Iterator[None]:

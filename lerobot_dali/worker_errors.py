@@ -17,6 +17,7 @@ import signal
 from typing import Any
 
 from . import errors
+from .literal_parsing import PARSE_LOCK
 
 __all__ = ["SMALL_SHM_BYTES", "dead_worker_error", "original_worker_error", "shared_memory_note", "shm_bytes"]
 
@@ -65,8 +66,9 @@ def _rebuild(traceback_text: str, message: str | None) -> BaseException | None:
         return None
     if issubclass(cls, KeyError):  # str(KeyError(k)) is repr(k): take the key back out
         try:
-            key = ast.literal_eval(message)
-        except (ValueError, SyntaxError):
+            with PARSE_LOCK:
+                key = ast.literal_eval(message)
+        except (ValueError, SyntaxError, SystemError):  # SystemError: another thread's parse (literal_parsing)
             key = message
         return cls(key)
     try:

@@ -141,6 +141,49 @@ def test_corrupt_file_is_deleted_and_rebuilt(
     assert_identical(rebuilt, index)
 
 
+_PARSE_RACE = SystemError("AST constructor recursion depth mismatch (before=123, after=302)")
+
+
+@pytest.mark.parametrize("collisions", [1, 2])
+def test_a_parse_collision_between_threads_is_not_damage(
+    marker_video: MarkerVideo,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    collisions: int,
+) -> None:
+    """CPython 3.11 fails ``np.load``'s header parse when another thread parses at once (seen in CI): the stored
+    index was taken for damage and deleted, so the next process indexed the video again (over HTTP: more requests)."""
+    import lerobot_dali.packet_index_store as module
+    from lerobot_dali.literal_parsing import PARSE_LOCK
+
+    index = build_packet_index(marker_video("h264", 30))
+    store = PacketIndexStore(tmp_path / "store")
+    stamp = FileStamp(index.file_size_bytes, "mtime:1")
+    good = _valid_file(store, index, stamp)
+    path = store.path_for(_URL, stamp)
+    calls: list[bool] = []
+    real_load = np.load
+
+    def colliding_load(*args: Any, **kwargs: Any) -> Any:
+        calls.append(PARSE_LOCK.locked())
+        if len(calls) <= collisions:
+            raise _PARSE_RACE
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(module.np, "load", colliding_load)
+    with caplog.at_level(logging.DEBUG, logger="lerobot_dali.packet_index_store"):
+        loaded = store.load(_URL, stamp)
+    assert calls == [True, True]  # our own threads take turns; a foreign thread's collision is tried once more
+    if collisions == 1:
+        assert loaded is not None
+        assert_identical(loaded, index)
+    else:
+        assert loaded is None  # indexed from the video this time
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert path.read_bytes() == good  # kept either way
+
+
 def test_cache_rebuilds_over_a_corrupt_file(marker_video: MarkerVideo, tmp_path: Path) -> None:
     video = marker_video("av1", 2)
     store = PacketIndexStore(tmp_path / "store")
