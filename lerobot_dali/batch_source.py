@@ -25,6 +25,7 @@ from .augment_draws import draw_names, draw_params, stream_name
 from .clips import build_clip, plan_clip, read_packet_payloads
 from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder, Pixels
 from .dali_graph import CameraFeed, Field, FieldKind, augment_draw_field
+from .dali_video import DALI_CPU_CODECS
 from .dataset_info import INDEX_COLUMNS, Feature
 from .dataset_reader import LeRobotDatasetReader
 from .decode_route import DecodeRoute
@@ -49,42 +50,55 @@ logger = logging.getLogger(__name__)
 
 
 class CameraFormat(NamedTuple):
-    """What every file of a video camera must share with its first: codec and size; and, where NVDEC decodes the
-    camera, the pixel format (its probe decoded the first file's) and the colour tags (the graph's colour
-    correction is the first file's). The CPU decoders convert any pixel format and colour space."""
+    """What every file of a video camera must share with its first: the size (a batch is one tensor); where DALI
+    decodes the camera (NVDEC, or its CPU decoder for VP8/VP9/MJPEG), the codec; and on NVDEC the pixel format (its
+    probe decoded the first file's) and the colour tags (the graph's colour correction is the first file's). Where
+    the workers decode it, each file has a decoder of its own, of any codec, converting any pixel format and colour
+    space: LeRobot 0.4's ``delete_episodes`` and ``split_dataset`` re-encode the files they cut as AV1 and keep the
+    others, so a camera may mix codecs."""
 
     codec: str
     height: int
     width: int
     pix_fmt: str | None = None  # None: any (not on NVDEC)
     color: tuple[int, bool] | None = None  # (AVColorSpace, full range); None: any (not on NVDEC)
+    route: DecodeRoute = DecodeRoute.CPU_FALLBACK
 
     @classmethod
-    def of(cls, index: PacketIndex, *, nvdec: bool) -> CameraFormat:
-        if not nvdec:
-            return cls(index.codec, index.height, index.width)
-        return cls(index.codec, index.height, index.width, index.pix_fmt, stream_color(index.template))
+    def of(cls, index: PacketIndex, *, route: DecodeRoute) -> CameraFormat:
+        if route is not DecodeRoute.NVDEC:
+            return cls(index.codec, index.height, index.width, route=route)
+        return cls(index.codec, index.height, index.width, index.pix_fmt, stream_color(index.template), route)
 
     @property
     def nvdec(self) -> bool:
-        return self.color is not None
+        return self.route is DecodeRoute.NVDEC
 
     def admits(self, index: PacketIndex) -> bool:
-        return self == CameraFormat.of(index, nvdec=self.nvdec)
+        found = CameraFormat.of(index, route=self.route)
+        return found == (self if self.route.dali_device else self._replace(codec=found.codec))
 
     def check(self, index: PacketIndex, *, path: str, episode: int, camera: str) -> None:
         """Raise SchemaMismatchError naming the file, episode and camera unless it :meth:`admits` ``index``
         (episode ``episode``'s file ``path`` of ``camera``)."""
-        if not self.admits(index):
-            # (LeRobot 0.4's delete_episodes and split_dataset re-encode the video files they cut, as AV1, and
-            # leave the others: an H.264 dataset they edit mixes codecs)
-            copy = " (`lerobot-dali reencode` copies the dataset with one codec)" if index.codec != self.codec else ""
+        if self.admits(index):
+            return
+        found = CameraFormat.of(index, route=self.route)
+        if (found.height, found.width) != (self.height, self.width) or found.codec == self.codec:
             raise SchemaMismatchError(
-                f"{path} (episode {episode}, camera {camera!r}) is {CameraFormat.of(index, nvdec=self.nvdec)}, but "
-                f"the camera's first file is {self}; a "
-                "camera's videos must share one codec and size (and, on NVDEC, pixel format and colour tags: the "
-                f"first file set them up): re-encode this file{copy}"
+                f"{path} (episode {episode}, camera {camera!r}) is {found}, but the camera's first file is {self}; "
+                "a camera's videos must share one size (where DALI decodes them, one codec; on NVDEC, pixel format "
+                "and colour tags too: the first file set them up): re-encode this file"
             )
+        decoder = "NVDEC" if self.nvdec else "DALI's CPU decoder"
+        # (decode='cpu' still sends VP8/VP9/MJPEG to DALI's CPU decoder)
+        workers = "" if self.codec in DALI_CPU_CODECS else "pass decode='cpu' (the workers decode each file) or "
+        raise SchemaMismatchError(
+            f"{path} (episode {episode}, camera {camera!r}) is {found.codec}, but the camera's first file is {self}, "
+            f"which sent the camera to {decoder}, one codec per camera: {workers}copy the dataset with one codec "
+            "(`lerobot-dali reencode`; LeRobot 0.4's delete_episodes and split_dataset re-encode the files they cut "
+            "as AV1 and keep the others)"
+        )
 
     def __str__(self) -> str:
         text = f"{self.codec} {self.height}x{self.width} (HxW)"

@@ -28,6 +28,7 @@ import numpy as np
 from .batch_source import CameraFormat
 from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
 from .dataset_reader import LeRobotDatasetReader, VideoRef, warn_undeclared_columns
+from .decode_route import DecodeRoute, route_without_nvdec
 from .distributed import usable_cpus
 from .episode_rows import DecodedGroups
 from .errors import DataFileError, EpisodeMetadataError, SchemaMismatchError
@@ -36,6 +37,7 @@ from .image_frames import decode_depth_images, decode_images, first_image_shape,
 from .packet_index import PacketIndex
 from .packet_index_cache import PacketIndexCache
 from .packet_index_store import PacketIndexStore
+from .said_once import warn_once
 from .value_checks import check_choice, check_int
 from .worker_start import log_like_trainer, package_log_level, skipping_main
 
@@ -110,12 +112,15 @@ class _EpisodeChecker:
     timestamp_source: TimestampSource
     tolerance_s: float
     decode: bool
-    #: Every camera's first file's codec and size, which the workers hold its other files to.
+    #: Every camera's first file's format (:class:`~.batch_source.CameraFormat`), which the workers hold its other
+    #: files to.
     formats: dict[str, CameraFormat]
     #: (H, W, C) of each image camera's first image (``decode=True``), which its other images must have.
     image_shapes: dict[str, tuple[int, ...]]
     task_indices: frozenset[int]
     index_store: PacketIndexStore | None
+    #: Cameras every run sends to the workers: depth maps, and a union's whose datasets' first files differ in codec.
+    workers_only: set[str] = field(default_factory=set)
     _indexes: PacketIndexCache = field(default_factory=lambda: _index_cache())
     _decoder: CpuFrameDecoder = field(
         default_factory=lambda: CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
@@ -192,6 +197,14 @@ class _EpisodeChecker:
         if expected is not None:
             episode = int(reader.episodes.episode_index[pos])
             expected.check(index, path=video.path, episode=episode, camera=camera)
+            if index.codec != expected.codec and camera not in self.workers_only:  # (a run on NVDEC would refuse it)
+                warn_once(logger,
+                    "camera %s mixes codecs (its first file is %s, %s is %s), which the workers decode, as on a "
+                    "machine without NVDEC; where NVDEC decodes %s, a run sends the camera there and refuses such "
+                    "files: pass it decode='cpu', or copy the dataset with one codec (lerobot-dali reencode)",
+                    camera, expected.codec, video.path, index.codec, expected.codec,
+                    key=f"mixed codecs {camera} {reader.location.description}",
+                )  # fmt: skip
         every_row = np.arange(len(rows["frame_index"]))
         numbers = row_frame_numbers(
             reader, pos, camera, rows, every_row, index,
@@ -304,16 +317,25 @@ def default_workers(reader: LeRobotDatasetReader, *, decode: bool) -> int:
 
 
 def _set_references(checker: _EpisodeChecker) -> None:
-    """What the workers hold every file to, as the iterator's do: each camera's first file's codec and size,
+    """What the workers hold every file to, as the iterator's do on a machine without NVDEC: each camera's first
+    file's size (and codec where DALI's CPU decoder decodes the camera: VP8/VP9/MJPEG),
     and (``decode=True``) each image camera's first image's shape, from the first episode that has them."""
     reader = checker.reader
     for camera in reader.camera_keys:
         for pos in range(reader.num_episodes):
             try:
-                checker.formats[camera] = CameraFormat.of(checker.packet_index(pos, camera)[1], nvdec=False)
+                index = checker.packet_index(pos, camera)[1]
                 break
             except Exception as e:  # (its episode's check lists it; the next episode's file may serve)
                 logger.debug("camera %s: no format from episode position %d: %s", camera, pos, e)
+        else:
+            continue
+        # (a union's camera whose datasets' first files differ in codec goes to the workers, as the iterator sends it)
+        mixed = any(_codec(checker, first, camera) not in (None, index.codec) for first in reader.first_episodes())
+        if mixed or reader.info.features[camera].is_depth_map:
+            checker.workers_only.add(camera)
+        route = DecodeRoute.CPU_FALLBACK if camera in checker.workers_only else route_without_nvdec(index.codec)
+        checker.formats[camera] = CameraFormat.of(index, route=route)
     for camera in reader.image_keys if checker.decode else ():
         for pos in range(reader.num_episodes):
             try:
@@ -324,6 +346,15 @@ def _set_references(checker: _EpisodeChecker) -> None:
             if shape is not None:
                 checker.image_shapes[camera] = shape
                 break
+
+
+def _codec(checker: _EpisodeChecker, pos: int, camera: str) -> str | None:
+    """The codec of episode ``pos``'s file of ``camera``; None where it does not open (its episode's check says why)."""
+    try:
+        return checker.packet_index(pos, camera)[1].codec
+    except Exception as e:
+        logger.debug("camera %s: no codec from episode position %d: %s", camera, pos, e)
+        return None
 
 
 def _tasks(reader: LeRobotDatasetReader, most: int) -> Iterator[list[int]]:

@@ -10,8 +10,9 @@ is the union's (each dataset's tasks in turn: one index, one task string, across
 be read under other names (LeRobot's ``rename_map``), so datasets recorded with other camera names join.
 
 They must share a layout, which one pipeline and one batch tensor per key need: the fps (windows count frames),
-each camera stored one way (video or images) with one codec and size (checked on each dataset's first file or
-image; every other is held to the union's first by the workers, as within one dataset) and, for depth, one set of
+each camera stored one way (video or images) with one size (checked on each dataset's first file or image; every
+other is held to the union's first by the workers, as within one dataset; a camera whose datasets' first files differ
+in codec is decoded by the workers, a decoder per file) and, for depth, one set of
 depth parameters; each feature's dtype and shape. Statistics are pooled as LeRobot pools them. The datasets
 are all local or all on one kind of remote filesystem (the Hub, one HTTP server, S3...): the union opens every
 file through the first's filesystem, so remote ones share one prefetch cache and one listing of stamps.
@@ -361,7 +362,7 @@ def _check_layouts(readers: list[LeRobotDatasetReader], renames: list[KeyRename]
             raise differ(repr(key), kinds, "leave it out with cameras=[...] or keys=[...]")
     firsts: tuple[tuple[Sequence[str], Callable[[LeRobotDatasetReader, str], Any], str, str], ...] = (
         (first.image_keys, _first_image_shape, "the images (H, W, C)", "a camera's images share one size and channels"),
-        (first.camera_keys, _first_format, "the video", "a camera's videos share one codec and size: re-encode"),
+        (first.camera_keys, _first_format, "the video", "a camera's videos share one size: re-encode"),
     )
     for cameras, first_of, what, fix in firsts:  # (what the workers hold every file or image of a camera to)
         for camera in rename.batch_names(cameras):
@@ -416,12 +417,13 @@ def _filesystem_kind(reader: LeRobotDatasetReader) -> str:
 
 
 def _first_format(reader: LeRobotDatasetReader, camera: str) -> str | None:
-    """Codec and size of the camera's first file (what the workers hold every file of a camera to)."""
+    """Size of the camera's first file (what the workers hold every file of a camera to; the codec too where DALI
+    decodes the camera, but the iterator sends a camera whose datasets' first files differ in codec to the workers)."""
     if not reader.num_episodes:
         return None
     store = None if reader.location.is_local else PacketIndexStore()  # (the iterator finds it there)
     _, index = load_episode_packet_index(reader, 0, camera, store=store)
-    return f"{index.codec} {index.height}x{index.width} (HxW)"
+    return f"{index.height}x{index.width} (HxW)"
 
 
 def _first_image_shape(reader: LeRobotDatasetReader, camera: str) -> tuple[int, ...] | None:

@@ -14,7 +14,7 @@ import ctypes.util
 import logging
 import multiprocessing
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -43,7 +43,9 @@ __all__ = [
     "nvcuvid_library",
     "nvdec_table_guess",
     "probe_gpu",
+    "route_for_codecs",
     "route_for_video",
+    "route_without_nvdec",
 ]
 
 logger = logging.getLogger(__name__)
@@ -173,8 +175,41 @@ def choose_route(
     return route
 
 
+def route_for_codecs(
+    codecs: Sequence[str], *, decode: DecodePreference | str = DecodePreference.AUTO, on_gpu: bool, label: str
+) -> DecodeRoute:
+    """The route for camera ``label`` whose files mix ``codecs`` (a union's datasets' first files): the workers,
+    which give each file a decoder of its own, since NVDEC and DALI's CPU decoder decode a camera in one codec.
+    Raises CodecUnsupportedError for ``decode="gpu"`` and where PyAV and torchcodec lack a decoder for one of them."""
+    preference = DecodePreference.parse(decode)
+    what = f"{label} (files of {', '.join(codecs)})"
+    if preference is DecodePreference.GPU:
+        raise CodecUnsupportedError(
+            f"decode='gpu' was asked for {what}, but NVDEC decodes a camera in one codec; use decode='auto' or "
+            "'cpu' (the workers decode each file), or copy the datasets with one codec (lerobot-dali reencode)."
+        )
+    lacking = [codec for codec in codecs if not (pyav_can_decode(codec) or torchcodec_available())]
+    if lacking:
+        raise CodecUnsupportedError(
+            f"No decoder handles {what}: PyAV/torchcodec have none for {lacking}, and NVDEC and DALI's CPU decoder "
+            "decode a camera in one codec. Re-encode the video."
+        )
+    message = "%s: decoded in the workers (route %s), a decoder per file: NVDEC and DALI's CPU decoder take one codec"
+    if on_gpu and preference is DecodePreference.AUTO:  # (NVDEC passed over: a copy with one codec may decode there)
+        warn_once(logger, f"{message}; lerobot-dali reencode copies a dataset with one codec", what, "cpu_fallback")
+    else:
+        logger.info(message, what, DecodeRoute.CPU_FALLBACK.value)
+    return DecodeRoute.CPU_FALLBACK
+
+
+def route_without_nvdec(codec: str) -> DecodeRoute:
+    """The route of a camera whose first file is ``codec`` on a machine without NVDEC (or with ``decode="cpu"``):
+    DALI's CPU decoder for VP8/VP9/MJPEG, else the workers (whether they have a decoder for it is not asked)."""
+    return DecodeRoute.DALI_CPU if codec in DALI_CPU_CODECS else DecodeRoute.CPU_FALLBACK
+
+
 def _cpu_route(codec: str, what: str) -> DecodeRoute:
-    if codec in DALI_CPU_CODECS:
+    if route_without_nvdec(codec) is DecodeRoute.DALI_CPU:
         return DecodeRoute.DALI_CPU
     if pyav_can_decode(codec) or torchcodec_available():
         return DecodeRoute.CPU_FALLBACK

@@ -29,7 +29,7 @@ from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import NO_SUBTASK_INDEX, LeRobotDatasetReader, VideoRef, open_dataset, warn_undeclared_columns
 from .dataset_union import DATASET_INDEX
 from .decode_errors import locate_clip_failure
-from .decode_route import DecodePreference, DecodeRoute, route_for_video
+from .decode_route import DecodePreference, DecodeRoute, route_for_codecs, route_for_video
 from .depth_maps import DepthUnit
 from .distributed import cpus_per_local_rank, local_cuda_device, require_cuda, resolve_rank
 from .errors import (
@@ -293,7 +293,8 @@ class DALILeRobotIterator:
     def _choose_routes(
         self, preference: DecodePreference, first_rows: Mapping[str, np.ndarray] | None
     ) -> dict[str, DecodeRoute]:
-        """A route per video camera, from its first episode's file; that episode's first and last rows
+        """A route per video camera, from its first episode's file (a union's camera whose datasets' first files
+        differ in codec: the workers, :func:`~.decode_route.route_for_codecs`); that episode's first and last rows
         (``first_rows``, where already read) are looked up in the file too (:meth:`_check_rows_find_frames`), and
         its format kept as the camera's
         (``_camera_formats``, which the workers hold every other file to). A union's other datasets' first
@@ -302,23 +303,31 @@ class DALILeRobotIterator:
         if self._device_id is None:
             preference = DecodePreference.CPU
         indexes = {}
+        # A union's other datasets' first files, whose codecs may differ from the first's (the camera then goes to
+        # the workers, a decoder per file: NVDEC and DALI's CPU decoder take one codec per camera).
+        firsts = [pos for pos in self.reader.first_episodes() if pos]
+        others = in_threads(lambda pos: {c: self._packet_index(pos, c) for c in self.reader.camera_keys}, firsts)
         for camera in self.reader.camera_keys:
             video, indexes[camera] = self._packet_index(0, camera)
+            codecs = sorted({indexes[camera].codec, *(files[camera][1].codec for files in others)})
             if camera in self._depth_quantizers:  # 12-bit codes: NVDEC and DALI's decoders give 8-bit RGB only
-                if not pyav_can_decode(indexes[camera].codec):
-                    raise CodecUnsupportedError(
-                        f"depth camera {camera!r} ({video.path}) is {indexes[camera].codec}, which PyAV cannot "
-                        f"decode here; leave the camera out with {cameras_hint()}"
-                    )
+                for codec in codecs:
+                    if not pyav_can_decode(codec):
+                        raise CodecUnsupportedError(
+                            f"depth camera {camera!r} ({video.path}) is {codec}, which PyAV cannot decode here; "
+                            f"leave the camera out with {cameras_hint()}"
+                        )
                 routes[camera] = DecodeRoute.CPU_FALLBACK
-                continue
-            routes[camera] = route_for_video(
-                video.path, indexes[camera], decode=preference, device_id=self._device_id or 0,
-                filesystem=self.reader.location.fs, label=camera,
-            )  # fmt: skip
+            elif len(codecs) > 1:
+                routes[camera] = route_for_codecs(codecs, decode=preference, on_gpu=self._device_id is not None,
+                                                  label=camera)  # fmt: skip
+            else:
+                routes[camera] = route_for_video(
+                    video.path, indexes[camera], decode=preference, device_id=self._device_id or 0,
+                    filesystem=self.reader.location.fs, label=camera,
+                )  # fmt: skip
         self._camera_formats = {
-            camera: CameraFormat.of(index, nvdec=routes[camera] is DecodeRoute.NVDEC)
-            for camera, index in indexes.items()
+            camera: CameraFormat.of(index, route=routes[camera]) for camera, index in indexes.items()
         }
         for camera, index in indexes.items():
             declared = self.reader.info.features[camera].declared_size
@@ -327,10 +336,11 @@ class DALILeRobotIterator:
                           "carry the videos' size%s; correct info.json where a policy is built from it", camera,
                           *declared[::-1], index.width, index.height, index.source_name,
                           "" if self._image_size is None else " before image_size resizes them")  # fmt: skip
+        held = {pos: self._held_to_formats(pos, files) for pos, files in zip(firsts, others, strict=True)}
 
         def check_first(pos: int) -> None:
             if pos:
-                self._check_rows_find_frames(pos, self._indexes_held_to_formats(pos))
+                self._check_rows_find_frames(pos, held[pos])
             else:
                 self._check_rows_find_frames(pos, indexes, rows=first_rows)
 
@@ -342,14 +352,13 @@ class DALILeRobotIterator:
         """Episode ``pos``'s video of ``camera`` and its packet index."""
         return load_episode_packet_index(self.reader, pos, camera, store=self._index_store)
 
-    def _indexes_held_to_formats(self, pos: int) -> dict[str, PacketIndex]:
-        """The packet index of each camera's file of episode ``pos``, each held to the camera's format."""
-        indexes = {}
+    def _held_to_formats(self, pos: int, files: Mapping[str, tuple[VideoRef, PacketIndex]]) -> dict[str, PacketIndex]:
+        """The packet index of each camera's file of episode ``pos`` (``files``), each held to the camera's format."""
         episode = int(self.reader.episodes.episode_index[pos])
         for camera, expected in self._camera_formats.items():
-            video, indexes[camera] = self._packet_index(pos, camera)
-            expected.check(indexes[camera], path=video.path, episode=episode, camera=camera)
-        return indexes
+            video, index = files[camera]
+            expected.check(index, path=video.path, episode=episode, camera=camera)
+        return {camera: index for camera, (_, index) in files.items()}
 
     def _check_rows_find_frames(
         self, pos: int, indexes: Mapping[str, PacketIndex], *, rows: Mapping[str, np.ndarray] | None = None

@@ -18,6 +18,7 @@ from lerobot_dali.batch_source import CameraFormat
 from lerobot_dali.dataset_location import resolve_location
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.dataset_stats import read_dataset_stats
+from lerobot_dali.decode_route import DecodeRoute
 from lerobot_dali.errors import DataFileError, DatasetError, EpisodeMetadataError, SchemaMismatchError
 from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
@@ -98,7 +99,7 @@ def test_a_camera_on_nvdec_holds_every_file_to_its_first_files_pixel_format_and_
 ) -> None:
     """NVDEC was probed with the first file, and the graph corrects its colours for the first file's tags: a later
     4:4:4 file would reach NVDEC unprobed, a later BT.709 file would go uncorrected. The CPU decoders convert any
-    pixel format and colour space, so there only codec and size must agree."""
+    pixel format and colour space (and each file has a decoder of its own), so there only the size must agree."""
     import av
 
     first = build_packet_index(marker_video("h264", 2))
@@ -118,11 +119,14 @@ def test_a_camera_on_nvdec_holds_every_file_to_its_first_files_pixel_format_and_
 
     yuv444, bt709 = encode("yuv444.mp4", "yuv444p"), encode("bt709.mp4", "yuv420p", colorspace=1)
     assert (first.pix_fmt, yuv444.pix_fmt) == ("yuv420p", "yuv444p")
-    on_nvdec, on_cpu = CameraFormat.of(first, nvdec=True), CameraFormat.of(first, nvdec=False)
+    on_nvdec, on_cpu = (
+        CameraFormat.of(first, route=DecodeRoute.NVDEC),
+        CameraFormat.of(first, route=DecodeRoute.CPU_FALLBACK),
+    )
     assert on_nvdec.admits(first) and not on_nvdec.admits(yuv444) and not on_nvdec.admits(bt709)
     assert on_cpu.admits(yuv444) and on_cpu.admits(bt709)
     assert str(on_nvdec) == "h264 64x96 (HxW) yuv420p, colour space 2" and str(on_cpu) == "h264 64x96 (HxW)"
-    assert str(CameraFormat.of(bt709, nvdec=True)) == "h264 64x96 (HxW) yuv420p, colour space 1"
+    assert str(CameraFormat.of(bt709, route=DecodeRoute.NVDEC)) == "h264 64x96 (HxW) yuv420p, colour space 1"
 
 
 def test_rows_the_metadata_does_not_count_are_refused(ds: Path) -> None:

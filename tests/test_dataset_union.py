@@ -476,8 +476,7 @@ def test_layouts_that_cannot_share_one_pipeline_are_refused(make_ds, caplog) -> 
     paths = _datasets(make_ds)
     with pytest.raises(SchemaMismatchError, match=r"differ in fps .*DALILeRobotMixture"):
         concat_datasets([paths[0], _datasets(make_ds, fps=20)[1]])
-    with pytest.raises(SchemaMismatchError, match=r"camera 'observation.images.cam0'.*vp9 \d+x\d+.*h264 \d+x\d+"):
-        concat_datasets([paths[0], _datasets(make_ds, codec="h264")[1]])
+    concat_datasets([paths[0], _datasets(make_ds, codec="h264")[1]])  # (the workers decode it: test_mixed_codecs.py)
     with pytest.raises(SchemaMismatchError, match=r"'observation.state'.*keys="):
         concat_datasets([paths[0], _datasets(make_ds, state_dim=4)[1]])
     with caplog.at_level(logging.WARNING):  # a camera only the second has is left out, as LeRobot does

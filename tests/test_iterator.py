@@ -1144,19 +1144,21 @@ def test_a_pass_whose_pipeline_a_newer_pass_replaced_refuses_to_read(make_ds) ->
 
 def test_a_camera_file_of_another_codec_is_refused_naming_it_and_the_copy_that_mends_it() -> None:
     """LeRobot 0.4's delete_episodes and split_dataset re-encode the files they cut as AV1 and keep the others: an
-    H.264 camera then mixes codecs. The refusal names the file and offers `lerobot-dali reencode`; another size
-    alone asks to re-encode the file."""
+    H.264 camera then mixes codecs. Where DALI decodes the camera (its CPU decoder for VP9 here) the refusal names the
+    file and offers `lerobot-dali reencode` (tests/test_mixed_codecs.py: the workers read such a camera); another
+    size alone asks to re-encode the file."""
     from types import SimpleNamespace
 
     from lerobot_dali.batch_source import CameraFormat
+    from lerobot_dali.decode_route import DecodeRoute
     from lerobot_dali.errors import SchemaMismatchError
 
-    first = CameraFormat.of(SimpleNamespace(codec="h264", height=48, width=64), nvdec=False)
+    first = CameraFormat.of(SimpleNamespace(codec="vp9", height=48, width=64), route=DecodeRoute.DALI_CPU)
     av1 = SimpleNamespace(codec="av1", height=48, width=64)
-    with pytest.raises(SchemaMismatchError, match=r"^cut\.mp4 \(episode 3, camera 'top'\) is av1 48x64 \(HxW\), .*"
-                       r"the camera's first file is h264 48x64 \(HxW\); .*re-encode this file \(`lerobot-dali "
-                       r"reencode` copies the dataset with one codec\)$"):  # fmt: skip
+    with pytest.raises(SchemaMismatchError, match=r"^cut\.mp4 \(episode 3, camera 'top'\) is av1, but the "
+                       r"camera's first file is vp9 48x64 \(HxW\), .*DALI's CPU decoder.*`lerobot-dali reencode`"
+                       r".*others\)$"):  # fmt: skip
         first.check(av1, path="cut.mp4", episode=3, camera="top")
     with pytest.raises(SchemaMismatchError, match=r"re-encode this file$"):
-        first.check(SimpleNamespace(codec="h264", height=96, width=64), path="big.mp4", episode=4, camera="top")
-    first.check(SimpleNamespace(codec="h264", height=48, width=64), path="same.mp4", episode=5, camera="top")
+        first.check(SimpleNamespace(codec="vp9", height=96, width=64), path="big.mp4", episode=4, camera="top")
+    first.check(SimpleNamespace(codec="vp9", height=48, width=64), path="same.mp4", episode=5, camera="top")

@@ -418,14 +418,17 @@ def test_flat_patches_need_the_correction_and_it_suffices(tmp_path: Path) -> Non
 
 def test_only_nvdec_cameras_tagged_other_than_bt601_get_a_correction(tmp_path: Path, caplog) -> None:
     from lerobot_dali.batch_source import CameraFormat
+    from lerobot_dali.decode_route import DecodeRoute
     from lerobot_dali.iterator import _nvdec_color_fixes
 
     tagged = _encode(tmp_path / "bt709.mp4", "libx264", "yuv420p", width=64, height=48, colorspace=1)
     untagged = _encode(tmp_path / "plain.mp4", "libx264", "yuv420p", width=64, height=48)
     smpte170m = _encode(tmp_path / "601.mp4", "libx264", "yuv420p", width=64, height=48, colorspace=6)
     indexes = {name: build_packet_index(p) for name, p in [("a", tagged), ("b", untagged), ("c", smpte170m)]}
-    formats = {name: CameraFormat.of(index, nvdec=True) for name, index in indexes.items()}
-    formats["e"] = CameraFormat.of(indexes["a"], nvdec=False)  # BT.709 too, but decoded on the CPU: no correction
+    formats = {name: CameraFormat.of(index, route=DecodeRoute.NVDEC) for name, index in indexes.items()}
+    formats["e"] = CameraFormat.of(
+        indexes["a"], route=DecodeRoute.CPU_FALLBACK
+    )  # BT.709 too, but decoded on the CPU: no correction
     with caplog.at_level(logging.INFO, logger="lerobot_dali.iterator"):
         fixes = _nvdec_color_fixes(formats)
     assert list(fixes) == ["a"] and np.allclose(fixes["a"], nvdec_color_fix(1, False))
