@@ -436,23 +436,23 @@ class LeRobotDatasetReader:
         features = {k: self._feature(k) for k in wanted}
         path = self.data_path(episode_pos)
         length = int(ep.length[episode_pos])
-        parquet = self._parquet.get(path)
-        if parquet.metadata.num_rows != ep.data_file_rows[episode_pos]:
-            raise EpisodeMetadataError(
-                f"{path}: holds {parquet.metadata.num_rows} rows but the episode metadata places "
-                f"{int(ep.data_file_rows[episode_pos])} in it (episode {int(ep.episode_index[episode_pos])} has "
-                f"length {length}); rows no episode reads would be lost: the episode lengths or the episodes' "
-                "data/chunk_index and data/file_index in meta/episodes do not describe the data files"
+        with self._parquet.reading(path) as parquet:
+            if parquet.metadata.num_rows != ep.data_file_rows[episode_pos]:
+                raise EpisodeMetadataError(
+                    f"{path}: holds {parquet.metadata.num_rows} rows but the episode metadata places "
+                    f"{int(ep.data_file_rows[episode_pos])} in it (episode {int(ep.episode_index[episode_pos])} has "
+                    f"length {length}); rows no episode reads would be lost: the episode lengths or the episodes' "
+                    "data/chunk_index and data/file_index in meta/episodes do not describe the data files"
+                )
+            rows = read_episode_rows(
+                parquet,
+                path=path,
+                row_start=int(ep.data_row_start[episode_pos]),
+                length=length,
+                features=features,
+                store=self._store_entry(path, parquet, self._with_index_columns(self.tabular_keys)),
+                decoded=decoded,
             )
-        rows = read_episode_rows(
-            parquet,
-            path=path,
-            row_start=int(ep.data_row_start[episode_pos]),
-            length=length,
-            features=features,
-            store=self._store_entry(path, parquet, self._with_index_columns(self.tabular_keys)),
-            decoded=decoded,
-        )
         episode_index = int(ep.episode_index[episode_pos])
         self._check_rows(rows, path, episode_pos, episode_index, length)
         # Some writers (GR00T's v2.0) omit columns that are implied by the episode's position.
@@ -471,16 +471,16 @@ class LeRobotDatasetReader:
             raise DatasetError(f"{key!r} is not an image camera of this reader; image cameras: {self.image_keys}")
         path = self.data_path(episode_pos)
         ep = self.episodes
-        parquet = self._parquet.get(path)
-        return read_episode_images(
-            parquet,
-            path=path,
-            row_start=int(ep.data_row_start[episode_pos]),
-            length=int(ep.length[episode_pos]),
-            key=key,
-            store=self._store_entry(path, parquet, [key]),
-            decoded=decoded,
-        )
+        with self._parquet.reading(path) as parquet:
+            return read_episode_images(
+                parquet,
+                path=path,
+                row_start=int(ep.data_row_start[episode_pos]),
+                length=int(ep.length[episode_pos]),
+                key=key,
+                store=self._store_entry(path, parquet, [key]),
+                decoded=decoded,
+            )
 
     def rows_stored(self, path: str, group_rows: int, length: int) -> bool:
         """Whether workers read an episode of ``length`` rows in row groups of ``group_rows`` rows of remote data

@@ -156,7 +156,9 @@ class ParquetCache:
     large v3.0 dataset sit in ~50 files), and a file with a row group per episode has a footer of ~800 bytes
     per episode (8 MB at 10,000), which took 100 ms to parse again each time 16 open files were not enough;
     parsed, a footer takes ~8 times its serialized size (:data:`FOOTER_MEMORY_FACTOR`).
-    Keyed by process id too, so a cache inherited through ``fork`` is never reused by the child.
+    Keyed by process id too, so a cache inherited through ``fork`` is never reused by the child. Threads read
+    through :meth:`reading`: a file evicted while another thread reads it is closed when that read ends (closed at
+    once, the read failed as a corrupt file).
     """
 
     def __init__(
@@ -168,20 +170,40 @@ class ParquetCache:
         self._open: OrderedDict[tuple[int, str], pq.ParquetFile] = OrderedDict()
         self._footer_bytes = 0
         self._lock = threading.Lock()
+        #: Files handed out by :meth:`reading` whose reads have not all ended -> how many are running.
+        self._readers: dict[pq.ParquetFile, int] = {}
 
     def get(self, path: str) -> pq.ParquetFile:
+        """``path``'s open file, for its footer: another thread's :meth:`get` may evict and close it at any time."""
+        return self._get(path, read=False)
+
+    @contextmanager
+    def reading(self, path: str) -> Iterator[pq.ParquetFile]:
+        """``path``'s open file, kept open until the block ends even where another thread evicts it meanwhile."""
+        parquet = self._get(path, read=True)
+        try:
+            yield parquet
+        finally:
+            with self._lock:
+                self._readers[parquet] -= 1
+                if not self._readers[parquet]:
+                    del self._readers[parquet]
+                    if all(held is not parquet for held in self._open.values()):  # evicted meanwhile
+                        parquet.close(force=True)
+
+    def _get(self, path: str, *, read: bool) -> pq.ParquetFile:
         key = (os.getpid(), path)
         with self._lock:
             if key in self._open:
                 self._open.move_to_end(key)
-                return self._open[key]
+                return self._counted(self._open[key], read)
         parquet = open_parquet(self._open_file, path)
         with self._lock:
             raced = self._open.get(key)
             if raced is not None:  # another thread opened it meanwhile
                 parquet.close(force=True)
                 self._open.move_to_end(key)
-                return raced
+                return self._counted(raced, read)
             self._open[key] = parquet
             self._footer_bytes += _footer_memory(parquet)
             while len(self._open) > 1 and (
@@ -189,7 +211,13 @@ class ParquetCache:
             ):
                 _, old = self._open.popitem(last=False)
                 self._footer_bytes -= _footer_memory(old)
-                old.close(force=True)  # (without force pyarrow leaves a handle it did not open to the GC)
+                if old not in self._readers:  # (else its last read closes it)
+                    old.close(force=True)  # (without force pyarrow leaves a handle it did not open to the GC)
+            return self._counted(parquet, read)
+
+    def _counted(self, parquet: pq.ParquetFile, read: bool) -> pq.ParquetFile:
+        if read:
+            self._readers[parquet] = self._readers.get(parquet, 0) + 1
         return parquet
 
     def __getstate__(self) -> dict[str, object]:
@@ -205,6 +233,7 @@ class ParquetCache:
         self._open = OrderedDict()
         self._footer_bytes = 0
         self._lock = threading.Lock()
+        self._readers = {}
 
 
 def read_episode_rows(

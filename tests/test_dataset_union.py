@@ -325,6 +325,55 @@ def test_the_datasets_share_one_bound_on_open_data_files(make_ds) -> None:
     assert len(opened) <= 5, opened
 
 
+def test_a_data_file_one_thread_reads_stays_open_while_another_thread_evicts_it(make_ds, monkeypatch) -> None:
+    """The iterator looks the union's first episodes up in threads, all through the one bound on open data files:
+    a thread's open evicted (and closed) the file another thread had just been handed, whose read then failed as
+    "the file is truncated or corrupt: re-download or rewrite it" (pyarrow: "operation on closed Python file").
+    Forced here: thread A holds dataset 0's file, the main thread opens dataset 1's past a bound of one, then A
+    reads. An evicted file is closed once its last read ends."""
+    import threading
+
+    import psutil
+
+    from lerobot_dali import dataset_reader
+
+    paths = [make_ds(episodes=3, frames_per_episode=4, cameras=1, fps=FPS, codec="vp9", version="v2.1", seed=s)
+             for s in range(2)]  # fmt: skip
+    union = concat_datasets(paths)
+    union._parquet._max_open = 1
+    handed, evicted = threading.Event(), threading.Event()
+    real_read = dataset_reader.read_episode_rows
+
+    def read_after_eviction(parquet, **kwargs):
+        if threading.current_thread().name == "A":
+            handed.set()
+            assert evicted.wait(30)
+        return real_read(parquet, **kwargs)
+
+    monkeypatch.setattr(dataset_reader, "read_episode_rows", read_after_eviction)
+    results: list[object] = []
+    a = threading.Thread(target=lambda: results.append(_rows_or_error(union, 0)), name="A")
+    a.start()
+    assert handed.wait(30)
+    second = union.read_episode(3)  # dataset 1's first episode: its file takes the only place
+    evicted.set()
+    a.join(30)
+    assert second["episode_index"].tolist() == [0] * 4 and second["frame_index"].tolist() == list(range(4))
+    [first] = results
+    assert not isinstance(first, Exception), first
+    np.testing.assert_array_equal(first["action"], expected_action(0, np.arange(4), 7))
+    roots = tuple(f"{p}/" for p in paths)
+    opened = [f.path for f in psutil.Process().open_files() if f.path.startswith(roots) and "/data/" in f.path]
+    assert len(opened) == 1, opened  # (dataset 0's, evicted, closed after A's read)
+
+
+def _rows_or_error(reader, pos: int):
+    try:
+        return reader.read_episode(pos)
+    except Exception as e:
+        return e
+
+
 def test_each_datasets_first_episode_is_looked_up_when_the_iterator_is_built(make_ds, copy_ds) -> None:
     """Rows that miss their frames in a later dataset fail at construction, as in the first, not mid-epoch."""
     first, second = _datasets(make_ds)
