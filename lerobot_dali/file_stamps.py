@@ -241,6 +241,8 @@ class FileStamps(Mapping[str, FileStamp]):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         del state["_lock"]
+        with self._lock:  # (a copy: DALI's pickler lets prefetch threads add stamps while it walks the dict)
+            state["_stamps"] = dict(self._stamps)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -259,3 +259,39 @@ def test_threads_looking_up_one_path_ask_once() -> None:
     for thread in threads:
         thread.join()
     assert [stamp.size for stamp in got] == [3] * 4 and stamps.info_calls == 1
+
+
+def test_a_file_stamped_in_another_thread_while_the_stamps_are_pickled_for_the_workers() -> None:
+    """DALI pickles the workers' source (the reader and its stamps) with a pickler whose Python hook runs between
+    objects, where other threads get their turn: a prefetch thread stamping a file no listing gave (a plain HTTP
+    server lists no sizes) grew the dict being pickled, and building the pipeline failed with "RuntimeError:
+    dictionary changed size during iteration" (in 50 of 50 pickles beside a thread adding stamps). Forced here:
+    the lookup runs in another thread at the pickler's first stamp."""
+    import io
+    import threading
+
+    import fsspec
+    from nvidia.dali.reducers import DaliCallbackPickler
+
+    fs = fsspec.filesystem("memory")
+    for name in ("a", "b", "c"):
+        fs.pipe(f"/unlisted/{name}.bin", name.encode() * 3)
+    stamps = FileStamps(fs)
+    first = stamps["/unlisted/a.bin"], stamps["/unlisted/b.bin"]
+
+    class SwitchingPickler(DaliCallbackPickler):
+        switched = False
+
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, FileStamp) and not self.switched:
+                self.switched = True
+                other = threading.Thread(target=stamps.__getitem__, args=("/unlisted/c.bin",))
+                other.start()
+                other.join()
+            return super().reducer_override(obj)
+
+    out = io.BytesIO()
+    SwitchingPickler(out).dump(stamps)
+    worker = pickle.loads(out.getvalue())
+    assert (worker["/unlisted/a.bin"], worker["/unlisted/b.bin"]) == first
+    assert len(stamps) == 3 and stamps["/unlisted/c.bin"].size == 3
