@@ -29,6 +29,9 @@ class _ProcessStats:
         self.pid = os.getpid()
         self.values: dict[str, float] = {}
         self.lock = threading.Lock()
+        #: Held by a whole flush: two at once (the flush thread's and the bench's) wrote one temporary file, and the
+        #: later rename, finding it gone, took the folder for removed and ended the counting.
+        self.flush_lock = threading.Lock()
         self.dirty = False
         self.folder = os.environ.get(STATS_ENV) or None
         if self.folder:
@@ -41,18 +44,19 @@ class _ProcessStats:
             self.flush()
 
     def flush(self) -> None:
-        if not self.folder or not self.dirty:
-            return
-        with self.lock:
-            snapshot = dict(self.values)
-            self.dirty = False
-        folder = Path(self.folder)
-        temporary = folder / f".{self.pid}.tmp"
-        try:
-            temporary.write_text(json.dumps(snapshot), encoding="utf-8")
-            os.replace(temporary, folder / f"{self.pid}.json")
-        except FileNotFoundError:  # removed by its maker (a worker outliving the benchmark's loader): counting is
-            self.folder = None  # over (the folder was made again, and stayed in /tmp)
+        with self.flush_lock:
+            if not self.folder or not self.dirty:
+                return
+            with self.lock:
+                snapshot = dict(self.values)
+                self.dirty = False
+            folder = Path(self.folder)
+            temporary = folder / f".{self.pid}.tmp"
+            try:
+                temporary.write_text(json.dumps(snapshot), encoding="utf-8")
+                os.replace(temporary, folder / f"{self.pid}.json")
+            except FileNotFoundError:  # removed by its maker (a worker outliving the benchmark's loader): counting
+                self.folder = None  # is over (the folder was made again, and stayed in /tmp)
 
 
 _stats: _ProcessStats | None = None

@@ -60,3 +60,39 @@ def test_a_folder_removed_by_its_maker_is_not_made_again(tmp_path: Path, monkeyp
     io_stats.add("requests")
     io_stats.flush()
     assert not folder.exists()
+
+
+def test_a_flush_meeting_the_flush_threads_keeps_counting(tmp_path: Path, monkeypatch) -> None:
+    """The bench flushes its process's counters itself while the flush thread does so every 0.2 s: both wrote the
+    one temporary file, the later rename found it gone, and the FileNotFoundError was taken for a removed folder,
+    so the process counted no more (its requests stayed at the first flush's for the rest of the run). Forced
+    here: a second flush runs while the first is about to rename."""
+    import threading
+
+    monkeypatch.delenv(io_stats.STATS_ENV, raising=False)
+    stats = io_stats._ProcessStats()  # (without the variable: no flush thread of its own)
+    stats.folder = str(tmp_path)
+    real_replace = os.replace
+
+    def second_flush_meanwhile(source, target) -> None:
+        if threading.current_thread().name == "first":
+            stats.values["requests"] = 2.0
+            stats.dirty = True
+            second = threading.Thread(target=stats.flush, name="second")
+            second.start()
+            second.join(1.0)  # (with the flushes taking turns it waits for this one: go on after a while)
+        real_replace(source, target)
+
+    monkeypatch.setattr(io_stats.os, "replace", second_flush_meanwhile)
+    stats.values["requests"] = 1.0
+    stats.dirty = True
+    first = threading.Thread(target=stats.flush, name="first")
+    first.start()
+    first.join(30)
+    for thread in threading.enumerate():
+        if thread.name == "second":
+            thread.join(30)
+    stats.values["requests"] = 3.0
+    stats.dirty = True
+    stats.flush()
+    assert io_stats.collect(tmp_path) == {"requests": 3.0}
