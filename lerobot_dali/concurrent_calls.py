@@ -52,25 +52,31 @@ def in_threads(function: Callable[[_T], _R], items: Sequence[_T], *, progress: s
 
 
 class KeyedLocks:
-    """A lock per key, made when first asked for and dropped once its holder is done: threads that want one key's
-    work at once (a file's metadata request, its packet index, an NVDEC probe) take turns, so the later ones find
-    the first one's result where it keeps it instead of doing the work again. Pickles empty (locks do not pickle)."""
+    """A lock per key, made when first asked for and dropped once no thread holds or waits for it: threads that want
+    one key's work at once (a file's metadata request, its packet index, an NVDEC probe) take turns, so the later
+    ones find the first one's result where it keeps it instead of doing the work again. Pickles empty (locks do not
+    pickle)."""
 
     def __init__(self) -> None:
-        self._locks: dict[Hashable, threading.Lock] = {}
+        #: key -> its lock and how many threads hold or wait for it (dropped while one waited, a third thread made a
+        #: new lock and did the key's work beside the waiter).
+        self._locks: dict[Hashable, tuple[threading.Lock, int]] = {}
         self._guard = threading.Lock()
 
     @contextmanager
     def held(self, key: Hashable) -> Iterator[None]:
         with self._guard:
-            lock = self._locks.setdefault(key, threading.Lock())
-        with lock:
-            try:
+            lock, users = self._locks.get(key) or (threading.Lock(), 0)
+            self._locks[key] = (lock, users + 1)
+        try:
+            with lock:
                 yield
-            finally:
-                with self._guard:
-                    if self._locks.get(key) is lock:
-                        del self._locks[key]
+        finally:
+            with self._guard:
+                if users := self._locks[key][1] - 1:
+                    self._locks[key] = (lock, users)
+                else:
+                    del self._locks[key]
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (KeyedLocks, ())

@@ -59,3 +59,64 @@ def test_the_first_failure_in_order_is_raised_once_every_call_has_ended() -> Non
     with pytest.raises(ValueError, match="call 1"):
         in_threads(call, [0, 1, 2])
     assert sorted(ended) == [0, 1, 2]
+
+
+def test_a_key_stays_one_threads_while_another_waits_for_it(monkeypatch) -> None:
+    """A key's lock was dropped when its holder left, even with a thread waiting on it: that thread then held the
+    old lock while a third made a new one, and both did the key's work at once (two packet index builds, two
+    NVDEC probe processes after a first try failed). Forced here: A holds the key, B waits for it, A leaves and B
+    holds it; C must then wait for B."""
+    import threading
+    from types import SimpleNamespace
+
+    from lerobot_dali.concurrent_calls import KeyedLocks
+
+    keyed = KeyedLocks()
+    real_lock = threading.Lock
+    blocked = threading.Semaphore(0)  # released each time a thread starts waiting for a key
+    c_decided = threading.Event()  # C waits for the key, or holds it
+
+    class WatchedLock:
+        def __init__(self) -> None:
+            self._lock = real_lock()
+
+        def __enter__(self) -> None:
+            if not self._lock.acquire(blocking=False):
+                blocked.release()
+                c_decided.set()
+                self._lock.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self._lock.release()
+
+    monkeypatch.setattr(concurrent_calls, "threading", SimpleNamespace(Lock=WatchedLock))
+    inside: list[str] = []
+    entered = {name: threading.Event() for name in "ABC"}
+    leave = {name: threading.Event() for name in "ABC"}
+
+    def hold(name: str) -> None:
+        with keyed.held("file.mp4"):
+            inside.append(name)
+            entered[name].set()
+            if name == "C":
+                c_decided.set()
+            assert leave[name].wait(30)
+            inside.remove(name)
+
+    threads = {name: threading.Thread(target=hold, args=(name,), daemon=True) for name in "ABC"}
+    threads["A"].start()
+    assert entered["A"].wait(30)
+    threads["B"].start()
+    assert blocked.acquire(timeout=30)  # B waits for A's key
+    leave["A"].set()
+    assert entered["B"].wait(30)
+    c_decided.clear()
+    threads["C"].start()
+    assert c_decided.wait(30)
+    assert inside == ["B"], inside  # C waits
+    leave["B"].set()
+    assert entered["C"].wait(30)
+    leave["C"].set()
+    for thread in threads.values():
+        thread.join(30)
+    assert inside == [] and keyed._locks == {}
