@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from .clips import plan_clip
+from .concurrent_calls import KeyedLocks
 from .dataset_reader import LeRobotDatasetReader
 from .episode_rows import damaged_parquet_as, row_group_starts, row_groups_holding
 from .errors import DataFileError
@@ -47,6 +48,7 @@ class EpisodeRanges:
         self._store = index_store
         self._lock = threading.Lock()
         self._parquet: OrderedDict[str, tuple[int, pq.FileMetaData, np.ndarray]] = OrderedDict()
+        self._reading = KeyedLocks()  # (a file's, held while one thread reads its footer)
         self._max_parquet = max_parquet_files
 
     def ranges(self, episode_pos: int) -> list[tuple[str, int, int]]:
@@ -86,11 +88,21 @@ class EpisodeRanges:
 
     def _parquet_meta(self, path: str) -> tuple[int, pq.FileMetaData, np.ndarray]:
         """The file's size, footer and row group starts (:func:`row_group_starts`), kept per file."""
+        known = self._known_parquet(path)
+        if known is not None:
+            return known
+        with self._reading.held(path):  # (prefetch threads admitting episodes of one file each read its footer)
+            known = self._known_parquet(path)
+            return known if known is not None else self._read_parquet_meta(path)
+
+    def _known_parquet(self, path: str) -> tuple[int, pq.FileMetaData, np.ndarray] | None:
         with self._lock:
             known = self._parquet.get(path)
             if known is not None:
                 self._parquet.move_to_end(path)
-                return known
+            return known
+
+    def _read_parquet_meta(self, path: str) -> tuple[int, pq.FileMetaData, np.ndarray]:
         with self.reader.open(path) as handle, damaged_parquet_as(DataFileError, path):
             size = int(handle.seek(0, 2))
             handle.seek(0)

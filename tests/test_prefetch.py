@@ -345,6 +345,37 @@ def test_episode_ranges_cover_every_read_of_the_episode(make_ds, tmp_path: Path)
     assert cached_fs.counters["remote_reads"] == 0 and cached_fs.counters["cached_reads"] > 0
 
 
+def test_prefetch_threads_admitting_episodes_of_one_data_file_read_its_footer_once(make_ds, monkeypatch) -> None:
+    """A v3.0 data file holds many episodes, and the prefetcher admits the pool's episodes 8 threads at once: each
+    thread missed the footer the others were reading and read it too (8 footer reads of one file at warm-up, each
+    an open and a ranged read over the network)."""
+    import threading
+    from multiprocessing.pool import ThreadPool
+
+    root = make_ds(episodes=8, frames_per_episode=5, cameras=1, codec="vp9", fps=10, episodes_per_file=8)
+    remote = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    opened: list[str] = []
+    all_asked = threading.Barrier(8, timeout=30)
+    real_open = remote.open
+
+    def slow_open(path: str):
+        opened.append(path)
+        time.sleep(0.05)  # (a request's latency: the other threads ask meanwhile)
+        return real_open(path)
+
+    monkeypatch.setattr(remote, "open", slow_open)
+    ranges = EpisodeRanges(remote)
+
+    def admit(pos: int) -> list[tuple[str, int, int]]:
+        all_asked.wait()
+        return ranges.parquet_ranges(pos)
+
+    with ThreadPool(8) as pool:
+        admitted = pool.map(admit, range(8))
+    assert opened == [remote.data_path(0)]
+    assert admitted == [ranges.parquet_ranges(pos) for pos in range(8)] and len(opened) == 1
+
+
 # -- the iterator over a fake remote ---------------------------------------------------------------------------
 def test_iterator_prefetches_and_a_warm_second_epoch_makes_no_data_requests(make_ds, tmp_path: Path) -> None:
     from lerobot_dali.iterator import DALILeRobotIterator
