@@ -33,6 +33,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +150,10 @@ class RangeCache:
         self._bytes = 0
         self._pending: dict[ByteRange, threading.Event] = {}
         self._lock = threading.Lock()
+        #: Threads writing to the folder now (an entry, or an adopted one checked): close() waits for them, and none
+        #: starts once it is closed (the folder may be another cache's by then: a fetch left running wrote there).
+        self._writing = 0
+        self._written = threading.Condition(self._lock)
         self._warned_full = False
         self._warned_write = False
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -173,10 +178,14 @@ class RangeCache:
         raise CacheBusyError(f"{base} and its 63 sibling slots are all in use by other prefetch caches")
 
     def close(self) -> None:
-        """Give the directory up (its entries stay, for the next run to adopt)."""
-        if self._lock_file is not None:
-            self._lock_file.close()  # releases the flock
-            self._lock_file = None
+        """Give the directory up (its entries stay, for the next run to adopt) once the writes under way have ended;
+        a fetch still running then writes nothing (its range counts as refused)."""
+        with self._lock:
+            handle, self._lock_file = self._lock_file, None
+            while self._writing:
+                self._written.wait()
+        if handle is not None:
+            handle.close()  # releases the flock
 
     @property
     def bytes_cached(self) -> int:
@@ -202,13 +211,13 @@ class RangeCache:
             if not work:
                 continue
             try:
-                file = self._checked(adopted) if adopted is not None else None
+                file = self._writes(partial(self._checked, adopted)) if adopted is not None else None
                 reused = file is not None
                 if file is None:
                     data = fetch(key)
                     if len(data) != key.size:
                         raise OSError(f"{key.path}: fetched {len(data)} bytes for range [{key.start}, {key.end})")
-                    file = self._write_or_refuse(key, data)
+                    file = self._writes(partial(self._write_or_refuse, key, data))
             except BaseException:
                 with self._lock:
                     self._bytes -= key.size
@@ -232,6 +241,19 @@ class RangeCache:
             fetched += 0 if reused else key.size
         return fetched
 
+    def _writes(self, write: Callable[[], Path | None]) -> Path | None:
+        """``write()`` (an entry made readable), or None without calling it once the cache is closed."""
+        with self._lock:
+            if self._lock_file is None:
+                return None
+            self._writing += 1
+        try:
+            return write()
+        finally:
+            with self._lock:
+                self._writing -= 1
+                self._written.notify_all()
+
     def _claim(self, owner: Hashable, key: ByteRange, held: list[ByteRange]) -> tuple[bool, _Entry | None]:
         """``(True, None)`` when the caller must fetch ``key`` (room reserved), ``(True, entry)`` when it must
         first check an adopted entry (:meth:`_checked`; its room stays reserved), ``(False, None)`` when the
@@ -253,6 +275,8 @@ class RangeCache:
                         self._released.pop(key, None)
                         held.append(key)
                         self.stats.reused_ranges += 1
+                        return False, None
+                    if self._lock_file is None:  # closed: the folder may be another cache's now
                         return False, None
                     if not self._make_room(key.size):
                         self.stats.refused_ranges += 1

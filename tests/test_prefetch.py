@@ -138,6 +138,35 @@ def test_a_cache_directory_has_one_writer_and_a_second_run_takes_a_sibling_slot(
     assert again.directory == tmp_path / "rank-0" and again.bytes_cached == 100
 
 
+def test_a_range_fetched_while_its_cache_closes_is_not_written_into_the_next_writers_folder(tmp_path: Path) -> None:
+    """Closing the prefetcher gives the folder up at once and leaves a fetch in flight to its thread; that fetch then
+    wrote its entry (and made room, evicting) in a folder another cache held by then (the next run's, or the next
+    iterator's of this one): an entry that cache never counted, so the folder held 200 bytes under a bound of 100.
+    Forced here: the fetch ends after the close and the second cache's open."""
+    import threading
+
+    folder = tmp_path / "cache"
+    first = RangeCache(folder, max_bytes=100)
+    fetching, answer = threading.Event(), threading.Event()
+
+    def late_fetch(key: ByteRange) -> bytes:
+        fetching.set()
+        assert answer.wait(30)
+        return b"a" * key.size
+
+    late = threading.Thread(target=first.acquire, args=(0, [ByteRange("f", 0, 100)], late_fetch))
+    late.start()
+    assert fetching.wait(30)
+    first.close()
+    second = RangeCache(folder, max_bytes=100)
+    answer.set()
+    late.join(30)
+    second.acquire(1, [ByteRange("g", 0, 100)], lambda key: b"b" * key.size)
+    entries = sorted(folder.rglob("*.bin"))
+    assert [f.read_bytes()[:1] for f in entries] == [b"b"] and second.bytes_cached == 100
+    assert first.stats.refused_ranges == 1 and first.stats.fetched_ranges == 0
+
+
 def test_a_cache_that_cannot_write_refuses_the_range(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A full disk made the prefetcher's warm-up, on the training thread, raise; the range is now read remotely."""
     blob = bytes(range(200))
