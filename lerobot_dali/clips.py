@@ -297,7 +297,7 @@ def remux_clip(index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> np.
     """Mux ``payloads`` (the planned packets) into an in-memory MP4, re-timed to a gap-free constant rate."""
     if len(payloads) != plan.frame_count:
         raise ValueError(f"remux_clip got {len(payloads)} payloads for a plan of {plan.frame_count} packets.")
-    if index.codec in KEYFRAME_SIZE_CODECS:  # (a remote file's packet index checks only the keyframes it read)
+    if index.codec in KEYFRAME_SIZE_CODECS and not index.keyframe_sizes_checked:  # (a remote file: its index read some)
         seconds = float(index.time_base)
         keyframes = [
             (int(index.pts[position]) * seconds, payload)

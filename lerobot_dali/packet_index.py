@@ -75,6 +75,10 @@ class PacketIndex:
     #: The container's index of the stream indexed: its first video stream (a file may hold audio first, or more
     #: video streams, of which FFmpeg's "best" need not be the first).
     stream_index: int = 0
+    #: Whether the build judged every keyframe's frame size (:mod:`.keyframe_sizes`; a local file, read through): a
+    #: clip's keyframes then need no check of their own. False for a remote file's index, which reads its first
+    #: packets only: each clip checks its keyframes (:func:`~lerobot_dali.clips.remux_clip`).
+    keyframe_sizes_checked: bool = False
     #: Display index -> decode position (argsort of ``pts``).
     display_order: np.ndarray = field(init=False, repr=False)
     #: Decode position -> display index (inverse of ``display_order``).
@@ -270,8 +274,10 @@ def _index_container(
             local=_local_reads(handle) if byte_exact else None,
         )  # fmt: skip
     codec = context.codec.canonical_name
+    sizes_checked = False
     if codec in KEYFRAME_SIZE_CODECS and (layout is not None or codec not in ("h264", "hevc")):  # (not Annex B)
         read_at = _local_reads(handle) if byte_exact else None
+        sizes_checked = read_at is not None  # (else only the keyframes the demux or the first packets gave)
         check_keyframe_sizes(
             context, np.flatnonzero(keyframe).tolist(), PacketBytes(table, {**heads, **samples}, read_at),
             pts=table[:, 0], time_base=Fraction(stream.time_base), length_size=layout.length_size if layout else 4,
@@ -293,6 +299,7 @@ def _index_container(
         byte_exact=byte_exact,
         template=template,
         stream_index=int(stream.index),
+        keyframe_sizes_checked=sizes_checked,
     )
 
 

@@ -49,8 +49,9 @@ logger = logging.getLogger(__name__)
 
 #: Version of the on-disk layout; files of another version are deleted and rebuilt. 2: ``keyframe`` holds random-access
 #: points only, not every flagged sync sample (x264 intra refresh flags P-frames; :mod:`.random_access`). 3: the
-#: stream's index in the container (``stream_index``).
-STORE_FORMAT = 3
+#: stream's index in the container (``stream_index``). 4: whether every keyframe's size was checked
+#: (``keyframe_sizes_checked``).
+STORE_FORMAT = 4
 
 #: Longest a process waits for another that indexes the same video before it indexes it too.
 WAIT_S = 300.0
@@ -204,6 +205,7 @@ def _encode(index: PacketIndex, url: str, stamp: FileStamp) -> dict[str, np.ndar
         "byte_exact": np.array(index.byte_exact),
         "template": np.frombuffer(index.template, dtype=np.uint8),
         "stream_index": np.array(index.stream_index, dtype=np.int64),
+        "keyframe_sizes_checked": np.array(index.keyframe_sizes_checked),
         **{name: np.asarray(getattr(index, name)) for name in _ARRAYS},
     }
 
@@ -231,5 +233,6 @@ def _decode(data: Any, url: str, stamp: FileStamp) -> PacketIndex:
         byte_exact=bool(data["byte_exact"]),
         template=data["template"].tobytes(),
         stream_index=int(data["stream_index"]),
+        keyframe_sizes_checked=bool(data["keyframe_sizes_checked"]),
         **arrays,
     )

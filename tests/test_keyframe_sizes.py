@@ -12,6 +12,7 @@ import av
 import numpy as np
 import pytest
 
+from lerobot_dali import clips as clips_module
 from lerobot_dali import packet_index as packet_index_module
 from lerobot_dali.clips import build_clip
 from lerobot_dali.errors import VideoDecodeError
@@ -176,9 +177,36 @@ def test_a_clip_checks_the_keyframes_a_remote_index_did_not_read(
     monkeypatch.setattr(packet_index_module, "_local_reads", lambda handle: None)  # (a remote file)
     index = build_packet_index(path)  # (its sample tables and first packets: the change is not among them)
     assert (index.width, index.height) == SMALL[::-1]
+    assert not index.keyframe_sizes_checked
     assert build_clip(path, index, [3]).frame_count == 2  # (keyframe 2, frame 3: the first part's size)
     with pytest.raises(VideoDecodeError, match=r"keyframe at 0\.400000 s is 128x96 \(WxH\), the stream 96x64"):
         build_clip(path, index, [FRAMES + 3])
+
+
+@pytest.mark.parametrize("codec", ["vp9", "h264", "av1"])
+def test_a_clip_of_an_index_that_checked_every_keyframe_is_not_checked_again(
+    tmp_path: Path, codec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, every clip's keyframes were checked (~30 us a clip) though a local file's index had judged them all;
+    a remote file's index (its first packets only) still has each clip checked."""
+    path = _part(tmp_path / "one_size.mp4", 0, LARGE, codec)
+    checked: list[list[float]] = []
+    check = clips_module.check_clip_keyframe_sizes
+
+    def recording(template: bytes, codec: str, keyframes: list[tuple[float, bytes]], **kwargs: object) -> None:
+        checked.append([seconds for seconds, _ in keyframes])
+        check(template, codec, keyframes, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(clips_module, "check_clip_keyframe_sizes", recording)
+    local = build_packet_index(path)
+    assert local.keyframe_sizes_checked
+    assert build_clip(path, local, [3]).frame_count == 2
+    assert checked == []
+    monkeypatch.setattr(packet_index_module, "_local_reads", lambda handle: None)  # (a remote file)
+    remote = build_packet_index(path)
+    assert not remote.keyframe_sizes_checked
+    assert build_clip(path, remote, [3]).frame_count == 2
+    assert checked == [[pytest.approx(2 / FPS)]]  # (keyframe 2's, shown at 2/FPS s)
 
 
 def test_a_vp9_stream_of_one_size_is_indexed(resized_vp9: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import multiprocessing
@@ -28,7 +29,10 @@ from lerobot_dali.video_source import source_url
 from tests.fake_remote import FakeRemoteFileSystem
 from tests.video_fixtures import EPISODE_LENGTHS, MarkerVideo
 
-_FIELDS = ("source_name", "codec", "width", "height", "pix_fmt", "time_base", "file_size_bytes", "byte_exact")
+_FIELDS = (
+    "source_name", "codec", "width", "height", "pix_fmt", "time_base", "file_size_bytes", "byte_exact",
+    "stream_index", "keyframe_sizes_checked",
+)  # fmt: skip
 _ARRAYS = ("pts", "dts", "byte_offset", "size_bytes", "keyframe", "display_order", "display_rank", "frame_pts")
 _URL = "hf://datasets/user/name/videos/observation.images.top/chunk-000/file-000.mp4"
 
@@ -62,6 +66,19 @@ def test_round_trip_is_exact(marker_video: MarkerVideo, tmp_path: Path, codec: s
     with zipfile.ZipFile(stored) as archive:  # plain .npy members, nothing pickled
         assert {n.removesuffix(".npy") for n in archive.namelist()} >= {"pts", "template", "url", "format"}
     assert store.load("hf://datasets/user/name/other.mp4", stamp) is None
+
+
+@pytest.mark.parametrize("checked", [True, False])
+def test_whether_every_keyframe_size_was_checked_is_stored(
+    marker_video: MarkerVideo, tmp_path: Path, checked: bool
+) -> None:
+    """A remote file's index judged only its first keyframes: loaded again, its clips must still be checked."""
+    index = dataclasses.replace(build_packet_index(marker_video("av1", 2)), keyframe_sizes_checked=checked)
+    store = PacketIndexStore(tmp_path)
+    stamp = FileStamp(index.file_size_bytes, "blob:1")
+    store.save(_URL, stamp, index)
+    loaded = store.load(_URL, stamp)
+    assert loaded is not None and loaded.keyframe_sizes_checked is checked
 
 
 def test_stale_stamp_misses(marker_video: MarkerVideo, tmp_path: Path) -> None:
