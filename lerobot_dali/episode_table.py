@@ -309,7 +309,15 @@ def _v3_rows(fs: fsspec.AbstractFileSystem, meta_root: str) -> pa.Table:
     table = pa.concat_tables(tables, promote_options="permissive")
     if "episode_index" not in table.column_names:
         raise EpisodeMetadataError(f"{meta_root}/meta/episodes: episode metadata lacks column(s) ['episode_index']")
-    return table.sort_by("episode_index")
+    return table if _ascending(table["episode_index"]) else table.sort_by("episode_index")
+
+
+def _ascending(column: pa.ChunkedArray) -> bool:
+    """Whether ``column`` holds no null and never decreases: sorting it (stably) changes nothing (LeRobot writes its
+    episodes in order; sorting 1,000,000 rows that are took 0.15 s)."""
+    if column.null_count or len(column) < 2:
+        return not column.null_count
+    return bool(pc.all(pc.less_equal(column.slice(0, len(column) - 1), column.slice(1))).as_py())
 
 
 def _read_v3(table: pa.Table, source: str, video_keys: list[str]) -> EpisodeTable:
