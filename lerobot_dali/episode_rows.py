@@ -298,7 +298,7 @@ def image_bytes(column: pa.Array, *, path: str, key: str, row_start: int = 0) ->
 
 
 def _require_columns(parquet: pq.ParquetFile, path: str, keys: list[str], *, fix: str) -> None:
-    schema = parquet.schema_arrow
+    schema = _arrow_schema(parquet)
     missing = [k for k in keys if schema.get_field_index(k) < 0]
     if missing:
         raise SchemaMismatchError(
@@ -360,7 +360,7 @@ def _stored_rows(
     """The rows from the column store when decoding ``group_rows`` rows for them costs enough, else None."""
     if store is None or not store.store.wants(group_rows, length) or not set(columns) <= set(store.columns):
         return None
-    schema = parquet.schema_arrow
+    schema = _arrow_schema(parquet)
     if any(schema.get_field_index(c) < 0 for c in store.columns):  # the direct read names what is missing
         return None
     stamp = store.stamp()
@@ -382,6 +382,18 @@ def _stored_rows(
 #: one row group per episode (as LeRobot writes them) hold thousands, which a loop over the footer per episode
 #: read paid for each time (4.5 ms at 10,000 groups).
 _ROW_GROUP_STARTS: weakref.WeakKeyDictionary[pq.ParquetFile, np.ndarray] = weakref.WeakKeyDictionary()
+
+
+#: Per open parquet file: its Arrow schema, which ``ParquetFile.schema_arrow`` converts from the footer again at each
+#: access (~80 us; twice per episode read, a tenth of reading a short episode's rows).
+_ARROW_SCHEMAS: weakref.WeakKeyDictionary[pq.ParquetFile, pa.Schema] = weakref.WeakKeyDictionary()
+
+
+def _arrow_schema(parquet: pq.ParquetFile) -> pa.Schema:
+    schema = _ARROW_SCHEMAS.get(parquet)
+    if schema is None:
+        schema = _ARROW_SCHEMAS[parquet] = parquet.schema_arrow
+    return schema
 
 
 #: Per open parquet file on a local disk: the stat of the handle it reads, taken when opened (not the path's now:
