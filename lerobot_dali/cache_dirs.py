@@ -92,7 +92,9 @@ def folder_refuses(folder: Path, error: OSError) -> str | None:
 
 
 def try_flock(path: Path) -> IO[bytes] | None:
-    """``path`` opened and exclusively ``flock``ed, or None while another process (or handle) holds it.
+    """``path`` opened and exclusively ``flock``ed, or None while another process (or handle) holds it, or when
+    ``path`` was deleted or replaced between the open and the lock (a sweep, or a holder done with it: a lock on a
+    file no other process can open excludes nobody; the caller tries again).
 
     The lock goes with the returned file (closed, or the process gone), so a crash never leaves it taken."""
     handle: IO[bytes]
@@ -107,7 +109,19 @@ def try_flock(path: Path) -> IO[bytes] | None:
         if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             return None
         raise
+    if not _same_file(os.fstat(handle.fileno()), path):
+        handle.close()
+        return None
     return handle
+
+
+def _same_file(opened: os.stat_result, path: Path) -> bool:
+    """Whether ``path`` still names the file whose ``fstat`` is ``opened``."""
+    try:
+        now = path.stat()
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino)
 
 
 def wait_for_flock(path: Path, *, ready: Path, wait_s: float, poll_s: float) -> IO[bytes] | None:
@@ -176,7 +190,8 @@ def sweep_cutoff(folder: Path) -> float | None:
 
 def prune_unused_files(folder: Path, *patterns: str) -> None:
     """Delete the files of ``folder`` matching any of ``patterns`` whose last use (:func:`mark_used`) is stale; a
-    no-op when pruning is off or ``folder`` was swept recently. Readers holding one open or mapped keep their copy."""
+    no-op when pruning is off or ``folder`` was swept recently. Readers holding one open or mapped keep their copy.
+    A lock file (``*.lock``: its mtime is its creation, however long it is held) goes only while none holds it."""
     cutoff = sweep_cutoff(folder)
     if cutoff is None:
         return
@@ -184,9 +199,17 @@ def prune_unused_files(folder: Path, *patterns: str) -> None:
     for path in (path for pattern in patterns for path in folder.glob(pattern)):
         try:
             stat = path.stat()
-            if stat.st_mtime < cutoff:
+            if stat.st_mtime >= cutoff:
+                continue
+            if path.suffix == ".lock":
+                lock = try_flock(path)
+                if lock is None:  # held: its holder is building the entry now
+                    continue
+                with lock:
+                    path.unlink()
+            else:
                 path.unlink()
-                removed, freed = removed + 1, freed + stat.st_size
+            removed, freed = removed + 1, freed + stat.st_size
         except OSError:
             continue  # (removed meanwhile, or not ours to delete)
     if removed:

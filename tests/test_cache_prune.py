@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lerobot_dali.cache_dirs import CACHE_DAYS_ENV, cache_root, prune_unused_files
+from lerobot_dali.cache_dirs import CACHE_DAYS_ENV, LOCK_FILES, cache_root, prune_unused_files, try_flock
 from lerobot_dali.file_stamps import FileStamp
 from lerobot_dali.packet_index import build_packet_index
 from lerobot_dali.packet_index_store import PacketIndexStore
@@ -67,6 +67,45 @@ def test_lock_files_left_beside_entries_are_swept_with_them(tmp_path: Path, monk
     read = lambda paths: [Footer(1, ("a",))] * len(paths)  # noqa: E731
     cached_footers(stamps, ["a.parquet"], read, directory=tmp_path / "row_counts")
     assert not list((tmp_path / "row_counts").rglob("*.lock"))
+
+
+def test_a_held_lock_file_is_not_swept_however_old(tmp_path: Path, monkeypatch) -> None:
+    """A lock file's mtime is its creation (taking it writes nothing): a process indexing a video under a lock file
+    older than the set days had it deleted by a sweep, and the next process made a new one and indexed the same
+    video at the same time."""
+    monkeypatch.setenv(CACHE_DAYS_ENV, "7")
+    held_path = _file(tmp_path / "ab" / "held.lock", 8, 0)
+    free_path = _file(tmp_path / "ab" / "free.lock", 8, 0)
+    held = try_flock(held_path)
+    assert held is not None
+    with held:
+        prune_unused_files(tmp_path, LOCK_FILES)
+        assert held_path.exists() and not free_path.exists()
+        assert try_flock(held_path) is None  # a second process still waits for the holder
+
+
+def test_a_lock_taken_on_a_file_deleted_meanwhile_is_not_held(tmp_path: Path, monkeypatch) -> None:
+    """A process that opened a lock file just before a sweep (or the holder that stored the entry) deleted it, and
+    locked it just after, held a lock on a file no other process can open: the next one made a new lock file and
+    took that too."""
+    import fcntl
+
+    from lerobot_dali import cache_dirs
+
+    path = tmp_path / "ab" / "entry.lock"
+    path.parent.mkdir()
+    real_flock = fcntl.flock
+
+    def flock_after_a_sweep(fd: int, operation: int) -> None:
+        path.unlink(missing_ok=True)
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(cache_dirs.fcntl, "flock", flock_after_a_sweep)
+    assert try_flock(path) is None
+    monkeypatch.setattr(cache_dirs.fcntl, "flock", real_flock)
+    lock = try_flock(path)
+    assert lock is not None and path.exists() and os.fstat(lock.fileno()).st_ino == path.stat().st_ino
+    lock.close()
 
 
 @pytest.mark.parametrize("days", ["0", "-1"])
