@@ -29,6 +29,7 @@ __all__ = [
     "atomic_file",
     "cache_days",
     "cache_root",
+    "delete_if_unchanged",
     "folder_refuses",
     "mark_used",
     "prune_unused_files",
@@ -135,6 +136,13 @@ def wait_for_flock(path: Path, *, ready: Path, wait_s: float, poll_s: float) -> 
         if lock is not None or ready.exists() or time.monotonic() > deadline:
             return lock
         time.sleep(poll_s)
+
+
+def delete_if_unchanged(path: Path, read: os.stat_result | None) -> None:
+    """Delete ``path`` if it still names the file that was read (``read``: its ``fstat``; None: never opened), not a
+    good one another process renamed over it since. Raises OSError where it cannot be deleted."""
+    if read is None or _same_file(read, path):
+        path.unlink(missing_ok=True)
 
 
 def lock_file(entry: Path) -> Path:

@@ -39,6 +39,7 @@ from .cache_dirs import (
     LOCK_FILES,
     atomic_file,
     cache_root,
+    delete_if_unchanged,
     drop_lock_file,
     folder_refuses,
     lock_file,
@@ -195,8 +196,11 @@ class ColumnStore:
         """The stored table, or None when absent or unusable: a damaged or mismatched file is logged and deleted;
         one that cannot be opened here (no file descriptors left, no permission) is logged and kept for others."""
         target, key = entry.target, entry.key
+        read: os.stat_result | None = None
         try:
-            table = pa.ipc.open_file(pa.memory_map(str(target))).read_all()
+            mapped = pa.memory_map(str(target))
+            read = os.fstat(mapped.fileno())
+            table = pa.ipc.open_file(mapped).read_all()
         except (FileNotFoundError, NotADirectoryError):  # (the latter: the store's folder is a file)
             return None
         except pa.ArrowInvalid as e:  # truncated, empty or not Arrow
@@ -218,7 +222,7 @@ class ColumnStore:
             )
         logger.warning("column store file %s %s; deleting it", target, problem)
         try:
-            target.unlink(missing_ok=True)
+            delete_if_unchanged(target, read)  # (not a good one another process stored meanwhile)
         except OSError as e:
             logger.warning("cannot delete %s (%s)", target, e)
         return None

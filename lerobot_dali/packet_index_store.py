@@ -31,6 +31,7 @@ from .cache_dirs import (
     LOCK_FILES,
     atomic_file,
     cache_root,
+    delete_if_unchanged,
     drop_lock_file,
     folder_refuses,
     lock_file,
@@ -93,9 +94,12 @@ class PacketIndexStore:
         """The stored index of ``url`` at ``stamp``, or None when absent or unreadable (then deleted)."""
         path = self.path_for(url, stamp)
         for attempt in range(2):
+            read: os.stat_result | None = None
             try:
-                with PARSE_LOCK, np.load(path, allow_pickle=False) as data:  # np.load parses its headers as Python
-                    index = _decode(data, url, stamp)
+                with open(path, "rb") as file:
+                    read = os.fstat(file.fileno())
+                    with PARSE_LOCK, np.load(file, allow_pickle=False) as data:  # (np.load parses headers as Python)
+                        index = _decode(data, url, stamp)
                 mark_used(path)
                 return index
             except FileNotFoundError:
@@ -112,7 +116,7 @@ class PacketIndexStore:
                     "packet index cache file %s is unreadable (%s: %s); deleting it", path, type(e).__name__, e
                 )
                 try:
-                    path.unlink(missing_ok=True)
+                    delete_if_unchanged(path, read)  # (not a good one another process stored meanwhile)
                 except OSError as unlink_error:
                     logger.warning("cannot delete %s (%s); it will be overwritten", path, unlink_error)
                 return None

@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, NamedTuple
@@ -27,6 +28,7 @@ from .cache_dirs import (
     LOCK_FILES,
     atomic_file,
     cache_root,
+    delete_if_unchanged,
     drop_lock_file,
     lock_file,
     mark_used,
@@ -112,8 +114,11 @@ def _wait_for_lock(entry: Path) -> IO[bytes] | None:
 
 
 def _load(entry: Path, paths: Sequence[str]) -> list[Footer] | None:
+    read: os.stat_result | None = None
     try:
-        raw = json.loads(entry.read_text())
+        with open(entry, "rb") as file:
+            read = os.fstat(file.fileno())
+            raw = json.loads(file.read())
         counts, columns, widths, ranges = raw["rows"], raw["columns"], raw["list_widths"], raw["value_ranges"]
         if raw["paths"] != list(paths) or not len(counts) == len(columns) == len(widths) == len(ranges) == len(paths):
             raise ValueError("it holds other files")
@@ -130,7 +135,7 @@ def _load(entry: Path, paths: Sequence[str]) -> list[Footer] | None:
     except (OSError, ValueError, KeyError, TypeError) as e:
         logger.warning("row count cache file %s is unreadable (%s); deleting it and reading the files", entry, e)
         with contextlib.suppress(OSError):
-            entry.unlink(missing_ok=True)
+            delete_if_unchanged(entry, read)  # (not a good one another process stored meanwhile)
         return None
     mark_used(entry)
     return [

@@ -24,6 +24,7 @@ from lerobot_dali.column_store import ColumnStore
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DataFileError
 from lerobot_dali.file_stamps import FileStamp, stamp_from_stat
+from tests.replace_on_warning import replaced_when_warned
 
 # cr5's data file is one row group of 2,733 rows holding 12 episodes of 127-314 rows, as LeRobot's converter
 # wrote it: a store that takes groups from 1,000 rows and 4x the episode reads every episode through it.
@@ -115,6 +116,20 @@ def test_an_unreadable_store_file_is_deleted_and_rebuilt(tmp_path, caplog) -> No
         _assert_same(_all_episodes(_reader(ColumnStore(tmp_path, **SMALL))), direct)
     assert any("is damaged" in r.getMessage() and "deleting it" in r.getMessage() for r in caplog.records)
     assert _stored_files(tmp_path) == [stored] and stored.stat().st_size > 1000
+
+
+def test_a_store_file_replaced_while_found_damaged_is_kept(tmp_path) -> None:
+    """A map that found a damaged file deleted the path after: the good copy another process had renamed over it
+    meanwhile went too, and the data file was converted again."""
+    direct = _all_episodes(_reader(None))
+    _all_episodes(_reader(ColumnStore(tmp_path, **SMALL)))
+    [stored] = _stored_files(tmp_path)
+    good = stored.read_bytes()
+    stored.write_bytes(good[:1000])
+    with replaced_when_warned("lerobot_dali.column_store", stored, good) as messages:
+        _assert_same(_all_episodes(_reader(ColumnStore(tmp_path, **SMALL))), direct)
+    assert sum("is damaged" in m for m in messages) == 1 and not [m for m in messages if "wrote" in m]
+    assert stored.read_bytes() == good
 
 
 def test_a_file_converted_by_another_process_is_read_directly_meanwhile(tmp_path) -> None:

@@ -27,6 +27,7 @@ from lerobot_dali.packet_index_store import STORE_FORMAT, PacketIndexStore, defa
 from lerobot_dali.remote_retry import RetryingFileSystem
 from lerobot_dali.video_source import source_url
 from tests.fake_remote import FakeRemoteFileSystem
+from tests.replace_on_warning import replaced_when_warned
 from tests.video_fixtures import EPISODE_LENGTHS, MarkerVideo
 
 _FIELDS = (
@@ -156,6 +157,24 @@ def test_corrupt_file_is_deleted_and_rebuilt(
     rebuilt = store.load(_URL, stamp)
     assert rebuilt is not None
     assert_identical(rebuilt, index)
+
+
+def test_an_entry_replaced_while_found_unreadable_is_kept(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    """A load that found a damaged file deleted the path after: a good index another process had renamed over it
+    meanwhile went too, and was built again."""
+    index = build_packet_index(marker_video("h264", 30))
+    store = PacketIndexStore(tmp_path / "store")
+    stamp = FileStamp(index.file_size_bytes, "mtime:1")
+    good = _valid_file(store, index, stamp)
+    path = store.path_for(_URL, stamp)
+    path.write_bytes(good[:100])  # the file this load reads: cut short
+    with replaced_when_warned("lerobot_dali.packet_index_store", path, good) as warnings:
+        assert store.load(_URL, stamp) is None
+    assert len(warnings) == 1 and "unreadable" in warnings[0]
+    assert path.read_bytes() == good
+    kept = store.load(_URL, stamp)
+    assert kept is not None
+    assert_identical(kept, index)
 
 
 _PARSE_RACE = SystemError("AST constructor recursion depth mismatch (before=123, after=302)")

@@ -17,6 +17,7 @@ from lerobot_dali.cache_dirs import try_flock
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import EpisodeMetadataError
 from tests import fake_remote  # noqa: F401  (registers the fakeremote:// protocol)
+from tests.replace_on_warning import replaced_when_warned
 
 SPEC = dict(
     episodes=6, frames_per_episode=[3, 4, 5, 3, 4, 5], cameras=1, codec="vp9", episodes_per_file=2, size=(64, 64)
@@ -79,6 +80,20 @@ def test_ranks_opening_at_once_read_the_footers_once(make_ds, footer_reads, monk
         thread.join(timeout=60)
     assert len(readers) == 4 and len({r.num_frames for r in readers}) == 1
     assert len(footer_reads) == 3  # one "rank" read them; three waited for its result
+
+
+def test_an_entry_replaced_while_found_unreadable_is_kept(make_ds, footer_reads) -> None:
+    """An open that found a damaged entry deleted the path after: the good entry another rank had renamed over it
+    meanwhile went too, and the open read every footer again."""
+    root = make_ds(**SPEC)
+    _open_remote(root)
+    (entry,) = (row_count_store.cache_root() / "row_counts").glob("*/*")
+    good = entry.read_bytes()
+    entry.write_bytes(good[:10])
+    with replaced_when_warned("lerobot_dali.row_count_store", entry, good) as warnings:
+        _open_remote(root)
+    assert len(warnings) == 1 and "unreadable" in warnings[0]
+    assert entry.read_bytes() == good and len(footer_reads) == 3  # none read again
 
 
 def test_an_unreadable_entry_or_a_held_lock_falls_back_to_reading(make_ds, footer_reads, monkeypatch, caplog) -> None:
