@@ -99,6 +99,12 @@ def _info(args: argparse.Namespace) -> int:
         )
         if "probe_error" in cam:
             print(f"    {cam['probe_error']}")
+        if len(cam.get("file_codecs", {})) > 1:
+            mix = ", ".join(f"{codec} {n} file{'s' * (n != 1)}" for codec, n in cam["file_codecs"].items())
+            print(
+                f"    files mix codecs: {mix}: the workers read them; NVDEC and DALI's CPU decoder decode one codec "
+                "per camera (README: Cameras whose files mix codecs)"
+            )
         spacing = cam.get("gop_frames") or cam.get("frame_count") or 0  # (one keyframe: the whole video)
         if spacing > LONG_GOP_FRAMES:
             print(

@@ -15,7 +15,11 @@ from .packet_index import PacketIndex
 from .packet_index_cache import load_episode_packet_index
 from .video_probe import describe_index
 
-__all__ = ["summarize"]
+__all__ = ["CODEC_SURVEY_MAX_FILES", "summarize"]
+
+#: Most video files of a camera whose codecs a probe reads (a packet index each, stored: v3.0's few files, not a
+#: v2.x dataset's one per episode), so a camera whose files mix codecs says so.
+CODEC_SURVEY_MAX_FILES = 16
 
 
 def summarize(
@@ -24,7 +28,9 @@ def summarize(
     """A JSON-ready summary. ``probe`` opens the first video of each camera (packet headers only) and looks
     every row of the first episode up in it within ``tolerance_s``, once per timestamp source (``frame_lookup``:
     ``"ok"`` or why not), so a dataset whose timestamps miss its video says which ``timestamp_source`` reads it.
-    A camera whose first video does not open has ``probe_error`` (why) in place of what the video holds."""
+    A camera whose first video does not open has ``probe_error`` (why) in place of what the video holds; one of at
+    most :data:`CODEC_SURVEY_MAX_FILES` files that all open has ``file_codecs`` (codec -> files, the first file's
+    first)."""
     info = reader.info
     episodes = reader.episodes
     data_files = Counter(zip(episodes.data_chunk_index.tolist(), episodes.data_file_index.tolist(), strict=True))
@@ -59,6 +65,9 @@ def summarize(
                 b_frames=found.has_b_frames,
                 frame_lookup=_lookup_by_source(reader, key, index, first_rows, tolerance_s),
             )
+            codecs = _file_codecs(reader, key)
+            if codecs is not None:
+                entry["file_codecs"] = codecs
         cameras[key] = entry
     return {
         "source": reader.location.description,
@@ -75,6 +84,25 @@ def summarize(
         "image_cameras": list(reader.image_keys),
         "depth_image_cameras": list(info.depth_image_units(reader.image_keys)),
     }
+
+
+def _file_codecs(reader: LeRobotDatasetReader, camera: str) -> dict[str, int] | None:
+    """How many of ``camera``'s video files hold each codec, in file order; None where it has more than
+    :data:`CODEC_SURVEY_MAX_FILES` files or one does not open (``lerobot-dali check`` reads every file)."""
+    files = reader.episodes.cameras[camera]
+    first_episode: dict[tuple[int, int], int] = {}
+    for pos, file in enumerate(zip(files.chunk_index.tolist(), files.file_index.tolist(), strict=True)):
+        first_episode.setdefault(file, pos)
+    if len(first_episode) > CODEC_SURVEY_MAX_FILES:
+        return None
+    codecs: Counter[str] = Counter()
+    for pos in first_episode.values():
+        try:
+            _, index = load_episode_packet_index(reader, pos, camera)
+        except DatasetError:
+            return None
+        codecs[index.codec] += 1
+    return dict(codecs)
 
 
 def _lookup_by_source(

@@ -4,6 +4,7 @@ a decoder of its own, so such a camera reads there; NVDEC and DALI's CPU decoder
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -123,3 +124,19 @@ def test_a_union_whose_datasets_first_files_differ_in_codec_decodes_the_camera_i
         route_for_codecs(["h264", "vp9"], decode="gpu", on_gpu=True, label=CAM)
     with pytest.raises(SchemaMismatchError, match=r"camera 'observation.images.cam0'.*64x96.*64x128.*one size"):
         concat_datasets([paths[0], make_ds(**{**SPEC, "size": (64, 128)}, codec="h264")])
+
+
+def test_info_says_a_camera_of_few_files_mixes_codecs(make_ds, copy_ds, capsys) -> None:
+    """`lerobot-dali info` probed the first file alone: a camera whose file-001 is AV1 among H.264 files read
+    "codec h264" like a uniform one, though NVDEC and DALI's CPU decoder refuse it."""
+    from lerobot_dali.cli import main
+
+    root = _mixed(make_ds, copy_ds, "h264", "av1")
+    assert main(["info", str(root), "--json"]) == 0
+    camera = json.loads(capsys.readouterr().out)["cameras"][CAM]
+    assert camera["codec"] == "h264" and camera["file_codecs"] == {"h264": 2, "av1": 1}
+    assert main(["info", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert f"camera {CAM}: codec h264 64x96 (HxW)" in out and "files mix codecs: h264 2 files, av1 1 file" in out
+    assert main(["info", str(make_ds(**SPEC, codec="h264")), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cameras"][CAM]["file_codecs"] == {"h264": 3}
