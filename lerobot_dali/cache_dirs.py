@@ -26,6 +26,7 @@ __all__ = [
     "CACHE_DAYS_ENV",
     "CACHE_ENV",
     "LOCK_FILES",
+    "TEMP_FILES",
     "atomic_file",
     "cache_days",
     "cache_root",
@@ -50,6 +51,9 @@ PRUNE_EVERY_S = 24 * 3600.0
 #: The lock files the stores take beside their entries (``<entry>.lock``): a holder that stored nothing (a failed
 #: build, a killed process) leaves one, which :func:`prune_unused_files` sweeps with the entries.
 LOCK_FILES = "*/*.lock"
+#: The temporary files :func:`atomic_file` writes beside the stores' entries: a writer killed mid-write leaves one (in
+#: the column store, a whole Arrow copy of a data file), which :func:`prune_unused_files` sweeps with the entries.
+TEMP_FILES = "*/.*.tmp"
 #: Errors that stop every write to a folder: full, over quota, read-only.
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 

@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 from .cache_dirs import (
     CACHE_ENV,
     LOCK_FILES,
+    TEMP_FILES,
     atomic_file,
     cache_root,
     delete_if_unchanged,
@@ -129,7 +130,7 @@ class ColumnStore:
     def prune_unused(self) -> None:
         """Delete the stored files no run has mapped for a while (:func:`~lerobot_dali.cache_dirs.prune_unused_files`);
         a process mapping one keeps reading its copy."""
-        prune_unused_files(self.directory, "*/*.arrow", LOCK_FILES)
+        prune_unused_files(self.directory, "*/*.arrow", LOCK_FILES, TEMP_FILES)
 
     def wants(self, group_rows: int, rows: int) -> bool:
         """Whether decoding ``group_rows`` rows to use ``rows`` of them costs enough to go through the store."""

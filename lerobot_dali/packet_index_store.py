@@ -29,6 +29,7 @@ import numpy as np
 from .cache_dirs import (
     CACHE_ENV,
     LOCK_FILES,
+    TEMP_FILES,
     atomic_file,
     cache_root,
     delete_if_unchanged,
@@ -155,7 +156,7 @@ class PacketIndexStore:
     def prune_unused(self) -> None:
         """Delete the indexes no run has loaded for a while (:func:`~lerobot_dali.cache_dirs.prune_unused_files`):
         files of servers without versions (``run:`` stamps) and of older Hub commits are never loaded again."""
-        prune_unused_files(self.directory, "*/*.npz", LOCK_FILES)
+        prune_unused_files(self.directory, "*/*.npz", LOCK_FILES, TEMP_FILES)
 
     def save(self, url: str, stamp: FileStamp, index: PacketIndex) -> None:
         """Store ``index`` for ``url`` at ``stamp`` atomically; a failed write is logged, never raised, and not

@@ -26,6 +26,7 @@ from typing import IO, NamedTuple
 
 from .cache_dirs import (
     LOCK_FILES,
+    TEMP_FILES,
     atomic_file,
     cache_root,
     delete_if_unchanged,
@@ -92,7 +93,7 @@ def cached_footers(
         footers = read(list(paths))
         if _save(entry, paths, footers) and lock is not None:
             drop_lock_file(entry)
-        prune_unused_files(folder, "*/*.json", LOCK_FILES)
+        prune_unused_files(folder, "*/*.json", LOCK_FILES, TEMP_FILES)
         return footers
     finally:
         if lock is not None:

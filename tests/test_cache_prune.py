@@ -69,6 +69,27 @@ def test_lock_files_left_beside_entries_are_swept_with_them(tmp_path: Path, monk
     assert not list((tmp_path / "row_counts").rglob("*.lock"))
 
 
+def test_temporary_files_left_by_killed_writers_are_swept(tmp_path: Path, monkeypatch) -> None:
+    """A process killed mid-write leaves its temporary file (``.<entry>.<random>.tmp``, a whole Arrow copy of a data
+    file in the column store): the sweeps matched stored entries and lock files alone, so those stayed for good."""
+    from lerobot_dali.column_store import ColumnStore
+    from lerobot_dali.row_count_store import Footer, cached_footers
+
+    monkeypatch.setenv(CACHE_DAYS_ENV, "7")
+    for name, prune in {
+        "columns": ColumnStore(tmp_path / "columns").prune_unused,
+        "packet_index": PacketIndexStore(tmp_path / "packet_index").prune_unused,
+    }.items():
+        stale = _file(tmp_path / name / "ab" / ".ab12.x7k2.tmp", 8, 1000)
+        fresh = _file(tmp_path / name / "cd" / ".cd34.q9z1.tmp", 1, 1000)  # (maybe still being written)
+        prune()
+        assert not stale.exists() and fresh.exists(), name
+    stale = _file(tmp_path / "row_counts" / "ab" / ".rowsx7k2.tmp", 8)
+    stamps = {"a.parquet": FileStamp(10, "etag:a")}
+    cached_footers(stamps, ["a.parquet"], lambda paths: [Footer(1, ("a",))], directory=tmp_path / "row_counts")
+    assert not stale.exists()
+
+
 def test_a_held_lock_file_is_not_swept_however_old(tmp_path: Path, monkeypatch) -> None:
     """A lock file's mtime is its creation (taking it writes nothing): a process indexing a video under a lock file
     older than the set days had it deleted by a sweep, and the next process made a new one and indexed the same
