@@ -89,6 +89,8 @@ def cached_footers(
     try:
         found = _load(entry, paths)  # (written by the process that held the lock)
         if found is not None:
+            if lock is not None:  # (made again by this process's wait once that one had deleted it)
+                drop_lock_file(entry)
             return found
         footers = read(list(paths))
         if _save(entry, paths, footers) and lock is not None:

@@ -80,6 +80,8 @@ def test_ranks_opening_at_once_read_the_footers_once(make_ds, footer_reads, monk
         thread.join(timeout=60)
     assert len(readers) == 4 and len({r.num_frames for r in readers}) == 1
     assert len(footer_reads) == 3  # one "rank" read them; three waited for its result
+    # A waiter made the lock file again once the reader had deleted it, locked it, found the counts and left it.
+    assert not list((row_count_store.cache_root() / "row_counts").rglob("*.lock"))
 
 
 def test_an_entry_replaced_while_found_unreadable_is_kept(make_ds, footer_reads) -> None:
