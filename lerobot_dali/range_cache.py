@@ -156,7 +156,6 @@ class RangeCache:
         self._written = threading.Condition(self._lock)
         self._warned_full = False
         self._warned_write = False
-        self.directory.mkdir(parents=True, exist_ok=True)
         self._lock_file = _lock_directory(self.directory)
         mark_used(self.directory / _LOCK)  # the slot's last use, for prune_unused_slots
         self._adopt()
@@ -423,11 +422,20 @@ class RangeCache:
 
 
 def _lock_directory(directory: Path) -> Any:
-    """An open file holding an exclusive ``flock`` on ``directory``; CacheBusyError while another holds it."""
-    handle = try_flock(directory / _LOCK)
-    if handle is None:
-        raise CacheBusyError(f"{directory} is held by another prefetch cache")
-    return handle
+    """``directory``, made where missing, and an open file holding an exclusive ``flock`` on it; CacheBusyError while
+    another holds it. Another rank's :func:`prune_unused_slots` may delete an old slot while this one opens it: the
+    slot is then made again."""
+    for _ in range(3):
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            handle = try_flock(directory / _LOCK)
+        except FileNotFoundError:  # (swept since the mkdir)
+            continue
+        if handle is not None:
+            return handle
+        if (directory / _LOCK).exists():
+            break
+    raise CacheBusyError(f"{directory} is held by another prefetch cache")
 
 
 def prune_unused_slots(root: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -179,6 +180,31 @@ def test_prefetch_slots_unused_for_a_while_go_unless_a_run_holds_them(tmp_path: 
     again = RangeCache(kept, max_bytes=1000)  # a run opening a slot marks it used
     assert time.time() - (kept / ".lock").stat().st_mtime < 60 and again.bytes_cached == 100
     again.close()
+
+
+def test_a_slot_swept_by_another_rank_while_this_one_opens_it_is_made_again(tmp_path: Path, monkeypatch) -> None:
+    """Each rank sweeps the prefetch root, then opens its own slot: another rank's sweep that deleted this rank's old
+    slot between its mkdir and its lock raised FileNotFoundError from the iterator's start (or, when it came between
+    the lock file's open and its lock, left a cache on a folder no longer there)."""
+    from lerobot_dali import range_cache
+
+    directory = tmp_path / "prefetch" / "dataset" / "rank-1"
+    real = range_cache.try_flock
+    sweeps: list[Path] = []
+
+    def swept_first(path: Path):
+        if not sweeps:  # what prune_unused_slots in another rank does to a slot no run held for a while
+            sweeps.append(path)
+            shutil.rmtree(path.parent)
+        return real(path)
+
+    monkeypatch.setattr(range_cache, "try_flock", swept_first)
+    cache = RangeCache(directory, max_bytes=1000)
+    blob = bytes(range(200))
+    cache.acquire("ep", [ByteRange("p", 0, 100)], lambda key: blob[key.start : key.end])
+    assert sweeps == [directory / ".lock"] and cache.bytes_cached == 100 and (directory / ".lock").exists()
+    assert real(directory / ".lock") is None  # held by the cache
+    cache.close()
 
 
 def test_the_iterator_sweeps_the_column_store(make_ds) -> None:
