@@ -256,8 +256,16 @@ def _raise_out_of_tolerance(
     half_frame_s = float(np.median(np.diff(frame_s))) / 2 if frame_s.size > 1 else 0.0
     rows_fps = context.rows_fps if context is not None else None
     video_has_more_frames = bool(rows_fps and half_frame_s and 0.5 / half_frame_s > 1.2 * rows_fps)
+    tick_s, tick_name = _frame_time_step(index)
+    # e.g. 30 fps on a millisecond clock (an MKV remuxed to MP4, a recorder's clock): frames up to 0.5 ms off
+    if _rounded_frame_times(error_s[failing], tick_s / 2, half_frame_s, tolerance_s):
+        advice = (
+            f"The video's frame times are whole multiples of {tick_name}, so each frame lies up to "
+            f"{tick_s / 2:.4g} s from the exact time of its row. Raise tolerance_s to {tick_s / 2 + 1e-4:.4g} "
+            "(still far below half a frame, so no row reads a neighbouring frame)."
+        )
     # e.g. 10 fps rows over 25 fps video: every other row lies exactly halfway (wall-clock rows only near it)
-    if video_has_more_frames and abs(error_s[worst] - half_frame_s) <= max(tolerance_s, 1e-4):
+    elif video_has_more_frames and abs(error_s[worst] - half_frame_s) <= max(tolerance_s, 1e-4):
         advice = (
             f"The row lies halfway between two video frames: the video has more frames per second "
             f"({0.5 / half_frame_s:.4g}) than the rows ({rows_fps:g}). Raise tolerance_s to "
@@ -276,6 +284,24 @@ def _raise_out_of_tolerance(
         f"off by {error_s[worst]:.6f} s; {int(failing.sum())} of {queries.size} queries fail; the video "
         f"spans {frame_s[0]:.6f}-{frame_s[-1]:.6f} s). {advice}"
     )
+
+
+def _frame_time_step(index: PacketIndex) -> tuple[float, str]:
+    """The step the video's frame times are rounded to, and its name: a millisecond where every frame time is a
+    whole millisecond (MP4 stores a millisecond clock's times in a finer time base, e.g. 1/16000), else the time
+    base."""
+    tick_s = float(index.time_base)
+    if tick_s < 1e-3 and np.allclose(index.frame_pts_s * 1e3, np.round(index.frame_pts_s * 1e3), rtol=0, atol=1e-6):
+        return 1e-3, "a millisecond"
+    return tick_s, f"the video's time base ({index.time_base} s)"
+
+
+def _rounded_frame_times(errors_s: np.ndarray, half_tick_s: float, half_frame_s: float, tolerance_s: float) -> bool:
+    """Whether every failing row is off by no more than the frame times' rounding (half a tick, plus the float32
+    slack of ``max(tolerance_s, 1e-4)``), a rounding above ``tolerance_s`` and well below half a frame."""
+    if not (tolerance_s < half_tick_s < 0.25 * half_frame_s):
+        return False
+    return bool((errors_s <= half_tick_s + max(tolerance_s, 1e-4)).all())
 
 
 def _where(index: PacketIndex, context: FrameRequestContext | None) -> str:

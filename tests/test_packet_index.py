@@ -261,6 +261,43 @@ def test_halfway_advice_only_where_the_video_has_more_frames(marker_video: Marke
     assert ("frame_index / fps" in message) is not halfway
 
 
+def _millisecond_video(path: Path, pts_ms: list[int]) -> Path:
+    """An H.264 MP4 whose frame ``i`` sits at ``pts_ms[i]`` ms (as MKV remuxes and millisecond-clock recorders
+    write; the MP4 muxer stores them in a 1/16000 s time base)."""
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=30, options={"g": "4", "bf": "0"})
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        stream.time_base = stream.codec_context.time_base = Fraction(1, 1000)
+        for i, pts in enumerate(pts_ms):
+            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), 8 * i, np.uint8), format="rgb24")
+            frame.pts, frame.time_base = pts, Fraction(1, 1000)
+            container.mux(stream.encode(frame.reformat(format="yuv420p")))
+        container.mux(stream.encode())
+    return path
+
+
+def test_millisecond_frame_times_are_named_with_the_tolerance_that_reads_them(tmp_path: Path) -> None:
+    """30 fps on a millisecond clock puts frame 29 at 0.967 s, 0.33 ms from its row's 29 / 30 s: LeRobot's
+    tolerance (0.1 ms) refuses the row (LeRobot 0.4.4 too), and the advice was frame_index / fps (which reads the
+    same 29 / 30 s) or from_timestamp. Now it names the rounding and the tolerance that reads each row's frame."""
+    index = build_packet_index(_millisecond_video(tmp_path / "ms.mp4", [round(i * 1000 / 30) for i in range(30)]))
+    rows_s = np.arange(30, dtype=np.float32).astype(np.float64) / 30
+    context = FrameRequestContext(dataset="d", episode_index=0, camera="c", rows_fps=30)
+    with pytest.raises(FrameTimestampError) as info:
+        nearest_frame_indices(index, rows_s, tolerance_s=1e-4, context=context)
+    message = str(info.value)
+    assert index.time_base == Fraction(1, 16000)
+    assert "frame times are whole multiples of a millisecond" in message
+    assert "Raise tolerance_s to 0.0006" in message
+    assert "frame_index" not in message
+    np.testing.assert_array_equal(nearest_frame_indices(index, rows_s, tolerance_s=6e-4), np.arange(30))
+    # A row off by more than the rounding (a frame 4 ms late) gets the other advice, naming that frame.
+    late = build_packet_index(_millisecond_video(tmp_path / "late.mp4", [0, 33, 71, 100]))
+    with pytest.raises(FrameTimestampError, match="nearest frame 2 at 0.071000 s") as info:
+        nearest_frame_indices(late, rows_s[:4], tolerance_s=1e-4, context=context)
+    assert "whole multiples" not in str(info.value)
+
+
 @pytest.mark.parametrize("by_frame_index", [False, True])
 def test_rows_of_a_higher_fps_than_the_video_are_told_so(marker_video: MarkerVideo, by_frame_index: bool) -> None:
     """info.json saying 30 fps over a 25 fps video: the first rows off a frame (1/30 s: 6.7 ms from the frame at
