@@ -503,16 +503,25 @@ def _encoded_pix_fmt(pix_fmt: str, encoder: str) -> str:
 
 
 def _check_same_frames(before: PacketIndex, after: PacketIndex) -> None:
-    """Every frame of ``before`` at the same instant in ``after``, as the loader finds frames (exact rationals)."""
+    """Every frame of ``before`` at the same instant in ``after``, as the loader finds frames (exact rationals), but
+    those before the first that ``after`` holds: an MP4 edit list that starts past a file's first frames (a stream
+    copy cut from a longer recording) has FFmpeg decode them as references without showing them, so no route can
+    read them and the copy holds none."""
 
     def instants(index: PacketIndex) -> list[Fraction]:
         return [p * index.time_base for p in index.frame_pts.tolist()]
 
-    if instants(before) != instants(after):
+    hidden = before.frame_count - after.frame_count
+    if hidden < 0 or instants(before)[hidden:] != instants(after):
         raise VideoDecodeError(
             f"{before.source_name}: the re-encode holds {after.frame_count} frames, the source {before.frame_count}, "
             "or some frame moved in time; it was not kept"
         )
+    if hidden:
+        logger.info(
+            "%s: its first %d frame(s), before its edit list's start, are never shown and are left out of the copy",
+            before.source_name, hidden,
+        )  # fmt: skip
 
 
 def decoded_per_frame(index: PacketIndex) -> float:

@@ -442,6 +442,45 @@ def test_an_audio_track_is_dropped_with_a_warning(
     assert features["observation.images.cam1"]["info"]["has_audio"] is False  # (it had none)
 
 
+def _with_hidden_first_frames(path: Path, hidden: int) -> None:
+    """Re-encode ``path`` in place as H.264 with ``hidden`` extra frames before its first, at negative times: the MP4
+    muxer writes an edit list that starts at the first real frame, as a stream copy cut from a longer recording has,
+    so FFmpeg decodes the extra frames without showing them."""
+    edited = path.with_suffix(".edited.mp4")
+    with av.open(str(path)) as source, av.open(str(edited), "w", format="mp4") as target:
+        stream = source.streams.video[0]
+        frames = list(source.decode(stream))
+        out = target.add_stream("libx264", rate=FPS)
+        out.width, out.height, out.pix_fmt = stream.codec_context.width, stream.codec_context.height, "yuv420p"
+        out.codec_context.time_base = out.time_base = Fraction(1, FPS)
+        out.options = {"bf": "0", "crf": "10", "g": "4"}
+        for pts, frame in enumerate([*frames[-hidden:], *frames], start=-hidden):
+            copy = frame.reformat(format="yuv420p")
+            copy.pts, copy.time_base = pts, Fraction(1, FPS)
+            copy.pict_type = av.video.frame.PictureType.NONE  # (a decoded keyframe would force one at 0)
+            target.mux(out.encode(copy))
+        target.mux(out.encode(None))
+    edited.replace(path)
+
+
+def test_frames_an_edit_list_hides_are_left_out_of_the_copy(long_gop_ds: Path, copy_ds, tmp_path: Path) -> None:
+    """A file whose edit list starts 2 frames in (FFmpeg's packet index holds 2 frames more than a decode shows) was
+    refused: "the re-encode holds 18 frames, the source 20" (9 + 9 rows). The copy holds the frames shown, each at
+    its instant, with the pictures the source shows there."""
+    root = copy_ds(long_gop_ds)
+    relative = "videos/observation.images.cam0/chunk-000/file-000.mp4"
+    shown = _instants(root / relative)
+    _with_hidden_first_frames(root / relative, 2)
+    assert build_packet_index(root / relative).frame_count == len(shown) + 2
+    assert _instants(root / relative) == shown
+    out = reencode_dataset(root, tmp_path / "out", jobs=1).out
+    assert _instants(out / relative) == shown
+    source, copy = reference_frames(root / relative), reference_frames(out / relative)
+    assert [read_full_marker(copy[pts]) for pts in sorted(copy)] == [
+        read_full_marker(source[pts]) for pts in sorted(source)
+    ]
+
+
 def _as_full_range_h264(path: Path) -> None:
     """Re-encode ``path`` in place as full-range H.264 (yuvj420p, as a webcam's MJPEG becomes), every frame at its
     timestamp and time base."""
