@@ -232,7 +232,15 @@ def _raise_out_of_tolerance(
     failing = error_s > tolerance_s
     worst = int(np.argmax(np.where(failing, error_s, -1.0)))
     past_end = bool(queries[worst] > frame_s[-1])
-    if context is not None and context.by_frame_index and past_end:
+    if queries[worst] < frame_s[0]:  # (a higher tolerance_s would read the first frames for the wrong rows)
+        advice = (
+            f"The row lies before the video's first frame ({frame_s[0]:.6f} s): the video starts later than the "
+            "episode's rows (a stream cut from a longer recording, or B-frames muxed without an edit list, which "
+            "delays every frame by the reorder delay). Set the episode's videos/<camera>/from_timestamp in "
+            "meta/episodes to the time its first row's frame has in the file, or write the video again with its "
+            "first frame at 0 s."
+        )
+    elif context is not None and context.by_frame_index and past_end:
         advice = (
             "The rows are looked up by frame_index / fps and this one lies past the video's last frame: the video "
             "holds fewer frames than the episode has rows (re-encode it, or leave the episode out with episodes=)."

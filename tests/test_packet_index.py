@@ -299,6 +299,22 @@ def test_millisecond_frame_times_are_named_with_the_tolerance_that_reads_them(tm
 
 
 @pytest.mark.parametrize("by_frame_index", [False, True])
+def test_a_video_that_starts_late_is_named_with_its_first_frame(tmp_path: Path, by_frame_index: bool) -> None:
+    """A video whose first frame is at 0.08 s (B-frames muxed without an edit list: two frames of reorder delay at
+    25 fps) fails the episode's first row at 0 s. The advice was frame_index / fps (which reads 0 s too) or, by
+    frame_index, the video's frame rate; now it names the video's first frame time and from_timestamp."""
+    index = build_packet_index(_millisecond_video(tmp_path / "late.mp4", [80 + 40 * i for i in range(5)]))
+    context = FrameRequestContext(dataset="d", episode_index=0, camera="c", rows_fps=25, by_frame_index=by_frame_index)
+    with pytest.raises(FrameTimestampError) as info:
+        nearest_frame_indices(index, [0.0, 0.16], tolerance_s=1e-4, context=context)
+    message = str(info.value)
+    assert "query timestamp 0.000000 s" in message
+    assert "before the video's first frame (0.080000 s)" in message
+    assert "from_timestamp" in message
+    assert "frame rate" not in message and "TimestampSource.FRAME_INDEX" not in message
+
+
+@pytest.mark.parametrize("by_frame_index", [False, True])
 def test_rows_of_a_higher_fps_than_the_video_are_told_so(marker_video: MarkerVideo, by_frame_index: bool) -> None:
     """info.json saying 30 fps over a 25 fps video: the first rows off a frame (1/30 s: 6.7 ms from the frame at
     1/25 s) were told to look frames up by frame_index / fps (which fails alike) or to raise tolerance_s, which then
