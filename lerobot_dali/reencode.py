@@ -504,15 +504,16 @@ def _encoded_pix_fmt(pix_fmt: str, encoder: str) -> str:
 
 def _check_same_frames(before: PacketIndex, after: PacketIndex) -> None:
     """Every frame of ``before`` at the same instant in ``after``, as the loader finds frames (exact rationals), but
-    those before the first that ``after`` holds: an MP4 edit list that starts past a file's first frames (a stream
-    copy cut from a longer recording) has FFmpeg decode them as references without showing them, so no route can
-    read them and the copy holds none."""
+    those before the first that ``after`` holds at negative times: an MP4 edit list that starts past a file's first
+    frames (a stream copy cut from a longer recording) has FFmpeg decode them as references without showing them, so
+    no route can read them and the copy holds none (a copy lacking a frame at 0 s or later is refused)."""
 
     def instants(index: PacketIndex) -> list[Fraction]:
         return [p * index.time_base for p in index.frame_pts.tolist()]
 
     hidden = before.frame_count - after.frame_count
-    if hidden < 0 or instants(before)[hidden:] != instants(after):
+    shown = instants(before)[max(hidden, 0) :]
+    if hidden < 0 or shown != instants(after) or any(t >= 0 for t in instants(before)[:hidden]):
         raise VideoDecodeError(
             f"{before.source_name}: the re-encode holds {after.frame_count} frames, the source {before.frame_count}, "
             "or some frame moved in time; it was not kept"
