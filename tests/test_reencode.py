@@ -766,3 +766,31 @@ def test_each_videos_line_is_logged_on_its_own_line_not_after_the_bar(
     lines = [line.rsplit("\r", 1)[-1] for line in err.split("\n") if "frames decoded per frame" in line]
     assert len(lines) == len(report.videos), err
     assert all(line.startswith("INFO lerobot_dali.reencode: ") for line in lines), err
+
+
+@pytest.mark.parametrize(
+    ("source_pts", "copy_pts", "kept"),
+    [
+        ([-2, -1, 0, 1, 2], [0, 1, 2], True),  # two frames hidden by an edit list: left out
+        ([0, 1, 2, 3], [1, 2, 3], False),  # the frame at 0 s lost by the encode
+        ([-1, 0, 1, 2], [0, 2], False),  # a shown frame lost in the middle
+        ([0, 1, 2], [0, 1, 2, 3], False),  # a frame more
+    ],
+)
+def test_only_frames_before_0_s_may_be_missing_from_a_copy(
+    source_pts: list[int], copy_pts: list[int], kept: bool
+) -> None:
+    from types import SimpleNamespace
+
+    from lerobot_dali.reencode import _check_same_frames
+
+    def index(pts: list[int]) -> Any:
+        return SimpleNamespace(
+            frame_pts=np.array(pts), frame_count=len(pts), time_base=Fraction(1, 30), source_name="cam.mp4"
+        )
+
+    if kept:
+        _check_same_frames(index(source_pts), index(copy_pts))
+    else:
+        with pytest.raises(VideoDecodeError, match="not kept"):
+            _check_same_frames(index(source_pts), index(copy_pts))
