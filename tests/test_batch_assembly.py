@@ -1,0 +1,95 @@
+"""A batch's rows and video requests are gathered per episode of the batch, with each sample's own values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lerobot_dali import DALILeRobotIterator
+from lerobot_dali.batch_source import BatchSource
+from lerobot_dali.frame_lookup import row_frame_numbers
+from lerobot_dali.generate import camera_key, expected_action, expected_state
+from lerobot_dali.packet_index_cache import PacketIndexCache
+
+FPS = 30
+# Episodes 0, 2 and 5 recur; frames at both edges of 20-frame episodes pad.
+EPISODES = np.array([2, 0, 2, 5, 0, 2, 1, 5])
+FRAMES = np.array([0, 19, 7, 18, 3, 19, 10, 0])
+
+
+def _source(root, deltas: dict[str, list[float]]) -> BatchSource:
+    it = DALILeRobotIterator(root, batch_size=4, delta_timestamps=deltas, shuffle=False, device="cpu", num_workers=0)
+    next(iter(it))  # (the spec is built with the pipeline)
+    spec = it._spec
+    it.close()
+    return BatchSource(spec)
+
+
+def test_batch_rows_are_each_samples_window_of_its_episode(make_ds) -> None:
+    """Gathered with one fancy index per episode of the batch (was: one slice per sample and key, stacked):
+    the values, dtypes and pad masks are each sample's own window, padded with its episode's edge rows."""
+    root = make_ds(episodes=6, frames_per_episode=20, cameras=0)
+    action_steps, state_steps = np.arange(-2, 10), np.array([-1, 0])
+    source = _source(root, {"action": list(action_steps / FPS), "observation.state": list(state_steps / FPS)})
+    out = dict(zip([f.name for f in source.fields], source.assemble(EPISODES, FRAMES), strict=True))
+
+    action_rows = FRAMES[:, None] + action_steps
+    state_rows = FRAMES[:, None] + state_steps
+    episodes = EPISODES[:, None]
+    assert out["action"].dtype == np.float32 and out["action"].shape == (8, 12, 7)
+    np.testing.assert_array_equal(out["action"], expected_action(episodes, np.clip(action_rows, 0, 19)))
+    np.testing.assert_array_equal(out["action_is_pad"], (action_rows < 0) | (action_rows > 19))
+    assert out["observation.state"].dtype == np.float32 and out["observation.state"].shape == (8, 2, 6)
+    np.testing.assert_array_equal(out["observation.state"], expected_state(episodes, np.clip(state_rows, 0, 19)))
+    np.testing.assert_array_equal(out["observation.state_is_pad"], state_rows < 0)
+    assert out["action_is_pad"][0].tolist() == [True, True] + [False] * 10  # frame 0
+    assert out["action_is_pad"][1].tolist() == [False] * 3 + [True] * 9  # frame 19
+    # Unwindowed keys: the sample's own row, (B,).
+    assert out["frame_index"].dtype == np.int64 and out["frame_index"].tolist() == FRAMES.tolist()
+    assert out["episode_index"].dtype == np.int64 and out["episode_index"].tolist() == EPISODES.tolist()
+    assert out["index"].tolist() == (EPISODES * 20 + FRAMES).tolist()
+    np.testing.assert_array_equal(out["timestamp"], (FRAMES / FPS).astype(np.float32))
+
+
+def test_a_batch_looks_each_episodes_video_up_once_per_camera(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each sample looked its video up (a path formatted and a stat: ~33 us) and its frames up on its own: 8 lookups
+    per camera for 4 episodes here. Now one per episode and camera, and per batch again (the stat still sees a
+    file changed since the last batch); each sample's frame numbers are what a lookup of its rows alone gives."""
+    root = make_ds(episodes=6, frames_per_episode=20, cameras=2, episodes_per_file=3)
+    cameras = [camera_key(0), camera_key(1)]
+    steps = np.array([-3, 0, 2])
+    source = _source(root, {camera: list(steps / FPS) for camera in cameras})
+    spec, reader = source.spec, source.spec.reader
+    looked_up: list[tuple[int, str]] = []
+    plain = PacketIndexCache.of_episode
+
+    def counted(self, reader_, episode_pos, camera, **kwargs):
+        looked_up.append((episode_pos, camera))
+        return plain(self, reader_, episode_pos, camera, **kwargs)
+
+    monkeypatch.setattr(PacketIndexCache, "of_episode", counted)
+    for batch in (1, 2):
+        source.assemble(EPISODES, FRAMES)
+        assert sorted(looked_up) == sorted([(p, c) for p in (0, 1, 2, 5) for c in cameras] * batch)
+
+    rows = [source._episode_rows(int(p)) for p in EPISODES]
+    camera_rows = np.clip(FRAMES[:, None] + steps, 0, 19)
+    for camera in cameras:
+        requests = source._video_requests(camera, EPISODES, _groups(EPISODES), rows, camera_rows)
+        assert len(requests) == len(EPISODES)
+        for pos, own_rows, (path, index, numbers) in zip(EPISODES, camera_rows, requests, strict=True):
+            video = reader.video(int(pos), camera)
+            alone = row_frame_numbers(reader, int(pos), camera, source._episode_rows(int(pos)), own_rows, index,
+                                      timestamp_source=spec.timestamp_source, tolerance_s=spec.tolerance_s)  # fmt: skip
+            assert path == video.path and numbers.tolist() == alone.tolist()
+            # 3 episodes per file at 30 fps: the episode's part of its file starts at its first frame
+            first = round(video.from_timestamp_s * FPS)
+            assert numbers.tolist() == (first + own_rows).tolist()
+
+
+def _groups(episode_pos: np.ndarray) -> list[np.ndarray]:
+    from lerobot_dali.batch_source import _episode_groups
+
+    groups = _episode_groups(episode_pos)
+    assert [g.tolist() for g in groups] == [[0, 2, 5], [1, 4], [3, 7], [6]]  # first-sample order, ascending
+    return groups
