@@ -333,7 +333,7 @@ def row_frame_numbers(
     ``reader.read_episode`` gives them): each row's time (its parquet ``timestamp``, or ``frame_index / fps``)
     after the episode's ``from_timestamp``, within ``tolerance_s`` and the episode's part of the file.
     ``timestamp_source`` and ``tolerance_s`` give way to the episode's dataset's own (``reader.frame_lookup``).
-    ``video``: ``reader.video(episode_pos, camera)`` where the caller has it (a batch asks per sample)."""
+    ``video``: ``reader.video(episode_pos, camera)`` where the caller has it (a batch asks once per episode)."""
     if video is None:
         video = reader.video(episode_pos, camera)
     timestamp_source, tolerance_s = reader.frame_lookup(episode_pos).over(timestamp_source, tolerance_s)

@@ -51,26 +51,29 @@ def test_batch_rows_are_each_samples_window_of_its_episode(make_ds) -> None:
     np.testing.assert_array_equal(out["timestamp"], (FRAMES / FPS).astype(np.float32))
 
 
-def test_a_batch_looks_each_episodes_video_up_once_per_camera(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each sample looked its video up (a path formatted and a stat: ~33 us) and its frames up on its own: 8 lookups
-    per camera for 4 episodes here. Now one per episode and camera, and per batch again (the stat still sees a
-    file changed since the last batch); each sample's frame numbers are what a lookup of its rows alone gives."""
+def test_a_batch_looks_each_video_file_up_once_per_camera(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each sample looked its video and its file's index up on its own (a path formatted and, for a local file, a
+    stat: ~33 us): 8 index lookups per camera for 8 samples of 4 episodes in 2 files here. Now one per file and
+    camera, and per batch again (the stat still sees a file changed since the last batch); each sample's frame
+    numbers are what a lookup of its rows alone gives."""
     root = make_ds(episodes=6, frames_per_episode=20, cameras=2, episodes_per_file=3)
     cameras = [camera_key(0), camera_key(1)]
     steps = np.array([-3, 0, 2])
     source = _source(root, {camera: list(steps / FPS) for camera in cameras})
     spec, reader = source.spec, source.spec.reader
-    looked_up: list[tuple[int, str]] = []
-    plain = PacketIndexCache.of_episode
+    looked_up: list[str] = []
+    plain = PacketIndexCache.get
 
-    def counted(self, reader_, episode_pos, camera, **kwargs):
-        looked_up.append((episode_pos, camera))
-        return plain(self, reader_, episode_pos, camera, **kwargs)
+    def counted(self, video, **kwargs):
+        looked_up.append(str(video))
+        return plain(self, video, **kwargs)
 
-    monkeypatch.setattr(PacketIndexCache, "of_episode", counted)
+    monkeypatch.setattr(PacketIndexCache, "get", counted)
+    files = sorted({reader.video(p, c).path for p in (0, 1, 2, 5) for c in cameras})
+    assert len(files) == 4  # episodes 0-2 in one file per camera, 5 in another
     for batch in (1, 2):
         source.assemble(EPISODES, FRAMES)
-        assert sorted(looked_up) == sorted([(p, c) for p in (0, 1, 2, 5) for c in cameras] * batch)
+        assert sorted(looked_up) == sorted(files * batch)
 
     rows = [source._episode_rows(int(p)) for p in EPISODES]
     camera_rows = np.clip(FRAMES[:, None] + steps, 0, 19)
