@@ -449,11 +449,7 @@ class BatchSource:
             video = reader.video(pos, camera)
             index = indexes.get(video.path)
             if index is None:
-                stamp = reader.listed_stamp(video.path)
-                index = self._indexes.get(
-                    video.path, filesystem=reader.location.fs, stamp=stamp, store=spec.index_store
-                )
-                indexes[video.path] = index
+                index = indexes[video.path] = self._indexes.of_video(reader, video, store=spec.index_store)
                 if expected is not None:
                     episode = int(reader.episodes.episode_index[pos])
                     expected.check(index, path=video.path, episode=episode, camera=camera)

@@ -125,8 +125,14 @@ class PacketIndexCache:
         """Episode ``episode_pos``'s video of ``camera`` and its index, read through the dataset's filesystem with
         the stamp its listing gave the file."""
         video = reader.video(episode_pos, camera)
-        stamp = reader.listed_stamp(video.path)
-        return video, self.get(video.path, filesystem=reader.location.fs, stamp=stamp, store=store)
+        return video, self.of_video(reader, video, store=store)
+
+    def of_video(
+        self, reader: LeRobotDatasetReader, video: VideoRef, *, store: PacketIndexStore | None = None
+    ) -> PacketIndex:
+        """The index of ``reader``'s file ``video``, read through the dataset's filesystem with the stamp its
+        listing gave the file (a local file's key is a fresh ``stat``: a file changed since is indexed again)."""
+        return self.get(video.path, filesystem=reader.location.fs, stamp=reader.listed_stamp(video.path), store=store)
 
     def _lookup(self, key: Hashable) -> PacketIndex | None:
         with self._lock:
