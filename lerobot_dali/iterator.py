@@ -446,7 +446,8 @@ class DALILeRobotIterator:
         is refused where they change the order): enough to resume exactly.
 
         Also which episodes the stream runs over (a count and a digest), so a resume over another dataset or
-        another ``episodes=`` selection fails instead of continuing a different order.
+        another ``episodes=`` selection fails instead of continuing a different order. It may be taken from another
+        thread (an asynchronous checkpoint): it is always a position the stream passed through.
         """
         return {**self._stream.state_dict(), "episodes": self._episodes_fingerprint()}
 

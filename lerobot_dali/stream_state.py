@@ -140,8 +140,9 @@ class SampleStream:
         self._lengths = np.asarray(episode_lengths)
         self._batch_size = batch_size
         self._order = SampleOrder(self._lengths, rank=rank, world_size=world_size, options=options)
-        self._epoch = 0
-        self._consumed = 0
+        #: (epoch, samples consumed), one attribute so a ``state_dict()`` taken from another thread (an asynchronous
+        #: checkpoint) never pairs a new epoch with the old one's count.
+        self._position = (0, 0)
 
     @property
     def order(self) -> SampleOrder:
@@ -149,32 +150,33 @@ class SampleStream:
 
     @property
     def epoch(self) -> int:
-        return self._epoch
+        return self._position[0]
 
     @property
     def samples_consumed(self) -> int:
-        return self._consumed
+        return self._position[1]
 
     def num_samples(self) -> int:
         """Samples in the current epoch (equal on every rank)."""
-        return self._order.num_samples(self._epoch)
+        return self._order.num_samples(self.epoch)
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning; the current epoch keeps its position (so a training loop that
         calls ``set_epoch`` after ``load_state_dict`` does not undo the resume)."""
         if isinstance(epoch, bool) or not isinstance(epoch, int | np.integer) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
-        if epoch != self._epoch:
-            self._epoch, self._consumed = int(epoch), 0
+        if epoch != self.epoch:
+            self._position = (int(epoch), 0)
 
     def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
         """Up to ``batch_size`` ``(episode_pos, frame_in_episode)`` samples; the last batch of an epoch may
         be short, and the call after it starts the next epoch."""
-        while self._consumed >= self.num_samples():
-            self._epoch, self._consumed = self._epoch + 1, 0
-        stop = min(self._consumed + self._batch_size, self.num_samples())
-        batch = self._order.samples(self._epoch, self._consumed, stop)
-        self._consumed = stop
+        epoch, consumed = self._position
+        while consumed >= self._order.num_samples(epoch):
+            epoch, consumed = epoch + 1, 0
+        stop = min(consumed + self._batch_size, self._order.num_samples(epoch))
+        batch = self._order.samples(epoch, consumed, stop)
+        self._position = (epoch, stop)
         return batch
 
     def advance(self, samples: int) -> None:
@@ -183,20 +185,22 @@ class SampleStream:
         if isinstance(samples, bool) or not isinstance(samples, int | np.integer) or samples < 0:
             raise ValueError(f"samples must be a non-negative int, got {samples!r}")
         samples = int(samples)
-        if self._consumed + samples > self.num_samples():
+        epoch, consumed = self._position
+        if consumed + samples > self._order.num_samples(epoch):
             raise ValueError(
-                f"cannot advance {samples} samples: {self._consumed} of {self.num_samples()} in epoch "
-                f"{self._epoch} are already consumed; call set_epoch() for the next epoch"
+                f"cannot advance {samples} samples: {consumed} of {self._order.num_samples(epoch)} in epoch "
+                f"{epoch} are already consumed; call set_epoch() for the next epoch"
             )
-        self._consumed += samples
+        self._position = (epoch, consumed + samples)
 
     def state(self) -> StreamState:
+        epoch, consumed = self._position
         resumed = self._order.resumed_epoch
-        segments = resumed.segments if resumed is not None and resumed.epoch == self._epoch else ()
+        segments = resumed.segments if resumed is not None and resumed.epoch == epoch else ()
         return StreamState(
             seed=self._order.options.seed,
-            epoch=self._epoch,
-            samples_consumed=self._consumed,
+            epoch=epoch,
+            samples_consumed=consumed,
             world_size=self._order.world_size,
             batch_size=self._batch_size,
             prior_segments=segments,
@@ -231,7 +235,7 @@ class SampleStream:
                 )
             # (an epoch not begun starts afresh on these ranks)
             self._order = SampleOrder(self._lengths, rank=rank, world_size=world_size, options=options)
-            self._epoch, self._consumed = epoch, 0
+            self._position = (epoch, 0)
             return
         if state.world_size != world_size:
             warn_once(logger,
@@ -255,7 +259,7 @@ class SampleStream:
         order = SampleOrder(self._lengths, rank=rank, world_size=world_size, options=options, resumed_epoch=resumed)
         if state.world_size == world_size:
             _checked_samples(state, order)
-        self._order, self._epoch, self._consumed = order, epoch, consumed
+        self._order, self._position = order, (epoch, consumed)
 
 
 def _check_order(state: StreamState, options: OrderOptions, *, world_size: int) -> None:

@@ -489,6 +489,29 @@ def test_set_epoch_keeps_the_resumed_position() -> None:
     assert (resumed.epoch, resumed.samples_consumed) == (1, 0)
 
 
+def test_a_state_taken_mid_update_never_pairs_a_new_epoch_with_the_old_count() -> None:
+    """An asynchronous checkpoint may call ``state_dict()`` from another thread while the loop rolls the epoch
+    over: every state it can see is one the stream really passed through."""
+
+    seen: list[tuple[int, int]] = []
+
+    class Watched(SampleStream):
+        def __setattr__(self, name: str, value: object) -> None:
+            super().__setattr__(name, value)
+            if "_order" in self.__dict__ and name != "_order":  # (once built) a state taken right after each write
+                state = self.state()
+                seen.append((state.epoch, state.samples_consumed))
+
+    stream = Watched(np.array([10, 6]), rank=0, world_size=1, batch_size=4)
+    seen.clear()
+    while stream.epoch == 0:
+        stream.next_batch()
+    stream.advance(4)
+    stream.set_epoch(5)
+    stream.advance(4)
+    assert seen == [(0, 4), (0, 8), (0, 12), (0, 16), (1, 4), (1, 8), (5, 0), (5, 4)]
+
+
 @pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize(("old_ws", "new_ws", "consumed"), [(2, 3, 60), (3, 2, 41), (1, 8, 250)])
 @pytest.mark.parametrize("piece_frames", [None, 7])
