@@ -37,9 +37,28 @@ def describe_index(index: PacketIndex) -> VideoProbe:
         codec=index.codec,
         width=index.width,
         height=index.height,
-        fps=round(1.0 / index.frame_interval_s, 6) if index.frame_count > 1 else None,
+        fps=_frame_rate(index),
         pix_fmt=index.pix_fmt,
         gop_frames=gop,
         has_b_frames=bool(index.frame_count > 1 and (np.diff(index.pts) < 0).any()),
         frame_count=index.frame_count,
     )
+
+
+def _frame_rate(index: PacketIndex) -> float | None:
+    """The rate on whose grid every frame lies, to one tick of the time base: a whole rate or an NTSC one
+    (n * 1000/1001), allowing dropped frames. Matroska/WebM keep milliseconds, so 30 fps frames lie 33 or 34 ms
+    apart, and the typical interval alone says 30.303 (60 fps: 58.8). Else the typical interval's rate."""
+    if index.frame_count < 2:
+        return None
+    ticks = (index.frame_pts - index.frame_pts[0]).astype(np.float64)
+    tick_s = float(index.time_base)
+    typical = 1.0 / index.frame_interval_s
+    mean = (index.frame_count - 1) / (ticks[-1] * tick_s)
+    for estimate in (mean, typical):
+        for nominal in (round(estimate), round(estimate * 1.001) / 1.001):
+            if nominal > 0:
+                step = 1.0 / (nominal * tick_s)  # ticks per frame
+                if np.abs(ticks - np.round(ticks / step) * step).max() <= 1:
+                    return round(nominal, 6)
+    return round(typical, 6)
