@@ -1,14 +1,14 @@
 """Packet indexes of remote videos kept on local disk, so no process or run indexes the same file twice.
 
 Indexing a remote file costs a few ranged reads (~200 KB) of its ``moov``; every DALI worker of every rank
-of every run would pay that per file. The store keeps each index as a numpy ``.npz`` keyed by the sha256 of
-(URL, size, version), so a changed file (new size or etag/blob id) simply misses. Files are written to a
-temporary name and renamed into place, so workers and ranks sharing the folder never read half a file;
-an unreadable file is logged, deleted and rebuilt. Processes that miss the same index at once (the DALI
-workers of a rank, the ranks of a node) take turns on an ``flock`` beside its file
+of every run would pay that per file. The store keeps each index as a ``.pidx`` file (raw arrays and a checksum:
+:mod:`.packet_index_file`) keyed by the sha256 of (URL, size, version), so a changed file (new size or etag/blob id)
+simply misses. Files are written to a temporary name and renamed into place, so workers and ranks sharing the
+folder never read half a file; an unreadable file is logged, deleted and rebuilt. Processes that miss the same
+index at once (the DALI workers of a rank, the ranks of a node) take turns on an ``flock`` beside its file
 (:meth:`PacketIndexStore.building`): one reads the video, the others load its stored index. A folder that
-refuses writes (full, over quota, read-only) is written no more by the process, with one warning. Never
-pickle: loading a cache must not run code.
+refuses writes (full, over quota, read-only) is written no more by the process, with one warning. The ``.npz``
+files of formats up to 4 are left to older versions sharing the folder, never read, and pruned once unused.
 """
 
 from __future__ import annotations
@@ -20,11 +20,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from fractions import Fraction
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from .cache_dirs import (
     CACHE_ENV,
@@ -41,26 +37,23 @@ from .cache_dirs import (
     wait_for_flock,
 )
 from .file_stamps import FileStamp
-from .literal_parsing import PARSE_LOCK, is_parse_race
 from .packet_index import PacketIndex
+from .packet_index_file import STORE_FORMAT, packet_index_bytes, read_packet_index
 from .said_once import warn_once
 
-__all__ = ["STORE_FORMAT", "WAIT_S", "PacketIndexStore", "default_packet_index_dir"]
+__all__ = ["STORE_FORMAT", "SUFFIX", "WAIT_S", "PacketIndexStore", "default_packet_index_dir"]
 
 logger = logging.getLogger(__name__)
-
-#: Version of the on-disk layout; files of another version are deleted and rebuilt. 2: ``keyframe`` holds random-access
-#: points only, not every flagged sync sample (x264 intra refresh flags P-frames; :mod:`.random_access`). 3: the
-#: stream's index in the container (``stream_index``). 4: whether every keyframe's size was checked
-#: (``keyframe_sizes_checked``).
-STORE_FORMAT = 4
 
 #: Longest a process waits for another that indexes the same video before it indexes it too.
 WAIT_S = 300.0
 #: Seconds between two looks at a lock another process holds.
 _POLL_S = 0.05
 
-_ARRAYS = ("pts", "dts", "byte_offset", "size_bytes", "keyframe")
+#: The suffix of a stored index, and the pattern of the ``.npz`` files of formats up to 4 (a new suffix, so a version
+#: that reads one and a version that reads the other share a folder without deleting each other's files).
+SUFFIX = ".pidx"
+_NPZ_FILES = "*/*.npz"
 
 #: Store folders that refused a write in this process (full, over quota, read-only), and entries that could not be
 #: written in one that takes writes: not tried again, so each is warned about once (every store of one folder,
@@ -89,39 +82,29 @@ class PacketIndexStore:
     def path_for(self, url: str, stamp: FileStamp) -> Path:
         """The file holding the index of ``url`` at ``stamp`` (two-level fan-out keeps folders small)."""
         digest = hashlib.sha256(json.dumps([url, stamp.size, stamp.version]).encode()).hexdigest()
-        return self.directory / digest[:2] / f"{digest}.npz"
+        return self.directory / digest[:2] / f"{digest}{SUFFIX}"
 
     def load(self, url: str, stamp: FileStamp) -> PacketIndex | None:
         """The stored index of ``url`` at ``stamp``, or None when absent or unreadable (then deleted)."""
         path = self.path_for(url, stamp)
-        for attempt in range(2):
-            read: os.stat_result | None = None
+        read: os.stat_result | None = None
+        try:
+            with open(path, "rb") as file:
+                read = os.fstat(file.fileno())
+                raw = file.read()
+            index = read_packet_index(raw, url, stamp)
+        except FileNotFoundError:
+            return None
+        except Exception as e:  # a stored index is a shortcut: whatever fails to load it (damage, another format,
+            # the video's own checks in PacketIndex), it is rebuilt from the file
+            logger.warning("packet index cache file %s is unreadable (%s: %s); deleting it", path, type(e).__name__, e)
             try:
-                with open(path, "rb") as file:
-                    read = os.fstat(file.fileno())
-                    with PARSE_LOCK, np.load(file, allow_pickle=False) as data:  # (np.load parses headers as Python)
-                        index = _decode(data, url, stamp)
-                mark_used(path)
-                return index
-            except FileNotFoundError:
-                return None
-            except Exception as e:  # a stored index is a shortcut: whatever fails to load it, it is rebuilt from
-                # the file (damage reaches zipfile's and numpy's parsers as any type: NotImplementedError for a
-                # flipped version)
-                if is_parse_race(e):  # another thread's parse collided with ours: the file is fine
-                    if attempt == 0:
-                        continue
-                    logger.debug("packet index cache file %s: %s twice; indexing the video instead", path, e)
-                    return None
-                logger.warning(
-                    "packet index cache file %s is unreadable (%s: %s); deleting it", path, type(e).__name__, e
-                )
-                try:
-                    delete_if_unchanged(path, read)  # (not a good one another process stored meanwhile)
-                except OSError as unlink_error:
-                    logger.warning("cannot delete %s (%s); it will be overwritten", path, unlink_error)
-                return None
-        return None
+                delete_if_unchanged(path, read)  # (not a good one another process stored meanwhile)
+            except OSError as unlink_error:
+                logger.warning("cannot delete %s (%s); it will be overwritten", path, unlink_error)
+            return None
+        mark_used(path)
+        return index
 
     @contextmanager
     def building(self, url: str, stamp: FileStamp) -> Iterator[None]:
@@ -155,8 +138,9 @@ class PacketIndexStore:
 
     def prune_unused(self) -> None:
         """Delete the indexes no run has loaded for a while (:func:`~lerobot_dali.cache_dirs.prune_unused_files`):
-        files of servers without versions (``run:`` stamps) and of older Hub commits are never loaded again."""
-        prune_unused_files(self.directory, "*/*.npz", LOCK_FILES, TEMP_FILES)
+        files of servers without versions (``run:`` stamps) and of older Hub commits are never loaded again, nor the
+        ``.npz`` files of formats up to 4."""
+        prune_unused_files(self.directory, f"*/*{SUFFIX}", _NPZ_FILES, LOCK_FILES, TEMP_FILES)
 
     def save(self, url: str, stamp: FileStamp, index: PacketIndex) -> None:
         """Store ``index`` for ``url`` at ``stamp`` atomically; a failed write is logged, never raised, and not
@@ -166,8 +150,7 @@ class PacketIndexStore:
             return
         try:
             with atomic_file(path, prefix=f".{path.stem[:16]}.") as tmp:
-                arrays: dict[str, Any] = _encode(index, url, stamp)
-                np.savez(tmp, allow_pickle=False, **arrays)
+                tmp.write(packet_index_bytes(index, url, stamp))
         except OSError as e:
             self._write_failed(path, e)
 
@@ -191,53 +174,3 @@ class PacketIndexStore:
             fix,
             CACHE_ENV,
         )
-
-
-def _encode(index: PacketIndex, url: str, stamp: FileStamp) -> dict[str, np.ndarray]:
-    return {
-        "format": np.array(STORE_FORMAT, dtype=np.int64),
-        "url": np.array(url),
-        "stamp_size": np.array(stamp.size, dtype=np.int64),
-        "stamp_version": np.array(stamp.version),
-        "source_name": np.array(index.source_name),
-        "codec": np.array(index.codec),
-        "width": np.array(index.width, dtype=np.int64),
-        "height": np.array(index.height, dtype=np.int64),
-        "pix_fmt": np.array("" if index.pix_fmt is None else index.pix_fmt),
-        "has_pix_fmt": np.array(index.pix_fmt is not None),
-        "time_base": np.array([index.time_base.numerator, index.time_base.denominator], dtype=np.int64),
-        "file_size_bytes": np.array(index.file_size_bytes, dtype=np.int64),
-        "byte_exact": np.array(index.byte_exact),
-        "template": np.frombuffer(index.template, dtype=np.uint8),
-        "stream_index": np.array(index.stream_index, dtype=np.int64),
-        "keyframe_sizes_checked": np.array(index.keyframe_sizes_checked),
-        **{name: np.asarray(getattr(index, name)) for name in _ARRAYS},
-    }
-
-
-def _decode(data: Any, url: str, stamp: FileStamp) -> PacketIndex:
-    """The index in an opened ``.npz``; ValueError when it is of another format or for another key."""
-    file_format = int(data["format"])
-    if file_format != STORE_FORMAT:
-        raise ValueError(f"store format {file_format}, this version reads {STORE_FORMAT}")
-    stored_key = (str(data["url"]), int(data["stamp_size"]), str(data["stamp_version"]))
-    if stored_key != (url, stamp.size, stamp.version):
-        raise ValueError(f"the file holds the index of {stored_key}, not of {(url, stamp.size, stamp.version)}")
-    numerator, denominator = (int(v) for v in data["time_base"])
-    arrays = {name: np.array(data[name]) for name in _ARRAYS}
-    if arrays["keyframe"].dtype != np.bool_ or any(arrays[n].dtype != np.int64 for n in _ARRAYS[:-1]):
-        raise ValueError("unexpected array types")
-    return PacketIndex(
-        source_name=str(data["source_name"]),
-        codec=str(data["codec"]),
-        width=int(data["width"]),
-        height=int(data["height"]),
-        pix_fmt=str(data["pix_fmt"]) if bool(data["has_pix_fmt"]) else None,
-        time_base=Fraction(numerator, denominator),
-        file_size_bytes=int(data["file_size_bytes"]),
-        byte_exact=bool(data["byte_exact"]),
-        template=data["template"].tobytes(),
-        stream_index=int(data["stream_index"]),
-        keyframe_sizes_checked=bool(data["keyframe_sizes_checked"]),
-        **arrays,
-    )

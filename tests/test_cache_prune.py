@@ -55,7 +55,7 @@ def test_lock_files_left_beside_entries_are_swept_with_them(tmp_path: Path, monk
     monkeypatch.setenv(CACHE_DAYS_ENV, "7")
     stores = {
         "columns": (ColumnStore(tmp_path / "columns").prune_unused, "arrow"),
-        "packet_index": (PacketIndexStore(tmp_path / "packet_index").prune_unused, "npz"),
+        "packet_index": (PacketIndexStore(tmp_path / "packet_index").prune_unused, "pidx"),
     }
     for name, (prune, suffix) in stores.items():
         stale_lock = _file(tmp_path / name / "ab" / "old.lock", 8, 0)

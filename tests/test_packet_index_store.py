@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import errno
+import json
 import logging
 import multiprocessing
+import os
 import pickle
 import shutil
 import struct
+import threading
 import time
-import zipfile
+import zlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +67,38 @@ def test_round_trip_is_exact(marker_video: MarkerVideo, tmp_path: Path, codec: s
     assert loaded is not None and loaded is not index
     assert loaded.frame_count == sum(EPISODE_LENGTHS)
     assert_identical(loaded, index)
-    (stored,) = (tmp_path / "store").rglob("*.npz")
+    (stored,) = (tmp_path / "store").rglob("*.pidx")
     assert stored == store.path_for(_URL, stamp)
     assert not [p for p in (tmp_path / "store").rglob("*") if p.suffix == ".tmp"]
-    with zipfile.ZipFile(stored) as archive:  # plain .npy members, nothing pickled
-        assert {n.removesuffix(".npy") for n in archive.namelist()} >= {"pts", "template", "url", "format"}
+    raw = stored.read_bytes()
+    header, regions = _layout(raw)
+    assert header["url"] == _URL and header["packets"] == index.frame_count
+    assert raw.startswith(b"LDPKTIDX") and regions["checksum"] == regions["template"] + len(index.template)
+    assert struct.unpack("<I", raw[-4:])[0] == zlib.crc32(raw[:-4])
     assert store.load("hf://datasets/user/name/other.mp4", stamp) is None
+
+
+def test_every_field_round_trips(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    index = dataclasses.replace(
+        build_packet_index(marker_video("h264", 30)),
+        source_name="vidéo ✓.mp4",
+        codec="hevc",
+        width=1921,
+        height=1081,
+        pix_fmt=None,
+        time_base=Fraction(1001, 30000),
+        file_size_bytes=2**40 + 3,
+        byte_exact=False,
+        template=b"",
+        stream_index=2,
+        keyframe_sizes_checked=True,
+    )
+    store = PacketIndexStore(tmp_path)
+    url, stamp = "s3://bücket/a b.mp4", FileStamp(2**40 + 3, 'etag:"x"')
+    store.save(url, stamp, index)
+    loaded = store.load(url, stamp)
+    assert loaded is not None and loaded.pix_fmt is None and loaded.template == b""
+    assert_identical(loaded, index)
 
 
 @pytest.mark.parametrize("checked", [True, False])
@@ -97,45 +129,71 @@ def _valid_file(store: PacketIndexStore, index: PacketIndex, stamp: FileStamp) -
     return store.path_for(_URL, stamp).read_bytes()
 
 
-def _old_format(path: Path) -> None:
-    with np.load(path) as data:
-        arrays = dict(data)
-    arrays["format"] = np.array(STORE_FORMAT - 1)
-    with open(path, "wb") as handle:
-        np.savez(handle, **arrays)
+def _layout(raw: bytes) -> tuple[dict[str, Any], dict[str, int]]:
+    """The header of a stored index's bytes, and where each of its parts starts."""
+    header_length = struct.unpack_from("<I", raw, 12)[0]
+    header = json.loads(raw[16 : 16 + header_length])
+    arrays, count = 16 + header_length, header["packets"]
+    regions = {"magic": 0, "format": 8, "header_length": 12, "header": 16, "pts": arrays, "dts": arrays + 8 * count}
+    regions |= {"size_bytes": arrays + 24 * count, "keyframe": arrays + 32 * count, "template": arrays + 33 * count}
+    regions["checksum"] = len(raw) - 4
+    return header, regions
 
 
-def _other_key(path: Path) -> None:
-    with np.load(path) as data:
-        arrays = dict(data)
-    arrays["url"] = np.array("s3://elsewhere.mp4")
-    with open(path, "wb") as handle:
-        np.savez(handle, **arrays)
+def _rewritten(change: Callable[[dict[str, Any]], None], file_format: int = STORE_FORMAT) -> Callable[[Path], None]:
+    """A file another writer made well (its checksum matches): its header changed by ``change``, its format set."""
+
+    def rewrite(path: Path) -> None:
+        raw = path.read_bytes()
+        header, regions = _layout(raw)
+        change(header)
+        encoded = json.dumps(header).encode()
+        encoded += b" " * (-len(encoded) % 8)
+        body = b"LDPKTIDX" + struct.pack("<II", file_format, len(encoded)) + encoded + raw[regions["pts"] : -4]
+        path.write_bytes(body + struct.pack("<I", zlib.crc32(body)))
+
+    return rewrite
 
 
-def _central_entry(offset: int, value: int) -> Callable[[Path], None]:
-    """Set a 2-byte field of the first zip central directory entry: what a flipped bit there looks like to zipfile."""
+def _flipped(region: str, past: int = 0) -> Callable[[Path], None]:
+    """One bit flipped ``past`` bytes into a part of the file."""
 
-    def damage(path: Path) -> None:
+    def flip(path: Path) -> None:
         raw = bytearray(path.read_bytes())
-        struct.pack_into("<H", raw, raw.index(b"PK\x01\x02") + offset, value)
+        raw[_layout(bytes(raw))[1][region] + past] ^= 0x10
         path.write_bytes(bytes(raw))
 
-    return damage
+    return flip
+
+
+_BIT_FLIPS = {
+    "magic": _flipped("magic", 3),
+    "format": _flipped("format"),
+    "header_length": _flipped("header_length"),
+    "header": _flipped("header", 9),  # (in the URL)
+    "header_end": _flipped("pts", -1),
+    "pts": _flipped("pts", 17),
+    "dts": _flipped("dts"),
+    "size_bytes": _flipped("size_bytes", 3),
+    "keyframe": _flipped("keyframe", 1),
+    "template": _flipped("template", 40),
+    "checksum": _flipped("checksum", 3),
+}
 
 
 @pytest.mark.parametrize(
     "damage",
     [
-        lambda path: path.write_bytes(b"not a zip at all"),
+        lambda path: path.write_bytes(b"not a packet index"),
         lambda path: path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2]),
         lambda path: path.write_bytes(b""),
-        _old_format,
-        _other_key,
-        _central_entry(6, 161),  # the version needed to extract: zipfile raises NotImplementedError (found by a fuzz)
-        _central_entry(8, 1),  # the general purpose flags: "encrypted", zipfile's RuntimeError
+        lambda path: path.write_bytes(path.read_bytes()[:-1]),
+        _rewritten(lambda header: None, STORE_FORMAT - 1),
+        _rewritten(lambda header: header.update(url="s3://elsewhere.mp4")),
+        _rewritten(lambda header: header.update(packets=header["packets"] - 1)),
+        *_BIT_FLIPS.values(),
     ],
-    ids=["garbage", "truncated", "empty", "old_format", "other_key", "zip_version", "encrypted_flag"],
+    ids=["garbage", "truncated", "empty", "last_byte_cut", "old_format", "other_key", "wrong_count", *_BIT_FLIPS],
 )
 def test_corrupt_file_is_deleted_and_rebuilt(
     marker_video: MarkerVideo, tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: object
@@ -177,47 +235,70 @@ def test_an_entry_replaced_while_found_unreadable_is_kept(marker_video: MarkerVi
     assert_identical(kept, index)
 
 
-_PARSE_RACE = SystemError("AST constructor recursion depth mismatch (before=123, after=302)")
-
-
-@pytest.mark.parametrize("collisions", [1, 2])
-def test_a_parse_collision_between_threads_is_not_damage(
-    marker_video: MarkerVideo,
-    tmp_path: Path,
-    caplog: pytest.LogCaptureFixture,
-    monkeypatch: pytest.MonkeyPatch,
-    collisions: int,
+def test_a_load_parses_no_python_literal_so_no_other_thread_can_break_it(
+    marker_video: MarkerVideo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """CPython 3.11 fails ``np.load``'s header parse when another thread parses at once (seen in CI): the stored
-    index was taken for damage and deleted, so the next process indexed the video again (over HTTP: more requests)."""
-    import lerobot_dali.packet_index_store as module
-    from lerobot_dali.literal_parsing import PARSE_LOCK
-
+    """CPython 3.11 counts the AST constructor's depth per interpreter: ``np.load``'s header parse failed while
+    another thread parsed Python (seen in CI), and the good stored index was taken for damage and deleted. A lock of
+    ours could not keep out a thread of someone else's, here one parsing in a loop: a load now parses nothing."""
     index = build_packet_index(marker_video("h264", 30))
     store = PacketIndexStore(tmp_path / "store")
     stamp = FileStamp(index.file_size_bytes, "mtime:1")
     good = _valid_file(store, index, stamp)
+    loader, real_literal_eval = threading.get_ident(), ast.literal_eval
+
+    def literal_eval(node: Any) -> Any:
+        if threading.get_ident() == loader:
+            raise SystemError("AST constructor recursion depth mismatch (before=123, after=302)")
+        return real_literal_eval(node)
+
+    monkeypatch.setattr(ast, "literal_eval", literal_eval)
+    parsing, stop = threading.Event(), threading.Event()
+
+    def parse_in_a_loop() -> None:
+        while not stop.is_set():
+            assert ast.literal_eval("{'descr': '<i8', 'fortran_order': False, 'shape': (3,)}")["shape"] == (3,)
+            parsing.set()
+
+    other = threading.Thread(target=parse_in_a_loop, daemon=True)
+    other.start()
+    try:
+        assert parsing.wait(timeout=30)
+        loads = [store.load(_URL, stamp) for _ in range(20)]
+    finally:
+        stop.set()
+        other.join(timeout=30)
+    assert all(loaded is not None for loaded in loads)
+    assert loads[-1] is not None
+    assert_identical(loads[-1], index)
+    assert store.path_for(_URL, stamp).read_bytes() == good
+
+
+def test_a_store_holding_npz_files_of_older_versions_works_and_prunes_them(
+    marker_video: MarkerVideo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Format 4 and before stored ``.npz`` files at the same names: an older version sharing the folder keeps
+    reading its own (neither version deletes the other's), and once no run uses them a sweep deletes them."""
+    monkeypatch.setenv("LEROBOT_DALI_CACHE_DAYS", "7")
+    index = build_packet_index(marker_video("h264", 30))
+    store = PacketIndexStore(tmp_path / "store")
+    stamp = FileStamp(index.file_size_bytes, "mtime:1")
     path = store.path_for(_URL, stamp)
-    calls: list[bool] = []
-    real_load = np.load
-
-    def colliding_load(*args: Any, **kwargs: Any) -> Any:
-        calls.append(PARSE_LOCK.locked())
-        if len(calls) <= collisions:
-            raise _PARSE_RACE
-        return real_load(*args, **kwargs)
-
-    monkeypatch.setattr(module.np, "load", colliding_load)
-    with caplog.at_level(logging.DEBUG, logger="lerobot_dali.packet_index_store"):
+    old = path.with_suffix(".npz")
+    old.parent.mkdir(parents=True)
+    with open(old, "wb") as handle:
+        np.savez(handle, format=np.array(4), url=np.array(_URL), pts=index.pts)
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.packet_index_store"):
+        assert store.load(_URL, stamp) is None
+        store.save(_URL, stamp, index)
         loaded = store.load(_URL, stamp)
-    assert calls == [True, True]  # our own threads take turns; a foreign thread's collision is tried once more
-    if collisions == 1:
-        assert loaded is not None
-        assert_identical(loaded, index)
-    else:
-        assert loaded is None  # indexed from the video this time
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert path.read_bytes() == good  # kept either way
+    assert not caplog.records and old.exists()
+    assert loaded is not None
+    assert_identical(loaded, index)
+    aged = time.time() - 8 * 86400
+    os.utime(old, (aged, aged))
+    store.prune_unused()
+    assert not old.exists() and path.exists()
 
 
 def test_cache_rebuilds_over_a_corrupt_file(marker_video: MarkerVideo, tmp_path: Path) -> None:
@@ -256,13 +337,22 @@ def test_unwritable_store_warns_once_per_folder(
 def test_a_full_store_is_written_no_more(
     marker_video: MarkerVideo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    writes: list[object] = []
+    from lerobot_dali import packet_index_store
 
-    def over_quota(file, **arrays) -> None:
-        writes.append(file)
-        raise OSError(errno.EDQUOT, "Disk quota exceeded")
+    writes: list[int] = []
+    real_atomic_file = packet_index_store.atomic_file
 
-    monkeypatch.setattr("lerobot_dali.packet_index_store.np.savez", over_quota)
+    class FullDisk:
+        def write(self, data: bytes) -> None:
+            writes.append(len(data))
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+    @contextmanager
+    def over_quota(path: Path, **kwargs: Any) -> Iterator[FullDisk]:
+        with real_atomic_file(path, **kwargs):  # (its temporary file: removed)
+            yield FullDisk()
+
+    monkeypatch.setattr(packet_index_store, "atomic_file", over_quota)
     index = build_packet_index(marker_video("h264", 30))
     store = PacketIndexStore(tmp_path / "store")
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.packet_index_store"):
@@ -345,7 +435,7 @@ def test_changed_file_is_indexed_again(marker_video: MarkerVideo, tmp_path: Path
     new = PacketIndexCache().get(path, filesystem=fs, stamp=stamp, store=store)
     assert remote.requests["open"] == 1
     assert (old.codec, new.codec) == ("h264", "av1")
-    assert len(list((tmp_path / "store").rglob("*.npz"))) == 2
+    assert len(list((tmp_path / "store").rglob("*.pidx"))) == 2
 
 
 def test_a_file_of_another_size_than_listed_is_refused_and_not_stored(
@@ -358,7 +448,7 @@ def test_a_file_of_another_size_than_listed_is_refused_and_not_stored(
     stale = FileStamp(video.stat().st_size - 1, "mtime:1")
     with pytest.raises(DatasetError, match=r"bytes but was listed with \d+: it changed .* re-open the dataset"):
         PacketIndexCache().get(str(video), stamp=stale, store=store)
-    assert not list((tmp_path / "store").rglob("*.npz"))
+    assert not list((tmp_path / "store").rglob("*.pidx"))
 
 
 def test_stamped_cache_needs_a_path(marker_video: MarkerVideo) -> None:
@@ -390,7 +480,7 @@ def test_concurrent_saves_from_two_processes(marker_video: MarkerVideo, tmp_path
     loaded = PacketIndexStore(tmp_path).load(_URL, FileStamp(index.file_size_bytes, "etag:x"))
     assert loaded is not None
     assert_identical(loaded, index)
-    assert [p.suffix for p in tmp_path.rglob("*") if p.is_file()] == [".npz"]
+    assert [p.suffix for p in tmp_path.rglob("*") if p.is_file()] == [".pidx"]
 
 
 def _index_at_once(root: str, path: str, store_dir: str, stamp: FileStamp, barrier: Any, results: Any) -> None:
@@ -433,7 +523,7 @@ def test_two_processes_missing_one_index_at_once_read_the_video_once(marker_vide
     assert sorted(builds for builds, _, _ in reports) == [0, 1], reports
     assert sum(opens for _, opens, _ in reports) == 1, reports
     assert {frames for _, _, frames in reports} == {sum(EPISODE_LENGTHS)}
-    assert [p.suffix for p in (tmp_path / "store").rglob("*") if p.is_file()] == [".npz"]  # (no lock file left)
+    assert [p.suffix for p in (tmp_path / "store").rglob("*") if p.is_file()] == [".pidx"]  # (no lock file left)
 
 
 def test_a_stalled_lock_holder_is_waited_on_for_a_while_and_a_lockless_store_not_at_all(
