@@ -218,9 +218,17 @@ def _check_episode_files(
     leave_out = "or open without those episodes (episodes=[...] of the others)"
     if missing:
         pos = placed[missing[0]]
+        episode = int(table.episode_index[pos])
         more = f" (and {len(missing) - 1} more episodes' data files)" if len(missing) > 1 else ""
+        chunks = _v2_chunks_holding(location, info, stamps, episode)
+        if chunks:  # the files are there, in other chunk folders than chunks_size puts them
+            raise MissingDataFileError(
+                f"{missing[0]} is missing{more}: info.json's chunks_size={info.chunks_size} puts episode {episode} "
+                f"in chunk {episode // info.chunks_size}, but its data file lies in chunk {chunks[0]}; correct "
+                "chunks_size in meta/info.json to the number of episodes each chunk folder holds"
+            )
         raise MissingDataFileError(
-            f"{missing[0]} is missing{more}: meta/episodes.jsonl lists episode {int(table.episode_index[pos])}, "
+            f"{missing[0]} is missing{more}: meta/episodes.jsonl lists episode {episode}, "
             f"whose data file it is; re-download the dataset, {leave_out}"
         )
     miscounted = [path for path, pos in placed.items() if footers[path].rows != table.length[pos]]
@@ -304,6 +312,23 @@ def _listed_data_files(
         if path.endswith(match.group(0).lstrip("/")):  # the template's own spelling (file-001, not file-1)
             listed[pair] = path
     return listed
+
+
+def _v2_chunks_holding(
+    location: DatasetLocation, info: DatasetInfo, stamps: FileStamps | None, episode: int
+) -> list[int]:
+    """The chunks whose folders hold a v2.x data file of ``episode`` under ``data_path``'s name (none where the
+    data folder cannot be listed: the caller's error stands)."""
+    pattern = template_pattern(info.data_path, {"episode_chunk": r"\d+", "episode_index": r"\d+"})
+    matcher = re.compile(rf"(?:^|/){pattern}$")
+    top = info.data_path.split("/", 1)[0] if "/" in info.data_path else ""
+    try:
+        names = list(stamps) if stamps is not None else location.fs.find(location.path(top))
+    except OSError as e:
+        logger.debug("%s: cannot list %r to look for episode %d's data file: %s", location.description, top, episode, e)
+        return []
+    found = (matcher.search(str(name)) for name in names)
+    return sorted({int(m["episode_chunk"]) for m in found if m is not None and int(m["episode_index"]) == episode})
 
 
 def _episode_runs(

@@ -60,6 +60,19 @@ def test_an_episode_without_a_data_file_is_refused_at_open(make_ds, copy_ds) -> 
     assert open_dataset(root, episodes=[0, 1, 2, 4]).num_frames == 3 + 4 + 5 + 4
 
 
+@pytest.mark.parametrize("remote", [False, True])
+def test_a_wrong_chunks_size_is_named_when_the_files_lie_in_other_chunks(make_ds, copy_ds, remote: bool) -> None:
+    root = copy_ds(make_ds(**SPEC))  # files in chunks of 4; info.json now says 2, placing episodes 2-3 in chunk 1
+    info = json.loads((root / "meta/info.json").read_text())
+    (root / "meta/info.json").write_text(json.dumps({**info, "chunks_size": 2}))
+    pattern = (
+        r"chunk-001/episode_000002\.parquet is missing \(and 3 more episodes' data files\): info\.json's chunks_size=2 "
+        r"puts episode 2 in chunk 1, but its data file lies in chunk 0; correct chunks_size"
+    )
+    with pytest.raises(MissingDataFileError, match=pattern):
+        open_dataset("fakeremote://", storage_options={"root": str(root)}) if remote else open_dataset(root)
+
+
 def test_an_episode_whose_file_holds_other_rows_than_its_length_is_refused_at_open(make_ds, copy_ds) -> None:
     root = copy_ds(make_ds(**SPEC))
     records = [json.loads(line) for line in (root / "meta/episodes.jsonl").read_text().splitlines()]
