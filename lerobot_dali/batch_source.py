@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -44,6 +44,9 @@ from .windows import PAD_SUFFIX, query_indices
 from .worker_start import log_like_trainer
 from .yuv_frames import PlaneFrames, stream_color
 
+if TYPE_CHECKING:
+    from .camera_codecs import FileFormat
+
 __all__ = ["BatchSource", "CameraFormat", "SourceSpec", "output_fields"]
 
 logger = logging.getLogger(__name__)
@@ -65,16 +68,19 @@ class CameraFormat(NamedTuple):
     route: DecodeRoute = DecodeRoute.CPU_FALLBACK
 
     @classmethod
-    def of(cls, index: PacketIndex, *, route: DecodeRoute) -> CameraFormat:
+    def of(cls, index: PacketIndex | FileFormat, *, route: DecodeRoute) -> CameraFormat:
+        """The format of a file (its packet index, or its header: :mod:`~lerobot_dali.camera_codecs`) as far as
+        ``route`` holds the camera's other files to it."""
         if route is not DecodeRoute.NVDEC:
             return cls(index.codec, index.height, index.width, route=route)
-        return cls(index.codec, index.height, index.width, index.pix_fmt, stream_color(index.template), route)
+        color = stream_color(index.template) if isinstance(index, PacketIndex) else index.color
+        return cls(index.codec, index.height, index.width, index.pix_fmt, color, route)
 
     @property
     def nvdec(self) -> bool:
         return self.route is DecodeRoute.NVDEC
 
-    def admits(self, index: PacketIndex) -> bool:
+    def admits(self, index: PacketIndex | FileFormat) -> bool:
         found = CameraFormat.of(index, route=self.route)
         return found == (self if self.route.dali_device else self._replace(codec=found.codec))
 

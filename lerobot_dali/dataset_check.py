@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .batch_source import CameraFormat
+from .camera_codecs import survey_camera, surveyed_positions
 from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
 from .dataset_reader import LeRobotDatasetReader, VideoRef, warn_undeclared_columns
 from .decode_route import DecodeRoute, route_without_nvdec
@@ -200,8 +201,9 @@ class _EpisodeChecker:
             if index.codec != expected.codec and camera not in self.workers_only:  # (a run on NVDEC would refuse it)
                 warn_once(logger,
                     "camera %s mixes codecs (its first file is %s, %s is %s), which the workers decode, as on a "
-                    "machine without NVDEC; where NVDEC decodes %s, a run sends the camera there and refuses such "
-                    "files: pass it decode='cpu', or copy the dataset with one codec (lerobot-dali reencode)",
+                    "machine without NVDEC; where NVDEC decodes %s, a run sends the camera there (it reads the codecs "
+                    "of a camera's files when built up to a bound, which this camera's count exceeds) and refuses "
+                    "such files: pass it decode='cpu', or copy the dataset with one codec (lerobot-dali reencode)",
                     camera, expected.codec, video.path, index.codec, expected.codec,
                     key=f"mixed codecs {camera} {reader.location.description}",
                 )  # fmt: skip
@@ -318,7 +320,7 @@ def default_workers(reader: LeRobotDatasetReader, *, decode: bool) -> int:
 
 def _set_references(checker: _EpisodeChecker) -> None:
     """What the workers hold every file to, as the iterator's do on a machine without NVDEC: each camera's first
-    file's size (and codec where DALI's CPU decoder decodes the camera: VP8/VP9/MJPEG),
+    file's size (and codec where DALI's CPU decoder decodes the camera: VP8/VP9/MJPEG, unless its files mix codecs),
     and (``decode=True``) each image camera's first image's shape, from the first episode that has them."""
     reader = checker.reader
     for camera in reader.camera_keys:
@@ -330,9 +332,7 @@ def _set_references(checker: _EpisodeChecker) -> None:
                 logger.debug("camera %s: no format from episode position %d: %s", camera, pos, e)
         else:
             continue
-        # (a union's camera whose datasets' first files differ in codec goes to the workers, as the iterator sends it)
-        mixed = any(_codec(checker, first, camera) not in (None, index.codec) for first in reader.first_episodes())
-        if mixed or reader.info.features[camera].is_depth_map:
+        if reader.info.features[camera].is_depth_map or _mixes_codecs(reader, camera):
             checker.workers_only.add(camera)
         route = DecodeRoute.CPU_FALLBACK if camera in checker.workers_only else route_without_nvdec(index.codec)
         checker.formats[camera] = CameraFormat.of(index, route=route)
@@ -348,13 +348,11 @@ def _set_references(checker: _EpisodeChecker) -> None:
                 break
 
 
-def _codec(checker: _EpisodeChecker, pos: int, camera: str) -> str | None:
-    """The codec of episode ``pos``'s file of ``camera``; None where it does not open (its episode's check says why)."""
-    try:
-        return checker.packet_index(pos, camera)[1].codec
-    except Exception as e:
-        logger.debug("camera %s: no codec from episode position %d: %s", camera, pos, e)
-        return None
+def _mixes_codecs(reader: LeRobotDatasetReader, camera: str) -> bool:
+    """Whether ``camera``'s files that open differ in codec, as the iterator surveys them (:mod:`.camera_codecs`): it
+    sends such a camera to the workers."""
+    survey = survey_camera(reader, camera, surveyed_positions(reader, camera), skip_unreadable=True)
+    return len(survey.codecs()) > 1
 
 
 def _tasks(reader: LeRobotDatasetReader, most: int) -> Iterator[list[int]]:

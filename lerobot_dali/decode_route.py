@@ -14,7 +14,7 @@ import ctypes.util
 import logging
 import multiprocessing
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .camera_codecs import counts_text
 from .clips import build_clip
 from .concurrent_calls import KeyedLocks
 from .cpu_decode import pyav_can_decode, torchcodec_available
@@ -176,17 +177,29 @@ def choose_route(
 
 
 def route_for_codecs(
-    codecs: Sequence[str], *, decode: DecodePreference | str = DecodePreference.AUTO, on_gpu: bool, label: str
+    codecs: Mapping[str, int],
+    *,
+    decode: DecodePreference | str = DecodePreference.AUTO,
+    on_gpu: bool,
+    label: str,
+    formats: Mapping[str, int] | None = None,
 ) -> DecodeRoute:
-    """The route for camera ``label`` whose files mix ``codecs`` (a union's datasets' first files): the workers,
-    which give each file a decoder of its own, since NVDEC and DALI's CPU decoder decode a camera in one codec.
+    """The route for camera ``label`` whose files mix ``codecs`` (codec -> files: a union's datasets' first files, or
+    every file, :mod:`~lerobot_dali.camera_codecs`), or share one codec in several NVDEC ``formats`` (format -> files):
+    the workers, which give each file a decoder of its own, since NVDEC and DALI's CPU decoder decode a camera in one
+    codec (NVDEC in one pixel format and colour space). Where a DALI decoder is passed over (NVDEC on a GPU, DALI's
+    CPU decoder for VP8/VP9/MJPEG), one warning says so and how to copy the dataset in one codec.
     Raises CodecUnsupportedError for ``decode="gpu"`` and where PyAV and torchcodec lack a decoder for one of them."""
     preference = DecodePreference.parse(decode)
-    what = f"{label} (files of {', '.join(codecs)})"
+    what = f"{label} (files of {counts_text(formats, colon=True) if formats else counts_text(codecs)})"
+    one = "one pixel format and colour space" if formats else "one codec"
+    takes = f"NVDEC takes {one}" if formats else f"NVDEC and DALI's CPU decoder take {one}"
+    # (reencode keeps each file's colour tags: a copy in one codec, not in one colour space)
+    copy = "" if formats else "; lerobot-dali reencode copies a dataset in one codec"
     if preference is DecodePreference.GPU:
         raise CodecUnsupportedError(
-            f"decode='gpu' was asked for {what}, but NVDEC decodes a camera in one codec; use decode='auto' or "
-            "'cpu' (the workers decode each file), or copy the datasets with one codec (lerobot-dali reencode)."
+            f"decode='gpu' was asked for {what}, but NVDEC decodes a camera in {one}; use decode='auto' or "
+            f"'cpu' (the workers decode each file){copy}."
         )
     lacking = [codec for codec in codecs if not (pyav_can_decode(codec) or torchcodec_available())]
     if lacking:
@@ -194,11 +207,12 @@ def route_for_codecs(
             f"No decoder handles {what}: PyAV/torchcodec have none for {lacking}, and NVDEC and DALI's CPU decoder "
             "decode a camera in one codec. Re-encode the video."
         )
-    message = "%s: decoded in the workers (route %s), a decoder per file: NVDEC and DALI's CPU decoder take one codec"
-    if on_gpu and preference is DecodePreference.AUTO:  # (NVDEC passed over: a copy with one codec may decode there)
-        warn_once(logger, f"{message}; lerobot-dali reencode copies a dataset with one codec", what, "cpu_fallback")
+    message = "%s: decoded in the workers (route %s), a decoder per file: %s"
+    nvdec_passed_over = on_gpu and preference is DecodePreference.AUTO  # (a copy in one format may decode there)
+    if nvdec_passed_over or any(codec in DALI_CPU_CODECS for codec in codecs):
+        warn_once(logger, f"{message}{copy}", what, DecodeRoute.CPU_FALLBACK.value, takes)
     else:
-        logger.info(message, what, DecodeRoute.CPU_FALLBACK.value)
+        logger.info(message, what, DecodeRoute.CPU_FALLBACK.value, takes)
     return DecodeRoute.CPU_FALLBACK
 
 

@@ -14,6 +14,7 @@ import re
 import sys
 import threading
 import traceback
+from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ import torch
 
 from .augment_config import NORMALIZE_FROM_STATS, AugmentConfig, Normalize, checked_size, refuse_uint8_normalize
 from .batch_source import BatchSource, CameraFormat, SourceSpec, output_fields
+from .camera_codecs import codec_counts, survey_camera, surveyed_positions
 from .concurrent_calls import in_threads
 from .cpu_decode import CpuDecodeOptions, pyav_can_decode
 from .dali_graph import HOST_SUBTASK_INDEX, HOST_TASK_INDEX, CameraFeed, build_pipeline, camera_feed
@@ -294,11 +296,11 @@ class DALILeRobotIterator:
         self, preference: DecodePreference, first_rows: Mapping[str, np.ndarray] | None
     ) -> dict[str, DecodeRoute]:
         """A route per video camera, from its first episode's file (a union's camera whose datasets' first files
-        differ in codec: the workers, :func:`~.decode_route.route_for_codecs`); that episode's first and last rows
-        (``first_rows``, where already read) are looked up in the file too (:meth:`_check_rows_find_frames`), and
-        its format kept as the camera's
-        (``_camera_formats``, which the workers hold every other file to). A union's other datasets' first
-        episodes are held to them now too, rather than when a batch first reaches them."""
+        differ in codec: the workers, :func:`~.decode_route.route_for_codecs`; where DALI decodes the camera, the
+        workers too where its other files differ from the first, :meth:`_route_for_files`); that episode's first and
+        last rows (``first_rows``, where already read) are looked up in the file too (:meth:`_check_rows_find_frames`),
+        and its format kept as the camera's (``_camera_formats``, which the workers hold every other file to). A
+        union's other datasets' first episodes are held to them now too, rather than when a batch first reaches them."""
         routes = {}
         if self._device_id is None:
             preference = DecodePreference.CPU
@@ -309,7 +311,7 @@ class DALILeRobotIterator:
         others = in_threads(lambda pos: {c: self._packet_index(pos, c) for c in self.reader.camera_keys}, firsts)
         for camera in self.reader.camera_keys:
             video, indexes[camera] = self._packet_index(0, camera)
-            codecs = sorted({indexes[camera].codec, *(files[camera][1].codec for files in others)})
+            codecs = codec_counts([indexes[camera], *(files[camera][1] for files in others)])
             if camera in self._depth_quantizers:  # 12-bit codes: NVDEC and DALI's decoders give 8-bit RGB only
                 for codec in codecs:
                     if not pyav_can_decode(codec):
@@ -322,10 +324,11 @@ class DALILeRobotIterator:
                 routes[camera] = route_for_codecs(codecs, decode=preference, on_gpu=self._device_id is not None,
                                                   label=camera)  # fmt: skip
             else:
-                routes[camera] = route_for_video(
+                route = route_for_video(
                     video.path, indexes[camera], decode=preference, device_id=self._device_id or 0,
                     filesystem=self.reader.location.fs, label=camera,
                 )  # fmt: skip
+                routes[camera] = self._route_for_files(camera, route, preference) if route.dali_device else route
         self._camera_formats = {
             camera: CameraFormat.of(index, route=routes[camera]) for camera, index in indexes.items()
         }
@@ -347,6 +350,22 @@ class DALILeRobotIterator:
         in_threads(check_first, self.reader.first_episodes())  # (a union's datasets' at once)
         self._color_fixes = _nvdec_color_fixes(self._camera_formats)
         return routes
+
+    def _route_for_files(self, camera: str, route: DecodeRoute, preference: DecodePreference) -> DecodeRoute:
+        """``route``, where DALI decodes ``camera`` (NVDEC or its CPU decoder), or the workers where the camera's files
+        (each one's header, up to a bound: :mod:`~.camera_codecs`) differ in what that decoder holds them to: codec (on
+        NVDEC pixel format and colour too), :func:`~.decode_route.route_for_codecs`. Without this a file cut by
+        LeRobot's delete_episodes (re-encoded as AV1 among H.264 files) failed when a batch first reached it.
+        Raises SchemaMismatchError naming the files whose frame size is not the first's."""
+        # (a missing or damaged file fails as before when a batch reaches it, naming the camera and episodes)
+        survey = survey_camera(self.reader, camera, surveyed_positions(self.reader, camera), skip_unreadable=True)
+        survey.check_sizes()
+        if survey.first is None or not survey.unlike(CameraFormat.of(survey.first, route=route)):
+            return route
+        codecs = survey.codecs()
+        formats = Counter(str(CameraFormat.of(f, route=route)) for f in survey.formats.values())
+        return route_for_codecs(codecs, decode=preference, on_gpu=self._device_id is not None, label=camera,
+                                formats=None if len(codecs) > 1 else formats)  # fmt: skip
 
     def _packet_index(self, pos: int, camera: str) -> tuple[VideoRef, PacketIndex]:
         """Episode ``pos``'s video of ``camera`` and its packet index."""

@@ -38,6 +38,7 @@ from .errors import VideoDecodeError
 __all__ = [
     "FramePlanes",
     "PlaneFrames",
+    "codec_color",
     "color_matrix",
     "frame_planes",
     "has_color_matrix",
@@ -128,8 +129,12 @@ def stream_color(template: bytes) -> tuple[int, bool]:
     """(``AVColorSpace``, full range) a video stream declares, read from its stream template
     (``PacketIndex.template``: the container header alone, no file access)."""
     with av.open(io.BytesIO(template), "r") as container:
-        codec = container.streams.video[0].codec_context
-        return int(codec.colorspace), codec.color_range == _FULL_RANGE or bool(_PLANAR_420.get(codec.pix_fmt))
+        return codec_color(container.streams.video[0].codec_context)
+
+
+def codec_color(codec: Any) -> tuple[int, bool]:
+    """(``AVColorSpace``, full range) a video stream's codec context (PyAV's) declares."""
+    return int(codec.colorspace), codec.color_range == _FULL_RANGE or bool(_PLANAR_420.get(codec.pix_fmt))
 
 
 def has_color_matrix(colorspace: int) -> bool:

@@ -1144,9 +1144,10 @@ def test_a_pass_whose_pipeline_a_newer_pass_replaced_refuses_to_read(make_ds) ->
 
 def test_a_camera_file_of_another_codec_is_refused_naming_it_and_the_copy_that_mends_it() -> None:
     """LeRobot 0.4's delete_episodes and split_dataset re-encode the files they cut as AV1 and keep the others: an
-    H.264 camera then mixes codecs. Where DALI decodes the camera (its CPU decoder for VP9 here) the refusal names the
-    file and offers `lerobot-dali reencode` (tests/test_mixed_codecs.py: the workers read such a camera); another
-    size alone asks to re-encode the file."""
+    H.264 camera then mixes codecs. Where DALI decodes the camera (its CPU decoder for VP9 here) and a file of another
+    codec is read that the build did not survey (past its bound) the refusal names the file and offers `lerobot-dali
+    reencode` (tests/test_mixed_codecs.py: the workers read such a camera); another size alone asks to re-encode the
+    file."""
     from types import SimpleNamespace
 
     from lerobot_dali.batch_source import CameraFormat

@@ -17,7 +17,7 @@ import pytest
 from lerobot_dali import DALILeRobotIterator, concat_datasets, open_dataset
 from lerobot_dali.batch_source import CameraFormat
 from lerobot_dali.dataset_check import check_dataset
-from lerobot_dali.decode_route import DecodeRoute, route_for_codecs
+from lerobot_dali.decode_route import DecodePreference, DecodeRoute, route_for_codecs
 from lerobot_dali.errors import CodecUnsupportedError, SchemaMismatchError
 from lerobot_dali.packet_index import build_packet_index
 
@@ -43,12 +43,14 @@ def _full_decodes(paths: set[str]) -> dict[str, list[np.ndarray]]:
     return decoded
 
 
-def _every_sample_is_its_files_frame(dataset, **options) -> list[str]:
+def _every_sample_is_its_files_frame(dataset, *, routes: dict | None = None, **options) -> list[str]:
     """Reads every sample once; each frame must equal that frame of a full PyAV decode of its episode's file.
-    Returns the codec of each file read, in path order."""
+    Returns the codec of each file read, in path order; ``routes`` gets the iterator's routes."""
     it = DALILeRobotIterator(
         dataset, batch_size=5, device="cpu", shuffle=False, drop_last=False, return_uint8=True, **options
     )
+    if routes is not None:
+        routes.update(it.routes)
     reader, samples = it.reader, []
     for batch in it:
         members = batch.get("dataset_index", batch["index"] * 0).tolist()
@@ -70,15 +72,24 @@ def _every_sample_is_its_files_frame(dataset, **options) -> list[str]:
     return codecs
 
 
-def test_a_worker_decoded_camera_whose_files_mix_codecs_reads_each_file_as_pyav_decodes_it(make_ds, copy_ds, caplog):
+def test_a_worker_decoded_camera_whose_files_mix_codecs_reads_each_file_as_pyav_decodes_it(
+    make_ds, copy_ds, caplog, monkeypatch
+):
     """Before, the H.264 camera whose file-001 LeRobot's delete_episodes had re-encoded as AV1 was refused
     (SchemaMismatchError: 'is av1 64x96 (HxW), but the camera's first file is h264') by the iterator and by
-    `lerobot-dali check`, though LeRobot reads it and the workers decode each file with a decoder of its own."""
+    `lerobot-dali check`, though LeRobot reads it and the workers decode each file with a decoder of its own.
+    A run surveys the camera's files (a run on NVDEC sends it to the workers), so check warns only past the
+    survey's bound, where a run on NVDEC would refuse the AV1 file."""
     root = _mixed(make_ds, copy_ds, "h264", "av1")
     assert _every_sample_is_its_files_frame(root) == ["h264", "libdav1d", "h264"]
     with caplog.at_level(logging.WARNING):
         report = check_dataset(open_dataset(root), decode=True, workers=0)
     assert report.ok and report.frames_decoded == 48
+    assert "mixes codecs" not in caplog.text
+    monkeypatch.setattr("lerobot_dali.camera_codecs.V2_CHECKED_EPISODES", 2)  # (3 files: past it, the first file only)
+    with caplog.at_level(logging.INFO):
+        assert check_dataset(open_dataset(root), workers=0).ok
+    assert "has 3 video files, more than 2: only its first file's format is read" in caplog.text
     assert "mixes codecs (its first file is h264" in caplog.text and "decode='cpu'" in caplog.text
     # Only the size has to agree: a file of another size is refused still.
     first = CameraFormat.of(SimpleNamespace(codec="h264", height=64, width=96), route=DecodeRoute.CPU_FALLBACK)
@@ -87,21 +98,102 @@ def test_a_worker_decoded_camera_whose_files_mix_codecs_reads_each_file_as_pyav_
         first.check(SimpleNamespace(codec="av1", height=96, width=96), path="big.mp4", episode=4, camera=CAM)
 
 
-def test_a_dali_decoded_camera_refuses_a_file_of_another_codec_saying_what_reads_it(make_ds, copy_ds) -> None:
-    """DALI's CPU decoder (VP9 on a machine without NVDEC) takes VP8/VP9/MJPEG only: a VP9 camera's AV1 file is
-    refused, by the iterator and by check, offering the copy with one codec; on NVDEC, decode='cpu' too."""
-    root = _mixed(make_ds, copy_ds, "vp9", "av1")
-    it = DALILeRobotIterator(root, batch_size=5, device="cpu", shuffle=False, num_workers=0)
-    with pytest.raises(SchemaMismatchError, match=r"file-001\.mp4 \(episode 2, .*\) is av1, but the camera's first "
-                       r"file is vp9 64x96 \(HxW\), which sent the camera to DALI's CPU decoder, one codec per camera: "
-                       r"copy the dataset with one codec \(`lerobot-dali reencode`"):  # fmt: skip
-        list(it)
+@pytest.mark.parametrize(
+    ("version", "cut_codec"), [("v3.0", "av1"), ("v2.1", "h264")], ids=["v3.0-av1-file", "v2.1-h264-file"]
+)
+def test_a_dali_decoded_camera_whose_files_mix_codecs_goes_to_the_workers_when_built(
+    make_ds, copy_ds, caplog, version: str, cut_codec: str
+) -> None:
+    """Before, the route came from the first file alone: a VP9 camera (DALI's CPU decoder) whose one file is AV1
+    or H.264 (LeRobot's delete_episodes re-encodes the file it cuts) built, then failed when a batch first reached
+    that file (SchemaMismatchError: 'is av1, but the camera's first file is vp9'), maybe hours into training. Now
+    every file's header is read when the iterator is built and the camera goes to the workers, with a warning."""
+    spec = {**SPEC, "version": version}
+    cut = CUT if version == "v3.0" else f"videos/chunk-000/{CAM}/episode_000002.mp4"
+    root = copy_ds(make_ds(**spec, codec="vp9"))
+    shutil.copyfile(make_ds(**spec, codec=cut_codec) / cut, root / cut)
+    routes: dict = {}
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali"):
+        codecs = _every_sample_is_its_files_frame(root, routes=routes)
+    assert routes == {CAM: DecodeRoute.CPU_FALLBACK}
+    assert sum(codec == "vp9" or "vpx" in codec for codec in codecs) == len(codecs) - 1  # (libvpx-vp9 or vp9)
+    files = "vp9 2 files, av1 1 file" if version == "v3.0" else "vp9 5 files, h264 1 file"
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and CAM in r.getMessage()]
+    assert len(warned) == 1 and f"{CAM} (files of {files}): decoded in the workers" in warned[0]
+    assert "lerobot-dali reencode" in warned[0]
+    # `lerobot-dali check` holds the files as the run does: no problem (before: episodes 2-3 refused).
+    assert check_dataset(open_dataset(root), workers=0).ok
+
+
+def test_a_union_surveys_each_datasets_files(make_ds, copy_ds) -> None:
+    """Both datasets' first files are VP9, the first dataset's file-001 AV1: the union's camera goes to the workers
+    when built (before: DALI's CPU decoder, refusing the file when a batch reached it). Files are told apart by
+    dataset, whose file-000s share a name."""
+    from lerobot_dali import camera_codecs
+
+    union = concat_datasets([_mixed(make_ds, copy_ds, "vp9", "av1"), make_ds(**SPEC, codec="vp9")])
+    assert camera_codecs.file_positions(union, CAM) == [0, 2, 4, 6, 8, 10]
+    it = DALILeRobotIterator(union, batch_size=5, device="cpu", num_workers=0)
+    assert it.routes == {CAM: DecodeRoute.CPU_FALLBACK}
     it.close()
-    report = check_dataset(open_dataset(root), workers=0)
-    assert {(p.episode_index, p.error) for p in report.problems} == {
-        (2, "SchemaMismatchError"),
-        (3, "SchemaMismatchError"),
-    }
+
+
+def test_a_dali_decoded_cameras_mixed_files_are_refused_at_build_for_decode_gpu(make_ds, copy_ds) -> None:
+    """decode='gpu' (NVDEC or fail) on a camera whose files mix codecs fails when the iterator is built, naming the
+    codecs (a fake GPU: the route as NVDEC chose it for the first file)."""
+    root = _mixed(make_ds, copy_ds, "vp9", "av1")
+    built = SimpleNamespace(reader=open_dataset(root), _device_id=0)
+    with pytest.raises(CodecUnsupportedError, match=r"decode='gpu' .*\(files of vp9 2 files, av1 1 file\), .*one "
+                       r"codec; .*lerobot-dali reencode"):  # fmt: skip
+        DALILeRobotIterator._route_for_files(built, CAM, DecodeRoute.NVDEC, DecodePreference.GPU)
+    # decode='auto': the workers.
+    auto = DALILeRobotIterator._route_for_files(built, CAM, DecodeRoute.NVDEC, DecodePreference.AUTO)
+    assert auto is DecodeRoute.CPU_FALLBACK
+
+
+def test_an_nvdec_camera_whose_files_differ_in_colour_tags_goes_to_the_workers(make_ds, copy_ds, caplog) -> None:
+    """NVDEC's colour correction is the first file's: an H.264 file tagged BT.709 among BT.601 ones (one codec) went
+    to NVDEC and failed when a batch reached it; now its camera goes to the workers when built (a fake GPU), and
+    DALI's CPU decoder, which converts no colours, keeps it."""
+    root = copy_ds(make_ds(**SPEC, codec="h264"))
+    with av.open(str(root / CUT)) as source:
+        frames = [frame.to_ndarray(format="rgb24") for frame in source.decode(video=0)]
+    with av.open(str(root / CUT), "w") as container:
+        stream = container.add_stream("libx264", rate=FPS, options={"g": "4", "bf": "0"})
+        stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
+        stream.codec_context.colorspace = 1  # BT.709
+        for image in frames:
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
+        container.mux(stream.encode())
+    built = SimpleNamespace(reader=open_dataset(root), _device_id=0)
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali"):
+        route = DALILeRobotIterator._route_for_files(built, CAM, DecodeRoute.NVDEC, DecodePreference.AUTO)
+    assert route is DecodeRoute.CPU_FALLBACK
+    assert (
+        f"{CAM} (files of h264 64x96 (HxW) yuv420p, colour space 2: 2 files; h264 64x96 (HxW) yuv420p, colour space 1: "
+        "1 file): decoded in the workers" in caplog.text
+    )
+    assert DALILeRobotIterator._route_for_files(built, CAM, DecodeRoute.DALI_CPU, DecodePreference.AUTO) is (
+        DecodeRoute.DALI_CPU
+    )
+
+
+def test_a_file_of_another_size_is_refused_when_the_iterator_is_built(make_ds, copy_ds) -> None:
+    """Before, a VP9 camera's 64x128 file among 64x96 ones failed when a batch first reached it; now at build,
+    naming the file."""
+    root = copy_ds(make_ds(**SPEC, codec="vp9"))
+    shutil.copyfile(make_ds(**{**SPEC, "size": (64, 128)}, codec="vp9") / CUT, root / CUT)
+    refused = (
+        r"file-001\.mp4 \(episode 2, camera 'observation.images.cam0'\) is vp9 64x128 \(HxW\), but the camera's "
+        r"first file \(.*file-000\.mp4\) is vp9 64x96 \(HxW\); .*one size"
+    )
+    with pytest.raises(SchemaMismatchError, match=refused):
+        DALILeRobotIterator(root, batch_size=5, device="cpu", num_workers=0)
+
+
+def test_a_camera_on_nvdec_refuses_a_file_of_another_codec_past_the_survey(make_ds) -> None:
+    """Past the survey's bound (or where a run skipped it) a file of another codec is still refused when read,
+    saying what reads it: on NVDEC, decode='cpu' too."""
     h264, av1 = (build_packet_index(make_ds(**SPEC, codec=codec) / CUT) for codec in ("h264", "av1"))
     on_nvdec = CameraFormat.of(h264, route=DecodeRoute.NVDEC)
     with pytest.raises(SchemaMismatchError, match=r"is av1, .*to NVDEC, one codec per camera: pass decode='cpu'"):
@@ -119,9 +211,12 @@ def test_a_union_whose_datasets_first_files_differ_in_codec_decodes_the_camera_i
     with caplog.at_level(logging.WARNING):
         assert check_dataset(concat_datasets(paths), workers=0).ok
     assert "mixes codecs" not in caplog.text  # (no run sends this camera to NVDEC)
-    assert route_for_codecs(["h264", "vp9"], decode="cpu", on_gpu=False, label=CAM) is DecodeRoute.CPU_FALLBACK
-    with pytest.raises(CodecUnsupportedError, match=r"decode='gpu' .*\(files of h264, vp9\), .*one codec"):
-        route_for_codecs(["h264", "vp9"], decode="gpu", on_gpu=True, label=CAM)
+    mixed = {"vp9": 1, "h264": 1}
+    assert route_for_codecs(mixed, decode="cpu", on_gpu=False, label=CAM) is DecodeRoute.CPU_FALLBACK
+    with pytest.raises(
+        CodecUnsupportedError, match=r"decode='gpu' .*\(files of vp9 1 file, h264 1 file\), .*one codec"
+    ):
+        route_for_codecs(mixed, decode="gpu", on_gpu=True, label=CAM)
     with pytest.raises(SchemaMismatchError, match=r"camera 'observation.images.cam0'.*64x96.*64x128.*one size"):
         concat_datasets([paths[0], make_ds(**{**SPEC, "size": (64, 128)}, codec="h264")])
 

@@ -1,0 +1,193 @@
+"""The codec, size and pixel format of each of a camera's video files, read from their headers.
+
+LeRobot 0.4's ``delete_episodes`` and ``split_dataset`` re-encode the files they cut as AV1 and copy the others, and
+``info.json`` keeps naming the old codec: a camera's files may mix codecs. NVDEC and DALI's CPU decoder decode a
+camera in one codec (NVDEC in one pixel format and colour space too), which the iterator used to take from the
+camera's first file alone, so an odd file failed when a batch first reached it, maybe hours into training. The
+iterator now surveys every file of a DALI-decoded camera when it is built, and ``lerobot-dali check`` every
+camera's, and a camera whose files differ goes to the workers, which give each file a decoder of its own.
+
+A header (``av.open``: the container's header and codec parameters, no packet) costs 0.3-0.5 ms of CPU a local
+file, against 1.2-1.9 ms for the packet index of a v2.1 episode's file and 4.6 ms for a v3.0 file of ~1,000 frames
+(which the workers would build again: a local file's index is kept per process, not on disk); 1,000 v2.1 episodes of
+two cameras add ~1.2 s to the build. Past :data:`~lerobot_dali.episode_data_files.V2_CHECKED_EPISODES` files of a
+camera (2,000 remote), as for v2.x data files, only each dataset's first file is read.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import av
+import numpy as np
+
+from .concurrent_calls import in_threads
+from .episode_data_files import V2_CHECKED_EPISODES, V2_CHECKED_EPISODES_REMOTE
+from .errors import DatasetError, SchemaMismatchError, VideoDecodeError
+from .remote_retry import is_transient
+from .video_source import open_video_source
+from .yuv_frames import codec_color
+
+if TYPE_CHECKING:
+    from .batch_source import CameraFormat
+    from .dataset_reader import LeRobotDatasetReader
+
+__all__ = [
+    "CameraSurvey",
+    "FileFormat",
+    "codec_counts",
+    "counts_text",
+    "file_positions",
+    "read_file_format",
+    "survey_camera",
+    "surveyed_positions",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class FileFormat(NamedTuple):
+    """What one video file's header declares: what decides whether a decoder set up for another file decodes it."""
+
+    codec: str
+    height: int
+    width: int
+    pix_fmt: str | None
+    #: (``AVColorSpace``, full range).
+    color: tuple[int, bool]
+
+
+def codec_counts(formats: Iterable[Any]) -> dict[str, int]:
+    """How many of ``formats`` (:class:`FileFormat` or :class:`~lerobot_dali.packet_index.PacketIndex`, each a file)
+    hold each codec, the first's codec first."""
+    return dict(Counter(f.codec for f in formats))
+
+
+def counts_text(counts: Mapping[str, int], *, colon: bool = False) -> str:
+    """``{"h264": 2, "av1": 1}`` as ``"h264 2 files, av1 1 file"``; ``colon``: as ``"h264: 2 files; av1: 1 file"``,
+    for descriptions with commas of their own."""
+    between, after = ("; ", ": ") if colon else (", ", " ")
+    return between.join(f"{what}{after}{n} file{'s' * (n != 1)}" for what, n in counts.items())
+
+
+def read_file_format(reader: LeRobotDatasetReader, path: str) -> FileFormat:
+    """The header of ``reader``'s video file ``path`` (remote: opened with the size its listing gave).
+
+    Raises MissingDataFileError where it does not exist, VideoDecodeError where it has no video stream or does not
+    open."""
+    stamp = reader.listed_stamp(path)
+    with open_video_source(path, filesystem=reader.location.fs, size=None if stamp is None else stamp.size) as handle:
+        try:
+            with av.open(handle, mode="r") as container:
+                if not container.streams.video:
+                    raise VideoDecodeError(f"{path}: the file has no video stream.")
+                context = container.streams.video[0].codec_context
+                return FileFormat(
+                    context.codec.canonical_name, int(context.height), int(context.width), context.pix_fmt,
+                    codec_color(context),
+                )  # fmt: skip
+        except (av.error.FFmpegError, OSError, UnicodeDecodeError) as e:  # (as build_packet_index reads it)
+            if is_transient(e):
+                raise
+            raise VideoDecodeError(
+                f"{path}: cannot read the video container ({e}); the file is truncated or corrupt."
+            ) from e
+
+
+def file_positions(reader: LeRobotDatasetReader, camera: str) -> list[int]:
+    """Position of the first episode of each of ``camera``'s video files, in episode order (a union's datasets' files
+    apart: each numbers its own)."""
+    files = reader.episodes.cameras[camera]
+    positions = np.arange(len(files.chunk_index))
+    dataset = np.searchsorted(np.asarray(reader.first_episodes(), dtype=np.int64), positions, side="right")
+    keys = np.stack([dataset, files.chunk_index, files.file_index], axis=1)
+    return sorted(np.unique(keys, axis=0, return_index=True)[1].tolist()) if len(keys) else []
+
+
+def surveyed_positions(reader: LeRobotDatasetReader, camera: str) -> list[int]:
+    """:func:`file_positions`, or past their bound (20,000 files, 2,000 remote: a header read each, as for v2.x data
+    files) each dataset's first episode, with an INFO line."""
+    positions = file_positions(reader, camera)
+    most = V2_CHECKED_EPISODES if reader.location.is_local else V2_CHECKED_EPISODES_REMOTE
+    if len(positions) <= most:
+        return positions
+    logger.info(
+        "%s: camera %s has %d video files, more than %d: only its first file's format is read when the iterator is "
+        "built (a file of another codec or size fails when a batch reaches it); `lerobot-dali check` reads them all",
+        reader.location.description, camera, len(positions), most,
+    )  # fmt: skip
+    return reader.first_episodes()
+
+
+@dataclass(frozen=True)
+class CameraSurvey:
+    """The headers of a camera's video files (:func:`survey_camera`)."""
+
+    camera: str
+    #: Path -> header of each file read, the camera's first file first.
+    formats: dict[str, FileFormat]
+    #: Path -> the episode index of its first episode (for messages).
+    episodes: dict[str, int]
+
+    @property
+    def first(self) -> FileFormat | None:
+        """The header of the camera's first file; None where it did not open."""
+        return self.formats.get(next(iter(self.episodes), ""))
+
+    def codecs(self) -> dict[str, int]:
+        """:func:`codec_counts` of the files."""
+        return codec_counts(self.formats.values())
+
+    def check_sizes(self) -> None:
+        """Raise SchemaMismatchError naming the files whose frame size is not the first file's: a batch is one tensor
+        whatever decodes it."""
+        reference = self.first
+        if reference is None:
+            return
+        first = next(iter(self.episodes))
+        odd = [
+            (path, f) for path, f in self.formats.items() if (f.height, f.width) != (reference.height, reference.width)
+        ]
+        if odd:
+            camera = f"camera {self.camera!r}"
+            files = "; ".join(
+                f"{path} (episode {self.episodes[path]}, {camera}) is {f.codec} {f.height}x{f.width} (HxW)"
+                for path, f in odd[:5]
+            )
+            more = f" (and {len(odd) - 5} more files)" if len(odd) > 5 else ""
+            raise SchemaMismatchError(
+                f"{files}{more}, but the camera's first file ({first}) is {reference.codec} {reference.height}x"
+                f"{reference.width} (HxW); a camera's videos must share one size (a batch is one tensor): re-encode "
+                "these files at the first file's size"
+            )
+
+    def unlike(self, reference: CameraFormat) -> list[str]:
+        """The files ``reference`` (the first file's format under its route) does not admit."""
+        return [path for path, f in self.formats.items() if not reference.admits(f)]
+
+
+def survey_camera(
+    reader: LeRobotDatasetReader, camera: str, positions: Sequence[int], *, skip_unreadable: bool = False
+) -> CameraSurvey:
+    """The headers of ``camera``'s files of episodes ``positions`` (:func:`surveyed_positions`), read in threads.
+    Raises what :func:`read_file_format` raises for the first file in order that fails; ``skip_unreadable``: those
+    that raise a DatasetError (missing, damaged) are left out instead, for a check that lists them elsewhere."""
+    first_episode: dict[str, int] = {}  # (in order, each file once)
+    for pos in positions:
+        first_episode.setdefault(reader.video(pos, camera).path, int(reader.episodes.episode_index[pos]))
+
+    def read(path: str) -> FileFormat | None:
+        try:
+            return read_file_format(reader, path)
+        except DatasetError as e:
+            if not skip_unreadable:
+                raise
+            logger.debug("camera %s: %s left out of the survey: %s", camera, path, e)
+            return None
+
+    formats = zip(first_episode, in_threads(read, list(first_episode)), strict=True)
+    return CameraSurvey(camera, {path: f for path, f in formats if f is not None}, first_episode)
