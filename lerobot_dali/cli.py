@@ -74,6 +74,7 @@ def _one_line(error: BaseException) -> str:
 
 
 def _info(args: argparse.Namespace) -> int:
+    from .camera_codecs import counts_text
     from .dataset_summary import summarize
 
     _check_tolerance(args.tolerance_s)
@@ -100,10 +101,9 @@ def _info(args: argparse.Namespace) -> int:
         if "probe_error" in cam:
             print(f"    {cam['probe_error']}")
         if len(cam.get("file_codecs", {})) > 1:
-            mix = ", ".join(f"{codec} {n} file{'s' * (n != 1)}" for codec, n in cam["file_codecs"].items())
             print(
-                f"    files mix codecs: {mix}: the workers read them; NVDEC and DALI's CPU decoder decode one codec "
-                "per camera (README: Cameras whose files mix codecs)"
+                f"    files mix codecs: {counts_text(cam['file_codecs'])}: the workers read them; NVDEC and DALI's CPU "
+                "decoder decode one codec per camera (README: Cameras whose files mix codecs)"
             )
         spacing = cam.get("gop_frames") or cam.get("frame_count") or 0  # (one keyframe: the whole video)
         if spacing > LONG_GOP_FRAMES:

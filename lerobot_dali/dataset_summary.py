@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from .camera_codecs import file_positions, survey_camera
 from .dataset_reader import LeRobotDatasetReader
 from .errors import DatasetError, FrameTimestampError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
@@ -17,8 +18,8 @@ from .video_probe import describe_index
 
 __all__ = ["CODEC_SURVEY_MAX_FILES", "summarize"]
 
-#: Most video files of a camera whose codecs a probe reads (a packet index each, stored: v3.0's few files, not a
-#: v2.x dataset's one per episode), so a camera whose files mix codecs says so.
+#: Most video files of a camera whose codecs ``info`` lists (a header each: v3.0's few files, not a v2.x dataset's one
+#: per episode), so a camera whose files mix codecs says so.
 CODEC_SURVEY_MAX_FILES = 16
 
 
@@ -87,22 +88,16 @@ def summarize(
 
 
 def _file_codecs(reader: LeRobotDatasetReader, camera: str) -> dict[str, int] | None:
-    """How many of ``camera``'s video files hold each codec, in file order; None where it has more than
-    :data:`CODEC_SURVEY_MAX_FILES` files or one does not open (``lerobot-dali check`` reads every file)."""
-    files = reader.episodes.cameras[camera]
-    first_episode: dict[tuple[int, int], int] = {}
-    for pos, file in enumerate(zip(files.chunk_index.tolist(), files.file_index.tolist(), strict=True)):
-        first_episode.setdefault(file, pos)
-    if len(first_episode) > CODEC_SURVEY_MAX_FILES:
+    """How many of ``camera``'s video files hold each codec, in file order (their headers, as the iterator surveys
+    them: :mod:`.camera_codecs`); None where it has more than :data:`CODEC_SURVEY_MAX_FILES` files or one does not
+    open (``lerobot-dali check`` reads every file)."""
+    positions = file_positions(reader, camera)
+    if len(positions) > CODEC_SURVEY_MAX_FILES:
         return None
-    codecs: Counter[str] = Counter()
-    for pos in first_episode.values():
-        try:
-            _, index = load_episode_packet_index(reader, pos, camera)
-        except DatasetError:
-            return None
-        codecs[index.codec] += 1
-    return dict(codecs)
+    try:
+        return survey_camera(reader, camera, positions).codecs()
+    except DatasetError:
+        return None
 
 
 def _lookup_by_source(
