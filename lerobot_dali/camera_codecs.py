@@ -10,8 +10,10 @@ camera's, and a camera whose files differ goes to the workers, which give each f
 A header (``av.open``: the container's header and codec parameters, no packet) costs 0.3-0.5 ms of CPU a local
 file, against 1.2-1.9 ms for the packet index of a v2.1 episode's file and 4.6 ms for a v3.0 file of ~1,000 frames
 (which the workers would build again: a local file's index is kept per process, not on disk); 1,000 v2.1 episodes of
-two cameras add ~1.2 s to the build. Past :data:`~lerobot_dali.episode_data_files.V2_CHECKED_EPISODES` files of a
-camera (2,000 remote), as for v2.x data files, only each dataset's first file is read.
+two cameras add ~1.2 s to the build. A remote file's packet index is read instead, through the on-disk store: the
+workers need it anyway, and the node's other ranks and later runs load it, where a header would cost each rank of
+each run its requests. Past :data:`~lerobot_dali.episode_data_files.V2_CHECKED_EPISODES` files of a camera (2,000
+remote), as for v2.x data files, only each dataset's first file is read.
 """
 
 from __future__ import annotations
@@ -28,13 +30,15 @@ import numpy as np
 from .concurrent_calls import in_threads
 from .episode_data_files import V2_CHECKED_EPISODES, V2_CHECKED_EPISODES_REMOTE
 from .errors import DatasetError, SchemaMismatchError, VideoDecodeError
+from .packet_index_cache import load_episode_packet_index
 from .remote_retry import is_transient
 from .video_source import open_video_source
-from .yuv_frames import codec_color
+from .yuv_frames import codec_color, stream_color
 
 if TYPE_CHECKING:
     from .batch_source import CameraFormat
     from .dataset_reader import LeRobotDatasetReader
+    from .packet_index_store import PacketIndexStore
 
 __all__ = [
     "CameraSurvey",
@@ -171,18 +175,31 @@ class CameraSurvey:
 
 
 def survey_camera(
-    reader: LeRobotDatasetReader, camera: str, positions: Sequence[int], *, skip_unreadable: bool = False
+    reader: LeRobotDatasetReader,
+    camera: str,
+    positions: Sequence[int],
+    *,
+    skip_unreadable: bool = False,
+    store: PacketIndexStore | None = None,
 ) -> CameraSurvey:
     """The headers of ``camera``'s files of episodes ``positions`` (:func:`surveyed_positions`), read in threads.
     Raises what :func:`read_file_format` raises for the first file in order that fails; ``skip_unreadable``: those
-    that raise a DatasetError (missing, damaged) are left out instead, for a check that lists them elsewhere."""
-    first_episode: dict[str, int] = {}  # (in order, each file once)
+    that raise a DatasetError (missing, damaged) are left out instead, for a check that lists them elsewhere.
+
+    ``store`` (remote datasets): each file's packet index is loaded from it, or built and kept there, instead of its
+    header read. The workers need every file's index anyway; the store shares it with the node's other ranks and
+    later runs, where a header would be read again by every rank of every run (requests a file, not a process)."""
+    first_pos: dict[str, int] = {}  # (in order, each file once)
     for pos in positions:
-        first_episode.setdefault(reader.video(pos, camera).path, int(reader.episodes.episode_index[pos]))
+        first_pos.setdefault(reader.video(pos, camera).path, pos)
+    first_episode = {path: int(reader.episodes.episode_index[pos]) for path, pos in first_pos.items()}
 
     def read(path: str) -> FileFormat | None:
         try:
-            return read_file_format(reader, path)
+            if store is None:
+                return read_file_format(reader, path)
+            _, index = load_episode_packet_index(reader, first_pos[path], camera, store=store)
+            return FileFormat(index.codec, index.height, index.width, index.pix_fmt, stream_color(index.template))
         except DatasetError as e:
             if not skip_unreadable:
                 raise

@@ -358,7 +358,8 @@ class DALILeRobotIterator:
         LeRobot's delete_episodes (re-encoded as AV1 among H.264 files) failed when a batch first reached it.
         Raises SchemaMismatchError naming the files whose frame size is not the first's."""
         # (a missing or damaged file fails as before when a batch reaches it, naming the camera and episodes)
-        survey = survey_camera(self.reader, camera, surveyed_positions(self.reader, camera), skip_unreadable=True)
+        positions = surveyed_positions(self.reader, camera)
+        survey = survey_camera(self.reader, camera, positions, skip_unreadable=True, store=self._index_store)
         survey.check_sizes()
         if survey.first is None or not survey.unlike(CameraFormat.of(survey.first, route=route)):
             return route

@@ -142,7 +142,7 @@ def test_a_dali_decoded_cameras_mixed_files_are_refused_at_build_for_decode_gpu(
     """decode='gpu' (NVDEC or fail) on a camera whose files mix codecs fails when the iterator is built, naming the
     codecs (a fake GPU: the route as NVDEC chose it for the first file)."""
     root = _mixed(make_ds, copy_ds, "vp9", "av1")
-    built = SimpleNamespace(reader=open_dataset(root), _device_id=0)
+    built = SimpleNamespace(reader=open_dataset(root), _device_id=0, _index_store=None)
     with pytest.raises(CodecUnsupportedError, match=r"decode='gpu' .*\(files of vp9 2 files, av1 1 file\), .*one "
                        r"codec; .*lerobot-dali reencode"):  # fmt: skip
         DALILeRobotIterator._route_for_files(built, CAM, DecodeRoute.NVDEC, DecodePreference.GPU)
@@ -165,7 +165,7 @@ def test_an_nvdec_camera_whose_files_differ_in_colour_tags_goes_to_the_workers(m
         for image in frames:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
         container.mux(stream.encode())
-    built = SimpleNamespace(reader=open_dataset(root), _device_id=0)
+    built = SimpleNamespace(reader=open_dataset(root), _device_id=0, _index_store=None)
     with caplog.at_level(logging.WARNING, logger="lerobot_dali"):
         route = DALILeRobotIterator._route_for_files(built, CAM, DecodeRoute.NVDEC, DecodePreference.AUTO)
     assert route is DecodeRoute.CPU_FALLBACK
@@ -176,6 +176,20 @@ def test_an_nvdec_camera_whose_files_differ_in_colour_tags_goes_to_the_workers(m
     assert DALILeRobotIterator._route_for_files(built, CAM, DecodeRoute.DALI_CPU, DecodePreference.AUTO) is (
         DecodeRoute.DALI_CPU
     )
+
+
+def test_a_remote_cameras_files_are_surveyed_through_the_packet_index_store(make_ds, copy_ds, tmp_path, monkeypatch):
+    """Remote: each file's packet index answers the survey, loaded from the on-disk store or built and kept there
+    (the workers need it anyway; the node's other ranks and later runs load it), not a header every rank reads."""
+    from tests import fake_remote  # noqa: F401  (registers the fakeremote:// protocol)
+
+    monkeypatch.setenv("LEROBOT_DALI_CACHE", str(tmp_path / "cache"))
+    root = _mixed(make_ds, copy_ds, "vp9", "av1")
+    remote = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    it = DALILeRobotIterator(remote, batch_size=5, device="cpu", num_workers=0)
+    assert it.routes == {CAM: DecodeRoute.CPU_FALLBACK}
+    it.close()
+    assert len(list((tmp_path / "cache/packet_index").glob("*/*.pidx"))) == 3  # (before: the first file's alone)
 
 
 def test_a_file_of_another_size_is_refused_when_the_iterator_is_built(make_ds, copy_ds) -> None:
