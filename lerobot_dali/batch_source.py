@@ -403,9 +403,7 @@ class BatchSource:
                 else:
                     clips, indices = self._clips(requests)
                     if _decodes_distinct(spec, field.name):
-                        distinct = [np.unique(i, return_inverse=True) for i in indices]
-                        indices = [d for d, _ in distinct]
-                        out += [clips, indices, [order.astype(np.int32) for _, order in distinct]]
+                        out += [clips, *_distinct_frames(indices)]
                     else:
                         out += [clips, indices]
             except (VideoDecodeError, MissingDataFileError) as e:  # they name the file; say whose frames they were
@@ -594,6 +592,21 @@ class BatchSource:
                         clip = build_clip(source, index, numbers, filesystem=fs)
                     clips[i], indices[i] = clip.data, clip.relative_indices.astype(np.int32)
         return clips, indices
+
+
+def _distinct_frames(indices: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per clip, its distinct frames (ascending) and each window frame's place among them, int32: what
+    ``np.unique(i, return_inverse=True)`` gives per clip, for a batch's clips (one window length) at once. Per clip,
+    that was ~8 us of a clip's ~150 us of CPU work."""
+    stacked = np.stack(indices)  # (clips, T)
+    order = np.argsort(stacked, axis=1, kind="stable")
+    ascending = np.take_along_axis(stacked, order, axis=1)
+    first = np.ones(ascending.shape, dtype=bool)  # a value's first place in its clip's ascending frames
+    np.not_equal(ascending[:, 1:], ascending[:, :-1], out=first[:, 1:])
+    places = np.empty(ascending.shape, dtype=np.int32)
+    np.put_along_axis(places, order, np.cumsum(first, axis=1, dtype=np.int32) - 1, axis=1)
+    distinct = np.split(ascending[first], np.cumsum(first.sum(axis=1))[:-1])
+    return distinct, list(places)
 
 
 def _episode_groups(episode_pos: np.ndarray) -> list[np.ndarray]:

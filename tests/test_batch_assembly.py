@@ -96,3 +96,21 @@ def _groups(episode_pos: np.ndarray) -> list[np.ndarray]:
     groups = _episode_groups(episode_pos)
     assert [g.tolist() for g in groups] == [[0, 2, 5], [1, 4], [3, 7], [6]]  # first-sample order, ascending
     return groups
+
+
+def test_a_batchs_distinct_clip_frames_are_each_clips_unique() -> None:
+    """Computed for the whole batch at once (was: ``np.unique(..., return_inverse=True)`` per clip): each clip's
+    distinct frames ascending and each window frame's place among them, both int32, as np.unique gives them."""
+    from lerobot_dali.batch_source import _distinct_frames
+
+    rng = np.random.default_rng(0)
+    for window in (2, 3, 16):
+        # Relative frames of clips with edge padding (repeats), out of order, and a clip of one frame repeated.
+        indices = [rng.integers(0, 6, window).astype(np.int32) for _ in range(40)] + [np.full(window, 4, np.int32)]
+        distinct, places = _distinct_frames(indices)
+        assert len(distinct) == len(places) == len(indices)
+        for clip, frames, place in zip(indices, distinct, places, strict=True):
+            expected, inverse = np.unique(clip, return_inverse=True)
+            assert frames.dtype == np.int32 and frames.tolist() == expected.tolist()
+            assert place.dtype == np.int32 and place.tolist() == inverse.tolist()
+            assert frames[place].tolist() == clip.tolist()
