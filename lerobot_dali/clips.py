@@ -117,11 +117,25 @@ def plan_clip(index: PacketIndex, frame_indices: ArrayLike) -> ClipPlan:
     key_slot = index.keyframe_slots(decode_pos)
     if not index.has_leading_pictures:  # every GOP is its keyframe onwards: runs from keyframe to frame
         segments = _merge(keys[key_slot], decode_pos + 1)
-        packet_positions = np.concatenate([np.arange(start, stop) for start, stop in segments])
+        packet_positions = (
+            np.arange(*segments[0]) if len(segments) == 1 else np.concatenate([np.arange(*s) for s in segments])
+        )
     else:
         packet_positions, segments = _open_gop_runs(index, decode_pos, key_slot)
     clip_ranks = np.sort(index.display_rank[packet_positions])
     relative = np.searchsorted(clip_ranks, requested)  # a frame's display rank is its display index
+    # (A run from keyframe to frame holds the frame: only a dropped leading picture can be missing.)
+    if index.has_leading_pictures:
+        _check_held(index, requested, clip_ranks, relative)
+    return ClipPlan(
+        segments=tuple(segments),
+        packet_positions=packet_positions,
+        relative_indices=relative.astype(np.int32),
+    )
+
+
+def _check_held(index: PacketIndex, requested: np.ndarray, clip_ranks: np.ndarray, relative: np.ndarray) -> None:
+    """VideoDecodeError unless every requested frame is among the clip's (``relative``: where each would be)."""
     missing = (relative >= len(clip_ranks)) | (clip_ranks[np.minimum(relative, len(clip_ranks) - 1)] != requested)
     if missing.any():
         frame = int(requested[missing][0])
@@ -129,11 +143,6 @@ def plan_clip(index: PacketIndex, frame_indices: ArrayLike) -> ClipPlan:
             f"{index.source_name}: frame {frame} displays before the file's first keyframe and references "
             "pictures the file does not hold, so no decoder can produce it; re-encode the video."
         )
-    return ClipPlan(
-        segments=tuple(segments),
-        packet_positions=packet_positions,
-        relative_indices=relative.astype(np.int32),
-    )
 
 
 def _open_gop_runs(
@@ -156,9 +165,8 @@ def _open_gop_runs(
 
 def _merge(starts: np.ndarray, stops: np.ndarray) -> list[tuple[int, int]]:
     """Union of half-open ranges, sorted; touching ranges are joined (one seek, one read)."""
-    order = np.argsort(starts, kind="stable")
     merged: list[tuple[int, int]] = []
-    for start, stop in zip(starts[order].tolist(), stops[order].tolist(), strict=True):
+    for start, stop in sorted(zip(starts.tolist(), stops.tolist(), strict=True)):  # (ties: any order merges alike)
         if merged and start <= merged[-1][1]:
             merged[-1] = (merged[-1][0], max(merged[-1][1], stop))
         else:

@@ -76,6 +76,26 @@ def test_plan_takes_only_needed_gops() -> None:
     assert merged.relative_indices.tolist() == [3, 6]
 
 
+def test_closed_gop_plans_are_keyframe_to_frame_runs() -> None:
+    """Each requested frame's run from its keyframe, touching runs joined, each frame found at its display rank
+    among the clip's (planned with fewer array operations than the open-GOP path needs: this pins the outcome)."""
+    gops = [[0, 3, 1, 2], [4, 7, 5, 6, 9, 8], [10], [11, 13, 12], [14, 15]]  # pts in decode order, per GOP
+    index = _synthetic([p for gop in gops for p in gop], [i == 0 for gop in gops for i in range(len(gop))])
+    assert not index.has_leading_pictures
+    starts = np.repeat([0, 4, 10, 11, 14], [len(g) for g in gops])  # each packet's keyframe
+    rng = np.random.default_rng(0)
+    for size in [1, 2, 2, 3, 5, 8] * 20:
+        requested = rng.integers(0, 16, size)
+        plan = plan_clip(index, requested)
+        runs = {int(p) for f in requested for p in range(starts[index.display_order[f]], index.display_order[f] + 1)}
+        assert plan.packet_positions.tolist() == sorted(runs)
+        edges = [p for p in sorted(runs) if p - 1 not in runs], [p + 1 for p in sorted(runs) if p + 1 not in runs]
+        assert plan.segments == tuple(zip(*edges, strict=True))
+        clip_pts = sorted(index.pts[plan.packet_positions].tolist())
+        assert plan.relative_indices.dtype == np.int32
+        assert plan.relative_indices.tolist() == [clip_pts.index(int(index.frame_pts[f])) for f in requested]
+
+
 def test_plan_handles_open_gop_leading_pictures() -> None:
     leading = plan_clip(OPEN, [4])  # displays before its keyframe: needs the previous GOP
     assert leading.segments == ((0, 6),)
