@@ -27,11 +27,11 @@ from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder, Pi
 from .dali_graph import CameraFeed, Field, FieldKind, augment_draw_field
 from .dali_video import DALI_CPU_CODECS
 from .dataset_info import INDEX_COLUMNS, Feature
-from .dataset_reader import LeRobotDatasetReader
+from .dataset_reader import LeRobotDatasetReader, VideoRef
 from .decode_route import DecodeRoute
 from .depth_maps import DepthQuantizer, DepthUnit, in_unit
 from .errors import DataFileError, DatasetError, MissingDataFileError, SchemaMismatchError, VideoDecodeError
-from .frame_lookup import TimestampSource, row_frame_numbers
+from .frame_lookup import TimestampSource, file_frame_numbers
 from .host_values import encode_host_values
 from .image_frames import EpisodeImageCache, decode_depth_images, decode_images, image_label
 from .packet_index import PacketIndex, build_packet_index
@@ -439,38 +439,40 @@ class BatchSource:
     ) -> list[Request]:
         """Per sample: (video path, packet index, display frame numbers of the rows it shows).
 
-        Looked up once per episode of the batch (``groups``: :func:`_episode_groups`), not per sample: its video
-        ref and the frame numbers of all its samples' rows in one lookup; and each file's index once per batch (a
-        local file's cache key is a fresh ``stat``, so a file changed since the last batch is indexed again).
+        Looked up per file of the batch, not per sample: each episode's video ref once (``groups``:
+        :func:`_episode_groups`), each file's index once per batch (a local file's cache key is a fresh ``stat``, so a
+        file changed since the last batch is indexed again), and the frame numbers of all rows of its episodes in one
+        lookup (:func:`~.frame_lookup.file_frame_numbers`).
         """
         spec = self.spec
         reader = spec.reader
         expected = spec.camera_formats.get(camera)
         indexes: dict[str, PacketIndex] = {}  # this batch's, per file (a v3.0 file holds many episodes)
-        out: list[Request | None] = [None] * len(episode_pos)  # (groups hold every sample once)
+        by_file: dict[str, list[tuple[np.ndarray, int, VideoRef]]] = {}  # (samples, episode_pos, video) per episode
         for members in groups:
             pos = int(episode_pos[members[0]])
             video = reader.video(pos, camera)
-            index = indexes.get(video.path)
-            if index is None:
+            if video.path not in indexes:
                 index = indexes[video.path] = self._indexes.of_video(reader, video, store=spec.index_store)
                 if expected is not None:
                     episode = int(reader.episodes.episode_index[pos])
                     expected.check(index, path=video.path, episode=episode, camera=camera)
-            wanted = camera_rows[members]
-            numbers = row_frame_numbers(
+            by_file.setdefault(video.path, []).append((members, pos, video))
+        out: list[Request | None] = [None] * len(episode_pos)  # (groups hold every sample once)
+        for path, episodes in by_file.items():
+            index = indexes[path]
+            wanted = [camera_rows[members] for members, _, _ in episodes]  # (samples, T) rows per episode
+            numbers = file_frame_numbers(
                 reader,
-                pos,
                 camera,
-                rows[members[0]],
-                wanted.reshape(-1),
                 index,
+                [(pos, rows[m[0]], w.reshape(-1), video) for (m, pos, video), w in zip(episodes, wanted, strict=True)],
                 timestamp_source=spec.timestamp_source,
                 tolerance_s=spec.tolerance_s,
-                video=video,
-            ).reshape(wanted.shape)
-            for i, sample_numbers in zip(members.tolist(), numbers, strict=True):
-                out[i] = (video.path, index, sample_numbers)
+            )
+            for (members, _, _), found, rows_of in zip(episodes, numbers, wanted, strict=True):
+                for i, sample_numbers in zip(members.tolist(), found.reshape(rows_of.shape), strict=True):
+                    out[i] = (path, index, sample_numbers)
         return [request for request in out if request is not None]
 
     def _image_frames(self, camera: str, episode_pos: np.ndarray, camera_rows: np.ndarray) -> list[np.ndarray]:

@@ -114,3 +114,35 @@ def test_a_batchs_distinct_clip_frames_are_each_clips_unique() -> None:
             assert frames.dtype == np.int32 and frames.tolist() == expected.tolist()
             assert place.dtype == np.int32 and place.tolist() == inverse.tolist()
             assert frames[place].tolist() == clip.tolist()
+
+
+@pytest.mark.parametrize("shift_s", [0.5 / FPS, 15 / FPS])  # off its frames; on its neighbour's part of the file
+def test_one_lookup_per_file_finds_and_fails_as_each_episode_alone(make_ds, shift_s: float) -> None:
+    """A file's episodes are looked up together (was: one lookup per episode, ~36 us of array calls each): the
+    frame numbers are each episode's own lookup's, and where one episode's rows miss, the first such episode raises
+    what its own lookup raises."""
+    from lerobot_dali.errors import FrameTimestampError
+    from lerobot_dali.frame_lookup import file_frame_numbers
+
+    root = make_ds(episodes=6, frames_per_episode=20, cameras=1, episodes_per_file=3)
+    source = _source(root, {})
+    spec, reader, camera = source.spec, source.spec.reader, camera_key(0)
+    options = {"timestamp_source": spec.timestamp_source, "tolerance_s": spec.tolerance_s}
+    videos = [reader.video(p, camera) for p in (0, 1, 2)]
+    index = source._indexes.of_video(reader, videos[0])
+    rows = [source._episode_rows(p) for p in (0, 1, 2)]
+    wanted = [np.array([0, 19, 5]), np.array([3]), np.array([19, 0, 0, 7])]
+    episodes = [(p, rows[p], wanted[p], videos[p]) for p in (2, 0, 1)]
+    found = file_frame_numbers(reader, camera, index, episodes, **options)
+    for (p, *_), numbers in zip(episodes, found, strict=True):
+        alone = row_frame_numbers(reader, p, camera, rows[p], wanted[p], index, video=videos[p], **options)
+        assert numbers.dtype == np.int64 and numbers.tolist() == alone.tolist() == (20 * p + wanted[p]).tolist()
+
+    late = {**rows[0], "timestamp": rows[0]["timestamp"] + np.float32(shift_s)}
+    with pytest.raises(FrameTimestampError) as alone_error:
+        row_frame_numbers(reader, 0, camera, late, wanted[0], index, video=videos[0], **options)
+    later = {**rows[1], "timestamp": rows[1]["timestamp"] + np.float32(shift_s)}
+    bad = [(2, rows[2], wanted[2], videos[2]), (0, late, wanted[0], videos[0]), (1, later, wanted[1], videos[1])]
+    with pytest.raises(FrameTimestampError) as together_error:
+        file_frame_numbers(reader, camera, index, bad, **options)
+    assert str(together_error.value) == str(alone_error.value)
