@@ -32,6 +32,7 @@ from .episode_data_files import V2_CHECKED_EPISODES, V2_CHECKED_EPISODES_REMOTE
 from .errors import DatasetError, SchemaMismatchError, VideoDecodeError
 from .packet_index_cache import load_episode_packet_index
 from .remote_retry import is_transient
+from .said_once import say_once
 from .video_source import open_video_source
 from .yuv_frames import codec_color, stream_color
 
@@ -119,7 +120,7 @@ def surveyed_positions(reader: LeRobotDatasetReader, camera: str) -> list[int]:
     most = V2_CHECKED_EPISODES if reader.location.is_local else V2_CHECKED_EPISODES_REMOTE
     if len(positions) <= most:
         return positions
-    logger.info(
+    say_once(logger, logging.INFO,
         "%s: camera %s has %d video files, more than %d: only its first file's format is read when the iterator is "
         "built (a file of another codec or size fails when a batch reaches it); `lerobot-dali check` reads them all",
         reader.location.description, camera, len(positions), most,

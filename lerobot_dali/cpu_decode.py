@@ -38,7 +38,7 @@ from .clips import ClipPlan, check_request, packets_from_keyframe, plan_clip
 from .distributed import usable_cpus
 from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
 from .packet_index import PacketIndex
-from .said_once import warn_once
+from .said_once import say_once, warn_once
 from .value_checks import check_int_fields
 from .video_source import VideoSource, source_cache_key, source_label
 from .yuv_frames import frame_planes, reformat_array, stack_planes, swscale_colors
@@ -213,9 +213,9 @@ def torchcodec_unavailable() -> str | None:
 
 @functools.cache
 def _note_torchcodec_skipped(why_not: str) -> None:
-    """Once per process: a torchcodec that is installed but cannot decode is passed over for PyAV."""
+    """Once per job on a host: a torchcodec that is installed but cannot decode is passed over for PyAV."""
     if why_not != _TORCHCODEC_NOT_INSTALLED:
-        logger.info("CPU decode uses PyAV: %s.", why_not)
+        say_once(logger, logging.INFO, "CPU decode uses PyAV: %s.", why_not)
 
 
 def cpu_decoders() -> str:

@@ -25,7 +25,7 @@ from fsspec.implementations.local import LocalFileSystem
 from .distributed import draws_progress
 from .errors import DatasetNotFoundError
 from .remote_retry import RetryingFileSystem, fresh_instance
-from .said_once import warn_once
+from .said_once import say_once, warn_once
 
 __all__ = ["DatasetLocation", "is_repo_id", "open_if_present", "resolve_location", "with_bulk_root"]
 
@@ -200,7 +200,7 @@ def _hub_location(
     from huggingface_hub import HfFileSystem, snapshot_download
 
     prefix = f"{subfolder.strip('/')}/" if subfolder.strip("/") else ""
-    logger.info("downloading metadata of %s (revision %s)", repo_id, revision or "main")
+    say_once(logger, logging.INFO, "downloading metadata of %s (revision %s)", repo_id, revision or "main")
     hub = {key: options[key] for key in _HUB_DOWNLOAD_OPTIONS if options.get(key) is not None}
     if not draws_progress() or not sys.stderr.isatty():  # (a log file keeps each redraw: the line above says it)
         hub["tqdm_class"] = _hidden_bars()
@@ -279,7 +279,8 @@ def _snapshot_commit(repo_id: str, revision: str | None, local_meta: str) -> str
         return revision
     folder = os.path.basename(os.path.normpath(local_meta))
     if _COMMIT_SHA.match(folder):
-        logger.info("%s: revision %s is commit %s; data files are read there", repo_id, revision or "main", folder)
+        say_once(logger, logging.INFO, "%s: revision %s is commit %s; data files are read there", repo_id,
+                 revision or "main", folder)  # fmt: skip
         return folder
     warn_once(logger,
         "%s: the metadata snapshot %s is not named by a commit SHA, so data files are read at revision %s; "
@@ -315,7 +316,7 @@ def with_bulk_root(
     else:
         target, options = _http_query_as_params(target, storage_options or {})
         fs, root = _remote_fs(target, options)
-    logger.info("%s: reading data/ and videos/ from %s", location.description, target)
+    say_once(logger, logging.INFO, "%s: reading data/ and videos/ from %s", location.description, target)
     return replace(location, fs=fs, root=root, description=f"{location.description} (data files: {target})")
 
 

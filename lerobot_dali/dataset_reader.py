@@ -47,7 +47,7 @@ from .errors import (
 from .file_stamps import FileStamp, FileStamps
 from .frame_lookup import ITERATORS_LOOKUP, FrameLookup
 from .row_count_store import Footer
-from .said_once import warn_once
+from .said_once import say_once, warn_once
 from .value_checks import required_whole_number
 
 __all__ = [
@@ -675,7 +675,7 @@ def open_dataset(
     if "subtask_index" in info.features:
         reader.subtasks = _read_subtasks(location)
     _check_first_files(reader)
-    logger.info("opened %r", reader)
+    say_once(logger, logging.INFO, "opened %r", reader)
     return reader
 
 

@@ -46,7 +46,7 @@ from .key_rename import KeyRename, shared_selection
 from .packet_index_cache import load_episode_packet_index
 from .packet_index_store import PacketIndexStore
 from .remote_retry import RetryingFileSystem
-from .said_once import warn_once
+from .said_once import say_once, warn_once
 
 __all__ = ["DATASET_INDEX", "DatasetUnion", "concat_datasets"]
 
@@ -323,13 +323,13 @@ def concat_datasets(
     readers = shared_selection(readers, cameras=cameras, keys=keys, renames=renames)
     _check_layouts(readers, renames)
     union = DatasetUnion(readers, renames=renames, lookups=lookups)
-    logger.info(
+    say_once(logger, logging.INFO,
         "union of %d datasets: %d episodes, %d frames, cameras %s", len(readers), union.num_episodes,
         union.num_frames, list(union.all_camera_keys),
     )  # fmt: skip
     for reader, lookup in zip(readers, lookups, strict=True):
         if lookup != ITERATORS_LOOKUP:
-            logger.info("%s: rows find their frames with %s", reader.location.description, lookup)
+            say_once(logger, logging.INFO, "%s: rows find their frames with %s", reader.location.description, lookup)
     return union
 
 

@@ -30,7 +30,7 @@ from .cpu_decode import pyav_can_decode, torchcodec_available
 from .dali_video import DALI_CPU_CODECS, DALI_NVDEC_CODECS, dali_error_reason, decode_clip_batch
 from .errors import CodecUnsupportedError
 from .packet_index import PacketIndex
-from .said_once import warn_once
+from .said_once import say_once, warn_once
 from .value_checks import check_choice
 from .video_source import VideoSource
 from .worker_start import skipping_main
@@ -212,7 +212,7 @@ def route_for_codecs(
     if nvdec_passed_over or any(codec in DALI_CPU_CODECS for codec in codecs):
         warn_once(logger, f"{message}{copy}", what, DecodeRoute.CPU_FALLBACK.value, takes)
     else:
-        logger.info(message, what, DecodeRoute.CPU_FALLBACK.value, takes)
+        say_once(logger, logging.INFO, message, what, DecodeRoute.CPU_FALLBACK.value, takes)
     return DecodeRoute.CPU_FALLBACK
 
 
@@ -399,7 +399,10 @@ def _cached_or_probed(
         else:
             cached = (None, False, f"DALI has no NVDEC path for {index.codec}")
         if cached[2]:
-            logger.info("NVDEC probe for %s on device %d: %s", index.codec, device_id, cached[2])
+            say_once(logger, logging.INFO,
+                "NVDEC probe for %s on device %d: %s", index.codec, device_id, cached[2],
+                key=f"NVDEC probe for {index.codec}: {cached[2]}",  # (each rank its own device: said by the first)
+            )  # fmt: skip
         with _probe_lock:
             _probe_cache[key] = cached
     return cached

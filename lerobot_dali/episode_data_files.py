@@ -43,7 +43,7 @@ from .errors import EpisodeMetadataError, MissingDataFileError
 from .file_stamps import FileStamps
 from .remote_retry import is_transient
 from .row_count_store import Footer, cached_footers
-from .said_once import warn_once
+from .said_once import say_once, warn_once
 
 __all__ = [
     "RANGED_COLUMNS",
@@ -141,7 +141,7 @@ def locate_episode_rows(
     if info.major_version != "v3":
         most = V2_CHECKED_EPISODES if location.is_local else V2_CHECKED_EPISODES_REMOTE
         if int(wanted.sum()) > most:
-            logger.info(
+            say_once(logger, logging.INFO,
                 "%s: %d episodes to read, a data file each: more than %d, so their files are not each checked at "
                 "open (a missing or miscounted one fails when read); `lerobot-dali check` checks them all",
                 location.description, int(wanted.sum()), most,

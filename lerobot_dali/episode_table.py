@@ -25,6 +25,7 @@ from .dataset_info import DatasetInfo
 from .dataset_location import open_if_present
 from .episode_rows import damaged_parquet_as, read_parquet
 from .errors import DatasetError, EpisodeMetadataError, cameras_hint, listing_hint
+from .said_once import say_once
 from .value_checks import required_whole_number
 
 __all__ = [
@@ -275,7 +276,7 @@ def filter_episodes(
             f"{source}: episode_filter kept none of the {tested} episode(s) it was given"
             + ("" if candidates is None else " (those of episodes=)")
         )
-    logger.info("%s: episode_filter kept %d of %d episode(s)", source, len(kept), tested)
+    say_once(logger, logging.INFO, "%s: episode_filter kept %d of %d episode(s)", source, len(kept), tested)
     return sorted(kept)
 
 
@@ -377,7 +378,9 @@ def _v3_camera(source: str, table: pa.Table, key: str, n: int) -> CameraFiles:
             f"{source}: camera {key!r} has no '{prefix}from_timestamp' column and some of its video files hold "
             "several episodes, so where each episode starts is unknown; regenerate the episode metadata"
         )
-    logger.info("%s: no %sfrom_timestamp; each video file holds one episode, so episodes start at 0 s", source, prefix)
+    say_once(logger, logging.INFO,
+        "%s: no %sfrom_timestamp; each video file holds one episode, so episodes start at 0 s", source, prefix,
+    )  # fmt: skip
     return CameraFiles(chunk, file, np.zeros(n), np.full(n, np.nan))
 
 

@@ -22,7 +22,7 @@ import fsspec
 from .concurrent_calls import KeyedLocks
 from .errors import MissingDataFileError
 from .remote_retry import RetryingFileSystem, is_transient
-from .said_once import warn_once
+from .said_once import say_once, warn_once
 
 __all__ = ["FileStamp", "FileStamps", "stamp_from_info", "stamp_from_stat"]
 
@@ -153,10 +153,13 @@ class FileStamps(Mapping[str, FileStamp]):
         try:
             listing = _find_files(self.fs, root)
         except NotImplementedError:
-            logger.info("%s cannot list %s; file stamps come from one info request per file", self.fs, root)
+            say_once(logger, logging.INFO,
+                "%s cannot list %s; file stamps come from one info request per file", self.fs, root,
+                key=f"unlisted {root}",  # (a filesystem's repr may hold its address: each process's own)
+            )  # fmt: skip
             return 0
         except FileNotFoundError:
-            logger.info("%s: listing root does not exist; file stamps come from info requests", root)
+            say_once(logger, logging.INFO, "%s: listing root does not exist; file stamps come from info requests", root)
             return 0
         except Exception as e:  # a listing is an optimisation: any failure degrades to per-file info requests
             warn_once(
@@ -173,7 +176,9 @@ class FileStamps(Mapping[str, FileStamp]):
                 continue  # HTTP link pages give no sizes: those files are stamped by info on lookup
             recorded[self._key(name)] = self._versioned(stamp_from_info(info), name)
         if not recorded:
-            logger.info("listing %s returned no file with a size; file stamps come from info requests", root)
+            say_once(logger, logging.INFO,
+                "listing %s returned no file with a size; file stamps come from info requests", root,
+            )  # fmt: skip
         with self._lock:
             self._stamps.update(recorded)
         logger.debug("listed %d files under %s", len(recorded), root)

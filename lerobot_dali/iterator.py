@@ -53,7 +53,7 @@ from .packet_index import PacketIndex
 from .packet_index_cache import load_episode_packet_index
 from .packet_index_store import PacketIndexStore
 from .prefetch import Prefetcher, prefetching_reader
-from .said_once import warn_once
+from .said_once import say_once, warn_once
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE, OrderOptions, RankBalance
 from .stream_state import SampleStream
 from .value_checks import check_choice, check_int
@@ -266,10 +266,10 @@ class DALILeRobotIterator:
         if num_workers and shm is not None and shm < SMALL_SHM_BYTES:  # a container's default: SIGBUS ahead
             warn_once(logger, "/dev/shm is small: %s", shared_memory_note(shm))
         if self._stream.order.options.rank_balance is RankBalance.NONE and self.world_size > 1:
-            logger.info(
+            say_once(logger, logging.INFO,
                 "rank_balance='none': ranks read %s samples this epoch, unequal; run no collective per batch",
                 self._stream.order.rank_frame_counts(self._stream.epoch).tolist(),
-            )
+            )  # fmt: skip
         left_out = self._stream.num_samples() % batch_size
         if self._stream.order.options.rank_balance is RankBalance.NONE and drop_last and left_out:
             logger.warning(
@@ -413,20 +413,21 @@ class DALILeRobotIterator:
             for camera, route in self.routes.items()
         }
         if self._depth_cameras:
-            logger.info(
+            say_once(logger, logging.INFO,
                 "depth cameras %s: decoded by the workers and read in %s, never augmented",
                 sorted(self._depth_cameras), self._depth_unit.value,
             )  # fmt: skip
         planes = sorted(camera for camera, feed in feeds.items() if feed.planes)
         if planes:
-            logger.info("CPU-fallback cameras %s: workers ship YUV planes, the pipeline makes RGB", planes)
+            say_once(logger, logging.INFO, "CPU-fallback cameras %s: workers ship YUV planes, the pipeline makes RGB",
+                     planes)  # fmt: skip
         sizes = {camera: feed.worker_size for camera, feed in feeds.items() if feed.worker_size is not None}
         if sizes:
-            logger.info("CPU mode: the decoding workers resize %s (not the pipeline)", sizes)
+            say_once(logger, logging.INFO, "CPU mode: the decoding workers resize %s (not the pipeline)", sizes)
         decoded_by_workers = sorted(c for c, feed in feeds.items() if feed.route is DecodeRoute.CPU_FALLBACK)
         if decoded_by_workers:
             cpus = cpus_per_local_rank()
-            logger.info(
+            say_once(logger, logging.INFO,
                 "cameras %s are decoded on the CPU by %s, with %d CPUs for this rank: decoding is usually what "
                 "bounds throughput here, so %s if the loop waits for batches",
                 decoded_by_workers,
@@ -941,7 +942,7 @@ def _nvdec_color_fixes(formats: Mapping[str, CameraFormat]) -> dict[str, tuple[t
             )  # fmt: skip
         if fix is not None:
             fixes[camera] = tuple(tuple(row) for row in fix.tolist())
-            logger.info(
+            say_once(logger, logging.INFO,
                 "camera %s is tagged colour space %d: NVDEC's BT.601 RGB is converted to it on the GPU", camera,
                 colorspace,
             )  # fmt: skip
@@ -981,7 +982,7 @@ def _camera_augment(
     if augment.normalize == NORMALIZE_FROM_STATS:
         stats = reader.read_stats()
         augment = augment.with_stats(stats, cameras, source=reader.location.description)
-        logger.info("normalising cameras %s by the dataset's statistics", list(cameras))
+        say_once(logger, logging.INFO, "normalising cameras %s by the dataset's statistics", list(cameras))
     for camera in cameras:
         normalize = augment.for_camera(camera).normalize  # raises naming a camera without a Normalize
         channels = image_channels.get(camera, 3)

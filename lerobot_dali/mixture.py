@@ -38,7 +38,7 @@ from .errors import (
 from .iterator import DALILeRobotIterator, default_dali_threads
 from .key_rename import KeyRename, shared_selection
 from .part_schedule import PartSchedule
-from .said_once import warn_once
+from .said_once import say_once, warn_once
 from .sample_order import RankBalance
 from .value_checks import check_int, is_number
 
@@ -181,7 +181,7 @@ class DALILeRobotMixture:
         self._schedules = {i: self._schedule(i) for i in range(len(readers)) if i != self.anchor}
         self._pass_id = 0
         self._dataset_index = torch.repeat_interleave(torch.arange(len(readers)), torch.tensor(self.batch_shares))
-        logger.info(
+        say_once(logger, logging.INFO,
             "mixture of %d datasets, per batch of %d: %s; its epoch is one of %s (%d batches); worker processes %s",
             len(readers), batch_size,
             ", ".join(f"{n} of {r.location.description}" for n, r in zip(self.batch_shares, readers, strict=True)),
@@ -189,7 +189,8 @@ class DALILeRobotMixture:
         )  # fmt: skip
         for reader, rename in zip(readers, self.renames, strict=True):
             if rename:
-                logger.info("mixture: %s keys renamed %s", reader.location.description, dict(rename.to_batch))
+                say_once(logger, logging.INFO, "mixture: %s keys renamed %s", reader.location.description,
+                         dict(rename.to_batch))  # fmt: skip
 
     def _check_parts_fill_batches(self) -> None:
         for i, part in enumerate(self.datasets):

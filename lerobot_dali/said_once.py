@@ -1,17 +1,18 @@
-"""Warnings about one fact said once per job on a host, however many processes meet it.
+"""Lines about one fact said once per job on a host, however many processes meet it.
 
 A fact about the machine or the dataset (a cache folder that takes no writes, an old PyAV, columns info.json does
 not declare) is met alike by every rank of a node and by each of their DALI worker processes, which start again
 each epoch: a read-only cache folder was warned about 8 times by a run of 2 ranks with 2 workers over 2 epochs,
 and would be 64 times an epoch on a node of 8 GPUs with 8 workers each. :func:`warn_once` logs such a warning in
-the first process of the job that says it and at DEBUG in the others (``-vv`` still shows each).
+the first process of the job that says it and at DEBUG in the others (``-vv`` still shows each); :func:`say_once`
+does so at another level (the INFO lines of the dataset opened, the cameras' routes).
 
 The processes agree through empty files named by the message in a folder of the job's under the temporary
 directory: the launcher's (torchrun's or accelerate's agent, the parent of every rank of the node) or else the
 training process's, named by its host, PID and start time (a reused PID never inherits it), and passed on to the
 worker processes it starts (:func:`shared_with_children`) through ``$LEROBOT_DALI_SAID_DIR``. The training
 process removes its own at exit; a launcher's, or one left by a killed process, is removed by the next job on the
-host. Where no folder can be made (no /proc), each process says each warning once.
+host. Where no folder can be made (no /proc), each process says each line once.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ from typing import Any
 
 from .new_folder import host_name
 
-__all__ = ["SAID_ENV", "shared_with_children", "warn_once"]
+__all__ = ["SAID_ENV", "say_once", "shared_with_children", "warn_once"]
 
-#: The folder of the job's said warnings, set for the processes that this one starts.
+#: The folder of the job's said lines, set for the processes that this one starts.
 SAID_ENV = "LEROBOT_DALI_SAID_DIR"
 _PREFIX = "lerobot-dali-said-"
 
@@ -43,13 +44,18 @@ _said: set[str] = set()  # this process's, whatever the folder
 _sharing = 0  # threads within shared_with_children
 
 
-def warn_once(logger: logging.Logger, message: str, *args: Any, key: str | None = None) -> None:
-    """``logger.warning(message, *args)`` in the first process of the job to say it; DEBUG in the others.
+def say_once(logger: logging.Logger, level: int, message: str, *args: Any, key: str | None = None) -> None:
+    """``logger.log(level, message, *args)`` in the first process of the job to say it; DEBUG in the others.
 
-    ``key``: what makes two warnings the same, where not their text: a fact each worker measures its own numbers
+    ``key``: what makes two lines the same, where not their text: a fact each worker measures its own numbers
     for (a cache's shortfall, by the episodes it drew) is said once with the first one's."""
     text = message % args if args else message
-    logger.log(logging.WARNING if _first(text if key is None else f"key:{key}") else logging.DEBUG, message, *args)
+    logger.log(level if _first(text if key is None else f"key:{key}") else logging.DEBUG, message, *args)
+
+
+def warn_once(logger: logging.Logger, message: str, *args: Any, key: str | None = None) -> None:
+    """:func:`say_once` at WARNING."""
+    say_once(logger, logging.WARNING, message, *args, key=key)
 
 
 @contextmanager
@@ -103,7 +109,7 @@ def _made_folder() -> Path | None:
     """The job's folder, made once per process (None where it cannot be)."""
     owner = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid()  # (a rank's parent: the agent)
     started = _start_time(owner)
-    if started is None:  # (no /proc: each process says each warning once)
+    if started is None:  # (no /proc: each process says each line once)
         return None
     root = Path(tempfile.gettempdir())
     folder = root / f"{_PREFIX}{host_name()}-{owner}-{started}"

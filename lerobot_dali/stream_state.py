@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ResumeStateError
-from .said_once import warn_once
+from .said_once import say_once, warn_once
 from .sample_order import ConsumedSegment, OrderOptions, RankBalance, ResumedEpoch, SampleOrder
 from .value_checks import check_int_fields
 
@@ -216,10 +216,10 @@ class SampleStream:
         options = self._order.options
         _check_order(state, options, world_size=self._order.world_size)
         if state.seed != options.seed:
-            logger.info("resuming with the saved seed %d instead of %d", state.seed, options.seed)
+            say_once(logger, logging.INFO, "resuming with the saved seed %d instead of %d", state.seed, options.seed)
             options = dataclasses.replace(options, seed=state.seed)
         if state.batch_size != self._batch_size:
-            logger.info(
+            say_once(logger, logging.INFO,
                 "saved batch size %d differs from %d; resuming at sample %d (positions count samples)",
                 state.batch_size, self._batch_size, state.samples_consumed,
             )  # fmt: skip

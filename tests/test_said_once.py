@@ -44,11 +44,15 @@ def test_a_cache_folder_that_takes_no_writes_is_warned_about_once_not_by_each_wo
 
 def _ranks_of_one_node(rank_code: str, ranks: int, tmp_path: Path) -> str:
     """The stderr of ``ranks`` processes running ``rank_code`` as torchrun starts them: siblings, children of one
-    agent, with TORCHELASTIC_RUN_ID set."""
+    agent, with TORCHELASTIC_RUN_ID and each its RANK set."""
     agent = textwrap.dedent(f"""
         import os, subprocess, sys
         env = {{**os.environ, "TORCHELASTIC_RUN_ID": "job", "TMPDIR": {str(tmp_path)!r}}}
-        ranks = [subprocess.Popen([sys.executable, "-c", {rank_code!r}], env=env) for _ in range({ranks})]
+        env.update(WORLD_SIZE="{ranks}", LOCAL_WORLD_SIZE="{ranks}")
+        ranks = [
+            subprocess.Popen([sys.executable, "-c", {rank_code!r}], env={{**env, "RANK": str(r), "LOCAL_RANK": str(r)}})
+            for r in range({ranks})
+        ]
         sys.exit(max(r.wait() for r in ranks))
     """)
     done = subprocess.run([sys.executable, "-c", agent], capture_output=True, text=True, timeout=300, check=True)
@@ -103,6 +107,51 @@ def test_a_warning_about_the_dataset_is_said_once_by_the_ranks_of_a_node(tmp_pat
     err = _ranks_of_one_node(rank, 2, tmp_path)
     assert err.count("the data files hold columns info.json does not declare") == 1, err
     assert err.startswith("WARNING lerobot_dali.dataset_reader: "), err
+
+
+def test_the_ranks_of_a_node_say_what_the_job_shares_once_and_their_own_share_each(
+    make_ds, tmp_path: Path, monkeypatch
+) -> None:
+    """Each rank building its iterator logged at INFO the dataset it opened and how its cameras decode, facts of the
+    job: 8 lines each on a node of 8 GPUs. The first rank says them, the others at DEBUG; each rank still says its
+    own samples."""
+    root = make_ds(episodes=4, frames_per_episode=10, cameras=1, codec="h264", size=(64, 64))
+    monkeypatch.delenv(said_once.SAID_ENV)
+    rank = textwrap.dedent(f"""
+        import logging
+        from lerobot_dali.iterator import DALILeRobotIterator
+        logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.DEBUG)
+        DALILeRobotIterator({str(root)!r}, batch_size=2, device="cpu", num_workers=1).close()
+    """)
+    lines = _ranks_of_one_node(rank, 2, tmp_path).splitlines()
+
+    def levels(text: str) -> list[str]:
+        return sorted(line.split()[0] for line in lines if text in line)
+
+    assert levels("lerobot_dali.dataset_reader: opened LeRobotDatasetReader(") == ["DEBUG", "INFO"], lines
+    assert levels("are decoded on the CPU by 1 worker processes") == ["DEBUG", "INFO"], lines
+    assert levels("rank 0/2 (environment): 20 samples per epoch") == ["INFO"], lines
+    assert levels("rank 1/2 (environment): 20 samples per epoch") == ["INFO"], lines
+
+
+def test_a_filesystem_that_cannot_list_is_said_once_though_its_name_differs_by_process(tmp_path, monkeypatch) -> None:
+    """The line names the filesystem by its repr, which holds its address in each process: matched by its text,
+    every rank said it."""
+    monkeypatch.delenv(said_once.SAID_ENV)
+    rank = textwrap.dedent("""
+        import logging
+        from fsspec.implementations.memory import MemoryFileSystem
+        from lerobot_dali.file_stamps import FileStamps
+        logging.basicConfig(format="%(levelname)s %(message)s", level=logging.DEBUG)
+
+        class Unlisted(MemoryFileSystem):
+            def find(self, *args, **kwargs):
+                raise NotImplementedError
+
+        FileStamps(Unlisted(), ["/data"])
+    """)
+    lines = [line for line in _ranks_of_one_node(rank, 3, tmp_path).splitlines() if "cannot list /data" in line]
+    assert sorted(line.split()[0] for line in lines) == ["DEBUG", "DEBUG", "INFO"], lines
 
 
 def test_a_folder_left_by_a_process_that_no_longer_runs_is_removed(tmp_path: Path, monkeypatch) -> None:
