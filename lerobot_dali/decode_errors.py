@@ -63,8 +63,8 @@ def locate_clip_failure(
             f"{files[bad]}: DALI cannot decode the frames of episode {episode}, camera {field.name} ({reason}); "
             "the video is corrupt: re-encode or re-download it."
         )
-    logger.info("every clip of samples [%d, %d) of epoch %d decodes on its own; the failure was elsewhere", start,
-                stop, epoch)  # fmt: skip
+    logger.info("every clip of rank %d's samples [%d, %d) of epoch %d decodes on its own; the failure was elsewhere",
+                spec.order.rank, start, stop, epoch)  # fmt: skip
     return None
 
 

@@ -960,6 +960,29 @@ def test_a_decoder_failing_everything_blames_no_file(monkeypatch) -> None:
     assert decode_errors._first_failing(clips[:2], wanted[:2], ["a.mp4"] * 2, device_id=None) == 0
 
 
+def test_a_pipeline_failure_no_clip_explains_names_the_ranks_samples(make_ds, monkeypatch, caplog) -> None:
+    """The samples [start, stop) the line names are positions in one rank's epoch: every rank of a job logs its
+    own, and the line did not say whose."""
+    from lerobot_dali import decode_errors
+    from lerobot_dali.batch_source import BatchSource
+
+    monkeypatch.setattr(decode_errors, "decode_clip_batch", lambda *args, **kwargs: None)  # every clip decodes
+    root = _dataset(make_ds, "vp9")
+    it = DALILeRobotIterator(root, batch_size=2, device="cpu", num_workers=0, rank=1, world_size=2)
+    try:
+        next(iter(it))  # (the pipeline, and the spec its source is made from)
+        with caplog.at_level("INFO", logger="lerobot_dali.decode_errors"):
+            located = decode_errors.locate_clip_failure(
+                BatchSource(it._spec), 0, 0, 4, device_id=None, cause=RuntimeError("Critical error in pipeline")
+            )
+    finally:
+        it.close()
+    assert located is None
+    assert [r.getMessage() for r in caplog.records if r.name == "lerobot_dali.decode_errors"] == [
+        "every clip of rank 1's samples [0, 4) of epoch 0 decodes on its own; the failure was elsewhere"
+    ]
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_an_interrupted_pass_resumes_without_losing_or_repeating_a_sample(make_ds, monkeypatch, num_workers) -> None:
     """Ctrl-C inside DALI's next() (after DALI took the batch off its schedule) left the pipeline in place, and the
