@@ -5,7 +5,7 @@ not declare) is met alike by every rank of a node and by each of their DALI work
 each epoch: a read-only cache folder was warned about 8 times by a run of 2 ranks with 2 workers over 2 epochs,
 and would be 64 times an epoch on a node of 8 GPUs with 8 workers each. :func:`warn_once` logs such a warning in
 the first process of the job that says it and at DEBUG in the others (``-vv`` still shows each); :func:`say_once`
-does so at another level (the INFO lines of the dataset opened, the cameras' routes).
+does so at another level (the INFO lines of the dataset opened, how its cameras decode).
 
 The processes agree through empty files named by the message in a folder of the job's under the temporary
 directory: the launcher's (torchrun's or accelerate's agent, the parent of every rank of the node) or else the
@@ -48,7 +48,10 @@ def say_once(logger: logging.Logger, level: int, message: str, *args: Any, key: 
     """``logger.log(level, message, *args)`` in the first process of the job to say it; DEBUG in the others.
 
     ``key``: what makes two lines the same, where not their text: a fact each worker measures its own numbers
-    for (a cache's shortfall, by the episodes it drew) is said once with the first one's."""
+    for (a cache's shortfall, by the episodes it drew) is said once with the first one's. A process whose logger
+    passes no record at ``level`` says nothing, and leaves the line to the others."""
+    if not logger.isEnabledFor(level):
+        return
     text = message % args if args else message
     logger.log(level if _first(text if key is None else f"key:{key}") else logging.DEBUG, message, *args)
 

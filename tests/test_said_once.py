@@ -154,6 +154,25 @@ def test_a_filesystem_that_cannot_list_is_said_once_though_its_name_differs_by_p
     assert sorted(line.split()[0] for line in lines) == ["DEBUG", "DEBUG", "INFO"], lines
 
 
+def test_a_line_is_left_to_the_ranks_that_show_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script may log at INFO on rank 0 only, the others at WARNING: a rank that showed nothing took the line
+    first, rank 0 then said it at DEBUG, and no log held it."""
+    monkeypatch.delenv(said_once.SAID_ENV)
+    said = tmp_path / "rank-1-said"
+    rank = textwrap.dedent(f"""
+        import logging, os, pathlib, time
+        from lerobot_dali.said_once import say_once
+        shows = os.environ["RANK"] == "0"
+        logging.basicConfig(format="%(levelname)s %(message)s", level=logging.INFO if shows else logging.WARNING)
+        said = pathlib.Path({str(said)!r})
+        while shows and not said.exists():  # (rank 1 meets the line first)
+            time.sleep(0.01)
+        say_once(logging.getLogger("lerobot_dali.test"), logging.INFO, "the dataset opened")
+        said.touch()
+    """)
+    assert _ranks_of_one_node(rank, 2, tmp_path).splitlines() == ["INFO the dataset opened"]
+
+
 def test_a_folder_left_by_a_process_that_no_longer_runs_is_removed(tmp_path: Path, monkeypatch) -> None:
     """Named by PID and start time: a process that has the PID now is another one, and never inherits it."""
     host = said_once.host_name()
