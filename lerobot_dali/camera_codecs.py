@@ -29,7 +29,7 @@ import numpy as np
 
 from .concurrent_calls import in_threads
 from .episode_data_files import V2_CHECKED_EPISODES, V2_CHECKED_EPISODES_REMOTE
-from .errors import DatasetError, SchemaMismatchError, VideoDecodeError
+from .errors import CodecUnsupportedError, DatasetError, SchemaMismatchError, VideoDecodeError
 from .packet_index_cache import load_episode_packet_index
 from .remote_retry import is_transient
 from .said_once import say_once
@@ -83,7 +83,7 @@ def read_file_format(reader: LeRobotDatasetReader, path: str) -> FileFormat:
     """The header of ``reader``'s video file ``path`` (remote: opened with the size its listing gave).
 
     Raises MissingDataFileError where it does not exist, VideoDecodeError where it has no video stream or does not
-    open."""
+    open, CodecUnsupportedError where FFmpeg has no decoder for its stream (as the packet index does)."""
     stamp = reader.listed_stamp(path)
     with open_video_source(path, filesystem=reader.location.fs, size=None if stamp is None else stamp.size) as handle:
         try:
@@ -91,6 +91,11 @@ def read_file_format(reader: LeRobotDatasetReader, path: str) -> FileFormat:
                 if not container.streams.video:
                     raise VideoDecodeError(f"{path}: the file has no video stream.")
                 context = container.streams.video[0].codec_context
+                if context is None:  # (PyAV gives a stream no decoder takes no codec context)
+                    raise CodecUnsupportedError(
+                        f"{path}: FFmpeg finds no decoder for the video stream: its codec is one no decoder here "
+                        "takes (re-encode it: H.264, HEVC, AV1 or VP9), or its header is damaged (copy it again)."
+                    )
                 return FileFormat(
                     context.codec.canonical_name, int(context.height), int(context.width), context.pix_fmt,
                     codec_color(context),

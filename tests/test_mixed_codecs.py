@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -249,3 +250,34 @@ def test_info_says_a_camera_of_few_files_mixes_codecs(make_ds, copy_ds, capsys) 
     assert f"camera {CAM}: codec h264 64x96 (HxW)" in out and "files mix codecs: h264 2 files, av1 1 file" in out
     assert main(["info", str(make_ds(**SPEC, codec="h264")), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["cameras"][CAM]["file_codecs"] == {"h264": 3}
+
+
+@pytest.mark.parametrize("codec", ["vp9", "av1"], ids=["dali-decoded", "worker-decoded"])
+def test_a_file_no_decoder_takes_is_left_out_of_the_survey_and_fails_when_reached(make_ds, copy_ds, codec) -> None:
+    """Before, an MP4 whose codec FFmpeg has no decoder for (here EVC) among a camera's files failed the survey with
+    an AttributeError (its stream has no codec context): a DALI-decoded camera's iterator did not build, and
+    `lerobot-dali check` crashed on any camera (it surveys them all). Now the survey leaves it out, as it does a
+    file that does not open: the iterator builds and the batch that reaches it raises CodecUnsupportedError naming
+    it, as check reports it."""
+    root = copy_ds(make_ds(**SPEC, codec=codec))
+    (root / CUT).unlink()
+    with av.open(str(root / CUT), "w", format="mp4") as container:
+        stream = container.add_mux_stream("evc", rate=FPS, width=96, height=64)
+        for i in range(4):
+            packet = av.Packet(bytes(range(40)))
+            packet.pts = packet.dts = i
+            packet.time_base = stream.time_base = Fraction(1, FPS)
+            packet.is_keyframe, packet.stream = i == 0, stream
+            container.mux(packet)
+    it = DALILeRobotIterator(root, batch_size=5, device="cpu", shuffle=False, num_workers=0)
+    try:
+        with pytest.raises(CodecUnsupportedError, match=r"file-001\.mp4: FFmpeg finds no decoder"):
+            for _ in it:
+                pass
+    finally:
+        it.close()
+    problems = check_dataset(open_dataset(root), workers=0).problems
+    assert [(p.episode_index, p.error) for p in problems] == [
+        (2, "CodecUnsupportedError"),
+        (3, "CodecUnsupportedError"),
+    ]
