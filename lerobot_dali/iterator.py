@@ -319,16 +319,15 @@ class DALILeRobotIterator:
                             f"depth camera {camera!r} ({video.path}) is {codec}, which PyAV cannot decode here; "
                             f"leave the camera out with {cameras_hint()}"
                         )
-                routes[camera] = DecodeRoute.CPU_FALLBACK
+                route = DecodeRoute.CPU_FALLBACK
             elif len(codecs) > 1:
-                routes[camera] = route_for_codecs(codecs, decode=preference, on_gpu=self._device_id is not None,
-                                                  label=camera)  # fmt: skip
+                route = route_for_codecs(codecs, decode=preference, on_gpu=self._device_id is not None, label=camera)
             else:
                 route = route_for_video(
                     video.path, indexes[camera], decode=preference, device_id=self._device_id or 0,
                     filesystem=self.reader.location.fs, label=camera,
                 )  # fmt: skip
-                routes[camera] = self._route_for_files(camera, route, preference) if route.dali_device else route
+            routes[camera] = self._route_for_files(camera, route, preference)
         self._camera_formats = {
             camera: CameraFormat.of(index, route=routes[camera]) for camera, index in indexes.items()
         }
@@ -352,15 +351,19 @@ class DALILeRobotIterator:
         return routes
 
     def _route_for_files(self, camera: str, route: DecodeRoute, preference: DecodePreference) -> DecodeRoute:
-        """``route``, where DALI decodes ``camera`` (NVDEC or its CPU decoder), or the workers where the camera's files
-        (each one's header, up to a bound: :mod:`~.camera_codecs`) differ in what that decoder holds them to: codec (on
-        NVDEC pixel format and colour too), :func:`~.decode_route.route_for_codecs`. Without this a file cut by
-        LeRobot's delete_episodes (re-encoded as AV1 among H.264 files) failed when a batch first reached it.
-        Raises SchemaMismatchError naming the files whose frame size is not the first's."""
+        """``route`` for ``camera``, its files surveyed (each one's header, up to a bound: :mod:`~.camera_codecs`),
+        whatever decodes it: raises SchemaMismatchError naming the files whose frame size is not the first's (a batch
+        is one tensor; before, a worker-decoded camera's odd file failed when a batch first reached it). Where DALI
+        decodes the camera (NVDEC or its CPU decoder), the workers instead where the files differ in what that
+        decoder holds them to: codec (on NVDEC pixel format and colour too), :func:`~.decode_route.route_for_codecs`.
+        Without this a file cut by LeRobot's delete_episodes (re-encoded as AV1 among H.264 files) failed when a
+        batch first reached it."""
         # (a missing or damaged file fails as before when a batch reaches it, naming the camera and episodes)
         positions = surveyed_positions(self.reader, camera)
         survey = survey_camera(self.reader, camera, positions, skip_unreadable=True, store=self._index_store)
         survey.check_sizes()
+        if not route.dali_device:  # (the workers give each file a decoder of its own: only the size has to agree)
+            return route
         if survey.first is None or not survey.unlike(CameraFormat.of(survey.first, route=route)):
             return route
         codecs = survey.codecs()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from fractions import Fraction
 from pathlib import Path
@@ -19,7 +20,7 @@ from lerobot_dali import DALILeRobotIterator, concat_datasets, open_dataset
 from lerobot_dali.batch_source import CameraFormat
 from lerobot_dali.dataset_check import check_dataset
 from lerobot_dali.decode_route import DecodePreference, DecodeRoute, route_for_codecs
-from lerobot_dali.errors import CodecUnsupportedError, SchemaMismatchError
+from lerobot_dali.errors import CodecUnsupportedError, SchemaMismatchError, VideoDecodeError
 from lerobot_dali.packet_index import build_packet_index
 
 FPS = 10
@@ -281,3 +282,77 @@ def test_a_file_no_decoder_takes_is_left_out_of_the_survey_and_fails_when_reache
         (2, "CodecUnsupportedError"),
         (3, "CodecUnsupportedError"),
     ]
+
+
+#: A camera the workers decode on this machine (device='cpu'): H.264 in v2.1 (a file an episode), AV1 in v3.0.
+WORKER_CASES = pytest.mark.parametrize(
+    ("version", "codec", "odd"),
+    [("v2.1", "h264", f"videos/chunk-000/{CAM}/episode_000002.mp4"), ("v3.0", "av1", CUT)],
+    ids=["v2.1-h264", "v3.0-av1"],
+)
+
+
+@WORKER_CASES
+def test_a_worker_decoded_cameras_file_of_another_size_is_refused_when_the_iterator_is_built(
+    make_ds, copy_ds, version: str, codec: str, odd: str
+) -> None:
+    """Before, the survey read DALI-decoded cameras' files alone: a worker-decoded camera's 64x128 file among 64x96
+    ones built, then failed when a batch first reached it, maybe hours into training. Now the iterator refuses it
+    when built, naming the file and both sizes, as `lerobot-dali check` reports it."""
+    spec = {**SPEC, "version": version}
+    root = copy_ds(make_ds(**spec, codec=codec))
+    shutil.copyfile(make_ds(**{**spec, "size": (64, 128)}, codec=codec) / odd, root / odd)
+    refused = (
+        rf"{re.escape(odd)} \(episode 2, camera '{CAM}'\) is {codec} 64x128 \(HxW\), but the camera's first file "
+        rf"\(.*\) is {codec} 64x96 \(HxW\); .*one size"
+    )
+    with pytest.raises(SchemaMismatchError, match=refused):
+        DALILeRobotIterator(root, batch_size=5, device="cpu", shuffle=False, num_workers=0)
+    problems = check_dataset(open_dataset(root), workers=0).problems
+    in_file = [2] if version == "v2.1" else [2, 3]  # (v3.0: file-001 holds episodes 2-3)
+    assert [(p.episode_index, p.error) for p in problems] == [(e, "SchemaMismatchError") for e in in_file]
+    assert all(odd in p.message and "64x128" in p.message for p in problems)
+
+
+@WORKER_CASES
+def test_a_worker_decoded_cameras_clean_files_build_and_read_as_pyav_decodes_them(
+    make_ds, version: str, codec: str, odd: str
+) -> None:
+    """The control: every file surveyed, a clean camera still goes to the workers and reads every frame."""
+    root = make_ds(**{**SPEC, "version": version}, codec=codec)
+    routes: dict = {}
+    assert set(_every_sample_is_its_files_frame(root, routes=routes)) == {"h264" if codec == "h264" else "libdav1d"}
+    assert routes == {CAM: DecodeRoute.CPU_FALLBACK}
+    assert check_dataset(open_dataset(root), workers=0).ok
+
+
+def test_a_worker_decoded_cameras_unreadable_file_still_fails_when_a_batch_reaches_it(make_ds, copy_ds) -> None:
+    """The survey leaves out a file whose header does not open, as where DALI decodes the camera: the iterator builds,
+    and the batch that reaches the file raises, naming it (the build does not refuse what it did not before)."""
+    spec = {**SPEC, "version": "v2.1"}
+    odd = f"videos/chunk-000/{CAM}/episode_000004.mp4"
+    root = copy_ds(make_ds(**spec, codec="h264"))
+    (root / odd).write_bytes(b"not a video" * 100)
+    it = DALILeRobotIterator(root, batch_size=8, device="cpu", shuffle=False, num_workers=0)
+    try:
+        with pytest.raises(VideoDecodeError, match=r"episode_000004\.mp4"):
+            for _ in it:
+                pass
+    finally:
+        it.close()
+
+
+def test_a_remote_worker_decoded_cameras_files_are_surveyed_through_the_packet_index_store(
+    make_ds, copy_ds, tmp_path, monkeypatch
+) -> None:
+    """Remote, each file's packet index answers the survey (kept in the store for the workers): a 64x128 AV1 file
+    among 64x96 ones is refused when the iterator is built, and every file's index is in the store."""
+    from tests import fake_remote  # noqa: F401  (registers the fakeremote:// protocol)
+
+    monkeypatch.setenv("LEROBOT_DALI_CACHE", str(tmp_path / "cache"))
+    root = copy_ds(make_ds(**SPEC, codec="av1"))
+    shutil.copyfile(make_ds(**{**SPEC, "size": (64, 128)}, codec="av1") / CUT, root / CUT)
+    remote = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    with pytest.raises(SchemaMismatchError, match=r"file-001\.mp4 .*is av1 64x128 \(HxW\), .*is av1 64x96"):
+        DALILeRobotIterator(remote, batch_size=5, device="cpu", num_workers=0)
+    assert len(list((tmp_path / "cache/packet_index").glob("*/*.pidx"))) == 3
