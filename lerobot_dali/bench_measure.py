@@ -413,18 +413,31 @@ def measure_loader(job: LoaderJob) -> LoaderResult:
     )
 
 
+_NOTE_CHARS = 1000
+"""Most characters of a failed loader's note: this library's longest messages whole (their advice comes last)."""
+
+
 def _error_note(error: BaseException) -> str:
-    """The report's note for a loader that raised: the error's type and message, at most 500 characters. An error a
-    ``DataLoader`` worker raised reads "Caught X in DataLoader worker process N." and then the worker's whole
-    traceback, which the 500 characters never got past: the note keeps the first line and the worker's error."""
+    """The report's note for a loader that raised: the error's type and message, shortened in the middle to
+    :data:`_NOTE_CHARS`, so the advice at a message's end (what to pass instead) stays. An error a ``DataLoader``
+    worker raised reads "Caught X in DataLoader worker process N." and then the worker's whole traceback: the note
+    keeps the first line and the worker's error."""
     text = str(error)
     head, wrapped, worker_traceback = text.partition("\nOriginal Traceback")
     if not wrapped:
-        return f"{type(error).__name__}: {text}"[:500]
+        return _shortened(f"{type(error).__name__}: {text}")
     lines = worker_traceback.splitlines()
     last_frame = max((i for i, line in enumerate(lines) if line.startswith(" ")), default=0)
     raised = " ".join(line.strip() for line in lines[last_frame + 1 :] if line.strip())
-    return f"{type(error).__name__}: {head.strip()} {raised}"[:500]
+    return _shortened(f"{type(error).__name__}: {head.strip()} {raised}")
+
+
+def _shortened(text: str) -> str:
+    """``text``, or its start and end around " ... " where it is longer than :data:`_NOTE_CHARS`."""
+    if len(text) <= _NOTE_CHARS:
+        return text
+    head = _NOTE_CHARS * 2 // 5
+    return f"{text[:head]} ... {text[len(text) - (_NOTE_CHARS - head - 5) :]}"
 
 
 def _child_main(job: LoaderJob, conn: Any, scratch: str | None = None) -> None:

@@ -960,3 +960,18 @@ def test_bench_scripts_help_says_what_they_do_in_whole_sentences(name: str) -> N
     assert done.returncode == 0, done.stderr[-3000:]
     description = done.stdout.split("\n\n")[1]  # (after the usage lines)
     assert description.rstrip().endswith((".", ")")), description
+
+
+def test_a_failed_loaders_note_keeps_the_advice_at_the_end_of_its_error() -> None:
+    """The note was cut at 500 characters, so ``bench --dataset gr00t_v20_h264 --cameras ...`` reported its
+    FrameTimestampError without the advice it ends with (look frames up by frame_index / fps). A message of any
+    length now keeps its start and its end."""
+    from lerobot_dali.bench_measure import _error_note
+
+    advice = "or the parquet timestamps are wall-clock time (look frames up by frame_index / fps)."
+    message = "dataset D, episode 0, camera C (" + "videos/x" * 60 + "): query timestamp 20.8 s has no frame. " + advice
+    assert 500 < len(message) < 900
+    assert _error_note(FrameTimestampError(message)) == f"FrameTimestampError: {message}"
+    note = _error_note(FrameTimestampError("x" * 5000 + advice))
+    assert len(note) <= 1000 and note.startswith("FrameTimestampError: xxx") and note.endswith(advice)
+    assert " ... " in note
