@@ -51,6 +51,9 @@ TIE_FRACTION = 1e-3
 #: A video whose frame rate is under this fraction of the rows' fps has fewer frames than the rows.
 _FEWER_FRAMES = 0.99
 
+#: How the advice of a wall-clock row names the option: the iterator's, and the command line's (check, bench, train).
+_BY_FRAME_INDEX = "timestamp_source='frame_index'; on the command line --timestamp-source frame_index"
+
 
 class TimestampSource(Enum):
     """Where the episode-local time of a data row comes from before it is looked up in the video."""
@@ -263,12 +266,12 @@ def _raise_out_of_tolerance(
         advice = (
             "The row lies past the video's last frame: the video holds fewer frames than the episode has rows "
             "(re-encode it, or leave the episode out with episodes=), or the parquet timestamps are wall-clock time "
-            "(look frames up by frame_index / fps: TimestampSource.FRAME_INDEX)."
+            f"(look frames up by frame_index / fps: {_BY_FRAME_INDEX})."
         )
     else:
         advice = (
             "If the dataset's parquet timestamps are wall-clock time, look frames up by frame_index / fps "
-            "(TimestampSource.FRAME_INDEX); otherwise check the episode's from_timestamp or raise tolerance_s."
+            f"({_BY_FRAME_INDEX}); otherwise check the episode's from_timestamp or raise tolerance_s."
         )
     half_frame_s = float(np.median(np.diff(frame_s))) / 2 if frame_s.size > 1 else 0.0
     rows_fps = context.rows_fps if context is not None else None

@@ -376,6 +376,18 @@ def _check_r1_with_stderr_on_a_terminal(argv: list[str]) -> tuple[int, str]:
     return child.wait(timeout=300), b"".join(chunks).decode(errors="replace")
 
 
+def test_check_of_wall_clock_timestamps_names_the_flag_that_reads_them(capsys) -> None:
+    """cr5's parquet timestamps are wall-clock: check's problems advised ``TimestampSource.FRAME_INDEX``, a Python
+    name no command takes. They now name ``--timestamp-source frame_index`` (episode 0's rows fall between frames,
+    episode 4's run past its video), and check passes with it."""
+    argv = ["check", str(shared_dataset("cr5_v30_av1")), "--episodes", "0", "4", "--json"]
+    assert main(argv) == 1
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert [p["episode_index"] for p in problems] == [0, 4]
+    assert all("on the command line --timestamp-source frame_index" in p["message"] for p in problems), problems
+    assert main([*argv, "--timestamp-source", "frame_index"]) == 0
+
+
 def test_check_logs_a_warning_on_its_own_line_not_after_the_progress_bar() -> None:
     """r1's data files hold columns info.json does not declare: the warning check logs as it starts was written
     after the bar's 0% (``... 0/1 [00:00<?, ?episode/s]WARNING lerobot_dali...``)."""

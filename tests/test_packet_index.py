@@ -311,7 +311,7 @@ def test_a_video_that_starts_late_is_named_with_its_first_frame(tmp_path: Path, 
     assert "query timestamp 0.000000 s" in message
     assert "before the video's first frame (0.080000 s)" in message
     assert "from_timestamp" in message
-    assert "frame rate" not in message and "TimestampSource.FRAME_INDEX" not in message
+    assert "frame rate" not in message and "timestamp_source=" not in message
 
 
 @pytest.mark.parametrize("by_frame_index", [False, True])
@@ -337,7 +337,10 @@ def test_rows_read_by_frame_index_past_the_video_get_advice_for_that(marker_vide
     """The advice was to look frames up by frame_index / fps, which the failing run already did."""
     index = build_packet_index(marker_video("h264", 30))
     past_the_end = (index.frame_count + 2) / FPS
-    for by_frame_index, advice in ((True, "fewer frames than the episode has rows"), (False, "FRAME_INDEX")):
+    for by_frame_index, advice in (
+        (True, "fewer frames than the episode has rows"),
+        (False, "--timestamp-source frame_index"),
+    ):
         context = FrameRequestContext(dataset="d", episode_index=0, camera="c", by_frame_index=by_frame_index)
         with pytest.raises(FrameTimestampError, match=advice):
             nearest_frame_indices(index, [0.0, past_the_end], tolerance_s=1e-4, context=context)
@@ -368,7 +371,7 @@ def test_wall_clock_timestamps_need_frame_index_opt_in() -> None:
     wall_clock = np.asarray(data["timestamp"])[rows]
     frame_index = np.asarray(data["frame_index"])[rows]
     context = FrameRequestContext(dataset="cr5_v30_av1", episode_index=episode, camera="observation.images.top")
-    with pytest.raises(FrameTimestampError, match="FRAME_INDEX"):
+    with pytest.raises(FrameTimestampError, match="--timestamp-source frame_index"):
         nearest_frame_indices(index, from_s + wall_clock, tolerance_s=1e-4, context=context)
     assert TimestampSource.FRAME_INDEX.value == "frame_index"
     local_s = frame_index_timestamps_s(frame_index, fps=10)
