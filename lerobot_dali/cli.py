@@ -563,11 +563,17 @@ def _parser() -> argparse.ArgumentParser:
         "--num-workers", type=int, help="worker processes, every loader (default min(4, cores); quick 2)"
     )
     bench.add_argument(
-        "--pool-size", type=int, default=DEFAULT_EPISODE_POOL_SIZE, help="lerobot-dali episode pool size"
+        "--pool-size",
+        type=int,
+        default=DEFAULT_EPISODE_POOL_SIZE,
+        help=f"lerobot-dali episode pool size (default {DEFAULT_EPISODE_POOL_SIZE})",
     )
     bench.add_argument("--image-size", type=_size, metavar="HxW", help="resize frames to HxW")
     bench.add_argument("--augment", action=argparse.BooleanOptionalAction, help="default: the recipe's choice")
-    bench.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    bench.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default="auto",
+        help="lerobot-dali's pipeline and every loader's batches (default auto: cuda where torch sees a GPU, else cpu)",
+    )  # fmt: skip
     bench.add_argument("--steps", type=int, help="measured batches per loader (default 30; quick 6)")
     bench.add_argument("--warmup", type=int, help="batches before the measured window, >= 1 (default 3; quick 2)")
     bench.add_argument(
