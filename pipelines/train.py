@@ -252,7 +252,10 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     )
     p.add_argument("--image-size", type=int, nargs=2, metavar=("H", "W"), help="resize cameras on the device")
     p.add_argument("--augment", type=Path, help="augmentation TOML (pipelines/recipes/augment_example.toml)")
-    p.add_argument("--decode", default="auto", help="decode route preference passed to the iterator")
+    p.add_argument(
+        "--decode", default="auto", metavar="{auto,gpu,cpu}",
+        help="auto: NVDEC where the GPU has the codec, else the CPU; gpu: NVDEC or fail; cpu (default auto)",
+    )  # fmt: skip
     p.add_argument(
         "--timestamp-source",
         nargs="+",
