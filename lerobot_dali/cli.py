@@ -485,7 +485,10 @@ def _parser() -> argparse.ArgumentParser:
     diagnose = verbs.add_parser("diagnose", help="GPU/NVDEC availability, per-camera route, one decode per route")
     diagnose.add_argument("dataset", nargs="?", help="dataset to route and test-decode (optional)")
     diagnose.add_argument("--revision", help="with DATASET: Hub branch, tag or commit")
-    diagnose.add_argument("--cameras", nargs="+", help="with DATASET, given before them: only these camera keys")
+    diagnose.add_argument(
+        "--cameras", nargs="+", metavar="KEY",
+        help="with DATASET: only these camera keys (give DATASET first: --cameras takes every word after it)",
+    )  # fmt: skip
     diagnose.set_defaults(run=_diagnose)
 
     make = verbs.add_parser("make-dataset", help="write a synthetic LeRobot dataset with real encoded videos")
