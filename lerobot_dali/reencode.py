@@ -45,7 +45,7 @@ from .dataset_reader import INFO_PATH, read_info_json
 from .distributed import usable_cpus
 from .episode_data_files import episode_data_path, video_file_path
 from .episode_table import read_episode_records, read_episode_table
-from .errors import DatasetError, VideoDecodeError, listing_hint
+from .errors import DatasetError, VideoDecodeError, cameras_hint, listing_hint
 from .new_folder import refuse_resumable_taken, write_resumable_folder
 from .packet_index import PacketIndex, build_packet_index
 from .parent_watch import exit_with_parent
@@ -206,8 +206,9 @@ def reencode_dataset(
 
 def _warn_missing_files(location: DatasetLocation, info: DatasetInfo, cameras: set[str], listed: set[str]) -> None:
     """Warn of the data files, and videos of ``cameras``, the episode metadata names that the source lacks: the
-    copy lacks them too, and was made without a word. Metadata that does not read is left to the loader, which
-    names what is wrong."""
+    copy lacks them too, and was made without a word. Where videos are missing, the advice names the cameras to read
+    without them (``gr00t_v20_h264``'s declared ``egoview`` has no file at all: leaving out its episodes leaves
+    none). Metadata that does not read is left to the loader, which names what is wrong."""
     try:
         records = read_episode_records(location.meta_fs, location.meta_root, info)
         table = read_episode_table(records, info, video_keys=sorted(cameras))
@@ -216,13 +217,17 @@ def _warn_missing_files(location: DatasetLocation, info: DatasetInfo, cameras: s
         return
     episodes = range(len(table.length))
     named = {episode_data_path(info, table, pos) for pos in episodes}
-    named |= {video_file_path(info, table.cameras[c], pos, c) for c in cameras for pos in episodes}
-    missing = sorted(named - listed)
+    videos = {(c, video_file_path(info, table.cameras[c], pos, c)) for c in cameras for pos in episodes}
+    missing_videos = {(camera, path) for camera, path in videos if path not in listed}
+    missing = sorted((named - listed) | {path for _, path in missing_videos})
     if missing:
+        lacking = {camera for camera, _ in missing_videos}
+        kept = [key for key in info.camera_keys if key not in lacking]
+        without = f"; or read without their cameras: {cameras_hint(kept)}" if lacking else ""
         logger.warning(
             "%s: %d file(s) the episode metadata names do not exist (%s): the copy lacks them too, and loading "
-            "their episodes fails; restore them in the source and re-encode, or leave those episodes out",
-            location.description, len(missing), _first_few(missing),
+            "their episodes fails; restore them in the source and re-encode, or leave those episodes out%s",
+            location.description, len(missing), _first_few(missing), without,
         )  # fmt: skip
 
 
