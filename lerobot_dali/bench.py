@@ -20,7 +20,8 @@ decoded by the CPU fallback, converted to RGB and augmented on the GPU), ``lerob
 ``lerobot-dali-cpu-mode`` (GPU machines only: the whole pipeline on the CPU, batches moved to the GPU by the
 consumer like the peers'), ``pyav-dataloader``
 (always), and LeRobot's
-``lerobot`` / ``lerobot-streaming`` when ``import lerobot`` works (skipped with a note otherwise).
+``lerobot`` / ``lerobot-streaming`` when ``import lerobot`` works (skipped with a note otherwise). A GPU-only
+loader ``--loaders`` names on the CPU is skipped with a note too.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from .bench_types import (
     _EXTERNAL,
     _GPU_ONLY,
     _OURS,
+    DALI_LOADER,
     LEROBOT_STREAMING_LOADER,
     LOADERS,
     METRIC_FIELDS,
@@ -406,9 +408,9 @@ def _resolve_device(requested: str) -> str:
 
 
 def _loaders_for(config: BenchConfig, device: str) -> list[str]:
-    chosen = list(config.loaders or LOADERS)
-    if device == "cpu":
-        chosen = [name for name in chosen if name not in _GPU_ONLY]
+    """The loaders to run, in :data:`LOADERS` order: those ``--loaders`` names (each reported, a GPU-only one
+    skipped with why on the CPU), else all that apply to ``device``."""
+    chosen = list(config.loaders or (name for name in LOADERS if device == "cuda" or name not in _GPU_ONLY))
     return [name for name in LOADERS if name in chosen]
 
 
@@ -667,7 +669,10 @@ def run_bench(config: BenchConfig) -> BenchReport:
         skipped: dict[str, LoaderResult] = {}
         by_parquet = all(TimestampSource(s) is TimestampSource.PARQUET_TIMESTAMP for _, s, _ in dataset.lookups())
         for name in loaders:
-            if name in _EXTERNAL and lerobot_missing:
+            if name in _GPU_ONLY and device == "cpu":
+                note = f"a GPU route (--device cuda); on the CPU, {DALI_LOADER} decodes in its workers as it would"
+                skipped[name] = LoaderResult(dataset=dataset.label, loader=name, status="skipped", note=note)
+            elif name in _EXTERNAL and lerobot_missing:
                 skipped[name] = LoaderResult(dataset=dataset.label, loader=name, status="skipped", note=lerobot_missing)
             elif name in _EXTERNAL and (dataset.cameras or dataset.keys or not by_parquet):
                 note = "LeRobot's datasets read every declared feature by parquet timestamps: they take no "

@@ -664,6 +664,18 @@ def test_gpu_only_loaders_are_left_out_on_the_cpu() -> None:
     ]
 
 
+def test_a_gpu_only_loader_named_on_the_cpu_is_reported_skipped_with_why(make_ds, tmp_path: Path, capsys) -> None:
+    """``--loaders lerobot-dali-cpu-mode`` on a CPU machine was dropped without a word: the run failed with "no
+    loader measured any frame (statuses: no loader ran)" and no row said why."""
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, size=(64, 64), codec="vp9", fps=10)
+    argv = ["bench", "--device", "cpu", "--dataset", str(root), "--loaders", "lerobot-dali-cpu-mode"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 1
+    (row,) = json.loads((tmp_path / "out" / "bench.json").read_text())["results"]
+    assert (row["loader"], row["status"]) == ("lerobot-dali-cpu-mode", "skipped"), row
+    assert "--device cuda" in row["note"], row["note"]
+    assert "statuses: skipped" in capsys.readouterr().err
+
+
 def test_image_camera_datasets_are_planned_and_loaded_by_the_peer_as_by_the_iterator(make_ds) -> None:
     from lerobot_dali.bench_peers import PyAVFrameDataset
     from lerobot_dali.iterator import DALILeRobotIterator
