@@ -432,7 +432,7 @@ def _parser() -> argparse.ArgumentParser:
     info = verbs.add_parser("info", help="describe a dataset: metadata and what its videos really hold")
     info.add_argument("dataset", help="local folder, Hub repo id (user/name) or fsspec URL (hf://datasets/...)")
     info.add_argument("--revision", help="Hub branch, tag or commit")
-    info.add_argument("--cameras", nargs="+", help="only these camera keys")
+    info.add_argument("--cameras", nargs="+", metavar="KEY", help="only these camera keys")
     info.add_argument("--json", action="store_true", help="print JSON")
     info.add_argument("--no-probe", action="store_true", help="do not open video files")
     info.add_argument(
@@ -536,7 +536,9 @@ def _parser() -> argparse.ArgumentParser:
         "--gop", type=int, default=2, metavar="N", help="most frames between keyframes (default 2, LeRobot's)"
     )
     reencode.add_argument("--crf", type=int, metavar="N", help="quality (default: the codec's; h264 23, av1 30)")
-    reencode.add_argument("--cameras", nargs="+", help="re-encode only these video keys (the rest are copied)")
+    reencode.add_argument(
+        "--cameras", nargs="+", metavar="KEY", help="re-encode only these video keys (the rest are copied)"
+    )
     reencode.add_argument("--jobs", type=int, metavar="N", help="files encoded at once (default: one per CPU)")
     reencode.add_argument("--revision", help="Hub branch, tag or commit")
     reencode.set_defaults(run=_reencode)
