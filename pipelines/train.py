@@ -420,13 +420,16 @@ def data_plan(options: TrainOptions, *, fps: float, camera_keys: Sequence[str]) 
 
 
 def read_augment(path: Path) -> AugmentConfig:
-    """The ``--augment`` file; ValueError names it (AugmentConfig's own messages do not)."""
+    """The ``--augment`` file; ValueError names the flag and the file (AugmentConfig's own messages, and an
+    OSError's for a file that is missing or unreadable, do not say which flag gave it)."""
     from lerobot_dali.augment_config import AugmentConfig
 
     try:
         return AugmentConfig.from_toml(path)
     except ValueError as e:  # (invalid TOML too: tomllib's error is a ValueError)
         raise ValueError(f"--augment {path}: {e}") from e
+    except OSError as e:
+        raise ValueError(f"--augment {path}: {e.strerror or e}") from e
 
 
 def check_files(options: TrainOptions) -> None:
