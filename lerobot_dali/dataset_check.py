@@ -270,7 +270,13 @@ def check_dataset(
     ``workers`` processes (0: this one; None: :func:`default_workers`) share the episodes; ``progress(n)`` is
     called as each ``n`` more are done.
     Past ``max_problems`` (a fault every episode shares, in a big dataset) problems are counted, not kept.
+    Raises TypeError for a path: open it as the run will (its cameras, keys and episodes) and pass the reader.
     """
+    if not isinstance(reader, LeRobotDatasetReader):
+        raise TypeError(
+            f"check_dataset takes a reader, got {type(reader).__name__} {reader!r}: pass open_dataset({reader!r}) "
+            "(with the cameras=, keys= and episodes= the run reads) or concat_datasets([...])"
+        )
     started = time.perf_counter()
     workers = default_workers(reader, decode=decode) if workers is None else check_int("workers", workers, minimum=0)
     checker = _EpisodeChecker(

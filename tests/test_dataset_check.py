@@ -69,6 +69,9 @@ def test_a_sound_dataset_is_read_whole(make_ds) -> None:
         check_dataset(open_dataset(root), timestamp_source="wall_clock")  # (as the iterator says it, not enum's)
     with pytest.raises(ValueError, match="workers must be >= 0, got -1"):  # (it ran in this process, unsaid)
         check_dataset(open_dataset(root), workers=-1)
+    # A path (the README says: a reader, not a path) failed with "'PosixPath' object has no attribute 'location'".
+    with pytest.raises(TypeError, match=r"check_dataset takes a reader, got PosixPath .*: pass open_dataset\("):
+        check_dataset(root)  # type: ignore[arg-type]
 
 
 def test_the_episodes_of_a_file_are_read_from_one_decode_of_its_row_group(make_ds, copy_ds, monkeypatch) -> None:
