@@ -261,10 +261,13 @@ def _union(args: argparse.Namespace, each: Sequence[argparse.Namespace]) -> LeRo
     from .dataset_union import concat_datasets, open_all
     from .key_rename import rename_maps_for
 
-    if not args.concat or len(args.dataset) < 2 or args.episodes is not None:
+    if not args.concat:
+        raise _CommandError("--rename-map names the keys of datasets checked as one: add --concat")
+    if len(args.dataset) < 2:
+        raise _CommandError(f"--concat checks two datasets or more as one; got one ({args.dataset[0]})")
+    if args.episodes is not None:
         raise _CommandError(
-            "--concat checks two datasets or more as one (--rename-map names their keys there), with no --episodes "
-            "(each dataset's own): check a selection of episodes dataset by dataset"
+            "--concat takes no --episodes (each dataset's own): check a selection of episodes dataset by dataset"
         )
     readers = open_all(args.dataset, lambda d: _open_dataset(_with(args, dataset=d, cameras=None, keys=None)))
     maps = args.rename_map[0] if args.rename_map is not None and len(args.rename_map) == 1 else args.rename_map

@@ -483,7 +483,10 @@ def test_the_command_checks_datasets_as_one_under_the_names_a_rename_map_gives(m
     assert "observation.images.cam1/episode_000001.mp4" in problems[0]["message"]
     for args, error in (
         ([str(first), "--concat"], "two datasets or more"),
-        ([str(first), str(second), "--rename-map", "{}"], "--concat checks"),
+        (
+            [str(first), str(second), "--rename-map", "{}"],
+            "--rename-map names the keys of datasets checked as one: add --concat",
+        ),
         ([str(first), str(second), "--concat", "--episodes", "0"], "no --episodes"),
         ([str(first), str(second), "--concat", "--rename-map", '{"nope": "x"}'], "renames ['nope'], which none"),
         ([str(first), str(second), "--concat", "--rename-map", "{}", "{}", "{}"], "one per dataset (2), got 3"),
