@@ -171,10 +171,11 @@ class TrainOptions:
             raise ValueError("--episodes selects episodes of one dataset; with several, select no episodes")
         if self.rename_map is not None and not several:
             raise ValueError("--rename-map gives the datasets of a mixture shared names; it needs two datasets or more")
-        if self.concat and (not several or self.weights):
+        if self.concat and not several:
+            raise ValueError("--concat reads two datasets or more as one; got one")
+        if self.concat and self.weights:
             raise ValueError(
-                "--concat reads two datasets or more as one, in proportion to their frames: it takes no --weights "
-                "(a mixture's)"
+                "--concat reads the datasets in proportion to their frames: it takes no --weights (a mixture's)"
             )
         for flag, value in (
             ("--timestamp-source", self.timestamp_source),

@@ -476,7 +476,7 @@ def test_two_ranks_train_on_datasets_read_as_one(make_ds: Callable[..., Path], c
     assert TrainOptions(dataset=("a", "b"), steps=1, tolerance_s=(1e-4, 0.02), concat=True).concat
     with pytest.raises(ValueError, match="--concat .*--weights"):
         TrainOptions(dataset=("a", "b"), steps=1, weights=(1.0, 2.0), concat=True)
-    with pytest.raises(ValueError, match="--concat reads two datasets or more"):
+    with pytest.raises(ValueError, match="^--concat reads two datasets or more as one; got one$"):  # (no --weights)
         TrainOptions(dataset="a", steps=1, concat=True)
 
 
