@@ -58,7 +58,8 @@ def test_gpu_check_logs_every_step_and_fails_without_a_gpu(tmp_path: Path) -> No
 
 def test_gpu_steps_can_be_chosen(tmp_path: Path) -> None:
     """``STEPS`` runs only the named steps (a device call has a time limit), with each real dataset diagnosed
-    from ``LEROBOT_DALI_SHARED_DATASETS``."""
+    from ``LEROBOT_DALI_SHARED_DATASETS``: gr00t_v20_h264 with its one camera that has files, as its error
+    advises (with every declared camera, its diagnose exits 2 and failed the whole check on a GPU machine)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "calls.txt"
@@ -66,6 +67,7 @@ def test_gpu_steps_can_be_chosen(tmp_path: Path) -> None:
     (bin_dir / "python3").chmod(0o755)
     shared = tmp_path / "shared"
     (shared / "one").mkdir(parents=True)
+    (shared / "gr00t_v20_h264").mkdir()  # (declares a camera without files: diagnosed with the one it has)
     (shared / "README.md").write_text("not a dataset")
     out = tmp_path / "out"
     env = {
@@ -78,9 +80,12 @@ def test_gpu_steps_can_be_chosen(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert calls.read_text().splitlines() == [
         "python3 -m lerobot_dali diagnose",
+        f"python3 -m lerobot_dali diagnose {shared}/gr00t_v20_h264/ --cameras observation.images.ego_view",
         f"python3 -m lerobot_dali diagnose {shared}/one/",
     ]
-    assert {p.name for p in out.iterdir()} == {"diagnose.log", "diagnose-dataset-one.log"}
+    assert {p.name for p in out.iterdir()} == {
+        "diagnose.log", "diagnose-dataset-gr00t_v20_h264.log", "diagnose-dataset-one.log",
+    }  # fmt: skip
 
 
 def test_gpu_reencode_step_benches_the_av1_set_and_its_h264_copy(tmp_path: Path) -> None:
