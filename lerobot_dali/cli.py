@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
 from .value_checks import check_seconds
-from .video_encoding import CODECS, LONG_GOP_FRAMES
+from .video_encoding import CODECS, DEFAULT_CRF, LONG_GOP_FRAMES
 
 if TYPE_CHECKING:
     from .dataset_reader import LeRobotDatasetReader
@@ -538,7 +538,10 @@ def _parser() -> argparse.ArgumentParser:
     reencode.add_argument(
         "--gop", type=int, default=2, metavar="N", help="most frames between keyframes (default 2, LeRobot's)"
     )
-    reencode.add_argument("--crf", type=int, metavar="N", help="quality (default: the codec's; h264 23, av1 30)")
+    crfs = ", ".join(f"{codec} {crf}" for codec, crf in DEFAULT_CRF.items())
+    reencode.add_argument(
+        "--crf", type=int, metavar="N", help=f"quality, lower is better (default the codec's: {crfs})"
+    )
     reencode.add_argument(
         "--cameras", nargs="+", metavar="KEY", help="re-encode only these video keys (the rest are copied)"
     )

@@ -8,7 +8,15 @@ from dataclasses import dataclass
 
 from lerobot_dali.value_checks import is_int
 
-__all__ = ["CODECS", "LONG_GOP_FRAMES", "EncoderSettings", "check_bounded_int", "check_codec", "encoder_settings"]
+__all__ = [
+    "CODECS",
+    "DEFAULT_CRF",
+    "LONG_GOP_FRAMES",
+    "EncoderSettings",
+    "check_bounded_int",
+    "check_codec",
+    "encoder_settings",
+]
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,9 @@ LONG_GOP_FRAMES = 16
 
 CODECS: tuple[str, ...] = tuple(_CODEC_SPECS)
 """Codec names accepted by :func:`encoder_settings` (and so by ``encode_video``, ``make_dataset``, ``reencode``)."""
+
+DEFAULT_CRF: dict[str, int] = {name: spec.default_crf for name, spec in _CODEC_SPECS.items()}
+"""Each codec's quality where none is given (what ``reencode --help`` lists)."""
 
 
 @dataclass(frozen=True)
