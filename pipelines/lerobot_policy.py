@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import logging
 import sys
@@ -40,6 +41,7 @@ from lerobot_dali.errors import DatasetNotFoundError
 from lerobot_dali.value_checks import check_int_fields, cli_flag
 from pipelines.train import (
     PreemptibleLoop,
+    SetupError,
     Throughput,
     camera_frames,
     check_checkpoint_dir,
@@ -178,6 +180,12 @@ def train(options: PolicyTrainOptions) -> list[float]:
     boundary, saves a checkpoint there (with ``checkpoint_dir``; ``output_dir`` is left to the resumed run) and
     raises ``Preempted`` once the run is closed; lerobot-dali's errors while setting up (``SETUP_ERRORS``) raise
     ``SetupError``."""
+    if importlib.util.find_spec("lerobot") is None:  # (not a ModuleNotFoundError's traceback on every rank)
+        raise SetupError(
+            "LeRobot does not import here: this script trains LeRobot's own policies, so run it from LeRobot's "
+            "environment (pip install lerobot: it pins its own torch), or train with pipelines/train.py, which needs "
+            "no LeRobot"
+        )
     import torch
     from accelerate.utils import DistributedDataParallelKwargs, set_seed
 

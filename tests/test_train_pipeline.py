@@ -893,6 +893,21 @@ def test_a_checkpoint_dir_holding_a_checkpoint_needs_resume_and_one_that_cannot_
     assert len(started) == 3
 
 
+def test_the_lerobot_policy_pipeline_without_lerobot_is_one_line_saying_where_to_run_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where LeRobot does not import, lerobot_policy.py says so in one line with exit status 2 (it ended in a
+    ModuleNotFoundError traceback from deep in its set-up)."""
+    from pipelines import lerobot_policy
+
+    monkeypatch.setitem(sys.modules, "lerobot", None)  # (not importable, here and in LeRobot's environment)
+    with caplog.at_level(logging.ERROR):
+        assert lerobot_policy.main(["--dataset", "d", "--device", "cpu"]) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [errors[0]] and errors[0].startswith("lerobot_policy.py: LeRobot does not import here"), errors
+    assert "pipelines/train.py, which needs no LeRobot" in errors[0]
+
+
 def test_the_lerobot_policy_pipeline_refuses_a_missing_folder_a_url_and_a_pool_of_no_episodes(tmp_path: Path) -> None:
     """A mistyped folder went to LeRobot as a Hub repo id (the Hub client's traceback), a URL the iterator reads
     failed in LeRobot's metadata, and --episode-pool-size 0 in the iterator: each a traceback. Now
