@@ -180,12 +180,6 @@ def train(options: PolicyTrainOptions) -> list[float]:
     boundary, saves a checkpoint there (with ``checkpoint_dir``; ``output_dir`` is left to the resumed run) and
     raises ``Preempted`` once the run is closed; lerobot-dali's errors while setting up (``SETUP_ERRORS``) raise
     ``SetupError``."""
-    if importlib.util.find_spec("lerobot") is None:  # (not a ModuleNotFoundError's traceback on every rank)
-        raise SetupError(
-            "LeRobot does not import here: this script trains LeRobot's own policies, so run it from LeRobot's "
-            "environment (pip install lerobot: it pins its own torch), or train with pipelines/train.py, which needs "
-            "no LeRobot"
-        )
     import torch
     from accelerate.utils import DistributedDataParallelKwargs, set_seed
 
@@ -198,6 +192,12 @@ def train(options: PolicyTrainOptions) -> list[float]:
             options.device,
             step_scheduler_with_optimizer=False,
             kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+        )
+    if importlib.util.find_spec("lerobot") is None:  # (one line, not a traceback; after --device)
+        raise SetupError(
+            "LeRobot does not import here: this script trains LeRobot's own policies, so run it from LeRobot's "
+            "environment (pip install lerobot: it pins its own torch), or train with pipelines/train.py, which needs "
+            "no LeRobot"
         )
     rank, world_size = data_rank(accelerator)
     set_seed(options.seed)
