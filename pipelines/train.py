@@ -459,7 +459,10 @@ def open_readers(options: TrainOptions) -> list[Any]:
     rates = {reader.location.description: reader.fps for reader in readers}
     if len(set(rates.values())) > 1:  # (the library mixes them; this script's windows count frames at one fps)
         raise RunRefused(f"the datasets run at different fps ({rates}); train on datasets of one fps")
-    renames = rename_maps_for(options.rename_map, readers)
+    try:
+        renames = rename_maps_for(options.rename_map, readers)
+    except ValueError as e:  # (a flag's mistake: one line, as the others)
+        raise RunRefused(f"--rename-map: {e}") from e
     if options.concat:  # (one reader, its keys under the new names: the rest of this script reads one dataset)
         each = options.dataset_options()  # (the union holds those given per dataset; the iterator the others)
         sources = [o["timestamp_source"] for o in each] if isinstance(options.timestamp_source, tuple) else None

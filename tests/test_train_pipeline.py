@@ -1028,6 +1028,22 @@ def test_rename_map_mixes_datasets_whose_cameras_differ_in_name(make_ds: Callabl
         parse_args([*base, "--rename-map", "[1]"])
 
 
+def test_a_rename_map_onto_a_name_the_dataset_has_is_one_line_naming_the_flag(
+    make_ds: Callable[..., Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A --rename-map that gives a key a name another key has is a flag's mistake: one line naming the flag, exit
+    status 2 (it was a ValueError's traceback on every rank)."""
+    from pipelines import train as train_module
+
+    one, two = str(make_ds(**EVEN)), str(make_ds(**{**EVEN, "seed": 1}))
+    argv = ["--dataset", one, two, "--steps", "1", "--device", "cpu", "--num-workers", "0", "--batch-size", "4"]
+    with caplog.at_level(logging.ERROR, logger="pipelines.train"):
+        assert train_module.main([*argv, "--rename-map", json.dumps({"observation.state": "action"})]) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, errors
+    assert re.fullmatch(rf"train\.py: --rename-map: {one}: rename_map gives \['action'\] to a key .*", errors[0])
+
+
 def test_mixture_options_and_pooled_statistics() -> None:
     from pipelines.train import pooled_stats
 
