@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
+import av
 import fsspec
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from lerobot_dali.cpu_decode import (
 from lerobot_dali.errors import CodecUnsupportedError, FrameRequestError, MissingDataFileError, VideoDecodeError
 from lerobot_dali.frame_marker import draw_marker
 from lerobot_dali.packet_index import build_packet_index
+from lerobot_dali.yuv_frames import frame_planes
 from tests.conftest import shared_dataset
 from tests.video_fixtures import (
     EPISODE_LENGTHS,
@@ -759,6 +761,30 @@ def test_decode_each_equals_a_decode_per_request(marker_video: MarkerVideo, pixe
             np.testing.assert_array_equal(got.luma, want.luma)
             np.testing.assert_array_equal(got.chroma, want.chroma)
             np.testing.assert_array_equal(got.matrix, want.matrix)
+
+
+@pytest.mark.parametrize("codec", ["h264", "av1"])
+def test_decode_each_stacks_a_files_rgb_windows_in_one_array(marker_video: MarkerVideo, codec: str) -> None:
+    """A file's RGB windows of several frames are slices of one array; every request, RGB or planes, holds an
+    independent full decode's frames bit for bit."""
+    path = marker_video(codec, 4)
+    index = build_packet_index(path)
+    requests = [np.array([5]), np.array([12, 11]), np.array([40, 40]), np.array([3])]
+    with av.open(str(path)) as container:
+        full = {f.pts: (f.to_ndarray(format="rgb24"), frame_planes(f)) for f in container.decode(video=0)}
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    rgb = decoder.decode_each(path, index, requests)
+    planes = decoder.decode_each(path, index, requests, pixels="planes")
+    for request, got_rgb, got_planes in zip(requests, rgb, planes, strict=True):
+        expected = [full[int(p)] for p in index.frame_pts[request]]
+        np.testing.assert_array_equal(got_rgb, np.stack([e[0] for e in expected]))
+        np.testing.assert_array_equal(got_planes.luma[..., 0], np.stack([e[1].luma for e in expected]))
+        np.testing.assert_array_equal(got_planes.chroma[..., 0], np.stack([e[1].chroma[0] for e in expected]))
+        np.testing.assert_array_equal(got_planes.chroma[..., 1], np.stack([e[1].chroma[1] for e in expected]))
+        assert all(a.flags.c_contiguous for a in (got_rgb, got_planes.luma, got_planes.chroma))
+    one_stack = _memory_owner(rgb[1]) is _memory_owner(rgb[2])
+    assert one_stack
+    decoder.close()
 
 
 def _memory_owner(array: np.ndarray) -> object:
