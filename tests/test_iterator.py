@@ -10,7 +10,6 @@ import logging
 import threading
 import time
 from collections import Counter
-from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +39,7 @@ from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.mixture import DALILeRobotMixture
 from lerobot_dali.packet_index import build_packet_index
 from tests.conftest import shared_dataset
-from tests.video_fixtures import count_decodes, reference_frames
+from tests.video_fixtures import count_decodes, reference_frames, write_undecodable_mp4
 
 LENGTHS = [5, 1, 7, 4, 6]
 FPS = 10
@@ -607,19 +606,8 @@ def _damage(root: Path, how: str) -> None:
     elif how == "missing_video":
         video.unlink()
     elif how == "unknown_codec":  # an MP4 whose codec neither DALI nor PyAV decodes
-        import av
-
-        if not hasattr(av.container.OutputContainer, "add_mux_stream"):
-            pytest.skip("muxing a stream without an encoder needs PyAV >= 16")
         video.unlink()
-        with av.open(str(video), "w", format="mp4") as container:
-            stream = container.add_mux_stream("evc", rate=FPS, width=128, height=96)
-            for i in range(12):
-                packet = av.Packet(bytes(range(40)))
-                packet.pts = packet.dts = i
-                packet.time_base = stream.time_base = Fraction(1, FPS)
-                packet.is_keyframe, packet.stream = i == 0, stream
-                container.mux(packet)
+        write_undecodable_mp4(video, frames=12, fps=FPS, width=128, height=96)
     elif how == "corrupt_packets":  # container intact, every packet after the first one garbage
         index = build_packet_index(video)
         raw = bytearray(video.read_bytes())

@@ -8,7 +8,6 @@ import json
 import logging
 import re
 import shutil
-from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,6 +21,7 @@ from lerobot_dali.dataset_check import check_dataset
 from lerobot_dali.decode_route import DecodePreference, DecodeRoute, route_for_codecs
 from lerobot_dali.errors import CodecUnsupportedError, SchemaMismatchError, VideoDecodeError
 from lerobot_dali.packet_index import build_packet_index
+from tests.video_fixtures import write_undecodable_mp4
 
 FPS = 10
 CAM = "observation.images.cam0"
@@ -262,26 +262,24 @@ def test_a_file_no_decoder_takes_is_left_out_of_the_survey_and_fails_when_reache
     it, as check reports it."""
     root = copy_ds(make_ds(**SPEC, codec=codec))
     (root / CUT).unlink()
-    with av.open(str(root / CUT), "w", format="mp4") as container:
-        stream = container.add_mux_stream("evc", rate=FPS, width=96, height=64)
-        for i in range(4):
-            packet = av.Packet(bytes(range(40)))
-            packet.pts = packet.dts = i
-            packet.time_base = stream.time_base = Fraction(1, FPS)
-            packet.is_keyframe, packet.stream = i == 0, stream
-            container.mux(packet)
-    it = DALILeRobotIterator(root, batch_size=5, device="cpu", shuffle=False, num_workers=0)
-    try:
-        with pytest.raises(CodecUnsupportedError, match=r"file-001\.mp4: FFmpeg finds no decoder"):
-            for _ in it:
-                pass
-    finally:
-        it.close()
+    write_undecodable_mp4(root / CUT, frames=4, fps=FPS, width=96, height=64)
+    _an_epoch_raises(root, CodecUnsupportedError, r"file-001\.mp4: FFmpeg finds no decoder", batch_size=5)
     problems = check_dataset(open_dataset(root), workers=0).problems
     assert [(p.episode_index, p.error) for p in problems] == [
         (2, "CodecUnsupportedError"),
         (3, "CodecUnsupportedError"),
     ]
+
+
+def _an_epoch_raises(root: Path, error: type[Exception], match: str, *, batch_size: int) -> None:
+    """The iterator over ``root`` builds (CPU mode, in-process), and a pass over it raises ``error``."""
+    it = DALILeRobotIterator(root, batch_size=batch_size, device="cpu", shuffle=False, num_workers=0)
+    try:
+        with pytest.raises(error, match=match):
+            for _ in it:
+                pass
+    finally:
+        it.close()
 
 
 #: A camera the workers decode on this machine (device='cpu'): H.264 in v2.1 (a file an episode), AV1 in v3.0.
@@ -333,13 +331,7 @@ def test_a_worker_decoded_cameras_unreadable_file_still_fails_when_a_batch_reach
     odd = f"videos/chunk-000/{CAM}/episode_000004.mp4"
     root = copy_ds(make_ds(**spec, codec="h264"))
     (root / odd).write_bytes(b"not a video" * 100)
-    it = DALILeRobotIterator(root, batch_size=8, device="cpu", shuffle=False, num_workers=0)
-    try:
-        with pytest.raises(VideoDecodeError, match=r"episode_000004\.mp4"):
-            for _ in it:
-                pass
-    finally:
-        it.close()
+    _an_epoch_raises(root, VideoDecodeError, r"episode_000004\.mp4", batch_size=8)
 
 
 def test_a_remote_worker_decoded_cameras_files_are_surveyed_through_the_packet_index_store(

@@ -36,7 +36,15 @@ from lerobot_dali.frame_lookup import (
 from lerobot_dali.packet_index import build_packet_index
 from lerobot_dali.packet_index_cache import PacketIndexCache, load_packet_index
 from tests.conftest import shared_dataset
-from tests.video_fixtures import EPISODE_LENGTHS, FPS, MarkerVideo, cr5_episodes, cr5_video, r1_video
+from tests.video_fixtures import (
+    EPISODE_LENGTHS,
+    FPS,
+    MarkerVideo,
+    cr5_episodes,
+    cr5_video,
+    r1_video,
+    write_undecodable_mp4,
+)
 
 
 def _demux_reference(path: Path) -> list[tuple[int, int, bool, bytes]]:
@@ -187,18 +195,7 @@ def test_truncated_and_corrupt_files(marker_video: MarkerVideo, tmp_path: Path) 
 
 
 def test_codec_without_any_decoder(tmp_path: Path) -> None:
-    if not hasattr(av.container.OutputContainer, "add_mux_stream"):
-        pytest.skip("muxing a stream without an encoder needs PyAV >= 16")
-    path = tmp_path / "evc.mp4"
-    with av.open(str(path), "w", format="mp4") as container:
-        stream = container.add_mux_stream("evc", rate=10, width=64, height=64)
-        for i in range(3):
-            packet = av.Packet(bytes(range(40)))
-            packet.pts = packet.dts = i
-            packet.time_base = Fraction(1, 10)
-            packet.is_keyframe = i == 0
-            packet.stream = stream
-            container.mux(packet)
+    path = write_undecodable_mp4(tmp_path / "evc.mp4", frames=3, fps=10, width=64, height=64)
     with pytest.raises(CodecUnsupportedError, match="evc.mp4.*names codec 'evc1': neither NVDEC.*re-encode it"):
         build_packet_index(path)
 

@@ -6,11 +6,13 @@ The session fixture ``marker_video`` in conftest.py encodes and caches the marke
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from fractions import Fraction
 from pathlib import Path
 
 import av
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 from lerobot_dali.frame_marker import draw_marker
 from lerobot_dali.generate import encode_video
@@ -129,3 +131,19 @@ def concatenate_stream_copy(out: Path, parts: list[Path]) -> Path:
                 output.mux(packet)
     listing.unlink()
     return out
+
+
+def write_undecodable_mp4(path: Path, *, frames: int, fps: int, width: int, height: int) -> Path:
+    """An MP4 of ``frames`` packets in a codec (EVC) FFmpeg muxes but has no decoder for: what neither DALI nor
+    PyAV decodes. Skips the test where PyAV (< 16) cannot mux a stream without an encoder."""
+    if not hasattr(av.container.OutputContainer, "add_mux_stream"):
+        pytest.skip("muxing a stream without an encoder needs PyAV >= 16")
+    with av.open(str(path), "w", format="mp4") as container:
+        stream = container.add_mux_stream("evc", rate=fps, width=width, height=height)
+        for i in range(frames):
+            packet = av.Packet(bytes(range(40)))
+            packet.pts = packet.dts = i
+            packet.time_base = stream.time_base = Fraction(1, fps)
+            packet.is_keyframe, packet.stream = i == 0, stream
+            container.mux(packet)
+    return path
