@@ -28,24 +28,45 @@ def _delta_timestamps(window: str, cameras: list[str], fps: float) -> dict[str, 
     return pair if window == "pair" else {**pair, "action": [i / fps for i in range(16)]}
 
 
+def worker_spec(dataset: str, *, batch_size: int, window: str, **options: Any) -> Any:
+    """The spec a DALI worker of a CPU-mode iterator over ``dataset`` gets (``options`` as the iterator takes
+    them), with ``window``'s delta_timestamps; the iterator is closed."""
+    from lerobot_dali import DALILeRobotIterator, open_dataset
+
+    reader = open_dataset(dataset)
+    deltas = _delta_timestamps(window, list(reader.camera_keys), reader.fps)
+    it = DALILeRobotIterator(
+        reader, batch_size=batch_size, delta_timestamps=deltas, device="cpu", num_workers=0, **options
+    )
+    iter(it)  # (builds the pipeline, and with it the workers' spec)
+    spec = it._spec
+    it.close()
+    return spec
+
+
+def top_functions(profiler: cProfile.Profile, batches: int, *, batch_size: int | None = None) -> list[str]:
+    """The 25 costliest functions, cumulative (callees included): ms per batch, with ``batch_size`` us per sample,
+    calls per batch."""
+    stats = pstats.Stats(profiler)
+    rows = sorted(stats.stats.items(), key=lambda item: item[1][3], reverse=True)  # type: ignore[attr-defined]
+    return [
+        f"{cumulative / batches * 1e3:8.2f} ms "
+        + ("" if batch_size is None else f"{cumulative / batches / batch_size * 1e6:7.1f} us ")
+        + f"{calls / batches:7.1f} calls  {path.rsplit('/', 1)[-1]}:{line}({name})"
+        for (path, line, name), (_, calls, _, cumulative, _) in rows[:25]
+    ]
+
+
 def clip_route_source(dataset: str, *, batch_size: int, window: str, frame_index: bool) -> Any:
     """A :class:`~lerobot_dali.batch_source.BatchSource` whose cameras all send clips: each camera's route as a GPU
     machine would pick it (NVDEC for what DALI's CPU decoder does not take) whatever this machine has."""
-    from lerobot_dali import DALILeRobotIterator, open_dataset
     from lerobot_dali.batch_source import BatchSource, CameraFormat
     from lerobot_dali.dali_graph import CameraFeed
     from lerobot_dali.decode_route import DecodeRoute
     from lerobot_dali.packet_index_cache import PacketIndexCache
 
-    reader = open_dataset(dataset)
-    deltas = _delta_timestamps(window, list(reader.camera_keys), reader.fps)
     lookup = {"timestamp_source": "frame_index"} if frame_index else {}
-    it = DALILeRobotIterator(
-        reader, batch_size=batch_size, delta_timestamps=deltas, device="cpu", num_workers=0, **lookup
-    )
-    iter(it)  # (builds the pipeline, and with it the workers' spec)
-    spec = it._spec
-    it.close()
+    spec = worker_spec(dataset, batch_size=batch_size, window=window, **lookup)
     feeds, formats = {}, {}
     for camera, feed in spec.camera_feeds.items():
         if feed.route is DecodeRoute.CPU_FALLBACK:  # (decoded in the workers here: NVDEC's on a GPU machine)
@@ -78,14 +99,7 @@ def measure(source: Any, *, batches: int, warmup: int, profile: bool) -> dict[st
         "clips_per_batch": batch_size * len(source.spec.camera_feeds),
     }
     if profiler is not None:
-        stats = pstats.Stats(profiler)
-        rows = sorted(stats.stats.items(), key=lambda item: item[1][3], reverse=True)  # type: ignore[attr-defined]
-        # One line per function: its ms per batch, us per sample, calls per batch, cumulative (callees included).
-        result["top_cumulative"] = [
-            f"{cumulative / batches * 1e3:8.2f} ms {cumulative / batches / batch_size * 1e6:7.1f} us "
-            f"{calls / batches:7.1f} calls  {path.rsplit('/', 1)[-1]}:{line}({name})"
-            for (path, line, name), (_, calls, _, cumulative, _) in rows[:25]
-        ]
+        result["top_cumulative"] = top_functions(profiler, batches, batch_size=batch_size)
     return result
 
 

@@ -22,7 +22,6 @@ import contextlib
 import cProfile
 import dataclasses
 import json
-import pstats
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -30,17 +29,11 @@ from typing import Any
 import av
 import numpy as np
 from av.video.reformatter import VideoReformatter
+from batch_cpu import top_functions, worker_spec  # (a sibling script, as row_groups imports child_process)
 
 #: Windows a policy trains with: one frame; cameras and state at (-0.1 s, 0) and 16 actions.
 WINDOWS = ("frame", "chunk")
 PIXELS = ("planes", "rgb")
-
-
-def _delta_timestamps(window: str, cameras: list[str], fps: float) -> dict[str, list[float]] | None:
-    if window == "frame":
-        return None
-    pair = {key: [-0.1, 0.0] for key in [*cameras, "observation.state"]}
-    return {**pair, "action": [i / fps for i in range(16)]}
 
 
 def fallback_source(
@@ -49,22 +42,14 @@ def fallback_source(
     """A :class:`~lerobot_dali.batch_source.BatchSource` whose video cameras the worker decodes with PyAV, shipping
     ``pixels``: planes as a GPU machine picks for the CPU fallback, or RGB (resized to ``worker_size``) as CPU mode
     does, whatever this machine has and whatever codec the files hold."""
-    from lerobot_dali import DALILeRobotIterator, open_dataset
     from lerobot_dali.batch_source import BatchSource, CameraFormat
     from lerobot_dali.cpu_decode import CpuDecodeOptions, CpuDecoderBackend
     from lerobot_dali.dali_graph import CameraFeed
     from lerobot_dali.decode_route import DecodeRoute
     from lerobot_dali.packet_index_cache import PacketIndexCache
 
-    reader = open_dataset(dataset)
-    deltas = _delta_timestamps(window, list(reader.camera_keys), reader.fps)
     options = CpuDecodeOptions(backend=CpuDecoderBackend.PYAV)
-    it = DALILeRobotIterator(
-        reader, batch_size=batch_size, delta_timestamps=deltas, device="cpu", num_workers=0, cpu_decode=options
-    )
-    iter(it)  # (builds the pipeline, and with it the workers' spec)
-    spec = it._spec
-    it.close()
+    spec = worker_spec(dataset, batch_size=batch_size, window=window, cpu_decode=options)
     feeds, formats = {}, {}
     for camera in spec.camera_feeds:
         route = DecodeRoute.CPU_FALLBACK
@@ -245,13 +230,7 @@ def measure(source: Any, *, batches: int, warmup: int, rounds: int, profile: boo
     if decode_only:
         result["decode_only_batch_ms"] = round(decode_s / timed * 1e3, 2)
     if profiler is not None:
-        stats = pstats.Stats(profiler)
-        rows = sorted(stats.stats.items(), key=lambda item: item[1][3], reverse=True)  # type: ignore[attr-defined]
-        # One line per function: its ms per batch, calls per batch, cumulative (callees included).
-        result["top_cumulative"] = [
-            f"{cumulative / timed * 1e3:8.2f} ms {calls / timed:7.1f} calls  {path.rsplit('/', 1)[-1]}:{line}({name})"
-            for (path, line, name), (_, calls, _, cumulative, _) in rows[:25]
-        ]
+        result["top_cumulative"] = top_functions(profiler, timed)
     return result
 
 
