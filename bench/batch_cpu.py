@@ -106,12 +106,15 @@ def measure(source: Any, *, batches: int, warmup: int, profile: bool) -> dict[st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("``", ""))
     parser.add_argument("--dataset", required=True, help="a LeRobot dataset folder (lerobot_dali.generate makes some)")
-    parser.add_argument("--batch-size", type=int, default=256, help="(default 256)")
+    parser.add_argument("--batch-size", type=int, default=256, help="(default %(default)s)")
     parser.add_argument(
-        "--window", choices=WINDOWS, default="pair", help="frame, pair (-0.1 s, 0) or pair + 16 actions (default pair)"
+        "--window",
+        choices=WINDOWS,
+        default="pair",
+        help="frame, pair (-0.1 s, 0) or pair + 16 actions (default %(default)s)",
     )
-    parser.add_argument("--batches", type=int, default=10, help="batches timed, after --warmup (default 10)")
-    parser.add_argument("--warmup", type=int, default=3, help="(default 3)")
+    parser.add_argument("--batches", type=int, default=10, help="batches timed, after --warmup (default %(default)s)")
+    parser.add_argument("--warmup", type=int, default=3, help="(default %(default)s)")
     parser.add_argument("--frame-index", action="store_true", help="look frames up by frame_index / fps (cr5_*)")
     parser.add_argument("--profile", action="store_true", help="also the 25 costliest functions, cumulative")
     args = parser.parse_args()

@@ -242,9 +242,12 @@ def _size(text: str) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("``", ""))
     parser.add_argument("--dataset", required=True, help="a LeRobot dataset folder (lerobot-dali make-dataset)")
-    parser.add_argument("--batch-size", type=int, default=64, help="(default 64)")
+    parser.add_argument("--batch-size", type=int, default=64, help="(default %(default)s)")
     parser.add_argument(
-        "--window", choices=WINDOWS, default="frame", help="one frame, or (-0.1 s, 0) + 16 actions (default frame)"
+        "--window",
+        choices=WINDOWS,
+        default="frame",
+        help="one frame, or (-0.1 s, 0) + 16 actions (default %(default)s)",
     )
     parser.add_argument(
         "--pixels",
@@ -258,9 +261,9 @@ def main() -> None:
         default=None,
         help="rgb only: HxW the worker resizes to (default: the video's size)",
     )
-    parser.add_argument("--batches", type=int, default=8, help="batches timed, after --warmup (default 8)")
-    parser.add_argument("--rounds", type=int, default=2, help="times the batches are timed over (default 2)")
-    parser.add_argument("--warmup", type=int, default=3, help="(default 3)")
+    parser.add_argument("--batches", type=int, default=8, help="batches timed, after --warmup (default %(default)s)")
+    parser.add_argument("--rounds", type=int, default=2, help="times the batches are timed over (default %(default)s)")
+    parser.add_argument("--warmup", type=int, default=3, help="(default %(default)s)")
     parser.add_argument("--decode-only", action="store_true", help="also the floor without conversion or copies")
     parser.add_argument("--profile", action="store_true", help="also the worker's 25 costliest functions")
     args = parser.parse_args()

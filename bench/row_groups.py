@@ -78,13 +78,13 @@ def measure_iterator(root: str, store: str, min_group_rows: int, batches: int) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("``", ""))
-    parser.add_argument("--episodes", type=int, default=3400, help="(default 3400)")
-    parser.add_argument("--frames", type=int, default=300, help="per episode (default 300)")
+    parser.add_argument("--episodes", type=int, default=3400, help="(default %(default)s)")
+    parser.add_argument("--frames", type=int, default=300, help="per episode (default %(default)s)")
     parser.add_argument(
-        "--batches", type=int, default=100, help="iterator batches of 256 timed per setting (default 100)"
+        "--batches", type=int, default=100, help="iterator batches of 256 timed per setting (default %(default)s)"
     )
     parser.add_argument(
-        "--min-group-rows", type=int, default=4_096, help="the store's threshold (default 4096, its own)"
+        "--min-group-rows", type=int, default=4_096, help="the store's threshold (default %(default)s, its own)"
     )
     parser.add_argument("--out", type=Path, default=None, help="folder for the dataset and store (default: temp)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)

@@ -288,9 +288,9 @@ def measure_ceilings(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dataset", help="local LeRobot dataset folder")
-    parser.add_argument("--max-frames", type=int, default=3000, help="frames decoded per ceiling (default 3000)")
+    parser.add_argument("--max-frames", type=int, default=3000, help="frames decoded per ceiling (default %(default)s)")
     parser.add_argument(
-        "--run-frames", type=int, default=128, help="consecutive frames per decode task, at least (default 128)"
+        "--run-frames", type=int, default=128, help="consecutive frames per decode task, at least (default %(default)s)"
     )
     parser.add_argument("--no-gpu", action="store_true", help="skip the DALI GPU ceiling")
     parser.add_argument("--planes", action="store_true", help="also measure decode to YUV planes without a GPU")

@@ -109,14 +109,18 @@ def parse_args(argv: Sequence[str] | None = None) -> PolicyTrainOptions:
         "--policy-arg", action="append", type=_policy_arg, default=[], metavar="KEY=VALUE",
         help="a field of the policy's config, VALUE as JSON (chunk_size=50, pretrained_backbone_weights=null)",
     )  # fmt: skip
-    parser.add_argument("--steps", type=int, default=1000, help="optimiser steps in total (default 1000)")
-    parser.add_argument("--batch-size", type=int, default=8, help="samples per rank per step (default 8)")
-    parser.add_argument("--num-workers", type=int, default=4, help="DALI worker processes per rank (default 4)")
-    parser.add_argument("--episode-pool-size", type=int, default=64, help="episodes sampled from at once (default 64)")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="(default cuda)")
-    parser.add_argument("--decode", choices=("auto", "gpu", "cpu"), default="auto", help="(default auto)")
+    parser.add_argument("--steps", type=int, default=1000, help="optimiser steps in total (default %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=8, help="samples per rank per step (default %(default)s)")
+    parser.add_argument(
+        "--num-workers", type=int, default=4, help="DALI worker processes per rank (default %(default)s)"
+    )
+    parser.add_argument(
+        "--episode-pool-size", type=int, default=64, help="episodes sampled from at once (default %(default)s)"
+    )
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="(default %(default)s)")
+    parser.add_argument("--decode", choices=("auto", "gpu", "cpu"), default="auto", help="(default %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--log-every", type=int, default=50, help="steps between loss logs (default 50)")
+    parser.add_argument("--log-every", type=int, default=50, help="steps between loss logs (default %(default)s)")
     parser.add_argument("--output-dir", type=Path, help="save the trained policy and its processors here")
     parser.add_argument("--checkpoint-dir", type=Path, help="checkpoints for --resume (as pipelines/train.py's)")
     parser.add_argument("--save-every", type=int, default=0, help="steps between checkpoints (0: at the end only)")

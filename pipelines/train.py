@@ -221,10 +221,10 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     p.add_argument(
         "--cameras", nargs="+", metavar="KEY", help="read only these cameras (default: all that info.json declares)"
     )
-    p.add_argument("--batch-size", type=int, default=64, help="samples per rank per step (default 64)")
-    p.add_argument("--device", choices=_DEVICES, default="cuda", help="(default cuda)")
+    p.add_argument("--batch-size", type=int, default=64, help="samples per rank per step (default %(default)s)")
+    p.add_argument("--device", choices=_DEVICES, default="cuda", help="(default %(default)s)")
     p.add_argument(
-        "--num-workers", type=int, default=4, help="DALI worker processes per rank (0: in-process; default 4)"
+        "--num-workers", type=int, default=4, help="DALI worker processes per rank (0: in-process; default %(default)s)"
     )
     p.add_argument(
         "--recipe",
@@ -237,10 +237,14 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         help=f"actions predicted per sample: action deltas 0..chunk-1 frames (default {DEFAULT_CHUNK});\n"
         "with --recipe, the length of its action window (which keeps its first offset)",
     )
-    p.add_argument("--lr", type=float, default=1e-3, help="(default 0.001)")
-    p.add_argument("--grad-clip", type=float, default=10.0, help="max gradient norm (0: no clipping; default 10)")
+    p.add_argument("--lr", type=float, default=1e-3, help="(default %(default)s)")
+    p.add_argument(
+        "--grad-clip", type=float, default=10.0, help="max gradient norm (0: no clipping; default %(default)s)"
+    )
     p.add_argument("--seed", type=int, default=0, help="model init and sample order (same on every rank)")
-    p.add_argument("--episode-pool-size", type=int, default=64, help="episodes sampled from at once (default 64)")
+    p.add_argument(
+        "--episode-pool-size", type=int, default=64, help="episodes sampled from at once (default %(default)s)"
+    )
     p.add_argument(
         "--episode-piece-frames",
         type=int,
@@ -257,7 +261,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     p.add_argument("--augment", type=Path, help="augmentation TOML (pipelines/recipes/augment_example.toml)")
     p.add_argument(
         "--decode", default="auto", metavar="{auto,gpu,cpu}",
-        help="auto: NVDEC where the GPU has the codec, else the CPU; gpu: NVDEC or fail; cpu (default auto)",
+        help="auto: NVDEC where the GPU has the codec, else the CPU; gpu: NVDEC or fail; cpu (default %(default)s)",
     )  # fmt: skip
     p.add_argument(
         "--timestamp-source",
@@ -285,7 +289,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         help="read the --dataset datasets as one (one layout: one pipeline, samples in proportion to\n"
         "frames), not as a mixture; for many datasets",
     )  # fmt: skip
-    p.add_argument("--mixed-precision", choices=_PRECISIONS, default="no", help="(default no)")
+    p.add_argument("--mixed-precision", choices=_PRECISIONS, default="no", help="(default %(default)s)")
     p.add_argument("--checkpoint-dir", type=Path)
     p.add_argument("--save-every", type=int, default=0, help="checkpoint every S steps (0: only at the end)")
     p.add_argument("--resume", action="store_true", help="continue from CHECKPOINT_DIR/latest if there is one")
