@@ -35,6 +35,7 @@ from lerobot_dali.frame_marker import (
     draw_marker,
 )
 from lerobot_dali.new_folder import refuse_taken, write_new_folder
+from lerobot_dali.thread_priority import kept_thread_priority
 from lerobot_dali.video_encoding import CODECS, check_codec, encoder_settings
 from lerobot_dali.video_encoding import check_bounded_int as _check_int
 
@@ -112,6 +113,8 @@ def encode_video(
                     stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
                     stream.codec_context.time_base = time_base
                     stream.options = settings.options
+                    with kept_thread_priority():  # (SVT-AV1, run as root, left this thread real-time)
+                        stream.codec_context.open()
                 elif (height, width) != (stream.height, stream.width):
                     raise ValueError(
                         f"Frame {frame_index} for {path} is {height}x{width}, but the first frame "

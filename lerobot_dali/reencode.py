@@ -50,6 +50,7 @@ from .new_folder import refuse_resumable_taken, write_resumable_folder
 from .packet_index import PacketIndex, build_packet_index
 from .parent_watch import exit_with_parent
 from .progress_lines import progress_counter
+from .thread_priority import kept_thread_priority
 from .video_encoding import check_bounded_int, encoder_settings
 from .worker_start import log_like_trainer, package_log_level, skipping_main
 
@@ -472,7 +473,8 @@ def _encode(source: Any, job: _Job, path: Path, index: PacketIndex) -> None:
         out.codec_context.thread_count = job.threads
         out.options = settings.options
         try:
-            out.codec_context.open()
+            with kept_thread_priority():  # (SVT-AV1, run as root, left this thread real-time)
+                out.codec_context.open()
         except av.error.FFmpegError as e:  # (not the file's fault: it would be named corrupt)
             raise _encoder_refused(label, settings.encoder, decoder.width, decoder.height, pix_fmt, e) from e
         said = time.monotonic()

@@ -40,6 +40,32 @@ def _warnings_said_afresh(tmp_path_factory: pytest.TempPathFactory, monkeypatch:
     monkeypatch.setenv(said_once.SAID_ENV, str(tmp_path_factory.mktemp("said")))
 
 
+@pytest.fixture
+def realtime_allowed() -> Iterator[None]:
+    """Skip unless this process may switch a thread to real-time priority (root with CAP_SYS_NICE, on Linux), the one
+    case where SVT-AV1 does. The test starts with the calling thread at ``SCHED_OTHER`` (another fixture's encode may
+    have raised it), and the thread's policy of before is set back afterwards, whatever the test left."""
+    if not hasattr(os, "sched_setscheduler") or os.geteuid() != 0:
+        pytest.skip("SVT-AV1 raises a thread's priority only when run as root, on Linux")
+    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    except PermissionError:
+        pytest.skip("this process may not use real-time priority (no CAP_SYS_NICE)")
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    try:
+        yield
+    finally:
+        os.sched_setscheduler(0, policy, param)
+
+
+def thread_policies() -> dict[int, tuple[int, int]]:
+    """(policy, priority) of each thread of this process, by thread id."""
+    from lerobot_dali.thread_priority import _policy, _thread_ids
+
+    return {thread: policy for thread in _thread_ids() if (policy := _policy(thread)) is not None}
+
+
 @pytest.fixture(scope="session")
 def make_ds(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """Generate (once per session and argument set) a dataset with ``lerobot_dali.generate.make_dataset``."""

@@ -8,7 +8,9 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 
@@ -37,6 +39,7 @@ from lerobot_dali.generate import (
     make_dataset,
     task_name,
 )
+from tests.conftest import thread_policies
 
 
 def _decode(path: Path) -> list[tuple[float, np.ndarray]]:
@@ -155,6 +158,24 @@ def test_encode_video_short_hevc_clip_in_fresh_process(tmp_path: Path, frame_cou
     result = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     assert [read_marker(frame) for _, frame in _decode(path)] == [(0, i) for i in range(frame_count)]
+
+
+def test_an_av1_encode_leaves_no_thread_real_time(tmp_path: Path, realtime_allowed: None) -> None:
+    """SVT-AV1, run as root, switched the thread that opened it to real-time FIFO priority 99 for good, and the
+    encoder's threads inherited it: a make-dataset beside a process so raised never got past its first encoder, and
+    a test session ran real-time from its first AV1 fixture on (lerobot_dali.thread_priority)."""
+    while_encoding: dict[int, tuple[int, int]] = {}
+
+    def frames() -> Iterator[np.ndarray]:
+        for index in range(8):
+            if index == 6:  # (the encoder and its threads run: it opened at frame 0, after the first 4 were drawn)
+                while_encoding.update(thread_policies())
+            yield draw_marker(0, index, 64, 64)
+
+    encode_video(tmp_path / "v.mp4", frames(), fps=30, codec="av1", gop=30)
+    raised = {thread: policy for thread, policy in while_encoding.items() if policy[0] == os.SCHED_FIFO}
+    assert len(while_encoding) > 10 and raised == {}  # (SVT-AV1 runs dozens of threads)
+    assert thread_policies()[threading.get_native_id()] == (os.SCHED_OTHER, 0)
 
 
 @pytest.mark.parametrize(("codec", "gop"), [("av1", 2), ("h264", 5), ("hevc", 4), ("vp9", 3), ("h264", 1)])

@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from lerobot_dali.generate import expected_state
 from lerobot_dali.packet_index import build_packet_index
 from lerobot_dali.reencode import reencode_dataset
 from lerobot_dali.video_encoding import CODECS
-from tests.conftest import shared_dataset
+from tests.conftest import shared_dataset, thread_policies
 from tests.process_tree import assert_workers_end_with, kill_all, spawned_workers
 from tests.video_fixtures import damage_av1_frame_size, reference_frames
 
@@ -664,6 +665,22 @@ def test_a_long_file_says_how_far_it_got(
     assert video.frames == frames and not video.resumed
     lines = [r.getMessage() for r in caplog.records if r.getMessage().endswith("frames re-encoded")]
     assert lines == [f"{long_gop_ds / relative}: {done} of {frames} frames re-encoded" for done in range(frames)]
+
+
+def test_an_av1_reencode_gives_its_worker_its_priority_back(
+    long_gop_ds: Path, tmp_path: Path, realtime_allowed: None
+) -> None:
+    """A worker that opened SVT-AV1 as root ran real-time from then on, its later files' decoders with it
+    (lerobot_dali.thread_priority). Here the worker's function runs in this process."""
+    from lerobot_dali import reencode
+
+    relative = "videos/observation.images.cam0/chunk-000/file-000.mp4"
+    job = reencode._Job(
+        str(long_gop_ds / relative), None, str(tmp_path / "out.mp4"), relative, "observation.images.cam0", "av1", 2,
+        None, 1,
+    )  # fmt: skip
+    assert reencode._reencode_file(job).frames == len(_instants(long_gop_ds / relative))
+    assert thread_policies()[threading.get_native_id()] == (os.SCHED_OTHER, 0)
 
 
 def test_workers_exit_when_the_reencode_process_is_killed(long_gop_ds: Path, tmp_path: Path) -> None:
