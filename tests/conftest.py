@@ -40,6 +40,17 @@ def _warnings_said_afresh(tmp_path_factory: pytest.TempPathFactory, monkeypatch:
     monkeypatch.setenv(said_once.SAID_ENV, str(tmp_path_factory.mktemp("said")))
 
 
+@pytest.fixture(autouse=True)
+def _scheduling_kept() -> Iterator[None]:
+    """Each test ends with this thread's scheduling policy as it began: a test that opens libsvtav1 itself, as root,
+    left the rest of the session real-time (lerobot_dali.thread_priority), and the machine's other processes with 5%
+    of the CPUs while it computed."""
+    from lerobot_dali.thread_priority import kept_thread_priority
+
+    with kept_thread_priority():
+        yield
+
+
 @pytest.fixture
 def realtime_allowed() -> Iterator[None]:
     """Skip unless this process may switch a thread to real-time priority (root with CAP_SYS_NICE, on Linux), the one
