@@ -269,6 +269,15 @@ class BatchSource:
             entries_in_use=pooled * len(self.spec.image_keys),
         )
 
+    def close(self) -> None:
+        """Close the decoders and data files this process opened for its batches and drop its caches (later batches
+        open them again). A pipeline without workers calls this source in the training process, and DALI's pipeline
+        is a reference cycle: once closed it kept them (an epoch's decoders, data files and rows) until the cycle
+        collector ran, so each iterator built and dropped held on to a few more open files."""
+        self._decoder.close()
+        self.spec.reader.close_files()
+        self._init_caches()
+
     def __getstate__(self) -> dict[str, Any]:
         return {"spec": self.spec, "fields": self.fields}
 

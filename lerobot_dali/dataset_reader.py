@@ -123,6 +123,11 @@ class LeRobotDatasetReader:
         #: Data files written as one big row group are read from memory-mapped Arrow copies on local disk.
         self.column_store: ColumnStore | None = ColumnStore()
 
+    def close_files(self) -> None:
+        """Close the data files this process holds open for the reader (a union's: every member's); the next read
+        opens them again."""
+        self._parquet.close()
+
     def with_location(self, location: DatasetLocation) -> LeRobotDatasetReader:
         """The same dataset read through other filesystems (e.g. the prefetch cache in front of the remote)."""
         return self._copy(location, self.episodes, self.tasks)

@@ -215,6 +215,16 @@ class ParquetCache:
                     old.close(force=True)  # (without force pyarrow leaves a handle it did not open to the GC)
             return self._counted(parquet, read)
 
+    def close(self) -> None:
+        """Close every open file now (one being read closes when its read ends); later reads open them again."""
+        with self._lock:
+            files = list(self._open.values())
+            self._open.clear()
+            self._footer_bytes = 0
+            for parquet in files:
+                if parquet not in self._readers:
+                    parquet.close(force=True)
+
     def _counted(self, parquet: pq.ParquetFile, read: bool) -> pq.ParquetFile:
         if read:
             self._readers[parquet] = self._readers.get(parquet, 0) + 1

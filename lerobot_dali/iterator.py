@@ -245,6 +245,7 @@ class DALILeRobotIterator:
             index_store=self._index_store,
         )
         self._pipeline: Any = None
+        self._source: BatchSource | None = None  # the pipeline's, which its reference cycles keep: closed with it
         self._dali_iter: Any = None
         self._fingerprint: str | None = None
         # Held while a pass builds its pipeline or is inside DALI's next(): close() from another thread must not
@@ -573,6 +574,7 @@ class DALILeRobotIterator:
             try:
                 _close_workers(pipe)
                 pipe._shutdown()
+                source.close()
             except Exception as cleanup:  # (a half-built pipeline: the build's own error is the one to raise)
                 logger.debug("closing the pipeline that failed to build: %r", cleanup)
             if not isinstance(e, Exception):
@@ -585,7 +587,7 @@ class DALILeRobotIterator:
                     "Otherwise the workers' traceback above says why."
                 ) from e
             _raise_original(e)
-        self._pipeline = pipe
+        self._pipeline, self._source = pipe, source
 
     def _epoch_batches(self, pass_id: int) -> Iterator[dict[str, Any]]:
         try:
@@ -677,15 +679,16 @@ class DALILeRobotIterator:
         epoch, start = self._stream.epoch, self._stream.samples_consumed
         # The batches DALI may have had in flight: the external source's queue plus the pipeline's.
         stop = min(self._stream.num_samples(), start + (2 * self._prefetch + 2) * self.batch_size)
+        source = BatchSource(self._spec)
         try:
-            return locate_clip_failure(
-                BatchSource(self._spec), epoch, start, stop, device_id=self._device_id, cause=error
-            )
+            return locate_clip_failure(source, epoch, start, stop, device_id=self._device_id, cause=error)
         except DatasetError as e:  # rebuilding the clips failed: that error names its file
             return e
         except Exception:  # anything else says less than the original (which names the samples): keep that
             logger.warning("rebuilding the clips after a pipeline failure failed too", exc_info=True)
             return None
+        finally:
+            source.close()
 
     def _to_batch(self, out: dict[str, torch.Tensor]) -> dict[str, Any]:
         batch: dict[str, Any] = {}
@@ -740,16 +743,19 @@ class DALILeRobotIterator:
     def _close_pipeline(self) -> None:
         """Shut the pipeline and its worker processes down now: a generator from ``iter(it)`` (or the traceback
         of a failed pass) may still hold it, and would keep the workers running until garbage collection."""
-        pipeline = getattr(self, "_pipeline", None)
+        pipeline, source = getattr(self, "_pipeline", None), getattr(self, "_source", None)
         self._pipeline_next = None
         self._dali_iter = None
-        self._pipeline = None
+        self._pipeline = self._source = None
         if pipeline is not None:
             _close_workers(pipeline)
             pipeline._shutdown()
+        if source is not None:  # (without workers it ran here, and opened files)
+            source.close()
 
     def close(self) -> None:
-        """Stop the worker processes (and the prefetcher) now rather than at garbage collection.
+        """Stop the worker processes (and the prefetcher) and close the files and decoders a pipeline without workers
+        opened here, now rather than at garbage collection.
 
         Safe from another thread: a pass waiting in DALI's next() there is woken (its workers are stopped) and
         raises :class:`IteratorClosedError`; this call returns once that pass has let the pipeline go."""

@@ -1,10 +1,12 @@
 """Tests that kill a process and watch its worker processes: find the workers, check they end with it, and clean
-up whatever is left."""
+up whatever is left; and what this process holds open."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -44,3 +46,14 @@ def kill_all(parent: subprocess.Popen, children: list[psutil.Process]) -> None:
     for tracker in stuck:
         with contextlib.suppress(psutil.NoSuchProcess):
             tracker.kill()
+
+
+def open_files_under(folder: Path) -> list[str]:
+    """The files under ``folder`` this process holds open (from /proc/self/fd)."""
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue
+    return [link for link in links if link.startswith(str(folder))]

@@ -236,6 +236,28 @@ def test_open_parquet_files_are_bounded_by_count_and_footer_bytes(tmp_path: Path
     assert [h.closed for h in handles] == [True, False, False, False]  # an evicted file's handle is closed
 
 
+def test_closing_the_parquet_files_leaves_a_read_in_progress_its_file(tmp_path: Path) -> None:
+    from lerobot_dali.episode_rows import ParquetCache
+
+    paths = [str(tmp_path / f"f{i}.parquet") for i in range(2)]
+    for path in paths:
+        pq.write_table(pa.table({"x": np.arange(10)}), path)
+    handles = []
+
+    def open_file(path: str):
+        handles.append(open(path, "rb"))  # noqa: SIM115 (the cache owns it)
+        return handles[-1]
+
+    cache = ParquetCache(open_file)
+    cache.get(paths[0])
+    with cache.reading(paths[1]) as parquet:
+        cache.close()
+        assert [h.closed for h in handles] == [True, False]
+        assert parquet.read().column("x").to_pylist() == list(range(10))
+    assert [h.closed for h in handles] == [True, True] and cache._open == {}
+    assert cache.get(paths[0]).metadata.num_rows == 10 and not handles[2].closed  # opened again
+
+
 def test_episodes_of_one_data_file_convert_its_schema_once(make_ds, monkeypatch) -> None:
     """Before, each episode read converted its data file's footer schema to Arrow again, twice where the column store
     is asked (ParquetFile.schema_arrow converts at each access: ~80 us, a tenth of reading a 2-frame episode's rows);

@@ -22,6 +22,7 @@ from lerobot_dali.episode_ranges import EpisodeRanges
 from lerobot_dali.range_cache import ByteRange, CacheBusyError, RangeCache, entry_dir
 from lerobot_dali.sample_order import OrderOptions, SampleOrder
 from tests.fake_remote import FakeRemoteFileSystem
+from tests.process_tree import open_files_under
 from tests.test_iterator import DELTAS, LENGTHS, _check_sample, _dataset, _samples
 
 DATA_KINDS = ("open", "read", "cat_file")
@@ -317,16 +318,6 @@ def test_cached_file_reads_equal_remote_bytes_and_skip_the_remote_when_covered(t
     assert fs.cat_file("f.bin", 999, 5001) == blob[999:5001]
 
 
-def _open_files_under(folder: Path) -> list[str]:
-    links = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            links.append(os.readlink(f"/proc/self/fd/{fd}"))
-        except OSError:
-            continue
-    return [link for link in links if link.startswith(str(folder))]
-
-
 def test_a_cached_file_holds_one_entry_open_however_many_it_reads(tmp_path: Path) -> None:
     """A long-lived parquet file read through the cache held one open file per entry, evicted ones included."""
     blob = random.Random(7).randbytes(40_000)
@@ -341,9 +332,9 @@ def test_a_cached_file_holds_one_entry_open_however_many_it_reads(tmp_path: Path
         for key in keys:
             f.seek(key.start + 10)
             assert f.read(500) == blob[key.start + 10 : key.start + 510]
-            assert len(_open_files_under(cache_dir / entry_dir("", "f.bin", version).name)) <= 1
+            assert len(open_files_under(cache_dir / entry_dir("", "f.bin", version).name)) <= 1
     assert fs.counters["cached_reads"] == len(keys) and fs.counters["remote_reads"] == 0
-    assert _open_files_under(cache_dir / entry_dir("", "f.bin", version).name) == []
+    assert open_files_under(cache_dir / entry_dir("", "f.bin", version).name) == []
 
 
 def test_episode_ranges_cover_every_read_of_the_episode(make_ds, tmp_path: Path) -> None:
