@@ -36,6 +36,7 @@ __all__ = [
     "prune_unused_files",
     "sweep_cutoff",
     "try_flock",
+    "wait_for_entry_lock",
     "wait_for_flock",
 ]
 
@@ -140,6 +141,22 @@ def wait_for_flock(path: Path, *, ready: Path, wait_s: float, poll_s: float) -> 
         if lock is not None or ready.exists() or time.monotonic() > deadline:
             return lock
         time.sleep(poll_s)
+
+
+def wait_for_entry_lock(entry: Path, *, wait_s: float, poll_s: float) -> IO[bytes] | None:
+    """The lock beside store entry ``entry`` (:func:`lock_file`), for a process about to build it: taken once no
+    other process holds it (:func:`wait_for_flock`). None as soon as ``entry`` exists (load it instead), after
+    ``wait_s`` (a holder that stalls: logged), or where no lock can be made (a read-only folder); the caller then
+    builds the entry without one."""
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        lock = wait_for_flock(lock_file(entry), ready=entry, wait_s=wait_s, poll_s=poll_s)
+    except OSError as e:
+        logger.debug("%s: no lock can be made beside it (%s); building it without one", entry, e)
+        return None
+    if lock is None and not entry.exists():
+        logger.warning("%s: another process has held its lock for %.0f s; reading without it", entry, wait_s)
+    return lock
 
 
 def delete_if_unchanged(path: Path, read: os.stat_result | None) -> None:

@@ -22,7 +22,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import NamedTuple
 
 from .cache_dirs import (
     LOCK_FILES,
@@ -31,10 +31,9 @@ from .cache_dirs import (
     cache_root,
     delete_if_unchanged,
     drop_lock_file,
-    lock_file,
     mark_used,
     prune_unused_files,
-    wait_for_flock,
+    wait_for_entry_lock,
 )
 from .file_stamps import FileStamps
 
@@ -85,7 +84,7 @@ def cached_footers(
     found = _load(entry, paths)
     if found is not None:
         return found
-    lock = _wait_for_lock(entry)
+    lock = wait_for_entry_lock(entry, wait_s=WAIT_S, poll_s=_POLL_S)
     try:
         found = _load(entry, paths)  # (written by the process that held the lock)
         if found is not None:
@@ -100,20 +99,6 @@ def cached_footers(
     finally:
         if lock is not None:
             lock.close()
-
-
-def _wait_for_lock(entry: Path) -> IO[bytes] | None:
-    """The entry's lock, taken once no other process holds it (None: not within :data:`WAIT_S`, or no lock can
-    be made here; the caller then reads without one)."""
-    try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        lock = wait_for_flock(lock_file(entry), ready=entry, wait_s=WAIT_S, poll_s=_POLL_S)
-    except OSError as e:
-        logger.debug("row count store %s unusable (%s); reading the files", entry.parent, e)
-        return None
-    if lock is None and not entry.exists():
-        logger.warning("%s: another process has held its lock for %.0f s; reading without it", entry, WAIT_S)
-    return lock
 
 
 def _load(entry: Path, paths: Sequence[str]) -> list[Footer] | None:

@@ -65,13 +65,13 @@ def test_a_second_open_reads_no_footer_and_a_changed_file_is_read_again(make_ds,
 def test_ranks_opening_at_once_read_the_footers_once(make_ds, footer_reads, monkeypatch) -> None:
     root = make_ds(**SPEC)
     started = threading.Barrier(4)
-    real = row_count_store._wait_for_lock
+    real = row_count_store.wait_for_entry_lock
 
-    def together(entry):  # every "rank" asks for the lock only once all have missed the kept counts
+    def together(entry, **kwargs):  # every "rank" asks for the lock only once all have missed the kept counts
         started.wait(timeout=30)
-        return real(entry)
+        return real(entry, **kwargs)
 
-    monkeypatch.setattr(row_count_store, "_wait_for_lock", together)
+    monkeypatch.setattr(row_count_store, "wait_for_entry_lock", together)
     readers: list = []
     threads = [threading.Thread(target=lambda: readers.append(_open_remote(root))) for _ in range(4)]
     for thread in threads:
