@@ -33,6 +33,7 @@ from .decode_route import DecodeRoute, route_without_nvdec
 from .distributed import usable_cpus
 from .episode_rows import DecodedGroups
 from .errors import DataFileError, EpisodeMetadataError, SchemaMismatchError
+from .file_format_store import FileFormatStore
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
 from .image_frames import decode_depth_images, decode_images, first_image_shape, image_label
 from .packet_index import PacketIndex
@@ -357,7 +358,10 @@ def _set_references(checker: _EpisodeChecker) -> None:
 def _mixes_codecs(reader: LeRobotDatasetReader, camera: str) -> bool:
     """Whether ``camera``'s files that open differ in codec, as the iterator surveys them (:mod:`.camera_codecs`): it
     sends such a camera to the workers."""
-    survey = survey_camera(reader, camera, surveyed_positions(reader, camera), skip_unreadable=True)
+    format_store = FileFormatStore() if reader.location.is_local else None
+    survey = survey_camera(
+        reader, camera, surveyed_positions(reader, camera), skip_unreadable=True, format_store=format_store
+    )
     return len(survey.codecs()) > 1
 
 

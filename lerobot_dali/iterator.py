@@ -46,6 +46,7 @@ from .errors import (
     WorkerProcessError,
     cameras_hint,
 )
+from .file_format_store import FileFormatStore
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
 from .host_values import decode_host_values
 from .image_frames import first_image_shape
@@ -225,7 +226,8 @@ class DALILeRobotIterator:
         )
         location = self.reader.location
         self._index_store = None if location.is_local else PacketIndexStore()
-        for store in (self._index_store, self.reader.column_store):  # (stale entries: a sweep a day at most)
+        self._format_store = FileFormatStore() if location.is_local else None
+        for store in (self._index_store, self._format_store, self.reader.column_store):  # (a sweep a day at most)
             if store is not None:
                 store.prune_unused()
         self.routes = self._choose_routes(preference, first_rows)
@@ -361,7 +363,8 @@ class DALILeRobotIterator:
         batch first reached it."""
         # (a missing or damaged file fails as before when a batch reaches it, naming the camera and episodes)
         positions = surveyed_positions(self.reader, camera)
-        survey = survey_camera(self.reader, camera, positions, skip_unreadable=True, store=self._index_store)
+        survey = survey_camera(self.reader, camera, positions, skip_unreadable=True, store=self._index_store,
+                               format_store=self._format_store)  # fmt: skip
         survey.check_sizes()
         if not route.dali_device:  # (the workers give each file a decoder of its own: only the size has to agree)
             return route

@@ -1,0 +1,146 @@
+"""Building an iterator reads every local video file's header once per cache folder (:mod:`.file_format_store`): a
+rebuild reads only the files changed since."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lerobot_dali import DALILeRobotIterator, camera_codecs, open_dataset
+from lerobot_dali.camera_codecs import FileFormat
+from lerobot_dali.errors import SchemaMismatchError
+from lerobot_dali.file_format_store import FileFormatStore
+
+CAM = "observation.images.cam0"
+SPEC = dict(episodes=6, frames_per_episode=4, cameras=1, fps=10, codec="h264", gop=2, size=(64, 96), version="v2.1")
+FORMAT = FileFormat("h264", 64, 96, "yuv420p", (2, False))
+
+
+def _video(root: Path, episode: int) -> Path:
+    return root / f"videos/chunk-000/{CAM}/episode_{episode:06d}.mp4"
+
+
+@pytest.fixture
+def header_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every header the survey reads, by path."""
+    reads: list[str] = []
+    real = camera_codecs.read_file_format
+
+    def counting(reader: Any, path: str) -> FileFormat:
+        reads.append(path)
+        return real(reader, path)
+
+    monkeypatch.setattr(camera_codecs, "read_file_format", counting)
+    return reads
+
+
+def _build(root: Path) -> None:
+    DALILeRobotIterator(open_dataset(root), batch_size=2, device="cpu", num_workers=0).close()
+
+
+def test_a_rebuild_reads_no_header_and_a_file_changed_since_is_read_again(make_ds, copy_ds, header_reads) -> None:
+    """Before, every build (every rank of every run) read all headers again: 2 x 6 here. A file re-encoded at
+    another size after the first build is still refused by the second, which reads its header alone."""
+    root = copy_ds(make_ds(**SPEC))
+    _build(root)
+    assert sorted(header_reads) == [str(_video(root, e)) for e in range(6)]
+    _build(root)
+    assert len(header_reads) == 6  # none more
+    shutil.copyfile(_video(make_ds(**{**SPEC, "size": (96, 96)}), 3), _video(root, 3))
+    with pytest.raises(SchemaMismatchError, match=r"episode_000003\.mp4 \(episode 3, .*\) is h264 96x96 \(HxW\)"):
+        _build(root)
+    assert header_reads[6:] == [str(_video(root, 3))]
+
+
+def _paths(tmp_path: Path, n: int = 5) -> list[str]:
+    paths = []
+    for i in range(n):
+        path = tmp_path / f"v{i}.mp4"
+        path.write_bytes(b"x" * (i + 1))
+        paths.append(str(path))
+    return paths
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda raw: raw[: len(raw) // 2],  # (a write cut short)
+        lambda raw: raw.replace(b"h264", b"h265"),  # (its checksum disagrees)
+        lambda raw: b"\x00" * len(raw),  # (a crash before the data reached the disk)
+        lambda raw: b"5" * 64 + b"\n{}",  # (no checksum at all)
+    ],
+    ids=["truncated", "altered", "zeroed", "garbage"],
+)
+def test_a_damaged_entry_is_deleted_read_again_and_rewritten(tmp_path: Path, caplog, damage) -> None:
+    store, paths, reads = FileFormatStore(tmp_path / "store"), _paths(tmp_path), []
+
+    def read(missing: list[str]) -> list[FileFormat | None]:
+        reads.extend(missing)
+        return [FORMAT] * len(missing)
+
+    assert store.formats("ds", CAM, paths, read) == [FORMAT] * 5
+    entry = store.entry_for("ds", CAM)
+    entry.write_bytes(damage(entry.read_bytes()))
+    with caplog.at_level(logging.WARNING):
+        assert store.formats("ds", CAM, paths, read) == [FORMAT] * 5
+    assert "video file header cache" in caplog.text and "is unreadable" in caplog.text
+    assert reads == paths * 2
+    assert store.formats("ds", CAM, paths, read) == [FORMAT] * 5 and len(reads) == 10  # (rewritten whole)
+
+
+def test_files_that_do_not_open_are_not_kept_and_other_files_entries_stay(tmp_path: Path) -> None:
+    store, paths, reads = FileFormatStore(tmp_path / "store"), _paths(tmp_path), []
+
+    def read(missing: list[str]) -> list[FileFormat | None]:
+        reads.extend(missing)
+        return [None if path.endswith("v1.mp4") else FORMAT for path in missing]
+
+    assert store.formats("ds", CAM, paths, read) == [FORMAT, None, FORMAT, FORMAT, FORMAT]
+    assert store.formats("ds", CAM, paths[:2], read) == [FORMAT, None]  # (a subset of the episodes)
+    assert store.formats("ds", CAM, paths, read) == [FORMAT, None, FORMAT, FORMAT, FORMAT]
+    assert reads == [*paths, paths[1], paths[1]]
+
+
+def _survey_at_once(store_dir: str, paths: list[str], barrier: Any, results: Any) -> None:
+    """A rank of a node building its iterator the moment another does: reports the headers it read."""
+    reads: list[str] = []
+
+    def slow_read(missing: list[str]) -> list[FileFormat | None]:
+        reads.extend(missing)
+        time.sleep(0.5)  # (thousands of headers: the other process misses the entry meanwhile)
+        return [FORMAT] * len(missing)
+
+    barrier.wait(timeout=60)
+    formats = FileFormatStore(store_dir).formats("ds", CAM, paths, slow_read)
+    results.put((len(reads), formats == [FORMAT] * len(paths)))
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["no-entry", "stale-entry"])
+def test_two_processes_surveying_at_once_keep_one_whole_entry(tmp_path: Path, stale: bool) -> None:
+    """Without an entry, one process reads the headers and the other waits for its lock and loads them; where the
+    entry is stale (every file changed since), both read and both write it: it stays whole either way."""
+    paths, store_dir = _paths(tmp_path), str(tmp_path / "store")
+    if stale:
+        FileFormatStore(store_dir).formats("ds", CAM, paths, lambda missing: [FORMAT] * len(missing))
+        for path in paths:
+            Path(path).write_bytes(Path(path).read_bytes() + b"y")
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(2), context.Queue()
+    workers = [context.Process(target=_survey_at_once, args=(store_dir, paths, barrier, results)) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    reports = [results.get(timeout=120) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=60)
+    assert [w.exitcode for w in workers] == [0, 0]
+    assert all(whole for _, whole in reports)
+    if not stale:
+        assert sorted(reads for reads, _ in reports) == [0, 5], reports
+    assert FileFormatStore(store_dir).formats("ds", CAM, paths, lambda missing: []) == [FORMAT] * 5  # (none read)
+    assert [p.suffix for p in Path(store_dir).rglob("*") if p.is_file()] == [".formats"]  # (no lock file left)
