@@ -30,17 +30,19 @@ _T = TypeVar("_T")
 _R = TypeVar("_R")
 
 
-def in_threads(function: Callable[[_T], _R], items: Sequence[_T], *, progress: str | None = None) -> list[_R]:
+def in_threads(
+    function: Callable[[_T], _R], items: Sequence[_T], *, progress: str | None = None, unit: str = "dataset"
+) -> list[_R]:
     """``function`` of each item, in order, :data:`MAX_THREADS` at once (20 datasets over HTTP with 50 ms of latency
-    took 48 s to open one by one, 3 s so). ``progress``: where it takes over :data:`PROGRESS_DELAY_S`, the datasets
-    done so far under that name, on a node's first rank only (:func:`~lerobot_dali.distributed.draws_progress`): a
-    bar on a terminal (``HF_HUB_DISABLE_PROGRESS_BARS`` turns it off), INFO lines in a log
-    (:func:`~lerobot_dali.progress_lines.progress_counter`)."""
+    took 48 s to open one by one, 3 s so). ``progress``: where it takes over :data:`PROGRESS_DELAY_S`, the items
+    (``unit``: datasets, files) done so far under that name, on a node's first rank only
+    (:func:`~lerobot_dali.distributed.draws_progress`): a bar on a terminal (``HF_HUB_DISABLE_PROGRESS_BARS`` turns
+    it off), INFO lines in a log (:func:`~lerobot_dali.progress_lines.progress_counter`)."""
     if len(items) < 2:
         return [function(item) for item in items]
     with (
         progress_counter(
-            len(items), desc=progress or "", unit="dataset", logger=logger, delay_s=PROGRESS_DELAY_S,
+            len(items), desc=progress or "", unit=unit, logger=logger, delay_s=PROGRESS_DELAY_S,
             enabled=progress is not None and draws_progress(),
         ) as done,
         ThreadPoolExecutor(min(len(items), MAX_THREADS), thread_name_prefix="lerobot-dali-at-once") as pool,

@@ -1,5 +1,6 @@
 """Building an iterator reads every local video file's header once per cache folder (:mod:`.file_format_store`): a
-rebuild reads only the files changed since."""
+rebuild reads only the files changed since, and the survey covers a camera's every file past the 20,000 files of the
+data files' check."""
 
 from __future__ import annotations
 
@@ -56,6 +57,29 @@ def test_a_rebuild_reads_no_header_and_a_file_changed_since_is_read_again(make_d
     with pytest.raises(SchemaMismatchError, match=r"episode_000003\.mp4 \(episode 3, .*\) is h264 96x96 \(HxW\)"):
         _build(root)
     assert header_reads[6:] == [str(_video(root, 3))]
+
+
+def test_a_camera_past_the_data_files_bound_has_every_file_surveyed(make_ds, copy_ds, monkeypatch) -> None:
+    """Past 20,000 files (here 2) only the camera's first file was read, so a file of another size failed when a batch
+    reached it, maybe hours into training; with the headers kept on disk the bound is 100,000 files a camera."""
+    from lerobot_dali import episode_data_files
+
+    root = copy_ds(make_ds(**SPEC))
+    shutil.copyfile(_video(make_ds(**{**SPEC, "size": (96, 96)}), 4), _video(root, 4))
+    monkeypatch.setattr(episode_data_files, "V2_CHECKED_EPISODES", 2)
+    monkeypatch.setattr(camera_codecs, "V2_CHECKED_EPISODES", 2, raising=False)  # (the name the survey read it by)
+    with pytest.raises(SchemaMismatchError, match=r"episode_000004\.mp4 \(episode 4, .*\) is h264 96x96"):
+        _build(root)
+
+
+def test_a_long_survey_logs_its_progress(make_ds, copy_ds, monkeypatch, caplog) -> None:
+    from lerobot_dali import concurrent_calls
+
+    monkeypatch.setattr(concurrent_calls, "PROGRESS_DELAY_S", 0.0)
+    root = copy_ds(make_ds(**SPEC))
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.concurrent_calls"):
+        _build(root)
+    assert f"lerobot-dali: camera {CAM}'s video headers: 6/6 files" in caplog.text
 
 
 def _paths(tmp_path: Path, n: int = 5) -> list[str]:
