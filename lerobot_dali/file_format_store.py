@@ -146,19 +146,21 @@ def _stamp(path: str) -> FileStamp | None:
 
 
 def _load(entry: Path) -> Kept | None:
-    """What ``entry`` holds; None where it does not exist or is unreadable (then deleted)."""
-    read: os.stat_result | None = None
+    """What ``entry`` holds; None where it does not exist or cannot be read, or holds anything else (then deleted)."""
     try:
         with open(entry, "rb") as file:
             read = os.fstat(file.fileno())
             raw = file.read()
+    except OSError as e:  # (absent, or a folder that is none: its save says so, once)
+        if not isinstance(e, FileNotFoundError):
+            logger.debug("cannot read %s (%s); reading the headers", entry, e)
+        return None
+    try:
         checksum, _, body = raw.partition(b"\n")
         if hashlib.sha256(body).hexdigest().encode() != checksum:
             raise ValueError("its checksum disagrees with its contents (a write cut short, or damage)")
         return _parsed(json.loads(body))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+    except (ValueError, KeyError, TypeError, IndexError) as e:
         logger.warning("video file header cache %s is unreadable (%s); deleting it and reading the headers", entry, e)
         with contextlib.suppress(OSError):
             delete_if_unchanged(entry, read)  # (not a good one another process stored meanwhile)

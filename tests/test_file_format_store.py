@@ -168,3 +168,20 @@ def test_two_processes_surveying_at_once_keep_one_whole_entry(tmp_path: Path, st
         assert sorted(reads for reads, _ in reports) == [0, 5], reports
     assert FileFormatStore(store_dir).formats("ds", CAM, paths, lambda missing: []) == [FORMAT] * 5  # (none read)
     assert [p.suffix for p in Path(store_dir).rglob("*") if p.is_file()] == [".formats"]  # (no lock file left)
+
+
+def test_a_store_that_takes_no_writes_reads_every_time_with_one_warning(tmp_path: Path, caplog) -> None:
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_bytes(b"")
+    store, paths, reads = FileFormatStore(blocked), _paths(tmp_path), []
+
+    def read(missing: list[str]) -> list[FileFormat | None]:
+        reads.extend(missing)
+        return [FORMAT] * len(missing)
+
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            assert store.formats("ds", CAM, paths, read) == [FORMAT] * 5
+    assert reads == paths * 2
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "every build reads them again: make it a writable folder" in warned[0], warned
