@@ -160,7 +160,7 @@ def _load(entry: Path) -> Kept | None:
         if hashlib.sha256(body).hexdigest().encode() != checksum:
             raise ValueError("its checksum disagrees with its contents (a write cut short, or damage)")
         return _parsed(json.loads(body))
-    except (ValueError, KeyError, TypeError, IndexError) as e:
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
         logger.warning("video file header cache %s is unreadable (%s); deleting it and reading the headers", entry, e)
         with contextlib.suppress(OSError):
             delete_if_unchanged(entry, read)  # (not a good one another process stored meanwhile)

@@ -4,6 +4,7 @@ data files' check."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import multiprocessing
 import shutil
@@ -82,6 +83,11 @@ def test_a_long_survey_logs_its_progress(make_ds, copy_ds, monkeypatch, caplog) 
     assert f"lerobot-dali: camera {CAM}'s video headers: 6/6 files" in caplog.text
 
 
+def _checksummed(body: bytes) -> bytes:
+    """An entry of ``body`` whose checksum holds (written by another version, or by hand)."""
+    return hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+
+
 def _paths(tmp_path: Path, n: int = 5) -> list[str]:
     paths = []
     for i in range(n):
@@ -98,8 +104,11 @@ def _paths(tmp_path: Path, n: int = 5) -> list[str]:
         lambda raw: raw.replace(b"h264", b"h265"),  # (its checksum disagrees)
         lambda raw: b"\x00" * len(raw),  # (a crash before the data reached the disk)
         lambda raw: b"5" * 64 + b"\n{}",  # (no checksum at all)
+        lambda raw: _checksummed(b'{"formats": [["h264", "64", 96, null, 2, false]], "files": {}}'),
+        lambda raw: _checksummed(b'{"formats": [], "files": []}'),
+        lambda raw: _checksummed(b"[]"),
     ],
-    ids=["truncated", "altered", "zeroed", "garbage"],
+    ids=["truncated", "altered", "zeroed", "garbage", "a-height-in-text", "files-as-a-list", "a-list"],
 )
 def test_a_damaged_entry_is_deleted_read_again_and_rewritten(tmp_path: Path, caplog, damage) -> None:
     store, paths, reads = FileFormatStore(tmp_path / "store"), _paths(tmp_path), []
