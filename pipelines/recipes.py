@@ -92,9 +92,6 @@ class StepWindow:
             )
         return [k * self.stride_s for k in ks]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
-
     @classmethod
     def from_dict(cls, raw: Any, *, where: str) -> StepWindow:
         known = {f.name for f in fields(cls)}
@@ -172,24 +169,7 @@ class Recipe:
             out[action_key] = self.action.offsets_s(fps)
         return out
 
-    # -- plain data and TOML ------------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data in the TOML layout (unset parts left out)."""
-        out: dict[str, Any] = {"name": self.name}
-        if self.description:
-            out["description"] = self.description
-        if self.image_size is not None:
-            out["image_size"] = list(self.image_size)
-        if self.drop_n_last_frames:
-            out["drop_n_last_frames"] = self.drop_n_last_frames
-        for role in _WINDOWS:
-            window = getattr(self, role)
-            if window is not None:
-                out[role] = window.to_dict()
-        if self.augment is not None:
-            out["augment"] = self.augment.to_dict()
-        return out
-
+    # -- reading TOML -------------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], *, source: str = "recipe") -> Recipe:
         """Build from plain data; unknown keys are rejected by name."""
@@ -225,12 +205,6 @@ class Recipe:
             except tomllib.TOMLDecodeError as e:
                 raise ValueError(f"{os.fspath(path)} is not valid TOML: {e}") from e
         return cls.from_dict(document, source=os.fspath(path))
-
-    def to_toml(self) -> str:
-        """The recipe as TOML text that :meth:`from_toml` reads back to an equal recipe."""
-        import tomli_w
-
-        return tomli_w.dumps(self.to_dict())
 
 
 def get_recipe(name_or_path: str | os.PathLike[str]) -> Recipe:
