@@ -106,7 +106,7 @@ class _CameraEncoder(nn.Module):
 
 
 class _Normalizer(nn.Module):
-    """``(x - mean) / std`` and back; a zero std (a constant component) divides by 1 instead."""
+    """``(x - mean) / std``; a zero std (a constant component) divides by 1 instead."""
 
     mean: torch.Tensor
     std: torch.Tensor
@@ -119,9 +119,6 @@ class _Normalizer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (x - self.mean) / self.std
-
-    def inverse(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.std + self.mean
 
 
 def masked_l1(prediction: torch.Tensor, target: torch.Tensor, is_pad: torch.Tensor | None) -> torch.Tensor:
@@ -211,8 +208,3 @@ class ChunkPolicy(nn.Module):
             )
         prediction = self._normalized_prediction(batch)
         return masked_l1(prediction, self.action_norm(target.float()), batch.get(f"{key}_is_pad"))
-
-    @torch.no_grad()
-    def predict(self, batch: Mapping[str, Any]) -> torch.Tensor:
-        """The action chunk, ``(B, chunk, action_dim)``, in the dataset's units."""
-        return self.action_norm.inverse(self._normalized_prediction(batch))

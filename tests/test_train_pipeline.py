@@ -661,16 +661,18 @@ def test_masked_l1_ignores_padded_steps() -> None:
     assert masked_l1(prediction, target, None).item() == pytest.approx(122 / 6)
 
 
-def test_policy_predicts_chunks_in_dataset_units() -> None:
+def test_policy_predicts_chunks_against_normalised_actions() -> None:
     torch.manual_seed(0)
     config = PolicyConfig(camera_keys=("cam",), state_dim=2, action_dim=3, chunk=4)
     stats = FeatureStats(mean=(100.0, -5.0, 0.0), std=(10.0, 1.0, 0.0))  # a zero std divides by 1
     policy = ChunkPolicy(config, state_stats=FeatureStats.identity(2), action_stats=stats)
     batch = {"observation.state": torch.randn(5, 2), "cam": torch.rand(5, 3, 32, 32)}
     normalized = policy._normalized_prediction(batch)
-    actions = policy.predict(batch)
-    assert actions.shape == (5, 4, 3)
-    torch.testing.assert_close(actions, normalized * torch.tensor([10.0, 1.0, 1.0]) + torch.tensor([100.0, -5.0, 0.0]))
+    assert normalized.shape == (5, 4, 3)
+    actions = torch.tensor([[110.0, -4.0, 3.0]]).expand(5, 4, 3)
+    torch.testing.assert_close(policy.action_norm(actions), torch.tensor([1.0, 1.0, 3.0]).expand(5, 4, 3))
+    loss = policy({**batch, "action": actions})
+    assert loss.item() == pytest.approx((normalized - torch.tensor([1.0, 1.0, 3.0])).abs().mean().item())
     with pytest.raises(ValueError, match=r"expected \(B, 4, 3\)"):
         policy({**batch, "action": torch.zeros(5, 2, 3)})
 
@@ -683,7 +685,7 @@ def test_policy_stacks_camera_windows_on_channels_and_flattens_the_state_window(
     assert policy.head[0].in_features == 2 * 2 + 64
     frames = torch.rand(5, 2, 3, 32, 32)
     batch = {"observation.state": torch.randn(5, 2, 2), "cam": frames}
-    assert policy.predict(batch).shape == (5, 16, 3)
+    assert policy._normalized_prediction(batch).shape == (5, 16, 3)
     # frame t is channels 3t..3t+2: the window enters the CNN as one (B, 6, H, W) image
     stacked = policy._camera_input("cam", frames)
     torch.testing.assert_close(stacked[:, 3:], frames[:, 1])
