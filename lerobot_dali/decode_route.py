@@ -357,7 +357,6 @@ def route_for_video(
     device_id: int = 0,
     filesystem: Any | None = None,
     label: str = "",
-    isolate_probe: bool = True,
 ) -> DecodeRoute:
     """The route for a camera, probing NVDEC once per process with a clip of this file's first frame.
 
@@ -370,13 +369,13 @@ def route_for_video(
         return choose_route(index.codec, decode=preference, gpu=None, nvdec_supported=False, label=label)
     key = (device_id, index.codec, index.pix_fmt, index.width, index.height)
     with _probing.held(key):  # (a thread probing this key now: wait for its answer)
-        cached = _cached_or_probed(key, source, index, filesystem=filesystem, isolate=isolate_probe)
+        cached = _cached_or_probed(key, source, index, filesystem=filesystem)
     gpu, supported, reason = cached
     return choose_route(index.codec, decode=preference, gpu=gpu, nvdec_supported=supported, label=label, reason=reason)
 
 
 def _cached_or_probed(
-    key: _ProbeKey, source: VideoSource, index: PacketIndex, *, filesystem: Any | None, isolate: bool
+    key: _ProbeKey, source: VideoSource, index: PacketIndex, *, filesystem: Any | None
 ) -> tuple[GpuInfo | None, bool, str]:
     """The probe's answer for ``key`` (device, codec, format, size): cached, else probed with this file's first
     frame and cached."""
@@ -389,7 +388,7 @@ def _cached_or_probed(
         elif index.codec in DALI_NVDEC_CODECS:
             clip = build_clip(source, index, [0], filesystem=filesystem).data
             try:
-                probe = probe_gpu({index.codec: clip}, device_id=device_id, isolate=isolate)
+                probe = probe_gpu({index.codec: clip}, device_id=device_id, isolate=True)
             except BrokenProcessPool as e:  # the probe process died (driver fault): do not guess NVDEC works
                 logger.warning("NVDEC probe process for %s on device %d died (%s)", index.codec, device_id, e)
                 probe = GpuProbe(gpu=None, nvdec={}, errors={index.codec: f"probe process died: {e}"})
