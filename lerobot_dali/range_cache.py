@@ -105,8 +105,9 @@ def _parse_entry_name(name: str, suffix: str) -> tuple[int, int, int] | None:
 
 @dataclass
 class CacheStats:
-    """What the cache did, for logs and the benchmark: ranges fetched, reused (a request saved), evicted, and
-    refused (no room: read remotely)."""
+    """What the cache did, read as ``DALILeRobotIterator.prefetcher.stats`` (nothing logs it; the benchmark counts
+    requests with :mod:`.io_stats`): ranges fetched, reused (a request saved), evicted, and refused (no room: read
+    remotely)."""
 
     fetched_ranges: int = 0
     fetched_bytes: int = 0
@@ -318,7 +319,7 @@ class RangeCache:
                     self._released[key] = None
 
     def clear(self) -> None:
-        """Delete every entry (held or not); for tests and ``cache_dir`` cleanup."""
+        """Delete every entry (held or not), so the next reads fetch again (a test uses it to stall a prefetch)."""
         with self._lock:
             for entry in self._entries.values():
                 entry.file.unlink(missing_ok=True)
