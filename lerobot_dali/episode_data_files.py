@@ -11,14 +11,14 @@ Two LeRobot writers left ``data/chunk_index`` / ``data/file_index`` stale:
 LeRobot itself loads every data file and never reads those columns, so such datasets train with LeRobot. Here an
 episode's rows are found by those columns, so at open every data file the episodes to read name is checked: it must
 exist, and its footer must hold the rows the metadata places in it (one footer read per data file, concurrent where
-remote, and kept on disk for remote files: :mod:`~lerobot_dali.row_count_store`). When one fails, every episode is
+remote, and kept on disk: :mod:`~lerobot_dali.row_count_store`). When one fails, every episode is
 located instead by the data files' own ``episode_index`` column (one column of each data file, read once at open),
 with a warning that says so. Episodes no data file holds (a data file missing), or holds split or at another
 length, still fail at open.
 
 A v2.x dataset has a data file per episode, named by the episode: there is nothing to locate, but its files are
-checked alike, each footer once (~1 ms a file on local disk; one ranged read a file where remote, kept on disk as
-v3.0's are): an episode of ``episodes.jsonl`` with no data file, or whose file holds another row count than its
+checked alike, each footer once (~0.4 ms of CPU a file on local disk; one ranged read a file where remote; kept on
+disk as v3.0's are): an episode of ``episodes.jsonl`` with no data file, or whose file holds another row count than its
 ``length``, fails at open. Without the check either failed only once a shuffled epoch first reached that episode.
 """
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -40,7 +40,7 @@ from .dataset_location import DatasetLocation
 from .episode_rows import integer_column_range, list_level_widths, open_parquet, read_parquet
 from .episode_table import CameraFiles, EpisodeTable
 from .errors import EpisodeMetadataError, MissingDataFileError
-from .file_stamps import FileStamps
+from .file_stamps import FileStamp, FileStamps, local_stamps
 from .remote_retry import is_transient
 from .row_count_store import Footer, cached_footers
 from .said_once import say_once, warn_once
@@ -246,13 +246,20 @@ def _check_episode_files(
 def _read_footers(
     location: DatasetLocation, stamps: FileStamps | None, paths: Collection[str]
 ) -> tuple[list[str], dict[str, Footer]]:
-    """Of the data files ``paths``, those that do not exist; else (none missing) every one's footer."""
-    missing = sorted(path for path in paths if not bulk_file_exists(location, stamps, path))
+    """Of the data files ``paths``, those that do not exist; else (none missing) every one's footer. Local files are
+    stamped (a ``stat`` each) so that their footers too are read once per cache folder, not by every rank of every
+    run (15,000 v2.1 episodes: 6.6 s of CPU)."""
+    kept_by: Mapping[str, FileStamp] | None = stamps
+    if stamps is None and location.is_local:
+        kept_by = local_stamps(paths)
+        missing = sorted(path for path in paths if path not in kept_by)
+    else:
+        missing = sorted(path for path in paths if not bulk_file_exists(location, stamps, path))
     if missing:
         return missing, {}
     ordered = sorted(paths)
     read = partial(_for_each_file, location, partial(_footer, stamps=stamps))
-    return [], dict(zip(ordered, cached_footers(stamps, ordered, read), strict=True))
+    return [], dict(zip(ordered, cached_footers(kept_by, ordered, read), strict=True))
 
 
 def _stale_index(

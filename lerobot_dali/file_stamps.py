@@ -24,7 +24,7 @@ from .errors import MissingDataFileError
 from .remote_retry import RetryingFileSystem, is_transient
 from .said_once import say_once, warn_once
 
-__all__ = ["FileStamp", "FileStamps", "stamp_from_info", "stamp_from_stat"]
+__all__ = ["FileStamp", "FileStamps", "local_stamps", "stamp_from_info", "stamp_from_stat"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +88,18 @@ def stamp_from_stat(st: os.stat_result) -> FileStamp:
     """The stamp of a local file from its ``stat``: device, inode, mtime and ctime, so a file replaced (a new
     inode) or rewritten in place with its size and mtime restored (``utime`` cannot set ctime) misses."""
     return FileStamp(size=st.st_size, version=f"stat:{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}:{st.st_ctime_ns}")
+
+
+def local_stamps(paths: Iterable[str]) -> dict[str, FileStamp]:
+    """The stamps (:func:`stamp_from_stat`) of those local files of ``paths`` that can be stat'ed: one ``stat`` each,
+    which also says which exist (as ``os.path.exists``: symlinks followed)."""
+    stamps = {}
+    for path in paths:
+        try:
+            stamps[path] = stamp_from_stat(os.stat(path))
+        except OSError:
+            continue
+    return stamps
 
 
 def _version(info: Mapping[str, Any]) -> str:

@@ -1,16 +1,17 @@
-"""Row counts, column names, list widths and index columns' value ranges of remote parquet data files, kept on local
-disk, so that one process per cache folder reads them.
+"""Row counts, column names, list widths and index columns' value ranges of parquet data files, kept on local disk, so
+that one process per cache folder reads them.
 
-Opening a v3.0 dataset checks that each data file holds the rows ``meta/episodes`` places in it, and the columns
-(and where the file's types fix them, the shapes) of the features read (:mod:`~lerobot_dali.episode_data_files`):
-one footer read per data file (v2.x: per episode). A remote dataset of 1,000 data files costs every rank of every
-run 1,000 ranged reads: 8 ranks of a node starting at once make 8,000, past the Hub's request rate limits, and a
-resumed job pays them again. A footer is a fact about a file's content, so what is checked of it is kept as one
-small JSON per set of files, keyed by the sha256 of their (path, size, version): a changed file misses. The first
-process to open a set reads it under an ``flock``; the others, on the same node or on any node that shares the
-folder, wait for its result rather than read too (at most :data:`WAIT_S`, then they read themselves). Files of
-servers that give no version (``run:`` stamps, valid one run) are never kept. A store that cannot be written or
-read is skipped: it is never needed for correctness.
+Opening a v3.0 dataset checks that each data file holds the rows ``meta/episodes`` places in it, and the columns (and
+where the file's types fix them, the shapes) of the features read (:mod:`~lerobot_dali.episode_data_files`): one footer
+read per data file (v2.x: per episode). A remote dataset of 1,000 data files costs every rank of every run 1,000 ranged
+reads: 8 ranks of a node starting at once make 8,000, past the Hub's request rate limits, and a resumed job pays them
+again. Local files cost CPU instead: a v2.1 dataset of 15,000 episodes, 6.6 s a rank and run. A footer is a fact about a
+file's content, so what is checked of it is kept as one small JSON per set of files, keyed by the sha256 of their (path,
+size, version): a changed file misses (a local file's version is its ``stat``:
+:func:`~lerobot_dali.file_stamps.stamp_from_stat`). The first process to open a set reads it under an ``flock``; the
+others, on the same node or on any node that shares the folder, wait for its result rather than read too (at most
+:data:`WAIT_S`, then they read themselves). Files of servers that give no version (``run:`` stamps, valid one run) are
+never kept. A store that cannot be written or read is skipped: it is never needed for correctness.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from .cache_dirs import (
     prune_unused_files,
     wait_for_entry_lock,
 )
-from .file_stamps import FileStamps
+from .file_stamps import FileStamp
 
 __all__ = ["STORE_FORMAT", "WAIT_S", "Footer", "cached_footers"]
 
@@ -65,14 +66,15 @@ class Footer(NamedTuple):
 
 
 def cached_footers(
-    stamps: FileStamps | None,
+    stamps: Mapping[str, FileStamp] | None,
     paths: Sequence[str],
     read: Callable[[list[str]], list[Footer]],
     *,
     directory: Path | None = None,
 ) -> list[Footer]:
-    """The footers of ``paths``, ``read(paths)`` once per cache folder for files ``stamps`` versions; else
-    ``read(paths)`` directly (local files, or files without a version)."""
+    """The footers of ``paths``, ``read(paths)`` once per cache folder for files ``stamps`` versions (remote:
+    :class:`~lerobot_dali.file_stamps.FileStamps`; local: :func:`~lerobot_dali.file_stamps.local_stamps`); else
+    ``read(paths)`` directly (no stamps, or files without a version)."""
     if stamps is None or not paths or not all(path in stamps for path in paths):
         return read(list(paths))
     files = [(path, stamps[path].size, stamps[path].version) for path in paths]
