@@ -43,8 +43,9 @@ __all__ = ["STORE_FORMAT", "WAIT_S", "Footer", "cached_footers"]
 logger = logging.getLogger(__name__)
 
 #: Version of the on-disk layout, part of every key (2: column names too; 3: their list widths and ``task_index``'s
-#: range; 4: the value ranges of several index columns).
-STORE_FORMAT = 4
+#: range; 4: the value ranges of several index columns; 5: each distinct set of columns and list widths once, which
+#: 15,000 files of one schema share: loading them took 0.55 s of CPU, spent parsing and checking the same names).
+STORE_FORMAT = 5
 #: Longest a process waits for another to read the same files' row counts before it reads them itself.
 WAIT_S = 300.0
 #: Seconds between two looks at a lock another process holds.
@@ -109,14 +110,16 @@ def _load(entry: Path, paths: Sequence[str]) -> list[Footer] | None:
         with open(entry, "rb") as file:
             read = os.fstat(file.fileno())
             raw = json.loads(file.read())
-        counts, columns, widths, ranges = raw["rows"], raw["columns"], raw["list_widths"], raw["value_ranges"]
-        if raw["paths"] != list(paths) or not len(counts) == len(columns) == len(widths) == len(ranges) == len(paths):
+        if raw["paths"] != list(paths):
             raise ValueError("it holds other files")
-        if not all(type(n) is int for n in counts) or not all(all(type(c) is str for c in cs) for cs in columns):
-            raise ValueError("it holds other values than row counts and column names")
-        shaped = zip(widths, columns, strict=True)
-        if not all(len(ws) == len(cs) and all(type(n) is int for w in ws for n in w) for ws, cs in shaped):
-            raise ValueError("it holds other values than the columns' list widths")
+        counts, schema_of, ranges = raw["rows"], raw["schema_of"], raw["value_ranges"]
+        if not len(counts) == len(schema_of) == len(ranges) == len(paths):
+            raise ValueError("it holds other files")
+        schemas = [_schema(columns, widths) for columns, widths in raw["schemas"]]
+        if not all(type(n) is int for n in counts):
+            raise ValueError("it holds other values than row counts")
+        if not all(type(i) is int and 0 <= i < len(schemas) for i in schema_of):
+            raise ValueError("it holds other values than the numbers of its column sets")
         spans = [span for rs in ranges for span in (rs.values() if isinstance(rs, dict) else [None])]
         if not all(type(span) is list and len(span) == 2 and all(type(n) is int for n in span) for span in spans):
             raise ValueError("it holds other values than value ranges")
@@ -129,17 +132,30 @@ def _load(entry: Path, paths: Sequence[str]) -> list[Footer] | None:
         return None
     mark_used(entry)
     return [
-        Footer(n, tuple(cs), tuple(tuple(w) for w in ws), {name: (r[0], r[1]) for name, r in rs.items()})
-        for n, cs, ws, rs in zip(counts, columns, widths, ranges, strict=True)
+        Footer(n, columns, widths, {name: (r[0], r[1]) for name, r in rs.items()})
+        for n, (columns, widths), rs in zip(counts, (schemas[i] for i in schema_of), ranges, strict=True)
     ]
 
 
+def _schema(columns: object, widths: object) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]:
+    """An entry's columns and their list widths, as a Footer holds them; raises ValueError where it holds other."""
+    if not isinstance(columns, list) or not all(type(c) is str for c in columns):
+        raise ValueError("it holds other values than column names")
+    if not isinstance(widths, list) or len(widths) != len(columns):
+        raise ValueError("it holds other values than the columns' list widths")
+    if not all(isinstance(w, list) and all(type(n) is int for n in w) for w in widths):
+        raise ValueError("it holds other values than the columns' list widths")
+    return tuple(columns), tuple(tuple(w) for w in widths)
+
+
 def _save(entry: Path, paths: Sequence[str], footers: list[Footer]) -> bool:
+    schemas: dict[tuple[tuple[str, ...], tuple[tuple[int, ...], ...]], int] = {}
+    schema_of = [schemas.setdefault((f.columns, f.list_widths), len(schemas)) for f in footers]
     kept = {
         "paths": list(paths),
         "rows": [f.rows for f in footers],
-        "columns": [list(f.columns) for f in footers],
-        "list_widths": [[list(w) for w in f.list_widths] for f in footers],
+        "schemas": [[list(columns), [list(w) for w in widths]] for columns, widths in schemas],
+        "schema_of": schema_of,
         "value_ranges": [{name: list(r) for name, r in f.value_ranges.items()} for f in footers],
     }
     try:
