@@ -263,11 +263,13 @@ class LeRobotDatasetReader:
                 f"{path}: declared feature(s) {missing} have no column in the data file{more} (columns present: "
                 f"{list(self.data_file_footers[path].columns)}); fix info.json or select other keys/cameras"
             )
+        checked = set()  # (columns, list widths) of files checked: 15,000 v2.1 files of one schema took 0.3 s
         for path, footer in footers.items():
-            if footer is not None and footer.list_widths:
+            if footer is not None and footer.list_widths and (footer.columns, footer.list_widths) not in checked:
                 for key in self.tabular_keys:
                     widths = footer.list_widths[footer.columns.index(key)]
                     check_column_shape(self.info.features[key], widths, path)
+                checked.add((footer.columns, footer.list_widths))
 
     def _check_task_indices(self, firsts: Mapping[str, int]) -> None:
         """Raise EpisodeMetadataError where the smallest or largest ``task_index`` of a data file (``firsts``: each
