@@ -38,6 +38,8 @@ def is_number(value: object) -> bool:
 def whole_number(value: object) -> int | None:
     """A metadata count or index as an int, also where it is written as a whole float or a string of one (its
     value is not in doubt); None for anything else (a fraction, a bool, another type), which a cast would change."""
+    if type(value) is int:  # (most often: episodes.jsonl's two per episode)
+        return value
     if isinstance(value, bool) or not isinstance(value, int | float | str | np.integer | np.floating):
         return None
     if isinstance(value, int | np.integer):
