@@ -17,7 +17,7 @@ with a warning that says so. Episodes no data file holds (a data file missing), 
 length, still fail at open.
 
 A v2.x dataset has a data file per episode, named by the episode: there is nothing to locate, but its files are
-checked alike, each footer once (~0.4 ms of CPU a file on local disk; one ranged read a file where remote; kept on
+checked alike, each footer once (0.2-0.4 ms of CPU a file on local disk; one ranged read a file where remote; kept on
 disk as v3.0's are): an episode of ``episodes.jsonl`` with no data file, or whose file holds another row count than its
 ``length``, fails at open. Without the check either failed only once a shuffled epoch first reached that episode.
 """
@@ -248,7 +248,7 @@ def _read_footers(
 ) -> tuple[list[str], dict[str, Footer]]:
     """Of the data files ``paths``, those that do not exist; else (none missing) every one's footer. Local files are
     stamped (a ``stat`` each) so that their footers too are read once per cache folder, not by every rank of every
-    run (15,000 v2.1 episodes: 6.6 s of CPU)."""
+    run (15,000 v2.1 episodes: 3-6 s of CPU)."""
     kept_by: Mapping[str, FileStamp] | None = stamps
     if stamps is None and location.is_local:
         kept_by = local_stamps(paths)
