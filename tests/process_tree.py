@@ -4,6 +4,7 @@ up whatever is left; and what this process holds open."""
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import subprocess
 from pathlib import Path
@@ -57,3 +58,18 @@ def open_files_under(folder: Path) -> list[str]:
         except OSError:
             continue
     return [link for link in links if link.startswith(str(folder))]
+
+
+def reports_of_processes_at_once(target: Any, args: tuple[Any, ...], count: int = 2) -> list[Any]:
+    """What each of ``count`` spawned processes running ``target(*args, barrier, results)`` put on ``results``: they
+    pass ``barrier`` together, to race for the same store entry; each must exit cleanly."""
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(count), context.Queue()
+    workers = [context.Process(target=target, args=(*args, barrier, results)) for _ in range(count)]
+    for worker in workers:
+        worker.start()
+    reports = [results.get(timeout=120) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=60)
+    assert [w.exitcode for w in workers] == [0] * count
+    return reports

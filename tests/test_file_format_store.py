@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import multiprocessing
 import shutil
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from lerobot_dali import DALILeRobotIterator, camera_codecs, open_dataset
 from lerobot_dali.camera_codecs import FileFormat
 from lerobot_dali.errors import SchemaMismatchError
 from lerobot_dali.file_format_store import FileFormatStore
+from tests.process_tree import reports_of_processes_at_once
 
 CAM = "observation.images.cam0"
 SPEC = dict(episodes=6, frames_per_episode=4, cameras=1, fps=10, codec="h264", gop=2, size=(64, 96), version="v2.1")
@@ -163,15 +163,7 @@ def test_two_processes_surveying_at_once_keep_one_whole_entry(tmp_path: Path, st
         FileFormatStore(store_dir).formats("ds", CAM, paths, lambda missing: [FORMAT] * len(missing))
         for path in paths:
             Path(path).write_bytes(Path(path).read_bytes() + b"y")
-    context = multiprocessing.get_context("spawn")
-    barrier, results = context.Barrier(2), context.Queue()
-    workers = [context.Process(target=_survey_at_once, args=(store_dir, paths, barrier, results)) for _ in range(2)]
-    for worker in workers:
-        worker.start()
-    reports = [results.get(timeout=120) for _ in workers]
-    for worker in workers:
-        worker.join(timeout=60)
-    assert [w.exitcode for w in workers] == [0, 0]
+    reports = reports_of_processes_at_once(_survey_at_once, (store_dir, paths))
     assert all(whole for _, whole in reports)
     if not stale:
         assert sorted(reads for reads, _ in reports) == [0, 5], reports

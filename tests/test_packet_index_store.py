@@ -33,6 +33,7 @@ from lerobot_dali.packet_index_store import STORE_FORMAT, PacketIndexStore, defa
 from lerobot_dali.remote_retry import RetryingFileSystem
 from lerobot_dali.video_source import source_url
 from tests.fake_remote import FakeRemoteFileSystem
+from tests.process_tree import reports_of_processes_at_once
 from tests.replace_on_warning import replaced_when_warned
 from tests.video_fixtures import EPISODE_LENGTHS, MarkerVideo
 
@@ -510,16 +511,7 @@ def test_two_processes_missing_one_index_at_once_read_the_video_once(marker_vide
     (over HTTP, the same requests twice); the second now waits for the first's lock and loads its stored index."""
     remote, fs, path = _remote(tmp_path, marker_video("h264", 30))
     stamp = FileStamps(fs, ["videos"])[path]
-    context = multiprocessing.get_context("spawn")
-    barrier, results = context.Barrier(2), context.Queue()
-    args = (remote.root, path, str(tmp_path / "store"), stamp, barrier, results)
-    workers = [context.Process(target=_index_at_once, args=args) for _ in range(2)]
-    for worker in workers:
-        worker.start()
-    reports = [results.get(timeout=120) for _ in workers]
-    for worker in workers:
-        worker.join(timeout=60)
-    assert [w.exitcode for w in workers] == [0, 0]
+    reports = reports_of_processes_at_once(_index_at_once, (remote.root, path, str(tmp_path / "store"), stamp))
     assert sorted(builds for builds, _, _ in reports) == [0, 1], reports
     assert sum(opens for _, opens, _ in reports) == 1, reports
     assert {frames for _, _, frames in reports} == {sum(EPISODE_LENGTHS)}
