@@ -105,11 +105,16 @@ def cached_footers(
 
 
 def _load(entry: Path, paths: Sequence[str]) -> list[Footer] | None:
-    read: os.stat_result | None = None
     try:
         with open(entry, "rb") as file:
             read = os.fstat(file.fileno())
-            raw = json.loads(file.read())
+            body = file.read()
+    except OSError as e:  # (absent, or a folder that is none or another user's: nothing to warn of nor delete)
+        if not isinstance(e, FileNotFoundError):
+            logger.debug("cannot read %s (%s); reading the files", entry, e)
+        return None
+    try:
+        raw = json.loads(body)
         if raw["paths"] != list(paths):
             raise ValueError("it holds other files")
         counts, schema_of, ranges = raw["rows"], raw["schema_of"], raw["value_ranges"]
@@ -123,9 +128,7 @@ def _load(entry: Path, paths: Sequence[str]) -> list[Footer] | None:
         spans = [span for rs in ranges for span in (rs.values() if isinstance(rs, dict) else [None])]
         if not all(type(span) is list and len(span) == 2 and all(type(n) is int for n in span) for span in spans):
             raise ValueError("it holds other values than value ranges")
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError) as e:
         logger.warning("row count cache file %s is unreadable (%s); deleting it and reading the files", entry, e)
         with contextlib.suppress(OSError):
             delete_if_unchanged(entry, read)  # (not a good one another process stored meanwhile)

@@ -82,6 +82,21 @@ def test_a_local_dataset_is_read_once_and_a_rewritten_file_again(make_ds, copy_d
     assert sorted(footer_reads[len(files) :]) == files
 
 
+def test_a_cache_folder_that_cannot_be_opened_reads_the_footers_without_a_warning(
+    make_ds, footer_reads, monkeypatch, tmp_path, caplog
+) -> None:
+    """Local footers go through the store too since they are kept: a cache folder that is a file (or another user's)
+    warned twice per open that an entry was unreadable and 'deleted' (nothing was), on every open of every dataset."""
+    root = make_ds(**SPEC)
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_bytes(b"")
+    monkeypatch.setenv("LEROBOT_DALI_CACHE", str(blocked))
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.row_count_store"):
+        readers = [open_dataset(root) for _ in range(2)]
+    assert [r.getMessage() for r in caplog.records if r.name == "lerobot_dali.row_count_store"] == []
+    assert len(footer_reads) == 6 and {r.num_frames for r in readers} == {sum(SPEC["frames_per_episode"])}
+
+
 def test_ranks_opening_at_once_read_the_footers_once(make_ds, footer_reads, monkeypatch) -> None:
     root = make_ds(**SPEC)
     started = threading.Barrier(4)
