@@ -23,7 +23,8 @@ instead, through the on-disk store: the workers need it anyway, and the node's o
 where a header would cost each rank of each run its requests. Those 1,000 episodes over HTTP on 127.0.0.1 (no
 latency; a listing without sizes) took 2.4-2.8 s to build before and take 11-14 s with an empty store (3 requests a
 file, which the workers made when a batch first reached the file), 1.1 -> 4.0-4.6 s with a full one (a HEAD a file).
-Past :data:`SURVEYED_FILES` files of a camera (100,000; 2,000 remote), only each dataset's first file is read.
+Past :data:`~lerobot_dali.checked_files.CHECKED_FILES` files of a camera (100,000; 2,000 remote), only each dataset's
+first file is read.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import av
 import numpy as np
 
+from .checked_files import CHECKED_FILES, CHECKED_FILES_REMOTE
 from .concurrent_calls import in_threads
-from .episode_data_files import V2_CHECKED_EPISODES_REMOTE
 from .errors import CodecUnsupportedError, DatasetError, SchemaMismatchError, VideoDecodeError
 from .packet_index_cache import load_episode_packet_index
 from .remote_retry import is_transient
@@ -53,8 +54,6 @@ if TYPE_CHECKING:
     from .packet_index_store import PacketIndexStore
 
 __all__ = [
-    "SURVEYED_FILES",
-    "SURVEYED_FILES_REMOTE",
     "CameraSurvey",
     "FileFormat",
     "codec_counts",
@@ -66,14 +65,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-#: Most video files of a local camera whose headers building the iterator reads: ~0.4 ms of CPU a file the first time
-#: (100,000: ~40 s), none later, their formats kept on disk (:mod:`.file_format_store`).
-SURVEYED_FILES = 100_000
-#: Remote, as for the data files: a packet index each, 3 requests a file the first time the node's store misses it
-#: (11-14 s per 1,000 files over HTTP without latency); 50,000 episodes' files would cost a first build 150,000
-#: requests, past the Hub's request rate limits.
-SURVEYED_FILES_REMOTE = V2_CHECKED_EPISODES_REMOTE
 
 
 class FileFormat(NamedTuple):
@@ -140,10 +131,10 @@ def file_positions(reader: LeRobotDatasetReader, camera: str) -> list[int]:
 
 
 def surveyed_positions(reader: LeRobotDatasetReader, camera: str) -> list[int]:
-    """:func:`file_positions`, or past their bound (:data:`SURVEYED_FILES`, :data:`SURVEYED_FILES_REMOTE` remote)
-    each dataset's first episode, with an INFO line."""
+    """:func:`file_positions`, or past their bound (:mod:`.checked_files`: 100,000 local, 2,000 remote) each
+    dataset's first episode, with an INFO line."""
     positions = file_positions(reader, camera)
-    most = SURVEYED_FILES if reader.location.is_local else SURVEYED_FILES_REMOTE
+    most = CHECKED_FILES if reader.location.is_local else CHECKED_FILES_REMOTE
     if len(positions) <= most:
         return positions
     say_once(logger, logging.INFO,

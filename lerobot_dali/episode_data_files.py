@@ -20,6 +20,8 @@ A v2.x dataset has a data file per episode, named by the episode: there is nothi
 checked alike, each footer once (0.2-0.4 ms of CPU a file on local disk; one ranged read a file where remote; kept on
 disk as v3.0's are): an episode of ``episodes.jsonl`` with no data file, or whose file holds another row count than its
 ``length``, fails at open. Without the check either failed only once a shuffled epoch first reached that episode.
+Past :data:`~lerobot_dali.checked_files.CHECKED_FILES` episodes to read (100,000; 2,000 remote), as for the video
+headers, the files are checked as their episodes are read.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .checked_files import CHECKED_FILES, CHECKED_FILES_REMOTE
 from .concurrent_calls import in_threads
 from .dataset_info import DatasetInfo, format_path, template_pattern
 from .dataset_location import DatasetLocation
@@ -111,14 +114,6 @@ def open_stamped(location: DatasetLocation, stamps: FileStamps | None, path: str
     return location.open_bulk(path, size=stamps[path].size if stamps is not None else None)
 
 
-#: Most episodes of a v2.x dataset whose data files are each checked at open, a footer read each: ~0.3-1 ms a local
-#: file (20,000: a few seconds), a request a remote one (2,000: a few seconds 16 at once, well within a Hub's rate
-#: limits). Past them the files are checked as their episodes are read: a v2.1 dataset of 100,000 episodes would
-#: otherwise cost every rank half a minute or more, or every node 100,000 requests, before the first batch.
-V2_CHECKED_EPISODES = 20_000
-V2_CHECKED_EPISODES_REMOTE = 2_000
-
-
 def locate_episode_rows(
     location: DatasetLocation,
     info: DatasetInfo,
@@ -139,7 +134,7 @@ def locate_episode_rows(
         return table, {}
     wanted = np.ones(len(table), bool) if episodes is None else np.isin(table.episode_index, np.asarray(episodes))
     if info.major_version != "v3":
-        most = V2_CHECKED_EPISODES if location.is_local else V2_CHECKED_EPISODES_REMOTE
+        most = CHECKED_FILES if location.is_local else CHECKED_FILES_REMOTE
         if int(wanted.sum()) > most:
             say_once(logger, logging.INFO,
                 "%s: %d episodes to read, a data file each: more than %d, so their files are not each checked at "

@@ -1,6 +1,6 @@
 """Building an iterator reads every local video file's header once per cache folder (:mod:`.file_format_store`): a
-rebuild reads only the files changed since, and the survey covers a camera's every file past the 20,000 files of the
-data files' check."""
+rebuild reads only the files changed since, and the survey covers up to 100,000 files a camera, as the data files'
+check does (:mod:`~lerobot_dali.checked_files`)."""
 
 from __future__ import annotations
 
@@ -61,14 +61,14 @@ def test_a_rebuild_reads_no_header_and_a_file_changed_since_is_read_again(make_d
 
 
 def test_a_camera_past_the_data_files_bound_has_every_file_surveyed(make_ds, copy_ds, monkeypatch) -> None:
-    """Past 20,000 files (here 2) only the camera's first file was read, so a file of another size failed when a batch
-    reached it, maybe hours into training; with the headers kept on disk the bound is 100,000 files a camera."""
+    """Past the data files' bound (20,000 files then, here 2) only the camera's first file was read, so a file of
+    another size failed when a batch reached it, maybe hours into training; with the headers kept on disk the bound is
+    100,000 files a camera, and a data file check skipped past its own bound leaves the survey whole."""
     from lerobot_dali import episode_data_files
 
     root = copy_ds(make_ds(**SPEC))
     shutil.copyfile(_video(make_ds(**{**SPEC, "size": (96, 96)}), 4), _video(root, 4))
-    monkeypatch.setattr(episode_data_files, "V2_CHECKED_EPISODES", 2)
-    monkeypatch.setattr(camera_codecs, "V2_CHECKED_EPISODES", 2, raising=False)  # (the name the survey read it by)
+    monkeypatch.setattr(episode_data_files, "CHECKED_FILES", 2)
     with pytest.raises(SchemaMismatchError, match=r"episode_000004\.mp4 \(episode 4, .*\) is h264 96x96"):
         _build(root)
 

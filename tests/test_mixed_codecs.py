@@ -88,7 +88,7 @@ def test_a_worker_decoded_camera_whose_files_mix_codecs_reads_each_file_as_pyav_
         report = check_dataset(open_dataset(root), decode=True, workers=0)
     assert report.ok and report.frames_decoded == 48
     assert "mixes codecs" not in caplog.text
-    monkeypatch.setattr("lerobot_dali.camera_codecs.SURVEYED_FILES", 2)  # (3 files: past it, the first file only)
+    monkeypatch.setattr("lerobot_dali.camera_codecs.CHECKED_FILES", 2)  # (3 files: past it, the first file only)
     with caplog.at_level(logging.INFO):
         assert check_dataset(open_dataset(root), workers=0).ok
     assert "has 3 video files, more than 2: only its first file's format is read" in caplog.text

@@ -146,10 +146,30 @@ def test_past_the_checked_episodes_a_missing_file_fails_when_read(make_ds, copy_
 
     root = copy_ds(make_ds(**SPEC))
     (root / LAST).unlink()
-    monkeypatch.setattr(episode_data_files, "V2_CHECKED_EPISODES", 5)
+    monkeypatch.setattr(episode_data_files, "CHECKED_FILES", 5)
     with caplog.at_level("INFO", logger="lerobot_dali.episode_data_files"):
         reader = open_dataset(root)
     assert "6 episodes to read, a data file each: more than 5" in caplog.text
     assert reader.num_episodes == 6 and open_dataset(root, episodes=[0, 1, 2, 3, 4]).num_episodes == 5
     with pytest.raises(MissingDataFileError, match=r"chunk-001/episode_000005\.parquet"):
         reader.read_episode(5)
+
+
+def test_every_data_file_of_20_001_local_episodes_is_checked_at_open(make_ds, copy_ds) -> None:
+    """Past 20,000 local episodes the open checked no data file, so a missing one failed only when a batch reached
+    it, though a rebuild reads no footer again (:mod:`~lerobot_dali.row_count_store`). The bound is now the video
+    survey's (:mod:`~lerobot_dali.checked_files`), whose headers are kept on disk alike."""
+    from lerobot_dali import camera_codecs, episode_data_files
+
+    assert episode_data_files.CHECKED_FILES == camera_codecs.CHECKED_FILES >= 100_000
+    root = copy_ds(make_ds(episodes=1, frames_per_episode=3, cameras=1, codec="vp9", size=(64, 64), version="v2.1"))
+    info = json.loads((root / "meta/info.json").read_text())
+    n = 20_001  # (episode 0 has its data file, the others none)
+    info.update(total_episodes=n, total_frames=3 * n, total_chunks=21, splits={"train": f"0:{n}"})
+    (root / "meta/info.json").write_text(json.dumps(info))
+    episode = json.loads((root / "meta/episodes.jsonl").read_text())
+    lines = (json.dumps({**episode, "episode_index": e}) for e in range(n))
+    (root / "meta/episodes.jsonl").write_text("\n".join(lines) + "\n")
+    pattern = r"chunk-000/episode_000001\.parquet is missing \(and 19999 more episodes' data files\)"
+    with pytest.raises(MissingDataFileError, match=pattern):
+        open_dataset(root)
