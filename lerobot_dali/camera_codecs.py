@@ -18,7 +18,7 @@ took 0.25-0.44 s before worker-decoded cameras were surveyed and takes 1.2-1.8 s
 threads gain more where there are more). A local file's format is kept on disk with its stamp
 (:mod:`.file_format_store`), so later builds, and the node's other ranks, read only the files changed since: 15,000
 episodes of two cameras (30,000 files) cost every build 12.6-12.8 s of CPU (19-28 s of wall time on 2 cores other
-work shared), now the first one 11.7 s (20 s) and later ones 0.46 s (0.9 s). A remote file's packet index is read
+work shared), now the first one 11.7 s (20 s) and later ones 0.28-0.38 s (0.9 s). A remote file's packet index is read
 instead, through the on-disk store: the workers need it anyway, and the node's other ranks and later runs load it,
 where a header would cost each rank of each run its requests. Those 1,000 episodes over HTTP on 127.0.0.1 (no
 latency; a listing without sizes) took 2.4-2.8 s to build before and take 11-14 s with an empty store (3 requests a

@@ -5,7 +5,9 @@ check does (:mod:`~lerobot_dali.checked_files`)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -17,6 +19,7 @@ from lerobot_dali import DALILeRobotIterator, camera_codecs, open_dataset
 from lerobot_dali.camera_codecs import FileFormat
 from lerobot_dali.errors import SchemaMismatchError
 from lerobot_dali.file_format_store import FileFormatStore
+from lerobot_dali.file_stamps import stamp_from_stat
 from tests.process_tree import reports_of_processes_at_once
 
 CAM = "observation.images.cam0"
@@ -106,9 +109,19 @@ def _paths(tmp_path: Path, n: int = 5) -> list[str]:
         lambda raw: b"5" * 64 + b"\n{}",  # (no checksum at all)
         lambda raw: _checksummed(b'{"formats": [["h264", "64", 96, null, 2, false]], "files": {}}'),
         lambda raw: _checksummed(b'{"formats": [], "files": []}'),
+        lambda raw: _checksummed(b'{"formats": [["h264", 64, 96, null, 2, false]], "files": {"v.mp4": [-1, "", 0]}}'),
         lambda raw: _checksummed(b"[]"),
     ],
-    ids=["truncated", "altered", "zeroed", "garbage", "a-height-in-text", "files-as-a-list", "a-list"],
+    ids=[
+        "truncated",
+        "altered",
+        "zeroed",
+        "garbage",
+        "a-height-in-text",
+        "files-as-a-list",
+        "a-negative-size",
+        "a-list",
+    ],
 )
 def test_a_damaged_entry_is_deleted_read_again_and_rewritten(tmp_path: Path, caplog, damage) -> None:
     store, paths, reads = FileFormatStore(tmp_path / "store"), _paths(tmp_path), []
@@ -125,6 +138,22 @@ def test_a_damaged_entry_is_deleted_read_again_and_rewritten(tmp_path: Path, cap
     assert "video file header cache" in caplog.text and "is unreadable" in caplog.text
     assert reads == paths * 2
     assert store.formats("ds", CAM, paths, read) == [FORMAT] * 5 and len(reads) == 10  # (rewritten whole)
+
+
+def test_an_entry_holds_each_files_stat_stamp_and_format_index(tmp_path: Path) -> None:
+    """The layout entries already on disk hold (the store compares stamps as plain values, no object a file): one
+    written by hand from each file's :func:`~lerobot_dali.file_stamps.stamp_from_stat` is loaded with no header read,
+    and a file changed since is read again."""
+    store, paths = FileFormatStore(tmp_path / "store"), _paths(tmp_path, 2)
+    stamps = [stamp_from_stat(os.stat(path)) for path in paths]
+    files = {path: [stamp.size, stamp.version, 0] for path, stamp in zip(paths, stamps, strict=True)}
+    body = json.dumps({"formats": [["h264", 64, 96, "yuv420p", 2, False]], "files": files}).encode()
+    entry = store.entry_for("ds", CAM)
+    entry.parent.mkdir(parents=True)
+    entry.write_bytes(_checksummed(body))
+    assert store.formats("ds", CAM, paths, lambda missing: [None] * len(missing)) == [FORMAT, FORMAT]
+    Path(paths[1]).write_bytes(b"zz")  # (its size kept: its ctime and mtime change)
+    assert store.formats("ds", CAM, paths, lambda missing: [None] * len(missing)) == [FORMAT, None]
 
 
 def test_files_that_do_not_open_are_not_kept_and_other_files_entries_stay(tmp_path: Path) -> None:
