@@ -31,9 +31,11 @@ __all__ = [
     "cache_days",
     "cache_root",
     "delete_if_unchanged",
+    "discard_damaged_entry",
     "folder_refuses",
     "mark_used",
     "prune_unused_files",
+    "read_entry",
     "sweep_cutoff",
     "try_flock",
     "wait_for_entry_lock",
@@ -164,6 +166,29 @@ def delete_if_unchanged(path: Path, read: os.stat_result | None) -> None:
     good one another process renamed over it since. Raises OSError where it cannot be deleted."""
     if read is None or _same_file(read, path):
         path.unlink(missing_ok=True)
+
+
+def read_entry(entry: Path, logger: logging.Logger, *, instead: str) -> tuple[bytes, os.stat_result] | None:
+    """Store entry ``entry``'s bytes and its ``fstat`` (for :func:`discard_damaged_entry`); None where it is absent
+    or cannot be opened (a cache folder that is a file, another user's): nothing there is damaged, so only a debug
+    line on ``logger`` says so, and ``instead`` what the caller does."""
+    try:
+        with open(entry, "rb") as file:
+            return file.read(), os.fstat(file.fileno())
+    except OSError as e:
+        if not isinstance(e, FileNotFoundError):
+            logger.debug("cannot read %s (%s); %s", entry, e, instead)
+        return None
+
+
+def discard_damaged_entry(
+    entry: Path, read: os.stat_result, logger: logging.Logger, *, what: str, problem: Exception, instead: str
+) -> None:
+    """Warn on ``logger`` that ``entry`` (a ``what``) holds something else than it should, and delete it, unless
+    another process stored a good one over it since it was read."""
+    logger.warning("%s %s is unreadable (%s); deleting it and %s", what, entry, problem, instead)
+    with contextlib.suppress(OSError):
+        delete_if_unchanged(entry, read)
 
 
 def lock_file(entry: Path) -> Path:

@@ -15,7 +15,6 @@ kept: read again each build, they fail as before.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -30,11 +29,12 @@ from .cache_dirs import (
     TEMP_FILES,
     atomic_file,
     cache_root,
-    delete_if_unchanged,
+    discard_damaged_entry,
     drop_lock_file,
     folder_refuses,
     mark_used,
     prune_unused_files,
+    read_entry,
     wait_for_entry_lock,
 )
 from .camera_codecs import FileFormat
@@ -150,23 +150,19 @@ def _stamp(path: str) -> Stamp | None:
 
 def _load(entry: Path) -> Kept | None:
     """What ``entry`` holds; None where it does not exist or cannot be read, or holds anything else (then deleted)."""
-    try:
-        with open(entry, "rb") as file:
-            read = os.fstat(file.fileno())
-            raw = file.read()
-    except OSError as e:  # (absent, or a folder that is none: its save says so, once)
-        if not isinstance(e, FileNotFoundError):
-            logger.debug("cannot read %s (%s); reading the headers", entry, e)
+    found = read_entry(entry, logger, instead="reading the headers")  # (a folder that is none: its save says so)
+    if found is None:
         return None
+    raw, read = found
     try:
         checksum, _, body = raw.partition(b"\n")
         if hashlib.sha256(body).hexdigest().encode() != checksum:
             raise ValueError("its checksum disagrees with its contents (a write cut short, or damage)")
         return _parsed(json.loads(body))
     except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
-        logger.warning("video file header cache %s is unreadable (%s); deleting it and reading the headers", entry, e)
-        with contextlib.suppress(OSError):
-            delete_if_unchanged(entry, read)  # (not a good one another process stored meanwhile)
+        discard_damaged_entry(
+            entry, read, logger, what="video file header cache", problem=e, instead="reading the headers"
+        )
         return None
 
 

@@ -16,11 +16,9 @@ never kept. A store that cannot be written or read is skipped: it is never neede
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -30,10 +28,11 @@ from .cache_dirs import (
     TEMP_FILES,
     atomic_file,
     cache_root,
-    delete_if_unchanged,
+    discard_damaged_entry,
     drop_lock_file,
     mark_used,
     prune_unused_files,
+    read_entry,
     wait_for_entry_lock,
 )
 from .file_stamps import FileStamp
@@ -105,14 +104,10 @@ def cached_footers(
 
 
 def _load(entry: Path, paths: Sequence[str]) -> list[Footer] | None:
-    try:
-        with open(entry, "rb") as file:
-            read = os.fstat(file.fileno())
-            body = file.read()
-    except OSError as e:  # (absent, or a folder that is none or another user's: nothing to warn of nor delete)
-        if not isinstance(e, FileNotFoundError):
-            logger.debug("cannot read %s (%s); reading the files", entry, e)
+    found = read_entry(entry, logger, instead="reading the files")
+    if found is None:
         return None
+    body, read = found
     try:
         raw = json.loads(body)
         if raw["paths"] != list(paths):
@@ -129,9 +124,7 @@ def _load(entry: Path, paths: Sequence[str]) -> list[Footer] | None:
         if not all(type(span) is list and len(span) == 2 and all(type(n) is int for n in span) for span in spans):
             raise ValueError("it holds other values than value ranges")
     except (ValueError, KeyError, TypeError) as e:
-        logger.warning("row count cache file %s is unreadable (%s); deleting it and reading the files", entry, e)
-        with contextlib.suppress(OSError):
-            delete_if_unchanged(entry, read)  # (not a good one another process stored meanwhile)
+        discard_damaged_entry(entry, read, logger, what="row count cache file", problem=e, instead="reading the files")
         return None
     mark_used(entry)
     return [
