@@ -34,6 +34,7 @@ from .cache_dirs import (
     lock_file,
     mark_used,
     prune_unused_files,
+    read_entry,
     wait_for_flock,
 )
 from .file_stamps import FileStamp
@@ -87,14 +88,12 @@ class PacketIndexStore:
     def load(self, url: str, stamp: FileStamp) -> PacketIndex | None:
         """The stored index of ``url`` at ``stamp``, or None when absent or unreadable (then deleted)."""
         path = self.path_for(url, stamp)
-        read: os.stat_result | None = None
-        try:
-            with open(path, "rb") as file:
-                read = os.fstat(file.fileno())
-                raw = file.read()
-            index = read_packet_index(raw, url, stamp)
-        except FileNotFoundError:
+        found = read_entry(path, logger, instead="indexing the video")  # (a folder that is none: its save says so)
+        if found is None:
             return None
+        raw, read = found
+        try:
+            index = read_packet_index(raw, url, stamp)
         except Exception as e:  # a stored index is a shortcut: whatever fails to load it (damage, another format,
             # the video's own checks in PacketIndex), it is rebuilt from the file
             logger.warning("packet index cache file %s is unreadable (%s: %s); deleting it", path, type(e).__name__, e)

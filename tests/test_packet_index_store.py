@@ -549,3 +549,17 @@ def test_a_stalled_lock_holder_is_waited_on_for_a_while_and_a_lockless_store_not
         started = time.monotonic()
         PacketIndexCache().get(str(video), stamp=stamp, store=PacketIndexStore(blocker / "store"))
     assert time.monotonic() - started < 30 and "another process" not in caplog.text
+
+
+def test_a_store_folder_that_cannot_be_opened_loads_nothing_without_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cache folder that is a file (or another user's) holds no damaged entry: each load warned that its entry was
+    unreadable and was being deleted, then that it could not be deleted, two warnings per video file and worker."""
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the store folder should be")
+    store = PacketIndexStore(blocker / "store")
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.packet_index_store"):
+        found = [store.load(_URL, FileStamp(1, version)) for version in ("a", "b")]
+    assert found == [None, None]
+    assert [r.getMessage() for r in caplog.records if r.name == "lerobot_dali.packet_index_store"] == []
