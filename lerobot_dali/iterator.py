@@ -750,11 +750,15 @@ class DALILeRobotIterator:
         self._pipeline_next = None
         self._dali_iter = None
         self._pipeline = self._source = None
-        if pipeline is not None:
-            _close_workers(pipeline)
-            pipeline._shutdown()
-        if source is not None:  # (without workers it ran here, and opened files)
-            source.close()
+        try:
+            if pipeline is not None:
+                try:
+                    _close_workers(pipeline)
+                finally:
+                    pipeline._shutdown()
+        finally:
+            if source is not None:  # (without workers it ran here, and opened files): closed even if DALI failed
+                source.close()
 
     def close(self) -> None:
         """Stop the worker processes (and the prefetcher) and close the files and decoders a pipeline without workers
@@ -783,13 +787,15 @@ class DALILeRobotIterator:
         try:
             self._close_deferred = False
             self._close_pipeline()
-            prefetcher = getattr(self, "_prefetcher", None)
-            if prefetcher is not None:
-                prefetcher.close()
-                self._prefetcher = None
         finally:
-            if lock is not None:
-                lock.release()
+            try:
+                prefetcher = getattr(self, "_prefetcher", None)
+                if prefetcher is not None:  # (stopped even when DALI's shutdown failed)
+                    prefetcher.close()
+                    self._prefetcher = None
+            finally:
+                if lock is not None:
+                    lock.release()
 
     @property
     def camera_channels(self) -> dict[str, int]:

@@ -81,3 +81,20 @@ def test_iterators_let_go_leave_no_workers_threads_or_shared_memory(make_ds, no_
         )  # fmt: skip
     assert counts[-1][2:] == ([], 0)
     assert counts[-1] == counts[0]
+
+
+def test_a_pipeline_whose_shutdown_fails_still_closes_its_files(make_ds, no_cycle_collector, monkeypatch) -> None:
+    """DALI's shutdown raising (a worker that died badly) left the batches' decoders and data files open: the
+    error still reaches the caller, the files are closed anyway."""
+    root = make_ds(episodes=4, frames_per_episode=4, cameras=2, codec="av1", episodes_per_file=2)
+    it = _epoch(root, 0)
+    assert open_files_under(root) != []
+
+    def failing_shutdown() -> None:
+        raise RuntimeError("shutdown failed")
+
+    monkeypatch.setattr(it._pipeline, "_shutdown", failing_shutdown)
+    with pytest.raises(RuntimeError, match="shutdown failed") as failed:
+        it.close()
+    del failed, it
+    assert open_files_under(root) == []

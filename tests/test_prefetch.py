@@ -633,6 +633,26 @@ def test_close_and_drop_stop_the_prefetcher_and_the_workers(make_ds, tmp_path: P
     assert prefetchers() == before
 
 
+def test_close_stops_the_prefetcher_when_dali_shutdown_fails(make_ds, tmp_path: Path, monkeypatch) -> None:
+    """DALI's shutdown raising in close() left the prefetcher's thread fetching for a closed iterator."""
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    reader = open_dataset("fakeremote://", storage_options={"root": str(_dataset(make_ds, "av1"))})
+    it = DALILeRobotIterator(reader, batch_size=2, device="cpu", num_workers=0, cache_dir=tmp_path / "cache")
+    next(iter(it))
+    thread = it.prefetcher._thread
+    assert thread.is_alive()
+
+    def failing_shutdown() -> None:
+        raise RuntimeError("shutdown failed")
+
+    monkeypatch.setattr(it._pipeline, "_shutdown", failing_shutdown)
+    with pytest.raises(RuntimeError, match="shutdown failed"):
+        it.close()
+    thread.join(timeout=10)
+    assert it.prefetcher is None and not thread.is_alive()
+
+
 def test_row_groups_holding_an_episode_against_a_scan() -> None:
     """The row groups the workers read and the prefetcher fetches come from one function; here against a scan of
     every group (zero-row groups included), for every row range of a few layouts."""
