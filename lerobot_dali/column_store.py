@@ -5,7 +5,7 @@ writes each data file (up to ~100 MB, thousands of episodes) as a single row gro
 decoded the whole file to use a few hundred rows of it: 0.2-0.4 s and a peak RSS of ~0.9 GB per read for a
 file of 1M rows (``bench/row_groups.py``), against 0.2-0.4 ms to slice the rows from a memory-mapped Arrow file.
 
-So the columns a reader reads of such a file are written once per machine as one uncompressed Arrow IPC file
+So the columns a reader reads of such a file are written once per cache folder as one uncompressed Arrow IPC file
 (1.3-2.3x the parquet file, measured) under ``cache_root()/columns``; every worker, rank and later run maps it,
 and the OS page cache shares its pages between them (HF ``datasets``, under LeRobot's own loader, keeps Arrow
 files for the same reason). Entries are keyed by the sha256 of (path, size, version, columns) and record their

@@ -45,8 +45,9 @@ __all__ = ["STORE_FORMAT", "SUFFIX", "WAIT_S", "FileFormatStore", "default_file_
 
 logger = logging.getLogger(__name__)
 
-#: Version of the on-disk layout, part of every key.
-STORE_FORMAT = 1
+#: Version of the on-disk layout, part of every key (2: stamps without the device, which each host numbers a network
+#: share by; an entry of either kind read by the other version was all stale, and both rewrote it in turn).
+STORE_FORMAT = 2
 #: Longest a process waits for another that surveys the same camera before it reads the headers itself.
 WAIT_S = 300.0
 #: Seconds between two looks at a lock another process holds.

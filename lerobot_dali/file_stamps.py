@@ -85,15 +85,19 @@ def stamp_from_info(info: Mapping[str, Any]) -> FileStamp:
 
 
 def stamp_from_stat(st: os.stat_result) -> FileStamp:
-    """The stamp of a local file from its ``stat``: device, inode, mtime and ctime, so a file replaced (a new
-    inode) or rewritten in place with its size and mtime restored (``utime`` cannot set ctime) misses."""
+    """The stamp of a local file from its ``stat``: inode, mtime and ctime, so a file replaced (a new inode) or
+    rewritten in place with its size and mtime restored (``utime`` cannot set ctime) misses.
+
+    Not the device: each host numbers a network share (NFS, Lustre) it mounts itself, and again at each mount, while
+    the inode and times come from the server; with it, hosts sharing a cache folder (a cluster's ``$HOME``) each
+    found the others' entries stale."""
     return FileStamp(size=st.st_size, version=stat_version(st))
 
 
 def stat_version(st: os.stat_result) -> str:
     """The version of :func:`stamp_from_stat`'s stamp, for stores that compare tens of thousands of files' stamps
     and skip building an object each."""
-    return f"stat:{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+    return f"stat:{st.st_ino}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
 def local_stamps(paths: Iterable[str]) -> dict[str, FileStamp]:

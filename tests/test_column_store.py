@@ -24,6 +24,7 @@ from lerobot_dali.column_store import ColumnStore
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DataFileError
 from lerobot_dali.file_stamps import FileStamp, stamp_from_stat
+from tests.other_host import on_another_host
 from tests.replace_on_warning import replaced_when_warned
 
 # cr5's data file is one row group of 2,733 rows holding 12 episodes of 127-314 rows, as LeRobot's converter
@@ -81,6 +82,17 @@ def test_a_converted_file_leaves_no_lock_file_behind(tmp_path) -> None:
     assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == [stored]
     _all_episodes(_reader(ColumnStore(tmp_path, **SMALL)))  # mapped by the next run: no lock taken
     assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == [stored]
+
+
+def test_hosts_sharing_the_cache_and_the_dataset_keep_one_copy(tmp_path, monkeypatch) -> None:
+    """A dataset on an NFS share that each node mounts with a device number of its own, its cache in the shared
+    $HOME: local stamps held the device, so each host wrote a copy of its own of every data file (1.3-2.3x the
+    parquet each; 2 hosts, 2 copies here)."""
+    direct = _all_episodes(_reader(None))
+    _all_episodes(_reader(ColumnStore(tmp_path, **SMALL)))
+    with on_another_host(monkeypatch, shared_dataset("cr5_v30_av1")):
+        _assert_same(_all_episodes(_reader(ColumnStore(tmp_path, **SMALL))), direct)
+    assert len(_stored_files(tmp_path)) == 1
 
 
 def test_files_under_the_threshold_are_read_from_the_parquet(tmp_path) -> None:

@@ -20,6 +20,7 @@ from lerobot_dali.camera_codecs import FileFormat
 from lerobot_dali.errors import SchemaMismatchError
 from lerobot_dali.file_format_store import FileFormatStore
 from lerobot_dali.file_stamps import stamp_from_stat
+from tests.other_host import on_another_host
 from tests.process_tree import reports_of_processes_at_once
 
 CAM = "observation.images.cam0"
@@ -154,6 +155,40 @@ def test_an_entry_holds_each_files_stat_stamp_and_format_index(tmp_path: Path) -
     assert store.formats("ds", CAM, paths, lambda missing: [None] * len(missing)) == [FORMAT, FORMAT]
     Path(paths[1]).write_bytes(b"zz")  # (its size kept: its ctime and mtime change)
     assert store.formats("ds", CAM, paths, lambda missing: [None] * len(missing)) == [FORMAT, None]
+
+
+def test_hosts_sharing_the_cache_and_the_files_read_each_header_once(tmp_path: Path, monkeypatch) -> None:
+    """On a cluster the cache ($HOME) and the dataset are often one NFS share that each node mounts with a device number
+    of its own. Stamps held the device: each host found every file of the other's entry changed, read all headers
+    and wrote the entry over, so every build of either host read every header again (here 5 a build, 15 in 3)."""
+    store, paths, reads = FileFormatStore(tmp_path / "store"), _paths(tmp_path), []
+
+    def read(missing: list[str]) -> list[FileFormat | None]:
+        reads.extend(missing)
+        return [FORMAT] * len(missing)
+
+    assert store.formats("ds", CAM, paths, read) == [FORMAT] * 5
+    entry = store.entry_for("ds", CAM).stat().st_ino
+    with on_another_host(monkeypatch, tmp_path):
+        assert store.formats("ds", CAM, paths, read) == [FORMAT] * 5
+    assert store.formats("ds", CAM, paths, read) == [FORMAT] * 5
+    assert reads == paths and store.entry_for("ds", CAM).stat().st_ino == entry  # (never written again)
+
+
+def test_an_entry_of_the_version_before_is_left_to_it(tmp_path: Path) -> None:
+    """Entries of format 1 hold stamps with the device: a version of each kind sharing the folder found the other's
+    entry all stale, read every header and wrote it over, each build in turn. Format 2 keeps an entry of its own."""
+    store, paths = FileFormatStore(tmp_path / "store"), _paths(tmp_path, 2)
+    digest = hashlib.sha256(json.dumps([1, "ds", CAM]).encode()).hexdigest()
+    old = tmp_path / "store" / digest[:2] / f"{digest}.formats"
+    old.parent.mkdir(parents=True)
+    files = {path: [os.stat(path).st_size, f"stat:1:{os.stat(path).st_ino}:0:0", 0] for path in paths}
+    old.write_bytes(
+        _checksummed(json.dumps({"formats": [["h264", 64, 96, "yuv420p", 2, False]], "files": files}).encode())
+    )
+    before = old.read_bytes()
+    assert store.formats("ds", CAM, paths, lambda missing: [FORMAT] * len(missing)) == [FORMAT, FORMAT]
+    assert old.read_bytes() == before and store.entry_for("ds", CAM) != old
 
 
 def test_files_that_do_not_open_are_not_kept_and_other_files_entries_stay(tmp_path: Path) -> None:

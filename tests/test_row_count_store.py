@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from lerobot_dali.cache_dirs import try_flock
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import EpisodeMetadataError
 from tests import fake_remote  # noqa: F401  (registers the fakeremote:// protocol)
+from tests.other_host import on_another_host
 from tests.replace_on_warning import replaced_when_warned
 
 SPEC = dict(
@@ -80,6 +82,20 @@ def test_a_local_dataset_is_read_once_and_a_rewritten_file_again(make_ds, copy_d
     with pytest.raises(EpisodeMetadataError, match=rf"{path.name}.* holds {table.num_rows - 1}"):
         open_dataset(root)
     assert sorted(footer_reads[len(files) :]) == files
+
+
+def test_hosts_sharing_the_cache_and_the_dataset_read_the_footers_once(
+    make_ds, copy_ds, footer_reads, monkeypatch, tmp_path
+) -> None:
+    """A dataset on an NFS share that each node mounts with a device number of its own, its cache in the shared
+    $HOME: local stamps held the device, so each host read every footer and kept an entry of its own (2 hosts: 12
+    reads here, 2 entries), and a host did not wait for another reading them at once."""
+    root = copy_ds(make_ds(**SPEC, version="v2.1"))
+    open_dataset(root)
+    with on_another_host(monkeypatch, tmp_path):
+        open_dataset(root)
+    entries = list((Path(os.environ["LEROBOT_DALI_CACHE"]) / "row_counts").glob("*/*.json"))
+    assert len(footer_reads) == 6 and len(entries) == 1
 
 
 def test_a_cache_folder_that_cannot_be_opened_reads_the_footers_without_a_warning(
