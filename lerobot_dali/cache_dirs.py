@@ -38,6 +38,7 @@ __all__ = [
     "read_entry",
     "sweep_cutoff",
     "try_flock",
+    "try_flock_where_supported",
     "wait_for_entry_lock",
     "wait_for_flock",
 ]
@@ -59,6 +60,9 @@ LOCK_FILES = "*/*.lock"
 TEMP_FILES = "*/.*.tmp"
 #: Errors that stop every write to a folder: full, over quota, read-only.
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+#: Errors of ``flock`` on a filesystem that takes no locks: NFS without its lock daemon (ENOLCK), Lustre mounted
+#: without ``-o flock`` (ENOSYS), others (EOPNOTSUPP).
+_NO_LOCK_ERRNOS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP})
 
 
 def cache_root() -> Path:
@@ -121,6 +125,18 @@ def try_flock(path: Path) -> IO[bytes] | None:
         handle.close()
         return None
     return handle
+
+
+def try_flock_where_supported(path: Path) -> tuple[contextlib.AbstractContextManager[object] | None, bool]:
+    """:func:`try_flock` and whether it locks: (the held lock, True), or (None, True) while another process holds
+    it; (nothing to hold, False) where the filesystem takes no locks (NFS without its lock daemon, Lustre mounted
+    without ``-o flock``), so none holds it either and the caller goes on without one."""
+    try:
+        return try_flock(path), True
+    except OSError as e:
+        if e.errno not in _NO_LOCK_ERRNOS:
+            raise
+        return contextlib.nullcontext(), False
 
 
 def _same_file(opened: os.stat_result, path: Path) -> bool:
@@ -245,7 +261,8 @@ def sweep_cutoff(folder: Path) -> float | None:
 def prune_unused_files(folder: Path, *patterns: str) -> None:
     """Delete the files of ``folder`` matching any of ``patterns`` whose last use (:func:`mark_used`) is stale; a
     no-op when pruning is off or ``folder`` was swept recently. Readers holding one open or mapped keep their copy.
-    A lock file (``*.lock``: its mtime is its creation, however long it is held) goes only while none holds it."""
+    A lock file (``*.lock``: its mtime is its creation, however long it is held) goes only while none holds it, or
+    where the filesystem takes no locks."""
     cutoff = sweep_cutoff(folder)
     if cutoff is None:
         return
@@ -256,7 +273,7 @@ def prune_unused_files(folder: Path, *patterns: str) -> None:
             if stat.st_mtime >= cutoff:
                 continue
             if path.suffix == ".lock":
-                lock = try_flock(path)
+                lock, _ = try_flock_where_supported(path)
                 if lock is None:  # held: its holder is building the entry now
                     continue
                 with lock:

@@ -11,9 +11,9 @@ and the OS page cache shares its pages between them (HF ``datasets``, under LeRo
 files for the same reason). Entries are keyed by the sha256 of (path, size, version, columns) and record their
 key, so a changed file simply misses; stale entries stay until a sweep finds them unused
 (:meth:`ColumnStore.prune_unused`), damaged ones are deleted at once. One process converts a file (an
-``flock``), written under a temporary name and renamed; the others read the row group directly meanwhile
-rather than wait. A store that cannot be written or read is logged and skipped: it is never needed
-for correctness, and deleting it only costs the conversion again. A folder that refuses writes (full, over
+``flock``, where the filesystem takes locks), written under a temporary name and renamed; the others read the row
+group directly meanwhile rather than wait. A store that cannot be written or read is logged and skipped: it is never
+needed for correctness, and deleting it only costs the conversion again. A folder that refuses writes (full, over
 quota, read-only) stops the process's conversions for good, with one warning; mapped entries stay in use.
 """
 
@@ -46,7 +46,7 @@ from .cache_dirs import (
     lock_file,
     mark_used,
     prune_unused_files,
-    try_flock,
+    try_flock_where_supported,
 )
 from .file_stamps import FileStamp
 from .remote_retry import is_transient
@@ -239,7 +239,7 @@ class ColumnStore:
             return False
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            lock = try_flock(lock_file(target))
+            lock, locked = try_flock_where_supported(lock_file(target))
             if lock is None:
                 return False  # another process converts it: read directly this time
             with lock:
@@ -250,8 +250,8 @@ class ColumnStore:
                     self._give_up(target)
                     return False
                 prefix = f".{target.stem}."
-                for stale in target.parent.glob(f"{prefix}*.tmp"):  # left by a converter killed mid-write
-                    stale.unlink(missing_ok=True)
+                for stale in target.parent.glob(f"{prefix}*.tmp") if locked else ():  # a killed converter's
+                    stale.unlink(missing_ok=True)  # (unlocked, maybe another process's under way: swept when old)
                 started = time.perf_counter()
                 with atomic_file(target, prefix=prefix) as tmp, read_lock:
                     _write_arrow(parquet, entry.columns, entry.key, tmp)

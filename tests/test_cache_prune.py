@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -128,6 +129,23 @@ def test_a_lock_taken_on_a_file_deleted_meanwhile_is_not_held(tmp_path: Path, mo
     lock = try_flock(path)
     assert lock is not None and path.exists() and os.fstat(lock.fileno()).st_ino == path.stat().st_ino
     lock.close()
+
+
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.ENOSYS], ids=["nfs-without-lock-daemon", "lustre-noflock"])
+def test_lock_files_on_a_filesystem_without_locks_are_swept(tmp_path: Path, monkeypatch, code: int) -> None:
+    """NFS without its lock daemon refuses ``flock`` (ENOLCK), Lustre mounted without ``-o flock`` (ENOSYS): the
+    stores build without a lock there, but the lock file each made stayed for good, since a sweep deleted only the
+    lock files it could take (one empty file per entry ever built). None can hold one there."""
+    import fcntl
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setenv(CACHE_DAYS_ENV, "7")
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    stale, fresh = _file(tmp_path / "ab" / "old.lock", 8, 0), _file(tmp_path / "ab" / "new.lock", 6, 0)
+    prune_unused_files(tmp_path, LOCK_FILES)
+    assert not stale.exists() and fresh.exists()
 
 
 @pytest.mark.parametrize("days", ["0", "-1"])

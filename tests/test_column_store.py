@@ -158,6 +158,23 @@ def test_a_file_converted_by_another_process_is_read_directly_meanwhile(tmp_path
     assert _stored_files(tmp_path) == [target]
 
 
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.ENOSYS], ids=["nfs-without-lock-daemon", "lustre-noflock"])
+def test_a_folder_whose_filesystem_takes_no_locks_still_converts(tmp_path, monkeypatch, caplog, code) -> None:
+    """NFS without its lock daemon refuses ``flock`` (ENOLCK), Lustre mounted without ``-o flock`` (ENOSYS): the
+    store warned that it could not write the file and never converted one, so every episode read decoded its whole
+    row group, on every read; the other stores build without a lock there, and so does it now."""
+    direct = _all_episodes(_reader(None))
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.column_store"):
+        _assert_same(_all_episodes(_reader(ColumnStore(tmp_path, **SMALL))), direct)
+    assert caplog.records == []
+    assert [p.suffix for p in tmp_path.rglob("*") if p.is_file()] == [".arrow"]  # (no lock file left either)
+
+
 def _stamp(reader) -> FileStamp:
     """The stamp the store keys episode 0's data file by."""
     path = reader.data_path(0)
@@ -516,14 +533,16 @@ def test_one_entry_refused_leaves_the_other_entries_converting(tmp_path, monkeyp
     store = ColumnStore(tmp_path, **SMALL)
     reader = _reader(store)
     blocked = store.path_for(reader.data_path(0), _stamp(reader), _columns(reader))
-    real_try_flock = column_store_module.try_flock
+    from lerobot_dali import cache_dirs
+
+    real_try_flock = cache_dirs.try_flock
 
     def refusing(path):
         if path == blocked.with_suffix(".lock"):
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
         return real_try_flock(path)
 
-    monkeypatch.setattr(column_store_module, "try_flock", refusing)
+    monkeypatch.setattr(cache_dirs, "try_flock", refusing)
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.column_store"):
         _assert_same(_all_episodes(reader), _all_episodes(_reader(None)))
         path = reader.data_path(0)
