@@ -33,6 +33,7 @@ __all__ = [
     "delete_if_unchanged",
     "discard_damaged_entry",
     "folder_refuses",
+    "locks_unsupported",
     "mark_used",
     "prune_unused_files",
     "read_entry",
@@ -103,6 +104,11 @@ def folder_refuses(folder: Path, error: OSError) -> str | None:
     return None
 
 
+def locks_unsupported(error: OSError) -> bool:
+    """Whether ``error`` (of :func:`try_flock`) says the filesystem takes no locks at all."""
+    return error.errno in _NO_LOCK_ERRNOS
+
+
 def try_flock(path: Path) -> IO[bytes] | None:
     """``path`` opened and exclusively ``flock``ed, or None while another process (or handle) holds it, or when
     ``path`` was deleted or replaced between the open and the lock (a sweep, or a holder done with it: a lock on a
@@ -134,7 +140,7 @@ def try_flock_where_supported(path: Path) -> tuple[contextlib.AbstractContextMan
     try:
         return try_flock(path), True
     except OSError as e:
-        if e.errno not in _NO_LOCK_ERRNOS:
+        if not locks_unsupported(e):
             raise
         return contextlib.nullcontext(), False
 

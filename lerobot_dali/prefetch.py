@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .cache_dirs import cache_root
+from .cache_dirs import cache_root, locks_unsupported
 from .cached_filesystem import CachedFileSystem
 from .dataset_reader import LeRobotDatasetReader
 from .episode_ranges import EpisodeRanges
@@ -241,6 +241,8 @@ def prefetching_reader(
         cache = RangeCache.open_free_slot(Path(cache_dir) / f"rank-{rank}", max_bytes=cache_bytes)
     except OSError as e:  # a read-only or full disk, or every slot busy: the workers read remotely
         fix = "fewer runs on this cache_dir at once" if isinstance(e, CacheBusyError) else "a writable cache_dir="
+        if locks_unsupported(e):  # (NFS without its lock daemon, Lustre without -o flock: one writer per folder)
+            fix = "a cache_dir= on a filesystem that takes file locks (flock), such as a local disk"
         logger.warning(
             "%s: no prefetch cache (%s); the workers read every range remotely. Give it %s, or cache_gb=0 to "
             "silence this.", reader.location.description, e, fix,

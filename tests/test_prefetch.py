@@ -224,6 +224,29 @@ def test_an_unwritable_cache_folder_reads_remotely(make_ds, tmp_path: Path, monk
     assert [int(s["index"]) for s in got] == list(range(sum(LENGTHS)))
 
 
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.ENOSYS], ids=["nfs-without-lock-daemon", "lustre-noflock"])
+def test_a_cache_folder_without_locks_says_to_move_it(make_ds, tmp_path: Path, monkeypatch, caplog, code) -> None:
+    """A cache folder on NFS without its lock daemon (ENOLCK) or on Lustre without ``-o flock`` (ENOSYS), as a
+    cluster's $HOME may be, holds no prefetch cache (one writer per folder needs a lock): the warning told to give it
+    a writable cache_dir=, which it was."""
+    import fcntl
+
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    reader = open_dataset("fakeremote://", storage_options={"root": str(_dataset(make_ds, "av1"))})
+    options = dict(batch_size=4, shuffle=False, device="cpu", num_workers=0, drop_last=False)
+    with caplog.at_level("WARNING", logger="lerobot_dali.prefetch"):
+        it = DALILeRobotIterator(reader, cache_dir=tmp_path / "cache", cache_gb=1.0, **options)
+    it.close()
+    assert it.prefetcher is None and os.strerror(code) in caplog.text
+    assert "on a filesystem that takes file locks (flock), such as a local disk" in caplog.text
+    assert "writable" not in caplog.text
+
+
 def _entry_file(directory: Path, key: ByteRange) -> Path:
     (file,) = entry_dir(directory, key.path, key.version).glob(f"{key.start}-{key.end}-*")
     return file
