@@ -37,7 +37,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .cache_dirs import atomic_file, cache_days, mark_used, sweep_cutoff, try_flock
+from .cache_dirs import atomic_file, cache_days, mark_used, sweep_cutoff, try_flock, try_flock_where_supported
 
 __all__ = ["ByteRange", "CacheBusyError", "CacheStats", "RangeCache", "entry_dir", "list_entries", "prune_unused_slots"]
 
@@ -451,7 +451,7 @@ def prune_unused_slots(root: Path) -> None:
         try:
             if not slot.is_dir() or (lock if lock.exists() else slot).stat().st_mtime >= cutoff:
                 continue
-            handle = try_flock(lock)
+            handle, _ = try_flock_where_supported(lock)  # (a filesystem without locks: no run holds it)
         except OSError:
             continue
         if handle is None:  # a run holds it (a restart after a long pause): its own to keep

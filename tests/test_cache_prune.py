@@ -200,6 +200,26 @@ def test_prefetch_slots_unused_for_a_while_go_unless_a_run_holds_them(tmp_path: 
     again.close()
 
 
+def test_prefetch_slots_on_a_filesystem_without_locks_go_once_unused(tmp_path: Path, monkeypatch) -> None:
+    """No prefetch cache opens where the filesystem takes no locks (NFS without its lock daemon, Lustre without
+    ``-o flock``), but each try left its slot folder, and one made while it still took locks kept its ranges (up to
+    cache_gb a rank): sweeps skipped every slot they could not lock, so those stayed for good."""
+    import fcntl
+
+    root = tmp_path / "prefetch"
+    cache = RangeCache(root / "dataset" / "rank-0", max_bytes=1000)
+    cache.acquire("ep", [ByteRange("p", 0, 100)], lambda key: bytes(key.size))
+    cache.close()
+    _aged(root / "dataset" / "rank-0" / ".lock", 40)
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    prune_unused_slots(root)
+    assert not (root / "dataset").exists()
+
+
 def test_a_slot_swept_by_another_rank_while_this_one_opens_it_is_made_again(tmp_path: Path, monkeypatch) -> None:
     """Each rank sweeps the prefetch root, then opens its own slot: another rank's sweep that deleted this rank's old
     slot between its mkdir and its lock raised FileNotFoundError from the iterator's start (or, when it came between
