@@ -5,7 +5,8 @@ Surveying reads each file's header, 0.3-0.5 ms of CPU a file: a v2.1 dataset of 
 every rank of every run 12.6-12.8 s of CPU before its first batch; kept, 0.28-0.38 s (a ``stat`` a file, stamps
 compared as plain values). One entry per dataset and camera holds each file's format with its stamp
 (:func:`~lerobot_dali.file_stamps.stamp_from_stat`: size, inode, mtime, ctime), so a file re-encoded or replaced since
-is read again, and only it. An entry is written whole to a temporary name and renamed
+is read again, and only it (its last :data:`STAMPS_PER_FILE` stamps: hosts that each copy a dataset to a local disk at
+one path, their cache folder shared, each find their copy's). An entry is written whole to a temporary name and renamed
 (:func:`~lerobot_dali.cache_dirs.atomic_file`), so processes sharing the folder never read half a file; one whose
 checksum or contents disagree is logged, deleted and written again. The first process to survey a camera whose entry
 does not exist yet does it under an ``flock`` beside the entry (:data:`WAIT_S` at most); the node's other ranks wait
@@ -19,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,7 +48,8 @@ __all__ = ["STORE_FORMAT", "SUFFIX", "WAIT_S", "FileFormatStore", "default_file_
 logger = logging.getLogger(__name__)
 
 #: Version of the on-disk layout, part of every key (2: stamps without the device, which each host numbers a network
-#: share by; an entry of either kind read by the other version was all stale, and both rewrote it in turn).
+#: share by; an entry of either kind read by the other version was all stale, and both rewrote it in turn. Several
+#: stamps a file, as rows of (path, size, version, format)).
 STORE_FORMAT = 2
 #: Longest a process waits for another that surveys the same camera before it reads the headers itself.
 WAIT_S = 300.0
@@ -58,8 +61,10 @@ SUFFIX = ".formats"
 #: A local file's stamp (:func:`~lerobot_dali.file_stamps.stamp_from_stat`) as (size, version): compared for 30,000
 #: files a rebuild, a tuple each costs a fraction of a ``FileStamp``.
 Stamp = tuple[int, str]
-#: Path -> (stamp, format) of the files an entry holds.
-Kept = dict[str, tuple[Stamp, FileFormat]]
+#: (path, stamp) -> format of the files an entry holds, each file's stamps oldest first.
+Kept = dict[tuple[str, Stamp], FileFormat]
+#: Stamps an entry keeps of one file: one host's copy of it each (a file re-encoded again and again: its last ones).
+STAMPS_PER_FILE = 16
 
 
 def default_file_format_dir() -> Path:
@@ -100,16 +105,20 @@ class FileFormatStore:
             kept = _load(entry)
         try:
             kept = kept or {}
-            missing = [path for path in paths if stamps[path] is None or kept.get(path, (None,))[0] != stamps[path]]
+            found = {
+                path: kept[key]
+                for path, stamp in stamps.items()
+                if stamp is not None and (key := (path, stamp)) in kept
+            }
+            missing = [path for path in paths if path not in found]
             if missing:
                 logger.debug("camera %s: %d of %d video headers to read (%s)", camera, len(missing), len(paths), entry)
             fresh = dict(zip(missing, read(missing), strict=True)) if missing else {}
-            for path, f in fresh.items():
-                stamp = stamps[path]
-                if f is not None and stamp is not None:
-                    kept[path] = (stamp, f)
-            if any(f is not None for f in fresh.values()):
-                self._save(entry, kept)
+            new = {
+                (path, stamp): f for path, f in fresh.items() if f is not None and (stamp := stamps[path]) is not None
+            }
+            if new:  # (over what another process stored since it was loaded: another host's copies, say)
+                self._save(entry, _with_newest(_load(entry) or kept, new))
             else:
                 mark_used(entry)
         finally:
@@ -117,7 +126,7 @@ class FileFormatStore:
                 if entry.exists():
                     drop_lock_file(entry)
                 lock.close()
-        return [fresh[path] if path in fresh else kept[path][1] for path in paths]
+        return [fresh[path] if path in fresh else found[path] for path in paths]
 
     def prune_unused(self) -> None:
         """Delete the entries no run has loaded for a while (:func:`~lerobot_dali.cache_dirs.prune_unused_files`)."""
@@ -126,7 +135,7 @@ class FileFormatStore:
     def _save(self, entry: Path, kept: Kept) -> None:
         """Write ``kept`` to ``entry`` atomically; a failed write is logged once, never raised."""
         formats: dict[FileFormat, int] = {}
-        files = {path: [*stamp, formats.setdefault(f, len(formats))] for path, (stamp, f) in kept.items()}
+        files = [[path, *stamp, formats.setdefault(f, len(formats))] for (path, stamp), f in kept.items()]
         rows = [[f.codec, f.height, f.width, f.pix_fmt, *f.color] for f in formats]
         body = json.dumps({"formats": rows, "files": files}).encode()
         try:
@@ -147,6 +156,19 @@ def _stamp(path: str) -> Stamp | None:
     except OSError:
         return None
     return st.st_size, stat_version(st)
+
+
+def _with_newest(kept: Kept, new: Kept) -> Kept:
+    """``kept`` with the files' stamps of ``new`` as their newest, each file's oldest dropped past
+    :data:`STAMPS_PER_FILE`."""
+    merged = {key: f for key, f in kept.items() if key not in new} | new
+    stamps_of: Counter[str] = Counter()
+    kept_keys = []
+    for key in reversed(merged):  # (newest first)
+        stamps_of[key[0]] += 1
+        if stamps_of[key[0]] <= STAMPS_PER_FILE:
+            kept_keys.append(key)
+    return {key: merged[key] for key in reversed(kept_keys)}
 
 
 def _load(entry: Path) -> Kept | None:
@@ -178,8 +200,12 @@ def _parsed(raw: Any) -> Kept:
         formats.append(FileFormat(codec, height, width, pix_fmt, (space, full)))
     kept: Kept = {}
     n = len(formats)
-    for path, (size, version, i) in raw["files"].items():
-        if type(size) is not int or size < 0 or type(version) is not str or type(i) is not int or not 0 <= i < n:
+    if not isinstance(raw["files"], list):
+        raise ValueError("it holds other values than file stamps")
+    for path, size, version, i in raw["files"]:
+        if type(path) is not str or type(size) is not int or size < 0 or type(version) is not str:
             raise ValueError("it holds other values than file stamps")
-        kept[path] = ((size, version), formats[i])
+        if type(i) is not int or not 0 <= i < n:
+            raise ValueError("it holds other values than file stamps")
+        kept[path, (size, version)] = formats[i]
     return kept

@@ -18,7 +18,7 @@ import pytest
 from lerobot_dali import DALILeRobotIterator, camera_codecs, open_dataset
 from lerobot_dali.camera_codecs import FileFormat
 from lerobot_dali.errors import SchemaMismatchError
-from lerobot_dali.file_format_store import FileFormatStore
+from lerobot_dali.file_format_store import STAMPS_PER_FILE, FileFormatStore
 from lerobot_dali.file_stamps import stamp_from_stat
 from tests.other_host import on_another_host
 from tests.process_tree import reports_of_processes_at_once
@@ -109,8 +109,8 @@ def _paths(tmp_path: Path, n: int = 5) -> list[str]:
         lambda raw: b"\x00" * len(raw),  # (a crash before the data reached the disk)
         lambda raw: b"5" * 64 + b"\n{}",  # (no checksum at all)
         lambda raw: _checksummed(b'{"formats": [["h264", "64", 96, null, 2, false]], "files": {}}'),
-        lambda raw: _checksummed(b'{"formats": [], "files": []}'),
-        lambda raw: _checksummed(b'{"formats": [["h264", 64, 96, null, 2, false]], "files": {"v.mp4": [-1, "", 0]}}'),
+        lambda raw: _checksummed(b'{"formats": [], "files": {}}'),
+        lambda raw: _checksummed(b'{"formats": [["h264", 64, 96, null, 2, false]], "files": [["v.mp4", -1, "", 0]]}'),
         lambda raw: _checksummed(b"[]"),
     ],
     ids=[
@@ -119,7 +119,7 @@ def _paths(tmp_path: Path, n: int = 5) -> list[str]:
         "zeroed",
         "garbage",
         "a-height-in-text",
-        "files-as-a-list",
+        "files-as-an-object",
         "a-negative-size",
         "a-list",
     ],
@@ -147,7 +147,7 @@ def test_an_entry_holds_each_files_stat_stamp_and_format_index(tmp_path: Path) -
     and a file changed since is read again."""
     store, paths = FileFormatStore(tmp_path / "store"), _paths(tmp_path, 2)
     stamps = [stamp_from_stat(os.stat(path)) for path in paths]
-    files = {path: [stamp.size, stamp.version, 0] for path, stamp in zip(paths, stamps, strict=True)}
+    files = [[path, stamp.size, stamp.version, 0] for path, stamp in zip(paths, stamps, strict=True)]
     body = json.dumps({"formats": [["h264", 64, 96, "yuv420p", 2, False]], "files": files}).encode()
     entry = store.entry_for("ds", CAM)
     entry.parent.mkdir(parents=True)
@@ -173,6 +173,42 @@ def test_hosts_sharing_the_cache_and_the_files_read_each_header_once(tmp_path: P
         assert store.formats("ds", CAM, paths, read) == [FORMAT] * 5
     assert store.formats("ds", CAM, paths, read) == [FORMAT] * 5
     assert reads == paths and store.entry_for("ds", CAM).stat().st_ino == entry  # (never written again)
+
+
+def test_hosts_with_their_own_copies_at_the_same_paths_read_each_header_once(tmp_path: Path, monkeypatch) -> None:
+    """Nodes that copy a dataset to a local disk at one path, their cache in the shared $HOME: the files differ (other
+    stamps) but the entry is one per dataset path and camera, so each host read every header again and wrote the
+    entry over with its own, on every build in turn (5 a build, 20 in 4 here). An entry keeps each host's."""
+    store, paths, reads = FileFormatStore(tmp_path / "store"), _paths(tmp_path), []
+
+    def read(missing: list[str]) -> list[FileFormat | None]:
+        reads.extend(missing)
+        return [FORMAT] * len(missing)
+
+    for _ in range(2):
+        assert store.formats("ds", CAM, paths, read) == [FORMAT] * 5
+        with on_another_host(monkeypatch, tmp_path, own_copy=True):
+            assert store.formats("ds", CAM, paths, read) == [FORMAT] * 5
+    assert reads == paths * 2  # (each host's once)
+
+
+def test_an_entry_keeps_each_files_last_stamps(tmp_path: Path, monkeypatch) -> None:
+    """17 hosts with a copy each: the 16 last to survey find theirs, the first reads its headers again."""
+    store, paths, reads = FileFormatStore(tmp_path / "store"), _paths(tmp_path, 2), []
+
+    def read(missing: list[str]) -> list[FileFormat | None]:
+        reads.extend(missing)
+        return [FORMAT] * len(missing)
+
+    for host in [*range(17), *range(1, 17)]:
+        with on_another_host(monkeypatch, tmp_path, own_copy=True, host=host):
+            assert store.formats("ds", CAM, paths, read) == [FORMAT, FORMAT]
+    assert len(reads) == 17 * 2
+    with on_another_host(monkeypatch, tmp_path, own_copy=True, host=0):
+        assert store.formats("ds", CAM, paths, read) == [FORMAT, FORMAT]
+    assert len(reads) == 18 * 2
+    rows = json.loads(store.entry_for("ds", CAM).read_bytes().partition(b"\n")[2])["files"]
+    assert len(rows) == 2 * STAMPS_PER_FILE
 
 
 def test_an_entry_of_the_version_before_is_left_to_it(tmp_path: Path) -> None:
