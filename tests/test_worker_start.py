@@ -1,11 +1,16 @@
 """skipping_main: which spawned processes are told not to import ``__main__`` (the end-to-end run, a script
-whose top level runs once and not in its workers, is in test_worker_errors)."""
+whose top level runs once and not in its workers, is in test_worker_errors); what a worker imports before its first
+batch."""
 
 from __future__ import annotations
 
 import multiprocessing.spawn
+import os
+import pickle
+import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -63,3 +68,39 @@ def test_the_isolated_nvdec_probe_starts_without_the_main_module(monkeypatch: py
 def _record(prepared: list[dict], data: dict) -> dict:
     prepared.append(data)
     return data
+
+
+#: What a DALI worker runs: DALI's worker module (the spawned process's target), then the source it is sent, asked
+#: for its first batch. Prints the heavy modules it loaded that it has no use for.
+_WORKER_START = """
+import pickle, sys
+import nvidia.dali._multiproc.worker
+source = pickle.loads(open(sys.argv[1], "rb").read())
+class BatchInfo:
+    epoch_idx = iteration = 0
+source(BatchInfo())
+heavy = ("torch", "accelerate", "pandas", "datasets", "huggingface_hub", "aiohttp", "s3fs", "gcsfs")
+print(sorted(m for m in heavy if m in sys.modules))
+"""
+
+
+def test_a_worker_reaches_its_first_batch_without_torch_accelerate_or_pandas(make_ds, tmp_path: Path) -> None:
+    """Each worker pays its own imports before its first sample, 8 ranks of N workers a node: torch alone would add
+    about a second of CPU to each. VP9 here is decoded by DALI, so the worker never looks for torchcodec either (which
+    imports torch where it is installed); a local dataset needs none of the remote filesystems' libraries."""
+    from lerobot_dali.batch_source import BatchSource
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="vp9", size=(64, 64))
+    it = DALILeRobotIterator(root, batch_size=2, device="cpu", num_workers=0, shuffle=False)
+    next(iter(it))  # (builds the workers' spec)
+    source = BatchSource(it._spec)
+    it.close()
+    pickled = tmp_path / "source.pickle"
+    pickled.write_bytes(pickle.dumps(source))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-c", _WORKER_START, str(pickled)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["[]"]
