@@ -7,10 +7,12 @@ and would be 64 times an epoch on a node of 8 GPUs with 8 workers each. :func:`w
 the first process of the job that says it and at DEBUG in the others (``-vv`` still shows each); :func:`say_once`
 does so at another level (the INFO lines of the dataset opened, how its cameras decode).
 
-The processes agree through empty files named by the message in a folder of the job's under the temporary
-directory: the launcher's (torchrun's or accelerate's agent, the parent of every rank of the node) or else the
-training process's, named by its host, PID and start time (a reused PID never inherits it), and passed on to the
-worker processes it starts (:func:`shared_with_children`) through ``$LEROBOT_DALI_SAID_DIR``. The training
+The processes agree through empty files named by the message in a folder of the job's under the temporary directory:
+the launcher's, the parent of every rank of one launch on the node, which ends with it (torchrun's or accelerate's
+agent, told by ``$TORCHELASTIC_RUN_ID``; by the parent's name, Slurm's step manager under ``srun``, Open MPI's or
+hydra's daemon under ``mpirun``, DeepSpeed's launcher), or else the training process's (a shell or a batch script
+lives on to start the next run), named by its host, PID and start time (a reused PID never inherits it), and passed
+on to the worker processes it starts (:func:`shared_with_children`) through ``$LEROBOT_DALI_SAID_DIR``. The training
 process removes its own at exit; a launcher's, or one left by a killed process, is removed by the next job on the
 host. Where no folder can be made (no /proc), each process says each line once.
 """
@@ -38,6 +40,12 @@ __all__ = ["SAID_ENV", "say_once", "shared_with_children", "warn_once"]
 #: The folder of the job's said lines, set for the processes that this one starts.
 SAID_ENV = "LEROBOT_DALI_SAID_DIR"
 _PREFIX = "lerobot-dali-said-"
+#: The parents of the ranks of one launch on a host, each ending with it: Slurm's step manager (one per job step
+#: and node: ``srun``'s tasks, or the batch script alone), Open MPI's daemon on each node (4: orted; 5: prted) and
+#: mpirun on its own (4: mpirun or its other names; 5: prterun), MPICH's and Intel MPI's hydra proxy on each node.
+_LAUNCHERS = frozenset({"slurmstepd", "orted", "prted", "mpirun", "mpiexec", "orterun", "prterun", "hydra_pmi_proxy"})
+#: DeepSpeed's runner starts ``python -u -m deepspeed.launcher.launch`` on each node, which starts its ranks.
+_DEEPSPEED_LAUNCH = b"deepspeed.launcher.launch"
 
 _lock = threading.Lock()
 _said: set[str] = set()  # this process's, whatever the folder
@@ -110,7 +118,7 @@ def _folder() -> Path | None:
 @functools.cache
 def _made_folder() -> Path | None:
     """The job's folder, made once per process (None where it cannot be)."""
-    owner = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid()  # (a rank's parent: the agent)
+    owner = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ or _started_by_a_launcher() else os.getpid()
     started = _start_time(owner)
     if started is None:  # (no /proc: each process says each line once)
         return None
@@ -124,6 +132,19 @@ def _made_folder() -> Path | None:
     if owner == os.getpid():  # (a launcher's stays for its other ranks: the next job removes it)
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
     return folder
+
+
+def _started_by_a_launcher() -> bool:
+    """Whether this process's parent starts the ranks of one launch on this host and ends with it, by its name
+    (/proc's ``comm``) or, for DeepSpeed's (a Python process), its command line. Never a shell: one that started
+    this run lives on to start the next."""
+    parent = Path(f"/proc/{os.getppid()}")
+    try:
+        if (parent / "comm").read_text().rstrip("\n") in _LAUNCHERS:
+            return True
+        return _DEEPSPEED_LAUNCH in (parent / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
 
 
 def _remove_dead(root: Path) -> None:

@@ -73,6 +73,87 @@ def test_the_ranks_of_a_node_say_a_warning_once(tmp_path: Path, monkeypatch: pyt
     assert len(list(tmp_path.glob("lerobot-dali-said-*"))) == 1  # (the agent's)
 
 
+SAY_OPENED = textwrap.dedent("""
+    import logging
+    from lerobot_dali.said_once import say_once
+    logging.basicConfig(format="%(levelname)s %(message)s", level=logging.DEBUG)
+    say_once(logging.getLogger("lerobot_dali.test"), logging.INFO, "the dataset opened")
+""")
+#: A launcher starting 2 ranks of ``$RANK_CODE`` at once, each with the variables that ``argv[1:]`` names set to its
+#: rank, and waiting for them.
+LAUNCHER = textwrap.dedent("""
+    import os, subprocess, sys
+    rank = [sys.executable, "-c", os.environ["RANK_CODE"]]
+    ranks = [subprocess.Popen(rank, env={**os.environ, **dict.fromkeys(sys.argv[1:], str(r))}) for r in range(2)]
+    sys.exit(max(r.wait() for r in ranks))
+""")
+
+
+@pytest.mark.parametrize(
+    ("launcher", "per_rank", "job"),
+    [
+        ("slurmstepd", ["SLURM_PROCID", "SLURM_LOCALID"], {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}),  # srun
+        ("prted", ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_RANK"], {}),  # Open MPI 5, each node
+        ("prterun", ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_RANK"], {}),  # ... mpirun's node
+        ("orted", ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"], {}),  # Open MPI 4
+        ("hydra_pmi_proxy", ["PMI_RANK"], {"PMI_SIZE": "2"}),  # MPICH, Intel MPI
+    ],
+)
+def test_the_ranks_an_mpi_or_slurm_launcher_starts_on_a_node_say_a_line_once(
+    launcher: str, per_rank: list[str], job: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Their parent is the launcher's process for this launch on this node (/proc names it): each rank was its own
+    job, so each of a node's 8 said every line."""
+    monkeypatch.delenv(said_once.SAID_ENV)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    named = tmp_path / launcher  # (a process's name is its program's file name)
+    named.symlink_to(sys.executable)
+    env = {**os.environ, **job, "RANK_CODE": SAY_OPENED, "TMPDIR": str(tmp_path)}
+    done = subprocess.run([named, "-c", LAUNCHER, *per_rank], env=env, capture_output=True, text=True, timeout=120)
+    assert sorted(done.stderr.splitlines()) == ["DEBUG the dataset opened", "INFO the dataset opened"], done.stderr
+
+
+def test_the_ranks_deepspeed_starts_on_a_node_say_a_line_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSpeed's runner starts ``python -u -m deepspeed.launcher.launch`` on each node, the parent of its ranks."""
+    monkeypatch.delenv(said_once.SAID_ENV)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    package = tmp_path / "deepspeed" / "launcher"
+    package.mkdir(parents=True)
+    (package.parent / "__init__.py").touch()
+    (package / "__init__.py").touch()
+    (package / "launch.py").write_text(LAUNCHER)
+    env = {**os.environ, "RANK_CODE": SAY_OPENED, "TMPDIR": str(tmp_path), "CROSS_RANK": "0", "LOCAL_SIZE": "2"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    launch = [sys.executable, "-u", "-m", "deepspeed.launcher.launch", "RANK", "LOCAL_RANK"]
+    done = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=120)
+    assert sorted(done.stderr.splitlines()) == ["DEBUG the dataset opened", "INFO the dataset opened"], done.stderr
+
+
+@pytest.mark.parametrize(
+    "runs",
+    [
+        'python -c "$RANK_CODE"; python -c "$RANK_CODE"',  # (bash execs the last: slurmstepd is then its parent)
+        'python -c "$RANK_CODE"; python -c "$RANK_CODE"; true',
+        'RANK=0 LOCAL_RANK=0 python -c "$RANK_CODE"; RANK=0 LOCAL_RANK=0 python -c "$RANK_CODE"; true',
+    ],
+)
+def test_runs_one_after_another_from_a_batch_script_each_say_their_lines(
+    runs: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch script, the child of its batch step's slurmstepd with SLURM_PROCID 0 as a task has, lives on from run
+    to run, as does a shell where RANK is set by hand: a run shares only with its own launch, not the run before."""
+    monkeypatch.delenv(said_once.SAID_ENV)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    step = tmp_path / "slurmstepd"
+    step.symlink_to(sys.executable)
+    batch = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
+    env = {**os.environ, **batch, "RANK_CODE": SAY_OPENED, "TMPDIR": str(tmp_path)}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
+    script = f"import subprocess, sys; sys.exit(subprocess.run(['bash', '-c', {runs!r}]).returncode)"
+    done = subprocess.run([step, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stderr.splitlines() == ["INFO the dataset opened"] * 2, done.stderr
+
+
 def test_a_warning_whose_numbers_differ_between_processes_is_said_once_by_its_key(tmp_path: Path, monkeypatch) -> None:
     """A cache's shortfall (images, open decoders) carries each worker's own measures: matched by text, every worker
     of every rank said it, again each epoch."""
@@ -184,6 +265,8 @@ def test_a_folder_left_by_a_process_that_no_longer_runs_is_removed(tmp_path: Pat
         folder.mkdir()
         (folder / "said").touch()
     monkeypatch.delenv(said_once.SAID_ENV)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.setattr(said_once, "_started_by_a_launcher", lambda: False)  # (pytest itself may run under srun)
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     said_once._made_folder.cache_clear()
     try:
