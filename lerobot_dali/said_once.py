@@ -10,11 +10,12 @@ does so at another level (the INFO lines of the dataset opened, how its cameras 
 The processes agree through empty files named by the message in a folder of the job's under the temporary directory:
 the launcher's, the parent of every rank of one launch on the node, which ends with it (torchrun's or accelerate's
 agent, told by ``$TORCHELASTIC_RUN_ID``; by the parent's name, Slurm's step manager under ``srun``, Open MPI's or
-hydra's daemon under ``mpirun``, DeepSpeed's launcher), or else the training process's (a shell or a batch script
-lives on to start the next run), named by its host, PID and start time (a reused PID never inherits it), and passed
-on to the worker processes it starts (:func:`shared_with_children`) through ``$LEROBOT_DALI_SAID_DIR``. The training
-process removes its own at exit; a launcher's, or one left by a killed process, is removed by the next job on the
-host. Where no folder can be made (no /proc), each process says each line once.
+hydra's daemon under ``mpirun`` (a persistent DVM's, serving launch after launch, keeps one per launch, by its PMIx
+namespace); DeepSpeed's launcher), or else the training process's (a shell or a batch script lives on to start the
+next run), named by its host, PID and start time (a reused PID never inherits it), and passed on to the worker
+processes it starts (:func:`shared_with_children`) through ``$LEROBOT_DALI_SAID_DIR``. The training process removes
+its own at exit; a launcher's, or one left by a killed process, is removed by the next job on the host. Where no
+folder can be made (no /proc), each process says each line once.
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ _PREFIX = "lerobot-dali-said-"
 #: The parents of the ranks of one launch on a host, each ending with it: Slurm's step manager (one per job step
 #: and node: ``srun``'s tasks, or the batch script alone), Open MPI's daemon on each node (4: orted; 5: prted) and
 #: mpirun on its own (4: mpirun or its other names; 5: prterun), MPICH's and Intel MPI's hydra proxy on each node.
-_LAUNCHERS = frozenset({"slurmstepd", "orted", "prted", "mpirun", "mpiexec", "orterun", "prterun", "hydra_pmi_proxy"})
+#: (A persistent DVM's, ``prte`` and its prted, serve job after job: each launch's PMIx namespace tells them apart.)
+_LAUNCHERS = frozenset(
+    {"slurmstepd", "orted", "prted", "mpirun", "mpiexec", "orterun", "prterun", "prte", "hydra_pmi_proxy"}
+)
 #: DeepSpeed's runner starts ``python -u -m deepspeed.launcher.launch`` on each node, which starts its ranks.
 _DEEPSPEED_LAUNCH = b"deepspeed.launcher.launch"
 
@@ -124,6 +128,9 @@ def _made_folder() -> Path | None:
         return None
     root = Path(tempfile.gettempdir())
     folder = root / f"{_PREFIX}{host_name()}-{owner}-{started}"
+    launch = os.environ.get("PMIX_NAMESPACE") if owner != os.getpid() else None  # (a DVM's daemons serve many)
+    if launch:
+        folder = folder.with_name(f"{folder.name}-{hashlib.sha256(launch.encode()).hexdigest()[:16]}")
     try:
         _remove_dead(root)
         folder.mkdir(exist_ok=True)
@@ -151,7 +158,7 @@ def _remove_dead(root: Path) -> None:
     """Remove this host's folders whose process no longer runs (or whose PID another process has now)."""
     prefix = f"{_PREFIX}{host_name()}-"
     for left in root.glob(f"{prefix}*"):
-        match = re.fullmatch(r"(\d+)-(\d+)", left.name[len(prefix) :])
+        match = re.fullmatch(r"(\d+)-(\d+)(?:-[0-9a-f]+)?", left.name[len(prefix) :])
         if match is not None and _start_time(int(match.group(1))) != match.group(2):
             shutil.rmtree(left, ignore_errors=True)
 

@@ -87,14 +87,15 @@ LAUNCHER = textwrap.dedent("""
     ranks = [subprocess.Popen(rank, env={**os.environ, **dict.fromkeys(sys.argv[1:], str(r))}) for r in range(2)]
     sys.exit(max(r.wait() for r in ranks))
 """)
+OMPI5 = {"PMIX_NAMESPACE": "prterun-node1-4242@1"}
 
 
 @pytest.mark.parametrize(
     ("launcher", "per_rank", "job"),
     [
         ("slurmstepd", ["SLURM_PROCID", "SLURM_LOCALID"], {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}),  # srun
-        ("prted", ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_RANK"], {}),  # Open MPI 5, each node
-        ("prterun", ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_RANK"], {}),  # ... mpirun's node
+        ("prted", ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_RANK"], OMPI5),  # Open MPI 5, each node
+        ("prterun", ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_RANK"], OMPI5),  # ... mpirun's node
         ("orted", ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"], {}),  # Open MPI 4
         ("hydra_pmi_proxy", ["PMI_RANK"], {"PMI_SIZE": "2"}),  # MPICH, Intel MPI
     ],
@@ -111,6 +112,32 @@ def test_the_ranks_an_mpi_or_slurm_launcher_starts_on_a_node_say_a_line_once(
     env = {**os.environ, **job, "RANK_CODE": SAY_OPENED, "TMPDIR": str(tmp_path)}
     done = subprocess.run([named, "-c", LAUNCHER, *per_rank], env=env, capture_output=True, text=True, timeout=120)
     assert sorted(done.stderr.splitlines()) == ["DEBUG the dataset opened", "INFO the dataset opened"], done.stderr
+
+
+@pytest.mark.parametrize("daemon", ["prted", "prte"])
+def test_jobs_one_after_another_on_a_persistent_dvm_each_say_their_lines(
+    daemon: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DVM's daemons (``prte``, then ``prun`` job after job) start the ranks of every job on a node: told apart by
+    each job's PMIx namespace, a job said nothing the one before it had said."""
+    monkeypatch.delenv(said_once.SAID_ENV)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    named = tmp_path / daemon
+    named.symlink_to(sys.executable)
+    dvm = textwrap.dedent("""
+        import os, subprocess, sys
+        for job in (1, 2):
+            env = {**os.environ, "PMIX_NAMESPACE": f"prte-node1-4242@{job}"}
+            rank = [sys.executable, "-c", os.environ["RANK_CODE"]]
+            ranks = [subprocess.Popen(rank, env={**env, "PMIX_RANK": str(r)}) for r in range(2)]
+            print(*sorted(r.wait() for r in ranks), file=sys.stderr)
+    """)
+    env = {**os.environ, "RANK_CODE": SAY_OPENED, "TMPDIR": str(tmp_path)}
+    done = subprocess.run([named, "-c", dvm], env=env, capture_output=True, text=True, timeout=120)
+    first, second, after = done.stderr.split("0 0\n")  # (each job's lines, then its ranks' exit codes)
+    assert sorted(first.splitlines()) == ["DEBUG the dataset opened", "INFO the dataset opened"], done.stderr
+    assert sorted(second.splitlines()) == ["DEBUG the dataset opened", "INFO the dataset opened"], done.stderr
+    assert after == "", done.stderr
 
 
 def test_the_ranks_deepspeed_starts_on_a_node_say_a_line_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -260,8 +287,9 @@ def test_a_folder_left_by_a_process_that_no_longer_runs_is_removed(tmp_path: Pat
     mine = said_once._start_time(os.getpid())
     reused = tmp_path / f"lerobot-dali-said-{host}-{os.getpid()}-{int(mine or 0) + 1}"  # this PID, another start
     dead = tmp_path / f"lerobot-dali-said-{host}-999999999-1"
+    dead_dvm = tmp_path / f"lerobot-dali-said-{host}-999999999-1-0123abcd"  # (one job's of a DVM daemon)
     other_host = tmp_path / "lerobot-dali-said-elsewhere-999999999-1"
-    for folder in (reused, dead, other_host):
+    for folder in (reused, dead, dead_dvm, other_host):
         folder.mkdir()
         (folder / "said").touch()
     monkeypatch.delenv(said_once.SAID_ENV)
