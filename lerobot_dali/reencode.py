@@ -36,7 +36,7 @@ from typing import Any
 import av
 import numpy as np
 
-from .cache_dirs import atomic_file, try_flock
+from .cache_dirs import atomic_file, try_flock_where_supported
 from .clips import plan_clip
 from .cpu_decode import damaged_frame_error, is_damaged
 from .dataset_info import DatasetInfo, template_pattern
@@ -271,10 +271,15 @@ def _resumable(folder: Path, plan: dict[str, Any]) -> Iterator[None]:
     """Hold ``folder`` for this run alone and check that what an earlier run left there is this run's work: the
     same source files (sizes), options and cameras. On failure, say what is kept; on success, the plan and lock
     files stay until the folder is renamed to ``out`` (:func:`~lerobot_dali.new_folder.write_resumable_folder`)."""
-    lock = try_flock(folder / _LOCK)
+    lock, locked = try_flock_where_supported(folder / _LOCK)
     if lock is None:
         raise FileExistsError(f"{folder}: another lerobot-dali reencode is writing there; wait for it, or stop it")
-    try:
+    if not locked:
+        logger.warning(
+            "%s: its filesystem takes no file locks (NFS without its lock daemon, Lustre without -o flock), so nothing "
+            "stops a second reencode into it at once from mixing its files with this one's: run one at a time", folder,
+        )  # fmt: skip
+    with lock:
         plan_file = folder / _PLAN
         if plan_file.exists():
             earlier = json.loads(plan_file.read_text(encoding="utf-8"))
@@ -297,8 +302,6 @@ def _resumable(folder: Path, plan: dict[str, Any]) -> Iterator[None]:
                 folder,
             )  # fmt: skip
             raise
-    finally:
-        lock.close()
 
 
 def _other_plan_error(folder: Path, earlier: dict[str, Any], plan: dict[str, Any]) -> FileExistsError:

@@ -375,6 +375,28 @@ def test_a_second_run_into_the_same_copy_is_refused_while_one_writes(long_gop_ds
     assert len(report.videos) == 2
 
 
+def test_a_copy_on_a_filesystem_without_locks_is_written_with_a_warning(
+    long_gop_ds: Path, tmp_path: Path, monkeypatch, caplog
+) -> None:
+    """NFS without its lock daemon refuses ``flock`` (ENOLCK): the re-encode failed with that OSError's traceback
+    before writing anything; it writes the copy, saying that nothing keeps a second run out of the folder."""
+    import errno
+    import fcntl
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.reencode"):
+        report = reencode_dataset(long_gop_ds, tmp_path / "out", cameras=["observation.images.cam0"], jobs=1)
+    assert len(report.videos) == 2 and sorted(_files(tmp_path / "out")) == sorted(_files(long_gop_ds))
+    assert [r.getMessage() for r in caplog.records if "takes no file locks" in r.getMessage()] == [
+        f"{tmp_path / '.out.partial'}: its filesystem takes no file locks (NFS without its lock daemon, Lustre without "
+        "-o flock), so nothing stops a second reencode into it at once from mixing its files with this one's: run one "
+        "at a time"
+    ]
+
+
 def test_cli_reencode_prints_what_random_access_costs(
     long_gop_ds: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
