@@ -16,7 +16,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from .errors import MissingDataFileError
 
-__all__ = ["VideoSource", "open_video_source", "source_cache_key", "source_label", "source_url"]
+__all__ = ["VideoSource", "local_video_path", "open_video_source", "source_cache_key", "source_label", "source_url"]
 
 #: Read-ahead of a remote video file: its reads are box headers, the ``moov`` and GOPs at known offsets, each
 #: one request, so a larger block only fetches bytes no read asks for.
@@ -70,6 +70,18 @@ def open_video_source(
         yield handle
 
 
+def local_video_path(source: VideoSource, *, filesystem: Any | None = None) -> str | None:
+    """The path on this machine's disk of ``source`` (a path, local or on fsspec's local filesystem, which
+    ``DatasetLocation.is_local`` checks for), None for a remote path or a file object."""
+    if not isinstance(source, (str, os.PathLike)):
+        return None
+    if filesystem is None:
+        return os.fspath(source)
+    if isinstance(filesystem, LocalFileSystem):
+        return str(filesystem._strip_protocol(os.fspath(source)))
+    return None
+
+
 def source_cache_key(source: VideoSource, *, filesystem: Any | None = None) -> Hashable | None:
     """A key that changes when the file does (path, size, mtime), or None when ``source`` has no identity.
 
@@ -80,13 +92,11 @@ def source_cache_key(source: VideoSource, *, filesystem: Any | None = None) -> H
     """
     try:
         if isinstance(source, (str, os.PathLike)):
-            path = os.fspath(source)
-            if isinstance(filesystem, LocalFileSystem):  # what DatasetLocation.is_local checks
-                path, filesystem = filesystem._strip_protocol(path), None  # os.stat: ~3x cheaper than fs.info
-            if filesystem is None:
+            path = local_video_path(source, filesystem=filesystem)
+            if path is not None:  # (os.stat: ~3x cheaper than fs.info)
                 stat = os.stat(path)
                 return ("local", os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
-            return _fsspec_key(filesystem, path)
+            return _fsspec_key(filesystem, os.fspath(source))
         fs, fs_path = getattr(source, "fs", None), getattr(source, "path", None)
         if fs is not None and isinstance(fs_path, str):
             return _fsspec_key(fs, fs_path)

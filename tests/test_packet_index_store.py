@@ -22,10 +22,12 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import numpy as np
 import pytest
 
-from lerobot_dali.errors import DatasetError
+from lerobot_dali import packet_index_cache
+from lerobot_dali.errors import DatasetError, MissingDataFileError
 from lerobot_dali.file_stamps import FileStamp, FileStamps
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
 from lerobot_dali.packet_index_cache import PacketIndexCache
@@ -450,6 +452,37 @@ def test_a_file_of_another_size_than_listed_is_refused_and_not_stored(
     with pytest.raises(DatasetError, match=r"bytes but was listed with \d+: it changed .* re-open the dataset"):
         PacketIndexCache().get(str(video), stamp=stale, store=store)
     assert not list((tmp_path / "store").rglob("*.pidx"))
+
+
+def test_a_local_file_given_a_store_is_indexed_once_for_every_process(
+    marker_video: MarkerVideo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker whose bounded cache dropped a local file's index loads it from the store (keyed by the file's stat)
+    instead of demuxing the file again; a file rewritten since is indexed again; without a store nothing is kept."""
+    video = tmp_path / "file-000.mp4"
+    shutil.copyfile(marker_video("h264", 30), video)
+    store = PacketIndexStore(tmp_path / "store")
+    PacketIndexCache().get(str(video))
+    assert not (tmp_path / "store").exists()
+    for filesystem in (None, fsspec.filesystem("file")):
+        index = PacketIndexCache().get(str(video), filesystem=filesystem, store=store)
+        assert_identical(index, build_packet_index(video))
+    assert len(list((tmp_path / "store").rglob("*.pidx"))) == 1  # (one file, named either way: one entry)
+
+    built: list[tuple] = []
+    real_build = packet_index_cache.build_packet_index
+    monkeypatch.setattr(
+        packet_index_cache, "build_packet_index", lambda *a, **k: built.append(a) or real_build(*a, **k)
+    )
+    worker_cache, worker_store = pickle.loads(pickle.dumps((PacketIndexCache(), store)))
+    assert_identical(worker_cache.get(str(video), store=worker_store), index)
+    assert built == []
+
+    shutil.copyfile(marker_video("av1", 2), video)  # rewritten in place: same path, new content
+    assert PacketIndexCache().get(str(video), store=store).codec == "av1"
+    assert len(built) == 1
+    with pytest.raises(MissingDataFileError, match="does not exist"):
+        PacketIndexCache().get(str(tmp_path / "gone.mp4"), store=store)
 
 
 def test_stamped_cache_needs_a_path(marker_video: MarkerVideo) -> None:
