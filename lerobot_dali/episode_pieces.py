@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .pickled_columns import PickledColumn, narrowed, widened
+
 __all__ = ["EpisodePieces"]
 
 
@@ -59,6 +61,29 @@ class EpisodePieces:
     def __post_init__(self) -> None:
         one_each = self.episode.size == 0 or bool(self.episode[-1] == self.episode.size - 1)
         object.__setattr__(self, "_whole", one_each and not self.offset.any())
+
+    def __getstate__(self) -> dict[str, PickledColumn]:
+        """Pickled for every DALI worker, as :mod:`.pickled_columns` does, whole episodes (one piece each, from their
+        first frame: the usual case) as their lengths alone (92,000 episodes: 2.2 -> 0.2 MB). Unpickles as it was."""
+        names = ["length"]
+        if not self._whole or not np.array_equal(self.episode, np.arange(self.episode.size)):
+            names += ["episode", "offset"]
+        state = {name: narrowed(getattr(self, name)) for name in names}
+        if self._whole and "offset" not in state:  # (the dtypes the positions and the zero offsets come back in)
+            state["episode"] = (self.episode.dtype.str, np.empty(0, self.episode.dtype))
+            state["offset"] = (self.offset.dtype.str, np.empty(0, self.offset.dtype))
+        return state
+
+    def __setstate__(self, state: dict[str, PickledColumn]) -> None:
+        done: dict[int, np.ndarray] = {}
+        length = widened(state["length"], done)
+        episode, offset = (widened(state[name], done) for name in ("episode", "offset"))
+        if episode.size != length.size:  # (whole episodes: their positions, each from its first frame)
+            episode = np.arange(length.size, dtype=episode.dtype)
+            offset = np.zeros(length.size, dtype=offset.dtype)
+        for name, value in (("episode", episode), ("offset", offset), ("length", length)):
+            object.__setattr__(self, name, value)
+        self.__post_init__()
 
     def frames(self, pieces: np.ndarray, frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(episode_pos, frame_in_episode)`` of ``frames`` counted within ``pieces``."""

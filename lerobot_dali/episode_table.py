@@ -25,6 +25,7 @@ from .dataset_info import DatasetInfo
 from .dataset_location import open_if_present
 from .episode_rows import damaged_parquet_as, read_parquet
 from .errors import DatasetError, EpisodeMetadataError, cameras_hint, listing_hint
+from .pickled_columns import PickledColumn, narrowed, shared, widened
 from .said_once import say_once
 from .value_checks import required_whole_number
 
@@ -95,8 +96,33 @@ class EpisodeTable:
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickles without what :meth:`data_file_ids` and :meth:`rows_read_per_data_file` keep (16 bytes an episode,
-        which the workers' tables never need)."""
-        return {name: value for name, value in self.__dict__.items() if name not in ("_data_file_id", "_rows_read")}
+        which the workers' tables never need), and its columns as :mod:`.pickled_columns` does (a camera's files
+        often laid out as another's): every DALI worker is sent the table, 172 bytes an episode before, 55 now
+        (92,000 episodes of 3 cameras: 15.8 -> 5.1 MB per worker). Unpickles as it was."""
+        state = {name: value for name, value in self.__dict__.items() if name not in ("_data_file_id", "_rows_read")}
+        packed: list[PickledColumn] = []
+
+        def pack(values: np.ndarray) -> PickledColumn:
+            column = shared(narrowed(values), packed)
+            packed.append(column)
+            return column
+
+        for name, value in state.items():
+            if isinstance(value, np.ndarray):
+                state[name] = pack(value)
+        state["cameras"] = {key: tuple(pack(a) for a in _columns(files)) for key, files in self.cameras.items()}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        done: dict[int, np.ndarray] = {}
+        for name, value in state.items():
+            if isinstance(value, tuple) and name != "cameras":
+                state[name] = widened(value, done)
+        state["cameras"] = {
+            key: CameraFiles(*(widened(column, done) for column in columns))
+            for key, columns in state["cameras"].items()
+        }
+        self.__dict__.update(state)
 
     @cached_property
     def _data_file_id(self) -> np.ndarray:
@@ -400,6 +426,10 @@ def _check_no_overlap(
             f"[{start[b]:.3f} s, {min(stop[a], stop[b]):.3f} s) of video file chunk {int(chunk[a])} file "
             f"{int(file[a])}; regenerate the episode metadata"
         )
+
+
+def _columns(files: CameraFiles) -> tuple[np.ndarray, ...]:
+    return tuple(getattr(files, f.name) for f in fields(CameraFiles))
 
 
 def _file_ids(chunk: np.ndarray, file: np.ndarray) -> np.ndarray:

@@ -441,7 +441,12 @@ class SampleOrder:
         state = self.__dict__.copy()
         state["_plans"] = OrderedDict()
         state["_permutations"] = OrderedDict()
+        del state["_lengths"]  # (its pieces' lengths: pickled with them, narrowed)
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lengths = self._pieces.length
 
     def num_samples(self, epoch: int) -> int:
         """Samples this rank emits in ``epoch`` (the same on all ranks but with ``RankBalance.NONE``)."""
