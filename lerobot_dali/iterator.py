@@ -225,13 +225,14 @@ class DALILeRobotIterator:
             options=options,
         )
         location = self.reader.location
-        self._index_store = None if location.is_local else PacketIndexStore()
-        # The workers keep every video file's index on disk, a local one's too (keyed by its stat): a dataset of
-        # thousands of video files outgrows their bounded caches, and each file dropped was demuxed again (92,000
-        # episodes, 3 cameras, 30,000-frame files: ~60 ms each, ~6 a batch of 8), where loading takes ~1 ms.
-        self._worker_index_store = self._index_store or PacketIndexStore()
+        # (a local dataset's files are surveyed from their headers and need no prefetch: :meth:`_route_for_files`)
+        self._remote_index_store = None if location.is_local else PacketIndexStore()
+        # Every video file's index is kept on disk, a local one's too (keyed by its stat): a dataset of thousands of
+        # video files outgrows the workers' bounded caches, and each file dropped was demuxed again (92,000 episodes,
+        # 3 cameras, 30,000-frame files: ~60 ms each, ~6 a batch of 8), where loading takes ~1 ms.
+        self._index_store = self._remote_index_store or PacketIndexStore()
         self._format_store = FileFormatStore() if location.is_local else None
-        for store in (self._worker_index_store, self._format_store, self.reader.column_store):
+        for store in (self._index_store, self._format_store, self.reader.column_store):
             if store is not None:  # (a sweep a day at most)
                 store.prune_unused()
         self.routes = self._choose_routes(preference, first_rows)
@@ -248,7 +249,7 @@ class DALILeRobotIterator:
             lookahead=batch_size * (prefetch + 1) * max(1, num_workers) + batch_size,
             cache_dir=cache_dir,
             cache_bytes=int(cache_gb * 1e9),
-            index_store=self._index_store,
+            index_store=self._remote_index_store,
         )
         self._pipeline: Any = None
         self._source: BatchSource | None = None  # the pipeline's, which its reference cycles keep: closed with it
@@ -367,7 +368,7 @@ class DALILeRobotIterator:
         batch first reached it."""
         # (a missing or damaged file fails as before when a batch reaches it, naming the camera and episodes)
         positions = surveyed_positions(self.reader, camera)
-        survey = survey_camera(self.reader, camera, positions, skip_unreadable=True, store=self._index_store,
+        survey = survey_camera(self.reader, camera, positions, skip_unreadable=True, store=self._remote_index_store,
                                format_store=self._format_store)  # fmt: skip
         survey.check_sizes()
         if not route.dali_device:  # (the workers give each file a decoder of its own: only the size has to agree)
@@ -536,7 +537,7 @@ class DALILeRobotIterator:
             host_value_keys=self._host_value_keys,
             timestamp_source=self._timestamp_source,
             tolerance_s=self._tolerance_s,
-            index_store=self._worker_index_store,
+            index_store=self._index_store,
             cpu_decode=self._cpu_decode,
             image_keys=tuple(self.reader.image_keys),
             image_shapes=self._image_shapes,

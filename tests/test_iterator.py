@@ -431,16 +431,18 @@ def test_each_worker_keeps_the_packet_indices_of_every_pooled_file(make_ds) -> N
     assert entries == {18: (2 * 18 * 2, INDEX_CACHE_BYTES), 40: (2 * 20 * 2, INDEX_CACHE_BYTES)}
 
 
-def test_a_local_datasets_packet_indices_are_kept_on_disk_for_the_workers(make_ds) -> None:
+def test_a_local_datasets_packet_indices_are_kept_on_disk(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
     """Thousands of local video files outgrow each worker's cache of indices, and a file it dropped was demuxed again
     (~60 ms for 30,000 frames, where the store loads it in ~1 ms): every file a batch read is stored, keyed by its
-    stat, in the cache folder."""
+    stat, in the cache folder, and the next build (another process) and its batches index no video file."""
+    from lerobot_dali import packet_index_cache
     from lerobot_dali.file_stamps import stamp_from_stat
     from lerobot_dali.packet_index_store import PacketIndexStore, default_packet_index_dir
     from lerobot_dali.video_source import source_url
 
     root = make_ds(episodes=4, frames_per_episode=2, cameras=2, codec="vp9", size=(64, 64))
-    it = DALILeRobotIterator(root, batch_size=8, shuffle=False, device="cpu", num_workers=0, drop_last=False)
+    options = dict(batch_size=8, shuffle=False, device="cpu", num_workers=0, drop_last=False)
+    it = DALILeRobotIterator(root, **options)
     assert len(list(it)) == 1
     it.close()
     store, reader = PacketIndexStore(default_packet_index_dir()), it.reader
@@ -450,6 +452,15 @@ def test_a_local_datasets_packet_indices_are_kept_on_disk_for_the_workers(make_d
         stored = store.load(source_url(path, filesystem=reader.location.fs), stamp_from_stat(Path(path).stat()))
         assert stored is not None, path
         assert np.array_equal(stored.pts, build_packet_index(path).pts)
+
+    built: list[str] = []
+    real_build = packet_index_cache.build_packet_index
+    monkeypatch.setattr(packet_index_cache, "build_packet_index", lambda s, **k: built.append(s) or real_build(s, **k))
+    monkeypatch.setattr(packet_index_cache, "_DEFAULT_CACHE", packet_index_cache.PacketIndexCache())
+    again = DALILeRobotIterator(root, **options)
+    assert len(list(again)) == 1
+    again.close()
+    assert built == []
 
 
 @pytest.mark.parametrize("stop_after", [0, 2, 5])
