@@ -229,7 +229,7 @@ class DALILeRobotIterator:
         self._remote_index_store = None if location.is_local else PacketIndexStore()
         # Every video file's index is kept on disk, a local one's too (keyed by its stat): a dataset of thousands of
         # video files outgrows the workers' bounded caches, and each file dropped was demuxed again (92,000 episodes,
-        # 3 cameras, 30,000-frame files: ~60 ms each, ~6 a batch of 8), where loading takes ~1 ms.
+        # 3 cameras, 30,000-frame files: ~60 ms each, ~6 a batch of 8), where loading one takes 1-4 ms.
         self._index_store = self._remote_index_store or PacketIndexStore()
         self._format_store = FileFormatStore() if location.is_local else None
         for store in (self._index_store, self._format_store, self.reader.column_store):

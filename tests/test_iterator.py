@@ -433,7 +433,7 @@ def test_each_worker_keeps_the_packet_indices_of_every_pooled_file(make_ds) -> N
 
 def test_a_local_datasets_packet_indices_are_kept_on_disk(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
     """Thousands of local video files outgrow each worker's cache of indices, and a file it dropped was demuxed again
-    (~60 ms for 30,000 frames, where the store loads it in ~1 ms): every file a batch read is stored, keyed by its
+    (~60 ms for 30,000 frames, where the store loads it in 1-4 ms): every file a batch read is stored, keyed by its
     stat, in the cache folder, and the next build (another process) and its batches index no video file."""
     from lerobot_dali import packet_index_cache
     from lerobot_dali.file_stamps import stamp_from_stat
