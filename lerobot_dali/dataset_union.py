@@ -421,8 +421,7 @@ def _first_format(reader: LeRobotDatasetReader, camera: str) -> str | None:
     decodes the camera, but the iterator sends a camera whose datasets' first files differ in codec to the workers)."""
     if not reader.num_episodes:
         return None
-    store = None if reader.location.is_local else PacketIndexStore()  # (the iterator finds it there)
-    _, index = load_episode_packet_index(reader, 0, camera, store=store)
+    _, index = load_episode_packet_index(reader, 0, camera, store=PacketIndexStore())  # (the iterator finds it there)
     return f"{index.height}x{index.width} (HxW)"
 
 

@@ -383,6 +383,23 @@ def test_each_datasets_first_episode_is_looked_up_when_the_iterator_is_built(mak
         DALILeRobotIterator(union, device="cpu", num_workers=0)
 
 
+def test_each_first_file_is_indexed_once_when_the_iterator_is_built(make_ds, monkeypatch) -> None:
+    """The union's check of each dataset's first file and the iterator's build share its index (the on-disk store, a
+    local file's too): the first dataset's first files were demuxed twice, once per key they were cached under."""
+    from collections import Counter
+
+    from lerobot_dali import packet_index_cache
+
+    built: Counter[str] = Counter()
+    real_build = packet_index_cache.build_packet_index
+    monkeypatch.setattr(
+        packet_index_cache, "build_packet_index", lambda s, **k: built.update([s]) or real_build(s, **k)
+    )
+    monkeypatch.setattr(packet_index_cache, "_DEFAULT_CACHE", packet_index_cache.PacketIndexCache())
+    DALILeRobotIterator(concat_datasets(list(_datasets(make_ds))), device="cpu", num_workers=0).close()
+    assert built and set(built.values()) == {1}, built
+
+
 def _retimed(root: Path, timestamps) -> Path:
     """``root`` with each data row's parquet timestamp ``t`` replaced by ``timestamps(t)``."""
     for path in sorted((root / "data").rglob("*.parquet")):
