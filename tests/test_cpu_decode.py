@@ -225,11 +225,12 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
     import logging
 
     import lerobot_dali.cpu_decode as cpu_decode
+    from lerobot_dali.cpu_decode_options import DECODER_FRAMES, DECODER_MEMORY_BYTES
 
     source = marker_video("vp9", 2)
     paths = [shutil.copy(source, tmp_path / f"{i}.webm") for i in range(12)]
     index = build_packet_index(source)
-    per_decoder = cpu_decode.DECODER_FRAMES * index.width * index.height * 3 // 2
+    per_decoder = DECODER_FRAMES * index.width * index.height * 3 // 2
     for budget, threads, kept in ((100 * per_decoder, 1, 12), (10 * per_decoder, 1, 10), (per_decoder, 1, 8),
                                   (10 * per_decoder, 2, 8), (20 * per_decoder, 2, 10)):  # fmt: skip
         options = CpuDecodeOptions(
@@ -241,7 +242,7 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
         assert decoder.open_decoders == kept, (budget, threads)  # each thread holds frames of its own
         decoder.close()
     assert CpuDecodeOptions().max_open_decoders is None
-    assert CpuDecodeOptions().max_decoder_memory_bytes == cpu_decode.DECODER_MEMORY_BYTES == 256 * 2**20
+    assert CpuDecodeOptions().max_decoder_memory_bytes == DECODER_MEMORY_BYTES == 256 * 2**20
     # A pool of 12 files and a budget for 10: said once, naming the budget that holds all 12.
     options = CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, max_decoder_memory_bytes=10 * per_decoder)
     decoder = CpuFrameDecoder(options=options, files_in_use=12)
@@ -275,11 +276,12 @@ def test_the_memory_bound_holds_as_decoders_fail_close_and_reopen(marker_video: 
     """The open decoders' memory is kept as a running total: a decoder dropped when its decode fails, or closed,
     gives its share back, so the budget keeps exactly as many open as before."""
     import lerobot_dali.cpu_decode as cpu_decode
+    from lerobot_dali.cpu_decode_options import DECODER_FRAMES
 
     source = marker_video("vp9", 2)
     paths = [shutil.copy(source, tmp_path / f"{i}.webm") for i in range(14)]
     index = build_packet_index(source)
-    per_decoder = cpu_decode.DECODER_FRAMES * index.width * index.height * 3 // 2
+    per_decoder = DECODER_FRAMES * index.width * index.height * 3 // 2
     options = CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, max_decoder_memory_bytes=10 * per_decoder)
     decoder = CpuFrameDecoder(options=options)
     first = [decoder.decode(path, index, [5]) for path in paths[:10]]
