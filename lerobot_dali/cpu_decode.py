@@ -33,6 +33,14 @@ from fsspec.implementations.local import LocalFileSystem
 from numpy.typing import ArrayLike
 
 from .clips import ClipPlan, check_request, packets_from_keyframe, plan_clip
+from .cpu_backends import (
+    TORCHCODEC_NOT_INSTALLED,
+    cpu_decoders,
+    pyav_can_decode,
+    require_pyav_decoder,
+    torchcodec_available,
+    torchcodec_unavailable,
+)
 from .cpu_decode_options import DECODER_FRAMES, MIN_OPEN_DECODERS, ColorConversion, CpuDecodeOptions, CpuDecoderBackend
 from .distributed import usable_cpus
 from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
@@ -76,75 +84,11 @@ REMOTE_HANDLE_BYTES = 8 * 2**20
 WORKER_RESIZE_INTERPOLATION = int(Interpolation.BILINEAR) | 0x2000 | 0x4000
 
 
-@functools.lru_cache(maxsize=64)
-def pyav_can_decode(codec: str) -> bool:
-    """Whether the FFmpeg bundled with PyAV has a decoder for ``codec`` (an FFmpeg codec name)."""
-    try:
-        av.codec.Codec(codec, "r")
-    except (av.codec.codec.UnknownCodecError, ValueError):
-        return False
-    return True
-
-
-def _require_pyav_decoder(index: PacketIndex) -> None:
-    if not pyav_can_decode(index.codec):
-        raise CodecUnsupportedError(
-            f"{index.source_name}: PyAV has no decoder for codec {index.codec!r}; re-encode the video."
-        )
-
-
-_TORCHCODEC_NOT_INSTALLED = "torchcodec is not installed"
-
-
-def torchcodec_unavailable() -> str | None:
-    """Why torchcodec cannot decode video here (``None``: it can).
-
-    Importing is not enough: torchcodec >= 0.17 imports without FFmpeg (its image decoders need none) and
-    fails only at the first video it opens, so ``pip install lerobot`` on a machine without FFmpeg's shared
-    libraries leaves a torchcodec that imports but cannot decode. Its ``ffmpeg_major_version`` is ``None``
-    then; older releases raised at import instead.
-    """
-    try:
-        import torchcodec
-        from torchcodec.decoders import VideoDecoder  # noqa: F401
-    except ModuleNotFoundError as e:
-        if e.name == "torchcodec":
-            return _TORCHCODEC_NOT_INSTALLED
-        return f"torchcodec does not import (ModuleNotFoundError: {e})"
-    except Exception as e:  # torchcodec raises RuntimeError/OSError when its libraries do not load.
-        first_line = str(e).splitlines()[0] if str(e) else ""
-        return f"torchcodec does not import ({type(e).__name__}: {first_line})"
-    if getattr(torchcodec, "ffmpeg_major_version", 0) is None:
-        return (
-            f"torchcodec {getattr(torchcodec, '__version__', '')} found no FFmpeg shared libraries it supports "
-            "(install FFmpeg's libraries, e.g. apt install ffmpeg or conda install ffmpeg)"
-        )
-    return None
-
-
 @functools.cache
 def _note_torchcodec_skipped(why_not: str) -> None:
     """Once per job on a host: a torchcodec that is installed but cannot decode is passed over for PyAV."""
-    if why_not != _TORCHCODEC_NOT_INSTALLED:
+    if why_not != TORCHCODEC_NOT_INSTALLED:
         say_once(logger, logging.INFO, "CPU decode uses PyAV: %s.", why_not)
-
-
-def cpu_decoders() -> str:
-    """PyAV's version and torchcodec's state: an installed torchcodec that finds no FFmpeg is passed over."""
-    pyav = f"PyAV {av.__version__} (FFmpeg {av.ffmpeg_version_info})"
-    why_not = torchcodec_unavailable()
-    if why_not is not None:
-        return f"{pyav}; torchcodec unused: {why_not}"
-    import torchcodec
-
-    ffmpeg = getattr(torchcodec, "ffmpeg_major_version", "?")
-    version = getattr(torchcodec, "__version__", "(version unknown)")  # a source build may have none
-    return f"{pyav}; torchcodec {version} (FFmpeg {ffmpeg}), which CPU mode decodes with"
-
-
-def torchcodec_available() -> bool:
-    """Whether torchcodec imports and loads its FFmpeg libraries in this environment."""
-    return torchcodec_unavailable() is None
 
 
 def is_damaged(frame: av.VideoFrame, index: PacketIndex) -> bool:
@@ -416,7 +360,7 @@ class _PacketDecoder:
 
     def __init__(self, index: PacketIndex, *, threads: int) -> None:
         self.label = index.source_name
-        _require_pyav_decoder(index)
+        require_pyav_decoder(index)
         try:
             self.container = av.open(io.BytesIO(index.template), "r")
         except (av.error.FFmpegError, OSError) as e:
@@ -720,7 +664,7 @@ class CpuFrameDecoder:
         if backend is None:
             backend = self.backend if pixels == "rgb" and source_key not in self._pyav_files else CpuDecoderBackend.PYAV
         if backend is CpuDecoderBackend.PYAV:
-            _require_pyav_decoder(index)
+            require_pyav_decoder(index)
         # A lent file object may be closed by its owner, so its decoder is never kept.
         key = (source_key, backend, os.getpid()) if source_key is not None else None
         reader = self._reader(key) if key is not None else None
@@ -746,7 +690,7 @@ class CpuFrameDecoder:
             if key is not None:
                 self._forget(key)
             reader.close()
-            _require_pyav_decoder(index)  # (else the file's codec has no CPU decoder here but torchcodec's)
+            require_pyav_decoder(index)  # (else the file's codec has no CPU decoder here but torchcodec's)
             warn_once(logger, "%s: torchcodec %s (keyframes flagged where decoding cannot start: intra refresh?); "
                       "decoding this file with PyAV", index.source_name, e)  # fmt: skip
             if source_key is not None:

@@ -972,16 +972,26 @@ def test_cameras_dali_decodes_keep_no_files_open_in_the_worker(make_ds) -> None:
     assert counts == {"vp9": (0, 64), "h264": (4, 64)}
 
 
+def _count_torchcodec_lookups(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per look for torchcodec, by whichever module looks (each calls torchcodec_unavailable by its own
+    name), each answered "not here"."""
+    from lerobot_dali import cpu_backends, cpu_decode
+
+    looked: list[int] = []
+    for module in (cpu_backends, cpu_decode):
+        monkeypatch.setattr(module, "torchcodec_unavailable", lambda: looked.append(1) or "not here")
+    return looked
+
+
 def test_auto_looks_for_torchcodec_only_when_a_worker_decodes(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
     """Looking for torchcodec imports torch (about a second and 150 MB per worker where it is installed): a worker
     whose cameras DALI decodes no longer looks."""
     import logging
 
-    from lerobot_dali import DALILeRobotIterator, cpu_decode
+    from lerobot_dali import DALILeRobotIterator
     from lerobot_dali.batch_source import BatchSource
 
-    looked: list[int] = []
-    monkeypatch.setattr(cpu_decode, "torchcodec_unavailable", lambda: looked.append(1) or "not here")
+    looked = _count_torchcodec_lookups(monkeypatch)
     decoder = CpuFrameDecoder()
     assert looked == []
     assert decoder.backend is CpuDecoderBackend.PYAV and decoder.backend is CpuDecoderBackend.PYAV and looked == [1]
@@ -1008,12 +1018,11 @@ def test_a_worker_shipping_planes_does_not_look_for_torchcodec(make_ds, monkeypa
     the same feed in CPU mode."""
     import logging
 
-    from lerobot_dali import DALILeRobotIterator, cpu_decode
+    from lerobot_dali import DALILeRobotIterator
     from lerobot_dali.batch_source import BatchSource
     from lerobot_dali.cpu_decode import ColorConversion
 
-    looked: list[int] = []
-    monkeypatch.setattr(cpu_decode, "torchcodec_unavailable", lambda: looked.append(1) or "not here")
+    looked = _count_torchcodec_lookups(monkeypatch)
     package = logging.getLogger("lerobot_dali")
     level = package.level  # (a source unpickled here sets it, as in a worker)
     try:
