@@ -27,7 +27,6 @@ from typing import Any, Literal, cast
 
 import av
 import numpy as np
-from av.video.frame import PictureType
 from av.video.reformatter import Interpolation
 from fsspec.implementations.local import LocalFileSystem
 from numpy.typing import ArrayLike
@@ -44,6 +43,7 @@ from .cpu_backends import (
 from .cpu_decode_options import DECODER_FRAMES, MIN_OPEN_DECODERS, ColorConversion, CpuDecodeOptions, CpuDecoderBackend
 from .distributed import usable_cpus
 from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
+from .frame_checks import check_random_access, damaged_frame_error, is_damaged, out_of_order_error
 from .packet_index import PacketIndex
 from .said_once import say_once, warn_once
 from .video_source import VideoSource, source_cache_key, source_label
@@ -89,72 +89,6 @@ def _note_torchcodec_skipped(why_not: str) -> None:
     """Once per job on a host: a torchcodec that is installed but cannot decode is passed over for PyAV."""
     if why_not != TORCHCODEC_NOT_INSTALLED:
         say_once(logger, logging.INFO, "CPU decode uses PyAV: %s.", why_not)
-
-
-def is_damaged(frame: av.VideoFrame, index: PacketIndex) -> bool:
-    """Whether a decoded frame is damaged: FFmpeg flags it corrupt (``frame.is_corrupt``), or it has another size
-    than the stream's (a damaged in-band header: AV1's sequence header made a GOP decode as 1x1 frames).
-
-    FFmpeg conceals damaged data (grey or smeared blocks) instead of failing. Every frame decoded for a request
-    is checked, not only the returned ones: a damaged H.264 keyframe flags itself alone, and the frames predicted
-    from it come out wrong unflagged. No frame of valid data was flagged (the four real datasets and generated
-    AV1/H.264/HEVC/VP9, open GOPs included, from every keyframe). It catches damaged H.264 keyframes and part of
-    the rest (about a third of damaged H.264 non-key frames; nothing in HEVC or VP9). ``err_detect=explode``
-    would catch little more and fails valid open-GOP H.264 read from a keyframe that is not an IDR picture.
-    """
-    return bool(frame.is_corrupt) or (frame.width, frame.height) != (index.width, index.height)
-
-
-def damaged_frame_error(
-    label: str, frame: av.VideoFrame, index: PacketIndex, seconds: float | None
-) -> VideoDecodeError:
-    """The error for a frame :func:`is_damaged` found, shown at ``seconds``."""
-    where = "at an unknown time" if seconds is None else f"at pts {seconds:.6f} s"
-    if frame.is_corrupt:
-        return VideoDecodeError(
-            f"{label}: the decoder flagged the frame {where} as corrupt (it concealed damaged data, so the frames "
-            "decoded from it are wrong); the file is corrupt: restore it from its source or re-encode it."
-        )
-    return VideoDecodeError(
-        f"{label}: the decoder produced a {frame.width}x{frame.height} frame {where} in a {index.width}x"
-        f"{index.height} video: a damaged stream header (the frames decoded from it are wrong), or a stream that "
-        "changes size, which one camera's frames cannot; restore the file from its source or re-encode it."
-    )
-
-
-def _out_of_order_error(label: str, which: str) -> VideoDecodeError:
-    """The error for frames a decoder shows out of their timestamps' order (``which``: the pair, as shown).
-
-    A decoder shows frames in the order the bitstream says (H.264/HEVC picture order), and a sound file's
-    timestamps say the same. Damaged composition offsets (``ctts``) reorder the timestamps alone, so frames
-    would be handed out under each other's timestamps, with no error from the decoder.
-    """
-    return VideoDecodeError(
-        f"{label}: the decoder shows frames in another order than their timestamps say ({which}); the file's "
-        "timestamps (its composition offsets, ctts) are damaged: download or copy it again, or re-encode it."
-    )
-
-
-def _check_random_access(label: str, frame: av.VideoFrame | None, key_pts: int, seconds: float) -> None:
-    """Raise unless ``frame``, the first shown at or after the keyframe at ``key_pts`` (shown at ``seconds``) that
-    decoding started from, is that keyframe's own intra-coded picture.
-
-    A file may flag pictures that are no random-access point as keyframes: x264's intra refresh marks the P-frame
-    that starts each refresh cycle (an H.264 recovery point) a sync sample. The packet index drops those flags
-    (:mod:`.random_access`), so this guards against what that check does not see. Decoding from there, FFmpeg withholds
-    the pictures until the cycle completes, then shows frames predicted from references it never had (grey or
-    green, unflagged: 6 of the 9 frames after the last refresh start of a 90-frame 96x64 file); fed after an
-    earlier run of the same clip, it shows that P-frame predicted from the wrong pictures. No error either way.
-    """
-    if frame is not None and frame.pts == key_pts and frame.pict_type == PictureType.I:
-        return
-    shown = "is not shown" if frame is None or frame.pts != key_pts else "is not an intra picture"
-    raise VideoDecodeError(
-        f"{label}: the keyframe at pts {seconds:.6f} s {shown} when "
-        "decoding starts there: the file flags a picture that is no random-access point as a keyframe (an H.264 "
-        "recovery point of intra refresh), so frames decoded from it would not be the file's. Re-encode the video "
-        "with real keyframes (lerobot-dali reencode)."
-    )
 
 
 class _PyAvReader:
@@ -217,7 +151,7 @@ class _PyAvReader:
     ) -> None:
         """Decode ``packets`` (from the keyframe at ``key_pts`` on, the decoder just reset) until every pts in
         ``pending`` is in ``found``; the keyframe's own picture must show first, intra-coded
-        (:func:`_check_random_access`)."""
+        (:func:`~.frame_checks.check_random_access`)."""
         pending = pending - found.keys()
         last: tuple[int, float] | None = None  # (pts, seconds) of the last frame shown
         key_checked, key_discarded = False, False
@@ -230,10 +164,10 @@ class _PyAvReader:
                 if not key_checked and frame.pts is not None and frame.pts >= key_pts:
                     key_checked = True
                     if frame.pts == key_pts or not key_discarded:
-                        _check_random_access(self.label, frame, key_pts, float(key_pts * index.time_base))
+                        check_random_access(self.label, frame, key_pts, float(key_pts * index.time_base))
                 if frame.pts is not None:
                     if last is not None and frame.pts <= last[0]:
-                        raise _out_of_order_error(self.label, f"pts {frame.time:.6f} s after {last[1]:.6f} s")
+                        raise out_of_order_error(self.label, f"pts {frame.time:.6f} s after {last[1]:.6f} s")
                     last = (frame.pts, float(frame.time))
                 if frame.pts in pending:
                     found[frame.pts] = convert(frame)
@@ -398,12 +332,12 @@ class _PacketDecoder:
         shown = [int(frame.pts) for frame in frames if frame.pts is not None]
         for earlier, later in itertools.pairwise(shown):
             if later <= earlier:
-                raise _out_of_order_error(self.label, f"display rank {later} of the clip after {earlier}")
+                raise out_of_order_error(self.label, f"display rank {later} of the clip after {earlier}")
         by_rank = {int(frame.pts): frame for frame in frames if frame.pts is not None}
         for start, _ in plan.segments:  # each run's keyframe, decoded after the previous run's pictures
             rank = int(ranks[int(np.searchsorted(plan.packet_positions, start))])
             seconds = float(int(index.pts[start]) * index.time_base)
-            _check_random_access(self.label, by_rank.get(rank), rank, seconds)
+            check_random_access(self.label, by_rank.get(rank), rank, seconds)
         wanted = np.unique(plan.relative_indices).tolist()
         missing = [rank for rank in wanted if rank not in by_rank]
         if missing:

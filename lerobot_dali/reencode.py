@@ -38,7 +38,6 @@ import numpy as np
 
 from .cache_dirs import atomic_file, try_flock_where_supported
 from .clips import plan_clip
-from .cpu_decode import damaged_frame_error, is_damaged
 from .dataset_info import DatasetInfo, template_pattern
 from .dataset_location import DatasetLocation, resolve_location
 from .dataset_reader import INFO_PATH, read_info_json
@@ -46,6 +45,7 @@ from .distributed import usable_cpus
 from .episode_data_files import episode_data_path, video_file_path
 from .episode_table import read_episode_records, read_episode_table
 from .errors import DatasetError, VideoDecodeError, cameras_hint, listing_hint
+from .frame_checks import damaged_frame_error, is_damaged
 from .new_folder import refuse_resumable_taken, write_resumable_folder
 from .packet_index import PacketIndex, build_packet_index
 from .parent_watch import exit_with_parent
@@ -453,7 +453,7 @@ def _finished_copy(target: Path, before: PacketIndex) -> PacketIndex | None:
 
 def _encode(source: Any, job: _Job, path: Path, index: PacketIndex) -> None:
     """Encode ``source``'s frames (``index`` is its packet index) into ``path``, refusing a damaged one as the loader
-    does (:func:`~lerobot_dali.cpu_decode.is_damaged`): the encoder would scale a 1x1 frame of a damaged header to
+    does (:func:`~lerobot_dali.frame_checks.is_damaged`): the encoder would scale a 1x1 frame of a damaged header to
     the stream's size, and the copy would then hide the damage."""
     label, frames = index.source_name, index.frame_count
     stream = source.streams.video[0]

@@ -304,7 +304,7 @@ def test_frames_of_a_damaged_header_fail_instead_of_being_scaled_into_the_copy(
 ) -> None:
     """An AV1 sequence header with its frame-size bytes zeroed decodes a GOP as 1x1 frames, unflagged. The encoder
     scaled them to the stream's size, so the copy held flat frames and no trace of the damage; the loader's own
-    check (cpu_decode.is_damaged) now refuses them here too."""
+    check (frame_checks.is_damaged) now refuses them here too."""
     root = copy_ds(long_gop_ds)
     damage_av1_frame_size(root / BAD)
     with pytest.raises(VideoDecodeError, match=r"file-001\.mp4: the decoder produced a 1x1 frame at pts 0\.000000 s"):
