@@ -23,11 +23,10 @@ import os
 import resource
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import av
 import numpy as np
-from av.video.reformatter import Interpolation
 from fsspec.implementations.local import LocalFileSystem
 from numpy.typing import ArrayLike
 
@@ -44,10 +43,17 @@ from .cpu_decode_options import DECODER_FRAMES, MIN_OPEN_DECODERS, ColorConversi
 from .distributed import usable_cpus
 from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
 from .frame_checks import check_random_access, damaged_frame_error, is_damaged, out_of_order_error
+from .frame_pixels import (
+    WORKER_RESIZE_INTERPOLATION,
+    Pixels,
+    checked_size,
+    frame_conversion,
+    stacked_each,
+    stacked_frames,
+)
 from .packet_index import PacketIndex
 from .said_once import say_once, warn_once
 from .video_source import VideoSource, source_cache_key, source_label
-from .yuv_frames import frame_planes, reformat_array, stack_planes, swscale_colors
 
 __all__ = [
     "WORKER_RESIZE_INTERPOLATION",
@@ -66,22 +72,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: What a decode hands over: RGB, the decoder's planes (:mod:`.yuv_frames`) or depth codes (:mod:`.depth_maps`).
-Pixels = Literal["rgb", "planes", "depth"]
 
 #: Open files kept per process when the options leave it (``max_open_decoders=None``) and no pool says more.
 DEFAULT_OPEN_DECODERS = 64
 #: What an open remote file adds to its decoder: fsspec's read-ahead block (5 MiB for HTTP), with margin.
 REMOTE_HANDLE_BYTES = 8 * 2**20
-
-#: swscale flags for resizing in the worker: bilinear (swscale widens it when shrinking, i.e. antialiased,
-#: like DALI's ``fn.resize``) with chroma interpolated at full resolution. Against DALI's resize of the
-#: full RGB frame, on the four real datasets in ../shared and the generated bench set, to 224x224, 96x128
-#: and 240x320: mean abs difference 0.6-1.2, p99 <= 7, max 49 (at sharp colour edges, where 4:2:0 chroma
-#: meets a different filter). Plain BILINEAR: max 62; AREA, BICUBIC, GAUSS, LANCZOS: further off. The chroma
-#: flags are swscale's ``SWS_FULL_CHR_H_INT`` and ``SWS_FULL_CHR_H_INP``, spelled as numbers: PyAV names them only
-#: from 18 (LeRobot 0.5+ pins PyAV < 16), and every PyAV passes an int through to swscale.
-WORKER_RESIZE_INTERPOLATION = int(Interpolation.BILINEAR) | 0x2000 | 0x4000
 
 
 @functools.cache
@@ -181,21 +176,6 @@ class _PyAvReader:
             container.close()
         if self._handle is not None:
             self._handle.close()
-
-
-def _to_rgb(frame: av.VideoFrame, size: tuple[int, int] | None) -> np.ndarray:
-    colors = swscale_colors(frame)
-    if size is None or size == (frame.height, frame.width):
-        return reformat_array(frame, format="rgb24", **colors)
-    height, width = size
-    return reformat_array(
-        frame, format="rgb24", width=width, height=height, interpolation=WORKER_RESIZE_INTERPOLATION, **colors
-    )
-
-
-def _to_depth_codes(frame: av.VideoFrame) -> np.ndarray:
-    """A depth camera's 12-bit codes (H, W) uint16, taken as LeRobot takes them (``gray12le``)."""
-    return reformat_array(frame, format="gray12le")
 
 
 def _resize_nhwc(frames: Any, size: tuple[int, int]) -> np.ndarray:
@@ -351,56 +331,6 @@ class _PacketDecoder:
         self.container.close()
 
 
-def _checked_size(size: Any) -> tuple[int, int]:
-    ok = isinstance(size, (tuple, list)) and len(size) == 2
-    ok = ok and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)
-    if not ok:
-        raise ValueError(f"size must be a pair (height, width) of positive ints, got {size!r}.")
-    return int(size[0]), int(size[1])
-
-
-def _conversion(pixels: Pixels | None, size: tuple[int, int] | None) -> Callable[[av.VideoFrame], Any]:
-    """What each PyAV frame becomes for ``pixels`` (None: its pts)."""
-    if pixels is None:
-        return _frame_pts
-    if pixels == "rgb":
-        return functools.partial(_to_rgb, size=None if size is None else _checked_size(size))
-    if pixels not in ("planes", "depth"):
-        raise ValueError(f"pixels must be 'rgb', 'planes' or 'depth', got {pixels!r}.")
-    if size is not None:
-        raise ValueError(f"size resizes RGB frames only; pixels={pixels!r} come at the video's size.")
-    return frame_planes if pixels == "planes" else _to_depth_codes
-
-
-def _frame_pts(frame: av.VideoFrame) -> int | None:
-    return frame.pts
-
-
-def _stacked(frames: list[Any], pixels: Pixels, *, label: str) -> Any:
-    if pixels == "planes":
-        return stack_planes(frames, label=label)
-    if len(frames) == 1:  # every request of a single-frame camera: the worker's copy to shared memory is the only one
-        return np.ascontiguousarray(frames[0])[np.newaxis]
-    return np.stack(frames)
-
-
-def _stacked_each(frames: list[Any], rows: list[list[int]], pixels: Pixels, *, label: str) -> list[Any]:
-    """Each request's frames (its ``rows`` of ``frames``): RGB or depth windows of several frames as slices of one
-    stack, one allocation per file of a batch, not one per request.
-
-    A worker's outputs are fresh memory every batch, paged in as they are first written; glibc serves a few MB from
-    its heap, which it hands back to the kernel between batches, while NumPy asks for huge pages for larger arrays.
-    Two 480x640 RGB frames per sample (GOP 2, two files, medians of 3 alternated runs): batch 64, AV1 126 -> 102 ms
-    and H.264 168 -> 111 ms; batch 32, H.264 77 -> 53 ms, AV1 unchanged. Planes stay stacked per request: stacked per
-    file they were no faster. Requests of one frame each keep their frames' own memory (:func:`_stacked`).
-    """
-    if pixels == "planes" or all(len(r) == 1 for r in rows):
-        return [_stacked([frames[row] for row in r], pixels, label=label) for r in rows]
-    everything = _stacked([frames[row] for r in rows for row in r], pixels, label=label)
-    stops = np.cumsum([len(r) for r in rows]).tolist()
-    return [everything[start:stop] for start, stop in zip([0, *stops[:-1]], stops, strict=True)]
-
-
 def _is_path(source: VideoSource) -> bool:
     return isinstance(source, (str, os.PathLike))
 
@@ -482,7 +412,7 @@ class CpuFrameDecoder:
         converted frame's own memory, not a copy (in :meth:`decode_each`, shared by requests of that one frame).
         """
         frames = self._frames(source, index, frame_indices, filesystem=filesystem, size=size, pixels=pixels)
-        return _stacked(frames, pixels, label=index.source_name)
+        return stacked_frames(frames, pixels, label=index.source_name)
 
     def verify(
         self, source: VideoSource, index: PacketIndex, frame_indices: ArrayLike, *, filesystem: Any = None
@@ -515,10 +445,11 @@ class CpuFrameDecoder:
     ) -> list[Any]:
         """:meth:`decode` of several requests of one file: their frames decode once, as one request, and each
         request's frames are copied once, none for one RGB frame (stacking the union first and indexing it cost
-        two more, +27% at 640x480); RGB windows land in one array, a slice each (:func:`_stacked_each`). With
-        closed GOPs the clip plan starts a segment at each needed keyframe, so the union decodes no more than its
-        parts; open GOPs (leading pictures) would make it one unbroken run from the first frame to the last (354
-        packets for three two-frame requests, against 17), so there each GOP's requests go together."""
+        two more, +27% at 640x480); RGB windows land in one array, a slice each
+        (:func:`~.frame_pixels.stacked_each`). With closed GOPs the clip plan starts a segment at each needed
+        keyframe, so the union decodes no more than its parts; open GOPs (leading pictures) would make it one
+        unbroken run from the first frame to the last (354 packets for three two-frame requests, against 17), so
+        there each GOP's requests go together."""
         arrays = [check_request(index, r) for r in requests]
         groups: dict[int, list[int]] = {}
         for i, r in enumerate(arrays):
@@ -530,7 +461,7 @@ class CpuFrameDecoder:
             union = np.unique(np.concatenate([arrays[i] for i in members]))
             frames = self._frames(source, index, union, filesystem=filesystem, size=size, pixels=pixels)
             rows = [np.searchsorted(union, arrays[i]).tolist() for i in members]
-            for i, stacked in zip(members, _stacked_each(frames, rows, pixels, label=index.source_name), strict=True):
+            for i, stacked in zip(members, stacked_each(frames, rows, pixels, label=index.source_name), strict=True):
                 out[i] = stacked
         return out
 
@@ -551,10 +482,10 @@ class CpuFrameDecoder:
         request costs no template probe and no decoder set-up. PyAV decodes whatever the backend (torchcodec
         takes files, not packets). Raises VideoDecodeError naming the file when the packets do not decode.
         """
-        convert = _conversion(pixels, size)
+        convert = frame_conversion(pixels, size)
         by_rank = {rank: convert(frame) for rank, frame in self._packet_frames(index, plan, payloads).items()}
         frames = [by_rank[int(rank)] for rank in plan.relative_indices]
-        return _stacked(frames, pixels, label=index.source_name)
+        return stacked_frames(frames, pixels, label=index.source_name)
 
     def _packet_frames(self, index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> dict[int, av.VideoFrame]:
         self._drop_inherited()
@@ -588,8 +519,8 @@ class CpuFrameDecoder:
         ``backend`` overrides the choice (PyAV for a file torchcodec misread)."""
         if pixels == "planes" and self.options.backend is CpuDecoderBackend.TORCHCODEC:
             raise ValueError("pixels='planes' needs PyAV; this decoder's options ask for torchcodec")
-        convert = _conversion(pixels, size)
-        size = None if size is None else _checked_size(size)
+        convert = frame_conversion(pixels, size)
+        size = None if size is None else checked_size(size)
         requested = np.asarray(frame_indices)
         plan = plan_clip(index, requested)  # validates the request before any file is opened
         requested = requested.astype(np.int64)

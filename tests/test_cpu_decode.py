@@ -734,7 +734,7 @@ def test_reused_conversions_give_pyav_own_pixels_across_sizes_and_formats(marker
     when frames of other sizes, resizes and formats alternate on one thread (the context must be rebuilt)."""
     import av
 
-    from lerobot_dali.cpu_decode import WORKER_RESIZE_INTERPOLATION, _to_depth_codes, _to_rgb
+    from lerobot_dali.frame_pixels import WORKER_RESIZE_INTERPOLATION, _to_depth_codes, _to_rgb
 
     frames = []
     for path in (marker_video("av1", 2), marker_video("h264", 3, height=96, width=128), cr5_video(0)):
