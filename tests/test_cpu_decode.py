@@ -27,6 +27,7 @@ from lerobot_dali.cpu_decode import (
 from lerobot_dali.errors import CodecUnsupportedError, FrameRequestError, MissingDataFileError, VideoDecodeError
 from lerobot_dali.frame_marker import draw_marker
 from lerobot_dali.packet_index import build_packet_index
+from lerobot_dali.pyav_reader import PyAvReader
 from lerobot_dali.yuv_frames import frame_planes
 from tests.conftest import shared_dataset
 from tests.video_fixtures import (
@@ -275,7 +276,6 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
 def test_the_memory_bound_holds_as_decoders_fail_close_and_reopen(marker_video: MarkerVideo, tmp_path, monkeypatch):
     """The open decoders' memory is kept as a running total: a decoder dropped when its decode fails, or closed,
     gives its share back, so the budget keeps exactly as many open as before."""
-    import lerobot_dali.cpu_decode as cpu_decode
     from lerobot_dali.cpu_decode_options import DECODER_FRAMES
 
     source = marker_video("vp9", 2)
@@ -286,15 +286,15 @@ def test_the_memory_bound_holds_as_decoders_fail_close_and_reopen(marker_video: 
     decoder = CpuFrameDecoder(options=options)
     first = [decoder.decode(path, index, [5]) for path in paths[:10]]
     assert decoder.open_decoders == 10
-    plain = cpu_decode._PyAvReader.frames_at
+    plain = PyAvReader.frames_at
 
     def failing(self, *args, **kwargs):
         raise VideoDecodeError("broken")
 
-    monkeypatch.setattr(cpu_decode._PyAvReader, "frames_at", failing)
+    monkeypatch.setattr(PyAvReader, "frames_at", failing)
     with pytest.raises(VideoDecodeError, match="broken"):
         decoder.decode(paths[10], index, [5])  # opened (one evicted for it), then dropped
-    monkeypatch.setattr(cpu_decode._PyAvReader, "frames_at", plain)
+    monkeypatch.setattr(PyAvReader, "frames_at", plain)
     assert decoder.open_decoders == 9
     decoder.decode(paths[11], index, [5])
     assert decoder.open_decoders == 10  # its share was given back: room for one more
@@ -822,7 +822,6 @@ def test_a_one_frame_request_hands_over_its_frame_without_a_copy(marker_video: M
 
 def test_decode_each_of_an_open_gop_file_decodes_each_gop_on_its_own(tmp_path, monkeypatch) -> None:
     """Open GOPs make a union of far-apart requests one unbroken run: decode_each decodes per GOP there."""
-    import lerobot_dali.cpu_decode as cpu_decode
     from tests.test_clips import _encode_open_gop
 
     path = tmp_path / "open_gop.mp4"
@@ -830,7 +829,7 @@ def test_decode_each_of_an_open_gop_file_decodes_each_gop_on_its_own(tmp_path, m
     index = build_packet_index(path)
     assert index.has_leading_pictures
     decoded: list[int] = []
-    original = cpu_decode._PyAvReader._decode_until
+    original = PyAvReader._decode_until
 
     def counting(self, packets, *args):
         def each():
@@ -840,7 +839,7 @@ def test_decode_each_of_an_open_gop_file_decodes_each_gop_on_its_own(tmp_path, m
 
         return original(self, each(), *args)
 
-    monkeypatch.setattr(cpu_decode._PyAvReader, "_decode_until", counting)
+    monkeypatch.setattr(PyAvReader, "_decode_until", counting)
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
     requests = [np.array([2, 3]), np.array([45, 46]), np.array([85, 86])]
     together = decoder.decode_each(path, index, requests)
@@ -927,17 +926,17 @@ def test_a_worker_keeps_open_every_file_of_its_episode_pool(make_ds, monkeypatch
     reopened files through the epoch (at 640x480, 3 cameras and a pool of 64: 1,450 opens per 640 samples in the
     steady state, +71% CPU per sample). Now each file opens once, and the frames are those of a decoder that
     reopens every file for every request."""
-    from lerobot_dali import DALILeRobotIterator, cpu_decode
+    from lerobot_dali import DALILeRobotIterator
     from lerobot_dali.batch_source import BatchSource
 
     opened: list[str] = []
-    plain = cpu_decode._PyAvReader.__init__
+    plain = PyAvReader.__init__
 
     def counted(self, source, **kwargs):
         opened.append(str(source))
         plain(self, source, **kwargs)
 
-    monkeypatch.setattr(cpu_decode._PyAvReader, "__init__", counted)
+    monkeypatch.setattr(PyAvReader, "__init__", counted)
     root = make_ds(episodes=24, frames_per_episode=4, cameras=3, codec="h264", version="v2.1")
     pyav = CpuDecodeOptions(backend=CpuDecoderBackend.PYAV)
     it = DALILeRobotIterator(root, batch_size=8, device="cpu", num_workers=0, episode_pool_size=24, cpu_decode=pyav)
