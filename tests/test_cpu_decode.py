@@ -503,7 +503,7 @@ def test_a_video_torchcodec_cannot_open_does_not_leave_its_file_open(monkeypatch
     import sys
     import types
 
-    from lerobot_dali import cpu_decode
+    from lerobot_dali.torchcodec_reader import TorchCodecReader
 
     class Refusing:
         def __init__(self, source, **kwargs):
@@ -522,9 +522,7 @@ def test_a_video_torchcodec_cannot_open_does_not_leave_its_file_open(monkeypatch
 
     fs = SimpleNamespace(open=tracked_open)
     with pytest.raises(VideoDecodeError, match="torchcodec cannot open the video"):
-        cpu_decode._TorchCodecReader(
-            str(tmp_path / "bad.mp4"), filesystem=fs, threads=1, label="bad.mp4", stream_index=0
-        )
+        TorchCodecReader(str(tmp_path / "bad.mp4"), filesystem=fs, threads=1, label="bad.mp4", stream_index=0)
     assert len(opened) == 1 and opened[0].closed
 
 
@@ -974,10 +972,10 @@ def test_cameras_dali_decodes_keep_no_files_open_in_the_worker(make_ds) -> None:
 def _count_torchcodec_lookups(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """One entry per look for torchcodec, by whichever module looks (each calls torchcodec_unavailable by its own
     name), each answered "not here"."""
-    from lerobot_dali import cpu_backends, cpu_decode
+    from lerobot_dali import cpu_backends, cpu_decode, torchcodec_reader
 
     looked: list[int] = []
-    for module in (cpu_backends, cpu_decode):
+    for module in (cpu_backends, cpu_decode, torchcodec_reader):
         monkeypatch.setattr(module, "torchcodec_unavailable", lambda: looked.append(1) or "not here")
     return looked
 

@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from lerobot_dali.augment import AugmentConfig, ColorJitter, Normalize, RandomAffine, RandomResizedCrop, leading_resize
-from lerobot_dali.cpu_decode import ColorConversion, CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder, _resize_nhwc
+from lerobot_dali.cpu_decode import ColorConversion, CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
 from lerobot_dali.dali_graph import camera_feed
 from lerobot_dali.decode_route import DecodeRoute
 from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.packet_index_cache import load_packet_index
+from lerobot_dali.torchcodec_reader import _resize_nhwc
 from tests.video_fixtures import reference_frames
 
 LENGTHS = [5, 1, 7, 4, 6]  # as tests/test_iterator.py, so the session's generated datasets are shared
