@@ -6,18 +6,17 @@ the same frame a full sequential decode gives at that pts. Open decoders are kep
 process and opened lazily: a decoder inherited through fork shares FFmpeg state and file offsets with its
 parent, so a process never uses one it did not open itself.
 
-With ``size`` the frames come back resized (CPU mode, see ``dali_graph.camera_feed``): PyAV folds the
-resize into the YUV -> RGB conversion it does anyway (swscale, :data:`WORKER_RESIZE_INTERPOLATION`);
-torchcodec's frames are resized after decoding with torch's antialiased bilinear. Where the pipeline runs
-on a GPU the worker skips that conversion altogether and hands the decoder's planes over
-(``CpuFrameDecoder.decode(pixels="planes")``, :mod:`.yuv_frames`; :class:`ColorConversion` says where).
+:class:`CpuFrameDecoder` keeps that LRU and picks each file's reader (:mod:`.pyav_reader`, :mod:`.torchcodec_reader`;
+:mod:`.packet_decoder` for packets read by byte range). Apart from it: the options (:mod:`.cpu_decode_options`), which
+decoders this machine has (:mod:`.cpu_backends`), the checks of every decoded frame (:mod:`.frame_checks`) and what a
+frame becomes (:mod:`.frame_pixels`: RGB, resized to ``size`` in CPU mode; the decoder's planes, which the graph
+converts where the pipeline runs on a GPU, as :class:`ColorConversion` says; a depth camera's codes). Callers import
+the options, the backend checks, the damaged-frame checks and the pixel names from here too (``__all__``).
 """
 
 from __future__ import annotations
 
 import functools
-import io
-import itertools
 import logging
 import os
 import resource
@@ -41,8 +40,7 @@ from .cpu_backends import (
 )
 from .cpu_decode_options import DECODER_FRAMES, MIN_OPEN_DECODERS, ColorConversion, CpuDecodeOptions, CpuDecoderBackend
 from .distributed import usable_cpus
-from .errors import VideoDecodeError
-from .frame_checks import check_random_access, damaged_frame_error, is_damaged, out_of_order_error
+from .frame_checks import damaged_frame_error, is_damaged
 from .frame_pixels import (
     WORKER_RESIZE_INTERPOLATION,
     Pixels,
@@ -51,6 +49,7 @@ from .frame_pixels import (
     stacked_each,
     stacked_frames,
 )
+from .packet_decoder import PacketDecoder
 from .packet_index import PacketIndex
 from .pyav_reader import PyAvReader
 from .said_once import say_once, warn_once
@@ -74,7 +73,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-
 #: Open files kept per process when the options leave it (``max_open_decoders=None``) and no pool says more.
 DEFAULT_OPEN_DECODERS = 64
 #: What an open remote file adds to its decoder: fsspec's read-ahead block (5 MiB for HTTP), with margin.
@@ -88,74 +86,11 @@ def _note_torchcodec_skipped(why_not: str) -> None:
         say_once(logger, logging.INFO, "CPU decode uses PyAV: %s.", why_not)
 
 
-class _PacketDecoder:
-    """A PyAV decoder opened from a file's stream template (``PacketIndex.template``), fed the packets of one
-    request at a time and reset between requests, as a file's open decoder is after each seek."""
-
-    def __init__(self, index: PacketIndex, *, threads: int) -> None:
-        self.label = index.source_name
-        require_pyav_decoder(index)
-        try:
-            self.container = av.open(io.BytesIO(index.template), "r")
-        except (av.error.FFmpegError, OSError) as e:
-            raise VideoDecodeError(f"{self.label}: the stream template does not open ({e}).") from e
-        self.codec = self.container.streams.video[0].codec_context
-        self.codec.thread_count = threads
-        self.codec.thread_type = "AUTO"
-
-    def frames_at(self, index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> dict[int, av.VideoFrame]:
-        """The planned packets decoded: the wanted frames keyed by their display rank in the plan."""
-        if len(payloads) != plan.frame_count:
-            raise ValueError(f"decode_packets got {len(payloads)} payloads for a plan of {plan.frame_count} packets.")
-        # Display rank as pts: the decoder hands frames back in display order, and the pts proves which is which.
-        ranks = np.argsort(np.argsort(index.pts[plan.packet_positions], kind="stable"), kind="stable")
-        frames: list[av.VideoFrame] = []
-        try:
-            self.codec.flush_buffers()
-            for position, (payload, rank) in enumerate(zip(payloads, ranks.tolist(), strict=True)):
-                packet = av.Packet(payload)
-                packet.pts, packet.dts = rank, position
-                packet.is_keyframe = bool(index.keyframe[plan.packet_positions[position]])
-                frames.extend(self.codec.decode(packet))
-            frames.extend(self.codec.decode(None))
-        except (av.error.FFmpegError, OSError) as e:
-            raise VideoDecodeError(
-                f"{self.label}: decoding {len(payloads)} packets failed ({e}); the file is corrupt."
-            ) from e
-        damaged = next((frame for frame in frames if is_damaged(frame, index)), None)
-        if damaged is not None:
-            clip_pts = np.sort(index.pts[plan.packet_positions])
-            rank = damaged.pts
-            known = rank is not None and 0 <= rank < len(clip_pts)
-            seconds = float(int(clip_pts[rank]) * index.time_base) if known else None
-            raise damaged_frame_error(self.label, damaged, index, seconds)
-        shown = [int(frame.pts) for frame in frames if frame.pts is not None]
-        for earlier, later in itertools.pairwise(shown):
-            if later <= earlier:
-                raise out_of_order_error(self.label, f"display rank {later} of the clip after {earlier}")
-        by_rank = {int(frame.pts): frame for frame in frames if frame.pts is not None}
-        for start, _ in plan.segments:  # each run's keyframe, decoded after the previous run's pictures
-            rank = int(ranks[int(np.searchsorted(plan.packet_positions, start))])
-            seconds = float(int(index.pts[start]) * index.time_base)
-            check_random_access(self.label, by_rank.get(rank), rank, seconds)
-        wanted = np.unique(plan.relative_indices).tolist()
-        missing = [rank for rank in wanted if rank not in by_rank]
-        if missing:
-            raise VideoDecodeError(
-                f"{self.label}: {len(missing)} of {len(wanted)} requested frames did not come out of the decoder "
-                f"({len(frames)} frames from {len(payloads)} packets); the file is corrupt or truncated."
-            )
-        return {rank: by_rank[rank] for rank in wanted}
-
-    def close(self) -> None:
-        self.container.close()
-
-
 def _is_path(source: VideoSource) -> bool:
     return isinstance(source, (str, os.PathLike))
 
 
-_Reader = PyAvReader | TorchCodecReader | _PacketDecoder
+_Reader = PyAvReader | TorchCodecReader | PacketDecoder
 
 
 class CpuFrameDecoder:
@@ -310,9 +245,9 @@ class CpuFrameDecoder:
     def _packet_frames(self, index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> dict[int, av.VideoFrame]:
         self._drop_inherited()
         key = ("packets", index.template, os.getpid())
-        decoder = cast("_PacketDecoder | None", self._reader(key))
+        decoder = cast("PacketDecoder | None", self._reader(key))
         if decoder is None:
-            decoder = _PacketDecoder(index, threads=self.options.threads_per_decoder)
+            decoder = PacketDecoder(index, threads=self.options.threads_per_decoder)
             self._remember(key, decoder, index)
         else:
             self._readers.move_to_end(key)
