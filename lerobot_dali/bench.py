@@ -63,7 +63,7 @@ from .bench_types import (
     LoadPlan,
 )
 from .cache_dirs import cache_root
-from .cpu_decode import cpu_decoders
+from .cpu_backends import cpu_decoders
 from .distributed import require_cuda, usable_cpus
 from .errors import DatasetError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource

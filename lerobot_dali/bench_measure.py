@@ -141,7 +141,7 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
 
     plan = job.plan
     if job.loader in _OURS:
-        from .cpu_decode import ColorConversion, CpuDecodeOptions
+        from .cpu_decode_options import ColorConversion, CpuDecodeOptions
         from .iterator import DALILeRobotIterator
 
         rgb_in_workers = job.loader == DALI_CPU_DECODE_RGB_LOADER

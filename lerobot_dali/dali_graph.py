@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from .augment import AugmentConfig, augment_frames, leading_resize
 from .augment_draws import draw_names, stream_name
-from .cpu_decode import CpuDecodeOptions
+from .cpu_decode_options import CpuDecodeOptions
 from .dali_color import planes_to_rgb, recolor
 from .dali_video import decode_clips
 from .decode_route import DecodeRoute
@@ -132,7 +132,7 @@ def camera_feed(
 
     Planes: only worker-decoded cameras, by default only where the pipeline runs on a GPU: there the colour
     conversion is nearly free, while in the worker it costs more than decoding (see :mod:`.yuv_frames`);
-    ``cpu_decode.color_conversion`` overrides (:class:`~.cpu_decode.ColorConversion`).
+    ``cpu_decode.color_conversion`` overrides (:class:`~.cpu_decode_options.ColorConversion`).
 
     Worker resize: only RGB from worker-decoded cameras in a CPU pipeline (on a GPU the device resizes,
     leaving the CPU to decode), and only when the graph's first step is a plain resize

@@ -26,7 +26,7 @@ import numpy as np
 from .camera_codecs import counts_text
 from .clips import build_clip
 from .concurrent_calls import KeyedLocks
-from .cpu_decode import pyav_can_decode, torchcodec_available
+from .cpu_backends import pyav_can_decode, torchcodec_available
 from .dali_video import DALI_CPU_CODECS, DALI_NVDEC_CODECS, dali_error_reason, decode_clip_batch
 from .errors import CodecUnsupportedError
 from .packet_index import PacketIndex

@@ -25,7 +25,8 @@ from .augment_config import NORMALIZE_FROM_STATS, AugmentConfig, Normalize, chec
 from .batch_source import BatchSource, CameraFormat, SourceSpec, output_fields
 from .camera_codecs import codec_counts, survey_camera, surveyed_positions
 from .concurrent_calls import in_threads
-from .cpu_decode import CpuDecodeOptions, pyav_can_decode
+from .cpu_backends import pyav_can_decode
+from .cpu_decode_options import CpuDecodeOptions
 from .dali_graph import HOST_SUBTASK_INDEX, HOST_TASK_INDEX, CameraFeed, build_pipeline, camera_feed
 from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import NO_SUBTASK_INDEX, LeRobotDatasetReader, VideoRef, open_dataset, warn_undeclared_columns
