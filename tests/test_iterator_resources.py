@@ -26,16 +26,17 @@ def no_cycle_collector() -> Iterator[None]:
         gc.enable()
 
 
-def _native_threads() -> int:
-    """This process's threads, but the allocator's (pyarrow's jemalloc may start more as its heap grows, whoever
-    allocates: a soak's thread count rose by one, once, after its fifth iterator)."""
-    names = []
+def _native_threads() -> set[str]:
+    """This process's threads (ids), but the allocator's (pyarrow's jemalloc may start more as its heap grows,
+    whoever allocates: a soak's thread count rose by one, once, after its fifth iterator)."""
+    ids = set()
     for task in os.listdir("/proc/self/task"):
         try:
-            names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
+            if Path(f"/proc/self/task/{task}/comm").read_text().strip() != "jemalloc_bg_thd":
+                ids.add(task)
         except OSError:  # (ended meanwhile)
             continue
-    return sum(name != "jemalloc_bg_thd" for name in names)
+    return ids
 
 
 def _dali_shared_memory_maps() -> int:
@@ -68,6 +69,7 @@ def test_iterators_let_go_leave_no_workers_threads_or_shared_memory(make_ds, no_
     """One iterator per evaluation pass, for days: the third leaves what the first left (20 measured: the same)."""
     root = make_ds(episodes=4, frames_per_episode=4, cameras=2, codec="av1", episodes_per_file=2)
     me = psutil.Process()
+    earlier = _native_threads()  # (an earlier test's threads may end meanwhile: only the ones started here count)
     counts = []
     for _ in range(3):
         it = _epoch(root, 1)
@@ -76,7 +78,7 @@ def test_iterators_let_go_leave_no_workers_threads_or_shared_memory(make_ds, no_
             it.close()
         del it
         counts.append(
-            (len(os.listdir("/proc/self/fd")), _native_threads(), spawned_workers(me.children()),
+            (len(os.listdir("/proc/self/fd")), len(_native_threads() - earlier), spawned_workers(me.children()),
              _dali_shared_memory_maps())
         )  # fmt: skip
     assert counts[-1][2:] == ([], 0)
