@@ -522,6 +522,9 @@ class DALILeRobotIterator:
         if self._dali_iter is not None and self._pipeline_next == (self._stream.epoch, self._stream.samples_consumed):
             return
         self._close_pipeline()
+        # Walked here once, the order's copies (each worker's, the prefetcher's) start at the stream's position:
+        # each replayed the epoch up to there (at 13.7M samples in, 2.8 s of CPU per copy).
+        self._stream.order.prepare(self._stream.epoch, self._stream.samples_consumed)
         if self._prefetcher is not None:
             self._prefetcher.set_order(self._stream.order)
             self._prefetcher.warm(self._stream.epoch, self._stream.samples_consumed, progress=self._shows_progress)

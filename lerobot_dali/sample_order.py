@@ -314,10 +314,10 @@ class _PoolSimulator:
             out_ep[:n] = tail_ep[start - tail_start : start - tail_start + n]
             out_draw[:n] = tail_draw[start - tail_start : start - tail_start + n]
             walk = self._live
-        elif self._live.emitted <= start:
-            walk = self._live
-        else:
+        else:  # the live walk or the checkpoint before ``start`` (one adopted from another copy may be nearer)
             walk = self._checkpoint_before(start)
+            if walk.emitted < self._live.emitted <= start:
+                walk = self._live
         if walk.emitted < stop:
             self._run(walk, start, stop, out_ep, out_draw)
         return out_ep, out_draw
@@ -340,11 +340,24 @@ class _PoolSimulator:
                     extra = np.bincount(label[: position - cursor.emitted], minlength=len(cursor.slots))
                     break
                 self._advance(cursor, label, n, left)
+                self._keep_checkpoint(cursor)
                 if cursor.emitted == position:
                     walk = self._snapshot(cursor)
                     break
         self._state_cursors = [*self._state_cursors[-1:], walk]
         return walk.next_admit, walk.slots, walk.drawn if extra is None else walk.drawn + extra
+
+    def walks(self) -> list[_PoolWalk]:
+        """The walk states kept (checkpoints, and where the last lookups stopped), by position: what a copy of
+        this order needs to start where this one stands instead of at the epoch's start."""
+        kept = {walk.emitted: walk for walk in (*self._checkpoints, *self._state_cursors, self._live)}
+        return [kept[position] for position in sorted(kept)]
+
+    def adopt(self, walks: list[_PoolWalk]) -> None:
+        """Keep ``walks`` (another copy's :meth:`walks` of this same plan) as checkpoints."""
+        kept = {walk.emitted: walk for walk in (*self._checkpoints, *walks)}
+        self._checkpoint_positions = sorted(kept)
+        self._checkpoints = [kept[position] for position in self._checkpoint_positions]
 
     def _checkpoint_before(self, position: int) -> _PoolWalk:
         return self._checkpoints[bisect.bisect_right(self._checkpoint_positions, position) - 1]
@@ -360,11 +373,15 @@ class _PoolSimulator:
                 out_ep[lo - start : hi - start] = chunk_ep[lo - before : hi - before]
                 out_draw[lo - start : hi - start] = chunk_draw[lo - before : hi - before]
             self._advance(cursor, label, n, left)
-            if after // self._interval > self._checkpoints[-1].emitted // self._interval:
-                self._checkpoints.append(self._snapshot(cursor))
-                self._checkpoint_positions.append(after)
+            self._keep_checkpoint(cursor)
         self._tail = (before, chunk_ep, chunk_draw)
         self._live = self._snapshot(cursor)
+
+    def _keep_checkpoint(self, cursor: _Cursor) -> None:
+        """Keep the walk as a checkpoint if it is the first past an interval beyond the last checkpoint."""
+        if cursor.emitted // self._interval > self._checkpoints[-1].emitted // self._interval:
+            self._checkpoints.append(self._snapshot(cursor))
+            self._checkpoint_positions.append(cursor.emitted)
 
     def _cursor(self, walk: _PoolWalk) -> _Cursor:
         self._rng.bit_generator.state = walk.rng_state
@@ -478,6 +495,8 @@ class SampleOrder:
         self._resumed = resumed_epoch
         self._plans: OrderedDict[int, _EpochPlan] = OrderedDict()
         self._permutations: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+        #: Walk states of epochs' pools from the copy this one was unpickled from, adopted when a plan is built.
+        self._walks: dict[int, list[_PoolWalk]] = {}
 
     @property
     def rank(self) -> int:
@@ -497,12 +516,19 @@ class SampleOrder:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
+        # The plans are rebuilt (their streams are O(episodes)), but their pools' walk states travel (at most
+        # max_checkpoints a plan, ~1.5 kB each): a copy (a DALI worker's) then starts where this one walked to,
+        # not at the epoch's start.
+        walks = dict(self._walks)
+        walks.update({epoch: plan.simulator.walks() for epoch, plan in self._plans.items() if plan.simulator})
+        state["_walks"] = walks
         state["_plans"] = OrderedDict()
         state["_permutations"] = OrderedDict()
         del state["_lengths"]  # (its pieces' lengths: pickled with them, narrowed)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("_walks", {})
         self.__dict__.update(state)
         self._lengths = self._pieces.length
 
@@ -560,6 +586,14 @@ class SampleOrder:
             parts.append(self._natural_window(plan, 0, min(natural, stop - natural)))
         return self._pieces.episodes(np.concatenate(parts))
 
+    def prepare(self, epoch: int, position: int) -> None:
+        """Walk the pool to ``position`` of ``epoch`` now, so that copies of this order pickled after (DALI's
+        workers, a prefetcher) start there instead of each replaying the epoch from its start."""
+        plan = self._plan(epoch)
+        natural = plan.stream.natural
+        if plan.simulator is not None and natural and position > 0:
+            plan.simulator.state_at(position if position < natural else (position - natural) % natural)
+
     def _natural_window(self, plan: _EpochPlan, start: int, stop: int) -> np.ndarray:
         stream = plan.stream
         if plan.simulator is None:
@@ -602,7 +636,11 @@ class SampleOrder:
             empty = _RankStream(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64))
             return _EpochPlan(np.zeros(self._world_size, np.int64), 0, empty, None)
         shard = self._shard(epoch, segment, self._world_size, remaining)
-        return self._plan_for(epoch, segment, self._rank, shard, consumed)
+        plan = self._plan_for(epoch, segment, self._rank, shard, consumed)
+        walks = self._walks.pop(epoch, None)
+        if walks is not None and plan.simulator is not None:
+            plan.simulator.adopt(walks)
+        return plan
 
     def _shard(
         self, epoch: int, segment: int, world_size: int, remaining: np.ndarray

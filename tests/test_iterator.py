@@ -488,6 +488,30 @@ def test_resume_mid_epoch_with_workers_continues_exactly(make_ds, stop_after: in
     assert seen == whole
 
 
+def test_a_resumed_pipelines_workers_get_the_order_walked_to_the_position(make_ds, monkeypatch) -> None:
+    """The order a worker unpickles walks on from the resumed position, not from the epoch's start (each worker
+    replayed the epoch up to there: 2.8 s of CPU apiece 13.7M samples in)."""
+    import pickle
+
+    from lerobot_dali.sample_order import _PoolSimulator
+
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=3, shuffle=True, seed=7, episode_pool_size=2, device="cpu", num_workers=0)
+    it = DALILeRobotIterator(root, **kwargs)
+    position = len(it) // 2 * 3
+    it.load_state_dict({**it.state_dict(), "samples_consumed": position})
+    iter(it)  # (builds the pipeline, whose spec goes to the workers)
+    starts: list[int] = []
+    chunk = _PoolSimulator._chunk
+    monkeypatch.setattr(
+        _PoolSimulator, "_chunk", lambda self, cursor: starts.append(cursor.emitted) or chunk(self, cursor)
+    )
+    worker_order = pickle.loads(pickle.dumps(it._spec.order))
+    it.close()
+    worker_order.samples(0, position, position + 3)
+    assert 0 < starts[0] <= position
+
+
 def _pairs(batch: dict) -> list[tuple[int, int]]:
     return list(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=True))
 

@@ -322,6 +322,34 @@ def test_pickled_order_gives_the_same_samples() -> None:
     np.testing.assert_array_equal(before[1], after[1])
 
 
+@pytest.mark.parametrize("position", [0, 1, 60, 97, 133, 134])  # (134 on rank 4: past its own frames, PAD)
+def test_a_copy_of_a_prepared_order_starts_where_it_was_prepared(monkeypatch: pytest.MonkeyPatch, position) -> None:
+    """DALI's workers get the order pickled: prepared (walked) to the resumed position first, a copy walks on from
+    the chunk boundary at or before it, where each copy used to replay the epoch from its start; a copy of that
+    copy too."""
+    from lerobot_dali.sample_order import _PoolSimulator
+
+    options = _options(checkpoint_interval=10**6)  # (no checkpoint on the way to hide a replay)
+    order = SampleOrder(LENGTHS, rank=4, world_size=5, options=options)
+    natural, total = int(order.rank_frame_counts(0)[4]), order.num_samples(0)
+    assert (natural, total) == (134, 135)
+    order.prepare(0, position)
+    starts: list[int] = []
+    chunk = _PoolSimulator._chunk
+    monkeypatch.setattr(
+        _PoolSimulator, "_chunk", lambda self, cursor: starts.append(cursor.emitted) or chunk(self, cursor)
+    )
+    fresh = SampleOrder(LENGTHS, rank=4, world_size=5, options=options).samples(0, position, total)
+    walked = position if position < natural else position - natural
+    boundary = max(start for start in starts if start <= walked)  # (the fresh order walked from 0)
+    for copy in (pickle.loads(pickle.dumps(order)), pickle.loads(pickle.dumps(pickle.loads(pickle.dumps(order))))):
+        starts.clear()
+        got = copy.samples(0, position, total)
+        np.testing.assert_array_equal(got[0], fresh[0])
+        np.testing.assert_array_equal(got[1], fresh[1])
+        assert starts[0] == boundary
+
+
 @pytest.mark.parametrize(
     ("lengths", "pool"), [(LENGTHS, 4), (LENGTHS, 64), (np.full(200, 50), 16), (np.full(200, 50), 64)]
 )
