@@ -23,8 +23,9 @@ Per epoch:
    whatever the world size: that is what lets a resume on another world size skip exactly what was consumed.
 
 Memory is O(episodes + pool): checkpoints of the pool state (a few integers per pooled episode) every few
-thousand samples make increasing access cheap and random access a bounded replay. Determinism holds for a
-fixed numpy version (the Philox stream and ``Generator.choice`` are numpy's).
+thousand samples make increasing access cheap and random access a bounded replay. A pickled order carries its
+checkpoints: walked to a resumed position first (:meth:`SampleOrder.prepare`), it spares each DALI worker that
+replay. Determinism holds for a fixed numpy version (the Philox stream and ``Generator.choice`` are numpy's).
 """
 
 from __future__ import annotations
