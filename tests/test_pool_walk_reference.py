@@ -177,8 +177,8 @@ def test_a_resumed_epochs_residual_and_walk_equal_the_reference(
 def test_a_resumed_stream_continues_as_the_uninterrupted_one(
     pattern: str, pool: int, world_size: int, extra: dict
 ) -> None:
-    """A stream resumed (fresh objects, a pickled order as a DALI worker gets it) emits what the uninterrupted
-    stream emits from there, and its pool state there is the reference's."""
+    """A stream resumed (fresh objects; its order pickled as a DALI worker gets it, before it walked and after)
+    emits what the uninterrupted stream emits from there, and its pool state there is the reference's."""
     seed = 4
     lengths = _lengths(pattern, np.random.default_rng(seed))
     options = OrderOptions(seed=seed, episode_pool_size=pool, checkpoint_interval=97, **extra)
@@ -199,9 +199,11 @@ def test_a_resumed_stream_continues_as_the_uninterrupted_one(
         want_episode = np.concatenate([b[0] for b in batches[batch : batch + 3]])
         want_frame = np.concatenate([b[1] for b in batches[batch : batch + 3]])
         start = batch * 7
-        got_episode, got_frame = worker.samples(0, start, start + want_episode.size)
-        np.testing.assert_array_equal(got_episode, want_episode)
-        np.testing.assert_array_equal(got_frame, want_frame)
+        carried = pickle.loads(pickle.dumps(resumed.order))  # (with the walk states the resumed order kept)
+        for copy in (worker, carried):
+            got_episode, got_frame = copy.samples(0, start, start + want_episode.size)
+            np.testing.assert_array_equal(got_episode, want_episode)
+            np.testing.assert_array_equal(got_frame, want_frame)
         plan, ref = _reference_for(worker, 0)
         natural = ref["episode"].size
         position = min(start, natural)
