@@ -103,6 +103,7 @@ class PacketIndexStore:
                 logger.warning("cannot delete %s (%s); it will be overwritten", path, unlink_error)
             return None
         mark_used(path)
+        logger.debug("Loaded the index of %d packets of %s from %s", index.frame_count, url, path)
         return index
 
     @contextmanager
