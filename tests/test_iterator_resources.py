@@ -82,7 +82,8 @@ def test_iterators_let_go_leave_no_workers_threads_or_shared_memory(make_ds, no_
              _dali_shared_memory_maps())
         )  # fmt: skip
     assert counts[-1][2:] == ([], 0)
-    assert counts[-1] == counts[0]
+    # (no more than the first left: a pool thread started by the first may end since, idle, as in a CI run once)
+    assert counts[-1][0] <= counts[0][0] and counts[-1][1] <= counts[0][1], counts
 
 
 def test_a_pipeline_whose_shutdown_fails_still_closes_its_files(make_ds, no_cycle_collector, monkeypatch) -> None:
