@@ -44,6 +44,9 @@ _TIMESTAMP_CHECK_PACKETS = 6
 # Bytes kept of each keyframe a demux passes, to tell whether it is a random-access point without reading it again.
 _DEMUXED_HEAD_BYTES = 8 * HEAD_BYTES
 
+#: The largest packet size and frame count held as int32 (half of int64's bytes in every cached index).
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
 #: One packet: pts, dts, byte offset, size, keyframe.
 Row = tuple[int, int, int, int, bool]
 
@@ -56,6 +59,10 @@ class PacketIndex:
     in the file when ``byte_exact`` is true (checked at build time; MP4 samples are stored verbatim).
     ``template`` is a tiny MP4 holding the stream's codec parameters and its first keyframe, used as the
     stream template when remuxing clips so no clip ever re-opens the source file.
+
+    Arrays are read-only and as narrow as their values provably allow (positions and packet sizes int32): a worker
+    caches hundreds of them. Fields with equal contents share one array (a stream in display order: ``dts``,
+    ``frame_pts`` are ``pts``, ``display_rank`` is ``display_order``).
     """
 
     source_name: str
@@ -105,16 +112,26 @@ class PacketIndex:
                 raise ValueError(f"PacketIndex.{name} has {len(getattr(self, name))} entries, pts has {count}.")
         if self.time_base <= 0:
             raise ValueError(f"PacketIndex.time_base must be positive, got {self.time_base}.")
-        order = np.argsort(self.pts, kind="stable")
-        sorted_pts = self.pts[order]
-        if count > 1 and np.any(np.diff(sorted_pts) == 0):
-            duplicate = int(sorted_pts[np.flatnonzero(np.diff(sorted_pts) == 0)[0]])
-            raise VideoDecodeError(
-                f"{self.source_name}: two packets share pts {duplicate}; frames cannot be told apart by "
-                "presentation time. Re-encode or remux the video."
-            )
-        rank = np.empty(count, dtype=np.int64)
-        rank[order] = np.arange(count)
+        if self.dts is not self.pts and self.dts.dtype == self.pts.dtype and np.array_equal(self.dts, self.pts):
+            object.__setattr__(self, "dts", self.pts)  # (most streams without B-frames: one array, not two)
+        sizes = self.size_bytes
+        if sizes.dtype.itemsize > 4 and sizes.min() >= 0 and sizes.max() <= _INT32_MAX:  # (2 GiB packets: int64)
+            object.__setattr__(self, "size_bytes", sizes.astype(np.int32))
+        positions = np.int32 if count <= _INT32_MAX else np.int64
+        if count == 1 or bool(np.all(np.diff(self.pts) > 0)):  # in display order already: share, do not copy
+            order = rank = np.arange(count, dtype=positions)
+            sorted_pts = self.pts
+        else:
+            order = np.argsort(self.pts, kind="stable").astype(positions)
+            sorted_pts = self.pts[order]
+            if np.any(np.diff(sorted_pts) == 0):
+                duplicate = int(sorted_pts[np.flatnonzero(np.diff(sorted_pts) == 0)[0]])
+                raise VideoDecodeError(
+                    f"{self.source_name}: two packets share pts {duplicate}; frames cannot be told apart by "
+                    "presentation time. Re-encode or remux the video."
+                )
+            rank = np.empty(count, dtype=positions)
+            rank[order] = np.arange(count, dtype=positions)
         duration = int(np.median(np.diff(sorted_pts))) if count > 1 else 1
         seconds = sorted_pts * self.time_base.numerator / self.time_base.denominator
         keys = np.flatnonzero(self.keyframe)
@@ -157,9 +174,14 @@ class PacketIndex:
 
     @property
     def nbytes(self) -> int:
-        """Memory held by this index (what a cache of indices costs per file)."""
-        arrays = (self.pts, self.dts, self.byte_offset, self.size_bytes, self.keyframe, self.display_order)
-        return sum(a.nbytes for a in arrays) + 3 * self.display_order.nbytes + len(self.template)
+        """Memory held by this index (what a cache of indices costs per file); an array shared by two fields (a
+        stream in display order: ``pts``, ``dts``, ``frame_pts``; ``display_order`` and ``display_rank``) counts
+        once."""
+        arrays = (
+            self.pts, self.dts, self.byte_offset, self.size_bytes, self.keyframe, self.display_order,
+            self.display_rank, self.frame_pts, self.frame_pts_s, self.keyframe_positions,
+        )  # fmt: skip
+        return sum({id(a): a.nbytes for a in arrays}.values()) + len(self.template)
 
 
 def build_packet_index(source: VideoSource, *, filesystem: Any | None = None) -> PacketIndex:

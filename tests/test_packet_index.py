@@ -103,6 +103,52 @@ def test_real_files() -> None:
         assert index.frame_pts_s[-1] + 0.1 == pytest.approx(to_s[files == file_index].max(), abs=1e-6)
 
 
+def _long_index(pts: np.ndarray, dts: np.ndarray, size_bytes: int = 700) -> packet_index.PacketIndex:
+    count = len(pts)
+    return packet_index.PacketIndex(
+        source_name="long.mp4",
+        codec="h264",
+        width=64,
+        height=64,
+        pix_fmt="yuv420p",
+        time_base=Fraction(1, 15360),
+        pts=pts,
+        dts=dts,
+        byte_offset=np.arange(count, dtype=np.int64) * size_bytes,
+        size_bytes=np.full(count, size_bytes, dtype=np.int64),
+        keyframe=np.arange(count) % 15 == 0,
+        file_size_bytes=count * size_bytes,
+        byte_exact=True,
+        template=b"",
+    )
+
+
+def test_an_index_in_display_order_holds_34_bytes_a_frame() -> None:
+    """A worker caches the indexes of every file its pool uses (hundreds of 30,000-frame files): a stream without
+    B-frames (AV1, LeRobot's codec) keeps one timestamp array and one position array, not three and two (65 bytes)."""
+    count = 30_000
+    pts = np.arange(count, dtype=np.int64) * 1024
+    index = _long_index(pts, pts.copy())
+    assert index.nbytes <= 34 * count
+    assert index.dts is index.pts and index.frame_pts is index.pts and index.display_rank is index.display_order
+    np.testing.assert_array_equal(index.display_order, np.arange(count))
+    assert index.size_bytes.tolist() == [700] * count and index.dts.tolist() == pts.tolist()
+
+
+def test_an_index_with_b_frames_holds_54_bytes_a_frame() -> None:
+    """Positions and packet sizes fit int32 (a packet of 2 GiB or more keeps int64); timestamps and offsets stay
+    int64."""
+    count = 30_000
+    pts = (np.arange(count, dtype=np.int64) + np.tile([0, 2, -1, 1, -2], count // 5)) * 1024  # (a shuffled order)
+    index = _long_index(pts, np.arange(count, dtype=np.int64) * 1024 - 2048)
+    assert index.nbytes <= 54 * count  # (53, and its keyframes' positions)
+    np.testing.assert_array_equal(index.frame_pts, np.sort(pts))
+    np.testing.assert_array_equal(index.display_order[index.display_rank], np.arange(count))
+    np.testing.assert_array_equal(index.pts[index.display_order], np.sort(pts))
+    huge = _long_index(pts[:5], pts[:5], size_bytes=2**31)
+    assert huge.size_bytes.dtype == np.int64 and huge.size_bytes.tolist() == [2**31] * 5
+
+
 def test_sources_path_fsspec_and_file_objects(marker_video: MarkerVideo) -> None:
     path = marker_video("vp9", 2)
     expected = build_packet_index(path).pts
@@ -143,7 +189,7 @@ def test_cache_reuses_and_notices_changes(marker_video: MarkerVideo, tmp_path: P
 
 
 def test_cache_is_bounded_by_bytes_too(marker_video: MarkerVideo) -> None:
-    """A worker's pool may use hundreds of files; the indices of long files weigh ~70 bytes a frame."""
+    """A worker's pool may use hundreds of files; the indices of long files weigh 34-54 bytes a frame."""
     paths = [marker_video(codec, 2) for codec in ("av1", "h264", "hevc", "vp9")]
     sizes = [build_packet_index(p).nbytes for p in paths]
     cache = PacketIndexCache(max_entries=100, max_bytes=sizes[-1] + sizes[-2])
