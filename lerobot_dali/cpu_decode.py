@@ -38,7 +38,14 @@ from .cpu_backends import (
     torchcodec_available,
     torchcodec_unavailable,
 )
-from .cpu_decode_options import DECODER_FRAMES, MIN_OPEN_DECODERS, ColorConversion, CpuDecodeOptions, CpuDecoderBackend
+from .cpu_decode_options import (
+    DECODER_FRAMES,
+    DEMUXER_BYTES_PER_PACKET,
+    MIN_OPEN_DECODERS,
+    ColorConversion,
+    CpuDecodeOptions,
+    CpuDecoderBackend,
+)
 from .distributed import usable_cpus
 from .frame_checks import damaged_frame_error, is_damaged
 from .frame_pixels import (
@@ -298,7 +305,8 @@ class CpuFrameDecoder:
                 )
             if key is not None:
                 remote = filesystem is not None and not isinstance(filesystem, LocalFileSystem)  # as is_local
-                self._remember(key, reader, index, handle_bytes=REMOTE_HANDLE_BYTES if remote else 0)
+                handle_bytes = DEMUXER_BYTES_PER_PACKET * index.frame_count + (REMOTE_HANDLE_BYTES if remote else 0)
+                self._remember(key, reader, index, handle_bytes=handle_bytes)
         elif key is not None:
             self._readers.move_to_end(key)
         try:

@@ -226,14 +226,15 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
     import logging
 
     import lerobot_dali.cpu_decode as cpu_decode
-    from lerobot_dali.cpu_decode_options import DECODER_FRAMES, DECODER_MEMORY_BYTES
+    from lerobot_dali.cpu_decode_options import DECODER_FRAMES, DECODER_MEMORY_BYTES, DEMUXER_BYTES_PER_PACKET
 
     source = marker_video("vp9", 2)
     paths = [shutil.copy(source, tmp_path / f"{i}.webm") for i in range(12)]
     index = build_packet_index(source)
-    per_decoder = DECODER_FRAMES * index.width * index.height * 3 // 2
+    per_thread = DECODER_FRAMES * index.width * index.height * 3 // 2
+    per_decoder = per_thread + DEMUXER_BYTES_PER_PACKET * index.frame_count  # (and the demuxer's tables)
     for budget, threads, kept in ((100 * per_decoder, 1, 12), (10 * per_decoder, 1, 10), (per_decoder, 1, 8),
-                                  (10 * per_decoder, 2, 8), (20 * per_decoder, 2, 10)):  # fmt: skip
+                                  (10 * per_decoder, 2, 8), (10 * (per_decoder + per_thread), 2, 10)):  # fmt: skip
         options = CpuDecodeOptions(
             backend=CpuDecoderBackend.PYAV, threads_per_decoder=threads, max_decoder_memory_bytes=budget
         )
@@ -273,15 +274,35 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
     decoder.close()
 
 
+def test_an_open_long_file_counts_its_demuxers_tables(tmp_path) -> None:
+    """An open MP4 holds its sample tables (~50 bytes a packet): 192 open files of 30,000 64x64 frames held 270 MB
+    where their decoders' frames were estimated at 14 MB, so the budget did not bound a worker's memory."""
+    from lerobot_dali.cpu_decode_options import DECODER_FRAMES, DEMUXER_BYTES_PER_PACKET
+    from lerobot_dali.generate import encode_video
+
+    source = tmp_path / "long.mp4"
+    encode_video(source, (np.full((64, 64, 3), i % 256, np.uint8) for i in range(3000)), fps=15, codec="h264", gop=30)
+    paths = [shutil.copy(source, tmp_path / f"{i}.mp4") for i in range(12)]
+    index = build_packet_index(source)
+    frames_bytes = DECODER_FRAMES * 64 * 64 * 3 // 2
+    assert DEMUXER_BYTES_PER_PACKET * index.frame_count > frames_bytes  # (the tables outweigh the frames)
+    budget = 10 * (frames_bytes + DEMUXER_BYTES_PER_PACKET * index.frame_count)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, max_decoder_memory_bytes=budget))
+    for path in paths:
+        decoder.decode(path, index, [2000])
+    assert decoder.open_decoders == 10  # (12 when only frames counted)
+    decoder.close()
+
+
 def test_the_memory_bound_holds_as_decoders_fail_close_and_reopen(marker_video: MarkerVideo, tmp_path, monkeypatch):
     """The open decoders' memory is kept as a running total: a decoder dropped when its decode fails, or closed,
     gives its share back, so the budget keeps exactly as many open as before."""
-    from lerobot_dali.cpu_decode_options import DECODER_FRAMES
+    from lerobot_dali.cpu_decode_options import DECODER_FRAMES, DEMUXER_BYTES_PER_PACKET
 
     source = marker_video("vp9", 2)
     paths = [shutil.copy(source, tmp_path / f"{i}.webm") for i in range(14)]
     index = build_packet_index(source)
-    per_decoder = DECODER_FRAMES * index.width * index.height * 3 // 2
+    per_decoder = DECODER_FRAMES * index.width * index.height * 3 // 2 + DEMUXER_BYTES_PER_PACKET * index.frame_count
     options = CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, max_decoder_memory_bytes=10 * per_decoder)
     decoder = CpuFrameDecoder(options=options)
     first = [decoder.decode(path, index, [5]) for path in paths[:10]]
