@@ -176,9 +176,10 @@ def lerobot_dtype(values: np.ndarray) -> np.ndarray:
 
 #: The field that carries each camera's frames (others follow it), for draws per camera.
 _CAMERA_KINDS = (FieldKind.FRAMES, FieldKind.PLANES_LUMA, FieldKind.CLIP)
-#: Per worker: bytes of packet indices kept (34 a frame without B-frames, 54 with: 1-1.6 MB a 30,000-frame file). A
-#: miss reloads the index from the disk store (4-7 ms such a file): with a pool of 64 x 3 such files (B-frames), 128 MB
-#: found 41% of requests' indexes kept and batches took +50%; 256 MB finds 93%.
+#: Per worker: bytes of packet indices kept (34 a frame without B-frames, 46 with: 1-1.4 MB a 30,000-frame file). A
+#: miss reloads the index from the disk store (4-7 ms such a file). A pool of 64 episodes x 3 cameras used 165 such
+#: files per worker: at 65 bytes a frame, 64 / 128 / 256 MB found 16% / 41% / 83% of requests' indexes kept (batches
+#: +50% at 128 MB); at 46, 256 MB keeps them all (96%: the misses are first uses).
 INDEX_CACHE_BYTES = 256 * 2**20
 
 #: One sample's video request: (video path, packet index, display frame numbers of its rows).

@@ -339,7 +339,7 @@ class CpuFrameDecoder:
             raise
         if key is None:
             reader.close()
-        return [by_pts[int(p)] for p in index.frame_pts[requested].tolist()]
+        return [by_pts[int(p)] for p in index.pts_of_frames(requested).tolist()]
 
     def _forget(self, key: Hashable) -> None:
         """Drop ``key``'s decoder from the open ones, if there (the caller closes it)."""

@@ -61,8 +61,8 @@ class PacketIndex:
     stream template when remuxing clips so no clip ever re-opens the source file.
 
     Arrays are read-only and as narrow as their values provably allow (positions and packet sizes int32): a worker
-    caches hundreds of them. Fields with equal contents share one array (a stream in display order: ``dts``,
-    ``frame_pts`` are ``pts``, ``display_rank`` is ``display_order``).
+    caches hundreds of them. Fields with equal contents share one array (a stream in display order: ``dts`` is
+    ``pts``, ``display_rank`` is ``display_order``).
     """
 
     source_name: str
@@ -90,8 +90,6 @@ class PacketIndex:
     display_order: np.ndarray = field(init=False, repr=False)
     #: Decode position -> display index (inverse of ``display_order``).
     display_rank: np.ndarray = field(init=False, repr=False)
-    #: Presentation timestamp (``time_base`` units) of each displayed frame, ascending.
-    frame_pts: np.ndarray = field(init=False, repr=False)
     #: Presentation time in seconds of each displayed frame, ascending (index = display index).
     frame_pts_s: np.ndarray = field(init=False, repr=False)
     #: Typical distance between consecutive displayed frames, in ``time_base`` units (at least 1).
@@ -142,10 +140,8 @@ class PacketIndex:
         derived = (order, rank, seconds, keys)
         for array in (self.pts, self.dts, self.byte_offset, self.size_bytes, self.keyframe, *derived):
             array.setflags(write=False)
-        sorted_pts.setflags(write=False)
         object.__setattr__(self, "display_order", order)
         object.__setattr__(self, "display_rank", rank)
-        object.__setattr__(self, "frame_pts", sorted_pts)
         object.__setattr__(self, "frame_pts_s", seconds)
         object.__setattr__(self, "frame_duration", max(duration, 1))
         object.__setattr__(self, "keyframe_positions", keys)
@@ -154,6 +150,17 @@ class PacketIndex:
     @property
     def frame_count(self) -> int:
         return len(self.pts)
+
+    @property
+    def frame_pts(self) -> np.ndarray:
+        """Presentation timestamp (``time_base`` units) of each displayed frame, ascending: ``pts`` itself for a stream
+        in display order, else computed at each access (not kept: 8 bytes a frame of every cached index); for a few
+        frames, :meth:`pts_of_frames`."""
+        return self.pts if self.display_order is self.display_rank else self.pts[self.display_order]
+
+    def pts_of_frames(self, frame_numbers: ArrayLike) -> np.ndarray:
+        """``frame_pts[frame_numbers]`` without computing every frame's."""
+        return self.pts[self.display_order[np.asarray(frame_numbers)]]
 
     def keyframe_slots(self, decode_positions: ArrayLike) -> np.ndarray:
         """Per decode position, the index in :attr:`keyframe_positions` of the keyframe that decoding it starts
@@ -175,11 +182,10 @@ class PacketIndex:
     @property
     def nbytes(self) -> int:
         """Memory held by this index (what a cache of indices costs per file); an array shared by two fields (a
-        stream in display order: ``pts``, ``dts``, ``frame_pts``; ``display_order`` and ``display_rank``) counts
-        once."""
+        stream in display order: ``pts`` and ``dts``; ``display_order`` and ``display_rank``) counts once."""
         arrays = (
             self.pts, self.dts, self.byte_offset, self.size_bytes, self.keyframe, self.display_order,
-            self.display_rank, self.frame_pts, self.frame_pts_s, self.keyframe_positions,
+            self.display_rank, self.frame_pts_s, self.keyframe_positions,
         )  # fmt: skip
         return sum({id(a): a.nbytes for a in arrays}.values()) + len(self.template)
 

@@ -42,7 +42,7 @@ class PacketIndexCache:
         if max_bytes is not None and max_bytes < 1:
             raise ValueError(f"max_bytes must be positive or None, got {max_bytes!r}.")
         self.max_entries = max_entries
-        #: Bound on the indices' own bytes (34-54 a frame: :attr:`PacketIndex.nbytes`); the newest is kept.
+        #: Bound on the indices' own bytes (34-46 a frame: :attr:`PacketIndex.nbytes`); the newest is kept.
         self.max_bytes = max_bytes
         self._entries: OrderedDict[Hashable, PacketIndex] = OrderedDict()
         self._bytes = 0

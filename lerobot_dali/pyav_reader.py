@@ -53,7 +53,7 @@ class PyAvReader:
         self, index: PacketIndex, plan: ClipPlan, frame_indices: np.ndarray, convert: Callable[[av.VideoFrame], Any]
     ) -> dict[int, Any]:
         """``convert(frame)`` of each requested display frame (``plan`` is its clip plan), keyed by pts."""
-        wanted = {int(p) for p in index.frame_pts[np.unique(frame_indices)]}
+        wanted = {int(p) for p in index.pts_of_frames(np.unique(frame_indices))}
         found: dict[int, Any] = {}
         try:
             for start, stop in plan.segments:

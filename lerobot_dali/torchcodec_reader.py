@@ -100,7 +100,7 @@ class TorchCodecReader:
         # Resized after decoding, in one call: newer torchcodec can resize inside the decoder
         # (``VideoDecoder(transforms=[Resize])``), but no torchcodec loads where this was written to test it.
         data = frames.numpy() if size is None else _resize_nhwc(frames, size)
-        return {int(pts): data[i] for i, pts in enumerate(index.frame_pts[unique].tolist())}
+        return {int(pts): data[i] for i, pts in enumerate(index.pts_of_frames(unique).tolist())}
 
     def close(self) -> None:
         if self._handle is not None:
