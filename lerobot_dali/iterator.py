@@ -14,7 +14,6 @@ import re
 import sys
 import threading
 import traceback
-from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -22,21 +21,18 @@ import numpy as np
 import torch
 
 from .augment_config import NORMALIZE_FROM_STATS, AugmentConfig, Normalize, checked_size, refuse_uint8_normalize
-from .batch_source import BatchSource, CameraFormat, SourceSpec, output_fields
-from .camera_codecs import codec_counts, survey_camera, surveyed_positions
-from .concurrent_calls import in_threads
-from .cpu_backends import pyav_can_decode
+from .batch_source import BatchSource, SourceSpec, output_fields
+from .camera_plan import CameraPlanner
 from .cpu_decode_options import CpuDecodeOptions
-from .dali_graph import HOST_SUBTASK_INDEX, HOST_TASK_INDEX, CameraFeed, build_pipeline, camera_feed
+from .dali_graph import HOST_SUBTASK_INDEX, HOST_TASK_INDEX, build_pipeline
 from .dataset_info import INDEX_COLUMNS
-from .dataset_reader import NO_SUBTASK_INDEX, LeRobotDatasetReader, VideoRef, open_dataset, warn_undeclared_columns
+from .dataset_reader import NO_SUBTASK_INDEX, LeRobotDatasetReader, open_dataset, warn_undeclared_columns
 from .dataset_union import DATASET_INDEX
 from .decode_errors import locate_clip_failure
-from .decode_route import DecodePreference, DecodeRoute, route_for_codecs, route_for_video
+from .decode_route import DecodePreference
 from .depth_maps import DepthUnit
 from .distributed import cpus_per_local_rank, local_cuda_device, require_cuda, resolve_rank
 from .errors import (
-    CodecUnsupportedError,
     CudaUnavailableError,
     DatasetError,
     DeltaTimestampsError,
@@ -45,14 +41,11 @@ from .errors import (
     ResumeStateError,
     SchemaMismatchError,
     WorkerProcessError,
-    cameras_hint,
 )
 from .file_format_store import FileFormatStore
-from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
+from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .host_values import decode_host_values
 from .image_frames import first_image_shape
-from .packet_index import PacketIndex
-from .packet_index_cache import load_episode_packet_index
 from .packet_index_store import PacketIndexStore
 from .prefetch import Prefetcher, prefetching_reader
 from .said_once import say_once, warn_once
@@ -62,7 +55,6 @@ from .value_checks import check_choice, check_int
 from .windows import DeltaWindows
 from .worker_errors import SMALL_SHM_BYTES, dead_worker_error, original_worker_error, shared_memory_note, shm_bytes
 from .worker_start import package_log_level, skipping_main
-from .yuv_frames import has_color_matrix, nvdec_color_fix
 
 __all__ = ["DALILeRobotIterator"]
 
@@ -226,7 +218,7 @@ class DALILeRobotIterator:
             options=options,
         )
         location = self.reader.location
-        # (a local dataset's files are surveyed from their headers and need no prefetch: :meth:`_route_for_files`)
+        # (a local dataset's files are surveyed from their headers and need no prefetch: :mod:`.camera_plan`)
         self._remote_index_store = None if location.is_local else PacketIndexStore()
         # Every video file's index is kept on disk, a local one's too (keyed by its stat): a dataset of thousands of
         # video files outgrows the workers' bounded caches, and each file dropped was demuxed again (92,000 episodes,
@@ -236,9 +228,26 @@ class DALILeRobotIterator:
         for store in (self._index_store, self._format_store, self.reader.column_store):
             if store is not None:  # (a sweep a day at most)
                 store.prune_unused()
-        self.routes = self._choose_routes(preference, first_rows)
+        planner = CameraPlanner(
+            reader=self.reader,
+            device_id=self._device_id,
+            index_store=self._index_store,
+            remote_index_store=self._remote_index_store,
+            format_store=self._format_store,
+            depth_quantizers=self._depth_quantizers,
+            depth_cameras=self._depth_cameras,
+            depth_unit=self._depth_unit,
+            timestamp_source=self._timestamp_source,
+            tolerance_s=self._tolerance_s,
+            image_size=self._image_size,
+            cpu_decode=self._cpu_decode,
+            augment=self._augment,
+            num_workers=self._num_workers,
+        )
+        self.routes = planner.choose_routes(preference, first_rows)
+        self._camera_formats = planner.camera_formats
         warn_undeclared_columns(self.reader)
-        self._feeds = self._plan_feeds()
+        self._feeds = planner.plan_feeds(self.routes)
         self._tabular_keys = tuple(self.reader.tabular_keys)
         self._host_value_keys = tuple(k for k in self._tabular_keys if self.reader.info.features[k].is_host_value)
         # Remote datasets: file stamps (reader.stamps, one listing per root) and packet indexes on disk mean
@@ -299,157 +308,6 @@ class DALILeRobotIterator:
                 "empty; lower batch_size or pass drop_last=False",
                 self.rank, self._stream.num_samples(), batch_size,
             )  # fmt: skip
-
-    # -- routing -----------------------------------------------------------------------------------------
-    def _choose_routes(
-        self, preference: DecodePreference, first_rows: Mapping[str, np.ndarray] | None
-    ) -> dict[str, DecodeRoute]:
-        """A route per video camera, from its first episode's file (a union's camera whose datasets' first files
-        differ in codec: the workers, :func:`~.decode_route.route_for_codecs`; where DALI decodes the camera, the
-        workers too where its other files differ from the first, :meth:`_route_for_files`); that episode's first and
-        last rows (``first_rows``, where already read) are looked up in the file too (:meth:`_check_rows_find_frames`),
-        and its format kept as the camera's (``_camera_formats``, which the workers hold every other file to). A
-        union's other datasets' first episodes are held to them now too, rather than when a batch first reaches them."""
-        routes = {}
-        if self._device_id is None:
-            preference = DecodePreference.CPU
-        indexes = {}
-        # A union's other datasets' first files, whose codecs may differ from the first's (the camera then goes to
-        # the workers, a decoder per file: NVDEC and DALI's CPU decoder take one codec per camera).
-        firsts = [pos for pos in self.reader.first_episodes() if pos]
-        others = in_threads(lambda pos: {c: self._packet_index(pos, c) for c in self.reader.camera_keys}, firsts)
-        for camera in self.reader.camera_keys:
-            video, indexes[camera] = self._packet_index(0, camera)
-            codecs = codec_counts([indexes[camera], *(files[camera][1] for files in others)])
-            if camera in self._depth_quantizers:  # 12-bit codes: NVDEC and DALI's decoders give 8-bit RGB only
-                for codec in codecs:
-                    if not pyav_can_decode(codec):
-                        raise CodecUnsupportedError(
-                            f"depth camera {camera!r} ({video.path}) is {codec}, which PyAV cannot decode here; "
-                            f"leave the camera out with {cameras_hint()}"
-                        )
-                route = DecodeRoute.CPU_FALLBACK
-            elif len(codecs) > 1:
-                route = route_for_codecs(codecs, decode=preference, on_gpu=self._device_id is not None, label=camera)
-            else:
-                route = route_for_video(
-                    video.path, indexes[camera], decode=preference, device_id=self._device_id or 0,
-                    filesystem=self.reader.location.fs, label=camera,
-                )  # fmt: skip
-            routes[camera] = self._route_for_files(camera, route, preference)
-        self._camera_formats = {
-            camera: CameraFormat.of(index, route=routes[camera]) for camera, index in indexes.items()
-        }
-        for camera, index in indexes.items():
-            declared = self.reader.info.features[camera].declared_size
-            if declared is not None and declared != (index.height, index.width):
-                warn_once(logger, "camera %r: info.json declares %dx%d frames, its videos hold %dx%d (%s): batches "
-                          "carry the videos' size%s; correct info.json where a policy is built from it", camera,
-                          *declared[::-1], index.width, index.height, index.source_name,
-                          "" if self._image_size is None else " before image_size resizes them")  # fmt: skip
-        held = {pos: self._held_to_formats(pos, files) for pos, files in zip(firsts, others, strict=True)}
-
-        def check_first(pos: int) -> None:
-            if pos:
-                self._check_rows_find_frames(pos, held[pos])
-            else:
-                self._check_rows_find_frames(pos, indexes, rows=first_rows)
-
-        in_threads(check_first, self.reader.first_episodes())  # (a union's datasets' at once)
-        self._color_fixes = _nvdec_color_fixes(self._camera_formats)
-        return routes
-
-    def _route_for_files(self, camera: str, route: DecodeRoute, preference: DecodePreference) -> DecodeRoute:
-        """``route`` for ``camera``, its files surveyed (each one's header, up to a bound: :mod:`~.camera_codecs`),
-        whatever decodes it: raises SchemaMismatchError naming the files whose frame size is not the first's (a batch
-        is one tensor; before, a worker-decoded camera's odd file failed when a batch first reached it). Where DALI
-        decodes the camera (NVDEC or its CPU decoder), the workers instead where the files differ in what that
-        decoder holds them to: codec (on NVDEC pixel format and colour too), :func:`~.decode_route.route_for_codecs`.
-        Without this a file cut by LeRobot's delete_episodes (re-encoded as AV1 among H.264 files) failed when a
-        batch first reached it."""
-        # (a missing or damaged file fails as before when a batch reaches it, naming the camera and episodes)
-        positions = surveyed_positions(self.reader, camera)
-        survey = survey_camera(self.reader, camera, positions, skip_unreadable=True, store=self._remote_index_store,
-                               format_store=self._format_store)  # fmt: skip
-        survey.check_sizes()
-        if not route.dali_device:  # (the workers give each file a decoder of its own: only the size has to agree)
-            return route
-        if survey.first is None or not survey.unlike(CameraFormat.of(survey.first, route=route)):
-            return route
-        codecs = survey.codecs()
-        formats = Counter(str(CameraFormat.of(f, route=route)) for f in survey.formats.values())
-        return route_for_codecs(codecs, decode=preference, on_gpu=self._device_id is not None, label=camera,
-                                formats=None if len(codecs) > 1 else formats)  # fmt: skip
-
-    def _packet_index(self, pos: int, camera: str) -> tuple[VideoRef, PacketIndex]:
-        """Episode ``pos``'s video of ``camera`` and its packet index."""
-        return load_episode_packet_index(self.reader, pos, camera, store=self._index_store)
-
-    def _held_to_formats(self, pos: int, files: Mapping[str, tuple[VideoRef, PacketIndex]]) -> dict[str, PacketIndex]:
-        """The packet index of each camera's file of episode ``pos`` (``files``), each held to the camera's format."""
-        episode = int(self.reader.episodes.episode_index[pos])
-        for camera, expected in self._camera_formats.items():
-            video, index = files[camera]
-            expected.check(index, path=video.path, episode=episode, camera=camera)
-        return {camera: index for camera, (_, index) in files.items()}
-
-    def _check_rows_find_frames(
-        self, pos: int, indexes: Mapping[str, PacketIndex], *, rows: Mapping[str, np.ndarray] | None = None
-    ) -> None:
-        """Timestamps that miss the video (wall-clock time, rows shifted a frame, the wrong fps) fail here, when
-        the iterator is built, rather than in a worker when a batch first reaches the row, maybe hours into
-        training: episode ``pos``'s first and last rows (of ``rows``, its rows if already read) must find their
-        frames in every camera's file."""
-        if not indexes:
-            return
-        if rows is None:
-            rows = self.reader.read_episode(pos, [])
-        ends = np.array([0, len(rows["timestamp"]) - 1])
-        for camera, index in indexes.items():
-            row_frame_numbers(
-                self.reader, pos, camera, rows, ends, index,
-                timestamp_source=self._timestamp_source, tolerance_s=self._tolerance_s,
-            )  # fmt: skip
-
-    def _plan_feeds(self) -> dict[str, CameraFeed]:
-        on_gpu = self._device_id is not None
-        feeds = {
-            camera: camera_feed(
-                route,
-                on_gpu=on_gpu,
-                cpu_decode=self._cpu_decode,
-                augment=self._augment,
-                image_size=self._image_size,
-                depth=camera in self._depth_quantizers,
-                color_fix=self._color_fixes.get(camera),
-            )
-            for camera, route in self.routes.items()
-        }
-        if self._depth_cameras:
-            say_once(logger, logging.INFO,
-                "depth cameras %s: decoded by the workers and read in %s, never augmented",
-                sorted(self._depth_cameras), self._depth_unit.value,
-            )  # fmt: skip
-        planes = sorted(camera for camera, feed in feeds.items() if feed.planes)
-        if planes:
-            say_once(logger, logging.INFO, "CPU-fallback cameras %s: workers ship YUV planes, the pipeline makes RGB",
-                     planes)  # fmt: skip
-        sizes = {camera: feed.worker_size for camera, feed in feeds.items() if feed.worker_size is not None}
-        if sizes:
-            say_once(logger, logging.INFO, "CPU mode: the decoding workers resize %s (not the pipeline)", sizes)
-        decoded_by_workers = sorted(c for c, feed in feeds.items() if feed.route is DecodeRoute.CPU_FALLBACK)
-        if decoded_by_workers:
-            cpus = cpus_per_local_rank()
-            say_once(logger, logging.INFO,
-                "cameras %s are decoded on the CPU by %s, with %d CPUs for this rank: decoding is usually what "
-                "bounds throughput here, so %s if the loop waits for batches",
-                decoded_by_workers,
-                f"{self._num_workers} worker processes" if self._num_workers else "the main process (num_workers=0)",
-                cpus,
-                "raise num_workers toward the CPU count" if self._num_workers < cpus
-                else "give this rank more CPUs (fewer ranks per node); more workers than CPUs decode no faster",
-            )  # fmt: skip
-        return feeds
 
     # -- epochs and state --------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -950,30 +808,6 @@ def _listed_scalars(reader: LeRobotDatasetReader, rows: Mapping[str, np.ndarray]
     if rows is None:
         return None
     return frozenset(k for k in keys if rows[k].ndim == 2)
-
-
-def _nvdec_color_fixes(formats: Mapping[str, CameraFormat]) -> dict[str, tuple[tuple[float, ...], ...]]:
-    """Per NVDEC camera (its format holds the colour tags of its first file) whose stream is tagged with another
-    colour matrix than BT.601 (which NVDEC's output assumes), the correction the graph applies
-    (:func:`~lerobot_dali.yuv_frames.nvdec_color_fix`)."""
-    fixes = {}
-    for camera, fmt in formats.items():
-        if fmt.color is None:  # not on NVDEC
-            continue
-        colorspace, full_range = fmt.color
-        fix = nvdec_color_fix(colorspace, full_range)
-        if not has_color_matrix(colorspace):
-            warn_once(logger,
-                "camera %s is tagged colour space %d, which NVDEC (DALI) converts as BT.601 and lerobot_dali cannot "
-                "correct; its colours may differ from the CPU routes' (decode='cpu' gives PyAV's)", camera, colorspace,
-            )  # fmt: skip
-        if fix is not None:
-            fixes[camera] = tuple(tuple(row) for row in fix.tolist())
-            say_once(logger, logging.INFO,
-                "camera %s is tagged colour space %d: NVDEC's BT.601 RGB is converted to it on the GPU", camera,
-                colorspace,
-            )  # fmt: skip
-    return fixes
 
 
 def _camera_augment(

@@ -86,7 +86,7 @@ def test_videos_of_another_size_than_info_json_declares_are_warned_of_once(ds: P
         video.update({"video.height": 480, "video.width": 640})
         feature["info"] = video
     info_path.write_text(json.dumps(info))
-    with caplog.at_level("WARNING", logger="lerobot_dali.iterator"):
+    with caplog.at_level("WARNING", logger="lerobot_dali.camera_plan"):
         batches = _first_pass(ds, image_size=(32, 48))
     assert {tuple(b[CAM].shape[1:]) for b in batches} == {(3, 32, 48)}
     (said,) = [r.getMessage() for r in caplog.records if "info.json declares" in r.getMessage()]

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pytest
 import torch
 
+from lerobot_dali import camera_plan
 from lerobot_dali import iterator as iterator_module
 from lerobot_dali.errors import (
     CodecUnsupportedError,
@@ -385,8 +386,8 @@ def test_the_cpu_decoding_line_asks_for_more_workers_only_where_cpus_are_left(
 ) -> None:
     """8 ranks of 8 workers on a 64-core node were told to raise num_workers toward the CPU count (8), as were 2
     workers with 1 CPU: more workers than CPUs only take turns on them."""
-    monkeypatch.setattr(iterator_module, "cpus_per_local_rank", lambda: cpus)
-    with caplog.at_level(logging.INFO, logger="lerobot_dali.iterator"):
+    monkeypatch.setattr(camera_plan, "cpus_per_local_rank", lambda: cpus)
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.camera_plan"):
         DALILeRobotIterator(_dataset(make_ds, "av1"), batch_size=4, device="cpu", num_workers=2).close()
     said = [r.getMessage() for r in caplog.records if "decoded on the CPU by 2 worker processes" in r.getMessage()]
     assert len(said) == 1 and f"with {cpus} CPUs for this rank" in said[0] and advice in said[0], said

@@ -17,6 +17,7 @@ import pytest
 
 from lerobot_dali import DALILeRobotIterator, concat_datasets, open_dataset
 from lerobot_dali.batch_source import CameraFormat
+from lerobot_dali.camera_plan import CameraPlanner
 from lerobot_dali.dataset_check import check_dataset
 from lerobot_dali.decode_route import DecodePreference, DecodeRoute, route_for_codecs
 from lerobot_dali.errors import CodecUnsupportedError, SchemaMismatchError, VideoDecodeError
@@ -144,12 +145,12 @@ def test_a_dali_decoded_cameras_mixed_files_are_refused_at_build_for_decode_gpu(
     """decode='gpu' (NVDEC or fail) on a camera whose files mix codecs fails when the iterator is built, naming the
     codecs (a fake GPU: the route as NVDEC chose it for the first file)."""
     root = _mixed(make_ds, copy_ds, "vp9", "av1")
-    built = SimpleNamespace(reader=open_dataset(root), _device_id=0, _remote_index_store=None, _format_store=None)
+    built = SimpleNamespace(reader=open_dataset(root), device_id=0, remote_index_store=None, format_store=None)
     with pytest.raises(CodecUnsupportedError, match=r"decode='gpu' .*\(files of vp9 2 files, av1 1 file\), .*one "
                        r"codec; .*lerobot-dali reencode"):  # fmt: skip
-        DALILeRobotIterator._route_for_files(built, CAM, DecodeRoute.NVDEC, DecodePreference.GPU)
+        CameraPlanner._route_for_files(built, CAM, DecodeRoute.NVDEC, DecodePreference.GPU)
     # decode='auto': the workers.
-    auto = DALILeRobotIterator._route_for_files(built, CAM, DecodeRoute.NVDEC, DecodePreference.AUTO)
+    auto = CameraPlanner._route_for_files(built, CAM, DecodeRoute.NVDEC, DecodePreference.AUTO)
     assert auto is DecodeRoute.CPU_FALLBACK
 
 
@@ -167,15 +168,15 @@ def test_an_nvdec_camera_whose_files_differ_in_colour_tags_goes_to_the_workers(m
         for image in frames:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
         container.mux(stream.encode())
-    built = SimpleNamespace(reader=open_dataset(root), _device_id=0, _remote_index_store=None, _format_store=None)
+    built = SimpleNamespace(reader=open_dataset(root), device_id=0, remote_index_store=None, format_store=None)
     with caplog.at_level(logging.WARNING, logger="lerobot_dali"):
-        route = DALILeRobotIterator._route_for_files(built, CAM, DecodeRoute.NVDEC, DecodePreference.AUTO)
+        route = CameraPlanner._route_for_files(built, CAM, DecodeRoute.NVDEC, DecodePreference.AUTO)
     assert route is DecodeRoute.CPU_FALLBACK
     assert (
         f"{CAM} (files of h264 64x96 (HxW) yuv420p, colour space 2: 2 files; h264 64x96 (HxW) yuv420p, colour space 1: "
         "1 file): decoded in the workers" in caplog.text
     )
-    assert DALILeRobotIterator._route_for_files(built, CAM, DecodeRoute.DALI_CPU, DecodePreference.AUTO) is (
+    assert CameraPlanner._route_for_files(built, CAM, DecodeRoute.DALI_CPU, DecodePreference.AUTO) is (
         DecodeRoute.DALI_CPU
     )
 

@@ -168,7 +168,7 @@ def test_torchcodec_path_resize_matches_dali_resize(make_ds) -> None:
 @pytest.mark.parametrize("codec", ["av1", "h264"])
 def test_cpu_mode_frames_resized_in_worker_match_dali_resize(make_ds, caplog, codec: str) -> None:
     root = _dataset(make_ds, codec)
-    with caplog.at_level(logging.INFO, logger="lerobot_dali.iterator"):
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.camera_plan"):
         it = DALILeRobotIterator(
             root, batch_size=23, delta_timestamps=DELTAS, shuffle=False, device="cpu", num_workers=0,
             drop_last=False, return_uint8=True, image_size=SIZE,

@@ -319,7 +319,7 @@ def test_iterator_with_graph_conversion_equals_worker_conversion(make_ds, caplog
         return_uint8=True,
     )  # fmt: skip
     graph_options = CpuDecodeOptions(color_conversion=ColorConversion.GRAPH)
-    with caplog.at_level(logging.INFO, logger="lerobot_dali.iterator"):
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.camera_plan"):
         in_graph = DALILeRobotIterator(root, cpu_decode=graph_options, **kwargs)
     assert any("workers ship YUV planes" in r.getMessage() for r in caplog.records)
     graph_batches = list(in_graph)
@@ -418,8 +418,8 @@ def test_flat_patches_need_the_correction_and_it_suffices(tmp_path: Path) -> Non
 
 def test_only_nvdec_cameras_tagged_other_than_bt601_get_a_correction(tmp_path: Path, caplog) -> None:
     from lerobot_dali.batch_source import CameraFormat
+    from lerobot_dali.camera_plan import nvdec_color_fixes
     from lerobot_dali.decode_route import DecodeRoute
-    from lerobot_dali.iterator import _nvdec_color_fixes
 
     tagged = _encode(tmp_path / "bt709.mp4", "libx264", "yuv420p", width=64, height=48, colorspace=1)
     untagged = _encode(tmp_path / "plain.mp4", "libx264", "yuv420p", width=64, height=48)
@@ -429,12 +429,12 @@ def test_only_nvdec_cameras_tagged_other_than_bt601_get_a_correction(tmp_path: P
     formats["e"] = CameraFormat.of(
         indexes["a"], route=DecodeRoute.CPU_FALLBACK
     )  # BT.709 too, but decoded on the CPU: no correction
-    with caplog.at_level(logging.INFO, logger="lerobot_dali.iterator"):
-        fixes = _nvdec_color_fixes(formats)
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.camera_plan"):
+        fixes = nvdec_color_fixes(formats)
     assert list(fixes) == ["a"] and np.allclose(fixes["a"], nvdec_color_fix(1, False))
     assert any("camera a is tagged colour space 1" in r.getMessage() for r in caplog.records)
     # a tag with no matrix here (YCgCo, 8) cannot be corrected: said once, as a warning
-    with caplog.at_level(logging.WARNING, logger="lerobot_dali.iterator"):
-        assert _nvdec_color_fixes({"d": formats["b"]._replace(color=(8, False))}) == {}
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.camera_plan"):
+        assert nvdec_color_fixes({"d": formats["b"]._replace(color=(8, False))}) == {}
     assert any("camera d is tagged colour space 8" in r.getMessage() and r.levelname == "WARNING"
                for r in caplog.records)  # fmt: skip

@@ -38,7 +38,7 @@ def test_av1_fallback_ships_planes_on_gpu(make_ds, caplog: pytest.LogCaptureFixt
 
     root = _dataset(make_ds, "av1", size=(160, 192))
     kwargs = dict(batch_size=4, delta_timestamps=DELTAS, shuffle=False, num_workers=2, drop_last=False)
-    with caplog.at_level(logging.INFO, logger="lerobot_dali.iterator"):
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.camera_plan"):
         gpu = DALILeRobotIterator(root, device="cuda", decode="cpu", return_uint8=True, **kwargs)
     assert any("workers ship YUV planes" in r.getMessage() for r in caplog.records)
     on_gpu = next(iter(gpu))
