@@ -10,48 +10,38 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from .augment_config import NORMALIZE_FROM_STATS, AugmentConfig, Normalize, checked_size, refuse_uint8_normalize
+from .augment_config import AugmentConfig, checked_size
 from .batch_source import BatchSource, SourceSpec, output_fields
 from .camera_plan import CameraPlanner
 from .cpu_decode_options import CpuDecodeOptions
 from .dali_graph import HOST_SUBTASK_INDEX, HOST_TASK_INDEX, build_pipeline
 from .dataset_info import INDEX_COLUMNS
-from .dataset_reader import NO_SUBTASK_INDEX, LeRobotDatasetReader, open_dataset, warn_undeclared_columns
+from .dataset_reader import NO_SUBTASK_INDEX, LeRobotDatasetReader, warn_undeclared_columns
 from .dataset_union import DATASET_INDEX
 from .decode_errors import locate_clip_failure
-from .decode_route import DecodePreference
 from .depth_maps import DepthUnit
-from .distributed import cpus_per_local_rank, local_cuda_device, require_cuda, resolve_rank
-from .errors import (
-    CudaUnavailableError,
-    DatasetError,
-    DeltaTimestampsError,
-    EpisodeMetadataError,
-    IteratorClosedError,
-    ResumeStateError,
-    SchemaMismatchError,
-    WorkerProcessError,
-)
+from .distributed import cpus_per_local_rank, local_cuda_device, resolve_rank
+from .errors import DatasetError, EpisodeMetadataError, IteratorClosedError, ResumeStateError, WorkerProcessError
 from .file_format_store import FileFormatStore
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .host_values import decode_host_values
 from .image_frames import first_image_shape
+from .iterator_arguments import batchable_reader, camera_augment, check_windows, checked_arguments
 from .packet_index_store import PacketIndexStore
 from .prefetch import Prefetcher, prefetching_reader
 from .said_once import say_once, warn_once
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE, OrderOptions, RankBalance
 from .stream_state import SampleStream
-from .value_checks import check_choice, check_int
+from .value_checks import check_choice
 from .windows import DeltaWindows
 from .worker_errors import SMALL_SHM_BYTES, dead_worker_error, original_worker_error, shared_memory_note, shm_bytes
 from .worker_start import package_log_level, skipping_main
@@ -136,11 +126,11 @@ class DALILeRobotIterator:
         drop_n_last_frames: int = 0,
     ) -> None:
         device = str(device)  # (a torch.device, as accelerator.device is, spells the same)
-        (batch_size, num_workers, prefetch, dali_threads), preference = _checked_arguments(
+        (batch_size, num_workers, prefetch, dali_threads), preference = checked_arguments(
             batch_size=batch_size, device=device, decode=decode, num_workers=num_workers, prefetch=prefetch,
             dali_threads=dali_threads,
         )  # fmt: skip
-        self.reader = _batchable_reader(
+        self.reader = batchable_reader(
             dataset,
             revision=revision,
             cameras=cameras,
@@ -169,7 +159,7 @@ class DALILeRobotIterator:
         # Cameras of other than 3 channels: grey image cameras, depth cameras (1).
         grey = {key: shape[2] for key, shape in self._image_shapes.items() if shape[2] != 3}
         self._image_channels = grey | dict.fromkeys(self._depth_cameras, 1)
-        self._augment = _camera_augment(
+        self._augment = camera_augment(
             augment, self.reader, self._image_channels, self._depth_cameras, return_uint8=return_uint8
         )
         self._image_size = None if image_size is None else checked_size(type(self).__name__, "image_size", image_size)
@@ -184,23 +174,7 @@ class DALILeRobotIterator:
             camera_keys=self.reader.camera_keys,
             feature_keys=[*self.reader.info.features, *INDEX_COLUMNS],  # (derived where a dataset lacks them)
         )
-        if "task_index" in self.windows.delta_index:  # (LeRobot fails on it too, a batch later)
-            raise DeltaTimestampsError(
-                "delta_timestamps names 'task_index', which gives each sample its one `task` string; it takes no "
-                "window: drop it from delta_timestamps"
-            )
-        if "subtask_index" in self.windows.delta_index and self.reader.subtasks is not None:  # (as task_index)
-            raise DeltaTimestampsError(
-                "delta_timestamps names 'subtask_index', which gives each sample its one `subtask` string; it takes "
-                "no window: drop it from delta_timestamps"
-            )
-        read = {*self.reader.read_keys, *INDEX_COLUMNS}
-        unread = sorted(set(self.windows.delta_index) - read)
-        if unread:
-            raise DeltaTimestampsError(
-                f"delta_timestamps names {unread}, which this iterator does not read (left out by keys= or "
-                "cameras=); select them too, or drop their windows"
-            )
+        check_windows(self.windows, self.reader)
         options = OrderOptions(
             seed=seed,
             shuffle=shuffle,
@@ -683,56 +657,6 @@ class DALILeRobotIterator:
 _workers_close_lock = threading.Lock()
 
 
-def _checked_arguments(
-    *, batch_size: int, device: str, decode: Any, num_workers: int, prefetch: int, dali_threads: int | None
-) -> tuple[tuple[int, int, int, int | None], DecodePreference]:
-    """Reject bad sizes, devices and decode routes before anything is opened (a typo should not cost a remote
-    listing); the counts as ints (numpy integers from a config are taken) and the decode preference."""
-    counts = (
-        check_int("batch_size", batch_size, minimum=1), check_int("num_workers", num_workers, minimum=0),
-        check_int("prefetch", prefetch, minimum=1),
-        None if dali_threads is None else check_int("dali_threads (None: automatic)", dali_threads, minimum=1),
-    )  # fmt: skip
-    if not (device in ("cuda", "cpu") or re.fullmatch(r"cuda:\d+", device)):
-        raise ValueError(f"device must be 'cuda', 'cuda:N' or 'cpu', got {device!r}")
-    preference = DecodePreference.parse(decode)
-    if device == "cpu":
-        if preference is DecodePreference.GPU:
-            raise ValueError("decode='gpu' decodes on NVDEC, which needs device='cuda'; with device='cpu' use 'auto'")
-        return counts, preference
-    visible = require_cuda(f"device={device!r}", instead="device='cpu'")
-    if device != "cuda" and int(device.split(":")[1]) >= visible:
-        raise CudaUnavailableError(f"device={device!r} but this process sees {visible} GPU(s) (CUDA_VISIBLE_DEVICES)")
-    return counts, preference
-
-
-def _batchable_reader(dataset: str | os.PathLike[str] | LeRobotDatasetReader, **opening: Any) -> LeRobotDatasetReader:
-    """``dataset`` opened with ``opening`` (or the reader given), checked to declare what every batch carries."""
-    if isinstance(dataset, LeRobotDatasetReader):
-        given = [name for name, value in opening.items() if value is not None]
-        if given:  # the reader is open already: these would be silently ignored
-            raise ValueError(
-                f"{', '.join(f'{n}=' for n in given)} apply while opening the dataset, and this reader is open "
-                "already; pass them to open_dataset (or pass the path here instead of a reader)"
-            )
-        reader = dataset
-    elif isinstance(dataset, list | tuple):
-        raise TypeError(
-            "dataset is one dataset; read several as one with concat_datasets([...]) (one layout, one pipeline) or "
-            "side by side with DALILeRobotMixture([...]) (a share of each per batch)"
-        )
-    else:
-        reader = open_dataset(dataset, **opening)
-    missing = [k for k in ("timestamp", "task_index") if k not in reader.info.features]
-    if missing:
-        raise SchemaMismatchError(
-            f"{reader.location.description}: info.json declares no {missing} feature(s); every LeRobot "
-            "dataset has them and batches carry them"
-        )
-    reader.check_data_columns()
-    return reader
-
-
 def _close_workers(pipeline: Any) -> None:
     workers = getattr(pipeline, "_py_pool", None)  # DALI's worker pool (private; no public close)
     if workers is not None:
@@ -808,51 +732,6 @@ def _listed_scalars(reader: LeRobotDatasetReader, rows: Mapping[str, np.ndarray]
     if rows is None:
         return None
     return frozenset(k for k in keys if rows[k].ndim == 2)
-
-
-def _camera_augment(
-    augment: AugmentConfig | None,
-    reader: LeRobotDatasetReader,
-    image_channels: Mapping[str, int],
-    depth_cameras: Collection[str],
-    *,
-    return_uint8: bool = False,
-) -> AugmentConfig | None:
-    """The augmentation with ``normalize="stats"`` read from the dataset, and a per-camera ``normalize`` checked
-    against the dataset's cameras (and their channels, and ``return_uint8``) now, rather than when the first pass
-    builds the graph. Depth cameras are never augmented (as in LeRobot), so they need no statistics and no
-    ``Normalize``."""
-    if augment is None:
-        return None
-    if not isinstance(augment, AugmentConfig):
-        raise TypeError(
-            f"augment must be an AugmentConfig or None, got {type(augment).__name__} {augment!r}; build one with "
-            "AugmentConfig(...), AugmentConfig.from_dict(table) or AugmentConfig.from_toml(path)"
-        )
-    cameras = [camera for camera in reader.all_camera_keys if camera not in depth_cameras]
-    if cameras:
-        refuse_uint8_normalize(return_uint8, augment.normalize)
-    if isinstance(augment.normalize, Mapping):
-        depth = sorted(set(augment.normalize) & set(depth_cameras))
-        if depth:
-            raise ValueError(
-                f"AugmentConfig.normalize has a Normalize for depth camera(s) {depth}, which are never augmented or "
-                "normalised (LeRobot's image transforms leave depth out): they would come as depth, unnormalised. "
-                "Drop them from normalize and normalise depth in the policy, as LeRobot does"
-            )
-    if augment.normalize == NORMALIZE_FROM_STATS:
-        stats = reader.read_stats()
-        augment = augment.with_stats(stats, cameras, source=reader.location.description)
-        say_once(logger, logging.INFO, "normalising cameras %s by the dataset's statistics", list(cameras))
-    for camera in cameras:
-        normalize = augment.for_camera(camera).normalize  # raises naming a camera without a Normalize
-        channels = image_channels.get(camera, 3)
-        if isinstance(normalize, Normalize) and len(normalize.mean) not in (1, channels):
-            raise ValueError(
-                f"camera {camera!r} has {channels} channel(s) but its Normalize has {len(normalize.mean)} mean/std "
-                "values; give it one per channel or one for all (normalize={camera: Normalize(...)})"
-            )
-    return augment
 
 
 def default_dali_threads(num_workers: int) -> int:
