@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .augment_config import AugmentConfig, checked_size
+from .batch_shapes import first_episode_rows, image_shapes, listed_scalars
 from .batch_source import BatchSource, SourceSpec, output_fields
 from .camera_plan import CameraPlanner
 from .cpu_decode_options import CpuDecodeOptions
@@ -34,7 +35,6 @@ from .errors import DatasetError, EpisodeMetadataError, IteratorClosedError, Res
 from .file_format_store import FileFormatStore
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .host_values import decode_host_values
-from .image_frames import first_image_shape
 from .iterator_arguments import batchable_reader, camera_augment, check_windows, checked_arguments
 from .packet_index_store import PacketIndexStore
 from .prefetch import Prefetcher, prefetching_reader
@@ -153,9 +153,9 @@ class DALILeRobotIterator:
         self._depth_image_units = self.reader.info.depth_image_units(self.reader.image_keys)
         self._depth_cameras = {*self._depth_quantizers, *self._depth_image_units}
         self._depth_unit = check_choice(DepthUnit, "depth_unit", depth_unit)
-        self._image_shapes = _image_shapes(self.reader)
-        first_rows = _first_episode_rows(self.reader)  # (read once: for the scalars' shapes and the frames' lookup)
-        self._listed_scalars = _listed_scalars(self.reader, first_rows)
+        self._image_shapes = image_shapes(self.reader)
+        first_rows = first_episode_rows(self.reader)  # (read once: for the scalars' shapes and the frames' lookup)
+        self._listed_scalars = listed_scalars(self.reader, first_rows)
         # Cameras of other than 3 channels: grey image cameras, depth cameras (1).
         grey = {key: shape[2] for key, shape in self._image_shapes.items() if shape[2] != 3}
         self._image_channels = grey | dict.fromkeys(self._depth_cameras, 1)
@@ -693,45 +693,6 @@ def _raise_original(error: Exception) -> None:
     if original is not None:
         raise original from error
     raise error
-
-
-def _image_shapes(reader: LeRobotDatasetReader) -> dict[str, tuple[int, int, int]]:
-    """(H, W, C) of each image camera's first image (of the first episode), which the workers hold every image to.
-    A camera of 16-bit images not flagged a depth map fails here, naming itself, rather than in a worker."""
-    shapes = {key: first_image_shape(reader, 0, key) for key in reader.image_keys}
-    return {key: shape for key, shape in shapes.items() if shape is not None}
-
-
-def _scalar_keys(reader: LeRobotDatasetReader) -> list[str]:
-    features = reader.info.features
-    return [k for k in reader.tabular_keys if features[k].is_scalar and not features[k].is_host_value]
-
-
-def _first_episode_rows(reader: LeRobotDatasetReader) -> dict[str, np.ndarray] | None:
-    """The first episode's rows of the scalar features and the index columns, read once when the iterator is built
-    (its data file's row groups were decoded twice, for :func:`_listed_scalars` and for the frame lookup); None
-    where there is none or they do not read (the lookup then reads again, failing with the file named)."""
-    if not reader.num_episodes:
-        return None
-    try:
-        return reader.read_episode(0, _scalar_keys(reader))
-    except DatasetError:
-        return None
-
-
-def _listed_scalars(reader: LeRobotDatasetReader, rows: Mapping[str, np.ndarray] | None) -> frozenset[str] | None:
-    """The scalar features (declared shape (1,)) that the first episode's data file stores as one-element lists, so
-    that they batch as (B, 1), not (B,): the workers give every episode's rows that shape. A data file that stores
-    one the other way (another writer's, merged in or in a union) changed the batch's shape, or failed to stack
-    with a ValueError naming neither the feature nor the file. None where the first episode's rows do not read:
-    each file then keeps its own, and the workers' read of that episode fails naming the file. ``rows``: the first
-    episode's (:func:`_first_episode_rows`)."""
-    keys = _scalar_keys(reader)
-    if not keys or not reader.num_episodes:
-        return frozenset()
-    if rows is None:
-        return None
-    return frozenset(k for k in keys if rows[k].ndim == 2)
 
 
 def default_dali_threads(num_workers: int) -> int:
