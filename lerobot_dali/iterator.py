@@ -249,38 +249,43 @@ class DALILeRobotIterator:
         self._close_deferred = False  # close() was called by a signal handler on that thread
         self._pass_start: int | None = None  # samples_consumed when the pass in progress began
         self._pipeline_next: tuple[int, int] | None = None  # (epoch, sample) the pipeline's next batch starts at
+        self._say_how_it_reads(ranks.source)
+
+    def _say_how_it_reads(self, rank_source: str) -> None:
+        """Log what the built iterator reads (its samples, routes, threads), and warn of what a run would regret:
+        a small /dev/shm, an unbalanced epoch that leaves samples out, an epoch too short for one batch."""
         logger.info(
             "rank %d/%d (%s): %d samples per epoch, routes %s, %d DALI threads",
-            self.rank, self.world_size, ranks.source, self._stream.num_samples(),
+            self.rank, self.world_size, rank_source, self._stream.num_samples(),
             {k: r.value for k, r in self.routes.items()}, self._dali_threads,
         )  # fmt: skip
         shm = shm_bytes()
-        if num_workers and shm is not None and shm < SMALL_SHM_BYTES:  # a container's default: SIGBUS ahead
+        if self._num_workers and shm is not None and shm < SMALL_SHM_BYTES:  # a container's default: SIGBUS ahead
             warn_once(logger, "/dev/shm is small: %s", shared_memory_note(shm))
         if self._stream.order.options.rank_balance is RankBalance.NONE and self.world_size > 1:
             say_once(logger, logging.INFO,
                 "rank_balance='none': ranks read %s samples this epoch, unequal; run no collective per batch",
                 self._stream.order.rank_frame_counts(self._stream.epoch).tolist(),
             )  # fmt: skip
-        left_out = self._stream.num_samples() % batch_size
-        if self._stream.order.options.rank_balance is RankBalance.NONE and drop_last and left_out:
+        left_out = self._stream.num_samples() % self.batch_size
+        if self._stream.order.options.rank_balance is RankBalance.NONE and self.drop_last and left_out:
             logger.warning(
                 "rank_balance='none' reads every frame once across ranks only with drop_last=False: drop_last=True "
                 "leaves out the last samples of each rank's epoch that do not fill a batch (%d of rank %d's in epoch "
                 "%d); pass drop_last=False to evaluate every frame",
                 left_out, self.rank, self._stream.epoch,
             )  # fmt: skip
-        elif self._stream.order.options.rank_balance is RankBalance.NONE and drop_last and self.world_size > 1:
+        elif self._stream.order.options.rank_balance is RankBalance.NONE and self.drop_last and self.world_size > 1:
             logger.info(
                 "rank_balance='none' with drop_last=True: rank %d's epoch %d fills whole batches, but the ranks' "
                 "counts change between epochs, so a later epoch may leave samples out; drop_last=False never does",
                 self.rank, self._stream.epoch,
             )  # fmt: skip
-        if drop_last and self._stream.num_samples() < batch_size:
+        if self.drop_last and self._stream.num_samples() < self.batch_size:
             logger.warning(
                 "rank %d gets %d samples an epoch, fewer than batch_size=%d: with drop_last=True every epoch is "
                 "empty; lower batch_size or pass drop_last=False",
-                self.rank, self._stream.num_samples(), batch_size,
+                self.rank, self._stream.num_samples(), self.batch_size,
             )  # fmt: skip
 
     # -- epochs and state --------------------------------------------------------------------------------
