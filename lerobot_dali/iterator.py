@@ -3,6 +3,10 @@
 The iterator owns the rank's stream position (epoch, samples handed to the trainer) and rebuilds the DALI
 pipeline only when that position jumps (``load_state_dict``, a ``set_epoch`` out of sequence); otherwise
 DALI's own epochs follow ours and workers keep their caches warm.
+
+This module is the iterator's life cycle: build, passes, batches, state, close. What it is built from lives apart:
+its arguments checked and its dataset opened (:mod:`.iterator_arguments`), the shapes the first episode fixes for
+every batch (:mod:`.batch_shapes`), each camera's decode route, format and feed (:mod:`.camera_plan`).
 """
 
 from __future__ import annotations
