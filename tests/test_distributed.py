@@ -117,7 +117,7 @@ def test_iterator_says_how_many_workers_decode_on_how_many_cpus(make_ds, clean_e
     root = make_ds(episodes=2, frames_per_episode=3, cameras=1, codec="h264", size=(64, 64))
     clean_env.setattr("os.sched_getaffinity", lambda pid: set(range(12)), raising=False)
     clean_env.setenv("LOCAL_WORLD_SIZE", "2")
-    with caplog.at_level("INFO", logger="lerobot_dali.iterator"):
+    with caplog.at_level("INFO", logger="lerobot_dali.camera_plan"):
         DALILeRobotIterator(root, batch_size=1, device="cpu", num_workers=3).close()
     (line,) = [r.getMessage() for r in caplog.records if "decoded on the CPU" in r.getMessage()]
     assert "['observation.images.cam0']" in line and "3 worker processes" in line and "6 CPUs" in line
