@@ -8,7 +8,9 @@ frame within ``tolerance_s`` and inside the episode's part of the file), reads e
 and with ``decode=True`` decodes every frame the rows read (damage FFmpeg flags; each GOP entered at its
 keyframe, as a shuffled run enters it) and every image. It lists every problem at once, each as the run would
 have raised it. Episodes are checked in worker processes, those sharing a data file together, from one decode of
-the file's row groups (:class:`~.episode_rows.DecodedGroups`).
+the file's row groups (:class:`~.episode_rows.DecodedGroups`). Each video file's packet index is kept on disk with
+the file's stamp (:mod:`.packet_index_store`), as the iterator keeps it: a second check, or a run after a check,
+demuxes only the files changed since (15,000 episodes of three cameras checked again: 16 s of CPU, not 50).
 """
 
 from __future__ import annotations
@@ -120,7 +122,9 @@ class _EpisodeChecker:
     #: (H, W, C) of each image camera's first image (``decode=True``), which its other images must have.
     image_shapes: dict[str, tuple[int, ...]]
     task_indices: frozenset[int]
-    index_store: PacketIndexStore | None
+    #: Where the indexes of the files read are kept and found: a file changed since it was indexed (another stamp:
+    #: size, version; a local file's inode, mtime and ctime) misses, and is read again.
+    index_store: PacketIndexStore
     #: Cameras every run sends to the workers: depth maps, and a union's whose datasets' first files differ in codec.
     workers_only: set[str] = field(default_factory=set)
     _indexes: PacketIndexCache = field(default_factory=lambda: _index_cache())
@@ -288,7 +292,9 @@ def check_dataset(
         formats={},
         image_shapes={},
         task_indices=frozenset(int(i) for i in reader.tasks),
-        index_store=None if reader.location.is_local else PacketIndexStore(),
+        # Local files' indexes too, keyed by their stat (as the iterator keeps them): a check again, or a run after
+        # it, loads each unchanged file's index instead of demuxing it (15,000 episodes: 450 files, ~0.1 s each).
+        index_store=PacketIndexStore(),
     )
     warn_undeclared_columns(reader)
     _set_references(checker)
