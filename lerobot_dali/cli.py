@@ -221,8 +221,12 @@ def _check_one(args: argparse.Namespace, reader: LeRobotDatasetReader | None = N
     # (a union's args hold a list, one value or one per dataset, which the union holds itself)
     source, tolerance = (v[0] if isinstance(v, list) else v for v in (args.timestamp_source, args.tolerance_s))
     lines = logging.getLogger("lerobot_dali.check.progress")  # (where stderr is no terminal: no bar, a few lines)
-    if lines.getEffectiveLevel() > logging.INFO:
-        lines.setLevel(logging.INFO)
+    # Before the episodes, each camera's files' headers are surveyed (the first time, 15,000 v2.1 episodes of two
+    # cameras: ~12 s of CPU; remote, requests a file): their progress lines (in_threads') are shown too.
+    surveyed = logging.getLogger("lerobot_dali.concurrent_calls")
+    for logger in (lines, surveyed) if not args.json else ():
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
     with progress_counter(
         reader.num_episodes, desc="lerobot-dali check", unit="episode", logger=lines, enabled=not args.json
     ) as progress:

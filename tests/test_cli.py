@@ -411,6 +411,28 @@ def test_check_logs_plain_progress_lines_where_stderr_is_no_terminal() -> None:
     assert any(line.startswith("WARNING lerobot_dali.") for line in done.stderr.splitlines()), done.stderr
 
 
+def test_check_logs_the_progress_of_its_survey_of_the_video_headers_too(make_ds, monkeypatch, caplog) -> None:
+    """Before its first episode, check reads every video file's header (the first time, 15,000 v2.1 episodes of two
+    cameras: ~12 s of CPU; a remote dataset's, requests a file): that survey's progress lines were at INFO of a
+    logger left at WARNING, so a log showed nothing for that long."""
+    import logging
+
+    from lerobot_dali import concurrent_calls
+
+    root = make_ds(episodes=4, frames_per_episode=4, cameras=1, codec="h264", size=(64, 64), episodes_per_file=1)
+    monkeypatch.setattr(concurrent_calls, "PROGRESS_DELAY_S", 0.0)  # (a survey of 4 files takes no 2 s)
+    surveyed = logging.getLogger("lerobot_dali.concurrent_calls")
+    level = surveyed.level
+    try:
+        assert main(["check", str(root), "--workers", "0"]) == 0
+    finally:
+        surveyed.setLevel(level)
+    lines = [r.getMessage() for r in caplog.records if r.name == "lerobot_dali.concurrent_calls"]
+    assert any(
+        line.startswith("lerobot-dali: camera observation.images.cam0's video headers: 4/4 files (") for line in lines
+    ), lines
+
+
 def test_progress_lines_come_at_each_tenth_and_at_the_end(caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
