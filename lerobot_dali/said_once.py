@@ -11,16 +11,20 @@ The processes agree through empty files named by the message in a folder of the 
 the launcher's, the parent of every rank of one launch on the node, which ends with it (torchrun's or accelerate's
 agent, told by ``$TORCHELASTIC_RUN_ID``; by the parent's name, Slurm's step manager under ``srun``, Open MPI's or
 hydra's daemon under ``mpirun`` (a persistent DVM's, serving launch after launch, keeps one per launch, by its PMIx
-namespace); DeepSpeed's launcher), or else the training process's (a shell or a batch script lives on to start the
-next run), named by its host, PID and start time (a reused PID never inherits it), and passed on to the worker
-processes it starts (:func:`shared_with_children`) through ``$LEROBOT_DALI_SAID_DIR``. The training process removes
-its own at exit; a launcher's, or one left by a killed process, is removed by the next job on the host. Where no
-folder can be made (no /proc), each process says each line once.
+namespace); DeepSpeed's launcher), also where each rank runs under a wrapper of its own that the launcher started
+(``srun bash -c 'python train.py'``, ``srun ./run.sh``, ``mpirun sh -c ...``, ``timeout``: a shell given a command or
+a script, a few deep); or else the training process's (an interactive shell, or a batch script, which Slurm's batch
+step runs, lives on to start the next run). It is named by its host, PID and start time (a reused PID never inherits
+it), and passed on to the worker processes it starts (:func:`shared_with_children`) through
+``$LEROBOT_DALI_SAID_DIR``. The training process removes its own at exit; a launcher's, or one left by a killed
+process, is removed by the next job on the host. Where no folder can be made (no /proc), each process says each line
+once.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import hashlib
 import logging
@@ -50,6 +54,16 @@ _LAUNCHERS = frozenset(
 )
 #: DeepSpeed's runner starts ``python -u -m deepspeed.launcher.launch`` on each node, which starts its ranks.
 _DEEPSPEED_LAUNCH = b"deepspeed.launcher.launch"
+#: Programs a launcher may start each rank under, which live as long as it (by ``comm``, or the name of ``exe``: a
+#: script run by its ``#!`` line is named after the script): shells given a command or a script, and ``timeout`` and
+#: ``time``, which wait for the command they run (``env``, ``nice`` or ``numactl`` exec it: its parent is the launcher).
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh"})
+_WRAPPERS = _SHELLS | {"timeout", "time"}
+#: Wrappers between a rank and its launcher, at most (``srun ./run.sh`` whose last line is ``timeout 4h python ...``).
+_WRAPPER_DEPTH = 3
+#: The title Slurm's step manager gives itself for a step of tasks (``srun``'s: ``slurmstepd: [7.0]``); the batch
+#: step's (``[7.batch]``) runs the batch script, the interactive step's (``salloc``) a shell, each run after run.
+_TASK_STEP = re.compile(rb"slurmstepd: \[[\d+]+\.[\d+]+\]")  # (a heterogeneous job's parts: 7+1)
 
 _lock = threading.Lock()
 _said: set[str] = set()  # this process's, whatever the folder
@@ -122,7 +136,7 @@ def _folder() -> Path | None:
 @functools.cache
 def _made_folder() -> Path | None:
     """The job's folder, made once per process (None where it cannot be)."""
-    owner = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ or _started_by_a_launcher() else os.getpid()
+    owner = _launcher() or os.getpid()
     started = _start_time(owner)
     if started is None:  # (no /proc: each process says each line once)
         return None
@@ -141,17 +155,84 @@ def _made_folder() -> Path | None:
     return folder
 
 
-def _started_by_a_launcher() -> bool:
-    """Whether this process's parent starts the ranks of one launch on this host and ends with it, by its name
-    (/proc's ``comm``) or, for DeepSpeed's (a Python process), its command line. Never a shell: one that started
-    this run lives on to start the next."""
-    parent = Path(f"/proc/{os.getppid()}")
+def _launcher() -> int | None:
+    """The PID of the process that starts the ranks of this one's launch on this host and ends with it: its parent,
+    or the launcher that started the wrappers (:data:`_WRAPPERS`, at most :data:`_WRAPPER_DEPTH`) it runs under. None
+    where there is none: a shell that started this run (interactive, or a batch script) lives on to start the next."""
+    pid, wrapped = os.getppid(), False
+    for _ in range(_WRAPPER_DEPTH + 1):
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # (the agent's ranks: the first process above their wrappers)
+            if not _is_wrapper(pid):
+                return pid
+        elif _is_launcher(pid, wrapped=wrapped):
+            return pid
+        elif not _is_wrapper(pid):
+            return None
+        parent = _parent_of(pid)
+        if parent is None:
+            return None
+        pid, wrapped = parent, True
+    return None
+
+
+def _is_launcher(pid: int, *, wrapped: bool) -> bool:
+    """Whether process ``pid`` starts the ranks of one launch on this host and ends with it, by its name (/proc's
+    ``comm``) or, for DeepSpeed's (a Python process), its command line. The parent of a wrapper (``wrapped``): a
+    Slurm step manager only of a step of tasks (an ``srun``'s), not the batch step's, whose script lives on."""
+    process = Path(f"/proc/{pid}")
     try:
-        if (parent / "comm").read_text().rstrip("\n") in _LAUNCHERS:
-            return True
-        return _DEEPSPEED_LAUNCH in (parent / "cmdline").read_bytes().split(b"\0")
+        name = (process / "comm").read_text().rstrip("\n")
+        if name in _LAUNCHERS:
+            return not (wrapped and name == "slurmstepd") or bool(_TASK_STEP.match((process / "cmdline").read_bytes()))
+        return _DEEPSPEED_LAUNCH in (process / "cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
+
+
+def _is_wrapper(pid: int) -> bool:
+    """Whether process ``pid`` runs one command and ends with it (:data:`_WRAPPERS`): a shell only where given a
+    command (``-c``) or a script, and not interactive (``-i``; none given: it reads its commands from the terminal)."""
+    process = Path(f"/proc/{pid}")
+    try:
+        names = {(process / "comm").read_text().rstrip("\n")}
+        argv = (process / "cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return False
+    with contextlib.suppress(OSError):  # (another user's is not readable: its comm decides)
+        names.add(Path(os.readlink(process / "exe")).name)
+    if not names & _WRAPPERS:
+        return False
+    return not names & _SHELLS or _runs_a_command(argv[1:])
+
+
+def _runs_a_command(arguments: list[str]) -> bool:
+    """Whether a shell's ``arguments`` give it a command (``-c``) or a script to run, not interactive (``-i``)."""
+    command = False
+    takes_value = False
+    for argument in arguments:
+        if takes_value:  # (the name of ``-o`` / ``+O``'s option)
+            takes_value = False
+        elif argument in ("-", "--"):  # (the end of the options)
+            continue
+        elif argument.startswith("--"):  # (bash's long options: --login, --norc, --rcfile FILE)
+            takes_value = argument in ("--rcfile", "--init-file")
+        elif argument[:1] in ("-", "+") and len(argument) > 1:
+            if "i" in argument[1:]:
+                return False
+            command = command or "c" in argument[1:]
+            takes_value = argument[-1] in "oO"
+        else:  # (the command string after -c, or the script)
+            return True
+    return command
+
+
+def _parent_of(pid: int) -> int | None:
+    """The PID of process ``pid``'s parent (from /proc), None where it does not run or is unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[1])  # (field 4; the name before it may hold spaces)
 
 
 def _remove_dead(root: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -181,6 +182,110 @@ def test_runs_one_after_another_from_a_batch_script_each_say_their_lines(
     assert done.stderr.splitlines() == ["INFO the dataset opened"] * 2, done.stderr
 
 
+#: A launcher starting 2 ranks each under the wrapper that ``$WRAPPER`` (JSON) runs, with the variables that
+#: ``argv[1:]`` names set to its rank; ``$PYTHON`` is the rank's Python (a launcher named by its argv[0] knows no
+#: ``sys.executable``).
+WRAPPING_LAUNCHER = textwrap.dedent("""
+    import json, os, subprocess, sys
+    wrapper = json.loads(os.environ["WRAPPER"])
+    ranks = [subprocess.Popen(wrapper, env={**os.environ, **dict.fromkeys(sys.argv[1:], str(r))}) for r in range(2)]
+    sys.exit(max(r.wait() for r in ranks))
+""")
+#: A rank run by a shell that does not exec it (it has more to do after).
+SHELL_RUNS_A_RANK = '"$PYTHON" -c "$RANK_CODE"; exit $?'
+#: Two runs one after another, from a shell.
+TWO_RUNS = '"$PYTHON" -c "$RANK_CODE"; "$PYTHON" -c "$RANK_CODE"'
+
+
+@pytest.mark.parametrize(
+    ("launcher", "title", "wrapper", "per_rank", "job"),
+    [
+        # srun bash -c '...': Slurm's step manager of a step of tasks, titled so.
+        ("slurmstepd", "slurmstepd: [7.0]", ["bash", "-c", SHELL_RUNS_A_RANK], ["SLURM_PROCID"], {"SLURM_JOB_ID": "7"}),
+        # srun ./run.sh, whose last line is timeout ...: two wrappers; the script's process is named after it.
+        ("slurmstepd", "slurmstepd: [7.0]", ["./run.sh"], ["SLURM_PROCID"], {"SLURM_JOB_ID": "7"}),
+        ("prted", None, ["sh", "-c", SHELL_RUNS_A_RANK], ["OMPI_COMM_WORLD_RANK", "PMIX_RANK"], OMPI5),  # mpirun sh -c
+        ("hydra_pmi_proxy", None, ["sh", "-ec", SHELL_RUNS_A_RANK], ["PMI_RANK"], {"PMI_SIZE": "2"}),
+        ("orted", None, ["timeout", "120", "$PYTHON", "-c", "$RANK_CODE"], ["OMPI_COMM_WORLD_RANK"], {}),
+        # torchrun --no-python ./run.sh: the agent is a Python process, told by TORCHELASTIC_RUN_ID.
+        ("python", None, ["./run.sh"], ["RANK", "LOCAL_RANK"], {"TORCHELASTIC_RUN_ID": "job"}),
+    ],
+)
+def test_the_ranks_a_launcher_starts_each_under_a_wrapper_say_a_line_once(
+    launcher: str,
+    title: str | None,
+    wrapper: list[str],
+    per_rank: list[str],
+    job: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rank's parent was its wrapper (a shell given a command or a script, ``timeout``), whose parent is the
+    launcher: each rank kept a folder of its own, and every line of the job was said once per rank."""
+    monkeypatch.delenv(said_once.SAID_ENV)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    named = tmp_path / launcher
+    named.symlink_to(sys.executable)
+    script = tmp_path / "run.sh"
+    script.write_text('#!/bin/bash\ntimeout 120 "$PYTHON" -c "$RANK_CODE"\n')
+    script.chmod(0o755)
+    wrapper = [{"$PYTHON": sys.executable, "$RANK_CODE": SAY_OPENED}.get(part, part) for part in wrapper]  # (timeout's)
+    env = {**os.environ, **job, "RANK_CODE": SAY_OPENED, "TMPDIR": str(tmp_path), "PYTHON": sys.executable}
+    env["WRAPPER"] = json.dumps(wrapper)
+    argv = [title or str(named), "-c", WRAPPING_LAUNCHER, *per_rank]
+    done = subprocess.run(argv, executable=named, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert sorted(done.stderr.splitlines()) == ["DEBUG the dataset opened", "INFO the dataset opened"], done.stderr
+
+
+@pytest.mark.parametrize(
+    ("title", "shell", "commands"),
+    [
+        # srun --pty bash: an interactive shell in a step of tasks (no command given: it reads the terminal).
+        ("slurmstepd: [7.0]", ["bash"], TWO_RUNS),
+        ("slurmstepd: [7.0]", ["bash", "-i"], TWO_RUNS),
+        # The batch step's script, and salloc's interactive step's shell.
+        ("slurmstepd: [7.batch]", ["bash", "-c", TWO_RUNS], ""),
+        ("slurmstepd: [7.interactive]", ["bash", "-c", TWO_RUNS], ""),
+    ],
+)
+def test_runs_one_after_another_from_a_shell_in_a_slurm_step_each_say_their_lines(
+    title: str, shell: list[str], commands: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shell that lives on from run to run (interactive, a batch script) is no wrapper, even under Slurm's step
+    manager: each run in it says its own lines."""
+    monkeypatch.delenv(said_once.SAID_ENV)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    named = tmp_path / "slurmstepd"
+    named.symlink_to(sys.executable)
+    step = f"import subprocess, sys; sys.exit(subprocess.run({shell!r}, input={commands!r}, text=True).returncode)"
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "RANK_CODE": SAY_OPENED, "TMPDIR": str(tmp_path)}
+    env.update(PYTHON=sys.executable, PS1="", PS2="")
+    done = subprocess.run([title, "-c", step], executable=named, env=env, capture_output=True, text=True, timeout=120)
+    lines = [line for line in done.stderr.splitlines() if "the dataset opened" in line]
+    assert lines == ["INFO the dataset opened"] * 2, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("arguments", "runs_a_command"),
+    [
+        (["-c", "python train.py"], True),
+        (["-lc", "python train.py"], True),  # (a login shell given a command: srun bash -lc '...' loads modules)
+        (["-o", "pipefail", "-c", "python train.py"], True),
+        (["--norc", "./run.sh", "--lr", "3e-4"], True),
+        ([], False),  # (reads its commands from the terminal)
+        (["-l"], False),
+        (["--login"], False),
+        (["-i", "-c", "python train.py"], False),
+        (["-o", "vi"], False),
+        (["-"], False),  # (reads its commands from stdin)
+    ],
+)
+def test_a_shell_is_a_wrapper_only_where_given_a_command_or_a_script(
+    arguments: list[str], runs_a_command: bool
+) -> None:
+    assert said_once._runs_a_command(arguments) is runs_a_command
+
+
 def test_a_warning_whose_numbers_differ_between_processes_is_said_once_by_its_key(tmp_path: Path, monkeypatch) -> None:
     """A cache's shortfall (images, open decoders) carries each worker's own measures: matched by text, every worker
     of every rank said it, again each epoch."""
@@ -294,7 +399,7 @@ def test_a_folder_left_by_a_process_that_no_longer_runs_is_removed(tmp_path: Pat
         (folder / "said").touch()
     monkeypatch.delenv(said_once.SAID_ENV)
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
-    monkeypatch.setattr(said_once, "_started_by_a_launcher", lambda: False)  # (pytest itself may run under srun)
+    monkeypatch.setattr(said_once, "_launcher", lambda: None)  # (pytest itself may run under srun)
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     said_once._made_folder.cache_clear()
     try:
