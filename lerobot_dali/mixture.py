@@ -411,6 +411,7 @@ def _restart(part: DALILeRobotIterator, epoch: int, sample: int) -> None:
     One already there stays, with what it read of that epoch on other ranks (a resume's)."""
     state = part.state_dict()
     if (state["epoch"], state["samples_consumed"]) != (epoch, sample):
+        state.pop("walk", None)  # (the pool walk at the old position: the new one's is walked to)
         part.load_state_dict({**state, "epoch": epoch, "samples_consumed": sample, "prior_segments": []})
 
 

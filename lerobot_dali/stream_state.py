@@ -1,6 +1,8 @@
 """Resume state of a rank's sample stream, and the small stream object that produces and loads it.
 
-Resuming replays the tabular order (no decode) up to the saved position. What is guaranteed:
+Resuming starts the tabular order (no decode) at the saved position: a shuffled rank's pool walk from the one
+the state carries (:mod:`.saved_walk`), at a cost that does not grow with the position; states saved without one
+(by version 2), or loaded on another world size or rank, replay the pool from the epoch's start. What is guaranteed:
 
 * **Same world size** (the usual case): the stream continues at exactly the next sample; the concatenation
   of the interrupted and resumed streams equals the uninterrupted one.
@@ -33,6 +35,7 @@ import numpy as np
 from .errors import ResumeStateError
 from .said_once import say_once, warn_once
 from .sample_order import ConsumedSegment, OrderOptions, RankBalance, ResumedEpoch, SampleOrder
+from .saved_walk import SavedWalk
 from .value_checks import check_int_fields
 
 __all__ = ["SampleStream", "StreamState"]
@@ -40,8 +43,10 @@ __all__ = ["SampleStream", "StreamState"]
 logger = logging.getLogger(__name__)
 
 #: 2: ranks get episodes by a greedy deal and the state records the order options. Version 1 states still load
-#: where the deal does not matter (one rank, or at an epoch's start).
-_VERSION = 2
+#: where the deal does not matter (one rank, or at an epoch's start). 3: the state carries the pool walk at its
+#: position (``walk``); version 2 states load by replaying the pool.
+_VERSION = 3
+_VERSIONS = (1, 2, _VERSION)
 _FIELDS = ("seed", "epoch", "samples_consumed", "world_size", "batch_size")
 #: The order options besides the seed that a state records, and a resume must match.
 _ORDER_FIELDS = (
@@ -66,7 +71,8 @@ class StreamState:
     ``prior_segments`` is empty unless the world size changed inside this epoch: then it lists, oldest
     first, how many samples each earlier world size's ranks took, and ``samples_consumed`` counts within
     the residual plan. ``order`` holds the :data:`_ORDER_FIELDS` it was saved with (None in states saved
-    before they were recorded: not checked).
+    before they were recorded: not checked). ``walk`` is the saving rank's pool walk at this position (None where
+    unshuffled, or saved before version 3).
     """
 
     seed: int
@@ -76,6 +82,7 @@ class StreamState:
     batch_size: int
     prior_segments: tuple[ConsumedSegment, ...] = ()
     order: Mapping[str, Any] | None = None
+    walk: SavedWalk | None = None
     version: int = _VERSION
 
     def __post_init__(self) -> None:
@@ -90,15 +97,17 @@ class StreamState:
         out["prior_segments"] = [[s.world_size, s.samples_consumed] for s in self.prior_segments]
         if self.order is not None:
             out["order"] = dict(self.order)
+        if self.walk is not None:
+            out["walk"] = self.walk.to_dict()
         return out
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> StreamState:
         if not isinstance(state, Mapping):
             raise ResumeStateError(f"a stream state is a dict, got {type(state).__name__}")
-        if state.get("version") not in (1, _VERSION):
+        if state.get("version") not in _VERSIONS:
             raise ResumeStateError(
-                f"stream state version {state.get('version')!r} is not supported (expected 1 or {_VERSION}); "
+                f"stream state version {state.get('version')!r} is not supported (expected one of {_VERSIONS}); "
                 "it was saved by another lerobot_dali version"
             )
         missing = [name for name in (*_FIELDS, "prior_segments") if name not in state]
@@ -116,7 +125,8 @@ class StreamState:
         if order is not None and (not isinstance(order, Mapping) or not required <= set(order) <= set(_ORDER_FIELDS)):
             raise ResumeStateError(f"stream state order must be a dict of {list(_ORDER_FIELDS)}, got {order!r}")
         fields = {name: state[name] for name in _FIELDS}
-        return cls(**fields, prior_segments=segments, order=order, version=state["version"])
+        walk = SavedWalk.from_dict(state["walk"]) if state.get("walk") is not None else None
+        return cls(**fields, prior_segments=segments, order=order, walk=walk, version=state["version"])
 
 
 class SampleStream:
@@ -195,16 +205,18 @@ class SampleStream:
 
     def state(self) -> StreamState:
         epoch, consumed = self._position
-        resumed = self._order.resumed_epoch
+        order = self._order  # (one order: load_state_dict may replace it meanwhile, from another thread)
+        resumed = order.resumed_epoch
         segments = resumed.segments if resumed is not None and resumed.epoch == epoch else ()
         return StreamState(
-            seed=self._order.options.seed,
+            seed=order.options.seed,
             epoch=epoch,
             samples_consumed=consumed,
-            world_size=self._order.world_size,
+            world_size=order.world_size,
             batch_size=self._batch_size,
             prior_segments=segments,
-            order=_order_of(self._order.options),
+            order=_order_of(order.options),
+            walk=order.walk_state(epoch, consumed),
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -259,6 +271,13 @@ class SampleStream:
         order = SampleOrder(self._lengths, rank=rank, world_size=world_size, options=options, resumed_epoch=resumed)
         if state.world_size == world_size:
             _checked_samples(state, order)
+            _start_saved_walk(state, order)
+        else:
+            logger.debug(
+                "resuming on %d ranks a state saved on %d: its position maps to other ranks' shares, which its pool "
+                "walk (rank %s's) cannot serve; every old rank's pool is replayed to it",
+                world_size, state.world_size, state.walk.rank if state.walk is not None else "-",
+            )  # fmt: skip
         self._order, self._position = order, (epoch, consumed)
 
 
@@ -290,6 +309,23 @@ def _check_order(state: StreamState, options: OrderOptions, *, world_size: int) 
             f"this stream state was saved with {saved}, but this stream runs with {ours}: the saved position "
             f"would mean other samples, repeating some and skipping others; resume with {saved}"
         )
+
+
+def _start_saved_walk(state: StreamState, order: SampleOrder) -> None:
+    """Start ``order``'s pool where ``state``'s walk stands, if that walk is this rank's at this position; else the
+    pool is replayed from the epoch's start (on the first batch), as for a state saved without a walk."""
+    walk = state.walk
+    if walk is None:
+        return
+    if (walk.epoch, walk.samples_consumed, walk.rank) != (state.epoch, state.samples_consumed, order.rank):
+        # (another rank's state, as a resume on another world size hands out, or one edited to another position)
+        logger.debug(
+            "the stream state's pool walk is rank %d's at sample %d of epoch %d, not rank %d's at sample %d of epoch "
+            "%d: the pool is replayed to the position instead",
+            walk.rank, walk.samples_consumed, walk.epoch, order.rank, state.samples_consumed, state.epoch,
+        )  # fmt: skip
+        return
+    order.start_walk(state.epoch, state.samples_consumed, walk)
 
 
 def _checked_samples(state: StreamState, order: SampleOrder) -> int:

@@ -513,6 +513,34 @@ def test_a_resumed_pipelines_workers_get_the_order_walked_to_the_position(make_d
     assert 0 < starts[0] <= position
 
 
+def test_a_resume_starts_the_pool_at_the_saved_walk(make_ds, monkeypatch) -> None:
+    """A state saved part-way through an epoch carries the pool walk there: the resumed iterator draws on from it
+    (its own order and the one its workers get), where it replayed the epoch's pool up to there (3 s of CPU 13.7M
+    samples in), and reads the batches the uninterrupted run read."""
+    from lerobot_dali.sample_order import _PoolSimulator
+
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=3, shuffle=True, seed=7, episode_pool_size=2, device="cpu", num_workers=0)
+    first = DALILeRobotIterator(root, **kwargs)
+    batches = iter(first)
+    for _ in range(len(first) * 2 // 3):
+        next(batches)
+    state = first.state_dict()
+    rest = [_pairs(b) for b in batches]
+    first.close()
+    assert state["walk"]["samples_consumed"] == state["samples_consumed"] and state["walk"]["emitted"] > 0
+    starts: list[int] = []
+    chunk = _PoolSimulator._chunk
+    monkeypatch.setattr(
+        _PoolSimulator, "_chunk", lambda self, cursor: starts.append(cursor.emitted) or chunk(self, cursor)
+    )
+    resumed = DALILeRobotIterator(root, **kwargs)
+    resumed.load_state_dict(state)
+    assert [_pairs(b) for b in resumed] == rest
+    resumed.close()
+    assert starts[0] == state["walk"]["emitted"]  # (then on into epoch 1, which DALI prefetches)
+
+
 def _pairs(batch: dict) -> list[tuple[int, int]]:
     return list(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=True))
 

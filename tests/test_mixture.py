@@ -184,6 +184,32 @@ def test_shuffled_epochs_cover_once_and_resume_exactly_with_workers(make_ds) -> 
     mix.close()
 
 
+def test_each_dataset_resumes_its_pool_at_its_saved_walk(make_ds) -> None:
+    """A mixture's state holds each dataset's pool walk at its position; a resume starts each pool there and
+    reads what the uninterrupted run read."""
+    paths = _datasets(make_ds)
+    kwargs = dict(batch_size=4, seed=3, delta_timestamps=DELTAS, device="cpu", num_workers=0, episode_pool_size=1)
+    mix = DALILeRobotMixture(paths, **kwargs)
+    batches = iter(mix)
+    for _ in range(8):
+        next(batches)
+    state = mix.state_dict()
+    rest = [key for batch in batches for key in _keys(batch)]
+    mix.close()
+    walks = [part["walk"] for part in state["datasets"]]
+    assert [(w["epoch"], w["samples_consumed"]) for w in walks] == [
+        (part["epoch"], part["samples_consumed"]) for part in state["datasets"]
+    ]
+    assert all(w["emitted"] > 0 for w in walks)  # (pool 1: past each dataset's first episode)
+    mix = DALILeRobotMixture(paths, **kwargs)
+    mix.load_state_dict(state)
+    for part, walk in zip(mix.datasets, walks, strict=True):
+        simulator = part._stream.order._plan(walk["epoch"]).simulator
+        assert walk["emitted"] in simulator._checkpoint_positions  # (adopted: the first batch draws on from it)
+    assert [key for batch in mix for key in _keys(batch)] == rest
+    mix.close()
+
+
 def test_a_state_saved_with_the_former_epoch_numbers_resumes_where_it_stood(make_ds) -> None:
     """States saved before the datasets' epochs ran on across mixture epochs number a non-anchor dataset's epochs
     ``e * 2**32 + k`` in mixture epoch ``e``: it continues where it stood, its epochs numbered on from there (it

@@ -649,7 +649,7 @@ def test_state_dict_round_trip_and_validation() -> None:
     state = StreamState(seed=1, epoch=2, samples_consumed=30, world_size=4, batch_size=8)
     as_dict = state.to_dict()
     assert as_dict == {
-        "version": 2,
+        "version": 3,
         "seed": 1,
         "epoch": 2,
         "samples_consumed": 30,

@@ -1,0 +1,207 @@
+"""A stream state carries its rank's pool walk: a resume starts the pool there instead of replaying the epoch."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+
+import numpy as np
+import pytest
+
+from lerobot_dali.errors import ResumeStateError
+from lerobot_dali.sample_order import OrderOptions, RankBalance, _PoolSimulator
+from lerobot_dali.saved_walk import WalkMismatchError
+from lerobot_dali.stream_state import SampleStream
+
+# 300 episodes of 5..59 frames: an epoch of ~10,000 samples, ~100 chunks on one rank.
+LENGTHS = np.random.default_rng(0).integers(5, 60, size=300)
+OPTIONS = OrderOptions(seed=5, episode_pool_size=8, checkpoint_interval=10**6)  # (no checkpoint to shorten a replay)
+
+
+@pytest.fixture
+def chunk_starts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Where each pool chunk drawn from now on started (the draws behind it): a replay starts at 0."""
+    starts: list[int] = []
+    chunk = _PoolSimulator._chunk
+    monkeypatch.setattr(
+        _PoolSimulator, "_chunk", lambda self, cursor: starts.append(cursor.emitted) or chunk(self, cursor)
+    )
+    return starts
+
+
+def _stream(rank: int = 0, world_size: int = 1, options: OrderOptions = OPTIONS, lengths=LENGTHS) -> SampleStream:
+    return SampleStream(lengths, rank=rank, world_size=world_size, batch_size=7, options=options)
+
+
+def _saved(position: int, **kw) -> dict:
+    """A state saved at ``position`` (as a checkpoint file holds it: through JSON)."""
+    stream = _stream(**kw)
+    stream.advance(position)
+    return json.loads(json.dumps(stream.state_dict()))
+
+
+def _rest(stream: SampleStream) -> list[tuple[int, int]]:
+    episodes, frames = stream.order.samples(stream.epoch, stream.samples_consumed, stream.num_samples())
+    return list(zip(episodes.tolist(), frames.tolist(), strict=True))
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.97])
+def test_a_late_resume_walks_one_chunk_not_the_epoch(chunk_starts: list[int], fraction: float) -> None:
+    """Before, load_state_dict then the first batch replayed every chunk from the epoch's start (~100 here; 165k,
+    2.8 s of CPU, 13.7M samples into an epoch)."""
+    total = _stream().num_samples()
+    position = int(total * fraction)
+    state = _saved(position)
+    chunk_starts.clear()
+    resumed = _stream()
+    resumed.load_state_dict(state)
+    resumed.order.prepare(0, position)  # (what the iterator does before it pickles the order to its workers)
+    resumed.next_batch()
+    walked = sorted(set(chunk_starts))  # (prepare draws the chunk that holds the position, and the batch again)
+    assert walked[0] == state["walk"]["emitted"] > position - 200  # (a chunk: ~2 * 250 / 8 draws)
+    assert len([start for start in walked if start <= position]) == 1
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+@pytest.mark.parametrize(
+    "options",
+    [
+        OPTIONS,
+        OrderOptions(seed=2, episode_pool_size=1),
+        OrderOptions(seed=3, episode_pool_size=64, rank_balance=RankBalance.PAD),
+        OrderOptions(seed=4, episode_pool_size=5, rank_balance=RankBalance.DROP, piece_frames=9),
+        OrderOptions(seed=6, episode_pool_size=3, drop_n_first_frames=2, drop_n_last_frames=1),
+        OrderOptions(seed=7, shuffle=False),
+    ],
+    ids=["pool8", "pool1", "pool64", "drop-pieces", "drop-frames", "unshuffled"],
+)
+def test_a_resume_from_the_saved_walk_continues_the_uninterrupted_stream(options, world_size: int) -> None:
+    for rank in range(world_size):
+        whole = _rest(_stream(rank, world_size, options))
+        total = len(whole)
+        for position in (0, 1, total // 3, total - 1, total):
+            state = _saved(position, rank=rank, world_size=world_size, options=options)
+            assert ("walk" in state) is options.shuffle
+            resumed = _stream(rank, world_size, options)
+            resumed.load_state_dict(state)
+            assert _rest(resumed) == whole[position:], (rank, position)
+
+
+def test_a_padded_rank_resumes_in_its_repeats() -> None:
+    """Past its own frames a PAD rank repeats its first ones: the walk saved there is the repeats' position."""
+    counts = _stream(0, 7).order.rank_frame_counts(0)
+    rank = int(np.argmin(counts))
+    whole = _rest(_stream(rank, 7))
+    assert len(whole) > counts[rank]
+    position = len(whole) - 1
+    state = _saved(position, rank=rank, world_size=7)
+    assert state["walk"]["emitted"] <= position - counts[rank]
+    resumed = _stream(rank, 7)
+    resumed.load_state_dict(state)
+    assert _rest(resumed) == whole[position:]
+
+
+def test_the_state_is_plain_ints_and_lists_no_larger_than_the_pool() -> None:
+    state = _saved(5000)
+    walk = state["walk"]
+    assert walk["epoch"] == 0 and walk["samples_consumed"] == 5000 and walk["rank"] == 0
+    assert len(walk["slots"]) == len(walk["drawn"]) == OPTIONS.episode_pool_size
+    fresh = _stream()
+    fresh.advance(5000)
+    made = fresh.state_dict()
+    assert json.loads(json.dumps(made)) == made == state  # (plain: no tuple, no numpy type survives JSON unchanged)
+    assert pickle.loads(pickle.dumps(made)) == made
+    assert state["version"] == 3
+
+
+def test_a_state_saved_without_a_walk_still_resumes_by_replaying(chunk_starts: list[int]) -> None:
+    """Version 2 states (and any without ``walk``) load as before: the pool is replayed to the position."""
+    whole = _rest(_stream())
+    state = {k: v for k, v in _saved(4000).items() if k != "walk"} | {"version": 2}
+    chunk_starts.clear()
+    resumed = _stream()
+    resumed.load_state_dict(state)
+    assert _rest(resumed) == whole[4000:]
+    assert chunk_starts[0] == 0
+
+
+def test_another_ranks_walk_is_ignored_and_the_pool_replayed(chunk_starts: list[int], caplog) -> None:
+    """A resume may hand every rank rank 0's state (restore_checkpoint, where a rank has no file of its own)."""
+    whole = _rest(_stream(1, 3))
+    state = _saved(2000, rank=0, world_size=3)
+    chunk_starts.clear()
+    resumed = _stream(1, 3)
+    with caplog.at_level(logging.DEBUG, logger="lerobot_dali"):
+        resumed.load_state_dict(state)
+        assert _rest(resumed) == whole[2000:]
+    assert chunk_starts[0] == 0
+    assert "the stream state's pool walk is rank 0's at sample 2000 of epoch 0, not rank 1's" in caplog.text
+
+
+def test_a_state_edited_to_another_position_replays_to_it(chunk_starts: list[int]) -> None:
+    """(A mixture moves a dataset so: its state with another position.) The walk serves its own position only."""
+    whole = _rest(_stream())
+    state = _saved(1000) | {"samples_consumed": 6000}
+    resumed = _stream()
+    resumed.load_state_dict(state)
+    assert _rest(resumed) == whole[6000:]
+
+
+def test_a_resume_on_another_world_size_replays_the_old_ranks(caplog) -> None:
+    state = _saved(1500, rank=0, world_size=2)
+    resumed = _stream(0, 3)
+    with caplog.at_level(logging.DEBUG, logger="lerobot_dali.stream_state"):
+        resumed.load_state_dict(state)
+    assert "its position maps to other ranks' shares, which its pool walk (rank 0's) cannot serve" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda s: s | {"seed": 6}, "generator key is not this plan's"),
+        (lambda s: {k: v for k, v in s.items() if k != "order"} | {"seed": 5}, None),  # (its own: fits)
+        (lambda s: s | {"walk": s["walk"] | {"emitted": s["walk"]["emitted"] + 1}}, "draws behind it"),
+        (lambda s: s | {"walk": s["walk"] | {"next_admit": 10**6}}, "is not one of this rank's"),
+        (lambda s: s | {"walk": s["walk"] | {"drawn": [10**4] * 8}}, "do not fit those episodes' lengths"),
+        (lambda s: s | {"walk": s["walk"] | {"slots": s["walk"]["slots"][::-1]}}, "is not one of this rank's"),
+    ],
+    ids=["seed", "unchanged", "emitted", "admitted", "drawn", "slots"],
+)
+def test_a_walk_that_does_not_fit_the_plan_is_refused(change, message) -> None:
+    state = change(_saved(3000))
+    resumed = _stream()
+    if message is None:
+        resumed.load_state_dict(state)
+        assert _rest(resumed) == _rest(_stream())[3000:]
+        return
+    with pytest.raises(WalkMismatchError, match=message) as raised:
+        resumed.load_state_dict(state)
+    assert isinstance(raised.value, ResumeStateError) and "leave its 'walk' out" in str(raised.value)
+    assert resumed.samples_consumed == 0  # (refused: the stream stays where it stood)
+
+
+def test_a_walk_over_another_dataset_or_pool_size_is_refused() -> None:
+    """What the state's ``order`` and the iterator's episode digest do not catch (a state without them; a stream
+    over other lengths of as many episodes) the walk does."""
+    state = {k: v for k, v in _saved(3000).items() if k != "order"}
+    other_lengths = LENGTHS.copy()
+    other_lengths[::2] += 3
+    with pytest.raises(WalkMismatchError, match="draws"):
+        _stream(lengths=other_lengths).load_state_dict(state)
+    with pytest.raises(WalkMismatchError, match="episode_pool_size=4"):
+        _stream(options=OrderOptions(seed=5, episode_pool_size=4)).load_state_dict(state)
+    with pytest.raises(WalkMismatchError, match="no shuffled pool"):
+        _stream(options=OrderOptions(seed=5, shuffle=False)).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "walk",
+    [[1, 2], {"epoch": 0}, lambda w: w | {"slots": "abc"}, lambda w: w | {"rng": {"key": [1]}}],
+    ids=["list", "fields", "slots", "rng"],
+)
+def test_a_malformed_walk_is_refused_naming_it(walk) -> None:
+    state = _saved(100)
+    state["walk"] = walk(state["walk"]) if callable(walk) else walk
+    with pytest.raises(ResumeStateError, match="stream state walk"):
+        _stream().load_state_dict(state)
