@@ -66,33 +66,22 @@ class SavedWalk:
                 f"stream state walk must be a dict of {[*_INT_FIELDS, 'slots', 'drawn', 'rng']}, got {saved!r}; pass "
                 "the dict that state_dict() returned, or leave its 'walk' out (the resume then replays the pool)"
             )
-        rng = saved["rng"]
-        fields = {name: _int_list(saved[name], name) for name in ("slots", "drawn")}
         ints = {name: saved[name] for name in _INT_FIELDS}
-        rng_ok = isinstance(rng, Mapping) and all(
-            len(_int_list(rng.get(name, ()), f"rng {name}")) == size for name, size in _RNG_ARRAYS.items()
-        )
-        if not rng_ok or not all(is_int(rng.get(name)) for name in _RNG_INTS):
-            raise ResumeStateError(
-                f"stream state walk rng must be a Philox state as state_dict() saves it, got {rng!r}"
-            )
-        if not all(is_int(value) and value >= 0 for value in ints.values()) or len(fields["slots"]) != len(
-            fields["drawn"]
-        ):
+        slots, drawn = _int_list(saved["slots"], "slots"), _int_list(saved["drawn"], "drawn")
+        if not all(is_int(value) and value >= 0 for value in ints.values()) or len(slots) != len(drawn):
             raise ResumeStateError(
                 f"stream state walk must hold non-negative ints {list(_INT_FIELDS)} and as many slots as drawn, got "
                 f"{saved!r}"
             )
-        rng = {name: tuple(int(v) for v in rng[name]) for name in _RNG_ARRAYS} | {n: int(rng[n]) for n in _RNG_INTS}
         return cls(
             epoch=int(ints["epoch"]),
             samples_consumed=int(ints["samples_consumed"]),
             rank=int(ints["rank"]),
             emitted=int(ints["emitted"]),
             next_admit=int(ints["next_admit"]),
-            slots=fields["slots"],
-            drawn=fields["drawn"],
-            rng=rng,
+            slots=slots,
+            drawn=drawn,
+            rng=_rng_words(saved["rng"]),
         )
 
     @classmethod
@@ -129,8 +118,10 @@ class SavedWalk:
         problem = None
         if list(self.rng["key"]) != [int(v) for v in start_rng["state"]["key"]]:
             problem = "its generator key is not this plan's (another seed, epoch, world size or rank)"
-        elif not self.next_admit <= stream_size or np.any(slots >= self.next_admit) or np.any(np.diff(slots) <= 0):
-            problem = f"its pool (next admitted {self.next_admit}) is not one of this rank's {stream_size} episodes"
+        elif self.next_admit > stream_size or np.any(slots < 0) or np.any(slots >= self.next_admit):
+            problem = f"its pool (next admitted {self.next_admit}) is not of this rank's {stream_size} episodes"
+        elif np.any(np.diff(slots) <= 0):
+            problem = "its pooled episodes are not in admission order"
         elif slots.size != min(pool_size, stream_size) and self.next_admit < stream_size:
             problem = f"its pool holds {slots.size} episodes, not episode_pool_size={pool_size}"
         elif np.any(drawn < first_draw[slots]) or np.any(drawn >= lengths[slots]):
@@ -168,3 +159,14 @@ def _int_list(value: object, name: str) -> tuple[int, ...]:
     if not isinstance(value, list | tuple) or not all(is_int(v) for v in value):
         raise ResumeStateError(f"stream state walk {name} must be a list of ints, got {value!r}")
     return tuple(int(v) for v in value)
+
+
+def _rng_words(rng: object) -> dict[str, Any]:
+    """A saved Philox state (:data:`_RNG_ARRAYS` of words, :data:`_RNG_INTS`) as ints, its form checked."""
+    wrong = ResumeStateError(f"stream state walk rng must be a Philox state as state_dict() saves it, got {rng!r}")
+    if not isinstance(rng, Mapping) or not all(is_int(rng.get(name)) for name in _RNG_INTS):
+        raise wrong
+    arrays = {name: _int_list(rng.get(name), f"rng {name}") for name in _RNG_ARRAYS}
+    if any(len(arrays[name]) != size for name, size in _RNG_ARRAYS.items()):
+        raise wrong
+    return arrays | {name: int(rng[name]) for name in _RNG_INTS}
