@@ -318,7 +318,7 @@ def _start_saved_walk(state: StreamState, order: SampleOrder) -> None:
     if walk is None:
         return
     if (walk.epoch, walk.samples_consumed, walk.rank) != (state.epoch, state.samples_consumed, order.rank):
-        # (another rank's state, as a resume on another world size hands out, or one edited to another position)
+        # (another rank's state, as a job that saves rank 0's alone hands every rank, or one moved to another position)
         logger.debug(
             "the stream state's pool walk is rank %d's at sample %d of epoch %d, not rank %d's at sample %d of epoch "
             "%d: the pool is replayed to the position instead",

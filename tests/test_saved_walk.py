@@ -201,3 +201,39 @@ def test_a_malformed_walk_is_refused_naming_it(walk) -> None:
     state["walk"] = walk(state["walk"]) if callable(walk) else walk
     with pytest.raises(ResumeStateError, match="stream state walk"):
         _stream().load_state_dict(state)
+
+
+def test_a_state_taken_from_another_thread_leaves_the_batches_alone() -> None:
+    """An asynchronous checkpoint takes the state (walking the pool to its position) while the trainer's thread
+    draws batches from the same order (``num_workers=0``): the two walks share the order's generator, so they take
+    turns."""
+    import sys
+    import threading
+
+    whole = _rest(_stream())
+    stream = _stream()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # (threads switch as often as they can)
+    stop = threading.Event()
+    states: list[dict] = []
+
+    def checkpoints() -> None:
+        while not stop.is_set():
+            states.append(stream.state_dict())
+
+    thread = threading.Thread(target=checkpoints)
+    thread.start()
+    try:
+        got: list[tuple[int, int]] = []
+        while stream.samples_consumed < stream.num_samples():
+            got += list(zip(*(part.tolist() for part in stream.next_batch()), strict=True))
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert got == whole
+    assert len(states) > 10
+    for state in states[:: max(1, len(states) // 20)]:  # (each walk it saved resumes the stream exactly)
+        resumed = _stream()
+        resumed.load_state_dict(state)
+        assert _rest(resumed) == whole[state["samples_consumed"] :]
