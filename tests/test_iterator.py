@@ -514,9 +514,9 @@ def test_a_resumed_pipelines_workers_get_the_order_walked_to_the_position(make_d
 
 
 def test_a_resume_starts_the_pool_at_the_saved_walk(make_ds, monkeypatch) -> None:
-    """A state saved part-way through an epoch carries the pool walk there: the resumed iterator draws on from it
-    (its own order and the one its workers get), where it replayed the epoch's pool up to there (3 s of CPU 13.7M
-    samples in), and reads the batches the uninterrupted run read."""
+    """A state saved part-way through an epoch carries the pool walk there: the resumed iterator draws on from it,
+    where it replayed the epoch's pool up to there (3 s of CPU 13.7M samples in), and reads the batches the
+    uninterrupted run read."""
     from lerobot_dali.sample_order import _PoolSimulator
 
     root = _dataset(make_ds, "vp9")
