@@ -1,6 +1,7 @@
 """Blocking calls made several at once, for work that waits on the network one request after another: opening
 remote datasets, probing their first files, building a mixture's parts, reading data file footers; and the other
-side, one call per key at a time (:class:`KeyedLocks`), where threads would repeat one request or build.
+side, one call per key at a time (:class:`KeyedLocks`), where threads would repeat one request or build. Calls
+that gain nothing from threads (:func:`one_by_one`) show their progress alike.
 
 Results come in order and the first exception in order is raised, once every call has ended (so a caller may
 clean up what the others made), as a loop over the items would give them.
@@ -12,13 +13,13 @@ import logging
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TypeVar
 
 from .distributed import draws_progress
 from .progress_lines import progress_counter
 
-__all__ = ["MAX_THREADS", "PROGRESS_DELAY_S", "KeyedLocks", "in_threads"]
+__all__ = ["MAX_THREADS", "PROGRESS_DELAY_S", "KeyedLocks", "in_threads", "one_by_one"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,16 +42,36 @@ def in_threads(
     if len(items) < 2:
         return [function(item) for item in items]
     with (
-        progress_counter(
-            len(items), desc=progress or "", unit=unit, logger=logger, delay_s=PROGRESS_DELAY_S,
-            enabled=progress is not None and draws_progress(),
-        ) as done,
+        _counted(len(items), progress, unit) as done,
         ThreadPoolExecutor(min(len(items), MAX_THREADS), thread_name_prefix="lerobot-dali-at-once") as pool,
-    ):  # fmt: skip
+    ):
         futures = [pool.submit(function, item) for item in items]
         for _ in as_completed(futures):  # (counted here: the counter is one thread's)
             done(1)
         return [future.result() for future in futures]
+
+
+def one_by_one(
+    function: Callable[[_T], _R], items: Sequence[_T], *, progress: str | None = None, unit: str = "file"
+) -> list[_R]:
+    """``function`` of each item, in order, in this thread (where threads buy nothing: local files' footers are CPU
+    work under the GIL), its progress shown as :func:`in_threads` shows it (a cold open of 15,000 v2.1 episodes read
+    their data files' footers for 9-17 s with no word)."""
+    results = []
+    with _counted(len(items), progress, unit) as done:
+        for item in items:
+            results.append(function(item))
+            done(1)
+    return results
+
+
+def _counted(total: int, progress: str | None, unit: str) -> AbstractContextManager[Callable[[int], None]]:
+    """:func:`~lerobot_dali.progress_lines.progress_counter` of ``total`` ``unit``s named ``progress`` (None: none
+    shown), after :data:`PROGRESS_DELAY_S`, on a node's first rank only."""
+    return progress_counter(
+        total, desc=progress or "", unit=unit, logger=logger, delay_s=PROGRESS_DELAY_S,
+        enabled=progress is not None and draws_progress(),
+    )  # fmt: skip
 
 
 class KeyedLocks:

@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .checked_files import CHECKED_FILES, CHECKED_FILES_REMOTE
-from .concurrent_calls import in_threads
+from .concurrent_calls import in_threads, one_by_one
 from .dataset_info import DatasetInfo, format_path, template_pattern
 from .dataset_location import DatasetLocation
 from .episode_rows import integer_column_range, list_level_widths, open_parquet, read_parquet
@@ -253,7 +253,8 @@ def _read_footers(
     if missing:
         return missing, {}
     ordered = sorted(paths)
-    read = partial(_for_each_file, location, partial(_footer, stamps=stamps))
+    progress = f"lerobot-dali: {location.description}'s data file footers"
+    read = partial(_for_each_file, location, partial(_footer, stamps=stamps), progress=progress)
     return [], dict(zip(ordered, cached_footers(kept_by, ordered, read), strict=True))
 
 
@@ -275,11 +276,18 @@ def _stale_index(
     return [], f"places {placed[path]} rows in {path}, which holds {held} ({len(miscounted)} such file(s))", footers
 
 
-def _for_each_file(location: DatasetLocation, read: Callable[[DatasetLocation, str], T], paths: list[str]) -> list[T]:
-    """``read(location, path)`` for every path, in order; remote files several at once."""
+def _for_each_file(
+    location: DatasetLocation,
+    read: Callable[[DatasetLocation, str], T],
+    paths: list[str],
+    *,
+    progress: str | None = None,
+) -> list[T]:
+    """``read(location, path)`` for every path, in order; remote files several at once. ``progress``: where that
+    takes over :data:`~lerobot_dali.concurrent_calls.PROGRESS_DELAY_S`, the files read so far, under that name."""
     if location.is_local:
-        return [read(location, path) for path in paths]
-    return in_threads(partial(read, location), paths)
+        return one_by_one(partial(read, location), paths, progress=progress, unit="file")
+    return in_threads(partial(read, location), paths, progress=progress, unit="file")
 
 
 def _footer(location: DatasetLocation, path: str, *, stamps: FileStamps | None) -> Footer:
