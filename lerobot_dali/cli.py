@@ -156,6 +156,7 @@ def _check(args: argparse.Namespace) -> int:
     if args.show < 0:
         raise _CommandError(f"--show must be an int >= 0 (problems printed in full), got {args.show}")
     each = _each_dataset(args)
+    _show_check_progress(args)
     as_one = args.concat or args.rename_map is not None
     if as_one or len(args.dataset) == 1:
         report = _check_one(args, _union(args, each)) if as_one else _check_one(each[0])
@@ -181,6 +182,21 @@ def _check(args: argparse.Namespace) -> int:
     else:
         print(f"{failed} of {len(reports)} datasets have problems" if failed else f"all {len(reports)} datasets ok")
     return worst
+
+
+#: Where stderr is no terminal, check's progress: no bar, a few lines.
+_CHECK_LINES = "lerobot_dali.check.progress"
+
+
+def _show_check_progress(args: argparse.Namespace) -> None:
+    """Check's progress lines at INFO (unless ``--json``), and the waits' before the episodes (in_threads' and
+    one_by_one's): opening a v2.1 dataset reads every data file's footer, then each camera's files' headers are
+    surveyed (the first time, 15,000 v2.1 episodes of two cameras: ~9 s, then ~12 s of CPU; remote, requests a file).
+    Set before the datasets open: the footers' lines were at INFO of a logger still at WARNING."""
+    for name in (_CHECK_LINES, "lerobot_dali.concurrent_calls") if not args.json else ():
+        logger = logging.getLogger(name)
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
 
 
 def _each_dataset(args: argparse.Namespace) -> list[argparse.Namespace]:
@@ -220,15 +236,12 @@ def _check_one(args: argparse.Namespace, reader: LeRobotDatasetReader | None = N
     reader = reader if reader is not None else _open_dataset(args)
     # (a union's args hold a list, one value or one per dataset, which the union holds itself)
     source, tolerance = (v[0] if isinstance(v, list) else v for v in (args.timestamp_source, args.tolerance_s))
-    lines = logging.getLogger("lerobot_dali.check.progress")  # (where stderr is no terminal: no bar, a few lines)
-    # Before the episodes, each camera's files' headers are surveyed (the first time, 15,000 v2.1 episodes of two
-    # cameras: ~12 s of CPU; remote, requests a file): their progress lines (in_threads') are shown too.
-    surveyed = logging.getLogger("lerobot_dali.concurrent_calls")
-    for logger in (lines, surveyed) if not args.json else ():
-        if logger.getEffectiveLevel() > logging.INFO:
-            logger.setLevel(logging.INFO)
     with progress_counter(
-        reader.num_episodes, desc="lerobot-dali check", unit="episode", logger=lines, enabled=not args.json
+        reader.num_episodes,
+        desc="lerobot-dali check",
+        unit="episode",
+        logger=logging.getLogger(_CHECK_LINES),
+        enabled=not args.json,
     ) as progress:
         report = check_dataset(
             reader, timestamp_source=source, tolerance_s=tolerance, decode=args.decode, workers=args.workers,

@@ -433,6 +433,25 @@ def test_check_logs_the_progress_of_its_survey_of_the_video_headers_too(make_ds,
     ), lines
 
 
+def test_check_logs_the_progress_of_the_data_file_footers_its_open_reads(make_ds, monkeypatch, caplog) -> None:
+    """Opening a v2.1 dataset reads every episode's data file footer (the first time, 15,000 episodes: ~9 s): its
+    progress lines were at INFO of a logger check set to INFO only once the dataset was open."""
+    import logging
+
+    from lerobot_dali import concurrent_calls
+
+    root = make_ds(episodes=3, frames_per_episode=4, cameras=1, codec="h264", size=(64, 64), version="v2.1")
+    monkeypatch.setattr(concurrent_calls, "PROGRESS_DELAY_S", 0.0)  # (3 footers take no 2 s)
+    surveyed = logging.getLogger("lerobot_dali.concurrent_calls")
+    level = surveyed.level
+    try:
+        assert main(["check", str(root), "--workers", "0"]) == 0
+    finally:
+        surveyed.setLevel(level)
+    lines = [r.getMessage() for r in caplog.records if r.name == "lerobot_dali.concurrent_calls"]
+    assert any(line.startswith(f"lerobot-dali: {root}'s data file footers: 3/3 files (") for line in lines), lines
+
+
 def test_progress_lines_come_at_each_tenth_and_at_the_end(caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
