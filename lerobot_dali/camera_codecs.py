@@ -200,6 +200,7 @@ def survey_camera(
     skip_unreadable: bool = False,
     store: PacketIndexStore | None = None,
     format_store: FileFormatStore | None = None,
+    since: float | None = None,
 ) -> CameraSurvey:
     """The headers of ``camera``'s files of episodes ``positions`` (:func:`surveyed_positions`), read in threads.
     Raises what :func:`read_file_format` raises for the first file in order that fails; ``skip_unreadable``: those
@@ -209,7 +210,9 @@ def survey_camera(
     header read. The workers need every file's index anyway; the store shares it with the node's other ranks and
     later runs, where a header would be read again by every rank of every run (requests a file, not a process).
     ``format_store`` (local datasets): the headers read are kept there, per dataset, and later builds read only
-    the files changed since."""
+    the files changed since. ``since``: where the cameras are surveyed one after another, the
+    :func:`time.monotonic` at which the first began (its progress shows once they have taken
+    :data:`~lerobot_dali.concurrent_calls.PROGRESS_DELAY_S` in all)."""
     first_pos: dict[str, int] = {}  # (in order, each file once)
     for pos in positions:
         first_pos.setdefault(reader.video(pos, camera).path, pos)
@@ -228,7 +231,8 @@ def survey_camera(
             return None
 
     def read_all(paths: list[str]) -> list[FileFormat | None]:
-        return in_threads(read, paths, progress=f"lerobot-dali: camera {camera}'s video headers", unit="file")
+        desc = f"lerobot-dali: camera {camera}'s video headers"
+        return in_threads(read, paths, progress=desc, unit="file", since=since)
 
     if format_store is None or store is not None:
         formats = dict(zip(first_episode, read_all(list(first_episode)), strict=True))

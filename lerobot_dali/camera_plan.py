@@ -10,6 +10,7 @@ graph, and is left its own life cycle: passes, batches, state, close.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -74,6 +75,7 @@ class CameraPlanner:
         and its format kept as the camera's (``camera_formats``, which the workers hold every other file to). A
         union's other datasets' first episodes are held to them now too, rather than when a batch first reaches them."""
         routes = {}
+        surveys_since = time.monotonic()  # (one wait, however many cameras: its progress shows past 2 s in all)
         if self.device_id is None:
             preference = DecodePreference.CPU
         indexes = {}
@@ -99,7 +101,7 @@ class CameraPlanner:
                     video.path, indexes[camera], decode=preference, device_id=self.device_id or 0,
                     filesystem=self.reader.location.fs, label=camera,
                 )  # fmt: skip
-            routes[camera] = self._route_for_files(camera, route, preference)
+            routes[camera] = self._route_for_files(camera, route, preference, since=surveys_since)
         self.camera_formats = {
             camera: CameraFormat.of(index, route=routes[camera]) for camera, index in indexes.items()
         }
@@ -122,7 +124,9 @@ class CameraPlanner:
         self.color_fixes = nvdec_color_fixes(self.camera_formats)
         return routes
 
-    def _route_for_files(self, camera: str, route: DecodeRoute, preference: DecodePreference) -> DecodeRoute:
+    def _route_for_files(
+        self, camera: str, route: DecodeRoute, preference: DecodePreference, *, since: float | None = None
+    ) -> DecodeRoute:
         """``route`` for ``camera``, its files surveyed (each one's header, up to a bound: :mod:`~.camera_codecs`),
         whatever decodes it: raises SchemaMismatchError naming the files whose frame size is not the first's (a batch
         is one tensor; before, a worker-decoded camera's odd file failed when a batch first reached it). Where DALI
@@ -133,7 +137,7 @@ class CameraPlanner:
         # (a missing or damaged file fails as before when a batch reaches it, naming the camera and episodes)
         positions = surveyed_positions(self.reader, camera)
         survey = survey_camera(self.reader, camera, positions, skip_unreadable=True, store=self.remote_index_store,
-                               format_store=self.format_store)  # fmt: skip
+                               format_store=self.format_store, since=since)  # fmt: skip
         survey.check_sizes()
         if not route.dali_device:  # (the workers give each file a decoder of its own: only the size has to agree)
             return route

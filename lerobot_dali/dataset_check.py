@@ -336,6 +336,7 @@ def _set_references(checker: _EpisodeChecker) -> None:
     file's size (and codec where DALI's CPU decoder decodes the camera: VP8/VP9/MJPEG, unless its files mix codecs),
     and (``decode=True``) each image camera's first image's shape, from the first episode that has them."""
     reader = checker.reader
+    surveys_since = time.monotonic()  # (one wait, however many cameras: its progress shows past 2 s in all)
     for camera in reader.camera_keys:
         for pos in range(reader.num_episodes):
             try:
@@ -345,7 +346,7 @@ def _set_references(checker: _EpisodeChecker) -> None:
                 logger.debug("camera %s: no format from episode position %d: %s", camera, pos, e)
         else:
             continue
-        if reader.info.features[camera].is_depth_map or _mixes_codecs(reader, camera):
+        if reader.info.features[camera].is_depth_map or _mixes_codecs(reader, camera, since=surveys_since):
             checker.workers_only.add(camera)
         route = DecodeRoute.CPU_FALLBACK if camera in checker.workers_only else route_without_nvdec(index.codec)
         checker.formats[camera] = CameraFormat.of(index, route=route)
@@ -361,12 +362,12 @@ def _set_references(checker: _EpisodeChecker) -> None:
                 break
 
 
-def _mixes_codecs(reader: LeRobotDatasetReader, camera: str) -> bool:
+def _mixes_codecs(reader: LeRobotDatasetReader, camera: str, *, since: float | None = None) -> bool:
     """Whether ``camera``'s files that open differ in codec, as the iterator surveys them (:mod:`.camera_codecs`): it
     sends such a camera to the workers."""
     format_store = FileFormatStore() if reader.location.is_local else None
     survey = survey_camera(
-        reader, camera, surveyed_positions(reader, camera), skip_unreadable=True, format_store=format_store
+        reader, camera, surveyed_positions(reader, camera), skip_unreadable=True, format_store=format_store, since=since
     )
     return len(survey.codecs()) > 1
 

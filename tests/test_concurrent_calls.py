@@ -46,6 +46,18 @@ def test_calls_done_before_the_delay_show_nothing(
     assert caplog.records == []
 
 
+def test_a_wait_that_began_before_the_call_counts_toward_the_delay(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Several calls that make one wait (a survey per camera) show their progress once the wait, not each call, has
+    taken the delay."""
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    since = time.monotonic() - concurrent_calls.PROGRESS_DELAY_S
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.concurrent_calls"):
+        in_threads(time.sleep, [0.01, 0.01], progress="surveying", unit="file", since=since)
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["surveying: 1/2 files", "surveying: 2/2 files"]
+
+
 def test_the_first_failure_in_order_is_raised_once_every_call_has_ended() -> None:
     ended: list[int] = []
 

@@ -87,6 +87,27 @@ def test_a_long_survey_logs_its_progress(make_ds, copy_ds, monkeypatch, caplog) 
     assert f"lerobot-dali: camera {CAM}'s video headers: 6/6 files" in caplog.text
 
 
+def test_the_cameras_surveys_show_their_progress_once_they_have_taken_the_delay_in_all(
+    make_ds, monkeypatch, caplog
+) -> None:
+    """Each camera's survey counted the delay afresh: 3 cameras of 150 files each (1.2 s apiece, cold) were 3.6 s of
+    silence. Here each takes 0.5 s, under the delay (1.2 s), and the three together over it: the last one shows."""
+    from lerobot_dali import concurrent_calls
+
+    monkeypatch.setattr(concurrent_calls, "PROGRESS_DELAY_S", 1.2)
+    real = camera_codecs.read_file_format
+    monkeypatch.setattr(camera_codecs, "read_file_format", lambda reader, path: time.sleep(0.5) or real(reader, path))
+    root = make_ds(**{**SPEC, "episodes": 2, "cameras": 3})
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.concurrent_calls"):
+        _build(root)
+    lines = [r.getMessage().split(" (")[0] for r in caplog.records]
+    assert "lerobot-dali: camera observation.images.cam2's video headers: 2/2 files" in lines, lines
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.concurrent_calls"):
+        _build(root)  # (warm: every header kept)
+    assert caplog.records == []
+
+
 def _checksummed(body: bytes) -> bytes:
     """An entry of ``body`` whose checksum holds (written by another version, or by hand)."""
     return hashlib.sha256(body).hexdigest().encode() + b"\n" + body
