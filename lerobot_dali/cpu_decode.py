@@ -21,7 +21,7 @@ import logging
 import os
 import resource
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, cast
 
 import av
@@ -244,12 +244,13 @@ class CpuFrameDecoder:
         request costs no template probe and no decoder set-up. PyAV decodes whatever the backend (torchcodec
         takes files, not packets). Raises VideoDecodeError naming the file when the packets do not decode.
         """
-        convert = frame_conversion(pixels, size)
-        by_rank = {rank: convert(frame) for rank, frame in self._packet_frames(index, plan, payloads).items()}
+        by_rank = self._packet_frames(index, plan, payloads, frame_conversion(pixels, size))
         frames = [by_rank[int(rank)] for rank in plan.relative_indices]
         return stacked_frames(frames, pixels, label=index.source_name)
 
-    def _packet_frames(self, index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> dict[int, av.VideoFrame]:
+    def _packet_frames(
+        self, index: PacketIndex, plan: ClipPlan, payloads: list[bytes], convert: Callable[[av.VideoFrame], Any]
+    ) -> dict[int, Any]:
         self._drop_inherited()
         key = ("packets", index.template, os.getpid())
         decoder = cast("PacketDecoder | None", self._reader(key))
@@ -259,7 +260,7 @@ class CpuFrameDecoder:
         else:
             self._readers.move_to_end(key)
         try:
-            return decoder.frames_at(index, plan, payloads)
+            return decoder.frames_at(index, plan, payloads, convert)
         except Exception:
             self._forget(key)
             decoder.close()
