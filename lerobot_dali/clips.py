@@ -19,6 +19,7 @@ open GOPs a clip is one unbroken run, from the first needed keyframe to the last
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -33,7 +34,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .errors import FrameRequestError, VideoDecodeError
-from .keyframe_sizes import KEYFRAME_SIZE_CODECS, check_clip_keyframe_sizes
+from .keyframe_sizes import KEYFRAME_SIZE_CODECS, ReadAt, check_clip_keyframe_sizes
 from .packet_index import PacketIndex
 from .video_source import VideoSource, open_video_source
 
@@ -43,6 +44,7 @@ __all__ = [
     "build_clip",
     "check_request",
     "packets_from_keyframe",
+    "packets_read_at",
     "plan_clip",
     "read_packet_payloads",
     "remux_clip",
@@ -105,9 +107,13 @@ def check_request(index: PacketIndex, frame_indices: ArrayLike) -> np.ndarray:
     return requested
 
 
-def plan_clip(index: PacketIndex, frame_indices: ArrayLike) -> ClipPlan:
+def plan_clip(index: PacketIndex, frame_indices: ArrayLike, *, lookahead: int = 0) -> ClipPlan:
     """Plan the clip for display frame indices (any order, repeats allowed); pure, no I/O.
 
+    ``lookahead``: packets kept after each run's last needed one (within the file), for a reader that feeds them to
+    a decoder only until the requested frames come out, as a file's demuxer does, instead of draining the decoder at
+    the run's end (:mod:`.packet_file_reader`): a decoder shows its pictures in the bitstream's order only once it
+    has the pictures that follow, which is what refuses a file whose timestamps say another order.
     Raises FrameRequestError for an empty request or an index outside the video.
     """
     requested = check_request(index, frame_indices)
@@ -115,13 +121,14 @@ def plan_clip(index: PacketIndex, frame_indices: ArrayLike) -> ClipPlan:
     decode_pos = index.display_order[needed]
     keys = index.keyframe_positions
     key_slot = index.keyframe_slots(decode_pos)
+    stops = np.minimum(decode_pos + 1 + lookahead, index.frame_count)
     if not index.has_leading_pictures:  # every GOP is its keyframe onwards: runs from keyframe to frame
-        segments = _merge(keys[key_slot], decode_pos + 1)
+        segments = _merge(keys[key_slot], stops)
         packet_positions = (
             np.arange(*segments[0]) if len(segments) == 1 else np.concatenate([np.arange(*s) for s in segments])
         )
     else:
-        packet_positions, segments = _open_gop_runs(index, decode_pos, key_slot)
+        packet_positions, segments = _open_gop_runs(index, decode_pos, key_slot, stops)
     clip_ranks = np.sort(index.display_rank[packet_positions])
     relative = np.searchsorted(clip_ranks, requested)  # a frame's display rank is its display index
     # (A run from keyframe to frame holds the frame: only a dropped leading picture can be missing.)
@@ -146,7 +153,7 @@ def _check_held(index: PacketIndex, requested: np.ndarray, clip_ranks: np.ndarra
 
 
 def _open_gop_runs(
-    index: PacketIndex, decode_pos: np.ndarray, key_slot: np.ndarray
+    index: PacketIndex, decode_pos: np.ndarray, key_slot: np.ndarray, stops: np.ndarray
 ) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """Kept packets and the one segment where some pictures display before their GOP's keyframe."""
     keys = index.keyframe_positions
@@ -157,7 +164,7 @@ def _open_gop_runs(
             break
         key_slot = np.where(leading, key_slot - 1, key_slot)
     # One run: a later open-GOP keyframe would not reset the decoder after an earlier run (module docstring).
-    start, stop = int(keys[key_slot].min()), int(decode_pos.max()) + 1
+    start, stop = int(keys[key_slot].min()), int(stops.max())
     positions = np.arange(start, stop)
     # Leading pictures of the run's first keyframe reference packets the clip does not hold.
     return positions[index.pts[positions] >= index.pts[start]], [(start, stop)]
@@ -186,19 +193,25 @@ def read_packet_payloads(
     exact = index.byte_exact
     with open_video_source(source, filesystem=filesystem, size=index.file_size_bytes, exact_reads=exact) as handle:
         if index.byte_exact:
-            return _read_ranges(handle, index, plan)
+            return packets_read_at(functools.partial(_read_block, handle), index, plan)
         return _demux_payloads(handle, index, plan)
 
 
-def _read_ranges(handle: Any, index: PacketIndex, plan: ClipPlan) -> list[bytes]:
+def _read_block(handle: Any, offset: int, length: int) -> bytes:
+    handle.seek(offset)
+    return handle.read(length)
+
+
+def packets_read_at(read_at: ReadAt, index: PacketIndex, plan: ClipPlan) -> list[bytes]:
+    """The payload of each planned packet of a byte-exact file (MP4), in ``plan.packet_positions`` order: one
+    ``read_at(offset, length)`` per segment. VideoDecodeError naming the file where a read comes back short."""
     payloads: list[bytes] = []
     positions = plan.packet_positions
     for start, stop in plan.segments:
         in_segment = positions[(positions >= start) & (positions < stop)]
         offsets, sizes = index.byte_offset[in_segment], index.size_bytes[in_segment]
         first, end = int(offsets.min()), int((offsets + sizes).max())
-        handle.seek(first)
-        block = handle.read(end - first)
+        block = read_at(first, end - first)
         if len(block) != end - first:
             raise VideoDecodeError(
                 f"{index.source_name}: read {len(block)} of {end - first} bytes at offset {first}; the file is "

@@ -6,8 +6,9 @@ the same frame a full sequential decode gives at that pts. Open decoders are kep
 process and opened lazily: a decoder inherited through fork shares FFmpeg state and file offsets with its
 parent, so a process never uses one it did not open itself.
 
-:class:`CpuFrameDecoder` keeps that LRU and picks each file's reader (:mod:`.pyav_reader`, :mod:`.torchcodec_reader`;
-:mod:`.packet_decoder` for packets read by byte range). Apart from it: the options (:mod:`.cpu_decode_options`), which
+:class:`CpuFrameDecoder` keeps that LRU and picks each file's reader (:mod:`.packet_file_reader` for a local MP4 on
+PyAV, :mod:`.pyav_reader` for other files, :mod:`.torchcodec_reader`; :mod:`.packet_decoder` for a remote MP4's
+packets read by byte range). Apart from it: the options (:mod:`.cpu_decode_options`), which
 decoders this machine has (:mod:`.cpu_backends`), the checks of every decoded frame (:mod:`.frame_checks`) and what a
 frame becomes (:mod:`.frame_pixels`: RGB, resized to ``size`` in CPU mode; the decoder's planes, which the graph
 converts where the pipeline runs on a GPU, as :class:`ColorConversion` says; a depth camera's codes). Callers import
@@ -57,11 +58,12 @@ from .frame_pixels import (
     stacked_frames,
 )
 from .packet_decoder import PacketDecoder
+from .packet_file_reader import PacketFileReader
 from .packet_index import PacketIndex
 from .pyav_reader import PyAvReader
 from .said_once import say_once, warn_once
 from .torchcodec_reader import MisplacedFrames, TorchCodecReader
-from .video_source import VideoSource, source_cache_key, source_label
+from .video_source import VideoSource, local_video_path, source_cache_key, source_label
 
 __all__ = [
     "WORKER_RESIZE_INTERPOLATION",
@@ -97,7 +99,7 @@ def _is_path(source: VideoSource) -> bool:
     return isinstance(source, (str, os.PathLike))
 
 
-_Reader = PyAvReader | TorchCodecReader | PacketDecoder
+_Reader = PyAvReader | TorchCodecReader | PacketDecoder | PacketFileReader
 
 
 class CpuFrameDecoder:
@@ -298,21 +300,25 @@ class CpuFrameDecoder:
         reader = self._reader(key) if key is not None else None
         if reader is None:
             threads, label = self.options.threads_per_decoder, source_label(source)
-            if backend is CpuDecoderBackend.PYAV:
+            # A local MP4 needs no demuxer: its index holds every packet's bytes (:mod:`.packet_file_reader`).
+            path = local_video_path(source, filesystem=filesystem) if index.byte_exact else None
+            if backend is CpuDecoderBackend.PYAV and path is not None:
+                reader = PacketFileReader(path, index, threads=threads, label=label)
+            elif backend is CpuDecoderBackend.PYAV:
                 reader = PyAvReader(source, filesystem=filesystem, threads=threads, label=label)
             else:
                 reader = TorchCodecReader(
                     source, filesystem=filesystem, threads=threads, label=label, stream_index=index.stream_index
                 )
             if key is not None:
-                remote = filesystem is not None and not isinstance(filesystem, LocalFileSystem)  # as is_local
-                handle_bytes = DEMUXER_BYTES_PER_PACKET * index.frame_count + (REMOTE_HANDLE_BYTES if remote else 0)
-                self._remember(key, reader, index, handle_bytes=handle_bytes)
+                self._remember(key, reader, index, handle_bytes=_handle_bytes(reader, index, filesystem))
         elif key is not None:
             self._readers.move_to_end(key)
         try:
             if isinstance(reader, PyAvReader):
                 by_pts = reader.frames_at(index, plan, requested, convert)
+            elif isinstance(reader, PacketFileReader):
+                by_pts = reader.frames_at(index, requested, convert)
             else:
                 by_pts = cast(TorchCodecReader, reader).frames_at(index, requested, size)
         except MisplacedFrames as e:
@@ -402,6 +408,15 @@ class CpuFrameDecoder:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(options=state["options"], files_in_use=state.get("files_in_use", 0))  # type: ignore[misc]
+
+
+def _handle_bytes(reader: _Reader, index: PacketIndex, filesystem: Any | None) -> int:
+    """What an open file holds besides its decoder: a container its demuxer's tables (none for a local MP4 read by
+    byte range), a remote file fsspec's read-ahead block too."""
+    if isinstance(reader, PacketFileReader):
+        return 0
+    remote = filesystem is not None and not isinstance(filesystem, LocalFileSystem)  # as is_local
+    return DEMUXER_BYTES_PER_PACKET * index.frame_count + (REMOTE_HANDLE_BYTES if remote else 0)
 
 
 def _open_files_limit() -> int:

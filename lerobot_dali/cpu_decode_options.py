@@ -28,10 +28,11 @@ __all__ = [
 #: for r1's 640x360; up to 24 with 16 reference frames; dav1d holds less): at one thread, seven 1080p or 48
 #: 480p H.264 decoders.
 DECODER_MEMORY_BYTES, DECODER_FRAMES, MIN_OPEN_DECODERS = 256 * 2**20, 12, 8
-#: What an open file's demuxer holds per packet besides its decoder: FFmpeg's index entries (and an MP4's sample
+#: What a file open as a container holds per packet besides its decoder: FFmpeg's index entries (and an MP4's sample
 #: tables), read whole at open (measured, USS: 41-50 bytes a packet in 30,000-packet H.264 and AV1 MP4s, 50-100 in
 #: 6,000-packet MP4, MKV and WebM files). In long low-resolution files this outweighs the frames: 192 open files of
-#: 30,000 64x64 frames hold ~270 MB of tables, against 14 MB estimated for their decoders' frames.
+#: 30,000 64x64 frames hold ~270 MB of tables, against 14 MB estimated for their decoders' frames. A local MP4 is
+#: read by byte range with no container (:mod:`.packet_file_reader`), so only other containers and remote files pay it.
 DEMUXER_BYTES_PER_PACKET = 50
 #: Per worker: encoded images of image cameras kept, by default (:attr:`CpuDecodeOptions.image_cache_bytes`).
 IMAGE_CACHE_BYTES = 256 * 2**20
@@ -71,9 +72,9 @@ class CpuDecodeOptions:
     up to half the process's open-file limit.
     A file reopened costs ~6 ms at 640x480 (open, decoder set-up, first conversion): 3 cameras and a pool of 64
     (192 files) reopened a file for 3 of 4 requests under a bound of 64, +71% CPU per sample. An open 640x480
-    H.264 decoder holds ~6 MB (measured RSS), as :data:`DECODER_FRAMES` estimates (its file's sample tables add
-    :data:`DEMUXER_BYTES_PER_PACKET` a packet): such a pool needs ~1.1 GB per worker, over the default budget,
-    which a worker then says once.
+    H.264 decoder holds ~6 MB (measured RSS), as :data:`DECODER_FRAMES` estimates (a file open as a container, not a
+    local MP4, adds its index: :data:`DEMUXER_BYTES_PER_PACKET` a packet): such a pool needs ~1.1 GB per worker, over
+    the default budget, which a worker then says once.
     ``color_conversion``: where frames become RGB; converting in the graph makes ``backend=AUTO`` decode with
     PyAV, since torchcodec hands over RGB only.
     ``image_cache_bytes``: image cameras (``dtype: "image"``, always decoded in the workers, by Pillow): the

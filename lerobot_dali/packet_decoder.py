@@ -1,9 +1,10 @@
-"""The CPU fallback's decoder of a request's packets alone, for remote MP4s whose packets are read by byte range.
+"""The CPU fallback's decoder of a request's packets alone, for MP4s whose packets are read by byte range.
 
 A PyAV decoder opened from the file's stream template (``PacketIndex.template``), and kept open like a file's, is fed
-the planned packets (:mod:`.clips`; the prefetch cache serves them): no remux, no demux, no container read beyond
-them. The packets carry their display rank as pts, which proves which frame is which, and every frame is checked as
-a file reader checks it (:mod:`.frame_checks`).
+the planned packets (:mod:`.clips`; for a remote file the prefetch cache serves them, a local one is read by
+:mod:`.packet_file_reader`): no remux, no demux, no container read beyond them. The packets carry their display rank
+as pts, which proves which frame is which, and every frame is checked as a file reader checks it
+(:mod:`.frame_checks`).
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ class PacketDecoder:
                 if not pending and not keys:
                     break
         except (av.error.FFmpegError, OSError) as e:
-            raise VideoDecodeError(
-                f"{self.label}: decoding {len(payloads)} packets failed ({e}); the file is corrupt."
+            raise VideoDecodeError(  # (as a file reader says it: a local MP4 is decoded here)
+                f"{self.label}: decoding failed ({e}; {len(payloads)} packets); the file is corrupt or truncated."
             ) from e
         for rank in sorted(keys):  # a keyframe never shown
             check_random_access(self.label, None, rank, float(clip_seconds[rank]))

@@ -96,6 +96,19 @@ def test_closed_gop_plans_are_keyframe_to_frame_runs() -> None:
         assert plan.relative_indices.tolist() == [clip_pts.index(int(index.frame_pts[f])) for f in requested]
 
 
+def test_a_plan_with_lookahead_keeps_the_packets_after_each_run() -> None:
+    """A local file's reader feeds packets past each run until its frames come out (a decoder drained at the run's end
+    showed a damaged file's P-frame as the frame its timestamps claimed): the runs go on ``lookahead`` packets, within
+    the file, and each requested frame is found among the clip's longer display order."""
+    plan = plan_clip(CLOSED, [1], lookahead=2)
+    assert plan.segments == ((0, 5),)  # (decode positions 0-2 needed, 3-4 ahead)
+    assert plan.relative_indices.tolist() == [1]  # clip display order: pts 0 1 2 3 4
+    assert plan_clip(CLOSED, [0, 6], lookahead=1).segments == ((0, 2), (5, 9))  # (at most to the file's end)
+    assert plan_clip(CLOSED, [2, 6], lookahead=3).segments == ((0, 9),)  # (touching runs joined)
+    after = plan_clip(OPEN, [7], lookahead=5)
+    assert after.segments == ((4, 9),) and after.relative_indices.tolist() == [1]
+
+
 def test_plan_handles_open_gop_leading_pictures() -> None:
     leading = plan_clip(OPEN, [4])  # displays before its keyframe: needs the previous GOP
     assert leading.segments == ((0, 6),)

@@ -26,8 +26,9 @@ from lerobot_dali.cpu_decode import (
 )
 from lerobot_dali.errors import CodecUnsupportedError, FrameRequestError, MissingDataFileError, VideoDecodeError
 from lerobot_dali.frame_marker import draw_marker
+from lerobot_dali.packet_decoder import PacketDecoder
+from lerobot_dali.packet_file_reader import PacketFileReader
 from lerobot_dali.packet_index import build_packet_index
-from lerobot_dali.pyav_reader import PyAvReader
 from lerobot_dali.yuv_frames import frame_planes
 from tests.conftest import shared_dataset
 from tests.video_fixtures import (
@@ -229,10 +230,10 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
     from lerobot_dali.cpu_decode_options import DECODER_FRAMES, DECODER_MEMORY_BYTES, DEMUXER_BYTES_PER_PACKET
 
     source = marker_video("vp9", 2)
-    paths = [shutil.copy(source, tmp_path / f"{i}.webm") for i in range(12)]
+    paths = [shutil.copy(source, tmp_path / f"{i}.mp4") for i in range(12)]
     index = build_packet_index(source)
     per_thread = DECODER_FRAMES * index.width * index.height * 3 // 2
-    per_decoder = per_thread + DEMUXER_BYTES_PER_PACKET * index.frame_count  # (and the demuxer's tables)
+    per_decoder = per_thread  # (a local MP4 is read by byte range: no demuxer's tables)
     for budget, threads, kept in ((100 * per_decoder, 1, 12), (10 * per_decoder, 1, 10), (per_decoder, 1, 8),
                                   (10 * per_decoder, 2, 8), (10 * (per_decoder + per_thread), 2, 10)):  # fmt: skip
         options = CpuDecodeOptions(
@@ -262,60 +263,71 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
     monkeypatch.setattr(cpu_decode, "_open_files_limit", lambda: 100)
     assert CpuFrameDecoder(files_in_use=192).max_open == 64
     assert CpuFrameDecoder(options=CpuDecodeOptions(max_open_decoders=2), files_in_use=192).max_open == 2
-    # A remote file's read-ahead buffer counts too.
+    # A remote file opened as a container: its demuxer's tables and its read-ahead buffer count too.
     from tests.fake_remote import FakeRemoteFileSystem
 
     remote = FakeRemoteFileSystem(str(tmp_path))
-    budget = 10 * (per_decoder + cpu_decode.REMOTE_HANDLE_BYTES)
+    budget = 10 * (per_decoder + DEMUXER_BYTES_PER_PACKET * index.frame_count + cpu_decode.REMOTE_HANDLE_BYTES)
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, max_decoder_memory_bytes=budget))
     for i in range(12):
-        decoder.decode(f"{i}.webm", index, [5], filesystem=remote)
+        decoder.decode(f"{i}.mp4", index, [5], filesystem=remote)
     assert decoder.open_decoders == 10
     decoder.close()
 
 
 def test_an_open_long_file_counts_its_demuxers_tables(tmp_path) -> None:
-    """An open MP4 holds its sample tables (~50 bytes a packet): 192 open files of 30,000 64x64 frames held 270 MB
-    where their decoders' frames were estimated at 14 MB, so the budget did not bound a worker's memory."""
+    """An open container holds its file's index (~50 bytes a packet): 192 open MP4s of 30,000 64x64 frames held
+    270 MB where their decoders' frames were estimated at 14 MB, so the budget did not bound a worker's memory. A
+    local MP4 is now read by byte range, with no container and so no tables: the budget holds more of them."""
     from lerobot_dali.cpu_decode_options import DECODER_FRAMES, DEMUXER_BYTES_PER_PACKET
     from lerobot_dali.generate import encode_video
 
     source = tmp_path / "long.mp4"
     encode_video(source, (np.full((64, 64, 3), i % 256, np.uint8) for i in range(3000)), fps=15, codec="h264", gop=30)
-    paths = [shutil.copy(source, tmp_path / f"{i}.mp4") for i in range(12)]
-    index = build_packet_index(source)
+    mkv = tmp_path / "long.mkv"
+    with av.open(str(source)) as mp4, av.open(str(mkv), "w", format="matroska") as out:
+        stream = out.add_stream_from_template(mp4.streams.video[0])
+        for packet in mp4.demux(mp4.streams.video[0]):
+            if packet.dts is not None:
+                packet.stream = stream
+                out.mux(packet)
     frames_bytes = DECODER_FRAMES * 64 * 64 * 3 // 2
-    assert DEMUXER_BYTES_PER_PACKET * index.frame_count > frames_bytes  # (the tables outweigh the frames)
-    budget = 10 * (frames_bytes + DEMUXER_BYTES_PER_PACKET * index.frame_count)
-    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, max_decoder_memory_bytes=budget))
-    for path in paths:
-        decoder.decode(path, index, [2000])
-    assert decoder.open_decoders == 10  # (12 when only frames counted)
-    decoder.close()
+    kept = {}
+    for name in ("long.mkv", "long.mp4"):
+        index = build_packet_index(tmp_path / name)
+        assert DEMUXER_BYTES_PER_PACKET * index.frame_count > frames_bytes  # (the tables outweigh the frames)
+        budget = 10 * (frames_bytes + DEMUXER_BYTES_PER_PACKET * index.frame_count)
+        options = CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, max_decoder_memory_bytes=budget)
+        decoder = CpuFrameDecoder(options=options)
+        for i in range(12):
+            decoder.decode(shutil.copy(tmp_path / name, tmp_path / f"{i}-{name}"), index, [2000])
+        kept[name] = decoder.open_decoders
+        decoder.close()
+    assert kept == {"long.mkv": 10, "long.mp4": 12}  # (12 and 12 when only frames counted)
 
 
 def test_the_memory_bound_holds_as_decoders_fail_close_and_reopen(marker_video: MarkerVideo, tmp_path, monkeypatch):
     """The open decoders' memory is kept as a running total: a decoder dropped when its decode fails, or closed,
     gives its share back, so the budget keeps exactly as many open as before."""
-    from lerobot_dali.cpu_decode_options import DECODER_FRAMES, DEMUXER_BYTES_PER_PACKET
+    from lerobot_dali.cpu_decode_options import DECODER_FRAMES
 
     source = marker_video("vp9", 2)
-    paths = [shutil.copy(source, tmp_path / f"{i}.webm") for i in range(14)]
+    paths = [shutil.copy(source, tmp_path / f"{i}.mp4") for i in range(14)]
     index = build_packet_index(source)
-    per_decoder = DECODER_FRAMES * index.width * index.height * 3 // 2 + DEMUXER_BYTES_PER_PACKET * index.frame_count
+    per_decoder = DECODER_FRAMES * index.width * index.height * 3 // 2
     options = CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, max_decoder_memory_bytes=10 * per_decoder)
     decoder = CpuFrameDecoder(options=options)
     first = [decoder.decode(path, index, [5]) for path in paths[:10]]
     assert decoder.open_decoders == 10
-    plain = PyAvReader.frames_at
+    plain = PacketFileReader.frames_at
 
     def failing(self, *args, **kwargs):
         raise VideoDecodeError("broken")
 
-    monkeypatch.setattr(PyAvReader, "frames_at", failing)
+    monkeypatch.setattr(PacketFileReader, "frames_at", failing)
     with pytest.raises(VideoDecodeError, match="broken"):
         decoder.decode(paths[10], index, [5])  # opened (one evicted for it), then dropped
-    monkeypatch.setattr(PyAvReader, "frames_at", plain)
+    monkeypatch.setattr(PacketFileReader, "frames_at", plain)
     assert decoder.open_decoders == 9
     decoder.decode(paths[11], index, [5])
     assert decoder.open_decoders == 10  # its share was given back: room for one more
@@ -848,17 +860,18 @@ def test_decode_each_of_an_open_gop_file_decodes_each_gop_on_its_own(tmp_path, m
     index = build_packet_index(path)
     assert index.has_leading_pictures
     decoded: list[int] = []
-    original = PyAvReader._decode_until
+    original = PacketDecoder.frames_at
 
-    def counting(self, packets, *args):
-        def each():
-            for packet in packets:
+    class Fed(list):  # the packets fed to the decoder (it stops once the frames are out)
+        def __iter__(self):
+            for payload in super().__iter__():
                 decoded.append(1)
-                yield packet
+                yield payload
 
-        return original(self, each(), *args)
+    def counting(self, index, plan, payloads, *args):
+        return original(self, index, plan, Fed(payloads), *args)
 
-    monkeypatch.setattr(PyAvReader, "_decode_until", counting)
+    monkeypatch.setattr(PacketDecoder, "frames_at", counting)
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
     requests = [np.array([2, 3]), np.array([45, 46]), np.array([85, 86])]
     together = decoder.decode_each(path, index, requests)
@@ -866,7 +879,7 @@ def test_decode_each_of_an_open_gop_file_decodes_each_gop_on_its_own(tmp_path, m
     decoded.clear()
     for request, got in zip(requests, together, strict=True):
         np.testing.assert_array_equal(got, decoder.decode(path, index, request))
-    assert packets_together <= len(decoded) < 40, (packets_together, len(decoded))  # not the file's 90
+    assert 0 < packets_together <= len(decoded) < 40, (packets_together, len(decoded))  # not the file's 90
 
 
 def test_decode_each_groups_a_leading_picture_with_the_gop_its_decoding_starts_in(tmp_path, monkeypatch) -> None:
@@ -949,13 +962,13 @@ def test_a_worker_keeps_open_every_file_of_its_episode_pool(make_ds, monkeypatch
     from lerobot_dali.batch_source import BatchSource
 
     opened: list[str] = []
-    plain = PyAvReader.__init__
+    plain = PacketFileReader.__init__
 
-    def counted(self, source, **kwargs):
-        opened.append(str(source))
-        plain(self, source, **kwargs)
+    def counted(self, path, index, **kwargs):
+        opened.append(str(path))
+        plain(self, path, index, **kwargs)
 
-    monkeypatch.setattr(PyAvReader, "__init__", counted)
+    monkeypatch.setattr(PacketFileReader, "__init__", counted)
     root = make_ds(episodes=24, frames_per_episode=4, cameras=3, codec="h264", version="v2.1")
     pyav = CpuDecodeOptions(backend=CpuDecoderBackend.PYAV)
     it = DALILeRobotIterator(root, batch_size=8, device="cpu", num_workers=0, episode_pool_size=24, cpu_decode=pyav)
