@@ -40,12 +40,12 @@ from .cpu_backends import (
     torchcodec_unavailable,
 )
 from .cpu_decode_options import (
-    DECODER_FRAMES,
     DEMUXER_BYTES_PER_PACKET,
     MIN_OPEN_DECODERS,
     ColorConversion,
     CpuDecodeOptions,
     CpuDecoderBackend,
+    decoder_bytes,
 )
 from .distributed import usable_cpus
 from .frame_checks import damaged_frame_error, is_damaged
@@ -360,9 +360,8 @@ class CpuFrameDecoder:
 
     def _remember(self, key: Hashable, reader: _Reader, index: PacketIndex, *, handle_bytes: int = 0) -> None:
         threads = self.options.threads_per_decoder or _ffmpeg_auto_threads()
-        frames = DECODER_FRAMES * threads  # frame threads each hold frames in flight (measured: 2-4x at 4 threads)
         self._forget(key)
-        size = frames * index.width * index.height * 3 // 2 + handle_bytes
+        size = decoder_bytes(index.width, index.height, threads) + handle_bytes
         self._readers[key] = (reader, size)
         self._open_bytes += size
         budget = self.options.max_decoder_memory_bytes

@@ -15,12 +15,14 @@ from .value_checks import check_int_fields
 __all__ = [
     "DECODER_FRAMES",
     "DECODER_MEMORY_BYTES",
+    "DECODER_MIN_BYTES",
     "DEMUXER_BYTES_PER_PACKET",
     "IMAGE_CACHE_BYTES",
     "MIN_OPEN_DECODERS",
     "ColorConversion",
     "CpuDecodeOptions",
     "CpuDecoderBackend",
+    "decoder_bytes",
 ]
 
 #: What a process's open decoders may hold, estimated as :data:`DECODER_FRAMES` YUV 4:2:0 frames each per
@@ -28,6 +30,10 @@ __all__ = [
 #: for r1's 640x360; up to 24 with 16 reference frames; dav1d holds less): at one thread, seven 1080p or 48
 #: 480p H.264 decoders.
 DECODER_MEMORY_BYTES, DECODER_FRAMES, MIN_OPEN_DECODERS = 256 * 2**20, 12, 8
+#: What an open decoder holds at least, whatever its frames: its context, buffer pools and stream template (measured,
+#: USS, one thread, 64x64: 0.93 MB an H.264 decoder, 0.45 MB an AV1 one, where 12 frames are 0.07 MB). Small
+#: frames alone made the budget count 165 such decoders as 12 MB where they held ~150 MB.
+DECODER_MIN_BYTES = 2**20
 #: What a file open as a container holds per packet besides its decoder: FFmpeg's index entries (and an MP4's sample
 #: tables), read whole at open (measured, USS: 41-50 bytes a packet in 30,000-packet H.264 and AV1 MP4s, 50-100 in
 #: 6,000-packet MP4, MKV and WebM files). In long low-resolution files this outweighs the frames: 192 open files of
@@ -36,6 +42,13 @@ DECODER_MEMORY_BYTES, DECODER_FRAMES, MIN_OPEN_DECODERS = 256 * 2**20, 12, 8
 DEMUXER_BYTES_PER_PACKET = 50
 #: Per worker: encoded images of image cameras kept, by default (:attr:`CpuDecodeOptions.image_cache_bytes`).
 IMAGE_CACHE_BYTES = 256 * 2**20
+
+
+def decoder_bytes(width: int, height: int, threads: int) -> int:
+    """What an open decoder of ``width`` x ``height`` frames decoding on ``threads`` threads is counted as holding
+    against :attr:`CpuDecodeOptions.max_decoder_memory_bytes`: :data:`DECODER_FRAMES` YUV 4:2:0 frames per thread
+    (frame threads each hold frames in flight: measured 2-4x at 4 threads), :data:`DECODER_MIN_BYTES` at least."""
+    return max(DECODER_FRAMES * threads * width * height * 3 // 2, DECODER_MIN_BYTES)
 
 
 class CpuDecoderBackend(Enum):

@@ -227,15 +227,24 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
     import logging
 
     import lerobot_dali.cpu_decode as cpu_decode
-    from lerobot_dali.cpu_decode_options import DECODER_FRAMES, DECODER_MEMORY_BYTES, DEMUXER_BYTES_PER_PACKET
+    from lerobot_dali.cpu_decode_options import (
+        DECODER_FRAMES,
+        DECODER_MEMORY_BYTES,
+        DECODER_MIN_BYTES,
+        DEMUXER_BYTES_PER_PACKET,
+        decoder_bytes,
+    )
 
+    # Frames per thread, each thread's own; never under a decoder's own ~1 MB (64x96 frames: 0.1 MB for 12).
+    assert decoder_bytes(640, 480, 1) == DECODER_FRAMES * 640 * 480 * 3 // 2
+    assert decoder_bytes(640, 480, 2) == 2 * decoder_bytes(640, 480, 1)
+    assert decoder_bytes(96, 64, 1) == decoder_bytes(96, 64, 4) == DECODER_MIN_BYTES == 2**20
     source = marker_video("vp9", 2)
     paths = [shutil.copy(source, tmp_path / f"{i}.mp4") for i in range(12)]
     index = build_packet_index(source)
-    per_thread = DECODER_FRAMES * index.width * index.height * 3 // 2
-    per_decoder = per_thread  # (a local MP4 is read by byte range: no demuxer's tables)
+    per_decoder = decoder_bytes(index.width, index.height, 1)  # (a local MP4 is read by byte range: no tables)
     for budget, threads, kept in ((100 * per_decoder, 1, 12), (10 * per_decoder, 1, 10), (per_decoder, 1, 8),
-                                  (10 * per_decoder, 2, 8), (10 * (per_decoder + per_thread), 2, 10)):  # fmt: skip
+                                  (10 * per_decoder, 2, 10), (5 * per_decoder, 2, 8)):  # fmt: skip
         options = CpuDecodeOptions(
             backend=CpuDecoderBackend.PYAV, threads_per_decoder=threads, max_decoder_memory_bytes=budget
         )
@@ -279,7 +288,7 @@ def test_an_open_long_file_counts_its_demuxers_tables(tmp_path) -> None:
     """An open container holds its file's index (~50 bytes a packet): 192 open MP4s of 30,000 64x64 frames held
     270 MB where their decoders' frames were estimated at 14 MB, so the budget did not bound a worker's memory. A
     local MP4 is now read by byte range, with no container and so no tables: the budget holds more of them."""
-    from lerobot_dali.cpu_decode_options import DECODER_FRAMES, DEMUXER_BYTES_PER_PACKET
+    from lerobot_dali.cpu_decode_options import DEMUXER_BYTES_PER_PACKET, decoder_bytes
     from lerobot_dali.generate import encode_video
 
     source = tmp_path / "long.mp4"
@@ -291,11 +300,10 @@ def test_an_open_long_file_counts_its_demuxers_tables(tmp_path) -> None:
             if packet.dts is not None:
                 packet.stream = stream
                 out.mux(packet)
-    frames_bytes = DECODER_FRAMES * 64 * 64 * 3 // 2
+    frames_bytes = decoder_bytes(64, 64, 1)
     kept = {}
     for name in ("long.mkv", "long.mp4"):
         index = build_packet_index(tmp_path / name)
-        assert DEMUXER_BYTES_PER_PACKET * index.frame_count > frames_bytes  # (the tables outweigh the frames)
         budget = 10 * (frames_bytes + DEMUXER_BYTES_PER_PACKET * index.frame_count)
         options = CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, max_decoder_memory_bytes=budget)
         decoder = CpuFrameDecoder(options=options)
@@ -303,18 +311,19 @@ def test_an_open_long_file_counts_its_demuxers_tables(tmp_path) -> None:
             decoder.decode(shutil.copy(tmp_path / name, tmp_path / f"{i}-{name}"), index, [2000])
         kept[name] = decoder.open_decoders
         decoder.close()
-    assert kept == {"long.mkv": 10, "long.mp4": 12}  # (12 and 12 when only frames counted)
+    # (3,000 packets' tables: 150 kB, counted for the container alone; 12 and 12 when only frames counted)
+    assert kept == {"long.mkv": 10, "long.mp4": 11} and budget // frames_bytes == 11
 
 
 def test_the_memory_bound_holds_as_decoders_fail_close_and_reopen(marker_video: MarkerVideo, tmp_path, monkeypatch):
     """The open decoders' memory is kept as a running total: a decoder dropped when its decode fails, or closed,
     gives its share back, so the budget keeps exactly as many open as before."""
-    from lerobot_dali.cpu_decode_options import DECODER_FRAMES
+    from lerobot_dali.cpu_decode_options import decoder_bytes
 
     source = marker_video("vp9", 2)
     paths = [shutil.copy(source, tmp_path / f"{i}.mp4") for i in range(14)]
     index = build_packet_index(source)
-    per_decoder = DECODER_FRAMES * index.width * index.height * 3 // 2
+    per_decoder = decoder_bytes(index.width, index.height, 1)
     options = CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, max_decoder_memory_bytes=10 * per_decoder)
     decoder = CpuFrameDecoder(options=options)
     first = [decoder.decode(path, index, [5]) for path in paths[:10]]
