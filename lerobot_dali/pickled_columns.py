@@ -33,9 +33,14 @@ def shared(column: PickledColumn, others: Iterable[PickledColumn]) -> PickledCol
     for other in others:
         other_dtype, other_values = other
         same_layout = other_dtype == dtype and other_values.dtype == values.dtype and other_values.shape == values.shape
-        if same_layout and np.array_equal(other_values.view(np.uint8), values.view(np.uint8)):
+        if same_layout and np.array_equal(_bytes_of(other_values), _bytes_of(values)):
             return other
     return column
+
+
+def _bytes_of(values: np.ndarray) -> np.ndarray:
+    """``values``' bytes (NaNs and -0.0 compared as stored), of a strided view too (no byte view of its own)."""
+    return np.ascontiguousarray(values).view(np.uint8)
 
 
 def widened(column: PickledColumn, done: dict[int, np.ndarray]) -> np.ndarray:

@@ -114,3 +114,13 @@ def test_only_a_column_of_the_same_bytes_and_dtype_is_shared() -> None:
     assert shared(negative_zeros, [zeros]) is negative_zeros  # (equal, not the same bytes)
     assert shared(narrowed(np.zeros(3, np.int64)), [zeros]) is not zeros
     assert shared(narrowed(np.zeros(3)), [negative_zeros, zeros]) is zeros
+
+
+def test_a_strided_column_is_compared_by_its_values() -> None:
+    """A column that is a strided view (every other row of a float column) raised ValueError from its byte view."""
+    strided = np.arange(10.0)[::2]
+    whole = narrowed(strided.copy())
+    assert shared(narrowed(strided), [whole]) is whole
+    other = narrowed(strided)
+    assert shared(whole, [other]) is other
+    assert shared(narrowed(np.arange(10.0)[1::2]), [whole]) is not whole
