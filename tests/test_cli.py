@@ -415,19 +415,8 @@ def test_check_logs_the_progress_of_its_survey_of_the_video_headers_too(make_ds,
     """Before its first episode, check reads every video file's header (the first time, 15,000 v2.1 episodes of two
     cameras: ~12 s of CPU; a remote dataset's, requests a file): that survey's progress lines were at INFO of a
     logger left at WARNING, so a log showed nothing for that long."""
-    import logging
-
-    from lerobot_dali import concurrent_calls
-
     root = make_ds(episodes=4, frames_per_episode=4, cameras=1, codec="h264", size=(64, 64), episodes_per_file=1)
-    monkeypatch.setattr(concurrent_calls, "PROGRESS_DELAY_S", 0.0)  # (a survey of 4 files takes no 2 s)
-    surveyed = logging.getLogger("lerobot_dali.concurrent_calls")
-    level = surveyed.level
-    try:
-        assert main(["check", str(root), "--workers", "0"]) == 0
-    finally:
-        surveyed.setLevel(level)
-    lines = [r.getMessage() for r in caplog.records if r.name == "lerobot_dali.concurrent_calls"]
+    lines = _waits_lines_of_check(root, monkeypatch, caplog)
     assert any(
         line.startswith("lerobot-dali: camera observation.images.cam0's video headers: 4/4 files (") for line in lines
     ), lines
@@ -436,20 +425,26 @@ def test_check_logs_the_progress_of_its_survey_of_the_video_headers_too(make_ds,
 def test_check_logs_the_progress_of_the_data_file_footers_its_open_reads(make_ds, monkeypatch, caplog) -> None:
     """Opening a v2.1 dataset reads every episode's data file footer (the first time, 15,000 episodes: ~9 s): its
     progress lines were at INFO of a logger check set to INFO only once the dataset was open."""
+    root = make_ds(episodes=3, frames_per_episode=4, cameras=1, codec="h264", size=(64, 64), version="v2.1")
+    lines = _waits_lines_of_check(root, monkeypatch, caplog)
+    assert any(line.startswith(f"lerobot-dali: {root}'s data file footers: 3/3 files (") for line in lines), lines
+
+
+def _waits_lines_of_check(root, monkeypatch, caplog) -> list[str]:
+    """The progress lines of the waits (concurrent_calls') that ``check root`` logs, shown at once (a small
+    dataset's take no 2 s), the logger's level given back."""
     import logging
 
     from lerobot_dali import concurrent_calls
 
-    root = make_ds(episodes=3, frames_per_episode=4, cameras=1, codec="h264", size=(64, 64), version="v2.1")
-    monkeypatch.setattr(concurrent_calls, "PROGRESS_DELAY_S", 0.0)  # (3 footers take no 2 s)
-    surveyed = logging.getLogger("lerobot_dali.concurrent_calls")
-    level = surveyed.level
+    monkeypatch.setattr(concurrent_calls, "PROGRESS_DELAY_S", 0.0)
+    waits = logging.getLogger("lerobot_dali.concurrent_calls")
+    level = waits.level
     try:
         assert main(["check", str(root), "--workers", "0"]) == 0
     finally:
-        surveyed.setLevel(level)
-    lines = [r.getMessage() for r in caplog.records if r.name == "lerobot_dali.concurrent_calls"]
-    assert any(line.startswith(f"lerobot-dali: {root}'s data file footers: 3/3 files (") for line in lines), lines
+        waits.setLevel(level)
+    return [r.getMessage() for r in caplog.records if r.name == "lerobot_dali.concurrent_calls"]
 
 
 def test_progress_lines_come_at_each_tenth_and_at_the_end(caplog: pytest.LogCaptureFixture) -> None:
