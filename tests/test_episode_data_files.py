@@ -305,7 +305,8 @@ def test_a_cold_open_shows_the_progress_of_its_data_file_footers(
     root = make_ds(**{**SPEC, "version": "v2.1"})
     with caplog.at_level(logging.INFO, logger="lerobot_dali.concurrent_calls"):
         open_dataset(root)
-    lines = [r.getMessage().split(" (")[0] for r in caplog.records]
+    # (the waits' lines alone: an earlier test's in-process `check` may have left other loggers at INFO)
+    lines = [r.getMessage().split(" (")[0] for r in caplog.records if r.name == "lerobot_dali.concurrent_calls"]
     assert lines == ([f"lerobot-dali: {root}'s data file footers: {n}/5 files" for n in range(1, 6)] if said else [])
 
 
@@ -318,9 +319,10 @@ def test_a_warm_open_shows_no_progress(make_ds, monkeypatch, caplog) -> None:
     monkeypatch.setattr(concurrent_calls, "PROGRESS_DELAY_S", 0.0)
     root = make_ds(**{**SPEC, "version": "v2.1"})
     open_dataset(root)
+    caplog.clear()  # (the first open's lines, where an earlier test's in-process `check` left INFO on)
     with caplog.at_level(logging.INFO, logger="lerobot_dali.concurrent_calls"):
         open_dataset(root)
-    assert caplog.records == []
+    assert [r for r in caplog.records if r.name == "lerobot_dali.concurrent_calls"] == []
 
 
 def test_a_remote_cold_open_shows_the_progress_of_its_data_file_footers(make_ds, monkeypatch, caplog) -> None:
