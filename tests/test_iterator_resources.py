@@ -66,12 +66,12 @@ def test_an_iterator_without_workers_closed_or_dropped_holds_no_file_open(make_d
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts this process's threads and files in /proc")
 @pytest.mark.parametrize("close", [True, False], ids=["closed", "dropped"])
 def test_iterators_let_go_leave_no_workers_threads_or_shared_memory(make_ds, no_cycle_collector, close) -> None:
-    """One iterator per evaluation pass, for days: the third leaves what the first left (20 measured: the same)."""
+    """One iterator per evaluation pass, for days: the fifth leaves what the first left (20 measured: the same)."""
     root = make_ds(episodes=4, frames_per_episode=4, cameras=2, codec="av1", episodes_per_file=2)
     me = psutil.Process()
     earlier = _native_threads()  # (an earlier test's threads may end meanwhile: only the ones started here count)
     counts = []
-    for _ in range(3):
+    for _ in range(5):
         it = _epoch(root, 1)
         assert len(spawned_workers(me.children())) == 1
         if close:
@@ -82,8 +82,10 @@ def test_iterators_let_go_leave_no_workers_threads_or_shared_memory(make_ds, no_
              _dali_shared_memory_maps())
         )  # fmt: skip
     assert counts[-1][2:] == ([], 0)
-    # (no more than the first left: a pool thread started by the first may end since, idle, as in a CI run once)
-    assert counts[-1][0] <= counts[0][0] and counts[-1][1] <= counts[0][1], counts
+    # No more than the first left, but one thread: a pool thread started by the first may end since, idle, and one
+    # may start once, later (in 1 of 8 runs of this file, by the third iterator, at 8adb398 as since); a
+    # thread leaked per iterator leaves 4 more here.
+    assert counts[-1][0] <= counts[0][0] and counts[-1][1] <= counts[0][1] + 1, counts
 
 
 def test_a_pipeline_whose_shutdown_fails_still_closes_its_files(make_ds, no_cycle_collector, monkeypatch) -> None:
