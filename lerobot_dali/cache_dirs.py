@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import logging
 import os
 import tempfile
@@ -30,6 +31,8 @@ __all__ = [
     "atomic_file",
     "cache_days",
     "cache_root",
+    "checked_body",
+    "checksummed",
     "delete_if_unchanged",
     "discard_damaged_entry",
     "folder_refuses",
@@ -211,6 +214,19 @@ def discard_damaged_entry(
     logger.warning("%s %s is unreadable (%s); deleting it and %s", what, entry, problem, instead)
     with contextlib.suppress(OSError):
         delete_if_unchanged(entry, read)
+
+
+def checksummed(body: bytes) -> bytes:
+    """``body`` behind a line of its sha256, as a store entry is written: :func:`checked_body` reads it back."""
+    return hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+
+
+def checked_body(raw: bytes) -> bytes:
+    """The body of a :func:`checksummed` entry; raises ValueError where the checksum disagrees with it."""
+    checksum, _, body = raw.partition(b"\n")
+    if hashlib.sha256(body).hexdigest().encode() != checksum:
+        raise ValueError("its checksum disagrees with its contents (a write cut short, or damage)")
+    return body
 
 
 def lock_file(entry: Path) -> Path:

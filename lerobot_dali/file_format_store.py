@@ -31,6 +31,8 @@ from .cache_dirs import (
     TEMP_FILES,
     atomic_file,
     cache_root,
+    checked_body,
+    checksummed,
     discard_damaged_entry,
     drop_lock_file,
     folder_refuses,
@@ -140,7 +142,7 @@ class FileFormatStore:
         body = json.dumps({"formats": rows, "files": files}).encode()
         try:
             with atomic_file(entry, prefix=f".{entry.stem[:16]}.") as tmp:
-                tmp.write(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+                tmp.write(checksummed(body))
         except OSError as e:
             fix = folder_refuses(self.directory, e) or "check its permissions"
             warn_once(logger,
@@ -178,10 +180,7 @@ def _load(entry: Path) -> Kept | None:
         return None
     raw, read = found
     try:
-        checksum, _, body = raw.partition(b"\n")
-        if hashlib.sha256(body).hexdigest().encode() != checksum:
-            raise ValueError("its checksum disagrees with its contents (a write cut short, or damage)")
-        return _parsed(json.loads(body))
+        return _parsed(json.loads(checked_body(raw)))
     except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
         discard_damaged_entry(
             entry, read, logger, what="video file header cache", problem=e, instead="reading the headers"
