@@ -155,6 +155,8 @@ def _check(args: argparse.Namespace) -> int:
         raise _CommandError(f"--workers must be an int >= 0 (0: this process), got {args.workers}")
     if args.show < 0:
         raise _CommandError(f"--show must be an int >= 0 (problems printed in full), got {args.show}")
+    if args.redecode and not args.decode:
+        raise _CommandError("--redecode decodes again the frames --decode skips: add --decode")
     each = _each_dataset(args)
     _show_check_progress(args)
     as_one = args.concat or args.rename_map is not None
@@ -244,12 +246,17 @@ def _check_one(args: argparse.Namespace, reader: LeRobotDatasetReader | None = N
         enabled=not args.json,
     ) as progress:
         report = check_dataset(
-            reader, timestamp_source=source, tolerance_s=tolerance, decode=args.decode, workers=args.workers,
-            progress=progress,
+            reader, timestamp_source=source, tolerance_s=tolerance, decode=args.decode, redecode=args.redecode,
+            workers=args.workers, progress=progress,
         )  # fmt: skip
     if args.json:
         return report.to_json()
     decoded = f", {report.frames_decoded} frames decoded" if args.decode else ""
+    if report.frames_verified_before:
+        decoded += (
+            f" ({report.video_files_verified_before} video files and {report.frames_verified_before} frames skipped: "
+            "decoded by an earlier check, unchanged since; --redecode decodes them again)"
+        )
     print(
         f"{report.source}: {report.episodes} episodes, {report.rows} rows, {report.video_files} video files"
         f"{decoded} checked in {report.seconds:.1f} s (timestamp_source={_said(args.timestamp_source)}, "
@@ -482,7 +489,16 @@ def _parser() -> argparse.ArgumentParser:
         "--tolerance-s", nargs="+", type=float, default=[DEFAULT_TOLERANCE_S],
         help=f"max |frame pts - row time|, as the run will (default {DEFAULT_TOLERANCE_S:g}): one, or one per dataset",
     )  # fmt: skip
-    check.add_argument("--decode", action="store_true", help="also decode every frame and image the rows read")
+    check.add_argument(
+        "--decode", action="store_true",
+        help="also decode every frame and image the rows read (but the frames of local videos an earlier check "
+        "decoded without a fault, unchanged since)",
+    )  # fmt: skip
+    check.add_argument(
+        "--redecode", action="store_true",
+        help="with --decode, decode those frames again too (a new lerobot_dali check, PyAV or FFmpeg decodes them "
+        "again by itself)",
+    )  # fmt: skip
     check.add_argument(
         "--workers", type=int, metavar="N",
         help="processes checking episodes (0: this one; default: the CPUs, at most 8, to decode, for remote files or "

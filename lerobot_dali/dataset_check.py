@@ -10,7 +10,9 @@ keyframe, as a shuffled run enters it) and every image. It lists every problem a
 have raised it. Episodes are checked in worker processes, those sharing a data file together, from one decode of
 the file's row groups (:class:`~.episode_rows.DecodedGroups`). Each video file's packet index is kept on disk with
 the file's stamp (:mod:`.packet_index_store`), as the iterator keeps it: a second check, or a run after a check,
-demuxes only the files changed since (15,000 episodes of three cameras checked again: 16 s of CPU, not 50).
+demuxes only the files changed since (15,000 episodes of three cameras checked again: 16 s of CPU, not 50). Likewise
+``decode=True`` keeps which frames of each local file decoded without a fault (:mod:`.verified_decode_store`): a check
+again decodes only the files changed since, and the frames it had not decoded (``redecode=True``: all again).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from .packet_index_cache import PacketIndexCache
 from .packet_index_store import PacketIndexStore
 from .said_once import warn_once
 from .value_checks import check_choice, check_int
+from .verified_decode_store import PendingVerdicts, Verdict, VerifiedDecodeStore, local_verdict
+from .video_source import local_video_path
 from .worker_start import log_like_trainer, package_log_level, skipping_main
 
 __all__ = ["CheckReport", "Problem", "check_dataset", "default_workers"]
@@ -79,6 +83,10 @@ class CheckReport:
     video_files: int = 0
     #: Distinct frames decoded (``decode=True``): video frames and images.
     frames_decoded: int = 0
+    #: Video frames not decoded (``decode=True``) since an earlier check decoded them, of the files unchanged since.
+    frames_verified_before: int = 0
+    #: Video files none of whose frames were decoded (``decode=True``), an earlier check having decoded them all.
+    video_files_verified_before: int = 0
     #: The problems found, in episode order; past ``max_problems`` only counted (in ``problem_kinds``).
     problems: list[Problem] = field(default_factory=list)
     #: How many problems of each kind, ``"<error> in <camera or 'rows'>"``, most common first.
@@ -97,6 +105,19 @@ class CheckReport:
         return {**asdict(self), "ok": self.ok, "problem_count": self.problem_count}
 
 
+@dataclass
+class _Decodes:
+    """What one task's video decodes did (``decode=True``), besides the frames they decoded."""
+
+    #: Frames not decoded, an earlier check having decoded them from the file as it is now.
+    frames_verified_before: int = 0
+    #: Files some of whose frames were decoded; files some of whose frames were not, as verified before.
+    files_decoded: set[str] = field(default_factory=set)
+    files_verified_before: set[str] = field(default_factory=set)
+    #: (dataset, verdict) of each local file's frames that decoded without a fault, to keep.
+    verdicts: list[tuple[str, Verdict]] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class _Tally:
     """One task's part of the report."""
@@ -106,6 +127,7 @@ class _Tally:
     video_files: frozenset[str]
     frames_decoded: int
     problems: tuple[Problem, ...]
+    decodes: _Decodes
 
 
 @dataclass
@@ -127,6 +149,8 @@ class _EpisodeChecker:
     index_store: PacketIndexStore
     #: Cameras every run sends to the workers: depth maps, and a union's whose datasets' first files differ in codec.
     workers_only: set[str] = field(default_factory=set)
+    #: Passes of earlier checks (``decode=True``, local files): frames of a file at a stamp not decoded again.
+    verified: frozenset[Verdict] = frozenset()
     _indexes: PacketIndexCache = field(default_factory=lambda: _index_cache())
     _decoder: CpuFrameDecoder = field(
         default_factory=lambda: CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
@@ -145,6 +169,7 @@ class _EpisodeChecker:
     def check(self, positions: Sequence[int]) -> _Tally:
         """Check episodes ``positions`` (of one data file, :func:`_tasks`: its row groups decoded once for all)."""
         rows_read, files, decoded, problems = 0, set(), 0, []
+        done = _Decodes()
         groups = DecodedGroups()
         for pos in positions:
             episode_index = int(self.reader.episodes.episode_index[pos])
@@ -162,7 +187,9 @@ class _EpisodeChecker:
                 try:
                     video, index = self.packet_index(pos, camera)
                     files.add(video.path)
-                    decoded += self._check_video(pos, camera, rows, video, index)
+                    frames = self._check_video(pos, camera, rows, video, index)
+                    if self.decode and frames.size:
+                        decoded += self._decode_video(pos, video, index, frames, done)
                 except Exception as e:
                     problems.append(self._problem(pos, episode_index, camera, e))
             for camera in self.reader.image_keys:
@@ -170,7 +197,7 @@ class _EpisodeChecker:
                     decoded += self._check_images(pos, camera, len(rows["frame_index"]), groups)
                 except Exception as e:
                     problems.append(self._problem(pos, episode_index, camera, e))
-        return _Tally(len(positions), rows_read, frozenset(files), decoded, tuple(problems))
+        return _Tally(len(positions), rows_read, frozenset(files), decoded, tuple(problems), done)
 
     def _check_tasks(self, pos: int, rows: dict[str, np.ndarray], episode_index: int) -> None:
         if "task_index" not in rows:
@@ -196,8 +223,8 @@ class _EpisodeChecker:
 
     def _check_video(
         self, pos: int, camera: str, rows: dict[str, np.ndarray], video: VideoRef, index: PacketIndex
-    ) -> int:
-        """Frames decoded (``decode=True``) of episode ``pos``'s rows in ``video`` of ``camera``."""
+    ) -> np.ndarray:
+        """The display frames of ``video`` (of ``camera``) that episode ``pos``'s rows read, distinct and sorted."""
         reader = self.reader
         expected = self.formats.get(camera)
         if expected is not None:
@@ -217,9 +244,23 @@ class _EpisodeChecker:
             reader, pos, camera, rows, every_row, index,
             timestamp_source=self.timestamp_source, tolerance_s=self.tolerance_s, video=video,
         )  # fmt: skip
-        if not self.decode or not numbers.size:
+        return np.unique(numbers)
+
+    def _decode_video(self, pos: int, video: VideoRef, index: PacketIndex, frames: np.ndarray, done: _Decodes) -> int:
+        """Frames decoded of ``frames`` of ``video``: none where an earlier check decoded them from the file as it is
+        now (a local one), and a pass kept where they decode and the file did not change meanwhile."""
+        fs = self.reader.location.fs
+        path = local_video_path(video.path, filesystem=fs)
+        before = local_verdict(path, frames)
+        if before is not None and before in self.verified:
+            done.frames_verified_before += len(frames)
+            done.files_verified_before.add(video.path)
             return 0
-        return self._decoder.verify(video.path, index, np.unique(numbers), filesystem=reader.location.fs)
+        done.files_decoded.add(video.path)
+        decoded = self._decoder.verify(video.path, index, frames, filesystem=fs)
+        if before is not None and local_verdict(path, frames) == before:  # (a file rewritten meanwhile: none kept)
+            done.verdicts.append((self.reader.source_of(pos), before))
+        return decoded
 
     def _check_images(self, pos: int, camera: str, length: int, groups: DecodedGroups) -> int:
         images = self.reader.read_episode_images(pos, camera, decoded=groups)
@@ -265,6 +306,7 @@ def check_dataset(
     timestamp_source: TimestampSource | str = TimestampSource.PARQUET_TIMESTAMP,
     tolerance_s: float = DEFAULT_TOLERANCE_S,
     decode: bool = False,
+    redecode: bool = False,
     workers: int | None = None,
     progress: Callable[[int], None] | None = None,
     max_problems: int = 10_000,
@@ -272,8 +314,9 @@ def check_dataset(
     """Check every episode of ``reader`` (its selection of episodes, cameras and keys) as the iterator's workers
     read it, with the same ``timestamp_source`` and ``tolerance_s``, listing every problem.
 
-    ``workers`` processes (0: this one; None: :func:`default_workers`) share the episodes; ``progress(n)`` is
-    called as each ``n`` more are done.
+    ``decode``: every frame the rows read decoded too, but those an earlier check decoded from a local file unchanged
+    since (:mod:`.verified_decode_store`); ``redecode``: those too. ``workers`` processes (0: this one; None:
+    :func:`default_workers`) share the episodes; ``progress(n)`` is called as each ``n`` more are done.
     Past ``max_problems`` (a fault every episode shares, in a big dataset) problems are counted, not kept.
     Raises TypeError for a path: open it as the run will (its cameras, keys and episodes) and pass the reader.
     """
@@ -296,22 +339,39 @@ def check_dataset(
         # it, loads each unchanged file's index instead of demuxing it (15,000 episodes: 450 files, ~0.1 s each).
         index_store=PacketIndexStore(),
     )
+    verdicts = PendingVerdicts(VerifiedDecodeStore()) if decode and reader.location.is_local else None
+    if verdicts is not None and not redecode:
+        sources = dict.fromkeys(reader.source_of(pos) for pos in range(reader.num_episodes))  # (a union's datasets)
+        checker.verified = frozenset(v for source in sources for v in verdicts.store.verdicts(source))
     warn_undeclared_columns(reader)
     _set_references(checker)
     report = CheckReport(source=reader.location.description)
     files: set[str] = set()
+    decoded_files: set[str] = set()
+    skipped_files: set[str] = set()  # (those of them never decoded here: verified before, all their frames)
     kinds: Counter[str] = Counter()
     most = max(1, min(_TASK_EPISODES, -(-reader.num_episodes // (4 * max(workers, 1)))))
-    for tally in _tallies(checker, list(_tasks(reader, most)), workers):
-        report.episodes += tally.episodes
-        report.rows += tally.rows
-        report.frames_decoded += tally.frames_decoded
-        report.problems.extend(tally.problems[: max(0, max_problems - len(report.problems))])
-        kinds.update(f"{p.error} in {p.camera or 'rows'}" for p in tally.problems)
-        files |= tally.video_files
-        if progress is not None:
-            progress(tally.episodes)
+    try:
+        for tally in _tallies(checker, list(_tasks(reader, most)), workers):
+            report.episodes += tally.episodes
+            report.rows += tally.rows
+            report.frames_decoded += tally.frames_decoded
+            report.frames_verified_before += tally.decodes.frames_verified_before
+            report.problems.extend(tally.problems[: max(0, max_problems - len(report.problems))])
+            kinds.update(f"{p.error} in {p.camera or 'rows'}" for p in tally.problems)
+            files |= tally.video_files
+            decoded_files |= tally.decodes.files_decoded
+            skipped_files |= tally.decodes.files_verified_before
+            if verdicts is not None:
+                verdicts.add(tally.decodes.verdicts)
+            if progress is not None:
+                progress(tally.episodes)
+    finally:  # (a check cut short keeps what it verified)
+        if verdicts is not None:
+            verdicts.save()
+            verdicts.store.prune_unused()
     report.video_files = len(files)
+    report.video_files_verified_before = len(skipped_files - decoded_files)
     report.problem_kinds = dict(kinds.most_common())
     report.problems.sort(key=lambda p: (p.dataset, p.episode_index, p.camera or ""))
     report.seconds = time.perf_counter() - started

@@ -313,3 +313,118 @@ def test_a_remote_dataset_is_checked_as_a_local_one(make_ds, copy_ds) -> None:
         report = check_dataset(remote, decode=True, workers=2)
     assert _found(report) == {(2, CAM1, "MissingDataFileError"), (3, CAM1, "MissingDataFileError")}
     assert (report.episodes, report.rows, report.video_files, report.frames_decoded) == (5, 60, 5, 120 - 24)
+
+
+def _counting_decodes(monkeypatch) -> list[tuple[str, int]]:
+    """(video file under the dataset's ``videos``, first frame) of each video decode the checks in this process make."""
+    from lerobot_dali.cpu_decode import CpuFrameDecoder
+
+    decodes: list[tuple[str, int]] = []
+    plain = CpuFrameDecoder.verify
+
+    def counted(self, source, index, frame_indices, **kwargs):
+        decodes.append((str(source).split("/videos/")[-1], int(np.min(frame_indices))))  # (a path, or a URL)
+        return plain(self, source, index, frame_indices, **kwargs)
+
+    monkeypatch.setattr(CpuFrameDecoder, "verify", counted)
+    return decodes
+
+
+def _decoded_once(make_ds, copy_ds, monkeypatch) -> tuple[Path, list[tuple[str, int]]]:
+    """A copy of a SPEC dataset checked with ``decode=True`` once, and the list the decodes of later checks go to."""
+    root = copy_ds(make_ds(**SPEC))
+    decodes = _counting_decodes(monkeypatch)
+    first = check_dataset(open_dataset(root), decode=True, workers=0)
+    assert first.ok and first.frames_decoded == 120 and len(decodes) == 10  # (5 episodes x 2 cameras)
+    decodes.clear()
+    return root, decodes
+
+
+def test_a_second_decode_check_decodes_nothing_unchanged(make_ds, copy_ds, monkeypatch) -> None:
+    """Every check decoded every frame again, unchanged files too (hours for a large dataset); now a pass is kept with
+    the file's stamp and the frames decoded, and a check again decodes only what changed, or failed, since."""
+    root, decodes = _decoded_once(make_ds, copy_ds, monkeypatch)
+    again = check_dataset(open_dataset(root), decode=True, workers=0)
+    assert again.ok and decodes == []
+    assert (again.frames_decoded, again.frames_verified_before, again.video_files_verified_before) == (0, 120, 6)
+    assert (again.episodes, again.rows, again.video_files) == (5, 60, 6)  # (the rows are all read and looked up)
+
+
+def test_a_file_changed_since_is_decoded_again(make_ds, copy_ds, monkeypatch) -> None:
+    root, decodes = _decoded_once(make_ds, copy_ds, monkeypatch)
+    # Camera 0's second file (episodes 2 and 3) rewritten as it was, size and mtime kept: its ctime is another.
+    video = root / f"videos/{CAM0}/chunk-000/file-001.mp4"
+    st = video.stat()
+    video.write_bytes(video.read_bytes())
+    os.utime(video, ns=(st.st_atime_ns, st.st_mtime_ns))
+    rewritten = check_dataset(open_dataset(root), decode=True, workers=0)
+    assert rewritten.ok and sorted(decodes) == [(f"{CAM0}/chunk-000/file-001.mp4", f) for f in (0, 12)]
+    done = (rewritten.frames_decoded, rewritten.frames_verified_before, rewritten.video_files_verified_before)
+    assert done == (24, 96, 5)
+
+
+def test_frames_that_failed_are_decoded_again_and_fail_again(make_ds, copy_ds, monkeypatch) -> None:
+    root, decodes = _decoded_once(make_ds, copy_ds, monkeypatch)
+    # Damaged where episode 3's frames decode from: it fails on every check, never kept as a pass; episode 2's frames
+    # of the same file decode, and are not decoded again.
+    video = root / f"videos/{CAM0}/chunk-000/file-001.mp4"
+    index = build_packet_index(video)
+    _damage_keyframe(video, index, int(np.flatnonzero(index.pts == index.frame_pts[16])[0]))
+    for decoded in ([(f"{CAM0}/chunk-000/file-001.mp4", f) for f in (0, 12)], [(f"{CAM0}/chunk-000/file-001.mp4", 12)]):
+        decodes.clear()
+        damaged = check_dataset(open_dataset(root), decode=True, workers=0)
+        assert _found(damaged) == {(3, CAM0, "VideoDecodeError")} and sorted(decodes) == decoded
+    assert (damaged.frames_decoded, damaged.frames_verified_before, damaged.video_files_verified_before) == (0, 108, 5)
+
+
+def test_redecode_decodes_every_frame_again(make_ds, copy_ds, monkeypatch) -> None:
+    root, decodes = _decoded_once(make_ds, copy_ds, monkeypatch)
+    forced = check_dataset(open_dataset(root), decode=True, redecode=True, workers=0)
+    assert forced.ok and len(decodes) == 10
+    assert (forced.frames_decoded, forced.frames_verified_before, forced.video_files_verified_before) == (120, 0, 0)
+    decodes.clear()  # (and keeps what it decoded)
+    assert check_dataset(open_dataset(root), decode=True, workers=0).frames_verified_before == 120 and decodes == []
+
+
+def test_passes_are_kept_per_decoder_and_frames_and_never_for_remote_files(make_ds, copy_ds, monkeypatch) -> None:
+    root, decodes = _decoded_once(make_ds, copy_ds, monkeypatch)
+    # Other frames of a file (one camera's rows moved a frame on, in both files that hold episodes 0-3) are decoded.
+    _edit_rows(root, lambda t: _set_where(t, "timestamp", 1, lambda v: v + 1 / FPS))
+    moved = check_dataset(open_dataset(root), decode=True, workers=0, tolerance_s=1.5 / FPS)  # (its last row: 0.1 s on)
+    assert moved.ok and sorted(decodes) == [(f"{cam}/chunk-000/file-000.mp4", 13) for cam in (CAM0, CAM1)]
+    assert (moved.frames_decoded, moved.frames_verified_before) == (2 * 11, 96)  # (frames 13-23, the last read twice)
+    # Another PyAV or FFmpeg (or checks of another STORE_FORMAT) decodes everything again.
+    from lerobot_dali import verified_decode_store
+
+    monkeypatch.setattr(verified_decode_store, "decoder_versions", lambda: ["another decoder"])
+    decodes.clear()
+    other = check_dataset(open_dataset(root), decode=True, workers=0, tolerance_s=1.5 / FPS)
+    assert other.frames_decoded == 118 and len(decodes) == 10
+    # Remote files' passes are not kept: each check decodes them again.
+    with serve_folder(root.parent) as server:
+        for _ in range(2):
+            decodes.clear()
+            remote = check_dataset(
+                open_dataset(f"{server.url}/{root.name}"), decode=True, workers=0, tolerance_s=1.5 / FPS
+            )
+            assert remote.ok and (remote.frames_decoded, remote.frames_verified_before) == (118, 0)
+            assert len(decodes) == 10
+
+
+def test_the_command_says_what_it_skipped_and_decodes_it_again_when_asked(make_ds, copy_ds, capsys) -> None:
+    root = copy_ds(make_ds(**SPEC))
+    assert main(["check", str(root), "--decode", "--workers", "2"]) == 0  # (the workers' passes are kept too)
+    assert "6 video files, 120 frames decoded checked in" in capsys.readouterr().out
+    assert main(["check", str(root), "--decode", "--workers", "0"]) == 0
+    assert "0 frames decoded (6 video files and 120 frames skipped: decoded by an earlier check, unchanged since; " \
+        "--redecode decodes them again)" in capsys.readouterr().out  # fmt: skip
+    assert main(["check", str(root), "--decode", "--redecode", "--workers", "0", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["frames_decoded"], report["frames_verified_before"], report["video_files_verified_before"]) == (
+        120, 0, 0
+    )  # fmt: skip
+    assert main(["check", str(root), "--redecode"]) == 2
+    assert (
+        capsys.readouterr().err
+        == "lerobot-dali check: --redecode decodes again the frames --decode skips: add --decode\n"
+    )

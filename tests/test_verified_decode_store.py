@@ -1,0 +1,66 @@
+"""The passes ``check --decode`` keeps (:mod:`.verified_decode_store`): what a check again skips is only what an
+entry holds at the file's stamp now, and an entry that cannot be read or written costs decodes, never a wrong pass."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from lerobot_dali.file_format_store import STAMPS_PER_FILE
+from lerobot_dali.verified_decode_store import VerifiedDecodeStore, decoder_versions, local_verdict
+
+
+def test_a_verdict_is_the_files_stamp_now_and_the_frames(tmp_path: Path) -> None:
+    video = tmp_path / "a.mp4"
+    video.write_bytes(b"x" * 10)
+    frames = np.arange(4)
+    verdict = local_verdict(str(video), frames)
+    assert verdict is not None and verdict[:2] == (str(video), 10) and verdict[2].startswith("stat:")
+    assert local_verdict(str(video), frames) == verdict
+    assert local_verdict(str(video), np.arange(1, 5)) != verdict  # (other frames)
+    st = video.stat()
+    video.write_bytes(b"y" * 10)
+    os.utime(video, ns=(st.st_atime_ns, st.st_mtime_ns))  # (size and mtime as they were: its ctime is another)
+    assert local_verdict(str(video), frames) != verdict
+    assert local_verdict(None, frames) is None and local_verdict(str(tmp_path / "gone.mp4"), frames) is None
+    versions = decoder_versions()
+    assert "pyav" in versions and any(name == "libavcodec" for name, _ in versions[-1])
+
+
+def test_passes_merge_and_each_file_keeps_its_newest_stamps(tmp_path: Path) -> None:
+    store = VerifiedDecodeStore(tmp_path)
+    store.keep("/data/a", [("/data/a/v.mp4", 1, "stat:1", "f0")])
+    store.keep("/data/a", [("/data/a/v.mp4", 1, "stat:1", "f1"), ("/data/a/w.mp4", 2, "stat:2", "f0")])
+    assert store.verdicts("/data/a") == [
+        ("/data/a/v.mp4", 1, "stat:1", "f0"),
+        ("/data/a/v.mp4", 1, "stat:1", "f1"),
+        ("/data/a/w.mp4", 2, "stat:2", "f0"),
+    ]
+    assert store.verdicts("/data/b") == []  # (an entry per dataset)
+    # A file rewritten again and again: only its last stamps' passes are kept.
+    store.keep("/data/a", [("/data/a/v.mp4", 1, f"stat:{n}", "f0") for n in range(2, 2 + STAMPS_PER_FILE)])
+    kept = store.verdicts("/data/a")
+    assert {version for path, _, version, _ in kept if path.endswith("v.mp4")} == {
+        f"stat:{n}" for n in range(2, 2 + STAMPS_PER_FILE)
+    }
+    assert ("/data/a/w.mp4", 2, "stat:2", "f0") in kept
+
+
+def test_a_damaged_entry_is_deleted_and_an_unwritable_folder_warned_of(tmp_path: Path, caplog) -> None:
+    store = VerifiedDecodeStore(tmp_path / "store")
+    store.keep("/data/a", [("/data/a/v.mp4", 1, "stat:1", "f0")])
+    entry = store.entry_for("/data/a")
+    entry.write_bytes(entry.read_bytes()[:-5])  # (a write cut short)
+    with caplog.at_level(logging.WARNING):
+        assert store.verdicts("/data/a") == []
+    assert "verified decode cache" in caplog.text and not entry.exists()
+    blocked = VerifiedDecodeStore(tmp_path / "a file")
+    (tmp_path / "a file").write_text("")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        blocked.keep("/data/a", [("/data/a/v.mp4", 1, "stat:1", "f0")])  # (never raised)
+    assert "every check decodes them again: make it a writable folder" in caplog.text
+    assert blocked.verdicts("/data/a") == []
