@@ -49,6 +49,7 @@ import numpy as np
 
 from .episode_pieces import EpisodePieces
 from .errors import ShardingError
+from .pickled_columns import narrowed, widened
 from .said_once import warn_once
 from .saved_walk import SavedWalk, WalkMismatchError
 from .value_checks import check_choice, check_int
@@ -534,6 +535,9 @@ class SampleOrder:
         )
         self._lengths = self._pieces.length
         self._resumed = resumed_epoch
+        #: Draws per unit the resumed epoch's segments took (each old rank's prefix replayed): computed once, and
+        #: pickled, so a copy (each DALI worker's, the prefetcher's) does not replay them all again.
+        self._residual: np.ndarray | None = None
         self._plans: OrderedDict[int, _EpochPlan] = OrderedDict()
         self._permutations: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
         #: Walk states of epochs' pools from the copy this one was unpickled from, adopted when a plan is built.
@@ -573,11 +577,15 @@ class SampleOrder:
         state["_permutations"] = OrderedDict()
         del state["_lengths"]  # (its pieces' lengths: pickled with them, narrowed)
         del state["_lock"]
+        if self._residual is not None:
+            state["_residual"] = narrowed(self._residual)
         state["_saved_walk"] = None  # (its pool walk is the plan's, which the copy builds again)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state.setdefault("_walks", {})
+        residual = state.get("_residual")
+        state["_residual"] = widened(residual, {}) if residual is not None else None
         self.__dict__.update(state)
         self._lengths = self._pieces.length
         self._lock = threading.Lock()
@@ -727,10 +735,8 @@ class SampleOrder:
         return plan
 
     def _build_plan(self, epoch: int) -> _EpochPlan:
-        consumed = np.zeros_like(self._lengths)
         segments = self._resumed.segments if self._resumed is not None and self._resumed.epoch == epoch else ()
-        for index, seg in enumerate(segments):
-            consumed = self._consume(epoch, index, seg, consumed)
+        consumed = self._consumed_by(epoch, segments) if segments else np.zeros_like(self._lengths)
         segment = len(segments)
         remaining = self._lengths - consumed
         if segment and np.count_nonzero(remaining) < self._world_size:
@@ -799,6 +805,15 @@ class SampleOrder:
             interval=interval,
         )
         return _EpochPlan(rank_counts, target, stream, simulator)
+
+    def _consumed_by(self, epoch: int, segments: tuple[ConsumedSegment, ...]) -> np.ndarray:
+        """Draws per unit ``segments`` (the resumed ``epoch``'s) took, replayed once."""
+        if self._residual is None:
+            consumed = np.zeros_like(self._lengths)
+            for index, seg in enumerate(segments):
+                consumed = self._consume(epoch, index, seg, consumed)
+            self._residual = consumed
+        return self._residual
 
     def _consume(self, epoch: int, segment: int, seg: ConsumedSegment, consumed: np.ndarray) -> np.ndarray:
         """Draws per episode after every rank of ``seg`` took its first ``samples_consumed`` samples.
