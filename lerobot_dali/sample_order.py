@@ -815,10 +815,43 @@ class SampleOrder:
             self._residual = consumed
         return self._residual
 
-    def _consume(self, epoch: int, segment: int, seg: ConsumedSegment, consumed: np.ndarray) -> np.ndarray:
+    def resume_from(self, earlier: SampleOrder, walk: SavedWalk | None = None) -> None:
+        """Start this order's resumed epoch from what ``earlier`` replayed of it: ``earlier`` is an order of the ranks
+        that took its last segment (resumed from the segments before). Only that last segment's ranks are replayed
+        then, ~0.2 us of CPU a sample of each (8 ranks at 95% of an epoch of 92,000 episodes: 5 s), but the rank whose
+        ``walk`` (:meth:`walk_state` at that segment's position) is given, which starts there. Raises
+        :class:`~.saved_walk.WalkMismatchError` where ``walk`` claims that position but does not fit."""
+        resumed = self._resumed
+        if resumed is None or not resumed.segments:
+            raise ValueError("resume_from needs an order whose resumed epoch has segments (resumed_epoch=)")
+        *before, last = resumed.segments
+        same = (
+            earlier._options == self._options
+            and earlier._world_size == last.world_size
+            and np.array_equal(earlier._lengths, self._lengths)
+            and (earlier._resumed.segments if earlier._resumed is not None else ()) == tuple(before)
+            and (earlier._resumed is None or earlier._resumed.epoch == resumed.epoch)
+        )
+        if not same:
+            raise ValueError(
+                f"resume_from needs the order of the {last.world_size} ranks whose segment epoch {resumed.epoch} "
+                f"resumed from (segments {before}), over the same units and options"
+            )
+        if walk is not None and (walk.epoch, walk.samples_consumed) != (resumed.epoch, last.samples_consumed):
+            walk = None  # (not at that segment's position: it says nothing of where those ranks stood)
+        with earlier._lock:
+            consumed = earlier._consumed_by(resumed.epoch, tuple(before)) if before else np.zeros_like(self._lengths)
+        with self._lock:
+            self._residual = self._consume(resumed.epoch, len(before), last, consumed, walk)
+            self._plans.pop(resumed.epoch, None)  # (a plan built before counted on a replay of its own)
+
+    def _consume(
+        self, epoch: int, segment: int, seg: ConsumedSegment, consumed: np.ndarray, walk: SavedWalk | None = None
+    ) -> np.ndarray:
         """Draws per episode after every rank of ``seg`` took its first ``samples_consumed`` samples.
 
-        Replays each old rank's prefix: CPU proportional to the samples consumed, memory O(episodes).
+        Replays each old rank's prefix: CPU proportional to the samples consumed, memory O(episodes); the rank whose
+        pool ``walk`` is (saved at that position) starts there.
         """
         if np.count_nonzero(self._lengths - consumed) < seg.world_size:
             return consumed  # those ranks' epoch had ended (as in _build_plan): they took nothing
@@ -836,6 +869,8 @@ class SampleOrder:
                 before = int(plan.stream_ends[idx - 1]) if idx else 0
                 after[stream.episodes[idx]] = stream.first_draw[idx] + taken - before
             else:
+                if walk is not None and walk.rank == rank:
+                    plan.simulator.adopt_saved(walk, taken)
                 next_admit, slots, drawn = plan.simulator.state_at(taken)
                 done = np.ones(next_admit, dtype=bool)
                 done[slots] = False

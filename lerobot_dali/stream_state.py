@@ -12,8 +12,9 @@ the state carries (:mod:`.saved_walk`), at a cost that does not grow with the po
   (PAD repeats aside), and none is skipped, except by DROP balancing, or when fewer unconsumed episodes are
   left than ranks (then the epoch ends early, logged; a resume of that on fewer ranks before its next batch
   reads them after all). Later epochs are those of a fresh run on the new world size. Computing the residual
-  replays every old rank's consumed prefix: CPU proportional to the samples consumed in the epoch, memory
-  O(episodes).
+  replays every old rank's consumed prefix but the saving rank's (its walk): CPU proportional to the samples
+  consumed in the epoch (~0.2 us a sample; 4.5 s at 95% of an epoch of 92,000 episodes on 8 old ranks), once per
+  rank (DALI's workers get it with the order), memory O(episodes).
 
 The state holds the :class:`~lerobot_dali.sample_order.OrderOptions` that define the order. A resume adopts the
 saved seed (logged) but refuses another shuffle, pool size (when shuffled) or balance (on several ranks): under
@@ -249,6 +250,7 @@ class SampleStream:
             self._order = SampleOrder(self._lengths, rank=rank, world_size=world_size, options=options)
             self._position = (epoch, 0)
             return
+        old = None
         if state.world_size != world_size:
             warn_once(logger,
                 "resuming epoch %d on %d ranks, saved on %d: the rest of the epoch is re-sharded over what "
@@ -269,15 +271,16 @@ class SampleStream:
             segments, consumed = (*segments, ConsumedSegment(state.world_size, consumed)), 0
         resumed = ResumedEpoch(epoch, segments) if segments else None
         order = SampleOrder(self._lengths, rank=rank, world_size=world_size, options=options, resumed_epoch=resumed)
-        if state.world_size == world_size:
+        if old is None:
             _checked_samples(state, order)
             _start_saved_walk(state, order)
         else:
             logger.debug(
-                "resuming on %d ranks a state saved on %d: its position maps to other ranks' shares, which its pool "
-                "walk (rank %s's) cannot serve; every old rank's pool is replayed to it",
+                "resuming on %d ranks a state saved on %d: every old rank's pool is replayed to its position but rank "
+                "%s's, whose walk the state carries",
                 world_size, state.world_size, state.walk.rank if state.walk is not None else "-",
             )  # fmt: skip
+            order.resume_from(old, state.walk)
         self._order, self._position = order, (epoch, consumed)
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from lerobot_dali.errors import ShardingError
-from lerobot_dali.sample_order import OrderOptions, RankBalance, SampleOrder
+from lerobot_dali.sample_order import ConsumedSegment, OrderOptions, RankBalance, ResumedEpoch, SampleOrder
 from lerobot_dali.stream_state import SampleStream
 
 CASES = int(os.environ.get("LEROBOT_DALI_ELASTIC", "300"))
@@ -137,6 +137,24 @@ def test_a_copy_of_an_order_resumed_on_another_world_size_replays_no_old_rank(re
     copy = pickle.loads(pickle.dumps(resumed.order))
     got = copy.samples(0, 0, copy.num_samples(0))
     assert replays == []
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_a_second_change_of_world_size_replays_each_segment_once(replays: list[int]) -> None:
+    """Loading a state saved after one change replayed the first segment twice: for the old ranks' sample count, then
+    for the new plan. The residual is the one a fresh order over those segments replays (the walk aside)."""
+    first = SampleStream(LENGTHS, rank=0, world_size=3, batch_size=7, options=OPTIONS)
+    first.advance(500)
+    state = _moved(first.state_dict(), 2, 300).state_dict()
+    assert state["prior_segments"] == [[3, 500]]
+    replays.clear()
+    resumed = _moved(state, 4, 0, rank=3)
+    assert resumed.num_samples() and replays == [0, 1]
+    segments = (ConsumedSegment(3, 500), ConsumedSegment(2, 300))
+    fresh = SampleOrder(LENGTHS, rank=3, world_size=4, options=OPTIONS, resumed_epoch=ResumedEpoch(0, segments))
+    want = fresh.samples(0, 0, fresh.num_samples(0))
+    got = resumed.order.samples(0, 0, resumed.num_samples())
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
 

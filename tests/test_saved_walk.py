@@ -152,12 +152,30 @@ def test_a_state_edited_to_another_position_replays_to_it(chunk_starts: list[int
     assert chunk_starts[0] == 0
 
 
-def test_a_resume_on_another_world_size_replays_the_old_ranks(caplog) -> None:
-    state = _saved(1500, rank=0, world_size=2)
-    resumed = _stream(0, 3)
-    with caplog.at_level(logging.DEBUG, logger="lerobot_dali.stream_state"):
+def test_a_resume_on_another_world_size_starts_the_saving_ranks_replay_at_its_walk(chunk_starts: list[int]) -> None:
+    """The residual of the epoch needs every old rank's pool at the position: the saving rank's starts at the walk
+    its state carries (one chunk), the others' are replayed; the rest of the epoch is what a replay of all gives.
+    Before, the walk was left out and that rank's pool replayed too (all of the replay from 1 rank, an eighth from
+    8)."""
+    state = _saved(6000)
+    replayed = _stream(1, 2)
+    replayed.load_state_dict({k: v for k, v in state.items() if k != "walk"})
+    whole = _rest(replayed)
+    chunk_starts.clear()
+    resumed = _stream(1, 2)
+    resumed.load_state_dict(state)
+    resumed.num_samples()  # (the plan over the residual)
+    assert min(chunk_starts) == state["walk"]["emitted"] > 6000 - 200  # (one chunk of the old rank's, then the new)
+    assert _rest(resumed) == whole
+
+
+def test_a_walk_that_does_not_fit_the_old_ranks_plan_is_refused_on_another_world_size() -> None:
+    state = _saved(3000)
+    state["walk"]["emitted"] += 1
+    resumed = _stream(0, 2)
+    with pytest.raises(WalkMismatchError, match="draws behind it"):
         resumed.load_state_dict(state)
-    assert "its position maps to other ranks' shares, which its pool walk (rank 0's) cannot serve" in caplog.text
+    assert (resumed.order.world_size, resumed.samples_consumed) == (2, 0)
 
 
 @pytest.mark.parametrize(
