@@ -451,6 +451,8 @@ class DALILeRobotIterator:
                 try:
                     self._stream.advance(len(batch["index"]))
                     self._pipeline_next = (self._stream.epoch, self._stream.samples_consumed)
+                    if self._num_workers:  # (the workers walk their copies: this one follows, for state_dict)
+                        self._stream.order.follow(self._stream.epoch, self._stream.samples_consumed)
                     if self._prefetcher is not None:
                         self._prefetcher.advance(self._stream.epoch, self._stream.samples_consumed)
                 except BaseException:  # Ctrl-C before the stream counted the batch DALI handed out: rebuild

@@ -541,6 +541,35 @@ def test_a_resume_starts_the_pool_at_the_saved_walk(make_ds, monkeypatch) -> Non
     assert starts[0] == state["walk"]["emitted"]  # (then on into epoch 1, which DALI prefetches)
 
 
+def test_a_state_taken_late_with_workers_walks_a_few_chunks(make_ds, monkeypatch) -> None:
+    """With workers the main process draws no batch, so its order stood at the pass's start: the first state_dict()
+    walked the epoch's pool from there (6 s of CPU 13.7M samples into an epoch of 92,000 episodes). It follows the
+    batches handed out now, a few thousand samples at a time (here 4), and the state is the one the stream holds."""
+    from lerobot_dali import sample_order
+    from lerobot_dali.sample_order import OrderOptions, _PoolSimulator
+    from lerobot_dali.stream_state import SampleStream
+
+    monkeypatch.setattr(sample_order, "_FOLLOW_SAMPLES", 4)
+    root = make_ds(episodes=8, frames_per_episode=30, cameras=0, fps=FPS)
+    it = DALILeRobotIterator(root, batch_size=4, shuffle=True, seed=7, episode_pool_size=2, device="cpu", num_workers=1)
+    batches = iter(it)
+    for _ in range(40):
+        next(batches)
+    starts: list[int] = []
+    chunk = _PoolSimulator._chunk
+    monkeypatch.setattr(
+        _PoolSimulator, "_chunk", lambda self, cursor: starts.append(cursor.emitted) or chunk(self, cursor)
+    )
+    state = it.state_dict()
+    it.close()
+    assert len(starts) <= 1  # (the chunk that holds the position, if the last step stopped before it)
+    stream = SampleStream(
+        np.full(8, 30), rank=0, world_size=1, batch_size=4, options=OrderOptions(seed=7, episode_pool_size=2)
+    )
+    stream.advance(160)
+    assert {k: v for k, v in state.items() if k != "episodes"} == stream.state_dict()
+
+
 def _pairs(batch: dict) -> list[tuple[int, int]]:
     return list(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=True))
 

@@ -256,3 +256,27 @@ def test_a_state_taken_from_another_thread_leaves_the_batches_alone() -> None:
         resumed = _stream()
         resumed.load_state_dict(state)
         assert _rest(resumed) == whole[state["samples_consumed"] :]
+
+
+def test_an_order_that_follows_another_copys_batches_saves_the_same_walks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The iterator's order follows the batches its workers draw (:meth:`SampleOrder.follow`), through a PAD rank's
+    repeats into the next epoch: a state taken anywhere is the one a stream that only counted the samples saves."""
+    from lerobot_dali import sample_order
+
+    monkeypatch.setattr(sample_order, "_FOLLOW_SAMPLES", 50)
+    counts = _stream(0, 7).order.rank_frame_counts(0)
+    rank = int(np.argmin(counts))
+    followed = _stream(rank, 7)
+    total = followed.num_samples()
+    assert total > counts[rank]  # (it repeats its first samples at the end)
+    rng = np.random.default_rng(3)
+    while followed.epoch == 0 or followed.samples_consumed < 300:
+        if followed.samples_consumed == total:
+            followed.set_epoch(1)
+        followed.advance(min(7, followed.num_samples() - followed.samples_consumed))
+        followed.order.follow(followed.epoch, followed.samples_consumed)
+        if rng.random() < 0.05:
+            counted = _stream(rank, 7)
+            counted.set_epoch(followed.epoch)
+            counted.advance(followed.samples_consumed)
+            assert followed.state_dict() == counted.state_dict()
