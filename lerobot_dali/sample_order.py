@@ -51,7 +51,7 @@ from .episode_pieces import EpisodePieces
 from .errors import ShardingError
 from .pickled_columns import narrowed, widened
 from .said_once import warn_once
-from .saved_walk import SavedWalk, WalkMismatchError
+from .saved_walk import SavedWalk, WalkMismatchError, checked_pool
 from .value_checks import check_choice, check_int
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "ConsumedSegment",
     "OrderOptions",
     "RankBalance",
+    "RankPool",
     "ResumedEpoch",
     "SampleOrder",
     "shard_episodes",
@@ -145,16 +146,26 @@ class OrderOptions:
         object.__setattr__(self, "rank_balance", check_choice(RankBalance, "rank_balance", self.rank_balance))
 
 
+RankPool = tuple[int, tuple[int, ...], tuple[int, ...]]
+"""A rank's pool at a position: ``(next_admit, slots, drawn)``, as :class:`~.saved_walk.SavedWalk` names them."""
+
+
 @dataclass(frozen=True)
 class ConsumedSegment:
-    """``samples_consumed`` samples taken by each of ``world_size`` ranks from one plan of an epoch."""
+    """``samples_consumed`` samples taken by each of ``world_size`` ranks from one plan of an epoch.
+
+    ``pools``, where known, is each rank's pool there (shuffled): what it consumed follows from it, where it takes
+    replaying that rank's pool up to there (0.2 us a sample) to know. Not compared: a segment is its counts."""
 
     world_size: int
     samples_consumed: int
+    pools: tuple[RankPool, ...] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_int("world_size", self.world_size, minimum=1)
         check_int("samples_consumed", self.samples_consumed, minimum=0)
+        if self.pools is not None and len(self.pools) != self.world_size:
+            raise ValueError(f"pools must hold one pool per rank ({self.world_size}), got {len(self.pools)}")
 
 
 @dataclass(frozen=True)
@@ -546,6 +557,8 @@ class SampleOrder:
         #: Draws per unit the resumed epoch's segments took (each old rank's prefix replayed): computed once, and
         #: pickled, so a copy (each DALI worker's, the prefetcher's) does not replay them all again.
         self._residual: np.ndarray | None = None
+        #: The resumed epoch's segments, each with its ranks' pools (those replayed or given): what a state saves.
+        self._replayed: tuple[ConsumedSegment, ...] = ()
         self._plans: OrderedDict[int, _EpochPlan] = OrderedDict()
         self._permutations: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
         #: Walk states of epochs' pools from the copy this one was unpickled from, adopted when a plan is built.
@@ -676,7 +689,7 @@ class SampleOrder:
         """Walk the pool along with a consumer at ``position`` of ``epoch`` whose samples other copies of this order
         draw (DALI's workers'), a few thousand samples a step (0.2 us of CPU a sample, as they walk): a
         :meth:`walk_state` there then walks that at most, where one taken first late in an epoch walked its pool up to
-        there (6 s at 13.7M samples of 92,000 episodes)."""
+        there (5 s of CPU at 95% of an epoch of 92,000 episodes)."""
         with self._lock:
             plan = self._plan(epoch)
             natural = plan.stream.natural
@@ -825,13 +838,25 @@ class SampleOrder:
         )
         return _EpochPlan(rank_counts, target, stream, simulator)
 
+    def consumed_segments(self, epoch: int) -> tuple[ConsumedSegment, ...]:
+        """The segments ``epoch`` resumed from (none but for the resumed epoch), each with its ranks' pools at its
+        position where shuffled: a state that carries them resumes without replaying those ranks."""
+        with self._lock:
+            resumed = self._resumed
+            if resumed is None or resumed.epoch != epoch or not resumed.segments:
+                return ()
+            self._consumed_by(epoch, resumed.segments)
+            return self._replayed
+
     def _consumed_by(self, epoch: int, segments: tuple[ConsumedSegment, ...]) -> np.ndarray:
         """Draws per unit ``segments`` (the resumed ``epoch``'s) took, replayed once."""
         if self._residual is None:
             consumed = np.zeros_like(self._lengths)
+            replayed = []
             for index, seg in enumerate(segments):
-                consumed = self._consume(epoch, index, seg, consumed)
-            self._residual = consumed
+                consumed, pools = self._consume(epoch, index, seg, consumed)
+                replayed.append(dataclasses.replace(seg, pools=pools))
+            self._residual, self._replayed = consumed, tuple(replayed)
         return self._residual
 
     def resume_from(self, earlier: SampleOrder, walk: SavedWalk | None = None) -> None:
@@ -860,42 +885,58 @@ class SampleOrder:
             walk = None  # (not at that segment's position: it says nothing of where those ranks stood)
         with earlier._lock:
             consumed = earlier._consumed_by(resumed.epoch, tuple(before)) if before else np.zeros_like(self._lengths)
+            replayed = earlier._replayed if before else ()
         with self._lock:
-            self._residual = self._consume(resumed.epoch, len(before), last, consumed, walk)
+            self._residual, pools = self._consume(resumed.epoch, len(before), last, consumed, walk)
+            self._replayed = (*replayed, dataclasses.replace(last, pools=pools))
             self._plans.pop(resumed.epoch, None)  # (a plan built before counted on a replay of its own)
 
     def _consume(
         self, epoch: int, segment: int, seg: ConsumedSegment, consumed: np.ndarray, walk: SavedWalk | None = None
-    ) -> np.ndarray:
-        """Draws per episode after every rank of ``seg`` took its first ``samples_consumed`` samples.
+    ) -> tuple[np.ndarray, tuple[RankPool, ...] | None]:
+        """Draws per episode after every rank of ``seg`` took its first ``samples_consumed`` samples, and each rank's
+        pool there (None unshuffled, or where those ranks took nothing).
 
-        Replays each old rank's prefix: CPU proportional to the samples consumed, memory O(episodes); the rank whose
-        pool ``walk`` is (saved at that position) starts there.
+        Replays each old rank's prefix: CPU proportional to the samples consumed, memory O(episodes); but where
+        ``seg`` carries the ranks' pools (checked against their plans), and for the rank whose pool ``walk`` is
+        (saved at that position), which starts there.
         """
         if np.count_nonzero(self._lengths - consumed) < seg.world_size:
-            return consumed  # those ranks' epoch had ended (as in _build_plan): they took nothing
+            return consumed, None  # those ranks' epoch had ended (as in _build_plan): they took nothing
         shard = self._shard(epoch, segment, seg.world_size, self._lengths - consumed)
         after = consumed.copy()
+        pools: list[RankPool] = []
         for rank in range(seg.world_size):
             plan = self._plan_for(epoch, segment, rank, shard, consumed)
             stream, natural = plan.stream, plan.stream.natural
             taken = min(seg.samples_consumed, natural)
             if taken == natural:  # everything, and PAD repeats add nothing new
                 after[stream.episodes] = stream.lengths
+                pools.append((stream.episodes.size, (), ()))
             elif plan.simulator is None:
                 idx = int(np.searchsorted(plan.stream_ends, taken, side="right"))
                 after[stream.episodes[:idx]] = stream.lengths[:idx]
                 before = int(plan.stream_ends[idx - 1]) if idx else 0
                 after[stream.episodes[idx]] = stream.first_draw[idx] + taken - before
             else:
-                if walk is not None and walk.rank == rank:
-                    plan.simulator.adopt_saved(walk, taken)
-                next_admit, slots, drawn = plan.simulator.state_at(taken)
+                if seg.pools is not None:
+                    next_admit, slots, drawn = checked_pool(
+                        seg.pools[rank],
+                        lengths=stream.lengths,
+                        first_draw=stream.first_draw,
+                        pool_size=self._options.episode_pool_size,
+                        emitted=taken,
+                    )
+                else:
+                    if walk is not None and walk.rank == rank:
+                        plan.simulator.adopt_saved(walk, taken)
+                    next_admit, slots, drawn = plan.simulator.state_at(taken)
+                pools.append((int(next_admit), tuple(slots.tolist()), tuple(drawn.tolist())))
                 done = np.ones(next_admit, dtype=bool)
                 done[slots] = False
                 after[stream.episodes[:next_admit][done]] = stream.lengths[:next_admit][done]
                 after[stream.episodes[slots]] = drawn
-        return after
+        return after, tuple(pools) if self._options.shuffle else None
 
     # -- draws and frames -------------------------------------------------------------------------
 

@@ -7,7 +7,8 @@ resume start there, at a cost that does not grow with the position (one chunk wa
 
 The walk kept is the one at the chunk boundary at or before the position (chunks are a pure function of it). It
 is plain ints and lists (JSON and ``torch.save`` take it): the pooled episodes' stream indices and draws (at most
-``episode_pool_size`` each) and the Philox state.
+``episode_pool_size`` each) and the Philox state. A state saved after a change of world size also carries each old
+rank's pool at its last position (no generator state: those walks do not go on), checked by :func:`checked_pool`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 from .errors import ResumeStateError
 from .value_checks import is_int
 
-__all__ = ["SavedWalk", "WalkMismatchError"]
+__all__ = ["SavedWalk", "WalkMismatchError", "checked_pool", "pools_from_lists", "pools_to_lists"]
 
 _INT_FIELDS = ("epoch", "samples_consumed", "rank", "emitted", "next_admit")
 #: The Philox state's arrays and their sizes (numpy's ``bit_generator.state``, uint64 words).
@@ -67,7 +68,7 @@ class SavedWalk:
                 "the dict that state_dict() returned, or leave its 'walk' out (the resume then replays the pool)"
             )
         ints = {name: saved[name] for name in _INT_FIELDS}
-        slots, drawn = _int_list(saved["slots"], "slots"), _int_list(saved["drawn"], "drawn")
+        slots, drawn = _int_list(saved["slots"], "walk slots"), _int_list(saved["drawn"], "walk drawn")
         if not all(is_int(value) and value >= 0 for value in ints.values()) or len(slots) != len(drawn):
             raise ResumeStateError(
                 f"stream state walk must hold non-negative ints {list(_INT_FIELDS)} and as many slots as drawn, got "
@@ -114,25 +115,13 @@ class SavedWalk:
         unpadded position the walk must serve. Raises :class:`WalkMismatchError` naming what does not fit."""
         slots = np.asarray(self.slots, dtype=np.int64)
         drawn = np.asarray(self.drawn, dtype=np.int64)
-        stream_size = lengths.size
         problem = None
         if list(self.rng["key"]) != [int(v) for v in start_rng["state"]["key"]]:
             problem = "its generator key is not this plan's (another seed, epoch, world size or rank)"
-        elif self.next_admit > stream_size or np.any(slots < 0) or np.any(slots >= self.next_admit):
-            problem = f"its pool (next admitted {self.next_admit}) is not of this rank's {stream_size} episodes"
-        elif np.any(np.diff(slots) <= 0):
-            problem = "its pooled episodes are not in admission order"
-        elif slots.size != min(pool_size, stream_size) and self.next_admit < stream_size:
-            problem = f"its pool holds {slots.size} episodes, not episode_pool_size={pool_size}"
-        elif np.any(drawn < first_draw[slots]) or np.any(drawn >= lengths[slots]):
-            problem = "its draws per pooled episode do not fit those episodes' lengths"
+        elif self.emitted > natural_position:
+            problem = f"it stands at draw {self.emitted}, past the position it serves ({natural_position})"
         else:
-            admitted = int((lengths[: self.next_admit] - first_draw[: self.next_admit]).sum())
-            emitted = admitted - int((lengths[slots] - drawn).sum())
-            if emitted != self.emitted:
-                problem = f"its episodes give {emitted} draws behind it, not the {self.emitted} it says"
-            elif self.emitted > natural_position:
-                problem = f"it stands at draw {self.emitted}, past the position it serves ({natural_position})"
+            problem = _pool_problem(self.next_admit, slots, drawn, lengths, first_draw, pool_size, self.emitted)
         if problem is not None:
             raise WalkMismatchError(
                 f"the pool walk this stream state carries does not fit this stream: {problem}. The state belongs to "
@@ -155,9 +144,73 @@ class SavedWalk:
             raise WalkMismatchError(f"the saved pool walk's rng {name} is not uint64 words: {e}") from e
 
 
+def checked_pool(
+    pool: tuple[int, tuple[int, ...], tuple[int, ...]], *, lengths: np.ndarray, first_draw: np.ndarray, pool_size: int,
+    emitted: int,
+) -> tuple[int, np.ndarray, np.ndarray]:  # fmt: skip
+    """``(next_admit, slots, drawn)`` of an old rank's pool after its ``emitted`` draws, as a stream state carries it
+    (:class:`~.sample_order.ConsumedSegment`), once checked against that rank's plan as :meth:`SavedWalk.pool_state`
+    checks a walk. Raises :class:`WalkMismatchError` naming what does not fit."""
+    next_admit, slots, drawn = pool[0], np.asarray(pool[1], dtype=np.int64), np.asarray(pool[2], dtype=np.int64)
+    problem = _pool_problem(next_admit, slots, drawn, lengths, first_draw, pool_size, emitted)
+    if problem is not None:
+        raise WalkMismatchError(
+            f"an earlier world size's pool this stream state carries does not fit this stream: {problem}. The state "
+            "belongs to another dataset, episode selection or order options: resume with those, or leave its "
+            "'segment_pools' out to replay those ranks (slower)"
+        )
+    return next_admit, slots, drawn
+
+
+def _pool_problem(
+    next_admit: int, slots: np.ndarray, drawn: np.ndarray, lengths: np.ndarray, first_draw: np.ndarray,
+    pool_size: int, emitted: int,
+) -> str | None:  # fmt: skip
+    """What keeps a pool (``next_admit``, pooled ``slots`` and their ``drawn``) from being a rank stream's after
+    ``emitted`` draws (its episodes' ``lengths``, ``first_draw`` taken before its plan), or None."""
+    stream_size = lengths.size
+    if next_admit > stream_size or slots.size != drawn.size or np.any(slots < 0) or np.any(slots >= next_admit):
+        return f"its pool (next admitted {next_admit}) is not of this rank's {stream_size} episodes"
+    if np.any(np.diff(slots) <= 0):
+        return "its pooled episodes are not in admission order"
+    if slots.size != min(pool_size, stream_size) and next_admit < stream_size:
+        return f"its pool holds {slots.size} episodes, not episode_pool_size={pool_size}"
+    if np.any(drawn < first_draw[slots]) or np.any(drawn >= lengths[slots]):
+        return "its draws per pooled episode do not fit those episodes' lengths"
+    behind = int((lengths[:next_admit] - first_draw[:next_admit]).sum()) - int((lengths[slots] - drawn).sum())
+    if behind != emitted:
+        return f"its episodes give {behind} draws behind it, not the {emitted} it says"
+    return None
+
+
+def pools_to_lists(pools: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...] | None) -> list[Any] | None:
+    """Old ranks' pools (:class:`~.sample_order.ConsumedSegment`) as a stream state holds them: plain ints and lists."""
+    return None if pools is None else [[next_admit, list(slots), list(drawn)] for next_admit, slots, drawn in pools]
+
+
+def pools_from_lists(saved: object, world_size: int) -> tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...] | None:
+    """What :func:`pools_to_lists` gave, its form checked (one ``[next_admit, slots, drawn]`` per rank of
+    ``world_size``, or None); :func:`checked_pool` checks that each fits its rank's plan."""
+    if saved is None:
+        return None
+    if not isinstance(saved, list | tuple) or len(saved) != world_size:
+        raise ResumeStateError(
+            f"stream state segment_pools must hold, per prior segment, None or one [next_admit, [slots], [drawn]] per "
+            f"rank ({world_size}), got {saved!r}; pass the dict that state_dict() returned, or leave its "
+            "'segment_pools' out (the resume then replays those ranks)"
+        )
+    pools = []
+    for pool in saved:
+        if not isinstance(pool, list | tuple) or len(pool) != 3 or not is_int(pool[0]):
+            raise ResumeStateError(f"stream state segment_pools must hold [next_admit, [slots], [drawn]], got {pool!r}")
+        slots, drawn = _int_list(pool[1], "segment_pools slots"), _int_list(pool[2], "segment_pools drawn")
+        pools.append((int(pool[0]), slots, drawn))
+    return tuple(pools)
+
+
 def _int_list(value: object, name: str) -> tuple[int, ...]:
     if not isinstance(value, list | tuple) or not all(is_int(v) for v in value):
-        raise ResumeStateError(f"stream state walk {name} must be a list of ints, got {value!r}")
+        raise ResumeStateError(f"stream state {name} must be a list of ints, got {value!r}")
     return tuple(int(v) for v in value)
 
 
@@ -166,7 +219,7 @@ def _rng_words(rng: object) -> dict[str, Any]:
     wrong = ResumeStateError(f"stream state walk rng must be a Philox state as state_dict() saves it, got {rng!r}")
     if not isinstance(rng, Mapping) or not all(is_int(rng.get(name)) for name in _RNG_INTS):
         raise wrong
-    arrays = {name: _int_list(rng.get(name), f"rng {name}") for name in _RNG_ARRAYS}
+    arrays = {name: _int_list(rng.get(name), f"walk rng {name}") for name in _RNG_ARRAYS}
     if any(len(arrays[name]) != size for name, size in _RNG_ARRAYS.items()):
         raise wrong
     return arrays | {name: int(rng[name]) for name in _RNG_INTS}

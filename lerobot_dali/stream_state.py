@@ -14,7 +14,8 @@ the state carries (:mod:`.saved_walk`), at a cost that does not grow with the po
   reads them after all). Later epochs are those of a fresh run on the new world size. Computing the residual
   replays every old rank's consumed prefix but the saving rank's (its walk): CPU proportional to the samples
   consumed in the epoch (~0.2 us a sample; 4.5 s at 95% of an epoch of 92,000 episodes on 8 old ranks), once per
-  rank (DALI's workers get it with the order), memory O(episodes).
+  rank (DALI's workers get it with the order), memory O(episodes). States saved in the rest of that epoch carry
+  every old rank's pool at its position (``segment_pools``, ~130 ints a rank), so a later resume replays none.
 
 The state holds the :class:`~lerobot_dali.sample_order.OrderOptions` that define the order. A resume adopts the
 saved seed (logged) but refuses another shuffle, pool size (when shuffled) or balance (on several ranks): under
@@ -36,7 +37,7 @@ import numpy as np
 from .errors import ResumeStateError
 from .said_once import say_once, warn_once
 from .sample_order import ConsumedSegment, OrderOptions, RankBalance, ResumedEpoch, SampleOrder
-from .saved_walk import SavedWalk
+from .saved_walk import SavedWalk, pools_from_lists, pools_to_lists
 from .value_checks import check_int_fields
 
 __all__ = ["SampleStream", "StreamState"]
@@ -71,7 +72,8 @@ class StreamState:
 
     ``prior_segments`` is empty unless the world size changed inside this epoch: then it lists, oldest
     first, how many samples each earlier world size's ranks took, and ``samples_consumed`` counts within
-    the residual plan. ``order`` holds the :data:`_ORDER_FIELDS` it was saved with (None in states saved
+    the residual plan (each with its ranks' pools there where shuffled: ``segment_pools`` in the dict, which states
+    saved before them lack). ``order`` holds the :data:`_ORDER_FIELDS` it was saved with (None in states saved
     before they were recorded: not checked). ``walk`` is the saving rank's pool walk at this position (None where
     unshuffled, or saved before version 3).
     """
@@ -96,6 +98,8 @@ class StreamState:
         out: dict[str, Any] = {"version": self.version}
         out.update({name: int(getattr(self, name)) for name in _FIELDS})
         out["prior_segments"] = [[s.world_size, s.samples_consumed] for s in self.prior_segments]
+        if any(s.pools is not None for s in self.prior_segments):
+            out["segment_pools"] = [pools_to_lists(s.pools) for s in self.prior_segments]
         if self.order is not None:
             out["order"] = dict(self.order)
         if self.walk is not None:
@@ -121,6 +125,12 @@ class StreamState:
                 f"stream state prior_segments must be [[world_size, samples_consumed], ...], "
                 f"got {state['prior_segments']!r}"
             ) from e
+        pools = state.get("segment_pools")
+        if isinstance(pools, list | tuple) and len(pools) == len(segments):  # (else others': a state edited)
+            segments = tuple(
+                dataclasses.replace(segment, pools=pools_from_lists(pool, segment.world_size))
+                for segment, pool in zip(segments, pools, strict=True)
+            )
         order = state.get("order")
         required = set(_ORDER_FIELDS) - set(_LATER_ORDER_FIELDS)
         if order is not None and (not isinstance(order, Mapping) or not required <= set(order) <= set(_ORDER_FIELDS)):
@@ -207,15 +217,13 @@ class SampleStream:
     def state(self) -> StreamState:
         epoch, consumed = self._position
         order = self._order  # (one order: load_state_dict may replace it meanwhile, from another thread)
-        resumed = order.resumed_epoch
-        segments = resumed.segments if resumed is not None and resumed.epoch == epoch else ()
         return StreamState(
             seed=order.options.seed,
             epoch=epoch,
             samples_consumed=consumed,
             world_size=order.world_size,
             batch_size=self._batch_size,
-            prior_segments=segments,
+            prior_segments=order.consumed_segments(epoch),
             order=_order_of(order.options),
             walk=order.walk_state(epoch, consumed),
         )
