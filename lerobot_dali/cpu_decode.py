@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import resource
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, cast
@@ -57,6 +56,7 @@ from .frame_pixels import (
     stacked_each,
     stacked_frames,
 )
+from .open_files import DECODER_SHARE, open_files_share
 from .packet_decoder import PacketDecoder
 from .packet_file_reader import PacketFileReader
 from .packet_index import PacketIndex
@@ -143,10 +143,10 @@ class CpuFrameDecoder:
     @property
     def max_open(self) -> int:
         """The open files kept at most (besides the memory budget): the options', else 64 or the files in use,
-        within half the process's open-file limit."""
+        within the decoders' share of the process's open-file limit (:mod:`.open_files`): half."""
         if self.options.max_open_decoders is not None:
             return self.options.max_open_decoders
-        return max(DEFAULT_OPEN_DECODERS, min(self.files_in_use, _open_files_limit() // 2))
+        return min(max(DEFAULT_OPEN_DECODERS, self.files_in_use), open_files_share(DECODER_SHARE))
 
     @property
     def backend(self) -> CpuDecoderBackend:
@@ -416,14 +416,6 @@ def _handle_bytes(reader: _Reader, index: PacketIndex, filesystem: Any | None) -
         return 0
     remote = filesystem is not None and not isinstance(filesystem, LocalFileSystem)  # as is_local
     return DEMUXER_BYTES_PER_PACKET * index.frame_count + (REMOTE_HANDLE_BYTES if remote else 0)
-
-
-def _open_files_limit() -> int:
-    """The process's soft limit on open files (1024 by default on Linux): a pool's decoders keep at most half, the
-    rest left to data files, sockets and DALI's shared memory (a pool of 512 x 3 cameras would otherwise fail to
-    open files with EMFILE)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 def _ffmpeg_auto_threads() -> int:

@@ -28,6 +28,7 @@ from .column_store import ColumnStore
 from .dataset_info import Feature
 from .errors import DataFileError, DatasetError, MissingDataFileError, SchemaMismatchError
 from .file_stamps import FileStamp, stamp_from_stat
+from .open_files import DATA_FILE_SHARE, open_files_share
 from .remote_retry import is_transient
 
 __all__ = [
@@ -152,10 +153,12 @@ def open_parquet(open_file: Callable[[str], Any], path: str) -> pq.ParquetFile:
 class ParquetCache:
     """A per-process LRU of open parquet files: footers are read once, not once per episode.
 
-    Bounded by count and by the parsed footers' memory: an episode pool draws from many files (64 episodes of a
-    large v3.0 dataset sit in ~50 files), and a file with a row group per episode has a footer of ~800 bytes
-    per episode (8 MB at 10,000), which took 100 ms to parse again each time 16 open files were not enough;
-    parsed, a footer takes ~8 times its serialized size (:data:`FOOTER_MEMORY_FACTOR`).
+    Bounded by count, by the data files' share of the open-file limit (:mod:`.open_files`: 32 at ``ulimit -n 256``;
+    a v2.1 pool's file per episode failed there with EMFILE beside the video files) and by the parsed footers'
+    memory: an episode pool draws from many files (64 episodes of a large v3.0 dataset sit in ~50 files), and a file
+    with a row group per episode has a footer of ~800 bytes per episode (8 MB at 10,000), which took 100 ms to parse
+    again each time 16 open files were not enough; parsed, a footer takes ~8 times its serialized size
+    (:data:`FOOTER_MEMORY_FACTOR`).
     Keyed by process id too, so a cache inherited through ``fork`` is never reused by the child. Threads read
     through :meth:`reading`: a file evicted while another thread reads it is closed when that read ends (closed at
     once, the read failed as a corrupt file).
@@ -206,9 +209,8 @@ class ParquetCache:
                 return self._counted(raced, read)
             self._open[key] = parquet
             self._footer_bytes += _footer_memory(parquet)
-            while len(self._open) > 1 and (
-                len(self._open) > self._max_open or self._footer_bytes > self._max_footer_bytes
-            ):
+            max_open = min(self._max_open, open_files_share(DATA_FILE_SHARE))
+            while len(self._open) > 1 and (len(self._open) > max_open or self._footer_bytes > self._max_footer_bytes):
                 _, old = self._open.popitem(last=False)
                 self._footer_bytes -= _footer_memory(old)
                 if old not in self._readers:  # (else its last read closes it)

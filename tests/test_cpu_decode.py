@@ -227,6 +227,7 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
     import logging
 
     import lerobot_dali.cpu_decode as cpu_decode
+    from lerobot_dali import open_files
     from lerobot_dali.cpu_decode_options import (
         DECODER_FRAMES,
         DECODER_MEMORY_BYTES,
@@ -266,11 +267,12 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
     assert "up to 12 files are in use (episode pool x cameras) but 10 open decoders" in said
     assert f"max_decoder_memory_bytes=...) (about {12 * per_decoder} per worker holds them all)" in said
     decoder.close()
-    # A pool's files, within half the open-file limit, never under the default 64; an explicit bound as given.
-    monkeypatch.setattr(cpu_decode, "_open_files_limit", lambda: 1024)
+    # A pool's files, at least the default 64, within half the open-file limit (the 64 too: at ``ulimit -n 100``
+    # 64 open videos beside the data files failed with EMFILE); an explicit bound as given.
+    monkeypatch.setattr(open_files, "open_files_limit", lambda: 1024)
     assert [CpuFrameDecoder(files_in_use=n).max_open for n in (0, 12, 192, 700)] == [64, 64, 192, 512]
-    monkeypatch.setattr(cpu_decode, "_open_files_limit", lambda: 100)
-    assert CpuFrameDecoder(files_in_use=192).max_open == 64
+    monkeypatch.setattr(open_files, "open_files_limit", lambda: 100)
+    assert [CpuFrameDecoder(files_in_use=n).max_open for n in (0, 192)] == [50, 50]
     assert CpuFrameDecoder(options=CpuDecodeOptions(max_open_decoders=2), files_in_use=192).max_open == 2
     # A remote file opened as a container: its demuxer's tables and its read-ahead buffer count too.
     from tests.fake_remote import FakeRemoteFileSystem

@@ -236,6 +236,24 @@ def test_open_parquet_files_are_bounded_by_count_and_footer_bytes(tmp_path: Path
     assert [h.closed for h in handles] == [True, False, False, False]  # an evicted file's handle is closed
 
 
+def test_open_parquet_files_keep_within_their_share_of_the_open_file_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At ``ulimit -n 64`` a cache of 128 keeps 8 (an eighth): a v2.1 pool's file per episode beside its video files
+    otherwise failed with EMFILE."""
+    from lerobot_dali import open_files
+    from lerobot_dali.episode_rows import ParquetCache
+
+    paths = [str(tmp_path / f"f{i}.parquet") for i in range(12)]
+    for path in paths:
+        pq.write_table(pa.table({"x": np.arange(5)}), path)
+    monkeypatch.setattr(open_files, "open_files_limit", lambda: 64)
+    cache = ParquetCache(fsspec.filesystem("file").open, max_open=128)
+    for path in paths:
+        cache.get(path)
+    assert [k[1] for k in cache._open] == paths[4:]
+
+
 def test_closing_the_parquet_files_leaves_a_read_in_progress_its_file(tmp_path: Path) -> None:
     from lerobot_dali.episode_rows import ParquetCache
 

@@ -1,0 +1,29 @@
+"""The process's open-file limit (``RLIMIT_NOFILE``), shared out among the caches that keep files open across calls.
+
+Many clusters set a soft limit of 1024, some 256, and a v2.1 dataset has a data file per episode and a video file per
+episode and camera: a cache bounded by a fixed count went past a low limit, and opening a file then failed with EMFILE
+("Too many open files"). Each cache keeps at most its share of the limit, read when it opens a file; the rest is left
+to the process's own files, pipes, sockets and DALI's shared memory (17 in a worker at 256).
+"""
+
+from __future__ import annotations
+
+import resource
+
+__all__ = ["DATA_FILE_SHARE", "DECODER_SHARE", "open_files_limit", "open_files_share"]
+
+#: Open video files' share (the CPU decoders' pool, :class:`~.cpu_decode.CpuFrameDecoder`).
+DECODER_SHARE = 1 / 2
+#: Open data files' share (:class:`~.episode_rows.ParquetCache`): 128 at the usual 1024.
+DATA_FILE_SHARE = 1 / 8
+
+
+def open_files_limit() -> int:
+    """The process's soft limit on open files (1024 by default on Linux); ``1 << 20`` where it has none."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def open_files_share(share: float) -> int:
+    """The open files a cache with ``share`` of the limit may keep: at least one."""
+    return max(1, int(open_files_limit() * share))
