@@ -34,6 +34,7 @@ from .errors import DataFileError, DatasetError, MissingDataFileError, SchemaMis
 from .frame_lookup import TimestampSource, file_frame_numbers
 from .host_values import encode_host_values
 from .image_frames import EpisodeImageCache, decode_depth_images, decode_images, image_label
+from .open_files import out_of_files
 from .packet_index import PacketIndex, build_packet_index
 from .packet_index_cache import PacketIndexCache
 from .packet_index_store import PacketIndexStore
@@ -334,7 +335,8 @@ class BatchSource:
                 # They cross as themselves too, but an IndexError or OSError alone says nothing of which data.
                 # (The copy keeps the type and message only: an OSError's errno and filename stay on __cause__.)
                 try:
-                    located = type(e)(f"{self.spec.reader.location.description}: {failed_at}: {_with_notes(e)}")
+                    said = out_of_files(e) or e  # (no file at fault: the limit, said with what to do)
+                    located = type(e)(f"{self.spec.reader.location.description}: {failed_at}: {_with_notes(said)}")
                 except Exception:  # a builtin that takes other arguments (UnicodeDecodeError): as it is
                     located = None
                 if located is None:

@@ -8,9 +8,11 @@ to the process's own files, pipes, sockets and DALI's shared memory (17 in a wor
 
 from __future__ import annotations
 
+import errno
 import resource
+import sys
 
-__all__ = ["DATA_FILE_SHARE", "DECODER_SHARE", "open_files_limit", "open_files_share"]
+__all__ = ["DATA_FILE_SHARE", "DECODER_SHARE", "open_files_limit", "open_files_share", "out_of_files"]
 
 #: Open video files' share (the CPU decoders' pool, :class:`~.cpu_decode.CpuFrameDecoder`).
 DECODER_SHARE = 1 / 2
@@ -27,3 +29,21 @@ def open_files_limit() -> int:
 def open_files_share(share: float) -> int:
     """The open files a cache with ``share`` of the limit may keep: at least one."""
     return max(1, int(open_files_limit() * share))
+
+
+def out_of_files(error: BaseException) -> OSError | None:
+    """``error`` said again with what to do where the process (EMFILE) or the system (ENFILE) has no file
+    descriptor left (its notes kept), else None: no file is at fault (a video whose open fails so is not damaged)."""
+    if not isinstance(error, OSError) or error.errno not in (errno.EMFILE, errno.ENFILE):
+        return None
+    said = OSError(
+        error.errno,
+        f"{error.strerror} (this process's soft limit: {open_files_limit()}); raise it before starting "
+        "(`ulimit -n 4096`), or keep fewer files open (a smaller episode_pool_size, "
+        "CpuDecodeOptions(max_open_decoders=...))",
+        error.filename,
+    )
+    if sys.version_info >= (3, 11):
+        for note in getattr(error, "__notes__", ()):
+            said.add_note(note)
+    return said

@@ -17,6 +17,7 @@ import numpy as np
 
 from .clips import packets_read_at, plan_clip
 from .errors import MissingDataFileError, VideoDecodeError
+from .open_files import out_of_files
 from .packet_decoder import PacketDecoder
 from .packet_index import PacketIndex
 
@@ -37,7 +38,7 @@ class PacketFileReader:
         except FileNotFoundError as e:
             raise MissingDataFileError(f"Video file {label} does not exist.") from e
         except OSError as e:
-            raise VideoDecodeError(f"{label}: cannot open the video ({e}).") from e
+            raise out_of_files(e) or VideoDecodeError(f"{label}: cannot open the video ({e}).") from e
         try:
             size = os.fstat(self._fd).st_size
             if size != index.file_size_bytes:

@@ -3,6 +3,7 @@ dataset has."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -12,7 +13,11 @@ from pathlib import Path
 import pytest
 
 import lerobot_dali
+import lerobot_dali.iterator as iterator_module
 from lerobot_dali import open_files
+from lerobot_dali.batch_source import BatchSource
+from lerobot_dali.iterator import DALILeRobotIterator
+from lerobot_dali.packet_file_reader import PacketFileReader
 
 #: One pass of the CPU route under a lowered soft limit, in a process of its own (the limit is the process's).
 _PASS = """
@@ -47,3 +52,39 @@ def test_the_shares_of_the_open_file_limit(monkeypatch: pytest.MonkeyPatch) -> N
     assert [open_files.open_files_share(s) for s in (open_files.DECODER_SHARE, open_files.DATA_FILE_SHARE)] == [128, 32]
     monkeypatch.setattr(open_files, "open_files_limit", lambda: 4)
     assert open_files.open_files_share(open_files.DATA_FILE_SHARE) == 1
+
+
+def _emfile(*args: object, **kwargs: object) -> None:
+    raise OSError(errno.EMFILE, "Too many open files", "/data/f")
+
+
+class _OutOfFilesSource(BatchSource):
+    """Every batch meets the process's open-file limit (module level, as a worker's source must be)."""
+
+    def assemble(self, *args: object, **kwargs: object) -> None:
+        _emfile()
+
+
+def test_the_open_file_limit_reached_says_to_raise_it(
+    make_ds: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EMFILE names the limit and what to do; a video whose open meets it is not called undecodable, as a damaged
+    file would be (it was a VideoDecodeError)."""
+    monkeypatch.setattr(open_files, "open_files_limit", lambda: 256)
+    monkeypatch.setattr(os, "open", _emfile)
+    with pytest.raises(OSError) as info:
+        PacketFileReader("/data/cam.mp4", None, threads=1, label="cam.mp4")  # type: ignore[arg-type]
+    assert type(info.value) is OSError and info.value.errno == errno.EMFILE
+    assert str(info.value) == (
+        "[Errno 24] Too many open files (this process's soft limit: 256); raise it before starting "
+        "(`ulimit -n 4096`), or keep fewer files open (a smaller episode_pool_size, "
+        "CpuDecodeOptions(max_open_decoders=...)): '/data/f'"
+    )
+    monkeypatch.undo()
+
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="av1", fps=10, episodes_per_file=2, gop=2)
+    monkeypatch.setattr(iterator_module, "BatchSource", _OutOfFilesSource)
+    it = DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=0)
+    with pytest.raises(OSError, match=r"reading samples \[0, 2\) .*soft limit: \d+\); raise it before starting"):
+        next(iter(it))
+    it.close()
