@@ -29,6 +29,7 @@ import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 from numpy.typing import ArrayLike
 
+from . import open_files
 from .clips import ClipPlan, check_request, plan_clip
 from .cpu_backends import (
     TORCHCODEC_NOT_INSTALLED,
@@ -56,7 +57,6 @@ from .frame_pixels import (
     stacked_each,
     stacked_frames,
 )
-from .open_files import DECODER_SHARE, open_files_share
 from .packet_decoder import PacketDecoder
 from .packet_file_reader import PacketFileReader
 from .packet_index import PacketIndex
@@ -146,7 +146,7 @@ class CpuFrameDecoder:
         within the decoders' share of the process's open-file limit (:mod:`.open_files`): half."""
         if self.options.max_open_decoders is not None:
             return self.options.max_open_decoders
-        return min(max(DEFAULT_OPEN_DECODERS, self.files_in_use), open_files_share(DECODER_SHARE))
+        return min(max(DEFAULT_OPEN_DECODERS, self.files_in_use), open_files.open_files_share(open_files.DECODER_SHARE))
 
     @property
     def backend(self) -> CpuDecoderBackend:
@@ -367,7 +367,20 @@ class CpuFrameDecoder:
         budget = self.options.max_decoder_memory_bytes
         limit = self.max_open
         while len(self._readers) > limit or (len(self._readers) > MIN_OPEN_DECODERS and self._open_bytes > budget):
-            if len(self._readers) <= min(limit, self.files_in_use):
+            if len(self._readers) > limit and limit < self.files_in_use and self.options.max_open_decoders is None:
+                warn_once(
+                    logger,
+                    "CPU decode: up to %d files are in use (episode pool x cameras) but this process's open-file "
+                    "limit (%d) keeps %d open, half of it, so files are reopened as requests move between them "
+                    "(~6 ms each at 640x480); raise it to %d or more before starting (ulimit -n), or lower "
+                    "episode_pool_size",
+                    self.files_in_use,
+                    open_files.open_files_limit(),
+                    limit,
+                    2 * self.files_in_use,
+                    key="cpu_decode.open_files_limit",
+                )
+            elif len(self._readers) <= min(limit, self.files_in_use):
                 each = self._readers[key][1]
                 warn_once(
                     logger,

@@ -273,6 +273,19 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
     assert [CpuFrameDecoder(files_in_use=n).max_open for n in (0, 12, 192, 700)] == [64, 64, 192, 512]
     monkeypatch.setattr(open_files, "open_files_limit", lambda: 100)
     assert [CpuFrameDecoder(files_in_use=n).max_open for n in (0, 192)] == [50, 50]
+    # A pool's 12 files, 5 kept open at ``ulimit -n 10``: said once, with the limit that keeps all 12 (it was not).
+    monkeypatch.setattr(open_files, "open_files_limit", lambda: 10)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV), files_in_use=12)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.cpu_decode"):
+        for path in paths * 2:
+            decoder.decode(path, index, [5])
+    assert decoder.open_decoders == 5
+    [said] = [r.getMessage() for r in caplog.records if "open-file" in r.getMessage()]
+    assert "up to 12 files are in use (episode pool x cameras) but this process's open-file limit (10) keeps 5" in said
+    assert "raise it to 24 or more before starting (ulimit -n)" in said
+    decoder.close()
+    monkeypatch.setattr(open_files, "open_files_limit", lambda: 1024)
     assert CpuFrameDecoder(options=CpuDecodeOptions(max_open_decoders=2), files_in_use=192).max_open == 2
     # A remote file opened as a container: its demuxer's tables and its read-ahead buffer count too.
     from tests.fake_remote import FakeRemoteFileSystem
