@@ -3,7 +3,7 @@
 Many clusters set a soft limit of 1024, some 256, and a v2.1 dataset has a data file per episode and a video file per
 episode and camera: a cache bounded by a fixed count went past a low limit, and opening a file then failed with EMFILE
 ("Too many open files"). Each cache keeps at most its share of the limit, read when it opens a file; the rest is left
-to the process's own files, pipes, sockets and DALI's shared memory (17 in a worker at 256).
+to the process's own files, pipes, sockets and DALI's shared memory (~12 in a worker, measured).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ def open_files_share(share: float) -> int:
 
 
 def out_of_files(error: BaseException) -> OSError | None:
-    """``error`` said again with what to do where the process (EMFILE) or the system (ENFILE) has no file
-    descriptor left (its notes kept), else None: no file is at fault (a video whose open fails so is not damaged)."""
-    if not isinstance(error, OSError) or error.errno not in (errno.EMFILE, errno.ENFILE):
+    """``error`` said again with what to do where the process has no file descriptor left (EMFILE; its notes kept),
+    else None: no file is at fault (a video whose open fails so is not damaged)."""
+    if not isinstance(error, OSError) or error.errno != errno.EMFILE:
         return None
     said = OSError(
         error.errno,

@@ -267,13 +267,13 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
     assert "up to 12 files are in use (episode pool x cameras) but 10 open decoders" in said
     assert f"max_decoder_memory_bytes=...) (about {12 * per_decoder} per worker holds them all)" in said
     decoder.close()
-    # A pool's files, at least the default 64, within half the open-file limit (the 64 too: at ``ulimit -n 100``
-    # 64 open videos beside the data files failed with EMFILE); an explicit bound as given.
+    # A pool's files, at least the default 64, within half the open-file limit (the 64 too: at ``ulimit -n 64`` they
+    # left no descriptor for the data files, EMFILE, test_open_files); an explicit bound as given.
     monkeypatch.setattr(open_files, "open_files_limit", lambda: 1024)
     assert [CpuFrameDecoder(files_in_use=n).max_open for n in (0, 12, 192, 700)] == [64, 64, 192, 512]
     monkeypatch.setattr(open_files, "open_files_limit", lambda: 100)
     assert [CpuFrameDecoder(files_in_use=n).max_open for n in (0, 192)] == [50, 50]
-    # A pool's 12 files, 5 kept open at ``ulimit -n 10``: said once, with the limit that keeps all 12 (it was not).
+    # A pool's 12 files, 5 kept open at ``ulimit -n 10``: said once, with the limit that keeps all 12 (nothing was).
     monkeypatch.setattr(open_files, "open_files_limit", lambda: 10)
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV), files_in_use=12)
     caplog.clear()
