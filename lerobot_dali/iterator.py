@@ -42,6 +42,7 @@ from .host_values import decode_host_values
 from .iterator_arguments import batchable_reader, camera_augment, check_windows, checked_arguments
 from .packet_index_store import PacketIndexStore
 from .prefetch import Prefetcher, prefetching_reader
+from .progress_lines import said_if_long
 from .said_once import say_once, warn_once
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE, OrderOptions, RankBalance
 from .stream_state import SampleStream
@@ -53,6 +54,9 @@ from .worker_start import package_log_level, skipping_main
 __all__ = ["DALILeRobotIterator"]
 
 logger = logging.getLogger(__name__)
+#: Seconds a pipeline's build runs before it says so: DALI starts its worker processes there, each importing DALI
+#: and lerobot-dali (~0.65 s of CPU apiece), which took 1-5 s for 2-4 workers on 2 busy cores.
+BUILD_PROGRESS_DELAY_S = 2.0
 
 #: How long close() from another thread waits for a pass inside DALI's next() to let the pipeline go.
 CLOSE_WAIT_S = 60
@@ -419,11 +423,14 @@ class DALILeRobotIterator:
         self._names = names
         self._pipeline_next = (self._stream.epoch, self._stream.samples_consumed)
         try:
-            with skipping_main(source):
-                pipe.build()
-            self._dali_iter = DALIGenericIterator(
-                pipe, names, auto_reset=True, last_batch_policy=LastBatchPolicy.PARTIAL, prepare_first_batch=False
-            )
+            with said_if_long(
+                self._build_line(), logger=logger, delay_s=BUILD_PROGRESS_DELAY_S, enabled=self._shows_progress
+            ):
+                with skipping_main(source):
+                    pipe.build()
+                self._dali_iter = DALIGenericIterator(
+                    pipe, names, auto_reset=True, last_batch_policy=LastBatchPolicy.PARTIAL, prepare_first_batch=False
+                )
         except BaseException as e:
             # Not this iterator's pipeline yet, so nothing else closes it: workers started before the failure ran on
             # (one set per failed pass) until the cycle collector freed this frame from the error's traceback.
@@ -444,6 +451,12 @@ class DALILeRobotIterator:
                 ) from e
             _raise_original(e)
         self._pipeline, self._source = pipe, source
+
+    def _build_line(self) -> str:
+        """What a pipeline's build is doing, where it takes long: mostly starting the worker processes."""
+        workers = self._num_workers
+        starting = f"starting {workers} worker process{'es' * (workers != 1)} and " if workers else ""
+        return f"lerobot-dali: {starting}building the DALI pipeline of {self.reader.location.description}"
 
     def _epoch_batches(self, pass_id: int) -> Iterator[dict[str, Any]]:
         try:

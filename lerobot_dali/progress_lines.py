@@ -6,18 +6,21 @@ one, or as hundreds. There the count is logged instead, a line at each tenth of 
 :data:`LINE_EVERY_S` apart, so a long run still shows it is alive) and one at the end.
 
 Used by ``lerobot-dali check``, the bench's measurements, and the library's own waits (opening several datasets
-at once, the prefetch cache's warm-up), which a training job's log gets from each node's first rank only.
+at once, the prefetch cache's warm-up), which a training job's log gets from each node's first rank only. A wait
+with nothing to count (one call that blocks: DALI starting its worker processes) says what it waits for once it has
+lasted a while, and how long it took (:func:`said_if_long`).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["LINE_EVERY_S", "ProgressLines", "progress_counter"]
+__all__ = ["LINE_EVERY_S", "ProgressLines", "progress_counter", "said_if_long"]
 
 #: Longest time between two progress lines where no bar is drawn.
 LINE_EVERY_S = 60.0
@@ -80,3 +83,32 @@ class ProgressLines:
     def _line(self, now: float) -> None:
         self._logged, self._shown = now, True
         self.logger.info("%s: %d/%d %s (%.0f s)", self.desc, self.done, self.total, self.units, now - self._started)
+
+
+@contextmanager
+def said_if_long(what: str, *, logger: logging.Logger, delay_s: float, enabled: bool = True) -> Iterator[None]:
+    """Within, one wait with no count to show: ``what...`` logged at INFO once it has lasted ``delay_s`` seconds,
+    and ``what: done in N s`` when it ends (not where it raised: its error says more); nothing for a wait done
+    sooner, nor when not ``enabled``. The first line comes from a timer thread, which has ended when this returns."""
+    if not enabled:
+        yield
+        return
+    started = time.monotonic()
+    said = threading.Event()
+
+    def say() -> None:
+        logger.info("%s...", what)
+        said.set()
+
+    timer = threading.Timer(delay_s, say)
+    timer.name, timer.daemon = "lerobot-dali-wait-line", True  # (never keeps the interpreter from exiting)
+    timer.start()
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        timer.cancel()
+        timer.join()  # (a line being said is finished first: said tells whether it was)
+        if said.is_set() and not failed:
+            logger.info("%s: done in %.1f s", what, time.monotonic() - started)

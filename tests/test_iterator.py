@@ -7,6 +7,7 @@ hand (clamp + pad), frames by reading each decoded frame's marker and by a full 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import Counter
@@ -322,6 +323,46 @@ def test_unbalanced_ranks_with_drop_last_are_warned_of_the_frames_left_out(make_
     with caplog.at_level(logging.INFO, logger="lerobot_dali.iterator"):
         DALILeRobotIterator(root, **{**options, "batch_size": 23}).close()
     assert "drop_last" not in caplog.text
+
+
+def test_a_long_pipeline_build_says_it_starts_the_workers_and_how_long_it_took(make_ds, caplog, monkeypatch) -> None:
+    """DALI starts the worker processes inside the pipeline's build, each importing DALI and lerobot-dali: 1-5 s
+    for 2-4 workers on 2 busy cores, with no word. Past the delay (here none) the build says so, and when it ends,
+    how long it took; a build done sooner (the default delay, no workers) says nothing, nor does a node's other
+    ranks'."""
+    root = _dataset(make_ds, "vp9")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setattr(iterator_module, "BUILD_PROGRESS_DELAY_S", 0.0, raising=False)
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.iterator"):
+        it = DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=1)
+        try:
+            next(iter(it))
+        finally:
+            it.close()
+    said = [r.getMessage() for r in caplog.records if "building the DALI pipeline" in r.getMessage()]
+    what = f"lerobot-dali: starting 1 worker process and building the DALI pipeline of {root}"
+    assert len(said) == 2 and said[0] == f"{what}...", said
+    assert re.fullmatch(rf"{re.escape(what)}: done in \d+\.\d s", said[1]), said
+    assert not [t for t in threading.enumerate() if t.name == "lerobot-dali-wait-line"]
+    caplog.clear()
+    monkeypatch.setenv("LOCAL_RANK", "1")  # (a node's second rank: its first says it)
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.iterator"):
+        it = DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=1, rank=1, world_size=2)
+        try:
+            next(iter(it))
+        finally:
+            it.close()
+    assert "building the DALI pipeline" not in caplog.text
+    caplog.clear()
+    monkeypatch.undo()  # (the default delay: a build without workers takes a moment)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.iterator"):
+        it = DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=0)
+        try:
+            next(iter(it))
+        finally:
+            it.close()
+    assert "building the DALI pipeline" not in caplog.text
 
 
 def test_opening_options_with_an_open_reader_are_refused_not_ignored(make_ds) -> None:
