@@ -1,16 +1,48 @@
-"""A wait with no count to show says what it waits for once it lasts, and how long it took (said_if_long)."""
+"""Progress lines in a log: a count's first line once it lasts (ProgressLines), and a wait with no count to show,
+which says what it waits for once it lasts and how long it took (said_if_long)."""
 
 from __future__ import annotations
 
 import logging
 import re
 import threading
+from types import SimpleNamespace
 
 import pytest
 
-from lerobot_dali.progress_lines import said_if_long
+from lerobot_dali import progress_lines
+from lerobot_dali.progress_lines import ProgressLines, said_if_long
 
 LOGGER = "test.progress_lines"
+
+
+def test_a_count_says_its_first_line_once_it_lasts_though_no_tenth_is_done(caplog, monkeypatch) -> None:
+    """A check of 15,000 episodes said nothing until its first tenth, 3-10 s in (its workers started meanwhile):
+    past FIRST_LINE_S its next episode done says how far it got; then each tenth, as before, and the end once."""
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(progress_lines, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    lines = ProgressLines(1000, desc="check", unit="episode", logger=logging.getLogger(LOGGER))
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        for clock.now in (0.5, 1.0, 2.5, 3.0, 3.5):  # (five episodes: no tenth)
+            lines.update(1)
+        clock.now = 4.0
+        lines.update(95)
+        clock.now = 5.0
+        lines.update(900)
+        lines.finish()
+    assert _said(caplog) == ["check: 3/1000 episodes (2 s)", "check: 100/1000 episodes (4 s)",
+                             "check: 1000/1000 episodes (5 s)"]  # fmt: skip
+
+
+def test_a_count_done_at_once_past_its_first_line_says_the_end_once(caplog, monkeypatch) -> None:
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(progress_lines, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    lines = ProgressLines(1, desc="footers", unit="file", logger=logging.getLogger(LOGGER), delay_s=2.0)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        clock.now = 3.0
+        lines.update(1)
+        lines.finish()
+    assert _said(caplog) == ["footers: 1/1 files (3 s)"]
 
 
 def _wait_lines() -> list[threading.Thread]:
