@@ -59,7 +59,7 @@ def measure(mode: str, roots: list[str], workers: int) -> dict[str, object]:
     from lerobot_dali import DALILeRobotIterator, DALILeRobotMixture
 
     if mode == "spawn":  # as if the source named __main__: every worker imports this file, as plain spawn does
-        lerobot_dali.worker_start._names_main = lambda callback: True
+        lerobot_dali.worker_start.names_main = lambda callback: True
     it = DALILeRobotIterator(roots[0], batch_size=4, device="cpu", num_workers=workers)
     try:
         t0 = time.perf_counter()

@@ -23,7 +23,7 @@ import multiprocessing
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -47,7 +47,7 @@ from .said_once import warn_once
 from .value_checks import check_choice, check_int
 from .verified_decode_store import PendingVerdicts, Verdict, VerifiedDecodeStore, local_verdict
 from .video_source import local_video_path
-from .worker_start import log_like_trainer, package_log_level, skipping_main
+from .worker_start import log_like_trainer, names_main, package_log_level, skipping_main
 
 __all__ = ["CheckReport", "Problem", "check_dataset", "default_workers"]
 
@@ -452,16 +452,22 @@ def _tallies(checker: _EpisodeChecker, tasks: list[list[int]], workers: int) -> 
         finally:
             checker.close()
         return
+    main_named = names_main(checker)  # (the checker pickled once, not at each submit)
     with ProcessPoolExecutor(
         min(workers, len(tasks)), mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
         initargs=(checker, package_log_level()),
     ) as pool:  # fmt: skip
         queued = iter(tasks)
-        # The pool starts a process at each of its first submits, in this thread: whether they need __main__ is
-        # decided (the checker pickled) once, for those, not once per task.
-        with skipping_main(checker):
-            pending = {pool.submit(_check_in_worker, task) for task in itertools.islice(queued, 2 * workers)}
+
+        def submit(count: int) -> set[Future[_Tally]]:
+            """The next ``count`` tasks. The pool starts a process, in this thread, at any submit while it runs
+            fewer than it may and none is idle: at a refill too, where a task ended while the last processes were
+            starting (a check of 15,000 episodes on 4 workers started its 4th so, and it imported __main__)."""
+            with skipping_main(checker, main_named=main_named):
+                return {pool.submit(_check_in_worker, task) for task in itertools.islice(queued, count)}
+
+        pending = submit(2 * workers)
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            pending |= {pool.submit(_check_in_worker, task) for task in itertools.islice(queued, len(done))}
+            pending |= submit(len(done))
             yield from (f.result() for f in done)

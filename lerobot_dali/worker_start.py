@@ -30,7 +30,7 @@ from typing import Any
 
 from .said_once import shared_with_children
 
-__all__ = ["log_like_trainer", "package_log_level", "skipping_main"]
+__all__ = ["log_like_trainer", "names_main", "package_log_level", "skipping_main"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +42,12 @@ _WRAPPED = "_lerobot_dali_skips_main"
 
 
 @contextlib.contextmanager
-def skipping_main(callback: Any) -> Iterator[bool]:
+def skipping_main(callback: Any, *, main_named: bool | None = None) -> Iterator[bool]:
     """Within, this thread's spawned processes skip importing ``__main__`` if ``callback`` does not need it;
     yields whether they do skip it. They also say no warning that another process of the job said
-    (:mod:`~lerobot_dali.said_once`)."""
-    skip = _installed() and not _names_main(callback)
+    (:mod:`~lerobot_dali.said_once`). ``main_named``: :func:`names_main` of ``callback``, where a caller enters this
+    at each submit to a pool (any may start a process) and pickles ``callback`` once."""
+    skip = _installed() and not (names_main(callback) if main_named is None else main_named)
     previous = getattr(_local, "skip_main", False)
     _local.skip_main = skip
     try:
@@ -56,7 +57,9 @@ def skipping_main(callback: Any) -> Iterator[bool]:
         _local.skip_main = previous
 
 
-def _names_main(callback: Any) -> bool:
+def names_main(callback: Any) -> bool:
+    """Whether ``callback``'s pickle names ``__main__`` (a class the user defined in the script), so that the
+    processes that run it must import the main module (True where it does not pickle here)."""
     try:
         data = pickle.dumps(callback, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # (DALI pickles it too, and says why it cannot)

@@ -248,7 +248,7 @@ def test_workers_do_not_run_the_training_script_again(make_ds, tmp_path: Path) -
     assert done.returncode == 0 and done.stdout.strip() == "8", done.stderr
     assert runs.read_text() == "ran\n"  # the main process only, not its 2 workers
 
-    needs_main = "import lerobot_dali.worker_start as w\nw._names_main = lambda callback: True\n"
+    needs_main = "import lerobot_dali.worker_start as w\nw.names_main = lambda callback: True\n"
     script.write_text(needs_main + script.read_text())
     done = subprocess.run(
         [sys.executable, str(script), str(root), str(runs)], capture_output=True, text=True, timeout=300
