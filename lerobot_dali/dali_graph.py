@@ -177,10 +177,13 @@ def build_pipeline(
     image_size: tuple[int, int] | None,
     return_uint8: bool,
     num_threads: int = 2,
+    source_pickler: Any = None,
 ) -> tuple[Any, list[str]]:
     """Build the pipeline and return it with its output names, in order.
 
     ``num_workers == 0`` runs the source in the main process (no pickling; handy for debugging).
+    ``source_pickler``: how the source is sent to the workers (DALI's ``py_callback_pickler``; None: DALI's own
+    pickler's bytes, down each one's start).
     """
     from nvidia.dali import fn
     from nvidia.dali.pipeline import Pipeline
@@ -194,6 +197,7 @@ def build_pipeline(
         prefetch_queue_depth=prefetch,
         py_num_workers=max(num_workers, 1),
         py_start_method="spawn",
+        py_callback_pickler=source_pickler,
     )
     framed = (FieldKind.FRAMES, FieldKind.PLANES_LUMA, FieldKind.PLANES_CHROMA, FieldKind.DEPTH)
     layouts = [("FHWC" if f.kind in framed else "") for f in fields]

@@ -49,6 +49,7 @@ from .stream_state import SampleStream
 from .value_checks import check_choice
 from .windows import DeltaWindows
 from .worker_errors import SMALL_SHM_BYTES, dead_worker_error, original_worker_error, shared_memory_note, shm_bytes
+from .worker_source import SourceFile, dali_dump
 from .worker_start import package_log_level, skipping_main
 
 __all__ = ["DALILeRobotIterator"]
@@ -407,6 +408,7 @@ class DALILeRobotIterator:
 
         self._spec = spec
         source = BatchSource(spec)
+        source_file = SourceFile(dali_dump)  # (read by each worker once started: a 0.8 MB source held each start ~1 s)
         pipe, names = build_pipeline(
             source,
             output_fields(spec),
@@ -419,6 +421,7 @@ class DALILeRobotIterator:
             augment=self._augment,
             image_size=self._image_size,
             return_uint8=self._return_uint8,
+            source_pickler=source_file,
         )
         self._names = names
         self._pipeline_next = (self._stream.epoch, self._stream.samples_consumed)
@@ -426,8 +429,11 @@ class DALILeRobotIterator:
             with said_if_long(
                 self._build_line(), logger=logger, delay_s=BUILD_PROGRESS_DELAY_S, enabled=self._shows_progress
             ):
-                with skipping_main(source):
-                    pipe.build()
+                try:
+                    with skipping_main(source):
+                        pipe.build()
+                finally:  # (every worker has read it once started: build() waits for them)
+                    source_file.remove()
                 self._dali_iter = DALIGenericIterator(
                     pipe, names, auto_reset=True, last_batch_policy=LastBatchPolicy.PARTIAL, prepare_first_batch=False
                 )
