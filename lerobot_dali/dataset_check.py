@@ -47,6 +47,7 @@ from .said_once import warn_once
 from .value_checks import check_choice, check_int
 from .verified_decode_store import PendingVerdicts, Verdict, VerifiedDecodeStore, local_verdict
 from .video_source import local_video_path
+from .worker_source import SourceFile
 from .worker_start import log_like_trainer, names_main, package_log_level, skipping_main
 
 __all__ = ["CheckReport", "Problem", "check_dataset", "default_workers"]
@@ -289,10 +290,10 @@ def _index_cache() -> PacketIndexCache:
 _WORKER_CHECKER: _EpisodeChecker | None = None
 
 
-def _start_worker(checker: _EpisodeChecker, log_level: int) -> None:
+def _start_worker(checker_file: bytes, log_level: int) -> None:
     global _WORKER_CHECKER
     log_like_trainer(log_level)
-    _WORKER_CHECKER = checker
+    _WORKER_CHECKER = SourceFile.loads(checker_file)
 
 
 def _check_in_worker(positions: list[int]) -> _Tally:
@@ -453,21 +454,28 @@ def _tallies(checker: _EpisodeChecker, tasks: list[list[int]], workers: int) -> 
             checker.close()
         return
     main_named = names_main(checker)  # (the checker pickled once, not at each submit)
-    with ProcessPoolExecutor(
-        min(workers, len(tasks)), mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
-        initargs=(checker, package_log_level()),
-    ) as pool:  # fmt: skip
-        queued = iter(tasks)
+    # Each process reads the checker from a file once started: sent down each start (15,000 episodes: ~0.8 MB), it
+    # held the start until the process had imported lerobot-dali, one after another (0.7-1.4 s each of 4).
+    checker_file = SourceFile()
+    try:
+        with ProcessPoolExecutor(
+            min(workers, len(tasks)), mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
+            initargs=(checker_file.dumps(checker), package_log_level()),
+        ) as pool:  # fmt: skip
+            queued = iter(tasks)
 
-        def submit(count: int) -> set[Future[_Tally]]:
-            """The next ``count`` tasks. The pool starts a process, in this thread, at any submit while it runs
-            fewer than it may and none is idle: at a refill too, where a task ended while the last processes were
-            starting (a check of 15,000 episodes on 4 workers started its 4th so, and it imported __main__)."""
-            with skipping_main(checker, main_named=main_named):
-                return {pool.submit(_check_in_worker, task) for task in itertools.islice(queued, count)}
+            def submit(count: int) -> set[Future[_Tally]]:
+                """The next ``count`` tasks. The pool starts a process, in this thread, at any submit while it runs
+                fewer than it may and none is idle: at a refill too, where a task ended while the last processes
+                were starting (a check of 15,000 episodes on 4 workers started its 4th so, and it imported
+                __main__)."""
+                with skipping_main(checker, main_named=main_named):
+                    return {pool.submit(_check_in_worker, task) for task in itertools.islice(queued, count)}
 
-        pending = submit(2 * workers)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            pending |= submit(len(done))
-            yield from (f.result() for f in done)
+            pending = submit(2 * workers)
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                pending |= submit(len(done))
+                yield from (f.result() for f in done)
+    finally:  # (the pool shut down: every process it started has read it)
+        checker_file.remove()
