@@ -36,6 +36,7 @@ from .decode_errors import locate_clip_failure
 from .depth_maps import DepthUnit
 from .distributed import cpus_per_local_rank, local_cuda_device, resolve_rank
 from .errors import DatasetError, EpisodeMetadataError, IteratorClosedError, ResumeStateError, WorkerProcessError
+from .exit_close import park_if_exiting, watch
 from .file_format_store import FileFormatStore
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .host_values import decode_host_values
@@ -358,6 +359,7 @@ class DALILeRobotIterator:
         # An epoch whose samples are all taken (a checkpoint saved after its last batch) gives an empty pass
         # that ends it, as a drop_last tail does; starting the next epoch here would run it twice in a loop
         # that calls set_epoch.
+        park_if_exiting()  # (a daemon thread starting a pass after the exit handler closed the iterator)
         with self._next_lock:  # a close() from another thread meanwhile waits, then closes what was built
             self._ensure_pipeline()
             self._pass_id += 1  # an older pass's generator, if still held, now raises instead of sharing batches
@@ -457,6 +459,7 @@ class DALILeRobotIterator:
                 ) from e
             _raise_original(e)
         self._pipeline, self._source = pipe, source
+        watch(self)  # closed at exit before DALI's own handler shuts the pipeline down under a pass
 
     def _build_line(self) -> str:
         """What a pipeline's build is doing, where it takes long: mostly starting the worker processes."""
@@ -466,7 +469,7 @@ class DALILeRobotIterator:
 
     def _epoch_batches(self, pass_id: int) -> Iterator[dict[str, Any]]:
         try:
-            while (batch := self._next_batch(pass_id)) is not None:
+            while (batch := self._next_batch_or_park(pass_id)) is not None:
                 try:
                     self._stream.advance(len(batch["index"]))
                     self._pipeline_next = (self._stream.epoch, self._stream.samples_consumed)
@@ -484,6 +487,13 @@ class DALILeRobotIterator:
                 self._pass_start = None
         self._stream.set_epoch(self._stream.epoch + 1)
         self._pipeline_next = (self._stream.epoch, 0)  # DALI reset itself (auto_reset) for the next epoch
+
+    def _next_batch_or_park(self, pass_id: int) -> dict[str, Any] | None:
+        try:
+            return self._next_batch(pass_id)
+        except IteratorClosedError:
+            park_if_exiting()  # (closed by the exit handler: a daemon thread waits to be stopped, silent)
+            raise
 
     def _next_batch(self, pass_id: int) -> dict[str, Any] | None:
         """The next batch of pass ``pass_id``, or None at the end of the epoch; any failure closes the pipeline.

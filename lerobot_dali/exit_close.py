@@ -1,0 +1,60 @@
+"""At exit, iterators are closed before DALI shuts their pipelines down, and the threads still iterating wait.
+
+DALI shuts every pipeline down in an exit handler (``nvidia.dali.pipeline._shutdown_pipelines``), under any thread
+still inside ``next()``: a script that ended while a daemon thread of its own was loading batches printed that
+thread's traceback (``AttributeError: 'NoneType' object has no attribute 'SetExternalTLInput'``, or ``'ShareOutputs'``)
+in 10 of 40 runs without workers, 39 of 40 with 2, and 1 of those aborted (``terminate called without an active
+exception``). Exit handlers run once every non-daemon thread has ended, so a thread still iterating is a daemon the
+interpreter is about to stop. :func:`watch` registers, after DALI's (they run last-registered first), a handler that
+closes every live iterator, in close()'s order, which is safe under a pass in another thread (workers stopped, the
+pass left to let the pipeline go); a pass that then finds its iterator closed waits, silent, to be stopped with its
+thread (:func:`park_if_exiting`), as a daemon thread waiting on a queue is.
+
+Closing what the user holds is safe here: DALI shuts those pipelines down a moment later whatever we do, and close()
+only ends what the iterator built (its pipeline, workers, prefetcher); iterating again (in a later exit handler)
+builds them anew.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import weakref
+from typing import Any
+
+__all__ = ["park_if_exiting", "watch"]
+
+logger = logging.getLogger(__name__)
+
+_live: weakref.WeakSet[Any] = weakref.WeakSet()
+_lock = threading.Lock()
+_registered = False
+_exiting = threading.Event()
+
+
+def watch(iterator: Any) -> None:
+    """Close ``iterator`` (anything with ``close()``) at exit, before DALI's handler does its pipeline; call it once
+    ``nvidia.dali.pipeline`` is imported, so that this module's handler is registered after DALI's."""
+    global _registered
+    with _lock:
+        _live.add(iterator)
+        if not _registered:
+            atexit.register(_close_all)
+            _registered = True
+
+
+def park_if_exiting() -> None:
+    """In a thread other than the main one, once the exit handler ran: wait for ever (the interpreter stops this
+    daemon thread). Call it outside the iterator's locks: the handler's close() may still want them."""
+    if _exiting.is_set() and threading.current_thread() is not threading.main_thread():
+        threading.Event().wait()
+
+
+def _close_all() -> None:
+    _exiting.set()
+    for iterator in list(_live):
+        try:
+            iterator.close()
+        except Exception:  # (DALI's handler still shuts the pipeline down; the exit must go on)
+            logger.debug("closing an iterator at exit failed", exc_info=True)
