@@ -10,6 +10,10 @@ closes every live iterator, in close()'s order, which is safe under a pass in an
 pass left to let the pipeline go); a pass that then finds its iterator closed waits, silent, to be stopped with its
 thread (:func:`park_if_exiting`), as a daemon thread waiting on a queue is.
 
+Every iterator is watched from its construction: a remote one's prefetcher reads from its first pass's warm-up on,
+and closed only once the interpreter was finalizing (the iterator a global), it left a thread inside pyarrow's read of
+a remote footer, stopped there, and the process aborted (``Fatal Python error: PyGILState_Release``).
+
 Closing what the user holds is safe here: DALI shuts those pipelines down a moment later whatever we do, and close()
 only ends what the iterator built (its pipeline, workers, prefetcher); iterating again (in a later exit handler)
 builds them anew.
@@ -34,8 +38,9 @@ _exiting = threading.Event()
 
 
 def watch(iterator: Any) -> None:
-    """Close ``iterator`` (anything with ``close()``) at exit, before DALI's handler does its pipeline; call it once
-    ``nvidia.dali.pipeline`` is imported, so that this module's handler is registered after DALI's."""
+    """Close ``iterator`` (anything with ``close()``) at exit, before DALI's handler shuts its pipeline down."""
+    import nvidia.dali.pipeline  # noqa: F401  (its exit handler registered first: this module's runs before it)
+
     global _registered
     with _lock:
         _live.add(iterator)

@@ -260,6 +260,7 @@ class DALILeRobotIterator:
         self._pass_start: int | None = None  # samples_consumed when the pass in progress began
         self._pipeline_next: tuple[int, int] | None = None  # (epoch, sample) the pipeline's next batch starts at
         self._say_how_it_reads(ranks.source)
+        watch(self)  # closed at exit, before DALI's own handler shuts its pipeline down under a pass
 
     def _say_how_it_reads(self, rank_source: str) -> None:
         """Log what the built iterator reads (its samples, routes, threads), and warn of what a run would regret:
@@ -459,7 +460,6 @@ class DALILeRobotIterator:
                 ) from e
             _raise_original(e)
         self._pipeline, self._source = pipe, source
-        watch(self)  # closed at exit before DALI's own handler shuts the pipeline down under a pass
 
     def _build_line(self) -> str:
         """What a pipeline's build is doing, where it takes long: mostly starting the worker processes."""
