@@ -39,6 +39,10 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a warm-up runs before it shows its progress (each epoch warms the cache; most take a moment).
 WARM_PROGRESS_DELAY_S = 2.0
+#: Seconds close() waits for the admissions reading an episode's parquet footer or packet index (pyarrow and PyAV
+#: calling the remote file's Python read; a few round trips): a daemon thread stopped by the interpreter's exit inside
+#: such a call aborted the process. One stalled longer on the network is left to its thread, as a fetch is.
+READ_WAIT_S = 2.0
 
 
 class Prefetcher:
@@ -71,6 +75,8 @@ class Prefetcher:
         self._done: tuple[int, int] | None = None
         self._wake = threading.Condition()
         self._filling = threading.Lock()  # one fill at a time: warm() may meet a background fill
+        self._reading = threading.Condition()  # (notified as each admission's metadata read ends)
+        self._readers = 0  # admissions reading their episode's metadata
         self._closed = False
         self.failures = 0
         self._thread = threading.Thread(target=self._run, name="lerobot-dali-prefetcher", daemon=True)
@@ -103,14 +109,18 @@ class Prefetcher:
             self._wake.notify()
 
     def close(self) -> None:
-        """Stop: queued admissions are dropped and running ones stop at their next range; a fetch stalled on
-        the network is left to its daemon thread, so neither this nor the interpreter's exit waits for it. The
-        cache directory is given up for the next run."""
+        """Stop: queued admissions are dropped and running ones stop at their next range, once they read their
+        episode's metadata (:data:`READ_WAIT_S` at most); a fetch stalled on the network is left to its daemon
+        thread, so neither this nor the interpreter's exit waits for it. The cache directory is given up for the
+        next run."""
         with self._wake:
             self._closed = True
             self._wake.notify()
         self._pool.terminate()
         self._thread.join(timeout=5)
+        with self._reading:
+            if not self._reading.wait_for(lambda: self._readers == 0, timeout=READ_WAIT_S):
+                logger.debug("close(): %d prefetch threads still read episode metadata", self._readers)
         self.cache.close()
 
     # -- work ----------------------------------------------------------------------------------------------
@@ -182,11 +192,17 @@ class Prefetcher:
             raise failed
 
     def _admit(self, episode_pos: int) -> None:
-        if self._closed:
-            raise _Closed
-        keys = [
-            ByteRange(path, start, end, self._version_of(path)) for path, start, end in self._ranges.ranges(episode_pos)
-        ]
+        with self._reading:  # (counted where close() sees it: a reader starts before close() or not at all)
+            if self._closed:
+                raise _Closed
+            self._readers += 1
+        try:
+            ranges = self._ranges.ranges(episode_pos)
+        finally:
+            with self._reading:
+                self._readers -= 1
+                self._reading.notify_all()
+        keys = [ByteRange(path, start, end, self._version_of(path)) for path, start, end in ranges]
         try:
             self.cache.acquire(episode_pos, keys, self._fetch)
         except BaseException:

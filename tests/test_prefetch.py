@@ -608,6 +608,33 @@ def test_a_failed_fill_is_one_warning_that_says_why_and_what_follows(make_ds, tm
     assert [r.exc_info is not None for r in caplog.records if r.levelno == logging.DEBUG] == [True] * 3
 
 
+def test_close_returns_once_the_admissions_read_their_metadata(make_ds, tmp_path: Path, monkeypatch) -> None:
+    """close() left an admission inside pyarrow's read of a remote footer (which calls the file's Python read): at exit
+    the interpreter stopped that daemon thread there, and the process aborted (Fatal Python error:
+    PyGILState_Release)."""
+    import threading
+
+    from lerobot_dali.episode_ranges import EpisodeRanges
+
+    prefetcher, _ = _pool_prefetcher(make_ds, tmp_path)
+    ranges, inside, reading = EpisodeRanges.ranges, threading.Event(), []
+
+    def slow_ranges(self, episode_pos: int) -> list[tuple[str, int, int]]:
+        reading.append(episode_pos)
+        inside.set()
+        time.sleep(1.0)  # (a remote's round trips, under prefetch.READ_WAIT_S)
+        try:
+            return ranges(self, episode_pos)
+        finally:
+            reading.remove(episode_pos)
+
+    monkeypatch.setattr(EpisodeRanges, "ranges", slow_ranges)
+    prefetcher.advance(0, 0)
+    assert inside.wait(10)
+    prefetcher.close()
+    assert reading == []
+
+
 def test_close_and_drop_stop_the_prefetcher_and_the_workers(make_ds, tmp_path: Path) -> None:
     """close() waited 30 s for a fetch stalled on the network (and exit waited for it too); an iterator dropped
     without close() left its prefetcher thread running; close() left DALI's workers running while a generator
