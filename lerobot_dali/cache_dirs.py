@@ -32,7 +32,6 @@ __all__ = [
     "cache_days",
     "cache_root",
     "checked_body",
-    "checksummed",
     "delete_if_unchanged",
     "discard_damaged_entry",
     "folder_refuses",
@@ -45,6 +44,7 @@ __all__ = [
     "try_flock_where_supported",
     "wait_for_entry_lock",
     "wait_for_flock",
+    "write_checksummed",
 ]
 
 logger = logging.getLogger(__name__)
@@ -216,9 +216,21 @@ def discard_damaged_entry(
         delete_if_unchanged(entry, read)
 
 
-def checksummed(body: bytes) -> bytes:
-    """``body`` behind a line of its sha256, as a store entry is written: :func:`checked_body` reads it back."""
-    return hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+def write_checksummed(
+    entry: Path, body: bytes, *, directory: Path, logger: logging.Logger, what: str, otherwise: str
+) -> None:
+    """Write ``body`` to store entry ``entry`` (in the store's ``directory``) behind a line of its sha256, atomically:
+    :func:`checked_body` reads it back. A failed write is logged once (``cannot keep <what> ...; <otherwise>``: what
+    the next run does instead), never raised: the store only saves work."""
+    try:
+        with atomic_file(entry, prefix=f".{entry.stem[:16]}.") as tmp:
+            tmp.write(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+    except OSError as e:
+        fix = folder_refuses(directory, e) or "check its permissions"
+        warn_once(logger,
+            "cannot keep %s in %s (%s: %s); %s: %s or move the cache with $%s",
+            what, entry, type(e).__name__, e, otherwise, fix, CACHE_ENV,
+        )  # fmt: skip
 
 
 def checked_body(raw: bytes) -> bytes:

@@ -26,24 +26,20 @@ from pathlib import Path
 from typing import Any
 
 from .cache_dirs import (
-    CACHE_ENV,
     LOCK_FILES,
     TEMP_FILES,
-    atomic_file,
     cache_root,
     checked_body,
-    checksummed,
     discard_damaged_entry,
     drop_lock_file,
-    folder_refuses,
     mark_used,
     prune_unused_files,
     read_entry,
     wait_for_entry_lock,
+    write_checksummed,
 )
 from .camera_codecs import FileFormat
 from .file_stamps import stat_version
-from .said_once import warn_once
 
 __all__ = ["STORE_FORMAT", "SUFFIX", "WAIT_S", "FileFormatStore", "default_file_format_dir"]
 
@@ -140,15 +136,10 @@ class FileFormatStore:
         files = [[path, *stamp, formats.setdefault(f, len(formats))] for (path, stamp), f in kept.items()]
         rows = [[f.codec, f.height, f.width, f.pix_fmt, *f.color] for f in formats]
         body = json.dumps({"formats": rows, "files": files}).encode()
-        try:
-            with atomic_file(entry, prefix=f".{entry.stem[:16]}.") as tmp:
-                tmp.write(checksummed(body))
-        except OSError as e:
-            fix = folder_refuses(self.directory, e) or "check its permissions"
-            warn_once(logger,
-                "cannot keep video file headers in %s (%s: %s); every build reads them again: %s or move the cache "
-                "with $%s", entry, type(e).__name__, e, fix, CACHE_ENV,
-            )  # fmt: skip
+        write_checksummed(
+            entry, body, directory=self.directory, logger=logger, what="video file headers",
+            otherwise="every build reads them again",
+        )  # fmt: skip
 
 
 def _stamp(path: str) -> Stamp | None:

@@ -33,22 +33,18 @@ import av
 import numpy as np
 
 from .cache_dirs import (
-    CACHE_ENV,
     LOCK_FILES,
     TEMP_FILES,
-    atomic_file,
     cache_root,
     checked_body,
-    checksummed,
     discard_damaged_entry,
-    folder_refuses,
     mark_used,
     prune_unused_files,
     read_entry,
+    write_checksummed,
 )
 from .file_format_store import STAMPS_PER_FILE
 from .file_stamps import stat_version
-from .said_once import warn_once
 
 __all__ = [
     "SAVE_EVERY_S",
@@ -151,15 +147,10 @@ class VerifiedDecodeStore:
         paths: dict[str, int] = {}
         rows = [[paths.setdefault(path, len(paths)), size, version, digest] for path, size, version, digest in kept]
         body = json.dumps({"paths": list(paths), "verdicts": rows}).encode()
-        try:
-            with atomic_file(entry, prefix=f".{entry.stem[:16]}.") as tmp:
-                tmp.write(checksummed(body))
-        except OSError as e:
-            fix = folder_refuses(self.directory, e) or "check its permissions"
-            warn_once(logger,
-                "cannot keep which frames check --decode verified in %s (%s: %s); every check decodes them again: %s "
-                "or move the cache with $%s", entry, type(e).__name__, e, fix, CACHE_ENV,
-            )  # fmt: skip
+        write_checksummed(
+            entry, body, directory=self.directory, logger=logger, what="which frames check --decode verified",
+            otherwise="every check decodes them again",
+        )  # fmt: skip
 
     def prune_unused(self) -> None:
         """Delete the entries no check has loaded for a while (:func:`~lerobot_dali.cache_dirs.prune_unused_files`):
