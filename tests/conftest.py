@@ -126,6 +126,22 @@ def copy_ds(tmp_path: Path) -> Callable[[Path], Path]:
     return copy
 
 
+@pytest.fixture
+def process_starts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """The arguments of each process started while the test runs, in order (each is started as before)."""
+    import multiprocessing.process
+
+    started: list[tuple[Any, ...]] = []
+    real_start = multiprocessing.process.BaseProcess.start
+
+    def start(process: multiprocessing.process.BaseProcess) -> None:
+        started.append(process._args)  # type: ignore[attr-defined]
+        real_start(process)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start)
+    return started
+
+
 @pytest.fixture(scope="module")
 def basetemp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """pytest's base folder over HTTP (a ``tests.http_server.FolderServer``): every test's copies and the session's

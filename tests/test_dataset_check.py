@@ -468,25 +468,16 @@ def test_every_submit_to_the_workers_starts_them_without_the_main_module(make_ds
     assert not [data for data in told if any(key in data for key in _MAIN_KEYS)]
 
 
-def test_the_workers_read_the_checker_from_a_file_not_down_their_starts(make_ds, monkeypatch) -> None:
+def test_the_workers_read_the_checker_from_a_file_not_down_their_starts(make_ds, process_starts) -> None:
     """Sent down each process's start (a pipe of 64 KiB), 15,000 episodes' checker (~0.8 MB) held each start until
     the process had imported lerobot-dali and read it, one after another (0.7-1.4 s each of 4): its file's name is
     sent instead, the file removed once the pool is done."""
-    import multiprocessing.process
     import os
 
     from lerobot_dali.worker_source import PREFIX
 
-    started: list[tuple] = []  # (each process's arguments: start() lets them go)
-    real_start = multiprocessing.process.BaseProcess.start
-
-    def start(process: multiprocessing.process.BaseProcess) -> None:
-        started.append(process._args)  # type: ignore[attr-defined]
-        real_start(process)
-
-    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start)
     report = check_dataset(open_dataset(make_ds(**SPEC)), workers=1)
     assert report.ok and report.episodes == 5
-    sent = [args[3][0] for args in started]  # (ProcessPoolExecutor's: queues, initializer, its arguments, ...)
+    sent = [args[3][0] for args in process_starts]  # (ProcessPoolExecutor's: queues, initializer, its arguments, ...)
     assert len(sent) == 1 and isinstance(sent[0], bytes), sent
     assert os.path.basename(sent[0]).startswith(PREFIX.encode()) and not os.path.exists(sent[0])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing.process
 import os
 
 import numpy as np
@@ -28,21 +27,13 @@ def test_dalis_pickler_takes_a_lambda_as_it_did_for_the_workers() -> None:
         files.remove()
 
 
-def test_each_worker_starts_with_the_sources_file_name_not_the_source(make_ds, monkeypatch) -> None:
+def test_each_worker_starts_with_the_sources_file_name_not_the_source(make_ds, process_starts) -> None:
     """DALI writes each worker's arguments down the pipe spawn starts it with, one worker after another; past the
     64 KiB a pipe holds, each write waits for its worker to import DALI and lerobot-dali and read it. A 15,000-episode
     dataset's source pickles to 0.8 MB: each of 4 starts held the training process 0.6-2.1 s. Its file's name is
     sent instead, the file removed once the workers have read it."""
     from lerobot_dali.iterator import DALILeRobotIterator
 
-    started: list[tuple] = []  # (each process's arguments: start() lets them go)
-    real_start = multiprocessing.process.BaseProcess.start
-
-    def start(process: multiprocessing.process.BaseProcess) -> None:
-        started.append(process._args)  # type: ignore[attr-defined]
-        real_start(process)
-
-    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start)
     root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="vp9", size=(64, 64))
     it = DALILeRobotIterator(root, batch_size=2, device="cpu", num_workers=2, shuffle=False)
     try:
@@ -51,6 +42,6 @@ def test_each_worker_starts_with_the_sources_file_name_not_the_source(make_ds, m
         it.close()
     assert len(batch["index"]) == 2
     # (DALI's WorkerArgs: each worker's sources, as they are sent)
-    sent = [desc.source for args in started for desc in getattr(args[0], "source_descs", {}).values()]
+    sent = [desc.source for args in process_starts for desc in getattr(args[0], "source_descs", {}).values()]
     assert len(sent) == 2 and len(set(sent)) == 1, sent  # (pickled once, DALI's own pickler's bytes till now)
     assert os.path.basename(sent[0]).startswith(PREFIX.encode()) and not os.path.exists(sent[0])  # (gone: read)
