@@ -7,22 +7,29 @@ runs), so each start waited for the one before. A 15,000-episode dataset's sourc
 workers' starts held the training process 0.4-2.1 s, one after another, where a small dataset's took 0.01 s. Given a
 :class:`SourceFile` as its ``py_callback_pickler``, DALI has the source pickled (as its own pickler does) to a file
 and sends each worker the file's name, which each reads once started, all of them at once. A process pool's
-initializer's arguments (``lerobot-dali check``'s checker) travel alike.
+initializer's arguments (``lerobot-dali check``'s checker) travel alike. The files sit in a folder of the process's
+own under the temporary directory (:func:`~lerobot_dali.new_folder.run_folder`): one left by a process killed during a
+build (a few MB) is deleted by the next build on its host.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
+import shutil
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, Any
+
+from .new_folder import remove_dead_run_folders, run_folder
 
 __all__ = ["PREFIX", "SourceFile", "dali_dump"]
 
-#: How the source files' names start (in the temporary directory).
+#: How the source files' names start (in their process's folder, :data:`FOLDER`'s run folder).
 PREFIX = "lerobot-dali-source-"
+#: The name the processes' folders of source files are named after (``.<FOLDER>.source-<host>-<pid>-<random>``).
+FOLDER = "lerobot-dali-sources"
 
 
 class SourceFile:
@@ -33,11 +40,15 @@ class SourceFile:
 
     def __init__(self, dump: Callable[[Any, IO[bytes]], None] = pickle.dump) -> None:
         self._dump = dump
-        self._paths: list[str] = []
+        self._folder: Path | None = None
 
     def dumps(self, source: Any) -> bytes:
-        descriptor, path = tempfile.mkstemp(prefix=PREFIX, suffix=".pickle")
-        self._paths.append(path)
+        if self._folder is None:
+            out = Path(tempfile.gettempdir()) / FOLDER
+            remove_dead_run_folders(out, "source", writer="lerobot-dali pipeline build")
+            self._folder = run_folder(out, "source")
+            self._folder.mkdir()
+        descriptor, path = tempfile.mkstemp(prefix=PREFIX, suffix=".pickle", dir=self._folder)
         with os.fdopen(descriptor, "wb") as file:
             self._dump(source, file)
         return os.fsencode(path)
@@ -48,10 +59,9 @@ class SourceFile:
             return pickle.load(file)
 
     def remove(self) -> None:
-        for path in self._paths:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        self._paths.clear()
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
 
 
 def dali_dump(source: Any, file: IO[bytes]) -> None:

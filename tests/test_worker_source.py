@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
-from lerobot_dali.worker_source import PREFIX, SourceFile, dali_dump
+from lerobot_dali.new_folder import host_name
+from lerobot_dali.worker_source import FOLDER, PREFIX, SourceFile, dali_dump
 
 
 def test_a_source_is_read_back_from_its_file_until_removed() -> None:
@@ -17,6 +22,32 @@ def test_a_source_is_read_back_from_its_file_until_removed() -> None:
     files.remove()
     assert not os.path.exists(name)
     files.remove()  # (again: nothing left to remove)
+    assert not os.path.exists(os.path.dirname(name))  # (its folder too)
+
+
+def test_the_files_of_a_process_killed_during_a_build_are_removed_by_the_next() -> None:
+    """A process killed while DALI started its workers (Ctrl-C twice, SIGKILL, the OOM killer) left its source's
+    pickle (a few MB for a large dataset) in the temporary directory, one more each time."""
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from lerobot_dali.worker_source import SourceFile; import os; "
+            "print(os.fsdecode(SourceFile().dumps(list(range(1000)))))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )  # (a process that dumps its source and ends without removing it, as a killed one does)
+    left = Path(killed.stdout.strip())
+    assert left.exists() and left.parent.name.startswith(f".{FOLDER}.source-{host_name()}-")
+    files = SourceFile()
+    mine = files.dumps([1, 2])
+    try:
+        assert not left.exists() and not left.parent.exists()
+        assert os.path.exists(mine) and Path(os.fsdecode(mine)).parent.parent == Path(tempfile.gettempdir())
+    finally:
+        files.remove()
 
 
 def test_dalis_pickler_takes_a_lambda_as_it_did_for_the_workers() -> None:
