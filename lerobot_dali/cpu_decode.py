@@ -143,10 +143,11 @@ class CpuFrameDecoder:
     @property
     def max_open(self) -> int:
         """The open files kept at most (besides the memory budget): the options', else 64 or the files in use,
-        within the decoders' share of the process's open-file limit (:mod:`.open_files`): half."""
+        within the decoders' share of the process's open-file limit (:mod:`.open_files`): half, shared with the
+        process's other decoders (a mixture without workers has one per dataset)."""
         if self.options.max_open_decoders is not None:
             return self.options.max_open_decoders
-        return min(max(DEFAULT_OPEN_DECODERS, self.files_in_use), open_files.open_files_share(open_files.DECODER_SHARE))
+        return min(max(DEFAULT_OPEN_DECODERS, self.files_in_use), open_files.DECODERS.files_for(self))
 
     @property
     def backend(self) -> CpuDecoderBackend:
@@ -371,9 +372,9 @@ class CpuFrameDecoder:
                 warn_once(
                     logger,
                     "CPU decode: up to %d files are in use (episode pool x cameras) but this process's open-file "
-                    "limit (%d) keeps %d open, half of it, so files are reopened as requests move between them "
-                    "(~6 ms each at 640x480); raise it to %d or more before starting (ulimit -n), or lower "
-                    "episode_pool_size",
+                    "limit (%d) keeps %d open (half of it, shared with the other datasets it decodes), so files "
+                    "are reopened as requests move between them (~6 ms each at 640x480); raise it to %d or more "
+                    "before starting (ulimit -n), times the datasets it decodes, or lower episode_pool_size",
                     self.files_in_use,
                     open_files.open_files_limit(),
                     limit,
@@ -398,6 +399,7 @@ class CpuFrameDecoder:
             _, (evicted, evicted_bytes) = self._readers.popitem(last=False)
             self._open_bytes -= evicted_bytes
             evicted.close()
+        open_files.DECODERS.holding(self, len(self._readers))
 
     def _drop_inherited(self) -> None:
         if self._pid != os.getpid():
@@ -414,6 +416,7 @@ class CpuFrameDecoder:
             _, (reader, size) = self._readers.popitem(last=False)
             self._open_bytes -= size
             reader.close()
+        open_files.DECODERS.holding(self, 0)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.options, "files_in_use": self.files_in_use}

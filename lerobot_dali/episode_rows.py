@@ -24,11 +24,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from . import open_files
 from .column_store import ColumnStore
 from .dataset_info import Feature
 from .errors import DataFileError, DatasetError, MissingDataFileError, SchemaMismatchError
 from .file_stamps import FileStamp, stamp_from_stat
-from .open_files import DATA_FILE_SHARE, open_files_share
 from .remote_retry import is_transient
 
 __all__ = [
@@ -153,12 +153,12 @@ def open_parquet(open_file: Callable[[str], Any], path: str) -> pq.ParquetFile:
 class ParquetCache:
     """A per-process LRU of open parquet files: footers are read once, not once per episode.
 
-    Bounded by count, by the data files' share of the open-file limit (:mod:`.open_files`: 32 at ``ulimit -n 256``;
-    a v2.1 pool's file per episode failed there with EMFILE beside the video files) and by the parsed footers'
-    memory: an episode pool draws from many files (64 episodes of a large v3.0 dataset sit in ~50 files), and a file
-    with a row group per episode has a footer of ~800 bytes per episode (8 MB at 10,000), which took 100 ms to parse
-    again each time 16 open files were not enough; parsed, a footer takes ~8 times its serialized size
-    (:data:`FOOTER_MEMORY_FACTOR`).
+    Bounded by count, by the data files' share of the open-file limit (:mod:`.open_files`: 32 at ``ulimit -n 256``,
+    shared with the process's other caches; a v2.1 pool's file per episode failed there with EMFILE beside
+    the video files) and by the parsed footers' memory: an episode pool draws from many files (64 episodes of a large
+    v3.0 dataset sit in ~50 files), and a file with a row group per episode has a footer of ~800 bytes per episode
+    (8 MB at 10,000), which took 100 ms to parse again each time 16 open files were not enough; parsed, a footer
+    takes ~8 times its serialized size (:data:`FOOTER_MEMORY_FACTOR`).
     Keyed by process id too, so a cache inherited through ``fork`` is never reused by the child. Threads read
     through :meth:`reading`: a file evicted while another thread reads it is closed when that read ends (closed at
     once, the read failed as a corrupt file).
@@ -209,12 +209,13 @@ class ParquetCache:
                 return self._counted(raced, read)
             self._open[key] = parquet
             self._footer_bytes += _footer_memory(parquet)
-            max_open = min(self._max_open, open_files_share(DATA_FILE_SHARE))
+            max_open = min(self._max_open, open_files.DATA_FILES.files_for(self))
             while len(self._open) > 1 and (len(self._open) > max_open or self._footer_bytes > self._max_footer_bytes):
                 _, old = self._open.popitem(last=False)
                 self._footer_bytes -= _footer_memory(old)
                 if old not in self._readers:  # (else its last read closes it)
                     old.close(force=True)  # (without force pyarrow leaves a handle it did not open to the GC)
+            open_files.DATA_FILES.holding(self, len(self._open))
             return self._counted(parquet, read)
 
     def close(self) -> None:
@@ -223,6 +224,7 @@ class ParquetCache:
             files = list(self._open.values())
             self._open.clear()
             self._footer_bytes = 0
+            open_files.DATA_FILES.holding(self, 0)
             for parquet in files:
                 if parquet not in self._readers:
                     parquet.close(force=True)

@@ -2,17 +2,30 @@
 
 Many clusters set a soft limit of 1024, some 256, and a v2.1 dataset has a data file per episode and a video file per
 episode and camera: a cache bounded by a fixed count went past a low limit, and opening a file then failed with EMFILE
-("Too many open files"). Each cache keeps at most its share of the limit, read when it opens a file; the rest is left
-to the process's own files, pipes, sockets and DALI's shared memory (~12 in a worker, measured).
+("Too many open files"). The caches of each kind keep at most their share of the limit all together, read when one
+opens a file (:class:`FileShare`); the rest is left to the process's own files, pipes, sockets and DALI's shared
+memory (~12 in a worker, measured).
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import resource
 import sys
+import threading
+import weakref
 
-__all__ = ["DATA_FILE_SHARE", "DECODER_SHARE", "open_files_limit", "open_files_share", "out_of_files"]
+__all__ = [
+    "DATA_FILES",
+    "DATA_FILE_SHARE",
+    "DECODERS",
+    "DECODER_SHARE",
+    "FileShare",
+    "open_files_limit",
+    "open_files_share",
+    "out_of_files",
+]
 
 #: Open video files' share (the CPU decoders' pool, :class:`~.cpu_decode.CpuFrameDecoder`).
 DECODER_SHARE = 1 / 2
@@ -29,6 +42,53 @@ def open_files_limit() -> int:
 def open_files_share(share: float) -> int:
     """The open files a cache with ``share`` of the limit may keep: at least one."""
     return max(1, int(open_files_limit() * share))
+
+
+class FileShare:
+    """A kind of cache's share of the open-file limit, shared by this process's caches of that kind: each keeps at
+    most an even split of it among those holding files, and no more than the others leave (one alone keeps it all).
+
+    A mixture without workers reads several datasets in one process, each with its own decoders and data files: each
+    cache keeping the whole share, 4 datasets kept twice the limit open and failed with EMFILE at ``ulimit -n 256``.
+    A split alone was not enough: a pipeline's first batches, read before the next dataset's cache held any file,
+    filled the share, which that cache gives up only as it opens files again; what the others leave bounds the
+    newcomers meanwhile. A forked child counts only the caches it uses itself.
+    """
+
+    def __init__(self, share: float) -> None:
+        self.share = share
+        #: This process's caches holding files -> how many, as each said after its latest open.
+        self._held: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    def holding(self, holder: object, files: int) -> None:
+        """Record that ``holder`` keeps ``files`` open now (0: it has closed them and counts no more)."""
+        with self._lock:
+            held = self._this_process()
+            if files:
+                held[holder] = files
+            else:
+                held.pop(holder, None)
+
+    def files_for(self, holder: object) -> int:
+        """The open files ``holder`` may keep (at least one): its split of the share, within what the others left."""
+        with self._lock:
+            others = [files for cache, files in self._this_process().items() if cache is not holder]
+        whole = open_files_share(self.share)
+        return max(1, min(whole // (len(others) + 1), whole - sum(others)))
+
+    def _this_process(self) -> weakref.WeakKeyDictionary[object, int]:
+        if self._pid != os.getpid():  # (inherited through fork: the parent's caches hold the parent's files)
+            self._held = weakref.WeakKeyDictionary()
+            self._pid = os.getpid()
+        return self._held
+
+
+#: The CPU decoders' open video files.
+DECODERS = FileShare(DECODER_SHARE)
+#: The parquet caches' open data files.
+DATA_FILES = FileShare(DATA_FILE_SHARE)
 
 
 def out_of_files(error: BaseException) -> OSError | None:

@@ -41,6 +41,15 @@ def _warnings_said_afresh(tmp_path_factory: pytest.TempPathFactory, monkeypatch:
 
 
 @pytest.fixture(autouse=True)
+def _open_file_shares_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's caches share the open-file limit among themselves, whatever an earlier test left unclosed."""
+    from lerobot_dali import open_files
+
+    monkeypatch.setattr(open_files, "DECODERS", open_files.FileShare(open_files.DECODER_SHARE))
+    monkeypatch.setattr(open_files, "DATA_FILES", open_files.FileShare(open_files.DATA_FILE_SHARE))
+
+
+@pytest.fixture(autouse=True)
 def _scheduling_kept() -> Iterator[None]:
     """Each test ends with this thread's scheduling policy as it began: a test that opens libsvtav1 itself, as root,
     left the rest of the session real-time (lerobot_dali.thread_priority), and the machine's other processes with 5%

@@ -47,6 +47,68 @@ def test_the_cpu_route_keeps_a_v21_pool_within_a_low_open_file_limit(make_ds: Ca
     assert done.stdout.split() == ["24", "24"]
 
 
+#: A mixture of the same dataset three times, without workers: its datasets' caches in one process, as the pass above.
+_MIXTURE_PASS = """
+import os, resource, sys
+_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), hard))
+from lerobot_dali import DALILeRobotMixture
+
+def open_now(suffix):
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except FileNotFoundError:  # (the listing's own)
+            pass
+    return sum(link.endswith(suffix) for link in links)
+
+mixture = DALILeRobotMixture([sys.argv[1]] * 3, batch_size=24, shuffle=True, seed=0, episode_pool_size=24,
+                             device="cpu", decode="cpu", num_workers=0, dali_threads=1)
+most = {".mp4": 0, ".parquet": 0}
+for _ in mixture:
+    most = {suffix: max(n, open_now(suffix)) for suffix, n in most.items()}
+print(len(mixture), most[".mp4"], most[".parquet"])
+mixture.close()
+"""
+
+
+def test_a_mixture_without_workers_keeps_its_datasets_files_within_one_share(make_ds: Callable[..., Path]) -> None:
+    """Three datasets read in one process at ``ulimit -n 128``, 48 videos and 24 data files in each pool: each
+    dataset's decoders kept its 48 videos (within half the limit, 64) and its data files an eighth (16), 192 files in
+    all, and the first batch failed with EMFILE; together they keep the two shares (after each batch: at most one
+    file more per dataset, where the others left none)."""
+    root = make_ds(episodes=24, frames_per_episode=8, cameras=2, size=(64, 64), codec="h264", version="v2.1")
+    env = {**os.environ, "PYTHONPATH": str(Path(lerobot_dali.__file__).parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-c", _MIXTURE_PASS, str(root), "128"], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert "Too many open files" not in done.stderr
+    assert done.returncode == 0, done.stderr[-2000:]
+    batches, videos, data_files = map(int, done.stdout.split())
+    assert batches == 24, (videos, data_files)
+    assert 48 <= videos <= 64 + 2 and 8 <= data_files <= 16 + 2
+
+
+class _Cache:
+    """A cache holding files (weakly referenced by the share, as the real ones are)."""
+
+
+def test_caches_of_one_kind_keep_their_share_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(open_files, "open_files_limit", lambda: 256)
+    share, first, second, third = open_files.FileShare(open_files.DECODER_SHARE), _Cache(), _Cache(), _Cache()
+    assert share.files_for(first) == 128  # alone: the whole share, as before there was a split
+    share.holding(first, 100)
+    assert share.files_for(second) == 28  # what the first leaves, within its split (64)
+    share.holding(second, 28)
+    assert share.files_for(first) == 64  # its split, trimmed to as it opens its next file
+    share.holding(first, 64)
+    share.holding(second, 64)
+    assert share.files_for(third) == 1  # none left: one file, reopened as it goes
+    share.holding(first, 0)  # (closed)
+    assert [share.files_for(c) for c in (first, second, third)] == [64, 128, 64]
+
+
 def test_the_shares_of_the_open_file_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(open_files, "open_files_limit", lambda: 256)
     assert [open_files.open_files_share(s) for s in (open_files.DECODER_SHARE, open_files.DATA_FILE_SHARE)] == [128, 32]
