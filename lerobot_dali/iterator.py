@@ -259,6 +259,9 @@ class DALILeRobotIterator:
         self._close_deferred = False  # close() was called by a signal handler on that thread
         self._pass_start: int | None = None  # samples_consumed when the pass in progress began
         self._pipeline_next: tuple[int, int] | None = None  # (epoch, sample) the pipeline's next batch starts at
+        # Its checks' data files: batches read through the source's copy of the reader, and one left open here made
+        # this reader one more cache splitting the data files' share of the open-file limit (open_files.FileShare).
+        self.reader.close_files()
         self._say_how_it_reads(ranks.source)
         watch(self)  # closed at exit, before DALI's own handler shuts its pipeline down under a pass
 

@@ -109,6 +109,20 @@ def test_caches_of_one_kind_keep_their_share_together(monkeypatch: pytest.Monkey
     assert [share.files_for(c) for c in (first, second, third)] == [64, 128, 64]
 
 
+def test_an_iterator_keeps_no_data_file_open_from_its_checks(make_ds: Callable[..., Path]) -> None:
+    """Batches read through the source's copy of the reader: the data file its checks opened stayed open, a cache of
+    one file that halved the data files' split of the one reading batches."""
+    root = make_ds(episodes=4, frames_per_episode=8, cameras=1, size=(64, 64), codec="h264", version="v2.1")
+
+    def open_data_files() -> int:
+        links = [os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")]
+        return sum(link.startswith(str(root.resolve())) and link.endswith(".parquet") for link in links)
+
+    it = DALILeRobotIterator(root, batch_size=2, device="cpu", decode="cpu", num_workers=0)
+    assert open_data_files() == 0
+    it.close()
+
+
 def test_the_shares_of_the_open_file_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(open_files, "open_files_limit", lambda: 256)
     assert [open_files.open_files_share(s) for s in (open_files.DECODER_SHARE, open_files.DATA_FILE_SHARE)] == [128, 32]
