@@ -91,14 +91,21 @@ DECODERS = FileShare(DECODER_SHARE)
 DATA_FILES = FileShare(DATA_FILE_SHARE)
 
 
+#: What an EMFILE said again names: the limit (which :func:`out_of_files` says once).
+_SAID = "this process's soft limit"
+
+
 def out_of_files(error: BaseException) -> OSError | None:
     """``error`` said again with what to do where the process has no file descriptor left (EMFILE; its notes kept),
-    else None: no file is at fault (a video whose open fails so is not damaged)."""
+    else None: no file is at fault (a video whose open fails so is not damaged). One said so already is itself (a
+    worker's batch met it in a video file's open, which said it first)."""
     if not isinstance(error, OSError) or error.errno != errno.EMFILE:
         return None
+    if _SAID in (error.strerror or ""):
+        return error
     said = OSError(
         error.errno,
-        f"{error.strerror} (this process's soft limit: {open_files_limit()}); raise it before starting "
+        f"{error.strerror} ({_SAID}: {open_files_limit()}); raise it before starting "
         "(`ulimit -n 4096`), or keep fewer files open (a smaller episode_pool_size, "
         "CpuDecodeOptions(max_open_decoders=...))",
         error.filename,

@@ -156,6 +156,7 @@ def test_the_open_file_limit_reached_says_to_raise_it(
         "(`ulimit -n 4096`), or keep fewer files open (a smaller episode_pool_size, "
         "CpuDecodeOptions(max_open_decoders=...)): '/data/f'"
     )
+    assert open_files.out_of_files(info.value) is info.value  # (said once: a batch meeting it in a video's open)
     monkeypatch.undo()
 
     root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="av1", fps=10, episodes_per_file=2, gop=2)
