@@ -27,7 +27,7 @@ import threading
 import weakref
 from typing import Any
 
-__all__ = ["park_if_exiting", "watch"]
+__all__ = ["must_park", "park_if_exiting", "watch"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +49,15 @@ def watch(iterator: Any) -> None:
             _registered = True
 
 
+def must_park() -> bool:
+    """Whether :func:`park_if_exiting` waits here: the exit handler ran, and this is not the main thread."""
+    return _exiting.is_set() and threading.current_thread() is not threading.main_thread()
+
+
 def park_if_exiting() -> None:
     """In a thread other than the main one, once the exit handler ran: wait for ever (the interpreter stops this
     daemon thread). Call it outside the iterator's locks: the handler's close() may still want them."""
-    if _exiting.is_set() and threading.current_thread() is not threading.main_thread():
+    if must_park():
         threading.Event().wait()
 
 

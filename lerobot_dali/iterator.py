@@ -36,7 +36,7 @@ from .decode_errors import locate_clip_failure
 from .depth_maps import DepthUnit
 from .distributed import cpus_per_local_rank, local_cuda_device, resolve_rank
 from .errors import DatasetError, EpisodeMetadataError, IteratorClosedError, ResumeStateError, WorkerProcessError
-from .exit_close import park_if_exiting, watch
+from .exit_close import must_park, park_if_exiting, watch
 from .file_format_store import FileFormatStore
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .host_values import decode_host_values
@@ -363,12 +363,15 @@ class DALILeRobotIterator:
         # An epoch whose samples are all taken (a checkpoint saved after its last batch) gives an empty pass
         # that ends it, as a drop_last tail does; starting the next epoch here would run it twice in a loop
         # that calls set_epoch.
-        park_if_exiting()  # (a daemon thread starting a pass after the exit handler closed the iterator)
-        with self._next_lock:  # a close() from another thread meanwhile waits, then closes what was built
-            self._ensure_pipeline()
-            self._pass_id += 1  # an older pass's generator, if still held, now raises instead of sharing batches
-            self._pass_start = self._stream.samples_consumed
-            return self._epoch_batches(self._pass_id)
+        while True:
+            park_if_exiting()  # (a daemon thread starting a pass after the exit handler closed the iterator)
+            with self._next_lock:  # a close() from another thread meanwhile waits, then closes what was built
+                if must_park():  # (the exit handler's close() held the lock: built now, nothing would close it)
+                    continue
+                self._ensure_pipeline()
+                self._pass_id += 1  # an older pass's generator, if still held, now raises instead of sharing batches
+                self._pass_start = self._stream.samples_consumed
+                return self._epoch_batches(self._pass_id)
 
     def _ensure_pipeline(self) -> None:
         # The running pipeline serves the stream if it stands where the stream does: right after the last

@@ -138,3 +138,52 @@ def test_a_script_ending_while_the_prefetcher_reads_a_footer_exits_cleanly(make_
     ds = make_ds(episodes=4, frames_per_episode=4, version="v2.1")
     done = run_script(PREFETCH_READING_AT_EXIT, str(ds), str(tmp_path / "cache"))
     assert (done.returncode, done.stderr) == (0, "")
+
+
+#: A loader thread starts a pass (``iter``) just as the script ends: it has passed the exit check and waits for the lock
+#: that the exit handler's close() holds (held here 0.5 s, as a worker pool's shutdown holds it).
+ITERATING_AGAIN_AT_EXIT = """
+import atexit, sys, threading, time
+atexit.register(time.sleep, 1.0)  # (the script's own exit handler, run last: the loader thread runs meanwhile)
+from lerobot_dali import DALILeRobotIterator, exit_close, iterator
+
+checked, closing = threading.Event(), threading.Event()
+park = iterator.park_if_exiting
+close_pipeline, ensure = DALILeRobotIterator._close_pipeline, DALILeRobotIterator._ensure_pipeline
+
+def late_park():
+    park()
+    if threading.current_thread().name == "loader" and not checked.is_set():
+        checked.set()
+        closing.wait()
+
+def held_close_pipeline(self):
+    if exit_close._exiting.is_set():
+        closing.set()
+        time.sleep(0.5)
+    close_pipeline(self)
+
+def noted_ensure(self):
+    if exit_close._exiting.is_set():
+        print("a pipeline built after the exit handler closed the iterator", file=sys.stderr, flush=True)
+    ensure(self)
+
+iterator.park_if_exiting = late_park
+DALILeRobotIterator._close_pipeline, DALILeRobotIterator._ensure_pipeline = held_close_pipeline, noted_ensure
+
+def main():
+    it = DALILeRobotIterator(sys.argv[1], batch_size=2, device="cpu", num_workers=0)
+    threading.Thread(target=iter, args=(it,), name="loader", daemon=True).start()
+    checked.wait()
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_pass_started_while_the_exit_handler_closes_the_iterator_builds_nothing(make_ds) -> None:
+    # The thread went on once close() let the lock go, and built a pipeline (and would start workers and a prefetcher)
+    # that nothing closed any more, under DALI's own exit handler.
+    ds = make_ds(episodes=2, frames_per_episode=30)
+    done = run_script(ITERATING_AGAIN_AT_EXIT, str(ds))
+    assert (done.returncode, done.stderr) == (0, "")
