@@ -481,8 +481,9 @@ class DALILeRobotIterator:
                     self._pipeline_next = (self._stream.epoch, self._stream.samples_consumed)
                     if self._num_workers:  # (the workers walk their copies: this one follows, for state_dict)
                         self._stream.order.follow(self._stream.epoch, self._stream.samples_consumed)
-                    if self._prefetcher is not None:
-                        self._prefetcher.advance(self._stream.epoch, self._stream.samples_consumed)
+                    prefetcher = self._prefetcher  # (read once: a close() from another thread sets it to None)
+                    if prefetcher is not None:
+                        prefetcher.advance(self._stream.epoch, self._stream.samples_consumed)
                 except BaseException:  # Ctrl-C before the stream counted the batch DALI handed out: rebuild
                     with self._next_lock:
                         self._close_pipeline()

@@ -6,8 +6,10 @@ hand (clamp + pad), frames by reading each decoded frame's marker and by a full 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
+import sys
 import threading
 import time
 from collections import Counter
@@ -1179,6 +1181,60 @@ def test_close_from_another_thread_ends_the_waiting_pass_with_a_clear_error(make
     closer[0].join(timeout=60)
     assert not closer[0].is_alive() and it._pipeline is None
     monkeypatch.setattr(DALIGenericIterator, "__next__", original)
+    for batch in it:
+        seen += [int(i) for i in batch["index"]]
+    it.close()
+    assert seen == reference
+
+
+class _StubPrefetcher:
+    """What a pass asks of a remote dataset's prefetcher, doing nothing."""
+
+    def set_order(self, order) -> None:
+        pass
+
+    def warm(self, epoch, samples_consumed, *, progress) -> None:
+        pass
+
+    def advance(self, epoch, samples_consumed) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_close_from_another_thread_as_the_pass_tells_the_prefetcher_ends_it_with_a_clear_error(make_ds) -> None:
+    """A close() from another thread (the exit handler's, under a daemon loader thread) that set the prefetcher to None
+    between the pass's check of it and its call raised AttributeError ('NoneType' object has no attribute 'advance')
+    out of the pass; it now gets IteratorClosedError at its next batch, and iterating again carries on."""
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=False, device="cpu", num_workers=0, drop_last=False)
+    reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
+    it = DALILeRobotIterator(root, **kwargs)
+    it._prefetcher = _StubPrefetcher()
+    lines, first = inspect.getsourcelines(DALILeRobotIterator._epoch_batches)
+    advance_line = first + next(i for i, line in enumerate(lines) if ".advance(self._stream.epoch" in line)
+    closes = []
+
+    def close_there(frame, event, arg):  # (another thread's close(), run at that line of the pass's first batch)
+        if event == "line" and frame.f_lineno == advance_line and not closes:
+            closes.append(threading.Thread(target=it.close))
+            closes[0].start()
+            closes[0].join(timeout=60)
+        return close_there
+
+    def traced(frame, event, arg):
+        return close_there if frame.f_code is DALILeRobotIterator._epoch_batches.__code__ else None
+
+    seen: list[int] = []
+    sys.settrace(traced)
+    try:
+        with pytest.raises(IteratorClosedError, match="when the iterator was closed"):
+            for batch in it:
+                seen += [int(i) for i in batch["index"]]
+    finally:
+        sys.settrace(None)
+    assert len(closes) == 1 and it._prefetcher is None
     for batch in it:
         seen += [int(i) for i in batch["index"]]
     it.close()
