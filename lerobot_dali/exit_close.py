@@ -63,7 +63,9 @@ def park_if_exiting() -> None:
 
 def _close_all() -> None:
     _exiting.set()
-    for iterator in list(_live):
+    with _lock:  # (a daemon thread building an iterator now would change the set under the copy)
+        live = list(_live)
+    for iterator in live:
         try:
             iterator.close()
         except Exception:  # (DALI's handler still shuts the pipeline down; the exit must go on)
