@@ -16,10 +16,11 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 from .said_once import warn_once
 
@@ -37,6 +38,7 @@ __all__ = [
     "folder_refuses",
     "locks_unsupported",
     "mark_used",
+    "newest_stamps",
     "prune_unused_files",
     "read_entry",
     "sweep_cutoff",
@@ -214,6 +216,24 @@ def discard_damaged_entry(
     logger.warning("%s %s is unreadable (%s); deleting it and %s", what, entry, problem, instead)
     with contextlib.suppress(OSError):
         delete_if_unchanged(entry, read)
+
+
+_Key = TypeVar("_Key")
+
+
+def newest_stamps(keys: Iterable[_Key], file_stamp: Callable[[_Key], tuple[str, Hashable]], limit: int) -> list[_Key]:
+    """``keys`` (oldest first) but those of each file's stamps (``file_stamp(key)``: its path and stamp) older than
+    its newest ``limit``: a store entry keeps a file's last few versions (one per host that copies a dataset to one
+    path), not every one it had."""
+    stamps_of: defaultdict[str, set[Hashable]] = defaultdict(set)
+    newest_first = []
+    for key in reversed(list(keys)):
+        path, stamp = file_stamp(key)
+        stamps = stamps_of[path]
+        if stamp in stamps or len(stamps) < limit:
+            stamps.add(stamp)
+            newest_first.append(key)
+    return newest_first[::-1]
 
 
 def write_checksummed(

@@ -20,7 +20,6 @@ import hashlib
 import json
 import logging
 import os
-from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from .cache_dirs import (
     discard_damaged_entry,
     drop_lock_file,
     mark_used,
+    newest_stamps,
     prune_unused_files,
     read_entry,
     wait_for_entry_lock,
@@ -155,13 +155,7 @@ def _with_newest(kept: Kept, new: Kept) -> Kept:
     """``kept`` with the files' stamps of ``new`` as their newest, each file's oldest dropped past
     :data:`STAMPS_PER_FILE`."""
     merged = {key: f for key, f in kept.items() if key not in new} | new
-    stamps_of: Counter[str] = Counter()
-    kept_keys = []
-    for key in reversed(merged):  # (newest first)
-        stamps_of[key[0]] += 1
-        if stamps_of[key[0]] <= STAMPS_PER_FILE:
-            kept_keys.append(key)
-    return {key: merged[key] for key in reversed(kept_keys)}
+    return {key: merged[key] for key in newest_stamps(merged, lambda key: key, STAMPS_PER_FILE)}
 
 
 def _load(entry: Path) -> Kept | None:

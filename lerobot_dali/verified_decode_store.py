@@ -39,6 +39,7 @@ from .cache_dirs import (
     checked_body,
     discard_damaged_entry,
     mark_used,
+    newest_stamps,
     prune_unused_files,
     read_entry,
     write_checksummed,
@@ -187,15 +188,7 @@ def _with_newest(kept: list[Verdict], new: list[Verdict]) -> list[Verdict]:
     :data:`STAMPS_PER_FILE`."""
     fresh = set(new)
     merged = dict.fromkeys(v for v in kept if v not in fresh) | dict.fromkeys(new)
-    stamps_of: defaultdict[str, set[tuple[int, str]]] = defaultdict(set)
-    newest_first = []
-    for verdict in reversed(merged):
-        stamps = stamps_of[verdict[0]]
-        stamp = (verdict[1], verdict[2])
-        if stamp in stamps or len(stamps) < STAMPS_PER_FILE:
-            stamps.add(stamp)
-            newest_first.append(verdict)
-    return newest_first[::-1]
+    return newest_stamps(merged, lambda v: (v[0], (v[1], v[2])), STAMPS_PER_FILE)
 
 
 def _parsed(raw: Any) -> list[Verdict]:
