@@ -144,7 +144,8 @@ class CpuFrameDecoder:
     def max_open(self) -> int:
         """The open files kept at most (besides the memory budget): the options', else 64 or the files in use,
         within the decoders' share of the process's open-file limit (:mod:`.open_files`): half, shared with the
-        process's other decoders (a mixture without workers has one per dataset)."""
+        process's other decoders (a mixture without workers has one per dataset). 0: the others hold it all
+        (the file opened now is closed after use)."""
         if self.options.max_open_decoders is not None:
             return self.options.max_open_decoders
         return min(max(DEFAULT_OPEN_DECODERS, self.files_in_use), open_files.DECODERS.files_for(self))
@@ -255,19 +256,24 @@ class CpuFrameDecoder:
         self, index: PacketIndex, plan: ClipPlan, payloads: list[bytes], convert: Callable[[av.VideoFrame], Any]
     ) -> dict[int, Any]:
         self._drop_inherited()
+        self._trim_as_asked()
         key = ("packets", index.template, os.getpid())
         decoder = cast("PacketDecoder | None", self._reader(key))
+        kept = True
         if decoder is None:
             decoder = PacketDecoder(index, threads=self.options.threads_per_decoder)
-            self._remember(key, decoder, index)
+            kept = self._remember(key, decoder, index)
         else:
             self._readers.move_to_end(key)
         try:
             return decoder.frames_at(index, plan, payloads, convert)
         except Exception:
             self._forget(key)
-            decoder.close()
+            kept = False
             raise
+        finally:
+            if not kept:
+                decoder.close()
 
     def _frames(
         self,
@@ -291,6 +297,7 @@ class CpuFrameDecoder:
         plan = plan_clip(index, requested)  # validates the request before any file is opened
         requested = requested.astype(np.int64)
         self._drop_inherited()
+        self._trim_as_asked()
         source_key = source_cache_key(source, filesystem=filesystem) if _is_path(source) else None
         if backend is None:
             backend = self.backend if pixels == "rgb" and source_key not in self._pyav_files else CpuDecoderBackend.PYAV
@@ -299,6 +306,7 @@ class CpuFrameDecoder:
         # A lent file object may be closed by its owner, so its decoder is never kept.
         key = (source_key, backend, os.getpid()) if source_key is not None else None
         reader = self._reader(key) if key is not None else None
+        kept = reader is not None
         if reader is None:
             threads, label = self.options.threads_per_decoder, source_label(source)
             # A local MP4 needs no demuxer: its index holds every packet's bytes (:mod:`.packet_file_reader`).
@@ -312,7 +320,7 @@ class CpuFrameDecoder:
                     source, filesystem=filesystem, threads=threads, label=label, stream_index=index.stream_index
                 )
             if key is not None:
-                self._remember(key, reader, index, handle_bytes=_handle_bytes(reader, index, filesystem))
+                kept = self._remember(key, reader, index, handle_bytes=_handle_bytes(reader, index, filesystem))
         elif key is not None:
             self._readers.move_to_end(key)
         try:
@@ -345,7 +353,7 @@ class CpuFrameDecoder:
                 self._forget(key)
             reader.close()
             raise
-        if key is None:
+        if not kept:
             reader.close()
         return [by_pts[int(p)] for p in index.pts_of_frames(requested).tolist()]
 
@@ -359,14 +367,19 @@ class CpuFrameDecoder:
         entry = self._readers.get(key)
         return None if entry is None else entry[0]
 
-    def _remember(self, key: Hashable, reader: _Reader, index: PacketIndex, *, handle_bytes: int = 0) -> None:
+    def _remember(self, key: Hashable, reader: _Reader, index: PacketIndex, *, handle_bytes: int = 0) -> bool:
+        """Keep ``reader`` open under ``key`` within the bounds, closing the least recently used; False where the
+        other decoders hold the whole share: the caller closes it after use."""
+        limit = self.max_open
+        if not limit:
+            self._trim(0)
+            return False
         threads = self.options.threads_per_decoder or _ffmpeg_auto_threads()
         self._forget(key)
         size = decoder_bytes(index.width, index.height, threads) + handle_bytes
         self._readers[key] = (reader, size)
         self._open_bytes += size
         budget = self.options.max_decoder_memory_bytes
-        limit = self.max_open
         while len(self._readers) > limit or (len(self._readers) > MIN_OPEN_DECODERS and self._open_bytes > budget):
             if len(self._readers) > limit and limit < self.files_in_use and self.options.max_open_decoders is None:
                 warn_once(
@@ -396,10 +409,27 @@ class CpuFrameDecoder:
                     self.files_in_use * each,
                     key="cpu_decode.max_decoder_memory_bytes",  # (each worker's numbers its own: said once a job)
                 )
-            _, (evicted, evicted_bytes) = self._readers.popitem(last=False)
-            self._open_bytes -= evicted_bytes
-            evicted.close()
+            self._evict_oldest()
         open_files.DECODERS.holding(self, len(self._readers))
+        return True
+
+    def _trim_as_asked(self) -> None:
+        """Give up what another decoder of this process asked for on finding none of the share left
+        (:meth:`.FileShare.asked`): one with all its files open opens none, so never trimmed to its split."""
+        asked = open_files.DECODERS.asked(self)
+        if asked is not None and self.options.max_open_decoders is None:
+            self._trim(asked)
+
+    def _trim(self, files: int) -> None:
+        """Close the least recently used down to ``files`` open, and tell the share."""
+        while len(self._readers) > files:
+            self._evict_oldest()
+        open_files.DECODERS.holding(self, len(self._readers))
+
+    def _evict_oldest(self) -> None:
+        _, (evicted, evicted_bytes) = self._readers.popitem(last=False)
+        self._open_bytes -= evicted_bytes
+        evicted.close()
 
     def _drop_inherited(self) -> None:
         if self._pid != os.getpid():
@@ -412,11 +442,7 @@ class CpuFrameDecoder:
     def close(self) -> None:
         """Close this process's open decoders."""
         self._drop_inherited()
-        while self._readers:
-            _, (reader, size) = self._readers.popitem(last=False)
-            self._open_bytes -= size
-            reader.close()
-        open_files.DECODERS.holding(self, 0)
+        self._trim(0)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.options, "files_in_use": self.files_in_use}

@@ -197,6 +197,9 @@ class ParquetCache:
     def _get(self, path: str, *, read: bool) -> pq.ParquetFile:
         key = (os.getpid(), path)
         with self._lock:
+            asked = open_files.DATA_FILES.asked(self)  # (by another cache that found none of the share left)
+            if asked is not None:
+                self._trim(asked, self._max_footer_bytes)
             if key in self._open:
                 self._open.move_to_end(key)
                 return self._counted(self._open[key], read)
@@ -207,16 +210,25 @@ class ParquetCache:
                 parquet.close(force=True)
                 self._open.move_to_end(key)
                 return self._counted(raced, read)
-            self._open[key] = parquet
-            self._footer_bytes += _footer_memory(parquet)
             max_open = min(self._max_open, open_files.DATA_FILES.files_for(self))
-            while len(self._open) > 1 and (len(self._open) > max_open or self._footer_bytes > self._max_footer_bytes):
-                _, old = self._open.popitem(last=False)
-                self._footer_bytes -= _footer_memory(old)
-                if old not in self._readers:  # (else its last read closes it)
-                    old.close(force=True)  # (without force pyarrow leaves a handle it did not open to the GC)
-            open_files.DATA_FILES.holding(self, len(self._open))
+            if max_open:
+                self._open[key] = parquet
+                self._footer_bytes += _footer_memory(parquet)
+                # (the newest stays, whatever its footer's size)
+                self._trim(max_open, max(self._max_footer_bytes, _footer_memory(parquet)))
+            else:  # the others hold the whole share: kept by none, a read's file closes at its end (a get()'s when
+                # its caller drops it)
+                self._trim(0, 0)
             return self._counted(parquet, read)
+
+    def _trim(self, files: int, footer_bytes: int) -> None:
+        """Keep at most ``files`` open, their footers within ``footer_bytes``: the least recently used close."""
+        while len(self._open) > files or self._footer_bytes > footer_bytes:
+            _, old = self._open.popitem(last=False)
+            self._footer_bytes -= _footer_memory(old)
+            if old not in self._readers:  # (else its last read closes it)
+                old.close(force=True)  # (without force pyarrow leaves a handle it did not open to the GC)
+        open_files.DATA_FILES.holding(self, len(self._open))
 
     def close(self) -> None:
         """Close every open file now (one being read closes when its read ends); later reads open them again."""

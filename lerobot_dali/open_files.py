@@ -52,13 +52,20 @@ class FileShare:
     cache keeping the whole share, 4 datasets kept twice the limit open and failed with EMFILE at ``ulimit -n 256``.
     A split alone was not enough: a pipeline's first batches, read before the next dataset's cache held any file,
     filled the share, which that cache gives up only as it opens files again; what the others leave bounds the
-    newcomers meanwhile. A forked child counts only the caches it uses itself.
+    newcomers meanwhile. Those that had all their files never opened again: a newcomer kept one file all the same,
+    the share passed by one per newcomer (65 videos of 64, 18 data files of 16 at ``ulimit -n 128``, 3 datasets),
+    and it reopened that file at each request while the others kept more than their split. Now a newcomer keeps
+    none where none is left, and asks those over their split to give it up at their next call
+    (:meth:`asked`), on their own thread (a decoder in use is never closed under it). A forked child counts only
+    the caches it uses itself.
     """
 
     def __init__(self, share: float) -> None:
         self.share = share
         #: This process's caches holding files -> how many, as each said after its latest open.
         self._held: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
+        #: Caches asked to keep at most this many (their split when a newcomer found none left).
+        self._asked: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
@@ -70,17 +77,32 @@ class FileShare:
                 held[holder] = files
             else:
                 held.pop(holder, None)
+                self._asked.pop(holder, None)
 
     def files_for(self, holder: object) -> int:
-        """The open files ``holder`` may keep (at least one): its split of the share, within what the others left."""
+        """The open files ``holder`` may keep: its split of the share, within what the others left (0: none is
+        left, and the file it opened is closed after use). Where that is less than its split, each other holding
+        more than its split is asked to give the rest up."""
         with self._lock:
-            others = [files for cache, files in self._this_process().items() if cache is not holder]
-        whole = open_files_share(self.share)
-        return max(1, min(whole // (len(others) + 1), whole - sum(others)))
+            others = {cache: files for cache, files in self._this_process().items() if cache is not holder}
+            whole = open_files_share(self.share)
+            split = max(1, whole // (len(others) + 1))
+            left = whole - sum(others.values())
+            if left < split:
+                self._asked.update((cache, split) for cache, files in others.items() if files > split)
+        return max(0, min(split, left))
+
+    def asked(self, holder: object) -> int | None:
+        """The open files ``holder`` was asked to keep at most since it last looked (None: it was not); a cache
+        looks at each call, opening a file or not, and trims to it."""
+        with self._lock:
+            self._this_process()
+            return self._asked.pop(holder, None)
 
     def _this_process(self) -> weakref.WeakKeyDictionary[object, int]:
         if self._pid != os.getpid():  # (inherited through fork: the parent's caches hold the parent's files)
             self._held = weakref.WeakKeyDictionary()
+            self._asked = weakref.WeakKeyDictionary()
             self._pid = os.getpid()
         return self._held
 

@@ -5,19 +5,28 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import lerobot_dali
 import lerobot_dali.iterator as iterator_module
 from lerobot_dali import open_files
 from lerobot_dali.batch_source import BatchSource
+from lerobot_dali.cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
+from lerobot_dali.episode_rows import ParquetCache
 from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.packet_file_reader import PacketFileReader
+from lerobot_dali.packet_index import build_packet_index
+from tests.video_fixtures import MarkerVideo
 
 #: One pass of the CPU route under a lowered soft limit, in a process of its own (the limit is the process's).
 _PASS = """
@@ -76,8 +85,8 @@ mixture.close()
 def test_a_mixture_without_workers_keeps_its_datasets_files_within_one_share(make_ds: Callable[..., Path]) -> None:
     """Three datasets read in one process at ``ulimit -n 128``, 48 videos and 24 data files in each pool: each
     dataset's decoders kept its 48 videos (within half the limit, 64) and its data files an eighth (16), 192 files in
-    all, and the first batch failed with EMFILE; together they keep the two shares (after each batch: at most one
-    file more per dataset, where the others left none)."""
+    all, and the first batch failed with EMFILE; together they keep the two shares (a dataset that found none left
+    kept one file all the same: 65 videos and 18 data files after the first batch)."""
     root = make_ds(episodes=24, frames_per_episode=8, cameras=2, size=(64, 64), codec="h264", version="v2.1")
     env = {**os.environ, "PYTHONPATH": str(Path(lerobot_dali.__file__).parents[1])}
     done = subprocess.run(
@@ -87,7 +96,7 @@ def test_a_mixture_without_workers_keeps_its_datasets_files_within_one_share(mak
     assert done.returncode == 0, done.stderr[-2000:]
     batches, videos, data_files = map(int, done.stdout.split())
     assert batches == 24, (videos, data_files)
-    assert 48 <= videos <= 64 + 2 and 8 <= data_files <= 16 + 2
+    assert 48 <= videos <= 64 and 8 <= data_files <= 16
 
 
 class _Cache:
@@ -104,22 +113,72 @@ def test_caches_of_one_kind_keep_their_share_together(monkeypatch: pytest.Monkey
     assert share.files_for(first) == 64  # its split, trimmed to as it opens its next file
     share.holding(first, 64)
     share.holding(second, 64)
-    assert share.files_for(third) == 1  # none left: one file, reopened as it goes
+    assert share.files_for(third) == 0  # none left: it keeps none (one each passed the share by one per newcomer)
+    assert [share.asked(c) for c in (first, second, third)] == [42, 42, None]  # each is asked for its split's rest
+    assert share.asked(first) is None  # (once)
     share.holding(first, 0)  # (closed)
     assert [share.files_for(c) for c in (first, second, third)] == [64, 128, 64]
+
+
+def _open_under(folder: Path, suffix: str) -> int:
+    links = [os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")]
+    return sum(link.startswith(str(folder.resolve())) and link.endswith(suffix) for link in links)
+
+
+def test_a_decoder_with_all_its_files_gives_a_newcomer_its_split(
+    marker_video: MarkerVideo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decoder that opens no more files kept all it had: the next dataset's decoder kept one beyond the share and
+    reopened it at each request. Now the newcomer keeps none while none is left, and the other gives up what is beyond
+    its split at its next call, an open file's or not."""
+    monkeypatch.setattr(open_files, "open_files_limit", lambda: 8)  # the decoders' share: 4
+    monkeypatch.setattr(open_files, "DECODERS", open_files.FileShare(open_files.DECODER_SHARE))
+    source = marker_video("h264", 2)
+    paths = [shutil.copy(source, tmp_path / f"{i}.mp4") for i in range(5)]
+    index = build_packet_index(source)
+    options = CpuDecodeOptions(backend=CpuDecoderBackend.PYAV)
+    first, second = CpuFrameDecoder(options=options), CpuFrameDecoder(options=options)
+    for path in paths[:4]:
+        first.decode(path, index, [5])
+    second.decode(paths[4], index, [5])
+    assert (first.open_decoders, second.open_decoders, _open_under(tmp_path, ".mp4")) == (4, 0, 4)
+    first.decode(paths[3], index, [5])  # (open already)
+    assert (first.open_decoders, _open_under(tmp_path, ".mp4")) == (2, 2)
+    second.decode(paths[4], index, [5])
+    assert (first.open_decoders, second.open_decoders, _open_under(tmp_path, ".mp4")) == (2, 1, 3)
+    first.close()
+    second.close()
+
+
+def test_a_parquet_cache_with_all_its_files_gives_a_newcomer_its_split(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the decoders: the data files' share held by one cache, the next keeps none (a read's file closes at its
+    end) until the first, at its next call, gives up what is beyond its split."""
+    monkeypatch.setattr(open_files, "open_files_limit", lambda: 16)  # the data files' share: 2
+    monkeypatch.setattr(open_files, "DATA_FILES", open_files.FileShare(open_files.DATA_FILE_SHARE))
+    paths = [str(tmp_path / f"f{i}.parquet") for i in range(3)]
+    for path in paths:
+        pq.write_table(pa.table({"x": np.arange(5)}), path)
+    first, second = ParquetCache(fsspec.filesystem("file").open), ParquetCache(fsspec.filesystem("file").open)
+    for path in paths[:2]:
+        first.get(path)
+    with second.reading(paths[2]) as parquet:
+        assert parquet.read().column("x").to_pylist() == list(range(5))
+    assert (len(first._open), len(second._open), _open_under(tmp_path, ".parquet")) == (2, 0, 2)
+    first.get(paths[1])  # (open already)
+    second.get(paths[2])
+    assert (len(first._open), len(second._open), _open_under(tmp_path, ".parquet")) == (1, 1, 2)
+    first.close()
+    second.close()
 
 
 def test_an_iterator_keeps_no_data_file_open_from_its_checks(make_ds: Callable[..., Path]) -> None:
     """Batches read through the source's copy of the reader: the data file its checks opened stayed open, a cache of
     one file that halved the data files' split of the one reading batches."""
     root = make_ds(episodes=4, frames_per_episode=8, cameras=1, size=(64, 64), codec="h264", version="v2.1")
-
-    def open_data_files() -> int:
-        links = [os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")]
-        return sum(link.startswith(str(root.resolve())) and link.endswith(".parquet") for link in links)
-
     it = DALILeRobotIterator(root, batch_size=2, device="cpu", decode="cpu", num_workers=0)
-    assert open_data_files() == 0
+    assert _open_under(root, ".parquet") == 0
     it.close()
 
 
