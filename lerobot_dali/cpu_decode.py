@@ -124,6 +124,7 @@ class CpuFrameDecoder:
         self._backend: CpuDecoderBackend | None = None
         #: Files torchcodec misread (:class:`MisplacedFrames`), by source key: PyAV decodes them.
         self._pyav_files: set[Hashable] = set()
+        _check_max_open(self.options.max_open_decoders)
 
     def _resolve_backend(self) -> CpuDecoderBackend:
         if self.options.backend is not CpuDecoderBackend.AUTO:
@@ -146,9 +147,10 @@ class CpuFrameDecoder:
         within the decoders' share of the process's open-file limit (:mod:`.open_files`): half, shared with the
         process's other decoders (a mixture without workers has one per dataset). 0: the others hold it all
         (the file opened now is closed after use)."""
-        if self.options.max_open_decoders is not None:
-            return self.options.max_open_decoders
-        return min(max(DEFAULT_OPEN_DECODERS, self.files_in_use), open_files.DECODERS.files_for(self))
+        wanted = self.options.max_open_decoders
+        if wanted is None:
+            wanted = max(DEFAULT_OPEN_DECODERS, self.files_in_use)
+        return min(wanted, open_files.DECODERS.files_for(self))
 
     @property
     def backend(self) -> CpuDecoderBackend:
@@ -417,7 +419,7 @@ class CpuFrameDecoder:
         """Give up what another decoder of this process asked for on finding none of the share left
         (:meth:`.FileShare.asked`): one with all its files open opens none, so never trimmed to its split."""
         asked = open_files.DECODERS.asked(self)
-        if asked is not None and self.options.max_open_decoders is None:
+        if asked is not None:
             self._trim(asked)
 
     def _trim(self, files: int) -> None:
@@ -449,6 +451,25 @@ class CpuFrameDecoder:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(options=state["options"], files_in_use=state.get("files_in_use", 0))  # type: ignore[misc]
+
+
+def _check_max_open(max_open_decoders: int | None) -> None:
+    """Say once where the options ask to keep more files open than the decoders' share of the open-file limit: kept,
+    they would fail a later open (a data file's, a worker's pipe) with EMFILE hours into training; within the share
+    the cost is reopened files, ~6 ms each."""
+    share = open_files.open_files_share(open_files.DECODER_SHARE)
+    if max_open_decoders is not None and max_open_decoders > share:
+        warn_once(
+            logger,
+            "CPU decode: CpuDecodeOptions(max_open_decoders=%d) is more than half this process's soft limit on open "
+            "files (%d), so %d are kept open at most; raise the limit before starting (`ulimit -n %d`) or lower "
+            "max_open_decoders",
+            max_open_decoders,
+            open_files.open_files_limit(),
+            share,
+            int(max_open_decoders / open_files.DECODER_SHARE),
+            key="cpu_decode.max_open_decoders",
+        )
 
 
 def _handle_bytes(reader: _Reader, index: PacketIndex, filesystem: Any | None) -> int:

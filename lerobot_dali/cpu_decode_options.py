@@ -81,8 +81,9 @@ class CpuDecodeOptions:
     ``threads_per_decoder``: FFmpeg threads per open decoder (0 lets FFmpeg choose; keep it small when
     several external-source workers decode at once). ``max_open_decoders``: open files kept per process, while
     they fit ``max_decoder_memory_bytes`` (8 are kept whatever their size, unless this is lower); None: 64, or
-    in the iterator's workers the files their episode pool draws from (pool size x cameras) where that is more,
-    up to half the process's open-file limit.
+    in the iterator's workers the files their episode pool draws from (pool size x cameras) where that is more.
+    Either way no more than half the process's open-file limit (shared by its decoders; a bound over it is said
+    once, with the limit that would keep it).
     A file reopened costs ~6 ms at 640x480 (open, decoder set-up, first conversion): 3 cameras and a pool of 64
     (192 files) reopened a file for 3 of 4 requests under a bound of 64, +71% CPU per sample. An open 640x480
     H.264 decoder holds ~6 MB (measured RSS), as :data:`DECODER_FRAMES` estimates (a file open as a container, not a

@@ -287,6 +287,21 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
     decoder.close()
     monkeypatch.setattr(open_files, "open_files_limit", lambda: 1024)
     assert CpuFrameDecoder(options=CpuDecodeOptions(max_open_decoders=2), files_in_use=192).max_open == 2
+    # A bound over the decoders' half of the limit: said once, with the limit that keeps it, and kept within it (it
+    # was taken as given, and the files it kept open failed a later open with EMFILE).
+    monkeypatch.setattr(open_files, "open_files_limit", lambda: 256)
+    monkeypatch.setattr(open_files, "DECODERS", open_files.FileShare(open_files.DECODER_SHARE))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.cpu_decode"):
+        bounds = [CpuFrameDecoder(options=CpuDecodeOptions(max_open_decoders=n)).max_open for n in (128, 200, 300)]
+    assert bounds == [128, 128, 128]
+    [said] = [r.getMessage() for r in caplog.records if "max_open_decoders" in r.getMessage()]
+    assert said == (
+        "CPU decode: CpuDecodeOptions(max_open_decoders=200) is more than half this process's soft limit on open "
+        "files (256), so 128 are kept open at most; raise the limit before starting (`ulimit -n 400`) or lower "
+        "max_open_decoders"
+    )
+    monkeypatch.setattr(open_files, "open_files_limit", lambda: 1024)
     # A remote file opened as a container: its demuxer's tables and its read-ahead buffer count too.
     from tests.fake_remote import FakeRemoteFileSystem
 
