@@ -18,6 +18,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -53,7 +54,7 @@ from .worker_errors import SMALL_SHM_BYTES, dead_worker_error, original_worker_e
 from .worker_source import SourceFile, dali_dump
 from .worker_start import package_log_level, skipping_main
 
-__all__ = ["DALILeRobotIterator"]
+__all__ = ["DALILeRobotIterator", "builds_said_together"]
 
 logger = logging.getLogger(__name__)
 #: Seconds a pipeline's build runs before it says so: DALI starts its worker processes there, each importing DALI
@@ -155,6 +156,8 @@ class DALILeRobotIterator:
         self.drop_last = drop_last
         self._device = torch.device(device if device != "cuda" else local_cuda_device(ranks.local_rank))
         self._shows_progress = ranks.local_rank == 0  # (one bar per node, not one per rank on one terminal)
+        #: Whether a pipeline's build says so itself where it takes long (not while :func:`builds_said_together`).
+        self._says_build = True
         self._device_id = None if self._device.type == "cpu" else self._device.index or 0
         self._num_workers = num_workers
         self._dali_threads = dali_threads if dali_threads is not None else default_dali_threads(num_workers)
@@ -376,7 +379,7 @@ class DALILeRobotIterator:
     def _ensure_pipeline(self) -> None:
         # The running pipeline serves the stream if it stands where the stream does: right after the last
         # batch handed out (an interrupted pass continues), or at the start of the epoch after a finished one.
-        if self._dali_iter is not None and self._pipeline_next == (self._stream.epoch, self._stream.samples_consumed):
+        if not self._builds_pipeline():
             return
         self._close_pipeline()
         # Walked here once (from the pool walk a resumed state carried: one chunk; else from the epoch's start), the
@@ -436,7 +439,10 @@ class DALILeRobotIterator:
         self._pipeline_next = (self._stream.epoch, self._stream.samples_consumed)
         try:
             with said_if_long(
-                self._build_line(), logger=logger, delay_s=BUILD_PROGRESS_DELAY_S, enabled=self._shows_progress
+                _build_line(self._num_workers, f"the DALI pipeline of {self.reader.location.description}"),
+                logger=logger,
+                delay_s=BUILD_PROGRESS_DELAY_S,
+                enabled=self._shows_progress and self._says_build,
             ):
                 try:
                     with skipping_main(source):
@@ -467,11 +473,9 @@ class DALILeRobotIterator:
             _raise_original(e)
         self._pipeline, self._source = pipe, source
 
-    def _build_line(self) -> str:
-        """What a pipeline's build is doing, where it takes long: mostly starting the worker processes."""
-        workers = self._num_workers
-        starting = f"starting {workers} worker process{'es' * (workers != 1)} and " if workers else ""
-        return f"lerobot-dali: {starting}building the DALI pipeline of {self.reader.location.description}"
+    def _builds_pipeline(self) -> bool:
+        """Whether the next pass builds a pipeline: none runs, or the one running stands elsewhere than the stream."""
+        return self._dali_iter is None or self._pipeline_next != (self._stream.epoch, self._stream.samples_consumed)
 
     def _epoch_batches(self, pass_id: int) -> Iterator[dict[str, Any]]:
         try:
@@ -705,6 +709,38 @@ class DALILeRobotIterator:
 
 #: DALI's worker pool closes are not safe to run in two threads at once (a foreign close() and the pass).
 _workers_close_lock = threading.Lock()
+
+
+def _build_line(workers: int, pipelines: str) -> str:
+    """What a build is doing, where it takes long: mostly starting the worker processes."""
+    starting = f"starting {workers} worker process{'es' * (workers != 1)} and " if workers else ""
+    return f"lerobot-dali: {starting}building {pipelines}"
+
+
+@contextmanager
+def builds_said_together(parts: Sequence[DALILeRobotIterator]) -> Iterator[None]:
+    """Within, ``parts`` whose passes start (their pipelines built side by side: a mixture's datasets) say their
+    builds as one wait, their workers summed, where it takes long: each said its own pair of lines (12 for a
+    mixture of 6 datasets)."""
+    building = [part for part in parts if part._builds_pipeline()]
+    if len(building) == 1:
+        pipelines = f"the DALI pipeline of {building[0].reader.location.description}"
+    else:
+        pipelines = f"the DALI pipelines of {len(building)} datasets"
+    workers = sum(part._num_workers for part in building)
+    for part in parts:
+        part._says_build = False
+    try:
+        with said_if_long(
+            _build_line(workers, pipelines),
+            logger=logger,
+            delay_s=BUILD_PROGRESS_DELAY_S,
+            enabled=bool(building) and parts[0]._shows_progress,
+        ):
+            yield
+    finally:
+        for part in parts:
+            part._says_build = True
 
 
 def _close_workers(pipeline: Any) -> None:

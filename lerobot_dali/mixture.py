@@ -35,7 +35,7 @@ from .errors import (
     SchemaMismatchError,
     ShardingError,
 )
-from .iterator import DALILeRobotIterator, default_dali_threads
+from .iterator import DALILeRobotIterator, builds_said_together, default_dali_threads
 from .key_rename import KeyRename, shared_selection
 from .part_schedule import PartSchedule
 from .said_once import say_once, warn_once
@@ -287,8 +287,10 @@ class DALILeRobotMixture:
 
     def _passes(self) -> list[Iterator[dict[str, Any]]]:
         """Each dataset's pass. Pipelines that must start (the first pass, a jump) start side by side: each waits
-        about a second for its worker processes to start, which one after another would add up per dataset."""
-        return in_threads(iter, self.datasets)
+        about a second for its worker processes to start, which one after another would add up per dataset; a
+        long build is said once for all."""
+        with builds_said_together(self.datasets):
+            return in_threads(iter, self.datasets)
 
     def _batches(self, pass_id: int, passes: list[Iterator[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
         while True:

@@ -73,6 +73,23 @@ def test_batch_shares_follow_weights_with_at_least_one_each() -> None:
         batch_shares([1, 1, 1], 2)
 
 
+def test_a_long_build_of_the_datasets_pipelines_is_said_once_for_all(make_ds, caplog, monkeypatch) -> None:
+    """The datasets' pipelines build side by side: each said its own start and end (12 lines for 6 datasets), now
+    one pair for all, their worker processes summed."""
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setattr(iterator_module, "BUILD_PROGRESS_DELAY_S", 0.0)
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.iterator"):
+        mix = DALILeRobotMixture(_datasets(make_ds), batch_size=4, device="cpu", num_workers=2)
+        try:
+            next(iter(mix))
+        finally:
+            mix.close()
+    said = [r.getMessage() for r in caplog.records if "building the DALI pipeline" in r.getMessage()]
+    what = "lerobot-dali: starting 2 worker processes and building the DALI pipelines of 2 datasets"
+    assert len(said) == 2 and said[0] == f"{what}...", said
+    assert re.fullmatch(rf"{re.escape(what)}: done in \d+\.\d s", said[1]), said
+
+
 def test_every_sample_follows_its_own_datasets_fps_rows_frames_and_tasks(make_ds, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.mixture"):
         mix = DALILeRobotMixture(
