@@ -43,6 +43,8 @@ WARM_PROGRESS_DELAY_S = 2.0
 #: calling the remote file's Python read; a few round trips): a daemon thread stopped by the interpreter's exit inside
 #: such a call aborted the process. One stalled longer on the network is left to its thread, as a fetch is.
 READ_WAIT_S = 2.0
+#: Seconds close() waits for the background fill thread to stop.
+FILL_WAIT_S = 5.0
 
 
 class Prefetcher:
@@ -75,8 +77,9 @@ class Prefetcher:
         self._done: tuple[int, int] | None = None
         self._wake = threading.Condition()
         self._filling = threading.Lock()  # one fill at a time: warm() may meet a background fill
+        self._filler: int | None = None  # the thread filling (holding the lock), by ident
         self._reading = threading.Condition()  # (notified as each admission's metadata read ends)
-        self._readers = 0  # admissions reading their episode's metadata
+        self._readers: set[int] = set()  # threads whose admission reads its episode's metadata, by ident
         self._closed = False
         self.failures = 0
         self._thread = threading.Thread(target=self._run, name="lerobot-dali-prefetcher", daemon=True)
@@ -112,15 +115,22 @@ class Prefetcher:
         """Stop: queued admissions are dropped and running ones stop at their next range, once they read their
         episode's metadata (:data:`READ_WAIT_S` at most); a fetch stalled on the network is left to its daemon
         thread, so neither this nor the interpreter's exit waits for it. The cache directory is given up for the
-        next run."""
+        next run.
+
+        On a thread that is itself inside a fill or a read (a signal handler on the main thread in :meth:`warm`,
+        a finalizer the collector runs on a reading thread), it waits for neither, which cannot end before it
+        returns: it waited 5 s for the background thread (waiting on the fill lock warm() held), or 2 s for its own
+        read."""
+        me = threading.get_ident()
         with self._wake:
             self._closed = True
             self._wake.notify()
         self._pool.terminate()
-        self._thread.join(timeout=5)
+        if self._filler != me and self._thread.ident != me:
+            self._thread.join(timeout=FILL_WAIT_S)
         with self._reading:
-            if not self._reading.wait_for(lambda: self._readers == 0, timeout=READ_WAIT_S):
-                logger.debug("close(): %d prefetch threads still read episode metadata", self._readers)
+            if not self._reading.wait_for(lambda: not self._readers - {me}, timeout=READ_WAIT_S):
+                logger.debug("close(): %d prefetch threads still read episode metadata", len(self._readers - {me}))
         self.cache.close()
 
     # -- work ----------------------------------------------------------------------------------------------
@@ -150,7 +160,11 @@ class Prefetcher:
     def _fill_or_log(self, epoch: int, position: int, *, progress: bool) -> None:
         try:
             with self._filling:
-                self._fill_locked(epoch, position, progress=progress)
+                self._filler = threading.get_ident()
+                try:
+                    self._fill_locked(epoch, position, progress=progress)
+                finally:
+                    self._filler = None
         except Exception as e:  # the workers read remotely instead; never take training down from here
             if self._closed:
                 return  # (fetches stopped, futures cancelled by close())
@@ -195,12 +209,12 @@ class Prefetcher:
         with self._reading:  # (counted where close() sees it: a reader starts before close() or not at all)
             if self._closed:
                 raise _Closed
-            self._readers += 1
+            self._readers.add(threading.get_ident())  # (a pool thread runs one admission at a time)
         try:
             ranges = self._ranges.ranges(episode_pos)
         finally:
             with self._reading:
-                self._readers -= 1
+                self._readers.discard(threading.get_ident())
                 self._reading.notify_all()
         keys = [ByteRange(path, start, end, self._version_of(path)) for path, start, end in ranges]
         try:

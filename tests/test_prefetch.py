@@ -635,6 +635,53 @@ def test_close_returns_once_the_admissions_read_their_metadata(make_ds, tmp_path
     assert reading == []
 
 
+def test_close_on_the_thread_inside_warm_does_not_wait_for_the_fill_thread(
+    make_ds, tmp_path: Path, monkeypatch
+) -> None:
+    """A signal handler's close() on the main thread inside warm() waited 5 s for the background thread, which may
+    wait on the fill lock warm() holds (measured: close() took 5.0 s); it now leaves that thread to end on its own
+    (the wait is recorded, not timed)."""
+    from contextlib import contextmanager
+
+    from lerobot_dali import prefetch
+
+    prefetcher, _ = _pool_prefetcher(make_ds, tmp_path)
+    joins: list[float | None] = []
+    monkeypatch.setattr(prefetcher._thread, "join", lambda timeout=None: joins.append(timeout))
+
+    @contextmanager
+    def closing_at_first_admission(total: int, enabled: bool):
+        yield lambda n: prefetcher._closed or prefetcher.close()  # (a signal handler on this thread, in the fill)
+
+    monkeypatch.setattr(prefetch, "_progress_bar", closing_at_first_admission)
+    prefetcher.warm(0, 0, progress=False)
+    assert prefetcher._closed and joins == []
+
+
+def test_close_on_a_reading_thread_does_not_wait_for_its_own_read(make_ds, tmp_path: Path, monkeypatch) -> None:
+    """close() run on a thread reading an episode's metadata (a finalizer the collector runs there) waited 2 s
+    (READ_WAIT_S) for that read, which cannot end before it returns; it waits for other threads' reads only."""
+    prefetcher, _ = _pool_prefetcher(make_ds, tmp_path)
+    waits: list[bool] = []
+
+    class RecordedWaits(type(prefetcher._reading)):  # type: ignore[misc]
+        def wait_for(self, predicate, timeout=None):
+            waits.append(predicate())  # (True: nothing to wait for)
+            return waits[-1]
+
+    prefetcher._reading = RecordedWaits()
+    ranges = EpisodeRanges.ranges
+
+    def closing_ranges(self, episode_pos: int) -> list[tuple[str, int, int]]:
+        if not prefetcher._closed:
+            prefetcher.close()  # (a finalizer on this reading thread)
+        return ranges(self, episode_pos)
+
+    monkeypatch.setattr(EpisodeRanges, "ranges", closing_ranges)
+    prefetcher.warm(0, 0, progress=False)
+    assert waits and all(waits)
+
+
 def test_close_and_drop_stop_the_prefetcher_and_the_workers(make_ds, tmp_path: Path) -> None:
     """close() waited 30 s for a fetch stalled on the network (and exit waited for it too); an iterator dropped
     without close() left its prefetcher thread running; close() left DALI's workers running while a generator
