@@ -253,8 +253,9 @@ def _check_one(args: argparse.Namespace, reader: LeRobotDatasetReader | None = N
         return report.to_json()
     decoded = f", {report.frames_decoded} frames decoded" if args.decode else ""
     if report.frames_verified_before:
+        files = report.video_files_verified_before
         decoded += (
-            f" ({report.video_files_verified_before} video files and {report.frames_verified_before} frames skipped: "
+            f" ({f'{files} video files and ' if files else ''}{report.frames_verified_before} frames skipped: "
             "decoded by an earlier check, unchanged since; --redecode decodes them again)"
         )
     print(

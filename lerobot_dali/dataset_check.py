@@ -12,7 +12,8 @@ the file's row groups (:class:`~.episode_rows.DecodedGroups`). Each video file's
 the file's stamp (:mod:`.packet_index_store`), as the iterator keeps it: a second check, or a run after a check,
 demuxes only the files changed since (15,000 episodes of three cameras checked again: 16 s of CPU, not 50). Likewise
 ``decode=True`` keeps which frames of each local file decoded without a fault (:mod:`.verified_decode_store`): a check
-again decodes only the files changed since, and the frames it had not decoded (``redecode=True``: all again).
+again decodes only the files changed since, and the frames it had not decoded (``redecode=True``: all again); the
+images stored in local data files alike.
 """
 
 from __future__ import annotations
@@ -45,7 +46,13 @@ from .packet_index_cache import PacketIndexCache
 from .packet_index_store import PacketIndexStore
 from .said_once import warn_once
 from .value_checks import check_choice, check_int
-from .verified_decode_store import PendingVerdicts, Verdict, VerifiedDecodeStore, local_verdict
+from .verified_decode_store import (
+    PendingVerdicts,
+    Verdict,
+    VerifiedDecodeStore,
+    local_image_verdict,
+    local_verdict,
+)
 from .video_source import local_video_path
 from .worker_source import SourceFile
 from .worker_start import log_like_trainer, names_main, package_log_level, skipping_main
@@ -84,7 +91,8 @@ class CheckReport:
     video_files: int = 0
     #: Distinct frames decoded (``decode=True``): video frames and images.
     frames_decoded: int = 0
-    #: Video frames not decoded (``decode=True``) since an earlier check decoded them, of the files unchanged since.
+    #: Video frames and images not decoded (``decode=True``) since an earlier check decoded them, of the files
+    #: unchanged since.
     frames_verified_before: int = 0
     #: Video files none of whose frames were decoded (``decode=True``), an earlier check having decoded them all.
     video_files_verified_before: int = 0
@@ -108,14 +116,14 @@ class CheckReport:
 
 @dataclass
 class _Decodes:
-    """What one task's video decodes did (``decode=True``), besides the frames they decoded."""
+    """What one task's decodes did (``decode=True``), besides the frames they decoded."""
 
-    #: Frames not decoded, an earlier check having decoded them from the file as it is now.
+    #: Frames and images not decoded, an earlier check having decoded them from the file as it is now.
     frames_verified_before: int = 0
-    #: Files some of whose frames were decoded; files some of whose frames were not, as verified before.
+    #: Video files some of whose frames were decoded; those some of whose frames were not, as verified before.
     files_decoded: set[str] = field(default_factory=set)
     files_verified_before: set[str] = field(default_factory=set)
-    #: (dataset, verdict) of each local file's frames that decoded without a fault, to keep.
+    #: (dataset, verdict) of each local file's frames or images that decoded without a fault, to keep.
     verdicts: list[tuple[str, Verdict]] = field(default_factory=list)
 
 
@@ -150,7 +158,8 @@ class _EpisodeChecker:
     index_store: PacketIndexStore
     #: Cameras every run sends to the workers: depth maps, and a union's whose datasets' first files differ in codec.
     workers_only: set[str] = field(default_factory=set)
-    #: Passes of earlier checks (``decode=True``, local files): frames of a file at a stamp not decoded again.
+    #: Passes of earlier checks (``decode=True``, local files): frames or images of a file at a stamp not decoded
+    #: again.
     verified: frozenset[Verdict] = frozenset()
     _indexes: PacketIndexCache = field(default_factory=lambda: _index_cache())
     _decoder: CpuFrameDecoder = field(
@@ -195,7 +204,7 @@ class _EpisodeChecker:
                     problems.append(self._problem(pos, episode_index, camera, e))
             for camera in self.reader.image_keys:
                 try:
-                    decoded += self._check_images(pos, camera, len(rows["frame_index"]), groups)
+                    decoded += self._check_images(pos, camera, len(rows["frame_index"]), groups, done)
                 except Exception as e:
                     problems.append(self._problem(pos, episode_index, camera, e))
         return _Tally(len(positions), rows_read, frozenset(files), decoded, tuple(problems), done)
@@ -263,13 +272,23 @@ class _EpisodeChecker:
             done.verdicts.append((self.reader.source_of(pos), before))
         return decoded
 
-    def _check_images(self, pos: int, camera: str, length: int, groups: DecodedGroups) -> int:
+    def _check_images(self, pos: int, camera: str, length: int, groups: DecodedGroups, done: _Decodes) -> int:
+        """Images decoded of episode ``pos``'s of ``camera`` (``length``, its rows'): none where an earlier check
+        decoded them from the data file as it is now (a local one), and a pass kept where they decode and the file
+        did not change meanwhile."""
         images = self.reader.read_episode_images(pos, camera, decoded=groups)
         if len(images) != length:
             raise SchemaMismatchError(f"camera {camera!r} has {len(images)} images for the episode's {length} rows")
         if not self.decode:
             return 0
         expected = self.image_shapes.get(camera)
+        path = local_video_path(self.reader.data_path(pos), filesystem=self.reader.location.fs)
+        first_row = int(self.reader.episodes.data_row_start[pos])
+        rows, depth = range(first_row, first_row + length), camera in self.reader.info.depth_image_units([camera])
+        before = local_image_verdict(path, camera, rows, depth=depth, shape=expected)
+        if before is not None and before in self.verified:
+            done.frames_verified_before += length
+            return 0
         for start in range(0, length, 64):  # (a few decoded at a time, not the episode's all)
             shape = self._decode_images(pos, camera, images[start : start + 64].to_pylist(), start).shape[1:]
             if expected is not None and shape != expected:
@@ -277,6 +296,8 @@ class _EpisodeChecker:
                     f"{self.reader.data_path(pos)} (camera {camera}): images are {shape} (H, W, C) but the camera's "
                     f"first image is {expected}; a camera's images share one size and channel count"
                 )
+        if before is not None and local_image_verdict(path, camera, rows, depth=depth, shape=expected) == before:
+            done.verdicts.append((self.reader.source_of(pos), before))
         return length
 
     def _problem(self, pos: int, episode_index: int, camera: str | None, error: Exception) -> Problem:

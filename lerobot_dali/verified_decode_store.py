@@ -1,5 +1,5 @@
-"""Which frames of local video files ``check --decode`` decoded without a fault, kept on disk, so a check again decodes
-only the files changed since.
+"""Which frames of local video files, and which images of local data files, ``check --decode`` decoded without a
+fault, kept on disk, so a check again decodes only the files changed since.
 
 Decoding every frame is nearly all of a decode check's time (hours for a large dataset), and its verdict on a file is a
 fact about the file's bytes, the frames decoded and the decoder. So each pass is kept as a verdict: the file's path and
@@ -7,6 +7,8 @@ stamp (:func:`~lerobot_dali.file_stamps.stamp_from_stat`: size, inode, mtime, ct
 misses), and a digest of the display frames decoded (what the rows, their ``timestamp_source`` and ``tolerance_s``
 chose: another choice of frames misses). The entry's key holds the decoder's versions (lerobot_dali's, PyAV's, FFmpeg's
 libraries') and :data:`STORE_FORMAT`, so a new decoder, or a version that checks frames otherwise, decodes all again.
+An image camera's pass is its episode's rows of a parquet data file, kept alike (:func:`local_image_verdict`): its
+digest names the camera, the rows, the size its images are held to and Pillow's version, which decodes them.
 A failure is never kept: its frames are decoded again by every check, and fail as before.
 
 One entry per dataset, laid out as :mod:`.file_format_store`'s (a sha256 line, JSON after; written whole to a temporary
@@ -55,6 +57,7 @@ __all__ = [
     "Verdict",
     "VerifiedDecodeStore",
     "default_verified_decode_dir",
+    "local_image_verdict",
     "local_verdict",
 ]
 
@@ -68,7 +71,7 @@ SUFFIX = ".verified"
 #: Seconds between two writes of a check's new verdicts: an hours-long check that is killed keeps most of its work.
 SAVE_EVERY_S = 60.0
 
-#: A pass: (local path, size, version of its stamp, digest of the display frames decoded).
+#: A pass: (local path, size, version of its stamp, digest of the display frames or the images decoded).
 Verdict = tuple[str, int, str, str]
 
 
@@ -95,14 +98,35 @@ def local_verdict(path: str | None, frames: np.ndarray) -> Verdict | None:
     Remote files get none: their stamp comes from the dataset's listing, which is only as good as the server's version
     (a 1 s ``Last-Modified`` over HTTP, none at all on some: a ``run:`` stamp), not a ``stat`` taken around the decode;
     and a remote check is mostly run to learn what the server serves now."""
+    return _verdict(path, np.asarray(frames, dtype="<i8").tobytes())
+
+
+def local_image_verdict(
+    path: str | None, camera: str, rows: range, *, depth: bool, shape: tuple[int, ...] | None
+) -> Verdict | None:
+    """The verdict on decoding rows ``rows`` (a half-open range of the file's rows) of image camera ``camera`` in
+    local data file ``path`` as it is now, as depth images or not, each held to ``shape`` (H, W, C; None: to none);
+    None as :func:`local_verdict` says. Pillow decodes them (the decoder versions name PyAV's): its version is in
+    the digest."""
+    described = ["image", camera, rows.start, rows.stop, depth, None if shape is None else list(shape), _pillow()]
+    return _verdict(path, json.dumps(described).encode())
+
+
+def _verdict(path: str | None, decoded: bytes) -> Verdict | None:
     if path is None:
         return None
     try:
         st = os.stat(path)
     except OSError:
         return None
-    digest = hashlib.sha256(np.asarray(frames, dtype="<i8").tobytes()).hexdigest()[:32]
-    return path, st.st_size, stat_version(st), digest
+    return path, st.st_size, stat_version(st), hashlib.sha256(decoded).hexdigest()[:32]
+
+
+@functools.cache
+def _pillow() -> str:
+    import PIL
+
+    return PIL.__version__
 
 
 class VerifiedDecodeStore:

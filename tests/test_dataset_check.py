@@ -22,7 +22,7 @@ from lerobot_dali import open_dataset
 from lerobot_dali.cli import main
 from lerobot_dali.dataset_check import check_dataset, default_workers
 from lerobot_dali.episode_rows import DecodedGroups
-from lerobot_dali.errors import VideoDecodeError
+from lerobot_dali.errors import DataFileError, VideoDecodeError
 from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.packet_index import build_packet_index
 from tests.conftest import shared_dataset
@@ -384,6 +384,54 @@ def test_redecode_decodes_every_frame_again(make_ds, copy_ds, monkeypatch) -> No
     assert (forced.frames_decoded, forced.frames_verified_before, forced.video_files_verified_before) == (120, 0, 0)
     decodes.clear()  # (and keeps what it decoded)
     assert check_dataset(open_dataset(root), decode=True, workers=0).frames_verified_before == 120 and decodes == []
+
+
+def test_images_in_data_files_decoded_before_are_not_decoded_again(make_ds, copy_ds, monkeypatch, capsys) -> None:
+    """Images stored in the data files were decoded by every check, video frames not; now an episode's images of a
+    camera are kept as a pass with their data file's stamp alike: not decoded again unless the file changed, the
+    check is --redecode's or the file is remote, and a failure is never kept."""
+    from lerobot_dali.dataset_check import _EpisodeChecker
+
+    root = copy_ds(make_ds(episodes=3, frames_per_episode=6, cameras=1, fps=FPS, image_cameras=True))
+    decodes: list[tuple[int, int]] = []
+    plain = _EpisodeChecker._decode_images
+
+    def counted(self, pos: int, camera: str, encoded: list[bytes], first_row: int):
+        decodes.append((pos, first_row))
+        return plain(self, pos, camera, encoded, first_row)
+
+    monkeypatch.setattr(_EpisodeChecker, "_decode_images", counted)
+
+    def checked(source: str | Path = root, **options) -> tuple[int, int, int]:
+        decodes.clear()
+        report = check_dataset(open_dataset(source), decode=True, workers=0, **options)
+        assert report.ok
+        return report.frames_decoded, report.frames_verified_before, len(decodes)
+
+    assert checked() == (18, 0, 3)
+    assert checked() == (0, 18, 0)
+    assert main(["check", str(root), "--decode", "--workers", "0"]) == 0  # (the images' dataset has no video files)
+    assert "0 frames decoded (18 frames skipped: decoded by an earlier check" in capsys.readouterr().out
+    assert checked(redecode=True) == (18, 0, 3)
+    for path in (root / "data").rglob("*.parquet"):  # rewritten as it was: another ctime
+        path.write_bytes(path.read_bytes())
+    assert checked() == (18, 0, 3)
+    with serve_folder(root.parent) as server:
+        assert [checked(f"{server.url}/{root.name}") for _ in range(2)] == [(18, 0, 3)] * 2
+
+    def undecodable(self, pos: int, camera: str, encoded: list[bytes], first_row: int):
+        if pos == 1:
+            raise DataFileError("episode 1's images do not decode")
+        return counted(self, pos, camera, encoded, first_row)
+
+    monkeypatch.setattr(_EpisodeChecker, "_decode_images", undecodable)
+    for path in (root / "data").rglob("*.parquet"):
+        path.write_bytes(path.read_bytes())
+    for _ in range(2):  # (episode 1's failure is not kept: each check decodes it, and fails)
+        decodes.clear()
+        failed = check_dataset(open_dataset(root), decode=True, workers=0)
+        assert _found(failed) == {(1, CAM0, "DataFileError")}
+    assert (failed.frames_decoded, failed.frames_verified_before, decodes) == (0, 12, [])
 
 
 def test_passes_are_kept_per_decoder_and_frames_and_never_for_remote_files(make_ds, copy_ds, monkeypatch) -> None:

@@ -9,8 +9,14 @@ from pathlib import Path
 
 import numpy as np
 
+from lerobot_dali import verified_decode_store
 from lerobot_dali.file_format_store import STAMPS_PER_FILE
-from lerobot_dali.verified_decode_store import VerifiedDecodeStore, decoder_versions, local_verdict
+from lerobot_dali.verified_decode_store import (
+    VerifiedDecodeStore,
+    decoder_versions,
+    local_image_verdict,
+    local_verdict,
+)
 
 
 def test_a_verdict_is_the_files_stamp_now_and_the_frames(tmp_path: Path) -> None:
@@ -28,6 +34,26 @@ def test_a_verdict_is_the_files_stamp_now_and_the_frames(tmp_path: Path) -> None
     assert local_verdict(None, frames) is None and local_verdict(str(tmp_path / "gone.mp4"), frames) is None
     versions = decoder_versions()
     assert "pyav" in versions and any(name == "libavcodec" for name, _ in versions[-1])
+
+
+def test_an_image_verdict_names_the_camera_rows_kind_size_and_pillow(tmp_path: Path, monkeypatch) -> None:
+    """An episode's images of a camera in a data file: another camera, other rows, depth or colour, another size they
+    are held to (the camera's first image, maybe in another file) or another Pillow is another pass."""
+    data = tmp_path / "file-000.parquet"
+    data.write_bytes(b"x" * 10)
+    verdict = local_image_verdict(str(data), "cam", range(6, 12), depth=False, shape=(30, 40, 3))
+    assert verdict is not None and verdict[:2] == (str(data), 10) and verdict[2].startswith("stat:")
+    others = [
+        local_image_verdict(str(data), "top", range(6, 12), depth=False, shape=(30, 40, 3)),
+        local_image_verdict(str(data), "cam", range(6, 13), depth=False, shape=(30, 40, 3)),
+        local_image_verdict(str(data), "cam", range(6, 12), depth=True, shape=(30, 40, 3)),
+        local_image_verdict(str(data), "cam", range(6, 12), depth=False, shape=(30, 40, 1)),
+        local_image_verdict(str(data), "cam", range(6, 12), depth=False, shape=None),
+    ]
+    monkeypatch.setattr(verified_decode_store, "_pillow", lambda: "0.0")
+    others.append(local_image_verdict(str(data), "cam", range(6, 12), depth=False, shape=(30, 40, 3)))
+    assert len({verdict, *others}) == 7 and {v[:3] for v in others} == {verdict[:3]}  # (one file, one stamp)
+    assert local_image_verdict(None, "cam", range(6), depth=False, shape=None) is None
 
 
 def test_passes_merge_and_each_file_keeps_its_newest_stamps(tmp_path: Path) -> None:
