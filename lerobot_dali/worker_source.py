@@ -9,11 +9,14 @@ workers' starts held the training process 0.4-2.1 s, one after another, where a 
 and sends each worker the file's name, which each reads once started, all of them at once. A process pool's
 initializer's arguments (``lerobot-dali check``'s checker) travel alike. The files sit in a folder of the process's
 own under the temporary directory (:func:`~lerobot_dali.new_folder.run_folder`): one left by a process killed during a
-build (a few MB) is deleted by the next build on its host.
+build (a few MB) is deleted by the next build on its host. Where the temporary directory takes no file (full, not
+writable), the pickle itself is sent, as DALI's own pickler sends it: slower starts, logged, not a failed build.
 """
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import pickle
 import shutil
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .new_folder import remove_dead_run_folders, run_folder
+from .said_once import warn_once
 
 __all__ = ["PREFIX", "SourceFile", "dali_dump"]
 
@@ -30,6 +34,8 @@ __all__ = ["PREFIX", "SourceFile", "dali_dump"]
 PREFIX = "lerobot-dali-source-"
 #: The name the processes' folders of source files are named after (``.<FOLDER>.source-<host>-<pid>-<random>``).
 FOLDER = "lerobot-dali-sources"
+
+logger = logging.getLogger(__name__)
 
 
 class SourceFile:
@@ -43,19 +49,42 @@ class SourceFile:
         self._folder: Path | None = None
 
     def dumps(self, source: Any) -> bytes:
+        try:
+            return self._dump_to_file(source)
+        except OSError as e:  # (a temporary directory that is full, or not writable: the build need not fail)
+            # (the error names the folder: gettempdir() again would raise where no folder is usable)
+            warn_once(logger,
+                "cannot write the worker processes' source to a file in the temporary directory (%s: %s); sending "
+                "it down each one's start instead, which takes longer for a large dataset: free space there or "
+                "point $TMPDIR at a writable folder", type(e).__name__, e, key="worker_source.temporary_directory",
+            )  # fmt: skip
+            pickled = io.BytesIO()
+            self._dump(source, pickled)
+            return pickled.getvalue()
+
+    def _dump_to_file(self, source: Any) -> bytes:
         if self._folder is None:
             out = Path(tempfile.gettempdir()) / FOLDER
             remove_dead_run_folders(out, "source", writer="lerobot-dali pipeline build")
-            self._folder = run_folder(out, "source")
-            self._folder.mkdir()
+            folder = run_folder(out, "source")
+            folder.mkdir()
+            self._folder = folder
         descriptor, path = tempfile.mkstemp(prefix=PREFIX, suffix=".pickle", dir=self._folder)
-        with os.fdopen(descriptor, "wb") as file:
-            self._dump(source, file)
+        try:
+            with os.fdopen(descriptor, "wb") as file:
+                self._dump(source, file)
+        except BaseException:
+            os.unlink(path)
+            raise
         return os.fsencode(path)
 
     @staticmethod
-    def loads(path: bytes) -> Any:
-        with open(path, "rb") as file:
+    def loads(data: bytes) -> Any:
+        """The source :meth:`dumps` gave: read from the file it names, or the pickle itself (a protocol 2+ pickle
+        starts with its PROTO opcode, a file's absolute path with a slash)."""
+        if data[:1] == pickle.PROTO:
+            return pickle.loads(data)
+        with open(data, "rb") as file:
             return pickle.load(file)
 
     def remove(self) -> None:

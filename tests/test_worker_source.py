@@ -76,3 +76,37 @@ def test_each_worker_starts_with_the_sources_file_name_not_the_source(make_ds, p
     sent = [desc.source for args in process_starts for desc in getattr(args[0], "source_descs", {}).values()]
     assert len(sent) == 2 and len(set(sent)) == 1, sent  # (pickled once, DALI's own pickler's bytes till now)
     assert os.path.basename(sent[0]).startswith(PREFIX.encode()) and not os.path.exists(sent[0])  # (gone: read)
+
+
+def test_a_temporary_directory_that_takes_no_file_sends_the_source_itself(
+    tmp_path: Path, monkeypatch, caplog, make_ds
+) -> None:
+    """A full temporary directory (or one that is not a writable folder) failed every build with workers, with the
+    OSError of the source's write (ENOSPC with 4 KB left), where the pickle sent down each start had needed none."""
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    unusable = tmp_path / "not-a-folder"
+    unusable.write_bytes(b"")
+    monkeypatch.setattr(tempfile, "tempdir", str(unusable))
+    files = SourceFile()
+    sent = files.dumps({"episodes": np.arange(5)})
+    files.remove()
+    np.testing.assert_array_equal(SourceFile.loads(sent)["episodes"], np.arange(5))
+    assert "cannot write the worker processes' source" in caplog.text and "$TMPDIR" in caplog.text
+
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="vp9", size=(64, 64))
+    it = DALILeRobotIterator(root, batch_size=2, device="cpu", num_workers=2, shuffle=False)
+    try:
+        assert next(iter(it))["index"].tolist() == [0, 1]
+    finally:
+        it.close()
+
+
+def test_no_usable_temporary_directory_sends_the_source_itself(monkeypatch) -> None:
+    """tempfile.gettempdir() raises FileNotFoundError where no candidate folder takes a file."""
+
+    def nowhere() -> str:
+        raise FileNotFoundError("No usable temporary directory found in ['/tmp']")
+
+    monkeypatch.setattr(tempfile, "gettempdir", nowhere)
+    assert SourceFile.loads(SourceFile().dumps([1, 2])) == [1, 2]
