@@ -62,34 +62,43 @@ class FileShare:
 
     def __init__(self, share: float) -> None:
         self.share = share
-        #: This process's caches holding files -> how many, as each said after its latest open.
-        self._held: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
+        #: This process's caches holding files (weak references) -> how many, as each said after its latest open.
+        self._held: dict[weakref.ref[object], int] = {}
         #: Caches asked to keep at most this many (their split when a newcomer found none left).
-        self._asked: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
+        self._asked: dict[weakref.ref[object], int] = {}
         self._pid = os.getpid()
-        self._lock = threading.Lock()
+        # Reentrant, its dicts changed and copied in single C calls: the cycle collector runs inside any allocation,
+        # one under this lock too, and an iterator it frees closes its caches there (holding(cache, 0)); a plain
+        # lock hung that thread for good.
+        self._lock = threading.RLock()
 
     def holding(self, holder: object, files: int) -> None:
         """Record that ``holder`` keeps ``files`` open now (0: it has closed them and counts no more)."""
         with self._lock:
             held = self._this_process()
             if files:
-                held[holder] = files
+                held[weakref.ref(holder)] = files
             else:
-                held.pop(holder, None)
-                self._asked.pop(holder, None)
+                held.pop(weakref.ref(holder), None)
+                self._asked.pop(weakref.ref(holder), None)
+            for kept in (held, self._asked):  # (those collected without saying 0)
+                for freed in [cache for cache in kept.copy() if cache() is None]:
+                    kept.pop(freed, None)
 
     def files_for(self, holder: object) -> int:
         """The open files ``holder`` may keep: its split of the share, within what the others left (0: none is
         left, and the file it opened is closed after use). Where that is less than its split, each other holding
         more than its split is asked to give the rest up."""
         with self._lock:
-            others = {cache: files for cache, files in self._this_process().items() if cache is not holder}
+            held = self._this_process().copy()
+            others = {cache: files for cache, files in held.items() if cache() is not None and cache() is not holder}
             whole = open_files_share(self.share)
             split = max(1, whole // (len(others) + 1))
             left = whole - sum(others.values())
             if left < split:
-                self._asked.update((cache, split) for cache, files in others.items() if files > split)
+                for cache, files in others.items():
+                    if files > split:
+                        self._asked[cache] = split
         return max(0, min(split, left))
 
     def asked(self, holder: object) -> int | None:
@@ -97,12 +106,11 @@ class FileShare:
         looks at each call, opening a file or not, and trims to it."""
         with self._lock:
             self._this_process()
-            return self._asked.pop(holder, None)
+            return self._asked.pop(weakref.ref(holder), None)
 
-    def _this_process(self) -> weakref.WeakKeyDictionary[object, int]:
+    def _this_process(self) -> dict[weakref.ref[object], int]:
         if self._pid != os.getpid():  # (inherited through fork: the parent's caches hold the parent's files)
-            self._held = weakref.WeakKeyDictionary()
-            self._asked = weakref.WeakKeyDictionary()
+            self._held, self._asked = {}, {}
             self._pid = os.getpid()
         return self._held
 

@@ -4,11 +4,13 @@ dataset has."""
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import fsspec
@@ -171,6 +173,55 @@ def test_a_parquet_cache_with_all_its_files_gives_a_newcomer_its_split(
     assert (len(first._open), len(second._open), _open_under(tmp_path, ".parquet")) == (1, 1, 2)
     first.close()
     second.close()
+
+
+class _Closing(_Cache):
+    """A cache in a reference cycle that closes its files when freed, as an iterator's __del__ closes its own."""
+
+    def __init__(self, share: open_files.FileShare) -> None:
+        self.share, self.cycle = share, self
+        share.holding(self, 2)
+
+    def __del__(self) -> None:
+        self.share.holding(self, 0)
+
+
+class _Collecting(_Cache):
+    """A cache hashed under the share's lock, where the collector then runs (as it may in any allocation there)."""
+
+    def __hash__(self) -> int:
+        gc.collect()
+        return id(self)
+
+
+@pytest.fixture
+def collected_only_when_asked() -> Iterator[None]:
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def test_a_cache_freed_by_the_collector_under_the_shares_lock_closes(collected_only_when_asked: None) -> None:
+    """The cycle collector runs inside any allocation, one made under the share's lock too, and an iterator it frees
+    closes its caches there (holding(cache, 0)): with a plain lock that thread hung for good (a loop of opens and
+    freed caches hung at its 5,157th open at the default collector thresholds)."""
+    share, holder = open_files.FileShare(open_files.DECODER_SHARE), _Cache()
+    share.holding(holder, 3)
+    _Closing(share)  # (freed by the collector only)
+    done = threading.Event()
+
+    def open_files_as_caches_do() -> None:
+        share.holding(_Collecting(), 5)
+        done.set()
+
+    threading.Thread(target=open_files_as_caches_do, daemon=True).start()  # (a hang stays in its thread)
+    assert done.wait(timeout=60), "the thread hung on the share's lock"
+    whole = open_files.open_files_share(open_files.DECODER_SHARE)
+    assert share.files_for(_Cache()) == min(whole // 2, whole - 3)  # (the freed cache holds none, nor the other)
+    share.holding(holder, 3)
+    assert (len(share._held), len(share._asked)) == (1, 0)  # (nor are they kept)
 
 
 def test_an_iterator_keeps_no_data_file_open_from_its_checks(make_ds: Callable[..., Path]) -> None:
