@@ -17,6 +17,7 @@ import numpy as np
 from .clips import ClipPlan, packets_from_keyframe
 from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
 from .frame_checks import check_random_access, damaged_frame_error, is_damaged, out_of_order_error
+from .open_files import out_of_files
 from .packet_index import PacketIndex
 from .video_source import VideoSource
 
@@ -41,7 +42,9 @@ class PyAvReader:
             raise MissingDataFileError(f"Video file {label} does not exist.") from e
         except (av.error.FFmpegError, OSError, UnicodeDecodeError) as e:  # (PyAV: I/O as OSError, bad metadata)
             self.close()
-            raise VideoDecodeError(f"{label}: cannot open the video ({e}); the file is truncated or corrupt.") from e
+            raise out_of_files(e) or VideoDecodeError(
+                f"{label}: cannot open the video ({e}); the file is truncated or corrupt."
+            ) from e
         if not self.container.streams.video or self.container.streams.video[0].codec_context is None:
             self.close()
             raise CodecUnsupportedError(f"{label}: no video stream that PyAV can decode.")

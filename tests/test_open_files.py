@@ -275,3 +275,32 @@ def test_the_open_file_limit_reached_says_to_raise_it(
     with pytest.raises(OSError, match=r"reading samples \[0, 2\) .*soft limit: \d+\); raise it before starting"):
         next(iter(it))
     it.close()
+
+
+#: A video opened by the PyAV reader (the check's decoder, and the CPU route's for what it cannot read by packets)
+#: in a process with no file descriptor left under its limit.
+_PYAV_OPEN = """
+import os, resource, sys
+from lerobot_dali.pyav_reader import PyAvReader
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+try:
+    while True:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+try:
+    PyAvReader(sys.argv[1], filesystem=None, threads=1, label="cam.mp4")
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+def test_a_video_the_pyav_reader_opens_at_the_limit_is_not_called_corrupt(make_ds: Callable[..., Path]) -> None:
+    """It was a VideoDecodeError, 'the file is truncated or corrupt', as a damaged file's open is."""
+    root = make_ds(episodes=1, frames_per_episode=4, cameras=1, codec="vp9", size=(64, 64))
+    video = next(root.glob("videos/**/*.mp4"))
+    said = subprocess.run(
+        [sys.executable, "-c", _PYAV_OPEN, str(video)], capture_output=True, text=True, check=True
+    ).stdout
+    assert said.startswith("OSError [Errno 24] Too many open files (this process's soft limit: 64); raise it"), said
