@@ -208,9 +208,11 @@ def pools_from_lists(saved: object, world_size: int) -> tuple[tuple[int, tuple[i
     return tuple(pools)
 
 
-def _int_list(value: object, name: str) -> tuple[int, ...]:
-    if not isinstance(value, list | tuple) or not all(is_int(v) for v in value):
-        raise ResumeStateError(f"stream state {name} must be a list of ints, got {value!r}")
+def _int_list(value: object, name: str, *, bound: int = 2**63) -> tuple[int, ...]:
+    """``value``'s ints, each within ``[-bound, bound)`` (int64's by default: an int past it raised OverflowError as
+    the pool's arrays were made, not a ResumeStateError)."""
+    if not isinstance(value, list | tuple) or not all(is_int(v) and -bound <= v < bound for v in value):
+        raise ResumeStateError(f"stream state {name} must be a list of 64-bit ints, got {value!r}")
     return tuple(int(v) for v in value)
 
 
@@ -219,7 +221,7 @@ def _rng_words(rng: object) -> dict[str, Any]:
     wrong = ResumeStateError(f"stream state walk rng must be a Philox state as state_dict() saves it, got {rng!r}")
     if not isinstance(rng, Mapping) or not all(is_int(rng.get(name)) for name in _RNG_INTS):
         raise wrong
-    arrays = {name: _int_list(rng.get(name), f"walk rng {name}") for name in _RNG_ARRAYS}
+    arrays = {name: _int_list(rng.get(name), f"walk rng {name}", bound=2**64) for name in _RNG_ARRAYS}  # (uint64)
     if any(len(arrays[name]) != size for name, size in _RNG_ARRAYS.items()):
         raise wrong
     return arrays | {name: int(rng[name]) for name in _RNG_INTS}

@@ -200,9 +200,10 @@ def test_a_state_saved_after_a_change_carries_the_old_ranks_pools(
     [
         (lambda p: [[p[0][0], p[0][1], [d + 1 for d in p[0][2]]], *p[1:]], WalkMismatchError, "does not fit this"),
         (lambda p: p[:2], ResumeStateError, "one \\[next_admit, \\[slots\\], \\[drawn\\]\\] per rank"),
-        (lambda p: [[0, "ab", []], *p[1:]], ResumeStateError, "segment_pools slots must be a list of ints"),
+        (lambda p: [[0, "ab", []], *p[1:]], ResumeStateError, "segment_pools slots must be a list of 64-bit ints"),
+        (lambda p: [[p[0][0], [10**30, *p[0][1][1:]], p[0][2]], *p[1:]], ResumeStateError, "slots must be a list"),
     ],
-    ids=["draws", "ranks", "form"],
+    ids=["draws", "ranks", "form", "past-int64"],
 )
 def test_old_ranks_pools_that_do_not_fit_are_refused(change, error, message) -> None:
     state = _after_a_change()

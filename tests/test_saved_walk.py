@@ -215,8 +215,14 @@ def test_a_walk_over_another_dataset_or_pool_size_is_refused() -> None:
 
 @pytest.mark.parametrize(
     "walk",
-    [[1, 2], {"epoch": 0}, lambda w: w | {"slots": "abc"}, lambda w: w | {"rng": {"key": [1]}}],
-    ids=["list", "fields", "slots", "rng"],
+    [
+        [1, 2],
+        {"epoch": 0},
+        lambda w: w | {"slots": "abc"},
+        lambda w: w | {"rng": {"key": [1]}},
+        lambda w: w | {"drawn": [2**63, *w["drawn"][1:]]},  # (an OverflowError, not a ResumeStateError)
+    ],
+    ids=["list", "fields", "slots", "rng", "past-int64"],
 )
 def test_a_malformed_walk_is_refused_naming_it(walk) -> None:
     state = _saved(100)
