@@ -708,7 +708,9 @@ class DALILeRobotIterator:
 
 
 #: DALI's worker pool closes are not safe to run in two threads at once (a foreign close() and the pass).
-_workers_close_lock = threading.Lock()
+#: Reentrant: the cycle collector may run inside a close, and an iterator it frees closes its own pool there (a plain
+#: lock hung that thread for good). That pool is another one: the one being closed is held by the frames below.
+_workers_close_lock = threading.RLock()
 
 
 def _build_line(workers: int, pipelines: str) -> str:

@@ -6,6 +6,7 @@ hand (clamp + pad), frames by reading each decoded frame's marker and by a full 
 
 from __future__ import annotations
 
+import gc
 import inspect
 import logging
 import re
@@ -1385,3 +1386,47 @@ def test_a_camera_file_of_another_codec_is_refused_naming_it_and_the_copy_that_m
     with pytest.raises(SchemaMismatchError, match=r"re-encode this file$"):
         first.check(SimpleNamespace(codec="vp9", height=96, width=64), path="big.mp4", episode=4, camera="top")
     first.check(SimpleNamespace(codec="vp9", height=48, width=64), path="same.mp4", episode=5, camera="top")
+
+
+class _Workers:
+    """A DALI worker pool's stand-in; ``collects``: the cycle collector runs inside its close (as it may in any
+    allocation there)."""
+
+    def __init__(self, *, collects: bool = False) -> None:
+        self.collects, self.closed = collects, 0
+
+    def close(self) -> None:
+        if self.collects:
+            gc.collect()
+        self.closed += 1
+
+
+class _Pipeline:
+    def __init__(self, workers: _Workers) -> None:
+        self._py_pool = workers
+
+    def _shutdown(self) -> None:
+        pass
+
+
+def test_an_iterator_freed_by_the_collector_inside_a_worker_pools_close_closes_its_own() -> None:
+    """The cycle collector runs inside any allocation, one in DALI's pool close under the lock that keeps those
+    closes apart too, and an iterator it frees closes its own pool there (__del__ -> close()): with a plain lock
+    that thread hung for good."""
+    freed_workers, workers = _Workers(), _Workers(collects=True)
+    done = threading.Event()
+
+    def close_a_pipeline() -> None:
+        iterator_module._close_workers(_Pipeline(workers))
+        done.set()
+
+    gc.disable()
+    try:
+        freed = object.__new__(DALILeRobotIterator)  # (only what close() reads: its pipeline)
+        freed._pipeline, freed.cycle = _Pipeline(freed_workers), freed
+        del freed  # (freed by the collector only)
+        threading.Thread(target=close_a_pipeline, daemon=True).start()  # (a hang stays in its thread)
+        assert done.wait(timeout=30), "the thread hung on the worker pools' close lock"
+    finally:
+        gc.enable()
+    assert (workers.closed, freed_workers.closed) == (1, 1)
