@@ -17,8 +17,8 @@ a script, a few deep); or else the training process's (an interactive shell, or 
 step runs, lives on to start the next run). It is named by its host, PID and start time (a reused PID never inherits
 it), and passed on to the worker processes it starts (:func:`shared_with_children`) through
 ``$LEROBOT_DALI_SAID_DIR``. The training process removes its own at exit; a launcher's, or one left by a killed
-process, is removed by the next job on the host. Where no folder can be made (no /proc), each process says each line
-once.
+process, is removed by the next job on the host. Where no folder can be made (no /proc, no usable temporary directory),
+each process says each line once.
 """
 
 from __future__ import annotations
@@ -140,12 +140,12 @@ def _made_folder() -> Path | None:
     started = _start_time(owner)
     if started is None:  # (no /proc: each process says each line once)
         return None
-    root = Path(tempfile.gettempdir())
-    folder = root / f"{_PREFIX}{host_name()}-{owner}-{started}"
-    launch = os.environ.get("PMIX_NAMESPACE") if owner != os.getpid() else None  # (a DVM's daemons serve many)
-    if launch:
-        folder = folder.with_name(f"{folder.name}-{hashlib.sha256(launch.encode()).hexdigest()[:16]}")
     try:
+        root = Path(tempfile.gettempdir())  # (raises where no candidate takes a file: a log line never does)
+        folder = root / f"{_PREFIX}{host_name()}-{owner}-{started}"
+        launch = os.environ.get("PMIX_NAMESPACE") if owner != os.getpid() else None  # (a DVM's daemons serve many)
+        if launch:
+            folder = folder.with_name(f"{folder.name}-{hashlib.sha256(launch.encode()).hexdigest()[:16]}")
         _remove_dead(root)
         folder.mkdir(exist_ok=True)
     except OSError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -418,3 +419,29 @@ def test_a_training_process_removes_its_folder_at_exit(tmp_path: Path, monkeypat
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=120, check=True)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_where_no_temporary_folder_is_usable_each_process_says_each_line_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``$TMPDIR`` a file and no other candidate writable: tempfile.gettempdir() raised FileNotFoundError out of every
+    warn_once and say_once, so a log line took training down."""
+    not_a_folder = tmp_path / "tmp"
+    not_a_folder.write_text("")
+    monkeypatch.delenv(said_once.SAID_ENV)
+    monkeypatch.setattr("tempfile.tempdir", None)
+    monkeypatch.setattr("tempfile._candidate_tempdir_list", lambda: [str(not_a_folder)])  # (/tmp, /var/tmp, cwd: none)
+    said_once._made_folder.cache_clear()
+    log = logging.getLogger("lerobot_dali.test")
+    try:
+        with caplog.at_level(logging.DEBUG, logger=log.name):
+            said_once.warn_once(log, "no temporary folder %d", 1)
+            said_once.warn_once(log, "no temporary folder %d", 1)
+            with said_once.shared_with_children():
+                assert said_once.SAID_ENV not in os.environ  # (none to share)
+    finally:
+        said_once._made_folder.cache_clear()
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "no temporary folder 1"),
+        ("DEBUG", "no temporary folder 1"),
+    ]
