@@ -12,13 +12,16 @@ the launcher's, the parent of every rank of one launch on the node, which ends w
 agent, told by ``$TORCHELASTIC_RUN_ID``; by the parent's name, Slurm's step manager under ``srun``, Open MPI's or
 hydra's daemon under ``mpirun`` (a persistent DVM's, serving launch after launch, keeps one per launch, by its PMIx
 namespace); DeepSpeed's launcher), also where each rank runs under a wrapper of its own that the launcher started
-(``srun bash -c 'python train.py'``, ``srun ./run.sh``, ``mpirun sh -c ...``, ``timeout``: a shell given a command or
-a script, a few deep); or else the training process's (an interactive shell, or a batch script, which Slurm's batch
-step runs, lives on to start the next run). It is named by its host, PID and start time (a reused PID never inherits
-it), and passed on to the worker processes it starts (:func:`shared_with_children`) through
-``$LEROBOT_DALI_SAID_DIR``. The training process removes its own at exit; a launcher's, or one left by a killed
-process, is removed by the next job on the host. Where no folder can be made (no /proc, no usable temporary directory),
-each process says each line once.
+(``srun bash -c 'python train.py'``, ``srun ./run.sh``, ``mpirun sh -c ...``, ``timeout``, ``uv run``, ``apptainer
+exec``: a shell given a command or a script, a few deep); or else the training process's (an interactive shell, or a
+batch script, which Slurm's batch step runs, lives on to start the next run). It is named by its host, PID and start
+time (a reused PID never inherits it), and passed on to the worker processes it starts (:func:`shared_with_children`)
+through ``$LEROBOT_DALI_SAID_DIR``. The training process removes its own at exit; a launcher's, or one left by a killed
+process, is removed by the next job on the host. Runs one after another in one launch share its launcher, and so its
+folder (``srun bash -c 'python prepare.py; python train.py'``: train.py says at DEBUG what prepare.py said): nothing in
+/proc tells them from the ranks of one run cheaply (numbering the runs under each rank's wrapper would, but a rank
+whose shell runs one more, rank 0 alone preparing, would then share with no other rank). Where no folder can be made
+(no /proc, no usable temporary directory), each process says each line once.
 """
 
 from __future__ import annotations
@@ -55,10 +58,14 @@ _LAUNCHERS = frozenset(
 #: DeepSpeed's runner starts ``python -u -m deepspeed.launcher.launch`` on each node, which starts its ranks.
 _DEEPSPEED_LAUNCH = b"deepspeed.launcher.launch"
 #: Programs a launcher may start each rank under, which live as long as it (by ``comm``, or the name of ``exe``: a
-#: script run by its ``#!`` line is named after the script): shells given a command or a script, and ``timeout`` and
-#: ``time``, which wait for the command they run (``env``, ``nice`` or ``numactl`` exec it: its parent is the launcher).
+#: script run by its ``#!`` line is named after the script): shells given a command or a script, and ``timeout``,
+#: ``time`` and ``uv`` (``uv run``, ``uvx``), which wait for the command they run (``env``, ``nice`` or ``numactl``
+#: exec it: its parent is the launcher).
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh"})
-_WRAPPERS = _SHELLS | {"timeout", "time"}
+_WRAPPERS = _SHELLS | {"timeout", "time", "uv"}
+#: The titles (``argv[0]``) of Apptainer's and Singularity's starter where it runs one command and ends with it
+#: (``apptainer exec``, ``singularity run``); an instance's (``Apptainer instance: ...``) lives on.
+_CONTAINER_PARENTS = ("Apptainer runtime parent", "Singularity runtime parent")
 #: Wrappers between a rank and its launcher, at most (``srun ./run.sh`` whose last line is ``timeout 4h python ...``).
 _WRAPPER_DEPTH = 3
 #: The title Slurm's step manager gives itself for a step of tasks (``srun``'s: ``slurmstepd: [7.0]``); the batch
@@ -190,14 +197,17 @@ def _is_launcher(pid: int, *, wrapped: bool) -> bool:
 
 
 def _is_wrapper(pid: int) -> bool:
-    """Whether process ``pid`` runs one command and ends with it (:data:`_WRAPPERS`): a shell only where given a
-    command (``-c``) or a script, and not interactive (``-i``; none given: it reads its commands from the terminal)."""
+    """Whether process ``pid`` runs one command and ends with it (:data:`_WRAPPERS`, :data:`_CONTAINER_PARENTS`): a
+    shell only where given a command (``-c``) or a script, and not interactive (``-i``; none given: it reads its
+    commands from the terminal)."""
     process = Path(f"/proc/{pid}")
     try:
         names = {(process / "comm").read_text().rstrip("\n")}
         argv = (process / "cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
     except OSError:
         return False
+    if argv[:1] and argv[0].startswith(_CONTAINER_PARENTS):
+        return True
     with contextlib.suppress(OSError):  # (another user's is not readable: its comm decides)
         names.add(Path(os.readlink(process / "exe")).name)
     if not names & _WRAPPERS:

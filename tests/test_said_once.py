@@ -183,13 +183,16 @@ def test_runs_one_after_another_from_a_batch_script_each_say_their_lines(
     assert done.stderr.splitlines() == ["INFO the dataset opened"] * 2, done.stderr
 
 
-#: A launcher starting 2 ranks each under the wrapper that ``$WRAPPER`` (JSON) runs, with the variables that
-#: ``argv[1:]`` names set to its rank; ``$PYTHON`` is the rank's Python (a launcher named by its argv[0] knows no
-#: ``sys.executable``).
+#: A launcher starting 2 ranks each under the wrapper that ``$WRAPPER`` (JSON; its program ``$WRAPPER_PROGRAM``, where
+#: set) runs, with the variables that ``argv[1:]`` names set to its rank; ``$PYTHON`` is the rank's Python (a launcher
+#: named by its argv[0] knows no ``sys.executable``).
 WRAPPING_LAUNCHER = textwrap.dedent("""
     import json, os, subprocess, sys
     wrapper = json.loads(os.environ["WRAPPER"])
-    ranks = [subprocess.Popen(wrapper, env={**os.environ, **dict.fromkeys(sys.argv[1:], str(r))}) for r in range(2)]
+    ranks = [
+        subprocess.Popen(wrapper, executable=os.environ.get("WRAPPER_PROGRAM"), env={**os.environ, **rank_env})
+        for rank_env in (dict.fromkeys(sys.argv[1:], str(r)) for r in range(2))
+    ]
     sys.exit(max(r.wait() for r in ranks))
 """)
 #: A rank run by a shell that does not exec it (it has more to do after).
@@ -236,6 +239,64 @@ def test_the_ranks_a_launcher_starts_each_under_a_wrapper_say_a_line_once(
     argv = [title or str(named), "-c", WRAPPING_LAUNCHER, *per_rank]
     done = subprocess.run(argv, executable=named, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert sorted(done.stderr.splitlines()) == ["DEBUG the dataset opened", "INFO the dataset opened"], done.stderr
+
+
+#: A wrapper (Python, under another name) that runs the rank as its child and waits for it.
+RUNS_A_RANK = (
+    "import os, subprocess, sys; "
+    "sys.exit(subprocess.run([os.environ['PYTHON'], '-c', os.environ['RANK_CODE']]).returncode)"
+)
+
+
+@pytest.mark.parametrize(
+    ("program", "title"),
+    [
+        ("starter-suid", "Apptainer runtime parent: /images/train.sif"),  # srun apptainer exec (a setuid install)
+        ("starter", "Apptainer runtime parent: /images/train.sif"),  # ... unprivileged
+        ("starter", "Singularity runtime parent"),  # srun singularity exec (3.x, SingularityCE)
+        ("uv", "uv"),  # srun uv run python ...: uv waits for its child
+    ],
+)
+def test_the_ranks_a_launcher_starts_each_in_a_container_or_under_uv_run_say_a_line_once(
+    program: str, title: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Apptainer's starter and ``uv run`` stay the parent of the command they run, and were no wrapper: each rank kept a
+    folder of its own, and every line of the job was said once per rank."""
+    monkeypatch.delenv(said_once.SAID_ENV)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    step, wrapper = tmp_path / "slurmstepd", tmp_path / program
+    step.symlink_to(sys.executable)
+    wrapper.symlink_to(sys.executable)
+    env = {
+        **os.environ,
+        "SLURM_JOB_ID": "7",
+        "RANK_CODE": SAY_OPENED,
+        "TMPDIR": str(tmp_path),
+        "PYTHON": sys.executable,
+    }
+    env.update(WRAPPER=json.dumps([title, "-c", RUNS_A_RANK]), WRAPPER_PROGRAM=str(wrapper))
+    argv = ["slurmstepd: [7.0]", "-c", WRAPPING_LAUNCHER, "SLURM_PROCID"]
+    done = subprocess.run(argv, executable=step, env=env, capture_output=True, text=True, timeout=120)
+    assert sorted(done.stderr.splitlines()) == ["DEBUG the dataset opened", "INFO the dataset opened"], done.stderr
+
+
+@pytest.mark.parametrize(
+    ("title", "wraps"),
+    [("Apptainer runtime parent: /images/train.sif", True), ("Apptainer instance: me [lab] /images/train.sif", False)],
+)
+def test_an_apptainer_starter_is_a_wrapper_only_where_it_runs_one_command(
+    title: str, wraps: bool, tmp_path: Path
+) -> None:
+    """An instance's starter lives on from run to run, as an interactive shell does."""
+    starter = tmp_path / "starter"
+    starter.symlink_to(sys.executable)
+    waits = "print(flush=True); import sys; sys.stdin.read()"
+    process = subprocess.Popen([title, "-c", waits], executable=starter, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert process.stdout is not None and process.stdout.readline() == b"\n"  # (started: its title is set)
+        assert said_once._is_wrapper(process.pid) is wraps
+    finally:
+        process.communicate(b"")
 
 
 @pytest.mark.parametrize(
