@@ -80,6 +80,7 @@ class Prefetcher:
         self._filler: int | None = None  # the thread filling (holding the lock), by ident
         self._reading = threading.Condition()  # (notified as each admission's metadata read ends)
         self._readers: set[int] = set()  # threads whose admission reads its episode's metadata, by ident
+        self._admitting: set[int] = set()  # threads whose admission is inside the cache, by ident
         self._closed = False
         self.failures = 0
         self._thread = threading.Thread(target=self._run, name="lerobot-dali-prefetcher", daemon=True)
@@ -120,7 +121,8 @@ class Prefetcher:
         On a thread that is itself inside a fill or a read (a signal handler on the main thread in :meth:`warm`,
         a finalizer the collector runs on a reading thread), it waits for neither, which cannot end before it
         returns: it waited 5 s for the background thread (waiting on the fill lock warm() held), or 2 s for its own
-        read."""
+        read. On a thread inside the cache (under its lock, or in a write of its own, which the cache's close waits
+        for), a thread of its own closes the cache once this one lets them go: that close hung the thread for good."""
         me = threading.get_ident()
         with self._wake:
             self._closed = True
@@ -131,7 +133,10 @@ class Prefetcher:
         with self._reading:
             if not self._reading.wait_for(lambda: not self._readers - {me}, timeout=READ_WAIT_S):
                 logger.debug("close(): %d prefetch threads still read episode metadata", len(self._readers - {me}))
-        self.cache.close()
+        if me == self._filler or me in self._admitting:
+            threading.Thread(target=self.cache.close, name="lerobot-dali-prefetch-cache-close", daemon=True).start()
+        else:
+            self.cache.close()
 
     # -- work ----------------------------------------------------------------------------------------------
     def needed(self, epoch: int, position: int) -> np.ndarray:
@@ -217,6 +222,7 @@ class Prefetcher:
                 self._readers.discard(threading.get_ident())
                 self._reading.notify_all()
         keys = [ByteRange(path, start, end, self._version_of(path)) for path, start, end in ranges]
+        self._admitting.add(threading.get_ident())  # (a pool thread runs one admission at a time)
         try:
             self.cache.acquire(episode_pos, keys, self._fetch)
         except BaseException:
@@ -224,6 +230,8 @@ class Prefetcher:
             # read remotely for as long as it stayed in the pool.
             self.cache.release(episode_pos)
             raise
+        finally:
+            self._admitting.discard(threading.get_ident())
 
     def _fetch(self, key: ByteRange) -> bytes:
         if self._closed:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import gc
 import os
 import random
+import threading
 import time
 import zlib
 from collections import Counter
@@ -680,6 +682,51 @@ def test_close_on_a_reading_thread_does_not_wait_for_its_own_read(make_ds, tmp_p
     monkeypatch.setattr(EpisodeRanges, "ranges", closing_ranges)
     prefetcher.warm(0, 0, progress=False)
     assert waits and all(waits)
+
+
+class _ClosesWhenFreed:
+    """An iterator's stand-in in a reference cycle: freed by the collector, it closes its prefetcher (its __del__)."""
+
+    def __init__(self, prefetcher, freed_on: list[int]) -> None:
+        self.prefetcher, self.freed_on, self.cycle = prefetcher, freed_on, self
+
+    def __del__(self) -> None:
+        self.freed_on.append(threading.get_ident())
+        self.prefetcher.close()
+
+
+@pytest.mark.parametrize("inside", ["_make_room", "_write_or_refuse"])  # (under the cache's lock; in its own write)
+def test_a_prefetcher_freed_by_the_collector_on_a_thread_inside_its_cache_gives_the_cache_up(
+    make_ds, tmp_path: Path, monkeypatch, inside: str
+) -> None:
+    """The cycle collector runs inside any allocation, on a prefetch thread inside the cache too, and an iterator it
+    frees closes its prefetcher there: the cache's close waited for the lock that thread held, or for that thread's
+    own write to end, so the thread hung for good and the cache folder stayed locked (the next run took a sibling)."""
+    prefetcher, _ = _pool_prefetcher(make_ds, tmp_path)
+    original, close = getattr(RangeCache, inside), RangeCache.close
+    closed = threading.Event()
+
+    def collecting(self, *args):
+        gc.collect()  # (as an allocation there may)
+        return original(self, *args)
+
+    def closing(self) -> None:
+        close(self)
+        closed.set()
+
+    monkeypatch.setattr(RangeCache, inside, collecting)
+    monkeypatch.setattr(RangeCache, "close", closing)
+    freed_on: list[int] = []
+    gc.disable()
+    try:
+        _ClosesWhenFreed(prefetcher, freed_on)  # (freed by the collector only)
+        prefetcher.warm(0, 0, progress=False)
+        assert closed.wait(timeout=30), "the thread inside the cache hung closing it"
+    finally:
+        gc.enable()
+    assert len(freed_on) == 1 and freed_on[0] != threading.get_ident()  # (on a prefetch thread)
+    assert prefetcher._closed
+    RangeCache(prefetcher.cache.directory, max_bytes=1000).close()  # (given up: no CacheBusyError)
 
 
 def test_close_and_drop_stop_the_prefetcher_and_the_workers(make_ds, tmp_path: Path) -> None:
