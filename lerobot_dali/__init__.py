@@ -32,6 +32,7 @@ from .errors import (
 )
 from .frame_lookup import TimestampSource
 from .sample_order import RankBalance
+from .stream_state import merge_rank_states
 
 __version__ = "0.1.0"
 
@@ -81,5 +82,6 @@ __all__ = [
     "WorkerProcessError",
     "__version__",
     "concat_datasets",
+    "merge_rank_states",
     "open_dataset",
 ]

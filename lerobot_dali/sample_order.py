@@ -41,7 +41,7 @@ import logging
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -859,12 +859,13 @@ class SampleOrder:
             self._residual, self._replayed = consumed, tuple(replayed)
         return self._residual
 
-    def resume_from(self, earlier: SampleOrder, walk: SavedWalk | None = None) -> None:
+    def resume_from(self, earlier: SampleOrder, walks: Sequence[SavedWalk] = ()) -> None:
         """Start this order's resumed epoch from what ``earlier`` replayed of it: ``earlier`` is an order of the ranks
         that took its last segment (resumed from the segments before). Only that last segment's ranks are replayed
-        then, ~0.2 us of CPU a sample of each (8 ranks at 95% of an epoch of 92,000 episodes: 5 s), but the rank whose
-        ``walk`` (:meth:`walk_state` at that segment's position) is given, which starts there. Raises
-        :class:`~.saved_walk.WalkMismatchError` where ``walk`` claims that position but does not fit."""
+        then, ~0.2 us of CPU a sample of each (8 ranks at 95% of an epoch of 92,000 episodes: 4.6 s), but the ranks
+        whose ``walks`` (:meth:`walk_state` at that segment's position) are given, which start there: with every
+        rank's, none is replayed. Raises :class:`~.saved_walk.WalkMismatchError` where one of ``walks`` claims that
+        position but does not fit."""
         resumed = self._resumed
         if resumed is None or not resumed.segments:
             raise ValueError("resume_from needs an order whose resumed epoch has segments (resumed_epoch=)")
@@ -881,25 +882,30 @@ class SampleOrder:
                 f"resume_from needs the order of the {last.world_size} ranks whose segment epoch {resumed.epoch} "
                 f"resumed from (segments {before}), over the same units and options"
             )
-        if walk is not None and (walk.epoch, walk.samples_consumed) != (resumed.epoch, last.samples_consumed):
-            walk = None  # (not at that segment's position: it says nothing of where those ranks stood)
+        # (a walk not at that segment's position says nothing of where those ranks stood)
+        at = {w.rank: w for w in walks if (w.epoch, w.samples_consumed) == (resumed.epoch, last.samples_consumed)}
         with earlier._lock:
             consumed = earlier._consumed_by(resumed.epoch, tuple(before)) if before else np.zeros_like(self._lengths)
             replayed = earlier._replayed if before else ()
         with self._lock:
-            self._residual, pools = self._consume(resumed.epoch, len(before), last, consumed, walk)
+            self._residual, pools = self._consume(resumed.epoch, len(before), last, consumed, at)
             self._replayed = (*replayed, dataclasses.replace(last, pools=pools))
             self._plans.pop(resumed.epoch, None)  # (a plan built before counted on a replay of its own)
 
     def _consume(
-        self, epoch: int, segment: int, seg: ConsumedSegment, consumed: np.ndarray, walk: SavedWalk | None = None
+        self,
+        epoch: int,
+        segment: int,
+        seg: ConsumedSegment,
+        consumed: np.ndarray,
+        walks: Mapping[int, SavedWalk] | None = None,
     ) -> tuple[np.ndarray, tuple[RankPool, ...] | None]:
         """Draws per episode after every rank of ``seg`` took its first ``samples_consumed`` samples, and each rank's
         pool there (None unshuffled, or where those ranks took nothing).
 
         Replays each old rank's prefix: CPU proportional to the samples consumed, memory O(episodes); but where
-        ``seg`` carries the ranks' pools (checked against their plans), and for the rank whose pool ``walk`` is
-        (saved at that position), which starts there.
+        ``seg`` carries the ranks' pools (checked against their plans), and for the ranks whose pools ``walks`` holds
+        (by rank, saved at that position), which start there.
         """
         if np.count_nonzero(self._lengths - consumed) < seg.world_size:
             return consumed, None  # those ranks' epoch had ended (as in _build_plan): they took nothing
@@ -928,8 +934,8 @@ class SampleOrder:
                         emitted=taken,
                     )
                 else:
-                    if walk is not None and walk.rank == rank:
-                        plan.simulator.adopt_saved(walk, taken)
+                    if walks and rank in walks:
+                        plan.simulator.adopt_saved(walks[rank], taken)
                     next_admit, slots, drawn = plan.simulator.state_at(taken)
                 pools.append((int(next_admit), tuple(slots.tolist()), tuple(drawn.tolist())))
                 done = np.ones(next_admit, dtype=bool)

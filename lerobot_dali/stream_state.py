@@ -16,6 +16,8 @@ the state carries (:mod:`.saved_walk`), at a cost that does not grow with the po
   consumed in the epoch (~0.2 us a sample; 4.5 s at 95% of an epoch of 92,000 episodes on 8 old ranks), once per
   rank (DALI's workers get it with the order), memory O(episodes). States saved in the rest of that epoch carry
   every old rank's pool at its position (``segment_pools``, ~130 ints a rank), so a later resume replays none.
+  Where every old rank saved its state, :func:`merge_rank_states` gathers their walks into one state
+  (``rank_walks``), whose first resume on another world size replays none either (0.06 s of CPU, not 4.6).
 
 The state holds the :class:`~lerobot_dali.sample_order.OrderOptions` that define the order. A resume adopts the
 saved seed (logged) but refuses another shuffle, pool size (when shuffled) or balance (on several ranks): under
@@ -28,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +42,7 @@ from .sample_order import ConsumedSegment, OrderOptions, RankBalance, ResumedEpo
 from .saved_walk import SavedWalk, pools_from_lists, pools_to_lists
 from .value_checks import check_int_fields
 
-__all__ = ["SampleStream", "StreamState"]
+__all__ = ["SampleStream", "StreamState", "merge_rank_states"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +77,8 @@ class StreamState:
     the residual plan (each with its ranks' pools there where shuffled: ``segment_pools`` in the dict, which states
     saved before them lack). ``order`` holds the :data:`_ORDER_FIELDS` it was saved with (None in states saved
     before they were recorded: not checked). ``walk`` is the saving rank's pool walk at this position (None where
-    unshuffled, or saved before version 3).
+    unshuffled, or saved before version 3); ``rank_walks`` the other ranks' walks at this position, where
+    :func:`merge_rank_states` gathered them (``rank_walks`` in the dict).
     """
 
     seed: int
@@ -86,12 +89,19 @@ class StreamState:
     prior_segments: tuple[ConsumedSegment, ...] = ()
     order: Mapping[str, Any] | None = None
     walk: SavedWalk | None = None
+    rank_walks: tuple[SavedWalk, ...] = ()
     version: int = _VERSION
 
     def __post_init__(self) -> None:
         minimums = ((name, 1 if name in ("world_size", "batch_size") else 0) for name in _FIELDS)
         check_int_fields(self, minimums, label="stream state field {!r}".format, error=ResumeStateError)
         object.__setattr__(self, "prior_segments", tuple(self.prior_segments))
+        object.__setattr__(self, "rank_walks", tuple(self.rank_walks))
+
+    @property
+    def walks(self) -> tuple[SavedWalk, ...]:
+        """Every rank's pool walk this state carries: the saving rank's, then those gathered."""
+        return (self.walk, *self.rank_walks) if self.walk is not None else self.rank_walks
 
     def to_dict(self) -> dict[str, Any]:
         """Plain ints and lists only, so it goes into any checkpoint format."""
@@ -104,6 +114,8 @@ class StreamState:
             out["order"] = dict(self.order)
         if self.walk is not None:
             out["walk"] = self.walk.to_dict()
+        if self.rank_walks:
+            out["rank_walks"] = [walk.to_dict() for walk in self.rank_walks]
         return out
 
     @classmethod
@@ -137,7 +149,54 @@ class StreamState:
             raise ResumeStateError(f"stream state order must be a dict of {list(_ORDER_FIELDS)}, got {order!r}")
         fields = {name: state[name] for name in _FIELDS}
         walk = SavedWalk.from_dict(state["walk"]) if state.get("walk") is not None else None
-        return cls(**fields, prior_segments=segments, order=order, walk=walk, version=state["version"])
+        rank_walks = state.get("rank_walks", ())
+        if not isinstance(rank_walks, list | tuple):
+            raise ResumeStateError(
+                f"stream state rank_walks must be a list of walks, got {rank_walks!r}; pass what merge_rank_states() "
+                "returned, or leave its 'rank_walks' out (the resume then replays those ranks)"
+            )
+        return cls(
+            **fields,
+            prior_segments=segments,
+            order=order,
+            walk=walk,
+            rank_walks=tuple(SavedWalk.from_dict(w) for w in rank_walks),
+            version=state["version"],
+        )
+
+
+def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One state for a resume on another world size, from the states that all ranks of a run saved at one step.
+
+    A resume on another world size must know every old rank's pool where it stopped; a state knows its own rank's
+    (``walk``), and the others' are replayed from the epoch's start (~0.2 us of CPU a sample: 4.6 s per new rank at
+    95% of an epoch of 92,000 episodes saved on 8 ranks). The merged state is the first of ``states`` carrying the
+    others' walks too (``rank_walks``, ~140 ints a rank), so that resume replays none. States of other positions or
+    runs are refused (:class:`~lerobot_dali.errors.ResumeStateError`), as states without a walk (unshuffled or from
+    an older version: nothing to gather) add none.
+    """
+    if not states:
+        raise ResumeStateError("merge_rank_states needs at least one stream state (each rank's state_dict())")
+    parsed = [StreamState.from_dict(state) for state in states]
+    first = parsed[0]
+    for state in parsed[1:]:
+        if dataclasses.replace(state, walk=None, rank_walks=()) != dataclasses.replace(first, walk=None, rank_walks=()):
+            where = [
+                f"sample {s.samples_consumed} of epoch {s.epoch} on {s.world_size} ranks, seed {s.seed}"
+                for s in (first, state)
+            ]
+            raise ResumeStateError(
+                f"merge_rank_states needs the states every rank of one run saved at one step: {where[0]} and "
+                f"{where[1]} (or their segments or options) stand at other positions or were saved by other runs"
+            )
+    walks = {walk.rank: walk for state in parsed for walk in state.walks}
+    if any(rank >= first.world_size for rank in walks):
+        raise ResumeStateError(
+            f"merge_rank_states got a walk of rank {max(walks)}, but the states were saved on {first.world_size} ranks"
+        )
+    own = first.walk.rank if first.walk is not None else None
+    others = [walks[rank] for rank in sorted(walks) if rank != own]
+    return {**states[0], **dataclasses.replace(first, rank_walks=tuple(others)).to_dict()}
 
 
 class SampleStream:
@@ -284,11 +343,11 @@ class SampleStream:
             _start_saved_walk(state, order)
         else:
             logger.debug(
-                "resuming on %d ranks a state saved on %d: every old rank's pool is replayed to its position but rank "
-                "%s's, whose walk the state carries",
-                world_size, state.world_size, state.walk.rank if state.walk is not None else "-",
+                "resuming on %d ranks a state saved on %d: every old rank's pool is replayed to its position but "
+                "ranks %s, whose walks the state carries",
+                world_size, state.world_size, sorted(walk.rank for walk in state.walks) or "-",
             )  # fmt: skip
-            order.resume_from(old, state.walk)
+            order.resume_from(old, state.walks)
         self._order, self._position = order, (epoch, consumed)
 
 
@@ -325,7 +384,8 @@ def _check_order(state: StreamState, options: OrderOptions, *, world_size: int) 
 def _start_saved_walk(state: StreamState, order: SampleOrder) -> None:
     """Start ``order``'s pool where ``state``'s walk stands, if that walk is this rank's at this position; else the
     pool is replayed from the epoch's start (on the first batch), as for a state saved without a walk."""
-    walk = state.walk
+    walks = [walk for walk in state.walks if walk.rank == order.rank]
+    walk = walks[0] if walks else state.walk
     if walk is None:
         return
     if (walk.epoch, walk.samples_consumed, walk.rank) != (state.epoch, state.samples_consumed, order.rank):

@@ -67,6 +67,7 @@ from lerobot_dali.cache_dirs import atomic_file
 from lerobot_dali.decode_route import DecodePreference
 from lerobot_dali.errors import CudaUnavailableError, DatasetError, ResumeStateError, ShardingError
 from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
+from lerobot_dali.stream_state import merge_rank_states
 from lerobot_dali.value_checks import check_choice, check_int_fields, check_seconds, cli_flag, is_int, is_number
 from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig
 
@@ -782,6 +783,21 @@ def _saved_world_size(saved: Mapping[str, Any]) -> Any:
     return saved.get("world_size", saved["stream"].get("world_size"))
 
 
+def _gathered_stream(directory: Path, saved: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``saved``'s stream state with every old rank's pool walk (:func:`~lerobot_dali.stream_state.merge_rank_states`),
+    so a resume on another world size replays none of their pools (4.6 s of CPU per rank at 95% of an epoch of
+    92,000 episodes saved on 8 ranks); as saved where a rank's file is missing or another run's."""
+    files = [directory / f"stream_rank{rank}.json" for rank in range(_saved_world_size(saved))]
+    if not all(path.is_file() for path in files):
+        return saved["stream"]
+    states = [json.loads(path.read_text()) for path in files]
+    try:
+        return merge_rank_states([state["stream"] for state in states])
+    except ResumeStateError as e:
+        logger.debug("the old ranks' stream states in %s are not one run's (%s): their pools replay", directory, e)
+        return saved["stream"]
+
+
 #: The flags that set what a checkpoint's data must match (windows, image size, cameras), named when it does not.
 DATA_OPTIONS = "--recipe, --chunk, --image-size and --cameras"
 
@@ -800,7 +816,8 @@ def restore_checkpoint(
     windows, image size or cameras fails naming that (and ``data_options``, the flags that set them), before the
     model's shapes fail to load.
     After a world-size change a new rank may have no file of its own; any old rank's position serves, since
-    all old ranks consumed equally many samples and the iterator re-shards the rest of the epoch.
+    all old ranks consumed equally many samples and the iterator re-shards the rest of the epoch; every old rank's
+    file gives its pool walk (:func:`_gathered_stream`), so none of their pools is replayed.
     """
     first = json.loads((directory / "stream_rank0.json").read_text())
     own = directory / f"stream_rank{iterator.rank}.json"
@@ -817,7 +834,10 @@ def restore_checkpoint(
                 + f"): resume with the same {data_options}, or start in a new "
                 "--checkpoint-dir"
             )
-    iterator.load_state_dict(saved["stream"])
+    stream = saved["stream"]
+    if "walk" in stream and _saved_world_size(saved) != iterator.world_size:
+        stream = _gathered_stream(directory, saved)
+    iterator.load_state_dict(stream)
     accelerator.load_state(str(directory / "state"))
     logger.info("resumed from %s at step %d (rank %d)", directory, saved["step"], iterator.rank)
     return int(saved["step"])

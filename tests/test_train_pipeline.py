@@ -975,6 +975,36 @@ def test_resume_ignores_a_stream_file_a_run_of_another_world_size_left(tmp_path:
         assert loaded == [stream(2, 40)["stream"]], rank
 
 
+def test_a_resume_on_other_ranks_gathers_every_old_ranks_pool_walk(tmp_path: Path) -> None:
+    """Each new rank got one old rank's state and replayed the others' pools from the epoch's start (4.6 s of CPU per
+    rank at 95% of an epoch of 92,000 episodes saved on 8 ranks); it now gets all their walks (as saved where a
+    rank's file is missing)."""
+    from types import SimpleNamespace
+
+    from lerobot_dali.stream_state import SampleStream
+    from pipelines.train import restore_checkpoint
+
+    lengths = np.arange(5, 45)
+    (tmp_path / "state").mkdir()
+    for rank in range(2):
+        stream = SampleStream(lengths, rank=rank, world_size=2, batch_size=4)
+        stream.advance(100)
+        saved = {"step": 8, "rank": rank, "world_size": 2, "stream": stream.state_dict()}
+        (tmp_path / f"stream_rank{rank}.json").write_text(json.dumps(saved))
+    accelerator = SimpleNamespace(load_state=lambda path: None)
+    for world_size in (3, 2):
+        for rank in range(world_size):
+            loaded: list[dict[str, Any]] = []
+            iterator = SimpleNamespace(rank=rank, world_size=world_size, load_state_dict=loaded.append)
+            assert restore_checkpoint(accelerator, tmp_path, iterator) == 8
+            walks = [loaded[0]["walk"]["rank"]] + [w["rank"] for w in loaded[0].get("rank_walks", [])]
+            assert walks == ([0, 1] if world_size == 3 else [rank])  # (on the same ranks, each its own state)
+    (tmp_path / "stream_rank1.json").unlink()
+    loaded = []
+    restore_checkpoint(accelerator, tmp_path, SimpleNamespace(rank=2, world_size=3, load_state_dict=loaded.append))
+    assert "rank_walks" not in loaded[0] and loaded[0]["walk"]["rank"] == 0
+
+
 def test_a_mixture_sharing_no_camera_is_refused(make_ds: Callable[..., Path]) -> None:
     """Without a shared camera the mixture leaves every camera out (with a warning): the policy would see none."""
     from pipelines.train import open_readers
