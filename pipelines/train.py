@@ -784,18 +784,27 @@ def _saved_world_size(saved: Mapping[str, Any]) -> Any:
 
 
 def _gathered_stream(directory: Path, saved: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``saved``'s stream state with every old rank's pool walk (:func:`~lerobot_dali.stream_state.merge_rank_states`),
-    so a resume on another world size replays none of their pools (4.6 s of CPU per rank at 95% of an epoch of
-    92,000 episodes saved on 8 ranks); as saved where a rank's file is missing or another run's."""
+    """``saved``'s stream state with every old rank's pool walk (:func:`~lerobot_dali.stream_state.merge_rank_states`,
+    each dataset's in a mixture), so a resume on another world size replays none of their pools (4.6 s of CPU per
+    rank at 95% of an epoch of 92,000 episodes saved on 8 ranks); as saved where a rank's file is missing or another
+    run's."""
     files = [directory / f"stream_rank{rank}.json" for rank in range(_saved_world_size(saved))]
     if not all(path.is_file() for path in files):
         return saved["stream"]
-    states = [json.loads(path.read_text()) for path in files]
     try:
-        return merge_rank_states([state["stream"] for state in states])
-    except ResumeStateError as e:
+        return _merged([json.loads(path.read_text())["stream"] for path in files])
+    except (ValueError, KeyError, IndexError, TypeError) as e:  # (ResumeStateError and JSON's errors are ValueErrors)
         logger.debug("the old ranks' stream states in %s are not one run's (%s): their pools replay", directory, e)
         return saved["stream"]
+
+
+def _merged(streams: list[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The ranks' ``streams`` as one (:func:`_gathered_stream`): a mixture's dataset by dataset."""
+    first = streams[0]
+    if "datasets" not in first:
+        return merge_rank_states(streams)
+    datasets = [_merged([stream["datasets"][i] for stream in streams]) for i in range(len(first["datasets"]))]
+    return {**first, "datasets": datasets}
 
 
 #: The flags that set what a checkpoint's data must match (windows, image size, cameras), named when it does not.
@@ -835,7 +844,8 @@ def restore_checkpoint(
                 "--checkpoint-dir"
             )
     stream = saved["stream"]
-    if "walk" in stream and _saved_world_size(saved) != iterator.world_size:
+    world_size = _saved_world_size(saved)
+    if is_int(world_size) and world_size != iterator.world_size:
         stream = _gathered_stream(directory, saved)
     iterator.load_state_dict(stream)
     accelerator.load_state(str(directory / "state"))

@@ -970,26 +970,37 @@ def test_resume_ignores_a_stream_file_a_run_of_another_world_size_left(tmp_path:
     accelerator = SimpleNamespace(load_state=lambda path: None)
     for rank in range(4):
         loaded: list[dict[str, Any]] = []
-        iterator = SimpleNamespace(rank=rank, load_state_dict=loaded.append)
+        iterator = SimpleNamespace(rank=rank, world_size=4, load_state_dict=loaded.append)
         assert restore_checkpoint(accelerator, tmp_path, iterator) == 8
         assert loaded == [stream(2, 40)["stream"]], rank
 
 
-def test_a_resume_on_other_ranks_gathers_every_old_ranks_pool_walk(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mixture", [False, True])
+def test_a_resume_on_other_ranks_gathers_every_old_ranks_pool_walk(tmp_path: Path, mixture: bool) -> None:
     """Each new rank got one old rank's state and replayed the others' pools from the epoch's start (4.6 s of CPU per
-    rank at 95% of an epoch of 92,000 episodes saved on 8 ranks); it now gets all their walks (as saved where a
-    rank's file is missing)."""
+    rank at 95% of an epoch of 92,000 episodes saved on 8 ranks); it now gets all their walks (a mixture's, for each
+    dataset; as saved where a rank's file is missing)."""
     from types import SimpleNamespace
 
     from lerobot_dali.stream_state import SampleStream
     from pipelines.train import restore_checkpoint
 
-    lengths = np.arange(5, 45)
-    (tmp_path / "state").mkdir()
-    for rank in range(2):
+    def state(lengths: np.ndarray, rank: int) -> dict[str, Any]:
         stream = SampleStream(lengths, rank=rank, world_size=2, batch_size=4)
         stream.advance(100)
-        saved = {"step": 8, "rank": rank, "world_size": 2, "stream": stream.state_dict()}
+        return stream.state_dict()
+
+    def walks(stream: dict[str, Any]) -> list[list[int]]:
+        parts = stream["datasets"] if mixture else [stream]
+        return [[part["walk"]["rank"]] + [w["rank"] for w in part.get("rank_walks", [])] for part in parts]
+
+    (tmp_path / "state").mkdir()
+    for rank in range(2):
+        stream = state(np.arange(5, 45), rank)
+        if mixture:
+            parts = [stream, state(np.arange(30), rank)]
+            stream = {"mixture": {"batch_shares": [2, 2], "anchor": 0}, "datasets": parts}
+        saved = {"step": 8, "rank": rank, "world_size": 2, "stream": stream}
         (tmp_path / f"stream_rank{rank}.json").write_text(json.dumps(saved))
     accelerator = SimpleNamespace(load_state=lambda path: None)
     for world_size in (3, 2):
@@ -997,12 +1008,12 @@ def test_a_resume_on_other_ranks_gathers_every_old_ranks_pool_walk(tmp_path: Pat
             loaded: list[dict[str, Any]] = []
             iterator = SimpleNamespace(rank=rank, world_size=world_size, load_state_dict=loaded.append)
             assert restore_checkpoint(accelerator, tmp_path, iterator) == 8
-            walks = [loaded[0]["walk"]["rank"]] + [w["rank"] for w in loaded[0].get("rank_walks", [])]
-            assert walks == ([0, 1] if world_size == 3 else [rank])  # (on the same ranks, each its own state)
+            # (on the same ranks, each its own state)
+            assert walks(loaded[0]) == [[0, 1] if world_size == 3 else [rank]] * (2 if mixture else 1)
     (tmp_path / "stream_rank1.json").unlink()
     loaded = []
     restore_checkpoint(accelerator, tmp_path, SimpleNamespace(rank=2, world_size=3, load_state_dict=loaded.append))
-    assert "rank_walks" not in loaded[0] and loaded[0]["walk"]["rank"] == 0
+    assert walks(loaded[0]) == [[0]] * (2 if mixture else 1)
 
 
 def test_a_mixture_sharing_no_camera_is_refused(make_ds: Callable[..., Path]) -> None:
