@@ -19,6 +19,7 @@ __all__ = [
     "FrameTimestampError",
     "InvalidPathTemplateError",
     "IteratorClosedError",
+    "IteratorForkedError",
     "MissingDataFileError",
     "ResumeStateError",
     "SchemaMismatchError",
@@ -123,6 +124,11 @@ class FrameRequestError(ValueError):
 
 class IteratorClosedError(RuntimeError):
     """A pass read on after ``close()`` (from any thread) or after a newer pass (another ``iter()``) began."""
+
+
+class IteratorForkedError(RuntimeError):
+    """An iterator used in a child of the process that built it (``os.fork``): its pipeline and workers are the
+    parent's."""
 
 
 class WorkerProcessError(RuntimeError):

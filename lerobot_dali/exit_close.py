@@ -17,12 +17,18 @@ a remote footer, stopped there, and the process aborted (``Fatal Python error: P
 Closing what the user holds is safe here: DALI shuts those pipelines down a moment later whatever we do, and close()
 only ends what the iterator built (its pipeline, workers, prefetcher); iterating again (in a later exit handler)
 builds them anew.
+
+A child forked from the process (``os.fork``) inherits the live iterators, this handler and DALI's, but not the threads
+their pipelines run on. :func:`watch` also registers a fork hook: in the child, every live iterator leaves its pipeline
+to the parent (:meth:`~.iterator.DALILeRobotIterator.left_to_parent`, :mod:`.inherited_pipeline`), and none is closed
+at the child's exit.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import weakref
 from typing import Any
@@ -38,7 +44,8 @@ _exiting = threading.Event()
 
 
 def watch(iterator: Any) -> None:
-    """Close ``iterator`` (anything with ``close()``) at exit, before DALI's handler shuts its pipeline down."""
+    """Close ``iterator`` at exit, before DALI's handler shuts its pipeline down; in a forked child, call its
+    ``left_to_parent()`` instead."""
     import nvidia.dali.pipeline  # noqa: F401  (its exit handler registered first: this module's runs before it)
 
     global _registered
@@ -46,6 +53,7 @@ def watch(iterator: Any) -> None:
         _live.add(iterator)
         if not _registered:
             atexit.register(_close_all)
+            os.register_at_fork(after_in_child=_leave_to_parent)
             _registered = True
 
 
@@ -70,3 +78,13 @@ def _close_all() -> None:
             iterator.close()
         except Exception:  # (DALI's handler still shuts the pipeline down; the exit must go on)
             logger.debug("closing an iterator at exit failed", exc_info=True)
+
+
+def _leave_to_parent() -> None:
+    """In a forked child: the live iterators are the parent's; none is closed here at exit."""
+    global _lock
+    _lock = threading.Lock()  # (a thread of the parent may have held it at the fork: held for ever here)
+    inherited = list(_live)
+    _live.clear()
+    for iterator in inherited:
+        iterator.left_to_parent()

@@ -36,11 +36,19 @@ from .dataset_union import DATASET_INDEX
 from .decode_errors import locate_clip_failure
 from .depth_maps import DepthUnit
 from .distributed import cpus_per_local_rank, local_cuda_device, resolve_rank
-from .errors import DatasetError, EpisodeMetadataError, IteratorClosedError, ResumeStateError, WorkerProcessError
+from .errors import (
+    DatasetError,
+    EpisodeMetadataError,
+    IteratorClosedError,
+    IteratorForkedError,
+    ResumeStateError,
+    WorkerProcessError,
+)
 from .exit_close import must_park, park_if_exiting, watch
 from .file_format_store import FileFormatStore
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .host_values import decode_host_values
+from .inherited_pipeline import abandon
 from .iterator_arguments import batchable_reader, camera_augment, check_windows, checked_arguments
 from .packet_index_store import PacketIndexStore
 from .prefetch import Prefetcher, prefetching_reader
@@ -136,6 +144,7 @@ class DALILeRobotIterator:
         drop_n_first_frames: int = 0,
         drop_n_last_frames: int = 0,
     ) -> None:
+        self._pid = os.getpid()  # the process whose pipeline this is: a forked child's copy leaves it alone
         device = str(device)  # (a torch.device, as accelerator.device is, spells the same)
         (batch_size, num_workers, prefetch, dali_threads), preference = checked_arguments(
             batch_size=batch_size, device=device, decode=decode, num_workers=num_workers, prefetch=prefetch,
@@ -366,6 +375,7 @@ class DALILeRobotIterator:
         # An epoch whose samples are all taken (a checkpoint saved after its last batch) gives an empty pass
         # that ends it, as a drop_last tail does; starting the next epoch here would run it twice in a loop
         # that calls set_epoch.
+        self._refuse_if_forked()
         while True:
             park_if_exiting()  # (a daemon thread starting a pass after the exit handler closed the iterator)
             with self._next_lock:  # a close() from another thread meanwhile waits, then closes what was built
@@ -510,6 +520,7 @@ class DALILeRobotIterator:
         """The next batch of pass ``pass_id``, or None at the end of the epoch; any failure closes the pipeline.
         (A pass holds its id, not the pipeline: the frames of a raised error must not keep the pipeline's
         workers' shared memory alive.)"""
+        self._refuse_if_forked()  # (before the lock: a thread of the parent may have held it at the fork)
         with self._next_lock:
             dali_iter = self._dali_iter
             if dali_iter is None or pass_id != self._pass_id:
@@ -543,6 +554,23 @@ class DALILeRobotIterator:
                 self._in_next = None
                 if self._close_deferred:  # close() ran in a signal handler inside next(): close now
                     self.close()
+
+    def _refuse_if_forked(self) -> None:
+        if os.getpid() != self._pid:
+            raise IteratorForkedError(
+                f"rank {self.rank}: this iterator was built in process {self._pid}, and process {os.getpid()} is a "
+                "fork of it (os.fork, or multiprocessing's 'fork' start method): its DALI pipeline and worker "
+                "processes stay the parent's and do not survive the fork. Build a DALILeRobotIterator in the child "
+                "itself, after the fork"
+            )
+
+    def left_to_parent(self) -> None:
+        """In a child forked from the process that built this iterator: leave its pipeline to the parent (nothing in
+        the child shuts it down, not even DALI's exit handler); close() then does nothing, and a pass raises
+        :class:`IteratorForkedError`. Called by the fork hook of :mod:`.exit_close`."""
+        pipeline = getattr(self, "_pipeline", None)
+        if pipeline is not None:
+            abandon(pipeline)
 
     def _closed_error(self) -> IteratorClosedError:
         return IteratorClosedError(
@@ -660,7 +688,12 @@ class DALILeRobotIterator:
         opened here, now rather than at garbage collection.
 
         Safe from another thread: a pass waiting in DALI's next() there is woken (its workers are stopped) and
-        raises :class:`IteratorClosedError`; this call returns once that pass has let the pipeline go."""
+        raises :class:`IteratorClosedError`; this call returns once that pass has let the pipeline go.
+
+        In a child forked from the process that built the iterator it does nothing: what it would close is the
+        parent's."""
+        if getattr(self, "_pid", None) != os.getpid():
+            return
         lock = getattr(self, "_next_lock", None)
         if lock is not None and getattr(self, "_in_next", None) == threading.get_ident():
             # A signal handler on the thread inside DALI's next(): closing the workers here waits for a
