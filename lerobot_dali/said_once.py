@@ -158,8 +158,15 @@ def _made_folder() -> Path | None:
     except OSError:
         return None
     if owner == os.getpid():  # (a launcher's stays for its other ranks: the next job removes it)
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        atexit.register(_remove_own, folder, owner)
     return folder
+
+
+def _remove_own(folder: Path, owner: int) -> None:
+    """Remove ``folder`` at the exit of ``owner``, not of a child it forked (``os.fork``), which runs its exit
+    handlers too: the folder is still its parent's."""
+    if os.getpid() == owner:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _launcher() -> int | None:

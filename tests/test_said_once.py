@@ -506,3 +506,26 @@ def test_where_no_temporary_folder_is_usable_each_process_says_each_line_once(
         ("WARNING", "no temporary folder 1"),
         ("DEBUG", "no temporary folder 1"),
     ]
+
+
+def test_a_child_forked_by_the_training_process_leaves_the_jobs_folder_to_it(tmp_path: Path, monkeypatch) -> None:
+    """The training process removes its folder at exit, and a child it forks (``os.fork``) runs its exit handlers too:
+    the child's exit removed the folder, and with it what the job had said, while the job went on."""
+    monkeypatch.delenv(said_once.SAID_ENV)
+    script = textwrap.dedent("""
+        import logging, os, sys
+        from lerobot_dali import said_once
+        logging.basicConfig(format="%(levelname)s %(message)s", level=logging.DEBUG)
+        said_once.warn_once(logging.getLogger("lerobot_dali.test"), "said")
+        folder = said_once._folder()
+        if os.fork() == 0:
+            sys.exit(0)
+        os.wait()
+        print(len(list(folder.iterdir())) if folder.is_dir() else "removed")
+    """)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "WARNING said\n"
+    assert done.stdout == "1\n"  # the folder, with the line said in it
+    assert list(tmp_path.iterdir()) == []  # (the parent's own exit removed it)
