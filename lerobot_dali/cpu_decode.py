@@ -445,6 +445,7 @@ class CpuFrameDecoder:
         """Close this process's open decoders."""
         self._drop_inherited()
         self._trim(0)
+        open_files.DECODERS.leaving(self)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.options, "files_in_use": self.files_in_use}

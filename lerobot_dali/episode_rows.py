@@ -236,7 +236,7 @@ class ParquetCache:
             files = list(self._open.values())
             self._open.clear()
             self._footer_bytes = 0
-            open_files.DATA_FILES.holding(self, 0)
+            open_files.DATA_FILES.leaving(self)
             for parquet in files:
                 if parquet not in self._readers:
                     parquet.close(force=True)

@@ -56,8 +56,9 @@ class FileShare:
     the share passed by one per newcomer (65 videos of 64, 18 data files of 16 at ``ulimit -n 128``, 3 datasets),
     and it reopened that file at each request while the others kept more than their split. Now a newcomer keeps
     none where none is left, and asks those over their split to give it up at their next call
-    (:meth:`asked`), on their own thread (a decoder in use is never closed under it). A forked child counts only
-    the caches it uses itself.
+    (:meth:`asked`), on their own thread (a decoder in use is never closed under it); it counts in their split until
+    it holds files or closes (:meth:`leaving`), else a busy one took the share back at its next opens, batch after
+    batch. A forked child counts only the caches it uses itself.
     """
 
     def __init__(self, share: float) -> None:
@@ -66,6 +67,9 @@ class FileShare:
         self._held: dict[weakref.ref[object], int] = {}
         #: Caches asked to keep at most this many (their split when a newcomer found none left).
         self._asked: dict[weakref.ref[object], int] = {}
+        #: Caches that found none of the share left and keep none: counted in the others' split until they hold
+        #: files or leave (:meth:`leaving`), else the one asked to trim took it all back at its next opens.
+        self._waiting: dict[weakref.ref[object], None] = {}
         self._pid = os.getpid()
         # Reentrant, its dicts changed and copied in single C calls: the cycle collector runs inside any allocation,
         # one under this lock too, and an iterator it frees closes its caches there (holding(cache, 0)); a plain
@@ -78,10 +82,11 @@ class FileShare:
             held = self._this_process()
             if files:
                 held[weakref.ref(holder)] = files
+                self._waiting.pop(weakref.ref(holder), None)
             else:
                 held.pop(weakref.ref(holder), None)
                 self._asked.pop(weakref.ref(holder), None)
-            for kept in (held, self._asked):  # (those collected without saying 0)
+            for kept in (held, self._asked, self._waiting):  # (those collected without saying 0)
                 for freed in [cache for cache in kept.copy() if cache() is None]:
                     kept.pop(freed, None)
 
@@ -92,14 +97,24 @@ class FileShare:
         with self._lock:
             held = self._this_process().copy()
             others = {cache: files for cache, files in held.items() if cache() is not None and cache() is not holder}
+            waiting = [cache for cache in self._waiting.copy() if cache() is not None and cache() is not holder]
             whole = open_files_share(self.share)
-            split = max(1, whole // (len(others) + 1))
+            split = max(1, whole // (len(others.keys() | waiting) + 1))
             left = whole - sum(others.values())
             if left < split:
                 for cache, files in others.items():
                     if files > split:
                         self._asked[cache] = split
+            if left <= 0:
+                self._waiting[weakref.ref(holder)] = None
         return max(0, min(split, left))
+
+    def leaving(self, holder: object) -> None:
+        """Record that ``holder`` has closed its files and wants none until it opens one again (a closed cache): no
+        more counted in the others' split."""
+        with self._lock:
+            self.holding(holder, 0)
+            self._waiting.pop(weakref.ref(holder), None)
 
     def asked(self, holder: object) -> int | None:
         """The open files ``holder`` was asked to keep at most since it last looked (None: it was not); a cache
@@ -110,7 +125,7 @@ class FileShare:
 
     def _this_process(self) -> dict[weakref.ref[object], int]:
         if self._pid != os.getpid():  # (inherited through fork: the parent's caches hold the parent's files)
-            self._held, self._asked = {}, {}
+            self._held, self._asked, self._waiting = {}, {}, {}
             self._pid = os.getpid()
         return self._held
 

@@ -118,8 +118,31 @@ def test_caches_of_one_kind_keep_their_share_together(monkeypatch: pytest.Monkey
     assert share.files_for(third) == 0  # none left: it keeps none (one each passed the share by one per newcomer)
     assert [share.asked(c) for c in (first, second, third)] == [42, 42, None]  # each is asked for its split's rest
     assert share.asked(first) is None  # (once)
-    share.holding(first, 0)  # (closed)
-    assert [share.files_for(c) for c in (first, second, third)] == [64, 128, 64]
+    share.leaving(first)  # (closed)
+    # (the third, keeping none, counts in the first's split as it comes back; the first, closed, in none)
+    assert [share.files_for(c) for c in (first, second, third)] == [42, 64, 64]
+
+
+def test_a_newcomer_keeping_none_counts_in_the_others_split_until_it_holds_files(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Asked to trim once, a busy cache (a dataset whose pool needs more than the share) opened its next files within
+    a split that left the newcomer out, holding none: it took the whole share back before the newcomer's next call,
+    which found none left again, batch after batch (it reopened every file it read)."""
+    monkeypatch.setattr(open_files, "open_files_limit", lambda: 128)  # the share: 64
+    share, busy, newcomer = open_files.FileShare(open_files.DECODER_SHARE), _Cache(), _Cache()
+    share.holding(busy, 64)
+    got = []
+    for _ in range(3):  # a batch: the newcomer's one request, then the busy cache's 40 opens
+        got.append(share.files_for(newcomer))
+        share.holding(newcomer, min(got[-1], 1))  # (keeping none, it closed its file after use)
+        held = min(64, share.asked(busy) or 64)
+        for _ in range(40):
+            held = min(held + 1, share.files_for(busy))
+            share.holding(busy, held)
+    assert got == [0, 32, 32] and held == 32
+    share.leaving(newcomer)  # (closed): no more counted
+    assert share.files_for(busy) == 64
 
 
 def _open_under(folder: Path, suffix: str) -> int:
