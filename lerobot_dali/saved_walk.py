@@ -131,9 +131,9 @@ class SavedWalk:
         inner = {"counter": self._words("counter"), "key": self._words("key")}
         rng_state: dict[str, Any] = {"bit_generator": "Philox", "state": inner, "buffer": self._words("buffer")}
         rng_state |= {name: self.rng[name] for name in _RNG_INTS}
-        try:  # (numpy checks the rest: sizes, buffer_pos)
+        try:  # (numpy checks the rest: sizes, buffer_pos; an int past its C type's range is an OverflowError)
             np.random.Philox().state = rng_state  # type: ignore[assignment]
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, OverflowError) as e:
             raise WalkMismatchError(f"the pool walk this stream state carries has a broken Philox state: {e}") from e
         return slots, drawn, rng_state
 

@@ -231,6 +231,16 @@ def test_a_malformed_walk_is_refused_naming_it(walk) -> None:
         _stream().load_state_dict(state)
 
 
+@pytest.mark.parametrize(("name", "value"), [("uinteger", 2**80), ("buffer_pos", 2**40), ("has_uint32", 2**64)])
+def test_a_walk_whose_rng_ints_pass_their_c_types_is_refused(name: str, value: int) -> None:
+    """The Philox state's ints are C ints (``uinteger`` a uint32): one past its type raised numpy's OverflowError out
+    of the resume, not a ResumeStateError."""
+    state = _saved(100)
+    state["walk"]["rng"][name] = value
+    with pytest.raises(WalkMismatchError, match="broken Philox state"):
+        _stream().load_state_dict(state)
+
+
 def test_a_state_taken_from_another_thread_leaves_the_batches_alone() -> None:
     """An asynchronous checkpoint takes the state (walking the pool to its position) while the trainer's thread
     draws batches from the same order (``num_workers=0``): the two walks share the order's generator, so they take
