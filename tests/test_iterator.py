@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import inspect
 import logging
+import os
 import re
 import sys
 import threading
@@ -1422,8 +1423,8 @@ def test_an_iterator_freed_by_the_collector_inside_a_worker_pools_close_closes_i
 
     gc.disable()
     try:
-        freed = object.__new__(DALILeRobotIterator)  # (only what close() reads: its pipeline)
-        freed._pipeline, freed.cycle = _Pipeline(freed_workers), freed
+        freed = object.__new__(DALILeRobotIterator)  # (only what close() reads: its process and pipeline)
+        freed._pid, freed._pipeline, freed.cycle = os.getpid(), _Pipeline(freed_workers), freed
         del freed  # (freed by the collector only)
         threading.Thread(target=close_a_pipeline, daemon=True).start()  # (a hang stays in its thread)
         assert done.wait(timeout=30), "the thread hung on the worker pools' close lock"
