@@ -337,15 +337,21 @@ def test_info_describes_a_one_frame_video_and_a_single_keyframe(tmp_path: Path, 
 def test_output_to_a_reader_that_left_stops_quietly_not_as_a_network_failure(tmp_path: Path) -> None:
     """``lerobot-dali info --json | head -1``: the closed pipe (a BrokenPipeError, a ConnectionError) read as "the
     network failed past its retries", exit 2; it is the reader that left: no message, 128 + SIGPIPE, as other tools."""
+    import os
     import signal
 
     root = make_dataset(tmp_path / "ds", episodes=1, frames_per_episode=2, size=(64, 64), image_cameras=True)
     for argv in (["info", str(root), "--json"], ["info", str(root)]):
-        child = subprocess.Popen(
-            [sys.executable, "-m", "lerobot_dali", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        assert child.stdout is not None
-        child.stdout.close()  # (before the child, still importing, writes a line)
+        # The pipe has no reader from the start: with its read end closed after Popen, a parent held up past the
+        # child's half second of work (a busy machine) closed it once the output was in it, and the child exited 0.
+        reader_end, writer_end = os.pipe()
+        os.close(reader_end)
+        try:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "lerobot_dali", *argv], stdout=writer_end, stderr=subprocess.PIPE, text=True
+            )
+        finally:
+            os.close(writer_end)
         _, err = child.communicate(timeout=300)
         assert (child.returncode, err) == (128 + signal.SIGPIPE, ""), (argv, child.returncode, err)
 
