@@ -310,7 +310,7 @@ def _sigint_handler_after_leaving(queue) -> None:
     queue.put((leave_interrupts_to_parent(), signal.getsignal(signal.SIGINT) is signal.SIG_IGN))
 
 
-def _hold_a_lock_after_leaving(lock, queue) -> None:
+def _hold_a_lock_after_leaving(lock, connection) -> None:
     import os
     import signal
     import time
@@ -320,12 +320,11 @@ def _hold_a_lock_after_leaving(lock, queue) -> None:
     leave_interrupts_to_parent()
     with lock:  # (as a worker holds the lock of a DALI queue it shares with the trainer)
         os.kill(os.getpid(), signal.SIGUSR1)
-        queue.put("alive after SIGUSR1")
-        # (the queue's own thread ends here: the kernel may give SIGTERM to any thread, and Python runs the handler
-        # in the main thread only once this sleep ends; DALI's workers keep no such thread, and ours blocks it)
-        queue.close()
-        queue.join_thread()
-        time.sleep(120)
+        # (a pipe, as DALI's workers keep no thread to send with: a queue's thread may take the SIGTERM, and one that
+        # landed inside the queue's close(), before it told that thread to stop, left the exit joining it for ever)
+        connection.send("alive after SIGUSR1")
+        for _ in range(1200):  # (a SIGTERM that lands just before a sleep is handled once it ends: 0.1 s, not 120 s)
+            time.sleep(0.1)
 
 
 def test_workers_leave_sigusr1_to_the_trainer_and_let_go_of_shared_locks_on_sigterm() -> None:
@@ -340,11 +339,12 @@ def test_workers_leave_sigusr1_to_the_trainer_and_let_go_of_shared_locks_on_sigt
     from lerobot_dali.parent_watch import leave_interrupts_to_parent
 
     spawn = multiprocessing.get_context("spawn")
-    lock, queue = spawn.Lock(), spawn.Queue()
-    child = spawn.Process(target=_hold_a_lock_after_leaving, args=(lock, queue))
+    lock, (said, say) = spawn.Lock(), spawn.Pipe(duplex=False)
+    child = spawn.Process(target=_hold_a_lock_after_leaving, args=(lock, say))
     child.start()
+    say.close()  # (the child's end: a child ended by SIGUSR1 is an EOFError here, not a wait)
     try:
-        assert queue.get(timeout=60) == "alive after SIGUSR1"
+        assert said.poll(60) and said.recv() == "alive after SIGUSR1"
         child.terminate()  # SIGTERM
         child.join(timeout=60)
         assert child.exitcode == 128 + signal.SIGTERM
