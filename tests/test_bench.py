@@ -533,7 +533,7 @@ def test_the_benchs_own_bookkeeping_between_epochs_is_not_timed(make_ds, monkeyp
     from lerobot_dali.bench_types import BenchDataset
 
     root = make_ds(episodes=2, frames_per_episode=4, cameras=1, size=(64, 64), codec="vp9")  # 2 batches an epoch
-    monkeypatch.setattr(bench_measure._IoCounters, "epoch_end", lambda self: time.sleep(1.0))
+    monkeypatch.setattr(bench_measure._IoCounters, "epoch_end", lambda self: time.sleep(2.0))
     plan = load_plan(BenchConfig(quick=True), open_dataset(root))
     job = LoaderJob(
         loader="pyav-dataloader", dataset=BenchDataset("tiny", str(root)), plan=plan, batch_size=4, num_workers=0,
@@ -541,7 +541,9 @@ def test_the_benchs_own_bookkeeping_between_epochs_is_not_timed(make_ds, monkeyp
     )  # fmt: skip
     result = measure_loader(job)
     assert result.status == "ok" and result.batches == 6  # across three epoch ends
-    assert result.window_s < 1.0 and result.batch_p99_ms < 1000, (result.window_s, result.batch_p99_ms)
+    # (two epoch ends fall inside the window: 4 s if timed; the 5 batches themselves took up to 0.53 s on a loaded
+    # 2-core machine, so the bound sits well above that and below one wait)
+    assert result.window_s < 2.0 and result.batch_p99_ms < 2000, (result.window_s, result.batch_p99_ms)
 
 
 def test_a_warning_during_a_measurement_is_logged_on_its_own_line_not_after_the_bar(
