@@ -492,8 +492,8 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     check.add_argument(
         "--decode", action="store_true",
-        help="also decode every frame and image the rows read (but the frames of local videos an earlier check "
-        "decoded without a fault, unchanged since)",
+        help="also decode every frame and image the rows read (but those of local files an earlier check decoded "
+        "without a fault, unchanged since)",
     )  # fmt: skip
     check.add_argument(
         "--redecode", action="store_true",
