@@ -1,8 +1,11 @@
-"""The shell scripts in .ci/: shellcheck finds nothing, and the GPU check runs every step on a machine without one."""
+"""The shell scripts in .ci/: shellcheck finds nothing, the GPU check runs every step on a machine without one, and
+what it runs there still matches the code: its lerobot-dali flags parse, its pytest command selects every GPU test."""
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -12,6 +15,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = [ROOT / ".ci" / name for name in ("run", "gpu", "gpu-pack", "gpu-unpack", "lerobot-parity")]
+
+
+def _cli_accepts(calls: list[str]) -> None:
+    """Every recorded ``python3 -m lerobot_dali`` call parses with the CLI's own parser: a flag renamed there
+    would otherwise fail only on a GPU machine, where .ci/gpu runs."""
+    from lerobot_dali.cli import _parser
+
+    for call in calls:
+        argv = shlex.split(call)
+        if argv[1:3] == ["-m", "lerobot_dali"]:
+            try:
+                _parser().parse_args(argv[3:])
+            except SystemExit:
+                pytest.fail(f"lerobot-dali rejects what .ci/gpu runs: {call}")
 
 
 def _shellcheck() -> str | None:
@@ -54,6 +71,7 @@ def test_gpu_check_logs_every_step_and_fails_without_a_gpu(tmp_path: Path) -> No
         f"python3 -m lerobot_dali bench --device cuda --limits --out {out}/bench --cache-dir /data/bench --quick"
     ]
     assert {"gpu.log", "nvcuvid.log", "gpu-tests.log", "diagnose.log", "bench.log"} <= {p.name for p in out.iterdir()}
+    _cli_accepts(lines)
 
 
 def test_gpu_steps_can_be_chosen(tmp_path: Path) -> None:
@@ -83,6 +101,7 @@ def test_gpu_steps_can_be_chosen(tmp_path: Path) -> None:
         f"python3 -m lerobot_dali diagnose {shared}/gr00t_v20_h264/ --cameras observation.images.ego_view",
         f"python3 -m lerobot_dali diagnose {shared}/one/",
     ]
+    _cli_accepts(calls.read_text().splitlines())
     assert {p.name for p in out.iterdir()} == {
         "diagnose.log", "diagnose-dataset-gr00t_v20_h264.log", "diagnose-dataset-one.log",
     }  # fmt: skip
@@ -113,9 +132,46 @@ def test_gpu_reencode_step_benches_the_av1_set_and_its_h264_copy(tmp_path: Path)
         bench.format(f"{shared}/cr5_v30_av1", f"{out}/bench-cr5_v30_av1") + " --steps 20",
         bench.format(f"{out}/cr5_v30_h264", f"{out}/bench-cr5_v30_h264") + " --steps 20",
     ]
+    _cli_accepts(calls.read_text().splitlines())
     assert {p.name for p in out.iterdir()} == {
         "reencode.log", "reencode-dataset-cr5_v30_av1.log", "reencode-dataset-cr5_v30_h264.log",
     }  # fmt: skip
+
+
+FAKE_CUDA = """# Loaded by pytest (-p fake_cuda): torch and DALI say a CUDA device exists, so no GPU module skips.
+import torch
+from nvidia.dali import backend
+
+torch.cuda.is_available = lambda: True
+backend.GetCUDADeviceCount = lambda: 1
+"""
+
+
+def _gpu_test_ids(args: list[str], plugins: Path) -> list[str]:
+    """The GPU tests pytest ``args`` select with CUDA faked, from ``--setup-plan`` (fixtures resolved, none run);
+    fails on any error (a module whose import fails, a fixture that no longer exists)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugins), str(ROOT)])}
+    result = subprocess.run(
+        [sys.executable, *args, "-p", "fake_cuda", "--setup-plan"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return re.findall(r"^\s+(tests/gpu/\S+::\S+) \(fixtures used", result.stdout, re.MULTILINE)
+
+
+def test_gpu_step_selects_every_gpu_test_and_resolves_its_fixtures(tmp_path: Path) -> None:
+    """The GPU tests skip here, test_nvdec.py before its imports: with CUDA faked, .ci/gpu's pytest command must
+    import every tests/gpu module, select every test there by its mark and find every fixture each one names."""
+    (tmp_path / "fake_cuda.py").write_text(FAKE_CUDA)
+    command = re.search(r"^step gpu-tests (.+)$", (ROOT / ".ci" / "gpu").read_text(), re.MULTILINE)
+    assert command is not None, ".ci/gpu has no gpu-tests step"
+    argv = shlex.split(command.group(1))
+    assert argv[:3] == ["python3", "-m", "pytest"], argv
+    selected = _gpu_test_ids(argv[1:], tmp_path)
+    every = _gpu_test_ids(["-m", "pytest", "tests/gpu", "-p", "no:cacheprovider"], tmp_path)
+    assert sorted(selected) == sorted(every)
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests" / "gpu").glob("test_*.py")}
+    assert {test.split("::")[0] for test in every} == modules
 
 
 def test_gpu_pack_parts_unpack_to_the_packed_tree(tmp_path: Path) -> None:
