@@ -174,17 +174,15 @@ def test_gpu_step_selects_every_gpu_test_and_resolves_its_fixtures(tmp_path: Pat
     assert {test.split("::")[0] for test in every} == modules
 
 
-def test_gpu_pack_parts_unpack_to_the_packed_tree(tmp_path: Path) -> None:
-    """What .ci/gpu-pack splits into carry-sized parts, .ci/gpu-unpack joins back: the site folder with only
-    the target Python's extension modules and a ``nvidia`` package that extends its path, every bench
-    dataset, the shared datasets, and the exports."""
+def _pack_inputs(tmp_path: Path, payload: bytes) -> dict[str, str]:
+    """The environment for .ci/gpu-pack over stand-ins: a site folder holding ``payload``, stamped bench datasets
+    (reused, not encoded), a shared dataset, and this interpreter as the scripts' python3."""
     if shutil.which("xz") is None:
         pytest.skip("xz is not installed")
     from lerobot_dali.bench import GENERATED_STAMP, _generator_stamp, default_specs
 
     site = tmp_path / "site"
     (site / "pkg").mkdir(parents=True)
-    payload = os.urandom(3 * 1024 * 1024 // 2)  # incompressible: two parts of 1 MiB
     (site / "pkg" / "lib.so").write_bytes(payload)
     (site / "nvidia" / "dali").mkdir(parents=True)
     for tag in ("310", "312", "314t"):
@@ -195,7 +193,6 @@ def test_gpu_pack_parts_unpack_to_the_packed_tree(tmp_path: Path) -> None:
         (bench / spec.folder / "meta").mkdir(parents=True)
         (bench / spec.folder / "meta" / "info.json").write_text(spec.folder)
         (bench / spec.folder / GENERATED_STAMP).write_text(_generator_stamp(spec))
-    folders = [spec.folder for spec in specs]
     (bench / "unrelated").mkdir()
     shared = tmp_path / "shared"
     (shared / "ds").mkdir(parents=True)
@@ -203,14 +200,48 @@ def test_gpu_pack_parts_unpack_to_the_packed_tree(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"  # the scripts' python3 is this interpreter
     bin_dir.mkdir()
     (bin_dir / "python3").symlink_to(sys.executable)
-    env = {
+    return {
         **os.environ,
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "SITE": str(site),
         "BENCH_CACHE": str(bench),
         "SHARED_DATASETS": str(shared),
-        "PART_MB": "1",
     }
+
+
+def test_gpu_pack_parts_fit_one_carry_beside_the_working_tree(tmp_path: Path) -> None:
+    """A device call carries one part and the working tree, 64 MiB together: the default part leaves the tree that
+    travels (tracked files and untracked ones not ignored) and 2 MiB for commits made while the parts are carried
+    (a fixed 60 MiB left 1.06 MiB beside this checkout's 2.94 MiB, less with every commit)."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: gpu-pack then cuts 56 MiB parts, as ../shared/device/stage.sh")
+    env = _pack_inputs(tmp_path, b"x")
+    env.pop("PART_MB", None)
+    packed = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "gpu-pack"), str(tmp_path / "parts")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert packed.returncode == 0, packed.stdout + packed.stderr
+    found = re.search(r"into (\d+) MiB parts", packed.stdout)
+    assert found is not None, packed.stdout
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True, cwd=ROOT, check=True,
+    ).stdout.decode()  # fmt: skip
+    tree = sum(os.path.getsize(ROOT / p) for p in listed.split("\0") if p and (ROOT / p).is_file())
+    assert int(found.group(1)) * 2**20 + tree <= 62 * 2**20, (found.group(1), tree)
+
+
+def test_gpu_pack_parts_unpack_to_the_packed_tree(tmp_path: Path) -> None:
+    """What .ci/gpu-pack splits into carry-sized parts, .ci/gpu-unpack joins back: the site folder with only
+    the target Python's extension modules and a ``nvidia`` package that extends its path, every bench
+    dataset, the shared datasets, and the exports."""
+    from lerobot_dali.bench import GENERATED_STAMP, _generator_stamp, default_specs
+
+    payload = os.urandom(3 * 1024 * 1024 // 2)  # incompressible: two parts of 1 MiB
+    env = {**_pack_inputs(tmp_path, payload), "PART_MB": "1"}
+    specs = [spec for quick in (True, False) for spec in default_specs(quick)]
+    folders = [spec.folder for spec in specs]
     out = tmp_path / "parts"
     packed = subprocess.run(
         ["bash", str(ROOT / ".ci" / "gpu-pack"), str(out)], capture_output=True, text=True, env=env, timeout=300
