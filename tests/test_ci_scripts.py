@@ -64,7 +64,7 @@ def test_gpu_check_logs_every_step_and_fails_without_a_gpu(tmp_path: Path) -> No
     assert "failed: gpu" in result.stdout
     lines = calls.read_text().splitlines()
     assert lines[0] == "nvidia-smi"
-    assert "python3 -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider" in lines
+    assert "python3 -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider --timeout 180" in lines
     assert "python3 -m lerobot_dali diagnose" in lines
     bench = [line for line in lines if " bench " in line]
     assert bench == [
