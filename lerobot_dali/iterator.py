@@ -587,7 +587,8 @@ class DALILeRobotIterator:
             f"the batches after sample {self._stream.samples_consumed} of epoch {self._stream.epoch} "
             f"(rank {self.rank}, {self._num_workers} worker processes)"
         )
-        dead = dead_worker_error(e, self._pipeline, where)
+        pipeline = self._pipeline
+        dead = dead_worker_error(e, pipeline, where, lambda: _close_workers(pipeline))
         self._close_pipeline()
         if dead is not None:
             return dead

@@ -14,6 +14,7 @@ import builtins
 import os
 import re
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from . import errors
@@ -77,23 +78,39 @@ def _rebuild(traceback_text: str, message: str | None) -> BaseException | None:
         return None
 
 
-#: What DALI 2.4 raises when a worker process ends without sending a result (``_multiproc/pool.py``).
-_DEAD_WORKER = "Worker data receiving interrupted"
+#: What DALI 2.4 raises when a worker process ends without sending a result, or (having closed its queues on its way
+#: out: ended by SIGTERM) before it was sent its next task (``_multiproc/pool.py``).
+_DEAD_WORKER = ("Worker data receiving interrupted", "Sending tasks to worker")
 
 
-def dead_worker_error(error: BaseException, pipeline: Any, where: str) -> errors.WorkerProcessError | None:
+def dead_worker_error(
+    error: BaseException, pipeline: Any, where: str, close_workers: Callable[[], None]
+) -> errors.WorkerProcessError | None:
     """A clear error for DALI's bare message about a worker that died without a word, else None.
 
     ``pipeline``: the DALI pipeline, whose worker processes' exit codes are read where DALI still holds them
-    (best effort: private attributes); ``where``: which batches were being read, for the message.
+    (best effort: private attributes); ``where``: which batches were being read, for the message;
+    ``close_workers``: ends the pool, where no worker has ended yet: one ended by SIGTERM unwinds, closing DALI's
+    queues, which interrupts the wait for its batch before it has exited (its code was unknown, the message blamed
+    the out-of-memory killer).
     """
-    if _DEAD_WORKER not in str(error):
+    if not any(text in str(error) for text in _DEAD_WORKER):
         return None
     processes = getattr(getattr(getattr(pipeline, "_py_pool", None), "pool", None), "_processes", None) or []
-    codes = [p.exitcode for p in processes if getattr(p, "exitcode", None) is not None]
+    codes = _exit_codes(processes)
+    if not codes:
+        close_workers()  # (waits for them: the exit codes are known after)
+        codes = _exit_codes(processes)
     how = ", ".join(dict.fromkeys(_describe_exit(code) for code in codes)) or "exit status unknown"
     if -signal.SIGBUS in codes:
         cause = f"A SIGBUS is a full /dev/shm: {shared_memory_note(shm_bytes())}"
+    elif _TERMINATED & set(codes) and -signal.SIGKILL not in codes:
+        return errors.WorkerProcessError(
+            f"a data-loading worker process ended while reading {where} ({how}). A SIGTERM is a preemption or the "
+            "end of the job (Slurm, Kubernetes and torchrun send it to every process of the job, the workers too). "
+            "No sample was lost: state_dict() still stands before these batches, so a SIGTERM handler that saves a "
+            "checkpoint can catch WorkerProcessError and save it then."
+        )
     else:
         cause = (
             "A SIGKILL is most often the kernel's out-of-memory killer (see `dmesg`): lower num_workers, "
@@ -130,7 +147,18 @@ def shm_bytes() -> int | None:
     return stats.f_frsize * stats.f_blocks
 
 
+#: How a worker ended by SIGTERM exits: unwinding (:mod:`.parent_watch`), or by the signal itself (while exiting).
+_TERMINATED = {128 + signal.SIGTERM, -signal.SIGTERM}
+
+
+def _exit_codes(processes: list[Any]) -> list[int]:
+    """The exit codes of the ``processes`` that have ended (a healthy worker's 0 left out)."""
+    return [p.exitcode for p in processes if getattr(p, "exitcode", None)]
+
+
 def _describe_exit(code: int) -> str:
+    if code == 128 + signal.SIGTERM:
+        return f"ended by SIGTERM (exit code {code})"
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"

@@ -481,3 +481,29 @@ def test_workers_log_at_the_training_process_level(make_ds, tmp_path: Path) -> N
         indexed = ("DEBUG lerobot_dali.packet_index (worker pid ", "DEBUG lerobot_dali.packet_index_store (worker pid ")
         assert any(line.startswith(indexed) for line in worker) is shown, worker  # (built, or loaded from the store)
         assert all(line.startswith(("DEBUG", "INFO", "WARNING")) for line in worker)
+
+
+class _TerminatedSource(BatchSource):
+    """The worker is sent SIGTERM on its first batch, as a preemption sends it to the process group."""
+
+    def assemble(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # (the signal's handler ends the worker here)
+
+
+def test_a_worker_ended_by_sigterm_is_named_as_a_preemption_not_the_oom_killer(make_ds, monkeypatch) -> None:
+    """SIGTERM to the process group (Slurm, torchrun, Kubernetes) ends the workers unwinding, with status 143,
+    while a trainer that handles it goes on to save a checkpoint: its next batch raised an error saying "exit
+    status unknown" and blaming the out-of-memory killer. It names SIGTERM, says no sample was lost and that
+    state_dict() is the position to save."""
+    root = _small_dataset(make_ds)
+    monkeypatch.setattr(iterator_module, "BatchSource", _TerminatedSource)
+    it = DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=1)
+    with pytest.raises(errors.WorkerProcessError) as info:
+        next(iter(it))
+    it.close()
+    message = str(info.value)
+    assert "ended by SIGTERM" in message or "killed by SIGTERM" in message
+    assert "out-of-memory" not in message, message
+    assert "state_dict()" in message and "sample 0 of epoch 0" in message, message
+    assert it.state_dict()["samples_consumed"] == 0
