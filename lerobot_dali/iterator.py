@@ -491,13 +491,16 @@ class DALILeRobotIterator:
         try:
             while (batch := self._next_batch_or_park(pass_id)) is not None:
                 try:
-                    self._stream.advance(len(batch["index"]))
-                    self._pipeline_next = (self._stream.epoch, self._stream.samples_consumed)
+                    # The stream counts the batch last, right before handing it out: a signal's exception (Ctrl-C, a
+                    # SIGTERM handler's sys.exit) in the followers below lost it, counted but never seen by the loop.
+                    epoch, taken = self._stream.epoch, self._stream.samples_consumed + len(batch["index"])
                     if self._num_workers:  # (the workers walk their copies: this one follows, for state_dict)
-                        self._stream.order.follow(self._stream.epoch, self._stream.samples_consumed)
+                        self._stream.order.follow(epoch, taken)
                     prefetcher = self._prefetcher  # (read once: a close() from another thread sets it to None)
                     if prefetcher is not None:
-                        prefetcher.advance(self._stream.epoch, self._stream.samples_consumed)
+                        prefetcher.advance(epoch, taken)
+                    self._stream.advance(len(batch["index"]))
+                    self._pipeline_next = (epoch, taken)
                 except BaseException:  # Ctrl-C before the stream counted the batch DALI handed out: rebuild
                     with self._next_lock:
                         self._close_pipeline()

@@ -1152,6 +1152,36 @@ def test_an_interrupted_pass_resumes_without_losing_or_repeating_a_sample(make_d
     assert _indices_across_a_ctrl_c(DALILeRobotIterator(root, **kwargs)) == reference
 
 
+def test_an_interrupt_while_the_workers_order_follows_loses_no_batch(make_ds, monkeypatch) -> None:
+    """A signal's exception (Ctrl-C, a SIGTERM handler's sys.exit) landing after the stream counted a batch but before
+    the loop got it (while the order followed the workers, or the prefetcher the stream): the batch was lost, by
+    state_dict() and by the next pass (measured: 2 of 6 save-in-handler checkpoints of a remote dataset with 2 workers
+    resumed one batch short). The stream now counts the batch last, right before handing it out."""
+    from lerobot_dali.sample_order import SampleOrder
+
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=1, drop_last=False)
+    reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
+    original, calls = SampleOrder.follow, [0]
+
+    def interrupted_once(self, epoch, position):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise KeyboardInterrupt
+        return original(self, epoch, position)
+
+    monkeypatch.setattr(SampleOrder, "follow", interrupted_once)
+    it = DALILeRobotIterator(root, **kwargs)
+    seen: list[int] = []
+    with pytest.raises(KeyboardInterrupt):
+        for batch in it:
+            seen += [int(i) for i in batch["index"]]
+    assert it.state_dict()["samples_consumed"] == len(seen) == 4
+    seen += [int(i) for batch in it for i in batch["index"]]  # the pass carried on with
+    it.close()
+    assert seen == reference
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_close_from_another_thread_ends_the_waiting_pass_with_a_clear_error(make_ds, monkeypatch, num_workers) -> None:
     """close() from a watchdog thread while the loop waits in DALI's next() shut the pipeline down under it: the
@@ -1215,7 +1245,7 @@ def test_close_from_another_thread_as_the_pass_tells_the_prefetcher_ends_it_with
     it = DALILeRobotIterator(root, **kwargs)
     it._prefetcher = _StubPrefetcher()
     lines, first = inspect.getsourcelines(DALILeRobotIterator._epoch_batches)
-    advance_line = first + next(i for i, line in enumerate(lines) if ".advance(self._stream.epoch" in line)
+    advance_line = first + next(i for i, line in enumerate(lines) if "prefetcher.advance(" in line)
     closes = []
 
     def close_there(frame, event, arg):  # (another thread's close(), run at that line of the pass's first batch)
