@@ -172,13 +172,15 @@ def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     (``walk``), and the others' are replayed from the epoch's start (~0.2 us of CPU a sample: 4.6 s per new rank at
     95% of an epoch of 92,000 episodes saved on 8 ranks). The merged state is the first of ``states`` carrying the
     others' walks too (``rank_walks``, ~140 ints a rank), so that resume replays none. States of other positions or
-    runs are refused (:class:`~lerobot_dali.errors.ResumeStateError`), as states without a walk (unshuffled or from
-    an older version: nothing to gather) add none.
+    runs (an iterator's over other ``episodes``) are refused (:class:`~lerobot_dali.errors.ResumeStateError`), as
+    states without a walk (unshuffled or from an older version: nothing to gather) add none.
     """
     if not states:
         raise ResumeStateError("merge_rank_states needs at least one stream state (each rank's state_dict())")
     parsed = [StreamState.from_dict(state) for state in states]
     first = parsed[0]
+    for other in states[1:]:
+        _check_same_extras(states[0], other)
     for state in parsed[1:]:
         if dataclasses.replace(state, walk=None, rank_walks=()) != dataclasses.replace(first, walk=None, rank_walks=()):
             where = [
@@ -197,6 +199,23 @@ def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     own = first.walk.rank if first.walk is not None else None
     others = [walks[rank] for rank in sorted(walks) if rank != own]
     return {**states[0], **dataclasses.replace(first, rank_walks=tuple(others)).to_dict()}
+
+
+#: The keys a :class:`StreamState`'s dict holds; an iterator's adds others (``episodes``, its episodes' digest).
+_STATE_KEYS = frozenset({"version", *_FIELDS, "prior_segments", "segment_pools", "order", "walk", "rank_walks"})
+
+
+def _check_same_extras(first: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+    """Refuse to gather states whose keys beyond the stream's differ: an iterator's ``episodes`` says which episodes
+    it read, and another run's walk over other episodes was gathered, its resume failing with WalkMismatchError (or,
+    where the walk happened to fit, reading another order)."""
+    differ = sorted(k for k in (first.keys() | state.keys()) - _STATE_KEYS if first.get(k) != state.get(k))
+    if differ:
+        said = "; ".join(f"{k}: {first.get(k)!r} and {state.get(k)!r}" for k in differ)
+        raise ResumeStateError(
+            f"merge_rank_states needs the states every rank of one run saved at one step, but they differ in {said}: "
+            "pass only the states of the run being resumed (another run's, over other episodes, does not fit)"
+        )
 
 
 class SampleStream:

@@ -803,6 +803,9 @@ def _merged(streams: list[Mapping[str, Any]]) -> Mapping[str, Any]:
     first = streams[0]
     if "datasets" not in first:
         return merge_rank_states(streams)
+    mixtures = [{k: v for k, v in stream.items() if k != "datasets"} for stream in streams]
+    if any(mixture != mixtures[0] for mixture in mixtures) or len({len(s["datasets"]) for s in streams}) != 1:
+        raise ResumeStateError(f"the old ranks' mixture states differ, not one run's: {mixtures}")
     datasets = [_merged([stream["datasets"][i] for stream in streams]) for i in range(len(first["datasets"]))]
     return {**first, "datasets": datasets}
 

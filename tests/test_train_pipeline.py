@@ -1016,6 +1016,34 @@ def test_a_resume_on_other_ranks_gathers_every_old_ranks_pool_walk(tmp_path: Pat
     assert walks(loaded[0]) == [[0]] * (2 if mixture else 1)
 
 
+@pytest.mark.parametrize("mixture", [False, True])
+def test_a_resume_on_other_ranks_gathers_no_other_runs_state(tmp_path: Path, mixture: bool) -> None:
+    """A rank's file left by another run at the same position (over other episodes; a mixture's of other shares) was
+    gathered with the others, and the resume failed on its walk: each rank now resumes as saved."""
+    from types import SimpleNamespace
+
+    from lerobot_dali.stream_state import SampleStream
+    from pipelines.train import restore_checkpoint
+
+    def state(rank: int, episodes: str) -> dict[str, Any]:
+        stream = SampleStream(np.arange(5, 45), rank=rank, world_size=2, batch_size=4)
+        stream.advance(100)
+        return stream.state_dict() | {"episodes": episodes}
+
+    (tmp_path / "state").mkdir()
+    for rank in range(2):
+        stream: dict[str, Any] = state(rank, f"40 episodes, sha256 {rank if not mixture else 0}")
+        if mixture:
+            stream = {"mixture": {"batch_shares": [2, 2 + rank], "anchor": 0}, "datasets": [stream]}
+        saved = {"step": 8, "rank": rank, "world_size": 2, "stream": stream}
+        (tmp_path / f"stream_rank{rank}.json").write_text(json.dumps(saved))
+    first = json.loads((tmp_path / "stream_rank0.json").read_text())["stream"]
+    loaded: list[dict[str, Any]] = []
+    iterator = SimpleNamespace(rank=2, world_size=3, load_state_dict=loaded.append)
+    assert restore_checkpoint(SimpleNamespace(load_state=lambda path: None), tmp_path, iterator) == 8
+    assert loaded == [first]
+
+
 def test_a_mixture_sharing_no_camera_is_refused(make_ds: Callable[..., Path]) -> None:
     """Without a shared camera the mixture leaves every camera out (with a warning): the policy would see none."""
     from pipelines.train import open_readers
