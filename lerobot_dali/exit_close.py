@@ -19,9 +19,9 @@ only ends what the iterator built (its pipeline, workers, prefetcher); iterating
 builds them anew.
 
 A child forked from the process (``os.fork``) inherits the live iterators, this handler and DALI's, but not the threads
-their pipelines run on. :func:`watch` also registers a fork hook: in the child, every live iterator leaves its pipeline
-to the parent (:meth:`~.iterator.DALILeRobotIterator.left_to_parent`, :mod:`.inherited_pipeline`), and none is closed
-at the child's exit.
+their pipelines run on. :func:`watch` also registers a fork hook: in the child, every DALI pipeline is left to the
+parent (:mod:`.inherited_pipeline`: also one another thread was building or shutting down at the fork), and no
+iterator is closed at the child's exit.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ import os
 import threading
 import weakref
 from typing import Any
+
+from .inherited_pipeline import abandon_all
 
 __all__ = ["must_park", "park_if_exiting", "watch"]
 
@@ -44,8 +46,9 @@ _exiting = threading.Event()
 
 
 def watch(iterator: Any) -> None:
-    """Close ``iterator`` at exit, before DALI's handler shuts its pipeline down; in a forked child, call its
-    ``left_to_parent()`` instead."""
+    """Close ``iterator`` at exit, before DALI's handler shuts its pipeline down; in a forked child, leave it (and
+    every DALI pipeline) to the parent. (Called before the iterator builds a pipeline: from then on, a fork leaves
+    what it builds.)"""
     import nvidia.dali.pipeline  # noqa: F401  (its exit handler registered first: this module's runs before it)
 
     global _registered
@@ -81,10 +84,8 @@ def _close_all() -> None:
 
 
 def _leave_to_parent() -> None:
-    """In a forked child: the live iterators are the parent's; none is closed here at exit."""
+    """In a forked child: the live iterators and every DALI pipeline are the parent's; none is closed here at exit."""
     global _lock
     _lock = threading.Lock()  # (a thread of the parent may have held it at the fork: held for ever here)
-    inherited = list(_live)
     _live.clear()
-    for iterator in inherited:
-        iterator.left_to_parent()
+    abandon_all()

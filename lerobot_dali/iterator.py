@@ -48,7 +48,6 @@ from .exit_close import must_park, park_if_exiting, watch
 from .file_format_store import FileFormatStore
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .host_values import decode_host_values
-from .inherited_pipeline import abandon
 from .iterator_arguments import batchable_reader, camera_augment, check_windows, checked_arguments
 from .packet_index_store import PacketIndexStore
 from .prefetch import Prefetcher, prefetching_reader
@@ -566,14 +565,6 @@ class DALILeRobotIterator:
                 "processes stay the parent's and do not survive the fork. Build a DALILeRobotIterator in the child "
                 "itself, after the fork"
             )
-
-    def left_to_parent(self) -> None:
-        """In a child forked from the process that built this iterator: leave its pipeline to the parent (nothing in
-        the child shuts it down, not even DALI's exit handler); close() then does nothing, and a pass raises
-        :class:`IteratorForkedError`. Called by the fork hook of :mod:`.exit_close`."""
-        pipeline = getattr(self, "_pipeline", None)
-        if pipeline is not None:
-            abandon(pipeline)
 
     def _closed_error(self) -> IteratorClosedError:
         return IteratorClosedError(

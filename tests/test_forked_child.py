@@ -101,3 +101,76 @@ def test_an_inherited_iterator_refuses_to_read_in_the_forked_child(make_ds) -> N
     assert [kind for kind, _ in said] == [IteratorForkedError.__name__] * 2
     assert all("Build a DALILeRobotIterator in the child" in message for _, message in said)
     assert report == {"child_exit": 0, "got": FIRST_BATCHES, "workers": [0, 0]}
+
+
+#: A thread builds an iterator, reads a batch, rebuilds its pipeline (load_state_dict) and reads another; the main
+#: thread forks once that thread reaches the point asked (where it waits until the fork is done), and the child ends
+#: at once (sys.exit). Prints the child's exit (killed if it has not within 20 s) and the rows of the thread's batches.
+FORK_WHILE_BUILDING = """
+import json, os, signal, sys, threading, time
+import nvidia.dali.plugin.pytorch as dali_torch
+from nvidia.dali._multiproc import pool as dali_pool
+from lerobot_dali import DALILeRobotIterator, iterator as iterator_module
+
+at_point, forked = threading.Event(), threading.Event()
+POINTS = {
+    "built": (dali_torch, "DALIGenericIterator"),  # pipe.build() returned: its executor runs, not yet the iterator's
+    "workers_started": (dali_pool.ProcPool, "_sync_initialized_workers"),  # the workers run, no pipeline holds them
+    "closing": (iterator_module, "_close_workers"),  # load_state_dict shuts it down: no longer the iterator's
+}
+
+def wait_for_the_fork_before(owner, name):
+    original = getattr(owner, name)
+    def waiting(*args, **kwargs):
+        if not at_point.is_set():
+            at_point.set()
+            forked.wait()
+        return original(*args, **kwargs)
+    setattr(owner, name, waiting)
+
+def build_and_read(ds, workers, got):
+    it = DALILeRobotIterator(ds, batch_size=2, device="cpu", decode="cpu", num_workers=workers, shuffle=False)
+    got.append(next(iter(it))["index"].tolist())
+    it.load_state_dict(it.state_dict())
+    got.append(next(iter(it))["index"].tolist())
+    it.close()
+
+def main():
+    ds, workers, point = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    wait_for_the_fork_before(*POINTS[point])
+    got = []
+    builder = threading.Thread(target=build_and_read, args=(ds, workers, got))
+    builder.start()
+    at_point.wait()
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)
+    forked.set()
+    deadline = time.monotonic() + 20
+    while not (ended := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not ended[0]:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    builder.join()
+    print(json.dumps({"child_exit": os.waitstatus_to_exitcode(ended[1]) if ended[0] else "hung", "got": got}))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize(("point", "num_workers"), [("built", 2), ("workers_started", 2), ("closing", 0)])
+def test_a_fork_while_another_thread_builds_or_closes_a_pipeline(make_ds, point: str, num_workers: int) -> None:
+    # The pipeline was no live iterator's yet (built) or any more (closing): the child's exit shut it down and hung in
+    # DALI's executor destructor, and with workers its pool's finalizer stopped the parent's (WorkerProcessError).
+    # The workers of a pool being started (or closed) were joined by multiprocessing's exit handler in the child,
+    # which printed "AssertionError: can only join a child process".
+    ds = make_ds(episodes=2, frames_per_episode=30)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(FORK_WHILE_BUILDING), str(ds), str(num_workers), point],
+        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
+    )  # fmt: skip
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert json.loads(done.stdout) == {"child_exit": 0, "got": [[0, 1], [2, 3]]}
