@@ -44,6 +44,11 @@ class _ProcessStats:
             self.flush()
 
     def flush(self) -> None:
+        if self.pid != os.getpid():
+            # A forked child's (os.fork) exit handler, given the parent's counters: the child wrote them into the
+            # parent's file as they stood at the fork, over the parent's later counts (12 of 30 scripted children
+            # ending normally), and waited for ever on a lock the parent's flush thread held at the fork (2 of 105).
+            return
         with self.flush_lock:
             if not self.folder or not self.dirty:
                 return

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
 from lerobot_dali import io_stats
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _child(folder: str) -> None:
@@ -96,3 +103,52 @@ def test_a_flush_meeting_the_flush_threads_keeps_counting(tmp_path: Path, monkey
     stats.dirty = True
     stats.flush()
     assert io_stats.collect(tmp_path) == {"requests": 3.0}
+
+
+#: Counts 1 request, forks (the parent's flush thread holding its lock at that moment where asked), counts 1 more and
+#: writes both, then lets the child end normally (sys.exit), killing it if it has not within 20 s: prints the child's
+#: exit and the counts the folder sums to.
+FORK_AFTER_COUNTING = """
+import json, os, signal, sys, time
+from lerobot_dali import io_stats
+
+io_stats._FLUSH_INTERVAL_S = 3600.0  # (the flush thread would write the first count before the fork, now and then)
+io_stats.add("requests")
+stats = io_stats._current()
+if sys.argv[1] == "flushing":
+    stats.flush_lock.acquire()  # as the flush thread holds it while it writes
+go_read, go_write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.read(go_read, 1)
+    io_stats.add("child_requests")
+    sys.exit(0)
+if sys.argv[1] == "flushing":
+    stats.flush_lock.release()
+io_stats.add("requests")
+io_stats.flush()
+os.write(go_write, b"x")
+deadline = time.monotonic() + 20
+while not (ended := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < deadline:
+    time.sleep(0.05)
+if not ended[0]:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+child_exit = os.waitstatus_to_exitcode(ended[1]) if ended[0] else "hung"
+print(json.dumps({"child_exit": child_exit, "totals": io_stats.collect(stats.folder)}))
+"""
+
+
+@pytest.mark.parametrize("parent", ["idle", "flushing"])
+def test_a_forked_childs_exit_leaves_the_parents_counts(tmp_path: Path, parent: str) -> None:
+    # The child's exit handler flushed the counters it inherited into the parent's file, as they stood at the fork:
+    # the parent's 2 requests read 1 (12 of 30 scripted children). Where the parent's flush thread held the flush
+    # lock at the fork, the child waited for it for ever (2 of 105).
+    env = {**os.environ, io_stats.STATS_ENV: str(tmp_path), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_AFTER_COUNTING, parent], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    report = json.loads(done.stdout)
+    assert report == {"child_exit": 0, "totals": {"requests": 2.0, "child_requests": 1.0}}
+    assert sorted(path.suffix for path in tmp_path.iterdir()) == [".json", ".json"]
