@@ -31,7 +31,7 @@ def abandon_all() -> None:
     backend or closes its worker pool, and multiprocessing's exit handler leaves the parent's processes alone."""
     from nvidia.dali.pipeline import Pipeline
 
-    for reference in list(Pipeline._pipes):
+    for reference in list(getattr(Pipeline, "_pipes", ())):  # (DALI's registry: a private set of weakrefs)
         pipeline = reference()
         if pipeline is not None:
             _abandon(pipeline)
