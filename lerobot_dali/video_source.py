@@ -15,6 +15,7 @@ from typing import IO, Any, TypeAlias
 from fsspec.implementations.local import LocalFileSystem
 
 from .errors import MissingDataFileError
+from .file_stamps import stat_version
 
 __all__ = ["VideoSource", "local_video_path", "open_video_source", "source_cache_key", "source_label", "source_url"]
 
@@ -83,7 +84,10 @@ def local_video_path(source: VideoSource, *, filesystem: Any | None = None) -> s
 
 
 def source_cache_key(source: VideoSource, *, filesystem: Any | None = None) -> Hashable | None:
-    """A key that changes when the file does (path, size, mtime), or None when ``source`` has no identity.
+    """A key that changes when the file does (path, size and a local file's :func:`~.file_stamps.stat_version`:
+    inode, mtime, ctime), or None when ``source`` has no identity. A file replaced by a rename that keeps its size and
+    mtime (``rsync -a``, ``cp -p`` then ``mv``) is another key: a decoder kept open on the old file is not reused for
+    the new one (whose packet index, keyed by the same stat, is another).
 
     Called per request in the workers, so local files cost one ``stat`` (the absolute path, not the real path:
     resolving links costs a ``lstat`` per path component, and a linked file only gets a second entry).
@@ -95,7 +99,7 @@ def source_cache_key(source: VideoSource, *, filesystem: Any | None = None) -> H
             path = local_video_path(source, filesystem=filesystem)
             if path is not None:  # (os.stat: ~3x cheaper than fs.info)
                 stat = os.stat(path)
-                return ("local", os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+                return ("local", os.path.abspath(path), stat.st_size, stat_version(stat))
             return _fsspec_key(filesystem, os.fspath(source))
         fs, fs_path = getattr(source, "fs", None), getattr(source, "path", None)
         if fs is not None and isinstance(fs_path, str):
@@ -103,7 +107,7 @@ def source_cache_key(source: VideoSource, *, filesystem: Any | None = None) -> H
         name = getattr(source, "name", None)
         if isinstance(name, str) and hasattr(source, "fileno"):
             stat = os.fstat(source.fileno())
-            return ("local", os.path.abspath(name), stat.st_size, stat.st_mtime_ns)
+            return ("local", os.path.abspath(name), stat.st_size, stat_version(stat))
     except FileNotFoundError as e:
         raise MissingDataFileError(f"Video file {source_label(source)} does not exist.") from e
     except (OSError, io.UnsupportedOperation):

@@ -363,6 +363,35 @@ def test_a_file_changed_since_is_decoded_again(make_ds, copy_ds, monkeypatch) ->
     assert done == (24, 96, 5)
 
 
+def test_a_file_replaced_by_a_rename_during_a_check_is_decoded_as_it_is_now(make_ds, copy_ds, monkeypatch) -> None:
+    """A video replaced by a rename keeping its size and mtime (rsync -a) after a check decoded one of its episodes:
+    the decoder kept open on the old file (keyed by size and mtime) decoded the next episode from it, and the pass was
+    kept under the new file's stamp, so later checks skipped the new file's damaged frames (1 of 1 scripted runs)."""
+    from lerobot_dali.cpu_decode import CpuFrameDecoder
+
+    root = copy_ds(make_ds(**SPEC))
+    video = root / f"videos/{CAM0}/chunk-000/file-001.mp4"  # (episodes 2 and 3)
+    damaged = video.with_name("damaged.mp4")
+    shutil.copy2(video, damaged)
+    index = build_packet_index(damaged)
+    _damage_keyframe(damaged, index, int(np.flatnonzero(index.pts == index.frame_pts[16])[0]))  # (episode 3's)
+    st = video.stat()
+    assert damaged.stat().st_size == st.st_size
+    os.utime(damaged, ns=(st.st_atime_ns, st.st_mtime_ns))
+    plain = CpuFrameDecoder.verify
+
+    def replaced_after_episode_2(self, source, index, frame_indices, **kwargs):
+        decoded = plain(self, source, index, frame_indices, **kwargs)
+        if damaged.exists() and str(source) == str(video):
+            os.replace(damaged, video)
+        return decoded
+
+    monkeypatch.setattr(CpuFrameDecoder, "verify", replaced_after_episode_2)
+    assert _found(check_dataset(open_dataset(root), decode=True, workers=0)) == {(3, CAM0, "VideoDecodeError")}
+    monkeypatch.setattr(CpuFrameDecoder, "verify", plain)
+    assert _found(check_dataset(open_dataset(root), decode=True, workers=0)) == {(3, CAM0, "VideoDecodeError")}
+
+
 def test_frames_that_failed_are_decoded_again_and_fail_again(make_ds, copy_ds, monkeypatch) -> None:
     root, decodes = _decoded_once(make_ds, copy_ds, monkeypatch)
     # Damaged where episode 3's frames decode from: it fails on every check, never kept as a pass; episode 2's frames
