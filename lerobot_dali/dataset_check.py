@@ -39,6 +39,7 @@ from .distributed import usable_cpus
 from .episode_rows import DecodedGroups
 from .errors import DataFileError, EpisodeMetadataError, SchemaMismatchError
 from .file_format_store import FileFormatStore
+from .file_stamps import FileStamp
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
 from .image_frames import decode_depth_images, decode_images, first_image_shape, image_label
 from .packet_index import PacketIndex
@@ -296,7 +297,9 @@ class _EpisodeChecker:
                     f"{self.reader.data_path(pos)} (camera {camera}): images are {shape} (H, W, C) but the camera's "
                     f"first image is {expected}; a camera's images share one size and channel count"
                 )
-        if before is not None and local_image_verdict(path, camera, rows, depth=depth, shape=expected) == before:
+        # (read from the file it names, too: a data file replaced by a rename is read from the handle kept open)
+        now = local_image_verdict(path, camera, rows, depth=depth, shape=expected)
+        if before is not None and now == before and self.reader.data_file_stamp(pos) == FileStamp(before[1], before[2]):
             done.verdicts.append((self.reader.source_of(pos), before))
         return length
 

@@ -415,6 +415,13 @@ class LeRobotDatasetReader:
     def data_path(self, episode_pos: int) -> str:
         return self.location.path(episode_data_path(self.info, self.episodes, episode_pos))
 
+    def data_file_stamp(self, episode_pos: int) -> FileStamp | None:
+        """The stamp of the data file that episode ``episode_pos``'s reads go through: a remote one's listing, a local
+        one's open handle's, taken when it was opened (a file replaced by a rename since is still read from it, so
+        the path's stamp is not what was read)."""
+        path = self.data_path(episode_pos)
+        return self._data_stamp(path, self._parquet.get(path))
+
     def video(self, episode_pos: int, camera: str) -> VideoRef:
         files = self.episodes.cameras[camera]
         path = self.location.path(video_file_path(self.info, files, episode_pos, camera))

@@ -39,7 +39,7 @@ from .dataset_stats import FeatureStats, aggregate_episode_stats
 from .episode_rows import DecodedGroups
 from .episode_table import EpisodeTable
 from .errors import DatasetError, EpisodeMetadataError, SchemaMismatchError, StatsError
-from .file_stamps import FileStamps
+from .file_stamps import FileStamp, FileStamps
 from .frame_lookup import ITERATORS_LOOKUP, FrameLookup, TimestampSource
 from .image_frames import first_image_shape
 from .key_rename import KeyRename, shared_selection
@@ -187,6 +187,10 @@ class DatasetUnion(LeRobotDatasetReader):
     def data_path(self, episode_pos: int) -> str:
         d, pos = self.member(episode_pos)
         return self.members[d].data_path(pos)
+
+    def data_file_stamp(self, episode_pos: int) -> FileStamp | None:
+        d, pos = self.member(episode_pos)
+        return self.members[d].data_file_stamp(pos)
 
     def video(self, episode_pos: int, camera: str) -> VideoRef:
         d, pos = self.member(episode_pos)

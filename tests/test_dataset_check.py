@@ -463,6 +463,35 @@ def test_images_in_data_files_decoded_before_are_not_decoded_again(make_ds, copy
     assert (failed.frames_decoded, failed.frames_verified_before, decodes) == (0, 12, [])
 
 
+def test_images_of_a_data_file_replaced_by_a_rename_during_a_check_are_not_kept(make_ds, copy_ds, monkeypatch) -> None:
+    """A data file replaced by a rename (its episode 1's images damaged) after the check opened it: the reader's open
+    handle still read the old file's images, and their pass was kept under the new file's stamp, so later checks
+    skipped the damaged images (1 of 1 scripted runs)."""
+    from lerobot_dali.dataset_check import _EpisodeChecker
+
+    root = copy_ds(make_ds(episodes=3, frames_per_episode=6, cameras=1, fps=FPS, image_cameras=True))
+    data = root / "data/chunk-000/file-000.parquet"  # (episodes 0 and 1)
+    table = pq.read_table(data)
+    images = table[CAM0].to_pylist()
+    for row in np.flatnonzero(np.asarray(table["episode_index"]) == 1):
+        images[row] = {**images[row], "bytes": b"not an image"}
+    damaged = data.with_name("damaged.parquet")
+    pq.write_table(table.set_column(table.column_names.index(CAM0), CAM0, pa.array(images, table[CAM0].type)), damaged)
+    plain = _EpisodeChecker._decode_images
+
+    def replaced_after_episode_0(self, pos: int, camera: str, encoded: list[bytes], first_row: int):
+        decoded = plain(self, pos, camera, encoded, first_row)
+        if damaged.exists():
+            os.replace(damaged, data)
+        return decoded
+
+    monkeypatch.setattr(_EpisodeChecker, "_decode_images", replaced_after_episode_0)
+    assert check_dataset(open_dataset(root), decode=True, workers=0).ok  # (the old file's images, as opened)
+    monkeypatch.setattr(_EpisodeChecker, "_decode_images", plain)
+    again = check_dataset(open_dataset(root), decode=True, workers=0)
+    assert _found(again) == {(1, CAM0, "DataFileError")} and again.frames_verified_before == 6
+
+
 def test_passes_are_kept_per_decoder_and_frames_and_never_for_remote_files(make_ds, copy_ds, monkeypatch) -> None:
     root, decodes = _decoded_once(make_ds, copy_ds, monkeypatch)
     # Other frames of a file (one camera's rows moved a frame on, in both files that hold episodes 0-3) are decoded.
