@@ -72,11 +72,31 @@ _NO_LOCK_ERRNOS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP})
 
 
 def cache_root() -> Path:
-    """``$LEROBOT_DALI_CACHE`` (``~`` expanded) when set and non-empty, else ``~/.cache/lerobot_dali``."""
+    """``$LEROBOT_DALI_CACHE`` (``~`` expanded) when set and non-empty, else ``~/.cache/lerobot_dali``.
+
+    Where this process has no home directory (``$HOME`` unset and no passwd entry for its uid: a container run as an
+    arbitrary ``--user``), ``$XDG_CACHE_HOME/lerobot_dali``, else ``lerobot_dali-<uid>`` in the temporary directory,
+    said once: the caches only save work, so their place never stops a run."""
     configured = os.environ.get(CACHE_ENV, "").strip()
-    if configured:
-        return Path(configured).expanduser()
-    return Path.home() / ".cache" / "lerobot_dali"
+    try:
+        if configured:
+            return Path(configured).expanduser()
+        return Path.home() / ".cache" / "lerobot_dali"
+    except RuntimeError:  # (Path.home: "Could not determine home directory")
+        xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+        root = (
+            Path(xdg) / "lerobot_dali" if os.path.isabs(xdg) else Path(_temporary_dir()) / f"lerobot_dali-{os.getuid()}"
+        )
+        warn_once(logger, "no home directory ($HOME unset and uid %d has no passwd entry): caches go to %s; set $%s "
+                  "to keep them elsewhere", os.getuid(), root, CACHE_ENV)  # fmt: skip
+        return root
+
+
+def _temporary_dir() -> str:
+    try:
+        return tempfile.gettempdir()
+    except FileNotFoundError:  # (no usable temporary directory either)
+        return "/tmp"
 
 
 @contextmanager

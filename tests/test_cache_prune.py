@@ -253,3 +253,32 @@ def test_the_iterator_sweeps_the_column_store(make_ds) -> None:
     it = DALILeRobotIterator(_dataset(make_ds, "vp9"), batch_size=2, device="cpu", num_workers=0)
     it.close()
     assert not stale.exists()
+
+
+def test_a_process_without_a_home_directory_keeps_its_caches_elsewhere(make_ds, tmp_path, monkeypatch, caplog) -> None:
+    """$HOME unset and no passwd entry for the uid (a container run as an arbitrary --user): Path.home()'s
+    RuntimeError ("Could not determine home directory") came out of every store's construction, so check and the
+    iterator failed before reading anything (1 of 1 scripted runs). The caches go to $XDG_CACHE_HOME, else a folder of
+    the uid's in the temporary directory, said once."""
+    import pwd
+    import tempfile
+
+    from lerobot_dali import open_dataset
+    from lerobot_dali.dataset_check import check_dataset
+
+    def no_entry(uid: int) -> pwd.struct_passwd:
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.delenv("HOME")
+    monkeypatch.delenv("LEROBOT_DALI_CACHE")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert cache_root() == tmp_path / f"lerobot_dali-{os.getuid()}"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.cache_dirs"):
+        root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="h264", gop=2, size=(64, 96))
+        assert check_dataset(open_dataset(root), decode=True, workers=0).frames_decoded == 8
+        assert check_dataset(open_dataset(root), decode=True, workers=0).frames_verified_before == 8
+    assert cache_root() == tmp_path / "xdg" / "lerobot_dali" and (tmp_path / "xdg" / "lerobot_dali").is_dir()
+    assert "no home directory ($HOME unset and uid" in caplog.text
