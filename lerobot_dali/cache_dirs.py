@@ -38,6 +38,7 @@ __all__ = [
     "folder_refuses",
     "locks_unsupported",
     "mark_used",
+    "merging_entry",
     "newest_stamps",
     "prune_unused_files",
     "read_entry",
@@ -206,6 +207,30 @@ def wait_for_entry_lock(entry: Path, *, wait_s: float, poll_s: float) -> IO[byte
     if lock is None and not entry.exists():
         logger.warning("%s: another process has held its lock for %.0f s; reading without it", entry, wait_s)
     return lock
+
+
+@contextmanager
+def merging_entry(entry: Path, *, wait_s: float, poll_s: float = 0.05) -> Iterator[None]:
+    """Within, the lock beside store entry ``entry`` (:func:`lock_file`) is held, for a read, merge and write of it:
+    two processes merging at once each wrote over what the other added. Taken once no other process holds it; where
+    none can be made (a read-only folder), the filesystem takes none, or after ``wait_s`` (a holder that stalls), the
+    block runs without it. The lock file is deleted once done, as :func:`drop_lock_file` says."""
+    lock: contextlib.AbstractContextManager[object] | None = None
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + wait_s
+        while (lock := try_flock_where_supported(lock_file(entry))[0]) is None and time.monotonic() < deadline:
+            time.sleep(poll_s)
+    except OSError as e:
+        logger.debug("%s: no lock can be made beside it (%s); merging into it without one", entry, e)
+    if lock is None:
+        yield
+        return
+    with lock:
+        try:
+            yield
+        finally:
+            drop_lock_file(entry)
 
 
 def delete_if_unchanged(path: Path, read: os.stat_result | None) -> None:

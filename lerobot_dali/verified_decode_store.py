@@ -14,8 +14,9 @@ A failure is never kept: its frames are decoded again by every check, and fail a
 One entry per dataset, laid out as :mod:`.file_format_store`'s (a sha256 line, JSON after; written whole to a temporary
 name and renamed, an unreadable one logged and deleted; each file's last :data:`STAMPS_PER_FILE` stamps, one per host
 copying the dataset to the same path). Only the process running the check reads and writes it, so its workers share it
-without a lock; two checks of one dataset at once may each drop the other's verdicts, which costs a decode again, never
-a wrong pass. Remote files are not kept (see :func:`local_verdict`).
+without a lock; checks of one dataset at once (each of other episodes, say) merge their verdicts into it one at a time,
+under an ``flock`` beside it (without one, each dropped the others' verdicts written meanwhile). Remote files are not
+kept (see :func:`local_verdict`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from .cache_dirs import (
     checked_body,
     discard_damaged_entry,
     mark_used,
+    merging_entry,
     newest_stamps,
     prune_unused_files,
     read_entry,
@@ -50,6 +52,7 @@ from .file_format_store import STAMPS_PER_FILE
 from .file_stamps import stat_version
 
 __all__ = [
+    "MERGE_WAIT_S",
     "SAVE_EVERY_S",
     "STORE_FORMAT",
     "SUFFIX",
@@ -70,6 +73,8 @@ STORE_FORMAT = 1
 SUFFIX = ".verified"
 #: Seconds between two writes of a check's new verdicts: an hours-long check that is killed keeps most of its work.
 SAVE_EVERY_S = 60.0
+#: Seconds a write waits for another process's write of the same entry (a merge of a large entry: ~0.3 s).
+MERGE_WAIT_S = 30.0
 
 #: A pass: (local path, size, version of its stamp, digest of the display frames or the images decoded).
 Verdict = tuple[str, int, str, str]
@@ -168,14 +173,15 @@ class VerifiedDecodeStore:
         if not new:
             return
         entry = self.entry_for(dataset)
-        kept = _with_newest(self.verdicts(dataset), new)
-        paths: dict[str, int] = {}
-        rows = [[paths.setdefault(path, len(paths)), size, version, digest] for path, size, version, digest in kept]
-        body = json.dumps({"paths": list(paths), "verdicts": rows}).encode()
-        write_checksummed(
-            entry, body, directory=self.directory, logger=logger, what="which frames check --decode verified",
-            otherwise="every check decodes them again",
-        )  # fmt: skip
+        with merging_entry(entry, wait_s=MERGE_WAIT_S):  # (checks of other episodes at once: each kept its own only)
+            kept = _with_newest(self.verdicts(dataset), new)
+            paths: dict[str, int] = {}
+            rows = [[paths.setdefault(path, len(paths)), size, version, digest] for path, size, version, digest in kept]
+            body = json.dumps({"paths": list(paths), "verdicts": rows}).encode()
+            write_checksummed(
+                entry, body, directory=self.directory, logger=logger, what="which frames check --decode verified",
+                otherwise="every check decodes them again",
+            )  # fmt: skip
 
     def prune_unused(self) -> None:
         """Delete the entries no check has loaded for a while (:func:`~lerobot_dali.cache_dirs.prune_unused_files`):
