@@ -173,7 +173,7 @@ class VerifiedDecodeStore:
         if not new:
             return
         entry = self.entry_for(dataset)
-        with merging_entry(entry, wait_s=MERGE_WAIT_S):  # (checks of other episodes at once: each kept its own only)
+        with merging_entry(entry, wait_s=MERGE_WAIT_S):  # (another check's write between this read and write was lost)
             kept = _with_newest(self.verdicts(dataset), new)
             paths: dict[str, int] = {}
             rows = [[paths.setdefault(path, len(paths)), size, version, digest] for path, size, version, digest in kept]
