@@ -269,7 +269,7 @@ def test_a_process_without_a_home_directory_keeps_its_caches_elsewhere(make_ds, 
     def no_entry(uid: int) -> pwd.struct_passwd:
         raise KeyError(f"getpwuid(): uid not found: {uid}")
 
-    monkeypatch.delenv("HOME")
+    monkeypatch.delenv("HOME", raising=False)
     monkeypatch.delenv("LEROBOT_DALI_CACHE")
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setattr(pwd, "getpwuid", no_entry)

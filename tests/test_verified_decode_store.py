@@ -79,7 +79,7 @@ def test_passes_merge_and_each_file_keeps_its_newest_stamps(tmp_path: Path) -> N
 def test_checks_keeping_passes_at_once_each_keep_theirs(tmp_path: Path, monkeypatch) -> None:
     """Checks of one dataset at once (each of other episodes) each read the entry, merged their passes in and wrote it:
     the last to write dropped what another wrote meanwhile (gr00t_v20_h264, 5 checks of one episode each at once: 2
-    episodes' passes lost in 1 of 7 runs). They now merge one at a time, under a lock beside the entry."""
+    episodes' passes lost in 1 of 13 runs). They now merge one at a time, under a lock beside the entry."""
     store = VerifiedDecodeStore(tmp_path)
     mine, theirs = ("/data/a/v.mp4", 1, "stat:1", "f0"), ("/data/a/w.mp4", 2, "stat:2", "f0")
     plain = VerifiedDecodeStore.verdicts
@@ -87,7 +87,7 @@ def test_checks_keeping_passes_at_once_each_keep_theirs(tmp_path: Path, monkeypa
 
     def read_as_another_check_keeps(self: VerifiedDecodeStore, dataset: str) -> list:
         kept = plain(self, dataset)
-        if threading.current_thread() is threading.main_thread() and not other.is_alive():
+        if threading.current_thread() is threading.main_thread() and other.ident is None:
             other.start()  # (another check's write, between this one's read and its write)
             other.join(timeout=1.0)  # (at once, where nothing holds it back; under the lock it waits for this write)
         return kept
