@@ -277,16 +277,17 @@ class _EpisodeChecker:
         """Images decoded of episode ``pos``'s of ``camera`` (``length``, its rows'): none where an earlier check
         decoded them from the data file as it is now (a local one), and a pass kept where they decode and the file
         did not change meanwhile."""
+        expected = self.image_shapes.get(camera)
+        path = local_video_path(self.reader.data_path(pos), filesystem=self.reader.location.fs)
+        first_row = int(self.reader.episodes.data_row_start[pos])
+        rows, depth = range(first_row, first_row + length), camera in self.reader.info.depth_image_units([camera])
+        # (stamped before the images are read: a file replaced just after their read is another stamp after them)
+        before = local_image_verdict(path, camera, rows, depth=depth, shape=expected) if self.decode else None
         images = self.reader.read_episode_images(pos, camera, decoded=groups)
         if len(images) != length:
             raise SchemaMismatchError(f"camera {camera!r} has {len(images)} images for the episode's {length} rows")
         if not self.decode:
             return 0
-        expected = self.image_shapes.get(camera)
-        path = local_video_path(self.reader.data_path(pos), filesystem=self.reader.location.fs)
-        first_row = int(self.reader.episodes.data_row_start[pos])
-        rows, depth = range(first_row, first_row + length), camera in self.reader.info.depth_image_units([camera])
-        before = local_image_verdict(path, camera, rows, depth=depth, shape=expected)
         if before is not None and before in self.verified:
             done.frames_verified_before += length
             return 0

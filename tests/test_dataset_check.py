@@ -463,11 +463,17 @@ def test_images_in_data_files_decoded_before_are_not_decoded_again(make_ds, copy
     assert (failed.frames_decoded, failed.frames_verified_before, decodes) == (0, 12, [])
 
 
-def test_images_of_a_data_file_replaced_by_a_rename_during_a_check_are_not_kept(make_ds, copy_ds, monkeypatch) -> None:
-    """A data file replaced by a rename (its episode 1's images damaged) after the check opened it: the reader's open
-    handle still read the old file's images, and their pass was kept under the new file's stamp, so later checks
-    skipped the damaged images (1 of 1 scripted runs)."""
+@pytest.mark.parametrize("when", ["after episode 0, its handle kept open", "just after episode 1's read, none kept"])
+def test_images_of_a_data_file_replaced_by_a_rename_during_a_check_are_not_kept(
+    make_ds, copy_ds, monkeypatch, when: str
+) -> None:
+    """A data file replaced by a rename (its episode 1's images damaged) during a check: the reader's handle kept open
+    still read the old file's images, or (none kept: the data files' share of the open-file limit used up) the file
+    was stamped just after their read; either way the old images' pass was kept under the new file's stamp, so later
+    checks skipped the damaged images (1 of 1 scripted runs each)."""
+    from lerobot_dali import open_files
     from lerobot_dali.dataset_check import _EpisodeChecker
+    from lerobot_dali.dataset_reader import LeRobotDatasetReader
 
     root = copy_ds(make_ds(episodes=3, frames_per_episode=6, cameras=1, fps=FPS, image_cameras=True))
     data = root / "data/chunk-000/file-000.parquet"  # (episodes 0 and 1)
@@ -477,19 +483,27 @@ def test_images_of_a_data_file_replaced_by_a_rename_during_a_check_are_not_kept(
         images[row] = {**images[row], "bytes": b"not an image"}
     damaged = data.with_name("damaged.parquet")
     pq.write_table(table.set_column(table.column_names.index(CAM0), CAM0, pa.array(images, table[CAM0].type)), damaged)
-    plain = _EpisodeChecker._decode_images
 
-    def replaced_after_episode_0(self, pos: int, camera: str, encoded: list[bytes], first_row: int):
-        decoded = plain(self, pos, camera, encoded, first_row)
-        if damaged.exists():
-            os.replace(damaged, data)
-        return decoded
+    def replaced(read, *, episode: int):
+        def then_replaced(self, pos: int, *args, **kwargs):
+            out = read(self, pos, *args, **kwargs)
+            if pos == episode and damaged.exists():
+                os.replace(damaged, data)
+            return out
 
-    monkeypatch.setattr(_EpisodeChecker, "_decode_images", replaced_after_episode_0)
-    assert check_dataset(open_dataset(root), decode=True, workers=0).ok  # (the old file's images, as opened)
-    monkeypatch.setattr(_EpisodeChecker, "_decode_images", plain)
+        return then_replaced
+
+    decode, read = _EpisodeChecker._decode_images, LeRobotDatasetReader.read_episode_images
+    if when.startswith("after episode 0"):
+        monkeypatch.setattr(_EpisodeChecker, "_decode_images", replaced(decode, episode=0))
+    else:
+        monkeypatch.setattr(open_files.DATA_FILES, "files_for", lambda holder: 0)
+        monkeypatch.setattr(LeRobotDatasetReader, "read_episode_images", replaced(read, episode=1))
+    assert check_dataset(open_dataset(root), decode=True, workers=0).ok  # (the old file's images, as read)
+    monkeypatch.setattr(_EpisodeChecker, "_decode_images", decode)
+    monkeypatch.setattr(LeRobotDatasetReader, "read_episode_images", read)
     again = check_dataset(open_dataset(root), decode=True, workers=0)
-    assert _found(again) == {(1, CAM0, "DataFileError")} and again.frames_verified_before == 6
+    assert _found(again) == {(1, CAM0, "DataFileError")}
 
 
 def test_passes_are_kept_per_decoder_and_frames_and_never_for_remote_files(make_ds, copy_ds, monkeypatch) -> None:
