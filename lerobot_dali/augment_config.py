@@ -62,10 +62,18 @@ def _fail(owner: str, name: str, value: Any, allowed: str) -> ValueError:
     return ValueError(f"{owner}.{name} = {value!r} is invalid: expected {allowed}")
 
 
+def _listed(value: Any) -> tuple[Any, ...] | None:
+    """A list, tuple or 1-D numpy array as a tuple (its items unchecked); None for anything else, a str included."""
+    if isinstance(value, np.ndarray):
+        return tuple(value.tolist()) if value.ndim == 1 else None
+    return tuple(value) if isinstance(value, Sequence) and not isinstance(value, str) else None
+
+
 def _pair(owner: str, name: str, value: Any, *, low: float, high: float, allowed: str) -> Pair:
     """A (lo, hi) range with low <= lo <= hi <= high."""
-    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
-        lo, hi = value
+    listed = _listed(value)
+    if listed is not None and len(listed) == 2:
+        lo, hi = listed
         if is_number(lo) and is_number(hi) and low <= lo <= hi <= high:
             return (float(lo), float(hi))
     raise _fail(owner, name, value, allowed)
@@ -77,14 +85,15 @@ def _jitter_range(owner: str, name: str, value: Any, *, center: float, low: floa
     if is_number(value):
         if value < 0 or center + value > high:
             raise _fail(owner, name, value, allowed)
-        return (max(low, center - value), center + value)
+        return (float(max(low, center - value)), float(center + value))
     return _pair(owner, name, value, low=low, high=high, allowed=allowed)
 
 
 def checked_size(owner: str, name: str, value: Any) -> tuple[int, int]:
     """``value`` as an (H, W) pair of positive ints, or a ValueError naming ``owner.name``."""
-    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
-        h, w = value
+    listed = _listed(value)
+    if listed is not None and len(listed) == 2:
+        h, w = listed
         if all(is_int(v) and v > 0 for v in (h, w)):
             return (int(h), int(w))
     raise _fail(owner, name, value, "a pair (height, width) of positive integers")
@@ -168,8 +177,9 @@ class GaussianBlur:
             raise _fail(owner, "probability", self.probability, "a number in [0, 1]")
         _set(self, "probability", float(self.probability))
         k = self.kernel_size
-        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1 or k % 2 == 0):
+        if k is not None and (not is_int(k) or k < 1 or k % 2 == 0):
             raise _fail(owner, "kernel_size", k, "None or an odd integer >= 1")
+        _set(self, "kernel_size", None if k is None else int(k))
 
     @property
     def effective_kernel_size(self) -> int:
@@ -193,13 +203,9 @@ class RandomAffine:
     def __post_init__(self) -> None:
         owner = type(self).__name__
         _set(self, "degrees", _jitter_range(owner, "degrees", self.degrees, center=0.0, low=-180.0, high=180.0))
-        translate = self.translate
-        if not (
-            isinstance(translate, Sequence)
-            and len(translate) == 2
-            and all(is_number(t) and 0.0 <= t <= 1.0 for t in translate)
-        ):
-            raise _fail(owner, "translate", translate, "a pair (fx, fy) of fractions in [0, 1]")
+        translate = _listed(self.translate)
+        if translate is None or len(translate) != 2 or not all(is_number(t) and 0.0 <= t <= 1.0 for t in translate):
+            raise _fail(owner, "translate", self.translate, "a pair (fx, fy) of fractions in [0, 1]")
         _set(self, "translate", (float(translate[0]), float(translate[1])))
         _set(self, "scale", _pair(owner, "scale", self.scale, low=1e-6, high=1e6, allowed="0 < lo <= hi"))
 
@@ -219,12 +225,11 @@ class Normalize:
         owner = type(self).__name__
         for name in ("mean", "std"):
             value = getattr(self, name)
-            ok = isinstance(value, Sequence) and not isinstance(value, str) and len(value) > 0
-            ok = ok and all(is_number(v) and (name == "mean" or v > 0) for v in value)
-            if not ok:
+            listed = _listed(value)
+            if not listed or not all(is_number(v) and (name == "mean" or v > 0) for v in listed):
                 bound = "finite numbers" if name == "mean" else "numbers > 0"
                 raise _fail(owner, name, value, f"a non-empty list of {bound}, one per channel")
-            _set(self, name, tuple(float(v) for v in value))
+            _set(self, name, tuple(float(v) for v in listed))
         if len(self.mean) != len(self.std):
             raise _fail(owner, "std", self.std, f"as many values as mean ({len(self.mean)})")
 

@@ -31,8 +31,10 @@ def is_int(value: object) -> TypeGuard[int | np.integer]:
 
 
 def is_number(value: object) -> bool:
-    """Whether ``value`` is a finite int or float, not a bool."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """Whether ``value`` is a finite int or float, Python's or numpy's (``np.float32(0.2)``), not a bool."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        return False
+    return math.isfinite(value)
 
 
 def whole_number(value: object) -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -532,6 +533,32 @@ def test_from_dict_rejects_unknown_and_missing_keys(raw: dict, name: str) -> Non
 def test_bad_values_are_rejected_naming_the_field(make: Callable[[], object], name: str) -> None:
     with pytest.raises(ValueError, match=rf"\b{name}\b"):
         make()
+
+
+def test_numpy_numbers_configure_as_python_ones() -> None:
+    # np.float32 values, numpy ints and 1-D arrays were refused with messages asking for a number or a list.
+    f32, i64 = np.float32, np.int64
+    from_numpy = AugmentConfig(
+        resize=np.array([48, 64]),
+        random_resized_crop=RandomResizedCrop(size=(i64(32), i64(40)), scale=np.array([0.5, 1.0], dtype=f32)),
+        affine=RandomAffine(degrees=f32(10.0), translate=(f32(0.25), f32(0.125)), scale=(f32(0.5), 2)),
+        color_jitter=ColorJitter(brightness=f32(0.25), contrast=i64(1), hue=np.array([-0.25, 0.125], dtype=f32)),
+        blur=GaussianBlur(sigma=f32(1.5), probability=f32(0.5), kernel_size=i64(5)),
+        normalize=Normalize(mean=np.array([0.5, 0.25, 0.125], dtype=f32), std=[f32(0.25)] * 3),
+    )
+    from_python = AugmentConfig(
+        resize=(48, 64),
+        random_resized_crop=RandomResizedCrop(size=(32, 40), scale=(0.5, 1.0)),
+        affine=RandomAffine(degrees=10.0, translate=(0.25, 0.125), scale=(0.5, 2.0)),
+        color_jitter=ColorJitter(brightness=0.25, contrast=1.0, hue=(-0.25, 0.125)),
+        blur=GaussianBlur(sigma=1.5, probability=0.5, kernel_size=5),
+        normalize=Normalize(mean=(0.5, 0.25, 0.125), std=(0.25,) * 3),
+    )
+    assert from_numpy == from_python
+    plain = from_numpy.to_dict()
+    assert json.loads(json.dumps(plain)) == plain  # stored as Python numbers: JSON and TOML writers take them
+    with pytest.raises(ValueError, match=r"Normalize\.mean"):
+        Normalize(mean=np.zeros((3, 1, 1)), std=(1.0,) * 3)  # a (C, 1, 1) array: from_stats reads those
 
 
 def test_jitter_numbers_follow_torchvision_ranges() -> None:

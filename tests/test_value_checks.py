@@ -24,6 +24,8 @@ def test_bool_is_neither_int_nor_number() -> None:
     assert [is_number(v) for v in (3, 2.5, np.float64(2.5), False, float("nan"), float("inf"))] == [
         True, True, True, False, False, False,
     ]  # fmt: skip
+    numpy = (np.float32(2.5), np.int64(3), np.uint8(3), np.bool_(True), np.float32("nan"), np.array([2.5]))
+    assert [is_number(v) for v in numpy] == [True, True, True, False, False, False]
 
 
 def test_whole_number_takes_what_lerobot_takes_and_cuts_nothing() -> None:
