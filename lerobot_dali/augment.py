@@ -20,6 +20,7 @@ Order of operations (each skipped when not configured):
 4. ``color_jitter``: one fused ``fn.color_twist``: hue and saturation (a linear transform in RGB), then
    contrast about mid-grey (128), then brightness. torchvision shuffles these four and takes contrast
    about the image mean; the fixed order and centre keep every frame of a window on the same transform.
+   Hue turns the YIQ chroma plane, not torchvision's HSV hue (:class:`ColorJitter` says how they differ).
 5. ``blur``: ``fn.gaussian_blur`` with a random sigma, applied with ``probability`` (a skipped sample gets
    a 1-tap kernel, which is the identity).
 6. Hand-over: ``FHWC`` -> ``FCHW``. Plain float output is ``transpose / 255`` (bit-identical to

@@ -55,7 +55,7 @@ CROP_TRIES = 10
 
 # Offsets of each parameter's uniforms in a sample's stream; append new parameters, never move old ones.
 _SLOTS: dict[str, tuple[int, int]] = {
-    "crop": (0, 4 * CROP_TRIES),  # per try: area, log-aspect, top, left
+    "crop": (0, 4 * CROP_TRIES),  # the tries' areas, then their log-aspects, tops, lefts (CROP_TRIES each)
     "brightness": (40, 1),
     "contrast": (41, 1),
     "saturation": (42, 1),

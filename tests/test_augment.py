@@ -194,6 +194,22 @@ def test_fixed_brightness_scales_values() -> None:
     np.testing.assert_allclose(out.astype(int), expected.transpose(0, 1, 4, 2, 3), atol=1)
 
 
+def test_hue_turns_the_yiq_chroma_plane_not_the_hsv_hue() -> None:
+    # As ColorJitter documents: a rotation of (I, Q) that keeps luma, turning red towards yellow for a positive hue.
+    yiq = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
+    data = distinct_windows()
+    for hue in (0.1, -0.3):
+        turn = -2 * math.pi * hue  # (I, Q) turn the other way in this basis
+        rotation = np.array([[1, 0, 0], [0, math.cos(turn), -math.sin(turn)], [0, math.sin(turn), math.cos(turn)]])
+        expected = np.clip(np.round(data @ (np.linalg.inv(yiq) @ rotation @ yiq).T), 0, 255)
+        out = augment(data, AugmentConfig(color_jitter=ColorJitter(hue=(hue, hue))), return_uint8=True)
+        np.testing.assert_allclose(out.transpose(0, 1, 3, 4, 2), expected, atol=2, err_msg=f"hue {hue}")
+    red = np.zeros((1, 1, 4, 4, 3), dtype=np.uint8)
+    red[..., 0] = 255
+    out = augment(red, AugmentConfig(color_jitter=ColorJitter(hue=(1 / 6, 1 / 6))), return_uint8=True)
+    np.testing.assert_allclose(out[0, 0, :, 0, 0], [128, 111, 0], atol=1)  # torchvision's HSV shift: (255, 255, 0)
+
+
 def test_fixed_rotation_turns_counter_clockwise_like_torchvision() -> None:
     dot = np.zeros((1, 1, 33, 33, 3), dtype=np.uint8)
     dot[0, 0, 16, 26] = 255  # ten pixels right of the centre pixel (16, 16)
