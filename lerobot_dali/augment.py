@@ -21,9 +21,12 @@ Order of operations (each skipped when not configured):
    contrast about mid-grey (128), then brightness. torchvision shuffles these four and takes contrast
    about the image mean; the fixed order and centre keep every frame of a window on the same transform.
    Hue turns the YIQ chroma plane, not torchvision's HSV hue (:class:`ColorJitter` says how they differ).
-5. ``blur``: ``fn.gaussian_blur`` with a random sigma, applied with ``probability`` (a skipped sample gets
+5. ``sharpness``: torchvision's ``adjust_sharpness`` with a random factor: ``fn.filter`` with its 3x3
+   smoothing kernel less the identity over the inside of the frame (the one-pixel border is kept, as there),
+   scaled by (1 - factor) and added to the frame; within half a level of torchvision on float frames.
+6. ``blur``: ``fn.gaussian_blur`` with a random sigma, applied with ``probability`` (a skipped sample gets
    a 1-tap kernel, which is the identity).
-6. Hand-over: ``FHWC`` -> ``FCHW``. Plain float output is ``transpose / 255`` (bit-identical to
+7. Hand-over: ``FHWC`` -> ``FCHW``. Plain float output is ``transpose / 255`` (bit-identical to
    LeRobot's ``frames.float() / 255``); with ``normalize`` it is one fused ``fn.crop_mirror_normalize``
    with mean and std scaled by 255; ``return_uint8`` is the transpose alone.
 
@@ -63,6 +66,7 @@ from .augment_config import (
     Pair,
     RandomAffine,
     RandomResizedCrop,
+    SharpnessJitter,
     checked_size,
     range_of,
     refuse_uint8_normalize,
@@ -78,6 +82,7 @@ __all__ = [
     "Normalize",
     "RandomAffine",
     "RandomResizedCrop",
+    "SharpnessJitter",
     "augment_frames",
     "checked_size",
     "leading_resize",
@@ -189,6 +194,9 @@ def augment_frames(
     if cfg.color_jitter is not None:
         x = _color_jitter(x, cfg.color_jitter, d, grey=channels == 1)
         steps.append("color_jitter")
+    if cfg.sharpness is not None and range_of(cfg.sharpness.factor) != (1.0, 1.0):
+        x = _sharpness(x, cfg.sharpness, size, d)
+        steps.append("sharpness")
     if cfg.blur is not None and cfg.blur.probability > 0:
         x = _blur(x, cfg.blur, d)
         steps.append("blur")
@@ -263,6 +271,28 @@ def _color_jitter(x: DataNode, jitter: ColorJitter, d: Mapping[str, DataNode], *
     hue_degrees = None if hue is None else hue * 360.0  # the config's fraction of the circle; DALI: degrees
     # DALI leaves an argument given as None at its default (no change).
     return fn.color_twist(x, brightness=brightness, contrast=contrast, saturation=saturation, hue=hue_degrees)
+
+
+#: torchvision's ``adjust_sharpness`` smoothing kernel, less the identity: correlating with it gives
+#: (smoothed - frame), the detail that a sharpness factor f scales by (1 - f).
+_SMOOTHED_LESS_FRAME = np.array([[1, 1, 1], [1, 5 - 13, 1], [1, 1, 1]], dtype=np.float32) / 13
+
+
+def _sharpness(
+    x: DataNode, sharpness: SharpnessJitter, size: tuple[int, int] | None, d: Mapping[str, DataNode]
+) -> DataNode:
+    factor = _param(d, "sharpness", sharpness.factor)
+    frames = fn.cast(x, dtype=types.DALIDataType.FLOAT)
+    # Inside only ("valid": (H - 2, W - 2)), then padded back with zeros: torchvision keeps the border pixels.
+    inside = fn.filter(frames, types.Constant(_SMOOTHED_LESS_FRAME), mode="valid")
+    if size is not None:
+        hw: Any = list(size)
+    else:
+        hw = x.shape(dtype=types.DALIDataType.INT32)[1:3]  # F, H, W, C
+    detail = fn.slice(inside, start=[-1, -1], shape=hw, axes=[1, 2], out_of_bounds_policy="pad", fill_values=0)
+    # (DALI moves a CPU factor to the GPU for GPU frames.) float -> uint8 rounds to nearest and saturates, as the
+    # clamp of torchvision's blend does.
+    return fn.cast(frames + (1.0 - factor) * detail, dtype=types.DALIDataType.UINT8)
 
 
 def _blur(x: DataNode, blur: GaussianBlur, d: Mapping[str, DataNode]) -> DataNode:

@@ -30,6 +30,7 @@ __all__ = [
     "Pair",
     "RandomAffine",
     "RandomResizedCrop",
+    "SharpnessJitter",
     "checked_size",
     "range_of",
     "refuse_uint8_normalize",
@@ -217,6 +218,22 @@ class RandomAffine:
         _set(self, "scale", _pair(owner, "scale", self.scale, low=1e-6, high=1e6, allowed="0 < lo <= hi"))
 
 
+@dataclass(frozen=True, kw_only=True)
+class SharpnessJitter:
+    """LeRobot's ``SharpnessJitter``: torchvision's ``adjust_sharpness`` with a factor drawn in ``factor``.
+
+    The frame is blended with its 3x3 smoothed copy (kernel ``[[1, 1, 1], [1, 5, 1], [1, 1, 1]] / 13``; the
+    one-pixel border keeps its values): 0 gives the smoothed frame, 1 the frame, 2 doubles its detail. A number v
+    draws in [max(0, 1 - v), 1 + v]; a pair gives the range (factors >= 0).
+    """
+
+    factor: float | Pair
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        _set(self, "factor", _jitter_range(owner, "factor", self.factor, center=1.0, low=0.0, high=math.inf))
+
+
 #: What LeRobot adds to every std it normalises by; here, what a std of 0 in a dataset's statistics becomes.
 STD_EPSILON = 1e-8
 
@@ -273,6 +290,7 @@ _SECTIONS: dict[str, type] = {
     "color_jitter": ColorJitter,
     "blur": GaussianBlur,
     "affine": RandomAffine,
+    "sharpness": SharpnessJitter,
 }
 
 
@@ -294,6 +312,7 @@ class AugmentConfig:
     random_resized_crop: RandomResizedCrop | None = None
     affine: RandomAffine | None = None
     color_jitter: ColorJitter | None = None
+    sharpness: SharpnessJitter | None = None
     blur: GaussianBlur | None = None
     normalize: Normalize | Mapping[str, Normalize] | Literal["stats"] | None = None
     shared_across_cameras: bool = False

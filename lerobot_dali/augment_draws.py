@@ -22,6 +22,7 @@ Parameters (arrays with a leading batch dimension; scalars per sample unless a s
   graph scales it by the frame size, known when the graph is built or read from the frame at run time.
 - ``blur_sigma``: float32 pixels; ``blur_window``: int32, the kernel size, or 1 (identity) for a sample
   the blur's ``probability`` skips.
+- ``sharpness``: float32 factor.
 
 A parameter is drawn only when it is random: a constant range (``brightness=(1.5, 1.5)``) is a constant in
 the graph, an identity range is no step at all.
@@ -65,11 +66,11 @@ _SLOTS: dict[str, tuple[int, int]] = {
     "affine_translate": (46, 2),
     "blur_sigma": (48, 1),
     "blur_window": (49, 1),
+    "sharpness": (50, 1),
 }
-#: Raw 64-bit words each (sample, stream) reads.
-STREAM_LENGTH = 50
-
-_IDENTITY = {"brightness": (1.0, 1.0), "contrast": (1.0, 1.0), "saturation": (1.0, 1.0), "hue": (0.0, 0.0)}
+#: Raw 64-bit words each (sample, stream) reads. Philox's stream does not depend on how much is read, so words
+#: appended for new parameters leave the earlier ones, and so every older draw, as they were.
+STREAM_LENGTH = 51
 
 
 def stream_name(config: AugmentConfig | None, camera_index: int) -> str:
@@ -105,6 +106,8 @@ def draw_names(config: AugmentConfig | None) -> tuple[str, ...]:
     jitter = config.color_jitter
     if jitter is not None:
         names += [n for n in ("brightness", "contrast", "saturation", "hue") if _random(getattr(jitter, n))]
+    if config.sharpness is not None and _random(config.sharpness.factor):
+        names.append("sharpness")
     blur = config.blur
     if blur is not None and blur.probability > 0:
         if _random(blur.sigma):
@@ -193,6 +196,8 @@ def draw_params(
         for name in ("brightness", "contrast", "saturation", "hue"):
             if name in names:
                 out[name] = uniform(name, getattr(jitter, name))
+    if config.sharpness is not None and "sharpness" in names:
+        out["sharpness"] = uniform("sharpness", config.sharpness.factor)
     blur = config.blur
     if blur is not None:
         if "blur_sigma" in names:

@@ -15,7 +15,15 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from lerobot_dali.augment import AugmentConfig, ColorJitter, GaussianBlur, Normalize, RandomAffine, RandomResizedCrop
+from lerobot_dali.augment import (
+    AugmentConfig,
+    ColorJitter,
+    GaussianBlur,
+    Normalize,
+    RandomAffine,
+    RandomResizedCrop,
+    SharpnessJitter,
+)
 from lerobot_dali.batch_source import SourceSpec, output_fields
 from lerobot_dali.dali_graph import HOST_TASK_INDEX, CameraFeed, build_pipeline
 from lerobot_dali.decode_route import DecodeRoute
@@ -26,9 +34,12 @@ FULL = AugmentConfig(
     random_resized_crop=RandomResizedCrop(size=(96, 96)),
     affine=RandomAffine(degrees=5.0, translate=(0.1, 0.1), scale=(0.9, 1.1)),
     color_jitter=ColorJitter(brightness=0.2, contrast=0.2, saturation=0.2, hue=0.05),
+    sharpness=SharpnessJitter(factor=0.5),
     blur=GaussianBlur(),
     normalize=Normalize(mean=(0.5, 0.5, 0.5), std=(0.2, 0.2, 0.2)),
 )
+#: sharpness on frames whose size is known only at run time (no resize or crop)
+SHARPNESS = AugmentConfig(sharpness=SharpnessJitter(factor=(0.2, 0.2)))
 SHARED = AugmentConfig(color_jitter=ColorJitter(brightness=0.3, hue=0.1), shared_across_cameras=True)
 GPU_FEEDS = {
     "cam.nvdec": CameraFeed(DecodeRoute.NVDEC),
@@ -105,10 +116,11 @@ def _device_problems(pipe: Any) -> list[str]:
         {"augment": FULL},
         {"augment": SHARED, "image_size": (224, 224)},
         {"augment": SHARED, "return_uint8": True},
+        {"augment": SHARPNESS},
         {"image_size": (224, 224)},
         {},
     ],
-    ids=["full-augment", "shared-draws", "shared-draws-uint8", "resize-only", "plain"],
+    ids=["full-augment", "shared-draws", "shared-draws-uint8", "sharpness-any-size", "resize-only", "plain"],
 )
 def test_gpu_graph_uses_only_kernels_dali_has_and_ends_on_the_gpu(options: dict[str, Any]) -> None:
     pipe, names = _graph(GPU_FEEDS, device_id=0, **options)
@@ -125,8 +137,10 @@ def test_gpu_graph_uses_only_kernels_dali_has_and_ends_on_the_gpu(options: dict[
         i for i in pipe._ops if (getattr(i._op, "schema_name", None), i._op.device) == ("CoordTransform", "gpu")
     ]
     assert len(transforms) == 2  # the planes' conversion, and the BT.709 camera's correction of NVDEC's colours
-    if "augment" in options:  # colour jitter: color_twist for RGB cameras, brightness_contrast for the grey one
+    if options.get("augment") in (FULL, SHARED):  # colour jitter: color_twist for RGB, brightness_contrast for grey
         assert {("ColorTwist", "gpu"), ("BrightnessContrast", "gpu")} <= used
+    if options.get("augment") in (FULL, SHARPNESS):  # the sharpness blend: a filter and arithmetic on the device
+        assert {("Filter", "gpu"), ("Slice", "gpu"), ("_ArithmeticGenericOp", "gpu")} <= used
 
 
 def test_no_host_output_of_the_gpu_graph_also_feeds_the_device() -> None:
