@@ -30,6 +30,10 @@ Order of operations (each skipped when not configured):
    LeRobot's ``frames.float() / 255``); with ``normalize`` it is one fused ``fn.crop_mirror_normalize``
    with mean and std scaled by 255; ``return_uint8`` is the transpose alone.
 
+``random_subset`` (LeRobot's ``max_num_transforms``) adds no step: a sample the subset does not pick a
+jitter or the affine for gets that step's identity parameters (factor 1, angle and shift 0), drawn on the
+host, so one static graph serves every subset.
+
 Why one draw per sample: a DALI argument input holds one value per sample, and an operator given a
 sequence applies that value to every frame, so a window sees one crop, one rotation, one colour shift
 -- as LeRobot's transforms do when applied to a (T, C, H, W) tensor. Velocity-like cues between frames
@@ -66,6 +70,7 @@ from .augment_config import (
     Pair,
     RandomAffine,
     RandomResizedCrop,
+    RandomSubset,
     SharpnessJitter,
     checked_size,
     range_of,
@@ -82,6 +87,7 @@ __all__ = [
     "Normalize",
     "RandomAffine",
     "RandomResizedCrop",
+    "RandomSubset",
     "SharpnessJitter",
     "augment_frames",
     "checked_size",
@@ -222,9 +228,9 @@ def _checked_draws(cfg: AugmentConfig, draws: Mapping[str, DataNode] | None, cam
 
 
 def _param(d: Mapping[str, DataNode], name: str, value: float | Pair) -> Arg:
-    """The draw ``name`` when its range is random, else the range's constant."""
-    lo, hi = range_of(value)
-    return lo if lo == hi else d[name]
+    """The draw ``name`` when there is one (a random range, or a member of a random subset), else the range's
+    constant."""
+    return d[name] if name in d else range_of(value)[0]
 
 
 def _affine(x: DataNode, affine: RandomAffine, size: tuple[int, int] | None, d: Mapping[str, DataNode]) -> DataNode:

@@ -23,6 +23,7 @@ from .value_checks import is_int, is_number
 
 __all__ = [
     "NORMALIZE_FROM_STATS",
+    "SUBSET_MEMBERS",
     "AugmentConfig",
     "ColorJitter",
     "GaussianBlur",
@@ -30,6 +31,7 @@ __all__ = [
     "Pair",
     "RandomAffine",
     "RandomResizedCrop",
+    "RandomSubset",
     "SharpnessJitter",
     "checked_size",
     "range_of",
@@ -234,6 +236,50 @@ class SharpnessJitter:
         _set(self, "factor", _jitter_range(owner, "factor", self.factor, center=1.0, low=0.0, high=math.inf))
 
 
+#: The transforms :class:`RandomSubset` picks among, each one of LeRobot's: a single colour-jitter factor, the
+#: sharpness jitter, or the whole affine (rotation, scale and translation together).
+SUBSET_MEMBERS = ("brightness", "contrast", "saturation", "hue", "sharpness", "affine")
+
+#: The section each subset member lives in.
+_MEMBER_SECTION = {**dict.fromkeys(SUBSET_MEMBERS[:4], "color_jitter"), "sharpness": "sharpness", "affine": "affine"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RandomSubset:
+    """Apply only ``max_num_transforms`` of the weighted transforms to each sample, as LeRobot's
+    ``RandomSubsetApply`` does: a draw without replacement with probabilities in proportion to ``weights``
+    (``{member: weight > 0}``, members from :data:`SUBSET_MEMBERS`), so a transform of weight 2 is picked first
+    twice as often as one of weight 1. A transform not picked gets its identity (factor 1, shift 0) for that
+    sample; transforms not weighted here (crop, blur, an unweighted factor) apply to every sample. The picked
+    ones still run in the fixed order of :mod:`lerobot_dali.augment` (LeRobot's ``random_order=False``).
+    ``max_num_transforms`` above the number of weights means all of them, as in LeRobot.
+    """
+
+    max_num_transforms: int
+    weights: Mapping[str, float]
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        n = self.max_num_transforms
+        if not is_int(n) or n < 1:
+            raise _fail(owner, "max_num_transforms", n, "an integer >= 1")
+        _set(self, "max_num_transforms", int(n))
+        weights = self.weights
+        if (
+            not isinstance(weights, Mapping)
+            or not weights
+            or not all(k in SUBSET_MEMBERS and is_number(v) and v > 0 for k, v in weights.items())
+        ):
+            allowed = f"a non-empty {{member: weight > 0}} mapping, members from {list(SUBSET_MEMBERS)}"
+            raise _fail(owner, "weights", weights, allowed)
+        _set(self, "weights", {m: float(weights[m]) for m in SUBSET_MEMBERS if m in weights})
+
+    @property
+    def count(self) -> int:
+        """How many transforms each sample gets."""
+        return min(self.max_num_transforms, len(self.weights))
+
+
 #: What LeRobot adds to every std it normalises by; here, what a std of 0 in a dataset's statistics becomes.
 STD_EPSILON = 1e-8
 
@@ -291,6 +337,7 @@ _SECTIONS: dict[str, type] = {
     "blur": GaussianBlur,
     "affine": RandomAffine,
     "sharpness": SharpnessJitter,
+    "random_subset": RandomSubset,
 }
 
 
@@ -298,6 +345,9 @@ _SECTIONS: dict[str, type] = {
 class AugmentConfig:
     """Which augmentations run, in the fixed order :mod:`lerobot_dali.augment` describes. The default does
     nothing.
+
+    ``random_subset``: each sample applies only some of the jitters and the affine, picked as LeRobot's
+    ``max_num_transforms`` and weights pick them (:class:`RandomSubset`).
 
     ``shared_across_cameras``: the cameras of one sample get the same draws (same crop, same jitter),
     which keeps multi-view geometry consistent; otherwise each camera draws on its own, as LeRobot does.
@@ -314,6 +364,7 @@ class AugmentConfig:
     color_jitter: ColorJitter | None = None
     sharpness: SharpnessJitter | None = None
     blur: GaussianBlur | None = None
+    random_subset: RandomSubset | None = None
     normalize: Normalize | Mapping[str, Normalize] | Literal["stats"] | None = None
     shared_across_cameras: bool = False
 
@@ -325,6 +376,14 @@ class AugmentConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, cls):
                 raise _fail(owner, name, value, f"None or a {cls.__name__}")
+        if self.random_subset is not None:
+            for member in self.random_subset.weights:
+                section = _MEMBER_SECTION[member]
+                if getattr(self, section) is None:
+                    raise ValueError(
+                        f"{owner}.random_subset weights {member!r}, but {owner}.{section} is not set: configure it "
+                        f"or drop the weight"
+                    )
         norm = self.normalize
         if isinstance(norm, Mapping):
             if not norm or not all(isinstance(k, str) and isinstance(v, Normalize) for k, v in norm.items()):

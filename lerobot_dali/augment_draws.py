@@ -25,7 +25,9 @@ Parameters (arrays with a leading batch dimension; scalars per sample unless a s
 - ``sharpness``: float32 factor.
 
 A parameter is drawn only when it is random: a constant range (``brightness=(1.5, 1.5)``) is a constant in
-the graph, an identity range is no step at all.
+the graph, an identity range is no step at all. With a ``random_subset``, the parameters of its members are
+drawn even when constant, and each sample's members are picked from the sample's own stream (one uniform per
+member, :func:`_subset_picks`); a member not picked gets its identity value in every one of its parameters.
 
 Random resized crop: the window is sampled as torchvision's ``RandomResizedCrop.get_params`` does (area
 fraction in ``scale``, aspect ``ratio`` uniform in log space, up to 10 tries, then a centre crop with the
@@ -44,10 +46,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .augment_config import SUBSET_MEMBERS
 from .value_checks import is_int
 
 if TYPE_CHECKING:
-    from .augment_config import AugmentConfig
+    from .augment_config import AugmentConfig, RandomSubset
 
 __all__ = ["STREAM_LENGTH", "draw_names", "draw_params", "stream_name"]
 
@@ -67,10 +70,29 @@ _SLOTS: dict[str, tuple[int, int]] = {
     "blur_sigma": (48, 1),
     "blur_window": (49, 1),
     "sharpness": (50, 1),
+    "subset": (51, len(SUBSET_MEMBERS)),  # one uniform per member, in SUBSET_MEMBERS order
 }
 #: Raw 64-bit words each (sample, stream) reads. Philox's stream does not depend on how much is read, so words
 #: appended for new parameters leave the earlier ones, and so every older draw, as they were.
-STREAM_LENGTH = 51
+STREAM_LENGTH = 57
+
+#: The value of each scalar parameter that leaves the frames unchanged (what a sample gets for a subset member
+#: not picked for it).
+_IDENTITY = {
+    "brightness": 1.0,
+    "contrast": 1.0,
+    "saturation": 1.0,
+    "hue": 0.0,
+    "sharpness": 1.0,
+    "affine_scale": 1.0,
+    "affine_degrees": 0.0,
+    "affine_translate": 0.0,
+}
+#: The parameters of each member of a RandomSubset.
+_MEMBER_PARAMS = {
+    **{name: (name,) for name in ("brightness", "contrast", "saturation", "hue", "sharpness")},
+    "affine": ("affine_scale", "affine_degrees", "affine_translate"),
+}
 
 
 def stream_name(config: AugmentConfig | None, camera_index: int) -> str:
@@ -88,6 +110,21 @@ def _random(value: float | tuple[float, float]) -> bool:
     return lo != hi
 
 
+def _drawn(config: AugmentConfig, name: str, value: float | tuple[float, float]) -> bool:
+    """Whether parameter ``name`` with range ``value`` is drawn per sample: when its range is random, or when it
+    belongs to a member of ``config.random_subset`` and is not the identity (a sample the subset skips gets the
+    identity instead of the constant)."""
+    lo, hi = _pair(value)
+    if lo != hi:
+        return True
+    subset = config.random_subset
+    return (
+        subset is not None
+        and any(name in _MEMBER_PARAMS[m] for m in subset.weights)
+        and (lo, hi) != (_IDENTITY[name],) * 2
+    )
+
+
 def draw_names(config: AugmentConfig | None) -> tuple[str, ...]:
     """The parameters ``config`` draws per sample, in a fixed order; empty when nothing is random."""
     if config is None:
@@ -97,16 +134,16 @@ def draw_names(config: AugmentConfig | None) -> tuple[str, ...]:
         names += ["crop_start", "crop_end"]
     affine = config.affine
     if affine is not None:
-        if _random(affine.scale):
+        if _drawn(config, "affine_scale", affine.scale):
             names.append("affine_scale")
-        if _random(affine.degrees):
+        if _drawn(config, "affine_degrees", affine.degrees):
             names.append("affine_degrees")
         if affine.translate != (0.0, 0.0):
             names.append("affine_translate")
     jitter = config.color_jitter
     if jitter is not None:
-        names += [n for n in ("brightness", "contrast", "saturation", "hue") if _random(getattr(jitter, n))]
-    if config.sharpness is not None and _random(config.sharpness.factor):
+        names += [n for n in ("brightness", "contrast", "saturation", "hue") if _drawn(config, n, getattr(jitter, n))]
+    if config.sharpness is not None and _drawn(config, "sharpness", config.sharpness.factor):
         names.append("sharpness")
     blur = config.blur
     if blur is not None and blur.probability > 0:
@@ -205,7 +242,32 @@ def draw_params(
         if "blur_window" in names:
             applied = slot("blur_window") < blur.probability
             out["blur_window"] = np.where(applied, blur.effective_kernel_size, 1).astype(np.int32)
+    subset = config.random_subset
+    if subset is not None:
+        for member, picked in _subset_picks(slot("subset"), subset).items():
+            for name in _MEMBER_PARAMS[member]:
+                if name in out:
+                    keep = picked.reshape((-1,) + (1,) * (out[name].ndim - 1))
+                    out[name] = np.where(keep, out[name], np.float32(_IDENTITY[name]))
     return out
+
+
+def _subset_picks(u: np.ndarray, subset: RandomSubset) -> dict[str, np.ndarray]:
+    """``member -> (B,) bool``: which weighted members each sample applies, ``subset.count`` per sample.
+
+    Drawn as LeRobot's ``torch.multinomial(weights, count)`` (without replacement) draws, by Efraimidis and
+    Spirakis' keys: each member's own uniform u gives the key log(u) / weight, and the ``count`` largest keys win,
+    which picks a set with the same probability as drawing one member at a time in proportion to the weights
+    of those left. ``u``: (B, len(SUBSET_MEMBERS)) uniforms, one column per member.
+    """
+    members = list(subset.weights)
+    columns = [SUBSET_MEMBERS.index(m) for m in members]
+    with np.errstate(divide="ignore"):  # u = 0 (probability 2**-53): key -inf, picked last
+        keys = np.log(u[:, columns]) / np.array([subset.weights[m] for m in members])
+    order = np.argsort(-keys, axis=1, kind="stable")[:, : subset.count]
+    picked = np.zeros(keys.shape, dtype=bool)
+    np.put_along_axis(picked, order, True, axis=1)
+    return {m: picked[:, i] for i, m in enumerate(members)}
 
 
 def _crop_windows(

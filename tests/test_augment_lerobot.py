@@ -1,4 +1,4 @@
-"""LeRobot's image transforms here: the sharpness jitter."""
+"""LeRobot's image transforms here: the sharpness jitter and the per-sample random subset."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lerobot_dali.augment import AugmentConfig, SharpnessJitter
-from lerobot_dali.augment_draws import draw_params
+from lerobot_dali.augment import AugmentConfig, ColorJitter, RandomAffine, RandomSubset, SharpnessJitter
+from lerobot_dali.augment_draws import draw_names, draw_params
 from tests.test_augment import EVERYTHING, RANDOM_CONFIGS, augment, distinct_windows, draw_keys
 
 
@@ -58,6 +58,110 @@ def test_sharpness_draws_a_factor_per_sample_in_its_range() -> None:
         assert np.abs(out[i : i + 1] - expected).max() <= 0.5 + 1e-4, i
 
 
+# --- the random subset -------------------------------------------------------------------------------
+
+
+def _inclusion(weights: list[float], n: int) -> np.ndarray:
+    """Each member's chance to be among n drawn one at a time without replacement, in proportion to weights
+    (torch.multinomial's replacement=False), summed over every ordered draw."""
+    p = np.zeros(len(weights))
+    for order in itertools.permutations(range(len(weights)), n):
+        chance, left = 1.0, sum(weights)
+        for i in order:
+            chance *= weights[i] / left
+            left -= weights[i]
+        p[list(order)] += chance
+    return p
+
+
+SUBSET = AugmentConfig(
+    color_jitter=ColorJitter(brightness=(1.1, 1.3), contrast=(0.5, 0.9), saturation=(1.2, 1.4), hue=(0.1, 0.2)),
+    sharpness=SharpnessJitter(factor=(1.5, 2.0)),
+    random_subset=RandomSubset(
+        max_num_transforms=3, weights={"brightness": 1, "contrast": 1, "saturation": 1, "hue": 1, "sharpness": 2}
+    ),
+)
+IDENTITY = {"brightness": 1.0, "contrast": 1.0, "saturation": 1.0, "hue": 0.0, "sharpness": 1.0}
+
+
+def test_subset_picks_as_lerobots_multinomial_without_replacement() -> None:
+    n = 2000
+    draws = _draw(SUBSET, n)
+    picked = np.stack([draws[m] != IDENTITY[m] for m in IDENTITY], axis=1)
+    assert (picked.sum(axis=1) == 3).all()  # exactly max_num_transforms per sample
+    expected = _inclusion([1, 1, 1, 1, 2], 3)  # [0.55, 0.55, 0.55, 0.55, 0.8]
+    np.testing.assert_allclose(picked.mean(axis=0), expected, atol=0.04)
+    # A picked member keeps its range's draw; a skipped one is exactly the identity.
+    for m, (lo, hi) in {"brightness": (1.1, 1.3), "hue": (0.1, 0.2), "sharpness": (1.5, 2.0)}.items():
+        values = draws[m][draws[m] != IDENTITY[m]]
+        assert values.min() >= np.float32(lo) and values.max() <= np.float32(hi), m
+        assert set(np.unique(draws[m][draws[m] < lo]).tolist()) <= {IDENTITY[m]}, m
+
+
+def test_subset_picks_each_pair_as_often_as_lerobot() -> None:
+    # Which pair, not only how often each member: weights 1, 2, 3, two per sample.
+    config = AugmentConfig(
+        color_jitter=ColorJitter(brightness=(1.1, 1.3), contrast=(0.5, 0.9), hue=(0.1, 0.2)),
+        random_subset=RandomSubset(max_num_transforms=2, weights={"brightness": 1, "contrast": 2, "hue": 3}),
+    )
+    draws = _draw(config, 4000)
+    left_out = np.argmin(np.stack([draws[m] != IDENTITY[m] for m in ("brightness", "contrast", "hue")], axis=1), axis=1)
+    # P(pair) = P(the third member is left out) = sum over the two orders of drawing the pair
+    weights = [1.0, 2.0, 3.0]
+    expected = [
+        sum(weights[a] / 6 * weights[b] / (6 - weights[a]) for a, b in itertools.permutations(set(range(3)) - {k}))
+        for k in range(3)
+    ]  # [0.583, 0.267, 0.15]
+    np.testing.assert_allclose(np.bincount(left_out, minlength=3) / 4000, expected, atol=0.025)
+
+
+def test_subset_of_as_many_as_weighted_applies_every_one() -> None:
+    config = AugmentConfig(
+        color_jitter=SUBSET.color_jitter,
+        random_subset=RandomSubset(max_num_transforms=9, weights={"brightness": 1, "hue": 3}),
+    )
+    draws = _draw(config, 50)
+    assert (draws["brightness"] > 1.05).all() and (draws["hue"] >= 0.1).all()
+    # unweighted factors apply to every sample, as without a subset
+    assert (draws["contrast"] < 0.95).all() and (draws["saturation"] > 1.15).all()
+
+
+def test_subset_turns_a_constant_member_into_a_draw_and_skips_identities() -> None:
+    config = AugmentConfig(
+        affine=RandomAffine(scale=(1.2, 1.2), translate=(0.1, 0.0)),
+        color_jitter=ColorJitter(brightness=(1.5, 1.5)),
+        sharpness=SharpnessJitter(factor=(1.0, 1.0)),
+        random_subset=RandomSubset(max_num_transforms=1, weights={"brightness": 1, "affine": 1, "sharpness": 1}),
+    )
+    # Without the subset the constants are graph constants; with it, a skipped sample needs the identity.
+    assert draw_names(config) == ("affine_scale", "affine_translate", "brightness")
+    draws = _draw(config, 400)
+    affine = draws["affine_scale"] != 1.0
+    assert set(np.unique(draws["affine_scale"]).tolist()) == {1.0, np.float32(1.2)}
+    assert (draws["affine_translate"][~affine] == 0).all() and (draws["affine_translate"][affine, 0] != 0).all()
+    assert set(np.unique(draws["brightness"]).tolist()) == {1.0, 1.5}
+    assert not (affine & (draws["brightness"] == 1.5)).any()  # one transform per sample
+    # sharpness (identity range) is picked a third of the time and then does nothing
+    assert 0.25 < np.mean(~affine & (draws["brightness"] == 1.0)) < 0.42
+
+
+def test_a_sample_not_picked_for_a_transform_gets_its_identity_in_the_graph() -> None:
+    brighter = AugmentConfig(color_jitter=ColorJitter(brightness=(1.5, 1.5)))
+    smoothed = AugmentConfig(sharpness=SharpnessJitter(factor=(0.0, 0.0)))
+    config = AugmentConfig(
+        color_jitter=brighter.color_jitter,
+        sharpness=smoothed.sharpness,
+        random_subset=RandomSubset(max_num_transforms=1, weights={"brightness": 1, "sharpness": 1}),
+    )
+    data = distinct_windows(n=8)
+    picks = draw_params(config, seed=0, stream="camera0", keys=draw_keys(8), frame_size=None)["brightness"] == 1.5
+    assert 0 < picks.sum() < 8
+    out = augment(data, config, return_uint8=True)
+    alone = {True: augment(data, brighter, return_uint8=True), False: augment(data, smoothed, return_uint8=True)}
+    for i, brightened in enumerate(picks):
+        np.testing.assert_array_equal(out[i], alone[bool(brightened)][i], err_msg=f"sample {i}")
+
+
 def test_old_configs_draw_exactly_as_before_the_new_slots() -> None:
     # Digest of these draws as commit e13e363 made them, before new parameters were appended to the stream: no old
     # parameter's slot moved, so saved runs and old recipes augment exactly as they did.
@@ -70,7 +174,28 @@ def test_old_configs_draw_exactly_as_before_the_new_slots() -> None:
     assert digest.hexdigest() == "a427a6a314dfa6467cea7d9838d6d92a2a1cdd38d555b68d36cdd258d6b60325"
 
 
-@pytest.mark.parametrize("factor", [(1.5, 0.5), -0.1, (-0.1, 1.0), "0.5"])
-def test_bad_sharpness_factors_are_refused(factor: Any) -> None:
-    with pytest.raises(ValueError, match=r"SharpnessJitter\.factor = "):
-        SharpnessJitter(factor=factor)
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: RandomSubset(max_num_transforms=0, weights={"hue": 1}), "max_num_transforms"),
+        (lambda: RandomSubset(max_num_transforms=2, weights={"blur": 1}), "weights"),
+        (lambda: RandomSubset(max_num_transforms=2, weights={"hue": 0}), "weights"),
+        (lambda: RandomSubset(max_num_transforms=2, weights={}), "weights"),
+        (lambda: SharpnessJitter(factor=(1.5, 0.5)), "factor"),
+        (
+            lambda: AugmentConfig(random_subset=RandomSubset(max_num_transforms=1, weights={"sharpness": 1})),
+            "AugmentConfig.sharpness is not set",
+        ),
+    ],
+)
+def test_bad_subset_and_sharpness_options_are_refused(make: Any, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_subset_and_sharpness_round_trip_through_a_table() -> None:
+    assert AugmentConfig.from_dict(SUBSET.to_dict()) == SUBSET
+    assert SUBSET.to_dict()["random_subset"] == {
+        "max_num_transforms": 3,
+        "weights": {"brightness": 1.0, "contrast": 1.0, "saturation": 1.0, "hue": 1.0, "sharpness": 2.0},
+    }

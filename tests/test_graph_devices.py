@@ -22,6 +22,7 @@ from lerobot_dali.augment import (
     Normalize,
     RandomAffine,
     RandomResizedCrop,
+    RandomSubset,
     SharpnessJitter,
 )
 from lerobot_dali.batch_source import SourceSpec, output_fields
@@ -36,6 +37,7 @@ FULL = AugmentConfig(
     color_jitter=ColorJitter(brightness=0.2, contrast=0.2, saturation=0.2, hue=0.05),
     sharpness=SharpnessJitter(factor=0.5),
     blur=GaussianBlur(),
+    random_subset=RandomSubset(max_num_transforms=3, weights={"brightness": 1, "sharpness": 1, "affine": 1, "hue": 2}),
     normalize=Normalize(mean=(0.5, 0.5, 0.5), std=(0.2, 0.2, 0.2)),
 )
 #: sharpness on frames whose size is known only at run time (no resize or crop)
