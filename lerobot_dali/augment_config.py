@@ -347,7 +347,8 @@ class AugmentConfig:
     nothing.
 
     ``random_subset``: each sample applies only some of the jitters and the affine, picked as LeRobot's
-    ``max_num_transforms`` and weights pick them (:class:`RandomSubset`).
+    ``max_num_transforms`` and weights pick them (:class:`RandomSubset`); :meth:`from_lerobot` maps a LeRobot
+    ``ImageTransformsConfig``.
 
     ``shared_across_cameras``: the cameras of one sample get the same draws (same crop, same jitter),
     which keeps multi-view geometry consistent; otherwise each camera draws on its own, as LeRobot does.
@@ -416,6 +417,14 @@ class AugmentConfig:
         elif isinstance(norm, Mapping):
             kwargs["normalize"] = Normalize(**_checked_keys(Normalize, norm, where))
         return cls(**kwargs)
+
+    @classmethod
+    def from_lerobot(cls, image_transforms: object) -> AugmentConfig:
+        """LeRobot's ``ImageTransformsConfig`` (or its dict form in a train config) as this config; what maps and
+        what differs: :func:`~lerobot_dali.augment_lerobot.augment_config_from_lerobot`."""
+        from .augment_lerobot import augment_config_from_lerobot  # it builds on this module
+
+        return augment_config_from_lerobot(image_transforms)
 
     def with_stats(self, stats: Mapping[str, Any], cameras: Sequence[str], *, source: str) -> AugmentConfig:
         """``normalize="stats"`` made concrete: one :class:`Normalize` per camera from ``stats`` (a dataset's

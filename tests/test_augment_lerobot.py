@@ -1,9 +1,10 @@
-"""LeRobot's image transforms here: the sharpness jitter and the per-sample random subset."""
+"""LeRobot's image transforms here: the sharpness jitter, the per-sample random subset, and the config mapping."""
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,25 @@ import pytest
 from lerobot_dali.augment import AugmentConfig, ColorJitter, RandomAffine, RandomSubset, SharpnessJitter
 from lerobot_dali.augment_draws import draw_names, draw_params
 from tests.test_augment import EVERYTHING, RANDOM_CONFIGS, augment, distinct_windows, draw_keys
+
+#: LeRobot 0.4.4's ``ImageTransformsConfig(enable=True)`` as ``dataclasses.asdict`` (a train config's JSON) gives it.
+LEROBOT_DEFAULT: dict[str, Any] = {
+    "enable": True,
+    "max_num_transforms": 3,
+    "random_order": False,
+    "tfs": {
+        "brightness": {"weight": 1.0, "type": "ColorJitter", "kwargs": {"brightness": [0.8, 1.2]}},
+        "contrast": {"weight": 1.0, "type": "ColorJitter", "kwargs": {"contrast": [0.8, 1.2]}},
+        "saturation": {"weight": 1.0, "type": "ColorJitter", "kwargs": {"saturation": [0.5, 1.5]}},
+        "hue": {"weight": 1.0, "type": "ColorJitter", "kwargs": {"hue": [-0.05, 0.05]}},
+        "sharpness": {"weight": 1.0, "type": "SharpnessJitter", "kwargs": {"sharpness": [0.5, 1.5]}},
+        "affine": {
+            "weight": 1.0,
+            "type": "RandomAffine",
+            "kwargs": {"degrees": [-5.0, 5.0], "translate": [0.05, 0.05]},
+        },
+    },
+}
 
 
 def _draw(config: AugmentConfig, n: int) -> dict[str, np.ndarray]:
@@ -199,3 +219,90 @@ def test_subset_and_sharpness_round_trip_through_a_table() -> None:
         "max_num_transforms": 3,
         "weights": {"brightness": 1.0, "contrast": 1.0, "saturation": 1.0, "hue": 1.0, "sharpness": 2.0},
     }
+
+
+# --- LeRobot's config ----------------------------------------------------------------------------------
+
+
+def _as_object(raw: dict[str, Any]) -> SimpleNamespace:
+    """The dict form as LeRobot's dataclasses (attributes, tuples)."""
+    tfs = {
+        name: SimpleNamespace(
+            weight=tf["weight"], type=tf["type"], kwargs={k: tuple(v) for k, v in tf["kwargs"].items()}
+        )
+        for name, tf in raw["tfs"].items()
+    }
+    return SimpleNamespace(**{**raw, "tfs": tfs})
+
+
+@pytest.mark.parametrize("form", ["dict", "object"])
+def test_from_lerobot_maps_lerobots_default_transforms(form: str) -> None:
+    config = AugmentConfig.from_lerobot(LEROBOT_DEFAULT if form == "dict" else _as_object(LEROBOT_DEFAULT))
+    assert config == AugmentConfig(
+        affine=RandomAffine(degrees=(-5.0, 5.0), translate=(0.05, 0.05)),
+        color_jitter=ColorJitter(brightness=(0.8, 1.2), contrast=(0.8, 1.2), saturation=(0.5, 1.5), hue=(-0.05, 0.05)),
+        sharpness=SharpnessJitter(factor=(0.5, 1.5)),
+        random_subset=RandomSubset(max_num_transforms=3, weights=dict.fromkeys(IDENTITY.keys() | {"affine"}, 1.0)),
+    )
+    assert not config.shared_across_cameras  # LeRobot transforms each camera on its own
+    draws = _draw(config, 2000)
+    picked = np.stack([draws[m] != IDENTITY[m] for m in IDENTITY] + [draws["affine_translate"][:, 0] != 0], axis=1)
+    assert (picked.sum(axis=1) == 3).all()
+    np.testing.assert_allclose(picked.mean(axis=0), 0.5, atol=0.04)  # 3 of 6 equal weights
+
+
+def _lerobot(**changes: Any) -> dict[str, Any]:
+    raw = {**LEROBOT_DEFAULT, "tfs": dict(LEROBOT_DEFAULT["tfs"])}
+    tfs = changes.pop("tfs", {})
+    raw.update(changes)
+    for name, tf in tfs.items():
+        if tf is None:
+            del raw["tfs"][name]
+        else:
+            raw["tfs"][name] = tf
+    return raw
+
+
+def test_from_lerobot_follows_enable_weights_and_max_num_transforms() -> None:
+    assert AugmentConfig.from_lerobot(_lerobot(enable=False)) == AugmentConfig()
+    every = AugmentConfig.from_lerobot(_lerobot(max_num_transforms=6))
+    assert every.random_subset is None and every.sharpness is not None  # all six on every sample
+    dropped = AugmentConfig.from_lerobot(
+        _lerobot(tfs={"sharpness": {**LEROBOT_DEFAULT["tfs"]["sharpness"], "weight": 0.0}, "hue": None})
+    )
+    assert dropped.sharpness is None and dropped.random_subset is not None
+    assert dropped.random_subset.weights == dict.fromkeys(("brightness", "contrast", "saturation", "affine"), 1.0)
+    # one transform per sample: the order does not matter, so random_order is accepted
+    assert AugmentConfig.from_lerobot(_lerobot(max_num_transforms=1, random_order=True)).random_subset is not None
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        (_lerobot(random_order=True), "random_order = true is not supported with 3 transforms"),
+        (_lerobot(tfs={"crop": {"weight": 1.0, "type": "RandomCrop", "kwargs": {"size": 8}}}), "'RandomCrop'"),
+        (_lerobot(tfs={"noop": {"weight": 1.0, "type": "Identity", "kwargs": {}}}), "'Identity' has no counterpart"),
+        (
+            _lerobot(tfs={"affine": {"weight": 1.0, "type": "RandomAffine", "kwargs": {"degrees": 5, "shear": 3}}}),
+            r"\['shear'\]",
+        ),
+        (
+            _lerobot(tfs={"both": {"weight": 1.0, "type": "ColorJitter", "kwargs": {"brightness": 0.1}}}),
+            "also set: \\['brightness'\\]",
+        ),
+        (
+            _lerobot(
+                tfs={
+                    "brightness": {"weight": 1, "type": "ColorJitter", "kwargs": {"brightness": 0.2, "contrast": 0.2}},
+                    "contrast": None,
+                }
+            ),
+            "split it into one ColorJitter per factor",
+        ),
+        ({"enable": True}, "has no 'tfs'"),
+    ],
+    ids=["random-order", "unknown-type", "identity", "shear", "factor-twice", "joined-factors", "no-tfs"],
+)
+def test_from_lerobot_refuses_what_it_cannot_reproduce(raw: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        AugmentConfig.from_lerobot(raw)

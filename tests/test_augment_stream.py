@@ -155,3 +155,25 @@ def test_every_frame_of_a_window_gets_the_same_transform(make_ds) -> None:
     # Distinct samples still get distinct draws: the padded windows show different images after augmentation.
     firsts = [batch[CAM0][i, 0] for i in np.flatnonzero(padded.numpy())]
     assert all(not torch.equal(firsts[0], other) for other in firsts[1:])
+
+
+def test_a_lerobot_subset_config_picks_per_camera_as_drawn(make_ds) -> None:
+    # LeRobot's transforms, one per sample of brightness 0.5 and (identity) sharpness, each camera on its own.
+    root = _dataset(make_ds)
+    jitter = {"weight": 1.0, "type": "ColorJitter", "kwargs": {"brightness": [0.5, 0.5]}}
+    sharp = {"weight": 1.0, "type": "SharpnessJitter", "kwargs": {"sharpness": [1.0, 1.0]}}
+    config = AugmentConfig.from_lerobot(
+        {"enable": True, "max_num_transforms": 1, "tfs": {"brightness": jitter, "sharpness": sharp}}
+    )
+    options = dict(delta_timestamps=None, return_uint8=True)
+    (plain,) = _epochs(_iterator(root, augment=None, **options), 1)
+    (augmented,) = _epochs(_iterator(root, augment=config, **options), 1)
+    keys = np.stack([np.zeros(23, int), np.zeros(23, int), np.arange(23)], axis=1)
+    picked = {}
+    for camera, stream in ((CAM0, "camera0"), (CAM1, "camera1")):
+        drawn = draw_params(config, seed=0, stream=stream, keys=keys, frame_size=None)["brightness"]
+        got = np.concatenate([_brightness_of(a[camera], p[camera]) for a, p in zip(augmented, plain, strict=True)])
+        np.testing.assert_allclose(got, drawn[: len(got)], atol=0.01, err_msg=camera)
+        picked[camera] = drawn[: len(got)] == 0.5
+    assert 0 < picked[CAM0].sum() < len(picked[CAM0])
+    assert (picked[CAM0] != picked[CAM1]).any(), "cameras draw their subsets on their own"

@@ -1,0 +1,143 @@
+"""LeRobot's image-transform options (``--dataset.image_transforms.*``) as an :class:`AugmentConfig`.
+
+A recipe trained with LeRobot's ``ImageTransformsConfig`` maps here transform by transform, so the same
+augmentation runs in the DALI graph. Apart from :mod:`.augment_config` (which it only calls) because it
+reads another project's option names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .augment_config import AugmentConfig, ColorJitter, RandomAffine, RandomSubset, SharpnessJitter
+from .value_checks import is_number
+
+__all__ = ["augment_config_from_lerobot"]
+
+#: LeRobot's transform types this maps, and the kwargs each may carry.
+_KWARGS = {
+    "ColorJitter": ("brightness", "contrast", "saturation", "hue"),
+    "SharpnessJitter": ("sharpness",),
+    "RandomAffine": ("degrees", "translate", "scale"),
+}
+#: What LeRobot's options default to when a dict form leaves them out (``ImageTransformsConfig``'s and
+#: ``ImageTransformConfig``'s fields).
+_DEFAULTS = {"enable": False, "max_num_transforms": 3, "random_order": False, "weight": 1.0, "type": "Identity"}
+
+
+def _field(cfg: object, name: str) -> Any:
+    if isinstance(cfg, Mapping):
+        if name == "tfs" and name not in cfg:
+            raise ValueError("the LeRobot image_transforms config has no 'tfs': give its table of transforms")
+        return cfg.get(name, _DEFAULTS.get(name))
+    if not hasattr(cfg, name):
+        raise TypeError(
+            f"expected LeRobot's ImageTransformsConfig or its dict form, got {type(cfg).__name__} without {name!r}"
+        )
+    return getattr(cfg, name)
+
+
+def augment_config_from_lerobot(cfg: object) -> AugmentConfig:
+    """The :class:`AugmentConfig` that applies what LeRobot's ``ImageTransformsConfig`` ``cfg`` applies.
+
+    ``cfg``: the config object, or its dict form (``config["dataset"]["image_transforms"]`` of a LeRobot
+    ``train_config.json``). Each transform of weight > 0 maps by its ``type``: ``ColorJitter`` (one factor per
+    transform, as LeRobot's defaults have it; several in one are refused when only some transforms are picked
+    per sample), ``SharpnessJitter`` and ``RandomAffine`` (degrees, translate, scale; no shear); any other type
+    is refused by name. ``max_num_transforms`` below the number of transforms becomes a :class:`RandomSubset`
+    with their weights. ``enable=false`` gives the config that does nothing. Each camera draws on its own, as
+    LeRobot's dataset applies the transform to each camera separately; the frames of one window share a draw,
+    as LeRobot's transform of a (T, C, H, W) tensor does.
+
+    What differs from LeRobot (see :mod:`lerobot_dali.augment`): transforms run in this project's fixed order,
+    affine before the colour jitter and sharpness (LeRobot: the listed order, affine last by default), so the two
+    differ mainly next to the area the affine fills with black; contrast is taken about mid-grey (128), not the
+    frame's mean; hue turns the YIQ chroma plane, not the HSV hue; the affine resamples bilinearly; frames are
+    rounded to whole levels after each step (LeRobot transforms floats). ``random_order=true`` is refused where
+    more than one transform applies: one static graph has one order.
+    """
+    if not _field(cfg, "enable"):
+        return AugmentConfig()
+    tfs = _field(cfg, "tfs")
+    if not isinstance(tfs, Mapping):
+        raise ValueError(f"image_transforms.tfs = {tfs!r} is invalid: expected a table of named transforms")
+    jitter: dict[str, Any] = {}
+    sharpness: SharpnessJitter | None = None
+    affine: RandomAffine | None = None
+    weights: dict[str, float] = {}
+    members_of: dict[str, tuple[str, ...]] = {}
+    for name, tf in tfs.items():
+        weight, kind, kwargs = (_field(tf, f) for f in ("weight", "type", "kwargs"))
+        where = f"image_transforms.tfs.{name}"
+        if not is_number(weight):
+            raise ValueError(f"{where}.weight = {weight!r} is invalid: expected a number")
+        if weight <= 0:  # LeRobot leaves such a transform out
+            continue
+        if kind not in _KWARGS:
+            raise ValueError(
+                f"{where}.type = {kind!r} has no counterpart here; supported: {sorted(_KWARGS)}. "
+                "Drop it (or set its weight to 0) to run the others."
+            )
+        kwargs = dict(kwargs or {})
+        unknown = sorted(set(kwargs) - set(_KWARGS[kind]))
+        if unknown:
+            raise ValueError(f"{where}: {kind} option(s) {unknown} are not supported; allowed: {list(_KWARGS[kind])}")
+        if kind == "ColorJitter":
+            factors = tuple(k for k in _KWARGS[kind] if k in kwargs)
+            taken = sorted(set(factors) & set(jitter))
+            if taken or not factors:
+                raise ValueError(
+                    f"{where}: a ColorJitter must set at least one factor and none another transform sets "
+                    f"(also set: {taken})"
+                )
+            jitter.update({k: kwargs[k] for k in factors})
+            members_of[name] = factors
+        elif kind == "SharpnessJitter":
+            if sharpness is not None or "sharpness" not in kwargs:
+                raise ValueError(f"{where}: one SharpnessJitter with its 'sharpness' range is supported")
+            sharpness = SharpnessJitter(factor=kwargs["sharpness"])
+            members_of[name] = ("sharpness",)
+        else:
+            if affine is not None:
+                raise ValueError(f"{where}: one RandomAffine is supported")
+            affine = RandomAffine(
+                degrees=kwargs.get("degrees", 0.0),
+                translate=kwargs.get("translate") or (0.0, 0.0),
+                scale=kwargs.get("scale") or (1.0, 1.0),
+            )
+            members_of[name] = ("affine",)
+        weights.update(dict.fromkeys(members_of[name], float(weight)))
+    subset = _subset(_field(cfg, "max_num_transforms"), _field(cfg, "random_order"), weights, members_of)
+    return AugmentConfig(
+        affine=affine,
+        color_jitter=ColorJitter(**jitter) if jitter else None,
+        sharpness=sharpness,
+        random_subset=subset,
+    )
+
+
+def _subset(
+    max_num_transforms: Any, random_order: Any, weights: dict[str, float], members_of: dict[str, tuple[str, ...]]
+) -> RandomSubset | None:
+    """The RandomSubset of LeRobot's ``RandomSubsetApply``, or None when it applies every transform."""
+    count = len(members_of)
+    if count == 0:
+        return None
+    subset = RandomSubset(max_num_transforms=max_num_transforms, weights=weights)  # validates the number
+    applied = min(subset.max_num_transforms, count)
+    if random_order and applied > 1:
+        raise ValueError(
+            f"image_transforms.random_order = true is not supported with {applied} transforms per sample: the "
+            "DALI graph is built once, with one order of steps. Set it to false (the listed order)."
+        )
+    if applied >= count:
+        return None
+    joined = {name: members for name, members in members_of.items() if len(members) > 1}
+    if joined:
+        raise ValueError(
+            f"image_transforms.tfs {sorted(joined)}: a ColorJitter with several factors is one transform to LeRobot's "
+            f"subset draw, here each factor is one; split it into one ColorJitter per factor, or set "
+            f"max_num_transforms >= {count} to apply every transform"
+        )
+    return RandomSubset(max_num_transforms=applied, weights=weights)
