@@ -528,6 +528,10 @@ class DALILeRobotIterator:
             if dali_iter is None or pass_id != self._pass_id:
                 raise self._closed_error()
             outer = sys.exc_info()[1]  # the caller's own error, if it asks for batches while handling one
+            # The pipeline stands nowhere until the stream counts the batch: a signal's exception before that (as this
+            # lock is let go) carried the pass on one batch past the stream, that batch never seen. The next pass
+            # rebuilds it at the stream's position instead.
+            self._pipeline_next = None
             self._in_next = threading.get_ident()
             try:
                 return self._to_batch(next(dali_iter)[0])

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -1291,6 +1292,46 @@ def test_a_ctrl_c_before_the_stream_counts_a_batch_resumes_without_losing_it(mak
 
     monkeypatch.setattr(SampleStream, "advance", interrupted_once)
     assert _indices_across_a_ctrl_c(DALILeRobotIterator(root, **kwargs)) == reference
+
+
+class _InterruptedRelease:
+    """The pass's lock, whose release after the ``n``-th batch DALI handed out raises KeyboardInterrupt: where a
+    signal's handler runs when the signal lands after DALI's next() returned (the check after the lock's C
+    ``__exit__``), outside the pass's handlers."""
+
+    def __init__(self, lock: Any, n: int) -> None:
+        self._lock, self._left = lock, n
+
+    def acquire(self, *args: Any, **kwargs: Any) -> bool:
+        return self._lock.acquire(*args, **kwargs)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+        if sys._getframe(1).f_code.co_name == "_next_batch" and exc == (None, None, None):
+            self._left -= 1
+            if self._left == 0:
+                raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_an_interrupt_as_the_pass_lets_its_lock_go_loses_no_batch(make_ds, num_workers: int) -> None:
+    """A Ctrl-C landing after DALI's next() returned a batch, as the pass let its lock go (before the stream counted
+    the batch): the pass carried on with the same pipeline, one batch past the stream, so that batch was never seen
+    (measured: 4 of 52 samples lost, 1 of 112 injection points). The pipeline stands nowhere until the batch is
+    counted, so the next pass rebuilds it at the stream's position."""
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=num_workers, drop_last=False)
+    reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
+    it = DALILeRobotIterator(root, **kwargs)
+    it._next_lock = _InterruptedRelease(it._next_lock, n=3)
+    seen = _indices_across_a_ctrl_c(it)
+    assert (len(seen), seen) == (len(reference), reference)
 
 
 def _indices_across_a_ctrl_c(it: DALILeRobotIterator) -> list[int]:
