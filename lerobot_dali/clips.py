@@ -23,7 +23,6 @@ import functools
 import io
 import logging
 import os
-import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ import av
 import numpy as np
 from numpy.typing import ArrayLike
 
+from . import fork_locks
 from .errors import FrameRequestError, VideoDecodeError
 from .keyframe_sizes import KEYFRAME_SIZE_CODECS, ReadAt, check_clip_keyframe_sizes
 from .packet_index import PacketIndex
@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 #: Open stream templates kept per process (:func:`template_container`): a few KB each plus FFmpeg's state.
 TEMPLATE_CACHE_SIZE = 64
 _templates: OrderedDict[tuple[int, bytes], Any] = OrderedDict()
-_templates_lock = threading.Lock()
+_templates_lock = fork_locks.lock()
 
 
 @dataclass(frozen=True, eq=False)

@@ -34,6 +34,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import fork_locks
 from .cache_dirs import (
     CACHE_ENV,
     LOCK_FILES,
@@ -115,7 +116,7 @@ class ColumnStore:
         self._failed: set[Path] = set()
         #: Why the folder takes no writes in this process (a full disk, a quota, read-only): no file is tried again.
         self._unwritable: str | None = None
-        self._lock = threading.Lock()
+        self._lock = fork_locks.lock()
 
     def __repr__(self) -> str:
         return f"ColumnStore({str(self.directory)!r}, min_group_rows={self.min_group_rows})"

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TypeVar
 
+from . import fork_locks
 from .distributed import draws_progress
 from .progress_lines import progress_counter
 
@@ -95,12 +96,12 @@ class KeyedLocks:
         #: key -> its lock and how many threads hold or wait for it (dropped while one waited, a third thread made a
         #: new lock and did the key's work beside the waiter).
         self._locks: dict[Hashable, tuple[threading.Lock, int]] = {}
-        self._guard = threading.Lock()
+        self._guard = fork_locks.lock()
 
     @contextmanager
     def held(self, key: Hashable) -> Iterator[None]:
         with self._guard:
-            lock, users = self._locks.get(key) or (threading.Lock(), 0)
+            lock, users = self._locks.get(key) or (fork_locks.lock(), 0)
             self._locks[key] = (lock, users + 1)
         try:
             with lock:

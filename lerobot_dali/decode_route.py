@@ -13,7 +13,6 @@ import ctypes
 import ctypes.util
 import logging
 import multiprocessing
-import threading
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -23,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from . import fork_locks
 from .camera_codecs import counts_text
 from .clips import build_clip
 from .concurrent_calls import KeyedLocks
@@ -326,7 +326,7 @@ def _probe_here(device_id: int, samples: Mapping[str, np.ndarray]) -> GpuProbe:
 # (device, codec, pixel format, width, height) -> (GPU or None, NVDEC decodes it, why not)
 _ProbeKey = tuple[int, str, str | None, int, int]
 _probe_cache: dict[_ProbeKey, tuple[GpuInfo | None, bool, str]] = {}
-_probe_lock = threading.Lock()
+_probe_lock = fork_locks.lock()
 # One probe per key at a time: a mixture builds its datasets' iterators in threads, whose cameras often share a
 # codec and size, and each probe is a process with a CUDA context of its own.
 _probing = KeyedLocks()

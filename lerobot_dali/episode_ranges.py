@@ -9,12 +9,12 @@ union of every clip any window of the episode can ask for), never the whole mult
 from __future__ import annotations
 
 import logging
-import threading
 from collections import OrderedDict
 
 import numpy as np
 import pyarrow.parquet as pq
 
+from . import fork_locks
 from .clips import plan_clip
 from .concurrent_calls import KeyedLocks
 from .dataset_reader import LeRobotDatasetReader
@@ -46,7 +46,7 @@ class EpisodeRanges:
         self.reader = reader
         self._indexes = PacketIndexCache(max_entries=256, max_bytes=512 * 2**20)
         self._store = index_store
-        self._lock = threading.Lock()
+        self._lock = fork_locks.lock()
         self._parquet: OrderedDict[str, tuple[int, pq.FileMetaData, np.ndarray]] = OrderedDict()
         self._reading = KeyedLocks()  # (a file's, held while one thread reads its footer)
         self._max_parquet = max_parquet_files

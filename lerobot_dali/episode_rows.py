@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from . import open_files
+from . import fork_locks, open_files
 from .column_store import ColumnStore
 from .dataset_info import Feature
 from .errors import DataFileError, DatasetError, MissingDataFileError, SchemaMismatchError
@@ -172,7 +172,7 @@ class ParquetCache:
         self._max_footer_bytes = max_footer_bytes
         self._open: OrderedDict[tuple[int, str], pq.ParquetFile] = OrderedDict()
         self._footer_bytes = 0
-        self._lock = threading.Lock()
+        self._lock = fork_locks.lock()
         #: Files handed out by :meth:`reading` whose reads have not all ended -> how many are running.
         self._readers: dict[pq.ParquetFile, int] = {}
 
@@ -258,7 +258,7 @@ class ParquetCache:
         self.__dict__.update(state)
         self._open = OrderedDict()
         self._footer_bytes = 0
-        self._lock = threading.Lock()
+        self._lock = fork_locks.lock()
         self._readers = {}
 
 
@@ -443,14 +443,14 @@ def _handle_stamp(handle: Any) -> FileStamp | None:
 #: Per open parquet file, a lock its reads take: the cache hands one ParquetFile to every thread of a process,
 #: and pyarrow's reader (pre-buffering) crashed the process when two threads read one file at once.
 _READ_LOCKS: weakref.WeakKeyDictionary[pq.ParquetFile, threading.Lock] = weakref.WeakKeyDictionary()
-_READ_LOCKS_LOCK = threading.Lock()
+_READ_LOCKS_LOCK = fork_locks.lock()
 
 
 def _read_lock(parquet: pq.ParquetFile) -> threading.Lock:
     with _READ_LOCKS_LOCK:
         lock = _READ_LOCKS.get(parquet)
         if lock is None:
-            lock = _READ_LOCKS[parquet] = threading.Lock()
+            lock = _READ_LOCKS[parquet] = fork_locks.lock()
         return lock
 
 

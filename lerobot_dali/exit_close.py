@@ -33,6 +33,7 @@ import threading
 import weakref
 from typing import Any
 
+from . import fork_locks
 from .inherited_pipeline import abandon_all
 
 __all__ = ["must_park", "park_if_exiting", "watch"]
@@ -40,7 +41,7 @@ __all__ = ["must_park", "park_if_exiting", "watch"]
 logger = logging.getLogger(__name__)
 
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
-_lock = threading.Lock()
+_lock = fork_locks.lock()
 _registered = False
 _exiting = threading.Event()
 
@@ -85,7 +86,5 @@ def _close_all() -> None:
 
 def _leave_to_parent() -> None:
     """In a forked child: the live iterators and every DALI pipeline are the parent's; none is closed here at exit."""
-    global _lock
-    _lock = threading.Lock()  # (a thread of the parent may have held it at the fork: held for ever here)
-    _live.clear()
+    _live.clear()  # (_lock: a fork_locks lock, free here though a thread of the parent held it at the fork)
     abandon_all()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 
 import fsspec
 
+from . import fork_locks
 from .concurrent_calls import KeyedLocks
 from .errors import MissingDataFileError
 from .remote_retry import RetryingFileSystem, is_transient
@@ -144,7 +144,7 @@ class FileStamps(Mapping[str, FileStamp]):
         self.listing_calls = 0
         self.info_calls = 0
         self._stamps: dict[str, FileStamp] = {}
-        self._lock = threading.Lock()
+        self._lock = fork_locks.lock()
         self._asking = KeyedLocks()  # (a path's, held while one thread asks the server for its stamp)
         # Files whose server gives no version (no ETag, Last-Modified or hash; a plain HTTP server may not)
         # are versioned by this run: keyed by size alone, a same-size rewrite between runs was served from the
@@ -274,7 +274,7 @@ class FileStamps(Mapping[str, FileStamp]):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self._lock = fork_locks.lock()
 
 
 def _find_files(fs: Any, root: str) -> dict[str, dict[str, Any]]:

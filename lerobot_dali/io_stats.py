@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from . import fork_locks
+
 __all__ = ["STATS_ENV", "add", "collect", "flush", "timed"]
 
 #: Folder where every process writes its counters (set it before the workers start; they inherit it).
@@ -28,10 +30,10 @@ class _ProcessStats:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.values: dict[str, float] = {}
-        self.lock = threading.Lock()
+        self.lock = fork_locks.lock()
         #: Held by a whole flush: two at once (the flush thread's and the bench's) wrote one temporary file, and the
         #: later rename, finding it gone, took the folder for removed and ended the counting.
-        self.flush_lock = threading.Lock()
+        self.flush_lock = fork_locks.lock()
         self.dirty = False
         self.folder = os.environ.get(STATS_ENV) or None
         if self.folder:
@@ -65,7 +67,7 @@ class _ProcessStats:
 
 
 _stats: _ProcessStats | None = None
-_stats_lock = threading.Lock()
+_stats_lock = fork_locks.lock()
 
 
 def _current() -> _ProcessStats:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import fork_locks
 from .augment_config import AugmentConfig, checked_size
 from .batch_shapes import first_episode_rows, image_shapes, listed_scalars
 from .batch_source import BatchSource, SourceSpec, output_fields
@@ -262,7 +263,7 @@ class DALILeRobotIterator:
         self._fingerprint: str | None = None
         # Held while a pass builds its pipeline or is inside DALI's next(): close() from another thread must not
         # shut the pipeline down under it (a close() in a signal handler inside next() is deferred, see close()).
-        self._next_lock = threading.RLock()
+        self._next_lock = fork_locks.rlock()
         # Of the latest iter(): only that pass reads, as a DataLoader's newest iterator does. Every pipeline is
         # built by an iter(), so a pass that reads only while its id is the latest reads only its own pipeline.
         self._pass_id = 0
@@ -742,7 +743,7 @@ class DALILeRobotIterator:
 #: DALI's worker pool closes are not safe to run in two threads at once (a foreign close() and the pass).
 #: Reentrant: the cycle collector may run inside a close, and an iterator it frees closes its own pool there (a plain
 #: lock hung that thread for good). That pool is another one: the one being closed is held by the frames below.
-_workers_close_lock = threading.RLock()
+_workers_close_lock = fork_locks.rlock()
 
 
 def _build_line(workers: int, pipelines: str) -> str:

@@ -12,7 +12,6 @@ FFmpeg, once per distinct headers.
 from __future__ import annotations
 
 import io
-import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ import av
 import numpy as np
 from av.video.codeccontext import VideoCodecContext
 
+from . import fork_locks
 from .errors import VideoDecodeError
 from .random_access import nal_layout
 from .sequence_headers import SEQUENCE_HEADER_CODECS, ReadBytes, keyframe_sequence_headers
@@ -190,7 +190,7 @@ class _TemplateFacts:
 # Templates of the files whose clips were checked last, in this process (a template is a few KB).
 _TEMPLATE_FACTS_SIZE = 64
 _template_facts_cache: OrderedDict[bytes, _TemplateFacts | None] = OrderedDict()
-_template_facts_lock = threading.Lock()
+_template_facts_lock = fork_locks.lock()
 
 
 def _template_facts(template: bytes, codec: str) -> _TemplateFacts | None:

@@ -9,9 +9,9 @@ more (whose headers ``np.load`` parses so; :mod:`.packet_index_file`): only :mod
 
 from __future__ import annotations
 
-import threading
+from . import fork_locks
 
 __all__ = ["PARSE_LOCK"]
 
 #: Held around every ``ast.literal_eval`` of this package that may run beside another thread.
-PARSE_LOCK = threading.Lock()
+PARSE_LOCK = fork_locks.lock()

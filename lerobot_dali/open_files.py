@@ -13,8 +13,9 @@ import errno
 import os
 import resource
 import sys
-import threading
 import weakref
+
+from . import fork_locks
 
 __all__ = [
     "DATA_FILES",
@@ -74,7 +75,7 @@ class FileShare:
         # Reentrant, its dicts changed and copied in single C calls: the cycle collector runs inside any allocation,
         # one under this lock too, and an iterator it frees closes its caches there (holding(cache, 0)); a plain
         # lock hung that thread for good.
-        self._lock = threading.RLock()
+        self._lock = fork_locks.rlock()
 
     def holding(self, holder: object, files: int) -> None:
         """Record that ``holder`` keeps ``files`` open now (0: it has closed them and counts no more)."""

@@ -7,11 +7,11 @@ Every request on the video route needs its file's index; building one costs a de
 from __future__ import annotations
 
 import os
-import threading
 from collections import OrderedDict
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
+from . import fork_locks
 from .concurrent_calls import KeyedLocks
 from .errors import DatasetError, MissingDataFileError
 from .file_stamps import stamp_from_stat
@@ -46,7 +46,7 @@ class PacketIndexCache:
         self.max_bytes = max_bytes
         self._entries: OrderedDict[Hashable, PacketIndex] = OrderedDict()
         self._bytes = 0
-        self._lock = threading.Lock()
+        self._lock = fork_locks.lock()
         self._building = KeyedLocks()  # (a key's, held while one thread loads or builds its index)
 
     def __len__(self) -> int:

@@ -17,11 +17,11 @@ import hashlib
 import json
 import logging
 import os
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from . import fork_locks
 from .cache_dirs import (
     CACHE_ENV,
     LOCK_FILES,
@@ -60,7 +60,7 @@ _NPZ_FILES = "*/*.npz"
 #: written in one that takes writes: not tried again, so each is warned about once (every store of one folder,
 #: a store per reader and worker, shares them).
 _REFUSED: set[Path] = set()
-_REFUSED_LOCK = threading.Lock()
+_REFUSED_LOCK = fork_locks.lock()
 
 
 def default_packet_index_dir() -> Path:

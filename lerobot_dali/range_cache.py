@@ -37,6 +37,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from . import fork_locks
 from .cache_dirs import atomic_file, cache_days, mark_used, sweep_cutoff, try_flock, try_flock_where_supported
 
 __all__ = ["ByteRange", "CacheBusyError", "CacheStats", "RangeCache", "entry_dir", "list_entries", "prune_unused_slots"]
@@ -150,7 +151,7 @@ class RangeCache:
         self._released: OrderedDict[ByteRange, None] = OrderedDict()  # evictable, oldest first
         self._bytes = 0
         self._pending: dict[ByteRange, threading.Event] = {}
-        self._lock = threading.Lock()
+        self._lock = fork_locks.lock()
         #: Threads writing to the folder now (an entry, or an adopted one checked): close() waits for them, and none
         #: starts once it is closed (the folder may be another cache's by then: a fetch left running wrote there).
         self._writing = 0

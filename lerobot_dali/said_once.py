@@ -35,12 +35,12 @@ import os
 import re
 import shutil
 import tempfile
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from . import fork_locks
 from .new_folder import host_name
 
 __all__ = ["SAID_ENV", "say_once", "shared_with_children", "warn_once"]
@@ -72,7 +72,7 @@ _WRAPPER_DEPTH = 3
 #: step's (``[7.batch]``) runs the batch script, the interactive step's (``salloc``) a shell, each run after run.
 _TASK_STEP = re.compile(rb"slurmstepd: \[[\d+]+\.[\d+]+\]")  # (a heterogeneous job's parts: 7+1)
 
-_lock = threading.Lock()
+_lock = fork_locks.lock()
 _said: set[str] = set()  # this process's, whatever the folder
 _sharing = 0  # threads within shared_with_children
 

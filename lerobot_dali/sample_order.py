@@ -39,7 +39,6 @@ import functools
 import heapq
 import logging
 import math
-import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from . import fork_locks
 from .episode_pieces import EpisodePieces
 from .errors import ShardingError
 from .pickled_columns import narrowed, widened
@@ -565,7 +565,7 @@ class SampleOrder:
         self._walks: dict[int, list[_PoolWalk]] = {}
         #: The plans and walks change on every call: a stream state taken from another thread (an asynchronous
         #: checkpoint's :meth:`walk_state`) must not walk a pool while a batch is drawn from it.
-        self._lock = threading.Lock()
+        self._lock = fork_locks.lock()
         #: The last :meth:`walk_state`, ``(epoch, pool walk, its saved form)``: a stream state is taken before every
         #: batch (a mixture's several times), mostly at the same chunk boundary as the last.
         self._saved_walk: tuple[int, _PoolWalk, SavedWalk] | None = None
@@ -609,7 +609,7 @@ class SampleOrder:
         state["_residual"] = widened(residual, {}) if residual is not None else None
         self.__dict__.update(state)
         self._lengths = self._pieces.length
-        self._lock = threading.Lock()
+        self._lock = fork_locks.lock()
 
     def num_samples(self, epoch: int) -> int:
         """Samples this rank emits in ``epoch`` (the same on all ranks but with ``RankBalance.NONE``)."""

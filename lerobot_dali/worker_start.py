@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from . import fork_locks
 from .said_once import shared_with_children
 
 __all__ = ["log_like_trainer", "names_main", "package_log_level", "skipping_main"]
@@ -37,7 +38,7 @@ logger = logging.getLogger(__name__)
 _MAIN_KEYS = ("init_main_from_name", "init_main_from_path")
 _PACKAGE = __name__.rpartition(".")[0]
 _local = threading.local()
-_install_lock = threading.Lock()
+_install_lock = fork_locks.lock()
 _WRAPPED = "_lerobot_dali_skips_main"
 
 

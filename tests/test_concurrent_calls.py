@@ -101,7 +101,7 @@ def test_a_key_stays_one_threads_while_another_waits_for_it(monkeypatch) -> None
         def __exit__(self, *exc: object) -> None:
             self._lock.release()
 
-    monkeypatch.setattr(concurrent_calls, "threading", SimpleNamespace(Lock=WatchedLock))
+    monkeypatch.setattr(concurrent_calls, "fork_locks", SimpleNamespace(lock=WatchedLock))
     inside: list[str] = []
     entered = {name: threading.Event() for name in "ABC"}
     leave = {name: threading.Event() for name in "ABC"}

@@ -174,3 +174,71 @@ def test_a_fork_while_another_thread_builds_or_closes_a_pipeline(make_ds, point:
     )  # fmt: skip
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
     assert json.loads(done.stdout) == {"child_exit": 0, "got": [[0, 1], [2, 3]]}
+
+
+#: A thread holds the locks of the package's shared objects and modules that an iterator takes (what a thread reading
+#: batches may hold at any moment) while the main thread forks; the child builds an iterator of its own and reads its
+#: epoch (killed if it has not within 60 s). Prints the child's rows, or "hung", and those of the parent's own epoch.
+FORK_WHILE_LOCKS_ARE_HELD = """
+import json, os, signal, sys, threading, time
+from lerobot_dali import DALILeRobotIterator, clips, episode_rows, io_stats, open_files, packet_index_cache, said_once
+
+LOCKS = [open_files.DECODERS._lock, open_files.DATA_FILES._lock, said_once._lock, clips._templates_lock,
+         io_stats._stats_lock, episode_rows._READ_LOCKS_LOCK, packet_index_cache._DEFAULT_CACHE._lock]
+
+def epoch(ds, workers):
+    it = DALILeRobotIterator(ds, batch_size=2, device="cpu", decode="cpu", num_workers=workers, shuffle=False)
+    rows = [row for batch in it for row in batch["index"].tolist()]
+    it.close()
+    return rows
+
+def hold(taken, done):
+    for lock in LOCKS:
+        lock.acquire()
+    taken.set()
+    done.wait()
+    for lock in LOCKS:
+        lock.release()
+
+def main():
+    ds, workers = sys.argv[1], int(sys.argv[2])
+    read = epoch(ds, workers)
+    taken, done = threading.Event(), threading.Event()
+    holder = threading.Thread(target=hold, args=(taken, done))
+    holder.start()
+    taken.wait()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, json.dumps(epoch(ds, workers)).encode())
+        os._exit(0)
+    os.close(w)
+    deadline = time.monotonic() + 60
+    while not (ended := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not ended[0]:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    child = json.loads(os.read(r, 1 << 16) or b'"hung"') if ended[0] else "hung"
+    done.set()
+    holder.join()
+    print(json.dumps({"child": child, "parent": read}))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_child_reads_its_own_iterator_while_a_parent_thread_held_the_shared_locks(make_ds, num_workers) -> None:
+    # Only the forking thread lives on in the child: a lock another thread held at the fork stayed held for ever there,
+    # and the child's own iterator hung on each of these 7 (0 workers; each alone): the open-file shares, said_once,
+    # the clip templates, io_stats, the parquet read locks' guard and the packet index cache.
+    ds = make_ds(episodes=2, frames_per_episode=30)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(FORK_WHILE_LOCKS_ARE_HELD), str(ds), str(num_workers)],
+        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
+    )  # fmt: skip
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert json.loads(done.stdout) == {"child": list(range(60)), "parent": list(range(60))}

@@ -1,0 +1,49 @@
+"""Locks a child forked from this process (``os.fork``, multiprocessing's ``fork``) finds free.
+
+Only the thread that forks lives on in the child: a lock another thread of the parent held at that moment stays held
+there for ever, and the child's first use of it waits for ever. A child may build and read an iterator of its own, and
+that takes the module-level locks (said_once's, the clip templates') and those of the objects every iterator of a
+process shares (the open-file shares, the packet index cache) that a reading thread of the parent may hold at the fork.
+The locks made here are made free again in the child, as Python's own are (logging's handlers', concurrent.futures'):
+``_at_fork_reinit`` in an ``os.register_at_fork`` hook. The parent's locks are never touched.
+
+Not for a lock the forking thread itself may hold at the fork: the child would find it free, and its release fail.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import Any
+
+__all__ = ["lock", "rlock"]
+
+#: Every lock made here that is still in use: renewed in a forked child.
+_made: weakref.WeakSet[Any] = weakref.WeakSet()
+_guard = threading.Lock()  # (WeakSet.add from several threads)
+
+
+def lock() -> threading.Lock:
+    """A ``threading.Lock`` that a forked child finds free."""
+    return _kept(threading.Lock())
+
+
+def rlock() -> threading.RLock:
+    """A ``threading.RLock`` that a forked child finds free (owned by no thread)."""
+    return _kept(threading.RLock())
+
+
+def _kept(made: Any) -> Any:
+    with _guard:
+        _made.add(made)
+    return made
+
+
+def _free_in_child() -> None:
+    _guard._at_fork_reinit()  # type: ignore[attr-defined]
+    for made in list(_made):
+        made._at_fork_reinit()
+
+
+os.register_at_fork(after_in_child=_free_in_child)

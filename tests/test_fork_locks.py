@@ -1,0 +1,107 @@
+"""A lock another thread holds at a fork (``os.fork``) is free in the child, and still held in the parent."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lerobot_dali import (
+    clips,
+    decode_route,
+    episode_rows,
+    exit_close,
+    fork_locks,
+    io_stats,
+    iterator,
+    keyframe_sizes,
+    literal_parsing,
+    open_files,
+    packet_index_cache,
+    packet_index_store,
+    said_once,
+    worker_start,
+)
+
+
+@contextmanager
+def held_by_a_thread(lock: Any) -> Iterator[None]:
+    """``lock`` held by another thread within the block."""
+    taken, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            taken.set()
+            done.wait()
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    taken.wait()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def free_in_child(lock: Any) -> bool:
+    """Whether a child forked now takes ``lock`` at once (and releases it); the parent's is left as it is."""
+    pid = os.fork()
+    if pid == 0:  # (never back into pytest: os._exit)
+        free = lock.acquire(blocking=False)
+        if free:
+            lock.release()
+        os._exit(0 if free else 1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+@pytest.mark.parametrize("make", [fork_locks.lock, fork_locks.rlock])
+def test_a_lock_held_by_another_thread_at_the_fork_is_free_in_the_child_only(make: Callable[[], Any]) -> None:
+    lock = make()
+    with held_by_a_thread(lock):
+        assert free_in_child(lock)
+        assert not lock.acquire(blocking=False)  # (the parent's: still its thread's)
+    assert lock.acquire(blocking=False)
+
+
+def _parquet_read_lock(tmp_path: Any) -> Any:
+    pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "a.parquet")
+    return episode_rows._read_lock(pq.ParquetFile(tmp_path / "a.parquet"))
+
+
+#: The locks a child's own iterator takes, and others of the package's modules and shared objects: with a thread of
+#: the parent holding one at the fork, a child that built an iterator of its own and read an epoch hung for ever in 7
+#: of these (both open-file shares, said_once, clips, io_stats, the parquet read locks' guard, the packet index
+#: cache), 0 or 2 workers.
+PACKAGE_LOCKS: dict[str, Callable[[Any], Any]] = {
+    "open_files.DECODERS": lambda _: open_files.DECODERS._lock,
+    "open_files.DATA_FILES": lambda _: open_files.DATA_FILES._lock,
+    "said_once": lambda _: said_once._lock,
+    "clips.templates": lambda _: clips._templates_lock,
+    "io_stats": lambda _: io_stats._stats_lock,
+    "episode_rows.read_locks": lambda _: episode_rows._READ_LOCKS_LOCK,
+    "episode_rows.a_parquet_read": _parquet_read_lock,
+    "episode_rows.parquet_cache": lambda _: episode_rows.ParquetCache(open)._lock,
+    "packet_index_cache": lambda _: packet_index_cache._DEFAULT_CACHE._lock,
+    "decode_route.probe": lambda _: decode_route._probe_lock,
+    "decode_route.probing": lambda _: decode_route._probing._guard,
+    "keyframe_sizes": lambda _: keyframe_sizes._template_facts_lock,
+    "literal_parsing": lambda _: literal_parsing.PARSE_LOCK,
+    "packet_index_store": lambda _: packet_index_store._REFUSED_LOCK,
+    "worker_start": lambda _: worker_start._install_lock,
+    "iterator.workers_close": lambda _: iterator._workers_close_lock,
+    "exit_close": lambda _: exit_close._lock,
+}
+
+
+@pytest.mark.parametrize("name", PACKAGE_LOCKS)
+def test_the_package_locks_are_free_in_a_forked_child(name: str, tmp_path: Any) -> None:
+    lock = PACKAGE_LOCKS[name](tmp_path)
+    with held_by_a_thread(lock):
+        assert free_in_child(lock)
