@@ -12,7 +12,6 @@ import json
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from functools import cached_property
 from typing import Any
 
 import fsspec
@@ -25,6 +24,7 @@ from .dataset_info import DatasetInfo
 from .dataset_location import open_if_present
 from .episode_rows import damaged_parquet_as, read_parquet
 from .errors import DatasetError, EpisodeMetadataError, cameras_hint, listing_hint
+from .fork_locks import cached_property
 from .pickled_columns import PickledColumn, narrowed, shared, widened
 from .said_once import say_once
 from .value_checks import required_whole_number

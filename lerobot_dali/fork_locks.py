@@ -12,12 +12,16 @@ Not for a lock the forking thread itself may hold at the fork: the child would f
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-__all__ = ["lock", "rlock"]
+__all__ = ["cached_property", "lock", "rlock"]
+
+T = TypeVar("T")
 
 #: Every lock made here that is still in use: renewed in a forked child.
 _made: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -32,6 +36,16 @@ def lock() -> threading.Lock:
 def rlock() -> threading.RLock:
     """A ``threading.RLock`` that a forked child finds free (owned by no thread)."""
     return _kept(threading.RLock())
+
+
+def cached_property(compute: Callable[[Any], T]) -> functools.cached_property[T]:
+    """``functools.cached_property`` whose lock a forked child finds free: Python 3.11's takes one lock per class
+    attribute, held while any instance computes it (a parent thread computing an episode table's file ids at the fork
+    hung the child's own iterator for ever; Python 3.12 takes none)."""
+    made = functools.cached_property(compute)
+    if hasattr(made, "lock"):
+        made.lock = rlock()
+    return made
 
 
 def _kept(made: Any) -> Any:

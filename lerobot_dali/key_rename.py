@@ -12,13 +12,13 @@ import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from typing import Any
 
 from .augment_config import AugmentConfig
 from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import LeRobotDatasetReader
 from .errors import DatasetError
+from .fork_locks import cached_property
 from .said_once import warn_once
 from .windows import PAD_SUFFIX
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import enum
-import functools
 import heapq
 import logging
 import math
@@ -262,7 +261,7 @@ class _RankStream:
     lengths: np.ndarray
     first_draw: np.ndarray
 
-    @functools.cached_property
+    @fork_locks.cached_property
     def natural(self) -> int:
         """Draws of the rank's own frames (asked per batch: a sum over its episodes, 0.2 ms at 92,000)."""
         return int((self.lengths - self.first_draw).sum())

@@ -16,16 +16,19 @@ from lerobot_dali import (
     clips,
     decode_route,
     episode_rows,
+    episode_table,
     exit_close,
     fork_locks,
     io_stats,
     iterator,
+    key_rename,
     keyframe_sizes,
     literal_parsing,
     open_files,
     packet_index_cache,
     packet_index_store,
     said_once,
+    sample_order,
     worker_start,
 )
 
@@ -76,9 +79,9 @@ def _parquet_read_lock(tmp_path: Any) -> Any:
 
 
 #: The locks a child's own iterator takes, and others of the package's modules and shared objects: with a thread of
-#: the parent holding one at the fork, a child that built an iterator of its own and read an epoch hung for ever in 7
+#: the parent holding one at the fork, a child that built an iterator of its own and read an epoch hung for ever in 10
 #: of these (both open-file shares, said_once, clips, io_stats, the parquet read locks' guard, the packet index
-#: cache), 0 or 2 workers.
+#: cache, Python 3.11's cached_property locks of the episode table and the rank stream).
 PACKAGE_LOCKS: dict[str, Callable[[Any], Any]] = {
     "open_files.DECODERS": lambda _: open_files.DECODERS._lock,
     "open_files.DATA_FILES": lambda _: open_files.DATA_FILES._lock,
@@ -97,6 +100,13 @@ PACKAGE_LOCKS: dict[str, Callable[[Any], Any]] = {
     "worker_start": lambda _: worker_start._install_lock,
     "iterator.workers_close": lambda _: iterator._workers_close_lock,
     "exit_close": lambda _: exit_close._lock,
+    # (Python 3.11's functools.cached_property: one lock per class attribute; 3.12's has none)
+    "episode_table.data_file_id": lambda _: getattr(
+        episode_table.EpisodeTable._data_file_id, "lock", fork_locks.lock()
+    ),
+    "episode_table.rows_read": lambda _: getattr(episode_table.EpisodeTable._rows_read, "lock", fork_locks.lock()),
+    "sample_order.natural": lambda _: getattr(sample_order._RankStream.natural, "lock", fork_locks.lock()),
+    "key_rename": lambda _: getattr(key_rename.KeyRename._to_own, "lock", fork_locks.lock()),
 }
 
 
