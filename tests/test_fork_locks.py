@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -115,3 +117,19 @@ def test_the_package_locks_are_free_in_a_forked_child(name: str, tmp_path: Any) 
     lock = PACKAGE_LOCKS[name](tmp_path)
     with held_by_a_thread(lock):
         assert free_in_child(lock)
+
+
+def test_the_package_makes_its_locks_here_only() -> None:
+    # A lock made elsewhere stays held for ever in a forked child where a thread of the parent held it at the fork.
+    made_elsewhere = re.compile(
+        r"threading\.R?Lock\(\)|threading\.Condition\(\)|functools\.cached_property"
+        r"|^from functools import .*cached_property",
+        re.M,
+    )
+    package = Path(fork_locks.__file__).parent
+    found = {
+        path.name: made_elsewhere.findall(path.read_text(encoding="utf-8"))
+        for path in package.glob("*.py")
+        if path.name != "fork_locks.py"
+    }
+    assert {name: made for name, made in found.items() if made} == {}
