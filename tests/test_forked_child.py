@@ -181,10 +181,14 @@ def test_a_fork_while_another_thread_builds_or_closes_a_pipeline(make_ds, point:
 #: epoch (killed if it has not within 60 s). Prints the child's rows, or "hung", and those of the parent's own epoch.
 FORK_WHILE_LOCKS_ARE_HELD = """
 import json, os, signal, sys, threading, time
-from lerobot_dali import DALILeRobotIterator, clips, episode_rows, io_stats, open_files, packet_index_cache, said_once
+from lerobot_dali import DALILeRobotIterator, clips, episode_rows, io_stats, iterator, open_files, packet_index_cache
+from lerobot_dali import said_once
+from lerobot_dali.episode_table import EpisodeTable
 
 LOCKS = [open_files.DECODERS._lock, open_files.DATA_FILES._lock, said_once._lock, clips._templates_lock,
-         io_stats._stats_lock, episode_rows._READ_LOCKS_LOCK, packet_index_cache._DEFAULT_CACHE._lock]
+         io_stats._stats_lock, episode_rows._READ_LOCKS_LOCK, packet_index_cache._DEFAULT_CACHE._lock,
+         iterator._workers_close_lock]
+LOCKS += [EpisodeTable._data_file_id.lock] if sys.version_info < (3, 12) else []  # (cached_property)
 
 def epoch(ds, workers):
     it = DALILeRobotIterator(ds, batch_size=2, device="cpu", decode="cpu", num_workers=workers, shuffle=False)
@@ -232,8 +236,9 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_child_reads_its_own_iterator_while_a_parent_thread_held_the_shared_locks(make_ds, num_workers) -> None:
     # Only the forking thread lives on in the child: a lock another thread held at the fork stayed held for ever there,
-    # and the child's own iterator hung on each of these 7 (0 workers; each alone): the open-file shares, said_once,
-    # the clip templates, io_stats, the parquet read locks' guard and the packet index cache.
+    # and the child's own iterator hung on each of these held alone: the open-file shares, said_once, the parquet read
+    # locks' guard, the packet index cache, the episode table's file ids (0 or 2 workers), the clip templates and
+    # io_stats (0), the worker pools' close (2).
     ds = make_ds(episodes=2, frames_per_episode=30)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
