@@ -22,7 +22,8 @@ Order of operations (each skipped when not configured):
    about the image mean; the fixed order and centre keep every frame of a window on the same transform.
    Hue turns the YIQ chroma plane, not torchvision's HSV hue (:class:`ColorJitter` says how they differ).
 5. ``sharpness``: torchvision's ``adjust_sharpness`` with a random factor: ``fn.filter`` with its 3x3
-   smoothing kernel less the identity over the inside of the frame (the one-pixel border is kept, as there),
+   smoothing kernel less the identity over the inside of the frame (the one-pixel border is kept, as there, so
+   a frame of 2 pixels or fewer a side is left as it is),
    scaled by (1 - factor) and added to the frame; within half a level of torchvision on float frames.
 6. ``blur``: ``fn.gaussian_blur`` with a random sigma, applied with ``probability`` (a skipped sample gets
    a 1-tap kernel, which is the identity).
@@ -59,6 +60,7 @@ from typing import Any, cast
 
 import numpy as np
 from nvidia.dali import fn, types
+from nvidia.dali import math as dmath
 from nvidia.dali.data_node import DataNode
 
 from .augment_config import (
@@ -200,7 +202,7 @@ def augment_frames(
     if cfg.color_jitter is not None:
         x = _color_jitter(x, cfg.color_jitter, d, grey=channels == 1)
         steps.append("color_jitter")
-    if cfg.sharpness is not None and range_of(cfg.sharpness.factor) != (1.0, 1.0):
+    if cfg.sharpness is not None and range_of(cfg.sharpness.factor) != (1.0, 1.0) and not _too_small(size):
         x = _sharpness(x, cfg.sharpness, size, d)
         steps.append("sharpness")
     if cfg.blur is not None and cfg.blur.probability > 0:
@@ -284,17 +286,29 @@ def _color_jitter(x: DataNode, jitter: ColorJitter, d: Mapping[str, DataNode], *
 _SMOOTHED_LESS_FRAME = np.array([[1, 1, 1], [1, 5 - 13, 1], [1, 1, 1]], dtype=np.float32) / 13
 
 
+def _too_small(size: tuple[int, int] | None) -> bool:
+    """Whether frames of ``size`` have no inside for the sharpness step (a side of 2 pixels or fewer), which
+    torchvision's ``adjust_sharpness`` returns as they are."""
+    return size is not None and min(size) <= 2
+
+
 def _sharpness(
     x: DataNode, sharpness: SharpnessJitter, size: tuple[int, int] | None, d: Mapping[str, DataNode]
 ) -> DataNode:
     factor = _param(d, "sharpness", sharpness.factor)
     frames = fn.cast(x, dtype=types.DALIDataType.FLOAT)
-    # Inside only ("valid": (H - 2, W - 2)), then padded back with zeros: torchvision keeps the border pixels.
-    inside = fn.filter(frames, types.Constant(_SMOOTHED_LESS_FRAME), mode="valid")
+    kernel = types.Constant(_SMOOTHED_LESS_FRAME)
+    # The detail inside only, then padded back with zeros: torchvision keeps the border pixels, and so leaves a
+    # frame of 2 pixels or fewer a side unchanged (a "valid" filter of such a frame fails, so its inside is cut
+    # from a "same" one, 0 wide there, when its size is known only per sample).
     if size is not None:
         hw: Any = list(size)
+        inside = fn.filter(frames, kernel, mode="valid")
     else:
         hw = x.shape(dtype=types.DALIDataType.INT32)[1:3]  # F, H, W, C
+        inner = dmath.max(hw - 2, 0)
+        same = fn.filter(frames, kernel, border="constant")
+        inside = fn.slice(same, start=[1, 1], shape=inner, axes=[1, 2], out_of_bounds_policy="pad", fill_values=0)
     detail = fn.slice(inside, start=[-1, -1], shape=hw, axes=[1, 2], out_of_bounds_policy="pad", fill_values=0)
     # (DALI moves a CPU factor to the GPU for GPU frames.) float -> uint8 rounds to nearest and saturates, as the
     # clamp of torchvision's blend does.

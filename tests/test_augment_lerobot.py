@@ -12,7 +12,7 @@ import pytest
 
 from lerobot_dali.augment import AugmentConfig, ColorJitter, RandomAffine, RandomSubset, SharpnessJitter
 from lerobot_dali.augment_draws import draw_names, draw_params
-from tests.test_augment import EVERYTHING, RANDOM_CONFIGS, augment, distinct_windows, draw_keys
+from tests.test_augment import EVERYTHING, RANDOM_CONFIGS, augment, distinct_windows, draw_keys, run_augmented
 
 #: LeRobot 0.4.4's ``ImageTransformsConfig(enable=True)`` as ``dataclasses.asdict`` (a train config's JSON) gives it.
 LEROBOT_DEFAULT: dict[str, Any] = {
@@ -76,6 +76,25 @@ def test_sharpness_draws_a_factor_per_sample_in_its_range() -> None:
     for i, factor in enumerate(drawn):
         expected = _sharpened(data[i : i + 1], float(factor)).transpose(0, 1, 4, 2, 3)
         assert np.abs(out[i : i + 1] - expected).max() <= 0.5 + 1e-4, i
+
+
+@pytest.mark.parametrize("size", [(1, 1), (2, 2), (2, 7), (5, 1), (3, 3), (3, 4)])
+@pytest.mark.parametrize("channels", [3, 1])
+def test_sharpness_of_tiny_frames_keeps_their_border_as_torchvision(size: tuple[int, int], channels: int) -> None:
+    # A frame of 2 pixels or fewer a side has no inside: torchvision returns it as it is. Its size known while the
+    # graph is built (output_size) or only per sample (frames at their own size): a "valid" 3x3 filter failed both.
+    rng = np.random.default_rng(3)
+    data = rng.integers(0, 256, (2, 2, *size, channels), dtype=np.uint8)
+    config = AugmentConfig(sharpness=SharpnessJitter(factor=(0.0, 0.0)))
+    expected = _sharpened(data, 0.0).transpose(0, 1, 4, 2, 3)
+    for out in (
+        run_augmented(config, data, return_uint8=True, channels=channels)[0][0],
+        run_augmented(config, data, return_uint8=True, channels=channels, output_size=size)[0][0],
+    ):
+        assert out.shape == expected.shape
+        assert np.abs(out - expected).max() <= 0.5 + 1e-6
+        if min(size) <= 2:  # (expected is the frame itself there)
+            np.testing.assert_array_equal(out, data.transpose(0, 1, 4, 2, 3))
 
 
 # --- the random subset -------------------------------------------------------------------------------
