@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .augment_config import AugmentConfig, ColorJitter, RandomAffine, RandomSubset, SharpnessJitter
-from .value_checks import is_number
+from .value_checks import is_int, is_number
 
 __all__ = ["augment_config_from_lerobot"]
 
@@ -46,9 +46,9 @@ def augment_config_from_lerobot(cfg: object) -> AugmentConfig:
     transform, as LeRobot's defaults have it; several in one are refused when only some transforms are picked
     per sample), ``SharpnessJitter`` and ``RandomAffine`` (degrees, translate, scale; no shear); any other type
     is refused by name. ``max_num_transforms`` below the number of transforms becomes a :class:`RandomSubset`
-    with their weights. ``enable=false`` gives the config that does nothing. Each camera draws on its own, as
-    LeRobot's dataset applies the transform to each camera separately; the frames of one window share a draw,
-    as LeRobot's transform of a (T, C, H, W) tensor does.
+    with their weights. ``enable=false`` or ``max_num_transforms=0`` gives the config that does nothing, as in
+    LeRobot. Each camera draws on its own, as LeRobot's dataset applies the transform to each camera separately;
+    the frames of one window share a draw, as LeRobot's transform of a (T, C, H, W) tensor does.
 
     What differs from LeRobot (see :mod:`lerobot_dali.augment`): transforms run in this project's fixed order,
     affine before the colour jitter and sharpness (LeRobot: the listed order, affine last by default), so the two
@@ -84,6 +84,7 @@ def augment_config_from_lerobot(cfg: object) -> AugmentConfig:
         if unknown:
             raise ValueError(f"{where}: {kind} option(s) {unknown} are not supported; allowed: {list(_KWARGS[kind])}")
         if kind == "ColorJitter":
+            kwargs = {k: v for k, v in kwargs.items() if v is not None}  # (torchvision: None leaves that factor be)
             factors = tuple(k for k in _KWARGS[kind] if k in kwargs)
             taken = sorted(set(factors) & set(jitter))
             if taken or not factors:
@@ -99,16 +100,19 @@ def augment_config_from_lerobot(cfg: object) -> AugmentConfig:
             sharpness = SharpnessJitter(factor=kwargs["sharpness"])
             members_of[name] = ("sharpness",)
         else:
-            if affine is not None:
-                raise ValueError(f"{where}: one RandomAffine is supported")
+            if affine is not None or "degrees" not in kwargs:
+                raise ValueError(f"{where}: one RandomAffine with its 'degrees' (as torchvision's needs) is supported")
             affine = RandomAffine(
-                degrees=kwargs.get("degrees", 0.0),
+                degrees=kwargs["degrees"],
                 translate=kwargs.get("translate") or (0.0, 0.0),
                 scale=kwargs.get("scale") or (1.0, 1.0),
             )
             members_of[name] = ("affine",)
         weights.update(dict.fromkeys(members_of[name], float(weight)))
-    subset = _subset(_field(cfg, "max_num_transforms"), _field(cfg, "random_order"), weights, members_of)
+    max_num_transforms = _field(cfg, "max_num_transforms")
+    if is_int(max_num_transforms) and max_num_transforms == 0:  # LeRobot's RandomSubsetApply of none: its Identity
+        return AugmentConfig()
+    subset = _subset(max_num_transforms, _field(cfg, "random_order"), weights, members_of)
     return AugmentConfig(
         affine=affine,
         color_jitter=ColorJitter(**jitter) if jitter else None,

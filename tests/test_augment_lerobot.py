@@ -295,6 +295,19 @@ def test_from_lerobot_follows_enable_weights_and_max_num_transforms() -> None:
     assert AugmentConfig.from_lerobot(_lerobot(max_num_transforms=1, random_order=True)).random_subset is not None
 
 
+def test_from_lerobot_takes_what_lerobot_runs_and_refuses_what_it_refuses() -> None:
+    # LeRobot 0.4.4 runs max_num_transforms=0 as its Identity, and a ColorJitter factor of None (torchvision: off)
+    assert AugmentConfig.from_lerobot(_lerobot(max_num_transforms=0)) == AugmentConfig()
+    off = {"weight": 1.0, "type": "ColorJitter", "kwargs": {"brightness": None, "contrast": [0.8, 1.2]}}
+    config = AugmentConfig.from_lerobot(_lerobot(max_num_transforms=1, tfs={"brightness": off, "contrast": None}))
+    assert config.color_jitter is not None and config.color_jitter.brightness == (1.0, 1.0)
+    assert config.color_jitter.contrast == (0.8, 1.2)
+    # and refuses a RandomAffine without degrees (torchvision's TypeError), which ran here unrotated
+    shifted = {"weight": 1.0, "type": "RandomAffine", "kwargs": {"translate": [0.1, 0.1]}}
+    with pytest.raises(ValueError, match="'degrees'"):
+        AugmentConfig.from_lerobot(_lerobot(tfs={"affine": shifted}))
+
+
 @pytest.mark.parametrize(
     ("raw", "match"),
     [
