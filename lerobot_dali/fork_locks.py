@@ -7,7 +7,10 @@ process shares (the open-file shares, the packet index cache) that a reading thr
 The locks made here are made free again in the child, as Python's own are (logging's handlers', concurrent.futures'):
 ``_at_fork_reinit`` in an ``os.register_at_fork`` hook. The parent's locks are never touched.
 
-Not for a lock the forking thread itself may hold at the fork: the child would find it free, and its release fail.
+An RLock the forking thread itself holds at the fork (a signal handler's fork inside a ``with``, or one within a
+cached_property's compute) is left as it is in the child, still that thread's: made free, the child carrying on from
+the fork raised ``RuntimeError`` as it released it. A plain ``lock()`` has no owner to tell: one the forking thread
+holds is free in the child too, and its release there raises; take an ``rlock()`` where the thread holding it may fork.
 """
 
 from __future__ import annotations
@@ -57,7 +60,14 @@ def _kept(made: Any) -> Any:
 def _free_in_child() -> None:
     _guard._at_fork_reinit()  # type: ignore[attr-defined]
     for made in list(_made):
-        made._at_fork_reinit()
+        if not _owned_here(made):
+            made._at_fork_reinit()
+
+
+def _owned_here(made: Any) -> bool:
+    """Whether ``made`` is an RLock the forking thread holds (the child's only thread is that thread, same ident)."""
+    is_owned = getattr(made, "_is_owned", None)
+    return is_owned is not None and bool(is_owned())
 
 
 os.register_at_fork(after_in_child=_free_in_child)

@@ -75,6 +75,53 @@ def test_a_lock_held_by_another_thread_at_the_fork_is_free_in_the_child_only(mak
     assert lock.acquire(blocking=False)
 
 
+def released_in_child(lock: Any, times: int) -> bool:
+    """Whether a child forked now, carrying on as the thread that took ``lock`` ``times`` times, releases it as often
+    and then finds it free."""
+    pid = os.fork()
+    if pid == 0:  # (never back into pytest: os._exit)
+        try:
+            for _ in range(times):
+                lock.release()
+            free = lock.acquire(blocking=False)
+        except RuntimeError:
+            os._exit(1)
+        os._exit(0 if free else 1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+@pytest.mark.parametrize("times", [1, 2])
+def test_an_rlock_the_forking_thread_holds_stays_its_own_in_the_child(times: int) -> None:
+    # A signal handler's fork inside a ``with``, the child carrying on: made free, its release raised RuntimeError
+    # ("cannot release un-acquired lock"), 1 of 1 at each depth.
+    lock = fork_locks.rlock()
+    for _ in range(times):
+        lock.acquire()
+    assert released_in_child(lock, times)
+    for _ in range(times):
+        lock.release()  # (the parent's: still its own)
+
+
+def test_a_cached_property_computed_on_the_forking_thread_returns_in_the_child() -> None:
+    # Python 3.11 computes under the attribute's lock: a child forked within the compute raised RuntimeError as it
+    # returned (1 of 1).
+    class Forking:
+        @fork_locks.cached_property
+        def pid(self) -> int:
+            return os.fork()
+
+    parent = os.getpid()
+    try:
+        pid = Forking().pid
+    except RuntimeError:
+        if os.getpid() != parent:
+            os._exit(1)  # (never back into pytest)
+        raise
+    if pid == 0:
+        os._exit(0)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
 def _parquet_read_lock(tmp_path: Any) -> Any:
     pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "a.parquet")
     return episode_rows._read_lock(pq.ParquetFile(tmp_path / "a.parquet"))
