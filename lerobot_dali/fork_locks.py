@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["cached_property", "lock", "rlock"]
+__all__ = ["cached_property", "condition", "lock", "rlock"]
 
 T = TypeVar("T")
 
@@ -39,6 +39,13 @@ def lock() -> threading.Lock:
 def rlock() -> threading.RLock:
     """A ``threading.RLock`` that a forked child finds free (owned by no thread)."""
     return _kept(threading.RLock())
+
+
+def condition(over: Any = None) -> threading.Condition:
+    """A ``threading.Condition`` (over ``over``, one of :func:`lock` or :func:`rlock`'s; default a new RLock) that a
+    forked child finds free and without waiters: the parent's threads waiting on it at the fork took the child's
+    ``notify()``, and the child's waiter was never woken (1 of 1)."""
+    return _kept(threading.Condition(threading.RLock() if over is None else over))
 
 
 def cached_property(compute: Callable[[Any], T]) -> functools.cached_property[T]:
@@ -61,7 +68,9 @@ def _free_in_child() -> None:
     _guard._at_fork_reinit()  # type: ignore[attr-defined]
     for made in list(_made):
         if not _owned_here(made):
-            made._at_fork_reinit()
+            made._at_fork_reinit()  # (a Condition's also forgets its waiters)
+        elif isinstance(made, threading.Condition):  # (its waiters are the parent's threads)
+            made._waiters.clear()  # type: ignore[attr-defined]
 
 
 def _owned_here(made: Any) -> bool:

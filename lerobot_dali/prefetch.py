@@ -76,10 +76,10 @@ class Prefetcher:
         self._pool = ThreadPool(threads)
         self._target: tuple[int, int] | None = None
         self._done: tuple[int, int] | None = None
-        self._wake = threading.Condition(fork_locks.rlock())
+        self._wake = fork_locks.condition()
         self._filling = fork_locks.lock()  # one fill at a time: warm() may meet a background fill
         self._filler: int | None = None  # the thread filling (holding the lock), by ident
-        self._reading = threading.Condition(fork_locks.rlock())  # (notified as each admission's metadata read ends)
+        self._reading = fork_locks.condition()  # (notified as each admission's metadata read ends)
         self._readers: set[int] = set()  # threads whose admission reads its episode's metadata, by ident
         self._admitting: set[int] = set()  # threads whose admission is inside the cache, by ident
         self._closed = False

@@ -155,7 +155,7 @@ class RangeCache:
         #: Threads writing to the folder now (an entry, or an adopted one checked): close() waits for them, and none
         #: starts once it is closed (the folder may be another cache's by then: a fetch left running wrote there).
         self._writing = 0
-        self._written = threading.Condition(self._lock)
+        self._written = fork_locks.condition(self._lock)
         self._warned_full = False
         self._warned_write = False
         self._lock_file = _lock_directory(self.directory)

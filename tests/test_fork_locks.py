@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -122,6 +123,36 @@ def test_a_cached_property_computed_on_the_forking_thread_returns_in_the_child()
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
 
 
+def test_a_condition_forgets_the_parents_waiters_in_a_forked_child() -> None:
+    # A parent thread waiting at the fork took the child's notify(): the child's waiter timed out (1 of 1).
+    condition = fork_locks.condition()
+    waiting = threading.Thread(target=lambda: [condition.acquire(), condition.wait(), condition.release()], daemon=True)
+    waiting.start()
+    while not condition._waiters:  # type: ignore[attr-defined]
+        time.sleep(0.01)
+    pid = os.fork()
+    if pid == 0:  # (never back into pytest: os._exit)
+        woken: list[bool] = []
+
+        def wait() -> None:
+            with condition:
+                woken.append(condition.wait(timeout=2))
+
+        child_waiter = threading.Thread(target=wait)
+        child_waiter.start()
+        while not condition._waiters:  # type: ignore[attr-defined]
+            time.sleep(0.01)
+        time.sleep(0.1)  # (the child's waiter in wait(), behind any parent's)
+        with condition:
+            condition.notify()
+        child_waiter.join()
+        os._exit(0 if woken == [True] else 1)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    with condition:
+        condition.notify()
+    waiting.join()
+
+
 def _parquet_read_lock(tmp_path: Any) -> Any:
     pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "a.parquet")
     return episode_rows._read_lock(pq.ParquetFile(tmp_path / "a.parquet"))
@@ -169,7 +200,7 @@ def test_the_package_locks_are_free_in_a_forked_child(name: str, tmp_path: Any) 
 def test_the_package_makes_its_locks_here_only() -> None:
     # A lock made elsewhere stays held for ever in a forked child where a thread of the parent held it at the fork.
     made_elsewhere = re.compile(
-        r"threading\.R?Lock\(\)|threading\.Condition\(\)|functools\.cached_property"
+        r"threading\.R?Lock\(\)|threading\.Condition\(|functools\.cached_property"
         r"|^from functools import .*cached_property",
         re.M,
     )
