@@ -89,7 +89,7 @@ def cache_root() -> Path:
             Path(xdg) / "lerobot_dali" if os.path.isabs(xdg) else Path(_temporary_dir()) / f"lerobot_dali-{os.getuid()}"
         )
         warn_once(logger, "no home directory ($HOME unset and uid %d has no passwd entry): caches go to %s; set $%s "
-                  "to keep them elsewhere", os.getuid(), root, CACHE_ENV)  # fmt: skip
+                  "to an absolute folder to keep them elsewhere", os.getuid(), root, CACHE_ENV)  # fmt: skip
         return root
 
 
