@@ -259,7 +259,11 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         "trains Diffusion Policy (7); default: the recipe's, else 0",
     )
     p.add_argument("--image-size", type=int, nargs=2, metavar=("H", "W"), help="resize cameras on the device")
-    p.add_argument("--augment", type=Path, help="augmentation TOML (pipelines/recipes/augment_example.toml)")
+    p.add_argument(
+        "--augment", type=Path,
+        help="augmentation TOML (pipelines/recipes/augment_example.toml), or a .json of LeRobot's image transforms "
+        "(a train_config.json: its dataset.image_transforms)",
+    )  # fmt: skip
     p.add_argument(
         "--decode", default="auto", metavar="{auto,gpu,cpu}",
         help="auto: NVDEC where the GPU has the codec, else the CPU; gpu: NVDEC or fail; cpu (default %(default)s)",
@@ -426,16 +430,44 @@ def data_plan(options: TrainOptions, *, fps: float, camera_keys: Sequence[str]) 
 
 
 def read_augment(path: Path) -> AugmentConfig:
-    """The ``--augment`` file; ValueError names the flag and the file (AugmentConfig's own messages, and an
-    OSError's for a file that is missing or unreadable, do not say which flag gave it)."""
+    """The ``--augment`` file: a TOML of this project's options, or a ``.json`` of LeRobot's image transforms
+    (:func:`read_lerobot_image_transforms`, mapped by ``AugmentConfig.from_lerobot``). ValueError names the flag
+    and the file (AugmentConfig's own messages, and an OSError's for a file that is missing or unreadable, do not
+    say which flag gave it)."""
     from lerobot_dali.augment_config import AugmentConfig
 
+    if path.suffix.lower() == ".json":
+        image_transforms = read_lerobot_image_transforms(path, "--augment")
+        try:
+            return AugmentConfig.from_lerobot(image_transforms)
+        except ValueError as e:
+            raise ValueError(f"--augment {path}: {e}") from e
     try:
         return AugmentConfig.from_toml(path)
     except ValueError as e:  # (invalid TOML too: tomllib's error is a ValueError)
         raise ValueError(f"--augment {path}: {e}") from e
     except OSError as e:
         raise ValueError(f"--augment {path}: {e.strerror or e}") from e
+
+
+def read_lerobot_image_transforms(path: Path, flag: str) -> dict[str, Any]:
+    """LeRobot's image-transform options (``ImageTransformsConfig``'s dict form) from a JSON file: a LeRobot
+    ``train_config.json``'s ``dataset.image_transforms``, or that dict alone. ValueError names ``flag`` and the file.
+    """
+    try:
+        document = json.loads(path.read_text())
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: {e.strerror or e}") from e
+    except ValueError as e:  # (invalid JSON, or not UTF-8)
+        raise ValueError(f"{flag} {path}: not JSON ({e})") from e
+    if isinstance(document, dict) and isinstance(document.get("dataset"), dict):
+        document = document["dataset"].get("image_transforms")
+    if not isinstance(document, dict) or "tfs" not in document:
+        raise ValueError(
+            f"{flag} {path}: expected LeRobot's image transforms, a train config's dataset.image_transforms or "
+            "that table alone (with 'tfs' and, for them to apply, 'enable': true)"
+        )
+    return document
 
 
 def check_files(options: TrainOptions) -> None:

@@ -774,6 +774,12 @@ def test_feature_stats_read_named_and_per_episode_statistics() -> None:
         (["--augment", "{tmp}/a.toml"], {"a.toml": "[color_jitter]\nbrightnes = 0.2\n"},
          r"--augment .*a\.toml: AugmentConfig\.color_jitter has unknown key\(s\) \['brightnes'\]"),
         (["--augment", "{tmp}/missing.toml"], {}, r"--augment .*missing\.toml: No such file or directory$"),
+        (["--augment", "{tmp}/a.json"], {"a.json": "{"}, r"--augment .*a\.json: not JSON \(Expecting"),
+        (["--augment", "{tmp}/a.json"], {"a.json": '{"dataset": {"repo_id": "x"}}'},
+         r"--augment .*a\.json: expected LeRobot's image transforms, a train config's dataset\.image_transforms"),
+        (["--augment", "{tmp}/a.json"],
+         {"a.json": '{"enable": true, "tfs": {"crop": {"type": "RandomCrop", "kwargs": {"size": 8}}}}'},
+         r"--augment .*a\.json: image_transforms\.tfs\.crop\.type = 'RandomCrop' has no counterpart here"),
     ],
 )  # fmt: skip
 def test_mistakes_in_flags_recipe_and_augment_files_are_one_line_errors_before_training(
