@@ -12,12 +12,18 @@ environment::
         --checkpoint-dir ckpt --save-every 1000 --resume
 
 Checkpoints are ``pipelines/train.py``'s: model, optimiser, schedule and RNG through accelerate, each rank's stream
-position, and the policy config and windows they were trained with; ``--resume`` continues exactly where the last
-one stopped. So is the rest of the run's handling, from ``pipelines/train.py``'s pieces: a preemption signal
-(SIGTERM, SIGUSR1) on any rank stops every rank at the same step boundary, saves a checkpoint there (``--output-dir``
-is left to the resumed run) and exits with status 75 (``EXIT_PREEMPTED``; rerun with ``--resume``), and
-lerobot-dali's errors about the dataset or the checkpoint while the run is set up are one logged line on each rank
-and exit status 2.
+position, and the policy config, windows and image transforms they were trained with; ``--resume`` continues
+exactly where the last one stopped. So is the rest of the run's handling, from ``pipelines/train.py``'s pieces: a
+preemption signal (SIGTERM, SIGUSR1) on any rank stops every rank at the same step boundary, saves a checkpoint
+there (``--output-dir`` is left to the resumed run) and exits with status 75 (``EXIT_PREEMPTED``; rerun with
+``--resume``), and lerobot-dali's errors about the dataset or the checkpoint while the run is set up are one logged
+line on each rank and exit status 2.
+
+``--image-transforms`` turns on LeRobot's image transforms (its ``--dataset.image_transforms.enable=true``: LeRobot's
+default ``ImageTransformsConfig``); ``--image-transforms-config FILE`` reads them from a LeRobot ``train_config.json``
+(its ``dataset.image_transforms``) or a JSON of that table, as ``enable`` there says (``--image-transforms`` enables
+them). They run on the device in the DALI graph, mapped by ``AugmentConfig.from_lerobot`` (what differs from LeRobot:
+:mod:`lerobot_dali.augment_lerobot`).
 """
 
 from __future__ import annotations
@@ -31,7 +37,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lerobot_dali.augment_config import AugmentConfig
 
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -52,6 +61,7 @@ from pipelines.train import (
     iterator_device,
     log_progress,
     make_accelerator,
+    read_lerobot_image_transforms,
     resume_latest,
     setting_up,
 )
@@ -66,6 +76,12 @@ class PolicyTrainOptions:
     policy: str = "act"
     #: Fields of the policy's LeRobot config (``chunk_size=50``, ``pretrained_backbone_weights=null``).
     policy_args: Mapping[str, Any] = field(default_factory=dict)
+    #: LeRobot's ``--dataset.image_transforms.enable=true``: its transforms on (``image_transforms_config``'s, or
+    #: LeRobot's defaults).
+    image_transforms: bool = False
+    #: LeRobot's ``ImageTransformsConfig`` as a dict (a train config's ``dataset.image_transforms``), applied as its
+    #: ``enable`` says; None: LeRobot's defaults, where ``image_transforms``.
+    image_transforms_config: Mapping[str, Any] | None = None
     steps: int = 1000
     batch_size: int = 8
     num_workers: int = 4
@@ -86,6 +102,13 @@ class PolicyTrainOptions:
             ("save_every", 0),
         )  # fmt: skip
         check_int_fields(self, checked, label=cli_flag)
+        if not isinstance(self.image_transforms, bool):
+            raise ValueError(f"image_transforms = {self.image_transforms!r} is invalid: expected true or false")
+        if self.image_transforms_config is not None and not isinstance(self.image_transforms_config, Mapping):
+            raise ValueError(
+                f"image_transforms_config = {self.image_transforms_config!r} is invalid: expected LeRobot's "
+                "ImageTransformsConfig as a dict (a train config's dataset.image_transforms) or None"
+            )
         if self.checkpoint_dir is None and (self.resume or self.save_every):
             raise ValueError("--resume and --save-every need --checkpoint-dir")
 
@@ -125,9 +148,27 @@ def parse_args(argv: Sequence[str] | None = None) -> PolicyTrainOptions:
     parser.add_argument("--checkpoint-dir", type=Path, help="checkpoints for --resume (as pipelines/train.py's)")
     parser.add_argument("--save-every", type=int, default=0, help="steps between checkpoints (0: at the end only)")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint, if any")
+    parser.add_argument(
+        "--image-transforms", action="store_true",
+        help="LeRobot's image transforms on, as its --dataset.image_transforms.enable=true (its defaults, or "
+        "--image-transforms-config's)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--image-transforms-config", type=Path, metavar="FILE",
+        help="LeRobot's image transforms from a train_config.json (its dataset.image_transforms) or a JSON of that "
+        "table; they apply as its 'enable' says, or with --image-transforms",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    values = {k: v for k, v in vars(args).items() if k != "policy_arg"}
-    return PolicyTrainOptions(**values, policy_args=dict(args.policy_arg))
+    values = {k: v for k, v in vars(args).items() if k not in ("policy_arg", "image_transforms_config")}
+    path = args.image_transforms_config
+    config = read_lerobot_image_transforms(path, "--image-transforms-config") if path is not None else None
+    options = PolicyTrainOptions(**values, policy_args=dict(args.policy_arg), image_transforms_config=config)
+    if config is not None:
+        try:
+            policy_augment(options)  # a transform with no counterpart here fails now, not once the run is set up
+        except ValueError as e:
+            raise ValueError(f"--image-transforms-config {path}: {e}") from e
+    return options
 
 
 def dataset_metadata(dataset: str, revision: str | None = None) -> Any:
@@ -163,6 +204,25 @@ def config_signature(config: Any) -> dict[str, Any]:
 
     resolved = {k: v for k, v in asdict(config).items() if k not in _NOT_THE_POLICY}
     return json.loads(json.dumps(resolved, sort_keys=True, default=str))
+
+
+def policy_augment(options: PolicyTrainOptions) -> AugmentConfig | None:
+    """The augmentation of LeRobot's image transforms the options ask for (``AugmentConfig.from_lerobot``), or
+    None where none applies. LeRobot's own defaults (``ImageTransformsConfig``) need ``lerobot`` importable."""
+    from lerobot_dali.augment_config import AugmentConfig
+
+    given = options.image_transforms_config
+    config: object
+    if given is not None:
+        config = {**given, "enable": True} if options.image_transforms else given
+    elif options.image_transforms:
+        from lerobot.datasets.transforms import ImageTransformsConfig
+
+        config = ImageTransformsConfig(enable=True)
+    else:
+        return None
+    augment = AugmentConfig.from_lerobot(config)
+    return None if augment == AugmentConfig() else augment
 
 
 def build_policy(options: PolicyTrainOptions, metadata: Any, device: str) -> tuple[Any, Any, Any]:
@@ -209,6 +269,7 @@ def train(options: PolicyTrainOptions) -> list[float]:
         with accelerator.main_process_first():  # a Hub dataset's metadata downloads once, then the others read it
             metadata = dataset_metadata(options.dataset, options.revision)
         policy, preprocessor, delta_timestamps = build_policy(options, metadata, accelerator.device.type)
+        augment = policy_augment(options)
         optimizer_config = policy.config.get_optimizer_preset()
         optimizer = optimizer_config.build(policy.get_optim_params())
         schedule = policy.config.get_scheduler_preset()
@@ -221,22 +282,26 @@ def train(options: PolicyTrainOptions) -> list[float]:
             decode=options.decode, num_workers=options.num_workers, rank=rank, world_size=world_size,
             # (as LeRobot's train script samples for the policies that ask: Diffusion Policy's last 7 frames)
             drop_n_last_frames=getattr(accelerator.unwrap_model(policy).config, "drop_n_last_frames", None) or 0,
+            augment=augment,
         )  # fmt: skip
-        # What a resume must keep: the policy's shapes and the windows follow these.
+        # What a resume must keep: the policy's shapes, the windows and the frames' augmentation follow these.
         # (a key per config field, so a mismatch names the field)
         config = config_signature(accelerator.unwrap_model(policy).config)
         data = {"policy": options.policy, **{f"policy.{k}": v for k, v in config.items()}}
         data["delta_timestamps"] = json.loads(json.dumps(delta_timestamps))
+        # (the augmentation as mapped: transforms that map alike, a weight-0 one left in, are the same)
+        data["augment"] = augment.to_dict() if augment is not None else None
         step = 0
         if options.resume and options.checkpoint_dir is not None:
             step = resume_latest(
                 accelerator, options.checkpoint_dir, iterator, data, steps=options.steps,
-                data_options="--policy and --policy-arg",
+                data_options="--policy, --policy-arg, --image-transforms and --image-transforms-config",
             )  # fmt: skip
     start_step = step
     logger.info(
-        "rank %d/%d: %s policy, steps %d..%d of %d samples, windows %s",
+        "rank %d/%d: %s policy, steps %d..%d of %d samples, windows %s, augmentation %s",
         rank, world_size, options.policy, step, options.steps, options.batch_size, delta_timestamps,
+        augment.to_dict() if augment is not None else "none",
     )  # fmt: skip
     losses: list[float] = []
     pending: list[torch.Tensor] = []  # on the device until a log line reads one back anyway: no wait for the GPU

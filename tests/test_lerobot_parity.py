@@ -668,6 +668,71 @@ def test_the_lerobot_policy_pipeline_resumes_exactly(lerobot_written, tmp_path: 
         )  # fmt: skip
 
 
+@needs_lerobot_04
+def test_the_lerobot_policy_pipeline_with_lerobots_image_transforms_resumes_with_the_same_batches(
+    lerobot_written, tmp_path: Path, monkeypatch
+) -> None:
+    """``image_transforms`` (--image-transforms: LeRobot's default ImageTransformsConfig, enabled) augments the
+    batches the policy takes, as ``AugmentConfig.from_lerobot`` maps it; a resume at step 2 takes the uninterrupted
+    run's batches 3-4 (the same augmented frames) and gives its losses; one without the transforms is refused, naming
+    them."""
+    from lerobot.datasets.transforms import ImageTransformsConfig
+
+    import lerobot_dali
+    from lerobot_dali.augment_config import AugmentConfig
+    from pipelines import lerobot_policy
+    from pipelines.train import SetupError
+
+    built: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        lerobot_dali, "DALILeRobotIterator", lambda *a, **k: built.append(k) or DALILeRobotIterator(*a, **k)
+    )
+    taken: list[dict[str, torch.Tensor]] = []
+    epoch_batches = lerobot_policy.epoch_batches
+
+    def recorded(iterator: Any) -> Any:
+        for batch, wait_s in epoch_batches(iterator):
+            taken.append({k: v.clone() for k, v in batch.items() if isinstance(v, torch.Tensor)})
+            yield batch, wait_s
+
+    monkeypatch.setattr(lerobot_policy, "epoch_batches", recorded)
+
+    def run(steps: int, checkpoints: Path, **options: Any) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
+        taken.clear()
+        losses = lerobot_policy.train(
+            lerobot_policy.PolicyTrainOptions(
+                dataset=str(lerobot_written("h264", False)), policy="act", policy_args=TINY_POLICIES["act"],
+                steps=steps, batch_size=4, num_workers=1, device="cpu", checkpoint_dir=checkpoints,
+                **{"image_transforms": True, **options},
+            )
+        )  # fmt: skip
+        return losses, list(taken)
+
+    _, plain = run(1, tmp_path / "plain", image_transforms=False)
+    assert built[-1]["augment"] is None
+    uninterrupted, batches = run(4, tmp_path / "a")
+    assert built[-1]["augment"] == AugmentConfig.from_lerobot(ImageTransformsConfig(enable=True)) != AugmentConfig()
+    cameras = [k for k in batches[0] if k.startswith("observation.images.")]
+    assert cameras and torch.equal(batches[0]["index"], plain[0]["index"])
+    assert all(not torch.equal(batches[0][k], plain[0][k]) for k in cameras)  # (the same frames, augmented)
+
+    def assert_same(ours: list[dict[str, torch.Tensor]], theirs: list[dict[str, torch.Tensor]]) -> None:
+        assert [sorted(b) for b in ours] == [sorted(b) for b in theirs]
+        for step, (mine, other) in enumerate(zip(ours, theirs, strict=True)):
+            for key in mine:
+                assert torch.equal(mine[key], other[key]), (step, key)
+
+    before, first = run(2, tmp_path / "b", save_every=2)
+    assert before == uninterrupted[:2]
+    assert_same(first, batches[:2])
+    resumed, again = run(4, tmp_path / "b", resume=True)
+    assert resumed == uninterrupted[2:]
+    assert_same(again, batches[2:])
+    refused = r"other augment \(augment: saved \{.*\}, now None\): resume with the same --policy, --policy-arg, --ima"
+    with pytest.raises(SetupError, match=refused):
+        run(6, tmp_path / "b", resume=True, image_transforms=False)
+
+
 # -- the pipeline's run as a process: preemption, set-up errors -----------------------------------------------
 POLICY_SCRIPT = Path(__file__).resolve().parents[1] / "pipelines" / "lerobot_policy.py"
 

@@ -901,6 +901,52 @@ def test_a_checkpoint_dir_holding_a_checkpoint_needs_resume_and_one_that_cannot_
     assert len(started) == 3
 
 
+def test_lerobots_image_transforms_from_a_train_config_or_its_table_reach_both_pipelines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A LeRobot recipe's ``--dataset.image_transforms`` (its train_config.json, or that table alone) is
+    lerobot_policy.py's --image-transforms-config (--image-transforms enables it, as LeRobot's
+    ``--dataset.image_transforms.enable=true``) and train.py's --augment; a transform with no counterpart here is one
+    line naming the file, before training. (No LeRobot needed: its dict form maps without it.)"""
+    from lerobot_dali.augment_config import AugmentConfig
+    from pipelines import lerobot_policy
+    from pipelines.train import read_augment
+    from tests.test_augment_lerobot import LEROBOT_DEFAULT
+
+    default = AugmentConfig.from_lerobot(LEROBOT_DEFAULT)
+    off = {**LEROBOT_DEFAULT, "enable": False}  # (as a train_config.json of a run without them holds it)
+    (tmp_path / "train_config.json").write_text(json.dumps({"dataset": {"repo_id": "x", "image_transforms": off}}))
+    (tmp_path / "on.json").write_text(json.dumps(LEROBOT_DEFAULT))
+    argv = ["--dataset", "d", "--device", "cpu", "--image-transforms-config"]
+
+    def augment(*args: str) -> AugmentConfig | None:
+        return lerobot_policy.policy_augment(lerobot_policy.parse_args([*argv, *args]))
+
+    assert augment(str(tmp_path / "train_config.json")) is None
+    assert augment(str(tmp_path / "train_config.json"), "--image-transforms") == default
+    assert augment(str(tmp_path / "on.json")) == default
+    assert lerobot_policy.policy_augment(lerobot_policy.parse_args(argv[:-1])) is None
+    assert read_augment(tmp_path / "on.json") == default
+    assert read_augment(tmp_path / "train_config.json") == AugmentConfig()  # (enable: false)
+
+    sharp_only = {**LEROBOT_DEFAULT, "tfs": {"sharpness": LEROBOT_DEFAULT["tfs"]["sharpness"]}}
+    (tmp_path / "sharp.json").write_text(json.dumps(sharp_only))
+    assert augment(str(tmp_path / "sharp.json")) == AugmentConfig.from_lerobot(sharp_only) != default
+
+    monkeypatch.setattr(lerobot_policy, "train", lambda options: pytest.fail("training started"))
+    (tmp_path / "bad.json").write_text(json.dumps({**LEROBOT_DEFAULT, "random_order": True}))
+    for name, message in (
+        ("bad.json", r"image_transforms\.random_order = true is not supported with 3 transforms per sample"),
+        ("missing.json", r"No such file or directory$"),
+    ):
+        caplog.clear()
+        with caplog.at_level(logging.ERROR):
+            assert lerobot_policy.main([*argv, str(tmp_path / name), "--image-transforms"]) == 2
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        expected = rf"lerobot_policy\.py: --image-transforms-config {re.escape(str(tmp_path / name))}: {message}"
+        assert len(errors) == 1 and re.match(expected, errors[0]), errors
+
+
 def test_the_lerobot_policy_pipeline_without_lerobot_is_one_line_saying_where_to_run_it(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
