@@ -728,10 +728,19 @@ def _sync_tree(directory: Path) -> None:
 
 
 def data_signature(plan: DataPlan, cameras: Sequence[str]) -> dict[str, Any]:
-    """What the policy's shapes follow (windows, image size, cameras), as a checkpoint records it: a resume with
-    other ones fails naming them, not inside ``load_state_dict`` or, where the shapes happen to agree, not at all.
+    """What the policy's shapes follow (windows, image size, cameras) and the frames' augmentation, as a checkpoint
+    records them: a resume with other ones fails naming them, not inside ``load_state_dict`` or, where the shapes
+    happen to agree (as they always do for other augmentation), not at all.
+    The augmentation is compared as mapped: a TOML and a LeRobot JSON that configure the same are the same, and one
+    that augments nothing (``enable: false``) is none.
     """
-    signature = {"delta_timestamps": plan.delta_timestamps, "image_size": plan.image_size, "cameras": list(cameras)}
+    from lerobot_dali.augment_config import AugmentConfig
+
+    augment = plan.augment.to_dict() if plan.augment not in (None, AugmentConfig()) else None
+    signature = {
+        "delta_timestamps": plan.delta_timestamps, "image_size": plan.image_size, "cameras": list(cameras),
+        "augment": augment,
+    }  # fmt: skip
     return json.loads(json.dumps(signature))  # as read back: lists, not tuples
 
 
@@ -842,8 +851,9 @@ def _merged(streams: list[Mapping[str, Any]]) -> Mapping[str, Any]:
     return {**first, "datasets": datasets}
 
 
-#: The flags that set what a checkpoint's data must match (windows, image size, cameras), named when it does not.
-DATA_OPTIONS = "--recipe, --chunk, --image-size and --cameras"
+#: The flags that set what a checkpoint's data must match (windows, image size, cameras, augmentation), named when it
+#: does not.
+DATA_OPTIONS = "--recipe, --chunk, --image-size, --cameras and --augment"
 
 
 def restore_checkpoint(
@@ -857,8 +867,8 @@ def restore_checkpoint(
     """This rank's stream position, then model/optimiser/RNG; returns the step the checkpoint was taken at.
 
     The data side goes first: a checkpoint of other episodes or (``data``, :func:`data_signature`) other
-    windows, image size or cameras fails naming that (and ``data_options``, the flags that set them), before the
-    model's shapes fail to load.
+    windows, image size, cameras or augmentation fails naming that (and ``data_options``, the flags that set them),
+    before the model's shapes fail to load.
     After a world-size change a new rank may have no file of its own; any old rank's position serves, since
     all old ranks consumed equally many samples and the iterator re-shards the rest of the epoch; every old rank's
     file gives its pool walk (:func:`_gathered_stream`), so none of their pools is replayed.
@@ -975,8 +985,8 @@ class RunRecord:
 #: (:class:`RunRefused`).
 class RunRefused(ValueError):
     """What the run reads cannot be trained on as asked (datasets of different fps or of no shared camera, no
-    state or action feature) or differs from the checkpoint resumed (other windows, image size or cameras); the
-    message says what to change."""
+    state or action feature) or differs from the checkpoint resumed (other windows, image size, cameras or
+    augmentation); the message says what to change."""
 
 
 SETUP_ERRORS: tuple[type[Exception], ...] = (

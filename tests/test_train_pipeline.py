@@ -1208,7 +1208,7 @@ def test_resume_with_other_windows_fails_naming_them_before_the_model_loads(tmp_
     assert loaded == []
     assert restore_checkpoint(accelerator, tmp_path, iterator, data_signature(plan(10, (96, 128)), ["cam"])) == 8
     assert loaded == ["stream", "model"]  # the data side first: its errors name episodes, not tensor shapes
-    later = {**data_signature(plan(10, (96, 128)), ["cam"]), "augment": "jitter"}  # a key a later version adds
+    later = {**data_signature(plan(10, (96, 128)), ["cam"]), "later": "jitter"}  # a key a later version adds
     assert restore_checkpoint(accelerator, tmp_path, iterator, later) == 8
 
     def other_episodes(state: dict) -> None:
@@ -1218,6 +1218,47 @@ def test_resume_with_other_windows_fails_naming_them_before_the_model_loads(tmp_
     with pytest.raises(ResumeStateError):
         restore_checkpoint(accelerator, tmp_path, SimpleNamespace(rank=0, load_state_dict=other_episodes), saved)
     assert loaded == []
+
+
+def test_resume_with_other_augmentation_fails_naming_it_and_an_old_checkpoint_resumes(tmp_path: Path) -> None:
+    """A resume with another --augment (or recipe [augment]) was accepted, the run silently augmenting otherwise
+    than the uninterrupted one (torchrun, 2 ranks: --augment a.json, resumed with b.json, exit 0). The same
+    augmentation given as a LeRobot JSON or a TOML, or one that augments nothing, resumes; so does a checkpoint
+    written before the augmentation was recorded."""
+    from types import SimpleNamespace
+
+    from lerobot_dali.augment_config import AugmentConfig
+    from pipelines.train import DataPlan, data_signature, read_augment, restore_checkpoint
+
+    def signature(augment: AugmentConfig | None) -> dict[str, Any]:
+        windows = dict(chunk=2, camera_steps=None, state_steps=None)
+        plan = DataPlan(delta_timestamps={"action": [0.0, 0.1]}, image_size=None, augment=augment, **windows)
+        return data_signature(plan, ["cam"])
+
+    tfs = {"sharpness": {"type": "SharpnessJitter", "kwargs": {"sharpness": [0.5, 1.5]}}}
+    (tmp_path / "lerobot.json").write_text(json.dumps({"dataset": {"image_transforms": {"enable": True, "tfs": tfs}}}))
+    (tmp_path / "same.toml").write_text("[sharpness]\nfactor = [0.5, 1.5]\n")
+    (tmp_path / "other.toml").write_text("[sharpness]\nfactor = [0.2, 1.5]\n")
+    (tmp_path / "off.json").write_text(json.dumps({"enable": False, "tfs": tfs}))
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    accelerator = SimpleNamespace(load_state=lambda path: None)
+    iterator = SimpleNamespace(rank=0, load_state_dict=lambda state: None)
+
+    def resume(saved: dict[str, Any], now: AugmentConfig | None) -> int:
+        (ckpt / "stream_rank0.json").write_text(json.dumps({"step": 4, "stream": {}, "data": saved}))
+        return restore_checkpoint(accelerator, ckpt, iterator, signature(now))
+
+    saved = signature(read_augment(tmp_path / "lerobot.json"))
+    assert saved["augment"] == {"sharpness": {"factor": [0.5, 1.5]}, "shared_across_cameras": False}
+    with pytest.raises(ValueError, match=r"other augment \(augment: saved .*0\.5.*now .*0\.2.*--augment"):
+        resume(saved, read_augment(tmp_path / "other.toml"))
+    with pytest.raises(ValueError, match=r"other augment \(augment: saved .*, now None\)"):
+        resume(saved, None)
+    assert resume(saved, read_augment(tmp_path / "same.toml")) == 4
+    assert resume(signature(None), read_augment(tmp_path / "off.json")) == 4  # augments nothing: as none
+    old = {k: v for k, v in saved.items() if k != "augment"}  # written before the augmentation was recorded
+    assert resume(old, read_augment(tmp_path / "other.toml")) == 4
 
 
 def test_device_cuda_without_a_gpu_is_refused_in_one_line(
