@@ -4,7 +4,9 @@
 tensors) that the external source computes here, instead of from DALI's random operators. A sample's
 numbers depend only on (seed, rank, epoch, position of the sample in the rank's stream, camera stream,
 parameter): never on the batch it lands in, the worker that assembles it, or how often the pipeline was
-rebuilt. So a resumed run augments exactly as the uninterrupted one, and ranks draw differently.
+rebuilt. So a resumed run augments exactly as the uninterrupted one, and ranks draw differently. The rest of an
+epoch re-sharded on resume over another number of ranks counts its positions on from where the old ranks stopped
+(``SampleOrder.key_offset``), so no rank draws a key an old rank of its number drew for another sample.
 
 How: each (sample, stream) gets a counter-based Philox generator, key = a hash of (seed, stream), counter
 = (0, position, epoch, rank), and reads a fixed block of :data:`STREAM_LENGTH` raw 64-bit words. Every

@@ -380,9 +380,10 @@ class BatchSource:
                     f"spec.augment draws random parameters keyed by each sample's position in the stream: "
                     f"assemble() needs positions for all {len(frame)} samples, got {got}"
                 )
-            draw_keys = np.stack(
-                [np.full(len(frame), spec.rank), np.full(len(frame), epoch), np.asarray(positions)], axis=1
-            ).astype(np.int64)
+            # (an epoch re-sharded on resume counts on from its old ranks' positions: SampleOrder.key_offset)
+            keys = np.asarray(positions) + spec.order.key_offset(epoch)
+            draw_keys = np.stack([np.full(len(frame), spec.rank), np.full(len(frame), epoch), keys], axis=1)
+            draw_keys = draw_keys.astype(np.int64)
         out: list[Any] = []
         for field in self.fields:
             if field.kind is FieldKind.TABULAR:

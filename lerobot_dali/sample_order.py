@@ -837,6 +837,15 @@ class SampleOrder:
         )
         return _EpochPlan(rank_counts, target, stream, simulator)
 
+    def key_offset(self, epoch: int) -> int:
+        """Samples each rank took of ``epoch`` before it was re-sharded (its segments' counts together): where this
+        order's positions start as the keys of a sample's augmentation draws, so that no re-sharded rank draws
+        what an old rank of its number drew for another sample (0 for an epoch not resumed from segments)."""
+        resumed = self._resumed
+        if resumed is None or resumed.epoch != epoch:
+            return 0
+        return sum(segment.samples_consumed for segment in resumed.segments)
+
     def consumed_segments(self, epoch: int) -> tuple[ConsumedSegment, ...]:
         """The segments ``epoch`` resumed from (none but for the resumed epoch), each with its ranks' pools at its
         position where shuffled: a state that carries them resumes without replaying those ranks."""

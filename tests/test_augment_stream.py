@@ -177,3 +177,45 @@ def test_a_lerobot_subset_config_picks_per_camera_as_drawn(make_ds) -> None:
         picked[camera] = drawn[: len(got)] == 0.5
     assert 0 < picked[CAM0].sum() < len(picked[CAM0])
     assert (picked[CAM0] != picked[CAM1]).any(), "cameras draw their subsets on their own"
+
+
+def test_a_resume_on_other_ranks_draws_no_key_an_old_rank_drew(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The re-sharded rest of an epoch counted its positions from 0 again, so the rank resumed on 1 rank drew the
+    very parameters old rank 0 had drawn for the samples it consumed (18 of 84 samples of the epoch in a review:
+    2 ranks x 3 batches of 6, then 1 rank); it counts on from the old ranks' position, in a chain of resumes too."""
+    import lerobot_dali.batch_source as batch_source
+    from lerobot_dali.stream_state import merge_rank_states
+
+    drawn: list[tuple[int, int, int]] = []
+
+    def recorded(config: Any, *, keys: np.ndarray, **kwargs: Any) -> dict[str, np.ndarray]:
+        drawn.extend((int(r), int(e), int(p)) for r, e, p in keys)
+        return draw_params(config, keys=keys, **kwargs)
+
+    monkeypatch.setattr(batch_source, "draw_params", recorded)
+    root = _dataset(make_ds)
+    config = AugmentConfig(color_jitter=ColorJitter(brightness=(0.5, 1.5)))
+    options = dict(augment=config, delta_timestamps=None, shuffle=True, episode_pool_size=2, batch_size=2)
+
+    def consume(states: list[dict[str, Any]], world_size: int, batches: int | None) -> tuple[list[Any], list[Any]]:
+        """Each rank's keys of the samples it took (not what prefetching drew beyond), and its state."""
+        taken_keys, saved = [], []
+        for rank in range(world_size):
+            it = _iterator(root, rank=rank, world_size=world_size, **options)
+            if states:
+                it.load_state_dict(merge_rank_states(states))
+            drawn.clear()
+            taken = _batches(it, batches) if batches is not None else _batches(it)
+            once = list(dict.fromkeys(drawn))  # (a rebuilt pipeline draws its first batches again)
+            taken_keys += once[: sum(len(b["index"]) for b in taken)]
+            saved.append(it.state_dict())
+            it.close()
+        return taken_keys, saved
+
+    first, states = consume([], 2, 1)  # 2 ranks: positions 0, 1 each
+    assert sorted(first) == [(r, 0, p) for r in (0, 1) for p in (0, 1)]
+    second, states = consume(states, 3, 1)  # re-sharded on 3 ranks: positions 2, 3 each
+    assert sorted(second) == [(r, 0, p) for r in (0, 1, 2) for p in (2, 3)]
+    rest, _ = consume(states, 1, None)  # the rest of the epoch on 1 rank: from position 4
+    assert len(rest) == 12 and not set(rest) & set(first + second), rest  # 13 left, the last batch's 1 dropped
+    assert rest == [(0, 0, p) for p in range(4, 4 + len(rest))]
