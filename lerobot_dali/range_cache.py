@@ -447,7 +447,7 @@ def prune_unused_slots(root: Path) -> None:
     cutoff = sweep_cutoff(root)
     if cutoff is None:
         return
-    for slot in root.glob("*/*"):
+    for slot in list(root.glob("*/*")):  # (listed first: a slot swept is renamed aside)
         lock = slot / _LOCK
         try:
             if not slot.is_dir() or (lock if lock.exists() else slot).stat().st_mtime >= cutoff:
@@ -457,8 +457,13 @@ def prune_unused_slots(root: Path) -> None:
             continue
         if handle is None:  # a run holds it (a restart after a long pause): its own to keep
             continue
-        with handle:
-            shutil.rmtree(slot, ignore_errors=True)
+        with handle:  # (out of the way first: the rank whose slot it is, opening it meanwhile, makes a fresh one)
+            swept = slot.with_name(f".{slot.name}.swept-{os.getpid()}")
+            try:
+                slot.rename(swept)
+            except OSError:
+                swept = slot
+            shutil.rmtree(swept, ignore_errors=True)
         logger.info("deleted prefetch cache %s: no run has used it for %g days", slot, cache_days())
         with contextlib.suppress(OSError):
             slot.parent.rmdir()  # (only once empty)
