@@ -219,3 +219,27 @@ def test_a_resume_on_other_ranks_draws_no_key_an_old_rank_drew(make_ds, monkeypa
     rest, _ = consume(states, 1, None)  # the rest of the epoch on 1 rank: from position 4
     assert len(rest) == 12 and not set(rest) & set(first + second), rest  # 13 left, the last batch's 1 dropped
     assert rest == [(0, 0, p) for p in range(4, 4 + len(rest))]
+
+
+def test_a_resume_on_other_ranks_draws_alike_in_the_workers(make_ds) -> None:
+    """The re-sharded rest's draw keys count on from the old ranks' position (``SampleOrder.key_offset``) in the
+    worker processes too: their copies of the order carry the resumed segments, so 2 workers draw as none."""
+    from lerobot_dali.stream_state import merge_rank_states
+
+    root = _dataset(make_ds)
+    config = AugmentConfig(color_jitter=ColorJitter(brightness=(0.5, 1.5)))
+    options = dict(augment=config, delta_timestamps=None, shuffle=True, episode_pool_size=2, batch_size=2)
+    states = []
+    for rank in range(2):
+        it = _iterator(root, rank=rank, world_size=2, **options)
+        _batches(it, 1)
+        states.append(it.state_dict())
+        it.close()
+    rests = []
+    for workers in (0, 2):
+        it = _iterator(root, num_workers=workers, **options)
+        it.load_state_dict(merge_rank_states(states))
+        rests.append(_batches(it))
+        it.close()
+    assert len(rests[0]) >= 2
+    _assert_batches_equal(rests[1], rests[0])
