@@ -52,6 +52,7 @@ from pipelines.train import (
     PreemptibleLoop,
     SetupError,
     Throughput,
+    augment_signature,
     camera_frames,
     check_checkpoint_dir,
     configure_logging,
@@ -290,7 +291,7 @@ def train(options: PolicyTrainOptions) -> list[float]:
         data = {"policy": options.policy, **{f"policy.{k}": v for k, v in config.items()}}
         data["delta_timestamps"] = json.loads(json.dumps(delta_timestamps))
         # (the augmentation as mapped: transforms that map alike, a weight-0 one left in, are the same)
-        data["augment"] = augment.to_dict() if augment is not None else None
+        data["augment"] = augment_signature(augment)
         step = 0
         if options.resume and options.checkpoint_dir is not None:
             step = resume_latest(
@@ -301,7 +302,7 @@ def train(options: PolicyTrainOptions) -> list[float]:
     logger.info(
         "rank %d/%d: %s policy, steps %d..%d of %d samples, windows %s, augmentation %s",
         rank, world_size, options.policy, step, options.steps, options.batch_size, delta_timestamps,
-        augment.to_dict() if augment is not None else "none",
+        augment_signature(augment) or "none",
     )  # fmt: skip
     losses: list[float] = []
     pending: list[torch.Tensor] = []  # on the device until a log line reads one back anyway: no wait for the GPU

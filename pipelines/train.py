@@ -734,14 +734,19 @@ def data_signature(plan: DataPlan, cameras: Sequence[str]) -> dict[str, Any]:
     The augmentation is compared as mapped: a TOML and a LeRobot JSON that configure the same are the same, and one
     that augments nothing (``enable: false``) is none.
     """
-    from lerobot_dali.augment_config import AugmentConfig
-
-    augment = plan.augment.to_dict() if plan.augment not in (None, AugmentConfig()) else None
     signature = {
         "delta_timestamps": plan.delta_timestamps, "image_size": plan.image_size, "cameras": list(cameras),
-        "augment": augment,
+        "augment": augment_signature(plan.augment),
     }  # fmt: skip
     return json.loads(json.dumps(signature))  # as read back: lists, not tuples
+
+
+def augment_signature(augment: AugmentConfig | None) -> dict[str, Any] | None:
+    """The augmentation as a checkpoint records it (this script's and ``lerobot_policy.py``'s): as mapped, so that
+    configs of other forms that configure the same compare equal, and None for one that augments nothing."""
+    from lerobot_dali.augment_config import AugmentConfig
+
+    return None if augment is None or augment == AugmentConfig() else augment.to_dict()
 
 
 def save_checkpoint(
