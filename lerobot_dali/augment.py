@@ -251,10 +251,10 @@ def _affine(x: DataNode, affine: RandomAffine, size: tuple[int, int] | None, d: 
         s = _param(d, "affine_scale", scale)
         matrix = fn.transforms.scale(scale=fn.stack(s, s) if isinstance(s, DataNode) else [s, s], center=center)
     if degrees != (0.0, 0.0):
-        # DALI turns clockwise on screen for a positive angle (y points down); torchvision the other way.
+        # DALI turns clockwise on screen for a positive angle (y points down), as torchvision's RandomAffine does.
         angle = _param(d, "affine_degrees", degrees)
         args = () if matrix is None else (matrix,)
-        matrix = fn.transforms.rotation(*args, angle=-angle, center=center)
+        matrix = fn.transforms.rotation(*args, angle=angle, center=center)
     if translate != (0.0, 0.0):
         fraction = d["affine_translate"]  # (dx, dy) as fractions of (width, height)
         offset = fraction * (types.Constant(wh) if isinstance(wh, np.ndarray) else wh)

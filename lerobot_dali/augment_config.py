@@ -200,10 +200,11 @@ class GaussianBlur:
 class RandomAffine:
     """torchvision ``RandomAffine`` without shear: rotate and scale about the centre, then translate.
 
-    ``degrees``: a number d draws in [-d, d], or a pair; positive turns counter-clockwise as in
-    torchvision. ``translate``: maximum shift as a fraction of (width, height). ``scale``: isotropic factor
-    range. Areas uncovered by the moved image are 0. Unlike torchvision's defaults, frames are resampled
-    bilinearly (not nearest) and shifted by fractions of a pixel (not rounded to whole pixels).
+    ``degrees``: a number d draws in [-d, d], or a pair; positive turns clockwise on screen, as torchvision's
+    ``RandomAffine`` does (its ``rotate`` turns the other way). ``translate``: maximum shift as a fraction of
+    (width, height). ``scale``: isotropic factor range. Areas uncovered by the moved image are 0. Unlike
+    torchvision's defaults, frames are resampled bilinearly (not nearest) and shifted by fractions of a pixel
+    (not rounded to whole pixels).
     """
 
     degrees: float | Pair = 0.0

@@ -19,7 +19,7 @@ Parameters (arrays with a leading batch dimension; scalars per sample unless a s
 - ``crop_start``, ``crop_end``: float32 (2,), the random resized crop's window as relative (y, x) corners.
 - ``brightness``, ``contrast``, ``saturation``: float32 factors; ``hue``: float32 shift as a fraction of
   the colour circle (the config's unit; the graph converts to DALI's degrees).
-- ``affine_scale``: float32 factor; ``affine_degrees``: float32, positive = counter-clockwise
+- ``affine_scale``: float32 factor; ``affine_degrees``: float32, positive = clockwise on screen
   (torchvision's sign); ``affine_translate``: float32 (2,), shift as a fraction of (width, height), so the
   graph scales it by the frame size, known when the graph is built or read from the frame at run time.
 - ``blur_sigma``: float32 pixels; ``blur_window``: int32, the kernel size, or 1 (identity) for a sample

@@ -210,14 +210,17 @@ def test_hue_turns_the_yiq_chroma_plane_not_the_hsv_hue() -> None:
     np.testing.assert_allclose(out[0, 0, :, 0, 0], [128, 111, 0], atol=1)  # torchvision's HSV shift: (255, 255, 0)
 
 
-def test_fixed_rotation_turns_counter_clockwise_like_torchvision() -> None:
+def test_fixed_rotation_turns_clockwise_as_torchvisions_random_affine() -> None:
+    # torchvision's RandomAffine (its F.affine) turns clockwise on screen for a positive angle; only its F.rotate
+    # turns the other way. RandomAffine(degrees=(90, 90)) moves this dot to (26, 16) (torchvision 0.25, LeRobot
+    # 0.4.4's venv); here it went to (6, 16), so an uneven range such as (0, 10) turned every frame the other way.
     dot = np.zeros((1, 1, 33, 33, 3), dtype=np.uint8)
     dot[0, 0, 16, 26] = 255  # ten pixels right of the centre pixel (16, 16)
     rotate = RandomAffine(degrees=(90.0, 90.0))
     # Without a known size the centre comes from the run-time shape; with resize it is a constant.
     for config in (AugmentConfig(affine=rotate), AugmentConfig(resize=(33, 33), affine=rotate)):
         out = augment(dot, config, return_uint8=True)[0, 0, 0]
-        assert np.unravel_index(np.argmax(out), out.shape) == (6, 16)  # now ten pixels above it
+        assert np.unravel_index(np.argmax(out), out.shape) == (26, 16)  # now ten pixels below it
 
 
 def test_blur_probability_zero_is_identity_and_half_blurs_some_samples() -> None:
