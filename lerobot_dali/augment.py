@@ -15,16 +15,17 @@ Order of operations (each skipped when not configured):
    ``presized`` when the CPU decoding worker already resized the frames (see :func:`leading_resize`).
 2. ``random_resized_crop``: a random area/aspect window resized to its ``size`` (``fn.resize`` with a
    per-sample relative ROI; the window is sampled as torchvision does, see :mod:`.augment_draws`).
-3. ``affine``: rotation and scale about the image centre, then translation (``fn.transforms.*`` +
-   ``fn.warp_affine``, outside filled with 0).
-4. ``color_jitter``: one fused ``fn.color_twist``: hue and saturation (a linear transform in RGB), then
+3. ``color_jitter``: one fused ``fn.color_twist``: hue and saturation (a linear transform in RGB), then
    contrast about mid-grey (128), then brightness. torchvision shuffles these four and takes contrast
    about the image mean; the fixed order and centre keep every frame of a window on the same transform.
    Hue turns the YIQ chroma plane, not torchvision's HSV hue (:class:`ColorJitter` says how they differ).
-5. ``sharpness``: torchvision's ``adjust_sharpness`` with a random factor: ``fn.filter`` with its 3x3
+4. ``sharpness``: torchvision's ``adjust_sharpness`` with a random factor: ``fn.filter`` with its 3x3
    smoothing kernel less the identity over the inside of the frame (the one-pixel border is kept, as there, so
    a frame of 2 pixels or fewer a side is left as it is),
    scaled by (1 - factor) and added to the frame; within half a level of torchvision on float frames.
+5. ``affine``: rotation and scale about the image centre, then translation (``fn.transforms.*`` +
+   ``fn.warp_affine``, outside filled with 0). After the jitter and the sharpness, as in LeRobot's default
+   order, so the area it uncovers stays black.
 6. ``blur``: ``fn.gaussian_blur`` with a random sigma, applied with ``probability`` (a skipped sample gets
    a 1-tap kernel, which is the identity).
 7. Hand-over: ``FHWC`` -> ``FCHW``. Plain float output is ``transpose / 255`` (bit-identical to
@@ -196,15 +197,15 @@ def augment_frames(
         )
         size = crop_size
         steps.append(f"random_resized_crop{crop_size}" + ("" if cfg.resize else " (window relative to the frame)"))
-    if cfg.affine is not None:
-        x = _affine(x, cfg.affine, size, d)
-        steps.append("affine")
     if cfg.color_jitter is not None:
         x = _color_jitter(x, cfg.color_jitter, d, grey=channels == 1)
         steps.append("color_jitter")
     if cfg.sharpness is not None and range_of(cfg.sharpness.factor) != (1.0, 1.0) and not _too_small(size):
         x = _sharpness(x, cfg.sharpness, size, d)
         steps.append("sharpness")
+    if cfg.affine is not None:
+        x = _affine(x, cfg.affine, size, d)
+        steps.append("affine")
     if cfg.blur is not None and cfg.blur.probability > 0:
         x = _blur(x, cfg.blur, d)
         steps.append("blur")

@@ -50,12 +50,12 @@ def augment_config_from_lerobot(cfg: object) -> AugmentConfig:
     LeRobot. Each camera draws on its own, as LeRobot's dataset applies the transform to each camera separately;
     the frames of one window share a draw, as LeRobot's transform of a (T, C, H, W) tensor does.
 
-    What differs from LeRobot (see :mod:`lerobot_dali.augment`): transforms run in this project's fixed order,
-    affine before the colour jitter and sharpness (LeRobot: the listed order, affine last by default), so the two
-    differ mainly next to the area the affine fills with black; contrast is taken about mid-grey (128), not the
-    frame's mean; hue turns the YIQ chroma plane, not the HSV hue; the affine resamples bilinearly; frames are
-    rounded to whole levels after each step (LeRobot transforms floats). ``random_order=true`` is refused where
-    more than one transform applies: one static graph has one order.
+    What differs from LeRobot (see :mod:`lerobot_dali.augment`): transforms run in this project's fixed order, the
+    colour jitter, the sharpness, then the affine, which is the order of LeRobot's default table (LeRobot runs its
+    table's order: one that lists the affine first moves the frame before it jitters it); contrast is taken about
+    mid-grey (128), not the frame's mean; hue turns the YIQ chroma plane, not the HSV hue; the affine resamples
+    bilinearly; frames are rounded to whole levels after each step (LeRobot transforms floats).
+    ``random_order=true`` is refused where more than one transform applies: one static graph has one order.
     """
     if not _field(cfg, "enable"):
         return AugmentConfig()
