@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from .augment_config import AugmentConfig, ColorJitter, RandomAffine, RandomSubset, SharpnessJitter
 from .value_checks import is_int, is_number
 
@@ -21,21 +23,34 @@ _KWARGS = {
     "SharpnessJitter": ("sharpness",),
     "RandomAffine": ("degrees", "translate", "scale"),
 }
-#: What LeRobot's options default to when a dict form leaves them out (``ImageTransformsConfig``'s and
-#: ``ImageTransformConfig``'s fields).
+#: The fields of LeRobot's ``ImageTransformsConfig`` and of each of its ``tfs`` (``ImageTransformConfig``).
+_CONFIG_FIELDS = ("enable", "max_num_transforms", "random_order", "tfs")
+_TRANSFORM_FIELDS = ("weight", "type", "kwargs")
+#: What LeRobot's options default to when a dict form leaves them out.
 _DEFAULTS = {"enable": False, "max_num_transforms": 3, "random_order": False, "weight": 1.0, "type": "Identity"}
 
 
-def _field(cfg: object, name: str) -> Any:
+def _fields(cfg: object, names: tuple[str, ...], where: str) -> dict[str, Any]:
+    """``cfg``'s fields ``names``: the attributes of LeRobot's config object, or the keys of its dict form, where one
+    left out takes LeRobot's default and one LeRobot has not is refused (as LeRobot's config parser refuses it: a
+    typo must not run the default)."""
     if isinstance(cfg, Mapping):
-        if name == "tfs" and name not in cfg:
-            raise ValueError("the LeRobot image_transforms config has no 'tfs': give its table of transforms")
-        return cfg.get(name, _DEFAULTS.get(name))
-    if not hasattr(cfg, name):
-        raise TypeError(
-            f"expected LeRobot's ImageTransformsConfig or its dict form, got {type(cfg).__name__} without {name!r}"
-        )
-    return getattr(cfg, name)
+        unknown = sorted(set(cfg) - set(names), key=str)
+        if unknown:
+            raise ValueError(f"{where} has unknown key(s) {unknown}; allowed: {list(names)}")
+        if "tfs" in names and "tfs" not in cfg:
+            raise ValueError(f"the LeRobot {where} config has no 'tfs': give its table of transforms")
+        fields = {name: cfg.get(name, _DEFAULTS.get(name)) for name in names}
+    elif all(hasattr(cfg, name) for name in names):
+        fields = {name: getattr(cfg, name) for name in names}
+    elif "tfs" in names:
+        raise TypeError(f"expected LeRobot's ImageTransformsConfig or its dict form, got {type(cfg).__name__}")
+    else:
+        raise ValueError(f"{where} = {cfg!r} is invalid: expected a table of {list(names)}")
+    for name in ("enable", "random_order"):
+        if name in fields and not isinstance(fields[name], bool | np.bool_):
+            raise ValueError(f"{where}.{name} = {fields[name]!r} is invalid: expected true or false")
+    return fields
 
 
 def augment_config_from_lerobot(cfg: object) -> AugmentConfig:
@@ -57,9 +72,10 @@ def augment_config_from_lerobot(cfg: object) -> AugmentConfig:
     bilinearly; frames are rounded to whole levels after each step (LeRobot transforms floats).
     ``random_order=true`` is refused where more than one transform applies: one static graph has one order.
     """
-    if not _field(cfg, "enable"):
+    options = _fields(cfg, _CONFIG_FIELDS, "image_transforms")
+    if not options["enable"]:
         return AugmentConfig()
-    tfs = _field(cfg, "tfs")
+    tfs = options["tfs"]
     if not isinstance(tfs, Mapping):
         raise ValueError(f"image_transforms.tfs = {tfs!r} is invalid: expected a table of named transforms")
     jitter: dict[str, Any] = {}
@@ -68,8 +84,8 @@ def augment_config_from_lerobot(cfg: object) -> AugmentConfig:
     weights: dict[str, float] = {}
     members_of: dict[str, tuple[str, ...]] = {}
     for name, tf in tfs.items():
-        weight, kind, kwargs = (_field(tf, f) for f in ("weight", "type", "kwargs"))
         where = f"image_transforms.tfs.{name}"
+        weight, kind, kwargs = _fields(tf, _TRANSFORM_FIELDS, where).values()
         if not is_number(weight):
             raise ValueError(f"{where}.weight = {weight!r} is invalid: expected a number")
         if weight <= 0:  # LeRobot leaves such a transform out
@@ -79,6 +95,8 @@ def augment_config_from_lerobot(cfg: object) -> AugmentConfig:
                 f"{where}.type = {kind!r} has no counterpart here; supported: {sorted(_KWARGS)}. "
                 "Drop it (or set its weight to 0) to run the others."
             )
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise ValueError(f"{where}.kwargs = {kwargs!r} is invalid: expected a table of the {kind}'s options")
         kwargs = dict(kwargs or {})
         unknown = sorted(set(kwargs) - set(_KWARGS[kind]))
         if unknown:
@@ -109,10 +127,10 @@ def augment_config_from_lerobot(cfg: object) -> AugmentConfig:
             )
             members_of[name] = ("affine",)
         weights.update(dict.fromkeys(members_of[name], float(weight)))
-    max_num_transforms = _field(cfg, "max_num_transforms")
+    max_num_transforms = options["max_num_transforms"]
     if is_int(max_num_transforms) and max_num_transforms == 0:  # LeRobot's RandomSubsetApply of none: its Identity
         return AugmentConfig()
-    subset = _subset(max_num_transforms, _field(cfg, "random_order"), weights, members_of)
+    subset = _subset(max_num_transforms, options["random_order"], weights, members_of)
     return AugmentConfig(
         affine=affine,
         color_jitter=ColorJitter(**jitter) if jitter else None,

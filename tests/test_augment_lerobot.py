@@ -332,8 +332,39 @@ def test_from_lerobot_takes_what_lerobot_runs_and_refuses_what_it_refuses() -> N
             "split it into one ColorJitter per factor",
         ),
         ({"enable": True}, "has no 'tfs'"),
+        # A typo (LeRobot's own config parser refuses it) ran LeRobot's defaults for that key, a string "false"
+        # enabled the transforms, and a malformed entry was a TypeError that named no transform.
+        (_lerobot(max_num_transform=1), r"unknown key\(s\) \['max_num_transform'\].*allowed: \['enable', "),
+        (
+            _lerobot(tfs={"hue": {"wieght": 0.0, "type": "ColorJitter", "kwargs": {"hue": 0.1}}}),
+            r"image_transforms\.tfs\.hue has unknown key\(s\) \['wieght'\]",
+        ),
+        (_lerobot(enable="false"), r"image_transforms\.enable = 'false' is invalid: expected true or false"),
+        (_lerobot(random_order="false"), r"image_transforms\.random_order = 'false' is invalid"),
+        (
+            _lerobot(tfs={"hue": {"weight": 1.0, "type": "ColorJitter", "kwargs": [0.1]}}),
+            r"image_transforms\.tfs\.hue\.kwargs = \[0\.1\] is invalid: expected a table",
+        ),
+        (
+            {**LEROBOT_DEFAULT, "tfs": {**LEROBOT_DEFAULT["tfs"], "hue": None}},
+            r"image_transforms\.tfs\.hue = None is invalid: expected a table",
+        ),
     ],
-    ids=["random-order", "unknown-type", "identity", "shear", "factor-twice", "joined-factors", "no-tfs"],
+    ids=[
+        "random-order",
+        "unknown-type",
+        "identity",
+        "shear",
+        "factor-twice",
+        "joined-factors",
+        "no-tfs",
+        "unknown-key",
+        "unknown-tf-key",
+        "enable-string",
+        "random-order-string",
+        "kwargs-list",
+        "tf-none",
+    ],
 )
 def test_from_lerobot_refuses_what_it_cannot_reproduce(raw: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
