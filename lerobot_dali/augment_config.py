@@ -514,6 +514,9 @@ def _section_dict(section: Any) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
+    """``value`` as plain data of its own: tuples as lists, mappings (RandomSubset's weights) copied."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
     return [_plain(v) for v in value] if isinstance(value, tuple) else value
 
 

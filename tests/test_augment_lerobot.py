@@ -238,6 +238,10 @@ def test_subset_and_sharpness_round_trip_through_a_table() -> None:
         "max_num_transforms": 3,
         "weights": {"brightness": 1.0, "contrast": 1.0, "saturation": 1.0, "hue": 1.0, "sharpness": 2.0},
     }
+    # to_dict hands out a copy: its weights were the config's own dict, so editing them changed the frozen config
+    table = SUBSET.to_dict()
+    table["random_subset"]["weights"]["hue"] = 50.0
+    assert SUBSET.random_subset is not None and SUBSET.random_subset.weights["hue"] == 1.0
 
 
 # --- LeRobot's config ----------------------------------------------------------------------------------
