@@ -29,6 +29,7 @@ __all__ = [
     "CACHE_ENV",
     "LOCK_FILES",
     "TEMP_FILES",
+    "EntryStands",
     "atomic_file",
     "cache_days",
     "cache_root",
@@ -36,9 +37,9 @@ __all__ = [
     "delete_if_unchanged",
     "discard_damaged_entry",
     "folder_refuses",
+    "lock_file",
     "locks_unsupported",
     "mark_used",
-    "merging_entry",
     "newest_stamps",
     "prune_unused_files",
     "read_entry",
@@ -70,6 +71,8 @@ _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 #: Errors of ``flock`` on a filesystem that takes no locks: NFS without its lock daemon (ENOLCK), Lustre mounted
 #: without ``-o flock`` (ENOSYS), others (EOPNOTSUPP).
 _NO_LOCK_ERRNOS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP})
+#: Errors of ``link`` on a filesystem that makes no hard links (FAT, some FUSE mounts).
+_NO_LINK_ERRNOS = frozenset({errno.EPERM, errno.EMLINK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP})
 
 
 def cache_root() -> Path:
@@ -101,10 +104,12 @@ def _temporary_dir() -> str:
 
 
 @contextmanager
-def atomic_file(path: Path, *, prefix: str, durable: bool = False) -> Iterator[IO[bytes]]:
+def atomic_file(path: Path, *, prefix: str, durable: bool = False, exclusive: bool = False) -> Iterator[IO[bytes]]:
     """A temporary file beside ``path`` (named ``prefix*.tmp``) that replaces ``path`` when the block ends, and
     is removed if it raises: workers and ranks sharing a cache never read half a file. ``durable``: synced to
-    disk before it replaces ``path`` (else a crash may leave a zero-filled file of the right size)."""
+    disk before it replaces ``path`` (else a crash may leave a zero-filled file of the right size). ``exclusive``:
+    it takes ``path``'s name only where none stands (a hard link), else raises :class:`EntryStands` (a filesystem
+    without hard links: it replaces ``path`` as without)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = tempfile.NamedTemporaryFile(dir=path.parent, prefix=prefix, suffix=".tmp", delete=False)  # noqa: SIM115
     try:
@@ -114,10 +119,28 @@ def atomic_file(path: Path, *, prefix: str, durable: bool = False) -> Iterator[I
                 tmp.flush()
                 os.fsync(tmp.fileno())
         os.chmod(tmp.name, 0o644)  # temporary files are private; other users sharing the cache may read it
-        os.replace(tmp.name, path)
-    except BaseException:
+        if not (exclusive and _linked(tmp.name, path)):
+            os.replace(tmp.name, path)
+    finally:
         Path(tmp.name).unlink(missing_ok=True)
-        raise
+
+
+class EntryStands(Exception):
+    """An exclusive write (:func:`atomic_file`) found a file under its name: another process wrote one meanwhile."""
+
+
+def _linked(source: str, path: Path) -> bool:
+    """Whether ``source`` now has ``path``'s name too, taken only where none stood (:class:`EntryStands` else); False
+    on a filesystem that makes no hard links."""
+    try:
+        os.link(source, path)
+    except FileExistsError as e:
+        raise EntryStands(path) from e
+    except OSError as e:
+        if e.errno not in _NO_LINK_ERRNOS:
+            raise
+        return False
+    return True
 
 
 def folder_refuses(folder: Path, error: OSError) -> str | None:
@@ -209,30 +232,6 @@ def wait_for_entry_lock(entry: Path, *, wait_s: float, poll_s: float) -> IO[byte
     return lock
 
 
-@contextmanager
-def merging_entry(entry: Path, *, wait_s: float, poll_s: float = 0.05) -> Iterator[None]:
-    """Within, the lock beside store entry ``entry`` (:func:`lock_file`) is held, for a read, merge and write of it:
-    two processes merging at once each wrote over what the other added. Taken once no other process holds it; where
-    none can be made (a read-only folder), the filesystem takes none, or after ``wait_s`` (a holder that stalls), the
-    block runs without it. The lock file is deleted once done, as :func:`drop_lock_file` says."""
-    lock: contextlib.AbstractContextManager[object] | None = None
-    try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        deadline = time.monotonic() + wait_s
-        while (lock := try_flock_where_supported(lock_file(entry))[0]) is None and time.monotonic() < deadline:
-            time.sleep(poll_s)
-    except OSError as e:
-        logger.debug("%s: no lock can be made beside it (%s); merging into it without one", entry, e)
-    if lock is None:
-        yield
-        return
-    with lock:
-        try:
-            yield
-        finally:
-            drop_lock_file(entry)
-
-
 def delete_if_unchanged(path: Path, read: os.stat_result | None) -> None:
     """Delete ``path`` if it still names the file that was read (``read``: its ``fstat``; None: never opened), not a
     good one another process renamed over it since. Raises OSError where it cannot be deleted."""
@@ -282,13 +281,21 @@ def newest_stamps(keys: Iterable[_Key], file_stamp: Callable[[_Key], tuple[str, 
 
 
 def write_checksummed(
-    entry: Path, body: bytes, *, directory: Path, logger: logging.Logger, what: str, otherwise: str
-) -> None:
+    entry: Path,
+    body: bytes,
+    *,
+    directory: Path,
+    logger: logging.Logger,
+    what: str,
+    otherwise: str,
+    exclusive: bool = False,
+) -> bool:
     """Write ``body`` to store entry ``entry`` (in the store's ``directory``) behind a line of its sha256, atomically:
-    :func:`checked_body` reads it back. A failed write is logged once (``cannot keep <what> ...; <otherwise>``: what
-    the next run does instead), never raised: the store only saves work."""
+    :func:`checked_body` reads it back. Whether it was written: a failed write is logged once (``cannot keep <what>
+    ...; <otherwise>``: what the next run does instead), never raised: the store only saves work. ``exclusive``: only
+    where no entry stands (:func:`atomic_file`), else :class:`EntryStands`."""
     try:
-        with atomic_file(entry, prefix=f".{entry.stem[:16]}.") as tmp:
+        with atomic_file(entry, prefix=f".{entry.stem[:16]}.", exclusive=exclusive) as tmp:
             tmp.write(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
     except OSError as e:
         fix = folder_refuses(directory, e) or "check its permissions"
@@ -296,6 +303,8 @@ def write_checksummed(
             "cannot keep %s in %s (%s: %s); %s: %s or move the cache with $%s",
             what, entry, type(e).__name__, e, otherwise, fix, CACHE_ENV,
         )  # fmt: skip
+        return False
+    return True
 
 
 def checked_body(raw: bytes) -> bytes:

@@ -10,13 +10,12 @@ one path, their cache folder shared, each find their copy's). An entry is writte
 (:func:`~lerobot_dali.cache_dirs.atomic_file`), so processes sharing the folder never read half a file; one whose
 checksum or contents disagree is logged, deleted and written again. The first process to survey a camera whose entry
 does not exist yet does it under an ``flock`` beside the entry (:data:`WAIT_S` at most); the node's other ranks wait
-and load its result (where the entry is stale, each reads the changed files itself and merges them in under that
-lock, one at a time). Files that do not open are never kept: read again each build, they fail as before.
+and load its result (where the entry is stale, each reads the changed files itself and merges them in, one at a time:
+:mod:`.entry_merge`). Files that do not open are never kept: read again each build, they fail as before.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -33,14 +32,13 @@ from .cache_dirs import (
     discard_damaged_entry,
     drop_lock_file,
     mark_used,
-    merging_entry,
     newest_stamps,
     prune_unused_files,
     read_entry,
     wait_for_entry_lock,
-    write_checksummed,
 )
 from .camera_codecs import FileFormat
+from .entry_merge import merge_entry
 from .file_stamps import stat_version
 
 __all__ = ["STORE_FORMAT", "SUFFIX", "WAIT_S", "FileFormatStore", "default_file_format_dir"]
@@ -133,23 +131,30 @@ class FileFormatStore:
         prune_unused_files(self.directory, f"*/*{SUFFIX}", LOCK_FILES, TEMP_FILES)
 
     def _merge(self, entry: Path, kept: Kept, new: Kept, *, locked: bool) -> None:
-        """Write ``new`` into ``entry`` over what it holds now (``kept`` where nothing readable), under the lock
-        beside it (``locked``: held already): processes reading other files at once (ranks of other ``episodes=``
-        selections) each wrote over what another added between its load and its write (8 of 5 files each: 20-35 of
-        their 40 headers lost)."""
-        with contextlib.nullcontext() if locked else merging_entry(entry, wait_s=WAIT_S, poll_s=_POLL_S):
-            self._save(entry, _with_newest(_load(entry) or kept, new))
+        """Write ``new`` into ``entry`` over what it holds now (``kept`` where nothing readable), one process at a time
+        (:func:`~lerobot_dali.entry_merge.merge_entry`; ``locked``: the lock beside it held already): processes
+        reading other files at once (ranks of other ``episodes=`` selections) each wrote over what another added
+        between its load and its write (8 of 5 files each: 20-35 of their 40 headers lost). A failed write is logged
+        once, never raised."""
 
-    def _save(self, entry: Path, kept: Kept) -> None:
-        """Write ``kept`` to ``entry`` atomically; a failed write is logged once, never raised."""
-        formats: dict[FileFormat, int] = {}
-        files = [[path, *stamp, formats.setdefault(f, len(formats))] for (path, stamp), f in kept.items()]
-        rows = [[f.codec, f.height, f.width, f.pix_fmt, *f.color] for f in formats]
-        body = json.dumps({"formats": rows, "files": files}).encode()
-        write_checksummed(
-            entry, body, directory=self.directory, logger=logger, what="video file headers",
-            otherwise="every build reads them again",
+        def body(files: list[Path]) -> bytes:
+            held: Kept = {}
+            for file in files:
+                held.update(_load(file) or {})
+            return _body(_with_newest(held or kept, new))
+
+        merge_entry(
+            entry, body, locked=locked, wait_s=WAIT_S, poll_s=_POLL_S, directory=self.directory, store_logger=logger,
+            what="video file headers", otherwise="every build reads them again",
         )  # fmt: skip
+
+
+def _body(kept: Kept) -> bytes:
+    """``kept`` as an entry's JSON."""
+    formats: dict[FileFormat, int] = {}
+    files = [[path, *stamp, formats.setdefault(f, len(formats))] for (path, stamp), f in kept.items()]
+    rows = [[f.codec, f.height, f.width, f.pix_fmt, *f.color] for f in formats]
+    return json.dumps({"formats": rows, "files": files}).encode()
 
 
 def _stamp(path: str) -> Stamp | None:

@@ -14,8 +14,8 @@ A failure is never kept: its frames are decoded again by every check, and fail a
 One entry per dataset, laid out as :mod:`.file_format_store`'s (a sha256 line, JSON after; written whole to a temporary
 name and renamed, an unreadable one logged and deleted; each file's last :data:`STAMPS_PER_FILE` stamps, one per host
 copying the dataset to the same path). Only the process running the check reads and writes it, so its workers share it
-without a lock; checks of one dataset at once (each of other episodes, say) merge their verdicts into it one at a time,
-under an ``flock`` beside it (without one, each dropped the others' verdicts written meanwhile). Remote files are not
+without a lock; checks of one dataset at once (each of other episodes, say) merge their verdicts into it one at a time
+(:mod:`.entry_merge`; before, each dropped the others' verdicts written meanwhile). Remote files are not
 kept (see :func:`local_verdict`).
 """
 
@@ -42,12 +42,11 @@ from .cache_dirs import (
     checked_body,
     discard_damaged_entry,
     mark_used,
-    merging_entry,
     newest_stamps,
     prune_unused_files,
     read_entry,
-    write_checksummed,
 )
+from .entry_merge import merge_entry
 from .file_format_store import STAMPS_PER_FILE
 from .file_stamps import stat_version
 
@@ -152,17 +151,7 @@ class VerifiedDecodeStore:
         """The passes kept of ``dataset``, oldest first; none where its entry is absent or unreadable (then
         deleted)."""
         entry = self.entry_for(dataset)
-        found = read_entry(entry, logger, instead="decoding the files again")
-        if found is None:
-            return []
-        raw, read = found
-        try:
-            kept = _parsed(json.loads(checked_body(raw)))
-        except (ValueError, KeyError, TypeError) as e:
-            discard_damaged_entry(
-                entry, read, logger, what="verified decode cache", problem=e, instead="decoding the files again"
-            )
-            return []
+        kept = _read(entry)
         mark_used(entry)
         return kept
 
@@ -172,16 +161,17 @@ class VerifiedDecodeStore:
         new = list(new)
         if not new:
             return
-        entry = self.entry_for(dataset)
-        with merging_entry(entry, wait_s=MERGE_WAIT_S):  # (another check's write between this read and write was lost)
-            kept = _with_newest(self.verdicts(dataset), new)
+
+        def body(files: list[Path]) -> bytes:  # (another check's write between this read and write was lost)
+            kept = _with_newest([v for file in files for v in _read(file)], new)
             paths: dict[str, int] = {}
             rows = [[paths.setdefault(path, len(paths)), size, version, digest] for path, size, version, digest in kept]
-            body = json.dumps({"paths": list(paths), "verdicts": rows}).encode()
-            write_checksummed(
-                entry, body, directory=self.directory, logger=logger, what="which frames check --decode verified",
-                otherwise="every check decodes them again",
-            )  # fmt: skip
+            return json.dumps({"paths": list(paths), "verdicts": rows}).encode()
+
+        merge_entry(
+            self.entry_for(dataset), body, wait_s=MERGE_WAIT_S, directory=self.directory, store_logger=logger,
+            what="which frames check --decode verified", otherwise="every check decodes them again",
+        )  # fmt: skip
 
     def prune_unused(self) -> None:
         """Delete the entries no check has loaded for a while (:func:`~lerobot_dali.cache_dirs.prune_unused_files`):
@@ -211,6 +201,21 @@ class PendingVerdicts:
             self.store.keep(dataset, verdicts)
         self._new.clear()
         self._saved = time.monotonic()
+
+
+def _read(entry: Path) -> list[Verdict]:
+    """The passes ``entry`` holds; none where it is absent or unreadable (then deleted)."""
+    found = read_entry(entry, logger, instead="decoding the files again")
+    if found is None:
+        return []
+    raw, read = found
+    try:
+        return _parsed(json.loads(checked_body(raw)))
+    except (ValueError, KeyError, TypeError) as e:
+        discard_damaged_entry(
+            entry, read, logger, what="verified decode cache", problem=e, instead="decoding the files again"
+        )
+        return []
 
 
 def _with_newest(kept: list[Verdict], new: list[Verdict]) -> list[Verdict]:
