@@ -22,13 +22,16 @@ the state carries (:mod:`.saved_walk`), at a cost that does not grow with the po
 The state holds the :class:`~lerobot_dali.sample_order.OrderOptions` that define the order. A resume adopts the
 saved seed (logged) but refuses another shuffle, pool size (when shuffled) or balance (on several ranks): under
 those the saved position means other samples, so the rest of the epoch would repeat some and skip others.
-(``DALILeRobotIterator`` adds which episodes it reads to its state and refuses a resume over other episodes.)
+The state also names the episode lengths it ran over (a count, the frames and a digest; states saved before it lack
+it): a resume over others is refused, as the saved position would mean other samples. (``DALILeRobotIterator`` adds
+which episodes it reads too, by index.)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -90,6 +93,7 @@ class StreamState:
     order: Mapping[str, Any] | None = None
     walk: SavedWalk | None = None
     rank_walks: tuple[SavedWalk, ...] = ()
+    lengths: str | None = None
     version: int = _VERSION
 
     def __post_init__(self) -> None:
@@ -116,6 +120,8 @@ class StreamState:
             out["walk"] = self.walk.to_dict()
         if self.rank_walks:
             out["rank_walks"] = [walk.to_dict() for walk in self.rank_walks]
+        if self.lengths is not None:
+            out["episode_lengths"] = self.lengths
         return out
 
     @classmethod
@@ -155,12 +161,19 @@ class StreamState:
                 f"stream state rank_walks must be a list of walks, got {rank_walks!r}; pass what merge_rank_states() "
                 "returned, or leave its 'rank_walks' out (the resume then replays those ranks)"
             )
+        lengths = state.get("episode_lengths")
+        if lengths is not None and not isinstance(lengths, str):
+            raise ResumeStateError(
+                f"stream state episode_lengths must be the text state_dict() saved, got {lengths!r}; leave it out to "
+                "resume without checking the episodes"
+            )
         return cls(
             **fields,
             prior_segments=segments,
             order=order,
             walk=walk,
             rank_walks=tuple(SavedWalk.from_dict(w) for w in rank_walks),
+            lengths=lengths,
             version=state["version"],
         )
 
@@ -202,7 +215,9 @@ def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 #: The keys a :class:`StreamState`'s dict holds; an iterator's adds others (``episodes``, its episodes' digest).
-_STATE_KEYS = frozenset({"version", *_FIELDS, "prior_segments", "segment_pools", "order", "walk", "rank_walks"})
+_STATE_KEYS = frozenset(
+    {"version", *_FIELDS, "prior_segments", "segment_pools", "order", "walk", "rank_walks", "episode_lengths"}
+)
 
 
 def _check_same_extras(first: Mapping[str, Any], state: Mapping[str, Any]) -> None:
@@ -237,6 +252,7 @@ class SampleStream:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         self._lengths = np.asarray(episode_lengths)
+        self._fingerprint = _lengths_fingerprint(self._lengths)
         self._batch_size = batch_size
         self._order = SampleOrder(self._lengths, rank=rank, world_size=world_size, options=options)
         #: (epoch, samples consumed), one attribute so a ``state_dict()`` taken from another thread (an asynchronous
@@ -304,6 +320,7 @@ class SampleStream:
             prior_segments=order.consumed_segments(epoch),
             order=_order_of(order.options),
             walk=order.walk_state(epoch, consumed),
+            lengths=self._fingerprint,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -312,6 +329,11 @@ class SampleStream:
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Continue where ``state_dict`` left off; see the module docstring for what a world-size change keeps."""
         state = StreamState.from_dict(state_dict)
+        if state.lengths is not None and state.lengths != self._fingerprint:
+            raise ResumeStateError(
+                f"this stream state was saved over {state.lengths}, but this stream runs over {self._fingerprint}: the "
+                "saved position would mean other samples; resume over the same episodes (dataset and selection)"
+            )
         options = self._order.options
         _check_order(state, options, world_size=self._order.world_size)
         if state.seed != options.seed:
@@ -368,6 +390,12 @@ class SampleStream:
             )  # fmt: skip
             order.resume_from(old, state.walks)
         self._order, self._position = order, (epoch, consumed)
+
+
+def _lengths_fingerprint(lengths: np.ndarray) -> str:
+    """Episode ``lengths`` named in a few words: their count, their frames and a digest of them in order."""
+    digest = hashlib.sha256(np.asarray(lengths, dtype="<i8").tobytes()).hexdigest()[:16]
+    return f"{len(lengths)} episodes of {int(np.sum(lengths))} frames (sha256 {digest})"
 
 
 def _check_order(state: StreamState, options: OrderOptions, *, world_size: int) -> None:

