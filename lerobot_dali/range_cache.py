@@ -29,6 +29,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
@@ -47,6 +48,9 @@ logger = logging.getLogger(__name__)
 _LOCK = ".lock"
 _SUFFIX = ".bin"  # an entry readers may read: written by this run, or checked against its checksum
 _ADOPTED = ".adopted"  # an earlier run's entry, not yet checked
+#: Tries to lock a slot (:func:`_lock_directory`), and seconds between two of a slot a sweep may hold.
+_LOCK_TRIES = 100
+_LOCK_POLL_S = 0.005
 
 
 @dataclass(frozen=True, order=True)
@@ -425,19 +429,32 @@ class RangeCache:
 
 def _lock_directory(directory: Path) -> Any:
     """``directory``, made where missing, and an open file holding an exclusive ``flock`` on it; CacheBusyError while
-    another holds it. Another rank's :func:`prune_unused_slots` may delete an old slot while this one opens it: the
-    slot is then made again."""
-    for _ in range(3):
-        directory.mkdir(parents=True, exist_ok=True)
+    another cache holds it. Another rank's :func:`prune_unused_slots` may sweep an old slot while this one opens it:
+    the slot is then made again. A sweep holds an old slot's lock for an instant before it moves the slot aside, so
+    a lock held on a slot no run has used for a while (:func:`_sweepable`) is tried again before the slot counts as
+    busy (a rank taking ``rank-N.1`` meanwhile found its own slot empty at its next restart)."""
+    for _ in range(_LOCK_TRIES):
         try:
+            directory.mkdir(parents=True, exist_ok=True)
             handle = try_flock(directory / _LOCK)
-        except FileNotFoundError:  # (swept since the mkdir)
+        except (FileNotFoundError, FileExistsError):  # (swept since the mkdir, or while it made it)
             continue
         if handle is not None:
             return handle
-        if (directory / _LOCK).exists():
+        if _sweepable(directory / _LOCK):
+            time.sleep(_LOCK_POLL_S)
+        elif (directory / _LOCK).exists():
             break
     raise CacheBusyError(f"{directory} is held by another prefetch cache")
+
+
+def _sweepable(lock: Path) -> bool:
+    """Whether a sweep may hold ``lock`` now: no run has opened its slot for the days a sweep waits."""
+    days = cache_days()
+    try:
+        return days > 0 and lock.stat().st_mtime < time.time() - days * 86400
+    except OSError:
+        return False
 
 
 def prune_unused_slots(root: Path) -> None:

@@ -270,6 +270,66 @@ def test_a_rank_opening_its_slot_while_another_sweeps_it_gets_it_afresh(tmp_path
     cache.close()
 
 
+def _old_slot(tmp_path: Path) -> Path:
+    """A rank's slot no run has opened for 40 days, holding a range."""
+    slot = tmp_path / "prefetch" / "dataset" / "rank-3"
+    old = RangeCache(slot, max_bytes=10_000)
+    old.acquire("ep", [ByteRange("p", 0, 100)], lambda key: bytes(key.size))
+    old.close()
+    _aged(slot / ".lock", 40)
+    return slot
+
+
+def _swept(slot: Path) -> None:
+    """What another rank's :func:`prune_unused_slots` does to ``slot`` once it holds its lock."""
+    swept = slot.with_name(f".{slot.name}.swept-1")
+    slot.rename(swept)
+    shutil.rmtree(swept)
+
+
+def test_a_rank_finding_its_slot_locked_by_a_sweep_waits_for_it(tmp_path: Path, monkeypatch) -> None:
+    """Another rank's sweep holds an old slot's lock for an instant before it moves the slot aside: a rank opening
+    that slot then found it held and took ``rank-3.1`` (its next restart found ``rank-3`` empty; 1 of 800 ranks
+    opening their slots while a sweep ran, scripted). A slot no run has used for a while is now tried again."""
+    from lerobot_dali import range_cache
+
+    slot, real, tries, sweeps_lock = _old_slot(tmp_path), range_cache.try_flock, [], []
+
+    def opened_during_a_sweep(path: Path):
+        tries.append(path)
+        if len(tries) == 1:
+            sweeps_lock.append(real(path))  # (this try finds it held)
+        elif len(tries) == 2:  # (the sweep done)
+            sweeps_lock[0].close()
+            _swept(slot)
+        return real(path)
+
+    monkeypatch.setattr(range_cache, "try_flock", opened_during_a_sweep)
+    cache = RangeCache.open_free_slot(slot, max_bytes=10_000)
+    assert cache.directory == slot and cache.bytes_cached == 0
+    assert sorted(p.name for p in slot.parent.iterdir()) == ["rank-3"]
+    cache.close()
+
+
+def test_a_slot_moved_aside_while_a_rank_makes_it_is_made_again(tmp_path: Path, monkeypatch) -> None:
+    """``Path.mkdir(exist_ok=True)`` raises FileExistsError where the folder it found is gone by the time it checks it
+    is one: a sweep moving the old slot aside then left the rank with no prefetch cache at all (1 of 800 ranks opening
+    their slots while a sweep ran, scripted)."""
+    slot, real, made = _old_slot(tmp_path), Path.mkdir, []
+
+    def moved_aside_meanwhile(path: Path, *args, **kwargs) -> None:
+        if path == slot and not made:
+            made.append(path)
+            _swept(slot)
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
+        real(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", moved_aside_meanwhile)
+    cache = RangeCache.open_free_slot(slot, max_bytes=10_000)
+    assert made == [slot] and cache.directory == slot and cache.bytes_cached == 0
+    cache.close()
+
+
 def test_the_iterator_sweeps_the_column_store(make_ds) -> None:
     from lerobot_dali.iterator import DALILeRobotIterator
     from tests.test_iterator import _dataset
