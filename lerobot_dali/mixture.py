@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 from collections.abc import Iterator, Mapping, Sequence
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -56,17 +58,24 @@ PER_DATASET_OPTIONS = frozenset(
     {"timestamp_source", "tolerance_s", "decode", "cpu_decode", "augment", "episode_pool_size", "episode_piece_frames",
      "drop_n_first_frames", "drop_n_last_frames"}
 )  # fmt: skip
+#: Largest denominator of a weight taken as a fraction (:func:`_in_lowest_terms`): two such fractions differ by far
+#: more than a float's last bit, so a weight's float gives back the very fraction it was typed or computed as.
+_DENOMINATOR = 10**6
+#: How close (relative) a weight's fraction must be to it to stand for it.
+_CLOSE = 1e-9
 #: The ``dataset_options`` key of a dataset's ``{own key: batch key}`` renames (:class:`~.key_rename.KeyRename`).
 RENAME_MAP = "rename_map"
 
 
 def batch_shares(weights: Sequence[float], total: int) -> tuple[int, ...]:
-    """``total`` split in proportion to ``weights``, at least 1 each (largest remainders get the rest)."""
+    """``total`` split in proportion to ``weights``, at least 1 each (largest remainders get the rest). Weights in one
+    ratio split it alike, however scaled (:func:`_in_lowest_terms`)."""
     w = np.asarray([float(x) for x in weights])
     if len(w) == 0 or not np.all(np.isfinite(w)) or np.any(w <= 0):
         raise ValueError(f"weights must be positive finite numbers, one per dataset, got {list(weights)}")
     if total < len(w):
         raise ValueError(f"{total} cannot be split into {len(w)} parts of at least 1")
+    w = _in_lowest_terms(w)
     exact = w / w.sum() * total
     shares = np.maximum(np.floor(exact).astype(np.int64), 1)
     while shares.sum() < total:
@@ -75,6 +84,23 @@ def batch_shares(weights: Sequence[float], total: int) -> tuple[int, ...]:
         over = np.where(shares > 1, shares - exact, -np.inf)
         shares[np.argmax(over)] -= 1
     return tuple(int(s) for s in shares)
+
+
+def _in_lowest_terms(weights: np.ndarray) -> np.ndarray:
+    """``weights`` as the smallest integers in their ratio, where each is a fraction of denominator up to
+    :data:`_DENOMINATOR` (``[1, 3]``, ``[0.25, 0.75]`` and ``[0.1, 0.1 * 3]`` alike: ``[1, 3]``); else as they are.
+
+    A share's floor and the largest remainder went by the last bit of each weight's float: weights in one ratio, scaled
+    otherwise, split a batch otherwise (``[1, 3]`` into 6: 2 + 4, ``[0.1, 0.1 * 3]``: 1 + 5), and a state saved
+    with one was refused, or resumed in other proportions, with the other. Integer weights (the default: frames
+    sampled) split as before: their ratios are exact in floats however scaled."""
+    fractions = [Fraction(x).limit_denominator(_DENOMINATOR) for x in weights.tolist()]
+    if any(f <= 0 or abs(f - x) > _CLOSE * x for f, x in zip(fractions, weights.tolist(), strict=True)):
+        return weights  # (no such fractions: weights of very different magnitudes)
+    scale = math.lcm(*(f.denominator for f in fractions))
+    integers = [int(f * scale) for f in fractions]
+    divisor = math.gcd(*integers)
+    return np.asarray([n // divisor for n in integers], dtype=np.float64)
 
 
 class DALILeRobotMixture:

@@ -73,6 +73,35 @@ def test_batch_shares_follow_weights_with_at_least_one_each() -> None:
         batch_shares([1, 1, 1], 2)
 
 
+@pytest.mark.parametrize(
+    ("weights", "total", "shares"),
+    [([1, 3], 6, (2, 4)), ([3, 7], 5, (2, 3)), ([7, 5], 30, (18, 12)), ([1, 2, 4], 14, (2, 4, 8))],
+)
+def test_weights_in_one_ratio_split_a_batch_alike_however_scaled(weights: list, total: int, shares: tuple) -> None:
+    """A share's floor and largest remainder went by the last bit of each weight: ``[0.1, 0.1 * 3]`` split 6 as
+    1 + 5, ``[1, 3]`` as 2 + 4 (606 of 80,000 scripted weight lists, scaled four ways, split otherwise)."""
+    for scale in (1, 0.1, 1 / 3, 7, 1 / sum(weights), 1e6):
+        assert batch_shares([w * scale for w in weights], total) == shares, scale
+
+
+def test_a_state_saved_with_weights_scaled_otherwise_resumes(make_ds) -> None:
+    """Weights ``[3, 7]`` split a batch of 5 as 2 + 3, ``[0.1 * 3, 0.1 * 7]`` as 1 + 4, whose anchor is the other
+    dataset: a state saved with the one was refused with the other, though the run was the same."""
+    paths = _datasets(make_ds)
+    mixtures = [
+        DALILeRobotMixture(paths, batch_size=5, weights=weights, seed=3, device="cpu", num_workers=0)
+        for weights in ([3, 7], [0.1 * 3, 0.1 * 7])
+    ]
+    saved, resumed = mixtures
+    next(iter(saved))
+    state = saved.state_dict()
+    assert (resumed.batch_shares, resumed.anchor) == (saved.batch_shares, saved.anchor) == ((2, 3), 1)
+    resumed.load_state_dict(state)
+    assert resumed.state_dict() == state
+    for mix in mixtures:
+        mix.close()
+
+
 def test_a_long_build_of_the_datasets_pipelines_is_said_once_for_all(make_ds, caplog, monkeypatch) -> None:
     """The datasets' pipelines build side by side: each said its own start and end (12 lines for 6 datasets), now
     one pair for all, their worker processes summed."""
