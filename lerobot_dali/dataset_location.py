@@ -9,6 +9,7 @@ with new data files.
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import re
@@ -27,7 +28,15 @@ from .errors import DatasetNotFoundError
 from .remote_retry import RetryingFileSystem, fresh_instance
 from .said_once import say_once, warn_once
 
-__all__ = ["DatasetLocation", "is_repo_id", "open_if_present", "resolve_location", "with_bulk_root"]
+__all__ = [
+    "DatasetLocation",
+    "dataset_folder_near",
+    "dataset_not_found",
+    "is_repo_id",
+    "open_if_present",
+    "resolve_location",
+    "with_bulk_root",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -119,10 +128,54 @@ def resolve_location(
         return DatasetLocation(fs, root, fs, root, target)
     if is_repo_id(target) and not os.path.exists(target):
         return _hub_location(target, revision, "", options, maybe_path=True)
-    raise DatasetNotFoundError(
-        f"dataset {target!r} not found: it is not a local folder, a Hub repo id ('user/name') "
-        "or an fsspec URL (e.g. 'hf://datasets/user/name', 's3://bucket/path')"
+    raise dataset_not_found(target)
+
+
+def dataset_not_found(target: str) -> DatasetNotFoundError:
+    """The error for ``target``, which is no local folder, Hub repo id or URL, naming what to pass instead: a path
+    whose "~" no shell expanded, a file inside a dataset (its ``meta/info.json``) or the part of a mistyped path
+    that exists."""
+    if target.startswith("~"):
+        return DatasetNotFoundError(
+            f"dataset {target!r} not found: '~' is expanded by a shell, not here: pass {os.path.expanduser(target)!r}"
+            " (os.path.expanduser gives it)"
+        )
+    if os.path.isfile(target):
+        near = dataset_folder_near(target)
+        return DatasetNotFoundError(
+            f"dataset {target!r} is a file, not a dataset folder: "
+            + (near[1] if near else "pass the folder that holds the dataset's meta/info.json")
+        )
+    path = os.path.abspath(target)
+    missing = os.path.basename(path)
+    while not os.path.isdir(os.path.dirname(path)):
+        path = os.path.dirname(path)
+        missing = os.path.basename(path)
+    return DatasetNotFoundError(
+        f"dataset {target!r} not found: no such local folder ({os.path.dirname(path)!r} exists, {missing!r} not in "
+        "it), and it is not a Hub repo id ('user/name') or an fsspec URL (e.g. 'hf://datasets/user/name', "
+        "'s3://bucket/path'): check the path"
     )
+
+
+def dataset_folder_near(path: str | os.PathLike[str]) -> tuple[str, str] | None:
+    """The dataset folder (one holding ``meta/info.json``) a user who gave local ``path`` most likely meant, and
+    the advice to pass it: the dataset ``path`` lies in (its ``meta`` folder, a file of it), else the first of
+    the datasets ``path`` holds; None where there is neither."""
+    here = os.path.abspath(path)
+    above = os.path.dirname(here)
+    while above != os.path.dirname(above):
+        if os.path.isfile(os.path.join(above, "meta", "info.json")):
+            return above, f"pass {above!r}, the dataset folder it lies in"
+        above = os.path.dirname(above)
+    held = sorted(glob.glob(os.path.join(glob.escape(here), "*", "meta", "info.json")))
+    if not held:
+        return None
+    first = os.path.dirname(os.path.dirname(held[0]))
+    others = (
+        f" or another of the {len(held)} it holds; several read as one with concat_datasets" if len(held) > 1 else ""
+    )
+    return first, f"it holds dataset folders: pass {first!r}{others}"
 
 
 def is_repo_id(text: str) -> bool:

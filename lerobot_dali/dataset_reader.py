@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from .column_store import ColumnStore
 from .dataset_info import INDEX_COLUMNS, DatasetInfo, Feature
-from .dataset_location import DatasetLocation, open_if_present, resolve_location, with_bulk_root
+from .dataset_location import DatasetLocation, dataset_folder_near, open_if_present, resolve_location, with_bulk_root
 from .dataset_stats import FeatureStats, read_dataset_stats
 from .episode_data_files import bulk_file_exists, episode_data_path, locate_episode_rows, open_stamped, video_file_path
 from .episode_rows import (
@@ -742,7 +742,15 @@ def read_info_json(location: DatasetLocation) -> dict[str, Any]:
         with location.meta_fs.open(path, "rt", encoding="utf-8") as f:
             raw = json.load(f)
     except FileNotFoundError as e:
-        raise DatasetNotFoundError(f"{location.description} is not a LeRobot dataset: {path} is missing") from e
+        advice = "pass the folder that holds the dataset's meta/info.json"
+        if location.is_local and os.path.isdir(location.meta_path("meta")):
+            advice = "the dataset's files are incomplete: copy or download its meta/info.json again"
+        elif location.is_local:
+            near = dataset_folder_near(location.root)
+            advice = near[1] if near else advice
+        raise DatasetNotFoundError(
+            f"{location.description} is not a LeRobot dataset: {path} is missing; {advice}"
+        ) from e
     except (json.JSONDecodeError, UnicodeDecodeError) as e:  # (bytes that are not UTF-8 fail as the file is read)
         raise DatasetError(f"{path} is not valid JSON: {e}") from e
     if not isinstance(raw, dict):

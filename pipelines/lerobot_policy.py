@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lerobot_dali.dataset_location import is_repo_id
+from lerobot_dali.dataset_location import dataset_not_found, is_repo_id
 from lerobot_dali.errors import DatasetNotFoundError
 from lerobot_dali.value_checks import check_int_fields, cli_flag
 from pipelines.train import (
@@ -188,7 +188,7 @@ def dataset_metadata(dataset: str, revision: str | None = None) -> Any:
             "takes a local folder or a Hub repo id ('user/name'), not a URL: pass the repo id, or a local copy"
         )
     if not is_repo_id(dataset):
-        raise DatasetNotFoundError(f"dataset {dataset!r} not found: it is not a local folder or a Hub repo id")
+        raise dataset_not_found(dataset)
     from lerobot.datasets.lerobot_dataset import LeRobotDatasetMetadata
 
     return LeRobotDatasetMetadata(dataset, revision=revision)

@@ -490,6 +490,25 @@ def test_not_a_dataset(tmp_path: Path) -> None:
         open_dataset(tmp_path / "empty")
 
 
+def test_a_path_that_is_no_dataset_folder_says_which_folder_to_pass(tmp_path: Path) -> None:
+    """A user's near misses: the info.json file itself, the meta folder, the folder holding datasets, a mistyped
+    folder, a "~" no shell expanded, a copy without its info.json. Each said only "not found" or "meta/info.json is
+    missing"; now each says what to pass or do."""
+    root = tmp_path / "sets" / "ds"
+    (root / "meta").mkdir(parents=True)
+    (root / "meta/info.json").write_text("{}")
+    for near in (root / "meta/info.json", root / "meta", tmp_path / "sets"):
+        with pytest.raises(DatasetNotFoundError, match=re.escape(f"pass {str(root)!r}")):
+            open_dataset(near)
+    with pytest.raises(DatasetNotFoundError, match=re.escape(f"{str(tmp_path / 'sets')!r} exists, {'dz'!r} not")):
+        open_dataset(tmp_path / "sets" / "dz" / "x")
+    with pytest.raises(DatasetNotFoundError, match=r"'~' is expanded by a shell, not here: pass '/"):
+        open_dataset("~/no/such/dataset")
+    (root / "meta/info.json").unlink()  # a copy that lost it: its meta/ is there
+    with pytest.raises(DatasetNotFoundError, match=r"info\.json is missing; the dataset's files are incomplete"):
+        open_dataset(root)
+
+
 def test_unsupported_version(v3: Path) -> None:
     _edit_info(v3, codebase_version="v1.6")
     with pytest.raises(UnsupportedVersionError, match=r"'v1\.6' is not supported.*v2\.0, v2\.1, v3\.0"):
