@@ -40,7 +40,7 @@ import numpy as np
 
 from .checked_files import CHECKED_FILES, CHECKED_FILES_REMOTE
 from .concurrent_calls import in_threads
-from .errors import CodecUnsupportedError, DatasetError, SchemaMismatchError, VideoDecodeError
+from .errors import DAMAGED_VIDEO_ADVICE, CodecUnsupportedError, DatasetError, SchemaMismatchError, VideoDecodeError
 from .packet_index_cache import load_episode_packet_index
 from .remote_retry import is_transient
 from .said_once import say_once
@@ -116,7 +116,8 @@ def read_file_format(reader: LeRobotDatasetReader, path: str) -> FileFormat:
             if is_transient(e):
                 raise
             raise VideoDecodeError(
-                f"{path}: cannot read the video container ({e}); the file is truncated or corrupt."
+                f"{path}: cannot read the video container ({e}); the file is truncated or corrupt: "
+                f"{DAMAGED_VIDEO_ADVICE}"
             ) from e
 
 

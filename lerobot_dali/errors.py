@@ -8,6 +8,7 @@ they survive pickling so an error raised in a worker process reaches the trainin
 from __future__ import annotations
 
 __all__ = [
+    "DAMAGED_VIDEO_ADVICE",
     "CodecUnsupportedError",
     "CudaUnavailableError",
     "DataFileError",
@@ -29,6 +30,12 @@ __all__ = [
     "VideoDecodeError",
     "WorkerProcessError",
 ]
+
+
+#: What to do about a video file that does not open or decode (truncated, corrupt): the errors saying so end with it.
+DAMAGED_VIDEO_ADVICE = (
+    "download or copy it again from the dataset's source (`lerobot-dali check --decode` lists every damaged file)"
+)
 
 
 def listing_hint(fs: object) -> str:

@@ -18,7 +18,7 @@ import numpy as np
 
 from .clips import ClipPlan
 from .cpu_backends import require_pyav_decoder
-from .errors import VideoDecodeError
+from .errors import DAMAGED_VIDEO_ADVICE, VideoDecodeError
 from .frame_checks import check_random_access, damaged_frame_error, is_damaged, out_of_order_error
 from .packet_index import PacketIndex
 
@@ -85,7 +85,8 @@ class PacketDecoder:
                     break
         except (av.error.FFmpegError, OSError) as e:
             raise VideoDecodeError(  # (as a file reader says it: a local MP4 is decoded here)
-                f"{self.label}: decoding failed ({e}; {len(payloads)} packets); the file is corrupt or truncated."
+                f"{self.label}: decoding failed ({e}; {len(payloads)} packets); the file is corrupt or truncated: "
+                f"{DAMAGED_VIDEO_ADVICE}"
             ) from e
         for rank in sorted(keys):  # a keyframe never shown
             check_random_access(self.label, None, rank, float(clip_seconds[rank]))
@@ -93,7 +94,7 @@ class PacketDecoder:
             wanted = len(pending) + len(found)
             raise VideoDecodeError(
                 f"{self.label}: {len(pending)} of {wanted} requested frames did not come out of the decoder "
-                f"(from {len(payloads)} packets); the file is corrupt or truncated."
+                f"(from {len(payloads)} packets); the file is corrupt or truncated: {DAMAGED_VIDEO_ADVICE}"
             )
         return found
 

@@ -25,7 +25,7 @@ import numpy as np
 from fsspec.implementations.local import LocalFileOpener
 from numpy.typing import ArrayLike
 
-from .errors import CodecUnsupportedError, VideoDecodeError
+from .errors import DAMAGED_VIDEO_ADVICE, CodecUnsupportedError, VideoDecodeError
 from .keyframe_sizes import KEYFRAME_SIZE_CODECS, PacketBytes, ReadAt, check_keyframe_sizes
 from .mp4_tables import Mp4Track, read_mp4_tracks
 from .random_access import HEAD_BYTES, NalLayout, is_random_access, nal_layout
@@ -224,7 +224,8 @@ def build_packet_index(source: VideoSource, *, filesystem: Any | None = None) ->
             if is_transient(e):  # the network failed (after its retries): the file is not to blame
                 raise
             raise VideoDecodeError(
-                f"{label}: cannot read the video container ({e}); the file is truncated or corrupt."
+                f"{label}: cannot read the video container ({e}); the file is truncated or corrupt: "
+                f"{DAMAGED_VIDEO_ADVICE}"
             ) from e
         finally:
             if hasattr(handle, "seek"):
@@ -277,7 +278,8 @@ def _index_container(
             first_key = samples[0]
     if not rows:
         raise VideoDecodeError(
-            f"{label}: the video stream holds no packets; the file is truncated, empty or its header damaged."
+            f"{label}: the video stream holds no packets; the file is truncated, empty or its header damaged: "
+            f"{DAMAGED_VIDEO_ADVICE}"
         )
     table = np.asarray(rows, dtype=np.int64)
     ends = table[:, 2] + table[:, 3]

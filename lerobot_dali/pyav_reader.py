@@ -15,7 +15,7 @@ import av
 import numpy as np
 
 from .clips import ClipPlan, packets_from_keyframe
-from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
+from .errors import DAMAGED_VIDEO_ADVICE, CodecUnsupportedError, MissingDataFileError, VideoDecodeError
 from .frame_checks import check_random_access, damaged_frame_error, is_damaged, out_of_order_error
 from .open_files import out_of_files
 from .packet_index import PacketIndex
@@ -43,7 +43,7 @@ class PyAvReader:
         except (av.error.FFmpegError, OSError, UnicodeDecodeError) as e:  # (PyAV: I/O as OSError, bad metadata)
             self.close()
             raise out_of_files(e) or VideoDecodeError(
-                f"{label}: cannot open the video ({e}); the file is truncated or corrupt."
+                f"{label}: cannot open the video ({e}); the file is truncated or corrupt: {DAMAGED_VIDEO_ADVICE}"
             ) from e
         if not self.container.streams.video or self.container.streams.video[0].codec_context is None:
             self.close()

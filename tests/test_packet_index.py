@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import re
 import shutil
 from dataclasses import replace
 from fractions import Fraction
@@ -20,6 +21,7 @@ import lerobot_dali.packet_index as packet_index
 from lerobot_dali.clips import plan_clip
 from lerobot_dali.episode_ranges import episode_span
 from lerobot_dali.errors import (
+    DAMAGED_VIDEO_ADVICE,
     CodecUnsupportedError,
     FrameRequestError,
     FrameTimestampError,
@@ -35,6 +37,7 @@ from lerobot_dali.frame_lookup import (
 )
 from lerobot_dali.packet_index import build_packet_index
 from lerobot_dali.packet_index_cache import PacketIndexCache, load_packet_index
+from lerobot_dali.pyav_reader import PyAvReader
 from tests.conftest import shared_dataset
 from tests.video_fixtures import (
     EPISODE_LENGTHS,
@@ -218,11 +221,15 @@ def test_missing_file_names_path(tmp_path: Path) -> None:
 
 
 def test_truncated_and_corrupt_files(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    """Each error says what to do, not only what is wrong ("the file is truncated or corrupt." was all it said)."""
     raw = marker_video("h264", 30).read_bytes()
     truncated = tmp_path / "truncated.mp4"
     truncated.write_bytes(raw[: len(raw) // 2])
-    with pytest.raises(VideoDecodeError, match="truncated.mp4"):
+    advice = re.escape(f": {DAMAGED_VIDEO_ADVICE}")
+    with pytest.raises(VideoDecodeError, match=f"truncated.mp4: cannot read the video container .*{advice}$"):
         build_packet_index(truncated)
+    with pytest.raises(VideoDecodeError, match=f"truncated.mp4: cannot open the video .*{advice}$"):
+        PyAvReader(str(truncated), filesystem=None, threads=1, label=str(truncated))
     # Cut inside the moov box (written last, after the media data): FFmpeg opens it, with no stream at all.
     mdat = raw.find(b"mdat") - 4
     cut = tmp_path / "cut.mp4"
@@ -233,11 +240,11 @@ def test_truncated_and_corrupt_files(marker_video: MarkerVideo, tmp_path: Path) 
         build_packet_index(cut)
     garbage = tmp_path / "garbage.mp4"
     garbage.write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
-    with pytest.raises(VideoDecodeError, match="garbage.mp4"):
+    with pytest.raises(VideoDecodeError, match=f"garbage.mp4: .*{advice}$"):
         build_packet_index(garbage)
     empty = tmp_path / "empty.mp4"
     empty.write_bytes(b"")
-    with pytest.raises(VideoDecodeError, match="empty.mp4"):
+    with pytest.raises(VideoDecodeError, match=f"empty.mp4: .*{advice}$"):
         build_packet_index(empty)
 
 
