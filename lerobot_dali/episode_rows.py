@@ -510,9 +510,16 @@ def _check_list_shape(level_widths: Sequence[np.ndarray], feature: Feature, path
         holds = f"vectors of length {found[0]}" if len(found) == 1 else f"{len(found)}-level lists of lengths {found}"
         raise SchemaMismatchError(
             f"{path}: column {feature.key!r} holds {holds} but info.json declares shape {list(feature.shape)} "
-            f"({math.prod(shape)} values); the data file and info.json disagree: correct the shape in info.json, "
-            f"or read the other features only (keys= without {feature.key!r}; --keys on the command line)"
+            f"({math.prod(shape)} values); {_shape_advice(feature)}"
         )
+
+
+def _shape_advice(feature: Feature) -> str:
+    """What to do where ``feature``'s column holds another shape than info.json declares."""
+    return (
+        "the data file and info.json disagree: correct the shape in info.json, or read the other features only "
+        f"(keys= without {feature.key!r}; --keys on the command line)"
+    )
 
 
 def _check_scalar_shape(feature: Feature, path: str, kind: object | None = None) -> None:
@@ -522,7 +529,7 @@ def _check_scalar_shape(feature: Feature, path: str, kind: object | None = None)
         of_type = "" if kind is None else f" of type {kind}"
         raise SchemaMismatchError(
             f"{path}: column {feature.key!r} is a scalar column{of_type} but info.json declares "
-            f"shape {list(feature.shape)}"
+            f"shape {list(feature.shape)}; {_shape_advice(feature)}"
         )
 
 
