@@ -111,10 +111,12 @@ class DeltaWindows:
             d = float(d)
             # The same expression as LeRobot's check_delta_timestamps, so the boundary cases agree.
             if abs(d * self.fps - round(d * self.fps)) / self.fps > self.tolerance_s:
-                nearest = round(d * self.fps) / self.fps
+                fps = f"{self.fps:g}"
                 raise DeltaTimestampsError(
-                    f"delta_timestamps[{key!r}] holds {d} s, which is not a multiple of 1/fps "
-                    f"(fps={self.fps}) within tolerance_s={self.tolerance_s}; the nearest frame is {nearest} s"
+                    f"delta_timestamps[{key!r}] holds {d} s, which is not a multiple of 1/fps (fps={self.fps}) within "
+                    f"tolerance_s={self.tolerance_s}: windows count the dataset's frames, so give each offset as k / "
+                    f"{fps} s (e.g. [k / {fps} for k in range(16)]); the frames either side of it are "
+                    f"{math.floor(d * self.fps) / self.fps:.6g} s and {math.ceil(d * self.fps) / self.fps:.6g} s"
                 )
             seconds.append(d)
         return tuple(seconds), np.array([round(d * self.fps) for d in seconds], dtype=np.int64)

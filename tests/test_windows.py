@@ -104,12 +104,16 @@ def test_matches_lerobot_absolute_index_formula() -> None:
             assert rows.tolist() == expected_rows and pad.tolist() == expected_pad
 
 
-@pytest.mark.parametrize("delta", [0.05, 0.1002, -0.149])
-def test_non_multiple_deltas_are_rejected(delta: float) -> None:
+@pytest.mark.parametrize(("delta", "either_side"), [(0.05, "0 s and 0.1 s"), (0.1002, "0.1 s and 0.2 s"),
+                                                    (-0.149, "-0.2 s and -0.1 s")])  # fmt: skip
+def test_non_multiple_deltas_are_rejected(delta: float, either_side: str) -> None:
+    """The message says what to give instead (it named the nearest frame only, of two equally near for 0.05)."""
     with pytest.raises(DeltaTimestampsError) as info:
         _windows({"action": [0.0, delta]})
     message = str(info.value)
     assert "'action'" in message and str(delta) in message and "fps=10" in message and "0.0001" in message
+    assert "so give each offset as k / 10 s (e.g. [k / 10 for k in range(16)])" in message
+    assert message.endswith(f"the frames either side of it are {either_side}"), message
 
 
 def test_deltas_within_tolerance_are_accepted() -> None:
