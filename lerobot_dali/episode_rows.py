@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from . import fork_locks, open_files
 from .column_store import ColumnStore
-from .dataset_info import Feature
+from .dataset_info import INDEX_COLUMNS, Feature
 from .errors import DataFileError, DatasetError, MissingDataFileError, SchemaMismatchError
 from .file_stamps import FileStamp, stamp_from_stat
 from .remote_retry import is_transient
@@ -484,7 +484,9 @@ def _flat_list_values(array: pa.Array, feature: Feature, path: str) -> np.ndarra
     level_widths = []
     while _is_list(array.type):
         if array.null_count:
-            raise SchemaMismatchError(f"{path}: column {feature.key!r} has {array.null_count} null row(s)")
+            raise SchemaMismatchError(
+                f"{path}: column {feature.key!r} has {array.null_count} null row(s); rewrite the data file without them"
+            )
         if pa.types.is_fixed_size_list(array.type):
             widths = np.full(len(array), array.type.list_size)
         else:
@@ -510,16 +512,19 @@ def _check_list_shape(level_widths: Sequence[np.ndarray], feature: Feature, path
         holds = f"vectors of length {found[0]}" if len(found) == 1 else f"{len(found)}-level lists of lengths {found}"
         raise SchemaMismatchError(
             f"{path}: column {feature.key!r} holds {holds} but info.json declares shape {list(feature.shape)} "
-            f"({math.prod(shape)} values); {_shape_advice(feature)}"
+            f"({math.prod(shape)} values); {_disagree_advice(feature, 'shape')}"
         )
 
 
-def _shape_advice(feature: Feature) -> str:
-    """What to do where ``feature``'s column holds another shape than info.json declares."""
-    return (
-        "the data file and info.json disagree: correct the shape in info.json, or read the other features only "
-        f"(keys= without {feature.key!r}; --keys on the command line)"
+def _disagree_advice(feature: Feature, what: str) -> str:
+    """What to do where ``feature``'s column holds another ``what`` (shape, dtype) than info.json declares: an index
+    column is read whatever keys= says, so there the data file is to be rewritten."""
+    instead = (
+        "rewrite the data file"
+        if feature.key in INDEX_COLUMNS
+        else f"read the other features only (keys= without {feature.key!r}; --keys on the command line)"
     )
+    return f"the data file and info.json disagree: correct the {what} in info.json, or {instead}"
 
 
 def _check_scalar_shape(feature: Feature, path: str, kind: object | None = None) -> None:
@@ -529,7 +534,7 @@ def _check_scalar_shape(feature: Feature, path: str, kind: object | None = None)
         of_type = "" if kind is None else f" of type {kind}"
         raise SchemaMismatchError(
             f"{path}: column {feature.key!r} is a scalar column{of_type} but info.json declares "
-            f"shape {list(feature.shape)}; {_shape_advice(feature)}"
+            f"shape {list(feature.shape)}; {_disagree_advice(feature, 'shape')}"
         )
 
 
@@ -629,20 +634,19 @@ def _column_to_numpy(column: pa.ChunkedArray, feature: Feature, path: str) -> np
     if outside is not None:
         raise SchemaMismatchError(
             f"{path}: column {feature.key!r} holds {outside} (type {kind}), outside the range of the declared dtype "
-            f"{feature.dtype!r}; reading it would wrap it around: correct the dtype in info.json, or read the other "
-            f"features only (keys= without {feature.key!r}; --keys on the command line)"
+            f"{feature.dtype!r}; reading it would wrap it around: {_disagree_advice(feature, 'dtype')}"
         )
     try:
         values = source.astype(np.dtype(feature.dtype), copy=False)
     except (TypeError, ValueError) as e:  # (ValueError: strings like 'n/a' in a numeric column)
         raise SchemaMismatchError(
             f"{path}: column {feature.key!r} of type {kind} cannot be read as the declared dtype {feature.dtype!r} "
-            f"({e})"
+            f"({e}); {_disagree_advice(feature, 'dtype')}"
         ) from e
     if source.dtype.kind == "f" and values.dtype.kind in "iub" and not np.array_equal(values, source):
         raise SchemaMismatchError(
             f"{path}: column {feature.key!r} holds fractional values (type {kind}) but info.json declares "
-            f"{feature.dtype!r}; reading them would round them"
+            f"{feature.dtype!r}; reading them would round them: {_disagree_advice(feature, 'dtype')}"
         )
     # A declared (1,) stored as plain values batches to (B,), stored as one-element lists to (B, 1): as LeRobot's
     # torch.tensor of each row gives them.

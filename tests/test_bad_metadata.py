@@ -196,8 +196,11 @@ def _set_value(root: Path, column: str, row: int, value, kind: pa.DataType) -> N
         # read as NaN, silently
         ("observation.state", [None, 0.0, 0.0, 0.0, 0.0, 0.0], pa.list_(pa.float32()), SchemaMismatchError,
          r"column 'observation\.state' has 1 null value\(s\) inside its vectors"),
+        # said what is wrong only
+        ("observation.state", None, pa.list_(pa.float32()), SchemaMismatchError,
+         r"column 'observation\.state' has 1 null row\(s\); rewrite the data file without them$"),
     ],
-    ids=["nan-timestamp", "null-timestamp", "null-int", "null-in-vector"],
+    ids=["nan-timestamp", "null-timestamp", "null-int", "null-in-vector", "null-vector"],
 )  # fmt: skip
 def test_missing_values_are_refused_naming_the_column(ds: Path, column, value, kind, error, pattern) -> None:
     _set_value(ds, column, 27, value, kind)  # episode 3's row 7
@@ -278,16 +281,25 @@ def test_rows_that_share_a_timestamp_are_read_as_lerobot_reads_them(make_ds, cop
     assert "episode 0's rows 5 and 6 share the timestamp 0.166667 s" in caplog.text
 
 
+_REWRITE = r"the data file and info\.json disagree: correct the dtype in info\.json, or rewrite the data file$"
+
+
 @pytest.mark.parametrize(
     ("column", "values", "pattern"),
     [
-        ("task_index", lambda n: [0.5] * n, r"'task_index' holds fractional values .* reading them would round them"),
-        ("timestamp", lambda n: ["n/a"] * n, r"'timestamp' of type string cannot be read .*could not convert"),
+        ("task_index", lambda n: [0.5] * n, r"'task_index' holds fractional values .* reading them would round them: "
+         + _REWRITE),
+        ("timestamp", lambda n: ["n/a"] * n, r"'timestamp' of type string cannot be read .*could not convert.*\); "
+         + _REWRITE),
+        ("action", lambda n: [["n/a"] * 7] * n, r"'action' of type list<.*string> cannot be read .*could not convert.*"
+         r"\); the data file and info\.json disagree: correct the dtype in info\.json, or read the other features "
+         r"only \(keys= without 'action'; --keys on the command line\)$"),
     ],
-    ids=["fractional-int", "text-in-float"],
-)
+    ids=["fractional-int", "text-in-float", "text-in-vector"],
+)  # fmt: skip
 def test_column_values_the_declared_dtype_cannot_hold_are_refused(ds: Path, column: str, values, pattern: str) -> None:
-    """A fractional task_index was rounded silently; text in a float column raised a bare ValueError."""
+    """A fractional task_index was rounded silently; text in a float column raised a bare ValueError. Each error says
+    what to do (they named the mismatch only): an index column is read whatever keys= says."""
 
     def edit(table: pa.Table) -> pa.Table:
         return table.set_column(table.column_names.index(column), column, pa.array(values(len(table))))
