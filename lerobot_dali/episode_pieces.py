@@ -37,7 +37,7 @@ class EpisodePieces:
         """Every episode's frames but its first ``drop_first`` and last ``drop_last`` (an episode no longer than
         both keeps none), in ``ceil(frames / piece_frames)`` pieces of near-equal length (None: one piece).
 
-        Equal pieces, not ``piece_frames`` then a remainder: a 101-frame episode at 100 is 51 + 50, not 100 + 1,
+        Equal pieces, not ``piece_frames`` then a remainder: a 101-frame episode at 100 is 50 + 51, not 100 + 1,
         which would leave a one-frame unit to balance with.
         """
         lengths = np.asarray(episode_lengths, dtype=np.int64)
