@@ -34,6 +34,7 @@ __all__ = [
     "dataset_not_found",
     "is_repo_id",
     "open_if_present",
+    "refuse_offline_hub",
     "resolve_location",
     "with_bulk_root",
 ]
@@ -176,6 +177,33 @@ def dataset_folder_near(path: str | os.PathLike[str]) -> tuple[str, str] | None:
         f" or another of the {len(held)} it holds; several read as one with concat_datasets" if len(held) > 1 else ""
     )
     return first, f"it holds dataset folders: pass {first!r}{others}"
+
+
+def refuse_offline_hub(location: DatasetLocation) -> None:
+    """Raise DatasetNotFoundError where ``location``'s data and video files are on the Hub while HF_HUB_OFFLINE is
+    set: its metadata came from huggingface_hub's cache, but those files are read from the Hub as training goes, and
+    each read failed after its retries (40 s to open a dataset), ending in huggingface_hub's OfflineModeIsEnabled."""
+    from huggingface_hub import constants
+
+    protocol = location.fs.protocol
+    if not constants.HF_HUB_OFFLINE or "hf" not in ((protocol,) if isinstance(protocol, str) else protocol):
+        return
+    match = _HF_DATASET_URL.match(location.description)
+    copy = ""
+    if match:  # (not where data_files_root alone is on the Hub)
+        lerobot_home = os.environ.get("HF_LEROBOT_HOME") or os.path.join(constants.HF_HOME, "lerobot")
+        lerobot_copy = os.path.join(lerobot_home, match["repo"])
+        copy = (
+            f" (LeRobot's is {lerobot_copy!r})"
+            if os.path.isfile(os.path.join(lerobot_copy, "meta", "info.json"))
+            else f" (huggingface_hub.snapshot_download({match['repo']!r}, repo_type='dataset', local_dir=DIR) makes "
+            "one, online)"
+        )
+    raise DatasetNotFoundError(
+        f"{location.description}: HF_HUB_OFFLINE is set, and a Hub dataset's data/ and videos/ are read from the Hub "
+        f"as it trains (only meta/ is kept in huggingface_hub's cache): unset HF_HUB_OFFLINE, or pass a local copy of "
+        f"the dataset{copy}, or give data_files_root= a copy of its data/ and videos/"
+    )
 
 
 def is_repo_id(text: str) -> bool:

@@ -21,7 +21,14 @@ import pyarrow.parquet as pq
 
 from .column_store import ColumnStore
 from .dataset_info import INDEX_COLUMNS, DatasetInfo, Feature
-from .dataset_location import DatasetLocation, dataset_folder_near, open_if_present, resolve_location, with_bulk_root
+from .dataset_location import (
+    DatasetLocation,
+    dataset_folder_near,
+    open_if_present,
+    refuse_offline_hub,
+    resolve_location,
+    with_bulk_root,
+)
 from .dataset_stats import FeatureStats, read_dataset_stats
 from .episode_data_files import bulk_file_exists, episode_data_path, locate_episode_rows, open_stamped, video_file_path
 from .episode_rows import (
@@ -641,6 +648,7 @@ def open_dataset(
     location = resolve_location(path_or_repo, revision=revision, storage_options=storage_options)
     if data_files_root is not None:
         location = with_bulk_root(location, data_files_root, storage_options=storage_options)
+    refuse_offline_hub(location)
     info = _read_info(location)
     selected = _select(info.camera_keys, cameras, "camera", elsewhere=(info.tabular_keys, "keys"))
     camera_keys = [k for k in selected if info.features[k].is_video]

@@ -153,6 +153,8 @@ def is_transient(error: BaseException) -> bool:
         return not isinstance(error.__cause__, FileNotFoundError) and is_transient(error.__cause__)
     if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, DatasetError)):
         return False
+    if type(error).__name__ == "OfflineModeIsEnabled":  # (HF_HUB_OFFLINE set, a ConnectionError: no retry reaches)
+        return False
     status = _status_of(error)
     if status is not None:
         return status in _TRANSIENT_STATUS or 500 <= status <= 599

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 from fsspec.implementations.local import LocalFileSystem
+from huggingface_hub.errors import OfflineModeIsEnabled
 
 from lerobot_dali.dataset_location import resolve_location, with_bulk_root
 from lerobot_dali.dataset_reader import open_dataset
@@ -102,6 +103,8 @@ class PoolTimeout(TimeoutException):
         (ValueError("bad value"), False),
         (DatasetError("bad dataset"), False),
         (OSError(errno.ENOSPC, "no space"), False),
+        # HF_HUB_OFFLINE set (a ConnectionError): each read was retried 5 times, ~13 s, and failed alike
+        (OfflineModeIsEnabled("Cannot reach https://huggingface.co/api/...: offline mode is enabled."), False),
     ],
 )
 def test_is_transient(error: BaseException, transient: bool) -> None:
