@@ -122,6 +122,8 @@ def resolve_location(
     if match:
         in_url = unquote(match["rev"]) if match["rev"] else None
         return _hub_location(match["repo"], _one_revision(target, in_url, revision), match["sub"] or "", options)
+    if target.startswith("hf://") and not target.startswith("hf://buckets/"):
+        raise _no_hub_dataset(target)
     if "://" in target:
         _revision_ignored(revision, target, "not a Hub dataset")
         target, options = _http_query_as_params(target, options)
@@ -130,6 +132,20 @@ def resolve_location(
     if is_repo_id(target) and not os.path.exists(target):
         return _hub_location(target, revision, "", options, maybe_path=True)
     raise dataset_not_found(target)
+
+
+def _no_hub_dataset(target: str) -> DatasetNotFoundError:
+    """The error for an ``hf://`` URL that names no dataset repo (a model repo's ``hf://user/name``, a singular
+    ``hf://dataset/...``, a repo id cut short), with the URL the user likely meant: LeRobot datasets are dataset
+    repos, which HfFileSystem reads only under ``datasets/``."""
+    rest = target.removeprefix("hf://")
+    rest = rest.split("/", 1)[1] if rest.startswith(("datasets/", "dataset/")) else rest
+    name = re.split(r"[/@]", rest, maxsplit=2)
+    meant = f"hf://datasets/{rest}" if len(name) > 1 and is_repo_id(f"{name[0]}/{name[1]}") else None
+    return DatasetNotFoundError(
+        f"{target!r} names no Hub dataset: write one as hf://datasets/<user>/<name> (@revision and /subfolder after "
+        "it where needed)" + (f", here {meant!r}" if meant else "")
+    )
 
 
 def dataset_not_found(target: str) -> DatasetNotFoundError:

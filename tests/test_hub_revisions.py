@@ -265,6 +265,28 @@ def test_an_offline_hub_whose_metadata_is_cached_is_refused_at_open(
         open_dataset("user/ds")
 
 
+@pytest.mark.parametrize(
+    ("target", "meant"),
+    [
+        ("hf://user/ds", "hf://datasets/user/ds"),  # (a model repo's URL)
+        ("hf://dataset/user/ds@v1.0/sub", "hf://datasets/user/ds@v1.0/sub"),
+        ("hf://datasets/user", None),
+    ],
+)
+def test_an_hf_url_that_names_no_dataset_repo_says_how_to_write_one(
+    monkeypatch, target: str, meant: str | None
+) -> None:
+    """They went to HfFileSystem as they were: a model repo's URL was retried offline (then huggingface_hub's
+    OfflineModeIsEnabled) or said 'meta/info.json is missing'; a singular 'dataset/' raised its HfUriError."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # (nothing reaches the network)
+    monkeypatch.setenv("LEROBOT_DALI_REMOTE_RETRIES", "0")
+    with pytest.raises(DatasetNotFoundError) as caught:
+        resolve_location(target)
+    message = str(caught.value)
+    assert message.startswith(f"{target!r} names no Hub dataset: write one as hf://datasets/<user>/<name>"), message
+    assert (f"here {meant!r}" in message) if meant else message.endswith("where needed)"), message
+
+
 def test_other_hub_errors_keep_their_type(monkeypatch) -> None:
     error = _http_error(HfHubHTTPError, 500, "500 Server Error")
 
