@@ -54,6 +54,8 @@ _HF_DATASET_URL = re.compile(
     r"(?:@(?P<rev>refs/pr/\d+|refs/convert/[\w.-]+|[^/]+))?"
     r"(?:/(?P<sub>.*))?$"
 )
+#: The address a browser shows for a Hub dataset (or a folder of it), which no file is read from.
+_HUB_PAGE_URL = re.compile(r"^https?://(?:www\.)?huggingface\.co/datasets/(?P<repo>[^/?#]+/[^/?#]+)(?:/tree/.*)?/?$")
 #: A full commit SHA, as huggingface_hub names snapshot folders (``.../snapshots/<sha>``).
 _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 #: ``storage_options`` keys that also tell ``snapshot_download`` which Hub to ask and as whom.
@@ -124,6 +126,12 @@ def resolve_location(
         return _hub_location(match["repo"], _one_revision(target, in_url, revision), match["sub"] or "", options)
     if target.startswith("hf://") and not target.startswith("hf://buckets/"):
         raise _no_hub_dataset(target)
+    page = _HUB_PAGE_URL.match(target)
+    if page:
+        raise DatasetNotFoundError(
+            f"{target!r} is the dataset's web page, not its files: pass {page['repo']!r} (or "
+            f"'hf://datasets/{page['repo']}'; revision= for a branch, tag or commit)"
+        )
     if "://" in target:
         _revision_ignored(revision, target, "not a Hub dataset")
         target, options = _http_query_as_params(target, options)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import sys
 from types import SimpleNamespace
@@ -285,6 +286,18 @@ def test_an_hf_url_that_names_no_dataset_repo_says_how_to_write_one(
     message = str(caught.value)
     assert message.startswith(f"{target!r} names no Hub dataset: write one as hf://datasets/<user>/<name>"), message
     assert (f"here {meant!r}" in message) if meant else message.endswith("where needed)"), message
+
+
+@pytest.mark.parametrize(
+    "page", ["https://huggingface.co/datasets/user/ds", "https://huggingface.co/datasets/user/ds/tree/main/meta"]
+)
+def test_a_hub_dataset_page_url_says_to_pass_the_repo_id(monkeypatch, page: str) -> None:
+    """The address a browser shows was read as a plain HTTP server's folder: its meta/info.json is no file there
+    (offline: 5 retries and aiohttp's DNS error)."""
+    monkeypatch.setenv("LEROBOT_DALI_REMOTE_RETRIES", "0")
+    with pytest.raises(DatasetNotFoundError, match=re.escape(f"{page!r} is the dataset's web page, not its files: pass "
+                                                             "'user/ds' (or 'hf://datasets/user/ds';")):  # fmt: skip
+        resolve_location(page)
 
 
 def test_other_hub_errors_keep_their_type(monkeypatch) -> None:
