@@ -29,6 +29,7 @@ __all__ = [
     "UnsupportedVersionError",
     "VideoDecodeError",
     "WorkerProcessError",
+    "missing_video",
 ]
 
 
@@ -36,6 +37,14 @@ __all__ = [
 DAMAGED_VIDEO_ADVICE = (
     "download or copy it again from the dataset's source (`lerobot-dali check --decode` lists every damaged file)"
 )
+
+
+def missing_video(label: str) -> MissingDataFileError:
+    """The error for a video file the metadata names that does not exist, saying what to do."""
+    return MissingDataFileError(
+        f"Video file {label} does not exist: download or copy it again from the dataset's source, or leave out the "
+        "episodes it holds (episodes=[...] of the others); `lerobot-dali check` lists every missing file"
+    )
 
 
 def listing_hint(fs: object) -> str:

@@ -16,7 +16,7 @@ import av
 import numpy as np
 
 from .clips import packets_read_at, plan_clip
-from .errors import MissingDataFileError, VideoDecodeError
+from .errors import VideoDecodeError, missing_video
 from .open_files import out_of_files
 from .packet_decoder import PacketDecoder
 from .packet_index import PacketIndex
@@ -36,7 +36,7 @@ class PacketFileReader:
         try:
             self._fd: int | None = os.open(path, os.O_RDONLY)  # (not inherited by processes started from here)
         except FileNotFoundError as e:
-            raise MissingDataFileError(f"Video file {label} does not exist.") from e
+            raise missing_video(label) from e
         except OSError as e:
             raise out_of_files(e) or VideoDecodeError(f"{label}: cannot open the video ({e}).") from e
         try:

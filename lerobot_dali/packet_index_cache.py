@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import fork_locks
 from .concurrent_calls import KeyedLocks
-from .errors import DatasetError, MissingDataFileError
+from .errors import DatasetError, missing_video
 from .file_stamps import stamp_from_stat
 from .packet_index import PacketIndex, build_packet_index
 from .video_source import VideoSource, local_video_path, source_cache_key, source_label, source_url
@@ -181,7 +181,7 @@ def _local_stamp(source: VideoSource, filesystem: Any | None) -> FileStamp | Non
     try:
         return stamp_from_stat(os.stat(path))
     except FileNotFoundError as e:
-        raise MissingDataFileError(f"Video file {source_label(source)} does not exist.") from e
+        raise missing_video(source_label(source)) from e
     except OSError:  # (indexed without the store, as a file that cannot be stat'ed was before)
         return None
 

@@ -15,7 +15,7 @@ import av
 import numpy as np
 
 from .clips import ClipPlan, packets_from_keyframe
-from .errors import DAMAGED_VIDEO_ADVICE, CodecUnsupportedError, MissingDataFileError, VideoDecodeError
+from .errors import DAMAGED_VIDEO_ADVICE, CodecUnsupportedError, VideoDecodeError, missing_video
 from .frame_checks import check_random_access, damaged_frame_error, is_damaged, out_of_order_error
 from .open_files import out_of_files
 from .packet_index import PacketIndex
@@ -39,7 +39,7 @@ class PyAvReader:
                 self.container = av.open(target, "r")
         except FileNotFoundError as e:
             self.close()
-            raise MissingDataFileError(f"Video file {label} does not exist.") from e
+            raise missing_video(label) from e
         except (av.error.FFmpegError, OSError, UnicodeDecodeError) as e:  # (PyAV: I/O as OSError, bad metadata)
             self.close()
             raise out_of_files(e) or VideoDecodeError(

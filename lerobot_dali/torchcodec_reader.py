@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .cpu_backends import torchcodec_unavailable
-from .errors import CodecUnsupportedError, MissingDataFileError, VideoDecodeError
+from .errors import CodecUnsupportedError, VideoDecodeError, missing_video
 from .packet_index import PacketIndex
 from .video_source import VideoSource
 
@@ -64,7 +64,7 @@ class TorchCodecReader:
         except BaseException as e:
             self.close()  # no reader is returned, so nothing else would close the file opened for it
             if isinstance(e, FileNotFoundError):
-                raise MissingDataFileError(f"Video file {label} does not exist.") from e
+                raise missing_video(label) from e
             if isinstance(e, (RuntimeError, ValueError)):
                 raise VideoDecodeError(f"{label}: torchcodec cannot open the video ({e}).") from e
             raise

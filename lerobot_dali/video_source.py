@@ -14,7 +14,7 @@ from typing import IO, Any, TypeAlias
 
 from fsspec.implementations.local import LocalFileSystem
 
-from .errors import MissingDataFileError
+from .errors import MissingDataFileError, missing_video
 from .file_stamps import stat_version
 
 __all__ = ["VideoSource", "local_video_path", "open_video_source", "source_cache_key", "source_label", "source_url"]
@@ -109,7 +109,7 @@ def source_cache_key(source: VideoSource, *, filesystem: Any | None = None) -> H
             stat = os.fstat(source.fileno())
             return ("local", os.path.abspath(name), stat.st_size, stat_version(stat))
     except FileNotFoundError as e:
-        raise MissingDataFileError(f"Video file {source_label(source)} does not exist.") from e
+        raise missing_video(source_label(source)) from e
     except (OSError, io.UnsupportedOperation):
         return None
     return None
