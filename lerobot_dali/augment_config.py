@@ -307,6 +307,8 @@ class Normalize:
     @classmethod
     def from_stats(cls, stats: Mapping[str, Any], key: str) -> Normalize:
         """Read ``meta/stats.json``'s ``{key: {"mean": [[[r]], [[g]], [[b]]], "std": ...}}`` (shape (C, 1, 1))."""
+        if not stats:  # (read_dataset_stats' answer where there is no file)
+            raise ValueError("the dataset has neither file")
         if key not in stats:
             cameras = sorted(k for k, v in stats.items() if isinstance(v, Mapping) and "mean" in v)
             raise ValueError(f"stats have no entry {key!r}; entries with a mean: {cameras}")

@@ -120,6 +120,14 @@ def test_stats_without_the_camera_fail_naming_it() -> None:
         DALILeRobotIterator(root, device="cpu", augment=AugmentConfig(normalize="stats"))
 
 
+def test_a_dataset_without_statistics_is_said_to_have_none() -> None:
+    """It said the statistics had "no entry" for the camera, listing the entries with a mean: []."""
+    with pytest.raises(
+        StatsError, match=r"from meta/stats\.json \(or v2\.1's .*\), but the dataset has neither file\. Give"
+    ):
+        AugmentConfig(normalize="stats").with_stats({}, ["observation.images.top"], source="ds")
+
+
 def test_toml_forms_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "augment.toml"
     path.write_text('normalize = "stats"\n')
