@@ -50,6 +50,7 @@ from .errors import (
     MissingDataFileError,
     SchemaMismatchError,
     cameras_hint,
+    did_you_mean,
 )
 from .file_stamps import FileStamp, FileStamps
 from .frame_lookup import ITERATORS_LOOKUP, FrameLookup
@@ -734,7 +735,10 @@ def _select(
     if misplaced:
         raise DatasetError(f"{misplaced}: select these with {elsewhere[1]}=, not {what}s=")
     if unknown:
-        raise DatasetError(f"unknown {what}(s) {unknown}; this dataset declares {available}")
+        raise DatasetError(
+            f"unknown {what}(s) {unknown}; this dataset declares {available}: pass {what}s= from those (--{what}s on "
+            f"the command line){did_you_mean(unknown, available)}"
+        )
     return list(chosen)
 
 

@@ -7,6 +7,8 @@ they survive pickling so an error raised in a worker process reaches the trainin
 
 from __future__ import annotations
 
+import difflib
+
 __all__ = [
     "DAMAGED_VIDEO_ADVICE",
     "CodecUnsupportedError",
@@ -29,6 +31,7 @@ __all__ = [
     "UnsupportedVersionError",
     "VideoDecodeError",
     "WorkerProcessError",
+    "did_you_mean",
     "missing_video",
 ]
 
@@ -45,6 +48,21 @@ def missing_video(label: str) -> MissingDataFileError:
         f"Video file {label} does not exist: download or copy it again from the dataset's source, or leave out the "
         "episodes it holds (episodes=[...] of the others); `lerobot-dali check` lists every missing file"
     )
+
+
+def did_you_mean(unknown: list[str], available: list[str]) -> str:
+    """`` (did you mean [...]?)`` naming, for each of ``unknown``, the one key of ``available`` it most likely
+    stands for: the key whose last dotted part is spelt near its own ('top' and 'observation.image.top' for
+    'observation.images.top', 'actoin' for 'action'; nothing for 'observation.images.top' where the cameras are
+    'observation.images.cam0' and 'cam1'); "" where none is near."""
+    last: dict[str, list[str]] = {}
+    for key in available:
+        last.setdefault(key.rsplit(".", 1)[-1], []).append(key)
+    near: list[str] = []
+    for name in unknown:
+        close = difflib.get_close_matches(name.rsplit(".", 1)[-1], list(last), n=1, cutoff=0.8)
+        near += last[close[0]][:1] if close and len(last[close[0]]) == 1 else []
+    return f" (did you mean {near}?)" if near else ""
 
 
 def listing_hint(fs: object) -> str:

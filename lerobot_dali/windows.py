@@ -33,7 +33,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from .errors import DeltaTimestampsError
+from .errors import DeltaTimestampsError, did_you_mean
 from .frame_lookup import DEFAULT_TOLERANCE_S
 from .value_checks import check_seconds
 
@@ -96,6 +96,7 @@ class DeltaWindows:
             if known is not None and key not in known:
                 raise DeltaTimestampsError(
                     f"delta_timestamps names {key!r}, which is not a feature of the dataset (features: {sorted(known)})"
+                    f"{did_you_mean([key], sorted(known))}"
                 )
             deltas[key], indices[key] = self._validate(key, values)
         object.__setattr__(self, "delta_timestamps", MappingProxyType(deltas))

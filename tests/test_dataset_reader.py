@@ -669,8 +669,19 @@ def test_declared_column_missing_from_data(v3: Path) -> None:
 
 
 def test_unknown_selection(v3: Path) -> None:
+    """Each error says what to pass, and which key a short or misspelt one stands for (they listed the keys only)."""
     with pytest.raises(DatasetError, match=r"unknown camera\(s\) \['observation\.images\.nope'\]"):
         open_dataset(v3, cameras=["observation.images.nope"])
+    with pytest.raises(DatasetError, match=re.escape(
+        "unknown camera(s) ['cam0']; this dataset declares ['observation.images.cam0']: pass cameras= from those "
+        "(--cameras on the command line) (did you mean ['observation.images.cam0']?)"
+    )):  # fmt: skip
+        open_dataset(v3, cameras=["cam0"])
+    with pytest.raises(DatasetError, match=re.escape("pass keys= from those (--keys on the command line) (did you "
+                                                     "mean ['action', 'observation.state']?)")):  # fmt: skip
+        open_dataset(v3, keys=["actoin", "state"])
+    with pytest.raises(DatasetError, match=r"from those \(--cameras on the command line\)$"):
+        open_dataset(v3, cameras=["observation.images.top"])
 
 
 @pytest.mark.parametrize("name", ["cr5_v30_av1", "cr5_v21_av1", "r1_v30_h264"])

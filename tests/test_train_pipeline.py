@@ -836,7 +836,8 @@ def test_dataset_errors_while_setting_up_are_one_line_on_each_rank(
     for line in lines:  # before it logs, once the first has failed)
         assert line.endswith(
             "train.py: unknown camera(s) ['observation.images.top']; this dataset declares "
-            "['observation.images.cam0', 'observation.images.cam1']"
+            "['observation.images.cam0', 'observation.images.cam1']: pass cameras= from those (--cameras on the "
+            "command line)"
         )
 
 

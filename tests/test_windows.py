@@ -126,7 +126,7 @@ def test_invalid_specifications() -> None:
         _windows({"action": []})
     with pytest.raises(DeltaTimestampsError, match="finite"):
         _windows({"action": [float("nan")]})
-    with pytest.raises(DeltaTimestampsError, match="not a feature"):
+    with pytest.raises(DeltaTimestampsError, match=r"not a feature .* \(did you mean \['action'\]\?\)$"):
         _windows({"actoin": [0.0]}, feature_keys=["action"])
     with pytest.raises(ValueError, match="fps"):
         DeltaWindows(delta_timestamps={"action": [0.0]}, fps=0)
