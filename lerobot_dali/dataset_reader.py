@@ -783,7 +783,10 @@ def _read_tasks(location: DatasetLocation, version: str) -> dict[int, str]:
         if f is not None:
             with f:
                 return read(f, path)
-    raise DatasetError(f"{location.description}: no task list (meta/tasks.parquet or meta/tasks.jsonl)")
+    raise DatasetError(
+        f"{location.description}: no task list (meta/tasks.parquet or meta/tasks.jsonl); the dataset's files are "
+        "incomplete: download or copy its meta/ again"
+    )
 
 
 def _read_subtasks(location: DatasetLocation) -> dict[int, str] | None:

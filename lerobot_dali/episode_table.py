@@ -323,7 +323,8 @@ def _v3_rows(fs: fsspec.AbstractFileSystem, meta_root: str) -> pa.Table:
     pattern = f"{meta_root.rstrip('/')}/meta/episodes/chunk-*/file-*.parquet"
     files = sorted(fs.glob(pattern))
     if not files:
-        raise EpisodeMetadataError(f"no episode metadata found: expected files matching {pattern}{listing_hint(fs)}")
+        hint = listing_hint(fs) or "; the dataset's files are incomplete: download or copy its meta/episodes/ again"
+        raise EpisodeMetadataError(f"no episode metadata found: expected files matching {pattern}{hint}")
     tables = []
     for path in files:
         with fs.open(path, "rb") as f, damaged_parquet_as(EpisodeMetadataError, path):

@@ -509,6 +509,14 @@ def test_a_path_that_is_no_dataset_folder_says_which_folder_to_pass(tmp_path: Pa
         open_dataset(root)
 
 
+@pytest.mark.parametrize("lost", ["meta/episodes", "meta/tasks.parquet"])
+def test_a_copy_without_its_episode_or_task_list_says_it_is_incomplete(v3: Path, lost: str) -> None:
+    """Each said what is missing only."""
+    shutil.rmtree(v3 / lost) if (v3 / lost).is_dir() else (v3 / lost).unlink()
+    with pytest.raises(DatasetError, match=r"; the dataset's files are incomplete: download or copy its meta/"):
+        open_dataset(v3)
+
+
 def test_unsupported_version(v3: Path) -> None:
     _edit_info(v3, codebase_version="v1.6")
     with pytest.raises(UnsupportedVersionError, match=r"'v1\.6' is not supported.*v2\.0, v2\.1, v3\.0"):
