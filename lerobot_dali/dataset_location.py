@@ -345,6 +345,7 @@ def _missing_on_hub(
     """``error`` from ``snapshot_download`` as the package's error when it means the dataset cannot be found
     (no such repo or revision, private or gated without a token, no Hub reachable and nothing cached); ``None``
     for other errors (a Hub outage mid-download), which keep their type."""
+    from huggingface_hub import constants
     from huggingface_hub.utils import (
         GatedRepoError,
         HfHubHTTPError,
@@ -361,6 +362,11 @@ def _missing_on_hub(
         why = f"has no revision {revision or 'main'!r} on the Hub; give an existing branch, tag or commit SHA"
     elif isinstance(error, RepositoryNotFoundError) or (isinstance(error, HfHubHTTPError) and status == 401):
         why = f"not found on the Hub, or private and unreadable with the token given; check the repo id, or {token}"
+    elif isinstance(error, LocalEntryNotFoundError) and constants.HF_HUB_OFFLINE:  # (not a network failure)
+        why = (
+            f"cannot be opened: HF_HUB_OFFLINE is set and huggingface_hub's cache holds no metadata of revision "
+            f"{revision or 'main'} of it; check the repo id's spelling, or unset HF_HUB_OFFLINE to download it"
+        )
     elif isinstance(error, LocalEntryNotFoundError):
         why = (
             f"cannot be opened: the Hub could not be reached and huggingface_hub's cache holds no metadata of "

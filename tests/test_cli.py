@@ -193,6 +193,7 @@ def test_datasets_that_cannot_be_opened_are_one_line_errors(tmp_path: Path, monk
         raise LocalEntryNotFoundError("Got: ConnectError: [Errno -2] Name or service not known\nAn error happened")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable_hub)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # (offline, they say so instead)
     bench = ["bench", "--device", "cpu", "--out", str(tmp_path / "results"), "--dataset"]
     cases = [
         (["info", "s3://bucket/ds"], "Install s3fs"),

@@ -230,6 +230,7 @@ def test_a_missing_repo_or_an_unreachable_hub_is_dataset_not_found(monkeypatch, 
         raise error
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", failing_snapshot_download)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # (offline: it says so instead)
     with pytest.raises(DatasetNotFoundError) as caught:
         resolve_location("user/ds", revision="v9")
     message = str(caught.value)
@@ -262,7 +263,7 @@ def test_an_offline_hub_whose_metadata_is_cached_is_refused_at_open(
     assert (f"LeRobot's is {str(copy)!r}" in message) is lerobot_copy
     assert ("snapshot_download('user/ds', repo_type='dataset', local_dir=DIR)" in message) is not lerobot_copy
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    with pytest.raises(DatasetNotFoundError, match="meta/info.json is missing"):  # (online: on as before)
+    with pytest.raises(DatasetNotFoundError, match="meta/info.json is missing"):  # (online: opened as before)
         open_dataset("user/ds")
 
 
@@ -300,6 +301,23 @@ def test_a_hub_dataset_page_url_says_to_pass_the_repo_id(monkeypatch, page: str)
         resolve_location(page)
 
 
+def test_a_repo_id_not_cached_while_offline_says_so(monkeypatch) -> None:
+    """With HF_HUB_OFFLINE set it said the Hub "could not be reached" and to check the network: a typo in the repo
+    id, or a dataset never downloaded, is what to look for."""
+
+    def offline_snapshot_download(repo_id: str, **kwargs: Any) -> str:  # (what it raises offline, nothing cached)
+        raise LocalEntryNotFoundError("Cannot find an appropriate cached snapshot folder for the specified revision")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline_snapshot_download)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(DatasetNotFoundError, match=re.escape(
+        "dataset 'user/ds' cannot be opened: HF_HUB_OFFLINE is set and huggingface_hub's cache holds no metadata of "
+        "revision main of it; check the repo id's spelling, or unset HF_HUB_OFFLINE to download it; nor is it a local "
+        "folder under"
+    )):  # fmt: skip
+        resolve_location("user/ds")
+
+
 def test_other_hub_errors_keep_their_type(monkeypatch) -> None:
     error = _http_error(HfHubHTTPError, 500, "500 Server Error")
 
@@ -312,8 +330,9 @@ def test_other_hub_errors_keep_their_type(monkeypatch) -> None:
     assert caught.value is error
 
 
-def test_a_hub_nobody_answers_is_dataset_not_found() -> None:
+def test_a_hub_nobody_answers_is_dataset_not_found(monkeypatch) -> None:
     """huggingface_hub's own snapshot_download against an endpoint where nothing listens (no network needed)."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # (offline: it says so instead)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
