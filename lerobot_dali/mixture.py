@@ -63,6 +63,9 @@ PER_DATASET_OPTIONS = frozenset(
 _DENOMINATOR = 10**6
 #: How close (relative) a weight's fraction must be to it to stand for it.
 _CLOSE = 1e-9
+#: Largest sum of weights in lowest terms taken as such: floats hold every integer up to it, so their ratios split a
+#: batch alike however scaled; past it (80 weights of denominators near :data:`_DENOMINATOR`) they overflowed a float.
+_EXACT = 2**53
 #: The ``dataset_options`` key of a dataset's ``{own key: batch key}`` renames (:class:`~.key_rename.KeyRename`).
 RENAME_MAP = "rename_map"
 
@@ -88,7 +91,8 @@ def batch_shares(weights: Sequence[float], total: int) -> tuple[int, ...]:
 
 def _in_lowest_terms(weights: np.ndarray) -> np.ndarray:
     """``weights`` as the smallest integers in their ratio, where each is a fraction of denominator up to
-    :data:`_DENOMINATOR` (``[1, 3]``, ``[0.25, 0.75]`` and ``[0.1, 0.1 * 3]`` alike: ``[1, 3]``); else as they are.
+    :data:`_DENOMINATOR` (``[1, 3]``, ``[0.25, 0.75]`` and ``[0.1, 0.1 * 3]`` alike: ``[1, 3]``) and those integers sum
+    to at most :data:`_EXACT`; else as they are.
 
     A share's floor and the largest remainder went by the last bit of each weight's float: weights in one ratio, scaled
     otherwise, split a batch otherwise (``[1, 3]`` into 6: 2 + 4, ``[0.1, 0.1 * 3]``: 1 + 5), and a state saved
@@ -100,7 +104,10 @@ def _in_lowest_terms(weights: np.ndarray) -> np.ndarray:
     scale = math.lcm(*(f.denominator for f in fractions))
     integers = [int(f * scale) for f in fractions]
     divisor = math.gcd(*integers)
-    return np.asarray([n // divisor for n in integers], dtype=np.float64)
+    lowest = [n // divisor for n in integers]
+    if sum(lowest) > _EXACT:  # (many weights of large denominators: past what floats hold exactly, or at all)
+        return weights
+    return np.asarray(lowest, dtype=np.float64)
 
 
 class DALILeRobotMixture:

@@ -84,6 +84,16 @@ def test_weights_in_one_ratio_split_a_batch_alike_however_scaled(weights: list, 
         assert batch_shares([w * scale for w in weights], total) == shares, scale
 
 
+def test_many_weights_of_large_denominators_split_a_batch() -> None:
+    """80 datasets weighted by arbitrary floats, each close to a fraction of denominator near 10**6: their lowest
+    terms overflowed a float (OverflowError for 163 of 200 scripted lists of 80); each share is its weight's part."""
+    weights = np.random.default_rng(0).random(80).tolist()
+    shares = batch_shares(weights, 1024)
+    exact = np.asarray(weights) / sum(weights) * 1024
+    assert sum(shares) == 1024
+    assert np.all(np.abs(np.asarray(shares) - exact) < 1)
+
+
 def test_a_state_saved_with_weights_scaled_otherwise_resumes(make_ds) -> None:
     """Weights ``[3, 7]`` split a batch of 5 as 2 + 3, ``[0.1 * 3, 0.1 * 7]`` as 1 + 4, whose anchor is the other
     dataset: a state saved with the one was refused with the other, though the run was the same."""
