@@ -4,10 +4,11 @@ A merge reads an entry, adds to it and writes it whole (:func:`~lerobot_dali.cac
 processes merging at once each wrote over what the other added. Where the filesystem takes ``flock``, merges take
 turns under the lock beside the entry. Where it takes none (NFS without its lock daemon, Lustre mounted without ``-o
 flock``) they took no turns (8 processes adding 5 files each to one entry: 20-35 of the 41 lost in 10 of 10 runs);
-they now go by renames and hard links, which such filesystems make atomically: a merge renames the entry out of the
-others' way (one rename of it succeeds), merges what it took, and links its entry in only where none stands. Where
-another merge linked one meanwhile, that one is taken and merged in turn: what an entry held is always under a name
-one merge holds until its own entry is written.
+they now go by renames and hard links, which such filesystems make atomically: a merge merges the entry as it stands,
+renames it out of the others' way (one rename of it succeeds; merged again where another's entry stood by then), and
+links its entry in only where none stands. Where another merge linked one meanwhile, that one is taken and merged in
+turn: what an entry held is always under a name one merge holds until its own entry is written (a merge killed in
+between loses it: the next reads those files again).
 """
 
 from __future__ import annotations
@@ -99,23 +100,30 @@ def _lock(entry: Path, *, wait_s: float, poll_s: float) -> tuple[_Lock | None, b
 
 
 def _merge_by_renames(entry: Path, body: Callable[[list[Path]], bytes], write: Callable[..., bool]) -> None:
-    """Take ``entry`` (renamed aside, as a temporary file a sweep removes where a crash leaves one), write the merge of
-    all taken only where no entry stands, else take that one too: see the module docstring."""
+    """Merge with ``entry`` read in place, then take it (renamed aside, as a temporary file a sweep removes where a
+    crash leaves one) and write the merge only where no entry stands, else take that one too: see the module
+    docstring. The entry is away for a rename and a write, not for the merge too, where none changed it meanwhile:
+    readers found none (and each read again what it held) for most of a merge's time."""
     taken: list[Path] = []
     try:
         for _ in range(_TURNS):
+            read = _identity(entry)
+            data = body([*taken, entry])
             aside = entry.with_name(f".{entry.stem[:16]}.{uuid.uuid4().hex[:12]}.taken.tmp")
             try:
                 os.rename(entry, aside)
-                taken.append(aside)
             except FileNotFoundError:
                 pass  # (none yet, or another merge holds it: its link then finds this one's and takes it in)
             except OSError as e:  # (another user's entry in a shared folder): written over, as without a lock
                 logger.debug("%s cannot be renamed (%s); merging into it in place", entry, e)
-                write(body([*taken, entry]))
+                write(data)
                 return
+            else:
+                taken.append(aside)
+                if _identity(aside) != read:  # (another merge's entry stood when it was taken: merged with it too)
+                    data = body(taken)
             try:
-                if not write(body(taken), exclusive=True) and taken:
+                if not write(data, exclusive=True) and taken:
                     with contextlib.suppress(OSError):  # (not written, a full disk: what it held stays)
                         os.link(taken[0], entry)
                 return
@@ -125,3 +133,13 @@ def _merge_by_renames(entry: Path, body: Callable[[list[Path]], bytes], write: C
     finally:
         for aside in taken:
             aside.unlink(missing_ok=True)
+
+
+def _identity(path: Path) -> tuple[int, ...] | None:
+    """Which file ``path`` names, as written (device, inode, size, mtime: an inode freed and reused differs); None
+    where none."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
