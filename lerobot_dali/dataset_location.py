@@ -4,7 +4,8 @@ Metadata is small and read once, so for the Hub it is downloaded (``meta/`` only
 cache; bulk ``data/`` and ``videos/`` bytes stay remote and are read lazily through fsspec, which keeps a
 multi-terabyte dataset usable from a machine whose disk holds none of it. Those bulk reads are pinned to
 the commit the metadata snapshot came from, so a branch that moves mid-training cannot pair old metadata
-with new data files.
+with new data files (and are read from that snapshot folder where it holds them all:
+:mod:`~lerobot_dali.hub_cache_files`).
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ from .said_once import say_once, warn_once
 
 __all__ = [
     "DatasetLocation",
+    "HubSnapshot",
     "dataset_folder_near",
     "dataset_not_found",
     "is_repo_id",
     "open_if_present",
-    "refuse_offline_hub",
     "resolve_location",
     "with_bulk_root",
 ]
@@ -72,14 +73,29 @@ def open_if_present(fs: fsspec.AbstractFileSystem, path: str, mode: str = "rb", 
 
 
 @dataclass(frozen=True)
+class HubSnapshot:
+    """Where huggingface_hub's cache keeps a Hub dataset's files at the commit its bulk reads are pinned to: the
+    folder its metadata was read from, which holds ``data/`` and ``videos/`` too once the whole dataset is
+    downloaded (``hf download --repo-type dataset``)."""
+
+    repo_id: str
+    commit: str  #: full SHA, the name of the snapshot folder
+    folder: str  #: the dataset root's counterpart in the snapshot folder (its subfolder, where one is given)
+    subfolder: str  #: "" or the dataset's folder in the repo, with a trailing "/"
+
+
+@dataclass(frozen=True)
 class DatasetLocation:
-    """A dataset root as two filesystems: one for ``meta/`` and one for bulk files (often the same)."""
+    """A dataset root as two filesystems: one for ``meta/`` and one for bulk files (often the same).
+    ``hub_snapshot``: a Hub dataset's snapshot folder in huggingface_hub's cache, of the commit its bulk files are
+    read at (None for other datasets, and where ``data_files_root`` serves them)."""
 
     fs: fsspec.AbstractFileSystem
     root: str
     meta_fs: fsspec.AbstractFileSystem
     meta_root: str
     description: str
+    hub_snapshot: HubSnapshot | None = None
 
     def path(self, relative: str) -> str:
         """Path of a bulk file (``data/...``, ``videos/...``) on ``fs``."""
@@ -203,33 +219,6 @@ def dataset_folder_near(path: str | os.PathLike[str]) -> tuple[str, str] | None:
     return first, f"it holds dataset folders: pass {first!r}{others}"
 
 
-def refuse_offline_hub(location: DatasetLocation) -> None:
-    """Raise DatasetNotFoundError where ``location``'s data and video files are on the Hub while HF_HUB_OFFLINE is
-    set: its metadata came from huggingface_hub's cache, but those files are read from the Hub as training goes, and
-    each read failed after its retries (40 s to open a dataset), ending in huggingface_hub's OfflineModeIsEnabled."""
-    from huggingface_hub import constants
-
-    protocol = location.fs.protocol
-    if not constants.HF_HUB_OFFLINE or "hf" not in ((protocol,) if isinstance(protocol, str) else protocol):
-        return
-    match = _HF_DATASET_URL.match(location.description)
-    copy = ""
-    if match:  # (not where data_files_root alone is on the Hub)
-        lerobot_home = os.environ.get("HF_LEROBOT_HOME") or os.path.join(constants.HF_HOME, "lerobot")
-        lerobot_copy = os.path.join(lerobot_home, match["repo"])
-        copy = (
-            f" (LeRobot's is {lerobot_copy!r})"
-            if os.path.isfile(os.path.join(lerobot_copy, "meta", "info.json"))
-            else f" (huggingface_hub.snapshot_download({match['repo']!r}, repo_type='dataset', local_dir=DIR) makes "
-            "one, online)"
-        )
-    raise DatasetNotFoundError(
-        f"{location.description}: HF_HUB_OFFLINE is set, and a Hub dataset's data/ and videos/ are read from the Hub "
-        f"as it trains (only meta/ is kept in huggingface_hub's cache): unset HF_HUB_OFFLINE, or pass a local copy of "
-        f"the dataset{copy}, or give data_files_root= a copy of its data/ and videos/"
-    )
-
-
 def is_repo_id(text: str) -> bool:
     """Whether ``text`` is spelled as a Hub repo id (``user/name``)."""
     return _REPO_ID.match(text) is not None
@@ -323,7 +312,10 @@ def _hub_location(
     root = f"datasets/{repo_id}{_at(commit)}/{prefix}".rstrip("/")
     local = LocalFileSystem()
     meta_root = os.path.join(local_meta, prefix.rstrip("/")) if prefix else local_meta
-    return DatasetLocation(fs, root, local, meta_root, f"hf://datasets/{repo_id}{_at(revision)}/{prefix}".rstrip("/"))
+    description = f"hf://datasets/{repo_id}{_at(revision)}/{prefix}".rstrip("/")
+    folder_commit = os.path.basename(os.path.normpath(local_meta))
+    snapshot = HubSnapshot(repo_id, folder_commit, meta_root, prefix) if commit == folder_commit else None
+    return DatasetLocation(fs, root, local, meta_root, description, snapshot)
 
 
 def _hidden_bars() -> type:
@@ -428,7 +420,8 @@ def with_bulk_root(
         target, options = _http_query_as_params(target, storage_options or {})
         fs, root = _remote_fs(target, options)
     say_once(logger, logging.INFO, "%s: reading data/ and videos/ from %s", location.description, target)
-    return replace(location, fs=fs, root=root, description=f"{location.description} (data files: {target})")
+    description = f"{location.description} (data files: {target})"
+    return replace(location, fs=fs, root=root, description=description, hub_snapshot=None)
 
 
 def _remote_fs(target: str, options: dict[str, Any]) -> tuple[fsspec.AbstractFileSystem, str]:

@@ -25,7 +25,6 @@ from .dataset_location import (
     DatasetLocation,
     dataset_folder_near,
     open_if_present,
-    refuse_offline_hub,
     resolve_location,
     with_bulk_root,
 )
@@ -54,6 +53,7 @@ from .errors import (
 )
 from .file_stamps import FileStamp, FileStamps
 from .frame_lookup import ITERATORS_LOOKUP, FrameLookup
+from .hub_cache_files import bulk_files_named, read_bulk_from_cache
 from .row_count_store import Footer
 from .said_once import say_once, warn_once
 from .value_checks import required_whole_number
@@ -639,7 +639,8 @@ def open_dataset(
     ``cameras`` selects cameras, video and image ones (default: all declared); ``keys`` selects tabular features
     (default: all declared). Selecting lets a dataset whose info.json declares a camera without files, or a column that
     drifted, still be read for the rest. ``data_files_root`` (a folder or fsspec URL such as
-    ``s3://bucket/mirror``) serves ``data/`` and ``videos/`` while metadata comes from ``path_or_repo``.
+    ``s3://bucket/mirror``) serves ``data/`` and ``videos/`` while metadata comes from ``path_or_repo``. A Hub
+    dataset's are read from huggingface_hub's cache where it holds all those to read (:mod:`.hub_cache_files`).
     ``episodes`` keeps only those episode indices, as LeRobot's ``LeRobotDataset(episodes=...)`` does (a
     train/validation split); batches still carry the dataset's own ``index`` and ``episode_index``.
     ``episode_filter`` keeps the episodes (of ``episodes``, if given) whose metadata row it returns True for, as
@@ -649,15 +650,11 @@ def open_dataset(
     location = resolve_location(path_or_repo, revision=revision, storage_options=storage_options)
     if data_files_root is not None:
         location = with_bulk_root(location, data_files_root, storage_options=storage_options)
-    refuse_offline_hub(location)
     info = _read_info(location)
     selected = _select(info.camera_keys, cameras, "camera", elsewhere=(info.tabular_keys, "keys"))
     camera_keys = [k for k in selected if info.features[k].is_video]
     image_keys = [k for k in selected if not info.features[k].is_video]
     tabular_keys = _select(info.tabular_keys, keys, "key", elsewhere=(info.camera_keys, "cameras"))
-    # Remote: one recursive listing per root stamps every file (no per-file metadata request, here or in
-    # any worker); a filesystem that cannot list falls back to one request per file looked up.
-    stamps = None if location.is_local else FileStamps(location.fs, [location.path("data"), location.path("videos")])
     records = read_episode_records(location.meta_fs, location.meta_root, info)
     table = read_episode_table(records, info, video_keys=camera_keys)
     if episode_filter is not None:
@@ -665,6 +662,10 @@ def open_dataset(
             None if episodes is None else table.select(episodes, source=location.description).episode_index.tolist()
         )
         episodes = filter_episodes(records, episode_filter, candidates=candidates)
+    location = read_bulk_from_cache(location, bulk_files_named(info, table, camera_keys, episodes))
+    # Remote: one recursive listing per root stamps every file (no per-file metadata request, here or in
+    # any worker); a filesystem that cannot list falls back to one request per file looked up.
+    stamps = None if location.is_local else FileStamps(location.fs, [location.path("data"), location.path("videos")])
     table, data_file_footers = locate_episode_rows(location, info, table, stamps=stamps, episodes=episodes)
     if info.total_episodes and info.total_episodes != len(table):
         warn_once(

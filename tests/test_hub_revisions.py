@@ -28,7 +28,6 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import tqdm as hub_tqdm
 
 from lerobot_dali.dataset_location import DatasetLocation, resolve_location
-from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DatasetNotFoundError
 
 SNAPSHOT_SHA = "c0ffee" * 6 + "c0ff"
@@ -240,31 +239,6 @@ def test_a_missing_repo_or_an_unreachable_hub_is_dataset_not_found(monkeypatch, 
     assert (f"; nor is it a local folder under {os.getcwd()} (" in message) is maybe_path
     assert f"{type(error).__name__}: {str(error).splitlines()[0]}" in message
     assert caught.value.__cause__ is error
-
-
-@pytest.mark.parametrize("lerobot_copy", [False, True])
-def test_an_offline_hub_whose_metadata_is_cached_is_refused_at_open(
-    hub, monkeypatch, tmp_path, lerobot_copy: bool
-) -> None:
-    """HF_HUB_OFFLINE set and the metadata in huggingface_hub's cache: open_dataset then read data files from the Hub,
-    each read retried 5 times (40 s to open, 80 s to build an iterator) before huggingface_hub's OfflineModeIsEnabled.
-    Now it is refused at once, saying what to do; LeRobot's own copy, where there is one, is named."""
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setenv("HF_LEROBOT_HOME", str(tmp_path / "lerobot"))
-    copy = tmp_path / "lerobot" / "user" / "ds"
-    if lerobot_copy:
-        (copy / "meta").mkdir(parents=True)
-        (copy / "meta" / "info.json").write_text("{}")
-    with pytest.raises(DatasetNotFoundError) as caught:
-        open_dataset("user/ds")
-    message = str(caught.value)
-    assert message.startswith("hf://datasets/user/ds: HF_HUB_OFFLINE is set, and a Hub dataset's data/ and videos/")
-    assert "unset HF_HUB_OFFLINE, or pass a local copy of the dataset" in message
-    assert (f"LeRobot's is {str(copy)!r}" in message) is lerobot_copy
-    assert ("snapshot_download('user/ds', repo_type='dataset', local_dir=DIR)" in message) is not lerobot_copy
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    with pytest.raises(DatasetNotFoundError, match="meta/info.json is missing"):  # (online: opened as before)
-        open_dataset("user/ds")
 
 
 @pytest.mark.parametrize(

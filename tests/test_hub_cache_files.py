@@ -1,0 +1,244 @@
+"""A Hub dataset whose data and video files are in huggingface_hub's cache is read from there (offline too).
+
+Nothing touches the network: a generated dataset is laid out as huggingface_hub's cache keeps a repo
+(``datasets--user--ds/refs/main``, ``snapshots/<commit>/...`` links to ``blobs/``), which huggingface_hub's own
+``scan_cache_dir`` and ``try_to_load_from_cache`` are asked to recognise. Offline, the real ``snapshot_download``
+finds the metadata there; online it is stubbed to answer that snapshot folder, as it does once the Hub names the
+commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import huggingface_hub
+import numpy as np
+import pytest
+import torch
+from huggingface_hub import HfFileSystem
+
+from lerobot_dali.dataset_location import resolve_location
+from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.errors import DatasetNotFoundError
+from lerobot_dali.hub_cache_files import bulk_files_named, read_bulk_from_cache
+from lerobot_dali.iterator import DALILeRobotIterator
+from tests.test_iterator import DELTAS, LENGTHS, _dataset, _samples
+
+REPO = "user/ds"
+COMMIT = "feed" * 10
+DOWNLOAD = f"hf download {REPO} --repo-type dataset --revision {COMMIT}"
+
+
+def _cache_a_copy(cache: Path, dataset: Path, *, keep: Callable[[str], bool] = lambda relative: True,
+                  subfolder: str = "") -> Path:  # fmt: skip
+    """``dataset``'s files (those ``keep`` takes) as huggingface_hub's cache holds repo REPO at COMMIT, under
+    ``subfolder`` of it; its snapshot folder. Each file is a blob named by its hash, linked from the snapshot."""
+    repo = cache / "datasets--user--ds"
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(COMMIT)
+    snapshot = repo / "snapshots" / COMMIT
+    (repo / "blobs").mkdir(exist_ok=True)
+    for path in sorted(p for p in dataset.rglob("*") if p.is_file()):
+        relative = path.relative_to(dataset).as_posix()
+        if not keep(relative):
+            continue
+        blob = repo / "blobs" / hashlib.sha256(path.read_bytes()).hexdigest()
+        shutil.copyfile(path, blob)
+        link = snapshot / subfolder / relative
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    return snapshot
+
+
+@pytest.fixture
+def cache(monkeypatch, tmp_path) -> Path:
+    """huggingface_hub's cache folder (HF_HUB_CACHE), empty, with HF_HUB_OFFLINE set and no LeRobot copy."""
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(folder))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(folder))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_LEROBOT_HOME", str(tmp_path / "lerobot"))
+    return folder
+
+
+def _rows(reader) -> list[dict[str, np.ndarray]]:
+    return [reader.read_episode(pos) for pos in range(reader.num_episodes)]
+
+
+def _assert_rows_equal(a: list[dict[str, np.ndarray]], b: list[dict[str, np.ndarray]]) -> None:
+    assert len(a) == len(b)
+    for ra, rb in zip(a, b, strict=True):
+        assert ra.keys() == rb.keys()
+        for key in ra:
+            np.testing.assert_array_equal(ra[key], rb[key])
+
+
+def test_the_fake_cache_is_laid_out_as_huggingface_hub_keeps_one(cache, make_ds) -> None:
+    dataset = _dataset(make_ds, "vp9")
+    snapshot = _cache_a_copy(cache, dataset)
+    (repo,) = huggingface_hub.scan_cache_dir(cache).repos
+    assert (repo.repo_id, repo.repo_type) == (REPO, "dataset")
+    (revision,) = repo.revisions
+    assert revision.commit_hash == COMMIT and revision.refs == {"main"}
+    assert revision.nb_files == sum(1 for p in dataset.rglob("*") if p.is_file())
+    found = huggingface_hub.try_to_load_from_cache(REPO, "videos/observation.images.cam0/chunk-000/file-000.mp4",
+                                                   cache_dir=cache, repo_type="dataset")  # fmt: skip
+    assert found == str(snapshot / "videos/observation.images.cam0/chunk-000/file-000.mp4")
+
+
+@pytest.mark.parametrize(
+    ("version", "target", "revision", "subfolder"),
+    [
+        ("v3.0", REPO, None, ""),  # (main, through refs/main)
+        ("v3.0", REPO, COMMIT, ""),
+        ("v3.0", "hf://datasets/user/ds/sub/set", None, "sub/set"),
+        ("v2.1", REPO, None, ""),  # (a data file and a video per episode)
+    ],
+)
+def test_offline_a_hub_dataset_whose_files_are_cached_reads_them_from_there(
+    cache, make_ds, version: str, target: str, revision: str | None, subfolder: str
+) -> None:
+    """It was refused at open (HF_HUB_OFFLINE: data and videos are read from the Hub), though `hf download` had put
+    every file in the snapshot folder its metadata was read from."""
+    dataset = make_ds(episodes=5, frames_per_episode=LENGTHS, episodes_per_file=2, codec="vp9", fps=10, version=version)
+    snapshot = _cache_a_copy(cache, dataset, subfolder=subfolder)
+    reader = open_dataset(target, revision=revision)
+    assert reader.location.is_local and reader.location.root == str(snapshot / subfolder).rstrip("/")
+    assert reader.location.description == (target if "://" in target else f"hf://datasets/{REPO}") + (
+        f"@{revision}" if revision else ""
+    )
+    _assert_rows_equal(_rows(reader), _rows(open_dataset(dataset)))
+    assert reader.video(0, "observation.images.cam0").path.startswith(f"{snapshot}/")
+
+
+def test_offline_batches_from_the_cache_equal_those_of_the_local_copy(cache, make_ds) -> None:
+    dataset = _dataset(make_ds, "vp9")
+    _cache_a_copy(cache, dataset)
+    options = dict(batch_size=4, delta_timestamps=DELTAS, shuffle=False, device="cpu", num_workers=0,
+                   drop_last=False)  # fmt: skip
+    local = _samples(DALILeRobotIterator(dataset, **options))
+    cached = _samples(DALILeRobotIterator(REPO, **options))
+    assert [int(s["index"]) for s in cached] == list(range(sum(LENGTHS)))
+    for a, b in zip(local, cached, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]) if isinstance(a[key], torch.Tensor) else a[key] == b[key], key
+
+
+CAM0_FILE0 = "videos/observation.images.cam0/chunk-000/file-000.mp4"
+DATA_FILE2 = "data/chunk-000/file-002.parquet"
+
+
+@pytest.mark.parametrize(
+    ("left_out", "said"),
+    [
+        (lambda r: not r.startswith("meta/"), "holds none of the 9 data and video files its episodes to read name"),
+        (lambda r: r in (CAM0_FILE0, DATA_FILE2), f"holds 7 of the 9 data and video files its episodes to read name, "
+         f"at commit {COMMIT} (absent: {DATA_FILE2}, {CAM0_FILE0}): fetch them, online, with `{DOWNLOAD}`;"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("lerobot_copy", [False, True])
+def test_offline_files_absent_from_the_cache_are_named_with_the_command_that_fetches_them(
+    cache, make_ds, tmp_path, left_out: Callable[[str], bool], said: str, lerobot_copy: bool
+) -> None:
+    """A cache holding only meta/ (what opening online downloads) was refused saying to unset HF_HUB_OFFLINE or pass a
+    local copy; one holding all but some files alike, naming none. Now it says how many and which are absent, and the
+    command that fetches them; LeRobot's own copy, where there is one, is named."""
+    _cache_a_copy(cache, _dataset(make_ds, "vp9"), keep=lambda relative: not left_out(relative))
+    copy = tmp_path / "lerobot" / REPO
+    if lerobot_copy:
+        (copy / "meta").mkdir(parents=True)
+        (copy / "meta" / "info.json").write_text("{}")
+    with pytest.raises(DatasetNotFoundError) as caught:
+        open_dataset(REPO)
+    message = str(caught.value)
+    assert message.startswith(f"hf://datasets/{REPO}: HF_HUB_OFFLINE is set, and huggingface_hub's cache {said}")
+    assert DOWNLOAD in message and "unset HF_HUB_OFFLINE to read them from the Hub, pass a local copy" in message
+    assert (f"LeRobot has one: {str(copy)!r}" in message) is lerobot_copy
+
+
+def test_offline_only_the_files_of_the_episodes_to_read_are_needed(cache, make_ds) -> None:
+    """Episodes 0 and 1 are in the first data file and video of each camera; the others' files are absent."""
+    dataset = _dataset(make_ds, "vp9")
+    firsts = ("meta/", "data/chunk-000/file-000", "videos/observation.images.cam0/chunk-000/file-000",
+              "videos/observation.images.cam1/chunk-000/file-000")  # fmt: skip
+    _cache_a_copy(cache, dataset, keep=lambda relative: relative.startswith(firsts))
+    reader = open_dataset(REPO, episodes=[0, 1])
+    assert reader.location.is_local
+    _assert_rows_equal(_rows(reader), _rows(open_dataset(dataset, episodes=[0, 1])))
+    with pytest.raises(DatasetNotFoundError, match="holds 3 of the 9 data and video files"):
+        open_dataset(REPO)
+
+
+def test_offline_a_link_whose_blob_is_gone_counts_as_absent(cache, make_ds) -> None:
+    snapshot = _cache_a_copy(cache, _dataset(make_ds, "vp9"))
+    os.remove(os.path.realpath(snapshot / CAM0_FILE0))
+    with pytest.raises(DatasetNotFoundError, match=f"holds 8 of the 9 .* \\(absent: {CAM0_FILE0}\\)"):
+        open_dataset(REPO)
+
+
+def test_a_subfolder_is_fetched_alone(cache, make_ds) -> None:
+    _cache_a_copy(cache, _dataset(make_ds, "vp9"), keep=lambda relative: relative.startswith("meta/"), subfolder="a")
+    with pytest.raises(DatasetNotFoundError, match=f"`{DOWNLOAD} --include 'a/\\*'`"):
+        open_dataset("hf://datasets/user/ds/a")
+
+
+def test_offline_data_files_root_on_the_hub_is_refused(cache, make_ds) -> None:
+    """Bulk files on another Hub repo have no snapshot folder here to read them from."""
+    _cache_a_copy(cache, _dataset(make_ds, "vp9"))
+    with pytest.raises(DatasetNotFoundError, match=re.escape(
+        f"hf://datasets/{REPO} (data files: hf://datasets/user/mirror): HF_HUB_OFFLINE is set, and its data/ and "
+        "videos/ are read from the Hub as it trains: unset HF_HUB_OFFLINE, or give data_files_root= a local copy"
+    )):  # fmt: skip
+        open_dataset(REPO, data_files_root="hf://datasets/user/mirror")
+
+
+@pytest.fixture
+def online(cache, monkeypatch) -> list[str]:
+    """HF_HUB_OFFLINE unset; ``snapshot_download`` answers the cache's snapshot folder, as it does once the Hub
+    names COMMIT. The paths HfFileSystem is asked about, each failing (nothing reaches the network)."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    snapshot = cache / "datasets--user--ds" / "snapshots" / COMMIT
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, **kwargs: str(snapshot))
+    asked: list[str] = []
+
+    def no_hub(self: HfFileSystem, path: str, *args: Any, **kwargs: Any) -> Any:
+        asked.append(path)
+        raise ConnectionRefusedError(f"test: no Hub to ask about {path}")
+
+    for method in ("_open", "info", "ls", "find", "_ls_tree"):
+        monkeypatch.setattr(HfFileSystem, method, no_hub)
+    return asked
+
+
+def test_online_cached_files_are_read_from_the_cache_without_asking_the_hub(online, cache, make_ds) -> None:
+    """The files are the commit's, as the Hub's reads at that commit are: read from disk, not streamed again and
+    copied into the prefetch cache."""
+    dataset = _dataset(make_ds, "vp9")
+    _cache_a_copy(cache, dataset)
+    reader = open_dataset(REPO)
+    assert reader.location.is_local and online == []
+    _assert_rows_equal(_rows(reader), _rows(open_dataset(dataset)))
+
+
+@pytest.mark.parametrize(("left_out", "looked"), [(lambda r: not r.startswith("meta/"), 1), (CAM0_FILE0.__eq__, 9)])
+def test_online_a_cache_missing_files_leaves_every_read_on_the_hub(
+    online, cache, make_ds, monkeypatch, left_out: Callable[[str], bool], looked: int
+) -> None:
+    """Metadata only (what opening online downloads): one look, at the first file; some absent: all on the Hub."""
+    dataset = _dataset(make_ds, "vp9")
+    _cache_a_copy(cache, dataset, keep=lambda relative: not left_out(relative))
+    location = resolve_location(REPO)
+    reader = open_dataset(dataset)
+    isfile, looks = os.path.isfile, []
+    monkeypatch.setattr(os.path, "isfile", lambda path: looks.append(path) or isfile(path))
+    named = bulk_files_named(reader.info, reader.episodes, reader.camera_keys, None)
+    assert read_bulk_from_cache(location, named) is location
+    assert len(looks) == looked and location.root == f"datasets/{REPO}@{COMMIT}"
