@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 
@@ -117,7 +118,15 @@ def _absent_offline(
 def _download_command(snapshot: HubSnapshot) -> str:
     """The command that puts the dataset's files in ``snapshot``'s folder (those already there are kept)."""
     only = f" --include '{snapshot.subfolder}*'" if snapshot.subfolder else ""
-    return f"hf download {snapshot.repo_id} --repo-type dataset --revision {snapshot.commit}{only}"
+    return f"{_cli()} download {snapshot.repo_id} --repo-type dataset --revision {snapshot.commit}{only}"
+
+
+def _cli() -> str:
+    """huggingface_hub's command as installed: ``hf`` from 0.34, ``huggingface-cli`` before (0.24 is taken)."""
+    import huggingface_hub
+
+    major, minor = (int(part) for part in re.findall(r"\d+", huggingface_hub.__version__)[:2])
+    return "hf" if (major, minor) >= (0, 34) else "huggingface-cli"
 
 
 def _on_hub(location: DatasetLocation) -> bool:

@@ -242,3 +242,15 @@ def test_online_a_cache_missing_files_leaves_every_read_on_the_hub(
     named = bulk_files_named(reader.info, reader.episodes, reader.camera_keys, None)
     assert read_bulk_from_cache(location, named) is location
     assert len(looks) == looked and location.root == f"datasets/{REPO}@{COMMIT}"
+
+
+@pytest.mark.parametrize(("version", "command"), [("0.24.7", "huggingface-cli"), ("0.33.0", "huggingface-cli"),
+                                                   ("0.34.0", "hf"), ("1.0.0rc2", "hf"), ("2.4.0", "hf")])  # fmt: skip
+def test_the_download_command_is_the_installed_huggingface_hubs(monkeypatch, version, command):
+    """huggingface_hub before 0.34 (this package takes 0.24) has no `hf` command: the advice named one it lacks."""
+    import huggingface_hub
+
+    from lerobot_dali.hub_cache_files import _cli
+
+    monkeypatch.setattr(huggingface_hub, "__version__", version)
+    assert _cli() == command
