@@ -37,7 +37,13 @@ PIXELS = ("planes", "rgb")
 
 
 def fallback_source(
-    dataset: str, *, batch_size: int, window: str, pixels: str, worker_size: tuple[int, int] | None
+    dataset: str,
+    *,
+    batch_size: int,
+    window: str,
+    pixels: str,
+    worker_size: tuple[int, int] | None,
+    frame_index: bool = False,
 ) -> Any:
     """A :class:`~lerobot_dali.batch_source.BatchSource` whose video cameras the worker decodes with PyAV, shipping
     ``pixels``: planes as a GPU machine picks for the CPU fallback, or RGB (resized to ``worker_size``) as CPU mode
@@ -49,7 +55,8 @@ def fallback_source(
     from lerobot_dali.packet_index_cache import PacketIndexCache
 
     options = CpuDecodeOptions(backend=CpuDecoderBackend.PYAV)
-    spec = worker_spec(dataset, batch_size=batch_size, window=window, cpu_decode=options)
+    lookup = {"timestamp_source": "frame_index"} if frame_index else {}
+    spec = worker_spec(dataset, batch_size=batch_size, window=window, cpu_decode=options, **lookup)
     feeds, formats = {}, {}
     for camera in spec.camera_feeds:
         route = DecodeRoute.CPU_FALLBACK
@@ -265,6 +272,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="times the batches are timed over (default %(default)s)")
     parser.add_argument("--warmup", type=int, default=3, help="(default %(default)s)")
     parser.add_argument("--decode-only", action="store_true", help="also the floor without conversion or copies")
+    parser.add_argument("--frame-index", action="store_true", help="look frames up by frame_index / fps (cr5_*)")
     parser.add_argument("--profile", action="store_true", help="also the worker's 25 costliest functions")
     args = parser.parse_args()
     if args.worker_size is not None and args.pixels != "rgb":
@@ -275,6 +283,7 @@ def main() -> None:
         window=args.window,
         pixels=args.pixels,
         worker_size=args.worker_size,
+        frame_index=args.frame_index,
     )
     result: dict[str, Any] = {
         "dataset": args.dataset,

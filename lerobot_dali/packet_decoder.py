@@ -10,7 +10,7 @@ as pts, which proves which frame is which, and every frame is checked as a file 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import av
@@ -51,20 +51,28 @@ class PacketDecoder:
 
         Each frame is checked and converted as it comes out and the others dropped at once, as a file reader does:
         holding a clip's frames until its last grew the decoder's frame pool to the clip's length, which it then
-        kept (+6 MB per open 640x480 decoder after an 18-frame clip). Decoding stops once the wanted frames and
-        each run's keyframe are out."""
+        kept (+6 MB per open 640x480 decoder after an 18-frame clip). A run's packets are fed until its wanted frames
+        and its keyframe are out, the packets ahead of them left unfed (:func:`~.clips.plan_clip`'s ``lookahead``), and
+        decoding stops once every run's are."""
         if len(payloads) != plan.frame_count:
             raise ValueError(f"decode_packets got {len(payloads)} payloads for a plan of {plan.frame_count} packets.")
         # Display rank as pts: the decoder hands frames back in display order, and the pts proves which is which.
         ranks = np.argsort(np.argsort(index.pts[plan.packet_positions], kind="stable"), kind="stable")
         clip_seconds = np.sort(index.pts[plan.packet_positions]) * float(index.time_base)
         # Each run's keyframe (decoded after the previous run's pictures) must show first, intra-coded.
-        keys = {int(ranks[int(np.searchsorted(plan.packet_positions, start))]) for start, _ in plan.segments}
+        firsts = np.searchsorted(plan.packet_positions, [start for start, _ in plan.segments])
+        keys = {int(ranks[first]) for first in firsts.tolist()}
         pending = set(np.unique(plan.relative_indices).tolist())
+        # Per run (payloads [bounds[i], bounds[i + 1])), the ranks it still owes: its wanted frames and keyframe.
+        bounds = [*firsts.tolist(), len(payloads)]
+        run_of = np.repeat(np.arange(len(firsts)), np.diff(bounds))[np.argsort(ranks)].tolist()  # (by rank)
+        owed: list[set[int]] = [set() for _ in firsts]
+        for rank in (*pending, *keys):
+            owed[run_of[rank]].add(rank)
         found: dict[int, Any] = {}
         last: int | None = None
         try:
-            for frame in self._decoded(index, plan, payloads, ranks):
+            for frame in self._decoded(index, plan, payloads, ranks, zip(owed, bounds[:-1], bounds[1:], strict=True)):
                 rank = frame.pts
                 known = rank is not None and 0 <= rank < len(clip_seconds)
                 if is_damaged(frame, index):
@@ -81,6 +89,8 @@ class PacketDecoder:
                 if rank in pending:
                     found[rank] = convert(frame)
                     pending.discard(rank)
+                if known:
+                    owed[run_of[rank]].discard(rank)
                 if not pending and not keys:
                     break
         except (av.error.FFmpegError, OSError) as e:
@@ -99,15 +109,27 @@ class PacketDecoder:
         return found
 
     def _decoded(
-        self, index: PacketIndex, plan: ClipPlan, payloads: list[bytes], ranks: np.ndarray
+        self,
+        index: PacketIndex,
+        plan: ClipPlan,
+        payloads: list[bytes],
+        ranks: np.ndarray,
+        runs: Iterable[tuple[set[int], int, int]],
     ) -> Iterator[av.VideoFrame]:
-        """The frames of ``payloads`` as the decoder shows them, from a reset decoder, flushed at the end."""
+        """The frames of ``payloads`` as the decoder shows them, from a reset decoder, flushed at the end. ``runs``:
+        per run, the ranks it owes (emptied by the caller as they come out) and its packets ``[first, stop)``, fed
+        while it owes any."""
         self.codec.flush_buffers()
-        for position, (payload, rank) in enumerate(zip(payloads, ranks.tolist(), strict=True)):
-            packet = av.Packet(payload)
-            packet.pts, packet.dts = rank, position
-            packet.is_keyframe = bool(index.keyframe[plan.packet_positions[position]])
-            yield from self.codec.decode(packet)
+        keyframes = index.keyframe[plan.packet_positions].tolist()
+        display_ranks = ranks.tolist()
+        for owed, first, stop in runs:
+            for position in range(first, stop):
+                if not owed:
+                    break
+                packet = av.Packet(payloads[position])
+                packet.pts, packet.dts = display_ranks[position], position
+                packet.is_keyframe = keyframes[position]
+                yield from self.codec.decode(packet)
         yield from self.codec.decode(None)
 
     def close(self) -> None:

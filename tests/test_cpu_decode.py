@@ -901,11 +901,10 @@ def test_decode_each_of_an_open_gop_file_decodes_each_gop_on_its_own(tmp_path, m
     decoded: list[int] = []
     original = PacketDecoder.frames_at
 
-    class Fed(list):  # the packets fed to the decoder (it stops once the frames are out)
-        def __iter__(self):
-            for payload in super().__iter__():
-                decoded.append(1)
-                yield payload
+    class Fed(list):  # the packets fed to the decoder, each taken by its place (a run stops once its frames are out)
+        def __getitem__(self, position):
+            decoded.append(1)
+            return super().__getitem__(position)
 
     def counting(self, index, plan, payloads, *args):
         return original(self, index, plan, Fed(payloads), *args)

@@ -93,3 +93,41 @@ def test_a_packet_read_short_names_the_file(marker_video: MarkerVideo, tmp_path:
     reader.close()
     reader.close()  # (twice: no error)
     assert _open_descriptors(path) == 0
+
+
+class _CountingCodec:
+    """A codec context that counts the packets fed to it (the drain, ``decode(None)``, aside)."""
+
+    def __init__(self, codec: object) -> None:
+        self.codec, self.fed = codec, 0
+
+    def decode(self, packet: av.Packet | None) -> list[av.VideoFrame]:
+        self.fed += packet is not None
+        return self.codec.decode(packet)  # type: ignore[attr-defined,no-any-return]
+
+    def flush_buffers(self) -> None:
+        self.codec.flush_buffers()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("codec", "gop", "fed"), [("av1", 2, 7), ("h264", 4, 19)])
+def test_frames_of_one_file_far_apart_decode_from_their_own_keyframes(
+    marker_video: MarkerVideo, codec: str, gop: int, fed: int
+) -> None:
+    """A batch's frames of one file go to the reader together. Their runs were joined on the packets read ahead of
+    each (16), so frames a few GOPs apart fused into one run, every packet between them decoded (45 packets for these 4
+    frames of GOP-2 AV1, 50 of GOP-4 H.264 with B-frames); each run is now fed from its keyframe until its frames are
+    out (AV1: 7, the frames' runs alone; H.264: 19, with the packets each needs to show its frames)."""
+    path = marker_video(codec, gop)
+    index = build_packet_index(path)
+    want = reference_frames(path)
+    reader = PacketFileReader(str(path), index, threads=1, label=str(path))
+    counting = _CountingCodec(reader._decoder.codec)
+    reader._decoder.codec = counting  # type: ignore[assignment]
+    frames = np.array([5, 17, 30, 51])
+    convert = frame_conversion("rgb", None)
+    got = reader.frames_at(index, frames, convert)
+    assert sorted(got) == sorted(index.pts_of_frames(frames).tolist())
+    for pts, frame in got.items():
+        np.testing.assert_array_equal(frame, want[pts])
+    assert counting.fed == fed
+    reader.close()
