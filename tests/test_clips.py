@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from fractions import Fraction
 from pathlib import Path
@@ -119,6 +120,32 @@ def test_runs_are_joined_on_the_packets_they_need_not_on_those_ahead() -> None:
     assert plan.segments == ((2, 10), (10, 29), (30, 40))
     assert plan.relative_indices.tolist() == [1, 9, 10, 27]  # (clip display order: pts 2-28, 30-39)
     assert plan_clip(gop2, [3, 11, 12, 30]).segments == ((2, 4), (10, 13), (30, 31))
+
+
+def test_packets_are_read_one_block_per_segment() -> None:
+    """Each segment's packets come from one read spanning them, wherever the file stores them (a muxer may interleave
+    other streams or store packets out of decode order), each payload cut at its own offset."""
+    offsets = [0, 30, 10, 50, 40, 90, 70, 80, 100]  # (decode positions 1 and 2 stored in the other order)
+    sizes = [10, 10, 20, 30, 10, 10, 10, 10, 10]
+    index = dataclasses.replace(
+        CLOSED, byte_offset=np.array(offsets, dtype=np.int64), size_bytes=np.array(sizes, dtype=np.int64)
+    )
+    data = bytes(range(110))
+    reads: list[tuple[int, int]] = []
+
+    def read_at(offset: int, length: int) -> bytes:
+        reads.append((offset, length))
+        return data[offset : offset + length]
+
+    plan = plan_clip(index, [6, 1])
+    assert plan.segments == ((0, 3), (5, 8))
+    payloads = clips.packets_read_at(read_at, index, plan)
+    assert reads == [(0, 40), (70, 30)]
+    assert payloads == [
+        data[o : o + s] for o, s in zip(offsets[:3] + offsets[5:8], sizes[:3] + sizes[5:8], strict=True)
+    ]
+    with pytest.raises(VideoDecodeError, match="read 20 of 40 bytes at offset 0"):
+        clips.packets_read_at(lambda offset, length: data[offset : offset + length][:20], index, plan)
 
 
 def test_plan_handles_open_gop_leading_pictures() -> None:
