@@ -6,6 +6,11 @@ both workers of a killed trainer were still there a minute later with 380 MB eac
 every restart of a job on the node would leave another set. A daemon thread waits on the parent's
 multiprocessing sentinel (readable once the parent is gone) and checks twice a second whether the worker was
 reparented; either ends the worker. torch's DataLoader workers watch their parent for the same reason.
+
+A forked child inherits what says a thread watches, not the thread: a child of a watched process (multiprocessing's
+'fork') was told it was watched, and outlived its parent killed (3 of 3 scripted). It starts a watch of its own. A
+child of ``os.fork`` is no multiprocessing child, yet multiprocessing names the forking process's parent as its own:
+watching that one ended it at once, its parent alive (3 of 3). It is not watched.
 """
 
 from __future__ import annotations
@@ -17,11 +22,18 @@ import os
 import signal
 import threading
 
+from . import fork_locks
+
 __all__ = ["exit_with_parent", "leave_interrupts_to_parent"]
 
 logger = logging.getLogger(__name__)
 
-_started = threading.Event()
+_lock = fork_locks.lock()
+#: The process whose thread watches its parent (a forked child inherits the value, not the thread).
+_watching_in: int | None = None
+#: Where this process was forked (os.fork, or multiprocessing's 'fork' before it names the new parent): the parent
+#: multiprocessing named then, the forking process's, not this one's.
+_parent_at_fork: multiprocessing.process.BaseProcess | None = None
 
 #: How often the parent's pid is checked (see ``_wait_then_exit``).
 _POLL_S = 0.5
@@ -31,14 +43,18 @@ def exit_with_parent() -> bool:
     """In a multiprocessing child, start (once) a thread that exits this process when its parent dies.
 
     Returns whether this process is watched. The main process has no parent to watch: nothing happens there,
-    so a training process that outlives its launching shell is never ended by this.
+    so a training process that outlives its launching shell is never ended by this; nor does it in a child of
+    ``os.fork``, whose parent multiprocessing does not know.
     """
+    global _watching_in
     parent = multiprocessing.parent_process()
-    if parent is None or parent.sentinel is None:
+    if parent is None or parent.sentinel is None or parent is _parent_at_fork:
         return False
-    if not _started.is_set():
-        _started.set()
-        threading.Thread(target=_wait_then_exit, args=(parent,), name="lerobot-dali-parent-watch", daemon=True).start()
+    with _lock:
+        if _watching_in != os.getpid():
+            _watching_in = os.getpid()
+            name = "lerobot-dali-parent-watch"
+            threading.Thread(target=_wait_then_exit, args=(parent,), name=name, daemon=True).start()
     return True
 
 
@@ -88,3 +104,11 @@ def _wait_then_exit(parent: multiprocessing.process.BaseProcess) -> None:
         pass
     logger.warning("worker %d: the process that started it (%s) is gone; exiting", os.getpid(), parent.pid)
     os._exit(1)
+
+
+def _forked() -> None:
+    global _parent_at_fork
+    _parent_at_fork = multiprocessing.parent_process()
+
+
+os.register_at_fork(after_in_child=_forked)

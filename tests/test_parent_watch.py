@@ -1,0 +1,61 @@
+"""A forked child watches its own parent, or none: what says a thread watches is inherited, not the thread."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from typing import Any
+
+from lerobot_dali.parent_watch import exit_with_parent
+
+
+def _watches() -> tuple[bool, list[str]]:
+    """exit_with_parent()'s answer, and the watching threads of this process."""
+    watched = exit_with_parent()
+    return watched, [t.name for t in threading.enumerate() if t.name == "lerobot-dali-parent-watch"]
+
+
+def _report(queue: Any) -> None:
+    queue.put(_watches())
+
+
+def _watch_then_fork(queue: Any, how: str) -> None:
+    """In a spawned child: watch its parent, then fork a child that says whether it is watched."""
+    assert exit_with_parent()
+    if how == "multiprocessing":
+        child = multiprocessing.get_context("fork").Process(target=_report, args=(queue,))
+        child.start()
+        child.join()
+        return
+    pid = os.fork()
+    if pid == 0:  # (never back into multiprocessing's bootstrap: os._exit)
+        try:
+            queue.put(_watches())
+            queue.close()
+            queue.join_thread()
+        finally:
+            os._exit(0)
+    queue.put(("os.fork child's exit", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])))
+
+
+def _reports(how: str) -> list[Any]:
+    spawn = multiprocessing.get_context("spawn")
+    queue = spawn.Queue()
+    process = spawn.Process(target=_watch_then_fork, args=(queue, how))
+    process.start()
+    reports = [queue.get(timeout=120) for _ in range(1 if how == "multiprocessing" else 2)]
+    process.join(timeout=120)
+    assert process.exitcode == 0
+    return reports
+
+
+def test_a_multiprocessing_fork_child_of_a_watched_process_watches_its_own_parent() -> None:
+    # It was told it was watched, and no thread watched: killed, its parent left it running (3 of 3 scripted).
+    assert _reports("multiprocessing") == [(True, ["lerobot-dali-parent-watch"])]
+
+
+def test_an_os_fork_child_of_a_multiprocessing_child_is_not_watched() -> None:
+    # multiprocessing names the forking process's parent as the child's: was told it was watched, with no thread (its
+    # parent watched first), or a thread watching that process ended it at once, its own parent alive (3 of 3 each).
+    assert _reports("os.fork") == [(False, []), ("os.fork child's exit", 0)]
