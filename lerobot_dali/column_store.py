@@ -153,7 +153,7 @@ class ColumnStore:
     def rows(
         self,
         parquet: pq.ParquetFile,
-        read_lock: threading.Lock,
+        read_lock: threading.RLock,
         *,
         path: str,
         stamp: FileStamp,
@@ -170,7 +170,7 @@ class ColumnStore:
             return None
         return table.slice(row_start, length).select(columns)
 
-    def _table(self, parquet: pq.ParquetFile, read_lock: threading.Lock, entry: _Entry) -> pa.Table | None:
+    def _table(self, parquet: pq.ParquetFile, read_lock: threading.RLock, entry: _Entry) -> pa.Table | None:
         target = entry.target
         with self._lock:
             table = self._open.get(target)
@@ -229,7 +229,7 @@ class ColumnStore:
             logger.warning("cannot delete %s (%s)", target, e)
         return None
 
-    def _convert(self, parquet: pq.ParquetFile, read_lock: threading.Lock, entry: _Entry) -> bool:
+    def _convert(self, parquet: pq.ParquetFile, read_lock: threading.RLock, entry: _Entry) -> bool:
         """Write the entry's columns of ``parquet`` to its file; False while another process converts it, when
         the data file cannot be read (the caller's direct read reports why) or the store cannot be written.
 

@@ -95,7 +95,7 @@ class KeyedLocks:
     def __init__(self) -> None:
         #: key -> its lock and how many threads hold or wait for it (dropped while one waited, a third thread made a
         #: new lock and did the key's work beside the waiter).
-        self._locks: dict[Hashable, tuple[threading.Lock, int]] = {}
+        self._locks: dict[Hashable, tuple[threading.RLock, int]] = {}
         self._guard = fork_locks.lock()
 
     @contextmanager

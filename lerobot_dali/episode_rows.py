@@ -442,11 +442,11 @@ def _handle_stamp(handle: Any) -> FileStamp | None:
 
 #: Per open parquet file, a lock its reads take: the cache hands one ParquetFile to every thread of a process,
 #: and pyarrow's reader (pre-buffering) crashed the process when two threads read one file at once.
-_READ_LOCKS: weakref.WeakKeyDictionary[pq.ParquetFile, threading.Lock] = weakref.WeakKeyDictionary()
+_READ_LOCKS: weakref.WeakKeyDictionary[pq.ParquetFile, threading.RLock] = weakref.WeakKeyDictionary()
 _READ_LOCKS_LOCK = fork_locks.lock()
 
 
-def _read_lock(parquet: pq.ParquetFile) -> threading.Lock:
+def _read_lock(parquet: pq.ParquetFile) -> threading.RLock:
     with _READ_LOCKS_LOCK:
         lock = _READ_LOCKS.get(parquet)
         if lock is None:

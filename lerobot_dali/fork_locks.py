@@ -7,10 +7,13 @@ process shares (the open-file shares, the packet index cache) that a reading thr
 The locks made here are made free again in the child, as Python's own are (logging's handlers', concurrent.futures'):
 ``_at_fork_reinit`` in an ``os.register_at_fork`` hook. The parent's locks are never touched.
 
-An RLock the forking thread itself holds at the fork (a signal handler's fork inside a ``with``, or one within a
+A lock the forking thread itself holds at the fork (a signal handler's fork inside a ``with``, or one within a
 cached_property's compute) is left as it is in the child, still that thread's: made free, the child carrying on from
-the fork raised ``RuntimeError`` as it released it. A plain ``lock()`` has no owner to tell: one the forking thread
-holds is free in the child too, and its release there raises; take an ``rlock()`` where the thread holding it may fork.
+the fork raised ``RuntimeError`` as it released it, and another thread of the child entered the critical section
+meanwhile. So every lock here is an RLock, whose owner a child can tell; a plain ``threading.Lock`` has none (a child
+forked at each line of a pass's batch that held one, carrying on, raised ``RuntimeError`` in 144 of 145). The
+difference otherwise: the thread holding one may take it again (a signal handler or a finalizer run on that thread),
+where a plain Lock waits for ever.
 """
 
 from __future__ import annotations
@@ -31,13 +34,13 @@ _made: weakref.WeakSet[Any] = weakref.WeakSet()
 _guard = threading.Lock()  # (WeakSet.add from several threads)
 
 
-def lock() -> threading.Lock:
-    """A ``threading.Lock`` that a forked child finds free."""
-    return _kept(threading.Lock())
+def lock() -> threading.RLock:
+    """A lock for a critical section: :func:`rlock`'s (a plain ``threading.Lock`` cannot be told apart in a child)."""
+    return rlock()
 
 
 def rlock() -> threading.RLock:
-    """A ``threading.RLock`` that a forked child finds free (owned by no thread)."""
+    """A ``threading.RLock`` that a forked child finds free, unless the forking thread holds it."""
     return _kept(threading.RLock())
 
 

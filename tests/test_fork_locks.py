@@ -91,16 +91,38 @@ def released_in_child(lock: Any, times: int) -> bool:
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
 
 
-@pytest.mark.parametrize("times", [1, 2])
-def test_an_rlock_the_forking_thread_holds_stays_its_own_in_the_child(times: int) -> None:
+@pytest.mark.parametrize(("make", "times"), [(fork_locks.lock, 1), (fork_locks.rlock, 1), (fork_locks.rlock, 2)])
+def test_a_lock_the_forking_thread_holds_stays_its_own_in_the_child(make: Callable[[], Any], times: int) -> None:
     # A signal handler's fork inside a ``with``, the child carrying on: made free, its release raised RuntimeError
-    # ("cannot release un-acquired lock"), 1 of 1 at each depth.
-    lock = fork_locks.rlock()
+    # ("cannot release un-acquired lock"), 1 of 1 at each depth; lock()'s, a plain Lock's, 20 of 20 at depth 1.
+    lock = make()
     for _ in range(times):
         lock.acquire()
     assert released_in_child(lock, times)
     for _ in range(times):
         lock.release()  # (the parent's: still its own)
+
+
+def entered_by_another_thread_in_child(lock: Any) -> bool:
+    """Whether, in a child forked now, a thread other than the forking one takes ``lock`` (which the forking thread
+    holds) at once."""
+    pid = os.fork()
+    if pid == 0:  # (never back into pytest: os._exit)
+        entered: list[bool] = []
+        other = threading.Thread(target=lambda: entered.append(lock.acquire(blocking=False)))
+        other.start()
+        other.join()
+        os._exit(1 if entered[0] else 0)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 1
+
+
+@pytest.mark.parametrize("make", [fork_locks.lock, fork_locks.rlock])
+def test_no_other_thread_of_the_child_enters_what_the_forking_thread_holds(make: Callable[[], Any]) -> None:
+    # lock()'s, a plain Lock made free in the child: another of its threads entered the critical section the forking
+    # thread was in (20 of 20).
+    lock = make()
+    with lock:
+        assert not entered_by_another_thread_in_child(lock)
 
 
 def test_a_cached_property_computed_on_the_forking_thread_returns_in_the_child() -> None:
