@@ -548,6 +548,9 @@ class DALILeRobotIterator:
                 raise
             except Exception as e:
                 dali_iter = None  # this frame stays in the error's traceback, running, so it cannot be cleared
+                # Forked in there (a signal handler's fork), carrying on: the pipeline is the parent's, left to it.
+                # It failed in DALI ('NoneType' object has no attribute 'SetExternalTLInput', 133 of 144 forks).
+                self._refuse_if_forked()
                 if self._dali_iter is None:  # close() from another thread ended the workers
                     self._close_pipeline()
                     _release_pipeline_frames(e, outer)
