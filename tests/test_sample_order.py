@@ -9,6 +9,7 @@ import pickle
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -683,3 +684,26 @@ def test_pool_windows_asked_in_any_order_match_fresh_orders() -> None:
         for start, stop in queried:
             fresh = SampleOrder(LENGTHS, rank=0, world_size=1, options=options).pool_window(0, start, stop)
             np.testing.assert_array_equal(reused.pool_window(0, start, stop), fresh)
+
+
+def test_a_state_taken_by_a_handler_on_the_thread_drawing_a_batch_is_the_streams() -> None:
+    # A signal handler saving a checkpoint (SLURM's SIGUSR1 notice) runs on the main thread, which may hold the order's
+    # lock (each batch counts the epoch's samples under it): a plain lock waited for ever there (1 of 1 scripted; each
+    # of 213 such points in an epoch read with a worker saves a state that resumes as the epoch goes on, now).
+    stream = _stream()
+    _take(stream, 8)
+    expected = _stream()
+    expected.load_state_dict(stream.state_dict())
+    taken: list[dict[str, object]] = []
+
+    def handler_inside_a_draw() -> None:
+        with stream.order._lock:  # type: ignore[attr-defined]  (where the reading thread is when the signal lands)
+            taken.append(stream.state_dict())
+
+    handler = threading.Thread(target=handler_inside_a_draw, daemon=True)  # (a daemon: left waiting for ever before)
+    handler.start()
+    handler.join(timeout=60)
+    assert len(taken) == 1
+    resumed = _stream()
+    resumed.load_state_dict(taken[0])
+    assert _take(resumed, 8) == _take(expected, 8)
