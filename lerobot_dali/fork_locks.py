@@ -13,7 +13,8 @@ the fork raised ``RuntimeError`` as it released it, and another thread of the ch
 meanwhile. So every lock here is an RLock, whose owner a child can tell; a plain ``threading.Lock`` has none (a child
 forked at each line of a pass's batch that held one, carrying on, raised ``RuntimeError`` in 144 of 145). The
 difference otherwise: the thread holding one may take it again (a signal handler or a finalizer run on that thread),
-where a plain Lock waits for ever.
+where a plain Lock waited for ever (a handler's checkpoint, ``state_dict()``, landing while the reading thread held the
+sample order's lock).
 """
 
 from __future__ import annotations
