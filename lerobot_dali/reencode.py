@@ -46,6 +46,7 @@ from .episode_data_files import episode_data_path, video_file_path
 from .episode_table import read_episode_records, read_episode_table
 from .errors import DatasetError, VideoDecodeError, cameras_hint, listing_hint
 from .frame_checks import damaged_frame_error, is_damaged
+from .hub_cache_files import bulk_files_named, read_bulk_from_cache
 from .new_folder import refuse_resumable_taken, write_resumable_folder
 from .packet_index import PacketIndex, build_packet_index
 from .parent_watch import exit_with_parent
@@ -149,6 +150,7 @@ def reencode_dataset(
     raw_info = read_info_json(location)
     info = DatasetInfo.from_json(raw_info, source=location.meta_path(INFO_PATH))
     chosen = _chosen_cameras(info, cameras)
+    location = _read_from_hub_cache(location, info)
     sizes = _listed_files(location)
     files = sorted(sizes)
     videos = _camera_videos(files, info)
@@ -252,6 +254,17 @@ def _chosen_cameras(info: DatasetInfo, cameras: Sequence[str] | None) -> set[str
     if depth:
         raise ValueError(f"cameras {depth} are depth maps, which a lossy re-encode would change; leave them out")
     return set(cameras)
+
+
+def _read_from_hub_cache(location: DatasetLocation, info: DatasetInfo) -> DatasetLocation:
+    """``location`` reading a Hub dataset's files from huggingface_hub's cache where it holds every one its episode
+    metadata names, as :func:`~lerobot_dali.dataset_reader.open_dataset` does (with ``HF_HUB_OFFLINE``: or refused,
+    naming those absent); other locations as they are."""
+    if location.hub_snapshot is None:
+        return read_bulk_from_cache(location, ())
+    records = read_episode_records(location.meta_fs, location.meta_root, info)
+    table = read_episode_table(records, info, video_keys=info.video_keys)
+    return read_bulk_from_cache(location, bulk_files_named(info, table, info.video_keys, None))
 
 
 def _listed_files(location: DatasetLocation) -> dict[str, int | None]:

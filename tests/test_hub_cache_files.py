@@ -254,3 +254,28 @@ def test_the_download_command_is_the_installed_huggingface_hubs(monkeypatch, ver
 
     monkeypatch.setattr(huggingface_hub, "__version__", version)
     assert _cli() == command
+
+
+@pytest.mark.parametrize("offline", [True, False])
+def test_reencode_reads_a_cached_hub_dataset_from_the_cache(cache, online, make_ds, tmp_path, offline) -> None:
+    """`lerobot-dali reencode user/ds` listed and read the files on the Hub: offline it failed with huggingface_hub's
+    OfflineModeIsEnabled though every file was in the snapshot folder; online it downloaded them again."""
+    from lerobot_dali.reencode import reencode_dataset
+
+    huggingface_hub.constants.HF_HUB_OFFLINE = offline  # (monkeypatched by ``cache``: restored after)
+    dataset = _dataset(make_ds, "vp9")
+    _cache_a_copy(cache, dataset)
+    report = reencode_dataset(REPO, tmp_path / "out", gop=2)
+    local = reencode_dataset(dataset, tmp_path / "local", gop=2)
+    assert online == [] and len(report.videos) == 6 and report.copied_files == local.copied_files == 6
+    written = sorted(p.relative_to(report.out).as_posix() for p in report.out.rglob("*") if p.is_file())
+    assert written == sorted(p.relative_to(local.out).as_posix() for p in local.out.rglob("*") if p.is_file())
+    _assert_rows_equal(_rows(open_dataset(report.out)), _rows(open_dataset(local.out)))
+
+
+def test_reencode_offline_of_a_hub_dataset_not_cached_says_what_to_do(cache, make_ds, tmp_path) -> None:
+    _cache_a_copy(cache, _dataset(make_ds, "vp9"), keep=lambda relative: relative.startswith("meta/"))
+    with pytest.raises(DatasetNotFoundError, match=f"holds none of the 9 .*`{DOWNLOAD}`"):
+        from lerobot_dali.reencode import reencode_dataset
+
+        reencode_dataset(REPO, tmp_path / "out")
