@@ -52,16 +52,20 @@ def missing_video(label: str) -> MissingDataFileError:
 
 def did_you_mean(unknown: list[str], available: list[str]) -> str:
     """`` (did you mean [...]?)`` naming, for each of ``unknown``, the one key of ``available`` it most likely
-    stands for: the key whose last dotted part is spelt near its own ('top' and 'observation.image.top' for
-    'observation.images.top', 'actoin' for 'action'; nothing for 'observation.images.top' where the cameras are
-    'observation.images.cam0' and 'cam1'); "" where none is near."""
+    stands for: the key whose last dotted part is spelt nearest its own, and nearer than any other's ('top' and
+    'observation.image.top' for 'observation.images.top', 'actoin' for 'action'; nothing for
+    'observation.images.top' where the cameras are 'observation.images.cam0' and 'cam1', nor for 'camera_2' where
+    they are 'camera_0' and 'camera_1', each as near); "" where none is."""
     last: dict[str, list[str]] = {}
     for key in available:
         last.setdefault(key.rsplit(".", 1)[-1], []).append(key)
     near: list[str] = []
     for name in unknown:
-        close = difflib.get_close_matches(name.rsplit(".", 1)[-1], list(last), n=1, cutoff=0.8)
-        near += last[close[0]][:1] if close and len(last[close[0]]) == 1 else []
+        own = name.rsplit(".", 1)[-1]
+        close = difflib.get_close_matches(own, list(last), n=2, cutoff=0.8)
+        ratios = [difflib.SequenceMatcher(None, own, part).ratio() for part in close]
+        alone = len(close) == 1 or (len(close) == 2 and ratios[0] > ratios[1])
+        near += last[close[0]][:1] if alone and len(last[close[0]]) == 1 else []
     return f" (did you mean {near}?)" if near else ""
 
 

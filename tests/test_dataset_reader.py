@@ -705,3 +705,20 @@ def test_metadata_is_read_without_the_scanner_that_aborts_at_exit(name: str, mon
     monkeypatch.setattr(pq, "ParquetDataset", refused)
     reader = open_dataset(shared_dataset(name), keys=["action"])
     assert reader.tasks and reader.read_episode(0)["action"].shape[0] == reader.episodes.length[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "declared", "said"),
+    [
+        ("observation.images.camera_2", ["camera_0", "camera_1"], ""),  # (each as near: neither is meant)
+        ("observation.images.wrist2", ["wrist1", "wrist3"], ""),
+        ("observation.images.camera_2", ["camera_1", "front"], " (did you mean ['observation.images.camera_1']?)"),
+        ("observation.images.frnt", ["front", "front_wrist"], " (did you mean ['observation.images.front']?)"),
+    ],
+)
+def test_did_you_mean_names_no_key_where_two_are_as_near(name: str, declared: list[str], said: str) -> None:
+    """It named the first of those equally near ('camera_2' -> 'camera_1' of 'camera_0' and 'camera_1'): 84 of 755
+    unknown numbered camera names in sets of 2 to 4 cameras."""
+    from lerobot_dali.errors import did_you_mean
+
+    assert did_you_mean([name], [f"observation.images.{part}" for part in declared]) == said
