@@ -56,7 +56,12 @@ _HF_DATASET_URL = re.compile(
     r"(?:/(?P<sub>.*))?$"
 )
 #: The address a browser shows for a Hub dataset (or a folder of it), which no file is read from.
-_HUB_PAGE_URL = re.compile(r"^https?://(?:www\.)?huggingface\.co/datasets/(?P<repo>[^/?#]+/[^/?#]+)(?:/tree/.*)?/?$")
+#: A folder's page (``tree/<revision>/<folder>``) or a file's (``blob/...``) names its revision; the viewer's names a
+#: config and split, none of them a revision. hf.co is the Hub's short address.
+_HUB_PAGE_URL = re.compile(
+    r"^https?://(?:www\.)?(?:huggingface|hf)\.co/datasets/(?P<repo>[^/?#]+/[^/?#]+)"
+    r"(?:/(?:(?P<kind>tree|blob)/(?P<rev>[^/?#]+)(?:/(?P<sub>[^?#]*))?|viewer(?:/[^?#]*)?))?/?(?:[?#].*)?$"
+)
 #: A full commit SHA, as huggingface_hub names snapshot folders (``.../snapshots/<sha>``).
 _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 #: ``storage_options`` keys that also tell ``snapshot_download`` which Hub to ask and as whom.
@@ -144,10 +149,7 @@ def resolve_location(
         raise _no_hub_dataset(target)
     page = _HUB_PAGE_URL.match(target)
     if page:
-        raise DatasetNotFoundError(
-            f"{target!r} is the dataset's web page, not its files: pass {page['repo']!r} (or "
-            f"'hf://datasets/{page['repo']}'; revision= for a branch, tag or commit)"
-        )
+        raise DatasetNotFoundError(f"{target!r} is the dataset's web page, not its files: {_hub_page_advice(page)}")
     if "://" in target:
         _revision_ignored(revision, target, "not a Hub dataset")
         target, options = _http_query_as_params(target, options)
@@ -158,12 +160,25 @@ def resolve_location(
     raise dataset_not_found(target)
 
 
+def _hub_page_advice(page: re.Match[str]) -> str:
+    """What to pass for a Hub dataset's web page ``page``: its repo id, with the revision and the dataset folder
+    (the part of its path before a ``meta`` folder or a file) where the page names them."""
+    revision = unquote(page["rev"] or "main")
+    folder = [part for part in (page["sub"] or "").split("/") if part]
+    folder = folder[:-1] if page["kind"] == "blob" else folder  # (a file's page: the folder holding it)
+    sub = "/".join(folder[: folder.index("meta")] if "meta" in folder else folder)
+    if revision == "main" and not sub:
+        return f"pass {page['repo']!r} (or 'hf://datasets/{page['repo']}'; revision= for a branch, tag or commit)"
+    url = f"hf://datasets/{page['repo']}{_at(revision if revision != 'main' else None)}/{sub}".rstrip("/")
+    return f"pass {url!r} (its files{f' at revision {revision!r}' if revision != 'main' else ''})"
+
+
 def _no_hub_dataset(target: str) -> DatasetNotFoundError:
     """The error for an ``hf://`` URL that names no dataset repo (a model repo's ``hf://user/name``, a singular
-    ``hf://dataset/...``, a repo id cut short), with the URL the user likely meant: LeRobot datasets are dataset
-    repos, which HfFileSystem reads only under ``datasets/``."""
+    ``hf://dataset/...``, a ``models/`` or ``spaces/`` one, a repo id cut short), with the URL the user likely meant:
+    LeRobot datasets are dataset repos, which HfFileSystem reads only under ``datasets/``."""
     rest = target.removeprefix("hf://")
-    rest = rest.split("/", 1)[1] if rest.startswith(("datasets/", "dataset/")) else rest
+    rest = rest.split("/", 1)[1] if rest.startswith(("datasets/", "dataset/", "models/", "spaces/")) else rest
     name = re.split(r"[/@]", rest, maxsplit=2)
     meant = f"hf://datasets/{rest}" if len(name) > 1 and is_repo_id(f"{name[0]}/{name[1]}") else None
     return DatasetNotFoundError(

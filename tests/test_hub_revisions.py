@@ -247,6 +247,8 @@ def test_a_missing_repo_or_an_unreachable_hub_is_dataset_not_found(monkeypatch, 
         ("hf://user/ds", "hf://datasets/user/ds"),  # (a model repo's URL)
         ("hf://dataset/user/ds@v1.0/sub", "hf://datasets/user/ds@v1.0/sub"),
         ("hf://datasets/user", None),
+        ("hf://models/user/ds", "hf://datasets/user/ds"),  # (it said 'hf://datasets/models/user/ds')
+        ("hf://spaces/user/ds@v1.0", "hf://datasets/user/ds@v1.0"),
     ],
 )
 def test_an_hf_url_that_names_no_dataset_repo_says_how_to_write_one(
@@ -264,14 +266,29 @@ def test_an_hf_url_that_names_no_dataset_repo_says_how_to_write_one(
 
 
 @pytest.mark.parametrize(
-    "page", ["https://huggingface.co/datasets/user/ds", "https://huggingface.co/datasets/user/ds/tree/main/meta"]
-)
-def test_a_hub_dataset_page_url_says_to_pass_the_repo_id(monkeypatch, page: str) -> None:
+    ("page", "meant"),
+    [
+        ("https://huggingface.co/datasets/user/ds", "'user/ds' (or 'hf://datasets/user/ds';"),
+        ("https://huggingface.co/datasets/user/ds/tree/main/meta", "'user/ds' (or 'hf://datasets/user/ds';"),
+        ("https://huggingface.co/datasets/user/ds/tree/v1.0", "'hf://datasets/user/ds@v1.0' (its files at revision"),
+        ("https://huggingface.co/datasets/user/ds/tree/main/sub/set", "'hf://datasets/user/ds/sub/set' (its files)"),
+        ("https://huggingface.co/datasets/user/ds/tree/feature%2Fx/sub/meta/episodes",
+         "'hf://datasets/user/ds@feature%2Fx/sub' (its files at revision 'feature/x')"),
+        ("https://huggingface.co/datasets/user/ds/blob/main/sub/meta/info.json", "'hf://datasets/user/ds/sub'"),
+        ("https://huggingface.co/datasets/user/ds/viewer/default/train", "'user/ds' (or"),
+        ("https://huggingface.co/datasets/user/ds?row=3", "'user/ds' (or"),
+        ("https://hf.co/datasets/user/ds", "'user/ds' (or"),
+        ("https://huggingface.co/datasets/user/ds#top", "'user/ds' (or"),
+    ],
+)  # fmt: skip
+def test_a_hub_dataset_page_url_says_what_to_pass(monkeypatch, page: str, meant: str) -> None:
     """The address a browser shows was read as a plain HTTP server's folder: its meta/info.json is no file there
-    (offline: 5 retries and aiohttp's DNS error)."""
+    (offline: 5 retries and aiohttp's DNS error). A folder's page at a revision, or a file's, or the viewer's, or
+    hf.co's were still read so, or were answered the repo id alone (of 10 here: 3 named a revision or folder, which
+    it left out; 4 were read over HTTP; 1 was refused for its '#')."""
     monkeypatch.setenv("LEROBOT_DALI_REMOTE_RETRIES", "0")
     with pytest.raises(DatasetNotFoundError, match=re.escape(f"{page!r} is the dataset's web page, not its files: pass "
-                                                             "'user/ds' (or 'hf://datasets/user/ds';")):  # fmt: skip
+                                                             f"{meant}")):  # fmt: skip
         resolve_location(page)
 
 
