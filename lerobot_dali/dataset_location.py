@@ -196,17 +196,17 @@ def dataset_not_found(target: str) -> DatasetNotFoundError:
             f"dataset {target!r} not found: '~' is expanded by a shell, not here: pass {os.path.expanduser(target)!r}"
             " (os.path.expanduser gives it)"
         )
-    if os.path.isfile(target):
-        near = dataset_folder_near(target)
-        return DatasetNotFoundError(
-            f"dataset {target!r} is a file, not a dataset folder: "
-            + (near[1] if near else "pass the folder that holds the dataset's meta/info.json")
-        )
     path = os.path.abspath(target)
-    missing = os.path.basename(path)
     while not os.path.isdir(os.path.dirname(path)):
         path = os.path.dirname(path)
-        missing = os.path.basename(path)
+    if os.path.isfile(path):  # (the path given, a trailing "/" dropped, or a part of it)
+        near = dataset_folder_near(path)
+        what = "a file" if path == os.path.abspath(target) else f"under {path!r}, a file"
+        return DatasetNotFoundError(
+            f"dataset {target!r} is {what}, not a dataset folder: "
+            + (near[1] if near else "pass the folder that holds the dataset's meta/info.json")
+        )
+    missing = os.path.basename(path)
     return DatasetNotFoundError(
         f"dataset {target!r} not found: no such local folder ({os.path.dirname(path)!r} exists, {missing!r} not in "
         "it), and it is not a Hub repo id ('user/name') or an fsspec URL (e.g. 'hf://datasets/user/name', "

@@ -504,6 +504,11 @@ def test_a_path_that_is_no_dataset_folder_says_which_folder_to_pass(tmp_path: Pa
         open_dataset(tmp_path / "sets" / "dz" / "x")
     with pytest.raises(DatasetNotFoundError, match=r"'~' is expanded by a shell, not here: pass '/"):
         open_dataset("~/no/such/dataset")
+    info = root / "meta/info.json"  # (with "/" after it, or a path on: "'meta' exists, 'info.json' not in it")
+    for near, what in ((f"{info}/", "a file"), (f"{info}/x/y", f"under {str(info)!r}, a file")):
+        with pytest.raises(DatasetNotFoundError, match=re.escape(f"{near!r} is {what}, not a dataset folder: pass "
+                                                                 f"{str(root)!r}")):  # fmt: skip
+            open_dataset(near)
     (root / "meta/info.json").unlink()  # a copy that lost it: its meta/ is there
     with pytest.raises(DatasetNotFoundError, match=r"info\.json is missing; the dataset's files are incomplete"):
         open_dataset(root)
