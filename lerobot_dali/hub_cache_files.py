@@ -10,7 +10,8 @@ read from it, online too: no request, and no second copy in the prefetch cache.
 It is decided at open, a ``stat`` per file named (5 us each on local disk; links to the cache's blobs followed, so a
 link whose blob is gone counts as absent), never per read. Online, where the first is absent (only ``meta/`` was
 downloaded: one ``stat``), or any is, every read stays on the Hub: a dataset is read through one filesystem.
-Offline, the open is refused naming the files absent and the command that fetches them.
+Offline, the open is refused naming the files absent and the command that fetches them (and a commit of which the
+cache holds ``data/``, where the branch has moved on since it was downloaded).
 """
 
 from __future__ import annotations
@@ -106,13 +107,30 @@ def _absent_offline(
     lerobot_home = os.environ.get("HF_LEROBOT_HOME") or os.path.join(constants.HF_HOME, "lerobot")
     lerobot_copy = os.path.join(lerobot_home, snapshot.repo_id)
     has_copy = os.path.isfile(os.path.join(lerobot_copy, "meta", "info.json"))
+    older = _commits_with_data(snapshot)
+    then = f"; or read commit {older[0]} as it was, whose data/ is in the cache: revision={older[0]!r}" if older else ""
     return DatasetNotFoundError(
         f"{location.description}: HF_HUB_OFFLINE is set, and huggingface_hub's cache holds {held} of the {total} data "
         f"and video files its episodes to read name, at commit {snapshot.commit} (absent: {few}): fetch them, "
         f"online, with `{_download_command(snapshot)}`; or unset HF_HUB_OFFLINE to read them from the Hub, pass a "
         f"local copy of the dataset{f' (LeRobot has one: {lerobot_copy!r})' if has_copy else ''}, or give "
-        "data_files_root= a copy of its data/ and videos/"
+        f"data_files_root= a copy of its data/ and videos/{then}"
     )
+
+
+def _commits_with_data(snapshot: HubSnapshot) -> list[str]:
+    """The other commits of the dataset whose snapshot folders hold its ``data/`` (newest first): downloaded
+    before the branch read moved on, they read offline at that commit."""
+    folder = snapshot.folder
+    while os.path.basename(folder) != snapshot.commit:
+        folder = os.path.dirname(folder)
+    snapshots = os.path.dirname(folder)
+    found = [
+        os.path.join(snapshots, commit)
+        for commit in os.listdir(snapshots)
+        if commit != snapshot.commit and os.path.isdir(os.path.join(snapshots, commit, snapshot.subfolder, "data"))
+    ]
+    return [os.path.basename(path) for path in sorted(found, key=os.path.getmtime, reverse=True)]
 
 
 def _download_command(snapshot: HubSnapshot) -> str:

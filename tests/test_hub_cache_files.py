@@ -279,3 +279,19 @@ def test_reencode_offline_of_a_hub_dataset_not_cached_says_what_to_do(cache, mak
         from lerobot_dali.reencode import reencode_dataset
 
         reencode_dataset(REPO, tmp_path / "out")
+
+
+def test_offline_a_branch_that_moved_names_the_cached_commit_that_reads(cache, make_ds) -> None:
+    """main moved to a commit of which only meta/ was downloaded, while the commit before it is cached whole: the
+    error named the download only, not the revision that reads offline now."""
+    snapshot = _cache_a_copy(cache, _dataset(make_ds, "vp9"))
+    moved = "beef" * 10
+    shutil.copytree(snapshot / "meta", snapshot.parent / moved / "meta", symlinks=True)
+    (cache / "datasets--user--ds" / "refs" / "main").write_text(moved)
+    with pytest.raises(DatasetNotFoundError, match=re.escape(
+        f"holds none of the 9 data and video files its episodes to read name, at commit {moved} (absent: "
+    )) as caught:  # fmt: skip
+        open_dataset(REPO)
+    assert str(caught.value).endswith(f"; or read commit {COMMIT} as it was, whose data/ is in the cache: "
+                                      f"revision={COMMIT!r}")  # fmt: skip
+    assert open_dataset(REPO, revision=COMMIT).location.root == str(snapshot)
