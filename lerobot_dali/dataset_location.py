@@ -180,7 +180,8 @@ def _no_hub_dataset(target: str) -> DatasetNotFoundError:
     rest = target.removeprefix("hf://")
     rest = rest.split("/", 1)[1] if rest.startswith(("datasets/", "dataset/", "models/", "spaces/")) else rest
     name = re.split(r"[/@]", rest, maxsplit=2)
-    meant = f"hf://datasets/{rest}" if len(name) > 1 and is_repo_id(f"{name[0]}/{name[1]}") else None
+    url = re.sub(r"@(?=/|$)", "", f"hf://datasets/{rest}")  # (an empty revision: main's)
+    meant = url if len(name) > 1 and is_repo_id(f"{name[0]}/{name[1]}") and url != target else None
     return DatasetNotFoundError(
         f"{target!r} names no Hub dataset: write one as hf://datasets/<user>/<name> (@revision and /subfolder after "
         "it where needed)" + (f", here {meant!r}" if meant else "")

@@ -249,6 +249,8 @@ def test_a_missing_repo_or_an_unreachable_hub_is_dataset_not_found(monkeypatch, 
         ("hf://datasets/user", None),
         ("hf://models/user/ds", "hf://datasets/user/ds"),  # (it said 'hf://datasets/models/user/ds')
         ("hf://spaces/user/ds@v1.0", "hf://datasets/user/ds@v1.0"),
+        ("hf://datasets/user/ds@", "hf://datasets/user/ds"),  # (it named the URL refused as the one meant)
+        ("hf://datasets/user/ds@/sub", "hf://datasets/user/ds/sub"),
     ],
 )
 def test_an_hf_url_that_names_no_dataset_repo_says_how_to_write_one(
