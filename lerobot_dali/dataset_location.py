@@ -208,10 +208,16 @@ def dataset_not_found(target: str) -> DatasetNotFoundError:
             + (near[1] if near else "pass the folder that holds the dataset's meta/info.json")
         )
     missing = os.path.basename(path)
+    name = target.split("/")
+    hub = (
+        f", or for the Hub dataset pass 'hf://{target}'"  # (HfFileSystem's path, without its protocol)
+        if name[0] == "datasets" and len(name) > 2 and is_repo_id("/".join(name[1:3]).split("@")[0])
+        else ""
+    )
     return DatasetNotFoundError(
         f"dataset {target!r} not found: no such local folder ({os.path.dirname(path)!r} exists, {missing!r} not in "
         "it), and it is not a Hub repo id ('user/name') or an fsspec URL (e.g. 'hf://datasets/user/name', "
-        "'s3://bucket/path'): check the path"
+        f"'s3://bucket/path'): check the path{hub}"
     )
 
 

@@ -504,6 +504,9 @@ def test_a_path_that_is_no_dataset_folder_says_which_folder_to_pass(tmp_path: Pa
         open_dataset(tmp_path / "sets" / "dz" / "x")
     with pytest.raises(DatasetNotFoundError, match=r"'~' is expanded by a shell, not here: pass '/"):
         open_dataset("~/no/such/dataset")
+    with pytest.raises(DatasetNotFoundError, match=re.escape("check the path, or for the Hub dataset pass "
+                                                             "'hf://datasets/user/ds@v1.0/sub'")):  # fmt: skip
+        open_dataset("datasets/user/ds@v1.0/sub")  # (HfFileSystem's path, its hf:// left out)
     info = root / "meta/info.json"  # (with "/" after it, or a path on: "'meta' exists, 'info.json' not in it")
     for near, what in ((f"{info}/", "a file"), (f"{info}/x/y", f"under {str(info)!r}, a file")):
         with pytest.raises(DatasetNotFoundError, match=re.escape(f"{near!r} is {what}, not a dataset folder: pass "
