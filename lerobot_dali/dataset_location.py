@@ -224,14 +224,17 @@ def dataset_not_found(target: str) -> DatasetNotFoundError:
 def dataset_folder_near(path: str | os.PathLike[str]) -> tuple[str, str] | None:
     """The dataset folder (one holding ``meta/info.json``) a user who gave local ``path`` most likely meant, and
     the advice to pass it: the dataset ``path`` lies in (its ``meta`` folder, a file of it), else the first of
-    the datasets ``path`` holds; None where there is neither."""
+    the datasets ``path`` holds (in its folders, else theirs); None where there is neither."""
     here = os.path.abspath(path)
     above = os.path.dirname(here)
     while above != os.path.dirname(above):
         if os.path.isfile(os.path.join(above, "meta", "info.json")):
             return above, f"pass {above!r}, the dataset folder it lies in"
         above = os.path.dirname(above)
-    held = sorted(glob.glob(os.path.join(glob.escape(here), "*", "meta", "info.json")))
+    for depth in (1, 2):  # (a folder of datasets; LeRobot's, HF_LEROBOT_HOME, holds <user>/<name> ones)
+        held = sorted(glob.glob(os.path.join(glob.escape(here), *["*"] * depth, "meta", "info.json")))
+        if held:
+            break
     if not held:
         return None
     first = os.path.dirname(os.path.dirname(held[0]))

@@ -512,6 +512,8 @@ def test_a_path_that_is_no_dataset_folder_says_which_folder_to_pass(tmp_path: Pa
         with pytest.raises(DatasetNotFoundError, match=re.escape(f"{near!r} is {what}, not a dataset folder: pass "
                                                                  f"{str(root)!r}")):  # fmt: skip
             open_dataset(near)
+    with pytest.raises(DatasetNotFoundError, match=re.escape(f"it holds dataset folders: pass {str(root)!r}")):
+        open_dataset(tmp_path)  # (datasets two folders down, as LeRobot's HF_LEROBOT_HOME keeps <user>/<name>)
     (root / "meta/info.json").unlink()  # a copy that lost it: its meta/ is there
     with pytest.raises(DatasetNotFoundError, match=r"info\.json is missing; the dataset's files are incomplete"):
         open_dataset(root)
