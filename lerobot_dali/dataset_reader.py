@@ -36,6 +36,7 @@ from .episode_rows import (
     StoreEntry,
     check_column_shape,
     damaged_parquet_as,
+    missing_columns_advice,
     opened_stamp,
     read_episode_images,
     read_episode_rows,
@@ -271,7 +272,8 @@ class LeRobotDatasetReader:
             more = f" (and {len(lacking) - 1} more data file(s) lack some)" if len(lacking) > 1 else ""
             raise SchemaMismatchError(
                 f"{path}: declared feature(s) {missing} have no column in the data file{more} (columns present: "
-                f"{list(self.data_file_footers[path].columns)}); fix info.json or select other keys/cameras"
+                f"{list(self.data_file_footers[path].columns)}); "
+                f"{missing_columns_advice(missing, cameras=self.image_keys)}"
             )
         checked = set()  # (columns, list widths) of files checked: 15,000 v2.1 files of one schema took 0.3 s
         for path, footer in footers.items():

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from . import fork_locks, open_files
 from .column_store import ColumnStore
 from .dataset_info import INDEX_COLUMNS, Feature
-from .errors import DataFileError, DatasetError, MissingDataFileError, SchemaMismatchError
+from .errors import DataFileError, DatasetError, MissingDataFileError, SchemaMismatchError, cameras_hint
 from .file_stamps import FileStamp, stamp_from_stat
 from .remote_retry import is_transient
 
@@ -40,6 +40,7 @@ __all__ = [
     "image_bytes",
     "integer_column_range",
     "list_level_widths",
+    "missing_columns_advice",
     "open_parquet",
     "opened_stamp",
     "read_episode_images",
@@ -277,7 +278,7 @@ def read_episode_rows(
     Scalar features (declared shape ``(1,)``) come out as ``(length,)``, as LeRobot batches them. ``decoded``:
     row groups decoded by earlier reads of the file, reused and kept.
     """
-    _require_columns(parquet, path, list(features), fix="select other keys")
+    _require_columns(parquet, path, list(features))
     table = _read_row_range(parquet, path, row_start, length, list(features), store, decoded)
     return {key: _column_to_numpy(table[key], feature, path) for key, feature in features.items()}
 
@@ -293,7 +294,7 @@ def read_episode_images(
     decoded: DecodedGroups | None = None,
 ) -> pa.Array:
     """The encoded images (PNG/JPEG bytes) of camera ``key`` in rows ``[row_start, row_start + length)``."""
-    _require_columns(parquet, path, [key], fix="select other cameras")
+    _require_columns(parquet, path, [key], cameras=[key])
     column = _read_row_range(parquet, path, row_start, length, [key], store, decoded)[key].combine_chunks()
     return image_bytes(column, path=path, key=key, row_start=row_start)
 
@@ -323,14 +324,35 @@ def image_bytes(column: pa.Array, *, path: str, key: str, row_start: int = 0) ->
     return encoded
 
 
-def _require_columns(parquet: pq.ParquetFile, path: str, keys: list[str], *, fix: str) -> None:
+def _require_columns(parquet: pq.ParquetFile, path: str, keys: list[str], *, cameras: Sequence[str] = ()) -> None:
     schema = _arrow_schema(parquet)
     missing = [k for k in keys if schema.get_field_index(k) < 0]
     if missing:
         raise SchemaMismatchError(
             f"{path}: declared feature(s) {missing} have no column in the data file "
-            f"(columns present: {schema.names}); fix info.json or {fix}"
+            f"(columns present: {schema.names}); {missing_columns_advice(missing, cameras=cameras)}"
         )
+
+
+def missing_columns_advice(missing: Sequence[str], *, cameras: Sequence[str] = ()) -> str:
+    """What to do where the data files lack the columns of declared features ``missing`` (``cameras``: which of
+    all features are image cameras): an index column is read whatever keys= selects, so only the files can mend it."""
+    index = [k for k in missing if k in INDEX_COLUMNS]
+    if index:
+        return (
+            f"{index} are index columns every batch reads, whatever keys= selects: re-download the dataset, or "
+            "rewrite its data files with these columns"
+        )
+    ways = []
+    if images := [k for k in missing if k in cameras]:
+        ways.append(f"leave out camera(s) {images} with {cameras_hint()}")
+    if others := [k for k in missing if k not in cameras]:
+        ways.append(
+            f"leave out {others} with keys=[...] naming the features to read (on the command line: --keys KEY ...)"
+        )
+    return (
+        f"{' and '.join(ways)}, or, if the dataset never recorded them, drop them from the features in meta/info.json"
+    )
 
 
 def _read_row_range(

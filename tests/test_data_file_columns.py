@@ -49,6 +49,21 @@ def test_a_later_data_file_lacking_a_column_is_refused_when_the_iterator_is_buil
     # Episodes of the other files, or the other keys, still read: every frame once.
     assert _indices(_iterator(root, episodes=[0, 1, 2, 3], shuffle=False)) == list(range(sum(LENGTHS[:4])))
     assert _indices(_iterator(root, keys=["observation.state"])) == list(range(sum(LENGTHS)))
+    with pytest.raises(SchemaMismatchError, match=r"\['action'\] with keys=\[\.\.\.\] naming the features to read"):
+        _iterator(root)
+
+
+@pytest.mark.parametrize("column", ["timestamp", "frame_index", "index"])
+def test_a_lacking_index_column_says_to_mend_the_files_as_keys_cannot_leave_it_out(make_ds, copy_ds, column) -> None:
+    """The message told to "select other keys/cameras", which cannot leave out an index column: every batch reads it,
+    and with keys= that leave it out the same error came once the first batch was read."""
+    root = copy_ds(make_ds(**SPEC))
+    _drop_column(root, LAST_FILE, column)
+    advice = rf"\['{column}'\] are index columns every batch reads, whatever keys= selects: re-download the dataset"
+    with pytest.raises(SchemaMismatchError, match=advice):
+        _iterator(root)
+    with pytest.raises(SchemaMismatchError, match=advice):
+        _indices(_iterator(root, keys=["observation.state"], episodes=[4, 5]))
 
 
 def test_the_message_counts_the_other_files_lacking_columns(make_ds, copy_ds) -> None:

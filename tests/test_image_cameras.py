@@ -205,7 +205,8 @@ def test_declared_image_column_missing_from_the_data(make_ds, copy_ds) -> None:
     path = root / "data/chunk-000/file-000.parquet"
     pq.write_table(pq.read_table(path).drop_columns([CAM1]), path)
     reader = open_dataset(root)
-    pattern = r"\['observation\.images\.cam1'\] have no column.*select other cameras"
+    pattern = r"\['observation\.images\.cam1'\] have no column.*leave out camera\(s\) \['observation\.images\.cam1'\] "
+    pattern += r"with cameras=\[\.\.\.\] \(on the command line: --cameras KEY \.\.\.\)"
     with pytest.raises(SchemaMismatchError, match=pattern):
         reader.read_episode_images(0, CAM1)
 
