@@ -35,6 +35,16 @@ SUPPORTED_VERSIONS = ("v2.0", "v2.1", "v3.0")
 #: Columns LeRobot batches for every dataset, one value per frame; ``frame_index`` is derived when a dataset omits it.
 INDEX_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
 
+_LEROBOT_TEMPLATES = {  # the templates LeRobot writes, offered where info.json lacks one
+    "v3": {
+        "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+        "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4",
+    },
+    "v2": {
+        "data_path": "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet",
+        "video_path": "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4",
+    },
+}
 _TEMPLATE_FIELDS = {
     "v3": {"data_path": {"chunk_index", "file_index"}, "video_path": {"chunk_index", "file_index", "video_key"}},
     "v2": {
@@ -131,7 +141,10 @@ class Feature:
             dtype = str(raw["dtype"])
             shape = tuple(_dimension(d) for d in raw.get("shape", ()))
         except (KeyError, TypeError, ValueError) as e:
-            raise DatasetError(f"feature {key!r} in info.json needs 'dtype' and an integer 'shape': {e}") from e
+            raise DatasetError(
+                f"feature {key!r} in info.json needs 'dtype' and an integer 'shape' ({type(e).__name__}: {e}); correct "
+                'it in meta/info.json (e.g. {"dtype": "float32", "shape": [6]}), or re-download the dataset\'s meta/'
+            ) from e
         video_raw = raw.get("info") or raw.get("video_info")  # 'video_info' is the v2.0 name
         video = None
         if dtype == "video":
@@ -141,13 +154,20 @@ class Feature:
                     video_raw if isinstance(video_raw, Mapping) else {}, depth_map=is_depth_map(*infos)
                 )
             except (TypeError, ValueError) as e:
-                raise DatasetError(f"video feature {key!r} in info.json has an unusable 'info': {e}") from e
+                raise DatasetError(
+                    f"video feature {key!r} in info.json has an unusable 'info' ({e}); correct that entry in "
+                    "meta/info.json or remove it (the video files' streams say the same), or re-download the "
+                    "dataset's meta/"
+                ) from e
         depth_image = dtype == "image" and is_depth_map(
             raw.get("info") if isinstance(raw.get("info"), Mapping) else None
         )
         depth_unit = raw["info"].get("depth_unit") if depth_image else None
         if depth_unit not in (None, "m", "mm"):
-            raise DatasetError(f"depth image feature {key!r} in info.json has depth_unit {depth_unit!r}; 'm' or 'mm'")
+            raise DatasetError(
+                f"depth image feature {key!r} in info.json has depth_unit {depth_unit!r}; set it to the unit its "
+                "pixel values count, 'm' or 'mm', in meta/info.json"
+            )
         return cls(
             key=key, dtype=dtype, shape=shape, names=raw.get("names"), video=video, depth_image=depth_image,
             depth_unit=depth_unit,
@@ -220,13 +240,19 @@ class DatasetInfo:
             features_raw = raw["features"]
             data_path = str(raw["data_path"])
         except KeyError as e:
-            raise DatasetError(f"{source}: required key {e.args[0]!r} is missing") from e
+            raise DatasetError(
+                f"{source}: required key {e.args[0]!r} is missing; every LeRobot dataset's info.json has it: "
+                f"{_missing_key_advice(e.args[0], str(version))}"
+            ) from e
         except (TypeError, ValueError) as e:  # (null, or text that is not a number)
-            raise DatasetError(f"{source}: fps must be a positive number, got {raw['fps']!r}") from e
+            raise DatasetError(f"{source}: fps must be a positive number, got {raw['fps']!r}; {_FPS_ADVICE}") from e
         if not math.isfinite(fps) or fps <= 0:
-            raise DatasetError(f"{source}: fps must be a positive number, got {raw['fps']!r}")
+            raise DatasetError(f"{source}: fps must be a positive number, got {raw['fps']!r}; {_FPS_ADVICE}")
         if not isinstance(features_raw, Mapping) or not features_raw:
-            raise DatasetError(f"{source}: 'features' must be a non-empty mapping")
+            raise DatasetError(
+                f"{source}: 'features' must be a non-empty mapping of each feature's key to its dtype and shape, got "
+                f"{features_raw!r:.80}; the file is damaged or not LeRobot's: re-download the dataset's meta/"
+            )
         features = {str(k): Feature.from_json(str(k), v) for k, v in features_raw.items()}
         for key in INDEX_COLUMNS:
             if key in features and not features[key].is_scalar:
@@ -256,13 +282,20 @@ class DatasetInfo:
         templates = {"data_path": self.data_path}
         if self.video_keys:
             if self.video_path is None:
-                raise InvalidPathTemplateError(f"{source}: video features are declared but 'video_path' is missing")
+                raise InvalidPathTemplateError(
+                    f"{source}: video features are declared but 'video_path' is missing; add the template the videos "
+                    f"are stored by (LeRobot's {self.codebase_version}: "
+                    f"{_LEROBOT_TEMPLATES[self.major_version]['video_path']!r}), or re-download the dataset's meta/"
+                )
             templates["video_path"] = self.video_path
         for name, template in templates.items():
             try:
                 fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
             except ValueError as e:
-                raise InvalidPathTemplateError(f"{source}: {name} {template!r} is not a valid template: {e}") from e
+                raise InvalidPathTemplateError(
+                    f"{source}: {name} {template!r} is not a valid template ({e}); correct it in meta/info.json "
+                    f"(LeRobot's {self.codebase_version}: {_LEROBOT_TEMPLATES[self.major_version][name]!r})"
+                ) from e
             unknown = fields - allowed[name]
             if unknown:
                 raise InvalidPathTemplateError(
@@ -271,6 +304,19 @@ class DatasetInfo:
                 )
             probe = {**dict.fromkeys(allowed[name], 0), "video_key": "camera"}
             format_path(template, probe, name=name, source=source)
+
+
+_FPS_ADVICE = "set fps in meta/info.json to the frame rate the dataset was recorded at (its timestamps' rate)"
+
+
+def _missing_key_advice(key: str, version: str) -> str:
+    """How to mend an info.json that lacks ``key``: a path template LeRobot writes can be named outright."""
+    template = _LEROBOT_TEMPLATES["v3" if version.startswith("v3") else "v2"].get(key)
+    if template is not None:
+        return f"add it to meta/info.json (LeRobot's {version}: {key}={template!r}), or re-download the dataset's meta/"
+    if key == "fps":
+        return f"{_FPS_ADVICE}, or re-download the dataset's meta/"
+    return "re-download the dataset's meta/ (the file is damaged or not LeRobot's)"
 
 
 def _dimension(value: object) -> int:

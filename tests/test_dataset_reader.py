@@ -542,8 +542,9 @@ def test_unsupported_version(v3: Path) -> None:
         ("chunks_size", 0, r"chunks_size must be a whole number >= 1, got 0"),
         ("chunks_size", 2.5, r"chunks_size must be a whole number >= 1, got 2\.5"),
         ("chunks_size", [1000], r"chunks_size must be a whole number >= 1, got \[1000\]"),
-        ("fps", None, r"fps must be a positive number, got None"),
-        ("fps", "thirty", r"fps must be a positive number, got 'thirty'"),
+        ("fps", None, r"fps must be a positive number, got None; set fps in meta/info\.json to the frame rate"),
+        ("fps", "thirty", r"fps must be a positive number, got 'thirty'; set fps in meta/info\.json"),
+        ("fps", 0, r"fps must be a positive number, got 0; set fps in meta/info\.json to the frame rate"),
     ],
 )
 def test_counts_in_info_json_that_are_not_whole_numbers_are_named(v3: Path, key: str, value, pattern: str) -> None:
@@ -556,6 +557,58 @@ def test_counts_in_info_json_that_are_not_whole_numbers_are_named(v3: Path, key:
     for readable in {"chunks_size": (1000.0, None), "fps": ("10", 10.0)}.get(key, ("4", None)):
         _edit_info(v3, **{key: readable})
         assert open_dataset(v3).num_episodes == 5
+
+
+@pytest.mark.parametrize(
+    ("key", "error", "advice"),
+    [
+        ("fps", DatasetError, r"set fps in meta/info\.json to the frame rate the dataset was recorded at"),
+        ("features", DatasetError, r"re-download the dataset's meta/"),
+        ("data_path", DatasetError, r"add it to meta/info\.json \(LeRobot's v3\.0: data_path='(?P<template>[^']+)'\)"),
+        ("video_path", InvalidPathTemplateError, r"add the template .*\(LeRobot's v3\.0: '(?P<template>[^']+)'\)"),
+    ],
+)
+def test_an_info_json_key_missing_says_how_to_mend_it(v3: Path, key: str, error: type, advice: str) -> None:
+    """Each said only that the key was missing; a path template offered is LeRobot's, and the dataset reads with it."""
+    info = json.loads((v3 / "meta/info.json").read_text())
+    del info[key]
+    (v3 / "meta/info.json").write_text(json.dumps(info))
+    with pytest.raises(error, match=advice) as raised:
+        open_dataset(v3)
+    if "template" in advice:
+        _edit_info(v3, **{key: re.search(advice, str(raised.value))["template"]})
+        assert open_dataset(v3).num_episodes == 5
+
+
+@pytest.mark.parametrize(
+    ("edit", "error", "advice"),
+    [
+        (dict(features={}), DatasetError, r"'features' must be a non-empty mapping.*got \{\}; .*re-download"),
+        (dict(data_path="data/{chunk_index"), InvalidPathTemplateError, r"correct it in meta/info\.json \(LeRobot's"),
+    ],
+)
+def test_an_unusable_info_json_value_says_how_to_mend_it(v3: Path, edit: dict, error: type, advice: str) -> None:
+    _edit_info(v3, **edit)
+    with pytest.raises(error, match=advice):
+        open_dataset(v3)
+
+
+def test_an_unusable_feature_entry_says_how_to_mend_it(v3: Path) -> None:
+    """Each named the fault only ("needs 'dtype' ...: 'dtype'"); a video's 'info' can go, as its streams say it."""
+    info = json.loads((v3 / "meta/info.json").read_text())
+    camera = next(k for k, f in info["features"].items() if f["dtype"] == "video")
+    info["features"][camera]["info"] = {"video.fps": "x"}
+    (v3 / "meta/info.json").write_text(json.dumps(info))
+    with pytest.raises(DatasetError, match=r"unusable 'info' .*; correct that entry in meta/info\.json or remove it"):
+        open_dataset(v3)
+    del info["features"][camera]["info"]
+    del info["features"]["action"]["dtype"]
+    (v3 / "meta/info.json").write_text(json.dumps(info))
+    with pytest.raises(DatasetError, match=r"\(KeyError: 'dtype'\); correct it in meta/info\.json \(e\.g\. "):
+        open_dataset(v3)
+    del info["features"]["action"]
+    (v3 / "meta/info.json").write_text(json.dumps(info))
+    assert "action" not in open_dataset(v3).tabular_keys
 
 
 @pytest.mark.parametrize("shape", [[6.5], [-6], ["six"]])

@@ -159,7 +159,9 @@ def test_depth_cameras_are_declared_as_lerobot_declares_them() -> None:
     assert Feature.from_json("d", v20).video.depth == DepthQuantizer(use_log=False)
     image = Feature.from_json("i", {"dtype": "image", "shape": [4, 4, 1], "info": {"is_depth_map": True}})
     assert image.is_depth_map and image.depth_unit is None  # no unit said: values as stored, as LeRobot
-    with pytest.raises(DatasetError, match=r"depth image feature 'i' .* depth_unit 'cm'"):
+    with pytest.raises(
+        DatasetError, match=r"depth image feature 'i' .* depth_unit 'cm'; set it to .*'m' or 'mm', in meta/info\.json"
+    ):
         Feature.from_json(
             "i", {"dtype": "image", "shape": [4, 4, 1], "info": {"is_depth_map": True, "depth_unit": "cm"}}
         )
