@@ -28,6 +28,12 @@ __all__ = ["batchable_reader", "camera_augment", "check_windows", "checked_argum
 logger = logging.getLogger(__name__)
 
 
+_INDEX_FEATURES = {  # as LeRobot declares them
+    "timestamp": '{"dtype": "float32", "shape": [1], "names": null}',
+    "task_index": '{"dtype": "int64", "shape": [1], "names": null}',
+}
+
+
 def checked_arguments(
     *, batch_size: int, device: str, decode: Any, num_workers: int, prefetch: int, dali_threads: int | None
 ) -> tuple[tuple[int, int, int, int | None], DecodePreference]:
@@ -72,7 +78,10 @@ def batchable_reader(dataset: str | os.PathLike[str] | LeRobotDatasetReader, **o
     if missing:
         raise SchemaMismatchError(
             f"{reader.location.description}: info.json declares no {missing} feature(s); every LeRobot "
-            "dataset has them and batches carry them"
+            "dataset has them and batches carry them: where its data files hold those columns, add them to the "
+            "features in meta/info.json ("
+            + ", ".join(f'"{k}": {_INDEX_FEATURES[k]}' for k in missing)
+            + "); otherwise re-download the dataset"
         )
     reader.check_data_columns()
     return reader

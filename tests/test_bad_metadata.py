@@ -4,6 +4,7 @@ fails with a specific exception naming the file and the fix. The cases come from
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -571,3 +572,18 @@ def test_a_task_list_that_names_no_single_task_per_index_is_refused(make_ds, cop
         DatasetError, match=rf"meta/tasks\.(parquet|jsonl)(:\d+)?: bad task (at row \d+|record) \({said}"
     ):
         open_dataset(root)
+
+
+@pytest.mark.parametrize("key", ["timestamp", "task_index"])
+def test_an_index_feature_info_json_lacks_is_refused_with_the_entry_to_add(ds: Path, key: str) -> None:
+    """It said every LeRobot dataset has the feature, not what to write; the entry offered reads the data's column."""
+    info_path = ds / "meta/info.json"
+    info = json.loads(info_path.read_text())
+    del info["features"][key]
+    info_path.write_text(json.dumps(info))
+    advice = rf"add them to the features in meta/info\.json \(\"{key}\": (?P<entry>\{{.*\}})\); otherwise re-download"
+    with pytest.raises(SchemaMismatchError, match=advice) as raised:
+        _first_pass(ds)
+    info["features"][key] = json.loads(re.search(advice, str(raised.value))["entry"])
+    info_path.write_text(json.dumps(info))
+    assert sum(len(batch[key]) for batch in _first_pass(ds)) == 80
