@@ -311,11 +311,21 @@ def _i64(table: pa.Table, name: str, source: str) -> np.ndarray:
     a plain cast turned them into other numbers (-2**63 for a null, 20 for 20.5), which then named other rows."""
     column = table[name]
     if column.null_count:
-        raise EpisodeMetadataError(f"{source}: column {name!r} has {column.null_count} missing value(s)")
+        raise EpisodeMetadataError(
+            f"{source}: column {name!r} has {column.null_count} missing value(s); {_damaged_advice(source)}"
+        )
     try:
         return np.asarray(pc.cast(column, pa.int64()).to_numpy(), dtype=np.int64)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-        raise EpisodeMetadataError(f"{source}: column {name!r} must hold whole numbers ({e})") from e
+        raise EpisodeMetadataError(
+            f"{source}: column {name!r} must hold whole numbers ({e}); {_damaged_advice(source)}"
+        ) from e
+
+
+def _damaged_advice(source: str) -> str:
+    """What to do where LeRobot's episode metadata ``source`` does not hold what LeRobot writes: no option reads
+    around it, since every episode is placed by it."""
+    return f"the episode metadata is damaged: download or copy {source} again"
 
 
 def _v3_rows(fs: fsspec.AbstractFileSystem, meta_root: str) -> pa.Table:
@@ -336,7 +346,10 @@ def _v3_rows(fs: fsspec.AbstractFileSystem, meta_root: str) -> pa.Table:
     # "permissive": files from different writers may differ in types (list<string> vs list<large_string>)
     table = pa.concat_tables(tables, promote_options="permissive")
     if "episode_index" not in table.column_names:
-        raise EpisodeMetadataError(f"{meta_root}/meta/episodes: episode metadata lacks column(s) ['episode_index']")
+        source = f"{meta_root}/meta/episodes"
+        raise EpisodeMetadataError(
+            f"{source}: episode metadata lacks column(s) ['episode_index']; {_damaged_advice(source)}"
+        )
     return table if _ascending(table["episode_index"]) else table.sort_by("episode_index")
 
 
@@ -359,7 +372,7 @@ def _read_v3(table: pa.Table, source: str, video_keys: list[str]) -> EpisodeTabl
     ]
     missing = [c for c in required if c not in table.column_names]
     if missing:
-        raise EpisodeMetadataError(f"{source}: episode metadata lacks column(s) {missing}")
+        raise EpisodeMetadataError(f"{source}: episode metadata lacks column(s) {missing}; {_damaged_advice(source)}")
     episode_index = _i64(table, "episode_index", source)
     length = _i64(table, "length", source)
     from_index = _i64(table, "dataset_from_index", source)
@@ -471,11 +484,14 @@ def _check_lengths(
         i = int(bad[0])
         raise EpisodeMetadataError(
             f"{source}: episode {int(episode_index[i])} has length {int(length[i])} but "
-            f"dataset_to_index - dataset_from_index = {int(to_index[i] - from_index[i])}"
+            f"dataset_to_index - dataset_from_index = {int(to_index[i] - from_index[i])}; {_damaged_advice(source)}"
         )
     if (length <= 0).any():
         i = int(np.flatnonzero(length <= 0)[0])
-        raise EpisodeMetadataError(f"{source}: episode {int(episode_index[i])} has no frames (length {int(length[i])})")
+        raise EpisodeMetadataError(
+            f"{source}: episode {int(episode_index[i])} has no frames (length {int(length[i])}), which LeRobot never "
+            f"writes; {_damaged_advice(source)}"
+        )
 
 
 def _v2_rows(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo) -> list[dict[str, Any]]:
@@ -483,7 +499,10 @@ def _v2_rows(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo) -
     path = f"{meta_root.rstrip('/')}/meta/episodes.jsonl"
     opened = open_if_present(fs, path)
     if opened is None:
-        raise EpisodeMetadataError(f"{path} is missing; a {info.codebase_version} dataset lists its episodes there")
+        raise EpisodeMetadataError(
+            f"{path} is missing; a {info.codebase_version} dataset lists its episodes there: the dataset's files are "
+            "incomplete: download or copy its meta/ again"
+        )
     records: list[dict[str, Any]] = []
     with opened as f:  # (decoded per line: bytes that are not UTF-8 then name their line)
         for line_no, line in enumerate(f, start=1):
@@ -497,7 +516,9 @@ def _v2_rows(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo) -
                     raise ValueError(f"tasks must be a list of strings, got {record['tasks']!r}")
             except (ValueError, KeyError, TypeError) as e:
                 text = line.decode("utf-8", "replace").strip()[:200]
-                raise EpisodeMetadataError(f"{path}:{line_no}: bad episode record ({e}): {text}") from e
+                raise EpisodeMetadataError(
+                    f"{path}:{line_no}: bad episode record ({e}): {text}; {_damaged_advice(path)}"
+                ) from e
             records.append(record)
     return records
 

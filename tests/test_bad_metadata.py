@@ -504,7 +504,10 @@ def test_a_v2_episode_record_of_the_wrong_kind_is_refused(make_ds, copy_ds, fiel
         if reads:
             assert open_dataset(root).num_episodes == SPEC["episodes"]
             continue
-        with pytest.raises(EpisodeMetadataError, match=rf"episodes\.jsonl:1: bad episode record \({field} must be a "):
+        advice = r"; the episode metadata is damaged: download or copy .*/meta/episodes\.jsonl again$"
+        with pytest.raises(
+            EpisodeMetadataError, match=rf"episodes\.jsonl:1: bad episode record \({field} must be a .*{advice}"
+        ):
             open_dataset(root)
 
 
@@ -534,7 +537,8 @@ def test_v3_episode_columns_that_are_not_whole_numbers_are_refused(ds: Path, col
     if pattern is None:
         assert open_dataset(ds).episodes.length.tolist() == [20] * 4
         return
-    with pytest.raises(EpisodeMetadataError, match=rf"meta/episodes: {pattern}"):
+    advice = r"; the episode metadata is damaged: download or copy .*/meta/episodes again$"
+    with pytest.raises(EpisodeMetadataError, match=rf"meta/episodes: {pattern}.*{advice}"):
         open_dataset(ds)
 
 

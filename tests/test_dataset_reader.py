@@ -679,7 +679,9 @@ def test_episode_metadata_disagreeing_with_rows(v3: Path) -> None:
 def test_inconsistent_lengths_and_empty_episodes(v3: Path) -> None:
     _edit_episodes(v3, lambda t: t.set_column(t.schema.get_field_index("length"), "length", pa.array([5, 2, 7, 4, 6])))
     with pytest.raises(
-        EpisodeMetadataError, match="episode 1 has length 2 but dataset_to_index - dataset_from_index = 1"
+        EpisodeMetadataError,
+        match=r"episode 1 has length 2 but dataset_to_index - dataset_from_index = 1; the episode metadata is "
+        r"damaged: download or copy .*/meta/episodes again$",
     ):
         open_dataset(v3)
 
@@ -690,8 +692,28 @@ def test_inconsistent_lengths_and_empty_episodes(v3: Path) -> None:
         return table.set_column(table.schema.get_field_index("dataset_to_index"), "dataset_to_index", pa.array(to))
 
     _edit_episodes(v3, empty_episode_1)
-    with pytest.raises(EpisodeMetadataError, match=r"episode 1 .*no frames|no frames.*episode 1"):
+    with pytest.raises(
+        EpisodeMetadataError, match=r"episode 1 has no frames .*: download or copy .*/meta/episodes again"
+    ):
         open_dataset(v3)
+
+
+@pytest.mark.parametrize("column", ["episode_index", "length", "data/file_index"])
+def test_an_episode_column_lacking_says_to_copy_the_metadata_again(v3: Path, column: str) -> None:
+    """It named the column only; no option reads around it, as every episode is placed by it."""
+    _edit_episodes(v3, lambda t: t.drop_columns([column]))
+    advice = (
+        rf"lacks column\(s\) \['{column}'\]; the episode metadata is damaged: download or copy .*/meta/episodes again"
+    )
+    with pytest.raises(EpisodeMetadataError, match=advice):
+        open_dataset(v3)
+
+
+def test_a_v2_dataset_without_episodes_jsonl_says_to_copy_meta_again(make_ds, copy_ds) -> None:
+    root = copy_ds(make_ds(episodes=2, frames_per_episode=3, cameras=0, version="v2.1"))
+    (root / "meta/episodes.jsonl").unlink()
+    with pytest.raises(EpisodeMetadataError, match=r"episodes\.jsonl is missing; .*: download or copy its meta/ again"):
+        open_dataset(root)
 
 
 def test_corrupt_data_file_names_the_file(v3: Path) -> None:
