@@ -685,7 +685,10 @@ def open_dataset(
             location.description, info.total_frames, table.total_frames,
         )  # fmt: skip
     if len(table) == 0:
-        raise DatasetError(f"{location.description}: the episode metadata lists no episodes; nothing to read")
+        raise DatasetError(
+            f"{location.description}: the episode metadata lists no episodes; nothing to read: the dataset's files "
+            "are incomplete: download or copy its meta/ again"
+        )
     if episodes is not None:
         table = table.select(episodes, source=location.description)
     tasks = _read_tasks(location, info.codebase_version)
@@ -767,10 +770,17 @@ def read_info_json(location: DatasetLocation) -> dict[str, Any]:
             f"{location.description} is not a LeRobot dataset: {path} is missing; {advice}"
         ) from e
     except (json.JSONDecodeError, UnicodeDecodeError) as e:  # (bytes that are not UTF-8 fail as the file is read)
-        raise DatasetError(f"{path} is not valid JSON: {e}") from e
+        raise DatasetError(f"{path} is not valid JSON: {e}; the file is damaged: {_copy_again(path)}") from e
     if not isinstance(raw, dict):
-        raise DatasetError(f"{path} holds a JSON {type(raw).__name__}, not the object LeRobot writes")
+        raise DatasetError(
+            f"{path} holds a JSON {type(raw).__name__}, not the object LeRobot writes; {_copy_again(path)}"
+        )
     return raw
+
+
+def _copy_again(path: str) -> str:
+    """The advice for a metadata file that is not what LeRobot writes: no option reads around meta/."""
+    return f"download or copy {path} again"
 
 
 def _read_tasks(location: DatasetLocation, version: str) -> dict[int, str]:
@@ -809,7 +819,8 @@ def _tasks_from_parquet(f: Any, parquet_path: str, *, name: str = "task") -> dic
     text_column = next((c for c in (name, "__index_level_0__") if c in table.column_names), None)
     if text_column is None or f"{name}_index" not in table.column_names:
         raise DatasetError(
-            f"{parquet_path}: expected a '{name}_index' column and the {name} strings, found {table.column_names}"
+            f"{parquet_path}: expected a '{name}_index' column and the {name} strings, found {table.column_names}; "
+            f"{_copy_again(parquet_path)}"
         )
     tasks: dict[int, str] = {}
     pairs = zip(table[f"{name}_index"].to_pylist(), table[text_column].to_pylist(), strict=True)
@@ -817,7 +828,7 @@ def _tasks_from_parquet(f: Any, parquet_path: str, *, name: str = "task") -> dic
         try:
             _add_task(tasks, index, text, name=name)
         except ValueError as e:
-            raise DatasetError(f"{parquet_path}: bad {name} at row {row} ({e})") from e
+            raise DatasetError(f"{parquet_path}: bad {name} at row {row} ({e}); {_copy_again(parquet_path)}") from e
     return tasks
 
 
@@ -829,7 +840,7 @@ def _tasks_from_jsonl(f: Any, jsonl_path: str) -> dict[int, str]:
                 record = json.loads(line.decode("utf-8"))
                 _add_task(tasks, record["task_index"], record["task"])
             except (ValueError, KeyError, TypeError) as e:
-                raise DatasetError(f"{jsonl_path}:{line_no}: bad task record ({e})") from e
+                raise DatasetError(f"{jsonl_path}:{line_no}: bad task record ({e}); {_copy_again(jsonl_path)}") from e
     return tasks
 
 

@@ -324,7 +324,9 @@ def test_an_undeclared_episode_index_is_derived(ds: Path) -> None:
 def test_a_dataset_without_episodes_is_refused(ds: Path) -> None:
     path = _episodes_file(ds)
     pq.write_table(pq.read_table(path).slice(0, 0), path)
-    with pytest.raises(DatasetError, match="the episode metadata lists no episodes"):
+    with pytest.raises(
+        DatasetError, match="the episode metadata lists no episodes; .*download or copy its meta/ again"
+    ):
         open_dataset(ds)
 
 
@@ -444,7 +446,9 @@ def test_without_from_timestamp_only_one_episode_per_video_file_reads(ds: Path, 
 def test_an_info_json_that_is_not_an_object_names_itself(ds: Path, text: str, message: str) -> None:
     """A JSON list or string there failed with AttributeError ('list' object has no attribute 'get')."""
     (ds / "meta/info.json").write_text(text)
-    with pytest.raises(DatasetError, match=rf"meta/info.json {message}"):
+    with pytest.raises(
+        DatasetError, match=rf"meta/info.json {message}.*[:;] download or copy .*/meta/info\.json again$"
+    ):
         open_dataset(ds)
 
 
@@ -573,7 +577,9 @@ def test_a_task_list_that_names_no_single_task_per_index_is_refused(make_ds, cop
         assert open_dataset(root).tasks == {0: "pick", 1: "place"}
         return
     with pytest.raises(
-        DatasetError, match=rf"meta/tasks\.(parquet|jsonl)(:\d+)?: bad task (at row \d+|record) \({said}"
+        DatasetError,
+        match=rf"meta/tasks\.(parquet|jsonl)(:\d+)?: bad task (at row \d+|record) \({said}.*\); download or copy "
+        r".*/meta/tasks\.(parquet|jsonl) again$",
     ):
         open_dataset(root)
 
@@ -591,3 +597,11 @@ def test_an_index_feature_info_json_lacks_is_refused_with_the_entry_to_add(ds: P
     info["features"][key] = json.loads(re.search(advice, str(raised.value))["entry"])
     info_path.write_text(json.dumps(info))
     assert sum(len(batch[key]) for batch in _first_pass(ds)) == 80
+
+
+def test_a_task_list_without_its_index_column_says_to_copy_it_again(ds: Path) -> None:
+    pq.write_table(pa.table({"task": ["pick"]}), ds / "meta/tasks.parquet")
+    with pytest.raises(
+        DatasetError, match=r"expected a 'task_index' column .*; download or copy .*tasks\.parquet again$"
+    ):
+        open_dataset(ds)
