@@ -554,14 +554,15 @@ class LeRobotDatasetReader:
             found = sorted(set(np.unique(rows["episode_index"]).tolist()))[:5]
             raise EpisodeMetadataError(
                 f"{path}: rows [{int(self.episodes.data_row_start[pos])}, +{length}) should all be episode "
-                f"{episode_index} per the episode metadata but hold episode_index {found}"
+                f"{episode_index} per the episode metadata but hold episode_index {found}; "
+                f"{_disagree_advice(episode_index)}"
             )
         if self.info.major_version == "v3" and "index" in rows:
             expected = np.arange(self.episodes.dataset_from_index[pos], self.episodes.dataset_to_index[pos])
             if not np.array_equal(rows["index"], expected):
                 raise EpisodeMetadataError(
                     f"{path}: episode {episode_index}'s 'index' column does not run from dataset_from_index="
-                    f"{int(expected[0])} to dataset_to_index={int(expected[-1]) + 1}"
+                    f"{int(expected[0])} to dataset_to_index={int(expected[-1]) + 1}; {_disagree_advice(episode_index)}"
                 )
         elif "index" in rows and length and not np.array_equal(rows["index"], rows["index"][0] + np.arange(length)):
             # v2.x metadata has no index range to hold the column to, but an episode's rows are consecutive:
@@ -594,7 +595,9 @@ class LeRobotDatasetReader:
             row = int(np.flatnonzero(steps < 0)[0]) + 1
             raise EpisodeMetadataError(
                 f"{path}: episode {episode_index}'s timestamps go back at its row {row} "
-                f"({timestamps[row - 1]:.6f} s then {timestamps[row]:.6f} s); the rows are out of order"
+                f"({timestamps[row - 1]:.6f} s then {timestamps[row]:.6f} s); the rows are out of order: rewrite "
+                f"the data file with each episode's rows in time order, or leave episode {episode_index} out "
+                "(episodes=[...])"
             )
         repeats = np.flatnonzero(steps == 0)
         if repeats.size:  # (a recorder that logged one camera frame twice)
@@ -776,6 +779,14 @@ def read_info_json(location: DatasetLocation) -> dict[str, Any]:
             f"{path} holds a JSON {type(raw).__name__}, not the object LeRobot writes; {_copy_again(path)}"
         )
     return raw
+
+
+def _disagree_advice(episode_index: int) -> str:
+    """What to do where an episode's data rows are not those its metadata describes."""
+    return (
+        "the data file and the episode metadata disagree: download the dataset again, or leave episode "
+        f"{episode_index} out (episodes=[...])"
+    )
 
 
 def _copy_again(path: str) -> str:

@@ -247,8 +247,11 @@ def test_rows_out_of_time_order_are_refused(ds: Path) -> None:
         return table.set_column(table.column_names.index("timestamp"), "timestamp", pa.array(ts, pa.float32()))
 
     _rewrite_data(ds, swap)
-    with pytest.raises(DatasetError, match=r"episode 0's timestamps go back at its row 6 .*the rows are out of order"):
+    advice = r"the rows are out of order: rewrite the data file .*, or leave episode 0 out \(episodes=\[\.\.\.\]\)$"
+    with pytest.raises(DatasetError, match=r"episode 0's timestamps go back at its row 6 .*" + advice):
         _first_pass(ds)
+    # As told: the episodes whose rows are in order still read (rows 5 and 6 of each file are episodes 0 and 2's).
+    assert sum(len(batch["index"]) for batch in _first_pass(ds, episodes=[1, 3])) == 40
 
 
 def test_rows_that_share_a_timestamp_are_read_as_lerobot_reads_them(make_ds, copy_ds, caplog) -> None:

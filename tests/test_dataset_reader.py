@@ -672,7 +672,8 @@ def test_episode_metadata_disagreeing_with_rows(v3: Path) -> None:
 
     _edit_episodes(v3, shift)
     r = open_dataset(v3)
-    with pytest.raises(EpisodeMetadataError, match="should all be episode 1.*hold episode_index"):
+    advice = r"disagree: download the dataset again, or leave episode 1 out \(episodes=\[\.\.\.\]\)$"
+    with pytest.raises(EpisodeMetadataError, match="should all be episode 1.*hold episode_index.*" + advice):
         r.read_episode(1)
 
 
@@ -807,3 +808,13 @@ def test_did_you_mean_names_no_key_where_two_are_as_near(name: str, declared: li
     from lerobot_dali.errors import did_you_mean
 
     assert did_you_mean([name], [f"observation.images.{part}" for part in declared]) == said
+
+
+def test_an_index_column_off_the_metadata_range_says_what_to_do(v3: Path) -> None:
+    for path in sorted((v3 / "data").rglob("*.parquet")):
+        table = pq.read_table(path)
+        shifted = pa.array([i + 100 for i in table["index"].to_pylist()], table["index"].type)
+        pq.write_table(table.set_column(table.column_names.index("index"), "index", shifted), path)
+    advice = r"disagree: download the dataset again, or leave episode 0 out \(episodes=\[\.\.\.\]\)$"
+    with pytest.raises(EpisodeMetadataError, match=r"episode 0's 'index' column does not run from .*" + advice):
+        open_dataset(v3).read_episode(0)
