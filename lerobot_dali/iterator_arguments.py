@@ -53,7 +53,11 @@ def checked_arguments(
         return counts, preference
     visible = require_cuda(f"device={device!r}", instead="device='cpu'")
     if device != "cuda" and int(device.split(":")[1]) >= visible:
-        raise CudaUnavailableError(f"device={device!r} but this process sees {visible} GPU(s) (CUDA_VISIBLE_DEVICES)")
+        raise CudaUnavailableError(
+            f"device={device!r} but this process sees {visible} GPU(s) (CUDA_VISIBLE_DEVICES): pass a device from "
+            f"'cuda:0' to 'cuda:{visible - 1}' (the GPUs CUDA_VISIBLE_DEVICES lists, renumbered from 0), or widen "
+            "CUDA_VISIBLE_DEVICES"
+        )
     return counts, preference
 
 

@@ -1350,8 +1350,8 @@ def _indices_across_a_ctrl_c(it: DALILeRobotIterator) -> list[int]:
 @pytest.mark.parametrize(("device", "visible", "match"), [
     ("cuda", 0, "sees no CUDA GPU: .* or pass device='cpu'"),
     ("cuda:0", 0, "sees no CUDA GPU: .* or pass device='cpu'"),
-    ("cuda:2", 2, "this process sees 2 GPU"),
-    (torch.device("cuda", 2), 2, "this process sees 2 GPU"),  # accelerator.device, say
+    ("cuda:2", 2, r"this process sees 2 GPU.*: pass a device from 'cuda:0' to 'cuda:1' \(the GPUs"),
+    (torch.device("cuda", 2), 2, r"sees 2 GPU.*: pass a device from 'cuda:0' to 'cuda:1'"),  # accelerator's
 ])  # fmt: skip
 def test_a_gpu_device_the_process_does_not_see_fails_before_the_dataset_is_opened(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device: str | torch.device, visible: int, match: str
