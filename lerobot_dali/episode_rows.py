@@ -135,7 +135,10 @@ def open_parquet(open_file: Callable[[str], Any], path: str) -> pq.ParquetFile:
     try:
         handle = open_file(path)
     except FileNotFoundError as e:
-        raise MissingDataFileError(f"data file {path} is missing (listed in the episode metadata)") from e
+        raise MissingDataFileError(
+            f"data file {path} is missing (listed in the episode metadata); download the dataset again, or leave "
+            "this file's episodes out (episodes=[...])"
+        ) from e
     try:
         # Pages written with checksums (pyarrow's write_page_checksum=True) are verified as they are read: a
         # flipped byte inside a page's values otherwise reads as another value. LeRobot's own files carry none.

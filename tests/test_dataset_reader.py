@@ -717,6 +717,15 @@ def test_a_v2_dataset_without_episodes_jsonl_says_to_copy_meta_again(make_ds, co
         open_dataset(root)
 
 
+def test_a_data_file_gone_after_opening_says_to_download_again_or_leave_its_episodes_out(v3: Path) -> None:
+    reader = open_dataset(v3)
+    (v3 / "data/chunk-000/file-001.parquet").unlink()  # episodes 2 and 3
+    advice = r"file-001\.parquet is missing \(.*\); download the dataset again, or leave this file's episodes out"
+    with pytest.raises(MissingDataFileError, match=advice):
+        reader.read_episode(2)
+    assert len(reader.read_episode(4)["index"]) == LENGTHS[4]
+
+
 def test_corrupt_data_file_names_the_file(v3: Path) -> None:
     path = v3 / "data/chunk-000/file-001.parquet"
     raw = path.read_bytes()
