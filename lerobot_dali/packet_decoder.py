@@ -118,11 +118,16 @@ class PacketDecoder:
     ) -> Iterator[av.VideoFrame]:
         """The frames of ``payloads`` as the decoder shows them, from a reset decoder, flushed at the end. ``runs``:
         per run, the ranks it owes (emptied by the caller as they come out) and its packets ``[first, stop)``, fed
-        while it owes any."""
+        while it owes any. Runs are drained and reset between, as at a file reader's seek: a keyframe that is no IDR
+        (x264's open-GOP I-frames) does not reset the decoder, so the frames it held back of the previous run came out
+        after the next run's, a healthy file refused as misordered."""
         self.codec.flush_buffers()
         keyframes = index.keyframe[plan.packet_positions].tolist()
         display_ranks = ranks.tolist()
-        for owed, first, stop in runs:
+        for run, (owed, first, stop) in enumerate(runs):
+            if run:
+                yield from self.codec.decode(None)
+                self.codec.flush_buffers()
             for position in range(first, stop):
                 if not owed:
                     break
