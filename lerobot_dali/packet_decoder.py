@@ -69,6 +69,8 @@ class PacketDecoder:
         owed: list[set[int]] = [set() for _ in firsts]
         for rank in (*pending, *keys):
             owed[run_of[rank]].add(rank)
+        for run_owed in owed:  # and every frame shown between, which proves the wanted ones' place (no gap, no swap)
+            run_owed.update(range(min(run_owed), max(run_owed)))
         found: dict[int, Any] = {}
         last: int | None = None
         try:
@@ -91,7 +93,7 @@ class PacketDecoder:
                     pending.discard(rank)
                 if known:
                     owed[run_of[rank]].discard(rank)
-                if not pending and not keys:
+                if not pending and not keys and not any(owed):
                     break
         except (av.error.FFmpegError, OSError) as e:
             raise VideoDecodeError(  # (as a file reader says it: a local MP4 is decoded here)

@@ -18,6 +18,7 @@ from lerobot_dali.clips import plan_clip, read_packet_payloads
 from lerobot_dali.cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
 from lerobot_dali.errors import VideoDecodeError
 from lerobot_dali.iterator import DALILeRobotIterator
+from lerobot_dali.packet_file_reader import PacketFileReader
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
 from tests.video_fixtures import MarkerVideo, damage_av1_frame_size, reference_frames
 
@@ -186,3 +187,23 @@ def test_frames_of_another_size_than_the_stream_raise(marker_video: MarkerVideo,
     pts = int(index.frame_pts[40])  # the second GOP's header is sound
     np.testing.assert_array_equal(decoder.decode(path, index, [40])[0], reference_frames(clean, {pts})[pts])
     decoder.close()
+
+
+@pytest.mark.parametrize("frames", [[2, 3], [0, 2], [2, 2]])
+def test_timestamps_against_the_decoders_order_raise_before_the_frames_between(
+    marker_video: MarkerVideo, tmp_path: Path, frames: list[int]
+) -> None:
+    """The ctts damage above, frames 2 and 3 asked without 1: with 3 threads the packet decoder stopped once they
+    were out, before the P-frame stamped 1 came out after them, and handed the pictures of 1 and 2 as 2 and 3 (4 of
+    600 random requests): a run now goes on until every frame from its keyframe to its last wanted one is out."""
+    clean = marker_video("h264", 30)
+    raw = bytearray(clean.read_bytes())
+    at = raw.find(b"ctts") + 20
+    struct.pack_into(">IiIi", raw, at, 1, 1024, 2, 1024)
+    path = tmp_path / "reordered.mp4"
+    path.write_bytes(bytes(raw))
+    index = build_packet_index(path)
+    reader = PacketFileReader(str(path), index, threads=3, label="reordered.mp4")
+    with pytest.raises(VideoDecodeError, match=r"reordered\.mp4: the decoder shows frames in another order"):
+        reader.frames_at(index, np.array(frames), lambda frame: frame.to_ndarray(format="rgb24"))
+    reader.close()
