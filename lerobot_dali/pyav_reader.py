@@ -65,13 +65,15 @@ class PyAvReader:
                 self.stream.codec_context.flush_buffers()
                 self._decode_until(packets, segment_pts, found, convert, index, int(index.pts[start]))
         except (av.error.FFmpegError, OSError) as e:
-            raise VideoDecodeError(f"{self.label}: decoding failed ({e}); the file is corrupt or truncated.") from e
+            raise VideoDecodeError(
+                f"{self.label}: decoding failed ({e}); the file is corrupt or truncated: {DAMAGED_VIDEO_ADVICE}"
+            ) from e
         missing = wanted - found.keys()
         if missing:
             first = min(missing) * index.time_base
             raise VideoDecodeError(
                 f"{self.label}: the decoder produced no frame at pts {float(first):.6f} s ({len(missing)} "
-                "requested frames missing); the file is corrupt or truncated."
+                f"requested frames missing); the file is corrupt or truncated: {DAMAGED_VIDEO_ADVICE}"
             )
         return found
 

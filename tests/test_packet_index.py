@@ -7,6 +7,7 @@ import os
 import pickle
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
@@ -246,6 +247,32 @@ def test_truncated_and_corrupt_files(marker_video: MarkerVideo, tmp_path: Path) 
     empty.write_bytes(b"")
     with pytest.raises(VideoDecodeError, match=f"empty.mp4: .*{advice}$"):
         build_packet_index(empty)
+
+
+def test_pyav_decode_faults_say_what_to_do(marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The PyAV reader's decode faults ended at "the file is corrupt or truncated." as its open's once did."""
+    path = marker_video("h264", 30)
+    index = build_packet_index(path)
+    frames = np.array([5])
+    advice = re.escape(f": {DAMAGED_VIDEO_ADVICE}")
+    reader = PyAvReader(str(path), filesystem=None, threads=1, label="v.mp4")
+    try:
+        # A frame at a timestamp the file lacks (its index entry one tick off): the decoder never shows it.
+        pts = index.pts.copy()
+        pts[index.display_order[5]] += 1
+        off = replace(index, pts=pts)
+        with pytest.raises(VideoDecodeError, match=f"v.mp4: the decoder produced no frame .*{advice}$"):
+            reader.frames_at(off, plan_clip(off, frames), frames, lambda frame: frame.pts)
+
+        def failing(*args: object) -> Iterator[av.Packet]:
+            raise av.error.InvalidDataError(1094995529, "Invalid data found when processing input")
+            yield  # (a generator, as packets_from_keyframe is)
+
+        monkeypatch.setattr("lerobot_dali.pyav_reader.packets_from_keyframe", failing)
+        with pytest.raises(VideoDecodeError, match=f"v.mp4: decoding failed .*{advice}$"):
+            reader.frames_at(index, plan_clip(index, frames), frames, lambda frame: frame.pts)
+    finally:
+        reader.close()
 
 
 def test_codec_without_any_decoder(tmp_path: Path) -> None:
