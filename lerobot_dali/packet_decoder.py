@@ -51,9 +51,9 @@ class PacketDecoder:
 
         Each frame is checked and converted as it comes out and the others dropped at once, as a file reader does:
         holding a clip's frames until its last grew the decoder's frame pool to the clip's length, which it then
-        kept (+6 MB per open 640x480 decoder after an 18-frame clip). A run's packets are fed until its wanted frames
-        and its keyframe are out, the packets ahead of them left unfed (:func:`~.clips.plan_clip`'s ``lookahead``), and
-        decoding stops once every run's are."""
+        kept (+6 MB per open 640x480 decoder after an 18-frame clip). A run's packets are fed until every frame from
+        its keyframe to its last wanted one is out, the packets ahead of them left unfed (:func:`~.clips.plan_clip`'s
+        ``lookahead``), and decoding stops once every run's are."""
         if len(payloads) != plan.frame_count:
             raise ValueError(f"decode_packets got {len(payloads)} payloads for a plan of {plan.frame_count} packets.")
         # Display rank as pts: the decoder hands frames back in display order, and the pts proves which is which.
@@ -63,7 +63,8 @@ class PacketDecoder:
         firsts = np.searchsorted(plan.packet_positions, [start for start, _ in plan.segments])
         keys = {int(ranks[first]) for first in firsts.tolist()}
         pending = set(np.unique(plan.relative_indices).tolist())
-        # Per run (payloads [bounds[i], bounds[i + 1])), the ranks it still owes: its wanted frames and keyframe.
+        # Per run (payloads [bounds[i], bounds[i + 1])), the ranks it still owes: its keyframe, its wanted frames and
+        # every frame shown between.
         bounds = [*firsts.tolist(), len(payloads)]
         run_of = np.repeat(np.arange(len(firsts)), np.diff(bounds))[np.argsort(ranks)].tolist()  # (by rank)
         owed: list[set[int]] = [set() for _ in firsts]
