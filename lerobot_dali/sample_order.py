@@ -288,9 +288,11 @@ class _Cursor:
     output per chunk it only passes: 17 us a chunk (10 of them numpy's ``choice``) against 38 when it did, so a
     resume 13.7M samples into an epoch (165k chunks) replays in 2.8 s of CPU, not 6.3."""
 
-    __slots__ = ("emitted", "next_admit", "remaining", "slots", "total")
+    __slots__ = ("emitted", "next_admit", "remaining", "rng", "slots", "total")
 
-    def __init__(self, walk: _PoolWalk, lengths: np.ndarray) -> None:
+    def __init__(self, walk: _PoolWalk, lengths: np.ndarray, rng: np.random.Generator) -> None:
+        self.rng = rng  # (set to the walk's state: the generator its chunks draw from, its own while it walks)
+        rng.bit_generator.state = walk.rng_state
         self.emitted = walk.emitted
         self.next_admit = walk.next_admit
         self.slots: list[int] = walk.slots.tolist()
@@ -316,7 +318,10 @@ class _PoolSimulator:
         start = _PoolWalk(0, first.size, first, stream.first_draw[first].copy(), rng_state)
         self._checkpoints: list[_PoolWalk] = [start]
         self._checkpoint_positions: list[int] = [0]
-        self._rng = np.random.Generator(np.random.Philox(0))
+        #: Generators for walks, each taken by one walk while it runs: a walk re-entered on its own thread (a
+        #: signal handler's ``state_dict()`` within a batch's draw: the order's lock is an RLock) set a shared one
+        #: to another chunk's state, and the walk it interrupted drew on from there. Kept: making one takes 10 us.
+        self._idle_rngs: list[np.random.Generator] = []
         # Live walk plus the outputs of its last chunk, so the next request usually continues in place.
         self._live = start
         self._tail = (0, np.empty(0, np.int64), np.empty(0, np.int64))
@@ -375,7 +380,7 @@ class _PoolSimulator:
             cursor = self._cursor(walk)
             while True:
                 # (the generator's state before a chunk that may pass ``position``: where this lookup stops)
-                before = self._rng.bit_generator.state if cursor.emitted + cursor.chunk_size() > position else None
+                before = cursor.rng.bit_generator.state if cursor.emitted + cursor.chunk_size() > position else None
                 label, n, left = self._chunk(cursor)
                 if before is not None and cursor.emitted + n > position:
                     walk = self._snapshot(cursor, before)
@@ -387,6 +392,7 @@ class _PoolSimulator:
                 if cursor.emitted == position:
                     walk = self._snapshot(cursor)
                     break
+            self._idle_rngs.append(cursor.rng)
         self._state_cursors = [*self._state_cursors[-1:], walk]
         return walk, extra
 
@@ -430,6 +436,7 @@ class _PoolSimulator:
             self._keep_checkpoint(cursor)
         self._tail = (before, chunk_ep, chunk_draw)
         self._live = self._snapshot(cursor)
+        self._idle_rngs.append(cursor.rng)
 
     def _keep_checkpoint(self, cursor: _Cursor) -> None:
         """Keep the walk as a checkpoint if it is the first past an interval beyond the last checkpoint."""
@@ -438,13 +445,17 @@ class _PoolSimulator:
             self._checkpoint_positions.append(cursor.emitted)
 
     def _cursor(self, walk: _PoolWalk) -> _Cursor:
-        self._rng.bit_generator.state = walk.rng_state
-        return _Cursor(walk, self._stream.lengths)
+        """A cursor at ``walk``, with a generator no other walk draws from until it is given back."""
+        try:
+            rng = self._idle_rngs.pop()
+        except IndexError:  # (none idle: the first walk, or one re-entered, or one that raised)
+            rng = np.random.Generator(np.random.Philox(0))
+        return _Cursor(walk, self._stream.lengths, rng)
 
     def _snapshot(self, cursor: _Cursor, rng_state: Mapping[str, Any] | None = None) -> _PoolWalk:
         slots = np.array(cursor.slots, dtype=np.int64)
         drawn = self._stream.lengths[slots] - cursor.remaining
-        state = self._rng.bit_generator.state if rng_state is None else rng_state
+        state = cursor.rng.bit_generator.state if rng_state is None else rng_state
         return _PoolWalk(cursor.emitted, cursor.next_admit, slots, drawn, state)
 
     def _chunk(self, cursor: _Cursor) -> tuple[np.ndarray, int, np.ndarray | None]:
@@ -455,7 +466,7 @@ class _PoolSimulator:
         remaining = cursor.remaining
         # An ordered sample without replacement of the pool's remaining frames is a prefix of a uniform
         # permutation of them: each draw is uniform over what is left.
-        picks = self._rng.choice(cursor.total, size=chunk, replace=False)
+        picks = cursor.rng.choice(cursor.total, size=chunk, replace=False)
         label = remaining.cumsum().searchsorted(picks, side="right")
         left = remaining - np.bincount(label, minlength=remaining.size)
         emptied = (left <= 0).nonzero()[0]

@@ -707,3 +707,29 @@ def test_a_state_taken_by_a_handler_on_the_thread_drawing_a_batch_is_the_streams
     resumed = _stream()
     resumed.load_state_dict(taken[0])
     assert _take(resumed, 8) == _take(expected, 8)
+
+
+def test_a_state_taken_by_a_handler_between_two_chunks_of_a_draw_leaves_the_stream_as_it_was(monkeypatch) -> None:
+    # The order's lock is an RLock, so a signal handler's state_dict() on the thread drawing a batch runs inside the
+    # draw: its walk set the pool simulator's one generator to another chunk's state, and the batch drew on from
+    # there (other samples than the stream's at 363 of 1,092 lines of 5 batches of 32 where a handler can land).
+    stream, expected = _stream(batch=32, episode_pool_size=3), _stream(batch=32, episode_pool_size=3)
+    _take(stream, 64)
+    _take(expected, 64)
+    simulator = stream.order._plan(0).simulator  # type: ignore[attr-defined]
+    advance = simulator._advance
+    taken: list[dict[str, object]] = []
+    landed: list[bool] = []
+
+    def handler_after_a_chunk(*args: object) -> None:
+        advance(*args)
+        if not landed:  # (once: the handler's own walk advances too)
+            landed.append(True)
+            taken.append(stream.state_dict())
+
+    monkeypatch.setattr(simulator, "_advance", handler_after_a_chunk)
+    rest = _take(expected, 160)
+    assert _take(stream, 160) == rest
+    resumed = _stream(batch=32, episode_pool_size=3)
+    resumed.load_state_dict(taken[0])
+    assert taken[0]["samples_consumed"] == 64 and _take(resumed, 160) == rest
