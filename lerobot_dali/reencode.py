@@ -259,12 +259,26 @@ def _chosen_cameras(info: DatasetInfo, cameras: Sequence[str] | None) -> set[str
 def _read_from_hub_cache(location: DatasetLocation, info: DatasetInfo) -> DatasetLocation:
     """``location`` reading a Hub dataset's files from huggingface_hub's cache where it holds every one its episode
     metadata names, as :func:`~lerobot_dali.dataset_reader.open_dataset` does (with ``HF_HUB_OFFLINE``: or refused,
-    naming those absent); other locations as they are."""
-    if location.hub_snapshot is None:
+    naming those absent), and every other file its snapshot folder lists, which are copied too (a link whose blob is
+    gone raised FileNotFoundError once every video was re-encoded); other locations as they are."""
+    snapshot = location.hub_snapshot
+    if snapshot is None:
         return read_bulk_from_cache(location, ())
     records = read_episode_records(location.meta_fs, location.meta_root, info)
     table = read_episode_table(records, info, video_keys=info.video_keys)
-    return read_bulk_from_cache(location, bulk_files_named(info, table, info.video_keys, None))
+    named = dict.fromkeys(bulk_files_named(info, table, info.video_keys, None))
+    others = (relative for relative in _links_without_blob(snapshot.folder) if relative not in named)
+    return read_bulk_from_cache(location, itertools.chain(named, others))
+
+
+def _links_without_blob(folder: str) -> Iterator[str]:
+    """The files of snapshot ``folder`` (relative, as :func:`_listed_files` names them) that are links whose blob
+    is gone."""
+    for top, folders, names in os.walk(folder):
+        folders[:] = [name for name in folders if not name.startswith(".")]  # (not part of the dataset)
+        for name in names:
+            if not os.path.exists(os.path.join(top, name)):
+                yield os.path.relpath(os.path.join(top, name), folder).replace(os.sep, "/")
 
 
 def _listed_files(location: DatasetLocation) -> dict[str, int | None]:

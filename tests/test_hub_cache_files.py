@@ -295,3 +295,37 @@ def test_offline_a_branch_that_moved_names_the_cached_commit_that_reads(cache, m
     assert str(caught.value).endswith(f"; or read commit {COMMIT} as it was, whose data/ is in the cache: "
                                       f"revision={COMMIT!r}")  # fmt: skip
     assert open_dataset(REPO, revision=COMMIT).location.root == str(snapshot)
+
+
+@pytest.mark.parametrize("offline", [True, False])
+def test_reencode_of_a_cache_with_a_link_whose_blob_is_gone_reads_nothing_from_there(
+    cache, online, make_ds, tmp_path, offline
+) -> None:
+    """`reencode` copies every file of the snapshot folder, not only those its episodes name: one whose blob is gone
+    (README.md here) raised FileNotFoundError once every video was re-encoded (1 of 1, online too, where the Hub
+    holds it). It counts as absent, as a video's does: read from the Hub, or offline refused before any work."""
+    from lerobot_dali.reencode import _read_from_hub_cache, reencode_dataset
+
+    huggingface_hub.constants.HF_HUB_OFFLINE = offline  # (monkeypatched by ``cache``: restored after)
+    dataset = _dataset(make_ds, "vp9")
+    (dataset / "README.md").write_text("a dataset card")
+    snapshot = _cache_a_copy(cache, dataset)
+    os.remove(os.path.realpath(snapshot / "README.md"))
+    if offline:
+        with pytest.raises(DatasetNotFoundError, match=r"holds 9 of the 10 .* \(absent: README\.md\)"):
+            reencode_dataset(REPO, tmp_path / "out", gop=2)
+        assert not (tmp_path / "out").exists()
+    else:
+        location = resolve_location(REPO)
+        info = open_dataset(dataset).info
+        assert _read_from_hub_cache(location, info) is location  # (every file read from the Hub)
+
+
+def test_reencode_offline_names_a_video_whose_blob_is_gone_once(cache, make_ds, tmp_path) -> None:
+    # (named by its episode and found among the snapshot's links whose blob is gone: counted once)
+    from lerobot_dali.reencode import reencode_dataset
+
+    snapshot = _cache_a_copy(cache, _dataset(make_ds, "vp9"))
+    os.remove(os.path.realpath(snapshot / CAM0_FILE0))
+    with pytest.raises(DatasetNotFoundError, match=f"holds 8 of the 9 .* \\(absent: {CAM0_FILE0}\\)"):
+        reencode_dataset(REPO, tmp_path / "out")
