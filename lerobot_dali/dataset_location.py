@@ -64,6 +64,8 @@ _HUB_PAGE_URL = re.compile(
 )
 #: A full commit SHA, as huggingface_hub names snapshot folders (``.../snapshots/<sha>``).
 _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
+#: A commit SHA cut short, as the Hub's pages show one (7 characters): only the Hub resolves it, not its cache.
+_SHORT_SHA = re.compile(r"^[0-9a-f]{4,39}$")
 #: ``storage_options`` keys that also tell ``snapshot_download`` which Hub to ask and as whom.
 _HUB_DOWNLOAD_OPTIONS = ("token", "endpoint")
 
@@ -379,6 +381,16 @@ def _missing_on_hub(
         why = f"has no revision {revision or 'main'!r} on the Hub; give an existing branch, tag or commit SHA"
     elif isinstance(error, RepositoryNotFoundError) or (isinstance(error, HfHubHTTPError) and status == 401):
         why = f"not found on the Hub, or private and unreadable with the token given; check the repo id, or {token}"
+    elif (
+        isinstance(error, LocalEntryNotFoundError)
+        and constants.HF_HUB_OFFLINE
+        and (full := _cached_commits_starting(repo_id, revision))
+    ):
+        why = (
+            f"cannot be opened: HF_HUB_OFFLINE is set and revision {revision!r} names no branch or tag the cache "
+            "knows, and only the Hub resolves a short commit hash: pass the full one, "
+            f"{' or '.join(f'revision={commit!r}' for commit in full)}, whose snapshot the cache holds"
+        )
     elif isinstance(error, LocalEntryNotFoundError) and constants.HF_HUB_OFFLINE:  # (not a network failure)
         why = (
             f"cannot be opened: HF_HUB_OFFLINE is set and huggingface_hub's cache holds no metadata of revision "
@@ -395,6 +407,23 @@ def _missing_on_hub(
         why += f"; nor is it a local folder under {os.getcwd()}"
     cause = (str(error).strip().splitlines() or [""])[0]
     return DatasetNotFoundError(f"dataset {repo_id!r} {why} ({type(error).__name__}: {cause})")
+
+
+def _cached_commits_starting(repo_id: str, revision: str | None) -> list[str]:
+    """The commits of dataset ``repo_id`` whose snapshots huggingface_hub's cache holds and whose SHA ``revision``
+    begins, where it is spelled as a short one."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    if revision is None or not _SHORT_SHA.match(revision):
+        return []
+    snapshots = os.path.join(
+        constants.HF_HUB_CACHE, repo_folder_name(repo_id=repo_id, repo_type="dataset"), "snapshots"
+    )
+    try:
+        return sorted(name for name in os.listdir(snapshots) if name.startswith(revision) and _COMMIT_SHA.match(name))
+    except OSError:
+        return []
 
 
 def _snapshot_commit(repo_id: str, revision: str | None, local_meta: str) -> str | None:

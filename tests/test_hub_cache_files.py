@@ -329,3 +329,14 @@ def test_reencode_offline_names_a_video_whose_blob_is_gone_once(cache, make_ds, 
     os.remove(os.path.realpath(snapshot / CAM0_FILE0))
     with pytest.raises(DatasetNotFoundError, match=f"holds 8 of the 9 .* \\(absent: {CAM0_FILE0}\\)"):
         reencode_dataset(REPO, tmp_path / "out")
+
+
+def test_offline_a_short_commit_hash_names_the_full_one_the_cache_holds(cache, make_ds) -> None:
+    """The Hub's pages show a commit by its first 7 characters, and huggingface_hub's cache resolves only branches,
+    tags and full hashes: offline a short one was refused saying to check the repo id's spelling (1 of 1)."""
+    _cache_a_copy(cache, _dataset(make_ds, "vp9"))
+    with pytest.raises(DatasetNotFoundError, match=re.escape(
+        f"HF_HUB_OFFLINE is set and revision {COMMIT[:7]!r} names no branch or tag the cache knows, and only the Hub "
+        f"resolves a short commit hash: pass the full one, revision={COMMIT!r}, whose snapshot the cache holds"
+    )):  # fmt: skip
+        open_dataset(REPO, revision=COMMIT[:7])
