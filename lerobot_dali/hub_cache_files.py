@@ -105,6 +105,7 @@ def _absent_offline(
     held = "none" if len(absent) == total else f"{total - len(absent)}"
     few = ", ".join(absent[:3]) + (f" and {len(absent) - 3} more" if len(absent) > 3 else "")
     lerobot_home = os.environ.get("HF_LEROBOT_HOME") or os.path.join(constants.HF_HOME, "lerobot")
+    lerobot_home = os.path.expanduser(lerobot_home)  # (as LeRobot reads it)
     lerobot_copy = os.path.join(lerobot_home, snapshot.repo_id)
     has_copy = os.path.isfile(os.path.join(lerobot_copy, "meta", "info.json"))
     older = _commits_with_data(snapshot)

@@ -340,3 +340,16 @@ def test_offline_a_short_commit_hash_names_the_full_one_the_cache_holds(cache, m
         f"resolves a short commit hash: pass the full one, revision={COMMIT!r}, whose snapshot the cache holds"
     )):  # fmt: skip
         open_dataset(REPO, revision=COMMIT[:7])
+
+
+def test_offline_lerobots_copy_under_a_home_given_with_a_tilde_is_named(cache, make_ds, tmp_path, monkeypatch) -> None:
+    """LeRobot expands '~' in HF_LEROBOT_HOME (a .env file or a quoted export leaves it): its copy there was not
+    named (1 of 1)."""
+    _cache_a_copy(cache, _dataset(make_ds, "vp9"), keep=lambda relative: relative.startswith("meta/"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("HF_LEROBOT_HOME", "~/lerobot-home")
+    copy = tmp_path / "lerobot-home" / REPO
+    (copy / "meta").mkdir(parents=True)
+    (copy / "meta" / "info.json").write_text("{}")
+    with pytest.raises(DatasetNotFoundError, match=re.escape(f"(LeRobot has one: {str(copy)!r})")):
+        open_dataset(REPO)
