@@ -364,7 +364,7 @@ def _missing_on_hub(
     """``error`` from ``snapshot_download`` as the package's error when it means the dataset cannot be found
     (no such repo or revision, private or gated without a token, no Hub reachable and nothing cached); ``None``
     for other errors (a Hub outage mid-download), which keep their type."""
-    from huggingface_hub import constants
+    from huggingface_hub import constants, errors
     from huggingface_hub.utils import (
         GatedRepoError,
         HfHubHTTPError,
@@ -375,12 +375,20 @@ def _missing_on_hub(
 
     token = "log in (`hf auth login`) or pass storage_options={'token': ...}"
     status = getattr(getattr(error, "response", None), "status_code", None)
+    # (huggingface_hub from 2.x: a snapshot its cached listing of the commit shows files missing from, a download cut
+    # short, raised where the Hub is not asked)
+    incomplete = getattr(errors, "IncompleteSnapshotError", ())
     if isinstance(error, GatedRepoError):
         why = f"cannot be read: a gated dataset needs a token of an account that accepted its terms; {token}"
     elif isinstance(error, RevisionNotFoundError):
         why = f"has no revision {revision or 'main'!r} on the Hub; give an existing branch, tag or commit SHA"
     elif isinstance(error, RepositoryNotFoundError) or (isinstance(error, HfHubHTTPError) and status == 401):
         why = f"not found on the Hub, or private and unreadable with the token given; check the repo id, or {token}"
+    elif isinstance(error, incomplete) and constants.HF_HUB_OFFLINE:
+        why = (
+            f"cannot be opened: huggingface_hub's cache holds part of its metadata at revision {revision or 'main'} (a "
+            "download cut short), and HF_HUB_OFFLINE is set: unset it to download the rest"
+        )
     elif (
         isinstance(error, LocalEntryNotFoundError)
         and constants.HF_HUB_OFFLINE
@@ -403,7 +411,7 @@ def _missing_on_hub(
         )
     else:
         return None
-    if maybe_path and not isinstance(error, (GatedRepoError, RevisionNotFoundError)):  # (a repo id, surely)
+    if maybe_path and not isinstance(error, (GatedRepoError, RevisionNotFoundError, incomplete)):  # (a repo id, surely)
         why += f"; nor is it a local folder under {os.getcwd()}"
     cause = (str(error).strip().splitlines() or [""])[0]
     return DatasetNotFoundError(f"dataset {repo_id!r} {why} ({type(error).__name__}: {cause})")

@@ -10,6 +10,7 @@ commit.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -353,3 +354,24 @@ def test_offline_lerobots_copy_under_a_home_given_with_a_tilde_is_named(cache, m
     (copy / "meta" / "info.json").write_text("{}")
     with pytest.raises(DatasetNotFoundError, match=re.escape(f"(LeRobot has one: {str(copy)!r})")):
         open_dataset(REPO)
+
+
+def test_offline_metadata_cut_short_says_to_download_it_again(cache, make_ds) -> None:
+    """huggingface_hub from 2.x keeps each commit's file listing and refuses a snapshot missing some of the files
+    asked for (IncompleteSnapshotError: a download of meta/ cut short): that was said as no metadata of the
+    revision, to be looked for in the repo id's spelling (1 of 1)."""
+    pytest.importorskip("huggingface_hub._tree_cache")
+    dataset = _dataset(make_ds, "vp9")
+    files = sorted(p.relative_to(dataset).as_posix() for p in dataset.rglob("*") if p.is_file())
+    cut = next(relative for relative in files if relative.startswith("meta/episodes/"))
+    _cache_a_copy(cache, dataset, keep=lambda relative: relative.startswith("meta/") and relative != cut)
+    listing = {relative: {"size": (dataset / relative).stat().st_size, "blob_id": "0" * 40} for relative in files}
+    trees = cache / "datasets--user--ds" / "trees"
+    trees.mkdir()
+    (trees / f"{COMMIT}.json").write_text(json.dumps({"format_version": 1, "files": listing}))
+    with pytest.raises(DatasetNotFoundError, match=re.escape(
+        f"dataset {REPO!r} cannot be opened: huggingface_hub's cache holds part of its metadata at revision main (a "
+        "download cut short), and HF_HUB_OFFLINE is set: unset it to download the rest (IncompleteSnapshotError: "
+    )) as caught:  # fmt: skip
+        open_dataset(REPO)
+    assert cut in str(caught.value)  # (named by huggingface_hub's error)
