@@ -18,6 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from .errors import StatsError
+from .frozen_mapping import FrozenMapping
 from .said_once import warn_once
 from .value_checks import is_int, is_number
 
@@ -253,7 +254,8 @@ class RandomSubset:
     twice as often as one of weight 1. A transform not picked gets its identity (factor 1, shift 0) for that
     sample; transforms not weighted here (crop, blur, an unweighted factor) apply to every sample. The picked
     ones still run in the fixed order of :mod:`lerobot_dali.augment` (LeRobot's ``random_order=False``).
-    ``max_num_transforms`` above the number of weights means all of them, as in LeRobot.
+    ``max_num_transforms`` above the number of weights means all of them, as in LeRobot. The weights are kept
+    read-only (:class:`~lerobot_dali.frozen_mapping.FrozenMapping`), so the config hashes as a frozen one should.
     """
 
     max_num_transforms: int
@@ -273,7 +275,7 @@ class RandomSubset:
         ):
             allowed = f"a non-empty {{member: weight > 0}} mapping, members from {list(SUBSET_MEMBERS)}"
             raise _fail(owner, "weights", weights, allowed)
-        _set(self, "weights", {m: float(weights[m]) for m in SUBSET_MEMBERS if m in weights})
+        _set(self, "weights", FrozenMapping({m: float(weights[m]) for m in SUBSET_MEMBERS if m in weights}))
 
     @property
     def count(self) -> int:
@@ -359,7 +361,7 @@ class AugmentConfig:
     ``normalize``: one :class:`Normalize` for every camera; ``{camera key: Normalize}``, one per camera; or
     ``"stats"``, each camera by its own mean/std in the dataset's statistics (as LeRobot's policies normalise
     images), which :class:`~lerobot_dali.DALILeRobotIterator` reads when it opens the dataset
-    (:meth:`with_stats`).
+    (:meth:`with_stats`). A table per camera is kept read-only, as RandomSubset's weights are.
     """
 
     resize: tuple[int, int] | None = None
@@ -392,7 +394,7 @@ class AugmentConfig:
         if isinstance(norm, Mapping):
             if not norm or not all(isinstance(k, str) and isinstance(v, Normalize) for k, v in norm.items()):
                 raise _fail(owner, "normalize", norm, "a non-empty {camera key: Normalize} mapping")
-            _set(self, "normalize", dict(norm))
+            _set(self, "normalize", FrozenMapping(norm))
         elif norm is not None and norm != NORMALIZE_FROM_STATS and not isinstance(norm, Normalize):
             allowed = f"None, a Normalize, a {{camera key: Normalize}} mapping, or {NORMALIZE_FROM_STATS!r}"
             raise _fail(owner, "normalize", norm, allowed)

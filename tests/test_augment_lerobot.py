@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import pickle
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
-from lerobot_dali.augment import AugmentConfig, ColorJitter, RandomAffine, RandomSubset, SharpnessJitter
+from lerobot_dali.augment import (
+    AugmentConfig,
+    ColorJitter,
+    Normalize,
+    RandomAffine,
+    RandomSubset,
+    SharpnessJitter,
+)
 from lerobot_dali.augment_draws import draw_names, draw_params
 from tests.test_augment import EVERYTHING, RANDOM_CONFIGS, augment, distinct_windows, draw_keys, run_augmented
 
@@ -242,6 +251,22 @@ def test_subset_and_sharpness_round_trip_through_a_table() -> None:
     table = SUBSET.to_dict()
     table["random_subset"]["weights"]["hue"] = 50.0
     assert SUBSET.random_subset is not None and SUBSET.random_subset.weights["hue"] == 1.0
+
+
+def test_configs_with_weights_or_a_normalize_per_camera_hash_and_stay_frozen() -> None:
+    # RandomSubset's weights and a per-camera normalize were dicts: hash() of such a frozen config raised TypeError
+    # (no set member, dict key or functools.cache argument), and `weights["hue"] = 50` edited the config in place.
+    per_camera = AugmentConfig(normalize={"cam": Normalize(mean=(0.5,), std=(0.25,))})
+    for config in (SUBSET, per_camera):
+        same = AugmentConfig.from_dict(config.to_dict())
+        assert hash(same) == hash(config) and {config: 1}[same] == 1
+        assert pickle.loads(pickle.dumps(config)) == config
+    assert len({SUBSET, replace(SUBSET, random_subset=RandomSubset(max_num_transforms=1, weights={"hue": 1}))}) == 2
+    assert SUBSET.random_subset is not None and SUBSET.random_subset.weights == {
+        "brightness": 1.0, "contrast": 1.0, "saturation": 1.0, "hue": 1.0, "sharpness": 2.0
+    }  # fmt: skip
+    with pytest.raises(TypeError):
+        SUBSET.random_subset.weights["hue"] = 50.0  # type: ignore[index]
 
 
 # --- LeRobot's config ----------------------------------------------------------------------------------
