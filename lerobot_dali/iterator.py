@@ -26,6 +26,7 @@ import torch
 
 from . import fork_locks
 from .augment_config import AugmentConfig, checked_size
+from .augment_semantics import AUGMENT_SEMANTICS_VERSION, saved_version, warn_if_changed
 from .batch_shapes import first_episode_rows, image_shapes, listed_scalars
 from .batch_source import BatchSource, SourceSpec, output_fields
 from .camera_plan import CameraPlanner
@@ -345,10 +346,16 @@ class DALILeRobotIterator:
         replaying the epoch's pool up to it (3 s of CPU 13.7M samples in); the ranks' states then differ in it alone.
 
         Also which episodes the stream runs over (a count and a digest), so a resume over another dataset or
-        another ``episodes=`` selection fails instead of continuing a different order. It may be taken from another
-        thread (an asynchronous checkpoint): it is always a position the stream passed through.
+        another ``episodes=`` selection fails instead of continuing a different order; and the version of what the
+        augmentation config means (``augment_version``, :mod:`.augment_semantics`), so a resume by a lerobot_dali
+        that augments that config otherwise warns, saying what changed. It may be taken from another thread (an
+        asynchronous checkpoint): it is always a position the stream passed through.
         """
-        return {**self._stream.state_dict(), "episodes": self._episodes_fingerprint()}
+        return {
+            **self._stream.state_dict(),
+            "episodes": self._episodes_fingerprint(),
+            "augment_version": AUGMENT_SEMANTICS_VERSION,
+        }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         _refuse_mixture_state(state_dict)
@@ -359,8 +366,11 @@ class DALILeRobotIterator:
                 f"({self._episodes_fingerprint()}, {self.reader.location.description}); resume with the same "
                 "dataset and episodes= selection"
             )
+        version = saved_version(state_dict.get("augment_version") if isinstance(state_dict, Mapping) else None)
         self._stream.load_state_dict(state_dict)
         self._close_pipeline()
+        augmented = any(camera not in self._depth_cameras for camera in self.reader.all_camera_keys)
+        warn_if_changed(version, self._augment if augmented else None)
 
     def _episodes_fingerprint(self) -> str:
         if self._fingerprint is None:  # (hashed once: a mixture saves its datasets' states before every batch)

@@ -214,7 +214,8 @@ def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {**states[0], **dataclasses.replace(first, rank_walks=tuple(others)).to_dict()}
 
 
-#: The keys a :class:`StreamState`'s dict holds; an iterator's adds others (``episodes``, its episodes' digest).
+#: The keys a :class:`StreamState`'s dict holds; an iterator's adds others (``episodes``, its episodes' digest, and
+#: ``augment_version``).
 _STATE_KEYS = frozenset(
     {"version", *_FIELDS, "prior_segments", "segment_pools", "order", "walk", "rank_walks", "episode_lengths"}
 )

@@ -3,6 +3,7 @@ workers, resume and ranks, because the external source computes them from the sa
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ import torch
 
 from lerobot_dali.augment import AugmentConfig, ColorJitter, GaussianBlur, RandomAffine, RandomResizedCrop
 from lerobot_dali.augment_draws import draw_params
+from lerobot_dali.augment_semantics import AUGMENT_SEMANTICS_VERSION
+from lerobot_dali.errors import ResumeStateError
 from lerobot_dali.iterator import DALILeRobotIterator
 
 LENGTHS = [5, 1, 7, 4, 6]  # the dataset of tests/test_iterator.py, so a session generates it once
@@ -95,6 +98,29 @@ def test_resume_reproduces_the_augmented_frames(make_ds, num_workers: int) -> No
     seen += _batches(resumed)
     resumed.close()
     _assert_batches_equal(seen, whole)
+
+
+@pytest.mark.parametrize(
+    ("augment", "warns"),
+    [(CONFIG, True), (AugmentConfig(color_jitter=CONFIG.color_jitter, blur=CONFIG.blur), False), (None, False)],
+)
+def test_a_state_saved_before_the_affine_changed_warns_where_the_resume_turns(
+    make_ds, caplog: pytest.LogCaptureFixture, augment: AugmentConfig | None, warns: bool
+) -> None:
+    # States recorded no augmentation semantics: one saved before RandomAffine turned the other way and moved after
+    # the colour jitter resumed silently, augmenting otherwise than the run so far.
+    it = _iterator(_dataset(make_ds), augment=augment)
+    state = it.state_dict()
+    assert state["augment_version"] == AUGMENT_SEMANTICS_VERSION
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali"):
+        it.load_state_dict(state)
+        assert caplog.text == ""  # saved by this version
+        it.load_state_dict({k: v for k, v in state.items() if k != "augment_version"})  # saved before it
+    it.close()
+    assert ("saved by an earlier lerobot_dali (augmentation semantics 1, now 2)" in caplog.text) == warns, caplog.text
+    assert ("now turns clockwise" in caplog.text and "runs after the colour jitter" in caplog.text) == warns
+    with pytest.raises(ResumeStateError, match="augment_version must be a version"):
+        it.load_state_dict({**state, "augment_version": "2"})
 
 
 def _brightness_of(augmented: torch.Tensor, plain: torch.Tensor) -> np.ndarray:
