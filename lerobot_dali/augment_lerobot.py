@@ -151,7 +151,9 @@ def _subset(
     if random_order and applied > 1:
         raise ValueError(
             f"image_transforms.random_order = true is not supported with {applied} transforms per sample: the "
-            "DALI graph is built once, with one order of steps. Set it to false (the listed order)."
+            "DALI graph is built once, with one order of steps. Set it to false (the listed order): on LeRobot "
+            "0.4.4's default transforms the order moves frames by 0.16 levels of 255 on average (1.9 at the 99th "
+            "percentile), less than this package's other documented differences from torchvision"
         )
     if applied >= count:
         return None
