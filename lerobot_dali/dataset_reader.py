@@ -36,6 +36,7 @@ from .episode_rows import (
     StoreEntry,
     check_column_shape,
     damaged_parquet_as,
+    miscounted_rows_advice,
     missing_columns_advice,
     opened_stamp,
     read_episode_images,
@@ -464,11 +465,11 @@ class LeRobotDatasetReader:
         length = int(ep.length[episode_pos])
         with self._parquet.reading(path) as parquet:
             if parquet.metadata.num_rows != ep.data_file_rows[episode_pos]:
+                episode = int(ep.episode_index[episode_pos])
                 raise EpisodeMetadataError(
                     f"{path}: holds {parquet.metadata.num_rows} rows but the episode metadata places "
-                    f"{int(ep.data_file_rows[episode_pos])} in it (episode {int(ep.episode_index[episode_pos])} has "
-                    f"length {length}); rows no episode reads would be lost: the episode lengths or the episodes' "
-                    "data/chunk_index and data/file_index in meta/episodes do not describe the data files"
+                    f"{int(ep.data_file_rows[episode_pos])} in it (episode {episode} has length {length}); "
+                    f"{miscounted_rows_advice(f'episode {episode} and any other episode in this file')}"
                 )
             rows = read_episode_rows(
                 parquet,

@@ -40,7 +40,13 @@ from .checked_files import CHECKED_FILES, CHECKED_FILES_REMOTE
 from .concurrent_calls import in_threads, one_by_one
 from .dataset_info import DatasetInfo, format_path, template_pattern
 from .dataset_location import DatasetLocation
-from .episode_rows import integer_column_range, list_level_widths, open_parquet, read_parquet
+from .episode_rows import (
+    integer_column_range,
+    list_level_widths,
+    miscounted_rows_advice,
+    open_parquet,
+    read_parquet,
+)
 from .episode_table import CameraFiles, EpisodeTable
 from .errors import EpisodeMetadataError, MissingDataFileError
 from .file_stamps import FileStamp, FileStamps, local_stamps
@@ -178,18 +184,22 @@ def locate_episode_rows(
     if wrong.size:
         i = int(wrong[0])
         path = data_file_path(location, info, int(runs[i, 0]), int(runs[i, 1]))
+        in_file = table.episode_index[(runs[:, 0] == runs[i, 0]) & (runs[:, 1] == runs[i, 1])]
         raise EpisodeMetadataError(
             f"{location.description}: meta/episodes {problem}; episode {int(table.episode_index[i])} has length "
-            f"{int(table.length[i])} there but {int(runs[i, 3])} rows in {path}: the episode metadata does not "
-            "describe these data files; rebuild it"
+            f"{int(table.length[i])} there but {int(runs[i, 3])} rows in {path}: "
+            f"{miscounted_rows_advice(_episodes_of_file(in_file))}"
         )
     same = (runs[:, 0] == table.data_chunk_index) & (runs[:, 1] == table.data_file_index)
     if (same & (runs[:, 2] == table.data_row_start))[wanted].all():
         # Every episode is where the metadata says: the files hold rows no episode reads (dropped by a filter, or
         # left by an interrupted write), which reading them would lose.
+        path = next(path for path in sorted(placed) if footers[path].rows != placed[path])
+        in_file = [int(e) for e, (chunk, file) in zip(table.episode_index.tolist(), runs[:, :2].tolist(), strict=True)
+                   if data_file_path(location, info, chunk, file) == path]  # fmt: skip
         raise EpisodeMetadataError(
-            f"{location.description}: meta/episodes {problem}, yet every episode's rows are where it says: the data "
-            "files hold rows no episode reads; rebuild the episode metadata or rewrite the data files"
+            f"{location.description}: meta/episodes {problem}, yet every episode to read is where it says: "
+            f"{miscounted_rows_advice(_episodes_of_file(np.asarray(in_file)))}"
         )
     # Episodes not to read that no file holds stay at (-1, -1), a file of their own that no real file's row count
     # includes; the selection drops them.
@@ -202,6 +212,12 @@ def locate_episode_rows(
     return table.with_data_rows(runs[:, 0], runs[:, 1], runs[:, 2]), footers
 
 
+def _episodes_of_file(episodes: np.ndarray) -> str:
+    """Names the episodes of a data file that disagrees with meta/episodes, to leave out: reading any of them checks
+    the file's row count."""
+    return f"its episodes {episodes[:10].tolist()}{' ...' if episodes.size > 10 else ''}"
+
+
 def _check_episode_files(
     location: DatasetLocation, info: DatasetInfo, table: EpisodeTable, *, stamps: FileStamps | None, wanted: np.ndarray
 ) -> dict[str, Footer]:
@@ -210,7 +226,6 @@ def _check_episode_files(
     positions = np.flatnonzero(wanted).tolist()
     placed = {location.path(episode_data_path(info, table, pos)): pos for pos in positions}
     missing, footers = _read_footers(location, stamps, placed)
-    leave_out = "or open without those episodes (episodes=[...] of the others)"
     if missing:
         pos = placed[missing[0]]
         episode = int(table.episode_index[pos])
@@ -224,16 +239,17 @@ def _check_episode_files(
             )
         raise MissingDataFileError(
             f"{missing[0]} is missing{more}: meta/episodes.jsonl lists episode {episode}, "
-            f"whose data file it is; re-download the dataset, {leave_out}"
+            f"whose data file it is; re-download the dataset, or open without those episodes (episodes=[...] of "
+            "the others)"
         )
     miscounted = [path for path, pos in placed.items() if footers[path].rows != table.length[pos]]
     if miscounted:
         pos = placed[miscounted[0]]
         more = f" (and {len(miscounted) - 1} more episodes)" if len(miscounted) > 1 else ""
+        episode = int(table.episode_index[pos])
         raise EpisodeMetadataError(
             f"{miscounted[0]}: holds {footers[miscounted[0]].rows} rows, but meta/episodes.jsonl gives episode "
-            f"{int(table.episode_index[pos])} length {int(table.length[pos])}{more}; rebuild the episode metadata "
-            f"from the data files, {leave_out}"
+            f"{episode} length {int(table.length[pos])}{more}; {miscounted_rows_advice(f'episode {episode}')}"
         )
     return footers
 

@@ -40,6 +40,7 @@ __all__ = [
     "image_bytes",
     "integer_column_range",
     "list_level_widths",
+    "miscounted_rows_advice",
     "missing_columns_advice",
     "open_parquet",
     "opened_stamp",
@@ -316,7 +317,8 @@ def image_bytes(column: pa.Array, *, path: str, key: str, row_start: int = 0) ->
     else:
         raise SchemaMismatchError(
             f"{path}: column {key!r} is declared an image but holds {column.type}; expected a struct with "
-            "'bytes' (datasets.Image) or binary"
+            "'bytes' (datasets.Image) or binary: rewrite the data files with the encoded images in the column (as "
+            f"LeRobot writes them), or leave out camera {key!r} with {cameras_hint()}"
         )
     if missing.true_count:
         row = row_start + int(pc.index(missing, True).as_py())
@@ -358,6 +360,15 @@ def missing_columns_advice(missing: Sequence[str], *, cameras: Sequence[str] = (
     )
 
 
+def miscounted_rows_advice(episodes: str) -> str:
+    """What to do where a data file holds other rows than the episode metadata gives ``episodes`` (e.g. "episode
+    3"): most often a download or copy cut the file short; no option reads the rows the metadata means."""
+    return (
+        f"the data file and meta/episodes disagree (a download or copy cut short?): download the dataset again, or "
+        f"leave out {episodes} (episodes=[...] of the others); `lerobot-dali check` lists every such file"
+    )
+
+
 def _read_row_range(
     parquet: pq.ParquetFile,
     path: str,
@@ -372,7 +383,7 @@ def _read_row_range(
     if stop > meta.num_rows:
         raise SchemaMismatchError(
             f"{path}: the episode metadata places rows [{row_start}, {stop}) in this file but it has "
-            f"{meta.num_rows} rows"
+            f"{meta.num_rows} rows; {miscounted_rows_advice('the episodes it places there')}"
         )
     starts = _row_group_starts(parquet)
     groups = row_groups_holding(starts, row_start, length)

@@ -608,3 +608,45 @@ def test_a_task_list_without_its_index_column_says_to_copy_it_again(ds: Path) ->
         DatasetError, match=r"expected a 'task_index' column .*; download or copy .*tasks\.parquet again$"
     ):
         open_dataset(ds)
+
+
+MISCOUNTED = (
+    r"the data file and meta/episodes disagree \(a download or copy cut short\?\): download the dataset again, or "
+)
+
+
+def test_a_data_file_cut_short_says_which_episodes_to_leave_out(ds: Path) -> None:
+    """It said the episode metadata does not describe the data files and to 'rebuild it' (no tool does), or, with
+    the short episode left out, that the files hold rows no episode reads."""
+    path = ds / "data/chunk-000/file-000.parquet"  # episodes 0 and 1
+    table = pq.read_table(path)
+    pq.write_table(table.slice(0, len(table) - 5), path)
+    advice = MISCOUNTED + r"leave out its episodes \[0, 1\] \(episodes=\[\.\.\.\] of the others\); `lerobot-dali check`"
+    with pytest.raises(
+        EpisodeMetadataError, match=r"episode 1 has length 20 there but 15 rows in .*file-000.*" + advice
+    ):
+        open_dataset(ds)
+    with pytest.raises(EpisodeMetadataError, match=r"which holds 35 .*, yet every episode to read is .*" + advice):
+        open_dataset(ds, episodes=[0, 2, 3])
+    # As told: the other file's episodes read.
+    assert sum(len(batch["index"]) for batch in _first_pass(ds, episodes=[2, 3])) == 40
+
+
+@pytest.mark.parametrize("checked_at_open", [True, False])
+def test_a_v2_data_file_cut_short_says_to_leave_its_episode_out(make_ds, copy_ds, monkeypatch, checked_at_open) -> None:
+    """It said to 'rebuild the episode metadata from the data files' (no tool does), or, past the files checked at
+    open, named the fault only."""
+    from lerobot_dali import episode_data_files
+
+    if not checked_at_open:
+        monkeypatch.setattr(episode_data_files, "CHECKED_FILES", 1)
+    root = copy_ds(make_ds(**{**SPEC, "version": "v2.1"}, size=(64, 96)))
+    path = root / "data/chunk-000/episode_000001.parquet"
+    table = pq.read_table(path)
+    pq.write_table(table.slice(0, len(table) - 5), path)
+    advice = (
+        MISCOUNTED + r"leave out episode 1( and any other episode in this file)? \(episodes=\[\.\.\.\] of the others\)"
+    )
+    with pytest.raises(EpisodeMetadataError, match=r"episode_000001\.parquet: holds 15 rows.*" + advice):
+        _first_pass(root)
+    assert sum(len(batch["index"]) for batch in _first_pass(root, episodes=[0, 2, 3])) == 60

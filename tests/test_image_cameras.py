@@ -150,6 +150,48 @@ def test_bad_images_name_the_file_episode_and_row(make_ds, copy_ds, value: dict 
     assert str(path) in str(info.value)
 
 
+def test_an_image_column_of_file_paths_says_what_to_do(make_ds, copy_ds) -> None:
+    """Images stored as paths (a datasets.Image written without its bytes embedded, as plain strings) named the
+    column's type only."""
+    root = copy_ds(_images_dataset(make_ds))
+    for path in sorted((root / "data").rglob("*.parquet")):
+        table = pq.read_table(path)
+        paths = pa.array([f"images/{i:06d}.png" for i in range(len(table))])
+        pq.write_table(table.set_column(table.schema.get_field_index(CAM0), CAM0, paths), path)
+    advice = (
+        r"is declared an image but holds string; .*: rewrite the data files with the encoded images in the column "
+        rf".*, or leave out camera '{re.escape(CAM0)}' with cameras=\[\.\.\.\] \(on the command line: --cameras"
+    )
+    with pytest.raises(SchemaMismatchError, match=advice):
+        next(iter(DALILeRobotIterator(root, batch_size=5, shuffle=False, device="cpu", num_workers=0)))
+    # As told: the other camera reads.
+    it = DALILeRobotIterator(root, batch_size=1, shuffle=False, device="cpu", num_workers=0, cameras=[CAM1])
+    try:
+        assert sum(len(batch["index"]) for batch in it) == sum(LENGTHS)
+    finally:
+        it.close()
+
+
+def test_images_of_a_data_file_cut_short_say_what_to_do(make_ds, copy_ds, monkeypatch) -> None:
+    """Past the data files checked at open, an episode's images read from a file lacking its rows named the fault
+    only."""
+    from lerobot_dali import episode_data_files
+
+    monkeypatch.setattr(episode_data_files, "CHECKED_FILES", 1)
+    root = copy_ds(_images_dataset(make_ds, "v2.1"))
+    path = root / "data/chunk-000/episode_000002.parquet"
+    table = pq.read_table(path)
+    pq.write_table(table.slice(0, 3), path)
+    reader = open_dataset(root)
+    advice = (
+        r"places rows \[0, 7\) in this file but it has 3 rows; the data file and meta/episodes disagree .*: download "
+        r"the dataset again, or leave out the episodes it places there \(episodes=\[\.\.\.\] of the others\)"
+    )
+    with pytest.raises(SchemaMismatchError, match=advice):
+        reader.read_episode_images(2, CAM0)
+    assert len(reader.read_episode_images(3, CAM0)) == LENGTHS[3]
+
+
 def test_an_undecodable_image_is_named_by_its_file_episode_and_row(make_ds, copy_ds) -> None:
     """The error said 'image 0 of the window' (the image's place in the failing sample's window; in the check
     command's, in its chunk of 64), with Pillow's '<_io.BytesIO object at 0x...>' for the file; and the first image,
