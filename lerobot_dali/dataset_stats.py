@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -20,9 +21,12 @@ from .dataset_info import DatasetInfo
 from .dataset_location import DatasetLocation, open_if_present
 from .errors import DatasetError
 
-__all__ = ["FeatureStats", "aggregate_episode_stats", "read_dataset_stats"]
+__all__ = ["NORMALIZE_WITHOUT_STATS", "FeatureStats", "aggregate_episode_stats", "read_dataset_stats"]
 
 logger = logging.getLogger(__name__)
+
+#: How to read around statistics that cannot be read: only ``normalize="stats"`` reads them.
+NORMALIZE_WITHOUT_STATS = "give AugmentConfig.normalize a Normalize(mean=..., std=...) per camera instead of 'stats'"
 
 #: ``{feature key: {"mean": array, "std": array, "min": array, "max": array, "count": array}}``, arrays in
 #: the stored shape (``(C, 1, 1)`` for cameras, ``(D,)`` for vectors).
@@ -45,22 +49,33 @@ def read_dataset_stats(location: DatasetLocation, info: DatasetInfo | None = Non
     v2 = info is None or info.codebase_version.startswith("v2")
     opened = open_if_present(fs, episodes_path) if v2 else None
     if opened is not None:
-        with opened as f:  # (decoded per line: bytes that are not UTF-8 then name their line)
+        with opened as f, _advising(episodes_path):  # (decoded per line: bytes that are not UTF-8 name their line)
             per_episode = [_episode_record(line, episodes_path, n) for n, line in enumerate(f, start=1) if line.strip()]
-        logger.debug("aggregating the statistics of %d episodes from %s", len(per_episode), episodes_path)
-        return aggregate_episode_stats(per_episode, source=episodes_path, order=order)
+            logger.debug("aggregating the statistics of %d episodes from %s", len(per_episode), episodes_path)
+            return aggregate_episode_stats(per_episode, source=episodes_path, order=order)
     path = location.meta_path("meta/stats.json")
     opened = open_if_present(fs, path, "rt", encoding="utf-8")
     if opened is None:
         return {}
-    with opened as f:
+    with opened as f, _advising(path):
         try:
             raw = json.load(f)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:  # (bytes that are not UTF-8 fail as the file is read)
             raise DatasetError(f"{path} is not valid JSON: {e}") from e
-    if not isinstance(raw, Mapping):
-        raise DatasetError(f"{path}: expected an object of feature statistics, got {type(raw).__name__}")
-    return {key: _arrays(entry, f"{path}: {key}", order.get(key)) for key, entry in raw.items()}
+        if not isinstance(raw, Mapping):
+            raise DatasetError(f"{path}: expected an object of feature statistics, got {type(raw).__name__}")
+        return {key: _arrays(entry, f"{path}: {key}", order.get(key)) for key, entry in raw.items()}
+
+
+@contextmanager
+def _advising(path: str) -> Iterator[None]:
+    """Adds to a DatasetError raised while statistics file ``path`` is read what to do."""
+    try:
+        yield
+    except DatasetError as e:
+        raise DatasetError(
+            f"{e}; the file is not what LeRobot writes: download or copy {path} again, or {NORMALIZE_WITHOUT_STATS}"
+        ) from e
 
 
 def aggregate_episode_stats(

@@ -35,7 +35,7 @@ from .concurrent_calls import in_threads
 from .dataset_info import Feature
 from .dataset_location import DatasetLocation
 from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
-from .dataset_stats import FeatureStats, aggregate_episode_stats
+from .dataset_stats import NORMALIZE_WITHOUT_STATS, FeatureStats, aggregate_episode_stats
 from .episode_rows import DecodedGroups
 from .episode_table import EpisodeTable
 from .errors import DatasetError, EpisodeMetadataError, SchemaMismatchError, StatsError
@@ -236,7 +236,10 @@ class DatasetUnion(LeRobotDatasetReader):
         try:
             return aggregate_episode_stats(stats, source=self.location.description)
         except DatasetError as e:
-            raise StatsError(f"the union pools its datasets' statistics by frame count, and cannot: {e}") from None
+            raise StatsError(
+                f"the union pools its datasets' statistics by frame count, and cannot: {e}. Add what is lacking to "
+                f"that dataset's meta/stats.json (LeRobot before v2.1 wrote no 'count'), or {NORMALIZE_WITHOUT_STATS}"
+            ) from None
 
     def rows_stored(self, path: str, group_rows: int, length: int) -> bool:
         holder = next((m for m in self.members if m.stamps is not None and path in m.stamps), None)

@@ -118,10 +118,29 @@ def test_no_statistics_gives_an_empty_mapping(tmp_path: Path) -> None:
     ],
 )
 def test_malformed_statistics_name_the_file(tmp_path: Path, name: str, content: str, pattern: str) -> None:
+    """And say what to do: they named the fault only."""
     (tmp_path / "meta").mkdir()
     (tmp_path / "meta" / name).write_text(content)
-    with pytest.raises(DatasetError, match=pattern):
+    advice = (
+        rf"; the file is not what LeRobot writes: download or copy {tmp_path}/meta/{name} again, or give "
+        r"AugmentConfig\.normalize a Normalize\(mean=\.\.\., std=\.\.\.\) per camera instead of 'stats'$"
+    )
+    with pytest.raises(DatasetError, match=pattern + ".*" + advice):
         _stats_of(tmp_path)
+
+
+def test_a_union_of_statistics_without_counts_says_what_to_do() -> None:
+    """GR00T's v2.0 stats.json has no 'count' to weigh a dataset's statistics by: the union named the fault only."""
+    from lerobot_dali import concat_datasets, open_dataset
+    from lerobot_dali.errors import StatsError
+
+    gr00t = open_dataset(shared_dataset("gr00t_v20_h264"), cameras=["observation.images.ego_view"])
+    advice = (
+        r"an episode lacks \['count'\]; .*\. Add what is lacking to that dataset's meta/stats\.json \(LeRobot before "
+        r"v2\.1 wrote no 'count'\), or give AugmentConfig\.normalize a Normalize\(mean=\.\.\., std=\.\.\.\) per camera"
+    )
+    with pytest.raises(StatsError, match=advice):
+        concat_datasets([gr00t, gr00t]).read_stats()
 
 
 @pytest.mark.parametrize("version", ["v3.0", "v2.1"])
