@@ -40,7 +40,14 @@ import numpy as np
 
 from .checked_files import CHECKED_FILES, CHECKED_FILES_REMOTE
 from .concurrent_calls import in_threads
-from .errors import DAMAGED_VIDEO_ADVICE, CodecUnsupportedError, DatasetError, SchemaMismatchError, VideoDecodeError
+from .errors import (
+    DAMAGED_VIDEO_ADVICE,
+    CodecUnsupportedError,
+    DatasetError,
+    SchemaMismatchError,
+    VideoDecodeError,
+    no_video_stream,
+)
 from .packet_index_cache import load_episode_packet_index
 from .remote_retry import is_transient
 from .said_once import say_once
@@ -101,7 +108,7 @@ def read_file_format(reader: LeRobotDatasetReader, path: str) -> FileFormat:
         try:
             with av.open(handle, mode="r") as container:
                 if not container.streams.video:
-                    raise VideoDecodeError(f"{path}: the file has no video stream.")
+                    raise VideoDecodeError(no_video_stream(path, container))
                 context = container.streams.video[0].codec_context
                 if context is None:  # (PyAV gives a stream no decoder takes no codec context)
                     raise CodecUnsupportedError(

@@ -33,6 +33,7 @@ __all__ = [
     "WorkerProcessError",
     "did_you_mean",
     "missing_video",
+    "no_video_stream",
 ]
 
 
@@ -47,6 +48,16 @@ def missing_video(label: str) -> MissingDataFileError:
     return MissingDataFileError(
         f"Video file {label} does not exist: download or copy it again from the dataset's source, or leave out the "
         "episodes it holds (episodes=[...] of the others); `lerobot-dali check` lists every missing file"
+    )
+
+
+def no_video_stream(label: str, container: object) -> str:
+    """What an error says of video file ``label`` whose PyAV ``container`` holds no video stream (an audio track,
+    subtitles, data): another file than the camera's, so copying it again is what mends it."""
+    kinds = sorted({str(stream.type) for stream in getattr(container, "streams", ())})
+    return (
+        f"{label}: the file has no video stream (it holds {kinds or 'no stream'}): {DAMAGED_VIDEO_ADVICE}, or leave "
+        "out the episodes it holds (episodes=[...] of the others)"
     )
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from fsspec.implementations.local import LocalFileOpener
 from numpy.typing import ArrayLike
 
-from .errors import DAMAGED_VIDEO_ADVICE, CodecUnsupportedError, VideoDecodeError
+from .errors import DAMAGED_VIDEO_ADVICE, CodecUnsupportedError, VideoDecodeError, no_video_stream
 from .keyframe_sizes import KEYFRAME_SIZE_CODECS, PacketBytes, ReadAt, check_keyframe_sizes
 from .mp4_tables import Mp4Track, read_mp4_tracks
 from .random_access import HEAD_BYTES, NalLayout, is_random_access, nal_layout
@@ -33,7 +33,7 @@ from .remote_retry import is_transient
 from .said_once import warn_once
 from .video_source import VideoSource, open_video_source, source_label
 
-__all__ = ["PacketIndex", "build_packet_index"]
+__all__ = ["PacketIndex", "build_packet_index", "no_decoder_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -257,12 +257,12 @@ def _index_container(
             "video; restore it from its source or re-encode it."
         )
     if not container.streams.video:
-        raise VideoDecodeError(f"{label}: the file has no video stream.")
+        raise VideoDecodeError(no_video_stream(label, container))
     stream = container.streams.video[0]
     context = stream.codec_context
     track = None if tracks is None else tracks.get(int(stream.id))
     if context is None:
-        raise _no_decoder(label, track)
+        raise no_decoder_error(label, track)
     samples: dict[int, bytes] = {}
     heads: dict[int, bytes] = {}  # (decode position -> the first bytes of its packet, where the demux had them)
     first_key: bytes | None = None
@@ -333,7 +333,7 @@ def _index_container(
     )
 
 
-def _no_decoder(label: str, track: Mp4Track | None) -> CodecUnsupportedError:
+def no_decoder_error(label: str, track: Mp4Track | None) -> CodecUnsupportedError:
     """FFmpeg found no decoder for the stream: a codec it lacks, or a header too damaged to name one."""
     entry = None if track is None else track.sample_entry
     damaged = "the file is damaged (cut short, or its header overwritten): download or copy it again"

@@ -15,10 +15,10 @@ import av
 import numpy as np
 
 from .clips import ClipPlan, packets_from_keyframe
-from .errors import DAMAGED_VIDEO_ADVICE, CodecUnsupportedError, VideoDecodeError, missing_video
+from .errors import DAMAGED_VIDEO_ADVICE, CodecUnsupportedError, VideoDecodeError, missing_video, no_video_stream
 from .frame_checks import check_random_access, damaged_frame_error, is_damaged, out_of_order_error
 from .open_files import out_of_files
-from .packet_index import PacketIndex
+from .packet_index import PacketIndex, no_decoder_error
 from .video_source import VideoSource
 
 __all__ = ["PyAvReader"]
@@ -45,9 +45,13 @@ class PyAvReader:
             raise out_of_files(e) or VideoDecodeError(
                 f"{label}: cannot open the video ({e}); the file is truncated or corrupt: {DAMAGED_VIDEO_ADVICE}"
             ) from e
-        if not self.container.streams.video or self.container.streams.video[0].codec_context is None:
+        if not self.container.streams.video:
+            streams = no_video_stream(label, self.container)
             self.close()
-            raise CodecUnsupportedError(f"{label}: no video stream that PyAV can decode.")
+            raise CodecUnsupportedError(streams)
+        if self.container.streams.video[0].codec_context is None:
+            self.close()
+            raise no_decoder_error(label, None)
         self.stream = self.container.streams.video[0]
         self.stream.codec_context.thread_count = threads
         self.stream.codec_context.thread_type = "AUTO"

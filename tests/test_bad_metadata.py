@@ -650,3 +650,42 @@ def test_a_v2_data_file_cut_short_says_to_leave_its_episode_out(make_ds, copy_ds
     with pytest.raises(EpisodeMetadataError, match=r"episode_000001\.parquet: holds 15 rows.*" + advice):
         _first_pass(root)
     assert sum(len(batch["index"]) for batch in _first_pass(root, episodes=[0, 2, 3])) == 60
+
+
+def _audio_only_mp4(path: Path) -> None:
+    """An MP4 holding one AAC track and no video: what a file of another recording's audio looks like."""
+    import av
+
+    with av.open(str(path), "w", format="mp4") as container:
+        stream = container.add_stream("aac", rate=16000)
+        stream.layout = "mono"
+        for i in range(10):
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+            frame.sample_rate, frame.pts = 16000, i * 1024
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+
+
+def test_a_video_file_without_a_video_stream_says_what_to_do(ds: Path) -> None:
+    """It said only that the file has no video stream (PyAV's reader: that none decodes)."""
+    from lerobot_dali.camera_codecs import read_file_format
+    from lerobot_dali.errors import CodecUnsupportedError, VideoDecodeError
+    from lerobot_dali.pyav_reader import PyAvReader
+
+    path = ds / f"videos/{CAM}/chunk-000/file-001.mp4"  # episodes 2 and 3
+    _audio_only_mp4(path)
+    said = (
+        rf"{re.escape(str(path))}: the file has no video stream \(it holds \['audio'\]\): download or copy it again "
+        r"from the dataset's source \(`lerobot-dali check --decode` .*\), or leave out the episodes it holds "
+        r"\(episodes=\[\.\.\.\] of the others\)$"
+    )
+    with pytest.raises(VideoDecodeError, match=said):
+        _first_pass(ds)
+    with pytest.raises(VideoDecodeError, match=said):
+        read_file_format(open_dataset(ds), str(path))
+    with pytest.raises(CodecUnsupportedError, match=said):
+        PyAvReader(path, filesystem=None, threads=1, label=str(path))
+    # As told: the other file's episodes read.
+    assert sum(len(batch["index"]) for batch in _first_pass(ds, episodes=[0, 1])) == 40
