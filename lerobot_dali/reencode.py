@@ -44,7 +44,7 @@ from .dataset_reader import INFO_PATH, read_info_json
 from .distributed import usable_cpus
 from .episode_data_files import episode_data_path, video_file_path
 from .episode_table import read_episode_records, read_episode_table
-from .errors import DatasetError, VideoDecodeError, cameras_hint, listing_hint
+from .errors import DAMAGED_VIDEO_ADVICE, DatasetError, VideoDecodeError, cameras_hint, listing_hint
 from .frame_checks import damaged_frame_error, is_damaged
 from .hub_cache_files import bulk_files_named, read_bulk_from_cache
 from .new_folder import refuse_resumable_taken, write_resumable_folder
@@ -52,7 +52,7 @@ from .packet_index import PacketIndex, build_packet_index
 from .parent_watch import exit_with_parent
 from .progress_lines import progress_counter
 from .thread_priority import kept_thread_priority
-from .video_encoding import check_bounded_int, encoder_settings
+from .video_encoding import CODECS, check_bounded_int, encoder_settings
 from .worker_start import log_like_trainer, package_log_level, skipping_main
 
 __all__ = ["ReencodeReport", "VideoReencoded", "reencode_dataset"]
@@ -441,9 +441,7 @@ def _reencode_file(job: _Job) -> VideoReencoded:
             with av.open(handle if handle is not None else job.source, "r") as source:
                 _encode(source, job, unfinished, before)
         except (av.error.FFmpegError, OSError) as e:
-            raise VideoDecodeError(
-                f"{before.source_name}: re-encoding failed ({e}); the file is corrupt or truncated."
-            ) from e
+            raise _reencode_failed(job, before.source_name, e) from e
         finally:
             if handle is not None:
                 handle.close()
@@ -462,6 +460,31 @@ def _reencode_file(job: _Job) -> VideoReencoded:
         decoded_per_frame_after=decoded_per_frame(after),
         seconds=time.perf_counter() - started,
         resumed=resumed,
+    )
+
+
+def _reencode_failed(job: _Job, label: str, error: Exception) -> VideoDecodeError:
+    """The error for a re-encode that failed with ``error``: the source is decoded alone to tell whose fault it is,
+    the file's (it does not decode either) or the encoder's or the disk's (it does)."""
+    handle = job.filesystem.open(job.source, "rb") if job.filesystem is not None else None
+    try:
+        with av.open(handle if handle is not None else job.source, "r") as source:
+            for _ in source.decode(source.streams.video[0]):
+                pass
+    except (av.error.FFmpegError, OSError) as e:
+        return VideoDecodeError(
+            f"{label}: re-encoding failed ({error}), and decoding the file alone fails too ({e}): the file is corrupt "
+            f"or truncated: {DAMAGED_VIDEO_ADVICE}, or leave its camera out of the re-encode ({cameras_hint()}; its "
+            "videos are then copied as they are)"
+        )
+    finally:
+        if handle is not None:
+            handle.close()
+    return VideoDecodeError(
+        f"{label}: re-encoding failed ({error}), though the file decodes alone: the fault is the {job.codec} "
+        f"encoder's or writing the copy's, not the file's: check that the disk holding the copy has room, or "
+        f"re-encode in another codec (codec= one of {list(CODECS)}; on the command line --codec) or at another "
+        "crf (crf=, --crf)"
     )
 
 

@@ -266,13 +266,39 @@ def test_a_finished_copy_cut_short_since_is_encoded_again_on_resume(
     assert _instants(out / cut) == _instants(long_gop_ds / cut) and max(_keyframe_gaps(out / cut)) <= 2
 
 
+def test_a_copy_that_cannot_be_written_is_not_called_a_corrupt_file(long_gop_ds: Path, tmp_path: Path) -> None:
+    """A write of the copy that fails (here a file size limit: EFBIG, as ENOSPC on a full disk) was reported as the
+    source being corrupt or truncated, and that file re-downloaded for nothing: the source is now decoded alone to
+    tell."""
+    import resource
+
+    said = (
+        r"cam1/chunk-000/file-000\.mp4: re-encoding failed \(\[Errno 27\] File too large: .*\), though the file "
+        r"decodes alone: the fault is the h264 encoder's or writing the copy's, not the file's: check that the disk "
+        r"holding the copy has room, or re-encode in another codec \(codec= one of \['av1', 'h264', 'hevc', 'vp9'\]; "
+        r"on the command line --codec\) or at another crf \(crf=, --crf\)$"
+    )
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (8000, hard))  # (the workers inherit it; Python ignores SIGXFSZ)
+    try:
+        with pytest.raises(VideoDecodeError, match=said):
+            reencode_dataset(long_gop_ds, tmp_path / "out", jobs=1, crf=1)  # (cam1's copies: 9-12 kB)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
 def test_a_corrupt_video_fails_naming_it_and_the_same_call_resumes(
     long_gop_ds: Path, copy_ds, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     root = copy_ds(long_gop_ds)
     _corrupt(root / BAD)
     out, partial = tmp_path / "out", tmp_path / ".out.partial"
-    with pytest.raises(VideoDecodeError, match="file-001.mp4: re-encoding failed"):
+    said = (  # (it said the file is corrupt or truncated, and not what to do)
+        r"file-001\.mp4: re-encoding failed \(.*\), and decoding the file alone fails too \(.*\): the file is corrupt "
+        r"or truncated: download or copy it again .*, or leave its camera out of the re-encode \(cameras=\[\.\.\.\] "
+        r"\(on the command line: --cameras KEY \.\.\.\); its videos are then copied as they are\)$"
+    )
+    with pytest.raises(VideoDecodeError, match=said):
         reencode_dataset(root, out, jobs=1)
     assert not out.exists() and sorted(tmp_path.iterdir()) == [partial, root]
     videos = sorted(k for k in _files(long_gop_ds) if k.startswith("videos/"))
