@@ -17,17 +17,22 @@ from typing import Any
 from .augment_config import AugmentConfig
 from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import LeRobotDatasetReader
-from .errors import DatasetError
+from .errors import DatasetError, did_you_mean
 from .fork_locks import cached_property
 from .said_once import warn_once
 from .windows import PAD_SUFFIX
 
-__all__ = ["KeyRename", "rename_map_from_json", "rename_maps_for", "shared_selection"]
+__all__ = ["KeyRename", "rename_hint", "rename_map_from_json", "rename_maps_for", "shared_selection"]
 
 logger = logging.getLogger(__name__)
 
 #: Keys every batch carries under these names, whatever the dataset: never renamed, never a new name.
 _FIXED_KEYS = frozenset({*INDEX_COLUMNS, "task"})
+
+#: What a rename map's keys and values are, for errors about one that names keys a dataset does not read.
+_MAP_SHAPE = (
+    "a rename_map's keys are a dataset's own names (its meta/info.json features), its values the batches' names"
+)
 
 
 @dataclass(frozen=True)
@@ -54,13 +59,16 @@ class KeyRename:
         own = list(reader.read_keys)
         unknown = sorted(set(renamed) - set(own))
         if unknown:
-            raise ValueError(f"{where}: rename_map renames {unknown}, which it does not read; it reads {own}")
+            raise ValueError(
+                f"{where}: rename_map renames {unknown}, which it does not read; it reads {own}"
+                f"{did_you_mean(unknown, own)}: {_MAP_SHAPE}{_reversed(unknown, renamed, own)}"
+            )
         fixed = sorted((set(renamed) | set(renamed.values())) & _FIXED_KEYS)
         padded = sorted(new for new in renamed.values() if new.endswith(PAD_SUFFIX))
         if fixed or padded:
             raise ValueError(
                 f"{where}: rename_map names {fixed + padded}: every batch carries {sorted(_FIXED_KEYS)} under those "
-                f"names, and '<key>{PAD_SUFFIX}' is a window's mask"
+                f"names, and '<key>{PAD_SUFFIX}' is a window's mask: rename only cameras and features, to other names"
             )
         new_names = list(renamed.values())
         kept = set(own) - set(renamed)
@@ -68,7 +76,8 @@ class KeyRename:
         if taken:
             raise ValueError(
                 f"{where}: rename_map gives {taken} to a key while another key of the dataset has (or gets) that "
-                "name: one key per name"
+                "name: one key per name: give it another name, rename that other key too, or leave one of them out "
+                "(cameras=[...], keys=[...])"
             )
         return cls(renamed)
 
@@ -126,6 +135,16 @@ class KeyRename:
         return renamed
 
 
+def _reversed(unknown: Sequence[str], rename_map: Mapping[str, str], own: Iterable[str]) -> str:
+    """``; this one maps the other way round: pass {...}`` (the map reversed) where each key of ``rename_map`` that
+    ``own`` lacks has a value ``own`` holds: a map written batch name first; else ""."""
+    read = set(own)
+    if all(rename_map[key] in read for key in unknown):
+        flipped = {rename_map[key]: key for key in unknown}
+        return f"; this one maps the other way round: pass {flipped}"
+    return ""
+
+
 def rename_maps_for(
     rename_map: Mapping[str, str] | Sequence[Mapping[str, str] | None] | None, readers: Sequence[LeRobotDatasetReader]
 ) -> list[KeyRename]:
@@ -136,7 +155,11 @@ def rename_maps_for(
         given = dict(rename_map or {})
         unread = set(given) - {key for reader in readers for key in reader.read_keys}
         if unread:
-            raise ValueError(f"rename_map renames {sorted(unread)}, which none of the datasets reads")
+            unknown, read = sorted(unread), sorted({key for reader in readers for key in reader.read_keys})
+            raise ValueError(
+                f"rename_map renames {unknown}, which none of the datasets reads{did_you_mean(unknown, read)}: "
+                f"{_MAP_SHAPE}{_reversed(unknown, given, read)}"
+            )
         maps: Sequence[Mapping[str, str] | None] = [
             {k: v for k, v in given.items() if k in reader.read_keys} for reader in readers
         ]
@@ -192,5 +215,25 @@ def shared_selection(
             own = {what: rename.own_names(chosen[what]) for what in ("cameras", "keys")}
             narrowed.append(reader.select(**own))
         except DatasetError as e:
-            raise DatasetError(f"{reader.location.description}: {e}") from None
+            hint = ""
+            if len(readers) > 1:
+                names = rename.batch_names([*reader.all_camera_keys, *reader.tabular_keys])
+                wanted = [*chosen["cameras"], *chosen["keys"]]
+                lacking = [k for k in wanted if k not in names and rename.own_name(k) is not None]
+                hint = rename_hint(lacking, [k for k in names if k not in wanted and k not in _FIXED_KEYS])
+            raise DatasetError(f"{reader.location.description}: {e}{hint}") from None
     return narrowed
+
+
+def rename_hint(lacking: Sequence[str], spare: Sequence[str]) -> str:
+    """What to add where a dataset read with others lacks keys ``lacking`` that they have (``spare``: its own keys
+    the others lack): a rename_map giving its key that name, e.g. a camera recorded as 'rgb' where the others say
+    'top'; "" where it lacks none."""
+    if not lacking:
+        return ""
+    own = spare[0] if len(lacking) == 1 and len(spare) == 1 else "<its key>"
+    return (
+        f"; if a dataset lacking {lacking[0]!r} records it under another name, give it that name with a rename_map "
+        f"({ {own: lacking[0]} }: DALILeRobotMixture's dataset_options=[..., {{'rename_map': ...}}], "
+        "concat_datasets' rename_maps=, on the command line --rename-map)"
+    )

@@ -38,7 +38,7 @@ from .errors import (
     ShardingError,
 )
 from .iterator import DALILeRobotIterator, builds_said_together, default_dali_threads
-from .key_rename import KeyRename, shared_selection
+from .key_rename import KeyRename, rename_hint, shared_selection
 from .part_schedule import PartSchedule
 from .said_once import say_once, warn_once
 from .sample_order import RankBalance
@@ -519,9 +519,12 @@ def _check_windows(
             reader.location.description: [k for k in unread if rename.own_name(k) not in reader.info.features]
             for reader, rename in zip(readers, renames, strict=True)
         }
+        reader, rename = next((r, n) for r, n in zip(readers, renames, strict=True) if lacking[r.location.description])
+        spare = [k for k in rename.batch_names(reader.info.features) if k not in read and k not in INDEX_COLUMNS]
         raise DeltaTimestampsError(
             f"delta_timestamps names {unread}, which the mixture does not read: not every dataset has them "
             f"({ {d: k for d, k in lacking.items() if k} }), or cameras=/keys= leave them out"
+            f"{rename_hint(unread, spare)}, or drop them from delta_timestamps"
         )
 
 

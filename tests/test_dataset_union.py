@@ -205,6 +205,24 @@ def test_renamed_keys_read_each_datasets_own(make_ds) -> None:
         concat_datasets([first, second], rename_maps=[None])
 
 
+def test_one_rename_map_naming_no_dataset_s_key_says_what_its_keys_are(make_ds) -> None:
+    """It named the keys no dataset reads only (as --rename-map and the training script pass one map for all)."""
+    from lerobot_dali.key_rename import rename_maps_for
+
+    readers = [open_dataset(path) for path in _datasets(make_ds)]
+    cam0 = "observation.images.cam0"
+    said = (
+        r"rename_map renames \['observation.images.front'\], which none of the datasets reads: a rename_map's keys are "
+        rf".*its values the batches' names; this one maps the other way round: pass \{{'{cam0}': 'observation\.images"
+        r"\.front'\}$"
+    )
+    with pytest.raises(ValueError, match=said):
+        rename_maps_for({"observation.images.front": cam0}, readers)
+    assert (
+        rename_maps_for({cam0: "observation.images.front"}, readers)[0].batch_name(cam0) == "observation.images.front"
+    )
+
+
 def test_the_real_v30_and_v21_copies_of_one_recording_read_as_one() -> None:
     """``cr5_v30_av1`` is ``cr5_v21_av1`` converted (its videos joined several episodes to a file): the union of
     both, each by ``frame_index / fps`` as their wall-clock timestamps need (their own setting), gives each

@@ -37,6 +37,7 @@ from lerobot_dali.errors import (
 from lerobot_dali.frame_marker import read_full_marker
 from lerobot_dali.generate import expected_action, expected_state, expected_task_index, task_name
 from lerobot_dali.mixture import batch_shares
+from tests.conftest import shared_dataset
 from tests.test_image_cameras import _to_mode
 
 #: Per dataset: lengths, fps, codec, task seed.
@@ -558,9 +559,31 @@ def test_bad_rename_maps_fail_naming_the_dataset_and_the_keys(make_ds) -> None:
     cam0, cam1 = "observation.images.cam0", "observation.images.cam1"
     for rename_map, error, match in (
         ({"observation.images.cam9": "x"}, ValueError, r"renames \['observation.images.cam9'\], which it does not"),
-        ({"observation.state": "index"}, ValueError, r"names \['index'\]: every batch carries"),
+        (
+            {"observation.stat": "x"},
+            ValueError,
+            r"renames \['observation.stat'\], which it does not read; .*\(did you mean \['observation\.state'\]\?\): "
+            r"a rename_map's keys are a dataset's own names \(its meta/info\.json features\), its values the batches' "
+            r"names$",
+        ),
+        (  # (written the other way round)
+            {"observation.images.front": cam0},
+            ValueError,
+            rf"the batches' names; this one maps the other way round: pass \{{'{cam0}': 'observation\.images\.front'"
+            r"\}$",
+        ),
+        (
+            {"observation.state": "index"},
+            ValueError,
+            r"names \['index'\]: every batch carries .*: rename only cameras and features, to other names$",
+        ),
         ({"observation.state": "action_is_pad"}, ValueError, r"names \['action_is_pad'\].*a window's mask"),
-        ({cam0: "observation.state"}, ValueError, r"gives \['observation.state'\] to a key while another key"),
+        (
+            {cam0: "observation.state"},
+            ValueError,
+            r"gives \['observation.state'\] to a key while another key .*: give it another name, rename that other "
+            r"key too, or leave one of them out \(cameras=\[\.\.\.\], keys=\[\.\.\.\]\)$",
+        ),
         ({cam0: "x", cam1: "x"}, ValueError, r"gives \['x'\] to a key"),
         ({cam0: 3}, TypeError, r"maps key names to new names"),
         ([cam0], TypeError, r"maps key names to new names"),
@@ -575,6 +598,33 @@ def test_bad_rename_maps_fail_naming_the_dataset_and_the_keys(make_ds) -> None:
         DALILeRobotMixture(paths, dataset_options=renamed, augment={"normalize": {}}, device="cpu", num_workers=0)
     with pytest.raises(DeltaTimestampsError, match=rf"{paths[1]}': \['{cam0}'\]"):  # (left out: not shared)
         DALILeRobotMixture(paths, dataset_options=renamed, delta_timestamps={cam0: [0.0]}, device="cpu")
+
+
+def test_datasets_naming_a_camera_otherwise_are_told_the_rename_map_that_joins_them() -> None:
+    """cr5 records its camera as 'top', r1 as 'rgb': cameras=['top'] and a window on it said only that r1 lacks it
+    (and to pick cameras from r1's, which cr5 lacks)."""
+    paths = [shared_dataset("cr5_v30_av1"), shared_dataset("r1_v30_h264")]
+    top, rgb = "observation.images.top", "observation.images.rgb"
+    hint = (
+        rf"if a dataset lacking '{re.escape(top)}' records it under another name, give it that name with a rename_map "
+        rf"\(\{{'{re.escape(rgb)}': '{re.escape(top)}'\}}: DALILeRobotMixture's dataset_options=\[\.\.\., "
+        r"\{'rename_map': \.\.\.\}\], concat_datasets' rename_maps=, on the command line --rename-map\)"
+    )
+    with pytest.raises(DatasetError, match=rf"r1_v30_h264: unknown camera\(s\) .*{hint}$"):
+        DALILeRobotMixture(paths, cameras=[top], device="cpu", num_workers=0)
+    with pytest.raises(DeltaTimestampsError, match=rf"which the mixture does not read: .*{hint}, or drop them from"):
+        DALILeRobotMixture(paths, delta_timestamps={top: [0.0]}, device="cpu", num_workers=0)
+    # As told (cr5's timestamps are wall-clock; r1's video has 25 frames a second to its rows' 10):
+    options = [{"timestamp_source": "frame_index"}, {"rename_map": {rgb: top}}]
+    mix = DALILeRobotMixture(
+        paths, cameras=[top], keys=[], image_size=(64, 64), tolerance_s=0.03, dataset_options=options,
+        batch_size=4, device="cpu", num_workers=0,
+    )  # fmt: skip
+    try:
+        batch = next(iter(mix))
+        assert batch[top].shape == (4, 3, 64, 64) and batch["dataset_index"].tolist() == [0, 0, 0, 1]
+    finally:
+        mix.close()
 
 
 def _jitter_timestamps(root: Path, seconds: float) -> None:
