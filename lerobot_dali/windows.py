@@ -96,7 +96,7 @@ class DeltaWindows:
             if known is not None and key not in known:
                 raise DeltaTimestampsError(
                     f"delta_timestamps names {key!r}, which is not a feature of the dataset (features: {sorted(known)})"
-                    f"{did_you_mean([key], sorted(known))}"
+                    f"{did_you_mean([key], sorted(known))}: name one of those, or drop {key!r} from delta_timestamps"
                 )
             deltas[key], indices[key] = self._validate(key, values)
         object.__setattr__(self, "delta_timestamps", MappingProxyType(deltas))
@@ -129,5 +129,7 @@ class DeltaWindows:
     def squeeze_camera(self, key: str) -> bool:
         """Whether the decoded ``(T, C, H, W)`` of camera ``key`` loses its first axis, as in LeRobot."""
         if key not in self.camera_keys:
-            raise KeyError(f"{key!r} is not a camera key (camera keys: {sorted(self.camera_keys)})")
+            cameras = sorted(self.camera_keys)
+            near = did_you_mean([key], cameras)
+            raise KeyError(f"{key!r} is not a camera key (camera keys: {cameras}){near}: pass one of those")
         return self.window_length(key) == 1

@@ -77,8 +77,12 @@ def test_cameras_lose_the_window_axis_only_with_one_frame() -> None:
     w1 = _windows({"top": [0.1]}, camera_keys=["top"])
     assert (w.squeeze_camera("cam"), w.squeeze_camera("wrist"), w1.squeeze_camera("top")) == (False, True, True)
     assert (w.window_length("cam"), w.window_length("wrist"), w.window_length("action")) == (2, 1, 1)
-    with pytest.raises(KeyError, match="not a camera key"):
+    with pytest.raises(
+        KeyError, match=r"not a camera key \(camera keys: \['cam', 'top', 'wrist'\]\): pass one of those"
+    ):
         w.squeeze_camera("action")
+    with pytest.raises(KeyError, match=r"\(did you mean \['wrist'\]\?\): pass one of those"):
+        w.squeeze_camera("wirst")
 
 
 def test_query_indices_over_episodes_of_different_lengths() -> None:
@@ -126,7 +130,10 @@ def test_invalid_specifications() -> None:
         _windows({"action": []})
     with pytest.raises(DeltaTimestampsError, match="finite"):
         _windows({"action": [float("nan")]})
-    with pytest.raises(DeltaTimestampsError, match=r"not a feature .* \(did you mean \['action'\]\?\)$"):
+    said = (
+        r"not a feature .* \(did you mean \['action'\]\?\): name one of those, or drop 'actoin' from delta_timestamps$"
+    )
+    with pytest.raises(DeltaTimestampsError, match=said):
         _windows({"actoin": [0.0]}, feature_keys=["action"])
     with pytest.raises(ValueError, match="fps"):
         DeltaWindows(delta_timestamps={"action": [0.0]}, fps=0)
