@@ -480,7 +480,10 @@ class AugmentConfig:
             document = toml_parser().load(f)
         if table is not None:
             if not isinstance(document.get(table), Mapping):
-                raise ValueError(f"{os.fspath(path)} has no [{table}] table; tables: {sorted(document)}")
+                raise ValueError(
+                    f"{os.fspath(path)} has no [{table}] table; tables: {sorted(document)}: add it, or name one of "
+                    "those (table=)"
+                )
             document = document[table]
         return cls.from_dict(document)
 
@@ -533,7 +536,7 @@ def _checked_keys(cls: type, raw: Any, where: str) -> dict[str, Any]:
         raise ValueError(f"{where} has unknown key(s) {unknown}; allowed: {sorted(known)}")
     missing = [n for n, f in known.items() if f.default is MISSING and f.default_factory is MISSING and n not in raw]
     if missing:
-        raise ValueError(f"{where} is missing required key(s) {missing}")
+        raise ValueError(f"{where} is missing required key(s) {missing}: add them (allowed: {sorted(known)})")
     return dict(raw)
 
 

@@ -545,6 +545,7 @@ class LeRobotDatasetReader:
         except KeyError:
             raise DatasetError(
                 f"{self.location.description}: unknown key {key!r}; tabular keys are {self.info.tabular_keys}"
+                f"{did_you_mean([key], list(self.info.tabular_keys))}: pass keys from those"
             ) from None
         if feature.is_camera:
             raise DatasetError(f"{key!r} is a camera; frames come from the video layer, not the data rows")

@@ -188,14 +188,14 @@ class EpisodeTable:
             )
         unique, counts = np.unique(wanted.astype(np.int64), return_counts=True)
         if (counts > 1).any():
-            raise DatasetError(f"{where}episodes lists {unique[counts > 1].tolist()} more than once")
+            raise DatasetError(f"{where}episodes lists {unique[counts > 1].tolist()} more than once: list each once")
         positions = np.minimum(np.searchsorted(self.episode_index, unique), len(self) - 1)
         absent = unique[self.episode_index[positions] != unique]
         if absent.size:
             raise DatasetError(
                 f"{where}episodes {absent[:10].tolist()}{' ...' if absent.size > 10 else ''} are not in this dataset, "
                 f"which holds {len(self)} episodes with indices {int(self.episode_index[0])}.."
-                f"{int(self.episode_index[-1])}"
+                f"{int(self.episode_index[-1])}: pass episodes=[...] of those (on the command line --episodes N ...)"
             )
         columns = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("tasks", "cameras")}
         cameras = {

@@ -156,7 +156,11 @@ def _decode_window(
                 if isinstance(e, UnidentifiedImageError)
                 else str(e)
             )
-            raise DataFileError(f"{label}: {image_name} cannot be decoded ({why}); the data file is corrupt") from e
+            raise DataFileError(
+                f"{label}: {image_name} cannot be decoded ({why}); the data file is corrupt: download or copy it "
+                f"again, or leave out its episode (episodes=[...] of the others) or the camera ({cameras_hint()}); "
+                "`lerobot-dali check --decode` lists every such image"
+            ) from e
         if frame is None:
             raise DataFileError(f"{label}: {image_name} " + refusal.format(mode=mode))
         frames.append(frame)

@@ -179,7 +179,10 @@ def _with_parent(root: Path) -> Path:
         absolute.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as e:
         blocker = next(parent for parent in absolute.parents if parent.exists())
-        raise NotADirectoryError(f"Cannot write a dataset to {root}: {blocker} is a file, not a directory.") from e
+        raise NotADirectoryError(
+            f"Cannot write a dataset to {root}: {blocker} is a file, not a directory: write it elsewhere, or move "
+            f"{blocker} aside."
+        ) from e
     return absolute
 
 

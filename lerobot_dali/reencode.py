@@ -44,7 +44,7 @@ from .dataset_reader import INFO_PATH, read_info_json
 from .distributed import usable_cpus
 from .episode_data_files import episode_data_path, video_file_path
 from .episode_table import read_episode_records, read_episode_table
-from .errors import DAMAGED_VIDEO_ADVICE, DatasetError, VideoDecodeError, cameras_hint, listing_hint
+from .errors import DAMAGED_VIDEO_ADVICE, DatasetError, VideoDecodeError, cameras_hint, did_you_mean, listing_hint
 from .frame_checks import damaged_frame_error, is_damaged
 from .hub_cache_files import bulk_files_named, read_bulk_from_cache
 from .new_folder import refuse_resumable_taken, write_resumable_folder
@@ -249,7 +249,10 @@ def _chosen_cameras(info: DatasetInfo, cameras: Sequence[str] | None) -> set[str
         raise ValueError(f"cameras must be a list of video keys, got the string {cameras!r}")
     unknown = sorted(set(cameras) - set(info.video_keys))
     if unknown:
-        raise ValueError(f"cameras {unknown} are not video features of this dataset; it has {info.video_keys}")
+        raise ValueError(
+            f"cameras {unknown} are not video features of this dataset; it has {info.video_keys}"
+            f"{did_you_mean(unknown, list(info.video_keys))}: pass cameras= from those (on the command line --cameras)"
+        )
     depth = sorted(set(cameras) - set(colour))
     if depth:
         raise ValueError(f"cameras {depth} are depth maps, which a lossy re-encode would change; leave them out")

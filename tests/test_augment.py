@@ -517,8 +517,17 @@ def test_from_toml_reads_a_named_table(tmp_path: Path) -> None:
     path.write_text("[augment]\nresize = [8, 8]\n[augment.color_jitter]\nbrightness = 0.25\n")
     config = AugmentConfig.from_toml(path, table="augment")
     assert config == AugmentConfig(resize=(8, 8), color_jitter=ColorJitter(brightness=(0.75, 1.25)))
-    with pytest.raises(ValueError, match=r"no \[train\] table"):
+    with pytest.raises(
+        ValueError, match=r"no \[train\] table; tables: \['augment'\]: add it, or name one of those \(table=\)$"
+    ):
         AugmentConfig.from_toml(path, table="train")
+
+
+def test_a_required_key_left_out_says_to_add_it() -> None:
+    """It named the missing key only."""
+    said = r"random_resized_crop is missing required key\(s\) \['size'\]: add them \(allowed: \[.*'size'.*\]\)$"
+    with pytest.raises(ValueError, match=said):
+        AugmentConfig.from_dict({"random_resized_crop": {"scale": [0.5, 1.0]}})
 
 
 def test_to_dict_leaves_out_unset_sections() -> None:

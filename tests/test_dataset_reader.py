@@ -87,10 +87,11 @@ def test_episode_selection_errors() -> None:
     with pytest.raises(
         DatasetError,
         match=r"cr5_v30_av1: episodes \[12, 40\] are not in this dataset, which holds "
-        r"12 episodes with indices 0\.\.11",
+        r"12 episodes with indices 0\.\.11: pass episodes=\[\.\.\.\] of those \(on the command line --episodes N "
+        r"\.\.\.\)$",
     ):
         open_dataset(root, episodes=[3, 40, 12])
-    with pytest.raises(DatasetError, match=r"episodes lists \[3\] more than once"):
+    with pytest.raises(DatasetError, match=r"episodes lists \[3\] more than once: list each once$"):
         open_dataset(root, episodes=[3, 4, 3])
     for bad in ([], [1.5], [[1, 2]]):
         with pytest.raises(DatasetError, match="non-empty list of episode indices"):
@@ -827,3 +828,10 @@ def test_an_index_column_off_the_metadata_range_says_what_to_do(v3: Path) -> Non
     advice = r"disagree: download the dataset again, or leave episode 0 out \(episodes=\[\.\.\.\]\)$"
     with pytest.raises(EpisodeMetadataError, match=r"episode 0's 'index' column does not run from .*" + advice):
         open_dataset(v3).read_episode(0)
+
+
+def test_read_episode_of_an_unknown_key_says_which_was_meant(v3: Path) -> None:
+    """It listed the tabular keys only."""
+    said = r"unknown key 'actoin'; tabular keys are .* \(did you mean \['action'\]\?\): pass keys from those$"
+    with pytest.raises(DatasetError, match=said):
+        open_dataset(v3).read_episode(0, keys=["actoin"])

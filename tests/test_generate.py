@@ -566,7 +566,10 @@ def test_make_dataset_under_a_file_says_so(tmp_path: Path) -> None:
     for out in ("afile/ds", "afile/sub/ds"):
         with pytest.raises(
             NotADirectoryError,
-            match=re.escape(f"Cannot write a dataset to {tmp_path / out}: {tmp_path / 'afile'} is a file"),
+            match=re.escape(
+                f"Cannot write a dataset to {tmp_path / out}: {tmp_path / 'afile'} is a file, not a directory: write "
+                f"it elsewhere, or move {tmp_path / 'afile'} aside."
+            ),
         ):
             make_dataset(tmp_path / out)
 

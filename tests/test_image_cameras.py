@@ -200,7 +200,9 @@ def test_an_undecodable_image_is_named_by_its_file_episode_and_row(make_ds, copy
     path = _rewrite_image(root, 5, {"bytes": b"junk", "path": None}, file="file-001")  # episode 2's row 5
     pattern = (
         rf"{re.escape(str(path))} \(episode 2, camera {CAM0}\): the image of the episode's row 5 cannot be decoded "
-        r"\(no format Pillow reads; its bytes begin b'junk'\); the data file is corrupt"
+        r"\(no format Pillow reads; its bytes begin b'junk'\); the data file is corrupt: download or copy it again, or "
+        r"leave out its episode \(episodes=\[\.\.\.\] of the others\) or the camera \(cameras=\[\.\.\.\] .*\); "
+        r"`lerobot-dali check --decode` lists every such image"
     )
     it = DALILeRobotIterator(
         root, batch_size=4, shuffle=False, device="cpu", num_workers=0, cameras=[CAM0], drop_last=False,

@@ -216,6 +216,11 @@ def test_bad_options_and_a_taken_out_fail_before_any_work(long_gop_ds: Path, tmp
         ({"crf": 99}, r"crf for h264 must be in \[0, 51\]"),
         ({"jobs": 0}, "jobs must be >= 1"),
         ({"cameras": ["observation.images.nope"]}, r"cameras \['observation.images.nope'\] are not video features"),
+        (
+            {"cameras": ["observation.images.cam00"]},
+            r"are not video features .*\(did you mean \['observation\.images\.cam0'\]\?\): pass cameras= from those "
+            r"\(on the command line --cameras\)$",
+        ),
         ({"cameras": "observation.images.cam0"}, "must be a list of video keys"),
     ]:
         with pytest.raises(ValueError, match=message):

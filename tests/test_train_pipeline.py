@@ -816,7 +816,9 @@ def test_dataset_errors_while_setting_up_are_one_line_on_each_rank(
     shutil.copytree(single_run[0], ckpt)
     cases = [
         (["--dataset", str(tmp_path / "nope")], rf"dataset '{tmp_path}/nope' not found: no such local folder \(.*"),
-        (["--dataset", str(dataset), "--episodes", "0", "9"], r".*: episodes \[9\] are not in this dataset, .*0\.\.5"),
+        (["--dataset", str(dataset), "--episodes", "0", "9"],
+         r".*: episodes \[9\] are not in this dataset, .*0\.\.5: pass episodes=\[\.\.\.\] of those \(on the command "
+         r"line --episodes N \.\.\.\)"),
         (["--dataset", str(dataset), "--episodes", "0", "1", "2", "--checkpoint-dir", str(ckpt), "--resume"],
          r"this stream state was saved over other episodes \(6 episodes, .*\) than this iterator reads \(3 episodes.*"),
         (["--dataset", str(dataset), "--checkpoint-dir", str(ckpt), "--resume", "--chunk", "3"],  # (train.py's own)
