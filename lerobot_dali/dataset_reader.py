@@ -548,7 +548,10 @@ class LeRobotDatasetReader:
                 f"{did_you_mean([key], list(self.info.tabular_keys))}: pass keys from those"
             ) from None
         if feature.is_camera:
-            raise DatasetError(f"{key!r} is a camera; frames come from the video layer, not the data rows")
+            raise DatasetError(
+                f"{key!r} is a camera; frames come from the video layer, not the data rows: read them through "
+                "DALILeRobotIterator (cameras=[...]), or an image camera's with read_episode_images"
+            )
         return feature
 
     def _check_rows(self, rows: dict[str, np.ndarray], path: str, pos: int, episode_index: int, length: int) -> None:

@@ -830,8 +830,12 @@ def test_an_index_column_off_the_metadata_range_says_what_to_do(v3: Path) -> Non
         open_dataset(v3).read_episode(0)
 
 
-def test_read_episode_of_an_unknown_key_says_which_was_meant(v3: Path) -> None:
-    """It listed the tabular keys only."""
+def test_read_episode_of_a_key_it_cannot_read_says_what_to_do(v3: Path) -> None:
+    """It listed the tabular keys only, or (a camera) said only that frames come from the video layer."""
     said = r"unknown key 'actoin'; tabular keys are .* \(did you mean \['action'\]\?\): pass keys from those$"
     with pytest.raises(DatasetError, match=said):
         open_dataset(v3).read_episode(0, keys=["actoin"])
+    camera = open_dataset(v3).camera_keys[0]
+    said = r"is a camera; .*: read them through DALILeRobotIterator \(cameras=\[\.\.\.\]\), or an image camera's with "
+    with pytest.raises(DatasetError, match=said + "read_episode_images$"):
+        open_dataset(v3).read_episode(0, keys=[camera])
