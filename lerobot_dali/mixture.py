@@ -519,7 +519,13 @@ def _check_windows(
             reader.location.description: [k for k in unread if rename.own_name(k) not in reader.info.features]
             for reader, rename in zip(readers, renames, strict=True)
         }
-        reader, rename = next((r, n) for r, n in zip(readers, renames, strict=True) if lacking[r.location.description])
+        short = next(((r, n) for r, n in zip(readers, renames, strict=True) if lacking[r.location.description]), None)
+        if short is None:  # (every dataset has them: cameras=/keys= leave them out)
+            raise DeltaTimestampsError(
+                f"delta_timestamps names {unread}, which the mixture does not read: cameras=/keys= leave them out; "
+                "add them there, or drop them from delta_timestamps"
+            )
+        reader, rename = short
         spare = [k for k in rename.batch_names(reader.info.features) if k not in read and k not in INDEX_COLUMNS]
         raise DeltaTimestampsError(
             f"delta_timestamps names {unread}, which the mixture does not read: not every dataset has them "

@@ -627,6 +627,14 @@ def test_datasets_naming_a_camera_otherwise_are_told_the_rename_map_that_joins_t
         mix.close()
 
 
+def test_a_window_on_a_key_every_dataset_has_but_keys_leaves_out_says_to_add_it() -> None:
+    """Every dataset has 'action', keys= leaves it out: the rename hint looked for a dataset lacking it, found none
+    and raised StopIteration."""
+    path = shared_dataset("cr5_v30_av1")
+    with pytest.raises(DeltaTimestampsError, match=r"\['action'\], .*: cameras=/keys= leave them out; add them there"):
+        DALILeRobotMixture([path, path], keys=["observation.state"], delta_timestamps={"action": [0.0]}, device="cpu")
+
+
 def _jitter_timestamps(root: Path, seconds: float) -> None:
     """Parquet timestamps off the frame grid by up to ``seconds`` either way (cr5's wall-clock ones: 0.03 s at
     10 fps), still in order."""
