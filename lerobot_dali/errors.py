@@ -66,12 +66,14 @@ def did_you_mean(unknown: list[str], available: list[str]) -> str:
     stands for: the key whose last dotted part is spelt nearest its own, and nearer than any other's ('top' and
     'observation.image.top' for 'observation.images.top', 'actoin' for 'action'; nothing for
     'observation.images.top' where the cameras are 'observation.images.cam0' and 'cam1', nor for 'camera_2' where
-    they are 'camera_0' and 'camera_1', each as near); "" where none is."""
+    they are 'camera_0' and 'camera_1', each as near); "" where none is. Only strings are spelt: an error naming a
+    key given as ``3`` or ``None`` raised AttributeError here instead."""
     last: dict[str, list[str]] = {}
     for key in available:
-        last.setdefault(key.rsplit(".", 1)[-1], []).append(key)
+        if isinstance(key, str):
+            last.setdefault(key.rsplit(".", 1)[-1], []).append(key)
     near: list[str] = []
-    for name in unknown:
+    for name in (name for name in unknown if isinstance(name, str)):
         own = name.rsplit(".", 1)[-1]
         close = difflib.get_close_matches(own, list(last), n=2, cutoff=0.8)
         ratios = [difflib.SequenceMatcher(None, own, part).ratio() for part in close]

@@ -839,3 +839,10 @@ def test_read_episode_of_a_key_it_cannot_read_says_what_to_do(v3: Path) -> None:
     said = r"is a camera; .*: read them through DALILeRobotIterator \(cameras=\[\.\.\.\]\), or an image camera's with "
     with pytest.raises(DatasetError, match=said + "read_episode_images$"):
         open_dataset(v3).read_episode(0, keys=[camera])
+
+
+@pytest.mark.parametrize("key", [3, None])
+def test_read_episode_of_a_key_that_is_no_name_names_it(v3: Path, key: object) -> None:
+    """The 'did you mean' of its error spelt every key as a string: AttributeError ('int' has no 'rsplit')."""
+    with pytest.raises(DatasetError, match=rf"unknown key {key}; tabular keys are \[.*\]: pass keys from those$"):
+        open_dataset(v3).read_episode(0, keys=[key])  # type: ignore[list-item]
