@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import pickle
-from dataclasses import replace
+from dataclasses import asdict, replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -267,6 +268,20 @@ def test_configs_with_weights_or_a_normalize_per_camera_hash_and_stay_frozen() -
     }  # fmt: skip
     with pytest.raises(TypeError):
         SUBSET.random_subset.weights["hue"] = 50.0  # type: ignore[index]
+
+
+def test_configs_with_weights_or_a_normalize_per_camera_stay_plain_data_through_asdict() -> None:
+    # As a Mapping that was not a dict, dataclasses.asdict left the weights and a per-camera normalize (its Normalize
+    # dataclasses with it) as they were, and json.dumps of the result raised TypeError.
+    per_camera = AugmentConfig(normalize={"cam": Normalize(mean=(0.5,), std=(0.25,))})
+    assert json.loads(json.dumps(asdict(per_camera)))["normalize"] == {"cam": {"mean": [0.5], "std": [0.25]}}
+    assert SUBSET.random_subset is not None
+    assert json.loads(json.dumps(asdict(SUBSET)))["random_subset"]["weights"]["sharpness"] == 2.0
+    assert json.loads(json.dumps(SUBSET.random_subset.weights)) == SUBSET.random_subset.weights
+    for edit in (lambda w: w.update(hue=50.0), lambda w: w.pop("hue"), lambda w: w.clear()):
+        with pytest.raises(TypeError, match="read-only"):
+            edit(SUBSET.random_subset.weights)
+    assert SUBSET.random_subset.weights["hue"] == 1.0
 
 
 # --- LeRobot's config ----------------------------------------------------------------------------------
