@@ -384,10 +384,17 @@ def _missing_on_hub(
         why = f"has no revision {revision or 'main'!r} on the Hub; give an existing branch, tag or commit SHA"
     elif isinstance(error, RepositoryNotFoundError) or (isinstance(error, HfHubHTTPError) and status == 401):
         why = f"not found on the Hub, or private and unreadable with the token given; check the repo id, or {token}"
-    elif isinstance(error, incomplete) and constants.HF_HUB_OFFLINE:
+    elif isinstance(error, incomplete):  # (online too, where the Hub was not reached or refused: not "no metadata")
+        refused = getattr(getattr(error.__cause__, "response", None), "status_code", None) in (401, 403)
+        if constants.HF_HUB_OFFLINE:
+            fix = "HF_HUB_OFFLINE is set: unset it to download the rest"
+        elif refused:  # (huggingface_hub raises it from the Hub's answer: a private or gated dataset)
+            fix = f"the Hub refused the rest to the token given: {token}"
+        else:
+            fix = "the Hub could not be reached to download the rest: check the network, HF_ENDPOINT and HF_HUB_OFFLINE"
         why = (
             f"cannot be opened: huggingface_hub's cache holds part of its metadata at revision {revision or 'main'} (a "
-            "download cut short), and HF_HUB_OFFLINE is set: unset it to download the rest"
+            f"download cut short), and {fix}"
         )
     elif (
         isinstance(error, LocalEntryNotFoundError)

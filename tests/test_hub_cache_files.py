@@ -16,6 +16,7 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import huggingface_hub
@@ -375,3 +376,30 @@ def test_offline_metadata_cut_short_says_to_download_it_again(cache, make_ds) ->
     )) as caught:  # fmt: skip
         open_dataset(REPO)
     assert cut in str(caught.value)  # (named by huggingface_hub's error)
+
+
+def test_metadata_cut_short_online_says_the_hub_was_unreachable_or_refused(monkeypatch) -> None:
+    """huggingface_hub raises IncompleteSnapshotError online too, where the Hub cannot be reached: that was said as
+    a cache holding no metadata of the revision, whether the Hub was unreachable or refused a private dataset."""
+    errors = pytest.importorskip("huggingface_hub.errors")
+    if not hasattr(errors, "IncompleteSnapshotError"):
+        pytest.skip("huggingface_hub before 2.x raises no IncompleteSnapshotError")
+    from huggingface_hub import constants
+
+    from lerobot_dali.dataset_location import _missing_on_hub
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    error = errors.IncompleteSnapshotError("some files are missing from the cached snapshot", "/cache/snapshot")
+    said = str(_missing_on_hub(REPO, None, error, maybe_path=True))
+    assert said.startswith(
+        f"dataset {REPO!r} cannot be opened: huggingface_hub's cache holds part of its metadata at revision main (a "
+        "download cut short), and the Hub could not be reached to download the rest: check the network, HF_ENDPOINT "
+        "and HF_HUB_OFFLINE (IncompleteSnapshotError: "
+    ), said
+    answer = OSError("401 Client Error")  # (as an HfHubHTTPError: a private dataset, no token, and the Hub answered)
+    answer.response = SimpleNamespace(status_code=401)  # type: ignore[attr-defined]
+    try:
+        raise error from answer
+    except errors.IncompleteSnapshotError as refused:
+        said = str(_missing_on_hub(REPO, None, refused, maybe_path=True))
+    assert "download cut short), and the Hub refused the rest to the token given: log in (`hf auth login`)" in said
