@@ -469,7 +469,13 @@ def _reencode_file(job: _Job) -> VideoReencoded:
 def _reencode_failed(job: _Job, label: str, error: Exception) -> VideoDecodeError:
     """The error for a re-encode that failed with ``error``: the source is decoded alone to tell whose fault it is,
     the file's (it does not decode either) or the encoder's or the disk's (it does)."""
-    handle = job.filesystem.open(job.source, "rb") if job.filesystem is not None else None
+    try:
+        handle = job.filesystem.open(job.source, "rb") if job.filesystem is not None else None
+    except OSError as e:  # (a remote source gone or unreachable since: raised here, it hid the failure)
+        return VideoDecodeError(
+            f"{label}: re-encoding failed ({error}), and the file cannot be opened again ({e!r}): check that it is "
+            "still there and reachable, then run the re-encode again (it resumes)"
+        )
     try:
         with av.open(handle if handle is not None else job.source, "r") as source:
             for _ in source.decode(source.streams.video[0]):

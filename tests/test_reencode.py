@@ -292,6 +292,25 @@ def test_a_copy_that_cannot_be_written_is_not_called_a_corrupt_file(long_gop_ds:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
+def test_a_remote_source_gone_when_a_failure_is_told_still_names_the_failure() -> None:
+    """The failure's message opens the source again to decode it alone: a remote file gone or unreachable since
+    raised that FileNotFoundError from the message, in place of the re-encode's own error."""
+    from lerobot_dali.reencode import _Job, _reencode_failed
+
+    class Gone:
+        def open(self, path: str, mode: str) -> Any:
+            raise FileNotFoundError(2, "No such file or directory", path)
+
+    job = _Job("bucket/v.mp4", Gone(), "/out/v.mp4", "v.mp4", "cam", "h264", gop=2, crf=None, threads=1)
+    error = _reencode_failed(job, "bucket/v.mp4", OSError("connection reset"))
+    assert re.fullmatch(
+        r"bucket/v\.mp4: re-encoding failed \(connection reset\), and the file cannot be opened again "
+        r"\(FileNotFoundError\(.*\)\): check that it is still there and reachable, then run the re-encode again "
+        r"\(it resumes\)",
+        str(error),
+    ), error
+
+
 def test_a_corrupt_video_fails_naming_it_and_the_same_call_resumes(
     long_gop_ds: Path, copy_ds, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
