@@ -235,5 +235,5 @@ def rename_hint(lacking: Sequence[str], spare: Sequence[str]) -> str:
     return (
         f"; if a dataset lacking {lacking[0]!r} records it under another name, give it that name with a rename_map "
         f"({ {own: lacking[0]} }: DALILeRobotMixture's dataset_options=[..., {{'rename_map': ...}}], "
-        "concat_datasets' rename_maps=, on the command line --rename-map)"
+        "concat_datasets' rename_maps=[...] (a map or None per dataset), on the command line --rename-map)"
     )

@@ -25,6 +25,7 @@ import torch
 from lerobot_dali import DALILeRobotMixture, open_dataset
 from lerobot_dali import iterator as iterator_module
 from lerobot_dali.augment_config import AugmentConfig, Normalize
+from lerobot_dali.dataset_union import concat_datasets
 from lerobot_dali.errors import (
     DatasetError,
     DeltaTimestampsError,
@@ -608,12 +609,16 @@ def test_datasets_naming_a_camera_otherwise_are_told_the_rename_map_that_joins_t
     hint = (
         rf"if a dataset lacking '{re.escape(top)}' records it under another name, give it that name with a rename_map "
         rf"\(\{{'{re.escape(rgb)}': '{re.escape(top)}'\}}: DALILeRobotMixture's dataset_options=\[\.\.\., "
-        r"\{'rename_map': \.\.\.\}\], concat_datasets' rename_maps=, on the command line --rename-map\)"
+        r"\{'rename_map': \.\.\.\}\], concat_datasets' rename_maps=\[\.\.\.\] \(a map or None per dataset\), on the "
+        r"command line --rename-map\)"
     )
     with pytest.raises(DatasetError, match=rf"r1_v30_h264: unknown camera\(s\) .*{hint}$"):
         DALILeRobotMixture(paths, cameras=[top], device="cpu", num_workers=0)
     with pytest.raises(DeltaTimestampsError, match=rf"which the mixture does not read: .*{hint}, or drop them from"):
         DALILeRobotMixture(paths, delta_timestamps={top: [0.0]}, device="cpu", num_workers=0)
+    # concat_datasets takes the map in a list (a dict for all was a TypeError): the camera is joined, its sizes differ
+    with pytest.raises(SchemaMismatchError, match=r"differ in the video of camera 'observation\.images\.top'"):
+        concat_datasets(paths, cameras=[top], keys=[], rename_maps=[None, {rgb: top}])
     # As told (cr5's timestamps are wall-clock; r1's video has 25 frames a second to its rows' 10):
     options = [{"timestamp_source": "frame_index"}, {"rename_map": {rgb: top}}]
     mix = DALILeRobotMixture(
