@@ -21,12 +21,15 @@ from .dataset_info import DatasetInfo
 from .dataset_location import DatasetLocation, open_if_present
 from .errors import DatasetError
 
-__all__ = ["NORMALIZE_WITHOUT_STATS", "FeatureStats", "aggregate_episode_stats", "read_dataset_stats"]
+__all__ = ["NORMALIZE_WITHOUT_STATS", "POOLED_STATS", "FeatureStats", "aggregate_episode_stats", "read_dataset_stats"]
 
 logger = logging.getLogger(__name__)
 
 #: How to read around statistics that cannot be read: only ``normalize="stats"`` reads them.
 NORMALIZE_WITHOUT_STATS = "give AugmentConfig.normalize a Normalize(mean=..., std=...) per camera instead of 'stats'"
+
+#: What pooling statistics (episodes', datasets') needs of each: a frame-weighted mean and pooled variance.
+POOLED_STATS = ("mean", "std", "count")
 
 #: ``{feature key: {"mean": array, "std": array, "min": array, "max": array, "count": array}}``, arrays in
 #: the stored shape (``(C, 1, 1)`` for cameras, ``(D,)`` for vectors).
@@ -137,11 +140,10 @@ def _arrays(entry: Any, where: str, names: list[str] | None) -> dict[str, np.nda
 
 
 def _aggregate(entries: list[dict[str, np.ndarray]], where: str) -> dict[str, np.ndarray]:
-    needed = ("mean", "std", "count")
     for entry in entries:
-        missing = [name for name in needed if name not in entry]
+        missing = [name for name in POOLED_STATS if name not in entry]
         if missing:
-            raise DatasetError(f"{where}: an episode lacks {missing}; aggregation needs {list(needed)}")
+            raise DatasetError(f"{where}: an episode lacks {missing}; aggregation needs {list(POOLED_STATS)}")
     counts = np.array([float(np.sum(e["count"])) for e in entries])
     if counts.sum() <= 0:
         raise DatasetError(f"{where}: every episode counts 0 frames")

@@ -35,7 +35,7 @@ from .concurrent_calls import in_threads
 from .dataset_info import Feature
 from .dataset_location import DatasetLocation
 from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
-from .dataset_stats import NORMALIZE_WITHOUT_STATS, FeatureStats, aggregate_episode_stats
+from .dataset_stats import NORMALIZE_WITHOUT_STATS, POOLED_STATS, FeatureStats, aggregate_episode_stats
 from .episode_rows import DecodedGroups
 from .episode_table import EpisodeTable
 from .errors import DatasetError, EpisodeMetadataError, SchemaMismatchError, StatsError
@@ -236,9 +236,15 @@ class DatasetUnion(LeRobotDatasetReader):
         try:
             return aggregate_episode_stats(stats, source=self.location.description)
         except DatasetError as e:
+            missing = {  # (the error calls a dataset "an episode", naming none)
+                m.location.description: sorted({n for entry in part.values() for n in POOLED_STATS if n not in entry})
+                for m, part in zip(self.members, stats, strict=True)
+            }
+            named = {where: names for where, names in missing.items() if names}
+            add = f"add what is lacking to the meta/stats.json of {named} (LeRobot before v2.1 wrote no 'count'), or "
             raise StatsError(
-                f"the union pools its datasets' statistics by frame count, and cannot: {e}. Add what is lacking to "
-                f"that dataset's meta/stats.json (LeRobot before v2.1 wrote no 'count'), or {NORMALIZE_WITHOUT_STATS}"
+                f"the union pools its datasets' statistics by frame count, and cannot: {e}; "
+                f"{add if named else ''}{NORMALIZE_WITHOUT_STATS}"
             ) from None
 
     def rows_stored(self, path: str, group_rows: int, length: int) -> bool:

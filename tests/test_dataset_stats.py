@@ -136,8 +136,9 @@ def test_a_union_of_statistics_without_counts_says_what_to_do() -> None:
 
     gr00t = open_dataset(shared_dataset("gr00t_v20_h264"), cameras=["observation.images.ego_view"])
     advice = (
-        r"an episode lacks \['count'\]; .*\. Add what is lacking to that dataset's meta/stats\.json \(LeRobot before "
-        r"v2\.1 wrote no 'count'\), or give AugmentConfig\.normalize a Normalize\(mean=\.\.\., std=\.\.\.\) per camera"
+        r"an episode lacks \['count'\]; .*; add what is lacking to the meta/stats\.json of \{'.*gr00t_v20_h264': "
+        r"\['count'\]\} \(LeRobot before v2\.1 wrote no 'count'\), or give AugmentConfig\.normalize a "
+        r"Normalize\(mean=\.\.\., std=\.\.\.\) per camera"
     )
     with pytest.raises(StatsError, match=advice):
         concat_datasets([gr00t, gr00t]).read_stats()

@@ -165,6 +165,23 @@ def test_statistics_are_pooled_over_every_frame(make_ds, copy_ds, caplog) -> Non
     assert "observation.state has no statistics in" in caplog.text
 
 
+def test_statistics_that_cannot_be_pooled_name_the_dataset_lacking_what(make_ds, copy_ds) -> None:
+    """The error said an 'episode' lacks a count and to add it to 'that dataset's' meta/stats.json, naming none."""
+    from lerobot_dali.errors import StatsError
+
+    first, second = _datasets(make_ds)
+    first = copy_ds(first)  # (v3.0: meta/stats.json, here as GR00T's v2.0 one, without counts)
+    stats = json.loads((first / "meta/stats.json").read_text())
+    stats = {k: {n: x for n, x in v.items() if n != "count"} for k, v in stats.items()}
+    (first / "meta/stats.json").write_text(json.dumps(stats))
+    said = (
+        r"an episode lacks \['count'\].*; add what is lacking to the meta/stats\.json of "
+        rf"\{{'{first}': \['count'\]\}} \(LeRobot before v2\.1 wrote no 'count'\), or give AugmentConfig\.normalize"
+    )
+    with pytest.raises(StatsError, match=said):
+        concat_datasets([first, second]).read_stats()
+
+
 def test_each_dataset_keeps_its_own_episode_selection(make_ds) -> None:
     first, second = _datasets(make_ds)
     union = concat_datasets([open_dataset(first, episodes=[0, 2]), second])
