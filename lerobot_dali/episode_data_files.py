@@ -247,9 +247,11 @@ def _check_episode_files(
         pos = placed[miscounted[0]]
         more = f" (and {len(miscounted) - 1} more episodes)" if len(miscounted) > 1 else ""
         episode = int(table.episode_index[pos])
+        every = [int(table.episode_index[placed[path]]) for path in miscounted]  # (leaving out the first only failed)
+        named = f"episode {episode}" if len(every) == 1 else f"episodes {every[:10]}{' ...' if len(every) > 10 else ''}"
         raise EpisodeMetadataError(
             f"{miscounted[0]}: holds {footers[miscounted[0]].rows} rows, but meta/episodes.jsonl gives episode "
-            f"{episode} length {int(table.length[pos])}{more}; {miscounted_rows_advice(f'episode {episode}')}"
+            f"{episode} length {int(table.length[pos])}{more}; {miscounted_rows_advice(named)}"
         )
     return footers
 

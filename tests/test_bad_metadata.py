@@ -652,6 +652,20 @@ def test_a_v2_data_file_cut_short_says_to_leave_its_episode_out(make_ds, copy_ds
     assert sum(len(batch["index"]) for batch in _first_pass(root, episodes=[0, 2, 3])) == 60
 
 
+def test_v2_data_files_cut_short_name_every_episode_to_leave_out(make_ds, copy_ds) -> None:
+    """With two files cut short it named the first one's episode only: left out as told, the open failed again."""
+    root = copy_ds(make_ds(**{**SPEC, "version": "v2.1"}, size=(64, 96)))
+    for episode in (1, 2):
+        path = root / f"data/chunk-000/episode_00000{episode}.parquet"
+        pq.write_table(pq.read_table(path).slice(0, 15), path)
+    advice = MISCOUNTED + r"leave out episodes \[1, 2\] \(episodes=\[\.\.\.\] of the others\)"
+    with pytest.raises(
+        EpisodeMetadataError, match=r"episode_000001\.parquet: holds 15 rows.*\(and 1 more episodes\); " + advice
+    ):
+        open_dataset(root)
+    assert sum(len(batch["index"]) for batch in _first_pass(root, episodes=[0, 3])) == 40  # (as told)
+
+
 def _audio_only_mp4(path: Path) -> None:
     """An MP4 holding one AAC track and no video: what a file of another recording's audio looks like."""
     import av
