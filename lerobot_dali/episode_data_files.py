@@ -184,22 +184,23 @@ def locate_episode_rows(
     if wrong.size:
         i = int(wrong[0])
         path = data_file_path(location, info, int(runs[i, 0]), int(runs[i, 1]))
-        in_file = table.episode_index[(runs[:, 0] == runs[i, 0]) & (runs[:, 1] == runs[i, 1])]
+        # (the episodes of every such file: with the first file's alone left out, the open failed on the next)
+        files = {(chunk, file) for chunk, file in runs[wrong, :2].tolist()}
+        in_files = [tuple(run) in files for run in runs[:, :2].tolist()]
         raise EpisodeMetadataError(
             f"{location.description}: meta/episodes {problem}; episode {int(table.episode_index[i])} has length "
             f"{int(table.length[i])} there but {int(runs[i, 3])} rows in {path}: "
-            f"{miscounted_rows_advice(_episodes_of_file(in_file))}"
+            f"{miscounted_rows_advice(_episodes_of_files(table.episode_index[in_files], len(files)))}"
         )
     same = (runs[:, 0] == table.data_chunk_index) & (runs[:, 1] == table.data_file_index)
     if (same & (runs[:, 2] == table.data_row_start))[wanted].all():
         # Every episode is where the metadata says: the files hold rows no episode reads (dropped by a filter, or
         # left by an interrupted write), which reading them would lose.
-        path = next(path for path in sorted(placed) if footers[path].rows != placed[path])
-        in_file = [int(e) for e, (chunk, file) in zip(table.episode_index.tolist(), runs[:, :2].tolist(), strict=True)
-                   if data_file_path(location, info, chunk, file) == path]  # fmt: skip
+        paths = {path for path in placed if footers[path].rows != placed[path]}
+        in_files = [data_file_path(location, info, chunk, file) in paths for chunk, file in runs[:, :2].tolist()]
         raise EpisodeMetadataError(
             f"{location.description}: meta/episodes {problem}, yet every episode to read is where it says: "
-            f"{miscounted_rows_advice(_episodes_of_file(np.asarray(in_file)))}"
+            f"{miscounted_rows_advice(_episodes_of_files(table.episode_index[in_files], len(paths)))}"
         )
     # Episodes not to read that no file holds stay at (-1, -1), a file of their own that no real file's row count
     # includes; the selection drops them.
@@ -212,10 +213,11 @@ def locate_episode_rows(
     return table.with_data_rows(runs[:, 0], runs[:, 1], runs[:, 2]), footers
 
 
-def _episodes_of_file(episodes: np.ndarray) -> str:
-    """Names the episodes of a data file that disagrees with meta/episodes, to leave out: reading any of them checks
-    the file's row count."""
-    return f"its episodes {episodes[:10].tolist()}{' ...' if episodes.size > 10 else ''}"
+def _episodes_of_files(episodes: np.ndarray, files: int) -> str:
+    """Names the episodes of the ``files`` data files that disagree with meta/episodes, to leave out: reading any of
+    them checks its file's row count."""
+    whose = "its episodes" if files == 1 else f"the episodes of those {files} files,"
+    return f"{whose} {episodes[:10].tolist()}{' ...' if episodes.size > 10 else ''}"
 
 
 def _check_episode_files(

@@ -632,6 +632,25 @@ def test_a_data_file_cut_short_says_which_episodes_to_leave_out(ds: Path) -> Non
     assert sum(len(batch["index"]) for batch in _first_pass(ds, episodes=[2, 3])) == 40
 
 
+def test_data_files_cut_short_name_the_episodes_of_every_such_file(make_ds, copy_ds) -> None:
+    """With two files cut short it named the episodes of the first only: left out as told, the open failed again."""
+    root = copy_ds(make_ds(**{**SPEC, "episodes": 6}, size=(64, 96)))  # (episodes 0-1, 2-3 and 4-5 a file each)
+    for file in (0, 1):
+        path = root / f"data/chunk-000/file-00{file}.parquet"
+        table = pq.read_table(path)
+        pq.write_table(table.slice(0, len(table) - 5), path)
+    advice = (
+        MISCOUNTED + r"leave out the episodes of those 2 files, \[0, 1, 2, 3\] \(episodes=\[\.\.\.\] of the others\)"
+    )
+    with pytest.raises(
+        EpisodeMetadataError, match=r"episode 1 has length 20 there but 15 rows in .*file-000.*" + advice
+    ):
+        open_dataset(root)
+    with pytest.raises(EpisodeMetadataError, match=r"yet every episode to read is where it says: .*" + advice):
+        open_dataset(root, episodes=[0, 2, 4])
+    assert sum(len(batch["index"]) for batch in _first_pass(root, episodes=[4, 5])) == 40  # (as told)
+
+
 @pytest.mark.parametrize("checked_at_open", [True, False])
 def test_a_v2_data_file_cut_short_says_to_leave_its_episode_out(make_ds, copy_ds, monkeypatch, checked_at_open) -> None:
     """It said to 'rebuild the episode metadata from the data files' (no tool does), or, past the files checked at
