@@ -198,8 +198,9 @@ def build_packet_index(source: VideoSource, *, filesystem: Any | None = None) ->
     whose tables disagree with the demuxer, are demuxed packet by packet (the reason is logged at DEBUG).
 
     ``keyframe`` holds the random-access points among the packets the container flags: an H.264 or HEVC packet
-    whose first slice is a P or B picture (x264's intra refresh flags those) is not one
-    (:mod:`~lerobot_dali.random_access`; one read of a packet's first bytes more for most files).
+    whose first slice is a P or B picture (x264's intra refresh flags those), or an H.264 I picture that is neither
+    an IDR nor a recovery point, is not one (:mod:`~lerobot_dali.random_access`; one read of a packet's first bytes
+    more for most files).
 
     Raises MissingDataFileError (no such file), VideoDecodeError (unreadable, truncated, no video stream,
     no packets) and CodecUnsupportedError (a codec this FFmpeg build does not know), each naming the file.
@@ -578,7 +579,8 @@ def _random_access_keyframes(
     for row in keys:
         kept[row] = random_access(row)
     logger.debug(
-        "%s: %d of %d flagged keyframes are no random-access point (intra refresh); decoding starts at the others.",
+        "%s: %d of %d flagged keyframes are no random-access point (intra refresh, or I-frames without a recovery "
+        "point); decoding starts at the others.",
         label,
         len(keys) - int(kept.sum()),
         len(keys),

@@ -3,10 +3,12 @@
 A container's keyframe flags (MP4 ``stss``) are the muxer's word, and for H.264 that word can be wrong: x264's
 intra refresh (``intra-refresh=1``) flags the P-frame that starts each refresh cycle (a recovery point) a sync
 sample. Decoding that starts there shows frames predicted from pictures the decoder never had, with no error.
-The first VCL NAL unit of the packet tells: an H.264 IDR picture (type 5) or a non-IDR slice that is intra
-(``slice_type`` I or SI: x264's open-GOP keyframes, whose recovery point SEI makes them random-access points) is
-one; a P or B slice is not. An HEVC packet is one when its first VCL NAL unit is an IRAP picture (BLA, IDR, CRA:
-types 16-21); x265's intra refresh writes no such flag, but another muxer might.
+The first VCL NAL unit of the packet tells: an H.264 IDR picture (type 5) is one, and so is a non-IDR slice that is
+intra (``slice_type`` I or SI) after a recovery point SEI that recovers there (``recovery_frame_cnt`` 0: x264's
+open-GOP keyframes); a P or B slice is not, nor an I slice without such a recovery point: FFmpeg's decoder, reset
+there, withholds the frames it cannot prove recovered (2 of the 3 after a scene cut's), and its demuxer does not flag
+it. An HEVC packet is one when its first VCL NAL unit is an IRAP picture (BLA, IDR, CRA: types 16-21); x265's intra
+refresh writes no such flag, but another muxer might.
 
 Only length-prefixed NAL units (MP4/MKV ``avcC``/``hvcC`` extradata) are read; Annex B streams (start codes) and
 other codecs keep their flags (:func:`nal_layout` returns None).
@@ -29,6 +31,8 @@ _H264_VCL = frozenset({1, 2, 3, 4, 5})
 _H264_IDR = 5
 _H264_SLICE = frozenset({1, 2})  # (a non-IDR slice, or data partition A: both start with the slice header)
 _H264_INTRA_SLICE_TYPES = frozenset({2, 4})  # (slice_type % 5: I, SI)
+_H264_SEI = 6
+_H264_RECOVERY_POINT = 6  # (the SEI payloadType)
 _HEVC_IRAP = range(16, 22)  # (BLA_W_LP .. CRA_NUT)
 _HEVC_FIRST_NON_VCL = 32
 
@@ -57,11 +61,12 @@ def nal_layout(codec: str, extradata: bytes | None) -> NalLayout | None:
 
 
 def is_random_access(layout: NalLayout, read: ReadBytes, size_bytes: int) -> bool | None:
-    """Whether the packet of ``size_bytes`` bytes is a random-access point, judged by its first VCL NAL unit; None
-    when it holds none or its NAL units do not parse (a damaged packet: not this function's to judge).
+    """Whether the packet of ``size_bytes`` bytes is a random-access point, judged by its first VCL NAL unit (and an
+    H.264 I slice by the SEI units before it); None when it holds none or its NAL units do not parse (a damaged
+    packet: not this function's to judge).
 
     Reads :data:`HEAD_BYTES` at a time through ``read``: one read for most packets, one more per NAL unit before the
-    slice that does not fit.
+    slice that does not fit (and per SEI unit of an I slice that does not).
     """
     buffer, buffer_start = b"", 0
 
@@ -73,6 +78,7 @@ def is_random_access(layout: NalLayout, read: ReadBytes, size_bytes: int) -> boo
 
     prefix = layout.length_size
     position = 0
+    seis: list[tuple[int, int]] = []  # (the payload's offset and size of each SEI unit before the first slice)
     while position + prefix < size_bytes:
         head = take(position, prefix + 2)
         if len(head) < prefix + 2:
@@ -91,11 +97,39 @@ def is_random_access(layout: NalLayout, read: ReadBytes, size_bytes: int) -> boo
             if unit_type in _H264_SLICE:
                 header = take(position + prefix + 1, min(unit_size - 1, _SLICE_HEADER_BYTES))
                 slice_type = _h264_slice_type(header)
-                return None if slice_type is None else slice_type % 5 in _H264_INTRA_SLICE_TYPES
+                if slice_type is None:
+                    return None
+                if slice_type % 5 not in _H264_INTRA_SLICE_TYPES:
+                    return False
+                return any(_recovers_here(take(offset, size)) for offset, size in seis)  # (read only for I slices)
             if unit_type in _H264_VCL:  # (partition B or C first: no slice header to read)
                 return None
+            if unit_type == _H264_SEI:
+                seis.append((position + prefix + 1, unit_size - 1))
         position += prefix + unit_size
     return None
+
+
+def _recovers_here(payload: bytes) -> bool:
+    """Whether an H.264 SEI unit's payload (after its NAL header) holds a recovery point message whose
+    ``recovery_frame_cnt`` is 0: the picture it precedes, and every one after it in output order, decode right."""
+    data = _unescape(payload)
+    position = 0
+    while position < len(data) and data[position] != 0x80:  # (0x80: the trailing bits)
+        values = []
+        for _ in range(2):  # payloadType, then payloadSize: a run of 0xFF bytes adding 255 each, then the last byte
+            value = 0
+            while position < len(data) and data[position] == 0xFF:
+                value, position = value + 255, position + 1
+            if position >= len(data):
+                return False
+            values.append(value + data[position])
+            position += 1
+        message_type, message_size = values
+        if message_type == _H264_RECOVERY_POINT:
+            return _BitReader(data[position : position + message_size]).exp_golomb() == 0
+        position += message_size
+    return False
 
 
 def _h264_slice_type(header: bytes) -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import av
 import numpy as np
 import pytest
 
@@ -16,6 +17,7 @@ from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.packet_index import build_packet_index
 from lerobot_dali.random_access import NalLayout, is_random_access, nal_layout
 from tests.test_clips import _decode_clip, _encode_open_gop
+from tests.test_packet_file_reader import _encode_scene_cut_open_gop
 from tests.test_packet_index_remote import CountingReader, demux_index, index_source  # noqa: F401 (a fixture)
 from tests.video_fixtures import MarkerVideo, encode_intra_refresh, flagged_keyframes, reference_frames
 
@@ -144,6 +146,10 @@ def test_an_intra_refresh_file_costs_a_read_per_keyframe(
     assert calls - unchecked_calls == 4  # (keyframe 0 is among the packets read already)
 
 
+#: x264's recovery point SEI of an open-GOP keyframe: recovery_frame_cnt 0, exact_match_flag 1.
+_RECOVERY = b"\x06\x06\x01\xc4\x80"
+
+
 def _avcc(*units: bytes) -> bytes:
     return b"".join(len(unit).to_bytes(4, "big") + unit for unit in units)
 
@@ -154,11 +160,14 @@ def _avcc(*units: bytes) -> bytes:
         ((b"\x06\x05\x01\x80", b"\x65\x88"), True),  # SEI, then an IDR slice
         ((b"\x41\xc0",), False),  # first_mb_in_slice 0 (1), slice_type 0 (1): P
         ((b"\x41\x98",), False),  # slice_type 5 (00110): P, as every slice of the picture
-        ((b"\x41\xb8",), True),  # slice_type 2 (011): I
-        ((b"\x41\x88",), True),  # slice_type 7 (0001000): I
-        ((b"\x41\x00\x00\x03\x01\xff\xff\xfe\xc0",), True),  # first_mb_in_slice 2^24 - 2 across an emulation byte
+        ((_RECOVERY, b"\x41\xb8"), True),  # a recovery point, then slice_type 2 (011): I
+        ((_RECOVERY, b"\x41\x88"), True),  # slice_type 7 (0001000): I
+        ((b"\x41\xb8",), False),  # an I slice that no IDR or recovery point makes a random-access point
+        ((b"\x06\x06\x01\x51\x80", b"\x41\xb8"), False),  # a recovery point 1 frame on (recovery_frame_cnt 1)
+        ((b"\x06\x05\x03\x00\x00\x03\x01\x06\x01\xc4\x80", b"\x41\xb8"), True),  # user data, then a recovery point
+        ((_RECOVERY, b"\x41\x00\x00\x03\x01\xff\xff\xfe\xc0"), True),  # first_mb_in_slice 2^24 - 2 (emulation byte)
         ((b"\x41\x00\x00\x03\x01\x9e",), None),  # the bits end within first_mb_in_slice
-        ((b"\x09\x10", b"\x41\xb8"), True),  # an access unit delimiter, then an I slice
+        ((b"\x09\x10", _RECOVERY, b"\x41\xb8"), True),  # an access unit delimiter, a recovery point, an I slice
         ((b"\x06\x05",), None),  # no slice at all
     ],
 )
@@ -218,3 +227,49 @@ def test_a_scene_cut_idr_second_does_not_hide_the_flagged_p_frames(tmp_path: Pat
             np.testing.assert_array_equal(decoder.decode(path, index, np.array([frame]))[0], want[frame])
     finally:
         decoder.close()
+
+
+def _without_sei(source: Path, out: Path) -> Path:
+    """``source``'s H.264 packets stream-copied into the MP4 ``out`` without their SEI units: its open-GOP I-frames
+    keep their sync-sample flags, no longer the recovery points that make them random-access points."""
+    with av.open(str(source)) as given, av.open(str(out), "w", format="mp4") as output:
+        stream = output.add_stream_from_template(template=given.streams.video[0], opaque=True)
+        stream.time_base = given.streams.video[0].time_base
+        for packet in given.demux(given.streams.video[0]):
+            if packet.size == 0:
+                continue
+            data, units = bytes(packet), []
+            while data:
+                size = 4 + int.from_bytes(data[:4], "big")
+                if data[4] & 0x1F != 6:
+                    units.append(data[:size])
+                data = data[size:]
+            copy = av.Packet(b"".join(units))
+            copy.pts, copy.dts, copy.time_base = packet.pts, packet.dts, packet.time_base
+            copy.is_keyframe, copy.stream = packet.is_keyframe, stream
+            output.mux(copy)
+    return out
+
+
+def test_an_i_frame_without_a_recovery_point_is_no_keyframe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sync sample that is a non-IDR I-frame without a recovery point SEI: FFmpeg's decoder, reset there, withholds
+    the frames it cannot prove recovered (2 of the next 3 here), so the CPU decoder refused a sound file as corrupt (132
+    of 1,200 random requests of such a file): only IDRs and recovery points are keyframes now, and every frame is the
+    file's."""
+    open_gop = tmp_path / "scene_cuts.mp4"
+    _encode_scene_cut_open_gop(open_gop)
+    path = _without_sei(open_gop, tmp_path / "no_sei.mp4")
+    with monkeypatch.context() as patch:
+        patch.setattr(packet_index, "nal_layout", lambda codec, extradata: None)
+        assert build_packet_index(path).keyframe_positions.tolist() == [0, 30, 60]  # (flagged: else tests nothing)
+    index = build_packet_index(path)
+    reference = reference_frames(path)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    try:
+        for frames in ([31], [32, 33], [61, 62, 89], [29, 30, 31]):
+            want = [reference[int(pts)] for pts in index.pts_of_frames(frames)]
+            np.testing.assert_array_equal(decoder.decode(path, index, np.array(frames)), np.stack(want))
+    finally:
+        decoder.close()
+    assert index.keyframe_positions.tolist() == [0]
+    assert build_packet_index(open_gop).keyframe_positions.tolist() == [0, 30, 60]  # (with their recovery points)
