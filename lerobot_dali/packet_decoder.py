@@ -34,13 +34,12 @@ class PacketDecoder:
     decoder (up to 50 KB HEVC or AV1), for nothing."""
 
     def __init__(self, index: PacketIndex, *, threads: int) -> None:
-        self.label = index.source_name
         require_pyav_decoder(index)
         try:
             with av.open(io.BytesIO(index.template), "r") as container:
                 self.codec = container.streams.video[0].codec_context
         except (av.error.FFmpegError, OSError) as e:
-            raise VideoDecodeError(f"{self.label}: the stream template does not open ({e}).") from e
+            raise VideoDecodeError(f"{index.source_name}: the stream template does not open ({e}).") from e
         self.codec.thread_count = threads
         self.codec.thread_type = "AUTO"
 
@@ -54,6 +53,9 @@ class PacketDecoder:
         kept (+6 MB per open 640x480 decoder after an 18-frame clip). A run's packets are fed until every frame from
         its keyframe to its last wanted one is out, the packets ahead of them left unfed (:func:`~.clips.plan_clip`'s
         ``lookahead``), and decoding stops once every run's are."""
+        # Errors name this request's file, not the one the decoder was opened for: files of one stream template (a
+        # simulator's episodes may all start alike) share a kept decoder.
+        label = index.source_name
         if len(payloads) != plan.frame_count:
             raise ValueError(f"decode_packets got {len(payloads)} payloads for a plan of {plan.frame_count} packets.")
         # Display rank as pts: the decoder hands frames back in display order, and the pts proves which is which.
@@ -79,16 +81,16 @@ class PacketDecoder:
                 rank = frame.pts
                 known = rank is not None and 0 <= rank < len(clip_seconds)
                 if is_damaged(frame, index):
-                    raise damaged_frame_error(self.label, frame, index, float(clip_seconds[rank]) if known else None)
+                    raise damaged_frame_error(label, frame, index, float(clip_seconds[rank]) if known else None)
                 if rank is None:
                     continue
                 if last is not None and rank <= last:
                     shown = f"pts {clip_seconds[rank]:.6f} s after {clip_seconds[last]:.6f} s"  # (as a file reader)
-                    raise out_of_order_error(self.label, shown)
+                    raise out_of_order_error(label, shown)
                 last = rank
                 if rank in keys:
                     keys.discard(rank)
-                    check_random_access(self.label, frame, rank, float(clip_seconds[rank]))
+                    check_random_access(label, frame, rank, float(clip_seconds[rank]))
                 if rank in pending:
                     found[rank] = convert(frame)
                     pending.discard(rank)
@@ -98,15 +100,15 @@ class PacketDecoder:
                     break
         except (av.error.FFmpegError, OSError) as e:
             raise VideoDecodeError(  # (as a file reader says it: a local MP4 is decoded here)
-                f"{self.label}: decoding failed ({e}; {len(payloads)} packets); the file is corrupt or truncated: "
+                f"{label}: decoding failed ({e}; {len(payloads)} packets); the file is corrupt or truncated: "
                 f"{DAMAGED_VIDEO_ADVICE}"
             ) from e
         for rank in sorted(keys):  # a keyframe never shown
-            check_random_access(self.label, None, rank, float(clip_seconds[rank]))
+            check_random_access(label, None, rank, float(clip_seconds[rank]))
         if pending:
             wanted = len(pending) + len(found)
             raise VideoDecodeError(
-                f"{self.label}: {len(pending)} of {wanted} requested frames did not come out of the decoder "
+                f"{label}: {len(pending)} of {wanted} requested frames did not come out of the decoder "
                 f"(from {len(payloads)} packets); the file is corrupt or truncated: {DAMAGED_VIDEO_ADVICE}"
             )
         return found

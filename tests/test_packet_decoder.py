@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import gc
+import re
+import shutil
+from pathlib import Path
 
 import av
 import numpy as np
 import pytest
 
 from lerobot_dali.clips import plan_clip, read_packet_payloads
+from lerobot_dali.cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
+from lerobot_dali.errors import VideoDecodeError
 from lerobot_dali.packet_decoder import PacketDecoder
 from lerobot_dali.packet_index import build_packet_index
+from tests.test_corrupt_frames import _damage_keyframe
 from tests.video_fixtures import MarkerVideo, reference_frames
 
 
@@ -59,3 +65,29 @@ def test_packet_decoder_keeps_no_template_container(marker_video: MarkerVideo, c
     for frame, expected in zip((found[rank] for rank in sorted(found)), sorted(reference.items()), strict=True):
         np.testing.assert_array_equal(frame, expected[1])
     decoder.close()
+
+
+def test_a_decoder_shared_by_files_of_one_template_names_the_file_decoded(
+    marker_video: MarkerVideo, tmp_path: Path
+) -> None:
+    """Files whose stream template is the same (codec parameters and first keyframe: a simulator's episodes may all
+    start alike) share one kept decoder, and its errors named the file it was opened for: the damaged file's fault was
+    told of the sound one, which a user would download again for nothing."""
+    sound = marker_video("h264", 30)
+    damaged = tmp_path / "damaged.mp4"
+    shutil.copy(sound, damaged)
+    _damage_keyframe(damaged, build_packet_index(sound), 30)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    try:
+        for path in (sound, damaged):
+            index = build_packet_index(path)
+            assert index.template == build_packet_index(sound).template  # (else this tests nothing)
+            plan = plan_clip(index, [31])
+            payloads = read_packet_payloads(path, index, plan)
+            if path == sound:
+                decoder.decode_packets(index, plan, payloads)
+                continue
+            with pytest.raises(VideoDecodeError, match=rf"^{re.escape(str(damaged))}: the decoder flagged the frame"):
+                decoder.decode_packets(index, plan, payloads)
+    finally:
+        decoder.close()
