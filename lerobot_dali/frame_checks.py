@@ -60,9 +60,13 @@ def out_of_order_error(label: str, which: str) -> VideoDecodeError:
     )
 
 
-def check_random_access(label: str, frame: av.VideoFrame | None, key_pts: int, seconds: float) -> None:
+def check_random_access(
+    label: str, frame: av.VideoFrame | None, key_pts: int, seconds: float, *, flagged: bool = True
+) -> None:
     """Raise unless ``frame``, the first shown at or after the keyframe at ``key_pts`` (shown at ``seconds``) that
-    decoding started from, is that keyframe's own intra-coded picture.
+    decoding started from, is that keyframe's own intra-coded picture. ``flagged``: whether the file flags it a
+    keyframe; else it is the file's first packet, where decoding starts as no keyframe comes before (a file cut
+    mid-GOP), and the error says so.
 
     A file may flag pictures that are no random-access point as keyframes: x264's intra refresh marks the P-frame
     that starts each refresh cycle (an H.264 recovery point) a sync sample. The packet index drops those flags
@@ -74,6 +78,12 @@ def check_random_access(label: str, frame: av.VideoFrame | None, key_pts: int, s
     if frame is not None and frame.pts == key_pts and frame.pict_type == PictureType.I:
         return
     shown = "is not shown" if frame is None or frame.pts != key_pts else "is not an intra picture"
+    if not flagged:
+        raise VideoDecodeError(
+            f"{label}: the file's first packet (pts {seconds:.6f} s) is no keyframe and {shown} when decoding starts "
+            "there: the file starts mid-GOP (cut from a longer video), so its frames before its first keyframe cannot "
+            "be decoded. Leave those frames out, or restore the file's start from its source."
+        )
     raise VideoDecodeError(
         f"{label}: the keyframe at pts {seconds:.6f} s {shown} when "
         "decoding starts there: the file flags a picture that is no random-access point as a keyframe (an H.264 "

@@ -64,6 +64,8 @@ class PacketDecoder:
         # Each run's keyframe (decoded after the previous run's pictures) must show first, intra-coded.
         firsts = np.searchsorted(plan.packet_positions, [start for start, _ in plan.segments])
         keys = {int(ranks[first]) for first in firsts.tolist()}
+        # (The file's first packet starts a run unflagged where it is no keyframe: a file cut mid-GOP.)
+        flagged = {int(ranks[first]): bool(index.keyframe[plan.packet_positions[first]]) for first in firsts.tolist()}
         pending = set(np.unique(plan.relative_indices).tolist())
         # Per run (payloads [bounds[i], bounds[i + 1])), the ranks it still owes: its keyframe, its wanted frames and
         # every frame shown between.
@@ -90,7 +92,7 @@ class PacketDecoder:
                 last = rank
                 if rank in keys:
                     keys.discard(rank)
-                    check_random_access(label, frame, rank, float(clip_seconds[rank]))
+                    check_random_access(label, frame, rank, float(clip_seconds[rank]), flagged=flagged[rank])
                 if rank in pending:
                     found[rank] = convert(frame)
                     pending.discard(rank)
@@ -104,7 +106,7 @@ class PacketDecoder:
                 f"{DAMAGED_VIDEO_ADVICE}"
             ) from e
         for rank in sorted(keys):  # a keyframe never shown
-            check_random_access(label, None, rank, float(clip_seconds[rank]))
+            check_random_access(label, None, rank, float(clip_seconds[rank]), flagged=flagged[rank])
         if pending:
             wanted = len(pending) + len(found)
             raise VideoDecodeError(

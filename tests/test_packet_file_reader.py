@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -167,3 +168,34 @@ def test_runs_after_a_non_idr_keyframe_come_out_in_order(tmp_path: Path) -> None
         for pts, image in found.items():
             np.testing.assert_array_equal(image, reference[pts])
     reader.close()
+
+
+def test_a_file_cut_mid_gop_says_its_first_packet_is_no_keyframe(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    """A file whose first packet is no keyframe (stream-copied from mid-GOP) shows nothing before its first keyframe,
+    and the error said the file flags a picture that is no random-access point as a keyframe (intra refresh), which it
+    does not (286 of 900 random requests of three such files): it says the file starts mid-GOP. Frames from its first
+    keyframe on are the file's."""
+    source = marker_video("h264", 30)
+    path = tmp_path / "cut.mp4"
+    with av.open(str(source)) as given, av.open(str(path), "w", format="mp4") as output:
+        stream = output.add_stream_from_template(template=given.streams.video[0], opaque=True)
+        stream.time_base = given.streams.video[0].time_base
+        for packet in [packet for packet in given.demux(given.streams.video[0]) if packet.size][5:]:
+            packet.stream = stream
+            output.mux(packet)
+    index = build_packet_index(path)
+    assert not index.keyframe[0] and index.keyframe_positions.tolist()[:2] == [0, 25]  # (else this tests nothing)
+    reader = PacketFileReader(str(path), index, threads=1, label="cut.mp4")
+    convert = frame_conversion("rgb", None)
+    first_packet = rf"^{re.escape(str(path))}: the file's first packet \(pts 0\.133[0-9]* s\) is no keyframe"
+    try:
+        for frames in ([3], [20, 40]):
+            with pytest.raises(VideoDecodeError, match=first_packet):
+                reader.frames_at(index, np.array(frames), convert)
+        later = index.display_rank[25] + np.array([0, 1, 7])
+        found = reader.frames_at(index, later, convert)
+        reference = reference_frames(path)
+        for pts in index.pts_of_frames(later).tolist():
+            np.testing.assert_array_equal(found[pts], reference[pts])
+    finally:
+        reader.close()
