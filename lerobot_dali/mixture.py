@@ -14,6 +14,7 @@ and where it stands at the start of mixture epoch ``e`` is a pure function of ``
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 import math
@@ -213,6 +214,7 @@ class DALILeRobotMixture:
         self._check_parts_fill_batches()
         self._schedules = {i: self._schedule(i) for i in range(len(readers)) if i != self.anchor}
         self._pass_id = 0
+        self._reading: list[dict[str, Any]] | None = None  # the datasets' states before the batch being read
         self._dataset_index = torch.repeat_interleave(torch.arange(len(readers)), torch.tensor(self.batch_shares))
         say_once(logger, logging.INFO,
             "mixture of %d datasets, per batch of %d: %s; its epoch is one of %s (%d batches); worker processes %s",
@@ -259,10 +261,13 @@ class DALILeRobotMixture:
         self.datasets[self.anchor].set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """Each dataset's stream state, and the shares and anchor they were taken at."""
+        """Each dataset's stream state, and the shares and anchor they were taken at. Taken while a batch is being
+        read (a signal handler's checkpoint on the reading thread, or another thread's), the states before it: its
+        parts are counted one after another, and a state with some counted resumed to repeat the others."""
+        reading = self._reading
         return {
             "mixture": {"batch_shares": list(self.batch_shares), "anchor": self.anchor},
-            "datasets": [part.state_dict() for part in self.datasets],
+            "datasets": copy.deepcopy(reading) if reading is not None else [p.state_dict() for p in self.datasets],
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -332,6 +337,7 @@ class DALILeRobotMixture:
                     "a newer pass (a second iter() of the mixture) replaced this one; iterate the newest"
                 )
             before = [part.state_dict() for part in self.datasets]
+            self._reading = before
             try:
                 anchor = next(passes[self.anchor], None)
                 if anchor is None:  # the mixture's epoch is over
@@ -341,6 +347,8 @@ class DALILeRobotMixture:
             except BaseException:
                 self._restore(before)  # a part taken while another failed is not lost: the next pass reads it
                 raise
+            finally:  # (no call between this and the yield, so no signal's handler runs there)
+                self._reading = None
             yield batch
 
     def _next_part(self, i: int, passes: list[Iterator[dict[str, Any]]]) -> dict[str, Any]:
