@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["cached_property", "condition", "lock", "rlock"]
+__all__ = ["cached_property", "condition", "held_here", "lock", "rlock"]
 
 T = TypeVar("T")
 
@@ -71,14 +71,15 @@ def _kept(made: Any) -> Any:
 def _free_in_child() -> None:
     _guard._at_fork_reinit()  # type: ignore[attr-defined]
     for made in list(_made):
-        if not _owned_here(made):
+        if not held_here(made):
             made._at_fork_reinit()  # (a Condition's also forgets its waiters)
         elif isinstance(made, threading.Condition):  # (its waiters are the parent's threads)
             made._waiters.clear()  # type: ignore[attr-defined]
 
 
-def _owned_here(made: Any) -> bool:
-    """Whether ``made`` is an RLock the forking thread holds (the child's only thread is that thread, same ident)."""
+def held_here(made: Any) -> bool:
+    """Whether ``made`` is an RLock (or a Condition over one) this thread holds: in a forked child, whether the forking
+    thread held it (the child's only thread is that thread, same ident)."""
     is_owned = getattr(made, "_is_owned", None)
     return is_owned is not None and bool(is_owned())
 

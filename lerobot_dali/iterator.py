@@ -15,7 +15,6 @@ import hashlib
 import logging
 import os
 import sys
-import threading
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -268,8 +267,7 @@ class DALILeRobotIterator:
         # Of the latest iter(): only that pass reads, as a DataLoader's newest iterator does. Every pipeline is
         # built by an iter(), so a pass that reads only while its id is the latest reads only its own pipeline.
         self._pass_id = 0
-        self._in_next: int | None = None  # the thread inside DALI's next(), if any
-        self._close_deferred = False  # close() was called by a signal handler on that thread
+        self._close_deferred = False  # close() was called by a signal handler on a thread holding that lock
         self._pass_start: int | None = None  # samples_consumed when the pass in progress began
         self._pipeline_next: tuple[int, int] | None = None  # (epoch, sample) the pipeline's next batch starts at
         # Its checks' data files: batches read through the source's copy of the reader, and one left open here made
@@ -388,13 +386,17 @@ class DALILeRobotIterator:
         self._refuse_if_forked()
         while True:
             park_if_exiting()  # (a daemon thread starting a pass after the exit handler closed the iterator)
-            with self._next_lock:  # a close() from another thread meanwhile waits, then closes what was built
-                if must_park():  # (the exit handler's close() held the lock: built now, nothing would close it)
-                    continue
-                self._ensure_pipeline()
-                self._pass_id += 1  # an older pass's generator, if still held, now raises instead of sharing batches
-                self._pass_start = self._stream.samples_consumed
-                return self._epoch_batches(self._pass_id)
+            try:
+                with self._next_lock:  # a close() from another thread meanwhile waits, then closes what was built
+                    if must_park():  # (the exit handler's close() held the lock: built now, nothing would close it)
+                        continue
+                    self._ensure_pipeline()
+                    self._pass_id += 1  # an older pass's generator, if still held, now raises instead of sharing
+                    self._pass_start = self._stream.samples_consumed
+                    batches = self._epoch_batches(self._pass_id)
+            finally:  # (a signal handler's close() during the build: closed here, the pass raises IteratorClosedError)
+                self._close_if_deferred()
+            return batches
 
     def _ensure_pipeline(self) -> None:
         # The running pipeline serves the stream if it stands where the stream does: right after the last
@@ -512,8 +514,11 @@ class DALILeRobotIterator:
                     self._stream.advance(len(batch["index"]))
                     self._pipeline_next = (epoch, taken)
                 except BaseException:  # Ctrl-C before the stream counted the batch DALI handed out: rebuild
-                    with self._next_lock:
-                        self._close_pipeline()
+                    try:
+                        with self._next_lock:
+                            self._close_pipeline()
+                    finally:
+                        self._close_if_deferred()
                     raise
                 yield batch
         finally:  # the pass is over: finished, failed, or left by the loop (the generator is closed)
@@ -528,6 +533,14 @@ class DALILeRobotIterator:
         except IteratorClosedError:
             park_if_exiting()  # (closed by the exit handler: a daemon thread waits to be stopped, silent)
             raise
+        finally:  # (a signal handler's close() while the pass held the pipeline: closed now that it is let go)
+            self._close_if_deferred()
+
+    def _close_if_deferred(self) -> None:
+        """Close now where a close() on this thread (a signal handler's) landed while a frame below held the pass's
+        lock (building the pipeline, inside DALI's next()) and was left to it, once none holds it."""
+        if self._close_deferred and not fork_locks.held_here(self._next_lock):
+            self.close()
 
     def _next_batch(self, pass_id: int) -> dict[str, Any] | None:
         """The next batch of pass ``pass_id``, or None at the end of the epoch; any failure closes the pipeline.
@@ -543,7 +556,6 @@ class DALILeRobotIterator:
             # lock is let go) carried the pass on one batch past the stream, that batch never seen. The next pass
             # rebuilds it at the stream's position instead.
             self._pipeline_next = None
-            self._in_next = threading.get_ident()
             try:
                 return self._to_batch(next(dali_iter)[0])
             except StopIteration:
@@ -570,10 +582,6 @@ class DALILeRobotIterator:
                 if error is e:
                     raise
                 raise error from e
-            finally:
-                self._in_next = None
-                if self._close_deferred:  # close() ran in a signal handler inside next(): close now
-                    self.close()
 
     def _refuse_if_forked(self) -> None:
         if os.getpid() != self._pid:
@@ -708,9 +716,10 @@ class DALILeRobotIterator:
         if getattr(self, "_pid", None) != os.getpid():
             return
         lock = getattr(self, "_next_lock", None)
-        if lock is not None and getattr(self, "_in_next", None) == threading.get_ident():
-            # A signal handler on the thread inside DALI's next(): closing the workers here waits for a
-            # condition that thread holds (a hang); the pass closes everything when next() returns.
+        if lock is not None and fork_locks.held_here(lock):
+            # A signal handler on the thread of a pass that holds the pipeline: inside DALI's next(), closing the
+            # workers waits for a condition that thread holds (a hang); building it, the build went on to hand a
+            # working pass out, its workers running, after this close(). The pass closes everything as it lets go.
             self._dali_iter = None
             self._close_deferred = True
             return
@@ -726,7 +735,6 @@ class DALILeRobotIterator:
                 )
                 return
         try:
-            self._close_deferred = False
             self._close_pipeline()
         finally:
             try:
@@ -735,6 +743,7 @@ class DALILeRobotIterator:
                     prefetcher.close()
                     self._prefetcher = None
             finally:
+                self._close_deferred = False  # (a signal handler's close() during this one: done by this one)
                 if lock is not None:
                     lock.release()
 

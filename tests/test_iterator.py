@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import inspect
 import logging
+import multiprocessing
 import os
 import re
 import sys
@@ -1270,6 +1271,38 @@ def test_close_from_another_thread_as_the_pass_tells_the_prefetcher_ends_it_with
     assert len(closes) == 1 and it._prefetcher is None
     for batch in it:
         seen += [int(i) for i in batch["index"]]
+    it.close()
+    assert seen == reference
+
+
+@pytest.mark.parametrize(("where", "num_workers"), [("build_pipeline", 0), ("DALIGenericIterator", 1)])
+def test_a_handlers_close_while_a_pass_builds_its_pipeline_closes_it(make_ds, monkeypatch, where, num_workers) -> None:
+    """A signal handler's close() on the thread building a pass's pipeline (iter(): a loop's next epoch, a mixture
+    part's) took the pass's lock again (an RLock) and closed nothing yet built: the build went on, and the pass read on
+    with its pipeline and workers running after close() (close() at each line of iter(): 159 of 160 points without
+    workers; 25 of 25 sampled with 2, each leaving both running). The pass now closes what it built and raises
+    IteratorClosedError, and the next carries on at the same sample."""
+    from nvidia.dali.plugin import pytorch as dali_pytorch
+
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=num_workers, drop_last=False)
+    reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
+    it = DALILeRobotIterator(root, **kwargs)
+    module = iterator_module if where == "build_pipeline" else dali_pytorch
+    original = getattr(module, where)
+
+    def handler_closes_meanwhile(*args, **kwargs):
+        made = original(*args, **kwargs)  # (DALIGenericIterator: built after the workers started)
+        it.close()
+        return made
+
+    monkeypatch.setattr(module, where, handler_closes_meanwhile)
+    batches = iter(it)
+    assert it._pipeline is None and multiprocessing.active_children() == []
+    with pytest.raises(IteratorClosedError, match="when the iterator was closed"):
+        next(batches)
+    monkeypatch.setattr(module, where, original)
+    seen = [int(i) for b in it for i in b["index"]]
     it.close()
     assert seen == reference
 
