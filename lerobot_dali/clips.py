@@ -251,8 +251,11 @@ def packets_from_keyframe(container: Any, stream: Any, index: PacketIndex, start
     unfinished, and each leaked the demuxer's packet buffer: ~300 bytes per seek, 34 KB per batch in a worker.
     """
     key_dts, key_pts = int(index.dts[start]), int(index.pts[start])
+    # The file's first packet, where it is no keyframe (a file cut mid-GOP), has no keyframe at or before it to seek to
+    # (FFmpeg's MP4 seek failed with EPERM, said as a corrupt file): any packet is sought there.
+    any_frame = not bool(index.keyframe[start])
     for target in (key_pts, int(index.dts[0])):
-        container.seek(target, stream=stream, backward=True, any_frame=False)
+        container.seek(target, stream=stream, backward=True, any_frame=any_frame)
         with contextlib.closing(container.demux(stream)) as packets:
             for packet in packets:
                 if packet.size == 0:

@@ -67,7 +67,7 @@ class PyAvReader:
                 segment_pts = {int(p) for p in index.pts[start:stop]} & wanted
                 packets = packets_from_keyframe(self.container, self.stream, index, start)
                 self.stream.codec_context.flush_buffers()
-                self._decode_until(packets, segment_pts, found, convert, index, int(index.pts[start]))
+                self._decode_until(packets, segment_pts, found, convert, index, start)
         except (av.error.FFmpegError, OSError) as e:
             raise VideoDecodeError(
                 f"{self.label}: decoding failed ({e}); the file is corrupt or truncated: {DAMAGED_VIDEO_ADVICE}"
@@ -88,11 +88,12 @@ class PyAvReader:
         found: dict[int, Any],
         convert: Callable[[av.VideoFrame], Any],
         index: PacketIndex,
-        key_pts: int,
+        start: int,
     ) -> None:
-        """Decode ``packets`` (from the keyframe at ``key_pts`` on, the decoder just reset) until every pts in
-        ``pending`` is in ``found``; the keyframe's own picture must show first, intra-coded
-        (:func:`~.frame_checks.check_random_access`)."""
+        """Decode ``packets`` (from the keyframe at decode position ``start`` on, the decoder just reset) until every
+        pts in ``pending`` is in ``found``; the keyframe's own picture must show first, intra-coded
+        (:func:`~.frame_checks.check_random_access`; the file's first packet may be no keyframe: a file cut mid-GOP)."""
+        key_pts, flagged = int(index.pts[start]), bool(index.keyframe[start])
         pending = pending - found.keys()
         last: tuple[int, float] | None = None  # (pts, seconds) of the last frame shown
         key_checked, key_discarded = False, False
@@ -105,7 +106,8 @@ class PyAvReader:
                 if not key_checked and frame.pts is not None and frame.pts >= key_pts:
                     key_checked = True
                     if frame.pts == key_pts or not key_discarded:
-                        check_random_access(self.label, frame, key_pts, float(key_pts * index.time_base))
+                        seconds = float(key_pts * index.time_base)
+                        check_random_access(self.label, frame, key_pts, seconds, flagged=flagged)
                 if frame.pts is not None:
                     if last is not None and frame.pts <= last[0]:
                         raise out_of_order_error(self.label, f"pts {frame.time:.6f} s after {last[1]:.6f} s")

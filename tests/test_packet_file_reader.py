@@ -6,17 +6,20 @@ import contextlib
 import os
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import av
 import numpy as np
 import pytest
 
+from lerobot_dali.clips import plan_clip, read_packet_payloads
 from lerobot_dali.cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
 from lerobot_dali.errors import VideoDecodeError
 from lerobot_dali.frame_pixels import frame_conversion
 from lerobot_dali.packet_file_reader import PacketFileReader
 from lerobot_dali.packet_index import build_packet_index
+from lerobot_dali.pyav_reader import PyAvReader
 from tests.video_fixtures import MarkerVideo, reference_frames
 
 WINDOWS = ([0], [3, 2, 1], [29, 31, 33], [5, 44, 44, 12], [88, 89], [47, 46, 45, 44, 43])
@@ -175,19 +178,11 @@ def test_a_file_cut_mid_gop_says_its_first_packet_is_no_keyframe(marker_video: M
     and the error said the file flags a picture that is no random-access point as a keyframe (intra refresh), which it
     does not (286 of 900 random requests of three such files): it says the file starts mid-GOP. Frames from its first
     keyframe on are the file's."""
-    source = marker_video("h264", 30)
-    path = tmp_path / "cut.mp4"
-    with av.open(str(source)) as given, av.open(str(path), "w", format="mp4") as output:
-        stream = output.add_stream_from_template(template=given.streams.video[0], opaque=True)
-        stream.time_base = given.streams.video[0].time_base
-        for packet in [packet for packet in given.demux(given.streams.video[0]) if packet.size][5:]:
-            packet.stream = stream
-            output.mux(packet)
+    path = _cut_mid_gop(marker_video("h264", 30), tmp_path / "cut.mp4")
     index = build_packet_index(path)
-    assert not index.keyframe[0] and index.keyframe_positions.tolist()[:2] == [0, 25]  # (else this tests nothing)
     reader = PacketFileReader(str(path), index, threads=1, label="cut.mp4")
     convert = frame_conversion("rgb", None)
-    first_packet = rf"^{re.escape(str(path))}: the file's first packet \(pts 0\.133[0-9]* s\) is no keyframe"
+    first_packet = rf"^{re.escape(str(path))}: {_FIRST_PACKET}"
     try:
         for frames in ([3], [20, 40]):
             with pytest.raises(VideoDecodeError, match=first_packet):
@@ -199,3 +194,51 @@ def test_a_file_cut_mid_gop_says_its_first_packet_is_no_keyframe(marker_video: M
             np.testing.assert_array_equal(found[pts], reference[pts])
     finally:
         reader.close()
+
+
+# (The message for _cut_mid_gop's file: its first packet, the marker video's 6th, is shown at 0.133 s.)
+_FIRST_PACKET = r"the file's first packet \(pts 0\.133[0-9]* s\) is no keyframe .* the file starts mid-GOP"
+
+
+def _cut_mid_gop(source: Path, path: Path) -> Path:
+    """``source`` (a marker video) stream-copied from its 6th packet on, mid-GOP: keyframes at 0 (unflagged) and 25."""
+    with av.open(str(source)) as given, av.open(str(path), "w", format="mp4") as output:
+        stream = output.add_stream_from_template(template=given.streams.video[0], opaque=True)
+        stream.time_base = given.streams.video[0].time_base
+        for packet in [packet for packet in given.demux(given.streams.video[0]) if packet.size][5:]:
+            packet.stream = stream
+            output.mux(packet)
+    index = build_packet_index(path)
+    assert not index.keyframe[0] and index.keyframe_positions.tolist()[:2] == [0, 25]  # (else this tests nothing)
+    return path
+
+
+def test_a_file_cut_mid_gop_says_so_on_the_demuxing_routes(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    """The routes that seek the file's demuxer (PyAvReader; a clip's packets of a file that is no byte-exact MP4)
+    sought a keyframe at or before the first packet, found none (FFmpeg's EPERM) and said the file was corrupt or
+    truncated (2 of 2 requests before the first keyframe): they decode from the first packet as the packet route does,
+    and say the file starts mid-GOP. Frames from its first keyframe on are the file's."""
+    path = _cut_mid_gop(marker_video("h264", 30), tmp_path / "cut.mp4")
+    index = build_packet_index(path)
+    demuxed = replace(index, byte_exact=False)  # (as a file in another container: its packets are demuxed)
+    reference = reference_frames(path)
+    later = index.display_rank[25] + np.array([0, 1, 7])
+    reader = PyAvReader(str(path), filesystem=None, threads=1, label="cut.mp4")
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    try:
+        for frames in (np.array([3]), np.array([20, 40])):
+            with pytest.raises(VideoDecodeError, match=f"^cut.mp4: {_FIRST_PACKET}"):
+                reader.frames_at(index, plan_clip(index, frames), frames, lambda frame: frame.pts)
+            plan = plan_clip(demuxed, frames)
+            payloads = read_packet_payloads(path, demuxed, plan)
+            with pytest.raises(VideoDecodeError, match=_FIRST_PACKET):
+                decoder.decode_packets(demuxed, plan, payloads)
+        found = reader.frames_at(index, plan_clip(index, later), later, lambda frame: frame.to_ndarray(format="rgb24"))
+        plan = plan_clip(demuxed, later)
+        got = decoder.decode_packets(demuxed, plan, read_packet_payloads(path, demuxed, plan))
+        for i, pts in enumerate(index.pts_of_frames(later).tolist()):
+            np.testing.assert_array_equal(found[pts], reference[pts])
+            np.testing.assert_array_equal(got[i], reference[pts])
+    finally:
+        reader.close()
+        decoder.close()
