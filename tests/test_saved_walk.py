@@ -7,6 +7,7 @@ import logging
 import pickle
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -259,8 +260,15 @@ def test_a_state_taken_from_another_thread_leaves_the_batches_alone() -> None:
     thread.start()
     try:
         got: list[tuple[int, int]] = []
+        batches = 0
         while stream.samples_consumed < stream.num_samples():
             got += list(zip(*(part.tolist() for part in stream.next_batch()), strict=True))
+            batches += 1
+            if batches % 100 == 0:  # (lets a state be taken now and then: on an idle machine the draws ran through
+                # 1,432 batches while 10 states were taken, too few to show anything)
+                wanted, deadline = len(states) + 1, time.monotonic() + 30
+                while len(states) < wanted and time.monotonic() < deadline:
+                    time.sleep(0.001)
     finally:
         stop.set()
         thread.join()
