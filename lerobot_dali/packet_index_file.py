@@ -41,8 +41,11 @@ __all__ = ["MAGIC", "STORE_FORMAT", "packet_index_bytes", "read_packet_index"]
 #: Version of the layout; files of another version are deleted and rebuilt. 2: ``keyframe`` holds random-access
 #: points only, not every flagged sync sample (x264 intra refresh flags P-frames; :mod:`.random_access`). 3: the
 #: stream's index in the container (``stream_index``). 4: whether every keyframe's size was checked
-#: (``keyframe_sizes_checked``). 5: this layout, not an ``.npz`` (whose reading parses Python literals).
-STORE_FORMAT = 5
+#: (``keyframe_sizes_checked``). 5: this layout, not an ``.npz`` (whose reading parses Python literals). 6: an
+#: H.264 I-slice picture that is not IDR is a random-access point only after a recovery point SEI with
+#: ``recovery_frame_cnt`` 0 (:mod:`.random_access`); format 5 took every I-slice, and a decoder reset there withholds
+#: frames, so a cached index of such a file kept refusing requests as corrupt.
+STORE_FORMAT = 6
 #: The first bytes of every packet index file.
 MAGIC = b"LDPKTIDX"
 
