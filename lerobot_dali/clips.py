@@ -88,7 +88,8 @@ class Clip:
 
 
 def check_request(index: PacketIndex, frame_indices: ArrayLike) -> np.ndarray:
-    """``frame_indices`` as int64; FrameRequestError for an empty request or an index outside the video."""
+    """``frame_indices`` as int64; FrameRequestError for an empty request, an index outside the video, or a frame its
+    edit list hides (:attr:`~.packet_index.PacketIndex.hidden`: no decoder shows it, so no route may)."""
     requested = np.asarray(frame_indices)
     if requested.ndim != 1 or requested.size == 0:
         raise FrameRequestError(
@@ -103,6 +104,15 @@ def check_request(index: PacketIndex, frame_indices: ArrayLike) -> np.ndarray:
         raise FrameRequestError(
             f"{index.source_name}: frame index {int(bad[0])} is outside the video, "
             f"which has frames 0..{index.frame_count - 1}."
+        )
+    hidden = (requested < index.shown.start) | (requested >= index.shown.stop)
+    if hidden.any():
+        bad = requested[hidden]
+        raise FrameRequestError(
+            f"{index.source_name}: frame {int(bad[0])} (at {float(index.frame_pts_s[bad[0]]):.6f} s) is one the "
+            "video's edit list hides: FFmpeg decodes it only as a reference and never shows it, so no route serves "
+            f"it; ask for the frames shown (the frame lookup finds only those; {len(index.shown_pts)} of "
+            f"{index.frame_count} are)."
         )
     return requested
 

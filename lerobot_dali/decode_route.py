@@ -386,7 +386,7 @@ def _cached_or_probed(
         if not _driver_present():
             cached = (None, False, "")
         elif index.codec in DALI_NVDEC_CODECS:
-            clip = build_clip(source, index, [0], filesystem=filesystem).data
+            clip = build_clip(source, index, [index.shown.start], filesystem=filesystem).data
             try:
                 probe = probe_gpu({index.codec: clip}, device_id=device_id, isolate=True)
             except BrokenProcessPool as e:  # the probe process died (driver fault): do not guess NVDEC works

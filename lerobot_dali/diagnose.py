@@ -132,7 +132,7 @@ def _diagnose_camera(reader: LeRobotDatasetReader, camera: str, machine: Machine
         return report
     start = time.perf_counter()
     try:
-        clip = build_clip(path, index, [0], filesystem=fs)
+        clip = build_clip(path, index, [index.shown.start], filesystem=fs)
     except Exception as e:  # no clip for DALI: each DALI route fails with the reason
         for name in dali_routes:
             report.decodes[name] = (False, time.perf_counter() - start, _describe(e))

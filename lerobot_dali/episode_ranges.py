@@ -122,7 +122,7 @@ def episode_span(index: PacketIndex, from_s: float, to_s: float | None) -> tuple
         return None
     frames = episode_frames(index, from_s, to_s)
     if not frames:  # no frame inside the span: the first one after its start (or the file's last) instead
-        only = min(frames.start, index.frame_count - 1)
+        only = min(frames.start, index.shown.stop - 1)
         frames = range(only, only + 1)
     plan = plan_clip(index, np.arange(frames.start, frames.stop))
     positions = plan.packet_positions

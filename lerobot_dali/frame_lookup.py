@@ -172,9 +172,10 @@ def nearest_frame_indices(
 
 
 def _nearest(index: PacketIndex, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per query time (float64 seconds), the display index of the nearest frame (ties to the earlier) and how far
-    its pts is from the query, unchecked."""
-    frame_s = index.frame_pts_s
+    """Per query time (float64 seconds), the display index of the nearest frame a decode shows (ties to the earlier;
+    never one the edit list hides, which no decoder shows: LeRobot's neither) and how far its pts is from the query,
+    unchecked."""
+    frame_s = index.shown_pts_s
     upper = np.searchsorted(frame_s, queries, side="left")
     np.minimum(upper, len(frame_s) - 1, out=upper)
     lower = np.maximum(upper - 1, 0)
@@ -182,7 +183,8 @@ def _nearest(index: PacketIndex, queries: np.ndarray) -> tuple[np.ndarray, np.nd
     upper_error_s = np.abs(frame_s[upper] - queries)
     take_lower = lower_error_s <= upper_error_s + TIE_FRACTION * index.frame_interval_s
     error_s = np.where(take_lower, lower_error_s, upper_error_s)
-    return np.where(take_lower, lower, upper).astype(np.int64), error_s
+    nearest = np.where(take_lower, lower, upper).astype(np.int64)
+    return nearest + index.shown.start, error_s
 
 
 def episode_frames(index: PacketIndex, from_s: float, to_s: float | None) -> range:
@@ -191,18 +193,20 @@ def episode_frames(index: PacketIndex, from_s: float, to_s: float | None) -> ran
     Frames within half an interval of ``from_s`` count as the episode's; those from half an interval before
     ``to_s`` on are the next episode's (LeRobot writes ``to_s = from_s +`` the episode video's duration, so the
     next episode starts at ``to_s``). Except the file's last frame when it sits at ``to_s``: a writer counting
-    ``n - 1`` frames can only be consistent with one episode per file, and no neighbour follows that frame.
+    ``n - 1`` frames can only be consistent with one episode per file, and no neighbour follows that frame. Frames
+    the file's edit list hides are no episode's (no decoder shows them): only those shown count, the last of them
+    as the file's last.
     The lookup's check and the prefetch's byte span both use this, so what one accepts the other fetches.
     """
     half_interval_s = 0.5 * index.frame_interval_s
-    seconds = index.frame_pts_s
+    seconds = index.shown_pts_s  # (the frames an edit list hides are no episode's: no decoder shows them)
     first = int(np.searchsorted(seconds, from_s - half_interval_s, side="left"))
-    if to_s is None:
-        return range(first, len(seconds))
-    stop = int(np.searchsorted(seconds, to_s - half_interval_s, side="left"))
-    if stop == len(seconds) - 1 and seconds[stop] < to_s + half_interval_s:
-        stop = len(seconds)
-    return range(first, stop)
+    stop = len(seconds)
+    if to_s is not None:
+        stop = int(np.searchsorted(seconds, to_s - half_interval_s, side="left"))
+        if stop == len(seconds) - 1 and seconds[stop] < to_s + half_interval_s:
+            stop = len(seconds)
+    return range(index.shown.start + first, index.shown.start + stop)
 
 
 def _check_within_episode(
@@ -240,11 +244,20 @@ def _raise_out_of_tolerance(
     if not np.isfinite(queries).all():
         bad = float(queries[~np.isfinite(queries)][0])
         raise FrameTimestampError(f"{where}: query timestamp {bad} s is not a finite number.")
-    frame_s = index.frame_pts_s
+    frame_s = index.shown_pts_s
     failing = error_s > tolerance_s
     worst = int(np.argmax(np.where(failing, error_s, -1.0)))
     past_end = bool(queries[worst] > frame_s[-1])
-    if queries[worst] < frame_s[0]:  # (a higher tolerance_s would read the first frames for the wrong rows)
+    hidden_s = _hidden_frame_near(index, float(queries[worst]), tolerance_s)
+    if hidden_s is not None:
+        advice = (
+            f"The video holds a frame at {hidden_s:.6f} s, but its edit list hides it: FFmpeg decodes it only as a "
+            "reference for the frames shown and never shows it, nor does any other decoder (LeRobot's neither). The "
+            "video was most likely cut from a longer recording without re-encoding, and the episode's rows are the "
+            "recording's: check the episode's from_timestamp in meta/episodes, or leave the episode out with "
+            "episodes=."
+        )
+    elif queries[worst] < frame_s[0]:  # (a higher tolerance_s would read the first frames for the wrong rows)
         advice = (
             f"The row lies before the video's first frame ({frame_s[0]:.6f} s): the video starts later than the "
             "episode's rows (a stream cut from a longer recording, or B-frames muxed without an edit list, which "
@@ -277,8 +290,10 @@ def _raise_out_of_tolerance(
     rows_fps = context.rows_fps if context is not None else None
     video_has_more_frames = bool(rows_fps and half_frame_s and 0.5 / half_frame_s > 1.2 * rows_fps)
     tick_s, tick_name = _frame_time_step(index)
+    if hidden_s is not None:
+        pass  # (no frame rate or rounding explains a frame the edit list hides: the advice above)
     # e.g. 30 fps on a millisecond clock (an MKV remuxed to MP4, a recorder's clock): frames up to 0.5 ms off
-    if _rounded_frame_times(error_s[failing], tick_s / 2, half_frame_s, tolerance_s):
+    elif _rounded_frame_times(error_s[failing], tick_s / 2, half_frame_s, tolerance_s):
         advice = (
             f"The video's frame times are whole multiples of {tick_name}, so each frame lies up to "
             f"{tick_s / 2:.4g} s from the exact time of its row. Raise tolerance_s to {tick_s / 2 + 1e-4:.4g} "
@@ -300,10 +315,19 @@ def _raise_out_of_tolerance(
         )
     raise FrameTimestampError(
         f"{where}: query timestamp {queries[worst]:.6f} s has no video frame within "
-        f"tolerance_s={tolerance_s} (nearest frame {int(nearest[worst])} at {frame_s[nearest[worst]]:.6f} s, "
-        f"off by {error_s[worst]:.6f} s; {int(failing.sum())} of {queries.size} queries fail; the video "
-        f"spans {frame_s[0]:.6f}-{frame_s[-1]:.6f} s). {advice}"
+        f"tolerance_s={tolerance_s} (nearest frame {int(nearest[worst])} at "
+        f"{index.frame_pts_s[nearest[worst]]:.6f} s, off by {error_s[worst]:.6f} s; {int(failing.sum())} of "
+        f"{queries.size} queries fail; the video spans {frame_s[0]:.6f}-{frame_s[-1]:.6f} s). {advice}"
     )
+
+
+def _hidden_frame_near(index: PacketIndex, query_s: float, tolerance_s: float) -> float | None:
+    """The time of a frame the edit list hides within ``tolerance_s`` of ``query_s`` (None if there is none)."""
+    if index.hidden is None:
+        return None
+    frame_s = index.frame_pts_s
+    near = np.flatnonzero(np.abs(frame_s - query_s) <= tolerance_s)
+    return float(frame_s[near[0]]) if near.size else None
 
 
 def _frame_time_step(index: PacketIndex) -> tuple[float, str]:

@@ -4,7 +4,8 @@ Reading only the top-level box headers and ``moov`` lets the packet index take e
 from the file's own tables instead of demuxing the whole file (what makes indexing a remote file cheap).
 PyAV >= 16 exposes FFmpeg's index (decode times, offsets, sizes, keyframes), and only ``ctts`` is read here;
 older PyAV does not, so :class:`SampleTable` reads those from ``stts``, ``stsc``, ``stco``/``co64``, ``stsz`` and
-``stss`` too, for the tracks whose tables FFmpeg reads the same way (no sample groups, at most one edit).
+``stss`` too, for the tracks whose tables FFmpeg reads the same way (no sample groups, at most one edit, and one
+that hides no sample: FFmpeg demuxes a sample an edit list hides, flagged to be decoded and not shown).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import IO
 
 import numpy as np
 
-__all__ = ["Mp4Track", "SampleTable", "read_mp4_tracks"]
+__all__ = ["Edit", "Mp4Track", "SampleTable", "read_mp4_tracks"]
 
 # Largest moov box read into memory; real moov boxes are about 20 bytes per sample.
 _MAX_MOOV_BYTES = 512 * 1024 * 1024
@@ -36,6 +37,18 @@ class SampleTable:
 
 
 @dataclass(frozen=True)
+class Edit:
+    """One entry of a track's edit list (``elst``): which part of the media plays, in the media's time base."""
+
+    #: Where in the media the entry starts, in media ticks; -1 for an empty edit (a gap before the media plays).
+    media_time: int
+    #: How long the entry plays, in media ticks (its duration in the movie's timescale, rounded down).
+    duration: int
+    #: Whether it plays at normal rate (rate 1): a dwell (rate 0) or other rates FFmpeg applies otherwise.
+    normal_rate: bool
+
+
+@dataclass(frozen=True)
 class Mp4Track:
     """What the packet index needs from one ``trak`` that FFmpeg's demuxer index does not expose."""
 
@@ -47,7 +60,8 @@ class Mp4Track:
     #: Whether the movie has fragments (``mvex``): samples then live outside ``moov``.
     fragmented: bool
     #: Every sample from the tables, or None where they hold what FFmpeg reads otherwise than plainly (sample
-    #: groups, partial sync samples, several edits, compact sizes) or do not add up.
+    #: groups, partial sync samples, an edit list other than one shift of every timestamp, compact sizes) or do not
+    #: add up.
     samples: SampleTable | None = None
     #: The type of the first sample description (``avc1``, ``av01``...): the codec the file names, for errors.
     sample_entry: bytes | None = None
@@ -56,6 +70,8 @@ class Mp4Track:
     #: shifts every later sample of its chunk) from sound ones. None where it is not known: a fragmented movie
     #: (not walked), or boxes after ``moov`` that do not parse.
     media_data: tuple[tuple[int, int], ...] | None = None
+    #: The entries of the track's edit list (none without one), or None where it does not parse.
+    edits: tuple[Edit, ...] | None = ()
 
     def composition_offsets(self) -> np.ndarray | None:
         """Each sample's composition offset (zeros without ``ctts``), or None when ``ctts`` does not fit."""
@@ -137,6 +153,7 @@ def _find_box(data: bytes, start: int, end: int, path: tuple[bytes, ...]) -> tup
 
 def _parse_moov(data: bytes, file_size: int) -> dict[int, Mp4Track] | None:
     fragmented = _find_box(data, 0, len(data), (b"mvex",)) is not None
+    movie_timescale = _timescale(data, _find_box(data, 0, len(data), (b"mvhd",)))
     tracks: dict[int, Mp4Track] = {}
     for kind, start, end in _child_boxes(data, 0, len(data)):
         if kind != b"trak":
@@ -158,11 +175,69 @@ def _parse_moov(data: bytes, file_size: int) -> dict[int, Mp4Track] | None:
                 return None
             counts = table[:, 0].astype(np.uint32).astype(np.int64)
             offsets = table[:, 1].astype(np.int64)
-        samples = _sample_table(data, stbl, start, end, sample_count)
+        media_timescale = _timescale(data, _find_box(data, start, end, (b"mdia", b"mdhd")))
+        edits = _edit_list(data, start, end, movie_timescale, media_timescale)
+        samples = _sample_table(data, stbl, sample_count)
+        if samples is not None and not _shows_every_sample(edits, samples, counts, offsets):
+            samples = None
         tracks[track_id] = Mp4Track(
-            track_id, sample_count, counts, offsets, fragmented, samples, _sample_entry(data, *stbl)
+            track_id, sample_count, counts, offsets, fragmented, samples, _sample_entry(data, *stbl), edits=edits
         )
     return tracks
+
+
+def _timescale(data: bytes, box: tuple[int, int] | None) -> int | None:
+    """The timescale of an ``mvhd`` or ``mdhd`` box (after its creation and modification times), or None."""
+    if box is None or box[0] + 4 > box[1]:
+        return None
+    at = box[0] + (20 if data[box[0]] == 1 else 12)
+    if at + 4 > box[1]:
+        return None
+    (timescale,) = struct.unpack_from(">I", data, at)
+    return int(timescale) or None
+
+
+def _edit_list(
+    data: bytes, trak_start: int, trak_end: int, movie_timescale: int | None, media_timescale: int | None
+) -> tuple[Edit, ...] | None:
+    """The track's edit list (empty without one), or None where it does not parse."""
+    elst = _find_box(data, trak_start, trak_end, (b"edts", b"elst"))
+    if elst is None:
+        return ()
+    if elst[0] + 8 > elst[1] or movie_timescale is None or media_timescale is None:
+        return None
+    entry = ">QqhH" if data[elst[0]] == 1 else ">IihH"
+    (count,) = struct.unpack_from(">I", data, elst[0] + 4)
+    if elst[0] + 8 + count * struct.calcsize(entry) > elst[1]:
+        return None
+    edits = []
+    for duration, media_time, rate, fraction in struct.iter_unpack(
+        entry, data[elst[0] + 8 : elst[0] + 8 + count * struct.calcsize(entry)]
+    ):
+        ticks = duration * media_timescale // movie_timescale
+        edits.append(Edit(media_time=int(media_time), duration=int(ticks), normal_rate=(rate, fraction) == (1, 0)))
+    return tuple(edits)
+
+
+def _shows_every_sample(
+    edits: tuple[Edit, ...] | None, samples: SampleTable, ctts_counts: np.ndarray, ctts_offsets: np.ndarray
+) -> bool:
+    """Whether FFmpeg reads the tables plainly: no edit list, or one edit at normal rate that hides no sample (each
+    sample's composition time at or after the edit's start and before its end, the duration rounded down: a shift
+    of every timestamp). An empty edit, several edits, or an edit that hides samples (a trimmed start or end, whose
+    samples FFmpeg demuxes flagged to be decoded, not shown) it applies otherwise."""
+    if edits is None or len(edits) > 1:
+        return False
+    if not edits:
+        return True
+    (edit,) = edits
+    if edit.media_time < 0 or not edit.normal_rate or edit.duration <= 0:
+        return False
+    if len(ctts_counts) and int(ctts_counts.sum()) != len(samples.dts):
+        return False  # (the caller falls back anyway)
+    offsets = np.repeat(ctts_offsets, ctts_counts) if len(ctts_counts) else 0
+    composition = samples.dts + offsets
+    return bool(composition.min() >= edit.media_time and composition.max() < edit.media_time + edit.duration)
 
 
 def _sample_entry(data: bytes, start: int, end: int) -> bytes | None:
@@ -183,12 +258,12 @@ def _full_box_table(data: bytes, box: tuple[int, int] | None, columns: int, dtyp
     return np.frombuffer(data, dtype=dtype, count=columns * entries, offset=box[0] + 8).reshape(-1, columns)
 
 
-def _sample_table(data: bytes, stbl: tuple[int, int], trak_start: int, trak_end: int, count: int) -> SampleTable | None:
+def _sample_table(data: bytes, stbl: tuple[int, int], count: int) -> SampleTable | None:
     def box(kind: bytes) -> tuple[int, int] | None:
         return _find_box(data, *stbl, (kind,))
 
     unmodelled = (b"sbgp", b"sgpd", b"stps", b"stz2")  # (sample groups: FFmpeg may flag their samples keyframes)
-    if count == 0 or any(box(kind) for kind in unmodelled) or not _plain_edits(data, trak_start, trak_end):
+    if count == 0 or any(box(kind) for kind in unmodelled):
         return None
     stts = _full_box_table(data, box(b"stts"), 2, ">u4")
     stsc = _full_box_table(data, box(b"stsc"), 3, ">u4")
@@ -230,23 +305,6 @@ def _sample_table(data: bytes, stbl: tuple[int, int], trak_start: int, trak_end:
         keyframe[:] = False
         keyframe[sync[:, 0].astype(np.int64) - 1] = True
     return SampleTable(dts=dts, offset=offset, size=size, keyframe=keyframe)
-
-
-def _plain_edits(data: bytes, trak_start: int, trak_end: int) -> bool:
-    """Whether the track has no edit list, or one edit at normal rate that starts somewhere in the media (what
-    FFmpeg applies as one shift of every timestamp; an empty edit or several edits it applies otherwise)."""
-    elst = _find_box(data, trak_start, trak_end, (b"edts", b"elst"))
-    if elst is None:
-        return True
-    if elst[0] + 8 > elst[1]:
-        return False
-    version = data[elst[0]]
-    (entries,) = struct.unpack_from(">I", data, elst[0] + 4)
-    entry = ">QqhH" if version == 1 else ">IihH"
-    if entries != 1 or elst[0] + 8 + struct.calcsize(entry) > elst[1]:
-        return False
-    _, media_time, rate, fraction = struct.unpack_from(entry, data, elst[0] + 8)
-    return media_time >= 0 and (rate, fraction) == (1, 0)
 
 
 def _sample_count(data: bytes, start: int, end: int, *, file_size: int) -> int | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import itertools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -47,8 +48,8 @@ _DEMUXED_HEAD_BYTES = 8 * HEAD_BYTES
 #: The largest packet size and frame count held as int32 (half of int64's bytes in every cached index).
 _INT32_MAX = int(np.iinfo(np.int32).max)
 
-#: One packet: pts, dts, byte offset, size, keyframe.
-Row = tuple[int, int, int, int, bool]
+#: One packet: pts, dts, byte offset, size, keyframe, hidden (by the edit list: decoded, never shown).
+Row = tuple[int, int, int, int, bool, bool]
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,6 +87,11 @@ class PacketIndex:
     #: clip's keyframes then need no check of their own. False for a remote file's index, which reads its first
     #: packets only: each clip checks its keyframes (:func:`~lerobot_dali.clips.remux_clip`).
     keyframe_sizes_checked: bool = False
+    #: Per decode position, whether the file's edit list hides the packet's picture (None: it hides none). FFmpeg
+    #: demuxes such a packet flagged to be decoded and not shown: a frame before the edit's start (a stream cut from a
+    #: longer recording) or after its end, decoded only as a reference for the frames shown. Every decode route
+    #: reads the packet, and none may show its picture: no timestamp looks it up (:mod:`.frame_lookup`).
+    hidden: np.ndarray | None = None
     #: Display index -> decode position (argsort of ``pts``).
     display_order: np.ndarray = field(init=False, repr=False)
     #: Decode position -> display index (inverse of ``display_order``).
@@ -100,6 +106,9 @@ class PacketIndex:
     #: Whether any packet displays before the keyframe its GOP starts at (open GOPs: HEVC CRA, H.264
     #: recovery points). Without such "leading" pictures a clip is simply keyframe-to-frame runs.
     has_leading_pictures: bool = field(init=False)
+    #: Display indices of the frames a decode shows: all but those ``hidden``, which lie before them (before the
+    #: edit's start) or after them (past its end).
+    shown: range = field(init=False)
 
     def __post_init__(self) -> None:
         count = len(self.pts)
@@ -110,6 +119,15 @@ class PacketIndex:
                 raise ValueError(f"PacketIndex.{name} has {len(getattr(self, name))} entries, pts has {count}.")
         if self.time_base <= 0:
             raise ValueError(f"PacketIndex.time_base must be positive, got {self.time_base}.")
+        if self.hidden is not None and len(self.hidden) != count:
+            raise ValueError(f"PacketIndex.hidden has {len(self.hidden)} entries, pts has {count}.")
+        hidden = None if self.hidden is None or not self.hidden.any() else self.hidden.astype(bool)
+        if hidden is not None and hidden.all():
+            raise VideoDecodeError(
+                f"{self.source_name}: its edit list hides every one of its {count} frames: no decoder shows any "
+                "(an edit list written for other media); re-encode the video from its source."
+            )
+        object.__setattr__(self, "hidden", hidden)
         if self.dts is not self.pts and self.dts.dtype == self.pts.dtype and np.array_equal(self.dts, self.pts):
             object.__setattr__(self, "dts", self.pts)  # (most streams without B-frames: one array, not two)
         sizes = self.size_bytes
@@ -137,7 +155,8 @@ class PacketIndex:
             keys = np.concatenate(([0], keys))
         gop_start = keys[np.searchsorted(keys, np.arange(count), side="right") - 1]
         leading = bool(np.any(self.pts < self.pts[gop_start]))
-        derived = (order, rank, seconds, keys)
+        shown = range(count) if hidden is None else self._shown(np.flatnonzero(~hidden[order]))
+        derived = (order, rank, seconds, keys) + (() if hidden is None else (hidden,))
         for array in (self.pts, self.dts, self.byte_offset, self.size_bytes, self.keyframe, *derived):
             array.setflags(write=False)
         object.__setattr__(self, "display_order", order)
@@ -146,6 +165,20 @@ class PacketIndex:
         object.__setattr__(self, "frame_duration", max(duration, 1))
         object.__setattr__(self, "keyframe_positions", keys)
         object.__setattr__(self, "has_leading_pictures", leading)
+        object.__setattr__(self, "shown", shown)
+
+    def _shown(self, frames: np.ndarray) -> range:
+        """``frames`` (display indices shown, ascending) as a range; VideoDecodeError where hidden frames lie among
+        them (an edit list of several pieces: its frames have no one numbering)."""
+        shown = range(int(frames[0]), int(frames[-1]) + 1)
+        if len(frames) != len(shown):
+            raise VideoDecodeError(
+                f"{self.source_name}: its edit list hides {len(shown) - len(frames)} frames among those it shows "
+                "(an edit list of several pieces): lerobot-dali reads edit lists that hide frames before or after "
+                "those shown only. Write the video again with the frames it shows, e.g. re-encode it with FFmpeg "
+                "(ffmpeg -i in.mp4 -c:v libx264 out.mp4)."
+            )
+        return shown
 
     @property
     def frame_count(self) -> int:
@@ -175,6 +208,18 @@ class PacketIndex:
         return int(self.keyframe_positions[self.keyframe_slots(first)])
 
     @property
+    def shown_pts(self) -> np.ndarray:
+        """Presentation timestamp (``time_base`` units) of each frame a decode shows, ascending (:attr:`frame_pts` but
+        for those the edit list hides)."""
+        return self.frame_pts[self.shown.start : self.shown.stop]
+
+    @property
+    def shown_pts_s(self) -> np.ndarray:
+        """Presentation time in seconds of each frame a decode shows, ascending (:attr:`frame_pts_s` but for those
+        the edit list hides; index ``i`` is display index ``shown.start + i``)."""
+        return self.frame_pts_s[self.shown.start : self.shown.stop]
+
+    @property
     def frame_interval_s(self) -> float:
         """Typical distance between consecutive displayed frames, in seconds (``frame_duration``)."""
         return self.frame_duration * float(self.time_base)
@@ -186,6 +231,7 @@ class PacketIndex:
         arrays = (
             self.pts, self.dts, self.byte_offset, self.size_bytes, self.keyframe, self.display_order,
             self.display_rank, self.frame_pts_s, self.keyframe_positions,
+            *(() if self.hidden is None else (self.hidden,)),
         )  # fmt: skip
         return sum({id(a): a.nbytes for a in arrays}.values()) + len(self.template)
 
@@ -331,6 +377,7 @@ def _index_container(
         template=template,
         stream_index=int(stream.index),
         keyframe_sizes_checked=sizes_checked,
+        hidden=table[:, 5].astype(bool),
     )
 
 
@@ -372,7 +419,7 @@ def _rows_from_demux(
             heads[len(rows)] = bytes(memoryview(packet)[:_DEMUXED_HEAD_BYTES])
         if len(rows) < _BYTE_CHECK_PACKETS:
             samples[len(rows)] = bytes(packet)
-        rows.append((pts, dts, position, packet.size, packet.is_keyframe))
+        rows.append((pts, dts, position, packet.size, packet.is_keyframe, packet.is_discard))
     return rows, first_key
 
 
@@ -422,7 +469,7 @@ def _rows_from_sample_tables(
             row
             for row in zip(
                 (table.dts + offsets).tolist(), table.dts.tolist(), table.offset.tolist(), table.size.tolist(),
-                table.keyframe.tolist(), strict=True,
+                table.keyframe.tolist(), itertools.repeat(False, len(table.dts)), strict=True,
             )
             if row[3] > 0
         ]  # fmt: skip
@@ -437,7 +484,7 @@ def _rows_from_sample_tables(
                 shift = packet.pts - row[0]
             dts_shift = (shift or 0) if own_dts else 0
             expected = (row[0] + (shift or 0), row[1] + dts_shift, *row[2:])
-            if (packet.pts, packet.dts, packet.pos, packet.size, packet.is_keyframe) != expected:
+            if _packet_row(packet) != expected:
                 logger.debug("%s: packet %d disagrees with the MP4 sample tables; demuxing.", label, checked)
                 return None
             if checked < _BYTE_CHECK_PACKETS:
@@ -470,8 +517,13 @@ def _rows_from_demuxer_index(entries: Any, offsets: np.ndarray, track: Mp4Track,
             logger.debug("%s: the edit list discards samples; demuxing.", label)
             return None
         if entry.size > 0:
-            rows.append((entry.timestamp + offset, entry.timestamp, entry.pos, entry.size, entry.is_keyframe))
+            rows.append((entry.timestamp + offset, entry.timestamp, entry.pos, entry.size, entry.is_keyframe, False))
     return rows
+
+
+def _packet_row(packet: Any) -> tuple[Any, ...]:
+    """A demuxed packet as the row the sample tables give it (its timestamps None where it has none)."""
+    return (packet.pts, packet.dts, packet.pos, packet.size, packet.is_keyframe, packet.is_discard)
 
 
 def _tail_agrees(container: Any, stream: Any, rows: list[Row]) -> bool:
@@ -479,7 +531,7 @@ def _tail_agrees(container: Any, stream: Any, rows: list[Row]) -> bool:
     frame, then a read of the last packet or so)."""
     try:
         container.seek(rows[-1][1], stream=stream, backward=True, any_frame=True)
-        tail = [(p.pts, p.dts, p.pos, p.size, p.is_keyframe) for p in container.demux(stream) if p.size > 0]
+        tail = [_packet_row(p) for p in container.demux(stream) if p.size > 0]
     except av.error.FFmpegError as e:  # (a file cut short among them: the demux that follows names it)
         if is_transient(e):
             raise

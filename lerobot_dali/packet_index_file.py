@@ -15,7 +15,7 @@ bytes      what
 h          the header: JSON of the key (URL, stamp) and the scalar fields, with the packet count ``n`` and the
            template's length ``t``; padded with spaces to a multiple of 8 bytes
 8n each    ``pts``, ``dts``, ``byte_offset``, ``size_bytes`` (int64)
-n          ``keyframe`` (one byte each, 0 or 1)
+n          flags (one byte each): 1 ``keyframe``, 2 ``hidden``
 t          ``template``
 4          crc32 of every byte before it (uint32)
 =========  ============================================================================================
@@ -44,15 +44,17 @@ __all__ = ["MAGIC", "STORE_FORMAT", "packet_index_bytes", "read_packet_index"]
 #: (``keyframe_sizes_checked``). 5: this layout, not an ``.npz`` (whose reading parses Python literals). 6: an
 #: H.264 I-slice picture that is not IDR is a random-access point only after a recovery point SEI with
 #: ``recovery_frame_cnt`` 0 (:mod:`.random_access`); format 5 took every I-slice, and a decoder reset there withholds
-#: frames, so a cached index of such a file kept refusing requests as corrupt.
-STORE_FORMAT = 6
+#: frames, so a cached index of such a file kept refusing requests as corrupt. 7: which packets the edit list hides
+#: (``hidden``); a format-6 index of a trimmed file looked frames up among the hidden ones, which a decode never shows.
+STORE_FORMAT = 7
 #: The first bytes of every packet index file.
 MAGIC = b"LDPKTIDX"
 
 _PREFIX = struct.Struct("<8sII")  # magic, format, header length
 _CHECKSUM = struct.Struct("<I")
 _INT_ARRAYS = ("pts", "dts", "byte_offset", "size_bytes")
-_BYTES_PER_PACKET = 8 * len(_INT_ARRAYS) + 1  # (and a keyframe flag)
+_BYTES_PER_PACKET = 8 * len(_INT_ARRAYS) + 1  # (and a byte of flags)
+_KEYFRAME, _HIDDEN = 1, 2
 
 
 def packet_index_bytes(index: PacketIndex, url: str, stamp: FileStamp) -> bytes:
@@ -82,11 +84,18 @@ def packet_index_bytes(index: PacketIndex, url: str, stamp: FileStamp) -> bytes:
             _PREFIX.pack(MAGIC, STORE_FORMAT, len(header)),
             header,
             *(np.asarray(getattr(index, name), dtype="<i8").tobytes() for name in _INT_ARRAYS),
-            np.asarray(index.keyframe, dtype=np.bool_).tobytes(),
+            _flags(index).tobytes(),
             index.template,
         ]
     )
     return body + _CHECKSUM.pack(zlib.crc32(body))
+
+
+def _flags(index: PacketIndex) -> np.ndarray:
+    flags = np.where(index.keyframe, _KEYFRAME, 0).astype(np.uint8)
+    if index.hidden is not None:
+        flags |= np.where(index.hidden, _HIDDEN, 0).astype(np.uint8)
+    return flags
 
 
 def read_packet_index(raw: bytes, url: str, stamp: FileStamp) -> PacketIndex:
@@ -115,7 +124,11 @@ def read_packet_index(raw: bytes, url: str, stamp: FileStamp) -> PacketIndex:
     for name in _INT_ARRAYS:
         arrays[name] = np.frombuffer(body, dtype="<i8", count=count, offset=offset).astype(np.int64)
         offset += 8 * count
-    arrays["keyframe"] = np.frombuffer(body, dtype=np.bool_, count=count, offset=offset).copy()
+    flags = np.frombuffer(body, dtype=np.uint8, count=count, offset=offset)
+    if (flags & ~np.uint8(_KEYFRAME | _HIDDEN)).any():
+        raise ValueError(f"a packet's flags hold bits no format-{STORE_FORMAT} index sets")
+    arrays["keyframe"] = (flags & _KEYFRAME) != 0
+    arrays["hidden"] = (flags & _HIDDEN) != 0
     offset += count
     numerator, denominator = header["time_base"]
     return PacketIndex(

@@ -595,6 +595,7 @@ def _check_same_frames(before: PacketIndex, after: PacketIndex) -> None:
 
 
 def decoded_per_frame(index: PacketIndex) -> float:
-    """Mean frames decoded to show one frame of ``index`` by itself (:func:`~lerobot_dali.clips.plan_clip`)."""
-    counts = [plan_clip(index, np.array([i])).frame_count for i in range(index.frame_count)]
+    """Mean frames decoded to show one frame of ``index`` by itself (:func:`~lerobot_dali.clips.plan_clip`), of those
+    a decode shows."""
+    counts = [plan_clip(index, np.array([i])).frame_count for i in index.shown]
     return float(np.mean(counts))

@@ -22,7 +22,7 @@ from lerobot_dali.mp4_tables import Mp4Track
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
 from tests.video_fixtures import MarkerVideo, cr5_video, r1_video
 
-_ARRAYS = ("pts", "dts", "byte_offset", "size_bytes", "keyframe")
+_ARRAYS = ("pts", "dts", "byte_offset", "size_bytes", "keyframe", "hidden")
 _FIELDS = ("codec", "width", "height", "pix_fmt", "time_base", "template", "byte_exact", "file_size_bytes")
 
 

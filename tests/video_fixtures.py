@@ -5,6 +5,7 @@ The session fixture ``marker_video`` in conftest.py encodes and caches the marke
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Collection
 from fractions import Fraction
 from pathlib import Path
@@ -147,3 +148,33 @@ def write_undecodable_mp4(path: Path, *, frames: int, fps: int, width: int, heig
             packet.is_keyframe, packet.stream = i == 0, stream
             container.mux(packet)
     return path
+
+
+def with_edit_list(path: Path, target: Path, entries: list[tuple[int, int]]) -> Path:
+    """Write ``path`` (an MP4 whose ``moov`` follows its media, with one track and an edit list) to ``target`` with
+    that edit list replaced by ``entries``: (segment duration in the movie's timescale, media time in the track's;
+    -1 for an empty edit), at normal rate. FFmpeg then demuxes the frames the edits hide flagged to be decoded and
+    not shown."""
+    raw = bytearray(path.read_bytes())
+
+    def child(kind: bytes, start: int, end: int) -> tuple[int, int]:
+        while start + 8 <= end:
+            size, found = struct.unpack_from(">I4s", raw, start)
+            if found == kind:
+                return start, start + size
+            start += size
+        raise AssertionError(f"no {kind!r} box")
+
+    moov = child(b"moov", 0, len(raw))
+    assert moov[0] > child(b"mdat", 0, len(raw))[0], "moov before mdat: chunk offsets would move"
+    trak = child(b"trak", moov[0] + 8, moov[1])
+    edts = child(b"edts", trak[0] + 8, trak[1])
+    elst = child(b"elst", edts[0] + 8, edts[1])
+    body = struct.pack(">I4sII", 16 + 12 * len(entries), b"elst", 0, len(entries))
+    body += b"".join(struct.pack(">IihH", duration, media_time, 1, 0) for duration, media_time in entries)
+    grow = len(body) - (elst[1] - elst[0])
+    for start, _ in (moov, trak, edts):
+        struct.pack_into(">I", raw, start, struct.unpack_from(">I", raw, start)[0] + grow)
+    raw[elst[0] : elst[1]] = body
+    target.write_bytes(bytes(raw))
+    return target

@@ -1,0 +1,220 @@
+"""Frames an MP4 edit list hides: FFmpeg demuxes them, flagged to be decoded as references and never shown.
+
+The reference is a full PyAV decode, which applies the edit list. LeRobot decodes with torchcodec or PyAV, so it
+never sees a hidden frame either: a row whose time only a hidden frame matches fails its tolerance check there, and
+here too (the frame lookup knows only the frames shown); every route serves, at every other time, what the full
+decode shows. Before, the index numbered the hidden frames among the others and the lookup found them: at each
+of the 384 hidden frames' times in 20 edited H.264, HEVC, VP9 and AV1 files, the packet routes (local file, remote
+packets, DALI's clips) served a picture the full decode never shows (1,219 frames), and the open-container route
+called the file corrupt.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+from lerobot_dali import packet_index
+from lerobot_dali.clips import build_clip, plan_clip, read_packet_payloads
+from lerobot_dali.cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
+from lerobot_dali.errors import FrameRequestError, FrameTimestampError
+from lerobot_dali.file_stamps import FileStamp
+from lerobot_dali.frame_lookup import FrameRequestContext, episode_frames, nearest_frame_indices
+from lerobot_dali.frame_marker import read_marker
+from lerobot_dali.packet_index import PacketIndex, build_packet_index
+from lerobot_dali.packet_index_file import packet_index_bytes, read_packet_index
+from tests.video_fixtures import MarkerVideo, reference_frames, with_edit_list
+
+#: Ticks per frame of the marker videos (30 fps in the MP4 muxer's 1/15360 time base) and ms per frame (the movie's).
+_TICKS, _MS = 512, 1000 // 30
+
+#: Edit lists from the file's own (segment duration in ms, media time: the B-frame delay), as entries.
+EDITS: dict[str, Callable[[int, int], list[tuple[int, int]]]] = {
+    # a stream cut from a longer recording: 5 frames before the edit's start decode as references only
+    "trimmed_start": lambda duration, delay: [(duration - 5 * _MS, delay + 5 * _TICKS)],
+    # the edit ends at 2 s: the last 30 frames are not shown
+    "trimmed_end": lambda duration, delay: [(2000, delay)],
+    # an empty edit: every frame shown, 0.1 s late
+    "leading_gap": lambda duration, delay: [(100, -1), (duration, delay)],
+    # a gap, then a trimmed start: hidden frames at 0 s to 0.067 s, where a LeRobot row's time may fall
+    "gap_then_trimmed": lambda duration, delay: [(100, -1), (2000, delay + 5 * _TICKS)],
+}
+
+
+def _edited(marker_video: MarkerVideo, tmp_path: Path, codec: str, edit: str) -> Path:
+    source = marker_video(codec, 30)
+    raw = source.read_bytes()
+    duration, delay = struct.unpack_from(">Ii", raw, raw.find(b"elst") + 12)  # (version 0, first entry)
+    return with_edit_list(source, tmp_path / f"{codec}_{edit}.mp4", EDITS[edit](duration, delay))
+
+
+def _hidden_pts(path: Path) -> list[int]:
+    """The pts FFmpeg's demuxer flags to be discarded (independent of the index)."""
+    with av.open(str(path)) as container:
+        return sorted(int(p.pts) for p in container.demux(video=0) if p.size and p.is_discard)
+
+
+def _seconds(index: PacketIndex, pts: list[int]) -> np.ndarray:
+    return np.array([float(p * index.time_base) for p in pts])
+
+
+@pytest.fixture(scope="module")
+def decoder() -> CpuFrameDecoder:
+    return CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+
+
+def _packet_file(decoder: CpuFrameDecoder, path: Path, index: PacketIndex, frames: np.ndarray) -> np.ndarray:
+    return decoder.decode(path, index, frames)
+
+
+def _open_container(decoder: CpuFrameDecoder, path: Path, index: PacketIndex, frames: np.ndarray) -> np.ndarray:
+    return decoder.decode(io.BytesIO(path.read_bytes()), index, frames)  # (a file object: PyAvReader)
+
+
+def _remote_packets(decoder: CpuFrameDecoder, path: Path, index: PacketIndex, frames: np.ndarray) -> np.ndarray:
+    plan = plan_clip(index, frames)
+    return decoder.decode_packets(index, plan, read_packet_payloads(path, index, plan))
+
+
+def _clip(decoder: CpuFrameDecoder, path: Path, index: PacketIndex, frames: np.ndarray) -> np.ndarray:
+    """DALI's input, decoded by PyAV (NVDEC needs a GPU; DALI's CPU decoder takes VP9 only: tested below)."""
+    clip = build_clip(path, index, frames)
+    with av.open(io.BytesIO(clip.data.tobytes())) as container:
+        decoded = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    return np.stack([decoded[int(i)] for i in clip.relative_indices])
+
+
+ROUTES = {
+    "packet_file": _packet_file,
+    "open_container": _open_container,
+    "remote_packets": _remote_packets,
+    "clip": _clip,
+}
+
+
+@pytest.mark.parametrize("codec", ["h264", "vp9"])
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_the_index_knows_which_frames_a_decode_shows(
+    marker_video: MarkerVideo, tmp_path: Path, codec: str, edit: str
+) -> None:
+    path = _edited(marker_video, tmp_path, codec, edit)
+    index = build_packet_index(path)
+    shown = sorted(reference_frames(path))
+    assert index.shown_pts.tolist() == shown
+    hidden = [] if index.hidden is None else sorted(index.pts[index.hidden].tolist())
+    assert hidden == _hidden_pts(path)
+    assert bool(hidden) == (edit != "leading_gap")
+    assert index.frame_count == len(shown) + len(hidden)
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_every_route_serves_what_a_full_decode_shows_and_no_hidden_frame(
+    marker_video: MarkerVideo, tmp_path: Path, decoder: CpuFrameDecoder, route: str, edit: str
+) -> None:
+    """Every time the full decode shows a frame at finds that frame and its picture; every hidden frame's time fails
+    the tolerance check; a hidden frame asked for by number is refused, on every route."""
+    path = _edited(marker_video, tmp_path, "h264", edit)
+    index = build_packet_index(path)
+    reference = reference_frames(path)
+    shown = sorted(reference)
+    frames = nearest_frame_indices(index, _seconds(index, shown), tolerance_s=1e-4)
+    assert index.pts_of_frames(frames).tolist() == shown
+    decode = ROUTES[route]
+    windows = [frames, *(frames[i : i + 3] for i in range(0, len(frames), 13)), frames[-1:]]
+    for window in windows:
+        for frame_number, picture in zip(window.tolist(), decode(decoder, path, index, window), strict=True):
+            np.testing.assert_array_equal(picture, reference[int(index.pts_of_frames([frame_number])[0])])
+    for pts in _hidden_pts(path):
+        with pytest.raises(FrameTimestampError, match="its edit list hides it"):
+            nearest_frame_indices(index, _seconds(index, [pts]), tolerance_s=1e-4)
+    for pts in _hidden_pts(path)[:: max(1, len(_hidden_pts(path)) // 3)]:
+        hidden_frame = int(np.searchsorted(index.frame_pts, pts))
+        with pytest.raises(FrameRequestError, match="edit list hides"):
+            decode(decoder, path, index, np.array([hidden_frame]))
+
+
+def test_a_row_at_a_hidden_frame_fails_as_in_lerobot(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    """A gap then a trimmed start hides frames at 0, 1/30 and 2/30 s: an episode's first rows there read the hidden
+    pictures before (markers (0, 3) to (0, 5), which no decoder shows); LeRobot's decode finds no frame within
+    tolerance there, and the error now says why."""
+    path = _edited(marker_video, tmp_path, "h264", "gap_then_trimmed")
+    index = build_packet_index(path)
+    context = FrameRequestContext(dataset="d", episode_index=0, camera="c", rows_fps=30)
+    with pytest.raises(FrameTimestampError) as info:
+        nearest_frame_indices(index, np.arange(6) / 30, tolerance_s=1e-4, context=context)
+    message = str(info.value)
+    assert "query timestamp 0.000000 s" in message and "3 of 6 queries fail" in message
+    assert "holds a frame at 0.000000 s, but its edit list hides it" in message
+    first = nearest_frame_indices(index, [0.1], tolerance_s=1e-4)
+    assert read_marker(reference_frames(path)[int(index.pts_of_frames(first)[0])]) == (0, 5)
+
+
+def test_dali_cpu_decodes_clips_of_an_edited_vp9_file(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    """DALI's CPU decoder (VP9) on the clips of every shown frame: the full decode's pictures."""
+    from lerobot_dali.dali_video import decode_clip_batch
+    from tests.test_dali_video import CROSS_DECODER_MAX_DIFF
+
+    path = _edited(marker_video, tmp_path, "vp9", "gap_then_trimmed")
+    index = build_packet_index(path)
+    reference = reference_frames(path)
+    frames = nearest_frame_indices(index, _seconds(index, sorted(reference)), tolerance_s=1e-4)
+    windows = [frames[i : i + 4] for i in range(0, len(frames), 9)]
+    clips = [build_clip(path, index, window) for window in windows]
+    decoded = decode_clip_batch([c.data for c in clips], [c.relative_indices for c in clips], device_id=None)
+    for window, pictures in zip(windows, decoded, strict=True):
+        for pts, picture in zip(index.pts_of_frames(window).tolist(), pictures, strict=True):
+            assert np.abs(picture.astype(np.int16) - reference[pts]).max() <= CROSS_DECODER_MAX_DIFF
+            assert read_marker(picture) == read_marker(reference[pts])
+
+
+@pytest.mark.parametrize("own_tables", [False, True])
+def test_sample_tables_serve_an_edit_list_that_hides_nothing(
+    marker_video: MarkerVideo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own_tables: bool
+) -> None:
+    """The B-frame delay's edit list (what FFmpeg writes for B-frames) hides no frame: indexed from the sample tables,
+    no demux. One that hides frames is demuxed, which flags them: the tables' own rows (PyAV < 16) had every sample
+    shown, as the demuxer's index (PyAV >= 16) knows they are not."""
+    if own_tables:
+        monkeypatch.setattr(packet_index, "_demuxer_index", lambda stream: None)
+    demuxed: list[str] = []
+    real = packet_index._rows_from_demux
+
+    def spy(container, stream, samples, heads, *, label):  # type: ignore[no-untyped-def]
+        demuxed.append(label)
+        return real(container, stream, samples, heads, label=label)
+
+    monkeypatch.setattr(packet_index, "_rows_from_demux", spy)
+    plain = build_packet_index(marker_video("h264", 30))
+    assert demuxed == [] and plain.hidden is None and plain.shown == range(90)
+    for edit in ("trimmed_start", "trimmed_end"):
+        path = _edited(marker_video, tmp_path, "h264", edit)
+        index = build_packet_index(path)
+        assert demuxed[-1:] == [str(path)]
+        assert index.hidden is not None and sorted(index.pts[index.hidden].tolist()) == _hidden_pts(path)
+
+
+def test_the_stored_index_keeps_the_hidden_frames(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    index = build_packet_index(_edited(marker_video, tmp_path, "h264", "gap_then_trimmed"))
+    stamp = FileStamp(index.file_size_bytes, "blob:1")
+    again = read_packet_index(packet_index_bytes(index, "u", stamp), "u", stamp)
+    assert index.hidden is not None and again.hidden is not None
+    np.testing.assert_array_equal(again.hidden, index.hidden)
+    np.testing.assert_array_equal(again.keyframe, index.keyframe)
+    assert again.shown == index.shown == range(5, 65)
+
+
+def test_an_episode_holds_the_frames_shown_only(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    """The frames past a trimmed end are no episode's: an episode to the end of the file holds the 60 shown (90
+    before), and one whose to_timestamp is the last shown frame's time holds it, as the file's last frame."""
+    index = build_packet_index(_edited(marker_video, tmp_path, "h264", "trimmed_end"))
+    assert episode_frames(index, 0.0, None) == range(0, 60)
+    assert episode_frames(index, 1.0, 59 / 30) == range(30, 60)
+    start = build_packet_index(_edited(marker_video, tmp_path, "h264", "gap_then_trimmed"))
+    assert episode_frames(start, 0.0, 1.0) == range(5, 32)  # (0.1 s to 0.967 s: hidden frames at 0 s to 0.067 s)
