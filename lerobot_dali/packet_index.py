@@ -331,6 +331,8 @@ def _index_container(
     table = np.asarray(rows, dtype=np.int64)
     ends = table[:, 2] + table[:, 3]
     positioned = bool((table[:, 2] >= 0).all())  # (every packet's byte offset known)
+    if positioned and track is not None:
+        _check_samples_played_once(table, track, label=label)
     media = None if track is None else track.media_data
     if positioned and media is not None and max((stop for _, stop in media), default=0) <= file_size:
         _check_packets_in_media_data(table[:, 2], table[:, 3], media, label=label)  # (first: the media is whole)
@@ -538,6 +540,20 @@ def _tail_agrees(container: Any, stream: Any, rows: list[Row]) -> bool:
         return False
     start = len(rows) - len(tail)
     return bool(tail) and start >= 0 and tail == [tuple(row) for row in rows[start:]]
+
+
+def _check_samples_played_once(table: np.ndarray, track: Mp4Track, *, label: str) -> None:
+    """Raise VideoDecodeError where the track's edit list plays some sample twice (several edits over the same
+    media, or a later one starting in an earlier one's GOP): FFmpeg then demuxes those packets twice, at two times,
+    which one frame number per packet cannot hold (without this, the shared bytes were called damaged tables)."""
+    pieces = [edit for edit in track.edits or () if edit.media_time >= 0]
+    if len(pieces) < 2 or len(np.unique(table[:, 2])) == len(table):
+        return
+    raise VideoDecodeError(
+        f"{label}: its edit list plays the media in {len(pieces)} pieces and FFmpeg demuxes some packets once for "
+        "each: lerobot-dali reads edit lists of one piece (after a gap, if any) only. Write the video again with the "
+        "frames it shows, e.g. re-encode it with FFmpeg (ffmpeg -i in.mp4 -c:v libx264 out.mp4)."
+    )
 
 
 def _check_listed_samples(track: Mp4Track | None, found: int, *, label: str) -> None:

@@ -23,7 +23,7 @@ import pytest
 from lerobot_dali import packet_index
 from lerobot_dali.clips import build_clip, plan_clip, read_packet_payloads
 from lerobot_dali.cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
-from lerobot_dali.errors import FrameRequestError, FrameTimestampError
+from lerobot_dali.errors import FrameRequestError, FrameTimestampError, VideoDecodeError
 from lerobot_dali.file_stamps import FileStamp
 from lerobot_dali.frame_lookup import FrameRequestContext, episode_frames, nearest_frame_indices
 from lerobot_dali.frame_marker import read_marker
@@ -208,6 +208,21 @@ def test_the_stored_index_keeps_the_hidden_frames(marker_video: MarkerVideo, tmp
     np.testing.assert_array_equal(again.hidden, index.hidden)
     np.testing.assert_array_equal(again.keyframe, index.keyframe)
     assert again.shown == index.shown == range(5, 65)
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [[(1000, 1024), (1000, 1024 + 60 * _TICKS)], [(1000, 1024), (1000, 1024)]],
+    ids=["skips_the_middle", "plays_twice"],
+)
+def test_an_edit_list_of_several_pieces_is_refused_naming_it(
+    marker_video: MarkerVideo, tmp_path: Path, entries: list[tuple[int, int]]
+) -> None:
+    """FFmpeg demuxes packets of such edits once per piece, at two times: this was called damaged sample tables."""
+    path = with_edit_list(marker_video("h264", 30), tmp_path / "pieces.mp4", entries)
+    with pytest.raises(VideoDecodeError, match="its edit list plays the media in 2 pieces") as info:
+        build_packet_index(path)
+    assert "damaged" not in str(info.value)
 
 
 def test_an_episode_holds_the_frames_shown_only(marker_video: MarkerVideo, tmp_path: Path) -> None:
