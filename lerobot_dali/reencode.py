@@ -456,7 +456,7 @@ def _reencode_file(job: _Job) -> VideoReencoded:
     return VideoReencoded(
         path=job.relative,
         camera=job.camera,
-        frames=len(after.frame_pts),
+        frames=len(after.shown_pts),
         bytes_before=before.file_size_bytes,
         bytes_after=after.file_size_bytes,
         decoded_per_frame_before=decoded_per_frame(before),
@@ -514,7 +514,7 @@ def _encode(source: Any, job: _Job, path: Path, index: PacketIndex) -> None:
     """Encode ``source``'s frames (``index`` is its packet index) into ``path``, refusing a damaged one as the loader
     does (:func:`~lerobot_dali.frame_checks.is_damaged`): the encoder would scale a 1x1 frame of a damaged header to
     the stream's size, and the copy would then hide the damage."""
-    label, frames = index.source_name, index.frame_count
+    label, frames = index.source_name, len(index.shown_pts)
     stream = source.streams.video[0]
     if source.streams.audio:
         logger.warning("%s: its audio is not copied (LeRobot reads video alone)", label)
@@ -572,24 +572,24 @@ def _encoded_pix_fmt(pix_fmt: str, encoder: str) -> str:
 
 
 def _check_same_frames(before: PacketIndex, after: PacketIndex) -> None:
-    """Every frame of ``before`` at the same instant in ``after``, as the loader finds frames (exact rationals), but
-    those before the first that ``after`` holds at negative times: an MP4 edit list that starts past a file's first
-    frames (a stream copy cut from a longer recording) has FFmpeg decode them as references without showing them, so
-    no route can read them and the copy holds none (a copy lacking a frame at 0 s or later is refused)."""
+    """Every frame a decode of ``before`` shows at the same instant in ``after``, and no other, as the loader finds
+    frames (exact rationals). The frames ``before``'s edit list hides (:attr:`~.packet_index.PacketIndex.hidden`:
+    those before its start, as in a stream copy cut from a longer recording, or after its end) FFmpeg decodes as
+    references without showing them, so no route reads them and the copy holds none."""
 
     def instants(index: PacketIndex) -> list[Fraction]:
-        return [p * index.time_base for p in index.frame_pts.tolist()]
+        return [p * index.time_base for p in index.shown_pts.tolist()]
 
-    hidden = before.frame_count - after.frame_count
-    shown = instants(before)[max(hidden, 0) :]
-    if hidden < 0 or shown != instants(after) or any(t >= 0 for t in instants(before)[:hidden]):
+    shown = instants(before)
+    if shown != instants(after):
         raise VideoDecodeError(
-            f"{before.source_name}: the re-encode holds {after.frame_count} frames, the source {before.frame_count}, "
-            "or some frame moved in time; it was not kept"
+            f"{before.source_name}: the re-encode holds {len(after.shown_pts)} frames, the source shows "
+            f"{len(shown)}, or some frame moved in time; it was not kept"
         )
+    hidden = before.frame_count - len(shown)
     if hidden:
         logger.info(
-            "%s: its first %d frame(s), before its edit list's start, are never shown and are left out of the copy",
+            "%s: %d frame(s) its edit list hides are never shown and are left out of the copy",
             before.source_name, hidden,
         )  # fmt: skip
 

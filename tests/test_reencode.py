@@ -29,7 +29,7 @@ from lerobot_dali.reencode import reencode_dataset
 from lerobot_dali.video_encoding import CODECS
 from tests.conftest import shared_dataset, thread_policies
 from tests.process_tree import assert_workers_end_with, kill_all, spawned_workers
-from tests.video_fixtures import damage_av1_frame_size, reference_frames
+from tests.video_fixtures import damage_av1_frame_size, reference_frames, with_edit_list
 
 LENGTHS = [9, 14, 11, 7]
 FPS = 15
@@ -557,6 +557,46 @@ def test_frames_an_edit_list_hides_are_left_out_of_the_copy(long_gop_ds: Path, c
     ]
 
 
+def _with_hidden_last_frames(path: Path, hidden: int) -> None:
+    """Re-encode ``path`` in place as H.264 with ``hidden`` extra frames after its last, and an edit list that ends
+    before them (as a recorder's stream copy cut at its end has): FFmpeg decodes them without showing them."""
+    edited = path.with_suffix(".edited.mp4")
+    with av.open(str(path)) as source, av.open(str(edited), "w", format="mp4") as target:
+        stream = source.streams.video[0]
+        frames = list(source.decode(stream))
+        out = target.add_stream("libx264", rate=FPS)
+        out.width, out.height, out.pix_fmt = stream.codec_context.width, stream.codec_context.height, "yuv420p"
+        out.codec_context.time_base = out.time_base = Fraction(1, FPS)
+        out.options = {"bf": "0", "crf": "10", "g": "4"}
+        for pts, frame in enumerate([*frames, *frames[:hidden]]):
+            copy = frame.reformat(format="yuv420p")
+            copy.pts, copy.time_base = pts, Fraction(1, FPS)
+            copy.pict_type = av.video.frame.PictureType.NONE
+            target.mux(out.encode(copy))
+        target.mux(out.encode(None))
+    with_edit_list(edited, path, [(len(frames) * 1000 // FPS, 0)])  # (ms: the frames before the extra ones)
+    edited.unlink()
+
+
+def test_frames_hidden_past_the_edit_lists_end_are_left_out_of_the_copy(
+    long_gop_ds: Path, copy_ds, tmp_path: Path
+) -> None:
+    """A file whose edit list ends 2 frames before its last was refused: "the re-encode holds 23 frames, the source
+    25" (the frames it hides were taken for ones before 0 s). The copy holds the frames shown, with their pictures."""
+    root = copy_ds(long_gop_ds)
+    relative = "videos/observation.images.cam0/chunk-000/file-000.mp4"
+    shown = _instants(root / relative)
+    _with_hidden_last_frames(root / relative, 2)
+    assert build_packet_index(root / relative).frame_count == len(shown) + 2
+    assert _instants(root / relative) == shown
+    out = reencode_dataset(root, tmp_path / "out", jobs=1).out
+    assert _instants(out / relative) == shown
+    source, copy = reference_frames(root / relative), reference_frames(out / relative)
+    assert [read_full_marker(copy[pts]) for pts in sorted(copy)] == [
+        read_full_marker(source[pts]) for pts in sorted(source)
+    ]
+
+
 def _as_full_range_h264(path: Path) -> None:
     """Re-encode ``path`` in place as full-range H.264 (yuvj420p, as a webcam's MJPEG becomes), every frame at its
     timestamp and time base."""
@@ -861,28 +901,30 @@ def test_each_videos_line_is_logged_on_its_own_line_not_after_the_bar(
 
 
 @pytest.mark.parametrize(
-    ("source_pts", "copy_pts", "kept"),
+    ("source_pts", "shown", "copy_pts", "kept"),
     [
-        ([-2, -1, 0, 1, 2], [0, 1, 2], True),  # two frames hidden by an edit list: left out
-        ([0, 1, 2, 3], [1, 2, 3], False),  # the frame at 0 s lost by the encode
-        ([-1, 0, 1, 2], [0, 2], False),  # a shown frame lost in the middle
-        ([0, 1, 2], [0, 1, 2, 3], False),  # a frame more
+        ([-2, -1, 0, 1, 2], range(2, 5), [0, 1, 2], True),  # two frames hidden by an edit list's start: left out
+        ([0, 1, 2, 3, 4], range(0, 3), [0, 1, 2], True),  # two hidden past its end: left out
+        ([0, 1, 2, 3], range(0, 4), [1, 2, 3], False),  # the frame at 0 s lost by the encode
+        ([-1, 0, 1, 2], range(1, 4), [0, 2], False),  # a shown frame lost in the middle
+        ([0, 1, 2], range(0, 3), [0, 1, 2, 3], False),  # a frame more
     ],
 )
-def test_only_frames_before_0_s_may_be_missing_from_a_copy(
-    source_pts: list[int], copy_pts: list[int], kept: bool
+def test_only_frames_the_edit_list_hides_may_be_missing_from_a_copy(
+    source_pts: list[int], shown: range, copy_pts: list[int], kept: bool
 ) -> None:
     from types import SimpleNamespace
 
     from lerobot_dali.reencode import _check_same_frames
 
-    def index(pts: list[int]) -> Any:
+    def index(pts: list[int], shown: range) -> Any:
         return SimpleNamespace(
-            frame_pts=np.array(pts), frame_count=len(pts), time_base=Fraction(1, 30), source_name="cam.mp4"
-        )
+            shown_pts=np.array(pts)[shown.start : shown.stop], frame_count=len(pts), time_base=Fraction(1, 30),
+            source_name="cam.mp4",
+        )  # fmt: skip
 
     if kept:
-        _check_same_frames(index(source_pts), index(copy_pts))
+        _check_same_frames(index(source_pts, shown), index(copy_pts, range(len(copy_pts))))
     else:
         with pytest.raises(VideoDecodeError, match="not kept"):
-            _check_same_frames(index(source_pts), index(copy_pts))
+            _check_same_frames(index(source_pts, shown), index(copy_pts, range(len(copy_pts))))
