@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import av
+import fsspec
 import numpy as np
 import pytest
 
@@ -200,6 +201,18 @@ def test_sample_tables_serve_an_edit_list_that_hides_nothing(
         assert index.hidden is not None and sorted(index.pts[index.hidden].tolist()) == _hidden_pts(path)
 
 
+def test_a_remote_file_is_indexed_with_the_frames_it_hides(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    """Through a filesystem (the remote route's index, then its packets by byte range): the local file's index."""
+    path = _edited(marker_video, tmp_path, "h264", "gap_then_trimmed")
+    memory = fsspec.filesystem("memory")
+    memory.pipe("/remote/cam.mp4", path.read_bytes())
+    remote, local = build_packet_index("/remote/cam.mp4", filesystem=memory), build_packet_index(path)
+    assert remote.hidden is not None and local.hidden is not None
+    np.testing.assert_array_equal(remote.hidden, local.hidden)
+    np.testing.assert_array_equal(remote.pts, local.pts)
+    assert remote.shown == range(5, 65)
+
+
 def test_the_stored_index_keeps_the_hidden_frames(marker_video: MarkerVideo, tmp_path: Path) -> None:
     index = build_packet_index(_edited(marker_video, tmp_path, "h264", "gap_then_trimmed"))
     stamp = FileStamp(index.file_size_bytes, "blob:1")
@@ -233,3 +246,23 @@ def test_an_episode_holds_the_frames_shown_only(marker_video: MarkerVideo, tmp_p
     assert episode_frames(index, 1.0, 59 / 30) == range(30, 60)
     start = build_packet_index(_edited(marker_video, tmp_path, "h264", "gap_then_trimmed"))
     assert episode_frames(start, 0.0, 1.0) == range(5, 32)  # (0.1 s to 0.967 s: hidden frames at 0 s to 0.067 s)
+
+
+def test_the_dataset_check_lists_the_rows_a_trimmed_end_hides(make_ds, copy_ds) -> None:  # type: ignore[no-untyped-def]
+    """Camera 0's first file (episodes 0 and 1, 12 rows each at 10 fps) cut 3 frames short by its edit list: episode
+    1's last 3 rows have no frame a decoder shows. The check passed before (they read the hidden pictures)."""
+    from lerobot_dali import open_dataset
+    from lerobot_dali.dataset_check import check_dataset
+
+    spec = dict(episodes=3, frames_per_episode=12, cameras=2, codec="h264", fps=10, gop=4, episodes_per_file=2)
+    root = copy_ds(make_ds(**spec, size=(64, 96)))
+    video = root / "videos/observation.images.cam0/chunk-000/file-000.mp4"
+    delay = struct.unpack_from(">Ii", video.read_bytes(), video.read_bytes().find(b"elst") + 12)[1]
+    with_edit_list(video, video, [(2100, delay)])
+    report = check_dataset(open_dataset(root), decode=True)
+    assert {(p.episode_index, p.camera, p.error) for p in report.problems} == {
+        (1, "observation.images.cam0", "FrameTimestampError")
+    }
+    assert "query timestamp 2.300000 s" in report.problems[0].message  # (the worst of them)
+    assert "3 of 12 queries fail; the video spans 0.000000-2.000000 s" in report.problems[0].message
+    assert "its edit list hides it" in report.problems[0].message
