@@ -238,6 +238,15 @@ def test_an_edit_list_of_several_pieces_is_refused_naming_it(
     assert "damaged" not in str(info.value)
 
 
+def test_an_edit_list_that_shows_nothing_is_refused(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    """A zero-length edit: a full decode shows no frame (FFmpeg demuxes 31 packets, two at pts 512: "two packets
+    share pts", which said nothing of the edit list)."""
+    path = with_edit_list(marker_video("h264", 30), tmp_path / "nothing.mp4", [(0, 1024)])
+    assert reference_frames(path) == {}
+    with pytest.raises(VideoDecodeError, match="its edit list hides every one of its 31 frames"):
+        build_packet_index(path)
+
+
 def test_an_episode_holds_the_frames_shown_only(marker_video: MarkerVideo, tmp_path: Path) -> None:
     """The frames past a trimmed end are no episode's: an episode to the end of the file holds the 60 shown (90
     before), and one whose to_timestamp is the last shown frame's time holds it, as the file's last frame."""
