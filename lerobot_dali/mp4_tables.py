@@ -177,12 +177,11 @@ def _parse_moov(data: bytes, file_size: int) -> dict[int, Mp4Track] | None:
             offsets = table[:, 1].astype(np.int64)
         media_timescale = _timescale(data, _find_box(data, start, end, (b"mdia", b"mdhd")))
         edits = _edit_list(data, start, end, movie_timescale, media_timescale)
-        samples = _sample_table(data, stbl, sample_count)
-        if samples is not None and not _shows_every_sample(edits, samples, counts, offsets):
-            samples = None
-        tracks[track_id] = Mp4Track(
-            track_id, sample_count, counts, offsets, fragmented, samples, _sample_entry(data, *stbl), edits=edits
-        )
+        track = Mp4Track(
+            track_id, sample_count, counts, offsets, fragmented, _sample_table(data, stbl, sample_count),
+            _sample_entry(data, *stbl), edits=edits,
+        )  # fmt: skip
+        tracks[track_id] = track if _shows_every_sample(track) else replace(track, samples=None)
     return tracks
 
 
@@ -219,24 +218,21 @@ def _edit_list(
     return tuple(edits)
 
 
-def _shows_every_sample(
-    edits: tuple[Edit, ...] | None, samples: SampleTable, ctts_counts: np.ndarray, ctts_offsets: np.ndarray
-) -> bool:
-    """Whether FFmpeg reads the tables plainly: no edit list, or one edit at normal rate that hides no sample (each
-    sample's composition time at or after the edit's start and before its end, the duration rounded down: a shift
-    of every timestamp). An empty edit, several edits, or an edit that hides samples (a trimmed start or end, whose
-    samples FFmpeg demuxes flagged to be decoded, not shown) it applies otherwise."""
-    if edits is None or len(edits) > 1:
+def _shows_every_sample(track: Mp4Track) -> bool:
+    """Whether FFmpeg reads the track's tables (:attr:`Mp4Track.samples`) plainly: no edit list, or one edit at
+    normal rate that hides no sample (each sample's composition time at or after the edit's start and before its end,
+    the duration rounded down: a shift of every timestamp). An empty edit, several edits, or an edit that hides
+    samples (a trimmed start or end, whose samples FFmpeg demuxes flagged to be decoded, not shown) it applies
+    otherwise."""
+    if track.samples is None or track.edits is None or len(track.edits) > 1:
         return False
-    if not edits:
+    if not track.edits:
         return True
-    (edit,) = edits
-    if edit.media_time < 0 or not edit.normal_rate or edit.duration <= 0:
+    (edit,) = track.edits
+    offsets = track.composition_offsets()
+    if edit.media_time < 0 or not edit.normal_rate or offsets is None:
         return False
-    if len(ctts_counts) and int(ctts_counts.sum()) != len(samples.dts):
-        return False  # (the caller falls back anyway)
-    offsets = np.repeat(ctts_offsets, ctts_counts) if len(ctts_counts) else 0
-    composition = samples.dts + offsets
+    composition = track.samples.dts + offsets
     return bool(composition.min() >= edit.media_time and composition.max() < edit.media_time + edit.duration)
 
 
