@@ -27,6 +27,7 @@ class VideoProbe:
     gop_frames: int | None
     #: Presentation order differs from decode order (B-frames): clips must be cut at keyframes by pts.
     has_b_frames: bool
+    #: Frames a decode shows (not those the file's edit list hides, which FFmpeg decodes as references only).
     frame_count: int
 
 
@@ -41,7 +42,7 @@ def describe_index(index: PacketIndex) -> VideoProbe:
         pix_fmt=index.pix_fmt,
         gop_frames=gop,
         has_b_frames=bool(index.frame_count > 1 and (np.diff(index.pts) < 0).any()),
-        frame_count=index.frame_count,
+        frame_count=len(index.shown),
     )
 
 

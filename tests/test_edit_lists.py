@@ -30,6 +30,7 @@ from lerobot_dali.frame_lookup import FrameRequestContext, episode_frames, neare
 from lerobot_dali.frame_marker import read_marker
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
 from lerobot_dali.packet_index_file import packet_index_bytes, read_packet_index
+from lerobot_dali.video_probe import describe_index
 from tests.video_fixtures import MarkerVideo, reference_frames, with_edit_list
 
 #: Ticks per frame of the marker videos (30 fps in the MP4 muxer's 1/15360 time base) and ms per frame (the movie's).
@@ -251,6 +252,7 @@ def test_an_episode_holds_the_frames_shown_only(marker_video: MarkerVideo, tmp_p
     """The frames past a trimmed end are no episode's: an episode to the end of the file holds the 60 shown (90
     before), and one whose to_timestamp is the last shown frame's time holds it, as the file's last frame."""
     index = build_packet_index(_edited(marker_video, tmp_path, "h264", "trimmed_end"))
+    assert describe_index(index).frame_count == 60  # (what lerobot-dali info says the video holds: 90 before)
     assert episode_frames(index, 0.0, None) == range(0, 60)
     assert episode_frames(index, 1.0, 59 / 30) == range(30, 60)
     start = build_packet_index(_edited(marker_video, tmp_path, "h264", "gap_then_trimmed"))
