@@ -107,14 +107,14 @@ def decode_runs(
     per_file: list[list[DecodeRun]] = []
     for path in files:
         index = load_packet_index(path)
-        times = index.frame_pts_s
-        starts = [0]
+        times, shown = index.frame_pts_s, index.shown  # (not the frames an edit list hides: no decoder shows them)
+        starts = [shown.start]
         for key in np.sort(index.display_rank[index.keyframe_positions]).tolist():
-            if key - starts[-1] >= run_frames:
+            if key - starts[-1] >= run_frames and key < shown.stop:
                 starts.append(int(key))
         runs = []
-        for start, stop in zip(starts, [*starts[1:], len(times)], strict=True):
-            end_s = float(times[stop]) if stop < len(times) else float(times[-1]) + 1e-3
+        for start, stop in zip(starts, [*starts[1:], shown.stop], strict=True):
+            end_s = float(times[stop]) if stop < shown.stop else float(times[shown.stop - 1]) + 1e-3
             runs.append(DecodeRun(path, start, stop, float(times[start]), end_s))
         per_file.append(runs)
     chosen: list[DecodeRun] = []

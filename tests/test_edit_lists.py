@@ -277,3 +277,21 @@ def test_the_dataset_check_lists_the_rows_a_trimmed_end_hides(make_ds, copy_ds) 
     assert "query timestamp 2.300000 s" in report.problems[0].message  # (the worst of them)
     assert "3 of 12 queries fail; the video spans 0.000000-2.000000 s" in report.problems[0].message
     assert "its edit list hides it" in report.problems[0].message
+
+
+def test_decode_ceilings_count_the_frames_shown(make_ds, copy_ds) -> None:  # type: ignore[no-untyped-def]
+    """The bench's decode runs cover the frames shown: with 5 frames before the edit's start hidden, the runs began at
+    frame 0, whose clip is now refused; they hold the 70 frames a decode shows."""
+    from lerobot_dali.bench_limits import decode_runs, measure_ceilings
+
+    root = copy_ds(make_ds(episodes=1, frames_per_episode=75, cameras=1, size=(64, 96), codec="h264", gop=30))
+    video = next((root / "videos").rglob("*.mp4"))
+    raw = video.read_bytes()
+    duration, delay = struct.unpack_from(">Ii", raw, raw.find(b"elst") + 12)
+    ticks = int(build_packet_index(video).frame_duration)
+    with_edit_list(video, video, [(duration, delay + 5 * ticks)])
+    runs = decode_runs(root, max_frames=1000, run_frames=16)
+    assert [(r.start, r.stop) for r in runs] == [(5, 30), (30, 60), (60, 75)]
+    result = measure_ceilings(root, max_frames=1000, run_frames=16, gpu=False, clips=True)
+    assert result["clip_cutting"]["error"] is None and result["clip_cutting"]["frames"] == 70
+    assert result["ceilings"]["cpu_pyav"]["frames"] == 70
