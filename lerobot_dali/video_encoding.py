@@ -31,11 +31,19 @@ class _CodecSpec:
 
 # Presets favour speed, but SVT-AV1 stays at preset 8: at 10 and above (LeRobot records with 12) it leaves
 # whole blocks of the wrong colour in inter frames once gop > 2, which no frame marker can survive.
+# SVT-AV1 also runs at level of parallelism 1 ("lp=1"). At its default (from the core count: 2 on 2 cores) it encodes
+# pictures side by side and files each finished one in a ring of one slot per picture buffer (41 for 52x32 frames,
+# 74 for 64x64 and up) at its decode order modulo the ring's size, never checking that the slot is free (4.1.0,
+# packetization_process.c). Seen on a loaded 2-core machine: frame 74 came back in frame 33's place (pts 32, 74,
+# 34; 74 - 33 = 41, that encode's ring), which the mp4 muxer refused (EINVAL), and a flush that waited forever in
+# svt_av1_enc_get_packet, every encoder thread idle (a lost temporal unit: the end of the stream is never reached).
+# At lp=1 a picture starts only once the one before it in decode order is packetized (enable_dec_order), so the
+# ring fills in order and cannot overrun. The packets are byte for byte the same; an encode takes about 1.8x as long.
 # x264 keeps B-frames on (every preset except "ultrafast" has them) and forces them with b-adapt=0,
 # because loaders must cope with decode order differing from presentation order, as in many published
 # LeRobot datasets.
 _CODEC_SPECS: dict[str, _CodecSpec] = {
-    "av1": _CodecSpec("libsvtav1", 30, 63, (("preset", "8"),)),
+    "av1": _CodecSpec("libsvtav1", 30, 63, (("preset", "8"), ("svtav1-params", "lp=1"))),
     "h264": _CodecSpec("libx264", 23, 51, (("preset", "veryfast"), ("bf", "2"), ("x264-params", "b-adapt=0"))),
     "hevc": _CodecSpec("libx265", 28, 51, (("preset", "ultrafast"),)),
     "vp9": _CodecSpec("libvpx-vp9", 32, 63, (("deadline", "realtime"), ("cpu-used", "8"), ("b", "0"))),

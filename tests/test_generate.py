@@ -143,21 +143,40 @@ def test_encode_video_round_trip(tmp_path: Path, codec: str) -> None:
         assert stream.average_rate == Fraction(15)
 
 
-@pytest.mark.parametrize("frame_count", [1, 2])
-def test_encode_video_short_hevc_clip_in_fresh_process(tmp_path: Path, frame_count: int) -> None:
-    # libx265 misreports the first DTS of a process's first short clip; only a fresh process shows it.
+def _encode_in_fresh_process(
+    path: Path, frame_count: int, codec: str, gop: int, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``encode_video`` of ``frame_count`` marker frames to ``path`` in a new Python process (its stderr kept)."""
     script = (
         "import sys; from lerobot_dali.generate import encode_video; "
         "from lerobot_dali.frame_marker import draw_marker; "
         f"encode_video(sys.argv[1], [draw_marker(0, i, 64, 64) for i in range({frame_count})], "
-        "fps=30, codec='hevc', gop=8)"
+        f"fps=30, codec={codec!r}, gop={gop})"
     )
-    path = tmp_path / "short.mp4"
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    python_path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, **(env or {}), "PYTHONPATH": python_path}
     result = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     assert [read_marker(frame) for _, frame in _decode(path)] == [(0, i) for i in range(frame_count)]
+    return result
+
+
+@pytest.mark.parametrize("frame_count", [1, 2])
+def test_encode_video_short_hevc_clip_in_fresh_process(tmp_path: Path, frame_count: int) -> None:
+    # libx265 misreports the first DTS of a process's first short clip; only a fresh process shows it.
+    _encode_in_fresh_process(tmp_path / "short.mp4", frame_count, "hevc", 8)
+
+
+def test_av1_is_encoded_one_picture_at_a_time(tmp_path: Path) -> None:
+    """SVT-AV1 4.1, at the level of parallelism it picks from the core count (2 on 2 cores), encodes pictures side by
+    side and files each finished one in a ring at its decode order modulo the ring's size, never checking that the
+    slot is free. A picture held up (a loaded machine) while a ring's worth of later ones finished lost its slot: the
+    encoder returned frame 74 in frame 33's place, which the mp4 muxer refused (EINVAL), or never reached the end of
+    the stream, and the flush waited forever. At level 1 a picture starts only once the one before it in decode
+    order is packetized. SVT says its level at log level 3, which it reads once per process: hence a fresh one."""
+    result = _encode_in_fresh_process(tmp_path / "v.mp4", 8, "av1", 4, env={"SVT_LOG": "3"})
+    assert re.findall(r"Level of Parallelism: (\d+)", result.stderr) == ["1"]
 
 
 def test_an_av1_encode_leaves_no_thread_real_time(tmp_path: Path, realtime_allowed: None) -> None:

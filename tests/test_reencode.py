@@ -795,6 +795,18 @@ def test_an_av1_reencode_gives_its_worker_its_priority_back(
     assert thread_policies()[threading.get_native_id()] == (os.SCHED_OTHER, 0)
 
 
+def test_an_av1_copy_is_encoded_one_picture_at_a_time(
+    long_gop_ds: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """As ``encode_video`` (tests/test_generate.py::test_av1_is_encoded_one_picture_at_a_time): SVT-AV1 at the level
+    of parallelism it picks from the core count returned a later frame in a held-up one's place (``reencode --codec
+    av1`` failed with EINVAL) or never ended the stream. A worker is a fresh process, so SVT says its level there."""
+    monkeypatch.setenv("SVT_LOG", "3")
+    report = reencode_dataset(long_gop_ds, tmp_path / "out", codec="av1", gop=2, cameras=["observation.images.cam0"])
+    assert len(report.videos) == 2
+    assert re.findall(r"Level of Parallelism: (\d+)", capfd.readouterr().err) == ["1", "1"]
+
+
 def test_workers_exit_when_the_reencode_process_is_killed(long_gop_ds: Path, tmp_path: Path) -> None:
     """SIGKILL (or SIGTERM, the out-of-memory killer) leaves the pool no chance to close: its workers finished their
     file and then waited forever, reparented to init, and a re-run (the lock freed with the killed process) wrote
