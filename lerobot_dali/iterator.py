@@ -743,9 +743,12 @@ class DALILeRobotIterator:
                     prefetcher.close()
                     self._prefetcher = None
             finally:
-                self._close_deferred = False  # (a signal handler's close() during this one: done by this one)
                 if lock is not None:
                     lock.release()
+                # A signal handler's close() while this one held the lock was left to this one, which did it. Cleared
+                # once the lock is let go: one landing between the clearing and the release stayed left, and the next
+                # pass closed what it built (a close() at each line close() runs: 2 of 12).
+                self._close_deferred = False
 
     @property
     def camera_channels(self) -> dict[str, int]:

@@ -1307,6 +1307,58 @@ def test_a_handlers_close_while_a_pass_builds_its_pipeline_closes_it(make_ds, mo
     assert seen == reference
 
 
+def test_a_handlers_close_during_close_leaves_the_next_pass_reading(make_ds) -> None:
+    """A signal handler's close() inside close() while it held the pass's lock is left to that close(), which clears
+    the flag saying so: it cleared it before letting the lock go, and a handler landing between the two left it set,
+    so the next pass closed the pipeline it built and raised IteratorClosedError (a close() at each line close() runs:
+    2 of 12 lines)."""
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+    code = DALILeRobotIterator.close.__code__
+    it = DALILeRobotIterator(root, **kwargs)
+    reference = [int(i) for b in it for i in b["index"]][:4]
+    runs: list[int] = []  # (the lines a close() after a pass runs)
+
+    def lines_run(frame, event, arg):
+        if event == "line":
+            runs.append(frame.f_lineno)
+        return lines_run
+
+    sys.settrace(lambda frame, event, arg: lines_run if frame.f_code is code else None)
+    try:
+        it.close()
+    finally:
+        sys.settrace(None)
+    wrong = []
+    for line in dict.fromkeys(runs):
+        it = DALILeRobotIterator(root, **kwargs)
+        seen = [int(i) for i in next(iter(it))["index"]]
+        fired: list[int] = []
+
+        def in_close(frame, event, arg, line=line, it=it, fired=fired):
+            if event == "line" and frame.f_lineno == line and not fired:
+                fired.append(line)
+                it.close()  # (as a signal handler's, landing at that line)
+            return in_close
+
+        def calls(frame, event, arg, in_close=in_close, fired=fired):
+            return in_close if frame.f_code is code and not fired else None
+
+        sys.settrace(calls)
+        try:
+            it.close()
+        finally:
+            sys.settrace(None)
+        try:
+            seen += [int(i) for i in next(iter(it))["index"]]
+        except IteratorClosedError:
+            wrong.append(line)
+        finally:
+            it.close()
+        assert fired == [line] and (line in wrong or seen == reference)
+    assert len(runs) > 5 and wrong == []
+
+
 def test_a_ctrl_c_before_the_stream_counts_a_batch_resumes_without_losing_it(make_ds, monkeypatch) -> None:
     """A Ctrl-C after DALI handed a batch out but before the stream counted it left the pipeline in place, one
     batch ahead of the stream: the next pass lost that batch."""
