@@ -34,6 +34,7 @@ from numpy.typing import ArrayLike
 
 from . import fork_locks
 from .errors import FrameRequestError, VideoDecodeError
+from .frame_checks import mid_gop_error
 from .keyframe_sizes import KEYFRAME_SIZE_CODECS, ReadAt, check_clip_keyframe_sizes
 from .packet_index import PacketIndex
 from .video_source import VideoSource, open_video_source
@@ -280,6 +281,9 @@ def packets_from_keyframe(container: Any, stream: Any, index: PacketIndex, start
                 if dts is None or dts < key_dts:
                     continue
                 break  # past the keyframe: the seek overshot
+    if any_frame:  # (Matroska's seek lands on a keyframe its cues list, whatever the flags: the first is later)
+        seconds = float(key_pts * index.time_base)
+        raise mid_gop_error(index.source_name, seconds, "the demuxer does not seek to it (it seeks keyframes only)")
     raise VideoDecodeError(
         f"{index.source_name}: no packet at the keyframe's decode time {key_dts} (position {start}); the file "
         "differs from its packet index (rewritten since it was indexed?)"

@@ -13,7 +13,7 @@ from av.video.frame import PictureType
 from .errors import VideoDecodeError
 from .packet_index import PacketIndex
 
-__all__ = ["check_random_access", "damaged_frame_error", "is_damaged", "out_of_order_error"]
+__all__ = ["check_random_access", "damaged_frame_error", "is_damaged", "mid_gop_error", "out_of_order_error"]
 
 
 def is_damaged(frame: av.VideoFrame, index: PacketIndex) -> bool:
@@ -79,14 +79,21 @@ def check_random_access(
         return
     shown = "is not shown" if frame is None or frame.pts != key_pts else "is not an intra picture"
     if not flagged:
-        raise VideoDecodeError(
-            f"{label}: the file's first packet (pts {seconds:.6f} s) is no keyframe and {shown} when decoding starts "
-            "there: the file starts mid-GOP (cut from a longer video), so its frames before its first keyframe cannot "
-            "be decoded. Leave those frames out, or restore the file's start from its source."
-        )
+        raise mid_gop_error(label, seconds, f"{shown} when decoding starts there")
     raise VideoDecodeError(
         f"{label}: the keyframe at pts {seconds:.6f} s {shown} when "
         "decoding starts there: the file flags a picture that is no random-access point as a keyframe (an H.264 "
         "recovery point of intra refresh), so frames decoded from it would not be the file's. Re-encode the video "
         "with real keyframes (lerobot-dali reencode)."
+    )
+
+
+def mid_gop_error(label: str, seconds: float, what: str) -> VideoDecodeError:
+    """The error for frames of file ``label`` before its first keyframe, where its first packet (shown at ``seconds``)
+    is no keyframe, a file cut mid-GOP: ``what`` befell that packet (not shown, refused by the decoder, or by the
+    demuxer's seek)."""
+    return VideoDecodeError(
+        f"{label}: the file's first packet (pts {seconds:.6f} s) is no keyframe and {what}: the file starts mid-GOP "
+        "(cut from a longer video), so its frames before its first keyframe cannot be decoded. Leave those frames "
+        "out, or restore the file's start from its source."
     )

@@ -19,7 +19,7 @@ import numpy as np
 from .clips import ClipPlan
 from .cpu_backends import require_pyav_decoder
 from .errors import DAMAGED_VIDEO_ADVICE, VideoDecodeError
-from .frame_checks import check_random_access, damaged_frame_error, is_damaged, out_of_order_error
+from .frame_checks import check_random_access, damaged_frame_error, is_damaged, mid_gop_error, out_of_order_error
 from .packet_index import PacketIndex
 
 __all__ = ["PacketDecoder"]
@@ -101,6 +101,9 @@ class PacketDecoder:
                 if not pending and not keys and not any(owed):
                     break
         except (av.error.FFmpegError, OSError) as e:
+            first = int(ranks[firsts[0]])
+            if not flagged[first] and first in keys:  # (the file's first packet, no keyframe, refused: VP9, AV1)
+                raise mid_gop_error(label, float(clip_seconds[first]), f"the decoder refuses it ({e})") from e
             raise VideoDecodeError(  # (as a file reader says it: a local MP4 is decoded here)
                 f"{label}: decoding failed ({e}; {len(payloads)} packets); the file is corrupt or truncated: "
                 f"{DAMAGED_VIDEO_ADVICE}"

@@ -16,7 +16,7 @@ import numpy as np
 
 from .clips import ClipPlan, packets_from_keyframe
 from .errors import DAMAGED_VIDEO_ADVICE, CodecUnsupportedError, VideoDecodeError, missing_video, no_video_stream
-from .frame_checks import check_random_access, damaged_frame_error, is_damaged, out_of_order_error
+from .frame_checks import check_random_access, damaged_frame_error, is_damaged, mid_gop_error, out_of_order_error
 from .open_files import out_of_files
 from .packet_index import PacketIndex, no_decoder_error
 from .video_source import VideoSource
@@ -94,29 +94,35 @@ class PyAvReader:
         pts in ``pending`` is in ``found``; the keyframe's own picture must show first, intra-coded
         (:func:`~.frame_checks.check_random_access`; the file's first packet may be no keyframe: a file cut mid-GOP)."""
         key_pts, flagged = int(index.pts[start]), bool(index.keyframe[start])
+        seconds = float(key_pts * index.time_base)
         pending = pending - found.keys()
         last: tuple[int, float] | None = None  # (pts, seconds) of the last frame shown
         key_checked, key_discarded = False, False
-        for packet in packets:
-            if packet.pts == key_pts:
-                key_discarded = bool(packet.is_discard)  # (an edit list hides it: no picture to check)
-            for frame in packet.decode():
-                if is_damaged(frame, index):
-                    raise damaged_frame_error(self.label, frame, index, frame.time)
-                if not key_checked and frame.pts is not None and frame.pts >= key_pts:
-                    key_checked = True
-                    if frame.pts == key_pts or not key_discarded:
-                        seconds = float(key_pts * index.time_base)
-                        check_random_access(self.label, frame, key_pts, seconds, flagged=flagged)
-                if frame.pts is not None:
-                    if last is not None and frame.pts <= last[0]:
-                        raise out_of_order_error(self.label, f"pts {frame.time:.6f} s after {last[1]:.6f} s")
-                    last = (frame.pts, float(frame.time))
-                if frame.pts in pending:
-                    found[frame.pts] = convert(frame)
-                    pending.discard(frame.pts)
-            if not pending:
-                return
+        try:
+            for packet in packets:
+                if packet.pts == key_pts:
+                    key_discarded = bool(packet.is_discard)  # (an edit list hides it: no picture to check)
+                for frame in packet.decode():
+                    if is_damaged(frame, index):
+                        raise damaged_frame_error(self.label, frame, index, frame.time)
+                    if not key_checked and frame.pts is not None and frame.pts >= key_pts:
+                        key_checked = True
+                        if frame.pts == key_pts or not key_discarded:
+                            check_random_access(self.label, frame, key_pts, seconds, flagged=flagged)
+                    if frame.pts is not None:
+                        if last is not None and frame.pts <= last[0]:
+                            raise out_of_order_error(self.label, f"pts {frame.time:.6f} s after {last[1]:.6f} s")
+                        last = (frame.pts, float(frame.time))
+                    if frame.pts in pending:
+                        found[frame.pts] = convert(frame)
+                        pending.discard(frame.pts)
+                if not pending:
+                    return
+        except (av.error.FFmpegError, OSError) as e:
+            if flagged or key_checked:
+                raise
+            # (the file's first packet, no keyframe, refused before it showed: VP9's and AV1's decoders do)
+            raise mid_gop_error(self.label, seconds, f"the decoder refuses it ({e})") from e
 
     def close(self) -> None:
         container = getattr(self, "container", None)
