@@ -190,7 +190,7 @@ def locate_episode_rows(
         raise EpisodeMetadataError(
             f"{location.description}: meta/episodes {problem}; episode {int(table.episode_index[i])} has length "
             f"{int(table.length[i])} there but {int(runs[i, 3])} rows in {path}: "
-            f"{miscounted_rows_advice(_episodes_of_files(table.episode_index[in_files], len(files)))}"
+            f"{miscounted_rows_advice(_episodes_of_files(table.episode_index[in_files], len(files)), at_open=True)}"
         )
     same = (runs[:, 0] == table.data_chunk_index) & (runs[:, 1] == table.data_file_index)
     if (same & (runs[:, 2] == table.data_row_start))[wanted].all():
@@ -200,7 +200,7 @@ def locate_episode_rows(
         in_files = [data_file_path(location, info, chunk, file) in paths for chunk, file in runs[:, :2].tolist()]
         raise EpisodeMetadataError(
             f"{location.description}: meta/episodes {problem}, yet every episode to read is where it says: "
-            f"{miscounted_rows_advice(_episodes_of_files(table.episode_index[in_files], len(paths)))}"
+            f"{miscounted_rows_advice(_episodes_of_files(table.episode_index[in_files], len(paths)), at_open=True)}"
         )
     # Episodes not to read that no file holds stay at (-1, -1), a file of their own that no real file's row count
     # includes; the selection drops them.
@@ -253,7 +253,7 @@ def _check_episode_files(
         named = f"episode {episode}" if len(every) == 1 else f"episodes {every[:10]}{' ...' if len(every) > 10 else ''}"
         raise EpisodeMetadataError(
             f"{miscounted[0]}: holds {footers[miscounted[0]].rows} rows, but meta/episodes.jsonl gives episode "
-            f"{episode} length {int(table.length[pos])}{more}; {miscounted_rows_advice(named)}"
+            f"{episode} length {int(table.length[pos])}{more}; {miscounted_rows_advice(named, at_open=True)}"
         )
     return footers
 

@@ -360,12 +360,15 @@ def missing_columns_advice(missing: Sequence[str], *, cameras: Sequence[str] = (
     )
 
 
-def miscounted_rows_advice(episodes: str) -> str:
+def miscounted_rows_advice(episodes: str, *, at_open: bool = False) -> str:
     """What to do where a data file holds other rows than the episode metadata gives ``episodes`` (e.g. "episode
-    3"): most often a download or copy cut the file short; no option reads the rows the metadata means."""
+    3"): most often a download or copy cut the file short; no option reads the rows the metadata means.
+    ``at_open``: found by the open, which ``lerobot-dali check`` runs too (it fails there, listing nothing), so the
+    message names no more than it does; found as an episode is read, check lists every such file."""
+    listed = "" if at_open else "; `lerobot-dali check` lists every such file"
     return (
         f"the data file and meta/episodes disagree (a download or copy cut short?): download the dataset again, or "
-        f"leave out {episodes} (episodes=[...] of the others); `lerobot-dali check` lists every such file"
+        f"leave out {episodes} (episodes=[...] of the others){listed}"
     )
 
 

@@ -621,7 +621,7 @@ def test_a_data_file_cut_short_says_which_episodes_to_leave_out(ds: Path) -> Non
     path = ds / "data/chunk-000/file-000.parquet"  # episodes 0 and 1
     table = pq.read_table(path)
     pq.write_table(table.slice(0, len(table) - 5), path)
-    advice = MISCOUNTED + r"leave out its episodes \[0, 1\] \(episodes=\[\.\.\.\] of the others\); `lerobot-dali check`"
+    advice = MISCOUNTED + r"leave out its episodes \[0, 1\] \(episodes=\[\.\.\.\] of the others\)$"
     with pytest.raises(
         EpisodeMetadataError, match=r"episode 1 has length 20 there but 15 rows in .*file-000.*" + advice
     ):
@@ -640,7 +640,7 @@ def test_data_files_cut_short_name_the_episodes_of_every_such_file(make_ds, copy
         table = pq.read_table(path)
         pq.write_table(table.slice(0, len(table) - 5), path)
     advice = (
-        MISCOUNTED + r"leave out the episodes of those 2 files, \[0, 1, 2, 3\] \(episodes=\[\.\.\.\] of the others\)"
+        MISCOUNTED + r"leave out the episodes of those 2 files, \[0, 1, 2, 3\] \(episodes=\[\.\.\.\] of the others\)$"
     )
     with pytest.raises(
         EpisodeMetadataError, match=r"episode 1 has length 20 there but 15 rows in .*file-000.*" + advice
@@ -677,7 +677,7 @@ def test_v2_data_files_cut_short_name_every_episode_to_leave_out(make_ds, copy_d
     for episode in (1, 2):
         path = root / f"data/chunk-000/episode_00000{episode}.parquet"
         pq.write_table(pq.read_table(path).slice(0, 15), path)
-    advice = MISCOUNTED + r"leave out episodes \[1, 2\] \(episodes=\[\.\.\.\] of the others\)"
+    advice = MISCOUNTED + r"leave out episodes \[1, 2\] \(episodes=\[\.\.\.\] of the others\)$"
     with pytest.raises(
         EpisodeMetadataError, match=r"episode_000001\.parquet: holds 15 rows.*\(and 1 more episodes\); " + advice
     ):
@@ -722,3 +722,30 @@ def test_a_video_file_without_a_video_stream_says_what_to_do(ds: Path) -> None:
         PyAvReader(path, filesystem=None, threads=1, label=str(path))
     # As told: the other file's episodes read.
     assert sum(len(batch["index"]) for batch in _first_pass(ds, episodes=[0, 1])) == 40
+
+
+@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+def test_data_files_cut_short_found_at_open_send_nobody_to_check(
+    make_ds, copy_ds, monkeypatch, capsys, version
+) -> None:
+    """Found at open, the advice said `lerobot-dali check` lists every such file: check opens the dataset too and
+    failed with the same message, listing nothing (2 of 2 layouts). Found as an episode is read (a v2 dataset past the
+    files checked at open), check does list them, and the advice still says so."""
+    from lerobot_dali import episode_data_files
+    from lerobot_dali.cli import main
+    from lerobot_dali.dataset_check import check_dataset
+
+    root = copy_ds(make_ds(**{**SPEC, "version": version}, size=(64, 96)))
+    for path in sorted((root / "data/chunk-000").glob("*.parquet"))[:2]:  # (v3: both files of 2 episodes each)
+        table = pq.read_table(path)
+        pq.write_table(table.slice(0, len(table) - 5), path)
+    with pytest.raises(EpisodeMetadataError) as at_open:
+        open_dataset(root)
+    assert "of the others)" in str(at_open.value) and "lerobot-dali check" not in str(at_open.value)
+    assert main(["check", str(root)]) != 0  # (as told before: check fails at the open too, listing nothing)
+    assert capsys.readouterr().err.strip().endswith(str(at_open.value))
+    if version == "v2.1":
+        monkeypatch.setattr(episode_data_files, "CHECKED_FILES", 1)
+        report = check_dataset(open_dataset(root), workers=0)
+        assert [p.episode_index for p in report.problems] == [0, 1]
+        assert all(p.message.endswith("; `lerobot-dali check` lists every such file") for p in report.problems)
