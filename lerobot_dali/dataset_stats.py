@@ -25,7 +25,8 @@ __all__ = ["NORMALIZE_WITHOUT_STATS", "POOLED_STATS", "FeatureStats", "aggregate
 
 logger = logging.getLogger(__name__)
 
-#: How to read around statistics that cannot be read: only ``normalize="stats"`` reads them.
+#: How ``normalize="stats"`` does without statistics that cannot be read (said where it reads them: the statistics'
+#: other readers, a policy's normalisation of state and action, cannot).
 NORMALIZE_WITHOUT_STATS = "give AugmentConfig.normalize a Normalize(mean=..., std=...) per camera instead of 'stats'"
 
 #: What pooling statistics (episodes', datasets') needs of each: a frame-weighted mean and pooled variance.
@@ -76,9 +77,7 @@ def _advising(path: str) -> Iterator[None]:
     try:
         yield
     except DatasetError as e:
-        raise DatasetError(
-            f"{e}; the file is not what LeRobot writes: download or copy {path} again, or {NORMALIZE_WITHOUT_STATS}"
-        ) from e
+        raise DatasetError(f"{e}; the file is not what LeRobot writes: download or copy {path} again") from e
 
 
 def aggregate_episode_stats(

@@ -35,7 +35,7 @@ from .concurrent_calls import in_threads
 from .dataset_info import Feature
 from .dataset_location import DatasetLocation
 from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
-from .dataset_stats import NORMALIZE_WITHOUT_STATS, POOLED_STATS, FeatureStats, aggregate_episode_stats
+from .dataset_stats import POOLED_STATS, FeatureStats, aggregate_episode_stats
 from .episode_rows import DecodedGroups
 from .episode_table import EpisodeTable
 from .errors import DatasetError, EpisodeMetadataError, SchemaMismatchError, StatsError
@@ -241,10 +241,9 @@ class DatasetUnion(LeRobotDatasetReader):
                 for m, part in zip(self.members, stats, strict=True)
             }
             named = {where: names for where, names in missing.items() if names}
-            add = f"add what is lacking to the meta/stats.json of {named} (LeRobot before v2.1 wrote no 'count'), or "
+            add = f"; add what is lacking to the meta/stats.json of {named} (LeRobot before v2.1 wrote no 'count')"
             raise StatsError(
-                f"the union pools its datasets' statistics by frame count, and cannot: {e}; "
-                f"{add if named else ''}{NORMALIZE_WITHOUT_STATS}"
+                f"the union pools its datasets' statistics by frame count, and cannot: {e}{add if named else ''}"
             ) from None
 
     def rows_stored(self, path: str, group_rows: int, length: int) -> bool:

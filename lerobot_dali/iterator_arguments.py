@@ -16,9 +16,10 @@ from typing import Any
 from .augment_config import NORMALIZE_FROM_STATS, AugmentConfig, Normalize, refuse_uint8_normalize
 from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import LeRobotDatasetReader, open_dataset
+from .dataset_stats import NORMALIZE_WITHOUT_STATS
 from .decode_route import DecodePreference
 from .distributed import require_cuda
-from .errors import CudaUnavailableError, DeltaTimestampsError, SchemaMismatchError
+from .errors import CudaUnavailableError, DatasetError, DeltaTimestampsError, SchemaMismatchError
 from .said_once import say_once
 from .value_checks import check_int
 from .windows import DeltaWindows
@@ -122,7 +123,10 @@ def camera_augment(
                 "Drop them from normalize and normalise depth in the policy, as LeRobot does"
             )
     if augment.normalize == NORMALIZE_FROM_STATS:
-        stats = reader.read_stats()
+        try:
+            stats = reader.read_stats()
+        except DatasetError as e:  # (said here: other readers of the statistics, a policy's, cannot do without them)
+            raise type(e)(f"{e} (normalize='stats' reads them; without them, {NORMALIZE_WITHOUT_STATS})") from e
         augment = augment.with_stats(stats, cameras, source=reader.location.description)
         say_once(logger, logging.INFO, "normalising cameras %s by the dataset's statistics", list(cameras))
     for camera in cameras:

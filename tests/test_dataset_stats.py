@@ -121,27 +121,53 @@ def test_malformed_statistics_name_the_file(tmp_path: Path, name: str, content: 
     """And say what to do: they named the fault only."""
     (tmp_path / "meta").mkdir()
     (tmp_path / "meta" / name).write_text(content)
-    advice = (
-        rf"; the file is not what LeRobot writes: download or copy {tmp_path}/meta/{name} again, or give "
-        r"AugmentConfig\.normalize a Normalize\(mean=\.\.\., std=\.\.\.\) per camera instead of 'stats'$"
-    )
+    advice = rf"; the file is not what LeRobot writes: download or copy {tmp_path}/meta/{name} again$"
     with pytest.raises(DatasetError, match=pattern + ".*" + advice):
         _stats_of(tmp_path)
 
 
+#: What an iterator with ``normalize="stats"`` adds: it can do without the statistics.
+WITHOUT_STATS = (
+    r" \(normalize='stats' reads them; without them, give AugmentConfig\.normalize a Normalize\(mean=\.\.\., "
+    r"std=\.\.\.\) per camera instead of 'stats'\)$"
+)
+
+
+def test_statistics_that_cannot_be_read_say_to_normalize_otherwise_only_where_normalize_reads_them(
+    make_ds, copy_ds
+) -> None:
+    """Every reader of a damaged stats.json was told to give AugmentConfig.normalize a Normalize per camera: a
+    policy's normalisation of state and action (pipelines/train.py's build_policy, reader.read_stats()) reads them
+    without any normalize, and cannot do so. Only an iterator normalising by them is told it."""
+    from lerobot_dali import DALILeRobotIterator, open_dataset
+    from lerobot_dali.augment_config import AugmentConfig
+
+    root = copy_ds(make_ds(episodes=2, frames_per_episode=[4, 6], cameras=1, fps=10, size=(64, 96)))
+    (root / "meta/stats.json").write_text("{")
+    copy_again = rf"stats\.json is not valid JSON: .*download or copy {root}/meta/stats\.json again"
+    with pytest.raises(DatasetError, match=copy_again + "$"):
+        open_dataset(root).read_stats()
+    with pytest.raises(DatasetError, match=copy_again + WITHOUT_STATS):
+        DALILeRobotIterator(root, augment=AugmentConfig(normalize="stats"), device="cpu", num_workers=0)
+
+
 def test_a_union_of_statistics_without_counts_says_what_to_do() -> None:
     """GR00T's v2.0 stats.json has no 'count' to weigh a dataset's statistics by: the union named the fault only."""
-    from lerobot_dali import concat_datasets, open_dataset
+    from lerobot_dali import DALILeRobotIterator, concat_datasets, open_dataset
+    from lerobot_dali.augment_config import AugmentConfig
     from lerobot_dali.errors import StatsError
 
     gr00t = open_dataset(shared_dataset("gr00t_v20_h264"), cameras=["observation.images.ego_view"])
     advice = (
         r"an episode lacks \['count'\]; .*; add what is lacking to the meta/stats\.json of \{'.*gr00t_v20_h264': "
-        r"\['count'\]\} \(LeRobot before v2\.1 wrote no 'count'\), or give AugmentConfig\.normalize a "
-        r"Normalize\(mean=\.\.\., std=\.\.\.\) per camera"
+        r"\['count'\]\} \(LeRobot before v2\.1 wrote no 'count'\)"
     )
-    with pytest.raises(StatsError, match=advice):
+    with pytest.raises(StatsError, match=advice + "$"):
         concat_datasets([gr00t, gr00t]).read_stats()
+    with pytest.raises(StatsError, match=advice + WITHOUT_STATS):
+        DALILeRobotIterator(
+            concat_datasets([gr00t, gr00t]), augment=AugmentConfig(normalize="stats"), device="cpu", num_workers=0
+        )
 
 
 @pytest.mark.parametrize("version", ["v3.0", "v2.1"])
