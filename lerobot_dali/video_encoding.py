@@ -12,6 +12,7 @@ __all__ = [
     "CODECS",
     "DEFAULT_CRF",
     "LONG_GOP_FRAMES",
+    "SVTAV1_PARAMS",
     "EncoderSettings",
     "check_bounded_int",
     "check_codec",
@@ -39,11 +40,13 @@ class _CodecSpec:
 # svt_av1_enc_get_packet, every encoder thread idle (a lost temporal unit: the end of the stream is never reached).
 # At lp=1 a picture starts only once the one before it in decode order is packetized (enable_dec_order), so the
 # ring fills in order and cannot overrun. The packets are byte for byte the same; an encode takes about 1.8x as long.
+#: The ``svtav1-params`` of every AV1 encode (above); whoever opens libsvtav1 with options of their own adds them.
+SVTAV1_PARAMS = "lp=1"
 # x264 keeps B-frames on (every preset except "ultrafast" has them) and forces them with b-adapt=0,
 # because loaders must cope with decode order differing from presentation order, as in many published
 # LeRobot datasets.
 _CODEC_SPECS: dict[str, _CodecSpec] = {
-    "av1": _CodecSpec("libsvtav1", 30, 63, (("preset", "8"), ("svtav1-params", "lp=1"))),
+    "av1": _CodecSpec("libsvtav1", 30, 63, (("preset", "8"), ("svtav1-params", SVTAV1_PARAMS))),
     "h264": _CodecSpec("libx264", 23, 51, (("preset", "veryfast"), ("bf", "2"), ("x264-params", "b-adapt=0"))),
     "hevc": _CodecSpec("libx265", 28, 51, (("preset", "ultrafast"),)),
     "vp9": _CodecSpec("libvpx-vp9", 32, 63, (("deadline", "realtime"), ("cpu-used", "8"), ("b", "0"))),

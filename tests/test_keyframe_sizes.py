@@ -21,7 +21,7 @@ from lerobot_dali.generate import encode_video
 from lerobot_dali.packet_index import build_packet_index
 from lerobot_dali.random_access import nal_layout
 from lerobot_dali.sequence_headers import keyframe_sequence_headers
-from lerobot_dali.video_encoding import encoder_settings
+from lerobot_dali.video_encoding import SVTAV1_PARAMS, encoder_settings
 from lerobot_dali.vp9_frame_size import vp9_keyframe_size
 from tests.video_fixtures import FPS, concatenate_stream_copy, reference_frames
 
@@ -51,6 +51,8 @@ def _encode(path: Path, codec: str, options: dict[str, str], size: tuple[int, in
         stream = container.add_stream(settings.encoder, rate=FPS)
         (stream.height, stream.width), stream.pix_fmt = size, "yuv420p"
         stream.options = {**settings.options, **options}
+        if "svtav1-params" in options:  # (added to ours: lp=1 keeps SVT-AV1's output in order)
+            stream.options = {**stream.options, "svtav1-params": f"{SVTAV1_PARAMS}:{options['svtav1-params']}"}
         for i in range(FRAMES):
             frame = av.VideoFrame.from_ndarray(draw_marker(0, i, *size), format="rgb24")
             frame.pts = i

@@ -26,7 +26,7 @@ from lerobot_dali.frame_marker import read_full_marker
 from lerobot_dali.generate import expected_state
 from lerobot_dali.packet_index import build_packet_index
 from lerobot_dali.reencode import reencode_dataset
-from lerobot_dali.video_encoding import CODECS
+from lerobot_dali.video_encoding import CODECS, SVTAV1_PARAMS
 from tests.conftest import shared_dataset, thread_policies
 from tests.process_tree import assert_workers_end_with, kill_all, spawned_workers
 from tests.video_fixtures import damage_av1_frame_size, reference_frames, with_edit_list
@@ -657,7 +657,7 @@ def _cropped_by_a_pixel(path: Path) -> None:
         stream = source.streams.video[0]
         out = target.add_stream("libsvtav1", rate=stream.average_rate)
         out.width, out.height = stream.codec_context.width - 1, stream.codec_context.height - 1
-        out.pix_fmt, out.options = "yuv420p", {"preset": "8"}
+        out.pix_fmt, out.options = "yuv420p", {"preset": "8", "svtav1-params": SVTAV1_PARAMS}
         out.codec_context.time_base = out.time_base = stream.time_base
         for frame in source.decode(stream):
             odd = frame.reformat(width=out.width, height=out.height)

@@ -30,6 +30,7 @@ from lerobot_dali.errors import VideoDecodeError
 from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.packet_index import build_packet_index
 from lerobot_dali.packet_index_cache import load_packet_index
+from lerobot_dali.video_encoding import SVTAV1_PARAMS
 from lerobot_dali.yuv_frames import (
     FramePlanes,
     color_matrix,
@@ -76,6 +77,8 @@ def _encode(
     with av.open(str(path), "w", format="mp4") as container:
         stream = container.add_stream(codec, rate=10)
         stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
+        if codec == "libsvtav1":
+            stream.options = {"svtav1-params": SVTAV1_PARAMS}  # (as every AV1 encode here: output in order)
         if colorspace is not None:
             stream.codec_context.colorspace = colorspace
         if full:
