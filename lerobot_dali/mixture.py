@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import fork_locks
 from .concurrent_calls import in_threads
 from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import LeRobotDatasetReader
@@ -145,6 +146,9 @@ class DALILeRobotMixture:
         dataset_options: Sequence[Mapping[str, Any] | None] | None = None,
         **options: Any,
     ) -> None:
+        #: Held while this thread starts the datasets' passes (builds their pipelines): see :meth:`close`.
+        self._starting = fork_locks.rlock()
+        self._closes = 0  # close() calls so far: a pass started after one is not closed by it
         _check_options(options)
         if options.get("rank_balance") in (RankBalance.NONE, RankBalance.NONE.value):
             raise ValueError(
@@ -312,6 +316,7 @@ class DALILeRobotMixture:
 
     # -- iteration ---------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        closes = self._closes  # (a close() from here on ends this pass)
         anchor = self.datasets[self.anchor].state_dict()
         # The anchor at the start of its epoch (a new mixture epoch, however reached, set_epoch back included): the
         # others go where this mixture epoch starts them, which is where they stand after the epoch before (then
@@ -321,16 +326,21 @@ class DALILeRobotMixture:
             for i, schedule in self._schedules.items():
                 _restart(self.datasets[i], *schedule.start(anchor["epoch"]))
         self._pass_id += 1
-        return self._batches(self._pass_id, self._passes())
+        return self._batches(self._pass_id, closes, self._start(self.datasets, closes))
 
-    def _passes(self) -> list[Iterator[dict[str, Any]]]:
-        """Each dataset's pass. Pipelines that must start (the first pass, a jump) start side by side: each waits
+    def _start(self, parts: list[DALILeRobotIterator], closes: int) -> list[Iterator[dict[str, Any]]]:
+        """The passes of ``parts``. Pipelines that must start (the first pass, a jump) start side by side: each waits
         about a second for its worker processes to start, which one after another would add up per dataset; a
-        long build is said once for all."""
-        with builds_said_together(self.datasets):
-            return in_threads(iter, self.datasets)
+        long build is said once for all. A close() since the mixture's pass began (``closes``: the count then)
+        closes them once all are built, so they raise IteratorClosedError: one started after it ran on."""
+        try:
+            with self._starting, builds_said_together(parts):
+                return in_threads(iter, parts)
+        finally:
+            if self._closes != closes:
+                self.close()
 
-    def _batches(self, pass_id: int, passes: list[Iterator[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
+    def _batches(self, pass_id: int, closes: int, passes: list[Iterator[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
         while True:
             if pass_id != self._pass_id:
                 raise IteratorClosedError(
@@ -342,7 +352,7 @@ class DALILeRobotMixture:
                 anchor = next(passes[self.anchor], None)
                 if anchor is None:  # the mixture's epoch is over
                     return
-                parts = [anchor if i == self.anchor else self._next_part(i, passes) for i in range(len(passes))]
+                parts = [anchor if i == self.anchor else self._next_part(i, passes, closes) for i in range(len(passes))]
                 batch = self._join(parts)
             except BaseException:
                 self._restore(before)  # a part taken while another failed is not lost: the next pass reads it
@@ -351,13 +361,13 @@ class DALILeRobotMixture:
                 self._reading = None
             yield batch
 
-    def _next_part(self, i: int, passes: list[Iterator[dict[str, Any]]]) -> dict[str, Any]:
+    def _next_part(self, i: int, passes: list[Iterator[dict[str, Any]]], closes: int) -> dict[str, Any]:
         """The next part of dataset ``i`` (not the anchor), starting its next epoch where one is over."""
         for _ in range(3):  # (an epoch taken to its end before this pass gives an empty pass first)
             part = next(passes[i], None)
             if part is not None:
                 return part
-            passes[i] = iter(self.datasets[i])
+            passes[i] = self._start([self.datasets[i]], closes)[0]
         raise _starved(self.datasets[i], self.datasets[i].epoch, self.rank, self.batch_shares[i])
 
     def _restore(self, states: list[dict[str, Any]]) -> None:
@@ -416,9 +426,17 @@ class DALILeRobotMixture:
         return {self.renames[0].batch_name(k): n for k, n in self.datasets[0].camera_channels.items()}
 
     def close(self) -> None:
-        """Stop every dataset's worker processes now."""
-        for part in getattr(self, "datasets", ()):
-            part.close()
+        """Stop every dataset's worker processes now; the pass in progress raises IteratorClosedError.
+
+        A pass starting its datasets' pipelines meanwhile closes them once all are built: closed one by one here, a
+        dataset whose build had not begun was built after it, and its pipeline and workers ran on. On the thread
+        starting them (a signal handler's close()) this leaves it to that pass; from another, it waits for them."""
+        self._closes += 1
+        if fork_locks.held_here(self._starting):
+            return
+        with self._starting:
+            for part in getattr(self, "datasets", ()):
+                part.close()
 
 
 def _sampled_frames(reader: LeRobotDatasetReader, options: Mapping[str, Any]) -> int:

@@ -7,7 +7,9 @@ task assignments; expected values come from the generator's formulas and each fr
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
+import multiprocessing
 import os
 import re
 import shutil
@@ -30,6 +32,7 @@ from lerobot_dali.errors import (
     DatasetError,
     DeltaTimestampsError,
     FrameTimestampError,
+    IteratorClosedError,
     MissingDataFileError,
     ResumeStateError,
     SchemaMismatchError,
@@ -836,3 +839,44 @@ def test_a_state_taken_while_a_batch_is_read_resumes_at_that_batch(make_ds, monk
     resumed.load_state_dict(taken[0])
     assert [_keys(batch) for batch in resumed] == full[2:]
     resumed.close()
+
+
+@pytest.mark.parametrize(
+    ("where", "num_workers"), [("_restart", 0), ("in_threads", 2), ("DALILeRobotIterator.__iter__", 0)]
+)
+def test_a_handlers_close_before_a_part_is_built_closes_it_once_built(make_ds, monkeypatch, where, num_workers) -> None:
+    """A signal handler's close() on the reading thread before a part's pipeline was built (in iter(): as the parts
+    are restarted at their epochs, ``_restart``, or as their parallel build begins, ``in_threads``; in the batch
+    whose part restarts its epoch, the part's iter()): closed one by one, a part not yet built was built after it,
+    its pipeline and workers running on until the next close (a close at each line of iter() and two batches: 65
+    of 147 points without workers, 28 of 53 with 2). The pass now closes every part once built and raises
+    IteratorClosedError, and the next pass carries on at the same sample."""
+    from lerobot_dali import mixture
+
+    paths = _datasets(make_ds)
+    restart = "." in where  # (in batch 9: the second part's epoch of 9 batches restarts)
+    count = 11 if restart else 2
+    options = dict(batch_size=4, seed=3, device="cpu")
+    mix = DALILeRobotMixture(paths, **options, num_workers=0)
+    full = [_keys(batch) for batch in itertools.islice(mix, count)]
+    mix.close()
+    mix = DALILeRobotMixture(paths, **options, num_workers=num_workers)
+    owner, name = (mixture.DALILeRobotIterator, "__iter__") if restart else (mixture, where)
+    original, read, closes = getattr(owner, name), [], []
+
+    def handler_closes_first(*args):
+        if not closes and len(read) == (9 if restart else 0):
+            closes.append(mix.close())
+        return original(*args)
+
+    monkeypatch.setattr(owner, name, handler_closes_first)
+    batches = iter(mix)
+    with pytest.raises(IteratorClosedError):
+        while True:
+            read.append(_keys(next(batches)))
+    monkeypatch.setattr(owner, name, original)
+    assert closes and [part._pipeline for part in mix.datasets] == [None, None]
+    assert multiprocessing.active_children() == []
+    read += [_keys(batch) for batch in itertools.islice(mix, count - len(read))]
+    mix.close()
+    assert read == full
