@@ -5,6 +5,11 @@ LeRobot v2.0 and v3.0 keep them in ``meta/stats.json``. v2.1 keeps per-episode s
 with LeRobot's formulas: means weighted by frame count, variances pooled (each episode's variance plus its
 mean's squared offset from the overall mean), min of mins, max of maxes. Used for normalisation: camera
 frames on the device (``AugmentConfig(normalize="stats")``) and state/action in the training pipeline.
+
+LeRobot before v2.1 wrote ``meta/stats.json`` without ``count``, and pooled datasets' statistics by each dataset's
+frame count (its ``aggregate_stats`` over datasets weighed them by ``num_frames``); later versions pool by ``count``,
+and fail on such a file. An entry without ``count`` here takes the number of frames its file covers, the dataset's:
+``total_frames`` in ``info.json``, else the episode metadata's lengths added up; so datasets pool as if it were there.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ import numpy as np
 
 from .dataset_info import DatasetInfo
 from .dataset_location import DatasetLocation, open_if_present
+from .episode_table import read_episode_records, read_episode_table
 from .errors import DatasetError
+from .said_once import say_once
 
 __all__ = ["NORMALIZE_WITHOUT_STATS", "POOLED_STATS", "FeatureStats", "aggregate_episode_stats", "read_dataset_stats"]
 
@@ -68,7 +75,41 @@ def read_dataset_stats(location: DatasetLocation, info: DatasetInfo | None = Non
             raise DatasetError(f"{path} is not valid JSON: {e}") from e
         if not isinstance(raw, Mapping):
             raise DatasetError(f"{path}: expected an object of feature statistics, got {type(raw).__name__}")
-        return {key: _arrays(entry, f"{path}: {key}", order.get(key)) for key, entry in raw.items()}
+        stats = {key: _arrays(entry, f"{path}: {key}", order.get(key)) for key, entry in raw.items()}
+    return _counted(stats, location, info, path)
+
+
+def _counted(stats: FeatureStats, location: DatasetLocation, info: DatasetInfo | None, path: str) -> FeatureStats:
+    """``stats`` (of file ``path``), each entry without ``count`` given the dataset's frame count (which the file
+    covers: LeRobot computed it over every frame), said once; left without where that count is not known."""
+    lacking = [key for key, entry in stats.items() if "count" not in entry]
+    known = _dataset_frames(location, info) if lacking else None
+    if known is None:
+        return stats
+    frames, source = known
+    say_once(logger, logging.INFO,
+        "%s gives no 'count' for %s (LeRobot before v2.1 wrote none); they cover the dataset's %d frames (%s), which "
+        "weigh them where datasets' statistics are pooled", path, lacking, frames, source,
+    )  # fmt: skip
+    return {
+        key: {**entry, "count": np.array([float(frames)])} if key in lacking else entry for key, entry in stats.items()
+    }
+
+
+def _dataset_frames(location: DatasetLocation, info: DatasetInfo | None) -> tuple[int, str] | None:
+    """The dataset's frame count and where it was read: ``total_frames`` in ``info.json`` (LeRobot's
+    ``meta.total_frames``), else the episode metadata's lengths added up; None where neither is known."""
+    if info is None:
+        return None
+    if info.total_frames > 0:
+        return info.total_frames, "info.json's total_frames"
+    try:
+        records = read_episode_records(location.meta_fs, location.meta_root, info)
+        frames = read_episode_table(records, info, video_keys=[]).total_frames
+    except DatasetError as e:  # (the pooling that needs the count says it lacks it; nothing else does)
+        logger.debug("%s: no frame count for its statistics: %s", location.description, e)
+        return None
+    return (frames, f"the episode lengths in {records.source}") if frames > 0 else None
 
 
 @contextmanager

@@ -241,7 +241,12 @@ class DatasetUnion(LeRobotDatasetReader):
                 for m, part in zip(self.members, stats, strict=True)
             }
             named = {where: names for where, names in missing.items() if names}
-            add = f"; add what is lacking to the meta/stats.json of {named} (LeRobot before v2.1 wrote no 'count')"
+            count = any("count" in names for names in named.values())
+            add = f"; add what is lacking to the meta/stats.json of {named}" + (
+                " (LeRobot before v2.1 wrote no 'count': a total_frames in the dataset's meta/info.json stands for it)"
+                if count
+                else ""
+            )
             raise StatsError(
                 f"the union pools its datasets' statistics by frame count, and cannot: {e}{add if named else ''}"
             ) from None

@@ -7,9 +7,13 @@ per-episode statistics that cr5_v21 keeps), and numpy's statistics of the concat
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from lerobot_dali.dataset_location import resolve_location
@@ -151,23 +155,83 @@ def test_statistics_that_cannot_be_read_say_to_normalize_otherwise_only_where_no
         DALILeRobotIterator(root, augment=AugmentConfig(normalize="stats"), device="cpu", num_workers=0)
 
 
-def test_a_union_of_statistics_without_counts_says_what_to_do() -> None:
-    """GR00T's v2.0 stats.json has no 'count' to weigh a dataset's statistics by: the union named the fault only."""
-    from lerobot_dali import DALILeRobotIterator, concat_datasets, open_dataset
-    from lerobot_dali.augment_config import AugmentConfig
-    from lerobot_dali.errors import StatsError
+GR00T = "gr00t_v20_h264"
 
-    gr00t = open_dataset(shared_dataset("gr00t_v20_h264"), cameras=["observation.images.ego_view"])
-    advice = (
-        r"an episode lacks \['count'\]; .*; add what is lacking to the meta/stats\.json of \{'.*gr00t_v20_h264': "
-        r"\['count'\]\} \(LeRobot before v2\.1 wrote no 'count'\)"
+
+def gr00t_part(dst: Path, episodes: list[int], *, total_frames: bool = True, recorded_only: bool = False) -> Path:
+    """A v2.0 dataset at ``dst`` of GR00T's ``episodes``: all five keep its own stats.json; fewer get the one LeRobot
+    v2.0 writes (mean, std, min, max over every frame; no 'count'). ``total_frames=False``: info.json without it;
+    ``recorded_only``: info.json without the camera that has no video files."""
+    src = shared_dataset(GR00T)
+    info = json.loads((src / "meta/info.json").read_text())
+    kept = [json.loads(line) for line in (src / "meta/episodes.jsonl").read_text().splitlines()]
+    kept = [record for record in kept if record["episode_index"] in episodes]
+    info |= {"total_episodes": len(kept), "total_frames": sum(record["length"] for record in kept)}
+    if not total_frames:
+        del info["total_frames"]
+    if recorded_only:
+        del info["features"]["observation.images.egoview"]
+    (dst / "meta").mkdir(parents=True)
+    (dst / "meta/info.json").write_text(json.dumps(info))
+    (dst / "meta/episodes.jsonl").write_text("".join(json.dumps(record) + "\n" for record in kept))
+    for name in ("tasks.jsonl", "modality.json"):
+        shutil.copy(src / "meta" / name, dst / "meta" / name)
+    for ep in episodes:
+        for path in (f"data/chunk-000/episode_{ep:06d}.parquet",
+                     f"videos/chunk-000/observation.images.ego_view/episode_{ep:06d}.mp4"):  # fmt: skip
+            (dst / path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src / path, dst / path)
+    if len(kept) == 5:
+        shutil.copy(src / "meta/stats.json", dst / "meta/stats.json")
+        return dst
+    stats = {}
+    for key in ("observation.state", "action", "timestamp", "next.reward"):
+        values = data_columns([dst], key)
+        stats[key] = {"mean": values.mean(0), "std": values.std(0), "min": values.min(0), "max": values.max(0)}
+    (dst / "meta/stats.json").write_text(
+        json.dumps({k: {n: v.tolist() for n, v in e.items()} for k, e in stats.items()})
     )
-    with pytest.raises(StatsError, match=advice + "$"):
-        concat_datasets([gr00t, gr00t]).read_stats()
-    with pytest.raises(StatsError, match=advice + WITHOUT_STATS):
-        DALILeRobotIterator(
-            concat_datasets([gr00t, gr00t]), augment=AugmentConfig(normalize="stats"), device="cpu", num_workers=0
-        )
+    return dst
+
+
+def data_columns(roots: list[Path], key: str) -> np.ndarray:
+    """Column ``key`` of every row of the datasets' data files, as ``(rows, components)`` float64."""
+    columns = [
+        pq.read_table(path, columns=[key])[key] for root in roots for path in sorted(root.glob("data/**/*.parquet"))
+    ]
+    column = pa.chunked_array([chunk for c in columns for chunk in c.chunks]).combine_chunks()
+    if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type):
+        return np.asarray(column.flatten(), np.float64).reshape(len(column), -1)
+    return np.asarray(column, np.float64).reshape(-1, 1)
+
+
+@pytest.mark.parametrize("total_frames", [True, False], ids=["info_total_frames", "episode_lengths"])
+def test_gr00ts_stats_without_count_pool_by_their_datasets_frames(tmp_path: Path, caplog, total_frames: bool) -> None:
+    """GR00T's v2.0 stats.json has no 'count': a union of it and two of its episodes (a v2.0 dataset of its own,
+    stats.json without 'count' too) refused to pool them. Each dataset's frames (info.json's total_frames, or its
+    episode lengths added up) weigh them now: the pooled statistics are numpy's over both datasets' rows."""
+    from lerobot_dali import concat_datasets, open_dataset
+
+    full, part = shared_dataset(GR00T), gr00t_part(tmp_path / "part", [3, 4], total_frames=total_frames)
+    readers = [open_dataset(root, cameras=["observation.images.ego_view"]) for root in (full, part)]
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.dataset_stats"):
+        pooled = concat_datasets(readers).read_stats()
+    source = "info.json's total_frames" if total_frames else f"the episode lengths in {part}/meta/episodes.jsonl"
+    assert f"{full}/meta/stats.json gives no 'count' for ['observation.state', 'action', " in caplog.text
+    assert f"{part}/meta/stats.json gives no 'count' for ['observation.state', 'action', " in caplog.text
+    assert "the dataset's 2096 frames (info.json's total_frames)" in caplog.text
+    assert f"the dataset's 740 frames ({source})" in caplog.text
+    for key in ("observation.state", "action", "timestamp", "next.reward"):
+        rows = data_columns([full, part], key)
+        assert int(pooled[key]["count"][0]) == len(rows) == 2096 + 740
+        # (GR00T's stats.json holds float32 sums: its means and stds are 1e-5 off numpy's over its rows)
+        np.testing.assert_allclose(pooled[key]["mean"], rows.mean(0), rtol=1e-5, atol=2e-5, err_msg=key)
+        np.testing.assert_allclose(pooled[key]["std"], rows.std(0), rtol=1e-5, atol=3e-5, err_msg=key)
+        np.testing.assert_allclose(pooled[key]["min"], rows.min(0), rtol=0, atol=1e-6, err_msg=key)
+        np.testing.assert_allclose(pooled[key]["max"], rows.max(0), rtol=0, atol=1e-6, err_msg=key)
+    # (the weights matter: the two datasets' means equally weighed are far off)
+    own = [read_dataset_stats(r.location, r.info)["action"]["mean"] for r in readers]
+    assert np.abs((own[0] + own[1]) / 2 - data_columns([full, part], "action").mean(0)).max() > 1e-2
 
 
 @pytest.mark.parametrize("version", ["v3.0", "v2.1"])

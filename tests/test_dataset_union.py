@@ -165,21 +165,38 @@ def test_statistics_are_pooled_over_every_frame(make_ds, copy_ds, caplog) -> Non
     assert "observation.state has no statistics in" in caplog.text
 
 
-def test_statistics_that_cannot_be_pooled_name_the_dataset_lacking_what(make_ds, copy_ds) -> None:
-    """The error said an 'episode' lacks a count and to add it to 'that dataset's' meta/stats.json, naming none."""
+def test_a_stats_json_without_count_pools_by_its_datasets_frames(make_ds, copy_ds) -> None:
+    """A stats.json without 'count' (LeRobot v2.0's) refused to pool, naming the dataset only: it is weighed by its
+    dataset's 16 frames now, and the union's statistics are numpy's over both datasets' rows. Only where no frame
+    count can be known (no total_frames in info.json, no episode metadata left to add up) is it refused."""
     from lerobot_dali.errors import StatsError
+    from tests.test_dataset_stats import data_columns
 
     first, second = _datasets(make_ds)
     first = copy_ds(first)  # (v3.0: meta/stats.json, here as GR00T's v2.0 one, without counts)
     stats = json.loads((first / "meta/stats.json").read_text())
     stats = {k: {n: x for n, x in v.items() if n != "count"} for k, v in stats.items()}
     (first / "meta/stats.json").write_text(json.dumps(stats))
+    pooled = concat_datasets([first, second]).read_stats()
+    for key in ("observation.state", "action"):
+        rows = data_columns([first, second], key)
+        assert int(pooled[key]["count"][0]) == len(rows) == 28
+        np.testing.assert_allclose(pooled[key]["mean"], rows.mean(0), rtol=1e-6, err_msg=key)
+        np.testing.assert_allclose(pooled[key]["std"], rows.std(0), rtol=1e-5, err_msg=key)
+        np.testing.assert_allclose(pooled[key]["min"], rows.min(0), rtol=1e-7, err_msg=key)
+        np.testing.assert_allclose(pooled[key]["max"], rows.max(0), rtol=1e-7, err_msg=key)
+    info = json.loads((first / "meta/info.json").read_text())
+    del info["total_frames"]
+    (first / "meta/info.json").write_text(json.dumps(info))
+    union = concat_datasets([first, second])
+    shutil.rmtree(first / "meta/episodes")
     said = (
         r"an episode lacks \['count'\].*; add what is lacking to the meta/stats\.json of "
-        rf"\{{'{first}': \['count'\]\}} \(LeRobot before v2\.1 wrote no 'count'\)$"
+        rf"\{{'{first}': \['count'\]\}} \(LeRobot before v2\.1 wrote no 'count': a total_frames in the dataset's "
+        r"meta/info\.json stands for it\)$"
     )
     with pytest.raises(StatsError, match=said):
-        concat_datasets([first, second]).read_stats()
+        union.read_stats()
 
 
 def test_each_dataset_keeps_its_own_episode_selection(make_ds) -> None:

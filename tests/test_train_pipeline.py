@@ -577,6 +577,36 @@ def test_cameras_flag_trains_gr00t_without_its_unrecorded_camera(tmp_path: Path)
     assert cameras == ["observation.images.ego_view"] and record["batch_shapes"][cameras[0]] == [4, 3, 256, 256]
 
 
+def test_concat_trains_on_gr00t_and_part_of_it_pooling_their_countless_statistics(tmp_path: Path) -> None:
+    """``--concat`` of GR00T (a copy, every episode and its own stats.json) and a v2.0 dataset of two of its
+    episodes, both stats.json without 'count' (LeRobot v2.0's): build_policy refused ("cannot ... add what is
+    lacking"). Each is weighed by its frames now: the policy's normalisation is numpy's mean and std over both
+    datasets' rows. (Copies without the camera GR00T declares but never recorded: several datasets are opened
+    before --cameras narrows them, so that camera's missing video refuses the run.)"""
+    from tests.test_dataset_stats import data_columns, gr00t_part
+
+    datasets = [
+        gr00t_part(tmp_path / name, eps, recorded_only=True)
+        for name, eps in (("all", [0, 1, 2, 3, 4]), ("part", [3, 4]))
+    ]
+    extra = ["--concat", "--timestamp-source", "frame_index"]
+    ckpt, record_dir, log = _run(tmp_path, datasets, steps=3, batch=4, procs=1, extra=extra)
+    assert "union of 2 datasets: 7 episodes, 2836 frames" in log
+    assert "the dataset's 2096 frames (info.json's total_frames), which weigh them where datasets' statistics" in log
+    assert "the dataset's 740 frames (info.json's total_frames), which weigh them where datasets' statistics" in log
+    (record,) = _records(record_dir, 1)
+    assert len(record["losses"]) == 3 and all(math.isfinite(x) for x in record["losses"])
+    model = _model(ckpt, 3)
+    for prefix, key in (("state_norm", "observation.state"), ("action_norm", "action")):
+        rows = data_columns(datasets, key)
+        std = rows.std(0)
+        want = torch.tensor(np.where(std > 0, std, 1.0), dtype=torch.float32)
+        torch.testing.assert_close(
+            model[f"{prefix}.mean"], torch.tensor(rows.mean(0), dtype=torch.float32), atol=3e-5, rtol=1e-5
+        )
+        torch.testing.assert_close(model[f"{prefix}.std"], want, atol=3e-5, rtol=1e-5)
+
+
 def test_tolerance_flag_reaches_the_iterator(make_ds: Callable[..., Path]) -> None:
     """r1's 10 fps rows over 25 fps video need half a video frame of tolerance, which train.py could not pass."""
     from lerobot_dali import open_dataset
