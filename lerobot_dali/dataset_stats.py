@@ -185,6 +185,8 @@ def _aggregate(entries: list[dict[str, np.ndarray]], where: str) -> dict[str, np
         if missing:
             raise DatasetError(f"{where}: an episode lacks {missing}; aggregation needs {list(POOLED_STATS)}")
     counts = np.array([float(np.sum(e["count"])) for e in entries])
+    if not np.all(np.isfinite(counts) & (counts >= 0)):
+        raise DatasetError(f"{where}: counts {counts.tolist()} are not all frame counts (finite, 0 or more)")
     if counts.sum() <= 0:
         raise DatasetError(f"{where}: every episode counts 0 frames")
     means, stds = _stacked(entries, "mean", where), _stacked(entries, "std", where)

@@ -117,6 +117,12 @@ def test_no_statistics_gives_an_empty_mapping(tmp_path: Path) -> None:
             r"x: episodes disagree on the statistics' shape \(min: \[\(1,\), \(2,\)\]\)",
         ),
         ("episodes_stats.jsonl", '{"stats": {"x": {"mean": [1], "count": [2]}}}\n', r"x: an episode lacks \['std'\]"),
+        (  # (a count below 0 weighed its episode negatively: a mean outside every episode's, no error)
+            "episodes_stats.jsonl",
+            '{"stats": {"x": {"mean": [1], "std": [1], "count": [-2]}}}\n'
+            '{"stats": {"x": {"mean": [3], "std": [1], "count": [4]}}}\n',
+            r"x: counts \[-2\.0, 4\.0\] are not all frame counts \(finite, 0 or more\)",
+        ),
         ("stats.json", "{", r"stats.json is not valid JSON"),
         ("stats.json", '{"x": {"mean": "a lot"}}', r"stats.json: x: mean is not a numeric array"),
     ],
