@@ -98,31 +98,32 @@ class PyAvReader:
         pending = pending - found.keys()
         last: tuple[int, float] | None = None  # (pts, seconds) of the last frame shown
         key_checked, key_discarded = False, False
-        try:
-            for packet in packets:
-                if packet.pts == key_pts:
-                    key_discarded = bool(packet.is_discard)  # (an edit list hides it: no picture to check)
-                for frame in packet.decode():
-                    if is_damaged(frame, index):
-                        raise damaged_frame_error(self.label, frame, index, frame.time)
-                    if not key_checked and frame.pts is not None and frame.pts >= key_pts:
-                        key_checked = True
-                        if frame.pts == key_pts or not key_discarded:
-                            check_random_access(self.label, frame, key_pts, seconds, flagged=flagged)
-                    if frame.pts is not None:
-                        if last is not None and frame.pts <= last[0]:
-                            raise out_of_order_error(self.label, f"pts {frame.time:.6f} s after {last[1]:.6f} s")
-                        last = (frame.pts, float(frame.time))
-                    if frame.pts in pending:
-                        found[frame.pts] = convert(frame)
-                        pending.discard(frame.pts)
-                if not pending:
-                    return
-        except (av.error.FFmpegError, OSError) as e:
-            if flagged or key_checked:
-                raise
-            # (the file's first packet, no keyframe, refused before it showed: VP9's and AV1's decoders do)
-            raise mid_gop_error(self.label, seconds, f"the decoder refuses it ({e})") from e
+        for packet in packets:
+            if packet.pts == key_pts:
+                key_discarded = bool(packet.is_discard)  # (an edit list hides it: no picture to check)
+            try:  # (the decoder alone: a read the demuxer fails is the file's or the network's, said by frames_at)
+                frames = packet.decode()
+            except (av.error.FFmpegError, OSError) as e:
+                if flagged or key_checked:
+                    raise
+                # (the file's first packet, no keyframe, refused before it showed: VP9's and AV1's decoders do)
+                raise mid_gop_error(self.label, seconds, f"the decoder refuses it ({e})") from e
+            for frame in frames:
+                if is_damaged(frame, index):
+                    raise damaged_frame_error(self.label, frame, index, frame.time)
+                if not key_checked and frame.pts is not None and frame.pts >= key_pts:
+                    key_checked = True
+                    if frame.pts == key_pts or not key_discarded:
+                        check_random_access(self.label, frame, key_pts, seconds, flagged=flagged)
+                if frame.pts is not None:
+                    if last is not None and frame.pts <= last[0]:
+                        raise out_of_order_error(self.label, f"pts {frame.time:.6f} s after {last[1]:.6f} s")
+                    last = (frame.pts, float(frame.time))
+                if frame.pts in pending:
+                    found[frame.pts] = convert(frame)
+                    pending.discard(frame.pts)
+            if not pending:
+                return
 
     def close(self) -> None:
         container = getattr(self, "container", None)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -278,3 +280,60 @@ def test_a_file_cut_mid_gop_says_so_in_other_containers_and_codecs(
     finally:
         reader.close()
         decoder.close()
+
+
+class _ReadsThenTimesOut(io.RawIOBase):
+    """A file object whose reads time out once ``failing`` is set (a network file whose retries are spent)."""
+
+    def __init__(self, raw: bytes) -> None:
+        self._file, self.failing = io.BytesIO(raw), False
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def readinto(self, buffer: Any) -> int:
+        if self.failing:
+            raise TimeoutError("read timed out")
+        return self._file.readinto(buffer)
+
+
+def test_a_read_that_times_out_in_a_file_cut_mid_gop_is_no_decoder_refusal(tmp_path: Path) -> None:
+    """A remote file's read that fails for good (its retries spent) while PyAvReader demuxes from a mid-GOP file's
+    first packet was said as that packet refused by the decoder, the file starting mid-GOP (2 of 2 requests): a
+    network error, which another try may mend, was blamed on the file. It is said as a failed read, as before."""
+    rng = np.random.default_rng(0)  # (noise: a file larger than the demuxer's first reads, which the open buffers)
+    with av.open(str(tmp_path / "noise.mp4"), "w") as output:
+        stream = output.add_stream("libx264", rate=30, options={"g": "30", "bf": "2", "x264-params": "scenecut=0"})
+        stream.width, stream.height, stream.pix_fmt = 160, 120, "yuv420p"
+        for _ in range(60):
+            output.mux(stream.encode(av.VideoFrame.from_ndarray(rng.integers(0, 256, (120, 160, 3), np.uint8))))
+        output.mux(stream.encode())
+    path = _cut_mid_gop(tmp_path / "noise.mp4", tmp_path / "cut.mp4")
+    index = build_packet_index(path)
+    handles: list[_ReadsThenTimesOut] = []
+
+    class Filesystem:
+        def open(self, name: str, mode: str) -> _ReadsThenTimesOut:
+            handles.append(_ReadsThenTimesOut(path.read_bytes()))
+            return handles[-1]
+
+    for frames in (np.array([3]), np.array([20, 40])):
+        reader = PyAvReader(str(path), filesystem=Filesystem(), threads=1, label="cut.mp4")
+        handles[-1].failing = True
+        try:
+            with pytest.raises(VideoDecodeError) as info:
+                reader.frames_at(index, plan_clip(index, frames), frames, lambda frame: frame.pts)
+        finally:
+            reader.close()
+        assert isinstance(info.value.__cause__, TimeoutError)
+        assert "mid-GOP" not in str(info.value) and "decoder refuses" not in str(info.value)
+        assert "decoding failed (read timed out)" in str(info.value)
