@@ -543,16 +543,19 @@ def _tail_agrees(container: Any, stream: Any, rows: list[Row]) -> bool:
 
 
 def _check_samples_played_once(table: np.ndarray, track: Mp4Track, *, label: str) -> None:
-    """Raise VideoDecodeError where the track's edit list plays some sample twice (several edits over the same
-    media, or a later one starting in an earlier one's GOP): FFmpeg then demuxes those packets twice, at two times,
-    which one frame number per packet cannot hold (without this, the shared bytes were called damaged tables)."""
+    """Raise VideoDecodeError where the track's edit list of several pieces has FFmpeg demux what one frame number
+    per packet cannot hold: a sample played twice (several edits over the same media, or a later one starting in an
+    earlier one's GOP), demuxed once per piece at two times; or a piece's next frame, kept hidden, at the time the next
+    piece's first frame shows. Without this, the shared bytes were called damaged tables, the shared time two packets
+    sharing a pts."""
     pieces = [edit for edit in track.edits or () if edit.media_time >= 0]
-    if len(pieces) < 2 or len(np.unique(table[:, 2])) == len(table):
+    if len(pieces) < 2 or (len(np.unique(table[:, 2])) == len(table) and len(np.unique(table[:, 0])) == len(table)):
         return
     raise VideoDecodeError(
-        f"{label}: its edit list plays the media in {len(pieces)} pieces and FFmpeg demuxes some packets once for "
-        "each: lerobot-dali reads edit lists of one piece (after a gap, if any) only. Write the video again with the "
-        "frames it shows, e.g. re-encode it with FFmpeg (ffmpeg -i in.mp4 -c:v libx264 out.mp4)."
+        f"{label}: its edit list plays the media in {len(pieces)} pieces, which FFmpeg demuxes as no one numbering of "
+        "the frames can hold (some packets once for each piece, or two at one time): lerobot-dali reads edit lists of "
+        "one piece (after a gap, if any) only. Write the video again with the frames it shows, e.g. re-encode it with "
+        "FFmpeg (ffmpeg -i in.mp4 -c:v libx264 out.mp4)."
     )
 
 

@@ -239,6 +239,21 @@ def test_an_edit_list_of_several_pieces_is_refused_naming_it(
     assert "damaged" not in str(info.value)
 
 
+def test_pieces_of_an_edit_list_that_share_a_time_are_refused_naming_it(
+    marker_video: MarkerVideo, tmp_path: Path
+) -> None:
+    """VP9 (no B-frames) cut by two edits, the second from a keyframe: no packet is demuxed twice, but FFmpeg keeps the
+    first piece's next frame, hidden, at the time the second piece's first frame shows (1 s), which was said as
+    'two packets share pts 15360' (re-encode or remux), naming no edit list."""
+    source = marker_video("vp9", 30)
+    raw = source.read_bytes()
+    delay = struct.unpack_from(">Ii", raw, raw.find(b"elst") + 12)[1]
+    path = with_edit_list(source, tmp_path / "pieces.mp4", [(1000, delay), (1000, delay + 60 * _TICKS)])
+    with pytest.raises(VideoDecodeError, match="its edit list plays the media in 2 pieces") as info:
+        build_packet_index(path)
+    assert "share pts" not in str(info.value)
+
+
 def test_an_edit_list_that_shows_nothing_is_refused(marker_video: MarkerVideo, tmp_path: Path) -> None:
     """A zero-length edit: a full decode shows no frame (FFmpeg demuxes 31 packets, two at pts 512: "two packets
     share pts", which said nothing of the edit list)."""
