@@ -470,14 +470,16 @@ def _reencode_failed(job: _Job, label: str, error: Exception) -> VideoDecodeErro
     """The error for a re-encode that failed with ``error``: the source is decoded alone to tell whose fault it is,
     the file's (it does not decode either) or the encoder's or the disk's (it does)."""
     try:
-        handle = job.filesystem.open(job.source, "rb") if job.filesystem is not None else None
-    except OSError as e:  # (a remote source gone or unreachable since: raised here, it hid the failure)
-        return VideoDecodeError(
-            f"{label}: re-encoding failed ({error}), and the file cannot be opened again ({e!r}): check that it is "
-            "still there and reachable, then run the re-encode again (it resumes)"
-        )
-    try:
-        with av.open(handle if handle is not None else job.source, "r") as source:
+        try:
+            opener = job.filesystem.open if job.filesystem is not None else open
+            handle = opener(job.source, "rb")  # (closed by the with below)
+        except OSError as e:  # (gone, unreadable or unreachable since: raised here, it hid the failure; a local
+            # one's was taken for a decode failure and called corrupt)
+            return VideoDecodeError(
+                f"{label}: re-encoding failed ({error}), and the file cannot be opened again ({e!r}): check that it "
+                "is still there, readable and reachable, then run the re-encode again (it resumes)"
+            )
+        with handle, av.open(handle, "r") as source:
             for _ in source.decode(source.streams.video[0]):
                 pass
     except (av.error.FFmpegError, OSError) as e:
@@ -486,9 +488,11 @@ def _reencode_failed(job: _Job, label: str, error: Exception) -> VideoDecodeErro
             f"or truncated: {DAMAGED_VIDEO_ADVICE}, or leave its camera out of the re-encode ({cameras_hint()}; its "
             "videos are then copied as they are)"
         )
-    finally:
-        if handle is not None:
-            handle.close()
+    except Exception as e:  # (the check's own failure: the re-encode's is still the one to tell)
+        return VideoDecodeError(
+            f"{label}: re-encoding failed ({error}); decoding the file alone, to tell whether the file is at fault, "
+            f"failed too ({e!r})"
+        )
     return VideoDecodeError(
         f"{label}: re-encoding failed ({error}), though the file decodes alone: the fault is the {job.codec} "
         f"encoder's or writing the copy's, not the file's: check that the disk holding the copy has room, or "

@@ -305,10 +305,45 @@ def test_a_remote_source_gone_when_a_failure_is_told_still_names_the_failure() -
     error = _reencode_failed(job, "bucket/v.mp4", OSError("connection reset"))
     assert re.fullmatch(
         r"bucket/v\.mp4: re-encoding failed \(connection reset\), and the file cannot be opened again "
-        r"\(FileNotFoundError\(.*\)\): check that it is still there and reachable, then run the re-encode again "
-        r"\(it resumes\)",
+        r"\(FileNotFoundError\(.*\)\): check that it is still there, readable and reachable, then run the re-encode "
+        r"again \(it resumes\)",
         str(error),
     ), error
+
+
+def test_a_local_source_gone_when_a_failure_is_told_is_not_called_corrupt(tmp_path: Path) -> None:
+    """A local source deleted since the re-encode began was called "corrupt or truncated" (FFmpeg's own
+    FileNotFoundError was taken for a decode failure), and its advice was to copy the file again."""
+    from lerobot_dali.reencode import _Job, _reencode_failed
+
+    gone = str(tmp_path / "v.mp4")
+    job = _Job(gone, None, str(tmp_path / "out.mp4"), "v.mp4", "cam", "h264", gop=2, crf=None, threads=1)
+    error = _reencode_failed(job, "v.mp4", OSError("read error"))
+    assert re.fullmatch(
+        r"v\.mp4: re-encoding failed \(read error\), and the file cannot be opened again \(FileNotFoundError\(.*\)\): "
+        r"check that it is still there, readable and reachable, then run the re-encode again \(it resumes\)",
+        str(error),
+    ), error
+
+
+def test_a_check_that_fails_otherwise_still_names_the_failure(
+    long_gop_ds: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decoding the source alone raised what is neither an FFmpeg error nor an OSError (here a RuntimeError) from
+    the message, in place of the re-encode's own error."""
+    from lerobot_dali import reencode
+
+    def refuses(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("no decoder")
+
+    source = str(long_gop_ds / BAD)
+    job = reencode._Job(source, None, "/out/v.mp4", BAD, "cam", "h264", gop=2, crf=None, threads=1)
+    monkeypatch.setattr(reencode.av, "open", refuses)
+    error = reencode._reencode_failed(job, BAD, OSError("disk full"))
+    assert str(error) == (
+        f"{BAD}: re-encoding failed (disk full); decoding the file alone, to tell whether the file is at fault, "
+        "failed too (RuntimeError('no decoder'))"
+    )
 
 
 def test_a_corrupt_video_fails_naming_it_and_the_same_call_resumes(
