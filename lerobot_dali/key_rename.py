@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -61,7 +61,8 @@ class KeyRename:
         if unknown:
             raise ValueError(
                 f"{where}: rename_map renames {unknown}, which it does not read; it reads {own}"
-                f"{did_you_mean(unknown, own)}: {_MAP_SHAPE}{_reversed(unknown, renamed, own)}"
+                f"{did_you_mean(unknown, own)}: {_MAP_SHAPE}"
+                f"{_reversed(unknown, rename_map, own, lambda fixed: cls.checked(fixed, reader))}"
             )
         fixed = sorted((set(renamed) | set(renamed.values())) & _FIXED_KEYS)
         padded = sorted(new for new in renamed.values() if new.endswith(PAD_SUFFIX))
@@ -135,14 +136,23 @@ class KeyRename:
         return renamed
 
 
-def _reversed(unknown: Sequence[str], rename_map: Mapping[str, str], own: Iterable[str]) -> str:
-    """``; this one maps the other way round: pass {...}`` (the map reversed) where each key of ``rename_map`` that
-    ``own`` lacks has a value ``own`` holds: a map written batch name first; else ""."""
+def _reversed(
+    unknown: Sequence[str], rename_map: Mapping[str, str], own: Iterable[str], check: Callable[[dict[str, str]], Any]
+) -> str:
+    """``; this one maps the other way round: pass {...}`` where each key ``unknown`` of ``rename_map`` (those
+    ``own`` lacks) has a value ``own`` holds (entries written batch name first): the whole map, those entries
+    reversed, the others as given, if ``check`` takes it (raises no ValueError); else ""."""
     read = set(own)
-    if all(rename_map[key] in read for key in unknown):
-        flipped = {rename_map[key]: key for key in unknown}
-        return f"; this one maps the other way round: pass {flipped}"
-    return ""
+    if not all(rename_map[key] in read for key in unknown):
+        return ""
+    flipped = {(new if old in unknown else old): (old if old in unknown else new) for old, new in rename_map.items()}
+    if len(flipped) < len(rename_map):  # (a reversed entry's key is another entry's)
+        return ""
+    try:
+        check(flipped)
+    except ValueError:
+        return ""
+    return f"; this one maps the other way round: pass {flipped}"
 
 
 def rename_maps_for(
@@ -158,7 +168,7 @@ def rename_maps_for(
             unknown, read = sorted(unread), sorted({key for reader in readers for key in reader.read_keys})
             raise ValueError(
                 f"rename_map renames {unknown}, which none of the datasets reads{did_you_mean(unknown, read)}: "
-                f"{_MAP_SHAPE}{_reversed(unknown, given, read)}"
+                f"{_MAP_SHAPE}{_reversed(unknown, given, read, lambda fixed: rename_maps_for(fixed, readers))}"
             )
         maps: Sequence[Mapping[str, str] | None] = [
             {k: v for k, v in given.items() if k in reader.read_keys} for reader in readers
@@ -220,20 +230,22 @@ def shared_selection(
                 names = rename.batch_names([*reader.all_camera_keys, *reader.tabular_keys])
                 wanted = [*chosen["cameras"], *chosen["keys"]]
                 lacking = [k for k in wanted if k not in names and rename.own_name(k) is not None]
-                hint = rename_hint(lacking, [k for k in names if k not in wanted and k not in _FIXED_KEYS])
+                hint = rename_hint(lacking, [k for k in names if k not in wanted and k not in _FIXED_KEYS], rename)
             raise DatasetError(f"{reader.location.description}: {e}{hint}") from None
     return narrowed
 
 
-def rename_hint(lacking: Sequence[str], spare: Sequence[str]) -> str:
-    """What to add where a dataset read with others lacks keys ``lacking`` that they have (``spare``: its own keys
-    the others lack): a rename_map giving its key that name, e.g. a camera recorded as 'rgb' where the others say
-    'top'; "" where it lacks none."""
+def rename_hint(lacking: Sequence[str], spare: Sequence[str], rename: KeyRename) -> str:
+    """What to add where a dataset read with others lacks keys ``lacking`` that they have (``spare``: the batch
+    names of its keys the others lack; ``rename``: its rename_map): a rename_map giving its key that name, e.g. a
+    camera recorded as 'rgb' where the others say 'top' (its map, if any, with that entry added or changed); ""
+    where it lacks none."""
     if not lacking:
         return ""
-    own = spare[0] if len(lacking) == 1 and len(spare) == 1 else "<its key>"
+    own = rename.own_key(spare[0]) if len(lacking) == 1 and len(spare) == 1 else "<its key>"
+    given = {**rename.to_batch, own: lacking[0]}
     return (
         f"; if a dataset lacking {lacking[0]!r} records it under another name, give it that name with a rename_map "
-        f"({ {own: lacking[0]} }: DALILeRobotMixture's dataset_options=[..., {{'rename_map': ...}}], "
+        f"({given}: DALILeRobotMixture's dataset_options=[..., {{'rename_map': ...}}], "
         "concat_datasets' rename_maps=[...] (a map or None per dataset), on the command line --rename-map)"
     )

@@ -556,7 +556,7 @@ def _check_windows(
         raise DeltaTimestampsError(
             f"delta_timestamps names {unread}, which the mixture does not read: not every dataset has them "
             f"({ {d: k for d, k in lacking.items() if k} }), or cameras=/keys= leave them out"
-            f"{rename_hint(unread, spare)}, or drop them from delta_timestamps"
+            f"{rename_hint(unread, spare, rename)}, or drop them from delta_timestamps"
         )
 
 

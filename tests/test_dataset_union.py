@@ -6,8 +6,10 @@ dataset shows in its rows, its frame's marker or its task string.
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
+import re
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -255,6 +257,29 @@ def test_one_rename_map_naming_no_dataset_s_key_says_what_its_keys_are(make_ds) 
     assert (
         rename_maps_for({cam0: "observation.images.front"}, readers)[0].batch_name(cam0) == "observation.images.front"
     )
+
+
+def test_a_rename_map_written_partly_the_other_way_round_is_told_whole(make_ds) -> None:
+    """The camera's entry written batch name first, the state's right: the map told was the reversed entry alone,
+    which dropped the state's (one map for all, as --rename-map passes it, and one per dataset)."""
+    from lerobot_dali.key_rename import rename_maps_for
+
+    paths = _datasets(make_ds)
+    readers = [open_dataset(path) for path in paths]
+    cam0, front, state = "observation.images.cam0", "observation.images.front", "observation.state"
+    given, whole = {front: cam0, state: "observation.joints"}, {cam0: front, state: "observation.joints"}
+    for opens in (
+        lambda rename_map: rename_maps_for(rename_map, readers),
+        lambda rename_map: concat_datasets(paths, rename_maps=[whole, rename_map]),
+    ):
+        with pytest.raises(ValueError, match="maps the other way round: pass ") as raised:
+            opens(given)
+        found = re.search(r"maps the other way round: pass (\{[^{}]*\})$", str(raised.value))
+        assert found is not None and ast.literal_eval(found.group(1)) == whole, raised.value
+        opens(whole)
+    assert [rename.to_batch for rename in rename_maps_for(whole, readers)] == [whole, whole]
+    union = concat_datasets(paths, rename_maps=[whole, whole])
+    assert union.camera_keys == [front] and "observation.joints" in union.read_keys and state not in union.read_keys
 
 
 def test_the_real_v30_and_v21_copies_of_one_recording_read_as_one() -> None:

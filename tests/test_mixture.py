@@ -6,6 +6,7 @@ task assignments; expected values come from the generator's formulas and each fr
 
 from __future__ import annotations
 
+import ast
 import inspect
 import itertools
 import logging
@@ -602,6 +603,59 @@ def test_bad_rename_maps_fail_naming_the_dataset_and_the_keys(make_ds) -> None:
         DALILeRobotMixture(paths, dataset_options=renamed, augment={"normalize": {}}, device="cpu", num_workers=0)
     with pytest.raises(DeltaTimestampsError, match=rf"{paths[1]}': \['{cam0}'\]"):  # (left out: not shared)
         DALILeRobotMixture(paths, dataset_options=renamed, delta_timestamps={cam0: [0.0]}, device="cpu")
+
+
+def _told_map(error: BaseException, before: str) -> dict[str, str]:
+    """The rename map an error tells to pass: the ``{...}`` after ``before``."""
+    found = re.search(rf"{re.escape(before)}(\{{[^{{}}]*\}})", str(error))
+    assert found is not None, error
+    return ast.literal_eval(found.group(1))
+
+
+def test_a_rename_map_written_partly_the_other_way_round_is_told_whole(make_ds) -> None:
+    """The second's cam1 read as cam0 (right) and its cam0 as 'side' (written side first): the map told was the
+    reversed entry alone, which dropped cam1's and, passed, left the datasets no camera in common (it read none)."""
+    paths = _datasets(make_ds)
+    cam0, cam1, side = "observation.images.cam0", "observation.images.cam1", "observation.images.side"
+    with pytest.raises(ValueError, match="maps the other way round") as raised:
+        DALILeRobotMixture(paths, dataset_options=[{}, {"rename_map": {side: cam0, cam1: cam0}}], device="cpu")
+    told = _told_map(raised.value, "other way round: pass ")
+    assert told == {cam0: side, cam1: cam0}
+    mix = DALILeRobotMixture(
+        paths, dataset_options=[{}, {"rename_map": told}], batch_size=4, device="cpu", num_workers=0
+    )
+    try:
+        assert mix.camera_channels == {cam0: 3}
+        assert mix.datasets[1].reader.all_camera_keys == (cam1,)  # (its camera 1, read as cam0)
+    finally:
+        mix.close()
+    with pytest.raises(ValueError, match=r"the batches' names$"):  # (reversed, it gives two keys one name: not told)
+        DALILeRobotMixture(paths, dataset_options=[{}, {"rename_map": {side: cam0, cam1: side}}], device="cpu")
+
+
+def test_a_rename_hint_for_a_key_renamed_already_names_its_own_key() -> None:
+    """r1's 'rgb' renamed 'wrist', cameras=['top'] (or a window on it): the map told was {'wrist': 'top'}, a batch
+    name where r1's own key belongs, which, passed, was refused (r1 reads no 'wrist')."""
+    paths = [shared_dataset("cr5_v30_av1"), shared_dataset("r1_v30_h264")]
+    top, rgb, wrist = "observation.images.top", "observation.images.rgb", "observation.images.wrist"
+    options = [{"timestamp_source": "frame_index"}, {"rename_map": {rgb: wrist}}]
+    for given, error in (
+        ({"cameras": [top]}, DatasetError),
+        ({"delta_timestamps": {top: [0.0]}}, DeltaTimestampsError),
+    ):
+        with pytest.raises(error, match="give it that name with a rename_map") as raised:
+            DALILeRobotMixture(paths, dataset_options=options, device="cpu", num_workers=0, **given)
+        told = _told_map(raised.value, "with a rename_map (")
+        assert told == {rgb: top}
+    options[1]["rename_map"] = told
+    mix = DALILeRobotMixture(
+        paths, cameras=[top], keys=[], image_size=(64, 64), tolerance_s=0.03, dataset_options=options, batch_size=4,
+        device="cpu", num_workers=0,
+    )  # fmt: skip
+    try:
+        assert mix.datasets[1].reader.all_camera_keys == (rgb,)  # (read as 'top')
+    finally:
+        mix.close()
 
 
 def test_datasets_naming_a_camera_otherwise_are_told_the_rename_map_that_joins_them() -> None:
