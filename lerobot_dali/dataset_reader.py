@@ -66,6 +66,7 @@ __all__ = [
     "LeRobotDatasetReader",
     "VideoRef",
     "open_dataset",
+    "read_info",
     "read_info_json",
     "warn_undeclared_columns",
 ]
@@ -660,7 +661,7 @@ def open_dataset(
     location = resolve_location(path_or_repo, revision=revision, storage_options=storage_options)
     if data_files_root is not None:
         location = with_bulk_root(location, data_files_root, storage_options=storage_options)
-    info = _read_info(location)
+    info = read_info(location)
     selected = _select(info.camera_keys, cameras, "camera", elsewhere=(info.tabular_keys, "keys"))
     camera_keys = [k for k in selected if info.features[k].is_video]
     image_keys = [k for k in selected if not info.features[k].is_video]
@@ -756,7 +757,8 @@ def _select(
     return list(chosen)
 
 
-def _read_info(location: DatasetLocation) -> DatasetInfo:
+def read_info(location: DatasetLocation) -> DatasetInfo:
+    """``meta/info.json`` parsed, as :func:`read_info_json` reads it."""
     return DatasetInfo.from_json(read_info_json(location), source=location.meta_path(INFO_PATH))
 
 

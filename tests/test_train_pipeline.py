@@ -577,12 +577,93 @@ def test_cameras_flag_trains_gr00t_without_its_unrecorded_camera(tmp_path: Path)
     assert cameras == ["observation.images.ego_view"] and record["batch_shapes"][cameras[0]] == [4, 3, 256, 256]
 
 
+GR00T, EGO_VIEW, TOP = "gr00t_v20_h264", "observation.images.ego_view", "observation.images.top"
+
+
+def test_concat_of_gr00t_reads_the_asked_camera_alone_and_its_frames(tmp_path: Path) -> None:
+    """``--concat`` of GR00T with itself and ``--cameras`` its recorded camera: each dataset was opened with every
+    camera its info.json declares before --cameras narrowed them, so the one never recorded ('egoview') refused the
+    run (MissingDataFileError, advising the --cameras already given). Each is opened with the camera asked for
+    now, and a batch's frames equal an independent PyAV decode of the frames its rows name."""
+    from lerobot_dali.packet_index import build_packet_index
+    from pipelines.train import open_readers
+    from tests.conftest import shared_dataset
+    from tests.video_fixtures import reference_frames
+
+    gr00t = shared_dataset(GR00T)
+    argv = ["--dataset", str(gr00t), str(gr00t), "--concat", "--cameras", EGO_VIEW, "--timestamp-source", "frame_index"]
+    options = parse_args([*argv, "--steps", "1", "--device", "cpu", "--num-workers", "0", "--batch-size", "4"])
+    (union,) = open_readers(options)
+    assert [member.all_camera_keys for member in union.members] == [(EGO_VIEW,)] * 2
+    plan = data_plan(options, fps=union.fps, camera_keys=[EGO_VIEW])
+    iterator = build_iterator(union, plan, options, device="cpu", rank=0, world_size=1)
+    try:
+        batch = next(iter(iterator))
+    finally:
+        iterator.close()
+    assert [k for k in batch if k.startswith("observation.images.")] == [EGO_VIEW]
+    for frames, episode, frame in zip(batch[EGO_VIEW], batch["episode_index"], batch["frame_index"], strict=True):
+        path = gr00t / f"videos/chunk-000/{EGO_VIEW}/episode_{int(episode):06d}.mp4"
+        pts = int(build_packet_index(path).frame_pts[int(frame)])
+        want = torch.from_numpy(reference_frames(path, {pts})[pts]).permute(2, 0, 1).float() / 255
+        torch.testing.assert_close(frames, want, atol=1e-6, rtol=0)
+
+
+def test_cameras_are_each_dataset_s_own_keys_by_its_rename_map(tmp_path: Path) -> None:
+    """A mixture of GR00T twice whose --rename-map names its recorded camera 'top' (and its unrecorded one 'wide'),
+    trained with --cameras top: each dataset is opened with its own key for 'top' ('ego_view'), not 'egoview' (whose
+    missing video refused the run), and the map's entry for the camera left out renames nothing."""
+    from tests.conftest import shared_dataset
+
+    gr00t = shared_dataset(GR00T)
+    rename = json.dumps({EGO_VIEW: TOP, "observation.images.egoview": "observation.images.wide"})
+    extra = ["--cameras", TOP, "--rename-map", rename, "--timestamp-source", "frame_index", "--num-workers", "0"]
+    _, record_dir, _ = _run(tmp_path, [gr00t, gr00t], steps=2, batch=4, procs=1, extra=extra)
+    (record,) = _records(record_dir, 1)
+    assert len(record["losses"]) == 2 and all(math.isfinite(x) for x in record["losses"])
+    cameras = {k: v for k, v in record["batch_shapes"].items() if k.startswith("observation.images.")}
+    assert cameras == {TOP: [4, 3, 256, 256]}
+
+
+def test_a_camera_a_dataset_lacks_after_its_rename_map_is_one_line_naming_both(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """--cameras top, which the first dataset's map gives its 'ego_view' and the second's (none) gives nothing: the
+    second was opened with every declared camera and refused for the unrecorded one, advising the --cameras given.
+    Now the run is refused naming that dataset, the camera and its cameras, with the rename that would fix it; and a
+    map giving two of its cameras the name asked for is refused as the library refuses it."""
+    from pipelines import train as train_module
+    from tests.conftest import shared_dataset
+
+    gr00t = str(shared_dataset(GR00T))
+    argv = ["--dataset", gr00t, gr00t, "--steps", "1", "--device", "cpu", "--num-workers", "0", "--batch-size", "4"]
+    argv += ["--cameras", TOP, "--rename-map", json.dumps({EGO_VIEW: TOP}), "{}"]
+    with caplog.at_level(logging.ERROR, logger="pipelines.train"):
+        assert train_module.main(argv) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(
+        f"train.py: --cameras: {gr00t} has no camera ['{TOP}']; its cameras are "
+        f"['observation.images.egoview', '{EGO_VIEW}']; if a dataset lacking '{TOP}' records it under another name"
+    ), errors[0]
+    # One map giving both its cameras that name: which to read is not the run's to guess.
+    caplog.clear()
+    both = json.dumps({EGO_VIEW: TOP, "observation.images.egoview": TOP})
+    with caplog.at_level(logging.ERROR, logger="pipelines.train"):
+        assert train_module.main([*argv[: argv.index("--rename-map")], "--rename-map", both]) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [
+        f"train.py: --rename-map: {gr00t}: gives ['{TOP}'] to several of its cameras ({json.loads(both)}; its "
+        f"cameras are ['observation.images.egoview', '{EGO_VIEW}']): one camera per name"
+    ]
+
+
 def test_concat_trains_on_gr00t_and_part_of_it_pooling_their_countless_statistics(tmp_path: Path) -> None:
     """``--concat`` of GR00T (a copy, every episode and its own stats.json) and a v2.0 dataset of two of its
     episodes, both stats.json without 'count' (LeRobot v2.0's): build_policy refused ("cannot ... add what is
     lacking"). Each is weighed by its frames now: the policy's normalisation is numpy's mean and std over both
-    datasets' rows. (Copies without the camera GR00T declares but never recorded: several datasets are opened
-    before --cameras narrows them, so that camera's missing video refuses the run.)"""
+    datasets' rows. (Copies without the camera GR00T declares but never recorded, which --cameras would otherwise
+    leave out.)"""
     from tests.test_dataset_stats import data_columns, gr00t_part
 
     datasets = [
