@@ -541,7 +541,7 @@ def _open_with_cameras(dataset: str, cameras: Sequence[str] | None, rename_map: 
         renamed = f" (its keys renamed by --rename-map {dict(rename.to_batch)})" if rename else ""
         raise RunRefused(
             f"--cameras: {location.description} has no camera {lacking}; its cameras are {names}{renamed}"
-            f"{rename_hint(lacking, [name for name in names if name not in cameras])}"
+            f"{rename_hint(lacking, [name for name in names if name not in cameras], rename)}"
         )
     several = sorted({camera for camera in cameras if names.count(camera) > 1})
     if several:
