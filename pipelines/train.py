@@ -678,10 +678,12 @@ def build_policy(
     renames = list(renames) if renames is not None else [KeyRename()] * len(readers)
     reader, rename = readers[0], renames[0]  # (a mixture's datasets share the keys, cameras and shapes)
     features = reader.info.features
-    own = {key: [r.own_name(key) for r in renames] for key in (STATE_KEY, ACTION_KEY)}
+    own: dict[str, list[str]] = {}  # each dataset's own name of the state and the action
     for key in (STATE_KEY, ACTION_KEY):
-        if own[key][0] not in reader.tabular_keys:  # (a mixture's: the keys every dataset has)
-            has = rename.batch_names(reader.tabular_keys)
+        names = [r.own_name(key) for r in renames]
+        own[key] = [name for name in names if name is not None]
+        if len(own[key]) < len(names) or any(n not in r.tabular_keys for n, r in zip(own[key], readers, strict=True)):
+            has = rename.batch_names(reader.tabular_keys)  # (a mixture's: the keys every dataset has)
             raise RunRefused(
                 f"the {'datasets read' if len(readers) > 1 else 'dataset has'} no {key!r} feature (only {has}); this "
                 "policy needs both"
