@@ -174,7 +174,7 @@ def _windows(windows: list[list[Any]], pixels: str) -> list[Any]:
     if pixels == "rgb":
         if all(len(frames) == 1 for frames in windows):
             return [frames[0][np.newaxis] for frames in windows]
-        stacked = np.stack([frame for frames in windows for frame in frames])
+        stacked: Any = np.stack([frame for frames in windows for frame in frames])
     else:
         y, u, _ = windows[0][0]
         count = sum(len(frames) for frames in windows)

@@ -91,12 +91,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         kind, root, store, rows, *rest = args.child
-        result = (
+        measured = (
             measure_reads(root, store, int(rows))
             if kind == "reads"
             else measure_iterator(root, store, int(rows), int(rest[0]))
         )
-        print(json.dumps(result))
+        print(json.dumps(measured))
         return
 
     from lerobot_dali.generate import make_dataset
