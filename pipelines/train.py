@@ -539,9 +539,10 @@ def _open_with_cameras(dataset: str, cameras: Sequence[str] | None, rename_map: 
     lacking = [camera for camera in cameras if camera not in names]
     if lacking:
         renamed = f" (its keys renamed by --rename-map {dict(rename.to_batch)})" if rename else ""
+        spare = [name for name in names if name not in cameras]
+        hint = rename_hint(lacking, spare, KeyRename(dict(rename_map or {})))  # (its whole map, to be passed back)
         raise RunRefused(
-            f"--cameras: {location.description} has no camera {lacking}; its cameras are {names}{renamed}"
-            f"{rename_hint(lacking, [name for name in names if name not in cameras], rename)}"
+            f"--cameras: {location.description} has no camera {lacking}; its cameras are {names}{renamed}{hint}"
         )
     several = sorted({camera for camera in cameras if names.count(camera) > 1})
     if several:

@@ -658,6 +658,32 @@ def test_a_camera_a_dataset_lacks_after_its_rename_map_is_one_line_naming_both(
     ]
 
 
+def test_the_rename_map_told_for_a_camera_a_dataset_lacks_keeps_its_other_entries(
+    make_ds: Callable[..., Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """--cameras top, which the first dataset's map gives its camera; the second's map renames only 'action' ('act',
+    as the first's does). The hint told the second a map of its camera entry alone ({cam0: top}), dropping 'action':
+    'act': passed back, one dataset read 'act' and the other 'action', and the mixture left both out. It tells the
+    dataset's whole map with the camera's entry added now; passed back, both datasets read 'act' and 'top'."""
+    import ast
+
+    from lerobot_dali.generate import camera_key
+    from pipelines import train as train_module
+
+    path = str(make_ds(**{**EVEN, "cameras": 1}))
+    argv = ["--dataset", path, path, "--steps", "1", "--device", "cpu", "--num-workers", "0", "--cameras", TOP]
+    first = json.dumps({camera_key(0): TOP, "action": "act"})
+    with caplog.at_level(logging.ERROR, logger="pipelines.train"):
+        assert train_module.main([*argv, "--rename-map", first, '{"action": "act"}']) == 2
+    (error,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    told = ast.literal_eval(re.search(r"\((\{.*?\}): DALILeRobotMixture", error).group(1))
+    assert told == {"action": "act", camera_key(0): TOP}, error
+    options = parse_args([*argv, "--rename-map", first, json.dumps(told)])
+    readers = train_module.open_readers(options)
+    for reader, rename in zip(readers, train_module.dataset_renames(options, readers), strict=True):
+        assert {"act", TOP} <= set(rename.batch_names(reader.read_keys)), (reader.read_keys, rename)
+
+
 def test_concat_trains_on_gr00t_and_part_of_it_pooling_their_countless_statistics(tmp_path: Path) -> None:
     """``--concat`` of GR00T (a copy, every episode and its own stats.json) and a v2.0 dataset of two of its
     episodes, both stats.json without 'count' (LeRobot v2.0's): build_policy refused ("cannot ... add what is
