@@ -227,12 +227,22 @@ def shared_selection(
         except DatasetError as e:
             hint = ""
             if len(readers) > 1:
-                names = rename.batch_names([*reader.all_camera_keys, *reader.tabular_keys])
+                cameras_named = rename.batch_names(reader.all_camera_keys)
+                names = [*cameras_named, *rename.batch_names(reader.tabular_keys)]
                 wanted = [*chosen["cameras"], *chosen["keys"]]
                 lacking = [k for k in wanted if k not in names and rename.own_name(k) is not None]
-                hint = rename_hint(lacking, [k for k in names if k not in wanted and k not in _FIXED_KEYS], rename)
+                spare = [k for k in names if k not in wanted and k not in _FIXED_KEYS]
+                camera = bool(lacking) and lacking[0] in chosen["cameras"]
+                hint = rename_hint(lacking, of_kind(spare, cameras_named, camera=camera), rename)
             raise DatasetError(f"{reader.location.description}: {e}{hint}") from None
     return narrowed
+
+
+def of_kind(names: Iterable[str], cameras: Iterable[str], *, camera: bool) -> list[str]:
+    """The cameras of ``names`` (``cameras``: a dataset's camera names) where ``camera``, else the others: a key
+    lacking is given the name of a spare key of its kind (a feature named as a camera is refused again)."""
+    are_cameras = set(cameras)
+    return [name for name in names if (name in are_cameras) == camera]
 
 
 def rename_hint(lacking: Sequence[str], spare: Sequence[str], rename: KeyRename) -> str:

@@ -40,7 +40,7 @@ from .errors import (
     ShardingError,
 )
 from .iterator import DALILeRobotIterator, builds_said_together, default_dali_threads
-from .key_rename import KeyRename, rename_hint, shared_selection
+from .key_rename import KeyRename, of_kind, rename_hint, shared_selection
 from .part_schedule import PartSchedule
 from .said_once import say_once, warn_once
 from .sample_order import RankBalance
@@ -553,10 +553,13 @@ def _check_windows(
             )
         reader, rename = short
         spare = [k for k in rename.batch_names(reader.info.features) if k not in read and k not in INDEX_COLUMNS]
+        missing = lacking[reader.location.description]
+        camera = any(missing[0] in n.batch_names(r.info.camera_keys) for r, n in zip(readers, renames, strict=True))
+        spare = of_kind(spare, rename.batch_names(reader.info.camera_keys), camera=camera)
         raise DeltaTimestampsError(
             f"delta_timestamps names {unread}, which the mixture does not read: not every dataset has them "
             f"({ {d: k for d, k in lacking.items() if k} }), or cameras=/keys= leave them out"
-            f"{rename_hint(unread, spare, rename)}, or drop them from delta_timestamps"
+            f"{rename_hint(missing, spare, rename)}, or drop them from delta_timestamps"
         )
 
 

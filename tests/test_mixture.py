@@ -658,6 +658,32 @@ def test_a_rename_hint_for_a_key_renamed_already_names_its_own_key() -> None:
         mix.close()
 
 
+def test_a_rename_hint_for_a_camera_names_a_camera_not_a_feature() -> None:
+    """r1 (its 'action' renamed 'act') read with cr5 lacks cr5's camera 'top': the hint took r1's one key the
+    others lack whatever its kind, 'act' where its camera was asked for too (cameras=[rgb, top]), and told
+    {'action': 'top'}, a vector named as a camera, which, passed, was refused again; a window on 'top' with r1's
+    camera and 'act' both spare told none. Both tell r1's camera now ({'action': 'act', 'rgb': 'top'} for the
+    window, the camera's own entry where cameras= takes 'rgb' as well), and the window's map, passed, opens."""
+    paths = [shared_dataset("r1_v30_h264"), shared_dataset("cr5_v30_av1")]
+    top, rgb = "observation.images.top", "observation.images.rgb"
+    options = [{"rename_map": {"action": "act"}}, {"timestamp_source": "frame_index"}]
+    with pytest.raises(DatasetError, match="give it that name with a rename_map") as raised:
+        DALILeRobotMixture(paths, dataset_options=options, cameras=[rgb, top], device="cpu", num_workers=0)
+    assert "'action': 'observation.images.top'" not in str(raised.value), raised.value
+    with pytest.raises(DeltaTimestampsError, match="give it that name with a rename_map") as raised:
+        DALILeRobotMixture(paths[::-1], dataset_options=options[::-1], delta_timestamps={top: [0.0]}, device="cpu")
+    told = _told_map(raised.value, "with a rename_map (")
+    assert told == {"action": "act", rgb: top}
+    mix = DALILeRobotMixture(
+        paths[::-1], delta_timestamps={top: [0.0]}, keys=[], image_size=(64, 64), tolerance_s=0.03, batch_size=4,
+        dataset_options=[options[1], {"rename_map": told}], device="cpu", num_workers=0,
+    )  # fmt: skip
+    try:
+        assert mix.datasets[1].reader.all_camera_keys == (rgb,)  # (read as 'top')
+    finally:
+        mix.close()
+
+
 def test_datasets_naming_a_camera_otherwise_are_told_the_rename_map_that_joins_them() -> None:
     """cr5 records its camera as 'top', r1 as 'rgb': cameras=['top'] and a window on it said only that r1 lacks it
     (and to pick cameras from r1's, which cr5 lacks)."""
