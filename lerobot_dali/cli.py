@@ -209,15 +209,20 @@ def _each_dataset(args: argparse.Namespace) -> list[argparse.Namespace]:
     count = len(args.dataset)
     values = {}
     for flag, given in (("--timestamp-source", args.timestamp_source), ("--tolerance-s", args.tolerance_s)):
-        if len(given) not in (1, count):
-            raise _CommandError(f"{flag} takes one value, or one per dataset ({count}), got {len(given)}")
-        values[flag] = given * count if len(given) == 1 else given
+        values[flag] = _one_each(flag, given, count)
     for tolerance in values["--tolerance-s"]:
         _check_tolerance(tolerance)
     return [
         _with(args, dataset=dataset, timestamp_source=source, tolerance_s=tolerance)
         for dataset, source, tolerance in zip(args.dataset, *values.values(), strict=True)
     ]
+
+
+def _one_each(flag: str, given: Sequence[Any], count: int) -> list[Any]:
+    """A flag's values, one or one per dataset (``count``), as one per dataset."""
+    if len(given) not in (1, count):
+        raise _CommandError(f"{flag} takes one value, or one per dataset ({count}), got {len(given)}")
+    return list(given) * count if len(given) == 1 else list(given)
 
 
 def _check_tolerance(tolerance_s: float) -> None:
@@ -287,7 +292,8 @@ def _union(args: argparse.Namespace, each: Sequence[argparse.Namespace]) -> LeRo
     """``args.dataset`` read as one (``--concat``), keys named by ``--rename-map``, each dataset's rows finding their
     frames its own way (``each``: its args), as a run would read them."""
     from .dataset_union import concat_datasets, open_all
-    from .key_rename import rename_maps_for
+    from .errors import CameraSelectionError
+    from .key_rename import rename_maps_for, without_cameras_left_out
 
     if not args.concat:
         raise _CommandError("--rename-map names the keys of datasets checked as one: add --concat")
@@ -297,10 +303,17 @@ def _union(args: argparse.Namespace, each: Sequence[argparse.Namespace]) -> LeRo
         raise _CommandError(
             "--concat takes no --episodes (each dataset's own): check a selection of episodes dataset by dataset"
         )
-    readers = open_all(args.dataset, lambda d: _open_dataset(_with(args, dataset=d, cameras=None, keys=None)))
     maps = args.rename_map[0] if args.rename_map is not None and len(args.rename_map) == 1 else args.rename_map
+    each_map = _one_each("--rename-map", [None] if maps is None else args.rename_map, len(args.dataset))
+    try:  # (each dataset with its own keys for --cameras: a camera it declares but never recorded is not looked for)
+        readers = open_all(
+            args.dataset, lambda d, own: _open_dataset(_with(args, dataset=d, cameras=own, keys=None)),
+            cameras=args.cameras, rename_maps=each_map, revision=args.revision,
+        )  # fmt: skip
+    except CameraSelectionError as e:
+        raise _CommandError(f"--cameras: {e}") from e
     try:
-        renames = rename_maps_for(maps, readers)
+        renames = rename_maps_for(without_cameras_left_out(maps, readers), readers)
     except ValueError as e:
         raise _CommandError(f"--rename-map: {e}") from e
     own = {

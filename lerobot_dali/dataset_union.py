@@ -42,7 +42,7 @@ from .errors import DatasetError, EpisodeMetadataError, SchemaMismatchError, Sta
 from .file_stamps import FileStamp, FileStamps
 from .frame_lookup import ITERATORS_LOOKUP, FrameLookup, TimestampSource
 from .image_frames import first_image_shape
-from .key_rename import KeyRename, shared_selection
+from .key_rename import KeyRename, own_cameras, shared_selection, without_cameras_left_out
 from .packet_index_cache import load_episode_packet_index
 from .packet_index_store import PacketIndexStore
 from .remote_retry import RetryingFileSystem
@@ -59,11 +59,31 @@ Dataset = str | os.PathLike[str] | LeRobotDatasetReader
 
 
 def open_all(
-    datasets: Sequence[Dataset], opener: Callable[[Dataset], LeRobotDatasetReader] | None = None
+    datasets: Sequence[Dataset],
+    opener: Callable[[Dataset, Sequence[str] | None], LeRobotDatasetReader] | None = None,
+    *,
+    cameras: Sequence[str] | None = None,
+    rename_maps: Sequence[Mapping[str, str] | None] | None = None,
+    revision: str | None = None,
 ) -> list[LeRobotDatasetReader]:
-    """Each of ``datasets`` (a list, :func:`dataset_list`) opened by ``opener`` (default :func:`opened`), several
-    at once."""
-    return in_threads(opener or opened, dataset_list(datasets), progress="lerobot-dali: opening datasets")
+    """Each of ``datasets`` (a list, :func:`dataset_list`) opened, several at once. ``cameras`` (the batches' names;
+    None: every camera each declares): each dataset given by path or URL is opened with only its own keys for them,
+    mapped back through its ``rename_maps`` entry (one ``{own key: batch key}`` or None per dataset) by
+    :func:`~.key_rename.own_cameras`, so that a camera it declares but never recorded is not looked for; one given
+    opened is as opened (:func:`opened`). ``opener(dataset, its own cameras)`` opens one (default
+    :func:`~.dataset_reader.open_dataset`); ``revision``: the one it opens, where info.json is read for the cameras."""
+    datasets = dataset_list(datasets)
+    maps = _one_each("rename_maps", rename_maps, len(datasets))
+
+    def open_one(dataset: Dataset, rename_map: Mapping[str, str] | None) -> LeRobotDatasetReader:
+        if isinstance(dataset, LeRobotDatasetReader):
+            return opened(dataset)
+        own = own_cameras(dataset, cameras, rename_map, revision=revision)
+        return opener(dataset, own) if opener is not None else open_dataset(dataset, cameras=own)
+
+    return in_threads(
+        lambda each: open_one(*each), list(zip(datasets, maps, strict=True)), progress="lerobot-dali: opening datasets"
+    )
 
 
 def dataset_list(datasets: Sequence[Dataset]) -> list[Dataset]:
@@ -314,14 +334,17 @@ def concat_datasets(
     read as one, for :class:`~lerobot_dali.iterator.DALILeRobotIterator`. ``rename_maps`` (one ``{own key: union
     key}``, LeRobot's ``rename_map``, or None per dataset) gives keys recorded under other names the names the
     others use. ``cameras`` and ``keys`` (by the union's names) default to those every dataset has (the rest are left
-    out with a warning, as LeRobot's ``MultiLeRobotDataset`` does). Raises DatasetError for datasets on several kinds
+    out with a warning, as LeRobot's ``MultiLeRobotDataset`` does); each dataset given by path is opened with only its
+    own keys for ``cameras`` (through its rename_map), so a camera it declares but never recorded is not looked for
+    (CameraSelectionError: one it lacks). Raises DatasetError for datasets on several kinds
     of filesystem and SchemaMismatchError, naming the datasets, where layouts differ.
 
     ``timestamp_sources`` and ``tolerances_s`` (one per dataset, None: the iterator's ``timestamp_source`` and
     ``tolerance_s``) let datasets of different recorders join: e.g. ``[None, "frame_index"]`` for a second dataset
     whose parquet timestamps are wall-clock (LeRobot's ``MultiLeRobotDataset`` takes ``tolerances_s`` per dataset
     too)."""
-    readers = open_all(datasets)
+    rename_maps = _one_each("rename_maps", rename_maps, len(dataset_list(datasets)))
+    readers = open_all(datasets, cameras=cameras, rename_maps=rename_maps)  # (each with its own keys for cameras)
     kinds = {r.location.description: _filesystem_kind(r) for r in readers}
     if len(set(kinds.values())) > 1:
         raise DatasetError(
@@ -329,7 +352,8 @@ def concat_datasets(
             "remote ones (huggingface_hub's snapshot_download), or read them side by side with DALILeRobotMixture"
         )
     count = len(readers)
-    rename_maps = _one_each("rename_maps", rename_maps, count)
+    if cameras is not None:  # (entries for declared cameras that cameras= left out rename nothing)
+        rename_maps = without_cameras_left_out(rename_maps, readers)
     renames = [KeyRename.checked(m, r) for m, r in zip(rename_maps, readers, strict=True)]
     lookups = [
         FrameLookup(source, tolerance) for source, tolerance in zip(

@@ -123,6 +123,11 @@ class MissingDataFileError(DatasetError, FileNotFoundError):
     """A data parquet or video file that the metadata refers to is absent."""
 
 
+class CameraSelectionError(DatasetError):
+    """Datasets read together: ``cameras=`` (by the batches' names) names a camera one of them lacks, or two of its
+    cameras have, under the names its rename_map gives them."""
+
+
 class DataFileError(DatasetError):
     """A data parquet file exists but cannot be read: truncated, corrupt, or not parquet."""
 

@@ -10,19 +10,29 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, overload
 
 from .augment_config import AugmentConfig
 from .dataset_info import INDEX_COLUMNS
-from .dataset_reader import LeRobotDatasetReader
-from .errors import DatasetError, did_you_mean
+from .dataset_location import resolve_location
+from .dataset_reader import LeRobotDatasetReader, read_info
+from .errors import CameraSelectionError, DatasetError, did_you_mean
 from .fork_locks import cached_property
 from .said_once import warn_once
 from .windows import PAD_SUFFIX
 
-__all__ = ["KeyRename", "rename_hint", "rename_map_from_json", "rename_maps_for", "shared_selection"]
+__all__ = [
+    "KeyRename",
+    "own_cameras",
+    "rename_hint",
+    "rename_map_from_json",
+    "rename_maps_for",
+    "shared_selection",
+    "without_cameras_left_out",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +61,7 @@ class KeyRename:
         if rename_map is None:
             return cls()
         where = reader.location.description
-        if not isinstance(rename_map, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) and v for k, v in rename_map.items()
-        ):
-            raise TypeError(f"{where}: a rename_map maps key names to new names ({{old: new}}), got {rename_map!r}")
+        _check_shape(rename_map, where)
         renamed = {old: new for old, new in rename_map.items() if old != new}
         own = list(reader.read_keys)
         unknown = sorted(set(renamed) - set(own))
@@ -136,6 +143,14 @@ class KeyRename:
         return renamed
 
 
+def _check_shape(rename_map: object, where: str) -> None:
+    """TypeError, naming dataset ``where``, unless ``rename_map`` maps names to names."""
+    if not isinstance(rename_map, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) and v for k, v in rename_map.items()
+    ):
+        raise TypeError(f"{where}: a rename_map maps key names to new names ({{old: new}}), got {rename_map!r}")
+
+
 def _reversed(
     unknown: Sequence[str], rename_map: Mapping[str, str], own: Iterable[str], check: Callable[[dict[str, str]], Any]
 ) -> str:
@@ -178,6 +193,80 @@ def rename_maps_for(
         if len(maps) != len(readers):
             raise ValueError(f"one rename_map for all datasets, or one per dataset ({len(readers)}), got {len(maps)}")
     return [KeyRename.checked(m, reader) for m, reader in zip(maps, readers, strict=True)]
+
+
+def own_cameras(
+    dataset: str | os.PathLike[str],
+    cameras: Sequence[str] | None,
+    rename_map: Mapping[str, str] | None,
+    *,
+    revision: str | None = None,
+) -> list[str] | None:
+    """``dataset``'s own keys for ``cameras`` (the batches' names, which ``rename_map``, its ``{own key: batch key}``,
+    gives its cameras), to open it with, one of several: so that a camera its info.json declares but it never
+    recorded (GR00T v2.0's 'egoview') is not looked for; None where ``cameras`` is None (every camera it declares).
+    CameraSelectionError names a camera of ``cameras`` it lacks, the dataset, its cameras and the rename that would
+    give it; or a camera of ``cameras`` the map gives two of its cameras (which to read is not to guess)."""
+    if cameras is None:
+        return None
+    if isinstance(cameras, str):  # (as open_dataset says it)
+        raise TypeError(f"cameras= takes a list of keys, got the string {cameras!r}: pass [{cameras!r}]")
+    location = resolve_location(dataset, revision=revision)
+    if rename_map is not None:
+        _check_shape(rename_map, location.description)
+    declared = read_info(location).camera_keys
+    rename = KeyRename({k: v for k, v in (rename_map or {}).items() if k in declared})  # (checked once opened)
+    names = rename.batch_names(declared)
+    lacking = [camera for camera in cameras if camera not in names]
+    if lacking:
+        renamed = f" (renamed by its rename_map {dict(rename.to_batch)})" if rename else ""
+        away = [camera for camera in lacking if rename.own_name(camera) is None]  # (its own key, renamed)
+        told = "".join(f"; {camera!r} is renamed {rename.to_batch[camera]!r} by it: name it so" for camera in away)
+        whole = KeyRename(dict(rename_map or {}))  # (its whole map in the hint, to be passed back as it is)
+        hint = rename_hint([c for c in lacking if c not in away], [n for n in names if n not in cameras], whole)
+        raise CameraSelectionError(
+            f"{location.description} has no camera {lacking}; its cameras are {names}{renamed}{told}{hint}"
+        )
+    several = sorted({camera for camera in cameras if names.count(camera) > 1})
+    if several:
+        raise CameraSelectionError(
+            f"{location.description}: rename_map gives {several} to several of its cameras ({dict(rename.to_batch)}; "
+            f"its cameras are {declared}): one camera per name"
+        )
+    return rename.own_names(cameras)
+
+
+@overload
+def without_cameras_left_out(
+    rename_map: Mapping[str, str] | None, readers: Sequence[LeRobotDatasetReader]
+) -> Mapping[str, str] | None: ...
+
+
+@overload
+def without_cameras_left_out(
+    rename_map: Sequence[Mapping[str, str] | None], readers: Sequence[LeRobotDatasetReader]
+) -> list[Mapping[str, str] | None]: ...
+
+
+def without_cameras_left_out(
+    rename_map: Mapping[str, str] | Sequence[Mapping[str, str] | None] | None, readers: Sequence[LeRobotDatasetReader]
+) -> Mapping[str, str] | list[Mapping[str, str] | None] | None:
+    """``rename_map`` (one for all ``readers``, or one per reader, as :func:`rename_maps_for` takes) less its entries
+    for cameras the readers declare but were not opened with (``cameras=`` left them out, :func:`own_cameras`): they
+    rename nothing, and :meth:`KeyRename.checked` refuses an entry for a key a dataset does not read."""
+
+    def trimmed(given: Mapping[str, str] | None, of: Sequence[LeRobotDatasetReader]) -> Mapping[str, str] | None:
+        if not isinstance(given, Mapping):  # (None; or not a map, which KeyRename.checked says)
+            return given
+        read = {key for reader in of for key in reader.read_keys}
+        left_out = {key for reader in of for key in reader.info.camera_keys} - read
+        return {old: new for old, new in given.items() if old not in left_out}
+
+    if rename_map is None or isinstance(rename_map, Mapping):
+        return trimmed(rename_map, readers)
+    if len(rename_map) != len(readers):  # (rename_maps_for says how many it takes)
+        return list(rename_map)
+    return [trimmed(given, [reader]) for given, reader in zip(rename_map, readers, strict=True)]
 
 
 def rename_map_from_json(text: str) -> dict[str, str]:

@@ -40,7 +40,7 @@ from .errors import (
     ShardingError,
 )
 from .iterator import DALILeRobotIterator, builds_said_together, default_dali_threads
-from .key_rename import KeyRename, of_kind, rename_hint, shared_selection
+from .key_rename import KeyRename, of_kind, rename_hint, shared_selection, without_cameras_left_out
 from .part_schedule import PartSchedule
 from .said_once import say_once, warn_once
 from .sample_order import RankBalance
@@ -127,7 +127,9 @@ class DALILeRobotMixture:
     ``[{"timestamp_source": "frame_index"}, {}]`` for a first dataset whose parquet timestamps are wall-clock.
     Its ``"rename_map"`` (LeRobot's ``rename_map``, ``{own key: batch key}``) gives a dataset's cameras or features
     the names the others have, e.g. ``{"observation.images.rgb": "observation.images.top"}``; every other argument
-    (``cameras``, ``keys``, ``delta_timestamps``, a per-camera ``normalize``) names keys as the batches do.
+    (``cameras``, ``keys``, ``delta_timestamps``, a per-camera ``normalize``) names keys as the batches do; each
+    dataset given by path is opened with only its own keys for ``cameras``, so one it declares but never recorded
+    (GR00T v2.0's 'egoview') is not looked for.
     Arguments that open a dataset (``revision``, ``episodes``, ``episode_filter``, ``data_files_root``) are per
     dataset too: pass it opened with ``open_dataset``.
     Every batch is full: as with ``drop_last=True``, each dataset's epoch leaves out fewer samples than its share.
@@ -160,11 +162,11 @@ class DALILeRobotMixture:
         batch_size = check_int("batch_size", batch_size, minimum=1)
         num_workers = check_int("num_workers", num_workers, minimum=0)
         check_int("seed", seed, minimum=0)
-        readers = open_all(datasets)
-        self.renames = [
-            KeyRename.checked(own.pop(RENAME_MAP, None), reader)
-            for own, reader in zip(own_options, readers, strict=True)
-        ]
+        rename_maps = [own.pop(RENAME_MAP, None) for own in own_options]
+        readers = open_all(datasets, cameras=cameras, rename_maps=rename_maps)  # (each with its own keys for cameras)
+        if cameras is not None:  # (entries for declared cameras that cameras= left out rename nothing)
+            rename_maps = without_cameras_left_out(rename_maps, readers)
+        self.renames = [KeyRename.checked(m, reader) for m, reader in zip(rename_maps, readers, strict=True)]
         readers = shared_selection(readers, cameras=cameras, keys=keys, renames=self.renames)
         windows = options.get("delta_timestamps")
         _check_windows(readers, windows, self.renames)

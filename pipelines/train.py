@@ -486,24 +486,24 @@ def check_files(options: TrainOptions) -> None:
 def open_readers(options: TrainOptions) -> list[Any]:
     """The datasets to train on, opened; several keep the keys and cameras all of them have (a mixture's), under
     the names ``--rename-map`` gives them."""
-    from lerobot_dali.concurrent_calls import in_threads
     from lerobot_dali.dataset_reader import open_dataset
-    from lerobot_dali.dataset_union import concat_datasets
-    from lerobot_dali.key_rename import rename_maps_for, shared_selection
+    from lerobot_dali.dataset_union import concat_datasets, open_all
+    from lerobot_dali.errors import CameraSelectionError
+    from lerobot_dali.key_rename import rename_maps_for, shared_selection, without_cameras_left_out
 
     if len(options.datasets) == 1:
         return [open_dataset(options.datasets[0], episodes=options.episodes, cameras=options.cameras)]
     count = len(options.datasets)
     maps = options.rename_map if isinstance(options.rename_map, tuple) else (options.rename_map,) * count
-    readers = in_threads(  # (at once, each with its own keys for --cameras: names as the mixture's batches)
-        lambda each: _open_with_cameras(each[0], options.cameras, each[1]),
-        list(zip(options.datasets, maps, strict=True)), progress="lerobot-dali: opening datasets",
-    )  # fmt: skip
+    try:  # (each with its own keys for --cameras, names as the mixture's batches: no unrecorded camera looked for)
+        readers = open_all(options.datasets, cameras=options.cameras, rename_maps=maps)
+    except CameraSelectionError as e:
+        raise RunRefused(f"--cameras: {e}") from e
     rates = {reader.location.description: reader.fps for reader in readers}
     if len(set(rates.values())) > 1:  # (the library mixes them; this script's windows count frames at one fps)
         raise RunRefused(f"the datasets run at different fps ({rates}); train on datasets of one fps")
     try:
-        renames = rename_maps_for(_without_cameras_left_out(options.rename_map, readers), readers)
+        renames = rename_maps_for(without_cameras_left_out(options.rename_map, readers), readers)
     except ValueError as e:  # (a flag's mistake: one line, as the others)
         raise RunRefused(f"--rename-map: {e}") from e
     if options.concat:  # (one reader, its keys under the new names: the rest of this script reads one dataset)
@@ -519,54 +519,6 @@ def open_readers(options: TrainOptions) -> list[Any]:
     readers = shared_selection(readers, cameras=options.cameras, keys=None, renames=renames)
     _need_a_shared_camera(readers, options, readers)
     return readers
-
-
-def _open_with_cameras(dataset: str, cameras: Sequence[str] | None, rename_map: Mapping[str, str] | None) -> Any:
-    """``dataset``, one of several, opened with only its own keys for ``cameras`` (the batches' names, which
-    ``rename_map``, its part of ``--rename-map``, gives its keys), so that a camera it declares but never recorded
-    (GR00T's 'egoview') is not looked for; ``cameras`` None: every camera it declares. RunRefused names a camera of
-    ``cameras`` it lacks, and its cameras."""
-    from lerobot_dali.dataset_location import resolve_location
-    from lerobot_dali.dataset_reader import open_dataset, read_info
-    from lerobot_dali.key_rename import KeyRename, rename_hint
-
-    if cameras is None:
-        return open_dataset(dataset)
-    location = resolve_location(dataset)
-    declared = read_info(location).camera_keys
-    rename = KeyRename({k: v for k, v in (rename_map or {}).items() if k in declared})  # (checked once opened)
-    names = rename.batch_names(declared)
-    lacking = [camera for camera in cameras if camera not in names]
-    if lacking:
-        renamed = f" (its keys renamed by --rename-map {dict(rename.to_batch)})" if rename else ""
-        spare = [name for name in names if name not in cameras]
-        hint = rename_hint(lacking, spare, KeyRename(dict(rename_map or {})))  # (its whole map, to be passed back)
-        raise RunRefused(
-            f"--cameras: {location.description} has no camera {lacking}; its cameras are {names}{renamed}{hint}"
-        )
-    several = sorted({camera for camera in cameras if names.count(camera) > 1})
-    if several:
-        raise RunRefused(
-            f"--rename-map: {location.description}: gives {several} to several of its cameras "
-            f"({dict(rename.to_batch)}; its cameras are {declared}): one camera per name"
-        )
-    return open_dataset(dataset, cameras=rename.own_names(cameras))
-
-
-def _without_cameras_left_out(
-    rename_map: Mapping[str, str] | tuple[Mapping[str, str], ...] | None, readers: Sequence[Any]
-) -> Mapping[str, str] | tuple[Mapping[str, str], ...] | None:
-    """``--rename-map`` less its entries for cameras ``--cameras`` left out, which ``readers`` (one per dataset)
-    declare but did not open: they rename nothing (the library refuses an entry for a key no dataset reads)."""
-
-    def trimmed(given: Mapping[str, str], of: Sequence[Any]) -> dict[str, str]:
-        read = {key for reader in of for key in reader.read_keys}
-        left_out = {key for reader in of for key in reader.info.camera_keys} - read
-        return {old: new for old, new in given.items() if old not in left_out}
-
-    if isinstance(rename_map, tuple):
-        return tuple(trimmed(given, [reader]) for given, reader in zip(rename_map, readers, strict=True))
-    return None if rename_map is None else trimmed(rename_map, readers)
 
 
 def _need_a_shared_camera(readers: Sequence[Any], options: TrainOptions, datasets: Sequence[Any]) -> None:

@@ -23,12 +23,12 @@ import torch
 from lerobot_dali import DALILeRobotIterator, DALILeRobotMixture, concat_datasets, open_dataset
 from lerobot_dali.dataset_check import check_dataset
 from lerobot_dali.dataset_stats import read_dataset_stats
-from lerobot_dali.errors import DatasetError, FrameTimestampError, SchemaMismatchError
+from lerobot_dali.errors import CameraSelectionError, DatasetError, FrameTimestampError, SchemaMismatchError
 from lerobot_dali.generate import expected_action, expected_state, expected_task_index, task_name
 from tests.conftest import shared_dataset
 from tests.http_server import serve_folder
 from tests.test_mixture import _keys, _marker  # (dataset, episode, frame) of each sample; a frame's marker
-from tests.video_fixtures import reference_frames
+from tests.video_fixtures import assert_frames_decoded, gr00t_video, reference_frames
 
 #: Per dataset: episode lengths, layout, task seed.
 SPECS = (([5, 7, 4], "v3.0", 0), ([9, 3], "v2.1", 1))
@@ -656,3 +656,81 @@ def test_a_camera_only_the_first_dataset_has_is_left_out(make_ds, caplog) -> Non
     it = DALILeRobotIterator(union, batch_size=4, shuffle=False, device="cpu", num_workers=0, drop_last=False)
     assert sum(len(batch["index"]) for batch in it) == union.num_frames
     it.close()
+
+
+EGO_VIEW, TOP = "observation.images.ego_view", "observation.images.top"
+
+
+@pytest.mark.parametrize("reader", ["concat_datasets", "DALILeRobotMixture"])
+def test_gr00t_twice_with_cameras_reads_the_asked_camera_alone_and_its_frames(reader: str) -> None:
+    """GR00T v2.0 declares 'egoview', never recorded: each dataset was opened with every camera it declares before
+    cameras= narrowed them, so reading it twice refused (MissingDataFileError, advising the cameras= already given).
+    Each is opened with only its own key for the camera asked now (through its rename_map for the mixture: its
+    'ego_view' read as 'top', the map's entry for 'egoview' renaming nothing), and a batch's frames equal an
+    independent PyAV decode of the frames its rows name."""
+    gr00t = shared_dataset("gr00t_v20_h264")
+    options = dict(batch_size=4, shuffle=False, device="cpu", num_workers=0, timestamp_source="frame_index")
+    if reader == "concat_datasets":
+        camera = EGO_VIEW
+        union = concat_datasets([gr00t, gr00t], cameras=[camera])
+        assert [member.all_camera_keys for member in union.members] == [(EGO_VIEW,)] * 2
+        batches = DALILeRobotIterator(union, **options)
+    else:
+        camera, rename = TOP, {EGO_VIEW: TOP, "observation.images.egoview": "observation.images.wide"}
+        batches = DALILeRobotMixture(
+            [gr00t, gr00t],
+            cameras=[camera],
+            weights=[1, 1],
+            dataset_options=[{"rename_map": rename}, {"rename_map": {EGO_VIEW: TOP}}],
+            **options,
+        )
+        assert [part.reader.all_camera_keys for part in batches.datasets] == [(EGO_VIEW,)] * 2
+    try:
+        batch = next(iter(batches))
+    finally:
+        batches.close()
+    assert [k for k in batch if k.startswith("observation.images.") and not k.endswith("_is_pad")] == [camera]
+    assert batch["dataset_index"].tolist() == ([0, 0, 0, 0] if reader == "concat_datasets" else [0, 0, 1, 1])
+    assert_frames_decoded(batch[camera], batch["episode_index"], batch["frame_index"], gr00t_video)
+
+
+def test_a_camera_a_dataset_lacks_after_its_rename_map_names_the_dataset_and_its_cameras() -> None:
+    """cameras=[top], which the first dataset's map gives its 'ego_view' and the second's gives nothing: refused
+    before any file is looked for, naming the second dataset, the camera, its cameras and the rename that gives it;
+    a map giving two of its cameras that name is refused as one camera per name."""
+    gr00t = shared_dataset("gr00t_v20_h264")
+    declared = ["observation.images.egoview", EGO_VIEW]
+    with pytest.raises(CameraSelectionError) as caught:
+        concat_datasets([gr00t, gr00t], cameras=[TOP], rename_maps=[{EGO_VIEW: TOP}, None])
+    assert str(caught.value).startswith(
+        f"{gr00t} has no camera ['{TOP}']; its cameras are {declared}; if a dataset lacking '{TOP}' records it under"
+    ), caught.value
+    both = {EGO_VIEW: TOP, "observation.images.egoview": TOP}
+    with pytest.raises(CameraSelectionError) as caught:
+        DALILeRobotMixture([gr00t, gr00t], cameras=[TOP], dataset_options=[{"rename_map": both}] * 2, device="cpu")
+    assert str(caught.value) == (
+        f"{gr00t}: rename_map gives ['{TOP}'] to several of its cameras ({both}; its cameras are {declared}): one "
+        "camera per name"
+    )
+
+
+def test_the_command_checks_gr00t_twice_as_one_with_its_recorded_camera(capsys) -> None:
+    """``check G G --concat --cameras ego_view``: opened with every declared camera, GR00T's unrecorded 'egoview'
+    refused the check (status 2, MissingDataFileError); now it checks the one camera's videos, with no problem."""
+    from lerobot_dali.cli import main
+
+    gr00t = str(shared_dataset("gr00t_v20_h264"))
+    argv = ["check", gr00t, gr00t, "--concat", "--timestamp-source", "frame_index", "--cameras"]
+    assert main([*argv, EGO_VIEW, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["episodes"], report["rows"], report["video_files"], report["problems"]) == (
+        10,
+        4192,
+        5,
+        [],
+    )  # (5 files, each twice)
+    assert main([*argv, TOP]) == 2
+    said = f"--cameras: {gr00t} has no camera ['{TOP}']; its cameras are ['observation.images.egoview', '{EGO_VIEW}']"
+    assert said in capsys.readouterr().err
+    assert main([*argv, TOP, "--rename-map", "{}", "{}", "{}"]) == 2  # (counted before a camera is looked for)
+    assert "--rename-map takes one value, or one per dataset (2), got 3" in capsys.readouterr().err

@@ -695,7 +695,7 @@ def test_datasets_naming_a_camera_otherwise_are_told_the_rename_map_that_joins_t
         r"\{'rename_map': \.\.\.\}\], concat_datasets' rename_maps=\[\.\.\.\] \(a map or None per dataset\), on the "
         r"command line --rename-map\)"
     )
-    with pytest.raises(DatasetError, match=rf"r1_v30_h264: unknown camera\(s\) .*{hint}$"):
+    with pytest.raises(DatasetError, match=rf"r1_v30_h264 has no camera \['{re.escape(top)}'\]; .*{hint}$"):
         DALILeRobotMixture(paths, cameras=[top], device="cpu", num_workers=0)
     with pytest.raises(DeltaTimestampsError, match=rf"which the mixture does not read: .*{hint}, or drop them from"):
         DALILeRobotMixture(paths, delta_timestamps={top: [0.0]}, device="cpu", num_workers=0)

@@ -585,10 +585,9 @@ def test_concat_of_gr00t_reads_the_asked_camera_alone_and_its_frames(tmp_path: P
     camera its info.json declares before --cameras narrowed them, so the one never recorded ('egoview') refused the
     run (MissingDataFileError, advising the --cameras already given). Each is opened with the camera asked for
     now, and a batch's frames equal an independent PyAV decode of the frames its rows name."""
-    from lerobot_dali.packet_index import build_packet_index
     from pipelines.train import open_readers
     from tests.conftest import shared_dataset
-    from tests.video_fixtures import reference_frames
+    from tests.video_fixtures import assert_frames_decoded, gr00t_video
 
     gr00t = shared_dataset(GR00T)
     argv = ["--dataset", str(gr00t), str(gr00t), "--concat", "--cameras", EGO_VIEW, "--timestamp-source", "frame_index"]
@@ -602,11 +601,7 @@ def test_concat_of_gr00t_reads_the_asked_camera_alone_and_its_frames(tmp_path: P
     finally:
         iterator.close()
     assert [k for k in batch if k.startswith("observation.images.")] == [EGO_VIEW]
-    for frames, episode, frame in zip(batch[EGO_VIEW], batch["episode_index"], batch["frame_index"], strict=True):
-        path = gr00t / f"videos/chunk-000/{EGO_VIEW}/episode_{int(episode):06d}.mp4"
-        pts = int(build_packet_index(path).frame_pts[int(frame)])
-        want = torch.from_numpy(reference_frames(path, {pts})[pts]).permute(2, 0, 1).float() / 255
-        torch.testing.assert_close(frames, want, atol=1e-6, rtol=0)
+    assert_frames_decoded(batch[EGO_VIEW], batch["episode_index"], batch["frame_index"], gr00t_video)
 
 
 def test_cameras_are_each_dataset_s_own_keys_by_its_rename_map(tmp_path: Path) -> None:
@@ -653,7 +648,7 @@ def test_a_camera_a_dataset_lacks_after_its_rename_map_is_one_line_naming_both(
         assert train_module.main([*argv[: argv.index("--rename-map")], "--rename-map", both]) == 2
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == [
-        f"train.py: --rename-map: {gr00t}: gives ['{TOP}'] to several of its cameras ({json.loads(both)}; its "
+        f"train.py: --cameras: {gr00t}: rename_map gives ['{TOP}'] to several of its cameras ({json.loads(both)}; its "
         f"cameras are ['observation.images.egoview', '{EGO_VIEW}']): one camera per name"
     ]
 

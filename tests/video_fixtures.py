@@ -14,6 +14,7 @@ import av
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from lerobot_dali.frame_marker import draw_marker
 from lerobot_dali.generate import encode_video
@@ -47,6 +48,22 @@ def reference_frames(path: Path | str, keep_pts: Collection[int] | None = None) 
             if keep_pts is None or frame.pts in keep_pts:
                 frames[frame.pts] = frame.to_ndarray(format="rgb24")
     return frames
+
+
+def assert_frames_decoded(
+    frames: torch.Tensor, episodes: torch.Tensor, frame_indices: torch.Tensor, video_of: Callable[[int], Path]
+) -> None:
+    """Each of ``frames`` (C, H, W floats in [0, 1]) equals frame ``frame_indices[i]``, in presentation order, of
+    episode ``episodes[i]``'s video (``video_of(episode)``, one file per episode), decoded in full by PyAV alone."""
+    for frame, episode, index in zip(frames, episodes, frame_indices, strict=True):
+        decoded = reference_frames(video_of(int(episode)))
+        want = decoded[sorted(decoded)[int(index)]]
+        torch.testing.assert_close(frame, torch.from_numpy(want).permute(2, 0, 1).float() / 255, atol=1e-6, rtol=0)
+
+
+def gr00t_video(episode: int) -> Path:
+    """The real GR00T v2.0 set's video of ``episode`` for its one recorded camera, 'observation.images.ego_view'."""
+    return shared_dataset("gr00t_v20_h264") / f"videos/chunk-000/observation.images.ego_view/episode_{episode:06d}.mp4"
 
 
 def damage_av1_frame_size(path: Path) -> None:
