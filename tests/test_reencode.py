@@ -574,24 +574,6 @@ def _with_hidden_first_frames(path: Path, hidden: int) -> None:
     edited.replace(path)
 
 
-def test_frames_an_edit_list_hides_are_left_out_of_the_copy(long_gop_ds: Path, copy_ds, tmp_path: Path) -> None:
-    """A file whose edit list starts 2 frames in (FFmpeg's packet index holds 2 frames more than a decode shows) was
-    refused: "the re-encode holds 18 frames, the source 20" (9 + 9 rows). The copy holds the frames shown, each at
-    its instant, with the pictures the source shows there."""
-    root = copy_ds(long_gop_ds)
-    relative = "videos/observation.images.cam0/chunk-000/file-000.mp4"
-    shown = _instants(root / relative)
-    _with_hidden_first_frames(root / relative, 2)
-    assert build_packet_index(root / relative).frame_count == len(shown) + 2
-    assert _instants(root / relative) == shown
-    out = reencode_dataset(root, tmp_path / "out", jobs=1).out
-    assert _instants(out / relative) == shown
-    source, copy = reference_frames(root / relative), reference_frames(out / relative)
-    assert [read_full_marker(copy[pts]) for pts in sorted(copy)] == [
-        read_full_marker(source[pts]) for pts in sorted(source)
-    ]
-
-
 def _with_hidden_last_frames(path: Path, hidden: int) -> None:
     """Re-encode ``path`` in place as H.264 with ``hidden`` extra frames after its last, and an edit list that ends
     before them (as a recorder's stream copy cut at its end has): FFmpeg decodes them without showing them."""
@@ -613,15 +595,18 @@ def _with_hidden_last_frames(path: Path, hidden: int) -> None:
     edited.unlink()
 
 
-def test_frames_hidden_past_the_edit_lists_end_are_left_out_of_the_copy(
-    long_gop_ds: Path, copy_ds, tmp_path: Path
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_frames_an_edit_list_hides_are_left_out_of_the_copy(
+    long_gop_ds: Path, copy_ds, tmp_path: Path, where: str
 ) -> None:
-    """A file whose edit list ends 2 frames before its last was refused: "the re-encode holds 23 frames, the source
-    25" (the frames it hides were taken for ones before 0 s). The copy holds the frames shown, with their pictures."""
+    """A file whose edit list starts 2 frames in (FFmpeg's packet index holds 2 frames more than a decode shows) was
+    refused: "the re-encode holds 18 frames, the source 20" (9 + 9 rows); one whose edit list ends 2 frames before
+    its last, "23 frames, the source 25" (the frames it hides were taken for ones before 0 s). The copy holds the
+    frames shown, each at its instant, with the pictures the source shows there."""
     root = copy_ds(long_gop_ds)
     relative = "videos/observation.images.cam0/chunk-000/file-000.mp4"
     shown = _instants(root / relative)
-    _with_hidden_last_frames(root / relative, 2)
+    {"first": _with_hidden_first_frames, "last": _with_hidden_last_frames}[where](root / relative, 2)
     assert build_packet_index(root / relative).frame_count == len(shown) + 2
     assert _instants(root / relative) == shown
     out = reencode_dataset(root, tmp_path / "out", jobs=1).out
