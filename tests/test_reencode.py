@@ -553,10 +553,9 @@ def test_an_audio_track_is_dropped_with_a_warning(
     assert features["observation.images.cam1"]["info"]["has_audio"] is False  # (it had none)
 
 
-def _with_hidden_first_frames(path: Path, hidden: int) -> None:
-    """Re-encode ``path`` in place as H.264 with ``hidden`` extra frames before its first, at negative times: the MP4
-    muxer writes an edit list that starts at the first real frame, as a stream copy cut from a longer recording has,
-    so FFmpeg decodes the extra frames without showing them."""
+def _h264_with_extra_frames(path: Path, extra: int, *, before: bool) -> tuple[Path, int]:
+    """``path``'s frames re-encoded as H.264 into a new file beside it, with ``extra`` of them again before its first
+    (at negative times) or after its last; the new file and how many frames ``path`` has."""
     edited = path.with_suffix(".edited.mp4")
     with av.open(str(path)) as source, av.open(str(edited), "w", format="mp4") as target:
         stream = source.streams.video[0]
@@ -565,33 +564,28 @@ def _with_hidden_first_frames(path: Path, hidden: int) -> None:
         out.width, out.height, out.pix_fmt = stream.codec_context.width, stream.codec_context.height, "yuv420p"
         out.codec_context.time_base = out.time_base = Fraction(1, FPS)
         out.options = {"bf": "0", "crf": "10", "g": "4"}
-        for pts, frame in enumerate([*frames[-hidden:], *frames], start=-hidden):
+        extended = [*frames[-extra:], *frames] if before else [*frames, *frames[:extra]]
+        for pts, frame in enumerate(extended, start=-extra if before else 0):
             copy = frame.reformat(format="yuv420p")
             copy.pts, copy.time_base = pts, Fraction(1, FPS)
             copy.pict_type = av.video.frame.PictureType.NONE  # (a decoded keyframe would force one at 0)
             target.mux(out.encode(copy))
         target.mux(out.encode(None))
-    edited.replace(path)
+    return edited, len(frames)
+
+
+def _with_hidden_first_frames(path: Path, hidden: int) -> None:
+    """Re-encode ``path`` in place as H.264 with ``hidden`` extra frames before its first, at negative times: the MP4
+    muxer writes an edit list that starts at the first real frame, as a stream copy cut from a longer recording has,
+    so FFmpeg decodes the extra frames without showing them."""
+    _h264_with_extra_frames(path, hidden, before=True)[0].replace(path)
 
 
 def _with_hidden_last_frames(path: Path, hidden: int) -> None:
     """Re-encode ``path`` in place as H.264 with ``hidden`` extra frames after its last, and an edit list that ends
     before them (as a recorder's stream copy cut at its end has): FFmpeg decodes them without showing them."""
-    edited = path.with_suffix(".edited.mp4")
-    with av.open(str(path)) as source, av.open(str(edited), "w", format="mp4") as target:
-        stream = source.streams.video[0]
-        frames = list(source.decode(stream))
-        out = target.add_stream("libx264", rate=FPS)
-        out.width, out.height, out.pix_fmt = stream.codec_context.width, stream.codec_context.height, "yuv420p"
-        out.codec_context.time_base = out.time_base = Fraction(1, FPS)
-        out.options = {"bf": "0", "crf": "10", "g": "4"}
-        for pts, frame in enumerate([*frames, *frames[:hidden]]):
-            copy = frame.reformat(format="yuv420p")
-            copy.pts, copy.time_base = pts, Fraction(1, FPS)
-            copy.pict_type = av.video.frame.PictureType.NONE
-            target.mux(out.encode(copy))
-        target.mux(out.encode(None))
-    with_edit_list(edited, path, [(len(frames) * 1000 // FPS, 0)])  # (ms: the frames before the extra ones)
+    edited, shown = _h264_with_extra_frames(path, hidden, before=False)
+    with_edit_list(edited, path, [(shown * 1000 // FPS, 0)])  # (ms: the frames before the extra ones)
     edited.unlink()
 
 
