@@ -420,7 +420,8 @@ class LeRobotDatasetReader:
         return self.data_path(pos) if pos < len(ep) and int(ep.episode_index[pos]) == episode_index else None
 
     def read_stats(self) -> FeatureStats:
-        """The dataset's feature statistics, as LeRobot reads them (:func:`~.dataset_stats.read_dataset_stats`)."""
+        """The dataset's feature statistics, as LeRobot reads them (:func:`~.dataset_stats.read_dataset_stats`): of
+        every episode, not only those :attr:`episodes` keeps, as LeRobot's policies normalise (``meta.stats``)."""
         return read_dataset_stats(self.location, self.info)
 
     # -- files ---------------------------------------------------------------------------------------------

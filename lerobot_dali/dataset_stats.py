@@ -48,7 +48,9 @@ def read_dataset_stats(location: DatasetLocation, info: DatasetInfo | None = Non
     """The dataset's statistics, from where LeRobot reads them: for v2.x the aggregate of
     ``meta/episodes_stats.jsonl`` where it exists (a ``stats.json`` left from v2.0 is ignored), else
     ``meta/stats.json``, which v3.0 always uses (an ``episodes_stats.jsonl`` left from v2.1 is ignored); ``{}``
-    with neither.
+    with neither. The whole dataset's, whatever episodes a reader selects (``episodes=``): LeRobot's policies
+    normalise by ``dataset.meta.stats``, the whole dataset's, for v2.1 (0.3) as for v3.0 (0.4); the aggregate over
+    the selection that LeRobot 0.3 keeps as ``LeRobotDataset.stats`` for v2.1 is read by none of them.
 
     Some datasets store a vector's statistics by component name (``{"mean": {"joint_a": 0.1, ...}}``, e.g.
     ``r1_v30_h264``); those become arrays in the order of the feature's ``names`` in ``info`` (stored order

@@ -85,6 +85,27 @@ def test_aggregate_equals_statistics_of_the_concatenated_values() -> None:
     assert out["count"].tolist() == [28]
 
 
+@pytest.mark.parametrize("name", ["cr5_v21_av1", "cr5_v30_av1"])
+def test_an_episodes_selection_normalises_by_the_whole_datasets_statistics(name: str) -> None:
+    """``episodes=[0, 1]`` still reads the statistics of all 12 episodes (2,733 rows): LeRobot's policies normalise
+    by ``dataset.meta.stats``, the whole dataset's, for v2.1 (0.3.3: ``make_policy(ds_meta=dataset.meta)``, run on
+    cr5_v21 with episodes=[0, 1]: its state max and image std are meta.stats') as for v3.0 (0.4.4). LeRobot 0.3's
+    ``LeRobotDataset.stats``, which v2.1 aggregates over the selection, is read by none of them; pooled over the
+    selection instead, state's last std would be ~10x smaller. Expected: numpy over every data row, within float32
+    (LeRobot computed the per-episode statistics in float32)."""
+    from lerobot_dali.dataset_reader import open_dataset
+
+    root = shared_dataset(name)
+    stats = open_dataset(root, episodes=[0, 1]).read_stats()
+    selected = np.isin(data_columns([root], "episode_index").ravel(), [0, 1])
+    for key in ("observation.state", "action"):
+        rows = data_columns([root], key)
+        np.testing.assert_allclose(stats[key]["mean"], rows.mean(0), rtol=1e-4, atol=1e-6, err_msg=key)
+        np.testing.assert_allclose(stats[key]["std"], rows.std(0), rtol=1e-4, atol=1e-6, err_msg=key)
+        assert stats[key]["count"].tolist() == [len(rows)] == [2733]
+        assert not np.allclose(stats[key]["std"], rows[selected].std(0), rtol=0.05), key  # (412 rows: not those)
+
+
 def test_generated_v21_aggregate_matches_the_generated_v30_totals(make_ds) -> None:
     spec = {"episodes": 3, "frames_per_episode": [4, 6, 5], "cameras": 2, "codec": "vp9", "fps": 10}
     v21 = _stats_of(make_ds(version="v2.1", **spec))
