@@ -210,7 +210,10 @@ def gpu_decode_ceiling(runs: Sequence[DecodeRun], *, device_id: int = 0, batch_s
     from lerobot_dali.clips import build_clip
 
     clips = [build_clip(r.path, load_packet_index(r.path), np.arange(r.start, r.stop)) for r in runs]
-    data = [c.data for c in clips]
+    # Each clip's frames delivered are its run's: DALI also shows the frames an edit list hides that the run's first
+    # keyframe holds, which it decodes as PyAV does, and PyAV's ceiling does not count (75 frames where it and clip
+    # cutting count 70, with 5 hidden before the edit's start).
+    data = [(c.data, r.stop - r.start) for c, r in zip(clips, runs, strict=True)]
     batches = [data[i : i + batch_size] for i in range(0, len(data), batch_size)]
     batches = [b for b in batches if len(b) == batch_size] or batches[:1]
     name = "gpu_dali"
@@ -223,16 +226,16 @@ def gpu_decode_ceiling(runs: Sequence[DecodeRun], *, device_id: int = 0, batch_s
             encoded = fn.external_source(name="clips", batch=True, no_copy=False)
             pipe.set_outputs(fn.decoders.video(encoded, device="mixed"))
         pipe.build()
-        pipe.feed_input("clips", batches[0])
+        pipe.feed_input("clips", [clip for clip, _ in batches[0]])
         pipe.run()  # warm-up: decoder creation and memory pools are not part of the ceiling
         frames = 0
         start = time.perf_counter()
         for batch in batches:
             if len(batch) != pipe.max_batch_size:
                 continue
-            pipe.feed_input("clips", batch)
-            (out,) = pipe.run()
-            frames += sum(int(out[i].shape()[0]) for i in range(len(out)))
+            pipe.feed_input("clips", [clip for clip, _ in batch])
+            pipe.run()
+            frames += sum(delivered for _, delivered in batch)
         seconds = time.perf_counter() - start
     except Exception as e:  # NVDEC lacking the codec surfaces as a DALI RuntimeError at run time
         from .dali_video import dali_error_reason  # DALI's first line is always "Critical error in pipeline:"

@@ -310,3 +310,24 @@ def test_decode_ceilings_count_the_frames_shown(make_ds, copy_ds) -> None:  # ty
     result = measure_ceilings(root, max_frames=1000, run_frames=16, gpu=False, clips=True)
     assert result["clip_cutting"]["error"] is None and result["clip_cutting"]["frames"] == 70
     assert result["ceilings"]["cpu_pyav"]["frames"] == 70
+
+
+def test_the_dali_decode_ceiling_counts_the_frames_shown(make_ds, copy_ds, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """DALI shows every frame of a clip, the 5 an edit list hides before the first run's frames among them: its
+    ceiling counted 75 frames where PyAV's and clip cutting's count the 70 shown. DALI's CPU decoder (VP9) stands in
+    for NVDEC, which needs a GPU; the runs' clips are the same."""
+    from nvidia.dali import fn
+
+    from lerobot_dali.bench_limits import decode_runs, gpu_decode_ceiling
+
+    root = copy_ds(make_ds(episodes=1, frames_per_episode=75, cameras=1, size=(64, 96), codec="vp9", gop=30))
+    video = next((root / "videos").rglob("*.mp4"))
+    raw = video.read_bytes()
+    duration, delay = struct.unpack_from(">Ii", raw, raw.find(b"elst") + 12)
+    with_edit_list(video, video, [(duration, delay + 5 * int(build_packet_index(video).frame_duration))])
+    runs = decode_runs(root, max_frames=1000, run_frames=16)
+    assert [(r.start, r.stop) for r in runs] == [(5, 30), (30, 60), (60, 75)]
+    real = fn.decoders.video
+    monkeypatch.setattr(fn.decoders, "video", lambda clips, device, **kwargs: real(clips, device="cpu", **kwargs))
+    result = gpu_decode_ceiling(runs, device_id=None, batch_size=1)  # type: ignore[arg-type]
+    assert result.error is None and result.frames == 70
