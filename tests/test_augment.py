@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from lerobot_dali.augment import (
     Normalize,
     RandomAffine,
     RandomResizedCrop,
+    SharpnessJitter,
     augment_frames,
 )
 from lerobot_dali.augment_draws import draw_names, draw_params, stream_name
@@ -510,6 +513,22 @@ def test_example_toml_round_trip() -> None:
     assert config.blur is not None and config.blur.effective_kernel_size == 5
     assert config.normalize is not None and config.normalize.std == (0.229, 0.224, 0.225)
     assert AugmentConfig.from_dict(config.to_dict()) == config
+
+
+def test_example_toml_names_the_order_the_graph_runs(caplog: pytest.LogCaptureFixture) -> None:
+    """The example's comment said the affine ran first, before the colour jitter and sharpness (it runs after them
+    since the affine moved, augment_version 2): the order it names is the one augment_frames builds (and logs)."""
+    said = re.search(r"^# Steps run in this order: (.*)\.$", EXAMPLE_TOML.read_text(), re.M)
+    assert said is not None
+    named = said.group(1).split(" -> ")
+    config = dataclasses.replace(
+        EVERYTHING, sharpness=SharpnessJitter(factor=(0.5, 1.5)), normalize=Normalize(mean=(0.5,) * 3, std=(0.2,) * 3)
+    )
+    with caplog.at_level(logging.DEBUG, logger="lerobot_dali.augment"):
+        augment(distinct_windows(), config)
+    built = next(r.getMessage() for r in caplog.records if "augmentation: " in r.getMessage())
+    steps = [re.sub(r"[ (].*", "", step) for step in built.split("augmentation: ")[1].split(" -> ")]
+    assert named == [*steps, "normalize"], built  # (normalize is the hand-over, after every logged step)
 
 
 def test_from_toml_reads_a_named_table(tmp_path: Path) -> None:
