@@ -1,0 +1,154 @@
+"""The commands and flags the READMEs show still match the code: every command of their ``bash`` blocks parses with
+its program's own parser, the README's command-line table lists each verb's flags and choices as the CLI has them,
+and every ``--flag`` they name is a flag of one of the project's programs (or of a tool they run it under).
+
+A renamed or removed flag otherwise broke the documented commands silently: nothing ran them."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import re
+import shlex
+import sys
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from lerobot_dali import bench_limits
+from lerobot_dali.cli import _parser
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / name for name in ("README.md", "pipelines/README.md", "bench/README.md", "docker/README.md")]
+#: Flags the READMEs give other tools: docker, torchrun, accelerate, hf, SLURM, venv, debootstrap.
+OTHER_TOOLS_FLAGS = {
+    "--build-arg", "--gpus", "--ipc", "--network", "--shm-size", "--variant", "--repo-type", "--system-site-packages",
+    "--cpu", "--multi_gpu", "--num_processes", "--num_machines", "--machine_rank", "--main_process_ip",
+    "--main_process_port", "--nproc_per_node", "--standalone", "--signals-to-handle", "--shutdown-timeout", "--signal",
+}  # fmt: skip
+
+
+class _Captured(Exception):
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+
+
+def _captured_parser(main: Callable[[], object], monkeypatch: pytest.MonkeyPatch) -> argparse.ArgumentParser:
+    """The parser ``main`` builds (the bench scripts build theirs inside ``main``), taken as it starts parsing."""
+
+    def capture(self: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        raise _Captured(self)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(argparse.ArgumentParser, "parse_args", capture)
+        try:
+            main()
+        except _Captured as captured:
+            return captured.parser
+    raise AssertionError(f"{main} parsed no arguments")
+
+
+def _script(path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(path.parent))  # (bench scripts import their siblings)
+    name = f"_doc_{path.parent.name}_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def parsers() -> Iterator[dict[str, argparse.ArgumentParser]]:
+    """Each program the READMEs run, by the name its command line calls it: ``lerobot-dali`` and the scripts."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        found = {"lerobot-dali": _parser(), "bench/limits.py": _captured_parser(bench_limits.main, monkeypatch)}
+        for name in ("train", "lerobot_policy"):
+            module = importlib.import_module(f"pipelines.{name}")
+            found[f"pipelines/{name}.py"] = _captured_parser(partial(module.parse_args, []), monkeypatch)
+        for name in ("batch_cpu", "batch_fallback", "row_groups", "worker_start", "order_scale"):
+            module = _script(ROOT / "bench" / f"{name}.py", monkeypatch)
+            found[f"bench/{name}.py"] = _captured_parser(module.main, monkeypatch)
+        yield found
+
+
+def _flags(parser: argparse.ArgumentParser) -> set[str]:
+    flags = set()
+    for action in parser._actions:
+        flags |= {s for s in action.option_strings if s.startswith("--")} - {"--help"}
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                flags |= _flags(sub)
+    return flags
+
+
+def _verbs(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def _bash_commands(doc: Path) -> Iterator[str]:
+    """Each command of the doc's ``bash`` blocks: continuations joined, comments and ``&&`` chains split off."""
+    for block in re.findall(r"```bash\n(.*?)```", doc.read_text(), re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.split(r"\s#", " " + line)[0].strip()
+            yield from (command.strip() for command in line.split("&&") if command.strip())
+
+
+def _program_and_args(command: str) -> tuple[str, list[str]] | None:
+    """Which program a documented command runs, and its arguments (a synopsis's ``[...]`` kept as optional flags
+    given, a trailing ``...`` dropped); None for one that runs no program of the project."""
+    argv = [word for word in shlex.split(command.replace("[", " ").replace("]", " ")) if word != "..."]
+    if argv[:2] == ["docker", "build"]:
+        return None
+    for i, word in enumerate(argv):
+        if word == "lerobot-dali" or (word in ("lerobot_dali", "lerobot_dali.cli") and argv[i - 1] == "-m"):
+            return "lerobot-dali", argv[i + 1 :]  # (in docker run, the image: its entry point is lerobot-dali)
+        if word.endswith(".py"):
+            if word == "bench/remote_http.py":  # (its further arguments go to the bench, past the dataset)
+                return "lerobot-dali", ["bench", *argv[i + 2 :]]
+            return word, argv[i + 1 :]
+    return None
+
+
+def test_every_documented_command_parses(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    commands = [(doc.relative_to(ROOT), c, _program_and_args(c)) for doc in DOCS for c in _bash_commands(doc)]
+    run = [(doc, command, found) for doc, command, found in commands if found is not None]
+    assert len(run) >= 20, run
+    rejected = []
+    for doc, command, (program, args) in run:
+        assert program in parsers, f"{doc}: {command!r} runs {program}, which this test does not know"
+        try:
+            parsers[program].parse_args(args)
+        except SystemExit:
+            rejected.append(f"{doc}: {command}")
+    assert not rejected, "rejected:\n" + "\n".join(rejected)
+
+
+def test_the_command_line_table_lists_each_verbs_flags_and_choices(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    """Every verb but ``bench`` (whose full list is bench/README.md's) shows all its flags; choices as the CLI's."""
+    rows = dict(re.findall(r"^\| `lerobot-dali ([\w-]+) (.*?)` \|", (ROOT / "README.md").read_text(), re.M))
+    verbs = _verbs(parsers["lerobot-dali"])
+    assert set(rows) == set(verbs)
+    for verb, synopsis in rows.items():
+        shown, flags = set(re.findall(r"--[\w-]+", synopsis)), _flags(verbs[verb])
+        assert shown <= flags, f"{verb}: the README shows {sorted(shown - flags)}, which it does not take"
+        if verb != "bench":
+            assert flags <= shown, f"{verb}: the README's table leaves out {sorted(flags - shown)}"
+        for flag, choices in re.findall(r"(--[\w-]+) \{([^}]*)\}", synopsis):
+            action = next(a for a in verbs[verb]._actions if flag in a.option_strings)
+            assert set(choices.split(",")) == set(action.choices or ()), f"{verb} {flag}"
+
+
+def test_every_flag_the_docs_name_is_one_of_a_program(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    known = set().union(*(_flags(parser) for parser in parsers.values())) | OTHER_TOOLS_FLAGS
+    unknown = {
+        str(doc.relative_to(ROOT)): sorted(set(re.findall(r"(?<![\w-])--[a-z][\w-]*", doc.read_text())) - known)
+        for doc in DOCS
+    }
+    unknown = {doc: flags for doc, flags in unknown.items() if flags}
+    assert not unknown, f"flags no program takes: {unknown}"
