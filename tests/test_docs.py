@@ -1,14 +1,17 @@
 """The commands and flags the READMEs show still match the code: every command of their ``bash`` blocks parses with
 its program's own parser, the README's command-line table lists each verb's flags and choices as the CLI has them,
-and every ``--flag`` they name is a flag of one of the project's programs (or of a tool they run it under).
+and every ``--flag`` they name is a flag of one of the project's programs (or of a tool they run it under); their
+Python blocks pass the API only keywords it takes, and the reader's block runs as written.
 
-A renamed or removed flag otherwise broke the documented commands silently: nothing ran them."""
+A renamed or removed flag or argument otherwise broke the documented commands silently: nothing ran them."""
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import importlib.util
+import inspect
 import re
 import shlex
 import sys
@@ -16,6 +19,7 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -152,3 +156,43 @@ def test_every_flag_the_docs_name_is_one_of_a_program(parsers: dict[str, argpars
     }
     unknown = {doc: flags for doc, flags in unknown.items() if flags}
     assert not unknown, f"flags no program takes: {unknown}"
+
+
+def _python_blocks() -> list[str]:
+    return [block for doc in DOCS for block in re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)]
+
+
+def test_the_python_blocks_call_the_api_with_arguments_it_takes() -> None:
+    """Every keyword a README's Python block passes to lerobot_dali's API is one the API takes (a mixture's other
+    keywords are the iterator's, which it passes on), and every name it imports is there."""
+    import lerobot_dali
+    from lerobot_dali import DALILeRobotIterator, DALILeRobotMixture
+
+    takes_on = {DALILeRobotMixture: DALILeRobotIterator.__init__}
+    calls = []
+    for block in _python_blocks():
+        for node in ast.walk(ast.parse(block)):
+            if isinstance(node, ast.ImportFrom) and node.module == "lerobot_dali":
+                assert all(hasattr(lerobot_dali, alias.name) for alias in node.names), ast.unparse(node)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in lerobot_dali.__all__:
+                api = getattr(lerobot_dali, node.func.id)
+                taken = set(inspect.signature(api).parameters)
+                if api in takes_on:
+                    taken |= set(inspect.signature(takes_on[api]).parameters)
+                given = {k.arg for k in node.keywords if k.arg is not None}
+                assert given <= taken, f"{node.func.id} takes no {sorted(given - taken)}"
+                calls.append(node.func.id)
+    assert {"DALILeRobotIterator", "DALILeRobotMixture", "concat_datasets", "open_dataset"} <= set(calls), calls
+
+
+def test_the_readers_block_runs_on_the_dataset_it_names() -> None:
+    """The README's "Using the reader" block, run as written on ``cr5_v30_av1``: the attributes and methods it
+    shows are the reader's."""
+    from tests.conftest import shared_dataset
+
+    block = next(b for b in _python_blocks() if "ds = open_dataset(" in b)
+    named = re.search(r'open_dataset\("([^"]*)"\)', block)
+    assert named is not None and Path(named.group(1)).name == "cr5_v30_av1"
+    namespace: dict[str, Any] = {}
+    exec(block.replace(named.group(1), str(shared_dataset("cr5_v30_av1"))), namespace)
+    assert set(namespace["rows"]) >= {"index", "episode_index", "frame_index", "timestamp", "action"}
