@@ -1,5 +1,6 @@
 """The commands and flags the READMEs show still match the code: every command of their ``bash`` blocks parses with
-its program's own parser, the README's command-line table lists each verb's flags and choices as the CLI has them,
+its program's own parser (its loader and recipe names are the bench's), the bench's loaders table names every
+loader, the README's command-line table lists each verb's flags and choices as the CLI has them,
 and every ``--flag`` they name is a flag of one of the project's programs (or of a tool they run it under); their
 Python blocks pass the API only keywords it takes, and the reader's block runs as written.
 
@@ -24,7 +25,9 @@ from typing import Any
 import pytest
 
 from lerobot_dali import bench_limits
+from lerobot_dali.bench_types import LOADERS
 from lerobot_dali.cli import _parser
+from pipelines.recipes import NAMED_RECIPES
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / name for name in ("README.md", "pipelines/README.md", "bench/README.md", "docker/README.md")]
@@ -127,10 +130,22 @@ def test_every_documented_command_parses(parsers: dict[str, argparse.ArgumentPar
     for doc, command, (program, args) in run:
         assert program in parsers, f"{doc}: {command!r} runs {program}, which this test does not know"
         try:
-            parsers[program].parse_args(args)
+            parsed = parsers[program].parse_args(args)
         except SystemExit:
             rejected.append(f"{doc}: {command}")
+            continue
+        # (values the parser takes as any string, checked only when the run starts)
+        if not set(getattr(parsed, "loaders", None) or ()) <= set(LOADERS):
+            rejected.append(f"{doc}: {command} (loaders: {', '.join(LOADERS)})")
+        if getattr(parsed, "recipe", None) not in (None, *NAMED_RECIPES):
+            rejected.append(f"{doc}: {command} (recipes: {', '.join(NAMED_RECIPES)})")
     assert not rejected, "rejected:\n" + "\n".join(rejected)
+
+
+def test_the_loaders_table_names_every_loader() -> None:
+    table = (ROOT / "bench" / "README.md").read_text().split("### Loaders", 1)[1].split("\n\n", 2)[1]
+    named = [name for row in table.splitlines()[2:] for name in re.findall(r"`([\w-]+)`", row.split("|")[1])]
+    assert named == list(LOADERS)
 
 
 def test_the_command_line_table_lists_each_verbs_flags_and_choices(parsers: dict[str, argparse.ArgumentParser]) -> None:
