@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, overload
 
 from .augment_config import AugmentConfig
-from .dataset_info import INDEX_COLUMNS
+from .dataset_info import INDEX_COLUMNS, DatasetInfo
 from .dataset_location import resolve_location
 from .dataset_reader import LeRobotDatasetReader, read_info
 from .errors import CameraSelectionError, DatasetError, did_you_mean
@@ -214,7 +214,14 @@ def own_cameras(
     location = resolve_location(dataset, revision=revision)
     if rename_map is not None:
         _check_shape(rename_map, location.description)
-    declared = read_info(location).camera_keys
+    return _own_cameras(location.description, read_info(location), cameras, rename_map)
+
+
+def _own_cameras(
+    where: str, info: DatasetInfo, cameras: Sequence[str], rename_map: Mapping[str, str] | None
+) -> list[str]:
+    """:func:`own_cameras` of dataset ``where``, its ``info`` read."""
+    declared = info.camera_keys
     rename = KeyRename({k: v for k, v in (rename_map or {}).items() if k in declared})  # (checked once opened)
     names = rename.batch_names(declared)
     lacking = [camera for camera in cameras if camera not in names]
@@ -222,15 +229,24 @@ def own_cameras(
         renamed = f" (renamed by its rename_map {dict(rename.to_batch)})" if rename else ""
         away = [camera for camera in lacking if rename.own_name(camera) is None]  # (its own key, renamed)
         told = "".join(f"; {camera!r} is renamed {rename.to_batch[camera]!r} by it: name it so" for camera in away)
+
+        def opens(fixed: dict[str, str]) -> None:
+            try:
+                _own_cameras(where, info, cameras, fixed)
+            except CameraSelectionError as e:
+                raise ValueError(e) from e
+
+        unknown = [key for key in rename_map or {} if key not in info.features]  # (entries written batch name first?)
+        reversal = _reversed(unknown, rename_map, info.features, opens) if unknown and rename_map else ""
         whole = KeyRename(dict(rename_map or {}))  # (its whole map in the hint, to be passed back as it is)
-        hint = rename_hint([c for c in lacking if c not in away], [n for n in names if n not in cameras], whole)
-        raise CameraSelectionError(
-            f"{location.description} has no camera {lacking}; its cameras are {names}{renamed}{told}{hint}"
+        hint = reversal or rename_hint(
+            [c for c in lacking if c not in away], [n for n in names if n not in cameras], whole
         )
+        raise CameraSelectionError(f"{where} has no camera {lacking}; its cameras are {names}{renamed}{told}{hint}")
     several = sorted({camera for camera in cameras if names.count(camera) > 1})
     if several:
         raise CameraSelectionError(
-            f"{location.description}: rename_map gives {several} to several of its cameras ({dict(rename.to_batch)}; "
+            f"{where}: rename_map gives {several} to several of its cameras ({dict(rename.to_batch)}; "
             f"its cameras are {declared}): one camera per name"
         )
     return rename.own_names(cameras)

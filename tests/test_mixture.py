@@ -658,6 +658,32 @@ def test_a_rename_hint_for_a_key_renamed_already_names_its_own_key() -> None:
         mix.close()
 
 
+def test_a_map_written_the_other_way_round_with_cameras_is_told_reversed() -> None:
+    """cameras=['top'] and r1's map written batch name first ({'top': 'rgb'}, 'action' renamed too): each dataset is
+    opened with its own keys for cameras= since 4c99de0, and the refusal told {'top': 'top'} (the whole map's
+    reverse took r1's 'rgb' for its 'top'), which, passed, was refused again; the map reversed is told, as without
+    cameras=, and, passed, opens."""
+    paths = [shared_dataset("cr5_v30_av1"), shared_dataset("r1_v30_h264")]
+    top, rgb = "observation.images.top", "observation.images.rgb"
+    options: list[dict] = [{"timestamp_source": "frame_index"}, {"rename_map": {top: rgb, "action": "act"}}]
+    with pytest.raises(DatasetError, match="maps the other way round") as raised:
+        DALILeRobotMixture(paths, dataset_options=options, cameras=[top], device="cpu", num_workers=0)
+    told = _told_map(raised.value, "other way round: pass ")
+    assert told == {rgb: top, "action": "act"}
+    with pytest.raises(DatasetError, match="maps the other way round") as raised:
+        concat_datasets(paths, cameras=[top], rename_maps=[None, options[1]["rename_map"]])
+    assert _told_map(raised.value, "other way round: pass ") == told
+    options[1]["rename_map"] = told
+    mix = DALILeRobotMixture(
+        paths, cameras=[top], keys=[], image_size=(64, 64), tolerance_s=0.03, dataset_options=options, batch_size=4,
+        device="cpu", num_workers=0,
+    )  # fmt: skip
+    try:
+        assert mix.datasets[1].reader.all_camera_keys == (rgb,)  # (read as 'top')
+    finally:
+        mix.close()
+
+
 def test_a_rename_hint_for_a_camera_names_a_camera_not_a_feature() -> None:
     """r1 (its 'action' renamed 'act') read with cr5 lacks cr5's camera 'top': the hint took r1's one key the
     others lack whatever its kind, 'act' where its camera was asked for too (cameras=[rgb, top]), and told
