@@ -693,10 +693,9 @@ def run() -> NoReturn:
     exception", exit 134 after a command that had succeeded: 3 of 160 ``info`` runs on a loaded 2-core machine;
     apache/arrow#34314)."""
     code = main()
-    main_thread = threading.main_thread()
-    for thread in threading.enumerate():  # (as the interpreter waits for them)
-        if thread is not main_thread and not thread.daemon:
-            thread.join()
+    # What the interpreter's exit calls first: threading's own exit functions (an executor still held wakes its idle
+    # workers, which a join alone waits for forever), then every non-daemon thread joined, those started meanwhile too.
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # (a reader that left, a closed stream: nothing to say)

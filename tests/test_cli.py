@@ -532,3 +532,25 @@ def test_bench_help_states_the_defaults_bench_uses(capsys, monkeypatch) -> None:
     for flag, field in (("--pool-size", "pool_size"), ("--device", "device")):  # defaults with no quick value
         said = re.search(rf"{flag} \S+ [^(]*\(default (\w+)", out)
         assert said and said.group(1) == str(getattr(bench.BenchConfig(), field)), (flag, out)
+
+
+def test_the_command_ends_as_the_interpreter_would_with_an_executor_held_and_a_thread_started_late() -> None:
+    """run() joined the threads it listed, then ended the process: an executor still held (an fsspec background
+    cache's, a library's pool) kept its idle worker waiting for work forever, so the command never ended (the
+    interpreter's exit wakes it first); and a thread started by one being joined was not waited for, its output
+    lost. Both as the interpreter's exit now: the task's and the late thread's lines, and main()'s status."""
+    code = (
+        "import concurrent.futures, threading, time\n"
+        "from lerobot_dali import cli\n"
+        "def main():\n"
+        "    global pool\n"
+        "    pool = concurrent.futures.ThreadPoolExecutor(1)\n"
+        "    pool.submit(print, 'task', flush=True)\n"
+        "    late = lambda: (time.sleep(0.2), print('late thread', flush=True))\n"
+        "    threading.Thread(target=lambda: (time.sleep(0.2), threading.Thread(target=late).start())).start()\n"
+        "    return 5\n"
+        "cli.main = main\n"
+        "cli.run()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout.split(), done.stderr) == (5, ["task", "late", "thread"], "")
