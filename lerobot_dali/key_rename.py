@@ -224,6 +224,12 @@ def _own_cameras(
     declared = info.camera_keys
     rename = KeyRename({k: v for k, v in (rename_map or {}).items() if k in declared})  # (checked once opened)
     names = rename.batch_names(declared)
+    several = sorted({camera for camera in cameras if names.count(camera) > 1})
+    if several:  # (said first: a map told for a camera lacking besides would still give it two)
+        raise CameraSelectionError(
+            f"{where}: rename_map gives {several} to several of its cameras ({dict(rename.to_batch)}; "
+            f"its cameras are {declared}): one camera per name"
+        )
     lacking = [camera for camera in cameras if camera not in names]
     if lacking:
         renamed = f" (renamed by its rename_map {dict(rename.to_batch)})" if rename else ""
@@ -238,17 +244,10 @@ def _own_cameras(
 
         unknown = [key for key in rename_map or {} if key not in info.features]  # (entries written batch name first?)
         reversal = _reversed(unknown, rename_map, info.features, opens) if unknown and rename_map else ""
-        whole = KeyRename(dict(rename_map or {}))  # (its whole map in the hint, to be passed back as it is)
-        hint = reversal or rename_hint(
-            [c for c in lacking if c not in away], [n for n in names if n not in cameras], whole
+        hint = reversal or rename_hint(  # (its whole map in the hint, to be passed back as it is)
+            [c for c in lacking if c not in away], [n for n in names if n not in cameras], rename, told=rename_map
         )
         raise CameraSelectionError(f"{where} has no camera {lacking}; its cameras are {names}{renamed}{told}{hint}")
-    several = sorted({camera for camera in cameras if names.count(camera) > 1})
-    if several:
-        raise CameraSelectionError(
-            f"{where}: rename_map gives {several} to several of its cameras ({dict(rename.to_batch)}; "
-            f"its cameras are {declared}): one camera per name"
-        )
     return rename.own_names(cameras)
 
 
@@ -350,15 +349,18 @@ def of_kind(names: Iterable[str], cameras: Iterable[str], *, camera: bool) -> li
     return [name for name in names if (name in are_cameras) == camera]
 
 
-def rename_hint(lacking: Sequence[str], spare: Sequence[str], rename: KeyRename) -> str:
+def rename_hint(
+    lacking: Sequence[str], spare: Sequence[str], rename: KeyRename, *, told: Mapping[str, str] | None = None
+) -> str:
     """What to add where a dataset read with others lacks keys ``lacking`` that they have (``spare``: the batch
     names of its keys the others lack; ``rename``: its rename_map): a rename_map giving its key that name, e.g. a
     camera recorded as 'rgb' where the others say 'top' (its map, if any, with that entry added or changed); ""
-    where it lacks none."""
+    where it lacks none. ``told``: the map as given, where ``rename`` holds only its entries for the dataset's own
+    keys (its other entries are told back as they are, but name none of its keys)."""
     if not lacking:
         return ""
     own = rename.own_key(spare[0]) if len(lacking) == 1 and len(spare) == 1 else "<its key>"
-    given = {**rename.to_batch, own: lacking[0]}
+    given = {**(rename.to_batch if told is None else told), own: lacking[0]}
     return (
         f"; if a dataset lacking {lacking[0]!r} records it under another name, give it that name with a rename_map "
         f"({given}: DALILeRobotMixture's dataset_options=[..., {{'rename_map': ...}}], "

@@ -714,6 +714,28 @@ def test_a_camera_a_dataset_lacks_after_its_rename_map_names_the_dataset_and_its
     )
 
 
+def test_a_camera_selection_refusal_tells_a_map_that_opens(make_ds) -> None:
+    """Three cameras. A map giving two of them 'cam0', with cameras=['cam0', 'side']: refused for lacking 'side' and
+    told to give 'cam2' that name, which, passed, was refused for the two 'cam0's; the two 'cam0's are said first.
+    One map for all datasets (the command line's one --rename-map) naming another dataset's 'rgb' as 'cam2':
+    'cam2' lacking 'top' was told as its own 'rgb' ({'rgb': 'top'}), which, passed, still lacked it; now {'rgb':
+    'cam2', 'cam2': 'top'}, with which it opens."""
+    from lerobot_dali.key_rename import own_cameras
+
+    path = make_ds(episodes=2, frames_per_episode=8, cameras=3, size=(64, 64), codec="h264")
+    cam0, cam1, cam2, side, top, rgb = (
+        f"observation.images.{n}" for n in ("cam0", "cam1", "cam2", "side", "top", "rgb")
+    )
+    with pytest.raises(CameraSelectionError) as caught:
+        concat_datasets([path, path], cameras=[cam0, side], rename_maps=[{cam1: cam0}, None])
+    assert str(caught.value).startswith(f"{path}: rename_map gives ['{cam0}'] to several of its cameras"), caught.value
+    with pytest.raises(CameraSelectionError) as caught:
+        own_cameras(path, [cam0, cam1, top], {rgb: cam2})
+    told = ast.literal_eval(re.search(r"with a rename_map \((\{[^{}]*\})", str(caught.value)).group(1))  # type: ignore[union-attr]
+    assert told == {rgb: cam2, cam2: top}
+    assert own_cameras(path, [cam0, cam1, top], told) == [cam0, cam1, cam2]
+
+
 def test_the_command_checks_gr00t_twice_as_one_with_its_recorded_camera(capsys) -> None:
     """``check G G --concat --cameras ego_view``: opened with every declared camera, GR00T's unrecorded 'egoview'
     refused the check (status 2, MissingDataFileError); now it checks the one camera's videos, with no problem."""
