@@ -313,7 +313,7 @@ def _union(args: argparse.Namespace, each: Sequence[argparse.Namespace]) -> LeRo
     except CameraSelectionError as e:
         raise _CommandError(f"--cameras: {e}") from e
     try:
-        renames = rename_maps_for(without_cameras_left_out(maps, readers), readers)
+        renames = rename_maps_for(without_cameras_left_out(maps, readers), readers, cameras=args.cameras)
     except ValueError as e:
         raise _CommandError(f"--rename-map: {e}") from e
     own = {

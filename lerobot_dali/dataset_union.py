@@ -355,7 +355,7 @@ def concat_datasets(
     count = len(readers)
     if cameras is not None:  # (entries for declared cameras that cameras= left out rename nothing)
         rename_maps = without_cameras_left_out(rename_maps, readers)
-    renames = [KeyRename.checked(m, r) for m, r in zip(rename_maps, readers, strict=True)]
+    renames = [KeyRename.checked(m, r, cameras=cameras) for m, r in zip(rename_maps, readers, strict=True)]
     lookups = [
         FrameLookup(source, tolerance) for source, tolerance in zip(
             _one_each("timestamp_sources", timestamp_sources, count), _one_each("tolerances_s", tolerances_s, count),

@@ -56,8 +56,11 @@ class KeyRename:
         return {new: old for old, new in self.to_batch.items()}
 
     @classmethod
-    def checked(cls, rename_map: Mapping[str, str] | None, reader: LeRobotDatasetReader) -> KeyRename:
-        """``rename_map`` for ``reader``: each a camera or feature it reads, to a name no other of its keys has."""
+    def checked(
+        cls, rename_map: Mapping[str, str] | None, reader: LeRobotDatasetReader, *, cameras: Sequence[str] | None = None
+    ) -> KeyRename:
+        """``rename_map`` for ``reader``: each a camera or feature it reads, to a name no other of its keys has.
+        ``cameras``: the batches' cameras it was opened for (:func:`own_cameras`), which a map told it keeps."""
         if rename_map is None:
             return cls()
         where = reader.location.description
@@ -66,10 +69,11 @@ class KeyRename:
         own = list(reader.read_keys)
         unknown = sorted(set(renamed) - set(own))
         if unknown:
+            told = _keeping(where, reader.info, cameras)  # (a map told back keeps the cameras it was opened for)
             raise ValueError(
                 f"{where}: rename_map renames {unknown}, which it does not read; it reads {own}"
                 f"{did_you_mean(unknown, own)}: {_MAP_SHAPE}"
-                f"{_reversed(unknown, rename_map, own, lambda fixed: cls.checked(fixed, reader))}"
+                f"{_reversed(unknown, rename_map, own, lambda fixed: (cls.checked(fixed, reader), told(fixed)))}"
             )
         fixed = sorted((set(renamed) | set(renamed.values())) & _FIXED_KEYS)
         padded = sorted(new for new in renamed.values() if new.endswith(PAD_SUFFIX))
@@ -171,11 +175,15 @@ def _reversed(
 
 
 def rename_maps_for(
-    rename_map: Mapping[str, str] | Sequence[Mapping[str, str] | None] | None, readers: Sequence[LeRobotDatasetReader]
+    rename_map: Mapping[str, str] | Sequence[Mapping[str, str] | None] | None,
+    readers: Sequence[LeRobotDatasetReader],
+    *,
+    cameras: Sequence[str] | None = None,
 ) -> list[KeyRename]:
     """Each dataset's :class:`KeyRename` from one ``rename_map`` for all (each dataset takes the entries for keys
     it reads; every entry must be some dataset's), or from one per dataset (None: none; every entry the dataset's
-    own), so that one map serves datasets of which only some use a name."""
+    own), so that one map serves datasets of which only some use a name. ``cameras``: as
+    :meth:`KeyRename.checked`."""
     if rename_map is None or isinstance(rename_map, Mapping):
         given = dict(rename_map or {})
         unread = set(given) - {key for reader in readers for key in reader.read_keys}
@@ -183,7 +191,7 @@ def rename_maps_for(
             unknown, read = sorted(unread), sorted({key for reader in readers for key in reader.read_keys})
             raise ValueError(
                 f"rename_map renames {unknown}, which none of the datasets reads{did_you_mean(unknown, read)}: "
-                f"{_MAP_SHAPE}{_reversed(unknown, given, read, lambda fixed: rename_maps_for(fixed, readers))}"
+                f"{_MAP_SHAPE}{_reversed(unknown, given, read, lambda fixed: _each_keeping(fixed, readers, cameras))}"
             )
         maps: Sequence[Mapping[str, str] | None] = [
             {k: v for k, v in given.items() if k in reader.read_keys} for reader in readers
@@ -192,7 +200,7 @@ def rename_maps_for(
         maps = rename_map
         if len(maps) != len(readers):
             raise ValueError(f"one rename_map for all datasets, or one per dataset ({len(readers)}), got {len(maps)}")
-    return [KeyRename.checked(m, reader) for m, reader in zip(maps, readers, strict=True)]
+    return [KeyRename.checked(m, reader, cameras=cameras) for m, reader in zip(maps, readers, strict=True)]
 
 
 def own_cameras(
@@ -235,20 +243,41 @@ def _own_cameras(
         renamed = f" (renamed by its rename_map {dict(rename.to_batch)})" if rename else ""
         away = [camera for camera in lacking if rename.own_name(camera) is None]  # (its own key, renamed)
         told = "".join(f"; {camera!r} is renamed {rename.to_batch[camera]!r} by it: name it so" for camera in away)
-
-        def opens(fixed: dict[str, str]) -> None:
-            try:
-                _own_cameras(where, info, cameras, fixed)
-            except CameraSelectionError as e:
-                raise ValueError(e) from e
-
         unknown = [key for key in rename_map or {} if key not in info.features]  # (entries written batch name first?)
-        reversal = _reversed(unknown, rename_map, info.features, opens) if unknown and rename_map else ""
+        reversal = (
+            _reversed(unknown, rename_map, info.features, _keeping(where, info, cameras))
+            if unknown and rename_map
+            else ""
+        )
         hint = reversal or rename_hint(  # (its whole map in the hint, to be passed back as it is)
             [c for c in lacking if c not in away], [n for n in names if n not in cameras], rename, told=rename_map
         )
         raise CameraSelectionError(f"{where} has no camera {lacking}; its cameras are {names}{renamed}{told}{hint}")
     return rename.own_names(cameras)
+
+
+def _each_keeping(
+    rename_map: Mapping[str, str], readers: Sequence[LeRobotDatasetReader], cameras: Sequence[str] | None
+) -> None:
+    """ValueError unless one ``rename_map`` for all ``readers`` checks (:func:`rename_maps_for`) and gives each of
+    them each of ``cameras`` once."""
+    for reader in readers:
+        _keeping(reader.location.description, reader.info, cameras)(rename_map)
+    rename_maps_for(rename_map, readers)
+
+
+def _keeping(where: str, info: DatasetInfo, cameras: Sequence[str] | None) -> Callable[[Mapping[str, str]], None]:
+    """A check that a rename map gives dataset ``where`` (its ``info``) each of ``cameras`` once (None: any map
+    does): raises ValueError, saying why, where not."""
+
+    def check(rename_map: Mapping[str, str]) -> None:
+        if cameras is not None:
+            try:
+                _own_cameras(where, info, cameras, rename_map)
+            except CameraSelectionError as e:
+                raise ValueError(str(e)) from e
+
+    return check
 
 
 @overload

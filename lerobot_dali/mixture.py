@@ -166,7 +166,9 @@ class DALILeRobotMixture:
         readers = open_all(datasets, cameras=cameras, rename_maps=rename_maps)  # (each with its own keys for cameras)
         if cameras is not None:  # (entries for declared cameras that cameras= left out rename nothing)
             rename_maps = without_cameras_left_out(rename_maps, readers)
-        self.renames = [KeyRename.checked(m, reader) for m, reader in zip(rename_maps, readers, strict=True)]
+        self.renames = [
+            KeyRename.checked(m, reader, cameras=cameras) for m, reader in zip(rename_maps, readers, strict=True)
+        ]
         readers = shared_selection(readers, cameras=cameras, keys=keys, renames=self.renames)
         windows = options.get("delta_timestamps")
         _check_windows(readers, windows, self.renames)

@@ -503,7 +503,9 @@ def open_readers(options: TrainOptions) -> list[Any]:
     if len(set(rates.values())) > 1:  # (the library mixes them; this script's windows count frames at one fps)
         raise RunRefused(f"the datasets run at different fps ({rates}); train on datasets of one fps")
     try:
-        renames = rename_maps_for(without_cameras_left_out(options.rename_map, readers), readers)
+        renames = rename_maps_for(
+            without_cameras_left_out(options.rename_map, readers), readers, cameras=options.cameras
+        )
     except ValueError as e:  # (a flag's mistake: one line, as the others)
         raise RunRefused(f"--rename-map: {e}") from e
     if options.concat:  # (one reader, its keys under the new names: the rest of this script reads one dataset)

@@ -736,6 +736,25 @@ def test_a_camera_selection_refusal_tells_a_map_that_opens(make_ds) -> None:
     assert own_cameras(path, [cam0, cam1, top], told) == [cam0, cam1, cam2]
 
 
+def test_a_map_told_reversed_keeps_the_cameras_asked_for(make_ds) -> None:
+    """{'top': 'cam1'} (a key the dataset lacks, to one it reads) with cameras=['cam1']: told to pass it reversed,
+    {'cam1': 'top'}, which, passed, renames the camera asked for away and is refused; no reversal is told where the
+    reversed map does not give the cameras, per dataset and as one map for all (the command line's)."""
+    from lerobot_dali.key_rename import rename_maps_for
+
+    path = make_ds(episodes=2, frames_per_episode=8, cameras=3, size=(64, 64), codec="h264")
+    cam1, top = "observation.images.cam1", "observation.images.top"
+    with pytest.raises(ValueError, match=r"renames \['observation.images.top'\], which it does not read") as caught:
+        concat_datasets([path, path], cameras=[cam1], rename_maps=[{top: cam1}, None])
+    assert "other way round" not in str(caught.value), caught.value
+    readers = [open_dataset(path, cameras=[cam1]), open_dataset(path, cameras=[cam1])]
+    with pytest.raises(ValueError, match=r"which none of the datasets reads") as caught:
+        rename_maps_for({top: cam1}, readers, cameras=[cam1])
+    assert "other way round" not in str(caught.value), caught.value
+    with pytest.raises(CameraSelectionError, match="has no camera"):  # (the reversal, passed: why it is not told)
+        concat_datasets([path, path], cameras=[cam1], rename_maps=[{cam1: top}, None])
+
+
 def test_the_command_checks_gr00t_twice_as_one_with_its_recorded_camera(capsys) -> None:
     """``check G G --concat --cameras ego_view``: opened with every declared camera, GR00T's unrecorded 'egoview'
     refused the check (status 2, MissingDataFileError); now it checks the one camera's videos, with no problem."""
