@@ -42,7 +42,7 @@ from .errors import DatasetError, EpisodeMetadataError, SchemaMismatchError, Sta
 from .file_stamps import FileStamp, FileStamps
 from .frame_lookup import ITERATORS_LOOKUP, FrameLookup, TimestampSource
 from .image_frames import first_image_shape
-from .key_rename import KeyRename, own_cameras, shared_selection, without_cameras_left_out
+from .key_rename import KeyRename, check_rename_map, own_cameras, shared_selection, without_cameras_left_out
 from .packet_index_cache import load_episode_packet_index
 from .packet_index_store import PacketIndexStore
 from .remote_retry import RetryingFileSystem
@@ -74,6 +74,9 @@ def open_all(
     :func:`~.dataset_reader.open_dataset`); ``revision``: the one it opens, where info.json is read for the cameras."""
     datasets = dataset_list(datasets)
     maps = _one_each("rename_maps", rename_maps, len(datasets))
+    for dataset, rename_map in zip(datasets, maps, strict=True):  # (a malformed map: refused before any file is read)
+        if rename_map is not None:
+            check_rename_map(rename_map, _described(dataset))
 
     def open_one(dataset: Dataset, rename_map: Mapping[str, str] | None) -> LeRobotDatasetReader:
         if isinstance(dataset, LeRobotDatasetReader):
@@ -84,6 +87,11 @@ def open_all(
     return in_threads(
         lambda each: open_one(*each), list(zip(datasets, maps, strict=True)), progress="lerobot-dali: opening datasets"
     )
+
+
+def _described(dataset: Dataset) -> str:
+    """How errors name ``dataset`` before it is opened: its location, or its path or URL as given."""
+    return dataset.location.description if isinstance(dataset, LeRobotDatasetReader) else str(dataset)
 
 
 def dataset_list(datasets: Sequence[Dataset]) -> list[Dataset]:

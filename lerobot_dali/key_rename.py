@@ -26,6 +26,7 @@ from .windows import PAD_SUFFIX
 
 __all__ = [
     "KeyRename",
+    "check_rename_map",
     "own_cameras",
     "rename_hint",
     "rename_map_from_json",
@@ -64,7 +65,7 @@ class KeyRename:
         if rename_map is None:
             return cls()
         where = reader.location.description
-        _check_shape(rename_map, where)
+        check_rename_map(rename_map, where)
         renamed = {old: new for old, new in rename_map.items() if old != new}
         own = list(reader.read_keys)
         unknown = sorted(set(renamed) - set(own))
@@ -147,12 +148,21 @@ class KeyRename:
         return renamed
 
 
-def _check_shape(rename_map: object, where: str) -> None:
-    """TypeError, naming dataset ``where``, unless ``rename_map`` maps names to names."""
+def check_rename_map(rename_map: object, where: str = "") -> None:
+    """TypeError unless ``rename_map`` maps names (strings) to names; ValueError where one of them is empty or only
+    whitespace (no dataset has such a key, no batch should). ``where``: the dataset the map is for, named first."""
+    prefix = f"{where}: " if where else ""
     if not isinstance(rename_map, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) and v for k, v in rename_map.items()
+        isinstance(k, str) and isinstance(v, str) for k, v in rename_map.items()
     ):
-        raise TypeError(f"{where}: a rename_map maps key names to new names ({{old: new}}), got {rename_map!r}")
+        raise TypeError(f"{prefix}a rename_map maps key names to new names ({{old: new}}), got {rename_map!r}")
+    blank = {old: new for old, new in rename_map.items() if not old.strip() or not new.strip()}
+    if blank:
+        raise ValueError(
+            f"{prefix}rename_map has entries with an empty name, {blank}: each gives a dataset's own key (its "
+            "meta/info.json features) the name the batches give it, e.g. {'observation.images.rgb': "
+            "'observation.images.top'}: fill in both names, or drop the entry"
+        )
 
 
 def _reversed(
@@ -186,6 +196,7 @@ def rename_maps_for(
     :meth:`KeyRename.checked`."""
     if rename_map is None or isinstance(rename_map, Mapping):
         given = dict(rename_map or {})
+        check_rename_map(given)  # (before its keys are sorted: 3 among strings raised "'<' not supported")
         unread = set(given) - {key for reader in readers for key in reader.read_keys}
         if unread:
             unknown, read = sorted(unread), sorted({key for reader in readers for key in reader.read_keys})
@@ -221,7 +232,7 @@ def own_cameras(
         raise TypeError(f"cameras= takes a list of keys, got the string {cameras!r}: pass [{cameras!r}]")
     location = resolve_location(dataset, revision=revision)
     if rename_map is not None:
-        _check_shape(rename_map, location.description)
+        check_rename_map(rename_map, location.description)
     return _own_cameras(location.description, read_info(location), cameras, rename_map)
 
 
@@ -321,6 +332,7 @@ def rename_map_from_json(text: str) -> dict[str, str]:
         raise ValueError(f"not JSON ({e}): {text!r}") from None
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
         raise ValueError(f'a JSON object of names, {{"key": "new name"}}, got {text!r}')
+    check_rename_map(value)  # (an empty name: refused here, one line, not once a dataset is opened)
     return value
 
 

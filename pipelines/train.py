@@ -185,6 +185,11 @@ class TrainOptions:
         ):
             if isinstance(value, tuple) and len(value) != len(self.datasets):
                 raise ValueError(f"{flag} takes one value, or one per --dataset ({len(self.datasets)}), got {value}")
+        from lerobot_dali.key_rename import check_rename_map
+
+        for rename_map in self.rename_map if isinstance(self.rename_map, tuple) else (self.rename_map,):
+            if rename_map is not None:  # (an empty name: refused here, not as a TypeError once the datasets open)
+                check_rename_map(rename_map, "--rename-map")
 
     def dataset_options(self) -> list[dict[str, Any]]:
         """Per dataset, its ``timestamp_source`` and ``tolerance_s`` (where given): the iterator's arguments."""

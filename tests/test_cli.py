@@ -554,3 +554,18 @@ def test_the_command_ends_as_the_interpreter_would_with_an_executor_held_and_a_t
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert (done.returncode, done.stdout.split(), done.stderr) == (5, ["task", "late", "thread"], "")
+
+
+@pytest.mark.parametrize("given", ['{"observation.images.cam0": ""}', '{" ": "observation.images.cam0"}'])
+def test_check_refuses_a_rename_map_naming_an_empty_name_in_one_line(make_ds, capsys, given: str) -> None:
+    """``check A B --concat --rename-map '{"cam0": ""}'``: the flag's check took it, and the command ended in a
+    TypeError's traceback once the datasets were opened (' ' as a key: refused as a key the datasets do not read).
+    Refused as the flag is read now: status 2, one line naming --rename-map and the entry."""
+    path = str(make_ds(episodes=2, frames_per_episode=8, cameras=1, size=(64, 64), codec="h264"))
+    with pytest.raises(SystemExit) as exited:
+        main(["check", path, path, "--concat", "--rename-map", given])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    said = "lerobot-dali check: error: argument --rename-map: rename_map has entries with an empty name, "
+    assert err.splitlines()[-1].startswith(f"{said}{json.loads(given)}:"), err

@@ -755,6 +755,44 @@ def test_a_map_told_reversed_keeps_the_cameras_asked_for(make_ds) -> None:
         concat_datasets([path, path], cameras=[cam1], rename_maps=[{cam1: top}, None])
 
 
+@pytest.mark.parametrize(
+    "rename_map",
+    [
+        {"observation.images.cam0": ""},
+        {"observation.images.cam0": " "},
+        {"": "observation.images.cam2"},
+        {"\t": "observation.images.cam2", "action": "act"},
+    ],
+)
+def test_a_rename_map_naming_an_empty_name_is_refused_as_the_argument_it_is(make_ds, rename_map) -> None:
+    """A map with an empty (or whitespace) name, with cameras= a first dataset lacks: concat_datasets, the mixture
+    and one map for all (the command line's) said the first dataset lacks the camera (CameraSelectionError), or
+    raised TypeError ('' as a new name), or took ' ' as a batch name; each now refuses the map first, a ValueError
+    (not a DatasetError: the argument is wrong, not the dataset) naming the dataset and the entries."""
+    from lerobot_dali.key_rename import rename_maps_for
+
+    one, three = (make_ds(episodes=2, frames_per_episode=8, cameras=n, size=(64, 64), codec="h264") for n in (1, 3))
+    cam2 = "observation.images.cam2"
+    blank = {old: new for old, new in rename_map.items() if not old.strip() or not new.strip()}
+    said = re.escape(f"{three}: rename_map has entries with an empty name, {blank}: each gives a dataset's own key")
+    for build in (
+        lambda: concat_datasets([one, three], cameras=[cam2], rename_maps=[None, rename_map]),
+        lambda: DALILeRobotMixture(
+            [one, three], cameras=[cam2], dataset_options=[{}, {"rename_map": rename_map}], device="cpu"
+        ),
+    ):
+        with pytest.raises(ValueError, match=f"^{said}") as caught:
+            build()
+        assert not isinstance(caught.value, DatasetError), type(caught.value)
+    readers = [open_dataset(one), open_dataset(three)]
+    with pytest.raises(ValueError, match=r"^rename_map has entries with an empty name") as caught:
+        rename_maps_for(rename_map, readers, cameras=[cam2])
+    assert not isinstance(caught.value, DatasetError), type(caught.value)
+    # A name that is no string: TypeError naming the map (it was "'<' not supported between 'int' and 'str'")
+    with pytest.raises(TypeError, match=r"^a rename_map maps key names to new names \(\{old: new\}\), got \{3: "):
+        rename_maps_for({3: "x", "observation.images.cam0": "y"}, readers)
+
+
 def test_the_command_checks_gr00t_twice_as_one_with_its_recorded_camera(capsys) -> None:
     """``check G G --concat --cameras ego_view``: opened with every declared camera, GR00T's unrecorded 'egoview'
     refused the check (status 2, MissingDataFileError); now it checks the one camera's videos, with no problem."""

@@ -1286,6 +1286,26 @@ def test_rename_map_mixes_datasets_whose_cameras_differ_in_name(make_ds: Callabl
         parse_args([*base, "--rename-map", "[1]"])
 
 
+def test_a_rename_map_naming_an_empty_name_is_refused_with_the_flags(
+    make_ds: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--rename-map '{"cam0": ""}' (or ' ', or an empty key) was taken, and ended in a TypeError's traceback once the
+    datasets were opened; it is refused as the flags are read (status 2, one line naming the flag and the entry),
+    and so is TrainOptions given such a map in code (ValueError)."""
+    from pipelines import train as train_module
+
+    one, two = str(make_ds(**EVEN)), str(make_ds(**{**EVEN, "seed": 1}))
+    argv = ["--dataset", one, two, "--steps", "1", "--device", "cpu", "--num-workers", "0", "--batch-size", "4"]
+    for rename_map in ({"observation.images.cam0": ""}, {"observation.images.cam0": " "}, {"": "action"}):
+        with pytest.raises(SystemExit) as exited:
+            train_module.main([*argv, "--rename-map", json.dumps(rename_map)])
+        assert exited.value.code == 2
+        with pytest.raises(
+            ValueError, match=re.escape(f"--rename-map: rename_map has entries with an empty name, {rename_map}")
+        ):
+            TrainOptions(dataset=(one, two), steps=1, rename_map=({}, rename_map))
+
+
 def test_a_rename_map_onto_a_name_the_dataset_has_is_one_line_naming_the_flag(
     make_ds: Callable[..., Path], caplog: pytest.LogCaptureFixture
 ) -> None:
