@@ -171,7 +171,7 @@ class DALILeRobotMixture:
         ]
         readers = shared_selection(readers, cameras=cameras, keys=keys, renames=self.renames)
         windows = options.get("delta_timestamps")
-        _check_windows(readers, windows, self.renames)
+        _check_windows(readers, windows, self.renames, cameras=cameras, keys=keys)
         _check_shapes(readers, self.renames)
         self._image_windows_to_squeeze = _image_windows_to_squeeze(readers, windows, self.renames)
         self._said_no_subtask = False  # (said at the first batch, not every batch)
@@ -539,30 +539,46 @@ def _dataset_seed(seed: int, position: int) -> int:
 
 
 def _check_windows(
-    readers: list[LeRobotDatasetReader], delta_timestamps: Mapping[str, Any] | None, renames: Sequence[KeyRename]
+    readers: list[LeRobotDatasetReader],
+    delta_timestamps: Mapping[str, Any] | None,
+    renames: Sequence[KeyRename],
+    *,
+    cameras: Sequence[str] | None = None,
+    keys: Sequence[str] | None = None,
 ) -> None:
-    """Windows must name what every dataset's batches carry (a key one dataset lacks is left out of all)."""
+    """Windows must name what every dataset's batches carry (a key one dataset lacks is left out of all); ``cameras``
+    and ``keys``: the mixture's, which a refusal says to add a window's key to where they leave it out."""
     read = set(renames[0].batch_names(readers[0].read_keys))
     unread = sorted(set(delta_timestamps or {}) - read - set(INDEX_COLUMNS))
     if unread:
+        named = list(zip(readers, renames, strict=True))
+        camera_names = {c for r, n in named for c in n.batch_names(r.info.camera_keys)}
+        feature_names = {k for r, n in named for k in n.batch_names(r.info.features)} - camera_names
+        kinds = (("cameras", cameras, camera_names), ("keys", keys, feature_names))
+        left_out = [  # (a rename alone cannot bring in a key cameras=/keys= leave out: it must be added there too)
+            f"{what}= leaves out {left}: add them, {what}={[*given, *left]!r}"
+            for what, given, names in kinds
+            if given is not None and (left := [k for k in unread if k in names and k not in given])
+        ]
         lacking = {
             reader.location.description: [k for k in unread if rename.own_name(k) not in reader.info.features]
-            for reader, rename in zip(readers, renames, strict=True)
+            for reader, rename in named
         }
-        short = next(((r, n) for r, n in zip(readers, renames, strict=True) if lacking[r.location.description]), None)
+        short = next(((r, n) for r, n in named if lacking[r.location.description]), None)
         if short is None:  # (every dataset has them: cameras=/keys= leave them out)
             raise DeltaTimestampsError(
-                f"delta_timestamps names {unread}, which the mixture does not read: cameras=/keys= leave them out; "
-                "add them there, or drop them from delta_timestamps"
+                f"delta_timestamps names {unread}, which the mixture does not read: "
+                f"{'; '.join(left_out) or 'cameras=/keys= leave them out; add them there'}, or drop them from "
+                "delta_timestamps"
             )
         reader, rename = short
         spare = [k for k in rename.batch_names(reader.info.features) if k not in read and k not in INDEX_COLUMNS]
         missing = lacking[reader.location.description]
-        camera = any(missing[0] in n.batch_names(r.info.camera_keys) for r, n in zip(readers, renames, strict=True))
-        spare = of_kind(spare, rename.batch_names(reader.info.camera_keys), camera=camera)
+        spare = of_kind(spare, rename.batch_names(reader.info.camera_keys), camera=missing[0] in camera_names)
         raise DeltaTimestampsError(
             f"delta_timestamps names {unread}, which the mixture does not read: not every dataset has them "
-            f"({ {d: k for d, k in lacking.items() if k} }), or cameras=/keys= leave them out"
+            f"({ {d: k for d, k in lacking.items() if k} })"
+            f"{''.join(f', and {said}' for said in left_out) or ', or cameras=/keys= leave them out'}"
             f"{rename_hint(missing, spare, rename)}, or drop them from delta_timestamps"
         )
 

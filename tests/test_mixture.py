@@ -745,8 +745,34 @@ def test_a_window_on_a_key_every_dataset_has_but_keys_leaves_out_says_to_add_it(
     """Every dataset has 'action', keys= leaves it out: the rename hint looked for a dataset lacking it, found none
     and raised StopIteration."""
     path = shared_dataset("cr5_v30_av1")
-    with pytest.raises(DeltaTimestampsError, match=r"\['action'\], .*: cameras=/keys= leave them out; add them there"):
+    said = r"\['action'\], .*: keys= leaves out \['action'\]: add them, keys=\['observation.state', 'action'\], or drop"
+    with pytest.raises(DeltaTimestampsError, match=said):
         DALILeRobotMixture([path, path], keys=["observation.state"], delta_timestamps={"action": [0.0]}, device="cpu")
+
+
+def test_a_window_on_a_camera_cameras_leaves_out_is_told_with_the_cameras_to_pass(make_ds) -> None:
+    """cameras=['cam0'] and a window on 'cam2', which the 2-camera dataset lacks: the refusal told a rename alone
+    ({'cam1': 'cam2'}), which, passed, was refused again (cameras= still left 'cam2' out). It says now that
+    cameras= leaves it out and the cameras to pass; with both, the second dataset's camera 1 is read as 'cam2'
+    (each frame's marker: the first's camera 2, the second's camera 1, at the sample's episode and frame)."""
+    three, two = (make_ds(episodes=2, frames_per_episode=8, cameras=n, size=(64, 64), codec="h264") for n in (3, 2))
+    cam0, cam1, cam2 = (f"observation.images.cam{i}" for i in range(3))
+    options = dict(delta_timestamps={cam2: [0.0]}, keys=[], batch_size=4, shuffle=False, device="cpu", num_workers=0)
+    with pytest.raises(DeltaTimestampsError) as raised:
+        DALILeRobotMixture([three, two], cameras=[cam0], **options)
+    said = f"not every dataset has them ({ {str(two): [cam2]} }), and cameras= leaves out ['{cam2}']: add them, "
+    assert said in str(raised.value), raised.value
+    cameras = ast.literal_eval(re.search(r"add them, cameras=(\[[^\]]*\])", str(raised.value)).group(1))  # type: ignore[union-attr]
+    told = _told_map(raised.value, "with a rename_map (")
+    assert (cameras, told) == ([cam0, cam2], {cam1: cam2})
+    mix = DALILeRobotMixture([three, two], cameras=cameras, dataset_options=[{}, {"rename_map": told}], **options)
+    try:
+        batch = next(iter(mix))
+    finally:
+        mix.close()
+    assert mix.datasets[1].reader.all_camera_keys == (cam0, cam1)
+    frames = batch[cam2].reshape(-1, *batch[cam2].shape[-3:])
+    assert [_marker(frame) for frame in frames] == [(ep, f, 2 - d) for d, ep, f in _keys(batch)]
 
 
 def _jitter_timestamps(root: Path, seconds: float) -> None:
