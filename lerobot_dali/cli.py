@@ -15,7 +15,7 @@ import select
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
@@ -24,7 +24,7 @@ from .value_checks import check_seconds
 from .video_encoding import CODECS, DEFAULT_CRF, LONG_GOP_FRAMES
 
 if TYPE_CHECKING:
-    from .dataset_reader import LeRobotDatasetReader
+    from .dataset_reader import LeRobotDatasetReader, LocatedDataset
 
 __all__ = ["main"]
 
@@ -41,22 +41,34 @@ class _CommandError(Exception):
     """What the user asked for cannot be done: :func:`main` prints ``lerobot-dali <verb>: <message>``, exits 2."""
 
 
-def _open_dataset(args: argparse.Namespace) -> LeRobotDatasetReader:
-    """``args.dataset`` opened; a URL no installed filesystem reads, or a revision given twice, is a
+def _open_dataset(args: argparse.Namespace, located: LocatedDataset | None = None) -> LeRobotDatasetReader:
+    """``args.dataset`` opened (``located``: where :func:`~.dataset_reader.locate_dataset` found it, its revision
+    resolved and its info.json read); a URL no installed filesystem reads, or a revision given twice, is a
     :class:`_CommandError` (the package's own errors pass through: :func:`main` names their type)."""
-    from .dataset_reader import open_dataset
+    from .dataset_reader import open_dataset, open_located
+
+    selection = {name: getattr(args, name) for name in ("keys", "episodes") if getattr(args, name, None) is not None}
+    with _opening(args.dataset if located is None else located.location.description):
+        if located is not None:
+            return open_located(located, cameras=args.cameras, **selection)
+        return open_dataset(args.dataset, revision=args.revision, cameras=args.cameras, **selection)
+
+
+@contextlib.contextmanager
+def _opening(dataset: str | Sequence[str]) -> Iterator[None]:
+    """Opening ``dataset`` (or datasets): an ImportError, ValueError or OSError is a :class:`_CommandError` naming
+    it, unless the network's (transient: :func:`main` names it) or the package's own (a DatasetError)."""
     from .errors import DatasetError
     from .remote_retry import is_transient
 
-    selection = {name: getattr(args, name) for name in ("keys", "episodes") if getattr(args, name, None) is not None}
     try:
-        return open_dataset(args.dataset, revision=args.revision, cameras=args.cameras, **selection)
+        yield
     except DatasetError:
         raise
     except (ImportError, ValueError, OSError) as e:
         if is_transient(e):
             raise  # (main names a network failure as one)
-        raise _CommandError(f"cannot open {args.dataset!r}: {_one_line(e)}") from e
+        raise _CommandError(f"cannot open {dataset!r}: {_one_line(e)}") from e
 
 
 def _check_url(dataset: str | None) -> None:
@@ -306,10 +318,11 @@ def _union(args: argparse.Namespace, each: Sequence[argparse.Namespace]) -> LeRo
     maps = args.rename_map[0] if args.rename_map is not None and len(args.rename_map) == 1 else args.rename_map
     each_map = _one_each("--rename-map", [None] if maps is None else args.rename_map, len(args.dataset))
     try:  # (each dataset with its own keys for --cameras: a camera it declares but never recorded is not looked for)
-        readers = open_all(
-            args.dataset, lambda d, own: _open_dataset(_with(args, dataset=d, cameras=own, keys=None)),
-            cameras=args.cameras, rename_maps=each_map, revision=args.revision,
-        )  # fmt: skip
+        with _opening(args.dataset):  # (where one is located: its revision resolved, its info.json read)
+            readers = open_all(
+                args.dataset, lambda d, own: _open_dataset(_with(args, cameras=own, keys=None), d),
+                cameras=args.cameras, rename_maps=each_map, revision=args.revision,
+            )  # fmt: skip
     except CameraSelectionError as e:
         raise _CommandError(f"--cameras: {e}") from e
     try:

@@ -64,8 +64,11 @@ __all__ = [
     "INFO_PATH",
     "NO_SUBTASK_INDEX",
     "LeRobotDatasetReader",
+    "LocatedDataset",
     "VideoRef",
+    "locate_dataset",
     "open_dataset",
+    "open_located",
     "read_info",
     "read_info_json",
     "warn_undeclared_columns",
@@ -659,10 +662,47 @@ def open_dataset(
     LeRobot's does: e.g. ``lambda ep: ep["length"] >= 100``, or on a column the dataset's writer added. It runs
     here, once; the workers only see the episodes it kept.
     """
+    located = locate_dataset(path_or_repo, revision=revision, storage_options=storage_options)
+    return open_located(
+        located, cameras=cameras, keys=keys, storage_options=storage_options, data_files_root=data_files_root,
+        episodes=episodes, episode_filter=episode_filter,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LocatedDataset:
+    """A dataset resolved once (a Hub branch or tag to the commit of its metadata snapshot) and its info.json read
+    there (:func:`locate_dataset`): what is decided from its info.json before it is opened (the cameras to open it
+    with, :func:`~.key_rename.own_cameras`) and its open (:func:`open_located`) read one commit, and ask the server
+    for info.json and the revision once."""
+
+    location: DatasetLocation
+    info: DatasetInfo
+
+
+def locate_dataset(
+    path_or_repo: str | os.PathLike[str], *, revision: str | None = None, storage_options: dict[str, Any] | None = None
+) -> LocatedDataset:
+    """Where ``path_or_repo`` is (:func:`~.dataset_location.resolve_location`) and its info.json, as
+    :func:`open_dataset` takes them."""
     location = resolve_location(path_or_repo, revision=revision, storage_options=storage_options)
+    return LocatedDataset(location, read_info(location))
+
+
+def open_located(
+    located: LocatedDataset,
+    *,
+    cameras: Sequence[str] | None = None,
+    keys: Sequence[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+    data_files_root: str | os.PathLike[str] | None = None,
+    episodes: Sequence[int] | None = None,
+    episode_filter: Callable[[dict[str, Any]], bool] | None = None,
+) -> LeRobotDatasetReader:
+    """:func:`open_dataset` of a dataset :func:`locate_dataset` located: at its location, with its info.json."""
+    location, info = located.location, located.info
     if data_files_root is not None:
         location = with_bulk_root(location, data_files_root, storage_options=storage_options)
-    info = read_info(location)
     selected = _select(info.camera_keys, cameras, "camera", elsewhere=(info.tabular_keys, "keys"))
     camera_keys = [k for k in selected if info.features[k].is_video]
     image_keys = [k for k in selected if not info.features[k].is_video]

@@ -34,7 +34,14 @@ import pyarrow as pa
 from .concurrent_calls import in_threads
 from .dataset_info import Feature
 from .dataset_location import DatasetLocation
-from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
+from .dataset_reader import (
+    LeRobotDatasetReader,
+    LocatedDataset,
+    VideoRef,
+    locate_dataset,
+    open_dataset,
+    open_located,
+)
 from .dataset_stats import POOLED_STATS, FeatureStats, aggregate_episode_stats
 from .episode_rows import DecodedGroups
 from .episode_table import EpisodeTable
@@ -60,7 +67,7 @@ Dataset = str | os.PathLike[str] | LeRobotDatasetReader
 
 def open_all(
     datasets: Sequence[Dataset],
-    opener: Callable[[Dataset, Sequence[str] | None], LeRobotDatasetReader] | None = None,
+    opener: Callable[[LocatedDataset, Sequence[str] | None], LeRobotDatasetReader] | None = None,
     *,
     cameras: Sequence[str] | None = None,
     rename_maps: Sequence[Mapping[str, str] | None] | None = None,
@@ -70,8 +77,10 @@ def open_all(
     None: every camera each declares): each dataset given by path or URL is opened with only its own keys for them,
     mapped back through its ``rename_maps`` entry (one ``{own key: batch key}`` or None per dataset) by
     :func:`~.key_rename.own_cameras`, so that a camera it declares but never recorded is not looked for; one given
-    opened is as opened (:func:`opened`). ``opener(dataset, its own cameras)`` opens one (default
-    :func:`~.dataset_reader.open_dataset`); ``revision``: the one it opens, where info.json is read for the cameras."""
+    opened is as opened (:func:`opened`). Each is located once (:func:`~.dataset_reader.locate_dataset`: ``revision``
+    resolved, info.json read), and its cameras chosen and its open made there: one commit of a Hub branch, one
+    request for info.json. ``opener(located, its own cameras)`` opens one (default
+    :func:`~.dataset_reader.open_located`)."""
     datasets = dataset_list(datasets)
     maps = _one_each("rename_maps", rename_maps, len(datasets))
     for dataset, rename_map in zip(datasets, maps, strict=True):  # (a malformed map: refused before any file is read)
@@ -81,8 +90,9 @@ def open_all(
     def open_one(dataset: Dataset, rename_map: Mapping[str, str] | None) -> LeRobotDatasetReader:
         if isinstance(dataset, LeRobotDatasetReader):
             return opened(dataset)
-        own = own_cameras(dataset, cameras, rename_map, revision=revision)
-        return opener(dataset, own) if opener is not None else open_dataset(dataset, cameras=own)
+        located = locate_dataset(dataset, revision=revision)
+        own = own_cameras(located, cameras, rename_map)
+        return opener(located, own) if opener is not None else open_located(located, cameras=own)
 
     return in_threads(
         lambda each: open_one(*each), list(zip(datasets, maps, strict=True)), progress="lerobot-dali: opening datasets"

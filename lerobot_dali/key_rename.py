@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, overload
 
 from .augment_config import AugmentConfig
 from .dataset_info import INDEX_COLUMNS, DatasetInfo
-from .dataset_location import resolve_location
-from .dataset_reader import LeRobotDatasetReader, read_info
+from .dataset_reader import LeRobotDatasetReader, LocatedDataset
 from .errors import CameraSelectionError, DatasetError, did_you_mean
 from .fork_locks import cached_property
 from .said_once import warn_once
@@ -215,25 +213,22 @@ def rename_maps_for(
 
 
 def own_cameras(
-    dataset: str | os.PathLike[str],
-    cameras: Sequence[str] | None,
-    rename_map: Mapping[str, str] | None,
-    *,
-    revision: str | None = None,
+    dataset: LocatedDataset, cameras: Sequence[str] | None, rename_map: Mapping[str, str] | None
 ) -> list[str] | None:
     """``dataset``'s own keys for ``cameras`` (the batches' names, which ``rename_map``, its ``{own key: batch key}``,
-    gives its cameras), to open it with, one of several: so that a camera its info.json declares but it never
-    recorded (GR00T v2.0's 'egoview') is not looked for; None where ``cameras`` is None (every camera it declares).
+    gives its cameras), to open it with (:func:`~.dataset_reader.open_located`, at the location and with the
+    info.json read here), one of several: so that a camera its info.json declares but it never recorded (GR00T
+    v2.0's 'egoview') is not looked for; None where ``cameras`` is None (every camera it declares).
     CameraSelectionError names a camera of ``cameras`` it lacks, the dataset, its cameras and the rename that would
     give it; or a camera of ``cameras`` the map gives two of its cameras (which to read is not to guess)."""
     if cameras is None:
         return None
     if isinstance(cameras, str):  # (as open_dataset says it)
         raise TypeError(f"cameras= takes a list of keys, got the string {cameras!r}: pass [{cameras!r}]")
-    location = resolve_location(dataset, revision=revision)
+    location = dataset.location
     if rename_map is not None:
         check_rename_map(rename_map, location.description)
-    return _own_cameras(location.description, read_info(location), cameras, rename_map)
+    return _own_cameras(location.description, dataset.info, cameras, rename_map)
 
 
 def _own_cameras(

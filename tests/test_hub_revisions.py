@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import socket
 import sys
+from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,7 +30,9 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import tqdm as hub_tqdm
 
 from lerobot_dali.dataset_location import DatasetLocation, resolve_location
+from lerobot_dali.dataset_union import concat_datasets
 from lerobot_dali.errors import DatasetNotFoundError
+from lerobot_dali.mixture import DALILeRobotMixture
 
 SNAPSHOT_SHA = "c0ffee" * 6 + "c0ff"
 USER_SHA = "0123456789abcdef" * 2 + "01234567"
@@ -331,3 +335,44 @@ def test_a_hub_nobody_answers_is_dataset_not_found(monkeypatch) -> None:
         port = s.getsockname()[1]
     with pytest.raises(DatasetNotFoundError, match="'nobody/no-such-dataset'.*the Hub could not be reached"):
         resolve_location("nobody/no-such-dataset", storage_options={"endpoint": f"http://127.0.0.1:{port}"})
+
+
+def _check_as_one(datasets: list[str], camera: str) -> None:
+    from lerobot_dali.cli import main
+
+    assert main(["check", "--concat", *datasets, "--cameras", camera, "--json"]) == 0
+
+
+@pytest.mark.parametrize(
+    "opens",
+    [
+        lambda datasets, camera: concat_datasets(datasets, cameras=[camera]),
+        lambda datasets, camera: DALILeRobotMixture(
+            datasets, cameras=[camera], batch_size=2, device="cpu", num_workers=0, cache_gb=0.0
+        ).close(),
+        _check_as_one,
+    ],
+    ids=["union", "mixture", "check"],
+)
+def test_datasets_opened_with_cameras_are_resolved_once_while_the_branch_moves(
+    monkeypatch, tmp_path, make_ds, opens
+) -> None:
+    """Several Hub datasets opened with cameras=, while their branch moves at every resolution: each is resolved once
+    (one request for its revision), its cameras chosen and its files read at that one commit. Each was resolved
+    twice, its cameras chosen from one commit's info.json and the dataset opened at the next commit."""
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=2, codec="vp9", size=(64, 64))
+    calls: Counter[str] = Counter()
+
+    def pushed_to_after_each(repo_id: str, **kwargs: Any) -> str:
+        calls[repo_id] += 1  # (the n-th resolution finds the n-th commit, a snapshot of the whole dataset)
+        folder = tmp_path / repo_id / "snapshots" / f"{calls[repo_id]:040x}"
+        shutil.copytree(root, folder)
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", pushed_to_after_each)
+    monkeypatch.setattr(HfFileSystem, "_repo_and_revision_exist", lambda self, *args, **kwargs: (True, None))
+    union = opens(["user/a", "user/b"], "observation.images.cam0")
+    assert calls == {"user/a": 1, "user/b": 1}
+    for member in getattr(union, "members", ()):
+        assert member.location.hub_snapshot.commit == f"{1:040x}"
+        assert member.location.meta_root.startswith(str(tmp_path / member.location.hub_snapshot.repo_id))

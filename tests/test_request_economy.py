@@ -3,6 +3,7 @@ grow with its number of files, and no worker asks the server about a file it was
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.dataset_union import concat_datasets
 from tests import fake_remote  # noqa: F401  (registers the fakeremote:// protocol)
 from tests.http_server import serve_folder
 
@@ -138,3 +140,82 @@ def test_without_the_prefetch_cache_a_remote_video_read_fetches_its_packets_alon
         starts_of = keyframes[np.searchsorted(keyframes, np.arange(len(index.keyframe)), side="right") - 1]
         needed = sum(int(index.size_bytes[k : f + 1].sum()) for f, k in enumerate(starts_of))
         assert needed <= sent <= 2 * needed, (needed, sent)
+
+
+#: One dataset's metadata requests, opened over plain HTTP, by (method, path under the dataset): info.json, the
+#: episode metadata (v3.0: its folder listed, then its parquet file) and the task list, each a HEAD then a GET; no
+#: statistics (read where normalising asks for them, not at open).
+ALONE = {
+    "v3.0": {
+        ("HEAD", "meta/info.json"): 1,
+        ("GET", "meta/info.json"): 1,
+        ("GET", "meta/episodes/"): 2,
+        ("HEAD", "meta/episodes/"): 1,
+        ("GET", "meta/episodes/chunk-000"): 1,
+        ("HEAD", "meta/episodes/chunk-000/file-000.parquet"): 1,
+        ("GET", "meta/episodes/chunk-000/file-000.parquet"): 1,
+        ("HEAD", "meta/tasks.parquet"): 1,
+        ("GET", "meta/tasks.parquet"): 1,
+    },
+    "v2.1": {
+        ("HEAD", "meta/info.json"): 1,
+        ("GET", "meta/info.json"): 1,
+        ("HEAD", "meta/episodes.jsonl"): 1,
+        ("GET", "meta/episodes.jsonl"): 1,
+        ("HEAD", "meta/tasks.jsonl"): 1,
+        ("GET", "meta/tasks.jsonl"): 1,
+    },
+}
+CAMERA = "observation.images.cam0"
+
+
+def _iterator(urls: list[str], tmp_path: Path) -> None:
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    DALILeRobotIterator(urls[0], cache_dir=tmp_path, cache_gb=0.0, **OPTIONS).close()
+
+
+def _mixture(urls: list[str], tmp_path: Path) -> None:
+    from lerobot_dali.mixture import DALILeRobotMixture
+
+    options = {k: v for k, v in OPTIONS.items() if k != "drop_last"}  # (a mixture's batches are all full)
+    DALILeRobotMixture(urls, cameras=[CAMERA], cache_dir=tmp_path, cache_gb=0.0, **options).close()
+
+
+def _check(urls: list[str], tmp_path: Path) -> None:
+    from lerobot_dali.cli import main
+
+    assert main(["check", "--concat", *urls, "--cameras", CAMERA, "--json"]) == 0
+
+
+OPENS = {
+    "iterator": _iterator,
+    "union": lambda urls, tmp_path: concat_datasets(urls),
+    "union_cameras": lambda urls, tmp_path: concat_datasets(urls, cameras=[CAMERA]),
+    "mixture_cameras": _mixture,
+    "check_concat_cameras": _check,
+}
+
+
+@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+@pytest.mark.parametrize("opens", list(OPENS))
+def test_over_http_each_dataset_of_an_open_asks_for_its_metadata_as_opened_alone(
+    make_ds, tmp_path: Path, version: str, opens: str
+) -> None:
+    """Each metadata file costs what it costs one dataset opened alone, whether opened by an iterator, in a union or a
+    mixture, or checked as one, with cameras= or without. With cameras= each dataset of several asked for info.json
+    twice (a HEAD and a GET more), to choose its own cameras and again to open it."""
+    pytest.importorskip("aiohttp", reason="fsspec's HTTPFileSystem needs aiohttp (the 'test' extra)")
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=2, codec="vp9", size=(64, 64), version=version)
+    names = ["a"] if opens == "iterator" else ["a", "b"]
+    for name in names:  # (two datasets: copies of one, each asked for its own files)
+        shutil.copytree(root, tmp_path / "served" / name)
+    with serve_folder(tmp_path / "served") as server:
+        urls = [f"{server.url}/{name}" for name in names]
+        server.reset_stats()
+        OPENS[opens](urls, tmp_path / "cache")
+        records = server.records
+    for url in urls:
+        prefix = url.removeprefix(server.url) + "/"
+        asked = Counter((r.method, r.path.removeprefix(prefix)) for r in records if r.path.startswith(prefix + "meta"))
+        assert dict(asked) == ALONE[version], url
