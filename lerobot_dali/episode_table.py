@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
+from pathlib import PurePosixPath
 from typing import Any
 
 import fsspec
@@ -24,6 +25,7 @@ from .dataset_info import DatasetInfo
 from .dataset_location import open_if_present
 from .episode_rows import damaged_parquet_as, read_parquet
 from .errors import DatasetError, EpisodeMetadataError, cameras_hint, listing_hint
+from .file_stamps import find_files
 from .fork_locks import cached_property
 from .pickled_columns import PickledColumn, narrowed, shared, widened
 from .said_once import say_once
@@ -328,10 +330,19 @@ def _damaged_advice(source: str) -> str:
     return f"the episode metadata is damaged: download or copy {source} again"
 
 
+#: A v3.0 dataset's episode metadata files, the end of their paths.
+_EPISODE_FILES = "meta/episodes/chunk-*/file-*.parquet"
+
+
 def _v3_rows(fs: fsspec.AbstractFileSystem, meta_root: str) -> pa.Table:
     """Every column of ``meta/episodes`` but the ``stats/`` ones (LeRobot's episode rows), by ``episode_index``."""
-    pattern = f"{meta_root.rstrip('/')}/meta/episodes/chunk-*/file-*.parquet"
-    files = sorted(fs.glob(pattern))
+    folder = f"{meta_root.rstrip('/')}/meta/episodes"
+    pattern = f"{folder}/chunk-*/file-*.parquet"
+    try:  # (each folder listed once: fsspec's glob over HTTP listed meta/episodes/ twice, and asked for it with a
+        # HEAD more; and left out a chunk folder whose listing failed, where this raises, so that it is retried)
+        files = sorted(name for name in find_files(fs, folder) if PurePosixPath(name).match(_EPISODE_FILES))
+    except FileNotFoundError:
+        files = []
     if not files:
         hint = listing_hint(fs) or "; the dataset's files are incomplete: download or copy its meta/episodes/ again"
         raise EpisodeMetadataError(f"no episode metadata found: expected files matching {pattern}{hint}")

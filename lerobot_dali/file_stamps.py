@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import fsspec
+from fsspec.asyn import AsyncFileSystem
 
 from . import fork_locks
 from .concurrent_calls import KeyedLocks
@@ -24,7 +25,15 @@ from .errors import MissingDataFileError
 from .remote_retry import RetryingFileSystem, is_transient
 from .said_once import say_once, warn_once
 
-__all__ = ["FileStamp", "FileStamps", "local_stamps", "stamp_from_info", "stamp_from_stat", "stat_version"]
+__all__ = [
+    "FileStamp",
+    "FileStamps",
+    "find_files",
+    "local_stamps",
+    "stamp_from_info",
+    "stamp_from_stat",
+    "stat_version",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +182,7 @@ class FileStamps(Mapping[str, FileStamp]):
         """
         self.listing_calls += 1
         try:
-            listing = _find_files(self.fs, root)
+            listing = find_files(self.fs, root)
         except NotImplementedError:
             say_once(logger, logging.INFO,
                 "%s cannot list %s; file stamps come from one info request per file", self.fs, root,
@@ -277,16 +286,21 @@ class FileStamps(Mapping[str, FileStamp]):
         self._lock = fork_locks.lock()
 
 
-def _find_files(fs: Any, root: str) -> dict[str, dict[str, Any]]:
+def find_files(fs: Any, root: str) -> dict[str, dict[str, Any]]:
     """Every file under ``root`` with its info: the filesystem's own recursive ``find`` when it has one (the
-    Hub: one tree request; object stores: one paginated listing), else a walk with one ``ls`` per folder.
+    Hub: one tree request; object stores: one paginated listing), else a walk with one ``ls`` per folder (plain
+    HTTP, local folders).
 
-    The walk is ours because fsspec's generic one skips a folder whose ``ls`` raised OSError (a reset
-    connection) below the top level, returning part of the tree; ``ls`` through :class:`RetryingFileSystem`
-    is retried instead.
+    The walk is ours because fsspec's generic one (``find``'s, ``glob``'s; an async filesystem's too) skips a
+    folder whose ``ls`` raised OSError (a reset connection, a timeout) below the top level, returning part of the
+    tree (its ``on_error`` does not reach the folders below); ``ls`` through :class:`RetryingFileSystem` is retried
+    instead. FileNotFoundError where ``root`` is absent (the walk's; a filesystem's own find may answer none).
     """
     inner = fs.fs if isinstance(fs, RetryingFileSystem) else fs
-    if getattr(type(inner), "find", None) is not fsspec.AbstractFileSystem.find:
+    generic = type(inner).find is fsspec.AbstractFileSystem.find or (
+        isinstance(inner, AsyncFileSystem) and type(inner)._find is AsyncFileSystem._find
+    )
+    if not generic:
         listing = fs.find(root, detail=True)
         if not isinstance(listing, Mapping):  # find(detail=True) returns {name: info}; be lenient with lists
             return {entry["name"]: entry for entry in listing}

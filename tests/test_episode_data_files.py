@@ -248,7 +248,7 @@ def test_a_stale_merge_whose_data_files_cannot_be_listed_says_so(merged, monkeyp
     def cannot_list(fs, root):
         raise NotImplementedError  # as a filesystem without listings: FileStamps records nothing
 
-    monkeypatch.setattr("lerobot_dali.file_stamps._find_files", cannot_list)
+    monkeypatch.setattr("lerobot_dali.file_stamps.find_files", cannot_list)
     with pytest.raises(MissingDataFileError, match=r"file-007.*no data file matching .* could be listed"):
         open_dataset("fakeremote://", storage_options={"root": str(stale)})
 
