@@ -720,9 +720,11 @@ def test_a_camera_selection_refusal_tells_a_map_that_opens(make_ds) -> None:
     One map for all datasets (the command line's one --rename-map) naming another dataset's 'rgb' as 'cam2':
     'cam2' lacking 'top' was told as its own 'rgb' ({'rgb': 'top'}), which, passed, still lacked it; now {'rgb':
     'cam2', 'cam2': 'top'}, with which it opens."""
+    from lerobot_dali.dataset_reader import locate_dataset
     from lerobot_dali.key_rename import own_cameras
 
     path = make_ds(episodes=2, frames_per_episode=8, cameras=3, size=(64, 64), codec="h264")
+    located = locate_dataset(path)
     cam0, cam1, cam2, side, top, rgb = (
         f"observation.images.{n}" for n in ("cam0", "cam1", "cam2", "side", "top", "rgb")
     )
@@ -730,10 +732,10 @@ def test_a_camera_selection_refusal_tells_a_map_that_opens(make_ds) -> None:
         concat_datasets([path, path], cameras=[cam0, side], rename_maps=[{cam1: cam0}, None])
     assert str(caught.value).startswith(f"{path}: rename_map gives ['{cam0}'] to several of its cameras"), caught.value
     with pytest.raises(CameraSelectionError) as caught:
-        own_cameras(path, [cam0, cam1, top], {rgb: cam2})
+        own_cameras(located, [cam0, cam1, top], {rgb: cam2})
     told = ast.literal_eval(re.search(r"with a rename_map \((\{[^{}]*\})", str(caught.value)).group(1))  # type: ignore[union-attr]
     assert told == {rgb: cam2, cam2: top}
-    assert own_cameras(path, [cam0, cam1, top], told) == [cam0, cam1, cam2]
+    assert own_cameras(located, [cam0, cam1, top], told) == [cam0, cam1, cam2]
 
 
 def test_a_map_told_reversed_keeps_the_cameras_asked_for(make_ds) -> None:
