@@ -14,6 +14,7 @@ import errno
 import io
 import logging
 import os
+import re
 import sys
 import time
 import zlib
@@ -185,15 +186,24 @@ def fresh_instance(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
 
 #: The longest wait a server's ``Retry-After`` may ask for; a longer one is cut to this.
 MAX_RETRY_AFTER_S = 300.0
+#: The IETF draft ``RateLimit`` header (``"api";r=0;t=55``: 0 requests remain, the window resets in 55 s), which
+#: the Hub sends with its 429s.
+_RATELIMIT = re.compile(r"\br=(?P<remaining>\d+)\s*;\s*t=(?P<reset>\d+)")
 
 
 def _retry_after_s(error: BaseException) -> float:
-    """Seconds a 429/503 asked to wait (``Retry-After``: seconds, or an HTTP date), at most
-    :data:`MAX_RETRY_AFTER_S`; 0 without one. Retrying sooner only spends the retries inside the rate limit."""
+    """Seconds a 429/503 asked to wait (``Retry-After``: seconds, or an HTTP date; else a ``RateLimit`` header
+    saying none remain), at most :data:`MAX_RETRY_AFTER_S`; 0 without one. Retrying sooner only spends the retries
+    inside the rate limit."""
     for candidate in (error, error.__cause__, getattr(error, "response", None)):
         headers = getattr(candidate, "headers", None)
-        value = headers.get("Retry-After") if isinstance(headers, Mapping) else None
+        if not isinstance(headers, Mapping):
+            continue
+        value = headers.get("Retry-After")
         if value is None:
+            match = _RATELIMIT.search(str(headers.get("RateLimit", "")))
+            if match is not None and int(match["remaining"]) == 0:  # (the Hub's 429: no request left for t s)
+                return min(MAX_RETRY_AFTER_S, float(match["reset"]))
             continue
         try:
             seconds = float(value)
@@ -222,6 +232,31 @@ def _unmasked(error: Exception) -> Exception:
     return error
 
 
+def _one_try_hub_fetch(inner: Any) -> Callable[[int, int], bytes] | None:
+    """For a huggingface_hub ``HfFileSystemFile``: its block fetch, tried once (None for other files).
+
+    Its own ``_fetch_range`` goes through ``http_backoff``'s 6 tries (1 to 8 s apart, ``Retry-After`` + 1 s after a
+    429), inside each of this module's: one block of a Hub dataset that kept answering 503 or 429, or cut its
+    response short, was asked 36 times (~150 s of waits without Retry-After, not the ~15 s of the policy's 6 tries),
+    and ``LEROBOT_DALI_REMOTE_RETRIES=0`` still waited 23 s. This is the same request (its URL and headers), made once:
+    the retrying, and the waits a 429 asks for, are this module's.
+    """
+    if type(inner).__name__ != "HfFileSystemFile" or not hasattr(inner, "url"):
+        return None
+    from huggingface_hub import constants
+    from huggingface_hub.utils import hf_raise_for_status, http_backoff
+
+    def fetch(start: int, end: int) -> bytes:
+        headers = {"range": f"bytes={start}-{end - 1}", **inner.fs._api._build_hf_headers()}
+        response = http_backoff(
+            "GET", inner.url(), headers=headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT, max_retries=0
+        )
+        hf_raise_for_status(response)
+        return bytes(response.content)
+
+    return fetch
+
+
 def _check_block_fetches(inner: Any, path: str) -> None:
     """Make the block fetches of an fsspec buffered file (HTTP's) return exactly the bytes asked, or fail.
 
@@ -234,6 +269,7 @@ def _check_block_fetches(inner: Any, path: str) -> None:
     fetch = getattr(cache, "fetcher", None)
     if fetch is None or not isinstance(size, int):
         return
+    fetch = _one_try_hub_fetch(inner) or fetch
 
     def checked(start: int, end: int) -> bytes:
         try:
@@ -362,7 +398,9 @@ class RetryingFile(io.RawIOBase):
                     raise
                 raise _sent_only_whole(self.path, "it answered 'Accept-Ranges: none' or no size") from e
         chunks: list[bytes] = []
-        want, got = size, 0
+        # The rest of a file of known size is asked as that many bytes: a block fetch, tried once; "read all" sent
+        # some files down another route (huggingface_hub's streaming file: its own 6 tries, inside each of ours).
+        want, got = size if size >= 0 or self.size is None else max(0, self.size - self._pos), 0
         while want != 0 and (self.size is None or self._pos + got < self.size):
             chunk = self._inner.read(want)
             if not chunk:

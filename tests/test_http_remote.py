@@ -468,3 +468,54 @@ def test_a_file_replaced_on_the_server_mid_read_is_named_not_retried(tmp_path: P
             with pytest.raises(DatasetError, match=r"changed on the server while it was read \(102400 bytes"):
                 handle.read(50_000)
     assert len(waits) == 1  # one wait before the reopen that found the new size, then no more tries
+
+
+class _SleepsRecorded:
+    """A stand-in for the ``time`` module whose ``sleep`` records the wait instead."""
+
+    def __init__(self, waits: list[float]) -> None:
+        self.waits = waits
+
+    def __getattr__(self, name: str):
+        import time
+
+        return getattr(time, name)
+
+    def sleep(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+
+@pytest.mark.parametrize("fault", ["503", "429", "drop"])
+@pytest.mark.parametrize("whole", [False, True])
+def test_a_hub_file_block_is_asked_once_per_try(tmp_path: Path, monkeypatch, fault: str, whole: bool) -> None:
+    """huggingface_hub's HfFileSystemFile fetched each block through its own http_backoff (6 tries, 1 to 8 s apart),
+    inside each of the loader's tries: a block of a Hub dataset that kept failing was asked 18 times with 2 retries
+    (36 with the default 5, ~150 s of waits), and LEROBOT_DALI_REMOTE_RETRIES=0 still tried 6 times. HfFileSystem
+    talks to this server as its endpoint (its resolve URLs are the served folder's paths)."""
+    import huggingface_hub.utils._http as hub_http
+    from huggingface_hub import HfFileSystem
+
+    commit = "c0ffee" * 6 + "c0ff"
+    data = np.random.default_rng(5).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    served = tmp_path / "datasets" / "user" / "ds" / "resolve" / commit / "f.bin"
+    served.parent.mkdir(parents=True)
+    served.write_bytes(data)
+    waits: list[float] = []
+    monkeypatch.setattr(hub_http, "time", _SleepsRecorded(waits))  # (the Hub's own waits, on the old code)
+    monkeypatch.setattr("lerobot_dali.remote_retry.time", _SleepsRecorded(waits))
+    monkeypatch.setattr(HfFileSystem, "_repo_and_revision_exist", lambda self, *args, **kwargs: (True, None))
+    monkeypatch.setattr(HfFileSystem, "info", lambda self, path, **kwargs: {"name": path, "size": len(data),
+                                                                             "type": "file"})  # fmt: skip
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(HfFileSystem(endpoint=server.url, token=False), policy=RetryPolicy(retries=2))
+        with fs.open(f"datasets/user/ds@{commit}/f.bin", "rb", block_size=100_000) as handle:
+            server.set_faults(1, (fault,))
+            handle.seek(0 if whole else 200_000)
+            with pytest.raises(Exception) as info:
+                handle.read() if whole else handle.read(10)
+            assert is_transient(info.value), repr(info.value)
+            gets = [r for r in server.records if r.method == "GET"]
+            assert len(gets) == 3, [(r.status, r.range) for r in gets]  # 1 try + 2 retries
+            assert len(waits) == 2
+            server.set_faults(0)
+            assert (handle.read() if whole else handle.read(10)) == (data if whole else data[200_000:200_010])

@@ -468,18 +468,26 @@ def test_episode_selection_over_a_remote_matches_local(make_ds, tmp_path: Path) 
 
 def test_a_rate_limit_waits_as_long_as_the_server_asks(monkeypatch) -> None:
     """A 429 with Retry-After was retried on the policy's backoff alone (0.5, 1, 2, 4 s...), spending the retries
-    inside the rate limit; the wait is now at least what the server asked, and at most MAX_RETRY_AFTER_S."""
+    inside the rate limit; the wait is now at least what the server asked, and at most MAX_RETRY_AFTER_S. The Hub's
+    429s say it in a ``RateLimit`` header (none left, reset in t s), which huggingface_hub's own retries honoured
+    and this module's, which replace them for Hub reads, did not."""
     from lerobot_dali import remote_retry
 
     class RateLimited(Exception):
-        def __init__(self, after: str) -> None:
+        def __init__(self, after: str, header: str = "Retry-After") -> None:
             super().__init__(429, "Too Many Requests")
-            self.status, self.headers = 429, {"Retry-After": after}
+            self.status, self.headers = 429, {header: after}
 
     waits: list[float] = []
     monkeypatch.setattr("lerobot_dali.remote_retry.time", SimpleNamespace(sleep=waits.append, time=time.time))
-    for after, expected in [("7", 7.0), ("86400", remote_retry.MAX_RETRY_AFTER_S)]:
-        answers = iter([RateLimited(after), b"ok"])
+    for after, expected in [
+        ("7", 7.0),
+        ("86400", remote_retry.MAX_RETRY_AFTER_S),
+        (('"api";r=0;t=55', "RateLimit"), 55.0),
+        (('"api";r=0;t=9000', "RateLimit"), remote_retry.MAX_RETRY_AFTER_S),
+        (('"api";r=3;t=55', "RateLimit"), RetryPolicy(retries=2, base_delay_s=0.1).delay_s(1, "read:x.mp4")),
+    ]:
+        answers = iter([RateLimited(*after) if isinstance(after, tuple) else RateLimited(after), b"ok"])
 
         def request(answers=answers):
             answer = next(answers)
