@@ -59,15 +59,15 @@ def _opening(dataset: str | Sequence[str]) -> Iterator[None]:
     """Opening ``dataset`` (or datasets): an ImportError, ValueError or OSError is a :class:`_CommandError` naming
     it, unless the network's (transient: :func:`main` names it) or the package's own (a DatasetError)."""
     from .errors import DatasetError
-    from .remote_retry import is_transient
+    from .remote_retry import is_refused, is_transient
 
     try:
         yield
     except DatasetError:
         raise
     except (ImportError, ValueError, OSError) as e:
-        if is_transient(e):
-            raise  # (main names a network failure as one)
+        if is_transient(e) or is_refused(e):
+            raise  # (main names a network failure, and a refusal, as one)
         raise _CommandError(f"cannot open {dataset!r}: {_one_line(e)}") from e
 
 
@@ -692,8 +692,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"lerobot-dali {args.verb}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
-        from .remote_retry import is_transient
+        from .remote_retry import REFUSED_HINT, is_refused, is_transient
 
+        if is_refused(e):  # (aiohttp's 403 is no OSError: _open_dataset's handling missed it, a traceback followed)
+            print(f"lerobot-dali {args.verb}: access refused ({_one_line(e)}); {REFUSED_HINT}", file=sys.stderr)
+            return 2
         if not is_transient(e):
             raise
         return _network_failed(args.verb, e)

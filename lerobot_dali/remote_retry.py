@@ -27,7 +27,16 @@ import fsspec
 from . import io_stats
 from .errors import DatasetError
 
-__all__ = ["RETRIES_ENV", "RetryPolicy", "RetryingFile", "RetryingFileSystem", "fresh_instance", "is_transient"]
+__all__ = [
+    "REFUSED_HINT",
+    "RETRIES_ENV",
+    "RetryPolicy",
+    "RetryingFile",
+    "RetryingFileSystem",
+    "fresh_instance",
+    "is_refused",
+    "is_transient",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -302,6 +311,29 @@ def _sent_only_whole(path: str, why: str) -> DatasetError:
     )
 
 
+#: What to do about a remote file the server refused (HTTP 401/403): said with the error, never retried.
+REFUSED_HINT = (
+    "a private or gated file needs credentials that grant it: for a Hub dataset log in (`hf auth login`) or pass "
+    "storage_options={'token': ...}, and accept a gated dataset's terms on its page; for another server pass its "
+    "credentials in storage_options"
+)
+
+
+def is_refused(error: BaseException) -> bool:
+    """True when a remote server refused the request: HTTP 401/403 (a filesystem's PermissionError is one only
+    where a remote filesystem raised it)."""
+    return _status_of(error) in (401, 403)
+
+
+def _refused(error: Exception, what: str, path: str) -> Exception:
+    """``error`` (a refusal) with a note naming the request and :data:`REFUSED_HINT`: aiohttp's says only
+    "403, message='Forbidden'", which tells neither that retrying is useless nor what to pass."""
+    note = f"lerobot_dali: {what} {path!r} was refused (not retried): {REFUSED_HINT}"
+    if sys.version_info >= (3, 11) and note not in getattr(error, "__notes__", ()):
+        error.add_note(note)
+    return error
+
+
 def _exhausted(error: BaseException, what: str, path: str, attempts: int) -> BaseException:
     note = f"lerobot_dali: {what} {path!r} failed {attempts} time(s); gave up (set {RETRIES_ENV} to retry more)"
     logger.warning("%s (last error %s: %s)", note, type(error).__name__, error)
@@ -331,6 +363,8 @@ class _Retrier:
             except Exception as e:
                 if not is_transient(e):
                     unmasked = _unmasked(e)
+                    if is_refused(unmasked) or isinstance(unmasked, PermissionError):  # (s3fs's answer to a 403)
+                        _refused(unmasked, what, path)
                     if unmasked is not e:  # a 403, say: no missing file
                         raise unmasked from None
                     raise

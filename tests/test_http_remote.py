@@ -21,7 +21,7 @@ import pytest
 from lerobot_dali.cli import main
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DatasetError, EpisodeMetadataError
-from lerobot_dali.remote_retry import RETRIES_ENV, RetryingFileSystem, RetryPolicy, is_transient
+from lerobot_dali.remote_retry import REFUSED_HINT, RETRIES_ENV, RetryingFileSystem, RetryPolicy, is_transient
 from tests.http_server import FolderServer, RequestRecord, parse_range, serve_folder
 from tests.test_iterator import DELTAS, LENGTHS, _dataset, _samples
 from tests.test_remote import _assert_samples_equal, importable_in_workers, use_fast_retries
@@ -362,6 +362,29 @@ def test_a_denied_or_failing_server_is_not_reported_as_a_missing_file(
         open_dataset(_url(server, root))
     assert not isinstance(info.value, FileNotFoundError), repr(info.value)
     assert getattr(info.value, "status", None) == int(fault), repr(info.value)
+    server.set_faults(0)
+
+
+def test_a_refused_read_says_what_to_pass_and_is_not_retried(root: Path, server, slept, capsys) -> None:
+    """aiohttp's 403 says only "403, message='Forbidden'": the command line printed its traceback (it is no OSError,
+    which the command names), and a batch's error said nothing of credentials. Both say what to pass; not retried."""
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    it = DALILeRobotIterator(_url(server, root), num_workers=0, cache_gb=0.0, **OPTIONS)
+    server.set_faults(1, ("403",))
+    with pytest.raises(DatasetError) as info:
+        next(iter(it))
+    it.close()
+    message = str(info.value)
+    assert f"{server.url}/dataset/" in message and "was refused (not retried): " + REFUSED_HINT in message, message
+    assert not slept
+    server.reset_stats()
+    assert main(["info", _url(server, root)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lerobot-dali info: access refused (ClientResponseError: 403, message='Forbidden', url="), err
+    assert err.endswith(f"); {REFUSED_HINT}\n") and err.count("\n") == 1, err
+    assert [(r.method, r.status) for r in server.records] == [("HEAD", 403), ("GET", 403)]  # (fsspec's GET fallback)
+    assert not slept
     server.set_faults(0)
 
 
