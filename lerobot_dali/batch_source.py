@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -622,7 +623,8 @@ def _distinct_frames(indices: list[np.ndarray]) -> tuple[list[np.ndarray], list[
     np.not_equal(ascending[:, 1:], ascending[:, :-1], out=first[:, 1:])
     places = np.empty(ascending.shape, dtype=np.int32)
     np.put_along_axis(places, order, np.cumsum(first, axis=1, dtype=np.int32) - 1, axis=1)
-    distinct = np.split(ascending[first], np.cumsum(first.sum(axis=1))[:-1])
+    values, bounds = ascending[first], [0, *np.cumsum(first.sum(axis=1)).tolist()]
+    distinct = [values[start:stop] for start, stop in itertools.pairwise(bounds)]  # (np.split's views, ~3x faster)
     return distinct, list(places)
 
 

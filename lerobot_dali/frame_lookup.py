@@ -7,6 +7,7 @@ Timestamps here are absolute file times in seconds: episode ``from_timestamp`` +
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -453,4 +454,5 @@ def _lookup_together(
     held &= (nearest >= np.repeat(firsts, counts)) & (nearest < np.repeat(stops, counts))
     if not held.all():
         return None
-    return np.split(nearest, np.cumsum(counts)[:-1])
+    bounds = [0, *itertools.accumulate(counts)]  # (np.split's views, without its array calls)
+    return [nearest[start:stop] for start, stop in itertools.pairwise(bounds)]
