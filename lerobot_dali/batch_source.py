@@ -603,12 +603,12 @@ class BatchSource:
                 if first.byte_exact
                 else None
             )
-            with opened or contextlib.nullcontext(path) as source:
+            # (timed per file: a timer per clip was ~3 us of its ~140; the plan's indices are int32 already)
+            with opened or contextlib.nullcontext(path) as source, io_stats.timed("clip_s"):
                 for i in members:
                     _, index, numbers = listed[i]
-                    with io_stats.timed("clip_s"):
-                        clip = build_clip(source, index, numbers, filesystem=fs)
-                    clips[i], indices[i] = clip.data, clip.relative_indices.astype(np.int32)
+                    clip = build_clip(source, index, numbers, filesystem=fs)
+                    clips[i], indices[i] = clip.data, clip.relative_indices.astype(np.int32, copy=False)
         return clips, indices
 
 
