@@ -631,9 +631,14 @@ def _distinct_frames(indices: list[np.ndarray]) -> tuple[list[np.ndarray], list[
 def _episode_groups(episode_pos: np.ndarray) -> list[np.ndarray]:
     """The batch's samples by episode: one array of sample positions (ascending) per distinct episode, in order of
     each episode's first sample."""
-    _, first, inverse, counts = np.unique(episode_pos, return_index=True, return_inverse=True, return_counts=True)
-    by_episode = np.split(np.argsort(inverse, kind="stable"), np.cumsum(counts)[:-1])
-    return [by_episode[e] for e in np.argsort(first, kind="stable")]
+    # One stable sort, cut where the episode changes (np.unique's inverse and counts, and np.split, were ~4x the time).
+    if len(episode_pos) == 0:
+        return []
+    order = np.argsort(episode_pos, kind="stable")
+    ordered = episode_pos[order]
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    by_episode = [order[start:stop] for start, stop in itertools.pairwise([*starts.tolist(), len(order)])]
+    return [by_episode[e] for e in np.argsort(order[starts]).tolist()]  # (the firsts are distinct: no ties)
 
 
 def _gather_rows(

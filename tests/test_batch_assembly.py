@@ -98,6 +98,18 @@ def _groups(episode_pos: np.ndarray) -> list[np.ndarray]:
     return groups
 
 
+def test_episode_groups_match_each_episodes_samples_in_first_sample_order() -> None:
+    """Fuzzed batches (a sort cut where the episode changes): each group is exactly the samples of one episode,
+    ascending, and the groups follow the order of each episode's first sample."""
+    from lerobot_dali.batch_source import _episode_groups
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        episode_pos = rng.integers(0, rng.integers(1, 12), size=rng.integers(0, 40))
+        expected = [np.flatnonzero(episode_pos == e).tolist() for e in dict.fromkeys(episode_pos.tolist())]
+        assert [g.tolist() for g in _episode_groups(episode_pos)] == expected
+
+
 def test_a_batchs_distinct_clip_frames_are_each_clips_unique() -> None:
     """Computed for the whole batch at once (was: ``np.unique(..., return_inverse=True)`` per clip): each clip's
     distinct frames ascending and each window frame's place among them, both int32, as np.unique gives them."""
