@@ -9,6 +9,7 @@ each bounded and rebuilt after the process boundary.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import itertools
 import logging
@@ -262,6 +263,11 @@ class BatchSource:
         self._rows_kept = max(self.spec.rows_cache_episodes, pooled)
         # Every video file the pooled episodes use, per camera, at least: fewer rebuilt each index per request.
         files = pooled * max(1, len(self.spec.camera_feeds))
+        # Each pooled episode's video refs, per camera: a ref formats and normalises its path (~4 us), and every batch
+        # asks one per episode and camera.
+        self._video_ref = functools.lru_cache(maxsize=self._rows_kept * len(self.spec.camera_feeds) or 1)(
+            self.spec.reader.video
+        )
         self._indexes = PacketIndexCache(max_entries=max(64, 2 * files), max_bytes=INDEX_CACHE_BYTES)
         # And open, those of the cameras the worker decodes itself (DALI decodes the others' clips): fewer reopened.
         decoded_here = sum(f.depth or f.planes or f.route.dali_device is None for f in self.spec.camera_feeds.values())
@@ -467,7 +473,7 @@ class BatchSource:
         by_file: dict[str, list[tuple[np.ndarray, int, VideoRef]]] = {}  # (samples, episode_pos, video) per episode
         for members in groups:
             pos = int(episode_pos[members[0]])
-            video = reader.video(pos, camera)
+            video = self._video_ref(pos, camera)
             if video.path not in indexes:
                 index = indexes[video.path] = self._indexes.of_video(reader, video, store=spec.index_store)
                 if expected is not None:
