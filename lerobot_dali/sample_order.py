@@ -36,6 +36,7 @@ import bisect
 import dataclasses
 import enum
 import heapq
+import itertools
 import logging
 import math
 from collections import OrderedDict
@@ -980,10 +981,11 @@ class SampleOrder:
         frames = np.empty_like(draws)
         order = np.argsort(episodes, kind="stable")
         grouped = episodes[order]
-        bounds = np.flatnonzero(np.diff(grouped)) + 1
-        for group in np.split(order, bounds):
+        bounds = [0, *(np.flatnonzero(np.diff(grouped)) + 1).tolist(), len(order)]
+        for begin, end in itertools.pairwise(bounds):  # (slices: np.split's were ~half this loop's time)
+            group = order[begin:end]
             if group.size:
-                frames[group] = self._permutation(epoch, int(episodes[group[0]]))[draws[group]]
+                frames[group] = self._permutation(epoch, int(grouped[begin]))[draws[group]]
         return frames
 
     def _permutation(self, epoch: int, episode: int) -> np.ndarray:
