@@ -250,8 +250,9 @@ def _one_try_hub_fetch(inner: Any) -> Callable[[int, int], bytes] | None:
     and ``LEROBOT_DALI_REMOTE_RETRIES=0`` still waited 23 s. This is the same request (its URL and headers), made once:
     the retrying, and the waits a 429 asks for, are this module's.
     """
-    if type(inner).__name__ != "HfFileSystemFile" or not hasattr(inner, "url"):
-        return None
+    api = getattr(getattr(inner, "fs", None), "_api", None)
+    if type(inner).__name__ != "HfFileSystemFile" or not hasattr(inner, "url") or not hasattr(api, "_build_hf_headers"):
+        return None  # (another huggingface_hub's file: its own fetch, retries and all, as before)
     from huggingface_hub import constants
     from huggingface_hub.utils import hf_raise_for_status, http_backoff
 
