@@ -633,6 +633,19 @@ def test_a_rename_map_written_partly_the_other_way_round_is_told_whole(make_ds) 
         DALILeRobotMixture(paths, dataset_options=[{}, {"rename_map": {side: cam0, cam1: side}}], device="cpu")
 
 
+def _assert_r1_rgb_read_as_top(paths: list[Path], options: list[dict]) -> None:
+    """The mixture of cr5 and r1 with ``options`` (r1's told map) opens, reading r1's 'rgb' as cr5's 'top'."""
+    top, rgb = "observation.images.top", "observation.images.rgb"
+    mix = DALILeRobotMixture(
+        paths, cameras=[top], keys=[], image_size=(64, 64), tolerance_s=0.03, dataset_options=options, batch_size=4,
+        device="cpu", num_workers=0,
+    )  # fmt: skip
+    try:
+        assert mix.datasets[1].reader.all_camera_keys == (rgb,)  # (read as 'top')
+    finally:
+        mix.close()
+
+
 def test_a_rename_hint_for_a_key_renamed_already_names_its_own_key() -> None:
     """r1's 'rgb' renamed 'wrist', cameras=['top'] (or a window on it): the map told was {'wrist': 'top'}, a batch
     name where r1's own key belongs, which, passed, was refused (r1 reads no 'wrist')."""
@@ -648,14 +661,7 @@ def test_a_rename_hint_for_a_key_renamed_already_names_its_own_key() -> None:
         told = _told_map(raised.value, "with a rename_map (")
         assert told == {rgb: top}
     options[1]["rename_map"] = told
-    mix = DALILeRobotMixture(
-        paths, cameras=[top], keys=[], image_size=(64, 64), tolerance_s=0.03, dataset_options=options, batch_size=4,
-        device="cpu", num_workers=0,
-    )  # fmt: skip
-    try:
-        assert mix.datasets[1].reader.all_camera_keys == (rgb,)  # (read as 'top')
-    finally:
-        mix.close()
+    _assert_r1_rgb_read_as_top(paths, options)
 
 
 def test_a_map_written_the_other_way_round_with_cameras_is_told_reversed() -> None:
@@ -674,14 +680,7 @@ def test_a_map_written_the_other_way_round_with_cameras_is_told_reversed() -> No
         concat_datasets(paths, cameras=[top], rename_maps=[None, options[1]["rename_map"]])
     assert _told_map(raised.value, "other way round: pass ") == told
     options[1]["rename_map"] = told
-    mix = DALILeRobotMixture(
-        paths, cameras=[top], keys=[], image_size=(64, 64), tolerance_s=0.03, dataset_options=options, batch_size=4,
-        device="cpu", num_workers=0,
-    )  # fmt: skip
-    try:
-        assert mix.datasets[1].reader.all_camera_keys == (rgb,)  # (read as 'top')
-    finally:
-        mix.close()
+    _assert_r1_rgb_read_as_top(paths, options)
 
 
 def test_a_rename_hint_for_a_camera_names_a_camera_not_a_feature() -> None:
