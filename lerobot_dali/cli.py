@@ -709,14 +709,40 @@ def run() -> NoReturn:
     exception", exit 134 after a command that had succeeded: 3 of 160 ``info`` runs on a loaded 2-core machine;
     apache/arrow#34314)."""
     code = main()
-    # What the interpreter's exit calls first: threading's own exit functions (an executor still held wakes its idle
-    # workers, which a join alone waits for forever), then every non-daemon thread joined, those started meanwhile too.
-    threading._shutdown()  # type: ignore[attr-defined]
+    if _threads_joined_interrupted():  # (a Ctrl-C while a thread is waited for: as in the command itself)
+        print("lerobot-dali: interrupted", file=sys.stderr)
+        code = 130
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # (a reader that left, a closed stream: nothing to say)
             stream.flush()
     os._exit(code)
+
+
+def _threads_joined_interrupted() -> bool:
+    """What the interpreter's exit calls first: threading's own exit functions (an executor still held wakes its idle
+    workers, which a join alone waits for forever), then every non-daemon thread joined, those started meanwhile too;
+    True where a Ctrl-C ended the wait. Python up to 3.12 raises its KeyboardInterrupt here (uncaught: a traceback
+    from threading, and the interpreter's own exit with the C++ destructors run() avoids), 3.13 prints it as an
+    unraisable error and stops waiting."""
+    interrupted = False
+    hook = sys.unraisablehook
+
+    def noted(unraisable: Any) -> None:
+        nonlocal interrupted
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            interrupted = True
+        else:
+            hook(unraisable)
+
+    sys.unraisablehook = noted
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        sys.unraisablehook = hook
+    return interrupted
 
 
 def _network_failed(verb: str, error: BaseException) -> int:

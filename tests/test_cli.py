@@ -556,6 +556,32 @@ def test_the_command_ends_as_the_interpreter_would_with_an_executor_held_and_a_t
     assert (done.returncode, done.stdout.split(), done.stderr) == (5, ["task", "late", "thread"], "")
 
 
+def test_a_ctrl_c_while_the_command_waits_for_a_thread_ends_it_as_one_in_the_command_does() -> None:
+    """A Ctrl-C while run() waited for a thread still running (a hung download, a library's worker) raised
+    threading's KeyboardInterrupt out of run(): a traceback from threading._shutdown, the interpreter's own exit (the
+    C++ destructors run() exists to avoid) and death by SIGINT (-2); on Python 3.13 a traceback printed and main()'s
+    status. One line and 130 now, as a Ctrl-C during the command, atexit handlers still run. The thread sends the
+    signal once the interpreter's shutdown has begun, so the wait is what it interrupts."""
+    code = (
+        "import atexit, os, signal, threading, time\n"
+        "from lerobot_dali import cli\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"  # (a parent that ignores SIGINT: not here)
+        "def lingering():\n"
+        "    while not threading._SHUTTING_DOWN:\n"
+        "        time.sleep(0.01)\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(60)\n"
+        "def main():\n"
+        "    threading.Thread(target=lingering).start()\n"
+        "    atexit.register(print, 'atexit ran', flush=True)\n"
+        "    return 0\n"
+        "cli.main = main\n"
+        "cli.run()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert (done.returncode, done.stdout, done.stderr) == (130, "atexit ran\n", "lerobot-dali: interrupted\n")
+
+
 @pytest.mark.parametrize("given", ['{"observation.images.cam0": ""}', '{" ": "observation.images.cam0"}'])
 def test_check_refuses_a_rename_map_naming_an_empty_name_in_one_line(make_ds, capsys, given: str) -> None:
     """``check A B --concat --rename-map '{"cam0": ""}'``: the flag's check took it, and the command ended in a
