@@ -286,6 +286,10 @@ class FileStamps(Mapping[str, FileStamp]):
         self._lock = fork_locks.lock()
 
 
+#: How deep below its root a walk lists folders: LeRobot's nest 3 (videos/<camera>/chunk-000/).
+MAX_WALK_DEPTH = 8
+
+
 def find_files(fs: Any, root: str) -> dict[str, dict[str, Any]]:
     """Every file under ``root`` with its info: the filesystem's own recursive ``find`` when it has one (the
     Hub: one tree request; object stores: one paginated listing), else a walk with one ``ls`` per folder (plain
@@ -306,15 +310,20 @@ def find_files(fs: Any, root: str) -> dict[str, dict[str, Any]]:
             return {entry["name"]: entry for entry in listing}
         return dict(listing)
     files: dict[str, dict[str, Any]] = {}
-    pending = [root]
+    pending, seen = [(root, 0)], set()
     while pending:
-        folder = pending.pop()
+        folder, depth = pending.pop()
         here = str(inner._strip_protocol(folder)).rstrip("/")
         for info in fs.ls(folder, detail=True):
             name = str(info["name"]).rstrip("/")
-            if info.get("type") == "directory":
-                if name != here:
-                    pending.append(name)
-            else:
+            if info.get("type") != "directory":
                 files[name] = info
+            # Only folders below this one, each once, at most MAX_WALK_DEPTH down: an HTTP index linking to itself,
+            # to its parent, or a server answering every path with the same page would be walked for ever.
+            elif name.startswith(f"{here}/") and name not in seen:
+                seen.add(name)
+                if depth < MAX_WALK_DEPTH:
+                    pending.append((name, depth + 1))
+                else:
+                    logger.warning("%s: not listed, folders nest deeper than %d below %s", name, MAX_WALK_DEPTH, root)
     return files

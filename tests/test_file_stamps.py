@@ -295,3 +295,33 @@ def test_a_file_stamped_in_another_thread_while_the_stamps_are_pickled_for_the_w
     worker = pickle.loads(out.getvalue())
     assert (worker["/unlisted/a.bin"], worker["/unlisted/b.bin"]) == first
     assert len(stamps) == 3 and stamps["/unlisted/c.bin"].size == 3
+
+
+def test_a_walk_lists_each_folder_below_its_root_once() -> None:
+    """An HTTP index page that links to its parent ('../') or a server answering every folder with the same page
+    (each page's 'sub/' one more level down) was walked for ever by find_files' walk (plain HTTP's since the v3.0
+    episode listing took it): each folder below the root is listed once, to MAX_WALK_DEPTH down."""
+    from fsspec import AbstractFileSystem
+
+    from lerobot_dali.file_stamps import MAX_WALK_DEPTH, find_files
+
+    asked: list[str] = []
+
+    class LoopingIndex(AbstractFileSystem):
+        def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[dict[str, Any]]:
+            asked.append(path)
+            if len(asked) > 100:
+                raise AssertionError(f"walked for ever: {asked[:12]}")
+            here = path.rstrip("/")
+            parent = here.rsplit("/", 1)[0]
+            return [
+                {"name": f"{here}/file-000.parquet", "type": "file", "size": 1},
+                {"name": parent, "type": "directory"},  # ('../')
+                {"name": here, "type": "directory"},  # ('./')
+                {"name": f"{here}/sub", "type": "directory"},  # (the same page, one level down)
+            ]
+
+    fs = LoopingIndex()
+    files = find_files(fs, "/root/meta/episodes")
+    assert len(asked) == MAX_WALK_DEPTH + 1 == len(files)
+    assert sorted(files) == [f"/root/meta/episodes{'/sub' * n}/file-000.parquet" for n in range(MAX_WALK_DEPTH + 1)]
