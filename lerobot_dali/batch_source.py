@@ -429,8 +429,9 @@ class BatchSource:
                     else:
                         out += [clips, indices]
             except (VideoDecodeError, MissingDataFileError) as e:  # they name the file; say whose frames they were
+                changed = spec.reader.changed_on_server(self._video_ref(int(p), field.name).path for p in episode_pos)
                 episodes = sorted({int(spec.reader.episodes.episode_index[p]) for p in episode_pos})
-                raise type(e)(f"camera {field.name!r}, batch of episodes {episodes}: {e}") from e  # (its own type)
+                raise changed or type(e)(f"camera {field.name!r}, batch of episodes {episodes}: {e}") from e
         return tuple(out)
 
     def _episode_rows(self, episode_pos: int) -> dict[str, np.ndarray]:
@@ -442,8 +443,9 @@ class BatchSource:
             try:
                 rows = self.spec.reader.read_episode(episode_pos, self.spec.tabular_keys)
             except (MissingDataFileError, DataFileError) as e:  # they name the file; say whose rows they were
+                changed = self.spec.reader.changed_on_server([self.spec.reader.data_path(episode_pos)])
                 episode = int(self.spec.reader.episodes.episode_index[episode_pos])
-                raise type(e)(f"episode {episode}'s rows: {e}") from e  # (its own type)
+                raise changed or type(e)(f"episode {episode}'s rows: {e}") from e  # (its own type)
         if self.spec.listed_scalars is not None:
             rows = _scalar_layout(rows, self.spec.reader.info.features, self.spec.listed_scalars)
         self._rows[episode_pos] = rows

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -56,6 +56,7 @@ from .errors import (
 from .file_stamps import FileStamp, FileStamps
 from .frame_lookup import ITERATORS_LOOKUP, FrameLookup
 from .hub_cache_files import bulk_files_named, read_bulk_from_cache
+from .remote_retry import changed_on_server
 from .row_count_store import Footer
 from .said_once import say_once, warn_once
 from .value_checks import required_whole_number
@@ -437,6 +438,18 @@ class LeRobotDatasetReader:
         the path's stamp is not what was read)."""
         path = self.data_path(episode_pos)
         return self._data_stamp(path, self._parquet.get(path))
+
+    def changed_on_server(self, paths: Iterable[str]) -> DatasetError | None:
+        """The error to raise for remote files ``paths`` that failed to decode or parse, where one of them changed on
+        the server since the dataset was opened (:meth:`FileStamps.changed`: one metadata request each, so only on
+        an error path); None where none did (or the dataset is local)."""
+        if self.stamps is None:
+            return None
+        for path in dict.fromkeys(paths):
+            change = self.stamps.changed(path)
+            if change is not None:
+                return changed_on_server(path, *change)
+        return None
 
     def video(self, episode_pos: int, camera: str) -> VideoRef:
         files = self.episodes.cameras[camera]

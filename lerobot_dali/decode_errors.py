@@ -16,7 +16,7 @@ import numpy as np
 from .batch_source import BatchSource
 from .dali_graph import FieldKind
 from .dali_video import dali_error_reason, decode_clip_batch
-from .errors import VideoDecodeError
+from .errors import DatasetError, VideoDecodeError
 
 __all__ = ["locate_clip_failure"]
 
@@ -25,9 +25,10 @@ logger = logging.getLogger(__name__)
 
 def locate_clip_failure(
     source: BatchSource, epoch: int, start: int, stop: int, *, device_id: int | None, cause: BaseException
-) -> VideoDecodeError | None:
+) -> DatasetError | None:
     """The first clip of samples ``[start, stop)`` of ``epoch`` that DALI cannot decode, as an error naming
-    its file, or None when every clip decodes (the failure was not a bad clip)."""
+    its file (a DatasetError saying so where a remote file changed on the server since the dataset was opened), or
+    None when every clip decodes (the failure was not a bad clip)."""
     spec = source.spec
     cameras = [(i, f) for i, f in enumerate(source.fields) if f.kind is FieldKind.CLIP]
     if not cameras or start >= stop:
@@ -45,6 +46,10 @@ def locate_clip_failure(
         bad = _first_failing(clips, wanted, files, device_id=None if field.decode_device == "cpu" else device_id)
         if bad is None:
             continue
+        # (a remote file replaced by one of its size mid-read: its old packet index read the new bytes)
+        changed = spec.reader.changed_on_server(files if bad == UNATTRIBUTED else [files[bad]])
+        if changed is not None:
+            return changed
         if bad == UNATTRIBUTED:
             named = sorted(set(files))
             episodes = sorted({int(spec.reader.episodes.episode_index[int(p)]) for p in episode_pos})

@@ -246,6 +246,29 @@ class FileStamps(Mapping[str, FileStamp]):
             self._stamps[key] = stamp
         return stamp
 
+    def changed(self, path: str) -> tuple[str, str] | None:
+        """``(when recorded, now)`` where remote file ``path`` is another file now than its recorded stamp says: its
+        size, or its version of the same kind (ETag, hash, mtime), asked anew with one ``info``; None where it is the
+        same, was never stamped here, or cannot be told (no version, another kind, the request failed).
+
+        For error paths only: a file replaced on the server by one of the same size while it was read failed to
+        decode or parse, and was called corrupt, which re-encoding or downloading it again does not mend."""
+        before = self._stamps.get(self._key(path))
+        if before is None:
+            return None
+        try:
+            self.fs.invalidate_cache(path)  # (s3fs, gcsfs and the Hub answer info from their listings' cache)
+            now = stamp_from_info({"name": path, **self.fs.info(path)})
+        except Exception:  # (gone, no size, the network failing): that says nothing of the bytes read before
+            logger.debug("asking for the stamp of %s again failed", path, exc_info=True)
+            return None
+        if now.size != before.size:
+            return f"{before.size} bytes", f"{now.size}"
+        kind = before.version.partition(":")[0]
+        if now.version != before.version and now.version.partition(":")[0] == kind:
+            return before.version, now.version
+        return None
+
     def _versioned(self, stamp: FileStamp, path: str) -> FileStamp:
         if stamp.version:
             return stamp

@@ -33,6 +33,7 @@ __all__ = [
     "RetryPolicy",
     "RetryingFile",
     "RetryingFileSystem",
+    "changed_on_server",
     "fresh_instance",
     "is_refused",
     "is_transient",
@@ -302,6 +303,15 @@ def _check_block_fetches(inner: Any, path: str) -> None:
     cache.fetcher = checked  # type: ignore[union-attr]  # (fetch is not None: neither is cache)
 
 
+def changed_on_server(path: str, when_opened: str, now: str) -> DatasetError:
+    """The error for remote file ``path`` found changed since the dataset was opened (its size, or its version: ETag,
+    hash, mtime): its bytes read now, mixed with what was read, cached or indexed of the old ones, are neither file, so
+    neither retrying nor mending the file helps."""
+    return DatasetError(
+        f"{path} changed on the server while it was read ({when_opened} when opened, {now} now); re-open the dataset"
+    )
+
+
 def _sent_only_whole(path: str, why: str) -> DatasetError:
     """The error for a file fsspec can only stream from its start (HTTP's streaming file: the server answered
     ``Accept-Ranges: none`` or gave no size): reading a part of it, as parquet and MP4 readers do, cannot work."""
@@ -419,10 +429,7 @@ class RetryingFile(io.RawIOBase):
         size = getattr(self._inner, "size", None)
         if isinstance(size, int) and self.size is not None and size != self.size:
             # A definite answer, not a blip: reading on would mix the old file's bytes (cached, indexed) with the new.
-            raise DatasetError(
-                f"{self.path} changed on the server while it was read ({self.size} bytes when opened, {size} now); "
-                "re-open the dataset"
-            )
+            raise changed_on_server(self.path, f"{self.size} bytes", str(size))
 
     def _read_once(self, size: int) -> bytes:
         if self._inner.tell() != self._pos:
@@ -606,3 +613,7 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
 
     def ukey(self, path: str) -> Any:
         return self.fs.ukey(path)
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        """The wrapped filesystem's listings cache dropped (of ``path``): its next ``info`` asks the server."""
+        self.fs.invalidate_cache(path)

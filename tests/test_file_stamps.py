@@ -325,3 +325,47 @@ def test_a_walk_lists_each_folder_below_its_root_once() -> None:
     files = find_files(fs, "/root/meta/episodes")
     assert len(asked) == MAX_WALK_DEPTH + 1 == len(files)
     assert sorted(files) == [f"/root/meta/episodes{'/sub' * n}/file-000.parquet" for n in range(MAX_WALK_DEPTH + 1)]
+
+
+class _ChangingServer:
+    """A filesystem whose files' info the test changes, as a server's answers change when its files are replaced."""
+
+    def __init__(self, infos: dict[str, dict[str, Any]]) -> None:
+        self.infos = infos
+        self.invalidated: list[str | None] = []
+
+    @staticmethod
+    def _strip_protocol(path: str) -> str:
+        return path
+
+    def info(self, path: str) -> dict[str, Any]:
+        if path not in self.infos:
+            raise FileNotFoundError(path)
+        return {"name": path, **self.infos[path]}
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        self.invalidated.append(path)
+
+
+def test_changed_tells_a_same_size_rewrite_by_a_version_of_the_same_kind() -> None:
+    """A file replaced by one of its size was not told apart (only a size change was): the error path asks for its
+    stamp again (its cached listing dropped first) and compares versions of one kind; with none, or another kind,
+    or no answer, it cannot tell."""
+    server = _ChangingServer(
+        {"e": {"size": 5, "ETag": '"1"'}, "m": {"size": 5, "Last-Modified": "Mon"}, "n": {"size": 5}}
+    )
+    stamps = FileStamps(server)
+    assert [stamps[p].version.partition(":")[0] for p in "emn"] == ["etag", "mtime", "run"]
+    assert [stamps.changed(p) for p in "emn"] == [None, None, None]
+    assert server.invalidated == ["e", "m", "n"]
+    server.infos["e"]["ETag"] = '"2"'
+    server.infos["m"]["Last-Modified"] = "Tue"
+    assert stamps.changed("e") == ("etag:1", "etag:2")
+    assert stamps.changed("m") == ("mtime:Mon", "mtime:Tue")
+    assert stamps.changed("n") is None  # (no version: a same-size rewrite cannot be told)
+    server.infos["n"]["size"] = 6
+    assert stamps.changed("n") == ("5 bytes", "6")
+    server.infos["e"] = {"size": 5, "Last-Modified": "Wed"}  # (another kind of version: not comparable)
+    assert stamps.changed("e") is None
+    del server.infos["m"]
+    assert stamps.changed("m") is None and stamps.changed("never-stamped") is None

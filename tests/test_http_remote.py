@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import shutil
 import socket
 from collections import Counter
 from collections.abc import Iterator
@@ -491,6 +492,51 @@ def test_a_file_replaced_on_the_server_mid_read_is_named_not_retried(tmp_path: P
             with pytest.raises(DatasetError, match=r"changed on the server while it was read \(102400 bytes"):
                 handle.read(50_000)
     assert len(waits) == 1  # one wait before the reopen that found the new size, then no more tries
+
+
+def _rewrite_same_size(path: Path) -> None:
+    """``path`` rewritten on the server with the middle half of its bytes inverted: its size kept, its ETag and
+    Last-Modified those of a file modified a second later."""
+    data = bytearray(path.read_bytes())
+    quarter = len(data) // 4
+    data[quarter : 3 * quarter] = bytes(b ^ 0xFF for b in data[quarter : 3 * quarter])
+    modified = path.stat().st_mtime_ns + 10**9
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(modified, modified))
+
+
+@pytest.mark.parametrize(
+    ("codec", "decode", "folder"),
+    [("vp9", "auto", "videos"), ("av1", "cpu", "videos"), ("vp9", "cpu", "data")],
+    ids=["video-dali", "video-packets", "parquet"],
+)
+def test_a_file_replaced_by_one_of_its_size_mid_read_is_named_changed_not_corrupt(
+    make_ds, tmp_path: Path, codec: str, decode: str, folder: str
+) -> None:
+    """A file replaced on the server by one of the same size mid-read was not seen as changed (only a size change
+    was): its old packet index or parquet footer read the new bytes, and the user was told to mend a healthy file:
+    "the video is corrupt: re-encode or re-download it" (DALI's route), "decoding failed ...; the file is corrupt or
+    truncated" (the CPU fallback's packets), "is not readable parquet ...; re-download or rewrite it". The error path
+    asks for the file's stamp again, and its ETag says it changed. The batches before it equal a local read."""
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    root = tmp_path / "dataset"
+    shutil.copytree(_dataset(make_ds, codec), root)
+    options = {**OPTIONS, "shuffle": False, "decode": decode}
+    local = _samples(DALILeRobotIterator(root, num_workers=0, cache_gb=0.0, **options))
+    target = sorted(root.glob(f"{folder}/**/file-002.*"))[-1]  # (episode 4's, read in the last batches)
+    remote: list[dict] = []
+    with serve_folder(tmp_path) as server:
+        it = DALILeRobotIterator(_url(server, root), num_workers=0, cache_gb=0.0, **options)
+        changed = rf"{target.name} changed on the server while it was read \(etag:\S+ when opened, etag:\S+ now\); re"
+        with pytest.raises(DatasetError, match=changed):
+            for batch in it:
+                remote += [{k: v[i] for k, v in batch.items()} for i in range(len(batch["index"]))]
+                if len(remote) == OPTIONS["batch_size"]:
+                    _rewrite_same_size(target)
+        it.close()
+    assert 0 < len(remote) < len(local)
+    _assert_samples_equal(remote, local[: len(remote)])
 
 
 class _SleepsRecorded:
