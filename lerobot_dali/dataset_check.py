@@ -37,7 +37,7 @@ from .dataset_reader import LeRobotDatasetReader, VideoRef, warn_undeclared_colu
 from .decode_route import DecodeRoute, route_without_nvdec
 from .distributed import usable_cpus
 from .episode_rows import DecodedGroups
-from .errors import DataFileError, EpisodeMetadataError, SchemaMismatchError
+from .errors import DataFileError, EpisodeMetadataError, SchemaMismatchError, VideoDecodeError
 from .file_format_store import FileFormatStore
 from .file_stamps import FileStamp
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
@@ -305,6 +305,12 @@ class _EpisodeChecker:
         return length
 
     def _problem(self, pos: int, episode_index: int, camera: str | None, error: Exception) -> Problem:
+        """``error`` as a problem; a remote file's failed decode or parse as its change on the server, where it changed
+        since the dataset was opened (one metadata request: a file replaced by one of its size is no damaged file)."""
+        if isinstance(error, (VideoDecodeError, DataFileError)):
+            videos = self.reader.camera_keys  # (else the rows' or an image camera's: the data file)
+            path = self.reader.video(pos, camera).path if camera in videos and camera else self.reader.data_path(pos)
+            error = self.reader.changed_on_server([path]) or error
         return Problem(self.reader.source_of(pos), episode_index, camera, type(error).__name__, str(error))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import shutil
 import socket
 from collections import Counter
@@ -588,3 +589,33 @@ def test_a_hub_file_block_is_asked_once_per_try(tmp_path: Path, monkeypatch, fau
             assert len(waits) == 2
             server.set_faults(0)
             assert (handle.read() if whole else handle.read(10)) == (data if whole else data[200_000:200_010])
+
+
+def test_a_check_lists_a_video_replaced_by_one_of_its_size_as_changed_not_corrupt(
+    make_ds, tmp_path: Path, monkeypatch
+) -> None:
+    """``lerobot-dali check --decode`` of a remote dataset decodes each video with PyAV on the remote file: one
+    replaced on the server by one of its size between its indexing and its decode was listed as a VideoDecodeError,
+    "the file is corrupt or truncated", for a file that is whole."""
+    from lerobot_dali import dataset_check
+
+    root = tmp_path / "dataset"
+    shutil.copytree(_dataset(make_ds, "vp9"), root)
+    target = sorted(root.glob("videos/**/file-002.mp4"))[-1]  # (episode 4's, alone in it)
+    decode_video = dataset_check._EpisodeChecker._decode_video
+    swapped: list[str] = []
+
+    def replaced_first(self, pos, video, index, frames, done):  # type: ignore[no-untyped-def]
+        if video.path.endswith(target.relative_to(tmp_path).as_posix()) and not swapped:
+            swapped.append(video.path)
+            _rewrite_same_size(target)
+        return decode_video(self, pos, video, index, frames, done)
+
+    monkeypatch.setattr(dataset_check._EpisodeChecker, "_decode_video", replaced_first)
+    with serve_folder(tmp_path) as server:
+        report = dataset_check.check_dataset(open_dataset(_url(server, root)), decode=True, workers=0)
+    assert [(p.episode_index, p.camera, p.error) for p in report.problems] == [
+        (4, "observation.images.cam1", "DatasetError")
+    ]
+    changed = r"file-002.mp4 changed on the server while it was read \(etag:\S+ when opened, etag:\S+ now\); re-open"
+    assert re.search(changed, report.problems[0].message), report.problems[0].message
