@@ -448,7 +448,7 @@ class LeRobotDatasetReader:
         for path in dict.fromkeys(paths):
             change = self.stamps.changed(path)
             if change is not None:
-                return changed_on_server(path, *change)
+                return changed_on_server(path, f"{change[0]} when opened, {change[1]} now")
         return None
 
     def video(self, episode_pos: int, camera: str) -> VideoRef:

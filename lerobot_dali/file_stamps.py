@@ -160,8 +160,14 @@ class FileStamps(Mapping[str, FileStamp]):
         # caches on disk (old frames, old rows). Pickled with the stamps, so every worker of the run shares it.
         self._run_version = f"run:{uuid.uuid4().hex}"
         self._warned_unversioned = False
+        self._pin()
         for root in roots:
             self.add_root(root)
+
+    def _pin(self) -> None:
+        """Make reads through :attr:`fs` ask for the stamped versions (:meth:`RetryingFileSystem._pinned`)."""
+        if isinstance(self.fs, RetryingFileSystem):
+            self.fs.pinned = self
 
     @classmethod
     def merged(cls, parts: Sequence[FileStamps]) -> FileStamps:
@@ -307,6 +313,7 @@ class FileStamps(Mapping[str, FileStamp]):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = fork_locks.lock()
+        self._pin()  # (the filesystem pickles as its arguments: a worker's copy knows no stamps)
 
 
 #: How deep below its root a walk lists folders: LeRobot's nest 3 (videos/<camera>/chunk-000/).

@@ -303,13 +303,15 @@ def _check_block_fetches(inner: Any, path: str) -> None:
     cache.fetcher = checked  # type: ignore[union-attr]  # (fetch is not None: neither is cache)
 
 
-def changed_on_server(path: str, when_opened: str, now: str) -> DatasetError:
-    """The error for remote file ``path`` found changed since the dataset was opened (its size, or its version: ETag,
-    hash, mtime): its bytes read now, mixed with what was read, cached or indexed of the old ones, are neither file, so
-    neither retrying nor mending the file helps."""
-    return DatasetError(
-        f"{path} changed on the server while it was read ({when_opened} when opened, {now} now); re-open the dataset"
-    )
+def changed_on_server(path: str, how: str) -> DatasetError:
+    """The error for remote file ``path`` found changed since the dataset was opened (``how``: its size, or its
+    version: ETag, hash, mtime): its bytes read now, mixed with what was read, cached or indexed of the old ones, are
+    neither file, so neither retrying nor mending the file helps."""
+    return DatasetError(f"{path} changed on the server while it was read ({how}); re-open the dataset")
+
+
+#: HTTP's answer to a read whose ``If-Match`` names another ETag than the file's (:meth:`RetryingFileSystem._pinned`).
+_PRECONDITION_FAILED = 412
 
 
 def _sent_only_whole(path: str, why: str) -> DatasetError:
@@ -374,6 +376,8 @@ class _Retrier:
             except Exception as e:
                 if not is_transient(e):
                     unmasked = _unmasked(e)
+                    if _status_of(unmasked) == _PRECONDITION_FAILED:  # (only reads of a pinned ETag send If-Match)
+                        raise changed_on_server(path, "its ETag when opened no longer matches: HTTP 412") from unmasked
                     if is_refused(unmasked) or isinstance(unmasked, PermissionError):  # (s3fs's answer to a 403)
                         _refused(unmasked, what, path)
                     if unmasked is not e:  # a 403, say: no missing file
@@ -429,7 +433,7 @@ class RetryingFile(io.RawIOBase):
         size = getattr(self._inner, "size", None)
         if isinstance(size, int) and self.size is not None and size != self.size:
             # A definite answer, not a blip: reading on would mix the old file's bytes (cached, indexed) with the new.
-            raise changed_on_server(self.path, f"{self.size} bytes", str(size))
+            raise changed_on_server(self.path, f"{self.size} bytes when opened, {size} now")
 
     def _read_once(self, size: int) -> bytes:
         if self._inner.tell() != self._pos:
@@ -520,6 +524,9 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
 
     protocol = "retrying"
     cachable = False
+    #: The dataset's file stamps (a :class:`~.file_stamps.FileStamps` of this filesystem sets itself here, in every
+    #: process): reads of a file stamped with a strong ETag over HTTP(S) ask for that version alone (:meth:`_pinned`).
+    pinned: Mapping[str, Any] | None = None
 
     def __init__(
         self,
@@ -551,7 +558,26 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
     def __repr__(self) -> str:
         return f"RetryingFileSystem({self.fs!r}, retries={self.policy.retries})"
 
+    def _pinned(self, path: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``kwargs`` of a read of ``path``, with ``If-Match`` its stamped ETag where fsspec's HTTP filesystem reads it
+        (its request options' headers kept) and the stamp holds a strong ETag (a weak one never matches If-Match).
+
+        A file replaced on the server by one of its size was read at the old file's offsets (its cached parquet
+        footer, its packet index): new bytes that still parsed were handed out as rows and frames, with no error. A
+        server that keeps If-Match answers such a read 412 instead, raised as :func:`changed_on_server`."""
+        protocol = self.fs.protocol
+        http = {"http", "https"} & set((protocol,) if isinstance(protocol, str) else protocol)
+        if self.pinned is None or not http or path not in self.pinned:  # (``in``: no request)
+            return kwargs
+        version = str(getattr(self.pinned[path], "version", ""))
+        if not version.startswith("etag:") or version.startswith("etag:W/"):
+            return kwargs
+        given = getattr(self.fs, "kwargs", {}).get("headers") or {}  # (a request's headers replace the options')
+        headers = {**given, **(kwargs.get("headers") or {}), "If-Match": f'"{version.removeprefix("etag:")}"'}
+        return {**kwargs, "headers": headers}
+
     def _open_inner(self, path: str, mode: str, kwargs: dict[str, Any]) -> Any:
+        kwargs = self._pinned(path, kwargs)
         inner = self._retrier.call("open", path, lambda: self.fs.open(path, mode, **kwargs))
         _check_block_fetches(inner, path)
         return inner
@@ -566,6 +592,7 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         return io.TextIOWrapper(io.BufferedReader(RetryingFile(self, path, "rb", kwargs)), **text_kwargs)
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> Any:
+        kwargs = self._pinned(path, kwargs)
         return self._retrier.call("cat_file", path, lambda: self.fs.cat_file(path, start=start, end=end, **kwargs))
 
     def info(self, path: str, **kwargs: Any) -> Any:

@@ -8,7 +8,8 @@ and a directory answers an HTML index of links (as nginx ``autoindex`` does; off
 which is how fsspec's ``ls``/``glob`` work over plain HTTP.
 
 Every request is recorded (:class:`RequestRecord`) and counted by ``(method, kind)`` with kind ``range``,
-``full``, ``listing``, ``missing``, ``rejected`` (writes: 405) or ``fault``. With ``fault_every=N`` the N-th,
+``full``, ``listing``, ``missing``, ``rejected`` (writes: 405), ``precondition`` (412: an ``If-Match`` that names
+another ETag than the file's; off with ``if_match = False``) or ``fault``. With ``fault_every=N`` the N-th,
 2N-th, ... request (all methods, in arrival order) fails with the next kind of ``faults`` in turn: ``503``,
 ``429`` and ``403`` answer that status; ``drop`` sends the headers and half the body, then closes the connection (a
 ``HEAD`` or an empty body is closed before any byte), so aiohttp raises its own payload / disconnect errors;
@@ -71,6 +72,8 @@ class FolderServer:
     ) -> None:
         self.root = Path(root).resolve()
         self.listings = listings
+        #: Whether a read whose ``If-Match`` names another ETag than the file's is answered 412 (nginx's, Apache's).
+        self.if_match = True
         self.stall_s = 5.0
         if not self.root.is_dir():
             raise NotADirectoryError(f"cannot serve {self.root}: not a folder")
@@ -276,6 +279,10 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
                 "ETag": f'"{size:x}-{stat.st_mtime_ns:x}"',
                 "Last-Modified": email.utils.formatdate(stat.st_mtime, usegmt=True),
             }
+            wanted = self.headers.get("If-Match")
+            if server.if_match and wanted is not None and wanted.strip() not in ("*", headers["ETag"]):
+                self._status_only(412, "precondition failed", kind="precondition")
+                return
             if isinstance(span, tuple) and fault != "no_range":
                 start, stop = span
                 if fault == "short":  # an honest answer for fewer bytes than asked

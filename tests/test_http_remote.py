@@ -495,15 +495,73 @@ def test_a_file_replaced_on_the_server_mid_read_is_named_not_retried(tmp_path: P
     assert len(waits) == 1  # one wait before the reopen that found the new size, then no more tries
 
 
-def _rewrite_same_size(path: Path) -> None:
-    """``path`` rewritten on the server with the middle half of its bytes inverted: its size kept, its ETag and
-    Last-Modified those of a file modified a second later."""
-    data = bytearray(path.read_bytes())
-    quarter = len(data) // 4
-    data[quarter : 3 * quarter] = bytes(b ^ 0xFF for b in data[quarter : 3 * quarter])
+def _rewrite_same_size(path: Path, data: bytes | None = None) -> None:
+    """``path`` rewritten on the server as ``data`` (by default: the middle half of its bytes inverted), of its size,
+    with the ETag and Last-Modified of a file modified a second later."""
+    if data is None:
+        flipped = bytearray(path.read_bytes())
+        quarter = len(flipped) // 4
+        flipped[quarter : 3 * quarter] = bytes(b ^ 0xFF for b in flipped[quarter : 3 * quarter])
+        data = bytes(flipped)
+    assert len(data) == path.stat().st_size
     modified = path.stat().st_mtime_ns + 10**9
-    path.write_bytes(bytes(data))
+    path.write_bytes(data)
     os.utime(path, ns=(modified, modified))
+
+
+def _still_parsing(path: Path) -> bytes:
+    """Another file of ``path``'s size whose bytes still parse where the old file's footer or packet index says:
+    a data file with every float negated (same writer: same layout), a video with the second half of each non-key
+    packet's bytes inverted."""
+    if path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        for name in ("observation.state", "action"):
+            column = table.column(name).combine_chunks()
+            negated = pa.FixedSizeListArray.from_arrays(pc.negate(column.flatten()), column.type.list_size)
+            table = table.set_column(table.column_names.index(name), name, negated)
+        out = pa.BufferOutputStream()
+        pq.write_table(table, out, compression="snappy")
+        return out.getvalue().to_pybytes()
+    from lerobot_dali.packet_index import build_packet_index
+
+    data, index = bytearray(path.read_bytes()), build_packet_index(str(path))
+    for start, size, key in zip(
+        index.byte_offset.tolist(), index.size_bytes.tolist(), index.keyframe.tolist(), strict=True
+    ):
+        if not key:
+            data[start + size // 2 : start + size] = bytes(b ^ 0x55 for b in data[start + size // 2 : start + size])
+    return bytes(data)
+
+
+def _read_across_a_rewrite(
+    make_ds, tmp_path: Path, codec: str, decode: str, folder: str, *, parsing: bool, if_match: bool
+) -> tuple[str, list[dict], list[dict]]:
+    """The message a shuffled-off in-process pass over HTTP raised, where the last file of ``folder`` (episode 4's)
+    was rewritten to another of its size after the first batch; the samples before it, and a local pass's."""
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    root = tmp_path / "dataset"
+    shutil.copytree(_dataset(make_ds, codec), root)
+    options = {**OPTIONS, "shuffle": False, "decode": decode}
+    local = _samples(DALILeRobotIterator(root, num_workers=0, cache_gb=0.0, **options))
+    target = sorted(root.glob(f"{folder}/**/file-002.*"))[-1]
+    new = _still_parsing(target) if parsing else None
+    remote: list[dict] = []
+    with serve_folder(tmp_path) as server:
+        server.if_match = if_match
+        it = DALILeRobotIterator(_url(server, root), num_workers=0, cache_gb=0.0, **options)
+        with pytest.raises(DatasetError) as raised:
+            for batch in it:
+                remote += [{k: v[i] for k, v in batch.items()} for i in range(len(batch["index"]))]
+                if len(remote) == OPTIONS["batch_size"]:
+                    _rewrite_same_size(target, new)
+        it.close()
+    assert str(raised.value).startswith(f"{server.url}/dataset/{target.relative_to(root).as_posix()}")
+    return str(raised.value), remote, local
 
 
 @pytest.mark.parametrize(
@@ -517,25 +575,34 @@ def test_a_file_replaced_by_one_of_its_size_mid_read_is_named_changed_not_corrup
     """A file replaced on the server by one of the same size mid-read was not seen as changed (only a size change
     was): its old packet index or parquet footer read the new bytes, and the user was told to mend a healthy file:
     "the video is corrupt: re-encode or re-download it" (DALI's route), "decoding failed ...; the file is corrupt or
-    truncated" (the CPU fallback's packets), "is not readable parquet ...; re-download or rewrite it". The error path
-    asks for the file's stamp again, and its ETag says it changed. The batches before it equal a local read."""
-    from lerobot_dali.iterator import DALILeRobotIterator
+    truncated" (the CPU fallback's packets), "is not readable parquet ...; re-download or rewrite it". With a server
+    that ignores If-Match, the error path asks for the file's stamp again, and its ETag says it changed. The batches
+    before it equal a local read."""
+    message, remote, local = _read_across_a_rewrite(
+        make_ds, tmp_path, codec, decode, folder, parsing=False, if_match=False
+    )
+    assert re.search(r"changed on the server while it was read \(etag:\S+ when opened, etag:\S+ now\); re", message)
+    assert 0 < len(remote) < len(local)
+    _assert_samples_equal(remote, local[: len(remote)])
 
-    root = tmp_path / "dataset"
-    shutil.copytree(_dataset(make_ds, codec), root)
-    options = {**OPTIONS, "shuffle": False, "decode": decode}
-    local = _samples(DALILeRobotIterator(root, num_workers=0, cache_gb=0.0, **options))
-    target = sorted(root.glob(f"{folder}/**/file-002.*"))[-1]  # (episode 4's, read in the last batches)
-    remote: list[dict] = []
-    with serve_folder(tmp_path) as server:
-        it = DALILeRobotIterator(_url(server, root), num_workers=0, cache_gb=0.0, **options)
-        changed = rf"{target.name} changed on the server while it was read \(etag:\S+ when opened, etag:\S+ now\); re"
-        with pytest.raises(DatasetError, match=changed):
-            for batch in it:
-                remote += [{k: v[i] for k, v in batch.items()} for i in range(len(batch["index"]))]
-                if len(remote) == OPTIONS["batch_size"]:
-                    _rewrite_same_size(target)
-        it.close()
+
+@pytest.mark.parametrize(
+    ("codec", "decode", "folder"),
+    [("vp9", "auto", "videos"), ("h264", "cpu", "videos"), ("vp9", "cpu", "data")],
+    ids=["video-dali", "video-packets", "parquet"],
+)
+def test_a_file_replaced_by_one_of_its_size_that_still_parses_is_never_read(
+    make_ds, tmp_path: Path, codec: str, decode: str, folder: str
+) -> None:
+    """New bytes that still parse at the old file's offsets were handed out with no error at all: negated floats as
+    the rows of the 2 batches after the rewrite (4 of their values wrong), other pictures as camera frames (DALI's
+    VP9 and the CPU fallback's H.264: 2 batches' frames wrong). Reads over HTTP send the stamped ETag as If-Match,
+    so the server answers 412, raised as the file's change, and no batch after the rewrite is served."""
+    message, remote, local = _read_across_a_rewrite(
+        make_ds, tmp_path, codec, decode, folder, parsing=True, if_match=True
+    )
+    assert message.endswith("changed on the server while it was read (its ETag when opened no longer matches: HTTP "
+                            "412); re-open the dataset")  # fmt: skip
     assert 0 < len(remote) < len(local)
     _assert_samples_equal(remote, local[: len(remote)])
 
@@ -591,12 +658,17 @@ def test_a_hub_file_block_is_asked_once_per_try(tmp_path: Path, monkeypatch, fau
             assert (handle.read() if whole else handle.read(10)) == (data if whole else data[200_000:200_010])
 
 
+@pytest.mark.parametrize(
+    ("if_match", "how"),
+    [(False, r"etag:\S+ when opened, etag:\S+ now"), (True, "its ETag when opened no longer matches: HTTP 412")],
+)
 def test_a_check_lists_a_video_replaced_by_one_of_its_size_as_changed_not_corrupt(
-    make_ds, tmp_path: Path, monkeypatch
+    make_ds, tmp_path: Path, monkeypatch, if_match: bool, how: str
 ) -> None:
     """``lerobot-dali check --decode`` of a remote dataset decodes each video with PyAV on the remote file: one
     replaced on the server by one of its size between its indexing and its decode was listed as a VideoDecodeError,
-    "the file is corrupt or truncated", for a file that is whole."""
+    "cannot open the video (...); the file is truncated or corrupt", for a file that is whole. A server that keeps
+    If-Match refuses the read; one that ignores it serves the new bytes, and the failed decode asks for the stamp."""
     from lerobot_dali import dataset_check
 
     root = tmp_path / "dataset"
@@ -613,9 +685,30 @@ def test_a_check_lists_a_video_replaced_by_one_of_its_size_as_changed_not_corrup
 
     monkeypatch.setattr(dataset_check._EpisodeChecker, "_decode_video", replaced_first)
     with serve_folder(tmp_path) as server:
+        server.if_match = if_match
         report = dataset_check.check_dataset(open_dataset(_url(server, root)), decode=True, workers=0)
     assert [(p.episode_index, p.camera, p.error) for p in report.problems] == [
         (4, "observation.images.cam1", "DatasetError")
     ]
-    changed = r"file-002.mp4 changed on the server while it was read \(etag:\S+ when opened, etag:\S+ now\); re-open"
+    changed = rf"file-002.mp4 changed on the server while it was read \({how}\); re-open the dataset$"
     assert re.search(changed, report.problems[0].message), report.problems[0].message
+
+
+def test_reads_over_http_ask_for_the_stamped_strong_etag_keeping_the_options_headers() -> None:
+    """Only a strong ETag is sent as If-Match (a weak one never matches it: every read would fail), only over HTTP,
+    and a request's headers replace the filesystem's: the headers storage_options give (a token) must stay."""
+    import fsspec
+
+    from lerobot_dali.file_stamps import FileStamp
+
+    fs = RetryingFileSystem(fsspec.filesystem("http", headers={"Authorization": "Bearer t"}, skip_instance_cache=True))
+    fs.pinned = {"http://h/s": FileStamp(3, "etag:abc"), "http://h/w": FileStamp(3, 'etag:W/"abc'),
+                 "http://h/m": FileStamp(3, "mtime:Mon")}  # fmt: skip
+    assert fs._pinned("http://h/s", {"size": 3}) == {
+        "size": 3,
+        "headers": {"Authorization": "Bearer t", "If-Match": '"abc"'},
+    }
+    assert [fs._pinned(p, {}) for p in ("http://h/w", "http://h/m", "http://h/unstamped")] == [{}, {}, {}]
+    local = RetryingFileSystem(fsspec.filesystem("memory"))
+    local.pinned = {"/s": FileStamp(3, "etag:abc")}
+    assert local._pinned("/s", {}) == {}
