@@ -28,6 +28,7 @@ from . import io_stats
 from .errors import DatasetError
 
 __all__ = [
+    "IF_MATCH_ENV",
     "REFUSED_HINT",
     "RETRIES_ENV",
     "RetryPolicy",
@@ -43,6 +44,9 @@ logger = logging.getLogger(__name__)
 
 #: Environment variable holding the default retry budget (0 disables retries).
 RETRIES_ENV = "LEROBOT_DALI_REMOTE_RETRIES"
+#: ``0`` sends no ``If-Match`` (:meth:`RetryingFileSystem._pinned`): for servers whose ETag for one file differs
+#: between their machines (behind a load balancer), which would answer reads 412 that re-opening cannot mend.
+IF_MATCH_ENV = "LEROBOT_DALI_IF_MATCH"
 
 _T = TypeVar("_T")
 
@@ -107,6 +111,13 @@ def _default_retries() -> int:
     if value < 0:
         raise ValueError(f"{RETRIES_ENV}={raw!r} is negative; set it to 0 (fail fast) or a positive count")
     return value
+
+
+def _if_match_on() -> bool:
+    raw = os.environ.get(IF_MATCH_ENV, "1")
+    if raw not in ("0", "1"):
+        raise ValueError(f"{IF_MATCH_ENV}={raw!r}: set it to 1 (reads ask for the ETag seen at open) or 0 (none)")
+    return raw == "1"
 
 
 @dataclass(frozen=True)
@@ -567,7 +578,7 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         server that keeps If-Match answers such a read 412 instead, raised as :func:`changed_on_server`."""
         protocol = self.fs.protocol
         http = {"http", "https"} & set((protocol,) if isinstance(protocol, str) else protocol)
-        if self.pinned is None or not http or path not in self.pinned:  # (``in``: no request)
+        if self.pinned is None or not http or path not in self.pinned or not _if_match_on():  # (``in``: no request)
             return kwargs
         version = str(getattr(self.pinned[path], "version", ""))
         if not version.startswith("etag:") or version.startswith("etag:W/"):

@@ -712,3 +712,22 @@ def test_reads_over_http_ask_for_the_stamped_strong_etag_keeping_the_options_hea
     local = RetryingFileSystem(fsspec.filesystem("memory"))
     local.pinned = {"/s": FileStamp(3, "etag:abc")}
     assert local._pinned("/s", {}) == {}
+
+
+def test_if_match_is_turned_off_by_its_environment_variable(monkeypatch) -> None:
+    """LEROBOT_DALI_IF_MATCH=0 sends none (a server whose machines give one file different ETags answers 412 to
+    reads that re-opening cannot mend); another value is refused naming the two it takes."""
+    import fsspec
+
+    from lerobot_dali.file_stamps import FileStamp
+    from lerobot_dali.remote_retry import IF_MATCH_ENV
+
+    fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True))
+    fs.pinned = {"http://h/s": FileStamp(3, "etag:abc")}
+    monkeypatch.setenv(IF_MATCH_ENV, "0")
+    assert fs._pinned("http://h/s", {"size": 3}) == {"size": 3}
+    monkeypatch.setenv(IF_MATCH_ENV, "1")
+    assert fs._pinned("http://h/s", {})["headers"] == {"If-Match": '"abc"'}
+    monkeypatch.setenv(IF_MATCH_ENV, "no")
+    with pytest.raises(ValueError, match=r"LEROBOT_DALI_IF_MATCH=.no.: set it to 1 .* or 0 "):
+        fs._pinned("http://h/s", {})
