@@ -387,15 +387,19 @@ class DALILeRobotIterator:
         while True:
             park_if_exiting()  # (a daemon thread starting a pass after the exit handler closed the iterator)
             try:
-                with self._next_lock:  # a close() from another thread meanwhile waits, then closes what was built
-                    if must_park():  # (the exit handler's close() held the lock: built now, nothing would close it)
-                        continue
-                    self._ensure_pipeline()
-                    self._pass_id += 1  # an older pass's generator, if still held, now raises instead of sharing
-                    self._pass_start = self._stream.samples_consumed
-                    batches = self._epoch_batches(self._pass_id)
-            finally:  # (a signal handler's close() during the build: closed here, the pass raises IteratorClosedError)
+                try:
+                    with self._next_lock:  # a close() from another thread meanwhile waits, then closes what was built
+                        if must_park():  # (the exit handler's close() held the lock: built now, nothing would close it)
+                            continue
+                        self._ensure_pipeline()
+                        self._pass_id += 1  # an older pass's generator, if still held, now raises instead of sharing
+                        self._pass_start = self._stream.samples_consumed
+                        batches = self._epoch_batches(self._pass_id)
+                finally:  # (a signal handler's close() in the build: closed here, the pass raises IteratorClosedError)
+                    self._close_if_deferred()
+            except BaseException:  # (a second signal's exception, a Ctrl-C, landed in that close: run again)
                 self._close_if_deferred()
+                raise
             return batches
 
     def _ensure_pipeline(self) -> None:
@@ -524,6 +528,7 @@ class DALILeRobotIterator:
         finally:  # the pass is over: finished, failed, or left by the loop (the generator is closed)
             if pass_id == self._pass_id:  # (a replaced pass's generator collected later leaves the new one's)
                 self._pass_start = None
+            self._close_if_deferred()  # (a second signal's exception landed in the pass's own: run again)
         self._stream.set_epoch(self._stream.epoch + 1)
         self._pipeline_next = (self._stream.epoch, 0)  # DALI reset itself (auto_reset) for the next epoch
 
@@ -753,8 +758,9 @@ class DALILeRobotIterator:
                     lock.release()
                 # A signal handler's close() while this one held the lock was left to this one, which did it. Cleared
                 # once the lock is let go: one landing between the clearing and the release stayed left, and the next
-                # pass closed what it built (a close() at each line close() runs: 2 of 12).
-                self._close_deferred = False
+                # pass closed what it built (a close() at each line close() runs: 2 of 12). Left set if a second
+                # signal's exception landed before the pipeline was closed: the deferred close is run again.
+                self._close_deferred = self._close_deferred and self._pipeline is not None
 
     @property
     def camera_channels(self) -> dict[str, int]:

@@ -338,11 +338,18 @@ class DALILeRobotMixture:
         long build is said once for all. A close() since the mixture's pass began (``closes``: the count then)
         closes them once all are built, so they raise IteratorClosedError: one started after it ran on."""
         try:
-            with self._starting, builds_said_together(parts):
-                return in_threads(iter, parts)
-        finally:
-            if self._closes != closes:
-                self.close()
+            try:
+                with self._starting, builds_said_together(parts):
+                    return in_threads(iter, parts)
+            finally:
+                self._close_if_closed_since(closes)
+        except BaseException:  # (a second signal's exception, a Ctrl-C, landed in that close: run again)
+            self._close_if_closed_since(closes)
+            raise
+
+    def _close_if_closed_since(self, closes: int) -> None:
+        if self._closes != closes:
+            self.close()
 
     def _batches(self, pass_id: int, closes: int, passes: list[Iterator[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
         while True:

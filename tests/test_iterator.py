@@ -6,8 +6,10 @@ hand (clamp + pad), frames by reading each decoded frame's marker and by a full 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import inspect
+import itertools
 import logging
 import multiprocessing
 import os
@@ -1587,3 +1589,76 @@ def test_an_iterator_freed_by_the_collector_inside_a_worker_pools_close_closes_i
     finally:
         gc.enable()
     assert (workers.closed, freed_workers.closed) == (1, 1)
+
+
+class SecondSignal:
+    """Tracing ``codes``: a KeyboardInterrupt (a second signal's handler) raised at the ``k``-th line they run once
+    ``armed()`` (a first signal's close() was left to the pass); ``at`` is that line (None: fewer lines ran)."""
+
+    def __init__(self, k: int, codes: tuple[Any, ...], armed: Any, skip: tuple[int, ...] = ()) -> None:
+        self.k, self.codes, self.armed, self.skip = k, codes, armed, skip
+        self.lines, self.at = 0, None
+
+    def __enter__(self) -> SecondSignal:
+        sys.settrace(self._calls)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.settrace(None)
+
+    def _calls(self, frame, event, arg):
+        return self._line if frame.f_code in self.codes and self.at is None else None
+
+    def _line(self, frame, event, arg):
+        if event == "line" and self.at is None and frame.f_lineno not in self.skip and self.armed():
+            self.lines += 1
+            if self.lines == self.k:
+                self.at = (frame.f_code.co_name, frame.f_lineno)
+                raise KeyboardInterrupt
+        return self._line
+
+
+@pytest.mark.parametrize("where", ["next", "build"])
+def test_a_second_signal_in_a_handlers_deferred_close_loses_no_close(make_ds, monkeypatch, where) -> None:
+    """A signal handler's close() inside DALI's next() (or as iter() builds the pipeline) is left to the pass, which
+    runs it once it lets its lock go; a second signal's exception (a Ctrl-C after a SIGTERM handler's close()) at a line
+    of that run before it closed anything lost it: the pipeline ran on after the KeyboardInterrupt (8 of 15 lines, in
+    next() and in the build alike). The pass now runs it again as the exception leaves."""
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+    owner, name = (DALIGenericIterator, "__next__") if where == "next" else (iterator_module, "build_pipeline")
+    original = getattr(owner, name)
+    codes = (DALILeRobotIterator._close_if_deferred.__code__, DALILeRobotIterator.close.__code__)
+    lines, first = inspect.getsourcelines(DALILeRobotIterator.close)
+    # (left: a Ctrl-C right after close() took the lock, before its try, leaves the lock held and the close undone)
+    after_acquire = first + next(i for i, line in enumerate(lines) if line.strip() == "try:")
+    reached, lost = [], []
+    for k in itertools.count(1):
+        it = DALILeRobotIterator(root, **kwargs)
+        calls = [0]
+
+        def handler_closes(*args, it=it, calls=calls, **kw):
+            calls[0] += 1
+            made = original(*args, **kw)
+            if calls[0] == 2 or where == "build":
+                it.close()  # (a signal handler's, on the pass's thread holding its lock: left to the pass)
+            return made
+
+        monkeypatch.setattr(owner, name, handler_closes)
+        # (KeyboardInterrupt: the second signal; IteratorClosedError: the close, run with no second signal)
+        with (
+            SecondSignal(k, codes, lambda it=it: it._close_deferred, skip=(after_acquire,)) as second,
+            contextlib.suppress(KeyboardInterrupt, IteratorClosedError),
+        ):
+            for _ in it:
+                pass
+        monkeypatch.setattr(owner, name, original)
+        if second.at is None:
+            break
+        reached.append(second.at)
+        if it._pipeline is not None:
+            lost.append(second.at)
+        it.close()
+    assert len(reached) > 10 and lost == []

@@ -7,6 +7,7 @@ task assignments; expected values come from the generator's formulas and each fr
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import itertools
 import logging
@@ -44,6 +45,7 @@ from lerobot_dali.generate import expected_action, expected_state, expected_task
 from lerobot_dali.mixture import batch_shares
 from tests.conftest import shared_dataset
 from tests.test_image_cameras import _to_mode
+from tests.test_iterator import SecondSignal
 
 #: Per dataset: lengths, fps, codec, task seed.
 SPECS = (([5, 7, 4], 10, "vp9", 0), ([20, 9], 20, "h264", 1))
@@ -1011,3 +1013,40 @@ def test_a_handlers_close_before_a_part_is_built_closes_it_once_built(make_ds, m
     read += [_keys(batch) for batch in itertools.islice(mix, count - len(read))]
     mix.close()
     assert read == full
+
+
+def test_a_second_signal_in_a_handlers_deferred_close_loses_no_close(make_ds, monkeypatch) -> None:
+    """A signal handler's close() as the parts' pipelines start is left to the pass, which runs it once all are built;
+    a second signal's exception (a Ctrl-C after a SIGTERM handler's close()) at a line of that run before it closed
+    every part lost it: a part's pipeline ran on after the KeyboardInterrupt (9 of 12 lines). The pass now runs it again
+    as the exception leaves."""
+    from lerobot_dali import mixture
+
+    paths = _datasets(make_ds)
+    original = mixture.in_threads
+    codes = tuple(getattr(DALILeRobotMixture, name).__code__ for name in ("_start", "_close_if_closed_since", "close"))
+    reached, lost = [], []
+    for k in itertools.count(1):
+        mix = DALILeRobotMixture(paths, batch_size=4, seed=3, device="cpu", num_workers=0)
+        closed: list[None] = []
+
+        def handler_closes(*args, mix=mix, closed=closed):
+            made = original(*args)
+            closed.append(mix.close())  # (a signal handler's, as the pass starts the parts: left to the pass)
+            return made
+
+        monkeypatch.setattr(mixture, "in_threads", handler_closes)
+        # (KeyboardInterrupt: the second signal; IteratorClosedError: the close, run with no second signal)
+        with (
+            SecondSignal(k, codes, lambda closed=closed: bool(closed)) as second,
+            contextlib.suppress(KeyboardInterrupt, IteratorClosedError),
+        ):
+            next(iter(mix))
+        monkeypatch.setattr(mixture, "in_threads", original)
+        if second.at is None:
+            break
+        reached.append(second.at)
+        if any(part._pipeline is not None for part in mix.datasets):
+            lost.append(second.at)
+        mix.close()
+    assert len(reached) > 10 and lost == []
