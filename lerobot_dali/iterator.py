@@ -15,6 +15,7 @@ import hashlib
 import logging
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -267,7 +268,8 @@ class DALILeRobotIterator:
         # Of the latest iter(): only that pass reads, as a DataLoader's newest iterator does. Every pipeline is
         # built by an iter(), so a pass that reads only while its id is the latest reads only its own pipeline.
         self._pass_id = 0
-        self._close_deferred = False  # close() was called by a signal handler on a thread holding that lock
+        # close() was called by a signal handler on a thread holding that lock: that thread's id, else 0
+        self._close_deferred = 0
         self._pass_start: int | None = None  # samples_consumed when the pass in progress began
         self._pipeline_next: tuple[int, int] | None = None  # (epoch, sample) the pipeline's next batch starts at
         # Its checks' data files: batches read through the source's copy of the reader, and one left open here made
@@ -732,7 +734,7 @@ class DALILeRobotIterator:
             # workers waits for a condition that thread holds (a hang); building it, the build went on to hand a
             # working pass out, its workers running, after this close(). The pass closes everything as it lets go.
             self._dali_iter = None
-            self._close_deferred = True
+            self._close_deferred = threading.get_ident()
             return
         if lock is not None and not lock.acquire(blocking=False):
             self._dali_iter = None  # tells the pass in next() that its failure (or batch) is a close
@@ -759,8 +761,11 @@ class DALILeRobotIterator:
                 # A signal handler's close() while this one held the lock was left to this one, which did it. Cleared
                 # once the lock is let go: one landing between the clearing and the release stayed left, and the next
                 # pass closed what it built (a close() at each line close() runs: 2 of 12). Left set if a second
-                # signal's exception landed before the pipeline was closed: the deferred close is run again.
-                self._close_deferred = self._close_deferred and self._pipeline is not None
+                # signal's exception landed before the pipeline was closed: the deferred close is run again. Left
+                # set, too, if another thread's handler set it: its pass, which took the lock once this one let it
+                # go, runs it (cleared here, that pass handed a working pipeline out after the handler's close()).
+                if self._close_deferred == threading.get_ident() and self._pipeline is None:
+                    self._close_deferred = 0
 
     @property
     def camera_channels(self) -> dict[str, int]:

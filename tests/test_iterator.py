@@ -1662,3 +1662,53 @@ def test_a_second_signal_in_a_handlers_deferred_close_loses_no_close(make_ds, mo
             lost.append(second.at)
         it.close()
     assert len(reached) > 10 and lost == []
+
+
+def test_a_handlers_close_as_another_threads_close_lets_the_lock_go_is_not_cleared_by_it(make_ds, monkeypatch) -> None:
+    """Another thread's close() clears the flag saying a handler's close() was left to it once it lets the pass's lock
+    go; a pass that took the lock then, whose handler's close() was left to it meanwhile (as it built its pipeline),
+    found the flag cleared: it handed a working pipeline out after the handler's close() (1 of 1). That close() now
+    clears only what a handler on its own thread left to it: the pass closes what it built."""
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+    it = DALILeRobotIterator(root, **kwargs)
+    lines, first = inspect.getsourcelines(DALILeRobotIterator.close)
+    release = first + next(i for i, line in enumerate(lines) if line.strip() == "lock.release()")
+    released, at_clear, go = [], threading.Event(), threading.Event()
+
+    def after_release(frame, event, arg):  # (the closer waits at the line after it let the lock go)
+        if event == "line" and released and not at_clear.is_set():
+            at_clear.set()
+            go.wait(30)
+        if event == "line" and frame.f_lineno == release:
+            released.append(release)
+        return after_release
+
+    def closer() -> None:
+        sys.settrace(
+            lambda frame, event, arg: after_release if frame.f_code is DALILeRobotIterator.close.__code__ else None
+        )
+        try:
+            it.close()
+        finally:
+            sys.settrace(None)
+
+    thread = threading.Thread(target=closer)
+    thread.start()
+    assert at_clear.wait(30)
+    original = iterator_module.build_pipeline
+
+    def handler_closes_meanwhile(*args, **kwargs):
+        made = original(*args, **kwargs)
+        it.close()  # (a signal handler's, on the pass's thread holding its lock: left to the pass)
+        go.set()
+        thread.join(30)
+        return made
+
+    monkeypatch.setattr(iterator_module, "build_pipeline", handler_closes_meanwhile)
+    batches = iter(it)
+    monkeypatch.setattr(iterator_module, "build_pipeline", original)
+    assert not thread.is_alive() and it._pipeline is None
+    with pytest.raises(IteratorClosedError, match="when the iterator was closed"):
+        next(batches)
+    it.close()
