@@ -11,6 +11,7 @@ with new data files (and are read from that snapshot folder where it holds them 
 from __future__ import annotations
 
 import glob
+import io
 import logging
 import os
 import re
@@ -22,6 +23,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 import fsspec
+from fsspec.asyn import AsyncFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from .distributed import draws_progress
@@ -35,7 +37,8 @@ __all__ = [
     "dataset_folder_near",
     "dataset_not_found",
     "is_repo_id",
-    "open_if_present",
+    "read_if_present",
+    "read_whole",
     "resolve_location",
     "with_bulk_root",
 ]
@@ -70,11 +73,32 @@ _SHORT_SHA = re.compile(r"^[0-9a-f]{4,39}$")
 _HUB_DOWNLOAD_OPTIONS = ("token", "endpoint")
 
 
-def open_if_present(fs: fsspec.AbstractFileSystem, path: str, mode: str = "rb", **kwargs: Any) -> Any:
-    """``fs.open(path, mode)``, or None where there is no such file: over HTTP one metadata request where
-    ``exists`` then ``open`` made two."""
+def read_whole(fs: fsspec.AbstractFileSystem, path: str) -> io.BytesIO:
+    """Metadata file ``path`` read whole, in one request (``cat_file``), as an in-memory file: over HTTP one GET,
+    where opening it asked for its size first (a HEAD and a GET). Through :class:`.RetryingFileSystem` a transient
+    failure is retried as the whole file again, so no read mixes two versions of it. A filesystem without a
+    ``cat_file`` of its own (local folders, huggingface_hub's) is read as before: opened, then read to its end.
+    FileNotFoundError where there is no such file."""
+    if not _own_cat_file(fs):  # (local files, the Hub: fsspec's would open and read all, another route)
+        with fs.open(path, "rb") as f:
+            return io.BytesIO(f.read())
+    return io.BytesIO(fs.cat_file(path))
+
+
+def _own_cat_file(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether the filesystem under ``fs`` has a ``cat_file`` of its own (an async one: ``_cat_file``; HTTP's, object
+    stores'), not fsspec's generic one that opens the file and reads it."""
+    inner = fs.fs if isinstance(fs, RetryingFileSystem) else fs
+    if isinstance(inner, AsyncFileSystem):
+        return type(inner)._cat_file is not AsyncFileSystem._cat_file
+    return type(inner).cat_file is not fsspec.AbstractFileSystem.cat_file
+
+
+def read_if_present(fs: fsspec.AbstractFileSystem, path: str) -> io.BytesIO | None:
+    """:func:`read_whole`, or None where there is no such file: over HTTP one GET answered 404, where ``exists``
+    then ``open`` made two HEADs, and ``open`` of a missing file a HEAD and a GET."""
     try:
-        return fs.open(path, mode, **kwargs)
+        return read_whole(fs, path)
     except FileNotFoundError:
         return None
 

@@ -24,7 +24,8 @@ from .dataset_info import INDEX_COLUMNS, DatasetInfo, Feature
 from .dataset_location import (
     DatasetLocation,
     dataset_folder_near,
-    open_if_present,
+    read_if_present,
+    read_whole,
     resolve_location,
     with_bulk_root,
 )
@@ -821,8 +822,7 @@ def read_info_json(location: DatasetLocation) -> dict[str, Any]:
     JSON object."""
     path = location.meta_path(INFO_PATH)
     try:
-        with location.meta_fs.open(path, "rt", encoding="utf-8") as f:
-            raw = json.load(f)
+        raw = json.loads(read_whole(location.meta_fs, path).getvalue().decode("utf-8"))
     except FileNotFoundError as e:
         advice = "pass the folder that holds the dataset's meta/info.json"
         if location.is_local and os.path.isdir(location.meta_path("meta")):
@@ -864,10 +864,9 @@ def _read_tasks(location: DatasetLocation, version: str) -> dict[int, str]:
         (jsonl_path, _tasks_from_jsonl),
     ]
     for path, read in readers[::-1] if version.startswith("v2") else readers:
-        f = open_if_present(location.meta_fs, path)
+        f = read_if_present(location.meta_fs, path)
         if f is not None:
-            with f:
-                return read(f, path)
+            return read(f, path)
     raise DatasetError(
         f"{location.description}: no task list (meta/tasks.parquet or meta/tasks.jsonl); the dataset's files are "
         "incomplete: download or copy its meta/ again"
@@ -877,11 +876,8 @@ def _read_tasks(location: DatasetLocation, version: str) -> dict[int, str]:
 def _read_subtasks(location: DatasetLocation) -> dict[int, str] | None:
     """``meta/subtasks.parquet`` (written as ``tasks.parquet`` is, with ``subtask_index``), None where absent."""
     path = location.meta_path("meta/subtasks.parquet")
-    f = open_if_present(location.meta_fs, path)
-    if f is None:
-        return None
-    with f:
-        return _tasks_from_parquet(f, path, name="subtask")
+    f = read_if_present(location.meta_fs, path)
+    return None if f is None else _tasks_from_parquet(f, path, name="subtask")
 
 
 def _tasks_from_parquet(f: Any, parquet_path: str, *, name: str = "task") -> dict[int, str]:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .dataset_info import DatasetInfo
-from .dataset_location import DatasetLocation, open_if_present
+from .dataset_location import DatasetLocation, read_if_present
 from .episode_table import read_episode_records, read_episode_table
 from .errors import DatasetError
 from .said_once import say_once
@@ -60,19 +60,19 @@ def read_dataset_stats(location: DatasetLocation, info: DatasetInfo | None = Non
     fs = location.meta_fs
     episodes_path = location.meta_path("meta/episodes_stats.jsonl")
     v2 = info is None or info.codebase_version.startswith("v2")
-    opened = open_if_present(fs, episodes_path) if v2 else None
-    if opened is not None:
-        with opened as f, _advising(episodes_path):  # (decoded per line: bytes that are not UTF-8 name their line)
+    f = read_if_present(fs, episodes_path) if v2 else None
+    if f is not None:
+        with _advising(episodes_path):  # (decoded per line: bytes that are not UTF-8 name their line)
             per_episode = [_episode_record(line, episodes_path, n) for n, line in enumerate(f, start=1) if line.strip()]
             logger.debug("aggregating the statistics of %d episodes from %s", len(per_episode), episodes_path)
             return aggregate_episode_stats(per_episode, source=episodes_path, order=order)
     path = location.meta_path("meta/stats.json")
-    opened = open_if_present(fs, path, "rt", encoding="utf-8")
-    if opened is None:
+    f = read_if_present(fs, path)
+    if f is None:
         return {}
-    with opened as f, _advising(path):
+    with _advising(path):
         try:
-            raw = json.load(f)
+            raw = json.loads(f.getvalue().decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:  # (bytes that are not UTF-8 fail as the file is read)
             raise DatasetError(f"{path} is not valid JSON: {e}") from e
         if not isinstance(raw, Mapping):

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .dataset_info import DatasetInfo
-from .dataset_location import open_if_present
+from .dataset_location import read_if_present, read_whole
 from .episode_rows import damaged_parquet_as, read_parquet
 from .errors import DatasetError, EpisodeMetadataError, cameras_hint, listing_hint
 from .file_stamps import find_files
@@ -348,7 +348,8 @@ def _v3_rows(fs: fsspec.AbstractFileSystem, meta_root: str) -> pa.Table:
         raise EpisodeMetadataError(f"no episode metadata found: expected files matching {pattern}{hint}")
     tables = []
     for path in files:
-        with fs.open(path, "rb") as f, damaged_parquet_as(EpisodeMetadataError, path):
+        f = read_whole(fs, path)  # (outside: a missing file or a refusal is no damage)
+        with damaged_parquet_as(EpisodeMetadataError, path):
             schema = pq.read_schema(f)
             wanted = [name for name in schema.names if not name.startswith("stats/")]
             f.seek(0)
@@ -508,29 +509,28 @@ def _check_lengths(
 def _v2_rows(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo) -> list[dict[str, Any]]:
     """The records of ``meta/episodes.jsonl``, in file order, each with an int ``episode_index`` and ``length``."""
     path = f"{meta_root.rstrip('/')}/meta/episodes.jsonl"
-    opened = open_if_present(fs, path)
-    if opened is None:
+    f = read_if_present(fs, path)
+    if f is None:
         raise EpisodeMetadataError(
             f"{path} is missing; a {info.codebase_version} dataset lists its episodes there: the dataset's files are "
             "incomplete: download or copy its meta/ again"
         )
     records: list[dict[str, Any]] = []
-    with opened as f:  # (decoded per line: bytes that are not UTF-8 then name their line)
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line.decode("utf-8"))
-                for key in ("episode_index", "length"):
-                    record[key] = required_whole_number(key, record[key])
-                if not isinstance(record.get("tasks"), list | None):  # (a string's letters would read as its tasks)
-                    raise ValueError(f"tasks must be a list of strings, got {record['tasks']!r}")
-            except (ValueError, KeyError, TypeError) as e:
-                text = line.decode("utf-8", "replace").strip()[:200]
-                raise EpisodeMetadataError(
-                    f"{path}:{line_no}: bad episode record ({e}): {text}; {_damaged_advice(path)}"
-                ) from e
-            records.append(record)
+    for line_no, line in enumerate(f, start=1):  # (decoded per line: bytes that are not UTF-8 then name their line)
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line.decode("utf-8"))
+            for key in ("episode_index", "length"):
+                record[key] = required_whole_number(key, record[key])
+            if not isinstance(record.get("tasks"), list | None):  # (a string's letters would read as its tasks)
+                raise ValueError(f"tasks must be a list of strings, got {record['tasks']!r}")
+        except (ValueError, KeyError, TypeError) as e:
+            text = line.decode("utf-8", "replace").strip()[:200]
+            raise EpisodeMetadataError(
+                f"{path}:{line_no}: bad episode record ({e}): {text}; {_damaged_advice(path)}"
+            ) from e
+        records.append(record)
     return records
 
 

@@ -332,8 +332,9 @@ def test_a_server_that_ignores_range_is_named_with_a_fix(tmp_path: Path) -> None
 @pytest.mark.parametrize("header", ["Accept-Ranges", "Content-Length"])
 def test_a_server_that_sends_files_only_whole_is_named_with_a_fix(root: Path, server, monkeypatch, header) -> None:
     """A server answering ``Accept-Ranges: none``, or giving no size, gets a streaming file from fsspec, which cannot
-    seek: opening the dataset failed with "ValueError: Cannot seek streaming HTTP file", or a TypeError from
-    ``int(None)``, naming neither the file nor a fix."""
+    seek: reading the dataset failed with "ValueError: Cannot seek streaming HTTP file", or a TypeError from
+    ``int(None)``, naming neither the file nor a fix. Its metadata, each file read whole in one GET, opens (it failed
+    at info.json, named with the fix); the first file that needs its part or its size read names it."""
     handler = server._httpd.RequestHandlerClass
     send_header = handler.send_header
 
@@ -347,8 +348,21 @@ def test_a_server_that_sends_files_only_whole_is_named_with_a_fix(root: Path, se
 
     monkeypatch.setattr(handler, "send_header", quirky)
     monkeypatch.setenv(RETRIES_ENV, "0")
-    with pytest.raises(DatasetError, match=rf"{server.url}/dataset/meta/\S+: the server .* supports Range requests"):
-        open_dataset(_url(server, root))
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    def first_batch() -> dict:
+        it = DALILeRobotIterator(_url(server, root), num_workers=0, cache_gb=0.0, **OPTIONS)
+        try:
+            return next(iter(it))
+        finally:
+            it.close()
+
+    # Without sizes the open stamps the first data file; without ranges the first video read needs one.
+    error, fix = (
+        (DatasetError, "supports Range requests") if header == "Accept-Ranges" else (ValueError, "Content-Length")
+    )
+    with pytest.raises(error, match=rf"{server.url}/dataset/(data|videos)/\S+: .*{fix}"):
+        first_batch()
 
 
 @pytest.mark.parametrize(("fault", "retries"), [("403", "5"), ("503", "1")])
@@ -385,7 +399,8 @@ def test_a_refused_read_says_what_to_pass_and_is_not_retried(root: Path, server,
     err = capsys.readouterr().err
     assert err.startswith("lerobot-dali info: access refused (ClientResponseError: 403, message='Forbidden', url="), err
     assert err.endswith(f"); {REFUSED_HINT}\n") and err.count("\n") == 1, err
-    assert [(r.method, r.status) for r in server.records] == [("HEAD", 403), ("GET", 403)]  # (fsspec's GET fallback)
+    # (info.json read whole: one GET; opened, a HEAD and fsspec's GET fallback)
+    assert [(r.method, r.status) for r in server.records] == [("GET", 403)]
     assert not slept
     server.set_faults(0)
 

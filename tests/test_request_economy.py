@@ -3,6 +3,7 @@ grow with its number of files, and no worker asks the server about a file it was
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -79,22 +80,67 @@ def test_over_http_a_file_costs_one_head(make_ds, tmp_path: Path, version: str, 
             assert set(data.values()) == {1} and set(videos.values()) == {2 - run}, heads
 
 
-@pytest.mark.parametrize(("version", "tasks"), [("v3.0", "meta/tasks.parquet"), ("v2.1", "meta/tasks.jsonl")])
-def test_over_http_each_metadata_file_is_asked_for_once(make_ds, version: str, tasks: str) -> None:
-    """Opening (and reading the statistics of) a dataset over HTTP: each metadata file costs one HEAD, and a v2.1
-    dataset is never asked for v3.0's tasks.parquet. The task list, episodes.jsonl and the statistics were checked
-    with ``exists`` and then opened (two HEADs each), and a v2.1 dataset first asked for tasks.parquet (a HEAD and a
-    GET, both 404)."""
+#: Opening a dataset over plain HTTP and reading its statistics, by (method, path under the dataset, status): each
+#: metadata file read whole, one GET; a missing optional file one GET answered 404.
+OPEN_AND_STATS = {
+    "v3.0": {
+        ("GET", "meta/info.json", 200): 1,
+        ("GET", "meta/episodes", 200): 1,
+        ("GET", "meta/episodes/chunk-000", 200): 1,
+        ("GET", "meta/episodes/chunk-000/file-000.parquet", 200): 1,
+        ("GET", "meta/tasks.parquet", 200): 1,
+        ("GET", "meta/stats.json", 200): 1,
+    },
+    "v2.1": {
+        ("GET", "meta/info.json", 200): 1,
+        ("GET", "meta/episodes.jsonl", 200): 1,
+        ("GET", "meta/tasks.jsonl", 200): 1,
+        ("GET", "meta/episodes_stats.jsonl", 200): 1,
+    },
+}
+
+
+@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+def test_over_http_each_metadata_file_is_one_get(make_ds, tmp_path: Path, version: str) -> None:
+    """Opening (and reading the statistics of) a dataset over HTTP: each metadata file is one GET, and a v2.1
+    dataset is never asked for v3.0's tasks.parquet. Each was opened, a HEAD for its size then a GET (a ranged one,
+    206); before that the task list, episodes.jsonl and the statistics were checked with ``exists`` (a HEAD more),
+    and a v2.1 dataset first asked for tasks.parquet (a HEAD and a GET, both 404). Without ``episodes_stats.jsonl`` a
+    v2.1 dataset's statistics cost a GET answered 404 and the GET of ``stats.json`` (opening asked the missing file
+    with a HEAD and a GET, both 404, and ``stats.json`` with a HEAD and a GET)."""
     pytest.importorskip("aiohttp", reason="fsspec's HTTPFileSystem needs aiohttp (the 'test' extra)")
     root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="vp9", size=(64, 64), version=version)
-    with serve_folder(root.parent) as server:
-        server.reset_stats()
-        reader = open_dataset(f"{server.url}/{root.name}")
-        assert reader.tasks and reader.read_stats()
-        meta = [(r.method, r.path.split(f"/{root.name}/", 1)[1]) for r in server.records if "/meta/" in r.path]
-    heads = Counter(path for method, path in meta if method == "HEAD")
-    assert heads[tasks] == 1 and set(heads.values()) == {1}, heads
-    assert all(status < 400 for status in (r.status for r in server.records)), meta
+    served = tmp_path / "served"
+    shutil.copytree(root, served / "ds")
+    expected = [OPEN_AND_STATS[version]]
+    if version == "v2.1":  # the same dataset with stats.json where LeRobot 2.0 wrote it, in place of the per-episode
+        shutil.copytree(root, served / "old")
+        stats = open_dataset(root).read_stats()  # (episodes_stats.jsonl's aggregate)
+        as_json = {key: {stat: value.tolist() for stat, value in entry.items()} for key, entry in stats.items()}
+        (served / "old" / "meta" / "episodes_stats.jsonl").unlink()
+        (served / "old" / "meta" / "stats.json").write_text(json.dumps(as_json))
+        expected.append(
+            {
+                **{key: n for key, n in expected[0].items() if key[1] != "meta/episodes_stats.jsonl"},
+                ("GET", "meta/episodes_stats.jsonl", 404): 1,
+                ("GET", "meta/stats.json", 200): 1,
+            }
+        )
+    local = open_dataset(root)
+    local_stats = local.read_stats()
+    for name, wanted in zip(["ds", "old"], expected, strict=False):
+        with serve_folder(served) as server:
+            server.reset_stats()
+            reader = open_dataset(f"{server.url}/{name}")
+            assert reader.tasks == local.tasks and reader.num_frames == local.num_frames
+            stats = reader.read_stats()
+            records = server.records
+        assert stats.keys() == local_stats.keys()
+        for key, entry in stats.items():
+            for stat, value in entry.items():
+                np.testing.assert_allclose(value, local_stats[key][stat], err_msg=f"{name} {key} {stat}")
+        meta = [(r.method, r.path.removeprefix(f"/{name}/"), r.status) for r in records if f"/{name}/meta" in r.path]
+        assert dict(Counter(meta)) == wanted, name
 
 
 @pytest.mark.parametrize("codec", ["av1", "vp9"])  # decoded by PyAV, and by DALI from clips cut in the worker
@@ -143,26 +189,21 @@ def test_without_the_prefetch_cache_a_remote_video_read_fetches_its_packets_alon
 
 
 #: One dataset's metadata requests, opened over plain HTTP, by (method, path under the dataset): info.json, the
-#: episode metadata (v3.0: its folders listed, each once, then its parquet file) and the task list, each a HEAD then a
-#: GET; no statistics (read where normalising asks for them, not at open). v3.0's meta/episodes/ was listed twice and
-#: asked for with a HEAD more (fsspec's glob).
+#: episode metadata (v3.0: its folders listed, each once, then its parquet file) and the task list, each one GET; no
+#: statistics (read where normalising asks for them, not at open). Each file was a HEAD then a GET (v3.0: 8 requests,
+#: v2.1: 6; now 5 and 3); before that v3.0's meta/episodes/ was listed twice and asked for with a HEAD more (fsspec's
+#: glob).
 ALONE = {
     "v3.0": {
-        ("HEAD", "meta/info.json"): 1,
         ("GET", "meta/info.json"): 1,
         ("GET", "meta/episodes"): 1,
         ("GET", "meta/episodes/chunk-000"): 1,
-        ("HEAD", "meta/episodes/chunk-000/file-000.parquet"): 1,
         ("GET", "meta/episodes/chunk-000/file-000.parquet"): 1,
-        ("HEAD", "meta/tasks.parquet"): 1,
         ("GET", "meta/tasks.parquet"): 1,
     },
     "v2.1": {
-        ("HEAD", "meta/info.json"): 1,
         ("GET", "meta/info.json"): 1,
-        ("HEAD", "meta/episodes.jsonl"): 1,
         ("GET", "meta/episodes.jsonl"): 1,
-        ("HEAD", "meta/tasks.jsonl"): 1,
         ("GET", "meta/tasks.jsonl"): 1,
     },
 }
@@ -204,7 +245,8 @@ def test_over_http_each_dataset_of_an_open_asks_for_its_metadata_as_opened_alone
 ) -> None:
     """Each metadata file costs what it costs one dataset opened alone, whether opened by an iterator, in a union or a
     mixture, or checked as one, with cameras= or without. With cameras= each dataset of several asked for info.json
-    twice (a HEAD and a GET more), to choose its own cameras and again to open it."""
+    twice (a HEAD and a GET more), to choose its own cameras and again to open it; a HEAD more, or a GET asked twice,
+    fails the comparison."""
     pytest.importorskip("aiohttp", reason="fsspec's HTTPFileSystem needs aiohttp (the 'test' extra)")
     root = make_ds(episodes=2, frames_per_episode=4, cameras=2, codec="vp9", size=(64, 64), version=version)
     names = ["a"] if opens == "iterator" else ["a", "b"]
