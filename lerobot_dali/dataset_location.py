@@ -36,6 +36,7 @@ __all__ = [
     "HubSnapshot",
     "dataset_folder_near",
     "dataset_not_found",
+    "fetches_whole",
     "is_repo_id",
     "read_if_present",
     "read_whole",
@@ -79,15 +80,16 @@ def read_whole(fs: fsspec.AbstractFileSystem, path: str) -> io.BytesIO:
     failure is retried as the whole file again, so no read mixes two versions of it. A filesystem without a
     ``cat_file`` of its own (local folders, huggingface_hub's) is read as before: opened, then read to its end.
     FileNotFoundError where there is no such file."""
-    if not _own_cat_file(fs):  # (local files, the Hub: fsspec's would open and read all, another route)
+    if not fetches_whole(fs):  # (local files, the Hub: fsspec's would open and read all, another route)
         with fs.open(path, "rb") as f:
             return io.BytesIO(f.read())
     return io.BytesIO(fs.cat_file(path))
 
 
-def _own_cat_file(fs: fsspec.AbstractFileSystem) -> bool:
-    """Whether the filesystem under ``fs`` has a ``cat_file`` of its own (an async one: ``_cat_file``; HTTP's, object
-    stores'), not fsspec's generic one that opens the file and reads it."""
+def fetches_whole(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether :func:`read_whole` reads ``fs``'s files in one request: the filesystem under ``fs`` has a ``cat_file``
+    of its own (an async one: ``_cat_file``; HTTP's, object stores'), not fsspec's generic one that opens the file
+    and reads it."""
     inner = fs.fs if isinstance(fs, RetryingFileSystem) else fs
     if isinstance(inner, AsyncFileSystem):
         return type(inner)._cat_file is not AsyncFileSystem._cat_file

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .dataset_info import DatasetInfo
-from .dataset_location import read_if_present, read_whole
+from .dataset_location import fetches_whole, read_if_present, read_whole
 from .episode_rows import damaged_parquet_as, read_parquet
 from .errors import DatasetError, EpisodeMetadataError, cameras_hint, listing_hint
 from .file_stamps import find_files
@@ -348,8 +348,10 @@ def _v3_rows(fs: fsspec.AbstractFileSystem, meta_root: str) -> pa.Table:
         raise EpisodeMetadataError(f"no episode metadata found: expected files matching {pattern}{hint}")
     tables = []
     for path in files:
-        f = read_whole(fs, path)  # (outside: a missing file or a refusal is no damage)
-        with damaged_parquet_as(EpisodeMetadataError, path):
+        # (one request where the filesystem fetches whole files; a local or Hub-cache file, large with many episodes'
+        # stats, is read for the columns wanted alone; opened outside: a missing file or a refusal is no damage)
+        f = read_whole(fs, path) if fetches_whole(fs) else fs.open(path, "rb")
+        with f, damaged_parquet_as(EpisodeMetadataError, path):
             schema = pq.read_schema(f)
             wanted = [name for name in schema.names if not name.startswith("stats/")]
             f.seek(0)
