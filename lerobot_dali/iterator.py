@@ -764,7 +764,9 @@ class DALILeRobotIterator:
                 # signal's exception landed before the pipeline was closed: the deferred close is run again. Left
                 # set, too, if another thread's handler set it: its pass, which took the lock once this one let it
                 # go, runs it (cleared here, that pass handed a working pipeline out after the handler's close()).
-                if self._close_deferred == threading.get_ident() and self._pipeline is None:
+                # (getattr: also run by __del__ of an iterator whose __init__ raised before setting them)
+                closed = getattr(self, "_pipeline", None) is None
+                if closed and getattr(self, "_close_deferred", 0) == threading.get_ident():
                     self._close_deferred = 0
 
     @property

@@ -1591,6 +1591,17 @@ def test_an_iterator_freed_by_the_collector_inside_a_worker_pools_close_closes_i
     assert (workers.closed, freed_workers.closed) == (1, 1)
 
 
+def test_close_of_an_iterator_whose_construction_failed_raises_nothing(make_ds) -> None:
+    """__del__ closes an iterator whose __init__ raised (a bad argument, a missing data file): close() read the
+    deferral flag __init__ had not set yet, AttributeError in __del__ ("Exception ignored in"), a traceback on
+    stderr under a pipeline's own one-line error."""
+    root = make_ds(episodes=1, frames_per_episode=4, cameras=0)
+    failed = object.__new__(DALILeRobotIterator)
+    with pytest.raises(ValueError, match="batch_size"):
+        failed.__init__(root, batch_size=0, device="cpu")  # type: ignore[misc]
+    failed.close()
+
+
 class SecondSignal:
     """Tracing ``codes``: a KeyboardInterrupt (a second signal's handler) raised at the ``k``-th line they run once
     ``armed()`` (a first signal's close() was left to the pass); ``at`` is that line (None: fewer lines ran)."""
