@@ -167,7 +167,7 @@ class FileStamps(Mapping[str, FileStamp]):
     def _pin(self) -> None:
         """Make reads through :attr:`fs` ask for the stamped versions (:meth:`RetryingFileSystem._pinned`)."""
         if isinstance(self.fs, RetryingFileSystem):
-            self.fs.pinned = self
+            self.fs.pin(self)
 
     @classmethod
     def merged(cls, parts: Sequence[FileStamps]) -> FileStamps:

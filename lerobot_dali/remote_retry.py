@@ -535,9 +535,10 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
 
     protocol = "retrying"
     cachable = False
-    #: The dataset's file stamps (a :class:`~.file_stamps.FileStamps` of this filesystem sets itself here, in every
-    #: process): reads of a file stamped with a strong ETag over HTTP(S) ask for that version alone (:meth:`_pinned`).
-    pinned: Mapping[str, Any] | None = None
+    #: The file stamps read through this filesystem, newest first (each :class:`~.file_stamps.FileStamps` of it adds
+    #: itself with :meth:`pin`, in every process): reads of a file stamped with a strong ETag over HTTP(S) ask for
+    #: that version alone (:meth:`_pinned`). Several: a union's merged stamps and its first dataset's own share one.
+    pinned: tuple[Mapping[str, Any], ...] = ()
 
     def __init__(
         self,
@@ -569,6 +570,12 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
     def __repr__(self) -> str:
         return f"RetryingFileSystem({self.fs!r}, retries={self.policy.retries})"
 
+    def pin(self, stamps: Mapping[str, Any]) -> None:
+        """Make reads of the files ``stamps`` holds ask for their stamped versions (:meth:`_pinned`), before those of
+        the stamps pinned already: one pinned in place of another (a union's merged stamps on its first dataset's
+        filesystem) read the files the other stamped later with no If-Match."""
+        self.pinned = (stamps, *(s for s in self.pinned if s is not stamps))
+
     def _pinned(self, path: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         """``kwargs`` of a read of ``path``, with ``If-Match`` its stamped ETag where fsspec's HTTP filesystem reads it
         (its request options' headers kept) and the stamp holds a strong ETag (a weak one never matches If-Match).
@@ -578,9 +585,10 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         server that keeps If-Match answers such a read 412 instead, raised as :func:`changed_on_server`."""
         protocol = self.fs.protocol
         http = {"http", "https"} & set((protocol,) if isinstance(protocol, str) else protocol)
-        if self.pinned is None or not http or path not in self.pinned or not _if_match_on():  # (``in``: no request)
+        stamped = next((s for s in self.pinned if path in s), None) if http else None  # (``in``: no request)
+        if stamped is None or not _if_match_on():
             return kwargs
-        version = str(getattr(self.pinned[path], "version", ""))
+        version = str(getattr(stamped[path], "version", ""))
         if not version.startswith("etag:") or version.startswith("etag:W/"):
             return kwargs
         given = getattr(self.fs, "kwargs", {}).get("headers") or {}  # (a request's headers replace the options')

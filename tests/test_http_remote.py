@@ -717,15 +717,15 @@ def test_reads_over_http_ask_for_the_stamped_strong_etag_keeping_the_options_hea
     from lerobot_dali.file_stamps import FileStamp
 
     fs = RetryingFileSystem(fsspec.filesystem("http", headers={"Authorization": "Bearer t"}, skip_instance_cache=True))
-    fs.pinned = {"http://h/s": FileStamp(3, "etag:abc"), "http://h/w": FileStamp(3, 'etag:W/"abc'),
-                 "http://h/m": FileStamp(3, "mtime:Mon")}  # fmt: skip
+    fs.pin({"http://h/s": FileStamp(3, "etag:abc"), "http://h/w": FileStamp(3, 'etag:W/"abc'),
+            "http://h/m": FileStamp(3, "mtime:Mon")})  # fmt: skip
     assert fs._pinned("http://h/s", {"size": 3}) == {
         "size": 3,
         "headers": {"Authorization": "Bearer t", "If-Match": '"abc"'},
     }
     assert [fs._pinned(p, {}) for p in ("http://h/w", "http://h/m", "http://h/unstamped")] == [{}, {}, {}]
     local = RetryingFileSystem(fsspec.filesystem("memory"))
-    local.pinned = {"/s": FileStamp(3, "etag:abc")}
+    local.pin({"/s": FileStamp(3, "etag:abc")})
     assert local._pinned("/s", {}) == {}
 
 
@@ -738,7 +738,7 @@ def test_if_match_is_turned_off_by_its_environment_variable(monkeypatch) -> None
     from lerobot_dali.remote_retry import IF_MATCH_ENV
 
     fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True))
-    fs.pinned = {"http://h/s": FileStamp(3, "etag:abc")}
+    fs.pin({"http://h/s": FileStamp(3, "etag:abc")})
     monkeypatch.setenv(IF_MATCH_ENV, "0")
     assert fs._pinned("http://h/s", {"size": 3}) == {"size": 3}
     monkeypatch.setenv(IF_MATCH_ENV, "1")
@@ -746,3 +746,32 @@ def test_if_match_is_turned_off_by_its_environment_variable(monkeypatch) -> None
     monkeypatch.setenv(IF_MATCH_ENV, "no")
     with pytest.raises(ValueError, match=r"LEROBOT_DALI_IF_MATCH=.no.: set it to 1 .* or 0 "):
         fs._pinned("http://h/s", {})
+
+
+def test_stamps_pinned_on_one_filesystem_by_several_each_keep_their_files_if_match(tmp_path: Path) -> None:
+    """A union's merged stamps pin themselves on its first dataset's filesystem, where that dataset's own stamps
+    were pinned: a file the dataset's own stamps stamped after the merge (one not checked at open, stamped when
+    first read) was read with no If-Match (2 of 2 such files before; 0 now), and a worker's copy sent it or not
+    as the stamps happened to be unpickled. Each pinned mapping keeps its files' If-Match, the newest first."""
+    import pickle
+
+    import fsspec
+
+    from lerobot_dali.file_stamps import FileStamps
+
+    for name in ("early", "late", "other"):
+        (tmp_path / name).write_bytes(name.encode())
+    with serve_folder(tmp_path) as server:
+        url = f"{server.url}/{{}}".format
+        fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True))
+        own, other = FileStamps(fs), FileStamps(RetryingFileSystem(fsspec.filesystem("http")))
+        own[url("early")], other[url("other")]  # (stamped before the merge)
+        merged = FileStamps.merged([own, other])
+        own[url("late")]  # (stamped after it, by the dataset's own stamps)
+        stamped = {"early": own, "late": own, "other": other}
+        sent = {name: fs._pinned(url(name), {}).get("headers", {}).get("If-Match") for name in stamped}
+        assert sent == {name: f'"{s[url(name)].version.removeprefix("etag:")}"' for name, s in stamped.items()}
+        copied_own, copied_merged = pickle.loads(pickle.dumps((own, merged)))  # (a worker's: one filesystem)
+        assert copied_own.fs is copied_merged.fs
+        assert copied_own.fs._pinned(url("late"), {})["headers"]["If-Match"] == sent["late"]
+        assert copied_merged.fs._pinned(url("other"), {})["headers"]["If-Match"] == sent["other"]
