@@ -446,11 +446,8 @@ class LeRobotDatasetReader:
         an error path); None where none did (or the dataset is local)."""
         if self.stamps is None:
             return None
-        for path in dict.fromkeys(paths):
-            change = self.stamps.changed(path)
-            if change is not None:
-                return changed_on_server(path, f"{change[0]} when opened, {change[1]} now")
-        return None
+        change = self.stamps.first_changed(paths)
+        return None if change is None else changed_on_server(change[0], f"{change[1]} when opened, {change[2]} now")
 
     def video(self, episode_pos: int, camera: str) -> VideoRef:
         files = self.episodes.cameras[camera]

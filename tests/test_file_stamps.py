@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import fsspec
 import pytest
 from fsspec.implementations.local import LocalFileSystem
 from huggingface_hub.hf_api import RepoFile
@@ -369,3 +371,38 @@ def test_changed_tells_a_same_size_rewrite_by_a_version_of_the_same_kind() -> No
     assert stamps.changed("e") is None
     del server.infos["m"]
     assert stamps.changed("m") is None and stamps.changed("never-stamped") is None
+
+
+class _DownServer(_ChangingServer, fsspec.AbstractFileSystem):
+    """A :class:`_ChangingServer` whose info fails as a network that went down does, once ``down`` is set."""
+
+    def __init__(self, infos: dict[str, dict[str, Any]]) -> None:
+        fsspec.AbstractFileSystem.__init__(self)
+        _ChangingServer.__init__(self, infos)
+        self.down = False
+        self.asked = 0
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        self.asked += 1
+        if self.down:
+            raise ConnectionResetError(f"{path}: connection reset by peer")
+        return super().info(path)
+
+
+def test_the_error_paths_stamp_check_over_a_failing_network_asks_once_and_waits_for_nothing(monkeypatch) -> None:
+    """A remote read failing past its retries (a network gone: PyAV's I/O error, raised as VideoDecodeError) asked
+    for the stamp of every file of the failed batch again, each through the retries: 16 files, 96 info requests and
+    80 backoff waits (192 s by the default policy) before the batch's own error was raised. The check asks
+    once, and none more after a file it got no answer for: a failing network says nothing of the bytes read."""
+    waits: list[float] = []
+    monkeypatch.setattr("lerobot_dali.remote_retry.time", SimpleNamespace(sleep=waits.append))
+    server = _DownServer({f"f{i}": {"size": 5, "ETag": f'"{i}"'} for i in range(16)})
+    stamps = FileStamps(RetryingFileSystem(server, policy=RetryPolicy(retries=5)))
+    for path in server.infos:
+        stamps[path]  # (stamped at open)
+    server.down, server.asked = True, 0
+    assert stamps.first_changed(server.infos) is None
+    assert (server.asked, len(waits)) == (1, 0)
+    server.down = False
+    server.infos["f7"]["ETag"] = '"new"'
+    assert stamps.first_changed(server.infos) == ("f7", "etag:7", "etag:new")
