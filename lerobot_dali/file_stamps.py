@@ -260,7 +260,7 @@ class FileStamps(Mapping[str, FileStamp]):
         For error paths only: a file replaced on the server by one of the same size while it was read failed to
         decode or parse, and was called corrupt, which re-encoding or downloading it again does not mend."""
         try:
-            return self._changed(path)
+            return self.change_now(path)
         except Exception:  # (gone, no size, the network failing): that says nothing of the bytes read before
             logger.debug("asking for the stamp of %s again failed", path, exc_info=True)
             return None
@@ -271,7 +271,7 @@ class FileStamps(Mapping[str, FileStamp]):
         would wait for its own timeout before the read's own error is raised."""
         for path in dict.fromkeys(paths):
             try:
-                change = self._changed(path)
+                change = self.change_now(path)
             except Exception:
                 logger.debug("asking for the stamp of %s again failed; asking for no more", path, exc_info=True)
                 return None
@@ -279,7 +279,8 @@ class FileStamps(Mapping[str, FileStamp]):
                 return path, *change
         return None
 
-    def _changed(self, path: str) -> tuple[str, str] | None:
+    def change_now(self, path: str) -> tuple[str, str] | None:
+        """:meth:`changed`, asked once, raising where the server gives no answer."""
         before = self._stamps.get(self._key(path))
         if before is None:
             return None

@@ -369,9 +369,18 @@ def _exhausted(error: BaseException, what: str, path: str, attempts: int) -> Bas
 class _Retrier:
     """The loop shared by the filesystem and its files: try, classify, wait, maybe refresh the client."""
 
-    def __init__(self, policy: RetryPolicy, fresh_client: Callable[[], Any] | None) -> None:
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        fresh_client: Callable[[], Any] | None,
+        precondition_failed: Callable[[str], Exception] | None = None,
+    ) -> None:
         self.policy = policy
         self.fresh_client = fresh_client
+        #: The error for a read of a path answered 412 to its If-Match (RetryingFileSystem._precondition_failed).
+        self.precondition_failed = precondition_failed or (
+            lambda path: changed_on_server(path, "its ETag when opened no longer matches: HTTP 412")
+        )
 
     def call(self, what: str, path: str, fn: Callable[[], _T], before_retry: Callable[[int], None] | None = None) -> _T:
         attempt = 0
@@ -388,7 +397,7 @@ class _Retrier:
                 if not is_transient(e):
                     unmasked = _unmasked(e)
                     if _status_of(unmasked) == _PRECONDITION_FAILED:  # (only reads of a pinned ETag send If-Match)
-                        raise changed_on_server(path, "its ETag when opened no longer matches: HTTP 412") from unmasked
+                        raise self.precondition_failed(path) from unmasked
                     if is_refused(unmasked) or isinstance(unmasked, PermissionError):  # (s3fs's answer to a 403)
                         _refused(unmasked, what, path)
                     if unmasked is not e:  # a 403, say: no missing file
@@ -554,7 +563,9 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         self.policy = policy if policy is not None else RetryPolicy()
         self.protocol = fs.protocol
         self._fresh_client = fresh_client
-        self._retrier = _Retrier(self.policy, self._refresh if fresh_client is not None else None)
+        self._retrier = _Retrier(
+            self.policy, self._refresh if fresh_client is not None else None, self._precondition_failed
+        )
 
     def _refresh(self) -> None:
         if self._fresh_client is None:
@@ -594,6 +605,25 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         given = getattr(self.fs, "kwargs", {}).get("headers") or {}  # (a request's headers replace the options')
         headers = {**given, **(kwargs.get("headers") or {}), "If-Match": f'"{version.removeprefix("etag:")}"'}
         return {**kwargs, "headers": headers}
+
+    def _precondition_failed(self, path: str) -> DatasetError:
+        """The error for a read of ``path`` answered 412 to its If-Match: the file's change on the server, or, where the
+        server still gives the stamped ETag when asked anew, a server whose If-Match disagrees with its own ETags (a
+        redirect to another host, machines behind a load balancer), which re-opening the dataset does not mend."""
+        change_now = next((getattr(s, "change_now", None) for s in self.pinned if path in s), None)
+        try:
+            change = change_now(path) if change_now is not None else ()
+        except Exception:  # (no answer: nothing says the server is wrong)
+            logger.debug("asking for the stamp of %s after its 412 failed", path, exc_info=True)
+            change = ()
+        if change is None:
+            return DatasetError(
+                f"{path}: the server answered a read of the version it still gives for the file (its ETag) with "
+                f"HTTP 412 to its If-Match: its If-Match disagrees with its own ETags (a redirect to another host, "
+                f"machines behind a load balancer); set {IF_MATCH_ENV}=0 to read such a server without If-Match"
+            )
+        how = f"{change[0]} when opened, {change[1]} now" if change else "its ETag when opened no longer matches"
+        return changed_on_server(path, f"{how}: HTTP 412")
 
     def _open_inner(self, path: str, mode: str, kwargs: dict[str, Any]) -> Any:
         kwargs = self._pinned(path, kwargs)

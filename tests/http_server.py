@@ -72,8 +72,9 @@ class FolderServer:
     ) -> None:
         self.root = Path(root).resolve()
         self.listings = listings
-        #: Whether a read whose ``If-Match`` names another ETag than the file's is answered 412 (nginx's, Apache's).
-        self.if_match = True
+        #: Whether a read whose ``If-Match`` names another ETag than the file's is answered 412 (nginx's, Apache's);
+        #: ``"refuse"``: every read with one is (a server whose If-Match disagrees with the ETags it gives).
+        self.if_match: bool | str = True
         self.stall_s = 5.0
         if not self.root.is_dir():
             raise NotADirectoryError(f"cannot serve {self.root}: not a folder")
@@ -280,7 +281,11 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
                 "Last-Modified": email.utils.formatdate(stat.st_mtime, usegmt=True),
             }
             wanted = self.headers.get("If-Match")
-            if server.if_match and wanted is not None and wanted.strip() not in ("*", headers["ETag"]):
+            if (
+                server.if_match
+                and wanted is not None
+                and (server.if_match == "refuse" or wanted.strip() not in ("*", headers["ETag"]))
+            ):
                 self._status_only(412, "precondition failed", kind="precondition")
                 return
             if isinstance(span, tuple) and fault != "no_range":

@@ -616,8 +616,8 @@ def test_a_file_replaced_by_one_of_its_size_that_still_parses_is_never_read(
     message, remote, local = _read_across_a_rewrite(
         make_ds, tmp_path, codec, decode, folder, parsing=True, if_match=True
     )
-    assert message.endswith("changed on the server while it was read (its ETag when opened no longer matches: HTTP "
-                            "412); re-open the dataset")  # fmt: skip
+    changed = r"changed on the server while it was read \(etag:\S+ when opened, etag:\S+ now: HTTP 412\); re-open"
+    assert re.search(changed + " the dataset$", message), message
     assert 0 < len(remote) < len(local)
     _assert_samples_equal(remote, local[: len(remote)])
 
@@ -675,7 +675,7 @@ def test_a_hub_file_block_is_asked_once_per_try(tmp_path: Path, monkeypatch, fau
 
 @pytest.mark.parametrize(
     ("if_match", "how"),
-    [(False, r"etag:\S+ when opened, etag:\S+ now"), (True, "its ETag when opened no longer matches: HTTP 412")],
+    [(False, r"etag:\S+ when opened, etag:\S+ now"), (True, r"etag:\S+ when opened, etag:\S+ now: HTTP 412")],
 )
 def test_a_check_lists_a_video_replaced_by_one_of_its_size_as_changed_not_corrupt(
     make_ds, tmp_path: Path, monkeypatch, if_match: bool, how: str
@@ -775,3 +775,26 @@ def test_stamps_pinned_on_one_filesystem_by_several_each_keep_their_files_if_mat
         assert copied_own.fs is copied_merged.fs
         assert copied_own.fs._pinned(url("late"), {})["headers"]["If-Match"] == sent["late"]
         assert copied_merged.fs._pinned(url("other"), {})["headers"]["If-Match"] == sent["other"]
+
+
+def test_a_server_whose_if_match_disagrees_with_its_etags_is_named_not_a_change(root: Path, monkeypatch) -> None:
+    """A server answering 412 to the If-Match of the very ETag its HEAD still gives (one that redirects reads to
+    another host with other ETags, machines behind a load balancer) was reported as the file's change on the server,
+    'changed ... while it was read ...; re-open the dataset', for a file that never changed, which re-opening cannot
+    mend (1 of 1 episodes read). The 412 now asks for the stamp again, and where it is unchanged names the server
+    and LEROBOT_DALI_IF_MATCH=0, with which the rows read equal the local ones."""
+    from lerobot_dali.remote_retry import IF_MATCH_ENV
+
+    with serve_folder(root.parent) as server:
+        server.if_match = "refuse"
+        with pytest.raises(DatasetError) as raised:
+            open_dataset(_url(server, root)).read_episode(0)
+        assert "changed on the server" not in str(raised.value)
+        assert str(raised.value).endswith(f"machines behind a load balancer); set {IF_MATCH_ENV}=0 to read such a "
+                                          "server without If-Match")  # fmt: skip
+        monkeypatch.setenv(IF_MATCH_ENV, "0")
+        rows = open_dataset(_url(server, root)).read_episode(0)
+    local = open_dataset(root).read_episode(0)
+    assert rows.keys() == local.keys()
+    for key, values in local.items():
+        np.testing.assert_array_equal(rows[key], values)
