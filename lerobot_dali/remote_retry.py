@@ -26,6 +26,7 @@ import fsspec
 
 from . import io_stats
 from .errors import DatasetError
+from .said_once import warn_once
 
 __all__ = [
     "IF_MATCH_ENV",
@@ -373,11 +374,12 @@ class _Retrier:
         self,
         policy: RetryPolicy,
         fresh_client: Callable[[], Any] | None,
-        precondition_failed: Callable[[str], Exception] | None = None,
+        precondition_failed: Callable[[str], Exception | None] | None = None,
     ) -> None:
         self.policy = policy
         self.fresh_client = fresh_client
-        #: The error for a read of a path answered 412 to its If-Match (RetryingFileSystem._precondition_failed).
+        #: The error for a read of a path answered 412 to its If-Match (RetryingFileSystem._precondition_failed); None:
+        #: read it again at once (the filesystem sends no If-Match any more).
         self.precondition_failed = precondition_failed or (
             lambda path: changed_on_server(path, "its ETag when opened no longer matches: HTTP 412")
         )
@@ -397,7 +399,12 @@ class _Retrier:
                 if not is_transient(e):
                     unmasked = _unmasked(e)
                     if _status_of(unmasked) == _PRECONDITION_FAILED:  # (only reads of a pinned ETag send If-Match)
-                        raise self.precondition_failed(path) from unmasked
+                        failed = self.precondition_failed(path)
+                        if failed is not None:
+                            raise failed from unmasked
+                        if before_retry is not None:  # (a file reopened: its requests' headers are set at open)
+                            before_retry(attempt)
+                        continue
                     if is_refused(unmasked) or isinstance(unmasked, PermissionError):  # (s3fs's answer to a 403)
                         _refused(unmasked, what, path)
                     if unmasked is not e:  # a 403, say: no missing file
@@ -548,6 +555,8 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
     #: itself with :meth:`pin`, in every process): reads of a file stamped with a strong ETag over HTTP(S) ask for
     #: that version alone (:meth:`_pinned`). Several: a union's merged stamps and its first dataset's own share one.
     pinned: tuple[Mapping[str, Any], ...] = ()
+    #: Set where the server answered 412 to the If-Match of the ETag it still gives: reads send none from then on.
+    if_match_refused = False
 
     def __init__(
         self,
@@ -597,7 +606,7 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         protocol = self.fs.protocol
         http = {"http", "https"} & set((protocol,) if isinstance(protocol, str) else protocol)
         stamped = next((s for s in self.pinned if path in s), None) if http else None  # (``in``: no request)
-        if stamped is None or not _if_match_on():
+        if stamped is None or self.if_match_refused or not _if_match_on():
             return kwargs
         version = str(getattr(stamped[path], "version", ""))
         if not version.startswith("etag:") or version.startswith("etag:W/"):
@@ -606,10 +615,11 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         headers = {**given, **(kwargs.get("headers") or {}), "If-Match": f'"{version.removeprefix("etag:")}"'}
         return {**kwargs, "headers": headers}
 
-    def _precondition_failed(self, path: str) -> DatasetError:
-        """The error for a read of ``path`` answered 412 to its If-Match: the file's change on the server, or, where the
-        server still gives the stamped ETag when asked anew, a server whose If-Match disagrees with its own ETags (a
-        redirect to another host, machines behind a load balancer), which re-opening the dataset does not mend."""
+    def _precondition_failed(self, path: str) -> DatasetError | None:
+        """The error for a read of ``path`` answered 412 to its If-Match: the file's change on the server; or None,
+        where the server still gives the stamped ETag when asked anew: its If-Match disagrees with its own ETags (a
+        redirect to another host, machines behind a load balancer), so reads send none from then on (said once), as
+        before If-Match was sent, rather than fail on a file that never changed."""
         change_now = next((getattr(s, "change_now", None) for s in self.pinned if path in s), None)
         try:
             change = change_now(path) if change_now is not None else ()
@@ -617,17 +627,19 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
             logger.debug("asking for the stamp of %s after its 412 failed", path, exc_info=True)
             change = ()
         if change is None:
-            return DatasetError(
-                f"{path}: the server answered a read of the version it still gives for the file (its ETag) with "
-                f"HTTP 412 to its If-Match: its If-Match disagrees with its own ETags (a redirect to another host, "
-                f"machines behind a load balancer); set {IF_MATCH_ENV}=0 to read such a server without If-Match"
-            )
+            self.if_match_refused = True
+            warn_once(logger,
+                "%s: the server answered a read of the version it still gives for the file (its ETag) with HTTP 412 "
+                "to its If-Match: its If-Match disagrees with its own ETags (a redirect to another host, machines "
+                "behind a load balancer); reading it without If-Match, so a file replaced on it by one of the same "
+                "size mid-run goes unseen (%s=0 skips this check)", path, IF_MATCH_ENV, key="if-match-refused",
+            )  # fmt: skip
+            return None
         how = f"{change[0]} when opened, {change[1]} now" if change else "its ETag when opened no longer matches"
         return changed_on_server(path, f"{how}: HTTP 412")
 
     def _open_inner(self, path: str, mode: str, kwargs: dict[str, Any]) -> Any:
-        kwargs = self._pinned(path, kwargs)
-        inner = self._retrier.call("open", path, lambda: self.fs.open(path, mode, **kwargs))
+        inner = self._retrier.call("open", path, lambda: self.fs.open(path, mode, **self._pinned(path, kwargs)))
         _check_block_fetches(inner, path)
         return inner
 
@@ -641,8 +653,9 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         return io.TextIOWrapper(io.BufferedReader(RetryingFile(self, path, "rb", kwargs)), **text_kwargs)
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> Any:
-        kwargs = self._pinned(path, kwargs)
-        return self._retrier.call("cat_file", path, lambda: self.fs.cat_file(path, start=start, end=end, **kwargs))
+        return self._retrier.call(
+            "cat_file", path, lambda: self.fs.cat_file(path, start=start, end=end, **self._pinned(path, kwargs))
+        )
 
     def info(self, path: str, **kwargs: Any) -> Any:
         return self._retrier.call("info", path, lambda: self.fs.info(path, **kwargs))
