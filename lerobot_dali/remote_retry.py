@@ -639,6 +639,11 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         return changed_on_server(path, f"{how}: HTTP 412")
 
     def _open_inner(self, path: str, mode: str, kwargs: dict[str, Any]) -> Any:
+        if kwargs.get("size") is None and "headers" in getattr(self.fs, "kwargs", {}) and self._pinned(path, {}):
+            # (fsspec's HTTP open asks info(path, **kwargs) for an unknown size, which passes the options' headers
+            # and If-Match's twice: a TypeError it reports as FileNotFoundError, "Video file ... does not exist")
+            size = self.info(path).get("size")
+            kwargs = kwargs if size is None else {**kwargs, "size": size}
         inner = self._retrier.call("open", path, lambda: self.fs.open(path, mode, **self._pinned(path, kwargs)))
         _check_block_fetches(inner, path)
         return inner

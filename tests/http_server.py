@@ -8,8 +8,9 @@ and a directory answers an HTML index of links (as nginx ``autoindex`` does; off
 which is how fsspec's ``ls``/``glob`` work over plain HTTP.
 
 Every request is recorded (:class:`RequestRecord`) and counted by ``(method, kind)`` with kind ``range``,
-``full``, ``listing``, ``missing``, ``rejected`` (writes: 405), ``precondition`` (412: an ``If-Match`` that names
-another ETag than the file's; off with ``if_match = False``) or ``fault``. With ``fault_every=N`` the N-th,
+``full``, ``listing``, ``missing``, ``rejected`` (writes: 405), ``unauthorized`` (401: a request without the
+``required_headers``), ``precondition`` (412: an ``If-Match`` that names another ETag than the file's; off with
+``if_match = False``) or ``fault``. With ``fault_every=N`` the N-th,
 2N-th, ... request (all methods, in arrival order) fails with the next kind of ``faults`` in turn: ``503``,
 ``429`` and ``403`` answer that status; ``drop`` sends the headers and half the body, then closes the connection (a
 ``HEAD`` or an empty body is closed before any byte), so aiohttp raises its own payload / disconnect errors;
@@ -57,6 +58,7 @@ class RequestRecord:
     sent_bytes: int
     file_size: int | None
     query: str = ""
+    if_match: str | None = None
 
 
 class FolderServer:
@@ -75,6 +77,8 @@ class FolderServer:
         #: Whether a read whose ``If-Match`` names another ETag than the file's is answered 412 (nginx's, Apache's);
         #: ``"refuse"``: every read with one is (a server whose If-Match disagrees with the ETags it gives).
         self.if_match: bool | str = True
+        #: Headers every request must carry (e.g. ``{"Authorization": "Bearer a"}``): one without is answered 401.
+        self.required_headers: dict[str, str] = {}
         self.stall_s = 5.0
         if not self.root.is_dir():
             raise NotADirectoryError(f"cannot serve {self.root}: not a folder")
@@ -259,6 +263,9 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
             if fault in ("503", "429", "403"):
                 self._status_only(int(fault), "injected fault", kind="fault", extra={"Retry-After": "0"})
                 return
+            if any(self.headers.get(name) != value for name, value in server.required_headers.items()):
+                self._status_only(401, "unauthorized", kind="unauthorized")
+                return
             target = self._local()
             if target is None or not target.exists() or (target.is_dir() and not server.listings):
                 self._status_only(404, "not found", kind="missing")
@@ -371,6 +378,7 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
         def _record(self, status: int, kind: str, rng: str | None, sent: int, size: int | None) -> None:
             url = urllib.parse.urlsplit(self.path)
             path = urllib.parse.unquote(url.path)
-            server._record(RequestRecord(self.command, path, rng, status, kind, sent, size, url.query))
+            if_match = self.headers.get("If-Match")
+            server._record(RequestRecord(self.command, path, rng, status, kind, sent, size, url.query, if_match))
 
     return Handler

@@ -260,6 +260,21 @@ def test_iterator_over_http_equals_local(root: Path, server, local_epoch, monkey
         assert set(server.faults_injected) == set(FAULTS)
 
 
+def test_a_dataset_read_with_the_options_headers_reads_its_videos(root: Path, server, local_epoch, tmp_path) -> None:
+    """A video opened with no known size (HTTP listings give none) made fsspec ask for it with the options' headers
+    and If-Match's both: "Video file ... does not exist" for every dataset opened with storage_options headers."""
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    server.required_headers = {"Authorization": "Bearer t"}
+    reader = open_dataset(_url(server, root), storage_options={"headers": {"Authorization": "Bearer t"}})
+    it = DALILeRobotIterator(reader, num_workers=0, cache_dir=tmp_path / "cache", **OPTIONS)
+    remote = _samples(it)
+    it.close()
+    _assert_samples_equal(local_epoch, remote)
+    assert server.counts[("GET", "unauthorized")] == 0 and server.counts[("GET", "range")] > 0
+    assert all(r.if_match is not None for r in _video_gets(server.records) if r.kind == "range")
+
+
 def _assert_video_bytes_ranged(server: FolderServer, root: Path) -> None:
     """Video bytes came as 206 ranges; a full GET only follows a failed HEAD (fsspec's ``info`` falls back
     to GET), never to read data."""
