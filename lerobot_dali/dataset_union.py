@@ -15,7 +15,9 @@ other is held to the union's first by the workers, as within one dataset; a came
 in codec is decoded by the workers, a decoder per file) and, for depth, one set of
 depth parameters; each feature's dtype and shape. Statistics are pooled as LeRobot pools them. The datasets
 are all local or all on one kind of remote filesystem (the Hub, one HTTP server, S3...): the union opens every
-file through the first's filesystem, so remote ones share one prefetch cache and one listing of stamps.
+file through the first's filesystem, so remote ones share one prefetch cache and one listing of stamps; where their
+storage options differ (a token, headers, an endpoint), through :class:`MemberFileSystems`, each dataset's files
+with its own.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+import fsspec
 import numpy as np
 import pyarrow as pa
 
@@ -55,7 +58,7 @@ from .packet_index_store import PacketIndexStore
 from .remote_retry import RetryingFileSystem
 from .said_once import say_once, warn_once
 
-__all__ = ["DATASET_INDEX", "DatasetUnion", "concat_datasets"]
+__all__ = ["DATASET_INDEX", "DatasetUnion", "MemberFileSystems", "concat_datasets"]
 
 logger = logging.getLogger(__name__)
 
@@ -172,15 +175,16 @@ class DatasetUnion(LeRobotDatasetReader):
             total_tasks=len(tasks),
         )
         stamps = [m.stamps for m in self.members if m.stamps is not None]
+        fs = MemberFileSystems.of(self.members)
         super().__init__(
-            replace(first.location, description=f"union of {names}{more}"),
+            replace(first.location, fs=fs, description=f"union of {names}{more}"),
             info,
             EpisodeTable.concatenate([_read_cameras(m, r) for m, r in zip(self.members, self.renames, strict=True)]),
             tasks,
             camera_keys=named.batch_names(first.camera_keys),
             tabular_keys=[*named.batch_names(first.tabular_keys), *([DATASET_INDEX] if with_dataset_index else [])],
             image_keys=named.batch_names(first.image_keys),
-            stamps=FileStamps.merged(stamps) if stamps else None,
+            stamps=FileStamps.merged(stamps, fs=fs) if stamps else None,
         )
         self.column_store = None  # (each member reads through its own)
         # Subtask strings where every member's subtask_index means the same text (their rows keep their own indices).
@@ -468,10 +472,95 @@ def _kind(feature: Feature) -> tuple[Any, ...]:
     return (feature.dtype, () if feature.is_scalar else tuple(feature.shape))
 
 
+class MemberFileSystems(fsspec.AbstractFileSystem):
+    """The filesystems of a union's datasets as one: each path read through the filesystem of the dataset whose root
+    it is under (the longest such root; else the first's), for a union of remote datasets whose storage options differ
+    (another token or headers, a query-string token, another endpoint): read through the first's, every file went
+    with its options to the other datasets' servers (HTTP 401/403, or another server's files)."""
+
+    cachable = False
+
+    def __init__(self, roots: Sequence[tuple[str, fsspec.AbstractFileSystem]]) -> None:
+        super().__init__(tuple(roots))
+        self.roots = sorted(roots, key=lambda root: -len(root[0]))
+        self.first = roots[0][1]
+        self.protocol = self.first.protocol
+
+    @staticmethod
+    def of(members: Sequence[LeRobotDatasetReader]) -> fsspec.AbstractFileSystem:
+        """The first member's filesystem where every member's reads through one client (the same options), else
+        one that routes each path to its member's."""
+        clients = {id(_inner(m.location.fs)) for m in members}
+        if len(clients) <= 1 or any(m.location.is_local for m in members):
+            return members[0].location.fs
+        return MemberFileSystems([(m.location.root.rstrip("/") + "/", m.location.fs) for m in members])
+
+    def pin(self, stamps: Mapping[str, Any]) -> None:
+        """The union's stamps pinned on each dataset's filesystem (:meth:`RetryingFileSystem.pin`): a file first
+        looked up through them is stamped there, not in its dataset's own."""
+        for _, fs in self.roots:
+            if isinstance(fs, RetryingFileSystem):
+                fs.pin(stamps)
+
+    def route(self, path: str) -> fsspec.AbstractFileSystem:
+        return next((fs for root, fs in self.roots if str(path).startswith(root)), self.first)
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        return path
+
+    def __repr__(self) -> str:
+        return f"MemberFileSystems({[root for root, _ in self.roots]})"
+
+    def unstrip_protocol(self, name: str) -> str:
+        return str(self.route(name).unstrip_protocol(name))
+
+    def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        return self.route(path).open(path, mode, **kwargs)
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> Any:
+        return self.route(path).cat_file(path, start=start, end=end, **kwargs)
+
+    def info(self, path: str, **kwargs: Any) -> Any:
+        return self.route(path).info(path, **kwargs)
+
+    def exists(self, path: str, **kwargs: Any) -> bool:
+        return bool(self.route(path).exists(path, **kwargs))
+
+    def glob(self, path: str, **kwargs: Any) -> Any:
+        return self.route(path).glob(path, **kwargs)
+
+    def find(self, path: str, **kwargs: Any) -> Any:
+        return self.route(path).find(path, **kwargs)
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+        return self.route(path).ls(path, detail=detail, **kwargs)
+
+    def size(self, path: str) -> Any:
+        return self.route(path).size(path)
+
+    def isfile(self, path: str) -> bool:
+        return bool(self.route(path).isfile(path))
+
+    def isdir(self, path: str) -> bool:
+        return bool(self.route(path).isdir(path))
+
+    def ukey(self, path: str) -> Any:
+        return self.route(path).ukey(path)
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        for fs in {id(fs): fs for _, fs in self.roots}.values() if path is None else [self.route(path)]:
+            fs.invalidate_cache(path)
+
+
+def _inner(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
+    """The client under the retry layer."""
+    return fs.fs if isinstance(fs, RetryingFileSystem) else fs
+
+
 def _filesystem_kind(reader: LeRobotDatasetReader) -> str:
     """Local, or the protocol of the remote filesystem: one union opens every dataset's files through one."""
-    fs = reader.location.fs
-    inner = fs.fs if isinstance(fs, RetryingFileSystem) else fs
+    inner = _inner(reader.location.fs)
     protocol = inner.protocol if isinstance(inner.protocol, str) else inner.protocol[0]
     return "local" if reader.location.is_local else protocol
 

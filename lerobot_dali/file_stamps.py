@@ -165,15 +165,16 @@ class FileStamps(Mapping[str, FileStamp]):
             self.add_root(root)
 
     def _pin(self) -> None:
-        """Make reads through :attr:`fs` ask for the stamped versions (:meth:`RetryingFileSystem._pinned`)."""
-        if isinstance(self.fs, RetryingFileSystem):
+        """Make reads through :attr:`fs` ask for the stamped versions (:meth:`RetryingFileSystem._pinned`; a union's
+        :class:`~.dataset_union.MemberFileSystems` pins them on each dataset's)."""
+        if isinstance(self.fs, RetryingFileSystem) or callable(getattr(self.fs, "pin", None)):
             self.fs.pin(self)
 
     @classmethod
-    def merged(cls, parts: Sequence[FileStamps]) -> FileStamps:
-        """The stamps of ``parts`` (of datasets on one filesystem kind, read as one) as one mapping, on the first's
-        filesystem: what none listed is looked up through it."""
-        merged = cls(parts[0].fs)
+    def merged(cls, parts: Sequence[FileStamps], *, fs: Any = None) -> FileStamps:
+        """The stamps of ``parts`` (of datasets on one filesystem kind, read as one) as one mapping, on ``fs`` (None:
+        the first's filesystem): what none listed is looked up through it."""
+        merged = cls(parts[0].fs if fs is None else fs)
         for part in parts:
             merged._stamps.update(part._stamps)
             merged.listing_calls += part.listing_calls

@@ -67,6 +67,32 @@ def test_every_sample_is_its_own_datasets_row_frame_and_task(make_ds, where: str
         assert not cached or [(r.method, r.path) for r in server.records] == []
 
 
+@pytest.mark.parametrize("cached", [False, True])
+def test_remote_datasets_with_their_own_storage_options_are_each_read_with_them(
+    make_ds, cached: bool, tmp_path_factory
+) -> None:
+    """Two HTTP servers, each asking for its own token: every file of each dataset was read through the first's
+    filesystem, so the second's server got the first's token (HTTP 401 on all its data and video reads). Each
+    dataset's files are read with its own options now, each asking for its own ETag (If-Match)."""
+    paths = _datasets(make_ds)
+    with serve_folder(tmp_path_factory.getbasetemp()) as a, serve_folder(tmp_path_factory.getbasetemp()) as b:
+        servers = (a, b)
+        readers = []
+        for server, path, token in zip(servers, paths, ("a", "b"), strict=True):
+            server.required_headers = {"Authorization": f"Bearer {token}"}
+            url = f"{server.url}/{path.parent.name}/{path.name}"
+            readers.append(open_dataset(url, storage_options={"headers": {"Authorization": f"Bearer {token}"}}))
+        union = concat_datasets(readers)
+        options = {"cache_gb": 8.0, "prefetch": 6} if cached else {"cache_gb": 0.0}
+        _read_every_sample(union, num_workers=1, **options)
+        for server in servers:
+            kinds = Counter(r.kind for r in server.records)
+            assert kinds["unauthorized"] == kinds["precondition"] == 0 and kinds["range"] > 0, kinds
+            bulk = [r for r in server.records if r.method == "GET" and r.kind == "range"]
+            assert {r.path.split("/")[3] for r in bulk} == {"data", "videos"}
+            assert all(r.if_match is not None for r in bulk), [(r.path, r.range) for r in bulk if r.if_match is None]
+
+
 def _read_every_sample(union, between=None, **options) -> None:
     """Two epochs (``between()`` called between them), every sample checked."""
     assert (union.num_episodes, union.num_frames) == (5, 28)
