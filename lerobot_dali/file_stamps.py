@@ -167,7 +167,7 @@ class FileStamps(Mapping[str, FileStamp]):
     def _pin(self) -> None:
         """Make reads through :attr:`fs` ask for the stamped versions (:meth:`RetryingFileSystem._pinned`; a union's
         :class:`~.dataset_union.MemberFileSystems` pins them on each dataset's)."""
-        if isinstance(self.fs, RetryingFileSystem) or callable(getattr(self.fs, "pin", None)):
+        if callable(getattr(self.fs, "pin", None)):  # (RetryingFileSystem's, MemberFileSystems')
             self.fs.pin(self)
 
     @classmethod
@@ -253,21 +253,10 @@ class FileStamps(Mapping[str, FileStamp]):
             self._stamps[key] = stamp
         return stamp
 
-    def changed(self, path: str) -> tuple[str, str] | None:
-        """``(when recorded, now)`` where remote file ``path`` is another file now than its recorded stamp says: its
-        size, or its version of the same kind (ETag, hash, mtime), asked anew with one ``info``; None where it is the
-        same, was never stamped here, or cannot be told (no version, another kind, the request failed).
-
-        For error paths only: a file replaced on the server by one of the same size while it was read failed to
-        decode or parse, and was called corrupt, which re-encoding or downloading it again does not mend."""
-        try:
-            return self.change_now(path)
-        except Exception:  # (gone, no size, the network failing): that says nothing of the bytes read before
-            logger.debug("asking for the stamp of %s again failed", path, exc_info=True)
-            return None
-
     def first_changed(self, paths: Iterable[str]) -> tuple[str, str, str] | None:
-        """``(path, when recorded, now)`` of the first of ``paths`` that :meth:`changed`, or None. Asking stops at the
+        """``(path, when recorded, now)`` of the first of ``paths`` that :meth:`change_now` finds changed, or None: for
+        error paths only (a file replaced on the server by one of the same size while it was read failed to decode or
+        parse, and was called corrupt, which re-encoding or downloading it again does not mend). Asking stops at the
         first file that gets no answer: the read that failed may have failed as the network did, and each file more
         would wait for its own timeout before the read's own error is raised."""
         for path in dict.fromkeys(paths):
@@ -281,13 +270,17 @@ class FileStamps(Mapping[str, FileStamp]):
         return None
 
     def change_now(self, path: str) -> tuple[str, str] | None:
-        """:meth:`changed`, asked once, raising where the server gives no answer."""
+        """``(when recorded, now)`` where remote file ``path`` is another file now than its recorded stamp says: its
+        size, or its version of the same kind (ETag, hash, mtime), asked anew with one ``info``; None where it is the
+        same, was never stamped here, or cannot be told (no version, another kind). Raises where the server gives no
+        answer."""
         before = self._stamps.get(self._key(path))
         if before is None:
             return None
         # Asked once, not through RetryingFileSystem's retries: on an error path, over a network failing, they waited
         # out the whole backoff schedule for every file asked (16 files: 96 requests and 80 waits, ~3 minutes).
-        fs = self.fs.fs if isinstance(self.fs, RetryingFileSystem) else self.fs
+        fs = self.fs.route(path) if hasattr(self.fs, "route") else self.fs  # (a union's: its dataset's filesystem)
+        fs = fs.fs if isinstance(fs, RetryingFileSystem) else fs
         fs.invalidate_cache(path)  # (s3fs, gcsfs and the Hub answer info from their listings' cache)
         now = stamp_from_info({"name": path, **fs.info(path)})
         if now.size != before.size:
