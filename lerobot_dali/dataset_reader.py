@@ -442,7 +442,7 @@ class LeRobotDatasetReader:
 
     def changed_on_server(self, paths: Iterable[str]) -> DatasetError | None:
         """The error to raise for remote files ``paths`` that failed to decode or parse, where one of them changed on
-        the server since the dataset was opened (:meth:`FileStamps.changed`: one metadata request each, so only on
+        the server since the dataset was opened (:meth:`FileStamps.first_changed`: a metadata request each, so only on
         an error path); None where none did (or the dataset is local)."""
         if self.stamps is None:
             return None
