@@ -25,6 +25,20 @@ def shared_dataset(name: str) -> Path:
     return path
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``torchcodec`` decode with the real torchcodec: skipped where it does not load (CI's CPU build of
+    torch cannot load it), run by ``.ci/lerobot-parity`` in its venv, where it does."""
+    marked = [item for item in items if item.get_closest_marker("torchcodec")]
+    if not marked:
+        return
+    from lerobot_dali.cpu_backends import torchcodec_unavailable
+
+    why_not = torchcodec_unavailable()
+    if why_not is not None:
+        for item in marked:
+            item.add_marker(pytest.mark.skip(reason=f"needs torchcodec: {why_not}"))
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache_root(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Caches (prefetch ranges, packet indexes) go to a fresh folder per test, never the user's ~/.cache."""

@@ -598,9 +598,8 @@ def test_a_video_torchcodec_cannot_open_does_not_leave_its_file_open(monkeypatch
     assert len(opened) == 1 and opened[0].closed
 
 
+@pytest.mark.torchcodec
 def test_torchcodec_matches_pyav(marker_video: MarkerVideo, pyav_decoder: CpuFrameDecoder) -> None:
-    if not torchcodec_available():
-        pytest.skip("torchcodec does not load here")
     path = marker_video("h264", 30)
     index = build_packet_index(path)
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.TORCHCODEC))
@@ -627,6 +626,7 @@ _TURNS = {
 }
 
 
+@pytest.mark.torchcodec
 @pytest.mark.parametrize("turn", sorted(_TURNS))
 def test_torchcodec_gives_a_turned_video_as_stored_like_every_other_route(
     marker_video: MarkerVideo, pyav_decoder: CpuFrameDecoder, tmp_path: Path, turn: str
@@ -635,8 +635,6 @@ def test_torchcodec_gives_a_turned_video_as_stored_like_every_other_route(
     whose size the packet index (and so the camera's format) holds. On a 64x96 file with a quarter turn, CPU mode
     (AUTO picks torchcodec where it loads) gave 96x64 frames, PyAV 64x96: the same camera came turned or not by
     the machine's packages. torchcodec's frames are turned back."""
-    if not torchcodec_available():
-        pytest.skip("torchcodec does not load here")
     path = _turned(marker_video("h264", 30), tmp_path / f"{turn}.mp4", _TURNS[turn])
     index = build_packet_index(path)
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.TORCHCODEC))
@@ -706,6 +704,7 @@ def _with_a_second_video_stream(path: Path, target: Path) -> Path:
     return target
 
 
+@pytest.mark.torchcodec
 def test_torchcodec_decodes_the_video_stream_the_index_holds(
     marker_video: MarkerVideo, pyav_decoder: CpuFrameDecoder, tmp_path: Path
 ) -> None:
@@ -713,8 +712,6 @@ def test_torchcodec_decodes_the_video_stream_the_index_holds(
     that times the frames, take the first. On a file whose second stream is the best (flagged default), CPU mode with
     torchcodec handed over that stream's frames, other pictures at the right times and size with no error (a second
     stream of another size came at that size: 192x256 frames for a 96x128 camera)."""
-    if not torchcodec_available():
-        pytest.skip("torchcodec does not load here")
     path = _with_a_second_video_stream(marker_video("h264", 30), tmp_path / "two_streams.mp4")
     index = build_packet_index(path)
     assert index.stream_index == 0
