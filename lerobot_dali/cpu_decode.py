@@ -95,6 +95,16 @@ def _note_torchcodec_skipped(why_not: str) -> None:
         say_once(logger, logging.INFO, "CPU decode uses PyAV: %s.", why_not)
 
 
+def _why_misplaced(index: PacketIndex) -> str:
+    """What likely made torchcodec hand over other frames than those asked for in this file (:class:`MisplacedFrames`).
+
+    An open GOP's leading pictures are decoded from the GOP before its keyframe; an edit list that hides that GOP's
+    keyframe (a start cut by stream copy) is not reached by torchcodec's seek (0.17: it handed over the next frame)."""
+    if index.hidden is not None and index.has_leading_pictures:
+        return "its edit list hides the keyframes of GOPs that open GOPs' leading pictures are decoded from"
+    return "keyframes flagged where decoding cannot start: intra refresh?"
+
+
 def _is_path(source: VideoSource) -> bool:
     return isinstance(source, (str, os.PathLike))
 
@@ -337,8 +347,8 @@ class CpuFrameDecoder:
                 self._forget(key)
             reader.close()
             require_pyav_decoder(index)  # (else the file's codec has no CPU decoder here but torchcodec's)
-            warn_once(logger, "%s: torchcodec %s (keyframes flagged where decoding cannot start: intra refresh?); "
-                      "decoding this file with PyAV", index.source_name, e)  # fmt: skip
+            warn_once(logger, "%s: torchcodec %s (%s); decoding this file with PyAV", index.source_name, e,
+                      _why_misplaced(index))  # fmt: skip
             if source_key is not None:
                 self._pyav_files.add(source_key)
             return self._frames(

@@ -31,6 +31,7 @@ from lerobot_dali.frame_marker import read_marker
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
 from lerobot_dali.packet_index_file import packet_index_bytes, read_packet_index
 from lerobot_dali.video_probe import describe_index
+from tests.test_clips import _encode_open_gop
 from tests.video_fixtures import MarkerVideo, reference_frames, with_edit_list
 
 #: Ticks per frame of the marker videos (30 fps in the MP4 muxer's 1/15360 time base) and ms per frame (the movie's).
@@ -144,6 +145,34 @@ def test_torchcodec_serves_what_a_full_decode_shows_and_no_hidden_frame(
     _serves_what_a_full_decode_shows(_packet_file, torchcodec, _edited(marker_video, tmp_path, codec, edit))
     assert not torchcodec._pyav_files  # (torchcodec's own frames: none it misplaced went to PyAV)
     torchcodec.close()
+
+
+@pytest.mark.torchcodec
+@pytest.mark.parametrize("codec", ["libx264", "libx265"])
+def test_a_leading_picture_torchcodec_misplaces_where_the_edit_list_hides_its_gop_is_said_so(
+    tmp_path: Path, codec: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An open GOP's leading pictures are decoded from the GOP before its keyframe. A cut start (what a stream copy
+    from a time writes) hides that GOP's keyframe from the 2nd GOP's leading pictures: torchcodec 0.17 seeks past it
+    and hands over the next frame for one of them (display frame 9, 1/30 s late, of these files). The file goes to
+    PyAV, whose frames are the full decode's (every shown frame checked, one request each, in shuffled order);
+    the warning said 'keyframes flagged where decoding cannot start: intra refresh?' of a file that has none. It now
+    names the edit list."""
+    source = tmp_path / "open_gop.mp4"
+    _encode_open_gop(source, codec)
+    path = _with_edit(source, tmp_path / "cut.mp4", "trimmed_start")
+    index = build_packet_index(path)
+    assert index.has_leading_pictures and index.hidden is not None  # (else this file tests nothing)
+    reference = reference_frames(path)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.TORCHCODEC))
+    with caplog.at_level("WARNING", logger="lerobot_dali.cpu_decode"):
+        for frame in np.random.default_rng(0).permutation(index.shown).tolist():
+            (picture,) = decoder.decode(path, index, [frame])
+            np.testing.assert_array_equal(picture, reference[int(index.pts_of_frames([frame])[0])])
+    decoder.close()
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "torchcodec gave the frame at 0.1667 s for the one at 0.1333 s" in said
+    assert "its edit list hides" in said and "intra refresh" not in said
 
 
 def _serves_what_a_full_decode_shows(decode: Route, decoder: CpuFrameDecoder, path: Path) -> None:
