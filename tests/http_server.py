@@ -3,18 +3,18 @@
 Tests point fsspec's ``HTTPFileSystem`` (aiohttp) at it, so the loader's remote path and its retry layer see
 genuine HTTP: ``GET`` with one ``Range: bytes=a-b`` / ``bytes=a-`` / ``bytes=-n`` answers 206 with
 ``Content-Range`` (416 when the range starts past the end), ``HEAD`` answers the headers alone, every file
-carries ``Content-Length``, ``ETag``, ``Last-Modified`` and ``Accept-Ranges: bytes``, a missing file is 404,
-and a directory answers an HTML index of links (as nginx ``autoindex`` does; off with ``listings=False``),
-which is how fsspec's ``ls``/``glob`` work over plain HTTP.
+carries ``Content-Length`` (where ``content_length`` names the method), ``ETag``, ``Last-Modified`` and
+``Accept-Ranges: bytes``, a missing file is 404, and a directory answers an HTML index of links (as nginx
+``autoindex`` does; off with ``listings=False``), which is how fsspec's ``ls``/``glob`` work over plain HTTP.
 
 Every request is recorded (:class:`RequestRecord`) and counted by ``(method, kind)`` with kind ``range``,
 ``full``, ``listing``, ``missing``, ``rejected`` (writes: 405), ``unauthorized`` (401: a request without the
 ``required_headers``), ``precondition`` (412: an ``If-Match`` that names another ETag than the file's; off with
-``if_match = False``) or ``fault``. With ``fault_every=N`` the N-th,
-2N-th, ... request (all methods, in arrival order) fails with the next kind of ``faults`` in turn: ``503``,
-``429`` and ``403`` answer that status; ``drop`` sends the headers and half the body, then closes the connection (a
-``HEAD`` or an empty body is closed before any byte), so aiohttp raises its own payload / disconnect errors;
-``stall`` sends the headers, then waits ``stall_s`` seconds before the body (a server that hangs).
+``if_match = False``) or ``fault``. With ``fault_every=N`` the N-th, 2N-th, ... request (all methods, in arrival
+order) fails with the next kind of ``faults`` in turn: ``503``, ``429`` and ``403`` answer that status; ``drop`` sends
+the headers and half the body, then closes the connection (a ``HEAD`` or an empty body is closed before any byte), so
+aiohttp raises its own payload / disconnect errors; ``stall`` sends the headers, then waits ``stall_s`` seconds before
+the body (a server that hangs).
 """
 
 from __future__ import annotations
@@ -79,6 +79,9 @@ class FolderServer:
         self.if_match: bool | str = True
         #: Headers every request must carry (e.g. ``{"Authorization": "Bearer a"}``): one without is answered 401.
         self.required_headers: dict[str, str] = {}
+        #: The methods whose answers for a file carry its ``Content-Length``: a ``GET`` left out ends its body by
+        #: closing the connection (as a server streaming its output does), a ``HEAD`` gives no size (fsspec then GETs).
+        self.content_length: frozenset[str] = frozenset({"GET", "HEAD"})
         self.stall_s = 5.0
         if not self.root.is_dir():
             raise NotADirectoryError(f"cannot serve {self.root}: not a folder")
@@ -275,12 +278,6 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
                 return
             stat = target.stat()
             size = stat.st_size
-            span = parse_range(rng, size)
-            if span == "unsatisfiable":
-                self._status_only(
-                    416, "range not satisfiable", kind="range", extra={"Content-Range": f"bytes */{size}"}
-                )
-                return
             headers = {
                 "Content-Type": "application/octet-stream",
                 "Accept-Ranges": "bytes",
@@ -288,12 +285,18 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
                 "Last-Modified": email.utils.formatdate(stat.st_mtime, usegmt=True),
             }
             wanted = self.headers.get("If-Match")
-            if (
+            if (  # (before the Range, as RFC 9110 13.2.2 orders them: a file that shrank answers 412, not 416)
                 server.if_match
                 and wanted is not None
                 and (server.if_match == "refuse" or wanted.strip() not in ("*", headers["ETag"]))
             ):
                 self._status_only(412, "precondition failed", kind="precondition")
+                return
+            span = parse_range(rng, size)
+            if span == "unsatisfiable":
+                self._status_only(
+                    416, "range not satisfiable", kind="range", extra={"Content-Range": f"bytes */{size}"}
+                )
                 return
             if isinstance(span, tuple) and fault != "no_range":
                 start, stop = span
@@ -303,7 +306,10 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
                 headers["Content-Range"] = f"bytes {start}-{stop - 1}/{size}"
             else:
                 start, stop, status, kind = 0, size, 200, "full"
-            headers["Content-Length"] = str(stop - start)
+            if self.command in server.content_length:
+                headers["Content-Length"] = str(stop - start)
+            elif body:
+                self.close_connection = True  # (the body's end: the connection's)
             if fault == "drop" and (not body or stop == start):
                 self._drop()
                 self._record(status, kind, rng, 0, size)
