@@ -596,23 +596,30 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         filesystem) read the files the other stamped later with no If-Match."""
         self.pinned = (stamps, *(s for s in self.pinned if s is not stamps))
 
-    def _pinned(self, path: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """``kwargs`` of a read of ``path``, with ``If-Match`` its stamped ETag where fsspec's HTTP filesystem reads it
-        (its request options' headers kept) and the stamp holds a strong ETag (a weak one never matches If-Match).
-
-        A file replaced on the server by one of its size was read at the old file's offsets (its cached parquet
-        footer, its packet index): new bytes that still parsed were handed out as rows and frames, with no error. A
-        server that keeps If-Match answers such a read 412 instead, raised as :func:`changed_on_server`."""
+    def _pinned_stamp(self, path: str) -> Any:
+        """The stamp of ``path`` whose ETag reads of it ask for (:meth:`_pinned`), or None: over HTTP(S) only, where
+        a stamp pinned here holds it with a strong ETag (a weak one never matches If-Match), and If-Match is on."""
         protocol = self.fs.protocol
         http = {"http", "https"} & set((protocol,) if isinstance(protocol, str) else protocol)
         stamped = next((s for s in self.pinned if path in s), None) if http else None  # (``in``: no request)
         if stamped is None or self.if_match_refused or not _if_match_on():
-            return kwargs
-        version = str(getattr(stamped[path], "version", ""))
-        if not version.startswith("etag:") or version.startswith("etag:W/"):
+            return None
+        stamp = stamped[path]
+        version = str(getattr(stamp, "version", ""))
+        return stamp if version.startswith("etag:") and not version.startswith("etag:W/") else None
+
+    def _pinned(self, path: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``kwargs`` of a read of ``path``, with ``If-Match`` its stamped ETag where fsspec's HTTP filesystem reads it
+        (its request options' headers kept) and the stamp holds a strong ETag (:meth:`_pinned_stamp`).
+
+        A file replaced on the server by one of its size was read at the old file's offsets (its cached parquet
+        footer, its packet index): new bytes that still parsed were handed out as rows and frames, with no error. A
+        server that keeps If-Match answers such a read 412 instead, raised as :func:`changed_on_server`."""
+        stamp = self._pinned_stamp(path)
+        if stamp is None:
             return kwargs
         given = getattr(self.fs, "kwargs", {}).get("headers") or {}  # (a request's headers replace the options')
-        headers = {**given, **(kwargs.get("headers") or {}), "If-Match": f'"{version.removeprefix("etag:")}"'}
+        headers = {**given, **(kwargs.get("headers") or {}), "If-Match": f'"{stamp.version.removeprefix("etag:")}"'}
         return {**kwargs, "headers": headers}
 
     def _precondition_failed(self, path: str) -> DatasetError | None:
@@ -639,12 +646,28 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         return changed_on_server(path, f"{how}: HTTP 412")
 
     def _open_inner(self, path: str, mode: str, kwargs: dict[str, Any]) -> Any:
-        if kwargs.get("size") is None and "headers" in getattr(self.fs, "kwargs", {}) and self._pinned(path, {}):
-            # (fsspec's HTTP open asks info(path, **kwargs) for an unknown size, which passes the options' headers
-            # and If-Match's twice: a TypeError it reports as FileNotFoundError, "Video file ... does not exist")
-            size = self.info(path).get("size")
-            kwargs = kwargs if size is None else {**kwargs, "size": size}
-        inner = self._retrier.call("open", path, lambda: self.fs.open(path, mode, **self._pinned(path, kwargs)))
+        """The wrapped filesystem's file of ``path``, whose every GET of bytes asks for the pinned version.
+
+        fsspec's HTTP open hands its keyword arguments to the file's GETs and, where it is given no size (or 0), to
+        ``info`` too, which merges them with the options': If-Match went with that HEAD (and with the GET fsspec makes
+        where a HEAD gives no size), and beside the options' headers made a TypeError ("got multiple values for keyword
+        argument 'headers'") that fsspec reports as FileNotFoundError, "Video file ... does not exist". So a pinned
+        file is opened with a size, and fsspec asks nothing itself: the size given, else the server's (the same info,
+        asked here without If-Match), else (no Content-Length) its stamp's, the size of the version If-Match asks for;
+        where the server refuses ranges, fsspec's streaming file, as its open picks (one GET, If-Match with it). An
+        empty file (fsspec's open takes a size of 0 for none) is opened without If-Match: it has no bytes to ask for.
+        """
+        stamp = self._pinned_stamp(path)
+        if stamp is not None and not kwargs.get("size"):
+            info = self.info(path)
+            kwargs = {**kwargs, "size": stamp.size if info.get("size") is None else info["size"]}
+            if info.get("partial", True) is False:  # ('Accept-Ranges: none')
+                kwargs["block_size"] = 0
+
+        def opened() -> Any:
+            return self.fs.open(path, mode, **(self._pinned(path, kwargs) if kwargs.get("size") else kwargs))
+
+        inner = self._retrier.call("open", path, opened)
         _check_block_fetches(inner, path)
         return inner
 

@@ -26,7 +26,7 @@ from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DatasetError, EpisodeMetadataError
 from lerobot_dali.remote_retry import REFUSED_HINT, RETRIES_ENV, RetryingFileSystem, RetryPolicy, is_transient
 from tests.http_server import FolderServer, RequestRecord, parse_range, serve_folder
-from tests.test_iterator import DELTAS, LENGTHS, _dataset, _samples
+from tests.test_iterator import DELTAS, LENGTHS, _dataset, _samples, assert_frames_equal_an_independent_decode
 from tests.test_remote import _assert_samples_equal, importable_in_workers, use_fast_retries
 
 aiohttp = pytest.importorskip("aiohttp", reason="fsspec's HTTPFileSystem needs aiohttp (the 'test' extra)")
@@ -345,29 +345,36 @@ def test_a_server_that_ignores_range_is_named_with_a_fix(tmp_path: Path) -> None
                 handle.read(10)
 
 
+@pytest.mark.parametrize("headers", [False, True], ids=["no_headers", "headers"])
 @pytest.mark.parametrize("header", ["Accept-Ranges", "Content-Length"])
-def test_a_server_that_sends_files_only_whole_is_named_with_a_fix(root: Path, server, monkeypatch, header) -> None:
+def test_a_server_that_sends_files_only_whole_is_named_with_a_fix(
+    root: Path, server, monkeypatch, header, headers: bool
+) -> None:
     """A server answering ``Accept-Ranges: none``, or giving no size, gets a streaming file from fsspec, which cannot
     seek: reading the dataset failed with "ValueError: Cannot seek streaming HTTP file", or a TypeError from
     ``int(None)``, naming neither the file nor a fix. Its metadata, each file read whole in one GET, opens (it failed
-    at info.json, named with the fix); the first file that needs its part or its size read names it."""
+    at info.json, named with the fix); the first file that needs its part or its size read names it. The same with
+    storage_options headers: a stamped video opened without its size was opened with it (asked first, to keep its
+    If-Match out of fsspec's own HEAD), so fsspec no longer saw 'Accept-Ranges: none' and read it in ranges anyway."""
     handler = server._httpd.RequestHandlerClass
     send_header = handler.send_header
 
-    def quirky(self, name: str, value: str) -> None:
-        if name == header == "Accept-Ranges":
-            value = "none"
-        elif name == header:  # (no size: the body ends when the connection closes)
-            self.close_connection = True
-            return
-        send_header(self, name, value)
+    def no_ranges(self, name: str, value: str) -> None:
+        send_header(self, name, "none" if name == "Accept-Ranges" else value)
 
-    monkeypatch.setattr(handler, "send_header", quirky)
+    if header == "Accept-Ranges":
+        monkeypatch.setattr(handler, "send_header", no_ranges)
+    else:
+        server.content_length = frozenset()
     monkeypatch.setenv(RETRIES_ENV, "0")
     from lerobot_dali.iterator import DALILeRobotIterator
 
+    options = {"headers": {"Authorization": "Bearer t"}} if headers else {}
+    server.required_headers = options.get("headers", {})
+
     def first_batch() -> dict:
-        it = DALILeRobotIterator(_url(server, root), num_workers=0, cache_gb=0.0, **OPTIONS)
+        reader = open_dataset(_url(server, root), storage_options=options)
+        it = DALILeRobotIterator(reader, num_workers=0, cache_gb=0.0, **OPTIONS)
         try:
             return next(iter(it))
         finally:
@@ -636,6 +643,131 @@ def test_a_file_replaced_by_one_of_its_size_that_still_parses_is_never_read(
     assert re.search(changed + " the dataset$", message), message
     assert 0 < len(remote) < len(local)
     _assert_samples_equal(remote, local[: len(remote)])
+
+
+@pytest.mark.parametrize("replaced", [False, True], ids=["unchanged", "replaced"])
+@pytest.mark.parametrize("cache_gb", [0.0, 1.0], ids=["uncached", "prefetch_cache"])
+@pytest.mark.parametrize("length", ["sent", "dropped"])
+@pytest.mark.parametrize("auth", ["token", "headers_and_token"])
+def test_a_dataset_read_with_its_options_asks_each_read_for_the_stamped_version_and_no_head(
+    make_ds, tmp_path: Path, monkeypatch, auth: str, length: str, cache_gb: float, replaced: bool
+) -> None:
+    """A dataset opened with storage_options headers and a query token (or the token alone), read uncached or through
+    the prefetch cache over connections that drop: each drop reopens the file without its size, which fsspec's open
+    asks with the open's arguments. If-Match among them, that HEAD asked for a version too (9 and 14 of a run's 20 and
+    23 HEADs, with no headers in the options); with the options' headers too, where the server gave no size
+    (Content-Length missing from the first batch on), a TypeError that fsspec reports as FileNotFoundError: each such
+    run failed after its first batches (without headers, the file reopened as fsspec's streaming file: 'the server
+    sends this file only whole'). Now every run reads all of its samples, equal to a local read, the frames to an
+    independent PyAV decode; a video replaced by one of its size mid-run raises its change (HTTP 412), none of its
+    samples served; every range GET of a data or video file asks for its ETag, and no HEAD or listing does."""
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    use_fast_retries(monkeypatch)
+    root = tmp_path / "dataset"
+    shutil.copytree(_dataset(make_ds, "h264"), root)
+    options = {**OPTIONS, "shuffle": False, "decode": "cpu", "return_uint8": True}
+    local = _samples(DALILeRobotIterator(root, num_workers=0, cache_gb=0.0, **options))
+    target = sorted(root.glob("videos/**/file-002.mp4"))[-1]  # (episode 4's, read last)
+    new = _still_parsing(target) if replaced else None
+    remote: list[dict] = []
+    with serve_folder(tmp_path) as server:
+        url, storage_options = _url(server, root), {}
+        if "headers" in auth:
+            server.required_headers = {"Authorization": "Bearer t"}
+            storage_options = {"headers": {"Authorization": "Bearer t"}}
+        if "token" in auth:
+            url += "?token=x"
+        reader = open_dataset(url, storage_options=storage_options)
+        it = DALILeRobotIterator(reader, num_workers=0, cache_gb=cache_gb, cache_dir=tmp_path / "cache", **options)
+        try:
+            for batch in it:
+                remote += [{k: v[i] for k, v in batch.items()} for i in range(len(batch["index"]))]
+                if len(remote) == OPTIONS["batch_size"]:
+                    server.set_faults(4, ("drop",))
+                    if length == "dropped":
+                        server.content_length = frozenset()
+                    if new is not None:
+                        _rewrite_same_size(target, new)
+        except DatasetError as e:
+            raised: DatasetError | None = e
+        else:
+            raised = None
+        finally:
+            it.close()
+        server.set_faults(0)
+        records = server.records
+    if replaced:
+        assert raised is not None and "file-002.mp4 changed on the server while it was read (" in str(raised), raised
+        assert str(raised).endswith("HTTP 412); re-open the dataset") and 0 < len(remote) < len(local)
+        assert {int(s["episode_index"]) for s in remote} <= {0, 1, 2, 3}  # (none of the replaced video's)
+        _assert_samples_equal(remote, local[: len(remote)])
+    else:
+        assert raised is None and len(remote) == len(local) == sum(LENGTHS)
+        _assert_samples_equal(local, remote)
+    assert_frames_equal_an_independent_decode(_dataset(make_ds, "h264"), remote)  # (the videos as served at open)
+    assert server.faults_injected["drop"] > 0
+    bulk = [r for r in records if "/data/" in r.path or "/videos/" in r.path]
+    assert all(r.if_match is not None for r in bulk if r.method == "GET" and r.range is not None)
+    assert [r for r in records if r.method == "HEAD" and r.if_match is not None] == []
+    assert [r for r in records if r.kind == "listing" and r.if_match is not None] == []
+    assert [r for r in records if r.kind == "unauthorized"] == []
+    if "token" in auth:
+        assert {r.query for r in records} == {"token=x"}
+
+
+@pytest.mark.parametrize("content_length", ["GET HEAD", "GET", "HEAD", ""], ids=["sent", "get", "head", "none"])
+@pytest.mark.parametrize("headers", [False, True], ids=["no_headers", "headers"])
+def test_a_pinned_file_is_read_at_its_stamped_version_by_every_route(
+    tmp_path: Path, monkeypatch, content_length: str, headers: bool
+) -> None:
+    """Every read of a stamped file over HTTP (opened with or without its size, read in ranges or whole, cat_file of a
+    range or the whole) sends its ETag as If-Match, and the HEADs asking its size none, whether or not the server gives
+    a Content-Length (here from the stamp on: ``content_length`` names the methods that still give it): a file opened
+    without its size made fsspec ask info with the open's arguments, If-Match among them (the HEAD, and the GET fsspec
+    makes where a HEAD gives no size, asked for a version), and where the options hold headers and the server gives no
+    size, or the file is empty, a TypeError it reports as FileNotFoundError. The same file replaced by one of its size
+    is refused by each route as its change."""
+    import fsspec
+
+    from lerobot_dali.file_stamps import FileStamps
+
+    monkeypatch.setattr("lerobot_dali.remote_retry.time", SimpleNamespace(sleep=lambda s: None))
+    data = np.random.default_rng(7).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    (tmp_path / "f.bin").write_bytes(data)
+    (tmp_path / "empty.bin").write_bytes(b"")
+    options = {"headers": {"Authorization": "Bearer t"}} if headers else {}
+    with serve_folder(tmp_path) as server:
+        server.required_headers = options.get("headers", {})
+        fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True, **options), policy=RetryPolicy(2))
+        url, empty = f"{server.url}/f.bin", f"{server.url}/empty.bin"
+        stamps = FileStamps(fs)
+        stamps[url], stamps[empty]  # (stamped while the server gave sizes)
+        server.content_length = frozenset(content_length.split())
+
+        def reads() -> list[bytes]:
+            with fs.open(url, "rb", block_size=50_000) as f:
+                f.seek(120_000)
+                part = f.read(70_000)
+            with fs.open(url, "rb") as f, fs.open(empty, "rb") as e:
+                whole, nothing = f.read(), e.read()
+            return [part, whole, nothing, fs.cat_file(url, start=5, end=100_005), fs.cat_file(url)]
+
+        assert reads() == [data[120_000:190_000], data, b"", data[5:100_005], data]
+
+        def opened_and_read() -> bytes:
+            with fs.open(url, "rb") as f:
+                return bytes(f.read(10))
+
+        _rewrite_same_size(tmp_path / "f.bin")
+        for read in (opened_and_read, lambda: fs.cat_file(url, start=0, end=10), lambda: fs.cat_file(url)):
+            with pytest.raises(DatasetError, match=r"f\.bin changed on the server while it was read \(.*HTTP 412\)"):
+                read()
+        records = server.records
+    assert [r for r in records if r.method == "HEAD" and r.if_match is not None] == []
+    gets = [r for r in records if r.method == "GET" and r.path == "/f.bin"]
+    assert all(r.if_match is not None for r in gets if r.range is not None) and gets
+    assert server.counts[("GET", "precondition")] == 3 and server.counts[("GET", "unauthorized")] == 0
 
 
 class _SleepsRecorded:

@@ -130,24 +130,27 @@ def test_cpu_parity_in_dataset_order(make_ds, codec: str, route: str) -> None:
         _check_sample(s)
 
 
+def assert_frames_equal_an_independent_decode(root: Path, samples: list[dict]) -> None:
+    """Each sample's ``observation.images.cam1`` frame (uint8, no deltas) equals its frame in an independent full PyAV
+    decode of :func:`_dataset`'s video file under ``root`` (two episodes a file)."""
+    refs: dict[Path, list[np.ndarray]] = {}
+    for s in samples:
+        ep, f = int(s["episode_index"]), int(s["frame_index"])
+        path = root / f"videos/observation.images.cam1/chunk-000/file-{ep // 2:03d}.mp4"
+        if path not in refs:
+            refs[path] = [frame for _, frame in sorted(reference_frames(path).items())]
+        expected = refs[path][sum(LENGTHS[ep // 2 * 2 : ep]) + f]
+        np.testing.assert_array_equal(s["observation.images.cam1"].permute(1, 2, 0).numpy(), expected)
+
+
 def test_worker_decoded_frames_equal_an_independent_full_decode(make_ds) -> None:
     root = _dataset(make_ds, "h264")
     it = DALILeRobotIterator(
         root, batch_size=8, shuffle=False, device="cpu", num_workers=0, drop_last=False, return_uint8=True
     )
-    refs = {}
-    for batch in it:
-        for i in range(len(batch["index"])):
-            ep, f = int(batch["episode_index"][i]), int(batch["frame_index"][i])
-            file_index = ep // 2
-            path = root / f"videos/observation.images.cam1/chunk-000/file-{file_index:03d}.mp4"
-            if path not in refs:
-                refs[path] = list(reference_frames(path).items())
-            first_in_file = sum(LENGTHS[file_index * 2 : ep])
-            pts_sorted = sorted(refs[path])
-            expected = pts_sorted[first_in_file + f][1]
-            got = batch["observation.images.cam1"][i].permute(1, 2, 0).numpy()
-            np.testing.assert_array_equal(got, expected)
+    samples = _samples(it)
+    assert len(samples) == sum(LENGTHS)
+    assert_frames_equal_an_independent_decode(root, samples)
 
 
 @pytest.mark.parametrize("color", ["worker", "planes"])
