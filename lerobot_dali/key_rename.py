@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import permutations
 from typing import Any, overload
 
 from .augment_config import AugmentConfig
@@ -248,16 +250,22 @@ def _own_cameras(
     if lacking:
         renamed = f" (renamed by its rename_map {dict(rename.to_batch)})" if rename else ""
         away = [camera for camera in lacking if rename.own_name(camera) is None]  # (its own key, renamed)
-        told = "".join(f"; {camera!r} is renamed {rename.to_batch[camera]!r} by it: name it so" for camera in away)
+        told = "".join(
+            f"; {camera!r} is renamed {rename.to_batch[camera]!r} by it: name it so, or drop that entry"
+            for camera in away
+        )
         unknown = [key for key in rename_map or {} if key not in info.features]  # (entries written batch name first?)
         reversal = (
             _reversed(unknown, rename_map, info.features, _keeping(where, info, cameras))
             if unknown and rename_map
             else ""
         )
-        hint = reversal or rename_hint(  # (its whole map in the hint, to be passed back as it is)
-            [c for c in lacking if c not in away], [n for n in names if n not in cameras], rename, told=rename_map
-        )
+        # (its whole map in the hint, to be passed back as it is, less the entries renaming away a camera asked for:
+        # so it is read under its own name, and is spare for none lacking)
+        kept = {own: new for own, new in (rename_map or {}).items() if own not in away}
+        kept_names = [kept.get(own, own) for own in declared]
+        spare = [own for own, name in zip(declared, kept_names, strict=True) if name not in cameras]
+        hint = reversal or _hint([c for c in cameras if c not in kept_names], spare, kept)
         raise CameraSelectionError(f"{where} has no camera {lacking}; its cameras are {names}{renamed}{told}{hint}")
     return rename.own_names(cameras)
 
@@ -385,20 +393,72 @@ def of_kind(names: Iterable[str], cameras: Iterable[str], *, camera: bool) -> li
     return [name for name in names if (name in are_cameras) == camera]
 
 
+#: Where a rename_map is given, for hints.
+_WHERE_GIVEN = (
+    "DALILeRobotMixture's dataset_options=[..., {'rename_map': ...}], concat_datasets' rename_maps=[...] (a map or "
+    "None per dataset), on the command line --rename-map"
+)
+
+#: The most maps a hint lists, one per way to give the keys a dataset lacks the names of its spare ones.
+_MAPS_TOLD = 3
+
+
 def rename_hint(
     lacking: Sequence[str], spare: Sequence[str], rename: KeyRename, *, told: Mapping[str, str] | None = None
 ) -> str:
     """What to add where a dataset read with others lacks keys ``lacking`` that they have (``spare``: the batch
-    names of its keys the others lack; ``rename``: its rename_map): a rename_map giving its key that name, e.g. a
-    camera recorded as 'rgb' where the others say 'top' (its map, if any, with that entry added or changed); ""
-    where it lacks none. ``told``: the map as given, where ``rename`` holds only its entries for the dataset's own
-    keys (its other entries are told back as they are, but name none of its keys)."""
+    names of its keys the others lack; ``rename``: its rename_map): a rename_map giving its keys those names, e.g. a
+    camera recorded as 'rgb' where the others say 'top' (its map, if any, with those entries added or changed); ""
+    where it lacks none. Each map told gives every key lacking a spare key's name: the one pairing where names
+    decide it (:func:`_pairings`), else each pairing (up to :data:`_MAPS_TOLD`), else none (which is which is not to
+    be guessed: its spare keys are listed); where it has fewer spare keys than it lacks, no rename gives them all.
+    ``told``: the map as given, where ``rename`` holds only its entries for the dataset's own keys (its other
+    entries are told back as they are, but name none of its keys)."""
+    given = rename.to_batch if told is None else told
+    return _hint(lacking, [rename.own_key(name) for name in spare], given)
+
+
+def _hint(lacking: Sequence[str], spare: Sequence[str], given: Mapping[str, str]) -> str:
+    """:func:`rename_hint`, ``spare`` by the dataset's own keys, its map as ``given``."""
     if not lacking:
         return ""
-    own = rename.own_key(spare[0]) if len(lacking) == 1 and len(spare) == 1 else "<its key>"
-    given = {**(rename.to_batch if told is None else told), own: lacking[0]}
-    return (
-        f"; if a dataset lacking {lacking[0]!r} records it under another name, give it that name with a rename_map "
-        f"({given}: DALILeRobotMixture's dataset_options=[..., {{'rename_map': ...}}], "
-        "concat_datasets' rename_maps=[...] (a map or None per dataset), on the command line --rename-map)"
-    )
+    if len(spare) < len(lacking):
+        has = f"only {list(spare)}" if spare else "none"
+        return (
+            f"; it lacks {list(lacking)} and has {has} of its keys left to give those names: no rename_map gives it "
+            "them all"
+        )
+    maps = [{**given, **pairing} for pairing in _pairings(lacking, spare)]
+    if len(maps) > _MAPS_TOLD:
+        return (
+            f"; if it records {list(lacking)} under other names, give each the key it is recorded as with a rename_map "
+            f"(which of its keys left, {list(spare)}, records which is not to be guessed: {_WHERE_GIVEN})"
+        )
+    if len(lacking) == 1:
+        said = f"if a dataset lacking {lacking[0]!r} records it under another name, give it that name"
+    else:
+        said = f"if a dataset lacking {list(lacking)} records them under other names, give them those names"
+    maps_told = str(maps[0]) if len(maps) == 1 else f"one of {', '.join(map(str, maps))}"
+    return f"; {said} with a rename_map ({maps_told}: {_WHERE_GIVEN})"
+
+
+def _pairings(lacking: Sequence[str], spare: Sequence[str]) -> list[dict[str, str]]:
+    """Each way to give each of ``lacking`` (names) the key of one of ``spare`` (keys), as ``{key: name}``: a name
+    and a key whose last parts name each other alone ('observation.images.top' and 'observation.images.cam_top')
+    are paired, the others in every order."""
+    alike = {name: [key for key in spare if _alike(name, key)] for name in lacking}
+    by_name = {
+        alike[name][0]: name
+        for name in lacking
+        if len(alike[name]) == 1 and [other for other in lacking if alike[name][0] in alike[other]] == [name]
+    }
+    rest = [name for name in lacking if name not in by_name.values()]
+    keys = [key for key in spare if key not in by_name]
+    return [{**by_name, **dict(zip(order, rest, strict=True))} for order in permutations(keys, len(rest))]
+
+
+def _alike(name: str, key: str) -> bool:
+    """Whether the last parts of ``name`` and ``key`` ('top', 'cam_top'; after the last '.') are one's words all
+    the other's."""
+    words = [set(filter(None, re.split(r"[^a-z0-9]+", k.rsplit(".", 1)[-1].lower()))) for k in (name, key)]
+    return bool(words[0] and words[1]) and (words[0] <= words[1] or words[1] <= words[0])

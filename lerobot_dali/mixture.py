@@ -579,7 +579,11 @@ def _check_windows(
                 "delta_timestamps"
             )
         reader, rename = short
-        spare = [k for k in rename.batch_names(reader.info.features) if k not in read and k not in INDEX_COLUMNS]
+        spare = [  # (not a key a window names: renamed, another dataset lacking it would lack it still)
+            k
+            for k in rename.batch_names(reader.info.features)
+            if k not in read and k not in INDEX_COLUMNS and k not in (delta_timestamps or {})
+        ]
         missing = lacking[reader.location.description]
         spare = of_kind(spare, rename.batch_names(reader.info.camera_keys), camera=missing[0] in camera_names)
         raise DeltaTimestampsError(

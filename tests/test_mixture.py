@@ -689,14 +689,18 @@ def test_a_rename_hint_for_a_camera_names_a_camera_not_a_feature() -> None:
     """r1 (its 'action' renamed 'act') read with cr5 lacks cr5's camera 'top': the hint took r1's one key the
     others lack whatever its kind, 'act' where its camera was asked for too (cameras=[rgb, top]), and told
     {'action': 'top'}, a vector named as a camera, which, passed, was refused again; a window on 'top' with r1's
-    camera and 'act' both spare told none. Both tell r1's camera now ({'action': 'act', 'rgb': 'top'} for the
-    window, the camera's own entry where cameras= takes 'rgb' as well), and the window's map, passed, opens."""
+    camera and 'act' both spare told none. The window's hint tells r1's camera now ({'action': 'act', 'rgb': 'top'}),
+    which, passed, opens; with cameras= taking 'rgb' as well, r1 has no camera left to give 'top' (it was told
+    {'rgb': 'top'}, which, passed, lacks 'rgb'), and says so."""
     paths = [shared_dataset("r1_v30_h264"), shared_dataset("cr5_v30_av1")]
     top, rgb = "observation.images.top", "observation.images.rgb"
     options = [{"rename_map": {"action": "act"}}, {"timestamp_source": "frame_index"}]
-    with pytest.raises(DatasetError, match="give it that name with a rename_map") as raised:
+    with pytest.raises(DatasetError) as raised:  # (its one camera, asked for as well: none left to name 'top')
         DALILeRobotMixture(paths, dataset_options=options, cameras=[rgb, top], device="cpu", num_workers=0)
     assert "'action': 'observation.images.top'" not in str(raised.value), raised.value
+    assert str(raised.value).endswith(
+        f"it lacks ['{top}'] and has none of its keys left to give those names: no rename_map gives it them all"
+    ), raised.value
     with pytest.raises(DeltaTimestampsError, match="give it that name with a rename_map") as raised:
         DALILeRobotMixture(paths[::-1], dataset_options=options[::-1], delta_timestamps={top: [0.0]}, device="cpu")
     told = _told_map(raised.value, "with a rename_map (")
