@@ -305,7 +305,7 @@ def _union(args: argparse.Namespace, each: Sequence[argparse.Namespace]) -> LeRo
     frames its own way (``each``: its args), as a run would read them."""
     from .dataset_union import concat_datasets, open_all
     from .errors import CameraSelectionError
-    from .key_rename import rename_maps_for, without_cameras_left_out
+    from .key_rename import flag_at_fault, rename_maps_for, without_cameras_left_out
 
     if not args.concat:
         raise _CommandError("--rename-map names the keys of datasets checked as one: add --concat")
@@ -324,7 +324,7 @@ def _union(args: argparse.Namespace, each: Sequence[argparse.Namespace]) -> LeRo
                 cameras=args.cameras, rename_maps=each_map, revision=args.revision,
             )  # fmt: skip
     except CameraSelectionError as e:
-        raise _CommandError(f"--cameras: {e}") from e
+        raise _CommandError(f"{flag_at_fault(e)}: {e}") from e
     try:
         renames = rename_maps_for(without_cameras_left_out(maps, readers), readers, cameras=args.cameras)
     except ValueError as e:

@@ -128,6 +128,17 @@ class CameraSelectionError(DatasetError):
     cameras have, under the names its rename_map gives them."""
 
 
+class RenameMapError(ValueError):
+    """A rename_map that cannot be applied as given: it names a key the dataset does not read, or an empty name, gives
+    a key a name another key has, or hides a camera asked for (renamed away, two given its name, written the other
+    way round). The map is what to change (``--rename-map`` on the command line)."""
+
+
+class RenamedCameraError(CameraSelectionError, RenameMapError):
+    """``cameras=`` asks for a camera the dataset has but its rename_map hides (renames away, gives two cameras, or
+    reaches only written the other way round)."""
+
+
 class DataFileError(DatasetError):
     """A data parquet file exists but cannot be read: truncated, corrupt, or not parquet."""
 

@@ -19,7 +19,7 @@ from typing import Any, overload
 from .augment_config import AugmentConfig
 from .dataset_info import INDEX_COLUMNS, DatasetInfo
 from .dataset_reader import LeRobotDatasetReader, LocatedDataset
-from .errors import CameraSelectionError, DatasetError, did_you_mean
+from .errors import CameraSelectionError, DatasetError, RenamedCameraError, RenameMapError, did_you_mean
 from .fork_locks import cached_property
 from .said_once import warn_once
 from .windows import PAD_SUFFIX
@@ -27,6 +27,7 @@ from .windows import PAD_SUFFIX
 __all__ = [
     "KeyRename",
     "check_rename_map",
+    "flag_at_fault",
     "own_cameras",
     "rename_hint",
     "rename_map_from_json",
@@ -71,7 +72,7 @@ class KeyRename:
         unknown = sorted(set(renamed) - set(own))
         if unknown:
             told = _keeping(where, reader.info, cameras)  # (a map told back keeps the cameras it was opened for)
-            raise ValueError(
+            raise RenameMapError(
                 f"{where}: rename_map renames {unknown}, which it does not read; it reads {own}"
                 f"{did_you_mean(unknown, own)}: {_MAP_SHAPE}"
                 f"{_reversed(unknown, rename_map, own, lambda fixed: (cls.checked(fixed, reader), told(fixed)))}"
@@ -79,7 +80,7 @@ class KeyRename:
         fixed = sorted((set(renamed) | set(renamed.values())) & _FIXED_KEYS)
         padded = sorted(new for new in renamed.values() if new.endswith(PAD_SUFFIX))
         if fixed or padded:
-            raise ValueError(
+            raise RenameMapError(
                 f"{where}: rename_map names {fixed + padded}: every batch carries {sorted(_FIXED_KEYS)} under those "
                 f"names, and '<key>{PAD_SUFFIX}' is a window's mask: rename only cameras and features, to other names"
             )
@@ -87,7 +88,7 @@ class KeyRename:
         kept = set(own) - set(renamed)
         taken = sorted({n for n in new_names if new_names.count(n) > 1 or n in kept})
         if taken:
-            raise ValueError(
+            raise RenameMapError(
                 f"{where}: rename_map gives {taken} to a key while another key of the dataset has (or gets) that "
                 "name: one key per name: give it another name, rename that other key too, or leave one of them out "
                 "(cameras=[...], keys=[...])"
@@ -158,7 +159,7 @@ def check_rename_map(rename_map: object, where: str = "") -> None:
         raise TypeError(f"{prefix}a rename_map maps key names to new names ({{old: new}}), got {rename_map!r}")
     blank = {old: new for old, new in rename_map.items() if not old.strip() or not new.strip()}
     if blank:
-        raise ValueError(
+        raise RenameMapError(
             f"{prefix}rename_map has entries with an empty name, {blank}: each gives a dataset's own key (its "
             "meta/info.json features) the name the batches give it, e.g. {'observation.images.rgb': "
             "'observation.images.top'}: fill in both names, or drop the entry"
@@ -200,7 +201,7 @@ def rename_maps_for(
         unread = set(given) - {key for reader in readers for key in reader.read_keys}
         if unread:
             unknown, read = sorted(unread), sorted({key for reader in readers for key in reader.read_keys})
-            raise ValueError(
+            raise RenameMapError(
                 f"rename_map renames {unknown}, which none of the datasets reads{did_you_mean(unknown, read)}: "
                 f"{_MAP_SHAPE}{_reversed(unknown, given, read, lambda fixed: _each_keeping(fixed, readers, cameras))}"
             )
@@ -210,7 +211,9 @@ def rename_maps_for(
     else:
         maps = rename_map
         if len(maps) != len(readers):
-            raise ValueError(f"one rename_map for all datasets, or one per dataset ({len(readers)}), got {len(maps)}")
+            raise RenameMapError(
+                f"one rename_map for all datasets, or one per dataset ({len(readers)}), got {len(maps)}"
+            )
     return [KeyRename.checked(m, reader, cameras=cameras) for m, reader in zip(maps, readers, strict=True)]
 
 
@@ -242,7 +245,7 @@ def _own_cameras(
     names = rename.batch_names(declared)
     several = sorted({camera for camera in cameras if names.count(camera) > 1})
     if several:  # (said first: a map told for a camera lacking besides would still give it two)
-        raise CameraSelectionError(
+        raise RenamedCameraError(
             f"{where}: rename_map gives {several} to several of its cameras ({dict(rename.to_batch)}; "
             f"its cameras are {declared}): one camera per name"
         )
@@ -266,7 +269,8 @@ def _own_cameras(
         kept_names = [kept.get(own, own) for own in declared]
         spare = [own for own, name in zip(declared, kept_names, strict=True) if name not in cameras]
         hint = reversal or _hint([c for c in cameras if c not in kept_names], spare, kept)
-        raise CameraSelectionError(f"{where} has no camera {lacking}; its cameras are {names}{renamed}{told}{hint}")
+        hidden = RenamedCameraError if away or reversal else CameraSelectionError  # (by the map: it is what to change)
+        raise hidden(f"{where} has no camera {lacking}; its cameras are {names}{renamed}{told}{hint}")
     return rename.own_names(cameras)
 
 
@@ -325,6 +329,12 @@ def without_cameras_left_out(
     if len(rename_map) != len(readers):  # (rename_maps_for says how many it takes)
         return list(rename_map)
     return [trimmed(given, [reader]) for given, reader in zip(rename_map, readers, strict=True)]
+
+
+def flag_at_fault(error: CameraSelectionError) -> str:
+    """The command-line flag to change for ``error``, raised opening datasets for ``--cameras`` with
+    ``--rename-map``: the map's where it hides a camera the dataset has (:class:`~.errors.RenamedCameraError`)."""
+    return "--rename-map" if isinstance(error, RenameMapError) else "--cameras"
 
 
 def rename_map_from_json(text: str) -> dict[str, str]:

@@ -494,7 +494,7 @@ def open_readers(options: TrainOptions) -> list[Any]:
     from lerobot_dali.dataset_reader import open_dataset
     from lerobot_dali.dataset_union import concat_datasets, open_all
     from lerobot_dali.errors import CameraSelectionError
-    from lerobot_dali.key_rename import rename_maps_for, shared_selection, without_cameras_left_out
+    from lerobot_dali.key_rename import flag_at_fault, rename_maps_for, shared_selection, without_cameras_left_out
 
     if len(options.datasets) == 1:
         return [open_dataset(options.datasets[0], episodes=options.episodes, cameras=options.cameras)]
@@ -503,7 +503,7 @@ def open_readers(options: TrainOptions) -> list[Any]:
     try:  # (each with its own keys for --cameras, names as the mixture's batches: no unrecorded camera looked for)
         readers = open_all(options.datasets, cameras=options.cameras, rename_maps=maps)
     except CameraSelectionError as e:
-        raise RunRefused(f"--cameras: {e}") from e
+        raise RunRefused(f"{flag_at_fault(e)}: {e}") from e
     rates = {reader.location.description: reader.fps for reader in readers}
     if len(set(rates.values())) > 1:  # (the library mixes them; this script's windows count frames at one fps)
         raise RunRefused(f"the datasets run at different fps ({rates}); train on datasets of one fps")

@@ -595,3 +595,25 @@ def test_check_refuses_a_rename_map_naming_an_empty_name_in_one_line(make_ds, ca
     assert "Traceback" not in err
     said = "lerobot-dali check: error: argument --rename-map: rename_map has entries with an empty name, "
     assert err.splitlines()[-1].startswith(f"{said}{json.loads(given)}:"), err
+
+
+def test_check_concat_names_the_flag_to_change_where_a_rename_map_hides_a_camera(make_ds, capsys) -> None:
+    """``check A B --concat --cameras ... --rename-map ...``: a refusal opening the datasets was said to be
+    --cameras' whatever caused it, a map giving two cameras the name asked for, or one written the other way round,
+    included (3 of 3 cases here); it names --rename-map where the map hides a camera the dataset has, --cameras
+    where the dataset lacks it."""
+    three, two = (
+        str(make_ds(episodes=2, frames_per_episode=6, cameras=n, size=(64, 64), codec="h264")) for n in (3, 2)
+    )
+    cam0, cam1, top = "observation.images.cam0", "observation.images.cam1", "observation.images.top"
+    for cameras, rename_map, said in (
+        (cam0, {cam1: cam0}, f"--rename-map: {three}: rename_map gives ['{cam0}'] to several of its cameras"),
+        (top, {top: cam1}, f"--rename-map: {three} has no camera ['{top}']; its cameras are "),
+        (cam1, {cam1: top}, f"--rename-map: {three} has no camera ['{cam1}']; its cameras are "),  # (renamed away)
+        (top, {}, f"--cameras: {three} has no camera ['{top}']; its cameras are "),
+    ):
+        assert (
+            main(["check", three, two, "--concat", "--cameras", cameras, "--rename-map", json.dumps(rename_map)]) == 2
+        )
+        err = capsys.readouterr().err
+        assert err.splitlines()[-1].startswith(f"lerobot-dali check: {said}"), err

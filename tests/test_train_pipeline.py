@@ -626,7 +626,8 @@ def test_a_camera_a_dataset_lacks_after_its_rename_map_is_one_line_naming_both(
     """--cameras top, which the first dataset's map gives its 'ego_view' and the second's (none) gives nothing: the
     second was opened with every declared camera and refused for the unrecorded one, advising the --cameras given.
     Now the run is refused naming that dataset, the camera and its cameras, with the rename that would fix it; and a
-    map giving two of its cameras the name asked for is refused as the library refuses it."""
+    map giving two of its cameras the name asked for is refused as the library refuses it, naming --rename-map (it
+    named --cameras, which is not what to change)."""
     from pipelines import train as train_module
     from tests.conftest import shared_dataset
 
@@ -648,8 +649,8 @@ def test_a_camera_a_dataset_lacks_after_its_rename_map_is_one_line_naming_both(
         assert train_module.main([*argv[: argv.index("--rename-map")], "--rename-map", both]) == 2
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == [
-        f"train.py: --cameras: {gr00t}: rename_map gives ['{TOP}'] to several of its cameras ({json.loads(both)}; its "
-        f"cameras are ['observation.images.egoview', '{EGO_VIEW}']): one camera per name"
+        f"train.py: --rename-map: {gr00t}: rename_map gives ['{TOP}'] to several of its cameras ({json.loads(both)}; "
+        f"its cameras are ['observation.images.egoview', '{EGO_VIEW}']): one camera per name"
     ]
 
 
