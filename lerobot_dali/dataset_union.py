@@ -371,8 +371,9 @@ def concat_datasets(
     kinds = {r.location.description: _filesystem_kind(r) for r in readers}
     if len(set(kinds.values())) > 1:
         raise DatasetError(
-            f"a union reads its datasets through one filesystem, and these are on several ({kinds}): download the "
-            "remote ones (huggingface_hub's snapshot_download), or read them side by side with DALILeRobotMixture"
+            f"a union reads its datasets through one kind of filesystem (local, or one remote protocol, each remote "
+            f"dataset with its own options), and these are on several kinds ({kinds}): download the remote ones "
+            "(huggingface_hub's snapshot_download), or read them side by side with DALILeRobotMixture"
         )
     count = len(readers)
     if cameras is not None:  # (entries for declared cameras that cameras= left out rename nothing)
