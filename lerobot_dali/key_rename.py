@@ -182,7 +182,7 @@ def _reversed(
         check(flipped)
     except ValueError:
         return ""
-    return f"; this one maps the other way round: pass {flipped}"
+    return f"; this one maps the other way round: pass {_said(flipped)}"
 
 
 def rename_maps_for(
@@ -448,8 +448,13 @@ def _hint(lacking: Sequence[str], spare: Sequence[str], given: Mapping[str, str]
         said = f"if a dataset lacking {lacking[0]!r} records it under another name, give it that name"
     else:
         said = f"if a dataset lacking {list(lacking)} records them under other names, give them those names"
-    maps_told = str(maps[0]) if len(maps) == 1 else f"one of {', '.join(map(str, maps))}"
+    maps_told = _said(maps[0]) if len(maps) == 1 else f"one of {', '.join(map(_said, maps))}"
     return f"; {said} with a rename_map ({maps_told}: {_WHERE_GIVEN})"
+
+
+def _said(rename_map: Mapping[str, str]) -> str:
+    """A map a hint tells, as JSON: a Python dict as written, and what ``--rename-map`` takes."""
+    return json.dumps(dict(rename_map))
 
 
 def _pairings(lacking: Sequence[str], spare: Sequence[str]) -> list[dict[str, str]]:

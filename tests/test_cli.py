@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -617,3 +618,24 @@ def test_check_concat_names_the_flag_to_change_where_a_rename_map_hides_a_camera
         )
         err = capsys.readouterr().err
         assert err.splitlines()[-1].startswith(f"lerobot-dali check: {said}"), err
+
+
+def test_check_concat_tells_rename_maps_that_pass_back_to_the_flag_as_told(make_ds, capsys) -> None:
+    """``check A B --concat --cameras top --rename-map '{}' '{"cam1": "top"}'``, A with 3 cameras, none 'top': it was
+    told {'<its key>': 'top'} (and maps were told as Python dicts, which --rename-map, taking JSON, refuses). Each
+    of the 3 maps told, passed back as A's, checks the union (status 0)."""
+    three, two = (
+        str(make_ds(episodes=2, frames_per_episode=6, cameras=n, size=(64, 64), codec="h264")) for n in (3, 2)
+    )
+    argv = ["check", three, two, "--concat", "--cameras", "observation.images.top", "--rename-map"]
+    second = json.dumps({"observation.images.cam1": "observation.images.top"})
+    assert main([*argv, "{}", second]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    found = re.search(r"with a rename_map \(one of (.*): DALILeRobotMixture's", err)
+    assert found is not None, err
+    told = re.findall(r"\{[^{}]*\}", found.group(1))
+    assert [json.loads(text) for text in told] == [
+        {f"observation.images.cam{i}": "observation.images.top"} for i in range(3)
+    ]
+    for text in told:
+        assert main([*argv, text, second]) == 0, capsys.readouterr().err

@@ -275,8 +275,8 @@ def test_one_rename_map_naming_no_dataset_s_key_says_what_its_keys_are(make_ds) 
     cam0 = "observation.images.cam0"
     said = (
         r"rename_map renames \['observation.images.front'\], which none of the datasets reads: a rename_map's keys are "
-        rf".*its values the batches' names; this one maps the other way round: pass \{{'{cam0}': 'observation\.images"
-        r"\.front'\}$"
+        rf".*its values the batches' names; this one maps the other way round: pass "
+        rf'\{{"{cam0}": "observation\.images\.front"\}}$'
     )
     with pytest.raises(ValueError, match=said):
         rename_maps_for({"observation.images.front": cam0}, readers)

@@ -576,8 +576,8 @@ def test_bad_rename_maps_fail_naming_the_dataset_and_the_keys(make_ds) -> None:
         (  # (written the other way round)
             {"observation.images.front": cam0},
             ValueError,
-            rf"the batches' names; this one maps the other way round: pass \{{'{cam0}': 'observation\.images\.front'"
-            r"\}$",
+            rf"the batches' names; this one maps the other way round: pass "
+            rf'\{{"{cam0}": "observation\.images\.front"\}}$',
         ),
         (
             {"observation.state": "index"},
@@ -722,7 +722,7 @@ def test_datasets_naming_a_camera_otherwise_are_told_the_rename_map_that_joins_t
     top, rgb = "observation.images.top", "observation.images.rgb"
     hint = (
         rf"if a dataset lacking '{re.escape(top)}' records it under another name, give it that name with a rename_map "
-        rf"\(\{{'{re.escape(rgb)}': '{re.escape(top)}'\}}: DALILeRobotMixture's dataset_options=\[\.\.\., "
+        rf"\(\{{\"{re.escape(rgb)}\": \"{re.escape(top)}\"\}}: DALILeRobotMixture's dataset_options=\[\.\.\., "
         r"\{'rename_map': \.\.\.\}\], concat_datasets' rename_maps=\[\.\.\.\] \(a map or None per dataset\), on the "
         r"command line --rename-map\)"
     )
