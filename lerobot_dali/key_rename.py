@@ -13,7 +13,8 @@ import logging
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import permutations
+from itertools import permutations, product
+from math import prod
 from typing import Any, overload
 
 from .augment_config import AugmentConfig
@@ -268,7 +269,7 @@ def _own_cameras(
         kept = {own: new for own, new in (rename_map or {}).items() if own not in away}
         kept_names = [kept.get(own, own) for own in declared]
         spare = [own for own, name in zip(declared, kept_names, strict=True) if name not in cameras]
-        hint = reversal or _hint([c for c in cameras if c not in kept_names], spare, kept)
+        hint = reversal or _hint([([c for c in cameras if c not in kept_names], spare, "cameras")], kept)
         hidden = RenamedCameraError if away or reversal else CameraSelectionError  # (by the map: it is what to change)
         raise hidden(f"{where} has no camera {lacking}; its cameras are {names}{renamed}{told}{hint}")
     return rename.own_names(cameras)
@@ -390,17 +391,9 @@ def shared_selection(
                 wanted = [*chosen["cameras"], *chosen["keys"]]
                 lacking = [k for k in wanted if k not in names and rename.own_name(k) is not None]
                 spare = [k for k in names if k not in wanted and k not in _FIXED_KEYS]
-                camera = bool(lacking) and lacking[0] in chosen["cameras"]
-                hint = rename_hint(lacking, of_kind(spare, cameras_named, camera=camera), rename)
+                hint = rename_hint(lacking, spare, rename, cameras=[*chosen["cameras"], *cameras_named])
             raise DatasetError(f"{reader.location.description}: {e}{hint}") from None
     return narrowed
-
-
-def of_kind(names: Iterable[str], cameras: Iterable[str], *, camera: bool) -> list[str]:
-    """The cameras of ``names`` (``cameras``: a dataset's camera names) where ``camera``, else the others: a key
-    lacking is given the name of a spare key of its kind (a feature named as a camera is refused again)."""
-    are_cameras = set(cameras)
-    return [name for name in names if (name in are_cameras) == camera]
 
 
 #: Where a rename_map is given, for hints.
@@ -414,40 +407,67 @@ _MAPS_TOLD = 3
 
 
 def rename_hint(
-    lacking: Sequence[str], spare: Sequence[str], rename: KeyRename, *, told: Mapping[str, str] | None = None
+    lacking: Sequence[str],
+    spare: Sequence[str],
+    rename: KeyRename,
+    *,
+    told: Mapping[str, str] | None = None,
+    cameras: Iterable[str] | None = None,
 ) -> str:
     """What to add where a dataset read with others lacks keys ``lacking`` that they have (``spare``: the batch
     names of its keys the others lack; ``rename``: its rename_map): a rename_map giving its keys those names, e.g. a
     camera recorded as 'rgb' where the others say 'top' (its map, if any, with those entries added or changed); ""
-    where it lacks none. Each map told gives every key lacking a spare key's name: the one pairing where names
-    decide it (:func:`_pairings`), else each pairing (up to :data:`_MAPS_TOLD`), else none (which is which is not to
-    be guessed: its spare keys are listed); where it has fewer spare keys than it lacks, no rename gives them all.
-    ``told``: the map as given, where ``rename`` holds only its entries for the dataset's own keys (its other
-    entries are told back as they are, but name none of its keys)."""
+    where it lacks none. Each map told gives every key lacking a spare key's name, a camera a camera's and a feature a
+    feature's (``cameras``: the batch names that are cameras, its own and the others'; None: one kind): the one
+    pairing where names decide it (:func:`_pairings`), else each pairing (up to :data:`_MAPS_TOLD`), else none
+    (which is which is not to be guessed: its spare keys are listed); where it has fewer spare keys of a kind than it
+    lacks, no rename gives them all. ``told``: the map as given, where ``rename`` holds only its entries for the
+    dataset's own keys (its other entries are told back as they are, but name none of its keys)."""
     given = rename.to_batch if told is None else told
-    return _hint(lacking, [rename.own_key(name) for name in spare], given)
+    if cameras is None:
+        return _hint([(lacking, [rename.own_key(name) for name in spare], "keys")], given)
+    are_cameras = set(cameras)
+    return _hint(
+        [
+            (
+                [name for name in lacking if (name in are_cameras) == camera],
+                [rename.own_key(name) for name in spare if (name in are_cameras) == camera],
+                "cameras" if camera else "features",
+            )
+            for camera in (True, False)
+        ],
+        given,
+    )
 
 
-def _hint(lacking: Sequence[str], spare: Sequence[str], given: Mapping[str, str]) -> str:
-    """:func:`rename_hint`, ``spare`` by the dataset's own keys, its map as ``given``."""
-    if not lacking:
+def _hint(kinds: Sequence[tuple[Sequence[str], Sequence[str], str]], given: Mapping[str, str]) -> str:
+    """:func:`rename_hint` of ``kinds``: (names lacking, spare own keys, what they are) of each kind of key, its map
+    as ``given``."""
+    kinds = [(lacking, spare, what) for lacking, spare, what in kinds if lacking]
+    if not kinds:
         return ""
-    if len(spare) < len(lacking):
-        has = f"only {list(spare)}" if spare else "none"
+    for lacking, spare, what in kinds:
+        if len(spare) < len(lacking):
+            has = f"only {list(spare)}" if spare else "none"
+            return (
+                f"; it lacks {list(lacking)} and has {has} of its {what} left to give those names: no rename_map gives "
+                "it them all"
+            )
+    lacking = [name for names, _, _ in kinds for name in names]
+    spare = [key for _, keys, _ in kinds for key in keys]
+    each = [_pairings(names, keys) for names, keys, _ in kinds]
+    if prod(len(pairings) for pairings in each) > _MAPS_TOLD:
         return (
-            f"; it lacks {list(lacking)} and has {has} of its keys left to give those names: no rename_map gives it "
-            "them all"
+            f"; if it records {lacking} under other names, give each the key it is recorded as with a rename_map "
+            f"(which of its keys left, {spare}, records which is not to be guessed: {_WHERE_GIVEN})"
         )
-    maps = [{**given, **pairing} for pairing in _pairings(lacking, spare)]
-    if len(maps) > _MAPS_TOLD:
-        return (
-            f"; if it records {list(lacking)} under other names, give each the key it is recorded as with a rename_map "
-            f"(which of its keys left, {list(spare)}, records which is not to be guessed: {_WHERE_GIVEN})"
-        )
+    maps = [
+        {**given, **{key: name for pairing in pairings for key, name in pairing.items()}} for pairings in product(*each)
+    ]
     if len(lacking) == 1:
         said = f"if a dataset lacking {lacking[0]!r} records it under another name, give it that name"
     else:
-        said = f"if a dataset lacking {list(lacking)} records them under other names, give them those names"
+        said = f"if a dataset lacking {lacking} records them under other names, give them those names"
     maps_told = _said(maps[0]) if len(maps) == 1 else f"one of {', '.join(map(_said, maps))}"
     return f"; {said} with a rename_map ({maps_told}: {_WHERE_GIVEN})"
 

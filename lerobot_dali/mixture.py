@@ -40,7 +40,7 @@ from .errors import (
     ShardingError,
 )
 from .iterator import DALILeRobotIterator, builds_said_together, default_dali_threads
-from .key_rename import KeyRename, of_kind, rename_hint, shared_selection, without_cameras_left_out
+from .key_rename import KeyRename, rename_hint, shared_selection, without_cameras_left_out
 from .part_schedule import PartSchedule
 from .said_once import say_once, warn_once
 from .sample_order import RankBalance
@@ -585,12 +585,11 @@ def _check_windows(
             if k not in read and k not in INDEX_COLUMNS and k not in (delta_timestamps or {})
         ]
         missing = lacking[reader.location.description]
-        spare = of_kind(spare, rename.batch_names(reader.info.camera_keys), camera=missing[0] in camera_names)
         raise DeltaTimestampsError(
             f"delta_timestamps names {unread}, which the mixture does not read: not every dataset has them "
             f"({ {d: k for d, k in lacking.items() if k} })"
             f"{''.join(f', and {said}' for said in left_out) or ', or cameras=/keys= leave them out'}"
-            f"{rename_hint(missing, spare, rename)}, or drop them from delta_timestamps"
+            f"{rename_hint(missing, spare, rename, cameras=camera_names)}, or drop them from delta_timestamps"
         )
 
 

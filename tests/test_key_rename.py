@@ -74,8 +74,8 @@ def test_several_cameras_lacking_are_told_every_pairing_or_said_not_to_be_guesse
     with pytest.raises(CameraSelectionError) as caught:
         own_cameras(located, [CAM0, TOP, WRIST], None)
     assert str(caught.value).endswith(
-        f"; it lacks ['{TOP}', '{WRIST}'] and has only ['{CAM1}'] of its keys left to give those names: no rename_map "
-        "gives it them all"
+        f"; it lacks ['{TOP}', '{WRIST}'] and has only ['{CAM1}'] of its cameras left to give those names: no "
+        "rename_map gives it them all"
     ), caught.value
 
 
@@ -118,3 +118,26 @@ def test_names_alike_are_paired_without_listing_every_order() -> None:
     assert _maps_told(ValueError(hint)) == [{named[0]: TOP, named[1]: WRIST}]
     hint = rename_hint([WRIST], [named[1], named[2]], KeyRename({CAM0: "x"}))
     assert _maps_told(ValueError(hint)) == [{CAM0: "x", named[1]: WRIST}, {CAM0: "x", named[2]: WRIST}]
+
+
+def test_a_window_lacking_a_camera_and_a_feature_pairs_each_with_its_kind(cameras3, cameras2) -> None:
+    """Windows on 'act' and 'top', which the second's map gives its 'action' and cam1: the first lacks both, and the
+    hint paired them all with spare keys of the first's kind ('act' a feature: its 'action' alone), so it said no map
+    gives it them all (it was '<its key>' before). Each kind is paired with its own now: 'action' to 'act' and cam1
+    or cam2 to 'top'; each map, passed, opens, the first's camera read as 'top'."""
+    windows = {"act": [0.0], TOP: [0.0]}
+    options = [{}, {"rename_map": {"action": "act", CAM1: TOP}}]
+    with pytest.raises(DeltaTimestampsError) as caught:
+        DALILeRobotMixture([cameras3, cameras2], delta_timestamps=windows, dataset_options=options, device="cpu")
+    told = _maps_told(caught.value)
+    assert told == [{"action": "act", CAM1: TOP}, {"action": "act", CAM2: TOP}]
+    for rename_map in told:
+        mix = DALILeRobotMixture(
+            [cameras3, cameras2], delta_timestamps=windows, dataset_options=[{"rename_map": rename_map}, options[1]],
+            batch_size=2, device="cpu", num_workers=0,
+        )  # fmt: skip
+        try:
+            own = next(key for key, name in rename_map.items() if name == TOP)
+            assert mix.datasets[0].reader.all_camera_keys == (CAM0, own)  # (cam0 both have; 'top')
+        finally:
+            mix.close()

@@ -699,7 +699,7 @@ def test_a_rename_hint_for_a_camera_names_a_camera_not_a_feature() -> None:
         DALILeRobotMixture(paths, dataset_options=options, cameras=[rgb, top], device="cpu", num_workers=0)
     assert "'action': 'observation.images.top'" not in str(raised.value), raised.value
     assert str(raised.value).endswith(
-        f"it lacks ['{top}'] and has none of its keys left to give those names: no rename_map gives it them all"
+        f"it lacks ['{top}'] and has none of its cameras left to give those names: no rename_map gives it them all"
     ), raised.value
     with pytest.raises(DeltaTimestampsError, match="give it that name with a rename_map") as raised:
         DALILeRobotMixture(paths[::-1], dataset_options=options[::-1], delta_timestamps={top: [0.0]}, device="cpu")
