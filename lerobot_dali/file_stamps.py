@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -335,10 +336,11 @@ class FileStamps(Mapping[str, FileStamp]):
 MAX_WALK_DEPTH = 8
 
 
-def find_files(fs: Any, root: str) -> dict[str, dict[str, Any]]:
+def find_files(fs: Any, root: str, *, depth: int | None = None) -> dict[str, dict[str, Any]]:
     """Every file under ``root`` with its info: the filesystem's own recursive ``find`` when it has one (the
     Hub: one tree request; object stores: one paginated listing), else a walk with one ``ls`` per folder (plain
-    HTTP, local folders).
+    HTTP, local folders). ``depth``: the walk lists folders that many levels below ``root`` and no deeper (the files
+    wanted lie no deeper); None: all, to :data:`MAX_WALK_DEPTH` (deeper ones are named in a warning).
 
     The walk is ours because fsspec's generic one (``find``'s, ``glob``'s; an async filesystem's too) skips a
     folder whose ``ls`` raised OSError (a reset connection, a timeout) below the top level, returning part of the
@@ -355,20 +357,39 @@ def find_files(fs: Any, root: str) -> dict[str, dict[str, Any]]:
             return {entry["name"]: entry for entry in listing}
         return dict(listing)
     files: dict[str, dict[str, Any]] = {}
-    pending, seen = [(root, 0)], set()
+    pending, seen, deeper = [(root, 0)], set(), []
+    limit = MAX_WALK_DEPTH if depth is None else depth
     while pending:
-        folder, depth = pending.pop()
+        folder, level = pending.pop()
         here = str(inner._strip_protocol(folder)).rstrip("/")
         for info in fs.ls(folder, detail=True):
-            name = str(info["name"]).rstrip("/")
+            name = _below(here, str(info["name"]))
+            if name is None:  # (an HTTP index page's link to itself, './', or out of it, '../x/')
+                continue
             if info.get("type") != "directory":
-                files[name] = info
-            # Only folders below this one, each once, at most MAX_WALK_DEPTH down: an HTTP index linking to itself,
-            # to its parent, or a server answering every path with the same page would be walked for ever.
+                files[name] = info if name == info["name"] else {**info, "name": name}
+            # Only folders below this one, each once, at most `limit` down: an HTTP index linking to itself, to its
+            # parent, or a server answering every path with the same page would be walked for ever.
             elif name.startswith(f"{here}/") and name not in seen:
                 seen.add(name)
-                if depth < MAX_WALK_DEPTH:
-                    pending.append((name, depth + 1))
-                else:
-                    logger.warning("%s: not listed, folders nest deeper than %d below %s", name, MAX_WALK_DEPTH, root)
+                if level < limit:
+                    pending.append((name, level + 1))
+                elif depth is None:
+                    deeper.append(name)
+    if deeper:
+        logger.warning(
+            "%d folder(s) under %s not listed, nesting deeper than %d below it (first: %s): their files are left out",
+            len(deeper), root, MAX_WALK_DEPTH, min(deeper),
+        )  # fmt: skip
     return files
+
+
+def _below(here: str, name: str) -> str | None:
+    """``name`` (listed in folder ``here``) with its './' and '//' steps taken out, or None where it is ``here`` itself
+    or lies outside it ('../'): an HTTP index page's links are joined to the folder's URL as written (Caddy's are
+    './name'). Names not under ``here`` are kept as given."""
+    name = name.rstrip("/")
+    if not name.startswith(f"{here}/"):
+        return name
+    relative = posixpath.normpath(name[len(here) + 1 :].lstrip("/"))
+    return None if relative == "." or relative.startswith("../") or relative == ".." else f"{here}/{relative}"

@@ -77,6 +77,10 @@ class FolderServer:
         #: Whether a read whose ``If-Match`` names another ETag than the file's is answered 412 (nginx's, Apache's);
         #: ``"refuse"``: every read with one is (a server whose If-Match disagrees with the ETags it gives).
         self.if_match: bool | str = True
+        #: Links added to every folder's index page as written (``"./"``, ``"../x/"``): a server's own odd ones.
+        self.index_links: tuple[str, ...] = ()
+        #: Written before each entry's link (Caddy's index pages link ``./name``).
+        self.link_prefix = ""
         #: Headers every request must carry (e.g. ``{"Authorization": "Bearer a"}``): one without is answered 401.
         self.required_headers: dict[str, str] = {}
         #: The methods whose answers for a file carry its ``Content-Length``: a ``GET`` left out ends its body by
@@ -346,7 +350,8 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
 
         def _listing(self, target: Path, *, body: bool, fault: str | None) -> None:
             names = sorted(p.name + ("/" if p.is_dir() else "") for p in target.iterdir())
-            links = "".join(f'<li><a href="{urllib.parse.quote(n)}">{html.escape(n)}</a></li>\n' for n in names)
+            hrefs = [*(server.link_prefix + urllib.parse.quote(n) for n in names), *server.index_links]
+            links = "".join(f'<li><a href="{html.escape(h)}">{html.escape(h)}</a></li>\n' for h in hrefs)
             page = f"<!DOCTYPE html><html><body><ul>\n{links}</ul></body></html>\n".encode()
             if fault == "drop":
                 self._drop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import pickle
 from pathlib import Path
 from types import SimpleNamespace
@@ -327,6 +328,33 @@ def test_a_walk_lists_each_folder_below_its_root_once() -> None:
     files = find_files(fs, "/root/meta/episodes")
     assert len(asked) == MAX_WALK_DEPTH + 1 == len(files)
     assert sorted(files) == [f"/root/meta/episodes{'/sub' * n}/file-000.parquet" for n in range(MAX_WALK_DEPTH + 1)]
+
+
+def test_a_walk_of_a_server_answering_every_folder_alike_warns_once_and_lists_the_depth_asked(caplog) -> None:
+    """A server answering every path with one index page of 2 folder links: the whole walk lists 2**9 - 1 folders to
+    MAX_WALK_DEPTH and warned once per folder left at the limit (512 lines); one warning now, naming how many. Asked
+    for the chunk folders alone (depth=1, the v3.0 episode listing's), it lists 1 + 2 folders."""
+    from fsspec import AbstractFileSystem
+
+    from lerobot_dali.file_stamps import MAX_WALK_DEPTH, find_files
+
+    asked: list[str] = []
+
+    class SamePage(AbstractFileSystem):
+        def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[dict[str, Any]]:
+            asked.append(path)
+            here = path.rstrip("/")
+            return [{"name": f"{here}/{name}", "type": "directory"} for name in ("a", "b")]
+
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.file_stamps"):
+        assert find_files(SamePage(), "/root/meta/episodes") == {}
+    assert len(asked) == 2 ** (MAX_WALK_DEPTH + 1) - 1
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and warned[0].startswith("512 folder(s) under /root/meta/episodes not listed"), warned
+    asked.clear()
+    caplog.clear()
+    assert find_files(SamePage(), "/root/meta/episodes", depth=1) == {}
+    assert asked == ["/root/meta/episodes", "/root/meta/episodes/b", "/root/meta/episodes/a"] and not caplog.records
 
 
 class _ChangingServer:

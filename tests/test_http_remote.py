@@ -242,6 +242,34 @@ def test_a_server_without_directory_listings_is_named(root: Path, make_ds, tmp_p
     assert not (tmp_path / "copy").exists()
 
 
+@pytest.mark.parametrize(
+    ("links", "prefix"),
+    [(("./",), ""), (("./file-000.parquet",), ""), (("../x/",), ""), ((), "./")],
+    ids=["self", "self_file", "sibling", "caddy"],
+)
+def test_index_pages_linking_to_themselves_or_out_of_their_folder_list_each_file_once(
+    root: Path, server, links: tuple[str, ...], prefix: str
+) -> None:
+    """A v3.0 open over a server whose index pages link './' (to the page itself), a file again as './file', or
+    '../x/' (out of the folder), or write every link './name' (Caddy's): find_files walked './' 8 levels deep (45
+    listings of meta/episodes/ and 36 GETs of its 1 file; 'episode_index values are not unique'), read the './file'
+    copy as a second file (the same error), and listed '../x/' as a folder of meta/episodes/ (404: 'no episode
+    metadata found'). Each file once now: 2 listings, 1 GET, the local dataset's episodes; names without './'."""
+    from lerobot_dali.file_stamps import find_files
+
+    server.index_links, server.link_prefix = links, prefix
+    reader = open_dataset(_url(server, root))
+    local = open_dataset(root)
+    assert reader.episodes.episode_index.tolist() == local.episodes.episode_index.tolist()
+    assert reader.episodes.length.tolist() == local.episodes.length.tolist()
+    episodes = Counter((r.method, r.kind) for r in server.records if "/meta/episodes" in r.path)
+    assert dict(episodes) == {("GET", "listing"): 2, ("GET", "full"): 1}
+    if links != ("./file-000.parquet",):  # (that link names a file in every folder, where it is missing too)
+        files = find_files(reader.location.meta_fs, f"{_url(server, root)}/meta")
+        meta = (p.relative_to(root).as_posix() for p in (root / "meta").rglob("*") if p.is_file())
+        assert sorted(files) == sorted(f"{_url(server, root)}/{name}" for name in meta)
+
+
 @pytest.mark.parametrize("fault_every", [0, 5])
 def test_iterator_over_http_equals_local(root: Path, server, local_epoch, monkeypatch, tmp_path, fault_every) -> None:
     from lerobot_dali.iterator import DALILeRobotIterator
