@@ -28,6 +28,7 @@ from .errors import DatasetError, EpisodeMetadataError, cameras_hint, listing_hi
 from .file_stamps import find_files
 from .fork_locks import cached_property
 from .pickled_columns import PickledColumn, narrowed, shared, widened
+from .remote_retry import RetryingFileSystem
 from .said_once import say_once
 from .value_checks import required_whole_number
 
@@ -330,8 +331,23 @@ def _damaged_advice(source: str) -> str:
     return f"the episode metadata is damaged: download or copy {source} again"
 
 
-#: A v3.0 dataset's episode metadata files, the end of their paths.
-_EPISODE_FILES = "meta/episodes/chunk-*/file-*.parquet"
+#: A v3.0 dataset's episode metadata files, their paths in ``meta/episodes``.
+_EPISODE_FILES = "/chunk-*/file-*.parquet"
+
+
+def _episode_files(fs: fsspec.AbstractFileSystem, folder: str) -> list[str]:
+    """The episode metadata files in ``folder`` (``meta/episodes``): ``chunk-*/file-*.parquet`` in it, not deeper (a
+    walk lists its chunk folders alone; an object store's listing has every file, and matched from the right a copy
+    in ``meta/episodes/chunk-000/old/meta/episodes/chunk-000/`` was read too: every episode listed twice)."""
+    inner = fs.fs if isinstance(fs, RetryingFileSystem) else fs
+    top = str(inner._strip_protocol(folder)).rstrip("/")
+
+    def wanted(name: str) -> bool:
+        if name.startswith(f"{top}/"):  # (its path in the folder, matched whole)
+            return PurePosixPath(name[len(top) :]).match(_EPISODE_FILES)
+        return PurePosixPath(name).match(f"meta/episodes{_EPISODE_FILES}")  # (a listing naming files otherwise)
+
+    return sorted(name for name in map(str, find_files(fs, folder, depth=1)) if wanted(name))
 
 
 def _v3_rows(fs: fsspec.AbstractFileSystem, meta_root: str) -> pa.Table:
@@ -340,7 +356,7 @@ def _v3_rows(fs: fsspec.AbstractFileSystem, meta_root: str) -> pa.Table:
     pattern = f"{folder}/chunk-*/file-*.parquet"
     try:  # (each folder listed once: fsspec's glob over HTTP listed meta/episodes/ twice, and asked for it with a
         # HEAD more; and left out a chunk folder whose listing failed, where this raises, so that it is retried)
-        files = sorted(name for name in find_files(fs, folder) if PurePosixPath(name).match(_EPISODE_FILES))
+        files = _episode_files(fs, folder)
     except FileNotFoundError:
         files = []
     if not files:

@@ -270,6 +270,29 @@ def test_index_pages_linking_to_themselves_or_out_of_their_folder_list_each_file
         assert sorted(files) == sorted(f"{_url(server, root)}/{name}" for name in meta)
 
 
+def test_v3_episode_metadata_is_read_from_chunk_folders_alone(root: Path, copy_ds) -> None:
+    """``meta/episodes/chunk-*/file-*.parquet`` is read, not a copy nested deeper: the v3.0 episode listing walked all
+    of meta/episodes/ and matched its files from the right, so a copy kept in
+    meta/episodes/chunk-000/old/meta/episodes/chunk-000/ was read too ('episode_index values are not unique', locally
+    and over HTTP), and over HTTP every folder below was listed (9 listings with that copy and an a/b/c folder); the
+    chunk folders alone now (2 listings), the dataset's own episodes."""
+    local = open_dataset(root)
+    dataset = copy_ds(root)
+    episodes = dataset / "meta" / "episodes" / "chunk-000"
+    nested = episodes / "old" / "meta" / "episodes" / "chunk-000"
+    nested.mkdir(parents=True)
+    for file in episodes.glob("file-*.parquet"):
+        shutil.copy(file, nested / file.name)
+    (episodes / "a" / "b" / "c").mkdir(parents=True)
+    (episodes / "a" / "b" / "c" / "notes.txt").write_text("kept beside the metadata")
+    with serve_folder(dataset.parent) as server:
+        for reader in (open_dataset(dataset), open_dataset(_url(server, dataset))):
+            assert reader.episodes.episode_index.tolist() == local.episodes.episode_index.tolist()
+            assert reader.episodes.length.tolist() == local.episodes.length.tolist()
+        listed = [r.path for r in server.records if r.kind == "listing" and "/meta/episodes" in r.path]
+    assert sorted(listed) == [f"/{dataset.name}/meta/episodes", f"/{dataset.name}/meta/episodes/chunk-000"]
+
+
 @pytest.mark.parametrize("fault_every", [0, 5])
 def test_iterator_over_http_equals_local(root: Path, server, local_epoch, monkeypatch, tmp_path, fault_every) -> None:
     from lerobot_dali.iterator import DALILeRobotIterator
