@@ -185,9 +185,15 @@ class FileStamps(Mapping[str, FileStamp]):
     def add_root(self, root: str) -> int:
         """List ``root`` recursively (one call) and record every file's stamp; returns how many were recorded.
 
-        A filesystem that cannot list, an absent root or a failed listing records nothing (logged): lookups
-        then fall back to ``info`` per file, which reports a really missing file as MissingDataFileError.
+        A filesystem that cannot list, one whose listings give no sizes (plain HTTP: not listed), an absent root or a
+        failed listing records nothing (logged): lookups then fall back to ``info`` per file, which reports a really
+        missing file as MissingDataFileError.
         """
+        if not _lists_sizes(self.fs):  # (not listed: one GET per folder, for nothing)
+            say_once(logger, logging.INFO,
+                "plain HTTP index pages give no file sizes: file stamps come from one info request (HEAD) per file",
+            )  # fmt: skip
+            return 0
         self.listing_calls += 1
         try:
             listing = find_files(self.fs, root)
@@ -330,6 +336,14 @@ class FileStamps(Mapping[str, FileStamp]):
         self.__dict__.update(state)
         self._lock = fork_locks.lock()
         self._pin()  # (the filesystem pickles as its arguments: a worker's copy knows no stamps)
+
+
+def _lists_sizes(fs: Any) -> bool:
+    """Whether listing ``fs``'s folders gives file sizes: not plain HTTP's, whose ``ls`` reads the links of an HTML
+    index page (sizes None), so walking a root there stamps nothing at one GET per folder."""
+    inner = fs.fs if isinstance(fs, RetryingFileSystem) else fs
+    protocols = {inner.protocol} if isinstance(inner.protocol, str) else set(inner.protocol)
+    return not protocols & {"http", "https"}
 
 
 #: How deep below its root a walk lists folders: LeRobot's nest 3 (videos/<camera>/chunk-000/).

@@ -143,6 +143,42 @@ def test_over_http_each_metadata_file_is_one_get(make_ds, tmp_path: Path, versio
         assert dict(Counter(meta)) == wanted, name
 
 
+#: Every request of an open over plain HTTP (2 episodes, 2 cameras), by (method, top folder, kind): no folder of
+#: data/ or videos/ is listed (the file stamps' walk listed each, 7 GETs for v3.0 and 6 for v2.1, and kept nothing:
+#: an HTML index page gives no sizes); files are stamped by a HEAD each, as they were.
+OPEN_REQUESTS = {
+    "v3.0": {
+        ("GET", "meta", "full"): 3,
+        ("GET", "meta", "listing"): 2,
+        ("GET", "data", "range"): 1,
+        ("HEAD", "data", "full"): 1,
+        ("HEAD", "videos", "full"): 2,
+    },
+    "v2.1": {
+        ("GET", "meta", "full"): 3,
+        ("GET", "data", "range"): 2,
+        ("HEAD", "data", "full"): 2,
+        ("HEAD", "videos", "full"): 2,
+    },
+}
+
+
+@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+def test_over_http_an_open_lists_no_data_or_video_folder(make_ds, version: str) -> None:
+    """Opening a dataset over plain HTTP asks for what it reads and stamps, and lists no folder for stamps: 9
+    requests for v3.0 (16 before) and 9 for v2.1 (15 before)."""
+    pytest.importorskip("aiohttp", reason="fsspec's HTTPFileSystem needs aiohttp (the 'test' extra)")
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=2, codec="vp9", size=(64, 64), version=version)
+    with serve_folder(root.parent) as server:
+        server.reset_stats()
+        reader = open_dataset(f"{server.url}/{root.name}")
+        records = server.records
+    asked = Counter((r.method, r.path.removeprefix(f"/{root.name}/").split("/")[0], r.kind) for r in records)
+    assert dict(asked) == OPEN_REQUESTS[version]
+    assert reader.num_frames == open_dataset(root).num_frames and reader.stamps is not None
+    assert reader.stamps.listing_calls == 0
+
+
 @pytest.mark.parametrize("codec", ["av1", "vp9"])  # decoded by PyAV, and by DALI from clips cut in the worker
 def test_without_the_prefetch_cache_a_remote_video_read_fetches_its_packets_alone(
     make_ds, tmp_path: Path, codec: str
