@@ -520,9 +520,24 @@ def with_bulk_root(
 
 
 def _remote_fs(target: str, options: dict[str, Any]) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The filesystem and root of an fsspec URL, with HTTP timeouts and retries: every remote root gets both."""
-    fs, root = fsspec.core.url_to_fs(target, **_http_timeouts(target, options))
+    """The filesystem and root of an fsspec URL, with HTTP timeouts and retries: every remote root gets both. An
+    http(s) root is spelled as its requests send it (percent-encoded, by yarl, as aiohttp encodes each request's URL):
+    a server's index page that links folders by absolute path (``/my%20ds/meta/episodes/chunk-000/``) names them so,
+    and fsspec keeps only the links under the folder's URL as spelled (``/my ds/...`` found none of them)."""
+    fs, root = fsspec.core.url_to_fs(_as_sent(target), **_http_timeouts(target, options))
     return _retrying(fs), root
+
+
+def _as_sent(target: str) -> str:
+    """An http(s) URL percent-encoded as aiohttp sends it (a space as %20, 'ä' as %C3%A4; escapes kept), others as
+    given."""
+    if not target.startswith(("http://", "https://")):
+        return target
+    try:
+        import yarl  # (aiohttp's, which fsspec's HTTPFileSystem needs)
+    except ImportError:  # (fsspec's own error names what to install)
+        return target
+    return str(yarl.URL(target))
 
 
 def _retrying(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:

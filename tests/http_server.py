@@ -79,7 +79,8 @@ class FolderServer:
         self.if_match: bool | str = True
         #: Links added to every folder's index page as written (``"./"``, ``"../x/"``): a server's own odd ones.
         self.index_links: tuple[str, ...] = ()
-        #: Written before each entry's link (Caddy's index pages link ``./name``).
+        #: Written before each entry's link (Caddy's index pages link ``./name``); ``"absolute"``: the folder's path on
+        #: the server, percent-encoded (``/my%20ds/meta/name``).
         self.link_prefix = ""
         #: Headers every request must carry (e.g. ``{"Authorization": "Bearer a"}``): one without is answered 401.
         self.required_headers: dict[str, str] = {}
@@ -350,7 +351,11 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
 
         def _listing(self, target: Path, *, body: bool, fault: str | None) -> None:
             names = sorted(p.name + ("/" if p.is_dir() else "") for p in target.iterdir())
-            hrefs = [*(server.link_prefix + urllib.parse.quote(n) for n in names), *server.index_links]
+            prefix = server.link_prefix
+            if prefix == "absolute":
+                folder = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path).rstrip("/")
+                prefix = urllib.parse.quote(f"{folder}/")
+            hrefs = [*(prefix + urllib.parse.quote(n) for n in names), *server.index_links]
             links = "".join(f'<li><a href="{html.escape(h)}">{html.escape(h)}</a></li>\n' for h in hrefs)
             page = f"<!DOCTYPE html><html><body><ul>\n{links}</ul></body></html>\n".encode()
             if fault == "drop":

@@ -270,6 +270,24 @@ def test_index_pages_linking_to_themselves_or_out_of_their_folder_list_each_file
         assert sorted(files) == sorted(f"{_url(server, root)}/{name}" for name in meta)
 
 
+def test_a_dataset_url_typed_with_spaces_or_accents_finds_files_a_server_links_by_absolute_path(
+    root: Path, tmp_path: Path
+) -> None:
+    """A v3.0 dataset in a folder named 'my ds ä', its URL typed as named, on a server whose index pages link by
+    absolute path, percent-encoded ('/my%20ds%20%C3%A4/meta/episodes/chunk-000/'): fsspec keeps only links under the
+    folder's URL as spelled, so none was found ('no episode metadata found', 1 of 1; typed percent-encoded it opened).
+    The root is spelled as aiohttp sends it now: the local dataset's episodes, whichever way it is typed."""
+    shutil.copytree(root, tmp_path / "my ds ä")
+    local = open_dataset(root)
+    with serve_folder(tmp_path) as server:
+        server.link_prefix = "absolute"
+        for typed in ("my ds ä", "my%20ds%20%C3%A4"):
+            reader = open_dataset(f"{server.url}/{typed}")
+            assert reader.episodes.episode_index.tolist() == local.episodes.episode_index.tolist(), typed
+            assert reader.num_frames == local.num_frames
+            assert reader.stamps is not None and reader.stamps[reader.data_path(0)].size > 0
+
+
 def test_v3_episode_metadata_is_read_from_chunk_folders_alone(root: Path, copy_ds) -> None:
     """``meta/episodes/chunk-*/file-*.parquet`` is read, not a copy nested deeper: the v3.0 episode listing walked all
     of meta/episodes/ and matched its files from the right, so a copy kept in
