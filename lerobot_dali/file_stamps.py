@@ -286,8 +286,7 @@ class FileStamps(Mapping[str, FileStamp]):
             return None
         # Asked once, not through RetryingFileSystem's retries: on an error path, over a network failing, they waited
         # out the whole backoff schedule for every file asked (16 files: 96 requests and 80 waits, ~3 minutes).
-        fs = self.fs.route(path) if hasattr(self.fs, "route") else self.fs  # (a union's: its dataset's filesystem)
-        fs = fs.fs if isinstance(fs, RetryingFileSystem) else fs
+        fs = _client(self.fs, path)
         fs.invalidate_cache(path)  # (s3fs, gcsfs and the Hub answer info from their listings' cache)
         now = stamp_from_info({"name": path, **fs.info(path)})
         if now.size != before.size:
@@ -336,6 +335,20 @@ class FileStamps(Mapping[str, FileStamp]):
         self.__dict__.update(state)
         self._lock = fork_locks.lock()
         self._pin()  # (the filesystem pickles as its arguments: a worker's copy knows no stamps)
+
+
+def _client(fs: Any, path: str) -> Any:
+    """The client that answers for ``path`` under ``fs``'s layers: the prefetch cache (a union's stamps in the workers
+    are on it), a union's routing to its dataset's filesystem, the retries."""
+    from .cached_filesystem import CachedFileSystem  # (which imports this module)
+
+    while True:
+        if isinstance(fs, CachedFileSystem | RetryingFileSystem):
+            fs = fs.fs
+        elif callable(getattr(fs, "route", None)):  # (MemberFileSystems')
+            fs = fs.route(path)
+        else:
+            return fs
 
 
 def _lists_sizes(fs: Any) -> bool:

@@ -439,3 +439,29 @@ def test_the_error_paths_stamp_check_over_a_failing_network_asks_once_and_waits_
     server.down = False
     server.infos["f7"]["ETag"] = '"new"'
     assert stamps.first_changed(server.infos) == ("f7", "etag:7", "etag:new")
+
+
+def test_the_error_paths_stamp_check_of_a_union_read_through_the_prefetch_cache_asks_once(
+    monkeypatch, tmp_path: Path
+) -> None:
+    """A union's stamps in the workers are on the prefetch cache's filesystem (its copy built over the cache), whose
+    info went through the retries and whose invalidate_cache reached no client: over a network gone, 6 requests and
+    5 backoff waits for one file (over HTTP, two datasets: 12 requests, 5 waits); once and none now, as for one
+    dataset, and a same-size change is named with the client's cache dropped."""
+    from lerobot_dali.cached_filesystem import CachedFileSystem
+
+    waits: list[float] = []
+    monkeypatch.setattr("lerobot_dali.remote_retry.time", SimpleNamespace(sleep=waits.append))
+    server = _DownServer({"a/f0": {"size": 5, "ETag": '"0"'}, "a/f1": {"size": 5, "ETag": '"1"'}})
+    own = FileStamps(RetryingFileSystem(server, policy=RetryPolicy(retries=5)))
+    for path in server.infos:
+        own[path]  # (stamped at open)
+    cached = CachedFileSystem(own.fs, tmp_path, own)
+    stamps = FileStamps.merged([own], fs=cached)  # (DatasetUnion.with_location's)
+    server.down, server.asked = True, 0
+    assert stamps.first_changed(server.infos) is None
+    assert (server.asked, len(waits)) == (1, 0)
+    server.down, server.invalidated = False, []
+    server.infos["a/f1"]["ETag"] = '"new"'
+    assert stamps.first_changed(server.infos) == ("a/f1", "etag:1", "etag:new")
+    assert server.invalidated == ["a/f0", "a/f1"]
