@@ -28,6 +28,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from .distributed import draws_progress
 from .errors import DatasetNotFoundError
+from .file_stamps import client_of
 from .remote_retry import RetryingFileSystem, fresh_instance
 from .said_once import say_once, warn_once
 
@@ -90,7 +91,7 @@ def fetches_whole(fs: fsspec.AbstractFileSystem) -> bool:
     """Whether :func:`read_whole` reads ``fs``'s files in one request: the filesystem under ``fs`` has a ``cat_file``
     of its own (an async one: ``_cat_file``; HTTP's, object stores'), not fsspec's generic one that opens the file
     and reads it."""
-    inner = fs.fs if isinstance(fs, RetryingFileSystem) else fs
+    inner = client_of(fs)
     if isinstance(inner, AsyncFileSystem):
         return type(inner)._cat_file is not AsyncFileSystem._cat_file
     return type(inner).cat_file is not fsspec.AbstractFileSystem.cat_file

@@ -49,7 +49,7 @@ from .dataset_stats import POOLED_STATS, FeatureStats, aggregate_episode_stats
 from .episode_rows import DecodedGroups
 from .episode_table import EpisodeTable
 from .errors import DatasetError, EpisodeMetadataError, SchemaMismatchError, StatsError
-from .file_stamps import FileStamp, FileStamps
+from .file_stamps import FileStamp, FileStamps, client_of
 from .frame_lookup import ITERATORS_LOOKUP, FrameLookup, TimestampSource
 from .image_frames import first_image_shape
 from .key_rename import KeyRename, check_rename_map, own_cameras, shared_selection, without_cameras_left_out
@@ -491,7 +491,7 @@ class MemberFileSystems(fsspec.AbstractFileSystem):
     def of(members: Sequence[LeRobotDatasetReader]) -> fsspec.AbstractFileSystem:
         """The first member's filesystem where every member's reads through one client (the same options), else
         one that routes each path to its member's."""
-        clients = {id(_inner(m.location.fs)) for m in members}
+        clients = {id(client_of(m.location.fs)) for m in members}
         if len(clients) <= 1 or any(m.location.is_local for m in members):
             return members[0].location.fs
         return MemberFileSystems([(m.location.root.rstrip("/") + "/", m.location.fs) for m in members])
@@ -554,14 +554,9 @@ class MemberFileSystems(fsspec.AbstractFileSystem):
             fs.invalidate_cache(path)
 
 
-def _inner(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
-    """The client under the retry layer."""
-    return fs.fs if isinstance(fs, RetryingFileSystem) else fs
-
-
 def _filesystem_kind(reader: LeRobotDatasetReader) -> str:
     """Local, or the protocol of the remote filesystem: one union opens every dataset's files through one."""
-    inner = _inner(reader.location.fs)
+    inner = client_of(reader.location.fs)
     protocol = inner.protocol if isinstance(inner.protocol, str) else inner.protocol[0]
     return "local" if reader.location.is_local else protocol
 

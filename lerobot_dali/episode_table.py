@@ -25,10 +25,9 @@ from .dataset_info import DatasetInfo
 from .dataset_location import fetches_whole, read_if_present, read_whole
 from .episode_rows import damaged_parquet_as, read_parquet
 from .errors import DatasetError, EpisodeMetadataError, cameras_hint, listing_hint
-from .file_stamps import find_files
+from .file_stamps import find_files, stripped
 from .fork_locks import cached_property
 from .pickled_columns import PickledColumn, narrowed, shared, widened
-from .remote_retry import RetryingFileSystem
 from .said_once import say_once
 from .value_checks import required_whole_number
 
@@ -339,8 +338,7 @@ def _episode_files(fs: fsspec.AbstractFileSystem, folder: str) -> list[str]:
     """The episode metadata files in ``folder`` (``meta/episodes``): ``chunk-*/file-*.parquet`` in it, not deeper (a
     walk lists its chunk folders alone; an object store's listing has every file, and matched from the right a copy
     in ``meta/episodes/chunk-000/old/meta/episodes/chunk-000/`` was read too: every episode listed twice)."""
-    inner = fs.fs if isinstance(fs, RetryingFileSystem) else fs
-    top = str(inner._strip_protocol(folder)).rstrip("/")
+    top = stripped(fs, folder)
 
     def wanted(name: str) -> bool:
         if name.startswith(f"{top}/"):  # (its path in the folder, matched whole)

@@ -29,11 +29,13 @@ from .said_once import say_once, warn_once
 __all__ = [
     "FileStamp",
     "FileStamps",
+    "client_of",
     "find_files",
     "local_stamps",
     "stamp_from_info",
     "stamp_from_stat",
     "stat_version",
+    "stripped",
 ]
 
 logger = logging.getLogger(__name__)
@@ -230,8 +232,7 @@ class FileStamps(Mapping[str, FileStamp]):
         return len(recorded)
 
     def _key(self, path: str) -> str:
-        inner = self.fs.fs if isinstance(self.fs, RetryingFileSystem) else self.fs
-        return str(inner._strip_protocol(path)).rstrip("/")
+        return stripped(self.fs, path)
 
     def __getitem__(self, path: str) -> FileStamp:
         """The stamp of ``path``; raises MissingDataFileError naming it when it does not exist."""
@@ -351,10 +352,21 @@ def _client(fs: Any, path: str) -> Any:
             return fs
 
 
+def client_of(fs: Any) -> Any:
+    """The filesystem under :class:`RetryingFileSystem`'s retries (``fs`` itself where it has none)."""
+    return fs.fs if isinstance(fs, RetryingFileSystem) else fs
+
+
+def stripped(fs: Any, path: str) -> str:
+    """``path`` as ``fs``'s listings name it: its protocol (where the filesystem's names have none) and a trailing
+    '/' taken off."""
+    return str(client_of(fs)._strip_protocol(path)).rstrip("/")
+
+
 def _lists_sizes(fs: Any) -> bool:
     """Whether listing ``fs``'s folders gives file sizes: not plain HTTP's, whose ``ls`` reads the links of an HTML
     index page (sizes None), so walking a root there stamps nothing at one GET per folder."""
-    inner = fs.fs if isinstance(fs, RetryingFileSystem) else fs
+    inner = client_of(fs)
     protocols = {inner.protocol} if isinstance(inner.protocol, str) else set(inner.protocol)
     return not protocols & {"http", "https"}
 
@@ -374,7 +386,7 @@ def find_files(fs: Any, root: str, *, depth: int | None = None) -> dict[str, dic
     tree (its ``on_error`` does not reach the folders below); ``ls`` through :class:`RetryingFileSystem` is retried
     instead. FileNotFoundError where ``root`` is absent (the walk's; a filesystem's own find may answer none).
     """
-    inner = fs.fs if isinstance(fs, RetryingFileSystem) else fs
+    inner = client_of(fs)
     generic = type(inner).find is fsspec.AbstractFileSystem.find or (
         isinstance(inner, AsyncFileSystem) and type(inner)._find is AsyncFileSystem._find
     )
@@ -388,7 +400,7 @@ def find_files(fs: Any, root: str, *, depth: int | None = None) -> dict[str, dic
     limit = MAX_WALK_DEPTH if depth is None else depth
     while pending:
         folder, level = pending.pop()
-        here = str(inner._strip_protocol(folder)).rstrip("/")
+        here = stripped(fs, folder)
         for info in fs.ls(folder, detail=True):
             name = _below(here, str(info["name"]))
             if name is None:  # (an HTTP index page's link to itself, './', or out of it, '../x/')
