@@ -280,8 +280,9 @@ class FileStamps(Mapping[str, FileStamp]):
     def change_now(self, path: str) -> tuple[str, str] | None:
         """``(when recorded, now)`` where remote file ``path`` is another file now than its recorded stamp says: its
         size, or its version of the same kind (ETag, hash, mtime), asked anew with one ``info``; None where it is the
-        same, was never stamped here, or cannot be told (no version, another kind). Raises where the server gives no
-        answer."""
+        same, was never stamped here, or cannot be told (no version, another kind); ``now`` is 'removed' where the
+        server says it has no such file (a 404: fsspec's HTTP info raises FileNotFoundError from it). Raises where the
+        server gives no answer (a 503 too)."""
         before = self._stamps.get(self._key(path))
         if before is None:
             return None
@@ -289,7 +290,12 @@ class FileStamps(Mapping[str, FileStamp]):
         # out the whole backoff schedule for every file asked (16 files: 96 requests and 80 waits, ~3 minutes).
         fs = _client(self.fs, path)
         fs.invalidate_cache(path)  # (s3fs, gcsfs and the Hub answer info from their listings' cache)
-        now = stamp_from_info({"name": path, **fs.info(path)})
+        try:
+            now = stamp_from_info({"name": path, **fs.info(path)})
+        except FileNotFoundError as e:
+            if is_transient(e):  # (fsspec's HTTP info raises it from whatever its request hit)
+                raise
+            return f"{before.size} bytes", "removed"
         if now.size != before.size:
             return f"{before.size} bytes", f"{now.size}"
         kind = before.version.partition(":")[0]

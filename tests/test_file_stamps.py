@@ -403,7 +403,7 @@ def test_changed_tells_a_same_size_rewrite_by_a_version_of_the_same_kind() -> No
     server.infos["e"] = {"size": 5, "Last-Modified": "Wed"}  # (another kind of version: not comparable)
     assert changed("e") is None
     del server.infos["m"]
-    assert changed("m") is None and changed("never-stamped") is None
+    assert changed("m") == ("5 bytes", "removed") and changed("never-stamped") is None
 
 
 class _DownServer(_ChangingServer, fsspec.AbstractFileSystem):
@@ -465,3 +465,26 @@ def test_the_error_paths_stamp_check_of_a_union_read_through_the_prefetch_cache_
     server.infos["a/f1"]["ETag"] = '"new"'
     assert stamps.first_changed(server.infos) == ("a/f1", "etag:1", "etag:new")
     assert server.invalidated == ["a/f0", "a/f1"]
+
+
+def test_the_error_paths_stamp_check_names_a_file_removed_from_the_server(tmp_path: Path) -> None:
+    """A file deleted on the server while it was read: asked for its stamp again, the server's 404 (fsspec's HTTP
+    info: FileNotFoundError from it) was taken for no answer, so the read's own error (a decode or parse failure:
+    'corrupt') was raised. It is the file's change now: removed; a 503 is still no answer."""
+    pytest.importorskip("aiohttp", reason="fsspec's HTTPFileSystem needs aiohttp (the 'test' extra)")
+    from tests.http_server import serve_folder
+
+    (tmp_path / "a").mkdir()
+    for name in ("f0", "f1"):
+        (tmp_path / "a" / name).write_bytes(b"12345")
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True), policy=RetryPolicy(retries=0))
+        stamps = FileStamps(fs)
+        paths = [f"{server.url}/a/f0", f"{server.url}/a/f1"]
+        for path in paths:
+            stamps[path]  # (stamped at open)
+        server.set_faults(1)  # (every request answered 503: no answer)
+        assert stamps.first_changed(paths) is None
+        server.set_faults(0)
+        (tmp_path / "a" / "f1").unlink()
+        assert stamps.first_changed(paths) == (paths[1], "5 bytes", "removed")
