@@ -530,15 +530,20 @@ def _remote_fs(target: str, options: dict[str, Any]) -> tuple[fsspec.AbstractFil
 
 
 def _as_sent(target: str) -> str:
-    """An http(s) URL percent-encoded as aiohttp sends it (a space as %20, 'ä' as %C3%A4; escapes kept), others as
-    given."""
+    """An http(s) URL with what its path cannot hold as typed percent-encoded as aiohttp sends it (UTF-8: a space as
+    %20, 'ä' as %C3%A4; escapes kept), and nothing else changed (host, port, escapes, '.' steps as typed: each file's
+    URL keys the packet-index cache on disk, and names the file in errors); others as given."""
     if not target.startswith(("http://", "https://")):
         return target
-    try:
-        import yarl  # (aiohttp's, which fsspec's HTTPFileSystem needs)
-    except ImportError:  # (fsspec's own error names what to install)
-        return target
-    return str(yarl.URL(target))
+    parts = urlsplit(target)
+    path = _BARE_PERCENT.sub("%25", parts.path)  # (a '%' starting no escape: a name's own, as yarl takes it)
+    return urlunsplit(parts._replace(path=quote(path, safe=_PATH_KEPT)))
+
+
+#: What :func:`_as_sent` keeps in a URL's path: RFC 3986's unreserved characters (``quote`` keeps them), its
+#: sub-delimiters, ':', '@', '/' and the '%' of escapes.
+_PATH_KEPT = "/%:@!$&'()*+,;="
+_BARE_PERCENT = re.compile("%(?![0-9A-Fa-f]{2})")
 
 
 def _retrying(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:

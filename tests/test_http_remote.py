@@ -288,6 +288,22 @@ def test_a_dataset_url_typed_with_spaces_or_accents_finds_files_a_server_links_b
             assert reader.stamps is not None and reader.stamps[reader.data_path(0)].size > 0
 
 
+def test_a_plain_ascii_dataset_url_keeps_its_spelling(root: Path, tmp_path: Path) -> None:
+    """A root needing no percent-encoding is used as typed: yarl's spelling of the whole URL also lowercased its host,
+    dropped a default port, decoded '%7E' and took '/./' out, so each file's URL, which keys the packet-index cache
+    on disk (and names files in errors), changed from the one used before (4 of 4 such spellings), and indexes
+    stored then were not found (each remote video indexed again). Encoded as needed, it is the typed one."""
+    shutil.copytree(root, tmp_path / "a~b")
+    local = open_dataset(root)
+    with serve_folder(tmp_path) as server:
+        host = f"LOCALHOST:{server.port}"
+        for typed in (f"http://{host}/a~b", f"{server.url}/a%7Eb", f"{server.url}/./a~b", f"http://{host}/a%7eb"):
+            reader = open_dataset(typed)
+            assert reader.location.root == typed
+            assert reader.data_path(0) == f"{typed}/{reader.info.data_path.format(chunk_index=0, file_index=0)}"
+            assert reader.episodes.episode_index.tolist() == local.episodes.episode_index.tolist(), typed
+
+
 def test_v3_episode_metadata_is_read_from_chunk_folders_alone(root: Path, copy_ds) -> None:
     """``meta/episodes/chunk-*/file-*.parquet`` is read, not a copy nested deeper: the v3.0 episode listing walked all
     of meta/episodes/ and matched its files from the right, so a copy kept in
