@@ -656,11 +656,14 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         asked here without If-Match), else (no Content-Length) its stamp's, the size of the version If-Match asks for;
         where the server refuses ranges, fsspec's streaming file, as its open picks (one GET, If-Match with it). An
         empty file (fsspec's open takes a size of 0 for none) is opened without If-Match: it has no bytes to ask for.
+        A server's size other than the stamp's is the file's change, raised with no GET (emptied, it was read as b'').
         """
         stamp = self._pinned_stamp(path)
         if stamp is not None and not kwargs.get("size"):
             info = self.info(path)
-            kwargs = {**kwargs, "size": stamp.size if info.get("size") is None else info["size"]}
+            if info.get("size") is not None and info["size"] != stamp.size:
+                raise changed_on_server(path, f"{stamp.size} bytes when opened, {info['size']} now")
+            kwargs = {**kwargs, "size": stamp.size}
             if info.get("partial", True) is False:  # ('Accept-Ranges: none')
                 kwargs["block_size"] = 0
 

@@ -801,6 +801,33 @@ def test_a_dataset_read_with_its_options_asks_each_read_for_the_stamped_version_
         assert {r.query for r in records} == {"token=x"}
 
 
+@pytest.mark.parametrize("now", [b"", b"abc", b"0123456789AB"], ids=["emptied", "shrank", "grew"])
+def test_a_pinned_file_whose_size_changed_before_its_open_is_named_changed(tmp_path: Path, now: bytes) -> None:
+    """A stamped file whose server size differs from its stamp's when it is opened: emptied, it was opened with the
+    server's size of 0 (no If-Match: no bytes to ask for) and read as b'' with no error (3 requests: 2 HEADs and a
+    GET of nothing); shrunk or grown, its GET was answered 412. Each is the file's change now, named by the open's
+    HEAD, with no GET."""
+    import fsspec
+
+    from lerobot_dali.file_stamps import FileStamps
+
+    file = tmp_path / "f.bin"
+    file.write_bytes(b"1234567890")
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True), policy=RetryPolicy(retries=1))
+        url = f"{server.url}/f.bin"
+        FileStamps(fs)[url]  # (stamped at open: 10 bytes)
+        _rewrite_same_size(file)  # (a version of its size first: modified a second later)
+        modified = file.stat().st_mtime_ns
+        file.write_bytes(now)
+        os.utime(file, ns=(modified, modified))
+        server.reset_stats()
+        changed = rf"f\.bin changed on the server while it was read \(10 bytes when opened, {len(now)} now\); re"
+        with pytest.raises(DatasetError, match=changed), fs.open(url, "rb") as handle:
+            handle.read()
+        assert [(r.method, r.status) for r in server.records] == [("HEAD", 200)]
+
+
 @pytest.mark.parametrize("content_length", ["GET HEAD", "GET", "HEAD", ""], ids=["sent", "get", "head", "none"])
 @pytest.mark.parametrize("headers", [False, True], ids=["no_headers", "headers"])
 def test_a_pinned_file_is_read_at_its_stamped_version_by_every_route(
