@@ -729,35 +729,41 @@ class DALILeRobotIterator:
         if getattr(self, "_pid", None) != os.getpid():
             return
         lock = getattr(self, "_next_lock", None)
-        if lock is not None and fork_locks.held_here(lock):
+        if lock is None:  # (__del__ of an iterator whose __init__ raised before making it: no pass to wait for)
+            self._close_held()
+            return
+        if fork_locks.held_here(lock):
             # A signal handler on the thread of a pass that holds the pipeline: inside DALI's next(), closing the
             # workers waits for a condition that thread holds (a hang); building it, the build went on to hand a
             # working pass out, its workers running, after this close(). The pass closes everything as it lets go.
             self._dali_iter = None
             self._close_deferred = threading.get_ident()
             return
-        if lock is not None and not lock.acquire(blocking=False):
-            self._dali_iter = None  # tells the pass in next() that its failure (or batch) is a close
-            _close_workers(self._pipeline)  # ends the wait on the workers; the pass shuts the rest down
-            if not lock.acquire(timeout=CLOSE_WAIT_S):
-                logger.warning(
-                    "close(): a pass is still inside DALI's next() after %d s; the pipeline is left to it (shutting "
-                    "it down under the call could crash the process): that pass raises IteratorClosedError once "
-                    "the call returns; call close() again then",
-                    CLOSE_WAIT_S,
-                )
-                return
+        # The lock is taken inside the try whose finally lets it go, and let go only where this thread holds it (no
+        # other statement can note a taking: a signal's exception lands right after acquire() returns, before the
+        # next one runs). Taken before that try, a Ctrl-C there left the lock held by this thread for ever: every
+        # later close() on it was left to a pass that never came and one on another thread (__del__, the exit
+        # handler's) waited CLOSE_WAIT_S and gave up, the pipeline and prefetcher left running (a KeyboardInterrupt
+        # after each call close() makes: 1 of 12 points; 1 of 14 as another thread's pass is inside DALI's next()).
         try:
-            self._close_pipeline()
+            if not lock.acquire(blocking=False):
+                self._dali_iter = None  # tells the pass in next() that its failure (or batch) is a close
+                _close_workers(self._pipeline)  # ends the wait on the workers; the pass shuts the rest down
+                if not lock.acquire(timeout=CLOSE_WAIT_S):
+                    logger.warning(
+                        "close(): a pass is still inside DALI's next() after %d s; the pipeline is left to it "
+                        "(shutting it down under the call could crash the process): that pass raises "
+                        "IteratorClosedError once the call returns; call close() again then",
+                        CLOSE_WAIT_S,
+                    )
+                    return
+            self._close_held()
         finally:
-            try:
-                prefetcher = getattr(self, "_prefetcher", None)
-                if prefetcher is not None:  # (stopped even when DALI's shutdown failed)
-                    prefetcher.close()
-                    self._prefetcher = None
-            finally:
-                if lock is not None:
-                    lock.release()
+            try:  # (no call before it: a signal's exception lands only after a call returns, or a jump back)
+                lock.release()
+            except RuntimeError:  # not taken: a pass holds it still, or the exception landed before acquire()
+                pass
+            else:
                 # A signal handler's close() while this one held the lock was left to this one, which did it. Cleared
                 # once the lock is let go: one landing between the clearing and the release stayed left, and the next
                 # pass closed what it built (a close() at each line close() runs: 2 of 12). Left set if a second
@@ -768,6 +774,16 @@ class DALILeRobotIterator:
                 closed = getattr(self, "_pipeline", None) is None
                 if closed and getattr(self, "_close_deferred", 0) == threading.get_ident():
                     self._close_deferred = 0
+
+    def _close_held(self) -> None:
+        """close() with the pass's lock taken: the pipeline, then the prefetcher (even when DALI's shutdown failed)."""
+        try:
+            self._close_pipeline()
+        finally:
+            prefetcher = getattr(self, "_prefetcher", None)
+            if prefetcher is not None:
+                prefetcher.close()
+                self._prefetcher = None
 
     @property
     def camera_channels(self) -> dict[str, int]:
