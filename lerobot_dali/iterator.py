@@ -552,7 +552,9 @@ class DALILeRobotIterator:
         taken, or at the start of its ``__exit__``, left the lock held by this thread while the exception lived, so
         the loop's close() in its except body was deferred and the pipeline ran on (a KeyboardInterrupt at each point
         a handler runs: 6 such points in the three blocks; none with the RLock's own C ``__enter__``/``__exit__``)."""
-        if self._close_deferred and not fork_locks.held_here(self._next_lock):
+        # (this thread's alone: another's, left set where a pass of this one built as its close() let the lock go,
+        # closed every pass of this one as it let the lock go, which that close() cannot clear: 3 of 3 passes)
+        if self._close_deferred == threading.get_ident() and not fork_locks.held_here(self._next_lock):
             self.close()
 
     def _next_batch(self, pass_id: int) -> dict[str, Any] | None:

@@ -1788,3 +1788,70 @@ def test_a_ctrl_c_in_close_leaves_the_lock_free_for_the_next_close(make_ds, monk
                 it._next_lock.release()
             it.close()
     assert len(reached) > 8 and left == []
+
+
+def test_a_handlers_close_left_set_as_another_thread_builds_does_not_close_that_threads_passes(
+    make_ds, monkeypatch
+) -> None:
+    """A handler's close() left to the pass on its thread is cleared by the close() that pass runs once the pipeline
+    it saw is closed; another thread that built one meanwhile (after that close() let the lock go, before its check)
+    left it set, and every pass of that other thread closed the pipeline it built as it let the lock go, since it ran
+    any thread's deferral and its close() cleared only its own: its passes raised IteratorClosedError for ever (3 of
+    3). A pass now runs only the deferral of its own thread."""
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=False, device="cpu", num_workers=0, drop_last=False)
+    it = DALILeRobotIterator(root, **kwargs)
+    close_code, iter_code = DALILeRobotIterator.close.__code__, DALILeRobotIterator.__iter__.__code__
+    lines, first = inspect.getsourcelines(DALILeRobotIterator.close)
+    release = first + next(i for i, line in enumerate(lines) if line.strip() == "lock.release()")
+    lines, first = inspect.getsourcelines(DALILeRobotIterator.__iter__)
+    built = first + next(i for i, line in enumerate(lines) if "self._pass_id += 1" in line)
+    b_built, a_checked, failed = threading.Event(), threading.Event(), []
+
+    def other_thread() -> None:  # (its first pass waits, its pipeline built, for the deferred close's check)
+        def at_built(frame, event, arg):
+            if event == "line" and frame.f_lineno == built and not b_built.is_set():
+                b_built.set()
+                a_checked.wait(30)
+            return at_built
+
+        sys.settrace(lambda frame, event, arg: at_built if frame.f_code is iter_code else None)
+        try:
+            batches = iter(it)
+        finally:
+            sys.settrace(None)
+        for _ in range(3):
+            try:
+                next(batches)
+            except IteratorClosedError:
+                failed.append(1)
+            batches = iter(it)
+
+    thread = threading.Thread(target=other_thread)
+
+    def after_release(frame, event, arg):  # (the deferred close, once it let the lock go: the other thread builds)
+        if event == "line" and frame.f_lineno > release and not thread.is_alive() and not b_built.is_set():
+            thread.start()
+            b_built.wait(30)
+        if event == "return" and b_built.is_set():
+            a_checked.set()
+        return after_release
+
+    original = iterator_module.build_pipeline
+
+    def handler_closes_meanwhile(*args, **kw):
+        made = original(*args, **kw)
+        monkeypatch.setattr(iterator_module, "build_pipeline", original)
+        it.close()  # (a signal handler's, on the pass's thread holding its lock: left to the pass)
+        sys.settrace(lambda frame, event, arg: after_release if frame.f_code is close_code else None)
+        return made
+
+    monkeypatch.setattr(iterator_module, "build_pipeline", handler_closes_meanwhile)
+    try:
+        iter(it)
+    finally:
+        sys.settrace(None)
+    thread.join(60)
+    assert b_built.is_set() and a_checked.is_set() and not thread.is_alive()
+    it.close()
+    assert failed == []
