@@ -270,6 +270,7 @@ class DALILeRobotIterator:
         self._pass_id = 0
         # close() was called by a signal handler on a thread holding that lock: that thread's id, else 0
         self._close_deferred = 0
+        self._closes_given_up = 0  # close() calls from another thread that waited CLOSE_WAIT_S for a pass, in vain
         self._pass_start: int | None = None  # samples_consumed when the pass in progress began
         self._pipeline_next: tuple[int, int] | None = None  # (epoch, sample) the pipeline's next batch starts at
         # Its checks' data files: batches read through the source's copy of the reader, and one left open here made
@@ -393,10 +394,13 @@ class DALILeRobotIterator:
                     with self._next_lock:  # a close() from another thread meanwhile waits, then closes what was built
                         if must_park():  # (the exit handler's close() held the lock: built now, nothing would close it)
                             continue
+                        given_up = self._closes_given_up
                         self._ensure_pipeline()
                         self._pass_id += 1  # an older pass's generator, if still held, now raises instead of sharing
                         self._pass_start = self._stream.samples_consumed
                         batches = self._epoch_batches(self._pass_id)
+                        if self._closes_given_up != given_up:  # (one gave up on this build: its close, left to us)
+                            self.close()
                 finally:  # (a signal handler's close() in the build: closed here, the pass raises IteratorClosedError)
                     self._close_if_deferred()
             except BaseException:  # (a second signal's exception, a Ctrl-C, landed in that close: run again)
@@ -752,10 +756,14 @@ class DALILeRobotIterator:
                 self._dali_iter = None  # tells the pass in next() that its failure (or batch) is a close
                 _close_workers(self._pipeline)  # ends the wait on the workers; the pass shuts the rest down
                 if not lock.acquire(timeout=CLOSE_WAIT_S):
+                    # A pass building its pipeline (a remote dataset's warm-up, workers slow to start) overwrote the
+                    # None above and read on, after this close(), with its pipeline and workers (3 of 3 batches):
+                    # counted, so that it closes what it built once built.
+                    self._closes_given_up += 1
                     logger.warning(
-                        "close(): a pass is still inside DALI's next() after %d s; the pipeline is left to it "
-                        "(shutting it down under the call could crash the process): that pass raises "
-                        "IteratorClosedError once the call returns; call close() again then",
+                        "close(): a pass is still inside DALI's next() or building its pipeline after %d s; the "
+                        "pipeline is left to it (shutting it down under the call could crash the process): that pass "
+                        "raises IteratorClosedError once the call returns or the build ends; call close() again then",
                         CLOSE_WAIT_S,
                     )
                     return

@@ -1855,3 +1855,33 @@ def test_a_handlers_close_left_set_as_another_thread_builds_does_not_close_that_
     assert b_built.is_set() and a_checked.is_set() and not thread.is_alive()
     it.close()
     assert failed == []
+
+
+def test_a_close_that_gave_up_on_a_build_is_carried_out_by_the_pass(make_ds, monkeypatch) -> None:
+    """close() from another thread waits CLOSE_WAIT_S for a pass holding the pipeline, then leaves it to that pass,
+    saying it raises IteratorClosedError once the call returns: a pass building its pipeline (a remote dataset's
+    warm-up, workers slow to start) overwrote the mark close() left and read on after it, its pipeline running (3 of 3
+    batches). It now closes what it built once built, and the next pass carries on at the same sample."""
+    monkeypatch.setattr(iterator_module, "CLOSE_WAIT_S", 0.2)
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+    reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
+    it = DALILeRobotIterator(root, **kwargs)
+    original = iterator_module.build_pipeline
+    closer = threading.Thread(target=it.close)
+
+    def built_after_close_gave_up(*args, **kw):
+        made = original(*args, **kw)
+        closer.start()
+        closer.join(30)  # (it waits CLOSE_WAIT_S for this build, and gives up)
+        return made
+
+    monkeypatch.setattr(iterator_module, "build_pipeline", built_after_close_gave_up)
+    batches = iter(it)
+    monkeypatch.setattr(iterator_module, "build_pipeline", original)
+    assert not closer.is_alive() and it._pipeline is None
+    with pytest.raises(IteratorClosedError, match="when the iterator was closed"):
+        next(batches)
+    seen = [int(i) for b in it for i in b["index"]]
+    it.close()
+    assert seen == reference
