@@ -402,6 +402,9 @@ _WHERE_GIVEN = (
     "None per dataset), on the command line --rename-map"
 )
 
+#: Words of a key's name that say it is a camera, not which one ('cam_top' is 'top'): :func:`_alike` leaves them out.
+_NO_CAMERA_WORDS = frozenset({"", "cam", "camera", "image", "img", "rgb", "view"})
+
 #: The most maps a hint lists, one per way to give the keys a dataset lacks the names of its spare ones.
 _MAPS_TOLD = 3
 
@@ -479,8 +482,8 @@ def _said(rename_map: Mapping[str, str]) -> str:
 
 def _pairings(lacking: Sequence[str], spare: Sequence[str]) -> list[dict[str, str]]:
     """Each way to give each of ``lacking`` (names) the key of one of ``spare`` (keys), as ``{key: name}``: a name
-    and a key whose last parts name each other alone ('observation.images.top' and 'observation.images.cam_top')
-    are paired, the others in every order."""
+    and a key whose last parts name one camera (:func:`_alike`: 'observation.images.top' and
+    'observation.images.cam_top') and each other alone are paired, the others in every order."""
     alike = {name: [key for key in spare if _alike(name, key)] for name in lacking}
     by_name = {
         alike[name][0]: name
@@ -493,7 +496,8 @@ def _pairings(lacking: Sequence[str], spare: Sequence[str]) -> list[dict[str, st
 
 
 def _alike(name: str, key: str) -> bool:
-    """Whether the last parts of ``name`` and ``key`` ('top', 'cam_top'; after the last '.') are one's words all
-    the other's."""
-    words = [set(filter(None, re.split(r"[^a-z0-9]+", k.rsplit(".", 1)[-1].lower()))) for k in (name, key)]
-    return bool(words[0] and words[1]) and (words[0] <= words[1] or words[1] <= words[0])
+    """Whether the last parts of ``name`` and ``key`` (after the last '.') have one set of words, less words naming no
+    camera (:data:`_NO_CAMERA_WORDS`), and some: 'top', 'cam_top' and 'top_cam'; 'wrist' and 'wrist_image'; not 'top'
+    and 'top_depth', 'wrist' and 'cam_left_wrist', 'image' and 'wrist_image' (a word more may name another camera)."""
+    words = [set(re.split(r"[^a-z0-9]+", k.rsplit(".", 1)[-1].lower())) - _NO_CAMERA_WORDS for k in (name, key)]
+    return bool(words[0]) and words[0] == words[1]
