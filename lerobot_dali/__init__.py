@@ -11,6 +11,7 @@ from .augment_config import AugmentConfig
 from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
 from .dataset_union import concat_datasets
 from .errors import (
+    CameraSelectionError,
     CodecUnsupportedError,
     CudaUnavailableError,
     DataFileError,
@@ -23,6 +24,8 @@ from .errors import (
     IteratorClosedError,
     IteratorForkedError,
     MissingDataFileError,
+    RenamedCameraError,
+    RenameMapError,
     ResumeStateError,
     SchemaMismatchError,
     ShardingError,
@@ -57,6 +60,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "AugmentConfig",
+    "CameraSelectionError",
     "CodecUnsupportedError",
     "CudaUnavailableError",
     "DALILeRobotIterator",
@@ -73,6 +77,8 @@ __all__ = [
     "LeRobotDatasetReader",
     "MissingDataFileError",
     "RankBalance",
+    "RenameMapError",
+    "RenamedCameraError",
     "ResumeStateError",
     "SchemaMismatchError",
     "ShardingError",

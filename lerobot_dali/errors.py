@@ -11,6 +11,7 @@ import difflib
 
 __all__ = [
     "DAMAGED_VIDEO_ADVICE",
+    "CameraSelectionError",
     "CodecUnsupportedError",
     "CudaUnavailableError",
     "DataFileError",
@@ -24,6 +25,8 @@ __all__ = [
     "IteratorClosedError",
     "IteratorForkedError",
     "MissingDataFileError",
+    "RenameMapError",
+    "RenamedCameraError",
     "ResumeStateError",
     "SchemaMismatchError",
     "ShardingError",

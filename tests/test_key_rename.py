@@ -173,3 +173,24 @@ def test_a_name_and_a_key_naming_one_camera_are_paired(lacking: str, key: str) -
     named = [f"observation.images.{key}", "observation.images.laptop"]
     hint = rename_hint([f"observation.images.{lacking}"], named, KeyRename())
     assert _maps_told(ValueError(hint)) == [{named[0]: f"observation.images.{lacking}"}]
+
+
+def test_the_errors_of_cameras_and_rename_maps_are_exported_where_the_others_are() -> None:
+    """CameraSelectionError, RenameMapError and RenamedCameraError were in neither ``lerobot_dali.errors.__all__`` nor
+    ``lerobot_dali``'s (3 of the 23 classes the errors module defines; the other 20 in its ``__all__``), so
+    ``from lerobot_dali import RenameMapError`` failed and star imports lacked them. Each is what it was (a
+    RenamedCameraError is caught as the CameraSelectionError and DatasetError it was before, a RenameMapError as the
+    ValueError)."""
+    import lerobot_dali
+    from lerobot_dali import errors
+
+    defined = {
+        name for name, value in vars(errors).items()
+        if isinstance(value, type) and issubclass(value, Exception) and value.__module__ == errors.__name__
+    }  # fmt: skip
+    assert defined - set(errors.__all__) == set()
+    for name in ("CameraSelectionError", "RenameMapError", "RenamedCameraError"):
+        assert name in lerobot_dali.__all__ and getattr(lerobot_dali, name) is getattr(errors, name), name
+    assert issubclass(errors.RenamedCameraError, errors.CameraSelectionError)
+    assert issubclass(errors.RenamedCameraError, errors.RenameMapError)
+    assert issubclass(errors.RenameMapError, ValueError)
