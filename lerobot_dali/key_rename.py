@@ -477,7 +477,7 @@ def _hint(kinds: Sequence[tuple[Sequence[str], Sequence[str], str]], given: Mapp
 
 def _said(rename_map: Mapping[str, str]) -> str:
     """A map a hint tells, as JSON: a Python dict as written, and what ``--rename-map`` takes."""
-    return json.dumps(dict(rename_map))
+    return json.dumps(dict(rename_map), ensure_ascii=False)  # (a key named as the rest of the message names it)
 
 
 def _pairings(lacking: Sequence[str], spare: Sequence[str]) -> list[dict[str, str]]:

@@ -16,7 +16,7 @@ import pytest
 from lerobot_dali import DALILeRobotMixture, concat_datasets
 from lerobot_dali.dataset_reader import locate_dataset
 from lerobot_dali.errors import CameraSelectionError, DeltaTimestampsError
-from lerobot_dali.key_rename import KeyRename, own_cameras, rename_hint
+from lerobot_dali.key_rename import KeyRename, own_cameras, rename_hint, rename_map_from_json
 
 CAM0, CAM1, CAM2, SIDE, TOP, WRIST = (
     f"observation.images.{n}" for n in ("cam0", "cam1", "cam2", "side", "top", "wrist")
@@ -194,3 +194,16 @@ def test_the_errors_of_cameras_and_rename_maps_are_exported_where_the_others_are
     assert issubclass(errors.RenamedCameraError, errors.CameraSelectionError)
     assert issubclass(errors.RenamedCameraError, errors.RenameMapError)
     assert issubclass(errors.RenameMapError, ValueError)
+
+
+@pytest.mark.parametrize("name", ["caméra_haut", "上", 'top "main"', "back\\slash"])
+def test_a_map_told_names_keys_as_the_dataset_does_and_parses_back(name: str) -> None:
+    """A map told is JSON that ``--rename-map`` parses back to the map (4 of 4 before and after); a key of letters
+    outside ASCII was told escaped ('cam\\u00e9ra_haut', '\\u4e0a', 2 of these 4) where the rest of the message
+    names it as the dataset does: as it is now."""
+    own = f"observation.images.{name}"
+    hint = rename_hint([TOP], [own], KeyRename())
+    told = re.search(r"\((\{.*?\}): DALILeRobotMixture's", hint)
+    assert told is not None, hint
+    assert rename_map_from_json(told.group(1)) == {own: TOP}
+    assert [c for c in name if not c.isascii()] == [c for c in told.group(1) if not c.isascii()], told.group(1)
