@@ -497,7 +497,8 @@ def _pairings(lacking: Sequence[str], spare: Sequence[str]) -> list[dict[str, st
 
 def _alike(name: str, key: str) -> bool:
     """Whether the last parts of ``name`` and ``key`` (after the last '.') have one set of words, less words naming no
-    camera (:data:`_NO_CAMERA_WORDS`), and some: 'top', 'cam_top' and 'top_cam'; 'wrist' and 'wrist_image'; not 'top'
-    and 'top_depth', 'wrist' and 'cam_left_wrist', 'image' and 'wrist_image' (a word more may name another camera)."""
+    camera (:data:`_NO_CAMERA_WORDS`), and not numbers alone: 'top', 'cam_top' and 'top_cam'; 'wrist' and
+    'wrist_image'; not 'top' and 'top_depth', 'wrist' and 'cam_left_wrist', 'image' and 'wrist_image' (a word more
+    may name another camera), nor 'camera_1' and 'image_1' (datasets count cameras from 0 or from 1)."""
     words = [set(re.split(r"[^a-z0-9]+", k.rsplit(".", 1)[-1].lower())) - _NO_CAMERA_WORDS for k in (name, key)]
-    return bool(words[0]) and words[0] == words[1]
+    return not all(word.isdigit() for word in words[0]) and words[0] == words[1]

@@ -151,6 +151,7 @@ def test_a_window_lacking_a_camera_and_a_feature_pairs_each_with_its_kind(camera
         ("wrist", ("cam_left_wrist", "cam_high")),  # (one arm's wrist camera: which of two arms is not to be guessed)
         ("left", ("cam_left_wrist", "cam_high")),  # (a stereo head's left camera is no wrist camera)
         ("cam_high", ("cam", "top")),  # ('cam' names no camera)
+        ("camera_1", ("image_1", "image_0")),  # (a number alone: one dataset may count from 0, the other from 1)
     ],
 )
 def test_a_name_sharing_only_some_words_decides_no_pairing(lacking: str, spare: tuple[str, ...]) -> None:
