@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import permutations, product
-from math import prod
+from math import perm, prod
 from typing import Any, overload
 
 from .augment_config import AugmentConfig
@@ -422,7 +422,7 @@ def rename_hint(
     camera recorded as 'rgb' where the others say 'top' (its map, if any, with those entries added or changed); ""
     where it lacks none. Each map told gives every key lacking a spare key's name, a camera a camera's and a feature a
     feature's (``cameras``: the batch names that are cameras, its own and the others'; None: one kind): the one
-    pairing where names decide it (:func:`_pairings`), else each pairing (up to :data:`_MAPS_TOLD`), else none
+    pairing where names decide it (:func:`_by_name`), else each pairing (up to :data:`_MAPS_TOLD`), else none
     (which is which is not to be guessed: its spare keys are listed); where it has fewer spare keys of a kind than it
     lacks, no rename gives them all. ``told``: the map as given, where ``rename`` holds only its entries for the
     dataset's own keys (its other entries are told back as they are, but name none of its keys)."""
@@ -458,12 +458,16 @@ def _hint(kinds: Sequence[tuple[Sequence[str], Sequence[str], str]], given: Mapp
             )
     lacking = [name for names, _, _ in kinds for name in names]
     spare = [key for _, keys, _ in kinds for key in keys]
-    each = [_pairings(names, keys) for names, keys, _ in kinds]
-    if prod(len(pairings) for pairings in each) > _MAPS_TOLD:
+    by_name = [_by_name(names, keys) for names, keys, _ in kinds]
+    if prod(perm(len(keys), len(rest)) for _, rest, keys in by_name) > _MAPS_TOLD:  # (counted: not listed, as many)
         return (
             f"; if it records {lacking} under other names, give each the key it is recorded as with a rename_map "
             f"(which of its keys left, {spare}, records which is not to be guessed: {_WHERE_GIVEN})"
         )
+    each = [
+        [{**paired, **dict(zip(order, rest, strict=True))} for order in permutations(keys, len(rest))]
+        for paired, rest, keys in by_name
+    ]
     maps = [
         {**given, **{key: name for pairing in pairings for key, name in pairing.items()}} for pairings in product(*each)
     ]
@@ -480,19 +484,21 @@ def _said(rename_map: Mapping[str, str]) -> str:
     return json.dumps(dict(rename_map), ensure_ascii=False)  # (a key named as the rest of the message names it)
 
 
-def _pairings(lacking: Sequence[str], spare: Sequence[str]) -> list[dict[str, str]]:
-    """Each way to give each of ``lacking`` (names) the key of one of ``spare`` (keys), as ``{key: name}``: a name
-    and a key whose last parts name one camera (:func:`_alike`: 'observation.images.top' and
-    'observation.images.cam_top') and each other alone are paired, the others in every order."""
+def _by_name(lacking: Sequence[str], spare: Sequence[str]) -> tuple[dict[str, str], list[str], list[str]]:
+    """The pairings of ``lacking`` (names) and ``spare`` (keys) names decide, as ``{key: name}``: a name and a key
+    whose last parts name one camera (:func:`_alike`: 'observation.images.top' and 'observation.images.cam_top') and
+    each other alone; and the names and keys left, each of which may be any other (every order is a map to tell)."""
     alike = {name: [key for key in spare if _alike(name, key)] for name in lacking}
-    by_name = {
+    paired = {
         alike[name][0]: name
         for name in lacking
         if len(alike[name]) == 1 and [other for other in lacking if alike[name][0] in alike[other]] == [name]
     }
-    rest = [name for name in lacking if name not in by_name.values()]
-    keys = [key for key in spare if key not in by_name]
-    return [{**by_name, **dict(zip(order, rest, strict=True))} for order in permutations(keys, len(rest))]
+    return (
+        paired,
+        [name for name in lacking if name not in paired.values()],
+        [key for key in spare if key not in paired],
+    )
 
 
 def _alike(name: str, key: str) -> bool:
