@@ -468,9 +468,9 @@ def _hint(kinds: Sequence[tuple[Sequence[str], Sequence[str], str]], given: Mapp
         [{**paired, **dict(zip(order, rest, strict=True))} for order in permutations(keys, len(rest))]
         for paired, rest, keys in by_name
     ]
-    maps = [
-        {**given, **{key: name for pairing in pairings for key, name in pairing.items()}} for pairings in product(*each)
-    ]
+    added = [{key: name for pairing in pairings for key, name in pairing.items()} for pairings in product(*each)]
+    # (the entries that differ first, the map as given after: maps told read apart at their starts)
+    maps = [{**entries, **{key: name for key, name in given.items() if key not in entries}} for entries in added]
     if len(lacking) == 1:
         said = f"if a dataset lacking {lacking[0]!r} records it under another name, give it that name"
     else:

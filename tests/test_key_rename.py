@@ -229,3 +229,17 @@ def test_many_keys_lacking_are_said_not_to_be_guessed_without_listing_every_pair
     hint = rename_hint(lacking, spare, KeyRename(), cameras=[])
     assert hint.startswith(f"; if it records {lacking} under other names, give each the key it is recorded as"), hint
     assert drawn == []
+
+
+def test_maps_told_for_a_dataset_of_six_cameras_start_with_the_entries_that_differ() -> None:
+    """Six cameras, three renamed by its map and 'side' lacking: three maps told, each its map and one entry for
+    'side', 1,491 characters in all; that entry came last, after the three each map repeats, so the maps read alike
+    to their ends. It comes first now, the map as given after it (JSON: the order changes nothing passed)."""
+    own = [f"observation.images.{n}" for n in ("cam_high", "cam_low", "cam_left_wrist", "cam_right_wrist", "front")]
+    given = {own[2]: "observation.images.left", own[3]: "observation.images.right", own[0]: TOP}
+    hint = rename_hint([SIDE], [own[1], own[4], "observation.images.laptop"], KeyRename(given))
+    told = _maps_told(ValueError(hint))
+    assert [next(iter(m.items())) for m in told] == [
+        (key, SIDE) for key in (own[1], own[4], "observation.images.laptop")
+    ]
+    assert [dict(list(m.items())[1:]) for m in told] == [given] * 3
