@@ -367,6 +367,18 @@ def _exhausted(error: BaseException, what: str, path: str, attempts: int) -> Bas
     return error
 
 
+#: The requests of :class:`_Retrier` that read a file's bytes (an open's HEAD too), whose 404 may be its removal.
+_READS = frozenset({"open", "read", "cat_file"})
+
+
+def _is_missing(error: BaseException) -> bool:
+    """Whether the server answered a request that it has no such file: 404 or 410 (aiohttp's ClientResponseError of
+    fsspec's HTTP range reads), or FileNotFoundError (its other requests', an object store's)."""
+    return _status_of(error) in (404, 410) or (
+        isinstance(error, FileNotFoundError) and not isinstance(error, DatasetError)
+    )
+
+
 class _Retrier:
     """The loop shared by the filesystem and its files: try, classify, wait, maybe refresh the client."""
 
@@ -375,9 +387,12 @@ class _Retrier:
         policy: RetryPolicy,
         fresh_client: Callable[[], Any] | None,
         precondition_failed: Callable[[str], Exception | None] | None = None,
+        removed: Callable[[str], Exception | None] = lambda path: None,
     ) -> None:
         self.policy = policy
         self.fresh_client = fresh_client
+        #: The error for a read of a path answered 404 (RetryingFileSystem._removed), or None: the 404's own.
+        self.removed = removed
         #: The error for a read of a path answered 412 to its If-Match (RetryingFileSystem._precondition_failed); None:
         #: read it again at once (the filesystem sends no If-Match any more).
         self.precondition_failed = precondition_failed or (
@@ -405,6 +420,8 @@ class _Retrier:
                         if before_retry is not None:  # (a file reopened: its requests' headers are set at open)
                             before_retry(attempt)
                         continue
+                    if what in _READS and _is_missing(unmasked) and (failed := self.removed(path)) is not None:
+                        raise failed from unmasked
                     if is_refused(unmasked) or isinstance(unmasked, PermissionError):  # (s3fs's answer to a 403)
                         _refused(unmasked, what, path)
                     if unmasked is not e:  # a 403, say: no missing file
@@ -573,7 +590,7 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         self.protocol = fs.protocol
         self._fresh_client = fresh_client
         self._retrier = _Retrier(
-            self.policy, self._refresh if fresh_client is not None else None, self._precondition_failed
+            self.policy, self._refresh if fresh_client is not None else None, self._precondition_failed, self._removed
         )
 
     def _refresh(self) -> None:
@@ -645,6 +662,14 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         how = f"{change[0]} when opened, {change[1]} now" if change else "its ETag when opened no longer matches"
         return changed_on_server(path, f"{how}: HTTP 412")
 
+    def _removed(self, path: str) -> DatasetError | None:
+        """The error for a read of ``path`` the server answered that it has no such file (404) where ``path`` was
+        stamped (at the dataset's open, :meth:`pin`): removed since, as :meth:`FileStamps.change_now
+        <lerobot_dali.file_stamps.FileStamps.change_now>` names it; None where it was never stamped (an optional
+        metadata file probed with ``read_if_present``: its absence is the answer asked)."""
+        stamped = next((s[path] for s in self.pinned if path in s), None)  # (``in``: no request)
+        return None if stamped is None else changed_on_server(path, f"{stamped.size} bytes when opened, removed now")
+
     def _open_inner(self, path: str, mode: str, kwargs: dict[str, Any]) -> Any:
         """The wrapped filesystem's file of ``path``, whose every GET of bytes asks for the pinned version.
 
@@ -660,7 +685,7 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         """
         stamp = self._pinned_stamp(path)
         if stamp is not None and not kwargs.get("size"):
-            info = self.info(path)
+            info = self._retrier.call("open", path, lambda: self.fs.info(path))  # (the open's HEAD: 404 is removal)
             if info.get("size") is not None and info["size"] != stamp.size:
                 raise changed_on_server(path, f"{stamp.size} bytes when opened, {info['size']} now")
             kwargs = {**kwargs, "size": stamp.size}

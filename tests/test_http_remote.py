@@ -661,10 +661,20 @@ def _still_parsing(path: Path) -> bytes:
 
 
 def _read_across_a_rewrite(
-    make_ds, tmp_path: Path, codec: str, decode: str, folder: str, *, parsing: bool, if_match: bool
+    make_ds,
+    tmp_path: Path,
+    codec: str,
+    decode: str,
+    folder: str,
+    *,
+    parsing: bool = False,
+    if_match: bool = True,
+    removed: bool = False,
+    cache_gb: float = 0.0,
 ) -> tuple[str, list[dict], list[dict]]:
     """The message a shuffled-off in-process pass over HTTP raised, where the last file of ``folder`` (episode 4's)
-    was rewritten to another of its size after the first batch; the samples before it, and a local pass's."""
+    was rewritten to another of its size (``removed``: deleted) after the first batch; the samples before it, and a
+    local pass's."""
     from lerobot_dali.iterator import DALILeRobotIterator
 
     root = tmp_path / "dataset"
@@ -676,11 +686,15 @@ def _read_across_a_rewrite(
     remote: list[dict] = []
     with serve_folder(tmp_path) as server:
         server.if_match = if_match
-        it = DALILeRobotIterator(_url(server, root), num_workers=0, cache_gb=0.0, **options)
+        it = DALILeRobotIterator(
+            _url(server, root), num_workers=0, cache_gb=cache_gb, cache_dir=tmp_path / "cache", **options
+        )
         with pytest.raises(DatasetError) as raised:
             for batch in it:
                 remote += [{k: v[i] for k, v in batch.items()} for i in range(len(batch["index"]))]
-                if len(remote) == OPTIONS["batch_size"]:
+                if len(remote) == OPTIONS["batch_size"] and removed:
+                    target.unlink()
+                elif len(remote) == OPTIONS["batch_size"]:
                     _rewrite_same_size(target, new)
         it.close()
     assert str(raised.value).startswith(f"{server.url}/dataset/{target.relative_to(root).as_posix()}")
@@ -726,6 +740,29 @@ def test_a_file_replaced_by_one_of_its_size_that_still_parses_is_never_read(
     )
     changed = r"changed on the server while it was read \(etag:\S+ when opened, etag:\S+ now: HTTP 412\); re-open"
     assert re.search(changed + " the dataset$", message), message
+    assert 0 < len(remote) < len(local)
+    _assert_samples_equal(remote, local[: len(remote)])
+
+
+@pytest.mark.parametrize("cache_gb", [0.0, 1.0], ids=["uncached", "prefetch_cache"])
+@pytest.mark.parametrize(
+    ("codec", "decode", "folder"),
+    [("vp9", "auto", "videos"), ("h264", "cpu", "videos"), ("vp9", "cpu", "data")],
+    ids=["video-dali", "video-packets", "parquet"],
+)
+def test_a_file_removed_from_the_server_mid_run_is_named_removed(
+    make_ds, tmp_path: Path, codec: str, decode: str, folder: str, cache_gb: float
+) -> None:
+    """A data or video file deleted from the server after the dataset was opened (stamped) answered its reads 404,
+    raised as aiohttp's bare "ClientResponseError: 404, message='Not Found', url=..." (6 of 6 runs: DALI's VP9 clips,
+    the CPU fallback's packets, parquet rows; read directly or through the prefetch cache), which says neither that
+    the file was there when the run began nor what to do. It is now the file's change, named with its stamped size;
+    the batches before it equal a local read."""
+    message, remote, local = _read_across_a_rewrite(
+        make_ds, tmp_path, codec, decode, folder, removed=True, cache_gb=cache_gb
+    )
+    assert re.search(r" changed on the server while it was read \(\d+ bytes when opened, removed now\); re-open the "
+                     r"dataset$", message), message  # fmt: skip
     assert 0 < len(remote) < len(local)
     _assert_samples_equal(remote, local[: len(remote)])
 
@@ -826,6 +863,51 @@ def test_a_pinned_file_whose_size_changed_before_its_open_is_named_changed(tmp_p
         with pytest.raises(DatasetError, match=changed), fs.open(url, "rb") as handle:
             handle.read()
         assert [(r.method, r.status) for r in server.records] == [("HEAD", 200)]
+
+
+@pytest.mark.parametrize("if_match", ["1", "0"], ids=["if_match", "no_if_match"])
+def test_a_stamped_file_removed_from_the_server_is_named_removed_by_every_read_once(
+    tmp_path: Path, monkeypatch, slept, if_match: str
+) -> None:
+    """Each read of a stamped file the server no longer has raised its bare 404: aiohttp's ClientResponseError for a
+    range read of a file opened before (or with its size), FileNotFoundError for an open's HEAD and for cat_file. Each
+    is now the file's removal since it was stamped, asked once, with no retry; an absent file never stamped (an
+    optional metadata file) is still FileNotFoundError, which read_if_present answers None. With If-Match on or off
+    (the open's HEAD asked by RetryingFileSystem, or by fsspec's open)."""
+    import fsspec
+
+    from lerobot_dali.dataset_location import read_if_present
+    from lerobot_dali.file_stamps import FileStamps
+
+    monkeypatch.setenv("LEROBOT_DALI_IF_MATCH", if_match)
+    data = bytes(range(256)) * 400
+    (tmp_path / "f.bin").write_bytes(data)
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True))  # (5 retries: waits recorded)
+        url = f"{server.url}/f.bin"
+        FileStamps(fs)[url]  # (stamped at open)
+        opened = fs.open(url, "rb", block_size=1024)
+        assert opened.read(1000) == data[:1000]
+        (tmp_path / "f.bin").unlink()
+        server.reset_stats()
+        reads = [
+            lambda: opened.read(5000),
+            lambda: fs.open(url, "rb").read(),
+            lambda: fs.open(url, "rb", size=len(data)).read(10),
+            lambda: fs.cat_file(url, start=5, end=50),
+            lambda: fs.cat_file(url),
+        ]
+        for read in reads:
+            with pytest.raises(DatasetError, match=r"f\.bin changed on the server while it was read \(102400 bytes "
+                               r"when opened, removed now\); re-open the dataset$"):  # fmt: skip
+                read()
+        head_then_get = [("HEAD", 404), ("GET", 404)]  # (fsspec's info: a GET where the HEAD failed)
+        assert [(r.method, r.status) for r in server.records] == [("GET", 404), *head_then_get, *[("GET", 404)] * 3]
+        assert read_if_present(fs, f"{server.url}/meta/absent.json") is None
+        with pytest.raises(FileNotFoundError) as absent:
+            fs.open(f"{server.url}/absent.bin", "rb")
+        assert not isinstance(absent.value, DatasetError)
+    assert slept == []
 
 
 @pytest.mark.parametrize("content_length", ["GET HEAD", "GET", "HEAD", ""], ids=["sent", "get", "head", "none"])
