@@ -20,6 +20,7 @@ from dataclasses import field as dataclass_field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
+from fsspec.implementations.local import LocalFileSystem
 
 from . import errors, io_stats
 from .augment_config import AugmentConfig
@@ -187,6 +188,12 @@ INDEX_CACHE_BYTES = 256 * 2**20
 
 #: One sample's video request: (video path, packet index, display frame numbers of its rows).
 Request = tuple[str, PacketIndex, np.ndarray]
+
+
+def _is_local(fs: Any) -> bool:
+    """Whether ``fs`` reads this machine's disk (:attr:`~.dataset_location.DatasetLocation.is_local`): its files are
+    decoded by path, not read as byte ranges."""
+    return isinstance(fs, LocalFileSystem)
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:
@@ -543,22 +550,24 @@ class BatchSource:
 
         A local file's requests go to the decoder together (:meth:`CpuFrameDecoder.decode_each`), which pays one
         plan, seek and lookup per file and GOP run (-11% per batch at 96x128). Remote requests read their packets
-        per request: those are grouped by the GOP they start in.
+        per request: those are grouped by the GOP they start in. Local or remote is each file's own (a union's
+        datasets may be some local, some remote).
         """
-        location = self.spec.reader.location
         listed = list(requests)
         groups: dict[tuple[str, int], list[int]] = {}
         for i, (path, index, numbers) in enumerate(listed):
-            groups.setdefault((path, -1 if location.is_local else index.start_keyframe(numbers)), []).append(i)
+            local = _is_local(self.spec.reader.filesystem_of(path))
+            groups.setdefault((path, -1 if local else index.start_keyframe(numbers)), []).append(i)
         out: list[Any] = [None] * len(listed)
-        for (path, _), members in groups.items():
+        for (path, start), members in groups.items():
             index = listed[members[0]][1]
             if len(members) == 1:
                 out[members[0]] = self._decode_request(path, index, listed[members[0]][2], size=size, pixels=pixels)
-            elif location.is_local:
+            elif start == -1:  # (a local file's)
                 with io_stats.timed("decode_s"):
+                    fs = self.spec.reader.filesystem_of(path)
                     decoded = self._decoder.decode_each(
-                        path, index, [listed[i][2] for i in members], filesystem=location.fs, size=size, pixels=pixels
+                        path, index, [listed[i][2] for i in members], filesystem=fs, size=size, pixels=pixels
                     )
                 for i, frames in zip(members, decoded, strict=True):
                     out[i] = frames
@@ -573,22 +582,22 @@ class BatchSource:
         self, path: str, index: PacketIndex, numbers: np.ndarray, *, size: tuple[int, int] | None, pixels: Pixels
     ) -> Any:
         """RGB frames (or planes, or depth codes) of display frames ``numbers`` of one file."""
-        location = self.spec.reader.location
+        fs = self.spec.reader.filesystem_of(path)
         decoder = self._decoder
-        if location.is_local:
+        if _is_local(fs):
             with io_stats.timed("decode_s"):
-                return decoder.decode(path, index, numbers, filesystem=location.fs, size=size, pixels=pixels)
+                return decoder.decode(path, index, numbers, filesystem=fs, size=size, pixels=pixels)
         # Remote files: FFmpeg would read the container header and then 32 KB at a time over the network.
         # MP4 packets are read by exact byte range instead (what the prefetch cache holds) and decoded
         # straight from memory; other containers are demuxed into a clip first.
         if index.byte_exact:
             with io_stats.timed("clip_s"):
                 plan = plan_clip(index, numbers)
-                payloads = read_packet_payloads(path, index, plan, filesystem=location.fs)
+                payloads = read_packet_payloads(path, index, plan, filesystem=fs)
             with io_stats.timed("decode_s"):
                 return decoder.decode_packets(index, plan, payloads, size=size, pixels=pixels)
         with io_stats.timed("clip_s"):
-            clip = build_clip(path, index, numbers, filesystem=location.fs)
+            clip = build_clip(path, index, numbers, filesystem=fs)
         with io_stats.timed("decode_s"):
             data = io.BytesIO(clip.data.tobytes())
             return decoder.decode(data, build_packet_index(data), clip.relative_indices, size=size, pixels=pixels)
@@ -597,7 +606,6 @@ class BatchSource:
         """One clip per request. An MP4 is opened once per batch and its handle lent to each of its clips (ranged
         reads from any offset); opening it per clip was 22% of a VP9 batch's CPU work. Other containers are
         demuxed from their start, so each clip opens its own."""
-        fs = self.spec.reader.location.fs
         listed = list(requests)
         by_file: dict[str, list[int]] = {}
         for i, (path, _, _) in enumerate(listed):
@@ -605,6 +613,7 @@ class BatchSource:
         clips: list[np.ndarray] = [np.empty(0, np.uint8)] * len(listed)
         indices: list[np.ndarray] = [np.empty(0, np.int32)] * len(listed)
         for path, members in by_file.items():
+            fs = self.spec.reader.filesystem_of(path)
             first = listed[members[0]][1]  # (its size spares a remote open's HEAD; its clips read exact ranges)
             opened = (
                 open_video_source(path, filesystem=fs, size=first.file_size_bytes, exact_reads=True)

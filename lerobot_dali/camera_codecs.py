@@ -104,7 +104,8 @@ def read_file_format(reader: LeRobotDatasetReader, path: str) -> FileFormat:
     Raises MissingDataFileError where it does not exist, VideoDecodeError where it has no video stream or does not
     open, CodecUnsupportedError where FFmpeg has no decoder for its stream (as the packet index does)."""
     stamp = reader.listed_stamp(path)
-    with open_video_source(path, filesystem=reader.location.fs, size=None if stamp is None else stamp.size) as handle:
+    fs = reader.filesystem_of(path)
+    with open_video_source(path, filesystem=fs, size=None if stamp is None else stamp.size) as handle:
         try:
             with av.open(handle, mode="r") as container:
                 if not container.streams.video:

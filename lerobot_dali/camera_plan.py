@@ -99,7 +99,7 @@ class CameraPlanner:
             else:
                 route = route_for_video(
                     video.path, indexes[camera], decode=preference, device_id=self.device_id or 0,
-                    filesystem=self.reader.location.fs, label=camera,
+                    filesystem=self.reader.filesystem_of(video.path), label=camera,
                 )  # fmt: skip
             routes[camera] = self._route_for_files(camera, route, preference, since=surveys_since)
         self.camera_formats = {

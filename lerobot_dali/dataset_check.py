@@ -260,7 +260,7 @@ class _EpisodeChecker:
     def _decode_video(self, pos: int, video: VideoRef, index: PacketIndex, frames: np.ndarray, done: _Decodes) -> int:
         """Frames decoded of ``frames`` of ``video``: none where an earlier check decoded them from the file as it is
         now (a local one), and a pass kept where they decode and the file did not change meanwhile."""
-        fs = self.reader.location.fs
+        fs = self.reader.filesystem_of(video.path)
         path = local_video_path(video.path, filesystem=fs)
         before = local_verdict(path, frames)
         if before is not None and before in self.verified:
@@ -278,7 +278,8 @@ class _EpisodeChecker:
         decoded them from the data file as it is now (a local one), and a pass kept where they decode and the file
         did not change meanwhile."""
         expected = self.image_shapes.get(camera)
-        path = local_video_path(self.reader.data_path(pos), filesystem=self.reader.location.fs)
+        data_path = self.reader.data_path(pos)
+        path = local_video_path(data_path, filesystem=self.reader.filesystem_of(data_path))
         first_row = int(self.reader.episodes.data_row_start[pos])
         rows, depth = range(first_row, first_row + length), camera in self.reader.info.depth_image_units([camera])
         # (stamped before the images are read: a file replaced just after their read is another stamp after them)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -232,6 +233,15 @@ class LeRobotDatasetReader:
     def source_of(self, episode_pos: int) -> str:
         """The dataset that holds episode ``episode_pos``, as messages name it (a union's: the one it came from)."""
         return self.location.description
+
+    def filesystem_of(self, path: str) -> fsspec.AbstractFileSystem:
+        """The filesystem that bulk file ``path`` is read through (a union's: that of the dataset holding it, which
+        may be local where others are remote)."""
+        return self.location.fs
+
+    def episode_is_local(self, episode_pos: int) -> bool:
+        """Whether episode ``episode_pos``'s files are on this machine's disk (a union's: its own dataset's)."""
+        return self.location.is_local
 
     def frame_lookup(self, episode_pos: int) -> FrameLookup:
         """How episode ``episode_pos``'s rows find their frames where the iterator's options do not decide: a

@@ -13,11 +13,11 @@ They must share a layout, which one pipeline and one batch tensor per key need: 
 each camera stored one way (video or images) with one size (checked on each dataset's first file or image; every
 other is held to the union's first by the workers, as within one dataset; a camera whose datasets' first files differ
 in codec is decoded by the workers, a decoder per file) and, for depth, one set of
-depth parameters; each feature's dtype and shape. Statistics are pooled as LeRobot pools them. The datasets
-are all local or all on one kind of remote filesystem (the Hub, one HTTP server, S3...): the union opens every
-file through the first's filesystem, so remote ones share one prefetch cache and one listing of stamps; where their
-storage options differ (a token, headers, an endpoint), through :class:`MemberFileSystems`, each dataset's files
-with its own.
+depth parameters; each feature's dtype and shape. Statistics are pooled as LeRobot pools them. The datasets may
+be on different filesystems (local folders, the Hub, HTTP servers, S3..., each remote one with its own storage
+options): each file is read through its own dataset's (:class:`MemberFileSystems`), a local one by path (decoded
+from disk, never copied into the prefetch cache), remote ones' ranges through one prefetch cache, each stamped by
+its own dataset's listing.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -46,7 +46,8 @@ from .dataset_reader import (
     open_located,
 )
 from .dataset_stats import POOLED_STATS, FeatureStats, aggregate_episode_stats
-from .episode_rows import DecodedGroups
+from .episode_data_files import open_stamped
+from .episode_rows import DecodedGroups, ParquetCache
 from .episode_table import EpisodeTable
 from .errors import DatasetError, EpisodeMetadataError, SchemaMismatchError, StatsError
 from .file_stamps import FileStamp, FileStamps, client_of
@@ -187,6 +188,10 @@ class DatasetUnion(LeRobotDatasetReader):
             stamps=FileStamps.merged(stamps, fs=fs) if stamps else None,
         )
         self.column_store = None  # (each member reads through its own)
+        self.holders = MemberRoots([m.location.root for m in self.members])
+        # Each data file opened through its own dataset's filesystem and stamps (a local one by path, unstamped).
+        opened_by = tuple((m.location, m.stamps) for m in self.members)
+        self._parquet = ParquetCache(partial(_open_in_member, self.holders, opened_by), max_open=self._parquet.max_open)
         # Subtask strings where every member's subtask_index means the same text (their rows keep their own indices).
         subtask_lists = [m.subtasks for m in self.members]
         if all(s == subtask_lists[0] for s in subtask_lists):
@@ -205,6 +210,22 @@ class DatasetUnion(LeRobotDatasetReader):
         """(dataset, its episode position) of the union's episode ``episode_pos``."""
         d = int(np.searchsorted(self.starts, episode_pos, side="right")) - 1
         return d, int(episode_pos) - int(self.starts[d])
+
+    def filesystem_of(self, path: str) -> fsspec.AbstractFileSystem:
+        return self.members[self.holders.of(path)].location.fs
+
+    def episode_is_local(self, episode_pos: int) -> bool:
+        return self.members[self.member(episode_pos)[0]].location.is_local
+
+    def listed_stamp(self, path: str) -> FileStamp | None:
+        return self.members[self.holders.of(path)].listed_stamp(path)  # (a local dataset's file: None)
+
+    def changed_on_server(self, paths: Iterable[str]) -> DatasetError | None:
+        by_member: dict[int, list[str]] = {}
+        for path in paths:
+            by_member.setdefault(self.holders.of(path), []).append(path)
+        changes = (self.members[d].changed_on_server(own) for d, own in by_member.items())
+        return next((change for change in changes if change is not None), None)
 
     # -- what each member answers ----------------------------------------------------------------------------
     def read_episode(
@@ -321,9 +342,11 @@ class DatasetUnion(LeRobotDatasetReader):
         return self._with_members(list(self.members), with_dataset_index=False)
 
     def with_location(self, location: DatasetLocation) -> DatasetUnion:
-        """The union read through ``location``'s filesystem (the prefetch cache in front of the remote one), which
-        every member's files are opened through."""
-        members = [m.with_location(replace(m.location, fs=location.fs)) for m in self.members]
+        """The union read through ``location``'s filesystem (the prefetch cache in front of the remote ones), which
+        every remote member's files are opened through; a local member's are still read from disk by path."""
+        members = [
+            m if m.location.is_local else m.with_location(replace(m.location, fs=location.fs)) for m in self.members
+        ]
         return self._with_members(members)
 
     def _with_members(
@@ -359,8 +382,9 @@ def concat_datasets(
     others use. ``cameras`` and ``keys`` (by the union's names) default to those every dataset has (the rest are left
     out with a warning, as LeRobot's ``MultiLeRobotDataset`` does); each dataset given by path is opened with only its
     own keys for ``cameras`` (through its rename_map), so a camera it declares but never recorded is not looked for
-    (CameraSelectionError: one it lacks). Raises DatasetError for datasets on several kinds
-    of filesystem and SchemaMismatchError, naming the datasets, where layouts differ.
+    (CameraSelectionError: one it lacks). Raises SchemaMismatchError, naming the datasets, where layouts differ.
+    The datasets may be on different filesystems (local folders, the Hub, HTTP servers...): each file is read
+    through its own dataset's.
 
     ``timestamp_sources`` and ``tolerances_s`` (one per dataset, None: the iterator's ``timestamp_source`` and
     ``tolerance_s``) let datasets of different recorders join: e.g. ``[None, "frame_index"]`` for a second dataset
@@ -368,13 +392,6 @@ def concat_datasets(
     too)."""
     rename_maps = _one_each("rename_maps", rename_maps, len(dataset_list(datasets)))
     readers = open_all(datasets, cameras=cameras, rename_maps=rename_maps)  # (each with its own keys for cameras)
-    kinds = {r.location.description: _filesystem_kind(r) for r in readers}
-    if len(set(kinds.values())) > 1:
-        raise DatasetError(
-            f"a union reads its datasets through one kind of filesystem (local, or one remote protocol, each remote "
-            f"dataset with its own options), and these are on several kinds ({kinds}): download the remote ones "
-            "(huggingface_hub's snapshot_download), or read them side by side with DALILeRobotMixture"
-        )
     count = len(readers)
     if cameras is not None:  # (entries for declared cameras that cameras= left out rename nothing)
         rename_maps = without_cameras_left_out(rename_maps, readers)
@@ -473,17 +490,39 @@ def _kind(feature: Feature) -> tuple[Any, ...]:
     return (feature.dtype, () if feature.is_scalar else tuple(feature.shape))
 
 
+class MemberRoots:
+    """Which of a union's datasets holds a path: the one whose root (a local folder's absolute path, a remote one's
+    URL or path on its filesystem) it is under, the longest such root; else the first."""
+
+    def __init__(self, roots: Sequence[str]) -> None:
+        self.roots = [root.rstrip("/") + "/" for root in roots]
+        self._longest_first = sorted(range(len(self.roots)), key=lambda i: -len(self.roots[i]))
+
+    def of(self, path: str) -> int:
+        return next((i for i in self._longest_first if str(path).startswith(self.roots[i])), 0)
+
+
+def _open_in_member(
+    holders: MemberRoots, opened_by: Sequence[tuple[DatasetLocation, FileStamps | None]], path: str
+) -> Any:
+    """Bulk file ``path`` opened through its dataset's filesystem, with its stamp's size where that dataset has
+    stamps (:func:`~.episode_data_files.open_stamped`)."""
+    return open_stamped(*opened_by[holders.of(path)], path)
+
+
 class MemberFileSystems(fsspec.AbstractFileSystem):
-    """The filesystems of a union's datasets as one: each path read through the filesystem of the dataset whose root
-    it is under (the longest such root; else the first's), for a union of remote datasets whose storage options differ
-    (another token or headers, a query-string token, another endpoint): read through the first's, every file went
-    with its options to the other datasets' servers (HTTP 401/403, or another server's files)."""
+    """The filesystems of a union's datasets as one: each path read through the filesystem of the dataset that holds
+    it (:class:`MemberRoots`), for a union whose datasets are on different filesystems (a local folder and an HTTP
+    server or the Hub) or remote with other storage options (another token or headers, a query-string token, another
+    endpoint): read through the first's, every file went with its options to the other datasets' servers (HTTP
+    401/403, or another server's files)."""
 
     cachable = False
 
     def __init__(self, roots: Sequence[tuple[str, fsspec.AbstractFileSystem]]) -> None:
         super().__init__(tuple(roots))
-        self.roots = sorted(roots, key=lambda root: -len(root[0]))
+        self.roots = list(roots)
+        self.holders = MemberRoots([root for root, _ in roots])
         self.first = roots[0][1]
         self.protocol = self.first.protocol
 
@@ -492,9 +531,9 @@ class MemberFileSystems(fsspec.AbstractFileSystem):
         """The first member's filesystem where every member's reads through one client (the same options), else
         one that routes each path to its member's."""
         clients = {id(client_of(m.location.fs)) for m in members}
-        if len(clients) <= 1 or any(m.location.is_local for m in members):
+        if len(clients) <= 1:
             return members[0].location.fs
-        return MemberFileSystems([(m.location.root.rstrip("/") + "/", m.location.fs) for m in members])
+        return MemberFileSystems([(m.location.root, m.location.fs) for m in members])
 
     def pin(self, stamps: Mapping[str, Any]) -> None:
         """The union's stamps pinned on each dataset's filesystem (:meth:`RetryingFileSystem.pin`): a file first
@@ -504,7 +543,7 @@ class MemberFileSystems(fsspec.AbstractFileSystem):
                 fs.pin(stamps)
 
     def route(self, path: str) -> fsspec.AbstractFileSystem:
-        return next((fs for root, fs in self.roots if str(path).startswith(root)), self.first)
+        return self.roots[self.holders.of(path)][1]
 
     @classmethod
     def _strip_protocol(cls, path: Any) -> Any:
@@ -552,13 +591,6 @@ class MemberFileSystems(fsspec.AbstractFileSystem):
     def invalidate_cache(self, path: str | None = None) -> None:
         for fs in {id(fs): fs for _, fs in self.roots}.values() if path is None else [self.route(path)]:
             fs.invalidate_cache(path)
-
-
-def _filesystem_kind(reader: LeRobotDatasetReader) -> str:
-    """Local, or the protocol of the remote filesystem: one union opens every dataset's files through one."""
-    inner = client_of(reader.location.fs)
-    protocol = inner.protocol if isinstance(inner.protocol, str) else inner.protocol[0]
-    return "local" if reader.location.is_local else protocol
 
 
 def _first_format(reader: LeRobotDatasetReader, camera: str) -> str | None:

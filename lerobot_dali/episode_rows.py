@@ -181,6 +181,11 @@ class ParquetCache:
         #: Files handed out by :meth:`reading` whose reads have not all ended -> how many are running.
         self._readers: dict[pq.ParquetFile, int] = {}
 
+    @property
+    def max_open(self) -> int:
+        """The most files kept open (fewer where the process's open-file share is smaller)."""
+        return self._max_open
+
     def get(self, path: str) -> pq.ParquetFile:
         """``path``'s open file, for its footer: another thread's :meth:`get` may evict and close it at any time."""
         return self._get(path, read=False)

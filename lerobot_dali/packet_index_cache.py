@@ -135,7 +135,8 @@ class PacketIndexCache:
     ) -> PacketIndex:
         """The index of ``reader``'s file ``video``, read through the dataset's filesystem with the stamp its
         listing gave the file (a local file's key is a fresh ``stat``: a file changed since is indexed again)."""
-        return self.get(video.path, filesystem=reader.location.fs, stamp=reader.listed_stamp(video.path), store=store)
+        fs, stamp = reader.filesystem_of(video.path), reader.listed_stamp(video.path)
+        return self.get(video.path, filesystem=fs, stamp=stamp, store=store)
 
     def _lookup(self, key: Hashable) -> PacketIndex | None:
         with self._lock:

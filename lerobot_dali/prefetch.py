@@ -141,14 +141,16 @@ class Prefetcher:
 
     # -- work ----------------------------------------------------------------------------------------------
     def needed(self, epoch: int, position: int) -> np.ndarray:
-        """Episode positions for ``[position, position + lookahead)``, spilling into the next epoch."""
+        """Remote episode positions for ``[position, position + lookahead)``, spilling into the next epoch (a union's
+        local datasets' episodes are read from disk: none is copied into the cache)."""
         order = self._order
         total = order.num_samples(epoch)
         parts = [order.pool_window(epoch, position, min(total, position + self.lookahead))]
         spill = position + self.lookahead - total
         if spill > 0:
             parts.append(order.pool_window(epoch + 1, 0, min(order.num_samples(epoch + 1), spill)))
-        return np.asarray(list(dict.fromkeys(np.concatenate(parts).tolist())), dtype=np.int64)
+        wanted = (e for e in dict.fromkeys(np.concatenate(parts).tolist()) if not self.reader.episode_is_local(e))
+        return np.asarray(list(wanted), dtype=np.int64)
 
     def _run(self) -> None:
         while True:
@@ -263,8 +265,9 @@ def prefetching_reader(
     cache_bytes: int,
     index_store: PacketIndexStore | None = None,
 ) -> tuple[LeRobotDatasetReader, Prefetcher | None]:
-    """``(reader for the workers, prefetcher)``: for a remote dataset, workers read through the cache that the
-    prefetcher fills; a local dataset (or ``cache_bytes == 0``) gets ``(reader, None)``, nothing changes.
+    """``(reader for the workers, prefetcher)``: for a remote dataset (a union with any, its remote datasets), workers
+    read through the cache that the prefetcher fills; a local dataset (or ``cache_bytes == 0``) gets ``(reader,
+    None)``, nothing changes.
 
     Each rank takes its own subfolder (``rank-N``) of ``cache_dir`` (default: under
     :func:`~lerobot_dali.cache_dirs.cache_root`, one folder per dataset), so ranks on a node never evict

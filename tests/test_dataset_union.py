@@ -667,10 +667,6 @@ def test_layouts_that_cannot_share_one_pipeline_are_refused(make_ds, caplog) -> 
         concat_datasets(paths[0])
     with pytest.raises(TypeError, match=r"concat_datasets\(\[...\]\).*DALILeRobotMixture"):  # (str() of a list)
         DALILeRobotIterator(paths, device="cpu")
-    # (not "through one filesystem": remote datasets with other options each read through their own)
-    said = r"one kind of filesystem \(local, or one remote protocol, each .*several kinds .*'local'.*'http'"
-    with serve_folder(paths[1].parent) as server, pytest.raises(DatasetError, match=said):
-        concat_datasets([paths[0], f"{server.url}/{paths[1].name}"])
 
 
 def test_a_camera_only_the_first_dataset_has_is_left_out(make_ds, caplog) -> None:
@@ -843,3 +839,120 @@ def test_the_command_checks_gr00t_twice_as_one_with_its_recorded_camera(capsys) 
     assert said in capsys.readouterr().err
     assert main([*argv, TOP, "--rename-map", "{}", "{}", "{}"]) == 2  # (counted before a camera is looked for)
     assert "--rename-map takes one value, or one per dataset (2), got 3" in capsys.readouterr().err
+
+
+def _parquet_rows(root: Path) -> dict[tuple[int, int], dict]:
+    """Every row of the dataset at ``root``, read with pyarrow alone, by (episode_index, frame_index)."""
+    table = pa.concat_tables([pq.read_table(p) for p in sorted(root.glob("data/**/*.parquet"))])
+    return {(row["episode_index"], row["frame_index"]): row for row in table.to_pylist()}
+
+
+def _mixed_union(make_ds, server, local_first: bool, codec: str) -> tuple[list[Path], list[str]]:
+    """The local v3.0 dataset of :data:`SPECS` and its v2.1 one served over HTTP, in union order: their local
+    folders and what the union is given."""
+    local, remote = _datasets(make_ds, codec=codec)
+    paths = [local, remote] if local_first else [remote, local]
+    given = [str(p) if p == local else f"{server.url}/{p.parent.name}/{p.name}" for p in paths]
+    return paths, given
+
+
+#: (local first, workers, cache_gb, codec): every order, worker count and cache setting through the workers' PyAV
+#: decode (h264), and one through DALI's decode of the workers' clips (vp9).
+MIXED_CASES = [
+    *((first, workers, cache, "h264") for first in (True, False) for workers in (0, 2) for cache in (0.0, 8.0)),
+    (True, 0, 8.0, "vp9"),
+]
+
+
+@pytest.mark.parametrize(("local_first", "workers", "cache_gb", "codec"), MIXED_CASES)
+def test_a_local_and_an_http_dataset_read_as_one(
+    make_ds, tmp_path_factory, monkeypatch, local_first: bool, workers: int, cache_gb: float, codec: str
+) -> None:
+    """A local folder and an HTTP server's dataset were refused ("a union reads its datasets through one kind of
+    filesystem"). Each file is read through its own dataset's filesystem now: every sample once, its rows each
+    dataset's parquet rows, its frames an independent PyAV decode of its own dataset's video; the local dataset's
+    episodes are never copied into the prefetch cache, nor asked of the server, and its videos are decoded from disk
+    by path, not read packet by packet as a remote file's are."""
+    from lerobot_dali import batch_source
+
+    camera = "observation.images.cam0"
+    read_as_packets: list[str] = []  # (seen in this process: workers=0)
+    payloads = batch_source.read_packet_payloads
+    monkeypatch.setattr(
+        batch_source,
+        "read_packet_payloads",
+        lambda path, *a, **k: read_as_packets.append(path) or payloads(path, *a, **k),
+    )
+    with serve_folder(tmp_path_factory.getbasetemp()) as server:
+        paths, given = _mixed_union(make_ds, server, local_first, codec)
+        union = concat_datasets(given)
+        local_pos = 0 if local_first else 1
+        it = DALILeRobotIterator(
+            union, batch_size=4, shuffle=False, device="cpu", drop_last=False, return_uint8=True,
+            num_workers=workers, cache_gb=cache_gb, prefetch=6, decode="cpu" if codec == "h264" else "auto",
+        )  # fmt: skip
+        samples = [{k: v[i] for k, v in batch.items()} for batch in it for i in range(len(batch["index"]))]
+        if it._prefetcher is not None:
+            starts = union.starts
+            held = set(it._prefetcher.cache.owners())
+            local_episodes = set(range(int(starts[local_pos]), int(starts[local_pos + 1])))
+            assert held and not held & local_episodes, (held, local_episodes)
+        it.close()
+        local_name = paths[local_pos].parent.name
+        assert not [r.path for r in server.records if local_name in r.path]
+    if workers == 0 and codec == "h264":
+        assert read_as_packets and all(path.startswith(server.url) for path in read_as_packets), read_as_packets
+    keys = [(int(s["dataset_index"]), int(s["episode_index"]), int(s["frame_index"])) for s in samples]
+    order = [1, 0] if not local_first else [0, 1]  # (the SPECS entry of each union position)
+    every = [(d, ep, f) for d, spec in enumerate(order) for ep, n in enumerate(SPECS[spec][0]) for f in range(n)]
+    assert sorted(keys) == every and len(keys) == len(every) == 28
+    task_offset = [0, 2]
+    tolerance = 0 if codec == "h264" else 2  # (PyAV's rgb24 exactly; DALI's YUV to RGB rounds its own way)
+    for d, root in enumerate(paths):
+        rows = _parquet_rows(root)
+        reader = open_dataset(root)
+        references: dict[str, list[np.ndarray]] = {}
+        for s in (s for s in samples if int(s["dataset_index"]) == d):
+            ep, f = int(s["episode_index"]), int(s["frame_index"])
+            row = rows[(ep, f)]
+            assert int(s["index"]) == row["index"] and float(s["timestamp"]) == pytest.approx(row["timestamp"])
+            for key in ("observation.state", "action"):
+                np.testing.assert_array_equal(s[key].numpy(), np.asarray(row[key], np.float32))
+            assert int(s["task_index"]) == row["task_index"] + task_offset[d]
+            video = reader.video(ep, camera)
+            if video.path not in references:
+                references[video.path] = [frame for _, frame in sorted(reference_frames(video.path).items())]
+            expected = references[video.path][round(video.from_timestamp_s * FPS) + f]
+            frame = s[camera].permute(1, 2, 0).numpy().astype(np.int16)
+            assert np.abs(frame - expected).max() <= tolerance, (d, ep, f, np.abs(frame - expected).max())
+
+
+@pytest.mark.parametrize("local_first", [True, False], ids=["local_first", "remote_first"])
+def test_a_remote_file_of_a_mixed_union_replaced_by_one_of_its_size_is_named_changed(
+    make_ds, tmp_path: Path, local_first: bool
+) -> None:
+    """In a union of a local and an HTTP dataset, a remote video file replaced on the server by another of its size
+    once the iterator indexed it is named changed on the server (its stamped ETag sent as If-Match: HTTP 412)."""
+    from tests.test_http_remote import _rewrite_same_size
+
+    local, remote = _datasets(make_ds, codec="h264")
+    served = tmp_path / "served"
+    shutil.copytree(remote, served / "dataset")
+    target = sorted((served / "dataset").glob("videos/**/*.mp4"))[-1]
+    with serve_folder(served) as server:
+        given = [str(local), f"{server.url}/dataset"]
+        union = concat_datasets(given if local_first else given[::-1])
+        it = DALILeRobotIterator(
+            union, batch_size=4, shuffle=False, device="cpu", drop_last=False, num_workers=0, cache_gb=0.0,
+            decode="cpu",
+        )  # fmt: skip
+        _rewrite_same_size(target)  # (after the iterator indexed it: before any batch, which reads ahead)
+        read: list[tuple[int, int]] = []
+        changed = (
+            r"episode_000001.mp4 changed on the server while it was read \(etag:\S+ when opened, etag:\S+ now: HTTP 412"
+        )
+        with pytest.raises(DatasetError, match=changed):
+            for batch in it:
+                read += zip(batch["dataset_index"].tolist(), batch["episode_index"].tolist(), strict=True)
+        it.close()
+    assert (int(local_first), 1) not in read  # (no sample of the file's episode, the remote dataset's 1, served)
