@@ -356,12 +356,15 @@ class DatasetUnion(LeRobotDatasetReader):
         tasks: dict[int, str] | None = None,
         with_dataset_index: bool | None = None,
     ) -> DatasetUnion:
-        """This union over ``members`` (copies of its own)."""
-        return DatasetUnion(
+        """This union over ``members`` (copies of its own), with its stamps (:meth:`FileStamps.share`)."""
+        union = DatasetUnion(
             members, renames=self.renames, task_offsets=self.task_offsets, tasks=self.tasks if tasks is None else tasks,
             with_dataset_index=self.with_dataset_index if with_dataset_index is None else with_dataset_index,
             lookups=self.lookups,
         )  # fmt: skip
+        if isinstance(union.stamps, FileStamps) and isinstance(self.stamps, FileStamps):
+            union.stamps.share(self.stamps)
+        return union
 
     def __repr__(self) -> str:
         return f"DatasetUnion({len(self.members)} datasets, episodes={self.num_episodes}, frames={self.num_frames})"

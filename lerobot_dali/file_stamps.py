@@ -184,6 +184,17 @@ class FileStamps(Mapping[str, FileStamp]):
             merged.info_calls += part.info_calls
         return merged
 
+    def share(self, other: FileStamps) -> None:
+        """Hold one table with ``other`` (in this process): the stamps either holds, ``other``'s first, and what either
+        records from now on. A union's copies (for its batches and workers, over the prefetch cache) merge its
+        datasets' stamps anew, and lacked those first asked through the union (plain HTTP lists no folder: a video is
+        stamped when a reader first asks): asked again after a rewrite, the new file was stamped, and read."""
+        with other._lock, self._lock:
+            for key, stamp in self._stamps.items():
+                other._stamps.setdefault(key, stamp)  # (asked first: the version the run began with)
+        self._stamps, self._lock, self._asking = other._stamps, other._lock, other._asking
+        self._run_version = other._run_version
+
     def add_root(self, root: str) -> int:
         """List ``root`` recursively (one call) and record every file's stamp; returns how many were recorded.
 

@@ -767,6 +767,43 @@ def test_a_file_removed_from_the_server_mid_run_is_named_removed(
     _assert_samples_equal(remote, local[: len(remote)])
 
 
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_union_file_replaced_by_one_of_its_size_after_the_first_batch_is_never_read(
+    make_ds, tmp_path: Path, monkeypatch, num_workers: int
+) -> None:
+    """A union of two HTTP datasets (a query token each: each read through its own filesystem) stamps a video first
+    when a reader asks it (plain HTTP lists no folder): the union's copies for the batches (and workers) re-merged its
+    datasets' stamps and lost those asked through the union itself, so a video first asked before the run was asked
+    again after a rewrite, stamped as the new file, and read with its new ETag as If-Match: 4 of 46 samples (the
+    second dataset's last episode) carried another picture's frames, with no error (0 and 1 workers). Its reads ask
+    for the version stamped first now: HTTP 412, raised as its change; the batches before it equal a local read."""
+    from lerobot_dali import concat_datasets
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    importable_in_workers(monkeypatch)
+    roots = [tmp_path / f"dataset{i}" for i in range(2)]
+    for root in roots:
+        shutil.copytree(_dataset(make_ds, "h264"), root)
+    options = {**OPTIONS, "shuffle": False, "decode": "cpu"}
+    local = _samples(DALILeRobotIterator(concat_datasets(roots), num_workers=0, cache_gb=0.0, **options))
+    target = sorted(roots[1].glob("videos/**/file-002.mp4"))[-1]  # (the second dataset's episode 4's, read last)
+    new = _still_parsing(target)
+    remote: list[dict] = []
+    with serve_folder(tmp_path) as server:
+        union = concat_datasets([f"{_url(server, root)}?token=t{i}" for i, root in enumerate(roots)])
+        it = DALILeRobotIterator(union, num_workers=num_workers, cache_gb=0.0, **options)
+        with pytest.raises(DatasetError) as raised:
+            for batch in it:
+                remote += [{k: v[i] for k, v in batch.items()} for i in range(len(batch["index"]))]
+                if len(remote) == OPTIONS["batch_size"]:
+                    _rewrite_same_size(target, new)
+        it.close()
+    changed = r"file-002\.mp4 changed on the server while it was read \(etag:\S+ when opened, etag:\S+ now: HTTP 412\)"
+    assert re.search(changed + "; re-open the dataset$", str(raised.value)), raised.value
+    assert 0 < len(remote) < len(local) == 2 * sum(LENGTHS)
+    _assert_samples_equal(remote, local[: len(remote)])
+
+
 @pytest.mark.parametrize("replaced", [False, True], ids=["unchanged", "replaced"])
 @pytest.mark.parametrize("cache_gb", [0.0, 1.0], ids=["uncached", "prefetch_cache"])
 @pytest.mark.parametrize("length", ["sent", "dropped"])
