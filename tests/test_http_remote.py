@@ -767,16 +767,19 @@ def test_a_file_removed_from_the_server_mid_run_is_named_removed(
     _assert_samples_equal(remote, local[: len(remote)])
 
 
+@pytest.mark.parametrize("change", ["replaced", "removed"])
 @pytest.mark.parametrize("num_workers", [0, 1])
-def test_a_union_file_replaced_by_one_of_its_size_after_the_first_batch_is_never_read(
-    make_ds, tmp_path: Path, monkeypatch, num_workers: int
+def test_a_union_file_replaced_or_removed_after_the_first_batch_is_named_changed_and_never_read(
+    make_ds, tmp_path: Path, monkeypatch, num_workers: int, change: str
 ) -> None:
     """A union of two HTTP datasets (a query token each: each read through its own filesystem) stamps a video first
     when a reader asks it (plain HTTP lists no folder): the union's copies for the batches (and workers) re-merged its
     datasets' stamps and lost those asked through the union itself, so a video first asked before the run was asked
     again after a rewrite, stamped as the new file, and read with its new ETag as If-Match: 4 of 46 samples (the
     second dataset's last episode) carried another picture's frames, with no error (0 and 1 workers). Its reads ask
-    for the version stamped first now: HTTP 412, raised as its change; the batches before it equal a local read."""
+    for the version stamped first now: HTTP 412, raised as its change; the batches before it equal a local read. Removed
+    instead, its HEAD's 404 was "does not exist on MemberFileSystems; check the dataset's files": it is named removed
+    since it was stamped now."""
     from lerobot_dali import concat_datasets
     from lerobot_dali.iterator import DALILeRobotIterator
 
@@ -796,9 +799,12 @@ def test_a_union_file_replaced_by_one_of_its_size_after_the_first_batch_is_never
             for batch in it:
                 remote += [{k: v[i] for k, v in batch.items()} for i in range(len(batch["index"]))]
                 if len(remote) == OPTIONS["batch_size"]:
-                    _rewrite_same_size(target, new)
+                    target.unlink() if change == "removed" else _rewrite_same_size(target, new)
         it.close()
-    changed = r"file-002\.mp4 changed on the server while it was read \(etag:\S+ when opened, etag:\S+ now: HTTP 412\)"
+    how = r"\d+ bytes when opened, removed now"
+    if change == "replaced":
+        how = r"etag:\S+ when opened, etag:\S+ now: HTTP 412"
+    changed = rf"file-002\.mp4 changed on the server while it was read \({how}\)"
     assert re.search(changed + "; re-open the dataset$", str(raised.value)), raised.value
     assert 0 < len(remote) < len(local) == 2 * sum(LENGTHS)
     _assert_samples_equal(remote, local[: len(remote)])
