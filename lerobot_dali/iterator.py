@@ -569,6 +569,12 @@ class DALILeRobotIterator:
         with self._next_lock:
             dali_iter = self._dali_iter
             if dali_iter is None or pass_id != self._pass_id:
+                if dali_iter is None and self._pipeline is not None:
+                    # A close() marked the pipeline closed and left it running: another thread's that gave up on
+                    # this pass inside DALI's next(), or a signal handler's left to the close() its thread ran, which
+                    # a second exception ended before it closed anything (a pass runs only its own thread's deferral).
+                    # Left to this pass's finally: both ran on after the IteratorClosedError, until a close() or exit.
+                    self.close()
                 raise self._closed_error()
             outer = sys.exc_info()[1]  # the caller's own error, if it asks for batches while handling one
             # The pipeline stands nowhere until the stream counts the batch: a signal's exception before that (as this
@@ -763,7 +769,7 @@ class DALILeRobotIterator:
                     logger.warning(
                         "close(): a pass is still inside DALI's next() or building its pipeline after %d s; the "
                         "pipeline is left to it (shutting it down under the call could crash the process): that pass "
-                        "raises IteratorClosedError once the call returns or the build ends; call close() again then",
+                        "closes it and raises IteratorClosedError at its next batch, or once the build ends",
                         CLOSE_WAIT_S,
                     )
                     return

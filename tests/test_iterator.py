@@ -1885,3 +1885,150 @@ def test_a_close_that_gave_up_on_a_build_is_carried_out_by_the_pass(make_ds, mon
     seen = [int(i) for b in it for i in b["index"]]
     it.close()
     assert seen == reference
+
+
+@pytest.mark.parametrize("where", ["next", "build", "signal_in_next", "close"])
+def test_a_close_nested_on_the_closing_or_reading_thread_leaves_the_lock_free(make_ds, monkeypatch, where) -> None:
+    """close() on the thread that holds the pass's lock (a callback or a signal's handler inside DALI's next() or the
+    build; a finalizer the collector runs inside close(), as a mixture's __del__) is left to the frame holding it and
+    takes no second hold: once the pass or the close lets go, the lock is free (another thread takes it at once), the
+    pipeline and prefetcher are closed, nothing is left deferred, and iterating again carries on at the same sample."""
+    import signal as signal_module
+
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+    reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
+    it = DALILeRobotIterator(root, **kwargs)
+    it._prefetcher = prefetcher = _CountingPrefetcher()
+    seen = [int(i) for i in next(iter(it))["index"]] if where == "close" else []  # (a pipeline to close)
+    owner, name = (iterator_module, "build_pipeline") if where == "build" else (DALIGenericIterator, "__next__")
+    original, calls = getattr(owner, name), []
+    previous = signal_module.signal(signal_module.SIGUSR1, lambda *_: it.close())
+
+    def nested_close(*args, **kw):
+        made = original(*args, **kw)
+        if not calls:
+            calls.append(iterator_module.fork_locks.held_here(it._next_lock))
+            if where == "signal_in_next":
+                os.kill(os.getpid(), signal_module.SIGUSR1)  # (its handler runs here, on this, the main thread)
+            else:
+                it.close()
+        return made
+
+    try:
+        if where == "close":
+            close_held = it._close_held
+
+            def finalizer_closes() -> None:
+                calls.append(iterator_module.fork_locks.held_here(it._next_lock))
+                it.close()  # (the collector, run inside close(), freeing what closes this iterator)
+                close_held()
+
+            monkeypatch.setattr(it, "_close_held", finalizer_closes)
+            it.close()
+        else:
+            monkeypatch.setattr(owner, name, nested_close)
+            with pytest.raises(IteratorClosedError, match="when the iterator was closed"):
+                for batch in it:
+                    seen += [int(i) for i in batch["index"]]
+            monkeypatch.setattr(owner, name, original)
+    finally:
+        signal_module.signal(signal_module.SIGUSR1, previous)
+    assert calls == [True]
+    assert not iterator_module.fork_locks.held_here(it._next_lock)
+    taken: list[bool] = []
+    other = threading.Thread(target=lambda: taken.append(it._next_lock.acquire(blocking=False)))
+    other.start()
+    other.join()
+    assert taken == [True]  # (free: held by the thread that took it, now ended, so let go here no more)
+    assert it._pipeline is None and it._dali_iter is None and it._close_deferred == 0 and prefetcher.closes == 1
+    it._next_lock = iterator_module.fork_locks.rlock()  # (the ended thread's hold)
+    seen += [int(i) for b in it for i in b["index"]]
+    it.close()
+    assert seen == reference
+
+
+def test_a_handlers_close_left_undone_by_an_interrupted_close_is_carried_out_by_another_threads_pass(
+    make_ds, monkeypatch
+) -> None:
+    """The loop reads on a thread of its own; the main thread's close() (a finally's) holds the pass's lock when a
+    signal's handler there calls close(), left to it, and then raises (sys.exit) before anything was closed: the
+    handler's close stays deferred to the main thread, whose frames are gone. The loop's next batch raised
+    IteratorClosedError, and its pass, which runs only its own thread's deferral, left the pipeline and the prefetcher
+    running until another close() or the exit. That pass now carries the close out as it lets the lock go."""
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+    reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
+    it = DALILeRobotIterator(root, **kwargs)
+    it._prefetcher = prefetcher = _CountingPrefetcher()
+    read_one, closed, seen, errors = threading.Event(), threading.Event(), [], []
+
+    def loop() -> None:
+        batches = iter(it)
+        seen.extend(int(i) for i in next(batches)["index"])
+        read_one.set()
+        closed.wait(30)
+        try:
+            next(batches)
+        except IteratorClosedError as e:
+            errors.append(e)
+
+    def handler_then_exit() -> None:
+        it.close()  # (the handler's: this thread holds the lock, so it is left to this close())
+        raise SystemExit(1)  # (before this close() closed anything)
+
+    reader = threading.Thread(target=loop)
+    reader.start()
+    read_one.wait(30)
+    monkeypatch.setattr(it, "_close_held", handler_then_exit)
+    with pytest.raises(SystemExit):
+        it.close()
+    monkeypatch.undo()
+    assert it._close_deferred == threading.get_ident() and it._pipeline is not None
+    closed.set()
+    reader.join(30)
+    assert not reader.is_alive() and len(errors) == 1
+    assert it._pipeline is None and prefetcher.closes == 1
+    rest = threading.Thread(target=lambda: seen.extend(int(i) for b in it for i in b["index"]))
+    rest.start()  # (another thread: this one's deferral, left set, still closes its next pass once)
+    rest.join(60)
+    it.close()
+    assert seen == reference
+
+
+def test_a_close_that_gave_up_on_a_pass_inside_next_is_carried_out_by_it(make_ds, monkeypatch) -> None:
+    """close() from another thread that waited CLOSE_WAIT_S for a pass inside DALI's next() and gave up left the
+    pipeline and the prefetcher to it: the pass raised IteratorClosedError at its next batch and left both running
+    until the next close() (or exit). The pass now closes them as it raises, the given-up count closes no later build,
+    and the next pass carries on at the same sample."""
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+    monkeypatch.setattr(iterator_module, "CLOSE_WAIT_S", 0.2)
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+    reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
+    it = DALILeRobotIterator(root, **kwargs)
+    it._prefetcher = prefetcher = _CountingPrefetcher()
+    original, calls = DALIGenericIterator.__next__, [0]
+    closer = threading.Thread(target=it.close)
+
+    def close_gives_up_meanwhile(self):
+        calls[0] += 1
+        if calls[0] == 2:
+            closer.start()
+            closer.join(30)  # (it waits CLOSE_WAIT_S for this pass, inside next(), and gives up)
+        return original(self)
+
+    monkeypatch.setattr(DALIGenericIterator, "__next__", close_gives_up_meanwhile)
+    seen: list[int] = []
+    with pytest.raises(IteratorClosedError, match="when the iterator was closed"):
+        for batch in it:
+            seen += [int(i) for i in batch["index"]]
+    monkeypatch.setattr(DALIGenericIterator, "__next__", original)
+    assert not closer.is_alive() and it._closes_given_up == 1
+    assert it._pipeline is None and prefetcher.closes == 1 and len(seen) == 4
+    seen += [int(i) for b in it for i in b["index"]]
+    it.close()
+    assert seen == reference
