@@ -774,6 +774,10 @@ class DALILeRobotIterator:
                     )
                     return
             self._close_held()
+            # (another thread's handler's close(), left to frames of its own that let the lock go, is done: left set,
+            # it closed the next pass that thread started, which came after this close(): 1 of 1)
+            if self._close_deferred != threading.get_ident():
+                self._close_deferred = 0
         finally:
             try:  # (no call before it: a signal's exception lands only after a call returns, or a jump back)
                 lock.release()

@@ -1991,9 +1991,38 @@ def test_a_handlers_close_left_undone_by_an_interrupted_close_is_carried_out_by_
     reader.join(30)
     assert not reader.is_alive() and len(errors) == 1
     assert it._pipeline is None and prefetcher.closes == 1
-    rest = threading.Thread(target=lambda: seen.extend(int(i) for b in it for i in b["index"]))
-    rest.start()  # (another thread: this one's deferral, left set, still closes its next pass once)
-    rest.join(60)
+    seen += [int(i) for b in it for i in b["index"]]
+    it.close()
+    assert seen == reference
+
+
+def test_a_handlers_close_left_undone_by_an_interrupted_close_is_done_by_another_threads_close(
+    make_ds, monkeypatch
+) -> None:
+    """As above, the handler's close() left to the main thread's interrupted close(): a watchdog's close() then closed
+    everything but left that deferral set (a close() cleared only its own thread's), so the main thread's next pass,
+    started after it, closed the pipeline it built and raised IteratorClosedError (1 of 1). It is now cleared by the
+    close() that did it, and that pass reads on at the same sample."""
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+    reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
+    it = DALILeRobotIterator(root, **kwargs)
+    seen = [int(i) for i in next(iter(it))["index"]]
+
+    def handler_then_exit() -> None:
+        it.close()  # (the handler's: this thread holds the lock, so it is left to this close())
+        raise SystemExit(1)  # (before this close() closed anything)
+
+    monkeypatch.setattr(it, "_close_held", handler_then_exit)
+    with pytest.raises(SystemExit):
+        it.close()
+    monkeypatch.undo()
+    assert it._close_deferred == threading.get_ident() and it._pipeline is not None
+    watchdog = threading.Thread(target=it.close)
+    watchdog.start()
+    watchdog.join(30)
+    assert not watchdog.is_alive() and it._pipeline is None
+    seen += [int(i) for b in it for i in b["index"]]
     it.close()
     assert seen == reference
 
