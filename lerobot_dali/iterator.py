@@ -734,7 +734,10 @@ class DALILeRobotIterator:
         opened here, now rather than at garbage collection.
 
         Safe from another thread: a pass waiting in DALI's next() there is woken (its workers are stopped) and
-        raises :class:`IteratorClosedError`; this call returns once that pass has let the pipeline go.
+        raises :class:`IteratorClosedError`; this call returns once that pass has let the pipeline go, or after
+        ``CLOSE_WAIT_S`` with a warning, leaving the pipeline to that pass (or to one still building it), which closes
+        it and raises IteratorClosedError at its next batch, or once the build ends. From a signal handler on the
+        thread of a pass holding the pipeline it is left to that pass, which closes everything as it lets go.
 
         In a child forked from the process that built the iterator it does nothing: what it would close is the
         parent's."""
