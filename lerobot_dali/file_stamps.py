@@ -1,10 +1,11 @@
-"""What identifies each remote file's content (size + etag/blob id/mtime), from one listing per folder.
+"""What identifies each remote file's content (size + etag/blob id/mtime), from one listing per root.
 
 Caches of per-file facts (packet indexes) must notice when a file changes, but asking the server about every
 file is one metadata request per file and worker: a mixture of hundreds of Hub datasets then hits the Hub's
 request rate limit before the first batch. A recursive listing returns the same facts for a whole folder in
 one paginated request, so the main process lists each root once and hands the picklable result to workers.
-Filesystems that cannot list (plain HTTP parses HTML link pages) fall back to one memoised ``info`` per file.
+Filesystems that cannot list, and plain HTTP (its HTML index pages give no sizes: no folder is listed for stamps),
+fall back to one memoised ``info`` per file.
 """
 
 from __future__ import annotations
@@ -175,8 +176,9 @@ class FileStamps(Mapping[str, FileStamp]):
 
     @classmethod
     def merged(cls, parts: Sequence[FileStamps], *, fs: Any = None) -> FileStamps:
-        """The stamps of ``parts`` (of datasets on one filesystem kind, read as one) as one mapping, on ``fs`` (None:
-        the first's filesystem): what none listed is looked up through it."""
+        """The stamps of ``parts`` (of datasets read as one, each on its own filesystem) as one mapping, on ``fs``
+        (None: the first's filesystem; a union's :class:`~.dataset_union.MemberFileSystems`, which routes each path to
+        its dataset's): what none listed is looked up through it."""
         merged = cls(parts[0].fs if fs is None else fs)
         for part in parts:
             merged._stamps.update(part._stamps)

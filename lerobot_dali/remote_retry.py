@@ -664,9 +664,9 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
 
     def _removed(self, path: str) -> DatasetError | None:
         """The error for a read of ``path`` the server answered that it has no such file (404) where ``path`` was
-        stamped (at the dataset's open, :meth:`pin`): removed since, as :meth:`FileStamps.change_now
-        <lerobot_dali.file_stamps.FileStamps.change_now>` names it; None where it was never stamped (an optional
-        metadata file probed with ``read_if_present``: its absence is the answer asked)."""
+        stamped (:meth:`pin`; listed at the dataset's open, or over plain HTTP asked when first read): removed since,
+        as :meth:`FileStamps.change_now <lerobot_dali.file_stamps.FileStamps.change_now>` names it; None where it was
+        never stamped (an optional metadata file probed with ``read_if_present``: its absence is the answer asked)."""
         stamped = next((s[path] for s in self.pinned if path in s), None)  # (``in``: no request)
         return None if stamped is None else changed_on_server(path, f"{stamped.size} bytes when opened, removed now")
 
