@@ -419,7 +419,8 @@ def rename_hint(
 ) -> str:
     """What to add where a dataset read with others lacks keys ``lacking`` that they have (``spare``: the batch
     names of its keys the others lack; ``rename``: its rename_map): a rename_map giving its keys those names, e.g. a
-    camera recorded as 'rgb' where the others say 'top' (its map, if any, with those entries added or changed); ""
+    camera recorded as 'rgb' where the others say 'top' (told as JSON, what ``--rename-map`` takes: those entries
+    first, then its map's others, if any, as given); ""
     where it lacks none. Each map told gives every key lacking a spare key's name, a camera a camera's and a feature a
     feature's (``cameras``: the batch names that are cameras, its own and the others'; None: one kind): the one
     pairing where names decide it (:func:`_by_name`), else each pairing (up to :data:`_MAPS_TOLD`), else none
