@@ -1182,3 +1182,35 @@ def test_a_server_whose_if_match_disagrees_with_its_etags_is_read_without_it(
     assert rows.keys() == local.keys()
     for key, values in local.items():
         np.testing.assert_array_equal(rows[key], values)
+
+
+def test_a_union_file_rewritten_unreadable_without_if_match_is_named_changed(
+    make_ds, tmp_path: Path, monkeypatch
+) -> None:
+    """With If-Match off (LEROBOT_DALI_IF_MATCH=0: a server whose If-Match disagrees with its ETags), a union's video
+    rewritten on the server by bytes of its size that no longer decode is found changed only on the error path, which
+    asks the file's stamp anew. Over plain HTTP a video is stamped when first read, through the union: its datasets'
+    own stamps never held it, and the union asked them, so the failure was called a corrupt video (re-download it),
+    not a change (re-open the dataset)."""
+    from lerobot_dali import concat_datasets
+    from lerobot_dali.iterator import DALILeRobotIterator
+    from lerobot_dali.remote_retry import IF_MATCH_ENV
+
+    monkeypatch.setenv(IF_MATCH_ENV, "0")
+    roots = [tmp_path / f"dataset{i}" for i in range(2)]
+    for root in roots:
+        shutil.copytree(_dataset(make_ds, "h264"), root)
+    options = {**OPTIONS, "shuffle": False, "decode": "cpu"}
+    target = sorted(roots[1].glob("videos/**/file-002.mp4"))[-1]  # (the second dataset's episode 4's, read last)
+    read = 0
+    with serve_folder(tmp_path) as server:
+        union = concat_datasets([f"{_url(server, root)}?token=t{i}" for i, root in enumerate(roots)])
+        it = DALILeRobotIterator(union, num_workers=0, cache_gb=0.0, **options)
+        with pytest.raises(DatasetError) as raised:
+            for batch in it:
+                read += len(batch["index"])
+                if read == OPTIONS["batch_size"]:
+                    _rewrite_same_size(target)
+        it.close()
+    changed = r"file-002\.mp4 changed on the server while it was read \(etag:\S+ when opened, etag:\S+ now\)"
+    assert re.search(changed, str(raised.value)), raised.value
