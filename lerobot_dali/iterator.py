@@ -790,9 +790,9 @@ class DALILeRobotIterator:
                 # A signal handler's close() while this one held the lock was left to this one, which did it. Cleared
                 # once the lock is let go: one landing between the clearing and the release stayed left, and the next
                 # pass closed what it built (a close() at each line close() runs: 2 of 12). Left set if a second
-                # signal's exception landed before the pipeline was closed: the deferred close is run again. Left
-                # set, too, if another thread's handler set it: its pass, which took the lock once this one let it
-                # go, runs it (cleared here, that pass handed a working pipeline out after the handler's close()).
+                # signal's exception landed before the pipeline was closed: the deferred close is run again. Another
+                # thread's (set while that thread held the lock) is cleared above once everything is closed, and
+                # left set where closing failed: that thread's pass runs it.
                 # (getattr: also run by __del__ of an iterator whose __init__ raised before setting them)
                 closed = getattr(self, "_pipeline", None) is None
                 if closed and getattr(self, "_close_deferred", 0) == threading.get_ident():

@@ -162,8 +162,8 @@ def check_rename_map(rename_map: object, where: str = "") -> None:
     if blank:
         raise RenameMapError(
             f"{prefix}rename_map has entries with an empty name, {blank}: each gives a dataset's own key (its "
-            "meta/info.json features) the name the batches give it, e.g. {'observation.images.rgb': "
-            "'observation.images.top'}: fill in both names, or drop the entry"
+            'meta/info.json features) the name the batches give it, e.g. {"observation.images.rgb": '
+            '"observation.images.top"}: fill in both names, or drop the entry'
         )
 
 
