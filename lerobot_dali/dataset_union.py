@@ -531,10 +531,11 @@ class MemberFileSystems(fsspec.AbstractFileSystem):
 
     @staticmethod
     def of(members: Sequence[LeRobotDatasetReader]) -> fsspec.AbstractFileSystem:
-        """The first member's filesystem where every member's reads through one client (the same options), else
-        one that routes each path to its member's."""
+        """The first member's filesystem where every member's reads through one client (the same options) or every
+        member is local (fsspec keeps a LocalFileSystem per thread, and datasets open in threads of their own: routed,
+        local folders read as a remote union), else one that routes each path to its member's."""
         clients = {id(client_of(m.location.fs)) for m in members}
-        if len(clients) <= 1:
+        if len(clients) <= 1 or all(m.location.is_local for m in members):
             return members[0].location.fs
         return MemberFileSystems([(m.location.root, m.location.fs) for m in members])
 

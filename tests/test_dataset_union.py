@@ -956,3 +956,20 @@ def test_a_remote_file_of_a_mixed_union_replaced_by_one_of_its_size_is_named_cha
                 read += zip(batch["dataset_index"].tolist(), batch["episode_index"].tolist(), strict=True)
         it.close()
     assert (int(local_first), 1) not in read  # (no sample of the file's episode, the remote dataset's 1, served)
+
+
+def test_a_union_of_local_folders_is_read_as_local(make_ds, tmp_path: Path) -> None:
+    """Each dataset is opened in a thread of its own, and fsspec keeps a LocalFileSystem per thread: a union of local
+    folders routed its files through MemberFileSystems (its clients differ) and so was read as a remote one: a
+    prefetch cache and its thread, no file-format store, 16 data files open where a local dataset keeps 128."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    union = concat_datasets(_datasets(make_ds, codec="h264"))
+    assert union.location.is_local and isinstance(union.location.fs, LocalFileSystem)
+    assert union._parquet.max_open == 128
+    it = DALILeRobotIterator(
+        union, batch_size=4, shuffle=False, device="cpu", num_workers=0, decode="cpu", cache_dir=tmp_path / "cache"
+    )
+    assert it._prefetcher is None and it._format_store is not None and not (tmp_path / "cache").exists()
+    assert sum(len(batch["index"]) for batch in it) == 28
+    it.close()
