@@ -140,16 +140,20 @@ def file_positions(reader: LeRobotDatasetReader, camera: str) -> list[int]:
 
 
 def surveyed_positions(reader: LeRobotDatasetReader, camera: str) -> list[int]:
-    """:func:`file_positions`, or past their bound (:mod:`.checked_files`: 100,000 local, 2,000 remote) each
-    dataset's first episode, with an INFO line."""
+    """:func:`file_positions`, or past their bound (:mod:`.checked_files`: 100,000 local, 2,000 remote; a union's
+    local and remote files each held to their own) each dataset's first episode, with an INFO line."""
     positions = file_positions(reader, camera)
-    most = CHECKED_FILES if reader.location.is_local else CHECKED_FILES_REMOTE
-    if len(positions) <= most:
+    local = sum(map(reader.episode_is_local, positions))
+    remote = len(positions) - local
+    if local <= CHECKED_FILES and remote <= CHECKED_FILES_REMOTE:
         return positions
+    count, kind, most = (
+        (local, "local ", CHECKED_FILES) if local > CHECKED_FILES else (remote, "remote ", CHECKED_FILES_REMOTE)
+    )
     say_once(logger, logging.INFO,
-        "%s: camera %s has %d video files, more than %d: only its first file's format is read when the iterator is "
+        "%s: camera %s has %d %svideo files, more than %d: only its first file's format is read when the iterator is "
         "built (a file of another codec or size fails when a batch reaches it); `lerobot-dali check` reads them all",
-        reader.location.description, camera, len(positions), most,
+        reader.location.description, camera, count, kind if local and remote else "", most,
     )  # fmt: skip
     return reader.first_episodes()
 
@@ -215,11 +219,11 @@ def survey_camera(
     Raises what :func:`read_file_format` raises for the first file in order that fails; ``skip_unreadable``: those
     that raise a DatasetError (missing, damaged) are left out instead, for a check that lists them elsewhere.
 
-    ``store`` (remote datasets): each file's packet index is loaded from it, or built and kept there, instead of its
-    header read. The workers need every file's index anyway; the store shares it with the node's other ranks and
-    later runs, where a header would be read again by every rank of every run (requests a file, not a process).
-    ``format_store`` (local datasets): the headers read are kept there, per dataset, and later builds read only
-    the files changed since. ``since``: where the cameras are surveyed one after another, the
+    ``store`` (remote datasets; a union's remote ones): each file's packet index is loaded from it, or built and kept
+    there, instead of its header read. The workers need every file's index anyway; the store shares it with the node's
+    other ranks and later runs, where a header would be read again by every rank of every run (requests a file, not a
+    process). ``format_store`` (local datasets; a union's local ones): the headers read are kept there, per dataset,
+    and later builds read only the files changed since. ``since``: where the cameras are surveyed one after another, the
     :func:`time.monotonic` at which the first began (its progress shows once they have taken
     :data:`~lerobot_dali.concurrent_calls.PROGRESS_DELAY_S` in all)."""
     first_pos: dict[str, int] = {}  # (in order, each file once)
@@ -227,9 +231,11 @@ def survey_camera(
         first_pos.setdefault(reader.video(pos, camera).path, pos)
     first_episode = {path: int(reader.episodes.episode_index[pos]) for path, pos in first_pos.items()}
 
+    local = {path: reader.episode_is_local(pos) for path, pos in first_pos.items()}
+
     def read(path: str) -> FileFormat | None:
         try:
-            if store is None:
+            if store is None or local[path]:
                 return read_file_format(reader, path)
             _, index = load_episode_packet_index(reader, first_pos[path], camera, store=store)
             return FileFormat(index.codec, index.height, index.width, index.pix_fmt, stream_color(index.template))
@@ -243,13 +249,15 @@ def survey_camera(
         desc = f"lerobot-dali: camera {camera}'s video headers"
         return in_threads(read, paths, progress=desc, unit="file", since=since)
 
-    if format_store is None or store is not None:
-        formats = dict(zip(first_episode, read_all(list(first_episode)), strict=True))
-    else:
-        by_dataset: dict[str, list[str]] = {}  # (a union's datasets each keep their own)
-        for path, pos in first_pos.items():
+    by_dataset: dict[str, list[str]] = {}  # (local files kept in format_store: a union's datasets each their own)
+    others = []  # (read at once, in threads)
+    for path, pos in first_pos.items():
+        if format_store is not None and local[path]:
             by_dataset.setdefault(reader.source_of(pos), []).append(path)
-        formats = {}
-        for dataset, paths in by_dataset.items():
+        else:
+            others.append(path)
+    formats = dict(zip(others, read_all(others), strict=True)) if others else {}
+    for dataset, paths in by_dataset.items():
+        if format_store is not None:
             formats.update(zip(paths, format_store.formats(dataset, camera, paths, read_all), strict=True))
     return CameraSurvey(camera, {path: f for path in first_episode if (f := formats[path]) is not None}, first_episode)

@@ -372,7 +372,7 @@ def check_dataset(
         # it, loads each unchanged file's index instead of demuxing it (15,000 episodes: 450 files, ~0.1 s each).
         index_store=PacketIndexStore(),
     )
-    verdicts = PendingVerdicts(VerifiedDecodeStore()) if decode and reader.location.is_local else None
+    verdicts = PendingVerdicts(VerifiedDecodeStore()) if decode and reader.holds_local_files() else None
     if verdicts is not None and not redecode:
         sources = dict.fromkeys(reader.source_of(pos) for pos in range(reader.num_episodes))  # (a union's datasets)
         checker.verified = frozenset(v for source in sources for v in verdicts.store.verdicts(source))
@@ -458,7 +458,7 @@ def _set_references(checker: _EpisodeChecker) -> None:
 def _mixes_codecs(reader: LeRobotDatasetReader, camera: str, *, since: float | None = None) -> bool:
     """Whether ``camera``'s files that open differ in codec, as the iterator surveys them (:mod:`.camera_codecs`): it
     sends such a camera to the workers."""
-    format_store = FileFormatStore() if reader.location.is_local else None
+    format_store = FileFormatStore() if reader.holds_local_files() else None
     survey = survey_camera(
         reader, camera, surveyed_positions(reader, camera), skip_unreadable=True, format_store=format_store, since=since
     )

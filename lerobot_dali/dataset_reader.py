@@ -243,6 +243,11 @@ class LeRobotDatasetReader:
         """Whether episode ``episode_pos``'s files are on this machine's disk (a union's: its own dataset's)."""
         return self.location.is_local
 
+    def holds_local_files(self) -> bool:
+        """Whether some of its files are on this machine's disk (a union's: those of any of its datasets, where
+        ``location.is_local`` says all are)."""
+        return self.location.is_local
+
     def frame_lookup(self, episode_pos: int) -> FrameLookup:
         """How episode ``episode_pos``'s rows find their frames where the iterator's options do not decide: a
         union's datasets may each have their own; a dataset alone has none."""

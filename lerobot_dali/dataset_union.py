@@ -217,6 +217,9 @@ class DatasetUnion(LeRobotDatasetReader):
     def episode_is_local(self, episode_pos: int) -> bool:
         return self.members[self.member(episode_pos)[0]].location.is_local
 
+    def holds_local_files(self) -> bool:
+        return any(m.location.is_local for m in self.members)
+
     def listed_stamp(self, path: str) -> FileStamp | None:
         return self.members[self.holders.of(path)].listed_stamp(path)  # (a local dataset's file: None)
 

@@ -221,7 +221,7 @@ class DALILeRobotIterator:
         # video files outgrows the workers' bounded caches, and each file dropped was demuxed again (92,000 episodes,
         # 3 cameras, 30,000-frame files: ~60 ms each, ~6 a batch of 8), where loading one takes 1-4 ms.
         self._index_store = self._remote_index_store or PacketIndexStore()
-        self._format_store = FileFormatStore() if location.is_local else None
+        self._format_store = FileFormatStore() if self.reader.holds_local_files() else None  # (a union's local ones)
         for store in (self._index_store, self._format_store, self.reader.column_store):
             if store is not None:  # (a sweep a day at most)
                 store.prune_unused()

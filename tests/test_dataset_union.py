@@ -973,3 +973,42 @@ def test_a_union_of_local_folders_is_read_as_local(make_ds, tmp_path: Path) -> N
     assert it._prefetcher is None and it._format_store is not None and not (tmp_path / "cache").exists()
     assert sum(len(batch["index"]) for batch in it) == 28
     it.close()
+
+
+def test_a_mixed_unions_local_files_are_surveyed_as_a_local_datasets(make_ds, tmp_path_factory, monkeypatch) -> None:
+    """A union of a local and an HTTP dataset surveyed its local files as remote ones: each one's packet index
+    loaded or built (~0.75 ms a file where the file-format store answers 400 in 3 ms), and held to the remote bound
+    on files (2,000, not 100,000). Its local files' headers are kept in the file-format store now: a second build
+    reads none of them, and every local file is read whatever the remote bound."""
+    from lerobot_dali import camera_codecs
+
+    monkeypatch.setattr(camera_codecs, "CHECKED_FILES_REMOTE", 2)  # (the remote dataset's 2 files; the union has 4)
+    read: list[str] = []
+    header, index = camera_codecs.read_file_format, camera_codecs.load_episode_packet_index
+    monkeypatch.setattr(camera_codecs, "read_file_format", lambda r, path: read.append(path) or header(r, path))
+    monkeypatch.setattr(
+        camera_codecs,
+        "load_episode_packet_index",
+        lambda r, pos, camera, **k: read.append(r.video(pos, camera).path) or index(r, pos, camera, **k),
+    )
+    local, remote = _datasets(make_ds, codec="h264")
+    local_files = {str(p) for p in local.glob("videos/**/*.mp4")}
+    with serve_folder(tmp_path_factory.getbasetemp()) as server:
+        union = concat_datasets([local, f"{server.url}/{remote.parent.name}/{remote.name}"])
+        for build in range(2):
+            read.clear()
+            it = DALILeRobotIterator(union, batch_size=4, device="cpu", num_workers=0, cache_gb=0.0, decode="cpu")
+            it.close()
+            assert {p for p in read if p in local_files} == (local_files if build == 0 else set()), build
+            assert read and all(p in local_files or p.startswith(server.url) for p in read)
+
+
+def test_a_mixed_unions_check_keeps_its_local_datasets_decode_verdicts(make_ds, tmp_path_factory) -> None:
+    """check_dataset kept no decode verdict for a union of a local and an HTTP dataset (read as remote): a second
+    check decoded the local dataset's 16 frames again. Kept now: only the remote dataset's 12 are decoded again."""
+    local, remote = _datasets(make_ds, codec="h264")
+    with serve_folder(tmp_path_factory.getbasetemp()) as server:
+        union = concat_datasets([local, f"{server.url}/{remote.parent.name}/{remote.name}"])
+        first, again = (check_dataset(union, decode=True, workers=0) for _ in range(2))
+    assert (first.frames_decoded, first.frames_verified_before, first.problem_count) == (28, 0, 0)
+    assert (again.frames_decoded, again.frames_verified_before, again.problem_count) == (12, 16, 0)
