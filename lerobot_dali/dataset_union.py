@@ -188,10 +188,16 @@ class DatasetUnion(LeRobotDatasetReader):
             stamps=FileStamps.merged(stamps, fs=fs) if stamps else None,
         )
         self.column_store = None  # (each member reads through its own)
-        self.holders = MemberRoots([m.location.root for m in self.members])
-        # Each data file opened through its own dataset's filesystem and stamps (a local one by path, unstamped).
-        opened_by = tuple((m.location, m.stamps) for m in self.members)
-        self._parquet = ParquetCache(partial(_open_in_member, self.holders, opened_by), max_open=self._parquet.max_open)
+        self.holders = MemberRoots.of_members(self.members)
+        # Each data file opened through its own dataset's filesystem and stamps (a local one by path, unstamped; a
+        # union's through its own datasets').
+        openers = tuple(
+            m.open_data_file if isinstance(m, DatasetUnion) else partial(open_stamped, m.location, m.stamps)
+            for m in self.members
+        )
+        #: Bulk file ``path`` opened through the dataset that holds it (:func:`_open_in_member`).
+        self.open_data_file: Callable[[str], Any] = partial(_open_in_member, self.holders, openers)
+        self._parquet = ParquetCache(self.open_data_file, max_open=self._parquet.max_open)
         # Subtask strings where every member's subtask_index means the same text (their rows keep their own indices).
         subtask_lists = [m.subtasks for m in self.members]
         if all(s == subtask_lists[0] for s in subtask_lists):
@@ -212,13 +218,14 @@ class DatasetUnion(LeRobotDatasetReader):
         return d, int(episode_pos) - int(self.starts[d])
 
     def filesystem_of(self, path: str) -> fsspec.AbstractFileSystem:
-        return self.members[self.holders.of(path)].location.fs
+        return self.members[self.holders.of(path)].filesystem_of(path)
 
     def episode_is_local(self, episode_pos: int) -> bool:
-        return self.members[self.member(episode_pos)[0]].location.is_local
+        d, pos = self.member(episode_pos)
+        return self.members[d].episode_is_local(pos)
 
     def holds_local_files(self) -> bool:
-        return any(m.location.is_local for m in self.members)
+        return any(m.holds_local_files() for m in self.members)
 
     def listed_stamp(self, path: str) -> FileStamp | None:
         return self.members[self.holders.of(path)].listed_stamp(path)  # (a local dataset's file: None)
@@ -498,22 +505,36 @@ def _kind(feature: Feature) -> tuple[Any, ...]:
 
 class MemberRoots:
     """Which of a union's datasets holds a path: the one whose root (a local folder's absolute path, a remote one's
-    URL or path on its filesystem) it is under, the longest such root; else the first."""
+    URL or path on its filesystem; a union's: each of its datasets') it is under, the longest such root; else the
+    first. ``owners``: the dataset of each root (default: one root each, in order)."""
 
-    def __init__(self, roots: Sequence[str]) -> None:
+    def __init__(self, roots: Sequence[str], owners: Sequence[int] | None = None) -> None:
         self.roots = [root.rstrip("/") + "/" for root in roots]
+        self.owners = list(range(len(self.roots)) if owners is None else owners)
         self._longest_first = sorted(range(len(self.roots)), key=lambda i: -len(self.roots[i]))
 
+    @classmethod
+    def of_members(cls, members: Sequence[LeRobotDatasetReader]) -> MemberRoots:
+        """The roots of ``members``, a union among them by each of its datasets' roots: its first's alone sent the
+        paths of its others to the first dataset of all (a local folder's filesystem asked for an HTTP URL)."""
+        held = [(root, d) for d, m in enumerate(members) for root in _roots_of(m)]
+        return cls([root for root, _ in held], [d for _, d in held])
+
     def of(self, path: str) -> int:
-        return next((i for i in self._longest_first if str(path).startswith(self.roots[i])), 0)
+        return next((self.owners[i] for i in self._longest_first if str(path).startswith(self.roots[i])), 0)
 
 
-def _open_in_member(
-    holders: MemberRoots, opened_by: Sequence[tuple[DatasetLocation, FileStamps | None]], path: str
-) -> Any:
+def _roots_of(reader: LeRobotDatasetReader) -> list[str]:
+    """The roots that ``reader``'s bulk files are under: a union's datasets' each."""
+    if isinstance(reader, DatasetUnion):
+        return [root for m in reader.members for root in _roots_of(m)]
+    return [reader.location.root]
+
+
+def _open_in_member(holders: MemberRoots, openers: Sequence[Callable[[str], Any]], path: str) -> Any:
     """Bulk file ``path`` opened through its dataset's filesystem, with its stamp's size where that dataset has
     stamps (:func:`~.episode_data_files.open_stamped`)."""
-    return open_stamped(*opened_by[holders.of(path)], path)
+    return openers[holders.of(path)](path)
 
 
 class MemberFileSystems(fsspec.AbstractFileSystem):
@@ -540,7 +561,7 @@ class MemberFileSystems(fsspec.AbstractFileSystem):
         clients = {id(client_of(m.location.fs)) for m in members}
         if len(clients) <= 1 or all(m.location.is_local for m in members):
             return members[0].location.fs
-        return MemberFileSystems([(m.location.root, m.location.fs) for m in members])
+        return MemberFileSystems([(root, m.location.fs) for m in members for root in _roots_of(m)])
 
     def pin(self, stamps: Mapping[str, Any]) -> None:
         """The union's stamps pinned on each dataset's filesystem (:meth:`RetryingFileSystem.pin`): a file first

@@ -1012,3 +1012,43 @@ def test_a_mixed_unions_check_keeps_its_local_datasets_decode_verdicts(make_ds, 
         first, again = (check_dataset(union, decode=True, workers=0) for _ in range(2))
     assert (first.frames_decoded, first.frames_verified_before, first.problem_count) == (28, 0, 0)
     assert (again.frames_decoded, again.frames_verified_before, again.problem_count) == (12, 16, 0)
+
+
+@pytest.mark.parametrize("cache_gb", [0.0, 8.0])
+def test_a_union_holding_a_mixed_union_reads_each_file_through_its_own_dataset(
+    make_ds, tmp_path_factory, monkeypatch, cache_gb: float
+) -> None:
+    """A union of a local dataset and a union of a local and an HTTP one routed each path by its datasets' roots, the
+    inner union's being its first dataset's alone: the HTTP dataset's files went to the first dataset of all, a local
+    folder (MissingDataFileError for its videos; through the prefetch cache, its parquet opened as a local path), and
+    the inner local dataset's videos were read packet by packet as remote ones. Each goes to its own dataset now."""
+    from lerobot_dali import batch_source
+
+    read_as_packets: list[str] = []
+    payloads = batch_source.read_packet_payloads
+    monkeypatch.setattr(
+        batch_source,
+        "read_packet_payloads",
+        lambda path, *a, **k: read_as_packets.append(path) or payloads(path, *a, **k),
+    )
+    local, remote = _datasets(make_ds, codec="h264")
+    extra = make_ds(episodes=2, frames_per_episode=[6, 2], cameras=1, codec="h264", fps=FPS, gop=4, seed=2)
+    with serve_folder(tmp_path_factory.getbasetemp()) as server:
+        url = f"{server.url}/{remote.parent.name}/{remote.name}"
+        union = concat_datasets([extra, concat_datasets([local, url])])
+        it = DALILeRobotIterator(
+            union, batch_size=4, shuffle=False, device="cpu", drop_last=False, num_workers=0, cache_gb=cache_gb,
+            prefetch=6, decode="cpu",
+        )  # fmt: skip
+        samples = [{k: v[i] for k, v in batch.items()} for batch in it for i in range(len(batch["index"]))]
+        it.close()
+        assert not [r.path for r in server.records if local.parent.name in r.path]
+    assert read_as_packets and all(path.startswith(url) for path in read_as_packets), read_as_packets
+    own_rows = [[_parquet_rows(extra)], [_parquet_rows(local), _parquet_rows(remote)]]  # (the inner union's: 2)
+    keys = Counter((int(s["dataset_index"]), int(s["episode_index"]), int(s["frame_index"])) for s in samples)
+    inner = Counter((1, ep, f) for spec in SPECS for ep, n in enumerate(spec[0]) for f in range(n))
+    assert keys == Counter((0, ep, f) for ep, n in enumerate([6, 2]) for f in range(n)) + inner
+    for s in samples:
+        key, state = (int(s["episode_index"]), int(s["frame_index"])), s["observation.state"].numpy()
+        candidates = [rows[key]["observation.state"] for rows in own_rows[int(s["dataset_index"])] if key in rows]
+        assert any(np.array_equal(state, np.asarray(c, np.float32)) for c in candidates), (key, state)
