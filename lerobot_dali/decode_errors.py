@@ -53,7 +53,8 @@ def locate_clip_failure(
         if bad == UNATTRIBUTED:
             named = sorted(set(files))
             episodes = sorted({int(spec.reader.episodes.episode_index[int(p)]) for p in episode_pos})
-            remote = "" if spec.reader.location.is_local else (
+            # (a union of local and remote datasets: the cache holds only its remote files' ranges)
+            remote = "" if all(spec.reader.episode_is_local(int(p)) for p in episode_pos) else (
                 "; for a remote dataset, also delete the prefetch cache (cache_dir, by default "
                 "$LEROBOT_DALI_CACHE/prefetch), which may hold bad byte ranges"
             )  # fmt: skip

@@ -1052,3 +1052,40 @@ def test_a_union_holding_a_mixed_union_reads_each_file_through_its_own_dataset(
         key, state = (int(s["episode_index"]), int(s["frame_index"])), s["observation.state"].numpy()
         candidates = [rows[key]["observation.state"] for rows in own_rows[int(s["dataset_index"])] if key in rows]
         assert any(np.array_equal(state, np.asarray(c, np.float32)) for c in candidates), (key, state)
+
+
+def test_a_mixed_unions_unattributed_decode_failure_advises_the_cache_only_for_remote_files(
+    make_ds, tmp_path_factory, monkeypatch
+) -> None:
+    """DALI failing clips that no re-decode can blame alone: the error told a union of a local and an HTTP dataset to
+    delete the prefetch cache (location.is_local, False for the union) even where every file it named was local,
+    which the cache never holds. The advice is now that of the datasets holding the files named."""
+    from lerobot_dali import decode_errors
+    from lerobot_dali.batch_source import BatchSource
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("Critical error in pipeline:\nout of memory")
+
+    local, remote = _datasets(make_ds, codec="vp9")
+    with serve_folder(tmp_path_factory.getbasetemp()) as server:
+        union = concat_datasets([local, f"{server.url}/{remote.parent.name}/{remote.name}"])
+        it = DALILeRobotIterator(union, batch_size=4, shuffle=False, device="cpu", num_workers=0, cache_gb=0.0)
+        try:
+            next(iter(it))  # (the pipeline, and the spec its source is made from)
+            monkeypatch.setattr(decode_errors, "decode_clip_batch", failing)
+            source, n_local = BatchSource(it._spec), sum(SPECS[0][0])  # (unshuffled: the local dataset's frames first)
+            told = {
+                name: decode_errors.locate_clip_failure(source, 0, start, stop, device_id=None, cause=RuntimeError("x"))
+                for name, (start, stop) in {
+                    "local": (0, n_local), "remote": (n_local, len(EVERY_FRAME)), "both": (n_local - 6, n_local + 6),
+                }.items()
+            }  # fmt: skip
+        finally:
+            it.close()
+    named = {name: re.findall(r"'([^']+\.mp4)'", str(error)) for name, error in told.items()}
+    assert named["local"] and all(p.startswith(str(local)) for p in named["local"]), named
+    assert named["remote"] and all(p.startswith(server.url) for p in named["remote"]), named
+    assert {p.startswith(server.url) for p in named["both"]} == {False, True}, named
+    assert {name: "prefetch cache" in str(error) for name, error in told.items()} == {
+        "local": False, "remote": True, "both": True
+    }  # fmt: skip
