@@ -293,7 +293,13 @@ class DatasetUnion(LeRobotDatasetReader):
         return None  # (every dataset has its own episode 0, 1, ...: the row's dataset_index names its file)
 
     def first_episodes(self) -> list[int]:
-        return [int(start) for start, stop in zip(self.starts[:-1], self.starts[1:], strict=True) if stop > start]
+        """Each dataset's first episode, a nested union's datasets' each (numbered as one, its datasets' files after
+        its first's were taken for its first's, same chunk and file, and never surveyed)."""
+        return [
+            int(start) + pos
+            for m, start in zip(self.members, self.starts[:-1], strict=True)
+            for pos in m.first_episodes()
+        ]
 
     def check_data_columns(self) -> None:
         for member in self.members:

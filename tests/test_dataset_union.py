@@ -1089,3 +1089,23 @@ def test_a_mixed_unions_unattributed_decode_failure_advises_the_cache_only_for_r
     assert {name: "prefetch cache" in str(error) for name, error in told.items()} == {
         "local": False, "remote": True, "both": True
     }  # fmt: skip
+
+
+def test_a_nested_unions_datasets_each_have_their_files_surveyed(make_ds) -> None:
+    """A union within a union counted its datasets as one when the iterator's build surveyed each camera file (codec,
+    size; a remote one's stamp asked then): its second dataset's files, numbered (chunk, file) as its first's, were
+    taken for them and never surveyed (2 of 5 files here), so one replaced on a server before its first batch was
+    stamped and read as the new file (tests/test_http_remote.py). Each dataset's files are surveyed now."""
+    from lerobot_dali.camera_codecs import file_positions
+
+    extra = make_ds(episodes=2, frames_per_episode=[6, 2], cameras=1, codec="vp9", fps=FPS, gop=4, seed=2)
+    paths = [extra, *_datasets(make_ds)]
+    leaves = [open_dataset(p) for p in paths]
+    union = concat_datasets([paths[0], concat_datasets(paths[1:])])
+    starts = np.cumsum([0, *(leaf.num_episodes for leaf in leaves)])
+    camera = "observation.images.cam0"
+    expected = [int(s) + p for leaf, s in zip(leaves, starts, strict=False) for p in file_positions(leaf, camera)]
+    assert union.first_episodes() == [0, 2, 5]
+    assert file_positions(union, camera) == expected and len(expected) == 1 + 2 + 2
+    files = {union.video(pos, camera).path for pos in expected}
+    assert files == {leaf.video(pos, camera).path for leaf in leaves for pos in range(leaf.num_episodes)}

@@ -767,10 +767,18 @@ def test_a_file_removed_from_the_server_mid_run_is_named_removed(
     _assert_samples_equal(remote, local[: len(remote)])
 
 
-@pytest.mark.parametrize("change", ["replaced", "removed"])
-@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize(
+    ("change", "num_workers", "nested"),
+    [
+        ("replaced", 0, False),
+        ("replaced", 1, False),
+        ("removed", 0, False),
+        ("removed", 1, False),
+        ("replaced", 0, True),
+    ],
+)
 def test_a_union_file_replaced_or_removed_after_the_first_batch_is_named_changed_and_never_read(
-    make_ds, tmp_path: Path, monkeypatch, num_workers: int, change: str
+    make_ds, tmp_path: Path, monkeypatch, num_workers: int, change: str, nested: bool
 ) -> None:
     """A union of two HTTP datasets (a query token each: each read through its own filesystem) stamps a video first
     when a reader asks it (plain HTTP lists no folder): the union's copies for the batches (and workers) re-merged its
@@ -779,21 +787,28 @@ def test_a_union_file_replaced_or_removed_after_the_first_batch_is_named_changed
     second dataset's last episode) carried another picture's frames, with no error (0 and 1 workers). Its reads ask
     for the version stamped first now: HTTP 412, raised as its change; the batches before it equal a local read. Removed
     instead, its HEAD's 404 was "does not exist on MemberFileSystems; check the dataset's files": it is named removed
-    since it was stamped now."""
+    since it was stamped now. ``nested``: the last dataset within a union of the union, whose datasets after its first
+    the build surveyed as its first's files (same chunk and file): its files were first stamped as read, after the
+    rewrite, and 4 of 69 samples carried the new file's frames, with no error."""
     from lerobot_dali import concat_datasets
+    from lerobot_dali.dataset_union import DatasetUnion
     from lerobot_dali.iterator import DALILeRobotIterator
 
     importable_in_workers(monkeypatch)
-    roots = [tmp_path / f"dataset{i}" for i in range(2)]
+    roots = [tmp_path / f"dataset{i}" for i in range(3 if nested else 2)]
     for root in roots:
         shutil.copytree(_dataset(make_ds, "h264"), root)
+
+    def union_of(datasets: list[Path] | list[str]) -> DatasetUnion:
+        return concat_datasets([datasets[0], concat_datasets(datasets[1:])] if nested else datasets)
+
     options = {**OPTIONS, "shuffle": False, "decode": "cpu"}
-    local = _samples(DALILeRobotIterator(concat_datasets(roots), num_workers=0, cache_gb=0.0, **options))
-    target = sorted(roots[1].glob("videos/**/file-002.mp4"))[-1]  # (the second dataset's episode 4's, read last)
+    local = _samples(DALILeRobotIterator(union_of(roots), num_workers=0, cache_gb=0.0, **options))
+    target = sorted(roots[-1].glob("videos/**/file-002.mp4"))[-1]  # (the last dataset's episode 4's, read last)
     new = _still_parsing(target)
     remote: list[dict] = []
     with serve_folder(tmp_path) as server:
-        union = concat_datasets([f"{_url(server, root)}?token=t{i}" for i, root in enumerate(roots)])
+        union = union_of([f"{_url(server, root)}?token=t{i}" for i, root in enumerate(roots)])
         it = DALILeRobotIterator(union, num_workers=num_workers, cache_gb=0.0, **options)
         with pytest.raises(DatasetError) as raised:
             for batch in it:
@@ -806,7 +821,7 @@ def test_a_union_file_replaced_or_removed_after_the_first_batch_is_named_changed
         how = r"etag:\S+ when opened, etag:\S+ now: HTTP 412"
     changed = rf"file-002\.mp4 changed on the server while it was read \({how}\)"
     assert re.search(changed + "; re-open the dataset$", str(raised.value)), raised.value
-    assert 0 < len(remote) < len(local) == 2 * sum(LENGTHS)
+    assert 0 < len(remote) < len(local) == len(roots) * sum(LENGTHS)
     _assert_samples_equal(remote, local[: len(remote)])
 
 
