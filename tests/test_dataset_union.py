@@ -927,6 +927,54 @@ def test_a_local_and_an_http_dataset_read_as_one(
             assert np.abs(frame - expected).max() <= tolerance, (d, ep, f, np.abs(frame - expected).max())
 
 
+def test_the_real_av1_v30_dataset_local_and_over_http_reads_as_one(monkeypatch) -> None:
+    """The real AV1 v3.0 set (several episodes a video file) as a union of itself, local (episode 10) and served over
+    HTTP (episode 11; both in videos' file-002), decoded on CPU: every sample once, its rows the parquet's, its
+    frame an independent full PyAV decode's at from_timestamp * fps + frame_index; the server is asked only for the
+    HTTP dataset's files, and only its video is read packet by packet (the local one decoded from disk)."""
+    from lerobot_dali import batch_source
+
+    root = shared_dataset("cr5_v30_av1")
+    camera = "observation.images.top"
+    read_as_packets: list[str] = []
+    payloads = batch_source.read_packet_payloads
+    monkeypatch.setattr(
+        batch_source,
+        "read_packet_payloads",
+        lambda path, *a, **k: read_as_packets.append(path) or payloads(path, *a, **k),
+    )
+    with serve_folder(root.parent) as server:
+        union = concat_datasets(
+            [open_dataset(root, episodes=[10]), open_dataset(f"{server.url}/{root.name}", episodes=[11])],
+            timestamp_sources=["frame_index"] * 2,
+        )
+        it = DALILeRobotIterator(
+            union, batch_size=16, shuffle=True, seed=5, device="cpu", decode="cpu", num_workers=0, cache_gb=0.0,
+            drop_last=False, return_uint8=True,
+        )  # fmt: skip
+        samples = [{k: v[i] for k, v in batch.items()} for batch in it for i in range(len(batch["index"]))]
+        it.close()
+        records = server.records
+    assert records and all(r.path.startswith(f"/{root.name}/") and r.status < 400 for r in records), records
+    assert read_as_packets and all(path.startswith(server.url) for path in read_as_packets), read_as_packets
+    episodes = pq.read_table(root / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    rows = pq.read_table(root / "data/chunk-000/file-000.parquet").to_pylist()
+    keys = sorted((int(s["dataset_index"]), int(s["index"])) for s in samples)
+    spans = [(episodes[ep]["dataset_from_index"], episodes[ep]["dataset_to_index"]) for ep in (10, 11)]
+    every = [(d, i) for d, (start, stop) in enumerate(spans) for i in range(start, stop)]
+    assert keys == every and len(keys) == 198 + 255
+    decoded = [frame for _, frame in sorted(reference_frames(root / f"videos/{camera}/chunk-000/file-002.mp4").items())]
+    for s in samples:
+        row = rows[int(s["index"])]
+        ep, f = row["episode_index"], row["frame_index"]
+        assert (int(s["dataset_index"]), int(s["episode_index"]), int(s["frame_index"])) == (ep - 10, ep, f)
+        assert float(s["timestamp"]) == pytest.approx(row["timestamp"]) and int(s["task_index"]) == ep - 10
+        for key in ("observation.state", "action"):
+            np.testing.assert_array_equal(s[key].numpy(), np.asarray(row[key], np.float32))
+        start = round(episodes[ep][f"videos/{camera}/from_timestamp"] * 10)
+        np.testing.assert_array_equal(s[camera].permute(1, 2, 0).numpy(), decoded[start + f])
+
+
 @pytest.mark.parametrize("local_first", [True, False], ids=["local_first", "remote_first"])
 def test_a_remote_file_of_a_mixed_union_replaced_by_one_of_its_size_is_named_changed(
     make_ds, tmp_path: Path, local_first: bool
