@@ -38,6 +38,19 @@ DELTAS = {"action": [0.0, 0.1], "observation.images.cam0": [-0.1, 0.0]}
 EVERY_FRAME = [(d, ep, f) for d, (lengths, _, _) in enumerate(SPECS) for ep, n in enumerate(lengths) for f in range(n)]
 
 
+@pytest.fixture
+def read_as_packets(monkeypatch) -> list[str]:
+    """Paths of the videos read packet by packet (remote files' route) in this process (workers=0)."""
+    from lerobot_dali import batch_source
+
+    paths: list[str] = []
+    payloads = batch_source.read_packet_payloads
+    monkeypatch.setattr(
+        batch_source, "read_packet_payloads", lambda path, *a, **k: paths.append(path) or payloads(path, *a, **k)
+    )
+    return paths
+
+
 def _datasets(make_ds, codec: str = "vp9", **second) -> list[Path]:
     """The two datasets; ``second``: other arguments for the second."""
     return [
@@ -866,23 +879,20 @@ MIXED_CASES = [
 
 @pytest.mark.parametrize(("local_first", "workers", "cache_gb", "codec"), MIXED_CASES)
 def test_a_local_and_an_http_dataset_read_as_one(
-    make_ds, tmp_path_factory, monkeypatch, local_first: bool, workers: int, cache_gb: float, codec: str
+    make_ds,
+    tmp_path_factory,
+    read_as_packets: list[str],
+    local_first: bool,
+    workers: int,
+    cache_gb: float,
+    codec: str,
 ) -> None:
     """A local folder and an HTTP server's dataset were refused ("a union reads its datasets through one kind of
     filesystem"). Each file is read through its own dataset's filesystem now: every sample once, its rows each
     dataset's parquet rows, its frames an independent PyAV decode of its own dataset's video; the local dataset's
     episodes are never copied into the prefetch cache, nor asked of the server, and its videos are decoded from disk
     by path, not read packet by packet as a remote file's are."""
-    from lerobot_dali import batch_source
-
     camera = "observation.images.cam0"
-    read_as_packets: list[str] = []  # (seen in this process: workers=0)
-    payloads = batch_source.read_packet_payloads
-    monkeypatch.setattr(
-        batch_source,
-        "read_packet_payloads",
-        lambda path, *a, **k: read_as_packets.append(path) or payloads(path, *a, **k),
-    )
     with serve_folder(tmp_path_factory.getbasetemp()) as server:
         paths, given = _mixed_union(make_ds, server, local_first, codec)
         union = concat_datasets(given)
@@ -927,22 +937,13 @@ def test_a_local_and_an_http_dataset_read_as_one(
             assert np.abs(frame - expected).max() <= tolerance, (d, ep, f, np.abs(frame - expected).max())
 
 
-def test_the_real_av1_v30_dataset_local_and_over_http_reads_as_one(monkeypatch) -> None:
+def test_the_real_av1_v30_dataset_local_and_over_http_reads_as_one(read_as_packets: list[str]) -> None:
     """The real AV1 v3.0 set (several episodes a video file) as a union of itself, local (episode 10) and served over
     HTTP (episode 11; both in videos' file-002), decoded on CPU: every sample once, its rows the parquet's, its
     frame an independent full PyAV decode's at from_timestamp * fps + frame_index; the server is asked only for the
     HTTP dataset's files, and only its video is read packet by packet (the local one decoded from disk)."""
-    from lerobot_dali import batch_source
-
     root = shared_dataset("cr5_v30_av1")
     camera = "observation.images.top"
-    read_as_packets: list[str] = []
-    payloads = batch_source.read_packet_payloads
-    monkeypatch.setattr(
-        batch_source,
-        "read_packet_payloads",
-        lambda path, *a, **k: read_as_packets.append(path) or payloads(path, *a, **k),
-    )
     with serve_folder(root.parent) as server:
         union = concat_datasets(
             [open_dataset(root, episodes=[10]), open_dataset(f"{server.url}/{root.name}", episodes=[11])],
@@ -1064,21 +1065,12 @@ def test_a_mixed_unions_check_keeps_its_local_datasets_decode_verdicts(make_ds, 
 
 @pytest.mark.parametrize("cache_gb", [0.0, 8.0])
 def test_a_union_holding_a_mixed_union_reads_each_file_through_its_own_dataset(
-    make_ds, tmp_path_factory, monkeypatch, cache_gb: float
+    make_ds, tmp_path_factory, read_as_packets: list[str], cache_gb: float
 ) -> None:
     """A union of a local dataset and a union of a local and an HTTP one routed each path by its datasets' roots, the
     inner union's being its first dataset's alone: the HTTP dataset's files went to the first dataset of all, a local
     folder (MissingDataFileError for its videos; through the prefetch cache, its parquet opened as a local path), and
     the inner local dataset's videos were read packet by packet as remote ones. Each goes to its own dataset now."""
-    from lerobot_dali import batch_source
-
-    read_as_packets: list[str] = []
-    payloads = batch_source.read_packet_payloads
-    monkeypatch.setattr(
-        batch_source,
-        "read_packet_payloads",
-        lambda path, *a, **k: read_as_packets.append(path) or payloads(path, *a, **k),
-    )
     local, remote = _datasets(make_ds, codec="h264")
     extra = make_ds(episodes=2, frames_per_episode=[6, 2], cameras=1, codec="h264", fps=FPS, gop=4, seed=2)
     with serve_folder(tmp_path_factory.getbasetemp()) as server:
