@@ -414,7 +414,6 @@ def rename_hint(
     spare: Sequence[str],
     rename: KeyRename,
     *,
-    told: Mapping[str, str] | None = None,
     cameras: Iterable[str] | None = None,
 ) -> str:
     """What to add where a dataset read with others lacks keys ``lacking`` that they have (``spare``: the batch
@@ -425,9 +424,8 @@ def rename_hint(
     feature's (``cameras``: the batch names that are cameras, its own and the others'; None: one kind): the one
     pairing where names decide it (:func:`_by_name`), else each pairing (up to :data:`_MAPS_TOLD`), else none
     (which is which is not to be guessed: its spare keys are listed); where it has fewer spare keys of a kind than it
-    lacks, no rename gives them all. ``told``: the map as given, where ``rename`` holds only its entries for the
-    dataset's own keys (its other entries are told back as they are, but name none of its keys)."""
-    given = rename.to_batch if told is None else told
+    lacks, no rename gives them all."""
+    given = rename.to_batch
     if cameras is None:
         return _hint([(lacking, [rename.own_key(name) for name in spare], "keys")], given)
     are_cameras = set(cameras)
