@@ -522,7 +522,7 @@ def with_bulk_root(
 
 def _remote_fs(target: str, options: dict[str, Any]) -> tuple[fsspec.AbstractFileSystem, str]:
     """The filesystem and root of an fsspec URL, with HTTP timeouts and retries: every remote root gets both. An
-    http(s) root is spelled as its requests send it (percent-encoded, by yarl, as aiohttp encodes each request's URL):
+    http(s) root's path is spelled as its requests send it (percent-encoded as aiohttp encodes each request's URL):
     a server's index page that links folders by absolute path (``/my%20ds/meta/episodes/chunk-000/``) names them so,
     and fsspec keeps only the links under the folder's URL as spelled (``/my ds/...`` found none of them)."""
     fs, root = fsspec.core.url_to_fs(_as_sent(target), **_http_timeouts(target, options))

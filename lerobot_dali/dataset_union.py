@@ -538,8 +538,8 @@ def _roots_of(reader: LeRobotDatasetReader) -> list[str]:
 
 
 def _open_in_member(holders: MemberRoots, openers: Sequence[Callable[[str], Any]], path: str) -> Any:
-    """Bulk file ``path`` opened through its dataset's filesystem, with its stamp's size where that dataset has
-    stamps (:func:`~.episode_data_files.open_stamped`)."""
+    """Bulk file ``path`` opened by the opener of the dataset that holds it (a dataset's:
+    :func:`~.episode_data_files.open_stamped`, through its filesystem with its stamp's size; a union's: its own)."""
     return openers[holders.of(path)](path)
 
 

@@ -88,8 +88,9 @@ def did_you_mean(unknown: list[str], available: list[str]) -> str:
 def listing_hint(fs: object) -> str:
     """What to add where a glob or a listing of ``fs`` found nothing: over plain HTTP the files are found through
     the server's directory listings (HTML index pages), which many servers do not serve; elsewhere nothing."""
-    protocol = getattr(fs, "protocol", ())
-    if not {"http", "https"} & set((protocol,) if isinstance(protocol, str) else protocol):
+    from .remote_retry import speaks_http  # (which imports this module)
+
+    if not speaks_http(fs):
         return ""
     return (
         "; over HTTP files are found through the server's directory listings (HTML index pages), and this server "

@@ -24,7 +24,7 @@ from fsspec.asyn import AsyncFileSystem
 from . import fork_locks
 from .concurrent_calls import KeyedLocks
 from .errors import MissingDataFileError
-from .remote_retry import RetryingFileSystem, is_transient
+from .remote_retry import RetryingFileSystem, is_transient, speaks_http
 from .said_once import say_once, warn_once
 
 __all__ = [
@@ -204,7 +204,7 @@ class FileStamps(Mapping[str, FileStamp]):
         failed listing records nothing (logged): lookups then fall back to ``info`` per file, which reports a really
         missing file as MissingDataFileError.
         """
-        if not _lists_sizes(self.fs):  # (not listed: one GET per folder, for nothing)
+        if speaks_http(self.fs):  # (its HTML index pages give no sizes: not listed, one GET per folder for nothing)
             say_once(logger, logging.INFO,
                 "plain HTTP index pages give no file sizes: file stamps come from one info request (HEAD) per file",
             )  # fmt: skip
@@ -380,14 +380,6 @@ def stripped(fs: Any, path: str) -> str:
     """``path`` as ``fs``'s listings name it: its protocol (where the filesystem's names have none) and a trailing
     '/' taken off."""
     return str(client_of(fs)._strip_protocol(path)).rstrip("/")
-
-
-def _lists_sizes(fs: Any) -> bool:
-    """Whether listing ``fs``'s folders gives file sizes: not plain HTTP's, whose ``ls`` reads the links of an HTML
-    index page (sizes None), so walking a root there stamps nothing at one GET per folder."""
-    inner = client_of(fs)
-    protocols = {inner.protocol} if isinstance(inner.protocol, str) else set(inner.protocol)
-    return not protocols & {"http", "https"}
 
 
 #: How deep below its root a walk lists folders: LeRobot's nest 3 (videos/<camera>/chunk-000/).

@@ -39,6 +39,7 @@ __all__ = [
     "fresh_instance",
     "is_refused",
     "is_transient",
+    "speaks_http",
 ]
 
 logger = logging.getLogger(__name__)
@@ -313,6 +314,13 @@ def _check_block_fetches(inner: Any, path: str) -> None:
         return data
 
     cache.fetcher = checked  # type: ignore[union-attr]  # (fetch is not None: neither is cache)
+
+
+def speaks_http(fs: Any) -> bool:
+    """Whether ``fs`` reads over plain HTTP(S) (its protocol, which the retry layer and the prefetch cache repeat):
+    folders found through HTML index pages (no sizes), reads that can send If-Match."""
+    protocol = getattr(fs, "protocol", ())
+    return bool({"http", "https"} & set((protocol,) if isinstance(protocol, str) else protocol))
 
 
 def changed_on_server(path: str, how: str) -> DatasetError:
@@ -613,12 +621,14 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         filesystem) read the files the other stamped later with no If-Match."""
         self.pinned = (stamps, *(s for s in self.pinned if s is not stamps))
 
+    def _stamps_holding(self, path: str) -> Any:
+        """The first pinned stamps that hold ``path`` (``in``: no request), or None."""
+        return next((s for s in self.pinned if path in s), None)
+
     def _pinned_stamp(self, path: str) -> Any:
         """The stamp of ``path`` whose ETag reads of it ask for (:meth:`_pinned`), or None: over HTTP(S) only, where
         a stamp pinned here holds it with a strong ETag (a weak one never matches If-Match), and If-Match is on."""
-        protocol = self.fs.protocol
-        http = {"http", "https"} & set((protocol,) if isinstance(protocol, str) else protocol)
-        stamped = next((s for s in self.pinned if path in s), None) if http else None  # (``in``: no request)
+        stamped = self._stamps_holding(path) if speaks_http(self.fs) else None
         if stamped is None or self.if_match_refused or not _if_match_on():
             return None
         stamp = stamped[path]
@@ -644,7 +654,7 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         where the server still gives the stamped ETag when asked anew: its If-Match disagrees with its own ETags (a
         redirect to another host, machines behind a load balancer), so reads send none from then on (said once), as
         before If-Match was sent, rather than fail on a file that never changed."""
-        change_now = next((getattr(s, "change_now", None) for s in self.pinned if path in s), None)
+        change_now = getattr(self._stamps_holding(path), "change_now", None)
         try:
             change = change_now(path) if change_now is not None else ()
         except Exception:  # (no answer: nothing says the server is wrong)
@@ -667,8 +677,10 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         stamped (:meth:`pin`; listed at the dataset's open, or over plain HTTP asked when first read): removed since,
         as :meth:`FileStamps.change_now <lerobot_dali.file_stamps.FileStamps.change_now>` names it; None where it was
         never stamped (an optional metadata file probed with ``read_if_present``: its absence is the answer asked)."""
-        stamped = next((s[path] for s in self.pinned if path in s), None)  # (``in``: no request)
-        return None if stamped is None else changed_on_server(path, f"{stamped.size} bytes when opened, removed now")
+        stamps = self._stamps_holding(path)
+        if stamps is None:
+            return None
+        return changed_on_server(path, f"{stamps[path].size} bytes when opened, removed now")
 
     def _open_inner(self, path: str, mode: str, kwargs: dict[str, Any]) -> Any:
         """The wrapped filesystem's file of ``path``, whose every GET of bytes asks for the pinned version.
@@ -677,8 +689,8 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         ``info`` too, which merges them with the options': If-Match went with that HEAD (and with the GET fsspec makes
         where a HEAD gives no size), and beside the options' headers made a TypeError ("got multiple values for keyword
         argument 'headers'") that fsspec reports as FileNotFoundError, "Video file ... does not exist". So a pinned
-        file is opened with a size, and fsspec asks nothing itself: the size given, else the server's (the same info,
-        asked here without If-Match), else (no Content-Length) its stamp's, the size of the version If-Match asks for;
+        file is opened with a size, and fsspec asks nothing itself: the size given, else its stamp's (the size of the
+        version If-Match asks for), once the server's (asked here without If-Match) agrees or it gives none;
         where the server refuses ranges, fsspec's streaming file, as its open picks (one GET, If-Match with it). An
         empty file (fsspec's open takes a size of 0 for none) is opened without If-Match: it has no bytes to ask for.
         A server's size other than the stamp's is the file's change, raised with no GET (emptied, it was read as b'').
