@@ -4,7 +4,8 @@ A multi-day job reads millions of ranges from S3, GCS or the Hub; some of them w
 a 429, or see a connection reset. :class:`RetryingFileSystem` wraps any fsspec filesystem and redoes those
 requests (and reads on the files it opens, from the same offset, on a freshly opened file) with capped
 exponential backoff. Errors that retrying cannot fix (missing file, no permission, a malformed dataset)
-are raised at once, so a real mistake still fails fast.
+are raised at once, so a real mistake still fails fast; a 404 for a file the dataset's open found (stamped) is asked
+once more first, since a CDN or an eventually consistent store may answer one for a while for a file it serves.
 """
 
 from __future__ import annotations
@@ -330,6 +331,12 @@ def changed_on_server(path: str, how: str) -> DatasetError:
     return DatasetError(f"{path} changed on the server while it was read ({how}); re-open the dataset")
 
 
+def _told(change: tuple[str, str]) -> str:
+    """A file's change as :func:`changed_on_server` says it, from ``(when opened, now)``
+    (:meth:`FileStamps.change_now <lerobot_dali.file_stamps.FileStamps.change_now>`'s)."""
+    return f"{change[0]} when opened, {change[1]} now"
+
+
 #: HTTP's answer to a read whose ``If-Match`` names another ETag than the file's (:meth:`RetryingFileSystem._pinned`).
 _PRECONDITION_FAILED = 412
 
@@ -387,6 +394,16 @@ def _is_missing(error: BaseException) -> bool:
     )
 
 
+#: HTTP's answer for a file removed for good (:func:`_is_gone`).
+_GONE = 410
+
+
+def _is_gone(error: BaseException) -> bool:
+    """Whether the server answered 410 Gone (itself, or behind fsspec's FileNotFoundError of its HTTP ``info``): the
+    file's absence "likely to be permanent" (RFC 9110, 15.5.11), where a 404 says nothing of how long it lasts."""
+    return _GONE in (_status_of(error), _status_of(error.__cause__) if error.__cause__ is not None else None)
+
+
 class _Retrier:
     """The loop shared by the filesystem and its files: try, classify, wait, maybe refresh the client."""
 
@@ -396,11 +413,15 @@ class _Retrier:
         fresh_client: Callable[[], Any] | None,
         precondition_failed: Callable[[str], Exception | None] | None = None,
         removed: Callable[[str], Exception | None] = lambda path: None,
+        removed_now: Callable[[str], Exception | None] = lambda path: None,
     ) -> None:
         self.policy = policy
         self.fresh_client = fresh_client
         #: The error for a read of a path answered 404 (RetryingFileSystem._removed), or None: the 404's own.
         self.removed = removed
+        #: For a path :attr:`removed` names, the server asked once more (RetryingFileSystem._removed_now): the error
+        #: where it agrees (removed, or changed), None where it serves the file as stamped (the 404 passed).
+        self.removed_now = removed_now
         #: The error for a read of a path answered 412 to its If-Match (RetryingFileSystem._precondition_failed); None:
         #: read it again at once (the filesystem sends no If-Match any more).
         self.precondition_failed = precondition_failed or (
@@ -429,7 +450,21 @@ class _Retrier:
                             before_retry(attempt)
                         continue
                     if what in _READS and _is_missing(unmasked) and (failed := self.removed(path)) is not None:
-                        raise failed from unmasked
+                        # A CDN, or a store that is only eventually consistent, may answer 404 for a while for a file
+                        # it serves: asked once more after the backoff, the server's 410 (or no retry left) taken as is.
+                        attempt += 1
+                        if attempt > self.policy.retries or _is_gone(unmasked):
+                            raise failed from unmasked
+                        time.sleep(self._delay(attempt, what, path, unmasked))
+                        if (failed := self.removed_now(path)) is not None:
+                            raise failed from unmasked
+                        logger.info(
+                            "%s %s: answered 'no such file', but the server still gives it as stamped; reading it "
+                            "again", what, path,
+                        )  # fmt: skip
+                        if before_retry is not None:
+                            before_retry(attempt)
+                        continue
                     if is_refused(unmasked) or isinstance(unmasked, PermissionError):  # (s3fs's answer to a 403)
                         _refused(unmasked, what, path)
                     if unmasked is not e:  # a 403, say: no missing file
@@ -438,7 +473,7 @@ class _Retrier:
                 attempt += 1
                 if attempt > self.policy.retries:
                     raise _exhausted(_unmasked(e), what, path, attempt) from None
-                delay = max(self.policy.delay_s(attempt, f"{what}:{path}"), _retry_after_s(e))
+                delay = self._delay(attempt, what, path, e)
                 logger.log(
                     logging.INFO if attempt == 1 else logging.WARNING,  # a blip, then a trouble worth seeing
                     "%s %s failed (%s: %s); retry %d/%d in %.2fs",
@@ -456,6 +491,10 @@ class _Retrier:
                     self.fresh_client()
                 if before_retry is not None:
                     before_retry(attempt)
+
+    def _delay(self, attempt: int, what: str, path: str, error: BaseException) -> float:
+        """Seconds to wait before retry ``attempt`` of ``what`` on ``path``: the policy's, or what the server asked."""
+        return max(self.policy.delay_s(attempt, f"{what}:{path}"), _retry_after_s(error))
 
 
 class RetryingFile(io.RawIOBase):
@@ -598,7 +637,11 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         self.protocol = fs.protocol
         self._fresh_client = fresh_client
         self._retrier = _Retrier(
-            self.policy, self._refresh if fresh_client is not None else None, self._precondition_failed, self._removed
+            self.policy,
+            self._refresh if fresh_client is not None else None,
+            self._precondition_failed,
+            self._removed,
+            self._removed_now,
         )
 
     def _refresh(self) -> None:
@@ -654,12 +697,7 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         where the server still gives the stamped ETag when asked anew: its If-Match disagrees with its own ETags (a
         redirect to another host, machines behind a load balancer), so reads send none from then on (said once), as
         before If-Match was sent, rather than fail on a file that never changed."""
-        change_now = getattr(self._stamps_holding(path), "change_now", None)
-        try:
-            change = change_now(path) if change_now is not None else ()
-        except Exception:  # (no answer: nothing says the server is wrong)
-            logger.debug("asking for the stamp of %s after its 412 failed", path, exc_info=True)
-            change = ()
+        change = self._change_now(path)
         if change is None:
             self.if_match_refused = True
             warn_once(logger,
@@ -669,18 +707,37 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
                 "size mid-run goes unseen (%s=0 skips this check)", path, IF_MATCH_ENV, key="if-match-refused",
             )  # fmt: skip
             return None
-        how = f"{change[0]} when opened, {change[1]} now" if change else "its ETag when opened no longer matches"
+        how = _told(change) if change else "its ETag when opened no longer matches"
         return changed_on_server(path, f"{how}: HTTP 412")
 
+    def _change_now(self, path: str) -> tuple[str, str] | tuple[()] | None:
+        """``(when opened, now)`` of stamped ``path`` asked anew, once (:meth:`FileStamps.change_now
+        <lerobot_dali.file_stamps.FileStamps.change_now>`: ``now`` is 'removed' where the server has no such file);
+        None where the server gives it as stamped; ``()`` where nothing was learnt (no answer, a 503 too)."""
+        change_now = getattr(self._stamps_holding(path), "change_now", None)
+        try:
+            return change_now(path) if change_now is not None else ()
+        except Exception:  # (no answer: nothing says the server is wrong)
+            logger.debug("asking for the stamp of %s again failed", path, exc_info=True)
+            return ()
+
     def _removed(self, path: str) -> DatasetError | None:
-        """The error for a read of ``path`` the server answered that it has no such file (404) where ``path`` was
+        """The error for a read of ``path`` the server answered that it has no such file (404, 410) where ``path`` was
         stamped (:meth:`pin`; listed at the dataset's open, or over plain HTTP asked when first read): removed since,
         as :meth:`FileStamps.change_now <lerobot_dali.file_stamps.FileStamps.change_now>` names it; None where it was
         never stamped (an optional metadata file probed with ``read_if_present``: its absence is the answer asked)."""
         stamps = self._stamps_holding(path)
         if stamps is None:
             return None
-        return changed_on_server(path, f"{stamps[path].size} bytes when opened, removed now")
+        return changed_on_server(path, _told((f"{stamps[path].size} bytes", "removed")))
+
+    def _removed_now(self, path: str) -> DatasetError | None:
+        """For stamped ``path`` answered 404 by a read, the server asked once more (one ``info``: a HEAD over HTTP): its
+        removal (:meth:`_removed`) where it has no such file still, its change where it gives another size or version;
+        None where it gives the stamped one, or no answer (a 503): the 404 was a CDN's or an eventually consistent
+        store's passing answer, and the read is retried (a file removed answers its retry 404 again)."""
+        change = self._change_now(path)
+        return changed_on_server(path, _told(change)) if change else None
 
     def _open_inner(self, path: str, mode: str, kwargs: dict[str, Any]) -> Any:
         """The wrapped filesystem's file of ``path``, whose every GET of bytes asks for the pinned version.

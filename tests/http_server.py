@@ -11,10 +11,11 @@ Every request is recorded (:class:`RequestRecord`) and counted by ``(method, kin
 ``full``, ``listing``, ``missing``, ``rejected`` (writes: 405), ``unauthorized`` (401: a request without the
 ``required_headers``), ``precondition`` (412: an ``If-Match`` that names another ETag than the file's; off with
 ``if_match = False``) or ``fault``. With ``fault_every=N`` the N-th, 2N-th, ... request (all methods, in arrival
-order) fails with the next kind of ``faults`` in turn: ``503``, ``429`` and ``403`` answer that status; ``drop`` sends
-the headers and half the body, then closes the connection (a ``HEAD`` or an empty body is closed before any byte), so
+order) fails with the next kind of ``faults`` in turn: ``503``, ``429``, ``403``, ``404`` and ``410`` answer that
+status (``404``: a CDN's or an eventually consistent store's passing 404 for a file it serves); ``drop`` sends the
+headers and half the body, then closes the connection (a ``HEAD`` or an empty body is closed before any byte), so
 aiohttp raises its own payload / disconnect errors; ``stall`` sends the headers, then waits ``stall_s`` seconds before
-the body (a server that hangs).
+the body (a server that hangs). :meth:`FolderServer.fail_next` scripts the next requests' faults instead, one each.
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ from typing import Any
 
 __all__ = ["HTTP_FAULT_KINDS", "FolderServer", "RequestRecord", "serve_folder"]
 
-#: ``503``/``429``/``403``: that status, empty body; ``drop``: half the body, then the connection closes; ``stall``: the
-#: headers, then ``stall_s`` seconds of silence before the body; ``short``: a range answered (206, honest
-#: headers) for half the bytes asked; ``no_range``: the whole file (200), whatever the Range asked.
-HTTP_FAULT_KINDS = ("503", "429", "403", "drop", "stall", "short", "no_range")
+#: ``503``/``429``/``403``/``404``/``410``: that status, empty body; ``drop``: half the body, then the connection
+#: closes; ``stall``: the headers, then ``stall_s`` seconds of silence before the body; ``short``: a range answered
+#: (206, honest headers) for half the bytes asked; ``no_range``: the whole file (200), whatever the Range asked.
+HTTP_FAULT_KINDS = ("503", "429", "403", "404", "410", "drop", "stall", "short", "no_range")
+_STATUS_FAULTS = ("503", "429", "403", "404", "410")
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 _CHUNK = 64 * 1024
@@ -96,6 +98,7 @@ class FolderServer:
         self._faults: Counter[str] = Counter()
         self._total = 0
         self._in_flight = 0
+        self._next_faults: list[str] = []
         self.set_faults(fault_every, faults)
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._httpd.daemon_threads = True
@@ -112,6 +115,15 @@ class FolderServer:
             raise ValueError(f"fault_every must be >= 0 and faults a non-empty subset of {HTTP_FAULT_KINDS}")
         with self._lock:
             self.fault_every, self.faults = fault_every, tuple(faults)
+
+    def fail_next(self, *faults: str) -> None:
+        """The next ``len(faults)`` requests (all methods, in arrival order) each suffer the next of ``faults``, before
+        and besides the schedule of :meth:`set_faults` (``fail_next("404")``: one 404, then the file as it is)."""
+        unknown = [f for f in faults if f not in HTTP_FAULT_KINDS]
+        if unknown:
+            raise ValueError(f"faults must be kinds of {HTTP_FAULT_KINDS}, got {unknown}")
+        with self._lock:
+            self._next_faults.extend(faults)
 
     def reset_stats(self) -> None:
         with self._settled():
@@ -166,6 +178,10 @@ class FolderServer:
                 return None
             self._total += 1
             n = self._total
+            if self._next_faults:
+                fault = self._next_faults.pop(0)
+                self._faults[fault] += 1
+                return fault
             if not self.fault_every or n % self.fault_every:
                 return None
             fault = self.faults[(n // self.fault_every - 1) % len(self.faults)]
@@ -268,8 +284,9 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
 
         def _answer(self, fault: str | None, *, body: bool) -> None:
             rng = self.headers.get("Range")
-            if fault in ("503", "429", "403"):
-                self._status_only(int(fault), "injected fault", kind="fault", extra={"Retry-After": "0"})
+            if fault in _STATUS_FAULTS:
+                extra = {} if fault in ("404", "410") else {"Retry-After": "0"}
+                self._status_only(int(fault), "injected fault", kind="fault", extra=extra)
                 return
             if any(self.headers.get(name) != value for name, value in server.required_headers.items()):
                 self._status_only(401, "unauthorized", kind="unauthorized")

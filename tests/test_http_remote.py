@@ -923,15 +923,18 @@ def test_a_pinned_file_whose_size_changed_before_its_open_is_named_changed(tmp_p
         assert [(r.method, r.status) for r in server.records] == [("HEAD", 200)]
 
 
+@pytest.mark.parametrize("gone", ["404", "410"])
 @pytest.mark.parametrize("if_match", ["1", "0"], ids=["if_match", "no_if_match"])
-def test_a_stamped_file_removed_from_the_server_is_named_removed_by_every_read_once(
-    tmp_path: Path, monkeypatch, slept, if_match: str
+def test_a_stamped_file_removed_from_the_server_is_named_removed_by_every_read(
+    tmp_path: Path, monkeypatch, slept, if_match: str, gone: str
 ) -> None:
     """Each read of a stamped file the server no longer has raised its bare 404: aiohttp's ClientResponseError for a
     range read of a file opened before (or with its size), FileNotFoundError for an open's HEAD and for cat_file. Each
-    is now the file's removal since it was stamped, asked once, with no retry; an absent file never stamped (an
-    optional metadata file) is still FileNotFoundError, which read_if_present answers None. With If-Match on or off
-    (the open's HEAD asked by RetryingFileSystem, or by fsspec's open)."""
+    is now the file's removal since it was stamped, once the server asked again after the policy's backoff (one
+    ``info``: a HEAD, and the GET fsspec makes where it fails) agrees, no retry more; a 410 (gone for good) at once.
+    An absent file never stamped (an optional metadata file) is still FileNotFoundError, asked once, which
+    read_if_present answers None. With If-Match on or off (the open's HEAD asked by RetryingFileSystem, or by fsspec's
+    open)."""
     import fsspec
 
     from lerobot_dali.dataset_location import read_if_present
@@ -946,7 +949,10 @@ def test_a_stamped_file_removed_from_the_server_is_named_removed_by_every_read_o
         FileStamps(fs)[url]  # (stamped at open)
         opened = fs.open(url, "rb", block_size=1024)
         assert opened.read(1000) == data[:1000]
-        (tmp_path / "f.bin").unlink()
+        if gone == "410":
+            server.set_faults(1, ("410",))
+        else:
+            (tmp_path / "f.bin").unlink()
         server.reset_stats()
         reads = [
             lambda: opened.read(5000),
@@ -959,13 +965,59 @@ def test_a_stamped_file_removed_from_the_server_is_named_removed_by_every_read_o
             with pytest.raises(DatasetError, match=r"f\.bin changed on the server while it was read \(102400 bytes "
                                r"when opened, removed now\); re-open the dataset$"):  # fmt: skip
                 read()
-        head_then_get = [("HEAD", 404), ("GET", 404)]  # (fsspec's info: a GET where the HEAD failed)
-        assert [(r.method, r.status) for r in server.records] == [("GET", 404), *head_then_get, *[("GET", 404)] * 3]
+        status = int(gone)
+        head_then_get = [("HEAD", status), ("GET", status)]  # (fsspec's info: a GET where the HEAD failed)
+        asked_again = head_then_get if gone == "404" else []
+        assert [(r.method, r.status) for r in server.records] == [
+            *[("GET", status), *asked_again],
+            *[*head_then_get, *asked_again],
+            *[("GET", status), *asked_again] * 3,
+        ]
+        assert len(slept) == (len(reads) if gone == "404" else 0)
+        server.set_faults(0)
+        slept.clear()
         assert read_if_present(fs, f"{server.url}/meta/absent.json") is None
         with pytest.raises(FileNotFoundError) as absent:
             fs.open(f"{server.url}/absent.bin", "rb")
         assert not isinstance(absent.value, DatasetError)
     assert slept == []
+
+
+@pytest.mark.parametrize("route", ["read", "cat_file", "open"])
+def test_a_stamped_files_passing_404_is_asked_again_and_its_read_goes_on(tmp_path: Path, slept, route: str) -> None:
+    """A CDN, or a store that is only eventually consistent, may answer 404 for a while for a file it serves: the first
+    404 of a stamped file was taken for its removal ("re-open the dataset"), asking nothing more (3 of 3 routes failed
+    on a single 404: a read of an opened file, cat_file, an open). The server is asked once more now (one ``info``: a
+    HEAD, after the policy's first backoff) and, giving the file as stamped, the read goes on with the file's bytes: one
+    wait and one HEAD more (and a file's reopen, its own HEAD)."""
+    import fsspec
+
+    from lerobot_dali.file_stamps import FileStamps
+
+    data = np.random.default_rng(3).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    (tmp_path / "f.bin").write_bytes(data)
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True))  # (5 retries: waits recorded)
+        url = f"{server.url}/f.bin"
+        FileStamps(fs)[url]  # (stamped at open)
+        opened = fs.open(url, "rb", block_size=50_000)
+        assert opened.read(1000) == data[:1000]
+        server.reset_stats()
+        if route == "read":
+            server.fail_next("404")
+            assert opened.read(100_000) == data[1000:101_000]
+        elif route == "cat_file":
+            server.fail_next("404")
+            assert fs.cat_file(url, start=5, end=100_005) == data[5:100_005]
+        else:
+            server.fail_next("404", "404")  # (the open's HEAD, and the GET fsspec's info makes where it failed)
+            with fs.open(url, "rb") as again:
+                assert again.read() == data
+        answers = [(r.method, r.status) for r in server.records]
+    missed = [("HEAD", 404), ("GET", 404)] if route == "open" else [("GET", 404)]
+    asked_again = [("HEAD", 200)] if route == "cat_file" else [("HEAD", 200), ("HEAD", 200)]  # (+ the reopen's)
+    assert answers == [*missed, *asked_again, ("GET", 206)]
+    assert len(slept) == 1
 
 
 @pytest.mark.parametrize("content_length", ["GET HEAD", "GET", "HEAD", ""], ids=["sent", "get", "head", "none"])
