@@ -18,6 +18,7 @@ import os
 import re
 import sys
 import time
+import traceback
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -45,7 +46,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Environment variable holding the default retry budget (0 disables retries).
+#: Environment variable holding the default retry budget (0 disables retries). A request huggingface_hub retries itself
+#: (a Hub listing's, :func:`_hub_tries`) keeps its own 6 tries instead.
 RETRIES_ENV = "LEROBOT_DALI_REMOTE_RETRIES"
 #: ``0`` sends no ``If-Match`` (:meth:`RetryingFileSystem._pinned`): for servers whose ETag for one file differs
 #: between their machines (behind a load balancer), which would answer reads 412 that re-opening cannot mend.
@@ -374,8 +376,33 @@ def _refused(error: Exception, what: str, path: str) -> Exception:
     return error
 
 
-def _exhausted(error: BaseException, what: str, path: str, attempts: int) -> BaseException:
-    note = f"lerobot_dali: {what} {path!r} failed {attempts} time(s); gave up (set {RETRIES_ENV} to retry more)"
+def _hub_tries(error: BaseException) -> int:
+    """How often huggingface_hub's own backoff (``http_backoff``: 6 tries, 1 to 8 s apart, a 429's ``Retry-After`` or
+    ``RateLimit`` + 1 s) tried the request ``error`` ends, where it gave up after retrying (its loop's frame in the
+    traceback, past its ``max_retries``); 0 where it did not retry it (it retries no ``repo_info`` or ``paths-info``)
+    or did not make it.
+
+    Its tree requests (HfFileSystem's ``ls``, ``find``, and ``info``, which lists the parent folder) go through it: each
+    of this module's tries of a listing of a Hub dataset that kept answering 503 or 429 was 6 requests (36 with the
+    default 5 retries, ~2.5 minutes of waits without ``Retry-After``; 6 with retries=0). Such a request has had its
+    retries (:data:`RETRIES_ENV` does not reach them): retrying it here only stacked its policy inside this one's. Its
+    loop is found by its code (a private name: a huggingface_hub that renames it gets 0, the two stacked as before).
+    """
+    hub_http = sys.modules.get("huggingface_hub.utils._http")
+    loop = getattr(getattr(hub_http, "_http_backoff_base", None), "__code__", None)
+    if loop is None:
+        return 0
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        if frame.f_code is loop:
+            tries, retries = frame.f_locals.get("nb_tries"), frame.f_locals.get("max_retries")
+            if isinstance(tries, int) and isinstance(retries, int) and 0 < retries < tries:
+                return tries
+    return 0
+
+
+def _exhausted(error: BaseException, what: str, path: str, attempts: int, *, hub: bool = False) -> BaseException:
+    retry = "huggingface_hub's own retries spent" if hub else f"set {RETRIES_ENV} to retry more"
+    note = f"lerobot_dali: {what} {path!r} failed {attempts} time(s); gave up ({retry})"
     logger.warning("%s (last error %s: %s)", note, type(error).__name__, error)
     if sys.version_info >= (3, 11):
         error.add_note(note)
@@ -470,6 +497,8 @@ class _Retrier:
                     if unmasked is not e:  # a 403, say: no missing file
                         raise unmasked from None
                     raise
+                if hub_tries := _hub_tries(e):  # (its policy, not stacked inside this one)
+                    raise _exhausted(_unmasked(e), what, path, attempt + hub_tries, hub=True) from None
                 attempt += 1
                 if attempt > self.policy.retries:
                     raise _exhausted(_unmasked(e), what, path, attempt) from None

@@ -1125,6 +1125,85 @@ def test_a_hub_file_block_is_asked_once_per_try(tmp_path: Path, monkeypatch, fau
             assert (handle.read() if whole else handle.read(10)) == (data if whole else data[200_000:200_010])
 
 
+def _served_hub_dataset(folder: Path, commit: str, files: dict[str, int]) -> None:
+    """What the Hub's API answers HfFileSystem for dataset ``user/ds`` at ``commit``: its ``repo_info``, and the
+    ``tree`` of its folder ``data`` holding ``files`` (name -> size), served as files under ``folder``."""
+    import json
+
+    api = folder / "api" / "datasets" / "user" / "ds"
+    (api / "revision").mkdir(parents=True)
+    (api / "revision" / commit).write_text(json.dumps({"id": "user/ds", "sha": commit}))
+    (api / "tree" / commit).mkdir(parents=True)
+    entries = [{"type": "file", "path": f"data/{name}", "size": size, "oid": f"{i:040x}"}
+               for i, (name, size) in enumerate(files.items())]  # fmt: skip
+    (api / "tree" / commit / "data").write_text(json.dumps(entries))
+
+
+@pytest.mark.parametrize("call", ["find", "ls", "info"])
+@pytest.mark.parametrize("fault", ["503", "429"])
+def test_a_hub_listing_is_retried_by_one_policy(tmp_path: Path, monkeypatch, fault: str, call: str) -> None:
+    """huggingface_hub retries its tree requests itself (http_backoff: 6 tries, 1 to 8 s apart), and the loader's
+    retries redid each listing (find, ls, and info, which lists the parent folder) on top: a listing of a Hub dataset
+    that kept answering 503 or 429 cost 18 requests with 2 retries (36 with the default 5, ~2.5 minutes of waits
+    without Retry-After). The Hub's 6 tries are its one policy now: 6 requests, none of the loader's waits. One failed
+    answer costs the Hub's one retry, the listing right; a request the Hub does not retry (repo_info, which resolving
+    a path asks once per filesystem) is still the loader's to retry. HfFileSystem talks to this server as its endpoint
+    (the Hub API's answers are served files)."""
+    import huggingface_hub.utils._http as hub_http
+    from huggingface_hub import HfFileSystem
+
+    commit = "c0ffee" * 6 + "c0ff"
+    files = {"episode_000000.parquet": 1234, "episode_000001.parquet": 5678}
+    _served_hub_dataset(tmp_path, commit, files)
+    hub_waits: list[float] = []
+    waits: list[float] = []
+    monkeypatch.setattr(hub_http, "time", _SleepsRecorded(hub_waits))
+    monkeypatch.setattr("lerobot_dali.remote_retry.time", _SleepsRecorded(waits))
+    root = f"datasets/user/ds@{commit}"
+    folder = f"{root}/data"
+    expected = {f"{folder}/{name}": size for name, size in files.items()}
+
+    def listing(fs: RetryingFileSystem) -> dict[str, int]:
+        if call == "find":
+            return {name: info["size"] for name, info in fs.find(folder, detail=True).items()}
+        if call == "ls":
+            return {info["name"]: info["size"] for info in fs.ls(folder, detail=True)}
+        return {path: fs.info(path)["size"] for path in expected}
+
+    with serve_folder(tmp_path) as server:
+
+        def hub() -> RetryingFileSystem:
+            inner = HfFileSystem(endpoint=server.url, token=False, skip_instance_cache=True)
+            return RetryingFileSystem(inner, policy=RetryPolicy(retries=2))
+
+        def asked() -> list[tuple[str, int]]:  # (the API asked, and its answer)
+            return [(r.path.split("/")[5], r.status) for r in server.records]
+
+        fs = hub()
+        assert fs.info(root)["type"] == "directory"  # (its repo_info)
+        server.reset_stats()
+        server.set_faults(1, (fault,))
+        with pytest.raises(Exception) as failed:
+            listing(fs)
+        assert is_transient(failed.value), repr(failed.value)
+        assert asked() == [("tree", int(fault))] * 6
+        assert (len(hub_waits), waits) == (5, [])
+        server.set_faults(0)
+        server.reset_stats()
+        hub_waits.clear()
+        server.fail_next(fault)
+        assert listing(fs) == expected
+        assert asked() == [("tree", int(fault)), ("tree", 200)]
+        assert (len(hub_waits), waits) == (1, [])
+        fs = hub()
+        server.reset_stats()
+        hub_waits.clear()
+        server.fail_next(fault)
+        assert listing(fs) == expected
+        assert asked() == [("revision", int(fault)), ("revision", 200), ("tree", 200)]
+        assert (hub_waits, len(waits)) == ([], 1)
+
+
 @pytest.mark.parametrize(
     ("if_match", "how"),
     [(False, r"etag:\S+ when opened, etag:\S+ now"), (True, r"etag:\S+ when opened, etag:\S+ now: HTTP 412")],
