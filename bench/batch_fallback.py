@@ -9,8 +9,9 @@ and call, the same keyframe-to-frame runs (the union's clip plan), one PyAV deco
 needed frame converted once (RGB: one swscale context reused; planes: views of the decoder's), then each
 sample's window put together in one copy into one array per call (none for a one-frame RGB window), which is
 what the outputs need.
-Batches alternate with their floor, so both see the same load. Prints one JSON object: CPU ms (this process's)
-per batch and per frame delivered, the floor's, the ratio, and with --profile the worker's costliest functions.
+Batches alternate with their floor, so both see the same load, and each keeps its outputs until the next is built,
+as a DALI worker does. Prints one JSON object: CPU ms (this process's) per batch and per frame delivered, the floor's,
+the ratio, the worker's page faults per batch, and with --profile the worker's costliest functions.
 
     PYTHONPATH=. python bench/batch_fallback.py --dataset DIR [--pixels planes] [--window chunk] [--profile]
 """
@@ -22,6 +23,7 @@ import contextlib
 import cProfile
 import dataclasses
 import json
+import resource
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -131,8 +133,10 @@ class BareDecoder:
                         break
         return out
 
-    def replay(self, calls: list[tuple[str, Any, list[np.ndarray], Any, str]], *, decode_only: bool = False) -> int:
-        """Each call's frames as the worker's outputs hold them; returns the frames delivered."""
+    def replay(
+        self, calls: list[tuple[str, Any, list[np.ndarray], Any, str]], *, decode_only: bool = False
+    ) -> tuple[int, list[Any]]:
+        """Each call's frames as the worker's outputs hold them; returns the frames delivered and the outputs."""
         delivered, outputs = 0, []  # (the batch's outputs live until it is done, as the worker's do)
         for path, index, requests, size, pixels in calls:
             union = np.unique(np.concatenate(requests))
@@ -141,7 +145,7 @@ class BareDecoder:
             delivered += sum(len(numbers) for numbers in requests)
             if not decode_only:
                 outputs.append(_windows([[by_number[int(n)] for n in numbers] for numbers in requests], pixels))
-        return delivered
+        return delivered, outputs
 
     def _converter(self, pixels: str, size: tuple[int, int] | None) -> Any:
         if pixels == "planes":
@@ -193,32 +197,42 @@ def _windows(windows: list[list[Any]], pixels: str) -> list[Any]:
 
 def measure(source: Any, *, batches: int, warmup: int, rounds: int, profile: bool, decode_only: bool) -> dict[str, Any]:
     """CPU seconds per batch of the worker and of the floor, each batch followed by its floor, ``rounds`` times
-    over, after ``warmup`` batches (rows, indexes and open decoders cached) and a recording pass."""
+    over, after ``warmup`` batches (rows, indexes and open decoders cached) and a recording pass.
+
+    Each batch's outputs, the worker's and the floor's, are held until the next batch's are built, as DALI's worker
+    loop holds them (``data_batch`` stays bound while the next callback runs, and its dispatcher thread copies them
+    to shared memory meanwhile). Dropped at once, as this script did until 2026-12-01, each batch's freed outputs
+    were the top of glibc's heap, which it gave back to the kernel, so the next batch's were fresh memory faulted in
+    4 KB at a time: 3,000 faults a batch of 32 480x640 planes (~5 ms, ~20% of the batch), where a DALI worker running
+    the same batches takes ~280 (bench/README.md)."""
     recorder = _Recorder(source._decoder)
     bare = BareDecoder()
     for i in range(warmup):
         source(SimpleNamespace(epoch_idx=0, iteration=i))
     calls = []
+    held: list[Any] = [None, None]  # the last batch's outputs, the worker's and the floor's (docstring)
     for i in range(warmup, warmup + batches):
         recorder.calls, recorder.recording = [], True
-        source(SimpleNamespace(epoch_idx=0, iteration=i))
+        held[0] = source(SimpleNamespace(epoch_idx=0, iteration=i))
         recorder.recording = False
         calls.append(recorder.calls)
-        bare.replay(recorder.calls)  # (opens the floor's files)
+        _, held[1] = bare.replay(recorder.calls)  # (opens the floor's files)
     worker_s = floor_s = decode_s = 0.0
-    delivered = 0
+    delivered = faults = 0
     profiler = cProfile.Profile() if profile else None
     for _ in range(rounds):
         for i, batch_calls in zip(range(warmup, warmup + batches), calls, strict=True):
-            start = time.process_time()
+            start, faulted = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             if profiler is not None:
                 profiler.enable()
-            source(SimpleNamespace(epoch_idx=0, iteration=i))
+            held[0] = source(SimpleNamespace(epoch_idx=0, iteration=i))
             if profiler is not None:
                 profiler.disable()
             middle = time.process_time()
-            delivered += bare.replay(batch_calls)
+            faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faulted
+            count, held[1] = bare.replay(batch_calls)
             end = time.process_time()
+            delivered += count
             if decode_only:
                 bare.replay(batch_calls, decode_only=True)
                 decode_s += time.process_time() - end
@@ -233,6 +247,7 @@ def measure(source: Any, *, batches: int, warmup: int, rounds: int, profile: boo
         "floor_batch_ms": round(floor_per_batch * 1e3, 2),
         "floor_frame_us": round(floor_per_batch / frames * 1e6, 1),
         "ratio": round(per_batch / floor_per_batch, 3),
+        "worker_page_faults_per_batch": round(faults / timed),
     }
     if decode_only:
         result["decode_only_batch_ms"] = round(decode_s / timed * 1e3, 2)

@@ -95,11 +95,12 @@ def stacked_each(frames: list[Any], rows: list[list[int]], pixels: Pixels, *, la
     """Each request's frames (its ``rows`` of ``frames``): RGB or depth windows of several frames as slices of one
     stack, one allocation per file of a batch, not one per request.
 
-    A worker's outputs are fresh memory every batch, paged in as they are first written; glibc serves a few MB from
-    its heap, which it hands back to the kernel between batches, while NumPy asks for huge pages for larger arrays.
-    Two 480x640 RGB frames per sample (GOP 2, two files, medians of 3 alternated runs): batch 64, AV1 126 -> 102 ms
-    and H.264 168 -> 111 ms; batch 32, H.264 77 -> 53 ms, AV1 unchanged. Planes stay stacked per request: stacked per
-    file they were no faster. Requests of one frame each keep their frames' own memory (:func:`stacked_frames`).
+    Measured with each batch's outputs dropped as soon as it was built (``bench/batch_fallback.py`` before 2026-12-01),
+    which glibc then gave back to the kernel, so every batch's were fresh memory paged in as first written, one stack
+    per file was faster (two 480x640 RGB frames per sample: batch 64, AV1 126 -> 102 ms and H.264 168 -> 111 ms). A
+    DALI worker holds a batch's outputs until the next batch's are built, so its heap is reused, and there the two
+    cost the same (H.264, batch 32: 45.7 ms per file, 45.6-46.2 per request). Planes stay stacked per request.
+    Requests of one frame each keep their frames' own memory (:func:`stacked_frames`).
     """
     if pixels == "planes" or all(len(r) == 1 for r in rows):
         return [stacked_frames([frames[row] for row in r], pixels, label=label) for r in rows]
