@@ -371,7 +371,8 @@ def shared_selection(
             continue
         shared = [k for k in of(*named[0]) if all(k in of(*pair) for pair in named[1:])]
         for reader, rename in named:
-            dropped = [k for k in of(reader, rename) if k not in shared]
+            # (an index column left out still comes in every batch: derived where a dataset's files lack it)
+            dropped = [k for k in of(reader, rename) if k not in shared and k not in INDEX_COLUMNS]
             if dropped:
                 warn_once(logger,
                     "%s %s of %s are left out: not every dataset read with it has them", what, dropped,

@@ -695,6 +695,29 @@ def test_a_camera_only_the_first_dataset_has_is_left_out(make_ds, caplog) -> Non
     it.close()
 
 
+def test_an_index_column_one_dataset_derives_is_not_said_left_out(make_ds, tmp_path, caplog) -> None:
+    """Every batch carries the index columns, derived where a dataset's data files lack one (GR00T's v2.0 sets have
+    no ``frame_index``): read with such a dataset, the others' were warned of as left out ("keys ['frame_index'] of
+    ... are left out: not every dataset read with it has them"), by the union and the mixture alike, while every
+    sample still came with its frame_index."""
+    first, second = _datasets(make_ds)
+    second = shutil.copytree(second, tmp_path / "no_frame_index")
+    for path in sorted((second / "data").rglob("*.parquet")):
+        pq.write_table(pq.read_table(path).drop(["frame_index"]), path)
+    info = json.loads((second / "meta/info.json").read_text())
+    del info["features"]["frame_index"]
+    (second / "meta/info.json").write_text(json.dumps(info))
+    with caplog.at_level(logging.WARNING):
+        union = concat_datasets([first, second])
+        DALILeRobotMixture([first, second], batch_size=4, device="cpu", num_workers=0).close()
+    assert "frame_index" not in caplog.text, caplog.text
+    it = DALILeRobotIterator(
+        union, batch_size=4, delta_timestamps=DELTAS, shuffle=False, device="cpu", drop_last=False, num_workers=0
+    )
+    _check_epoch(it)  # (every sample's frame_index, rows and frames: the one derived as the one read)
+    it.close()
+
+
 EGO_VIEW, TOP = "observation.images.ego_view", "observation.images.top"
 
 
