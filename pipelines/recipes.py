@@ -8,7 +8,7 @@ policy's own units and turns them into ``delta_timestamps`` for a given ``fps``,
     recipe = get_recipe("act")                      # or get_recipe("my_recipe.toml")
     it = DALILeRobotIterator(
         root, delta_timestamps=recipe.delta_timestamps(reader.fps, reader.camera_keys),
-        image_size=recipe.image_size, augment=recipe.augment,
+        image_size=recipe.image_size, augment=recipe.augment, drop_n_last_frames=recipe.drop_n_last_frames,
     )
 
 The named recipes live as TOML files next to this module (``recipes/act.toml``, ``diffusion.toml``,
