@@ -465,10 +465,27 @@ class LeRobotDatasetReader:
         return None if change is None else changed_on_server(change[0], f"{change[1]} when opened, {change[2]} now")
 
     def video(self, episode_pos: int, camera: str) -> VideoRef:
+        """The video file holding camera ``camera`` of the episode at position ``episode_pos`` (see
+        :meth:`read_episode`), and where in it the episode starts and ends."""
+        self.check_position(episode_pos)
         files = self.episodes.cameras[camera]
         path = self.location.path(video_file_path(self.info, files, episode_pos, camera))
         stop = float(files.to_timestamp_s[episode_pos])
         return VideoRef(path, float(files.from_timestamp_s[episode_pos]), None if np.isnan(stop) else stop)
+
+    def check_position(self, episode_pos: int) -> None:
+        """Refuse a position that is no episode read (IndexError): numpy's indexing raised a bare IndexError past
+        the end, and read a negative position from the end. Names the position of an episode index given instead."""
+        count = len(self.episodes)
+        if 0 <= episode_pos < count:
+            return
+        at = np.flatnonzero(self.episodes.episode_index == episode_pos)
+        hint = f"; episode {episode_pos} is at position {', '.join(map(str, at))}" if len(at) else ""
+        raise IndexError(
+            f"episode position {episode_pos} is not one of the {count} episodes {self.location.description} reads "
+            f"(positions 0..{count - 1}, in episodes.episode_index order: a position is an episode index only where "
+            f"the whole dataset is read){hint}"
+        )
 
     def open(self, path: str) -> Any:
         """A binary file object for ``path`` on the dataset's filesystem (lazy, range reads for remote)."""
@@ -485,10 +502,15 @@ class LeRobotDatasetReader:
     ) -> dict[str, np.ndarray]:
         """All rows of one episode as ``{key: (length, *shape)}`` plus the index columns LeRobot batches.
 
+        ``episode_pos`` is the episode's position among those read (``0 .. num_episodes - 1``, in
+        ``episodes.episode_index`` order), its episode index only where the whole dataset is read: with
+        ``episodes=[5, 7]``, episode 7 is at position 1 (any other position raises IndexError).
+
         Rows are checked against the episode metadata (episode_index, length, global index) so a data file
         that drifted from its metadata fails here, naming the file and episode. ``decoded``: row groups earlier
         reads decoded, reused (:class:`~.episode_rows.DecodedGroups`: many episodes of one file read in a row).
         """
+        self.check_position(episode_pos)
         ep = self.episodes
         wanted = self._with_index_columns(self.tabular_keys if keys is None else keys)
         features = {k: self._feature(k) for k in wanted}
@@ -523,8 +545,9 @@ class LeRobotDatasetReader:
         return rows
 
     def read_episode_images(self, episode_pos: int, key: str, *, decoded: DecodedGroups | None = None) -> pa.Array:
-        """The encoded images (PNG/JPEG bytes, one per row) of image camera ``key`` for one episode (``decoded``:
-        as in :meth:`read_episode`)."""
+        """The encoded images (PNG/JPEG bytes, one per row) of image camera ``key`` for the episode at position
+        ``episode_pos`` (``episode_pos`` and ``decoded``: as in :meth:`read_episode`)."""
+        self.check_position(episode_pos)
         if key not in self.image_keys:
             raise DatasetError(f"{key!r} is not an image camera of this reader; image cameras: {self.image_keys}")
         path = self.data_path(episode_pos)

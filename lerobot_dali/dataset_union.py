@@ -214,6 +214,7 @@ class DatasetUnion(LeRobotDatasetReader):
 
     def member(self, episode_pos: int) -> tuple[int, int]:
         """(dataset, its episode position) of the union's episode ``episode_pos``."""
+        self.check_position(episode_pos)
         d = int(np.searchsorted(self.starts, episode_pos, side="right")) - 1
         return d, int(episode_pos) - int(self.starts[d])
 

@@ -82,6 +82,31 @@ def test_episode_selection_keeps_rows_files_and_tasks_of_those_episodes(name: st
         assert chosen.video(1, camera).from_timestamp_s == pytest.approx(19.9)
 
 
+def test_a_position_past_the_episodes_read_is_refused_naming_the_position_of_an_index() -> None:
+    """``read_episode``, ``video`` and ``read_episode_images`` take a position among the episodes read, which is the
+    episode index only over a whole dataset: given an index of a selection, they raised numpy's bare IndexError, and
+    a negative position read the episode that many from the end; a union's read its last dataset's."""
+    from lerobot_dali import concat_datasets
+
+    root = shared_dataset("cr5_v30_av1")
+    chosen = open_dataset(root, episodes=[5, 7])
+    camera = "observation.images.top"
+    union = concat_datasets([root, chosen])
+    reads = [
+        lambda r, pos: r.read_episode(pos),
+        lambda r, pos: r.video(pos, camera),
+        lambda r, pos: r.read_episode_images(pos, camera),
+    ]
+    for reader, bad, told in ((chosen, 7, "; episode 7 is at position 1"), (chosen, -1, ""), (union, 14, "")):
+        for read in reads:
+            with pytest.raises(IndexError, match=rf"position {bad} is not one of the {reader.num_episodes} episodes"):
+                read(reader, bad)
+        with pytest.raises(IndexError) as raised:
+            reader.read_episode(bad)
+        assert str(raised.value).endswith(f"the whole dataset is read){told}"), raised.value
+    assert chosen.read_episode(1)["episode_index"][0] == 7 and union.read_episode(13)["episode_index"][0] == 7
+
+
 def test_episode_selection_errors() -> None:
     root = shared_dataset("cr5_v30_av1")
     with pytest.raises(
