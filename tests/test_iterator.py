@@ -1565,7 +1565,7 @@ class _Workers:
 
 class _Pipeline:
     def __init__(self, workers: _Workers) -> None:
-        self._py_pool = workers
+        self._py_pool, self._pipe = workers, None  # (DALI's worker pool and backend)
 
     def _shutdown(self) -> None:
         pass
@@ -1726,12 +1726,15 @@ def test_a_handlers_close_as_another_threads_close_lets_the_lock_go_is_not_clear
 
 
 class SignalAfterCall:
-    """Profiling ``code``: a KeyboardInterrupt (a signal's handler) raised at the ``k``-th point where CPython runs one
-    there: right after a call it makes to a C function returns, and as a Python function it calls starts (``at``: that
-    point; None: fewer ran). A line tracer's exception lands on a try's own line too, outside the try: none can."""
+    """Profiling ``in_code`` (a predicate over code objects, or one code): a KeyboardInterrupt (a signal's handler)
+    raised at the ``k``-th point where CPython runs one there: right after a call it makes to a C function returns, and
+    as a Python function it calls starts (``at``: that point; None: fewer ran). A line tracer's exception lands on a
+    try's own line too, outside the try: none can. ``opaque``: codes of Python stand-ins for C functions (a counting
+    wrapper), whose return is the point, as a C function's would be."""
 
-    def __init__(self, k: int, code: Any) -> None:
-        self.k, self.code, self.points, self.at = k, code, 0, None
+    def __init__(self, k: int, in_code: Any, opaque: tuple[Any, ...] = ()) -> None:
+        self.in_code = in_code if callable(in_code) else (lambda code: code is in_code)
+        self.k, self.opaque, self.points, self.at = k, opaque, 0, None
 
     def __enter__(self) -> SignalAfterCall:
         sys.setprofile(self._event)
@@ -1741,11 +1744,16 @@ class SignalAfterCall:
         sys.setprofile(None)
 
     def _event(self, frame, event, arg):
+        if frame.f_code in self.opaque:
+            if event != "return":
+                return
+            event, arg, frame = "c_return", frame.f_code, frame.f_back
         caller = frame if event == "c_return" else frame.f_back
-        if self.at is None and event in ("c_return", "call") and caller is not None and caller.f_code is self.code:
+        if self.at is None and event in ("c_return", "call") and caller is not None and self.in_code(caller.f_code):
             self.points += 1
             if self.points == self.k:
-                self.at = (event, getattr(arg, "__name__", frame.f_code.co_name), caller.f_lineno)
+                name = getattr(arg, "__name__", getattr(arg, "co_name", frame.f_code.co_name))
+                self.at = (event, name, caller.f_code.co_name, caller.f_lineno)
                 raise KeyboardInterrupt
 
 
@@ -1788,6 +1796,70 @@ def test_a_ctrl_c_in_close_leaves_the_lock_free_for_the_next_close(make_ds, monk
                 it._next_lock.release()
             it.close()
     assert len(reached) > 8 and left == []
+
+
+class _CountingBackend:
+    """A DALI pipeline's backend that counts the shutdowns asked of it, each passed on."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend, self.shutdowns = backend, 0
+
+    def Shutdown(self) -> None:  # (DALI's name)
+        self.shutdowns += 1
+        self.backend.Shutdown()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+
+def test_a_ctrl_c_anywhere_in_close_leaves_what_it_did_not_close_to_the_next_close(make_ds, monkeypatch) -> None:
+    """close() let go of the pipeline and its source before shutting them down: a Ctrl-C as DALI's shutdown began, or
+    right after its backend's Shutdown() returned, or as the source's close began, left them to the cycle collector or
+    DALI's exit handler, and the next close() found nothing to close (a KeyboardInterrupt at each point close() and
+    the functions of iterator.py it calls can take one: 3 of 22 points). At each point now (29) the lock is free, and
+    the next close() finishes the job: the pipeline shut down exactly once, its source and prefetcher closed once."""
+    from nvidia.dali.pipeline import Pipeline
+
+    from lerobot_dali.batch_source import BatchSource
+
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+    close_source = BatchSource.close
+
+    def counted_close(source: BatchSource) -> None:
+        close_source(source)
+        source.closes = getattr(source, "closes", 0) + 1  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(BatchSource, "close", counted_close)
+
+    def in_close(code: Any) -> bool:  # (close() and its callees: iterator.py's, and DALI's shutdown)
+        return code.co_filename == iterator_module.__file__ or code is Pipeline._shutdown.__code__
+
+    reached, left = [], []
+    for k in itertools.count(1):
+        it = DALILeRobotIterator(root, **kwargs)
+        it._prefetcher = prefetcher = _CountingPrefetcher()
+        next(iter(it))
+        pipeline, source = it._pipeline, it._source
+        pipeline._pipe = backend = _CountingBackend(pipeline._pipe)
+        with (
+            SignalAfterCall(k, in_close, opaque=(_CountingBackend.Shutdown.__code__,)) as signal,
+            contextlib.suppress(KeyboardInterrupt),
+        ):
+            it.close()
+        held = iterator_module.fork_locks.held_here(it._next_lock)
+        it.close()
+        shut = pipeline._pipe is None and backend.shutdowns == 1 and it._pipeline is None
+        closed = getattr(source, "closes", 0) == 1 and it._source is None and prefetcher.closes == 1
+        if held or not shut or not closed:
+            left.append(signal.at)
+        if signal.at is None:
+            break
+        reached.append(signal.at)
+        if held:
+            it._next_lock.release()
+        backend.backend.Shutdown()  # (where it was left: a pipeline of each point ran on otherwise)
+    assert len(reached) > 15 and left == []
 
 
 def test_a_handlers_close_left_set_as_another_thread_builds_does_not_close_that_threads_passes(
