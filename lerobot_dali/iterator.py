@@ -580,10 +580,11 @@ class DALILeRobotIterator:
             # lock is let go) carried the pass on one batch past the stream, that batch never seen. The next pass
             # rebuilds it at the stream's position instead.
             self._pipeline_next = None
+            batch: dict[str, Any] | None
             try:
-                return self._to_batch(next(dali_iter)[0])
+                batch = self._to_batch(next(dali_iter)[0])
             except StopIteration:
-                return None
+                batch = None
             except (KeyboardInterrupt, SystemExit) as e:
                 # Raised inside DALI's next(): the batch it was producing is off DALI's schedule, and reusing
                 # this pipeline skipped it (a review: 8-16 samples lost, others repeated). The next pass rebuilds
@@ -606,6 +607,12 @@ class DALILeRobotIterator:
                 if error is e:
                     raise
                 raise error from e
+            if self._dali_iter is None:
+                # A close() meanwhile: another thread's that gave up waiting for this pass (CLOSE_WAIT_S), or a signal
+                # handler's here. Done now, not at the next batch: a loop that stopped after this one (or an epoch that
+                # ended here) left the pipeline and the prefetcher running until the next close() or exit (1 of 1).
+                self._close_held()
+            return batch
 
     def _refuse_if_forked(self) -> None:
         if os.getpid() != self._pid:
@@ -747,8 +754,9 @@ class DALILeRobotIterator:
         Safe from another thread: a pass waiting in DALI's next() there is woken (its workers are stopped) and
         raises :class:`IteratorClosedError`; this call returns once that pass has let the pipeline go, or after
         ``CLOSE_WAIT_S`` with a warning, leaving the pipeline to that pass (or to one still building it), which closes
-        it and raises IteratorClosedError at its next batch, or once the build ends. From a signal handler on the
-        thread of a pass holding the pipeline it is left to that pass, which closes everything as it lets go.
+        it as DALI's next() returns (its next batch raises IteratorClosedError), or once the build ends. From a signal
+        handler on the thread of a pass holding the pipeline it is left to that pass, which closes everything as it
+        lets go.
 
         In a child forked from the process that built the iterator it does nothing: what it would close is the
         parent's."""
@@ -783,7 +791,8 @@ class DALILeRobotIterator:
                     logger.warning(
                         "close(): a pass is still inside DALI's next() or building its pipeline after %d s; the "
                         "pipeline is left to it (shutting it down under the call could crash the process): that pass "
-                        "closes it and raises IteratorClosedError at its next batch, or once the build ends",
+                        "closes it as the call returns, or once the build ends, and raises IteratorClosedError at its "
+                        "next batch",
                         CLOSE_WAIT_S,
                     )
                     return

@@ -2133,3 +2133,48 @@ def test_a_close_that_gave_up_on_a_pass_inside_next_is_carried_out_by_it(make_ds
     seen += [int(i) for b in it for i in b["index"]]
     it.close()
     assert seen == reference
+
+
+@pytest.mark.parametrize("where", ["batch", "end"])
+def test_a_close_that_gave_up_on_a_pass_inside_next_is_done_as_next_returns(make_ds, monkeypatch, where) -> None:
+    """close() from another thread that gave up on a pass inside DALI's next() (CLOSE_WAIT_S) left the pipeline and the
+    prefetcher to that pass, which closed them only at its next batch: a loop that stopped after the batch that next()
+    returned (or whose epoch ended there) left both running until the next close() or exit (1 of 1 each). The pass now
+    closes them as next() returns, and the next pass carries on at the same sample."""
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+    monkeypatch.setattr(iterator_module, "CLOSE_WAIT_S", 0)  # (it gives up at once: the pass holds the lock)
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+    reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
+    it = DALILeRobotIterator(root, **kwargs)
+    it._prefetcher = prefetcher = _CountingPrefetcher()
+    original, calls, pipelines = DALIGenericIterator.__next__, [0], []
+    closer = threading.Thread(target=it.close)
+
+    def close_gives_up_meanwhile(self):
+        calls[0] += 1
+        pipelines.append(it._pipeline)
+        ended = True
+        try:
+            made = original(self)
+            ended = False
+            return made
+        finally:
+            if (calls[0] == 2 if where == "batch" else ended) and closer.ident is None:
+                closer.start()
+                closer.join(30)  # (it finds this pass inside next() and gives up)
+
+    monkeypatch.setattr(DALIGenericIterator, "__next__", close_gives_up_meanwhile)
+    seen: list[int] = []
+    for batch in it:
+        seen += [int(i) for i in batch["index"]]
+        if len(seen) == 4 and where == "batch":
+            break  # (the loop stops after the batch next() returned)
+    monkeypatch.setattr(DALIGenericIterator, "__next__", original)
+    assert closer.ident is not None and not closer.is_alive() and it._closes_given_up == 1
+    assert it._pipeline is None and pipelines[-1]._pipe is None and prefetcher.closes == 1  # (shut down, closed)
+    assert len(seen) == (4 if where == "batch" else len(reference))
+    seen += [int(i) for b in it for i in b["index"]] if where == "batch" else []
+    it.close()
+    assert seen == reference
