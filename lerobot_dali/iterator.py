@@ -63,14 +63,15 @@ from .worker_errors import SMALL_SHM_BYTES, dead_worker_error, original_worker_e
 from .worker_source import SourceFile, dali_dump
 from .worker_start import package_log_level, skipping_main
 
-__all__ = ["DALILeRobotIterator", "builds_said_together"]
+__all__ = ["DALILeRobotIterator", "builds_said_together", "wait_for_pass"]
 
 logger = logging.getLogger(__name__)
 #: Seconds a pipeline's build runs before it says so: DALI starts its worker processes there, each importing DALI
 #: and lerobot-dali (~0.65 s of CPU apiece), which took 1-5 s for 2-4 workers on 2 busy cores.
 BUILD_PROGRESS_DELAY_S = 2.0
 
-#: How long close() from another thread waits for a pass inside DALI's next() to let the pipeline go.
+#: How long close() from another thread waits for a pass inside DALI's next() (or building pipelines: an iterator's, a
+#: mixture's datasets') to let the pipeline go.
 CLOSE_WAIT_S = 60
 
 
@@ -783,18 +784,16 @@ class DALILeRobotIterator:
             if not lock.acquire(blocking=False):
                 self._dali_iter = None  # tells the pass in next() that its failure (or batch) is a close
                 _close_workers(self._pipeline)  # ends the wait on the workers; the pass shuts the rest down
-                if not lock.acquire(timeout=CLOSE_WAIT_S):
+                left = (
+                    "inside DALI's next() or building its pipeline",
+                    "the pipeline is left to it (shutting it down under the call could crash the process): that pass "
+                    "closes it as the call returns, or once the build ends",
+                )
+                if not wait_for_pass(lock, *left):
                     # A pass building its pipeline (a remote dataset's warm-up, workers slow to start) overwrote the
                     # None above and read on, after this close(), with its pipeline and workers (3 of 3 batches):
                     # counted, so that it closes what it built once built.
                     self._closes_given_up += 1
-                    logger.warning(
-                        "close(): a pass is still inside DALI's next() or building its pipeline after %d s; the "
-                        "pipeline is left to it (shutting it down under the call could crash the process): that pass "
-                        "closes it as the call returns, or once the build ends, and raises IteratorClosedError at its "
-                        "next batch",
-                        CLOSE_WAIT_S,
-                    )
                     return
             self._close_held()
             # (another thread's handler's close(), left to frames of its own that let the lock go, is done: left set,
@@ -889,6 +888,18 @@ def _shut_down(pipeline: Any) -> None:
     if backend is not None:
         backend.Shutdown()
     pipeline._shutdown()  # (no backend left: it drops the pipeline from DALI's registry of those to shut down at exit)
+
+
+def wait_for_pass(lock: Any, doing: str, left: str) -> bool:
+    """close() from a thread other than the pass's: whether it took ``lock``, which the pass holds while ``doing``,
+    within ``CLOSE_WAIT_S``; else a warning says what is ``left`` to that pass, and close() returns."""
+    if lock.acquire(timeout=CLOSE_WAIT_S):
+        return True
+    logger.warning(
+        "close(): a pass is still %s after %g s; %s, and raises IteratorClosedError at its next batch",
+        doing, CLOSE_WAIT_S, left,
+    )  # fmt: skip
+    return False
 
 
 def _close_and_shut_down(pipeline: Any) -> None:

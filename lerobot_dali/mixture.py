@@ -39,7 +39,7 @@ from .errors import (
     SchemaMismatchError,
     ShardingError,
 )
-from .iterator import DALILeRobotIterator, builds_said_together, default_dali_threads
+from .iterator import DALILeRobotIterator, builds_said_together, default_dali_threads, wait_for_pass
 from .key_rename import KeyRename, rename_hint, shared_selection, without_cameras_left_out
 from .part_schedule import PartSchedule
 from .said_once import say_once, warn_once
@@ -441,13 +441,22 @@ class DALILeRobotMixture:
 
         A pass starting its datasets' pipelines meanwhile closes them once all are built: closed one by one here, a
         dataset whose build had not begun was built after it, and its pipeline and workers ran on. On the thread
-        starting them (a signal handler's close()) this leaves it to that pass; from another, it waits for them."""
+        starting them (a signal handler's close()) this leaves it to that pass; from another, it waits for them, up to
+        ``CLOSE_WAIT_S`` as :meth:`DALILeRobotIterator.close` does (it waited for ever: a build held 10 s held it 10 s),
+        then leaves them to that pass with a warning."""
         self._closes += 1
         if fork_locks.held_here(self._starting):
             return
-        with self._starting:
-            for part in getattr(self, "datasets", ()):
-                part.close()
+        try:  # (taken inside the try whose finally lets it go, as DALILeRobotIterator.close() takes its pass's lock)
+            left = "they are left to it: that pass closes them once all are built"
+            if wait_for_pass(self._starting, "starting the mixture's datasets' pipelines", left):
+                for part in getattr(self, "datasets", ()):
+                    part.close()
+        finally:
+            try:  # noqa: SIM105  (suppress() is a Python call before the release: an exception there kept it)
+                self._starting.release()
+            except RuntimeError:  # not taken: the pass holds it, or a signal's exception landed before it was taken
+                pass
 
 
 def _sampled_frames(reader: LeRobotDatasetReader, options: Mapping[str, Any]) -> int:

@@ -1054,3 +1054,53 @@ def test_a_second_signal_in_a_handlers_deferred_close_loses_no_close(make_ds, mo
             lost.append(second.at)
         mix.close()
     assert len(reached) > 10 and lost == []
+
+
+def test_a_close_from_another_thread_gives_up_on_a_pass_starting_the_parts(make_ds, monkeypatch) -> None:
+    """close() from another thread waited, with no bound, for a pass starting the datasets' pipelines (a remote
+    dataset's warm-up, workers slow to start): it returned only once every build had ended (a build held 10 s: 1 of 1).
+    It now waits CLOSE_WAIT_S, as an iterator's close() does, and leaves them to that pass, which closes every part
+    once built and raises IteratorClosedError; every pipeline is shut down and the next pass reads on at the same
+    sample."""
+    monkeypatch.setattr(iterator_module, "CLOSE_WAIT_S", 0)  # (it gives up at once: the pass holds the lock)
+    paths = _datasets(make_ds)
+    options = dict(batch_size=4, seed=3, device="cpu", num_workers=0)
+    mix = DALILeRobotMixture(paths, **options)
+    full = [_keys(batch) for batch in itertools.islice(mix, 2)]
+    mix.close()
+    mix = DALILeRobotMixture(paths, **options)
+    original, pipelines, waited = iterator_module.build_pipeline, [], []
+    building, release = threading.Event(), threading.Event()
+
+    def held_build(*args, **kwargs):
+        if not building.is_set():
+            building.set()
+            waited.append(release.wait(10))  # (False: close() waited for this build to end)
+        made = original(*args, **kwargs)
+        pipelines.append(made[0])
+        return made
+
+    monkeypatch.setattr(iterator_module, "build_pipeline", held_build)
+    errors: list[Exception] = []
+
+    def loop() -> None:
+        try:
+            next(iter(mix))
+        except IteratorClosedError as e:
+            errors.append(e)
+
+    reader = threading.Thread(target=loop)
+    reader.start()
+    assert building.wait(30)
+    mix.close()
+    release.set()
+    reader.join(60)
+    monkeypatch.setattr(iterator_module, "build_pipeline", original)
+    assert waited == [True] and not reader.is_alive() and len(errors) == 1
+    assert len(pipelines) == 2 and [pipeline._pipe for pipeline in pipelines] == [None, None]  # (all shut down)
+    assert [part._pipeline for part in mix.datasets] == [None, None]
+    assert mix._starting.acquire(blocking=False)  # (free)
+    mix._starting.release()
+    read = [_keys(batch) for batch in itertools.islice(mix, 2)]
+    mix.close()
+    assert read == full
