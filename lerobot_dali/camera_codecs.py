@@ -141,21 +141,27 @@ def file_positions(reader: LeRobotDatasetReader, camera: str) -> list[int]:
 
 def surveyed_positions(reader: LeRobotDatasetReader, camera: str) -> list[int]:
     """:func:`file_positions`, or past their bound (:mod:`.checked_files`: 100,000 local, 2,000 remote; a union's
-    local and remote files each held to their own) each dataset's first episode, with an INFO line."""
+    local and remote files each held to their own) each dataset's first episode, with an INFO line: a union's local
+    files past theirs leave its remote ones all surveyed, and the other way round."""
     positions = file_positions(reader, camera)
-    local = sum(map(reader.episode_is_local, positions))
-    remote = len(positions) - local
-    if local <= CHECKED_FILES and remote <= CHECKED_FILES_REMOTE:
+    is_local = [reader.episode_is_local(pos) for pos in positions]
+    local = sum(is_local)
+    past = {True: local > CHECKED_FILES, False: len(positions) - local > CHECKED_FILES_REMOTE}
+    if not any(past.values()):
         return positions
-    count, kind, most = (
-        (local, "local ", CHECKED_FILES) if local > CHECKED_FILES else (remote, "remote ", CHECKED_FILES_REMOTE)
-    )
-    say_once(logger, logging.INFO,
-        "%s: camera %s has %d %svideo files, more than %d: only its first file's format is read when the iterator is "
-        "built (a file of another codec or size fails when a batch reaches it); `lerobot-dali check` reads them all",
-        reader.location.description, camera, count, kind if local and remote else "", most,
-    )  # fmt: skip
-    return reader.first_episodes()
+    mixed = 0 < local < len(positions)
+    for kind, most in ((True, CHECKED_FILES), (False, CHECKED_FILES_REMOTE)):
+        if past[kind]:
+            say_once(logger, logging.INFO,
+                "%s: camera %s has %d %svideo files, more than %d: only its first file's format is read when the "
+                "iterator is built (a file of another codec or size fails when a batch reaches it); `lerobot-dali "
+                "check` reads them all",
+                reader.location.description, camera, is_local.count(kind),
+                ("local " if kind else "remote ") if mixed else "", most,
+            )  # fmt: skip
+    kept = [pos for pos, kind in zip(positions, is_local, strict=True) if not past[kind]]
+    firsts = [pos for pos in reader.first_episodes() if past[reader.episode_is_local(pos)]]
+    return sorted({*kept, *firsts})
 
 
 @dataclass(frozen=True)

@@ -1075,6 +1075,30 @@ def test_a_mixed_unions_local_files_are_surveyed_as_a_local_datasets(make_ds, tm
             assert read and all(p in local_files or p.startswith(server.url) for p in read)
 
 
+def test_a_mixed_unions_remote_files_past_their_bound_leave_its_local_ones_surveyed(
+    make_ds, tmp_path_factory, monkeypatch
+) -> None:
+    """A union of a local and an HTTP dataset whose remote files passed the remote bound on files surveyed each
+    dataset's first file alone, its local files too (within their own bound, 100,000): a local file of another frame
+    size was not found at the build. Each kind is held to its own bound now: every local file is surveyed, the remote
+    dataset's first alone."""
+    from lerobot_dali import camera_codecs
+
+    monkeypatch.setattr(camera_codecs, "CHECKED_FILES_REMOTE", 1)  # (the remote dataset has 2 files)
+    local, remote = _datasets(make_ds, codec="h264")
+    with serve_folder(tmp_path_factory.getbasetemp()) as server:
+        url = f"{server.url}/{remote.parent.name}/{remote.name}"
+        for given in ([local, url], [url, local]):
+            union = concat_datasets(given)
+            surveyed = {
+                union.video(p, "observation.images.cam0").path
+                for p in camera_codecs.surveyed_positions(union, "observation.images.cam0")
+            }
+            local_files = {str(p) for p in local.glob("videos/**/*.mp4")}
+            assert len(local_files) == 2 and local_files <= surveyed, (surveyed, given)
+            assert len(surveyed - local_files) == 1 and all(p.startswith(url) for p in surveyed - local_files)
+
+
 def test_a_mixed_unions_check_keeps_its_local_datasets_decode_verdicts(make_ds, tmp_path_factory) -> None:
     """check_dataset kept no decode verdict for a union of a local and an HTTP dataset (read as remote): a second
     check decoded the local dataset's 16 frames again. Kept now: only the remote dataset's 12 are decoded again."""
