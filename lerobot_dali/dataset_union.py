@@ -59,7 +59,7 @@ from .packet_index_store import PacketIndexStore
 from .remote_retry import RetryingFileSystem
 from .said_once import say_once, warn_once
 
-__all__ = ["DATASET_INDEX", "DatasetUnion", "MemberFileSystems", "concat_datasets"]
+__all__ = ["DATASET_INDEX", "DatasetUnion", "MemberFileSystems", "concat_datasets", "dataset_order"]
 
 logger = logging.getLogger(__name__)
 
@@ -385,6 +385,15 @@ class DatasetUnion(LeRobotDatasetReader):
 
     def __repr__(self) -> str:
         return f"DatasetUnion({len(self.members)} datasets, episodes={self.num_episodes}, frames={self.num_frames})"
+
+
+def dataset_order(reader: LeRobotDatasetReader) -> list[str] | None:
+    """A union's datasets in its order, each as a digest of its name (its location's description), for a stream state
+    to refuse the same datasets listed in another order (the episodes' indices and lengths, which are all the stream
+    knows, are alike where two datasets have the same shape); None for a dataset alone."""
+    if not isinstance(reader, DatasetUnion):
+        return None
+    return [hashlib.sha256(m.location.description.encode()).hexdigest()[:16] for m in reader.members]
 
 
 def concat_datasets(

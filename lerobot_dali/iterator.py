@@ -34,7 +34,7 @@ from .cpu_decode_options import CpuDecodeOptions
 from .dali_graph import HOST_SUBTASK_INDEX, HOST_TASK_INDEX, build_pipeline
 from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import NO_SUBTASK_INDEX, LeRobotDatasetReader, warn_undeclared_columns
-from .dataset_union import DATASET_INDEX
+from .dataset_union import DATASET_INDEX, dataset_order
 from .decode_errors import locate_clip_failure
 from .depth_maps import DepthUnit
 from .distributed import cpus_per_local_rank, local_cuda_device, resolve_rank
@@ -348,19 +348,23 @@ class DALILeRobotIterator:
         replaying the epoch's pool up to it (3 s of CPU 13.7M samples in); the ranks' states then differ in it alone.
 
         Also which episodes the stream runs over (a count and a digest), so a resume over another dataset or
-        another ``episodes=`` selection fails instead of continuing a different order; and the version of what the
+        another ``episodes=`` selection fails instead of continuing a different order (a union's, with its datasets'
+        order, each a digest of its name: the same datasets listed otherwise fail too); and the version of what the
         augmentation config means (``augment_version``, :mod:`.augment_semantics`), so a resume by a lerobot_dali
         that augments that config otherwise warns, saying what changed. It may be taken from another thread (an
         asynchronous checkpoint): it is always a position the stream passed through.
         """
+        order = dataset_order(self.reader)
         return {
             **self._stream.state_dict(),
             "episodes": self._episodes_fingerprint(),
+            **({"dataset_order": order} if order is not None else {}),
             "augment_version": AUGMENT_SEMANTICS_VERSION,
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         _refuse_mixture_state(state_dict)
+        _refuse_another_order(state_dict, self.reader)  # (before the episodes: the datasets' order says why)
         saved = state_dict.get("episodes") if isinstance(state_dict, Mapping) else None
         if saved is not None and saved != self._episodes_fingerprint():
             raise ResumeStateError(
@@ -939,6 +943,21 @@ def _refuse_mixture_state(state_dict: object) -> None:
             "dataset), not of one iterator: load it into a mixture of the same datasets, or start this iterator "
             "afresh (a union, concat_datasets, deals its episodes in another order)"
         )
+
+
+def _refuse_another_order(state_dict: object, reader: LeRobotDatasetReader) -> None:
+    """A union's state saved over the same datasets (by name) listed in another order means other samples at each
+    position: refused. Other names (a dataset moved to a server, or read from another folder) are left to the
+    episodes' check: the order of such datasets cannot be told apart."""
+    saved = state_dict.get("dataset_order") if isinstance(state_dict, Mapping) else None
+    order = dataset_order(reader)
+    if not isinstance(saved, list) or order is None or saved == order or sorted(saved) != sorted(order):
+        return
+    raise ResumeStateError(
+        f"this stream state was saved over the union's datasets in another order ({reader.location.description} "
+        "now): each position would be another dataset's sample; list them in concat_datasets as they were listed "
+        "when it was saved"
+    )
 
 
 def _raise_original(error: Exception) -> None:

@@ -185,6 +185,49 @@ def test_ranks_and_workers_share_the_union_exactly_once_and_resume(make_ds) -> N
     resumed.close()
 
 
+def test_a_union_resumed_with_its_datasets_in_another_order_is_refused(make_ds, tmp_path_factory) -> None:
+    """A union's stream state was known by its episodes' indices and lengths alone: two datasets of the same shape
+    (a local and an HTTP one, 6 and 4 frames each) resumed listed the other way round went on without a word, each
+    position now the other dataset's sample: of the 12 samples after the resume all 12 were the other dataset's, 6 of
+    the epoch's 20 read twice and 6 never. Refused now, naming the order; the same datasets in the saved order, one
+    of them moved to the server, still resume exactly where they stood."""
+    from lerobot_dali.errors import ResumeStateError
+
+    a, b = (
+        make_ds(episodes=2, frames_per_episode=[6, 4], cameras=1, codec="h264", fps=FPS, gop=4, seed=seed)
+        for seed in (0, 1)
+    )
+    options = {"batch_size": 4, "shuffle": True, "seed": 7, "device": "cpu", "num_workers": 0, "decode": "cpu"}
+    with serve_folder(tmp_path_factory.getbasetemp()) as server:
+        url_a, url_b = (f"{server.url}/{p.parent.name}/{p.name}" for p in (a, b))
+
+        def keys(given: list, state: dict | None = None, stop: int | None = None) -> tuple[list, dict | None]:
+            it = DALILeRobotIterator(concat_datasets(given), cache_gb=0.0, drop_last=False, **options)
+            if state is not None:
+                it.load_state_dict(state)
+            read = []
+            for n, batch in enumerate(it):  # (each sample by its own dataset, whatever its place in the union)
+                indices = zip(batch["dataset_index"].tolist(), batch["index"].tolist(), strict=True)
+                read += [(str(given[d]), i) for d, i in indices]
+                if n == stop:
+                    saved = it.state_dict()
+                    it.close()
+                    return read, saved
+            it.close()
+            return read, None
+
+        whole, _ = keys([a, url_b])
+        head, state = keys([a, url_b], stop=1)
+        assert state is not None and len(head) == 8
+        with pytest.raises(ResumeStateError, match="datasets in another order"):
+            keys([url_b, a], state)
+        rest, _ = keys([url_a, url_b], state)  # (the local one served now: same datasets, same order)
+    assert [(str(b if d == url_b else a), i) for d, i in head + rest] == [
+        (str(b if d == url_b else a), i) for d, i in whole
+    ]
+    assert len(whole) == len(set(whole)) == 20
+
+
 def test_statistics_are_pooled_over_every_frame(make_ds, copy_ds, caplog) -> None:
     union = concat_datasets(_datasets(make_ds))
     states = np.concatenate(
