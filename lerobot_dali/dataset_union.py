@@ -580,10 +580,12 @@ class MemberFileSystems(fsspec.AbstractFileSystem):
         return MemberFileSystems([(root, m.location.fs) for m in members for root in _roots_of(m)])
 
     def pin(self, stamps: Mapping[str, Any]) -> None:
-        """The union's stamps pinned on each dataset's filesystem (:meth:`RetryingFileSystem.pin`): a file first
-        looked up through them is stamped there, not in its dataset's own."""
-        for _, fs in self.roots:
-            if isinstance(fs, RetryingFileSystem):
+        """The union's stamps pinned on each dataset's filesystem (:meth:`RetryingFileSystem.pin`; a union's within
+        it: on each of its datasets'): a file first looked up through them is stamped there, not in its dataset's own
+        (pinned on a nested union's datasets too: read through the prefetch cache, which stamps through the union
+        given it, a file replaced on the server was read as the new file)."""
+        for fs in {id(fs): fs for _, fs in self.roots}.values():
+            if isinstance(fs, (RetryingFileSystem, MemberFileSystems)):
                 fs.pin(stamps)
 
     def route(self, path: str) -> fsspec.AbstractFileSystem:

@@ -825,6 +825,34 @@ def test_a_union_file_replaced_or_removed_after_the_first_batch_is_named_changed
     _assert_samples_equal(remote, local[: len(remote)])
 
 
+@pytest.mark.parametrize("nested", [False, True], ids=["flat", "nested"])
+def test_a_file_stamped_through_the_outer_union_is_read_at_that_version_in_a_nested_one(
+    make_ds, tmp_path: Path, nested: bool
+) -> None:
+    """The prefetch cache stamps each file through the union it is given (its stamps: one HEAD) and reads the ranges it
+    lacks through the union's filesystem. The union's stamps were pinned (sent as If-Match) on its own datasets'
+    filesystems alone, not on those of a union within it: a video first stamped through [HTTP, union(HTTP, HTTP)]
+    and replaced on the server by one of its size was read through the cache as the new file (2,115 of its 2,115 bytes
+    the new file's, no error), stored under the old file's version. Now HTTP 412, named its change, as a flat union
+    of the same datasets raised already."""
+    from lerobot_dali import concat_datasets
+    from lerobot_dali.cached_filesystem import CachedFileSystem
+
+    roots = [tmp_path / "served" / f"dataset{i}" for i in range(3)]
+    for root in roots:
+        shutil.copytree(_dataset(make_ds, "h264"), root)
+    with serve_folder(tmp_path / "served") as server:
+        urls = [f"{_url(server, root)}?token=t{i}" for i, root in enumerate(roots)]
+        union = concat_datasets([urls[0], concat_datasets(urls[1:])] if nested else urls)
+        video = union.video(union.num_episodes - 1, "observation.images.cam0").path
+        cached = CachedFileSystem(union.location.fs, tmp_path / "cache", union.stamps)
+        size = cached.size(video)  # (stamped through the union: asked of the server once)
+        target = roots[-1] / video.split("/dataset2/", 1)[1]
+        _rewrite_same_size(target)
+        with pytest.raises(DatasetError, match=r"changed on the server while it was read \(etag:\S+ when opened"):
+            cached.cat_file(video, 0, size)
+
+
 @pytest.mark.parametrize("replaced", [False, True], ids=["unchanged", "replaced"])
 @pytest.mark.parametrize("cache_gb", [0.0, 1.0], ids=["uncached", "prefetch_cache"])
 @pytest.mark.parametrize("length", ["sent", "dropped"])
