@@ -49,7 +49,7 @@ from .dataset_stats import POOLED_STATS, FeatureStats, aggregate_episode_stats
 from .episode_data_files import open_stamped
 from .episode_rows import DecodedGroups, ParquetCache
 from .episode_table import EpisodeTable
-from .errors import DatasetError, EpisodeMetadataError, SchemaMismatchError, StatsError
+from .errors import DatasetError, EpisodeMetadataError, ResumeStateError, SchemaMismatchError, StatsError
 from .file_stamps import FileStamp, FileStamps, client_of
 from .frame_lookup import ITERATORS_LOOKUP, FrameLookup, TimestampSource
 from .image_frames import first_image_shape
@@ -59,7 +59,14 @@ from .packet_index_store import PacketIndexStore
 from .remote_retry import RetryingFileSystem
 from .said_once import say_once, warn_once
 
-__all__ = ["DATASET_INDEX", "DatasetUnion", "MemberFileSystems", "concat_datasets", "dataset_order"]
+__all__ = [
+    "DATASET_INDEX",
+    "DatasetUnion",
+    "MemberFileSystems",
+    "concat_datasets",
+    "dataset_order",
+    "refuse_another_order",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -387,13 +394,25 @@ class DatasetUnion(LeRobotDatasetReader):
         return f"DatasetUnion({len(self.members)} datasets, episodes={self.num_episodes}, frames={self.num_frames})"
 
 
-def dataset_order(reader: LeRobotDatasetReader) -> list[str] | None:
-    """A union's datasets in its order, each as a digest of its name (its location's description), for a stream state
-    to refuse the same datasets listed in another order (the episodes' indices and lengths, which are all the stream
-    knows, are alike where two datasets have the same shape); None for a dataset alone."""
-    if not isinstance(reader, DatasetUnion):
-        return None
-    return [hashlib.sha256(m.location.description.encode()).hexdigest()[:16] for m in reader.members]
+def dataset_order(readers: Sequence[LeRobotDatasetReader]) -> list[str]:
+    """``readers`` (a union's or a mixture's datasets) in their order, each as a digest of its name (its location's
+    description), for a stream state to refuse the same datasets listed in another order: the episodes' indices and
+    lengths, which are all a stream knows, are alike where two datasets have one shape."""
+    return [hashlib.sha256(r.location.description.encode()).hexdigest()[:16] for r in readers]
+
+
+def refuse_another_order(saved: object, readers: Sequence[LeRobotDatasetReader], what: str) -> None:
+    """Raise ResumeStateError where ``saved`` (a state's :func:`dataset_order`) names the datasets of ``readers``
+    in another order: each position would be another dataset's sample. Other names (a dataset moved to a server,
+    or read from another folder) pass: the order of such datasets cannot be told apart."""
+    order = dataset_order(readers)
+    if not isinstance(saved, list) or saved == order or sorted(saved) != sorted(order):
+        return
+    raise ResumeStateError(
+        f"this stream state was saved over {what}'s datasets in another order: each position would be another "
+        f"dataset's sample; list them as they were listed when it was saved (now: "
+        f"{', '.join(r.location.description for r in readers)})"
+    )
 
 
 def concat_datasets(

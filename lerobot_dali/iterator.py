@@ -34,7 +34,7 @@ from .cpu_decode_options import CpuDecodeOptions
 from .dali_graph import HOST_SUBTASK_INDEX, HOST_TASK_INDEX, build_pipeline
 from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import NO_SUBTASK_INDEX, LeRobotDatasetReader, warn_undeclared_columns
-from .dataset_union import DATASET_INDEX, dataset_order
+from .dataset_union import DATASET_INDEX, DatasetUnion, dataset_order, refuse_another_order
 from .decode_errors import locate_clip_failure
 from .depth_maps import DepthUnit
 from .distributed import cpus_per_local_rank, local_cuda_device, resolve_rank
@@ -354,17 +354,18 @@ class DALILeRobotIterator:
         that augments that config otherwise warns, saying what changed. It may be taken from another thread (an
         asynchronous checkpoint): it is always a position the stream passed through.
         """
-        order = dataset_order(self.reader)
+        union = self.reader.members if isinstance(self.reader, DatasetUnion) else None
         return {
             **self._stream.state_dict(),
             "episodes": self._episodes_fingerprint(),
-            **({"dataset_order": order} if order is not None else {}),
+            **({"dataset_order": dataset_order(union)} if union is not None else {}),
             "augment_version": AUGMENT_SEMANTICS_VERSION,
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         _refuse_mixture_state(state_dict)
-        _refuse_another_order(state_dict, self.reader)  # (before the episodes: the datasets' order says why)
+        if isinstance(self.reader, DatasetUnion) and isinstance(state_dict, Mapping):  # (before the episodes: says why)
+            refuse_another_order(state_dict.get("dataset_order"), self.reader.members, "the union")
         saved = state_dict.get("episodes") if isinstance(state_dict, Mapping) else None
         if saved is not None and saved != self._episodes_fingerprint():
             raise ResumeStateError(
@@ -943,21 +944,6 @@ def _refuse_mixture_state(state_dict: object) -> None:
             "dataset), not of one iterator: load it into a mixture of the same datasets, or start this iterator "
             "afresh (a union, concat_datasets, deals its episodes in another order)"
         )
-
-
-def _refuse_another_order(state_dict: object, reader: LeRobotDatasetReader) -> None:
-    """A union's state saved over the same datasets (by name) listed in another order means other samples at each
-    position: refused. Other names (a dataset moved to a server, or read from another folder) are left to the
-    episodes' check: the order of such datasets cannot be told apart."""
-    saved = state_dict.get("dataset_order") if isinstance(state_dict, Mapping) else None
-    order = dataset_order(reader)
-    if not isinstance(saved, list) or order is None or saved == order or sorted(saved) != sorted(order):
-        return
-    raise ResumeStateError(
-        f"this stream state was saved over the union's datasets in another order ({reader.location.description} "
-        "now): each position would be another dataset's sample; list them in concat_datasets as they were listed "
-        "when it was saved"
-    )
 
 
 def _raise_original(error: Exception) -> None:

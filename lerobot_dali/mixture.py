@@ -29,7 +29,15 @@ from . import fork_locks
 from .concurrent_calls import in_threads
 from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import LeRobotDatasetReader
-from .dataset_union import DATASET_INDEX, Dataset, dataset_list, open_all, refuse_dataset_index_feature
+from .dataset_union import (
+    DATASET_INDEX,
+    Dataset,
+    dataset_list,
+    dataset_order,
+    open_all,
+    refuse_another_order,
+    refuse_dataset_index_feature,
+)
 from .episode_pieces import EpisodePieces
 from .errors import (
     DatasetError,
@@ -274,7 +282,11 @@ class DALILeRobotMixture:
         parts are counted one after another, and a state with some counted resumed to repeat the others."""
         reading = self._reading
         return {
-            "mixture": {"batch_shares": list(self.batch_shares), "anchor": self.anchor},
+            "mixture": {
+                "batch_shares": list(self.batch_shares),
+                "anchor": self.anchor,
+                "dataset_order": dataset_order([part.reader for part in self.datasets]),
+            },
             "datasets": copy.deepcopy(reading) if reading is not None else [p.state_dict() for p in self.datasets],
         }
 
@@ -285,6 +297,7 @@ class DALILeRobotMixture:
             raise ResumeStateError(
                 f"this is not the state of a mixture of {len(self.datasets)} datasets (DALILeRobotMixture.state_dict)"
             )
+        refuse_another_order(saved.get("dataset_order"), [part.reader for part in self.datasets], "the mixture")
         if saved.get("anchor") != self.anchor:
             raise ResumeStateError(
                 f"this state was saved with dataset {saved.get('anchor')} as the anchor (the one whose epoch is the "

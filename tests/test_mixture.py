@@ -182,6 +182,43 @@ def test_every_sample_follows_its_own_datasets_fps_rows_frames_and_tasks(make_ds
     mix.close()
 
 
+def test_a_mixture_resumed_with_its_datasets_in_another_order_is_refused(make_ds, tmp_path_factory) -> None:
+    """A mixture's state holds each dataset's stream state, known by its episodes' indices and lengths: two datasets
+    of one shape (a local and an HTTP one) resumed listed the other way round went on without a word, each dataset at
+    the other's position. Refused now, naming the order; the same datasets in the saved order, one of them moved to
+    the server, resume exactly where they stood."""
+    from tests.http_server import serve_folder
+
+    a, b = (
+        make_ds(episodes=2, frames_per_episode=[6, 4], cameras=1, codec="h264", fps=10, gop=4, seed=seed)
+        for seed in (0, 1)
+    )
+    with serve_folder(tmp_path_factory.getbasetemp()) as server:
+        url_a, url_b = (f"{server.url}/{p.parent.name}/{p.name}" for p in (a, b))
+
+        def mixture(given: list) -> DALILeRobotMixture:
+            options = {"batch_size": 4, "seed": 3, "device": "cpu", "num_workers": 0, "decode": "cpu", "cache_gb": 0.0}
+            return DALILeRobotMixture(given, **options)
+
+        mix = mixture([a, url_b])
+        whole = [k for batch in mix for k in _keys(batch)]
+        mix.close()
+        mix = mixture([a, url_b])
+        batches = iter(mix)
+        head = _keys(next(batches))
+        state = mix.state_dict()
+        mix.close()
+        mix = mixture([url_b, a])
+        with pytest.raises(ResumeStateError, match="datasets in another order"):
+            mix.load_state_dict(state)
+        mix.close()
+        mix = mixture([url_a, url_b])  # (the local one served now: same datasets, same order)
+        mix.load_state_dict(state)
+        rest = [k for batch in mix for k in _keys(batch)]
+        mix.close()
+    assert head + rest == whole and len(whole) == 20
+
+
 def _run(mix: DALILeRobotMixture, epochs: int, taken: list) -> None:
     for _ in range(epochs):
         for batch in mix:
