@@ -82,6 +82,12 @@ class FileStamp:
         if not isinstance(self.version, str):
             raise ValueError(f"FileStamp.version must be a str, got {type(self.version).__name__}.")
 
+    @property
+    def versioned(self) -> bool:
+        """Whether :attr:`version` is the file's own (a hash, ETag, mtime), which tells a same-size rewrite apart: not
+        a run's (``run:``, given where the server gives none) or none."""
+        return bool(self.version) and not self.version.startswith("run:")
+
 
 def stamp_from_info(info: Mapping[str, Any]) -> FileStamp:
     """The stamp of a file from its fsspec ``info`` (or ``find(detail=True)``) entry.

@@ -441,6 +441,7 @@ class _Retrier:
         precondition_failed: Callable[[str], Exception | None] | None = None,
         removed: Callable[[str], Exception | None] = lambda path: None,
         removed_now: Callable[[str], Exception | None] = lambda path: None,
+        confirmable: Callable[[str], bool] = lambda path: False,
     ) -> None:
         self.policy = policy
         self.fresh_client = fresh_client
@@ -449,6 +450,9 @@ class _Retrier:
         #: For a path :attr:`removed` names, the server asked once more (RetryingFileSystem._removed_now): the error
         #: where it agrees (removed, or changed), None where it serves the file as stamped (the 404 passed).
         self.removed_now = removed_now
+        #: Whether the server asked again can tell a path :attr:`removed` names from a file put in its place
+        #: (RetryingFileSystem._confirmable); where not, its 404 is the removal at once.
+        self.confirmable = confirmable
         #: The error for a read of a path answered 412 to its If-Match (RetryingFileSystem._precondition_failed); None:
         #: read it again at once (the filesystem sends no If-Match any more).
         self.precondition_failed = precondition_failed or (
@@ -478,9 +482,10 @@ class _Retrier:
                         continue
                     if what in _READS and _is_missing(unmasked) and (failed := self.removed(path)) is not None:
                         # A CDN, or a store that is only eventually consistent, may answer 404 for a while for a file
-                        # it serves: asked once more after the backoff, the server's 410 (or no retry left) taken as is.
+                        # it serves: asked once more after the backoff; the server's 410 taken as is, and so is a 404
+                        # with no retry left, or of a stamp with no version (nothing tells the file from another).
                         attempt += 1
-                        if attempt > self.policy.retries or _is_gone(unmasked):
+                        if attempt > self.policy.retries or _is_gone(unmasked) or not self.confirmable(path):
                             raise failed from unmasked
                         time.sleep(self._delay(attempt, what, path, unmasked))
                         if (failed := self.removed_now(path)) is not None:
@@ -671,6 +676,7 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
             self._precondition_failed,
             self._removed,
             self._removed_now,
+            self._confirmable,
         )
 
     def _refresh(self) -> None:
@@ -760,12 +766,23 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
             return None
         return changed_on_server(path, _told((f"{stamps[path].size} bytes", "removed")))
 
+    def _confirmable(self, path: str) -> bool:
+        """Whether the stamp of ``path`` holds the file's own version (:attr:`FileStamp.versioned
+        <lerobot_dali.file_stamps.FileStamp.versioned>`), so that the server asked again (:meth:`_removed_now`) tells
+        the file from one of its size put in its place; with its size alone, a 404 is the file's removal at once."""
+        stamps = self._stamps_holding(path)
+        return stamps is not None and bool(getattr(stamps[path], "versioned", False))
+
     def _removed_now(self, path: str) -> DatasetError | None:
         """For stamped ``path`` answered 404 by a read, the server asked once more (one ``info``: a HEAD over HTTP): its
         removal (:meth:`_removed`) where it has no such file still, its change where it gives another size or version;
-        None where it gives the stamped one, or no answer (a 503): the 404 was a CDN's or an eventually consistent
-        store's passing answer, and the read is retried (a file removed answers its retry 404 again)."""
+        None where it gives the stamped one: the 404 was a CDN's or an eventually consistent store's passing answer,
+        and the read is retried (a file removed answers its retry 404 again). With no answer (a 503) the read is retried
+        only where it asks for the stamped version itself (If-Match, :meth:`_pinned`): else it may read the bytes of a
+        file put in its place, and the 404 is the removal."""
         change = self._change_now(path)
+        if change == () and self._pinned_stamp(path) is None:
+            return self._removed(path)
         return changed_on_server(path, _told(change)) if change else None
 
     def _open_inner(self, path: str, mode: str, kwargs: dict[str, Any]) -> Any:

@@ -77,9 +77,9 @@ def cached_footers(
     ``read(paths)`` directly (no stamps, or files without a version)."""
     if stamps is None or not paths or not all(path in stamps for path in paths):
         return read(list(paths))
-    files = [(path, stamps[path].size, stamps[path].version) for path in paths]
-    if any(version.startswith("run:") or not version for _, _, version in files):
+    if not all(stamps[path].versioned for path in paths):
         return read(list(paths))
+    files = [(path, stamps[path].size, stamps[path].version) for path in paths]
     digest = hashlib.sha256(json.dumps([STORE_FORMAT, files]).encode()).hexdigest()
     folder = directory if directory is not None else cache_root() / "row_counts"
     entry = folder / digest[:2] / f"{digest}.json"

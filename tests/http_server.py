@@ -89,6 +89,9 @@ class FolderServer:
         #: The methods whose answers for a file carry its ``Content-Length``: a ``GET`` left out ends its body by
         #: closing the connection (as a server streaming its output does), a ``HEAD`` gives no size (fsspec then GETs).
         self.content_length: frozenset[str] = frozenset({"GET", "HEAD"})
+        #: Whether a file's answers carry its version (``ETag``, ``Last-Modified``); False: a server that sends neither
+        #: (its files' stamps hold their sizes alone).
+        self.versions = True
         self.stall_s = 5.0
         if not self.root.is_dir():
             raise NotADirectoryError(f"cannot serve {self.root}: not a folder")
@@ -306,11 +309,13 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
                 "ETag": f'"{size:x}-{stat.st_mtime_ns:x}"',
                 "Last-Modified": email.utils.formatdate(stat.st_mtime, usegmt=True),
             }
+            if not server.versions:
+                del headers["ETag"], headers["Last-Modified"]
             wanted = self.headers.get("If-Match")
             if (  # (before the Range, as RFC 9110 13.2.2 orders them: a file that shrank answers 412, not 416)
                 server.if_match
                 and wanted is not None
-                and (server.if_match == "refuse" or wanted.strip() not in ("*", headers["ETag"]))
+                and (server.if_match == "refuse" or wanted.strip() not in ("*", headers.get("ETag")))
             ):
                 self._status_only(412, "precondition failed", kind="precondition")
                 return

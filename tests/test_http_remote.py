@@ -1048,6 +1048,54 @@ def test_a_stamped_files_passing_404_is_asked_again_and_its_read_goes_on(tmp_pat
     assert len(slept) == 1
 
 
+@pytest.mark.parametrize("case", ["unversioned", "no_answer", "no_answer_if_match"])
+@pytest.mark.parametrize("route", ["read", "cat_file", "open"])
+def test_a_stamped_file_answered_404_is_read_on_only_where_nothing_else_can_be_read(
+    tmp_path: Path, monkeypatch, slept, route: str, case: str
+) -> None:
+    """A 404 of a stamped file, then a file of its size put in its place: asked again, the server could not tell them
+    apart where it gives no version (no ETag, Last-Modified: the stamp holds the size alone) or gave no answer (503)
+    where the read asks for no version (If-Match off): 6 of 6 such reads returned the other file's bytes with no error
+    (the 404 was taken as a passing one). The removal is raised as before asking again was added: at once where the
+    stamp holds no version (1 request, the open's 2; no wait), after the unanswered ask without If-Match. With If-Match
+    the retried read asks for the stamped version itself: the file still there is read on, its replacement refused."""
+    import fsspec
+
+    from lerobot_dali.file_stamps import FileStamps
+
+    monkeypatch.setenv("LEROBOT_DALI_IF_MATCH", "0" if case == "no_answer" else "1")
+    data, other = (np.random.default_rng(seed).integers(0, 256, 300_000, dtype=np.uint8).tobytes() for seed in (3, 4))
+    (tmp_path / "f.bin").write_bytes(data)
+    with serve_folder(tmp_path) as server:
+        server.versions = case != "unversioned"
+        fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True))  # (5 retries: waits recorded)
+        url = f"{server.url}/f.bin"
+        FileStamps(fs)[url]  # (stamped at open)
+        opened = fs.open(url, "rb", block_size=50_000)
+        assert opened.read(1000) == data[:1000]
+        server.reset_stats()
+        missed = ["404", "404"] if route == "open" else ["404"]  # (the open's HEAD, and fsspec's GET where it failed)
+        unanswered = [] if case == "unversioned" else ["503", "503"]  # (the HEAD asking again, fsspec's GET)
+        server.fail_next(*missed, *unanswered)
+        reads = {
+            "read": lambda: (opened.read(100_000), slice(1000, 101_000)),
+            "cat_file": lambda: (fs.cat_file(url, start=5, end=100_005), slice(5, 100_005)),
+            "open": lambda: (fs.open(url, "rb").read(), slice(None)),
+        }
+        if case == "no_answer_if_match":
+            got, span = reads[route]()
+            assert got == data[span]  # (its retry asked for the stamped ETag: the file's bytes, or a 412)
+        else:
+            (tmp_path / "f.bin").write_bytes(other)
+            with pytest.raises(DatasetError, match=r"f\.bin changed on the server while it was read \(300000 bytes "
+                               r"when opened, removed now\); re-open the dataset$"):  # fmt: skip
+                reads[route]()
+            answers = [(r.method, r.status) for r in server.records]
+            asked_again = [("HEAD", 503), ("GET", 503)] if case == "no_answer" else []
+            assert answers == [*([("HEAD", 404), ("GET", 404)] if route == "open" else [("GET", 404)]), *asked_again]
+            assert len(slept) == len(asked_again) // 2
+
+
 @pytest.mark.parametrize("content_length", ["GET HEAD", "GET", "HEAD", ""], ids=["sent", "get", "head", "none"])
 @pytest.mark.parametrize("headers", [False, True], ids=["no_headers", "headers"])
 def test_a_pinned_file_is_read_at_its_stamped_version_by_every_route(
