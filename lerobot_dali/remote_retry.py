@@ -409,6 +409,17 @@ def _exhausted(error: BaseException, what: str, path: str, attempts: int, *, hub
     return error
 
 
+def _given_yet_missing(path: str, attempts: int) -> DatasetError:
+    """The error for stamped ``path`` whose reads the server answered 404 ``attempts`` times while, asked after each
+    (:meth:`RetryingFileSystem._removed_now`), it never said the file was gone: it gave it as stamped, or (where the
+    read asks for the stamped version itself) no answer. Not its removal, which the server did not say."""
+    return DatasetError(
+        f"{path}: answered 'no such file' (HTTP 404) {attempts} times, while the server, asked after each, never said "
+        f"it was gone (it gave the file as stamped, or no answer: a CDN's or a cache's stale 404, or an outage?); gave "
+        f"up (set {RETRIES_ENV} to retry more)"
+    )
+
+
 #: The requests of :class:`_Retrier` that read a file's bytes (an open's HEAD too), whose 404 may be its removal.
 _READS = frozenset({"open", "read", "cat_file"})
 
@@ -461,6 +472,7 @@ class _Retrier:
 
     def call(self, what: str, path: str, fn: Callable[[], _T], before_retry: Callable[[int], None] | None = None) -> _T:
         attempt = 0
+        still_given = False  # (a 404 of a stamped file the server, asked again, did not call gone)
         while True:
             try:
                 io_stats.add("requests")
@@ -485,14 +497,18 @@ class _Retrier:
                         # it serves: asked once more after the backoff; the server's 410 taken as is, and so is a 404
                         # with no retry left, or of a stamp with no version (nothing tells the file from another).
                         attempt += 1
+                        if still_given and attempt > self.policy.retries and not _is_gone(unmasked):
+                            raise _given_yet_missing(path, attempt) from unmasked
                         if attempt > self.policy.retries or _is_gone(unmasked) or not self.confirmable(path):
                             raise failed from unmasked
                         time.sleep(self._delay(attempt, what, path, unmasked))
                         if (failed := self.removed_now(path)) is not None:
                             raise failed from unmasked
-                        logger.info(
-                            "%s %s: answered 'no such file', but the server still gives it as stamped; reading it "
-                            "again", what, path,
+                        still_given = True
+                        logger.log(
+                            logging.INFO if attempt == 1 else logging.WARNING,  # (as a failure's retries)
+                            "%s %s: answered 'no such file', but the server, asked again, does not say it is gone; "
+                            "reading it again (retry %d/%d)", what, path, attempt, self.policy.retries,
                         )  # fmt: skip
                         if before_retry is not None:
                             before_retry(attempt)

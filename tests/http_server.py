@@ -101,7 +101,7 @@ class FolderServer:
         self._faults: Counter[str] = Counter()
         self._total = 0
         self._in_flight = 0
-        self._next_faults: list[str] = []
+        self._next_faults: list[str | None] = []
         self.set_faults(fault_every, faults)
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._httpd.daemon_threads = True
@@ -119,10 +119,11 @@ class FolderServer:
         with self._lock:
             self.fault_every, self.faults = fault_every, tuple(faults)
 
-    def fail_next(self, *faults: str) -> None:
-        """The next ``len(faults)`` requests (all methods, in arrival order) each suffer the next of ``faults``, before
-        and besides the schedule of :meth:`set_faults` (``fail_next("404")``: one 404, then the file as it is)."""
-        unknown = [f for f in faults if f not in HTTP_FAULT_KINDS]
+    def fail_next(self, *faults: str | None) -> None:
+        """The next ``len(faults)`` requests (all methods, in arrival order) each suffer the next of ``faults`` (None:
+        answered as is), before and besides the schedule of :meth:`set_faults` (``fail_next("404")``: one 404, then the
+        file as it is)."""
+        unknown = [f for f in faults if f is not None and f not in HTTP_FAULT_KINDS]
         if unknown:
             raise ValueError(f"faults must be kinds of {HTTP_FAULT_KINDS}, got {unknown}")
         with self._lock:
@@ -182,9 +183,10 @@ class FolderServer:
             self._total += 1
             n = self._total
             if self._next_faults:
-                fault = self._next_faults.pop(0)
-                self._faults[fault] += 1
-                return fault
+                scripted = self._next_faults.pop(0)
+                if scripted is not None:
+                    self._faults[scripted] += 1
+                return scripted
             if not self.fault_every or n % self.fault_every:
                 return None
             fault = self.faults[(n // self.fault_every - 1) % len(self.faults)]
