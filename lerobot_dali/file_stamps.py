@@ -316,7 +316,7 @@ class FileStamps(Mapping[str, FileStamp]):
                 raise
             return f"{before.size} bytes", "removed"
         if now.size != before.size:
-            return f"{before.size} bytes", f"{now.size}"
+            return f"{before.size} bytes", f"{now.size} bytes"
         kind = before.version.partition(":")[0]
         if now.version != before.version and now.version.partition(":")[0] == kind:
             return before.version, now.version

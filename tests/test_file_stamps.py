@@ -399,7 +399,7 @@ def test_changed_tells_a_same_size_rewrite_by_a_version_of_the_same_kind() -> No
     assert changed("m") == ("mtime:Mon", "mtime:Tue")
     assert changed("n") is None  # (no version: a same-size rewrite cannot be told)
     server.infos["n"]["size"] = 6
-    assert changed("n") == ("5 bytes", "6")
+    assert changed("n") == ("5 bytes", "6 bytes")
     server.infos["e"] = {"size": 5, "Last-Modified": "Wed"}  # (another kind of version: not comparable)
     assert changed("e") is None
     del server.infos["m"]

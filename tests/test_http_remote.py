@@ -945,7 +945,7 @@ def test_a_pinned_file_whose_size_changed_before_its_open_is_named_changed(tmp_p
         file.write_bytes(now)
         os.utime(file, ns=(modified, modified))
         server.reset_stats()
-        changed = rf"f\.bin changed on the server while it was read \(10 bytes when opened, {len(now)} now\); re"
+        changed = rf"f\.bin changed on the server while it was read \(10 bytes when opened, {len(now)} bytes now\); re"
         with pytest.raises(DatasetError, match=changed), fs.open(url, "rb") as handle:
             handle.read()
         assert [(r.method, r.status) for r in server.records] == [("HEAD", 200)]
