@@ -930,12 +930,15 @@ class SampleOrder:
         if np.count_nonzero(self._lengths - consumed) < seg.world_size:
             return consumed, None  # those ranks' epoch had ended (as in _build_plan): they took nothing
         shard = self._shard(epoch, segment, seg.world_size, self._lengths - consumed)
+        # Ranks that took every sample of their plan finished the epoch: what DROP balancing left out of it stays out,
+        # as in a run not interrupted (re-sharded, it was an extra pass of the epoch, or frames logged unseen)
+        finished = seg.samples_consumed >= shard[2]
         after = consumed.copy()
         pools: list[RankPool] = []
         for rank in range(seg.world_size):
             plan = self._plan_for(epoch, segment, rank, shard, consumed)
             stream, natural = plan.stream, plan.stream.natural
-            taken = min(seg.samples_consumed, natural)
+            taken = natural if finished else min(seg.samples_consumed, natural)
             if taken == natural:  # everything, and PAD repeats add nothing new
                 after[stream.episodes] = stream.lengths
                 pools.append((stream.episodes.size, (), ()))

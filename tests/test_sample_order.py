@@ -576,19 +576,26 @@ def test_resume_on_another_world_size_repeats_nothing(
     assert set(taken) | set(rest) == every
 
 
-def test_world_size_change_at_epoch_end_leaves_that_epoch_finished(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("balance", [RankBalance.PAD, RankBalance.DROP])
+@pytest.mark.parametrize("new_world_size", [1, 3])
+def test_world_size_change_at_epoch_end_leaves_that_epoch_finished(
+    balance: RankBalance, new_world_size: int, caplog: pytest.LogCaptureFixture
+) -> None:
     """The old ranks finished epoch 0: it stays current with nothing left (so a loop's set_epoch(0) cannot
-    replay it), silently, and the next batch is epoch 1's first."""
-    old = SampleOrder(LENGTHS, rank=0, world_size=2, options=_options())
-    state = StreamState(seed=11, epoch=0, samples_consumed=old.num_samples(0), world_size=2, batch_size=4)
-    stream = _stream(3, 1)
+    replay it), silently, and the next batch is epoch 1's first. With DROP too: the frames it left out of the
+    longer ranks' epoch stay out, as in a run that was not interrupted (they came back as an extra pass of epoch 0,
+    or, on more ranks than they were episodes, as a warning of frames unseen)."""
+    old = SampleOrder(LENGTHS, rank=0, world_size=7, options=_options(rank_balance=balance))
+    assert old.rank_frame_counts(0).tolist() == [97, 98, 95, 96, 96, 95, 95]  # (DROP leaves 7 frames out)
+    state = StreamState(seed=11, epoch=0, samples_consumed=old.num_samples(0), world_size=7, batch_size=4)
+    stream = _stream(new_world_size, new_world_size - 1, rank_balance=balance)
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.sample_order"):
         stream.load_state_dict(state.to_dict())
     assert (stream.epoch, stream.samples_consumed, stream.num_samples()) == (0, 0, 0)
     assert "ends here" not in caplog.text
     stream.set_epoch(0)
     assert stream.num_samples() == 0
-    fresh = _stream(3, 1)
+    fresh = _stream(new_world_size, new_world_size - 1, rank_balance=balance)
     fresh.set_epoch(1)
     assert [a.tolist() for a in stream.next_batch()] == [a.tolist() for a in fresh.next_batch()]
     assert stream.epoch == 1
