@@ -7,6 +7,7 @@ reader pickles small (no open handles), so DALI worker processes each get their 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -139,6 +140,21 @@ class LeRobotDatasetReader:
         self._parquet = ParquetCache(partial(open_stamped, location, stamps), max_open=128 if location.is_local else 16)
         #: Data files written as one big row group are read from memory-mapped Arrow copies on local disk.
         self.column_store: ColumnStore | None = ColumnStore()
+        self._content: str | None = None
+
+    def content_digest(self) -> str:
+        """A digest of what this dataset holds as its metadata tells it, the same wherever it is read from (a local
+        folder, an HTTP server, the Hub): ``meta/info.json``, the episodes read (indices, lengths, task texts) and the
+        task table, all read at the open (no request). Two datasets alike in all of these (byte-identical copies, or
+        one recording's frames re-recorded under the same tasks) have one digest. Hashed once."""
+        if self._content is None:
+            ep = self.episodes
+            digest = hashlib.sha256(json.dumps(self.info.raw, sort_keys=True, default=str).encode())
+            digest.update(ep.episode_index.astype("<i8").tobytes())
+            digest.update(ep.length.astype("<i8").tobytes())
+            digest.update(json.dumps([ep.tasks.to_pylist(), sorted(self.tasks.items())]).encode())
+            self._content = digest.hexdigest()[:16]
+        return self._content
 
     def close_files(self) -> None:
         """Close the data files this process holds open for the reader (a union's: every member's); the next read

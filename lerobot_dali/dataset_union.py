@@ -64,7 +64,7 @@ __all__ = [
     "DatasetUnion",
     "MemberFileSystems",
     "concat_datasets",
-    "dataset_order",
+    "dataset_contents",
     "refuse_another_order",
 ]
 
@@ -218,6 +218,12 @@ class DatasetUnion(LeRobotDatasetReader):
         # of datasets hold tens of thousands open.
         for member in self.members:
             member._parquet = self._parquet
+
+    def content_digest(self) -> str:
+        """Its datasets' :meth:`~.dataset_reader.LeRobotDatasetReader.content_digest`, in their order, as one."""
+        if self._content is None:
+            self._content = hashlib.sha256(" ".join(dataset_contents(self.members)).encode()).hexdigest()[:16]
+        return self._content
 
     def member(self, episode_pos: int) -> tuple[int, int]:
         """(dataset, its episode position) of the union's episode ``episode_pos``."""
@@ -394,23 +400,44 @@ class DatasetUnion(LeRobotDatasetReader):
         return f"DatasetUnion({len(self.members)} datasets, episodes={self.num_episodes}, frames={self.num_frames})"
 
 
-def dataset_order(readers: Sequence[LeRobotDatasetReader]) -> list[str]:
-    """``readers`` (a union's or a mixture's datasets) in their order, each as a digest of its name (its location's
-    description), for a stream state to refuse the same datasets listed in another order: the episodes' indices and
-    lengths, which are all a stream knows, are alike where two datasets have one shape."""
+def dataset_contents(readers: Sequence[LeRobotDatasetReader]) -> list[str]:
+    """``readers`` (a union's or a mixture's datasets) in their order, each as the digest of what it holds
+    (:meth:`~.dataset_reader.LeRobotDatasetReader.content_digest`), for a stream state to refuse the same datasets
+    listed in another order: the episodes' indices and lengths, which are all a stream knows, are alike where two
+    datasets have one shape."""
+    return [r.content_digest() for r in readers]
+
+
+def _name_digests(readers: Sequence[LeRobotDatasetReader]) -> list[str]:
+    """Each dataset as a digest of its name: the ``dataset_order`` of states saved before ``dataset_contents``."""
     return [hashlib.sha256(r.location.description.encode()).hexdigest()[:16] for r in readers]
 
 
-def refuse_another_order(saved: object, readers: Sequence[LeRobotDatasetReader], what: str) -> None:
-    """Raise ResumeStateError where ``saved`` (a state's :func:`dataset_order`) names the datasets of ``readers``
-    in another order: each position would be another dataset's sample. Other names (a dataset moved to a server,
-    or read from another folder) pass: the order of such datasets cannot be told apart."""
-    order = dataset_order(readers)
-    if not isinstance(saved, list) or saved == order or sorted(saved) != sorted(order):
+def refuse_another_order(saved: Mapping[str, Any], readers: Sequence[LeRobotDatasetReader], what: str) -> None:
+    """Raise ResumeStateError where ``saved`` (the state holding :func:`dataset_contents`) places a dataset of
+    ``readers`` at another position than it holds now: that position would be read as another dataset's.
+
+    Datasets are known by their content, wherever they are read from: reordered and one moved to a server is
+    refused as a reorder; moved or renamed in the same order resumes. Two datasets whose metadata is alike (byte-
+    identical copies) cannot be told apart, and swapping them changes nothing read. A dataset not in the state (a
+    new or rewritten one) is left to the episodes' check. States saved with ``dataset_order`` (a digest of each
+    dataset's name) are checked as they were: the same names in another order; those with neither pass."""
+    contents = saved.get("dataset_contents")
+    if isinstance(contents, list):
+        now = dataset_contents(readers)
+        moved = [(i, contents.index(d)) for i, d in enumerate(now)
+                 if (i >= len(contents) or contents[i] != d) and d in contents]  # fmt: skip
+    else:
+        names, now = saved.get("dataset_order"), _name_digests(readers)
+        if not isinstance(names, list) or names == now or sorted(names) != sorted(now):
+            return
+        moved = [(i, names.index(d)) for i, d in enumerate(now) if names[i] != d]
+    if not moved:
         return
+    was = "; ".join(f"{readers[i].location.description} is dataset {i}, was {j}" for i, j in moved)
     raise ResumeStateError(
         f"this stream state was saved over {what}'s datasets in another order: each position would be another "
-        f"dataset's sample; list them as they were listed when it was saved (now: "
+        f"dataset's sample ({was}); list them as they were listed when it was saved (now: "
         f"{', '.join(r.location.description for r in readers)})"
     )
 

@@ -34,7 +34,7 @@ from .cpu_decode_options import CpuDecodeOptions
 from .dali_graph import HOST_SUBTASK_INDEX, HOST_TASK_INDEX, build_pipeline
 from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import NO_SUBTASK_INDEX, LeRobotDatasetReader, warn_undeclared_columns
-from .dataset_union import DATASET_INDEX, DatasetUnion, dataset_order, refuse_another_order
+from .dataset_union import DATASET_INDEX, DatasetUnion, dataset_contents, refuse_another_order
 from .decode_errors import locate_clip_failure
 from .depth_maps import DepthUnit
 from .distributed import cpus_per_local_rank, local_cuda_device, resolve_rank
@@ -349,23 +349,24 @@ class DALILeRobotIterator:
 
         Also which episodes the stream runs over (a count and a digest), so a resume over another dataset or
         another ``episodes=`` selection fails instead of continuing a different order (a union's, with its datasets'
-        order, each a digest of its name: the same datasets listed otherwise fail too); and the version of what the
-        augmentation config means (``augment_version``, :mod:`.augment_semantics`), so a resume by a lerobot_dali
-        that augments that config otherwise warns, saying what changed. It may be taken from another thread (an
+        order, each a digest of its content wherever it is read from: the same datasets listed otherwise fail too,
+        one of them moved to a server or not); and the version of what the augmentation config means
+        (``augment_version``, :mod:`.augment_semantics`), so a resume by a lerobot_dali that augments that config
+        otherwise warns, saying what changed. It may be taken from another thread (an
         asynchronous checkpoint): it is always a position the stream passed through.
         """
         union = self.reader.members if isinstance(self.reader, DatasetUnion) else None
         return {
             **self._stream.state_dict(),
             "episodes": self._episodes_fingerprint(),
-            **({"dataset_order": dataset_order(union)} if union is not None else {}),
+            **({"dataset_contents": dataset_contents(union)} if union is not None else {}),
             "augment_version": AUGMENT_SEMANTICS_VERSION,
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         _refuse_mixture_state(state_dict)
         if isinstance(self.reader, DatasetUnion) and isinstance(state_dict, Mapping):  # (before the episodes: says why)
-            refuse_another_order(state_dict.get("dataset_order"), self.reader.members, "the union")
+            refuse_another_order(state_dict, self.reader.members, "the union")
         saved = state_dict.get("episodes") if isinstance(state_dict, Mapping) else None
         if saved is not None and saved != self._episodes_fingerprint():
             raise ResumeStateError(

@@ -32,8 +32,8 @@ from .dataset_reader import LeRobotDatasetReader
 from .dataset_union import (
     DATASET_INDEX,
     Dataset,
+    dataset_contents,
     dataset_list,
-    dataset_order,
     open_all,
     refuse_another_order,
     refuse_dataset_index_feature,
@@ -285,7 +285,7 @@ class DALILeRobotMixture:
             "mixture": {
                 "batch_shares": list(self.batch_shares),
                 "anchor": self.anchor,
-                "dataset_order": dataset_order([part.reader for part in self.datasets]),
+                "dataset_contents": dataset_contents([part.reader for part in self.datasets]),
             },
             "datasets": copy.deepcopy(reading) if reading is not None else [p.state_dict() for p in self.datasets],
         }
@@ -297,7 +297,7 @@ class DALILeRobotMixture:
             raise ResumeStateError(
                 f"this is not the state of a mixture of {len(self.datasets)} datasets (DALILeRobotMixture.state_dict)"
             )
-        refuse_another_order(saved.get("dataset_order"), [part.reader for part in self.datasets], "the mixture")
+        refuse_another_order(saved, [part.reader for part in self.datasets], "the mixture")
         if saved.get("anchor") != self.anchor:
             raise ResumeStateError(
                 f"this state was saved with dataset {saved.get('anchor')} as the anchor (the one whose epoch is the "

@@ -189,8 +189,10 @@ def test_a_union_resumed_with_its_datasets_in_another_order_is_refused(make_ds, 
     """A union's stream state was known by its episodes' indices and lengths alone: two datasets of the same shape
     (a local and an HTTP one, 6 and 4 frames each) resumed listed the other way round went on without a word, each
     position now the other dataset's sample: of the 12 samples after the resume all 12 were the other dataset's, 6 of
-    the epoch's 20 read twice and 6 never. Refused now, naming the order; the same datasets in the saved order, one
-    of them moved to the server, still resume exactly where they stood."""
+    the epoch's 20 read twice and 6 never. Refused now, naming the order, whether or not one of them was moved too
+    (its name, a digest of which the state held, then another: passed before); the same datasets in the saved order,
+    one of them moved to the server, still resume exactly where they stood. A state of names (``dataset_order``,
+    saved before the contents) is checked as it was."""
     from lerobot_dali.errors import ResumeStateError
 
     a, b = (
@@ -200,6 +202,7 @@ def test_a_union_resumed_with_its_datasets_in_another_order_is_refused(make_ds, 
     options = {"batch_size": 4, "shuffle": True, "seed": 7, "device": "cpu", "num_workers": 0, "decode": "cpu"}
     with serve_folder(tmp_path_factory.getbasetemp()) as server:
         url_a, url_b = (f"{server.url}/{p.parent.name}/{p.name}" for p in (a, b))
+        which = {str(a): "a", url_a: "a", str(b): "b", url_b: "b"}
 
         def keys(given: list, state: dict | None = None, stop: int | None = None) -> tuple[list, dict | None]:
             it = DALILeRobotIterator(concat_datasets(given), cache_gb=0.0, drop_last=False, **options)
@@ -208,7 +211,7 @@ def test_a_union_resumed_with_its_datasets_in_another_order_is_refused(make_ds, 
             read = []
             for n, batch in enumerate(it):  # (each sample by its own dataset, whatever its place in the union)
                 indices = zip(batch["dataset_index"].tolist(), batch["index"].tolist(), strict=True)
-                read += [(str(given[d]), i) for d, i in indices]
+                read += [(which[str(given[d])], i) for d, i in indices]
                 if n == stop:
                     saved = it.state_dict()
                     it.close()
@@ -219,12 +222,19 @@ def test_a_union_resumed_with_its_datasets_in_another_order_is_refused(make_ds, 
         whole, _ = keys([a, url_b])
         head, state = keys([a, url_b], stop=1)
         assert state is not None and len(head) == 8
+        for swapped in ([url_b, a], [b, url_a]):  # (the second: b read from disk now, a from the server)
+            with pytest.raises(ResumeStateError, match=r"datasets in another order.* is dataset 0, was 1"):
+                keys(swapped, state)
+        for same in ([url_a, url_b], [a, url_b], [a, b]):  # (the local one served now, as saved, b on disk)
+            rest, _ = keys(same, state)
+            assert head + rest == whole
+        from lerobot_dali.dataset_union import _name_digests
+
+        names = {k: v for k, v in state.items() if k != "dataset_contents"}
+        names["dataset_order"] = _name_digests(concat_datasets([a, url_b]).members)
         with pytest.raises(ResumeStateError, match="datasets in another order"):
-            keys([url_b, a], state)
-        rest, _ = keys([url_a, url_b], state)  # (the local one served now: same datasets, same order)
-    assert [(str(b if d == url_b else a), i) for d, i in head + rest] == [
-        (str(b if d == url_b else a), i) for d, i in whole
-    ]
+            keys([url_b, a], names)
+        assert keys([url_a, url_b], names)[0] == whole[8:]
     assert len(whole) == len(set(whole)) == 20
 
 

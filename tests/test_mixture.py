@@ -185,8 +185,10 @@ def test_every_sample_follows_its_own_datasets_fps_rows_frames_and_tasks(make_ds
 def test_a_mixture_resumed_with_its_datasets_in_another_order_is_refused(make_ds, tmp_path_factory) -> None:
     """A mixture's state holds each dataset's stream state, known by its episodes' indices and lengths: two datasets
     of one shape (a local and an HTTP one) resumed listed the other way round went on without a word, each dataset at
-    the other's position. Refused now, naming the order; the same datasets in the saved order, one of them moved to
-    the server, resume exactly where they stood."""
+    the other's position. Refused now, naming the order, whether or not one of them was moved too (the state held
+    their names before: b read from disk and a from the server, 16 of the 16 samples after the resume were the
+    other dataset's); the same datasets in the saved order, one of them moved to the server, resume exactly where
+    they stood."""
     from tests.http_server import serve_folder
 
     a, b = (
@@ -208,10 +210,11 @@ def test_a_mixture_resumed_with_its_datasets_in_another_order_is_refused(make_ds
         head = _keys(next(batches))
         state = mix.state_dict()
         mix.close()
-        mix = mixture([url_b, a])
-        with pytest.raises(ResumeStateError, match="datasets in another order"):
-            mix.load_state_dict(state)
-        mix.close()
+        for swapped in ([url_b, a], [b, url_a]):  # (the second: b read from disk now, a from the server)
+            mix = mixture(swapped)
+            with pytest.raises(ResumeStateError, match="datasets in another order"):
+                mix.load_state_dict(state)
+            mix.close()
         mix = mixture([url_a, url_b])  # (the local one served now: same datasets, same order)
         mix.load_state_dict(state)
         rest = [k for batch in mix for k in _keys(batch)]
