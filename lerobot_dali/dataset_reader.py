@@ -66,10 +66,13 @@ from .value_checks import required_whole_number
 
 __all__ = [
     "INFO_PATH",
+    "LOCAL_DATA_FILES_KEPT",
     "NO_SUBTASK_INDEX",
+    "REMOTE_DATA_FILES_KEPT",
     "LeRobotDatasetReader",
     "LocatedDataset",
     "VideoRef",
+    "data_files_kept",
     "locate_dataset",
     "open_dataset",
     "open_located",
@@ -101,6 +104,16 @@ class VideoRef:
     path: str
     from_timestamp_s: float
     to_timestamp_s: float | None
+
+
+#: The most data files a local dataset keeps open, and a remote one: each holds a read-ahead buffer (4 MB), fewer stay.
+LOCAL_DATA_FILES_KEPT = 128
+REMOTE_DATA_FILES_KEPT = 16
+
+
+def data_files_kept(location: DatasetLocation) -> int:
+    """The most data files a dataset at ``location`` keeps open (:class:`~.episode_rows.ParquetCache`)."""
+    return LOCAL_DATA_FILES_KEPT if location.is_local else REMOTE_DATA_FILES_KEPT
 
 
 class LeRobotDatasetReader:
@@ -136,8 +149,7 @@ class LeRobotDatasetReader:
         self.tabular_keys = tabular_keys
         #: Footers of the data files the open read (by path): :meth:`check_data_columns`.
         self.data_file_footers: Mapping[str, Footer] = data_file_footers or {}
-        # Remote files each hold a read-ahead buffer (4 MB): fewer stay open.
-        self._parquet = ParquetCache(partial(open_stamped, location, stamps), max_open=128 if location.is_local else 16)
+        self._parquet = ParquetCache(partial(open_stamped, location, stamps), max_open=data_files_kept(location))
         #: Data files written as one big row group are read from memory-mapped Arrow copies on local disk.
         self.column_store: ColumnStore | None = ColumnStore()
         self._content: str | None = None

@@ -41,6 +41,7 @@ from .dataset_reader import (
     LeRobotDatasetReader,
     LocatedDataset,
     VideoRef,
+    data_files_kept,
     locate_dataset,
     open_dataset,
     open_located,
@@ -204,7 +205,12 @@ class DatasetUnion(LeRobotDatasetReader):
         )
         #: Bulk file ``path`` opened through the dataset that holds it (:func:`_open_in_member`).
         self.open_data_file: Callable[[str], Any] = partial(_open_in_member, self.holders, openers)
-        self._parquet = ParquetCache(self.open_data_file, max_open=self._parquet.max_open)
+        bounds = [m.data_file_bound if isinstance(m, DatasetUnion) else data_files_kept(m.location) for m in members]
+        #: The most data files of each dataset's kind kept open (a local one's 128, a remote one's 16; a union's:
+        #: its own datasets'): a mixed union kept its remote one's 16 for all, its local files reopened past them.
+        self.data_file_bound: Callable[[str], int] = partial(_kept_in_member, self.holders, tuple(bounds))
+        kept = max(self.data_file_bound(root) for root in self.holders.roots)
+        self._parquet = ParquetCache(self.open_data_file, max_open=kept, bound_of=self.data_file_bound)
         # Subtask strings where every member's subtask_index means the same text (their rows keep their own indices).
         subtask_lists = [m.subtasks for m in self.members]
         if all(s == subtask_lists[0] for s in subtask_lists):
@@ -214,8 +220,8 @@ class DatasetUnion(LeRobotDatasetReader):
                 logger, "%s: its datasets' subtask lists (meta/subtasks.parquet) differ, so batches carry each "
                 "dataset's own subtask_index and no 'subtask' strings", self.location.description,
             )  # fmt: skip
-        # One bound on open data files for all: each member's own (128) would let a worker of a union of hundreds
-        # of datasets hold tens of thousands open.
+        # One bound on open data files for all, each kind's files within its own: each member's own (128) would let
+        # a worker of a union of hundreds of datasets hold tens of thousands open.
         for member in self.members:
             member._parquet = self._parquet
 
@@ -591,6 +597,12 @@ def _roots_of(reader: LeRobotDatasetReader) -> list[str]:
     if isinstance(reader, DatasetUnion):
         return [root for m in reader.members for root in _roots_of(m)]
     return [reader.location.root]
+
+
+def _kept_in_member(holders: MemberRoots, kept: Sequence[int | Callable[[str], int]], path: str) -> int:
+    """The most data files of the kind of the dataset holding ``path`` kept open (a union's: its own dataset's)."""
+    bound = kept[holders.of(path)]
+    return bound if isinstance(bound, int) else bound(path)
 
 
 def _open_in_member(holders: MemberRoots, openers: Sequence[Callable[[str], Any]], path: str) -> Any:

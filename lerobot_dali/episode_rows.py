@@ -170,10 +170,20 @@ class ParquetCache:
     """
 
     def __init__(
-        self, open_file: Callable[[str], Any], *, max_open: int = 16, max_footer_bytes: int = 192 * 2**20
+        self,
+        open_file: Callable[[str], Any],
+        *,
+        max_open: int = 16,
+        max_footer_bytes: int = 192 * 2**20,
+        bound_of: Callable[[str], int] | None = None,
     ) -> None:
+        """``bound_of``: the most files of ``path``'s kind kept open (a union's local files: 128, its remote ones,
+        each holding a read-ahead buffer: 16), within ``max_open`` for all; None: ``max_open`` for every file."""
         self._open_file = open_file
         self._max_open = max_open
+        self._bound_of = bound_of
+        #: The bound of each open file's kind (:meth:`_trim_kind`), where ``bound_of`` is given.
+        self._bounds: dict[tuple[int, str], int] = {}
         self._max_footer_bytes = max_footer_bytes
         self._open: OrderedDict[tuple[int, str], pq.ParquetFile] = OrderedDict()
         self._footer_bytes = 0
@@ -224,6 +234,9 @@ class ParquetCache:
             if max_open:
                 self._open[key] = parquet
                 self._footer_bytes += _footer_memory(parquet)
+                if self._bound_of is not None:
+                    self._bounds[key] = self._bound_of(path)
+                    self._trim_kind(self._bounds[key])
                 # (the newest stays, whatever its footer's size)
                 self._trim(max_open, max(self._max_footer_bytes, _footer_memory(parquet)))
             else:  # the others hold the whole share: kept by none, a read's file closes at its end (a get()'s when
@@ -234,17 +247,28 @@ class ParquetCache:
     def _trim(self, files: int, footer_bytes: int) -> None:
         """Keep at most ``files`` open, their footers within ``footer_bytes``: the least recently used close."""
         while len(self._open) > files or self._footer_bytes > footer_bytes:
-            _, old = self._open.popitem(last=False)
-            self._footer_bytes -= _footer_memory(old)
-            if old not in self._readers:  # (else its last read closes it)
-                old.close(force=True)  # (without force pyarrow leaves a handle it did not open to the GC)
+            self._evict(next(iter(self._open)))
         open_files.DATA_FILES.holding(self, len(self._open))
+
+    def _trim_kind(self, bound: int) -> None:
+        """Keep at most ``bound`` files of the kind bounded so open: the least recently used of them close."""
+        kind = [key for key in self._open if self._bounds[key] == bound]
+        for key in kind[: max(0, len(kind) - bound)]:
+            self._evict(key)
+
+    def _evict(self, key: tuple[int, str]) -> None:
+        old = self._open.pop(key)
+        self._bounds.pop(key, None)
+        self._footer_bytes -= _footer_memory(old)
+        if old not in self._readers:  # (else its last read closes it)
+            old.close(force=True)  # (without force pyarrow leaves a handle it did not open to the GC)
 
     def close(self) -> None:
         """Close every open file now (one being read closes when its read ends); later reads open them again."""
         with self._lock:
             files = list(self._open.values())
             self._open.clear()
+            self._bounds.clear()
             self._footer_bytes = 0
             open_files.DATA_FILES.leaving(self)
             for parquet in files:
@@ -262,11 +286,13 @@ class ParquetCache:
             "_open_file": self._open_file,
             "_max_open": self._max_open,
             "_max_footer_bytes": self._max_footer_bytes,
+            "_bound_of": self._bound_of,
         }
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
         self._open = OrderedDict()
+        self._bounds = {}
         self._footer_bytes = 0
         self._lock = fork_locks.lock()
         self._readers = {}

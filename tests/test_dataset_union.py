@@ -494,6 +494,51 @@ def test_the_datasets_share_one_bound_on_open_data_files(make_ds) -> None:
     assert len(opened) <= 5, opened
 
 
+def test_a_mixed_unions_data_files_are_each_kept_open_to_their_own_datasets_bound(
+    make_ds, tmp_path_factory, monkeypatch
+) -> None:
+    """A union of a local and an HTTP dataset kept the remote bound on open data files (16) for its local files too
+    (a local dataset alone: 128): a local v2.1 dataset of 60 episodes (a file each) read twice in a shuffled order
+    opened its files 120 times, 13 at most kept open. Each kind is held to its own bound now: the local files open
+    once each, the remote ones within theirs (here 20 local and 18 remote files, read twice in turn)."""
+    from lerobot_dali import episode_rows
+
+    local, remote = (
+        make_ds(episodes=n, frames_per_episode=2, cameras=1, fps=FPS, codec="vp9", version="v2.1", seed=s)
+        for n, s in ((20, 0), (18, 1))
+    )
+    opened: Counter = Counter()
+    kept = {"local": 0, "http": 0}
+    real_open, real_trim = episode_rows.open_parquet, episode_rows.ParquetCache._trim
+
+    def kind(path: str) -> str:
+        return "http" if str(path).startswith("http") else "local"
+
+    def counted(open_file, path: str):
+        opened[path] += 1
+        return real_open(open_file, path)
+
+    def trim(cache, *bounds) -> None:
+        real_trim(cache, *bounds)
+        for k, n in Counter(kind(path) for _, path in cache._open).items():
+            kept[k] = max(kept[k], n)
+
+    monkeypatch.setattr(episode_rows, "open_parquet", counted)
+    monkeypatch.setattr(episode_rows.ParquetCache, "_trim", trim)
+    with serve_folder(tmp_path_factory.getbasetemp()) as server:
+        union = concat_datasets([local, f"{server.url}/{remote.parent.name}/{remote.name}"])
+        opened.clear()
+        order = [*(p for pair in zip(range(18), range(20, 38), strict=True) for p in pair), 18, 19]  # (in turn)
+        for _ in range(2):
+            for pos in order:
+                rows = union.read_episode(pos, ["episode_index"])
+                assert rows["episode_index"].tolist() == [pos - 20 * (pos >= 20)] * 2
+        union.close_files()
+    by_kind = {k: sorted(n for p, n in opened.items() if kind(p) == k) for k in ("local", "http")}
+    assert by_kind == {"local": [1] * 20, "http": [2] * 18}
+    assert kept == {"local": 20, "http": 16}
+
+
 def test_a_data_file_one_thread_reads_stays_open_while_another_thread_evicts_it(make_ds, monkeypatch) -> None:
     """The iterator looks the union's first episodes up in threads, all through the one bound on open data files:
     a thread's open evicted (and closed) the file another thread had just been handed, whose read then failed as
