@@ -414,11 +414,6 @@ def dataset_contents(readers: Sequence[LeRobotDatasetReader]) -> list[str]:
     return [r.content_digest() for r in readers]
 
 
-def _name_digests(readers: Sequence[LeRobotDatasetReader]) -> list[str]:
-    """Each dataset as a digest of its name: the ``dataset_order`` of states saved before ``dataset_contents``."""
-    return [hashlib.sha256(r.location.description.encode()).hexdigest()[:16] for r in readers]
-
-
 def refuse_another_order(saved: Mapping[str, Any], readers: Sequence[LeRobotDatasetReader], what: str) -> None:
     """Raise ResumeStateError where ``saved`` (the state holding :func:`dataset_contents`) places a dataset of
     ``readers`` at another position than it holds now: that position would be read as another dataset's.
@@ -426,18 +421,14 @@ def refuse_another_order(saved: Mapping[str, Any], readers: Sequence[LeRobotData
     Datasets are known by their content, wherever they are read from: reordered and one moved to a server is
     refused as a reorder; moved or renamed in the same order resumes. Two datasets whose metadata is alike (byte-
     identical copies) cannot be told apart, and swapping them changes nothing read. A dataset not in the state (a
-    new or rewritten one) is left to the episodes' check. States saved with ``dataset_order`` (a digest of each
-    dataset's name) are checked as they were: the same names in another order; those with neither pass."""
+    new or rewritten one) is left to the episodes' check. States saved before they held their datasets' contents
+    pass."""
     contents = saved.get("dataset_contents")
-    if isinstance(contents, list):
-        now = dataset_contents(readers)
-        moved = [(i, contents.index(d)) for i, d in enumerate(now)
-                 if (i >= len(contents) or contents[i] != d) and d in contents]  # fmt: skip
-    else:
-        names, now = saved.get("dataset_order"), _name_digests(readers)
-        if not isinstance(names, list) or names == now or sorted(names) != sorted(now):
-            return
-        moved = [(i, names.index(d)) for i, d in enumerate(now) if names[i] != d]
+    if not isinstance(contents, list):
+        return
+    now = dataset_contents(readers)
+    moved = [(i, contents.index(d)) for i, d in enumerate(now)
+             if (i >= len(contents) or contents[i] != d) and d in contents]  # fmt: skip
     if not moved:
         return
     was = "; ".join(f"{readers[i].location.description} is dataset {i}, was {j}" for i, j in moved)
