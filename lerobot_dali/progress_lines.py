@@ -3,7 +3,8 @@
 A tqdm bar redraws itself with carriage returns. Written to a file or a pipe (a CI log, ``2> log``, a job
 scheduler's output file) every redraw stays: one long line of ``\\r``-joined states that a log viewer shows as
 one, or as hundreds. There the count is logged instead, a line at each tenth of the total (at most
-:data:`LINE_EVERY_S` apart, so a long run still shows it is alive) and one at the end.
+:data:`LINE_EVERY_S` apart, so a long run still shows it is alive) and one at the end; none before
+:data:`FIRST_LINE_S`, so a count done sooner logs its end alone.
 
 Used by ``lerobot-dali check``, the bench's measurements, and the library's own waits (opening several datasets
 at once, the prefetch cache's warm-up), which a training job's log gets from each node's first rank only. A wait
@@ -24,8 +25,9 @@ __all__ = ["LINE_EVERY_S", "ProgressLines", "progress_counter", "said_if_long"]
 
 #: Longest time between two progress lines where no bar is drawn.
 LINE_EVERY_S = 60.0
-#: Seconds after which a count says its first line, at its next unit done, where no tenth came sooner: a check of
-#: 15,000 episodes reached its first tenth 3-10 s in, after its worker processes started, with no line before.
+#: Seconds before a count says its first line (at its next unit done, a tenth or not; none sooner but the end): a
+#: check of 15,000 episodes reached its first tenth 3-10 s in, after its worker processes started, with no line
+#: before, while a check of 12 episodes done in 0 s logged 10 lines (and ``bench --quick`` 8 per loader).
 FIRST_LINE_S = 2.0
 
 
@@ -57,8 +59,9 @@ def progress_counter(
 
 class ProgressLines:
     """A count of ``total`` logged as ``desc: done/total units (seconds)`` at each tenth of ``total``, at most
-    :data:`LINE_EVERY_S` apart (the first :data:`FIRST_LINE_S` in), and by :meth:`finish`; none until ``delay_s``
-    seconds have passed (:meth:`finish` of a count done sooner logs nothing)."""
+    :data:`LINE_EVERY_S` apart, and by :meth:`finish`; the first line at the first unit done :data:`FIRST_LINE_S` in
+    (a count done sooner: :meth:`finish`'s line alone); none until ``delay_s`` seconds have passed (:meth:`finish` of
+    a count done sooner logs nothing)."""
 
     def __init__(self, total: int, *, desc: str, unit: str, logger: logging.Logger, delay_s: float = 0.0) -> None:
         self.total, self.desc, self.logger, self.delay_s = total, desc, logger, delay_s
@@ -74,8 +77,11 @@ class ProgressLines:
         if now - self._started < self.delay_s:
             return
         tenth = self.done * 10 // max(self.total, 1)
-        every_s = LINE_EVERY_S if self._shown else FIRST_LINE_S
-        if self.done < self.total and (tenth >= self._next_tenth or now - self._logged >= every_s):  # (all: finish)
+        if not self._shown:  # (the first line: once the count has lasted, whichever tenth it is at)
+            due = now - self._started >= FIRST_LINE_S
+        else:
+            due = tenth >= self._next_tenth or now - self._logged >= LINE_EVERY_S
+        if self.done < self.total and due:  # (all: finish)
             self._next_tenth = tenth + 1
             self._line(now)
 

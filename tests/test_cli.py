@@ -455,18 +455,41 @@ def _waits_lines_of_check(root, monkeypatch, caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "lerobot_dali.concurrent_calls"]
 
 
-def test_progress_lines_come_at_each_tenth_and_at_the_end(caplog: pytest.LogCaptureFixture) -> None:
+def test_progress_lines_come_at_each_tenth_and_at_the_end(caplog, monkeypatch) -> None:
+    """A long run (an episode a second, on an injected clock): its first line once it has lasted FIRST_LINE_S (2 s),
+    then a line at each tenth, and the end."""
     import logging
+    from types import SimpleNamespace
 
+    from lerobot_dali import progress_lines
     from lerobot_dali.progress_lines import ProgressLines
 
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(progress_lines, "time", SimpleNamespace(monotonic=lambda: clock.now))
     lines = ProgressLines(100, desc="check", unit="episode", logger=logging.getLogger("test.progress"))
     with caplog.at_level(logging.INFO, logger="test.progress"):
         for _ in range(100):
+            clock.now += 1.0
             lines.update(1)
         lines.finish()
-    said = [r.getMessage().split(" (")[0] for r in caplog.records]
-    assert said == [f"check: {n}/100 episodes" for n in range(10, 101, 10)]
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"check: {n}/100 episodes ({n} s)" for n in (2, *range(10, 101, 10))]
+
+
+def test_a_quick_check_logs_its_progress_at_the_end_only(caplog, monkeypatch) -> None:
+    """check of cr5's 12 episodes, done in a second or two, logged a line at every tenth it reached; a run done
+    before the first line is due (FIRST_LINE_S) says its end alone (a clock that stands still: done in 0 s)."""
+    import logging
+    from types import SimpleNamespace
+
+    from lerobot_dali import progress_lines
+
+    monkeypatch.setattr(progress_lines, "time", SimpleNamespace(monotonic=lambda: 0.0))
+    root = shared_dataset("cr5_v30_av1")
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.check.progress"):
+        assert main(["check", str(root), "--workers", "0", "--timestamp-source", "frame_index"]) == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "lerobot_dali.check.progress"]
+    assert said == ["lerobot-dali check: 12/12 episodes (0 s)"]
 
 
 def test_info_on_a_damaged_first_video_still_describes_the_rest(tmp_path: Path, capsys) -> None:
