@@ -3,9 +3,10 @@
 Serves the folder holding DATASET with ``tests/http_server.py`` on 127.0.0.1 and runs ``lerobot-dali bench``
 on its URL; every further argument goes to the bench. Prints the server's request counts at the end.
 
-Unless ``--pool-size`` is given, lerobot-dali's episode pool holds 4 episodes: the iterator prefetches the
-pool's episodes before its first batch (counted in "first s"), so with the bench's default pool (64) a
-12-episode dataset is all on local disk before the clock starts and the window never reads the network::
+Unless ``--pool-size`` (or ``--episode-pool-size``) is given, lerobot-dali's episode pool holds 4 episodes: the
+iterator prefetches the pool's episodes before its first batch (counted in "first s"), so with the bench's
+default pool (64) a 12-episode dataset is all on local disk before the clock starts and the window never reads
+the network::
 
     python bench/remote_http.py ~/.cache/lerobot_dali/bench/av1_3cam_480x640_30fps_gop2_12ep_300f \\
         --device cpu --loaders lerobot-dali pyav-dataloader
@@ -26,7 +27,8 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0].startswith("-"):
         sys.exit(__doc__)
     dataset = Path(argv[0]).expanduser().resolve()
-    options = argv[1:] if "--pool-size" in argv else [*argv[1:], "--pool-size", str(POOL_SIZE)]
+    given = any(a.split("=")[0] in ("--pool-size", "--episode-pool-size") for a in argv)
+    options = argv[1:] if given else [*argv[1:], "--pool-size", str(POOL_SIZE)]
     with serve_folder(dataset.parent) as server:
         command = ["lerobot-dali", "bench", "--dataset", f"{server.url}/{dataset.name}", *options]
         code = subprocess.call(command)

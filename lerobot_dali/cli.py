@@ -18,6 +18,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .cli_options import add_episode_pool_size, add_image_size, parse_size
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
 from .value_checks import check_seconds
@@ -27,14 +28,6 @@ if TYPE_CHECKING:
     from .dataset_reader import LeRobotDatasetReader, LocatedDataset
 
 __all__ = ["main"]
-
-
-def _size(text: str) -> tuple[int, int]:
-    try:
-        h, w = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"size must look like 480x640 (HxW), got {text!r}") from None
-    return h, w
 
 
 class _CommandError(Exception):
@@ -509,7 +502,10 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--revision", help="Hub branch, tag or commit")
     check.add_argument("--cameras", nargs="+", metavar="KEY", help="only these camera keys")
     check.add_argument("--keys", nargs="+", metavar="KEY", help="only these tabular features")
-    check.add_argument("--episodes", nargs="+", type=int, metavar="N", help="only these episode indices")
+    check.add_argument(
+        "--episodes", nargs="+", type=int, metavar="INDEX",
+        help="check only these episode indices (episode_index values, e.g. 0 5 7; not a count)",
+    )  # fmt: skip
     check.add_argument(
         "--timestamp-source", nargs="+", choices=[s.value for s in TimestampSource],
         default=[TimestampSource.PARQUET_TIMESTAMP.value],
@@ -559,11 +555,13 @@ def _parser() -> argparse.ArgumentParser:
 
     make = verbs.add_parser("make-dataset", help="write a synthetic LeRobot dataset with real encoded videos")
     make.add_argument("out", help="a new folder, or an empty one")
-    make.add_argument("--episodes", type=int, default=8, metavar="N", help="(default 8)")
+    make.add_argument(
+        "--episodes", type=int, default=8, metavar="N", help="how many episodes to write: a count (default 8)"
+    )
     make.add_argument("--frames-per-episode", type=int, default=60, metavar="N", help="(default 60)")
     make.add_argument("--cameras", type=int, default=1, metavar="N", help="(default 1)")
     make.add_argument(
-        "--size", type=_size, default=(96, 128), metavar="HxW", help="both even and >= 64 (default 96x128)"
+        "--size", type=parse_size, default=(96, 128), metavar="HxW", help="both even and >= 64 (default 96x128)"
     )
     make.add_argument("--fps", type=int, default=30, metavar="N", help="(default 30)")
     make.add_argument(
@@ -636,13 +634,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--num-workers", type=int, help="worker processes, every loader (default min(4, cores); quick 2)"
     )
-    bench.add_argument(
-        "--pool-size",
-        type=int,
-        default=DEFAULT_EPISODE_POOL_SIZE,
+    add_episode_pool_size(
+        bench, dest="pool_size", default=DEFAULT_EPISODE_POOL_SIZE,
         help=f"lerobot-dali episode pool size (default {DEFAULT_EPISODE_POOL_SIZE})",
-    )
-    bench.add_argument("--image-size", type=_size, metavar="HxW", help="resize frames to HxW")
+    )  # fmt: skip
+    add_image_size(bench, help="resize frames to HxW")
     bench.add_argument("--augment", action=argparse.BooleanOptionalAction, help="default: the recipe's choice")
     bench.add_argument(
         "--device", choices=["auto", "cpu", "cuda"], default="auto",

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from lerobot_dali.cli_options import add_episode_pool_size
 from lerobot_dali.dataset_location import dataset_not_found, is_repo_id
 from lerobot_dali.errors import DatasetNotFoundError
 from lerobot_dali.value_checks import check_int_fields, cli_flag
@@ -138,9 +139,7 @@ def parse_args(argv: Sequence[str] | None = None) -> PolicyTrainOptions:
     parser.add_argument(
         "--num-workers", type=int, default=4, help="DALI worker processes per rank (default %(default)s)"
     )
-    parser.add_argument(
-        "--episode-pool-size", type=int, default=64, help="episodes sampled from at once (default %(default)s)"
-    )
+    add_episode_pool_size(parser, default=64, help="episodes sampled from at once (default %(default)s)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="(default %(default)s)")
     parser.add_argument("--decode", choices=("auto", "gpu", "cpu"), default="auto", help="(default %(default)s)")
     parser.add_argument("--seed", type=int, default=0)

@@ -64,6 +64,7 @@ import numpy as np
 import torch
 
 from lerobot_dali.cache_dirs import atomic_file
+from lerobot_dali.cli_options import add_episode_pool_size, add_image_size
 from lerobot_dali.decode_route import DecodePreference
 from lerobot_dali.errors import CudaUnavailableError, DatasetError, ResumeStateError, ShardingError
 from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
@@ -248,9 +249,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         "--grad-clip", type=float, default=10.0, help="max gradient norm (0: no clipping; default %(default)s)"
     )
     p.add_argument("--seed", type=int, default=0, help="model init and sample order (same on every rank)")
-    p.add_argument(
-        "--episode-pool-size", type=int, default=64, help="episodes sampled from at once (default %(default)s)"
-    )
+    add_episode_pool_size(p, default=64, help="episodes sampled from at once (default %(default)s)")
     p.add_argument(
         "--episode-piece-frames",
         type=int,
@@ -263,7 +262,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         help="never sample the last N frames of an episode (their windows would be mostly padding), as LeRobot\n"
         "trains Diffusion Policy (7); default: the recipe's, else 0",
     )
-    p.add_argument("--image-size", type=int, nargs=2, metavar=("H", "W"), help="resize cameras on the device")
+    add_image_size(p, help="resize cameras on the device")
     p.add_argument(
         "--augment", type=Path,
         help="augmentation TOML (pipelines/recipes/augment_example.toml), or a .json of LeRobot's image transforms "

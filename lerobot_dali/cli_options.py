@@ -1,0 +1,60 @@
+"""Command-line options that ``lerobot-dali bench``, ``pipelines/train.py`` and ``pipelines/lerobot_policy.py`` share,
+defined once here so that each takes the others' spelling too (README, "Command line"):
+
+- ``--image-size 224x224`` (the bench's, and ``make-dataset --size``'s) or ``--image-size 224 224`` (train.py's);
+- ``--episode-pool-size N`` (train.py's, lerobot_policy.py's) or ``--pool-size N`` (the bench's).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["add_episode_pool_size", "add_image_size", "parse_size"]
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``HxW`` (``480x640``) as ``(height, width)``; :class:`argparse.ArgumentTypeError` for anything else."""
+    try:
+        h, w = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size must look like 480x640 (HxW), got {text!r}") from None
+    return h, w
+
+
+class _ImageSize(argparse.Action):
+    """``HxW`` as one word, or ``H W`` as two: ``(H, W)``."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        words: Sequence[str] = values
+        try:
+            if len(words) == 1:
+                size = parse_size(words[0])
+            elif len(words) == 2:
+                size = (int(words[0]), int(words[1]))
+            else:
+                raise ValueError
+        except (ValueError, argparse.ArgumentTypeError):
+            raise argparse.ArgumentError(
+                self, f"takes HxW (224x224) or H W (224 224), got {' '.join(words)!r}"
+            ) from None
+        setattr(namespace, self.dest, size)
+
+
+def add_image_size(parser: argparse.ArgumentParser | Any, *, help: str) -> None:
+    """``--image-size``, ``HxW`` or ``H W``: ``(H, W)`` or None where not given."""
+    parser.add_argument(
+        "--image-size", nargs="+", action=_ImageSize, metavar=("HxW|H", "W"), help=f"{help} (HxW, or H W)"
+    )
+
+
+def add_episode_pool_size(
+    parser: argparse.ArgumentParser | Any, *, default: int, help: str, dest: str = "episode_pool_size"
+) -> None:
+    """``--episode-pool-size N``, also spelled ``--pool-size N``, into ``dest``."""
+    parser.add_argument(
+        "--episode-pool-size", "--pool-size", type=int, default=default, metavar="N", dest=dest, help=help
+    )
