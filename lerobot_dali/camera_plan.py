@@ -35,6 +35,7 @@ from .packet_index import PacketIndex
 from .packet_index_cache import load_episode_packet_index
 from .packet_index_store import PacketIndexStore
 from .said_once import say_once, warn_once
+from .wording import counted
 from .yuv_frames import has_color_matrix, nvdec_color_fix
 
 __all__ = ["CameraPlanner", "nvdec_color_fixes"]
@@ -208,13 +209,15 @@ class CameraPlanner:
         if decoded_by_workers:
             cpus = cpus_per_local_rank()
             say_once(logger, logging.INFO,
-                "cameras %s are decoded on the CPU by %s, with %d CPUs for this rank: decoding is usually what "
+                "cameras %s are decoded on the CPU by %s, with %s for this rank: decoding is usually what "
                 "bounds throughput here, so %s if the loop waits for batches",
                 decoded_by_workers,
-                f"{self.num_workers} worker processes" if self.num_workers else "the main process (num_workers=0)",
-                cpus,
+                counted(self.num_workers, "worker process") if self.num_workers else "the main process (num_workers=0)",
+                counted(cpus, "CPU"),
                 "raise num_workers toward the CPU count" if self.num_workers < cpus
-                else "give this rank more CPUs (fewer ranks per node); more workers than CPUs decode no faster",
+                else "give this rank more CPUs (fewer ranks per node): its workers "
+                f"{'already match' if self.num_workers == cpus else 'already outnumber'} its CPUs, and workers beyond "
+                "the CPU count decode no faster",
             )  # fmt: skip
         return feeds
 

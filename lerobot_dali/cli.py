@@ -23,6 +23,7 @@ from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
 from .value_checks import check_seconds
 from .video_encoding import CODECS, DEFAULT_CRF, LONG_GOP_FRAMES
+from .wording import counted
 
 if TYPE_CHECKING:
     from .dataset_reader import LeRobotDatasetReader, LocatedDataset
@@ -272,7 +273,8 @@ def _check_one(args: argparse.Namespace, reader: LeRobotDatasetReader | None = N
             "decoded by an earlier check, unchanged since; --redecode decodes them again)"
         )
     print(
-        f"{report.source}: {report.episodes} episodes, {report.rows} rows, {report.video_files} video files"
+        f"{report.source}: {counted(report.episodes, 'episode')}, {counted(report.rows, 'row')}, "
+        f"{counted(report.video_files, 'video file')}"
         f"{decoded} checked in {report.seconds:.1f} s (timestamp_source={_said(args.timestamp_source)}, "
         f"tolerance_s={_said(args.tolerance_s)}): {report.problem_count or 'no'} problem(s)"
     )

@@ -59,6 +59,7 @@ from .sample_order import DEFAULT_EPISODE_POOL_SIZE, OrderOptions, RankBalance
 from .stream_state import SampleStream
 from .value_checks import check_choice
 from .windows import DeltaWindows
+from .wording import counted
 from .worker_errors import SMALL_SHM_BYTES, dead_worker_error, original_worker_error, shared_memory_note, shm_bytes
 from .worker_source import SourceFile, dali_dump
 from .worker_start import package_log_level, skipping_main
@@ -503,9 +504,10 @@ class DALILeRobotIterator:
                 raise
             if "Workers initialization failed" in str(e):
                 raise WorkerProcessError(
-                    f"DALI's {self._num_workers} worker processes did not start ({e}). They start with spawn, which "
-                    "imports the main module again where what they run names a class defined in it: a script that "
-                    'builds the iterator at its top level must then do so under `if __name__ == "__main__":`. '
+                    f"DALI's {counted(self._num_workers, 'worker process')} did not start ({e}). They start with "
+                    "spawn, which imports the main module again where what they run names a class defined in it: a "
+                    "script that builds the iterator at its top level must then do so under "
+                    '`if __name__ == "__main__":`. '
                     "Otherwise the workers' traceback above says why."
                 ) from e
             _raise_original(e)
@@ -643,7 +645,7 @@ class DALILeRobotIterator:
         the original."""
         where = (
             f"the batches after sample {self._stream.samples_consumed} of epoch {self._stream.epoch} "
-            f"(rank {self.rank}, {self._num_workers} worker processes)"
+            f"(rank {self.rank}, {counted(self._num_workers, 'worker process')})"
         )
         pipeline = self._pipeline
         dead = dead_worker_error(e, pipeline, where, lambda: _close_workers(pipeline))

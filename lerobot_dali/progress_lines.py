@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from .wording import plural
+
 __all__ = ["LINE_EVERY_S", "ProgressLines", "progress_counter", "said_if_long"]
 
 #: Longest time between two progress lines where no bar is drawn.
@@ -65,7 +67,7 @@ class ProgressLines:
 
     def __init__(self, total: int, *, desc: str, unit: str, logger: logging.Logger, delay_s: float = 0.0) -> None:
         self.total, self.desc, self.logger, self.delay_s = total, desc, logger, delay_s
-        self.units = f"{unit}es" if unit.endswith(("s", "x", "ch", "sh")) else f"{unit}s"  # (batch: batches)
+        self.units = plural(unit)
         self.done = 0
         self._started = self._logged = time.monotonic()
         self._next_tenth = 1

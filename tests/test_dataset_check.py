@@ -260,6 +260,8 @@ def test_the_command_exits_by_what_it_found(make_ds, copy_ds, capsys) -> None:
     root = copy_ds(make_ds(**SPEC))
     assert main(["check", str(root)]) == 0  # (a few local episodes: checked in this process)
     assert "5 episodes, 60 rows, 6 video files" in capsys.readouterr().out
+    assert main(["check", str(root), "--episodes", "0"]) == 0  # (counts of one said as one: "1 episodes" before)
+    assert ": 1 episode, " in capsys.readouterr().out
     (root / f"videos/{CAM1}/chunk-000/file-001.mp4").unlink()
     assert main(["check", str(root), "--workers", "0", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)

@@ -432,18 +432,27 @@ def test_dali_threads_reach_the_pipeline(make_ds, monkeypatch: pytest.MonkeyPatc
             DALILeRobotIterator(root, device="cpu", dali_threads=bad)
 
 
-@pytest.mark.parametrize(("cpus", "advice"), [(4, "raise num_workers toward the CPU count"), (2, "more CPUs")])
+@pytest.mark.parametrize(
+    ("cpus", "workers", "said_counts", "advice"),
+    [
+        (4, 2, "2 worker processes, with 4 CPUs", "raise num_workers toward the CPU count"),
+        (2, 2, "2 worker processes, with 2 CPUs", "more CPUs (fewer ranks per node): its workers already match"),
+        (1, 1, "1 worker process, with 1 CPU for", "more CPUs (fewer ranks per node): its workers already match"),
+        (1, 2, "2 worker processes, with 1 CPU for", "its workers already outnumber its CPUs"),
+    ],
+)
 def test_the_cpu_decoding_line_asks_for_more_workers_only_where_cpus_are_left(
-    make_ds, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, cpus: int, advice: str
+    make_ds, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, cpus, workers, said_counts, advice
 ) -> None:
     """8 ranks of 8 workers on a 64-core node were told to raise num_workers toward the CPU count (8), as were 2
-    workers with 1 CPU: more workers than CPUs only take turns on them."""
+    workers with 1 CPU: more workers than CPUs only take turns on them. As many workers as CPUs were told "more
+    workers than CPUs decode no faster", as if they outnumbered them; and 1 was "1 worker processes", "1 CPUs"."""
     monkeypatch.setattr(camera_plan, "cpus_per_local_rank", lambda: cpus)
     with caplog.at_level(logging.INFO, logger="lerobot_dali.camera_plan"):
-        DALILeRobotIterator(_dataset(make_ds, "av1"), batch_size=4, device="cpu", num_workers=2).close()
-    said = [r.getMessage() for r in caplog.records if "decoded on the CPU by 2 worker processes" in r.getMessage()]
-    assert len(said) == 1 and f"with {cpus} CPUs for this rank" in said[0] and advice in said[0], said
-    assert ("raise num_workers" in said[0]) == (cpus > 2)
+        DALILeRobotIterator(_dataset(make_ds, "av1"), batch_size=4, device="cpu", num_workers=workers).close()
+    said = [r.getMessage() for r in caplog.records if "decoded on the CPU by" in r.getMessage()]
+    assert len(said) == 1 and f"decoded on the CPU by {said_counts}" in said[0] and advice in said[0], said
+    assert ("raise num_workers" in said[0]) == (cpus > workers)
 
 
 @pytest.mark.parametrize(

@@ -404,7 +404,7 @@ def test_the_ranks_of_a_node_say_what_the_job_shares_once_and_their_own_share_ea
         return sorted(line.split()[0] for line in lines if text in line)
 
     assert levels("lerobot_dali.dataset_reader: opened LeRobotDatasetReader(") == ["DEBUG", "INFO"], lines
-    assert levels("are decoded on the CPU by 1 worker processes") == ["DEBUG", "INFO"], lines
+    assert levels("are decoded on the CPU by 1 worker process,") == ["DEBUG", "INFO"], lines
     assert levels("rank 0/2 (environment): 20 samples per epoch") == ["INFO"], lines
     assert levels("rank 1/2 (environment): 20 samples per epoch") == ["INFO"], lines
 
