@@ -23,16 +23,33 @@ from .value_checks import check_int
 __all__ = ["RankInfo", "cpus_per_local_rank", "draws_progress", "local_cuda_device", "resolve_rank", "usable_cpus"]
 
 
+#: Where :func:`resolve_rank` found the rank (:attr:`RankInfo.source`), as a log line says it.
+_SOURCE_SAID = {
+    "arguments": "rank and world_size passed to the iterator",
+    "torch.distributed": "from torch.distributed's process group",
+    "environment": "from the launcher's RANK and WORLD_SIZE variables",
+    "accelerate": "from accelerate",
+    "single process": "one process: no launcher set RANK and WORLD_SIZE",
+}
+
+
 @dataclass(frozen=True)
 class RankInfo:
     rank: int
     world_size: int
     local_rank: int
+    #: Where the rank came from: ``arguments``, ``torch.distributed``, ``environment``, ``accelerate`` or
+    #: ``single process``.
     source: str
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, world_size); got rank={self.rank}, world_size={self.world_size}")
+
+    @property
+    def source_said(self) -> str:
+        """:attr:`source` in words a log reader follows (``from the launcher's RANK and WORLD_SIZE variables``)."""
+        return _SOURCE_SAID.get(self.source, self.source)
 
 
 def _launcher_local_rank() -> int:

@@ -278,15 +278,15 @@ class DALILeRobotIterator:
         # Its checks' data files: batches read through the source's copy of the reader, and one left open here made
         # this reader one more cache splitting the data files' share of the open-file limit (open_files.FileShare).
         self.reader.close_files()
-        self._say_how_it_reads(ranks.source)
+        self._say_how_it_reads(ranks.source_said)
         watch(self)  # closed at exit, before DALI's own handler shuts its pipeline down under a pass
 
     def _say_how_it_reads(self, rank_source: str) -> None:
         """Log what the built iterator reads (its samples, routes, threads), and warn of what a run would regret:
         a small /dev/shm, an unbalanced epoch that leaves samples out, an epoch too short for one batch."""
         logger.info(
-            "rank %d/%d (%s): %d samples per epoch, routes %s, %d DALI threads",
-            self.rank, self.world_size, rank_source, self._stream.num_samples(),
+            "%s: rank %d/%d (%s): %d samples per epoch, routes %s, %d DALI threads",
+            self.reader.location.description, self.rank, self.world_size, rank_source, self._stream.num_samples(),
             {k: r.value for k, r in self.routes.items()}, self._dali_threads,
         )  # fmt: skip
         shm = shm_bytes()

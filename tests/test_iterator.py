@@ -456,6 +456,33 @@ def test_the_cpu_decoding_line_asks_for_more_workers_only_where_cpus_are_left(
 
 
 @pytest.mark.parametrize(
+    ("env", "ranks", "said"),
+    [
+        ({}, {"rank": 0, "world_size": 1}, "rank 0/1 (rank and world_size passed to the iterator)"),
+        ({"RANK": "1", "WORLD_SIZE": "2"}, {}, "rank 1/2 (from the launcher's RANK and WORLD_SIZE variables)"),
+    ],
+)
+def test_the_build_line_names_the_dataset_and_where_its_rank_came_from(
+    make_ds, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, env, ranks, said
+) -> None:
+    """It said "rank 0/1 (arguments): 60 samples per epoch", a mixture one such line per dataset, none named."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    root = _dataset(make_ds, "av1")
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.iterator"):
+        it = DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=0, **ranks)
+        it.close()
+    lines = [r.getMessage() for r in caplog.records if "samples per epoch" in r.getMessage()]
+    assert lines == [
+        f"{it.reader.location.description}: {said}: {it._stream.num_samples()} samples per epoch, routes "
+        f"{ {k: r.value for k, r in it.routes.items()} }, {it._dali_threads} DALI threads"
+    ]
+    assert str(root) in lines[0]
+
+
+@pytest.mark.parametrize(
     ("option", "error", "match"),
     [
         ({"batch_size": 0}, ValueError, "batch_size must be >= 1"),

@@ -405,8 +405,9 @@ def test_the_ranks_of_a_node_say_what_the_job_shares_once_and_their_own_share_ea
 
     assert levels("lerobot_dali.dataset_reader: opened LeRobotDatasetReader(") == ["DEBUG", "INFO"], lines
     assert levels("are decoded on the CPU by 1 worker process,") == ["DEBUG", "INFO"], lines
-    assert levels("rank 0/2 (environment): 20 samples per epoch") == ["INFO"], lines
-    assert levels("rank 1/2 (environment): 20 samples per epoch") == ["INFO"], lines
+    launched = "(from the launcher's RANK and WORLD_SIZE variables): 20 samples per epoch"
+    assert levels(f"{root}: rank 0/2 {launched}") == ["INFO"], lines
+    assert levels(f"{root}: rank 1/2 {launched}") == ["INFO"], lines
 
 
 def test_a_filesystem_that_cannot_list_is_said_once_though_its_name_differs_by_process(tmp_path, monkeypatch) -> None:
