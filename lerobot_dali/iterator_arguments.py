@@ -67,9 +67,12 @@ def batchable_reader(dataset: str | os.PathLike[str] | LeRobotDatasetReader, **o
     if isinstance(dataset, LeRobotDatasetReader):
         given = [name for name, value in opening.items() if value is not None]
         if given:  # the reader is open already: these would be silently ignored
+            named = " and ".join(", ".join(f"{n}=" for n in given).rsplit(", ", 1))
+            one = len(given) == 1
             raise ValueError(
-                f"{', '.join(f'{n}=' for n in given)} apply while opening the dataset, and this reader is open "
-                "already; pass them to open_dataset (or pass the path here instead of a reader)"
+                f"{named} {'is an option' if one else 'are options'} for opening a dataset, but this reader is open "
+                f"already and would ignore {'it' if one else 'them'}: pass {'it' if one else 'them'} to "
+                "open_dataset, or pass the dataset's path here instead of a reader"
             )
         reader = dataset
     elif isinstance(dataset, list | tuple):

@@ -378,15 +378,20 @@ def test_a_long_pipeline_build_says_it_starts_the_workers_and_how_long_it_took(m
 
 def test_opening_options_with_an_open_reader_are_refused_not_ignored(make_ds) -> None:
     """cameras=, keys=, revision=, data_files_root= and episodes= apply while opening; with a reader already
-    open they were silently dropped (cameras=["cam0"] read every camera)."""
+    open they were silently dropped (cameras=["cam0"] read every camera). The error said "episodes= apply while
+    opening"; it says one option as one, several as several."""
     from lerobot_dali.dataset_reader import open_dataset
 
     reader = open_dataset(_dataset(make_ds, "vp9"))
     for option in ({"cameras": ["observation.images.cam0"]}, {"keys": ["action"]}, {"revision": "main"},
                    {"data_files_root": "/elsewhere"}, {"episodes": [0]}):  # fmt: skip
         name = next(iter(option))
-        with pytest.raises(ValueError, match=rf"{name}= apply while opening the dataset.*pass them to open_dataset"):
+        said = rf"^{name}= is an option for opening a dataset, but this reader is open already and would ignore it: "
+        with pytest.raises(ValueError, match=said + "pass it to open_dataset, or pass the dataset's path here"):
             DALILeRobotIterator(reader, device="cpu", **option)
+    both = r"^cameras=, keys= and episodes= are options for opening a dataset, .* would ignore them: pass them to "
+    with pytest.raises(ValueError, match=both):
+        DALILeRobotIterator(reader, device="cpu", cameras=["observation.images.cam0"], keys=["action"], episodes=[0])
 
 
 def test_dali_decodes_a_windows_repeated_frames_once(make_ds) -> None:
@@ -794,7 +799,7 @@ def test_an_episode_filter_reads_its_episodes_only(make_ds) -> None:
     assert it.state_dict() == DALILeRobotIterator(root, episodes=kept, **kwargs).state_dict()
     read = [(int(e), int(f)) for b in it for e, f in zip(b["episode_index"], b["frame_index"], strict=True)]
     assert read == [(e, f) for e in kept for f in range(LENGTHS[e])]
-    with pytest.raises(ValueError, match="episode_filter= apply while opening"):
+    with pytest.raises(ValueError, match="episode_filter= is an option for opening a dataset"):
         DALILeRobotIterator(it.reader, episode_filter=lambda ep: True, **kwargs)
     it.close()
 
