@@ -1018,14 +1018,19 @@ class SetupError(Exception):
     its own) and gives status 2, as for a flag's mistake."""
 
 
+#: Set-up errors said without their type: about the command itself, as ``lerobot-dali`` says a GPU it lacks.
+_SAID_UNTYPED = (RunRefused, CudaUnavailableError)
+
+
 @contextlib.contextmanager
 def setting_up() -> Iterator[None]:
     """Around a run's set-up (datasets, iterator, model, resume): an error of :data:`SETUP_ERRORS` raised there
-    becomes a :class:`SetupError`."""
+    becomes a :class:`SetupError`, whose message names the library's error type first
+    (``DatasetNotFoundError: dataset 'x' not found ...``), as the ``lerobot-dali`` command prints it."""
     try:
         yield
     except SETUP_ERRORS as e:
-        raise SetupError(str(e)) from e
+        raise SetupError(str(e) if isinstance(e, _SAID_UNTYPED) else f"{type(e).__name__}: {e}") from e
 
 
 # -- preemption -----------------------------------------------------------------------------------------------

@@ -948,12 +948,14 @@ def test_dataset_errors_while_setting_up_are_one_line_on_each_rank(
     ckpt = tmp_path / "ckpt"
     shutil.copytree(single_run[0], ckpt)
     cases = [
-        (["--dataset", str(tmp_path / "nope")], rf"dataset '{tmp_path}/nope' not found: no such local folder \(.*"),
+        (["--dataset", str(tmp_path / "nope")],
+         rf"DatasetNotFoundError: dataset '{tmp_path}/nope' not found: no such local folder \(.*"),
         (["--dataset", str(dataset), "--episodes", "0", "9"],
          r".*: episodes \[9\] are not in this dataset, .*0\.\.5: pass episodes=\[\.\.\.\] of those \(on the command "
          r"line --episodes N \.\.\.\)"),
         (["--dataset", str(dataset), "--episodes", "0", "1", "2", "--checkpoint-dir", str(ckpt), "--resume"],
-         r"this stream state was saved over other episodes \(6 episodes, .*\) than this iterator reads \(3 episodes.*"),
+         r"ResumeStateError: this stream state was saved over other episodes \(6 episodes, .*\) than this iterator "
+         r"reads \(3 episodes.*"),
         (["--dataset", str(dataset), "--checkpoint-dir", str(ckpt), "--resume", "--chunk", "3"],  # (train.py's own)
          rf"{ckpt}/step_00000024 was trained with other delta_timestamps \(.*\): resume with the same .*"),
     ]  # fmt: skip
@@ -970,7 +972,7 @@ def test_dataset_errors_while_setting_up_are_one_line_on_each_rank(
     assert len({line.split()[1] for line in lines}) == len(lines) >= 1  # (one a rank: torchrun may end the second
     for line in lines:  # before it logs, once the first has failed)
         assert line.endswith(
-            "train.py: unknown camera(s) ['observation.images.top']; this dataset declares "
+            "train.py: DatasetError: unknown camera(s) ['observation.images.top']; this dataset declares "
             "['observation.images.cam0', 'observation.images.cam1']: pass cameras= from those (--cameras on the "
             "command line)"
         )
@@ -995,7 +997,8 @@ def test_other_errors_while_setting_up_keep_their_traceback(tmp_path: Path, monk
     monkeypatch.setattr(train_module, "open_readers", lambda options: (_ for _ in ()).throw(DatasetError("refused")))
     with caplog.at_level(logging.ERROR, logger="pipelines.train"):
         assert train_module.main(argv) == 2
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == ["train.py: refused"]
+    # (its type named, as lerobot-dali names it: "lerobot-dali check: DatasetError: refused")
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == ["train.py: DatasetError: refused"]
 
 
 def test_a_checkpoint_dir_holding_a_checkpoint_needs_resume_and_one_that_cannot_be_written_is_refused(
