@@ -19,6 +19,9 @@ there (``--output-dir`` is left to the resumed run) and exits with status 75 (``
 ``--resume``), and lerobot-dali's errors about the dataset or the checkpoint while the run is set up are one logged
 line on each rank and exit status 2.
 
+``--cameras``, ``--timestamp-source`` and ``--tolerance-s`` are ``pipelines/train.py``'s (one value each), so it reads
+datasets such as ``cr5_*`` (``--timestamp-source frame_index``); the policy is built with the cameras read.
+
 ``--image-transforms`` turns on LeRobot's image transforms (its ``--dataset.image_transforms.enable=true``: LeRobot's
 default ``ImageTransformsConfig``); ``--image-transforms-config FILE`` reads them from a LeRobot ``train_config.json``
 (its ``dataset.image_transforms``) or a JSON of that table, as ``enable`` there says (``--image-transforms`` enables
@@ -48,11 +51,13 @@ if __package__ in (None, ""):  # run as a script: make `pipelines` importable
 from lerobot_dali.cli_options import add_episode_pool_size
 from lerobot_dali.dataset_location import dataset_not_found, is_repo_id
 from lerobot_dali.errors import DatasetNotFoundError
-from lerobot_dali.value_checks import check_int_fields, cli_flag
+from lerobot_dali.frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
+from lerobot_dali.value_checks import check_choice, check_int_fields, check_seconds, cli_flag
 from pipelines.train import (
     PreemptibleLoop,
     SetupError,
     Throughput,
+    add_reading_options,
     augment_signature,
     camera_frames,
     check_checkpoint_dir,
@@ -90,6 +95,12 @@ class PolicyTrainOptions:
     episode_pool_size: int = 64
     device: str = "cuda"
     decode: str = "auto"
+    #: Read only these cameras (None: every camera info.json declares); the policy sees only these.
+    cameras: tuple[str, ...] | None = None
+    #: How rows find their frames (``frame_index`` for wall-clock timestamps, as ``cr5_*``'s), and how far a row's time
+    #: may be from its frame (None: the iterator's default).
+    timestamp_source: str = "parquet_timestamp"
+    tolerance_s: float | None = None
     seed: int = 0
     log_every: int = 50
     #: Where the trained policy and its processors are saved (LeRobot's ``save_pretrained`` layout); None: not saved.
@@ -113,6 +124,13 @@ class PolicyTrainOptions:
             )
         if self.checkpoint_dir is None and (self.resume or self.save_every):
             raise ValueError("--resume and --save-every need --checkpoint-dir")
+        check_choice(TimestampSource, "--timestamp-source", self.timestamp_source)
+        if self.tolerance_s is not None:
+            check_seconds("--tolerance-s", self.tolerance_s)
+        if self.cameras is not None:
+            if isinstance(self.cameras, str) or not all(isinstance(c, str) and c for c in self.cameras):
+                raise ValueError(f"--cameras takes camera keys, got {self.cameras!r}")
+            object.__setattr__(self, "cameras", tuple(self.cameras))
 
 
 def _policy_arg(text: str) -> tuple[str, Any]:
@@ -142,6 +160,7 @@ def parse_args(argv: Sequence[str] | None = None) -> PolicyTrainOptions:
     add_episode_pool_size(parser, default=64, help="episodes sampled from at once (default %(default)s)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="(default %(default)s)")
     parser.add_argument("--decode", choices=("auto", "gpu", "cpu"), default="auto", help="(default %(default)s)")
+    add_reading_options(parser, several=False)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-every", type=int, default=50, help="steps between loss logs (default %(default)s)")
     parser.add_argument("--output-dir", type=Path, help="save the trained policy and its processors here")
@@ -169,6 +188,17 @@ def parse_args(argv: Sequence[str] | None = None) -> PolicyTrainOptions:
         except ValueError as e:
             raise ValueError(f"--image-transforms-config {path}: {e}") from e
     return options
+
+
+def with_cameras(metadata: Any, cameras: Sequence[str] | None) -> Any:
+    """``metadata`` (LeRobot's) without the cameras ``--cameras`` leaves out, so the policy LeRobot builds from it
+    reads the cameras the batches hold (``gr00t_v20_h264`` declares a camera with no files). A key it lacks is left
+    to the iterator, whose error lists the dataset's cameras."""
+    if cameras is not None:
+        features = metadata.info["features"]
+        for key in [k for k in metadata.camera_keys if k not in cameras]:
+            del features[key]
+    return metadata
 
 
 def dataset_metadata(dataset: str, revision: str | None = None) -> Any:
@@ -267,7 +297,7 @@ def train(options: PolicyTrainOptions) -> list[float]:
     set_seed(options.seed)
     with setting_up():  # (lerobot-dali's errors about the data or a checkpoint: main logs them as one line)
         with accelerator.main_process_first():  # a Hub dataset's metadata downloads once, then the others read it
-            metadata = dataset_metadata(options.dataset, options.revision)
+            metadata = with_cameras(dataset_metadata(options.dataset, options.revision), options.cameras)
         policy, preprocessor, delta_timestamps = build_policy(options, metadata, accelerator.device.type)
         augment = policy_augment(options)
         optimizer_config = policy.config.get_optimizer_preset()
@@ -280,6 +310,8 @@ def train(options: PolicyTrainOptions) -> list[float]:
             delta_timestamps=delta_timestamps, shuffle=True, seed=options.seed,
             episode_pool_size=options.episode_pool_size, device=iterator_device(accelerator.device),
             decode=options.decode, num_workers=options.num_workers, rank=rank, world_size=world_size,
+            cameras=options.cameras, timestamp_source=options.timestamp_source,
+            tolerance_s=DEFAULT_TOLERANCE_S if options.tolerance_s is None else options.tolerance_s,
             # (as LeRobot's train script samples for the policies that ask: Diffusion Policy's last 7 frames)
             drop_n_last_frames=getattr(accelerator.unwrap_model(policy).config, "drop_n_last_frames", None) or 0,
             augment=augment,

@@ -225,9 +225,6 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     p.add_argument(
         "--episodes", type=int, nargs="+", metavar="E", help="train on these episode indices only (default: all)"
     )
-    p.add_argument(
-        "--cameras", nargs="+", metavar="KEY", help="read only these cameras (default: all that info.json declares)"
-    )
     p.add_argument("--batch-size", type=int, default=64, help="samples per rank per step (default %(default)s)")
     p.add_argument("--device", choices=_DEVICES, default="cuda", help="(default %(default)s)")
     p.add_argument(
@@ -272,19 +269,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         "--decode", default="auto", metavar="{auto,gpu,cpu}",
         help="auto: NVDEC where the GPU has the codec, else the CPU; gpu: NVDEC or fail; cpu (default %(default)s)",
     )  # fmt: skip
-    p.add_argument(
-        "--timestamp-source",
-        nargs="+",
-        choices=("parquet_timestamp", "frame_index"),
-        default=["parquet_timestamp"],
-        help="how rows find their video frames: one value, or one per --dataset",
-    )
-    p.add_argument(
-        "--tolerance-s",
-        type=float,
-        nargs="+",
-        help="most a row's time may be from its video frame (default: the iterator's): one value, or one per --dataset",
-    )
+    add_reading_options(p, several=True)
     p.add_argument(
         "--rename-map",
         nargs="+",
@@ -324,6 +309,26 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         mixed_precision=a.mixed_precision,
         checkpoint_dir=a.checkpoint_dir,
         save_every=a.save_every, resume=a.resume, log_every=a.log_every, record_dir=a.record_dir,
+    )  # fmt: skip
+
+
+def add_reading_options(p: argparse.ArgumentParser, *, several: bool) -> None:
+    """``--cameras``, ``--timestamp-source`` and ``--tolerance-s``: which cameras a run reads and how its rows find
+    their frames (``cr5_*``'s wall-clock timestamps need ``--timestamp-source frame_index``, ``gr00t_v20_h264``'s
+    camera without files ``--cameras``). ``several``: one value, or one per ``--dataset`` (lists); else one (scalars).
+    Shared by this script and ``pipelines/lerobot_policy.py``."""
+    each = dict(nargs="+", default=["parquet_timestamp"]) if several else dict(default="parquet_timestamp")
+    per = ": one value, or one per --dataset" if several else ""
+    p.add_argument(
+        "--cameras", nargs="+", metavar="KEY", help="read only these cameras (default: all that info.json declares)"
+    )
+    p.add_argument(
+        "--timestamp-source", choices=("parquet_timestamp", "frame_index"), **each,
+        help=f"how rows find their video frames (frame_index: frame_index / fps, for wall-clock timestamps){per}",
+    )  # fmt: skip
+    p.add_argument(
+        "--tolerance-s", type=float, nargs="+" if several else None,
+        help=f"most a row's time may be from its video frame (default: the iterator's){per}",
     )  # fmt: skip
 
 

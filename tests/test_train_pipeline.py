@@ -1086,6 +1086,32 @@ def test_lerobots_image_transforms_from_a_train_config_or_its_table_reach_both_p
         assert len(errors) == 1 and re.match(expected, errors[0]), errors
 
 
+def test_lerobot_policy_takes_train_pys_cameras_timestamp_source_and_tolerance() -> None:
+    """lerobot_policy.py had no --timestamp-source, --tolerance-s or --cameras, so it could not train on cr5_*
+    (wall-clock timestamps: frame_index) or gr00t_v20_h264 (a declared camera without files); train.py's own
+    definitions now serve both, one value each here (one dataset)."""
+    from types import SimpleNamespace
+
+    from pipelines import lerobot_policy
+
+    base = ["--dataset", "d", "--device", "cpu"]
+    options = lerobot_policy.parse_args(
+        [*base, "--cameras", EGO_VIEW, "--timestamp-source", "frame_index", "--tolerance-s", "0.05"]
+    )
+    assert (options.cameras, options.timestamp_source, options.tolerance_s) == ((EGO_VIEW,), "frame_index", 0.05)
+    options = lerobot_policy.parse_args(base)
+    assert (options.cameras, options.timestamp_source, options.tolerance_s) == (None, "parquet_timestamp", None)
+    with pytest.raises(ValueError, match=r"--tolerance-s must be a non-negative finite number of seconds, got -1"):
+        lerobot_policy.parse_args([*base, "--tolerance-s", "-1"])
+    with pytest.raises(ValueError, match=r"--timestamp-source must be one of 'parquet_timestamp', 'frame_index'"):
+        lerobot_policy.PolicyTrainOptions(dataset="d", timestamp_source="wall")
+    # The policy LeRobot builds sees the cameras read, not the one declared without files.
+    features = {EGO_VIEW: {"dtype": "video"}, "observation.images.egoview": {"dtype": "video"}, "action": {}}
+    metadata = SimpleNamespace(info={"features": features}, camera_keys=[EGO_VIEW, "observation.images.egoview"])
+    assert list(lerobot_policy.with_cameras(metadata, (EGO_VIEW,)).info["features"]) == [EGO_VIEW, "action"]
+    assert len(lerobot_policy.with_cameras(metadata, None).info["features"]) == 2
+
+
 def test_the_lerobot_policy_pipeline_without_lerobot_is_one_line_saying_where_to_run_it(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
