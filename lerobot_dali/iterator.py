@@ -616,10 +616,13 @@ class DALILeRobotIterator:
                 if error is e:
                     raise
                 raise error from e
-            if self._dali_iter is None:
+            if self._dali_iter is None and os.getpid() == self._pid:
                 # A close() meanwhile: another thread's that gave up waiting for this pass (CLOSE_WAIT_S), or a signal
                 # handler's here. Done now, not at the next batch: a loop that stopped after this one (or an epoch that
                 # ended here) left the pipeline and the prefetcher running until the next close() or exit (1 of 1).
+                # Not in a child forked in there (a signal handler's fork, carrying on): what it would close is the
+                # parent's, as close() leaves it (it closed the parent's source and prefetcher: 1 of 1); its next
+                # batch raises IteratorForkedError.
                 self._close_held()
             return batch
 

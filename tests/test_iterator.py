@@ -2219,3 +2219,48 @@ def test_a_close_that_gave_up_on_a_pass_inside_next_is_done_as_next_returns(make
     seen += [int(i) for b in it for i in b["index"]] if where == "batch" else []
     it.close()
     assert seen == reference
+
+
+def test_a_child_forked_as_next_returns_after_a_close_gave_up_leaves_the_closing_to_the_parent(
+    make_ds, monkeypatch
+) -> None:
+    """A pass whose DALI next() returned after another thread's close() gave up on it closes the pipeline, its source
+    and the prefetcher right there, with _close_held(), not close(), which does nothing in a forked child: a child
+    forked at that moment (a signal handler's fork) that carried on closed the parent's source and prefetcher (1 of
+    1; a prefetcher's close waits for its writes, which are the parent's threads'). The child leaves them to the
+    parent now, as close() does; it gets the batch, and the parent closes everything once."""
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+    monkeypatch.setattr(iterator_module, "CLOSE_WAIT_S", 0)  # (it gives up at once: the pass holds the lock)
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=False, device="cpu", num_workers=0, drop_last=False)
+    it = DALILeRobotIterator(root, **kwargs)
+    it._prefetcher = prefetcher = _CountingPrefetcher()
+    pass_ = iter(it)
+    assert next(pass_)["index"].tolist() == [0, 1]
+    original, forks = DALIGenericIterator.__next__, []
+
+    def close_gives_up_then_fork(self):
+        made = original(self)
+        closer = threading.Thread(target=it.close)
+        closer.start()
+        closer.join(30)  # (it finds this pass inside next() and gives up)
+        forks.append(os.fork())
+        return made
+
+    monkeypatch.setattr(DALIGenericIterator, "__next__", close_gives_up_then_fork)
+    parent = os.getpid()
+    try:
+        batch = next(pass_)
+    except BaseException:
+        if os.getpid() != parent:  # (never back into pytest: os._exit)
+            os._exit(3)
+        raise
+    if os.getpid() != parent:
+        left = it._source is not None and prefetcher.closes == 0
+        os._exit(0 if left and batch["index"].tolist() == [2, 3] else 1)
+    monkeypatch.undo()
+    assert os.waitstatus_to_exitcode(os.waitpid(forks[0], 0)[1]) == 0
+    assert batch["index"].tolist() == [2, 3]
+    assert it._pipeline is None and it._source is None and prefetcher.closes == 1  # (the parent closed them)
+    it.close()
