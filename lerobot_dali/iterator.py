@@ -377,7 +377,11 @@ class DALILeRobotIterator:
             )
         version = saved_version(state_dict.get("augment_version") if isinstance(state_dict, Mapping) else None)
         self._stream.load_state_dict(state_dict)
-        self._close_pipeline()
+        # Under the pass's lock, as every other close of the pipeline: another thread's close() keeps the pipeline and
+        # its source until they are closed, and this one, run meanwhile (a mixture restoring its datasets' positions as
+        # a watchdog closes it), closed the source under that close's running Shutdown() (1 of 1).
+        with self._next_lock:
+            self._close_pipeline()
         augmented = any(camera not in self._depth_cameras for camera in self.reader.all_camera_keys)
         warn_if_changed(version, self._augment if augmented else None)
 

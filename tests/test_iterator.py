@@ -2264,3 +2264,49 @@ def test_a_child_forked_as_next_returns_after_a_close_gave_up_leaves_the_closing
     assert batch["index"].tolist() == [2, 3]
     assert it._pipeline is None and it._source is None and prefetcher.closes == 1  # (the parent closed them)
     it.close()
+
+
+def test_a_load_state_dict_during_another_threads_close_does_not_close_the_source_under_its_shutdown(
+    make_ds, monkeypatch
+) -> None:
+    """load_state_dict() closes the pipeline to rebuild it at the loaded position; it did so without the pass's lock,
+    and since close() keeps the pipeline and its source until they are closed (7072cf6), one called while another
+    thread's close() was inside DALI's Shutdown() (a mixture restoring its datasets' positions after a Ctrl-C, as a
+    watchdog closes it) found them still there: its own shutdown passed by (the backend taken) and it closed the
+    source under the running Shutdown(), then the close() closed it again (1 of 1). It now closes under the lock:
+    it waits for that close(), and the source is closed once, after the shutdown."""
+    from lerobot_dali.batch_source import BatchSource
+
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+    reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
+    it = DALILeRobotIterator(root, **kwargs)
+    seen = [int(i) for i in next(iter(it))["index"]]
+    state = it.state_dict()
+    in_shutdown, go, closes = threading.Event(), threading.Event(), []
+
+    class HeldBackend(_CountingBackend):
+        def Shutdown(self) -> None:
+            in_shutdown.set()
+            go.wait(1)  # (until load_state_dict() returned, or at most 1 s where it waits for this close)
+            super().Shutdown()
+            in_shutdown.clear()
+
+    close_source = BatchSource.close
+
+    def noted_close(source: BatchSource) -> None:
+        closes.append(in_shutdown.is_set())
+        close_source(source)
+
+    monkeypatch.setattr(BatchSource, "close", noted_close)
+    it._pipeline._pipe = backend = HeldBackend(it._pipeline._pipe)
+    closer = threading.Thread(target=it.close)
+    closer.start()
+    assert in_shutdown.wait(30)
+    it.load_state_dict(state)
+    go.set()
+    closer.join(30)
+    assert backend.shutdowns == 1 and closes == [False]  # (once, after the shutdown)
+    seen += [int(i) for b in it for i in b["index"]]
+    it.close()
+    assert seen == reference
