@@ -677,11 +677,13 @@ def _scalar_layout(
     rows: dict[str, np.ndarray], features: Mapping[str, Feature], listed: frozenset[str]
 ) -> dict[str, np.ndarray]:
     """``rows`` with each scalar feature's values (n,), or (n, 1) for those in ``listed``, however its file stores
-    them (:attr:`SourceSpec.listed_scalars`)."""
+    them (:attr:`SourceSpec.listed_scalars`). The index columns are scalars of every dataset, declared in
+    ``features`` or not: a union's features are its first dataset's, and one lacking ``frame_index`` (derived, (n,))
+    left another's stored as one-element lists (n, 1), which the pipeline refused mid-epoch."""
     out = dict(rows)
     for key, values in rows.items():
         feature = features.get(key)
-        if feature is not None and feature.is_scalar and not feature.is_host_value:
+        if key in INDEX_COLUMNS or (feature is not None and feature.is_scalar and not feature.is_host_value):
             out[key] = values.reshape((len(values), 1) if key in listed else (len(values),))
     return out
 

@@ -794,12 +794,7 @@ def test_an_index_column_one_dataset_derives_is_not_said_left_out(make_ds, tmp_p
     ... are left out: not every dataset read with it has them"), by the union and the mixture alike, while every
     sample still came with its frame_index."""
     first, second = _datasets(make_ds)
-    second = shutil.copytree(second, tmp_path / "no_frame_index")
-    for path in sorted((second / "data").rglob("*.parquet")):
-        pq.write_table(pq.read_table(path).drop(["frame_index"]), path)
-    info = json.loads((second / "meta/info.json").read_text())
-    del info["features"]["frame_index"]
-    (second / "meta/info.json").write_text(json.dumps(info))
+    second = _without_frame_index(second, tmp_path / "no_frame_index")
     with caplog.at_level(logging.WARNING):
         union = concat_datasets([first, second])
         DALILeRobotMixture([first, second], batch_size=4, device="cpu", num_workers=0).close()
@@ -809,6 +804,60 @@ def test_an_index_column_one_dataset_derives_is_not_said_left_out(make_ds, tmp_p
     )
     _check_epoch(it)  # (every sample's frame_index, rows and frames: the one derived as the one read)
     it.close()
+
+
+def _rewritten(root: Path, copy: Path, change) -> Path:
+    """A copy of the dataset at ``root`` whose every data file's table is ``change(table)``."""
+    copy = shutil.copytree(root, copy)
+    for path in sorted((copy / "data").rglob("*.parquet")):
+        pq.write_table(change(pq.read_table(path)), path)
+    return copy
+
+
+def _without_frame_index(root: Path, copy: Path) -> Path:
+    """A copy of the dataset at ``root`` without ``frame_index`` (GR00T's v2.0 sets have none), in files and info."""
+    copy = _rewritten(root, copy, lambda table: table.drop(["frame_index"]))
+    info = json.loads((copy / "meta/info.json").read_text())
+    del info["features"]["frame_index"]
+    (copy / "meta/info.json").write_text(json.dumps(info))
+    return copy
+
+
+@pytest.mark.parametrize("lacking_first", [True, False])
+def test_a_dataset_s_own_frame_index_stored_as_lists_batches_beside_one_derived(
+    make_ds, tmp_path, lacking_first: bool
+) -> None:
+    """A dataset storing ``frame_index`` as one-element lists (counting from 5 here, so its values are not the ones
+    derived from row positions) read after one lacking the column: the union held the first's features alone, so
+    its rows were never given the batch's scalar shape, and the pipeline failed ("Number of dimensions of the data
+    fed to the external source ..."). Every sample carries its own dataset's value now, in one shape: the file's
+    where it has the column, its row in the episode where it lacks it."""
+    lengths = {d: SPECS[d][0] for d in range(2)}
+    first, second = _datasets(make_ds)
+    lacking = _without_frame_index(first, tmp_path / "no_frame_index")
+
+    def listed_from_5(table: pa.Table) -> pa.Table:
+        at = table.schema.get_field_index("frame_index")
+        values = pa.compute.add(table["frame_index"], 5).combine_chunks()
+        return table.set_column(at, "frame_index", pa.FixedSizeListArray.from_arrays(values, 1))
+
+    listed = _rewritten(second, tmp_path / "listed_frame_index", listed_from_5)
+    paths, own = ([lacking, listed], [0, 1]) if lacking_first else ([listed, lacking], [1, 0])
+    it = DALILeRobotIterator(
+        concat_datasets(paths), batch_size=4, shuffle=False, device="cpu", drop_last=False, num_workers=0
+    )
+    taken = []
+    for batch in it:
+        assert batch["frame_index"].shape == batch["index"].shape == (len(batch["index"]),)
+        for i in range(len(batch["index"])):
+            d = own[int(batch["dataset_index"][i])]  # (which of SPECS)
+            ep = int(batch["episode_index"][i])
+            f = int(batch["index"][i]) - sum(lengths[d][:ep])
+            np.testing.assert_array_equal(batch["observation.state"][i].numpy(), expected_state(ep, f))
+            assert int(batch["frame_index"][i]) == f + 5 * d, (d, ep, f)
+            taken.append((d, ep, f))
+    it.close()
+    assert sorted(taken) == EVERY_FRAME
 
 
 EGO_VIEW, TOP = "observation.images.ego_view", "observation.images.top"
