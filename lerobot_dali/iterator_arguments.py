@@ -17,6 +17,7 @@ from .augment_config import NORMALIZE_FROM_STATS, AugmentConfig, Normalize, refu
 from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import LeRobotDatasetReader, open_dataset
 from .dataset_stats import NORMALIZE_WITHOUT_STATS
+from .dataset_union import DatasetUnion
 from .decode_route import DecodePreference
 from .distributed import require_cuda
 from .errors import CudaUnavailableError, DatasetError, DeltaTimestampsError, SchemaMismatchError
@@ -82,17 +83,25 @@ def batchable_reader(dataset: str | os.PathLike[str] | LeRobotDatasetReader, **o
         )
     else:
         reader = open_dataset(dataset, **opening)
-    missing = [k for k in ("timestamp", "task_index") if k not in reader.info.features]
-    if missing:
-        raise SchemaMismatchError(
-            f"{reader.location.description}: info.json declares no {missing} feature(s); every LeRobot "
-            "dataset has them and batches carry them: where its data files hold those columns, add them to the "
-            "features in meta/info.json ("
-            + ", ".join(f'"{k}": {_INDEX_FEATURES[k]}' for k in missing)
-            + "); otherwise re-download the dataset"
-        )
+    for each in _datasets_of(reader):  # (a union's features are its first dataset's: each is read from its own)
+        missing = [k for k in _INDEX_FEATURES if k not in each.info.features]
+        if missing:
+            raise SchemaMismatchError(
+                f"{each.location.description}: info.json declares no {missing} feature(s); every LeRobot "
+                "dataset has them and batches carry them: where its data files hold those columns, add them to the "
+                "features in meta/info.json ("
+                + ", ".join(f'"{k}": {_INDEX_FEATURES[k]}' for k in missing)
+                + "); otherwise re-download the dataset"
+            )
     reader.check_data_columns()
     return reader
+
+
+def _datasets_of(reader: LeRobotDatasetReader) -> list[LeRobotDatasetReader]:
+    """``reader``, or each dataset of a union (of a nested union's, each of its own)."""
+    if isinstance(reader, DatasetUnion):
+        return [each for member in reader.members for each in _datasets_of(member)]
+    return [reader]
 
 
 def camera_augment(

@@ -794,7 +794,7 @@ def test_an_index_column_one_dataset_derives_is_not_said_left_out(make_ds, tmp_p
     ... are left out: not every dataset read with it has them"), by the union and the mixture alike, while every
     sample still came with its frame_index."""
     first, second = _datasets(make_ds)
-    second = _without_frame_index(second, tmp_path / "no_frame_index")
+    second = _without(second, tmp_path / "no_frame_index")
     with caplog.at_level(logging.WARNING):
         union = concat_datasets([first, second])
         DALILeRobotMixture([first, second], batch_size=4, device="cpu", num_workers=0).close()
@@ -814,11 +814,12 @@ def _rewritten(root: Path, copy: Path, change) -> Path:
     return copy
 
 
-def _without_frame_index(root: Path, copy: Path) -> Path:
-    """A copy of the dataset at ``root`` without ``frame_index`` (GR00T's v2.0 sets have none), in files and info."""
-    copy = _rewritten(root, copy, lambda table: table.drop(["frame_index"]))
+def _without(root: Path, copy: Path, key: str = "frame_index") -> Path:
+    """A copy of the dataset at ``root`` without column ``key`` (GR00T's v2.0 sets have no ``frame_index``), in its
+    data files and its info.json."""
+    copy = _rewritten(root, copy, lambda table: table.drop([key]))
     info = json.loads((copy / "meta/info.json").read_text())
-    del info["features"]["frame_index"]
+    del info["features"][key]
     (copy / "meta/info.json").write_text(json.dumps(info))
     return copy
 
@@ -834,7 +835,7 @@ def test_a_dataset_s_own_frame_index_stored_as_lists_batches_beside_one_derived(
     where it has the column, its row in the episode where it lacks it."""
     lengths = {d: SPECS[d][0] for d in range(2)}
     first, second = _datasets(make_ds)
-    lacking = _without_frame_index(first, tmp_path / "no_frame_index")
+    lacking = _without(first, tmp_path / "no_frame_index")
 
     def listed_from_5(table: pa.Table) -> pa.Table:
         at = table.schema.get_field_index("frame_index")
@@ -858,6 +859,20 @@ def test_a_dataset_s_own_frame_index_stored_as_lists_batches_beside_one_derived(
             taken.append((d, ep, f))
     it.close()
     assert sorted(taken) == EVERY_FRAME
+
+
+@pytest.mark.parametrize("key", ["timestamp", "task_index"])
+def test_a_dataset_lacking_a_column_every_batch_carries_is_named_in_either_place(make_ds, tmp_path, key: str) -> None:
+    """``timestamp`` and ``task_index`` are read from every dataset's files, never derived; only the union's first
+    dataset was held to declare them: one lacking them after it failed in the first batch with a bare
+    KeyError('timestamp'), and first, the refusal named the union, not the dataset to mend."""
+    first, second = _datasets(make_ds)
+    lacking = _without(second, tmp_path / f"no_{key}", key)
+    for paths in ([first, lacking], [lacking, first]):
+        with pytest.raises(
+            SchemaMismatchError, match=rf"^{re.escape(str(lacking))}: info.json declares no \['{key}'\]"
+        ):
+            DALILeRobotIterator(concat_datasets(paths), batch_size=4, device="cpu", num_workers=0)
 
 
 EGO_VIEW, TOP = "observation.images.ego_view", "observation.images.top"
