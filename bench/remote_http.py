@@ -27,8 +27,8 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0].startswith("-"):
         sys.exit(__doc__)
     dataset = Path(argv[0]).expanduser().resolve()
-    given = any(a.split("=")[0] in ("--pool-size", "--episode-pool-size") for a in argv)
-    options = argv[1:] if given else [*argv[1:], "--pool-size", str(POOL_SIZE)]
+    # (first: an episode pool size given among argv, however argparse spells it, comes later and wins)
+    options = ["--pool-size", str(POOL_SIZE), *argv[1:]]
     with serve_folder(dataset.parent) as server:
         command = ["lerobot-dali", "bench", "--dataset", f"{server.url}/{dataset.name}", *options]
         code = subprocess.call(command)

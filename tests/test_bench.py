@@ -780,6 +780,8 @@ def test_remote_http_script_benches_a_pool_smaller_than_the_generated_set(
     import importlib.util
     import subprocess
 
+    from lerobot_dali.cli import _parser
+
     script = Path(__file__).resolve().parents[1] / "bench" / "remote_http.py"
     spec = importlib.util.spec_from_file_location("remote_http", script)
     assert spec is not None and spec.loader is not None
@@ -788,11 +790,15 @@ def test_remote_http_script_benches_a_pool_smaller_than_the_generated_set(
     commands: list[list[str]] = []
     monkeypatch.setattr(subprocess, "call", lambda command: commands.append(command) or 0)
     root = make_ds(episodes=1, frames_per_episode=2, cameras=1, size=(64, 64), codec="vp9")
-    assert module.main([str(root), "--device", "cpu"]) == 0
-    assert module.main([str(root), "--pool-size", "9"]) == 0
-    first, second = commands
-    assert first[first.index("--pool-size") + 1] == "4" and first[first.index("--dataset") + 1].startswith("http")
-    assert second.count("--pool-size") == 1 and second[second.index("--pool-size") + 1] == "9"
+    given = [[], ["--pool-size", "9"], ["--pool-size=8"], ["--episode-pool-size", "7"], ["--pool", "6"]]
+    given += [["--episode-pool=5"], ["--loaders", "lerobot-dali", "--image-size", "64", "64"]]
+    for options in given:
+        assert module.main([str(root), "--device", "cpu", *options]) == 0
+    # What the bench makes of each command, as argparse reads it (any spelling it takes, abbreviations included)
+    parsed = [_parser().parse_args(command[1:]) for command in commands]
+    assert [args.pool_size for args in parsed] == [4, 9, 8, 7, 6, 5, 4]
+    assert all(args.dataset[0].startswith("http") for args in parsed)
+    assert (parsed[-1].loaders, parsed[-1].image_size) == (["lerobot-dali"], (64, 64))
 
 
 def test_repeats_rotate_the_order_and_report_the_median_run_and_paired_ratios(
