@@ -221,9 +221,9 @@ class DatasetUnion(LeRobotDatasetReader):
                 "dataset's own subtask_index and no 'subtask' strings", self.location.description,
             )  # fmt: skip
         # One bound on open data files for all, each kind's files within its own: each member's own (128) would let
-        # a worker of a union of hundreds of datasets hold tens of thousands open.
-        for member in self.members:
-            member._parquet = self._parquet
+        # a worker of a union of hundreds of datasets hold tens of thousands open. A nested union's datasets too:
+        # they read through their own caches, not the nested union's.
+        _share_cache(self.members, self._parquet)
 
     def content_digest(self) -> str:
         """Its datasets' :meth:`~.dataset_reader.LeRobotDatasetReader.content_digest`, in their order, as one."""
@@ -588,6 +588,14 @@ def _roots_of(reader: LeRobotDatasetReader) -> list[str]:
     if isinstance(reader, DatasetUnion):
         return [root for m in reader.members for root in _roots_of(m)]
     return [reader.location.root]
+
+
+def _share_cache(readers: Sequence[LeRobotDatasetReader], cache: ParquetCache) -> None:
+    """``readers`` (a union's datasets) and, where one is a union, its own datasets read through ``cache``."""
+    for reader in readers:
+        reader._parquet = cache
+        if isinstance(reader, DatasetUnion):
+            _share_cache(reader.members, cache)
 
 
 def _kept_in_member(holders: MemberRoots, kept: Sequence[int | Callable[[str], int]], path: str) -> int:

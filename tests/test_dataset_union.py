@@ -534,6 +534,37 @@ def test_a_mixed_unions_data_files_are_each_kept_open_to_their_own_datasets_boun
     assert kept == {"local": 20, "http": 16}
 
 
+def test_a_nested_unions_data_files_are_held_to_the_one_bound_of_the_outer_union(make_ds, monkeypatch) -> None:
+    """A union one of whose datasets is a union shares one bound on open data files, as its other datasets do: the
+    nested union's datasets kept reading through the nested union's own cache, so the process held that cache's
+    files besides the outer one's (here 6 open at once past a bound of 3, read every episode of
+    union(union(a, b), c), a file per episode)."""
+    from lerobot_dali import dataset_reader, episode_rows
+
+    monkeypatch.setattr(dataset_reader, "LOCAL_DATA_FILES_KEPT", 3)
+    a, b, c = (
+        make_ds(episodes=4, frames_per_episode=2, cameras=1, fps=FPS, codec="vp9", version="v2.1", seed=s)
+        for s in range(3)
+    )
+    held: dict[int, int] = {}
+    most = 0
+    real_trim = episode_rows.ParquetCache._trim
+
+    def trim(cache, *bounds) -> None:
+        nonlocal most
+        real_trim(cache, *bounds)
+        held[id(cache)] = len(cache._open)
+        most = max(most, sum(held.values()))
+
+    monkeypatch.setattr(episode_rows.ParquetCache, "_trim", trim)
+    union = concat_datasets([concat_datasets([a, b]), c])
+    for _ in range(2):
+        for pos in range(12):
+            assert union.read_episode(pos, ["episode_index"])["episode_index"].tolist() == [pos % 4] * 2
+    union.close_files()
+    assert most == 3
+
+
 def test_a_data_file_one_thread_reads_stays_open_while_another_thread_evicts_it(make_ds, monkeypatch) -> None:
     """The iterator looks the union's first episodes up in threads, all through the one bound on open data files:
     a thread's open evicted (and closed) the file another thread had just been handed, whose read then failed as
