@@ -795,9 +795,11 @@ class DALILeRobotIterator:
         # later close() on it was left to a pass that never came and one on another thread (__del__, the exit
         # handler's) waited CLOSE_WAIT_S and gave up, the pipeline and prefetcher left running (a KeyboardInterrupt
         # after each call close() makes: 1 of 12 points; 1 of 14 as another thread's pass is inside DALI's next()).
+        left_to_pass = False  # (the pass told to close: counted in the finally unless this close takes the lock)
         try:
             if not lock.acquire(blocking=False):
                 self._dali_iter = None  # tells the pass in next() that its failure (or batch) is a close
+                left_to_pass = True  # (no call between the two: no signal's exception lands there)
                 _close_workers(self._pipeline)  # ends the wait on the workers; the pass shuts the rest down
                 left = (
                     "inside DALI's next() or building its pipeline",
@@ -805,11 +807,7 @@ class DALILeRobotIterator:
                     "closes it as the call returns, or once the build ends",
                 )
                 if not wait_for_pass(lock, *left):
-                    # A pass building its pipeline (a remote dataset's warm-up, workers slow to start) overwrote the
-                    # None above and read on, after this close(), with its pipeline and workers (3 of 3 batches):
-                    # counted, so that it closes what it built once built.
-                    self._closes_given_up += 1
-                    return
+                    return  # (given up: counted in the finally)
             self._close_held()
             # (another thread's handler's close(), left to frames of its own that let the lock go, is done: left set,
             # it closed the next pass that thread started, which came after this close(): 1 of 1)
@@ -819,7 +817,13 @@ class DALILeRobotIterator:
             try:  # (no call before it: a signal's exception lands only after a call returns, or a jump back)
                 lock.release()
             except RuntimeError:  # not taken: a pass holds it still, or the exception landed before acquire()
-                pass
+                if left_to_pass:
+                    # A pass building its pipeline (a remote dataset's warm-up, workers slow to start) overwrote the
+                    # None above and read on, after this close(), with its pipeline and workers (3 of 3 batches):
+                    # counted, so that it closes what it built once built. Counted here, not after the wait gave up:
+                    # a Ctrl-C on this thread after the None (in the wait, its warning) left it uncounted, the pass
+                    # reading on (5 of 10 points a signal's handler runs at in close() and its callees; 0 now).
+                    self._closes_given_up += 1
             else:
                 # A signal handler's close() while this one held the lock was left to this one, which did it. Cleared
                 # once the lock is let go: one landing between the clearing and the release stayed left, and the next

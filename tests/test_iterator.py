@@ -2000,6 +2000,68 @@ def test_a_close_that_gave_up_on_a_build_is_carried_out_by_the_pass(make_ds, mon
     assert seen == reference
 
 
+def test_a_ctrl_c_in_a_close_giving_up_on_a_build_still_leaves_the_close_to_the_pass(make_ds, monkeypatch) -> None:
+    """close() from another thread told a pass building its pipeline to close what it built (counted) only after its
+    wait gave up and its warning was logged: a Ctrl-C on the closing thread after it had cleared the pass's mark (in
+    the wait, the warning) left it uncounted, and the pass read on with its pipeline and workers (5 of 10 points a
+    signal's handler runs at in close() and the functions of iterator.py it calls). Now, from the point the mark is
+    cleared, the pass closes what it built and the next pass carries on at the same sample; before it, the close did
+    nothing and the pass reads on."""
+    monkeypatch.setattr(iterator_module, "CLOSE_WAIT_S", 0.2)
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+    reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
+    lines, first = inspect.getsourcelines(DALILeRobotIterator.close)
+    mark = first + next(i for i, line in enumerate(lines) if "lock.acquire(blocking=False)" in line) + 1  # (the None)
+    original = iterator_module.build_pipeline
+
+    def in_close(code: Any) -> bool:  # (close() and its callees in iterator.py: the wait, the workers' close)
+        return code.co_filename == iterator_module.__file__
+
+    reached, left = [], []
+    for k in itertools.count(1):
+        it = DALILeRobotIterator(root, **kwargs)
+        signals: list[SignalAfterCall] = []
+
+        def interrupted_close(
+            k: int = k, it: DALILeRobotIterator = it, signals: list[SignalAfterCall] = signals
+        ) -> None:
+            with SignalAfterCall(k, in_close) as signal, contextlib.suppress(KeyboardInterrupt):
+                it.close()
+            signals.append(signal)
+
+        closer = threading.Thread(target=interrupted_close)
+
+        def built_as_close_gives_up(*args, closer: threading.Thread = closer, **kw):
+            made = original(*args, **kw)
+            closer.start()
+            closer.join(30)  # (it waits CLOSE_WAIT_S for this build, and gives up, or takes a Ctrl-C first)
+            return made
+
+        monkeypatch.setattr(iterator_module, "build_pipeline", built_as_close_gives_up)
+        batches = iter(it)
+        monkeypatch.setattr(iterator_module, "build_pipeline", original)
+        assert not closer.is_alive()
+        at = signals[0].at
+        before_mark = at is not None and at[2] == "close" and at[3] < mark
+        if before_mark:  # (nothing closed: the pass reads on)
+            seen = [int(i) for i in next(batches)["index"]]
+        elif it._pipeline is not None:  # (the pass read on: what it built still runs)
+            left.append(at)
+            seen = [int(i) for i in next(batches)["index"]]
+        else:
+            with pytest.raises(IteratorClosedError, match="when the iterator was closed"):
+                next(batches)
+            seen = []
+        seen += [int(i) for b in it for i in b["index"]]
+        it.close()
+        assert seen == reference, at
+        if at is None:
+            break
+        reached.append(at)
+    assert len(reached) > 5 and left == [], (reached, left)
+
+
 @pytest.mark.parametrize("where", ["next", "build", "signal_in_next", "close"])
 def test_a_close_nested_on_the_closing_or_reading_thread_leaves_the_lock_free(make_ds, monkeypatch, where) -> None:
     """close() on the thread that holds the pass's lock (a callback or a signal's handler inside DALI's next() or the
