@@ -49,6 +49,7 @@ from .episode_rows import (
 )
 from .episode_table import EpisodeTable, filter_episodes, read_episode_records, read_episode_table
 from .errors import (
+    CameraSelectionError,
     DatasetError,
     DatasetNotFoundError,
     EpisodeMetadataError,
@@ -870,8 +871,8 @@ def _select(
     misplaced = [k for k in unknown if k in elsewhere[0]]
     if misplaced:
         raise DatasetError(f"{misplaced}: select these with {elsewhere[1]}=, not {what}s=")
-    if unknown:
-        raise DatasetError(
+    if unknown:  # (a camera: as datasets read together say it, one class for a --cameras mistake)
+        raise (CameraSelectionError if what == "camera" else DatasetError)(
             f"unknown {what}(s) {unknown}; this dataset declares {available}: pass {what}s= from those (--{what}s on "
             f"the command line){did_you_mean(unknown, available)}"
         )

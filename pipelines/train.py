@@ -500,11 +500,11 @@ def open_readers(options: TrainOptions) -> list[Any]:
     from lerobot_dali.errors import CameraSelectionError
     from lerobot_dali.key_rename import flag_at_fault, rename_maps_for, shared_selection, without_cameras_left_out
 
-    if len(options.datasets) == 1:
-        return [open_dataset(options.datasets[0], episodes=options.episodes, cameras=options.cameras)]
     count = len(options.datasets)
     maps = options.rename_map if isinstance(options.rename_map, tuple) else (options.rename_map,) * count
     try:  # (each with its own keys for --cameras, names as the mixture's batches: no unrecorded camera looked for)
+        if count == 1:  # (its --cameras mistake said as a mixture's)
+            return [open_dataset(options.datasets[0], episodes=options.episodes, cameras=options.cameras)]
         readers = open_all(options.datasets, cameras=options.cameras, rename_maps=maps)
     except CameraSelectionError as e:
         raise RunRefused(f"{flag_at_fault(e)}: {e}") from e

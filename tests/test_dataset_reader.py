@@ -15,6 +15,7 @@ import pytest
 
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import (
+    CameraSelectionError,
     DataFileError,
     DatasetError,
     DatasetNotFoundError,
@@ -799,8 +800,9 @@ def test_declared_column_missing_from_data(v3: Path) -> None:
 
 def test_unknown_selection(v3: Path) -> None:
     """Each error says what to pass, and which key a short or misspelt one stands for (they listed the keys only)."""
-    with pytest.raises(DatasetError, match=r"unknown camera\(s\) \['observation\.images\.nope'\]"):
+    with pytest.raises(DatasetError, match=r"unknown camera\(s\) \['observation\.images\.nope'\]") as raised:
         open_dataset(v3, cameras=["observation.images.nope"])
+    assert type(raised.value) is CameraSelectionError  # (as datasets read together raise it: one class to catch)
     with pytest.raises(DatasetError, match=re.escape(
         "unknown camera(s) ['cam0']; this dataset declares ['observation.images.cam0']: pass cameras= from those "
         "(--cameras on the command line) (did you mean ['observation.images.cam0']?)"

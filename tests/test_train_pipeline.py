@@ -972,7 +972,7 @@ def test_dataset_errors_while_setting_up_are_one_line_on_each_rank(
     assert len({line.split()[1] for line in lines}) == len(lines) >= 1  # (one a rank: torchrun may end the second
     for line in lines:  # before it logs, once the first has failed)
         assert line.endswith(
-            "train.py: DatasetError: unknown camera(s) ['observation.images.top']; this dataset declares "
+            "train.py: --cameras: unknown camera(s) ['observation.images.top']; this dataset declares "
             "['observation.images.cam0', 'observation.images.cam1']: pass cameras= from those (--cameras on the "
             "command line)"
         )
