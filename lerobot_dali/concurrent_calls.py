@@ -82,7 +82,7 @@ def _counted(
     waited_s = 0.0 if since is None else time.monotonic() - since
     return progress_counter(
         total, desc=progress or "", unit=unit, logger=logger, delay_s=max(0.0, PROGRESS_DELAY_S - waited_s),
-        enabled=progress is not None and draws_progress(),
+        first_line_s=0.0, enabled=progress is not None and draws_progress(),
     )  # fmt: skip
 
 

@@ -251,7 +251,7 @@ def _progress_bar(total: int, enabled: bool) -> AbstractContextManager[Callable[
     ``HF_HUB_DISABLE_PROGRESS_BARS`` like the Hub downloads do), INFO lines in a log."""
     return progress_counter(
         total, desc="lerobot-dali: warming prefetch cache", unit="episode", logger=logger, enabled=enabled,
-        delay_s=WARM_PROGRESS_DELAY_S,
+        delay_s=WARM_PROGRESS_DELAY_S, first_line_s=0.0,
     )  # fmt: skip
 
 

@@ -35,12 +35,19 @@ FIRST_LINE_S = 2.0
 
 @contextmanager
 def progress_counter(
-    total: int, *, desc: str, unit: str, logger: logging.Logger, enabled: bool = True, delay_s: float = 0.0
+    total: int,
+    *,
+    desc: str,
+    unit: str,
+    logger: logging.Logger,
+    enabled: bool = True,
+    delay_s: float = 0.0,
+    first_line_s: float = FIRST_LINE_S,
 ) -> Iterator[Callable[[int], None]]:
     """``update(n)``, which counts ``n`` more units done (of ``total``), from one thread. Where stderr is a
     terminal, huggingface_hub's bar (``HF_HUB_DISABLE_PROGRESS_BARS`` hides it), log records written on lines of
-    their own; elsewhere INFO lines of ``logger`` (:class:`ProgressLines`). Neither before ``delay_s`` seconds have
-    passed (work done sooner shows nothing); nothing at all when not ``enabled``."""
+    their own; elsewhere INFO lines of ``logger`` (:class:`ProgressLines`, ``first_line_s`` as there). Neither before
+    ``delay_s`` seconds have passed (work done sooner shows nothing); nothing at all when not ``enabled``."""
     if not enabled:
         yield lambda n: None
         return
@@ -54,19 +61,31 @@ def progress_counter(
         ):
             yield bar.update
         return
-    lines = ProgressLines(total, desc=desc, unit=unit, logger=logger, delay_s=delay_s)
+    lines = ProgressLines(total, desc=desc, unit=unit, logger=logger, delay_s=delay_s, first_line_s=first_line_s)
     yield lines.update
     lines.finish()
 
 
 class ProgressLines:
     """A count of ``total`` logged as ``desc: done/total units (seconds)`` at each tenth of ``total``, at most
-    :data:`LINE_EVERY_S` apart, and by :meth:`finish`; the first line at the first unit done :data:`FIRST_LINE_S` in
+    :data:`LINE_EVERY_S` apart, and by :meth:`finish`; the first line at the first unit done ``first_line_s`` in
     (a count done sooner: :meth:`finish`'s line alone); none until ``delay_s`` seconds have passed (:meth:`finish` of
-    a count done sooner logs nothing)."""
+    a count done sooner logs nothing). A wait shown only past its ``delay_s`` (the library's own: opening datasets,
+    the prefetch cache's warm-up) passes ``first_line_s=0``: its delay is its quiet time, and once shown each tenth
+    counts."""
 
-    def __init__(self, total: int, *, desc: str, unit: str, logger: logging.Logger, delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        total: int,
+        *,
+        desc: str,
+        unit: str,
+        logger: logging.Logger,
+        delay_s: float = 0.0,
+        first_line_s: float = FIRST_LINE_S,
+    ) -> None:
         self.total, self.desc, self.logger, self.delay_s = total, desc, logger, delay_s
+        self.first_line_s = first_line_s
         self.units = plural(unit)
         self.done = 0
         self._started = self._logged = time.monotonic()
@@ -80,7 +99,7 @@ class ProgressLines:
             return
         tenth = self.done * 10 // max(self.total, 1)
         if not self._shown:  # (the first line: once the count has lasted, whichever tenth it is at)
-            due = now - self._started >= FIRST_LINE_S
+            due = now - self._started >= self.first_line_s
         else:
             due = tenth >= self._next_tenth or now - self._logged >= LINE_EVERY_S
         if self.done < self.total and due:  # (all: finish)
