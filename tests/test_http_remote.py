@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -951,6 +952,21 @@ def test_a_pinned_file_whose_size_changed_before_its_open_is_named_changed(tmp_p
         assert [(r.method, r.status) for r in server.records] == [("HEAD", 200)]
 
 
+def _opened_stamped(server: FolderServer, data: bytes, *, block_size: int) -> tuple[RetryingFileSystem, str, Any]:
+    """A RetryingFileSystem over ``server`` (5 retries: waits recorded), its ``f.bin`` (``data``) stamped as a
+    dataset's open stamps it, opened, and its first 1,000 bytes read."""
+    import fsspec
+
+    from lerobot_dali.file_stamps import FileStamps
+
+    fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True))
+    url = f"{server.url}/f.bin"
+    FileStamps(fs)[url]  # (stamped at open)
+    opened = fs.open(url, "rb", block_size=block_size)
+    assert opened.read(1000) == data[:1000]
+    return fs, url, opened
+
+
 @pytest.mark.parametrize("gone", ["404", "410"])
 @pytest.mark.parametrize("if_match", ["1", "0"], ids=["if_match", "no_if_match"])
 def test_a_stamped_file_removed_from_the_server_is_named_removed_by_every_read(
@@ -963,20 +979,14 @@ def test_a_stamped_file_removed_from_the_server_is_named_removed_by_every_read(
     An absent file never stamped (an optional metadata file) is still FileNotFoundError, asked once, which
     read_if_present answers None. With If-Match on or off (the open's HEAD asked by RetryingFileSystem, or by fsspec's
     open)."""
-    import fsspec
 
     from lerobot_dali.dataset_location import read_if_present
-    from lerobot_dali.file_stamps import FileStamps
 
     monkeypatch.setenv("LEROBOT_DALI_IF_MATCH", if_match)
     data = bytes(range(256)) * 400
     (tmp_path / "f.bin").write_bytes(data)
     with serve_folder(tmp_path) as server:
-        fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True))  # (5 retries: waits recorded)
-        url = f"{server.url}/f.bin"
-        FileStamps(fs)[url]  # (stamped at open)
-        opened = fs.open(url, "rb", block_size=1024)
-        assert opened.read(1000) == data[:1000]
+        fs, url, opened = _opened_stamped(server, data, block_size=1024)
         if gone == "410":
             server.set_faults(1, ("410",))
         else:
@@ -1018,18 +1028,11 @@ def test_a_stamped_files_passing_404_is_asked_again_and_its_read_goes_on(tmp_pat
     on a single 404: a read of an opened file, cat_file, an open). The server is asked once more now (one ``info``: a
     HEAD, after the policy's first backoff) and, giving the file as stamped, the read goes on with the file's bytes: one
     wait and one HEAD more (and a file's reopen, its own HEAD)."""
-    import fsspec
-
-    from lerobot_dali.file_stamps import FileStamps
 
     data = np.random.default_rng(3).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
     (tmp_path / "f.bin").write_bytes(data)
     with serve_folder(tmp_path) as server:
-        fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True))  # (5 retries: waits recorded)
-        url = f"{server.url}/f.bin"
-        FileStamps(fs)[url]  # (stamped at open)
-        opened = fs.open(url, "rb", block_size=50_000)
-        assert opened.read(1000) == data[:1000]
+        fs, url, opened = _opened_stamped(server, data, block_size=50_000)
         server.reset_stats()
         if route == "read":
             server.fail_next("404")
@@ -1059,20 +1062,13 @@ def test_a_stamped_file_answered_404_is_read_on_only_where_nothing_else_can_be_r
     (the 404 was taken as a passing one). The removal is raised as before asking again was added: at once where the
     stamp holds no version (1 request, the open's 2; no wait), after the unanswered ask without If-Match. With If-Match
     the retried read asks for the stamped version itself: the file still there is read on, its replacement refused."""
-    import fsspec
-
-    from lerobot_dali.file_stamps import FileStamps
 
     monkeypatch.setenv("LEROBOT_DALI_IF_MATCH", "0" if case == "no_answer" else "1")
     data, other = (np.random.default_rng(seed).integers(0, 256, 300_000, dtype=np.uint8).tobytes() for seed in (3, 4))
     (tmp_path / "f.bin").write_bytes(data)
     with serve_folder(tmp_path) as server:
         server.versions = case != "unversioned"
-        fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True))  # (5 retries: waits recorded)
-        url = f"{server.url}/f.bin"
-        FileStamps(fs)[url]  # (stamped at open)
-        opened = fs.open(url, "rb", block_size=50_000)
-        assert opened.read(1000) == data[:1000]
+        fs, url, opened = _opened_stamped(server, data, block_size=50_000)
         server.reset_stats()
         missed = ["404", "404"] if route == "open" else ["404"]  # (the open's HEAD, and fsspec's GET where it failed)
         unanswered = [] if case == "unversioned" else ["503", "503"]  # (the HEAD asking again, fsspec's GET)

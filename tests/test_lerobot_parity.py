@@ -811,7 +811,8 @@ def test_the_lerobot_policy_pipelines_dataset_errors_while_setting_up_are_one_li
     cases = [
         (damaged, [], r".*/data/chunk-000/file-001\.parquet is missing: meta/episodes places episodes there, .*"),
         (other, ["--checkpoint-dir", str(ckpt), "--resume"],
-         r"this stream state was saved over other episodes \(3 episodes, .*\) than this iterator reads \(2 episodes.*"),
+         r"ResumeStateError: this stream state was saved over other episodes \(3 episodes, .*\) than this iterator "
+         r"reads \(2 episodes.*"),
     ]  # fmt: skip
     for data, args, message in cases:
         command, env = _policy_command(data, "--steps", "2", *args)
