@@ -66,6 +66,7 @@ __all__ = [
     "MemberFileSystems",
     "concat_datasets",
     "dataset_contents",
+    "datasets_within",
     "refuse_another_order",
 ]
 
@@ -583,11 +584,16 @@ class MemberRoots:
         return next((self.owners[i] for i in self._longest_first if str(path).startswith(self.roots[i])), 0)
 
 
+def datasets_within(reader: LeRobotDatasetReader) -> list[LeRobotDatasetReader]:
+    """``reader``, or each dataset of a union (a nested union's: each of its own), in order."""
+    if isinstance(reader, DatasetUnion):
+        return [each for member in reader.members for each in datasets_within(member)]
+    return [reader]
+
+
 def _roots_of(reader: LeRobotDatasetReader) -> list[str]:
     """The roots that ``reader``'s bulk files are under: a union's datasets' each."""
-    if isinstance(reader, DatasetUnion):
-        return [root for m in reader.members for root in _roots_of(m)]
-    return [reader.location.root]
+    return [each.location.root for each in datasets_within(reader)]
 
 
 def _share_cache(readers: Sequence[LeRobotDatasetReader], cache: ParquetCache) -> None:

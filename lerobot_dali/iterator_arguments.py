@@ -17,7 +17,7 @@ from .augment_config import NORMALIZE_FROM_STATS, AugmentConfig, Normalize, refu
 from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import LeRobotDatasetReader, open_dataset
 from .dataset_stats import NORMALIZE_WITHOUT_STATS
-from .dataset_union import DatasetUnion
+from .dataset_union import datasets_within
 from .decode_route import DecodePreference
 from .distributed import require_cuda
 from .errors import CudaUnavailableError, DatasetError, DeltaTimestampsError, SchemaMismatchError
@@ -83,7 +83,7 @@ def batchable_reader(dataset: str | os.PathLike[str] | LeRobotDatasetReader, **o
         )
     else:
         reader = open_dataset(dataset, **opening)
-    for each in _datasets_of(reader):  # (a union's features are its first dataset's: each is read from its own)
+    for each in datasets_within(reader):  # (a union's features are its first dataset's: each is read from its own)
         missing = [k for k in _INDEX_FEATURES if k not in each.info.features]
         if missing:
             raise SchemaMismatchError(
@@ -95,13 +95,6 @@ def batchable_reader(dataset: str | os.PathLike[str] | LeRobotDatasetReader, **o
             )
     reader.check_data_columns()
     return reader
-
-
-def _datasets_of(reader: LeRobotDatasetReader) -> list[LeRobotDatasetReader]:
-    """``reader``, or each dataset of a union (of a nested union's, each of its own)."""
-    if isinstance(reader, DatasetUnion):
-        return [each for member in reader.members for each in _datasets_of(member)]
-    return [reader]
 
 
 def camera_augment(
