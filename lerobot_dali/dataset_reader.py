@@ -61,7 +61,7 @@ from .errors import (
 from .file_stamps import FileStamp, FileStamps
 from .frame_lookup import ITERATORS_LOOKUP, FrameLookup
 from .hub_cache_files import bulk_files_named, read_bulk_from_cache
-from .remote_retry import changed_on_server
+from .remote_retry import changed_on_server, told_change
 from .row_count_store import Footer
 from .said_once import say_once, warn_once
 from .value_checks import required_whole_number
@@ -494,7 +494,7 @@ class LeRobotDatasetReader:
         if self.stamps is None:
             return None
         change = self.stamps.first_changed(paths)
-        return None if change is None else changed_on_server(change[0], f"{change[1]} when opened, {change[2]} now")
+        return None if change is None else changed_on_server(change[0], told_change(change[1:]))
 
     def video(self, episode_pos: int, camera: str) -> VideoRef:
         """The video file holding camera ``camera`` of the episode at position ``episode_pos`` (see

@@ -42,6 +42,7 @@ __all__ = [
     "is_refused",
     "is_transient",
     "speaks_http",
+    "told_change",
 ]
 
 logger = logging.getLogger(__name__)
@@ -333,7 +334,7 @@ def changed_on_server(path: str, how: str) -> DatasetError:
     return DatasetError(f"{path} changed on the server while it was read ({how}); re-open the dataset")
 
 
-def _told(change: tuple[str, str]) -> str:
+def told_change(change: tuple[str, str]) -> str:
     """A file's change as :func:`changed_on_server` says it, from ``(when opened, now)``
     (:meth:`FileStamps.change_now <lerobot_dali.file_stamps.FileStamps.change_now>`'s)."""
     return f"{change[0]} when opened, {change[1]} now"
@@ -758,7 +759,7 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
                 "size mid-run goes unseen (%s=0 skips this check)", path, IF_MATCH_ENV, key="if-match-refused",
             )  # fmt: skip
             return None
-        how = _told(change) if change else "its ETag when opened no longer matches"
+        how = told_change(change) if change else "its ETag when opened no longer matches"
         return changed_on_server(path, f"{how}: HTTP 412")
 
     def _change_now(self, path: str) -> tuple[str, str] | tuple[()] | None:
@@ -780,7 +781,7 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         stamps = self._stamps_holding(path)
         if stamps is None:
             return None
-        return changed_on_server(path, _told((f"{stamps[path].size} bytes", "removed")))
+        return changed_on_server(path, told_change((f"{stamps[path].size} bytes", "removed")))
 
     def _confirmable(self, path: str) -> bool:
         """Whether the stamp of ``path`` holds the file's own version (:attr:`FileStamp.versioned
@@ -799,7 +800,7 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         change = self._change_now(path)
         if change == () and self._pinned_stamp(path) is None:
             return self._removed(path)
-        return changed_on_server(path, _told(change)) if change else None
+        return changed_on_server(path, told_change(change)) if change else None
 
     def _open_inner(self, path: str, mode: str, kwargs: dict[str, Any]) -> Any:
         """The wrapped filesystem's file of ``path``, whose every GET of bytes asks for the pinned version.
