@@ -22,7 +22,7 @@ import traceback
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import fsspec
 
@@ -410,6 +410,14 @@ def _exhausted(error: BaseException, what: str, path: str, attempts: int, *, hub
     return error
 
 
+def _raise_as_itself(error: BaseException) -> NoReturn:
+    """Raise ``error`` (a failure the retries end with) with its own cause: huggingface_hub's ``HfHubHTTPError`` is
+    raised from httpx's error, s3fs's ``OSError`` from botocore's (with the request's id), and ``raise error from
+    None`` took it off them. The retry loop's context (the tries before, the FileNotFoundError fsspec wrapped it in)
+    stays out of the traceback, as ``from None`` kept it."""
+    raise error from error.__cause__
+
+
 def _given_yet_missing(path: str, attempts: int) -> DatasetError:
     """The error for stamped ``path`` whose reads the server answered 404 ``attempts`` times while, asked after each
     (:meth:`RetryingFileSystem._removed_now`), it never said the file was gone: it gave it as stamped, or (where the
@@ -517,13 +525,13 @@ class _Retrier:
                     if is_refused(unmasked) or isinstance(unmasked, PermissionError):  # (s3fs's answer to a 403)
                         _refused(unmasked, what, path)
                     if unmasked is not e:  # a 403, say: no missing file
-                        raise unmasked from None
+                        _raise_as_itself(unmasked)
                     raise
                 if hub_tries := _hub_tries(e):  # (its policy, not stacked inside this one)
-                    raise _exhausted(_unmasked(e), what, path, attempt + hub_tries, hub=True) from None
+                    _raise_as_itself(_exhausted(_unmasked(e), what, path, attempt + hub_tries, hub=True))
                 attempt += 1
                 if attempt > self.policy.retries:
-                    raise _exhausted(_unmasked(e), what, path, attempt) from None
+                    _raise_as_itself(_exhausted(_unmasked(e), what, path, attempt))
                 delay = self._delay(attempt, what, path, e)
                 logger.log(
                     logging.INFO if attempt == 1 else logging.WARNING,  # a blip, then a trouble worth seeing

@@ -1288,6 +1288,7 @@ def test_a_hub_listing_is_retried_by_one_policy(tmp_path: Path, monkeypatch, fau
         with pytest.raises(Exception) as failed:
             listing(fs)
         assert is_transient(failed.value), repr(failed.value)
+        assert type(failed.value.__cause__).__name__ == "HTTPStatusError"  # (httpx's, the Hub's error raised from it)
         assert asked() == [("tree", int(fault))] * 6
         assert (len(hub_waits), waits) == (5, [])
         server.set_faults(0)

@@ -165,6 +165,42 @@ def test_budget_spent_raises_last_error_with_attempt_count(blob) -> None:
     assert fresh == [1, 1]  # from the second retry on
 
 
+class _Translated(Exception):
+    """The error a client's own error is raised from (botocore's under s3fs's OSError, httpx's under huggingface_hub's
+    HfHubHTTPError), holding what names the request."""
+
+
+def _raised_from_the_clients_error(kind: str, path: str) -> Exception:
+    """A 503 raised from the client's error; or (``missing``) fsspec's FileNotFoundError from a 403 raised from it."""
+    error = FakeHTTPError(503 if kind == "503" else 403, "Service Unavailable" if kind == "503" else "Forbidden")
+    error.__cause__ = _Translated(f"{path}: x-amz-request-id 4442587FB7D0A2F9")
+    if kind == "503":
+        return error
+    masked = FileNotFoundError(path)
+    masked.__cause__ = error
+    return masked
+
+
+@pytest.mark.parametrize("fault", ["503", "missing"], ids=["retries_spent", "refused"])
+def test_an_error_given_up_on_keeps_its_own_cause(blob, monkeypatch, fault: str) -> None:
+    """An error a client raised from the one it translated (huggingface_hub's HfHubHTTPError from httpx's, s3fs's
+    OSError from botocore's, which names the request) lost that cause when the retries gave up on it (a 503 after 2
+    retries) or refused it (a 403 behind fsspec's FileNotFoundError): raised ``from None`` (2 of 2 without it). It
+    keeps it now, and the retry loop's context stays out of the traceback."""
+    import tests.fake_remote
+
+    monkeypatch.setattr(tests.fake_remote, "fault_exception", _raised_from_the_clients_error)
+    root, _ = blob
+    fake = FakeRemoteFileSystem(str(root), fault_every=1, faults=(fault,))
+    fs = RetryingFileSystem(fake, policy=RetryPolicy(retries=2, base_delay_s=0.0, max_delay_s=0.0))
+    with pytest.raises(FakeHTTPError) as failed:
+        fs.cat_file("blob.bin")
+    assert failed.value.status == (503 if fault == "503" else 403)
+    assert fake.requests == {"cat_file": 3 if fault == "503" else 1}
+    assert isinstance(failed.value.__cause__, _Translated) and "x-amz-request-id" in str(failed.value.__cause__)
+    assert failed.value.__suppress_context__
+
+
 @pytest.mark.parametrize("retries", [0, 1])
 def test_a_file_that_shrank_after_opening_says_it_changed(blob, retries: int) -> None:
     """An early end of stream is a broken connection or a changed file. Without retries the error says both
