@@ -418,12 +418,12 @@ def _raise_as_itself(error: BaseException) -> NoReturn:
     raise error from error.__cause__
 
 
-def _given_yet_missing(path: str, attempts: int) -> DatasetError:
-    """The error for stamped ``path`` whose reads the server answered 404 ``attempts`` times while, asked after each
+def _given_yet_missing(path: str, missed: int) -> DatasetError:
+    """The error for stamped ``path`` whose reads the server answered 404 ``missed`` times while, asked after each
     (:meth:`RetryingFileSystem._removed_now`), it never said the file was gone: it gave it as stamped, or (where the
     read asks for the stamped version itself) no answer. Not its removal, which the server did not say."""
     return DatasetError(
-        f"{path}: answered 'no such file' (HTTP 404) {attempts} times, while the server, asked after each, never said "
+        f"{path}: answered 'no such file' (HTTP 404) {missed} times, while the server, asked after each, never said "
         f"it was gone (it gave the file as stamped, or no answer: a CDN's or a cache's stale 404, or an outage?); gave "
         f"up (set {RETRIES_ENV} to retry more)"
     )
@@ -481,7 +481,7 @@ class _Retrier:
 
     def call(self, what: str, path: str, fn: Callable[[], _T], before_retry: Callable[[int], None] | None = None) -> _T:
         attempt = 0
-        still_given = False  # (a 404 of a stamped file the server, asked again, did not call gone)
+        missed = 0  # (404s of a stamped file: the server, asked again after each but the last, did not call it gone)
         while True:
             try:
                 io_stats.add("requests")
@@ -506,14 +506,14 @@ class _Retrier:
                         # it serves: asked once more after the backoff; the server's 410 taken as is, and so is a 404
                         # with no retry left, or of a stamp with no version (nothing tells the file from another).
                         attempt += 1
-                        if still_given and attempt > self.policy.retries and not _is_gone(unmasked):
-                            raise _given_yet_missing(path, attempt) from unmasked
+                        missed += 1
+                        if missed > 1 and attempt > self.policy.retries and not _is_gone(unmasked):
+                            raise _given_yet_missing(path, missed) from unmasked
                         if attempt > self.policy.retries or _is_gone(unmasked) or not self.confirmable(path):
                             raise failed from unmasked
                         time.sleep(self._delay(attempt, what, path, unmasked))
                         if (failed := self.removed_now(path)) is not None:
                             raise failed from unmasked
-                        still_given = True
                         logger.log(
                             logging.INFO if attempt == 1 else logging.WARNING,  # (as a failure's retries)
                             "%s %s: answered 'no such file', but the server, asked again, does not say it is gone; "
