@@ -583,7 +583,7 @@ class RetryingFile(io.RawIOBase):
         size = getattr(self._inner, "size", None)
         if isinstance(size, int) and self.size is not None and size != self.size:
             # A definite answer, not a blip: reading on would mix the old file's bytes (cached, indexed) with the new.
-            raise changed_on_server(self.path, f"{self.size} bytes when opened, {size} bytes now")
+            raise changed_on_server(self.path, told_change((f"{self.size} bytes", f"{size} bytes")))
 
     def _read_once(self, size: int) -> bytes:
         if self._inner.tell() != self._pos:
@@ -827,7 +827,7 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         if stamp is not None and not kwargs.get("size"):
             info = self._retrier.call("open", path, lambda: self.fs.info(path))  # (the open's HEAD: 404 is removal)
             if info.get("size") is not None and info["size"] != stamp.size:
-                raise changed_on_server(path, f"{stamp.size} bytes when opened, {info['size']} bytes now")
+                raise changed_on_server(path, told_change((f"{stamp.size} bytes", f"{info['size']} bytes")))
             kwargs = {**kwargs, "size": stamp.size}
             if info.get("partial", True) is False:  # ('Accept-Ranges: none')
                 kwargs["block_size"] = 0
