@@ -24,7 +24,7 @@ from fsspec.asyn import AsyncFileSystem
 from . import fork_locks
 from .concurrent_calls import KeyedLocks
 from .errors import MissingDataFileError
-from .remote_retry import RetryingFileSystem, is_transient, speaks_http
+from .remote_retry import RetryingFileSystem, is_missing, is_transient, speaks_http
 from .said_once import say_once, warn_once
 
 __all__ = [
@@ -312,7 +312,7 @@ class FileStamps(Mapping[str, FileStamp]):
         try:
             now = stamp_from_info({"name": path, **fs.info(path)})
         except FileNotFoundError as e:
-            if is_transient(e):  # (fsspec's HTTP info raises it from whatever its request hit)
+            if not is_missing(e):  # (fsspec's HTTP info raises it from whatever its request hit: a 503, a 403)
                 raise
             return f"{before.size} bytes", "removed"
         if now.size != before.size:

@@ -39,6 +39,7 @@ __all__ = [
     "RetryingFileSystem",
     "changed_on_server",
     "fresh_instance",
+    "is_missing",
     "is_refused",
     "is_transient",
     "speaks_http",
@@ -433,11 +434,13 @@ def _given_yet_missing(path: str, missed: int) -> DatasetError:
 _READS = frozenset({"open", "read", "cat_file"})
 
 
-def _is_missing(error: BaseException) -> bool:
+def is_missing(error: BaseException) -> bool:
     """Whether the server answered a request that it has no such file: 404 or 410 (aiohttp's ClientResponseError of
-    fsspec's HTTP range reads), or FileNotFoundError (its other requests', an object store's)."""
-    return _status_of(error) in (404, 410) or (
-        isinstance(error, FileNotFoundError) and not isinstance(error, DatasetError)
+    fsspec's HTTP range reads), or FileNotFoundError (its other requests', an object store's); not fsspec's HTTP
+    ``info``'s FileNotFoundError raised from another failure (a 503, a refused 403: no answer about the file)."""
+    answer = _unmasked(error) if isinstance(error, Exception) else error
+    return _status_of(answer) in (404, 410) or (
+        isinstance(answer, FileNotFoundError) and not isinstance(answer, DatasetError)
     )
 
 
@@ -501,7 +504,7 @@ class _Retrier:
                         if before_retry is not None:  # (a file reopened: its requests' headers are set at open)
                             before_retry(attempt)
                         continue
-                    if what in _READS and _is_missing(unmasked) and (failed := self.removed(path)) is not None:
+                    if what in _READS and is_missing(unmasked) and (failed := self.removed(path)) is not None:
                         # A CDN, or a store that is only eventually consistent, may answer 404 for a while for a file
                         # it serves: asked once more after the backoff; the server's 410 taken as is, and so is a 404
                         # with no retry left, or of a stamp with no version (nothing tells the file from another).

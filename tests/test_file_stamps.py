@@ -470,7 +470,8 @@ def test_the_error_paths_stamp_check_of_a_union_read_through_the_prefetch_cache_
 def test_the_error_paths_stamp_check_names_a_file_removed_from_the_server(tmp_path: Path) -> None:
     """A file deleted on the server while it was read: asked for its stamp again, the server's 404 (fsspec's HTTP
     info: FileNotFoundError from it) was taken for no answer, so the read's own error (a decode or parse failure:
-    'corrupt') was raised. It is the file's change now: removed; a 503 is still no answer."""
+    'corrupt') was raised. It is the file's change now: removed; a 503 is still no answer, and so is a 403 behind
+    fsspec's FileNotFoundError (a refusal, not the file's absence: it was named removed)."""
     pytest.importorskip("aiohttp", reason="fsspec's HTTPFileSystem needs aiohttp (the 'test' extra)")
     from tests.http_server import serve_folder
 
@@ -483,8 +484,9 @@ def test_the_error_paths_stamp_check_names_a_file_removed_from_the_server(tmp_pa
         paths = [f"{server.url}/a/f0", f"{server.url}/a/f1"]
         for path in paths:
             stamps[path]  # (stamped at open)
-        server.set_faults(1)  # (every request answered 503: no answer)
-        assert stamps.first_changed(paths) is None
+        for fault in ("503", "403"):  # (every request answered so: no answer)
+            server.set_faults(1, (fault,))
+            assert stamps.first_changed(paths) is None
         server.set_faults(0)
         (tmp_path / "a" / "f1").unlink()
         assert stamps.first_changed(paths) == (paths[1], "5 bytes", "removed")

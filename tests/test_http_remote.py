@@ -1051,7 +1051,7 @@ def test_a_stamped_files_passing_404_is_asked_again_and_its_read_goes_on(tmp_pat
     assert len(slept) == 1
 
 
-@pytest.mark.parametrize("case", ["unversioned", "no_answer", "no_answer_if_match"])
+@pytest.mark.parametrize("case", ["unversioned", "no_answer", "no_answer_if_match", "refused_if_match"])
 @pytest.mark.parametrize("route", ["read", "cat_file", "open"])
 def test_a_stamped_file_answered_404_is_read_on_only_where_nothing_else_can_be_read(
     tmp_path: Path, monkeypatch, slept, route: str, case: str
@@ -1061,7 +1061,9 @@ def test_a_stamped_file_answered_404_is_read_on_only_where_nothing_else_can_be_r
     where the read asks for no version (If-Match off): 6 of 6 such reads returned the other file's bytes with no error
     (the 404 was taken as a passing one). The removal is raised as before asking again was added: at once where the
     stamp holds no version (1 request, the open's 2; no wait), after the unanswered ask without If-Match. With If-Match
-    the retried read asks for the stamped version itself: the file still there is read on, its replacement refused."""
+    the retried read asks for the stamped version itself: the file still there is read on, its replacement refused. An
+    ask answered 403 (behind fsspec's FileNotFoundError) is no answer either: it was named the removal (3 of 3
+    routes)."""
 
     monkeypatch.setenv("LEROBOT_DALI_IF_MATCH", "0" if case == "no_answer" else "1")
     data, other = (np.random.default_rng(seed).integers(0, 256, 300_000, dtype=np.uint8).tobytes() for seed in (3, 4))
@@ -1071,14 +1073,15 @@ def test_a_stamped_file_answered_404_is_read_on_only_where_nothing_else_can_be_r
         fs, url, opened = _opened_stamped(server, data, block_size=50_000)
         server.reset_stats()
         missed = ["404", "404"] if route == "open" else ["404"]  # (the open's HEAD, and fsspec's GET where it failed)
-        unanswered = [] if case == "unversioned" else ["503", "503"]  # (the HEAD asking again, fsspec's GET)
+        refused = "403" if case == "refused_if_match" else "503"
+        unanswered = [] if case == "unversioned" else [refused, refused]  # (the HEAD asking again, fsspec's GET)
         server.fail_next(*missed, *unanswered)
         reads = {
             "read": lambda: (opened.read(100_000), slice(1000, 101_000)),
             "cat_file": lambda: (fs.cat_file(url, start=5, end=100_005), slice(5, 100_005)),
             "open": lambda: (fs.open(url, "rb").read(), slice(None)),
         }
-        if case == "no_answer_if_match":
+        if case.endswith("_if_match"):
             got, span = reads[route]()
             assert got == data[span]  # (its retry asked for the stamped ETag: the file's bytes, or a 412)
         else:
