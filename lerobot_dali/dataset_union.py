@@ -411,8 +411,9 @@ def dataset_contents(readers: Sequence[LeRobotDatasetReader]) -> list[str]:
     """``readers`` (a union's or a mixture's datasets) in their order, each as the digest of what it holds
     (:meth:`~.dataset_reader.LeRobotDatasetReader.content_digest`), for a stream state to refuse the same datasets
     listed in another order: the episodes' indices and lengths, which are all a stream knows, are alike where two
-    datasets have one shape."""
-    return [r.content_digest() for r in readers]
+    datasets have one shape. A union among them is each of its datasets (:func:`datasets_within`): its one digest
+    changed with the order inside it, so a union within reordered was a dataset the state did not hold, and resumed."""
+    return [each.content_digest() for reader in readers for each in datasets_within(reader)]
 
 
 def refuse_another_order(saved: Mapping[str, Any], readers: Sequence[LeRobotDatasetReader], what: str) -> None:
@@ -423,10 +424,11 @@ def refuse_another_order(saved: Mapping[str, Any], readers: Sequence[LeRobotData
     refused as a reorder; moved or renamed in the same order resumes. Two datasets whose metadata is alike (byte-
     identical copies) cannot be told apart, and swapping them changes nothing read. A dataset not in the state (a
     new or rewritten one) is left to the episodes' check. States saved before they held their datasets' contents
-    pass."""
+    pass. A union among ``readers`` is each of its datasets, counted in the positions with the others."""
     contents = saved.get("dataset_contents")
     if not isinstance(contents, list):
         return
+    readers = [each for reader in readers for each in datasets_within(reader)]
     now = dataset_contents(readers)
     moved = [(i, contents.index(d)) for i, d in enumerate(now)
              if (i >= len(contents) or contents[i] != d) and d in contents]  # fmt: skip

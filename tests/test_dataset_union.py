@@ -233,6 +233,45 @@ def test_a_union_resumed_with_its_datasets_in_another_order_is_refused(make_ds, 
     assert len(whole) == len(set(whole)) == 20
 
 
+def test_a_union_within_a_union_resumed_with_its_datasets_in_another_order_is_refused(make_ds) -> None:
+    """The state held a union within the union as one digest of its datasets' in their order: that union reordered
+    inside was a dataset the state did not hold, left to the episodes' check, which two datasets of one shape pass.
+    [union(a, b), c] saved after 2 batches of 4 and resumed as [union(b, a), c] read 14 of the 28 samples of the
+    epoch from the other dataset than the uninterrupted run (a and b: 6 and 4 frames, seeds 0 and 1). Refused now,
+    naming each dataset's position among all the union's; resumed as saved, it reads exactly on."""
+    from lerobot_dali.errors import ResumeStateError
+
+    a, b = (
+        make_ds(episodes=2, frames_per_episode=[6, 4], cameras=1, codec="h264", fps=FPS, gop=4, seed=seed)
+        for seed in (0, 1)
+    )
+    c = make_ds(episodes=2, frames_per_episode=[5, 3], cameras=1, codec="h264", fps=FPS, gop=4)
+    options = {"batch_size": 4, "shuffle": True, "seed": 7, "device": "cpu", "num_workers": 0, "decode": "cpu"}
+
+    def samples(inner: list[Path], state: dict | None = None, stop: int | None = None) -> tuple[list, dict | None]:
+        it = DALILeRobotIterator(concat_datasets([concat_datasets(inner), c]), drop_last=False, **options)
+        if state is not None:
+            it.load_state_dict(json.loads(json.dumps(state)))
+        read = []
+        for n, batch in enumerate(it):  # (a's and b's tasks tell them apart: task = (episode + seed) % 2)
+            seeds = (batch["task_index"] - batch["episode_index"]) % 2
+            read += zip(batch["dataset_index"].tolist(), seeds.tolist(), _keys(batch), strict=True)
+            if n == stop:
+                saved = it.state_dict()
+                it.close()
+                return read, saved
+        it.close()
+        return read, None
+
+    whole, _ = samples([a, b])
+    head, state = samples([a, b], stop=1)
+    assert state is not None and len(head) == 8 and len(whole) == len(set(whole)) == 28
+    said = rf"another order.*{re.escape(str(b))} is dataset 0, was 1; {re.escape(str(a))} is dataset 1, was 0"
+    with pytest.raises(ResumeStateError, match=said):
+        samples([b, a], state)
+    assert head + samples([a, b], state)[0] == whole
+
+
 def test_statistics_are_pooled_over_every_frame(make_ds, copy_ds, caplog) -> None:
     union = concat_datasets(_datasets(make_ds))
     states = np.concatenate(
