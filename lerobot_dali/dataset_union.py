@@ -434,11 +434,16 @@ def refuse_another_order(saved: Mapping[str, Any], readers: Sequence[LeRobotData
              if (i >= len(contents) or contents[i] != d) and d in contents]  # fmt: skip
     if not moved:
         return
-    was = "; ".join(f"{readers[i].location.description} is dataset {i}, was {j}" for i, j in moved)
+    names = [r.location.description for r in readers]
+    was = [f"{names[i]} is dataset {i}, was {j}" for i, j in moved]
+    # (one added or removed moves the others too: said as such, not as a reorder alone)
+    new = [f"{names[i]} (dataset {i}) is not one it was saved over" for i, d in enumerate(now) if d not in contents]
+    count = [f"it was saved over {len(contents)} datasets, not {len(now)}"] if len(contents) != len(now) else []
     raise ResumeStateError(
-        f"this stream state was saved over {what}'s datasets in another order: each position would be another "
-        f"dataset's sample ({was}); list them as they were listed when it was saved (now: "
-        f"{', '.join(r.location.description for r in readers)})"
+        f"this stream state was saved over "
+        f"{f'other datasets than {what}' if new + count else f'{what} with its datasets in another order'}"
+        f": each position would be another dataset's sample ({'; '.join(was + new + count)}); list the datasets it "
+        f"was saved over, as they were listed then (now: {', '.join(names)})"
     )
 
 

@@ -272,6 +272,34 @@ def test_a_union_within_a_union_resumed_with_its_datasets_in_another_order_is_re
     assert head + samples([a, b], state)[0] == whole
 
 
+@pytest.mark.parametrize("now", ["cab", "bc"])
+def test_a_union_resumed_with_a_dataset_added_or_removed_is_not_said_reordered(make_ds, now: str) -> None:
+    """A dataset added at the front, or the first one removed, moves the others: the state was refused as saved
+    'over the union's datasets in another order', naming the moved ones alone, as if they were the same datasets
+    listed otherwise ([a, b] resumed as [c, a, b]: 'a is dataset 1, was 0; b is dataset 2, was 1'). Now the error
+    says the datasets are others, naming the one not saved over and the count of those that were."""
+    from lerobot_dali.errors import ResumeStateError
+
+    a, b = (
+        make_ds(episodes=2, frames_per_episode=[6, 4], cameras=1, codec="h264", fps=FPS, gop=4, seed=seed)
+        for seed in (0, 1)
+    )
+    c = make_ds(episodes=2, frames_per_episode=[5, 3], cameras=1, codec="h264", fps=FPS, gop=4)
+    named = {"a": a, "b": b, "c": c}
+    it = DALILeRobotIterator(concat_datasets([a, b]), batch_size=4, device="cpu", num_workers=0, decode="cpu")
+    next(iter(it))
+    state = it.state_dict()
+    it.close()
+    resumed = DALILeRobotIterator(concat_datasets([named[n] for n in now]), device="cpu", num_workers=0)
+    with pytest.raises(ResumeStateError) as refused:
+        resumed.load_state_dict(state)
+    said = str(refused.value)
+    assert "saved over other datasets than the union: " in said and "in another order" not in said
+    assert f"{c} (dataset {now.index('c')}) is not one it was saved over" in said
+    assert ("it was saved over 2 datasets, not 3" in said) == (len(now) == 3)
+    assert f"{b} is dataset 0, was 1" in said if now == "bc" else f"{a} is dataset 1, was 0" in said
+
+
 def test_statistics_are_pooled_over_every_frame(make_ds, copy_ds, caplog) -> None:
     union = concat_datasets(_datasets(make_ds))
     states = np.concatenate(
