@@ -426,7 +426,7 @@ def refuse_another_order(saved: Mapping[str, Any], readers: Sequence[LeRobotData
     new or rewritten one) is left to the episodes' check. States saved before they held their datasets' contents
     pass. A union among ``readers`` is each of its datasets, counted in the positions with the others."""
     contents = saved.get("dataset_contents")
-    if not isinstance(contents, list):
+    if not isinstance(contents, list | tuple):  # (a tuple: as the stream's state takes its lists, from a serializer)
         return
     readers = [each for reader in readers for each in datasets_within(reader)]
     now = dataset_contents(readers)
