@@ -293,11 +293,17 @@ class DALILeRobotMixture:
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         saved = state_dict.get("mixture") if isinstance(state_dict, Mapping) else None
         parts = state_dict.get("datasets") if isinstance(state_dict, Mapping) else None
-        if not isinstance(saved, Mapping) or not isinstance(parts, Sequence) or len(parts) != len(self.datasets):
+        if not isinstance(saved, Mapping) or not isinstance(parts, Sequence):
             raise ResumeStateError(
                 f"this is not the state of a mixture of {len(self.datasets)} datasets (DALILeRobotMixture.state_dict)"
             )
-        refuse_another_order(saved, [part.reader for part in self.datasets], "the mixture")
+        refuse_another_order(saved, [part.reader for part in self.datasets], "the mixture")  # (names those added)
+        if len(parts) != len(self.datasets):
+            raise ResumeStateError(
+                f"this state was saved over a mixture of {len(parts)} datasets, not of these {len(self.datasets)} "
+                f"({', '.join(part.reader.location.description for part in self.datasets)}): resume with the datasets "
+                "it was saved over, listed as they were then"
+            )
         if saved.get("anchor") != self.anchor:
             raise ResumeStateError(
                 f"this state was saved with dataset {saved.get('anchor')} as the anchor (the one whose epoch is the "

@@ -222,6 +222,33 @@ def test_a_mixture_resumed_with_its_datasets_in_another_order_is_refused(make_ds
     assert head + rest == whole and len(whole) == 20
 
 
+@pytest.mark.parametrize("now", ["abc", "cab"])
+def test_a_mixture_resumed_with_a_dataset_added_is_refused_saying_so(make_ds, now: str) -> None:
+    """A mixture's state of 2 datasets resumed over 3 was refused as 'not the state of a mixture of 3 datasets',
+    as if it were no mixture's state at all, naming none of them. Now it says the count saved over and names the
+    datasets now ([a, b] resumed as [a, b, c]), or the one added that moved the others ([c, a, b])."""
+    a, b = (
+        make_ds(episodes=2, frames_per_episode=[6, 4], cameras=1, codec="h264", fps=10, gop=4, seed=seed)
+        for seed in (0, 1)
+    )
+    c = make_ds(episodes=2, frames_per_episode=[5, 3], cameras=1, codec="h264", fps=10, gop=4)
+    options = {"batch_size": 4, "seed": 3, "device": "cpu", "num_workers": 0, "decode": "cpu"}
+    mix = DALILeRobotMixture([a, b], **options)
+    next(iter(mix))
+    state = mix.state_dict()
+    mix.close()
+    mix = DALILeRobotMixture([{"a": a, "b": b, "c": c}[n] for n in now], **options)
+    with pytest.raises(ResumeStateError) as refused:
+        mix.load_state_dict(state)
+    mix.close()
+    said = str(refused.value)
+    if now == "abc":
+        assert said.startswith(f"this state was saved over a mixture of 2 datasets, not of these 3 ({a}, {b}, {c})")
+    else:
+        assert said.startswith("this stream state was saved over other datasets than the mixture: ")
+        assert f"{c} (dataset 0) is not one it was saved over" in said and "saved over 2 datasets, not 3" in said
+
+
 def _run(mix: DALILeRobotMixture, epochs: int, taken: list) -> None:
     for _ in range(epochs):
         for batch in mix:
