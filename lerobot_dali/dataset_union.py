@@ -430,7 +430,8 @@ def refuse_another_order(saved: Mapping[str, Any], readers: Sequence[LeRobotData
         return
     readers = [each for reader in readers for each in datasets_within(reader)]
     now = dataset_contents(readers)
-    moved = [(i, contents.index(d)) for i, d in enumerate(now)
+    # (each position it held: a dataset listed twice was named at its first alone, 'was 0' for one saved at 2)
+    moved = [(i, " or ".join(str(j) for j, saved_as in enumerate(contents) if saved_as == d)) for i, d in enumerate(now)
              if (i >= len(contents) or contents[i] != d) and d in contents]  # fmt: skip
     if not moved:
         return

@@ -273,14 +273,17 @@ def test_a_union_within_a_union_resumed_with_its_datasets_in_another_order_is_re
 
 
 @pytest.mark.parametrize("as_tuple", [False, True])
-@pytest.mark.parametrize("now", ["cab", "bc"])
-def test_a_union_resumed_with_a_dataset_added_or_removed_is_not_said_reordered(make_ds, now: str, as_tuple) -> None:
+@pytest.mark.parametrize("now", ["cab", "bc", "aab"])
+def test_a_union_resumed_over_other_datasets_or_one_listed_twice_names_each_as_saved(
+    make_ds, now: str, as_tuple
+) -> None:
     """A dataset added at the front, or the first one removed, moves the others: the state was refused as saved
     'over the union's datasets in another order', naming the moved ones alone, as if they were the same datasets
     listed otherwise ([a, b] resumed as [c, a, b]: 'a is dataset 1, was 0; b is dataset 2, was 1'). Now the error
     says the datasets are others, naming the one not saved over and the count of those that were. The datasets'
     contents given as a tuple (as the stream's own lists may be, from a serializer) are checked as a list: they
-    were skipped, as a state from before they were saved."""
+    were skipped, as a state from before they were saved. A dataset listed twice is named at each position it held:
+    [a, b, a] resumed as [a, a, b] said 'a is dataset 1, was 0', where it was at 2 too."""
     from lerobot_dali.errors import ResumeStateError
 
     a, b = (
@@ -289,7 +292,8 @@ def test_a_union_resumed_with_a_dataset_added_or_removed_is_not_said_reordered(m
     )
     c = make_ds(episodes=2, frames_per_episode=[5, 3], cameras=1, codec="h264", fps=FPS, gop=4)
     named = {"a": a, "b": b, "c": c}
-    it = DALILeRobotIterator(concat_datasets([a, b]), batch_size=4, device="cpu", num_workers=0, decode="cpu")
+    saved = [a, b, a] if now == "aab" else [a, b]
+    it = DALILeRobotIterator(concat_datasets(saved), batch_size=4, device="cpu", num_workers=0, decode="cpu")
     next(iter(it))
     state = it.state_dict()
     it.close()
@@ -299,6 +303,10 @@ def test_a_union_resumed_with_a_dataset_added_or_removed_is_not_said_reordered(m
     with pytest.raises(ResumeStateError) as refused:
         resumed.load_state_dict(state)
     said = str(refused.value)
+    if now == "aab":  # (the same datasets, one of them twice, in another order)
+        assert f"another dataset's sample ({a} is dataset 1, was 0 or 2; {b} is dataset 2, was 1); list" in said
+        assert "in another order" in said
+        return
     assert "saved over other datasets than the union: " in said and "in another order" not in said
     assert f"{c} (dataset {now.index('c')}) is not one it was saved over" in said
     assert ("it was saved over 2 datasets, not 3" in said) == (len(now) == 3)
