@@ -213,6 +213,30 @@ def test_hue_turns_the_yiq_chroma_plane_not_the_hsv_hue() -> None:
     np.testing.assert_allclose(out[0, 0, :, 0, 0], [128, 111, 0], atol=1)  # torchvision's HSV shift: (255, 255, 0)
 
 
+def test_cpu_colour_jitter_gives_dalis_own_uint8_colour_twist_bytes() -> None:
+    """On the CPU the jitter twists to float and casts once (less CPU than DALI's uint8 twist, which rounds inside its
+    per-pixel loop): the same bytes as DALI's uint8 ``color_twist`` given the same draws, over wide draws and frames
+    whose twisted values run past both ends of uint8 (the cast must round and saturate as the twist does)."""
+    jitter = ColorJitter(brightness=(0.0, 2.5), contrast=(0.0, 2.5), saturation=(0.0, 3.0), hue=(-0.5, 0.5))
+    config = AugmentConfig(color_jitter=jitter)
+    data = distinct_windows(n=16)
+    data[:, :, : H // 4] = np.where(data[:, :, : H // 4] > 127, 255, 0)  # saturated colours
+
+    def graph(x: DataNode) -> list[DataNode]:
+        d = host_draws(config, seed=3, camera_index=0, n=len(data))
+        ours = augment_frames(x, config=config, camera_index=0, draws=d, return_uint8=True)
+        twist = fn.color_twist(
+            x, brightness=d["brightness"], contrast=d["contrast"], saturation=d["saturation"], hue=d["hue"] * 360.0
+        )
+        return [ours, fn.transpose(twist, perm=[0, 3, 1, 2], output_layout="FCHW")]
+
+    ours, dalis = run(graph, data)[0]
+    assert ours.dtype == np.uint8
+    np.testing.assert_array_equal(ours, dalis)
+    plain = data.transpose(0, 1, 4, 2, 3)
+    assert (dalis == 0).sum() > (plain == 0).sum() and (dalis == 255).sum() > (plain == 255).sum()  # (both ends met)
+
+
 def test_fixed_rotation_turns_clockwise_as_torchvisions_random_affine() -> None:
     # torchvision's RandomAffine (its F.affine) turns clockwise on screen for a positive angle; only its F.rotate
     # turns the other way. RandomAffine(degrees=(90, 90)) moves this dot to (26, 16) (torchvision 0.25, LeRobot
