@@ -968,7 +968,7 @@ def test_the_codec_column_names_every_cameras_codec(make_ds, copy_ds, tmp_path: 
     assert row.split()[1] == "vp9/h264"
 
 
-@pytest.mark.parametrize("name", ["batch_cpu", "limits", "order_scale", "row_groups", "worker_start"])
+@pytest.mark.parametrize("name", ["batch_cpu", "limits", "order_scale", "row_groups", "training_cpu", "worker_start"])
 def test_bench_scripts_help_says_what_they_do_in_whole_sentences(name: str) -> None:
     """Each script's --help opens with its docstring's first paragraph, not a line of it cut mid-sentence
     (row_groups.py's said "..., with" and stopped)."""
