@@ -20,6 +20,8 @@ from typing import Any
 
 import psutil
 
+from lerobot_dali.cli_options import add_image_size
+
 #: No augmentation, the recipe's, or LeRobot's image transforms at their default ranges, every one applied.
 AUGMENTS = ("none", "recipe", "lerobot")
 
@@ -66,8 +68,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         options["delta_timestamps"] = recipe.delta_timestamps(reader.fps, reader.camera_keys)
         options["image_size"] = recipe.image_size
     if args.image_size:
-        height, width = (int(v) for v in args.image_size.split("x"))
-        options["image_size"] = (height, width)
+        options["image_size"] = args.image_size
     it = DALILeRobotIterator(
         reader, batch_size=args.batch_size, device="cpu", decode="cpu", num_workers=args.num_workers,
         dali_threads=args.dali_threads, augment=_augment(args.augment, recipe), return_uint8=args.uint8, **options,
@@ -107,7 +108,7 @@ def main() -> None:
     parser.add_argument("--num-workers", type=int, default=2, help="(default %(default)s)")
     parser.add_argument("--dali-threads", type=int, default=None, help="(default: the iterator's)")
     parser.add_argument("--recipe", default=None, help="act, diffusion, vla or a TOML file: windows and image size")
-    parser.add_argument("--image-size", default=None, help="HxW (overrides the recipe's)")
+    add_image_size(parser, help="resize frames (overrides the recipe's)")
     parser.add_argument("--augment", choices=AUGMENTS, default="recipe", help="(default %(default)s)")
     parser.add_argument("--uint8", action="store_true", help="return_uint8=True")
     parser.add_argument("--frame-index", action="store_true", help="look frames up by frame_index / fps (cr5_*)")
