@@ -81,7 +81,8 @@ class StreamState:
     saved before them lack). ``order`` holds the :data:`_ORDER_FIELDS` it was saved with (None in states saved
     before they were recorded: not checked). ``walk`` is the saving rank's pool walk at this position (None where
     unshuffled, or saved before version 3); ``rank_walks`` the other ranks' walks at this position, where
-    :func:`merge_rank_states` gathered them (``rank_walks`` in the dict).
+    :func:`merge_rank_states` gathered them (``rank_walks`` in the dict). ``gathered``: how many ranks' states
+    :func:`merge_rank_states` found at this one position (``gathered_ranks`` in the dict; 0: one rank's own state).
     """
 
     seed: int
@@ -94,6 +95,7 @@ class StreamState:
     walk: SavedWalk | None = None
     rank_walks: tuple[SavedWalk, ...] = ()
     lengths: str | None = None
+    gathered: int = 0
     version: int = _VERSION
 
     def __post_init__(self) -> None:
@@ -122,6 +124,8 @@ class StreamState:
             out["rank_walks"] = [walk.to_dict() for walk in self.rank_walks]
         if self.lengths is not None:
             out["episode_lengths"] = self.lengths
+        if self.gathered:
+            out["gathered_ranks"] = int(self.gathered)
         return out
 
     @classmethod
@@ -167,9 +171,15 @@ class StreamState:
                 f"stream state episode_lengths must be the text state_dict() saved, got {lengths!r}; leave it out to "
                 "resume without checking the episodes"
             )
+        gathered = state.get("gathered_ranks", 0)
+        if isinstance(gathered, bool) or not isinstance(gathered, int) or gathered < 0:
+            raise ResumeStateError(
+                f"stream state gathered_ranks must be the count merge_rank_states() saved, got {gathered!r}"
+            )
         return cls(
             **fields,
             prior_segments=segments,
+            gathered=gathered,
             order=order,
             walk=walk,
             rank_walks=tuple(SavedWalk.from_dict(w) for w in rank_walks),
@@ -186,7 +196,9 @@ def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     95% of an epoch of 92,000 episodes saved on 8 ranks). The merged state is the first of ``states`` carrying the
     others' walks too (``rank_walks``, ~140 ints a rank), so that resume replays none. States of other positions or
     runs (an iterator's over other ``episodes``) are refused (:class:`~lerobot_dali.errors.ResumeStateError`), as
-    states without a walk (unshuffled or from an older version: nothing to gather) add none.
+    states without a walk (unshuffled or from an older version: nothing to gather) add none. The merged state counts
+    the states it gathered (``gathered_ranks``): with ``rank_balance='none'`` a resume on another world size takes
+    only a state of every old rank, all at the start of one epoch (ranks of unequal counts finish epochs apart).
     """
     if not states:
         raise ResumeStateError("merge_rank_states needs at least one stream state (each rank's state_dict())")
@@ -194,8 +206,12 @@ def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     first = parsed[0]
     for other in states[1:]:
         _check_same_extras(states[0], other)
+
+    def position(state: StreamState) -> StreamState:
+        return dataclasses.replace(state, walk=None, rank_walks=(), gathered=0)
+
     for state in parsed[1:]:
-        if dataclasses.replace(state, walk=None, rank_walks=()) != dataclasses.replace(first, walk=None, rank_walks=()):
+        if position(state) != position(first):
             where = [
                 f"sample {s.samples_consumed} of epoch {s.epoch} on {s.world_size} ranks, seed {s.seed}"
                 for s in (first, state)
@@ -211,14 +227,16 @@ def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         )
     own = first.walk.rank if first.walk is not None else None
     others = [walks[rank] for rank in sorted(walks) if rank != own]
-    return {**states[0], **dataclasses.replace(first, rank_walks=tuple(others)).to_dict()}
+    gathered = dataclasses.replace(first, rank_walks=tuple(others), gathered=len(states))
+    return {**states[0], **gathered.to_dict()}
 
 
 #: The keys a :class:`StreamState`'s dict holds; an iterator's adds others (``episodes``, its episodes' digest, and
 #: ``augment_version``).
 _STATE_KEYS = frozenset(
-    {"version", *_FIELDS, "prior_segments", "segment_pools", "order", "walk", "rank_walks", "episode_lengths"}
-)
+    {"version", *_FIELDS, "prior_segments", "segment_pools", "order", "walk", "rank_walks", "episode_lengths",
+     "gathered_ranks"}
+)  # fmt: skip
 
 
 def _check_same_extras(first: Mapping[str, Any], state: Mapping[str, Any]) -> None:
@@ -354,6 +372,16 @@ class SampleStream:
                     f"with rank_balance='none' each rank reads its own count, so one rank's position (saved on "
                     f"{state.world_size} ranks) does not say where the others stood: resume epoch {epoch} on "
                     f"{state.world_size} ranks, or start epoch {epoch + 1} here"
+                )
+            if state.world_size > 1 and state.gathered < state.world_size:
+                # (ranks of unequal counts finish an epoch apart: one rank at the start of this epoch says nothing of
+                # another still reading the epoch before, whose rest would be lost, or one further on, whose frames of
+                # this epoch would come again)
+                raise ResumeStateError(
+                    f"with rank_balance='none' ranks finish epochs apart, so one rank's state at the start of epoch "
+                    f"{epoch} does not say that the other {state.world_size - 1} rank(s) stood there too: resume on "
+                    f"{state.world_size} ranks with each rank's own state, or pass merge_rank_states([every old "
+                    "rank's state_dict()]), which refuses states that stand apart"
                 )
             # (an epoch not begun starts afresh on these ranks)
             self._order = SampleOrder(self._lengths, rank=rank, world_size=world_size, options=options)

@@ -2,12 +2,13 @@
 
 A job is a run of phases. Each phase starts ``world_size`` ranks that load the state the phase before saved (rank 0's,
 every rank's own, or all of them gathered by :func:`merge_rank_states`), with its own batch size, ``drop_last``, worker
-count and options that must not matter (seed, checkpoint interval, an unshuffled pool's size), and reads a random
-number of batches as :class:`~lerobot_dali.iterator.DALILeRobotIterator` does: the pool walked to the pass's start
-(``prepare``), then each batch drawn by one of the workers' pickled copies of the order (batch ``i`` by worker
-``i % W``; none: by the order itself), the main order following them, a pass ending (``drop_last``: at its last full
-batch) by moving to the next epoch. Phases change the world size, worker count and batch size inside an epoch, more
-than once, and across epoch boundaries; the last one reads past the end of the job's last epoch.
+count and options that must not matter (seed, checkpoint interval, an unshuffled pool's size), and reads a random number
+of batches as :class:`~lerobot_dali.iterator.DALILeRobotIterator` does: the pool walked to the pass's start
+(``prepare``), then each batch drawn by one of the workers' pickled copies of the order (batch ``i`` by worker ``i %
+W``; none: by the order itself), the main order following them, a pass ending (``drop_last``: at its last full batch) by
+moving to the next epoch, where the trainer's loop may end (and save). Phases change the world size, worker count and
+batch size inside an epoch, more than once, and across epoch boundaries; the last one reads past the end of the job's
+last epoch.
 
 Checked, per epoch, across every phase and rank:
 
@@ -23,7 +24,9 @@ Checked, per epoch, across every phase and rank:
 * ranks balanced (``pad``/``drop``) stand at the same position after every batch: equal batch counts;
 * a resume under other order options (shuffle, a shuffled pool's size, the balance on several ranks, the piece size,
   frames dropped at episode ends) is refused naming the option, leaving the stream as it was; ``none`` refuses a
-  world-size change inside an epoch.
+  world-size change inside an epoch, and at an epoch's start but from every old rank's state gathered
+  (:func:`merge_rank_states`, which refuses states that stand apart: a trainer's loop may end a pass, and save, on
+  one rank while another, of more frames, still reads the epoch).
 
 ``LEROBOT_DALI_EXACTLY_ONCE=N`` draws N jobs (default 40, a few seconds) from seed ``LEROBOT_DALI_EXACTLY_ONCE_FROM``.
 """
@@ -160,8 +163,10 @@ class _Rank:
         self.pass_start: int | None = None
         self.batch_index = 0
 
-    def step(self) -> None:
-        """One batch; a pass that has none left moves to the next epoch and starts the next pass (none past the job)."""
+    def step(self, loop_ends: bool = False) -> None:
+        """One batch; a pass that has none left moves to the next epoch and starts the next pass (none past the job),
+        but where ``loop_ends`` (the trainer's loop over the pass ended: it may save there, at the next epoch's
+        start)."""
         stream = self.stream
         while True:
             if self.pass_start is None:
@@ -177,7 +182,7 @@ class _Rank:
             if start >= total or (self.drop_last and stop - start < self.batch):
                 self.pass_start = None
                 stream.set_epoch(epoch + 1)
-                if epoch + 1 > LAST_EPOCH:
+                if epoch + 1 > LAST_EPOCH or loop_ends:
                     return  # (past the job: drop_last may leave every epoch empty)
                 continue
             order = self.copies[self.batch_index % self.workers] if self.copies else stream.order
@@ -235,6 +240,31 @@ def _load(job: _Job, ranks: list[SampleStream], states: list[dict[str, Any]], ba
         stream.load_state_dict(json.loads(json.dumps(state)))
 
 
+def _unbalanced_resume(job: _Job, states: list[dict[str, Any]], world_size: int) -> tuple[int, list[dict[str, Any]]]:
+    """``none`` on ``world_size`` ranks, saved on others: the world size and the states its ranks load.
+
+    Ranks of unequal counts finish epochs apart, so one rank's state is refused on another world size (mid-epoch, or
+    at an epoch's start where it was one of several ranks: another may still read the epoch before, or be further
+    on); every old rank's state gathered by :func:`merge_rank_states` is taken where all stand at one epoch's start,
+    and the merge is refused where they stand apart. Elsewhere the job resumes on its old ranks, each its own."""
+    lengths, options = job.lengths, job.options
+    first = states[0]
+    mid_epoch = bool(first["samples_consumed"] or first["prior_segments"])
+    stream = SampleStream(lengths, rank=0, world_size=world_size, batch_size=1, options=options)
+    if mid_epoch or len(states) > 1:
+        with pytest.raises(ResumeStateError, match="rank_balance='none'"):
+            stream.load_state_dict(states[0])
+        job.counts["refused"] += 1
+    if len({(s["epoch"], s["samples_consumed"]) for s in states}) > 1:
+        with pytest.raises(ResumeStateError, match="stand at other positions"):
+            merge_rank_states(states)
+        return len(states), states
+    if mid_epoch:
+        return len(states), states
+    job.counts["none_resharded"] += 1
+    return world_size, [json.loads(json.dumps(merge_rank_states(states)))] * world_size
+
+
 def _run_job(seed: int) -> _Job:
     lengths, options = _case(seed)
     job = _Job(lengths, options, np.random.default_rng([seed, 1]))
@@ -249,15 +279,7 @@ def _run_job(seed: int) -> _Job:
         rng = job.rng
         world_size = int(rng.integers(1, min(8, units) + 1))
         if states is not None and not balanced and world_size != len(states):
-            # ``none``: rank 0's state mid-epoch is refused on other ranks; at an epoch's start it is taken (a change
-            # of world size is then the user's to make only where every rank stands there: its state cannot tell)
-            if states[0]["samples_consumed"] or states[0]["prior_segments"]:
-                stream = SampleStream(lengths, rank=0, world_size=world_size, batch_size=1, options=options)
-                with pytest.raises(ResumeStateError, match="rank_balance='none'"):
-                    stream.load_state_dict(states[0])
-                job.counts["refused"] += 1
-            if any(s["samples_consumed"] or s["epoch"] != states[0]["epoch"] for s in states):
-                world_size = len(states)
+            world_size, states = _unbalanced_resume(job, states, world_size)
         batch = int(rng.integers(1, 9))
         if states is not None and rng.random() < 0.3:
             _check_refused(job, states[0], world_size, batch)
@@ -267,7 +289,7 @@ def _run_job(seed: int) -> _Job:
             for r in range(world_size)
         ]
         if states is not None:
-            _load(job, streams, states if balanced or len(states) == world_size else [states[0]] * world_size, balanced)
+            _load(job, streams, states, balanced)
             if balanced and finished:  # (an epoch its ranks finished stays finished on any ranks: nothing left)
                 assert all(s.num_samples() == s.samples_consumed for s in streams), "a finished epoch came back"
                 job.counts["finished_resumes"] += 1
@@ -278,9 +300,10 @@ def _run_job(seed: int) -> _Job:
         last = phase == phases - 1  # (reads to the end of the job's last epoch)
         while (last or steps > 0) and not all(r.stream.epoch > LAST_EPOCH for r in ranks):
             steps -= 1
+            loop_ends = bool(rng.random() < 0.3)
             for rank in ranks:
                 if rank.stream.epoch <= LAST_EPOCH:
-                    rank.step()
+                    rank.step(loop_ends)
             if balanced:
                 where = {(r.stream.epoch, r.stream.samples_consumed) for r in ranks}
                 assert len(where) == 1, f"balanced ranks stand apart after a batch: {where}"
