@@ -11,7 +11,10 @@ the state carries (:mod:`.saved_walk`), at a cost that does not grow with the po
   padding), re-sharded over the new ranks. No frame consumed before the change comes again in that epoch
   (PAD repeats aside), and none is skipped, except by DROP balancing, or when fewer unconsumed episodes are
   left than ranks (then the epoch ends early, logged; a resume of that on fewer ranks before its next batch
-  reads them after all). Later epochs are those of a fresh run on the new world size. Computing the residual
+  reads them after all). Not consumed includes what ``drop_last`` was about to leave out: resumed after an
+  epoch's last full batch, the old ranks' tails (each short of a batch) are re-sharded, and the new ranks may read
+  them in whole batches where the uninterrupted run would have dropped them (each once all the same). Later epochs
+  are those of a fresh run on the new world size. Computing the residual
   replays every old rank's consumed prefix but the saving rank's (its walk): CPU proportional to the samples
   consumed in the epoch (~0.2 us a sample; 4.5 s at 95% of an epoch of 92,000 episodes on 8 old ranks), once per
   rank (DALI's workers get it with the order), memory O(episodes). States saved in the rest of that epoch carry
