@@ -38,6 +38,7 @@ import json
 import os
 import pickle
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +77,8 @@ class _Job:
     #: Per epoch, its plans in the order they were read.
     epoch_plans: dict[int, list[Plan]] = field(default_factory=lambda: defaultdict(list))
     counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    #: The job's last epoch: its last phase reads to its end.
+    last_epoch: int = LAST_EPOCH
 
     def reference(self, plan: Plan, rank: int) -> SampleOrder:
         """A fresh order of ``plan`` for ``rank``: built from nothing but the lengths, options and segments."""
@@ -163,10 +166,10 @@ class _Rank:
         self.pass_start: int | None = None
         self.batch_index = 0
 
-    def step(self, loop_ends: bool = False) -> None:
+    def step(self, loop_ends: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
         """One batch; a pass that has none left moves to the next epoch and starts the next pass (none past the job),
         but where ``loop_ends`` (the trainer's loop over the pass ended: it may save there, at the next epoch's
-        start)."""
+        start). The batch read (``(episodes, frames)``), or None."""
         stream = self.stream
         while True:
             if self.pass_start is None:
@@ -175,15 +178,15 @@ class _Rank:
                     self.copies = [pickle.loads(pickle.dumps(stream.order)) for _ in range(self.workers)]
                 self.pass_start = stream.samples_consumed
             epoch, start = stream.epoch, stream.samples_consumed
-            if epoch <= LAST_EPOCH:
+            if epoch <= self.job.last_epoch:
                 self._plan(epoch)
             total = stream.num_samples()
             stop = min(total, start + self.batch)
             if start >= total or (self.drop_last and stop - start < self.batch):
                 self.pass_start = None
                 stream.set_epoch(epoch + 1)
-                if epoch + 1 > LAST_EPOCH or loop_ends:
-                    return  # (past the job: drop_last may leave every epoch empty)
+                if epoch + 1 > self.job.last_epoch or loop_ends:
+                    return None  # (past the job: drop_last may leave every epoch empty)
                 continue
             order = self.copies[self.batch_index % self.workers] if self.copies else stream.order
             self.batch_index += 1
@@ -192,7 +195,7 @@ class _Rank:
             if self.workers:
                 stream.order.follow(epoch, stop)
             stream.advance(stop - start)
-            return
+            return episodes, frames
 
     def _plan(self, epoch: int) -> Plan:
         """The plan this rank reads ``epoch`` from now, registered with the job (an empty one too)."""
@@ -265,8 +268,10 @@ def _unbalanced_resume(job: _Job, states: list[dict[str, Any]], world_size: int)
     return world_size, [json.loads(json.dumps(merge_rank_states(states)))] * world_size
 
 
-def _run_job(seed: int) -> _Job:
-    lengths, options = _case(seed)
+def _run_job(seed: int, lengths: np.ndarray | None = None) -> _Job:
+    """Job ``seed``'s phases, over ``lengths`` (another layer's episodes: a union's) where given."""
+    case_lengths, options = _case(seed)
+    lengths = case_lengths if lengths is None else lengths
     job = _Job(lengths, options, np.random.default_rng([seed, 1]))
     units = int(np.count_nonzero(_units(lengths, options).length))
     if units == 0:
@@ -298,11 +303,11 @@ def _run_job(seed: int) -> _Job:
         per_epoch = -(-SampleOrder(lengths, rank=0, world_size=world_size, options=options).num_samples(0) // batch)
         steps = int(rng.integers(0, per_epoch * 3 // 2 + 2))  # (stops inside an epoch, mostly)
         last = phase == phases - 1  # (reads to the end of the job's last epoch)
-        while (last or steps > 0) and not all(r.stream.epoch > LAST_EPOCH for r in ranks):
+        while (last or steps > 0) and not all(r.stream.epoch > job.last_epoch for r in ranks):
             steps -= 1
             loop_ends = bool(rng.random() < 0.3)
             for rank in ranks:
-                if rank.stream.epoch <= LAST_EPOCH:
+                if rank.stream.epoch <= job.last_epoch:
                     rank.step(loop_ends)
             if balanced:
                 where = {(r.stream.epoch, r.stream.samples_consumed) for r in ranks}
@@ -314,7 +319,10 @@ def _run_job(seed: int) -> _Job:
     return job
 
 
-def _check_epochs(job: _Job) -> None:
+def _check_epochs(job: _Job, epochs: Sequence[int] | None = None) -> dict[int, tuple[list[tuple[int, int]], int]]:
+    """``epochs`` of ``job`` (default: each to its last) checked; per epoch, the ranks' own samples (``(episode,
+    frame)``) and how many eligible frames none read (those its last plan left unread, or too few units left for its
+    ranks)."""
     lengths, options = job.lengths, job.options
     units = _units(lengths, options)
     eligible = {
@@ -322,7 +330,8 @@ def _check_epochs(job: _Job) -> None:
         for e, o, n in zip(units.episode, units.offset, units.length, strict=True)
         for f in range(n)
     }
-    for epoch in range(LAST_EPOCH + 1):
+    checked = {}
+    for epoch in range(job.last_epoch + 1) if epochs is None else epochs:
         plans = job.epoch_plans[epoch]
         assert plans, f"epoch {epoch} was never entered"
         own: list[tuple[int, int]] = []
@@ -348,6 +357,7 @@ def _check_epochs(job: _Job) -> None:
         job.counts["frames"] += len(own)
         missed = len(eligible - set(own))
         job.counts["missed"] += missed
+        checked[epoch] = (own, missed)
         # What the epoch's last plan with samples left unread: its ranks' own positions past where they stopped; a
         # plan after it is empty, its ranks having finished the epoch, or fewer part-read units than new ranks left.
         full = [p for p in plans if job.reference(p, 0).num_samples(epoch)]
@@ -365,6 +375,7 @@ def _check_epochs(job: _Job) -> None:
                      if any((int(e), int(o) + f) not in set(own) for f in range(n))}  # fmt: skip
         assert 0 < len(part_read) < plans[-1][2], f"epoch {epoch} ended with {len(part_read)} units left"
         job.counts["ended_early"] += missed
+    return checked
 
 
 @pytest.mark.parametrize("seed", range(FIRST, FIRST + JOBS))
