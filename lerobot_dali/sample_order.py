@@ -106,9 +106,10 @@ class RankBalance(enum.Enum):
     NONE = "none"
     """Every rank emits exactly its own frames, so ranks' counts differ (by up to about an episode): for
     evaluation, where every frame must count once and no collective runs per batch (one would hang), as
-    accelerate's ``even_batches=False``. A resume must keep the world size, but at an epoch's start from every
-    rank's state gathered by :func:`~.stream_state.merge_rank_states` (ranks finish epochs apart: one rank's state
-    there says nothing of where the others stood)."""
+    accelerate's ``even_batches=False``. A resume must keep the world size, each rank loading its own state (another
+    rank's count is not its own), but at an epoch's start from every rank's state gathered by
+    :func:`~.stream_state.merge_rank_states` (ranks finish epochs apart: one rank's state there says nothing of where
+    the others stood)."""
 
 
 #: Episodes a rank samples from at once, by default: wide enough to mix a batch across episodes, small enough

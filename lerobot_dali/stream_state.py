@@ -86,6 +86,8 @@ class StreamState:
     unshuffled, or saved before version 3); ``rank_walks`` the other ranks' walks at this position, where
     :func:`merge_rank_states` gathered them (``rank_walks`` in the dict). ``gathered``: how many ranks' states
     :func:`merge_rank_states` found at this one position (``gathered_ranks`` in the dict; 0: one rank's own state).
+    ``rank``: the rank that saved it, kept where ``rank_balance='none'`` on several ranks (``saved_rank`` in the
+    dict; None elsewhere, where every rank stands at one position): each rank's count there is its own.
     """
 
     seed: int
@@ -99,6 +101,7 @@ class StreamState:
     rank_walks: tuple[SavedWalk, ...] = ()
     lengths: str | None = None
     gathered: int = 0
+    rank: int | None = None
     version: int = _VERSION
 
     def __post_init__(self) -> None:
@@ -129,6 +132,8 @@ class StreamState:
             out["episode_lengths"] = self.lengths
         if self.gathered:
             out["gathered_ranks"] = int(self.gathered)
+        if self.rank is not None:
+            out["saved_rank"] = int(self.rank)
         return out
 
     @classmethod
@@ -179,10 +184,14 @@ class StreamState:
             raise ResumeStateError(
                 f"stream state gathered_ranks must be the count merge_rank_states() saved, got {gathered!r}"
             )
+        rank = state.get("saved_rank")
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+            raise ResumeStateError(f"stream state saved_rank must be the rank state_dict() saved, got {rank!r}")
         return cls(
             **fields,
             prior_segments=segments,
             gathered=gathered,
+            rank=rank,
             order=order,
             walk=walk,
             rank_walks=tuple(SavedWalk.from_dict(w) for w in rank_walks),
@@ -211,7 +220,7 @@ def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         _check_same_extras(states[0], other)
 
     def position(state: StreamState) -> StreamState:
-        return dataclasses.replace(state, walk=None, rank_walks=(), gathered=0)
+        return dataclasses.replace(state, walk=None, rank_walks=(), gathered=0, rank=None)
 
     for state in parsed[1:]:
         if position(state) != position(first):
@@ -238,7 +247,7 @@ def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 #: ``augment_version``).
 _STATE_KEYS = frozenset(
     {"version", *_FIELDS, "prior_segments", "segment_pools", "order", "walk", "rank_walks", "episode_lengths",
-     "gathered_ranks"}
+     "gathered_ranks", "saved_rank"}
 )  # fmt: skip
 
 
@@ -343,6 +352,7 @@ class SampleStream:
             order=_order_of(order.options),
             walk=order.walk_state(epoch, consumed),
             lengths=self._fingerprint,
+            rank=order.rank if order.options.rank_balance is RankBalance.NONE and order.world_size > 1 else None,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -390,6 +400,18 @@ class SampleStream:
             self._order = SampleOrder(self._lengths, rank=rank, world_size=world_size, options=options)
             self._position = (epoch, 0)
             return
+        if (
+            options.rank_balance is RankBalance.NONE
+            and state.rank is not None
+            and state.rank != rank
+            and not (consumed == 0 and state.gathered >= state.world_size)
+        ):
+            # (each rank's count is its own: another rank's position is not where this one stood)
+            raise ResumeStateError(
+                f"with rank_balance='none' each rank reads its own count, so rank {state.rank}'s state (sample "
+                f"{consumed} of epoch {epoch}) does not say where rank {rank} stood: load each rank's own "
+                "state_dict() on it (or, at an epoch's start, merge_rank_states([every rank's state_dict()]))"
+            )
         old = None
         if state.world_size != world_size:
             warn_once(logger,

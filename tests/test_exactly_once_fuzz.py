@@ -230,10 +230,17 @@ class _Rank:
 
 def _load(job: _Job, ranks: list[SampleStream], states: list[dict[str, Any]], balanced: bool) -> None:
     """Each new rank loads a saved state: rank 0's (what a job that saves one hands every rank), its own (the same
-    world size), or every old rank's gathered; round-tripped through JSON, as a checkpoint stores it."""
+    world size), or every old rank's gathered; round-tripped through JSON, as a checkpoint stores it. Under ``none``
+    each loads its own, rank 0's refused on the others (each rank's count is its own)."""
     same = len(ranks) == len(states)
     how = int(job.rng.integers(3))
     for rank, stream in enumerate(ranks):
+        if not balanced and rank and how == 0 and "gathered_ranks" not in states[0]:
+            # (rank 0's own state, handed to every rank: another rank's count there)
+            refused = rf"rank_balance='none'.*rank 0's state.*where rank {rank} stood"
+            with pytest.raises(ResumeStateError, match=refused):
+                stream.load_state_dict(json.loads(json.dumps(states[0])))
+            job.counts["refused"] += 1
         if not balanced or (same and how == 1):
             state = states[rank]
         elif how == 2 and not same:
