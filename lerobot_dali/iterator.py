@@ -272,7 +272,7 @@ class DALILeRobotIterator:
         self._pass_id = 0
         # close() was called by a signal handler on a thread holding that lock: that thread's id, else 0
         self._close_deferred = 0
-        self._closes_given_up = 0  # close() calls from another thread that waited CLOSE_WAIT_S for a pass, in vain
+        self._closes_left_to_pass = 0  # close() calls from another thread that found a pass holding the lock
         self._pass_start: int | None = None  # samples_consumed when the pass in progress began
         self._pipeline_next: tuple[int, int] | None = None  # (epoch, sample) the pipeline's next batch starts at
         # Its checks' data files: batches read through the source's copy of the reader, and one left open here made
@@ -406,12 +406,12 @@ class DALILeRobotIterator:
                     with self._next_lock:  # a close() from another thread meanwhile waits, then closes what was built
                         if must_park():  # (the exit handler's close() held the lock: built now, nothing would close it)
                             continue
-                        given_up = self._closes_given_up
+                        closes = self._closes_left_to_pass
                         self._ensure_pipeline()
                         self._pass_id += 1  # an older pass's generator, if still held, now raises instead of sharing
                         self._pass_start = self._stream.samples_consumed
                         batches = self._epoch_batches(self._pass_id)
-                        if self._closes_given_up != given_up:  # (one gave up on this build: its close, left to us)
+                        if self._closes_left_to_pass != closes:  # (one found this build: its close, left to us)
                             self.close()
                 finally:  # (a signal handler's close() in the build: closed here, the pass raises IteratorClosedError)
                     self._close_if_deferred()
@@ -795,11 +795,17 @@ class DALILeRobotIterator:
         # later close() on it was left to a pass that never came and one on another thread (__del__, the exit
         # handler's) waited CLOSE_WAIT_S and gave up, the pipeline and prefetcher left running (a KeyboardInterrupt
         # after each call close() makes: 1 of 12 points; 1 of 14 as another thread's pass is inside DALI's next()).
-        left_to_pass = False  # (the pass told to close: counted in the finally unless this close takes the lock)
         try:
             if not lock.acquire(blocking=False):
                 self._dali_iter = None  # tells the pass in next() that its failure (or batch) is a close
-                left_to_pass = True  # (no call between the two: no signal's exception lands there)
+                # A pass building its pipeline (a remote dataset's warm-up, workers slow to start) overwrote the None
+                # above and read on, after this close(), with its pipeline and workers (3 of 3 batches): counted, so
+                # that it closes what it built once built. Counted before the wait (no call between the two: no
+                # signal's exception lands there), not once it gave up: a Ctrl-C on this thread in the wait or its
+                # warning left it uncounted (5 of 10 points a signal's handler runs at in close() and its callees),
+                # and a build that ended as the wait gave up checked the count before it changed, and read on (1 of
+                # 1). Where this close takes the lock after all, the pass's close of what it built is one more.
+                self._closes_left_to_pass += 1
                 _close_workers(self._pipeline)  # ends the wait on the workers; the pass shuts the rest down
                 left = (
                     "inside DALI's next() or building its pipeline",
@@ -817,13 +823,7 @@ class DALILeRobotIterator:
             try:  # (no call before it: a signal's exception lands only after a call returns, or a jump back)
                 lock.release()
             except RuntimeError:  # not taken: a pass holds it still, or the exception landed before acquire()
-                if left_to_pass:
-                    # A pass building its pipeline (a remote dataset's warm-up, workers slow to start) overwrote the
-                    # None above and read on, after this close(), with its pipeline and workers (3 of 3 batches):
-                    # counted, so that it closes what it built once built. Counted here, not after the wait gave up:
-                    # a Ctrl-C on this thread after the None (in the wait, its warning) left it uncounted, the pass
-                    # reading on (5 of 10 points a signal's handler runs at in close() and its callees; 0 now).
-                    self._closes_given_up += 1
+                pass
             else:
                 # A signal handler's close() while this one held the lock was left to this one, which did it. Cleared
                 # once the lock is let go: one landing between the clearing and the release stayed left, and the next

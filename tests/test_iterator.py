@@ -2000,6 +2000,51 @@ def test_a_close_that_gave_up_on_a_build_is_carried_out_by_the_pass(make_ds, mon
     assert seen == reference
 
 
+def test_a_build_that_ends_as_a_close_gives_up_on_it_still_closes_what_it_built(make_ds, monkeypatch) -> None:
+    """close() from another thread counted the close it left to a pass building its pipeline only after its wait gave
+    up and its warning was logged: a build that ended meanwhile (its pass checked the count, unchanged, and let the lock
+    go before the count) read on with its pipeline and workers after close() returned, which had said the pass closes
+    them once built (held there by a logging handler on the warning: 1 of 1). Counted before the wait now: the pass
+    closes what it built, raises IteratorClosedError, and the next pass carries on at the same sample."""
+    monkeypatch.setattr(iterator_module, "CLOSE_WAIT_S", 0)  # (it gives up at once: the pass holds the lock)
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+    reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
+    it = DALILeRobotIterator(root, **kwargs)
+    original = iterator_module.build_pipeline
+    warned, let_go = threading.Event(), threading.Event()
+    closer = threading.Thread(target=it.close)
+
+    class HeldAtTheWarning(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("close(): a pass is still") and threading.current_thread() is closer:
+                warned.set()
+                let_go.wait(30)  # (until the pass let the lock go)
+
+    def built_as_close_gives_up(*args, **kw):
+        made = original(*args, **kw)
+        closer.start()
+        assert warned.wait(30)  # (the close gave up on this build)
+        return made
+
+    handler = HeldAtTheWarning()
+    iterator_module.logger.addHandler(handler)
+    try:
+        monkeypatch.setattr(iterator_module, "build_pipeline", built_as_close_gives_up)
+        batches = iter(it)
+        monkeypatch.setattr(iterator_module, "build_pipeline", original)
+    finally:
+        let_go.set()
+        closer.join(30)
+        iterator_module.logger.removeHandler(handler)
+    assert not closer.is_alive() and it._pipeline is None
+    with pytest.raises(IteratorClosedError, match="when the iterator was closed"):
+        next(batches)
+    seen = [int(i) for b in it for i in b["index"]]
+    it.close()
+    assert seen == reference
+
+
 def test_a_ctrl_c_in_a_close_giving_up_on_a_build_still_leaves_the_close_to_the_pass(make_ds, monkeypatch) -> None:
     """close() from another thread told a pass building its pipeline to close what it built (counted) only after its
     wait gave up and its warning was logged: a Ctrl-C on the closing thread after it had cleared the pass's mark (in
@@ -2231,7 +2276,7 @@ def test_a_close_that_gave_up_on_a_pass_inside_next_is_carried_out_by_it(make_ds
         for batch in it:
             seen += [int(i) for i in batch["index"]]
     monkeypatch.setattr(DALIGenericIterator, "__next__", original)
-    assert not closer.is_alive() and it._closes_given_up == 1
+    assert not closer.is_alive() and it._closes_left_to_pass == 1
     assert it._pipeline is None and prefetcher.closes == 1 and len(seen) == 4
     seen += [int(i) for b in it for i in b["index"]]
     it.close()
@@ -2275,7 +2320,7 @@ def test_a_close_that_gave_up_on_a_pass_inside_next_is_done_as_next_returns(make
         if len(seen) == 4 and where == "batch":
             break  # (the loop stops after the batch next() returned)
     monkeypatch.setattr(DALIGenericIterator, "__next__", original)
-    assert closer.ident is not None and not closer.is_alive() and it._closes_given_up == 1
+    assert closer.ident is not None and not closer.is_alive() and it._closes_left_to_pass == 1
     assert it._pipeline is None and pipelines[-1]._pipe is None and prefetcher.closes == 1  # (shut down, closed)
     assert len(seen) == (4 if where == "batch" else len(reference))
     seen += [int(i) for b in it for i in b["index"]] if where == "batch" else []
