@@ -14,11 +14,12 @@ and where it stands at the start of mixture epoch ``e`` is a pure function of ``
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import logging
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -221,8 +222,7 @@ class DALILeRobotMixture:
         try:  # (at once: each checks its first files, over a network one request after another)
             self.datasets = in_threads(build, range(len(readers)), progress="lerobot-dali: preparing datasets")
         except BaseException:
-            for part in built.values():  # (every build has ended: in_threads waits for all)
-                part.close()
+            _close_each(built.values())  # (every build has ended: in_threads waits for all)
             raise
         # The anchor: the dataset read once in the most batches (its epoch is the mixture's).
         self.anchor = int(np.argmax([n / share for n, share in zip(sampled, self.batch_shares, strict=True)]))
@@ -469,13 +469,21 @@ class DALILeRobotMixture:
         try:  # (taken inside the try whose finally lets it go, as DALILeRobotIterator.close() takes its pass's lock)
             left = "they are left to it: that pass closes them once all are built"
             if wait_for_pass(self._starting, "starting the mixture's datasets' pipelines", left):
-                for part in getattr(self, "datasets", ()):
-                    part.close()
+                _close_each(getattr(self, "datasets", ()))
         finally:
             try:  # noqa: SIM105  (suppress() is a Python call before the release: an exception there kept it)
                 self._starting.release()
             except RuntimeError:  # not taken: the pass holds it, or a signal's exception landed before it was taken
                 pass
+
+
+def _close_each(parts: Iterable[DALILeRobotIterator]) -> None:
+    """Close every one of ``parts``, in order, also those after one whose close failed (a source's close, DALI's
+    shutdown, a Ctrl-C): one after another, a failure left the others' pipelines and workers running. Then that
+    failure is raised (the last one's, the earlier ones its context)."""
+    with contextlib.ExitStack() as closes:
+        for part in reversed(list(parts)):  # (an ExitStack runs them last-added first)
+            closes.callback(part.close)
 
 
 def _sampled_frames(reader: LeRobotDatasetReader, options: Mapping[str, Any]) -> int:

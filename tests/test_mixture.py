@@ -1171,3 +1171,33 @@ def test_a_close_from_another_thread_gives_up_on_a_pass_starting_the_parts(make_
     read = [_keys(batch) for batch in itertools.islice(mix, 2)]
     mix.close()
     assert read == full
+
+
+def test_a_dataset_whose_close_fails_leaves_no_other_running(make_ds) -> None:
+    """close() closed the datasets one after another, and a failure in one's (a source's close, DALI's shutdown) ended
+    it there: the datasets after it kept their pipelines and worker processes (1 of 2 left running, the first's
+    source failing). Every dataset is closed now, then the failure raised, and the next pass reads on at the same
+    sample."""
+    paths = _datasets(make_ds)
+    options = dict(batch_size=4, seed=3, device="cpu", num_workers=0)
+    mix = DALILeRobotMixture(paths, **options)
+    full = [_keys(batch) for batch in itertools.islice(mix, 3)]
+    mix.close()
+    mix = DALILeRobotMixture(paths, **options)
+    read = [_keys(next(iter(mix)))]
+    pipelines = [part._pipeline for part in mix.datasets]
+    source = mix.datasets[0]._source
+    close_source = source.close
+
+    def failing_close() -> None:
+        close_source()
+        raise OSError("the source's close failed")
+
+    source.close = failing_close
+    with pytest.raises(OSError, match="the source's close failed"):
+        mix.close()
+    assert [part._pipeline for part in mix.datasets] == [None, None] and [p._pipe for p in pipelines] == [None, None]
+    assert [part._source for part in mix.datasets] == [None, None]
+    read += [_keys(batch) for batch in itertools.islice(mix, 2)]
+    mix.close()
+    assert read == full
