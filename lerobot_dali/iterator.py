@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -64,7 +65,7 @@ from .worker_errors import SMALL_SHM_BYTES, dead_worker_error, original_worker_e
 from .worker_source import SourceFile, dali_dump
 from .worker_start import package_log_level, skipping_main
 
-__all__ = ["DALILeRobotIterator", "builds_said_together", "wait_for_pass"]
+__all__ = ["DALILeRobotIterator", "builds_said_together", "close_deadline", "wait_for_pass"]
 
 logger = logging.getLogger(__name__)
 #: Seconds a pipeline's build runs before it says so: DALI starts its worker processes there, each importing DALI
@@ -776,6 +777,11 @@ class DALILeRobotIterator:
 
         In a child forked from the process that built the iterator it does nothing: what it would close is the
         parent's."""
+        self._close_by(close_deadline())
+
+    def _close_by(self, deadline: float) -> None:
+        """close(), waiting for another thread's pass until ``deadline`` (:func:`close_deadline`) at most: a mixture's
+        close() waits once in all, not once per dataset."""
         if getattr(self, "_pid", None) != os.getpid():
             return
         lock = getattr(self, "_next_lock", None)
@@ -812,7 +818,7 @@ class DALILeRobotIterator:
                     "the pipeline is left to it (shutting it down under the call could crash the process): that pass "
                     "closes it as the call returns, or once the build ends",
                 )
-                if not wait_for_pass(lock, *left):
+                if not wait_for_pass(lock, deadline, *left):
                     return  # (given up: counted in the finally)
             self._close_held()
             # (another thread's handler's close(), left to frames of its own that let the lock go, is done: left set,
@@ -909,10 +915,17 @@ def _shut_down(pipeline: Any) -> None:
     pipeline._shutdown()  # (no backend left: it drops the pipeline from DALI's registry of those to shut down at exit)
 
 
-def wait_for_pass(lock: Any, doing: str, left: str) -> bool:
+def close_deadline() -> float:
+    """When a close() starting now stops waiting for passes (``time.monotonic()``): ``CLOSE_WAIT_S`` from now."""
+    return time.monotonic() + CLOSE_WAIT_S
+
+
+def wait_for_pass(lock: Any, deadline: float, doing: str, left: str) -> bool:
     """close() from a thread other than the pass's: whether it took ``lock``, which the pass holds while ``doing``,
-    within ``CLOSE_WAIT_S``; else a warning says what is ``left`` to that pass, and close() returns."""
-    if lock.acquire(timeout=CLOSE_WAIT_S):
+    by ``deadline`` (:func:`close_deadline`: one for all the waits of a close, a mixture's for its own lock and each
+    dataset's, which waited up to ``CLOSE_WAIT_S`` each, 3 times as long for 2 datasets); else a warning says what is
+    ``left`` to that pass, and close() returns."""
+    if lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
         return True
     logger.warning(
         "close(): a pass is still %s after %g s; %s, and raises IteratorClosedError at its next batch",

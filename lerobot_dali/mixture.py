@@ -48,7 +48,13 @@ from .errors import (
     SchemaMismatchError,
     ShardingError,
 )
-from .iterator import DALILeRobotIterator, builds_said_together, default_dali_threads, wait_for_pass
+from .iterator import (
+    DALILeRobotIterator,
+    builds_said_together,
+    close_deadline,
+    default_dali_threads,
+    wait_for_pass,
+)
 from .key_rename import KeyRename, rename_hint, shared_selection, without_cameras_left_out
 from .part_schedule import PartSchedule
 from .said_once import say_once, warn_once
@@ -462,14 +468,16 @@ class DALILeRobotMixture:
         dataset whose build had not begun was built after it, and its pipeline and workers ran on. On the thread
         starting them (a signal handler's close()) this leaves it to that pass; from another, it waits for them, up to
         ``CLOSE_WAIT_S`` as :meth:`DALILeRobotIterator.close` does (it waited for ever: a build held 10 s held it 10 s),
-        then leaves them to that pass with a warning."""
+        then leaves them to that pass with a warning. That wait and those for passes inside the datasets' DALI next()
+        are ``CLOSE_WAIT_S`` in all."""
         self._closes += 1
         if fork_locks.held_here(self._starting):
             return
         try:  # (taken inside the try whose finally lets it go, as DALILeRobotIterator.close() takes its pass's lock)
             left = "they are left to it: that pass closes them once all are built"
-            if wait_for_pass(self._starting, "starting the mixture's datasets' pipelines", left):
-                _close_each(getattr(self, "datasets", ()))
+            deadline = close_deadline()  # (one wait in all: for the pass starting them, then each dataset's pass)
+            if wait_for_pass(self._starting, deadline, "starting the mixture's datasets' pipelines", left):
+                _close_each(getattr(self, "datasets", ()), deadline)
         finally:
             try:  # noqa: SIM105  (suppress() is a Python call before the release: an exception there kept it)
                 self._starting.release()
@@ -477,13 +485,17 @@ class DALILeRobotMixture:
                 pass
 
 
-def _close_each(parts: Iterable[DALILeRobotIterator]) -> None:
+def _close_each(parts: Iterable[DALILeRobotIterator], deadline: float | None = None) -> None:
     """Close every one of ``parts``, in order, also those after one whose close failed (a source's close, DALI's
-    shutdown, a Ctrl-C): one after another, a failure left the others' pipelines and workers running. Then that
-    failure is raised (the last one's, the earlier ones its context)."""
+    shutdown, a Ctrl-C): one after another, a failure left the others' pipelines and workers running. Then that failure
+    is raised (the last one's, the earlier ones its context). ``deadline``: each waits for another thread's pass until
+    then at most (:func:`~lerobot_dali.iterator.close_deadline`), not ``CLOSE_WAIT_S`` each."""
     with contextlib.ExitStack() as closes:
         for part in reversed(list(parts)):  # (an ExitStack runs them last-added first)
-            closes.callback(part.close)
+            if deadline is None:
+                closes.callback(part.close)
+            else:
+                closes.callback(part._close_by, deadline)
 
 
 def _sampled_frames(reader: LeRobotDatasetReader, options: Mapping[str, Any]) -> int:

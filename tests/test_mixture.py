@@ -18,6 +18,7 @@ import shutil
 import threading
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from unittest import mock
 
 import numpy as np
@@ -1201,3 +1202,43 @@ def test_a_dataset_whose_close_fails_leaves_no_other_running(make_ds) -> None:
     read += [_keys(batch) for batch in itertools.islice(mix, 2)]
     mix.close()
     assert read == full
+
+
+def test_a_close_from_another_thread_waits_close_wait_s_in_all(make_ds, monkeypatch) -> None:
+    """close() from another thread waited up to CLOSE_WAIT_S for a pass starting the datasets' pipelines, then up to
+    CLOSE_WAIT_S again for each dataset whose pass was inside DALI's next(): up to 3 times CLOSE_WAIT_S for 2 datasets
+    (2.9 times, on a clock that each wait moves on by the time it waited: the start ended at 90% of the first). The
+    waits share one CLOSE_WAIT_S now: each dataset's close gets what the start left, and leaves its pipeline to its
+    pass once that is spent."""
+    paths = _datasets(make_ds)
+    mix = DALILeRobotMixture(paths, batch_size=4, seed=3, device="cpu", num_workers=0)
+    wait_s, clock = 60.0, [0.0]
+    monkeypatch.setattr(iterator_module, "CLOSE_WAIT_S", wait_s)
+    monkeypatch.setattr(iterator_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+
+    class StartEndsLate:  # (a pass starting the datasets: it lets the lock go at 90% of the wait)
+        def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+            clock[0] += 0.9 * timeout
+            return True
+
+        def release(self) -> None:
+            pass
+
+    class HeldInNext:  # (a dataset's pass inside DALI's next(), for longer than any wait)
+        def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+            clock[0] += timeout if blocking else 0
+            return False
+
+        def release(self) -> None:
+            raise RuntimeError("not held")
+
+    locks = [part._next_lock for part in mix.datasets]
+    mix._starting = StartEndsLate()
+    for part in mix.datasets:
+        part._next_lock = HeldInNext()
+    mix.close()
+    assert clock[0] == pytest.approx(wait_s)
+    monkeypatch.undo()
+    for part, lock in zip(mix.datasets, locks, strict=True):
+        part._next_lock = lock
+    mix.close()
