@@ -819,7 +819,7 @@ class DALILeRobotIterator:
                     "closes it as the call returns, or once the build ends",
                 )
                 if not wait_for_pass(lock, deadline, *left):
-                    return  # (given up: counted in the finally)
+                    return  # (given up: left to the pass, counted above)
             self._close_held()
             # (another thread's handler's close(), left to frames of its own that let the lock go, is done: left set,
             # it closed the next pass that thread started, which came after this close(): 1 of 1)
