@@ -1054,6 +1054,31 @@ class Preempted(Exception):
         return EXIT_PREEMPTED if self.checkpoint is not None else 128 + self.signum
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT's KeyboardInterrupt) in a training loop (:class:`PreemptibleLoop`), after ``step`` steps: unlike a
+    preemption signal it saves nothing, so the message says which checkpoint a resume continues from (and which steps
+    it trains again); :func:`exit_status` logs it as one line on each rank and gives 128 + SIGINT, as the shell does."""
+
+    def __init__(self, step: int, saved: int | None, checkpoint_dir: Path | None) -> None:
+        self.step, self.saved, self.checkpoint_dir = step, saved, checkpoint_dir
+        where = f"interrupted (Ctrl-C) during step {step + 1}"
+        if checkpoint_dir is None:
+            told = "nothing is saved without --checkpoint-dir: a new run starts from step 0"
+        elif saved is None:
+            told = f"no checkpoint was saved in {checkpoint_dir} yet: the same command starts again from step 0"
+        else:
+            since = f"steps {saved + 1}..{step} since are trained again" if step > saved else "no step since"
+            told = (
+                f"its last checkpoint is {checkpoint_dir / f'step_{saved:08d}'} ({since}): to continue from it, run "
+                "the same command with --resume"
+            )
+        super().__init__(f"{where}; {told} (exit status {self.exit_status})")
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + signal.SIGINT
+
+
 class PreemptionNotice:
     """Once installed: :data:`PREEMPTION_SIGNALS` are noted (they no longer end the process) and :meth:`agreed` tells
     every rank, at the same point of the same step, whether any rank has received one.
@@ -1137,6 +1162,7 @@ class PreemptibleLoop:
         self.notice = PreemptionNotice(iterator.world_size)  # (may make a gloo group: a collective)
         self.saved = step if step else None  # (the checkpoint resumed from: a preemption before a step saves none)
         self.stopped_by = 0
+        self.step = step  # (the steps trained: a Ctrl-C's Interrupted names the next)
         self.checkpoint: Path | None = None
         self._position: dict[str, Any] | None = None
 
@@ -1147,12 +1173,15 @@ class PreemptibleLoop:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> None:
         if kind is not None:  # (without an error the handlers stay until finishing: a signal while closing is noted)
             self.notice.uninstall()
+        if isinstance(error, KeyboardInterrupt) and not isinstance(error, Interrupted):  # Ctrl-C: say how to go on
+            raise Interrupted(self.step, self.saved, self.checkpoint_dir) from None
 
     def next_batch(
         self, batches: Iterator[tuple[dict[str, Any], float]], step: int
     ) -> tuple[dict[str, Any], float] | None:
         """The next ``(batch, wait_s)`` of ``batches`` (:func:`epoch_batches`), step ``step + 1``'s, or None where
         every rank stops at this boundary (a collective: every rank calls it once a step)."""
+        self.step = step
         self._position = self.iterator.state_dict()  # the stream here: a preemption's checkpoint takes no batch more
         got = None
         try:
@@ -1331,13 +1360,16 @@ def configure_logging() -> None:
 
 def exit_status(run: Callable[[], object], program: str, log: logging.Logger) -> int:
     """A pipeline's exit status once it has called ``run`` (its training): 0; 2 after a :class:`SetupError`, logged
-    as one line (``program: message``), as a flag's mistake; after :class:`Preempted`, its
-    :attr:`~Preempted.exit_status`."""
+    as one line (``program: message``), as a flag's mistake; after :class:`Preempted` or :class:`Interrupted` (Ctrl-C,
+    logged as one line), their ``exit_status``."""
     try:
         run()
     except SetupError as e:  # the datasets or the checkpoint: one line, not a traceback on every rank
         log.error("%s: %s", program, e)
         return 2
+    except Interrupted as e:  # Ctrl-C in the training loop: which checkpoint a resume continues from, not a traceback
+        log.error("%s: %s", program, e)
+        return e.exit_status
     except Preempted as e:  # (logged where it stopped)
         # Saved and closed: a signal now could only change the exit status (torchrun sends SIGTERM to the ranks left
         # once one has exited, which Python's shutdown, restoring the default handlers, would die of).

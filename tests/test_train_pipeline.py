@@ -347,6 +347,49 @@ def test_a_preemption_signal_without_a_checkpoint_dir_says_nothing_is_saved(
     assert "Traceback" not in log
 
 
+def test_ctrl_c_says_which_checkpoint_a_resume_continues_from_in_one_line(
+    make_ds: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it: the DALI worker gets it too) mid-epoch saves
+    nothing, as before; each rank says in one line which checkpoint ``--resume`` continues from and which steps it
+    trains again, and exits with 130 (128 + SIGINT). It was a KeyboardInterrupt traceback per rank (through DDP and
+    gloo's 'Connection closed by peer' under torchrun: 138 lines), naming no checkpoint."""
+    ckpt = tmp_path / "ckpt"
+    args = [*COMMON, "--dataset", str(make_ds(**UNEVEN)), "--steps", "24", "--batch-size", "8", "--log-every", "1"]
+    args += ["--checkpoint-dir", str(ckpt), "--save-every", "2"]
+    status, log = _train_until_signalled(args, after="step 5 epoch", send=lambda p: os.killpg(p.pid, signal.SIGINT))
+    assert status == 130, log[-30000:]
+    match = re.search(
+        r"train\.py: interrupted \(Ctrl-C\) during step (\d+); its last checkpoint is (\S+) \((.*?)\): to continue "
+        r"from it, run the same command with --resume \(exit status 130\)",
+        log,
+    )
+    assert match, log[-30000:]
+    saved = int((ckpt / "latest").read_text().removeprefix("step_"))
+    assert match.group(2) == str(ckpt / f"step_{saved:08d}") and 4 <= saved < int(match.group(1)) <= 24
+    trained = int(match.group(1)) - 1
+    assert match.group(3) == (
+        f"steps {saved + 1}..{trained} since are trained again" if trained > saved else "no step since"
+    )
+    assert "Traceback" not in log
+
+
+def test_ctrl_c_without_a_checkpoint_says_a_new_run_starts_from_step_0() -> None:
+    from pipelines.train import Interrupted
+
+    assert str(Interrupted(3, None, None)) == (
+        "interrupted (Ctrl-C) during step 4; nothing is saved without --checkpoint-dir: a new run starts from step 0 "
+        "(exit status 130)"
+    )
+    assert str(Interrupted(3, None, Path("ckpt"))) == (
+        "interrupted (Ctrl-C) during step 4; no checkpoint was saved in ckpt yet: the same command starts again from "
+        "step 0 (exit status 130)"
+    )
+    assert isinstance(
+        Interrupted(3, 2, None), KeyboardInterrupt
+    )  # (a caller of train() that catches Ctrl-C still does)
+
+
 def test_a_run_whose_closing_fails_gives_the_signals_back() -> None:
     """Saving the trained policy or ``end_training`` raising (a full disk, a tracker's upload) left the preemption
     handlers installed in a process that goes on (a notebook, a sweep calling ``train`` in a loop): its SIGTERM was
