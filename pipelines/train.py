@@ -692,7 +692,8 @@ def epoch_batches(iterator: Any) -> Iterator[tuple[dict[str, Any], float]]:
 
     The iterator rolls to the next epoch by itself when one is done, which also keeps a resumed position (an
     explicit ``set_epoch`` counter here could undo it). A resume exactly at an epoch's end (its last batch, or
-    its dropped tail) yields one empty pass; two in a row mean no full batch fits an epoch at all.
+    its dropped tail) yields one empty pass; two in a row mean no full batch fits an epoch at all (:class:`RunRefused`:
+    one line, exit status 2).
     """
     empty_passes = 0
     while True:
@@ -707,7 +708,7 @@ def epoch_batches(iterator: Any) -> Iterator[tuple[dict[str, Any], float]]:
             yield batch, time.perf_counter() - start
         empty_passes = 0 if got else empty_passes + 1
         if empty_passes > 1:
-            raise ValueError(
+            raise RunRefused(
                 f"rank {iterator.rank} gets no full batch of {iterator.batch_size} from an epoch; lower --batch-size "
                 "or use a dataset with more frames per rank"
             )
@@ -1009,8 +1010,8 @@ class RunRecord:
 #: (:class:`RunRefused`).
 class RunRefused(ValueError):
     """What the run reads cannot be trained on as asked (datasets of different fps or of no shared camera, no
-    state or action feature) or differs from the checkpoint resumed (other windows, image size, cameras or
-    augmentation); the message says what to change."""
+    state or action feature), differs from the checkpoint resumed (other windows, image size, cameras or
+    augmentation) or holds no full batch in an epoch; the message says what to change."""
 
 
 SETUP_ERRORS: tuple[type[Exception], ...] = (
@@ -1359,13 +1360,14 @@ def configure_logging() -> None:
 
 
 def exit_status(run: Callable[[], object], program: str, log: logging.Logger) -> int:
-    """A pipeline's exit status once it has called ``run`` (its training): 0; 2 after a :class:`SetupError`, logged
-    as one line (``program: message``), as a flag's mistake; after :class:`Preempted` or :class:`Interrupted` (Ctrl-C,
+    """A pipeline's exit status once it has called ``run`` (its training): 0; 2 after a :class:`SetupError` or a
+    :class:`RunRefused` (:func:`epoch_batches`' batch larger than an epoch), logged as one line (``program: message``),
+    as a flag's mistake; after :class:`Preempted` or :class:`Interrupted` (Ctrl-C,
     logged as one line), their ``exit_status``."""
     try:
         run()
-    except SetupError as e:  # the datasets or the checkpoint: one line, not a traceback on every rank
-        log.error("%s: %s", program, e)
+    except (SetupError, RunRefused) as e:  # the datasets or the checkpoint (a batch larger than an epoch: in the
+        log.error("%s: %s", program, e)  # loop): one line, not a traceback on every rank
         return 2
     except Interrupted as e:  # Ctrl-C in the training loop: which checkpoint a resume continues from, not a traceback
         log.error("%s: %s", program, e)

@@ -985,7 +985,8 @@ def test_dataset_errors_while_setting_up_are_one_line_on_each_rank(
 ) -> None:
     """A dataset path that does not exist, a --cameras key or an --episodes index the dataset lacks, a checkpoint
     of other episodes or other windows: each printed a traceback (on every rank) ending in the library's message
-    (or train.py's own). Now that message is one line, exit status 2, as a flag's mistake is."""
+    (or train.py's own), as did a --batch-size larger than an epoch (found at the first batch). Now that message is one
+    line, exit status 2, as a flag's mistake is."""
     dataset = make_ds(**UNEVEN)
     base = [*COMMON, "--steps", "30", "--batch-size", "8"]
     ckpt = tmp_path / "ckpt"
@@ -1001,6 +1002,9 @@ def test_dataset_errors_while_setting_up_are_one_line_on_each_rank(
          r"reads \(3 episodes.*"),
         (["--dataset", str(dataset), "--checkpoint-dir", str(ckpt), "--resume", "--chunk", "3"],  # (train.py's own)
          rf"{ckpt}/step_00000024 was trained with other delta_timestamps \(.*\): resume with the same .*"),
+        (["--dataset", str(dataset), "--batch-size", "131"],  # (130 frames: found at the first batch; a traceback)
+         r"rank 0 gets no full batch of 131 from an epoch; lower --batch-size or use a dataset with more frames per "
+         r"rank"),
     ]  # fmt: skip
     for args, message in cases:
         result = _failed([*base, *args])
