@@ -216,6 +216,10 @@ def get_recipe(name_or_path: str | os.PathLike[str]) -> Recipe:
     if text in NAMED_RECIPES:
         return Recipe.from_toml(RECIPE_DIR / f"{text}.toml")
     if text.endswith(".toml") or os.sep in text:
+        if os.path.isdir(text):  # (not said to be missing: it exists)
+            raise IsADirectoryError(
+                f"recipe {text} is a folder: give a recipe .toml file, or one of {', '.join(NAMED_RECIPES)}"
+            )
         if not os.path.isfile(text):
             raise FileNotFoundError(f"recipe file {text} does not exist")
         return Recipe.from_toml(text)

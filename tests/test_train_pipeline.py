@@ -946,6 +946,7 @@ def test_feature_stats_read_named_and_per_episode_statistics() -> None:
         (["--recipe", "{tmp}/r.toml"], {"r.toml": 'name = "r"\n[augment]\nresize = [0, 5]\n'},
          r".*/r\.toml \[augment\]: AugmentConfig\.resize = \[0, 5\] is invalid"),
         (["--recipe", "{tmp}/missing.toml"], {}, r"recipe file .*missing\.toml does not exist"),
+        (["--recipe", "{tmp}/"], {}, r"recipe .*/ is a folder: give a recipe \.toml file, or one of act, .*"),
         (["--augment", "{tmp}/a.toml"], {"a.toml": "[blur\n"}, r"--augment .*a\.toml: "),
         (["--augment", "{tmp}/a.toml"], {"a.toml": "[color_jitter]\nbrightnes = 0.2\n"},
          r"--augment .*a\.toml: AugmentConfig\.color_jitter has unknown key\(s\) \['brightnes'\]"),
