@@ -1175,7 +1175,13 @@ class PreemptibleLoop:
         if kind is not None:  # (without an error the handlers stay until finishing: a signal while closing is noted)
             self.notice.uninstall()
         if isinstance(error, KeyboardInterrupt) and not isinstance(error, Interrupted):  # Ctrl-C: say how to go on
-            raise Interrupted(self.step, self.saved, self.checkpoint_dir) from None
+            raise Interrupted(self.step, self._latest_saved(), self.checkpoint_dir) from None
+
+    def _latest_saved(self) -> int | None:
+        """The step of the checkpoint ``--resume`` continues from (``latest`` as on disk: a rank interrupted in a
+        save's last barrier may not know it is complete), None where there is none."""
+        latest = latest_checkpoint(self.checkpoint_dir) if self.checkpoint_dir is not None else None
+        return int(latest.name.removeprefix("step_")) if latest is not None else None
 
     def next_batch(
         self, batches: Iterator[tuple[dict[str, Any], float]], step: int
