@@ -238,7 +238,7 @@ def _fewer_units_fix(counts: np.ndarray, world_size: int) -> str:
     pieces = max(1, frames // (4 * world_size))
     return (
         f"use fewer ranks or more episodes, or deal episodes in pieces: episode_piece_frames={pieces} gives each "
-        "rank about 4 pieces"
+        f"rank about 4 pieces (pipelines/train.py: --episode-piece-frames {pieces})"
     )
 
 

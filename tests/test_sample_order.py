@@ -434,7 +434,11 @@ def test_too_few_episodes_for_the_ranks() -> None:
     with pytest.raises(ShardingError, match="3 episode.*episode_piece_frames=1 "):
         SampleOrder(np.array([4, 0, 2, 9]), rank=0, world_size=4).num_samples(0)
     # The value the error suggests deals: 150 frames, 4 ranks -> pieces of 9 frames, 5 + 3 + 10 of them.
-    with pytest.raises(ShardingError, match="episode_piece_frames=9 gives each rank about 4 pieces$") as raised:
+    with pytest.raises(
+        ShardingError,
+        match=r"episode_piece_frames=9 gives each rank about 4 pieces \(pipelines/train\.py: --episode-piece-frames "
+        r"9\)$",
+    ) as raised:
         SampleOrder(np.array([40, 0, 20, 90]), rank=0, world_size=4).num_samples(0)
     suggested = int(re.search(r"episode_piece_frames=(\d+)", str(raised.value)).group(1))
     pieces = [
