@@ -53,6 +53,7 @@ from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .host_values import decode_host_values
 from .iterator_arguments import batchable_reader, camera_augment, check_windows, checked_arguments
 from .packet_index_store import PacketIndexStore
+from .parent_watch import children_start_deaf_to_interrupts
 from .prefetch import Prefetcher, prefetching_reader
 from .progress_lines import said_if_long
 from .said_once import say_once, warn_once
@@ -490,7 +491,7 @@ class DALILeRobotIterator:
                 enabled=self._shows_progress and self._says_build,
             ):
                 try:
-                    with skipping_main(source):
+                    with skipping_main(source), children_start_deaf_to_interrupts():
                         pipe.build()
                 finally:  # (every worker has read it once started: build() waits for them)
                     source_file.remove()

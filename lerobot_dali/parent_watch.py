@@ -15,16 +15,21 @@ watching that one ended it at once, its parent alive (3 of 3). It is not watched
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.util
 import os
 import signal
 import threading
+from collections.abc import Iterator
+from typing import Any
 
 from . import fork_locks
 
-__all__ = ["exit_with_parent", "leave_interrupts_to_parent"]
+__all__ = ["children_start_deaf_to_interrupts", "exit_with_parent", "leave_interrupts_to_parent"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +81,50 @@ def leave_interrupts_to_parent() -> bool:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_unwinding)
     return True
+
+
+#: What a worker leaves to the trainer (:func:`leave_interrupts_to_parent`), from its start on where it is spawned
+#: within :func:`children_start_deaf_to_interrupts`.
+_LEFT_TO_PARENT = {signal.SIGINT, signal.SIGUSR1}
+_spawning = threading.local()
+_WRAPPED = "_lerobot_dali_deaf_children"
+
+
+@contextlib.contextmanager
+def children_start_deaf_to_interrupts() -> Iterator[None]:
+    """Within, the processes this thread spawns (multiprocessing's ``spawn``: DALI's workers) start with SIGINT and
+    SIGUSR1 blocked, as they keep them: :func:`leave_interrupts_to_parent` ignores them only once a worker runs its
+    source, and a Ctrl-C while the workers were still importing DALI printed a KeyboardInterrupt traceback from each
+    (2 workers: 2 tracebacks of 10 lines below the trainer's one line). A blocked signal's mask passes through fork and
+    exec; this thread blocks them only while it forks, so the trainer still takes its Ctrl-C."""
+    _wrap_spawn()
+    previous = getattr(_spawning, "deaf", False)
+    _spawning.deaf = True
+    try:
+        yield
+    finally:
+        _spawning.deaf = previous
+
+
+@functools.cache
+def _wrap_spawn() -> None:
+    with _lock:  # (functools.cache alone lets two threads that ask first both wrap it)
+        original: Any = multiprocessing.util.spawnv_passfds
+        if getattr(original, _WRAPPED, False):
+            return
+
+        @functools.wraps(original)
+        def spawnv_passfds(path: Any, args: Any, passfds: Any) -> Any:
+            if not getattr(_spawning, "deaf", False):
+                return original(path, args, passfds)
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, _LEFT_TO_PARENT)
+            try:
+                return original(path, args, passfds)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+        setattr(spawnv_passfds, _WRAPPED, True)
+        multiprocessing.util.spawnv_passfds = spawnv_passfds
 
 
 def _exit_unwinding(signum: int, frame: object) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import threading
 from typing import Any
 
-from lerobot_dali.parent_watch import exit_with_parent
+from lerobot_dali.parent_watch import children_start_deaf_to_interrupts, exit_with_parent
 
 
 def _watches() -> tuple[bool, list[str]]:
@@ -59,3 +60,28 @@ def test_an_os_fork_child_of_a_multiprocessing_child_is_not_watched() -> None:
     # multiprocessing names the forking process's parent as the child's: was told it was watched, with no thread (its
     # parent watched first), or a thread watching that process ended it at once, its own parent alive (3 of 3 each).
     assert _reports("os.fork") == [(False, []), ("os.fork child's exit", 0)]
+
+
+def _blocked_signals(queue: Any) -> None:
+    queue.put(sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+
+
+def _spawned_blocks() -> list[int]:
+    spawn = multiprocessing.get_context("spawn")
+    queue = spawn.Queue()
+    process = spawn.Process(target=_blocked_signals, args=(queue,))
+    process.start()
+    blocked = queue.get(timeout=120)
+    process.join(timeout=120)
+    return blocked
+
+
+def test_workers_spawned_within_children_start_deaf_to_interrupts_start_with_sigint_and_sigusr1_blocked() -> None:
+    """A Ctrl-C while DALI's workers were importing (before leave_interrupts_to_parent) printed a KeyboardInterrupt
+    traceback from each; they now start with SIGINT and SIGUSR1 blocked. This thread blocks them only while it spawns,
+    and other spawns are as before."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    with children_start_deaf_to_interrupts():
+        assert _spawned_blocks() == sorted({signal.SIGINT, signal.SIGUSR1} | before)
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
+    assert signal.SIGINT not in _spawned_blocks()
