@@ -109,8 +109,8 @@ def children_start_deaf_to_interrupts() -> Iterator[None]:
 @functools.cache
 def _wrap_spawn() -> None:
     with _lock:  # (functools.cache alone lets two threads that ask first both wrap it)
-        original: Any = multiprocessing.util.spawnv_passfds
-        if getattr(original, _WRAPPED, False):
+        original: Any = getattr(multiprocessing.util, "spawnv_passfds", None)
+        if original is None or getattr(original, _WRAPPED, False):  # (a Python without it: workers start hearing them)
             return
 
         @functools.wraps(original)
