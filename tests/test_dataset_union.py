@@ -185,6 +185,22 @@ def test_ranks_and_workers_share_the_union_exactly_once_and_resume(make_ds) -> N
     resumed.close()
 
 
+def _read_saving_at(it: DALILeRobotIterator, keys_of, state: dict | None, stop: int | None) -> tuple[list, dict | None]:
+    """``keys_of`` every batch ``it`` reads from ``state`` (where given) on, and its state after batch ``stop`` (where
+    given: it stops there), ``it`` closed."""
+    if state is not None:
+        it.load_state_dict(state)
+    read: list = []
+    for n, batch in enumerate(it):
+        read += keys_of(batch)
+        if n == stop:
+            saved = it.state_dict()
+            it.close()
+            return read, saved
+    it.close()
+    return read, None
+
+
 def test_a_union_resumed_with_its_datasets_in_another_order_is_refused(make_ds, tmp_path_factory) -> None:
     """A union's stream state was known by its episodes' indices and lengths alone: two datasets of the same shape
     (a local and an HTTP one, 6 and 4 frames each) resumed listed the other way round went on without a word, each
@@ -205,19 +221,12 @@ def test_a_union_resumed_with_its_datasets_in_another_order_is_refused(make_ds, 
         which = {str(a): "a", url_a: "a", str(b): "b", url_b: "b"}
 
         def keys(given: list, state: dict | None = None, stop: int | None = None) -> tuple[list, dict | None]:
-            it = DALILeRobotIterator(concat_datasets(given), cache_gb=0.0, drop_last=False, **options)
-            if state is not None:
-                it.load_state_dict(state)
-            read = []
-            for n, batch in enumerate(it):  # (each sample by its own dataset, whatever its place in the union)
+            def named(batch: dict) -> list:  # (each sample by its own dataset, whatever its place in the union)
                 indices = zip(batch["dataset_index"].tolist(), batch["index"].tolist(), strict=True)
-                read += [(which[str(given[d])], i) for d, i in indices]
-                if n == stop:
-                    saved = it.state_dict()
-                    it.close()
-                    return read, saved
-            it.close()
-            return read, None
+                return [(which[str(given[d])], i) for d, i in indices]
+
+            it = DALILeRobotIterator(concat_datasets(given), cache_gb=0.0, drop_last=False, **options)
+            return _read_saving_at(it, named, state, stop)
 
         whole, _ = keys([a, url_b])
         head, state = keys([a, url_b], stop=1)
@@ -249,19 +258,12 @@ def test_a_union_within_a_union_resumed_with_its_datasets_in_another_order_is_re
     options = {"batch_size": 4, "shuffle": True, "seed": 7, "device": "cpu", "num_workers": 0, "decode": "cpu"}
 
     def samples(inner: list[Path], state: dict | None = None, stop: int | None = None) -> tuple[list, dict | None]:
-        it = DALILeRobotIterator(concat_datasets([concat_datasets(inner), c]), drop_last=False, **options)
-        if state is not None:
-            it.load_state_dict(json.loads(json.dumps(state)))
-        read = []
-        for n, batch in enumerate(it):  # (a's and b's tasks tell them apart: task = (episode + seed) % 2)
+        def told(batch: dict) -> list:  # (a's and b's tasks tell them apart: task = (episode + seed) % 2)
             seeds = (batch["task_index"] - batch["episode_index"]) % 2
-            read += zip(batch["dataset_index"].tolist(), seeds.tolist(), _keys(batch), strict=True)
-            if n == stop:
-                saved = it.state_dict()
-                it.close()
-                return read, saved
-        it.close()
-        return read, None
+            return list(zip(batch["dataset_index"].tolist(), seeds.tolist(), _keys(batch), strict=True))
+
+        it = DALILeRobotIterator(concat_datasets([concat_datasets(inner), c]), drop_last=False, **options)
+        return _read_saving_at(it, told, state and json.loads(json.dumps(state)), stop)
 
     whole, _ = samples([a, b])
     head, state = samples([a, b], stop=1)
