@@ -765,6 +765,13 @@ class DALILeRobotIterator:
             raise
         setattr(self, name, None)
 
+    def __enter__(self) -> DALILeRobotIterator:
+        """``with DALILeRobotIterator(...) as it:`` closes it (:meth:`close`) as the block ends, by an error too."""
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """Stop the worker processes (and the prefetcher) and close the files and decoders a pipeline without workers
         opened here, now rather than at garbage collection.

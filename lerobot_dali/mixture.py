@@ -461,6 +461,13 @@ class DALILeRobotMixture:
         """Colour channels of each camera's frames, in batch order (as :attr:`DALILeRobotIterator.camera_channels`)."""
         return {self.renames[0].batch_name(k): n for k, n in self.datasets[0].camera_channels.items()}
 
+    def __enter__(self) -> DALILeRobotMixture:
+        """``with DALILeRobotMixture(...) as it:`` closes it (:meth:`close`) as the block ends, by an error too."""
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """Stop every dataset's worker processes now; the pass in progress raises IteratorClosedError.
 

@@ -2420,3 +2420,26 @@ def test_a_load_state_dict_during_another_threads_close_does_not_close_the_sourc
     seen += [int(i) for b in it for i in b["index"]]
     it.close()
     assert seen == reference
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_an_iterator_used_as_a_context_manager_is_closed_as_the_block_ends(make_ds, fails) -> None:
+    """``with DALILeRobotIterator(...) as it:`` raised TypeError (no __enter__): a loop had to close it by hand, or
+    through contextlib.closing. The block's end closes it (its workers stopped), an error in the block too, which
+    still propagates; iterating again after it carries on at the same sample, as after close()."""
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=1, drop_last=False)
+    reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
+    seen: list[int] = []
+    with contextlib.ExitStack() as expect:
+        if fails:
+            expect.enter_context(pytest.raises(RuntimeError, match="in the block"))
+        with DALILeRobotIterator(root, **kwargs) as it:
+            seen += [int(i) for i in next(iter(it))["index"]]
+            assert it._pipeline is not None and multiprocessing.active_children() != []
+            if fails:
+                raise RuntimeError("in the block")
+    assert it._pipeline is None and multiprocessing.active_children() == []
+    seen += [int(i) for b in it for i in b["index"]]
+    it.close()
+    assert seen == reference

@@ -1242,3 +1242,17 @@ def test_a_close_from_another_thread_waits_close_wait_s_in_all(make_ds, monkeypa
     for part, lock in zip(mix.datasets, locks, strict=True):
         part._next_lock = lock
     mix.close()
+
+
+def test_a_mixture_used_as_a_context_manager_closes_every_dataset_as_the_block_ends(make_ds) -> None:
+    """``with DALILeRobotMixture(...) as mix:`` raised TypeError (no __enter__). The block's end, an error's too,
+    closes every dataset's pipeline and workers; the error propagates."""
+    paths = _datasets(make_ds)
+    with (
+        pytest.raises(RuntimeError, match="in the block"),
+        DALILeRobotMixture(paths, batch_size=4, device="cpu", num_workers=1) as mix,
+    ):
+        assert len(_keys(next(iter(mix)))) == 4
+        assert all(part._pipeline is not None for part in mix.datasets) and multiprocessing.active_children()
+        raise RuntimeError("in the block")
+    assert all(part._pipeline is None for part in mix.datasets) and multiprocessing.active_children() == []
