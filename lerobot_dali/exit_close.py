@@ -16,7 +16,7 @@ a remote footer, stopped there, and the process aborted (``Fatal Python error: P
 
 Closing what the user holds is safe here: DALI shuts those pipelines down a moment later whatever we do, and close()
 only ends what the iterator built (its pipeline, workers, prefetcher); iterating again (in a later exit handler)
-builds them anew.
+builds the pipeline anew, a remote dataset's read without its prefetch cache (no prefetcher thread starts then).
 
 A child forked from the process (``os.fork``) inherits the live iterators, this handler and DALI's, but not the threads
 their pipelines run on. :func:`watch` also registers a fork hook: in the child, every DALI pipeline is left to the
@@ -36,7 +36,7 @@ from typing import Any
 from . import fork_locks
 from .inherited_pipeline import abandon_all
 
-__all__ = ["must_park", "park_if_exiting", "watch"]
+__all__ = ["exiting", "must_park", "park_if_exiting", "watch"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,9 +61,14 @@ def watch(iterator: Any) -> None:
             _registered = True
 
 
+def exiting() -> bool:
+    """Whether the exit handler ran (it closed every live iterator)."""
+    return _exiting.is_set()
+
+
 def must_park() -> bool:
     """Whether :func:`park_if_exiting` waits here: the exit handler ran, and this is not the main thread."""
-    return _exiting.is_set() and threading.current_thread() is not threading.main_thread()
+    return exiting() and threading.current_thread() is not threading.main_thread()
 
 
 def park_if_exiting() -> None:

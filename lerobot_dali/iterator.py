@@ -47,7 +47,7 @@ from .errors import (
     ResumeStateError,
     WorkerProcessError,
 )
-from .exit_close import must_park, park_if_exiting, watch
+from .exit_close import exiting, must_park, park_if_exiting, watch
 from .file_format_store import FileFormatStore
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .host_values import decode_host_values
@@ -253,15 +253,8 @@ class DALILeRobotIterator:
         self._host_value_keys = tuple(k for k in self._tabular_keys if self.reader.info.features[k].is_host_value)
         # Remote datasets: file stamps (reader.stamps, one listing per root) and packet indexes on disk mean
         # no per-file requests from any worker; workers read through a cache a prefetcher fills on admission.
-        self._worker_reader, self._prefetcher = prefetching_reader(
-            self.reader,
-            self._stream.order,
-            rank=self.rank,
-            lookahead=batch_size * (prefetch + 1) * max(1, num_workers) + batch_size,
-            cache_dir=cache_dir,
-            cache_bytes=int(cache_gb * 1e9),
-            index_store=self._remote_index_store,
-        )
+        self._cache_dir, self._cache_bytes = cache_dir, int(cache_gb * 1e9)
+        self._take_prefetch_slot(self._cache_bytes)
         self._pipeline: Any = None
         self._source: BatchSource | None = None  # the pipeline's, which its reference cycles keep: closed with it
         self._dali_iter: Any = None
@@ -282,6 +275,20 @@ class DALILeRobotIterator:
         self.reader.close_files()
         self._say_how_it_reads(ranks.source_said)
         watch(self)  # closed at exit, before DALI's own handler shuts its pipeline down under a pass
+
+    def _take_prefetch_slot(self, cache_bytes: int) -> None:
+        """The workers' reader and the prefetcher (:func:`~.prefetch.prefetching_reader`): a remote dataset's workers
+        read through a slot of the prefetch cache taken now, which close() gives up."""
+        self._worker_reader, self._prefetcher = prefetching_reader(
+            self.reader,
+            self._stream.order,
+            rank=self.rank,
+            lookahead=self.batch_size * (self._prefetch + 1) * max(1, self._num_workers) + self.batch_size,
+            cache_dir=self._cache_dir,
+            cache_bytes=cache_bytes,
+            index_store=self._remote_index_store,
+        )
+        self._slot_given_up = False
 
     def _say_how_it_reads(self, rank_source: str) -> None:
         """Log what the built iterator reads (its samples, routes, threads), and warn of what a run would regret:
@@ -432,6 +439,13 @@ class DALILeRobotIterator:
         # order's copies (each worker's, the prefetcher's) start at the stream's position: each replayed the epoch up
         # to there (at 13.7M samples in, 2.8 s of CPU per copy).
         self._stream.order.prepare(self._stream.epoch, self._stream.samples_consumed)
+        if self._slot_given_up:
+            # Closed, then iterated again: a slot is taken again, as a new iterator would. The workers read on through
+            # the one close() gave up, with no prefetcher: every range the folder lacked came remotely, and a run that
+            # took the slot meanwhile served this one's reads from its own entries (adopted, evicted under them).
+            # Not once the exit handler closed everything: nothing would close that prefetcher before the interpreter
+            # ends (:mod:`.exit_close`), so the workers read remotely, through no cache folder.
+            self._take_prefetch_slot(0 if exiting() else self._cache_bytes)
         if self._prefetcher is not None:
             self._prefetcher.set_order(self._stream.order)
             self._prefetcher.warm(self._stream.epoch, self._stream.samples_consumed, progress=self._shows_progress)
@@ -784,7 +798,8 @@ class DALILeRobotIterator:
         lets go.
 
         In a child forked from the process that built the iterator it does nothing: what it would close is the
-        parent's."""
+        parent's. Iterating again builds them anew; a remote dataset's prefetcher takes a cache slot again, as a new
+        iterator does (the one given up may be another run's by then)."""
         self._close_by(close_deadline())
 
     def _close_by(self, deadline: float) -> None:
@@ -857,6 +872,7 @@ class DALILeRobotIterator:
         finally:
             prefetcher = getattr(self, "_prefetcher", None)
             if prefetcher is not None:
+                self._slot_given_up = True  # (its cache's slot, for the next run to take: a next pass takes one again)
                 prefetcher.close()
                 self._prefetcher = None
 
@@ -868,7 +884,8 @@ class DALILeRobotIterator:
 
     @property
     def prefetcher(self) -> Prefetcher | None:
-        """The prefetcher of a remote dataset (its ``stats`` count cached and fetched ranges), else None."""
+        """The prefetcher of a remote dataset (its ``stats`` count cached and fetched ranges), else None (also once
+        closed, until the next pass starts another)."""
         return self._prefetcher
 
     def __del__(self) -> None:

@@ -397,6 +397,66 @@ def test_iterator_over_http_with_spawned_workers_and_faults(
     _assert_video_bytes_ranged(server, root)
 
 
+@pytest.mark.parametrize("exiting", [False, True], ids=["iterated_again", "iterated_again_at_exit"])
+def test_a_closed_iterator_iterated_again_reads_through_no_slot_another_run_took(
+    root: Path, server, local_epoch, monkeypatch, tmp_path, exiting: bool
+) -> None:
+    """close() gives the prefetch cache's slot up for the next run; iterating again carried on with no prefetcher,
+    its reads going through that folder for the rest of the run: all remote but what it held (80 of 80 video ranges of
+    a 144-sample epoch read remotely), and from another run's entries once that run took the slot (36 files opened in
+    it here). It takes a slot again, as a new iterator does (the other run's taken: the next one); once the exit
+    handler closed everything, it reads remotely, through no cache folder (no prefetcher thread left at exit)."""
+    import lerobot_dali.cached_filesystem as cached_filesystem
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    cache = tmp_path / "cache"
+    reading: list[str] = []  # the run whose batch is being read
+    touched: list[tuple[str, Path]] = []  # (run, file or folder of the cache its reads opened or listed)
+    real_open, real_list = open, cached_filesystem.list_entries
+
+    def recorded_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+        touched.append((reading[-1], Path(file)))
+        return real_open(file, *args, **kwargs)
+
+    def recorded_list(folder: Path) -> Any:
+        touched.append((reading[-1], folder))
+        return real_list(folder)
+
+    monkeypatch.setattr(cached_filesystem, "open", recorded_open, raising=False)
+    monkeypatch.setattr(cached_filesystem, "list_entries", recorded_list)
+    monkeypatch.setattr("lerobot_dali.iterator.exiting", lambda: exiting)
+    a = DALILeRobotIterator(_url(server, root), num_workers=0, cache_dir=cache, cache_gb=1.0, **OPTIONS)
+    passes, got = {"a": iter(a)}, {"a": [], "b": []}
+
+    def read_batch(run: str) -> bool:
+        reading.append(run)
+        batch = next(passes[run], None)
+        if batch is not None:
+            got[run] += [{k: v[i] for k, v in batch.items()} for i in range(len(batch["index"]))]
+        return batch is not None
+
+    assert read_batch("a") and read_batch("a")
+    a.close()
+    b = DALILeRobotIterator(_url(server, root), num_workers=0, cache_dir=cache, cache_gb=1.0, **OPTIONS)
+    assert b.prefetcher is not None and b.prefetcher.cache.directory == cache / "rank-0"  # the slot A gave up
+    touched.clear()
+    passes.update(a=iter(a), b=iter(b))
+    running = ["a", "b"]  # batch by batch, in turn
+    while running:
+        running = [run for run in running if read_batch(run)]
+    own = a.prefetcher.cache.directory if a.prefetcher is not None else None
+    a.close()
+    b.close()
+    _assert_samples_equal(local_epoch, got["a"])  # (the first 8 before the close, the rest after)
+    _assert_samples_equal(local_epoch, got["b"])
+    by_a = [path for run, path in touched if run == "a"]
+    assert not [path for path in by_a if path.is_relative_to(cache / "rank-0")]
+    if exiting:
+        assert own is None and by_a == []
+    else:
+        assert own == cache / "rank-0.1" and by_a and all(path.is_relative_to(own) for path in by_a)
+
+
 def test_short_range_answers_are_retried_not_misplaced(tmp_path: Path, monkeypatch) -> None:
     """fsspec's read-ahead cache placed a response cut short where the whole one would have gone, shifting the
     bytes after it (a packet index built so stored wrong keyframe flags for good); a short block is now retried."""
