@@ -85,7 +85,8 @@ class StreamState:
     before they were recorded: not checked). ``walk`` is the saving rank's pool walk at this position (None where
     unshuffled, or saved before version 3); ``rank_walks`` the other ranks' walks at this position, where
     :func:`merge_rank_states` gathered them (``rank_walks`` in the dict). ``gathered``: how many ranks' states
-    :func:`merge_rank_states` found at this one position (``gathered_ranks`` in the dict; 0: one rank's own state).
+    :func:`merge_rank_states` found at this one position, each rank once (``gathered_ranks`` in the dict; 0: one
+    rank's own state).
     ``rank``: the rank that saved it, kept where ``rank_balance='none'`` on several ranks (``saved_rank`` in the
     dict; None elsewhere, where every rank stands at one position): each rank's count there is its own.
     """
@@ -209,9 +210,9 @@ def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     others' walks too (``rank_walks``, ~140 ints a rank), so that resume replays none. States of other positions or
     runs (an iterator's over other ``episodes``) are refused (:class:`~lerobot_dali.errors.ResumeStateError`), as
     states without a walk (unshuffled or from an older version: nothing to gather) add none. The merged state counts
-    the states it gathered (``gathered_ranks``): with ``rank_balance='none'`` a resume on another world size takes
-    only a state of every old rank, all at the start of one epoch (ranks of unequal counts finish epochs apart).
-    """
+    the ranks whose states it gathered, each once (``gathered_ranks``): with ``rank_balance='none'`` a resume on
+    another world size takes only a state of every old rank, all at the start of one epoch (ranks of unequal counts
+    finish epochs apart)."""
     if not states:
         raise ResumeStateError("merge_rank_states needs at least one stream state (each rank's state_dict())")
     parsed = [StreamState.from_dict(state) for state in states]
@@ -233,14 +234,26 @@ def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 f"{where[1]} (or their segments or options) stand at other positions or were saved by other runs"
             )
     walks = {walk.rank: walk for state in parsed for walk in state.walks}
-    if any(rank >= first.world_size for rank in walks):
+    ranks = {*walks, *(state.rank for state in parsed if state.rank is not None)}
+    if any(rank >= first.world_size for rank in ranks):
         raise ResumeStateError(
-            f"merge_rank_states got a walk of rank {max(walks)}, but the states were saved on {first.world_size} ranks"
+            f"merge_rank_states got a state or walk of rank {max(ranks)}, but the states were saved on "
+            f"{first.world_size} ranks"
         )
     own = first.walk.rank if first.walk is not None else None
     others = [walks[rank] for rank in sorted(walks) if rank != own]
-    gathered = dataclasses.replace(first, rank_walks=tuple(others), gathered=len(states))
-    return {**states[0], **gathered.to_dict()}
+    merged = dataclasses.replace(first, rank_walks=tuple(others), gathered=_ranks_gathered(parsed, ranks))
+    return {**states[0], **merged.to_dict()}
+
+
+def _ranks_gathered(states: Sequence[StreamState], ranks: set[int]) -> int:
+    """How many ranks ``states`` (at one position) stand for: each rank once, by the rank that saved it or its walk
+    (one rank's state passed twice, as ``[state] * world_size`` of a job that saves rank 0's alone, is one rank's:
+    counted as every rank's, it let rank_balance='none' take it as every rank at that epoch's start); a state that
+    names no rank (saved before ``saved_rank``, or balanced) counts as one, and a state merged before as the ranks it
+    gathered."""
+    unnamed = sum(1 for state in states if state.rank is None and not state.walks)
+    return max(len(ranks) + unnamed, *(state.gathered for state in states))
 
 
 #: The keys a :class:`StreamState`'s dict holds; an iterator's adds others (``episodes``, its episodes' digest, and
@@ -390,11 +403,17 @@ class SampleStream:
                 # (ranks of unequal counts finish an epoch apart: one rank at the start of this epoch says nothing of
                 # another still reading the epoch before, whose rest would be lost, or one further on, whose frames of
                 # this epoch would come again)
+                who = (
+                    f"a state gathered from {state.gathered} of the {state.world_size} ranks (merge_rank_states counts "
+                    "each rank once)"
+                    if state.gathered
+                    else "one rank's state"
+                )
                 raise ResumeStateError(
-                    f"with rank_balance='none' ranks finish epochs apart, so one rank's state at the start of epoch "
-                    f"{epoch} does not say that the other {state.world_size - 1} rank(s) stood there too: resume on "
-                    f"{state.world_size} ranks with each rank's own state, or pass merge_rank_states([every old "
-                    "rank's state_dict()]), which refuses states that stand apart"
+                    f"with rank_balance='none' ranks finish epochs apart, so {who} at the start of epoch {epoch} does "
+                    f"not say that the other {state.world_size - max(state.gathered, 1)} rank(s) stood there too: "
+                    f"resume on {state.world_size} ranks with each rank's own state, or pass merge_rank_states([every "
+                    "old rank's state_dict()]), which refuses states that stand apart"
                 )
             # (an epoch not begun starts afresh on these ranks)
             self._order = SampleOrder(self._lengths, rank=rank, world_size=world_size, options=options)

@@ -265,6 +265,10 @@ def _unbalanced_resume(job: _Job, states: list[dict[str, Any]], world_size: int)
         with pytest.raises(ResumeStateError, match="rank_balance='none'"):
             stream.load_state_dict(states[0])
         job.counts["refused"] += 1
+    if len(states) > 1:  # (rank 0's state passed for every rank's is one rank's: merge_rank_states counts it once)
+        with pytest.raises(ResumeStateError, match="rank_balance='none'"):
+            stream.load_state_dict(merge_rank_states([first] * len(states)))
+        job.counts["refused"] += 1
     if len({(s["epoch"], s["samples_consumed"]) for s in states}) > 1:
         with pytest.raises(ResumeStateError, match="stand at other positions"):
             merge_rank_states(states)

@@ -173,6 +173,39 @@ def test_unbalanced_ranks_resume_on_their_own_world_size_only() -> None:
     np.testing.assert_array_equal(fresh.next_batch()[1], expected[1])
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_unbalanced_rank_state_merged_with_itself_counts_one_rank(shuffle: bool) -> None:
+    """merge_rank_states counts each rank once: rank 0's state passed for every rank (``[state] * world_size``, what a
+    job saving rank 0's alone has) said gathered_ranks=2, so under rank_balance='none' rank 0 at epoch 1's start
+    stood for rank 1 too, still 2 batches into epoch 0: a fresh epoch 1 on 3 ranks (or rank 1 on its own 2) was taken,
+    and the rest of rank 1's epoch 0 never read (332 of its 336 frames here)."""
+    options = {"rank_balance": RankBalance.NONE, "shuffle": shuffle}
+    ranks = [_stream(2, r, batch=4, **options) for r in range(2)]
+    ranks[0].set_epoch(1)
+    ranks[1].next_batch()
+    assert ranks[1].num_samples() - ranks[1].samples_consumed > 0  # (what a resume from rank 0's state loses)
+    doubled = merge_rank_states([ranks[0].state_dict()] * 2)
+    assert doubled["gathered_ranks"] == 1
+    with pytest.raises(ResumeStateError, match=r"gathered from 1 of the 2 ranks .*epoch 1 .*other 1 rank"):
+        _stream(3, 1, batch=4, **options).load_state_dict(json.loads(json.dumps(doubled)))
+    with pytest.raises(ResumeStateError, match=r"rank 0's state \(sample 0 of epoch 1\).*where rank 1 stood"):
+        _stream(2, 1, batch=4, **options).load_state_dict(doubled)
+    # Every rank's, each once: all at epoch 1's start, taken; merged again, still every rank's.
+    ranks[1].set_epoch(1)
+    every = merge_rank_states([r.state_dict() for r in ranks])
+    assert every["gathered_ranks"] == merge_rank_states([every])["gathered_ranks"] == 2
+    assert merge_rank_states([every, ranks[1].state_dict()])["gathered_ranks"] == 2
+    fresh = _stream(3, 1, batch=4, **options)
+    fresh.load_state_dict(every)
+    want = SampleOrder(LENGTHS, rank=1, world_size=3, options=_options(**options)).samples(1, 0, 4)
+    np.testing.assert_array_equal(fresh.next_batch()[1], want[1])
+    # A state that names no rank (saved before saved_rank) counts as one, as before, unless its walk names it.
+    unnamed = {k: v for k, v in ranks[0].state_dict().items() if k != "saved_rank"}
+    assert merge_rank_states([unnamed, unnamed])["gathered_ranks"] == (1 if shuffle else 2)
+    with pytest.raises(ResumeStateError, match=r"state or walk of rank 2, but the states were saved on 2 ranks"):
+        merge_rank_states([ranks[0].state_dict(), {**ranks[1].state_dict(), "saved_rank": 2}])
+
+
 def test_ranks_agree_on_counts_and_balance_within_longest_episode() -> None:
     orders = [SampleOrder(LENGTHS, rank=r, world_size=3, options=_options()) for r in range(3)]
     counts = [o.rank_frame_counts(2) for o in orders]
