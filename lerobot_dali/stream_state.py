@@ -46,7 +46,7 @@ from .errors import ResumeStateError
 from .said_once import say_once, warn_once
 from .sample_order import ConsumedSegment, OrderOptions, RankBalance, ResumedEpoch, SampleOrder
 from .saved_walk import SavedWalk, pools_from_lists, pools_to_lists
-from .value_checks import check_int_fields
+from .value_checks import check_int_fields, is_int
 
 __all__ = ["SampleStream", "StreamState", "merge_rank_states"]
 
@@ -180,19 +180,20 @@ class StreamState:
                 f"stream state episode_lengths must be the text state_dict() saved, got {lengths!r}; leave it out to "
                 "resume without checking the episodes"
             )
+        # (ints as the other fields take them, numpy's too: a checkpoint format may give those)
         gathered = state.get("gathered_ranks", 0)
-        if isinstance(gathered, bool) or not isinstance(gathered, int) or gathered < 0:
+        if not is_int(gathered) or gathered < 0:
             raise ResumeStateError(
                 f"stream state gathered_ranks must be the count merge_rank_states() saved, got {gathered!r}"
             )
         rank = state.get("saved_rank")
-        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+        if rank is not None and (not is_int(rank) or rank < 0):
             raise ResumeStateError(f"stream state saved_rank must be the rank state_dict() saved, got {rank!r}")
         return cls(
             **fields,
             prior_segments=segments,
-            gathered=gathered,
-            rank=rank,
+            gathered=int(gathered),
+            rank=None if rank is None else int(rank),
             order=order,
             walk=walk,
             rank_walks=tuple(SavedWalk.from_dict(w) for w in rank_walks),

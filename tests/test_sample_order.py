@@ -206,6 +206,35 @@ def test_unbalanced_rank_state_merged_with_itself_counts_one_rank(shuffle: bool)
         merge_rank_states([ranks[0].state_dict(), {**ranks[1].state_dict(), "saved_rank": 2}])
 
 
+def test_unbalanced_state_ranks_load_as_numpy_ints_as_its_other_fields() -> None:
+    """saved_rank and gathered_ranks are ints as the state's other fields are, numpy's too (a checkpoint format may
+    give those): np.int64 in every field loaded but for saved_rank, refused as 'must be the rank state_dict() saved'."""
+    options = {"rank_balance": RankBalance.NONE}
+    own = _stream(2, 1, batch=4, **options)
+    own.next_batch()
+    saved = own.state_dict()
+    want = own.next_batch()
+    as_numpy = {k: np.int64(v) if isinstance(v, int) else v for k, v in saved.items()}
+    assert isinstance(as_numpy["saved_rank"], np.integer)
+    again = _stream(2, 1, batch=4, **options)
+    again.load_state_dict(as_numpy)
+    np.testing.assert_array_equal(again.next_batch()[1], want[1])
+    with pytest.raises(ResumeStateError, match=r"rank 1's state \(sample 4 of epoch 0\).*where rank 0 stood"):
+        _stream(2, 0, batch=4, **options).load_state_dict(as_numpy)
+    ranks = [_stream(2, r, batch=4, **options) for r in range(2)]
+    for r in ranks:
+        r.set_epoch(1)
+    merged = merge_rank_states([r.state_dict() for r in ranks])
+    fresh = _stream(3, 0, batch=4, **options)
+    fresh.load_state_dict({**merged, "gathered_ranks": np.int64(2)})
+    assert fresh.epoch == 1
+    for bad in (True, -1, 1.0):
+        with pytest.raises(ResumeStateError, match="saved_rank must be the rank state_dict"):
+            _stream(2, 1, batch=4, **options).load_state_dict({**saved, "saved_rank": bad})
+        with pytest.raises(ResumeStateError, match="gathered_ranks must be the count"):
+            _stream(3, 0, batch=4, **options).load_state_dict({**merged, "gathered_ranks": bad})
+
+
 def test_ranks_agree_on_counts_and_balance_within_longest_episode() -> None:
     orders = [SampleOrder(LENGTHS, rank=r, world_size=3, options=_options()) for r in range(3)]
     counts = [o.rank_frame_counts(2) for o in orders]
