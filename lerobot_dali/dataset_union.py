@@ -428,6 +428,8 @@ def refuse_another_order(saved: Mapping[str, Any], readers: Sequence[LeRobotData
     contents = saved.get("dataset_contents")
     if not isinstance(contents, list | tuple):  # (a tuple: as the stream's state takes its lists, from a serializer)
         return
+    # (positions count a union's datasets each: said so, or 'dataset 2' of 2 listed reads as none of them)
+    within = ", counting each dataset within a union" if any(isinstance(r, DatasetUnion) for r in readers) else ""
     readers = [each for reader in readers for each in datasets_within(reader)]
     now = dataset_contents(readers)
     # (each position it held: a dataset listed twice was named at its first alone, 'was 0' for one saved at 2)
@@ -443,8 +445,8 @@ def refuse_another_order(saved: Mapping[str, Any], readers: Sequence[LeRobotData
     raise ResumeStateError(
         f"this stream state was saved over "
         f"{f'other datasets than {what}' if new + count else f'{what} with its datasets in another order'}"
-        f": each position would be another dataset's sample ({'; '.join(was + new + count)}); list the datasets it "
-        f"was saved over, as they were listed then (now: {', '.join(names)})"
+        f": each position would be another dataset's sample ({'; '.join(was + new + count)}{within}); list the "
+        f"datasets it was saved over, as they were listed then (now: {', '.join(names)})"
     )
 
 

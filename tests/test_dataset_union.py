@@ -274,6 +274,36 @@ def test_a_union_within_a_union_resumed_with_its_datasets_in_another_order_is_re
     assert head + samples([a, b], state)[0] == whole
 
 
+def test_a_reorder_around_a_union_within_says_its_positions_count_each_dataset_within(make_ds) -> None:
+    """Positions in the refusal count each dataset within a union: [c, union(a, b)] resumed as [union(a, b), c] said
+    'c is dataset 2, was 0' of a union listed as 2 datasets, a position among none of them (1 of 1 such refusals
+    did not say why). Now it says the positions count each dataset within a union."""
+    from lerobot_dali.errors import ResumeStateError
+
+    a, b = (
+        make_ds(episodes=2, frames_per_episode=[6, 4], cameras=1, codec="h264", fps=FPS, gop=4, seed=seed)
+        for seed in (0, 1)
+    )
+    c = make_ds(episodes=2, frames_per_episode=[5, 3], cameras=1, codec="h264", fps=FPS, gop=4)
+    options = {"batch_size": 4, "device": "cpu", "num_workers": 0, "decode": "cpu"}
+    saved = DALILeRobotIterator(concat_datasets([c, concat_datasets([a, b])]), **options)
+    state = json.loads(json.dumps(saved.state_dict()))
+    saved.close()
+    it = DALILeRobotIterator(concat_datasets([concat_datasets([a, b]), c]), **options)
+    said = (
+        rf"{re.escape(str(a))} is dataset 0, was 1; {re.escape(str(b))} is dataset 1, was 2; {re.escape(str(c))} is "
+        r"dataset 2, was 0, counting each dataset within a union\); list the datasets"
+    )
+    with pytest.raises(ResumeStateError, match=said):
+        it.load_state_dict(state)
+    it.close()
+    # (no union within: the positions are the ones listed, said as before)
+    flat = DALILeRobotIterator(concat_datasets([a, b, c]), **options)
+    with pytest.raises(ResumeStateError, match=rf"{re.escape(str(c))} is dataset 2, was 0\); list the datasets"):
+        flat.load_state_dict(state)
+    flat.close()
+
+
 @pytest.mark.parametrize("as_tuple", [False, True])
 @pytest.mark.parametrize("now", ["cab", "bc", "aab"])
 def test_a_union_resumed_over_other_datasets_or_one_listed_twice_names_each_as_saved(
