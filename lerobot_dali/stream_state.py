@@ -398,7 +398,8 @@ class SampleStream:
                 raise ResumeStateError(
                     f"with rank_balance='none' each rank reads its own count, so one rank's position (saved on "
                     f"{state.world_size} ranks) does not say where the others stood: resume epoch {epoch} on "
-                    f"{state.world_size} ranks, or start epoch {epoch + 1} here"
+                    f"{state.world_size} ranks, or start epoch {epoch + 1} here without it (set_epoch({epoch + 1}), no "
+                    "state loaded)"
                 )
             if state.world_size > 1 and state.gathered < state.world_size:
                 # (ranks of unequal counts finish an epoch apart: one rank at the start of this epoch says nothing of

@@ -127,7 +127,10 @@ def test_unbalanced_ranks_resume_on_their_own_world_size_only() -> None:
     resumed.load_state_dict(state)
     for want in rest:
         np.testing.assert_array_equal(resumed.next_batch()[1], want[1])
-    with pytest.raises(ResumeStateError, match=r"rank_balance='none'.*resume epoch 0 on 2 ranks, or start epoch 1"):
+    with pytest.raises(
+        ResumeStateError,
+        match=r"rank_balance='none'.*resume epoch 0 on 2 ranks, or start epoch 1 here without it \(set_epoch\(1\)",
+    ):
         _stream(3, 0, batch=4, **options).load_state_dict(state)
     # At an epoch's start too, one rank's state says nothing of the other's: ranks of unequal counts finish epochs
     # apart (rank 0 at epoch 1's start, rank 1 still reading epoch 0, or further on), so a fresh epoch 1 on 3 ranks
