@@ -210,6 +210,9 @@ class _Part:
     def close(self) -> None:
         pass
 
+    def _close_by(self, deadline: float) -> None:  # (the mixture's close(): one wait in all)
+        pass
+
 
 _Part.__init__.__signature__ = inspect.signature(mixture_module.DALILeRobotIterator.__init__)  # type: ignore[attr-defined]
 
