@@ -23,6 +23,7 @@ its own dataset's listing.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -59,6 +60,7 @@ from .packet_index_cache import load_episode_packet_index
 from .packet_index_store import PacketIndexStore
 from .remote_retry import RetryingFileSystem
 from .said_once import say_once, warn_once
+from .stream_state import DATASET_DESCRIPTIONS
 
 __all__ = [
     "DATASET_INDEX",
@@ -66,8 +68,10 @@ __all__ = [
     "MemberFileSystems",
     "concat_datasets",
     "dataset_contents",
+    "datasets_held",
     "datasets_within",
     "refuse_another_order",
+    "warn_of_other_contents",
 ]
 
 logger = logging.getLogger(__name__)
@@ -413,7 +417,54 @@ def dataset_contents(readers: Sequence[LeRobotDatasetReader]) -> list[str]:
     listed in another order: the episodes' indices and lengths, which are all a stream knows, are alike where two
     datasets have one shape. A union among them is each of its datasets (:func:`datasets_within`): its one digest
     changed with the order inside it, so a union within reordered was a dataset the state did not hold, and resumed."""
-    return [each.content_digest() for reader in readers for each in datasets_within(reader)]
+    return [each.content_digest() for each in _each_dataset(readers)]
+
+
+def datasets_held(readers: Sequence[LeRobotDatasetReader]) -> dict[str, list[str]]:
+    """What a stream state records of the datasets ``readers`` (a union's among them: each of its own) it runs over:
+    their :func:`dataset_contents`, and their descriptions (paths, URLs), in the same order, for a resume over others
+    to name them (:func:`warn_of_other_contents`)."""
+    within = _each_dataset(readers)
+    return {"dataset_contents": dataset_contents(within), DATASET_DESCRIPTIONS: _descriptions(within)}
+
+
+def warn_of_other_contents(saved: Mapping[str, Any], readers: Sequence[LeRobotDatasetReader]) -> None:
+    """Warn, in one line naming each dataset as saved and as now, where ``saved`` (a state of :func:`datasets_held`,
+    that loaded) ran over datasets of other contents than ``readers``: the episodes' check passed (the same indices and
+    lengths), so the position means the same episode and frame indices, but of a dataset whose info.json, episodes'
+    tasks or task table changed: edited (a task's text fixed), re-encoded (info.json names the codec) or re-generated
+    (another seed), which a resume should continue, or another dataset of the same shape, which it should not. The
+    same dataset read from elsewhere (a server, the Hub) has the same contents: no warning. States saved before they
+    held contents say nothing; those saved before they held descriptions name the saved dataset by its position."""
+    contents = saved.get("dataset_contents")
+    if not isinstance(contents, list | tuple):
+        return
+    readers = _each_dataset(readers)
+    now = dataset_contents(readers)
+    if list(contents) == now:
+        return
+    names = saved.get(DATASET_DESCRIPTIONS)
+    if not isinstance(names, list | tuple) or len(names) != len(contents):
+        names = [f"dataset {i}" for i in range(len(contents))]
+    held, reading = zip(names, contents, strict=True), zip(_descriptions(readers), now, strict=True)
+    pairs = itertools.zip_longest(held, reading, fillvalue=("none", "-"))
+    changed = [f"saved over {a} (contents {x}), now {b} (contents {y})" for (a, x), (b, y) in pairs if x != y]
+    warn_once(logger,
+        "resuming a stream state over datasets of the same episodes and lengths but other contents (info.json, tasks): "
+        "%s; it continues at the same episode and frame indices, read from the dataset as it is now. Expected where "
+        "the dataset was edited, re-encoded or re-generated; if it is another dataset, resume over the one saved over "
+        "or start without this state",
+        "; ".join(changed),
+    )  # fmt: skip
+
+
+def _descriptions(readers: Sequence[LeRobotDatasetReader]) -> list[str]:
+    return [reader.location.description for reader in readers]
+
+
+def _each_dataset(readers: Sequence[LeRobotDatasetReader]) -> list[LeRobotDatasetReader]:
+    """``readers``, each union among them as its datasets (:func:`datasets_within`)."""
+    return [each for reader in readers for each in datasets_within(reader)]
 
 
 def refuse_another_order(saved: Mapping[str, Any], readers: Sequence[LeRobotDatasetReader], what: str) -> None:
@@ -430,14 +481,14 @@ def refuse_another_order(saved: Mapping[str, Any], readers: Sequence[LeRobotData
         return
     # (positions count a union's datasets each: said so, or 'dataset 2' of 2 listed reads as none of them)
     within = ", counting each dataset within a union" if any(isinstance(r, DatasetUnion) for r in readers) else ""
-    readers = [each for reader in readers for each in datasets_within(reader)]
+    readers = _each_dataset(readers)
     now = dataset_contents(readers)
     # (each position it held: a dataset listed twice was named at its first alone, 'was 0' for one saved at 2)
     moved = [(i, " or ".join(str(j) for j, saved_as in enumerate(contents) if saved_as == d)) for i, d in enumerate(now)
              if (i >= len(contents) or contents[i] != d) and d in contents]  # fmt: skip
     if not moved:
         return
-    names = [r.location.description for r in readers]
+    names = _descriptions(readers)
     was = [f"{names[i]} is dataset {i}, was {j}" for i, j in moved]
     # (one added or removed moves the others too: said as such, not as a reorder alone)
     new = [f"{names[i]} (dataset {i}) is not one it was saved over" for i, d in enumerate(now) if d not in contents]

@@ -35,7 +35,7 @@ from .cpu_decode_options import CpuDecodeOptions
 from .dali_graph import HOST_SUBTASK_INDEX, HOST_TASK_INDEX, build_pipeline
 from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import NO_SUBTASK_INDEX, LeRobotDatasetReader, warn_undeclared_columns
-from .dataset_union import DATASET_INDEX, DatasetUnion, dataset_contents, refuse_another_order
+from .dataset_union import DATASET_INDEX, DatasetUnion, datasets_held, refuse_another_order, warn_of_other_contents
 from .decode_errors import locate_clip_failure
 from .depth_maps import DepthUnit
 from .distributed import cpus_per_local_rank, local_cuda_device, resolve_rank
@@ -358,25 +358,28 @@ class DALILeRobotIterator:
         replaying the epoch's pool up to it (3 s of CPU 13.7M samples in); the ranks' states then differ in it alone.
 
         Also which episodes the stream runs over (a count and a digest), so a resume over another dataset or
-        another ``episodes=`` selection fails instead of continuing a different order (a union's, with its datasets'
-        order, each a digest of its content wherever it is read from: the same datasets listed otherwise fail too,
-        one of them moved to a server or not); and the version of what the augmentation config means
+        another ``episodes=`` selection fails instead of continuing a different order; which datasets (a union's in
+        its order), each a digest of its content wherever it is read from and its path or URL: the same datasets of a
+        union listed otherwise fail too, one of them moved to a server or not, and a dataset of the same episodes but
+        other contents (edited, re-encoded, re-generated, or another one of the same shape) resumes with a warning
+        naming both; and the version of what the augmentation config means
         (``augment_version``, :mod:`.augment_semantics`), so a resume by a lerobot_dali that augments that config
         otherwise warns, saying what changed. It may be taken from another thread (an
         asynchronous checkpoint): it is always a position the stream passed through.
         """
-        union = self.reader.members if isinstance(self.reader, DatasetUnion) else None
         return {
             **self._stream.state_dict(),
             "episodes": self._episodes_fingerprint(),
-            **({"dataset_contents": dataset_contents(union)} if union is not None else {}),
+            **datasets_held([self.reader]),
             "augment_version": AUGMENT_SEMANTICS_VERSION,
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         _refuse_mixture_state(state_dict)
-        if isinstance(self.reader, DatasetUnion) and isinstance(state_dict, Mapping):  # (before the episodes: says why)
-            refuse_another_order(state_dict, self.reader.members, "the union")
+        if isinstance(state_dict, Mapping):  # (before the episodes: says why)
+            union = isinstance(self.reader, DatasetUnion)
+            listed = self.reader.members if isinstance(self.reader, DatasetUnion) else [self.reader]
+            refuse_another_order(state_dict, listed, "the union" if union else "the dataset")
         saved = state_dict.get("episodes") if isinstance(state_dict, Mapping) else None
         if saved is not None and saved != self._episodes_fingerprint():
             raise ResumeStateError(
@@ -393,6 +396,7 @@ class DALILeRobotIterator:
             self._close_pipeline()
         augmented = any(camera not in self._depth_cameras for camera in self.reader.all_camera_keys)
         warn_if_changed(version, self._augment if augmented else None)
+        warn_of_other_contents(state_dict, [self.reader])
 
     def _episodes_fingerprint(self) -> str:
         if self._fingerprint is None:  # (hashed once: a mixture saves its datasets' states before every batch)

@@ -27,7 +27,7 @@ saved seed (logged) but refuses another shuffle, pool size (when shuffled) or ba
 those the saved position means other samples, so the rest of the epoch would repeat some and skip others.
 The state also names the episode lengths it ran over (a count, the frames and a digest; states saved before it lack
 it): a resume over others is refused, as the saved position would mean other samples. (``DALILeRobotIterator`` adds
-which episodes it reads too, by index.)
+which episodes it reads too, by index, and which datasets, by content: a resume over others of the same shape warns.)
 """
 
 from __future__ import annotations
@@ -257,19 +257,26 @@ def _ranks_gathered(states: Sequence[StreamState], ranks: set[int]) -> int:
     return max(len(ranks) + unnamed, *(state.gathered for state in states))
 
 
-#: The keys a :class:`StreamState`'s dict holds; an iterator's adds others (``episodes``, its episodes' digest, and
-#: ``augment_version``).
+#: The keys a :class:`StreamState`'s dict holds; an iterator's adds others (``episodes``, its episodes' digest, its
+#: datasets' contents and descriptions, :func:`~.dataset_union.datasets_held`, and ``augment_version``).
 _STATE_KEYS = frozenset(
     {"version", *_FIELDS, "prior_segments", "segment_pools", "order", "walk", "rank_walks", "episode_lengths",
      "gathered_ranks", "saved_rank"}
 )  # fmt: skip
 
 
+#: The key of an iterator's state naming its datasets (paths, URLs: :func:`~.dataset_union.datasets_held`), which
+#: names them alone: each rank of one run may read its own copy (a node-local path), so gathered states may differ in
+#: it (their contents may not).
+DATASET_DESCRIPTIONS = "dataset_descriptions"
+
+
 def _check_same_extras(first: Mapping[str, Any], state: Mapping[str, Any]) -> None:
     """Refuse to gather states whose keys beyond the stream's differ: an iterator's ``episodes`` says which episodes
     it read, and another run's walk over other episodes was gathered, its resume failing with WalkMismatchError (or,
     where the walk happened to fit, reading another order)."""
-    differ = sorted(k for k in (first.keys() | state.keys()) - _STATE_KEYS if first.get(k) != state.get(k))
+    extras = (first.keys() | state.keys()) - _STATE_KEYS - {DATASET_DESCRIPTIONS}
+    differ = sorted(k for k in extras if first.get(k) != state.get(k))
     if differ:
         said = "; ".join(f"{k}: {first.get(k)!r} and {state.get(k)!r}" for k in differ)
         raise ResumeStateError(

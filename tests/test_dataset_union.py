@@ -345,6 +345,37 @@ def test_a_union_resumed_over_other_datasets_or_one_listed_twice_names_each_as_s
     assert f"{b} is dataset 0, was 1" in said if now == "bc" else f"{a} is dataset 1, was 0" in said
 
 
+def test_a_union_resumed_with_one_dataset_regenerated_warns_naming_it_alone(make_ds, caplog) -> None:
+    """A union's state held its datasets' contents to refuse another order, but left a dataset it did not hold to
+    the episodes' check: [a, c] saved and resumed as [b, c] (b: a of another seed, the same shape) went on without a
+    word. It warns now, one line naming a as saved and b as now (c, unchanged, is not named), and resumes at the same
+    position; a state saved before it named its datasets names a by its place."""
+    a, b = (
+        make_ds(episodes=2, frames_per_episode=[6, 4], cameras=1, codec="h264", fps=FPS, gop=4, seed=seed)
+        for seed in (0, 1)
+    )
+    c = make_ds(episodes=2, frames_per_episode=[5, 3], cameras=1, codec="h264", fps=FPS, gop=4)
+    options = {"batch_size": 4, "device": "cpu", "num_workers": 0, "decode": "cpu"}
+    it = DALILeRobotIterator(concat_datasets([a, c]), **options)
+    next(iter(it))
+    state = json.loads(json.dumps(it.state_dict()))
+    it.close()
+    assert state["dataset_descriptions"] == [str(a), str(c)]
+    for saved, named in (
+        (state, str(a)),
+        ({k: v for k, v in state.items() if k != "dataset_descriptions"}, "dataset 0"),
+    ):
+        caplog.clear()
+        resumed = DALILeRobotIterator(concat_datasets([b, c]), **options)
+        with caplog.at_level(logging.WARNING):
+            resumed.load_state_dict(saved)
+        assert resumed.state_dict()["samples_consumed"] == 4
+        resumed.close()
+        warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warned) == 1 and "\n" not in warned[0] and str(c) not in warned[0]
+        assert f"saved over {named} (contents {state['dataset_contents'][0]}), now {b} (contents " in warned[0]
+
+
 def test_statistics_are_pooled_over_every_frame(make_ds, copy_ds, caplog) -> None:
     union = concat_datasets(_datasets(make_ds))
     states = np.concatenate(

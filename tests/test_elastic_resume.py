@@ -289,6 +289,24 @@ def test_states_over_other_episodes_are_not_gathered() -> None:
     assert merge_rank_states(states)["episodes"] == "120 episodes, sha256 a"
 
 
+def test_states_naming_their_dataset_by_other_paths_are_gathered() -> None:
+    """An iterator's state names its datasets (``dataset_descriptions``: paths or URLs, for a resume over other
+    contents to say which), and each rank of one run may read its own copy (a node-local path): those states are one
+    run's, gathered; states over other contents (``dataset_contents``) are not."""
+    olds = [SampleStream(LENGTHS, rank=r, world_size=2, batch_size=7, options=OPTIONS) for r in range(2)]
+    for old in olds:
+        old.advance(500)
+    states = [
+        old.state_dict() | {"dataset_contents": ["3b6b6ba9c851e9b3"], "dataset_descriptions": [f"/node{r}/dataset"]}
+        for r, old in enumerate(olds)
+    ]
+    merged = merge_rank_states(states)
+    assert merged["gathered_ranks"] == 2 and merged["dataset_descriptions"] == ["/node0/dataset"]
+    states[1]["dataset_contents"] = ["70e4021ab3113e2a"]
+    with pytest.raises(ResumeStateError, match="differ in dataset_contents: \\['3b6b6ba9c851e9b3'\\] and"):
+        merge_rank_states(states)
+
+
 @pytest.mark.parametrize(
     ("change", "error", "message"),
     [

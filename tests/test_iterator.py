@@ -10,6 +10,7 @@ import contextlib
 import gc
 import inspect
 import itertools
+import json
 import logging
 import multiprocessing
 import os
@@ -660,7 +661,8 @@ def test_a_state_taken_late_with_workers_walks_a_few_chunks(make_ds, monkeypatch
         np.full(8, 30), rank=0, world_size=1, batch_size=4, options=OrderOptions(seed=7, episode_pool_size=2)
     )
     stream.advance(160)
-    assert {k: v for k, v in state.items() if k not in ("episodes", "augment_version")} == stream.state_dict()
+    iterators_own = ("episodes", "dataset_contents", "dataset_descriptions", "augment_version")
+    assert {k: v for k, v in state.items() if k not in iterators_own} == stream.state_dict()
 
 
 def _pairs(batch: dict) -> list[tuple[int, int]]:
@@ -773,6 +775,50 @@ def test_resume_over_other_episodes_is_refused(make_ds) -> None:
     assert same.state_dict() == state
     legacy = {k: v for k, v in state.items() if k != "episodes"}  # saved before the digest existed
     DALILeRobotIterator(root, episodes=[0, 2, 4], **kwargs).load_state_dict(legacy)
+
+
+def test_a_resume_over_another_dataset_of_the_same_shape_warns_naming_both(make_ds, caplog) -> None:
+    """A single dataset's state knew its episodes' indices and lengths alone: saved over a generated dataset and
+    resumed over one of the same shape made with another seed (other tasks) it went on without a word. It now holds
+    the dataset's contents (info.json, episodes, tasks) and where they differ warns, naming both datasets: the position
+    still means the same episode and frame indices, read from what the dataset holds now. The same dataset over HTTP
+    (contents alike) resumes exactly, without a warning; so does a state saved before it held them, over either."""
+    from tests.http_server import serve_folder
+
+    spec = dict(episodes=3, frames_per_episode=[5, 7, 4], cameras=1, codec="h264", fps=FPS, gop=4)
+    saved_root, other = (make_ds(**spec, seed=seed) for seed in (0, 1))
+    kwargs = dict(batch_size=4, shuffle=True, seed=7, episode_pool_size=2, device="cpu", num_workers=0)
+
+    def read(root: Any, state: dict | None = None, stop: int | None = None) -> tuple[list, dict | None]:
+        it = DALILeRobotIterator(root, drop_last=False, **kwargs)
+        if state is not None:
+            it.load_state_dict(json.loads(json.dumps(state)))  # (as a checkpoint holds it)
+        seen, saved = [], None
+        for step, batch in enumerate(it):
+            seen += [(*pair, int(t)) for pair, t in zip(_pairs(batch), batch["task_index"], strict=True)]
+            if step == stop:
+                saved = it.state_dict()
+                break
+        it.close()
+        return seen, saved
+
+    whole, _ = read(saved_root)
+    head, state = read(saved_root, stop=0)
+    assert state is not None and len(head) == 4 and len(whole) == 16
+    assert state["dataset_descriptions"] == [str(saved_root)] and len(state["dataset_contents"]) == 1
+    with serve_folder(saved_root.parent) as server, caplog.at_level(logging.WARNING):
+        for same in (f"{server.url}/{saved_root.name}", saved_root):
+            assert head + read(same, state)[0] == whole
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+        legacy = {k: v for k, v in state.items() if k not in ("dataset_contents", "dataset_descriptions")}
+        assert read(other, legacy)[0] == [(e, f, 1 - t) for e, f, t in whole[4:]]  # (tasks: (episode + seed) % 2)
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+        rest, _ = read(other, state)
+    assert rest == [(e, f, 1 - t) for e, f, t in whole[4:]]  # (the same indices, the other dataset's tasks)
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "\n" not in warned[0]
+    assert f"saved over {saved_root} (contents {state['dataset_contents'][0]})" in warned[0]
+    assert f"now {other} (contents " in warned[0]
 
 
 def test_a_mixtures_state_is_refused_as_one(make_ds) -> None:
