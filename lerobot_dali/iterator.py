@@ -377,9 +377,10 @@ class DALILeRobotIterator:
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         _refuse_mixture_state(state_dict)
         if isinstance(state_dict, Mapping):  # (before the episodes: says why)
-            union = isinstance(self.reader, DatasetUnion)
-            listed = self.reader.members if isinstance(self.reader, DatasetUnion) else [self.reader]
-            refuse_another_order(state_dict, listed, "the union" if union else "the dataset")
+            if isinstance(self.reader, DatasetUnion):  # (its datasets listed: a union within counted as its own)
+                refuse_another_order(state_dict, self.reader.members, "the union")
+            else:
+                refuse_another_order(state_dict, [self.reader], "the dataset")
         saved = state_dict.get("episodes") if isinstance(state_dict, Mapping) else None
         if saved is not None and saved != self._episodes_fingerprint():
             raise ResumeStateError(
