@@ -183,7 +183,7 @@ def resolve_location(
         _revision_ignored(revision, target, "not a Hub dataset")
         target, options = _http_query_as_params(target, options)
         fs, root = _remote_fs(target, options)
-        return DatasetLocation(fs, root, fs, root, target)
+        return DatasetLocation(fs, root, fs, root, _without_credentials(target))
     if is_repo_id(target) and not os.path.exists(target):
         return _hub_location(target, revision, "", options, maybe_path=True)
     raise dataset_not_found(target)
@@ -313,6 +313,16 @@ def _http_query_as_params(target: str, options: dict[str, Any]) -> tuple[str, di
     named = {name for name, _ in given_pairs}
     in_url = [(name, value) for name, value in parse_qsl(parts.query, keep_blank_values=True) if name not in named]
     return urlunsplit(parts._replace(query="")), {**options, "params": in_url + given_pairs}
+
+
+def _without_credentials(target: str) -> str:
+    """``target`` (a URL) without the user and password it may carry (``https://user:token@host/ds``, which aiohttp
+    sends as basic auth): a location's description is logged, written in reports and saved in every stream state
+    (a checkpoint's ``dataset_descriptions``), so it names the dataset alone."""
+    parts = urlsplit(target)
+    if "@" not in parts.netloc:
+        return target
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def _http_timeouts(target: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -515,6 +525,7 @@ def with_bulk_root(
     else:
         target, options = _http_query_as_params(target, storage_options or {})
         fs, root = _remote_fs(target, options)
+    target = _without_credentials(target)
     say_once(logger, logging.INFO, "%s: reading data/ and videos/ from %s", location.description, target)
     description = f"{location.description} (data files: {target})"
     return replace(location, fs=fs, root=root, description=description, hub_snapshot=None)

@@ -609,6 +609,31 @@ def test_a_query_string_is_sent_with_every_request(root: Path, server, remote_pa
     assert "token" not in remote.location.description
 
 
+@pytest.mark.parametrize("remote_part", ["dataset", "data_files_root"])
+def test_a_password_in_the_url_is_sent_but_saved_in_no_state(root: Path, server, remote_part) -> None:
+    """``http://user:password@host/ds`` (aiohttp's basic auth) was the dataset's description, which every stream
+    state saves since 311bc83 (``dataset_descriptions``): the password went into each checkpoint. It is still sent
+    with every request; the description, the state and the logs name the dataset without it."""
+    from lerobot_dali.dataset_union import datasets_held
+
+    url = _url(server, root)
+    with_password = url.replace("http://", "http://alice:s3cret@", 1)
+    server.required_headers = {"Authorization": "Basic YWxpY2U6czNjcmV0"}  # (alice:s3cret)
+    if remote_part == "dataset":
+        remote = open_dataset(with_password)
+        assert remote.location.description == url
+    else:
+        remote = open_dataset(root, data_files_root=with_password)
+        assert remote.location.description == f"{root} (data files: {url})"
+    local = open_dataset(root)
+    for pos in range(len(LENGTHS)):
+        np.testing.assert_array_equal(remote.read_episode(pos)["index"], local.read_episode(pos)["index"])
+    assert server.records and server.counts[("GET", "unauthorized")] == 0
+    held = datasets_held([remote])
+    assert held["dataset_contents"] == datasets_held([local])["dataset_contents"]
+    assert "s3cret" not in repr(held) and "alice" not in repr(held)
+
+
 def test_a_fragment_is_refused_naming_the_fix(root: Path, server) -> None:
     with pytest.raises(ValueError, match="starts a fragment, which is never sent to the server; .* as %23"):
         open_dataset(f"{_url(server, root)}#ds")
