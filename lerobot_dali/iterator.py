@@ -449,7 +449,9 @@ class DALILeRobotIterator:
             # the one close() gave up, with no prefetcher: every range the folder lacked came remotely, and a run that
             # took the slot meanwhile served this one's reads from its own entries (adopted, evicted under them).
             # Not once the exit handler closed everything: nothing would close that prefetcher before the interpreter
-            # ends (:mod:`.exit_close`), so the workers read remotely, through no cache folder.
+            # ends (:mod:`.exit_close`), so the workers read remotely, through no cache folder. One whose close a
+            # signal's exception ended (a Ctrl-C in close()) is closed first: replaced, its thread and slot ran on.
+            self._close_prefetcher()
             self._take_prefetch_slot(0 if exiting() else self._cache_bytes)
         if self._prefetcher is not None:
             self._prefetcher.set_order(self._stream.order)
@@ -875,11 +877,14 @@ class DALILeRobotIterator:
         try:
             self._close_pipeline()
         finally:
-            prefetcher = getattr(self, "_prefetcher", None)
-            if prefetcher is not None:
-                self._slot_given_up = True  # (its cache's slot, for the next run to take: a next pass takes one again)
-                prefetcher.close()
-                self._prefetcher = None
+            self._close_prefetcher()
+
+    def _close_prefetcher(self) -> None:
+        prefetcher = getattr(self, "_prefetcher", None)
+        if prefetcher is not None:
+            self._slot_given_up = True  # (its cache's slot, for the next run to take: a next pass takes one again)
+            prefetcher.close()
+            self._prefetcher = None
 
     @property
     def camera_channels(self) -> dict[str, int]:

@@ -361,6 +361,42 @@ def test_a_dataset_read_with_the_options_headers_reads_its_videos(root: Path, se
     assert all(r.if_match is not None for r in _video_gets(server.records) if r.kind == "range")
 
 
+def test_a_prefetcher_whose_close_was_interrupted_is_closed_before_a_slot_is_taken_again(
+    root: Path, server, local_epoch, monkeypatch, tmp_path
+) -> None:
+    """A Ctrl-C in close() as it closed the prefetcher left it set (the next close() finishes it); iterating again
+    (cb4f86c) then took a slot over it: the old prefetcher was dropped unclosed, its thread running and its slot
+    (rank-0) held, so the new one took rank-0.1 and nothing closed the old one. It is closed first now: the slot
+    taken again is the one given up, and every prefetcher the iterator started is closed once it is."""
+    from lerobot_dali.iterator import DALILeRobotIterator
+    from lerobot_dali.prefetch import Prefetcher
+
+    real_close, closed, interrupt = Prefetcher.close, [], [True]
+
+    def close(prefetcher: Prefetcher) -> None:
+        if interrupt and interrupt.pop():
+            raise KeyboardInterrupt  # (as it began)
+        real_close(prefetcher)
+        closed.append(prefetcher)
+
+    monkeypatch.setattr(Prefetcher, "close", close)
+    cache = tmp_path / "cache"
+    it = DALILeRobotIterator(_url(server, root), num_workers=0, cache_dir=cache, cache_gb=1.0, **OPTIONS)
+    first, got = it.prefetcher, []
+    assert first is not None and first.cache.directory == cache / "rank-0"
+    batches = iter(it)
+    got += [{k: v[i] for k, v in b.items()} for b in (next(batches), next(batches)) for i in range(len(b["index"]))]
+    with pytest.raises(KeyboardInterrupt):
+        it.close()
+    for batch in it:
+        got += [{k: v[i] for k, v in batch.items()} for i in range(len(batch["index"]))]
+    second = it.prefetcher
+    it.close()
+    _assert_samples_equal(local_epoch, got)
+    assert second is not None and second is not first and second.cache.directory == cache / "rank-0"
+    assert closed == [first, second]
+
+
 def _assert_video_bytes_ranged(server: FolderServer, root: Path) -> None:
     """Video bytes came as 206 ranges; a full GET only follows a failed HEAD (fsspec's ``info`` falls back
     to GET), never to read data."""
