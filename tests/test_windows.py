@@ -137,6 +137,8 @@ def test_invalid_specifications() -> None:
         _windows({"actoin": [0.0]}, feature_keys=["action"])
     with pytest.raises(ValueError, match="fps"):
         DeltaWindows(delta_timestamps={"action": [0.0]}, fps=0)
+    with pytest.raises(TypeError, match=r"delta_timestamps must map keys to lists of seconds, got <class 'list'>"):
+        DeltaWindows(delta_timestamps=[("action", [0.0])], fps=10)  # type: ignore[arg-type]
     for tolerance_s in (-1e-4, float("inf"), float("nan")):  # an infinite tolerance would accept any delta
         with pytest.raises(ValueError, match="tolerance_s must be a non-negative finite number"):
             DeltaWindows(delta_timestamps={"action": [0.0]}, fps=10, tolerance_s=tolerance_s)
