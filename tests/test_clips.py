@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import itertools
 from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
@@ -285,20 +286,21 @@ def test_clip_from_fsspec_and_file_object(marker_video: MarkerVideo) -> None:
         np.testing.assert_array_equal(a, c)
 
 
-def _remux_to_matroska(source: Path, mkv: Path) -> Path:
-    """``source``'s video packets in a Matroska file (no byte offsets: clips are cut by demuxing)."""
-    with av.open(str(source)) as src, av.open(str(mkv), "w", format="matroska") as dst:
+def _remux(source: Path, target: Path, container_format: str, **options: str) -> Path:
+    """``source``'s video packets, unchanged, in a ``container_format`` file (Matroska: no byte offsets, so clips are
+    cut by demuxing); ``options``: the muxer's."""
+    with av.open(str(source)) as src, av.open(str(target), "w", format=container_format, options=options) as dst:
         stream = dst.add_stream_from_template(src.streams.video[0], opaque=True)
         for packet in src.demux(src.streams.video[0]):
             if packet.size:
                 packet.stream = stream
                 dst.mux(packet)
-    return mkv
+    return target
 
 
 def test_matroska_source_uses_demux_path(marker_video: MarkerVideo, tmp_path: Path) -> None:
     source = marker_video("h264", 30)
-    mkv = _remux_to_matroska(source, tmp_path / "h264.mkv")
+    mkv = _remux(source, tmp_path / "h264.mkv", "matroska")
     index = build_packet_index(mkv)
     assert not index.byte_exact
     _check_clips(mkv, index, [np.array([0, 1, 2]), np.array([40, 41, 75]), np.array([89, 88])])
@@ -444,7 +446,7 @@ def test_every_demux_is_closed_or_run_out(
     CPU decoder dropped after its frames leaked the demuxer's packet (~300 bytes a seek, a worker grew 34 KB a
     batch). Indexing, decoding and cutting clips by demuxing must each close what they stop early."""
     mp4 = marker_video("h264", 30)
-    mkv = _remux_to_matroska(mp4, tmp_path / "h264.mkv")
+    mkv = _remux(mp4, tmp_path / "h264.mkv", "matroska")
     containers: list[_TrackedContainer] = []
     real_open = av.open
 
@@ -467,3 +469,75 @@ def test_every_demux_is_closed_or_run_out(
     np.testing.assert_array_equal(frames, np.stack(wanted))
     cut = _decode_clip(clip.data)
     np.testing.assert_array_equal(np.stack([cut[i] for i in clip.relative_indices]), np.stack(wanted[1:]))
+
+
+def test_open_gop_matroska_clips_and_cpu_decode(tmp_path: Path) -> None:
+    """An open-GOP file in Matroska (no byte offsets) is cut by demuxing: a run from a keyframe drops that keyframe's
+    leading pictures (they are not the clip's) and keeps the later ones it needs. Every frame alone, leading pictures
+    included, and sparse pairs across GOPs, by clip and by the CPU fallback's open-container reader, equal the full
+    decode (the clip path's demux of open GOPs was run by no test)."""
+    mp4 = tmp_path / "open_gop.mp4"
+    _encode_open_gop(mp4, "libx264")
+    mkv = _remux(mp4, tmp_path / "open_gop.mkv", "matroska")
+    index = build_packet_index(mkv)
+    assert not index.byte_exact and index.has_leading_pictures
+    windows = [np.array([f]) for f in range(index.frame_count)]
+    windows += [np.array([a, a + 17]) for a in range(0, 70, 9)] + [np.array([89, 0, 30, 30])]
+    _check_clips(mkv, index, windows)
+    reference = reference_frames(mkv)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    for window in windows[::3]:
+        expected = np.stack([reference[int(p)] for p in index.frame_pts[window]])
+        np.testing.assert_array_equal(decoder.decode(mkv, index, window), expected)
+    decoder.close()
+
+
+@pytest.mark.parametrize("matroska", [False, True])
+def test_a_seek_past_the_keyframe_demuxes_from_the_first_packet(
+    marker_video: MarkerVideo, tmp_path: Path, matroska: bool
+) -> None:
+    """Where a seek lands past the keyframe asked for (which keyframe a seek reaches is the demuxer's choice), the
+    packets are demuxed again from the file's first packet and those before the keyframe skipped: each GOP's packets
+    all the same, in decode order. Here the first seek of each request lands on the file's last keyframe."""
+    source = marker_video("h264", 30)  # (B-frames: decode order is not display order)
+    path = _remux(source, tmp_path / "h264.mkv", "matroska") if matroska else source
+    index = build_packet_index(path)
+    keys = index.keyframe_positions.tolist()
+    assert len(keys) == 3
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        for start, stop in itertools.pairwise(keys):
+            seeks: list[int] = []
+
+            def seek(target: int, *, _seeks: list[int] = seeks, **kwargs: Any) -> None:
+                _seeks.append(target)
+                container.seek(int(index.pts[keys[-1]]) if len(_seeks) == 1 else target, **kwargs)
+
+            overshooting = SimpleNamespace(demux=container.demux, seek=seek)
+            packets = packets_from_keyframe(overshooting, stream, index, start)
+            got = [(packet.pts, packet.size) for _, packet in zip(range(stop - start), packets, strict=False)]
+            packets.close()
+            assert got == list(zip(index.pts[start:stop].tolist(), index.size_bytes[start:stop].tolist(), strict=True))
+            assert seeks == [int(index.pts[start]), int(index.dts[0])]
+
+
+def test_matroska_clip_of_file_cut_since_indexing(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    """A Matroska file cut short after it was indexed: a clip of frames still in it equals the full decode; one whose
+    packets are gone (its keyframe still there, or gone too) raises VideoDecodeError naming the file and saying it
+    changed since it was indexed."""
+    mkv = _remux(marker_video("h264", 30), tmp_path / "h264.mkv", "matroska")
+    raw = mkv.read_bytes()
+    index = build_packet_index(mkv)
+    reference = reference_frames(mkv)
+    mkv.write_bytes(raw[: int(len(raw) * 0.9)])  # (the last GOP, from decode position 60, loses its last packets)
+    clip = build_clip(mkv, index, [5, 61])
+    frames = _decode_clip(clip.data)
+    for frame, relative in zip([5, 61], clip.relative_indices.tolist(), strict=True):
+        np.testing.assert_array_equal(frames[relative], reference[int(index.frame_pts[frame])])
+    gone = r"h264.mkv: \d+ packets of the clip were not found when demuxing; the file changed since it was indexed"
+    with pytest.raises(VideoDecodeError, match=gone):
+        build_clip(mkv, index, [89])
+    mkv.write_bytes(raw[: int(len(raw) * 0.6)])  # (the last GOP's keyframe gone too)
+    cut = r"h264.mkv: no packet at the keyframe's .*rewritten since it was indexed"
+    with pytest.raises(VideoDecodeError, match=cut):
+        build_clip(mkv, index, [60])
