@@ -21,6 +21,7 @@ from lerobot_dali.cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFram
 from lerobot_dali.errors import FrameRequestError, VideoDecodeError
 from lerobot_dali.frame_lookup import nearest_frame_indices
 from lerobot_dali.frame_marker import draw_marker, read_marker
+from lerobot_dali.mp4_tables import read_mp4_tracks
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
 from tests.video_fixtures import (
     EPISODE_LENGTHS,
@@ -29,6 +30,7 @@ from tests.video_fixtures import (
     MarkerVideo,
     cr5_episodes,
     cr5_video,
+    gr00t_video,
     r1_video,
     reference_frames,
 )
@@ -541,3 +543,32 @@ def test_matroska_clip_of_file_cut_since_indexing(marker_video: MarkerVideo, tmp
     cut = r"h264.mkv: no packet at the keyframe's .*rewritten since it was indexed"
     with pytest.raises(VideoDecodeError, match=cut):
         build_clip(mkv, index, [60])
+
+
+def test_fragmented_mp4_clips_and_cpu_decode(tmp_path: Path) -> None:
+    """A fragmented MP4 (``movflags=frag_keyframe+empty_moov``, as streaming recorders write: every sample in a
+    ``moof`` fragment, none in ``moov``'s tables) is indexed by demuxing, to the unfragmented file's packets (times
+    shifted); its offsets are still exact, so clips and the CPU fallback's byte-range reader serve it: H.264 with
+    B-frames (gr00t), every requested frame equal to the full decode (no test had a fragmented file)."""
+    source = gr00t_video(0)
+    path = _remux(source, tmp_path / "fragmented.mp4", "mp4", movflags="frag_keyframe+empty_moov")
+    with open(path, "rb") as handle:
+        tracks = read_mp4_tracks(handle, path.stat().st_size)
+    assert tracks is not None and all(track.fragmented for track in tracks.values())
+    index, plain = build_packet_index(path), build_packet_index(source)
+    assert index.byte_exact
+    shift = int(index.pts[0] - plain.pts[0])  # (times start at the reorder delay: the fragments keep no edit list)
+    np.testing.assert_array_equal(index.pts, plain.pts + shift)
+    np.testing.assert_array_equal(index.dts, plain.dts + shift)
+    for name in ("size_bytes", "keyframe"):
+        np.testing.assert_array_equal(getattr(index, name), getattr(plain, name), err_msg=name)
+    last = index.frame_count - 1
+    windows = [np.array([0, 1, 2]), np.array([last - 1, last]), np.array([7, 250, 251, 300]), np.array([399, 3])]
+    windows += [np.array([f]) for f in np.random.default_rng(0).integers(0, index.frame_count, 8).tolist()]
+    _check_clips(path, index, windows)
+    reference = reference_frames(path)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    for window in windows:
+        expected = np.stack([reference[int(p)] for p in index.frame_pts[window]])
+        np.testing.assert_array_equal(decoder.decode(path, index, window), expected)
+    decoder.close()
