@@ -333,7 +333,7 @@ class CpuFrameDecoder:
                 )
             if key is not None:
                 kept = self._remember(key, reader, index, handle_bytes=_handle_bytes(reader, index, filesystem))
-        elif key is not None:
+        else:  # (a kept reader: found under its key)
             self._readers.move_to_end(key)
         try:
             if isinstance(reader, PyAvReader):
