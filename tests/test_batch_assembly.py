@@ -158,3 +158,37 @@ def test_one_lookup_per_file_finds_and_fails_as_each_episode_alone(make_ds, shif
     with pytest.raises(FrameTimestampError) as together_error:
         file_frame_numbers(reader, camera, index, bad, **options)
     assert str(together_error.value) == str(alone_error.value)
+
+
+def test_a_file_lookup_by_frame_index_fails_as_the_first_bad_episode_alone(make_ds) -> None:
+    """Looked up by ``frame_index / fps``, a negative frame_index makes the file's joint lookup raise ValueError
+    before it checks any episode's frames; the episodes are then looked up alone, in their order, so an earlier
+    episode whose rows read a neighbour's frames raises its own FrameTimestampError first, as it would alone (this
+    fallback was run by no test; without it the later episode's ValueError would be raised)."""
+    from lerobot_dali.errors import FrameTimestampError
+    from lerobot_dali.frame_lookup import TimestampSource, file_frame_numbers
+
+    root = make_ds(episodes=6, frames_per_episode=20, cameras=1, episodes_per_file=3)
+    source = _source(root, {})
+    reader, camera = source.spec.reader, camera_key(0)
+    options = {"timestamp_source": TimestampSource.FRAME_INDEX, "tolerance_s": source.spec.tolerance_s}
+    videos = [reader.video(p, camera) for p in (0, 1, 2)]
+    index = source._indexes.of_video(reader, videos[0])
+    rows = [source._episode_rows(p) for p in (0, 1, 2)]
+    wanted = [np.array([0, 19, 5]), np.array([3, 4]), np.array([19, 0])]
+    good = [(p, rows[p], wanted[p], videos[p]) for p in (0, 1, 2)]
+    found = file_frame_numbers(reader, camera, index, good, **options)
+    assert [numbers.tolist() for numbers in found] == [(20 * p + wanted[p]).tolist() for p in (0, 1, 2)]
+    negative = {**rows[1], "frame_index": rows[1]["frame_index"] - 10}  # (rows 3 and 4 at frame_index -7, -6)
+    late = {**rows[0], "frame_index": rows[0]["frame_index"] + 15}  # (rows 5 and 19 on episode 1's frames)
+    cases = [
+        ([good[0], (1, negative, wanted[1], videos[1]), good[2]], 1, negative, ValueError, "must be non-negative"),
+        ([(0, late, wanted[0], videos[0]), (1, negative, wanted[1], videos[1])], 0, late, FrameTimestampError,
+         "outside this episode's part of the file"),
+    ]  # fmt: skip
+    for bad, pos, episode_rows, error, said in cases:
+        with pytest.raises(error, match=said) as alone_error:
+            row_frame_numbers(reader, pos, camera, episode_rows, wanted[pos], index, video=videos[pos], **options)
+        with pytest.raises(error) as together_error:
+            file_frame_numbers(reader, camera, index, bad, **options)
+        assert str(together_error.value) == str(alone_error.value)
