@@ -33,6 +33,7 @@ from tests.video_fixtures import (
     gr00t_video,
     r1_video,
     reference_frames,
+    remux,
 )
 
 
@@ -288,21 +289,9 @@ def test_clip_from_fsspec_and_file_object(marker_video: MarkerVideo) -> None:
         np.testing.assert_array_equal(a, c)
 
 
-def _remux(source: Path, target: Path, container_format: str, **options: str) -> Path:
-    """``source``'s video packets, unchanged, in a ``container_format`` file (Matroska: no byte offsets, so clips are
-    cut by demuxing); ``options``: the muxer's."""
-    with av.open(str(source)) as src, av.open(str(target), "w", format=container_format, options=options) as dst:
-        stream = dst.add_stream_from_template(src.streams.video[0], opaque=True)
-        for packet in src.demux(src.streams.video[0]):
-            if packet.size:
-                packet.stream = stream
-                dst.mux(packet)
-    return target
-
-
 def test_matroska_source_uses_demux_path(marker_video: MarkerVideo, tmp_path: Path) -> None:
     source = marker_video("h264", 30)
-    mkv = _remux(source, tmp_path / "h264.mkv", "matroska")
+    mkv = remux(source, tmp_path / "h264.mkv", "matroska")
     index = build_packet_index(mkv)
     assert not index.byte_exact
     _check_clips(mkv, index, [np.array([0, 1, 2]), np.array([40, 41, 75]), np.array([89, 88])])
@@ -448,7 +437,7 @@ def test_every_demux_is_closed_or_run_out(
     CPU decoder dropped after its frames leaked the demuxer's packet (~300 bytes a seek, a worker grew 34 KB a
     batch). Indexing, decoding and cutting clips by demuxing must each close what they stop early."""
     mp4 = marker_video("h264", 30)
-    mkv = _remux(mp4, tmp_path / "h264.mkv", "matroska")
+    mkv = remux(mp4, tmp_path / "h264.mkv", "matroska")
     containers: list[_TrackedContainer] = []
     real_open = av.open
 
@@ -480,7 +469,7 @@ def test_open_gop_matroska_clips_and_cpu_decode(tmp_path: Path) -> None:
     decode (the clip path's demux of open GOPs was run by no test)."""
     mp4 = tmp_path / "open_gop.mp4"
     _encode_open_gop(mp4, "libx264")
-    mkv = _remux(mp4, tmp_path / "open_gop.mkv", "matroska")
+    mkv = remux(mp4, tmp_path / "open_gop.mkv", "matroska")
     index = build_packet_index(mkv)
     assert not index.byte_exact and index.has_leading_pictures
     windows = [np.array([f]) for f in range(index.frame_count)]
@@ -502,7 +491,7 @@ def test_a_seek_past_the_keyframe_demuxes_from_the_first_packet(
     packets are demuxed again from the file's first packet and those before the keyframe skipped: each GOP's packets
     all the same, in decode order. Here the first seek of each request lands on the file's last keyframe."""
     source = marker_video("h264", 30)  # (B-frames: decode order is not display order)
-    path = _remux(source, tmp_path / "h264.mkv", "matroska") if matroska else source
+    path = remux(source, tmp_path / "h264.mkv", "matroska") if matroska else source
     index = build_packet_index(path)
     keys = index.keyframe_positions.tolist()
     assert len(keys) == 3
@@ -527,7 +516,7 @@ def test_matroska_clip_of_file_cut_since_indexing(marker_video: MarkerVideo, tmp
     """A Matroska file cut short after it was indexed: a clip of frames still in it equals the full decode; one whose
     packets are gone (its keyframe still there, or gone too) raises VideoDecodeError naming the file and saying it
     changed since it was indexed."""
-    mkv = _remux(marker_video("h264", 30), tmp_path / "h264.mkv", "matroska")
+    mkv = remux(marker_video("h264", 30), tmp_path / "h264.mkv", "matroska")
     raw = mkv.read_bytes()
     index = build_packet_index(mkv)
     reference = reference_frames(mkv)
@@ -551,7 +540,7 @@ def test_fragmented_mp4_clips_and_cpu_decode(tmp_path: Path) -> None:
     shifted); its offsets are still exact, so clips and the CPU fallback's byte-range reader serve it: H.264 with
     B-frames (gr00t), every requested frame equal to the full decode (no test had a fragmented file)."""
     source = gr00t_video(0)
-    path = _remux(source, tmp_path / "fragmented.mp4", "mp4", movflags="frag_keyframe+empty_moov")
+    path = remux(source, tmp_path / "fragmented.mp4", "mp4", movflags="frag_keyframe+empty_moov")
     with open(path, "rb") as handle:
         tracks = read_mp4_tracks(handle, path.stat().st_size)
     assert tracks is not None and all(track.fragmented for track in tracks.values())

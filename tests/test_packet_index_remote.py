@@ -20,7 +20,7 @@ import pytest
 import lerobot_dali.packet_index as packet_index
 from lerobot_dali.mp4_tables import Mp4Track
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
-from tests.video_fixtures import MarkerVideo, cr5_video, r1_video
+from tests.video_fixtures import MarkerVideo, cr5_video, r1_video, remux
 
 _ARRAYS = ("pts", "dts", "byte_offset", "size_bytes", "keyframe", "hidden")
 _FIELDS = ("codec", "width", "height", "pix_fmt", "time_base", "template", "byte_exact", "file_size_bytes")
@@ -90,16 +90,6 @@ def top_level_boxes(path: Path) -> list[bytes]:
         kinds.append(kind)
         position += size
     return kinds
-
-
-def remux(source: Path, target: Path, **options: str) -> Path:
-    with av.open(str(source)) as reader, av.open(str(target), "w", options=options) as writer:
-        stream = writer.add_stream_from_template(reader.streams.video[0])
-        for packet in reader.demux(reader.streams.video[0]):
-            if packet.size:
-                packet.stream = stream
-                writer.mux(packet)
-    return target
 
 
 def test_moov_index_reads_few_bytes_of_a_large_file(monkeypatch: pytest.MonkeyPatch, index_source: str) -> None:

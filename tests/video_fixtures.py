@@ -40,6 +40,18 @@ def encode_marker_video(
     return path
 
 
+def remux(source: Path | str, target: Path, container_format: str | None = None, **options: str) -> Path:
+    """``source``'s video packets, unchanged, in ``target`` (its format ``container_format``, else the name's; Matroska
+    has no byte offsets, so clips are cut by demuxing); ``options``: the muxer's (e.g. ``movflags="faststart"``)."""
+    with av.open(str(source)) as src, av.open(str(target), "w", format=container_format, options=options) as dst:
+        stream = dst.add_stream_from_template(src.streams.video[0], opaque=True)
+        for packet in src.demux(src.streams.video[0]):
+            if packet.size:
+                packet.stream = stream
+                dst.mux(packet)
+    return target
+
+
 def reference_frames(path: Path | str, keep_pts: Collection[int] | None = None) -> dict[int, np.ndarray]:
     """Independent full sequential PyAV decode: RGB frames keyed by pts (only those in ``keep_pts`` when given)."""
     frames: dict[int, np.ndarray] = {}
