@@ -316,7 +316,7 @@ def _index_container(
     rows: list[Row] | None
     if demux or tracks is None:
         rows, first_key = _rows_from_demux(container, stream, samples, heads, label=label)
-        _check_listed_samples(track, len(rows), label=label)
+        _check_listed_samples(track, len(rows), label=label, file_size=file_size)
     else:
         rows = _rows_from_sample_tables(container, stream, tracks, samples, label=label, file_size=file_size)
         if rows is None:
@@ -329,18 +329,12 @@ def _index_container(
             f"{DAMAGED_VIDEO_ADVICE}"
         )
     table = np.asarray(rows, dtype=np.int64)
-    ends = table[:, 2] + table[:, 3]
     positioned = bool((table[:, 2] >= 0).all())  # (every packet's byte offset known)
     if positioned and track is not None:
         _check_samples_played_once(table, track, label=label)
-    media = None if track is None else track.media_data
-    if positioned and media is not None and max((stop for _, stop in media), default=0) <= file_size:
-        _check_packets_in_media_data(table[:, 2], table[:, 3], media, label=label)  # (first: the media is whole)
-    if positioned and ends.max() > file_size:
-        raise VideoDecodeError(
-            f"{label}: packets extend to byte {int(ends.max())} but the file has {file_size} bytes; "
-            "the file is truncated. Download or copy it again."
-        )
+    if positioned:
+        media = None if track is None else track.media_data
+        _check_packet_bytes(table[:, 2], table[:, 3], media, file_size, label=label)
     byte_exact = _offsets_are_exact(handle, table, samples)
     if first_key is None:
         first_key = _first_keyframe_bytes(handle, table) if byte_exact else None
@@ -559,16 +553,40 @@ def _check_samples_played_once(table: np.ndarray, track: Mp4Track, *, label: str
     )
 
 
-def _check_listed_samples(track: Mp4Track | None, found: int, *, label: str) -> None:
-    """Where the demuxer found other than the ``track``'s listed samples, those must lie in the media data: FFmpeg
-    drops the samples from a damaged size on, and may shift every timestamp by a frame, which a demux of what is
-    left cannot tell."""
-    if track is None or track.samples is None or track.media_data is None:
+def _check_listed_samples(track: Mp4Track | None, found: int, *, label: str, file_size: int) -> None:
+    """Where the demuxer found other than the ``track``'s listed samples, those must lie in the file and its media
+    data (:func:`_check_packet_bytes`): FFmpeg drops the samples from a damaged size on, and may shift every timestamp
+    by a frame, and its demux stops at a truncated file's end (an MP4 whose moov comes first, cut among its first
+    packets, was indexed as a shorter video), which a demux of what is left cannot tell."""
+    if track is None or track.samples is None:
         return
     listed = track.samples.size > 0
     if int(listed.sum()) != found:
         offsets, sizes = track.samples.offset[listed], track.samples.size[listed]
-        _check_packets_in_media_data(offsets, sizes, track.media_data, label=label)
+        _check_packet_bytes(offsets, sizes, track.media_data, file_size, label=label)
+
+
+def _check_packet_bytes(
+    offsets: np.ndarray,
+    sizes: np.ndarray,
+    media_data: tuple[tuple[int, int], ...] | None,
+    file_size: int,
+    *,
+    label: str,
+) -> None:
+    """VideoDecodeError unless every packet lies in the file and in its media data (where known); the media data first
+    where the file holds it whole: a packet past the file's end is then damaged tables, not a truncated file."""
+    whole = media_data is not None and max((stop for _, stop in media_data), default=0) <= file_size
+    if media_data is not None and whole:
+        _check_packets_in_media_data(offsets, sizes, media_data, label=label)
+    end = int((offsets + sizes).max()) if len(offsets) else 0
+    if end > file_size:
+        raise VideoDecodeError(
+            f"{label}: packets extend to byte {end} but the file has {file_size} bytes; "
+            "the file is truncated. Download or copy it again."
+        )
+    if media_data is not None and not whole:
+        _check_packets_in_media_data(offsets, sizes, media_data, label=label)
 
 
 def _check_packets_in_media_data(
