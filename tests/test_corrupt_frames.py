@@ -20,7 +20,7 @@ from lerobot_dali.errors import VideoDecodeError
 from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.packet_file_reader import PacketFileReader
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
-from tests.video_fixtures import MarkerVideo, damage_av1_frame_size, reference_frames
+from tests.video_fixtures import MarkerVideo, damage_av1_frame_size, reference_frames, remux
 
 #: A damaged frame in the first GOP (GOP 30): the keyframe, a frame predicted from it, a window across both.
 FIRST_GOP_REQUESTS = [[0], [5], [2, 0, 1]]
@@ -207,3 +207,25 @@ def test_timestamps_against_the_decoders_order_raise_before_the_frames_between(
     with pytest.raises(VideoDecodeError, match=r"reordered\.mp4: the decoder shows frames in another order"):
         reader.frames_at(index, np.array(frames), lambda frame: frame.to_ndarray(format="rgb24"))
     reader.close()
+
+
+def test_damaged_keyframe_raises_on_the_container_path(
+    damaged_h264: tuple[Path, Path, PacketIndex], pyav_decoder: CpuFrameDecoder, tmp_path: Path
+) -> None:
+    """A file without byte offsets (Matroska), like a remote one, is decoded from an open container (PyAvReader),
+    which checks every frame as the packet path does (its check was reached by no test): the damaged keyframe's GOP
+    raises naming the file and the frame's time, and the next GOP still decodes exactly."""
+    path, clean, _ = damaged_h264
+    mkv = remux(path, tmp_path / "damaged.mkv", "matroska")
+    index = build_packet_index(mkv)
+    assert not index.byte_exact
+    for request in FIRST_GOP_REQUESTS:
+        with pytest.raises(
+            VideoDecodeError, match=r"damaged\.mkv: .*frame at pts 0\.000000 s as corrupt.*file is corrupt"
+        ):
+            pyav_decoder.decode(mkv, index, request)
+        assert pyav_decoder.open_decoders == 0
+    window = np.array([30, 45, 89])
+    reference = reference_frames(remux(clean, tmp_path / "clean.mkv", "matroska"))
+    for frame_index, frame in zip(window.tolist(), pyav_decoder.decode(mkv, index, window), strict=True):
+        np.testing.assert_array_equal(frame, reference[int(index.frame_pts[frame_index])])
