@@ -11,6 +11,7 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
+import fsspec
 import numpy as np
 import pytest
 
@@ -139,17 +140,24 @@ def test_damaged_dataset_fails_the_cpu_iterator(make_ds, copy_ds) -> None:
         it.close()
 
 
-def test_timestamps_against_the_decoders_order_raise(marker_video: MarkerVideo, tmp_path: Path) -> None:
-    """Composition offsets (ctts) rewritten so the P-frame decoded second is stamped display frame 1 and the two
-    B-frames after it 2 and 3: every timestamp still on the frame grid and no decoder error, so frame 1 would be
-    display frame 3's picture. The decoder shows them in picture order, against the timestamps: that raises."""
-    clean = marker_video("h264", 30)
+def _reordered(clean: Path, tmp_path: Path) -> Path:
+    """``clean`` (the H.264 GOP-30 marker video) as ``reordered.mp4``, its composition offsets (ctts) rewritten so the
+    P-frame decoded second is stamped display frame 1 and the two B-frames after it 2 and 3."""
     raw = bytearray(clean.read_bytes())
     at = raw.find(b"ctts") + 20  # (type, version and flags, entry count, sample 0's entry): samples 1 (P), 2-3 (B)
     assert struct.unpack_from(">IiIi", raw, at) == (1, 2048, 2, 512)
     struct.pack_into(">IiIi", raw, at, 1, 1024, 2, 1024)
     path = tmp_path / "reordered.mp4"
     path.write_bytes(bytes(raw))
+    return path
+
+
+def test_timestamps_against_the_decoders_order_raise(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    """Composition offsets (ctts) rewritten so the P-frame decoded second is stamped display frame 1 and the two
+    B-frames after it 2 and 3: every timestamp still on the frame grid and no decoder error, so frame 1 would be
+    display frame 3's picture. The decoder shows them in picture order, against the timestamps: that raises."""
+    clean = marker_video("h264", 30)
+    path = _reordered(clean, tmp_path)
     index = build_packet_index(path)
     np.testing.assert_array_equal(index.frame_pts, build_packet_index(clean).frame_pts)
     assert index.display_order[:4].tolist() == [0, 1, 2, 3]  # (clean: [0, 2, 3, 1])
@@ -196,12 +204,7 @@ def test_timestamps_against_the_decoders_order_raise_before_the_frames_between(
     """The ctts damage above, frames 2 and 3 asked without 1: with 3 threads the packet decoder stopped once they
     were out, before the P-frame stamped 1 came out after them, and handed the pictures of 1 and 2 as 2 and 3 (4 of
     600 random requests): a run now goes on until every frame from its keyframe to its last wanted one is out."""
-    clean = marker_video("h264", 30)
-    raw = bytearray(clean.read_bytes())
-    at = raw.find(b"ctts") + 20
-    struct.pack_into(">IiIi", raw, at, 1, 1024, 2, 1024)
-    path = tmp_path / "reordered.mp4"
-    path.write_bytes(bytes(raw))
+    path = _reordered(marker_video("h264", 30), tmp_path)
     index = build_packet_index(path)
     reader = PacketFileReader(str(path), index, threads=3, label="reordered.mp4")
     with pytest.raises(VideoDecodeError, match=r"reordered\.mp4: the decoder shows frames in another order"):
@@ -229,3 +232,27 @@ def test_damaged_keyframe_raises_on_the_container_path(
     reference = reference_frames(remux(clean, tmp_path / "clean.mkv", "matroska"))
     for frame_index, frame in zip(window.tolist(), pyav_decoder.decode(mkv, index, window), strict=True):
         np.testing.assert_array_equal(frame, reference[int(index.frame_pts[frame_index])])
+
+
+def test_timestamps_against_the_decoders_order_raise_on_the_container_path(
+    marker_video: MarkerVideo, tmp_path: Path
+) -> None:
+    """The ctts damage above in a file that is not local (fsspec's memory filesystem here, as a remote one): it is
+    decoded from an open container (PyAvReader), whose order check no test reached; it raises as the local reader
+    does, and a frame before the damage decodes exactly."""
+    clean = marker_video("h264", 30)
+    path = _reordered(clean, tmp_path)
+    memory = fsspec.filesystem("memory")
+    memory.pipe("/v/reordered.mp4", path.read_bytes())
+    index = build_packet_index("/v/reordered.mp4", filesystem=memory)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    with pytest.raises(
+        VideoDecodeError,
+        match=r"reordered\.mp4: the decoder shows frames in another order than their timestamps say \(pts 0\.033333 s "
+        r"after 0\.100000 s\); the file's timestamps \(its composition offsets, ctts\) are damaged",
+    ):
+        decoder.decode("/v/reordered.mp4", index, [1], filesystem=memory)
+    frame = decoder.decode("/v/reordered.mp4", index, [0], filesystem=memory)[0]
+    np.testing.assert_array_equal(frame, reference_frames(clean, {0})[0])
+    decoder.close()
+    memory.rm("/v/reordered.mp4")
