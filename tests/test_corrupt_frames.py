@@ -256,3 +256,29 @@ def test_timestamps_against_the_decoders_order_raise_on_the_container_path(
     np.testing.assert_array_equal(frame, reference_frames(clean, {0})[0])
     decoder.close()
     memory.rm("/v/reordered.mp4")
+
+
+def test_an_av1_frame_zeroed_on_disk_raises_as_missing(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    """An AV1 packet whose bytes are zeroed on disk: fed the packets up to it, dav1d takes it without an error and shows
+    no frame for it, so the frame asked for never comes out (that error was raised by no test): the packet path says
+    so, naming the file; the local file's reader, which feeds the packets after it too, fails on one of those. The
+    next GOP still decodes exactly."""
+    clean = marker_video("av1", 30)
+    path = tmp_path / "zeroed.mp4"
+    index = build_packet_index(clean)
+    position = int(index.display_order[5])
+    raw = bytearray(clean.read_bytes())
+    start = int(index.byte_offset[position])
+    raw[start : start + int(index.size_bytes[position])] = bytes(int(index.size_bytes[position]))
+    path.write_bytes(bytes(raw))
+    index = build_packet_index(path)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    with pytest.raises(VideoDecodeError, match=r"zeroed\.mp4: decoding failed \(.*Invalid data.*the file is corrupt"):
+        decoder.decode(path, index, [5])  # (the packets read ahead of it reach the decoder: it refuses one of those)
+    plan = plan_clip(index, [5])
+    said = r"zeroed\.mp4: 1 of 1 requested frames did not come out of the decoder \(from 6 packets\); the file is"
+    with pytest.raises(VideoDecodeError, match=said):
+        decoder.decode_packets(index, plan, read_packet_payloads(path, index, plan))
+    pts = int(index.frame_pts[40])
+    np.testing.assert_array_equal(decoder.decode(path, index, [40])[0], reference_frames(clean, {pts})[pts])
+    decoder.close()
