@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .errors import FrameRequestError, FrameTimestampError
+from .errors import DataFileError, FrameRequestError, FrameTimestampError
 from .packet_index import PacketIndex
 from .value_checks import check_choice, check_seconds
 
@@ -374,7 +374,6 @@ def row_frame_numbers(
     if video is None:
         video = reader.video(episode_pos, camera)
     timestamp_source, tolerance_s = reader.frame_lookup(episode_pos).over(timestamp_source, tolerance_s)
-    local_s = _local_times_s(reader, rows, row_indices, timestamp_source)
     context = FrameRequestContext(
         dataset=reader.source_of(episode_pos),
         episode_index=int(reader.episodes.episode_index[episode_pos]),
@@ -382,6 +381,7 @@ def row_frame_numbers(
         rows_fps=reader.fps,
         by_frame_index=timestamp_source is TimestampSource.FRAME_INDEX,
     )
+    local_s = _local_times_s(reader, rows, row_indices, timestamp_source, episode_pos)
     return nearest_frame_indices(
         index,
         video.from_timestamp_s + local_s,
@@ -392,12 +392,27 @@ def row_frame_numbers(
 
 
 def _local_times_s(
-    reader: LeRobotDatasetReader, rows: Mapping[str, np.ndarray], row_indices: np.ndarray, source: TimestampSource
+    reader: LeRobotDatasetReader,
+    rows: Mapping[str, np.ndarray],
+    row_indices: np.ndarray,
+    source: TimestampSource,
+    episode_pos: int,
 ) -> np.ndarray:
-    """Episode-local times (float64 seconds) of rows ``row_indices``, by ``source``."""
-    if source is TimestampSource.FRAME_INDEX:
-        return frame_index_timestamps_s(rows["frame_index"][row_indices], fps=reader.fps)
-    return rows["timestamp"][row_indices].astype(np.float64)
+    """Episode-local times (float64 seconds) of rows ``row_indices`` of episode ``episode_pos``, by ``source``."""
+    if source is not TimestampSource.FRAME_INDEX:
+        return rows["timestamp"][row_indices].astype(np.float64)
+    frame_index = np.asarray(rows["frame_index"][row_indices])
+    if frame_index.size and np.issubdtype(frame_index.dtype, np.integer) and frame_index.min() < 0:
+        # (frame_index_timestamps_s' own ValueError named neither the episode nor the file)
+        episode = FrameRequestContext(
+            dataset=reader.source_of(episode_pos), episode_index=int(reader.episodes.episode_index[episode_pos])
+        )
+        raise DataFileError(
+            f"{episode.describe()}: column 'frame_index' of {reader.data_path(episode_pos)} holds "
+            f"{int(frame_index.min())}, a negative frame number, and the video is looked up by frame_index / fps "
+            "(timestamp_source='frame_index'): fix the data file, or look frames up by the parquet timestamps"
+        )
+    return frame_index_timestamps_s(frame_index, fps=reader.fps)
 
 
 #: One episode's part of a file lookup: ``(episode_pos, rows, row_indices, video)`` as :func:`row_frame_numbers`
@@ -441,7 +456,7 @@ def _lookup_together(
     queries, tolerances, firsts, stops = [], [], [], []
     for pos, rows, row_indices, video in episodes:
         source, tolerance = reader.frame_lookup(pos).over(timestamp_source, tolerance_s)
-        queries.append(video.from_timestamp_s + _local_times_s(reader, rows, row_indices, source))
+        queries.append(video.from_timestamp_s + _local_times_s(reader, rows, row_indices, source, pos))
         tolerances.append(check_seconds("tolerance_s", tolerance))
         frames = episode_frames(index, video.from_timestamp_s, video.to_timestamp_s)
         firsts.append(frames.start)

@@ -749,3 +749,19 @@ def test_data_files_cut_short_found_at_open_send_nobody_to_check(
         report = check_dataset(open_dataset(root), workers=0)
         assert [p.episode_index for p in report.problems] == [0, 1]
         assert all(p.message.endswith("; `lerobot-dali check` lists every such file") for p in report.problems)
+
+
+def test_a_negative_frame_index_read_by_frame_index_names_its_episode_and_file(ds: Path) -> None:
+    """A row's negative frame_index, its video looked up by frame_index / fps, raised a bare ValueError ('frame_indices
+    must be non-negative integers, got array([...])') naming neither the dataset, the episode nor the column's file."""
+
+    def negative(table: pa.Table) -> pa.Table:
+        values = table["frame_index"].to_pylist()
+        values[3] = -1
+        column = table.column_names.index("frame_index")
+        return table.set_column(column, "frame_index", pa.array(values, table["frame_index"].type))
+
+    _rewrite_data(ds, negative)
+    said = r"episode 0: column 'frame_index' of .*data/chunk-000/file-000\.parquet holds -1, a negative frame number"
+    with pytest.raises(DataFileError, match=said):
+        _first_pass(ds, timestamp_source="frame_index")
