@@ -161,11 +161,11 @@ def test_one_lookup_per_file_finds_and_fails_as_each_episode_alone(make_ds, shif
 
 
 def test_a_file_lookup_by_frame_index_fails_as_the_first_bad_episode_alone(make_ds) -> None:
-    """Looked up by ``frame_index / fps``, a negative frame_index makes the file's joint lookup raise ValueError
+    """Looked up by ``frame_index / fps``, a negative frame_index makes the file's joint lookup raise DataFileError
     before it checks any episode's frames; the episodes are then looked up alone, in their order, so an earlier
     episode whose rows read a neighbour's frames raises its own FrameTimestampError first, as it would alone (this
     fallback was run by no test; without it the later episode's ValueError would be raised)."""
-    from lerobot_dali.errors import FrameTimestampError
+    from lerobot_dali.errors import DataFileError, FrameTimestampError
     from lerobot_dali.frame_lookup import TimestampSource, file_frame_numbers
 
     root = make_ds(episodes=6, frames_per_episode=20, cameras=1, episodes_per_file=3)
@@ -182,7 +182,8 @@ def test_a_file_lookup_by_frame_index_fails_as_the_first_bad_episode_alone(make_
     negative = {**rows[1], "frame_index": rows[1]["frame_index"] - 10}  # (rows 3 and 4 at frame_index -7, -6)
     late = {**rows[0], "frame_index": rows[0]["frame_index"] + 15}  # (rows 5 and 19 on episode 1's frames)
     cases = [
-        ([good[0], (1, negative, wanted[1], videos[1]), good[2]], 1, negative, ValueError, "must be non-negative"),
+        ([good[0], (1, negative, wanted[1], videos[1]), good[2]], 1, negative, DataFileError,
+         r"episode 1: column 'frame_index' of .* holds -7, a negative frame number"),
         ([(0, late, wanted[0], videos[0]), (1, negative, wanted[1], videos[1])], 0, late, FrameTimestampError,
          "outside this episode's part of the file"),
     ]  # fmt: skip
