@@ -169,6 +169,13 @@ class CachedRangeFile(io.RawIOBase):
         return bytes(data)
 
 
+def _from_end(bound: int | None, size: int, default: int) -> int:
+    """``bound`` of a ``cat_file`` range as a position in a file of ``size`` bytes: negative counts from the end."""
+    if bound is None:
+        return default
+    return bound if bound >= 0 else max(0, size + bound)
+
+
 def _warn_short_entry(file: Path, size: int) -> None:
     warn_once(logger, "prefetch cache entry %s holds fewer than its %d bytes; reading the range remotely", file, size)
 
@@ -227,11 +234,11 @@ class CachedFileSystem(fsspec.AbstractFileSystem):
         return CachedRangeFile(self.fs, path, size, folder, self.counters, block_size=block_size)
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+        """Bytes ``[start, end)`` of ``path``; a negative ``start`` or ``end`` counts from the end (as in fsspec)."""
         with self.open(path, "rb") as f:
-            f.seek(start or 0)
-            size = f.size
-            stop = size if end is None else (end if end >= 0 else size + end)
-            return bytes(f.read(max(0, stop - (start or 0))))
+            first, stop = (_from_end(bound, f.size, default) for bound, default in ((start, 0), (end, f.size)))
+            f.seek(first)
+            return bytes(f.read(max(0, stop - first)))
 
     def info(self, path: str, **kwargs: Any) -> Any:
         return self.fs.info(path, **kwargs)

@@ -343,6 +343,23 @@ def test_cached_file_reads_equal_remote_bytes_and_skip_the_remote_when_covered(t
     assert fs.cat_file("f.bin", 999, 5001) == blob[999:5001]
 
 
+def test_cat_file_counts_negative_bounds_from_the_end(tmp_path: Path) -> None:
+    """fsspec's cat_file takes a negative start/end as counted from the end; the cache raised ValueError for a
+    negative start (3 of 9 probed ranges wrong). Each range equals the slice fsspec's own cat_file returns."""
+    blob = random.Random(11).randbytes(5000)
+    (tmp_path / "f.bin").write_bytes(blob)
+    version = cache_version(len(blob), "e1")
+    RangeCache(tmp_path / "cache", max_bytes=10**6).acquire(
+        "ep", [ByteRange("f.bin", 1000, 4990, version)], lambda k: blob[k.start : k.end]
+    )
+    stamps = {"f.bin": type("Stamp", (), {"size": len(blob), "version": "e1"})()}
+    remote = FakeRemoteFileSystem(str(tmp_path))
+    fs = CachedFileSystem(remote, tmp_path / "cache", stamps)
+    for start, end in [(-10, None), (-100, -10), (-6000, 10), (10, -10), (4990, 6000), (None, -4000), (0, 0)]:
+        assert fs.cat_file("f.bin", start, end) == remote.cat_file("f.bin", start, end), (start, end)
+    assert fs.counters["cached_reads"] > 0 and fs.counters["remote_reads"] > 0
+
+
 def test_a_cached_file_holds_one_entry_open_however_many_it_reads(tmp_path: Path) -> None:
     """A long-lived parquet file read through the cache held one open file per entry, evicted ones included."""
     blob = random.Random(7).randbytes(40_000)
