@@ -18,6 +18,7 @@ from typing import Any
 import fsspec
 
 from . import io_stats
+from .errors import DataFileError
 from .file_stamps import FileStamp, FileStamps
 from .range_cache import entry_dir, list_entries
 from .said_once import warn_once
@@ -97,8 +98,11 @@ class CachedRangeFile(io.RawIOBase):
             part = self._read_cached(position, stop)
             if part is None:
                 part = self._read_remote(position, self._gap_end(position, stop))
-            if not part:
-                break
+            if not part:  # the remote file ends before the size it was listed with
+                raise DataFileError(
+                    f"{self.path} ends at byte {position}, but the dataset listed it with {self.size} bytes: it "
+                    "changed on the remote since the dataset was opened; open the dataset again to read it as it is now"
+                )
             parts.append(part)
             position += len(part)
         self._pos = position

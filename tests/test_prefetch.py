@@ -21,6 +21,7 @@ import torch
 from lerobot_dali.cached_filesystem import CachedFileSystem, cache_version
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.episode_ranges import EpisodeRanges
+from lerobot_dali.errors import DataFileError
 from lerobot_dali.range_cache import ByteRange, CacheBusyError, RangeCache, entry_dir
 from lerobot_dali.sample_order import OrderOptions, SampleOrder
 from tests.fake_remote import FakeRemoteFileSystem
@@ -358,6 +359,25 @@ def test_cat_file_counts_negative_bounds_from_the_end(tmp_path: Path) -> None:
     for start, end in [(-10, None), (-100, -10), (-6000, 10), (10, -10), (4990, 6000), (None, -4000), (0, 0)]:
         assert fs.cat_file("f.bin", start, end) == remote.cat_file("f.bin", start, end), (start, end)
     assert fs.counters["cached_reads"] > 0 and fs.counters["remote_reads"] > 0
+
+
+def test_a_remote_file_shorter_than_its_listing_raises_instead_of_reading_short(tmp_path: Path) -> None:
+    """A remote file cut to 3,000 of its listed 5,000 bytes read back 3,000 bytes without a word, whatever the
+    cache held past the cut; now the read names the file, the byte it ends at and the fix."""
+    blob = random.Random(12).randbytes(5000)
+    (tmp_path / "f.bin").write_bytes(blob[:3000])
+    version = cache_version(len(blob), "e1")
+    RangeCache(tmp_path / "cache", max_bytes=10**6).acquire(
+        "ep", [ByteRange("f.bin", 4000, 5000, version)], lambda k: blob[k.start : k.end]
+    )
+    stamps = {"f.bin": type("Stamp", (), {"size": len(blob), "version": "e1"})()}
+    fs = CachedFileSystem(FakeRemoteFileSystem(str(tmp_path)), tmp_path / "cache", stamps)
+    with fs.open("f.bin") as f:
+        assert f.read(2000) == blob[:2000]  # before the cut: read as listed
+        with pytest.raises(DataFileError, match=r"f\.bin ends at byte 3000, but the dataset listed it with 5000"):
+            f.read()
+        f.seek(4000)
+        assert f.read() == blob[4000:]  # the cached range past the cut is still the listed content
 
 
 def test_a_cached_file_holds_one_entry_open_however_many_it_reads(tmp_path: Path) -> None:
@@ -834,7 +854,6 @@ def test_row_groups_holding_an_episode_against_a_scan() -> None:
 def test_episode_ranges_name_a_data_file_whose_footer_does_not_parse(make_ds, copy_ds) -> None:
     """Prefetch logs what failed: a footer damaged after the dataset was opened came through as a bare OSError
     ("Couldn't deserialize thrift") naming no file."""
-    from lerobot_dali.errors import DataFileError
 
     root = copy_ds(_dataset(make_ds, "h264"))
     remote = open_dataset("fakeremote://", storage_options={"root": str(root)})
