@@ -22,7 +22,7 @@ from lerobot_dali.cached_filesystem import CachedFileSystem, cache_version
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.episode_ranges import EpisodeRanges
 from lerobot_dali.errors import DataFileError
-from lerobot_dali.range_cache import ByteRange, CacheBusyError, RangeCache, entry_dir
+from lerobot_dali.range_cache import ByteRange, CacheBusyError, RangeCache, entry_dir, list_entries
 from lerobot_dali.sample_order import OrderOptions, SampleOrder
 from tests.fake_remote import FakeRemoteFileSystem
 from tests.process_tree import open_files_under
@@ -378,6 +378,41 @@ def test_a_remote_file_shorter_than_its_listing_raises_instead_of_reading_short(
             f.read()
         f.seek(4000)
         assert f.read() == blob[4000:]  # the cached range past the cut is still the listed content
+
+
+def test_a_fetch_of_the_wrong_length_raises_and_frees_its_room(tmp_path: Path) -> None:
+    """A fetch that returns fewer bytes than its range is refused with OSError; the room it reserved and the range
+    are free again, so the next acquire of that range fetches it (and nothing of the short bytes is on disk)."""
+    blob = random.Random(13).randbytes(4000)
+    cache = RangeCache(tmp_path / "cache", max_bytes=4000)
+    key = ByteRange("f.bin", 0, 4000, cache_version(4000, "e1"))
+    with pytest.raises(OSError, match=r"f\.bin: fetched 3999 bytes for range \[0, 4000\)"):
+        cache.acquire("a", [key], lambda k: blob[k.start : k.end - 1])
+    assert cache.bytes_cached == 0 and not cache.holds(key)
+    assert cache.acquire("b", [key], lambda k: blob[k.start : k.end]) == 4000  # the whole bound is free again
+    [(start, end, file)] = list_entries(entry_dir(tmp_path / "cache", "f.bin", key.version))
+    assert (start, end) == (0, 4000) and file.read_bytes() == blob
+
+
+def test_an_entry_evicted_after_listing_is_read_remotely(tmp_path: Path) -> None:
+    """An entry listed by an open file, then evicted by the prefetcher before the read reaches it, is read from the
+    remote file: the bytes equal the file's, and the one left entry is still served locally."""
+    blob = random.Random(14).randbytes(6000)
+    (tmp_path / "f.bin").write_bytes(blob)
+    version = cache_version(len(blob), "e1")
+    cache = RangeCache(tmp_path / "cache", max_bytes=10**6)
+    keys = [ByteRange("f.bin", 0, 3000, version), ByteRange("f.bin", 3000, 6000, version)]
+    for owner, key in zip(("a", "b"), keys, strict=True):
+        cache.acquire(owner, [key], lambda k: blob[k.start : k.end])
+    stamps = {"f.bin": type("Stamp", (), {"size": len(blob), "version": "e1"})()}
+    fs = CachedFileSystem(FakeRemoteFileSystem(str(tmp_path)), tmp_path / "cache", stamps)
+    with fs.open("f.bin") as f:
+        assert f.read(100) == blob[:100]  # lists both entries, opens the first
+        cache.release("b")
+        cache.acquire("other", [ByteRange("g.bin", 0, 10**6 - 3000, version)], lambda k: bytes(k.size))  # evicts
+        assert not cache.holds(keys[1]) and cache.holds(keys[0])
+        assert f.read() == blob[100:]
+    assert fs.counters["remote_bytes"] == 3000 and fs.counters["cached_bytes"] == 3000
 
 
 def test_a_cached_file_holds_one_entry_open_however_many_it_reads(tmp_path: Path) -> None:
