@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import gc
+import io
 import os
 import random
 import threading
@@ -413,6 +414,30 @@ def test_an_entry_evicted_after_listing_is_read_remotely(tmp_path: Path) -> None
         assert not cache.holds(keys[1]) and cache.holds(keys[0])
         assert f.read() == blob[100:]
     assert fs.counters["remote_bytes"] == 3000 and fs.counters["cached_bytes"] == 3000
+
+
+def test_a_cached_file_reads_through_a_buffered_reader_and_refuses_bad_seeks(tmp_path: Path) -> None:
+    """io.BufferedReader reads a CachedRangeFile through readinto: every chunk, across the cached/remote boundary,
+    equals the file's bytes; a seek before byte 0 or with an unknown whence raises ValueError naming the problem."""
+    blob = random.Random(15).randbytes(5000)
+    (tmp_path / "f.bin").write_bytes(blob)
+    version = cache_version(len(blob), "e1")
+    RangeCache(tmp_path / "cache", max_bytes=10**6).acquire(
+        "ep", [ByteRange("f.bin", 1500, 3500, version)], lambda k: blob[k.start : k.end]
+    )
+    stamps = {"f.bin": type("Stamp", (), {"size": len(blob), "version": "e1"})()}
+    fs = CachedFileSystem(FakeRemoteFileSystem(str(tmp_path)), tmp_path / "cache", stamps)
+    with io.BufferedReader(fs.open("f.bin"), buffer_size=700) as f:
+        assert [f.read(333) for _ in range(16)] == [blob[i : i + 333] for i in range(0, 16 * 333, 333)]
+        f.seek(1400)
+        assert f.read(2200) == blob[1400:3600]
+    assert fs.counters["cached_bytes"] == 4000 and fs.counters["remote_bytes"] > 0
+    with fs.open("f.bin") as raw:
+        with pytest.raises(ValueError, match="negative seek position -1 in f.bin"):
+            raw.seek(-1)
+        with pytest.raises(ValueError, match="invalid whence 7"):
+            raw.seek(0, 7)
+        assert raw.seek(-10, io.SEEK_END) == 4990 and raw.read() == blob[-10:]
 
 
 def test_a_cached_file_holds_one_entry_open_however_many_it_reads(tmp_path: Path) -> None:
