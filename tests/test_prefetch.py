@@ -127,6 +127,29 @@ def test_range_cache_adopts_an_earlier_runs_entries(tmp_path: Path) -> None:
     assert not (unlabelled / "0-10-00000000.bin").exists()
 
 
+def test_adopted_entries_survive_an_unchecked_run_and_a_vanished_one_is_fetched_again(tmp_path: Path) -> None:
+    """A run that adopts entries and ends before checking them leaves them hidden (``.adopted``): the next run adopts
+    them as they are and reuses them unfetched; an adopted entry whose file vanished before its check is fetched again,
+    and the bytes counted stay those on disk."""
+    blob = random.Random(16).randbytes(300)
+    keys = [ByteRange("p", 0, 100, "v1"), ByteRange("p", 100, 300, "v1")]
+    first = RangeCache(tmp_path, max_bytes=1000)
+    first.acquire("x", keys, _fetcher(blob, []))
+    first.close()
+    RangeCache(tmp_path, max_bytes=1000).close()  # adopts both (hidden), checks none
+    folder = entry_dir(tmp_path, "p", "v1")
+    hidden = sorted(f for f in folder.iterdir() if f.suffix == ".adopted")
+    assert len(hidden) == 2 and list_entries(folder) == []
+    third = RangeCache(tmp_path, max_bytes=1000)
+    assert third.bytes_cached == 300
+    hidden[1].unlink()  # the [100, 300) entry vanishes before the run checks it
+    calls: list[ByteRange] = []
+    assert third.acquire("y", keys, _fetcher(blob, calls)) == 200
+    assert calls == [keys[1]] and third.bytes_cached == 300 == _disk_bytes(tmp_path)
+    readable = [(a, b, f.read_bytes()) for a, b, f in list_entries(folder)]
+    assert readable == [(0, 100, blob[:100]), (100, 300, blob[100:])]
+
+
 def test_a_cache_directory_has_one_writer_and_a_second_run_takes_a_sibling_slot(tmp_path: Path) -> None:
     """Two runs sharing a directory evicted each other's held entries (and crashed adopting a vanishing one)."""
     blob = bytes(range(200))
