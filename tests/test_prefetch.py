@@ -625,15 +625,34 @@ def test_remote_frames_resized_in_the_worker_equal_local(make_ds, tmp_path: Path
             assert torch.equal(a[camera], b[camera]), camera
 
 
-def _pool_prefetcher(make_ds, tmp_path: Path):
+def _pool_prefetcher(make_ds, cache_dir: Path | None, *, rank: int = 0):
     """A prefetcher over the AV1 test dataset served by the fake remote (pool of 2, lookahead 3), and its order."""
     from lerobot_dali.prefetch import prefetching_reader
 
     reader = open_dataset("fakeremote://", storage_options={"root": str(_dataset(make_ds, "av1"))})
     order = SampleOrder(reader.episodes.length, rank=0, world_size=1, options=OrderOptions(seed=1, episode_pool_size=2))
-    _, prefetcher = prefetching_reader(reader, order, rank=0, lookahead=3, cache_dir=tmp_path, cache_bytes=10**8)
+    _, prefetcher = prefetching_reader(reader, order, rank=rank, lookahead=3, cache_dir=cache_dir, cache_bytes=10**8)
     assert prefetcher is not None
     return prefetcher, order
+
+
+def test_a_prefetch_cache_without_cache_dir_is_one_folder_per_dataset_under_the_cache_root(make_ds) -> None:
+    """``cache_dir=None``: each rank's slot is ``<cache root>/prefetch/<16 hex of the description>/rank-N``, and the
+    ranges it fetched are the bytes on disk there."""
+    import hashlib
+
+    from lerobot_dali.cache_dirs import cache_root
+
+    for rank in (0, 1):
+        prefetcher, _ = _pool_prefetcher(make_ds, None, rank=rank)
+        name = hashlib.sha256(prefetcher.reader.location.description.encode()).hexdigest()[:16]
+        try:
+            assert prefetcher.cache.directory == cache_root() / "prefetch" / name / f"rank-{rank}"
+            prefetcher.warm(0, 0, progress=False)
+            assert prefetcher.stats.fetched_ranges > 0
+        finally:
+            prefetcher.close()
+        assert _disk_bytes(cache_root() / "prefetch" / name / f"rank-{rank}") == prefetcher.stats.fetched_bytes
 
 
 def test_prefetcher_holds_the_pool_window_and_releases_episodes_that_left(make_ds, tmp_path: Path) -> None:
