@@ -110,6 +110,32 @@ def test_rows_no_episode_reads_still_fail_after_locating(merged) -> None:
         reader.read_episode(2)  # (position 2: episode 3)
 
 
+@pytest.mark.parametrize("split", ["in one file", "over two files"])
+def test_an_episode_whose_rows_are_not_one_run_is_refused_naming_the_file(merged, split: str) -> None:
+    """Located by the data files, an episode's rows must be one run: its first row and length then read them all.
+    Episode 0's rows cut in two by episode 1's (in file-000), or episode 4's last row moved from file-002 to the end
+    of file-000, are refused naming where its rows continue."""
+    _, stale = merged
+    first = stale / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(first)
+    if split == "in one file":  # rows 0-2 of episode 0, then episode 1, then rows 3-5 of episode 0
+        order = [0, 1, 2, *range(6, 6 + LENGTHS[1]), 3, 4, 5]
+        pq.write_table(table.take(order), first)
+        episode, where = 0, "file-000"
+    else:
+        third = stale / "data/chunk-000/file-002.parquet"
+        rows = pq.read_table(third)
+        pq.write_table(rows.slice(0, len(rows) - 1), third)
+        pq.write_table(pa.concat_tables([table, rows.slice(len(rows) - 1)]), first)
+        episode, where = 4, "file-002"
+    with pytest.raises(
+        EpisodeMetadataError,
+        match=rf"meta/episodes names .*, and episode {episode}'s rows are not one run in one data file "
+        rf"\(.*{where}\.parquet holds some after others\): rewrite the data files",
+    ):
+        _samples(stale)
+
+
 def test_an_episode_whose_rows_disagree_with_its_length_is_named(merged) -> None:
     _, stale = merged
     _drop_rows(stale / "data/chunk-000/file-001.parquet", lambda t: pc.not_equal(t["frame_index"], 7))
