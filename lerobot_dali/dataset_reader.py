@@ -994,8 +994,6 @@ def _add_task(tasks: dict[int, str], index: Any, text: Any, *, name: str = "task
 def _check_first_files(reader: LeRobotDatasetReader) -> None:
     """One existence check per camera (every data file was checked by
     :func:`.episode_data_files.locate_episode_rows`): cheap, and catches a camera with no files."""
-    if reader.num_episodes == 0:
-        return
     exists = partial(bulk_file_exists, reader.location, reader.stamps)
     for camera in reader.camera_keys:
         video = reader.video(0, camera).path
