@@ -38,6 +38,25 @@ def test_cr5_v21_aggregate_equals_what_lerobot_converted_into_v30_stats_json() -
     assert float(v21["observation.images.top"]["count"][0]) == 1200  # LeRobot samples 100 frames per episode
 
 
+def test_statistics_by_name_follow_info_json_names_in_the_older_motors_form(tmp_path: Path) -> None:
+    """LeRobot before v2.0 wrote ``names`` as ``{"motors": [...]}``: its one list gives the vector order, as a flat
+    list does. r1's info.json with observation.state's names reversed in that form, and statistics by name that
+    differ per joint (r1's own are one value for every joint, so no order shows in them), read in that order."""
+    from lerobot_dali.dataset_reader import read_info
+
+    (tmp_path / "meta").mkdir()
+    info = json.loads((shared_dataset("r1_v30_h264") / "meta/info.json").read_text())
+    names = info["features"]["observation.state"]["names"]
+    info["features"]["observation.state"]["names"] = {"motors": names[::-1]}
+    (tmp_path / "meta/info.json").write_text(json.dumps(info))
+    by_name = {stat: {n: float(i) + offset for i, n in enumerate(names)} for stat, offset in [("mean", 0), ("max", 9)]}
+    (tmp_path / "meta/stats.json").write_text(json.dumps({"observation.state": by_name}))
+    location = resolve_location(str(tmp_path))
+    stats = read_dataset_stats(location, read_info(location))
+    assert stats["observation.state"]["mean"].tolist() == [float(i) for i in reversed(range(len(names)))]
+    assert stats["observation.state"]["max"].tolist() == [float(i) + 9 for i in reversed(range(len(names)))]
+
+
 def test_stats_json_is_read_as_stored() -> None:
     root = shared_dataset("cr5_v30_av1")
     stats = _stats_of(root)
