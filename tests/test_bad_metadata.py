@@ -324,6 +324,53 @@ def test_an_undeclared_episode_index_is_derived(ds: Path) -> None:
     assert episodes.tolist() == [e for e in range(4) for _ in range(20)]
 
 
+def test_a_missing_task_text_in_the_v3_episode_metadata_is_read_and_digested(ds: Path) -> None:
+    """A null in an episode's ``tasks`` list (descriptive metadata: batches take their task from each row's task_index,
+    as LeRobot's do) failed the stream state's digest with a bare TypeError ("sequence item 1: expected str instance,
+    NoneType found"), so every state_dict() of a dataset LeRobot reads raised. It reads, and its digest tells it from
+    the dataset without the null."""
+    before = open_dataset(ds).content_digest()
+    path = _episodes_file(ds)
+    table = pq.read_table(path)
+    tasks = table["tasks"].to_pylist()
+    tasks[2] = [*tasks[2], None]
+    column = table.column_names.index("tasks")
+    pq.write_table(table.set_column(column, "tasks", pa.array(tasks, table["tasks"].type)), path)
+    reader = open_dataset(ds)
+    assert reader.episodes.tasks[2].as_py()[-1] is None
+    assert reader.content_digest() != before
+    frames = _first_pass(ds)
+    assert sum(len(batch["index"]) for batch in frames) == 80
+
+
+def test_a_camera_without_file_columns_in_the_v3_episode_metadata_is_named(ds: Path) -> None:
+    """meta/episodes lacking a declared camera's videos/<key>/file_index is refused naming the camera and the columns;
+    left out with cameras=[], the dataset reads its rows."""
+    path = _episodes_file(ds)
+    pq.write_table(pq.read_table(path).drop_columns([f"videos/{CAM}/file_index"]), path)
+    with pytest.raises(
+        EpisodeMetadataError,
+        match=rf"meta/episodes: camera '{re.escape(CAM)}' is declared in info\.json but the episode metadata has no "
+        rf"'videos/{re.escape(CAM)}/chunk_index'/'videos/{re.escape(CAM)}/file_index' columns; select the cameras "
+        r"that have files with cameras=\[\.\.\.\]",
+    ):
+        open_dataset(ds)
+    reader = open_dataset(ds, cameras=[])
+    assert reader.episodes.length.tolist() == [20] * 4
+    assert reader.read_episode(3)["index"].tolist() == list(range(60, 80))
+
+
+def test_blank_lines_in_v2_episodes_jsonl_are_skipped(make_ds, copy_ds) -> None:
+    """Blank lines (a hand edit, a trailing newline too many) hold no episode: the episodes are those of the others."""
+    root = copy_ds(make_ds(**{**SPEC, "version": "v2.1"}, size=(64, 96)))
+    path = root / "meta/episodes.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n" + "\n  \n".join(lines) + "\n\n")
+    reader = open_dataset(root)
+    assert reader.episodes.episode_index.tolist() == [0, 1, 2, 3]
+    assert reader.episodes.length.tolist() == [20] * 4
+
+
 def test_a_dataset_without_episodes_is_refused(ds: Path) -> None:
     path = _episodes_file(ds)
     pq.write_table(pq.read_table(path).slice(0, 0), path)
