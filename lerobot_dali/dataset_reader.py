@@ -168,7 +168,10 @@ class LeRobotDatasetReader:
             digest.update(ep.episode_index.astype("<i8").tobytes())
             digest.update(ep.length.astype("<i8").tobytes())
             digest.update(pc.list_value_length(ep.tasks).fill_null(-1).to_numpy(zero_copy_only=False).astype("<i8"))
-            digest.update("\0".join([*ep.tasks.flatten().to_pylist(), json.dumps(sorted(self.tasks.items()))]).encode())
+            # (a missing text, which the episodes' descriptive lists may hold, as "\1": '\0'.join took str alone; a
+            # text as itself, so that the digests of states saved before stay)
+            texts = ["\1" if text is None else text for text in ep.tasks.flatten().to_pylist()]
+            digest.update("\0".join([*texts, json.dumps(sorted(self.tasks.items()))]).encode())
             self._content = digest.hexdigest()[:16]
         return self._content
 
