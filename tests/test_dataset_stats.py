@@ -298,3 +298,19 @@ def test_each_version_reads_the_file_lerobot_reads(make_ds, copy_ds, version: st
     stats = read_dataset_stats(reader.location, reader.info)
     assert "stale" not in stats and sorted(stats) == sorted(kept)
     assert "observation.state" in stats
+
+
+def test_stats_without_count_stay_so_where_the_frame_count_is_not_known(tmp_path: Path, caplog) -> None:
+    """Without 'count' in stats.json, total_frames in info.json or a readable episodes.jsonl, the statistics are read
+    as stored, without a count (pooling them then says it lacks one), and why is logged: not an error of the read."""
+    from lerobot_dali.dataset_reader import read_info
+
+    part = gr00t_part(tmp_path / "part", [3, 4], total_frames=False)
+    (part / "meta/episodes.jsonl").unlink()
+    location = resolve_location(str(part))
+    with caplog.at_level(logging.DEBUG, logger="lerobot_dali.dataset_stats"):
+        stats = read_dataset_stats(location, read_info(location))
+    stored = json.loads((part / "meta/stats.json").read_text())
+    assert sorted(stats) == sorted(stored) and all("count" not in entry for entry in stats.values())
+    np.testing.assert_array_equal(stats["action"]["mean"], np.asarray(stored["action"]["mean"]))
+    assert f"{part}: no frame count for its statistics: " in caplog.text and "episodes.jsonl is missing" in caplog.text
