@@ -400,46 +400,12 @@ class SampleStream:
         segments = state.prior_segments
         epoch, consumed = state.epoch, state.samples_consumed
         world_size, rank = self._order.world_size, self._order.rank
-        if options.rank_balance is RankBalance.NONE and (state.world_size != world_size or segments):
-            if consumed or segments:
-                raise ResumeStateError(
-                    f"with rank_balance='none' each rank reads its own count, so one rank's position (saved on "
-                    f"{state.world_size} ranks) does not say where the others stood: resume epoch {epoch} on "
-                    f"{state.world_size} ranks, or start epoch {epoch + 1} here without it (set_epoch({epoch + 1}), no "
-                    "state loaded)"
-                )
-            if state.world_size > 1 and state.gathered < state.world_size:
-                # (ranks of unequal counts finish an epoch apart: one rank at the start of this epoch says nothing of
-                # another still reading the epoch before, whose rest would be lost, or one further on, whose frames of
-                # this epoch would come again)
-                who = (
-                    f"a state gathered from {state.gathered} of the {state.world_size} ranks (merge_rank_states counts "
-                    "each rank once)"
-                    if state.gathered
-                    else "one rank's state"
-                )
-                raise ResumeStateError(
-                    f"with rank_balance='none' ranks finish epochs apart, so {who} at the start of epoch {epoch} does "
-                    f"not say that the other {state.world_size - max(state.gathered, 1)} rank(s) stood there too: "
-                    f"resume on {state.world_size} ranks with each rank's own state, or pass merge_rank_states([every "
-                    "old rank's state_dict()]), which refuses states that stand apart"
-                )
-            # (an epoch not begun starts afresh on these ranks)
-            self._order = SampleOrder(self._lengths, rank=rank, world_size=world_size, options=options)
-            self._position = (epoch, 0)
-            return
-        if (
-            options.rank_balance is RankBalance.NONE
-            and state.rank is not None
-            and state.rank != rank
-            and not (consumed == 0 and state.gathered >= state.world_size)
-        ):
-            # (each rank's count is its own: another rank's position is not where this one stood)
-            raise ResumeStateError(
-                f"with rank_balance='none' each rank reads its own count, so rank {state.rank}'s state (sample "
-                f"{consumed} of epoch {epoch}) does not say where rank {rank} stood: load each rank's own "
-                "state_dict() on it (or, at an epoch's start, merge_rank_states([every rank's state_dict()]))"
-            )
+        if options.rank_balance is RankBalance.NONE:
+            _refuse_unbalanced_position(state, rank=rank, world_size=world_size)
+            if state.world_size != world_size:  # (an epoch not begun starts afresh on these ranks)
+                self._order = SampleOrder(self._lengths, rank=rank, world_size=world_size, options=options)
+                self._position = (epoch, 0)
+                return
         old = None
         if state.world_size != world_size:
             warn_once(logger,
@@ -472,6 +438,44 @@ class SampleStream:
             )  # fmt: skip
             order.resume_from(old, state.walks)
         self._order, self._position = order, (epoch, consumed)
+
+
+def _refuse_unbalanced_position(state: StreamState, *, rank: int, world_size: int) -> None:
+    """ResumeStateError where, with ``rank_balance='none'``, ``state`` does not say where rank ``rank`` of
+    ``world_size`` stands: each rank reads its own count, so only its own state does, or on other ranks every old
+    rank's gathered at one epoch's start (:func:`merge_rank_states`)."""
+    epoch, consumed, segments = state.epoch, state.samples_consumed, state.prior_segments
+    if state.world_size != world_size or segments:
+        if consumed or segments:
+            raise ResumeStateError(
+                f"with rank_balance='none' each rank reads its own count, so one rank's position (saved on "
+                f"{state.world_size} ranks) does not say where the others stood: resume epoch {epoch} on "
+                f"{state.world_size} ranks, or start epoch {epoch + 1} here without it (set_epoch({epoch + 1}), no "
+                "state loaded)"
+            )
+        if state.world_size > 1 and state.gathered < state.world_size:
+            # (ranks of unequal counts finish an epoch apart: one rank at the start of this epoch says nothing of
+            # another still reading the epoch before, whose rest would be lost, or one further on, whose frames of
+            # this epoch would come again)
+            who = (
+                f"a state gathered from {state.gathered} of the {state.world_size} ranks (merge_rank_states counts "
+                "each rank once)"
+                if state.gathered
+                else "one rank's state"
+            )
+            raise ResumeStateError(
+                f"with rank_balance='none' ranks finish epochs apart, so {who} at the start of epoch {epoch} does "
+                f"not say that the other {state.world_size - max(state.gathered, 1)} rank(s) stood there too: "
+                f"resume on {state.world_size} ranks with each rank's own state, or pass merge_rank_states([every "
+                "old rank's state_dict()]), which refuses states that stand apart"
+            )
+    elif state.rank is not None and state.rank != rank and not (consumed == 0 and state.gathered >= state.world_size):
+        # (each rank's count is its own: another rank's position is not where this one stood)
+        raise ResumeStateError(
+            f"with rank_balance='none' each rank reads its own count, so rank {state.rank}'s state (sample "
+            f"{consumed} of epoch {epoch}) does not say where rank {rank} stood: load each rank's own "
+            "state_dict() on it (or, at an epoch's start, merge_rank_states([every rank's state_dict()]))"
+        )
 
 
 def _lengths_fingerprint(lengths: np.ndarray) -> str:
