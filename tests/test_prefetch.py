@@ -368,18 +368,26 @@ def test_cached_file_reads_equal_remote_bytes_and_skip_the_remote_when_covered(t
     assert fs.cat_file("f.bin", 999, 5001) == blob[999:5001]
 
 
+def _partly_cached(
+    tmp_path: Path, *, seed: int, cached: tuple[int, int], on_remote: int | None = None
+) -> tuple[bytes, CachedFileSystem]:
+    """A 5,000-byte f.bin listed (stamped) whole, bytes ``cached`` of it in the prefetch cache, and a CachedFileSystem
+    over it; the remote file holds its first ``on_remote`` bytes (all where None)."""
+    blob = random.Random(seed).randbytes(5000)
+    (tmp_path / "f.bin").write_bytes(blob[:on_remote])
+    version = cache_version(len(blob), "e1")
+    RangeCache(tmp_path / "cache", max_bytes=10**6).acquire(
+        "ep", [ByteRange("f.bin", *cached, version)], lambda k: blob[k.start : k.end]
+    )
+    stamps = {"f.bin": type("Stamp", (), {"size": len(blob), "version": "e1"})()}
+    return blob, CachedFileSystem(FakeRemoteFileSystem(str(tmp_path)), tmp_path / "cache", stamps)
+
+
 def test_cat_file_counts_negative_bounds_from_the_end(tmp_path: Path) -> None:
     """fsspec's cat_file takes a negative start/end as counted from the end; the cache raised ValueError for a
     negative start (3 of 9 probed ranges wrong). Each range equals the slice fsspec's own cat_file returns."""
-    blob = random.Random(11).randbytes(5000)
-    (tmp_path / "f.bin").write_bytes(blob)
-    version = cache_version(len(blob), "e1")
-    RangeCache(tmp_path / "cache", max_bytes=10**6).acquire(
-        "ep", [ByteRange("f.bin", 1000, 4990, version)], lambda k: blob[k.start : k.end]
-    )
-    stamps = {"f.bin": type("Stamp", (), {"size": len(blob), "version": "e1"})()}
+    _, fs = _partly_cached(tmp_path, seed=11, cached=(1000, 4990))
     remote = FakeRemoteFileSystem(str(tmp_path))
-    fs = CachedFileSystem(remote, tmp_path / "cache", stamps)
     for start, end in [(-10, None), (-100, -10), (-6000, 10), (10, -10), (4990, 6000), (None, -4000), (0, 0)]:
         assert fs.cat_file("f.bin", start, end) == remote.cat_file("f.bin", start, end), (start, end)
     assert fs.counters["cached_reads"] > 0 and fs.counters["remote_reads"] > 0
@@ -388,14 +396,7 @@ def test_cat_file_counts_negative_bounds_from_the_end(tmp_path: Path) -> None:
 def test_a_remote_file_shorter_than_its_listing_raises_instead_of_reading_short(tmp_path: Path) -> None:
     """A remote file cut to 3,000 of its listed 5,000 bytes read back 3,000 bytes without a word, whatever the
     cache held past the cut; now the read names the file, the byte it ends at and the fix."""
-    blob = random.Random(12).randbytes(5000)
-    (tmp_path / "f.bin").write_bytes(blob[:3000])
-    version = cache_version(len(blob), "e1")
-    RangeCache(tmp_path / "cache", max_bytes=10**6).acquire(
-        "ep", [ByteRange("f.bin", 4000, 5000, version)], lambda k: blob[k.start : k.end]
-    )
-    stamps = {"f.bin": type("Stamp", (), {"size": len(blob), "version": "e1"})()}
-    fs = CachedFileSystem(FakeRemoteFileSystem(str(tmp_path)), tmp_path / "cache", stamps)
+    blob, fs = _partly_cached(tmp_path, seed=12, cached=(4000, 5000), on_remote=3000)
     with fs.open("f.bin") as f:
         assert f.read(2000) == blob[:2000]  # before the cut: read as listed
         with pytest.raises(DataFileError, match=r"f\.bin ends at byte 3000, but the dataset listed it with 5000"):
@@ -442,14 +443,7 @@ def test_an_entry_evicted_after_listing_is_read_remotely(tmp_path: Path) -> None
 def test_a_cached_file_reads_through_a_buffered_reader_and_refuses_bad_seeks(tmp_path: Path) -> None:
     """io.BufferedReader reads a CachedRangeFile through readinto: every chunk, across the cached/remote boundary,
     equals the file's bytes; a seek before byte 0 or with an unknown whence raises ValueError naming the problem."""
-    blob = random.Random(15).randbytes(5000)
-    (tmp_path / "f.bin").write_bytes(blob)
-    version = cache_version(len(blob), "e1")
-    RangeCache(tmp_path / "cache", max_bytes=10**6).acquire(
-        "ep", [ByteRange("f.bin", 1500, 3500, version)], lambda k: blob[k.start : k.end]
-    )
-    stamps = {"f.bin": type("Stamp", (), {"size": len(blob), "version": "e1"})()}
-    fs = CachedFileSystem(FakeRemoteFileSystem(str(tmp_path)), tmp_path / "cache", stamps)
+    blob, fs = _partly_cached(tmp_path, seed=15, cached=(1500, 3500))
     with io.BufferedReader(fs.open("f.bin"), buffer_size=700) as f:
         assert [f.read(333) for _ in range(16)] == [blob[i : i + 333] for i in range(0, 16 * 333, 333)]
         f.seek(1400)
