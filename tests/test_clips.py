@@ -338,6 +338,23 @@ def _encode_open_gop(path: Path, codec: str, frames: int = 90) -> None:
         container.mux(stream.encode())
 
 
+def _check_cpu_decodes(path: Path, index: PacketIndex, windows: list[np.ndarray], *, packets: bool = False) -> None:
+    """Each of ``windows`` by the CPU fallback's open-file decoder (and, where ``packets``, by its packet decoder from
+    the window's planned packets) equals the full sequential decode of ``path``."""
+    reference = reference_frames(path)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    try:
+        for window in windows:
+            expected = np.stack([reference[int(p)] for p in index.frame_pts[window]])
+            np.testing.assert_array_equal(decoder.decode(path, index, window), expected)
+            if packets:
+                plan = plan_clip(index, window)
+                got = decoder.decode_packets(index, plan, read_packet_payloads(path, index, plan))
+                np.testing.assert_array_equal(got, expected)
+    finally:
+        decoder.close()
+
+
 @pytest.mark.parametrize("codec", ["libx265", "libx264"])
 def test_open_gop_frames_by_every_route(tmp_path: Path, codec: str) -> None:
     """Every frame of a real open-GOP file, alone, in windows across GOPs and in sparse pairs (which a clip of
@@ -352,15 +369,7 @@ def test_open_gop_frames_by_every_route(tmp_path: Path, codec: str) -> None:
     windows += [np.array([7, 8, 9, 10, 11]), np.array([19, 41, 62]), np.array([89, 0, 30, 30])]
     windows += [np.array([a, b]) for a in range(0, 90, 6) for b in range(a + 5, 90, 8)]
     _check_clips(path, index, windows)
-    reference = reference_frames(path)
-    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
-    for window in windows:
-        expected = np.stack([reference[int(p)] for p in index.frame_pts[window]])
-        np.testing.assert_array_equal(decoder.decode(path, index, window), expected)
-        plan = plan_clip(index, window)
-        got = decoder.decode_packets(index, plan, read_packet_payloads(path, index, plan))
-        np.testing.assert_array_equal(got, expected)
-    decoder.close()
+    _check_cpu_decodes(path, index, windows, packets=True)
 
 
 def test_r1_h264_b_frames_clips() -> None:
@@ -475,12 +484,7 @@ def test_open_gop_matroska_clips_and_cpu_decode(tmp_path: Path) -> None:
     windows = [np.array([f]) for f in range(index.frame_count)]
     windows += [np.array([a, a + 17]) for a in range(0, 70, 9)] + [np.array([89, 0, 30, 30])]
     _check_clips(mkv, index, windows)
-    reference = reference_frames(mkv)
-    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
-    for window in windows[::3]:
-        expected = np.stack([reference[int(p)] for p in index.frame_pts[window]])
-        np.testing.assert_array_equal(decoder.decode(mkv, index, window), expected)
-    decoder.close()
+    _check_cpu_decodes(mkv, index, windows[::3])
 
 
 @pytest.mark.parametrize("matroska", [False, True])
@@ -555,9 +559,4 @@ def test_fragmented_mp4_clips_and_cpu_decode(tmp_path: Path) -> None:
     windows = [np.array([0, 1, 2]), np.array([last - 1, last]), np.array([7, 250, 251, 300]), np.array([399, 3])]
     windows += [np.array([f]) for f in np.random.default_rng(0).integers(0, index.frame_count, 8).tolist()]
     _check_clips(path, index, windows)
-    reference = reference_frames(path)
-    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
-    for window in windows:
-        expected = np.stack([reference[int(p)] for p in index.frame_pts[window]])
-        np.testing.assert_array_equal(decoder.decode(path, index, window), expected)
-    decoder.close()
+    _check_cpu_decodes(path, index, windows)
