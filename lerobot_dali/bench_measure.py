@@ -210,7 +210,7 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
     # Workers fork, as a DataLoader's do by default on Linux; this process was spawned, so say it explicitly.
     # Remote datasets spawn: fsspec's async clients (HTTP, s3, gcs) refuse to run in a forked child.
     context = "fork" if job.num_workers > 0 and sys.platform == "linux" else None
-    if context and not os.path.isdir(job.dataset.path):
+    if context and job.dataset.remote:
         context = "spawn"
     loader = DataLoader(
         dataset, batch_size=job.batch_size, shuffle=not iterable and sampler is None, sampler=sampler,
@@ -275,7 +275,7 @@ class _IoCounters:
 
     def __init__(self, job: LoaderJob) -> None:
         self.enabled = job.loader in _OURS
-        self.remote = not os.path.isdir(job.dataset.path)
+        self.remote = job.dataset.remote
         self.per_epoch: list[int] = []
         self._seen = 0.0
         if self.enabled:

@@ -4,6 +4,7 @@ every loader reads from it (:class:`LoadPlan`), and one loader's measured result
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -85,6 +86,11 @@ class BenchDataset:
         from .dataset_reader import open_dataset
 
         return open_dataset(self.path, cameras=self.cameras, keys=self.keys)
+
+    @property
+    def remote(self) -> bool:
+        """Whether any dataset read is off this machine (a union may mix local and remote members)."""
+        return any(not os.path.isdir(path) for path in self.members or (self.path,))
 
     def lookups(self) -> list[tuple[str, str, float]]:
         """``(path, timestamp_source, tolerance_s)`` of each dataset read: the one, or each member."""

@@ -995,3 +995,15 @@ def test_a_failed_loaders_note_keeps_the_advice_at_the_end_of_its_error() -> Non
     note = _error_note(FrameTimestampError("x" * 5000 + advice))
     assert len(note) <= 1000 and note.startswith("FrameTimestampError: xxx") and note.endswith(advice)
     assert " ... " in note
+
+
+def test_a_union_is_remote_where_any_member_is(tmp_path: Path) -> None:
+    """A union's workers spawn, and its counters report fetches, where any member is remote: both asked only
+    whether the first member was a local folder, so a local-first union with a member on a server forked its
+    workers (fsspec's async clients refuse to run in a forked child) and reported no fetches."""
+    local, url = str(tmp_path), "http://127.0.0.1:9/ds"
+    assert not BenchDataset("one", local).remote
+    assert BenchDataset("one", url).remote
+    assert not BenchDataset("two local", local, members=(local, local)).remote
+    assert BenchDataset("local first", local, members=(local, url)).remote
+    assert BenchDataset("remote first", url, members=(url, local)).remote
