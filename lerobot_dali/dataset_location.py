@@ -302,8 +302,8 @@ def _http_query_as_params(target: str, options: dict[str, Any]) -> tuple[str, di
         return target, options
     if "#" in target:
         raise ValueError(
-            f"{target!r}: a '#' in an http(s) URL starts a fragment, which is never sent to the server; write a '#' "
-            "that is part of a folder name as %23"
+            f"{_without_credentials(target)!r}: a '#' in an http(s) URL starts a fragment, which is never sent to "
+            "the server; write a '#' that is part of a folder name as %23"
         )
     parts = urlsplit(target)
     if not parts.query:
@@ -536,8 +536,27 @@ def _remote_fs(target: str, options: dict[str, Any]) -> tuple[fsspec.AbstractFil
     http(s) root's path is spelled as its requests send it (percent-encoded as aiohttp encodes each request's URL):
     a server's index page that links folders by absolute path (``/my%20ds/meta/episodes/chunk-000/``) names them so,
     and fsspec keeps only the links under the folder's URL as spelled (``/my ds/...`` found none of them)."""
+    target, options = _credentials_as_auth(target, options)
     fs, root = fsspec.core.url_to_fs(_as_sent(target), **_http_timeouts(target, options))
     return _retrying(fs), root
+
+
+def _credentials_as_auth(target: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """An http(s) URL without the user and password it may carry (``https://user:token@host/ds``), and ``options``
+    sending them with each request as aiohttp's basic auth (``auth``, which fsspec's HTTPFileSystem passes to every
+    request), as the URL did: the same header, dropped on a redirect to another host. fsspec kept them in each file's
+    path, which named the password in every retry's warning, a failed read's error and the packet indexes stored on
+    disk (:mod:`.packet_index_store`). ``options`` with an ``auth`` of their own keep the URL as given (aiohttp
+    refuses the two together)."""
+    if not target.startswith(("http://", "https://")) or "auth" in options:
+        return target, options
+    import aiohttp  # (fsspec's HTTP needs it: installed wherever an http(s) URL is read)
+    import yarl
+
+    auth = aiohttp.BasicAuth.from_url(yarl.URL(target))  # (decoded as aiohttp decodes the URL's: %40 is '@')
+    if auth is None:
+        return target, options
+    return _without_credentials(target), {**options, "auth": auth}
 
 
 def _as_sent(target: str) -> str:

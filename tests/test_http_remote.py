@@ -646,15 +646,21 @@ def test_a_query_string_is_sent_with_every_request(root: Path, server, remote_pa
 
 
 @pytest.mark.parametrize("remote_part", ["dataset", "data_files_root"])
-def test_a_password_in_the_url_is_sent_but_saved_in_no_state(root: Path, server, remote_part) -> None:
+@pytest.mark.parametrize("spelled", ["s3cret", "s3cr%65t"])  # (the second percent-encoded: aiohttp decodes it)
+def test_a_password_in_the_url_is_sent_but_saved_in_no_state(
+    root: Path, server, remote_part, spelled, slept, caplog
+) -> None:
     """``http://user:password@host/ds`` (aiohttp's basic auth) was the dataset's description, which every stream
     state saves since 311bc83 (``dataset_descriptions``): the password went into each checkpoint. It is still sent
-    with every request; the description, the state and the logs name the dataset without it."""
+    with every request; the description, the state, the files' paths and so the logs of a retry name the dataset
+    without it (each file's path held it: every retry's warning named it)."""
     from lerobot_dali.dataset_union import datasets_held
 
     url = _url(server, root)
-    with_password = url.replace("http://", "http://alice:s3cret@", 1)
+    with_password = url.replace("http://", f"http://alice:{spelled}@", 1)
     server.required_headers = {"Authorization": "Basic YWxpY2U6czNjcmV0"}  # (alice:s3cret)
+    server.fail_next(*[None] * 3, "503")  # (a read retried: its line names the file)
+    caplog.set_level(logging.INFO, logger="lerobot_dali.remote_retry")
     if remote_part == "dataset":
         remote = open_dataset(with_password)
         assert remote.location.description == url
@@ -668,6 +674,8 @@ def test_a_password_in_the_url_is_sent_but_saved_in_no_state(root: Path, server,
     held = datasets_held([remote])
     assert held["dataset_contents"] == datasets_held([local])["dataset_contents"]
     assert "s3cret" not in repr(held) and "alice" not in repr(held)
+    assert server.counts[("GET", "fault")] == 1 and len(slept) == 1  # (retried once)
+    assert "s3cret" not in remote.location.root and spelled not in caplog.text and url in caplog.text
 
 
 def test_a_fragment_is_refused_naming_the_fix(root: Path, server) -> None:
