@@ -1056,13 +1056,14 @@ class Preempted(Exception):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT's KeyboardInterrupt) in a training loop (:class:`PreemptibleLoop`), after ``step`` steps: unlike a
-    preemption signal it saves nothing, so the message says which checkpoint a resume continues from (and which steps
-    it trains again); :func:`exit_status` logs it as one line on each rank and gives 128 + SIGINT, as the shell does."""
+    """Ctrl-C (SIGINT's KeyboardInterrupt) in a training loop (:class:`PreemptibleLoop`), after ``step`` steps (in the
+    next one, or ``after_step``: in what follows the step, its checkpoint's save): unlike a preemption signal it saves
+    nothing, so the message says which checkpoint a resume continues from (and which steps it trains again);
+    :func:`exit_status` logs it as one line on each rank and gives 128 + SIGINT, as the shell does."""
 
-    def __init__(self, step: int, saved: int | None, checkpoint_dir: Path | None) -> None:
+    def __init__(self, step: int, saved: int | None, checkpoint_dir: Path | None, *, after_step: bool = False) -> None:
         self.step, self.saved, self.checkpoint_dir = step, saved, checkpoint_dir
-        where = f"interrupted (Ctrl-C) during step {step + 1}"
+        where = f"interrupted (Ctrl-C) {f'after step {step}' if after_step else f'during step {step + 1}'}"
         if checkpoint_dir is None:
             told = "nothing is saved without --checkpoint-dir: a new run starts from step 0"
         elif saved is None:
@@ -1163,7 +1164,8 @@ class PreemptibleLoop:
         self.notice = PreemptionNotice(iterator.world_size)  # (may make a gloo group: a collective)
         self.saved = step if step else None  # (the checkpoint resumed from: a preemption before a step saves none)
         self.stopped_by = 0
-        self.step = step  # (the steps trained: a Ctrl-C's Interrupted names the next)
+        self.step = step  # (the steps trained: a Ctrl-C's Interrupted names the next, or this one where after_step)
+        self.after_step = False  # (past the step's training: in its save, or after the last)
         self.checkpoint: Path | None = None
         self._position: dict[str, Any] | None = None
 
@@ -1175,7 +1177,9 @@ class PreemptibleLoop:
         if kind is not None:  # (without an error the handlers stay until finishing: a signal while closing is noted)
             self.notice.uninstall()
         if isinstance(error, KeyboardInterrupt) and not isinstance(error, Interrupted):  # Ctrl-C: say how to go on
-            raise Interrupted(self.step, self._latest_saved(), self.checkpoint_dir) from None
+            raise Interrupted(
+                self.step, self._latest_saved(), self.checkpoint_dir, after_step=self.after_step
+            ) from None
 
     def _latest_saved(self) -> int | None:
         """The step of the checkpoint ``--resume`` continues from (``latest`` as on disk: a rank interrupted in a
@@ -1188,7 +1192,7 @@ class PreemptibleLoop:
     ) -> tuple[dict[str, Any], float] | None:
         """The next ``(batch, wait_s)`` of ``batches`` (:func:`epoch_batches`), step ``step + 1``'s, or None where
         every rank stops at this boundary (a collective: every rank calls it once a step)."""
-        self.step = step
+        self.step, self.after_step = step, False
         self._position = self.iterator.state_dict()  # the stream here: a preemption's checkpoint takes no batch more
         got = None
         try:
@@ -1212,6 +1216,8 @@ class PreemptibleLoop:
     def save_if_due(self, step: int, *, steps: int, save_every: int) -> None:
         """After step ``step`` of ``steps``, with a checkpoint folder: the checkpoint at the last step and every
         ``save_every`` steps (0: at the last only)."""
+        # (trained: a Ctrl-C in the save counts it among the steps trained again, and says it came after it)
+        self.step, self.after_step = step, True
         if self.checkpoint_dir is not None and (step == steps or (save_every and step % save_every == 0)):
             save_checkpoint(self.accelerator, self.checkpoint_dir, step, self.iterator, self.data)
             self.saved = step

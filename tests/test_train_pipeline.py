@@ -360,15 +360,15 @@ def test_ctrl_c_says_which_checkpoint_a_resume_continues_from_in_one_line(
     status, log = _train_until_signalled(args, after="step 5 epoch", send=lambda p: os.killpg(p.pid, signal.SIGINT))
     assert status == 130, log[-30000:]
     match = re.search(
-        r"train\.py: interrupted \(Ctrl-C\) during step (\d+); its last checkpoint is (\S+) \((.*?)\): to continue "
-        r"from it, run the same command with --resume \(exit status 130\)",
+        r"train\.py: interrupted \(Ctrl-C\) (during|after) step (\d+); its last checkpoint is (\S+) \((.*?)\): to "
+        r"continue from it, run the same command with --resume \(exit status 130\)",
         log,
     )
     assert match, log[-30000:]
     saved = int((ckpt / "latest").read_text().removeprefix("step_"))
-    assert match.group(2) == str(ckpt / f"step_{saved:08d}") and 4 <= saved < int(match.group(1)) <= 24
-    trained = int(match.group(1)) - 1
-    assert match.group(3) == (
+    trained = int(match.group(2)) - (match.group(1) == "during")  # (after step N: in its save, or after the last)
+    assert match.group(3) == str(ckpt / f"step_{saved:08d}") and 4 <= saved <= trained <= 24
+    assert match.group(4) == (
         f"steps {saved + 1}..{trained} since are trained again" if trained > saved else "no step since"
     )
     assert "Traceback" not in log
@@ -388,6 +388,35 @@ def test_ctrl_c_without_a_checkpoint_says_a_new_run_starts_from_step_0() -> None
     assert isinstance(
         Interrupted(3, 2, None), KeyboardInterrupt
     )  # (a caller of train() that catches Ctrl-C still does)
+
+
+def test_ctrl_c_in_a_save_counts_the_step_saved_among_those_trained_again(tmp_path: Path, monkeypatch) -> None:
+    """A Ctrl-C in the checkpoint's save after step 6 (the last one saved: step 4) said "during step 6" and "steps 5..5
+    since are trained again": the loop knew the steps trained as of the batch it last took, so the step being saved,
+    trained but lost with its save, was left out (with --save-every 1: "no step since", for the step being saved)."""
+    from types import SimpleNamespace
+
+    from pipelines.train import Interrupted, PreemptibleLoop
+
+    def interrupted_save(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("pipelines.train.save_checkpoint", interrupted_save)
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "step_00000004").mkdir(parents=True)
+    (ckpt / "latest").write_text("step_00000004")
+    iterator = SimpleNamespace(world_size=1, rank=0, state_dict=lambda: {})
+    for save_every, trained in [(2, 6), (1, 5)]:
+        loop = PreemptibleLoop(SimpleNamespace(is_main_process=True), iterator, step=4, checkpoint_dir=ckpt, data={})
+        with pytest.raises(Interrupted) as info, loop:
+            for step in range(4, trained):
+                assert loop.next_batch(iter([({}, 0.0)]), step) == ({}, 0.0)
+                loop.save_if_due(step + 1, steps=24, save_every=save_every if step + 1 == trained else 0)
+        assert str(info.value) == (
+            f"interrupted (Ctrl-C) after step {trained}; its last checkpoint is {ckpt / 'step_00000004'} (steps "
+            f"5..{trained} since are trained again): to continue from it, run the same command with --resume (exit "
+            "status 130)"
+        )
 
 
 def test_a_run_whose_closing_fails_gives_the_signals_back() -> None:
