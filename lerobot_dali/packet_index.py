@@ -257,6 +257,8 @@ def build_packet_index(source: VideoSource, *, filesystem: Any | None = None) ->
         start = handle.tell() if hasattr(handle, "tell") else 0
         try:
             tracks = read_mp4_tracks(handle, file_size) if start == 0 else None
+            if tracks is None and start == 0:
+                _check_matroska_segment(handle, file_size, label=label)
             if tracks is None:
                 logger.debug("%s: not an MP4 with a moov box (or not read from byte 0); demuxing.", label)
             handle.seek(start)
@@ -281,6 +283,46 @@ def build_packet_index(source: VideoSource, *, filesystem: Any | None = None) ->
         "Indexed %d packets of %s (%s %dx%d)", index.frame_count, label, index.codec, index.width, index.height
     )
     return index
+
+
+#: The EBML header's and the Segment's element IDs: a Matroska (WebM) file is the one, then the other.
+_EBML_ID, _SEGMENT_ID = b"\x1a\x45\xdf\xa3", b"\x18\x53\x80\x67"
+
+
+def _check_matroska_segment(handle: IO[bytes], file_size: int, *, label: str) -> None:
+    """VideoDecodeError where ``handle`` holds a Matroska (WebM) file whose Segment, by the size its header gives,
+    ends past the file's end: the file is truncated. FFmpeg's demuxer stops at the cut without an error, so such a file
+    was indexed as a shorter video (144 of 180 cuts of VP9 WebM, H.264 and AV1 Matroska files), and a lookup past its
+    last packet blamed the dataset's rows. A Segment of unknown size (a live recording's) is not checked."""
+    handle.seek(0)
+    head = handle.read(256)  # (the EBML header: ~40 bytes as FFmpeg and mkvmerge write it)
+    if head[:4] != _EBML_ID:
+        return
+    header = _ebml_size(head, 4)
+    if header is None or header[0] is None:
+        return
+    segment_at = header[1] + header[0]
+    segment = _ebml_size(head, segment_at + 4) if head[segment_at : segment_at + 4] == _SEGMENT_ID else None
+    if segment is None or segment[0] is None:
+        return
+    end = segment[1] + segment[0]
+    if end > file_size:
+        raise VideoDecodeError(
+            f"{label}: its Matroska segment extends to byte {end} but the file has {file_size} bytes; "
+            "the file is truncated. Download or copy it again."
+        )
+
+
+def _ebml_size(data: bytes, at: int) -> tuple[int | None, int] | None:
+    """The EBML variable-length size at byte ``at`` of ``data`` (None where all its bits are set: an unknown size)
+    and where the element's data starts; None where ``data`` ends before it or it is not a size."""
+    if at >= len(data) or not data[at]:
+        return None
+    length = 9 - data[at].bit_length()  # (the leading zero bits, plus the marker bit)
+    if at + length > len(data):
+        return None
+    value = int.from_bytes(data[at : at + length], "big") & ((1 << (7 * length)) - 1)
+    return (None if value == (1 << (7 * length)) - 1 else value), at + length
 
 
 def _file_size(handle: IO[bytes]) -> int:

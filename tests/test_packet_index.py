@@ -577,3 +577,24 @@ def test_a_faststart_mp4_cut_among_its_first_packets_is_refused(
         said = f"cut.mp4: packets extend to byte {len(raw)} but the file has {end} bytes; the file is truncated"
         with pytest.raises(VideoDecodeError, match=re.escape(said)):
             build_packet_index(cut)
+
+
+@pytest.mark.parametrize("codec, container_format", [("vp9", "webm"), ("h264", "matroska")])
+def test_a_matroska_file_cut_short_is_refused(
+    marker_video: MarkerVideo, tmp_path: Path, codec: str, container_format: str
+) -> None:
+    """FFmpeg's Matroska demuxer stops at a cut without an error: a WebM or MKV file cut anywhere after its header was
+    indexed as a shorter video (144 of 180 cuts of VP9 WebM, H.264 and AV1 Matroska files), and a lookup past its last
+    packet blamed the dataset's rows. Its Segment's size, which the header gives, says it is truncated; the whole file
+    indexes as its demux does."""
+    whole = remux(marker_video(codec, 30), tmp_path / f"whole.{container_format}", container_format)
+    raw = whole.read_bytes()
+    with av.open(str(whole)) as container:
+        packets = [(packet.pos, packet.size) for packet in container.demux(video=0) if packet.size]
+    assert build_packet_index(whole).frame_count == len(packets) == 90
+    cut = tmp_path / f"cut.{container_format}"
+    for end in [packets[1][0] + 1, sum(packets[44]), packets[89][0] + packets[89][1] // 2, len(raw) - 1]:
+        cut.write_bytes(raw[:end])
+        with pytest.raises(VideoDecodeError, match=rf"cut\.{container_format}: its Matroska segment extends to byte "
+                           rf"{len(raw)} but the file has {end} bytes; the file is truncated"):  # fmt: skip
+            build_packet_index(cut)
