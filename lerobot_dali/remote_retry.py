@@ -5,7 +5,8 @@ a 429, or see a connection reset. :class:`RetryingFileSystem` wraps any fsspec f
 requests (and reads on the files it opens, from the same offset, on a freshly opened file) with capped
 exponential backoff. Errors that retrying cannot fix (missing file, no permission, a malformed dataset)
 are raised at once, so a real mistake still fails fast; a 404 for a file the dataset's open found (stamped) is asked
-once more first, since a CDN or an eventually consistent store may answer one for a while for a file it serves.
+about again within the retry budget first, since a CDN or an eventually consistent store may answer one for a while
+for a file it serves.
 """
 
 from __future__ import annotations
@@ -463,15 +464,16 @@ class _Retrier:
         fresh_client: Callable[[], Any] | None,
         precondition_failed: Callable[[str], Exception | None] | None = None,
         removed: Callable[[str], Exception | None] = lambda path: None,
-        removed_now: Callable[[str], Exception | None] = lambda path: None,
+        removed_now: Callable[[str], tuple[Exception | None, bool]] = lambda path: (None, False),
         confirmable: Callable[[str], bool] = lambda path: False,
     ) -> None:
         self.policy = policy
         self.fresh_client = fresh_client
         #: The error for a read of a path answered 404 (RetryingFileSystem._removed), or None: the 404's own.
         self.removed = removed
-        #: For a path :attr:`removed` names, the server asked once more (RetryingFileSystem._removed_now): the error
-        #: where it agrees (removed, or changed), None where it serves the file as stamped (the 404 passed).
+        #: For a path :attr:`removed` names, the server asked once more (RetryingFileSystem._removed_now): ``(error,
+        #: settled)``: a change raised at once (settled), the removal (not settled: asked again while retries remain),
+        #: or ``(None, _)`` where it serves the file as stamped (the 404 passed).
         self.removed_now = removed_now
         #: Whether the server asked again can tell a path :attr:`removed` names from a file put in its place
         #: (RetryingFileSystem._confirmable); where not, its 404 is the removal at once.
@@ -506,17 +508,16 @@ class _Retrier:
                         continue
                     if what in _READS and is_missing(unmasked) and (failed := self.removed(path)) is not None:
                         # A CDN, or a store that is only eventually consistent, may answer 404 for a while for a file
-                        # it serves: asked once more after the backoff; the server's 410 taken as is, and so is a 404
-                        # with no retry left, or of a stamp with no version (nothing tells the file from another).
-                        attempt += 1
+                        # it serves (its HEADs too): the server is asked again after each backoff, within the retry
+                        # budget, until it gives the file as stamped (read again) or another one (its change); the
+                        # server's 410 taken as is, and so is a 404 with no retry left, or of a stamp with no version
+                        # (nothing tells the file from another).
                         missed += 1
-                        if missed > 1 and attempt > self.policy.retries and not _is_gone(unmasked):
+                        if missed > 1 and attempt >= self.policy.retries and not _is_gone(unmasked):
                             raise _given_yet_missing(path, missed) from unmasked
-                        if attempt > self.policy.retries or _is_gone(unmasked) or not self.confirmable(path):
+                        if attempt >= self.policy.retries or _is_gone(unmasked) or not self.confirmable(path):
                             raise failed from unmasked
-                        time.sleep(self._delay(attempt, what, path, unmasked))
-                        if (failed := self.removed_now(path)) is not None:
-                            raise failed from unmasked
+                        attempt = self._until_vouched(what, path, attempt, unmasked)
                         logger.log(
                             logging.INFO if attempt == 1 else logging.WARNING,  # (as a failure's retries)
                             "%s %s: answered 'no such file', but the server, asked again, does not say it is gone; "
@@ -553,6 +554,27 @@ class _Retrier:
                     self.fresh_client()
                 if before_retry is not None:
                     before_retry(attempt)
+
+    def _until_vouched(self, what: str, path: str, attempt: int, error: Exception) -> int:
+        """For stamped ``path`` whose read ``error`` answered it has no such file, the server asked again after each
+        backoff (:attr:`removed_now`) until it vouches for the file (returns the retries spent by then: the read goes
+        on), names a change, or, still saying it has no such file (or no answer where the read asks no version), the
+        retries are spent: both raised. One answer of a CDN node, or of a store only eventually consistent, may be as
+        stale as the read's; a file really removed costs the retry budget's waits before it is named so, as an outage
+        does."""
+        while True:
+            attempt += 1
+            time.sleep(self._delay(attempt, what, path, error))
+            failed, settled = self.removed_now(path)
+            if failed is None:
+                return attempt
+            if settled or attempt >= self.policy.retries:
+                raise failed from error
+            logger.log(
+                logging.INFO if attempt == 1 else logging.WARNING,
+                "%s %s: answered 'no such file', and so did the server asked again; asking again (retry %d/%d)",
+                what, path, attempt, self.policy.retries,
+            )  # fmt: skip
 
     def _delay(self, attempt: int, what: str, path: str, error: BaseException) -> float:
         """Seconds to wait before retry ``attempt`` of ``what`` on ``path``: the policy's, or what the server asked."""
@@ -801,17 +823,21 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         stamps = self._stamps_holding(path)
         return stamps is not None and bool(getattr(stamps[path], "versioned", False))
 
-    def _removed_now(self, path: str) -> DatasetError | None:
-        """For stamped ``path`` answered 404 by a read, the server asked once more (one ``info``: a HEAD over HTTP): its
-        removal (:meth:`_removed`) where it has no such file still, its change where it gives another size or version;
-        None where it gives the stamped one: the 404 was a CDN's or an eventually consistent store's passing answer,
-        and the read is retried (a file removed answers its retry 404 again). With no answer (a 503) the read is retried
-        only where it asks for the stamped version itself (If-Match, :meth:`_pinned`): else it may read the bytes of a
-        file put in its place, and the 404 is the removal."""
+    def _removed_now(self, path: str) -> tuple[DatasetError | None, bool]:
+        """For stamped ``path`` answered 404 by a read, the server asked once more (one ``info``: a HEAD over HTTP),
+        as ``(error, settled)``: its change where it gives another size or version (settled: raised at once); its
+        removal (:meth:`_removed`) where it has no such file still (not settled: a CDN node's stale 404 answers its
+        HEAD too, so it is asked again while retries remain); ``(None, False)`` where it gives the stamped one: the
+        404 was a CDN's or an eventually consistent store's passing answer, and the read is retried (a file removed
+        answers its retry 404 again). With no answer (a 503) the read is retried only where it asks for the stamped
+        version itself (If-Match, :meth:`_pinned`): else it may read the bytes of a file put in its place, so the
+        server is asked again, as for a 404."""
         change = self._change_now(path)
         if change == () and self._pinned_stamp(path) is None:
-            return self._removed(path)
-        return changed_on_server(path, told_change(change)) if change else None
+            return self._removed(path), False
+        if change and change[1] == "removed":
+            return changed_on_server(path, told_change(change)), False
+        return (changed_on_server(path, told_change(change)), True) if change else (None, False)
 
     def _open_inner(self, path: str, mode: str, kwargs: dict[str, Any]) -> Any:
         """The wrapped filesystem's file of ``path``, whose every GET of bytes asks for the pinned version.
