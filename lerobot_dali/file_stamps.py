@@ -296,12 +296,18 @@ class FileStamps(Mapping[str, FileStamp]):
                 return path, *change
         return None
 
-    def change_now(self, path: str) -> tuple[str, str] | None:
+    def change_now(self, path: str, *, vouching: bool = False) -> tuple[str, str] | None:
         """``(when recorded, now)`` where remote file ``path`` is another file now than its recorded stamp says: its
         size, or its version of the same kind (ETag, hash, mtime), asked anew with one ``info``; None where it is the
         same, was never stamped here, or cannot be told (no version, another kind); ``now`` is 'removed' where the
         server says it has no such file (a 404: fsspec's HTTP info raises FileNotFoundError from it). Raises where the
-        server gives no answer (a 503 too)."""
+        server gives no answer (a 503 too).
+
+        ``vouching``: asked whether a read the server refused (412 to its If-Match, 404) may go on as the stamped
+        file's: a stamp's version (an ETag) that the server gives no more, another kind (Last-Modified alone) or none
+        in its place, cannot tell the file from one of its size put there, so it is a change too ('no etag but
+        mtime:... now'): taken for the same, a file replaced while its server stopped sending ETags was read as the
+        stamped one."""
         before = self._stamps.get(self._key(path))
         if before is None:
             return None
@@ -320,6 +326,8 @@ class FileStamps(Mapping[str, FileStamp]):
         kind = before.version.partition(":")[0]
         if now.version != before.version and now.version.partition(":")[0] == kind:
             return before.version, now.version
+        if vouching and before.versioned and now.version.partition(":")[0] != kind:
+            return before.version, f"no {kind} but {now.version}" if now.version else "no version"
         return None
 
     def _versioned(self, stamp: FileStamp, path: str) -> FileStamp:

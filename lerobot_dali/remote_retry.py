@@ -431,6 +431,26 @@ def _given_yet_missing(path: str, missed: int) -> DatasetError:
     )
 
 
+def _unanswered(path: str, answer: str) -> DatasetError:
+    """The error for stamped ``path`` whose read the server answered 404, and which, asked again whether it has the
+    file (one ``info``, sent without If-Match), ``answer``: 'refused it (HTTP 403)', 'gave no answer'. Not its
+    removal, which the server did not say."""
+    return DatasetError(
+        f"{path}: answered 'no such file' (HTTP 404), and the server, asked again whether it has the file, {answer}: "
+        f"whether it was removed cannot be told; gave up (set {RETRIES_ENV} to retry more)"
+    )
+
+
+def _refused_without_if_match(path: str, status: int | None) -> DatasetError:
+    """The error for a read of ``path`` that the server answered 412 to its If-Match (of the ETag it still gives, so
+    it is sent again without one: :meth:`RetryingFileSystem._precondition_failed`), then refused without it."""
+    return DatasetError(
+        f"{path}: the server answered HTTP 412 to the If-Match of the ETag it gives for the file, then refused the "
+        f"read sent again without If-Match (HTTP {status or 403}): it serves the file neither way; check the "
+        f"credentials ({REFUSED_HINT}), or read the dataset from a server whose If-Match agrees with its ETags"
+    )
+
+
 #: The requests of :class:`_Retrier` that read a file's bytes (an open's HEAD too), whose 404 may be its removal.
 _READS = frozenset({"open", "read", "cat_file"})
 
@@ -487,6 +507,7 @@ class _Retrier:
     def call(self, what: str, path: str, fn: Callable[[], _T], before_retry: Callable[[int], None] | None = None) -> _T:
         attempt = 0
         missed = 0  # (404s of a stamped file: the server, asked again after each but the last, did not call it gone)
+        unpinned = False  # (answered 412 to the If-Match of the ETag the server still gives: sent again without it)
         while True:
             try:
                 io_stats.add("requests")
@@ -503,6 +524,7 @@ class _Retrier:
                         failed = self.precondition_failed(path)
                         if failed is not None:
                             raise failed from unmasked
+                        unpinned = True
                         if before_retry is not None:  # (a file reopened: its requests' headers are set at open)
                             before_retry(attempt)
                         continue
@@ -527,6 +549,8 @@ class _Retrier:
                             before_retry(attempt)
                         continue
                     if is_refused(unmasked) or isinstance(unmasked, PermissionError):  # (s3fs's answer to a 403)
+                        if unpinned:
+                            raise _refused_without_if_match(path, _status_of(unmasked)) from unmasked
                         _refused(unmasked, what, path)
                     if unmasked is not e:  # a 403, say: no missing file
                         _raise_as_itself(unmasked)
@@ -792,19 +816,27 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
                 "size mid-run goes unseen (%s=0 skips this check)", path, IF_MATCH_ENV, key="if-match-refused",
             )  # fmt: skip
             return None
-        how = told_change(change) if change else "its ETag when opened no longer matches"
-        return changed_on_server(path, f"{how}: HTTP 412")
+        if isinstance(change, tuple):
+            return changed_on_server(path, f"{told_change(change)}: HTTP 412")
+        asked = f"; asked again, the server {change}" if change.startswith("refused") else ""
+        return changed_on_server(path, f"its ETag when opened no longer matches: HTTP 412{asked}")
 
-    def _change_now(self, path: str) -> tuple[str, str] | tuple[()] | None:
+    def _change_now(self, path: str) -> tuple[str, str] | str | None:
         """``(when opened, now)`` of stamped ``path`` asked anew, once (:meth:`FileStamps.change_now
-        <lerobot_dali.file_stamps.FileStamps.change_now>`: ``now`` is 'removed' where the server has no such file);
-        None where the server gives it as stamped; ``()`` where nothing was learnt (no answer, a 503 too)."""
+        <lerobot_dali.file_stamps.FileStamps.change_now>`, vouching: ``now`` is 'removed' where the server has no such
+        file); None where the server gives it as stamped; where nothing was learnt, what the server did instead
+        ('refused it (HTTP 403)', 'gave no answer'; '' where no stamps hold it)."""
         change_now = getattr(self._stamps_holding(path), "change_now", None)
+        if change_now is None:
+            return ""
         try:
-            return change_now(path) if change_now is not None else ()
-        except Exception:  # (no answer: nothing says the server is wrong)
+            return change_now(path, vouching=True)
+        except Exception as e:  # (no answer: nothing says the server is wrong)
             logger.debug("asking for the stamp of %s again failed", path, exc_info=True)
-            return ()
+            answer = _unmasked(e)
+            if is_refused(answer) or isinstance(answer, PermissionError):
+                return f"refused it (HTTP {_status_of(answer) or 403})"
+            return "gave no answer"
 
     def _removed(self, path: str) -> DatasetError | None:
         """The error for a read of ``path`` the server answered that it has no such file (404, 410) where ``path`` was
@@ -833,8 +865,8 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         version itself (If-Match, :meth:`_pinned`): else it may read the bytes of a file put in its place, so the
         server is asked again, as for a 404."""
         change = self._change_now(path)
-        if change == () and self._pinned_stamp(path) is None:
-            return self._removed(path), False
+        if isinstance(change, str):
+            return (None if self._pinned_stamp(path) is not None else _unanswered(path, change)), False
         if change and change[1] == "removed":
             return changed_on_server(path, told_change(change)), False
         return (changed_on_server(path, told_change(change)), True) if change else (None, False)

@@ -90,8 +90,8 @@ class FolderServer:
         #: closing the connection (as a server streaming its output does), a ``HEAD`` gives no size (fsspec then GETs).
         self.content_length: frozenset[str] = frozenset({"GET", "HEAD"})
         #: Whether a file's answers carry its version (``ETag``, ``Last-Modified``); False: a server that sends neither
-        #: (its files' stamps hold their sizes alone).
-        self.versions = True
+        #: (its files' stamps hold their sizes alone); ``"last_modified"``: ``Last-Modified`` alone (no ETag).
+        self.versions: bool | str = True
         self.stall_s = 5.0
         if not self.root.is_dir():
             raise NotADirectoryError(f"cannot serve {self.root}: not a folder")
@@ -313,6 +313,8 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
             }
             if not server.versions:
                 del headers["ETag"], headers["Last-Modified"]
+            elif server.versions == "last_modified":
+                del headers["ETag"]
             wanted = self.headers.get("If-Match")
             if (  # (before the Range, as RFC 9110 13.2.2 orders them: a file that shrank answers 412, not 416)
                 server.if_match

@@ -1222,6 +1222,70 @@ def test_a_stamped_files_404_that_outlasts_one_ask_is_asked_again_within_the_ret
     assert len(slept) == 2
 
 
+@pytest.mark.parametrize("answered", ["412", "404"])
+@pytest.mark.parametrize("file", ["kept", "replaced"])
+def test_a_stamped_etag_the_server_no_longer_gives_vouches_for_no_read(
+    tmp_path: Path, monkeypatch, slept, file: str, answered: str
+) -> None:
+    """A file stamped with its ETag whose server then sends Last-Modified alone (a CDN or proxy in front of it that
+    drops ETags): a read answered 412 to its If-Match (or 404, If-Match off) asked the server again, which gave another
+    kind of version, and that was taken for the stamped file: the read went on without If-Match, and a file replaced
+    by one of its size meanwhile was read as the stamped one (2 of 2 routes, cat_file and open: the new bytes, no
+    error; the kept one with a warning that the server 'still gives' the ETag). A version the server gives no more
+    cannot tell the file from one put in its place: named so now ('no etag but mtime:... now'), no byte read."""
+    monkeypatch.setenv("LEROBOT_DALI_IF_MATCH", "1" if answered == "412" else "0")
+    data, other = (np.random.default_rng(seed).integers(0, 256, 100_000, dtype=np.uint8).tobytes() for seed in (1, 2))
+    (tmp_path / "f.bin").write_bytes(data)
+    with serve_folder(tmp_path) as server:
+        fs, url, _ = _opened_stamped(server, data, block_size=50_000)
+        server.versions = "last_modified"
+        if file == "replaced":
+            (tmp_path / "f.bin").write_bytes(other)
+        server.reset_stats()
+        if answered == "404":
+            server.fail_next("404", "404")  # (the open's HEAD, and fsspec's GET where it failed)
+        why = r"etag:\S+ when opened, no etag but mtime:[^)]+ now" + (": HTTP 412" if answered == "412" else "")
+        for read in (lambda: fs.cat_file(url, start=0, end=50_000), lambda: fs.open(url, "rb").read(50_000)):
+            with pytest.raises(DatasetError, match=rf"f\.bin changed on the server while it was read \({why}\); "):
+                read()
+            server.fail_next("404", "404") if answered == "404" else None
+        assert not [r for r in server.records if r.status == 206]
+
+
+@pytest.mark.parametrize("case", ["404_ask_refused", "412_ask_refused", "412_read_refused"])
+def test_a_refusal_after_a_stamped_files_404_or_412_is_named_with_what_came_before(
+    tmp_path: Path, monkeypatch, slept, case: str
+) -> None:
+    """A 403 where the server is asked again about a stamped file (its HEAD, sent without If-Match), or to the read
+    sent again without If-Match after a 412: a 404 whose asks were refused was named the file's removal ('removed
+    now'), which the server never said; a 412 whose ask was refused was named a change without the refusal; a read
+    refused once sent without If-Match raised aiohttp's bare 403 (with a note about credentials, nothing of the 412).
+    Each is a DatasetError now that says what the server answered."""
+    monkeypatch.setenv("LEROBOT_DALI_IF_MATCH", "0" if case.startswith("404") else "1")
+    monkeypatch.setenv(RETRIES_ENV, "2")
+    data = bytes(range(256)) * 400
+    (tmp_path / "f.bin").write_bytes(data)
+    with serve_folder(tmp_path) as server:
+        fs, url, _ = _opened_stamped(server, data, block_size=50_000)
+        server.reset_stats()
+        if case == "404_ask_refused":
+            server.fail_next("404", *["403"] * 4)  # (each ask: a HEAD, and fsspec's GET where it failed)
+            said = r": answered 'no such file' \(HTTP 404\), and the server, asked again whether it has the file, " \
+                   r"refused it \(HTTP 403\): whether it was removed cannot be told"  # fmt: skip
+        elif case == "412_ask_refused":
+            server.if_match = "refuse"
+            server.fail_next(None, "403", "403")
+            said = r" changed on the server while it was read \(its ETag when opened no longer matches: HTTP 412; " \
+                   r"asked again, the server refused it \(HTTP 403\)\)"  # fmt: skip
+        else:
+            server.if_match = "refuse"
+            server.fail_next(None, None, "403")  # (the 412, the ask giving the ETag, the read without If-Match)
+            said = r": the server answered HTTP 412 to the If-Match of the ETag it gives for the file, then refused " \
+                   r"the read sent again without If-Match \(HTTP 403\)"  # fmt: skip
+        with pytest.raises(DatasetError, match=rf"f\.bin{said}"):
+            fs.cat_file(url, start=0, end=5000)
+
+
 @pytest.mark.parametrize("case", ["unversioned", "no_answer", "no_answer_if_match", "refused_if_match"])
 @pytest.mark.parametrize("route", ["read", "cat_file", "open"])
 def test_a_stamped_file_answered_404_is_read_on_only_where_nothing_else_can_be_read(
