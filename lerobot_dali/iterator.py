@@ -54,7 +54,7 @@ from .host_values import decode_host_values
 from .iterator_arguments import batchable_reader, camera_augment, check_windows, checked_arguments
 from .packet_index_store import PacketIndexStore
 from .parent_watch import children_start_deaf_to_interrupts
-from .prefetch import Prefetcher, prefetching_reader
+from .prefetch import Prefetcher, prefetching_reader, wants_prefetch_cache
 from .progress_lines import said_if_long
 from .said_once import say_once, warn_once
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE, OrderOptions, RankBalance
@@ -288,7 +288,10 @@ class DALILeRobotIterator:
             cache_bytes=cache_bytes,
             index_store=self._remote_index_store,
         )
-        self._slot_given_up = False
+        # None taken where one is wanted (every slot busy: other runs on this cache_dir; a disk that refused): the next
+        # pass that builds its pipeline asks again, as one after close() does; a run that found the slots busy at its
+        # start read every range remotely to its end, however soon one was freed.
+        self._slot_given_up = self._prefetcher is None and wants_prefetch_cache(self.reader, cache_bytes)
 
     def _say_how_it_reads(self, rank_source: str) -> None:
         """Log what the built iterator reads (its samples, routes, threads), and warn of what a run would regret:
@@ -445,9 +448,10 @@ class DALILeRobotIterator:
         # to there (at 13.7M samples in, 2.8 s of CPU per copy).
         self._stream.order.prepare(self._stream.epoch, self._stream.samples_consumed)
         if self._slot_given_up:
-            # Closed, then iterated again: a slot is taken again, as a new iterator would. The workers read on through
-            # the one close() gave up, with no prefetcher: every range the folder lacked came remotely, and a run that
-            # took the slot meanwhile served this one's reads from its own entries (adopted, evicted under them).
+            # Closed, then iterated again (or no slot was free when one was last asked for): a slot is taken again, as
+            # a new iterator would. The workers read on through the one close() gave up, with no prefetcher: every
+            # range the folder lacked came remotely, and a run that took the slot meanwhile served this one's reads
+            # from its own entries (adopted, evicted under them).
             # Not once the exit handler closed everything: nothing would close that prefetcher before the interpreter
             # ends (:mod:`.exit_close`), so the workers read remotely, through no cache folder. One whose close a
             # signal's exception ended (a Ctrl-C in close()) is closed first: replaced, its thread and slot ran on.

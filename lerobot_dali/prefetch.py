@@ -34,7 +34,7 @@ from .progress_lines import progress_counter
 from .range_cache import ByteRange, CacheBusyError, CacheStats, RangeCache, prune_unused_slots
 from .sample_order import SampleOrder
 
-__all__ = ["Prefetcher", "prefetching_reader"]
+__all__ = ["Prefetcher", "prefetching_reader", "wants_prefetch_cache"]
 
 logger = logging.getLogger(__name__)
 
@@ -255,6 +255,12 @@ def _progress_bar(total: int, enabled: bool) -> AbstractContextManager[Callable[
     )  # fmt: skip
 
 
+def wants_prefetch_cache(reader: LeRobotDatasetReader, cache_bytes: int) -> bool:
+    """Whether :func:`prefetching_reader` gives ``reader``'s workers a prefetch cache: a remote dataset (a union with
+    any), ``cache_bytes`` above 0. Where it found none (every slot busy, a read-only disk), a next pass asks again."""
+    return not reader.location.is_local and cache_bytes > 0
+
+
 def prefetching_reader(
     reader: LeRobotDatasetReader,
     order: SampleOrder,
@@ -273,7 +279,7 @@ def prefetching_reader(
     :func:`~lerobot_dali.cache_dirs.cache_root`, one folder per dataset), so ranks on a node never evict
     each other's ranges.
     """
-    if reader.location.is_local or cache_bytes <= 0:
+    if not wants_prefetch_cache(reader, cache_bytes):
         return reader, None
     if cache_dir is None:
         name = hashlib.sha256(reader.location.description.encode()).hexdigest()[:16]

@@ -397,6 +397,35 @@ def test_a_prefetcher_whose_close_was_interrupted_is_closed_before_a_slot_is_tak
     assert closed == [first, second]
 
 
+def test_an_iterator_that_found_every_cache_slot_busy_takes_one_freed_at_its_next_pass(
+    root: Path, server, local_epoch, tmp_path
+) -> None:
+    """An iterator built while every prefetch cache slot of its cache_dir was held by other runs read every range
+    remotely to its end: no slot was asked for again, a pass built after one was freed (here after close() and
+    iterating on) included (prefetcher None, 0 of 64 slots taken). The next pass that builds its pipeline asks again
+    now, as one after close() does: it takes the freed slot, and reads the rest of the epoch equal to a local read."""
+    from lerobot_dali.iterator import DALILeRobotIterator
+    from lerobot_dali.range_cache import RangeCache
+
+    cache = tmp_path / "cache"
+    slots = [cache / ("rank-0" if n == 0 else f"rank-0.{n}") for n in range(64)]
+    held = [RangeCache(slot, max_bytes=1000) for slot in slots]  # (other runs')
+    it = DALILeRobotIterator(_url(server, root), num_workers=0, cache_dir=cache, cache_gb=1.0, **OPTIONS)
+    assert it.prefetcher is None
+    batches, got = iter(it), []
+    got += [{k: v[i] for k, v in b.items()} for b in (next(batches), next(batches)) for i in range(len(b["index"]))]
+    held.pop(5).close()  # (another run ends)
+    it.close()
+    for batch in it:
+        got += [{k: v[i] for k, v in batch.items()} for i in range(len(batch["index"]))]
+    taken = it.prefetcher
+    it.close()
+    for other in held:
+        other.close()
+    _assert_samples_equal(local_epoch, got)
+    assert taken is not None and taken.cache.directory == slots[5]
+
+
 def _assert_video_bytes_ranged(server: FolderServer, root: Path) -> None:
     """Video bytes came as 206 ranges; a full GET only follows a failed HEAD (fsspec's ``info`` falls back
     to GET), never to read data."""
