@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 import fsspec
 from fsspec.asyn import AsyncFileSystem
@@ -315,14 +315,29 @@ def _http_query_as_params(target: str, options: dict[str, Any]) -> tuple[str, di
     return urlunsplit(parts._replace(query="")), {**options, "params": in_url + given_pairs}
 
 
+#: Query parameters of a URL that carry a credential, by name (case-insensitive): a signed URL's (S3's ``X-Amz-*``,
+#: GCS's ``X-Goog-*``, CloudFront's ``Signature``/``Key-Pair-Id``, Azure SAS's ``sig``) and any name holding token,
+#: sig, credential, secret, pass(word), auth, key or session. Other parameters (S3's ``versionId``, a ``revision``)
+#: are no secret and say which data is read, so a description keeps them.
+_SECRET_PARAM = re.compile(r"^(x-amz-|x-goog-)|token|sig|credential|secret|pass|auth|key|session", re.IGNORECASE)
+
+
 def _without_credentials(target: str) -> str:
     """``target`` (a URL) without the user and password it may carry (``https://user:token@host/ds``, which aiohttp
-    sends as basic auth): a location's description is logged, written in reports and saved in every stream state
-    (a checkpoint's ``dataset_descriptions``), so it names the dataset alone."""
+    sends as basic auth) and without its query's credentials (:data:`_SECRET_PARAM`: ``s3://b/ds?versionId=3&
+    X-Amz-Signature=...`` keeps ``versionId=3``), whatever its scheme: a location's description is logged, written in
+    reports and saved in every stream state (a checkpoint's ``dataset_descriptions``), so it names the dataset alone.
+    The filesystem is built from ``target`` as given, so its requests still send them. (An http(s) URL's query was
+    moved to the requests' ``params`` before: its description has none.)"""
     parts = urlsplit(target)
-    if "@" not in parts.netloc:
+    if "@" in parts.netloc:
+        target = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    kept = [(name, value) for name, value in pairs if not _SECRET_PARAM.search(name)]
+    if len(kept) == len(pairs):
         return target
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    before, _, after = target.partition("?")  # (spelled as typed: urlunsplit drops the '//' of 'scheme://?a=b')
+    return f"{before}{'?' if kept else ''}{urlencode(kept)}{''.join(after.partition('#')[1:])}"
 
 
 def _http_timeouts(target: str, options: dict[str, Any]) -> dict[str, Any]:

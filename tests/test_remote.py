@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import email.utils
 import errno
+import logging
 import os
 import pickle
 import shutil
@@ -306,6 +307,50 @@ def test_split_roots_metadata_local_bulk_from_fake_remote(make_ds, tmp_path: Pat
     assert reader.location.fs.fs.faults_injected.total() > 0
     with pytest.raises(MissingDataFileError):  # bulk files are not looked up next to the metadata
         open_dataset(meta_only)
+
+
+class _QueryRemote(FakeRemoteFileSystem):
+    """``queryremote://?a=1&b=2``: the fake remote, its URL's query given to the filesystem as ``query`` (as s3fs
+    reads ``?versionId=``, and a signing filesystem its URL's signature), to send with its requests."""
+
+    protocol = "queryremote"
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        return super()._strip_protocol(str(path).removeprefix("queryremote://").partition("?")[0])
+
+    @staticmethod
+    def _get_kwargs_from_urls(path: str) -> dict[str, Any]:
+        from urllib.parse import parse_qsl, urlsplit
+
+        return {"query": dict(parse_qsl(urlsplit(path).query))}
+
+
+@pytest.mark.parametrize("remote_part", ["dataset", "data_files_root"])
+def test_credentials_in_a_urls_query_are_sent_but_saved_in_no_state(make_ds, caplog, remote_part: str) -> None:
+    """A non-HTTP URL's query stayed in the dataset's description, which the logs, reports and every stream state's
+    ``dataset_descriptions`` hold (b6697df took a URL's user:password out, an http(s) URL's query goes to the requests'
+    params): ``...?versionId=3&X-Amz-Signature=s3cret&X-Amz-Credential=AKIA&token=t0ken`` was saved and logged with its
+    3 secrets (2 of 2 routes). Now the credential-like parameters are left out of it, ``versionId`` (no secret: which
+    data) kept; the filesystem still gets them all, and reads the dataset's rows."""
+    from lerobot_dali.dataset_union import datasets_held
+
+    fsspec.register_implementation("queryremote", _QueryRemote, clobber=True)
+    root = _ds(make_ds)
+    query = "versionId=3&X-Amz-Signature=s3cret&X-Amz-Credential=AKIA&token=t0ken"
+    caplog.set_level(logging.DEBUG)
+    if remote_part == "dataset":
+        remote = open_dataset(f"queryremote://?{query}", storage_options={"root": str(root)})
+        assert remote.location.description == "queryremote://?versionId=3"
+    else:
+        remote = open_dataset(root, data_files_root=f"queryremote://?{query}", storage_options={"root": str(root)})
+        assert remote.location.description == f"{root} (data files: queryremote://?versionId=3)"
+    assert remote.location.fs.fs.storage_options["query"] == {
+        "versionId": "3", "X-Amz-Signature": "s3cret", "X-Amz-Credential": "AKIA", "token": "t0ken"
+    }  # fmt: skip
+    _assert_rows_equal(_read_all(remote), _read_all(open_dataset(root)))
+    said = repr(datasets_held([remote])) + caplog.text
+    assert not [secret for secret in ("s3cret", "AKIA", "t0ken") if secret in said]
 
 
 def test_split_roots_with_a_local_mirror_and_bad_root(make_ds, tmp_path: Path) -> None:
