@@ -18,7 +18,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .cli_options import add_episode_pool_size, add_image_size, parse_size
+from .cli_options import ArgumentParser, add_episode_pool_size, add_image_size, parse_size
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
 from .value_checks import check_seconds
@@ -477,7 +477,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lerobot-dali", description=__doc__.splitlines()[0].replace("``", ""))
+    parser = ArgumentParser(prog="lerobot-dali", description=__doc__.splitlines()[0].replace("``", ""))
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log INFO (-v) or DEBUG (-vv)")
     verbs = parser.add_subparsers(dest="verb", required=True)
 

@@ -3,15 +3,30 @@ defined once here so that each takes the others' spelling too (README, "Command 
 
 - ``--image-size 224x224`` (the bench's, and ``make-dataset --size``'s) or ``--image-size 224 224`` (train.py's);
 - ``--episode-pool-size N`` (train.py's, lerobot_policy.py's) or ``--pool-size N`` (the bench's).
+
+Their parsers are :class:`ArgumentParser`, which takes a value that starts as a negative number does as a value.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["add_episode_pool_size", "add_image_size", "parse_size"]
+__all__ = ["ArgumentParser", "add_episode_pool_size", "add_image_size", "parse_size"]
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, but a word that starts as a negative number does (``-1x5``, ``-1e-3``, ``-1_000``) is a
+    value, not an unknown option: ``--image-size -1x5`` and ``--lr -1e-3`` reach the checks that say what is allowed,
+    as ``--image-size=-1x5`` did, where argparse up to Python 3.13 took those alone that are whole numbers (``-1``,
+    ``-0.5``) and stopped at "expected one argument". This is the rule of Python 3.14's argparse, and holds while no
+    option of the parser looks like a negative number (none does)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"-\.?\d")
 
 
 def parse_size(text: str) -> tuple[int, int]:

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lerobot_dali.cli_options import add_episode_pool_size
+from lerobot_dali.cli_options import ArgumentParser, add_episode_pool_size
 from lerobot_dali.dataset_location import dataset_not_found, is_repo_id
 from lerobot_dali.errors import DatasetNotFoundError
 from lerobot_dali.frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
@@ -144,7 +144,7 @@ def _policy_arg(text: str) -> tuple[str, Any]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> PolicyTrainOptions:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", required=True, help="local LeRobot dataset folder or Hub repo id")
     parser.add_argument("--revision", help="with a Hub repo id: the branch, tag or commit (metadata and data alike)")
     parser.add_argument("--policy", default="act", help="a LeRobot policy type: act, diffusion, ...")

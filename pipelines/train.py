@@ -64,7 +64,7 @@ import numpy as np
 import torch
 
 from lerobot_dali.cache_dirs import atomic_file
-from lerobot_dali.cli_options import add_episode_pool_size, add_image_size
+from lerobot_dali.cli_options import ArgumentParser, add_episode_pool_size, add_image_size
 from lerobot_dali.decode_route import DecodePreference
 from lerobot_dali.errors import CudaUnavailableError, DatasetError, ResumeStateError, ShardingError
 from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
@@ -211,7 +211,7 @@ class TrainOptions:
 
 # -- command line ---------------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
         "--dataset",
         required=True,

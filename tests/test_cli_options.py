@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lerobot_dali.cli import _parser
+from lerobot_dali.cli import _parser, main
 from pipelines import lerobot_policy
 from pipelines.train import parse_args
 
@@ -44,3 +44,54 @@ def test_an_image_size_of_neither_form_is_refused_saying_both(size: list[str], c
             parse()
         err = capsys.readouterr().err
         assert f"--image-size: takes HxW (224x224) or H W (224 224), got {' '.join(size)!r}" in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--image-size", "-1x5"], "--image-size must be HxW with both > 0, got -1x5"),
+        (["--tolerance-s", "-1e-3"], "--tolerance-s must be a non-negative finite number of seconds, got -0.001"),
+    ],
+)
+def test_bench_takes_a_value_that_starts_as_a_negative_number_as_its_value(
+    argv: list[str], said: str, tmp_path, monkeypatch, capsys
+) -> None:
+    """``--image-size -1x5`` stopped at argparse's "expected at least one argument" (it took ``-1x5`` for an option),
+    where ``--image-size=-1x5`` reached the check that says what is allowed; both reach it now."""
+    import lerobot_dali.bench
+
+    monkeypatch.setattr(lerobot_dali.bench, "run_bench", lambda config: pytest.fail("the bench started"))
+    for given in (argv, [f"{argv[0]}={argv[1]}"]):
+        assert main([*BENCH, "--device", "cpu", "--cache-dir", str(tmp_path), *given]) == 2
+        assert capsys.readouterr().err == f"lerobot-dali bench: {said}\n", given
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--image-size", "-1x5"], "--image-size takes a positive height and width, got -1 5"),
+        (["--lr", "-1e-3"], "--lr must be a finite number > 0, got -0.001"),
+        (["--grad-clip", "-1e-3"], "--grad-clip must be a finite number >= 0 (0: no clipping), got -0.001"),
+        (["--tolerance-s", "-1e-3"], "--tolerance-s must be a non-negative finite number of seconds, got -0.001"),
+        (["--dataset", "d", "e", "--weights", "-1e-3", "1"], "--weights must be finite numbers > 0, got -0.001 1.0"),
+    ],
+)
+def test_the_training_scripts_take_a_value_that_starts_as_a_negative_number_as_its_value(
+    argv: list[str], said: str, caplog
+) -> None:
+    """As the bench's: ``--lr -1e-3`` was argparse's "expected one argument", ``--lr=-1e-3`` train.py's own line."""
+    import logging
+
+    from pipelines import train as train_module
+
+    # (FLAG=VALUE too, where one value follows the flag: argparse gives a flag of several values one so)
+    joined = [*argv[:-2], f"{argv[-2]}={argv[-1]}"] if argv[-2].startswith("--") else None
+    for given in (argv, joined) if joined else (argv,):
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="pipelines.train"):
+            assert train_module.main([*TRAIN, *given]) == 2
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert errors == [f"train.py: {said}"], given
+    if argv[0] == "--tolerance-s":  # (lerobot_policy.py's parser is the same kind: its check said, not argparse's)
+        with pytest.raises(ValueError, match="--tolerance-s must be a non-negative finite number of seconds"):
+            lerobot_policy.parse_args(["--dataset", "d", "--tolerance-s", "-1e-3"])
