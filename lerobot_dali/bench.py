@@ -151,7 +151,7 @@ class BenchConfig:
     dataset: str | tuple[str, ...] | None = None
     batch_size: int | None = None
     num_workers: int | None = None
-    pool_size: int = DEFAULT_EPISODE_POOL_SIZE
+    episode_pool_size: int = DEFAULT_EPISODE_POOL_SIZE
     image_size: tuple[int, int] | None = None
     augment: bool | None = None
     mode: BenchMode | str = BenchMode.SINGLE
@@ -181,7 +181,9 @@ class BenchConfig:
         for name, default in zip(("batch_size", "num_workers", "steps", "warmup"), defaults, strict=True):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)
-        checked = (("batch_size", 1), ("num_workers", 0), ("pool_size", 1), ("steps", 1), ("warmup", 1), ("repeats", 1))
+        checked = (
+            ("batch_size", 1), ("num_workers", 0), ("episode_pool_size", 1), ("steps", 1), ("warmup", 1), ("repeats", 1)
+        )  # fmt: skip
         check_int_fields(self, checked, label=cli_flag)
         object.__setattr__(self, "mode", check_choice(BenchMode, "--mode", self.mode))
         if self.device not in ("auto", "cpu", "cuda"):
@@ -692,7 +694,7 @@ def run_bench(config: BenchConfig) -> BenchReport:
                 progress_log.info("measuring %s on %s%s", name, dataset.label, of)
                 job = LoaderJob(
                     loader=name, dataset=dataset, plan=plan, batch_size=int(config.batch_size or 1),
-                    num_workers=int(config.num_workers or 0), pool_size=config.pool_size, device=device,
+                    num_workers=int(config.num_workers or 0), pool_size=config.episode_pool_size, device=device,
                     steps=int(config.steps or 1), warmup=int(config.warmup or 0), seed=config.seed,
                     log_level=logging.getLogger().getEffectiveLevel(),
                 )  # fmt: skip

@@ -455,7 +455,7 @@ def _bench(args: argparse.Namespace) -> int:
         config = BenchConfig(
             dataset=args.dataset if args.dataset is None or len(args.dataset) > 1 else args.dataset[0],
             batch_size=args.batch_size, num_workers=args.num_workers,
-            pool_size=args.pool_size, image_size=args.image_size, augment=args.augment, mode=args.mode,
+            episode_pool_size=args.episode_pool_size, image_size=args.image_size, augment=args.augment, mode=args.mode,
             device=args.device, recipe=args.recipe, quick=args.quick, out=Path(args.out) if args.out else None,
             steps=args.steps, warmup=args.warmup, repeats=args.repeats, limits=args.limits,
             loaders=tuple(args.loaders) if args.loaders else None, seed=args.seed,
@@ -637,9 +637,10 @@ def _parser() -> argparse.ArgumentParser:
         "--num-workers", type=int, help="worker processes, every loader (default min(4, cores); quick 2)"
     )
     add_episode_pool_size(
-        bench, dest="pool_size", default=DEFAULT_EPISODE_POOL_SIZE,
+        bench,
+        default=DEFAULT_EPISODE_POOL_SIZE,
         help=f"lerobot-dali episode pool size (default {DEFAULT_EPISODE_POOL_SIZE})",
-    )  # fmt: skip
+    )
     add_image_size(bench, help="resize frames to HxW")
     bench.add_argument("--augment", action=argparse.BooleanOptionalAction, help="default: the recipe's choice")
     bench.add_argument(

@@ -66,10 +66,7 @@ def add_image_size(parser: argparse.ArgumentParser | Any, *, help: str) -> None:
     )
 
 
-def add_episode_pool_size(
-    parser: argparse.ArgumentParser | Any, *, default: int, help: str, dest: str = "episode_pool_size"
-) -> None:
-    """``--episode-pool-size N``, also spelled ``--pool-size N``, into ``dest``."""
-    parser.add_argument(
-        "--episode-pool-size", "--pool-size", type=int, default=default, metavar="N", dest=dest, help=help
-    )
+def add_episode_pool_size(parser: argparse.ArgumentParser | Any, *, default: int, help: str) -> None:
+    """``--episode-pool-size N``, also spelled ``--pool-size N``, into ``episode_pool_size`` (the name messages give
+    it, as ``--help`` and the usage line do)."""
+    parser.add_argument("--episode-pool-size", "--pool-size", type=int, default=default, metavar="N", help=help)

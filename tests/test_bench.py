@@ -796,7 +796,7 @@ def test_remote_http_script_benches_a_pool_smaller_than_the_generated_set(
         assert module.main([str(root), "--device", "cpu", *options]) == 0
     # What the bench makes of each command, as argparse reads it (any spelling it takes, abbreviations included)
     parsed = [_parser().parse_args(command[1:]) for command in commands]
-    assert [args.pool_size for args in parsed] == [4, 9, 8, 7, 6, 5, 4]
+    assert [args.episode_pool_size for args in parsed] == [4, 9, 8, 7, 6, 5, 4]
     assert all(args.dataset[0].startswith("http") for args in parsed)
     assert (parsed[-1].loaders, parsed[-1].image_size) == (["lerobot-dali"], (64, 64))
 

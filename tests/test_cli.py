@@ -553,7 +553,7 @@ def test_bench_help_states_the_defaults_bench_uses(capsys, monkeypatch) -> None:
         full, quick = said.groups()
         assert getattr(bench.BenchConfig(quick=True), field) == int(quick), flag
         assert str(getattr(bench.BenchConfig(), field)) == full.replace("min(4, cores)", "4"), flag
-    for flag, field in (("--pool-size", "pool_size"), ("--device", "device")):  # defaults with no quick value
+    for flag, field in (("--pool-size", "episode_pool_size"), ("--device", "device")):  # defaults with no quick value
         said = re.search(rf"{flag} \S+ [^(]*\(default (\w+)", out)
         assert said and said.group(1) == str(getattr(bench.BenchConfig(), field)), (flag, out)
 

@@ -22,7 +22,7 @@ def test_image_size_is_taken_as_hxw_or_as_h_w_by_bench_and_train(size: list[str]
 
 @pytest.mark.parametrize("flag", ["--pool-size", "--episode-pool-size"])
 def test_the_episode_pool_size_is_taken_under_either_name(flag: str) -> None:
-    assert _parser().parse_args([*BENCH, flag, "5"]).pool_size == 5
+    assert _parser().parse_args([*BENCH, flag, "5"]).episode_pool_size == 5
     assert parse_args([*TRAIN, flag, "6"]).episode_pool_size == 6
     assert lerobot_policy.parse_args(["--dataset", "d", flag, "7"]).episode_pool_size == 7
 
@@ -31,7 +31,7 @@ def test_the_defaults_are_unchanged() -> None:
     from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
 
     bench = _parser().parse_args(BENCH)
-    assert (bench.image_size, bench.pool_size) == (None, DEFAULT_EPISODE_POOL_SIZE)
+    assert (bench.image_size, bench.episode_pool_size) == (None, DEFAULT_EPISODE_POOL_SIZE)
     train = parse_args(TRAIN)
     assert (train.image_size, train.episode_pool_size) == (None, 64)
 
@@ -95,3 +95,21 @@ def test_the_training_scripts_take_a_value_that_starts_as_a_negative_number_as_i
     if argv[0] == "--tolerance-s":  # (lerobot_policy.py's parser is the same kind: its check said, not argparse's)
         with pytest.raises(ValueError, match="--tolerance-s must be a non-negative finite number of seconds"):
             lerobot_policy.parse_args(["--dataset", "d", "--tolerance-s", "-1e-3"])
+
+
+@pytest.mark.parametrize("flag", ["--pool-size", "--episode-pool-size"])
+def test_an_episode_pool_size_refused_is_named_as_help_names_it_under_either_spelling(
+    flag: str, tmp_path, monkeypatch, capsys, caplog
+) -> None:
+    """The bench named it --pool-size, typed --episode-pool-size too, which --help lists first and train.py names."""
+    import logging
+
+    import lerobot_dali.bench
+    from pipelines import train as train_module
+
+    monkeypatch.setattr(lerobot_dali.bench, "run_bench", lambda config: pytest.fail("the bench started"))
+    assert main([*BENCH, "--device", "cpu", "--cache-dir", str(tmp_path), flag, "0"]) == 2
+    assert capsys.readouterr().err == "lerobot-dali bench: --episode-pool-size must be an int >= 1, got 0\n"
+    with caplog.at_level(logging.ERROR, logger="pipelines.train"):
+        assert train_module.main([*TRAIN, flag, "0"]) == 2
+    assert [r.getMessage() for r in caplog.records] == ["train.py: --episode-pool-size must be an int >= 1, got 0"]
