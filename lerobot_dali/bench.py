@@ -67,7 +67,7 @@ from .cpu_backends import cpu_decoders
 from .distributed import require_cuda, usable_cpus
 from .errors import DatasetError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
-from .new_folder import remove_dead_run_folders, run_folder
+from .new_folder import refuse_unwritable, remove_dead_run_folders, run_folder
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
 from .value_checks import check_choice, check_int_fields, check_seconds, cli_flag
 
@@ -222,9 +222,9 @@ class BenchConfig:
                     raise ValueError(f"{flag} takes one value, or {several}; got {len(value)}: {list(value)}")
                 object.__setattr__(self, name, tuple(value))
         # Checked now: the results are written after every loader ran, and the datasets generated before any.
-        _check_folder("--out", self.out if self.out is not None else RESULTS_DIR)
+        refuse_unwritable("--out", self.out if self.out is not None else RESULTS_DIR)
         if self.dataset is None:
-            _check_folder("--cache-dir", self.cache_dir)
+            refuse_unwritable("--cache-dir", self.cache_dir)
         if (self.cameras or self.keys) and self.dataset is None:
             raise ValueError("--cameras and --keys select parts of --dataset; the generated datasets are read whole")
         if self.loaders is not None:
@@ -238,17 +238,6 @@ class BenchConfig:
             mode=BenchMode(self.mode).value, out=str(self.out) if self.out else None, cache_dir=str(self.cache_dir)
         )
         return out
-
-
-def _check_folder(flag: str, folder: Path) -> None:
-    """ValueError unless ``folder`` is a folder or can be made one. A file at or above it, or an unwritable
-    folder above it, failed the run with a traceback only where it was written (``--out``: after every loader)."""
-    folder = Path(os.path.abspath(folder))
-    existing = next(p for p in (folder, *folder.parents) if p.exists())
-    if not existing.is_dir():
-        raise ValueError(f"{flag} {folder}: {existing} is a file, not a folder; give a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {folder}: {existing} is not writable; give a folder this user may write")
 
 
 def _per_dataset(value: Any, count: int = 1) -> tuple[Any, ...]:

@@ -18,6 +18,7 @@ __all__ = [
     "partial_folder",
     "refuse_resumable_taken",
     "refuse_taken",
+    "refuse_unwritable",
     "remove_dead_run_folders",
     "run_folder",
     "write_new_folder",
@@ -170,6 +171,18 @@ def refuse_taken(out: str | os.PathLike[str], *, writer: str) -> Path:
             f"Pass a new path ({writer} never overwrites)."
         )
     return root
+
+
+def refuse_unwritable(flag: str, folder: str | os.PathLike[str]) -> None:
+    """ValueError unless ``folder`` is a folder this user can write, or one it can make: a file at or above it, or an
+    unwritable folder above it, said before long work (a run's results, checkpoints) that would fail only once it
+    writes. Nothing is made here: a run that fails before writing leaves no empty folder behind."""
+    absolute = Path(os.path.abspath(folder))
+    existing = next(p for p in (absolute, *absolute.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"{flag} {absolute}: {existing} is a file, not a folder; give a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {absolute}: {existing} is not writable; give a folder this user may write")
 
 
 def _with_parent(root: Path) -> Path:

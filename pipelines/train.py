@@ -67,6 +67,7 @@ from lerobot_dali.cache_dirs import atomic_file
 from lerobot_dali.cli_options import ArgumentParser, add_episode_pool_size, add_image_size
 from lerobot_dali.decode_route import DecodePreference
 from lerobot_dali.errors import CudaUnavailableError, DatasetError, ResumeStateError, ShardingError
+from lerobot_dali.new_folder import refuse_unwritable
 from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
 from lerobot_dali.stream_state import merge_rank_states
 from lerobot_dali.value_checks import check_choice, check_int_fields, check_seconds, cli_flag, is_int, is_number
@@ -821,16 +822,11 @@ def _replace_folder(staging: Path, directory: Path) -> None:
 
 
 def check_checkpoint_dir(root: Path, *, resume: bool) -> None:
-    """``root`` as ``--checkpoint-dir``, created: a folder this process can write (else a save would fail only after
-    ``--save-every`` steps of training), and, without ``--resume``, holding no checkpoint: a run from step 0 would
-    replace that run's ``latest`` at its first save and its checkpoints step by step (a relaunch that forgot
-    ``--resume`` loses the progress)."""
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError) as e:
-        raise NotADirectoryError(f"--checkpoint-dir {root} is a file, or lies under one: give a folder") from e
-    if not os.access(root, os.W_OK | os.X_OK):
-        raise PermissionError(f"--checkpoint-dir {root} cannot be written: give a folder this user can write")
+    """``root`` as ``--checkpoint-dir``: a folder this process can write or make (else a save would fail only after
+    ``--save-every`` steps of training; made by the first save, so a run that fails before leaves none behind), and,
+    without ``--resume``, holding no checkpoint: a run from step 0 would replace that run's ``latest`` at its first
+    save and its checkpoints step by step (a relaunch that forgot ``--resume`` loses the progress)."""
+    refuse_unwritable("--checkpoint-dir", root)
     latest = latest_checkpoint(root)
     if not resume and latest is not None:
         raise FileExistsError(

@@ -1097,8 +1097,8 @@ def test_a_checkpoint_dir_holding_a_checkpoint_needs_resume_and_one_that_cannot_
     file.write_text("")
     for path, message in (
         (ckpt, rf"--checkpoint-dir {ckpt} holds a checkpoint \(step_00000010\): pass --resume to continue that run"),
-        (file, rf"--checkpoint-dir {file} is a file, or lies under one"),
-        (file / "ckpt", rf"--checkpoint-dir {file}/ckpt is a file, or lies under one"),
+        (file, rf"--checkpoint-dir {file}: {file} is a file, not a folder; give a folder"),
+        (file / "ckpt", rf"--checkpoint-dir {file}/ckpt: {file} is a file, not a folder; give a folder"),
     ):
         caplog.clear()
         with caplog.at_level(logging.ERROR, logger="pipelines.train"):
@@ -1107,7 +1107,7 @@ def test_a_checkpoint_dir_holding_a_checkpoint_needs_resume_and_one_that_cannot_
         assert len(errors) == 1 and re.match(r"train\.py: " + message, errors[0]), errors
     assert not started
     assert train_module.main([*argv, str(ckpt), "--resume"]) == 0
-    assert train_module.main([*argv, str(tmp_path / "new" / "ckpt")]) == 0 and (tmp_path / "new" / "ckpt").is_dir()
+    assert train_module.main([*argv, str(tmp_path / "new" / "ckpt")]) == 0  # (made by the first save)
     assert len(started) == 2
     from pipelines import lerobot_policy  # (its checkpoints are train.py's)
 
@@ -1542,6 +1542,37 @@ def test_device_cuda_without_a_gpu_is_refused_in_one_line(
     assert [name for name, _ in errors] == ["pipelines.train", "lerobot_dali.pipelines.lerobot_policy"], errors
     for _, message in errors:
         assert re.fullmatch(r"(train|lerobot_policy)\.py: --device cuda but torch .* sees no CUDA GPU: .*", message)
+
+
+def test_a_run_that_fails_before_training_leaves_no_checkpoint_dir_behind(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--checkpoint-dir was made while the flags were checked, so a run refused next (--device cuda without a GPU, a
+    dataset that is not there) left it behind empty, with its parents; one under a folder that cannot be written
+    was refused as "[Errno 2] No such file or directory", naming no flag. The first save makes it now."""
+    from pipelines import lerobot_policy
+    from pipelines import train as train_module
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    ckpt = tmp_path / "runs" / "ckpt"
+    missing = ["--dataset", str(tmp_path / "no-dataset")]
+    with caplog.at_level(logging.ERROR):
+        for argv in ([], ["--device", "cpu"]):  # (no GPU; no dataset)
+            assert train_module.main([*missing, *argv, "--steps", "1", "--checkpoint-dir", str(ckpt)]) == 2
+        assert lerobot_policy.main([*missing, "--checkpoint-dir", str(ckpt)]) == 2
+    said = [r.getMessage().split(": ")[1].split(" (")[0] for r in caplog.records if r.levelno >= logging.ERROR]
+    assert said == ["--device cuda but torch", "DatasetNotFoundError", "--device cuda but torch"], said
+    assert list(tmp_path.iterdir()) == []
+    unwritable = Path("/proc/1")  # (not writable, even by root)
+    if unwritable.is_dir() and not os.access(unwritable, os.W_OK):
+        caplog.clear()
+        with caplog.at_level(logging.ERROR):
+            assert (
+                train_module.main([*missing, "--device", "cpu", "--steps", "1", "--checkpoint-dir", "/proc/1/c"]) == 2
+            )
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+            "train.py: --checkpoint-dir /proc/1/c: /proc/1 is not writable; give a folder this user may write"
+        ]
 
 
 def test_the_lerobot_policy_pipeline_reads_policy_fields_as_json() -> None:
