@@ -182,7 +182,8 @@ class BenchConfig:
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)
         checked = (
-            ("batch_size", 1), ("num_workers", 0), ("episode_pool_size", 1), ("steps", 1), ("warmup", 1), ("repeats", 1)
+            ("batch_size", 1), ("num_workers", 0), ("episode_pool_size", 1), ("steps", 1), ("warmup", 1),
+            ("repeats", 1), ("seed", 0),
         )  # fmt: skip
         check_int_fields(self, checked, label=cli_flag)
         object.__setattr__(self, "mode", check_choice(BenchMode, "--mode", self.mode))

@@ -61,6 +61,7 @@ from pipelines.train import (
     augment_signature,
     camera_frames,
     check_checkpoint_dir,
+    check_seed,
     configure_logging,
     data_rank,
     epoch_batches,
@@ -115,6 +116,7 @@ class PolicyTrainOptions:
             ("save_every", 0),
         )  # fmt: skip
         check_int_fields(self, checked, label=cli_flag)
+        check_seed(self.seed)
         if not isinstance(self.image_transforms, bool):
             raise ValueError(f"image_transforms = {self.image_transforms!r} is invalid: expected true or false")
         if self.image_transforms_config is not None and not isinstance(self.image_transforms_config, Mapping):

@@ -91,6 +91,15 @@ EXIT_PREEMPTED = 75
 #: What schedulers send before they kill a job: SIGTERM (SLURM at the time limit or scancel, Kubernetes, spot
 #: instances' shutdown, torchrun passing on its own), SIGUSR1 (SLURM's ``--signal``, ahead of time).
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+#: The largest ``--seed``: accelerate's ``set_seed`` seeds numpy's legacy generator, which takes 0 to 2**32 - 1.
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(seed: object) -> None:
+    """``--seed`` of both training scripts: ValueError unless an int from 0 to :data:`MAX_SEED` (else a traceback
+    once the run had started: numpy's seeding above it, the sample order's below 0)."""
+    if not (is_int(seed) and 0 <= seed <= MAX_SEED):
+        raise ValueError(f"--seed must be an int from 0 to 2**32 - 1, got {seed!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +154,7 @@ class TrainOptions:
         checked = (*positive, ("episode_piece_frames", 1), *at_least_0)
         optional = ("chunk", "episode_piece_frames", "drop_n_last_frames")
         check_int_fields(self, checked, label=cli_flag, optional=optional)
+        check_seed(self.seed)
         if self.device not in _DEVICES:
             raise ValueError(f"--device must be one of {_DEVICES}, got {self.device!r}")
         if self.mixed_precision not in _PRECISIONS:

@@ -373,13 +373,17 @@ def test_device_cuda_without_a_gpu_is_one_line(capsys, monkeypatch: pytest.Monke
     assert re.fullmatch(r"lerobot-dali bench: --device cuda but torch .* sees no CUDA GPU: .* --device cpu .*\n", err)
 
 
-def test_bad_options_are_rejected_with_the_allowed_values(capsys) -> None:
+def test_bad_options_are_rejected_with_the_allowed_values(capsys, monkeypatch) -> None:
     assert main(["bench", "--loaders", "torchvision", "--quick"]) == 2
     assert "pyav-dataloader" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--steps must be an int >= 1"):
         BenchConfig(steps=0)
     assert main(["bench", "--repeats", "0", "--quick"]) == 2
     assert "--repeats must be an int >= 1, got 0" in capsys.readouterr().err
+    # (the sample order's ValueError, a traceback in every lerobot-dali loader's process, which failed the run)
+    monkeypatch.setattr("lerobot_dali.bench.run_bench", lambda config: pytest.fail("the bench started"))
+    assert main(["bench", "--seed", "-1", "--quick", "--device", "cpu"]) == 2
+    assert capsys.readouterr().err == "lerobot-dali bench: --seed must be an int >= 0, got -1\n"
 
 
 def _quick_job(cache_dir: Path, loader: str, *, num_workers: int) -> Any:

@@ -962,6 +962,9 @@ def test_feature_stats_read_named_and_per_episode_statistics() -> None:
     ("extra", "files", "message"),
     [
         (["--steps", "0"], {}, r"--steps must be an int >= 1, got 0"),
+        # (a traceback once the run had started: numpy's seeding refused both)
+        (["--seed", "-1"], {}, r"--seed must be an int from 0 to 2\*\*32 - 1, got -1"),
+        (["--seed", "4294967296"], {}, r"--seed must be an int from 0 to 2\*\*32 - 1, got 4294967296"),
         (["--decode", "tpu"], {}, r"--decode must be one of 'auto', 'gpu', 'cpu', got 'tpu'"),
         (["--image-size", "0", "64"], {}, r"--image-size takes a positive height and width, got 0 64"),
         (["--lr", "inf"], {}, r"--lr must be a finite number > 0, got inf"),
@@ -1588,6 +1591,8 @@ def test_the_lerobot_policy_pipeline_reads_policy_fields_as_json() -> None:
     assert options.policy_args == expected
     with pytest.raises(SystemExit):
         parse_args(["--dataset", "d", "--policy-arg", "no_equals_sign"])
+    with pytest.raises(ValueError, match=r"--seed must be an int from 0 to 2\*\*32 - 1, got -1"):  # (as train.py's)
+        parse_args(["--dataset", "d", "--seed", "-1"])
     with pytest.raises(ValueError, match="--steps must be an int >= 1, got 0"):  # 0 trained forever
         parse_args(["--dataset", "d", "--steps", "0"])
     with pytest.raises(ValueError, match="--resume and --save-every need --checkpoint-dir"):  # were ignored
