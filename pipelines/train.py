@@ -491,8 +491,9 @@ def read_lerobot_image_transforms(path: Path, flag: str) -> dict[str, Any]:
 
 
 def check_files(options: TrainOptions) -> None:
-    """Read ``--recipe`` and ``--augment`` and check ``--checkpoint-dir`` (what can be checked before the datasets
-    open): a mistake raises ValueError or an OSError before any process group starts or any dataset downloads."""
+    """Read ``--recipe`` and ``--augment`` and check ``--checkpoint-dir`` and ``--record`` (what can be checked before
+    the datasets open): a mistake raises ValueError or an OSError before any process group starts or any dataset
+    downloads (``--record``'s was a traceback once the run had trained, its record lost)."""
     from pipelines.recipes import get_recipe
 
     if options.recipe:
@@ -501,6 +502,8 @@ def check_files(options: TrainOptions) -> None:
         read_augment(options.augment)
     if options.checkpoint_dir is not None:
         check_checkpoint_dir(options.checkpoint_dir, resume=options.resume)
+    if options.record_dir is not None:
+        refuse_unwritable("--record", options.record_dir)
 
 
 def open_readers(options: TrainOptions) -> list[Any]:

@@ -1086,8 +1086,8 @@ def test_a_checkpoint_dir_holding_a_checkpoint_needs_resume_and_one_that_cannot_
 ) -> None:
     """Without --resume, a run in a --checkpoint-dir holding another run's checkpoint trained from step 0 and replaced
     that run's 'latest' at its first save (a relaunch that forgot --resume lost the progress); a --checkpoint-dir
-    that is a file failed only at the first save, after --save-every steps of training. Both are one line now,
-    before training starts."""
+    that is a file failed only at the first save, after --save-every steps of training, as a --record folder did at
+    the end of the run (a traceback). Each is one line now, before training starts."""
     from pipelines import train as train_module
 
     started: list[TrainOptions] = []
@@ -1108,6 +1108,14 @@ def test_a_checkpoint_dir_holding_a_checkpoint_needs_resume_and_one_that_cannot_
             assert train_module.main([*argv, str(path)]) == 2
         errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         assert len(errors) == 1 and re.match(r"train\.py: " + message, errors[0]), errors
+    assert not started
+    # (--record's folder: a traceback once the run had trained, its record lost)
+    for record, blocker in ((file, file), (file / "rec", file)):
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="pipelines.train"):
+            assert train_module.main([*argv[:-1], "--record", str(record)]) == 2
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert errors == [f"train.py: --record {record}: {blocker} is a file, not a folder; give a folder"], errors
     assert not started
     assert train_module.main([*argv, str(ckpt), "--resume"]) == 0
     assert train_module.main([*argv, str(tmp_path / "new" / "ckpt")]) == 0  # (made by the first save)
