@@ -52,6 +52,7 @@ from lerobot_dali.cli_options import ArgumentParser, add_episode_pool_size
 from lerobot_dali.dataset_location import dataset_not_found, is_repo_id
 from lerobot_dali.errors import DatasetNotFoundError
 from lerobot_dali.frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
+from lerobot_dali.new_folder import refuse_unwritable
 from lerobot_dali.value_checks import check_choice, check_int_fields, check_seconds, cli_flag
 from pipelines.train import (
     PreemptibleLoop,
@@ -393,7 +394,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = parse_args(argv)
         if options.checkpoint_dir is not None:
             check_checkpoint_dir(options.checkpoint_dir, resume=options.resume)
-    except (ValueError, OSError) as e:  # flags, --checkpoint-dir: one line, before training
+        if options.output_dir is not None:  # (written once trained: a traceback then, the policy lost)
+            refuse_unwritable("--output-dir", options.output_dir)
+    except (ValueError, OSError) as e:  # flags, --checkpoint-dir, --output-dir: one line, before training
         logger.error("lerobot_policy.py: %s", e)
         return 2
     return exit_status(lambda: train(options), "lerobot_policy.py", logger)

@@ -1126,6 +1126,12 @@ def test_a_checkpoint_dir_holding_a_checkpoint_needs_resume_and_one_that_cannot_
     assert lerobot_policy.main(["--dataset", "d", "--device", "cpu", "--checkpoint-dir", str(ckpt)]) == 2
     assert lerobot_policy.main(["--dataset", "d", "--device", "cpu", "--checkpoint-dir", str(ckpt), "--resume"]) == 0
     assert len(started) == 3
+    caplog.clear()  # (its --output-dir: written once trained, a traceback then, the trained policy lost)
+    with caplog.at_level(logging.ERROR):
+        assert lerobot_policy.main(["--dataset", "d", "--device", "cpu", "--output-dir", str(file / "out")]) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [f"lerobot_policy.py: --output-dir {file}/out: {file} is a file, not a folder; give a folder"]
+    assert len(started) == 3
 
 
 def test_lerobots_image_transforms_from_a_train_config_or_its_table_reach_both_pipelines(
