@@ -539,8 +539,11 @@ def _v2_rows(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo) -
             record = json.loads(line.decode("utf-8"))
             for key in ("episode_index", "length"):
                 record[key] = required_whole_number(key, record[key])
-            if not isinstance(record.get("tasks"), list | None):  # (a string's letters would read as its tasks)
-                raise ValueError(f"tasks must be a list of strings, got {record['tasks']!r}")
+            # (a string's letters would read as its tasks; a null in the list is kept as one, as a v3.0 dataset's
+            # (LeRobot's conversion carries it over): str() made it the text "None", which no task list holds)
+            tasks = record.get("tasks")
+            if not isinstance(tasks, list | None) or any(not isinstance(t, str | None) for t in tasks or ()):
+                raise ValueError(f"tasks must be a list of strings, got {tasks!r}")
         except (ValueError, KeyError, TypeError) as e:
             text = line.decode("utf-8", "replace").strip()[:200]
             raise EpisodeMetadataError(
@@ -553,7 +556,7 @@ def _v2_rows(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo) -
 def _read_v2(records: list[dict[str, Any]], path: str, info: DatasetInfo, video_keys: list[str]) -> EpisodeTable:
     indices = [record["episode_index"] for record in records]
     lengths = [record["length"] for record in records]
-    tasks = [[str(t) for t in record.get("tasks") or []] for record in records]
+    tasks = [record.get("tasks") or [] for record in records]
     order = np.argsort(np.asarray(indices, dtype=np.int64), kind="stable")
     episode_index = np.asarray(indices, dtype=np.int64)[order]
     length = np.asarray(lengths, dtype=np.int64)[order]

@@ -360,6 +360,28 @@ def test_a_camera_without_file_columns_in_the_v3_episode_metadata_is_named(ds: P
     assert reader.read_episode(3)["index"].tolist() == list(range(60, 80))
 
 
+def test_a_null_task_in_a_v2_episode_record_is_read_as_a_null(make_ds, copy_ds) -> None:
+    """``"tasks": [null]`` in episodes.jsonl read as the text "None" (str(None)): its digest was that of a dataset whose
+    episode lists the task "None", and the check of episodes' tasks quoted ['None']. A null, as a v3.0 dataset's is
+    read (LeRobot 0.4.4's conversion carries it over as one; LeRobot reads either, its batches taking their task
+    from task_index): the digest tells it from the text "None", and batches carry the task list's texts."""
+    root = copy_ds(make_ds(**{**SPEC, "version": "v2.1"}, size=(64, 96)))
+    path = root / "meta/episodes.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+
+    def reads_with(tasks: list) -> object:
+        records[2]["tasks"] = tasks
+        path.write_text("".join(json.dumps(record) + "\n" for record in records))
+        return open_dataset(root)
+
+    named_none = reads_with(["None"]).content_digest()
+    reader = reads_with([None])
+    assert reader.episodes.tasks[2].as_py() == [None]
+    assert reader.content_digest() != named_none
+    batches = _first_pass(root)
+    assert [t for b in batches for t in b["task"]] == [reader.tasks[int(i)] for b in batches for i in b["task_index"]]
+
+
 def test_blank_lines_in_v2_episodes_jsonl_are_skipped(make_ds, copy_ds) -> None:
     """Blank lines (a hand edit, a trailing newline too many) hold no episode: the episodes are those of the others."""
     root = copy_ds(make_ds(**{**SPEC, "version": "v2.1"}, size=(64, 96)))
@@ -541,12 +563,14 @@ def test_metadata_that_is_not_utf8_names_the_file(make_ds, copy_ds, version, fil
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("episode_index", 0.5), ("length", 4.5), ("length", "many"), ("tasks", "pick the cube")]
+    ("field", "value"),
+    [("episode_index", 0.5), ("length", 4.5), ("length", "many"), ("tasks", "pick the cube"), ("tasks", ["pick", 1])],
 )
 def test_a_v2_episode_record_of_the_wrong_kind_is_refused(make_ds, copy_ds, field: str, value) -> None:
     """int() cut 0.5 to episode 0 and 4.5 to 4 frames, and the dataset read (found by a fuzz of the metadata's
     values); a whole number written as 4.0 or "4" still reads (its value is not in doubt). A string of tasks read as one
-    task per letter; null tasks (a TypeError came through) read as none."""
+    task per letter; a number among the tasks as its digits (str(1): "1"), which a v3.0 dataset's list of numbers,
+    refused, cannot be; null tasks (a TypeError came through) read as none."""
     root = copy_ds(make_ds(**{**SPEC, "version": "v2.1"}, size=(64, 96)))
     path = root / "meta/episodes.jsonl"
     lines = [json.loads(line) for line in path.read_text().splitlines()]
