@@ -371,6 +371,7 @@ def _v3_rows(fs: fsspec.AbstractFileSystem, meta_root: str) -> pa.Table:
             f.seek(0)
             tables.append(read_parquet(f, wanted))
             tables[-1].validate(full=True)  # (strings that are not UTF-8)
+        tables[-1] = _with_task_lists(tables[-1], path)
     # "permissive": files from different writers may differ in types (list<string> vs list<large_string>)
     table = pa.concat_tables(tables, promote_options="permissive")
     if "episode_index" not in table.column_names:
@@ -379,6 +380,32 @@ def _v3_rows(fs: fsspec.AbstractFileSystem, meta_root: str) -> pa.Table:
             f"{source}: episode metadata lacks column(s) ['episode_index']; {_damaged_advice(source)}"
         )
     return table if _ascending(table["episode_index"]) else table.sort_by("episode_index")
+
+
+#: The type of ``meta/episodes``' ``tasks`` column as read: each episode's task texts.
+_TASK_LISTS = pa.list_(pa.string())
+
+
+def _with_task_lists(table: pa.Table, path: str) -> pa.Table:
+    """``table`` (episode metadata file ``path``) with its ``tasks`` column, where it has one, as ``_TASK_LISTS``: lists
+    of texts (list or large_list of string or large_string, as writers differ; of nulls where none has a text; a
+    column of nulls alone). Another type raises EpisodeMetadataError naming it: a column of plain strings or of lists
+    of numbers failed later with a bare Arrow error (a digest's 'list_value_length' had no kernel for it)."""
+    if "tasks" not in table.column_names:
+        return table
+    kind = table.schema.field("tasks").type
+    lists = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    texts = lists and any(
+        check(kind.value_type) for check in (pa.types.is_string, pa.types.is_large_string, pa.types.is_null)
+    )
+    if not (texts or pa.types.is_null(kind)):
+        raise EpisodeMetadataError(
+            f"{path}: column 'tasks' is of type {kind}, but it holds each episode's task texts: expected lists of "
+            f"strings (list<string>, as LeRobot writes it); {_damaged_advice(path)}"
+        )
+    if pa.types.is_list(kind) and pa.types.is_string(kind.value_type):  # (LeRobot's, whatever its item is named)
+        return table
+    return table.set_column(table.column_names.index("tasks"), "tasks", table["tasks"].cast(_TASK_LISTS))
 
 
 def _ascending(column: pa.ChunkedArray) -> bool:

@@ -343,6 +343,56 @@ def test_a_missing_task_text_in_the_v3_episode_metadata_is_read_and_digested(ds:
     assert sum(len(batch["index"]) for batch in frames) == 80
 
 
+@pytest.mark.parametrize(
+    ("kind", "said_kind", "texts"),
+    [
+        (pa.string(), "string", lambda tasks: [each[0] for each in tasks]),
+        (pa.list_(pa.int64()), r"list<\w+: int64>", lambda tasks: [[1]] * len(tasks)),
+    ],
+    ids=["plain-strings", "lists-of-numbers"],
+)
+def test_a_v3_tasks_column_not_of_lists_of_texts_is_refused_naming_its_file_and_types(
+    ds: Path, kind, said_kind: str, texts
+) -> None:
+    """meta/episodes' ``tasks`` as one plain string per episode, or as lists of numbers, in the second of two files:
+    the open failed with Arrow's bare 'Unable to merge: Field tasks has incompatible types' (as the only file: it
+    opened, and every state_dict() failed in the digest, "'list_value_length' has no kernel matching input types
+    (string)" or a TypeError). Refused naming the file, the column, its type and the type expected."""
+    path = _episodes_file(ds)
+    table = pq.read_table(path)
+    second = table.slice(2)
+    column = second.column_names.index("tasks")
+    pq.write_table(table.slice(0, 2), path)
+    other = path.with_name("file-001.parquet")
+    pq.write_table(second.set_column(column, "tasks", pa.array(texts(second["tasks"].to_pylist()), kind)), other)
+    said = (
+        rf"{re.escape(str(other))}: column 'tasks' is of type {said_kind}, but it holds each episode's "
+        r"task texts: expected lists of strings \(list<string>, as LeRobot writes it\); the episode metadata "
+        r"is damaged"
+    )
+    with pytest.raises(EpisodeMetadataError, match=said):
+        open_dataset(ds)
+
+
+def test_a_v3_tasks_column_of_nulls_alone_reads_as_no_tasks_column(ds: Path) -> None:
+    """A ``tasks`` column of type null (every episode's tasks missing, as pandas writes a column of None) opened, and
+    every state_dict() failed with Arrow's bare "'list_value_length' has no kernel matching input types (null)". It
+    reads as the dataset without the column does (its digest the same), and its batches take their task texts from
+    task_index as every dataset's do."""
+    path = _episodes_file(ds)
+    table = pq.read_table(path)
+    tasks = open_dataset(ds).tasks
+    pq.write_table(table.drop_columns(["tasks"]), path)
+    without = open_dataset(ds).content_digest()
+    pq.write_table(table.set_column(table.column_names.index("tasks"), "tasks", pa.nulls(len(table))), path)
+    reader = open_dataset(ds)
+    assert reader.episodes.tasks.to_pylist() == [None] * 4
+    assert reader.content_digest() == without
+    batches = _first_pass(ds)
+    read = [tasks[int(i)] for batch in batches for i in batch["task_index"]]
+    assert [text for batch in batches for text in batch["task"]] == read and len(read) == 80
+
+
 def test_a_camera_without_file_columns_in_the_v3_episode_metadata_is_named(ds: Path) -> None:
     """meta/episodes lacking a declared camera's videos/<key>/file_index is refused naming the camera and the columns;
     left out with cameras=[], the dataset reads its rows."""
