@@ -155,6 +155,7 @@ class LeRobotDatasetReader:
         #: Data files written as one big row group are read from memory-mapped Arrow copies on local disk.
         self.column_store: ColumnStore | None = ColumnStore()
         self._content: str | None = None
+        self._identity: str | None = None
 
     def content_digest(self) -> str:
         """A digest of what this dataset holds as its metadata tells it, the same wherever it is read from (a local
@@ -164,16 +165,34 @@ class LeRobotDatasetReader:
         once (0.13 s at 100,000 episodes)."""
         if self._content is None:
             ep = self.episodes
-            digest = hashlib.sha256(json.dumps(self.info.raw, sort_keys=True, default=str).encode())
+            digest = hashlib.sha256(self._info_json())
             digest.update(ep.episode_index.astype("<i8").tobytes())
             digest.update(ep.length.astype("<i8").tobytes())
             digest.update(pc.list_value_length(ep.tasks).fill_null(-1).to_numpy(zero_copy_only=False).astype("<i8"))
             # (a missing text, which the episodes' descriptive lists may hold, as "\1": '\0'.join took str alone; a
             # text as itself, so that the digests of states saved before stay)
             texts = ["\1" if text is None else text for text in ep.tasks.flatten().to_pylist()]
-            digest.update("\0".join([*texts, json.dumps(sorted(self.tasks.items()))]).encode())
+            digest.update("\0".join([*texts, self._task_table()]).encode())
             self._content = digest.hexdigest()[:16]
         return self._content
+
+    def identity_digest(self) -> str:
+        """A digest of the dataset whatever episodes of it are read: ``meta/info.json`` and the task table, the same
+        wherever it is read from. Two ``episodes=`` selections of one dataset, whose :meth:`content_digest` differ
+        (it holds the episodes read), share it: a stream state tells by it a dataset listed at another position with
+        another selection (:func:`~.dataset_union.refuse_another_order`). Datasets alike in both (two recordings of
+        one robot, task and shape) share it too."""
+        if self._identity is None:
+            digest = hashlib.sha256(self._info_json())
+            digest.update(b"\0" + self._task_table().encode())
+            self._identity = digest.hexdigest()[:16]
+        return self._identity
+
+    def _info_json(self) -> bytes:
+        return json.dumps(self.info.raw, sort_keys=True, default=str).encode()
+
+    def _task_table(self) -> str:
+        return json.dumps(sorted(self.tasks.items()))
 
     def close_files(self) -> None:
         """Close the data files this process holds open for the reader (a union's: every member's); the next read

@@ -68,6 +68,7 @@ __all__ = [
     "MemberFileSystems",
     "concat_datasets",
     "dataset_contents",
+    "dataset_identities",
     "datasets_held",
     "datasets_within",
     "refuse_another_order",
@@ -78,6 +79,9 @@ logger = logging.getLogger(__name__)
 
 #: The key of each sample's dataset (its position in the union), as in LeRobot's ``MultiLeRobotDataset``.
 DATASET_INDEX = "dataset_index"
+
+#: The key of a stream state holding its datasets' :func:`dataset_identities` (beside ``dataset_contents``).
+DATASET_IDENTITIES = "dataset_identities"
 #: One of several datasets read together: its path or URL, or a reader from ``open_dataset``.
 Dataset = str | os.PathLike[str] | LeRobotDatasetReader
 
@@ -420,12 +424,23 @@ def dataset_contents(readers: Sequence[LeRobotDatasetReader]) -> list[str]:
     return [each.content_digest() for each in _each_dataset(readers)]
 
 
+def dataset_identities(readers: Sequence[LeRobotDatasetReader]) -> list[str]:
+    """:func:`dataset_contents`' datasets, each as the digest of the dataset whatever episodes of it are read
+    (:meth:`~.dataset_reader.LeRobotDatasetReader.identity_digest`), for a stream state to refuse a dataset listed at
+    another position with another ``episodes=`` selection, whose contents (its episodes read) differ."""
+    return [each.identity_digest() for each in _each_dataset(readers)]
+
+
 def datasets_held(readers: Sequence[LeRobotDatasetReader]) -> dict[str, list[str]]:
     """What a stream state records of the datasets ``readers`` (a union's among them: each of its own) it runs over:
-    their :func:`dataset_contents`, and their descriptions (paths, URLs), in the same order, for a resume over others
-    to name them (:func:`warn_of_other_contents`)."""
+    their :func:`dataset_contents` and :func:`dataset_identities`, and their descriptions (paths, URLs), in the same
+    order, for a resume over others to name them (:func:`warn_of_other_contents`)."""
     within = _each_dataset(readers)
-    return {"dataset_contents": dataset_contents(within), DATASET_DESCRIPTIONS: _descriptions(within)}
+    return {
+        "dataset_contents": dataset_contents(within),
+        DATASET_IDENTITIES: dataset_identities(within),
+        DATASET_DESCRIPTIONS: _descriptions(within),
+    }
 
 
 def warn_of_other_contents(saved: Mapping[str, Any], readers: Sequence[LeRobotDatasetReader]) -> None:
@@ -473,9 +488,12 @@ def refuse_another_order(saved: Mapping[str, Any], readers: Sequence[LeRobotData
 
     Datasets are known by their content, wherever they are read from: reordered and one moved to a server is
     refused as a reorder; moved or renamed in the same order resumes. Two datasets whose metadata is alike (byte-
-    identical copies) cannot be told apart, and swapping them changes nothing read. A dataset not in the state (a
-    new or rewritten one) is left to the episodes' check. States saved before they held their datasets' contents
-    pass. A union among ``readers`` is each of its datasets, counted in the positions with the others."""
+    identical copies) cannot be told apart, and swapping them changes nothing read. A dataset whose contents the
+    state does not hold is refused where its :func:`dataset_identities` (info.json, task table) is another position's,
+    not its own (two datasets swapped, their ``episodes=`` selections left in place); else (a new or rewritten
+    dataset, one re-encoded, another selection of the same one) it is left to the episodes' check. States saved
+    before they held their datasets' contents pass, and those before they held the identities are not checked by them.
+    A union among ``readers`` is each of its datasets, counted in the positions with the others."""
     contents = saved.get("dataset_contents")
     if not isinstance(contents, list | tuple):  # (a tuple: as the stream's state takes its lists, from a serializer)
         return
@@ -483,15 +501,33 @@ def refuse_another_order(saved: Mapping[str, Any], readers: Sequence[LeRobotData
     within = ", counting each dataset within a union" if any(isinstance(r, DatasetUnion) for r in readers) else ""
     readers = _each_dataset(readers)
     now = dataset_contents(readers)
+    identities = saved.get(DATASET_IDENTITIES)
+    if not isinstance(identities, list | tuple) or len(identities) != len(contents):
+        identities = None
+    identities_now = dataset_identities(readers) if identities is not None else []
+
+    def held_at(i: int, d: str) -> list[int]:
+        """The positions the state held the dataset now at ``i`` (of contents ``d``) at, none where it held it at
+        ``i`` (or held it nowhere): by its contents, else (at a position it held) by its identity."""
+        if i < len(contents) and contents[i] == d:
+            return []
+        held = [j for j, saved_as in enumerate(contents) if saved_as == d]
+        if not held and identities is not None and i < len(identities) and identities[i] != identities_now[i]:
+            held = [j for j, saved_as in enumerate(identities) if saved_as == identities_now[i]]
+        return held
+
     # (each position it held: a dataset listed twice was named at its first alone, 'was 0' for one saved at 2)
-    moved = [(i, " or ".join(str(j) for j, saved_as in enumerate(contents) if saved_as == d)) for i, d in enumerate(now)
-             if (i >= len(contents) or contents[i] != d) and d in contents]  # fmt: skip
+    moved = {i: " or ".join(map(str, held)) for i, d in enumerate(now) if (held := held_at(i, d))}
     if not moved:
         return
     names = _descriptions(readers)
-    was = [f"{names[i]} is dataset {i}, was {j}" for i, j in moved]
+    was = [f"{names[i]} is dataset {i}, was {j}" for i, j in moved.items()]
     # (one added or removed moves the others too: said as such, not as a reorder alone)
-    new = [f"{names[i]} (dataset {i}) is not one it was saved over" for i, d in enumerate(now) if d not in contents]
+    new = [
+        f"{names[i]} (dataset {i}) is not one it was saved over"
+        for i, d in enumerate(now)
+        if d not in contents and i not in moved
+    ]
     count = [f"it was saved over {len(contents)} datasets, not {len(now)}"] if len(contents) != len(now) else []
     raise ResumeStateError(
         f"this stream state was saved over "

@@ -362,8 +362,10 @@ class DALILeRobotIterator:
 
         Also which episodes the stream runs over (a count and a digest), so a resume over another dataset or
         another ``episodes=`` selection fails instead of continuing a different order; which datasets (a union's in
-        its order), each a digest of its content wherever it is read from and its path or URL: the same datasets of a
-        union listed otherwise fail too, one of them moved to a server or not, and a dataset of the same episodes but
+        its order), each a digest of its content (the episodes read) and one of the dataset whatever episodes are read
+        (info.json, task table), wherever it is read from, and its path or URL: the same datasets of a union listed
+        otherwise fail too, one of them moved to a server or not, or with their ``episodes=`` selections left in
+        place, and a dataset of the same episodes but
         other contents (edited, re-encoded, re-generated, or another one of the same shape) resumes with a warning
         naming both; and the version of what the augmentation config means
         (``augment_version``, :mod:`.augment_semantics`), so a resume by a lerobot_dali that augments that config

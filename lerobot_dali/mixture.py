@@ -31,9 +31,11 @@ from .concurrent_calls import in_threads
 from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import LeRobotDatasetReader
 from .dataset_union import (
+    DATASET_IDENTITIES,
     DATASET_INDEX,
     Dataset,
     dataset_contents,
+    dataset_identities,
     dataset_list,
     open_all,
     refuse_another_order,
@@ -292,6 +294,7 @@ class DALILeRobotMixture:
                 "batch_shares": list(self.batch_shares),
                 "anchor": self.anchor,
                 "dataset_contents": dataset_contents([part.reader for part in self.datasets]),
+                DATASET_IDENTITIES: dataset_identities([part.reader for part in self.datasets]),
             },
             "datasets": copy.deepcopy(reading) if reading is not None else [p.state_dict() for p in self.datasets],
         }

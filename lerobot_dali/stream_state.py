@@ -258,7 +258,7 @@ def _ranks_gathered(states: Sequence[StreamState], ranks: set[int]) -> int:
 
 
 #: The keys a :class:`StreamState`'s dict holds; an iterator's adds others (``episodes``, its episodes' digest, its
-#: datasets' contents and descriptions, :func:`~.dataset_union.datasets_held`, and ``augment_version``).
+#: datasets' contents, identities and descriptions, :func:`~.dataset_union.datasets_held`, and ``augment_version``).
 _STATE_KEYS = frozenset(
     {"version", *_FIELDS, "prior_segments", "segment_pools", "order", "walk", "rank_walks", "episode_lengths",
      "gathered_ranks", "saved_rank"}

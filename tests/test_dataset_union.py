@@ -376,6 +376,52 @@ def test_a_union_resumed_with_one_dataset_regenerated_warns_naming_it_alone(make
         assert f"saved over {named} (contents {state['dataset_contents'][0]}), now {b} (contents " in warned[0]
 
 
+@pytest.mark.parametrize("kind", ["union", "mixture"])
+def test_datasets_swapped_with_their_selections_left_in_place_are_refused(make_ds, copy_ds, kind, caplog) -> None:
+    """A dataset's contents digest holds the episodes read, so one listed elsewhere with another ``episodes=`` was a
+    dataset the state did not hold: [a (episodes 0, 1), b (2, 3)] saved and resumed as [b (0, 1), a (2, 3)] (the
+    datasets swapped, their selections left in place: one shape at each position) resumed with a warning alone, every
+    sample now the other dataset's. The state holds each dataset's identity too (info.json, task table: whatever its
+    episodes read), so it is refused as a reorder. A dataset edited in place (its info.json: as a re-encode does)
+    still resumes with the warning, and a state saved before it held identities resumes as it did."""
+    from lerobot_dali.errors import ResumeStateError
+
+    lengths = [6, 4, 6, 4]
+    a, b = (
+        make_ds(episodes=4, frames_per_episode=lengths, cameras=1, codec="h264", fps=FPS, gop=4, num_tasks=tasks)
+        for tasks in (2, 3)
+    )
+    edited = copy_ds(a)
+    info = json.loads((edited / "meta/info.json").read_text())
+    (edited / "meta/info.json").write_text(json.dumps({**info, "robot_type": "another"}))
+    options = {"batch_size": 4, "device": "cpu", "num_workers": 0, "decode": "cpu"}
+
+    def iterator(first: Path, second: Path) -> DALILeRobotIterator | DALILeRobotMixture:
+        datasets = [open_dataset(first, episodes=[0, 1]), open_dataset(second, episodes=[2, 3])]
+        return DALILeRobotMixture(datasets, **options) if kind == "mixture" else (
+            DALILeRobotIterator(concat_datasets(datasets), **options)
+        )  # fmt: skip
+
+    saved = iterator(a, b)
+    next(iter(saved))
+    state = json.loads(json.dumps(saved.state_dict()))
+    saved.close()
+    swapped = iterator(b, a)
+    said = rf"datasets in another order: .*{re.escape(str(b))} is dataset 0, was 1; {re.escape(str(a))} is dataset 1"
+    with pytest.raises(ResumeStateError, match=said + ", was 0"):
+        swapped.load_state_dict(state)
+    held = state["mixture"] if kind == "mixture" else state
+    assert len(held["dataset_identities"]) == 2 and held["dataset_identities"][0] != held["dataset_identities"][1]
+    without = {k: v for k, v in held.items() if k != "dataset_identities"}
+    older = {**state, "mixture": without} if kind == "mixture" else without
+    for resumed_over, loaded in ((swapped, older), (iterator(edited, b), state)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            resumed_over.load_state_dict(loaded)
+        resumed_over.close()
+        assert any("same episodes and lengths but other contents" in r.getMessage() for r in caplog.records)
+
+
 def test_statistics_are_pooled_over_every_frame(make_ds, copy_ds, caplog) -> None:
     union = concat_datasets(_datasets(make_ds))
     states = np.concatenate(

@@ -661,7 +661,7 @@ def test_a_state_taken_late_with_workers_walks_a_few_chunks(make_ds, monkeypatch
         np.full(8, 30), rank=0, world_size=1, batch_size=4, options=OrderOptions(seed=7, episode_pool_size=2)
     )
     stream.advance(160)
-    iterators_own = ("episodes", "dataset_contents", "dataset_descriptions", "augment_version")
+    iterators_own = ("episodes", "dataset_contents", "dataset_identities", "dataset_descriptions", "augment_version")
     assert {k: v for k, v in state.items() if k not in iterators_own} == stream.state_dict()
 
 
