@@ -20,7 +20,7 @@ import numpy as np
 from .errors import StatsError
 from .frozen_mapping import FrozenMapping
 from .said_once import warn_once
-from .value_checks import is_int, is_number
+from .value_checks import is_int, is_number, plain_data
 
 __all__ = [
     "NORMALIZE_FROM_STATS",
@@ -498,7 +498,7 @@ class AugmentConfig:
                 value = {camera: _section_dict(norm) for camera, norm in value.items()}
             elif f.name in _SECTIONS or isinstance(value, Normalize):
                 value = _section_dict(value)
-            out[f.name] = _plain(value)
+            out[f.name] = plain_data(value)
         return out
 
 
@@ -517,14 +517,8 @@ def _camera_tables(tables: Mapping[str, Any], prefix: str = "") -> dict[str, Any
 
 
 def _section_dict(section: Any) -> dict[str, Any]:
-    return {g.name: _plain(getattr(section, g.name)) for g in fields(section) if getattr(section, g.name) is not None}
-
-
-def _plain(value: Any) -> Any:
-    """``value`` as plain data of its own: tuples as lists, mappings (RandomSubset's weights) copied."""
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    return [_plain(v) for v in value] if isinstance(value, tuple) else value
+    values = {g.name: getattr(section, g.name) for g in fields(section)}
+    return {name: plain_data(value) for name, value in values.items() if value is not None}
 
 
 def _checked_keys(cls: type, raw: Any, where: str) -> dict[str, Any]:

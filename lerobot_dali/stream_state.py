@@ -46,7 +46,7 @@ from .errors import ResumeStateError
 from .said_once import say_once, warn_once
 from .sample_order import ConsumedSegment, OrderOptions, RankBalance, ResumedEpoch, SampleOrder
 from .saved_walk import SavedWalk, pools_from_lists, pools_to_lists
-from .value_checks import check_int_fields, is_int
+from .value_checks import check_int_fields, is_int, plain_data
 
 __all__ = ["SampleStream", "StreamState", "merge_rank_states"]
 
@@ -276,7 +276,8 @@ def _check_same_extras(first: Mapping[str, Any], state: Mapping[str, Any]) -> No
     it read, and another run's walk over other episodes was gathered, its resume failing with WalkMismatchError (or,
     where the walk happened to fit, reading another order)."""
     extras = (first.keys() | state.keys()) - _STATE_KEYS - {DATASET_DESCRIPTIONS}
-    differ = sorted(k for k in extras if first.get(k) != state.get(k))
+    # (as plain data: one state through JSON holds a list where another, through a serializer keeping tuples, a tuple)
+    differ = sorted(k for k in extras if plain_data(first.get(k)) != plain_data(state.get(k)))
     if differ:
         said = "; ".join(f"{k}: {first.get(k)!r} and {state.get(k)!r}" for k in differ)
         raise ResumeStateError(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from enum import Enum
 from typing import Any, TypeGuard, TypeVar
 
@@ -18,6 +18,7 @@ __all__ = [
     "cli_flag",
     "is_int",
     "is_number",
+    "plain_data",
     "required_whole_number",
     "whole_number",
 ]
@@ -35,6 +36,14 @@ def is_number(value: object) -> bool:
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
         return False
     return math.isfinite(value)
+
+
+def plain_data(value: Any) -> Any:
+    """``value`` as plain data of its own, as JSON gives it back: tuples as lists, mappings as dicts (copied), at any
+    depth; compare values saved through different serializers (one keeps tuples) by it."""
+    if isinstance(value, Mapping):
+        return {k: plain_data(v) for k, v in value.items()}
+    return [plain_data(v) for v in value] if isinstance(value, tuple) else value
 
 
 def whole_number(value: object) -> int | None:

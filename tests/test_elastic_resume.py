@@ -307,6 +307,26 @@ def test_states_naming_their_dataset_by_other_paths_are_gathered() -> None:
         merge_rank_states(states)
 
 
+def test_states_holding_their_datasets_as_a_list_and_a_tuple_are_gathered() -> None:
+    """A state's ``dataset_contents`` is a list once through JSON and may be a tuple through a serializer that keeps
+    tuples: the same contents were taken as others, and the merge of one run's states refused; compared as sequences,
+    they are gathered (either first), and other contents still refused."""
+    olds = [SampleStream(LENGTHS, rank=r, world_size=2, batch_size=7, options=OPTIONS) for r in range(2)]
+    for old in olds:
+        old.advance(500)
+    contents = ["3b6b6ba9c851e9b3", "70e4021ab3113e2a"]
+    states = [
+        olds[0].state_dict() | {"dataset_contents": contents},
+        olds[1].state_dict() | {"dataset_contents": tuple(contents)},
+    ]
+    merged = merge_rank_states(states)
+    assert merged["gathered_ranks"] == 2 and merged["dataset_contents"] == contents
+    assert merge_rank_states(states[::-1])["gathered_ranks"] == 2
+    states[1]["dataset_contents"] = tuple(contents[::-1])
+    with pytest.raises(ResumeStateError, match="differ in dataset_contents"):
+        merge_rank_states(states)
+
+
 @pytest.mark.parametrize(
     ("change", "error", "message"),
     [
