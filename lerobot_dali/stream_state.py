@@ -213,7 +213,7 @@ def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     states without a walk (unshuffled or from an older version: nothing to gather) add none. The merged state counts
     the ranks whose states it gathered, each once (``gathered_ranks``): with ``rank_balance='none'`` a resume on
     another world size takes only a state of every old rank, all at the start of one epoch (ranks of unequal counts
-    finish epochs apart)."""
+    finish epochs apart); on the same world size a state of every rank resumes each, mid-epoch too."""
     if not states:
         raise ResumeStateError("merge_rank_states needs at least one stream state (each rank's state_dict())")
     parsed = [StreamState.from_dict(state) for state in states]
@@ -443,8 +443,9 @@ class SampleStream:
 
 def _refuse_unbalanced_position(state: StreamState, *, rank: int, world_size: int) -> None:
     """ResumeStateError where, with ``rank_balance='none'``, ``state`` does not say where rank ``rank`` of
-    ``world_size`` stands: each rank reads its own count, so only its own state does, or on other ranks every old
-    rank's gathered at one epoch's start (:func:`merge_rank_states`)."""
+    ``world_size`` stands: each rank reads its own count, so only its own state does, or every rank's gathered
+    (:func:`merge_rank_states`, at one position): on the same world size anywhere in an epoch, on another at one
+    epoch's start."""
     epoch, consumed, segments = state.epoch, state.samples_consumed, state.prior_segments
     if state.world_size != world_size or segments:
         if consumed or segments:
@@ -470,12 +471,14 @@ def _refuse_unbalanced_position(state: StreamState, *, rank: int, world_size: in
                 f"resume on {state.world_size} ranks with each rank's own state, or pass merge_rank_states([every "
                 "old rank's state_dict()]), which refuses states that stand apart"
             )
-    elif state.rank is not None and state.rank != rank and not (consumed == 0 and state.gathered >= state.world_size):
-        # (each rank's count is its own: another rank's position is not where this one stood)
+    elif state.rank is not None and state.rank != rank and state.gathered < state.world_size:
+        # (each rank's count is its own: another rank's position is not where this one stood. Every rank's state
+        # gathered is each rank's, mid-epoch too: merge_rank_states gathers only states at one position, with their
+        # walks, so this rank's stood there, and its walk is among them)
         raise ResumeStateError(
             f"with rank_balance='none' each rank reads its own count, so rank {state.rank}'s state (sample "
             f"{consumed} of epoch {epoch}) does not say where rank {rank} stood: load each rank's own "
-            "state_dict() on it (or, at an epoch's start, merge_rank_states([every rank's state_dict()]))"
+            "state_dict() on it, or merge_rank_states([every rank's state_dict()]) on every rank"
         )
 
 

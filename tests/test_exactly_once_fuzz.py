@@ -231,9 +231,16 @@ class _Rank:
 def _load(job: _Job, ranks: list[SampleStream], states: list[dict[str, Any]], balanced: bool) -> None:
     """Each new rank loads a saved state: rank 0's (what a job that saves one hands every rank), its own (the same
     world size), or every old rank's gathered; round-tripped through JSON, as a checkpoint stores it. Under ``none``
-    each loads its own, rank 0's refused on the others (each rank's count is its own)."""
+    each loads its own, rank 0's refused on the others (each rank's count is its own), or every rank's gathered where
+    they stand at one position (mid-epoch too: each rank's position and walk)."""
     same = len(ranks) == len(states)
     how = int(job.rng.integers(3))
+    if not balanced and how and same and len({(s["epoch"], s["samples_consumed"]) for s in states}) == 1:
+        merged = merge_rank_states(states)
+        job.counts["none_merged"] += 1
+        for stream in ranks:
+            stream.load_state_dict(json.loads(json.dumps(merged)))
+        return
     for rank, stream in enumerate(ranks):
         if not balanced and rank and how == 0 and "gathered_ranks" not in states[0]:
             # (rank 0's own state, handed to every rank: another rank's count there)

@@ -209,6 +209,37 @@ def test_unbalanced_rank_state_merged_with_itself_counts_one_rank(shuffle: bool)
         merge_rank_states([ranks[0].state_dict(), {**ranks[1].state_dict(), "saved_rank": 2}])
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_unbalanced_ranks_states_merged_mid_epoch_resume_every_rank(shuffle: bool) -> None:
+    """Under rank_balance='none', merge_rank_states of every rank's state mid-epoch (all at one position: it refuses
+    states that stand apart) holds each rank's position (the same count) and walk: loaded on any rank of that world
+    size it continues that rank's stream exactly. It was refused on every rank but the first state's (rank 1 of 2
+    here), as one rank's state is; a state gathered from fewer ranks, or loaded on another world size, still is."""
+    options = {"rank_balance": RankBalance.NONE, "shuffle": shuffle}
+    ranks = [_stream(2, r, batch=4, **options) for r in range(2)]
+    for stream in ranks:
+        for _ in range(3):
+            stream.next_batch()
+    own = ranks[0].state_dict()
+    merged = json.loads(json.dumps(merge_rank_states([own, ranks[1].state_dict()])))
+    assert merged["gathered_ranks"] == 2 and merged["saved_rank"] == 0 and merged["samples_consumed"] == 12
+    for rank, stream in enumerate(ranks):
+        rest = []
+        while stream.samples_consumed < stream.num_samples():
+            rest.append(stream.next_batch()[1])
+        resumed = _stream(2, rank, batch=4, **options)
+        resumed.load_state_dict(merged)
+        assert len(rest) > 1
+        for want in rest:
+            np.testing.assert_array_equal(resumed.next_batch()[1], want)
+        assert resumed.epoch == 0 and resumed.samples_consumed == resumed.num_samples()
+    doubled = merge_rank_states([own] * 2)
+    with pytest.raises(ResumeStateError, match=r"rank 0's state \(sample 12 of epoch 0\).*where rank 1 stood"):
+        _stream(2, 1, batch=4, **options).load_state_dict(doubled)
+    with pytest.raises(ResumeStateError, match=r"rank_balance='none'.*resume epoch 0 on 2 ranks"):
+        _stream(3, 1, batch=4, **options).load_state_dict(merged)
+
+
 def test_unbalanced_state_ranks_load_as_numpy_ints_as_its_other_fields() -> None:
     """saved_rank and gathered_ranks are ints as the state's other fields are, numpy's too (a checkpoint format may
     give those): np.int64 in every field loaded but for saved_rank, refused as 'must be the rank state_dict() saved'."""
