@@ -380,6 +380,9 @@ class DALILeRobotIterator:
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Continue where ``state_dict`` (a :meth:`state_dict`) left off: the next pass starts there. Safe from another
+        thread: a pass reading meanwhile ends with :class:`~.errors.IteratorClosedError`, the batch it read at the old
+        position dropped, so the stream stands where the state says."""
         _refuse_mixture_state(state_dict)
         if isinstance(state_dict, Mapping):  # (before the episodes: says why)
             if isinstance(self.reader, DatasetUnion):  # (its datasets listed: a union within counted as its own)
@@ -429,7 +432,7 @@ class DALILeRobotIterator:
                         self._ensure_pipeline()
                         self._pass_id += 1  # an older pass's generator, if still held, now raises instead of sharing
                         self._pass_start = self._stream.samples_consumed
-                        batches = self._epoch_batches(self._pass_id)
+                        batches = self._epoch_batches(self._pass_id, self._stream.loads)
                         if self._closes_left_to_pass != closes:  # (one found this build: its close, left to us)
                             self.close()
                 finally:  # (a signal handler's close() in the build: closed here, the pass raises IteratorClosedError)
@@ -550,19 +553,24 @@ class DALILeRobotIterator:
         """Whether the next pass builds a pipeline: none runs, or the one running stands elsewhere than the stream."""
         return self._dali_iter is None or self._pipeline_next != (self._stream.epoch, self._stream.samples_consumed)
 
-    def _epoch_batches(self, pass_id: int) -> Iterator[dict[str, Any]]:
+    def _epoch_batches(self, pass_id: int, loads: int) -> Iterator[dict[str, Any]]:
+        """Pass ``pass_id``'s batches, begun where the stream stood after its ``loads``-th load: a load_state_dict()
+        from another thread since (as a batch was read) ends it, that batch read at the old position dropped."""
         try:
             while (batch := self._next_batch_or_park(pass_id)) is not None:
                 try:
                     # The stream counts the batch last, right before handing it out: a signal's exception (Ctrl-C, a
                     # SIGTERM handler's sys.exit) in the followers below lost it, counted but never seen by the loop.
                     epoch, taken = self._stream.epoch, self._stream.samples_consumed + len(batch["index"])
+                    if self._stream.loads != loads:  # (the followers are told of the old position's batch: none)
+                        raise self._loaded_error()
                     if self._num_workers:  # (the workers walk their copies: this one follows, for state_dict)
                         self._stream.order.follow(epoch, taken)
                     prefetcher = self._prefetcher  # (read once: a close() from another thread sets it to None)
                     if prefetcher is not None:
                         prefetcher.advance(epoch, taken)
-                    self._stream.advance(len(batch["index"]))
+                    if not self._stream.advance(len(batch["index"]), loads=loads):  # (a load after the check above)
+                        raise self._loaded_error()
                     self._pipeline_next = (epoch, taken)
                 except BaseException:  # Ctrl-C before the stream counted the batch DALI handed out: rebuild
                     try:
@@ -576,7 +584,8 @@ class DALILeRobotIterator:
             if pass_id == self._pass_id:  # (a replaced pass's generator collected later leaves the new one's)
                 self._pass_start = None
             self._close_if_deferred()  # (a second signal's exception landed in the pass's own: run again)
-        self._stream.set_epoch(self._stream.epoch + 1)
+        if not self._stream.set_epoch(self._stream.epoch + 1, loads=loads):  # (the end of the epoch it replaced)
+            raise self._loaded_error()
         self._pipeline_next = (self._stream.epoch, 0)  # DALI reset itself (auto_reset) for the next epoch
 
     def _next_batch_or_park(self, pass_id: int) -> dict[str, Any] | None:
@@ -674,6 +683,13 @@ class DALILeRobotIterator:
             f"epoch {self._stream.epoch} when the iterator was closed (close() was called, from this thread or "
             "another) or a newer pass (a second iter()) replaced it. No sample was lost: iterating again continues "
             "at that position."
+        )
+
+    def _loaded_error(self) -> IteratorClosedError:
+        return IteratorClosedError(
+            f"rank {self.rank}: load_state_dict() moved the stream to sample {self._stream.samples_consumed} of epoch "
+            f"{self._stream.epoch} (from another thread) while this pass was reading: what it read, at the old "
+            "position, is dropped and the pass ends. Iterating again reads on from the loaded position."
         )
 
     def _failed_batch_error(self, e: Exception) -> BaseException:

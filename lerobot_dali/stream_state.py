@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from . import fork_locks
 from .errors import ResumeStateError
 from .said_once import say_once, warn_once
 from .sample_order import ConsumedSegment, OrderOptions, RankBalance, ResumedEpoch, SampleOrder
@@ -291,6 +292,11 @@ class SampleStream:
 
     ``samples_consumed`` counts samples handed out by :meth:`next_batch`; save the state when the trainer
     has taken them (not when a prefetcher has), so resume continues where training stopped.
+
+    Safe across threads: a :meth:`load_state_dict` from another thread takes effect between two batches, never inside
+    one (a batch read at the old position, completed after the load, moved the loaded position one batch on). Where
+    batches are read elsewhere (DALI's workers), :meth:`advance` and :meth:`set_epoch` take the :attr:`loads` the read
+    began under, and count nothing where a load came since.
     """
 
     def __init__(
@@ -304,6 +310,10 @@ class SampleStream:
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        #: Held to move the position, so a load from another thread lands between two moves (an RLock: a signal
+        #: handler's state_dict() or load on the thread holding it goes on).
+        self._lock = fork_locks.lock()
+        self._loads = 0
         self._lengths = np.asarray(episode_lengths)
         self._fingerprint = _lengths_fingerprint(self._lengths)
         self._batch_size = batch_size
@@ -324,46 +334,63 @@ class SampleStream:
     def samples_consumed(self) -> int:
         return self._position[1]
 
+    @property
+    def loads(self) -> int:
+        """How many states :meth:`load_state_dict` loaded: a read that began under one count belongs to the position
+        before any later load (pass it to :meth:`advance` and :meth:`set_epoch`)."""
+        return self._loads
+
     def num_samples(self) -> int:
         """Samples in the current epoch (equal on every rank)."""
         return self._order.num_samples(self.epoch)
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, *, loads: int | None = None) -> bool:
         """Start ``epoch`` from its beginning; the current epoch keeps its position (so a training loop that
-        calls ``set_epoch`` after ``load_state_dict`` does not undo the resume)."""
+        calls ``set_epoch`` after ``load_state_dict`` does not undo the resume). ``loads``: the :attr:`loads` of the
+        pass that ended; where a load came since, the stream stays where it put it (False)."""
         if isinstance(epoch, bool) or not isinstance(epoch, int | np.integer) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
-        if epoch != self.epoch:
-            self._position = (int(epoch), 0)
+        with self._lock:
+            if loads is not None and loads != self._loads:
+                return False
+            if epoch != self.epoch:
+                self._position = (int(epoch), 0)
+            return True
 
     def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
         """Up to ``batch_size`` ``(episode_pos, frame_in_episode)`` samples; the last batch of an epoch may
         be short, and the call after it starts the next epoch."""
-        epoch, consumed = self._position
-        while consumed >= self._order.num_samples(epoch):
-            epoch, consumed = epoch + 1, 0
-        stop = min(consumed + self._batch_size, self._order.num_samples(epoch))
-        batch = self._order.samples(epoch, consumed, stop)
-        self._position = (epoch, stop)
-        return batch
+        with self._lock:
+            epoch, consumed = self._position
+            while consumed >= self._order.num_samples(epoch):
+                epoch, consumed = epoch + 1, 0
+            stop = min(consumed + self._batch_size, self._order.num_samples(epoch))
+            batch = self._order.samples(epoch, consumed, stop)
+            self._position = (epoch, stop)
+            return batch
 
-    def advance(self, samples: int) -> None:
+    def advance(self, samples: int, *, loads: int | None = None) -> bool:
         """Record that the trainer took ``samples`` more samples of the current epoch, produced elsewhere
-        (DALI workers call :meth:`SampleOrder.samples` themselves)."""
+        (DALI workers call :meth:`SampleOrder.samples` themselves). ``loads``: the :attr:`loads` they were read under;
+        where a load came since, they were read at the position it replaced: not counted (False)."""
         if isinstance(samples, bool) or not isinstance(samples, int | np.integer) or samples < 0:
             raise ValueError(f"samples must be a non-negative int, got {samples!r}")
         samples = int(samples)
-        epoch, consumed = self._position
-        if consumed + samples > self._order.num_samples(epoch):
-            raise ValueError(
-                f"cannot advance {samples} samples: {consumed} of {self._order.num_samples(epoch)} in epoch "
-                f"{epoch} are already consumed; call set_epoch() for the next epoch"
-            )
-        self._position = (epoch, consumed + samples)
+        with self._lock:
+            if loads is not None and loads != self._loads:
+                return False
+            epoch, consumed = self._position
+            if consumed + samples > self._order.num_samples(epoch):
+                raise ValueError(
+                    f"cannot advance {samples} samples: {consumed} of {self._order.num_samples(epoch)} in epoch "
+                    f"{epoch} are already consumed; call set_epoch() for the next epoch"
+                )
+            self._position = (epoch, consumed + samples)
+            return True
 
     def state(self) -> StreamState:
-        epoch, consumed = self._position
-        order = self._order  # (one order: load_state_dict may replace it meanwhile, from another thread)
+        with self._lock:  # (one order and its position: load_state_dict may replace both, from another thread)
+            (epoch, consumed), order = self._position, self._order
         return StreamState(
             seed=order.options.seed,
             epoch=epoch,
@@ -382,6 +409,13 @@ class SampleStream:
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Continue where ``state_dict`` left off; see the module docstring for what a world-size change keeps."""
+        order, position = self._loaded(state_dict)
+        with self._lock:
+            self._loads += 1
+            self._order, self._position = order, position
+
+    def _loaded(self, state_dict: Mapping[str, Any]) -> tuple[SampleOrder, tuple[int, int]]:
+        """The order and position that ``state_dict`` puts this stream at (it is left as it is)."""
         state = StreamState.from_dict(state_dict)
         if state.lengths is not None and state.lengths != self._fingerprint:
             raise ResumeStateError(
@@ -404,9 +438,7 @@ class SampleStream:
         if options.rank_balance is RankBalance.NONE:
             _refuse_unbalanced_position(state, rank=rank, world_size=world_size)
             if state.world_size != world_size:  # (an epoch not begun starts afresh on these ranks)
-                self._order = SampleOrder(self._lengths, rank=rank, world_size=world_size, options=options)
-                self._position = (epoch, 0)
-                return
+                return SampleOrder(self._lengths, rank=rank, world_size=world_size, options=options), (epoch, 0)
         old = None
         if state.world_size != world_size:
             warn_once(logger,
@@ -438,7 +470,7 @@ class SampleStream:
                 world_size, state.world_size, sorted(walk.rank for walk in state.walks) or "-",
             )  # fmt: skip
             order.resume_from(old, state.walks)
-        self._order, self._position = order, (epoch, consumed)
+        return order, (epoch, consumed)
 
 
 def _refuse_unbalanced_position(state: StreamState, *, rank: int, world_size: int) -> None:

@@ -1313,6 +1313,54 @@ def test_close_from_another_thread_ends_the_waiting_pass_with_a_clear_error(make
     assert seen == reference
 
 
+@pytest.mark.parametrize("read", ["batch", "end"])
+def test_load_state_dict_from_another_thread_during_a_read_keeps_the_loaded_position(
+    make_ds, monkeypatch, read
+) -> None:
+    """load_state_dict() from another thread while the loop waited in DALI's next(): the read completed after the load
+    and counted its batch on the loaded position, which moved a batch on (sample 8 for 6, or 10 where the loop's next
+    read took the lock before the load's close: 2-4 samples skipped), or, where the read was the pass's last (its
+    end), moved it to the next epoch's start (the rest of the loaded epoch lost). The batch read at the old position is
+    now dropped and the pass ends with IteratorClosedError naming the load; the stream stands where the state says,
+    and iterating again reads the rest from there."""
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+    reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
+    saver = DALILeRobotIterator(root, **kwargs)
+    for _ in zip(range(3), saver, strict=False):
+        pass
+    state = saver.state_dict()
+    saver.close()
+    assert state["samples_consumed"] == 6
+    it = DALILeRobotIterator(root, **kwargs)
+    original, calls, loader = DALIGenericIterator.__next__, [0], []
+    at_call = 2 if read == "batch" else -(-len(reference) // 2) + 1  # (the second batch, or the StopIteration after)
+
+    def loaded_meanwhile(self):
+        calls[0] += 1
+        if calls[0] == at_call:
+            loader.append(threading.Thread(target=it.load_state_dict, args=(state,)))
+            loader[0].start()
+            deadline = time.monotonic() + 30
+            while it._stream.samples_consumed != 6 and time.monotonic() < deadline:  # (the stream loaded)
+                time.sleep(0.01)
+        return original(self)
+
+    monkeypatch.setattr(DALIGenericIterator, "__next__", loaded_meanwhile)
+    with pytest.raises(IteratorClosedError, match=r"load_state_dict\(\) moved the stream to sample 6 of epoch 0"):
+        for _ in it:
+            pass
+    loader[0].join(timeout=60)
+    assert not loader[0].is_alive()
+    assert (it.epoch, it.state_dict()["samples_consumed"]) == (0, 6)
+    monkeypatch.setattr(DALIGenericIterator, "__next__", original)
+    rest = [int(i) for b in it for i in b["index"]]
+    it.close()
+    assert rest == reference[6:]
+
+
 class _StubPrefetcher:
     """What a pass asks of a remote dataset's prefetcher, doing nothing."""
 
@@ -1461,11 +1509,11 @@ def test_a_ctrl_c_before_the_stream_counts_a_batch_resumes_without_losing_it(mak
     reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
     original, calls = SampleStream.advance, [0]
 
-    def interrupted_once(self, n):
+    def interrupted_once(self, n, **kwargs):
         calls[0] += 1
         if calls[0] == 3:
             raise KeyboardInterrupt
-        return original(self, n)
+        return original(self, n, **kwargs)
 
     monkeypatch.setattr(SampleStream, "advance", interrupted_once)
     assert _indices_across_a_ctrl_c(DALILeRobotIterator(root, **kwargs)) == reference

@@ -240,6 +240,64 @@ def test_unbalanced_ranks_states_merged_mid_epoch_resume_every_rank(shuffle: boo
         _stream(3, 1, batch=4, **options).load_state_dict(merged)
 
 
+def test_a_load_from_another_thread_lands_between_two_batches() -> None:
+    """load_state_dict() from another thread while next_batch() read a batch: the batch, read at the old position,
+    was counted after the load, on the loaded position (sample 12 became 8, the old position plus a batch: the load
+    lost). The load now waits for the batch, and the stream stands where the state says. A count or epoch change
+    told of a read begun before a load (``loads``, as the iterator's workers read) is not made."""
+    options = {"shuffle": True}
+    reference = _stream(1, 0, batch=4, **options)
+    batches = [reference.next_batch()[1] for _ in range(4)]
+    saver = _stream(1, 0, batch=4, **options)
+    for _ in range(3):
+        saver.next_batch()
+    saved = saver.state_dict()
+    stream = _stream(1, 0, batch=4, **options)
+    stream.next_batch()
+    reading, go, loader_waits = threading.Event(), threading.Event(), threading.Event()
+    read = stream.order.samples
+
+    def slow_samples(*args: object) -> tuple[np.ndarray, np.ndarray]:
+        reading.set()
+        go.wait(30)
+        return read(*args)
+
+    stream.order.samples = slow_samples  # type: ignore[method-assign]
+    loader = threading.Thread(target=stream.load_state_dict, args=(saved,))
+
+    class NotedLock:  # (says when the loader waits for the stream's lock: the old stream had none)
+        def __init__(self, lock: object) -> None:
+            self.lock = lock
+
+        def __enter__(self) -> object:
+            if threading.current_thread() is loader:
+                loader_waits.set()
+            return self.lock.__enter__()
+
+        def __exit__(self, *exc: object) -> object:
+            return self.lock.__exit__(*exc)
+
+    if hasattr(stream, "_lock"):
+        stream._lock = NotedLock(stream._lock)
+    reader = threading.Thread(target=stream.next_batch)
+    reader.start()
+    assert reading.wait(30)
+    loader.start()
+    while loader.is_alive() and not loader_waits.is_set():  # (loaded, or waiting for the batch)
+        loader.join(0.01)
+    go.set()
+    reader.join(30)
+    loader.join(30)
+    assert not reader.is_alive() and not loader.is_alive()
+    assert (stream.epoch, stream.samples_consumed) == (0, 12)
+    np.testing.assert_array_equal(stream.next_batch()[1], batches[3])
+    loads = stream.loads
+    stream.load_state_dict(saved)
+    assert not stream.advance(4, loads=loads) and not stream.set_epoch(1, loads=loads)
+    assert (stream.epoch, stream.samples_consumed) == (0, 12)
+    assert stream.advance(4, loads=stream.loads) and stream.samples_consumed == 16
+
+
 def test_unbalanced_state_ranks_load_as_numpy_ints_as_its_other_fields() -> None:
     """saved_rank and gathered_ranks are ints as the state's other fields are, numpy's too (a checkpoint format may
     give those): np.int64 in every field loaded but for saved_rank, refused as 'must be the rank state_dict() saved'."""
