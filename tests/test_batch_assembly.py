@@ -17,8 +17,10 @@ EPISODES = np.array([2, 0, 2, 5, 0, 2, 1, 5])
 FRAMES = np.array([0, 19, 7, 18, 3, 19, 10, 0])
 
 
-def _source(root, deltas: dict[str, list[float]]) -> BatchSource:
-    it = DALILeRobotIterator(root, batch_size=4, delta_timestamps=deltas, shuffle=False, device="cpu", num_workers=0)
+def _source(root, deltas: dict[str, list[float]], **options) -> BatchSource:
+    it = DALILeRobotIterator(
+        root, batch_size=4, delta_timestamps=deltas, shuffle=False, device="cpu", num_workers=0, **options
+    )
     next(iter(it))  # (the spec is built with the pipeline)
     spec = it._spec
     it.close()
@@ -193,3 +195,41 @@ def test_a_file_lookup_by_frame_index_fails_as_the_first_bad_episode_alone(make_
         with pytest.raises(error) as together_error:
             file_frame_numbers(reader, camera, index, bad, **options)
         assert str(together_error.value) == str(alone_error.value)
+
+
+def test_a_remote_matroska_cameras_frames_are_decoded_from_clips_exactly(make_ds, tmp_path) -> None:
+    """A remote file that is not an MP4 (no byte-exact packet offsets: Matroska here) is decoded by the workers from
+    a clip demuxed out of it (batch_source's non-MP4 remote path, run by no test): each sample's window, padded at
+    its episode's edges, is the frames of an independent full PyAV decode of the file at its clamped rows."""
+    import json
+    import shutil
+
+    import tests.fake_remote  # noqa: F401  (registers fakeremote://)
+    from lerobot_dali import open_dataset
+    from tests.video_fixtures import reference_frames, remux
+
+    root = tmp_path / "mkv"
+    shutil.copytree(make_ds(episodes=6, frames_per_episode=20, cameras=1, episodes_per_file=3), root)
+    for mp4 in root.rglob("*.mp4"):
+        remux(mp4, mp4.with_suffix(".mkv"), "matroska")
+        mp4.unlink()
+    info = json.loads((root / "meta/info.json").read_text())
+    info["video_path"] = info["video_path"].replace(".mp4", ".mkv")
+    (root / "meta/info.json").write_text(json.dumps(info))
+    camera, steps = camera_key(0), np.array([-3, 0, 2])
+    reader = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    # (Matroska's frame times are whole milliseconds: up to 0.5 ms from their rows')
+    source = _source(reader, {camera: list(steps / FPS)}, tolerance_s=0.0006)
+    out = dict(zip([f.name for f in source.fields], source.assemble(EPISODES, FRAMES), strict=True))
+
+    files = {e: root / reader.video(int(e), camera).path for e in (0, 3)}  # episodes 0-2 in one file, 3-5 the other
+    assert all(not source._indexes.of_video(reader, reader.video(int(e), camera)).byte_exact for e in files)
+    decoded = {e: reference_frames(path) for e, path in files.items()}
+    rows = np.clip(FRAMES[:, None] + steps, 0, 19)
+    for episode, window, frames in zip(EPISODES, rows, out[camera], strict=True):
+        reference = decoded[3 * (episode // 3)]
+        pts = sorted(reference)
+        expected = np.stack([reference[pts[20 * (episode % 3) + r]] for r in window])
+        np.testing.assert_array_equal(frames, expected)
+    queried = FRAMES[:, None] + steps
+    np.testing.assert_array_equal(out[f"{camera}_is_pad"], (queried < 0) | (queried > 19))
