@@ -395,6 +395,16 @@ def test_opening_options_with_an_open_reader_are_refused_not_ignored(make_ds) ->
         DALILeRobotIterator(reader, device="cpu", cameras=["observation.images.cam0"], keys=["action"], episodes=[0])
 
 
+def test_several_datasets_given_as_one_are_refused_naming_the_ways_to_read_several(make_ds) -> None:
+    """A list (or tuple) of datasets is refused before anything is opened, naming concat_datasets and
+    DALILeRobotMixture (iterator_arguments line 80, reached by no test); open_dataset's own error said neither."""
+    root = make_ds(episodes=2, frames_per_episode=10, cameras=0)
+    for several in ([root, root], (root,)):
+        with pytest.raises(TypeError, match=r"^dataset is one dataset; .*concat_datasets\(\[\.\.\.\]\).*"
+                           r"DALILeRobotMixture\(\[\.\.\.\]\)"):  # fmt: skip
+            DALILeRobotIterator(several, device="cpu")
+
+
 def test_dali_decodes_a_windows_repeated_frames_once(make_ds) -> None:
     """DALI's decoder decodes a repeated index again from its keyframe (a measured +90% per repeat of a GOP-60
     frame), and windows repeat their edge frame as padding: the clip camera asks for its distinct frames and the
