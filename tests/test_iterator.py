@@ -405,6 +405,33 @@ def test_several_datasets_given_as_one_are_refused_naming_the_ways_to_read_sever
             DALILeRobotIterator(several, device="cpu")
 
 
+def test_workers_that_did_not_start_are_said_with_what_spawn_needs_and_lose_no_sample(make_ds, monkeypatch) -> None:
+    """DALI's 'Workers initialization failed' at the build becomes a WorkerProcessError saying what spawn needs of a
+    script (iterator lines 533-539, reached by no test; test_worker_errors fails a build with another error, raised
+    as it is). The failed build costs no sample: the next pass builds and reads the whole epoch once."""
+    from nvidia.dali.pipeline import Pipeline
+
+    from lerobot_dali.errors import WorkerProcessError
+
+    def failing(pipe: Pipeline) -> None:
+        raise RuntimeError("Workers initialization failed: a worker exited")
+
+    root = make_ds(episodes=2, frames_per_episode=10, cameras=0)
+    it = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=1, drop_last=False)
+    build = Pipeline.build
+    monkeypatch.setattr(Pipeline, "build", failing)
+    said = (
+        r"^DALI's 1 worker process did not start \(Workers initialization failed: a worker exited\)\. .*"
+        r'`if __name__ == "__main__":`'
+    )
+    with pytest.raises(WorkerProcessError, match=said):
+        iter(it)
+    assert it._pipeline is None and it._dali_iter is None
+    monkeypatch.setattr(Pipeline, "build", build)
+    assert [i for batch in it for i in batch["index"].tolist()] == list(range(20))
+    it.close()
+
+
 def test_dali_decodes_a_windows_repeated_frames_once(make_ds) -> None:
     """DALI's decoder decodes a repeated index again from its keyframe (a measured +90% per repeat of a GOP-60
     frame), and windows repeat their edge frame as padding: the clip camera asks for its distinct frames and the
