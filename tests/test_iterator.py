@@ -335,6 +335,16 @@ def test_unbalanced_ranks_with_drop_last_are_warned_of_the_frames_left_out(make_
     with caplog.at_level(logging.INFO, logger="lerobot_dali.iterator"):
         DALILeRobotIterator(root, **{**options, "batch_size": 23}).close()
     assert "drop_last" not in caplog.text
+    # Several ranks: batches that divide rank 0's epoch leave nothing out of it, but its count changes between
+    # epochs (said at INFO; iterator line 318, reached by no test), and a later epoch's does not divide.
+    two = {**options, "world_size": 2}
+    first = DALILeRobotIterator(root, **{**two, "batch_size": 1})
+    counts = [first.epoch_samples(epoch) for epoch in range(6)]
+    first.close()
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.iterator"):
+        DALILeRobotIterator(root, **{**two, "batch_size": counts[0]}).close()
+    assert "rank 0's epoch 0 fills whole batches, but the ranks' counts change between epochs" in caplog.text
+    assert "only with drop_last=False" not in caplog.text and any(n % counts[0] for n in counts[1:])
 
 
 def test_a_long_pipeline_build_says_it_starts_the_workers_and_how_long_it_took(make_ds, caplog, monkeypatch) -> None:
