@@ -307,6 +307,10 @@ def test_camera_feed_rejects_contradictions() -> None:
         CameraFeed(DecodeRoute.DALI_CPU, worker_size=(8, 8))
     with pytest.raises(ValueError, match="never resizes"):
         CameraFeed(DecodeRoute.CPU_FALLBACK, planes=True, worker_size=(8, 8))
+    with pytest.raises(ValueError, match="a depth camera ships depth"):
+        CameraFeed(DecodeRoute.CPU_FALLBACK, depth=True, planes=True)
+    with pytest.raises(ValueError, match="color_fix corrects NVDEC's colour conversion"):
+        CameraFeed(DecodeRoute.DALI_CPU, color_fix=((1.0, 0.0, 0.0, 0.0),) * 3)
 
 
 # -- the iterator --------------------------------------------------------------------------------------------
