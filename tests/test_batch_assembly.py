@@ -233,3 +233,35 @@ def test_a_remote_matroska_cameras_frames_are_decoded_from_clips_exactly(make_ds
         np.testing.assert_array_equal(frames, expected)
     queried = FRAMES[:, None] + steps
     np.testing.assert_array_equal(out[f"{camera}_is_pad"], (queried < 0) | (queried > 19))
+
+
+def test_a_first_data_file_that_does_not_read_fails_at_its_episodes_rows_not_at_the_build(make_ds, copy_ds) -> None:
+    """The first episode's rows, read once at the build for the scalars' batch shapes, do not read (its data file's
+    frame_index page is damaged): the build goes on with each file's own shapes (batch_shapes lines 41-42 and 56,
+    reached by no test), and the pass fails at that episode's rows, naming the episode and the file."""
+    import re
+
+    import pyarrow.parquet as pq
+
+    from lerobot_dali import open_dataset
+    from lerobot_dali.errors import DataFileError
+
+    root = copy_ds(make_ds(episodes=4, frames_per_episode=20, cameras=1, episodes_per_file=2))
+    data = root / "data/chunk-000/file-000.parquet"
+    chunk = next(
+        column
+        for column in (pq.ParquetFile(data).metadata.row_group(0).column(i) for i in range(7))
+        if column.path_in_schema == "frame_index"
+    )
+    raw = bytearray(data.read_bytes())
+    start = chunk.data_page_offset + 27  # (inside its compressed values, past the page header)
+    raw[start : start + 50] = bytes(50)
+    data.write_bytes(bytes(raw))
+    with pytest.raises(DataFileError, match="Corrupt snappy"):
+        open_dataset(root).read_episode(0, ["frame_index"])
+
+    it = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=0, cameras=[])
+    assert it._listed_scalars is None
+    with pytest.raises(DataFileError, match=rf"^episode 0's rows: {re.escape(str(data))}: reading rows \[0, 20\)"):
+        next(iter(it))
+    it.close()
