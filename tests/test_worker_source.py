@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from lerobot_dali.new_folder import host_name
 from lerobot_dali.worker_source import FOLDER, PREFIX, SourceFile, dali_dump
@@ -46,6 +47,24 @@ def test_the_files_of_a_process_killed_during_a_build_are_removed_by_the_next() 
     try:
         assert not left.exists() and not left.parent.exists()
         assert os.path.exists(mine) and Path(os.fsdecode(mine)).parent.parent == Path(tempfile.gettempdir())
+    finally:
+        files.remove()
+
+
+def test_a_source_that_does_not_pickle_raises_and_leaves_no_file() -> None:
+    """A source that fails to pickle part-way raises the pickler's error, and the file begun for it is deleted, not
+    left in the temporary directory (worker_source lines 76-78, reached by no test); the next source is written."""
+    import pickle
+
+    files = SourceFile()
+    try:
+        files.dumps([1])  # (the process's folder, made by the first source)
+        folder = files._folder
+        assert folder is not None and len(list(folder.iterdir())) == 1
+        with pytest.raises((pickle.PicklingError, AttributeError), match="lambda"):  # (plain pickle takes none)
+            files.dumps({"rows": np.arange(1000), "pick": lambda row: row % 2})
+        assert len(list(folder.iterdir())) == 1
+        assert SourceFile.loads(files.dumps([2])) == [2]
     finally:
         files.remove()
 
