@@ -328,6 +328,11 @@ def _lerobot(**changes: Any) -> dict[str, Any]:
 
 def test_from_lerobot_follows_enable_weights_and_max_num_transforms() -> None:
     assert AugmentConfig.from_lerobot(_lerobot(enable=False)) == AugmentConfig()
+    # every weight 0: LeRobot keeps no transform and applies its Identity
+    unweighted = {name: {**tf, "weight": 0.0} for name, tf in LEROBOT_DEFAULT["tfs"].items()}
+    assert AugmentConfig.from_lerobot(_lerobot(tfs=unweighted)) == AugmentConfig()
+    with pytest.raises(TypeError, match="^expected LeRobot's ImageTransformsConfig or its dict form, got int"):
+        AugmentConfig.from_lerobot(3)
     every = AugmentConfig.from_lerobot(_lerobot(max_num_transforms=6))
     assert every.random_subset is None and every.sharpness is not None  # all six on every sample
     dropped = AugmentConfig.from_lerobot(
@@ -393,6 +398,18 @@ def test_from_lerobot_takes_what_lerobot_runs_and_refuses_what_it_refuses() -> N
             {**LEROBOT_DEFAULT, "tfs": {**LEROBOT_DEFAULT["tfs"], "hue": None}},
             r"image_transforms\.tfs\.hue = None is invalid: expected a table",
         ),
+        (
+            {**LEROBOT_DEFAULT, "tfs": ["brightness"]},
+            r"^image_transforms\.tfs = \['brightness'\] is invalid: expected a table of ",
+        ),
+        (
+            _lerobot(tfs={"hue": {"weight": "1", "type": "ColorJitter", "kwargs": {"hue": [-0.05, 0.05]}}}),
+            r"^image_transforms\.tfs\.hue\.weight = '1' is invalid: expected a number",
+        ),
+        (
+            _lerobot(tfs={"again": {"weight": 1.0, "type": "SharpnessJitter", "kwargs": {"sharpness": [0.5, 1.5]}}}),
+            r"^image_transforms\.tfs\.again: one SharpnessJitter with its 'sharpness' range is supported",
+        ),
     ],
     ids=[
         "random-order",
@@ -408,6 +425,9 @@ def test_from_lerobot_takes_what_lerobot_runs_and_refuses_what_it_refuses() -> N
         "random-order-string",
         "kwargs-list",
         "tf-none",
+        "tfs-list",
+        "weight-string",
+        "sharpness-twice",
     ],
 )
 def test_from_lerobot_refuses_what_it_cannot_reproduce(raw: dict[str, Any], match: str) -> None:
