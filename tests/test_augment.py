@@ -681,3 +681,12 @@ def test_bad_call_arguments_are_rejected() -> None:
         augment(data, None, output_size=(0, 4))
     with pytest.raises(TypeError, match="DataNode"):
         augment_frames(data, config=None, camera_index=0)  # type: ignore[arg-type]
+    # (augment lines 155, 160 and 230, reached by no test)
+    with pytest.raises(TypeError, match="^config must be an AugmentConfig or None, got dict$"):
+        run(lambda x: augment_frames(x, config={"resize": (4, 4)}, camera_index=0), data)  # type: ignore[arg-type]
+    per_camera = AugmentConfig(normalize={"cam": Normalize(mean=(0.5,), std=(0.5,))})
+    with pytest.raises(ValueError, match=r"^camera 2: augment_frames applies one Normalize, .*config\.for_camera"):
+        run(lambda x: augment_frames(x, config=per_camera, camera_index=2), data)
+    blur = RANDOM_CONFIGS["blur"]
+    with pytest.raises(TypeError, match=r"^draws\['blur_sigma'\] must be a DALI DataNode, got float$"):
+        run(lambda x: augment_frames(x, config=blur, camera_index=0, draws=dict.fromkeys(draw_names(blur), 1.0)), data)
