@@ -195,6 +195,30 @@ def test_numbers_outside_the_declared_integer_dtype_are_refused(make_ds, tmp_pat
             reader.read_episode(1)
 
 
+@pytest.mark.parametrize("dtype", ["int32", "uint8"])
+def test_a_narrow_integer_feature_batches_as_int64_as_lerobots(make_ds, tmp_path: Path, dtype: str) -> None:
+    """A feature declared a narrower integer than int64 batches as int64, as LeRobot's items do (each value passes
+    through torch.tensor as a Python int), with its stored values (batch_source line 177, reached by none of the
+    iterator's tests)."""
+    root = shutil.copytree(make_ds(episodes=2, frames_per_episode=LENGTHS, cameras=0, fps=FPS), tmp_path / "dataset")
+    for path in sorted(root.glob("data/*/*.parquet")):
+        table = pq.read_table(path)
+        counts = pa.array([i % 200 for i in table["index"].to_pylist()], pa.from_numpy_dtype(np.dtype(dtype)))
+        pq.write_table(table.append_column("extra.count", counts), path)
+    info_path = root / "meta" / "info.json"
+    info = json.loads(info_path.read_text())
+    info["features"]["extra.count"] = {"dtype": dtype, "shape": [1], "names": None}
+    info_path.write_text(json.dumps(info))
+    it = DALILeRobotIterator(root, batch_size=3, shuffle=False, device="cpu", num_workers=0, drop_last=False)
+    seen = 0
+    for batch in it:
+        assert batch["extra.count"].dtype == torch.int64
+        assert batch["extra.count"].tolist() == [i % 200 for i in batch["index"].tolist()]
+        seen += len(batch["index"])
+    it.close()
+    assert seen == sum(LENGTHS)
+
+
 @pytest.mark.parametrize("first_file", ["lists", "values"])
 def test_a_scalar_stored_both_ways_batches_as_the_first_episodes_file_stores_it(
     make_ds, tmp_path: Path, first_file: str
