@@ -250,6 +250,22 @@ def test_fixed_rotation_turns_clockwise_as_torchvisions_random_affine() -> None:
         assert np.unravel_index(np.argmax(out), out.shape) == (26, 16)  # now ten pixels below it
 
 
+def test_fixed_scale_without_rotation_scales_about_the_centre() -> None:
+    # An affine that scales and turns nothing (augment's branch past the rotation, reached by no test): the dot five
+    # pixels right of the centre pixel (16, 16) lands ten right of it at scale 2, spread over its neighbours as
+    # torchvision's bilinear F.affine(scale=2.0) spreads it (255 * [1/4, 1/2, 1], rounded; torchvision 0.25 in
+    # LeRobot 0.4.4's venv), which scales about the frame's centre.
+    dot = np.zeros((1, 1, 33, 33, 3), dtype=np.uint8)
+    dot[0, 0, 16, 21] = 255
+    expected = np.zeros((33, 33), dtype=np.uint8)
+    expected[15:18, 25:28] = [[64, 128, 64], [128, 255, 128], [64, 128, 64]]
+    scale = RandomAffine(scale=(2.0, 2.0))
+    for config in (AugmentConfig(affine=scale), AugmentConfig(resize=(33, 33), affine=scale)):
+        out = augment(dot, config, return_uint8=True)[0, 0]
+        for channel in out:
+            np.testing.assert_array_equal(channel, expected)
+
+
 def test_affine_moves_the_jittered_frame_so_the_uncovered_area_stays_black() -> None:
     # The affine runs after the colour jitter and the sharpness (LeRobot's default order: its listed tfs, affine
     # last): it ran first, so contrast 0.8 turned the black it uncovered to 26 (LeRobot's frames of r1_v30_h264 at
