@@ -47,7 +47,7 @@ from .errors import (
     ResumeStateError,
     WorkerProcessError,
 )
-from .exit_close import exiting, must_park, park_if_exiting, watch
+from .exit_close import exiting, handed_out, must_park, park_if_exiting, watch
 from .file_format_store import FileFormatStore
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .host_values import decode_host_values
@@ -579,7 +579,8 @@ class DALILeRobotIterator:
                     finally:
                         self._close_if_deferred()
                     raise
-                yield batch
+                with handed_out():  # (the exit handler waits for it to come back: :mod:`.exit_close`)
+                    yield batch
         finally:  # the pass is over: finished, failed, or left by the loop (the generator is closed)
             if pass_id == self._pass_id:  # (a replaced pass's generator collected later leaves the new one's)
                 self._pass_start = None

@@ -187,3 +187,36 @@ def test_a_pass_started_while_the_exit_handler_closes_the_iterator_builds_nothin
     ds = make_ds(episodes=2, frames_per_episode=30)
     done = run_script(ITERATING_AGAIN_AT_EXIT, str(ds))
     assert (done.returncode, done.stderr) == (0, "")
+
+
+#: A daemon thread iterates, its loop holding a batch with 20,000 more tensors: the loop frees the last batch (each
+#: tensor's free lets go of the GIL) as it takes the next one, while the script ends.
+LOADER_THREAD_FREEING_A_BATCH_AT_EXIT = """
+import sys, threading, torch
+from lerobot_dali import DALILeRobotIterator
+
+def main():
+    it = DALILeRobotIterator(sys.argv[1], batch_size=2, device="cpu", num_workers=0)
+    got = threading.Semaphore(0)
+
+    def load():
+        for batch in it:
+            batch["more"] = [torch.empty(4) for _ in range(20_000)]
+            got.release()
+
+    threading.Thread(target=load, daemon=True).start()
+    got.acquire()
+    got.acquire()
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_script_ending_while_its_loader_thread_frees_a_batch_exits_cleanly(make_ds) -> None:
+    # The interpreter, finalizing, stopped the thread as it took the GIL back inside torch's free of a tensor (a C++
+    # frame: std::terminate): "terminate called without an active exception", status -6 (11 of 11 runs). The exit
+    # handler now waits for the thread to come back for its next batch, where it parks.
+    ds = make_ds(episodes=2, frames_per_episode=30)
+    done = run_script(LOADER_THREAD_FREEING_A_BATCH_AT_EXIT, str(ds))
+    assert (done.returncode, done.stderr) == (0, "")
