@@ -50,6 +50,30 @@ if __name__ == "__main__":
 """
 
 
+def loader_thread_script(*, num_workers: int, head: str, loop_body: str = "pass") -> str:
+    """A script (after ``head``, its imports) whose daemon thread iterates, running ``loop_body`` on each batch, and
+    which ends once the thread had two batches (the thread goes on for the third)."""
+    return f"""{head}
+from lerobot_dali import DALILeRobotIterator
+
+def main():
+    it = DALILeRobotIterator(sys.argv[1], batch_size=2, device="cpu", num_workers={num_workers})
+    got = threading.Semaphore(0)
+
+    def load():
+        for batch in it:
+            {loop_body}
+            got.release()
+
+    threading.Thread(target=load, daemon=True).start()
+    got.acquire()
+    got.acquire()
+
+if __name__ == "__main__":
+    main()
+"""
+
+
 def run_script(source: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
@@ -67,26 +91,13 @@ def test_a_script_ending_while_its_loader_thread_is_inside_next_exits_silently(m
 
 
 #: A daemon thread loads batches from workers; the script ends once it had two (the thread waits for the third).
-LOADER_THREAD_WITH_WORKERS = """
+LOADER_THREAD_WITH_WORKERS = loader_thread_script(
+    num_workers=2,
+    head="""
 import atexit, sys, threading, time
 atexit.register(time.sleep, 1.0)  # (the script's own exit handler, run last: the loader thread runs meanwhile)
-from lerobot_dali import DALILeRobotIterator
-
-def main():
-    it = DALILeRobotIterator(sys.argv[1], batch_size=2, device="cpu", num_workers=2)
-    got = threading.Semaphore(0)
-
-    def load():
-        for _ in it:
-            got.release()
-
-    threading.Thread(target=load, daemon=True).start()
-    got.acquire()
-    got.acquire()
-
-if __name__ == "__main__":
-    main()
-"""
+""",
+)
 
 
 def test_a_script_ending_while_its_loader_thread_waits_on_workers_exits_silently(make_ds) -> None:
@@ -191,26 +202,11 @@ def test_a_pass_started_while_the_exit_handler_closes_the_iterator_builds_nothin
 
 #: A daemon thread iterates, its loop holding a batch with 20,000 more tensors: the loop frees the last batch (each
 #: tensor's free lets go of the GIL) as it takes the next one, while the script ends.
-LOADER_THREAD_FREEING_A_BATCH_AT_EXIT = """
-import sys, threading, torch
-from lerobot_dali import DALILeRobotIterator
-
-def main():
-    it = DALILeRobotIterator(sys.argv[1], batch_size=2, device="cpu", num_workers=0)
-    got = threading.Semaphore(0)
-
-    def load():
-        for batch in it:
-            batch["more"] = [torch.empty(4) for _ in range(20_000)]
-            got.release()
-
-    threading.Thread(target=load, daemon=True).start()
-    got.acquire()
-    got.acquire()
-
-if __name__ == "__main__":
-    main()
-"""
+LOADER_THREAD_FREEING_A_BATCH_AT_EXIT = loader_thread_script(
+    num_workers=0,
+    head="import sys, threading, torch",
+    loop_body='batch["more"] = [torch.empty(4) for _ in range(20_000)]',
+)
 
 
 def test_a_script_ending_while_its_loader_thread_frees_a_batch_exits_cleanly(make_ds) -> None:
