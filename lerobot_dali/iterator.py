@@ -270,6 +270,7 @@ class DALILeRobotIterator:
         self._closes_left_to_pass = 0  # close() calls from another thread that found a pass holding the lock
         self._pass_start: int | None = None  # samples_consumed when the pass in progress began
         self._pipeline_next: tuple[int, int] | None = None  # (epoch, sample) the pipeline's next batch starts at
+        self._pipeline_loads = 0  # the stream's loads (load_state_dict() calls) the pipeline was built under
         # Its checks' data files: batches read through the source's copy of the reader, and one left open here made
         # this reader one more cache splitting the data files' share of the open-file limit (open_files.FileShare).
         self.reader.close_files()
@@ -429,10 +430,13 @@ class DALILeRobotIterator:
                         if must_park():  # (the exit handler's close() held the lock: built now, nothing would close it)
                             continue
                         closes = self._closes_left_to_pass
-                        self._ensure_pipeline()
+                        # (before the build: a load from another thread during it left the pipeline at the old
+                        # position, and the pass counted its first batch, read there, on the loaded one: 1 of 1)
+                        loads = self._stream.loads
+                        self._ensure_pipeline(loads)
                         self._pass_id += 1  # an older pass's generator, if still held, now raises instead of sharing
                         self._pass_start = self._stream.samples_consumed
-                        batches = self._epoch_batches(self._pass_id, self._stream.loads)
+                        batches = self._epoch_batches(self._pass_id, loads)
                         if self._closes_left_to_pass != closes:  # (one found this build: its close, left to us)
                             self.close()
                 finally:  # (a signal handler's close() in the build: closed here, the pass raises IteratorClosedError)
@@ -442,12 +446,14 @@ class DALILeRobotIterator:
                 raise
             return batches
 
-    def _ensure_pipeline(self) -> None:
+    def _ensure_pipeline(self, loads: int) -> None:
         # The running pipeline serves the stream if it stands where the stream does: right after the last
         # batch handed out (an interrupted pass continues), or at the start of the epoch after a finished one.
+        # ``loads``: the stream's, read before the stream's position is.
         if not self._builds_pipeline():
             return
         self._close_pipeline()
+        self._pipeline_loads = loads
         # Walked here once (from the pool walk a resumed state carried: one chunk; else from the epoch's start), the
         # order's copies (each worker's, the prefetcher's) start at the stream's position: each replayed the epoch up
         # to there (at 13.7M samples in, 2.8 s of CPU per copy).
@@ -550,8 +556,15 @@ class DALILeRobotIterator:
         self._pipeline, self._source = pipe, source
 
     def _builds_pipeline(self) -> bool:
-        """Whether the next pass builds a pipeline: none runs, or the one running stands elsewhere than the stream."""
-        return self._dali_iter is None or self._pipeline_next != (self._stream.epoch, self._stream.samples_consumed)
+        """Whether the next pass builds a pipeline: none runs, or the one running stands elsewhere than the stream, or
+        reads an order a load from another thread replaced (its close of it still to come: the same position, another
+        seed)."""
+        stream = self._stream
+        return (
+            self._dali_iter is None
+            or self._pipeline_loads != stream.loads
+            or self._pipeline_next != (stream.epoch, stream.samples_consumed)
+        )
 
     def _epoch_batches(self, pass_id: int, loads: int) -> Iterator[dict[str, Any]]:
         """Pass ``pass_id``'s batches, begun where the stream stood after its ``loads``-th load: a load_state_dict()

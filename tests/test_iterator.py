@@ -1408,6 +1408,78 @@ def test_load_state_dict_from_another_thread_during_a_read_keeps_the_loaded_posi
     assert rest == reference[6:]
 
 
+def test_load_state_dict_from_another_thread_during_the_pipeline_build_keeps_the_loaded_position(
+    make_ds, monkeypatch
+) -> None:
+    """load_state_dict() from another thread while a pass built its pipeline (workers starting: seconds): the pipeline
+    stood at the old position, but the pass took the stream's loads count after the build, so its first batch, read
+    at the old position (samples 0-1), was counted on the loaded one (6 became 8) and handed out. The pass now counts
+    the loads from before its build: that batch is dropped, and what is read after is the rest from sample 6."""
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+    reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
+    saver = DALILeRobotIterator(root, **kwargs)
+    for _ in zip(range(3), saver, strict=False):
+        pass
+    state = saver.state_dict()
+    saver.close()
+    it = DALILeRobotIterator(root, **kwargs)
+    original, loader = iterator_module.build_pipeline, []
+
+    def loaded_meanwhile(*args, **kwargs):
+        if not loader:
+            loader.append(threading.Thread(target=it.load_state_dict, args=(state,)))
+            loader[0].start()
+            deadline = time.monotonic() + 30
+            while it._stream.samples_consumed != 6 and time.monotonic() < deadline:  # (the stream loaded)
+                time.sleep(0.01)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(iterator_module, "build_pipeline", loaded_meanwhile)
+    seen: list[int] = []
+    with contextlib.suppress(IteratorClosedError):  # (the load's, or its close's where it took the pipeline first)
+        for batch in it:
+            seen += [int(i) for i in batch["index"]]
+    loader[0].join(timeout=60)
+    assert not loader[0].is_alive()
+    assert seen == reference[6 : 6 + len(seen)]
+    assert (it.epoch, it.state_dict()["samples_consumed"]) == (0, 6 + len(seen))
+    rest = [int(i) for b in it for i in b["index"]]
+    it.close()
+    assert seen + rest == reference[6:]
+
+
+def test_a_load_of_another_order_at_the_pipeline_position_rebuilds_it_before_the_load_closes_it(make_ds) -> None:
+    """load_state_dict() from another thread of a state at the position the pipeline stood at but of another order
+    (another seed), a pass starting between the stream's load and the load's close of the pipeline: the pipeline
+    stood where the stream did, so the pass read on through it, the old seed's samples counted as the new seed's
+    (the batches of 6 onwards of seed 4 for seed 5's). It is built anew for the loaded order."""
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, device="cpu", num_workers=0, drop_last=False)
+    reference = [int(i) for b in DALILeRobotIterator(root, seed=5, **kwargs) for i in b["index"]]
+    saver = DALILeRobotIterator(root, seed=5, **kwargs)
+    for _ in zip(range(3), saver, strict=False):
+        pass
+    state = saver.state_dict()
+    saver.close()
+    it = DALILeRobotIterator(root, seed=4, **kwargs)
+    for _ in zip(range(3), it, strict=False):
+        pass
+    assert it.state_dict()["samples_consumed"] == 6
+    loader = threading.Thread(target=it.load_state_dict, args=(state,))
+    with it._next_lock:  # (the load's close of the pipeline waits: a pass starts between its two steps)
+        loads = it._stream.loads
+        loader.start()
+        deadline = time.monotonic() + 30
+        while it._stream.loads == loads and time.monotonic() < deadline:  # (the stream loaded)
+            time.sleep(0.01)
+        rest = [int(i) for b in it for i in b["index"]]
+    loader.join(timeout=60)
+    assert not loader.is_alive()
+    it.close()
+    assert rest == reference[6:]
+
+
 class _StubPrefetcher:
     """What a pass asks of a remote dataset's prefetcher, doing nothing."""
 
