@@ -168,6 +168,10 @@ class DALILeRobotMixture:
         #: Held while this thread starts the datasets' passes (builds their pipelines): see :meth:`close`.
         self._starting = fork_locks.rlock()
         self._closes = 0  # close() calls so far: a pass started after one is not closed by it
+        #: Held to load a state (and count it, in ``_loads``) or to restore the states from before a failed batch:
+        #: a batch failed by a load from another thread restores nothing (it would undo the load).
+        self._loading = fork_locks.rlock()
+        self._loads = 0
         _check_options(options)
         if options.get("rank_balance") in (RankBalance.NONE, RankBalance.NONE.value):
             raise ValueError(
@@ -325,26 +329,28 @@ class DALILeRobotMixture:
                 "dataset continues at its own next sample, in other proportions",
                 saved.get("batch_shares"), list(self.batch_shares),
             )  # fmt: skip
-        before = [part.state_dict() for part in self.datasets]
-        try:
-            for part, state in zip(self.datasets, parts, strict=True):
-                part.load_state_dict(state)
-        except BaseException:  # all or none: a refused dataset's state leaves the others where they stood
-            self._restore(before)
-            raise
-        # Starts computed before follow the orders replaced now (a resume on another world size changes the
-        # resumed epoch's size): compute them again, as a process that loaded this state first does. Saved at
-        # other shares, a dataset stands elsewhere than the schedule would put it: the later epochs start from
-        # where it stands (it was moved back or on, repeating or skipping part of its epoch).
-        self._schedules = {i: self._schedule(i) for i in self._schedules}
-        anchor = self.datasets[self.anchor].state_dict()
-        left = (self.datasets[self.anchor].epoch_samples(anchor["epoch"]) - anchor["samples_consumed"]) // (
-            self.batch_shares[self.anchor]
-        )
-        at_start = anchor["samples_consumed"] == 0 and not anchor["prior_segments"]
-        for i, schedule in self._schedules.items():
-            stands = self.datasets[i].state_dict()
-            schedule.rebase(anchor["epoch"], (stands["epoch"], stands["samples_consumed"]), left, at_start=at_start)
+        with self._loading:
+            before = [part.state_dict() for part in self.datasets]
+            try:
+                for part, state in zip(self.datasets, parts, strict=True):
+                    part.load_state_dict(state)
+            except BaseException:  # all or none: a refused dataset's state leaves the others where they stood
+                self._restore(before)
+                raise
+            self._loads += 1  # (loaded: a batch being read meanwhile, failed by it, restores nothing)
+            # Starts computed before follow the orders replaced now (a resume on another world size changes the
+            # resumed epoch's size): compute them again, as a process that loaded this state first does. Saved at
+            # other shares, a dataset stands elsewhere than the schedule would put it: the later epochs start from
+            # where it stands (it was moved back or on, repeating or skipping part of its epoch).
+            self._schedules = {i: self._schedule(i) for i in self._schedules}
+            anchor = self.datasets[self.anchor].state_dict()
+            left = (self.datasets[self.anchor].epoch_samples(anchor["epoch"]) - anchor["samples_consumed"]) // (
+                self.batch_shares[self.anchor]
+            )
+            at_start = anchor["samples_consumed"] == 0 and not anchor["prior_segments"]
+            for i, schedule in self._schedules.items():
+                stands = self.datasets[i].state_dict()
+                schedule.rebase(anchor["epoch"], (stands["epoch"], stands["samples_consumed"]), left, at_start=at_start)
 
     # -- iteration ---------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -385,6 +391,7 @@ class DALILeRobotMixture:
                 raise IteratorClosedError(
                     "a newer pass (a second iter() of the mixture) replaced this one; iterate the newest"
                 )
+            loads = self._loads
             before = [part.state_dict() for part in self.datasets]
             self._reading = before
             try:
@@ -394,7 +401,9 @@ class DALILeRobotMixture:
                 parts = [anchor if i == self.anchor else self._next_part(i, passes, closes) for i in range(len(passes))]
                 batch = self._join(parts)
             except BaseException:
-                self._restore(before)  # a part taken while another failed is not lost: the next pass reads it
+                with self._loading:  # (a load from another thread since: its positions stay, not those before it)
+                    if self._loads == loads:
+                        self._restore(before)  # a part taken while another failed is not lost: the next pass reads it
                 raise
             finally:  # (no call between this and the yield, so no signal's handler runs there)
                 self._reading = None

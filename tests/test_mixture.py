@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -1256,3 +1257,48 @@ def test_a_mixture_used_as_a_context_manager_closes_every_dataset_as_the_block_e
         assert all(part._pipeline is not None for part in mix.datasets) and multiprocessing.active_children()
         raise RuntimeError("in the block")
     assert all(part._pipeline is None for part in mix.datasets) and multiprocessing.active_children() == []
+
+
+def test_a_load_from_another_thread_while_a_batch_is_read_keeps_the_loaded_positions(make_ds, monkeypatch) -> None:
+    """load_state_dict() from another thread while a mixture batch was read (in a part's read, DALI's next()): the
+    part's pass ended with the load's IteratorClosedError, and the mixture, restoring the states from before the
+    batch (as for any failed batch), put every part back where it stood before the load: the load was undone, the
+    next pass read on from batch 2, not the loaded batch 3 (1 of 1). The loaded positions now stay."""
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+    paths = _datasets(make_ds)
+    options = dict(batch_size=4, seed=3, device="cpu", num_workers=0)
+    mix = DALILeRobotMixture(paths, **options)
+    full = [_keys(batch) for batch in mix]
+    mix.close()
+    saver = DALILeRobotMixture(paths, **options)
+    for _ in zip(range(3), saver, strict=False):
+        pass
+    state = saver.state_dict()
+    saver.close()
+    mix = DALILeRobotMixture(paths, **options)
+    original, calls, loader = DALIGenericIterator.__next__, [0], []
+    anchor = mix.datasets[mix.anchor]
+
+    def loaded_meanwhile(self):
+        calls[0] += 1
+        if calls[0] == 3:  # (the second batch's first part)
+            loader.append(threading.Thread(target=mix.load_state_dict, args=(state,)))
+            loader[0].start()
+            deadline = time.monotonic() + 30
+            while anchor._stream.loads == 0 and time.monotonic() < deadline:  # (the anchor's stream loaded)
+                time.sleep(0.01)
+        return original(self)
+
+    monkeypatch.setattr(DALIGenericIterator, "__next__", loaded_meanwhile)
+    read = []
+    with pytest.raises(IteratorClosedError, match=r"load_state_dict\(\) moved the stream"):
+        for batch in mix:
+            read.append(_keys(batch))
+    loader[0].join(timeout=60)
+    assert not loader[0].is_alive()
+    monkeypatch.setattr(DALIGenericIterator, "__next__", original)
+    assert read == full[:1]
+    assert mix.state_dict()["datasets"] == state["datasets"]
+    assert [_keys(batch) for batch in mix] == full[3:]
+    mix.close()
