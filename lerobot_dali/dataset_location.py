@@ -558,12 +558,16 @@ def _remote_fs(target: str, options: dict[str, Any]) -> tuple[fsspec.AbstractFil
 
 def _credentials_as_auth(target: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """An http(s) URL without the user and password it may carry (``https://user:token@host/ds``), and ``options``
-    sending them with each request as aiohttp's basic auth (``auth``, which fsspec's HTTPFileSystem passes to every
-    request), as the URL did: the same header, dropped on a redirect to another host. fsspec kept them in each file's
-    path, which named the password in every retry's warning, a failed read's error and the packet indexes stored on
-    disk (:mod:`.packet_index_store`). ``options`` with an ``auth`` of their own keep the URL as given (aiohttp
-    refuses the two together)."""
-    if not target.startswith(("http://", "https://")) or "auth" in options:
+    sending them with each request as the basic-auth ``Authorization`` header among its ``headers`` (which fsspec's
+    HTTPFileSystem sends with every request, and our If-Match requests keep), as the URL did: the same header, which
+    aiohttp drops on a redirect to another host. fsspec kept them in each file's path, which named the password in
+    every retry's warning, a failed read's error and the packet indexes stored on disk (:mod:`.packet_index_store`).
+    Not aiohttp's ``auth`` option: deprecated in aiohttp 3.14 (a DeprecationWarning per request; gone in v4).
+    ``options`` with an ``auth`` or an ``Authorization`` header of their own keep the URL as given (aiohttp refuses
+    the two together)."""
+    headers = options.get("headers") or {}
+    given = "auth" in options or any(str(name).lower() == "authorization" for name in headers)
+    if not target.startswith(("http://", "https://")) or given:
         return target, options
     import aiohttp  # (fsspec's HTTP needs it: installed wherever an http(s) URL is read)
     import yarl
@@ -571,7 +575,7 @@ def _credentials_as_auth(target: str, options: dict[str, Any]) -> tuple[str, dic
     auth = aiohttp.BasicAuth.from_url(yarl.URL(target))  # (decoded as aiohttp decodes the URL's: %40 is '@')
     if auth is None:
         return target, options
-    return _without_credentials(target), {**options, "auth": auth}
+    return _without_credentials(target), {**options, "headers": {**headers, "Authorization": auth.encode()}}
 
 
 def _as_sent(target: str) -> str:
