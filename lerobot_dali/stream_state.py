@@ -87,7 +87,8 @@ class StreamState:
     unshuffled, or saved before version 3); ``rank_walks`` the other ranks' walks at this position, where
     :func:`merge_rank_states` gathered them (``rank_walks`` in the dict). ``gathered``: how many ranks' states
     :func:`merge_rank_states` found at this one position, each rank once (``gathered_ranks`` in the dict; 0: one
-    rank's own state).
+    rank's own state); ``gathered_rank_ids`` which of them named their rank (sorted), so a merge of merged states counts
+    each rank it holds, the ranks walks do not name too (``rank_balance='none'``, unshuffled).
     ``rank``: the rank that saved it, kept where ``rank_balance='none'`` on several ranks (``saved_rank`` in the
     dict; None elsewhere, where every rank stands at one position): each rank's count there is its own.
     """
@@ -103,6 +104,7 @@ class StreamState:
     rank_walks: tuple[SavedWalk, ...] = ()
     lengths: str | None = None
     gathered: int = 0
+    gathered_rank_ids: tuple[int, ...] = ()
     rank: int | None = None
     version: int = _VERSION
 
@@ -111,6 +113,7 @@ class StreamState:
         check_int_fields(self, minimums, label="stream state field {!r}".format, error=ResumeStateError)
         object.__setattr__(self, "prior_segments", tuple(self.prior_segments))
         object.__setattr__(self, "rank_walks", tuple(self.rank_walks))
+        object.__setattr__(self, "gathered_rank_ids", tuple(self.gathered_rank_ids))
 
     @property
     def walks(self) -> tuple[SavedWalk, ...]:
@@ -134,6 +137,8 @@ class StreamState:
             out["episode_lengths"] = self.lengths
         if self.gathered:
             out["gathered_ranks"] = int(self.gathered)
+        if self.gathered_rank_ids:
+            out["gathered_rank_ids"] = [int(rank) for rank in self.gathered_rank_ids]
         if self.rank is not None:
             out["saved_rank"] = int(self.rank)
         return out
@@ -187,6 +192,11 @@ class StreamState:
             raise ResumeStateError(
                 f"stream state gathered_ranks must be the count merge_rank_states() saved, got {gathered!r}"
             )
+        rank_ids = state.get("gathered_rank_ids", [])
+        if not isinstance(rank_ids, list | tuple) or not all(is_int(r) and r >= 0 for r in rank_ids):
+            raise ResumeStateError(
+                f"stream state gathered_rank_ids must be the ranks merge_rank_states() saved, got {rank_ids!r}"
+            )
         rank = state.get("saved_rank")
         if rank is not None and (not is_int(rank) or rank < 0):
             raise ResumeStateError(f"stream state saved_rank must be the rank state_dict() saved, got {rank!r}")
@@ -194,6 +204,7 @@ class StreamState:
             **fields,
             prior_segments=segments,
             gathered=int(gathered),
+            gathered_rank_ids=tuple(int(r) for r in rank_ids),
             rank=None if rank is None else int(rank),
             order=order,
             walk=walk,
@@ -212,9 +223,10 @@ def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     others' walks too (``rank_walks``, ~140 ints a rank), so that resume replays none. States of other positions or
     runs (an iterator's over other ``episodes``) are refused (:class:`~lerobot_dali.errors.ResumeStateError`), as
     states without a walk (unshuffled or from an older version: nothing to gather) add none. The merged state counts
-    the ranks whose states it gathered, each once (``gathered_ranks``): with ``rank_balance='none'`` a resume on
-    another world size takes only a state of every old rank, all at the start of one epoch (ranks of unequal counts
-    finish epochs apart); on the same world size a state of every rank resumes each, mid-epoch too."""
+    the ranks whose states it gathered, each once (``gathered_ranks``; which, ``gathered_rank_ids``, so a merge of
+    merged states counts every rank they hold): with ``rank_balance='none'`` a resume on another world size takes only
+    a state of every old rank, all at the start of one epoch (ranks of unequal counts finish epochs apart); on the same
+    world size a state of every rank resumes each, mid-epoch too."""
     if not states:
         raise ResumeStateError("merge_rank_states needs at least one stream state (each rank's state_dict())")
     parsed = [StreamState.from_dict(state) for state in states]
@@ -223,7 +235,7 @@ def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         _check_same_extras(states[0], other)
 
     def position(state: StreamState) -> StreamState:
-        return dataclasses.replace(state, walk=None, rank_walks=(), gathered=0, rank=None)
+        return dataclasses.replace(state, walk=None, rank_walks=(), gathered=0, gathered_rank_ids=(), rank=None)
 
     for state in parsed[1:]:
         if position(state) != position(first):
@@ -236,7 +248,7 @@ def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 f"{where[1]} (or their segments or options) stand at other positions or were saved by other runs"
             )
     walks = {walk.rank: walk for state in parsed for walk in state.walks}
-    ranks = {*walks, *(state.rank for state in parsed if state.rank is not None)}
+    ranks = {*walks, *(rank for state in parsed for rank in _named_ranks(state))}
     if any(rank >= first.world_size for rank in ranks):
         raise ResumeStateError(
             f"merge_rank_states got a state or walk of rank {max(ranks)}, but the states were saved on "
@@ -244,17 +256,26 @@ def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         )
     own = first.walk.rank if first.walk is not None else None
     others = [walks[rank] for rank in sorted(walks) if rank != own]
-    merged = dataclasses.replace(first, rank_walks=tuple(others), gathered=_ranks_gathered(parsed, ranks))
+    merged = dataclasses.replace(
+        first, rank_walks=tuple(others), gathered=_ranks_gathered(parsed, ranks), gathered_rank_ids=tuple(sorted(ranks))
+    )
     return {**states[0], **merged.to_dict()}
 
 
+def _named_ranks(state: StreamState) -> set[int]:
+    """The ranks ``state`` names besides its walks': the one that saved it, and those a merge gathered it from (a merge
+    of merged states kept only the first state's ``saved_rank``, so under rank_balance='none', unshuffled, where no
+    walk names a rank, ``merge_rank_states([merge_rank_states([s0, s1]), s2])`` counted 2 of 3 ranks)."""
+    return {*state.gathered_rank_ids, *([] if state.rank is None else [state.rank])}
+
+
 def _ranks_gathered(states: Sequence[StreamState], ranks: set[int]) -> int:
-    """How many ranks ``states`` (at one position) stand for: each rank once, by the rank that saved it or its walk
-    (one rank's state passed twice, as ``[state] * world_size`` of a job that saves rank 0's alone, is one rank's:
-    counted as every rank's, it let rank_balance='none' take it as every rank at that epoch's start); a state that
-    names no rank (saved before ``saved_rank``, or balanced) counts as one, and a state merged before as the ranks it
-    gathered."""
-    unnamed = sum(1 for state in states if state.rank is None and not state.walks)
+    """How many ranks ``states`` (at one position) stand for: each rank once, by the rank that saved it, its walk or the
+    ranks a merge gathered it from (``ranks``; one rank's state passed twice, as ``[state] * world_size`` of a job that
+    saves rank 0's alone, is one rank's: counted as every rank's, it let rank_balance='none' take it as every rank at
+    that epoch's start); a state that names no rank (saved before ``saved_rank``, or balanced) counts as one, and a
+    state merged before without ``gathered_rank_ids`` (saved before them) at least as the ranks it gathered."""
+    unnamed = sum(1 for state in states if not _named_ranks(state) and not state.walks)
     return max(len(ranks) + unnamed, *(state.gathered for state in states))
 
 
@@ -262,7 +283,7 @@ def _ranks_gathered(states: Sequence[StreamState], ranks: set[int]) -> int:
 #: datasets' contents, identities and descriptions, :func:`~.dataset_union.datasets_held`, and ``augment_version``).
 _STATE_KEYS = frozenset(
     {"version", *_FIELDS, "prior_segments", "segment_pools", "order", "walk", "rank_walks", "episode_lengths",
-     "gathered_ranks", "saved_rank"}
+     "gathered_ranks", "gathered_rank_ids", "saved_rank"}
 )  # fmt: skip
 
 

@@ -240,6 +240,52 @@ def test_unbalanced_ranks_states_merged_mid_epoch_resume_every_rank(shuffle: boo
         _stream(3, 1, batch=4, **options).load_state_dict(merged)
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_unbalanced_merge_of_merged_states_counts_every_rank_it_holds(shuffle: bool) -> None:
+    """A merge of merged states holds every rank the merges gathered: ``merge_rank_states([merge_rank_states([s0,
+    s1]), s2])`` of 3 ranks under rank_balance='none' said gathered_ranks=2 where unshuffled (the inner merge kept only
+    s0's saved_rank, and no walk named rank 1), so it was refused on ranks 1 and 2; shuffled, the walks named all 3.
+    Loaded on each rank it now continues that rank's stream exactly as the rank's own state does, mid-epoch, and at an
+    epoch's start it starts the epoch afresh on another world size."""
+    options = {"rank_balance": RankBalance.NONE, "shuffle": shuffle}
+    ranks = [_stream(3, r, batch=4, **options) for r in range(3)]
+    for stream in ranks:
+        for _ in range(3):
+            stream.next_batch()
+    states = [r.state_dict() for r in ranks]
+    merges = [
+        merge_rank_states([merge_rank_states(states[:2]), states[2]]),
+        merge_rank_states([states[0], merge_rank_states(states[1:])]),
+        merge_rank_states([merge_rank_states(states[:2]), merge_rank_states(states[1:])]),
+        merge_rank_states([merge_rank_states([states[2], states[0]]), merge_rank_states([states[1]])]),
+    ]
+    merges = [json.loads(json.dumps(merged)) for merged in merges]
+    assert [merged["gathered_ranks"] for merged in merges] == [3] * len(merges)
+    for rank, stream in enumerate(ranks):
+        rest = [np.stack(stream.next_batch()) for _ in range(math.ceil(stream.num_samples() / 4) - 3 + 2)]
+        assert stream.epoch == 1  # (read on into the next epoch)
+        for saved in (states[rank], *merges):
+            resumed = _stream(3, rank, batch=4, **options)
+            resumed.load_state_dict(saved)
+            for want in rest:
+                np.testing.assert_array_equal(np.stack(resumed.next_batch()), want)
+    # At an epoch's start on another world size: every old rank's, so a fresh epoch 2 there.
+    starts = []
+    for stream in ranks:
+        stream.set_epoch(2)
+        starts.append(stream.state_dict())
+    merged = merge_rank_states([merge_rank_states(starts[:2]), starts[2]])
+    assert merged["gathered_ranks"] == 3
+    for rank in range(4):
+        fresh = _stream(4, rank, batch=4, **options)
+        fresh.load_state_dict(merged)
+        want = SampleOrder(LENGTHS, rank=rank, world_size=4, options=_options(**options)).samples(2, 0, 4)
+        np.testing.assert_array_equal(np.stack(fresh.next_batch()), np.stack(want))
+    # Fewer ranks' merged, still refused: rank 2's state is not among them.
+    with pytest.raises(ResumeStateError, match=r"rank 0's state \(sample 12 of epoch 0\).*where rank 2 stood"):
+        _stream(3, 2, batch=4, **options).load_state_dict(merge_rank_states([merge_rank_states(states[:2])]))
+
+
 def test_a_load_from_another_thread_lands_between_two_batches() -> None:
     """load_state_dict() from another thread while next_batch() read a batch: the batch, read at the old position,
     was counted after the load, on the loaded position (sample 12 became 8, the old position plus a batch: the load
