@@ -269,14 +269,30 @@ def _named_ranks(state: StreamState) -> set[int]:
     return {*state.gathered_rank_ids, *([] if state.rank is None else [state.rank])}
 
 
+def _names_a_rank(state: StreamState) -> bool:
+    """Whether ``state`` says which rank(s) it is: by ``saved_rank``, a walk or the ranks a merge gathered it from.
+    States saved before ``saved_rank`` (unshuffled, or by version 2) do not, nor balanced ones (every rank at one
+    position: no need)."""
+    return bool(_named_ranks(state) or state.walks)
+
+
+def _ranks_held(state: StreamState) -> int:
+    """How many ranks' positions ``state`` stands for: what :func:`merge_rank_states` gathered (0: one rank's own
+    state), but at most one where it names no rank (:func:`_names_a_rank`): every rank's such states look alike, as
+    one rank's passed for each (``[state] * world_size`` of a job that saves rank 0's alone) does, so a merge of them
+    (which counted each, before) may be one rank's."""
+    return state.gathered if _names_a_rank(state) else min(state.gathered, 1)
+
+
 def _ranks_gathered(states: Sequence[StreamState], ranks: set[int]) -> int:
     """How many ranks ``states`` (at one position) stand for: each rank once, by the rank that saved it, its walk or the
     ranks a merge gathered it from (``ranks``; one rank's state passed twice, as ``[state] * world_size`` of a job that
     saves rank 0's alone, is one rank's: counted as every rank's, it let rank_balance='none' take it as every rank at
-    that epoch's start); a state that names no rank (saved before ``saved_rank``, or balanced) counts as one, and a
+    that epoch's start); states that name no rank (saved before ``saved_rank``, or balanced) count as one together
+    (each counted, ``[state] * world_size`` of such a state let rank_balance='none' take it as every rank's), and a
     state merged before without ``gathered_rank_ids`` (saved before them) at least as the ranks it gathered."""
-    unnamed = sum(1 for state in states if not _named_ranks(state) and not state.walks)
-    return max(len(ranks) + unnamed, *(state.gathered for state in states))
+    unnamed = not all(_names_a_rank(state) for state in states)
+    return max(len(ranks) + unnamed, *(_ranks_held(state) for state in states))
 
 
 #: The keys a :class:`StreamState`'s dict holds; an iterator's adds others (``episodes``, its episodes' digest, its
@@ -508,19 +524,30 @@ def _refuse_unbalanced_position(state: StreamState, *, rank: int, world_size: in
                 f"{state.world_size} ranks, or start epoch {epoch + 1} here without it (set_epoch({epoch + 1}), no "
                 "state loaded)"
             )
-        if state.world_size > 1 and state.gathered < state.world_size:
+        held = _ranks_held(state)
+        if state.world_size > 1 and held < state.world_size:
             # (ranks of unequal counts finish an epoch apart: one rank at the start of this epoch says nothing of
             # another still reading the epoch before, whose rest would be lost, or one further on, whose frames of
             # this epoch would come again)
+            if not _names_a_rank(state):
+                raise ResumeStateError(
+                    f"with rank_balance='none' ranks finish epochs apart, and this state (at the start of epoch "
+                    f"{epoch}, saved on {state.world_size} ranks) names no rank (saved before lerobot_dali recorded "
+                    "saved_rank), so it does not say that every rank stood there: such states of every rank look "
+                    "alike, as one rank's passed for each does, and merge_rank_states counts them as one. Resume on "
+                    f"{state.world_size} ranks with each rank's own state, or, where every old rank stood at the start "
+                    f"of epoch {epoch}, start it here without the state (seed {state.seed}, set_epoch({epoch}), no "
+                    "state loaded)"
+                )
             who = (
-                f"a state gathered from {state.gathered} of the {state.world_size} ranks (merge_rank_states counts "
-                "each rank once)"
-                if state.gathered
+                f"a state gathered from {held} of the {state.world_size} ranks (merge_rank_states counts each rank "
+                "once)"
+                if held
                 else "one rank's state"
             )
             raise ResumeStateError(
                 f"with rank_balance='none' ranks finish epochs apart, so {who} at the start of epoch {epoch} does "
-                f"not say that the other {state.world_size - max(state.gathered, 1)} rank(s) stood there too: "
+                f"not say that the other {state.world_size - max(held, 1)} rank(s) stood there too: "
                 f"resume on {state.world_size} ranks with each rank's own state, or pass merge_rank_states([every "
                 "old rank's state_dict()]), which refuses states that stand apart"
             )

@@ -202,11 +202,44 @@ def test_unbalanced_rank_state_merged_with_itself_counts_one_rank(shuffle: bool)
     fresh.load_state_dict(every)
     want = SampleOrder(LENGTHS, rank=1, world_size=3, options=_options(**options)).samples(1, 0, 4)
     np.testing.assert_array_equal(fresh.next_batch()[1], want[1])
-    # A state that names no rank (saved before saved_rank) counts as one, as before, unless its walk names it.
+    # States that name no rank (saved before saved_rank) count as one together, unless their walks name them.
     unnamed = {k: v for k, v in ranks[0].state_dict().items() if k != "saved_rank"}
-    assert merge_rank_states([unnamed, unnamed])["gathered_ranks"] == (1 if shuffle else 2)
+    assert merge_rank_states([unnamed, unnamed])["gathered_ranks"] == 1
     with pytest.raises(ResumeStateError, match=r"state or walk of rank 2, but the states were saved on 2 ranks"):
         merge_rank_states([ranks[0].state_dict(), {**ranks[1].state_dict(), "saved_rank": 2}])
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_unbalanced_states_that_name_no_rank_passed_for_every_rank_are_refused(version: int) -> None:
+    """States saved before saved_rank (version 3 unshuffled, version 2 without a walk) name no rank, so rank 0's
+    passed for every rank (``[state] * world_size``) looks as every rank's does: merge_rank_states counted each, said
+    gathered_ranks=2, and under rank_balance='none' rank 0 at epoch 1's start stood for rank 1, still 1 batch into
+    epoch 0: a fresh epoch 1 on 3 ranks was taken, the rest of rank 1's epoch 0 never read (332 of its 336 frames).
+    They count as one now, and the refusal says why and how to go on; a dict merged so before is refused too."""
+    options = {"rank_balance": RankBalance.NONE, "shuffle": version == 2}
+    ranks = [_stream(2, r, batch=4, **options) for r in range(2)]
+    ranks[0].set_epoch(1)
+    ranks[1].next_batch()
+    assert ranks[1].num_samples() - ranks[1].samples_consumed == 332
+    old = {k: v for k, v in ranks[0].state_dict().items() if k not in ("saved_rank", "walk")} | {"version": version}
+    doubled = merge_rank_states([old] * 2)
+    assert doubled["gathered_ranks"] == 1
+    refusal = (
+        r"names no rank \(saved before lerobot_dali recorded saved_rank\).*merge_rank_states counts them as one.*"
+        r"start it here without the state \(seed 11, set_epoch\(1\), no state loaded\)"
+    )
+    for saved in (doubled, {**doubled, "gathered_ranks": 2}, old):
+        with pytest.raises(ResumeStateError, match=refusal):
+            _stream(3, 1, batch=4, **options).load_state_dict(json.loads(json.dumps(saved)))
+    # What the refusal says to do where every rank did stand at epoch 1's start: the same batches as the merge gave.
+    ranks[1].set_epoch(1)
+    every = merge_rank_states([r.state_dict() for r in ranks])
+    for rank in range(3):
+        loaded, fresh = _stream(3, rank, batch=4, **options), _stream(3, rank, batch=4, **options)
+        loaded.load_state_dict(every)
+        fresh.set_epoch(1)
+        for _ in range(3):
+            np.testing.assert_array_equal(np.stack(fresh.next_batch()), np.stack(loaded.next_batch()))
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
