@@ -399,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as e:  # flags, --checkpoint-dir, --output-dir: one line, before training
         logger.error("lerobot_policy.py: %s", e)
         return 2
-    return exit_status(lambda: train(options), "lerobot_policy.py", logger)
+    return exit_status(lambda: train(options), "lerobot_policy.py", logger, checkpoint_dir=options.checkpoint_dir)
 
 
 if __name__ == "__main__":

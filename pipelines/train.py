@@ -853,6 +853,13 @@ def latest_checkpoint(root: Path) -> Path | None:
     return root / marker.read_text().strip() if marker.is_file() else None
 
 
+def latest_saved_step(root: Path | None) -> int | None:
+    """The step of the checkpoint ``--resume`` continues from (``latest`` as on disk: a rank interrupted in a save's
+    last barrier may not know it is complete), None where there is none or no ``root``."""
+    latest = latest_checkpoint(root) if root is not None else None
+    return int(latest.name.removeprefix("step_")) if latest is not None else None
+
+
 def _saved_world_size(saved: Mapping[str, Any]) -> Any:
     """The world size a rank's stream file was written at (a mixture's stream state holds one per dataset)."""
     return saved.get("world_size", saved["stream"].get("world_size"))
@@ -1066,13 +1073,25 @@ class Preempted(Exception):
 
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C (SIGINT's KeyboardInterrupt) in a training loop (:class:`PreemptibleLoop`), after ``step`` steps (in the
-    next one, or ``after_step``: in what follows the step, its checkpoint's save): unlike a preemption signal it saves
-    nothing, so the message says which checkpoint a resume continues from (and which steps it trains again);
-    :func:`exit_status` logs it as one line on each rank and gives 128 + SIGINT, as the shell does."""
+    next one, or ``after_step``: in what follows the step, its checkpoint's save or closing the run), or while
+    ``setting_up`` (before the loop: nothing trained): unlike a preemption signal it saves nothing, so the message
+    says which checkpoint a resume continues from (and which steps it trains again); :func:`exit_status` logs it as
+    one line on each rank and gives 128 + SIGINT, as the shell does."""
 
-    def __init__(self, step: int, saved: int | None, checkpoint_dir: Path | None, *, after_step: bool = False) -> None:
+    def __init__(
+        self,
+        step: int,
+        saved: int | None,
+        checkpoint_dir: Path | None,
+        *,
+        after_step: bool = False,
+        setting_up: bool = False,
+    ) -> None:
         self.step, self.saved, self.checkpoint_dir = step, saved, checkpoint_dir
-        where = f"interrupted (Ctrl-C) {f'after step {step}' if after_step else f'during step {step + 1}'}"
+        if setting_up:
+            where = "interrupted (Ctrl-C) while setting up (datasets, iterator, model, resume): nothing was trained"
+        else:
+            where = f"interrupted (Ctrl-C) {f'after step {step}' if after_step else f'during step {step + 1}'}"
         if checkpoint_dir is None:
             told = "nothing is saved without --checkpoint-dir: a new run starts from step 0"
         elif saved is None:
@@ -1185,16 +1204,15 @@ class PreemptibleLoop:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> None:
         if kind is not None:  # (without an error the handlers stay until finishing: a signal while closing is noted)
             self.notice.uninstall()
-        if isinstance(error, KeyboardInterrupt) and not isinstance(error, Interrupted):  # Ctrl-C: say how to go on
-            raise Interrupted(
-                self.step, self._latest_saved(), self.checkpoint_dir, after_step=self.after_step
-            ) from None
+        self._interrupted(error, step=self.step, after_step=self.after_step)  # (Ctrl-C: say how to go on)
 
-    def _latest_saved(self) -> int | None:
-        """The step of the checkpoint ``--resume`` continues from (``latest`` as on disk: a rank interrupted in a
-        save's last barrier may not know it is complete), None where there is none."""
-        latest = latest_checkpoint(self.checkpoint_dir) if self.checkpoint_dir is not None else None
-        return int(latest.name.removeprefix("step_")) if latest is not None else None
+    def _interrupted(self, error: BaseException | None, *, step: int, after_step: bool) -> None:
+        """Where ``error`` is a Ctrl-C (a plain KeyboardInterrupt), raise :class:`Interrupted`: one line that says
+        which checkpoint a resume continues from, not a traceback."""
+        if isinstance(error, KeyboardInterrupt) and not isinstance(error, Interrupted):
+            raise Interrupted(
+                step, latest_saved_step(self.checkpoint_dir), self.checkpoint_dir, after_step=after_step
+            ) from None
 
     def next_batch(
         self, batches: Iterator[tuple[dict[str, Any], float]], step: int
@@ -1248,8 +1266,9 @@ class PreemptibleLoop:
         ignore the signals from here on); else, or where closing raised, the signals' own handlers come back."""
         try:
             yield
-        except BaseException:
+        except BaseException as error:
             self.notice.uninstall()
+            self._interrupted(error, step=step, after_step=True)  # (a Ctrl-C closing the run: one line, as in the loop)
             raise
         if self.stopped_by:
             preempted = Preempted(self.stopped_by, step, self.checkpoint)
@@ -1380,19 +1399,28 @@ def configure_logging() -> None:
     )
 
 
-def exit_status(run: Callable[[], object], program: str, log: logging.Logger) -> int:
-    """A pipeline's exit status once it has called ``run`` (its training): 0; 2 after a :class:`SetupError` or a
-    :class:`RunRefused` (:func:`epoch_batches`' batch larger than an epoch), logged as one line (``program: message``),
-    as a flag's mistake; after :class:`Preempted` or :class:`Interrupted` (Ctrl-C,
-    logged as one line), their ``exit_status``."""
+def exit_status(
+    run: Callable[[], object], program: str, log: logging.Logger, *, checkpoint_dir: Path | None = None
+) -> int:
+    """A pipeline's exit status once it has called ``run`` (its training, with ``checkpoint_dir``): 0; 2 after a
+    :class:`SetupError` or a :class:`RunRefused` (:func:`epoch_batches`' batch larger than an epoch), logged as one
+    line (``program: message``), as a flag's mistake; after :class:`Preempted` or :class:`Interrupted` (Ctrl-C,
+    logged as one line), their ``exit_status``. A Ctrl-C before the training loop (:class:`PreemptibleLoop` makes the
+    loop's and closing's :class:`Interrupted`) is one line and 130 too: it was a traceback, the process killed by
+    SIGINT (status -2, or 130 under a launcher)."""
     try:
         run()
     except (SetupError, RunRefused) as e:  # the datasets or the checkpoint (a batch larger than an epoch: in the
         log.error("%s: %s", program, e)  # loop): one line, not a traceback on every rank
         return 2
-    except Interrupted as e:  # Ctrl-C in the training loop: which checkpoint a resume continues from, not a traceback
-        log.error("%s: %s", program, e)
-        return e.exit_status
+    except KeyboardInterrupt as e:  # Ctrl-C: which checkpoint a resume continues from, not a traceback
+        interrupted = (
+            e
+            if isinstance(e, Interrupted)
+            else Interrupted(0, latest_saved_step(checkpoint_dir), checkpoint_dir, setting_up=True)
+        )
+        log.error("%s: %s", program, interrupted)
+        return interrupted.exit_status
     except Preempted as e:  # (logged where it stopped)
         # Saved and closed: a signal now could only change the exit status (torchrun sends SIGTERM to the ranks left
         # once one has exited, which Python's shutdown, restoring the default handlers, would die of).
@@ -1410,7 +1438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as e:  # flags, --recipe, --augment, --checkpoint-dir: one line, before training
         logger.error("train.py: %s", e)
         return 2
-    return exit_status(lambda: train(options), "train.py", logger)
+    return exit_status(lambda: train(options), "train.py", logger, checkpoint_dir=options.checkpoint_dir)
 
 
 if __name__ == "__main__":

@@ -419,6 +419,70 @@ def test_ctrl_c_in_a_save_counts_the_step_saved_among_those_trained_again(tmp_pa
         )
 
 
+def test_ctrl_c_before_or_after_the_training_loop_is_one_line_and_status_130(
+    make_ds: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Ctrl-C while setting up (opening the datasets, building the iterator, the resume's last steps) or while
+    closing the run went through main() as a KeyboardInterrupt: a traceback, the process killed by SIGINT (status -2,
+    130 under a launcher). It is one line now, as in the loop, saying nothing was trained where so and which
+    checkpoint a resume continues from, and main() returns 130."""
+    from pipelines import train as train_module
+
+    def ctrl_c(*args: object, **kwargs: object) -> Any:
+        raise KeyboardInterrupt
+
+    def interrupted(argv: list[str]) -> str:
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="pipelines.train"):
+            try:
+                status = train_module.main(argv)
+            except KeyboardInterrupt as e:  # (not left to pytest, which would take it for its own Ctrl-C)
+                pytest.fail(f"the Ctrl-C went through main() ({type(e).__name__}: {e}): a traceback")
+        (error,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert status == 130 and error.exc_info is None
+        return error.getMessage()
+
+    ckpt = tmp_path / "ckpt"
+    args = [*COMMON, "--dataset", str(make_ds(**UNEVEN)), "--steps", "2", "--batch-size", "8", "--num-workers", "0"]
+    setting_up = (
+        "train.py: interrupted (Ctrl-C) while setting up (datasets, iterator, model, resume): nothing was trained"
+    )
+    with monkeypatch.context() as patch:
+        patch.setattr("pipelines.train.open_readers", ctrl_c)
+        assert interrupted(args) == (
+            f"{setting_up}; nothing is saved without --checkpoint-dir: a new run starts from step 0 (exit status 130)"
+        )
+    with monkeypatch.context() as patch:
+        patch.setattr("pipelines.train.build_iterator", ctrl_c)
+        assert interrupted([*args, "--checkpoint-dir", str(ckpt)]) == (
+            f"{setting_up}; no checkpoint was saved in {ckpt} yet: the same command starts again from step 0 (exit "
+            "status 130)"
+        )
+    make_accelerator = train_module.make_accelerator
+
+    def interrupted_at_its_end(*args: object, **kwargs: object) -> Any:
+        accelerator = make_accelerator(*args, **kwargs)  # type: ignore[arg-type]
+        accelerator.end_training = ctrl_c
+        return accelerator
+
+    resumed = (
+        f"its last checkpoint is {ckpt / 'step_00000002'} (no step since): to continue from it, run the same command "
+        "with --resume (exit status 130)"
+    )
+    with monkeypatch.context() as patch:  # (both steps trained and saved)
+        patch.setattr("pipelines.train.make_accelerator", interrupted_at_its_end)
+        assert (
+            interrupted([*args, "--checkpoint-dir", str(ckpt)])
+            == f"train.py: interrupted (Ctrl-C) after step 2; {resumed}"
+        )
+    with monkeypatch.context() as patch:  # (the loop's preemption notice: on several ranks, a gloo group's collective)
+        patch.setattr("pipelines.train.PreemptionNotice", ctrl_c)
+        assert (
+            interrupted([*args, "--steps", "4", "--checkpoint-dir", str(ckpt), "--resume"])
+            == f"{setting_up}; {resumed}"
+        )
+
+
 def test_a_run_whose_closing_fails_gives_the_signals_back() -> None:
     """Saving the trained policy or ``end_training`` raising (a full disk, a tracker's upload) left the preemption
     handlers installed in a process that goes on (a notebook, a sweep calling ``train`` in a loop): its SIGTERM was
