@@ -128,20 +128,18 @@ class SavedWalk:
                 "another dataset, episode selection or order options: resume with those, or leave its 'walk' out to "
                 "replay the pool to the position (slower)"
             )
-        inner = {"counter": self._words("counter"), "key": self._words("key")}
-        rng_state: dict[str, Any] = {"bit_generator": "Philox", "state": inner, "buffer": self._words("buffer")}
+        inner = {name: np.array(self.rng[name], dtype=np.uint64) for name in ("counter", "key")}
+        buffer = np.array(self.rng["buffer"], dtype=np.uint64)
+        rng_state: dict[str, Any] = {"bit_generator": "Philox", "state": inner, "buffer": buffer}
         rng_state |= {name: self.rng[name] for name in _RNG_INTS}
         try:  # (numpy checks the rest: sizes, buffer_pos; an int past its C type's range is an OverflowError)
             np.random.Philox().state = rng_state  # type: ignore[assignment]
         except (TypeError, ValueError, OverflowError) as e:
-            raise WalkMismatchError(f"the pool walk this stream state carries has a broken Philox state: {e}") from e
+            raise WalkMismatchError(
+                f"the pool walk this stream state carries has a broken Philox state: {e}; leave its 'walk' out to "
+                "replay the pool to the position (slower)"
+            ) from e
         return slots, drawn, rng_state
-
-    def _words(self, name: str) -> np.ndarray:
-        try:
-            return np.array(self.rng[name], dtype=np.uint64)
-        except OverflowError as e:
-            raise WalkMismatchError(f"the saved pool walk's rng {name} is not uint64 words: {e}") from e
 
 
 def checked_pool(
@@ -208,10 +206,10 @@ def pools_from_lists(saved: object, world_size: int) -> tuple[tuple[int, tuple[i
     return tuple(pools)
 
 
-def _int_list(value: object, name: str, *, bound: int = 2**63) -> tuple[int, ...]:
-    """``value``'s ints, each within ``[-bound, bound)`` (int64's by default: an int past it raised OverflowError as
+def _int_list(value: object, name: str, *, low: int = -(2**63), high: int = 2**63) -> tuple[int, ...]:
+    """``value``'s ints, each within ``[low, high)`` (int64's by default: an int past it raised OverflowError as
     the pool's arrays were made, not a ResumeStateError)."""
-    if not isinstance(value, list | tuple) or not all(is_int(v) and -bound <= v < bound for v in value):
+    if not isinstance(value, list | tuple) or not all(is_int(v) and low <= v < high for v in value):
         raise ResumeStateError(f"stream state {name} must be a list of 64-bit ints, got {value!r}")
     return tuple(int(v) for v in value)
 
@@ -221,7 +219,8 @@ def _rng_words(rng: object) -> dict[str, Any]:
     wrong = ResumeStateError(f"stream state walk rng must be a Philox state as state_dict() saves it, got {rng!r}")
     if not isinstance(rng, Mapping) or not all(is_int(rng.get(name)) for name in _RNG_INTS):
         raise wrong
-    arrays = {name: _int_list(rng.get(name), f"walk rng {name}", bound=2**64) for name in _RNG_ARRAYS}  # (uint64)
+    # (uint64 words: a negative one passed here raised OverflowError, without the hint, as the pool started)
+    arrays = {name: _int_list(rng.get(name), f"walk rng {name}", low=0, high=2**64) for name in _RNG_ARRAYS}
     if any(len(arrays[name]) != size for name, size in _RNG_ARRAYS.items()):
         raise wrong
     return arrays | {name: int(rng[name]) for name in _RNG_INTS}

@@ -188,8 +188,10 @@ def test_a_walk_that_does_not_fit_the_old_ranks_plan_is_refused_on_another_world
         (lambda s: s | {"walk": s["walk"] | {"drawn": [10**4] * 8}}, "do not fit those episodes' lengths"),
         (lambda s: s | {"walk": s["walk"] | {"slots": s["walk"]["slots"][::-1]}}, "not in admission order"),
         (lambda s: s | {"walk": s["walk"] | {"slots": [-1, *s["walk"]["slots"][1:]]}}, "is not of this rank's"),
+        # (a later position's walk, relabelled: started there, the pool served position 3000 with later draws)
+        (lambda s: s | {"walk": _saved(6000)["walk"] | {"samples_consumed": 3000}}, "past the position it serves"),
     ],
-    ids=["seed", "emitted", "admitted", "drawn", "slots", "negative"],
+    ids=["seed", "emitted", "admitted", "drawn", "slots", "negative", "later-walk"],
 )
 def test_a_walk_that_does_not_fit_the_plan_is_refused(change, message) -> None:
     state = change(_saved(3000))
@@ -221,8 +223,12 @@ def test_a_walk_over_another_dataset_or_pool_size_is_refused() -> None:
         lambda w: w | {"slots": "abc"},
         lambda w: w | {"rng": {"key": [1]}},
         lambda w: w | {"drawn": [2**63, *w["drawn"][1:]]},  # (an OverflowError, not a ResumeStateError)
+        lambda w: w | {"epoch": -1},
+        lambda w: w | {"drawn": w["drawn"][1:]},
+        lambda w: w | {"rng": w["rng"] | {"counter": [0, 0]}},
+        lambda w: w | {"rng": w["rng"] | {"counter": [-1, 0, 0, 0]}},  # (an OverflowError later, not told to leave it)
     ],
-    ids=["list", "fields", "slots", "rng", "past-int64"],
+    ids=["list", "fields", "slots", "rng", "past-int64", "negative-epoch", "fewer-drawn", "rng-words", "negative-word"],
 )
 def test_a_malformed_walk_is_refused_naming_it(walk) -> None:
     state = _saved(100)
@@ -237,7 +243,7 @@ def test_a_walk_whose_rng_ints_pass_their_c_types_is_refused(name: str, value: i
     of the resume, not a ResumeStateError."""
     state = _saved(100)
     state["walk"]["rng"][name] = value
-    with pytest.raises(WalkMismatchError, match="broken Philox state"):
+    with pytest.raises(WalkMismatchError, match="broken Philox state.*leave its 'walk' out"):
         _stream().load_state_dict(state)
 
 
