@@ -968,6 +968,27 @@ def test_pool_windows_asked_in_any_order_match_fresh_orders() -> None:
             np.testing.assert_array_equal(reused.pool_window(0, start, stop), fresh)
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_pool_window_holds_the_episodes_of_every_sample_it_serves_padded_ones_too(shuffle: bool) -> None:
+    """Every window of a rank padded to three times its own frames (PAD: its first samples again, cyclically) holds the
+    episode of each sample drawn there; unshuffled, of its own positions, exactly those episodes (the prefetcher
+    fetches what a window names: an episode missing from it was read from remote storage at the batch)."""
+    lengths = np.array([20, 3, 2, 1])  # (the rank without the long episode owns 6 frames and repeats them to 20)
+    options = _options(shuffle=shuffle, episode_pool_size=2, rank_balance=RankBalance.PAD)
+    counts = SampleOrder(lengths, rank=0, world_size=2, options=options).rank_frame_counts(0)
+    order = SampleOrder(lengths, rank=int(np.argmin(counts)), world_size=2, options=options)
+    total, natural = order.num_samples(0), int(counts.min())
+    assert (total, natural) == (20, 6)
+    windows = [(start, stop) for start in range(total + 1) for stop in range(start, total + 1)]
+    for start, stop in windows:
+        episodes = set(order.samples(0, start, stop)[0].tolist())
+        window = order.pool_window(0, start, stop).tolist()
+        assert episodes <= set(window), (start, stop)
+        if not shuffle and stop <= natural:
+            assert sorted(window) == sorted(episodes), (start, stop)
+    assert order.pool_window(0, 7, 7).size == 0 and order.pool_window(0, 20, 25).size == 0
+
+
 def test_a_state_taken_by_a_handler_on_the_thread_drawing_a_batch_is_the_streams() -> None:
     # A signal handler saving a checkpoint (SLURM's SIGUSR1 notice) runs on the main thread, which may hold the order's
     # lock (each batch counts the epoch's samples under it): a plain lock waited for ever there (1 of 1 scripted; each
