@@ -334,8 +334,9 @@ def test_states_holding_their_datasets_as_a_list_and_a_tuple_are_gathered() -> N
         (lambda p: p[:2], ResumeStateError, "one \\[next_admit, \\[slots\\], \\[drawn\\]\\] per rank"),
         (lambda p: [[0, "ab", []], *p[1:]], ResumeStateError, "segment_pools slots must be a list of 64-bit ints"),
         (lambda p: [[p[0][0], [10**30, *p[0][1][1:]], p[0][2]], *p[1:]], ResumeStateError, "slots must be a list"),
+        (lambda p: [p[0][:2], *p[1:]], ResumeStateError, "segment_pools must hold .next_admit"),
     ],
-    ids=["draws", "ranks", "form", "past-int64"],
+    ids=["draws", "ranks", "form", "past-int64", "pool"],
 )
 def test_old_ranks_pools_that_do_not_fit_are_refused(change, error, message) -> None:
     state = _after_a_change()

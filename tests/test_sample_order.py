@@ -18,7 +18,14 @@ import pytest
 
 from lerobot_dali.episode_pieces import EpisodePieces
 from lerobot_dali.errors import ResumeStateError, ShardingError
-from lerobot_dali.sample_order import OrderOptions, RankBalance, SampleOrder, shard_episodes
+from lerobot_dali.sample_order import (
+    ConsumedSegment,
+    OrderOptions,
+    RankBalance,
+    ResumedEpoch,
+    SampleOrder,
+    shard_episodes,
+)
 from lerobot_dali.stream_state import SampleStream, StreamState, merge_rank_states
 
 REPO = Path(__file__).resolve().parents[1]
@@ -735,6 +742,23 @@ def test_option_validation() -> None:
         OrderOptions(rank_balance="trim")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="rank must be in"):
         SampleOrder(LENGTHS, rank=2, world_size=2)
+    with pytest.raises(TypeError, match="shuffle must be a bool"):
+        OrderOptions(shuffle=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="1-D integer array, got float64"):
+        SampleOrder(LENGTHS.astype(float), rank=0, world_size=1)
+    with pytest.raises(ValueError, match="negative length at position 2"):
+        SampleOrder(np.array([3, 4, -1, 5]), rank=0, world_size=1)
+    with pytest.raises(ValueError, match="one pool per rank \\(2\\), got 1"):
+        ConsumedSegment(2, 5, pools=((0, (), ()),))
+    with pytest.raises(TypeError, match="ConsumedSegment objects"):
+        ResumedEpoch(0, ((2, 5),))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="batch_size must be a positive int, got True"):
+        SampleStream(LENGTHS, rank=0, world_size=1, batch_size=True)
+    with pytest.raises(ValueError, match="needs an order whose resumed epoch has segments"):
+        SampleOrder(LENGTHS, rank=0, world_size=2).resume_from(SampleOrder(LENGTHS, rank=0, world_size=2))
+    resumed = SampleOrder(LENGTHS, rank=0, world_size=2, resumed_epoch=ResumedEpoch(0, (ConsumedSegment(3, 20),)))
+    with pytest.raises(ValueError, match="the order of the 3 ranks"):  # (an order of 2 ranks, not the segment's 3)
+        resumed.resume_from(SampleOrder(LENGTHS, rank=0, world_size=2))
 
 
 # -- resume ---------------------------------------------------------------------------------------------
@@ -949,6 +973,12 @@ def test_state_dict_round_trip_and_validation() -> None:
         StreamState.from_dict({**as_dict, "world_size": 0})
     with pytest.raises(ResumeStateError, match="prior_segments"):
         StreamState.from_dict({**as_dict, "prior_segments": [[2]]})
+    with pytest.raises(ResumeStateError, match="is a dict, got list"):
+        StreamState.from_dict(list(as_dict.items()))  # type: ignore[arg-type]
+    with pytest.raises(ResumeStateError, match="rank_walks must be a list"):
+        StreamState.from_dict({**as_dict, "rank_walks": {"rank": 1}})
+    with pytest.raises(ResumeStateError, match="episode_lengths must be the text"):
+        StreamState.from_dict({**as_dict, "episode_lengths": [3, 4]})
     stream = _stream()
     with pytest.raises(ResumeStateError, match="other order options"):
         stream.load_state_dict({**as_dict, "world_size": 1, "samples_consumed": 10**6})
