@@ -754,6 +754,12 @@ def test_option_validation() -> None:
         ResumedEpoch(0, ((2, 5),))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="batch_size must be a positive int, got True"):
         SampleStream(LENGTHS, rank=0, world_size=1, batch_size=True)
+    stream = SampleStream(LENGTHS, rank=0, world_size=1, batch_size=4)
+    with pytest.raises(ValueError, match="epoch must be a non-negative int, got -1"):
+        stream.set_epoch(-1)
+    with pytest.raises(ValueError, match="samples must be a non-negative int, got True"):
+        stream.advance(True)
+    assert (stream.epoch, stream.samples_consumed) == (0, 0)
     with pytest.raises(ValueError, match="needs an order whose resumed epoch has segments"):
         SampleOrder(LENGTHS, rank=0, world_size=2).resume_from(SampleOrder(LENGTHS, rank=0, world_size=2))
     resumed = SampleOrder(LENGTHS, rank=0, world_size=2, resumed_epoch=ResumedEpoch(0, (ConsumedSegment(3, 20),)))
