@@ -109,24 +109,26 @@ def batch_shares(weights: Sequence[float], total: int) -> tuple[int, ...]:
 
 
 def _in_lowest_terms(weights: np.ndarray) -> np.ndarray:
-    """``weights`` as the smallest integers in their ratio, where each is a fraction of denominator up to
-    :data:`_DENOMINATOR` (``[1, 3]``, ``[0.25, 0.75]`` and ``[0.1, 0.1 * 3]`` alike: ``[1, 3]``) and those integers sum
-    to at most :data:`_EXACT`; else as they are.
+    """``weights`` as the smallest integers in their ratio, where each, or each over the largest, is a fraction of
+    denominator up to :data:`_DENOMINATOR` (``[1, 3]``, ``[0.25, 0.75]``, ``[0.1, 0.1 * 3]`` and ``[1e-8, 3e-8]``
+    alike: ``[1, 3]``) and those integers sum to at most :data:`_EXACT`; else as they are.
 
     A share's floor and the largest remainder went by the last bit of each weight's float: weights in one ratio, scaled
     otherwise, split a batch otherwise (``[1, 3]`` into 6: 2 + 4, ``[0.1, 0.1 * 3]``: 1 + 5), and a state saved
     with one was refused, or resumed in other proportions, with the other. Integer weights (the default: frames
-    sampled) split as before: their ratios are exact in floats however scaled."""
-    fractions = [Fraction(x).limit_denominator(_DENOMINATOR) for x in weights.tolist()]
-    if any(f <= 0 or abs(f - x) > _CLOSE * x for f, x in zip(fractions, weights.tolist(), strict=True)):
-        return weights  # (no such fractions: weights of very different magnitudes)
-    scale = math.lcm(*(f.denominator for f in fractions))
-    integers = [int(f * scale) for f in fractions]
-    divisor = math.gcd(*integers)
-    lowest = [n // divisor for n in integers]
-    if sum(lowest) > _EXACT:  # (many weights of large denominators: past what floats hold exactly, or at all)
-        return weights
-    return np.asarray(lowest, dtype=np.float64)
+    sampled) split as before: their ratios are exact in floats however scaled. Weights below ``1 / _DENOMINATOR``
+    (inverse frame counts) have no such fraction themselves: over the largest, they do."""
+    for scaled in (weights, weights / weights.max()):
+        fractions = [Fraction(x).limit_denominator(_DENOMINATOR) for x in scaled.tolist()]
+        if any(f <= 0 or abs(f - x) > _CLOSE * x for f, x in zip(fractions, scaled.tolist(), strict=True)):
+            continue  # (no such fractions: weights of very different magnitudes, or tiny ones)
+        scale = math.lcm(*(f.denominator for f in fractions))
+        integers = [int(f * scale) for f in fractions]
+        divisor = math.gcd(*integers)
+        lowest = [n // divisor for n in integers]
+        if sum(lowest) <= _EXACT:  # (else many weights of large denominators: past what floats hold exactly, or at all)
+            return np.asarray(lowest, dtype=np.float64)
+    return weights
 
 
 class DALILeRobotMixture:

@@ -90,8 +90,9 @@ def test_batch_shares_follow_weights_with_at_least_one_each() -> None:
 def test_weights_in_one_ratio_split_a_batch_alike_however_scaled(weights: list, total: int, shares: tuple) -> None:
     """A share's floor and largest remainder went by the last bit of each weight: ``[0.1, 0.1 * 3]`` split 6 as
     1 + 5, ``[1, 3]`` as 2 + 4 (606 of 80,000 scripted weight lists, scaled four ways, split otherwise)."""
-    for scale in (1, 0.1, 1 / 3, 7, 1 / sum(weights), 1e6):
+    for scale in (1, 0.1, 1 / 3, 7, 1 / sum(weights), 1e6, 1e-8, 1e-9, 1 / 3e7):  # (tiny: inverse frame counts)
         assert batch_shares([w * scale for w in weights], total) == shares, scale
+    assert batch_shares([1e-300, 1], 4) == (1, 3)  # (no ratio of small integers: as given, at least 1 each)
 
 
 def test_many_weights_of_large_denominators_split_a_batch() -> None:
