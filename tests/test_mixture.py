@@ -511,9 +511,36 @@ def test_bad_mixtures_fail_before_reading(make_ds) -> None:
         DALILeRobotMixture(paths, weights=[1.0], device="cpu")
     with pytest.raises(ValueError, match="cannot give each"):
         DALILeRobotMixture(paths, batch_size=1, device="cpu")
+    with pytest.raises(ValueError, match="rank_balance='none'.*concat_datasets"):
+        DALILeRobotMixture(paths, rank_balance="none", device="cpu")
     # 20 of every 24 samples from a dataset of 16 frames: it could never fill its share.
     with pytest.raises(ShardingError, match=r"fewer samples an epoch than its share of a batch \(20\)"):
         DALILeRobotMixture(paths, weights=[5, 1], batch_size=24, device="cpu", num_workers=0)
+
+
+def test_a_second_pass_replaces_the_first_which_reads_no_more(make_ds) -> None:
+    """A second iter() of a mixture replaces the first pass: the first raises IteratorClosedError (reading on, it
+    took samples the second also reads) and the second carries on at the next batch of an uninterrupted run. A state
+    of another dataset count or anchor is refused, leaving the mixture where it stood; each dataset takes
+    ``dali_threads``."""
+    paths = _datasets(make_ds)
+    options = {"batch_size": 4, "seed": 3, "device": "cpu", "num_workers": 0}
+    with DALILeRobotMixture(paths, **options) as whole:
+        expected = [_keys(batch) for batch in itertools.islice(iter(whole), 3)]
+    with DALILeRobotMixture(paths, dali_threads=2, **options) as mix:
+        assert [part._dali_threads for part in mix.datasets] == [2, 2]
+        first = iter(mix)
+        assert _keys(next(first)) == expected[0]
+        second = iter(mix)
+        with pytest.raises(IteratorClosedError, match="a newer pass"):
+            next(first)
+        assert [_keys(next(second)), _keys(next(second))] == expected[1:]
+        state = mix.state_dict()
+        with pytest.raises(ResumeStateError, match="a mixture of 1 datasets, not of these 2"):
+            mix.load_state_dict(state | {"datasets": state["datasets"][:1]})
+        with pytest.raises(ResumeStateError, match="dataset 1 as the anchor"):
+            mix.load_state_dict(state | {"mixture": state["mixture"] | {"anchor": 1 - mix.anchor}})
+        assert mix.state_dict() == state
 
 
 def test_the_parts_are_built_at_once_and_a_failed_build_closes_the_others(make_ds, monkeypatch) -> None:
