@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -1520,13 +1521,9 @@ def test_close_from_another_thread_as_the_pass_tells_the_prefetcher_ends_it_with
         return close_there if frame.f_code is DALILeRobotIterator._epoch_batches.__code__ else None
 
     seen: list[int] = []
-    sys.settrace(traced)
-    try:
-        with pytest.raises(IteratorClosedError, match="when the iterator was closed"):
-            for batch in it:
-                seen += [int(i) for i in batch["index"]]
-    finally:
-        sys.settrace(None)
+    with tracing(traced), pytest.raises(IteratorClosedError, match="when the iterator was closed"):
+        for batch in it:
+            seen += [int(i) for i in batch["index"]]
     assert len(closes) == 1 and it._prefetcher is None
     for batch in it:
         seen += [int(i) for i in batch["index"]]
@@ -1583,11 +1580,8 @@ def test_a_handlers_close_during_close_leaves_the_next_pass_reading(make_ds) -> 
             runs.append(frame.f_lineno)
         return lines_run
 
-    sys.settrace(lambda frame, event, arg: lines_run if frame.f_code is code else None)
-    try:
+    with tracing(lambda frame, event, arg: lines_run if frame.f_code is code else None):
         it.close()
-    finally:
-        sys.settrace(None)
     wrong = []
     for line in dict.fromkeys(runs):
         it = DALILeRobotIterator(root, **kwargs)
@@ -1603,11 +1597,8 @@ def test_a_handlers_close_during_close_leaves_the_next_pass_reading(make_ds) -> 
         def calls(frame, event, arg, in_close=in_close, fired=fired):
             return in_close if frame.f_code is code and not fired else None
 
-        sys.settrace(calls)
-        try:
+        with tracing(calls):
             it.close()
-        finally:
-            sys.settrace(None)
         try:
             seen += [int(i) for i in next(iter(it))["index"]]
         except IteratorClosedError:
@@ -1859,6 +1850,18 @@ def test_close_of_an_iterator_whose_construction_failed_raises_nothing(make_ds) 
     failed.close()
 
 
+@contextlib.contextmanager
+def tracing(trace: Any) -> Iterator[None]:
+    """``sys.settrace(trace)`` for the block, then the trace function before it: ``sys.settrace(None)`` there switched
+    coverage.py's off for the rest of the run (every later test's lines counted as not run)."""
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
+
+
 class SecondSignal:
     """Tracing ``codes``: a KeyboardInterrupt (a second signal's handler) raised at the ``k``-th line they run once
     ``armed()`` (a first signal's close() was left to the pass); ``at`` is that line (None: fewer lines ran)."""
@@ -1868,11 +1871,12 @@ class SecondSignal:
         self.lines, self.at = 0, None
 
     def __enter__(self) -> SecondSignal:
+        self._previous = sys.gettrace()
         sys.settrace(self._calls)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        sys.settrace(None)
+        sys.settrace(self._previous)
 
     def _calls(self, frame, event, arg):
         return self._line if frame.f_code in self.codes and self.at is None else None
@@ -1950,13 +1954,10 @@ def test_a_handlers_close_as_another_threads_close_lets_the_lock_go_is_not_clear
         return after_release
 
     def closer() -> None:
-        sys.settrace(
+        with tracing(
             lambda frame, event, arg: after_release if frame.f_code is DALILeRobotIterator._close_by.__code__ else None
-        )
-        try:
+        ):
             it.close()
-        finally:
-            sys.settrace(None)
 
     thread = threading.Thread(target=closer)
     thread.start()
@@ -2142,11 +2143,8 @@ def test_a_handlers_close_left_set_as_another_thread_builds_does_not_close_that_
                 a_checked.wait(30)
             return at_built
 
-        sys.settrace(lambda frame, event, arg: at_built if frame.f_code is iter_code else None)
-        try:
+        with tracing(lambda frame, event, arg: at_built if frame.f_code is iter_code else None):
             batches = iter(it)
-        finally:
-            sys.settrace(None)
         for _ in range(3):
             try:
                 next(batches)
@@ -2174,10 +2172,8 @@ def test_a_handlers_close_left_set_as_another_thread_builds_does_not_close_that_
         return made
 
     monkeypatch.setattr(iterator_module, "build_pipeline", handler_closes_meanwhile)
-    try:
+    with tracing(sys.gettrace()):  # (the handler sets a trace function; the one before it is put back after)
         iter(it)
-    finally:
-        sys.settrace(None)
     thread.join(60)
     assert b_built.is_set() and a_checked.is_set() and not thread.is_alive()
     it.close()
