@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lerobot_dali import sample_order as sample_order_module
 from lerobot_dali.episode_pieces import EpisodePieces
 from lerobot_dali.errors import ResumeStateError, ShardingError
 from lerobot_dali.sample_order import (
@@ -1023,6 +1024,20 @@ def test_a_pool_window_holds_the_episodes_of_every_sample_it_serves_padded_ones_
         if not shuffle and stop <= natural:
             assert sorted(window) == sorted(episodes), (start, stop)
     assert order.pool_window(0, 7, 7).size == 0 and order.pool_window(0, 20, 25).size == 0
+
+
+def test_frames_drawn_past_the_permutation_cache_are_those_of_a_fresh_order(monkeypatch) -> None:
+    """Each episode's frame permutation is cached, the oldest evicted past ``_PERMUTATION_CACHE`` (4096: a dataset of
+    92,000 episodes passes it every epoch). Cut to 3 for 41 episodes, batches read backwards, evicting and recomputing
+    throughout, give the samples a fresh order gives in one read."""
+    options = _options(episode_pool_size=5)
+    expected = _pairs(*SampleOrder(LENGTHS, rank=0, world_size=1, options=options).samples(0, 0, int(LENGTHS.sum())))
+    monkeypatch.setattr(sample_order_module, "_PERMUTATION_CACHE", 3)
+    order = SampleOrder(LENGTHS, rank=0, world_size=1, options=options)
+    starts = range(0, int(LENGTHS.sum()), 16)
+    got = {start: _pairs(*order.samples(0, start, min(start + 16, int(LENGTHS.sum())))) for start in starts[::-1]}
+    assert [pair for start in starts for pair in got[start]] == expected
+    assert len(order._permutations) == 3  # type: ignore[attr-defined]
 
 
 def test_a_state_taken_by_a_handler_on_the_thread_drawing_a_batch_is_the_streams() -> None:
