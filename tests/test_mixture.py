@@ -540,6 +540,8 @@ def test_a_second_pass_replaces_the_first_which_reads_no_more(make_ds) -> None:
             mix.load_state_dict(state | {"datasets": state["datasets"][:1]})
         with pytest.raises(ResumeStateError, match="dataset 1 as the anchor"):
             mix.load_state_dict(state | {"mixture": state["mixture"] | {"anchor": 1 - mix.anchor}})
+        with pytest.raises(ResumeStateError, match="not the state of a mixture of 2 datasets"):
+            mix.load_state_dict(state["datasets"][0])  # (one dataset's state)
         assert mix.state_dict() == state
 
 
