@@ -952,10 +952,9 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
             return False
 
     def isdir(self, path: str) -> bool:
-        try:
-            return bool(self.info(path)["type"] == "directory")
-        except FileNotFoundError:
-            return False
+        """The wrapped filesystem's own answer, retried: over HTTP, ``info`` calls every URL a file, and only the
+        folder's index page (fsspec's HTTP ``isdir`` lists it) tells a folder."""
+        return bool(self._retrier.call("isdir", path, lambda: self.fs.isdir(path)))
 
     def ukey(self, path: str) -> Any:
         return self.fs.ukey(path)

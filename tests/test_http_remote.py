@@ -188,6 +188,22 @@ def test_exists_is_a_head_and_a_503_is_retried_not_reported_missing(root: Path) 
         ]  # fmt: skip
 
 
+def test_isdir_tells_a_served_folder_and_retries_its_listing(tmp_path: Path, slept: list[float]) -> None:
+    """fsspec's HTTP ``info`` calls every URL a file: ``isdir`` over it answered False for a served folder, where the
+    wrapped filesystem (its index page) answers True. Its listing's 503 is retried, not answered False."""
+    import fsspec
+
+    (tmp_path / "meta").mkdir()
+    (tmp_path / "meta" / "info.json").write_bytes(b"{}")
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(fsspec.filesystem("http"))
+        folder, file, absent = (f"{server.url}/{name}" for name in ("meta/", "meta/info.json", "nope/"))
+        assert [fs.isdir(folder), fs.isdir(file), fs.isdir(absent)] == [True, False, False]
+        assert [fs.isfile(file), fs.isfile(absent)] == [True, False]
+        server.fail_next("503", "503")
+        assert fs.isdir(folder) is True and server.faults_injected == {"503": 2} and len(slept) == 2
+
+
 # -- the reader and the iterator over HTTP -----------------------------------------------------------------
 
 
