@@ -129,6 +129,14 @@ def test_policy_validation_and_env_default(monkeypatch) -> None:
     monkeypatch.setenv(RETRIES_ENV, "many")
     with pytest.raises(ValueError, match=RETRIES_ENV):
         RetryPolicy()
+    monkeypatch.setenv(RETRIES_ENV, "-1")
+    with pytest.raises(ValueError, match=f"{RETRIES_ENV}='-1' is negative"):
+        RetryPolicy()
+    for base, most in [(-1.0, 1.0), (float("nan"), 1.0), (0.5, float("nan"))]:
+        with pytest.raises(ValueError, match="base_delay_s and max_delay_s must be >= 0"):
+            RetryPolicy(retries=1, base_delay_s=base, max_delay_s=most)
+    with pytest.raises(ValueError, match="attempt is 1-based, got 0"):
+        RetryPolicy(retries=1).delay_s(0)
     with pytest.raises(ValueError, match="retries"):
         RetryPolicy(retries=-1)
     with pytest.raises(ValueError, match="max_delay_s"):
@@ -568,6 +576,8 @@ def test_a_rate_limit_waits_as_long_as_the_server_asks(monkeypatch) -> None:
         (('"api";r=0;t=55', "RateLimit"), 55.0),
         (('"api";r=0;t=9000', "RateLimit"), remote_retry.MAX_RETRY_AFTER_S),
         (('"api";r=3;t=55', "RateLimit"), RetryPolicy(retries=2, base_delay_s=0.1).delay_s(1, "read:x.mp4")),
+        ("soon", RetryPolicy(retries=2, base_delay_s=0.1).delay_s(1, "read:x.mp4")),  # (neither seconds nor a date)
+        ("-5", RetryPolicy(retries=2, base_delay_s=0.1).delay_s(1, "read:x.mp4")),
     ]:
         answers = iter([RateLimited(*after) if isinstance(after, tuple) else RateLimited(after), b"ok"])
 
