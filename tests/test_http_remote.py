@@ -204,6 +204,39 @@ def test_isdir_tells_a_served_folder_and_retries_its_listing(tmp_path: Path, sle
         assert fs.isdir(folder) is True and server.faults_injected == {"503": 2} and len(slept) == 2
 
 
+def test_a_retrying_file_reads_seeks_and_decodes_text_as_a_local_file(tmp_path: Path) -> None:
+    """The file API parquet, PyAV and ``open(..., "r")`` use (``seek`` from the end and the current position,
+    ``readinto``, text mode) gives a local file's bytes; over a server that sends no ``Content-Length`` (fsspec's
+    streaming file), the whole file is still read, and a seek from its end, which needs its size, names
+    the file and the fix instead of fsspec's ``TypeError``."""
+    import io
+
+    import fsspec
+
+    data = "".join(f"line {i}: é\n" for i in range(500)).encode()
+    (tmp_path / "a.txt").write_bytes(data)
+    local = io.BytesIO(data)
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(fsspec.filesystem("http"), policy=RetryPolicy(retries=0))
+        url = f"{server.url}/a.txt"
+        with fs.open(url, "rb") as f:
+            for offset, whence, n in [(-40, io.SEEK_END, 15), (-30, io.SEEK_CUR, 8), (100, io.SEEK_SET, 5)]:
+                assert f.seek(offset, whence) == local.seek(offset, whence) and f.read(n) == local.read(n)
+            buffer, expected = bytearray(64), bytearray(64)
+            assert f.readinto(buffer) == local.readinto(expected) == 64 and buffer == expected
+            with pytest.raises(ValueError, match="invalid whence 3; use io.SEEK_SET"):
+                f.seek(0, 3)
+            with pytest.raises(ValueError, match=f"negative seek position -1 in {url}"):
+                f.seek(-1 - f.tell(), io.SEEK_CUR)
+        with fs.open(url, "r", encoding="utf-8") as text:
+            assert text.readlines() == data.decode().splitlines(keepends=True)
+        server.content_length = frozenset()  # (fsspec's streaming file: no size)
+        with fs.open(url, "rb") as f:
+            assert f.size is None and f.read() == data and f.read() == b""
+        with fs.open(url, "rb") as f, pytest.raises(DatasetError, match=f"{url}: .*only whole .*no Content-Length"):
+            f.seek(-10, io.SEEK_END)
+
+
 # -- the reader and the iterator over HTTP -----------------------------------------------------------------
 
 
