@@ -556,11 +556,10 @@ def _credentials_as_auth(target: str, options: dict[str, Any]) -> tuple[str, dic
     aiohttp drops on a redirect to another host. fsspec kept them in each file's path, which named the password in
     every retry's warning, a failed read's error and the packet indexes stored on disk (:mod:`.packet_index_store`).
     Not aiohttp's ``auth`` option: deprecated in aiohttp 3.14 (a DeprecationWarning per request; gone in v4).
-    ``options`` with an ``auth`` or an ``Authorization`` header of their own keep the URL as given (aiohttp refuses
-    the two together)."""
-    headers = options.get("headers") or {}
-    given = "auth" in options or any(str(name).lower() == "authorization" for name in headers)
-    if not target.startswith(("http://", "https://")) or given:
+    ``options`` with an ``auth`` or an ``Authorization`` header of their own and a URL with a user are refused here:
+    aiohttp refuses the two together in each request, which fsspec reported as a missing info.json, the password in
+    its path."""
+    if not target.startswith(("http://", "https://")):
         return target, options
     import aiohttp  # (fsspec's HTTP needs it: installed wherever an http(s) URL is read)
     import yarl
@@ -568,6 +567,12 @@ def _credentials_as_auth(target: str, options: dict[str, Any]) -> tuple[str, dic
     auth = aiohttp.BasicAuth.from_url(yarl.URL(target))  # (decoded as aiohttp decodes the URL's: %40 is '@')
     if auth is None:
         return target, options
+    headers = options.get("headers") or {}
+    if "auth" in options or any(str(name).lower() == "authorization" for name in headers):
+        raise ValueError(
+            f"{_without_credentials(target)!r} is given with a user and password in the URL and with credentials "
+            "in storage_options (auth, or an Authorization header), which cannot be sent together: pass one of them"
+        )
     return _without_credentials(target), {**options, "headers": {**headers, "Authorization": auth.encode()}}
 
 

@@ -782,6 +782,26 @@ def test_a_password_in_the_url_is_sent_but_saved_in_no_state(
     assert "s3cret" not in remote.location.root and spelled not in caplog.text and url in caplog.text
 
 
+@pytest.mark.filterwarnings("ignore:BasicAuth is deprecated:DeprecationWarning")  # (a user's auth option)
+@pytest.mark.parametrize("given", ["header", "auth"])
+def test_a_password_in_the_url_beside_credentials_in_options_is_refused_unsaid(tmp_path: Path, given: str) -> None:
+    """aiohttp refuses a URL's user and password beside an ``auth`` or ``Authorization`` header in each request, which
+    fsspec's ``info`` reported as ``FileNotFoundError('http://alice:s3cret@host/ds/meta/info.json')``: a missing
+    file, with the password in it. It is refused at the open, naming the URL without the password and the fix."""
+    from lerobot_dali.dataset_location import resolve_location
+
+    options = {"headers": {"Authorization": "Bearer t"}} if given == "header" else {"auth": aiohttp.BasicAuth("a", "b")}
+    (tmp_path / "ds" / "meta").mkdir(parents=True)
+    (tmp_path / "ds" / "meta" / "info.json").write_bytes(b"{}")
+    with serve_folder(tmp_path) as server:
+        url = f"{server.url}/ds"
+        with pytest.raises(ValueError, match="password in the URL and with credentials in storage_options") as raised:
+            location = resolve_location(url.replace("http://", "http://alice:s3cret@"), storage_options=options)
+            location.fs.cat_file(location.meta_path("meta/info.json"))
+        assert str(raised.value).startswith(f"{url!r} is given") and "s3cret" not in str(raised.value)
+        assert server.records == []
+
+
 def test_a_fragment_is_refused_naming_the_fix(root: Path, server) -> None:
     with pytest.raises(ValueError, match="starts a fragment, which is never sent to the server; .* as %23"):
         open_dataset(f"{_url(server, root)}#ds")
