@@ -245,34 +245,6 @@ def _retry_after_s(error: BaseException) -> float:
     return 0.0
 
 
-#: Query parameters of a URL that carry a credential, by name (case-insensitive): a signed URL's (S3's ``X-Amz-*``,
-#: GCS's ``X-Goog-*``, CloudFront's ``Signature``/``Key-Pair-Id``, Azure SAS's ``sig``) and any name holding token,
-#: sig, credential, secret, pass(word), auth, key or session. Other parameters (S3's ``versionId``, a ``revision``)
-#: are no secret and say which data is read, so a description keeps them.
-SECRET_PARAM = re.compile(r"^(x-amz-|x-goog-)|token|sig|credential|secret|pass|auth|key|session", re.IGNORECASE)
-
-
-def _without_secret_params(error: BaseException | None) -> None:
-    """Blank, in place, the credentials (:data:`SECRET_PARAM`) in the query of the URL aiohttp's ``error`` names.
-
-    An http(s) dataset URL's query (``https://host/ds?token=...``) is sent as every request's ``params``, and
-    aiohttp's ``ClientResponseError`` says its request's URL, query and all: each retry's warning, the warning at
-    giving up and the error raised named the token. The request is named with its other parameters, each credential's
-    value replaced by ``***``."""
-    info = getattr(error, "request_info", None)
-    if error is None or not isinstance(info, tuple) or not hasattr(info, "_replace"):
-        return
-    urls = {}
-    for name in ("url", "real_url"):
-        url = getattr(info, name, None)
-        query = getattr(url, "query", None)
-        if isinstance(query, Mapping) and any(SECRET_PARAM.search(key) for key in query):
-            pairs = [(key, "***" if SECRET_PARAM.search(key) else value) for key, value in query.items()]
-            urls[name] = url.with_query(pairs)  # type: ignore[union-attr]  # (a yarl URL: it has a query)
-    if urls:
-        error.request_info = info._replace(**urls)  # type: ignore[attr-defined]
-
-
 def _unmasked(error: Exception) -> Exception:
     """The HTTP error behind fsspec's ``FileNotFoundError(url) from <whatever its GET hit>`` (its HTTP ``info``)
     when that was not a 404/410: an outage past the retries (a refused connection too), or a denied access,
@@ -546,8 +518,6 @@ class _Retrier:
                     io_stats.add("fetched_bytes", len(result))
                 return result
             except Exception as e:
-                for error in (e, e.__cause__):  # (fsspec's FileNotFoundError from aiohttp's error: raised unmasked)
-                    _without_secret_params(error)
                 if not is_transient(e):
                     unmasked = _unmasked(e)
                     if _status_of(unmasked) == _PRECONDITION_FAILED:  # (only reads of a pinned ETag send If-Match)

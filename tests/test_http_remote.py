@@ -237,28 +237,6 @@ def test_a_retrying_file_reads_seeks_and_decodes_text_as_a_local_file(tmp_path: 
             f.seek(-10, io.SEEK_END)
 
 
-@pytest.mark.parametrize(("fault", "retries"), [("503", 1), ("403", 0)])
-def test_a_token_in_the_url_query_is_named_in_no_error_or_warning(
-    tmp_path: Path, monkeypatch, caplog, slept: list[float], fault: str, retries: int
-) -> None:
-    """A dataset URL's query is sent as each request's params, and aiohttp's error names its request's URL with them:
-    the retries' warnings, the warning at giving up and the error raised named ``?token=...``. The token is now
-    '***' in all of them; the request is still named, with its other parameters."""
-    from lerobot_dali.dataset_location import resolve_location
-
-    monkeypatch.setenv(RETRIES_ENV, str(retries))
-    (tmp_path / "ds" / "meta").mkdir(parents=True)
-    (tmp_path / "ds" / "meta" / "info.json").write_bytes(b"{}")
-    with serve_folder(tmp_path) as server, caplog.at_level(logging.INFO, logger="lerobot_dali"):
-        location = resolve_location(f"{server.url}/ds?v=2&token=s3cr3t")
-        server.fail_next(*[fault] * (2 * retries + 2))  # (fsspec's info: a HEAD, then a GET)
-        with pytest.raises(aiohttp.ClientResponseError) as raised:
-            location.fs.cat_file(location.meta_path("meta/info.json"))
-    told = "\n".join([str(raised.value), *getattr(raised.value, "__notes__", ()), caplog.text])
-    assert raised.value.status == int(fault) and server.faults_injected == {fault: retries + 1}
-    assert "s3cr3t" not in told and f"{server.url}/ds/meta/info.json?v=2&token=***" in str(raised.value)
-
-
 # -- the reader and the iterator over HTTP -----------------------------------------------------------------
 
 
