@@ -31,6 +31,7 @@ from .errors import DatasetNotFoundError
 from .file_stamps import client_of
 from .remote_retry import RetryingFileSystem, fresh_instance
 from .said_once import say_once, warn_once
+from .url_secrets import is_secret_param
 
 __all__ = [
     "DatasetLocation",
@@ -315,25 +316,18 @@ def _http_query_as_params(target: str, options: dict[str, Any]) -> tuple[str, di
     return urlunsplit(parts._replace(query="")), {**options, "params": in_url + given_pairs}
 
 
-#: Query parameters of a URL that carry a credential, by name (case-insensitive): a signed URL's (S3's ``X-Amz-*``,
-#: GCS's ``X-Goog-*``, CloudFront's ``Signature``/``Key-Pair-Id``, Azure SAS's ``sig``) and any name holding token,
-#: sig, credential, secret, pass(word), auth, key or session. Other parameters (S3's ``versionId``, a ``revision``)
-#: are no secret and say which data is read, so a description keeps them.
-_SECRET_PARAM = re.compile(r"^(x-amz-|x-goog-)|token|sig|credential|secret|pass|auth|key|session", re.IGNORECASE)
-
-
 def _without_credentials(target: str) -> str:
     """``target`` (a URL) without the user and password it may carry (``https://user:token@host/ds``, which aiohttp
-    sends as basic auth) and without its query's credentials (:data:`_SECRET_PARAM`: ``s3://b/ds?versionId=3&
-    X-Amz-Signature=...`` keeps ``versionId=3``), whatever its scheme: a location's description is logged, written in
-    reports and saved in every stream state (a checkpoint's ``dataset_descriptions``), so it names the dataset alone.
-    The filesystem is built from ``target`` as given, so its requests still send them. (An http(s) URL's query was
-    moved to the requests' ``params`` before: its description has none.)"""
+    sends as basic auth) and without its query's credentials (:func:`~.url_secrets.is_secret_param`:
+    ``s3://b/ds?versionId=3&X-Amz-Signature=...`` keeps ``versionId=3``), whatever its scheme: a location's description
+    is logged, written in reports and saved in every stream state (a checkpoint's ``dataset_descriptions``), so it
+    names the dataset alone. The filesystem is built from ``target`` as given, so its requests still send them. (An
+    http(s) URL's query was moved to the requests' ``params`` before: its description has none.)"""
     parts = urlsplit(target)
     if "@" in parts.netloc:
         target = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
     pairs = parse_qsl(parts.query, keep_blank_values=True)
-    kept = [(name, value) for name, value in pairs if not _SECRET_PARAM.search(name)]
+    kept = [(name, value) for name, value in pairs if not is_secret_param(name)]
     if len(kept) == len(pairs):
         return target
     before, _, after = target.partition("?")  # (spelled as typed: urlunsplit drops the '//' of 'scheme://?a=b')

@@ -30,6 +30,7 @@ import fsspec
 from . import io_stats
 from .errors import DatasetError
 from .said_once import warn_once
+from .url_secrets import mask_error
 
 __all__ = [
     "IF_MATCH_ENV",
@@ -518,6 +519,7 @@ class _Retrier:
                     io_stats.add("fetched_bytes", len(result))
                 return result
             except Exception as e:
+                mask_error(e)  # (aiohttp's errors name the request's URL with its query: a signed URL's signature)
                 if not is_transient(e):
                     unmasked = _unmasked(e)
                     if _status_of(unmasked) == _PRECONDITION_FAILED:  # (only reads of a pinned ETag send If-Match)

@@ -7,15 +7,16 @@ carries ``Content-Length`` (where ``content_length`` names the method), ``ETag``
 ``Accept-Ranges: bytes``, a missing file is 404, and a directory answers an HTML index of links (as nginx
 ``autoindex`` does; off with ``listings=False``), which is how fsspec's ``ls``/``glob`` work over plain HTTP.
 
-Every request is recorded (:class:`RequestRecord`) and counted by ``(method, kind)`` with kind ``range``,
-``full``, ``listing``, ``missing``, ``rejected`` (writes: 405), ``unauthorized`` (401: a request without the
-``required_headers``), ``precondition`` (412: an ``If-Match`` that names another ETag than the file's; off with
-``if_match = False``) or ``fault``. With ``fault_every=N`` the N-th, 2N-th, ... request (all methods, in arrival
-order) fails with the next kind of ``faults`` in turn: ``503``, ``429``, ``403``, ``404`` and ``410`` answer that
-status (``404``: a CDN's or an eventually consistent store's passing 404 for a file it serves); ``drop`` sends the
-headers and half the body, then closes the connection (a ``HEAD`` or an empty body is closed before any byte), so
-aiohttp raises its own payload / disconnect errors; ``stall`` sends the headers, then waits ``stall_s`` seconds before
-the body (a server that hangs). :meth:`FolderServer.fail_next` scripts the next requests' faults instead, one each.
+Every request is recorded (:class:`RequestRecord`) and counted by ``(method, kind)`` with kind ``range``, ``full``,
+``listing``, ``missing``, ``rejected`` (writes: 405), ``unauthorized`` (401: a request without the
+``required_headers`` or ``required_query``), ``precondition`` (412: an ``If-Match`` that names another ETag than the
+file's; off with ``if_match = False``) or ``fault``. With ``fault_every=N`` the N-th, 2N-th, ... request (all
+methods, in arrival order) fails with the next kind of ``faults`` in turn: ``503``, ``429``, ``403``, ``404`` and
+``410`` answer that status (``404``: a CDN's or an eventually consistent store's passing 404 for a file it serves);
+``drop`` sends the headers and half the body, then closes the connection (a ``HEAD`` or an empty body is closed
+before any byte), so aiohttp raises its own payload / disconnect errors; ``stall`` sends the headers, then waits
+``stall_s`` seconds before the body (a server that hangs). :meth:`FolderServer.fail_next` scripts the next requests'
+faults instead, one each.
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ class FolderServer:
         self.link_prefix = ""
         #: Headers every request must carry (e.g. ``{"Authorization": "Bearer a"}``): one without is answered 401.
         self.required_headers: dict[str, str] = {}
+        #: Query parameters every request must carry (``{"sig": "s"}``: a signed URL's): one without is answered 401.
+        self.required_query: dict[str, str] = {}
         #: The methods whose answers for a file carry its ``Content-Length``: a ``GET`` left out ends its body by
         #: closing the connection (as a server streaming its output does), a ``HEAD`` gives no size (fsspec then GETs).
         self.content_length: frozenset[str] = frozenset({"GET", "HEAD"})
@@ -293,7 +296,10 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
                 extra = {} if fault in ("404", "410") else {"Retry-After": "0"}
                 self._status_only(int(fault), "injected fault", kind="fault", extra=extra)
                 return
-            if any(self.headers.get(name) != value for name, value in server.required_headers.items()):
+            query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query, keep_blank_values=True))
+            if any(self.headers.get(name) != value for name, value in server.required_headers.items()) or any(
+                query.get(name) != value for name, value in server.required_query.items()
+            ):
                 self._status_only(401, "unauthorized", kind="unauthorized")
                 return
             target = self._local()

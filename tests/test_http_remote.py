@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import socket
+import traceback
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,14 @@ import pytest
 from lerobot_dali.cli import main
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DatasetError, EpisodeMetadataError
-from lerobot_dali.remote_retry import REFUSED_HINT, RETRIES_ENV, RetryingFileSystem, RetryPolicy, is_transient
+from lerobot_dali.remote_retry import (
+    REFUSED_HINT,
+    RETRIES_ENV,
+    RetryingFileSystem,
+    RetryPolicy,
+    _status_of,
+    is_transient,
+)
 from tests.http_server import FolderServer, RequestRecord, parse_range, serve_folder
 from tests.test_iterator import DELTAS, LENGTHS, _dataset, _samples, assert_frames_equal_an_independent_decode
 from tests.test_remote import _assert_samples_equal, importable_in_workers, use_fast_retries
@@ -778,6 +786,37 @@ def test_a_password_in_the_url_beside_credentials_in_options_is_refused_unsaid(t
             location.fs.cat_file(location.meta_path("meta/info.json"))
         assert str(raised.value).startswith(f"{url!r} is given") and "s3cret" not in str(raised.value)
         assert server.records == []
+
+
+@pytest.mark.parametrize("fault", ["503", "403"])
+@pytest.mark.parametrize("remote_part", ["dataset", "data_files_root"])
+def test_a_signature_in_the_query_is_sent_but_named_in_no_log_or_error(
+    root: Path, server, monkeypatch, slept, caplog, remote_part, fault
+) -> None:
+    """A signed URL's query (``?sig=...``) went into aiohttp's errors, which name the request's URL with its query:
+    the warning that gave up on a read ("... ClientResponseError: 503, ..., url='...?sig=SIGSECRET'"), the error
+    raised and a 403's all held the signature. It is still sent with every request (the server refuses any without
+    it), and the logs, the error raised and its causes name it masked."""
+    monkeypatch.setenv(RETRIES_ENV, "1")
+    server.required_query = {"sig": "SIGSECRET", "scope": "all"}
+    caplog.set_level(logging.DEBUG, logger="lerobot_dali")
+    url = f"{_url(server, root)}?sig=SIGSECRET&scope=all"
+    remote = open_dataset(url) if remote_part == "dataset" else open_dataset(root, data_files_root=url)
+    server.set_faults(1, (fault,))  # (every request: a 503 past its one retry, or a 403, not retried)
+    with pytest.raises(Exception) as info:
+        remote.read_episode(0)
+    server.set_faults(0)
+    assert _status_of(info.value) == int(fault)  # (aiohttp's error itself, its status kept)
+    said = "".join(traceback.format_exception(info.value))  # (the error, its notes and its causes)
+    assert "SIGSECRET" not in said and "sig=***&scope=all" in said, said
+    ours = [r for r in caplog.records if r.name.startswith("lerobot_dali")]
+    assert ours and not [r for r in ours if "SIGSECRET" in logging.Formatter().format(r)], caplog.text  # (+ tracebacks)
+    gave_up = [r for r in ours if "gave up" in r.getMessage() and "sig=***&scope=all" in r.getMessage()]
+    assert len(gave_up) == (fault == "503"), caplog.text  # (a 403 is raised, not retried: no line)
+    local = open_dataset(root)
+    for pos in range(len(LENGTHS)):
+        np.testing.assert_array_equal(remote.read_episode(pos)["index"], local.read_episode(pos)["index"])
+    assert server.faults_injected[fault] >= 1 and not [r for r in server.records if r.kind == "unauthorized"]
 
 
 def test_a_fragment_is_refused_naming_the_fix(root: Path, server) -> None:

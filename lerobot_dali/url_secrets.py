@@ -1,0 +1,81 @@
+"""Credentials that URLs carry (a signed URL's ``sig``, ``X-Amz-Signature``, a ``token``; a ``user:password@``), masked
+wherever a URL is said.
+
+An http(s) dataset URL's query is sent with every request (:mod:`~lerobot_dali.dataset_location` moves it to the
+requests' ``params``), so aiohttp's errors name each request's URL with it: ``ClientResponseError``'s text is
+"503, message='Service Unavailable', url='https://host/ds/data/file-000.parquet?sig=...'", and a connection timeout's
+is "Connection timeout to host <url>". The retries log those errors, add notes to them and raise them:
+:func:`mask_error` masks them where the retries catch them, so every line and message made of them after is clean.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote
+
+__all__ = ["MASK", "is_secret_param", "mask_error", "masked"]
+
+#: What a credential is replaced with in text (``?sig=***&scope=all``).
+MASK = "***"
+
+#: Query parameters of a URL that carry a credential, by name (case-insensitive): a signed URL's (S3's ``X-Amz-*``,
+#: GCS's ``X-Goog-*``, CloudFront's ``Signature``/``Key-Pair-Id``, Azure SAS's ``sig``) and any name holding token,
+#: sig, credential, secret, pass(word), auth, key or session. Other parameters (S3's ``versionId``, a ``revision``)
+#: are no secret and say which data is read, so they are kept.
+_SECRET_PARAM = re.compile(r"^(x-amz-|x-goog-)|token|sig|credential|secret|pass|auth|key|session", re.IGNORECASE)
+#: A query parameter in text: after '?' or '&', its value up to the next '&', '#', white space or quote (a URL in an
+#: error's text is often quoted: ``url='...'``); a value holding ')' or ',' is masked whole, with what follows it.
+_QUERY_PARAM = re.compile(r"(?P<lead>[?&])(?P<name>[^=&#?\s'\"]+)=(?P<value>[^&#\s'\"]+)")
+#: A URL's ``user:password@`` (aiohttp sends it as basic auth).
+_USER_PASSWORD = re.compile(r"(?P<lead>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s'\"]*):[^/@\s'\"]+@")
+
+
+def is_secret_param(name: str) -> bool:
+    """Whether query parameter ``name`` (percent-encoded or not) carries a credential (:data:`_SECRET_PARAM`)."""
+    return _SECRET_PARAM.search(unquote(name)) is not None
+
+
+def masked(text: str) -> str:
+    """``text`` with the credentials of the URLs it names replaced by :data:`MASK`: the values of their credential-like
+    query parameters (:func:`is_secret_param`) and their passwords; the rest as it was."""
+
+    def param(match: re.Match[str]) -> str:
+        return f"{match['lead']}{match['name']}={MASK}" if is_secret_param(match["name"]) else match[0]
+
+    return _USER_PASSWORD.sub(rf"\g<lead>:{MASK}@", _QUERY_PARAM.sub(param, text))
+
+
+def mask_error(error: BaseException) -> BaseException:
+    """``error`` and the errors behind it (its ``__cause__`` and ``__context__``, and theirs) with the credentials of
+    the URLs their text names masked (:func:`masked`), in place, and returned: the URL of aiohttp's ``request_info``
+    (``ClientResponseError``'s text), their messages (``args``; an ``OSError``'s ``strerror`` and file names) and their
+    notes. Their type, status and headers stay, which the retries' checks read."""
+    pending, seen = [error], set()
+    while pending:
+        one = pending.pop()
+        if id(one) in seen:
+            continue
+        seen.add(id(one))
+        _mask_one(one)
+        pending += [e for e in (one.__cause__, one.__context__) if e is not None]
+    return error
+
+
+def _mask_one(error: BaseException) -> None:
+    info = getattr(error, "request_info", None)
+    if isinstance(info, tuple) and hasattr(info, "_replace") and hasattr(info, "real_url"):  # (aiohttp's RequestInfo)
+        urls = {name: getattr(info, name) for name in ("url", "real_url")}
+        if any(masked(str(url)) != str(url) for url in urls.values()):
+            error.request_info = info._replace(  # type: ignore[attr-defined]  # (yarl's URLs, spelled as sent)
+                **{name: type(url)(masked(str(url)), encoded=True) for name, url in urls.items()}
+            )
+    if any(isinstance(arg, str) and masked(arg) != arg for arg in error.args):
+        error.args = tuple(masked(arg) if isinstance(arg, str) else arg for arg in error.args)
+    if isinstance(error, OSError):
+        for name in ("strerror", "filename", "filename2"):
+            value = getattr(error, name)
+            if isinstance(value, str) and masked(value) != value:
+                setattr(error, name, masked(value))
+    notes = getattr(error, "__notes__", None)
+    if isinstance(notes, list) and any(isinstance(n, str) and masked(n) != n for n in notes):
+        error.__notes__ = [masked(n) if isinstance(n, str) else n for n in notes]  # type: ignore[attr-defined]
