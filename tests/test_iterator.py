@@ -1361,6 +1361,27 @@ def test_close_from_another_thread_ends_the_waiting_pass_with_a_clear_error(make
     assert seen == reference
 
 
+def _epoch_and_state_after_3_batches(root: Path, **kwargs: Any) -> tuple[list[int], dict[str, Any]]:
+    """The indices an iterator over ``root`` reads in its first epoch, and the state of another after 3 batches."""
+    reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
+    saver = DALILeRobotIterator(root, **kwargs)
+    for _ in zip(range(3), saver, strict=False):
+        pass
+    state = saver.state_dict()
+    saver.close()
+    return reference, state
+
+
+def _loading_from_another_thread(it: DALILeRobotIterator, state: dict[str, Any]) -> threading.Thread:
+    """A thread started to load ``state`` into ``it``, once its stream stands where ``state`` does (or after 30 s)."""
+    loader = threading.Thread(target=it.load_state_dict, args=(state,))
+    loader.start()
+    deadline = time.monotonic() + 30
+    while it._stream.samples_consumed != state["samples_consumed"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return loader
+
+
 @pytest.mark.parametrize("read", ["batch", "end"])
 def test_load_state_dict_from_another_thread_during_a_read_keeps_the_loaded_position(
     make_ds, monkeypatch, read
@@ -1375,12 +1396,7 @@ def test_load_state_dict_from_another_thread_during_a_read_keeps_the_loaded_posi
 
     root = _dataset(make_ds, "vp9")
     kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
-    reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
-    saver = DALILeRobotIterator(root, **kwargs)
-    for _ in zip(range(3), saver, strict=False):
-        pass
-    state = saver.state_dict()
-    saver.close()
+    reference, state = _epoch_and_state_after_3_batches(root, **kwargs)
     assert state["samples_consumed"] == 6
     it = DALILeRobotIterator(root, **kwargs)
     original, calls, loader = DALIGenericIterator.__next__, [0], []
@@ -1389,11 +1405,7 @@ def test_load_state_dict_from_another_thread_during_a_read_keeps_the_loaded_posi
     def loaded_meanwhile(self):
         calls[0] += 1
         if calls[0] == at_call:
-            loader.append(threading.Thread(target=it.load_state_dict, args=(state,)))
-            loader[0].start()
-            deadline = time.monotonic() + 30
-            while it._stream.samples_consumed != 6 and time.monotonic() < deadline:  # (the stream loaded)
-                time.sleep(0.01)
+            loader.append(_loading_from_another_thread(it, state))
         return original(self)
 
     monkeypatch.setattr(DALIGenericIterator, "__next__", loaded_meanwhile)
@@ -1418,22 +1430,13 @@ def test_load_state_dict_from_another_thread_during_the_pipeline_build_keeps_the
     the loads from before its build: that batch is dropped, and what is read after is the rest from sample 6."""
     root = _dataset(make_ds, "vp9")
     kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
-    reference = [int(i) for b in DALILeRobotIterator(root, **kwargs) for i in b["index"]]
-    saver = DALILeRobotIterator(root, **kwargs)
-    for _ in zip(range(3), saver, strict=False):
-        pass
-    state = saver.state_dict()
-    saver.close()
+    reference, state = _epoch_and_state_after_3_batches(root, **kwargs)
     it = DALILeRobotIterator(root, **kwargs)
     original, loader = iterator_module.build_pipeline, []
 
     def loaded_meanwhile(*args, **kwargs):
         if not loader:
-            loader.append(threading.Thread(target=it.load_state_dict, args=(state,)))
-            loader[0].start()
-            deadline = time.monotonic() + 30
-            while it._stream.samples_consumed != 6 and time.monotonic() < deadline:  # (the stream loaded)
-                time.sleep(0.01)
+            loader.append(_loading_from_another_thread(it, state))
         return original(*args, **kwargs)
 
     monkeypatch.setattr(iterator_module, "build_pipeline", loaded_meanwhile)
@@ -1457,12 +1460,7 @@ def test_a_load_of_another_order_at_the_pipeline_position_rebuilds_it_before_the
     (the batches of 6 onwards of seed 4 for seed 5's). It is built anew for the loaded order."""
     root = _dataset(make_ds, "vp9")
     kwargs = dict(batch_size=2, shuffle=True, device="cpu", num_workers=0, drop_last=False)
-    reference = [int(i) for b in DALILeRobotIterator(root, seed=5, **kwargs) for i in b["index"]]
-    saver = DALILeRobotIterator(root, seed=5, **kwargs)
-    for _ in zip(range(3), saver, strict=False):
-        pass
-    state = saver.state_dict()
-    saver.close()
+    reference, state = _epoch_and_state_after_3_batches(root, seed=5, **kwargs)
     it = DALILeRobotIterator(root, seed=4, **kwargs)
     for _ in zip(range(3), it, strict=False):
         pass
