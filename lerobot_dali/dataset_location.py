@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 import fsspec
 from fsspec.asyn import AsyncFileSystem
@@ -31,7 +31,7 @@ from .errors import DatasetNotFoundError
 from .file_stamps import client_of
 from .remote_retry import RetryingFileSystem, fresh_instance
 from .said_once import say_once, warn_once
-from .url_secrets import is_secret_param
+from .url_secrets import without_credentials
 
 __all__ = [
     "DatasetLocation",
@@ -184,7 +184,7 @@ def resolve_location(
         _revision_ignored(revision, target, "not a Hub dataset")
         target, options = _http_query_as_params(target, options)
         fs, root = _remote_fs(target, options)
-        return DatasetLocation(fs, root, fs, root, _without_credentials(target))
+        return DatasetLocation(fs, root, fs, root, without_credentials(target))
     if is_repo_id(target) and not os.path.exists(target):
         return _hub_location(target, revision, "", options, maybe_path=True)
     raise dataset_not_found(target)
@@ -303,7 +303,7 @@ def _http_query_as_params(target: str, options: dict[str, Any]) -> tuple[str, di
         return target, options
     if "#" in target:
         raise ValueError(
-            f"{_without_credentials(target)!r}: a '#' in an http(s) URL starts a fragment, which is never sent to "
+            f"{without_credentials(target)!r}: a '#' in an http(s) URL starts a fragment, which is never sent to "
             "the server; write a '#' that is part of a folder name as %23"
         )
     parts = urlsplit(target)
@@ -314,24 +314,6 @@ def _http_query_as_params(target: str, options: dict[str, Any]) -> tuple[str, di
     named = {name for name, _ in given_pairs}
     in_url = [(name, value) for name, value in parse_qsl(parts.query, keep_blank_values=True) if name not in named]
     return urlunsplit(parts._replace(query="")), {**options, "params": in_url + given_pairs}
-
-
-def _without_credentials(target: str) -> str:
-    """``target`` (a URL) without the user and password it may carry (``https://user:token@host/ds``, which aiohttp
-    sends as basic auth) and without its query's credentials (:func:`~.url_secrets.is_secret_param`:
-    ``s3://b/ds?versionId=3&X-Amz-Signature=...`` keeps ``versionId=3``), whatever its scheme: a location's description
-    is logged, written in reports and saved in every stream state (a checkpoint's ``dataset_descriptions``), so it
-    names the dataset alone. The filesystem is built from ``target`` as given, so its requests still send them. (An
-    http(s) URL's query was moved to the requests' ``params`` before: its description has none.)"""
-    parts = urlsplit(target)
-    if "@" in parts.netloc:
-        target = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-    pairs = parse_qsl(parts.query, keep_blank_values=True)
-    kept = [(name, value) for name, value in pairs if not is_secret_param(name)]
-    if len(kept) == len(pairs):
-        return target
-    before, _, after = target.partition("?")  # (spelled as typed: urlunsplit drops the '//' of 'scheme://?a=b')
-    return f"{before}{'?' if kept else ''}{urlencode(kept)}{''.join(after.partition('#')[1:])}"
 
 
 def _http_timeouts(target: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -534,7 +516,7 @@ def with_bulk_root(
     else:
         target, options = _http_query_as_params(target, storage_options or {})
         fs, root = _remote_fs(target, options)
-    target = _without_credentials(target)
+    target = without_credentials(target)
     say_once(logger, logging.INFO, "%s: reading data/ and videos/ from %s", location.description, target)
     description = f"{location.description} (data files: {target})"
     return replace(location, fs=fs, root=root, description=description, hub_snapshot=None)
@@ -571,10 +553,10 @@ def _credentials_as_auth(target: str, options: dict[str, Any]) -> tuple[str, dic
     headers = options.get("headers") or {}
     if "auth" in options or any(str(name).lower() == "authorization" for name in headers):
         raise ValueError(
-            f"{_without_credentials(target)!r} is given with a user and password in the URL and with credentials "
+            f"{without_credentials(target)!r} is given with a user and password in the URL and with credentials "
             "in storage_options (auth, or an Authorization header), which cannot be sent together: pass one of them"
         )
-    return _without_credentials(target), {**options, "headers": {**headers, "Authorization": auth.encode()}}
+    return without_credentials(target), {**options, "headers": {**headers, "Authorization": auth.encode()}}
 
 
 def _as_sent(target: str) -> str:

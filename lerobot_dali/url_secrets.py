@@ -1,5 +1,6 @@
-"""Credentials that URLs carry (a signed URL's ``sig``, ``X-Amz-Signature``, a ``token``; a ``user:password@``), masked
-wherever a URL is said.
+"""Credentials that URLs carry (a signed URL's ``sig``, ``X-Amz-Signature``, a ``token``; a ``user:password@``), left
+out of a dataset's description (:func:`without_credentials`: saved in states, logged) and masked wherever else a URL
+is said.
 
 An http(s) dataset URL's query is sent with every request (:mod:`~lerobot_dali.dataset_location` moves it to the
 requests' ``params``), so aiohttp's errors name each request's URL with it: ``ClientResponseError``'s text is
@@ -11,9 +12,9 @@ is "Connection timeout to host <url>". The retries log those errors, add notes t
 from __future__ import annotations
 
 import re
-from urllib.parse import unquote
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
-__all__ = ["MASK", "is_secret_param", "mask_error", "masked"]
+__all__ = ["MASK", "is_secret_param", "mask_error", "masked", "without_credentials"]
 
 #: What a credential is replaced with in text (``?sig=***&scope=all``).
 MASK = "***"
@@ -33,6 +34,24 @@ _USER_PASSWORD = re.compile(r"(?P<lead>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s'\"]*)
 def is_secret_param(name: str) -> bool:
     """Whether query parameter ``name`` (percent-encoded or not) carries a credential (:data:`_SECRET_PARAM`)."""
     return _SECRET_PARAM.search(unquote(name)) is not None
+
+
+def without_credentials(target: str) -> str:
+    """``target`` (a URL) without the user and password it may carry (``https://user:token@host/ds``, which aiohttp
+    sends as basic auth) and without its query's credentials (:func:`is_secret_param`:
+    ``s3://b/ds?versionId=3&X-Amz-Signature=...`` keeps ``versionId=3``), whatever its scheme: a location's description
+    is logged, written in reports and saved in every stream state (a checkpoint's ``dataset_descriptions``), so it
+    names the dataset alone. The filesystem is built from ``target`` as given, so its requests still send them. (An
+    http(s) URL's query was moved to the requests' ``params`` before: its description has none.)"""
+    parts = urlsplit(target)
+    if "@" in parts.netloc:
+        target = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    kept = [(name, value) for name, value in pairs if not is_secret_param(name)]
+    if len(kept) == len(pairs):
+        return target
+    before, _, after = target.partition("?")  # (spelled as typed: urlunsplit drops the '//' of 'scheme://?a=b')
+    return f"{before}{'?' if kept else ''}{urlencode(kept)}{''.join(after.partition('#')[1:])}"
 
 
 def masked(text: str) -> str:
