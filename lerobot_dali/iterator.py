@@ -355,23 +355,20 @@ class DALILeRobotIterator:
         return self._stream.order.num_samples(epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """Seed, epoch, samples the trainer has taken, world size, batch size, and the order options (shuffle,
-        pool size, rank balance, episode piece size, frames never sampled at episode ends; a resume under others
-        is refused where they change the order): enough to resume exactly. Shuffled, also this rank's episode pool at
-        that position (a few integers per pooled episode), so a resume on these ranks starts there instead of
-        replaying the epoch's pool up to it (3 s of CPU 13.7M samples in); the ranks' states then differ in it alone.
+        """Everything a resume needs to continue exactly: seed, epoch, samples the trainer has taken, world and
+        batch size, and the options that shape the order (a resume under others is refused where they change it).
+        Shuffled, also this rank's episode pool at that position (a few integers per pooled episode), so a resume
+        starts there instead of replaying the epoch's pool up to it (3 s of CPU 13.7M samples in); the ranks' states
+        then differ in it alone.
 
-        Also which episodes the stream runs over (a count and a digest), so a resume over another dataset or
-        another ``episodes=`` selection fails instead of continuing a different order; which datasets (a union's in
-        its order), each a digest of its content (the episodes read) and one of the dataset whatever episodes are read
-        (info.json, task table), wherever it is read from, and its path or URL: the same datasets of a union listed
-        otherwise fail too, one of them moved to a server or not, or with their ``episodes=`` selections left in
-        place, and a dataset of the same episodes but
-        other contents (edited, re-encoded, re-generated, or another one of the same shape) resumes with a warning
-        naming both; and the version of what the augmentation config means
-        (``augment_version``, :mod:`.augment_semantics`), so a resume by a lerobot_dali that augments that config
-        otherwise warns, saying what changed. It may be taken from another thread (an
-        asynchronous checkpoint): it is always a position the stream passed through.
+        It also says what it was read from: the episodes (a count and a digest) and each dataset, a union's in its
+        order (a digest of the episodes read, one of the dataset whatever episodes are read: info.json and task
+        table, and its path or URL). A resume over other episodes, a union listed otherwise or swapped datasets
+        fails instead of continuing a different order, wherever the datasets are read from; one over the same
+        episodes with other contents (edited, re-encoded, re-generated) warns, naming both. ``augment_version``
+        (:mod:`.augment_semantics`) makes a resume by a lerobot_dali that augments the config otherwise warn.
+
+        Safe from another thread (an asynchronous checkpoint): it is always a position the stream passed through.
         """
         return {
             **self._stream.state_dict(),
