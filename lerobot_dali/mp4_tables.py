@@ -17,7 +17,7 @@ from typing import IO
 
 import numpy as np
 
-__all__ = ["Edit", "Mp4Track", "SampleTable", "read_mp4_tracks"]
+__all__ = ["Edit", "Mp4Track", "SampleTable", "fragmented_file_cut", "read_mp4_tracks"]
 
 # Largest moov box read into memory; real moov boxes are about 20 bytes per sample.
 _MAX_MOOV_BYTES = 512 * 1024 * 1024
@@ -106,6 +106,72 @@ def read_mp4_tracks(handle: IO[bytes], file_size: int) -> dict[int, Mp4Track] | 
     if tracks is None or len(media) > _MAX_MEDIA_BOXES:
         return tracks
     return {track_id: replace(track, media_data=tuple(media)) for track_id, track in tracks.items()}
+
+
+def fragmented_file_cut(handle: IO[bytes], file_size: int) -> str | None:
+    """Where the top-level boxes of a fragmented MP4 (``moof``/``mdat`` pairs after ``moov``) say its file is cut
+    short, or None where they show no cut. FFmpeg's demuxer drops the samples past a cut without an error, so a cut
+    file demuxes as a shorter video.
+
+    A file that ends with its ``mfra`` box (FFmpeg writes one unless told ``skip_trailer``; found from the ``mfro`` box
+    ending the file: two small reads) is whole. Else every top-level box header is read: the file is cut where a box,
+    or the byte range a segment index (``sidx``: a global one lists every fragment) covers, extends past the file's
+    end, where it ends within a box header, or where it ends with a fragment's ``moof`` whose media data (the
+    ``mdat`` after it) is missing. A file cut exactly between two fragments, with neither an ``mfra`` box nor a
+    global ``sidx``, looks whole: nothing in it says how many fragments it had (FFmpeg writes no ``mehd``).
+    """
+    if file_size >= 16 and _ends_with_mfra(handle, file_size):
+        return None
+    position, last = 0, (b"", 0)  # (the last moof or mdat box, and where its header starts)
+    for kind, start, end in _top_level_boxes(handle, file_size):
+        if kind is None:
+            return None  # (bytes that are no box: not a cut's signature)
+        header_at = position
+        if end > file_size:
+            name = kind.decode("latin-1")
+            return f"its {name} box at byte {header_at} extends to byte {end} but the file has {file_size} bytes"
+        if kind == b"sidx":
+            covered = _sidx_end(handle, start, end)
+            if covered is not None and covered > file_size:
+                return (
+                    f"its segment index (the sidx box at byte {header_at}) lists fragments to byte {covered} but the "
+                    f"file has {file_size} bytes"
+                )
+        if kind in (b"moof", b"mdat"):
+            last = (kind, header_at)
+        position = end
+    if position < file_size:  # (fewer bytes than a box header: what is left of one)
+        return f"it ends within the header of a box at byte {position} (the file has {file_size} bytes)"
+    if last[0] == b"moof":
+        return f"its last fragment's media data (the mdat box after its moof box at byte {last[1]}) is missing"
+    return None
+
+
+def _ends_with_mfra(handle: IO[bytes], file_size: int) -> bool:
+    """Whether the file ends with an ``mfra`` box, as the ``mfro`` box that ends it says."""
+    handle.seek(file_size - 16)
+    size, kind, _, mfra_size = struct.unpack(">I4sII", handle.read(16))
+    if (size, kind) != (16, b"mfro") or not 16 <= mfra_size <= file_size:
+        return False
+    handle.seek(file_size - mfra_size)
+    return struct.unpack(">I4s", handle.read(8)) == (mfra_size, b"mfra")
+
+
+def _sidx_end(handle: IO[bytes], start: int, end: int) -> int | None:
+    """The end of the byte range a ``sidx`` box (payload ``start`` to ``end``) indexes: from the box's end plus its
+    first offset, each reference's size; None where the box does not parse."""
+    handle.seek(start)
+    payload = handle.read(min(end - start, 1 << 20))
+    wide = len(payload) > 0 and payload[0] == 1
+    head = ">12xQQ2xH" if wide else ">12xII2xH"
+    if len(payload) < struct.calcsize(head):
+        return None
+    _, first_offset, count = struct.unpack_from(head, payload)
+    at = struct.calcsize(head)
+    if at + 12 * count > len(payload):
+        return None
+    sizes = np.frombuffer(payload, dtype=">u4", count=3 * count, offset=at)[::3] & 0x7FFFFFFF
+    return end + int(first_offset) + int(sizes.astype(np.int64).sum())
 
 
 def _top_level_boxes(handle: IO[bytes], file_size: int) -> Iterator[tuple[bytes | None, int, int]]:

@@ -48,6 +48,7 @@ from tests.video_fixtures import (
     cr5_video,
     r1_video,
     remux,
+    top_level_boxes,
     write_undecodable_mp4,
 )
 
@@ -598,3 +599,54 @@ def test_a_matroska_file_cut_short_is_refused(
         with pytest.raises(VideoDecodeError, match=rf"cut\.{container_format}: its Matroska segment extends to byte "
                            rf"{len(raw)} but the file has {end} bytes; the file is truncated"):  # fmt: skip
             build_packet_index(cut)
+
+
+@pytest.mark.parametrize("codec", ["h264", "hevc"])
+def test_a_fragmented_mp4_cut_short_is_refused(marker_video: MarkerVideo, tmp_path: Path, codec: str) -> None:
+    """FFmpeg's demuxer drops a fragmented MP4's samples past a cut without an error: a file of moof/mdat fragments cut
+    anywhere after its moov was indexed as a shorter video (4,022 of 5,604 cuts of 43 such files), and a lookup past
+    its last packet blamed the dataset's rows. Its boxes say it is cut: one extends past the file's end, the file ends
+    within a box header or after a fragment's moof without its mdat, or its segment index lists more; the whole file
+    indexes as its decode shows (3 fragments of 30 frames and FFmpeg's mfra box)."""
+    flags = "frag_keyframe+empty_moov+default_base_moof"
+    whole = remux(marker_video(codec, 30), tmp_path / "whole.mp4", movflags=flags)
+    raw = whole.read_bytes()
+    boxes = top_level_boxes(raw)
+    assert [kind for kind, _, _ in boxes] == [b"ftyp", b"moov", *[b"moof", b"mdat"] * 3, b"mfra"]
+    assert build_packet_index(whole).frame_count == len(_decoded_pts(whole)) == 90
+    (_, moof, _), (_, mdat, mdat_end), (_, mfra, _) = boxes[4], boxes[5], boxes[-1]
+    cut = tmp_path / "cut.mp4"
+    for end, said in [
+        ((mdat + mdat_end) // 2, f"its mdat box at byte {mdat} extends to byte {mdat_end} but the file has"),
+        (mdat, f"its last fragment's media data (the mdat box after its moof box at byte {moof}) is missing"),
+        (moof + 4, f"it ends within the header of a box at byte {moof} (the file has {moof + 4} bytes)"),
+        (len(raw) - 1, f"its mfra box at byte {mfra} extends to byte {len(raw)} but the file has"),
+    ]:
+        cut.write_bytes(raw[:end])
+        with pytest.raises(VideoDecodeError, match=re.escape(f"cut.mp4: {said}") + ".*; the file is truncated"):
+            build_packet_index(cut)
+
+
+def test_a_fragmented_mp4_cut_between_fragments_is_refused_by_its_segment_index(
+    marker_video: MarkerVideo, tmp_path: Path
+) -> None:
+    """Cut exactly between two fragments, a fragmented MP4 looks whole but for the boxes that list its fragments: a
+    global segment index (sidx) at its start, or FFmpeg's mfra box at its end, which such a cut removes. With a sidx the
+    cut is refused; with neither (FFmpeg's skip_trailer), nothing in the file says it had more fragments: it is indexed
+    as the frames it holds, as a decode shows them."""
+    flags = "frag_keyframe+empty_moov+default_base_moof+skip_trailer"
+    cut = tmp_path / "cut.mp4"
+    for listed in (True, False):
+        whole = remux(marker_video("h264", 30), tmp_path / "whole.mp4", movflags=flags + "+global_sidx" * listed)
+        raw = whole.read_bytes()
+        boxes = top_level_boxes(raw)
+        assert [kind for kind, _, _ in boxes] == [b"ftyp", b"moov", *[b"sidx"] * listed, *[b"moof", b"mdat"] * 3]
+        assert build_packet_index(whole).frame_count == len(_decoded_pts(whole)) == 90
+        end = boxes[-2][1]  # (the third fragment's moof)
+        cut.write_bytes(raw[:end])
+        if listed:
+            said = f"its segment index (the sidx box at byte {boxes[2][1]}) lists fragments to byte {len(raw)} but"
+            with pytest.raises(VideoDecodeError, match=re.escape(f"cut.mp4: {said} the file has {end} bytes; the")):
+                build_packet_index(cut)
+        else:
+            assert build_packet_index(cut).frame_count == len(_decoded_pts(cut)) == 60

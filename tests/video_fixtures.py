@@ -179,6 +179,16 @@ def write_undecodable_mp4(path: Path, *, frames: int, fps: int, width: int, heig
     return path
 
 
+def top_level_boxes(raw: bytes) -> list[tuple[bytes, int, int]]:
+    """(type, start, end) of each top-level box of the MP4 file ``raw``, headers included (no 64-bit sizes)."""
+    boxes, start = [], 0
+    while start + 8 <= len(raw):
+        size, kind = struct.unpack_from(">I4s", raw, start)
+        boxes.append((kind, start, start + size))
+        start += size
+    return boxes
+
+
 def with_edit_list(path: Path, target: Path, entries: list[tuple[int, int]]) -> Path:
     """Write ``path`` (an MP4 whose ``moov`` follows its media, with one track and an edit list) to ``target`` with
     that edit list replaced by ``entries``: (segment duration in the movie's timescale, media time in the track's;
