@@ -13,6 +13,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import IO
 
 import numpy as np
@@ -72,6 +73,10 @@ class Mp4Track:
     media_data: tuple[tuple[int, int], ...] | None = None
     #: The entries of the track's edit list (none without one), or None where it does not parse.
     edits: tuple[Edit, ...] | None = ()
+    #: A fragmented movie's whole duration, fragments included, in seconds, the same for every track: its longest
+    #: track's, as its ``mehd`` box gives it; None without one (FFmpeg writes none; GPAC and Bento4 do) or where it
+    #: gives 0 (not known when written).
+    movie_duration_s: Fraction | None = None
 
     def composition_offsets(self) -> np.ndarray | None:
         """Each sample's composition offset (zeros without ``ctts``), or None when ``ctts`` does not fit."""
@@ -118,7 +123,8 @@ def fragmented_file_cut(handle: IO[bytes], file_size: int) -> str | None:
     or the byte range a segment index (``sidx``: a global one lists every fragment) covers, extends past the file's
     end, where it ends within a box header, or where it ends with a fragment's ``moof`` whose media data (the
     ``mdat`` after it) is missing. A file cut exactly between two fragments, with neither an ``mfra`` box nor a
-    global ``sidx``, looks whole: nothing in it says how many fragments it had (FFmpeg writes no ``mehd``).
+    global ``sidx``, has whole boxes: only a duration its ``moov`` gives (:attr:`Mp4Track.movie_duration_s`, which
+    FFmpeg does not write) can say it had more fragments.
     """
     if file_size >= 16 and _ends_with_mfra(handle, file_size):
         return None
@@ -220,6 +226,7 @@ def _find_box(data: bytes, start: int, end: int, path: tuple[bytes, ...]) -> tup
 def _parse_moov(data: bytes, file_size: int) -> dict[int, Mp4Track] | None:
     fragmented = _find_box(data, 0, len(data), (b"mvex",)) is not None
     movie_timescale = _timescale(data, _find_box(data, 0, len(data), (b"mvhd",)))
+    movie_duration_s = _fragmented_duration_s(data, movie_timescale)
     tracks: dict[int, Mp4Track] = {}
     for kind, start, end in _child_boxes(data, 0, len(data)):
         if kind != b"trak":
@@ -245,7 +252,7 @@ def _parse_moov(data: bytes, file_size: int) -> dict[int, Mp4Track] | None:
         edits = _edit_list(data, start, end, movie_timescale, media_timescale)
         track = Mp4Track(
             track_id, sample_count, counts, offsets, fragmented, _sample_table(data, stbl, sample_count),
-            _sample_entry(data, *stbl), edits=edits,
+            _sample_entry(data, *stbl), edits=edits, movie_duration_s=movie_duration_s,
         )  # fmt: skip
         tracks[track_id] = track if _shows_every_sample(track) else replace(track, samples=None)
     return tracks
@@ -260,6 +267,18 @@ def _timescale(data: bytes, box: tuple[int, int] | None) -> int | None:
         return None
     (timescale,) = struct.unpack_from(">I", data, at)
     return int(timescale) or None
+
+
+def _fragmented_duration_s(data: bytes, movie_timescale: int | None) -> Fraction | None:
+    """The duration, in seconds, the ``mehd`` box in ``mvex`` gives the whole movie; None without one, or 0."""
+    mehd = _find_box(data, 0, len(data), (b"mvex", b"mehd"))
+    if mehd is None or movie_timescale is None or mehd[0] + 8 > mehd[1]:
+        return None
+    wide = data[mehd[0]] == 1
+    if mehd[0] + (12 if wide else 8) > mehd[1]:
+        return None
+    (duration,) = struct.unpack_from(">Q" if wide else ">I", data, mehd[0] + 4)
+    return Fraction(duration, movie_timescale) if duration else None
 
 
 def _edit_list(

@@ -318,8 +318,9 @@ def _check_fragments(handle: IO[bytes], file_size: int, *, label: str) -> None:
     FFmpeg's demuxer drops the samples past the cut without an error, so such a file was indexed as a shorter video:
     4,022 of 5,604 cuts (every top-level box boundary and random bytes of H.264, HEVC and AV1 files in 14 fragmented
     layouts). 356 still are, each exactly between two fragments of a file whose cut took its ``mfra`` box (or that had
-    none) and that has no global ``sidx``: nothing left in such a file says it had more fragments, so it is indexed
-    as the frames it holds, as any demuxer reads it."""
+    none) and that has no global ``sidx``: unless its ``mehd`` box gives the movie's duration
+    (:func:`_check_movie_duration`, after the demux), nothing left in such a file says it had more fragments, so it is
+    indexed as the frames it holds, as any demuxer reads it."""
     why = fragmented_file_cut(handle, file_size)
     if why is not None:
         raise _truncated(label, why)
@@ -375,6 +376,7 @@ def _index_container(
     if demux or tracks is None:
         rows, first_key = _rows_from_demux(container, stream, samples, heads, label=label)
         _check_listed_samples(track, len(rows), label=label, file_size=file_size)
+        _check_movie_duration(container, tracks, rows, label=label)
     else:
         rows = _rows_from_sample_tables(container, stream, tracks, samples, label=label, file_size=file_size)
         if rows is None:
@@ -433,6 +435,26 @@ def _index_container(
         keyframe_sizes_checked=sizes_checked,
         hidden=table[:, 5].astype(bool),
     )
+
+
+def _check_movie_duration(container: Any, tracks: dict[int, Mp4Track] | None, rows: list[Row], *, label: str) -> None:
+    """VideoDecodeError where a fragmented movie's ``mehd`` box gives it a longer duration than its tracks hold after
+    a demux, by more than half a frame of the video: the file was cut between two fragments, which its boxes alone
+    cannot tell (:func:`_check_fragments`). What the tracks hold is the longer of FFmpeg's longest stream duration
+    (every sample's duration summed, the last one's included) and the video's last frame's end counted from time 0
+    (a writer without an edit list may count the B-frame delay in). Not judged where a track is no stream FFmpeg
+    reads (its duration unknown)."""
+    stated = None if not tracks else next(iter(tracks.values())).movie_duration_s
+    if stated is None or len(rows) < 2 or not set(tracks or ()) <= {int(s.id) for s in container.streams}:
+        return
+    pts = np.sort([row[0] for row in rows])
+    time_base = Fraction(container.streams.video[0].time_base)
+    interval = int(np.median(np.diff(pts))) * time_base
+    durations = [Fraction(s.duration) * s.time_base for s in container.streams if s.duration]
+    held = max([*durations, int(pts[-1]) * time_base + interval])
+    if stated - held > interval / 2:
+        why = f"its tracks hold {float(held):.3f} s but its mehd box gives the movie {float(stated):.3f} s"
+        raise _truncated(label, f"{why} (a cut between two of its fragments)")
 
 
 def no_decoder_error(label: str, track: Mp4Track | None) -> CodecUnsupportedError:

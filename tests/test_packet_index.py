@@ -49,6 +49,7 @@ from tests.video_fixtures import (
     r1_video,
     remux,
     top_level_boxes,
+    with_movie_duration,
     write_undecodable_mp4,
 )
 
@@ -647,6 +648,27 @@ def test_a_fragmented_mp4_cut_between_fragments_is_refused_by_its_segment_index(
         if listed:
             said = f"its segment index (the sidx box at byte {boxes[2][1]}) lists fragments to byte {len(raw)} but"
             with pytest.raises(VideoDecodeError, match=re.escape(f"cut.mp4: {said} the file has {end} bytes; the")):
+                build_packet_index(cut)
+        else:
+            assert build_packet_index(cut).frame_count == len(_decoded_pts(cut)) == 60
+
+
+def test_a_fragmented_mp4_cut_between_fragments_is_refused_by_its_movie_duration(
+    marker_video: MarkerVideo, tmp_path: Path
+) -> None:
+    """Cut exactly between two fragments, a fragmented MP4 whose moov gives the whole movie's duration (an mehd box, as
+    GPAC and Bento4 write) holds less than that: refused (it was indexed as the frames left, 60 of 90); the whole file,
+    and a cut file whose mehd gives 0 (not known when written), index as a decode shows them."""
+    flags = "frag_keyframe+empty_moov+default_base_moof+skip_trailer"
+    source = remux(marker_video("h264", 30), tmp_path / "source.mp4", movflags=flags)
+    whole, cut = tmp_path / "whole.mp4", tmp_path / "cut.mp4"
+    for seconds in (3.0, 0.0):
+        raw = with_movie_duration(source, whole, seconds).read_bytes()
+        assert build_packet_index(whole).frame_count == len(_decoded_pts(whole)) == 90
+        cut.write_bytes(raw[: top_level_boxes(raw)[-2][1]])  # (before the third fragment's moof)
+        if seconds:
+            said = "cut.mp4: its tracks hold 2.067 s but its mehd box gives the movie 3.000 s (a cut between two of"
+            with pytest.raises(VideoDecodeError, match=re.escape(said) + ".*; the file is truncated"):
                 build_packet_index(cut)
         else:
             assert build_packet_index(cut).frame_count == len(_decoded_pts(cut)) == 60

@@ -189,26 +189,44 @@ def top_level_boxes(raw: bytes) -> list[tuple[bytes, int, int]]:
     return boxes
 
 
+def _child_box(raw: bytes | bytearray, kind: bytes, start: int, end: int) -> tuple[int, int]:
+    """(start, end) of the first ``kind`` box among the boxes in ``raw[start:end]``, headers included."""
+    while start + 8 <= end:
+        size, found = struct.unpack_from(">I4s", raw, start)
+        if found == kind:
+            return start, start + size
+        start += size
+    raise AssertionError(f"no {kind!r} box")
+
+
+def with_movie_duration(path: Path, target: Path, seconds: float) -> Path:
+    """Write the fragmented MP4 ``path`` (written with ``default_base_moof``: its fragments address their data from
+    their own moof, so moving them moves nothing they point at) to ``target`` with an ``mehd`` box giving the movie
+    ``seconds``, as GPAC and Bento4 write one (FFmpeg writes none)."""
+    raw = bytearray(path.read_bytes())
+    moov = _child_box(raw, b"moov", 0, len(raw))
+    mvhd = _child_box(raw, b"mvhd", moov[0] + 8, moov[1])
+    mvex = _child_box(raw, b"mvex", moov[0] + 8, moov[1])
+    assert raw[mvhd[0] + 8] == 0, "mvhd version 0"
+    timescale = struct.unpack_from(">I", raw, mvhd[0] + 20)[0]
+    for start, _ in (moov, mvex):
+        struct.pack_into(">I", raw, start, struct.unpack_from(">I", raw, start)[0] + 16)
+    raw[mvex[0] + 8 : mvex[0] + 8] = struct.pack(">I4sII", 16, b"mehd", 0, round(seconds * timescale))
+    target.write_bytes(bytes(raw))
+    return target
+
+
 def with_edit_list(path: Path, target: Path, entries: list[tuple[int, int]]) -> Path:
     """Write ``path`` (an MP4 whose ``moov`` follows its media, with one track and an edit list) to ``target`` with
     that edit list replaced by ``entries``: (segment duration in the movie's timescale, media time in the track's;
     -1 for an empty edit), at normal rate. FFmpeg then demuxes the frames the edits hide flagged to be decoded and
     not shown."""
     raw = bytearray(path.read_bytes())
-
-    def child(kind: bytes, start: int, end: int) -> tuple[int, int]:
-        while start + 8 <= end:
-            size, found = struct.unpack_from(">I4s", raw, start)
-            if found == kind:
-                return start, start + size
-            start += size
-        raise AssertionError(f"no {kind!r} box")
-
-    moov = child(b"moov", 0, len(raw))
-    assert moov[0] > child(b"mdat", 0, len(raw))[0], "moov before mdat: chunk offsets would move"
-    trak = child(b"trak", moov[0] + 8, moov[1])
-    edts = child(b"edts", trak[0] + 8, trak[1])
-    elst = child(b"elst", edts[0] + 8, edts[1])
+    moov = _child_box(raw, b"moov", 0, len(raw))
+    assert moov[0] > _child_box(raw, b"mdat", 0, len(raw))[0], "moov before mdat: chunk offsets would move"
+    trak = _child_box(raw, b"trak", moov[0] + 8, moov[1])
+    edts = _child_box(raw, b"edts", trak[0] + 8, trak[1])
+    elst = _child_box(raw, b"elst", edts[0] + 8, edts[1])
     body = struct.pack(">I4sII", 16 + 12 * len(entries), b"elst", 0, len(entries))
     body += b"".join(struct.pack(">IihH", duration, media_time, 1, 0) for duration, media_time in entries)
     grow = len(body) - (elst[1] - elst[0])
