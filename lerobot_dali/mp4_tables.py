@@ -156,11 +156,14 @@ def fragmented_file_cut(handle: IO[bytes], file_size: int) -> str | None:
 def _ends_with_mfra(handle: IO[bytes], file_size: int) -> bool:
     """Whether the file ends with an ``mfra`` box, as the ``mfro`` box that ends it says."""
     handle.seek(file_size - 16)
-    size, kind, _, mfra_size = struct.unpack(">I4sII", handle.read(16))
-    if (size, kind) != (16, b"mfro") or not 16 <= mfra_size <= file_size:
+    mfro = handle.read(16)
+    if len(mfro) < 16 or mfro[:8] != b"\x00\x00\x00\x10mfro":
+        return False
+    (mfra_size,) = struct.unpack_from(">I", mfro, 12)
+    if not 24 <= mfra_size <= file_size:  # (its header and the mfro box at least)
         return False
     handle.seek(file_size - mfra_size)
-    return struct.unpack(">I4s", handle.read(8)) == (mfra_size, b"mfra")
+    return handle.read(8) == struct.pack(">I4s", mfra_size, b"mfra")
 
 
 def _sidx_end(handle: IO[bytes], start: int, end: int) -> int | None:
