@@ -18,7 +18,8 @@ fetching it again if the disk damaged it in between.
 
 One writer per directory: a cache takes an exclusive lock on its directory (``flock``), so two runs that would
 share one (two jobs on a node, a train and a validation iterator) do not evict each other's held entries;
-:meth:`RangeCache.open_free_slot` gives the second one a sibling directory.
+:meth:`RangeCache.open_free_slot` gives the second one a sibling directory. A child forked from the writer's process
+gives its copy of the lock up at once: it is the parent's directory.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import os
 import shutil
 import threading
 import time
+import weakref
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
@@ -163,6 +165,7 @@ class RangeCache:
         self._warned_full = False
         self._warned_write = False
         self._lock_file = _lock_directory(self.directory)
+        _holding.add(self)
         mark_used(self.directory / _LOCK)  # the slot's last use, for prune_unused_slots
         self._adopt()
 
@@ -425,6 +428,25 @@ class RangeCache:
         self._make_room(0)
         if found:
             logger.info("prefetch cache %s: adopted %d range(s), %d bytes", self.directory, len(found), self._bytes)
+
+
+#: The caches of this process that hold their directory's lock (or did: a closed one holds no file).
+_holding: weakref.WeakSet[RangeCache] = weakref.WeakSet()
+
+
+def _leave_to_parent() -> None:
+    """In a child just forked (``os.fork``, multiprocessing's ``fork``: a fork-based DataLoader, a helper process):
+    each cache's lock file closed, the cache closed (it writes nothing: the directory is the parent's). A ``flock``
+    belongs to the open file, which the fork shares: while such a child lived, the parent's close let its directory go
+    to no one, and its next cache took a sibling slot, cold (1 of 1)."""
+    for cache in list(_holding):
+        handle, cache._lock_file = cache._lock_file, None
+        if handle is not None:
+            with contextlib.suppress(OSError):
+                handle.close()  # (the child's descriptor only: the parent's lock stays)
+
+
+os.register_at_fork(after_in_child=_leave_to_parent)
 
 
 def _lock_directory(directory: Path) -> Any:

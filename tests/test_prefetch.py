@@ -166,6 +166,39 @@ def test_a_cache_directory_has_one_writer_and_a_second_run_takes_a_sibling_slot(
     assert again.directory == tmp_path / "rank-0" and again.bytes_cached == 100
 
 
+def test_a_child_forked_while_a_cache_holds_its_directory_leaves_it_to_the_parent(tmp_path: Path) -> None:
+    """A ``flock`` belongs to the open file, which a fork shares: while a child forked meanwhile lived (a fork-based
+    DataLoader, a helper process), the parent's close let the directory go to no one, and the parent's next cache took
+    a sibling slot, cold. The child's copy is closed: it writes nothing in the parent's directory."""
+    blob = bytes(range(200))
+    first = RangeCache(tmp_path / "rank-0", max_bytes=1000)
+    first.acquire("a", [ByteRange("p", 0, 100)], _fetcher(blob, []))
+    read, write = os.pipe()
+    started_read, started_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # (never back into pytest: os._exit)
+        closed = first.acquire("b", [ByteRange("p", 100, 200)], _fetcher(blob, [])) == 0
+        os.write(started_write, b"x")  # (past the fork's hooks)
+        os.read(read, 1)  # (alive until the parent has opened its next cache)
+        os._exit(0 if closed else 1)
+    os.close(read)
+    os.close(started_write)
+    os.read(started_read, 1)
+    os.close(started_read)
+    try:
+        with pytest.raises(CacheBusyError):  # the parent's lock stays its own
+            RangeCache(tmp_path / "rank-0", max_bytes=1000)
+        first.close()
+        again = RangeCache.open_free_slot(tmp_path / "rank-0", max_bytes=1000)
+        assert again.directory == tmp_path / "rank-0" and again.bytes_cached == 100
+        again.close()
+    finally:
+        os.write(write, b"x")
+        os.close(write)
+        status = os.waitpid(pid, 0)[1]
+    assert os.waitstatus_to_exitcode(status) == 0 and _disk_bytes(tmp_path / "rank-0") == 100
+
+
 def test_a_range_fetched_while_its_cache_closes_is_not_written_into_the_next_writers_folder(tmp_path: Path) -> None:
     """Closing the prefetcher gives the folder up at once and leaves a fetch in flight to its thread; that fetch then
     wrote its entry (and made room, evicting) in a folder another cache held by then (the next run's, or the next
