@@ -141,8 +141,8 @@ class _Entry:
 class RangeCache:
     """The writer side: ``acquire(owner, ranges, fetch)`` makes ranges local, ``release(owner)`` lets them go.
 
-    Bytes on disk never exceed ``max_bytes``: an acquire that does not fit after evicting every released
-    entry is refused for that range (its reads then go remote) and logged once. Entries left in ``directory``
+    Bytes on disk never exceed ``max_bytes``: a range that would not fit even with every released entry evicted is
+    refused, evicting none (its reads then go remote), and logged once. Entries left in ``directory``
     by an earlier run are adopted as released, so a restart starts warm.
     """
 
@@ -155,6 +155,7 @@ class RangeCache:
         self._entries: dict[ByteRange, _Entry] = {}
         self._owned: dict[Hashable, list[ByteRange]] = {}
         self._released: OrderedDict[ByteRange, None] = OrderedDict()  # evictable, oldest first
+        self._released_bytes = 0  # theirs: what evicting every one of them would free
         self._bytes = 0
         self._pending: dict[ByteRange, threading.Event] = {}
         self._lock = fork_locks.lock()
@@ -275,12 +276,12 @@ class RangeCache:
                     entry = self._entries.get(key)
                     if entry is not None and entry.adopted:  # checked outside the lock, as a fetch would be
                         del self._entries[key]
-                        self._released.pop(key, None)
+                        self._unreleased(key)
                         self._pending[key] = threading.Event()
                         return True, entry
                     if entry is not None:
                         entry.owners.add(owner)
-                        self._released.pop(key, None)
+                        self._unreleased(key)
                         held.append(key)
                         self.stats.reused_ranges += 1
                         return False, None
@@ -324,7 +325,7 @@ class RangeCache:
                     continue
                 entry.owners.discard(owner)
                 if not entry.owners:
-                    self._released[key] = None
+                    self._evictable(key)
 
     def clear(self) -> None:
         """Delete every entry (held or not), so the next reads fetch again (a test uses it to stall a prefetch)."""
@@ -334,12 +335,19 @@ class RangeCache:
             self._entries.clear()
             self._owned.clear()
             self._released.clear()
+            self._released_bytes = 0
             self._bytes = 0
 
     # -- internals -----------------------------------------------------------------------------------------
     def _make_room(self, size: int) -> bool:
+        """Whether ``size`` bytes more fit, evicting released entries (oldest first) for them; where they would not fit
+        even with every released entry evicted (held ones fill the cache, or the range is larger than it), none is:
+        they were all evicted for a range refused after all, and fetched again when their episodes came back."""
+        if self._bytes - self._released_bytes + size > self.max_bytes:
+            return False
         while self._bytes + size > self.max_bytes and self._released:
             key, _ = self._released.popitem(last=False)
+            self._released_bytes -= key.size
             entry = self._entries.pop(key)
             entry.file.unlink(missing_ok=True)
             self._bytes -= key.size
@@ -347,13 +355,23 @@ class RangeCache:
             self.stats.evicted_bytes += key.size
         return self._bytes + size <= self.max_bytes
 
+    def _evictable(self, key: ByteRange) -> None:
+        if key not in self._released:
+            self._released[key] = None
+            self._released_bytes += key.size
+
+    def _unreleased(self, key: ByteRange) -> None:
+        if key in self._released:
+            del self._released[key]
+            self._released_bytes -= key.size
+
     def _warn_full(self, key: ByteRange) -> None:
         if not self._warned_full:
             self._warned_full = True
             logger.warning(
                 "prefetch cache %s is full (%d of %d bytes held by pooled episodes); ranges that do not fit "
                 "(first: %s [%d, %d)) are read remotely. Raise the cache size or lower episode_pool_size.",
-                self.directory, self._bytes, self.max_bytes, key.path, key.start, key.end,
+                self.directory, self._bytes - self._released_bytes, self.max_bytes, key.path, key.start, key.end,
             )  # fmt: skip
 
     def _write_or_refuse(self, key: ByteRange, data: bytes) -> Path | None:
@@ -423,7 +441,7 @@ class RangeCache:
                 )
         for _, entry in sorted(found, key=lambda item: item[0]):
             self._entries[entry.key] = entry
-            self._released[entry.key] = None
+            self._evictable(entry.key)
             self._bytes += entry.key.size
         self._make_room(0)
         if found:

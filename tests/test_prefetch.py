@@ -107,6 +107,29 @@ def test_range_cache_never_exceeds_its_bound(tmp_path: Path) -> None:
     assert cache.stats.refused_ranges > 0 and cache.stats.evicted_ranges > 0
 
 
+def test_a_range_that_cannot_fit_evicts_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A range that does not fit even with every released entry evicted (held ones fill the cache, or it is larger
+    than the cache) evicted them all the same, then was refused: a warm cache flushed for nothing, each time such an
+    episode came into the pool (2 of 2 released ranges here)."""
+    blob = bytes(range(256)) * 10
+    cache = RangeCache(tmp_path, max_bytes=1000)
+    calls: list[ByteRange] = []
+    released = [ByteRange("p", 0, 200), ByteRange("p", 200, 400)]
+    cache.acquire("a", released, _fetcher(blob, calls))
+    cache.release("a")
+    cache.acquire("b", [ByteRange("p", 400, 900)], _fetcher(blob, calls))  # held
+    cache.acquire("c", [ByteRange("p", 900, 1500)], _fetcher(blob, calls))  # 600 bytes beside b's 500
+    cache.acquire("d", [ByteRange("q", 0, 1001)], _fetcher(blob, calls))  # larger than the cache
+    assert cache.stats.refused_ranges == 2 and cache.stats.evicted_ranges == 0
+    assert all(cache.holds(key) for key in released) and _disk_bytes(tmp_path) == cache.bytes_cached == 900
+    assert "is full (500 of 1000 bytes held by pooled episodes)" in caplog.text  # (not the 400 released)
+    cache.acquire("e", [ByteRange("p", 900, 1200)], _fetcher(blob, calls))  # fits once the oldest is evicted
+    assert not cache.holds(released[0]) and cache.holds(released[1]) and cache.bytes_cached == 1000
+    fetched = len(calls)
+    cache.acquire("f", [released[1]], _fetcher(blob, calls))  # back in the pool: reused
+    assert len(calls) == fetched and cache.stats.reused_ranges == 1
+
+
 def test_range_cache_adopts_an_earlier_runs_entries(tmp_path: Path) -> None:
     blob = bytes(range(200))
     first = RangeCache(tmp_path, max_bytes=150)
