@@ -212,7 +212,12 @@ class RangeCache:
 
         ``fetch`` runs without the lock (it is the slow part); a fetch error propagates and leaves the
         owner holding what it got so far, to be released as usual.
+
+        Marks the directory used (its lock's mtime, a few microseconds): a sweep (:func:`prune_unused_slots`) goes
+        by its last use, and a run that opened it more than the days a sweep waits before still uses it.
         """
+        if self._lock_file is not None:
+            mark_used(self.directory / _LOCK)
         fetched = 0
         held = self._owned.setdefault(owner, [])
         for key in dict.fromkeys(ranges):

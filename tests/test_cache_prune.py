@@ -200,6 +200,22 @@ def test_prefetch_slots_unused_for_a_while_go_unless_a_run_holds_them(tmp_path: 
     again.close()
 
 
+def test_a_prefetch_slot_opened_long_ago_and_used_since_is_kept(tmp_path: Path) -> None:
+    """A slot's last use was its open: a run of more than the days a sweep waits ($LEROBOT_DALI_CACHE_DAYS, 30)
+    restarted, after its preemption or its end, to find its slot swept as unused by the first of its ranks to start
+    (1 of 1)."""
+    blob = bytes(range(200))
+    root = tmp_path / "prefetch"
+    cache = RangeCache(root / "dataset-a" / "rank-0", max_bytes=1000)
+    _aged(root / "dataset-a" / "rank-0" / ".lock", 40)  # (opened 40 days ago)
+    cache.acquire("ep", [ByteRange("p", 0, 100)], lambda key: blob[key.start : key.end])
+    cache.close()
+    prune_unused_slots(root)
+    again = RangeCache(root / "dataset-a" / "rank-0", max_bytes=1000)
+    assert again.bytes_cached == 100
+    again.close()
+
+
 def test_prefetch_slots_on_a_filesystem_without_locks_go_once_unused(tmp_path: Path, monkeypatch) -> None:
     """No prefetch cache opens where the filesystem takes no locks (NFS without its lock daemon, Lustre without
     ``-o flock``), but each try left its slot folder, and one made while it still took locks kept its ranges (up to
