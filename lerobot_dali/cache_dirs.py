@@ -34,6 +34,7 @@ __all__ = [
     "cache_days",
     "cache_root",
     "checked_body",
+    "checksummed",
     "delete_if_unchanged",
     "discard_damaged_entry",
     "folder_refuses",
@@ -296,7 +297,7 @@ def write_checksummed(
     where no entry stands (:func:`atomic_file`), else :class:`EntryStands`."""
     try:
         with atomic_file(entry, prefix=f".{entry.stem[:16]}.", exclusive=exclusive) as tmp:
-            tmp.write(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+            tmp.write(checksummed(body))
     except OSError as e:
         fix = folder_refuses(directory, e) or "check its permissions"
         warn_once(logger,
@@ -305,6 +306,11 @@ def write_checksummed(
         )  # fmt: skip
         return False
     return True
+
+
+def checksummed(body: bytes) -> bytes:
+    """``body`` behind a line of its sha256, as a store entry keeps it: :func:`checked_body` reads it back."""
+    return hashlib.sha256(body).hexdigest().encode() + b"\n" + body
 
 
 def checked_body(raw: bytes) -> bytes:
