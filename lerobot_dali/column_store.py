@@ -254,7 +254,7 @@ class ColumnStore:
                 for stale in target.parent.glob(f"{prefix}*.tmp") if locked else ():  # a killed converter's
                     stale.unlink(missing_ok=True)  # (unlocked, maybe another process's under way: swept when old)
                 started = time.perf_counter()
-                with atomic_file(target, prefix=prefix) as tmp, read_lock:
+                with atomic_file(target, prefix=prefix, durable=True) as tmp, read_lock:  # (mapped, unchecked)
                     _write_arrow(parquet, entry.columns, entry.key, tmp)
                 drop_lock_file(target)
         except _DataReadError as e:
