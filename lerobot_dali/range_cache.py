@@ -405,7 +405,9 @@ class RangeCache:
         """Entries of an earlier run become released, unchecked entries (hidden from readers until
         :meth:`_checked`), oldest first; over the bound, evicted. What a crashed writer left (temporaries;
         entries of a folder whose label it never wrote) and files that are no entry are deleted, since nothing
-        would ever count or evict them."""
+        would ever count or evict them; so is a folder left holding no entry (its file's entries all evicted), else one
+        stayed per file and version for as long as runs used the directory: per run where the server gives no
+        version."""
         found: list[tuple[float, _Entry]] = []
         for folder in self.directory.iterdir():
             if not folder.is_dir():
@@ -414,6 +416,8 @@ class RangeCache:
             for leftover in folder.glob(".*.tmp") if label.is_file() else folder.iterdir():
                 leftover.unlink(missing_ok=True)
             if not label.is_file():
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
                 continue
             try:
                 lines = label.read_text(encoding="utf-8").split("\n")
@@ -426,6 +430,7 @@ class RangeCache:
                 logger.warning("dropping prefetch cache folder %s: its label does not name it", folder)
                 shutil.rmtree(folder, ignore_errors=True)
                 continue
+            adopted = len(found)
             for file in folder.iterdir():
                 if file.name == "path":
                     continue
@@ -444,6 +449,8 @@ class RangeCache:
                 found.append(
                     (stat.st_mtime, _Entry(ByteRange(path, start, end, version), hidden, adopted=True, crc=crc))
                 )
+            if len(found) == adopted:
+                shutil.rmtree(folder, ignore_errors=True)
         for _, entry in sorted(found, key=lambda item: item[0]):
             self._entries[entry.key] = entry
             self._evictable(entry.key)
