@@ -26,6 +26,7 @@ from .concurrent_calls import KeyedLocks
 from .errors import MissingDataFileError
 from .remote_retry import RetryingFileSystem, is_missing, is_transient, speaks_http
 from .said_once import say_once, warn_once
+from .url_secrets import mask_error
 
 __all__ = [
     "FileStamp",
@@ -301,7 +302,8 @@ class FileStamps(Mapping[str, FileStamp]):
         size, or its version of the same kind (ETag, hash, mtime), asked anew with one ``info``; None where it is the
         same, was never stamped here, or cannot be told (no version, another kind); ``now`` is 'removed' where the
         server says it has no such file (a 404: fsspec's HTTP info raises FileNotFoundError from it). Raises where the
-        server gives no answer (a 503 too).
+        server gives no answer (a 503 too), the credentials of the URL it names masked (:func:`.mask_error`: asked
+        outside the retries, which mask the others).
 
         ``vouching``: asked whether a read the server refused (412 to its If-Match, 404) may go on as the stamped
         file's: a stamp's version (an ETag) that the server gives no more, another kind (Last-Modified alone) or none
@@ -317,10 +319,12 @@ class FileStamps(Mapping[str, FileStamp]):
         fs.invalidate_cache(path)  # (s3fs, gcsfs and the Hub answer info from their listings' cache)
         try:
             now = stamp_from_info({"name": path, **fs.info(path)})
-        except FileNotFoundError as e:
-            if not is_missing(e):  # (fsspec's HTTP info raises it from whatever its request hit: a 503, a 403)
-                raise
-            return f"{before.size} bytes", "removed"
+        except Exception as e:
+            # (fsspec's HTTP info raises FileNotFoundError from whatever its request hit: a 503, a 403 is no answer)
+            if isinstance(e, FileNotFoundError) and is_missing(e):
+                return f"{before.size} bytes", "removed"
+            mask_error(e)  # (its callers log it: aiohttp's errors name the request's URL, a signed query with it)
+            raise
         if now.size != before.size:
             return f"{before.size} bytes", f"{now.size} bytes"
         kind = before.version.partition(":")[0]

@@ -6,7 +6,9 @@ An http(s) dataset URL's query is sent with every request (:mod:`~lerobot_dali.d
 requests' ``params``), so aiohttp's errors name each request's URL with it: ``ClientResponseError``'s text is
 "503, message='Service Unavailable', url='https://host/ds/data/file-000.parquet?sig=...'", and a connection timeout's
 is "Connection timeout to host <url>". The retries log those errors, add notes to them and raise them:
-:func:`mask_error` masks them where the retries catch them, so every line and message made of them after is clean.
+:func:`mask_error` masks them where the retries catch them, and where a stamp asked again outside them raises them
+(:meth:`FileStamps.change_now <lerobot_dali.file_stamps.FileStamps.change_now>`), so every line and message made of
+them after is clean.
 """
 
 from __future__ import annotations

@@ -819,6 +819,48 @@ def test_a_signature_in_the_query_is_sent_but_named_in_no_log_or_error(
     assert server.faults_injected[fault] >= 1 and not [r for r in server.records if r.kind == "unauthorized"]
 
 
+def _signed_stamped_file(server: FolderServer, folder: Path) -> tuple[RetryingFileSystem, str, Any]:
+    """``folder``'s ``f.bin`` (served by ``server``, which refuses requests without ``?sig=SIGSECRET&scope=all``) on the
+    filesystem of the URL signed so, and its stamps holding it (as a dataset's open stamps it)."""
+    from lerobot_dali.dataset_location import resolve_location
+    from lerobot_dali.file_stamps import FileStamps
+
+    server.required_query = {"sig": "SIGSECRET", "scope": "all"}
+    location = resolve_location(f"{server.url}/{folder.name}?sig=SIGSECRET&scope=all")
+    stamps = FileStamps(location.fs)
+    stamps[location.path("f.bin")]
+    assert isinstance(location.fs, RetryingFileSystem)
+    return location.fs, location.path("f.bin"), stamps
+
+
+@pytest.mark.parametrize("route", ["asked_after_a_404", "first_changed"])
+def test_a_signature_is_named_in_no_debug_line_of_a_stamp_asked_again(
+    tmp_path: Path, monkeypatch, slept, caplog, route: str
+) -> None:
+    """A stamped file's stamp asked again (:meth:`FileStamps.change_now`: one request, outside the retries, which mask
+    the errors they catch) and unanswered (503) logged aiohttp's error at DEBUG with its traceback, the request's URL
+    with the signature in it: 2 records of 2 asks after a 404 (``RetryingFileSystem._change_now``), 1 of
+    ``first_changed``'s. They name it masked now."""
+    monkeypatch.setenv("LEROBOT_DALI_IF_MATCH", "0")
+    monkeypatch.setenv(RETRIES_ENV, "2")
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "f.bin").write_bytes(bytes(range(256)) * 40)
+    with serve_folder(tmp_path) as server:
+        fs, path, stamps = _signed_stamped_file(server, tmp_path / "ds")
+        caplog.set_level(logging.DEBUG, logger="lerobot_dali")
+        if route == "first_changed":
+            server.fail_next("503", "503")  # (its HEAD, and the GET fsspec's info makes where it failed)
+            assert stamps.first_changed([path]) is None
+        else:
+            server.fail_next("404", *["503"] * 4)  # (the read, then each ask: a HEAD and fsspec's GET)
+            with pytest.raises(DatasetError, match="asked again whether it has the file, gave no answer"):
+                fs.cat_file(path, start=0, end=10)
+        assert not [r for r in server.records if r.kind == "unauthorized"]
+    asked = [logging.Formatter().format(r) for r in caplog.records if "asking for the stamp" in r.getMessage()]
+    assert len(asked) == (1 if route == "first_changed" else 2), caplog.text
+    assert not [text for text in asked if "SIGSECRET" in text] and all("sig=***&scope=all" in t for t in asked), asked
+
+
 def test_a_fragment_is_refused_naming_the_fix(root: Path, server) -> None:
     with pytest.raises(ValueError, match="starts a fragment, which is never sent to the server; .* as %23"):
         open_dataset(f"{_url(server, root)}#ds")
