@@ -14,6 +14,8 @@ them after is clean.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 __all__ = ["MASK", "is_secret_param", "mask_error", "masked", "without_credentials"]
@@ -69,8 +71,9 @@ def masked(text: str) -> str:
 def mask_error(error: BaseException) -> BaseException:
     """``error`` and the errors behind it (its ``__cause__`` and ``__context__``, and theirs) with the credentials of
     the URLs their text names masked (:func:`masked`), in place, and returned: the URL of aiohttp's ``request_info``
-    (``ClientResponseError``'s text), their messages (``args``; an ``OSError``'s ``strerror`` and file names) and their
-    notes. Their type, status and headers stay, which the retries' checks read."""
+    (``ClientResponseError``'s text) and its request headers' credentials (its ``repr``), their messages (``args``;
+    an ``OSError``'s ``strerror`` and file names) and their notes. Their type, status and response headers stay, which
+    the retries' checks read."""
     pending, seen = [error], set()
     while pending:
         one = pending.pop()
@@ -85,11 +88,16 @@ def mask_error(error: BaseException) -> BaseException:
 def _mask_one(error: BaseException) -> None:
     info = getattr(error, "request_info", None)
     if isinstance(info, tuple) and hasattr(info, "_replace") and hasattr(info, "real_url"):  # (aiohttp's RequestInfo)
-        urls = {name: getattr(info, name) for name in ("url", "real_url")}
-        if any(masked(str(url)) != str(url) for url in urls.values()):
-            error.request_info = info._replace(  # type: ignore[attr-defined]  # (yarl's URLs, spelled as sent)
-                **{name: type(url)(masked(str(url)), encoded=True) for name, url in urls.items()}
-            )
+        changed: dict[str, Any] = {}
+        for name in ("url", "real_url"):
+            url = getattr(info, name)
+            if masked(str(url)) != str(url):
+                changed[name] = type(url)(masked(str(url)), encoded=True)  # (yarl's URLs, spelled as sent)
+        headers = getattr(info, "headers", None)
+        if isinstance(headers, Mapping) and any(is_secret_param(str(name)) for name in headers):
+            changed["headers"] = _masked_headers(headers)
+        if changed:
+            error.request_info = info._replace(**changed)  # type: ignore[attr-defined]
     if any(isinstance(arg, str) and masked(arg) != arg for arg in error.args):
         error.args = tuple(masked(arg) if isinstance(arg, str) else arg for arg in error.args)
     if isinstance(error, OSError):
@@ -100,3 +108,12 @@ def _mask_one(error: BaseException) -> None:
     notes = getattr(error, "__notes__", None)
     if isinstance(notes, list) and any(isinstance(n, str) and masked(n) != n for n in notes):
         error.__notes__ = [masked(n) if isinstance(n, str) else n for n in notes]  # type: ignore[attr-defined]
+
+
+def _masked_headers(headers: Mapping[str, Any]) -> Any:
+    """A request's ``headers`` (aiohttp's, in its errors' ``request_info``: their ``repr`` names them) with the values
+    of those whose name holds a credential (:func:`is_secret_param`: ``Authorization``, which carries a URL's
+    ``user:password`` in base64, an ``X-Api-Key``) replaced by :data:`MASK`."""
+    from multidict import CIMultiDict, CIMultiDictProxy  # (aiohttp's: installed wherever its errors are raised)
+
+    return CIMultiDictProxy(CIMultiDict((n, MASK if is_secret_param(str(n)) else v) for n, v in headers.items()))
