@@ -30,7 +30,7 @@ import fsspec
 from . import io_stats
 from .errors import DatasetError
 from .said_once import warn_once
-from .url_secrets import mask_error
+from .url_secrets import mask_error, mask_request_logs
 
 __all__ = [
     "IF_MATCH_ENV",
@@ -746,6 +746,8 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         self.policy = policy if policy is not None else RetryPolicy()
         self.protocol = fs.protocol
         self._fresh_client = fresh_client
+        if speaks_http(fs):  # (in every process: a worker's copy is made anew from its arguments)
+            mask_request_logs(getattr(fs, "kwargs", {}).get("params"))
         self._retrier = _Retrier(
             self.policy,
             self._refresh if fresh_client is not None else None,

@@ -13,12 +13,13 @@ them after is clean.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
-__all__ = ["MASK", "is_secret_param", "mask_error", "masked", "without_credentials"]
+__all__ = ["MASK", "is_secret_param", "mask_error", "mask_request_logs", "masked", "without_credentials"]
 
 #: What a credential is replaced with in text (``?sig=***&scope=all``).
 MASK = "***"
@@ -117,3 +118,39 @@ def _masked_headers(headers: Mapping[str, Any]) -> Any:
     from multidict import CIMultiDict, CIMultiDictProxy  # (aiohttp's: installed wherever its errors are raised)
 
     return CIMultiDictProxy(CIMultiDict((n, MASK if is_secret_param(str(n)) else v) for n, v in headers.items()))
+
+
+#: The loggers of the libraries under our reads that name a request's URL with its query: fsspec's HTTP filesystem
+#: logs at DEBUG the traceback of a HEAD that failed (aiohttp's error, before it asks with a GET).
+_REQUEST_LOGGERS = ("fsspec.http",)
+
+
+class _MaskingFilter(logging.Filter):
+    """Masks the credentials of the URLs a record names (:func:`masked`): its message, its arguments and its
+    exception (:func:`mask_error`), in place."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = masked(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(masked(str(a)) if masked(str(a)) != str(a) else a for a in record.args)
+        if record.exc_info and record.exc_info[1] is not None:
+            mask_error(record.exc_info[1])
+        return True
+
+
+def mask_request_logs(params: Any) -> None:
+    """Where a filesystem's request ``params`` (an http(s) URL's query, sent with every request: name-value pairs or a
+    mapping) hold a credential (:func:`is_secret_param`), the records of :data:`_REQUEST_LOGGERS` masked from now on
+    in this process (:class:`_MaskingFilter`, added once): a user's DEBUG logging named the query in their
+    tracebacks. (The logging module asks a logger's filters only of records at a level it logs: none costs a thing
+    at the default levels.)"""
+    if isinstance(params, str):  # (aiohttp takes a query string too)
+        params = parse_qsl(params, keep_blank_values=True)
+    pairs = params.items() if isinstance(params, Mapping) else params or ()
+    if not any(is_secret_param(str(name)) for name, _ in pairs):
+        return
+    for name in _REQUEST_LOGGERS:
+        library = logging.getLogger(name)
+        if not any(isinstance(f, _MaskingFilter) for f in library.filters):
+            library.addFilter(_MaskingFilter())

@@ -861,6 +861,23 @@ def test_a_signature_is_named_in_no_debug_line_of_a_stamp_asked_again(
     assert not [text for text in asked if "SIGSECRET" in text] and all("sig=***&scope=all" in t for t in asked), asked
 
 
+def test_a_signature_is_named_in_no_debug_line_of_fsspec(tmp_path: Path, slept, caplog) -> None:
+    """fsspec's HTTP filesystem logs at DEBUG the traceback of a HEAD that failed before it asks with a GET (its
+    ``info``): aiohttp's error, the request's URL with the signature in it, in 1 record of 1 such HEAD where a user
+    logs at DEBUG. Its records are masked now, once a filesystem sends a credential in its query; the file is read."""
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "f.bin").write_bytes(bytes(range(256)) * 40)
+    with serve_folder(tmp_path) as server:
+        caplog.set_level(logging.DEBUG)
+        fs, path, _ = _signed_stamped_file(server, tmp_path / "ds")
+        server.fail_next("503")  # (the HEAD; fsspec asks with a GET then)
+        assert fs.info(path)["size"] == 10240 and server.records[-1].status == 200
+    theirs = [logging.Formatter().format(r) for r in caplog.records if r.name.startswith("fsspec")]
+    failed = [text for text in theirs if "503" in text]
+    assert len(failed) == 1 and "sig=***&scope=all" in failed[0], theirs
+    assert not [text for text in theirs if "SIGSECRET" in text], theirs
+
+
 def test_a_fragment_is_refused_naming_the_fix(root: Path, server) -> None:
     with pytest.raises(ValueError, match="starts a fragment, which is never sent to the server; .* as %23"):
         open_dataset(f"{_url(server, root)}#ds")
