@@ -69,6 +69,7 @@ from .errors import DatasetError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .new_folder import refuse_unwritable, remove_dead_run_folders, run_folder
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
+from .url_secrets import without_credentials
 from .value_checks import check_choice, check_int_fields, check_seconds, cli_flag
 
 __all__ = [
@@ -238,7 +239,15 @@ class BenchConfig:
         out.update(
             mode=BenchMode(self.mode).value, out=str(self.out) if self.out else None, cache_dir=str(self.cache_dir)
         )
+        if self.dataset is not None:  # (the results file keeps it: a signed URL's signature left out)
+            out["dataset"] = _named(self.dataset)
         return out
+
+
+def _named(dataset: str | Sequence[str]) -> Any:
+    """``dataset`` (a path or URL, or several) as the results name it: without the credentials a URL carries
+    (:func:`.without_credentials`: a signed URL's ``sig``, a ``user:password``), which the results files keep."""
+    return without_credentials(dataset) if isinstance(dataset, str) else [without_credentials(d) for d in dataset]
 
 
 def _per_dataset(value: Any, count: int = 1) -> tuple[Any, ...]:
@@ -313,7 +322,7 @@ def _is_current(target: Path, stamp: str) -> bool:
 
 def bench_datasets(config: BenchConfig) -> list[BenchDataset]:
     if isinstance(config.dataset, tuple):
-        names = [Path(d).name or d for d in config.dataset]
+        names = [Path(d).name or d for d in _named(config.dataset)]
         label = "+".join(names[:3]) + (f"+{len(names) - 3} more" if len(names) > 3 else "")
         count = len(config.dataset)
         return [
@@ -327,8 +336,8 @@ def bench_datasets(config: BenchConfig) -> list[BenchDataset]:
     assert not isinstance(config.timestamp_source, tuple) and not isinstance(config.tolerance_s, tuple)
     lookup = partial(BenchDataset, timestamp_source=config.timestamp_source, tolerance_s=float(config.tolerance_s))
     if config.dataset is not None:
-        label = Path(config.dataset).name or config.dataset
-        return [lookup(label, config.dataset, cameras=config.cameras, keys=config.keys)]
+        named = _named(config.dataset)
+        return [lookup(Path(named).name or named, config.dataset, cameras=config.cameras, keys=config.keys)]
     return [
         lookup(spec.folder, str(ensure_generated(spec, config.cache_dir)), spec.codec)
         for spec in default_specs(config.quick)
@@ -585,8 +594,8 @@ def _dataset_summary(dataset: BenchDataset, reader: Any, plan: LoadPlan) -> dict
     codec = "/".join(dict.fromkeys(camera_codecs.values()))
     return {
         "label": dataset.label,
-        "path": dataset.path,
-        "members": list(dataset.members),
+        "path": _named(dataset.path),
+        "members": _named(dataset.members),
         "codec": codec,
         "camera_codecs": camera_codecs,
         "resolution": resolution,

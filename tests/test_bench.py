@@ -1011,3 +1011,20 @@ def test_a_union_is_remote_where_any_member_is(tmp_path: Path) -> None:
     assert not BenchDataset("two local", local, members=(local, local)).remote
     assert BenchDataset("local first", local, members=(local, url)).remote
     assert BenchDataset("remote first", url, members=(url, local)).remote
+
+
+def test_the_results_name_a_signed_or_password_url_without_its_credentials(make_ds, tmp_path: Path) -> None:
+    """The results file keeps the config (``--dataset`` as typed), each dataset's summary (its path, its members) and
+    label: a signed URL's signature (``?sig=``) and a URL's password were in 4 of 4 of them. Named without them now,
+    as a dataset's description is; the dataset is still read from the URL as given."""
+    from lerobot_dali.bench import _dataset_summary, bench_datasets
+
+    signed, with_password = "https://h/ds?sig=SIGSECRET&scope=a", "https://alice:s3cret@h/ds2"
+    for given in (signed, (signed, with_password)):
+        config = BenchConfig(dataset=given, out=tmp_path)
+        (dataset,) = bench_datasets(config)
+        assert dataset.path == signed and dataset.label == ("ds?scope=a" if given == signed else "ds?scope=a+ds2")
+        root = make_ds(episodes=1, frames_per_episode=8, cameras=1, size=(64, 64), codec="vp9")
+        summary = _dataset_summary(dataset, open_dataset(root), load_plan(BenchConfig(quick=True), open_dataset(root)))
+        said = json.dumps([config.to_dict(), summary])
+        assert "SIGSECRET" not in said and "s3cret" not in said and "https://h/ds?scope=a" in said, said
