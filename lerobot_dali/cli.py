@@ -62,7 +62,20 @@ def _opening(dataset: str | Sequence[str]) -> Iterator[None]:
     except (ImportError, ValueError, OSError) as e:
         if is_transient(e) or is_refused(e):
             raise  # (main names a network failure, and a refusal, as one)
-        raise _CommandError(f"cannot open {dataset!r}: {_one_line(e)}") from e
+        raise _cannot_open(dataset, e) from e
+
+
+def _cannot_open(dataset: str | Sequence[str], error: BaseException) -> _CommandError:
+    """The error for ``dataset`` (or datasets) that could not be opened."""
+    return _CommandError(f"cannot open {_shown(repr(dataset))}: {_one_line(error)}")
+
+
+def _shown(text: str) -> str:
+    """``text`` naming a dataset as typed, its URL's credentials masked (:func:`~.url_secrets.masked`: a signed URL's
+    ``sig``, a password): what the verbs print goes to a job's log, and ``check --json`` to a file."""
+    from .url_secrets import masked
+
+    return masked(text)
 
 
 def _check_url(dataset: str | None) -> None:
@@ -74,7 +87,7 @@ def _check_url(dataset: str | None) -> None:
     try:
         fsspec.get_filesystem_class(dataset.split("://", 1)[0])
     except (ImportError, ValueError) as e:
-        raise _CommandError(f"cannot open {dataset!r}: {_one_line(e)}") from e
+        raise _cannot_open(dataset, e) from e
 
 
 def _one_line(error: BaseException) -> str:
@@ -176,7 +189,7 @@ def _check(args: argparse.Namespace) -> int:
         return 0 if report["ok"] else 1
     reports, worst = [], 0
     for own in each:
-        dataset = own.dataset
+        dataset = _shown(own.dataset)
         try:
             report = _check_one(own)
         except (DatasetError, _CommandError) as e:  # (the others are still checked)
@@ -305,7 +318,7 @@ def _union(args: argparse.Namespace, each: Sequence[argparse.Namespace]) -> LeRo
     if not args.concat:
         raise _CommandError("--rename-map names the keys of datasets checked as one: add --concat")
     if len(args.dataset) < 2:
-        raise _CommandError(f"--concat checks two datasets or more as one; got one ({args.dataset[0]})")
+        raise _CommandError(f"--concat checks two datasets or more as one; got one ({_shown(args.dataset[0])})")
     if args.episodes is not None:
         raise _CommandError(
             "--concat takes no --episodes (each dataset's own): check a selection of episodes dataset by dataset"
