@@ -330,11 +330,20 @@ def speaks_http(fs: Any) -> bool:
     return bool({"http", "https"} & set((protocol,) if isinstance(protocol, str) else protocol))
 
 
-def changed_on_server(path: str, how: str) -> DatasetError:
+def changed_on_server(path: str, how: str, *, if_match_unsure: bool = False) -> DatasetError:
     """The error for remote file ``path`` found changed since the dataset was opened (``how``: its size, or its
     version: ETag, hash, mtime): its bytes read now, mixed with what was read, cached or indexed of the old ones, are
-    neither file, so neither retrying nor mending the file helps."""
-    return DatasetError(f"{path} changed on the server while it was read ({how}); re-open the dataset")
+    neither file, so neither retrying nor mending the file helps. ``if_match_unsure``: told by a 412 to its If-Match
+    alone, which the server, asked again, did not confirm (it gives no ETag now, or refused, or gave no answer): the
+    way out of a server whose If-Match or ETags are unreliable (machines behind a load balancer, a CDN that drops
+    ETags) is named, :data:`IF_MATCH_ENV`."""
+    unsure = (
+        f" (or, if it did not change and the server's If-Match or ETags are unreliable, set {IF_MATCH_ENV}=0 to read "
+        "without If-Match)"
+        if if_match_unsure
+        else ""
+    )
+    return DatasetError(f"{path} changed on the server while it was read ({how}); re-open the dataset{unsure}")
 
 
 def told_change(change: tuple[str, str]) -> str:
@@ -820,10 +829,10 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
                 "size mid-run goes unseen (%s=0 skips this check)", path, IF_MATCH_ENV, key="if-match-refused",
             )  # fmt: skip
             return None
-        if isinstance(change, tuple):
-            return changed_on_server(path, f"{told_change(change)}: HTTP 412")
-        asked = f"; asked again, the server {change}" if change.startswith("refused") else ""
-        return changed_on_server(path, f"its ETag when opened no longer matches: HTTP 412{asked}")
+        if isinstance(change, tuple):  # (an ETag the server gives no more: 'no etag but mtime:...', 'no version')
+            return changed_on_server(path, f"{told_change(change)}: HTTP 412", if_match_unsure=change[1][:3] == "no ")
+        asked = f"; asked again, the server {change}" if change.startswith("refused") else ""  # (else: no size, say)
+        return changed_on_server(path, f"its ETag when opened no longer matches: HTTP 412{asked}", if_match_unsure=True)
 
     def _change_now(self, path: str) -> tuple[str, str] | str | None:
         """``(when opened, now)`` of stamped ``path`` asked anew, once (:meth:`FileStamps.change_now
