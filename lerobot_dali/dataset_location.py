@@ -527,21 +527,21 @@ def _remote_fs(target: str, options: dict[str, Any]) -> tuple[fsspec.AbstractFil
     http(s) root's path is spelled as its requests send it (percent-encoded as aiohttp encodes each request's URL):
     a server's index page that links folders by absolute path (``/my%20ds/meta/episodes/chunk-000/``) names them so,
     and fsspec keeps only the links under the folder's URL as spelled (``/my ds/...`` found none of them)."""
-    target, options = _credentials_as_auth(target, options)
+    target, options = _credentials_as_header(target, options)
     fs, root = fsspec.core.url_to_fs(_as_sent(target), **_http_timeouts(target, options))
     return _retrying(fs), root
 
 
-def _credentials_as_auth(target: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def _credentials_as_header(target: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """An http(s) URL without the user and password it may carry (``https://user:token@host/ds``), and ``options``
-    sending them with each request as the basic-auth ``Authorization`` header among its ``headers`` (which fsspec's
-    HTTPFileSystem sends with every request, and our If-Match requests keep), as the URL did: the same header, which
-    aiohttp drops on a redirect to another host. fsspec kept them in each file's path, which named the password in
-    every retry's warning, a failed read's error and the packet indexes stored on disk (:mod:`.packet_index_store`).
-    Not aiohttp's ``auth`` option: deprecated in aiohttp 3.14 (a DeprecationWarning per request; gone in v4).
-    ``options`` with an ``auth`` or an ``Authorization`` header of their own and a URL with a user are refused here:
-    aiohttp refuses the two together in each request, which fsspec reported as a missing info.json, the password in
-    its path."""
+    with them as a basic-auth ``Authorization`` header added to their ``headers`` (which fsspec's HTTPFileSystem sends
+    with every request, and our If-Match requests keep): the header aiohttp made of the URL's, which it drops on a
+    redirect to another host. fsspec kept them in each file's path, which named the password in every retry's
+    warning, a failed read's error and the packet indexes stored on disk (:mod:`.packet_index_store`). A header, not
+    aiohttp's ``auth`` option: deprecated in aiohttp 3.14 (a DeprecationWarning per request; gone in v4). ``options``
+    with an ``auth`` or an ``Authorization`` header of their own and a URL with a user are refused here: aiohttp
+    refuses the two together in each request, which fsspec reported as a missing info.json, the password in its
+    path. Other URLs are returned as given."""
     if not target.startswith(("http://", "https://")):
         return target, options
     import aiohttp  # (fsspec's HTTP needs it: installed wherever an http(s) URL is read)
