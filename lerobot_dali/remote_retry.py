@@ -461,6 +461,17 @@ def _refused_without_if_match(path: str, status: int | None) -> DatasetError:
     )
 
 
+def _precondition_without_if_match(path: str) -> DatasetError:
+    """The error for a read of ``path`` that the server answered 412 to its If-Match (of the ETag it still gives: sent
+    again without one, :meth:`RetryingFileSystem._precondition_failed`), then 412 again without it: a precondition not
+    ours failed (the server's own, or a header the storage options send), which no retry mends."""
+    return DatasetError(
+        f"{path}: the server answered HTTP 412 to the read sent again without If-Match too: a precondition other than "
+        "ours fails (the server's own, or a header the storage options send: If-Match, If-Unmodified-Since); check "
+        "those headers and the server"
+    )
+
+
 #: The requests of :class:`_Retrier` that read a file's bytes (an open's HEAD too), whose 404 may be its removal.
 _READS = frozenset({"open", "read", "cat_file"})
 
@@ -532,6 +543,8 @@ class _Retrier:
                 if not is_transient(e):
                     unmasked = _unmasked(e)
                     if _status_of(unmasked) == _PRECONDITION_FAILED:  # (only reads of a pinned ETag send If-Match)
+                        if unpinned:  # (sent without If-Match, answered 412 still: no If-Match of ours failed)
+                            raise _precondition_without_if_match(path) from unmasked
                         failed = self.precondition_failed(path)
                         if failed is not None:
                             raise failed from unmasked

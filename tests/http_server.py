@@ -78,7 +78,8 @@ class FolderServer:
         self.root = Path(root).resolve()
         self.listings = listings
         #: Whether a read whose ``If-Match`` names another ETag than the file's is answered 412 (nginx's, Apache's);
-        #: ``"refuse"``: every read with one is (a server whose If-Match disagrees with the ETags it gives).
+        #: ``"refuse"``: every read with one is (a server whose If-Match disagrees with the ETags it gives);
+        #: ``"always"``: every read (GET) is, with If-Match or without (a precondition of its own, or of a header sent).
         self.if_match: bool | str = True
         #: Links added to every folder's index page as written (``"./"``, ``"../x/"``): a server's own odd ones.
         self.index_links: tuple[str, ...] = ()
@@ -322,8 +323,8 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
             elif server.versions == "last_modified":
                 del headers["ETag"]
             wanted = self.headers.get("If-Match")
-            if (  # (before the Range, as RFC 9110 13.2.2 orders them: a file that shrank answers 412, not 416)
-                server.if_match
+            if (server.if_match == "always" and body) or (  # (before the Range, as RFC 9110 13.2.2 orders them: a
+                server.if_match  # file that shrank answers 412, not 416)
                 and wanted is not None
                 and (server.if_match == "refuse" or wanted.strip() not in ("*", headers.get("ETag")))
             ):
