@@ -620,7 +620,8 @@ class _Retrier:
                 raise failed from error
             logger.log(
                 logging.INFO if attempt == 1 else logging.WARNING,
-                "%s %s: answered 'no such file', and so did the server asked again; asking again (retry %d/%d)",
+                "%s %s: answered 'no such file', and the server, asked again, did not give it as stamped (it said the "
+                "same, refused or gave no answer); asking again (retry %d/%d)",
                 what, path, attempt, self.policy.retries,
             )  # fmt: skip
 
