@@ -61,6 +61,7 @@ _exiting = threading.Event()
 #: batches); a thread that does not (blocked on a full queue of its own) holds the exit up that long.
 RETURN_WAIT_S = 1.0
 _out: Counter[int] = Counter()  # thread ident: batches handed out to it, not yet come back
+_parked: set[int] = set()  # thread idents parked for good (park_if_exiting): back, whatever other batches they hold
 _returned = fork_locks.condition(_lock)
 
 
@@ -93,6 +94,9 @@ def park_if_exiting() -> None:
     """In a thread other than the main one, once the exit handler ran: wait for ever (the interpreter stops this
     daemon thread). Call it outside the iterator's locks: the handler's close() may still want them."""
     if must_park():
+        with _returned:  # (parked for good: it frees nothing more, whatever batches of other passes it holds)
+            _parked.add(threading.get_ident())
+            _returned.notify_all()
         threading.Event().wait()
 
 
@@ -124,19 +128,25 @@ def _close_all() -> None:
     _wait_for_batches_back(time.monotonic() + RETURN_WAIT_S)
 
 
-def _wait_for_batches_back(deadline: float) -> None:
-    """Until ``deadline``: wait for every other live thread handed a batch to come back for the next (it parks)."""
+def _wait_for_batches_back(deadline: float) -> bool:
+    """Until ``deadline``: wait for every other live thread handed a batch to come back for the next (it parks);
+    whether all did.
+
+    A thread that parked is back, whatever batches of other passes it still holds: a mixture's thread holds each of
+    its datasets' batches and comes back to the anchor's alone (it parks there), as a loop over ``zip()`` of two
+    iterators comes back to the first; counted by what it held, each such exit waited all of ``RETURN_WAIT_S``."""
 
     def out_elsewhere() -> bool:
         others = {thread.ident for thread in threading.enumerate()} - {threading.get_ident()}
-        return bool(others.intersection(_out))
+        return bool(others.intersection(_out).difference(_parked))
 
     with _returned:
-        _returned.wait_for(lambda: not out_elsewhere(), timeout=max(0.0, deadline - time.monotonic()))
+        return _returned.wait_for(lambda: not out_elsewhere(), timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _leave_to_parent() -> None:
     """In a forked child: the live iterators and every DALI pipeline are the parent's; none is closed here at exit."""
     _live.clear()  # (_lock: a fork_locks lock, free here though a thread of the parent held it at the fork)
     _out.clear()  # (the parent's threads: none lives here)
+    _parked.clear()
     abandon_all()

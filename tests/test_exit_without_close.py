@@ -6,7 +6,14 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+from collections import Counter
 from pathlib import Path
+
+import pytest
+
+from lerobot_dali import exit_close
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -216,3 +223,30 @@ def test_a_script_ending_while_its_loader_thread_frees_a_batch_exits_cleanly(mak
     ds = make_ds(episodes=2, frames_per_episode=30)
     done = run_script(LOADER_THREAD_FREEING_A_BATCH_AT_EXIT, str(ds))
     assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_the_exit_handler_takes_a_parked_thread_as_back_whatever_batches_it_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A mixture's thread is handed each dataset's batch and comes back to the anchor's alone (it parks there), as a
+    # loop over zip() of two iterators comes back to the first: counted by what it still held, the handler waited all
+    # of RETURN_WAIT_S for a parked thread (1.00 s in 4 of 4 exits of a mixture's, zip()'s, or a held older pass's).
+    exiting = threading.Event()
+    exiting.set()
+    monkeypatch.setattr(exit_close, "_exiting", exiting)
+    monkeypatch.setattr(exit_close, "_out", Counter())
+    monkeypatch.setattr(exit_close, "_parked", set(), raising=False)
+    handed, back = threading.Event(), threading.Event()
+
+    def mixture_thread() -> None:
+        with exit_close.handed_out():  # (the second dataset's batch, still held)
+            with exit_close.handed_out():  # (the anchor's: resumed, it comes back)
+                handed.set()
+                back.wait()
+            exit_close.park_if_exiting()  # (parks for good: a daemon thread the interpreter stops)
+
+    threading.Thread(target=mixture_thread, daemon=True).start()
+    handed.wait()
+    assert not exit_close._wait_for_batches_back(0.0)  # (out with the thread: not back)
+    back.set()
+    assert exit_close._wait_for_batches_back(time.monotonic() + 30.0)
