@@ -388,17 +388,14 @@ _TASK_LISTS = pa.list_(pa.string())
 
 def _with_task_lists(table: pa.Table, path: str) -> pa.Table:
     """``table`` (episode metadata file ``path``) with its ``tasks`` column, where it has one, as ``_TASK_LISTS``: lists
-    of texts (list or large_list of string or large_string, as writers differ; of nulls where none has a text; a
-    column of nulls alone). Another type raises EpisodeMetadataError naming it: a column of plain strings or of lists
-    of numbers failed later with a bare Arrow error (a digest's 'list_value_length' had no kernel for it)."""
+    of texts (list, large_list or fixed_size_list of string, large_string or string_view, or of those dictionary-
+    encoded, as writers differ; of nulls where none has a text; a column of nulls alone). Another type raises
+    EpisodeMetadataError naming it: a column of plain strings or of lists of numbers failed later with a bare Arrow
+    error (a digest's 'list_value_length' had no kernel for it)."""
     if "tasks" not in table.column_names:
         return table
     kind = table.schema.field("tasks").type
-    lists = pa.types.is_list(kind) or pa.types.is_large_list(kind)
-    texts = lists and any(
-        check(kind.value_type) for check in (pa.types.is_string, pa.types.is_large_string, pa.types.is_null)
-    )
-    if not (texts or pa.types.is_null(kind)):
+    if not (pa.types.is_null(kind) or (_is_list(kind) and _is_text(kind.value_type))):
         raise EpisodeMetadataError(
             f"{path}: column 'tasks' is of type {kind}, but it holds each episode's task texts: expected lists of "
             f"strings (list<string>, as LeRobot writes it); {_damaged_advice(path)}"
@@ -406,6 +403,25 @@ def _with_task_lists(table: pa.Table, path: str) -> pa.Table:
     if pa.types.is_list(kind) and pa.types.is_string(kind.value_type):  # (LeRobot's, whatever its item is named)
         return table
     return table.set_column(table.column_names.index("tasks"), "tasks", table["tasks"].cast(_TASK_LISTS))
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    # (a fixed_size_list: what HF datasets writes for a Sequence of a fixed length)
+    return any(check(kind) for check in (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list))
+
+
+#: The checks of a type of texts (or of nulls alone); is_string_view from pyarrow 16 on.
+_TEXT_KINDS = tuple(
+    getattr(pa.types, name) for name in ("is_string", "is_large_string", "is_string_view", "is_null")
+    if hasattr(pa.types, name)
+)  # fmt: skip
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    """Whether a ``tasks`` list's item type ``kind`` holds texts (or only nulls), dictionary-encoded or not."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return any(check(kind) for check in _TEXT_KINDS)
 
 
 def _ascending(column: pa.ChunkedArray) -> bool:

@@ -374,6 +374,40 @@ def test_a_v3_tasks_column_not_of_lists_of_texts_is_refused_naming_its_file_and_
         open_dataset(ds)
 
 
+def _dictionary_lists(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """``column`` (lists of texts) with its texts dictionary-encoded."""
+    lists = column.combine_chunks()
+    return pa.chunked_array([pa.ListArray.from_arrays(lists.offsets, lists.values.dictionary_encode())])
+
+
+@pytest.mark.parametrize(
+    "retyped",
+    [
+        lambda column: column.cast(pa.list_(pa.string(), 1)),
+        lambda column: column.cast(pa.large_list(pa.large_string())),
+        _dictionary_lists,
+    ],
+    ids=["fixed-size-lists", "large-lists-of-large-strings", "dictionary-encoded-texts"],
+)
+def test_a_v3_tasks_column_of_other_list_and_text_types_reads_as_lists_of_strings(ds: Path, retyped) -> None:
+    """meta/episodes' ``tasks`` as fixed-size lists (HF datasets' type for a Sequence of a fixed length), or with its
+    texts dictionary-encoded: read and digested as lists of strings before the column's type was checked, then
+    refused as not lists of texts (2 of these 3 types). Each reads as the same dataset: its task lists and digests
+    those of LeRobot's list<string>."""
+    path = _episodes_file(ds)
+    table = pq.read_table(path)
+    before = open_dataset(ds)
+    digests, tasks = (before.content_digest(), before.identity_digest()), before.episodes.tasks.to_pylist()
+    column = table.column_names.index("tasks")
+    pq.write_table(table.set_column(column, "tasks", retyped(table["tasks"])), path)
+    assert pq.read_schema(path).field("tasks").type != table.schema.field("tasks").type
+    reader = open_dataset(ds)
+    assert (
+        reader.episodes.tasks.to_pylist() == tasks == [[f"synthetic task {e % 2}: move the marker"] for e in range(4)]
+    )
+    assert (reader.content_digest(), reader.identity_digest()) == digests
+
+
 def test_a_v3_tasks_column_of_nulls_alone_reads_as_no_tasks_column(ds: Path) -> None:
     """A ``tasks`` column of type null (every episode's tasks missing, as pandas writes a column of None) opened, and
     every state_dict() failed with Arrow's bare "'list_value_length' has no kernel matching input types (null)". It
