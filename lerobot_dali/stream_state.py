@@ -289,9 +289,11 @@ def _ranks_gathered(states: Sequence[StreamState], ranks: set[int]) -> int:
     ranks a merge gathered it from (``ranks``; one rank's state passed twice, as ``[state] * world_size`` of a job that
     saves rank 0's alone, is one rank's: counted as every rank's, it let rank_balance='none' take it as every rank at
     that epoch's start); states that name no rank (saved before ``saved_rank``, or balanced) count as one together
-    (each counted, ``[state] * world_size`` of such a state let rank_balance='none' take it as every rank's), and a
-    state merged before without ``gathered_rank_ids`` (saved before them) at least as the ranks it gathered."""
-    unnamed = not all(_names_a_rank(state) for state in states)
+    (each counted, ``[state] * world_size`` of such a state let rank_balance='none' take it as every rank's), and as
+    none beside states that name ranks (it may be one of theirs: rank 1's state saved before saved_rank beside its
+    own saved after counted 2 ranks, taken under 'none' as both of 2 ranks'), and a state merged before without
+    ``gathered_rank_ids`` (saved before them) at least as the ranks it gathered."""
+    unnamed = not ranks and not all(_names_a_rank(state) for state in states)
     return max(len(ranks) + unnamed, *(_ranks_held(state) for state in states))
 
 
