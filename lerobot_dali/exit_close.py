@@ -10,14 +10,15 @@ closes every live iterator, in close()'s order, which is safe under a pass in an
 pass left to let the pipeline go); a pass that then finds its iterator closed waits, silent, to be stopped with its
 thread (:func:`park_if_exiting`), as a daemon thread waiting on a queue is.
 
-The handler then waits, up to ``RETURN_WAIT_S``, for the threads it handed a batch to come back for the next one (and
-park there): on Python 3.11 the interpreter stops a daemon thread that takes the GIL back once it has begun to finalize
-(``pthread_exit``), and one freeing a torch tensor releases it there (``THPVariable_clear``), so the stop unwound
-through that C++ frame and aborted the process (``terminate called without an active exception``, status 134). A
-loop over the iterator frees its last batch as the next one is handed out: a script that ended while a daemon thread
-of its own iterated (without workers) aborted in 4 of 259 runs on 2 busy cores (0 of 120 now), and in 11 of 11 where
-its loop's batches held 20,000 tensors (0 of 11). A thread of the script's own that frees tensors elsewhere as it ends
-still aborts it (torch and Python's, not the iterator's: 28 of 30 runs of a thread freeing plain tensors).
+The handler then waits, up to ``RETURN_WAIT_S``, for the threads holding a pass's batch (:class:`BatchesHeld`, reading
+the next one too) to come back for the next one and park there: on Python 3.11 the interpreter stops a daemon thread
+that takes the GIL back once it has begun to finalize (``pthread_exit``), and one freeing a torch tensor releases it
+there (``THPVariable_clear``), so the stop unwound through that C++ frame and aborted the process (``terminate called
+without an active exception``, status 134). A loop over the iterator frees its last batch as the next one is handed
+out: a script that ended while a daemon thread of its own iterated (without workers) aborted in 4 of 259 runs on 2 busy
+cores (0 of 120 now), and in 11 of 11 where its loop's batches held 20,000 tensors (0 of 11). A thread of the script's
+own that frees tensors elsewhere as it ends still aborts it (torch and Python's, not the iterator's: 28 of 30 runs of a
+thread freeing plain tensors).
 
 Every iterator is watched from its construction: a remote one's prefetcher reads from its first pass's warm-up on,
 and closed only once the interpreter was finalizing (the iterator a global), it left a thread inside pyarrow's read of
@@ -42,14 +43,12 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from . import fork_locks
 from .inherited_pipeline import abandon_all
 
-__all__ = ["RETURN_WAIT_S", "exiting", "handed_out", "must_park", "park_if_exiting", "watch"]
+__all__ = ["RETURN_WAIT_S", "BatchesHeld", "exiting", "must_park", "park_if_exiting", "watch"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +56,10 @@ _live: weakref.WeakSet[Any] = weakref.WeakSet()
 _lock = fork_locks.lock()
 _registered = False
 _exiting = threading.Event()
-#: How long the exit handler waits for the threads handed a batch to come back for the next (a loop's body between two
+#: How long the exit handler waits for the threads holding a batch to come back for the next (a loop's body between two
 #: batches); a thread that does not (blocked on a full queue of its own) holds the exit up that long.
 RETURN_WAIT_S = 1.0
-_out: Counter[int] = Counter()  # thread ident: batches handed out to it, not yet come back
+_out: Counter[int] = Counter()  # thread ident: passes whose batches it holds (BatchesHeld)
 _parked: set[int] = set()  # thread idents parked for good (park_if_exiting): back, whatever other batches they hold
 _returned = fork_locks.condition(_lock)
 
@@ -100,19 +99,42 @@ def park_if_exiting() -> None:
         threading.Event().wait()
 
 
-@contextmanager
-def handed_out() -> Iterator[None]:
-    """Around a pass's ``yield``: the batch is out with this thread until the pass is resumed (or closed)."""
-    ident = threading.get_ident()
-    with _returned:
-        _out[ident] += 1
-    try:
-        yield
-    finally:
+class BatchesHeld:
+    """A pass's batches with the thread it hands them to, for the exit handler to wait for: from the first one handed
+    out until the pass ends, or the thread parks. A loop holds its last batch while the pass reads the next, and frees
+    it only as that one is handed out; counted from the handing out to the resume alone, a thread inside DALI's next()
+    as the exit handler closed the iterator was not waited for, and the batch the pass still got there (read before the
+    close) was handed out, the last one freed, as the interpreter finalized: with 2 workers, the script of 20,000-tensor
+    batches aborted in 7 of 30 runs (``THPVariable_clear`` under ``pthread_exit``)."""
+
+    __slots__ = ("_ident",)
+
+    def __init__(self) -> None:
+        self._ident: int | None = None  # the thread holding them
+
+    def hand_out(self) -> None:
+        """Before the pass's ``yield``: this thread holds the batch (and the pass's, until it ends)."""
+        ident = threading.get_ident()
+        if ident == self._ident:  # (the thread that holds them already: one lock fewer per batch)
+            return
         with _returned:
-            _out[ident] -= 1
-            if not _out[ident]:
-                del _out[ident]
+            _out[ident] += 1
+            self._let_go()
+            self._ident = ident
+
+    def end(self) -> None:
+        """The pass is over (finished, failed, or its generator closed): its thread holds none of its batches here."""
+        with _returned:
+            self._let_go()
+
+    def _let_go(self) -> None:
+        ident, self._ident = self._ident, None
+        if ident is not None:
+            # (none counted where a forked child let go of a pass its forking thread held: _leave_to_parent cleared it)
+            if _out[ident] > 1:
+                _out[ident] -= 1
+            else:
+                _out.pop(ident, None)
             _returned.notify_all()
 
 
@@ -129,7 +151,7 @@ def _close_all() -> None:
 
 
 def _wait_for_batches_back(deadline: float) -> bool:
-    """Until ``deadline``: wait for every other live thread handed a batch to come back for the next (it parks);
+    """Until ``deadline``: wait for every other live thread holding a batch to come back for the next (it parks);
     whether all did.
 
     A thread that parked is back, whatever batches of other passes it still holds: a mixture's thread holds each of

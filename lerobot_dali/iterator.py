@@ -47,7 +47,7 @@ from .errors import (
     ResumeStateError,
     WorkerProcessError,
 )
-from .exit_close import exiting, handed_out, must_park, park_if_exiting, watch
+from .exit_close import BatchesHeld, exiting, must_park, park_if_exiting, watch
 from .file_format_store import FileFormatStore
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .host_values import decode_host_values
@@ -566,6 +566,7 @@ class DALILeRobotIterator:
     def _epoch_batches(self, pass_id: int, loads: int) -> Iterator[dict[str, Any]]:
         """Pass ``pass_id``'s batches, begun where the stream stood after its ``loads``-th load: a load_state_dict()
         from another thread since (as a batch was read) ends it, that batch read at the old position dropped."""
+        held = BatchesHeld()  # (the exit handler waits for the thread holding them to park: :mod:`.exit_close`)
         try:
             while (batch := self._next_batch_or_park(pass_id)) is not None:
                 try:
@@ -589,9 +590,10 @@ class DALILeRobotIterator:
                     finally:
                         self._close_if_deferred()
                     raise
-                with handed_out():  # (the exit handler waits for it to come back: :mod:`.exit_close`)
-                    yield batch
+                held.hand_out()
+                yield batch
         finally:  # the pass is over: finished, failed, or left by the loop (the generator is closed)
+            held.end()
             if pass_id == self._pass_id:  # (a replaced pass's generator collected later leaves the new one's)
                 self._pass_start = None
             self._close_if_deferred()  # (a second signal's exception landed in the pass's own: run again)
