@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import shutil
 import tempfile
 import time
 from collections import defaultdict
@@ -36,6 +37,7 @@ __all__ = [
     "checked_body",
     "checksummed",
     "delete_if_unchanged",
+    "delete_tree",
     "discard_damaged_entry",
     "folder_refuses",
     "lock_file",
@@ -238,6 +240,26 @@ def delete_if_unchanged(path: Path, read: os.stat_result | None) -> None:
     good one another process renamed over it since. Raises OSError where it cannot be deleted."""
     if read is None or _same_file(read, path):
         path.unlink(missing_ok=True)
+
+
+def delete_tree(folder: Path) -> tuple[OSError | None, int, int]:
+    """Delete ``folder`` and all it holds, as far as this process may: (the first error met, or None; the files and
+    bytes left, 0 where it is gone). ``shutil.rmtree(ignore_errors=True)`` says nothing of what it could not delete
+    (another user's files in a shared cache, a read-only mount), so a caller logging it as deleted was wrong."""
+    errors: list[OSError] = []
+
+    def failed(_function: object, _path: str, info: tuple[type[BaseException], BaseException, object]) -> None:
+        error = info[1]
+        if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):  # (gone meanwhile: as wanted)
+            errors.append(error)
+
+    shutil.rmtree(folder, onerror=failed)
+    files = size = 0
+    for path in folder.rglob("*") if folder.exists() else ():
+        with contextlib.suppress(OSError):
+            if path.is_file():
+                files, size = files + 1, size + path.stat().st_size
+    return (errors[0] if errors else None), files, size
 
 
 def read_entry(entry: Path, logger: logging.Logger, *, instead: str) -> tuple[bytes, os.stat_result] | None:

@@ -41,7 +41,15 @@ from pathlib import Path
 from typing import Any
 
 from . import fork_locks
-from .cache_dirs import atomic_file, cache_days, mark_used, sweep_cutoff, try_flock, try_flock_where_supported
+from .cache_dirs import (
+    atomic_file,
+    cache_days,
+    delete_tree,
+    mark_used,
+    sweep_cutoff,
+    try_flock,
+    try_flock_where_supported,
+)
 
 __all__ = ["ByteRange", "CacheBusyError", "CacheStats", "RangeCache", "entry_dir", "list_entries", "prune_unused_slots"]
 
@@ -532,7 +540,14 @@ def prune_unused_slots(root: Path) -> None:
                 slot.rename(swept)
             except OSError:
                 swept = slot
-            shutil.rmtree(swept, ignore_errors=True)
-        logger.info("deleted prefetch cache %s: no run has used it for %g days", slot, cache_days())
+            error, files_left, bytes_left = delete_tree(swept)
+        if error is None:
+            logger.info("deleted prefetch cache %s: no run has used it for %g days", slot, cache_days())
+        else:
+            logger.warning(
+                "cannot delete prefetch cache %s, which no run has used for %g days (%s: %s); %d file(s), %.1f MB "
+                "of it stay in %s: delete it as its owner, or check that folder's permissions",
+                slot, cache_days(), type(error).__name__, error, files_left, bytes_left / 1e6, swept,
+            )  # fmt: skip
         with contextlib.suppress(OSError):
             slot.parent.rmdir()  # (only once empty)

@@ -200,6 +200,30 @@ def test_prefetch_slots_unused_for_a_while_go_unless_a_run_holds_them(tmp_path: 
     again.close()
 
 
+def test_a_prefetch_slot_the_sweep_cannot_delete_is_not_logged_as_deleted(tmp_path: Path, monkeypatch, caplog) -> None:
+    """Another user's slot in a shared cache (or a read-only one): its rename aside and every file's deletion fail,
+    yet the sweep logged "deleted prefetch cache ..." (1 of 1), leaving the disk as full as it was and nobody told."""
+    slot = _old_slot(tmp_path)
+    kept = sorted(p.name for p in slot.iterdir())
+
+    def refused(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(Path, "rename", refused)
+    monkeypatch.setattr(os, "unlink", refused)
+    monkeypatch.setattr(os, "rmdir", refused)
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.range_cache"):
+        prune_unused_slots(tmp_path / "prefetch")
+    monkeypatch.undo()
+    assert sorted(p.name for p in slot.iterdir()) == kept
+    assert "deleted prefetch cache" not in caplog.text
+    (record,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    files = sum(1 for p in slot.rglob("*") if p.is_file())
+    assert record.getMessage().startswith(f"cannot delete prefetch cache {slot}, which no run has used for 30 days")
+    assert f"PermissionError: [Errno {errno.EACCES}]" in record.getMessage()
+    assert f"{files} file(s), 0.0 MB of it stay in {slot}: delete it as its owner" in record.getMessage()
+
+
 def test_a_prefetch_slot_opened_long_ago_and_used_since_is_kept(tmp_path: Path) -> None:
     """A slot's last use was its open: a run of more than the days a sweep waits ($LEROBOT_DALI_CACHE_DAYS, 30)
     restarted, after its preemption or its end, to find its slot swept as unused by the first of its ranks to start
