@@ -198,7 +198,8 @@ class Prefetcher:
         if not admit:
             return
         failed: Exception | None = None
-        with _progress_bar(len(admit), progress) as admitted:
+        stats, fetched_before = self.cache.stats, self.cache.stats.fetched_bytes
+        with _progress_bar(len(admit), progress, lambda: stats.fetched_bytes - fetched_before) as admitted:
             results = [self._pool.apply_async(self._admit, (int(e),)) for e in admit]
             for result in results:
                 while not result.ready():  # (polled: a closed pool never completes what it dropped)
@@ -246,12 +247,16 @@ class _Closed(Exception):
     """The prefetcher was closed while filling."""
 
 
-def _progress_bar(total: int, enabled: bool) -> AbstractContextManager[Callable[[int], None]]:
+def _progress_bar(
+    total: int, enabled: bool, fetched_bytes: Callable[[], int]
+) -> AbstractContextManager[Callable[[int], None]]:
     """The warm-up's progress where it takes over :data:`WARM_PROGRESS_DELAY_S`: a bar on a terminal (it honours
-    ``HF_HUB_DISABLE_PROGRESS_BARS`` like the Hub downloads do), INFO lines in a log."""
+    ``HF_HUB_DISABLE_PROGRESS_BARS`` like the Hub downloads do), INFO lines in a log. Both say the bytes fetched so far
+    (``fetched_bytes()``, counted per range stored) on a timer: over a slow link the first episode took minutes to
+    arrive, and nothing showed until it did."""
     return progress_counter(
         total, desc="lerobot-dali: warming prefetch cache", unit="episode", logger=logger, enabled=enabled,
-        delay_s=WARM_PROGRESS_DELAY_S, first_line_s=0.0,
+        delay_s=WARM_PROGRESS_DELAY_S, first_line_s=0.0, detail=lambda: f"{fetched_bytes() / 1e6:.1f} MB fetched",
     )  # fmt: skip
 
 

@@ -9,6 +9,7 @@ import gc
 import io
 import os
 import random
+import re
 import threading
 import time
 import zlib
@@ -857,7 +858,7 @@ def test_close_on_the_thread_inside_warm_does_not_wait_for_the_fill_thread(
     monkeypatch.setattr(prefetcher._thread, "join", lambda timeout=None: joins.append(timeout))
 
     @contextmanager
-    def closing_at_first_admission(total: int, enabled: bool):
+    def closing_at_first_admission(total: int, enabled: bool, fetched_bytes):
         yield lambda n: prefetcher._closed or prefetcher.close()  # (a signal handler on this thread, in the fill)
 
     monkeypatch.setattr(prefetch, "_progress_bar", closing_at_first_admission)
@@ -1042,7 +1043,9 @@ def test_the_warming_bar_shows_on_each_nodes_first_rank_only(make_ds, tmp_path: 
 
     bars: list[bool] = []
     real = prefetch._progress_bar
-    monkeypatch.setattr(prefetch, "_progress_bar", lambda total, enabled: bars.append(enabled) or real(total, False))
+    monkeypatch.setattr(
+        prefetch, "_progress_bar", lambda total, enabled, fetched: bars.append(enabled) or real(total, False, fetched)
+    )
     monkeypatch.setenv("LOCAL_RANK", local_rank)
     reader = open_dataset("fakeremote://", storage_options={"root": str(_dataset(make_ds, "av1"))})
     it = DALILeRobotIterator(reader, batch_size=4, device="cpu", rank=int(local_rank), world_size=2,
@@ -1074,4 +1077,55 @@ def test_the_warm_up_logs_lines_not_a_bar_where_stderr_is_no_terminal(make_ds, t
     assert "warming prefetch cache" not in capsys.readouterr().err
     said = [r.getMessage() for r in caplog.records if "warming" in r.getMessage()]
     assert said and said[-1].startswith("lerobot-dali: warming prefetch cache: ")
-    assert all(" episodes (" in line for line in said), said
+    assert all(re.search(r" episodes, \d+\.\d MB fetched \(\d+ s\)$", line) for line in said), said
+
+
+def test_the_warm_up_says_the_bytes_it_fetched_before_its_first_episode_arrives(
+    make_ds, tmp_path: Path, monkeypatch, caplog
+) -> None:
+    """The warm-up's first line came at its first episode done: over a slow link, minutes of nothing (here: 0 lines
+    while every range but the first stalls). Its timer now says the count and the bytes fetched so far at the delay,
+    then no more than every LINE_EVERY_S: 1 line over 20 looks while the ranges stall (counted, not timed)."""
+    import logging
+
+    from lerobot_dali import prefetch, progress_lines
+    from lerobot_dali.prefetch import Prefetcher
+
+    prefetcher, _ = _pool_prefetcher(make_ds, tmp_path)
+    monkeypatch.setattr(prefetch, "WARM_PROGRESS_DELAY_S", 0.0)
+    monkeypatch.setattr(progress_lines, "TICK_S", 0.001)
+    fetch, tick = Prefetcher._fetch, progress_lines.ProgressLines.tick
+    fetches, looks, said, released = [], [], [], threading.Event()
+
+    def warming() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "warming" in r.getMessage()]
+
+    def looked(self) -> None:  # (a look of the timer: what the line would say, then the look)
+        expected = f"0/{self.total} episodes, {prefetcher.stats.fetched_bytes / 1e6:.1f} MB fetched"
+        before = len(warming())
+        tick(self)
+        if len(warming()) > before:
+            said.append((warming()[-1], expected))
+        if not released.is_set():
+            looks.append(len(warming()))
+            if said and len(looks) - looks.index(1) >= 20:
+                released.set()
+
+    def stalls_after_the_first(self, key):
+        fetches.append(key)
+        if len(fetches) > 1 and not released.wait(5.0):  # (the old code: no look ever lets them go)
+            released.set()
+        return fetch(self, key)
+
+    monkeypatch.setattr(progress_lines.ProgressLines, "tick", looked)
+    monkeypatch.setattr(Prefetcher, "_fetch", stalls_after_the_first)
+    try:
+        with caplog.at_level(logging.INFO, logger="lerobot_dali.prefetch"):
+            prefetcher.warm(0, 0)
+    finally:
+        prefetcher.close()
+    assert said, "no line while the ranges stalled"
+    (line, expected), *_ = said
+    assert line.startswith(f"lerobot-dali: warming prefetch cache: {expected} ("), (line, expected)
+    assert looks.count(1) >= 20 and set(looks) <= {0, 1}  # (one line however many looks while they stalled)
+    assert prefetcher.failures == 0 and prefetcher.stats.fetched_ranges == len(fetches)

@@ -45,6 +45,40 @@ def test_a_count_done_at_once_past_its_first_line_says_the_end_once(caplog, monk
     assert _said(caplog) == ["footers: 1/1 files (3 s)"]
 
 
+def test_a_count_whose_units_take_long_says_its_detail_on_its_timer_without_spam(caplog, monkeypatch) -> None:
+    """A warm-up over a slow link said nothing until its first episode arrived (minutes): its timer's looks now say
+    the count and the detail once the delay has passed, then at most every LINE_EVERY_S; units done still say tenths."""
+    clock, fetched = SimpleNamespace(now=0.0), [0]
+    monkeypatch.setattr(progress_lines, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    lines = ProgressLines(10, desc="warming", unit="episode", logger=logging.getLogger(LOGGER), delay_s=2.0,
+                          first_line_s=0.0, detail=lambda: f"{fetched[0] / 1e6:.1f} MB fetched")  # fmt: skip
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        for clock.now, fetched[0] in ((1.0, 10**6), (2.5, 3 * 10**6), (30.0, 9 * 10**6), (63.0, 20 * 10**6)):
+            lines.tick()
+        clock.now = 70.0
+        lines.update(1)  # (a tenth)
+        for clock.now in (100.0, 131.0):
+            lines.tick()
+        clock.now = 140.0
+        lines.update(9)
+        lines.tick()  # (all done: the end alone says it)
+        lines.finish()
+    assert _said(caplog) == [
+        "warming: 0/10 episodes, 3.0 MB fetched (2 s)", "warming: 0/10 episodes, 20.0 MB fetched (63 s)",
+        "warming: 1/10 episodes, 20.0 MB fetched (70 s)", "warming: 1/10 episodes, 20.0 MB fetched (131 s)",
+        "warming: 10/10 episodes, 20.0 MB fetched (140 s)",
+    ]  # fmt: skip
+
+
+def test_a_counter_with_a_detail_ends_its_timer_thread(caplog) -> None:
+    from lerobot_dali.progress_lines import progress_counter
+
+    with progress_counter(3, desc="w", unit="episode", logger=logging.getLogger(LOGGER), detail=lambda: "x") as done:
+        assert [t.name for t in threading.enumerate()].count("lerobot-dali-progress-line") == 1
+        done(3)
+    assert "lerobot-dali-progress-line" not in [t.name for t in threading.enumerate()]
+
+
 def _wait_lines() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "lerobot-dali-wait-line"]
 
