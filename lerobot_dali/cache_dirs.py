@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO, Any, TypeVar
 
 from .said_once import warn_once
 
@@ -38,8 +38,10 @@ __all__ = [
     "checksummed",
     "delete_if_unchanged",
     "delete_tree",
+    "delete_unless_held",
     "discard_damaged_entry",
     "folder_refuses",
+    "hold_shared",
     "lock_file",
     "locks_unsupported",
     "mark_used",
@@ -260,6 +262,35 @@ def delete_tree(folder: Path) -> tuple[OSError | None, int, int]:
             if path.is_file():
                 files, size = files + 1, size + path.stat().st_size
     return (errors[0] if errors else None), files, size
+
+
+def hold_shared(file: IO[bytes] | Any, path: Path) -> bool:
+    """Take a shared ``flock`` on open ``file`` (anything with ``fileno()``: a memory map), held while it stays open, so
+    :func:`delete_unless_held` leaves ``path`` to its readers; False where ``path`` no longer names it (deleted or
+    replaced before the lock: open it again). True without a lock where the filesystem takes none (nothing deletes it
+    then either) or refuses one (logged at DEBUG)."""
+    try:
+        fcntl.flock(file.fileno(), fcntl.LOCK_SH)  # (blocks only while a deleter holds it: an unlink's instant)
+    except OSError as e:
+        if not locks_unsupported(e):
+            logger.debug("%s: no shared lock (%s); read without one", path, e)
+        return True
+    return _same_file(os.fstat(file.fileno()), path)
+
+
+def delete_unless_held(path: Path) -> bool:
+    """Delete ``path`` unless a process holds a lock on it (:func:`hold_shared`, taken by its readers); whether it was
+    deleted: not where it is held, where the filesystem takes no locks (no reader can be told apart), nor where it
+    cannot be deleted (another user's file in a shared cache)."""
+    try:
+        lock = try_flock(path)
+        if lock is None:
+            return False
+        with lock:
+            path.unlink()
+    except OSError:
+        return False
+    return True
 
 
 def read_entry(entry: Path, logger: logging.Logger, *, instead: str) -> tuple[bytes, os.stat_result] | None:

@@ -10,11 +10,14 @@ So the columns a reader reads of such a file are written once per cache folder a
 and the OS page cache shares its pages between them (HF ``datasets``, under LeRobot's own loader, keeps Arrow
 files for the same reason). Entries are keyed by the sha256 of (path, size, version, columns) and record their
 key, so a changed file simply misses; stale entries stay until a sweep finds them unused
-(:meth:`ColumnStore.prune_unused`), damaged ones are deleted at once. One process converts a file (an
-``flock``, where the filesystem takes locks), written under a temporary name and renamed; the others read the row
-group directly meanwhile rather than wait. A store that cannot be written or read is logged and skipped: it is never
-needed for correctness, and deleting it only costs the conversion again. A folder that refuses writes (full, over
-quota, read-only) stops the process's conversions for good, with one warning; mapped entries stay in use.
+(:meth:`ColumnStore.prune_unused`), damaged ones are deleted at once. A file whose server gives no version (a
+``run:`` stamp, new each run and rank) is copied for one run: its copy deletes those of earlier runs that no process
+maps now (its readers hold a shared ``flock`` on it), else each run left one more until the sweep. One process
+converts a file (an ``flock``, where the filesystem takes locks), written under a temporary name and renamed; the
+others read the row group directly meanwhile rather than wait. A store that cannot be written or read is logged and
+skipped: it is never needed for correctness, and deleting it only costs the conversion again. A folder that refuses
+writes (full, over quota, read-only) stops the process's conversions for good, with one warning; mapped entries stay
+in use.
 """
 
 from __future__ import annotations
@@ -42,8 +45,10 @@ from .cache_dirs import (
     atomic_file,
     cache_root,
     delete_if_unchanged,
+    delete_unless_held,
     drop_lock_file,
     folder_refuses,
+    hold_shared,
     lock_file,
     mark_used,
     prune_unused_files,
@@ -79,6 +84,9 @@ class _Entry:
     key: str
     target: Path
     columns: list[str]
+    #: A copy valid for one run (a ``run:`` stamp): it supersedes the earlier runs' copies of the same file and
+    #: columns, and the processes mapping it hold a shared ``flock`` on it (:meth:`ColumnStore._drop_superseded`).
+    superseding: bool
 
 
 def default_column_dir() -> Path:
@@ -112,6 +120,8 @@ class ColumnStore:
 
     def _init_process_state(self) -> None:
         self._open: OrderedDict[Path, pa.Table] = OrderedDict()
+        #: The open files holding a shared lock on one-run copies this process maps (:meth:`_drop_superseded`).
+        self._held: dict[Path, Any] = {}
         #: Entries this process failed to write or read: not tried again (each try decodes the whole group).
         self._failed: set[Path] = set()
         #: Why the folder takes no writes in this process (a full disk, a quota, read-only): no file is tried again.
@@ -147,8 +157,14 @@ class ColumnStore:
 
     def _entry(self, path: str, stamp: FileStamp, columns: list[str]) -> _Entry:
         key = json.dumps([STORE_FORMAT, path, stamp.size, stamp.version, sorted(columns)])
-        digest = hashlib.sha256(key.encode()).hexdigest()
-        return _Entry(path, key, self.directory / digest[:2] / f"{digest}.arrow", columns)
+        if not _run_only(stamp):
+            digest = hashlib.sha256(key.encode()).hexdigest()
+            return _Entry(path, key, self.directory / digest[:2] / f"{digest}.arrow", columns, superseding=False)
+        # One run's copy (its server gives no version): named for the file and columns, then the run, so the next
+        # run's copy finds the ones it supersedes (:meth:`_drop_superseded`).
+        file = hashlib.sha256(json.dumps([STORE_FORMAT, path, stamp.size, sorted(columns)]).encode()).hexdigest()
+        run = hashlib.sha256(stamp.version.encode()).hexdigest()[:16]
+        return _Entry(path, key, self.directory / file[:2] / f"{file}.{run}.arrow", columns, superseding=True)
 
     def rows(
         self,
@@ -191,7 +207,8 @@ class ColumnStore:
         with self._lock:
             self._open[target] = table
             while len(self._open) > self.max_open:
-                self._open.popitem(last=False)
+                evicted, _ = self._open.popitem(last=False)
+                self._held.pop(evicted, None)
         return table
 
     def _map(self, entry: _Entry, expected_rows: int) -> pa.Table | None:
@@ -216,6 +233,11 @@ class ColumnStore:
             stored_key = (table.schema.metadata or {}).get(_KEY_METADATA, b"").decode(errors="replace")
             missing = [c for c in entry.columns if c not in table.column_names]
             if stored_key == key and not missing and table.num_rows == expected_rows:
+                if entry.superseding:  # (the next run deletes it only once no process holds it)
+                    if not hold_shared(mapped, target):
+                        return None  # (deleted meanwhile: converted again)
+                    with self._lock:
+                        self._held[target] = mapped
                 mark_used(target)
                 return table
             problem = (
@@ -238,6 +260,7 @@ class ColumnStore:
         path, target = entry.path, entry.target
         if self._unwritable is not None:
             return False
+        fresh: Any = None
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             lock, locked = try_flock_where_supported(lock_file(target))
@@ -256,7 +279,14 @@ class ColumnStore:
                 started = time.perf_counter()
                 with atomic_file(target, prefix=prefix, durable=True) as tmp, read_lock:  # (mapped, unchecked)
                     _write_arrow(parquet, entry.columns, entry.key, tmp)
+                    if entry.superseding:  # (held through the rename until this process maps it)
+                        fresh = open(tmp.name, "rb")  # noqa: SIM115
+                        hold_shared(fresh, Path(tmp.name))
                 drop_lock_file(target)
+            if fresh is not None:
+                with self._lock:
+                    self._held.setdefault(target, fresh)
+                self._drop_superseded(entry)
         except _DataReadError as e:
             if is_transient(e.cause):
                 raise e.cause from None
@@ -289,6 +319,21 @@ class ColumnStore:
             time.perf_counter() - started,
         )
         return True
+
+    def _drop_superseded(self, entry: _Entry) -> None:
+        """Delete the copies of ``entry``'s file and columns that earlier runs wrote and no process maps now: the
+        server gives the file no version, so each run's copy (1.3-2.3x the parquet) is valid for that run alone, and
+        they stayed until the sweep, one more per run (and rank). Those of runs still reading stay theirs."""
+        target = entry.target
+        file = target.name.split(".")[0]
+        for other in target.parent.glob(f"{file}.*.arrow"):
+            if other != target and delete_unless_held(other):
+                logger.info(
+                    "column store: deleted %s, an earlier run's copy of %s: its server gives no version, so no "
+                    "later run can use it",
+                    other,
+                    entry.path,
+                )
 
     def _write_failed(self, path: str, target: Path, error: Exception) -> None:
         warn_once(
@@ -355,6 +400,11 @@ def _room_for(parquet: pq.ParquetFile, columns: list[str], directory: Path, path
         CACHE_ENV,
     )
     return False
+
+
+def _run_only(stamp: FileStamp) -> bool:
+    """Whether ``stamp`` identifies its file for one run only (a server that gives no version: ``run:``)."""
+    return stamp.version.startswith("run:")
 
 
 def _write_arrow(parquet: pq.ParquetFile, columns: list[str], key: str, sink: Any) -> None:

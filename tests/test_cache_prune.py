@@ -407,3 +407,23 @@ def test_a_process_without_a_home_directory_keeps_its_caches_elsewhere(make_ds, 
         assert check_dataset(open_dataset(root), decode=True, workers=0).frames_verified_before == 8
     assert cache_root() == tmp_path / "xdg" / "lerobot_dali" and (tmp_path / "xdg" / "lerobot_dali").is_dir()
     assert "no home directory ($HOME unset and uid" in caplog.text
+
+
+def test_a_file_held_by_a_reader_is_not_deleted_nor_where_the_filesystem_takes_no_locks(tmp_path, monkeypatch) -> None:
+    """What the column store's later runs delete of a server's unversioned files' copies: only those no reader holds
+    (cache_dirs.hold_shared), and none where no reader can be told apart."""
+    import fcntl
+
+    from lerobot_dali.cache_dirs import delete_unless_held, hold_shared
+
+    copy = _file(tmp_path / "ab" / "copy.arrow", 0)
+    with open(copy, "rb") as reader:
+        assert hold_shared(reader, copy)
+        assert not delete_unless_held(copy) and copy.exists()
+    monkeypatch.setattr(fcntl, "flock", lambda fd, op: (_ for _ in ()).throw(OSError(errno.ENOLCK, "no locks")))
+    assert not delete_unless_held(copy) and copy.exists()
+    monkeypatch.undo()
+    assert delete_unless_held(copy) and not copy.exists()
+    with open(_file(copy, 0), "rb") as reader:
+        copy.unlink()
+        assert not hold_shared(reader, copy)  # (deleted before its reader's lock: map it again)

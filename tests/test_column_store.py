@@ -576,3 +576,52 @@ def test_one_entry_refused_leaves_the_other_entries_converting(tmp_path, monkeyp
     assert other is not None and len(other) == 5 and store._unwritable is None
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and warnings[0].startswith(f"column store: cannot write {blocked}")
+
+
+def _unversioned_run(monkeypatch):
+    """A run reading cr5 from a server that gives its files no version (no ETag, Last-Modified or hash: ``run:``
+    stamps, a new one each run), through the store."""
+    from lerobot_dali.file_stamps import _VERSION_FIELDS
+    from tests.fake_remote import FakeRemoteFileSystem
+
+    real = FakeRemoteFileSystem._public
+
+    def no_version(self, entry):
+        return {k: v for k, v in real(self, entry).items() if k not in {name for name, _ in _VERSION_FIELDS}}
+
+    monkeypatch.setattr(FakeRemoteFileSystem, "_public", no_version)
+    remote = open_dataset("fakeremote://", storage_options={"root": str(shared_dataset("cr5_v30_av1"))})
+    assert _stamp(remote).version.startswith("run:")
+    return remote
+
+
+def test_a_run_of_a_server_without_versions_deletes_the_copies_earlier_runs_left(tmp_path, monkeypatch) -> None:
+    """Each run of a server that gives no file version wrote a new whole Arrow copy (1.3-2.3x the parquet) that no later
+    run could use, kept until the 30-day sweep: 3 runs, 3 copies (10 runs of a 44 MB copy: 440 MB). A run's copy now
+    deletes those of earlier runs that no process maps; a run still reading keeps its own."""
+    direct = _all_episodes(_reader(None))
+    runs = []
+    for _ in range(3):
+        remote = _unversioned_run(monkeypatch)
+        remote.column_store = ColumnStore(tmp_path, **SMALL)
+        _assert_same(_all_episodes(remote), direct)
+        runs.append(remote)
+        del remote.column_store  # (the run ends: its process maps nothing any more)
+    [stored] = _stored_files(tmp_path)
+    key = pa.ipc.open_file(pa.memory_map(str(stored))).schema.metadata[b"lerobot_dali.column_store.key"].decode()
+    assert _stamp(runs[-1]).version in key  # the last run's
+
+    first = _unversioned_run(monkeypatch)  # a run still reading while the next one starts (another rank, or job)
+    first.column_store = ColumnStore(tmp_path, **SMALL)
+    _assert_same(_all_episodes(first), direct)
+    second = _unversioned_run(monkeypatch)
+    second.column_store = ColumnStore(tmp_path, **SMALL)
+    _assert_same(_all_episodes(second), direct)
+    assert len(_stored_files(tmp_path)) == 2  # the first run's copy is its own while it maps it
+    _assert_same(_all_episodes(first), direct)
+    del first.column_store
+    third = _unversioned_run(monkeypatch)
+    third.column_store = ColumnStore(tmp_path, **SMALL)
+    _assert_same(_all_episodes(third), direct)
+    assert len(_stored_files(tmp_path)) == 2  # the second's still mapped; the first's gone
+    assert third.column_store.path_for(third.data_path(0), _stamp(third), _columns(third)) in _stored_files(tmp_path)
