@@ -15,6 +15,7 @@ import hashlib
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -250,12 +251,14 @@ def delete_tree(folder: Path) -> tuple[OSError | None, int, int]:
     (another user's files in a shared cache, a read-only mount), so a caller logging it as deleted was wrong."""
     errors: list[OSError] = []
 
-    def failed(_function: object, _path: str, info: tuple[type[BaseException], BaseException, object]) -> None:
-        error = info[1]
+    def failed(_function: object, _path: str, error: BaseException) -> None:
         if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):  # (gone meanwhile: as wanted)
             errors.append(error)
 
-    shutil.rmtree(folder, onerror=failed)
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(folder, onexc=failed)
+    else:  # (onerror, deprecated from 3.12 on, is handed sys.exc_info())
+        shutil.rmtree(folder, onerror=lambda function, path, info: failed(function, path, info[1]))
     files = size = 0
     for path in folder.rglob("*") if folder.exists() else ():
         with contextlib.suppress(OSError):
