@@ -126,17 +126,36 @@ _REQUEST_LOGGERS = ("fsspec.http",)
 
 
 class _MaskingFilter(logging.Filter):
-    """Masks the credentials of the URLs a record names (:func:`masked`): its message, its arguments and its
-    exception (:func:`mask_error`), in place."""
+    """Masks the credentials of the URLs a record names (:func:`masked`), in place: its message as its arguments make
+    it (of any kind: a mapping, an object whose text names a URL), its exception (:func:`mask_error`) and that
+    exception's text where it was formatted already. It never raises (a filter's error is its logging caller's): a
+    message its arguments do not make is given as the masked text of both, an exception it cannot mask is left out."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.msg, str):
-            record.msg = masked(record.msg)
-        if isinstance(record.args, tuple):
-            record.args = tuple(masked(str(a)) if masked(str(a)) != str(a) else a for a in record.args)
+        try:
+            message, made = record.getMessage(), True
+        except Exception:  # (the handler would print both as they are: said masked here instead)
+            message, made = f"{_text(record.msg)} (arguments the message does not take: {_text(record.args)})", False
+        shown = masked(message)
+        if shown != message or not made:
+            record.msg, record.args = shown, None
+        if isinstance(record.exc_text, str):
+            record.exc_text = masked(record.exc_text)
         if record.exc_info and record.exc_info[1] is not None:
-            mask_error(record.exc_info[1])
+            try:
+                mask_error(record.exc_info[1])
+            except Exception:  # (an error whose parts do not read as aiohttp's: not shown rather than unmasked)
+                record.msg, record.args = f"{record.msg} (its exception not shown: it could not be masked)", None
+                record.exc_info, record.exc_text = None, None
         return True
+
+
+def _text(value: object) -> str:
+    """``str(value)``, or where that raises its type and id."""
+    try:
+        return str(value)
+    except Exception:
+        return object.__repr__(value)
 
 
 def mask_request_logs(params: Any) -> None:

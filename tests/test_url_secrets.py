@@ -53,3 +53,65 @@ def test_mask_error_masks_the_credential_headers_that_the_errors_repr_names() ->
     assert "YWxpY2U6czNjcmV0" not in repr(error) and "k3y" not in repr(error), repr(error)
     assert dict(error.request_info.headers) == {"Authorization": "***", "x-api-key": "***", "Range": "bytes=0-9"}
     assert error.request_info.url == url and error.headers == {"Retry-After": "3"} and _status_of(error) == 429
+
+
+class _NoText:
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+    def __repr__(self) -> str:
+        return "_NoText()"
+
+
+class _Unreadable(Exception):
+    @property
+    def request_info(self) -> object:
+        raise RuntimeError("not aiohttp's")
+
+
+def test_the_request_log_filter_masks_every_record_it_is_given_and_never_raises() -> None:
+    """fsspec's HTTP records are masked once a filesystem sends a credential in its query (``mask_request_logs``): the
+    filter masked a message's string arguments alone, so a mapping of arguments, a message that is an error (not a
+    string) and a traceback a handler formatted before named the signature (3 of 3), and it raised where an
+    argument's ``str()`` did (its ``%r`` formats) or an error's parts could not be read (2 of 2): a filter's error is
+    the logging caller's, fsspec's read. Each record now comes out masked, its other text as it was."""
+    import io
+    import logging
+    import sys
+
+    from lerobot_dali.url_secrets import mask_request_logs
+
+    mask_request_logs({"sig": "x"})
+    library, out = logging.getLogger("fsspec.http"), io.StringIO()
+    handler, level = logging.StreamHandler(out), library.level
+    library.addHandler(handler)
+    library.setLevel(logging.DEBUG)
+    try:
+        url = "https://host/monkey/token/f.mp4?sig=SECRET&page=2"
+        library.debug("%(url)s", {"url": url})
+        library.debug(ValueError(url))
+        library.debug("%r read %d", _NoText(), 3)
+        try:
+            raise _Unreadable(url)
+        except _Unreadable:
+            library.debug("failed", exc_info=True)
+        record = logging.LogRecord("fsspec.http", logging.DEBUG, __file__, 1, "head failed", None, None)
+        record.exc_text = f"Traceback ...\nClientResponseError: 503, url='{url}'"
+        library.handle(record)
+        try:
+            raise OSError(url)
+        except OSError:
+            library.debug("", exc_info=sys.exc_info())
+    finally:
+        library.removeHandler(handler)
+        library.setLevel(level)
+    said = out.getvalue()
+    assert "SECRET" not in said, said
+    shown = url.replace("SECRET", "***")
+    assert said.splitlines()[:4] == [
+        shown,
+        shown,
+        "_NoText() read 3",
+        "failed (its exception not shown: it could not be masked)",
+    ]
+    assert f"url='{shown}'" in said and f"OSError: {shown}" in said
