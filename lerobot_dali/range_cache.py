@@ -476,9 +476,13 @@ def _leave_to_parent() -> None:
     """In a child just forked (``os.fork``, multiprocessing's ``fork``: a fork-based DataLoader, a helper process):
     each cache's lock file closed, the cache closed (it writes nothing: the directory is the parent's). A ``flock``
     belongs to the open file, which the fork shares: while such a child lived, the parent's close let its directory go
-    to no one, and its next cache took a sibling slot, cold (1 of 1)."""
+    to no one, and its next cache took a sibling slot, cold (1 of 1). The parent's threads are not the child's: the
+    ranges they were fetching, and the writes they had under way, are dropped from its copy, whose acquire() of such
+    a range, or close(), waited for them for ever (2 of 2 children hung)."""
     for cache in list(_holding):
         handle, cache._lock_file = cache._lock_file, None
+        cache._pending.clear()
+        cache._writing = 0
         if handle is not None:
             with contextlib.suppress(OSError):
                 handle.close()  # (the child's descriptor only: the parent's lock stays)

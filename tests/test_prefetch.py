@@ -1129,3 +1129,54 @@ def test_the_warm_up_says_the_bytes_it_fetched_before_its_first_episode_arrives(
     assert line.startswith(f"lerobot-dali: warming prefetch cache: {expected} ("), (line, expected)
     assert looks.count(1) >= 20 and set(looks) <= {0, 1}  # (one line however many looks while they stalled)
     assert prefetcher.failures == 0 and prefetcher.stats.fetched_ranges == len(fetches)
+
+
+def test_a_child_forked_while_the_parents_thread_fetches_or_writes_a_range_does_not_wait_for_it(tmp_path: Path) -> None:
+    """Only the forking thread lives on in a child: a range the parent's prefetch thread was fetching at the fork
+    stayed pending in the child for ever, so the child's own acquire() of it waited for ever, and a write under way
+    left close() waiting for ever (2 of 2 children hung). The child's copy is closed and waits for neither: the range
+    is read remotely (refused), its other ranges as before."""
+    import signal
+
+    blob = bytes(range(200))
+    cache = RangeCache(tmp_path / "cache", max_bytes=1000)
+    fetching, writing, answer = threading.Event(), threading.Event(), threading.Event()
+
+    def slow_fetch(key: ByteRange) -> bytes:
+        if key.start == 0:
+            fetching.set()
+            assert answer.wait(30)
+        return blob[key.start : key.end]
+
+    real_write = cache._write
+
+    def slow_write(key: ByteRange, data: bytes) -> Path:
+        if key.start == 100:
+            writing.set()
+            assert answer.wait(30)
+        return real_write(key, data)
+
+    cache._write = slow_write  # type: ignore[method-assign]
+    ended = []  # (each child's exit code)
+    for key, started in [(ByteRange("p", 0, 100), fetching), (ByteRange("p", 100, 200), writing)]:
+        thread = threading.Thread(target=cache.acquire, args=(key.start, [key], slow_fetch))
+        thread.start()
+        assert started.wait(30)
+        pid = os.fork()
+        if pid == 0:  # (never back into pytest: os._exit)
+            signal.signal(signal.SIGALRM, lambda *_: os._exit(3))  # (a child that hangs ends with 3)
+            signal.alarm(10)
+            try:
+                fetched = cache.acquire("child", [key], _fetcher(blob, []))
+                cache.close()
+                os._exit(0 if fetched == 0 and not cache.holds(key) else 1)
+            finally:
+                os._exit(2)
+        status = os.waitpid(pid, 0)[1]
+        answer.set()
+        thread.join(30)
+        answer.clear()
+        ended.append(os.waitstatus_to_exitcode(status))
+    assert ended == [0, 0]  # (3: it hung)
+    assert cache.holds(ByteRange("p", 0, 100)) and cache.holds(ByteRange("p", 100, 200))
+    cache.close()
