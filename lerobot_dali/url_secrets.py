@@ -95,7 +95,7 @@ def _mask_one(error: BaseException) -> None:
             if masked(str(url)) != str(url):
                 changed[name] = type(url)(masked(str(url)), encoded=True)  # (yarl's URLs, spelled as sent)
         headers = getattr(info, "headers", None)
-        if isinstance(headers, Mapping) and any(is_secret_param(str(name)) for name in headers):
+        if isinstance(headers, Mapping) and any(_is_secret_header(str(name)) for name in headers):
             changed["headers"] = _masked_headers(headers)
         if changed:
             error.request_info = info._replace(**changed)  # type: ignore[attr-defined]
@@ -113,11 +113,17 @@ def _mask_one(error: BaseException) -> None:
 
 def _masked_headers(headers: Mapping[str, Any]) -> Any:
     """A request's ``headers`` (aiohttp's, in its errors' ``request_info``: their ``repr`` names them) with the values
-    of those whose name holds a credential (:func:`is_secret_param`: ``Authorization``, which carries a URL's
-    ``user:password`` in base64, an ``X-Api-Key``) replaced by :data:`MASK`."""
+    of those that carry a credential (:func:`_is_secret_header`) replaced by :data:`MASK`."""
     from multidict import CIMultiDict, CIMultiDictProxy  # (aiohttp's: installed wherever its errors are raised)
 
-    return CIMultiDictProxy(CIMultiDict((n, MASK if is_secret_param(str(n)) else v) for n, v in headers.items()))
+    return CIMultiDictProxy(CIMultiDict((n, MASK if _is_secret_header(str(n)) else v) for n, v in headers.items()))
+
+
+def _is_secret_header(name: str) -> bool:
+    """Whether request header ``name`` carries a credential: one whose name holds one (:func:`is_secret_param`:
+    ``Authorization``, which carries a URL's ``user:password`` in base64, an ``X-Api-Key``), or ``Cookie`` (a
+    session's, or CloudFront's signed cookies: the signature of a signed URL, sent as cookies)."""
+    return is_secret_param(name) or name.lower() == "cookie"
 
 
 #: The loggers of the libraries under our reads that name a request's URL with its query: fsspec's HTTP filesystem
