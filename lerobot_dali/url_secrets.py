@@ -72,7 +72,8 @@ def masked(text: str) -> str:
 def mask_error(error: BaseException) -> BaseException:
     """``error`` and the errors behind it (its ``__cause__`` and ``__context__``, and theirs) with the credentials of
     the URLs their text names masked (:func:`masked`), in place, and returned: the URL of aiohttp's ``request_info``
-    (``ClientResponseError``'s text) and its request headers' credentials (its ``repr``), their messages (``args``;
+    (``ClientResponseError``'s text), its request headers' credentials and the redirects of its ``history`` (its
+    ``repr``), their messages (``args``;
     an ``OSError``'s ``strerror`` and file names) and their notes. Their type, status and response headers stay, which
     the retries' checks read."""
     pending, seen = [error], set()
@@ -99,6 +100,9 @@ def _mask_one(error: BaseException) -> None:
             changed["headers"] = _masked_headers(headers)
         if changed:
             error.request_info = info._replace(**changed)  # type: ignore[attr-defined]
+    history = getattr(error, "history", None)
+    if isinstance(history, tuple) and any(masked(repr(response)) != repr(response) for response in history):
+        error.history = tuple(_Redirect(response) for response in history)  # type: ignore[attr-defined]
     if any(isinstance(arg, str) and masked(arg) != arg for arg in error.args):
         error.args = tuple(masked(arg) if isinstance(arg, str) else arg for arg in error.args)
     if isinstance(error, OSError):
@@ -109,6 +113,20 @@ def _mask_one(error: BaseException) -> None:
     notes = getattr(error, "__notes__", None)
     if isinstance(notes, list) and any(isinstance(n, str) and masked(n) != n for n in notes):
         error.__notes__ = [masked(n) if isinstance(n, str) else n for n in notes]  # type: ignore[attr-defined]
+
+
+class _Redirect:
+    """A response a failed request was redirected by (aiohttp's ``ClientResponse``, in its error's ``history``, whose
+    ``repr`` names it: the URL asked, the query's credentials in it, and the headers, ``Location`` with the next URL),
+    masked: its status and URL, and its ``repr``."""
+
+    def __init__(self, response: Any) -> None:
+        self.status = getattr(response, "status", None)
+        self.url = masked(str(getattr(response, "url", "")))
+        self._shown = masked(repr(response))
+
+    def __repr__(self) -> str:
+        return self._shown
 
 
 def _masked_headers(headers: Mapping[str, Any]) -> Any:

@@ -117,3 +117,43 @@ def test_the_request_log_filter_masks_every_record_it_is_given_and_never_raises(
         "failed (its exception not shown: it could not be masked)",
     ]
     assert f"url='{shown}'" in said and f"OSError: {shown}" in said
+
+
+def test_mask_error_masks_the_redirects_that_the_errors_repr_names() -> None:
+    """A request redirected before it failed keeps the redirects' responses in its error's ``history``, whose ``repr``
+    names each: the URL asked, the signed URL's query in it, and its headers, ``Location`` with the next URL (a CDN's
+    own signature). ``repr`` of the error named both after mask_error (2 of 2); now neither, their status kept."""
+    import asyncio
+
+    from aiohttp import web
+
+    async def failed_after_a_redirect() -> aiohttp.ClientResponseError:
+        async def moved(request: web.Request) -> web.Response:
+            raise web.HTTPFound("/cdn/f.mp4?X-Amz-Signature=CDNSECRET")
+
+        async def busy(request: web.Request) -> web.Response:
+            return web.Response(status=503)
+
+        app = web.Application()
+        app.router.add_get("/ds/f.mp4", moved)
+        app.router.add_get("/cdn/f.mp4", busy)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            async with aiohttp.ClientSession() as session:
+                response = await session.get(f"http://127.0.0.1:{port}/ds/f.mp4", params={"sig": "USERSECRET"})
+                with pytest.raises(aiohttp.ClientResponseError) as caught:
+                    response.raise_for_status()
+                return caught.value
+        finally:
+            await runner.cleanup()
+
+    error = asyncio.run(failed_after_a_redirect())
+    assert "USERSECRET" in repr(error.history) and "CDNSECRET" in repr(error.history)  # (what is masked)
+    mask_error(error)
+    assert not [s for s in ("USERSECRET", "CDNSECRET") if s in repr(error)], repr(error)
+    assert "f.mp4?sig=***" in repr(error.history) and "Signature=***" in repr(error.history)
+    assert [r.status for r in error.history] == [302] and error.status == 503 and _status_of(error) == 503
