@@ -73,9 +73,8 @@ def mask_error(error: BaseException) -> BaseException:
     """``error`` and the errors behind it (its ``__cause__`` and ``__context__``, and theirs) with the credentials of
     the URLs their text names masked (:func:`masked`), in place, and returned: the URL of aiohttp's ``request_info``
     (``ClientResponseError``'s text), its request headers' credentials and the redirects of its ``history`` (its
-    ``repr``), their messages (``args``;
-    an ``OSError``'s ``strerror`` and file names) and their notes. Their type, status and response headers stay, which
-    the retries' checks read."""
+    ``repr``), their messages (``args``; an ``OSError``'s ``strerror`` and file names) and their notes. Their type,
+    status and response headers stay, which the retries' checks read."""
     pending, seen = [error], set()
     while pending:
         one = pending.pop()
