@@ -28,7 +28,7 @@ from .errors import DatasetError, EpisodeMetadataError, cameras_hint, listing_hi
 from .file_stamps import find_files, stripped
 from .fork_locks import cached_property
 from .pickled_columns import PickledColumn, narrowed, shared, widened
-from .said_once import say_once
+from .said_once import say_once, warn_once
 from .value_checks import required_whole_number
 
 __all__ = [
@@ -389,20 +389,36 @@ _TASK_LISTS = pa.list_(pa.string())
 def _with_task_lists(table: pa.Table, path: str) -> pa.Table:
     """``table`` (episode metadata file ``path``) with its ``tasks`` column, where it has one, as ``_TASK_LISTS``: lists
     of texts (list, large_list or fixed_size_list of string, large_string or string_view, or of those dictionary-
-    encoded, as writers differ; of nulls where none has a text; a column of nulls alone). Another type raises
-    EpisodeMetadataError naming it: a column of plain strings or of lists of numbers failed later with a bare Arrow
-    error (a digest's 'list_value_length' had no kernel for it)."""
+    encoded, as writers differ; of nulls where none has a text; a column of nulls alone). A column of plain texts
+    holds one task per episode: each reads as a list of that one (a missing one as a missing list). A column of
+    another type (lists of numbers, ...) reads as missing, with a warning: LeRobot reads neither column, since a
+    frame's task is the task list's text of its ``task_index`` (as batches carry it), so it reads such a dataset, and
+    the column is a description of the episodes alone."""
     if "tasks" not in table.column_names:
         return table
     kind = table.schema.field("tasks").type
-    if not (pa.types.is_null(kind) or (_is_list(kind) and _is_text(kind.value_type))):
-        raise EpisodeMetadataError(
-            f"{path}: column 'tasks' is of type {kind}, but it holds each episode's task texts: expected lists of "
-            f"strings (list<string>, as LeRobot writes it); {_damaged_advice(path)}"
-        )
     if pa.types.is_list(kind) and pa.types.is_string(kind.value_type):  # (LeRobot's, whatever its item is named)
         return table
-    return table.set_column(table.column_names.index("tasks"), "tasks", table["tasks"].cast(_TASK_LISTS))
+    column = table["tasks"]
+    if _is_text(kind) and not pa.types.is_null(kind):  # one text per episode
+        texts = column.combine_chunks().cast(pa.string())
+        lists = pa.ListArray.from_arrays(pa.array(range(len(texts) + 1), pa.int32()), texts, mask=texts.is_null())
+    elif pa.types.is_null(kind) or (_is_list(kind) and _is_text(kind.value_type)):
+        lists = column.cast(_TASK_LISTS)
+    else:
+        _warn_tasks_not_read(path, f"column 'tasks' is of type {kind}")
+        lists = pa.nulls(len(table), _TASK_LISTS)
+    return table.set_column(table.column_names.index("tasks"), pa.field("tasks", _TASK_LISTS), lists)
+
+
+def _warn_tasks_not_read(path: str, what: str) -> None:
+    """Warn that episode metadata file ``path``'s task lists are not read: ``what`` (its column, or records, and what
+    they hold instead) is no text nor list of texts."""
+    warn_once(logger,
+        "%s: %s, not each episode's task texts (lists of strings, as LeRobot writes them): not read, as LeRobot reads "
+        "none; batches carry the task list's text of each row's task_index",
+        path, what,
+    )  # fmt: skip
 
 
 def _is_list(kind: pa.DataType) -> bool:
@@ -575,6 +591,7 @@ def _v2_rows(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo) -
             "incomplete: download or copy its meta/ again"
         )
     records: list[dict[str, Any]] = []
+    unread: list[tuple[int, Any]] = []  # (line, tasks) of the records whose tasks are not texts
     for line_no, line in enumerate(f, start=1):  # (decoded per line: bytes that are not UTF-8 then name their line)
         if not line.strip():
             continue
@@ -582,17 +599,24 @@ def _v2_rows(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo) -
             record = json.loads(line.decode("utf-8"))
             for key in ("episode_index", "length"):
                 record[key] = required_whole_number(key, record[key])
-            # (a string's letters would read as its tasks; a null in the list is kept as one, as a v3.0 dataset's
-            # (LeRobot's conversion carries it over): str() made it the text "None", which no task list holds)
-            tasks = record.get("tasks")
-            if not isinstance(tasks, list | None) or any(not isinstance(t, str | None) for t in tasks or ()):
-                raise ValueError(f"tasks must be a list of strings, got {tasks!r}")
         except (ValueError, KeyError, TypeError) as e:
             text = line.decode("utf-8", "replace").strip()[:200]
             raise EpisodeMetadataError(
                 f"{path}:{line_no}: bad episode record ({e}): {text}; {_damaged_advice(path)}"
             ) from e
+        # As a v3.0 column's (:func:`_with_task_lists`): one text as a list of it (its letters read as its tasks
+        # before); a null in a list kept as one (LeRobot's conversion carries it over; str() made it the text "None");
+        # anything else not read (LeRobot 0.3 reads none).
+        tasks = record.get("tasks")
+        if isinstance(tasks, str):
+            record["tasks"] = [tasks]
+        elif not isinstance(tasks, list | None) or any(not isinstance(t, str | None) for t in tasks or ()):
+            unread.append((line_no, tasks))
+            record["tasks"] = None
         records.append(record)
+    if unread:
+        line_no, tasks = unread[0]
+        _warn_tasks_not_read(path, f"{len(unread)} record(s)' tasks are not texts (line {line_no}: {tasks!r:.80})")
     return records
 
 

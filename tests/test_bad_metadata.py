@@ -344,34 +344,41 @@ def test_a_missing_task_text_in_the_v3_episode_metadata_is_read_and_digested(ds:
 
 
 @pytest.mark.parametrize(
-    ("kind", "said_kind", "texts"),
+    ("kind", "texts", "read_as"),
     [
-        (pa.string(), "string", lambda tasks: [each[0] for each in tasks]),
-        (pa.list_(pa.int64()), r"list<\w+: int64>", lambda tasks: [[1]] * len(tasks)),
+        (pa.string(), lambda tasks: [each[0] for each in tasks], lambda tasks: tasks),
+        (pa.large_string(), lambda tasks: [each[0] for each in tasks], lambda tasks: tasks),
+        (pa.list_(pa.int64()), lambda tasks: [[1]] * len(tasks), lambda tasks: [None] * len(tasks)),
     ],
-    ids=["plain-strings", "lists-of-numbers"],
+    ids=["plain-strings", "plain-large-strings", "lists-of-numbers"],
 )
-def test_a_v3_tasks_column_not_of_lists_of_texts_is_refused_naming_its_file_and_types(
-    ds: Path, kind, said_kind: str, texts
+def test_a_v3_tasks_column_not_of_lists_of_texts_reads_as_lerobot_reads_it(
+    ds: Path, kind, texts, read_as, caplog: pytest.LogCaptureFixture
 ) -> None:
     """meta/episodes' ``tasks`` as one plain string per episode, or as lists of numbers, in the second of two files:
-    the open failed with Arrow's bare 'Unable to merge: Field tasks has incompatible types' (as the only file: it
-    opened, and every state_dict() failed in the digest, "'list_value_length' has no kernel matching input types
-    (string)" or a TypeError). Refused naming the file, the column, its type and the type expected."""
+    refused at the open, though LeRobot 0.4.4 reads it (it never reads the column: a frame's task is the task list's
+    text of its task_index; tests/test_lerobot_parity.py). It reads, its batches' tasks those of task_index: plain
+    strings as lists of one (the dataset's digests those of LeRobot's list<string>), another type as no lists, with
+    a warning naming the file and the type."""
     path = _episodes_file(ds)
     table = pq.read_table(path)
+    before = open_dataset(ds)
+    digests, tasks = (before.content_digest(), before.identity_digest()), before.episodes.tasks.to_pylist()
     second = table.slice(2)
     column = second.column_names.index("tasks")
     pq.write_table(table.slice(0, 2), path)
     other = path.with_name("file-001.parquet")
     pq.write_table(second.set_column(column, "tasks", pa.array(texts(second["tasks"].to_pylist()), kind)), other)
-    said = (
-        rf"{re.escape(str(other))}: column 'tasks' is of type {said_kind}, but it holds each episode's "
-        r"task texts: expected lists of strings \(list<string>, as LeRobot writes it\); the episode metadata "
-        r"is damaged"
-    )
-    with pytest.raises(EpisodeMetadataError, match=said):
-        open_dataset(ds)
+    reader = open_dataset(ds)
+    assert reader.episodes.tasks.to_pylist() == tasks[:2] + read_as(tasks[2:])
+    assert (reader.content_digest() == digests[0]) == (read_as(tasks) == tasks)
+    assert reader.identity_digest() == digests[1]
+    warned = [r.getMessage() for r in caplog.records if "column 'tasks' is of type" in r.getMessage()]
+    assert warned == ([] if read_as(tasks) == tasks else [warned[0]])
+    assert all(str(other) in message and "int64" in message for message in warned)
+    batches = _first_pass(ds)
+    read = [reader.tasks[int(i)] for batch in batches for i in batch["task_index"]]
+    assert [text for batch in batches for text in batch["task"]] == read and len(read) == 80
 
 
 def _dictionary_lists(column: pa.ChunkedArray) -> pa.ChunkedArray:
@@ -648,19 +655,16 @@ def test_metadata_that_is_not_utf8_names_the_file(make_ds, copy_ds, version, fil
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("episode_index", 0.5), ("length", 4.5), ("length", "many"), ("tasks", "pick the cube"), ("tasks", ["pick", 1])],
+    [("episode_index", 0.5), ("length", 4.5), ("length", "many")],
 )
 def test_a_v2_episode_record_of_the_wrong_kind_is_refused(make_ds, copy_ds, field: str, value) -> None:
     """int() cut 0.5 to episode 0 and 4.5 to 4 frames, and the dataset read (found by a fuzz of the metadata's
-    values); a whole number written as 4.0 or "4" still reads (its value is not in doubt). A string of tasks read as one
-    task per letter; a number among the tasks as its digits (str(1): "1"), which a v3.0 dataset's list of numbers,
-    refused, cannot be; null tasks (a TypeError came through) read as none."""
+    values); a whole number written as 4.0 or "4" still reads (its value is not in doubt)."""
     root = copy_ds(make_ds(**{**SPEC, "version": "v2.1"}, size=(64, 96)))
     path = root / "meta/episodes.jsonl"
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     original = lines[0][field]
-    readable = [(None, True)] if field == "tasks" else [(float(original), True), (str(original), True)]
-    for written, reads in [(value, False), *readable]:
+    for written, reads in [(value, False), (float(original), True), (str(original), True)]:
         lines[0][field] = written
         path.write_text("".join(json.dumps(line) + "\n" for line in lines))
         if reads:
@@ -671,6 +675,35 @@ def test_a_v2_episode_record_of_the_wrong_kind_is_refused(make_ds, copy_ds, fiel
             EpisodeMetadataError, match=rf"episodes\.jsonl:1: bad episode record \({field} must be a .*{advice}"
         ):
             open_dataset(root)
+
+
+@pytest.mark.parametrize(
+    ("written", "read_as"),
+    [("pick the cube", ["pick the cube"]), (None, []), (["pick", None], ["pick", None]), (["pick", 1], []), (7, [])],
+)
+def test_v2_episode_tasks_read_as_lerobot_reads_them(make_ds, copy_ds, written, read_as, caplog) -> None:
+    """episodes.jsonl's ``tasks`` as a string, or a list holding a number, was refused at the open, though LeRobot
+    reads it (0.3 never reads the episodes' tasks: a frame's task is the task list's text of its task_index). A string
+    reads as a list of it (its letters read as its tasks before it was refused; its digest that of the list), tasks
+    that are no texts as none, with a warning naming the file and the line; null ones as none, as before."""
+    root = copy_ds(make_ds(**{**SPEC, "version": "v2.1"}, size=(64, 96)))
+    path = root / "meta/episodes.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    lines[0]["tasks"] = read_as
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    expected = open_dataset(root)
+    lines[0]["tasks"] = written
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    reader = open_dataset(root)
+    assert reader.episodes.tasks.to_pylist() == expected.episodes.tasks.to_pylist()
+    assert reader.episodes.tasks[0].as_py() == read_as
+    assert reader.content_digest() == expected.content_digest()
+    warned = [r.getMessage() for r in caplog.records if "not each episode's task texts" in r.getMessage()]
+    assert len(warned) == (written not in (None, "pick the cube", ["pick", None]))
+    assert all(f"{path}: 1 record(s)' tasks are not texts (line 1: {written!r}" in message for message in warned)
+    batches = _first_pass(root)
+    read = [reader.tasks[int(i)] for batch in batches for i in batch["task_index"]]
+    assert [text for batch in batches for text in batch["task"]] == read and len(read) == 80
 
 
 @pytest.mark.parametrize(
