@@ -213,7 +213,14 @@ class _EpisodeChecker:
     def _check_tasks(self, pos: int, rows: dict[str, np.ndarray], episode_index: int) -> None:
         if "task_index" not in rows:
             return
-        unknown = sorted(set(np.unique(rows["task_index"]).tolist()) - self.task_indices)
+        used = set(np.unique(rows["task_index"]).tolist())
+        misread = sorted(used & set(self.reader.read_otherwise.get("task", ())))
+        if misread:
+            path = self.reader.data_path(pos)
+            raise self.reader.read_otherwise_error(
+                "task", path, misread, f"episode {episode_index}'s rows hold task_index {misread[:10]}"
+            )
+        unknown = sorted(used - self.task_indices)
         if unknown:
             raise EpisodeMetadataError(
                 f"{self.reader.data_path(pos)}: episode {episode_index}'s task_index {unknown[:10]} is not in the "

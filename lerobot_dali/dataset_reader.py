@@ -144,6 +144,9 @@ class LeRobotDatasetReader:
         #: ``subtask`` strings a batch carries beside ``task``; None where the dataset has none (set by
         #: :func:`open_dataset`, which reads it only where info.json declares ``subtask_index``, as LeRobot does).
         self.subtasks: dict[int, str] | None = None
+        #: Per list ("task"; not yet "subtask"), the indices it names that LeRobot 0.4 reads another text for: the
+        #: list's text and LeRobot's (None: it fails): :func:`read_otherwise`. Empty where its rows are in order.
+        self.read_otherwise: dict[str, dict[int, tuple[str, str | None]]] = {}
         #: Video cameras.
         self.camera_keys = camera_keys
         #: Cameras stored as encoded images in the data files (``dtype: "image"``): :meth:`read_episode_images`.
@@ -253,6 +256,7 @@ class LeRobotDatasetReader:
         )
         reader.column_store = self.column_store
         reader.subtasks = self.subtasks
+        reader.read_otherwise = self.read_otherwise
         return reader
 
     @property
@@ -461,6 +465,11 @@ class LeRobotDatasetReader:
             unknown = sorted({i for i in span if i not in listed and (name, i) != ("subtask", NO_SUBTASK_INDEX)})
             if unknown:
                 wrong.append((path, span, unknown))
+            misread = sorted(i for i in self.read_otherwise.get(name, ()) if span[0] <= i <= span[1])
+            if misread and not unknown:
+                raise self.read_otherwise_error(
+                    name, path, misread, f"its {column} values run from {span[0]} to {span[1]}"
+                )
         if not wrong:
             return
         path, (low, high), unknown = wrong[0]
@@ -469,6 +478,22 @@ class LeRobotDatasetReader:
             f"{path}: its {column} values run from {low} to {high}, and {column} {unknown} is not in the "
             f"dataset's {name} list ({file}, which holds {name} indices {sorted(listed)[:20]}){more}; the data "
             f"rows and the {name} list disagree: fix one of them, or leave that file's episodes out (episodes=[...])"
+        )
+
+    def read_otherwise_error(self, name: str, path: str, indices: Sequence[int], said: str) -> EpisodeMetadataError:
+        """The error for data file ``path``, whose rows may hold ``{name}_index`` values ``indices`` (``said``: how it
+        is known), each of which LeRobot 0.4 reads another text for than the list gives it (:attr:`read_otherwise`)."""
+        file = self._index_list(name)[1]
+        index = indices[0]
+        ours, theirs = self.read_otherwise[name][index]
+        read = "fails (no such row)" if theirs is None else f"reads row {index}'s {theirs!r}"
+        return EpisodeMetadataError(
+            f"{path}: {said}, and {file} does not hold {name}_index {list(indices)[:10]} at row {name}_index (its "
+            f"rows are not in {name}_index order from 0): LeRobot 0.4 takes a frame's {name} from the row at position "
+            f"{name}_index of that file, not by its {name}_index column, so for {name}_index {index} it {read} where "
+            f"the list says {ours!r}; "
+            f"rewrite {file} with its rows in {name}_index order, numbered 0, 1, ... (renumbering the data's "
+            f"{name}_index to match), as LeRobot writes it"
         )
 
     def unlisted_index_error(
@@ -844,7 +869,7 @@ def open_located(
         )
     if episodes is not None:
         table = table.select(episodes, source=location.description)
-    tasks = _read_tasks(location, info.codebase_version)
+    tasks, task_rows = _read_tasks(location, info.codebase_version)
     reader = LeRobotDatasetReader(
         location,
         info,
@@ -856,8 +881,11 @@ def open_located(
         image_keys=image_keys,
         data_file_footers=data_file_footers,
     )
+    reader.read_otherwise = {"task": read_otherwise(task_rows)}
     if "subtask_index" in info.features:
-        reader.subtasks = _read_subtasks(location)
+        subtask_rows = _read_subtasks(location)
+        # (its rows out of order still read by index, as tests/test_extra_features.py holds; LeRobot 0.4 would not)
+        reader.subtasks = None if subtask_rows is None else dict(subtask_rows)
     _check_first_files(reader)
     say_once(logger, logging.INFO, "opened %r", reader)
     return reader
@@ -944,32 +972,54 @@ def _copy_again(path: str) -> str:
     return f"download or copy {path} again"
 
 
-def _read_tasks(location: DatasetLocation, version: str) -> dict[int, str]:
+#: A task (subtask) list's rows as read, in the file's order: (index, text).
+TaskRows = list[tuple[int, str]]
+
+
+def _read_tasks(location: DatasetLocation, version: str) -> tuple[dict[int, str], TaskRows]:
+    """The task list (``task_index`` -> text) and its rows as read; v3.0's rows only (LeRobot 0.4 reads them by
+    position: :func:`read_otherwise`), a v2.x list's by index (as LeRobot 0.3 reads it): none."""
     parquet_path = location.meta_path("meta/tasks.parquet")
     jsonl_path = location.meta_path("meta/tasks.jsonl")
     # Each version's own file asked for first: over HTTP a file that is not there costs requests of its own.
-    readers: list[tuple[str, Callable[[Any, str], dict[int, str]]]] = [
+    readers: list[tuple[str, Callable[[Any, str], TaskRows]]] = [
         (parquet_path, _tasks_from_parquet),
         (jsonl_path, _tasks_from_jsonl),
     ]
     for path, read in readers[::-1] if version.startswith("v2") else readers:
         f = read_if_present(location.meta_fs, path)
         if f is not None:
-            return read(f, path)
+            rows = read(f, path)
+            return dict(rows), rows if read is _tasks_from_parquet else []
     raise DatasetError(
         f"{location.description}: no task list (meta/tasks.parquet or meta/tasks.jsonl); the dataset's files are "
         "incomplete: download or copy its meta/ again"
     )
 
 
-def _read_subtasks(location: DatasetLocation) -> dict[int, str] | None:
-    """``meta/subtasks.parquet`` (written as ``tasks.parquet`` is, with ``subtask_index``), None where absent."""
+def _read_subtasks(location: DatasetLocation) -> TaskRows | None:
+    """The rows of ``meta/subtasks.parquet`` (written as ``tasks.parquet`` is, with ``subtask_index``), None where
+    absent."""
     path = location.meta_path("meta/subtasks.parquet")
     f = read_if_present(location.meta_fs, path)
     return None if f is None else _tasks_from_parquet(f, path, name="subtask")
 
 
-def _tasks_from_parquet(f: Any, parquet_path: str, *, name: str = "task") -> dict[int, str]:
+def read_otherwise(rows: TaskRows) -> dict[int, tuple[str, str | None]]:
+    """Of the indices a task (subtask) list's ``rows`` name, those LeRobot 0.4 reads another text for: it takes the
+    text of the row at position ``task_index`` (pandas' ``iloc``), not the row whose ``task_index`` it is, so a list
+    not in index order from 0 gives another row's text, or fails past its last row: {index: (the list's text, the text
+    LeRobot reads, None where it fails)}. Empty for a list as LeRobot writes it (row i holds index i)."""
+    texts = [text for _, text in rows]
+    count = len(texts)
+    return {
+        index: (text, texts[index] if -count <= index < count else None)
+        for index, text in rows
+        if not (-count <= index < count and texts[index] == text)
+    }
+
+
+def _tasks_from_parquet(f: Any, parquet_path: str, *, name: str = "task") -> TaskRows:
     with damaged_parquet_as(DatasetError, parquet_path):
         table = read_parquet(f)
         table.validate(full=True)  # (strings that are not UTF-8)
@@ -980,37 +1030,40 @@ def _tasks_from_parquet(f: Any, parquet_path: str, *, name: str = "task") -> dic
             f"{_copy_again(parquet_path)}"
         )
     tasks: dict[int, str] = {}
+    rows: TaskRows = []
     pairs = zip(table[f"{name}_index"].to_pylist(), table[text_column].to_pylist(), strict=True)
     for row, (index, text) in enumerate(pairs):
         try:
-            _add_task(tasks, index, text, name=name)
+            rows.append(_add_task(tasks, index, text, name=name))
         except ValueError as e:
             raise DatasetError(f"{parquet_path}: bad {name} at row {row} ({e}); {_copy_again(parquet_path)}") from e
-    return tasks
+    return rows
 
 
-def _tasks_from_jsonl(f: Any, jsonl_path: str) -> dict[int, str]:
+def _tasks_from_jsonl(f: Any, jsonl_path: str) -> TaskRows:
     tasks: dict[int, str] = {}
+    rows: TaskRows = []
     for line_no, line in enumerate(f, start=1):  # (decoded per line: bytes that are not UTF-8 then name their line)
         if line.strip():
             try:
                 record = json.loads(line.decode("utf-8"))
-                _add_task(tasks, record["task_index"], record["task"])
+                rows.append(_add_task(tasks, record["task_index"], record["task"]))
             except (ValueError, KeyError, TypeError) as e:
                 raise DatasetError(f"{jsonl_path}:{line_no}: bad task record ({e}); {_copy_again(jsonl_path)}") from e
-    return tasks
+    return rows
 
 
-def _add_task(tasks: dict[int, str], index: Any, text: Any, *, name: str = "task") -> None:
-    """Add one task of the task list to ``tasks``. An index that is not a whole number, a missing task, or an index
-    listed twice with two tasks raises ValueError: cut to a whole number or kept once, it named another task.
-    ``name``: "subtask" for the subtask list."""
+def _add_task(tasks: dict[int, str], index: Any, text: Any, *, name: str = "task") -> tuple[int, str]:
+    """Add one task of the task list to ``tasks``, and return it (index, text). An index that is not a whole number, a
+    missing task, or an index listed twice with two tasks raises ValueError: cut to a whole number or kept once, it
+    named another task. ``name``: "subtask" for the subtask list."""
     number = required_whole_number(f"{name}_index", index)
     if text is None:
         raise ValueError(f"{name}_index {number} has no {name}")
     text = str(text)
     if tasks.setdefault(number, text) != text:
         raise ValueError(f"{name}_index {number} is listed twice, as {tasks[number]!r} and as {text!r}")
+    return number, text
 
 
 def _check_first_files(reader: LeRobotDatasetReader) -> None:

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from lerobot_dali.batch_source import CameraFormat
+from lerobot_dali.dataset_check import check_dataset
 from lerobot_dali.dataset_location import resolve_location
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.dataset_stats import read_dataset_stats
@@ -773,6 +774,51 @@ def test_a_task_list_that_names_no_single_task_per_index_is_refused(make_ds, cop
         r".*/meta/tasks\.(parquet|jsonl) again$",
     ):
         open_dataset(root)
+
+
+@pytest.mark.parametrize(
+    ("tasks", "data_indices", "said"),
+    [
+        ([(1, "place"), (0, "pick")], None, r"task_index \[0, 1\] .* for task_index 0 it reads row 0's 'place' where "
+         r"the list says 'pick'"),
+        ([(0, "pick"), (2, "place")], {1: 2}, r"task_index \[2\] .* for task_index 2 it fails \(no such row\) where "
+         r"the list says 'place'"),
+        ([(0, "pick"), (0, "pick"), (1, "place")], None, r"task_index \[1\] .* for task_index 1 it reads row 1's "
+         r"'pick' where the list says 'place'"),
+        ([(0, "pick"), (1, "place"), (3, "stack")], None, None),  # (3 is not used: LeRobot reads the rest alike)
+        ([(0, "pick"), (1, "place"), (1, "place")], None, None),
+    ],
+)  # fmt: skip
+def test_a_v3_task_list_out_of_index_order_is_refused_where_lerobot_reads_other_tasks(
+    ds: Path, tasks, data_indices, said
+) -> None:
+    """LeRobot 0.4 takes a frame's task from the row of meta/tasks.parquet at position task_index (pandas' iloc), not
+    by the file's task_index column: with rows out of that order it gave every frame of the dataset the other task
+    (tests/test_lerobot_parity.py), or failed with an IndexError at the first frame past its last row, where this
+    read each frame's task by its index, silently. Refused at the open, naming the data file, the task list, what
+    LeRobot reads and what the list says; a list whose disorder no row of the data reaches still reads."""
+    _write_tasks(ds, tasks)
+    if data_indices is not None:
+        _rewrite_data(ds, lambda table: table.set_column(
+            table.column_names.index("task_index"), "task_index",
+            pa.array([data_indices.get(i, i) for i in table["task_index"].to_pylist()], pa.int64()),
+        ))  # fmt: skip
+    if said is None:
+        batches = _first_pass(ds)
+        assert [text for batch in batches for text in batch["task"]] == [
+            ["pick", "place"][int(i)] for batch in batches for i in batch["task_index"]
+        ]
+        return
+    pattern = (
+        r"data/chunk-000/file-00\d\.parquet: its task_index values run from \d to \d, and meta/tasks\.parquet does "
+        r"not hold " + said + r"; rewrite meta/tasks\.parquet with its rows in task_index order, numbered 0, 1, \.\.\. "
+        r"\(renumbering the data's task_index to match\), as LeRobot writes it$"
+    )
+    with pytest.raises(EpisodeMetadataError, match=pattern):
+        _first_pass(ds)
+    problems = check_dataset(open_dataset(ds), workers=0).problems  # (it lists the episodes, reading their rows)
+    told = "LeRobot 0.4 takes a frame's task from the row at position task_index of that file, not by its task_index"
+    assert problems and all(told in problem.message for problem in problems)
 
 
 @pytest.mark.parametrize("key", ["timestamp", "task_index"])

@@ -145,10 +145,10 @@ def test_a_subtask_index_not_in_the_subtask_list_is_refused_when_the_iterator_is
 def test_a_task_index_in_a_gap_of_the_task_list_names_its_file_episode_and_own_value_when_read(
     make_ds, tmp_path
 ) -> None:
-    """Task list {0, 1, 3}, a file's rows 0, 2 and 3: its min and max are listed, so only the rows can show 2 is
-    not. The batch's error named the dataset, the episode and the index; in a union, the union, its offset index
-    (4 for the second dataset's 2 here) and the union's list. It names the data file, the episode and the dataset's
-    own index and list."""
+    """Task list {0, 1, 3}, a file's rows 0, 2 and 3, written without statistics (with them, 3 is refused at the open:
+    LeRobot 0.4 reads no row 3 of a list of 3): only the rows can show 2 is not listed. The batch's error named the
+    dataset, the episode and the index; in a union, the union, its offset index (4 for the second dataset's 2 here)
+    and the union's list. It names the data file, the episode and the dataset's own index and list."""
     first = shutil.copytree(make_ds(**V3), tmp_path / "first")
     second = shutil.copytree(make_ds(**V3, seed=1), tmp_path / "second")
     tasks = pq.read_table(first / "meta/tasks.parquet")
@@ -160,7 +160,8 @@ def test_a_task_index_in_a_gap_of_the_task_list_names_its_file_episode_and_own_v
     values = np.where(episode == 5, 3, 2)
     values[0] = 0
     column = pa.array(values, table.schema.field("task_index").type)
-    pq.write_table(table.set_column(table.schema.get_field_index("task_index"), "task_index", column), path)
+    table = table.set_column(table.schema.get_field_index("task_index"), "task_index", column)
+    pq.write_table(table, path, write_statistics=False)
     pattern = (
         r"first/data/chunk-000/file-002\.parquet: episode 4's rows hold task_index 2\b.*which is not in the dataset's "
         r"task list \(meta/tasks\.parquet, which holds task indices \[0, 1, 3\]\)"
