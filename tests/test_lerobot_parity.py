@@ -293,6 +293,78 @@ def test_subtask_strings_match_lerobot(make_ds, tmp_path: Path) -> None:
     _assert_same_samples(_ours(root, WINDOWS, episodes=subset), theirs, frame_check=_same_decode)
 
 
+def _tasks_column(kind: str) -> Callable[[Any], Any]:
+    """meta/episodes' ``tasks`` column rewritten as ``kind``: "plain-strings" (one text per episode) or
+    "lists-of-numbers" (each episode's task indices)."""
+    import pyarrow as pa
+
+    def rewrite(lists: list[list[str]]) -> Any:
+        if kind == "plain-strings":
+            return pa.array([each[0] for each in lists], pa.string())
+        return pa.array([[int(each[0].split()[2].rstrip(":"))] for each in lists], pa.list_(pa.int64()))
+
+    return rewrite
+
+
+@needs_lerobot_04
+@pytest.mark.parametrize("kind", ["plain-strings", "lists-of-numbers"])
+def test_a_tasks_column_lerobot_does_not_read_gives_lerobots_tasks(make_ds, copy_ds, kind: str) -> None:
+    """LeRobot reads no episode's ``tasks`` (a frame's task is tasks.parquet's text of its task_index), so it reads a
+    dataset whose column holds plain strings or numbers: so does this, every frame's task LeRobot's (refused before)."""
+    import pyarrow.parquet as pq
+
+    root = copy_ds(make_ds(episodes=4, frames_per_episode=[5, 6, 4, 7], cameras=0, num_tasks=2, episodes_per_file=2))
+    path = root / "meta/episodes/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    column = _tasks_column(kind)(table["tasks"].to_pylist())
+    at = table.column_names.index("tasks")
+    pq.write_table(table.set_column(at, "tasks", column).replace_schema_metadata(None), path)
+    theirs = _lerobot(root, {})
+    ours = _ours(root, {})
+    assert {i: ours[i]["task"] for i in ours} == {
+        int(theirs[i]["index"]): theirs[i]["task"] for i in range(len(theirs))
+    }
+    assert len(ours) == 22
+
+
+@needs_lerobot_04
+@pytest.mark.parametrize(("indices", "data"), [([1, 0], {}), ([0, 2], {1: 2})], ids=["rows-swapped", "gap"])
+def test_a_task_list_lerobot_reads_by_row_position_is_refused_naming_lerobots_reading(
+    make_ds, copy_ds, indices: list[int], data: dict[int, int]
+) -> None:
+    """LeRobot takes a frame's task from the row of meta/tasks.parquet at position task_index: with two rows swapped
+    (their task_index columns too) it gives every frame the other task, and past the last row it fails (IndexError)
+    at the first such frame. This refuses both at the open, saying what LeRobot reads there."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lerobot_dali.errors import EpisodeMetadataError
+    from lerobot_dali.generate import task_name
+
+    root = copy_ds(make_ds(episodes=4, frames_per_episode=[5, 6, 4, 7], cameras=0, num_tasks=2, episodes_per_file=2))
+    tasks = pq.read_table(root / "meta/tasks.parquet")
+    texts = pa.array([task_name(i) for i in sorted(indices)])
+    order = [sorted(indices).index(i) for i in indices]
+    rows = pa.table({"task_index": pa.array(indices, pa.int64()), "__index_level_0__": texts.take(order)})
+    pq.write_table(rows.replace_schema_metadata(tasks.schema.metadata), root / "meta/tasks.parquet")
+    for path in sorted((root / "data").rglob("*.parquet")):
+        table = pq.read_table(path)
+        values = [data.get(i, i) for i in table["task_index"].to_pylist()]
+        at = table.column_names.index("task_index")
+        pq.write_table(table.set_column(at, "task_index", pa.array(values, pa.int64())), path)
+    theirs = _lerobot(root, {})
+    if data:
+        with pytest.raises(IndexError):
+            [theirs[i]["task"] for i in range(len(theirs))]
+        said = rf"for task_index 2 it fails \(no such row\) where the list says '{task_name(2)}'"
+    else:
+        by_index = {i: task_name(i) for i in indices}
+        assert all(theirs[i]["task"] != by_index[int(theirs[i]["task_index"])] for i in range(len(theirs)))
+        said = rf"for task_index 0 it reads row 0's '{theirs[0]['task']}' where the list says '{task_name(0)}'"
+    with pytest.raises(EpisodeMetadataError, match=rf"meta/tasks\.parquet does not hold .*{said}"):
+        _ours(root, {})
+
+
 @pytest.mark.parametrize("late", [False, True], ids=["", "late-rows-own-tolerance"])
 def test_a_union_matches_lerobots_multi_dataset(make_ds, copy_ds, tmp_path: Path, late: bool) -> None:
     """``concat_datasets`` against LeRobot's ``MultiLeRobotDataset`` over two datasets that differ in episodes,
