@@ -47,6 +47,10 @@ if TYPE_CHECKING:
 
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __name__ == "__main__":  # as pipelines.lerobot_policy, so that a Ctrl-C in the imports below (torch: seconds) is one
+    from pipelines.interrupts import run_main  # line, not a traceback
+
+    run_main("pipelines.lerobot_policy", "lerobot_policy.py", "lerobot_dali.pipelines.lerobot_policy")
 
 from lerobot_dali.cli_options import ArgumentParser, add_episode_pool_size
 from lerobot_dali.dataset_location import dataset_not_found, is_repo_id
@@ -54,6 +58,7 @@ from lerobot_dali.errors import DatasetNotFoundError
 from lerobot_dali.frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from lerobot_dali.new_folder import refuse_unwritable
 from lerobot_dali.value_checks import check_choice, check_int_fields, check_seconds, cli_flag
+from pipelines.interrupts import Interrupted, configure_logging, said
 from pipelines.train import (
     PreemptibleLoop,
     SetupError,
@@ -63,7 +68,6 @@ from pipelines.train import (
     camera_frames,
     check_checkpoint_dir,
     check_seed,
-    configure_logging,
     data_rank,
     epoch_batches,
     exit_status,
@@ -399,8 +403,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as e:  # flags, --checkpoint-dir, --output-dir: one line, before training
         logger.error("lerobot_policy.py: %s", e)
         return 2
+    except KeyboardInterrupt:  # (one line, as in every phase: it was a traceback)
+        return said(logger, "lerobot_policy.py", Interrupted.while_starting())
     return exit_status(lambda: train(options), "lerobot_policy.py", logger, checkpoint_dir=options.checkpoint_dir)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -54,6 +54,10 @@ from typing import TYPE_CHECKING, Any
 
 if __package__ in (None, ""):  # run as a script: make `pipelines` and the repository's `lerobot_dali` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __name__ == "__main__":  # as pipelines.train, so that a Ctrl-C in the imports below (seconds) is one line, not a
+    from pipelines.interrupts import run_main  # traceback
+
+    run_main("pipelines.train", "train.py", "pipelines.train")
 
 # OpenMP threads busy-wait between torch's parallel regions by default and starve the DALI threads that share
 # the cores: CPU steps ran 15-25x slower on 2 cores. A passive wait costs little where the math runs on a GPU.
@@ -71,6 +75,7 @@ from lerobot_dali.new_folder import refuse_unwritable
 from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
 from lerobot_dali.stream_state import merge_rank_states
 from lerobot_dali.value_checks import check_choice, check_int_fields, check_seconds, cli_flag, is_int, is_number
+from pipelines.interrupts import Interrupted, configure_logging, said
 from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig
 
 if TYPE_CHECKING:
@@ -1071,44 +1076,6 @@ class Preempted(Exception):
         return EXIT_PREEMPTED if self.checkpoint is not None else 128 + self.signum
 
 
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT's KeyboardInterrupt) in a training loop (:class:`PreemptibleLoop`), after ``step`` steps (in the
-    next one, or ``after_step``: in what follows the step, its checkpoint's save or closing the run), or while
-    ``setting_up`` (before the loop: nothing trained): unlike a preemption signal it saves nothing, so the message
-    says which checkpoint a resume continues from (and which steps it trains again); :func:`exit_status` logs it as
-    one line on each rank and gives 128 + SIGINT, as the shell does."""
-
-    def __init__(
-        self,
-        step: int,
-        saved: int | None,
-        checkpoint_dir: Path | None,
-        *,
-        after_step: bool = False,
-        setting_up: bool = False,
-    ) -> None:
-        self.step, self.saved, self.checkpoint_dir = step, saved, checkpoint_dir
-        if setting_up:
-            where = "interrupted (Ctrl-C) while setting up (datasets, iterator, model, resume): nothing was trained"
-        else:
-            where = f"interrupted (Ctrl-C) {f'after step {step}' if after_step else f'during step {step + 1}'}"
-        if checkpoint_dir is None:
-            told = "nothing is saved without --checkpoint-dir: a new run starts from step 0"
-        elif saved is None:
-            told = f"no checkpoint was saved in {checkpoint_dir} yet: the same command starts again from step 0"
-        else:
-            since = f"steps {saved + 1}..{step} since are trained again" if step > saved else "no step since"
-            told = (
-                f"its last checkpoint is {checkpoint_dir / f'step_{saved:08d}'} ({since}): to continue from it, run "
-                "the same command with --resume"
-            )
-        super().__init__(f"{where}; {told} (exit status {self.exit_status})")
-
-    @property
-    def exit_status(self) -> int:
-        return 128 + signal.SIGINT
-
-
 class PreemptionNotice:
     """Once installed: :data:`PREEMPTION_SIGNALS` are noted (they no longer end the process) and :meth:`agreed` tells
     every rank, at the same point of the same step, whether any rank has received one.
@@ -1390,15 +1357,6 @@ def log_progress(
         )  # fmt: skip
 
 
-def configure_logging() -> None:
-    """INFO and up to stderr, each line with its time and the launcher's ``RANK`` (torchrun, accelerate launch)."""
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
-
-
 def exit_status(
     run: Callable[[], object], program: str, log: logging.Logger, *, checkpoint_dir: Path | None = None
 ) -> int:
@@ -1419,8 +1377,7 @@ def exit_status(
             if isinstance(e, Interrupted)
             else Interrupted(0, latest_saved_step(checkpoint_dir), checkpoint_dir, setting_up=True)
         )
-        log.error("%s: %s", program, interrupted)
-        return interrupted.exit_status
+        return said(log, program, interrupted)
     except Preempted as e:  # (logged where it stopped)
         # Saved and closed: a signal now could only change the exit status (torchrun sends SIGTERM to the ranks left
         # once one has exited, which Python's shutdown, restoring the default handlers, would die of).
@@ -1438,8 +1395,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as e:  # flags, --recipe, --augment, --checkpoint-dir: one line, before training
         logger.error("train.py: %s", e)
         return 2
+    except KeyboardInterrupt:  # (one line, as in every phase: it was a traceback)
+        return said(logger, "train.py", Interrupted.while_starting())
     return exit_status(lambda: train(options), "train.py", logger, checkpoint_dir=options.checkpoint_dir)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -483,6 +483,69 @@ def test_ctrl_c_before_or_after_the_training_loop_is_one_line_and_status_130(
         )
 
 
+#: Sends this process SIGINT when the module named in $SIGINT_AT_IMPORT is first imported: a Ctrl-C at a known point
+#: of a script's start-up (as a sitecustomize, which Python imports before the script runs).
+_SIGINT_AT_IMPORT = """
+import os, signal, sys
+
+class SigintAt:
+    def find_spec(self, name, path=None, target=None):
+        if name == os.environ["SIGINT_AT_IMPORT"]:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, SigintAt())
+"""
+
+_WHILE_STARTING = (
+    "interrupted (Ctrl-C) while starting (imports, flags); nothing was read, written or trained: the same command "
+    "starts the run (exit status 130)"
+)
+
+
+@pytest.mark.parametrize(
+    ("script", "module"),
+    [("train.py", "torch"), ("train.py", "pipelines.recipes"), ("lerobot_policy.py", "torch")],
+)
+def test_ctrl_c_while_a_script_imports_is_one_line_and_status_130(script: str, module: str, tmp_path: Path) -> None:
+    """A Ctrl-C in the scripts' imports (torch's, LeRobot's: seconds) was Python's traceback, the process killed by
+    SIGINT (status -2); now one line and 130, as in every later phase (train.py imports pipelines.recipes as it checks
+    its flags)."""
+    (tmp_path / "sitecustomize.py").write_text(_SIGINT_AT_IMPORT)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "SIGINT_AT_IMPORT": module}
+    argv = [str(REPO / "pipelines" / script), "--dataset", str(tmp_path / "none"), "--steps", "1", "--device", "cpu"]
+    result = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    logger = {"train.py": "pipelines.train", "lerobot_policy.py": "lerobot_dali.pipelines.lerobot_policy"}[script]
+    assert result.returncode == 130, result.stderr
+    assert re.fullmatch(
+        rf"\d\d:\d\d:\d\d rank0 {re.escape(logger)}: {script}: {re.escape(_WHILE_STARTING)}\n", result.stderr
+    )
+
+
+@pytest.mark.parametrize("script", ["train", "lerobot_policy"])
+def test_ctrl_c_while_checking_the_flags_is_one_line_and_status_130(
+    script: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Ctrl-C while main() checked the flags and files (--recipe, --augment, --checkpoint-dir) went through it as a
+    KeyboardInterrupt (a traceback); main() returns 130 after one line now."""
+    import importlib
+
+    module = importlib.import_module(f"pipelines.{script}")
+
+    def ctrl_c(*args: object, **kwargs: object) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "parse_args", ctrl_c)
+    caplog.set_level(logging.ERROR)
+    try:
+        status = module.main(["--dataset", "d", "--device", "cpu"])
+    except KeyboardInterrupt as e:  # (not left to pytest, which would take it for its own Ctrl-C)
+        pytest.fail(f"the Ctrl-C went through main() ({type(e).__name__}: {e}): a traceback")
+    assert status == 130
+    assert [r.getMessage() for r in caplog.records] == [f"{script}.py: {_WHILE_STARTING}"]
+
+
 def test_a_run_whose_closing_fails_gives_the_signals_back() -> None:
     """Saving the trained policy or ``end_training`` raising (a full disk, a tracker's upload) left the preemption
     handlers installed in a process that goes on (a notebook, a sweep calling ``train`` in a loop): its SIGTERM was

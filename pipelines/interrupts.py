@@ -1,0 +1,96 @@
+"""Ctrl-C in the training scripts (``pipelines/train.py``, ``pipelines/lerobot_policy.py``): in every phase one logged
+line that says what a rerun continues from, and exit status 130 (128 + SIGINT), never a traceback.
+
+This module imports nothing heavy (no torch, numpy or lerobot_dali): :func:`run_main` runs before the scripts' own
+imports, which take seconds (torch's, LeRobot's), so that a Ctrl-C in them is said as in the later phases.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+__all__ = ["Interrupted", "configure_logging", "run_main", "said"]
+
+
+def configure_logging() -> None:
+    """INFO and up to stderr, each line with its time and the launcher's ``RANK`` (torchrun, accelerate launch)."""
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT's KeyboardInterrupt) in a training loop (``train.py``'s ``PreemptibleLoop``), after ``step`` steps
+    (in the next one, or ``after_step``: in what follows the step, its checkpoint's save or closing the run), while
+    ``setting_up`` (before the loop: nothing trained) or while ``starting`` (the script's imports and the checks of its
+    flags: nothing read or written yet, so no checkpoint is named): unlike a preemption signal it saves nothing, so
+    the message says which checkpoint a resume continues from (and which steps it trains again); ``exit_status``
+    (``train.py``'s) logs it as one line on each rank and gives 128 + SIGINT, as the shell does."""
+
+    def __init__(
+        self,
+        step: int,
+        saved: int | None,
+        checkpoint_dir: Path | None,
+        *,
+        after_step: bool = False,
+        setting_up: bool = False,
+        starting: bool = False,
+    ) -> None:
+        self.step, self.saved, self.checkpoint_dir = step, saved, checkpoint_dir
+        if starting:
+            where = "interrupted (Ctrl-C) while starting (imports, flags)"
+        elif setting_up:
+            where = "interrupted (Ctrl-C) while setting up (datasets, iterator, model, resume): nothing was trained"
+        else:
+            where = f"interrupted (Ctrl-C) {f'after step {step}' if after_step else f'during step {step + 1}'}"
+        if starting:
+            told = "nothing was read, written or trained: the same command starts the run"
+        elif checkpoint_dir is None:
+            told = "nothing is saved without --checkpoint-dir: a new run starts from step 0"
+        elif saved is None:
+            told = f"no checkpoint was saved in {checkpoint_dir} yet: the same command starts again from step 0"
+        else:
+            since = f"steps {saved + 1}..{step} since are trained again" if step > saved else "no step since"
+            told = (
+                f"its last checkpoint is {checkpoint_dir / f'step_{saved:08d}'} ({since}): to continue from it, run "
+                "the same command with --resume"
+            )
+        super().__init__(f"{where}; {told} (exit status {self.exit_status})")
+
+    @classmethod
+    def while_starting(cls) -> Interrupted:
+        """A Ctrl-C in a script's imports or the checks of its flags."""
+        return cls(0, None, None, starting=True)
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + signal.SIGINT
+
+
+def said(log: logging.Logger, program: str, interrupted: Interrupted) -> int:
+    """Log ``interrupted`` as the one line ``program: message``; returns its exit status."""
+    log.error("%s: %s", program, interrupted)
+    return interrupted.exit_status
+
+
+def run_main(module: str, program: str, logger: str) -> NoReturn:
+    """Run a training script as ``python pipelines/<script>.py`` runs it: import ``module`` (its torch, accelerate and
+    LeRobot imports take seconds) and exit with its ``main()``'s status. A Ctrl-C while it imports is one line and
+    exit status 130 (logged by ``logger``, the script's), as ``main()`` says one in any later phase: it was Python's
+    traceback, the process killed by SIGINT."""
+    try:
+        main = importlib.import_module(module).main
+        status = main()
+    except KeyboardInterrupt:  # (main() says its own: only one before it started is left)
+        configure_logging()
+        status = said(logging.getLogger(logger), program, Interrupted.while_starting())
+    sys.exit(status)
