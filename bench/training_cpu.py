@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--num-workers", type=int, default=2, help="(default %(default)s)")
     parser.add_argument("--dali-threads", type=int, default=None, help="(default: the iterator's)")
     parser.add_argument("--recipe", default=None, help="act, diffusion, vla or a TOML file: windows and image size")
-    add_image_size(parser, help="resize frames (overrides the recipe's)")
+    add_image_size(parser)
     parser.add_argument("--augment", choices=AUGMENTS, default="recipe", help="(default %(default)s)")
     parser.add_argument("--uint8", action="store_true", help="return_uint8=True")
     parser.add_argument("--frame-index", action="store_true", help="look frames up by frame_index / fps (cr5_*)")

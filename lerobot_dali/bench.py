@@ -63,6 +63,7 @@ from .bench_types import (
     LoadPlan,
 )
 from .cache_dirs import cache_root
+from .cli_options import check_image_size
 from .cpu_backends import cpu_decoders
 from .distributed import require_cuda, usable_cpus
 from .errors import DatasetError
@@ -194,14 +195,7 @@ class BenchConfig:
             check_choice(TimestampSource, "--timestamp-source", source)
         for tolerance in _per_dataset(self.tolerance_s):
             check_seconds("--tolerance-s", tolerance)
-        size = self.image_size
-        if size is not None and not (
-            isinstance(size, (tuple, list))
-            and len(size) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)
-        ):
-            shown = "x".join(map(str, size)) if isinstance(size, (tuple, list)) else repr(size)
-            raise ValueError(f"--image-size must be HxW with both > 0, got {shown}")
+        object.__setattr__(self, "image_size", check_image_size(self.image_size))
         if self.recipe is not None:
             try:  # read now, so a bad recipe fails before any dataset is generated
                 _repo_module("pipelines.recipes", "pipelines/recipes.py").get_recipe(self.recipe)

@@ -654,7 +654,7 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_EPISODE_POOL_SIZE,
         help=f"lerobot-dali episode pool size (default {DEFAULT_EPISODE_POOL_SIZE})",
     )
-    add_image_size(bench, help="resize frames to HxW")
+    add_image_size(bench)
     bench.add_argument("--augment", action=argparse.BooleanOptionalAction, help="default: the recipe's choice")
     bench.add_argument(
         "--device", choices=["auto", "cpu", "cuda"], default="auto",

@@ -14,7 +14,12 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["ArgumentParser", "add_episode_pool_size", "add_image_size", "parse_size"]
+from .value_checks import is_int
+
+__all__ = ["ArgumentParser", "add_episode_pool_size", "add_image_size", "check_image_size", "parse_size"]
+
+#: What ``--image-size`` takes, as its help and both of its errors say it (the bench's and train.py's alike).
+_IMAGE_SIZE = "a positive height and width, HxW (224x224) or H W (224 224)"
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -53,17 +58,31 @@ class _ImageSize(argparse.Action):
             else:
                 raise ValueError
         except (ValueError, argparse.ArgumentTypeError):
-            raise argparse.ArgumentError(
-                self, f"takes HxW (224x224) or H W (224 224), got {' '.join(words)!r}"
-            ) from None
+            raise argparse.ArgumentError(self, f"takes {_IMAGE_SIZE}, got {' '.join(words)!r}") from None
         setattr(namespace, self.dest, size)
 
 
-def add_image_size(parser: argparse.ArgumentParser | Any, *, help: str) -> None:
-    """``--image-size``, ``HxW`` or ``H W``: ``(H, W)`` or None where not given."""
+def add_image_size(parser: argparse.ArgumentParser | Any) -> None:
+    """``--image-size``, ``HxW`` or ``H W``: ``(H, W)`` or None where not given (check it with
+    :func:`check_image_size`)."""
     parser.add_argument(
-        "--image-size", nargs="+", action=_ImageSize, metavar=("HxW|H", "W"), help=f"{help} (HxW, or H W)"
+        "--image-size",
+        nargs="+",
+        action=_ImageSize,
+        metavar=("HxW|H", "W"),
+        help=f"resize every camera's frames to {_IMAGE_SIZE} (in place of a recipe's image size)",
     )
+
+
+def check_image_size(size: object) -> tuple[int, int] | None:
+    """``--image-size``'s value (None: not given) as ``(height, width)``; ValueError worded as its help (the bench's
+    and train.py's said it two other ways)."""
+    if size is None:
+        return None
+    if isinstance(size, (tuple, list)) and len(size) == 2 and all(is_int(v) and v > 0 for v in size):
+        return int(size[0]), int(size[1])
+    shown = "x".join(map(str, size)) if isinstance(size, (tuple, list)) else repr(size)
+    raise ValueError(f"--image-size takes {_IMAGE_SIZE}, got {shown}")
 
 
 def add_episode_pool_size(parser: argparse.ArgumentParser | Any, *, default: int, help: str) -> None:

@@ -68,7 +68,7 @@ import numpy as np
 import torch
 
 from lerobot_dali.cache_dirs import atomic_file
-from lerobot_dali.cli_options import ArgumentParser, add_episode_pool_size, add_image_size
+from lerobot_dali.cli_options import ArgumentParser, add_episode_pool_size, add_image_size, check_image_size
 from lerobot_dali.decode_route import DecodePreference
 from lerobot_dali.errors import CudaUnavailableError, DatasetError, ResumeStateError, ShardingError
 from lerobot_dali.new_folder import refuse_unwritable
@@ -179,9 +179,7 @@ class TrainOptions:
         if self.weights is not None and not all(is_number(w) and w > 0 for w in self.weights):
             raise ValueError(f"--weights must be finite numbers > 0, got {' '.join(map(str, self.weights))}")
         check_choice(DecodePreference, "--decode", self.decode.lower() if isinstance(self.decode, str) else self.decode)
-        if self.image_size is not None and not all(is_int(v) and v > 0 for v in self.image_size):
-            size = " ".join(map(str, self.image_size))
-            raise ValueError(f"--image-size takes a positive height and width, got {size}")
+        check_image_size(self.image_size)
         several = not isinstance(self.dataset, str) and len(self.dataset) > 1
         if self.weights is not None and (not several or len(self.weights) != len(self.dataset)):
             raise ValueError("--weights takes one weight per --dataset, and needs two datasets or more")
@@ -275,7 +273,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         help="never sample the last N frames of an episode (their windows would be mostly padding), as LeRobot\n"
         "trains Diffusion Policy (7); default: the recipe's, else 0",
     )
-    add_image_size(p, help="resize cameras on the device")
+    add_image_size(p)
     p.add_argument(
         "--augment", type=Path,
         help="augmentation TOML (pipelines/recipes/augment_example.toml), or a .json of LeRobot's image transforms "

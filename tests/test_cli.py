@@ -299,7 +299,10 @@ def test_bench_checks_recipe_and_image_size_before_any_work(tmp_path: Path, monk
     cases = (
         (["--recipe", "nope"], "--recipe: Unknown recipe 'nope'; known recipes are act, diffusion, vla"),
         (["--recipe", str(tmp_path / "missing.toml")], "missing.toml does not exist"),
-        (["--image-size", "0x0"], "--image-size must be HxW with both > 0, got 0x0"),
+        (
+            ["--image-size", "0x0"],
+            "--image-size takes a positive height and width, HxW (224x224) or H W (224 224), got 0x0",
+        ),
     )
     for argv, said in cases:
         assert main(["bench", "--quick", "--device", "cpu", "--cache-dir", str(tmp_path / "cache"), *argv]) == 2

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from lerobot_dali.cli import _parser, main
@@ -12,6 +14,7 @@ from pipelines.train import parse_args
 
 BENCH = ["bench", "--quick"]
 TRAIN = ["--dataset", "d", "--steps", "1", "--device", "cpu"]
+SIZE_TAKES = "--image-size takes a positive height and width, HxW (224x224) or H W (224 224)"
 
 
 @pytest.mark.parametrize("size", [["224x160"], ["224X160"], ["224", "160"]])
@@ -43,13 +46,61 @@ def test_an_image_size_of_neither_form_is_refused_saying_both(size: list[str], c
         with pytest.raises(SystemExit):
             parse()
         err = capsys.readouterr().err
-        assert f"--image-size: takes HxW (224x224) or H W (224 224), got {' '.join(size)!r}" in err, err
+        assert f"{SIZE_TAKES.replace(' takes', ': takes')}, got {' '.join(size)!r}" in err, err
+
+
+def _image_size_help(parser: argparse.ArgumentParser) -> str | None:
+    return next(action.help for action in parser._actions if "--image-size" in action.option_strings)
+
+
+def _train_parser(monkeypatch: pytest.MonkeyPatch) -> argparse.ArgumentParser:
+    """The parser train.py's parse_args builds, taken as it starts parsing."""
+
+    class Captured(Exception):
+        pass
+
+    def capture(parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        raise Captured(parser)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(argparse.ArgumentParser, "parse_args", capture)
+        with pytest.raises(Captured) as captured:
+            parse_args(TRAIN)
+    return captured.value.args[0]
+
+
+@pytest.mark.parametrize("size", [["0x5"], ["0", "5"], ["7x0"], ["-1", "5"], ["224"], ["1", "2", "3"]])
+def test_bench_and_train_word_image_size_alike(size: list[str], tmp_path, monkeypatch, capsys, caplog) -> None:
+    """Its help and its errors were worded two ways: the bench's "resize frames to HxW" and "--image-size must be HxW
+    with both > 0, got 0x5", train.py's "resize cameras on the device" and "--image-size takes a positive height and
+    width, got 0 5". One helper words them now, what is wrong said as the help says what is allowed."""
+    import logging
+
+    import lerobot_dali.bench
+    from pipelines import train as train_module
+
+    bench_help = _image_size_help(_parser()._subparsers._group_actions[0].choices["bench"])  # type: ignore[union-attr]
+    assert bench_help == _image_size_help(_train_parser(monkeypatch))
+    assert bench_help is not None and SIZE_TAKES.removeprefix("--image-size takes ") in bench_help
+    monkeypatch.setattr(lerobot_dali.bench, "run_bench", lambda config: pytest.fail("the bench started"))
+    said = []
+    for run in (
+        lambda: main([*BENCH, "--device", "cpu", "--cache-dir", str(tmp_path), "--image-size", *size]),
+        lambda: train_module.main([*TRAIN, "--image-size", *size]),
+    ):
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="pipelines.train"), pytest.raises(SystemExit) as status:
+            raise SystemExit(run())  # (argparse's own error, a word of neither form, exits from the parser)
+        assert status.value.code == 2
+        line = caplog.records[0].getMessage() if caplog.records else capsys.readouterr().err.splitlines()[-1]
+        said.append(line.split(": ", 1)[1].removeprefix("error: argument "))
+    assert said[0] == said[1] and said[0].replace(":", "", 1).startswith(SIZE_TAKES)
 
 
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
-        (["--image-size", "-1x5"], "--image-size must be HxW with both > 0, got -1x5"),
+        (["--image-size", "-1x5"], f"{SIZE_TAKES}, got -1x5"),
         (["--tolerance-s", "-1e-3"], "--tolerance-s must be a non-negative finite number of seconds, got -0.001"),
     ],
 )
@@ -69,7 +120,7 @@ def test_bench_takes_a_value_that_starts_as_a_negative_number_as_its_value(
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
-        (["--image-size", "-1x5"], "--image-size takes a positive height and width, got -1 5"),
+        (["--image-size", "-1x5"], f"{SIZE_TAKES}, got -1x5"),
         (["--lr", "-1e-3"], "--lr must be a finite number > 0, got -0.001"),
         (["--grad-clip", "-1e-3"], "--grad-clip must be a finite number >= 0 (0: no clipping), got -0.001"),
         (["--tolerance-s", "-1e-3"], "--tolerance-s must be a non-negative finite number of seconds, got -0.001"),
