@@ -100,7 +100,10 @@ class StepWindow:
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ValueError(f"{where} has unknown key(s) {unknown}; allowed: {sorted(known)}")
-        return cls(**raw)
+        try:
+            return cls(**raw)
+        except ValueError as e:  # (its checks name StepWindow, not the file or table)
+            raise ValueError(f"{where}: {e}") from e
 
 
 _WINDOWS = ("cameras", "state", "action")
@@ -191,7 +194,10 @@ class Recipe:
         if "image_size" in kwargs:
             size = kwargs["image_size"]
             kwargs["image_size"] = tuple(size) if isinstance(size, list) else size
-        return cls(**kwargs)
+        try:
+            return cls(**kwargs)
+        except ValueError as e:  # (its checks name Recipe, not the file)
+            raise ValueError(f"{source}: {e}") from e
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str]) -> Recipe:
@@ -202,7 +208,7 @@ class Recipe:
         with open(path, "rb") as f:
             try:
                 document = tomllib.load(f)
-            except tomllib.TOMLDecodeError as e:
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:  # (UnicodeDecodeError: not UTF-8 text)
                 raise ValueError(f"{os.fspath(path)} is not valid TOML: {e}") from e
         return cls.from_dict(document, source=os.fspath(path))
 

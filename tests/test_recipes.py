@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,20 @@ def test_a_numpy_drop_n_last_frames_is_kept_as_an_int() -> None:
 
     recipe = Recipe(name="x", drop_n_last_frames=np.int64(7))  # type: ignore[arg-type]
     assert type(recipe.drop_n_last_frames) is int and recipe.drop_n_last_frames == 7
+
+
+def test_a_recipe_file_s_mistakes_name_the_file(tmp_path: Path) -> None:
+    """A field's check named Recipe or StepWindow, not the file ('StepWindow.seconds must be a number > 0, got
+    -1.0'), and a file that is not UTF-8 text was a UnicodeDecodeError naming neither."""
+    path = tmp_path / "r.toml"
+    for text, said in (
+        ('name = "x"\n[action]\nseconds = -1.0\n', f"{path} [action]: StepWindow.seconds must be a number > 0"),
+        ('name = "x"\nimage_size = [0, 5]\n', f"{path}: Recipe.image_size must be"),
+        ('name = "x"\ndrop_n_last_frames = -3\n', f"{path}: Recipe.drop_n_last_frames must be an int >= 0, got -3"),
+    ):
+        path.write_text(text)
+        with pytest.raises(ValueError, match=re.escape(said)):
+            get_recipe(path)
+    path.write_bytes(b"\xff\xfe name")
+    with pytest.raises(ValueError, match=re.escape(f"{path} is not valid TOML: 'utf-8' codec can't decode")):
+        get_recipe(path)
