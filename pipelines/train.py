@@ -42,6 +42,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
@@ -841,26 +842,86 @@ def check_checkpoint_dir(root: Path, *, resume: bool) -> None:
     """``root`` as ``--checkpoint-dir``: a folder this process can write or make (else a save would fail only after
     ``--save-every`` steps of training; made by the first save, so a run that fails before leaves none behind), and,
     without ``--resume``, holding no checkpoint: a run from step 0 would replace that run's ``latest`` at its first
-    save and its checkpoints step by step (a relaunch that forgot ``--resume`` loses the progress)."""
+    save and its checkpoints step by step (a relaunch that forgot ``--resume`` loses the progress); with ``--resume``,
+    a ``latest`` that names no checkpoint (:func:`latest_checkpoint`)."""
     refuse_unwritable("--checkpoint-dir", root)
-    latest = latest_checkpoint(root)
-    if not resume and latest is not None:
+    marker = root / "latest"
+    if resume:
+        latest_checkpoint(root)  # (one it cannot resume from: refused before any dataset opens)
+    elif marker.exists():
+        name = marker.read_text(errors="replace").strip() if marker.is_file() else "its 'latest' a folder"
         raise FileExistsError(
-            f"--checkpoint-dir {root} holds a checkpoint ({latest.name}): pass --resume to continue that run, or give "
+            f"--checkpoint-dir {root} holds a checkpoint ({name}): pass --resume to continue that run, or give "
             "a new --checkpoint-dir (a run from step 0 would replace its checkpoints)"
         )
 
 
 def latest_checkpoint(root: Path) -> Path | None:
+    """The checkpoint ``root/latest`` names, None where there is no ``latest``; :class:`RunRefused` where it names no
+    checkpoint of ``root`` (``step_NNNNNNNN`` with its ``stream_rank0.json``): edited, or another tool's file. Each
+    was a traceback once the dataset had opened (a ``FileNotFoundError``; a ``latest`` that is a folder: after
+    training, at the first save)."""
     marker = root / "latest"
-    return root / marker.read_text().strip() if marker.is_file() else None
+    if not marker.exists():
+        return None
+    name = marker.read_text(errors="replace").strip() if marker.is_file() else None
+    if name is None or not re.fullmatch(r"step_\d{8}", name) or not (root / name / "stream_rank0.json").is_file():
+        said = "is not a file" if name is None else f"names {name!r}, no checkpoint there"
+        raise RunRefused(
+            f"--checkpoint-dir {root}: its 'latest' {said} (a step_NNNNNNNN folder with stream_rank0.json): write the "
+            "name of a complete checkpoint of it there, or give a new --checkpoint-dir"
+        )
+    return root / name
 
 
 def latest_saved_step(root: Path | None) -> int | None:
     """The step of the checkpoint ``--resume`` continues from (``latest`` as on disk: a rank interrupted in a save's
-    last barrier may not know it is complete), None where there is none or no ``root``."""
-    latest = latest_checkpoint(root) if root is not None else None
-    return int(latest.name.removeprefix("step_")) if latest is not None else None
+    last barrier may not know it is complete), None where there is none (or one that names no step) or no ``root``."""
+    marker = root / "latest" if root is not None else None
+    try:  # (a Ctrl-C's line: a 'latest' that names no step names none, said where a resume reads it)
+        name = marker.read_text(errors="replace").strip() if marker is not None and marker.is_file() else ""
+    except OSError:
+        return None
+    step = re.fullmatch(r"step_(\d{8})", name)
+    return int(step.group(1)) if step else None
+
+
+def _read_checkpoint(path: Path, load: Callable[[], Any], errors: tuple[type[Exception], ...] = ()) -> Any:
+    """``load()``, which reads ``path`` (a rank's stream file, or accelerate's ``state``); :class:`RunRefused` naming it
+    where it fails with an OSError, ValueError (bad JSON too) or one of ``errors``: a checkpoint damaged (a file
+    missing, cut short or edited) or another program's. Each was a traceback."""
+    caught: tuple[type[Exception], ...] = (OSError, ValueError, *errors)
+    try:
+        return load()
+    except caught as e:
+        first = (str(e).strip() or type(e).__name__).splitlines()[0]
+        raise RunRefused(
+            f"{path} cannot be read ({type(e).__name__}: {first}): the checkpoint is damaged or not this script's; "
+            f"resume from an earlier one (write its folder's name into {path.parent.parent / 'latest'}) or give a "
+            "new --checkpoint-dir"
+        ) from e
+
+
+def _stream_file(path: Path) -> dict[str, Any]:
+    """A rank's stream file as :func:`save_checkpoint` writes it (``step``, ``stream``); :func:`_read_checkpoint`."""
+
+    def load() -> dict[str, Any]:
+        saved = json.loads(path.read_text())
+        if not (isinstance(saved, dict) and is_int(saved.get("step")) and isinstance(saved.get("stream"), dict)):
+            raise ValueError("not a stream file: expected an int 'step' and a 'stream' object")
+        return saved
+
+    return _read_checkpoint(path, load)
+
+
+def _load_state(accelerator: Any, directory: Path) -> None:
+    """``accelerator.load_state`` of the checkpoint ``directory``, by :func:`_read_checkpoint` (a file missing or cut
+    short: accelerate's OSError or ValueError, safetensors' own error, torch's RuntimeError of a model of other shapes).
+    """
+    from safetensors import SafetensorError
+
+    state = directory / "state"
+    _read_checkpoint(state, lambda: accelerator.load_state(str(state)), (RuntimeError, SafetensorError))
 
 
 def _saved_world_size(saved: Mapping[str, Any]) -> Any:
@@ -917,9 +978,9 @@ def restore_checkpoint(
     all old ranks consumed equally many samples and the iterator re-shards the rest of the epoch; every old rank's
     file gives its pool walk (:func:`_gathered_stream`), so none of their pools is replayed.
     """
-    first = json.loads((directory / "stream_rank0.json").read_text())
+    first = _stream_file(directory / "stream_rank0.json")
     own = directory / f"stream_rank{iterator.rank}.json"
-    saved = json.loads(own.read_text()) if own.is_file() else first
+    saved = _stream_file(own) if own.is_file() else first
     if _saved_world_size(saved) != _saved_world_size(first):
         saved = first  # a file left by a run of another world size that wrote this step before (and crashed)
     recorded = saved.get("data")
@@ -937,7 +998,7 @@ def restore_checkpoint(
     if is_int(world_size) and world_size != iterator.world_size:
         stream = _gathered_stream(directory, saved)
     iterator.load_state_dict(stream)
-    accelerator.load_state(str(directory / "state"))
+    _load_state(accelerator, directory)
     logger.info("resumed from %s at step %d (rank %d)", directory, saved["step"], iterator.rank)
     return int(saved["step"])
 

@@ -1221,6 +1221,7 @@ def test_a_checkpoint_dir_holding_a_checkpoint_needs_resume_and_one_that_cannot_
     monkeypatch.setattr(train_module, "train", started.append)
     ckpt = tmp_path / "ckpt"
     (ckpt / "step_00000010").mkdir(parents=True)
+    (ckpt / "step_00000010" / "stream_rank0.json").write_text("{}")  # (what a resume's check looks for)
     (ckpt / "latest").write_text("step_00000010")
     argv = ["--dataset", str(tmp_path / "no-dataset"), "--steps", "1", "--device", "cpu", "--checkpoint-dir"]
     file = tmp_path / "file"
@@ -1686,6 +1687,101 @@ def test_device_cuda_without_a_gpu_is_refused_in_one_line(
     assert [name for name, _ in errors] == ["pipelines.train", "lerobot_dali.pipelines.lerobot_policy"], errors
     for _, message in errors:
         assert re.fullmatch(r"(train|lerobot_policy)\.py: --device cuda but torch .* sees no CUDA GPU: .*", message)
+
+
+@pytest.mark.parametrize("latest", ["step_00000009", "../../etc", "", None])
+def test_a_resume_from_a_latest_that_names_no_checkpoint_is_one_line_before_the_dataset_opens(
+    latest: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 'latest' naming a step folder that is not there (deleted, or never written), one outside the folder, an empty
+    one, or a folder named 'latest' were each a traceback once the dataset had opened (FileNotFoundError; with no
+    --resume, the folder an IsADirectoryError at the first save, the training lost). One line now, before the dataset
+    opens, for both scripts (lerobot_policy.py's checkpoints are train.py's)."""
+    from pipelines import lerobot_policy
+    from pipelines import train as train_module
+
+    started: list[object] = []
+    monkeypatch.setattr(train_module, "train", started.append)
+    monkeypatch.setattr(lerobot_policy, "train", started.append)
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "step_00000001").mkdir(parents=True)
+    (ckpt / "step_00000001" / "stream_rank0.json").write_text("{}")
+    if latest is None:
+        (ckpt / "latest").mkdir()
+    else:
+        (ckpt / "latest").write_text(latest)
+    said = "is not a file" if latest is None else f"names {latest!r}, no checkpoint there"
+    args = ["--dataset", "d", "--device", "cpu", "--checkpoint-dir", str(ckpt), "--resume"]
+    for main, program in ((train_module.main, "train.py"), (lerobot_policy.main, "lerobot_policy.py")):
+        caplog.clear()
+        with caplog.at_level(logging.ERROR):
+            assert main([*args, "--steps", "1"]) == 2
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+            f"{program}: --checkpoint-dir {ckpt}: its 'latest' {said} (a step_NNNNNNNN folder with stream_rank0.json): "
+            "write the name of a complete checkpoint of it there, or give a new --checkpoint-dir"
+        ]
+    assert not started
+    caplog.clear()
+    with caplog.at_level(logging.ERROR):  # (without --resume: refused as a checkpoint a run from step 0 would replace)
+        assert train_module.main([*args[:-1], "--steps", "1"]) == 2
+    assert "holds a checkpoint" in caplog.records[0].getMessage() and not started
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("{broken", "JSONDecodeError: Expecting property name"),
+        ("[1, 2]", "ValueError: not a stream file"),
+        ('{"step": "two", "stream": {}}', "ValueError: not a stream file"),
+        ('{"step": 2}', "ValueError: not a stream file"),
+        (b"\xff\xfe", "UnicodeDecodeError"),
+    ],
+)
+def test_a_damaged_stream_file_is_refused_naming_it(text: str | bytes, said: str, tmp_path: Path) -> None:
+    """A stream file cut short or edited was a JSONDecodeError, KeyError, AttributeError or ValueError traceback
+    from restore_checkpoint; a RunRefused (one line under main) naming the file and what to do now."""
+    from types import SimpleNamespace
+
+    from pipelines.train import RunRefused, restore_checkpoint
+
+    step = tmp_path / "step_00000002"
+    step.mkdir()
+    path = step / "stream_rank0.json"
+    path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
+    iterator = SimpleNamespace(rank=0, world_size=1, load_state_dict=lambda state: None)
+    with pytest.raises(RunRefused) as refused:
+        restore_checkpoint(SimpleNamespace(load_state=lambda path: None), step, iterator)
+    assert str(refused.value).startswith(f"{path} cannot be read ({said}"), refused.value
+    assert str(refused.value).endswith(
+        f"the checkpoint is damaged or not this script's; resume from an earlier one (write its folder's name into "
+        f"{tmp_path / 'latest'}) or give a new --checkpoint-dir"
+    )
+
+
+def test_a_damaged_model_state_is_refused_naming_it(tmp_path: Path) -> None:
+    """accelerate's state folder missing, or its model file cut short, was a ValueError, FileNotFoundError or
+    SafetensorError traceback once the iterator had been built; a RunRefused naming the folder now."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+
+    from pipelines.train import RunRefused, restore_checkpoint
+
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(torch.nn.Linear(2, 2))
+    step = tmp_path / "step_00000002"
+    accelerator.save_state(str(step / "state"))
+    (step / "stream_rank0.json").write_text(json.dumps({"step": 2, "world_size": 1, "stream": {}}))
+    iterator = SimpleNamespace(rank=0, world_size=1, load_state_dict=lambda state: None)
+    assert restore_checkpoint(accelerator, step, iterator) == 2
+    for damage, said in (
+        (lambda: (step / "state" / "model.safetensors").write_bytes(b""), "SafetensorError: "),
+        (lambda: (step / "state" / "model.safetensors").unlink(), "FileNotFoundError: "),
+        (lambda: shutil.rmtree(step / "state"), "ValueError: Tried to find"),
+    ):
+        damage()
+        with pytest.raises(RunRefused, match=re.escape(f"{step / 'state'} cannot be read ({said}")):
+            restore_checkpoint(accelerator, step, iterator)
 
 
 def test_a_run_that_fails_before_training_leaves_no_checkpoint_dir_behind(
