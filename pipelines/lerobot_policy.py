@@ -67,6 +67,7 @@ from pipelines.train import (
     augment_signature,
     camera_frames,
     check_checkpoint_dir,
+    check_decode,
     check_seed,
     data_rank,
     epoch_batches,
@@ -132,6 +133,7 @@ class PolicyTrainOptions:
         if self.checkpoint_dir is None and (self.resume or self.save_every):
             raise ValueError("--resume and --save-every need --checkpoint-dir")
         check_choice(TimestampSource, "--timestamp-source", self.timestamp_source)
+        check_decode(self.decode, self.device)
         if self.tolerance_s is not None:
             check_seconds("--tolerance-s", self.tolerance_s)
         if self.cameras is not None:

@@ -108,6 +108,16 @@ def check_seed(seed: object) -> None:
         raise ValueError(f"--seed must be an int from 0 to 2**32 - 1, got {seed!r}")
 
 
+def check_decode(decode: object, device: str) -> None:
+    """``--decode`` of both training scripts, with their ``--device``: ValueError for an unknown route, or for ``gpu``
+    (NVDEC) on the CPU, which the iterator refused with a traceback once the dataset had opened."""
+    route = check_choice(DecodePreference, "--decode", decode.lower() if isinstance(decode, str) else decode)
+    if route == DecodePreference.GPU and device == "cpu":
+        raise ValueError(
+            "--decode gpu decodes on the GPU's NVDEC, which needs --device cuda; with --device cpu use auto or cpu"
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainOptions:
     """Everything one run needs; the CLI flags map one to one (``--batch-size`` -> ``batch_size``).
@@ -179,7 +189,7 @@ class TrainOptions:
             check_seconds("--tolerance-s", tolerance)
         if self.weights is not None and not all(is_number(w) and w > 0 for w in self.weights):
             raise ValueError(f"--weights must be finite numbers > 0, got {' '.join(map(str, self.weights))}")
-        check_choice(DecodePreference, "--decode", self.decode.lower() if isinstance(self.decode, str) else self.decode)
+        check_decode(self.decode, self.device)
         check_image_size(self.image_size)
         several = not isinstance(self.dataset, str) and len(self.dataset) > 1
         if self.weights is not None and (not several or len(self.weights) != len(self.dataset)):

@@ -1784,6 +1784,18 @@ def test_a_damaged_model_state_is_refused_naming_it(tmp_path: Path) -> None:
             restore_checkpoint(accelerator, step, iterator)
 
 
+def test_decode_gpu_on_the_cpu_is_a_flag_error() -> None:
+    """--decode gpu --device cpu was the iterator's ValueError traceback once the dataset had opened."""
+    from pipelines.lerobot_policy import PolicyTrainOptions
+
+    said = "--decode gpu decodes on the GPU's NVDEC, which needs --device cuda; with --device cpu use auto or cpu"
+    with pytest.raises(ValueError, match=re.escape(said)):
+        TrainOptions(dataset="d", steps=1, device="cpu", decode="gpu")
+    with pytest.raises(ValueError, match=re.escape(said)):
+        PolicyTrainOptions(dataset="d", device="cpu", decode="GPU")
+    assert TrainOptions(dataset="d", steps=1, device="cpu", decode="cpu").decode == "cpu"
+
+
 def test_a_run_that_fails_before_training_leaves_no_checkpoint_dir_behind(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
