@@ -15,6 +15,7 @@ from pathlib import Path
 
 __all__ = [
     "host_name",
+    "is_inside",
     "partial_folder",
     "refuse_resumable_taken",
     "refuse_taken",
@@ -171,6 +172,12 @@ def refuse_taken(out: str | os.PathLike[str], *, writer: str) -> Path:
             f"Pass a new path ({writer} never overwrites)."
         )
     return root
+
+
+def is_inside(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is ``folder`` or inside it, symbolic links followed (a link to ``folder``, or into it, is):
+    an output written there would land in ``folder`` (a dataset read from it)."""
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
 
 
 def refuse_unwritable(flag: str, folder: str | os.PathLike[str]) -> None:

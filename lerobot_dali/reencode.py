@@ -47,7 +47,7 @@ from .episode_table import read_episode_records, read_episode_table
 from .errors import DAMAGED_VIDEO_ADVICE, DatasetError, VideoDecodeError, cameras_hint, did_you_mean, listing_hint
 from .frame_checks import damaged_frame_error, is_damaged
 from .hub_cache_files import bulk_files_named, read_bulk_from_cache
-from .new_folder import refuse_resumable_taken, write_resumable_folder
+from .new_folder import is_inside, refuse_resumable_taken, write_resumable_folder
 from .packet_index import PacketIndex, build_packet_index
 from .parent_watch import exit_with_parent
 from .progress_lines import progress_counter
@@ -237,7 +237,7 @@ def _warn_missing_files(location: DatasetLocation, info: DatasetInfo, cameras: s
 def _refuse_out_inside(location: DatasetLocation, out: str | os.PathLike[str]) -> None:
     """ValueError for an ``out`` inside the local source, symbolic links followed (a link to the source, or in
     it, made the copy and its ``.partial`` folder land in the source)."""
-    if location.is_local and Path(os.path.realpath(out)).is_relative_to(os.path.realpath(location.root)):
+    if location.is_local and is_inside(out, location.root):
         raise ValueError(f"out ({out}) is inside the source dataset {location.root}; write the copy elsewhere")
 
 

@@ -76,6 +76,7 @@ from pipelines.train import (
     log_progress,
     make_accelerator,
     read_lerobot_image_transforms,
+    refuse_inside_datasets,
     resume_latest,
     setting_up,
 )
@@ -398,6 +399,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
     try:
         options = parse_args(argv)
+        for flag, folder in (("--checkpoint-dir", options.checkpoint_dir), ("--output-dir", options.output_dir)):
+            if folder is not None:
+                refuse_inside_datasets(flag, folder, [options.dataset])
         if options.checkpoint_dir is not None:
             check_checkpoint_dir(options.checkpoint_dir, resume=options.resume)
         if options.output_dir is not None:  # (written once trained: a traceback then, the policy lost)

@@ -72,7 +72,7 @@ from lerobot_dali.cache_dirs import atomic_file
 from lerobot_dali.cli_options import ArgumentParser, add_episode_pool_size, add_image_size, check_image_size
 from lerobot_dali.decode_route import DecodePreference
 from lerobot_dali.errors import CudaUnavailableError, DatasetError, ResumeStateError, ShardingError
-from lerobot_dali.new_folder import refuse_unwritable
+from lerobot_dali.new_folder import is_inside, refuse_unwritable
 from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
 from lerobot_dali.stream_state import merge_rank_states
 from lerobot_dali.value_checks import check_choice, check_int_fields, check_seconds, cli_flag, is_int, is_number
@@ -505,9 +505,10 @@ def read_lerobot_image_transforms(path: Path, flag: str) -> dict[str, Any]:
 
 
 def check_files(options: TrainOptions) -> None:
-    """Read ``--recipe`` and ``--augment`` and check ``--checkpoint-dir`` and ``--record`` (what can be checked before
-    the datasets open): a mistake raises ValueError or an OSError before any process group starts or any dataset
-    downloads (``--record``'s was a traceback once the run had trained, its record lost)."""
+    """Read ``--recipe`` and ``--augment`` and check ``--checkpoint-dir`` and ``--record`` (writable, outside the
+    datasets: what can be checked before the datasets open): a mistake raises ValueError or an OSError before any
+    process group starts or any dataset downloads (``--record``'s was a traceback once the run had trained, its record
+    lost)."""
     from pipelines.recipes import get_recipe
 
     if options.recipe:
@@ -516,8 +517,19 @@ def check_files(options: TrainOptions) -> None:
         read_augment(options.augment)
     if options.checkpoint_dir is not None:
         check_checkpoint_dir(options.checkpoint_dir, resume=options.resume)
+        refuse_inside_datasets("--checkpoint-dir", options.checkpoint_dir, options.datasets)
     if options.record_dir is not None:
         refuse_unwritable("--record", options.record_dir)
+        refuse_inside_datasets("--record", options.record_dir, options.datasets)
+
+
+def refuse_inside_datasets(flag: str, folder: Path, datasets: Sequence[str]) -> None:
+    """ValueError where ``folder`` (a run's output) is a local dataset of ``datasets`` or inside one: the run wrote its
+    checkpoints or records into the dataset, to be copied and uploaded with it (this script's and
+    ``lerobot_policy.py``'s; ``lerobot-dali reencode`` refuses its copy there alike)."""
+    inside = next((d for d in datasets if "://" not in d and Path(d).is_dir() and is_inside(folder, d)), None)
+    if inside is not None:
+        raise ValueError(f"{flag} {folder} is inside the dataset {inside}: give a folder outside the dataset")
 
 
 def open_readers(options: TrainOptions) -> list[Any]:
@@ -736,10 +748,15 @@ def epoch_batches(iterator: Any) -> Iterator[tuple[dict[str, Any], float]]:
             yield batch, time.perf_counter() - start
         empty_passes = 0 if got else empty_passes + 1
         if empty_passes > 1:
-            raise RunRefused(
-                f"rank {iterator.rank} gets no full batch of {iterator.batch_size} from an epoch; lower --batch-size "
-                "or use a dataset with more frames per rank"
-            )
+            raise no_full_batch(iterator.rank, iterator.batch_size)
+
+
+def no_full_batch(rank: int, batch_size: int) -> RunRefused:
+    """The refusal of a ``--batch-size`` larger than a rank's samples in an epoch."""
+    return RunRefused(
+        f"rank {rank} gets no full batch of {batch_size} from an epoch; lower --batch-size or use a dataset with more "
+        "frames per rank"
+    )
 
 
 def camera_frames(batch: dict[str, Any], camera_keys: Sequence[str]) -> int:
@@ -1331,6 +1348,8 @@ def train(options: TrainOptions) -> int:
     rank, world_size = data_rank(accelerator)
     with setting_up():  # (the library's errors about the data or a checkpoint: main logs them as one line)
         readers = open_readers(options)
+        if options.batch_size > sum(reader.num_frames for reader in readers):  # (no rank's epoch fills one: refused
+            raise no_full_batch(rank, options.batch_size)  # before the pipeline; past 2**31, DALI's traceback there)
         renames = [KeyRename()] if options.concat else dataset_renames(options, readers)  # (a union's are its own)
         check_policy_features(readers, renames)
         cameras = tuple(renames[0].batch_names(readers[0].all_camera_keys))

@@ -1784,6 +1784,76 @@ def test_a_damaged_model_state_is_refused_naming_it(tmp_path: Path) -> None:
             restore_checkpoint(accelerator, step, iterator)
 
 
+def test_an_output_inside_the_dataset_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--checkpoint-dir or --record inside the (local) dataset, or the dataset itself, wrote checkpoints and records
+    into it, to be copied and uploaded with it (lerobot-dali reencode refused its copy there already); so did
+    lerobot_policy.py's --checkpoint-dir and --output-dir. Refused now before anything runs, links followed."""
+    from pipelines import lerobot_policy
+    from pipelines import train as train_module
+
+    started: list[object] = []
+    monkeypatch.setattr(train_module, "train", started.append)
+    monkeypatch.setattr(lerobot_policy, "train", started.append)
+    dataset = tmp_path / "ds"
+    (dataset / "meta").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(dataset)
+    other = tmp_path / "other"
+    other.mkdir()
+    runs = [
+        (train_module.main, "train.py", ["--dataset", str(dataset), "--steps", "1"], flag, folder)
+        for flag in ("--checkpoint-dir", "--record")
+        for folder in (dataset, dataset / "ckpt", tmp_path / "link" / "ckpt")
+    ]
+    runs += [
+        (
+            train_module.main,
+            "train.py",
+            ["--dataset", str(other), str(dataset), "--steps", "1"],
+            "--record",
+            dataset / "r",
+        )
+    ]
+    runs += [
+        (lerobot_policy.main, "lerobot_policy.py", ["--dataset", str(dataset)], flag, dataset / "out")
+        for flag in ("--checkpoint-dir", "--output-dir")
+    ]
+    for main, program, argv, flag, folder in runs:
+        caplog.clear()
+        with caplog.at_level(logging.ERROR):
+            assert main([*argv, "--device", "cpu", flag, str(folder)]) == 2
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+            f"{program}: {flag} {folder} is inside the dataset {dataset}: give a folder outside the dataset"
+        ]
+    assert not started and sorted(p.name for p in dataset.iterdir()) == ["meta"]
+    assert train_module.main(["--dataset", str(dataset), "--steps", "1", "--checkpoint-dir", str(other / "c")]) == 0
+    assert len(started) == 1  # (beside the dataset: taken)
+
+
+def test_a_batch_larger_than_the_dataset_is_refused_before_the_pipeline_is_built(
+    make_ds: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A --batch-size larger than the dataset's frames was refused at the first batch, once DALI's pipeline and
+    workers had started; past 2**31 DALI's pipeline took it for no int (a TypeError traceback). Refused before the
+    iterator is built now, with the words of the refusal at the first batch."""
+    from pipelines import train as train_module
+
+    def built(*args: object, **kwargs: object) -> None:
+        pytest.fail("the iterator was built")
+
+    monkeypatch.setattr(train_module, "build_iterator", built)
+    args = [*COMMON, "--dataset", str(make_ds(**UNEVEN)), "--steps", "1", "--num-workers", "0"]
+    for batch in (131, 99999999999999):  # (130 frames)
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="pipelines.train"):
+            assert train_module.main([*args, "--batch-size", str(batch)]) == 2
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+            f"train.py: rank 0 gets no full batch of {batch} from an epoch; lower --batch-size or use a dataset with "
+            "more frames per rank"
+        ]
+
+
 def test_decode_gpu_on_the_cpu_is_a_flag_error() -> None:
     """--decode gpu --device cpu was the iterator's ValueError traceback once the dataset had opened."""
     from pipelines.lerobot_policy import PolicyTrainOptions
