@@ -244,7 +244,13 @@ class DALILeRobotMixture:
         self._check_parts_fill_batches()
         self._schedules = {i: self._schedule(i) for i in range(len(readers)) if i != self.anchor}
         self._pass_id = 0
-        self._reading: list[dict[str, Any]] | None = None  # the datasets' states before the batch being read
+        #: The datasets' states before the batch being read, and the loads they were taken under (``_loads``).
+        self._reading: tuple[int, list[dict[str, Any]]] | None = None
+        #: The states a load from another thread halfway through started from (the datasets stand part here, part
+        #: there); and how many batches and loads began, so a state_dict() that read the datasets as one began reads
+        #: them again.
+        self._load_start: list[dict[str, Any]] | None = None
+        self._changes = 0
         self._dataset_index = torch.repeat_interleave(torch.arange(len(readers)), torch.tensor(self.batch_shares))
         say_once(logger, logging.INFO,
             "mixture of %d datasets, per batch of %d: %s; its epoch is one of %s (%d batches); worker processes %s",
@@ -293,8 +299,22 @@ class DALILeRobotMixture:
     def state_dict(self) -> dict[str, Any]:
         """Each dataset's stream state, and the shares and anchor they were taken at. Taken while a batch is being
         read (a signal handler's checkpoint on the reading thread, or another thread's), the states before it: its
-        parts are counted one after another, and a state with some counted resumed to repeat the others."""
-        reading = self._reading
+        parts are counted one after another, and a state with some counted resumed to repeat the others. Taken after a
+        load from another thread (in that batch too, which the load ends), the loaded states: those before the batch
+        were of the position the load replaced, and resumed it 3 batches before the loaded one (1 of 1). Taken as a
+        load is halfway, the states it started from. It takes no lock: a signal handler's, on a thread inside a part's
+        read, would wait for a load from another thread, which waits for that read."""
+        while True:
+            changes, start, reading = self._changes, self._load_start, self._reading
+            if start is not None:
+                states = start
+            elif reading is not None and reading[0] == self._loads:
+                states = reading[1]
+            else:
+                states = [part.state_dict() for part in self.datasets]
+                if self._changes != changes:  # (a batch or load began as they were read: some may be of either)
+                    continue
+            break
         return {
             "mixture": {
                 "batch_shares": list(self.batch_shares),
@@ -302,7 +322,7 @@ class DALILeRobotMixture:
                 "dataset_contents": dataset_contents([part.reader for part in self.datasets]),
                 DATASET_IDENTITIES: dataset_identities([part.reader for part in self.datasets]),
             },
-            "datasets": copy.deepcopy(reading) if reading is not None else [p.state_dict() for p in self.datasets],
+            "datasets": copy.deepcopy(states),
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -333,26 +353,37 @@ class DALILeRobotMixture:
             )  # fmt: skip
         with self._loading:
             before = [part.state_dict() for part in self.datasets]
+            reading = self._reading
+            self._load_start = reading[1] if reading is not None and reading[0] == self._loads else before
+            self._changes += 1
             try:
-                for part, state in zip(self.datasets, parts, strict=True):
-                    part.load_state_dict(state)
-            except BaseException:  # all or none: a refused dataset's state leaves the others where they stood
-                self._restore(before)
-                raise
-            self._loads += 1  # (loaded: a batch being read meanwhile, failed by it, restores nothing)
-            # Starts computed before follow the orders replaced now (a resume on another world size changes the
-            # resumed epoch's size): compute them again, as a process that loaded this state first does. Saved at
-            # other shares, a dataset stands elsewhere than the schedule would put it: the later epochs start from
-            # where it stands (it was moved back or on, repeating or skipping part of its epoch).
-            self._schedules = {i: self._schedule(i) for i in self._schedules}
-            anchor = self.datasets[self.anchor].state_dict()
-            left = (self.datasets[self.anchor].epoch_samples(anchor["epoch"]) - anchor["samples_consumed"]) // (
-                self.batch_shares[self.anchor]
-            )
-            at_start = anchor["samples_consumed"] == 0 and not anchor["prior_segments"]
-            for i, schedule in self._schedules.items():
-                stands = self.datasets[i].state_dict()
-                schedule.rebase(anchor["epoch"], (stands["epoch"], stands["samples_consumed"]), left, at_start=at_start)
+                self._load_parts(parts, before)
+            finally:
+                self._load_start = None
+
+    def _load_parts(self, parts: Sequence[Mapping[str, Any]], before: list[dict[str, Any]]) -> None:
+        """load_state_dict() of each dataset's state in ``parts``, all or none (``before``: where they stood), with
+        ``_loading`` held."""
+        try:
+            for part, state in zip(self.datasets, parts, strict=True):
+                part.load_state_dict(state)
+        except BaseException:  # all or none: a refused dataset's state leaves the others where they stood
+            self._restore(before)
+            raise
+        self._loads += 1  # (loaded: a batch being read meanwhile, failed by it, restores nothing)
+        # Starts computed before follow the orders replaced now (a resume on another world size changes the
+        # resumed epoch's size): compute them again, as a process that loaded this state first does. Saved at
+        # other shares, a dataset stands elsewhere than the schedule would put it: the later epochs start from
+        # where it stands (it was moved back or on, repeating or skipping part of its epoch).
+        self._schedules = {i: self._schedule(i) for i in self._schedules}
+        anchor = self.datasets[self.anchor].state_dict()
+        left = (self.datasets[self.anchor].epoch_samples(anchor["epoch"]) - anchor["samples_consumed"]) // (
+            self.batch_shares[self.anchor]
+        )
+        at_start = anchor["samples_consumed"] == 0 and not anchor["prior_segments"]
+        for i, schedule in self._schedules.items():
+            stands = self.datasets[i].state_dict()
+            schedule.rebase(anchor["epoch"], (stands["epoch"], stands["samples_consumed"]), left, at_start=at_start)
 
     # -- iteration ---------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -393,9 +424,11 @@ class DALILeRobotMixture:
                 raise IteratorClosedError(
                     "a newer pass (a second iter() of the mixture) replaced this one; iterate the newest"
                 )
-            loads = self._loads
-            before = [part.state_dict() for part in self.datasets]
-            self._reading = before
+            with self._loading:  # (one load's states, and its count: not those of a load from another thread halfway)
+                self._changes += 1
+                loads = self._loads
+                before = [part.state_dict() for part in self.datasets]
+                self._reading = (loads, before)
             try:
                 anchor = next(passes[self.anchor], None)
                 if anchor is None:  # the mixture's epoch is over

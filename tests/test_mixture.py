@@ -1332,3 +1332,44 @@ def test_a_load_from_another_thread_while_a_batch_is_read_keeps_the_loaded_posit
     assert mix.state_dict()["datasets"] == state["datasets"]
     assert [_keys(batch) for batch in mix] == full[3:]
     mix.close()
+
+
+def test_a_state_taken_after_a_load_from_another_thread_during_a_batch_is_the_loaded_one(make_ds, monkeypatch) -> None:
+    """state_dict() while a mixture batch is read gives the states from before that batch; a load_state_dict() from
+    another thread inside the batch (after the anchor's part was read) left those pre-load states standing, so a state
+    taken then (an asynchronous checkpoint) resumed 3 batches before the loaded position, which the stream stood
+    at and read on from (1 of 1). A state taken after the load is the loaded one."""
+    paths = _datasets(make_ds)
+    options = dict(batch_size=4, seed=3, device="cpu", num_workers=0)
+    mix = DALILeRobotMixture(paths, **options)
+    full = [_keys(batch) for batch in mix]
+    mix.close()
+    saver = DALILeRobotMixture(paths, **options)
+    for _ in zip(range(3), saver, strict=False):
+        pass
+    state = saver.state_dict()
+    saver.close()
+    mix = DALILeRobotMixture(paths, **options)
+    original, taken = DALILeRobotMixture._next_part, []
+
+    def loaded_meanwhile(self, *args):
+        if not taken:  # (the first batch, its anchor's part read: no lock of the pass held)
+            loader = threading.Thread(target=mix.load_state_dict, args=(state,))
+            loader.start()
+            loader.join(timeout=60)
+            assert not loader.is_alive()
+            taken.append(mix.state_dict())
+        return original(self, *args)
+
+    monkeypatch.setattr(DALILeRobotMixture, "_next_part", loaded_meanwhile)
+    with pytest.raises(IteratorClosedError):  # (the part's pipeline, closed by the load)
+        for _ in mix:
+            pass
+    monkeypatch.setattr(DALILeRobotMixture, "_next_part", original)
+    assert taken[0]["datasets"] == state["datasets"] == mix.state_dict()["datasets"]
+    assert [_keys(batch) for batch in mix] == full[3:]
+    mix.close()
+    resumed = DALILeRobotMixture(paths, **options)
+    resumed.load_state_dict(taken[0])
+    assert [_keys(batch) for batch in resumed] == full[3:]
+    resumed.close()
