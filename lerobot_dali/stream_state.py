@@ -553,15 +553,28 @@ def _refuse_unbalanced_position(state: StreamState, *, rank: int, world_size: in
                 f"resume on {state.world_size} ranks with each rank's own state, or pass merge_rank_states([every "
                 "old rank's state_dict()]), which refuses states that stand apart"
             )
-    elif state.rank is not None and state.rank != rank and state.gathered < state.world_size:
+    elif world_size > 1 and _ranks_held(state) < world_size:
         # (each rank's count is its own: another rank's position is not where this one stood. Every rank's state
         # gathered is each rank's, mid-epoch too: merge_rank_states gathers only states at one position, with their
-        # walks, so this rank's stood there, and its walk is among them)
-        raise ResumeStateError(
-            f"with rank_balance='none' each rank reads its own count, so rank {state.rank}'s state (sample "
-            f"{consumed} of epoch {epoch}) does not say where rank {rank} stood: load each rank's own "
-            "state_dict() on it, or merge_rank_states([every rank's state_dict()]) on every rank"
-        )
+        # walks, so this rank's stood there, and its walk is among them; so does each rank a merge names)
+        named = _named_ranks(state) | {walk.rank for walk in state.walks}  # (each stood at this one position)
+        if not named:
+            # (saved before saved_rank, unshuffled or by version 2: rank 0's state handed to every rank, as a job
+            # saving one state does, looks as each rank's own does, and put rank 1 at rank 0's count, silently)
+            raise ResumeStateError(
+                f"with rank_balance='none' each rank reads its own count, and this state (sample {consumed} of epoch "
+                f"{epoch}, saved on {state.world_size} ranks) names no rank (saved before lerobot_dali recorded "
+                f"saved_rank), so it does not say that it is rank {rank}'s: another rank's would put this one at that "
+                f"rank's count. Where it is rank {rank}'s own state_dict() (each rank loading its own), load "
+                f"{{**state, 'saved_rank': {rank}}}; another rank's does not resume this one"
+            )
+        if rank not in named:
+            saved = state.rank if state.rank is not None else min(named)
+            raise ResumeStateError(
+                f"with rank_balance='none' each rank reads its own count, so rank {saved}'s state (sample "
+                f"{consumed} of epoch {epoch}) does not say where rank {rank} stood: load each rank's own "
+                "state_dict() on it, or merge_rank_states([every rank's state_dict()]) on every rank"
+            )
 
 
 def _lengths_fingerprint(lengths: np.ndarray) -> str:

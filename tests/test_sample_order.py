@@ -1109,3 +1109,34 @@ def test_a_state_taken_by_a_handler_between_two_chunks_of_a_draw_leaves_the_stre
     resumed = _stream(batch=32, episode_pool_size=3)
     resumed.load_state_dict(taken[0])
     assert taken[0]["samples_consumed"] == 64 and _take(resumed, 160) == rest
+
+
+@pytest.mark.parametrize(("version", "shuffle"), [(3, False), (3, True), (2, True)])
+@pytest.mark.parametrize("batches", [3, 0])
+def test_unbalanced_states_saved_before_saved_rank_load_on_their_own_rank_only(version, shuffle, batches) -> None:
+    """Under rank_balance='none', a state saved before saved_rank (by an earlier lerobot_dali) was taken on any rank of
+    its world size: rank 0's (what a job saving one state hands every rank) put rank 1 at rank 0's count, mid-epoch or
+    at an epoch's start (rank 1 then lost the rest of its epoch 0), silently (6 of 6 cases). A shuffled version 3
+    state's walk names its rank, so it is taken as saved_rank is: on that rank alone. One that names no rank
+    (unshuffled, or version 2 without a walk) is refused on every rank, saying how to load a rank's own state."""
+    options = {"rank_balance": RankBalance.NONE, "shuffle": shuffle}
+    ranks = [_stream(2, r, batch=4, **options) for r in range(2)]
+    if batches:
+        for stream in ranks:
+            for _ in range(batches):
+                stream.next_batch()
+    else:
+        ranks[0].set_epoch(1)
+        ranks[1].next_batch()
+    drop = {"saved_rank"} | ({"walk"} if version == 2 else set())
+    old = [{k: v for k, v in r.state_dict().items() if k not in drop} | {"version": version} for r in ranks]
+    rest = [np.stack(r.next_batch()) for r in ranks]
+    names_its_rank = "walk" in old[0]
+    refusal = "rank 0's state" if names_its_rank else r"names no rank.*load \{\*\*state, 'saved_rank': 1\}"
+    with pytest.raises(ResumeStateError, match=refusal):
+        _stream(2, 1, batch=4, **options).load_state_dict(json.loads(json.dumps(old[0])))
+    for rank in range(2):
+        loaded = _stream(2, rank, batch=4, **options)
+        own = old[rank] if names_its_rank else {**old[rank], "saved_rank": rank}
+        loaded.load_state_dict(json.loads(json.dumps(own)))
+        np.testing.assert_array_equal(np.stack(loaded.next_batch()), rest[rank])
