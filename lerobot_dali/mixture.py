@@ -388,14 +388,16 @@ class DALILeRobotMixture:
     # -- iteration ---------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
         closes = self._closes  # (a close() from here on ends this pass)
-        anchor = self.datasets[self.anchor].state_dict()
         # The anchor at the start of its epoch (a new mixture epoch, however reached, set_epoch back included): the
         # others go where this mixture epoch starts them, which is where they stand after the epoch before (then
         # nothing restarts). Else each continues from where it stands (a pass left early, a resume, one after
-        # another world size, whose anchor carries prior segments).
-        if anchor["samples_consumed"] == 0 and not anchor["prior_segments"]:
-            for i, schedule in self._schedules.items():
-                _restart(self.datasets[i], *schedule.start(anchor["epoch"]))
+        # another world size, whose anchor carries prior segments). Not as a load from another thread moves them: one
+        # after the anchor was read here was undone, the others put back at that epoch's start (1 of 1 such points).
+        with self._loading:
+            anchor = self.datasets[self.anchor].state_dict()
+            if anchor["samples_consumed"] == 0 and not anchor["prior_segments"]:
+                for i, schedule in self._schedules.items():
+                    _restart(self.datasets[i], *schedule.start(anchor["epoch"]))
         self._pass_id += 1
         return self._batches(self._pass_id, closes, self._start(self.datasets, closes))
 

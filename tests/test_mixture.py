@@ -1373,3 +1373,45 @@ def test_a_state_taken_after_a_load_from_another_thread_during_a_batch_is_the_lo
     resumed.load_state_dict(taken[0])
     assert [_keys(batch) for batch in resumed] == full[3:]
     resumed.close()
+
+
+def test_a_load_from_another_thread_as_a_pass_restarts_the_datasets_keeps_the_loaded_positions(
+    make_ds, monkeypatch
+) -> None:
+    """A load_state_dict() from another thread as iter() put the datasets at the start of the anchor's epoch (its
+    state read there, at that epoch's start, before the load): the restart that followed moved the other dataset back
+    to where that epoch starts it, the loaded position lost (its parts read from its epoch's start: 1 of 1). The
+    restarts and the load now come one after the other; what is read is the loaded position's rest."""
+    from lerobot_dali import mixture
+
+    paths = _datasets(make_ds)
+    options = dict(batch_size=4, seed=3, device="cpu", num_workers=0)
+    mix = DALILeRobotMixture(paths, **options)
+    full = [_keys(batch) for batch in mix]
+    mix.close()
+    saver = DALILeRobotMixture(paths, **options)
+    for _ in zip(range(3), saver, strict=False):
+        pass
+    state = saver.state_dict()
+    saver.close()
+    mix = DALILeRobotMixture(paths, **options)
+    original, loader = mixture._restart, []
+
+    def loaded_first(*args):
+        if not loader:
+            loader.append(threading.Thread(target=mix.load_state_dict, args=(state,)))
+            loader[0].start()
+            loader[0].join(timeout=2)  # (done where nothing holds it off)
+        return original(*args)
+
+    monkeypatch.setattr(mixture, "_restart", loaded_first)
+    read = []
+    with contextlib.suppress(IteratorClosedError):  # (the parts' passes, where the load came as they started)
+        for batch in mix:
+            read.append(_keys(batch))
+    loader[0].join(timeout=60)
+    assert not loader[0].is_alive()
+    monkeypatch.setattr(mixture, "_restart", original)
+    read += [_keys(batch) for batch in itertools.islice(mix, len(full) - 3 - len(read))]
+    mix.close()
+    assert read == full[3:]
