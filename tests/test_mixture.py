@@ -1289,6 +1289,19 @@ def test_a_mixture_used_as_a_context_manager_closes_every_dataset_as_the_block_e
     assert all(part._pipeline is None for part in mix.datasets) and multiprocessing.active_children() == []
 
 
+def _epoch_and_state_after_3_batches(paths: list[str], options: dict) -> tuple[list, dict]:
+    """A whole epoch's batches (their keys) of a mixture of ``paths``, and its state after its first 3 batches."""
+    mix = DALILeRobotMixture(paths, **options)
+    full = [_keys(batch) for batch in mix]
+    mix.close()
+    saver = DALILeRobotMixture(paths, **options)
+    for _ in zip(range(3), saver, strict=False):
+        pass
+    state = saver.state_dict()
+    saver.close()
+    return full, state
+
+
 def test_a_load_from_another_thread_while_a_batch_is_read_keeps_the_loaded_positions(make_ds, monkeypatch) -> None:
     """load_state_dict() from another thread while a mixture batch was read (in a part's read, DALI's next()): the
     part's pass ended with the load's IteratorClosedError, and the mixture, restoring the states from before the
@@ -1298,14 +1311,7 @@ def test_a_load_from_another_thread_while_a_batch_is_read_keeps_the_loaded_posit
 
     paths = _datasets(make_ds)
     options = dict(batch_size=4, seed=3, device="cpu", num_workers=0)
-    mix = DALILeRobotMixture(paths, **options)
-    full = [_keys(batch) for batch in mix]
-    mix.close()
-    saver = DALILeRobotMixture(paths, **options)
-    for _ in zip(range(3), saver, strict=False):
-        pass
-    state = saver.state_dict()
-    saver.close()
+    full, state = _epoch_and_state_after_3_batches(paths, options)
     mix = DALILeRobotMixture(paths, **options)
     original, calls, loader = DALIGenericIterator.__next__, [0], []
     anchor = mix.datasets[mix.anchor]
@@ -1341,14 +1347,7 @@ def test_a_state_taken_after_a_load_from_another_thread_during_a_batch_is_the_lo
     at and read on from (1 of 1). A state taken after the load is the loaded one."""
     paths = _datasets(make_ds)
     options = dict(batch_size=4, seed=3, device="cpu", num_workers=0)
-    mix = DALILeRobotMixture(paths, **options)
-    full = [_keys(batch) for batch in mix]
-    mix.close()
-    saver = DALILeRobotMixture(paths, **options)
-    for _ in zip(range(3), saver, strict=False):
-        pass
-    state = saver.state_dict()
-    saver.close()
+    full, state = _epoch_and_state_after_3_batches(paths, options)
     mix = DALILeRobotMixture(paths, **options)
     original, taken = DALILeRobotMixture._next_part, []
 
@@ -1386,14 +1385,7 @@ def test_a_load_from_another_thread_as_a_pass_restarts_the_datasets_keeps_the_lo
 
     paths = _datasets(make_ds)
     options = dict(batch_size=4, seed=3, device="cpu", num_workers=0)
-    mix = DALILeRobotMixture(paths, **options)
-    full = [_keys(batch) for batch in mix]
-    mix.close()
-    saver = DALILeRobotMixture(paths, **options)
-    for _ in zip(range(3), saver, strict=False):
-        pass
-    state = saver.state_dict()
-    saver.close()
+    full, state = _epoch_and_state_after_3_batches(paths, options)
     mix = DALILeRobotMixture(paths, **options)
     original, loader = mixture._restart, []
 
