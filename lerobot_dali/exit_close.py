@@ -8,7 +8,10 @@ exception``). Exit handlers run once every non-daemon thread has ended, so a thr
 interpreter is about to stop. :func:`watch` registers, after DALI's (they run last-registered first), a handler that
 closes every live iterator, in close()'s order, which is safe under a pass in another thread (workers stopped, the
 pass left to let the pipeline go); a pass that then finds its iterator closed waits, silent, to be stopped with its
-thread (:func:`park_if_exiting`), as a daemon thread waiting on a queue is.
+thread (:func:`park_if_exiting`), as a daemon thread waiting on a queue is. The closes share one deadline,
+``EXIT_WAIT_S`` (each close() waited up to ``CLOSE_WAIT_S`` for a pass stuck inside DALI's next(): 3 such iterators held
+the exit 202 s), at which the worker processes still running are killed (a worker that outlived its SIGTERM held the
+exit for ever in the pool's close); one warning names the datasets whose pass it left, and the workers it killed.
 
 The handler then waits, up to ``RETURN_WAIT_S``, for the threads holding a pass's batch (:class:`BatchesHeld`, reading
 the next one too) to come back for the next one and park there: on Python 3.11 the interpreter stops a daemon thread
@@ -47,8 +50,9 @@ from typing import Any
 
 from . import fork_locks
 from .inherited_pipeline import abandon_all
+from .wording import counted
 
-__all__ = ["RETURN_WAIT_S", "BatchesHeld", "exiting", "must_park", "park_if_exiting", "watch"]
+__all__ = ["EXIT_WAIT_S", "RETURN_WAIT_S", "BatchesHeld", "exiting", "must_park", "park_if_exiting", "watch"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +63,10 @@ _exiting = threading.Event()
 #: How long the exit handler waits for the threads holding a batch to come back for the next (a loop's body between two
 #: batches); a thread that does not (blocked on a full queue of its own) holds the exit up that long.
 RETURN_WAIT_S = 1.0
+#: How long the exit handler's closes wait for passes in all (one deadline for every live iterator): each close() waited
+#: up to ``CLOSE_WAIT_S`` (60 s) for a pass stuck inside DALI's next(), N times that for N such iterators, and a worker
+#: process that outlived its SIGTERM held the exit for ever. At the deadline the workers still running are killed.
+EXIT_WAIT_S = 60.0
 _out: Counter[int] = Counter()  # thread ident: passes whose batches it holds (BatchesHeld)
 _parked: set[int] = set()  # thread idents parked for good (park_if_exiting): back, whatever other batches they hold
 _returned = fork_locks.condition(_lock)
@@ -142,12 +150,59 @@ def _close_all() -> None:
     _exiting.set()
     with _lock:  # (a daemon thread building an iterator now would change the set under the copy)
         live = list(_live)
-    for iterator in live:
-        try:
-            iterator.close()
-        except Exception:  # (DALI's handler still shuts the pipeline down; the exit must go on)
-            logger.debug("closing an iterator at exit failed", exc_info=True)
+    deadline = time.monotonic() + EXIT_WAIT_S
+    closed = threading.Event()
+    killed: list[str] = []
+    reaper = threading.Thread(target=_kill_workers_at, args=(deadline, closed, live, killed), daemon=True)
+    reaper.start()
+    left: list[str] = []
+    try:
+        for iterator in live:
+            try:
+                iterator._close_by(deadline)
+            except Exception:  # (DALI's handler still shuts the pipeline down; the exit must go on)
+                logger.debug("closing an iterator at exit failed", exc_info=True)
+            if getattr(iterator, "_pipeline", None) is not None:  # (given up: left to its pass, inside DALI's next())
+                left.append(_name(iterator))
+    finally:
+        closed.set()
+        reaper.join()
+    if left or killed:  # (once, for all: each close() said its own, and named no dataset)
+        said = [f"worker processes that did not stop, killed: {', '.join(killed)}"] if killed else []
+        if left:
+            said.insert(0, f"{counted(len(left), 'iterator')} not closed, a pass of each still inside DALI's next() or "
+                        f"building its pipeline (left to DALI's exit handler): {', '.join(left)}")  # fmt: skip
+        logger.warning("exit: within %g s, %s", EXIT_WAIT_S, "; ".join(said))
     _wait_for_batches_back(time.monotonic() + RETURN_WAIT_S)
+
+
+def _name(iterator: Any) -> str:
+    """The dataset ``iterator`` reads, as its errors name it."""
+    reader = getattr(iterator, "reader", None)
+    return reader.location.description if reader is not None else repr(iterator)
+
+
+def _worker_processes(iterator: Any) -> list[Any]:
+    """The DALI worker processes of ``iterator``'s pipeline (multiprocessing ``Process`` objects; DALI's private
+    pool: none where it changed)."""
+    pool = getattr(getattr(getattr(iterator, "_pipeline", None), "_py_pool", None), "pool", None)
+    return list(getattr(pool, "_processes", ()))
+
+
+def _kill_workers_at(deadline: float, closed: threading.Event, live: list[Any], killed: list[str]) -> None:
+    """At ``deadline``, unless the closes are done: kill the worker processes of ``live`` still running (their pool's
+    close joins each for ever once it sent SIGTERM: a worker stuck where the signal does not end it held the exit
+    for ever, and multiprocessing's own exit handler joins them too)."""
+    if closed.wait(max(0.0, deadline - time.monotonic())):
+        return
+    for iterator in live:
+        for process in _worker_processes(iterator):
+            try:
+                if process.exitcode is None:
+                    process.kill()
+                    killed.append(f"{process.pid} ({_name(iterator)})")
+            except Exception:  # (reaped meanwhile)
+                logger.debug("killing a worker at exit failed", exc_info=True)
 
 
 def _wait_for_batches_back(deadline: float) -> bool:

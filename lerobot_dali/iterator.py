@@ -604,8 +604,10 @@ class DALILeRobotIterator:
     def _next_batch_or_park(self, pass_id: int) -> dict[str, Any] | None:
         try:
             return self._next_batch(pass_id)
-        except IteratorClosedError:
-            park_if_exiting()  # (closed by the exit handler: a daemon thread waits to be stopped, silent)
+        except Exception:
+            # (closed by the exit handler, or failed by it: a worker it killed at its deadline, :mod:`.exit_close`. A
+            # daemon thread waits to be stopped, silent: it printed a WorkerProcessError's traceback in 3 of 6 exits)
+            park_if_exiting()
             raise
         finally:  # (a signal handler's close() while the pass held the pipeline: closed now that it is let go)
             self._close_if_deferred()
@@ -997,6 +999,8 @@ def wait_for_pass(lock: Any, deadline: float, doing: str, left: str) -> bool:
     ``left`` to that pass, and close() returns."""
     if lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
         return True
+    if exiting():  # (the exit handler says once what it left, for every iterator: :mod:`.exit_close`)
+        return False
     logger.warning(
         "close(): a pass is still %s after %g s; %s, and raises IteratorClosedError at its next batch",
         doing, CLOSE_WAIT_S, left,

@@ -81,11 +81,13 @@ if __name__ == "__main__":
 """
 
 
-def run_script(source: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+def run_script(
+    source: str, *args: str, timeout: float = 120, path: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(source), *args],
-        capture_output=True, text=True, timeout=120, env=env, cwd=ROOT,
+        capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT,
     )  # fmt: skip
 
 
@@ -289,3 +291,98 @@ def test_a_thread_reading_its_next_batch_still_holds_its_last(make_ds, monkeypat
         loader.join(30.0)
         it.close()
     assert exit_close._wait_for_batches_back(0.0)  # (the pass is over: its thread holds none of its batches)
+
+
+#: Two daemon threads each iterate an iterator (no workers) whose source hangs in a later batch: both passes stay inside
+#: DALI's next() as the script ends. The exit's wait is 1 s here (EXIT_WAIT_S).
+PASSES_STUCK_AT_EXIT = """
+import sys, threading, time
+from lerobot_dali import DALILeRobotIterator, exit_close
+from lerobot_dali.batch_source import BatchSource
+
+exit_close.EXIT_WAIT_S = 1.0
+call, stuck = BatchSource.__call__, threading.Semaphore(0)
+
+def hanging_call(self, batch_info):
+    if batch_info.iteration >= 4:
+        stuck.release()
+        time.sleep(3600)
+    return call(self, batch_info)
+
+BatchSource.__call__ = hanging_call
+
+def main():
+    for ds in sys.argv[1:]:
+        it = DALILeRobotIterator(ds, batch_size=2, device="cpu", num_workers=0)
+        threading.Thread(target=lambda it=it: [None for _ in it], daemon=True).start()
+    for _ in sys.argv[1:]:
+        stuck.acquire()
+    time.sleep(0.3)  # (each loader thread reaches the batch that hangs)
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_an_exit_with_passes_stuck_waits_once_for_all_and_says_which(make_ds) -> None:
+    # Each close() at exit waited CLOSE_WAIT_S (60 s) for its stuck pass: 2 x 60 s here (3 iterators: 202 s from the
+    # script's end), with one warning each naming no dataset. One deadline now, and one warning naming both.
+    datasets = [str(make_ds(episodes=2, frames_per_episode=30)), str(make_ds(episodes=3, frames_per_episode=30))]
+    done = run_script(PASSES_STUCK_AT_EXIT, *datasets, timeout=60)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 0
+    assert len(lines) == 1 and lines[0].startswith("exit: within 1 s, 2 iterators not closed"), done.stderr
+    assert all(ds in lines[0] for ds in datasets)
+
+
+#: Imported by every process of the script (DALI's workers too, which do not import its main module): a worker's source
+#: call for a later batch blocks SIGTERM and hangs, so the pool's close at exit joins that worker for ever.
+DEAF_WORKER_SITE = """
+import os, signal, time
+from lerobot_dali.batch_source import BatchSource
+from lerobot_dali import exit_close
+
+exit_close.EXIT_WAIT_S = 1.0
+call = BatchSource.__call__
+
+def deaf_call(self, batch_info):
+    if batch_info.iteration >= 4 and os.environ.get("DEAF_MARK"):
+        open(os.path.join(os.environ["DEAF_MARK"], str(os.getpid())), "w").close()
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        time.sleep(3600)
+    return call(self, batch_info)
+
+BatchSource.__call__ = deaf_call
+"""
+
+DEAF_WORKER_AT_EXIT = """
+import os, sys, threading, time
+from lerobot_dali import DALILeRobotIterator
+
+def main():
+    it = DALILeRobotIterator(sys.argv[1], batch_size=2, device="cpu", num_workers=2)
+    threading.Thread(target=lambda: [None for _ in it], daemon=True).start()
+    while not os.listdir(os.environ["DEAF_MARK"]):
+        time.sleep(0.05)
+    time.sleep(0.3)  # (the loader thread reaches the batch that hangs)
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_an_exit_kills_a_worker_that_outlives_its_sigterm(
+    make_ds, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The exit handler's close() joined the worker for ever (DALI's pool close, after its SIGTERM): killed at 300 s, 2
+    # workers still running. Now killed at the exit's deadline, said in one line, and the loader thread parks silent
+    # (it printed the WorkerProcessError of the killed worker in 3 of 6 exits).
+    ds = str(make_ds(episodes=2, frames_per_episode=30))
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(textwrap.dedent(DEAF_WORKER_SITE))
+    (tmp_path / "mark").mkdir()
+    monkeypatch.setenv("DEAF_MARK", str(tmp_path / "mark"))
+    done = run_script(DEAF_WORKER_AT_EXIT, ds, timeout=60, path=(str(tmp_path / "site"),))
+    lines = done.stderr.splitlines()
+    assert done.returncode == 0
+    assert len(lines) == 1 and "worker processes that did not stop, killed: " in lines[0] and ds in lines[0], lines
