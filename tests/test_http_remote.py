@@ -7,6 +7,7 @@ workers; the server's log checks that video bytes travel as range requests.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
 import os
@@ -1315,6 +1316,21 @@ def _opened_stamped(server: FolderServer, data: bytes, *, block_size: int) -> tu
     return fs, url, opened
 
 
+@contextlib.contextmanager
+def _serving_stamped(tmp_path: Path) -> Iterator[tuple[FolderServer, RetryingFileSystem, str, Any]]:
+    """A server of ``tmp_path`` holding ``f.bin`` (:data:`_DATA`), and that file stamped and opened as
+    :func:`_opened_stamped` does (50,000-byte blocks), the server's statistics reset after."""
+    (tmp_path / "f.bin").write_bytes(_DATA)
+    with serve_folder(tmp_path) as server:
+        fs, url, opened = _opened_stamped(server, _DATA, block_size=50_000)
+        server.reset_stats()
+        yield server, fs, url, opened
+
+
+#: The bytes of the served file of :func:`_serving_stamped`.
+_DATA = bytes(range(256)) * 400
+
+
 @pytest.mark.parametrize("gone", ["404", "410"])
 @pytest.mark.parametrize("if_match", ["1", "0"], ids=["if_match", "no_if_match"])
 def test_a_stamped_file_removed_from_the_server_is_named_removed_by_every_read(
@@ -1482,11 +1498,7 @@ def test_a_refusal_after_a_stamped_files_404_or_412_is_named_with_what_came_befo
     Each is a DatasetError now that says what the server answered."""
     monkeypatch.setenv("LEROBOT_DALI_IF_MATCH", "0" if case.startswith("404") else "1")
     monkeypatch.setenv(RETRIES_ENV, "2")
-    data = bytes(range(256)) * 400
-    (tmp_path / "f.bin").write_bytes(data)
-    with serve_folder(tmp_path) as server:
-        fs, url, _ = _opened_stamped(server, data, block_size=50_000)
-        server.reset_stats()
+    with _serving_stamped(tmp_path) as (server, fs, url, _):
         if case == "404_ask_refused":
             server.fail_next("404", *["403"] * 4)  # (each ask: a HEAD, and fsspec's GET where it failed)
             said = r": answered 'no such file' \(HTTP 404\), and the server, asked again whether it has the file, " \
@@ -1515,11 +1527,7 @@ def test_a_412_the_server_does_not_confirm_names_the_if_match_variable(
     re-opening meets the same 412 again, and the way out, as the warning beside it says, is LEROBOT_DALI_IF_MATCH=0.
     Named now. A change the server confirms (another ETag) names none."""
     monkeypatch.setenv(RETRIES_ENV, "2")
-    data = bytes(range(256)) * 400
-    (tmp_path / "f.bin").write_bytes(data)
-    with serve_folder(tmp_path) as server:
-        fs, url, _ = _opened_stamped(server, data, block_size=50_000)
-        server.reset_stats()
+    with _serving_stamped(tmp_path) as (server, fs, url, _):
         unconfirmed = "its ETag when opened no longer matches: HTTP 412; asked again, the server"
         how = {
             "etag_dropped": r"etag:\S+ when opened, no etag but mtime:[^)]+ now: HTTP 412",
@@ -1549,11 +1557,7 @@ def test_a_412_to_a_read_sent_without_if_match_ends_the_retries(tmp_path: Path, 
     send) was read and asked again and again, with no wait and no retry budget (measured: 500 reads answered 412 and
     500 asks in a row, until the server's script ran out; here 503s end it, named a change). The second 412 is raised
     now, naming it: 2 reads and 1 ask, no wait."""
-    data = bytes(range(256)) * 400
-    (tmp_path / "f.bin").write_bytes(data)
-    with serve_folder(tmp_path) as server:
-        fs, url, opened = _opened_stamped(server, data, block_size=50_000)
-        server.reset_stats()
+    with _serving_stamped(tmp_path) as (server, fs, url, opened):
         server.if_match = "always"
         server.fail_next(*[None] * (3 if route == "cat_file" else 4), *["503"] * 100)  # (ends an endless loop)
         read = (lambda: fs.cat_file(url, start=0, end=5000)) if route == "cat_file" else (lambda: opened.read(60_000))
@@ -1575,14 +1579,10 @@ def test_a_stamped_files_404_asked_again_logs_no_answer_the_server_did_not_give(
     516 of 2,368 such lines). The line now says what is known, whatever the ask's answer; the second ask gives the file
     as stamped and the read goes on with its bytes."""
     monkeypatch.setenv("LEROBOT_DALI_IF_MATCH", "0")
-    data = bytes(range(256)) * 400
-    (tmp_path / "f.bin").write_bytes(data)
-    with serve_folder(tmp_path) as server:
-        fs, url, _ = _opened_stamped(server, data, block_size=50_000)
-        server.reset_stats()
+    with _serving_stamped(tmp_path) as (server, fs, url, _):
         server.fail_next("404", ask, ask)  # (the read, then the first ask: a HEAD and fsspec's GET where it failed)
         caplog.set_level(logging.INFO, logger="lerobot_dali.remote_retry")
-        assert fs.cat_file(url, start=5, end=5000) == data[5:5000]
+        assert fs.cat_file(url, start=5, end=5000) == _DATA[5:5000]
         answers = [(r.method, r.status) for r in server.records]
     assert answers == [("GET", 404), ("HEAD", int(ask)), ("GET", int(ask)), ("HEAD", 200), ("GET", 206)]
     asked = [r.getMessage() for r in caplog.records if "asking again (retry 1/5)" in r.getMessage()]
