@@ -11,6 +11,7 @@ every batch (:mod:`.batch_shapes`), each camera's decode route, format and feed 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -52,6 +53,7 @@ from .file_format_store import FileFormatStore
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .host_values import decode_host_values
 from .iterator_arguments import batchable_reader, camera_augment, check_windows, checked_arguments
+from .open_files import workers_files_fix
 from .packet_index_store import PacketIndexStore
 from .parent_watch import children_start_deaf_to_interrupts
 from .prefetch import Prefetcher, prefetching_reader, wants_prefetch_cache
@@ -548,6 +550,11 @@ class DALILeRobotIterator:
                     "script that builds the iterator at its top level must then do so under "
                     '`if __name__ == "__main__":`. '
                     "Otherwise the workers' traceback above says why."
+                ) from e
+            if isinstance(e, OSError) and e.errno == errno.EMFILE:  # (other processes' files, or a limit lowered since)
+                raise WorkerProcessError(
+                    f"DALI's {counted(self._num_workers, 'worker process')} did not start: this process ran out of "
+                    f"open files ({e}); " + workers_files_fix(self._num_workers)
                 ) from e
             _raise_original(e)
         self._pipeline, self._source = pipe, source

@@ -21,6 +21,7 @@ from .dataset_union import datasets_within
 from .decode_route import DecodePreference
 from .distributed import require_cuda
 from .errors import CudaUnavailableError, DatasetError, DeltaTimestampsError, SchemaMismatchError
+from .open_files import refuse_workers_past_open_files
 from .said_once import say_once
 from .value_checks import check_int
 from .windows import DeltaWindows
@@ -46,6 +47,7 @@ def checked_arguments(
         check_int("prefetch", prefetch, minimum=1),
         None if dali_threads is None else check_int("dali_threads (None: automatic)", dali_threads, minimum=1),
     )  # fmt: skip
+    refuse_workers_past_open_files(counts[1])
     if not (device in ("cuda", "cpu") or re.fullmatch(r"cuda:\d+", device)):
         raise ValueError(f"device must be 'cuda', 'cuda:N' or 'cpu', got {device!r}")
     preference = DecodePreference.parse(decode)

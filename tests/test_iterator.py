@@ -443,6 +443,65 @@ def test_workers_that_did_not_start_are_said_with_what_spawn_needs_and_lose_no_s
     it.close()
 
 
+def _open_file_limit(monkeypatch, soft: int, hard: int) -> None:
+    """This process's RLIMIT_NOFILE read as (soft, hard), without lowering the real one."""
+    import resource
+
+    real = resource.getrlimit
+    monkeypatch.setattr(resource, "getrlimit", lambda r: (soft, hard) if r == resource.RLIMIT_NOFILE else real(r))
+
+
+def test_more_workers_than_open_files_allow_are_refused_before_the_dataset_opens(make_ds, monkeypatch) -> None:
+    """num_workers=100000 failed at the first pass with a bare "Too many open files" from a socketpair in DALI's pool
+    (soft limit 20,000; each worker holds 2 files in this process, /proc/self/fd measured 5, 7, 11, 19 more for 1, 2,
+    4, 8 workers). A count past the limit is refused when the iterator is built, before its dataset is opened, naming
+    the count and the `ulimit -n` that fits it; the largest count that fits is taken."""
+    root = make_ds(episodes=2, frames_per_episode=10, cameras=0)
+    open_now = len(os.listdir("/proc/self/fd")) - 1
+    _open_file_limit(monkeypatch, open_now + 2 * 3, 10_000)
+    said = (
+        rf"^num_workers=4 cannot start: each DALI worker holds at least 2 files open in this process \(8 in all\), but "
+        rf"{open_now} of its limit of {open_now + 6} are open already; pass fewer workers .*`ulimit -n {open_now + 14}`"
+        " in the shell that starts training$"
+    )
+    with pytest.raises(ValueError, match=said):
+        DALILeRobotIterator(root / "not-a-dataset", device="cpu", num_workers=4)
+    _open_file_limit(monkeypatch, open_now + 6, open_now + 10)
+    with pytest.raises(
+        ValueError, match=r"`ulimit -n \d+` .* \(past the hard limit of \d+, which only an administrator"
+    ):
+        DALILeRobotIterator(root, device="cpu", num_workers=4)
+    DALILeRobotIterator(root, device="cpu", num_workers=3).close()
+
+
+def test_workers_out_of_open_files_at_the_start_are_said_with_the_fix_and_lose_no_sample(make_ds, monkeypatch) -> None:
+    """Where the files run out at the start all the same (other files opened since, the pool's own), DALI's bare
+    OSError (errno 24) becomes a WorkerProcessError naming the count and the fix; the next pass reads the epoch once."""
+    import errno
+
+    from nvidia.dali.pipeline import Pipeline
+
+    from lerobot_dali.errors import WorkerProcessError
+
+    def failing(pipe: Pipeline) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    root = make_ds(episodes=2, frames_per_episode=10, cameras=0)
+    it = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=2, drop_last=False)
+    build = Pipeline.build
+    monkeypatch.setattr(Pipeline, "build", failing)
+    said = (
+        r"^DALI's 2 worker processes did not start: this process ran out of open files \(\[Errno 24\] Too many open "
+        r"files\); pass fewer workers .*`ulimit -n \d+`"
+    )
+    with pytest.raises(WorkerProcessError, match=said):
+        iter(it)
+    assert it._pipeline is None and it._dali_iter is None
+    monkeypatch.setattr(Pipeline, "build", build)
+    assert [i for batch in it for i in batch["index"].tolist()] == list(range(20))
+    it.close()
+
+
 def test_dali_decodes_a_windows_repeated_frames_once(make_ds) -> None:
     """DALI's decoder decodes a repeated index again from its keyframe (a measured +90% per repeat of a GOP-60
     frame), and windows repeat their edge frame as padding: the clip camera asks for its distinct frames and the
