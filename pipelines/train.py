@@ -73,6 +73,7 @@ from lerobot_dali.cli_options import ArgumentParser, add_episode_pool_size, add_
 from lerobot_dali.decode_route import DecodePreference
 from lerobot_dali.errors import CudaUnavailableError, DatasetError, ResumeStateError, ShardingError
 from lerobot_dali.new_folder import is_inside, refuse_unwritable
+from lerobot_dali.open_files import refuse_workers_past_open_files
 from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
 from lerobot_dali.stream_state import merge_rank_states
 from lerobot_dali.value_checks import check_choice, check_int_fields, check_seconds, cli_flag, is_int, is_number
@@ -170,6 +171,7 @@ class TrainOptions:
         checked = (*positive, ("episode_piece_frames", 1), *at_least_0)
         optional = ("chunk", "episode_piece_frames", "drop_n_last_frames")
         check_int_fields(self, checked, label=cli_flag, optional=optional)
+        refuse_workers_past_open_files(self.num_workers)  # (one line now, not the iterator's traceback later)
         check_seed(self.seed)
         if self.device not in _DEVICES:
             raise ValueError(f"--device must be one of {_DEVICES}, got {self.device!r}")

@@ -1924,3 +1924,16 @@ def test_decode_takes_what_the_iterator_takes() -> None:
 
     for decode in (DecodePreference.GPU, "GPU", "cpu"):
         assert TrainOptions(dataset="x", steps=1, decode=decode).decode == decode
+
+
+def test_more_workers_than_open_files_allow_are_one_line_before_anything_opens() -> None:
+    """--num-workers 100000 ended the run with the iterator's traceback (DALI's "Too many open files" before); the
+    options refuse it, so the script says it in one line before any dataset is opened (soft limit 20,000 here: any
+    limit under 200,000 files refuses it)."""
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= 200_000:
+        pytest.skip("open-file limit past 200,000")
+    with pytest.raises(ValueError, match=r"^num_workers=100000 cannot start: .*`ulimit -n \d+`"):
+        TrainOptions(dataset="d", steps=1, num_workers=100_000)
+    assert TrainOptions(dataset="d", steps=1, num_workers=2).num_workers == 2
