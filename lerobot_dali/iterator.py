@@ -349,7 +349,9 @@ class DALILeRobotIterator:
         return self._stream.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` (no-op for the epoch in progress, so it never undoes a resume)."""
+        """Start ``epoch`` (no-op for the epoch in progress, so it never undoes a resume). From another thread, as a
+        load: a pass reading meanwhile ends with :class:`~.errors.IteratorClosedError`, the batch it read in the old
+        epoch dropped, and the next pass reads ``epoch`` from its start."""
         self._stream.set_epoch(epoch)
 
     def epoch_samples(self, epoch: int) -> int:
@@ -574,6 +576,7 @@ class DALILeRobotIterator:
         """Pass ``pass_id``'s batches, begun where the stream stood after its ``loads``-th load: a load_state_dict()
         from another thread since (as a batch was read) ends it, that batch read at the old position dropped."""
         held = BatchesHeld()  # (the exit handler waits for the thread holding them to park: :mod:`.exit_close`)
+        ended = None  # the epoch of the batches counted
         try:
             while (batch := self._next_batch_or_park(pass_id)) is not None:
                 try:
@@ -589,7 +592,7 @@ class DALILeRobotIterator:
                         prefetcher.advance(epoch, taken)
                     if not self._stream.advance(len(batch["index"]), loads=loads):  # (a load after the check above)
                         raise self._loaded_error()
-                    self._pipeline_next = (epoch, taken)
+                    self._pipeline_next, ended = (epoch, taken), epoch
                 except BaseException:  # Ctrl-C before the stream counted the batch DALI handed out: rebuild
                     try:
                         with self._next_lock:
@@ -605,7 +608,11 @@ class DALILeRobotIterator:
                 self._pass_start = None
             self._close_if_deferred()  # (a second signal's exception landed in the pass's own: run again)
         if not self._stream.set_epoch(self._stream.epoch + 1, loads=loads):  # (the end of the epoch it replaced)
-            raise self._loaded_error()
+            # Unless it moved to where this end would: a set_epoch(next) at the last batch (the loop's, in its body).
+            # Each batch was counted before it: the epoch was read whole; the next pass reads the next from its start.
+            if ended is None or (self._stream.epoch, self._stream.samples_consumed) != (ended + 1, 0):
+                raise self._loaded_error()
+            return
         self._pipeline_next = (self._stream.epoch, 0)  # DALI reset itself (auto_reset) for the next epoch
 
     def _next_batch_or_park(self, pass_id: int) -> dict[str, Any] | None:
@@ -709,9 +716,9 @@ class DALILeRobotIterator:
 
     def _loaded_error(self) -> IteratorClosedError:
         return IteratorClosedError(
-            f"rank {self.rank}: load_state_dict() moved the stream to sample {self._stream.samples_consumed} of epoch "
-            f"{self._stream.epoch} (from another thread) while this pass was reading: what it read, at the old "
-            "position, is dropped and the pass ends. Iterating again reads on from the loaded position."
+            f"rank {self.rank}: {self._stream.moved_by} moved the stream to sample {self._stream.samples_consumed} "
+            f"of epoch {self._stream.epoch} (from another thread) while this pass was reading: what it read, at the "
+            "old position, is dropped and the pass ends. Iterating again reads on from the position it moved to."
         )
 
     def _failed_batch_error(self, e: Exception) -> BaseException:

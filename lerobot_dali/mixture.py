@@ -293,8 +293,16 @@ class DALILeRobotMixture:
         return self.datasets[self.anchor].epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` (no-op for the epoch in progress, so it never undoes a resume)."""
-        self.datasets[self.anchor].set_epoch(epoch)
+        """Start ``epoch`` (no-op for the epoch in progress, so it never undoes a resume). From another thread, as a
+        load: a batch being read meanwhile ends the pass with :class:`~.errors.IteratorClosedError` and restores
+        nothing (it would undo the new epoch), and the next pass reads ``epoch`` from its start."""
+        anchor = self.datasets[self.anchor]
+        with self._loading:
+            started = anchor.epoch
+            anchor.set_epoch(epoch)
+            if anchor.epoch != started:
+                self._loads += 1
+                self._changes += 1
 
     def state_dict(self) -> dict[str, Any]:
         """Each dataset's stream state, and the shares and anchor they were taken at. Taken while a batch is being

@@ -353,6 +353,8 @@ class SampleStream:
         #: handler's state_dict() or load on the thread holding it goes on).
         self._lock = fork_locks.lock()
         self._loads = 0
+        #: What made the last of those moves: ``load_state_dict()`` or ``set_epoch()`` (named by the pass it ended).
+        self.moved_by = "load_state_dict()"
         self._lengths = np.asarray(episode_lengths)
         self._fingerprint = _lengths_fingerprint(self._lengths)
         self._batch_size = batch_size
@@ -375,8 +377,9 @@ class SampleStream:
 
     @property
     def loads(self) -> int:
-        """How many states :meth:`load_state_dict` loaded: a read that began under one count belongs to the position
-        before any later load (pass it to :meth:`advance` and :meth:`set_epoch`)."""
+        """How many times the position was moved from outside the reads: states :meth:`load_state_dict` loaded, and
+        :meth:`set_epoch` calls (without ``loads``) that started another epoch. A read that began under one count
+        belongs to the position before any later move (pass it to :meth:`advance` and :meth:`set_epoch`)."""
         return self._loads
 
     def num_samples(self) -> int:
@@ -386,7 +389,9 @@ class SampleStream:
     def set_epoch(self, epoch: int, *, loads: int | None = None) -> bool:
         """Start ``epoch`` from its beginning; the current epoch keeps its position (so a training loop that
         calls ``set_epoch`` after ``load_state_dict`` does not undo the resume). ``loads``: the :attr:`loads` of the
-        pass that ended; where a load came since, the stream stays where it put it (False)."""
+        pass that ended; where a load came since, the stream stays where it put it (False). Without ``loads`` (the
+        trainer's call), starting another epoch counts as a load: a read in progress (from another thread) belongs to
+        the epoch it replaced, and is not counted on the new one."""
         if isinstance(epoch, bool) or not isinstance(epoch, int | np.integer) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
         with self._lock:
@@ -394,6 +399,9 @@ class SampleStream:
                 return False
             if epoch != self.epoch:
                 self._position = (int(epoch), 0)
+                if loads is None:
+                    self._loads += 1
+                    self.moved_by = "set_epoch()"
             return True
 
     def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
@@ -451,6 +459,7 @@ class SampleStream:
         order, position = self._loaded(state_dict)
         with self._lock:
             self._loads += 1
+            self.moved_by = "load_state_dict()"
             self._order, self._position = order, position
 
     def _loaded(self, state_dict: Mapping[str, Any]) -> tuple[SampleOrder, tuple[int, int]]:

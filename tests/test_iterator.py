@@ -2712,3 +2712,64 @@ def test_an_iterator_used_as_a_context_manager_is_closed_as_the_block_ends(make_
     seen += [int(i) for b in it for i in b["index"]]
     it.close()
     assert seen == reference
+
+
+def test_set_epoch_from_another_thread_during_a_read_starts_the_new_epoch(make_ds, monkeypatch) -> None:
+    """set_epoch(1) from another thread while the loop waited in DALI's next() of epoch 0: the pass read on through
+    epoch 0, counting 21 of its 23 samples on epoch 1 and then ending epoch 1 (the stream at epoch 2 while the pipeline
+    read epoch 1's order next: the next pass's samples were counted as epoch 2's). A set_epoch that moves the stream
+    now ends the pass as a load does: the batch read in epoch 0 is dropped, the pass ends with IteratorClosedError
+    naming set_epoch, and iterating again reads all of epoch 1."""
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+    fresh = DALILeRobotIterator(root, **kwargs)
+    fresh.set_epoch(1)
+    reference = [int(i) for b in fresh for i in b["index"]]
+    fresh.close()
+    it = DALILeRobotIterator(root, **kwargs)
+    original, calls = DALIGenericIterator.__next__, [0]
+
+    def set_meanwhile(self):
+        calls[0] += 1
+        if calls[0] == 2:
+            setter = threading.Thread(target=it.set_epoch, args=(1,))
+            setter.start()
+            setter.join(timeout=60)
+        return original(self)
+
+    monkeypatch.setattr(DALIGenericIterator, "__next__", set_meanwhile)
+    seen = []
+    with pytest.raises(IteratorClosedError, match=r"set_epoch\(\) moved the stream to sample 0 of epoch 1"):
+        for batch in it:
+            seen += [int(i) for i in batch["index"]]
+    assert len(seen) == 2  # (the first batch, of epoch 0)
+    assert (it.epoch, it.state_dict()["samples_consumed"]) == (1, 0)
+    monkeypatch.setattr(DALIGenericIterator, "__next__", original)
+    rest = [int(i) for b in it for i in b["index"]]
+    it.close()
+    assert rest == reference
+    assert sorted(rest) == sorted(set(rest))
+
+
+def test_set_epoch_of_the_next_epoch_at_the_last_batch_ends_the_pass_there(make_ds) -> None:
+    """set_epoch(1) in the loop's body at epoch 0's last batch (a trainer counting its steps): the pass's end then
+    started epoch 2, skipping all of epoch 1 (the next pass's samples counted as epoch 2's). Epoch 0 was read whole and
+    the stream stands at epoch 1's start: the pass ends quietly there and the next reads epoch 1 whole."""
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+    fresh = DALILeRobotIterator(root, **kwargs)
+    fresh.set_epoch(1)
+    reference = [int(i) for b in fresh for i in b["index"]]
+    fresh.close()
+    it = DALILeRobotIterator(root, **kwargs)
+    batches = len(it)
+    for step, _ in enumerate(it, start=1):
+        if step == batches:
+            it.set_epoch(1)
+    assert (it.epoch, it.state_dict()["samples_consumed"]) == (1, 0)
+    rest = [int(i) for b in it for i in b["index"]]
+    assert (it.epoch, it.state_dict()["samples_consumed"]) == (2, 0)
+    it.close()
+    assert rest == reference

@@ -1407,3 +1407,46 @@ def test_a_load_from_another_thread_as_a_pass_restarts_the_datasets_keeps_the_lo
     read += [_keys(batch) for batch in itertools.islice(mix, len(full) - 3 - len(read))]
     mix.close()
     assert read == full[3:]
+
+
+@pytest.mark.parametrize("at_call", [3, 4])  # (in the second batch: its anchor's part, or the other's)
+def test_set_epoch_from_another_thread_while_a_batch_is_read_starts_the_new_epoch(
+    make_ds, monkeypatch, at_call
+) -> None:
+    """set_epoch(1) from another thread while a mixture batch was read (a part's read, DALI's next()): the anchor's
+    pass read on through epoch 0, counting it on epoch 1 (all 16 batches read, the mixture then at epoch 2, its next
+    pass not epoch 1's batches). Now the anchor's pass ends with IteratorClosedError naming set_epoch, the mixture
+    restores nothing (which put the anchor back in epoch 0: the next pass read epoch 0's rest), and iterating again
+    reads epoch 1's batches, as a mixture set to epoch 1 between passes does."""
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+    paths = _datasets(make_ds)
+    options = dict(batch_size=4, seed=3, device="cpu", num_workers=0)
+    reference = DALILeRobotMixture(paths, **options)
+    for _ in reference:
+        pass
+    reference.set_epoch(1)
+    epoch_1 = [_keys(batch) for batch in reference]
+    reference.close()
+    mix = DALILeRobotMixture(paths, **options)
+    original, calls = DALIGenericIterator.__next__, [0]
+
+    def set_meanwhile(self):
+        calls[0] += 1
+        if calls[0] == at_call:
+            setter = threading.Thread(target=mix.set_epoch, args=(1,))
+            setter.start()
+            setter.join(timeout=60)
+        return original(self)
+
+    monkeypatch.setattr(DALIGenericIterator, "__next__", set_meanwhile)
+    read = []
+    with pytest.raises(IteratorClosedError, match=r"set_epoch\(\) moved the stream to sample 0 of epoch 1"):
+        for batch in mix:
+            read.append(_keys(batch))
+    assert len(read) == at_call // 2  # (a batch whose anchor part was read before the set_epoch is handed out)
+    assert mix.epoch == 1
+    monkeypatch.setattr(DALIGenericIterator, "__next__", original)
+    assert [_keys(batch) for batch in mix] == epoch_1
+    assert mix.epoch == 2
+    mix.close()

@@ -857,7 +857,8 @@ def test_a_state_taken_mid_update_never_pairs_a_new_epoch_with_the_old_count() -
             super().__setattr__(name, value)
             if "_order" in self.__dict__ and name != "_order":  # (once built) a state taken right after each write
                 state = self.state()
-                seen.append((state.epoch, state.samples_consumed))
+                if not seen or seen[-1] != (state.epoch, state.samples_consumed):  # (a write that kept the position)
+                    seen.append((state.epoch, state.samples_consumed))
 
     stream = Watched(np.array([10, 6]), rank=0, world_size=1, batch_size=4)
     seen.clear()
