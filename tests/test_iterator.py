@@ -420,21 +420,31 @@ def test_workers_that_did_not_start_are_said_with_what_spawn_needs_and_lose_no_s
     """DALI's 'Workers initialization failed' at the build becomes a WorkerProcessError saying what spawn needs of a
     script (iterator lines 533-539, reached by no test; test_worker_errors fails a build with another error, raised
     as it is). The failed build costs no sample: the next pass builds and reads the whole epoch once."""
+    said = (
+        r"^DALI's 1 worker process did not start \(Workers initialization failed: a worker exited\)\. .*"
+        r'`if __name__ == "__main__":`'
+    )
+    _a_failed_build_is_said_and_costs_no_sample(
+        make_ds, monkeypatch, RuntimeError("Workers initialization failed: a worker exited"), 1, said
+    )
+
+
+def _a_failed_build_is_said_and_costs_no_sample(
+    make_ds, monkeypatch, error: Exception, num_workers: int, said: str
+) -> None:
+    """The pipeline's build raising ``error`` with ``num_workers`` workers: the pass raises WorkerProcessError
+    matching ``said``, holds no pipeline, and the next pass reads the 20 samples once."""
     from nvidia.dali.pipeline import Pipeline
 
     from lerobot_dali.errors import WorkerProcessError
 
     def failing(pipe: Pipeline) -> None:
-        raise RuntimeError("Workers initialization failed: a worker exited")
+        raise error
 
     root = make_ds(episodes=2, frames_per_episode=10, cameras=0)
-    it = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=1, drop_last=False)
+    it = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=num_workers, drop_last=False)
     build = Pipeline.build
     monkeypatch.setattr(Pipeline, "build", failing)
-    said = (
-        r"^DALI's 1 worker process did not start \(Workers initialization failed: a worker exited\)\. .*"
-        r'`if __name__ == "__main__":`'
-    )
     with pytest.raises(WorkerProcessError, match=said):
         iter(it)
     assert it._pipeline is None and it._dali_iter is None
@@ -479,27 +489,12 @@ def test_workers_out_of_open_files_at_the_start_are_said_with_the_fix_and_lose_n
     OSError (errno 24) becomes a WorkerProcessError naming the count and the fix; the next pass reads the epoch once."""
     import errno
 
-    from nvidia.dali.pipeline import Pipeline
-
-    from lerobot_dali.errors import WorkerProcessError
-
-    def failing(pipe: Pipeline) -> None:
-        raise OSError(errno.EMFILE, "Too many open files")
-
-    root = make_ds(episodes=2, frames_per_episode=10, cameras=0)
-    it = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=2, drop_last=False)
-    build = Pipeline.build
-    monkeypatch.setattr(Pipeline, "build", failing)
     said = (
         r"^DALI's 2 worker processes did not start: this process ran out of open files \(\[Errno 24\] Too many open "
         r"files\); pass fewer workers .*`ulimit -n \d+`"
     )
-    with pytest.raises(WorkerProcessError, match=said):
-        iter(it)
-    assert it._pipeline is None and it._dali_iter is None
-    monkeypatch.setattr(Pipeline, "build", build)
-    assert [i for batch in it for i in batch["index"].tolist()] == list(range(20))
-    it.close()
+    error = OSError(errno.EMFILE, "Too many open files")
+    _a_failed_build_is_said_and_costs_no_sample(make_ds, monkeypatch, error, 2, said)
 
 
 def test_dali_decodes_a_windows_repeated_frames_once(make_ds) -> None:
