@@ -2709,6 +2709,15 @@ def test_an_iterator_used_as_a_context_manager_is_closed_as_the_block_ends(make_
     assert seen == reference
 
 
+def _epoch_1_indices(root: Path, kwargs: dict[str, Any]) -> list[int]:
+    """The sample indices of epoch 1, in order, read by a fresh iterator over ``root`` (``kwargs``)."""
+    fresh = DALILeRobotIterator(root, **kwargs)
+    fresh.set_epoch(1)
+    indices = [int(i) for b in fresh for i in b["index"]]
+    fresh.close()
+    return indices
+
+
 def test_set_epoch_from_another_thread_during_a_read_starts_the_new_epoch(make_ds, monkeypatch) -> None:
     """set_epoch(1) from another thread while the loop waited in DALI's next() of epoch 0: the pass read on through
     epoch 0, counting 21 of its 23 samples on epoch 1 and then ending epoch 1 (the stream at epoch 2 while the pipeline
@@ -2719,10 +2728,7 @@ def test_set_epoch_from_another_thread_during_a_read_starts_the_new_epoch(make_d
 
     root = _dataset(make_ds, "vp9")
     kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
-    fresh = DALILeRobotIterator(root, **kwargs)
-    fresh.set_epoch(1)
-    reference = [int(i) for b in fresh for i in b["index"]]
-    fresh.close()
+    reference = _epoch_1_indices(root, kwargs)
     it = DALILeRobotIterator(root, **kwargs)
     original, calls = DALIGenericIterator.__next__, [0]
 
@@ -2754,10 +2760,7 @@ def test_set_epoch_of_the_next_epoch_at_the_last_batch_ends_the_pass_there(make_
     the stream stands at epoch 1's start: the pass ends quietly there and the next reads epoch 1 whole."""
     root = _dataset(make_ds, "vp9")
     kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
-    fresh = DALILeRobotIterator(root, **kwargs)
-    fresh.set_epoch(1)
-    reference = [int(i) for b in fresh for i in b["index"]]
-    fresh.close()
+    reference = _epoch_1_indices(root, kwargs)
     it = DALILeRobotIterator(root, **kwargs)
     batches = len(it)
     for step, _ in enumerate(it, start=1):
