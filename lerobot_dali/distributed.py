@@ -13,14 +13,25 @@ creating it can start a process group or a TPU's runtime that the trainer never 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from .errors import CudaUnavailableError
+from .said_once import _start_time
 from .value_checks import check_int
 
-__all__ = ["RankInfo", "cpus_per_local_rank", "draws_progress", "local_cuda_device", "resolve_rank", "usable_cpus"]
+__all__ = [
+    "RankInfo",
+    "cpus_per_local_rank",
+    "draws_progress",
+    "launch_key",
+    "local_cuda_device",
+    "resolve_rank",
+    "usable_cpus",
+]
 
 
 #: Where :func:`resolve_rank` found the rank (:attr:`RankInfo.source`), as a log line says it.
@@ -98,6 +109,33 @@ def _trainer_uses_accelerate() -> bool:
     """Whether accelerate may know this process's rank: the trainer imported it, or ``accelerate launch`` (which
     passes its settings as ``ACCELERATE_*`` variables) started the process."""
     return "accelerate" in sys.modules or any(name.startswith("ACCELERATE_") for name in os.environ)
+
+
+def launch_key() -> str | None:
+    """A key the worker processes that one ``torchrun`` agent (``accelerate launch`` on several GPUs runs one too)
+    started on this node share with each other and with no other process, or None where this process was not started
+    so or it cannot be told (no ``/proc``: not Linux): then no key is safe to share.
+
+    The agent is the parent of each rank it starts, once per restart (``TORCHELASTIC_RESTART_COUNT``), and its pid and
+    start time (``/proc/<pid>/stat``) under this boot name it apart from every other process, while the rendezvous id
+    (``TORCHELASTIC_RUN_ID``, what ``torch.distributed.is_torchelastic_launched`` reads) does not: without
+    ``--standalone`` it is "none" in every job. A parent that was started with this run id in its own environment is
+    a wrapper the agent started (``torchrun --no-python bash train.sh``), which may run several programs in turn: None.
+    """
+    run_id, restart = os.environ.get("TORCHELASTIC_RUN_ID"), os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if run_id is None or restart is None:
+        return None
+    parent = os.getppid()
+    started = _start_time(parent)
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        environment = Path(f"/proc/{parent}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    inherited = f"TORCHELASTIC_RUN_ID={run_id}".encode() in environment
+    if started is None or inherited or os.getppid() != parent:  # (or the parent died meanwhile: its pid is reused)
+        return None
+    return hashlib.sha256("\0".join([boot, str(parent), started, run_id, restart]).encode()).hexdigest()[:32]
 
 
 def usable_cpus() -> int:

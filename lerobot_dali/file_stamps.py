@@ -10,10 +10,13 @@ fall back to one memoised ``info`` per file.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import posixpath
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +26,7 @@ from fsspec.asyn import AsyncFileSystem
 
 from . import fork_locks
 from .concurrent_calls import KeyedLocks
+from .distributed import launch_key
 from .errors import MissingDataFileError
 from .remote_retry import RetryingFileSystem, is_missing, is_transient, speaks_http
 from .said_once import say_once, warn_once
@@ -169,7 +173,8 @@ class FileStamps(Mapping[str, FileStamp]):
         # Files whose server gives no version (no ETag, Last-Modified or hash; a plain HTTP server may not)
         # are versioned by this run: keyed by size alone, a same-size rewrite between runs was served from the
         # caches on disk (old frames, old rows). Pickled with the stamps, so every worker of the run shares it.
-        self._run_version = f"run:{uuid.uuid4().hex}"
+        roots = list(roots)
+        self._run_version = _run_version(type(fs).__name__, roots)
         self._warned_unversioned = False
         self._pin()
         for root in roots:
@@ -373,6 +378,27 @@ class FileStamps(Mapping[str, FileStamp]):
         self.__dict__.update(state)
         self._lock = fork_locks.lock()
         self._pin()  # (the filesystem pickles as its arguments: a worker's copy knows no stamps)
+
+
+#: How many :class:`FileStamps` this process made of each filesystem kind and roots: the n-th of each rank of one launch
+#: shares its run version (:func:`_run_version`).
+_made: Counter[tuple[str, ...]] = Counter()
+_made_lock = fork_locks.lock()
+
+
+def _run_version(kind: str, roots: list[str]) -> str:
+    """The version (``run:``) of the unversioned files of a new :class:`FileStamps` of ``roots`` on a ``kind``
+    filesystem: new for each one, as a new run's, but shared by the ranks that one ``torchrun`` agent started on this
+    node (:func:`~lerobot_dali.distributed.launch_key`), in the order each rank makes them of the same roots: with one
+    per rank, 8 ranks of a node wrote 8 Arrow copies of each data file per run (column store)."""
+    launch = launch_key()
+    if launch is None:
+        return f"run:{uuid.uuid4().hex}"
+    with _made_lock:
+        made = (kind, *roots)
+        _made[made] += 1
+        ordinal = _made[made]
+    return f"run:{launch}:{hashlib.sha256(json.dumps([*made, ordinal]).encode()).hexdigest()[:16]}"
 
 
 def _client(fs: Any, path: str) -> Any:

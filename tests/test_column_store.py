@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import logging
 import os
 import pickle
@@ -24,6 +25,7 @@ from lerobot_dali.column_store import ColumnStore
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DataFileError
 from lerobot_dali.file_stamps import FileStamp, stamp_from_stat
+from tests.launched_ranks import run_ranks
 from tests.other_host import on_another_host
 from tests.replace_on_warning import replaced_when_warned
 
@@ -625,3 +627,44 @@ def test_a_run_of_a_server_without_versions_deletes_the_copies_earlier_runs_left
     _assert_same(_all_episodes(third), direct)
     assert len(_stored_files(tmp_path)) == 2  # the second's still mapped; the first's gone
     assert third.column_store.path_for(third.data_path(0), _stamp(third), _columns(third)) in _stored_files(tmp_path)
+
+
+_UNVERSIONED_RANK = """
+import hashlib, logging, os, sys, time
+from pathlib import Path
+from lerobot_dali.column_store import ColumnStore
+from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.file_stamps import _VERSION_FIELDS
+from tests.fake_remote import FakeRemoteFileSystem
+
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+real, versions = FakeRemoteFileSystem._public, {name for name, _ in _VERSION_FIELDS}
+FakeRemoteFileSystem._public = lambda self, entry: {k: v for k, v in real(self, entry).items() if k not in versions}
+remote = open_dataset("fakeremote://", storage_options={"root": sys.argv[1]})
+remote.column_store = ColumnStore(sys.argv[2], min_group_rows=1000, min_ratio=4)
+digest = hashlib.sha256()
+for pos in range(remote.num_episodes):
+    for key, values in sorted(remote.read_episode(pos).items()):
+        digest.update(key.encode() + values.tobytes())
+done = Path(sys.argv[3])  # (each rank maps its copy until all have read, as ranks of one job do)
+(done / os.environ["RANK"]).touch()
+deadline = time.monotonic() + 60
+while len(os.listdir(done)) < int(os.environ["WORLD_SIZE"]) and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(digest.hexdigest())
+"""
+
+
+def test_the_ranks_of_one_launch_on_a_server_without_versions_write_one_copy(tmp_path) -> None:
+    """Each rank took a run version of its own for files its server gives no version, so each wrote its own whole
+    Arrow copy of every data file: 2 ranks of one torchrun agent wrote 2 copies, 4 ranks 4 (8 on a node of 8 GPUs).
+    The ranks of one launch on a node now share one (another launch gets another: test_distributed)."""
+    direct = hashlib.sha256()
+    for episode in _all_episodes(_reader(None)):
+        for key, values in sorted(episode.items()):
+            direct.update(key.encode() + values.tobytes())
+    (tmp_path / "done").mkdir()
+    store = tmp_path / "columns"
+    digests = run_ranks(_UNVERSIONED_RANK, 2, str(shared_dataset("cr5_v30_av1")), str(store), str(tmp_path / "done"))
+    assert [d.strip() for d in digests] == [direct.hexdigest()] * 2
+    assert len(_stored_files(store)) == 1

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from lerobot_dali.distributed import cpus_per_local_rank, local_cuda_device, resolve_rank
+from lerobot_dali.distributed import cpus_per_local_rank, launch_key, local_cuda_device, resolve_rank
 from lerobot_dali.iterator import DALILeRobotIterator
+from tests.launched_ranks import run_ranks
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
@@ -139,3 +140,25 @@ def test_plain_cuda_picks_the_ranks_gpu(
             local_cuda_device(local_rank)
     else:
         assert local_cuda_device(local_rank) == expected
+
+
+_PRINT_LAUNCH_KEY = "from lerobot_dali.distributed import launch_key; print(launch_key())"
+
+
+def test_the_ranks_of_one_torchrun_agent_share_a_launch_key_and_no_other_job_does() -> None:
+    """A key for what one launch's ranks on a node may share (a run's version of unversioned files): equal across
+    the ranks of one agent, another for another agent even with the same rendezvous id ("none", torchrun's default
+    without --standalone)."""
+    first, second = run_ranks(_PRINT_LAUNCH_KEY, 2), run_ranks(_PRINT_LAUNCH_KEY, 2)
+    assert len(set(first)) == 1 and len(set(second)) == 1, (first, second)
+    assert first[0].strip() not in ("None", second[0].strip())
+    assert len(first[0].strip()) == 32
+
+
+def test_no_launch_key_under_a_wrapper_that_runs_on_nor_without_torchrun(monkeypatch) -> None:
+    """A rank under a shell of its own (``torchrun --no-python bash train.sh``) may be one of several programs that
+    shell runs in turn: no key. A process torchrun did not start has none either."""
+    wrapped = run_ranks(_PRINT_LAUNCH_KEY, 2, wrapper=["sh", "-c", '"$0" "$@"; true'])
+    assert [out.strip() for out in wrapped] == ["None", "None"]
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert launch_key() is None
