@@ -22,6 +22,7 @@ in use.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -162,8 +163,9 @@ class ColumnStore:
             return _Entry(path, key, self.directory / digest[:2] / f"{digest}.arrow", columns, superseding=False)
         # One run's copy (its server gives no version): named for the file and columns, then the run, so the next
         # run's copy finds the ones it supersedes (:meth:`_drop_superseded`).
-        file = hashlib.sha256(json.dumps([STORE_FORMAT, path, stamp.size, sorted(columns)]).encode()).hexdigest()
-        run = hashlib.sha256(stamp.version.encode()).hexdigest()[:16]
+        # (The size goes with the run: a file of another size on the server is the same file in another run.)
+        file = hashlib.sha256(json.dumps([STORE_FORMAT, path, sorted(columns)]).encode()).hexdigest()
+        run = hashlib.sha256(json.dumps([stamp.version, stamp.size]).encode()).hexdigest()[:16]
         return _Entry(path, key, self.directory / file[:2] / f"{file}.{run}.arrow", columns, superseding=True)
 
     def rows(
@@ -270,6 +272,8 @@ class ColumnStore:
                 if target.exists():  # converted by the process that held the lock before
                     drop_lock_file(target)
                     return True
+                if entry.superseding:  # (first: with room for one copy, an earlier run's took this run's room)
+                    self._drop_superseded(entry)
                 if not _room_for(parquet, entry.columns, target.parent, path):
                     self._give_up(target)
                     return False
@@ -286,7 +290,6 @@ class ColumnStore:
             if fresh is not None:
                 with self._lock:
                     self._held.setdefault(target, fresh)
-                self._drop_superseded(entry)
         except _DataReadError as e:
             if is_transient(e.cause):
                 raise e.cause from None
@@ -321,9 +324,10 @@ class ColumnStore:
         return True
 
     def _drop_superseded(self, entry: _Entry) -> None:
-        """Delete the copies of ``entry``'s file and columns that earlier runs wrote and no process maps now: the
-        server gives the file no version, so each run's copy (1.3-2.3x the parquet) is valid for that run alone, and
-        they stayed until the sweep, one more per run (and rank). Those of runs still reading stay theirs."""
+        """Delete the copies of ``entry``'s file and columns that earlier runs wrote and no process maps now, and what
+        their converters killed mid-write left (a temporary copy, up to a whole one, and a lock file no process holds):
+        the server gives the file no version, so each run's copy (1.3-2.3x the parquet) is valid for that run alone,
+        and they stayed until the sweep, one more per run. Those of runs still reading or converting stay theirs."""
         target = entry.target
         file = target.name.split(".")[0]
         for other in target.parent.glob(f"{file}.*.arrow"):
@@ -334,6 +338,17 @@ class ColumnStore:
                     other,
                     entry.path,
                 )
+        for other in target.parent.glob(f"{file}.*.lock"):
+            if other == lock_file(target):
+                continue
+            with contextlib.suppress(OSError):
+                lock, locked = try_flock_where_supported(other)
+                if lock is None or not locked:  # (converting now; or no lock tells a killed converter apart)
+                    continue
+                with lock:
+                    for left in target.parent.glob(f".{other.stem}.*.tmp"):
+                        left.unlink(missing_ok=True)
+                    other.unlink()
 
     def _write_failed(self, path: str, target: Path, error: Exception) -> None:
         warn_once(

@@ -668,3 +668,70 @@ def test_the_ranks_of_one_launch_on_a_server_without_versions_write_one_copy(tmp
     digests = run_ranks(_UNVERSIONED_RANK, 2, str(shared_dataset("cr5_v30_av1")), str(store), str(tmp_path / "done"))
     assert [d.strip() for d in digests] == [direct.hexdigest()] * 2
     assert len(_stored_files(store)) == 1
+
+
+def test_a_run_finds_room_for_its_copy_where_an_earlier_runs_took_it(tmp_path, monkeypatch, caplog) -> None:
+    """A disk with room for one copy: the earlier runs' copies were deleted only after a conversion, which the room
+    check before it refused, so every run after the first read the parquet (whole row groups per read) while a copy
+    no run could use filled the room until the sweep: 2 of 2 later runs refused. The earlier copies go first now."""
+    direct = _all_episodes(_reader(None))
+    usage = shutil.disk_usage(tmp_path)
+    need = column_store_module.arrow_bytes(pq.ParquetFile(_reader(None).data_path(0)), _columns(_reader(None)))
+
+    def one_copy_of_room(_folder: object) -> shutil._ntuple_diskusage:
+        used = sum(f.stat().st_size for f in tmp_path.rglob("*") if f.is_file())
+        return usage._replace(free=int(0.05 * usage.total) + need + need // 4 - used)
+
+    monkeypatch.setattr(column_store_module.shutil, "disk_usage", one_copy_of_room)
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.column_store"):
+        for _ in range(3):
+            remote = _unversioned_run(monkeypatch)
+            remote.column_store = store = ColumnStore(tmp_path, **SMALL)
+            _assert_same(_all_episodes(remote), direct)
+            assert _stored_files(tmp_path) == [store.path_for(remote.data_path(0), _stamp(remote), _columns(remote))]
+            del remote.column_store, store
+    assert [r.getMessage() for r in caplog.records if r.name == "lerobot_dali.column_store"] == []
+
+
+def test_what_converters_of_earlier_runs_killed_mid_write_left_is_deleted(tmp_path, monkeypatch) -> None:
+    """A converter killed mid-write leaves its temporary copy (up to a whole one) and its lock file; only a converter
+    of the same entry deleted them, which for a server without versions (a new entry each run) was none: they stayed
+    until the sweep. A later run's conversion deletes them, not those of a converter still at work (its lock held)."""
+    left = {}
+    for name in ("killed", "converting"):
+        earlier = _unversioned_run(monkeypatch)
+        target = ColumnStore(tmp_path, **SMALL).path_for(earlier.data_path(0), _stamp(earlier), _columns(earlier))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.with_suffix(".lock").touch()
+        (target.parent / f".{target.stem}.k3y_1x9q.tmp").write_bytes(b"ARROW1" + bytes(4096))  # (cut short)
+        left[name] = sorted(target.parent.glob(f"*{target.stem}*"))
+    with open(left["converting"][-1], "a+b") as held:  # (its lock file)
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        remote = _unversioned_run(monkeypatch)
+        remote.column_store = ColumnStore(tmp_path, **SMALL)
+        _assert_same(_all_episodes(remote), _all_episodes(_reader(None)))
+    assert not any(path.exists() for path in left["killed"])
+    assert all(path.exists() for path in left["converting"])
+    assert len(_stored_files(tmp_path)) == 1
+
+
+def test_a_copy_of_an_earlier_run_when_the_file_had_another_size_is_deleted(tmp_path, monkeypatch) -> None:
+    """The copies a run supersedes were found by a name holding the file's size: one of the file at another size (a
+    server without versions rewrote it) was never found, and stayed until the sweep (2 copies after 2 runs; 1 now)."""
+    remote = _unversioned_run(monkeypatch)
+    path, stamp = remote.data_path(0), _stamp(remote)
+    store = ColumnStore(tmp_path, **SMALL)
+    earlier = FileStamp(stamp.size + 100, "run:an-earlier-run")
+    assert store.rows(
+        remote._parquet.get(path), threading.Lock(), path=path, stamp=earlier, stored_columns=["index"],
+        columns=["index"], row_start=0, length=5,
+    ) is not None  # fmt: skip
+    del store
+    assert len(_stored_files(tmp_path)) == 1
+    remote.column_store = ColumnStore(tmp_path, **SMALL)
+    rows = remote.column_store.rows(
+        remote._parquet.get(path), threading.Lock(), path=path, stamp=stamp, stored_columns=["index"],
+        columns=["index"], row_start=0, length=5,
+    )  # fmt: skip
+    assert rows is not None and rows["index"].to_pylist() == _all_episodes(_reader(None))[0]["index"][:5].tolist()
+    assert _stored_files(tmp_path) == [remote.column_store.path_for(path, stamp, ["index"])]
