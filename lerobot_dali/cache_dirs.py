@@ -47,6 +47,7 @@ __all__ = [
     "locks_unsupported",
     "mark_used",
     "newest_stamps",
+    "private_cache_roots",
     "prune_unused_files",
     "read_entry",
     "sweep_cutoff",
@@ -94,12 +95,24 @@ def cache_root() -> Path:
         return Path.home() / ".cache" / "lerobot_dali"
     except RuntimeError:  # (Path.home: "Could not determine home directory")
         xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-        root = (
-            Path(xdg) / "lerobot_dali" if os.path.isabs(xdg) else Path(_temporary_dir()) / f"lerobot_dali-{os.getuid()}"
-        )
+        root = Path(xdg) / "lerobot_dali" if os.path.isabs(xdg) else _temporary_root()
         warn_once(logger, "no home directory ($HOME unset and uid %d has no passwd entry): caches go to %s; set $%s "
                   "to an absolute folder to keep them elsewhere", os.getuid(), root, CACHE_ENV)  # fmt: skip
         return root
+
+
+def private_cache_roots() -> list[Path]:
+    """Cache roots of this user alone, best first, for a cache whose folder this process cannot write (another user's
+    in a shared cache, a read-only mount): ``~/.cache/lerobot_dali`` (where this process has a home), then
+    ``lerobot_dali-<uid>`` in the temporary directory."""
+    roots = []
+    with contextlib.suppress(RuntimeError):  # (no home directory)
+        roots.append(Path.home() / ".cache" / "lerobot_dali")
+    return [*roots, _temporary_root()]
+
+
+def _temporary_root() -> Path:
+    return Path(_temporary_dir()) / f"lerobot_dali-{os.getuid()}"
 
 
 def _temporary_dir() -> str:

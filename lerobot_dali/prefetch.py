@@ -10,6 +10,7 @@ remote read, never a wrong or missing sample.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -25,13 +26,14 @@ from typing import Any
 import numpy as np
 
 from . import fork_locks
-from .cache_dirs import cache_root, locks_unsupported
+from .cache_dirs import CACHE_ENV, cache_root, locks_unsupported, private_cache_roots
 from .cached_filesystem import CachedFileSystem
 from .dataset_reader import LeRobotDatasetReader
 from .episode_ranges import EpisodeRanges
 from .packet_index_store import PacketIndexStore
 from .progress_lines import progress_counter
 from .range_cache import ByteRange, CacheBusyError, CacheStats, RangeCache, prune_unused_slots
+from .said_once import warn_once
 from .sample_order import SampleOrder
 
 __all__ = ["Prefetcher", "prefetching_reader", "wants_prefetch_cache"]
@@ -260,6 +262,35 @@ def _progress_bar(
     )  # fmt: skip
 
 
+def _open_cache(cache_dir: Path, name: str, *, rank: int, cache_bytes: int) -> RangeCache:
+    """The rank's cache in ``cache_dir``, or where this process may not write there (another user's folder in a shared
+    cache, a read-only mount), in a folder of this user's (:func:`~lerobot_dali.cache_dirs.private_cache_roots`), said
+    once: it had no prefetch cache at all, and read every range remotely. Raises the first folder's error where none
+    opens."""
+    try:
+        return RangeCache.open_free_slot(cache_dir / f"rank-{rank}", max_bytes=cache_bytes)
+    except OSError as e:
+        if not (isinstance(e, PermissionError) or e.errno == errno.EROFS):
+            raise
+        refused = e
+    for root in private_cache_roots():
+        private = root / "prefetch" / name
+        if private == cache_dir:
+            continue
+        try:
+            cache = RangeCache.open_free_slot(private / f"rank-{rank}", max_bytes=cache_bytes)
+        except OSError:
+            continue
+        warn_once(
+            logger,
+            "prefetch cache %s cannot be written by this process (uid %d: %s); prefetching into a cache of this "
+            "user's at %s instead. Give it a cache_dir= (or $%s) it may write to keep it elsewhere",
+            cache_dir, os.getuid(), refused, private, CACHE_ENV, key=f"private prefetch cache {cache_dir}",
+        )  # fmt: skip
+        return cache
+    raise refused
+
+
 def wants_prefetch_cache(reader: LeRobotDatasetReader, cache_bytes: int) -> bool:
     """Whether :func:`prefetching_reader` gives ``reader``'s workers a prefetch cache: a remote dataset (a union with
     any), ``cache_bytes`` above 0. Where it found none (every slot busy, a read-only disk), a next pass asks again."""
@@ -286,13 +317,13 @@ def prefetching_reader(
     """
     if not wants_prefetch_cache(reader, cache_bytes):
         return reader, None
+    name = hashlib.sha256(reader.location.description.encode()).hexdigest()[:16]
     if cache_dir is None:
-        name = hashlib.sha256(reader.location.description.encode()).hexdigest()[:16]
         prune_unused_slots(cache_root() / "prefetch")  # other datasets' (and ranks') caches left unused
         cache_dir = cache_root() / "prefetch" / name
     try:
-        cache = RangeCache.open_free_slot(Path(cache_dir) / f"rank-{rank}", max_bytes=cache_bytes)
-    except OSError as e:  # a read-only or full disk, or every slot busy: the workers read remotely
+        cache = _open_cache(Path(cache_dir), name, rank=rank, cache_bytes=cache_bytes)
+    except OSError as e:  # a full disk, every slot busy, no private folder either: the workers read remotely
         fix = "fewer runs on this cache_dir at once" if isinstance(e, CacheBusyError) else "a writable cache_dir="
         if locks_unsupported(e):  # (NFS without its lock daemon, Lustre without -o flock: one writer per folder)
             fix = "a cache_dir= on a filesystem that takes file locks (flock), such as a local disk"

@@ -29,6 +29,7 @@ import hashlib
 import logging
 import os
 import shutil
+import tempfile
 import threading
 import time
 import weakref
@@ -176,7 +177,11 @@ class RangeCache:
         self._lock_file = _lock_directory(self.directory)
         _holding.add(self)
         mark_used(self.directory / _LOCK)  # the slot's last use, for prune_unused_slots
-        self._adopt()
+        try:
+            self._adopt()
+        except BaseException:  # (entries this process may not rename: the lock, kept, took the slot from its owner)
+            self.close()
+            raise
 
     @classmethod
     def open_free_slot(cls, directory: str | os.PathLike[str], *, max_bytes: int) -> RangeCache:
@@ -493,13 +498,17 @@ os.register_at_fork(after_in_child=_leave_to_parent)
 
 def _lock_directory(directory: Path) -> Any:
     """``directory``, made where missing, and an open file holding an exclusive ``flock`` on it; CacheBusyError while
-    another cache holds it. Another rank's :func:`prune_unused_slots` may sweep an old slot while this one opens it:
-    the slot is then made again. A sweep holds an old slot's lock for an instant before it moves the slot aside, so
-    a lock held on a slot no run has used for a while (:func:`_sweepable`) is tried again before the slot counts as
-    busy (a rank taking ``rank-N.1`` meanwhile found its own slot empty at its next restart)."""
+    another cache holds it, PermissionError (or another OSError) where this process may not write in it. Another
+    rank's :func:`prune_unused_slots` may sweep an old slot while this one opens it: the slot is then made again. A
+    sweep holds an old slot's lock for an instant before it moves the slot aside, so a lock held on a slot no run has
+    used for a while (:func:`_sweepable`) is tried again before the slot counts as busy (a rank taking ``rank-N.1``
+    meanwhile found its own slot empty at its next restart)."""
     for _ in range(_LOCK_TRIES):
         try:
             directory.mkdir(parents=True, exist_ok=True)
+            # (Raises where this process may not write here, before it locks: another user's slot in a shared cache
+            # locks read-only, and its lock held a while kept the slot from its owner.)
+            tempfile.TemporaryFile(dir=directory).close()
             handle = try_flock(directory / _LOCK)
         except (FileNotFoundError, FileExistsError):  # (swept since the mkdir, or while it made it)
             continue

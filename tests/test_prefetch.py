@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import gc
 import io
+import logging
 import os
 import random
 import re
@@ -27,6 +28,7 @@ from lerobot_dali.errors import DataFileError
 from lerobot_dali.range_cache import ByteRange, CacheBusyError, RangeCache, entry_dir, list_entries
 from lerobot_dali.sample_order import OrderOptions, SampleOrder
 from tests.fake_remote import FakeRemoteFileSystem
+from tests.foreign_folder import not_writable
 from tests.process_tree import open_files_under
 from tests.test_iterator import DELTAS, LENGTHS, _check_sample, _dataset, _samples
 
@@ -1180,3 +1182,64 @@ def test_a_child_forked_while_the_parents_thread_fetches_or_writes_a_range_does_
     assert ended == [0, 0]  # (3: it hung)
     assert cache.holds(ByteRange("p", 0, 100)) and cache.holds(ByteRange("p", 100, 200))
     cache.close()
+
+
+def test_a_cache_dir_another_user_owns_prefetches_into_a_private_one(make_ds, tmp_path: Path, monkeypatch, caplog):
+    """A second user on a cache_dir the first one wrote (another user's slot, or a read-only shared cache) got no
+    prefetch cache at all: each range read remotely, for every run. It now prefetches into a cache of its own under
+    its home, said in one warning naming both folders, and leaves the owner's slot (and its lock) alone. (Another
+    uid is simulated: tests run as root here, which writes whatever the permission bits say.)"""
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    root = _dataset(make_ds, "av1")
+    options = dict(batch_size=4, shuffle=False, device="cpu", num_workers=0, drop_last=False, delta_timestamps=DELTAS)
+    shared = tmp_path / "shared"
+    owner = DALILeRobotIterator(
+        open_dataset("fakeremote://", storage_options={"root": str(root)}), cache_dir=shared, cache_gb=1.0, **options
+    )
+    _samples(owner)
+    owner.close()
+    owned = sorted(p.relative_to(shared) for p in shared.rglob("*"))
+    assert any(p.suffix == ".bin" for p in owned)
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    reader = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    try:
+        with not_writable(shared), caplog.at_level("WARNING", logger="lerobot_dali.prefetch"):
+            it = DALILeRobotIterator(reader, cache_dir=shared, cache_gb=1.0, **options)
+            prefetcher = it.prefetcher
+            assert prefetcher is not None
+            got = _samples(it)
+            assert sorted(p.relative_to(shared) for p in shared.rglob("*")) == owned  # (untouched)
+        RangeCache(shared / "rank-0", max_bytes=10).close()  # (the owner's slot is not held by this run)
+    finally:
+        it.close()
+    private = prefetcher.cache.directory
+    assert private.parent.parent == tmp_path / "home" / ".cache" / "lerobot_dali" / "prefetch"
+    assert private.name == "rank-0"
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert f"prefetch cache {shared} cannot be written by this process" in warning and str(private.parent) in warning
+    assert [int(s["index"]) for s in got] == list(range(sum(LENGTHS)))
+    for s in got:
+        _check_sample(s)
+    assert prefetcher.stats.fetched_ranges > 0 and _disk_bytes(private) == prefetcher.stats.fetched_bytes
+
+
+def test_a_cache_that_fails_to_adopt_its_slot_gives_the_slot_up(tmp_path: Path, monkeypatch) -> None:
+    """An error adopting an earlier run's entries (another user's, which this process may not rename) left the slot's
+    lock taken by the cache that raised it, for as long as anything held it: its owner's next run found its slot busy
+    and took a cold sibling."""
+    first = RangeCache(tmp_path, max_bytes=1000)
+    first.acquire("a", [ByteRange("p", 0, 100, "v")], _fetcher(bytes(1000), []))
+    first.close()
+
+    def refused(self) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path))
+
+    with monkeypatch.context() as m:
+        m.setattr(RangeCache, "_adopt", refused)
+        with pytest.raises(PermissionError) as raised:
+            RangeCache(tmp_path, max_bytes=1000)
+    owner = RangeCache(tmp_path, max_bytes=1000)  # (not CacheBusyError while the failed one lives on in `raised`)
+    assert owner.bytes_cached == 100 and raised.value.errno == errno.EACCES
+    owner.close()
