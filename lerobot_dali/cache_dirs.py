@@ -186,8 +186,11 @@ def try_flock(path: Path) -> IO[bytes] | None:
     handle: IO[bytes]
     try:
         handle = open(path, "a+b")  # noqa: SIM115 (returned open: the caller holds the lock as long as it likes)
-    except PermissionError:  # another user's lock file in a shared cache: flock works on a read-only descriptor
-        handle = open(path, "rb")  # noqa: SIM115
+    except PermissionError as refused:  # another user's lock file in a shared cache: flock works read-only
+        try:
+            handle = open(path, "rb")  # noqa: SIM115
+        except FileNotFoundError:  # (none to lock, and none may be made here: the refusal, not "no such file")
+            raise refused from None
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:

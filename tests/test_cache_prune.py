@@ -16,6 +16,7 @@ from lerobot_dali.file_stamps import FileStamp
 from lerobot_dali.packet_index import build_packet_index
 from lerobot_dali.packet_index_store import PacketIndexStore
 from lerobot_dali.range_cache import ByteRange, RangeCache, prune_unused_slots
+from tests.foreign_folder import not_writable
 from tests.video_fixtures import MarkerVideo
 
 DAY = 86400.0
@@ -427,3 +428,16 @@ def test_a_file_held_by_a_reader_is_not_deleted_nor_where_the_filesystem_takes_n
     with open(_file(copy, 0), "rb") as reader:
         copy.unlink()
         assert not hold_shared(reader, copy)  # (deleted before its reader's lock: map it again)
+
+
+def test_a_lock_file_that_may_not_be_made_is_refused_as_such(tmp_path) -> None:
+    """In a folder this process may not write (another user's in a shared cache), a lock file none made yet raised
+    FileNotFoundError (its read-only second open's), which the column store's one warning gave as why it could not
+    write there ('No such file or directory'). (The other user simulated: tests run as root.)"""
+    (tmp_path / "theirs.lock").touch()
+    with not_writable(tmp_path):
+        with pytest.raises(PermissionError):
+            try_flock(tmp_path / "none.lock")
+        lock = try_flock(tmp_path / "theirs.lock")  # (an existing one locks read-only, as before)
+    assert lock is not None
+    lock.close()
