@@ -11,8 +11,9 @@ and the OS page cache shares its pages between them (HF ``datasets``, under LeRo
 files for the same reason). Entries are keyed by the sha256 of (path, size, version, columns) and record their
 key, so a changed file simply misses; stale entries stay until a sweep finds them unused
 (:meth:`ColumnStore.prune_unused`), damaged ones are deleted at once. A file whose server gives no version (a
-``run:`` stamp, new each run and rank) is copied for one run: its copy deletes those of earlier runs that no process
-maps now (its readers hold a shared ``flock`` on it), else each run left one more until the sweep. One process
+``run:`` stamp, new each run, shared by the ranks one ``torchrun`` starts on a node) is copied for one run: its
+conversion first deletes the copies of earlier runs that no process maps now (its readers hold a shared ``flock`` on
+it) and what their killed converters left, else each run left one more until the sweep. One process
 converts a file (an ``flock``, where the filesystem takes locks), written under a temporary name and renamed; the
 others read the row group directly meanwhile rather than wait. A store that cannot be written or read is logged and
 skipped: it is never needed for correctness, and deleting it only costs the conversion again. A folder that refuses
