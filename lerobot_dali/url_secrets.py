@@ -17,56 +17,129 @@ import logging
 import re
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
-__all__ = ["MASK", "is_secret_param", "mask_error", "mask_request_logs", "masked", "without_credentials"]
+__all__ = [
+    "MASK",
+    "is_secret_param",
+    "mask_error",
+    "mask_request_logs",
+    "masked",
+    "masking",
+    "without_credentials",
+]
 
 #: What a credential is replaced with in text (``?sig=***&scope=all``).
 MASK = "***"
 
-#: Query parameters of a URL that carry a credential, by name (case-insensitive): a signed URL's (S3's ``X-Amz-*``,
-#: GCS's ``X-Goog-*``, CloudFront's ``Signature``/``Key-Pair-Id``, Azure SAS's ``sig``) and any name holding token,
-#: sig, credential, secret, pass(word), auth, key or session. Other parameters (S3's ``versionId``, a ``revision``)
-#: are no secret and say which data is read, so they are kept.
-_SECRET_PARAM = re.compile(r"^(x-amz-|x-goog-)|token|sig|credential|secret|pass|auth|key|session", re.IGNORECASE)
+#: Query parameter names that carry a credential (case-insensitive; ``-``, ``_``, ``.``, a space and camelCase split a
+#: name into words, and a name holding one of these words is one too: ``access_token``, ``apiKey``, ``AWSAccessKeyId``,
+#: CloudFront's ``Key-Pair-Id``, Azure SAS's ``sig``): whole words, so ``monkey``, ``passage``, ``author`` or
+#: ``tokenizer`` are none. Other parameters (S3's ``versionId``, a ``revision``) are no secret and say which data is
+#: read, so they are kept.
+_SECRET_WORDS = frozenset(
+    {
+        "token", "sig", "signature", "secret", "password", "passwd", "credential", "credentials", "auth",
+        "authorization", "key", "apikey", "session", "sessionid", "jwt", "cookie",
+        # (written as one word)
+        "accesstoken", "accesskey", "accesskeyid", "awsaccesskeyid", "secretkey", "sessiontoken", "securitytoken",
+        "authtoken", "apitoken", "privatekey", "privatetoken", "clientsecret", "idtoken", "refreshtoken",
+    }
+)  # fmt: skip
+#: Names that carry a credential only as the whole name (``pass=...``; ``pass_rate`` is none).
+_SECRET_NAMES = frozenset({"pass", "pwd", "pw"})
+#: Prefixes of names that are all a signed URL's (S3's ``X-Amz-Signature``, ``X-Amz-Security-Token``, ``X-Amz-Date``;
+#: GCS's ``X-Goog-*``): each part of its signature.
+_SECRET_PREFIXES = ("x-amz-", "x-goog-")
+#: A name's words: an upper-case run (``AWS``), a capitalised or lower-case word, digits.
+_WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+#: Parameters that make a query a signed URL's (Azure SAS's ``sig``, CloudFront's and GCS v2's ``Signature``), and the
+#: fields of such signatures that are no secret but change with each one signed (Azure SAS's ``sv``, ``se``, ``sp``,
+#: ``st``, ``sr``, ``skoid``...; CloudFront's ``Expires``, ``Policy``): left out of a description with the signature,
+#: which would otherwise name the dataset anew each time the URL is signed again; kept (and shown) in other queries.
+_SIGNATURES = frozenset({"sig", "signature", "x-amz-signature", "x-goog-signature"})
+_SIGNED_FIELDS = frozenset(
+    {
+        "sv", "ss", "srt", "sp", "se", "st", "spr", "sip", "sr", "sdd", "si", "ses", "skoid", "sktid", "skt", "ske",
+        "sks", "skv", "saoid", "suoid", "scid", "rscc", "rscd", "rsce", "rscl", "rsct", "expires", "policy",
+        "googleaccessid",
+    }
+)  # fmt: skip
 #: A query parameter in text: after '?' or '&', its value up to the next '&', '#', white space or quote (a URL in an
-#: error's text is often quoted: ``url='...'``); a value holding ')' or ',' is masked whole, with what follows it.
+#: error's text is often quoted: ``url='...'``); a value holding ')' or ',' is masked whole, with what follows it. In
+#: a filesystem's path that keeps a query (``memory://b/ds?token=x/meta/info.json``: a file's path is the root's with
+#: its own appended) a value ends at '/' too (:data:`_PATH_PARAM`): the rest is the file's path, not the credential.
 _QUERY_PARAM = re.compile(r"(?P<lead>[?&])(?P<name>[^=&#?\s'\"]+)=(?P<value>[^&#\s'\"]+)")
+_PATH_PARAM = re.compile(r"(?P<lead>[?&])(?P<name>[^=&#?/\s'\"]+)=(?P<value>[^&#/\s'\"]+)")
+#: A run of text that may be a URL or a path (no white space or quote), and an http(s) URL's start in it.
+_URL_LIKE = re.compile(r"[^\s'\"]+")
+_HTTP = re.compile(r"https?://", re.IGNORECASE)
 #: A URL's ``user:password@`` (aiohttp sends it as basic auth).
 _USER_PASSWORD = re.compile(r"(?P<lead>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s'\"]*):[^/@\s'\"]+@")
 
 
 def is_secret_param(name: str) -> bool:
-    """Whether query parameter ``name`` (percent-encoded or not) carries a credential (:data:`_SECRET_PARAM`)."""
-    return _SECRET_PARAM.search(unquote(name)) is not None
+    """Whether query parameter ``name`` (percent-encoded or not) carries a credential: a name or word of
+    :data:`_SECRET_WORDS`, or a signed URL's :data:`_SECRET_PREFIXES`."""
+    name = unquote(name.replace("+", " ")).strip()
+    lower = name.lower()
+    return (
+        lower.startswith(_SECRET_PREFIXES)
+        or lower in _SECRET_NAMES
+        or any(word.lower() in _SECRET_WORDS for word in [lower, *_WORDS.findall(name)])
+    )
 
 
 def without_credentials(target: str) -> str:
     """``target`` (a URL) without the user and password it may carry (``https://user:token@host/ds``, which aiohttp
     sends as basic auth) and without its query's credentials (:func:`is_secret_param`:
-    ``s3://b/ds?versionId=3&X-Amz-Signature=...`` keeps ``versionId=3``), whatever its scheme: a location's description
-    is logged, written in reports and saved in every stream state (a checkpoint's ``dataset_descriptions``), so it
-    names the dataset alone. The filesystem is built from ``target`` as given, so its requests still send them. (An
-    http(s) URL's query was moved to the requests' ``params`` before: its description has none.)"""
+    ``s3://b/ds?versionId=3&X-Amz-Signature=...`` keeps ``versionId=3``; a signed URL's other fields with them,
+    :data:`_SIGNED_FIELDS`), whatever its scheme: a location's description is logged, written in reports and saved in
+    every stream state (a checkpoint's ``dataset_descriptions``), so it names the dataset alone. The parameters kept
+    are kept as written (their escapes, order and separators). The filesystem is built from ``target`` as given, so its
+    requests still send them. (An http(s) URL's query was moved to the requests' ``params`` before: its description
+    has none.)"""
     parts = urlsplit(target)
     if "@" in parts.netloc:
         target = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-    pairs = parse_qsl(parts.query, keep_blank_values=True)
-    kept = [(name, value) for name, value in pairs if not is_secret_param(name)]
-    if len(kept) == len(pairs):
+    if not parts.query:
+        return target
+    segments = parts.query.split("&")
+    names = [segment.partition("=")[0] for segment in segments]
+    plain = [unquote(name.replace("+", " ")).strip().lower() for name in names]
+    signed = not _SIGNATURES.isdisjoint(plain)
+    kept = [
+        segment
+        for segment, name, lower in zip(segments, names, plain, strict=True)
+        if not (is_secret_param(name) or (signed and lower in _SIGNED_FIELDS))
+    ]
+    if len(kept) == len(segments):
         return target
     before, _, after = target.partition("?")  # (spelled as typed: urlunsplit drops the '//' of 'scheme://?a=b')
-    return f"{before}{'?' if kept else ''}{urlencode(kept)}{''.join(after.partition('#')[1:])}"
+    query = "&".join(kept)
+    return f"{before}{'?' if query else ''}{query}{''.join(after.partition('#')[1:])}"
 
 
 def masked(text: str) -> str:
     """``text`` with the credentials of the URLs it names replaced by :data:`MASK`: the values of their credential-like
     query parameters (:func:`is_secret_param`) and their passwords; the rest as it was."""
 
-    def param(match: re.Match[str]) -> str:
-        return f"{match['lead']}{match['name']}={MASK}" if is_secret_param(match["name"]) else match[0]
+    return _USER_PASSWORD.sub(rf"\g<lead>:{MASK}@", _URL_LIKE.sub(_masked_url, text))
 
-    return _USER_PASSWORD.sub(rf"\g<lead>:{MASK}@", _QUERY_PARAM.sub(param, text))
+
+def _masked_url(run: re.Match[str]) -> str:
+    """A run of text without white space (:data:`_URL_LIKE`) with its credential-like query parameters' values masked:
+    to the next '&' or '#' in an http(s) URL's query, to the next '/' too elsewhere (:data:`_PATH_PARAM`)."""
+    text = run[0]
+    if "=" not in text:
+        return text
+    query = text.find("?")
+    http = _HTTP.search(text, 0, query if query >= 0 else len(text)) is not None
+    return (_QUERY_PARAM if http else _PATH_PARAM).sub(_masked_param, text)
+
+
+def _masked_param(match: re.Match[str]) -> str:
+    return f"{match['lead']}{match['name']}={MASK}" if is_secret_param(match["name"]) else match[0]
 
 
 def mask_error(error: BaseException) -> BaseException:
@@ -99,8 +172,11 @@ def _mask_one(error: BaseException) -> None:
             changed["headers"] = _masked_headers(headers)
         if changed:
             error.request_info = info._replace(**changed)  # type: ignore[attr-defined]
+    answered = getattr(error, "headers", None)  # (the response's: a Set-Cookie, a token echoed; its repr names them)
+    if isinstance(answered, Mapping) and any(_is_secret_header(str(name)) for name in answered):
+        error.headers = _masked_headers(answered)  # type: ignore[attr-defined]
     history = getattr(error, "history", None)
-    if isinstance(history, tuple) and any(masked(repr(response)) != repr(response) for response in history):
+    if isinstance(history, tuple) and any(_shown(response) != repr(response) for response in history):
         error.history = tuple(_Redirect(response) for response in history)  # type: ignore[attr-defined]
     if any(isinstance(arg, str) and masked(arg) != arg for arg in error.args):
         error.args = tuple(masked(arg) if isinstance(arg, str) else arg for arg in error.args)
@@ -122,30 +198,53 @@ class _Redirect:
     def __init__(self, response: Any) -> None:
         self.status = getattr(response, "status", None)
         self.url = masked(str(getattr(response, "url", "")))
-        self._shown = masked(repr(response))
+        self._shown = _shown(response)
 
     def __repr__(self) -> str:
         return self._shown
 
 
+def _shown(response: Any) -> str:
+    """``repr(response)`` (aiohttp's ``ClientResponse``: its URL, then its headers), its URLs' credentials and the
+    values of its credential headers (a ``Set-Cookie``) masked."""
+    shown = repr(response)
+    headers = getattr(response, "headers", None)
+    if isinstance(headers, Mapping) and any(_is_secret_header(str(name)) for name in headers):
+        shown = shown.replace(repr(headers), repr(_masked_headers(headers)))
+    return masked(shown)
+
+
 def _masked_headers(headers: Mapping[str, Any]) -> Any:
-    """A request's ``headers`` (aiohttp's, in its errors' ``request_info``: their ``repr`` names them) with the values
-    of those that carry a credential (:func:`_is_secret_header`) replaced by :data:`MASK`."""
+    """A request's or response's ``headers`` (aiohttp's, in its errors' ``request_info`` and ``headers``: their
+    ``repr`` names them) with the values of those that carry a credential (:func:`_is_secret_header`) replaced by
+    :data:`MASK`, the others kept (``Retry-After``, which the retries read)."""
     from multidict import CIMultiDict, CIMultiDictProxy  # (aiohttp's: installed wherever its errors are raised)
 
     return CIMultiDictProxy(CIMultiDict((n, MASK if _is_secret_header(str(n)) else v) for n, v in headers.items()))
 
 
 def _is_secret_header(name: str) -> bool:
-    """Whether request header ``name`` carries a credential: one whose name holds one (:func:`is_secret_param`:
-    ``Authorization``, which carries a URL's ``user:password`` in base64, an ``X-Api-Key``), or ``Cookie`` (a
-    session's, or CloudFront's signed cookies: the signature of a signed URL, sent as cookies)."""
-    return is_secret_param(name) or name.lower() == "cookie"
+    """Whether header ``name`` carries a credential: one whose name holds one (:func:`is_secret_param`:
+    ``Authorization``, which carries a URL's ``user:password`` in base64, an ``X-Api-Key``, an
+    ``X-Amz-Security-Token``), ``Cookie`` (a session's, or CloudFront's signed cookies: the signature of a signed URL,
+    sent as cookies) or ``Set-Cookie`` (a response's)."""
+    return is_secret_param(name)
 
 
 #: The loggers of the libraries under our reads that name a request's URL with its query: fsspec's HTTP filesystem
-#: logs at DEBUG the traceback of a HEAD that failed (aiohttp's error, before it asks with a GET).
-_REQUEST_LOGGERS = ("fsspec.http",)
+#: logs at DEBUG the traceback of a HEAD that failed (aiohttp's error, before it asks with a GET); fsspec's others, and
+#: the object stores', name the paths they are asked for, which keep a query where the filesystem does
+#: (``memory://b/ds?token=...``: its memory filesystem logs each ``cat`` at DEBUG).
+_REQUEST_LOGGERS = (
+    "fsspec.http",
+    "fsspec",
+    "fsspec.memoryfs",
+    "fsspec.local",
+    "fsspec.caching",
+    "s3fs",
+    "gcsfs",
+    "adlfs",
+)
 
 
 class _MaskingFilter(logging.Filter):
@@ -183,16 +282,24 @@ def _text(value: object) -> str:
 
 def mask_request_logs(params: Any) -> None:
     """Where a filesystem's request ``params`` (an http(s) URL's query, sent with every request: name-value pairs or a
-    mapping) hold a credential (:func:`is_secret_param`), the records of :data:`_REQUEST_LOGGERS` masked from now on
-    in this process (:class:`_MaskingFilter`, added once): a user's DEBUG logging named the query in their
-    tracebacks. (The logging module asks a logger's filters only of records at a level it logs: none costs a thing
-    at the default levels.)"""
+    mapping; another URL's query, kept in its paths, as a string) hold a credential (:func:`is_secret_param`), the
+    records of :data:`_REQUEST_LOGGERS` masked from now on in this process (:class:`_MaskingFilter`, added once): a
+    user's DEBUG logging named the query in their tracebacks. (The logging module asks a logger's filters only of
+    records at a level it logs: none costs a thing at the default levels.)"""
     if isinstance(params, str):  # (aiohttp takes a query string too)
         params = parse_qsl(params, keep_blank_values=True)
     pairs = params.items() if isinstance(params, Mapping) else params or ()
     if not any(is_secret_param(str(name)) for name, _ in pairs):
         return
     for name in _REQUEST_LOGGERS:
-        library = logging.getLogger(name)
-        if not any(isinstance(f, _MaskingFilter) for f in library.filters):
-            library.addFilter(_MaskingFilter())
+        masking(logging.getLogger(name))
+
+
+def masking(logger: logging.Logger) -> logging.Logger:
+    """``logger``, its records masked (:class:`_MaskingFilter`, added once): the modules that name a remote file's path
+    in their lines (retries, stamps, the prefetch cache), where a filesystem keeps a URL's query in its paths
+    (``memory://b/ds?token=...``, any whose ``_strip_protocol`` keeps '?'). (A logger's filters are asked only of
+    records at a level it logs.)"""
+    if not any(isinstance(f, _MaskingFilter) for f in logger.filters):
+        logger.addFilter(_MaskingFilter())
+    return logger

@@ -157,3 +157,79 @@ def test_mask_error_masks_the_redirects_that_the_errors_repr_names() -> None:
     assert not [s for s in ("USERSECRET", "CDNSECRET") if s in repr(error)], repr(error)
     assert "f.mp4?sig=***" in repr(error.history) and "Signature=***" in repr(error.history)
     assert [r.status for r in error.history] == [302] and error.status == 503 and _status_of(error) == 503
+
+
+def test_without_credentials_keeps_the_parameters_it_keeps_as_written_and_drops_credential_names_only() -> None:
+    """A description dropped every parameter whose name merely held key, pass, auth, sig, token or session (``monkey``,
+    ``passage``, ``author``, ``tokenizer``, ``design``, ``keys_count``, ``pass_rate``: 7 of 7 dropped) and re-encoded
+    those it kept (``e=f=g`` as ``e=f%3Dg``, ``x=%2f`` as ``x=%2F``). Names are matched by word now (``api_key``,
+    ``AWSAccessKeyId``, ``%74oken``), the others kept byte for byte; a signed URL's other fields (Azure SAS's ``sv``,
+    ``se``, ``sp``...) go with its ``sig``, and stay where there is none."""
+    from lerobot_dali.url_secrets import is_secret_param, without_credentials
+
+    kept = "a=%2F&monkey=1&passage=2&author=x&tokenizer=t5&design=x/y&e=f=g&b=c+d&keys_count=3&pass_rate=0.5"
+    secret = "token=T&api_key=K&AWSAccessKeyId=A&%74oken=P&X-Amz-Security-Token=S&sessionToken=U&pass=W"
+    assert without_credentials(f"s3://b/ds?{secret}&{kept}") == f"s3://b/ds?{kept}"
+    assert without_credentials(f"memory://b/ds?{kept}") == f"memory://b/ds?{kept}"
+    assert [n for n in ("monkey", "passage", "author", "tokenizer", "design", "keyword") if is_secret_param(n)] == []
+    sas = "sv=2022-11-02&ss=b&srt=co&sp=rl&se=2026-01-01T00:00:00Z&st=2025-01-01&spr=https&skoid=o&sig=ab%2Fc%3D"
+    assert without_credentials(f"https://acct.blob.core.windows.net/c/ds?{sas}&versionid=3") == (
+        "https://acct.blob.core.windows.net/c/ds?versionid=3"
+    )
+    assert without_credentials("s3://b/ds?sp=1&se=2&st=3") == "s3://b/ds?sp=1&se=2&st=3"  # (no signature: no SAS)
+    assert without_credentials("https://u:p@h/ds?x=%2f#frag") == "https://h/ds?x=%2f#frag"
+
+
+def test_masked_masks_a_value_alone_in_a_path_that_keeps_the_query() -> None:
+    """A filesystem that keeps a URL's query in its paths (``memory://``, any whose ``_strip_protocol`` keeps '?')
+    appends a file's path to it: "/b/ds?a=1&token=SECRET/meta/info.json" was masked as ".../ds?a=1&token=***", the
+    file's path lost with it. Only the value is masked there now; in an http(s) URL's query, where '/' is part of a
+    value, the value is masked to the next '&' as before."""
+    assert masked("File /b/ds?a=1&token=SECRET/meta/info.json does not exist") == (
+        "File /b/ds?a=1&token=***/meta/info.json does not exist"
+    )
+    assert masked("memory://b/ds?sig=SECRET&v=2/f.bin") == "memory://b/ds?sig=***&v=2/f.bin"
+    assert masked("url='https://h/ds?sig=ab/cd&x=1/2'") == "url='https://h/ds?sig=***&x=1/2'"
+    assert masked("https://h/ds?monkey=1&passage=a/b") == "https://h/ds?monkey=1&passage=a/b"
+
+
+def test_mask_error_masks_the_credential_headers_of_the_response_and_its_redirects() -> None:
+    """aiohttp's ``ClientResponseError`` keeps the response's headers, which its ``repr`` names: a ``Set-Cookie`` (a
+    session's), an ``X-Amz-Security-Token`` or ``Authorization`` echoed, and those of the redirects in its ``history``
+    (3 of 3 named after mask_error). Masked now; ``Retry-After`` (which the retries read) and the status kept."""
+    import asyncio
+
+    from aiohttp import web
+
+    async def failed_after_a_redirect() -> aiohttp.ClientResponseError:
+        async def moved(request: web.Request) -> web.Response:
+            raise web.HTTPFound("/cdn/f.mp4", headers={"Set-Cookie": "CloudFront-Signature=REDIRECTCOOKIE; Path=/"})
+
+        async def busy(request: web.Request) -> web.Response:
+            headers = {"Set-Cookie": "session=FINALCOOKIE", "X-Amz-Security-Token": "ECHOED", "Retry-After": "3"}
+            return web.Response(status=503, headers={**headers, "Authorization": "Bearer ECHOTOKEN"})
+
+        app = web.Application()
+        app.router.add_get("/ds/f.mp4", moved)
+        app.router.add_get("/cdn/f.mp4", busy)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            async with aiohttp.ClientSession() as session:
+                response = await session.get(f"http://127.0.0.1:{port}/ds/f.mp4")
+                with pytest.raises(aiohttp.ClientResponseError) as caught:
+                    response.raise_for_status()
+                return caught.value
+        finally:
+            await runner.cleanup()
+
+    error = asyncio.run(failed_after_a_redirect())
+    secrets = ("REDIRECTCOOKIE", "FINALCOOKIE", "ECHOED", "ECHOTOKEN")
+    assert [s for s in secrets if s in repr(error)] == list(secrets)  # (what is masked)
+    mask_error(error)
+    assert [s for s in secrets if s in repr(error) or s in str(error)] == [], repr(error)
+    assert error.headers["Retry-After"] == "3" and error.headers["Set-Cookie"] == "***" and error.status == 503
+    assert "'Set-Cookie': '***'" in repr(error.history) and [r.status for r in error.history] == [302]
