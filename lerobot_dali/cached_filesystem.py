@@ -22,10 +22,11 @@ from .errors import DataFileError
 from .file_stamps import FileStamp, FileStamps
 from .range_cache import entry_dir, list_entries
 from .said_once import warn_once
+from .url_secrets import masked, masking
 
 __all__ = ["CachedFileSystem", "CachedRangeFile", "cache_version"]
 
-logger = logging.getLogger(__name__)
+logger = masking(logging.getLogger(__name__))  # (paths that keep a URL's query name it masked)
 
 #: What :attr:`CachedFileSystem.counters` counts: reads served locally or remotely, and their bytes.
 COUNTERS = ("cached_reads", "cached_bytes", "remote_reads", "remote_bytes")
@@ -77,7 +78,7 @@ class CachedRangeFile(io.RawIOBase):
         if base is None:
             raise ValueError(f"invalid whence {whence!r}")
         if base + offset < 0:
-            raise ValueError(f"negative seek position {base + offset} in {self.path}")
+            raise ValueError(masked(f"negative seek position {base + offset} in {self.path}"))
         self._pos = base + offset
         return self._pos
 
@@ -99,10 +100,11 @@ class CachedRangeFile(io.RawIOBase):
             if part is None:
                 part = self._read_remote(position, self._gap_end(position, stop))
             if not part:  # the remote file ends before the size it was listed with
-                raise DataFileError(
+                said = (
                     f"{self.path} ends at byte {position}, but the dataset listed it with {self.size} bytes: it "
                     "changed on the remote since the dataset was opened; open the dataset again to read it as it is now"
                 )
+                raise DataFileError(masked(said))
             parts.append(part)
             position += len(part)
         self._pos = position

@@ -31,7 +31,7 @@ from .errors import DatasetNotFoundError
 from .file_stamps import client_of
 from .remote_retry import RetryingFileSystem, fresh_instance
 from .said_once import say_once, warn_once
-from .url_secrets import without_credentials
+from .url_secrets import mask_request_logs, masked, masking, without_credentials
 
 __all__ = [
     "DatasetLocation",
@@ -46,7 +46,7 @@ __all__ = [
     "with_bulk_root",
 ]
 
-logger = logging.getLogger(__name__)
+logger = masking(logging.getLogger(__name__))  # (paths that keep a URL's query name it masked)
 
 #: Read-ahead for remote bulk files: large enough to amortise a request, small against multi-GB files.
 READ_AHEAD_BYTES = 4 * 1024 * 1024
@@ -131,6 +131,14 @@ class DatasetLocation:
     meta_root: str
     description: str
     hub_snapshot: HubSnapshot | None = None
+
+    def __repr__(self) -> str:
+        """The dataclass's, the credentials its paths name masked (:func:`.masked`: a filesystem that keeps a URL's
+        query in its paths, ``memory://b/ds?token=...``, roots the dataset there)."""
+        return masked(
+            f"DatasetLocation(fs={self.fs!r}, root={self.root!r}, meta_fs={self.meta_fs!r}, "
+            f"meta_root={self.meta_root!r}, description={self.description!r}, hub_snapshot={self.hub_snapshot!r})"
+        )
 
     def path(self, relative: str) -> str:
         """Path of a bulk file (``data/...``, ``videos/...``) on ``fs``."""
@@ -528,6 +536,8 @@ def _remote_fs(target: str, options: dict[str, Any]) -> tuple[fsspec.AbstractFil
     a server's index page that links folders by absolute path (``/my%20ds/meta/episodes/chunk-000/``) names them so,
     and fsspec keeps only the links under the folder's URL as spelled (``/my ds/...`` found none of them)."""
     target, options = _credentials_as_header(target, options)
+    if not target.startswith(("http://", "https://")):  # (its query is kept in its paths, which fsspec's logs name)
+        mask_request_logs(urlsplit(target).query)
     fs, root = fsspec.core.url_to_fs(_as_sent(target), **_http_timeouts(target, options))
     return _retrying(fs), root
 

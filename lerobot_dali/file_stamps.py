@@ -30,7 +30,7 @@ from .distributed import launch_key
 from .errors import MissingDataFileError
 from .remote_retry import RetryingFileSystem, is_missing, is_transient, speaks_http
 from .said_once import say_once, warn_once
-from .url_secrets import mask_error
+from .url_secrets import mask_error, masked, masking
 
 __all__ = [
     "FileStamp",
@@ -44,7 +44,7 @@ __all__ = [
     "stripped",
 ]
 
-logger = logging.getLogger(__name__)
+logger = masking(logging.getLogger(__name__))  # (paths that keep a URL's query name it masked)
 
 # Fields of fsspec ``info`` dicts that identify a file's content, best first, with the prefix each version
 # gets (so equal strings from different fields never collide). Content hashes first: the Hub's LFS sha256
@@ -101,10 +101,11 @@ def stamp_from_info(info: Mapping[str, Any]) -> FileStamp:
     """
     size = info.get("size")
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-        raise ValueError(
+        said = (
             f"{info.get('name', '<unnamed>')}: the filesystem reports no size ({size!r}), so the file cannot be "
             "identified for caching; serve it with a Content-Length header or copy the dataset locally."
         )
+        raise ValueError(masked(said))
     return FileStamp(size=size, version=_version(info))
 
 
@@ -277,10 +278,11 @@ class FileStamps(Mapping[str, FileStamp]):
         except FileNotFoundError as e:
             if is_transient(e):  # fsspec's HTTP info raises it from whatever its GET hit: a 503 is no missing file
                 raise
-            raise MissingDataFileError(
+            said = (
                 f"File {path} does not exist on {type(self.fs).__name__}; check the dataset's files (and the "
                 "revision or data_files_root it is read from)."
-            ) from e
+            )
+            raise MissingDataFileError(masked(said)) from e
         stamp = self._versioned(stamp_from_info({"name": path, **info}), path)
         with self._lock:
             self._stamps[key] = stamp

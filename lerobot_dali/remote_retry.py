@@ -30,7 +30,7 @@ import fsspec
 from . import io_stats
 from .errors import DatasetError
 from .said_once import warn_once
-from .url_secrets import mask_error, mask_request_logs
+from .url_secrets import mask_error, mask_request_logs, masked, masking
 
 __all__ = [
     "IF_MATCH_ENV",
@@ -48,7 +48,7 @@ __all__ = [
     "told_change",
 ]
 
-logger = logging.getLogger(__name__)
+logger = masking(logging.getLogger(__name__))  # (paths that keep a URL's query name it masked)
 
 #: Environment variable holding the default retry budget (0 disables retries). A request huggingface_hub retries itself
 #: (a Hub listing's, :func:`_hub_tries`) keeps its own 6 tries instead.
@@ -330,6 +330,12 @@ def speaks_http(fs: Any) -> bool:
     return bool({"http", "https"} & set((protocol,) if isinstance(protocol, str) else protocol))
 
 
+def _error(message: str) -> DatasetError:
+    """The DatasetError saying ``message``, the credentials of the paths it names masked (:func:`.masked`): a
+    filesystem that keeps a URL's query in its paths (``memory://b/ds?token=...``) named them in each."""
+    return DatasetError(masked(message))
+
+
 def changed_on_server(path: str, how: str, *, if_match_unsure: bool = False) -> DatasetError:
     """The error for remote file ``path`` found changed since the dataset was opened (``how``: its size, or its
     version: ETag, hash, mtime): its bytes read now, mixed with what was read, cached or indexed of the old ones, are
@@ -343,7 +349,7 @@ def changed_on_server(path: str, how: str, *, if_match_unsure: bool = False) -> 
         if if_match_unsure
         else ""
     )
-    return DatasetError(f"{path} changed on the server while it was read ({how}); re-open the dataset{unsure}")
+    return _error(f"{path} changed on the server while it was read ({how}); re-open the dataset{unsure}")
 
 
 def told_change(change: tuple[str, str]) -> str:
@@ -359,7 +365,7 @@ _PRECONDITION_FAILED = 412
 def _sent_only_whole(path: str, why: str) -> DatasetError:
     """The error for a file fsspec can only stream from its start (HTTP's streaming file: the server answered
     ``Accept-Ranges: none`` or gave no size): reading a part of it, as parquet and MP4 readers do, cannot work."""
-    return DatasetError(
+    return _error(
         f"{path}: the server sends this file only whole ({why}), and reading a part of a file needs HTTP Range "
         "requests and its size; serve the dataset from a server that supports Range requests and sends "
         "Content-Length, or copy it locally"
@@ -434,7 +440,7 @@ def _given_yet_missing(path: str, missed: int) -> DatasetError:
     """The error for stamped ``path`` whose reads the server answered 404 ``missed`` times while, asked after each
     (:meth:`RetryingFileSystem._removed_now`), it never said the file was gone: it gave it as stamped, or (where the
     read asks for the stamped version itself) no answer. Not its removal, which the server did not say."""
-    return DatasetError(
+    return _error(
         f"{path}: answered 'no such file' (HTTP 404) {missed} times, while the server, asked after each, never said "
         f"it was gone (it gave the file as stamped, or no answer: a CDN's or a cache's stale 404, or an outage?); gave "
         f"up (set {RETRIES_ENV} to retry more)"
@@ -445,7 +451,7 @@ def _unanswered(path: str, answer: str) -> DatasetError:
     """The error for stamped ``path`` whose read the server answered 404, and which, asked again whether it has the
     file (one ``info``, sent without If-Match), ``answer``: 'refused it (HTTP 403)', 'gave no answer'. Not its
     removal, which the server did not say."""
-    return DatasetError(
+    return _error(
         f"{path}: answered 'no such file' (HTTP 404), and the server, asked again whether it has the file, {answer}: "
         f"whether it was removed cannot be told; gave up (set {RETRIES_ENV} to retry more)"
     )
@@ -454,7 +460,7 @@ def _unanswered(path: str, answer: str) -> DatasetError:
 def _refused_without_if_match(path: str, status: int | None) -> DatasetError:
     """The error for a read of ``path`` that the server answered 412 to its If-Match (of the ETag it still gives, so
     it is sent again without one: :meth:`RetryingFileSystem._precondition_failed`), then refused without it."""
-    return DatasetError(
+    return _error(
         f"{path}: the server answered HTTP 412 to the If-Match of the ETag it gives for the file, then refused the "
         f"read sent again without If-Match (HTTP {status or 403}): it serves the file neither way; check the "
         f"credentials ({REFUSED_HINT}), or read the dataset from a server whose If-Match agrees with its ETags"
@@ -465,7 +471,7 @@ def _precondition_without_if_match(path: str) -> DatasetError:
     """The error for a read of ``path`` that the server answered 412 to its If-Match (of the ETag it still gives: sent
     again without one, :meth:`RetryingFileSystem._precondition_failed`), then 412 again without it: a precondition not
     ours failed (the server's own, or a header the storage options send), which no retry mends."""
-    return DatasetError(
+    return _error(
         f"{path}: the server answered HTTP 412 to the read sent again without If-Match too: a precondition other than "
         "ours fails (the server's own, or a header the storage options send: If-Match, If-Unmodified-Since); check "
         "those headers and the server"
@@ -526,6 +532,15 @@ class _Retrier:
         )
 
     def call(self, what: str, path: str, fn: Callable[[], _T], before_retry: Callable[[int], None] | None = None) -> _T:
+        """``fn()``, retried; what it raises at last (its own error, ours naming ``path``, their notes and causes) with
+        the credentials it names masked (:func:`.mask_error`: a path that keeps a URL's query names them)."""
+        try:
+            return self._call(what, path, fn, before_retry)
+        except Exception as e:
+            mask_error(e)
+            raise
+
+    def _call(self, what: str, path: str, fn: Callable[[], _T], before_retry: Callable[[int], None] | None) -> _T:
         attempt = 0
         missed = 0  # (404s of a stamped file: the server, asked again after each but the last, did not call it gone)
         unpinned = False  # (answered 412 to the If-Match of the ETag the server still gives: sent again without it)

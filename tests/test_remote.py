@@ -592,3 +592,43 @@ def test_a_rate_limit_waits_as_long_as_the_server_asks(monkeypatch) -> None:
         assert waits.pop() == expected
     later = email.utils.formatdate(time.time() + 20, usegmt=True)  # an HTTP date
     assert 15 < remote_retry._retry_after_s(RateLimited(later)) <= 20
+
+
+def test_a_filesystem_that_keeps_the_query_in_its_paths_names_no_credential(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    """A filesystem whose paths keep a URL's query (``fakeremote://ds?a=1&token=...``, ``memory://``: their
+    ``_strip_protocol`` keeps '?') named the token in the retries' warnings and the error they gave up with, in a
+    missing file's error, a change's error, the location's ``repr`` and fsspec's DEBUG lines (6 of 6 texts). Each names
+    it masked now, and the file's path after it as it is."""
+    import traceback
+
+    from lerobot_dali.file_stamps import FileStamps
+    from lerobot_dali.remote_retry import changed_on_server
+
+    monkeypatch.setattr("lerobot_dali.remote_retry.time", SimpleNamespace(sleep=lambda s: None))
+    folder = "ds?a=1&token=SECRET"
+    (tmp_path / folder).mkdir()
+    (tmp_path / folder / "f.bin").write_bytes(b"x" * 100)
+    inner = FakeRemoteFileSystem(str(tmp_path), fault_every=1, faults=("503",))
+    fs = RetryingFileSystem(inner, policy=RetryPolicy(retries=1))
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(FakeHTTPError) as failed:
+        fs.cat_file(f"{folder}/f.bin")  # (the traceback shows this line)
+    inner.fault_every = 0
+    with pytest.raises(MissingDataFileError) as missing:
+        FileStamps(fs)[f"{folder}/absent.bin"]
+    location = resolve_location("memory://bucket/ds?a=1&token=SECRET")
+    location.meta_fs.pipe_file(location.meta_path("meta/info.json"), b"{}")
+    said = [
+        "".join(traceback.format_exception(failed.value)),
+        str(missing.value),
+        str(changed_on_server(f"{folder}/f.bin", "its size")),
+        repr(location),
+    ]
+    logged = [logging.Formatter().format(r) for r in caplog.records]
+    assert [text for text in said + logged if "SECRET" in text] == []
+    assert "ds?a=1&token=***/f.bin" in said[0] and "token=***/absent.bin does not exist" in said[1]
+    assert "token=***/f.bin changed" in said[2] and "root='/bucket/ds?a=1&token=***'" in said[3]
+    assert [t for t in logged if "gave up" in t and "token=***/f.bin" in t]
+    assert [t for t in logged if "token=***/meta/info.json" in t]  # (fsspec's memory filesystem's)
