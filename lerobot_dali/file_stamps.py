@@ -28,7 +28,7 @@ from . import fork_locks
 from .concurrent_calls import KeyedLocks
 from .distributed import launch_key
 from .errors import MissingDataFileError
-from .remote_retry import RetryingFileSystem, is_missing, is_transient, speaks_http
+from .remote_retry import RetryingFileSystem, StampUntold, is_missing, is_transient, speaks_http
 from .said_once import say_once, warn_once
 from .url_secrets import mask_error, masked, masking
 
@@ -308,9 +308,11 @@ class FileStamps(Mapping[str, FileStamp]):
         """``(when recorded, now)`` where remote file ``path`` is another file now than its recorded stamp says: its
         size, or its version of the same kind (ETag, hash, mtime), asked anew with one ``info``; None where it is the
         same, was never stamped here, or cannot be told (no version, another kind); ``now`` is 'removed' where the
-        server says it has no such file (a 404: fsspec's HTTP info raises FileNotFoundError from it). Raises where the
+        server says it has no such file (a 404: fsspec's HTTP info raises FileNotFoundError from it). Over HTTP, where
+        the ``info`` gives no size (no Content-Length), the file's first byte is asked (:func:`_asked_by_range`: its
+        Content-Range), and where that gives none either, the version the server gave decides alone. Raises where the
         server gives no answer (a 503 too), the credentials of the URL it names masked (:func:`.mask_error`: asked
-        outside the retries, which mask the others).
+        outside the retries, which mask the others); :class:`.StampUntold` where it gives neither size nor version.
 
         ``vouching``: asked whether a read the server refused (412 to its If-Match, 404) may go on as the stamped
         file's: a stamp's version (an ETag) that the server gives no more, another kind (Last-Modified alone) or none
@@ -325,20 +327,30 @@ class FileStamps(Mapping[str, FileStamp]):
         fs = _client(self.fs, path)
         fs.invalidate_cache(path)  # (s3fs, gcsfs and the Hub answer info from their listings' cache)
         try:
-            now = stamp_from_info({"name": path, **fs.info(path)})
+            info = {"name": path, **fs.info(path)}
+            if info.get("size") is None and speaks_http(fs):  # (a HEAD without Content-Length: fsspec's GET gave none)
+                info.update(_asked_by_range(fs, path))
+            size, version = info.get("size"), _version(info)
+            if size is None and not version:
+                said = (
+                    f"{path}: the server, asked for the file's stamp, gave neither its size (Content-Length, or "
+                    "Content-Range to a ranged GET) nor its version (ETag, Last-Modified)"
+                )
+                raise StampUntold(masked(said))
         except Exception as e:
             # (fsspec's HTTP info raises FileNotFoundError from whatever its request hit: a 503, a 403 is no answer)
             if isinstance(e, FileNotFoundError) and is_missing(e):
                 return f"{before.size} bytes", "removed"
             mask_error(e)  # (its callers log it: aiohttp's errors name the request's URL, a signed query with it)
             raise
-        if now.size != before.size:
+        # (A size not given: the version the server did give tells a change, as where it is given.)
+        if size is not None and (now := stamp_from_info(info)).size != before.size:
             return f"{before.size} bytes", f"{now.size} bytes"
         kind = before.version.partition(":")[0]
-        if now.version != before.version and now.version.partition(":")[0] == kind:
-            return before.version, now.version
-        if vouching and before.versioned and now.version.partition(":")[0] != kind:
-            return before.version, f"no {kind} but {now.version}" if now.version else "no version"
+        if version != before.version and version.partition(":")[0] == kind:
+            return before.version, version
+        if vouching and before.versioned and version.partition(":")[0] != kind:
+            return before.version, f"no {kind} but {version}" if version else "no version"
         return None
 
     def _versioned(self, stamp: FileStamp, path: str) -> FileStamp:
@@ -401,6 +413,44 @@ def _run_version(kind: str, roots: list[str]) -> str:
         _made[made] += 1
         ordinal = _made[made]
     return f"run:{launch}:{hashlib.sha256(json.dumps([*made, ordinal]).encode()).hexdigest()[:16]}"
+
+
+#: The headers of an HTTP answer that :func:`_version` reads, as fsspec's HTTP ``info`` names them.
+_HTTP_VERSION_HEADERS = ("ETag", "Content-MD5", "Digest", "Last-Modified")
+
+
+def _asked_by_range(fs: Any, path: str) -> dict[str, Any]:
+    """What fsspec's HTTP filesystem ``fs`` is told of ``path`` by a GET of its first byte (its requests' options
+    sent, as its reads send them): its size, from ``Content-Range`` (``bytes 0-0/<size>``; a server that ignores the
+    Range: its Content-Length, where it sends one unencoded), and its version headers (:data:`_HTTP_VERSION_HEADERS`).
+    For a server whose HEAD gives no Content-Length, where fsspec's ``info`` asks with a GET of the whole file, which
+    gives none where the server streams it (one byte read, not a file's first blocks)."""
+    from fsspec.asyn import sync
+
+    async def ask() -> dict[str, Any]:
+        session = await fs.set_session()
+        options = dict(fs.kwargs)
+        headers = {**(options.pop("headers", None) or {}), "Range": "bytes=0-0", "Accept-Encoding": "identity"}
+        async with session.get(fs.encode_url(path), headers=headers, **options) as answer:
+            answer.raise_for_status()
+            told: dict[str, Any] = {k: answer.headers[k] for k in _HTTP_VERSION_HEADERS if answer.headers.get(k)}
+            total = answer.headers.get("Content-Range", "").rpartition("/")[2]
+            length = answer.headers.get("Content-Length", "")
+            if answer.status == 206 and total.isdigit():
+                told["size"] = int(total)
+            elif (
+                answer.status == 200
+                and length.isdigit()
+                and answer.headers.get("Content-Encoding", "identity")
+                in (
+                    "identity",
+                    "",
+                )
+            ):
+                told["size"] = int(length)
+            return told
+
+    return dict(sync(fs.loop, ask))
 
 
 def _client(fs: Any, path: str) -> Any:

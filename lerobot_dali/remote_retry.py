@@ -39,6 +39,7 @@ __all__ = [
     "RetryPolicy",
     "RetryingFile",
     "RetryingFileSystem",
+    "StampUntold",
     "changed_on_server",
     "fresh_instance",
     "is_missing",
@@ -328,6 +329,12 @@ def speaks_http(fs: Any) -> bool:
     folders found through HTML index pages (no sizes), reads that can send If-Match."""
     protocol = getattr(fs, "protocol", ())
     return bool({"http", "https"} & set((protocol,) if isinstance(protocol, str) else protocol))
+
+
+class StampUntold(ValueError):
+    """A remote file's stamp asked again (:meth:`FileStamps.change_now <lerobot_dali.file_stamps.FileStamps.
+    change_now>`), answered with neither its size (no Content-Length to a HEAD, no Content-Range to a ranged GET) nor
+    its version (no ETag, Last-Modified or hash): an answer that tells nothing of the file, not a missing one."""
 
 
 def _error(message: str) -> DatasetError:
@@ -860,7 +867,8 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
             return None
         if isinstance(change, tuple):  # (an ETag the server gives no more: 'no etag but mtime:...', 'no version')
             return changed_on_server(path, f"{told_change(change)}: HTTP 412", if_match_unsure=change[1][:3] == "no ")
-        asked = f"; asked again, the server {change}" if change.startswith("refused") else ""  # (else: no size, say)
+        told = change.startswith(("refused", "gave neither"))  # (else: no answer)
+        asked = f"; asked again, the server {change}" if told else ""
         return changed_on_server(path, f"its ETag when opened no longer matches: HTTP 412{asked}", if_match_unsure=True)
 
     def _change_now(self, path: str) -> tuple[str, str] | str | None:
@@ -873,6 +881,8 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
             return ""
         try:
             return change_now(path, vouching=True)
+        except StampUntold:
+            return "gave neither its size nor its version (no Content-Length, Content-Range, ETag or Last-Modified)"
         except Exception as e:  # (no answer: nothing says the server is wrong)
             logger.debug("asking for the stamp of %s again failed", path, exc_info=True)
             answer = _unmasked(e)

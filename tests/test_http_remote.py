@@ -41,6 +41,9 @@ from tests.test_remote import _assert_samples_equal, importable_in_workers, use_
 
 aiohttp = pytest.importorskip("aiohttp", reason="fsspec's HTTPFileSystem needs aiohttp (the 'test' extra)")
 
+#: The Range of the GET that asks a stamped file's size and version again where its server's HEAD gives no size
+#: (``FileStamps.change_now``): an ask, sent without If-Match, not a read.
+_STAMP_ASKED = "bytes=0-0"
 OPTIONS = dict(batch_size=4, delta_timestamps=DELTAS, shuffle=True, seed=3, episode_pool_size=2, device="cpu",
                drop_last=False)  # fmt: skip
 FAULTS = ("503", "429", "drop")
@@ -1266,8 +1269,9 @@ def test_a_dataset_read_with_its_options_asks_each_read_for_the_stamped_version_
     assert_frames_equal_an_independent_decode(_dataset(make_ds, "h264"), remote)  # (the videos as served at open)
     assert server.faults_injected["drop"] > 0
     bulk = [r for r in records if "/data/" in r.path or "/videos/" in r.path]
-    assert all(r.if_match is not None for r in bulk if r.method == "GET" and r.range is not None)
+    assert all(r.if_match is not None for r in bulk if r.method == "GET" and r.range not in (None, _STAMP_ASKED))
     assert [r for r in records if r.method == "HEAD" and r.if_match is not None] == []
+    assert [r for r in records if r.range == _STAMP_ASKED and r.if_match is not None] == []
     assert [r for r in records if r.kind == "listing" and r.if_match is not None] == []
     assert [r for r in records if r.kind == "unauthorized"] == []
     if "token" in auth:
@@ -1722,8 +1726,9 @@ def test_a_pinned_file_is_read_at_its_stamped_version_by_every_route(
                 read()
         records = server.records
     assert [r for r in records if r.method == "HEAD" and r.if_match is not None] == []
-    gets = [r for r in records if r.method == "GET" and r.path == "/f.bin"]
+    gets = [r for r in records if r.method == "GET" and r.path == "/f.bin" and r.range != _STAMP_ASKED]
     assert all(r.if_match is not None for r in gets if r.range is not None) and gets
+    assert [r for r in records if r.range == _STAMP_ASKED and r.if_match is not None] == []
     assert server.counts[("GET", "precondition")] == 3 and server.counts[("GET", "unauthorized")] == 0
 
 
@@ -2014,3 +2019,48 @@ def test_a_union_file_rewritten_unreadable_without_if_match_is_named_changed(
         it.close()
     changed = r"file-002\.mp4 changed on the server while it was read \(etag:\S+ when opened, etag:\S+ now\)"
     assert re.search(changed, str(raised.value)), raised.value
+
+
+@pytest.mark.parametrize("case", ["unchanged", "rewritten", "etag_dropped", "told_nothing"])
+def test_a_stamp_asked_again_of_a_server_that_gives_no_content_length_uses_what_it_says(
+    tmp_path: Path, slept, case: str
+) -> None:
+    """A stamped file asked again (``FileStamps.change_now``: a 412 to its If-Match, a 404) where the server's HEAD and
+    GET give no Content-Length raised "reports no size" (4 of 4 cases), taken as no answer: a file rewritten was named
+    "its ETag when opened no longer matches" (the new ETag unsaid, with the If-Match hint), one unchanged could not be
+    vouched for. Its first byte is asked now (a ranged GET: Content-Range's size, and the ETag or Last-Modified it
+    gives); a server that tells neither size nor version is said so."""
+    import fsspec
+
+    from lerobot_dali.file_stamps import FileStamps
+
+    (tmp_path / "f.bin").write_bytes(_DATA)
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True), policy=RetryPolicy(2))
+        url = f"{server.url}/f.bin"
+        stamps = FileStamps(fs)
+        before = stamps[url].version
+        server.content_length = frozenset()
+        if case == "rewritten":
+            _rewrite_same_size(tmp_path / "f.bin")
+        server.versions = {"etag_dropped": "last_modified", "told_nothing": False}.get(case, True)
+        server.reset_stats()
+        if case == "told_nothing":
+            from lerobot_dali.remote_retry import StampUntold
+
+            server.fail_next(None, None, "no_range")  # (the HEAD, fsspec's GET, the ranged GET: whole, no size)
+            with pytest.raises(StampUntold, match=r"f\.bin: the server, asked for the file's stamp, gave neither"):
+                stamps.change_now(url, vouching=True)
+            return
+        change = stamps.change_now(url, vouching=True)
+        assert [(r.method, r.range) for r in server.records][-1] == ("GET", "bytes=0-0")
+        if case == "unchanged":
+            assert change is None
+            assert fs.cat_file(url, start=5, end=5000) == _DATA[5:5000]
+        elif case == "etag_dropped":
+            assert change is not None and change[0] == before and change[1].startswith("no etag but mtime:")
+        else:
+            assert change is not None and change[0] == before and change[1].startswith("etag:") and change[1] != before
+            with pytest.raises(DatasetError, match=rf"f\.bin changed on the server while it was read \({before} when "
+                               r"opened, etag:\S+ now: HTTP 412\); re-open the dataset$"):  # fmt: skip
+                fs.cat_file(url, start=0, end=10)
