@@ -31,7 +31,7 @@ from .errors import DatasetNotFoundError
 from .file_stamps import client_of
 from .remote_retry import RetryingFileSystem, fresh_instance
 from .said_once import say_once, warn_once
-from .url_secrets import mask_request_logs, masked, masking, without_credentials
+from .url_secrets import mask_path_logs, masked, masking, without_credentials
 
 __all__ = [
     "DatasetLocation",
@@ -536,8 +536,8 @@ def _remote_fs(target: str, options: dict[str, Any]) -> tuple[fsspec.AbstractFil
     a server's index page that links folders by absolute path (``/my%20ds/meta/episodes/chunk-000/``) names them so,
     and fsspec keeps only the links under the folder's URL as spelled (``/my ds/...`` found none of them)."""
     target, options = _credentials_as_header(target, options)
-    if not target.startswith(("http://", "https://")):  # (its query is kept in its paths, which fsspec's logs name)
-        mask_request_logs(urlsplit(target).query)
+    if not target.startswith(("http://", "https://")):  # (its query is kept in its paths, which the logs name)
+        mask_path_logs(urlsplit(target).query)
     fs, root = fsspec.core.url_to_fs(_as_sent(target), **_http_timeouts(target, options))
     return _retrying(fs), root
 

@@ -23,6 +23,7 @@ __all__ = [
     "MASK",
     "is_secret_param",
     "mask_error",
+    "mask_path_logs",
     "mask_request_logs",
     "masked",
     "masking",
@@ -293,6 +294,20 @@ def mask_request_logs(params: Any) -> None:
         return
     for name in _REQUEST_LOGGERS:
         masking(logging.getLogger(name))
+
+
+def mask_path_logs(query: str) -> None:
+    """Where ``query``, of a URL whose filesystem keeps it in its paths (``memory://b/ds?token=...``: any but
+    http(s), whose query is sent as ``params``), holds a credential, every line naming such a path masked from now on
+    in this process: fsspec's and the object stores' (:func:`mask_request_logs`), and every ``lerobot_dali`` logger
+    made by now (the package's modules, imported with it: the clips' and packet indexes' DEBUG lines name each file's
+    path: 74 of the 98 DEBUG lines of an epoch read over ``memory://``)."""
+    if not any(is_secret_param(name) for name, _ in parse_qsl(query, keep_blank_values=True)):
+        return
+    mask_request_logs(query)
+    for name in list(logging.root.manager.loggerDict):
+        if name.partition(".")[0] == "lerobot_dali":
+            masking(logging.getLogger(name))
 
 
 def masking(logger: logging.Logger) -> logging.Logger:
