@@ -81,7 +81,7 @@ _USER_PASSWORD = re.compile(r"(?P<lead>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s'\"]*)
 
 def is_secret_param(name: str) -> bool:
     """Whether query parameter ``name`` (percent-encoded or not) carries a credential: a name or word of
-    :data:`_SECRET_WORDS`, or a signed URL's :data:`_SECRET_PREFIXES`."""
+    :data:`_SECRET_WORDS`, a name of :data:`_SECRET_NAMES`, or a signed URL's :data:`_SECRET_PREFIXES`."""
     name = unquote(name.replace("+", " ")).strip()
     lower = name.lower()
     return (
@@ -124,7 +124,6 @@ def without_credentials(target: str) -> str:
 def masked(text: str) -> str:
     """``text`` with the credentials of the URLs it names replaced by :data:`MASK`: the values of their credential-like
     query parameters (:func:`is_secret_param`) and their passwords; the rest as it was."""
-
     return _USER_PASSWORD.sub(rf"\g<lead>:{MASK}@", _URL_LIKE.sub(_masked_url, text))
 
 
