@@ -64,6 +64,7 @@ from .hub_cache_files import bulk_files_named, read_bulk_from_cache
 from .remote_retry import changed_on_server, told_change
 from .row_count_store import Footer
 from .said_once import say_once, warn_once
+from .url_secrets import masked
 from .value_checks import required_whole_number
 
 __all__ = [
@@ -938,6 +939,7 @@ def read_info_json(location: DatasetLocation) -> dict[str, Any]:
     """``meta/info.json`` as parsed JSON; DatasetNotFoundError where there is none, DatasetError where it is not a
     JSON object."""
     path = location.meta_path(INFO_PATH)
+    shown = masked(path)  # (a filesystem that keeps a URL's query in its paths: memory://b/ds?token=...)
     try:
         raw = json.loads(read_whole(location.meta_fs, path).getvalue().decode("utf-8"))
     except FileNotFoundError as e:
@@ -948,13 +950,13 @@ def read_info_json(location: DatasetLocation) -> dict[str, Any]:
             near = dataset_folder_near(location.root)
             advice = near[1] if near else advice
         raise DatasetNotFoundError(
-            f"{location.description} is not a LeRobot dataset: {path} is missing; {advice}"
+            f"{location.description} is not a LeRobot dataset: {shown} is missing; {advice}"
         ) from e
     except (json.JSONDecodeError, UnicodeDecodeError) as e:  # (bytes that are not UTF-8 fail as the file is read)
-        raise DatasetError(f"{path} is not valid JSON: {e}; the file is damaged: {_copy_again(path)}") from e
+        raise DatasetError(f"{shown} is not valid JSON: {e}; the file is damaged: {_copy_again(shown)}") from e
     if not isinstance(raw, dict):
         raise DatasetError(
-            f"{path} holds a JSON {type(raw).__name__}, not the object LeRobot writes; {_copy_again(path)}"
+            f"{shown} holds a JSON {type(raw).__name__}, not the object LeRobot writes; {_copy_again(shown)}"
         )
     return raw
 

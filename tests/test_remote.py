@@ -635,3 +635,18 @@ def test_a_filesystem_that_keeps_the_query_in_its_paths_names_no_credential(
     assert [t for t in logged if "gave up" in t and "token=***/f.bin" in t]
     assert [t for t in logged if "token=***/meta/info.json" in t]  # (fsspec's memory filesystem's)
     assert "Clip from /bucket/ds?a=1&token=***/videos/f.mp4" in logged
+
+
+@pytest.mark.parametrize("info", [None, b"{not json", b"[1, 2]"])
+def test_a_dataset_under_a_query_kept_in_paths_that_is_none_names_no_credential(info: bytes | None) -> None:
+    """A ``memory://...?token=`` root with no meta/info.json, or one that is not JSON or not an object: its error named
+    the token in the info file's path (1 of each). Masked now, the file's path after it kept."""
+    from lerobot_dali.dataset_reader import open_dataset
+
+    root = f"memory://bucket/ds-{len(info or b'')}?a=1&token=SECRET"
+    location = resolve_location(root)
+    if info is not None:
+        location.meta_fs.pipe_file(location.meta_path("meta/info.json"), info)
+    with pytest.raises(DatasetError) as refused:
+        open_dataset(root)
+    assert "SECRET" not in str(refused.value) and "token=***/meta/info.json" in str(refused.value)
