@@ -18,12 +18,15 @@ from typing import IO
 
 import numpy as np
 
-__all__ = ["Edit", "Mp4Track", "SampleTable", "fragmented_file_cut", "read_mp4_tracks"]
+__all__ = ["Edit", "Mp4Track", "SampleTable", "mp4_file_cut", "read_mp4_tracks"]
 
 # Largest moov box read into memory; real moov boxes are about 20 bytes per sample.
 _MAX_MOOV_BYTES = 512 * 1024 * 1024
 # mdat boxes walked for Mp4Track.media_data; past this many, media_data is not known (a header read each).
 _MAX_MEDIA_BOXES = 64
+#: The type :func:`_top_level_boxes` gives a header that is zeros from within its type on (no box type holds a zero
+#: byte): the file is zero-filled from there.
+_ZERO_HEADER = b"\x00\x00\x00\x00"
 
 
 @dataclass(frozen=True)
@@ -106,34 +109,42 @@ def read_mp4_tracks(handle: IO[bytes], file_size: int) -> dict[int, Mp4Track] | 
                 return tracks
         elif kind == b"mdat":
             media.append((start, end))
-        if kind is None or (tracks is not None and len(media) > _MAX_MEDIA_BOXES):
+        if kind is None or kind == _ZERO_HEADER or (tracks is not None and len(media) > _MAX_MEDIA_BOXES):
             return tracks  # (not a box: no MP4 before moov; past it, media_data is not known)
     if tracks is None or len(media) > _MAX_MEDIA_BOXES:
         return tracks
     return {track_id: replace(track, media_data=tuple(media)) for track_id, track in tracks.items()}
 
 
-def fragmented_file_cut(handle: IO[bytes], file_size: int) -> str | None:
-    """Where the top-level boxes of a fragmented MP4 (``moof``/``mdat`` pairs after ``moov``) say its file is cut
-    short, or None where they show no cut. FFmpeg's demuxer drops the samples past a cut without an error, so a cut
-    file demuxes as a shorter video.
+def mp4_file_cut(handle: IO[bytes], file_size: int, *, fragmented: bool = False) -> str | None:
+    """Where the top-level boxes of an MP4 say its file is cut short or zero-filled, or None where they show neither.
+    FFmpeg's demuxer drops the samples past a cut (or a run of zeros where a box should start) without an error, so
+    such a file demuxes as a shorter video.
 
     A file that ends with its ``mfra`` box (FFmpeg writes one unless told ``skip_trailer``; found from the ``mfro`` box
-    ending the file: two small reads) is whole. Else every top-level box header is read: the file is cut where a box,
-    or the byte range a segment index (``sidx``: a global one lists every fragment) covers, extends past the file's
-    end, where it ends within a box header, or where it ends with a fragment's ``moof`` whose media data (the
-    ``mdat`` after it) is missing. A file cut exactly between two fragments, with neither an ``mfra`` box nor a
+    ending the file: two small reads) is whole. Else every top-level box header is read: the file is cut where a
+    ``moov``, ``moof`` or ``mdat`` box (any box, in a fragmented movie: ``moof``/``mdat`` pairs after ``moov``), or the
+    byte range a segment index (``sidx``: a global one lists every fragment) covers, extends past the file's end; in a
+    fragmented movie also where it ends within a box header or with a fragment's ``moof`` whose media data (the
+    ``mdat`` after it) is missing. A box header that is zeros from within its type on (a copy into a pre-allocated file
+    that stopped: same size, zeros from there on) is a cut too, unless a plain movie's ``moov`` and ``mdat`` lie whole
+    before them (trailing padding). ``fragmented``: the ``moov`` has ``mvex`` (else a movie is fragmented once a
+    ``moof`` box is met). A fragmented file cut exactly between two fragments, with neither an ``mfra`` box nor a
     global ``sidx``, has whole boxes: only a duration its ``moov`` gives (:attr:`Mp4Track.movie_duration_s`, which
     FFmpeg does not write) can say it had more fragments.
     """
     if file_size >= 16 and _ends_with_mfra(handle, file_size):
         return None
     position, last = 0, (b"", 0)  # (the last moof or mdat box, and where its header starts)
+    seen: set[bytes] = set()
     for kind, start, end in _top_level_boxes(handle, file_size):
-        if kind is None:
+        fragmented = fragmented or kind == b"moof"
+        if kind == _ZERO_HEADER and (fragmented or not {b"moov", b"mdat"} <= seen):
+            return f"its box header at byte {position} is zeros: the file is zero-filled from there (a copy cut short)"
+        if kind is None or kind == _ZERO_HEADER:
             return None  # (bytes that are no box: not a cut's signature)
         header_at = position
-        if end > file_size:
+        if end > file_size and (fragmented or kind in (b"moov", b"mdat")):
             name = kind.decode("latin-1")
             return f"its {name} box at byte {header_at} extends to byte {end} but the file has {file_size} bytes"
         if kind == b"sidx":
@@ -145,7 +156,10 @@ def fragmented_file_cut(handle: IO[bytes], file_size: int) -> str | None:
                 )
         if kind in (b"moof", b"mdat"):
             last = (kind, header_at)
+        seen.add(kind)
         position = end
+    if not fragmented:
+        return None
     if position < file_size:  # (fewer bytes than a box header: what is left of one)
         return f"it ends within the header of a box at byte {position} (the file has {file_size} bytes)"
     if last[0] == b"moof":
@@ -185,11 +199,15 @@ def _sidx_end(handle: IO[bytes], start: int, end: int) -> int | None:
 
 def _top_level_boxes(handle: IO[bytes], file_size: int) -> Iterator[tuple[bytes | None, int, int]]:
     """(type, payload start, end) of each top-level box, reading its header only; ends with (None, ...) at bytes
-    that are no box header. A box may end past ``file_size`` (a file cut short)."""
+    that are no box header, (:data:`_ZERO_HEADER`, ...) at a header whose bytes are zeros from within its type on (no
+    type holds a zero byte). A box may end past ``file_size`` (a file cut short)."""
     position = 0
     while position + 8 <= file_size:
         handle.seek(position)
         header = handle.read(16)
+        if len(header) >= 8 and len(header[4:].rstrip(b"\0")) < 4:  # (zeros from within the type on, or before it)
+            yield _ZERO_HEADER, position, file_size
+            return
         size, kind = struct.unpack(">I4s", header[:8]) if len(header) >= 8 else (0, b"")
         header_size = 16 if size == 1 else 8
         if size == 1:

@@ -28,7 +28,7 @@ from numpy.typing import ArrayLike
 
 from .errors import DAMAGED_VIDEO_ADVICE, CodecUnsupportedError, VideoDecodeError, no_video_stream
 from .keyframe_sizes import KEYFRAME_SIZE_CODECS, PacketBytes, ReadAt, check_keyframe_sizes
-from .mp4_tables import Mp4Track, fragmented_file_cut, read_mp4_tracks
+from .mp4_tables import Mp4Track, mp4_file_cut, read_mp4_tracks
 from .random_access import HEAD_BYTES, NalLayout, is_random_access, nal_layout
 from .remote_retry import is_transient
 from .said_once import warn_once
@@ -314,16 +314,64 @@ def _check_matroska_segment(handle: IO[bytes], file_size: int, *, label: str) ->
 
 def _check_fragments(handle: IO[bytes], file_size: int, *, label: str) -> None:
     """VideoDecodeError where the boxes of a fragmented MP4 (``moof``/``mdat`` pairs after ``moov``, e.g. FFmpeg's
-    ``movflags=frag_keyframe+empty_moov``) say the file is cut short (:func:`.mp4_tables.fragmented_file_cut`).
+    ``movflags=frag_keyframe+empty_moov``) say the file is cut short or zero-filled (:func:`.mp4_tables.mp4_file_cut`).
     FFmpeg's demuxer drops the samples past the cut without an error, so such a file was indexed as a shorter video:
     4,022 of 5,604 cuts (every top-level box boundary and random bytes of H.264, HEVC and AV1 files in 14 fragmented
     layouts). 356 still are, each exactly between two fragments of a file whose cut took its ``mfra`` box (or that had
     none) and that has no global ``sidx``: unless its ``mehd`` box gives the movie's duration
     (:func:`_check_movie_duration`, after the demux), nothing left in such a file says it had more fragments, so it is
     indexed as the frames it holds, as any demuxer reads it."""
-    why = fragmented_file_cut(handle, file_size)
+    why = mp4_file_cut(handle, file_size, fragmented=True)
     if why is not None:
         raise _truncated(label, why)
+
+
+#: Codecs none of whose packets (as MP4 stores them) starts with :data:`_ZERO_HEAD_BYTES` zero bytes (an H.264 or HEVC
+#: sample starts with its first NAL unit's length, an AV1 one with an OBU header, whose type 0 is reserved, a VP9 frame
+#: with its frame marker, binary 10) or ends with :data:`_ZERO_TAIL_BYTES` (an H.264 or HEVC NAL unit's last byte is
+#: not 0; 0 of 630 VP9 and 6,096 AV1 packets, generated and real, end with 4 zero bytes, though 350 VP9 ones with 1).
+_ZERO_FILL_CODECS = frozenset({"av1", "h264", "hevc", "vp9"})
+_ZERO_HEAD_BYTES, _ZERO_TAIL_BYTES = 8, 16
+#: Largest packet read whole (one read) for :func:`_check_zero_filled`; a larger one is read at both ends (two).
+_WHOLE_PACKET_BYTES = 64 * 1024
+
+
+def _check_zero_filled(read_at: ReadAt, offsets: np.ndarray, sizes: np.ndarray, codec: str, *, label: str) -> None:
+    """VideoDecodeError where the packet stored last in the file starts or ends with zeros no packet of ``codec`` has:
+    the file's end is zero-filled (a copy into a pre-allocated file that stopped: the size is whole, the bytes from
+    there on zeros). The boxes stay whole where the zeros start in the media data, and FFmpeg reads such packets
+    without an error: a plain MP4 was indexed whole, its last frames undecodable; a fragmented one whose zeros start in
+    its last fragment, likewise. One read (two for a packet over :data:`_WHOLE_PACKET_BYTES`)."""
+    if codec not in _ZERO_FILL_CODECS or len(offsets) == 0:
+        return
+    last = int(np.argmax(offsets))
+    offset, size = int(offsets[last]), int(sizes[last])
+    if size <= _WHOLE_PACKET_BYTES:
+        packet = read_at(offset, size)
+        head, tail = packet[:_ZERO_HEAD_BYTES], packet[-_ZERO_TAIL_BYTES:]
+    else:
+        head = read_at(offset, _ZERO_HEAD_BYTES)
+        tail = read_at(offset + size - _ZERO_TAIL_BYTES, _ZERO_TAIL_BYTES)
+    end = "starts" if not any(head) else "ends" if not any(tail) else None
+    if end is not None and size > 0:
+        raise _truncated(
+            label,
+            f"its last stored packet (bytes {offset}-{offset + size}) {end} with zeros, as no {codec} packet does: the "
+            "file is zero-filled from there (a copy cut short)",
+        )
+
+
+def _reads(handle: IO[bytes]) -> ReadAt:
+    """Reads of ``handle`` at an offset: :func:`_local_reads` where it is local, else a seek and a read each."""
+    local = _local_reads(handle)
+    if local is not None:
+        return local
+
+    def read(offset: int, length: int) -> bytes:
+        handle.seek(offset)
+        return handle.read(length)
+
+    return read
 
 
 def _truncated(label: str, why: str) -> VideoDecodeError:
@@ -396,17 +444,19 @@ def _index_container(
         media = None if track is None else track.media_data
         _check_packet_bytes(table[:, 2], table[:, 3], media, file_size, label=label)
     byte_exact = _offsets_are_exact(handle, table, samples)
+    codec = context.codec.canonical_name
+    if byte_exact:
+        _check_zero_filled(_reads(handle), table[:, 2], table[:, 3], codec, label=label)
     if first_key is None:
         first_key = _first_keyframe_bytes(handle, table) if byte_exact else None
     template = _make_template(stream, first_key if first_key is not None else samples[0])
     keyframe = table[:, 4].astype(bool)
-    layout = nal_layout(context.codec.canonical_name, context.extradata)
+    layout = nal_layout(codec, context.extradata)
     if layout is not None:
         keyframe = _random_access_keyframes(
             keyframe, table, layout, {**heads, **samples}, handle if byte_exact else None, label=label,
             local=_local_reads(handle) if byte_exact else None,
         )  # fmt: skip
-    codec = context.codec.canonical_name
     sizes_checked = False
     if codec in KEYFRAME_SIZE_CODECS and (layout is not None or codec not in ("h264", "hevc")):  # (not Annex B)
         read_at = _local_reads(handle) if byte_exact else None

@@ -581,6 +581,36 @@ def test_a_faststart_mp4_cut_among_its_first_packets_is_refused(
             build_packet_index(cut)
 
 
+@pytest.mark.parametrize("codec", ["h264", "av1", "vp9"])
+def test_an_mp4_whose_end_is_zero_filled_is_refused(marker_video: MarkerVideo, tmp_path: Path, codec: str) -> None:
+    """A copy into a pre-allocated file that stopped keeps the file's size, its bytes zeros from where it stopped: every
+    box stays whole where the zeros start in the media data. A faststart MP4 was indexed whole (its last frames zeros,
+    undecodable), a fragmented one as the fragments before a box header of zeros (8,206 of 9,749 zero fills of 58 such
+    files, every codec and layout). Now a box header of zeros, or a last packet that starts or ends with zeros, as no
+    packet of the codec does, says the file is zero-filled; the whole files index as their decode shows."""
+    faststart = remux(marker_video(codec, 30), tmp_path / "faststart.mp4", movflags="faststart")
+    flags = "frag_keyframe+empty_moov+default_base_moof"
+    fragmented = remux(marker_video(codec, 30), tmp_path / "fragmented.mp4", movflags=flags)
+    filled = tmp_path / "filled.mp4"
+    for whole in (faststart, fragmented):
+        raw = whole.read_bytes()
+        assert build_packet_index(whole).frame_count == len(_decoded_pts(whole)) == 90
+        boxes = top_level_boxes(raw)
+        mdat = next(start for kind, start, _ in boxes if kind == b"mdat")
+        with av.open(str(whole)) as container:
+            last = max((packet.pos, packet.size) for packet in container.demux(video=0) if packet.size)
+        said = rf"its last stored packet \(bytes {last[0]}-{sum(last)}\) (starts|ends) with zeros, as no {codec} packet"
+        zero_fills = [(last[0], said), (sum(last) - 16, said), ((mdat + last[0]) // 2, said)]
+        if whole is fragmented:
+            (_, mdat, _), (_, moof, _) = boxes[-5:-3]  # (the second fragment's mdat, the third's moof)
+            header = rf"its box header at byte {moof} is zeros: the file is zero-filled from there"
+            zero_fills = [(moof, header), (moof + 4, header), (moof + 7, header), ((mdat + moof) // 2, header)]
+        for start, message in zero_fills:
+            filled.write_bytes(raw[:start] + bytes(len(raw) - start))
+            with pytest.raises(VideoDecodeError, match=rf"filled\.mp4: {message}.*; the file is truncated"):
+                build_packet_index(filled)
+
+
 @pytest.mark.parametrize("codec, container_format", [("vp9", "webm"), ("h264", "matroska")])
 def test_a_matroska_file_cut_short_is_refused(
     marker_video: MarkerVideo, tmp_path: Path, codec: str, container_format: str
