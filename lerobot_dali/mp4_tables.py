@@ -128,23 +128,27 @@ def mp4_file_cut(handle: IO[bytes], file_size: int, *, fragmented: bool = False)
     fragmented movie also where it ends within a box header or with a fragment's ``moof`` whose media data (the
     ``mdat`` after it) is missing. A box header that is zeros from within its type on (a copy into a pre-allocated file
     that stopped: same size, zeros from there on) is a cut too, unless a plain movie's ``moov`` and ``mdat`` lie whole
-    before them (trailing padding). ``fragmented``: the ``moov`` has ``mvex`` (else a movie is fragmented once a
-    ``moof`` box is met). A fragmented file cut exactly between two fragments, with neither an ``mfra`` box nor a
-    global ``sidx``, has whole boxes: only a duration its ``moov`` gives (:attr:`Mp4Track.movie_duration_s`, which
-    FFmpeg does not write) can say it had more fragments.
+    before them (trailing padding). ``fragmented``: the ``moov`` has ``mvex``; else a movie is fragmented once a
+    ``moof`` box is met, or where its ``moov``, read only where that decides, has ``mvex``. A fragmented file cut
+    exactly between two fragments, with neither an ``mfra`` box nor a global ``sidx``, has whole boxes: only a duration
+    its ``moov`` gives (:attr:`Mp4Track.movie_duration_s`, which FFmpeg does not write) can say it had more fragments.
     """
     if file_size >= 16 and _ends_with_mfra(handle, file_size):
         return None
     position, last = 0, (b"", 0)  # (the last moof or mdat box, and where its header starts)
-    seen: set[bytes] = set()
+    seen: dict[bytes, tuple[int, int]] = {}  # (each box type met: its first box's payload)
+
+    def movie_fragmented() -> bool:  # (a moof met, else the moov's mvex: its payload read only where it decides)
+        moov = seen.get(b"moov")
+        return fragmented or b"moof" in seen or (moov is not None and _has_mvex(handle, *moov))
+
     for kind, start, end in _top_level_boxes(handle, file_size):
-        fragmented = fragmented or kind == b"moof"
-        if kind == _ZERO_HEADER and (fragmented or not {b"moov", b"mdat"} <= seen):
+        if kind == _ZERO_HEADER and not ({b"moov", b"mdat"} <= seen.keys() and not movie_fragmented()):
             return f"its box header at byte {position} is zeros: the file is zero-filled from there (a copy cut short)"
         if kind is None or kind == _ZERO_HEADER:
-            return None  # (bytes that are no box: not a cut's signature)
+            return None  # (bytes that are no box: not a cut's signature; a plain movie's padding)
         header_at = position
-        if end > file_size and (fragmented or kind in (b"moov", b"mdat")):
+        if end > file_size and (kind in (b"moov", b"moof", b"mdat") or movie_fragmented()):
             name = kind.decode("latin-1")
             return f"its {name} box at byte {header_at} extends to byte {end} but the file has {file_size} bytes"
         if kind == b"sidx":
@@ -156,15 +160,22 @@ def mp4_file_cut(handle: IO[bytes], file_size: int, *, fragmented: bool = False)
                 )
         if kind in (b"moof", b"mdat"):
             last = (kind, header_at)
-        seen.add(kind)
+        seen.setdefault(kind, (start, end))
         position = end
-    if not fragmented:
-        return None
-    if position < file_size:  # (fewer bytes than a box header: what is left of one)
+    if position < file_size and movie_fragmented():  # (fewer bytes than a box header: what is left of one)
         return f"it ends within the header of a box at byte {position} (the file has {file_size} bytes)"
     if last[0] == b"moof":
         return f"its last fragment's media data (the mdat box after its moof box at byte {last[1]}) is missing"
     return None
+
+
+def _has_mvex(handle: IO[bytes], start: int, end: int) -> bool:
+    """Whether the ``moov`` box whose payload is ``start`` to ``end`` holds ``mvex`` (a fragmented movie)."""
+    if end - start > _MAX_MOOV_BYTES:
+        return False
+    handle.seek(start)
+    data = handle.read(end - start)
+    return _find_box(data, 0, len(data), (b"mvex",)) is not None
 
 
 def _ends_with_mfra(handle: IO[bytes], file_size: int) -> bool:

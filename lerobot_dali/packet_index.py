@@ -34,7 +34,7 @@ from .remote_retry import is_transient
 from .said_once import warn_once
 from .video_source import VideoSource, open_video_source, source_label
 
-__all__ = ["PacketIndex", "build_packet_index", "no_decoder_error"]
+__all__ = ["PacketIndex", "build_packet_index", "check_stored_index", "no_decoder_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -285,6 +285,34 @@ def build_packet_index(source: VideoSource, *, filesystem: Any | None = None) ->
         "Indexed %d packets of %s (%s %dx%d)", index.frame_count, label, index.codec, index.width, index.height
     )
     return index
+
+
+def check_stored_index(source: VideoSource, index: PacketIndex, *, filesystem: Any | None = None) -> None:
+    """VideoDecodeError where ``source``'s file, whose ``index`` was stored by a version that did not refuse truncated
+    and zero-filled files (:data:`~lerobot_dali.packet_index_file.FILE_CHECKS`), is one: such an index holds the
+    frames before the cut, and lookups past them blamed the dataset's rows. The checks a build makes before its demux
+    (a Matroska segment past the file's end; an MP4's boxes, :func:`~lerobot_dali.mp4_tables.mp4_file_cut`, which also
+    finds a plain MP4 cut among its packets by its ``mdat`` past the end) and after it (:func:`_check_zero_filled`),
+    from a few small reads: one for a Matroska file, about five for an MP4 (its ``mfra`` box, its top-level box
+    headers, its last packet). Not judged again: a fragmented MP4 cut between two fragments whose ``mehd`` box gives a
+    longer duration (:func:`_check_movie_duration` needs the demuxer's stream durations), which FFmpeg does not write.
+    """
+    label = source_label(source)
+    with open_video_source(source, filesystem=filesystem) as handle:
+        file_size = _file_size(handle)
+        try:
+            _check_matroska_segment(handle, file_size, label=label)
+            handle.seek(0)
+            if file_size >= 8 and handle.read(8)[4:].isalnum():  # (an MP4's first box type)
+                why = mp4_file_cut(handle, file_size)
+                if why is not None:
+                    raise _truncated(label, why)
+            if index.byte_exact:
+                _check_zero_filled(_reads(handle), index.byte_offset, index.size_bytes, index.codec, label=label)
+        except OSError as e:
+            if is_transient(e):
+                raise
+            raise VideoDecodeError(f"{label}: cannot read the video file ({e}): {DAMAGED_VIDEO_ADVICE}") from e
 
 
 #: The EBML header's and the Segment's element IDs: a Matroska (WebM) file is the one, then the other.

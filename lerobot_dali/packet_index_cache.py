@@ -6,6 +6,7 @@ Every request on the video route needs its file's index; building one costs a de
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import OrderedDict
 from collections.abc import Hashable
@@ -15,7 +16,7 @@ from . import fork_locks
 from .concurrent_calls import KeyedLocks
 from .errors import DatasetError, missing_video
 from .file_stamps import stamp_from_stat
-from .packet_index import PacketIndex, build_packet_index
+from .packet_index import PacketIndex, build_packet_index, check_stored_index
 from .video_source import VideoSource, local_video_path, source_cache_key, source_label, source_url
 
 if TYPE_CHECKING:
@@ -87,12 +88,13 @@ class PacketIndexCache:
         self, source: VideoSource, filesystem: Any | None, url: str, stamp: FileStamp, store: PacketIndexStore | None
     ) -> PacketIndex:
         key = ("stamped", url, stamp)
-        index = store.load(url, stamp) if store is not None else None
+        recheck = functools.partial(check_stored_index, source, filesystem=filesystem)  # (an entry of an older build)
+        index = store.load(url, stamp, recheck=recheck) if store is not None else None
         if store is None:
             index = self._build(source, filesystem, url, stamp)
         elif index is None:
             with store.building(url, stamp):  # (DALI workers and ranks each read the video to index it)
-                index = store.load(url, stamp)  # (stored by the process that held the lock meanwhile)
+                index = store.load(url, stamp, recheck=recheck)  # (stored by the process that held the lock meanwhile)
                 if index is None:
                     index = self._build(source, filesystem, url, stamp)
                     store.save(url, stamp, index)

@@ -36,7 +36,7 @@ import numpy as np
 from .file_stamps import FileStamp
 from .packet_index import PacketIndex
 
-__all__ = ["MAGIC", "STORE_FORMAT", "packet_index_bytes", "read_packet_index"]
+__all__ = ["FILE_CHECKS", "MAGIC", "STORE_FORMAT", "packet_index_bytes", "read_packet_index", "read_packet_index_entry"]
 
 #: Version of the layout; files of another version are deleted and rebuilt. 2: ``keyframe`` holds random-access
 #: points only, not every flagged sync sample (x264 intra refresh flags P-frames; :mod:`.random_access`). 3: the
@@ -47,6 +47,12 @@ __all__ = ["MAGIC", "STORE_FORMAT", "packet_index_bytes", "read_packet_index"]
 #: frames, so a cached index of such a file kept refusing requests as corrupt. 7: which packets the edit list hides
 #: (``hidden``); a format-6 index of a trimmed file looked frames up among the hidden ones, which a decode never shows.
 STORE_FORMAT = 7
+#: Which checks of the video file itself the build made, kept in the header (``file_checks``; entries written before
+#: it have none: 0). 1: a truncated or zero-filled file is refused (a cut Matroska segment or fragmented MP4, an MP4 cut
+#: among its first packets, a box header or last packet of zeros). An entry with less is served only once its file's
+#: boxes pass :func:`~lerobot_dali.packet_index.check_stored_index` (a few small reads; :meth:`PacketIndexStore.load`),
+#: not rebuilt as a new :data:`STORE_FORMAT` would make every index be.
+FILE_CHECKS = 1
 #: The first bytes of every packet index file.
 MAGIC = b"LDPKTIDX"
 
@@ -74,6 +80,7 @@ def packet_index_bytes(index: PacketIndex, url: str, stamp: FileStamp) -> bytes:
             "byte_exact": bool(index.byte_exact),
             "stream_index": int(index.stream_index),
             "keyframe_sizes_checked": bool(index.keyframe_sizes_checked),
+            "file_checks": FILE_CHECKS,
             "packets": len(index.pts),
             "template_bytes": len(index.template),
         }
@@ -100,6 +107,12 @@ def _flags(index: PacketIndex) -> np.ndarray:
 
 def read_packet_index(raw: bytes, url: str, stamp: FileStamp) -> PacketIndex:
     """The index in file content ``raw``; ValueError when it is damaged, of another format or for another key."""
+    return read_packet_index_entry(raw, url, stamp)[0]
+
+
+def read_packet_index_entry(raw: bytes, url: str, stamp: FileStamp) -> tuple[PacketIndex, int]:
+    """The index in file content ``raw`` and the :data:`FILE_CHECKS` its build made (0 where the file predates them);
+    ValueError as :func:`read_packet_index` raises it."""
     if len(raw) < _PREFIX.size + _CHECKSUM.size:
         raise ValueError(f"{len(raw)} bytes, too short for a packet index file")
     magic, file_format, header_length = _PREFIX.unpack_from(raw)
@@ -131,7 +144,7 @@ def read_packet_index(raw: bytes, url: str, stamp: FileStamp) -> PacketIndex:
     arrays["hidden"] = (flags & _HIDDEN) != 0
     offset += count
     numerator, denominator = header["time_base"]
-    return PacketIndex(
+    index = PacketIndex(
         source_name=str(header["source_name"]),
         codec=str(header["codec"]),
         width=int(header["width"]),
@@ -145,3 +158,4 @@ def read_packet_index(raw: bytes, url: str, stamp: FileStamp) -> PacketIndex:
         keyframe_sizes_checked=bool(header["keyframe_sizes_checked"]),
         **arrays,
     )
+    return index, int(header.get("file_checks", 0))

@@ -7,8 +7,11 @@ simply misses. Files are written to a temporary name and renamed into place, so 
 folder never read half a file; an unreadable file is logged, deleted and rebuilt. Processes that miss the same
 index at once (the DALI workers of a rank, the ranks of a node) take turns on an ``flock`` beside its file
 (:meth:`PacketIndexStore.building`): one reads the video, the others load its stored index. A folder that
-refuses writes (full, over quota, read-only) is written no more by the process, with one warning. The ``.npz``
-files of formats up to 4 are left to older versions sharing the folder, never read, and pruned once unused.
+refuses writes (full, over quota, read-only) is written no more by the process, with one warning. An entry says which
+checks of the video file its build made (:data:`~.packet_index_file.FILE_CHECKS`): one from a version that made fewer
+is checked against its file's boxes at load (a few small reads, once), not rebuilt as a new format would make every
+index. The ``.npz`` files of formats up to 4 are left to older versions sharing the folder, never read, and pruned once
+unused.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -37,9 +40,10 @@ from .cache_dirs import (
     read_entry,
     wait_for_flock,
 )
+from .errors import VideoDecodeError
 from .file_stamps import FileStamp
 from .packet_index import PacketIndex
-from .packet_index_file import STORE_FORMAT, packet_index_bytes, read_packet_index
+from .packet_index_file import FILE_CHECKS, STORE_FORMAT, packet_index_bytes, read_packet_index_entry
 from .said_once import warn_once
 
 __all__ = ["STORE_FORMAT", "SUFFIX", "WAIT_S", "PacketIndexStore", "default_packet_index_dir"]
@@ -85,26 +89,50 @@ class PacketIndexStore:
         digest = hashlib.sha256(json.dumps([url, stamp.size, stamp.version]).encode()).hexdigest()
         return self.directory / digest[:2] / f"{digest}{SUFFIX}"
 
-    def load(self, url: str, stamp: FileStamp) -> PacketIndex | None:
-        """The stored index of ``url`` at ``stamp``, or None when absent or unreadable (then deleted)."""
+    def load(
+        self, url: str, stamp: FileStamp, *, recheck: Callable[[PacketIndex], None] | None = None
+    ) -> PacketIndex | None:
+        """The stored index of ``url`` at ``stamp``, or None when absent or unreadable (then deleted).
+
+        An entry whose build made fewer checks of the video file than this version's
+        (:data:`~lerobot_dali.packet_index_file.FILE_CHECKS`: one written before truncated and zero-filled files were
+        refused, which may hold the frames before the cut of such a file) is served once ``recheck(index)`` (a few
+        small reads of the file's boxes: :func:`~lerobot_dali.packet_index.check_stored_index`) passes, then stored
+        again with the checks; without ``recheck`` it is rebuilt. Where ``recheck`` finds the file truncated, the entry
+        is deleted and its VideoDecodeError raised.
+        """
         path = self.path_for(url, stamp)
         found = read_entry(path, logger, instead="indexing the video")  # (a folder that is none: its save says so)
         if found is None:
             return None
         raw, read = found
         try:
-            index = read_packet_index(raw, url, stamp)
+            index, file_checks = read_packet_index_entry(raw, url, stamp)
         except Exception as e:  # a stored index is a shortcut: whatever fails to load it (damage, another format,
             # the video's own checks in PacketIndex), it is rebuilt from the file
             logger.warning("packet index cache file %s is unreadable (%s: %s); deleting it", path, type(e).__name__, e)
-            try:
-                delete_if_unchanged(path, read)  # (not a good one another process stored meanwhile)
-            except OSError as unlink_error:
-                logger.warning("cannot delete %s (%s); it will be overwritten", path, unlink_error)
+            self._delete(path, read)
             return None
+        if file_checks < FILE_CHECKS:
+            if recheck is None:
+                return None
+            try:
+                recheck(index)
+            except VideoDecodeError:
+                logger.warning("packet index cache file %s indexes a video found truncated; deleting it", path)
+                self._delete(path, read)
+                raise
+            self.save(url, stamp, index)  # (with this version's checks: not checked again)
         mark_used(path)
         logger.debug("Loaded the index of %d packets of %s from %s", index.frame_count, url, path)
         return index
+
+    @staticmethod
+    def _delete(path: Path, read: os.stat_result) -> None:
+        try:
+            delete_if_unchanged(path, read)  # (not a good one another process stored meanwhile)
+        except OSError as unlink_error:
+            logger.warning("cannot delete %s (%s); it will be overwritten", path, unlink_error)
 
     @contextmanager
     def building(self, url: str, stamp: FileStamp) -> Iterator[None]:

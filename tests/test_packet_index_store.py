@@ -26,18 +26,19 @@ import fsspec
 import numpy as np
 import pytest
 
-from lerobot_dali import packet_index_cache
-from lerobot_dali.errors import DatasetError, MissingDataFileError
-from lerobot_dali.file_stamps import FileStamp, FileStamps
+from lerobot_dali import packet_index, packet_index_cache
+from lerobot_dali.errors import DatasetError, MissingDataFileError, VideoDecodeError
+from lerobot_dali.file_stamps import FileStamp, FileStamps, stamp_from_stat
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
 from lerobot_dali.packet_index_cache import PacketIndexCache
+from lerobot_dali.packet_index_file import FILE_CHECKS
 from lerobot_dali.packet_index_store import STORE_FORMAT, PacketIndexStore, default_packet_index_dir
 from lerobot_dali.remote_retry import RetryingFileSystem
 from lerobot_dali.video_source import source_url
 from tests.fake_remote import FakeRemoteFileSystem
 from tests.process_tree import reports_of_processes_at_once
 from tests.replace_on_warning import replaced_when_warned
-from tests.video_fixtures import EPISODE_LENGTHS, MarkerVideo
+from tests.video_fixtures import EPISODE_LENGTHS, MarkerVideo, remux, top_level_boxes
 
 _FIELDS = (
     "source_name", "codec", "width", "height", "pix_fmt", "time_base", "file_size_bytes", "byte_exact",
@@ -218,6 +219,54 @@ def test_corrupt_file_is_deleted_and_rebuilt(
     rebuilt = store.load(_URL, stamp)
     assert rebuilt is not None
     assert_identical(rebuilt, index)
+
+
+def test_an_index_stored_before_truncated_files_were_refused_is_checked_against_its_file(
+    marker_video: MarkerVideo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An index stored by a version that did not refuse truncated or zero-filled files (its header says no file
+    checks) was served as it was: a cut fragmented MP4's held the 74 frames before the cut, a zero-filled faststart
+    MP4's all 90, its last ones zeros, a fragmented MP4's zero-filled from its first moof the 30 its moov lists; the
+    store format was kept so as not to rebuild every index. Such an entry is now served once its file's boxes pass
+    (then stored with the checks, not checked again); a truncated file's is deleted and the file named as truncated."""
+    flags = "frag_keyframe+empty_moov+default_base_moof"
+    whole = remux(marker_video("h264", 30), tmp_path / "whole.mp4", movflags=flags)
+    raw = whole.read_bytes()
+    last_mdat = top_level_boxes(raw)[-2]
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(raw[: (last_mdat[1] + last_mdat[2]) // 2])
+    faststart = remux(marker_video("h264", 30), tmp_path / "faststart.mp4", movflags="faststart").read_bytes()
+    filled = tmp_path / "filled.mp4"
+    filled.write_bytes(faststart[: len(faststart) - 100] + bytes(100))
+    first_in_moov = remux(marker_video("h264", 30), tmp_path / "first.mp4", movflags="frag_keyframe").read_bytes()
+    moof = next(start for kind, start, _ in top_level_boxes(first_in_moov) if kind == b"moof")
+    moof_filled = tmp_path / "moof_filled.mp4"  # (its moov lists the first fragment's samples: a plain movie's boxes)
+    moof_filled.write_bytes(first_in_moov[:moof] + bytes(len(first_in_moov) - moof))
+    store = PacketIndexStore(tmp_path / "store")
+    frames = {}
+    for video in (whole, cut, filled, moof_filled):
+        with monkeypatch.context() as old_build:  # (what a version without the checks built)
+            old_build.setattr(packet_index, "_check_fragments", lambda *args, **kwargs: None)
+            old_build.setattr(packet_index, "_check_zero_filled", lambda *args, **kwargs: None)
+            index = build_packet_index(video)
+        frames[video.name] = index.frame_count
+        url, stamp = source_url(video), stamp_from_stat(video.stat())
+        store.save(url, stamp, index)
+        _rewritten(lambda header: header.pop("file_checks", None))(store.path_for(url, stamp))
+    assert frames == {"whole.mp4": 90, "cut.mp4": 74, "filled.mp4": 90, "moof_filled.mp4": 30}
+    served = PacketIndexCache().get(whole, store=store)
+    assert_identical(served, build_packet_index(whole))
+    entry = store.path_for(source_url(whole), stamp_from_stat(whole.stat()))
+    assert _layout(entry.read_bytes())[0]["file_checks"] == FILE_CHECKS  # (stored again: not checked again)
+    for video, said in [
+        (cut, f"its mdat box at byte {last_mdat[1]} extends to byte {last_mdat[2]} but the file has"),
+        (filled, "its last stored packet .* starts with zeros, as no h264 packet does"),
+        (moof_filled, f"its box header at byte {moof} is zeros: the file is zero-filled from there"),
+    ]:
+        entry = store.path_for(source_url(video), stamp_from_stat(video.stat()))
+        with pytest.raises(VideoDecodeError, match=rf"{video.name}: {said}.*; the file is truncated"):
+            PacketIndexCache().get(video, store=store)
+        assert not entry.exists()
 
 
 def test_an_entry_replaced_while_found_unreadable_is_kept(marker_video: MarkerVideo, tmp_path: Path) -> None:
