@@ -24,6 +24,11 @@ __all__ = ["Edit", "Mp4Track", "SampleTable", "mp4_file_cut", "read_mp4_tracks"]
 _MAX_MOOV_BYTES = 512 * 1024 * 1024
 # mdat boxes walked for Mp4Track.media_data; past this many, media_data is not known (a header read each).
 _MAX_MEDIA_BOXES = 64
+#: Bytes read at once for the top-level box headers of a fragmented movie, past a fragment no larger: a remote file
+#: without ``mfra`` took a request per fragment (a 256 KiB read-ahead block each: 61 for a 28 MB file of 1 s fragments,
+#: 152 for 44 MB of 2-frame fragments), now one per 4 MiB (7 and 11), reading about the file (a fragmented MP4's index
+#: demuxes it whole anyway).
+_WALK_BATCH_BYTES = 4 * 1024 * 1024
 #: The type :func:`_top_level_boxes` gives a header that is zeros from within its type on (no box type holds a zero
 #: byte): the file is zero-filled from there.
 _ZERO_HEADER = b"\x00\x00\x00\x00"
@@ -142,7 +147,7 @@ def mp4_file_cut(handle: IO[bytes], file_size: int, *, fragmented: bool = False)
         moov = seen.get(b"moov")
         return fragmented or b"moof" in seen or (moov is not None and _has_mvex(handle, *moov))
 
-    for kind, start, end in _top_level_boxes(handle, file_size):
+    for kind, start, end in _top_level_boxes(handle, file_size, batch_bytes=_WALK_BATCH_BYTES):
         if kind == _ZERO_HEADER and not ({b"moov", b"mdat"} <= seen.keys() and not movie_fragmented()):
             return f"its box header at byte {position} is zeros: the file is zero-filled from there (a copy cut short)"
         if kind is None or kind == _ZERO_HEADER:
@@ -208,14 +213,20 @@ def _sidx_end(handle: IO[bytes], start: int, end: int) -> int | None:
     return end + int(first_offset) + int(sizes.astype(np.int64).sum())
 
 
-def _top_level_boxes(handle: IO[bytes], file_size: int) -> Iterator[tuple[bytes | None, int, int]]:
+def _top_level_boxes(
+    handle: IO[bytes], file_size: int, *, batch_bytes: int = 0
+) -> Iterator[tuple[bytes | None, int, int]]:
     """(type, payload start, end) of each top-level box, reading its header only; ends with (None, ...) at bytes
     that are no box header, (:data:`_ZERO_HEADER`, ...) at a header whose bytes are zeros from within its type on (no
-    type holds a zero byte). A box may end past ``file_size`` (a file cut short)."""
-    position = 0
+    type holds a zero byte). A box may end past ``file_size`` (a file cut short). ``batch_bytes``: once a ``moof`` box
+    is met, the header after a box no larger is read with the ``batch_bytes`` from it, so the headers of the fragments
+    within are read at once (a remote file's request each: :data:`_WALK_BATCH_BYTES`); 0: each header alone."""
+    position, buffer, buffer_at, batch = 0, b"", 0, False
     while position + 8 <= file_size:
-        handle.seek(position)
-        header = handle.read(16)
+        if not buffer_at <= position <= position + 16 <= buffer_at + len(buffer):
+            handle.seek(position)
+            buffer, buffer_at = handle.read(batch_bytes if batch else 16), position
+        header = buffer[position - buffer_at : position - buffer_at + 16]
         if len(header) >= 8 and len(header[4:].rstrip(b"\0")) < 4:  # (zeros from within the type on, or before it)
             yield _ZERO_HEADER, position, file_size
             return
@@ -230,6 +241,7 @@ def _top_level_boxes(handle: IO[bytes], file_size: int) -> Iterator[tuple[bytes 
             return
         yield kind, position + header_size, position + size
         position += size
+        batch = batch_bytes > 16 and (batch or kind == b"moof") and size <= batch_bytes
 
 
 def _child_boxes(data: bytes, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:

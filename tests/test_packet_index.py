@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import pickle
@@ -36,6 +37,7 @@ from lerobot_dali.frame_lookup import (
     frame_index_timestamps_s,
     nearest_frame_indices,
 )
+from lerobot_dali.mp4_tables import mp4_file_cut
 from lerobot_dali.packet_index import build_packet_index
 from lerobot_dali.packet_index_cache import PacketIndexCache, load_packet_index
 from lerobot_dali.pyav_reader import PyAvReader
@@ -656,6 +658,35 @@ def test_a_fragmented_mp4_cut_short_is_refused(marker_video: MarkerVideo, tmp_pa
         cut.write_bytes(raw[:end])
         with pytest.raises(VideoDecodeError, match=re.escape(f"cut.mp4: {said}") + ".*; the file is truncated"):
             build_packet_index(cut)
+
+
+class _CountedReads(io.BytesIO):
+    """File bytes whose reads are counted (a remote file's requests)."""
+
+    reads = 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        self.reads += 1
+        return super().read(size)
+
+
+def test_a_fragmented_mp4_without_mfra_is_checked_in_few_reads(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    """Without an mfra box, every top-level box header of a fragmented MP4 is read to find a cut: each was read alone,
+    a remote file's request each (183 reads for 90 one-frame fragments; 61 and 152 requests of 256 KiB over HTTP for
+    28-44 MB files of 1 s and 2-frame fragments). Past a moof, the headers are read 4 MiB at a time (5 reads here; 9
+    and 13 requests), and say what the one-by-one reads said: nothing for the whole file, the last mdat for a cut."""
+    flags = "frag_every_frame+empty_moov+default_base_moof+skip_trailer"
+    raw = remux(marker_video("h264", 30), tmp_path / "fragmented.mp4", movflags=flags).read_bytes()
+    boxes = top_level_boxes(raw)
+    assert [kind for kind, _, _ in boxes] == [b"ftyp", b"moov", *[b"moof", b"mdat"] * 90]
+    for end, said in [
+        (len(raw), None),
+        (len(raw) - 10, f"its mdat box at byte {boxes[-1][1]} extends to byte {len(raw)} but the file has"),
+    ]:
+        handle = _CountedReads(raw[:end])
+        why = mp4_file_cut(handle, end, fragmented=True)
+        assert (why if said is None else why[: len(said)]) == said
+        assert handle.reads == 5  # (the mfro, the ftyp, moov and first moof headers, then the rest at once)
 
 
 def test_a_fragmented_mp4_cut_between_fragments_is_refused_by_its_segment_index(
