@@ -520,14 +520,19 @@ def _check_movie_duration(container: Any, tracks: dict[int, Mp4Track] | None, ro
     a demux, by more than half a frame of the video: the file was cut between two fragments, which its boxes alone
     cannot tell (:func:`_check_fragments`). What the tracks hold is the longer of FFmpeg's longest stream duration
     (every sample's duration summed, the last one's included) and the video's last frame's end counted from time 0
-    (a writer without an edit list may count the B-frame delay in). Not judged where a track is no stream FFmpeg
-    reads (its duration unknown)."""
+    (a writer without an edit list may count the B-frame delay in). A frame's length is the median distance between
+    frames, or where one frame is left (a file of one-frame fragments cut after its first: 16 of 16 such cuts were
+    indexed as one frame), its own duration. Not judged where a track is no stream FFmpeg reads (its duration
+    unknown)."""
     stated = None if not tracks else next(iter(tracks.values())).movie_duration_s
-    if stated is None or len(rows) < 2 or not set(tracks or ()) <= {int(s.id) for s in container.streams}:
+    if stated is None or not rows or not set(tracks or ()) <= {int(s.id) for s in container.streams}:
         return
     pts = np.sort([row[0] for row in rows])
-    time_base = Fraction(container.streams.video[0].time_base)
-    interval = int(np.median(np.diff(pts))) * time_base
+    video = container.streams.video[0]
+    time_base = Fraction(video.time_base)
+    interval = int(np.median(np.diff(pts))) * time_base if len(rows) > 1 else Fraction(video.duration or 0) * time_base
+    if not interval:
+        return
     durations = [Fraction(s.duration) * s.time_base for s in container.streams if s.duration]
     held = max([*durations, int(pts[-1]) * time_base + interval])
     if stated - held > interval / 2:

@@ -583,6 +583,28 @@ def test_a_faststart_mp4_cut_among_its_first_packets_is_refused(
             build_packet_index(cut)
 
 
+def test_gpac_and_bento4_movie_durations_judge_cuts_between_fragments(
+    marker_video: MarkerVideo, tmp_path: Path
+) -> None:
+    """GPAC and Bento4 write mehd of version 0 or 1 (64-bit) in movie timescales other than FFmpeg's 1000: files of
+    one-frame fragments so given 3 s index as their decode shows (88 such whole files of 4 codecs and 6 layouts, with
+    mehd v0/v1 at 600, 1000 and 90000 ticks a second or with a sidx instead: none refused), and a cut between two
+    fragments is refused, one after the first fragment too (16 of 16 were indexed as one frame: the distance between
+    frames, a frame's length, was not known)."""
+    flags = "frag_every_frame+empty_moov+default_base_moof+skip_trailer"
+    source = remux(marker_video("h264", 30), tmp_path / "source.mp4", movflags=flags)
+    whole, cut = tmp_path / "whole.mp4", tmp_path / "cut.mp4"
+    for version, timescale in ((0, 600), (1, 90000)):
+        raw = with_movie_duration(source, whole, 3.0, version=version, timescale=timescale).read_bytes()
+        assert build_packet_index(whole).frame_count == len(_decoded_pts(whole)) == 90
+        moofs = [start for kind, start, _ in top_level_boxes(raw) if kind == b"moof"]
+        for left in (1, 45):
+            cut.write_bytes(raw[: moofs[left]])
+            said = r"cut\.mp4: its tracks hold [0-9.]+ s but its mehd box gives the movie 3\.000 s \(a cut between two"
+            with pytest.raises(VideoDecodeError, match=said):
+                build_packet_index(cut)
+
+
 @pytest.mark.parametrize("codec", ["h264", "av1", "vp9"])
 def test_an_mp4_whose_end_is_zero_filled_is_refused(marker_video: MarkerVideo, tmp_path: Path, codec: str) -> None:
     """A copy into a pre-allocated file that stopped keeps the file's size, its bytes zeros from where it stopped: every

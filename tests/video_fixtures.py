@@ -199,19 +199,27 @@ def _child_box(raw: bytes | bytearray, kind: bytes, start: int, end: int) -> tup
     raise AssertionError(f"no {kind!r} box")
 
 
-def with_movie_duration(path: Path, target: Path, seconds: float) -> Path:
+def with_movie_duration(
+    path: Path, target: Path, seconds: float, *, version: int = 0, timescale: int | None = None
+) -> Path:
     """Write the fragmented MP4 ``path`` (written with ``default_base_moof``: its fragments address their data from
     their own moof, so moving them moves nothing they point at) to ``target`` with an ``mehd`` box giving the movie
-    ``seconds``, as GPAC and Bento4 write one (FFmpeg writes none)."""
+    ``seconds``, as GPAC and Bento4 write one (FFmpeg writes none): of ``version`` 0 (32-bit) or 1 (64-bit), in the
+    movie ``timescale`` (FFmpeg's 1000 unless given; its ``empty_moov`` gives the movie no duration to scale)."""
     raw = bytearray(path.read_bytes())
     moov = _child_box(raw, b"moov", 0, len(raw))
     mvhd = _child_box(raw, b"mvhd", moov[0] + 8, moov[1])
     mvex = _child_box(raw, b"mvex", moov[0] + 8, moov[1])
     assert raw[mvhd[0] + 8] == 0, "mvhd version 0"
-    timescale = struct.unpack_from(">I", raw, mvhd[0] + 20)[0]
+    if timescale is not None:
+        assert struct.unpack_from(">I", raw, mvhd[0] + 24)[0] == 0, "a movie without a duration"
+        struct.pack_into(">I", raw, mvhd[0] + 20, timescale)
+    ticks = round(seconds * struct.unpack_from(">I", raw, mvhd[0] + 20)[0])
+    wide = version == 1  # (version and flags, then the duration: 32 bits, or 64 in version 1)
+    mehd = struct.pack(">I4sIQ" if wide else ">I4sII", 20 if wide else 16, b"mehd", version << 24, ticks)
     for start, _ in (moov, mvex):
-        struct.pack_into(">I", raw, start, struct.unpack_from(">I", raw, start)[0] + 16)
-    raw[mvex[0] + 8 : mvex[0] + 8] = struct.pack(">I4sII", 16, b"mehd", 0, round(seconds * timescale))
+        struct.pack_into(">I", raw, start, struct.unpack_from(">I", raw, start)[0] + len(mehd))
+    raw[mvex[0] + 8 : mvex[0] + 8] = mehd
     target.write_bytes(bytes(raw))
     return target
 
