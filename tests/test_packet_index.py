@@ -656,6 +656,30 @@ def test_a_matroska_file_cut_short_is_refused(
             build_packet_index(cut)
 
 
+@pytest.mark.parametrize("codec, container_format", [("vp9", "webm"), ("h264", "matroska")])
+def test_a_matroska_file_whose_end_is_zero_filled_is_refused(
+    marker_video: MarkerVideo, tmp_path: Path, codec: str, container_format: str
+) -> None:
+    """A Matroska file zero-filled from some byte on (a copy into a pre-allocated file that stopped) keeps its Segment's
+    size whole, and FFmpeg's demuxer stops at the zeros without an error: it was indexed as fewer frames (115 of 132
+    zero fills of 6 WebM and MKV files). Its SeekHead places its Cues after the clusters: zeros there and at the end say
+    it is zero-filled. Zeros within the Cues alone leave every frame: the file indexes as its demux does."""
+    whole = remux(marker_video(codec, 30), tmp_path / f"whole.{container_format}", container_format)
+    raw = whole.read_bytes()
+    with av.open(str(whole)) as container:
+        packets = [(packet.pos, packet.size) for packet in container.demux(video=0) if packet.size]
+    cues = raw.rindex(b"\x1c\x53\xbb\x6b")  # (the Cues element, after the clusters)
+    assert cues > sum(packets[-1])
+    filled = tmp_path / f"filled.{container_format}"
+    for start in [packets[1][0] + 1, sum(packets[44]), packets[89][0] + packets[89][1] // 2, cues]:
+        filled.write_bytes(raw[:start] + bytes(len(raw) - start))
+        said = rf"filled\.{container_format}: its SeekHead puts its Cues at byte {cues}, where the file holds zeros"
+        with pytest.raises(VideoDecodeError, match=said + ".*zero-filled.*; the file is truncated"):
+            build_packet_index(filled)
+    filled.write_bytes(raw[: cues + 8] + bytes(len(raw) - cues - 8))
+    assert build_packet_index(filled).frame_count == len(packets) == 90
+
+
 @pytest.mark.parametrize("codec", ["h264", "hevc"])
 def test_a_fragmented_mp4_cut_short_is_refused(marker_video: MarkerVideo, tmp_path: Path, codec: str) -> None:
     """FFmpeg's demuxer drops a fragmented MP4's samples past a cut without an error: a file of moof/mdat fragments cut
