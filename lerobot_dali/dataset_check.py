@@ -213,13 +213,7 @@ class _EpisodeChecker:
     def _check_tasks(self, pos: int, rows: dict[str, np.ndarray], episode_index: int) -> None:
         if "task_index" not in rows:
             return
-        used = set(np.unique(rows["task_index"]).tolist())
-        misread = sorted(used & set(self.reader.read_otherwise.get("task", ())))
-        if misread:
-            path = self.reader.data_path(pos)
-            raise self.reader.read_otherwise_error(
-                "task", path, misread, f"episode {episode_index}'s rows hold task_index {misread[:10]}"
-            )
+        used = set(np.unique(rows["task_index"]).tolist())  # (an index LeRobot reads otherwise: refused as read)
         unknown = sorted(used - self.task_indices)
         if unknown:
             raise EpisodeMetadataError(

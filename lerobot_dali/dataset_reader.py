@@ -147,6 +147,7 @@ class LeRobotDatasetReader:
         self.subtasks: dict[int, str] | None = None
         #: Per list ("task"; not yet "subtask"), the indices it names that LeRobot 0.4 reads another text for: the
         #: list's text and LeRobot's (None: it fails): :func:`read_otherwise`. Empty where its rows are in order.
+        #: Refused where the data's rows hold one: at the open by the data files' statistics, else as rows are read.
         self.read_otherwise: dict[str, dict[int, tuple[str, str | None]]] = {}
         #: Video cameras.
         self.camera_keys = camera_keys
@@ -711,6 +712,13 @@ class LeRobotDatasetReader:
                 f"{path}: episode {episode_index}'s 'index' column does not rise by 1 at its row {row} "
                 f"({int(rows['index'][row - 1])} then {int(rows['index'][row])}); rewrite the data file"
             )
+        for name, misread in self.read_otherwise.items():
+            held = rows.get(f"{name}_index")
+            if misread and held is not None:  # (the open checked files with statistics; this, those without)
+                found = [i for i in np.unique(held).tolist() if i in misread]
+                if found:
+                    said = f"episode {episode_index}'s rows hold {name}_index {found[:10]}"
+                    raise self.read_otherwise_error(name, path, found, said)
         if "timestamp" in rows:
             with np.errstate(invalid="ignore"):  # (damaged bytes' signalling NaN: refused below, not warned of)
                 timestamps = np.asarray(rows["timestamp"], dtype=np.float64)

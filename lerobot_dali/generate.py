@@ -52,6 +52,7 @@ __all__ = [
     "expected_task_index",
     "make_dataset",
     "task_name",
+    "text_list_table",
 ]
 
 logger = logging.getLogger(__name__)
@@ -546,11 +547,19 @@ def _chunk_file(file_ordinal: int, chunks_size: int) -> tuple[int, int]:
 
 def _tasks_table(spec: DatasetSpec) -> pa.Table:
     """``meta/tasks.parquet`` as pandas writes LeRobot's DataFrame: task strings are the (unnamed) index."""
-    tasks = [task_name(i) for i in range(spec.num_tasks)]
+    return text_list_table("task", [(i, task_name(i)) for i in range(spec.num_tasks)])
+
+
+def text_list_table(name: str, rows: Sequence[tuple[int, str]]) -> pa.Table:
+    """A LeRobot v3.0 text list (``name``: "task" for ``meta/tasks.parquet``, "subtask" for ``meta/subtasks.parquet``)
+    as pandas writes LeRobot's DataFrame: column ``{name}_index``, the texts its (unnamed) index, which is what
+    LeRobot 0.4 reads a text from (a plain text column it reads as the row's number). ``rows``: (index, text), in
+    the file's order (LeRobot writes row i with index i)."""
+    indices, texts = zip(*rows, strict=True) if rows else ((), ())
     table = pa.table(
         {
-            "task_index": pa.array(range(spec.num_tasks), pa.int64()),
-            "__index_level_0__": pa.array(tasks, pa.string()),
+            f"{name}_index": pa.array(indices, pa.int64()),
+            "__index_level_0__": pa.array(texts, pa.string()),
         }
     )
     pandas_metadata = {
@@ -566,8 +575,8 @@ def _tasks_table(spec: DatasetSpec) -> pa.Table:
         ],
         "columns": [
             {
-                "name": "task_index",
-                "field_name": "task_index",
+                "name": f"{name}_index",
+                "field_name": f"{name}_index",
                 "pandas_type": "int64",
                 "numpy_type": "int64",
                 "metadata": None,

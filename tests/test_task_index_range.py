@@ -145,10 +145,10 @@ def test_a_subtask_index_not_in_the_subtask_list_is_refused_when_the_iterator_is
 def test_a_task_index_in_a_gap_of_the_task_list_names_its_file_episode_and_own_value_when_read(
     make_ds, tmp_path
 ) -> None:
-    """Task list {0, 1, 3}, a file's rows 0, 2 and 3, written without statistics (with them, 3 is refused at the open:
-    LeRobot 0.4 reads no row 3 of a list of 3): only the rows can show 2 is not listed. The batch's error named the
-    dataset, the episode and the index; in a union, the union, its offset index (4 for the second dataset's 2 here)
-    and the union's list. It names the data file, the episode and the dataset's own index and list."""
+    """Task list {0, 1, 3}, a file's rows 0, 2 and 1, written without statistics (3, which LeRobot 0.4 reads no row
+    of in a list of 3, is not used, so the list reads): only the rows can show 2 is not listed. The batch's error
+    named the dataset, the episode and the index; in a union, the union, its offset index (4 for the second
+    dataset's 2 here) and the union's list. It names the data file, the episode and the dataset's own index and list."""
     first = shutil.copytree(make_ds(**V3), tmp_path / "first")
     second = shutil.copytree(make_ds(**V3, seed=1), tmp_path / "second")
     tasks = pq.read_table(first / "meta/tasks.parquet")
@@ -157,7 +157,7 @@ def test_a_task_index_in_a_gap_of_the_task_list_names_its_file_episode_and_own_v
     path = first / V3_LAST
     table = pq.read_table(path)
     episode = np.asarray(table["episode_index"])
-    values = np.where(episode == 5, 3, 2)
+    values = np.where(episode == 5, 1, 2)
     values[0] = 0
     column = pa.array(values, table.schema.field("task_index").type)
     table = table.set_column(table.schema.get_field_index("task_index"), "task_index", column)
@@ -240,3 +240,51 @@ def test_a_subtask_index_of_minus_one_is_no_subtask_and_reads(make_ds, tmp_path)
     _set_task_index(root / V3_LAST, -2, name="subtask_index")
     with pytest.raises(EpisodeMetadataError, match=r"subtask_index \[-2\] is not in the dataset's subtask list"):
         _iterator(root)
+
+
+def _without_statistics(root: Path) -> None:
+    """Every data file of ``root`` rewritten without column statistics (nothing to refuse it by at the open)."""
+    for path in sorted((root / "data").rglob("*.parquet")):
+        pq.write_table(pq.read_table(path), path, write_statistics=False)
+
+
+def _tasks_by_index(it) -> dict[int, str]:
+    """Each frame's (``index``) task text, over a pass of ``it``."""
+    try:
+        return {i: t for b in it for i, t in zip(b["index"].tolist(), b["task"], strict=True)}
+    finally:
+        it.close()
+
+
+def test_a_task_index_lerobot_reads_another_row_for_is_refused_as_a_file_without_statistics_is_read(
+    make_ds, copy_ds
+) -> None:
+    """Task list rows (0, 1, 3, 2): LeRobot 0.4 takes the row at position task_index, so for 2 it reads task 3's
+    text and for 3 task 2's. A data file with statistics whose rows reach 2 or 3 is refused at the open; one written
+    without them was read by index, silently (episode 5's 5 frames got 'task two' where LeRobot gives 'task
+    three'). It is refused as its rows are read, naming the file, the episode and what LeRobot reads; the episodes
+    whose rows hold 0 and 1 alone still read, each frame with its task."""
+    from lerobot_dali.generate import task_name, text_list_table
+
+    root = copy_ds(make_ds(**V3))
+    rows = [(0, task_name(0)), (1, task_name(1)), (3, "task three"), (2, "task two")]
+    pq.write_table(text_list_table("task", rows), root / "meta/tasks.parquet")
+    table = pq.read_table(root / V3_LAST)  # episodes 4 (task 0) and 5 (task 1 -> 2)
+    values = np.where(np.asarray(table["episode_index"]) == 5, 2, np.asarray(table["task_index"]))
+    at = table.column_names.index("task_index")
+    pq.write_table(table.set_column(at, "task_index", pa.array(values)), root / V3_LAST)
+    said = (
+        r"file-002\.parquet: {}, and meta/tasks\.parquet does not hold task_index \[2\] at row "
+        r"task_index .* for task_index 2 it reads row 2's 'task three' where the list says 'task two'; rewrite "
+        r"meta/tasks\.parquet with its rows in task_index order"
+    )
+    with pytest.raises(EpisodeMetadataError, match=said.format("its task_index values run from 0 to 2")):
+        _iterator(root)
+    _without_statistics(root)
+    with pytest.raises(EpisodeMetadataError, match=said.format(r"episode 5's rows hold task_index \[2\]")):
+        _tasks_by_index(_iterator(root, shuffle=False))
+    with pytest.raises(EpisodeMetadataError, match=said.format(r"episode 5's rows hold task_index \[2\]")):
+        _tasks_by_index(_iterator(concat_datasets([make_ds(**V3, seed=1), root]), shuffle=False))
+    read = _tasks_by_index(_iterator(root, episodes=[0, 1, 2, 3, 4], shuffle=False))
+    starts = np.cumsum([0, *LENGTHS])
+    assert read == {i: task_name(e % 2) for e in range(5) for i in range(starts[e], starts[e + 1])}
