@@ -145,9 +145,9 @@ class LeRobotDatasetReader:
         #: ``subtask`` strings a batch carries beside ``task``; None where the dataset has none (set by
         #: :func:`open_dataset`, which reads it only where info.json declares ``subtask_index``, as LeRobot does).
         self.subtasks: dict[int, str] | None = None
-        #: Per list ("task"; not yet "subtask"), the indices it names that LeRobot 0.4 reads another text for: the
-        #: list's text and LeRobot's (None: it fails): :func:`read_otherwise`. Empty where its rows are in order.
-        #: Refused where the data's rows hold one: at the open by the data files' statistics, else as rows are read.
+        #: Per list ("task", "subtask"), the indices it names that LeRobot 0.4 reads another text for: the list's text
+        #: and LeRobot's (None: it fails): :func:`read_otherwise`. Empty where its rows are in order. Refused where
+        #: the data's rows hold one: at the open by the data files' statistics, else as the rows are read.
         self.read_otherwise: dict[str, dict[int, tuple[str, str | None]]] = {}
         #: Video cameras.
         self.camera_keys = camera_keys
@@ -891,10 +891,10 @@ def open_located(
         data_file_footers=data_file_footers,
     )
     reader.read_otherwise = {"task": read_otherwise(task_rows)}
-    if "subtask_index" in info.features:
-        subtask_rows = _read_subtasks(location)
-        # (its rows out of order still read by index, as tests/test_extra_features.py holds; LeRobot 0.4 would not)
-        reader.subtasks = None if subtask_rows is None else dict(subtask_rows)
+    subtask_rows = _read_subtasks(location) if "subtask_index" in info.features else None
+    if subtask_rows is not None:  # (LeRobot 0.4 reads it by position too: `subtasks.iloc[subtask_index]`)
+        reader.subtasks = dict(subtask_rows)
+        reader.read_otherwise["subtask"] = read_otherwise(subtask_rows)
     _check_first_files(reader)
     say_once(logger, logging.INFO, "opened %r", reader)
     return reader

@@ -20,6 +20,7 @@ import torch
 from lerobot_dali.dataset_check import check_dataset
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DataFileError, DeltaTimestampsError, SchemaMismatchError
+from lerobot_dali.generate import text_list_table
 from lerobot_dali.iterator import DALILeRobotIterator
 
 FPS = 10
@@ -284,11 +285,11 @@ def _subtask_of(index: int) -> int:
     return (index * 7 // 3) % len(SUBTASKS)
 
 
-def _with_subtasks(src: Path, dst: Path, *, subtask_list: bool = True, order: tuple[int, ...] = (2, 0, 1)) -> Path:
+def _with_subtasks(src: Path, dst: Path, *, subtask_list: bool = True, order: tuple[int, ...] = (0, 1, 2)) -> Path:
     """``subtask_index`` rows and ``meta/subtasks.parquet`` as LeRobot 0.4-0.5 read them (its docs'
     ``dataset_subtask``: the subtask strings are the pandas index, ``subtask_index`` the column). ``order``: the
-    list's rows, by default out of order, which the ``subtask_index`` column says (LeRobot takes the row at
-    position ``subtask_index``, so its parity test lists them in order)."""
+    list's rows (LeRobot takes the row at position ``subtask_index``, so a list out of order is refused where the
+    data reaches it)."""
     shutil.copytree(src, dst)
     for path in sorted(dst.glob("data/*/*.parquet")):
         table = pq.read_table(path)
@@ -299,10 +300,8 @@ def _with_subtasks(src: Path, dst: Path, *, subtask_list: bool = True, order: tu
     info["features"]["subtask_index"] = {"dtype": "int64", "shape": [1], "names": None}
     info_path.write_text(json.dumps(info))
     if subtask_list:
-        table = pa.table({"subtask_index": pa.array(list(order), pa.int64())}).append_column(
-            "__index_level_0__", pa.array([SUBTASKS[i] for i in order])
-        )
-        pq.write_table(table, dst / "meta" / "subtasks.parquet")
+        rows = [(i, SUBTASKS[i]) for i in order]
+        pq.write_table(text_list_table("subtask", rows), dst / "meta" / "subtasks.parquet")
     return dst
 
 

@@ -365,6 +365,45 @@ def test_a_task_list_lerobot_reads_by_row_position_is_refused_naming_lerobots_re
         _ours(root, {})
 
 
+@pytest.mark.skipif(
+    LEROBOT_03 or (_installed_lerobot() or (0, 0)) >= (0, 6), reason="LeRobot 0.4-0.5 give subtask strings"
+)
+@pytest.mark.parametrize(("order", "data"), [((2, 0, 1), {}), ((0, 1, 3), {2: 3})], ids=["rows-rotated", "gap"])
+def test_a_subtask_list_lerobot_reads_by_row_position_is_refused_naming_lerobots_reading(
+    make_ds, tmp_path: Path, order: tuple[int, ...], data: dict[int, int]
+) -> None:
+    """LeRobot takes a frame's subtask from the row of meta/subtasks.parquet at position subtask_index, as its task:
+    with the rows rotated it gives every frame another subtask than the list's for its index, and past the last row
+    it fails (IndexError). This refuses both at the open, saying what LeRobot reads there."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lerobot_dali.errors import EpisodeMetadataError
+    from lerobot_dali.generate import text_list_table
+    from tests.test_extra_features import SUBTASKS, _with_subtasks
+
+    root = _with_subtasks(make_ds(episodes=4, frames_per_episode=[5, 6, 4, 7], cameras=0), tmp_path / "dataset")
+    texts = {**dict(enumerate(SUBTASKS)), 3: "put it down"}
+    pq.write_table(text_list_table("subtask", [(i, texts[i]) for i in order]), root / "meta/subtasks.parquet")
+    for path in sorted((root / "data").rglob("*.parquet")):
+        table = pq.read_table(path)
+        values = [data.get(i, i) for i in table["subtask_index"].to_pylist()]
+        at = table.column_names.index("subtask_index")
+        pq.write_table(table.set_column(at, "subtask_index", pa.array(values, pa.int64())), path)
+    theirs = _lerobot(root, {})
+    if data:
+        with pytest.raises(IndexError):
+            [theirs[i]["subtask"] for i in range(len(theirs))]
+        said = r"for subtask_index 3 it fails \(no such row\) where the list says 'put it down'"
+    else:
+        by_position = [texts[i] for i in order]
+        frames = [(int(theirs[i]["subtask_index"]), theirs[i]["subtask"]) for i in range(len(theirs))]
+        assert all(text == by_position[index] != texts[index] for index, text in frames) and len(frames) == 22
+        said = rf"for subtask_index 0 it reads row 0's '{texts[2]}' where the list says '{texts[0]}'"
+    with pytest.raises(EpisodeMetadataError, match=rf"meta/subtasks\.parquet does not hold .*{said}"):
+        _ours(root, {})
+
+
 @pytest.mark.parametrize("late", [False, True], ids=["", "late-rows-own-tolerance"])
 def test_a_union_matches_lerobots_multi_dataset(make_ds, copy_ds, tmp_path: Path, late: bool) -> None:
     """``concat_datasets`` against LeRobot's ``MultiLeRobotDataset`` over two datasets that differ in episodes,

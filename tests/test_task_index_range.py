@@ -288,3 +288,41 @@ def test_a_task_index_lerobot_reads_another_row_for_is_refused_as_a_file_without
     read = _tasks_by_index(_iterator(root, episodes=[0, 1, 2, 3, 4], shuffle=False))
     starts = np.cumsum([0, *LENGTHS])
     assert read == {i: task_name(e % 2) for e in range(5) for i in range(starts[e], starts[e + 1])}
+
+
+@pytest.mark.parametrize(
+    ("order", "said"),
+    [
+        ((2, 0, 1), r"subtask_index \[0, 1, 2\] .* for subtask_index 0 it reads row 0's 'lift é' where the list says "
+         r"'approach'"),
+        ((0, 2, 1), r"subtask_index \[1, 2\] .* for subtask_index 1 it reads row 1's 'lift é' where the list says "
+         r"'grasp the cup'"),
+        ((0, 1, 2), None),
+    ],
+    ids=["rotated", "two-swapped", "in-order"],
+)  # fmt: skip
+def test_a_subtask_list_out_of_index_order_is_refused_where_lerobot_reads_other_subtasks(
+    make_ds, tmp_path, order, said
+) -> None:
+    """LeRobot 0.4 gives a frame the subtask at position ``subtask_index`` of meta/subtasks.parquet (``iloc``), as it
+    does tasks; this read each frame's subtask by the list's ``subtask_index`` column, silently another text than
+    LeRobot's where the rows are out of that order. Refused, as a task list is: at the open by the data files'
+    statistics, and as the rows are read for files without them; a list in order reads, each frame its text."""
+    from tests.test_extra_features import SUBTASKS, _subtask_of
+
+    root = _with_subtasks(make_ds(**V3), tmp_path / "dataset", order=order)
+    if said is None:
+        it = _iterator(root, shuffle=False)
+        try:
+            read = {i: s for b in it for i, s in zip(b["index"].tolist(), b["subtask"], strict=True)}
+        finally:
+            it.close()
+        assert read == {i: SUBTASKS[_subtask_of(i)] for i in range(sum(LENGTHS))}
+        return
+    advice = r"; rewrite meta/subtasks\.parquet with its rows in subtask_index order, numbered 0, 1, \.\.\."
+    with pytest.raises(EpisodeMetadataError, match=r"file-000\.parquet: its subtask_index values run from 0 to 2, "
+                       r"and meta/subtasks\.parquet does not hold " + said + advice):  # fmt: skip
+        _iterator(root)
+    _without_statistics(root)
+    with pytest.raises(EpisodeMetadataError, match=r"file-000\.parquet: episode 0's rows hold subtask_index .*" + said):
+        _indices(_iterator(root, shuffle=False))
