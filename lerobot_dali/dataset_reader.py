@@ -1065,12 +1065,16 @@ def _tasks_from_jsonl(f: Any, jsonl_path: str) -> TaskRows:
 
 def _add_task(tasks: dict[int, str], index: Any, text: Any, *, name: str = "task") -> tuple[int, str]:
     """Add one task of the task list to ``tasks``, and return it (index, text). An index that is not a whole number, a
-    missing task, or an index listed twice with two tasks raises ValueError: cut to a whole number or kept once, it
-    named another task. ``name``: "subtask" for the subtask list."""
+    missing task, a task that is not a text, or an index listed twice with two tasks raises ValueError: cut to a whole
+    number or kept once, it named another task; made a text (str() of a list), it was one LeRobot does not give (its
+    batches carry the value as written). ``name``: "subtask" for the subtask list."""
     number = required_whole_number(f"{name}_index", index)
     if text is None:
         raise ValueError(f"{name}_index {number} has no {name}")
-    text = str(text)
+    if not isinstance(text, str):
+        raise ValueError(
+            f"{name}_index {number}'s {name} is {text!r} ({type(text).__name__}), not a text: write it as one string"
+        )
     if tasks.setdefault(number, text) != text:
         raise ValueError(f"{name}_index {number} is listed twice, as {tasks[number]!r} and as {text!r}")
     return number, text

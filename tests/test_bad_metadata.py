@@ -999,3 +999,66 @@ def test_a_negative_frame_index_read_by_frame_index_names_its_episode_and_file(d
     said = r"episode 0: column 'frame_index' of .*data/chunk-000/file-000\.parquet holds -1, a negative frame number"
     with pytest.raises(DataFileError, match=said):
         _first_pass(ds, timestamp_source="frame_index")
+
+
+CR5_TASK = "put the banana on the plate"
+
+
+def _cr5_v21_with_two_tasks(tmp_path: Path, lines: list[dict[str, object]]) -> Path:
+    """The real v2.1 dataset cr5_v21_av1 (one task, 12 episodes), its episodes 6-11 given task_index 1 ("place it
+    back" in their episodes.jsonl records) and its meta/tasks.jsonl written as ``lines``; the videos are linked, not
+    copied (batches of its rows alone read none)."""
+    from tests.conftest import shared_dataset
+
+    src = shared_dataset("cr5_v21_av1")
+    root = shutil.copytree(src, tmp_path / "cr5_v21", ignore=shutil.ignore_patterns("videos"))
+    (root / "videos").symlink_to(src / "videos")
+    for episode in range(6, 12):
+        path = root / f"data/chunk-000/episode_{episode:06d}.parquet"
+        table = pq.read_table(path)
+        at = table.column_names.index("task_index")
+        pq.write_table(table.set_column(at, "task_index", pa.array([1] * len(table), pa.int64())), path)
+    records = [json.loads(line) for line in (root / "meta/episodes.jsonl").read_text().splitlines()]
+    for record in records[6:]:
+        record["tasks"] = ["place it back"]
+    (root / "meta/episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (root / "meta/tasks.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return root
+
+
+@pytest.mark.parametrize(
+    ("lines", "refused"),
+    [
+        ([(0, CR5_TASK), (1, "place it back")], None),
+        ([(1, "place it back"), (0, CR5_TASK)], None),
+        ([(0, CR5_TASK), (1, "place it back"), (3, "unused")], None),
+        ([(0, CR5_TASK), (1, "place it back"), (1, "place it back")], None),
+        ([(0, CR5_TASK), (1, "place it back"), (1, "put it down")], r"meta/tasks\.jsonl:3: bad task record \("
+         r"task_index 1 is listed twice, as 'place it back' and as 'put it down'\)"),
+        ([(0, CR5_TASK)], r"episode_000006\.parquet: its task_index values run from 1 to 1, and task_index \[1\] is "
+         r"not in the dataset's task list \(meta/tasks\.jsonl, which holds task indices \[0\]\)"),
+        ([(0, CR5_TASK), (1, ["place it back", "put it down"])], r"meta/tasks\.jsonl:2: bad task record \(task_index "
+         r"1's task is \['place it back', 'put it down'\] \(list\), not a text: write it as one string\)"),
+        ([(0, CR5_TASK), (1, 7)], r"meta/tasks\.jsonl:2: bad task record \(task_index 1's task is 7 \(int\), not a "
+         r"text"),
+    ],
+    ids=["in-order", "lines-out-of-order", "unused-gap", "line-twice", "index-twice", "missing", "list", "number"],
+)  # fmt: skip
+def test_a_v21_task_list_gives_each_frame_lerobot_03s_task_or_is_refused(tmp_path: Path, lines, refused) -> None:
+    """LeRobot 0.3.3 (the last to read v2.1) reads meta/tasks.jsonl into a dict by task_index (its lines sorted by
+    it), so lines out of order, an index no row holds or a line written twice read as by index: each frame of a
+    two-task copy of cr5_v21_av1 gets its own task (2,733 frames). It silently keeps the last text of an index
+    listed with two, fails (KeyError) at a frame whose index is not listed, and hands a task written as a list or a
+    number to the batch as that value: each refused, naming the file and line or the data file. A task that is not
+    a text read as its str() ("['place it back', 'put it down']", "7") before."""
+    root = _cr5_v21_with_two_tasks(tmp_path, [{"task_index": i, "task": t} for i, t in lines])
+    if refused is not None:
+        with pytest.raises((DatasetError, EpisodeMetadataError), match=refused):
+            _first_pass(root, cameras=[], drop_last=False)
+        return
+    batches = _first_pass(root, cameras=[], drop_last=False)
+    episodes = [int(e) for batch in batches for e in batch["episode_index"]]
+    assert [text for batch in batches for text in batch["task"]] == [
+        CR5_TASK if e < 6 else "place it back" for e in episodes
+    ]
+    assert len(episodes) == 2733 and sorted(set(episodes)) == list(range(12))
