@@ -33,7 +33,7 @@ import numpy as np
 from .batch_source import CameraFormat
 from .camera_codecs import survey_camera, surveyed_positions
 from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
-from .dataset_reader import LeRobotDatasetReader, VideoRef, warn_undeclared_columns
+from .dataset_reader import NO_SUBTASK_INDEX, LeRobotDatasetReader, VideoRef, warn_undeclared_columns
 from .decode_route import DecodeRoute, route_without_nvdec
 from .distributed import usable_cpus
 from .episode_rows import DecodedGroups
@@ -154,6 +154,8 @@ class _EpisodeChecker:
     #: (H, W, C) of each image camera's first image (``decode=True``), which its other images must have.
     image_shapes: dict[str, tuple[int, ...]]
     task_indices: frozenset[int]
+    #: The subtask list's indices and -1 (no subtask), where batches carry subtask texts; None where they carry none.
+    subtask_indices: frozenset[int] | None
     #: Where the indexes of the files read are kept and found: a file changed since it was indexed (another stamp:
     #: size, version; a local file's inode, mtime and ctime) misses, and is read again.
     index_store: PacketIndexStore
@@ -211,16 +213,22 @@ class _EpisodeChecker:
         return _Tally(len(positions), rows_read, frozenset(files), decoded, tuple(problems), done)
 
     def _check_tasks(self, pos: int, rows: dict[str, np.ndarray], episode_index: int) -> None:
-        if "task_index" not in rows:
-            return
-        used = set(np.unique(rows["task_index"]).tolist())  # (an index LeRobot reads otherwise: refused as read)
-        unknown = sorted(used - self.task_indices)
-        if unknown:
-            raise EpisodeMetadataError(
-                f"{self.reader.data_path(pos)}: episode {episode_index}'s task_index {unknown[:10]} is not in the "
-                "dataset's task list (meta/tasks.parquet or meta/tasks.jsonl); the data rows and the task list "
-                "disagree"
-            )
+        """Raise where episode ``pos``'s rows hold a ``task_index`` the task list lacks, or a ``subtask_index`` the
+        subtask list does (where batches carry its texts): a batch of them fails. (An index a list holds out of
+        order, which LeRobot reads another row for, is refused as the rows are read.)"""
+        lists = (
+            ("task", self.task_indices, "meta/tasks.parquet or meta/tasks.jsonl"),
+            ("subtask", self.subtask_indices, "meta/subtasks.parquet"),
+        )
+        for name, listed, file in lists:
+            if listed is None or f"{name}_index" not in rows:
+                continue
+            unknown = sorted(set(np.unique(rows[f"{name}_index"]).tolist()) - listed)
+            if unknown:
+                raise EpisodeMetadataError(
+                    f"{self.reader.data_path(pos)}: episode {episode_index}'s {name}_index {unknown[:10]} is not in "
+                    f"the dataset's {name} list ({file}); the data rows and the {name} list disagree"
+                )
 
     def packet_index(self, pos: int, camera: str) -> tuple[VideoRef, PacketIndex]:
         """Episode ``pos``'s video of ``camera`` and its packet index."""
@@ -369,6 +377,7 @@ def check_dataset(
         formats={},
         image_shapes={},
         task_indices=frozenset(int(i) for i in reader.tasks),
+        subtask_indices=None if reader.subtasks is None else frozenset([*reader.subtasks, NO_SUBTASK_INDEX]),
         # Local files' indexes too, keyed by their stat (as the iterator keeps them): a check again, or a run after
         # it, loads each unchanged file's index instead of demuxing it (15,000 episodes: 450 files, ~0.1 s each).
         index_store=PacketIndexStore(),

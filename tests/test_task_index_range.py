@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -326,3 +327,19 @@ def test_a_subtask_list_out_of_index_order_is_refused_where_lerobot_reads_other_
     _without_statistics(root)
     with pytest.raises(EpisodeMetadataError, match=r"file-000\.parquet: episode 0's rows hold subtask_index .*" + said):
         _indices(_iterator(root, shuffle=False))
+
+
+def test_lerobot_dali_check_lists_the_episodes_whose_subtask_index_the_subtask_list_lacks(make_ds, tmp_path) -> None:
+    """``check`` held each episode's ``task_index`` to the task list but not its ``subtask_index`` to the subtask
+    list, whose texts batches carry: a file written without statistics (nothing to refuse it by at the open) whose
+    rows hold one it lacks passed the check, and the run failed at the first batch of its rows. Its episodes are
+    listed now; -1 (no subtask) is not."""
+    from lerobot_dali.dataset_check import check_dataset
+
+    root = _with_subtasks(make_ds(**V3), tmp_path / "dataset")
+    _set_task_index(root / "data/chunk-000/file-001.parquet", -1, statistics=False, name="subtask_index")
+    _set_task_index(root / V3_LAST, 5, statistics=False, name="subtask_index")
+    problems = check_dataset(open_dataset(root), workers=0, decode=False).problems
+    assert sorted(p.episode_index for p in problems) == [4, 5]
+    said = r"file-002\.parquet: episode [45]'s subtask_index \[5\] is not in the dataset's subtask list \(meta/subtasks"
+    assert all(re.search(said, p.message) for p in problems)
