@@ -281,6 +281,8 @@ def test_a_task_index_lerobot_reads_another_row_for_is_refused_as_a_file_without
     )
     with pytest.raises(EpisodeMetadataError, match=said.format("its task_index values run from 0 to 2")):
         _iterator(root)
+    with pytest.raises(EpisodeMetadataError, match=said.format(r"episode 5's rows hold task_index \[2\]")):
+        _tasks_by_index(_iterator(root, episodes=[5]))  # (part of its file: the statistics cover episode 4 too)
     _without_statistics(root)
     with pytest.raises(EpisodeMetadataError, match=said.format(r"episode 5's rows hold task_index \[2\]")):
         _tasks_by_index(_iterator(root, shuffle=False))
