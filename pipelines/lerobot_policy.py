@@ -36,6 +36,7 @@ import contextlib
 import importlib.util
 import json
 import logging
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -79,6 +80,7 @@ from pipelines.train import (
     refuse_inside_datasets,
     resume_latest,
     setting_up,
+    staged_folder,
 )
 
 logger = logging.getLogger("lerobot_dali.pipelines.lerobot_policy")
@@ -173,7 +175,11 @@ def parse_args(argv: Sequence[str] | None = None) -> PolicyTrainOptions:
     add_reading_options(parser, several=False)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-every", type=int, default=50, help="steps between loss logs (default %(default)s)")
-    parser.add_argument("--output-dir", type=Path, help="save the trained policy and its processors here")
+    parser.add_argument(
+        "--output-dir", type=Path,
+        help="save the trained policy and its processors here (a new or empty folder, or a policy saved before, "
+        "which it replaces whole once the new one is written)",
+    )  # fmt: skip
     parser.add_argument("--checkpoint-dir", type=Path, help="checkpoints for --resume (as pipelines/train.py's)")
     parser.add_argument("--save-every", type=int, default=0, help="steps between checkpoints (0: at the end only)")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint, if any")
@@ -388,11 +394,46 @@ def train(options: PolicyTrainOptions) -> list[float]:
         read_back()
         # (a preempted run's policy is not the trained one: the resumed run saves that)
         if options.output_dir is not None and accelerator.is_main_process and not loop.stopped_by:
-            accelerator.unwrap_model(policy).save_pretrained(options.output_dir)
-            preprocessor.save_pretrained(options.output_dir)
+            save_policy(options.output_dir, accelerator.unwrap_model(policy), preprocessor)
         accelerator.wait_for_everyone()
         accelerator.end_training()
     return losses
+
+
+#: What LeRobot's ``save_pretrained`` writes of a policy: an ``--output-dir`` holding them holds one saved before.
+SAVED_POLICY_FILES = ("config.json", "model.safetensors")
+
+
+def save_policy(folder: Path, policy: Any, preprocessor: Any) -> None:
+    """The trained ``policy`` and its ``preprocessor`` saved (LeRobot's ``save_pretrained`` layout) as ``folder``,
+    written beside it and renamed into its place once whole (:func:`~pipelines.train.staged_folder`): written in
+    place, a run killed in the save left a ``config.json`` without its weights (or beside the last run's), which
+    LeRobot loads as a policy."""
+    with staged_folder(folder) as staging:
+        policy.save_pretrained(staging)
+        preprocessor.save_pretrained(staging)
+
+
+def check_output_dir(folder: Path) -> None:
+    """``folder`` as ``--output-dir``: one this user can write or make (:func:`refuse_unwritable`) and, where it
+    exists, one :func:`save_policy` may replace whole: not a mount point (it cannot be renamed), in a folder this user
+    can write (its new copy is written beside it), and empty or holding a policy saved before
+    (:data:`SAVED_POLICY_FILES`): other files there would be deleted with it. ValueError else, before training."""
+    refuse_unwritable("--output-dir", folder)
+    if not folder.is_dir():
+        return
+    absolute = Path(os.path.abspath(folder))
+    if os.path.ismount(absolute) or not os.access(absolute.parent, os.W_OK | os.X_OK):
+        why = "is a mount point" if os.path.ismount(absolute) else f"is in {absolute.parent}, which is not writable"
+        raise ValueError(
+            f"--output-dir {folder} {why}: the policy is written beside it, then renamed into its place; give a "
+            f"folder inside it ({folder / 'policy'}) or elsewhere"
+        )
+    if any(folder.iterdir()) and not all((folder / name).is_file() for name in SAVED_POLICY_FILES):
+        raise ValueError(
+            f"--output-dir {folder} holds files and no saved policy ({' and '.join(SAVED_POLICY_FILES)}): the "
+            "trained policy replaces the folder whole; give a new or empty folder, or one a run saved a policy to"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -405,7 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if options.checkpoint_dir is not None:
             check_checkpoint_dir(options.checkpoint_dir, resume=options.resume)
         if options.output_dir is not None:  # (written once trained: a traceback then, the policy lost)
-            refuse_unwritable("--output-dir", options.output_dir)
+            check_output_dir(options.output_dir)
     except (ValueError, OSError) as e:  # flags, --checkpoint-dir, --output-dir: one line, before training
         logger.error("lerobot_policy.py: %s", e)
         return 2

@@ -834,7 +834,7 @@ def save_checkpoint(
     written over in place, where its other ranks' files (``random_states_{r}.pkl``, ``stream_rank{r}.json``)
     would stay beside the new ones and be loaded by a later resume on that many ranks."""
     directory = root / f"step_{step:08d}"
-    staging = root / f".{directory.name}.partial"
+    staging = _staging(directory)
     if accelerator.is_main_process:
         shutil.rmtree(staging, ignore_errors=True)  # left by a save that was killed
     accelerator.wait_for_everyone()
@@ -854,6 +854,28 @@ def save_checkpoint(
         logger.info("saved checkpoint %s", directory)
     accelerator.wait_for_everyone()
     return directory
+
+
+@contextlib.contextmanager
+def staged_folder(directory: Path) -> Iterator[Path]:
+    """A new folder to write ``directory``'s files into (``.<name>.partial`` beside it; one a killed run left is
+    removed first) that replaces ``directory`` whole once the block ends, every file on disk first (as
+    :func:`save_checkpoint` publishes a checkpoint): a crash or a signal mid-write leaves the old folder, never a
+    half-written one that a later run reads as whole. Removed where the block raises. One process writes it."""
+    staging = _staging(directory)
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+        _sync_tree(staging)
+        _replace_folder(staging, directory)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _staging(directory: Path) -> Path:
+    """Where :func:`save_checkpoint` and :func:`staged_folder` write ``directory`` until it is whole."""
+    return directory.with_name(f".{directory.name}.partial")
 
 
 def _replace_folder(staging: Path, directory: Path) -> None:

@@ -1831,6 +1831,83 @@ def test_an_output_inside_the_dataset_is_refused(
     assert len(started) == 1  # (beside the dataset: taken)
 
 
+class _SavesFiles:
+    """A stand-in for a LeRobot policy or processor: ``save_pretrained`` writes ``files``, then raises ``fails``."""
+
+    def __init__(self, files: dict[str, str], fails: BaseException | None = None) -> None:
+        self.files, self.fails = files, fails
+
+    def save_pretrained(self, folder: Path) -> None:
+        for name, text in self.files.items():
+            (Path(folder) / name).write_text(text)
+        if self.fails is not None:
+            raise self.fails
+
+
+def _folder_files(folder: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(folder.iterdir())}
+
+
+def test_lerobot_policys_output_dir_holds_one_whole_policy_after_a_save_killed_half_way(tmp_path: Path) -> None:
+    """lerobot_policy.py wrote --output-dir in place: a run killed after the policy's files and before its
+    preprocessor's (or during the weights) left a folder LeRobot loads as a policy, its config and weights one run's
+    and its preprocessor another's (3 of 3 files written, 1 of them stale). The save is staged beside it and renamed
+    in whole now: after a save interrupted half-way, --output-dir holds the last run's policy, file for file."""
+    from pipelines.lerobot_policy import save_policy
+
+    out = tmp_path / "policy"
+    first = {"config.json": "c1", "model.safetensors": "w1", "policy_preprocessor.json": "p1"}
+    save_policy(
+        out,
+        _SavesFiles({"config.json": "c1", "model.safetensors": "w1"}),
+        _SavesFiles({"policy_preprocessor.json": "p1"}),
+    )
+    assert _folder_files(out) == first
+    policy = _SavesFiles({"config.json": "c2", "model.safetensors": "w2"})
+    with pytest.raises(KeyboardInterrupt):  # (a Ctrl-C in the preprocessor's save)
+        save_policy(out, policy, _SavesFiles({"policy_preprocessor.json": "p2"}, fails=KeyboardInterrupt()))
+    assert _folder_files(out) == first and [p.name for p in tmp_path.iterdir()] == ["policy"]
+    with pytest.raises(OSError):  # (a full disk in the weights)
+        save_policy(out, _SavesFiles({"config.json": "c3"}, fails=OSError(28, "No space left")), policy)
+    assert _folder_files(out) == first and [p.name for p in tmp_path.iterdir()] == ["policy"]
+    (tmp_path / ".policy.partial").mkdir()  # left by a run killed outright (SIGKILL) in its save
+    (tmp_path / ".policy.partial" / "model.safetensors").write_text("cut short")
+    save_policy(out, policy, _SavesFiles({"policy_preprocessor.json": "p2"}))
+    assert _folder_files(out) == {"config.json": "c2", "model.safetensors": "w2", "policy_preprocessor.json": "p2"}
+    assert [p.name for p in tmp_path.iterdir()] == ["policy"]
+
+
+def test_lerobot_policys_output_dir_of_other_files_is_refused_before_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The trained policy replaces --output-dir whole, so a folder of other files (a home folder, a project) would be
+    deleted with it: refused before training, in one line. A new folder, an empty one and one a run saved a policy to
+    are taken."""
+    from pipelines import lerobot_policy
+
+    started: list[object] = []
+    monkeypatch.setattr(lerobot_policy, "train", started.append)
+    other = tmp_path / "project"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    (other / "config.json").write_text("{}")  # (a config without weights: not a policy)
+    caplog.clear()
+    with caplog.at_level(logging.ERROR):
+        assert lerobot_policy.main(["--dataset", "d", "--device", "cpu", "--output-dir", str(other)]) == 2
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+        f"lerobot_policy.py: --output-dir {other} holds files and no saved policy (config.json and "
+        "model.safetensors): the trained policy replaces the folder whole; give a new or empty folder, or one a run "
+        "saved a policy to"
+    ]
+    assert not started and _folder_files(other) == {"config.json": "{}", "notes.txt": "mine"}
+    saved = tmp_path / "saved"
+    lerobot_policy.save_policy(saved, _SavesFiles({"config.json": "c", "model.safetensors": "w"}), _SavesFiles({}))
+    (tmp_path / "empty").mkdir()
+    for folder in (tmp_path / "new", tmp_path / "empty", saved):
+        assert lerobot_policy.main(["--dataset", "d", "--device", "cpu", "--output-dir", str(folder)]) == 0
+    assert len(started) == 3
+
+
 def test_a_batch_larger_than_the_dataset_is_refused_before_the_pipeline_is_built(
     make_ds: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
