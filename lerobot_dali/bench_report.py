@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import logging
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .bench_types import _EXTERNAL, METRIC_FIELDS, LoaderResult
+from .cache_dirs import write_whole
 from .video_encoding import LONG_GOP_FRAMES
 
 __all__ = ["BenchReport", "format_table", "write_report"]
@@ -69,22 +71,24 @@ class BenchReport:
 
 
 def write_report(report: BenchReport, out_dir: Path, notes: list[str]) -> dict[str, str]:
-    """``bench.json``, ``bench.csv`` and ``bench.png`` (when matplotlib imports) in ``out_dir``."""
+    """``bench.json``, ``bench.csv`` and ``bench.png`` (when matplotlib imports) in ``out_dir``, each whole or not at
+    all (:func:`~.cache_dirs.write_whole`), ``bench.json`` last: written in place, a bench killed mid-write (or a value
+    JSON cannot hold) left a file cut short, or last run's beside this one's, that a later comparison read."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"json": str(out_dir / "bench.json"), "csv": str(out_dir / "bench.csv")}
-    with open(files["csv"], "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(METRIC_FIELDS))
-        writer.writeheader()
-        for r in report.results:
-            writer.writerow(dataclasses.asdict(r))
+    rows = io.StringIO()
+    writer = csv.DictWriter(rows, fieldnames=list(METRIC_FIELDS))
+    writer.writeheader()
+    for r in report.results:
+        writer.writerow(dataclasses.asdict(r))
+    write_whole(out_dir / "bench.csv", rows.getvalue().encode())
     try:
         files["png"] = str(_plot(report, out_dir / "bench.png"))
     except ImportError:
         notes.append("matplotlib is not installed: no bench.png (pip install matplotlib)")
         logger.warning(notes[-1])
     final = dataclasses.replace(report, files=files, notes=tuple(notes))
-    with open(files["json"], "w") as f:
-        json.dump(final.to_dict(), f, indent=2)
+    write_whole(out_dir / "bench.json", json.dumps(final.to_dict(), indent=2).encode())
     return files
 
 
@@ -118,8 +122,10 @@ def _plot(report: BenchReport, path: Path) -> Path:
     if loaders:  # none when every loader was skipped
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=120)
     plt.close(fig)
+    write_whole(path, image.getvalue())
     return path
 
 

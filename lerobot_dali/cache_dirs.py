@@ -56,6 +56,7 @@ __all__ = [
     "wait_for_entry_lock",
     "wait_for_flock",
     "write_checksummed",
+    "write_whole",
 ]
 
 logger = logging.getLogger(__name__)
@@ -142,6 +143,14 @@ def atomic_file(path: Path, *, prefix: str, durable: bool = False, exclusive: bo
             os.replace(tmp.name, path)
     finally:
         Path(tmp.name).unlink(missing_ok=True)
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """``data`` as ``path``, whole or not at all and on disk before it replaces ``path`` (:func:`atomic_file`,
+    ``durable``): a crash or a signal mid-write leaves the old file or the new one, never one cut short or zero-filled
+    that a later reader takes for whole."""
+    with atomic_file(path, prefix=f".{path.name}.", durable=True) as out:
+        out.write(data)
 
 
 class EntryStands(Exception):

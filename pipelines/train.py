@@ -68,7 +68,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np
 import torch
 
-from lerobot_dali.cache_dirs import atomic_file
+from lerobot_dali.cache_dirs import write_whole
 from lerobot_dali.cli_options import ArgumentParser, add_episode_pool_size, add_image_size, check_image_size
 from lerobot_dali.decode_route import DecodePreference
 from lerobot_dali.errors import CudaUnavailableError, DatasetError, ResumeStateError, ShardingError
@@ -767,13 +767,6 @@ def camera_frames(batch: dict[str, Any], camera_keys: Sequence[str]) -> int:
 
 
 # -- checkpoints ----------------------------------------------------------------------------------------------
-def _write_atomic(path: Path, text: str) -> None:
-    """Whole or not at all, and on disk before it replaces ``path`` (a crash leaves the old file or the new one,
-    never an empty or zero-filled one)."""
-    with atomic_file(path, prefix=f".{path.name}.", durable=True) as out:
-        out.write(text.encode())
-
-
 def _fsync(path: str | Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -843,13 +836,13 @@ def save_checkpoint(
     saved = {"step": step, "rank": iterator.rank, "world_size": iterator.world_size, "stream": position}
     if data is not None:
         saved["data"] = dict(data)
-    _write_atomic(staging / f"stream_rank{iterator.rank}.json", json.dumps(saved))
+    write_whole(staging / f"stream_rank{iterator.rank}.json", json.dumps(saved).encode())
     accelerator.wait_for_everyone()
     _sync_tree(staging)  # every rank's files complete: latest must never name one a crash left empty
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         _replace_folder(staging, directory)
-        _write_atomic(root / "latest", directory.name)
+        write_whole(root / "latest", directory.name.encode())
         _fsync(root)  # the rename of latest itself
         logger.info("saved checkpoint %s", directory)
     accelerator.wait_for_everyone()
@@ -1130,7 +1123,7 @@ class RunRecord:
             "losses": [float(t) for t in self.losses],
             "param_abs_sums": [float(p.detach().double().abs().sum()) for p in model.parameters()],
         }
-        _write_atomic(directory / f"rank{rank}.json", json.dumps(payload))
+        write_whole(directory / f"rank{rank}.json", json.dumps(payload).encode())
 
 
 # -- set-up errors --------------------------------------------------------------------------------------------

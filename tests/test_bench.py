@@ -311,6 +311,49 @@ def test_the_table_says_which_datasets_a_short_gop_copy_would_serve(tmp_path: Pa
     assert "reencode" not in table(slice(1, 3))
 
 
+class _InterruptedHere(dict):  # type: ignore[type-arg]
+    """A dataset summary whose encoding raises KeyboardInterrupt (a Ctrl-C, a kill) half-way through bench.json."""
+
+    def items(self):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+
+def test_a_bench_killed_while_writing_its_report_leaves_the_last_whole_one(tmp_path: Path) -> None:
+    """write_report wrote bench.csv, bench.png and bench.json in place: a run interrupted half-way through bench.json
+    left it cut short (not JSON: a later comparison failed on it), beside a bench.csv of the new run. Each is written
+    whole or not at all now, bench.json last: the folder still holds the last run's report, file for file."""
+    from lerobot_dali.bench_report import BenchReport, write_report
+    from lerobot_dali.bench_types import LoaderResult
+
+    config = {"mode": "single", "batch_size": 2, "num_workers": 0}
+    counts = {"batches": 1, "samples": 2, "frames": 2, "window_s": 1.0, "frames_per_s": 2.0, "samples_per_s": 2.0}
+    first = BenchReport(
+        config,
+        {"device": "cpu"},
+        [{"label": "a"}],
+        (LoaderResult(dataset="a", loader="lerobot-dali", status="ok", **counts),),
+        (),
+        tmp_path,
+    )
+    files = write_report(first, tmp_path, [])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.csv", "bench.json", "bench.png"]
+    written = {name: (tmp_path / name).read_bytes() for name in ("bench.csv", "bench.json", "bench.png")}
+    assert json.loads(written["bench.json"])["files"] == files
+    with open(tmp_path / "bench.csv", newline="") as f:
+        assert [row["frames_per_s"] for row in csv.DictReader(f)] == ["2.0"]
+    second = dataclasses.replace(
+        first,
+        datasets=[{"label": "b"}, _InterruptedHere(label="c")],
+        results=(LoaderResult(dataset="b", loader="lerobot-dali", status="ok"),),
+    )
+    with pytest.raises(KeyboardInterrupt):
+        write_report(second, tmp_path, [])
+    assert json.loads((tmp_path / "bench.json").read_bytes()) == json.loads(written["bench.json"])
+    with open(tmp_path / "bench.csv", newline="") as f:  # (whole: the new run's, which bench.json does not list yet)
+        assert [row["dataset"] for row in csv.DictReader(f)] == ["b"]
+    assert not [p.name for p in tmp_path.iterdir() if p.name not in written]  # (no temporary file left)
+
+
 def test_wall_clock_timestamps_bench_by_frame_index(tmp_path: Path) -> None:
     """cr5's parquet timestamps are wall-clock: every loader reads it by frame_index / fps when asked, and the
     peer's frames are the file's frames at from_timestamp + frame_index / fps."""
