@@ -35,7 +35,7 @@ from lerobot_dali.frame_marker import (
     MIN_MARKER_SIZE,
     draw_marker,
 )
-from lerobot_dali.new_folder import refuse_taken, write_new_folder
+from lerobot_dali.new_folder import refuse_inside_a_dataset, refuse_taken, write_new_folder
 from lerobot_dali.thread_priority import kept_thread_priority
 from lerobot_dali.video_encoding import CODECS, check_codec, encoder_settings
 from lerobot_dali.video_encoding import check_bounded_int as _check_int
@@ -778,7 +778,7 @@ def make_dataset(
     and task :func:`expected_task_index`; every video frame carries the marker of its episode, frame and
     camera (:func:`lerobot_dali.frame_marker.read_full_marker`). ``out`` must be new or an empty
     directory; it holds the dataset only once every file is written (a failed or interrupted run leaves it
-    as it was). Returns ``out`` as a Path.
+    as it was), and not inside another dataset (ValueError). Returns ``out`` as a Path.
     """
     spec = DatasetSpec(
         episodes=episodes,
@@ -799,6 +799,7 @@ def make_dataset(
         image_cameras=image_cameras,
     )
     refuse_taken(out, writer="make_dataset")  # (before saying it writes there)
+    refuse_inside_a_dataset(out, writer="make_dataset")
     if not spec.cameras:
         what = "no cameras"
     elif spec.image_cameras:

@@ -17,6 +17,7 @@ __all__ = [
     "host_name",
     "is_inside",
     "partial_folder",
+    "refuse_inside_a_dataset",
     "refuse_resumable_taken",
     "refuse_taken",
     "refuse_unwritable",
@@ -178,6 +179,19 @@ def is_inside(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> b
     """Whether ``path`` is ``folder`` or inside it, symbolic links followed (a link to ``folder``, or into it, is):
     an output written there would land in ``folder`` (a dataset read from it)."""
     return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
+
+
+def refuse_inside_a_dataset(out: str | os.PathLike[str], *, writer: str) -> None:
+    """ValueError where ``out`` is inside a local LeRobot dataset (a folder above it, symbolic links followed, holds
+    ``meta/info.json``; :func:`is_inside`): a dataset written there would be copied and uploaded with that one, and
+    its files read as that one's where they match its templates."""
+    absolute = Path(os.path.realpath(out))
+    holder = next((folder for folder in absolute.parents if (folder / "meta" / "info.json").is_file()), None)
+    if holder is not None:
+        raise ValueError(
+            f"Refusing to write a dataset into {out}: it is inside the dataset {holder}. Pass a path outside it "
+            f"({writer} writes a dataset of its own)."
+        )
 
 
 def refuse_unwritable(flag: str, folder: str | os.PathLike[str]) -> None:

@@ -187,6 +187,28 @@ def test_make_dataset_unusable_out_is_a_one_line_error(tmp_path: Path, capsys) -
     assert (tmp_path / "afile").read_text() == "x" and [p.name for p in (tmp_path / "full").iterdir()] == ["keep"]
 
 
+def test_make_dataset_inside_a_dataset_is_a_one_line_error(tmp_path: Path, capsys) -> None:
+    """make-dataset wrote a dataset inside another (its data/ or meta/ folder, or one a link leads into), to be copied
+    and uploaded with it: 3 of 3 such outs written. Refused now, as train.py refuses its outputs there; nothing is
+    written, and a folder beside the dataset is taken."""
+    dataset = tmp_path / "ds"
+    (dataset / "meta").mkdir(parents=True)
+    (dataset / "meta" / "info.json").write_text("{}")
+    (dataset / "data").mkdir()
+    (tmp_path / "link").symlink_to(dataset / "data")
+    one = ["--episodes", "1", "--frames-per-episode", "1", "--cameras", "0"]
+    for out in (dataset / "sub", dataset / "data" / "chunk-001" / "new", tmp_path / "link" / "new"):
+        assert main(["make-dataset", str(out), *one]) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            f"lerobot-dali make-dataset: Refusing to write a dataset into {out}: it is inside the dataset {dataset}. "
+            "Pass a path outside it (make_dataset writes a dataset of its own).\n"
+        )
+    assert sorted(str(p.relative_to(dataset)) for p in dataset.rglob("*")) == ["data", "meta", "meta/info.json"]
+    assert main(["make-dataset", str(tmp_path / "beside"), *one]) == 0
+    assert (tmp_path / "beside" / "meta" / "info.json").is_file()
+
+
 def test_datasets_that_cannot_be_opened_are_one_line_errors(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setitem(sys.modules, "s3fs", None)  # as if s3fs were not installed
 
