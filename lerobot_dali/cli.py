@@ -192,7 +192,7 @@ def _check(args: argparse.Namespace) -> int:
         dataset = _shown(own.dataset)
         try:
             report = _check_one(own)
-        except (DatasetError, _CommandError) as e:  # (the others are still checked)
+        except (DatasetError, _CommandError, PermissionError) as e:  # (the others are still checked)
             # (with --json, stdout holds the JSON alone: the reason is in it, and said on stderr)
             print(f"{dataset}: cannot open: {type(e).__name__}: {e}", file=sys.stderr if args.json else sys.stdout)
             # (a report as the others', its fields summed or read alike: one problem, of opening)
@@ -709,6 +709,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if is_refused(e):  # (aiohttp's 403 is no OSError: _open_dataset's handling missed it, a traceback followed)
             print(f"lerobot-dali {args.verb}: access refused ({_one_line(e)}); {REFUSED_HINT}", file=sys.stderr)
             return 2
+        if isinstance(e, PermissionError) and not is_transient(e):  # (a video file's, read after opening: a traceback)
+            print(f"lerobot-dali {args.verb}: {_permission_denied(e)}", file=sys.stderr)
+            return 2
         if not is_transient(e):
             raise
         return _network_failed(args.verb, e)
@@ -755,6 +758,18 @@ def _threads_joined_interrupted() -> bool:
     finally:
         sys.unraisablehook = hook
     return interrupted
+
+
+def _permission_denied(error: PermissionError) -> str:
+    """What to do where the operating system refused this user a file (its mode, its owner, a folder above it)."""
+    if error.filename is None:
+        return (
+            f"{_one_line(error)}: give this user access to the file and the folders above it, or run as one who has it"
+        )
+    return (
+        f"permission denied: {error.filename} (errno {error.errno}): this user may not open it; give it access to the "
+        "file and the folders above it (chmod, chown), or run as a user who has it"
+    )
 
 
 def _network_failed(verb: str, error: BaseException) -> int:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import builtins
+import errno
 import json
+import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import huggingface_hub
@@ -207,6 +211,49 @@ def test_make_dataset_inside_a_dataset_is_a_one_line_error(tmp_path: Path, capsy
     assert sorted(str(p.relative_to(dataset)) for p in dataset.rglob("*")) == ["data", "meta", "meta/info.json"]
     assert main(["make-dataset", str(tmp_path / "beside"), *one]) == 0
     assert (tmp_path / "beside" / "meta" / "info.json").is_file()
+
+
+def _refuse_opening(monkeypatch: pytest.MonkeyPatch, refused: Path) -> None:
+    """``open`` of ``refused`` fails as the system fails it for a user without read permission (tests run as root,
+    whom ``chmod 000`` does not stop); fsspec's local files, and so pyarrow's and PyAV's reads through them, open so."""
+    real_open, target = builtins.open, os.path.realpath(refused)
+
+    def opening(file: object, *args: object, **kwargs: object) -> object:
+        if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) == target:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(file))
+        return real_open(file, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(builtins, "open", opening)
+
+
+#: A dataset's files whose reading is refused, as globbed from its root: its info.json, a data file, a video file.
+_UNREADABLE = ("meta/info.json", "data/*/*.parquet", "videos/*/*/*.mp4")
+
+
+@pytest.mark.parametrize("pattern", _UNREADABLE)
+def test_a_file_this_user_may_not_read_is_one_line_naming_it(
+    make_ds: Callable[..., Path], copy_ds: Callable[[Path], Path], monkeypatch: pytest.MonkeyPatch, capsys, pattern: str
+) -> None:
+    """A video file the user may not read (its permissions) was a traceback out of fsspec's open, from info's probe
+    and check's survey of the camera's files (2 of 2 verbs); info.json and a data file were one line already. Each is
+    one line now, naming the file and the permission, exit status 2; and the iterator raises PermissionError naming
+    it (builtins', where it opens it)."""
+    from lerobot_dali import DALILeRobotIterator
+
+    readable = make_ds(episodes=2, frames_per_episode=4, cameras=1, episodes_per_file=1)
+    dataset = copy_ds(readable)
+    refused = sorted(dataset.glob(pattern))[0]
+    _refuse_opening(monkeypatch, refused)
+    for verb in ("info", "check"):
+        assert main([verb, str(dataset)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and str(refused) in err and "permission denied" in err.lower(), err
+    assert main(["check", str(dataset), str(readable)]) == 2  # (the other dataset is checked still)
+    said = capsys.readouterr().out.splitlines()
+    assert said[0].startswith(f"{dataset}: cannot open: ") and str(refused) in said[0], said
+    assert said[-1] == "1 of 2 datasets have problems" and f"{readable}: 2 episodes" in said[1], said
+    with pytest.raises(PermissionError, match=re.escape(str(refused))):
+        DALILeRobotIterator(str(dataset), batch_size=1, device="cpu", num_workers=0)
 
 
 def test_datasets_that_cannot_be_opened_are_one_line_errors(tmp_path: Path, monkeypatch, capsys) -> None:
