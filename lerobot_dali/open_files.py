@@ -173,11 +173,13 @@ _FILES_PER_WORKER = 2
 def workers_files_fix(num_workers: int) -> str:
     """What to do where ``num_workers`` workers would pass this process's open-file limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fewer = f"pass fewer workers (--num-workers; this machine has {os.cpu_count()} CPUs)"
+    if soft == resource.RLIM_INFINITY:  # (it said "raise the soft limit of -1 open files: `ulimit -n 1199999`")
+        return f"{fewer}: the open-file limit is unlimited, which Linux holds to {open_files_limit()} (fs.nr_open)"
     enough = soft + _FILES_PER_WORKER * num_workers  # (what is open now is under the soft limit)
     over_hard = hard != resource.RLIM_INFINITY and enough > hard
     return (
-        f"pass fewer workers (--num-workers; this machine has {os.cpu_count()} CPUs), or raise the soft limit of "
-        f"{soft} open files: `ulimit -n {enough}` in the shell that starts training"
+        f"{fewer}, or raise the soft limit of {soft} open files: `ulimit -n {enough}` in the shell that starts training"
         + (f" (past the hard limit of {hard}, which only an administrator raises)" if over_hard else "")
     )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import gc
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -261,6 +262,30 @@ def test_the_shares_of_the_open_file_limit(monkeypatch: pytest.MonkeyPatch) -> N
     assert [open_files.open_files_share(s) for s in (open_files.DECODER_SHARE, open_files.DATA_FILE_SHARE)] == [128, 32]
     monkeypatch.setattr(open_files, "open_files_limit", lambda: 4)
     assert open_files.open_files_share(open_files.DATA_FILE_SHARE) == 1
+
+
+@pytest.mark.parametrize(
+    ("limits", "fix"),
+    [
+        ((256, 256), ", or raise the soft limit of 256 open files: `ulimit -n 656` in the shell that starts training "
+         "(past the hard limit of 256, which only an administrator raises)"),
+        ((256, 4096), ", or raise the soft limit of 256 open files: `ulimit -n 656` in the shell that starts training"),
+        ((resource.RLIM_INFINITY,) * 2, ": the open-file limit is unlimited, which Linux holds to 1048576 "
+         "(fs.nr_open)"),
+    ],
+)  # fmt: skip
+def test_workers_past_the_open_file_limit_are_refused_saying_what_to_do(
+    monkeypatch: pytest.MonkeyPatch, limits: tuple[int, int], fix: str
+) -> None:
+    """Past a low limit the refusal says the `ulimit -n` that starts them; an unlimited one (Linux's fs.nr_open, 2**20)
+    said "raise the soft limit of -1 open files: `ulimit -n ...`" with a number below what it had."""
+    monkeypatch.setattr(resource, "getrlimit", lambda kind: limits)
+    workers = 200 if limits[0] == 256 else 600_000
+    with pytest.raises(ValueError, match=r"^num_workers=\d+ cannot start: .* of its limit of \d+ are open") as e:
+        open_files.refuse_workers_past_open_files(workers)
+    assert str(e.value).endswith(f"pass fewer workers (--num-workers; this machine has {os.cpu_count()} CPUs){fix}")
+    open_files.refuse_workers_past_open_files(0)
+    open_files.refuse_workers_past_open_files(2)
 
 
 def _emfile(*args: object, **kwargs: object) -> None:
