@@ -892,8 +892,8 @@ def check_checkpoint_dir(root: Path, *, resume: bool) -> None:
     marker = root / "latest"
     if resume:
         latest_checkpoint(root)  # (one it cannot resume from: refused before any dataset opens)
-    elif marker.exists():
-        name = marker.read_text(errors="replace").strip() if marker.is_file() else "its 'latest' a folder"
+    elif _stands(marker):
+        name = marker.read_text(errors="replace").strip() if marker.is_file() else "its 'latest' not a file"
         raise FileExistsError(
             f"--checkpoint-dir {root} holds a checkpoint ({name}): pass --resume to continue that run, or give "
             "a new --checkpoint-dir (a run from step 0 would replace its checkpoints)"
@@ -906,7 +906,7 @@ def latest_checkpoint(root: Path) -> Path | None:
     was a traceback once the dataset had opened (a ``FileNotFoundError``; a ``latest`` that is a folder: after
     training, at the first save)."""
     marker = root / "latest"
-    if not marker.exists():
+    if not _stands(marker):
         return None
     name = marker.read_text(errors="replace").strip() if marker.is_file() else None
     if name is None or not re.fullmatch(r"step_\d{8}", name) or not (root / name / "stream_rank0.json").is_file():
@@ -916,6 +916,12 @@ def latest_checkpoint(root: Path) -> Path | None:
             "name of a complete checkpoint of it there, or give a new --checkpoint-dir"
         )
     return root / name
+
+
+def _stands(marker: Path) -> bool:
+    """Whether ``marker`` (``latest``) is there, a link to nothing included: one was taken for no checkpoint, so
+    ``--resume`` started from step 0 (a warning), and its first save replaced the run's checkpoints."""
+    return marker.exists() or marker.is_symlink()
 
 
 def latest_saved_step(root: Path | None) -> int | None:
@@ -949,10 +955,17 @@ def _read_checkpoint(path: Path, load: Callable[[], Any], errors: tuple[type[Exc
 def _stream_file(path: Path) -> dict[str, Any]:
     """A rank's stream file as :func:`save_checkpoint` writes it (``step``, ``stream``); :func:`_read_checkpoint`."""
 
+    folder = re.fullmatch(r"step_(\d{8})", path.parent.name)
+
     def load() -> dict[str, Any]:
         saved = json.loads(path.read_text())
-        if not (isinstance(saved, dict) and is_int(saved.get("step")) and isinstance(saved.get("stream"), dict)):
-            raise ValueError("not a stream file: expected an int 'step' and a 'stream' object")
+        if not (
+            isinstance(saved, dict) and is_int(saved.get("step")) and saved["step"] >= 0
+            and isinstance(saved.get("stream"), dict) and isinstance(saved.get("data", {}), dict)
+        ):  # fmt: skip
+            raise ValueError("not a stream file: expected an int 'step' >= 0, a 'stream' object and a 'data' object")
+        if folder is not None and int(folder.group(1)) != saved["step"]:  # (a folder renamed, or a file copied in)
+            raise ValueError(f"its step {saved['step']} is not its folder's ({path.parent.name})")
         return saved
 
     return _read_checkpoint(path, load)
@@ -962,10 +975,13 @@ def _load_state(accelerator: Any, directory: Path) -> None:
     """``accelerator.load_state`` of the checkpoint ``directory``, by :func:`_read_checkpoint` (a file missing or cut
     short: accelerate's OSError or ValueError, safetensors' own error, torch's RuntimeError of a model of other shapes).
     """
+    from pickle import UnpicklingError
+
     from safetensors import SafetensorError
 
     state = directory / "state"
-    _read_checkpoint(state, lambda: accelerator.load_state(str(state)), (RuntimeError, SafetensorError))
+    errors = (RuntimeError, SafetensorError, UnpicklingError, EOFError)  # (the last two: torch.load's optimizer.bin)
+    _read_checkpoint(state, lambda: accelerator.load_state(str(state)), errors)
 
 
 def _saved_world_size(saved: Mapping[str, Any]) -> Any:
@@ -978,7 +994,10 @@ def _gathered_stream(directory: Path, saved: Mapping[str, Any]) -> Mapping[str, 
     each dataset's in a mixture), so a resume on another world size replays none of their pools (4.6 s of CPU per
     rank at 95% of an epoch of 92,000 episodes saved on 8 ranks); as saved where a rank's file is missing or another
     run's."""
-    files = [directory / f"stream_rank{rank}.json" for rank in range(_saved_world_size(saved))]
+    world_size = _saved_world_size(saved)
+    if world_size > sum(1 for _ in directory.glob("stream_rank*.json")):  # (an edited one: 10**12 paths were made)
+        return saved["stream"]
+    files = [directory / f"stream_rank{rank}.json" for rank in range(world_size)]
     if not all(path.is_file() for path in files):
         return saved["stream"]
     try:

@@ -1689,14 +1689,15 @@ def test_device_cuda_without_a_gpu_is_refused_in_one_line(
         assert re.fullmatch(r"(train|lerobot_policy)\.py: --device cuda but torch .* sees no CUDA GPU: .*", message)
 
 
-@pytest.mark.parametrize("latest", ["step_00000009", "../../etc", "", None])
+@pytest.mark.parametrize("latest", ["step_00000009", "../../etc", "", None, "-> nowhere"])
 def test_a_resume_from_a_latest_that_names_no_checkpoint_is_one_line_before_the_dataset_opens(
     latest: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A 'latest' naming a step folder that is not there (deleted, or never written), one outside the folder, an empty
     one, or a folder named 'latest' were each a traceback once the dataset had opened (FileNotFoundError; with no
-    --resume, the folder an IsADirectoryError at the first save, the training lost). One line now, before the dataset
-    opens, for both scripts (lerobot_policy.py's checkpoints are train.py's)."""
+    --resume, the folder an IsADirectoryError at the first save, the training lost); a link to nothing was taken for
+    no checkpoint (--resume started from step 0, and without it the first save replaced the run's). One line now,
+    before the dataset opens, for both scripts (lerobot_policy.py's checkpoints are train.py's)."""
     from pipelines import lerobot_policy
     from pipelines import train as train_module
 
@@ -1708,9 +1709,11 @@ def test_a_resume_from_a_latest_that_names_no_checkpoint_is_one_line_before_the_
     (ckpt / "step_00000001" / "stream_rank0.json").write_text("{}")
     if latest is None:
         (ckpt / "latest").mkdir()
+    elif latest == "-> nowhere":
+        (ckpt / "latest").symlink_to(tmp_path / "nowhere")
     else:
         (ckpt / "latest").write_text(latest)
-    said = "is not a file" if latest is None else f"names {latest!r}, no checkpoint there"
+    said = "is not a file" if latest in (None, "-> nowhere") else f"names {latest!r}, no checkpoint there"
     args = ["--dataset", "d", "--device", "cpu", "--checkpoint-dir", str(ckpt), "--resume"]
     for main, program in ((train_module.main, "train.py"), (lerobot_policy.main, "lerobot_policy.py")):
         caplog.clear()
@@ -1735,6 +1738,10 @@ def test_a_resume_from_a_latest_that_names_no_checkpoint_is_one_line_before_the_
         ('{"step": "two", "stream": {}}', "ValueError: not a stream file"),
         ('{"step": 2}', "ValueError: not a stream file"),
         (b"\xff\xfe", "UnicodeDecodeError"),
+        ('{"step": 2, "stream": {}, "data": "x"}', "ValueError: not a stream file"),  # (AttributeError tracebacks)
+        ('{"step": 2, "stream": {}, "data": [1]}', "ValueError: not a stream file"),
+        ('{"step": -3, "stream": {}}', "ValueError: not a stream file"),  # (resumed at step -3)
+        ('{"step": 3, "stream": {}}', "ValueError: its step 3 is not its folder's (step_00000002)"),  # (resumed at 3)
     ],
 )
 def test_a_damaged_stream_file_is_refused_naming_it(text: str | bytes, said: str, tmp_path: Path) -> None:
@@ -1768,13 +1775,16 @@ def test_a_damaged_model_state_is_refused_naming_it(tmp_path: Path) -> None:
     from pipelines.train import RunRefused, restore_checkpoint
 
     accelerator = Accelerator(cpu=True)
-    accelerator.prepare(torch.nn.Linear(2, 2))
+    model = torch.nn.Linear(2, 2)
+    accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     step = tmp_path / "step_00000002"
     accelerator.save_state(str(step / "state"))
     (step / "stream_rank0.json").write_text(json.dumps({"step": 2, "world_size": 1, "stream": {}}))
     iterator = SimpleNamespace(rank=0, world_size=1, load_state_dict=lambda state: None)
     assert restore_checkpoint(accelerator, step, iterator) == 2
-    for damage, said in (
+    for damage, said in (  # (each on top of the last)
+        (lambda: (step / "state" / "optimizer.bin").write_bytes(b"not a pickle"), "UnpicklingError: "),  # (tracebacks)
+        (lambda: (step / "state" / "optimizer.bin").write_bytes(b""), "EOFError: "),
         (lambda: (step / "state" / "model.safetensors").write_bytes(b""), "SafetensorError: "),
         (lambda: (step / "state" / "model.safetensors").unlink(), "FileNotFoundError: "),
         (lambda: shutil.rmtree(step / "state"), "ValueError: Tried to find"),
