@@ -7,6 +7,7 @@ imports, which take seconds (torch's, LeRobot's), so that a Ctrl-C in them is sa
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -93,4 +94,15 @@ def run_main(module: str, program: str, logger: str) -> NoReturn:
     except KeyboardInterrupt:  # (main() says its own: only one before it started is left)
         configure_logging()
         status = said(logging.getLogger(logger), program, Interrupted.while_starting())
+    signal.signal(signal.SIGINT, _exit_now)
     sys.exit(status)
+
+
+def _exit_now(signum: int, frame: object) -> None:
+    """SIGINT's handler once the script's status is known: a Ctrl-C in the interpreter's exit (a second one, as people
+    press it after the first one's line) ends the process at once with 130. It was a KeyboardInterrupt in an exit
+    callback (DALI's ``_unload_dali``: a traceback after the line) or the process killed by SIGINT (status -2)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # (a stream mid-write, closed: nothing more to say)
+            stream.flush()
+    os._exit(128 + signal.SIGINT)
