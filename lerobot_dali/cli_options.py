@@ -16,10 +16,21 @@ from typing import Any
 
 from .value_checks import is_int
 
-__all__ = ["ArgumentParser", "add_episode_pool_size", "add_image_size", "check_image_size", "parse_size"]
+__all__ = [
+    "MAX_IMAGE_SIDE",
+    "ArgumentParser",
+    "add_episode_pool_size",
+    "add_image_size",
+    "check_image_size",
+    "parse_size",
+]
 
+#: The largest height or width ``--image-size`` takes (NVDEC's largest frame). Past it a square of 16,256 FFmpeg's
+#: scaler refused (EINVAL: the CPU route called the dataset's video corrupt), and past 2**31 the first batch failed
+#: with an OverflowError, each once the run had started.
+MAX_IMAGE_SIDE = 8192
 #: What ``--image-size`` takes, as its help and both of its errors say it (the bench's and train.py's alike).
-_IMAGE_SIZE = "a positive height and width, HxW (224x224) or H W (224 224)"
+_IMAGE_SIZE = f"a positive height and width up to {MAX_IMAGE_SIDE}, HxW (224x224) or H W (224 224)"
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -79,7 +90,7 @@ def check_image_size(size: object) -> tuple[int, int] | None:
     and train.py's said it two other ways)."""
     if size is None:
         return None
-    if isinstance(size, (tuple, list)) and len(size) == 2 and all(is_int(v) and v > 0 for v in size):
+    if isinstance(size, (tuple, list)) and len(size) == 2 and all(is_int(v) and 0 < v <= MAX_IMAGE_SIDE for v in size):
         return int(size[0]), int(size[1])
     shown = "x".join(map(str, size)) if isinstance(size, (tuple, list)) else repr(size)
     raise ValueError(f"--image-size takes {_IMAGE_SIZE}, got {shown}")

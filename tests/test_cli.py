@@ -370,7 +370,7 @@ def test_bench_checks_recipe_and_image_size_before_any_work(tmp_path: Path, monk
         (["--recipe", str(tmp_path / "missing.toml")], "missing.toml does not exist"),
         (
             ["--image-size", "0x0"],
-            "--image-size takes a positive height and width, HxW (224x224) or H W (224 224), got 0x0",
+            "--image-size takes a positive height and width up to 8192, HxW (224x224) or H W (224 224), got 0x0",
         ),
     )
     for argv, said in cases:

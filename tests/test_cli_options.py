@@ -14,13 +14,14 @@ from pipelines.train import parse_args
 
 BENCH = ["bench", "--quick"]
 TRAIN = ["--dataset", "d", "--steps", "1", "--device", "cpu"]
-SIZE_TAKES = "--image-size takes a positive height and width, HxW (224x224) or H W (224 224)"
+SIZE_TAKES = "--image-size takes a positive height and width up to 8192, HxW (224x224) or H W (224 224)"
 
 
 @pytest.mark.parametrize("size", [["224x160"], ["224X160"], ["224", "160"]])
 def test_image_size_is_taken_as_hxw_or_as_h_w_by_bench_and_train(size: list[str]) -> None:
     assert _parser().parse_args([*BENCH, "--image-size", *size]).image_size == (224, 160)
     assert parse_args([*TRAIN, "--image-size", *size]).image_size == (224, 160)
+    assert parse_args([*TRAIN, "--image-size", "8192x8192"]).image_size == (8192, 8192)  # (the largest taken)
 
 
 @pytest.mark.parametrize("flag", ["--pool-size", "--episode-pool-size"])
@@ -102,6 +103,11 @@ def test_bench_and_train_word_image_size_alike(size: list[str], tmp_path, monkey
     [
         (["--image-size", "-1x5"], f"{SIZE_TAKES}, got -1x5"),
         (["--tolerance-s", "-1e-3"], "--tolerance-s must be a non-negative finite number of seconds, got -0.001"),
+        # (past NVDEC's largest frame: a square of 16,256 was a VideoDecodeError blaming the video; 2**32 an
+        # OverflowError traceback at the first batch)
+        (["--image-size", "16256x16256"], f"{SIZE_TAKES}, got 16256x16256"),
+        (["--image-size", "4294967296x64"], f"{SIZE_TAKES}, got 4294967296x64"),
+        (["--image-size", "8193x64"], f"{SIZE_TAKES}, got 8193x64"),
     ],
 )
 def test_bench_takes_a_value_that_starts_as_a_negative_number_as_its_value(

@@ -1105,7 +1105,7 @@ def test_feature_stats_read_named_and_per_episode_statistics() -> None:
         (["--seed", "-1"], {}, r"--seed must be an int from 0 to 2\*\*32 - 1, got -1"),
         (["--seed", "4294967296"], {}, r"--seed must be an int from 0 to 2\*\*32 - 1, got 4294967296"),
         (["--decode", "tpu"], {}, r"--decode must be one of 'auto', 'gpu', 'cpu', got 'tpu'"),
-        (["--image-size", "0", "64"], {}, r"--image-size takes a positive height and width, .* got 0x64"),
+        (["--image-size", "0", "64"], {}, r"--image-size takes a positive height and width up to 8192, .* got 0x64"),
         (["--lr", "inf"], {}, r"--lr must be a finite number > 0, got inf"),
         (["--grad-clip", "nan"], {}, r"--grad-clip must be a finite number >= 0 \(0: no clipping\), got nan"),
         (["--tolerance-s", "-1"], {}, r"--tolerance-s must be a non-negative finite number of seconds, got -1\.0"),
