@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from lerobot_dali.augment_config import AugmentConfig, toml_parser
+from lerobot_dali.cli_options import MAX_IMAGE_SIDE
 from lerobot_dali.value_checks import check_int_fields, is_number
 
 __all__ = ["NAMED_RECIPES", "RECIPE_DIR", "Recipe", "StepWindow", "get_recipe"]
@@ -142,9 +143,11 @@ class Recipe:
             if not (
                 isinstance(size, Sequence)
                 and len(size) == 2
-                and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)
-            ):
-                raise ValueError(f"Recipe.image_size must be [height, width] of positive ints, got {size!r}")
+                and all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_IMAGE_SIDE for v in size)
+            ):  # (as --image-size: past it the first batch failed, calling the video corrupt)
+                raise ValueError(
+                    f"Recipe.image_size must be [height, width] of positive ints up to {MAX_IMAGE_SIDE}, got {size!r}"
+                )
             object.__setattr__(self, "image_size", (int(size[0]), int(size[1])))
         if self.augment is not None and not isinstance(self.augment, AugmentConfig):
             raise ValueError(f"Recipe.augment must be an AugmentConfig or None, got {self.augment!r}")

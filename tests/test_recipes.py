@@ -153,6 +153,10 @@ def test_a_recipe_file_s_mistakes_name_the_file(tmp_path: Path) -> None:
     for text, said in (
         ('name = "x"\n[action]\nseconds = -1.0\n', f"{path} [action]: StepWindow.seconds must be a number > 0"),
         ('name = "x"\nimage_size = [0, 5]\n', f"{path}: Recipe.image_size must be"),
+        (
+            'name = "x"\nimage_size = [70000, 70000]\n',
+            f"{path}: Recipe.image_size must be [height, width] of positive ints up to 8192, got (70000, 70000)",
+        ),  # (a VideoDecodeError calling the video corrupt at the first batch)
         ('name = "x"\ndrop_n_last_frames = -3\n', f"{path}: Recipe.drop_n_last_frames must be an int >= 0, got -3"),
     ):
         path.write_text(text)
