@@ -1173,13 +1173,16 @@ _SAID_UNTYPED = (RunRefused, CudaUnavailableError)
 
 @contextlib.contextmanager
 def setting_up() -> Iterator[None]:
-    """Around a run's set-up (datasets, iterator, model, resume): an error of :data:`SETUP_ERRORS` raised there
-    becomes a :class:`SetupError`, whose message names the library's error type first
-    (``DatasetNotFoundError: dataset 'x' not found ...``), as the ``lerobot-dali`` command prints it."""
+    """Around a run's set-up (datasets, iterator, model, resume): an error of :data:`SETUP_ERRORS` raised there, or a
+    PermissionError (a file of the dataset or the checkpoint this user may not read), becomes a :class:`SetupError`,
+    whose message names the error type first (``DatasetNotFoundError: dataset 'x' not found ...``), as the
+    ``lerobot-dali`` command prints it."""
     try:
         yield
     except SETUP_ERRORS as e:
         raise SetupError(str(e) if isinstance(e, _SAID_UNTYPED) else f"{type(e).__name__}: {e}") from e
+    except PermissionError as e:  # (a dataset's file this user may not read: a traceback on every rank)
+        raise SetupError(f"{type(e).__name__}: {e}: give this user access to it and the folders above it") from e
 
 
 # -- preemption -----------------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@ pytest's base folder over HTTP."""
 
 from __future__ import annotations
 
+import builtins
+import errno
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -23,6 +25,19 @@ def shared_dataset(name: str) -> Path:
     if not path.is_dir():
         pytest.skip(f"real dataset {path} is not present")
     return path
+
+
+def refuse_opening(monkeypatch: pytest.MonkeyPatch, refused: Path) -> None:
+    """``open`` of ``refused`` fails as the system fails it for a user without read permission (tests run as root,
+    whom ``chmod 000`` does not stop); fsspec's local files, and so pyarrow's and PyAV's reads through them, open so."""
+    real_open, target = builtins.open, os.path.realpath(refused)
+
+    def opening(file: object, *args: object, **kwargs: object) -> object:
+        if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) == target:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(file))
+        return real_open(file, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(builtins, "open", opening)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

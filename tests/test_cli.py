@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import builtins
-import errno
 import json
-import os
 import re
 import subprocess
 import sys
@@ -18,7 +15,7 @@ from huggingface_hub.utils import LocalEntryNotFoundError
 
 from lerobot_dali.cli import main
 from lerobot_dali.generate import make_dataset
-from tests.conftest import shared_dataset
+from tests.conftest import refuse_opening, shared_dataset
 
 
 def _info_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
@@ -213,19 +210,6 @@ def test_make_dataset_inside_a_dataset_is_a_one_line_error(tmp_path: Path, capsy
     assert (tmp_path / "beside" / "meta" / "info.json").is_file()
 
 
-def _refuse_opening(monkeypatch: pytest.MonkeyPatch, refused: Path) -> None:
-    """``open`` of ``refused`` fails as the system fails it for a user without read permission (tests run as root,
-    whom ``chmod 000`` does not stop); fsspec's local files, and so pyarrow's and PyAV's reads through them, open so."""
-    real_open, target = builtins.open, os.path.realpath(refused)
-
-    def opening(file: object, *args: object, **kwargs: object) -> object:
-        if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) == target:
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(file))
-        return real_open(file, *args, **kwargs)  # type: ignore[call-overload]
-
-    monkeypatch.setattr(builtins, "open", opening)
-
-
 #: A dataset's files whose reading is refused, as globbed from its root: its info.json, a data file, a video file.
 _UNREADABLE = ("meta/info.json", "data/*/*.parquet", "videos/*/*/*.mp4")
 
@@ -243,7 +227,7 @@ def test_a_file_this_user_may_not_read_is_one_line_naming_it(
     readable = make_ds(episodes=2, frames_per_episode=4, cameras=1, episodes_per_file=1)
     dataset = copy_ds(readable)
     refused = sorted(dataset.glob(pattern))[0]
-    _refuse_opening(monkeypatch, refused)
+    refuse_opening(monkeypatch, refused)
     for verb in ("info", "check"):
         assert main([verb, str(dataset)]) == 2
         err = capsys.readouterr().err

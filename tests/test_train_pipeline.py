@@ -31,6 +31,7 @@ from safetensors.torch import load_file
 from lerobot_dali.errors import CudaUnavailableError, ResumeStateError
 from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig, masked_l1
 from pipelines.train import TrainOptions, build_iterator, data_plan, parse_args
+from tests.conftest import refuse_opening
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "pipelines" / "train.py"
@@ -1928,6 +1929,31 @@ def test_lerobot_policys_output_dir_of_other_files_is_refused_before_training(
     for folder in (tmp_path / "new", tmp_path / "empty", saved):
         assert lerobot_policy.main(["--dataset", "d", "--device", "cpu", "--output-dir", str(folder)]) == 0
     assert len(started) == 3
+
+
+@pytest.mark.parametrize("pattern", ["data/*/*.parquet", "videos/*/*/*.mp4", "meta/stats.json"])
+def test_a_dataset_file_this_user_may_not_read_is_one_line_naming_it(
+    pattern: str,
+    make_ds: Callable[..., Path],
+    copy_ds: Callable[[Path], Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A data file, a video file or meta/stats.json the user may not read (its permissions; measured with them really
+    refused on cr5_v30_av1) was a PermissionError traceback from train.py's set-up (3 of 3); one line now, naming the
+    file, and exit status 2."""
+    from pipelines import train as train_module
+
+    dataset = copy_ds(make_ds(episodes=2, frames_per_episode=4, cameras=1, episodes_per_file=1))
+    refused = sorted(dataset.glob(pattern))[-1]
+    refuse_opening(monkeypatch, refused)
+    argv = ["--dataset", str(dataset), "--steps", "1", "--batch-size", "2", "--device", "cpu", "--num-workers", "0"]
+    with caplog.at_level(logging.ERROR):
+        assert train_module.main(argv) == 2
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+        f"train.py: PermissionError: [Errno 13] Permission denied: '{refused}': give this user access to it and the "
+        "folders above it"
+    ]
 
 
 def test_a_batch_larger_than_the_dataset_is_refused_before_the_pipeline_is_built(
