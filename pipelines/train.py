@@ -855,6 +855,7 @@ def staged_folder(directory: Path) -> Iterator[Path]:
     removed first) that replaces ``directory`` whole once the block ends, every file on disk first (as
     :func:`save_checkpoint` publishes a checkpoint): a crash or a signal mid-write leaves the old folder, never a
     half-written one that a later run reads as whole. Removed where the block raises. One process writes it."""
+    directory = Path(os.path.abspath(directory))  # ('.' has no name to write beside)
     staging = _staging(directory)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)

@@ -1876,7 +1876,7 @@ def test_lerobot_policys_output_dir_holds_one_whole_policy_after_a_save_killed_h
     preprocessor's (or during the weights) left a folder LeRobot loads as a policy, its config and weights one run's
     and its preprocessor another's (3 of 3 files written, 1 of them stale). The save is staged beside it and renamed
     in whole now: after a save interrupted half-way, --output-dir holds the last run's policy, file for file."""
-    from pipelines.lerobot_policy import save_policy
+    from pipelines.lerobot_policy import check_output_dir, save_policy
 
     out = tmp_path / "policy"
     first = {"config.json": "c1", "model.safetensors": "w1", "policy_preprocessor.json": "p1"}
@@ -1898,6 +1898,12 @@ def test_lerobot_policys_output_dir_holds_one_whole_policy_after_a_save_killed_h
     save_policy(out, policy, _SavesFiles({"policy_preprocessor.json": "p2"}))
     assert _folder_files(out) == {"config.json": "c2", "model.safetensors": "w2", "policy_preprocessor.json": "p2"}
     assert [p.name for p in tmp_path.iterdir()] == ["policy"]
+    (tmp_path / "here").mkdir()
+    with pytest.MonkeyPatch.context() as patch:  # ('--output-dir .' in an empty folder: '.' has no name beside it)
+        patch.chdir(tmp_path / "here")
+        check_output_dir(Path("."))
+        save_policy(Path("."), policy, _SavesFiles({}))
+    assert _folder_files(tmp_path / "here") == {"config.json": "c2", "model.safetensors": "w2"}
 
 
 def test_lerobot_policys_output_dir_of_other_files_is_refused_before_training(
