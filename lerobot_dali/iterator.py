@@ -578,7 +578,7 @@ class DALILeRobotIterator:
         held = BatchesHeld()  # (the exit handler waits for the thread holding them to park: :mod:`.exit_close`)
         ended = None  # the epoch of the batches counted
         try:
-            while (batch := self._next_batch_or_park(pass_id)) is not None:
+            while (batch := self._next_batch_or_park(pass_id, held)) is not None:
                 try:
                     # The stream counts the batch last, right before handing it out: a signal's exception (Ctrl-C, a
                     # SIGTERM handler's sys.exit) in the followers below lost it, counted but never seen by the loop.
@@ -600,7 +600,6 @@ class DALILeRobotIterator:
                     finally:
                         self._close_if_deferred()
                     raise
-                held.hand_out()
                 yield batch
         finally:  # the pass is over: finished, failed, or left by the loop (the generator is closed)
             held.end()
@@ -615,7 +614,8 @@ class DALILeRobotIterator:
             return
         self._pipeline_next = (self._stream.epoch, 0)  # DALI reset itself (auto_reset) for the next epoch
 
-    def _next_batch_or_park(self, pass_id: int) -> dict[str, Any] | None:
+    def _next_batch_or_park(self, pass_id: int, held: BatchesHeld) -> dict[str, Any] | None:
+        held.claim()  # (before the read: its batch is handed out to this thread, which frees its last one then)
         try:
             return self._next_batch(pass_id)
         except Exception:
