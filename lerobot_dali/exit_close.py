@@ -10,8 +10,9 @@ closes every live iterator, in close()'s order, which is safe under a pass in an
 pass left to let the pipeline go); a pass that then finds its iterator closed waits, silent, to be stopped with its
 thread (:func:`park_if_exiting`), as a daemon thread waiting on a queue is. The closes share one deadline,
 ``EXIT_WAIT_S`` (each close() waited up to ``CLOSE_WAIT_S`` for a pass stuck inside DALI's next(): 3 such iterators held
-the exit 202 s), at which the worker processes still running are killed (a worker that outlived its SIGTERM held the
-exit for ever in the pool's close); one warning names the datasets whose pass it left, and the workers it killed.
+the exit 202 s), from which the worker processes of a close still running are killed (a worker that outlived its
+SIGTERM held the exit for ever in the pool's close), once it has run ``STUCK_CLOSE_S``; those of the iterators not yet
+closed are closed as usual after it. One warning names the datasets whose pass it left, and the workers it killed.
 
 The handler then waits, up to ``RETURN_WAIT_S``, for the threads holding a pass's batch (:class:`BatchesHeld`, reading
 the next one too) to come back for the next one and park there: on Python 3.11 the interpreter stops a daemon thread
@@ -52,7 +53,16 @@ from . import fork_locks
 from .inherited_pipeline import abandon_all
 from .wording import counted
 
-__all__ = ["EXIT_WAIT_S", "RETURN_WAIT_S", "BatchesHeld", "exiting", "must_park", "park_if_exiting", "watch"]
+__all__ = [
+    "EXIT_WAIT_S",
+    "RETURN_WAIT_S",
+    "STUCK_CLOSE_S",
+    "BatchesHeld",
+    "exiting",
+    "must_park",
+    "park_if_exiting",
+    "watch",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +75,14 @@ _exiting = threading.Event()
 RETURN_WAIT_S = 1.0
 #: How long the exit handler's closes wait for passes in all (one deadline for every live iterator): each close() waited
 #: up to ``CLOSE_WAIT_S`` (60 s) for a pass stuck inside DALI's next(), N times that for N such iterators, and a worker
-#: process that outlived its SIGTERM held the exit for ever. At the deadline the workers still running are killed.
+#: process that outlived its SIGTERM held the exit for ever. From the deadline on, a close's workers are killed
+#: (:data:`STUCK_CLOSE_S`).
 EXIT_WAIT_S = 60.0
+#: After the deadline, how long the exit handler's close of one iterator runs before its worker processes still running
+#: are killed (its pool's close joins a worker that outlived its SIGTERM for ever); not sooner: killed as the pool's
+#: close begins, a worker DALI is waking (its task queue's notify) never answers, and the close waits for ever.
+STUCK_CLOSE_S = 5.0
+_POLL_S = 0.1  # (past the deadline: how often the closes still running are looked at)
 _out: Counter[int] = Counter()  # thread ident: passes whose batches it holds (BatchesHeld)
 _parked: set[int] = set()  # thread idents parked for good (park_if_exiting): back, whatever other batches they hold
 _returned = fork_locks.condition(_lock)
@@ -154,25 +170,27 @@ def _close_all() -> None:
     _exiting.set()
     with _lock:  # (a daemon thread building an iterator now would change the set under the copy)
         live = list(_live)
-    deadline = time.monotonic() + EXIT_WAIT_S
-    closed = threading.Event()
-    killed: list[str] = []
-    reaper = threading.Thread(target=_kill_workers_at, args=(deadline, closed, live, killed), daemon=True)
+    closes = _Closes(time.monotonic() + EXIT_WAIT_S)
+    reaper = threading.Thread(target=_kill_stuck_workers, args=(closes,), daemon=True)
     reaper.start()
     left: list[str] = []
     try:
         for iterator in live:
+            closes.begin(iterator)
             try:
-                iterator._close_by(deadline)
+                closed = iterator._close_by(closes.deadline)
             except Exception:  # (DALI's handler still shuts the pipeline down; the exit must go on)
                 logger.debug("closing an iterator at exit failed", exc_info=True)
-            if getattr(iterator, "_pipeline", None) is not None:  # (given up: left to its pass, inside DALI's next())
+                closed = True
+            if closed:
+                closes.end(iterator)
+            else:  # (given up: left to its pass, inside DALI's next() or building its pipeline)
                 left.append(_name(iterator))
     finally:
-        closed.set()
+        closes.done.set()
         reaper.join()
-    if left or killed:  # (once, for all: each close() said its own, and named no dataset)
-        said = [f"worker processes that did not stop, killed: {', '.join(killed)}"] if killed else []
+    if left or closes.killed:  # (once, for all: each close() said its own, and named no dataset)
+        said = [f"worker processes that did not stop, killed: {', '.join(closes.killed)}"] if closes.killed else []
         if left:
             said.insert(0, f"{counted(len(left), 'iterator')} not closed, a pass of each still inside DALI's next() or "
                         f"building its pipeline (left to DALI's exit handler): {', '.join(left)}")  # fmt: skip
@@ -193,20 +211,46 @@ def _worker_processes(iterator: Any) -> list[Any]:
     return list(getattr(pool, "_processes", ()))
 
 
-def _kill_workers_at(deadline: float, closed: threading.Event, live: list[Any], killed: list[str]) -> None:
-    """At ``deadline``, unless the closes are done: kill the worker processes of ``live`` still running (their pool's
-    close joins each for ever once it sent SIGTERM: a worker stuck where the signal does not end it held the exit
-    for ever, and multiprocessing's own exit handler joins them too)."""
-    if closed.wait(max(0.0, deadline - time.monotonic())):
-        return
-    for iterator in live:
-        for process in _worker_processes(iterator):
-            try:
-                if process.exitcode is None:
-                    process.kill()
-                    killed.append(f"{process.pid} ({_name(iterator)})")
-            except Exception:  # (reaped meanwhile)
-                logger.debug("killing a worker at exit failed", exc_info=True)
+class _Closes:
+    """The exit handler's closes, as :func:`_kill_stuck_workers` watches them: their ``deadline``, the iterators whose
+    close began and has not closed them (the one closing now, and those left to their passes) with when it began, and
+    the workers killed."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.done = threading.Event()
+        self.stuck: dict[int, tuple[Any, float]] = {}  # id(iterator): (iterator, when its close began)
+        self.killed: list[str] = []
+
+    def begin(self, iterator: Any) -> None:
+        self.stuck[id(iterator)] = (iterator, time.monotonic())
+
+    def end(self, iterator: Any) -> None:
+        self.stuck.pop(id(iterator), None)
+
+
+def _kill_stuck_workers(closes: _Closes) -> None:
+    """From ``closes.deadline`` on, until the closes are done: kill the worker processes still running of each iterator
+    whose close has run ``STUCK_CLOSE_S`` and not closed it (its pool's close joins each worker for ever once it sent
+    SIGTERM: a worker stuck where the signal does not end it held the exit for ever, and multiprocessing's own exit
+    handler joins them too).
+
+    Not those of the iterators whose close had not begun: killed at the deadline, an idle pool whose close began as
+    the worker died waited for ever in DALI's notify of its task queue (a killed worker never wakes to answer it), and
+    the exit with it (4 of 12 exits where one other pass was stuck; the other 8 killed the idle pools' 4 workers)."""
+    timeout = closes.deadline - time.monotonic()
+    while not closes.done.wait(max(0.0, timeout)):
+        timeout = _POLL_S
+        for iterator, began in list(closes.stuck.values()):
+            if time.monotonic() - began < STUCK_CLOSE_S:
+                continue
+            for process in _worker_processes(iterator):
+                try:
+                    if process.exitcode is None:
+                        process.kill()
+                        closes.killed.append(f"{process.pid} ({_name(iterator)})")
+                except Exception:  # (reaped meanwhile)
+                    logger.debug("killing a worker at exit failed", exc_info=True)
 
 
 def _wait_for_batches_back(deadline: float) -> bool:

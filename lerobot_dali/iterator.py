@@ -860,22 +860,22 @@ class DALILeRobotIterator:
         iterator does (the one given up may be another run's by then)."""
         self._close_by(close_deadline())
 
-    def _close_by(self, deadline: float) -> None:
+    def _close_by(self, deadline: float) -> bool:
         """close(), waiting for another thread's pass until ``deadline`` (:func:`close_deadline`) at most: a mixture's
-        close() waits once in all, not once per dataset."""
+        close() waits once in all, not once per dataset. Whether it closed everything (else it is left to a pass)."""
         if getattr(self, "_pid", None) != os.getpid():
-            return
+            return True  # (nothing here is this process's to close)
         lock = getattr(self, "_next_lock", None)
         if lock is None:  # (__del__ of an iterator whose __init__ raised before making it: no pass to wait for)
             self._close_held()
-            return
+            return True
         if fork_locks.held_here(lock):
             # A signal handler on the thread of a pass that holds the pipeline: inside DALI's next(), closing the
             # workers waits for a condition that thread holds (a hang); building it, the build went on to hand a
             # working pass out, its workers running, after this close(). The pass closes everything as it lets go.
             self._dali_iter = None
             self._close_deferred = threading.get_ident()
-            return
+            return False
         # The lock is taken inside the try whose finally lets it go, and let go only where this thread holds it (no
         # other statement can note a taking: a signal's exception lands right after acquire() returns, before the
         # next one runs). Taken before that try, a Ctrl-C there left the lock held by this thread for ever: every
@@ -900,7 +900,7 @@ class DALILeRobotIterator:
                     "closes it as the call returns, or once the build ends",
                 )
                 if not wait_for_pass(lock, deadline, *left):
-                    return  # (given up: left to the pass, counted above)
+                    return False  # (given up: left to the pass, counted above)
             self._close_held()
             # (another thread's handler's close(), left to frames of its own that let the lock go, is done: left set,
             # it closed the next pass that thread started, which came after this close(): 1 of 1)
@@ -922,6 +922,7 @@ class DALILeRobotIterator:
                 closed = getattr(self, "_pipeline", None) is None
                 if closed and getattr(self, "_close_deferred", 0) == threading.get_ident():
                     self._close_deferred = 0
+        return True
 
     def _close_held(self) -> None:
         """close() with the pass's lock taken: the pipeline, then the prefetcher (even when DALI's shutdown failed)."""
