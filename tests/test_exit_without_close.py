@@ -425,6 +425,47 @@ def test_a_thread_reading_the_first_batch_of_a_pass_another_thread_began_holds_i
     assert exit_close._wait_for_batches_back(0.0)  # (the pass is over)
 
 
+def test_the_exit_handler_ends_a_pass_left_in_a_reference_cycle(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A thread left a pass with its generator in a reference cycle (neither ended nor collected) and went on elsewhere:
+    # counted as holding its batches, it held the exit all of RETURN_WAIT_S (1.0 s in 3 of 3 exits) for a pass that
+    # never comes back. The handler collects it: the pass ends, and its thread holds none of its batches.
+    import gc
+    import weakref
+
+    from lerobot_dali import DALILeRobotIterator
+
+    monkeypatch.setattr(exit_close, "_exiting", threading.Event())
+    monkeypatch.setattr(exit_close, "_out", Counter())
+    monkeypatch.setattr(exit_close, "_parked", set())
+    monkeypatch.setattr(exit_close, "RETURN_WAIT_S", 0.0)
+    ds = make_ds(episodes=2, frames_per_episode=30)
+    it = DALILeRobotIterator(ds, batch_size=2, device="cpu", num_workers=0)
+    monkeypatch.setattr(exit_close, "_live", weakref.WeakSet([it]))
+    left, done = threading.Event(), threading.Event()
+
+    def load() -> None:
+        holder: dict[str, object] = {"batches": iter(it)}
+        holder["self"] = holder  # (the cycle)
+        next(holder["batches"])  # type: ignore[call-overload]
+        del holder
+        left.set()
+        done.wait(30.0)  # (elsewhere: not back for the next batch)
+
+    thread = threading.Thread(target=load, daemon=True)
+    gc.disable()
+    try:
+        thread.start()
+        assert left.wait(30.0)
+        assert not exit_close._wait_for_batches_back(0.0)  # (counted: its pass still holds it)
+        exit_close._close_all()
+        assert exit_close._wait_for_batches_back(0.0)  # (the pass ended: its thread holds none of its batches)
+    finally:
+        gc.enable()
+        done.set()
+        thread.join(30.0)
+        it.close()
+
+
 #: One iterator's pass (no workers) is stuck inside DALI's next() (its source hangs) as the script ends, and is closed
 #: first (the handler's order is the set's, made here the iterators' own); another's (2 workers) read 2 batches and
 #: waits, not stuck. The exit's wait is 1 s here (EXIT_WAIT_S).
