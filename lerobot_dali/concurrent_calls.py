@@ -54,7 +54,13 @@ def in_threads(
         _counted(len(items), progress, unit, since) as done,
         ThreadPoolExecutor(min(len(items), MAX_THREADS), thread_name_prefix="lerobot-dali-at-once") as pool,
     ):
-        futures = [pool.submit(function, item) for item in items]
+        try:
+            futures = [pool.submit(function, items[0])]
+        except RuntimeError:  # (the interpreter is shutting down: its main thread ended, and no pool takes work)
+            # A daemon thread starting a mixture's next pass as the script ended printed this error's traceback (3 of 4
+            # exits): the items are taken here, one by one, as the exit handler expects a pass to start.
+            return [function(item) for item in items]
+        futures += [pool.submit(function, item) for item in items[1:]]
         for _ in as_completed(futures):  # (counted here: the counter is one thread's)
             done(1)
         return [future.result() for future in futures]
