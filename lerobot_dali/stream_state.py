@@ -114,6 +114,27 @@ class StreamState:
         object.__setattr__(self, "prior_segments", tuple(self.prior_segments))
         object.__setattr__(self, "rank_walks", tuple(self.rank_walks))
         object.__setattr__(self, "gathered_rank_ids", tuple(self.gathered_rank_ids))
+        self._check_ranks()
+
+    def _check_ranks(self) -> None:
+        """Refuse ranks past the world size the state was saved on: ``gathered_rank_ids`` [0, 2] of 2 ranks (an edited
+        state, or one put together from another run's) counted as both ranks, and under rank_balance='none' stood for
+        rank 1 at that position where rank 1 never saved there."""
+        named = {
+            "saved_rank": [] if self.rank is None else [self.rank],
+            "gathered_rank_ids": list(self.gathered_rank_ids),
+            "walks": [walk.rank for walk in self.walks],
+        }
+        beyond = {name: [rank for rank in ranks if rank >= self.world_size] for name, ranks in named.items()}
+        said = "; ".join(f"{name} {ranks}" for name, ranks in beyond.items() if ranks)
+        if said or self.gathered > self.world_size:
+            raise ResumeStateError(
+                f"stream state names ranks past the {self.world_size} it was saved on ("
+                f"{said or f'gathered_ranks {self.gathered}'}; world_size {self.world_size}: ranks 0 to "
+                f"{self.world_size - 1}): it was edited, or put together from the states of runs on other world sizes. "
+                "Load a state_dict() as saved, or merge_rank_states() of the states every rank of one run saved at "
+                "one step"
+            )
 
     @property
     def walks(self) -> tuple[SavedWalk, ...]:
@@ -248,12 +269,7 @@ def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 f"{where[1]} (or their segments or options) stand at other positions or were saved by other runs"
             )
     walks = {walk.rank: walk for state in parsed for walk in state.walks}
-    ranks = {*walks, *(rank for state in parsed for rank in _named_ranks(state))}
-    if any(rank >= first.world_size for rank in ranks):
-        raise ResumeStateError(
-            f"merge_rank_states got a state or walk of rank {max(ranks)}, but the states were saved on "
-            f"{first.world_size} ranks"
-        )
+    ranks = {*walks, *(rank for state in parsed for rank in _named_ranks(state))}  # (each below the world size)
     own = first.walk.rank if first.walk is not None else None
     others = [walks[rank] for rank in sorted(walks) if rank != own]
     merged = dataclasses.replace(

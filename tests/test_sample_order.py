@@ -213,8 +213,36 @@ def test_unbalanced_rank_state_merged_with_itself_counts_one_rank(shuffle: bool)
     # States that name no rank (saved before saved_rank) count as one together, unless their walks name them.
     unnamed = {k: v for k, v in ranks[0].state_dict().items() if k != "saved_rank"}
     assert merge_rank_states([unnamed, unnamed])["gathered_ranks"] == 1
-    with pytest.raises(ResumeStateError, match=r"state or walk of rank 2, but the states were saved on 2 ranks"):
+    with pytest.raises(ResumeStateError, match=r"ranks past the 2 it was saved on \(saved_rank \[2\]"):
         merge_rank_states([ranks[0].state_dict(), {**ranks[1].state_dict(), "saved_rank": 2}])
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_state_naming_ranks_past_its_world_size_is_refused(shuffle: bool) -> None:
+    """gathered_rank_ids were not checked against the world size: rank 0's state of 2 ranks at epoch 1's start, said
+    gathered from ranks [0, 2], was taken under rank_balance='none' as every old rank's and started epoch 1 afresh on
+    3 ranks, though rank 1 (2 batches into epoch 0) never saved there: the rest of its epoch 0 lost. A state naming a
+    rank past its world size (saved_rank, gathered_rank_ids, a walk) or gathered from more ranks than it has is now
+    refused naming the field, on loading and merging."""
+    options = {"rank_balance": RankBalance.NONE, "shuffle": shuffle}
+    ranks = [_stream(2, r, batch=4, **options) for r in range(2)]
+    ranks[0].set_epoch(1)
+    ranks[1].next_batch()
+    own = ranks[0].state_dict()
+    edited = [
+        ({**own, "gathered_ranks": 2, "gathered_rank_ids": [0, 2]}, r"gathered_rank_ids \[2\]"),
+        ({**own, "saved_rank": 5}, r"saved_rank \[5\]"),
+        ({**own, "gathered_ranks": 3, "gathered_rank_ids": [0, 1]}, r"gathered_ranks 3"),
+    ]
+    if shuffle:
+        edited.append(({**own, "walk": {**own["walk"], "rank": 2}}, r"walks \[2\]"))
+    for state, named in edited:
+        for refused in (
+            lambda: _stream(3, 1, batch=4, **options).load_state_dict(state),  # noqa: B023
+            lambda: merge_rank_states([state, ranks[1].state_dict()]),  # noqa: B023
+        ):
+            with pytest.raises(ResumeStateError, match=rf"ranks past the 2 it was saved on \({named}.*ranks 0 to 1"):
+                refused()
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
