@@ -508,13 +508,20 @@ def refuse_another_order(saved: Mapping[str, Any], readers: Sequence[LeRobotData
 
     def held_at(i: int, d: str) -> list[int]:
         """The positions the state held the dataset now at ``i`` (of contents ``d``) at, none where it held it at
-        ``i`` (or held it nowhere): by its contents, else (at a position it held) by its identity."""
+        ``i`` (or held it nowhere): by its contents, else by its identity."""
         if i < len(contents) and contents[i] == d:
             return []
         held = [j for j, saved_as in enumerate(contents) if saved_as == d]
-        if not held and identities is not None and i < len(identities) and identities[i] != identities_now[i]:
-            held = [j for j, saved_as in enumerate(identities) if saved_as == identities_now[i]]
-        return held
+        if held or identities is None:
+            return held
+        if i < len(identities):
+            if identities[i] == identities_now[i]:  # (its own, rewritten or another selection: the episodes' check)
+                return []
+            return [j for j, saved_as in enumerate(identities) if saved_as == identities_now[i]]
+        # Past the end of the saved list (another selection of a dataset, listed after one added): by its identity at
+        # a position whose saved dataset is no longer there, so it is named as moved, not left to the episodes' check
+        # ('saved over other episodes', naming no dataset).
+        return [j for j, saved_as in enumerate(identities) if saved_as == identities_now[i] and contents[j] not in now]
 
     # (each position it held: a dataset listed twice was named at its first alone, 'was 0' for one saved at 2)
     moved = {i: " or ".join(map(str, held)) for i, d in enumerate(now) if (held := held_at(i, d))}

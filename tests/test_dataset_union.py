@@ -345,6 +345,31 @@ def test_a_union_resumed_over_other_datasets_or_one_listed_twice_names_each_as_s
     assert f"{b} is dataset 0, was 1" in said if now == "bc" else f"{a} is dataset 1, was 0" in said
 
 
+def test_another_selection_of_a_dataset_moved_past_the_end_of_the_saved_list_is_named(make_ds) -> None:
+    """[a (episodes 0, 1), b] saved, resumed as [c, b, a (episodes 2, 3)]: a's contents (its episodes read) were not
+    the state's, and its identity was looked up only at positions the state held, so a, now past the end of the saved
+    list, was not named; the resume was refused by the episodes' check alone ('saved over other episodes', naming no
+    dataset). Now a is named as moved from 0 by its identity, beside c, not saved over, and the count."""
+    from lerobot_dali.errors import ResumeStateError
+
+    a, b, c = (
+        make_ds(episodes=4, frames_per_episode=[6, 4, 6, 4], cameras=1, codec="h264", fps=FPS, gop=4, num_tasks=tasks)
+        for tasks in (1, 2, 3)
+    )
+    options = {"batch_size": 4, "device": "cpu", "num_workers": 0, "decode": "cpu"}
+    it = DALILeRobotIterator(concat_datasets([open_dataset(a, episodes=[0, 1]), b]), **options)
+    next(iter(it))
+    state = json.loads(json.dumps(it.state_dict()))
+    it.close()
+    resumed = DALILeRobotIterator(concat_datasets([c, b, open_dataset(a, episodes=[2, 3])]), **options)
+    with pytest.raises(ResumeStateError, match="saved over other datasets than the union") as refused:
+        resumed.load_state_dict(state)
+    resumed.close()
+    said = str(refused.value)
+    assert f"{a} is dataset 2, was 0; {c} (dataset 0) is not one it was saved over" in said
+    assert "it was saved over 2 datasets, not 3" in said
+
+
 def test_a_union_resumed_with_one_dataset_regenerated_warns_naming_it_alone(make_ds, caplog) -> None:
     """A union's state held its datasets' contents to refuse another order, but left a dataset it did not hold to
     the episodes' check: [a, c] saved and resumed as [b, c] (b: a of another seed, the same shape) went on without a
