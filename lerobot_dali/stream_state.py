@@ -470,13 +470,16 @@ class SampleStream:
     def state_dict(self) -> dict[str, Any]:
         return self.state().to_dict()
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Continue where ``state_dict`` left off; see the module docstring for what a world-size change keeps."""
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> int:
+        """Continue where ``state_dict`` left off; see the module docstring for what a world-size change keeps.
+        Returns :attr:`loads` as this load left it: a read begun under that count or a later one reads the loaded
+        position (or one further moved)."""
         order, position = self._loaded(state_dict)
         with self._lock:
             self._loads += 1
             self.moved_by = "load_state_dict()"
             self._order, self._position = order, position
+            return self._loads
 
     def _loaded(self, state_dict: Mapping[str, Any]) -> tuple[SampleOrder, tuple[int, int]]:
         """The order and position that ``state_dict`` puts this stream at (it is left as it is)."""
