@@ -2763,27 +2763,43 @@ def test_an_iterator_used_as_a_context_manager_is_closed_as_the_block_ends(make_
     assert seen == reference
 
 
-def _epoch_1_indices(root: Path, kwargs: dict[str, Any]) -> list[int]:
-    """The sample indices of epoch 1, in order, read by a fresh iterator over ``root`` (``kwargs``)."""
-    fresh = DALILeRobotIterator(root, **kwargs)
+def _epoch_1_indices(root: Path | Any, kwargs: dict[str, Any]) -> list[Any]:
+    """The samples of epoch 1, in order, read by a fresh iterator over ``root`` (``kwargs``): their indices, or for a
+    union (``root`` a callable making it) their (dataset, index) pairs."""
+    fresh = DALILeRobotIterator(root() if callable(root) else root, **kwargs)
     fresh.set_epoch(1)
-    indices = [int(i) for b in fresh for i in b["index"]]
+    indices = [sample for b in fresh for sample in _indices(b)]
     fresh.close()
     return indices
 
 
-def test_set_epoch_from_another_thread_during_a_read_starts_the_new_epoch(make_ds, monkeypatch) -> None:
+def _indices(batch: dict[str, Any]) -> list[Any]:
+    """A batch's sample indices, as (dataset, index) pairs where it carries dataset_index (a union's)."""
+    if "dataset_index" in batch:
+        return list(zip(batch["dataset_index"].tolist(), batch["index"].tolist(), strict=True))
+    return batch["index"].tolist()
+
+
+@pytest.mark.parametrize(("source", "num_workers"), [("dataset", 0), ("dataset", 1), ("union", 0), ("union", 1)])
+def test_set_epoch_from_another_thread_during_a_read_starts_the_new_epoch(
+    make_ds, monkeypatch, source, num_workers
+) -> None:
     """set_epoch(1) from another thread while the loop waited in DALI's next() of epoch 0: the pass read on through
     epoch 0, counting 21 of its 23 samples on epoch 1 and then ending epoch 1 (the stream at epoch 2 while the pipeline
     read epoch 1's order next: the next pass's samples were counted as epoch 2's). A set_epoch that moves the stream
     now ends the pass as a load does: the batch read in epoch 0 is dropped, the pass ends with IteratorClosedError
-    naming set_epoch, and iterating again reads all of epoch 1."""
+    naming set_epoch, and iterating again reads all of epoch 1. Alike where DALI's workers read the batches (their
+    order copies walk on in epoch 0) and for a union of two datasets (one order over both)."""
     from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
+    from lerobot_dali.dataset_union import concat_datasets
+
     root = _dataset(make_ds, "vp9")
-    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
-    reference = _epoch_1_indices(root, kwargs)
-    it = DALILeRobotIterator(root, **kwargs)
+    other = make_ds(episodes=3, frames_per_episode=[6, 3, 8], cameras=2, codec="vp9", fps=FPS, gop=4, seed=1)
+    dataset = (lambda: concat_datasets([root, other])) if source == "union" else root
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=num_workers, drop_last=False)
+    reference = _epoch_1_indices(dataset, kwargs)
+    it = DALILeRobotIterator(dataset() if callable(dataset) else dataset, **kwargs)
     original, calls = DALIGenericIterator.__next__, [0]
 
     def set_meanwhile(self):
@@ -2798,11 +2814,11 @@ def test_set_epoch_from_another_thread_during_a_read_starts_the_new_epoch(make_d
     seen = []
     with pytest.raises(IteratorClosedError, match=r"set_epoch\(\) moved the stream to sample 0 of epoch 1"):
         for batch in it:
-            seen += [int(i) for i in batch["index"]]
+            seen += _indices(batch)
     assert len(seen) == 2  # (the first batch, of epoch 0)
     assert (it.epoch, it.state_dict()["samples_consumed"]) == (1, 0)
     monkeypatch.setattr(DALIGenericIterator, "__next__", original)
-    rest = [int(i) for b in it for i in b["index"]]
+    rest = [sample for b in it for sample in _indices(b)]
     it.close()
     assert rest == reference
     assert sorted(rest) == sorted(set(rest))
