@@ -293,16 +293,21 @@ class DALILeRobotMixture:
         return self.datasets[self.anchor].epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` (no-op for the epoch in progress, so it never undoes a resume). From another thread, as a
-        load: a batch being read meanwhile ends the pass with :class:`~.errors.IteratorClosedError` and restores
+        """Start ``epoch`` (no-op for the epoch in progress, so it never undoes a resume): the anchor at its start, the
+        others where that epoch starts them (a state_dict() taken next resumes it as read here). From another thread,
+        as a load: a batch being read meanwhile ends the pass with :class:`~.errors.IteratorClosedError` and restores
         nothing (it would undo the new epoch), and the next pass reads ``epoch`` from its start."""
         anchor = self.datasets[self.anchor]
-        with self._loading:
+        with self._moving():
             started = anchor.epoch
             anchor.set_epoch(epoch)
             if anchor.epoch != started:
                 self._loads += 1
-                self._changes += 1
+                # The others where the new epoch starts them, now, as iter() would: left for iter(), a state_dict()
+                # taken before it held them where they stood, and resumed there (a mixture set to epoch 2 four batches
+                # into epoch 0, resumed: the other dataset read from its batch 4, not where epoch 2 starts it).
+                for i, schedule in self._schedules.items():
+                    _restart(self.datasets[i], *schedule.start(anchor.epoch))
 
     def state_dict(self) -> dict[str, Any]:
         """Each dataset's stream state, and the shares and anchor they were taken at. Taken while a batch is being
@@ -359,13 +364,21 @@ class DALILeRobotMixture:
                 "dataset continues at its own next sample, in other proportions",
                 saved.get("batch_shares"), list(self.batch_shares),
             )  # fmt: skip
+        with self._moving() as before:
+            self._load_parts(parts, before)
+
+    @contextlib.contextmanager
+    def _moving(self) -> Iterator[list[dict[str, Any]]]:
+        """Held to move the datasets from outside the reads (a load, set_epoch), giving their states before: a
+        state_dict() meanwhile takes the states the move started from (those before a batch being read), not some
+        moved and some not."""
         with self._loading:
             before = [part.state_dict() for part in self.datasets]
             reading = self._reading
             self._load_start = reading[1] if reading is not None and reading[0] == self._loads else before
             self._changes += 1
             try:
-                self._load_parts(parts, before)
+                yield before
             finally:
                 self._load_start = None
 
@@ -448,10 +461,13 @@ class DALILeRobotMixture:
                     for i in range(len(passes))
                 ]
                 batch = self._join(parts)
-            except BaseException:
+            except BaseException as e:
                 with self._loading:  # (a load from another thread since: its positions stay, not those before it)
-                    if self._loads == loads:
+                    moved = self._loads != loads
+                    if not moved:
                         self._restore(before)  # a part taken while another failed is not lost: the next pass reads it
+                if moved and isinstance(e, IteratorClosedError):  # (named as the anchor's: a set_epoch moved the
+                    raise self.datasets[self.anchor]._loaded_error() from e  # others by a load, as their errors say)
                 raise
             finally:  # (no call between this and the yield, so no signal's handler runs there)
                 self._reading = None
