@@ -1467,9 +1467,10 @@ def test_a_state_taken_after_set_epoch_resumes_that_epoch_as_read_on(make_ds) ->
     resumed.close()
 
 
-@pytest.mark.parametrize("at_call", [3, 4])  # (in the second batch: its anchor's part, or the other's)
+# (in the second batch: its anchor's part, or the other's; where DALI's workers read them too)
+@pytest.mark.parametrize(("at_call", "num_workers"), [(3, 0), (4, 0), (3, 2)])
 def test_set_epoch_from_another_thread_while_a_batch_is_read_starts_the_new_epoch(
-    make_ds, monkeypatch, at_call
+    make_ds, monkeypatch, at_call, num_workers
 ) -> None:
     """set_epoch(1) from another thread while a mixture batch was read (a part's read, DALI's next()): the anchor's
     pass read on through epoch 0, counting it on epoch 1 (all 16 batches read, the mixture then at epoch 2, its next
@@ -1486,7 +1487,7 @@ def test_set_epoch_from_another_thread_while_a_batch_is_read_starts_the_new_epoc
     reference.set_epoch(1)
     epoch_1 = [_keys(batch) for batch in reference]
     reference.close()
-    mix = DALILeRobotMixture(paths, **options)
+    mix = DALILeRobotMixture(paths, **{**options, "num_workers": num_workers})
     original, calls = DALIGenericIterator.__next__, [0]
 
     def set_meanwhile(self):
