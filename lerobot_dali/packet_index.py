@@ -309,7 +309,9 @@ def check_stored_index(source: VideoSource, index: PacketIndex, *, filesystem: A
                 if why is not None:
                     raise _truncated(label, why)
             if index.byte_exact:
-                _check_zero_filled(_reads(handle), index.byte_offset, index.size_bytes, index.codec, label=label)
+                _check_zero_filled(
+                    _reads(handle), index.byte_offset, index.size_bytes, index.codec, file_size, label=label
+                )
         except OSError as e:
             if is_transient(e):
                 raise
@@ -397,20 +399,27 @@ def _check_fragments(handle: IO[bytes], file_size: int, *, label: str) -> None:
 
 #: Codecs none of whose packets (as MP4 stores them) starts with :data:`_ZERO_HEAD_BYTES` zero bytes (an H.264 or HEVC
 #: sample starts with its first NAL unit's length, an AV1 one with an OBU header, whose type 0 is reserved, a VP9 frame
-#: with its frame marker, binary 10) or ends with :data:`_ZERO_TAIL_BYTES` (an H.264 or HEVC NAL unit's last byte is
-#: not 0; 0 of 630 VP9 and 6,096 AV1 packets, generated and real, end with 4 zero bytes, though 350 VP9 ones with 1).
+#: with its frame marker, binary 10) or, but for an encoder's padding, ends with :data:`_ZERO_TAIL_BYTES` (an H.264 or
+#: HEVC NAL unit's last byte is not 0; 0 of 630 VP9 and 6,096 AV1 packets, generated and real, end with 4 zero bytes,
+#: though 350 VP9 ones with 1).
 _ZERO_FILL_CODECS = frozenset({"av1", "h264", "hevc", "vp9"})
 _ZERO_HEAD_BYTES, _ZERO_TAIL_BYTES = 8, 16
 #: Largest packet read whole (one read) for :func:`_check_zero_filled`; a larger one is read at both ends (two).
 _WHOLE_PACKET_BYTES = 64 * 1024
 
 
-def _check_zero_filled(read_at: ReadAt, offsets: np.ndarray, sizes: np.ndarray, codec: str, *, label: str) -> None:
+def _check_zero_filled(
+    read_at: ReadAt, offsets: np.ndarray, sizes: np.ndarray, codec: str, file_size: int, *, label: str
+) -> None:
     """VideoDecodeError where the packet stored last in the file starts or ends with zeros no packet of ``codec`` has:
     the file's end is zero-filled (a copy into a pre-allocated file that stopped: the size is whole, the bytes from
     there on zeros). The boxes stay whole where the zeros start in the media data, and FFmpeg reads such packets
     without an error: a plain MP4 was indexed whole, its last frames undecodable; a fragmented one whose zeros start in
-    its last fragment, likewise. One read (two for a packet over :data:`_WHOLE_PACKET_BYTES`)."""
+    its last fragment, likewise. Such zeros run to the file's end, and a zero fill from within the last packet leaves
+    the packet stored before it whole: a packet ending with zeros where the file does not (a plain MP4's ``moov`` after
+    them), or after one that ends with zeros too (an encoder's padding: an Annex B stream's ``trailing_zero_8bits``
+    that FFmpeg's stream copy keeps in each packet's last NAL unit), is not one. One read (two for a packet over
+    :data:`_WHOLE_PACKET_BYTES`), one or two more where it starts or ends with zeros."""
     if codec not in _ZERO_FILL_CODECS or len(offsets) == 0:
         return
     last = int(np.argmax(offsets))
@@ -422,12 +431,18 @@ def _check_zero_filled(read_at: ReadAt, offsets: np.ndarray, sizes: np.ndarray, 
         head = read_at(offset, _ZERO_HEAD_BYTES)
         tail = read_at(offset + size - _ZERO_TAIL_BYTES, _ZERO_TAIL_BYTES)
     end = "starts" if not any(head) else "ends" if not any(tail) else None
-    if end is not None and size > 0:
-        raise _truncated(
-            label,
-            f"its last stored packet (bytes {offset}-{offset + size}) {end} with zeros, as no {codec} packet does: the "
-            "file is zero-filled from there (a copy cut short)",
-        )
+    if end is None or size == 0 or any(read_at(max(file_size - _ZERO_TAIL_BYTES, 0), _ZERO_TAIL_BYTES)):
+        return
+    if end == "ends" and len(offsets) > 1:
+        before = int(np.argpartition(offsets, -2)[-2])  # (the packet stored before the last)
+        before_end, before_size = int(offsets[before] + sizes[before]), int(sizes[before])
+        if before_size >= _ZERO_TAIL_BYTES and not any(read_at(before_end - _ZERO_TAIL_BYTES, _ZERO_TAIL_BYTES)):
+            return
+    raise _truncated(
+        label,
+        f"its last stored packet (bytes {offset}-{offset + size}) {end} with zeros, as no {codec} packet does: the "
+        "file is zero-filled from there (a copy cut short)",
+    )
 
 
 def _reads(handle: IO[bytes]) -> ReadAt:
@@ -515,7 +530,7 @@ def _index_container(
     byte_exact = _offsets_are_exact(handle, table, samples)
     codec = context.codec.canonical_name
     if byte_exact:
-        _check_zero_filled(_reads(handle), table[:, 2], table[:, 3], codec, label=label)
+        _check_zero_filled(_reads(handle), table[:, 2], table[:, 3], codec, file_size, label=label)
     if first_key is None:
         first_key = _first_keyframe_bytes(handle, table) if byte_exact else None
     template = _make_template(stream, first_key if first_key is not None else samples[0])

@@ -635,6 +635,51 @@ def test_an_mp4_whose_end_is_zero_filled_is_refused(marker_video: MarkerVideo, t
                 build_packet_index(filled)
 
 
+def _pad_last_nal(sample: bytes, padding: int) -> bytes:
+    """An H.264 MP4 sample (4-byte NAL unit lengths) whose last NAL unit ends with ``padding`` zero bytes more."""
+    at = 0
+    while at + 4 + int.from_bytes(sample[at : at + 4], "big") < len(sample):
+        at += 4 + int.from_bytes(sample[at : at + 4], "big")
+    length = len(sample) - at - 4 + padding
+    return sample[:at] + length.to_bytes(4, "big") + sample[at + 4 :] + bytes(padding)
+
+
+@pytest.mark.parametrize("movflags", ["", "faststart", "frag_keyframe+empty_moov+default_base_moof+skip_trailer"])
+def test_an_mp4_whose_packets_end_with_zero_padding_is_indexed(
+    marker_video: MarkerVideo, tmp_path: Path, movflags: str
+) -> None:
+    """An Annex B H.264 stream may pad each NAL unit with zeros (``trailing_zero_8bits``), which FFmpeg's stream copy
+    into an MP4 keeps in each packet's last NAL unit (24 such bytes: FFmpeg decodes every frame). Its last packet ends
+    with zeros, which was refused as a zero-filled file in each layout (3 of 3); now only where the file ends with zeros
+    and the packet stored before it does not: a zero fill from its first byte, whose packet starts with zeros, still
+    is refused."""
+    source, padded = marker_video("h264", 30), tmp_path / "padded.mp4"
+    with (
+        av.open(str(source)) as src,
+        av.open(str(padded), "w", options={"movflags": movflags} if movflags else {}) as dst,
+    ):
+        stream = dst.add_stream_from_template(src.streams.video[0], opaque=True)
+        for packet in src.demux(video=0):
+            if packet.size:
+                copy = av.Packet(_pad_last_nal(bytes(packet), 24))
+                copy.pts, copy.dts, copy.time_base = packet.pts, packet.dts, packet.time_base
+                copy.is_keyframe, copy.stream = packet.is_keyframe, stream
+                dst.mux(copy)
+    reference = _demux_reference(padded)
+    assert all(payload.endswith(bytes(24)) for *_, payload in reference)
+    index = build_packet_index(padded)
+    assert sorted(index.pts.tolist()) == _decoded_pts(padded) == sorted(pts for pts, *_ in reference)
+    assert index.frame_count == len(reference) == 90
+    raw = padded.read_bytes()
+    last = max(zip(index.byte_offset.tolist(), index.size_bytes.tolist(), strict=True))
+    filled = tmp_path / "filled.mp4"
+    filled.write_bytes(raw[: last[0]] + bytes(len(raw) - last[0]))
+    if movflags:  # (a plain MP4's moov follows the packets: zero-filled, the file holds no stream)
+        said = rf"filled\.mp4: its last stored packet \(bytes {last[0]}-{sum(last)}\) starts with zeros"
+        with pytest.raises(VideoDecodeError, match=said):
+            build_packet_index(filled)
+
+
 @pytest.mark.parametrize("codec, container_format", [("vp9", "webm"), ("h264", "matroska")])
 def test_a_matroska_file_cut_short_is_refused(
     marker_video: MarkerVideo, tmp_path: Path, codec: str, container_format: str
