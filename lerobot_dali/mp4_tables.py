@@ -133,8 +133,9 @@ def mp4_file_cut(handle: IO[bytes], file_size: int, *, fragmented: bool = False)
     fragmented movie also where it ends within a box header or with a fragment's ``moof`` whose media data (the
     ``mdat`` after it) is missing. A box header that is zeros from within its type on (a copy into a pre-allocated file
     that stopped: same size, zeros from there on) is a cut too, unless a plain movie's ``moov`` and ``mdat`` lie whole
-    before them (trailing padding). ``fragmented``: the ``moov`` has ``mvex``; else a movie is fragmented once a
-    ``moof`` box is met, or where its ``moov``, read only where that decides, has ``mvex``. A fragmented file cut
+    before them, or a fragmented one's ``mfra`` box (it lists every fragment) ends just before them (trailing padding;
+    so are fewer bytes than a header after it). ``fragmented``: the ``moov`` has ``mvex``; else a movie is fragmented
+    once a ``moof`` box is met, or where its ``moov``, read only where that decides, has ``mvex``. A fragmented file cut
     exactly between two fragments, with neither an ``mfra`` box nor a global ``sidx``, has whole boxes: only a duration
     its ``moov`` gives (:attr:`Mp4Track.movie_duration_s`, which FFmpeg does not write) can say it had more fragments.
     """
@@ -147,8 +148,12 @@ def mp4_file_cut(handle: IO[bytes], file_size: int, *, fragmented: bool = False)
         moov = seen.get(b"moov")
         return fragmented or b"moof" in seen or (moov is not None and _has_mvex(handle, *moov))
 
+    def padded() -> bool:  # (zeros after a plain movie's moov and mdat, or after a fragmented one's mfra box, whole)
+        return previous == b"mfra" or ({b"moov", b"mdat"} <= seen.keys() and not movie_fragmented())
+
+    previous = b""
     for kind, start, end in _top_level_boxes(handle, file_size, batch_bytes=_WALK_BATCH_BYTES):
-        if kind == _ZERO_HEADER and not ({b"moov", b"mdat"} <= seen.keys() and not movie_fragmented()):
+        if kind == _ZERO_HEADER and not padded():
             return f"its box header at byte {position} is zeros: the file is zero-filled from there (a copy cut short)"
         if kind is None or kind == _ZERO_HEADER:
             return None  # (bytes that are no box: not a cut's signature; a plain movie's padding)
@@ -166,8 +171,8 @@ def mp4_file_cut(handle: IO[bytes], file_size: int, *, fragmented: bool = False)
         if kind in (b"moof", b"mdat"):
             last = (kind, header_at)
         seen.setdefault(kind, (start, end))
-        position = end
-    if position < file_size and movie_fragmented():  # (fewer bytes than a box header: what is left of one)
+        position, previous = end, kind
+    if position < file_size and previous != b"mfra" and movie_fragmented():  # (what is left of a box header)
         return f"it ends within the header of a box at byte {position} (the file has {file_size} bytes)"
     if last[0] == b"moof":
         return f"its last fragment's media data (the mdat box after its moof box at byte {last[1]}) is missing"

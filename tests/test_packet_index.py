@@ -725,6 +725,29 @@ def test_a_matroska_file_whose_end_is_zero_filled_is_refused(
     assert build_packet_index(filled).frame_count == len(packets) == 90
 
 
+def test_a_fragmented_mp4_padded_with_zeros_after_its_mfra_box_is_indexed(
+    marker_video: MarkerVideo, tmp_path: Path
+) -> None:
+    """Zeros after a fragmented MP4's mfra box (which lists every fragment) are padding, as they are after a plain
+    movie's moov and mdat: the file was refused as zero-filled or ending within a box header (24 of 24 H.264, HEVC, AV1
+    and VP9 files padded with 3 to 65,536 zeros); it now indexes whole. Without the mfra box (FFmpeg's skip_trailer)
+    the same zeros still say the file is zero-filled: they may hide fragments."""
+    for flags in ("frag_keyframe+empty_moov+default_base_moof", "frag_keyframe+empty_moov+skip_trailer"):
+        whole = remux(marker_video("h264", 30), tmp_path / "whole.mp4", movflags=flags)
+        raw, padded = whole.read_bytes(), tmp_path / "padded.mp4"
+        assert [kind for kind, _, _ in top_level_boxes(raw)][-1] == (b"mdat" if "skip" in flags else b"mfra")
+        for padding in (3, 8, 1000):
+            padded.write_bytes(raw + bytes(padding))
+            if "skip" in flags:
+                said = "it ends within the header of a box" if padding < 8 else "its box header at byte .* is zeros"
+                with pytest.raises(VideoDecodeError, match=rf"padded\.mp4: {said}"):
+                    build_packet_index(padded)
+            else:
+                index = build_packet_index(padded)
+                assert sorted(index.pts.tolist()) == _decoded_pts(padded) == _decoded_pts(whole)
+                assert index.frame_count == 90
+
+
 @pytest.mark.parametrize("codec", ["h264", "hevc"])
 def test_a_fragmented_mp4_cut_short_is_refused(marker_video: MarkerVideo, tmp_path: Path, codec: str) -> None:
     """FFmpeg's demuxer drops a fragmented MP4's samples past a cut without an error: a file of moof/mdat fragments cut
