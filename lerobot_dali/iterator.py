@@ -55,7 +55,7 @@ from .host_values import decode_host_values
 from .iterator_arguments import batchable_reader, camera_augment, check_windows, checked_arguments
 from .open_files import workers_files_fix
 from .packet_index_store import PacketIndexStore
-from .parent_watch import children_start_deaf_to_interrupts
+from .parent_watch import children_start_deaf_to_interrupts, task_puts_finish_before_interrupts
 from .prefetch import Prefetcher, prefetching_reader, wants_prefetch_cache
 from .progress_lines import said_if_long
 from .said_once import say_once, warn_once
@@ -533,6 +533,7 @@ class DALILeRobotIterator:
                 enabled=self._shows_progress and self._says_build,
             ):
                 try:
+                    task_puts_finish_before_interrupts()
                     with skipping_main(source), children_start_deaf_to_interrupts():
                         pipe.build()
                 finally:  # (every worker has read it once started: build() waits for them)

@@ -29,7 +29,12 @@ from typing import Any
 
 from . import fork_locks
 
-__all__ = ["children_start_deaf_to_interrupts", "exit_with_parent", "leave_interrupts_to_parent"]
+__all__ = [
+    "children_start_deaf_to_interrupts",
+    "exit_with_parent",
+    "leave_interrupts_to_parent",
+    "task_puts_finish_before_interrupts",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +130,60 @@ def _wrap_spawn() -> None:
 
         setattr(spawnv_passfds, _WRAPPED, True)
         multiprocessing.util.spawnv_passfds = spawnv_passfds
+
+
+_SEND_WRAPPED = "_lerobot_dali_puts_finish"
+
+
+@functools.cache
+def task_puts_finish_before_interrupts() -> None:
+    """From now on, a Ctrl-C while the main thread puts tasks to DALI's workers (its pool's ``send``, in DALI's
+    next()) raises its KeyboardInterrupt once the put is done; a second Ctrl-C meanwhile raises at once (a put that
+    never ends, to a worker gone, still yields to it).
+
+    The put notifies the worker through a multiprocessing ``Condition`` shared with it, and waits there for the worker
+    to wake: interrupted there, the condition was left a wake over its sleepers, and the next notify (the pool's close,
+    in DALI's observer thread; the worker's own close) raised "notify: Bug in sleeping_count": a traceback after
+    train.py's one line (2 of 10 Ctrl-C runs under load). DALI's private pool: nothing is done where it changed."""
+    try:
+        from nvidia.dali._multiproc.pool import ProcPool
+    except ImportError:  # (a DALI without it: puts are interrupted as before)
+        return
+    with _lock:
+        original: Any = getattr(ProcPool, "send", None)
+        if original is None or getattr(original, _SEND_WRAPPED, False):
+            return
+
+        @functools.wraps(original)
+        def send(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with _interrupt_held_over():
+                return original(self, *args, **kwargs)
+
+        setattr(send, _SEND_WRAPPED, True)
+        ProcPool.send = send  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _interrupt_held_over() -> Iterator[None]:
+    """Within, in the main thread, SIGINT's Python handler runs as the block ends (a second SIGINT: at once)."""
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if not callable(previous):  # (another thread, or SIGINT ignored or left to the default: nothing to hold over)
+        yield
+        return
+    held: list[Any] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        if held:
+            previous(signum, frame)
+        held.append(frame)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:  # (also where the put failed: the Ctrl-C is the one to raise)
+            previous(signal.SIGINT, held[0])
 
 
 def _exit_unwinding(signum: int, frame: object) -> None:

@@ -8,6 +8,8 @@ import signal
 import threading
 from typing import Any
 
+import pytest
+
 from lerobot_dali.parent_watch import children_start_deaf_to_interrupts, exit_with_parent
 
 
@@ -85,3 +87,22 @@ def test_workers_spawned_within_children_start_deaf_to_interrupts_start_with_sig
         assert _spawned_blocks() == sorted({signal.SIGINT, signal.SIGUSR1} | before)
         assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
     assert signal.SIGINT not in _spawned_blocks()
+
+
+def test_a_ctrl_c_in_a_task_put_raises_as_it_ends_and_a_second_one_at_once() -> None:
+    """The hold over DALI's task puts (``task_puts_finish_before_interrupts``): one SIGINT within raises its
+    KeyboardInterrupt as the block ends, its lines all run; a second one raises where it lands (a put that never
+    ends still yields to Ctrl-C); SIGINT's handler is the caller's again after."""
+    from lerobot_dali.parent_watch import _interrupt_held_over
+
+    ran = []
+    with pytest.raises(KeyboardInterrupt), _interrupt_held_over():
+        os.kill(os.getpid(), signal.SIGINT)
+        ran.append("after the first")
+    assert ran == ["after the first"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt), _interrupt_held_over():
+        os.kill(os.getpid(), signal.SIGINT)
+        ran.append("after the first")
+        os.kill(os.getpid(), signal.SIGINT)
+        ran.append("after the second")
+    assert ran == ["after the first"] * 2 and signal.getsignal(signal.SIGINT) is signal.default_int_handler
