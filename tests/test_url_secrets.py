@@ -3,6 +3,8 @@ use over real HTTP is tested in ``test_http_remote``."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from lerobot_dali.remote_retry import _status_of, is_transient
@@ -123,35 +125,15 @@ def test_mask_error_masks_the_redirects_that_the_errors_repr_names() -> None:
     """A request redirected before it failed keeps the redirects' responses in its error's ``history``, whose ``repr``
     names each: the URL asked, the signed URL's query in it, and its headers, ``Location`` with the next URL (a CDN's
     own signature). ``repr`` of the error named both after mask_error (2 of 2); now neither, their status kept."""
-    import asyncio
-
     from aiohttp import web
 
-    async def failed_after_a_redirect() -> aiohttp.ClientResponseError:
-        async def moved(request: web.Request) -> web.Response:
-            raise web.HTTPFound("/cdn/f.mp4?X-Amz-Signature=CDNSECRET")
+    async def moved(request: web.Request) -> web.Response:
+        raise web.HTTPFound("/cdn/f.mp4?X-Amz-Signature=CDNSECRET")
 
-        async def busy(request: web.Request) -> web.Response:
-            return web.Response(status=503)
+    async def busy(request: web.Request) -> web.Response:
+        return web.Response(status=503)
 
-        app = web.Application()
-        app.router.add_get("/ds/f.mp4", moved)
-        app.router.add_get("/cdn/f.mp4", busy)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        try:
-            async with aiohttp.ClientSession() as session:
-                response = await session.get(f"http://127.0.0.1:{port}/ds/f.mp4", params={"sig": "USERSECRET"})
-                with pytest.raises(aiohttp.ClientResponseError) as caught:
-                    response.raise_for_status()
-                return caught.value
-        finally:
-            await runner.cleanup()
-
-    error = asyncio.run(failed_after_a_redirect())
+    error = _failed_after_a_redirect(moved, busy, params={"sig": "USERSECRET"})
     assert "USERSECRET" in repr(error.history) and "CDNSECRET" in repr(error.history)  # (what is masked)
     mask_error(error)
     assert not [s for s in ("USERSECRET", "CDNSECRET") if s in repr(error)], repr(error)
@@ -197,18 +179,32 @@ def test_mask_error_masks_the_credential_headers_of_the_response_and_its_redirec
     """aiohttp's ``ClientResponseError`` keeps the response's headers, which its ``repr`` names: a ``Set-Cookie`` (a
     session's), an ``X-Amz-Security-Token`` or ``Authorization`` echoed, and those of the redirects in its ``history``
     (3 of 3 named after mask_error). Masked now; ``Retry-After`` (which the retries read) and the status kept."""
+    from aiohttp import web
+
+    async def moved(request: web.Request) -> web.Response:
+        raise web.HTTPFound("/cdn/f.mp4", headers={"Set-Cookie": "CloudFront-Signature=REDIRECTCOOKIE; Path=/"})
+
+    async def busy(request: web.Request) -> web.Response:
+        headers = {"Set-Cookie": "session=FINALCOOKIE", "X-Amz-Security-Token": "ECHOED", "Retry-After": "3"}
+        return web.Response(status=503, headers={**headers, "Authorization": "Bearer ECHOTOKEN"})
+
+    error = _failed_after_a_redirect(moved, busy)
+    secrets = ("REDIRECTCOOKIE", "FINALCOOKIE", "ECHOED", "ECHOTOKEN")
+    assert [s for s in secrets if s in repr(error)] == list(secrets)  # (what is masked)
+    mask_error(error)
+    assert [s for s in secrets if s in repr(error) or s in str(error)] == [], repr(error)
+    assert error.headers["Retry-After"] == "3" and error.headers["Set-Cookie"] == "***" and error.status == 503
+    assert "'Set-Cookie': '***'" in repr(error.history) and [r.status for r in error.history] == [302]
+
+
+def _failed_after_a_redirect(moved: Any, busy: Any, params: dict[str, str] | None = None) -> Any:
+    """The error of a GET of ``/ds/f.mp4`` (with ``params``) from a local server whose ``moved`` answers it, as
+    redirected to ``/cdn/f.mp4``, which ``busy`` answers with an error."""
     import asyncio
 
     from aiohttp import web
 
-    async def failed_after_a_redirect() -> aiohttp.ClientResponseError:
-        async def moved(request: web.Request) -> web.Response:
-            raise web.HTTPFound("/cdn/f.mp4", headers={"Set-Cookie": "CloudFront-Signature=REDIRECTCOOKIE; Path=/"})
-
-        async def busy(request: web.Request) -> web.Response:
-            headers = {"Set-Cookie": "session=FINALCOOKIE", "X-Amz-Security-Token": "ECHOED", "Retry-After": "3"}
-            return web.Response(status=503, headers={**headers, "Authorization": "Bearer ECHOTOKEN"})
-
+    async def failed() -> aiohttp.ClientResponseError:
         app = web.Application()
         app.router.add_get("/ds/f.mp4", moved)
         app.router.add_get("/cdn/f.mp4", busy)
@@ -219,17 +215,11 @@ def test_mask_error_masks_the_credential_headers_of_the_response_and_its_redirec
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         try:
             async with aiohttp.ClientSession() as session:
-                response = await session.get(f"http://127.0.0.1:{port}/ds/f.mp4")
+                response = await session.get(f"http://127.0.0.1:{port}/ds/f.mp4", params=params)
                 with pytest.raises(aiohttp.ClientResponseError) as caught:
                     response.raise_for_status()
                 return caught.value
         finally:
             await runner.cleanup()
 
-    error = asyncio.run(failed_after_a_redirect())
-    secrets = ("REDIRECTCOOKIE", "FINALCOOKIE", "ECHOED", "ECHOTOKEN")
-    assert [s for s in secrets if s in repr(error)] == list(secrets)  # (what is masked)
-    mask_error(error)
-    assert [s for s in secrets if s in repr(error) or s in str(error)] == [], repr(error)
-    assert error.headers["Retry-After"] == "3" and error.headers["Set-Cookie"] == "***" and error.status == 503
-    assert "'Set-Cookie': '***'" in repr(error.history) and [r.status for r in error.history] == [302]
+    return asyncio.run(failed())
