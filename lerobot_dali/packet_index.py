@@ -27,7 +27,14 @@ import numpy as np
 from fsspec.implementations.local import LocalFileOpener
 from numpy.typing import ArrayLike
 
-from .errors import DAMAGED_VIDEO_ADVICE, CodecUnsupportedError, VideoDecodeError, no_video_stream
+from .errors import (
+    DAMAGED_VIDEO_ADVICE,
+    CodecUnsupportedError,
+    DatasetError,
+    VideoDecodeError,
+    missing_video,
+    no_video_stream,
+)
 from .keyframe_sizes import KEYFRAME_SIZE_CODECS, PacketBytes, ReadAt, check_keyframe_sizes
 from .mp4_tables import Mp4Track, mp4_file_cut, read_mp4_tracks
 from .random_access import HEAD_BYTES, NalLayout, is_random_access, nal_layout
@@ -35,7 +42,7 @@ from .remote_retry import is_transient
 from .said_once import warn_once
 from .video_source import VideoSource, open_video_source, source_label
 
-__all__ = ["PacketIndex", "build_packet_index", "check_stored_index", "no_decoder_error"]
+__all__ = ["PacketIndex", "build_packet_index", "changed_since_listed", "check_stored_index", "no_decoder_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -294,28 +301,57 @@ def check_stored_index(source: VideoSource, index: PacketIndex, *, filesystem: A
     frames before the cut, and lookups past them blamed the dataset's rows. The checks a build makes before its demux
     (a Matroska segment past the file's end; an MP4's boxes, :func:`~lerobot_dali.mp4_tables.mp4_file_cut`, which also
     finds a plain MP4 cut among its packets by its ``mdat`` past the end) and after it (:func:`_check_zero_filled`),
-    from a few small reads: two for a Matroska file, about five for an MP4 (its ``mfra`` box, its top-level box
-    headers, its last packet). Not judged again: a fragmented MP4 cut between two fragments whose ``mehd`` box gives a
-    longer duration (:func:`_check_movie_duration` needs the demuxer's stream durations), which FFmpeg does not write.
-    """
+    from a few small reads: two for a Matroska file, about six for an MP4 (its ``moov``, its ``mfra`` box, its
+    top-level box headers, its last packet). A fragmented MP4 whose ``mehd`` box gives the movie more time than the
+    index holds (cut between two fragments: :func:`_check_movie_duration`, which needs the demuxer's stream durations)
+    is indexed again, and refused as a build refuses it.
+
+    DatasetError where the file has another size than the one indexed (it changed since it was listed: the index is
+    another file's), as a build refuses it; MissingDataFileError where it is gone; any other OSError as the read raised
+    it: a failed read says nothing of the file, so the caller keeps the index (it was deleted, the file called damaged,
+    for a 403 or a file removed while read)."""
     label = source_label(source)
     with open_video_source(source, filesystem=filesystem) as handle:
         file_size = _file_size(handle)
+        if file_size != index.file_size_bytes:
+            raise changed_since_listed(label, file_size, index.file_size_bytes)
         try:
-            _check_matroska_segment(handle, file_size, label=label)
-            handle.seek(0)
-            if file_size >= 8 and handle.read(8)[4:].isalnum():  # (an MP4's first box type)
-                why = mp4_file_cut(handle, file_size)
-                if why is not None:
-                    raise _truncated(label, why)
-            if index.byte_exact:
-                _check_zero_filled(
-                    _reads(handle), index.byte_offset, index.size_bytes, index.codec, file_size, label=label
-                )
-        except OSError as e:
-            if is_transient(e):
-                raise
-            raise VideoDecodeError(f"{label}: cannot read the video file ({e}): {DAMAGED_VIDEO_ADVICE}") from e
+            index_again = _check_stored_file(handle, file_size, index, label=label)
+        except FileNotFoundError as e:  # (removed while read)
+            raise missing_video(label) from e
+    if index_again:
+        build_packet_index(source, filesystem=filesystem)
+
+
+def changed_since_listed(name: str, size: int, listed_size: int) -> DatasetError:
+    """The error for a file found with ``size`` bytes that was listed (and indexed) with ``listed_size``: byte ranges
+    are cached under the listed stamp and episode times describe the listed file, so reading on would mix two versions
+    of it."""
+    return DatasetError(
+        f"{name} has {size} bytes but was listed with {listed_size}: it changed on the server since the dataset was "
+        "opened; re-open the dataset"
+    )
+
+
+def _check_stored_file(handle: IO[bytes], file_size: int, index: PacketIndex, *, label: str) -> bool:
+    """:func:`check_stored_index`'s checks of the open file; whether it must be indexed again (its ``mehd`` box)."""
+    _check_matroska_segment(handle, file_size, label=label)
+    handle.seek(0)
+    tracks = None
+    if file_size >= 8 and handle.read(8)[4:].isalnum():  # (an MP4's first box type)
+        tracks = read_mp4_tracks(handle, file_size)
+        fragmented = tracks is not None and any(track.fragmented for track in tracks.values())
+        why = mp4_file_cut(handle, file_size, fragmented=fragmented)
+        if why is not None:
+            raise _truncated(label, why)
+    if index.byte_exact:
+        _check_zero_filled(_reads(handle), index.byte_offset, index.size_bytes, index.codec, file_size, label=label)
+    stated = None if not tracks else next(iter(tracks.values())).movie_duration_s
+    if stated is None:
+        return False
+    pts = np.sort(index.pts)
+    interval = _frame_interval(pts, index.time_base, Fraction(0))  # (one frame: its length unknown, 0)
+    return bool(stated - (int(pts[-1]) * index.time_base + interval) > interval / 2)
 
 
 #: The EBML header's and the Segment's element IDs: a Matroska (WebM) file is the one, then the other.
@@ -586,7 +622,7 @@ def _check_movie_duration(container: Any, tracks: dict[int, Mp4Track] | None, ro
     pts = np.sort([row[0] for row in rows])
     video = container.streams.video[0]
     time_base = Fraction(video.time_base)
-    interval = int(np.median(np.diff(pts))) * time_base if len(rows) > 1 else Fraction(video.duration or 0) * time_base
+    interval = _frame_interval(pts, time_base, Fraction(video.duration or 0) * time_base)
     if not interval:
         return
     durations = [Fraction(s.duration) * s.time_base for s in container.streams if s.duration]
@@ -594,6 +630,12 @@ def _check_movie_duration(container: Any, tracks: dict[int, Mp4Track] | None, ro
     if stated - held > interval / 2:
         why = f"its tracks hold {float(held):.3f} s but its mehd box gives the movie {float(stated):.3f} s"
         raise _truncated(label, f"{why} (a cut between two of its fragments)")
+
+
+def _frame_interval(pts: np.ndarray, time_base: Fraction, one_frame: Fraction) -> Fraction:
+    """A frame's length, in seconds, among the ascending ``pts``: the median distance between frames, or where there is
+    one frame, ``one_frame``."""
+    return int(np.median(np.diff(pts))) * time_base if len(pts) > 1 else one_frame
 
 
 def no_decoder_error(label: str, track: Mp4Track | None) -> CodecUnsupportedError:

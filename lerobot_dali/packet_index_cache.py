@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from . import fork_locks
 from .concurrent_calls import KeyedLocks
-from .errors import DatasetError, missing_video
+from .errors import missing_video
 from .file_stamps import stamp_from_stat
-from .packet_index import PacketIndex, build_packet_index, check_stored_index
+from .packet_index import PacketIndex, build_packet_index, changed_since_listed, check_stored_index
 from .video_source import VideoSource, local_video_path, source_cache_key, source_label, source_url
 
 if TYPE_CHECKING:
@@ -107,10 +107,7 @@ class PacketIndexCache:
         if index.file_size_bytes != stamp.size:
             # Byte ranges are cached under the listed stamp and episode times describe the listed file:
             # reading on would mix two versions of it (as RetryingFile refuses to when a reopen finds this).
-            raise DatasetError(
-                f"{url} has {index.file_size_bytes} bytes but was listed with {stamp.size}: it changed on the "
-                "server since the dataset was opened; re-open the dataset"
-            )
+            raise changed_since_listed(url, index.file_size_bytes, stamp.size)
         return index
 
     def _get_unstamped(self, source: VideoSource, *, filesystem: Any | None) -> PacketIndex:

@@ -99,7 +99,8 @@ class PacketIndexStore:
         refused, which may hold the frames before the cut of such a file) is served once ``recheck(index)`` (a few
         small reads of the file's boxes: :func:`~lerobot_dali.packet_index.check_stored_index`) passes, then stored
         again with the checks; without ``recheck`` it is rebuilt. Where ``recheck`` finds the file truncated, the entry
-        is deleted and its VideoDecodeError raised.
+        is deleted and its VideoDecodeError raised; whatever else it raises (a read that failed: the network, a 403; a
+        file that changed since it was listed) leaves the entry as it was, to be checked at the next load.
         """
         path = self.path_for(url, stamp)
         found = read_entry(path, logger, instead="indexing the video")  # (a folder that is none: its save says so)

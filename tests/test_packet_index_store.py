@@ -10,6 +10,7 @@ import logging
 import multiprocessing
 import os
 import pickle
+import re
 import shutil
 import struct
 import threading
@@ -38,7 +39,7 @@ from lerobot_dali.video_source import source_url
 from tests.fake_remote import FakeRemoteFileSystem
 from tests.process_tree import reports_of_processes_at_once
 from tests.replace_on_warning import replaced_when_warned
-from tests.video_fixtures import EPISODE_LENGTHS, MarkerVideo, remux, top_level_boxes
+from tests.video_fixtures import EPISODE_LENGTHS, MarkerVideo, remux, top_level_boxes, with_movie_duration
 
 _FIELDS = (
     "source_name", "codec", "width", "height", "pix_fmt", "time_base", "file_size_bytes", "byte_exact",
@@ -221,6 +222,13 @@ def test_corrupt_file_is_deleted_and_rebuilt(
     assert_identical(rebuilt, index)
 
 
+def _store_as_an_older_build(store: PacketIndexStore, url: str, stamp: FileStamp, index: PacketIndex) -> Path:
+    """``index`` stored as a version before :data:`FILE_CHECKS` stored it (no ``file_checks``); its entry's path."""
+    store.save(url, stamp, index)
+    _rewritten(lambda header: header.pop("file_checks", None))(store.path_for(url, stamp))
+    return store.path_for(url, stamp)
+
+
 def test_an_index_stored_before_truncated_files_were_refused_is_checked_against_its_file(
     marker_video: MarkerVideo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -250,9 +258,7 @@ def test_an_index_stored_before_truncated_files_were_refused_is_checked_against_
             old_build.setattr(packet_index, "_check_zero_filled", lambda *args, **kwargs: None)
             index = build_packet_index(video)
         frames[video.name] = index.frame_count
-        url, stamp = source_url(video), stamp_from_stat(video.stat())
-        store.save(url, stamp, index)
-        _rewritten(lambda header: header.pop("file_checks", None))(store.path_for(url, stamp))
+        _store_as_an_older_build(store, source_url(video), stamp_from_stat(video.stat()), index)
     assert frames == {"whole.mp4": 90, "cut.mp4": 74, "filled.mp4": 90, "moof_filled.mp4": 30}
     served = PacketIndexCache().get(whole, store=store)
     assert_identical(served, build_packet_index(whole))
@@ -443,6 +449,83 @@ def test_default_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
     assert pickle.loads(pickle.dumps(PacketIndexStore(tmp_path / "x"))).directory == tmp_path / "x"
 
 
+def test_an_older_entry_of_a_fragmented_mp4_cut_where_its_mehd_box_says_is_refused(
+    marker_video: MarkerVideo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older build's entry was checked against its file's boxes only: a fragmented MP4 whose mehd box (GPAC's,
+    Bento4's) gives 3 s, cut between two fragments, was served as the 60 frames before the cut (1 of 1), and marked
+    checked. Now an mehd longer than the index holds has the file indexed again, which refuses it; the whole file's
+    entry, whose mehd matches, is served as stored."""
+    flags = "frag_keyframe+empty_moov+default_base_moof+skip_trailer"
+    source = remux(marker_video("h264", 30), tmp_path / "source.mp4", movflags=flags)
+    whole, cut = with_movie_duration(source, tmp_path / "whole.mp4", 3.0), tmp_path / "cut.mp4"
+    raw = whole.read_bytes()
+    cut.write_bytes(raw[: top_level_boxes(raw)[-2][1]])  # (before the third fragment's moof)
+    store = PacketIndexStore(tmp_path / "store")
+    entries = {}
+    for video in (whole, cut):
+        with monkeypatch.context() as old_build:  # (what a version without the mehd check built)
+            old_build.setattr(packet_index, "_check_movie_duration", lambda *args, **kwargs: None)
+            index = build_packet_index(video)
+        entries[video.name] = _store_as_an_older_build(store, source_url(video), stamp_from_stat(video.stat()), index)
+        assert index.frame_count == {"whole.mp4": 90, "cut.mp4": 60}[video.name]
+    assert_identical(PacketIndexCache().get(whole, store=store), build_packet_index(whole))
+    assert _layout(entries["whole.mp4"].read_bytes())[0]["file_checks"] == FILE_CHECKS
+    said = "cut.mp4: its tracks hold 2.067 s but its mehd box gives the movie 3.000 s (a cut between two of"
+    with pytest.raises(VideoDecodeError, match=re.escape(said) + ".*; the file is truncated"):
+        PacketIndexCache().get(cut, store=store)
+    assert not entries["cut.mp4"].exists()
+
+
+def test_an_older_entry_of_a_file_changed_since_it_was_listed_is_refused_and_kept(
+    marker_video: MarkerVideo, tmp_path: Path
+) -> None:
+    """A remote file listed (stamped) before it changed on the server: an older build's entry of the listed file was
+    checked against the new file, passed, and was served for it (its byte offsets for another encoding's) and marked
+    checked.
+    Now the file's size, unlike the indexed one, refuses it as a build does, and the entry is kept unchecked."""
+    _, fs, path = _remote(tmp_path, marker_video("h264", 30))
+    stamp = FileStamps(fs, ["videos"])[path]
+    store = PacketIndexStore(tmp_path / "store")
+    index = build_packet_index(path, filesystem=fs)
+    entry = _store_as_an_older_build(store, source_url(path, filesystem=fs), stamp, index)
+    changed = marker_video("h264", 2)  # (every other frame a keyframe: another size)
+    shutil.copyfile(changed, tmp_path / "remote" / path)
+    said = rf"{path} has {changed.stat().st_size} bytes but was listed with {stamp.size}: it changed on the server"
+    with pytest.raises(DatasetError, match=said):
+        PacketIndexCache().get(path, filesystem=fs, stamp=stamp, store=store)
+    assert "file_checks" not in _layout(entry.read_bytes())[0]
+
+
+class _FailingReads(FakeRemoteFileSystem):
+    """A remote whose files open, and whose reads each fail as ``faults`` say."""
+
+    def _request(self, kind: str, path: str) -> str | None:
+        return super()._request(kind, path) if kind == "read" else None
+
+
+@pytest.mark.parametrize(("fault", "raised"), [("denied", PermissionError), ("missing", MissingDataFileError)])
+def test_an_older_entry_whose_file_cannot_be_read_is_kept(
+    marker_video: MarkerVideo, tmp_path: Path, fault: str, raised: type[Exception]
+) -> None:
+    """A read of the file that fails while an older build's entry is checked (a 403 once a token expired; the file
+    removed while read) says nothing of the file: the entry was deleted and the file called damaged (11 of 11 such
+    failures, at every read of the check). Now the failure is raised as it is and the entry kept: once the file reads
+    again, it is checked and served."""
+    video = marker_video("h264", 30)
+    _, fs, path = _remote(tmp_path, video)
+    stamp = FileStamps(fs, ["videos"])[path]
+    store = PacketIndexStore(tmp_path / "store")
+    index = build_packet_index(path, filesystem=fs)
+    entry = _store_as_an_older_build(store, source_url(path, filesystem=fs), stamp, index)
+    failing = RetryingFileSystem(_FailingReads(str(tmp_path / "remote"), fault_every=1, faults=(fault,)))
+    with pytest.raises(raised):
+        PacketIndexCache().get(path, filesystem=failing, stamp=stamp, store=store)
+    assert "file_checks" not in _layout(entry.read_bytes())[0]
+    assert_identical(PacketIndexCache().get(path, filesystem=fs, stamp=stamp, store=store), index)
+    assert _layout(entry.read_bytes())[0]["file_checks"] == FILE_CHECKS
+
+
 def _remote(tmp_path: Path, video: Path) -> tuple[FakeRemoteFileSystem, RetryingFileSystem, str]:
     folder = tmp_path / "remote" / "videos" / "cam" / "chunk-000"
     folder.mkdir(parents=True, exist_ok=True)
@@ -479,7 +562,7 @@ def test_stamped_cache_with_store_skips_the_remote(marker_video: MarkerVideo, tm
 
 
 def test_changed_file_is_indexed_again(marker_video: MarkerVideo, tmp_path: Path) -> None:
-    remote, fs, path = _remote(tmp_path, marker_video("h264", 30))
+    _, fs, path = _remote(tmp_path, marker_video("h264", 30))
     store = PacketIndexStore(tmp_path / "store")
     old = PacketIndexCache().get(path, filesystem=fs, stamp=FileStamps(fs, ["videos"])[path], store=store)
     remote, fs, path = _remote(tmp_path, marker_video("av1", 2))  # same path, new content
