@@ -50,6 +50,7 @@ from .episode_rows import (
 from .episode_table import EpisodeTable, filter_episodes, read_episode_records, read_episode_table
 from .errors import (
     CameraSelectionError,
+    DataFileError,
     DatasetError,
     DatasetNotFoundError,
     EpisodeMetadataError,
@@ -147,7 +148,8 @@ class LeRobotDatasetReader:
         self.subtasks: dict[int, str] | None = None
         #: Per list ("task", "subtask"), the indices it names that LeRobot 0.4 reads another text for: the list's text
         #: and LeRobot's (None: it fails): :func:`read_otherwise`. Empty where its rows are in order. Refused where
-        #: the data's rows hold one: at the open by the data files' statistics, else as the rows are read.
+        #: the data's rows hold one: at the open where a data file's statistics span one (its column then read, to
+        #: tell whether its rows hold it), else as the rows are read.
         self.read_otherwise: dict[str, dict[int, tuple[str, str | None]]] = {}
         #: Video cameras.
         self.camera_keys = camera_keys
@@ -369,8 +371,10 @@ class LeRobotDatasetReader:
         """Raise EpisodeMetadataError where the smallest or largest ``task_index`` of a data file (``firsts``: each
         one's path -> its first episode read), from the statistics its footer holds, is not in the task list; and
         ``subtask_index`` alike where the dataset has a subtask list (``meta/subtasks.parquet``), whose texts
-        batches carry too. Only files all of whose rows the episodes read hold are checked: rows of the episodes
-        left out are never read."""
+        batches carry too; and that no row of a file holds an index LeRobot 0.4 reads another row of the list for
+        (:attr:`read_otherwise`), where its statistics span one (the column is read then: a value between the smallest
+        and the largest may be held by no row). Only files all of whose rows the episodes read hold are checked: rows
+        of the episodes left out are never read."""
         self._check_listed_indices(firsts, "task")
         if self.subtasks is not None:
             self._check_listed_indices(firsts, "subtask")
@@ -467,11 +471,13 @@ class LeRobotDatasetReader:
             unknown = sorted({i for i in span if i not in listed and (name, i) != ("subtask", NO_SUBTASK_INDEX)})
             if unknown:
                 wrong.append((path, span, unknown))
-            misread = sorted(i for i in self.read_otherwise.get(name, ()) if span[0] <= i <= span[1])
-            if misread and not unknown:
-                raise self.read_otherwise_error(
-                    name, path, misread, f"its {column} values run from {span[0]} to {span[1]}"
-                )
+            misplaced = self.read_otherwise.get(name, {})
+            if not unknown and any(span[0] <= i <= span[1] for i in misplaced):
+                # (min and max are values rows hold, those between maybe not: the column says which are)
+                held = self._column_values(path, column)
+                misread = [i for i in held if i in misplaced]
+                if misread:
+                    raise self.read_otherwise_error(name, path, misread, f"its rows hold {column} {misread[:10]}")
         if not wrong:
             return
         path, (low, high), unknown = wrong[0]
@@ -481,6 +487,12 @@ class LeRobotDatasetReader:
             f"dataset's {name} list ({file}, which holds {name} indices {sorted(listed)[:20]}){more}; the data "
             f"rows and the {name} list disagree: fix one of them, or leave that file's episodes out (episodes=[...])"
         )
+
+    def _column_values(self, path: str, column: str) -> list[int]:
+        """The distinct values, in order, of integer column ``column`` of data file ``path`` (all its rows)."""
+        with self._parquet.reading(path) as parquet, damaged_parquet_as(DataFileError, path):
+            values = parquet.read(columns=[column])[column]
+        return sorted(int(v) for v in pc.unique(values).drop_null().to_pylist())
 
     def read_otherwise_error(self, name: str, path: str, indices: Sequence[int], said: str) -> EpisodeMetadataError:
         """The error for data file ``path``, whose rows may hold ``{name}_index`` values ``indices`` (``said``: how it

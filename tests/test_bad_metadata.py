@@ -810,7 +810,7 @@ def test_a_v3_task_list_out_of_index_order_is_refused_where_lerobot_reads_other_
         ]
         return
     pattern = (
-        r"data/chunk-000/file-00\d\.parquet: its task_index values run from \d to \d, and meta/tasks\.parquet does "
+        r"data/chunk-000/file-00\d\.parquet: its rows hold task_index \[[\d, ]+\], and meta/tasks\.parquet does "
         r"not hold " + said + r"; rewrite meta/tasks\.parquet with its rows in task_index order, numbered 0, 1, \.\.\. "
         r"\(renumbering the data's task_index to match\), as LeRobot writes it$"
     )

@@ -279,7 +279,7 @@ def test_a_task_index_lerobot_reads_another_row_for_is_refused_as_a_file_without
         r"task_index .* for task_index 2 it reads row 2's 'task three' where the list says 'task two'; rewrite "
         r"meta/tasks\.parquet with its rows in task_index order"
     )
-    with pytest.raises(EpisodeMetadataError, match=said.format("its task_index values run from 0 to 2")):
+    with pytest.raises(EpisodeMetadataError, match=said.format(r"its rows hold task_index \[2\]")):
         _iterator(root)
     with pytest.raises(EpisodeMetadataError, match=said.format(r"episode 5's rows hold task_index \[2\]")):
         _tasks_by_index(_iterator(root, episodes=[5]))  # (part of its file: the statistics cover episode 4 too)
@@ -291,6 +291,31 @@ def test_a_task_index_lerobot_reads_another_row_for_is_refused_as_a_file_without
     read = _tasks_by_index(_iterator(root, episodes=[0, 1, 2, 3, 4], shuffle=False))
     starts = np.cumsum([0, *LENGTHS])
     assert read == {i: task_name(e % 2) for e in range(5) for i in range(starts[e], starts[e + 1])}
+
+
+def test_a_file_whose_task_index_span_covers_a_misplaced_index_its_rows_never_hold_reads(make_ds, copy_ds) -> None:
+    """Task list rows (0, 1, 3, 2, 4): LeRobot 0.4 reads another row for 2 and 3 only. A data file whose rows hold 0
+    and 4 reads every frame's task in LeRobot, yet its statistics (min 0, max 4) span 2 and 3: the open refused the
+    whole dataset by them (0 of 24 frames read). The file's column is read where the statistics cannot tell: every
+    frame reads with its task (24 of 24), and a file whose rows do hold 2 is still refused at the open."""
+    from lerobot_dali.generate import task_name, text_list_table
+
+    root = copy_ds(make_ds(**V3))
+    rows = [(0, task_name(0)), (1, task_name(1)), (3, "task three"), (2, "task two"), (4, "task four")]
+    pq.write_table(text_list_table("task", rows), root / "meta/tasks.parquet")
+    path = root / V3_LAST  # episodes 4 (task 0) and 5 (task 1 -> 4)
+    table = pq.read_table(path)
+    at = table.column_names.index("task_index")
+    episode = np.asarray(table["episode_index"])
+    pq.write_table(table.set_column(at, "task_index", pa.array(np.where(episode == 5, 4, episode % 2))), path)
+    starts = np.cumsum([0, *LENGTHS])
+    texts = [task_name(0), task_name(1), task_name(0), task_name(1), task_name(0), "task four"]
+    expected = {i: texts[e] for e in range(6) for i in range(starts[e], starts[e + 1])}
+    assert _tasks_by_index(_iterator(root, shuffle=False)) == expected
+    pq.write_table(table.set_column(at, "task_index", pa.array(np.where(episode == 5, 4, 2))), path)
+    with pytest.raises(EpisodeMetadataError, match=r"file-002\.parquet: its rows hold task_index \[2\], .* for "
+                       r"task_index 2 it reads row 2's 'task three' where the list says 'task two'"):  # fmt: skip
+        _iterator(root)
 
 
 @pytest.mark.parametrize(
@@ -323,7 +348,7 @@ def test_a_subtask_list_out_of_index_order_is_refused_where_lerobot_reads_other_
         assert read == {i: SUBTASKS[_subtask_of(i)] for i in range(sum(LENGTHS))}
         return
     advice = r"; rewrite meta/subtasks\.parquet with its rows in subtask_index order, numbered 0, 1, \.\.\."
-    with pytest.raises(EpisodeMetadataError, match=r"file-000\.parquet: its subtask_index values run from 0 to 2, "
+    with pytest.raises(EpisodeMetadataError, match=r"file-000\.parquet: its rows hold subtask_index \[[0-9, ]+\], "
                        r"and meta/subtasks\.parquet does not hold " + said + advice):  # fmt: skip
         _iterator(root)
     _without_statistics(root)
