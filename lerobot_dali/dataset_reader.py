@@ -87,9 +87,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: The ``subtask_index`` of a row no subtask annotates: subtask annotators for LeRobot v3.0 (rosbag2lerobot's writer,
-#: among others) write -1 for the rows of an episode they did not annotate. Its ``subtask`` string is "" (LeRobot
-#: 0.4.4 reads the list's last text: its ``iloc[-1]``).
+#: The ``subtask_index`` of a row no subtask annotates: subtask writers for LeRobot v3.0 write -1 for the rows of an
+#: episode they did not annotate (rosbag2lerobot's DatasetWriter) or that no segment covers (lerobot-annotate's
+#: export). Its ``subtask`` string is "", deliberately: LeRobot 0.4.4 reads the list's last text (its ``iloc[-1]``),
+#: as if those rows were annotated with it (tests/test_lerobot_parity.py).
 NO_SUBTASK_INDEX = -1
 
 #: Where a dataset's ``info.json`` is, relative to its root.
@@ -903,10 +904,10 @@ def open_located(
         data_file_footers=data_file_footers,
     )
     reader.read_otherwise = {"task": read_otherwise(task_rows)}
-    subtask_rows = _read_subtasks(location) if "subtask_index" in info.features else None
-    if subtask_rows is not None:  # (LeRobot 0.4 reads it by position too: `subtasks.iloc[subtask_index]`)
-        reader.subtasks = dict(subtask_rows)
-        reader.read_otherwise["subtask"] = read_otherwise(subtask_rows)
+    subtask_list = _read_subtasks(location) if "subtask_index" in info.features else None
+    if subtask_list is not None:  # (LeRobot 0.4 reads it by position too: `subtasks.iloc[subtask_index]`)
+        reader.subtasks = dict(subtask_list[0])
+        reader.read_otherwise["subtask"] = read_otherwise(subtask_list[1])
     _check_first_files(reader)
     say_once(logger, logging.INFO, "opened %r", reader)
     return reader
@@ -999,29 +1000,30 @@ TaskRows = list[tuple[int, str]]
 
 
 def _read_tasks(location: DatasetLocation, version: str) -> tuple[dict[int, str], TaskRows]:
-    """The task list (``task_index`` -> text) and its rows as read; v3.0's rows only (LeRobot 0.4 reads them by
-    position: :func:`read_otherwise`), a v2.x list's by index (as LeRobot 0.3 reads it): none."""
+    """The task list (``task_index`` -> text) and its rows LeRobot reads by row position (:func:`read_otherwise`):
+    v3.0's, where its texts are the pandas index LeRobot 0.4 reads (:func:`_text_column`); a v2.x list's LeRobot 0.3
+    reads by index: none."""
     parquet_path = location.meta_path("meta/tasks.parquet")
     jsonl_path = location.meta_path("meta/tasks.jsonl")
     # Each version's own file asked for first: over HTTP a file that is not there costs requests of its own.
-    readers: list[tuple[str, Callable[[Any, str], TaskRows]]] = [
+    readers: list[tuple[str, Callable[[Any, str], tuple[TaskRows, TaskRows]]]] = [
         (parquet_path, _tasks_from_parquet),
         (jsonl_path, _tasks_from_jsonl),
     ]
     for path, read in readers[::-1] if version.startswith("v2") else readers:
         f = read_if_present(location.meta_fs, path)
         if f is not None:
-            rows = read(f, path)
-            return dict(rows), rows if read is _tasks_from_parquet else []
+            rows, by_position = read(f, path)
+            return dict(rows), by_position
     raise DatasetError(
         f"{location.description}: no task list (meta/tasks.parquet or meta/tasks.jsonl); the dataset's files are "
         "incomplete: download or copy its meta/ again"
     )
 
 
-def _read_subtasks(location: DatasetLocation) -> TaskRows | None:
-    """The rows of ``meta/subtasks.parquet`` (written as ``tasks.parquet`` is, with ``subtask_index``), None where
-    absent."""
+def _read_subtasks(location: DatasetLocation) -> tuple[TaskRows, TaskRows] | None:
+    """The rows of ``meta/subtasks.parquet`` (written as ``tasks.parquet`` is, with ``subtask_index``) and those
+    LeRobot reads by row position (as :func:`_read_tasks`), None where absent."""
     path = location.meta_path("meta/subtasks.parquet")
     f = read_if_present(location.meta_fs, path)
     return None if f is None else _tasks_from_parquet(f, path, name="subtask")
@@ -1041,11 +1043,13 @@ def read_otherwise(rows: TaskRows) -> dict[int, tuple[str, str | None]]:
     }
 
 
-def _tasks_from_parquet(f: Any, parquet_path: str, *, name: str = "task") -> TaskRows:
+def _tasks_from_parquet(f: Any, parquet_path: str, *, name: str = "task") -> tuple[TaskRows, TaskRows]:
+    """A task (``name``: "subtask": subtask) list's rows, and those LeRobot 0.4 reads by row position: the rows where
+    the texts are its pandas index (:func:`_text_column`), none where LeRobot reads no text of the file."""
     with damaged_parquet_as(DatasetError, parquet_path):
         table = read_parquet(f)
         table.validate(full=True)  # (strings that are not UTF-8)
-    text_column = next((c for c in (name, "__index_level_0__") if c in table.column_names), None)
+    text_column, by_position = _text_column(table, parquet_path, name)
     if text_column is None or f"{name}_index" not in table.column_names:
         raise DatasetError(
             f"{parquet_path}: expected a '{name}_index' column and the {name} strings, found {table.column_names}; "
@@ -1059,10 +1063,48 @@ def _tasks_from_parquet(f: Any, parquet_path: str, *, name: str = "task") -> Tas
             rows.append(_add_task(tasks, index, text, name=name))
         except ValueError as e:
             raise DatasetError(f"{parquet_path}: bad {name} at row {row} ({e}); {_copy_again(parquet_path)}") from e
-    return rows
+    return rows, rows if by_position else []
 
 
-def _tasks_from_jsonl(f: Any, jsonl_path: str) -> TaskRows:
+def _text_column(table: pa.Table, parquet_path: str, name: str) -> tuple[str | None, bool]:
+    """The column of a task (``name``: "subtask": subtask) list ``table`` holding its texts. LeRobot 0.4 takes a
+    row's text from the DataFrame pandas reads (``tasks.iloc[task_index].name``): its index, the column the file's
+    pandas metadata names as it (LeRobot's writer: the unnamed ``__index_level_0__``), whatever that column is named.
+    Where that is no text column (no pandas metadata: another writer, pyarrow or polars; a RangeIndex; an index of
+    numbers), LeRobot gives each frame the row's number (or that number) as its task, not a text: the column named
+    ``name`` (or ``__index_level_0__``) is the list's texts then, said once. Returns the column (None where there is
+    none) and whether LeRobot reads its texts (by row position). DatasetError where the pandas metadata is damaged
+    (LeRobot's pandas fails to read the file)."""
+    raw = (table.schema.metadata or {}).get(b"pandas")
+    try:
+        pandas = json.loads(raw) if raw is not None else None  # (null, as pyarrow reads it: none)
+    except ValueError:  # (JSONDecodeError; UnicodeDecodeError)
+        pandas = raw
+    index = pandas.get("index_columns", []) if isinstance(pandas, dict) else [] if pandas is None else None
+    if not isinstance(index, list):
+        raise DatasetError(
+            f"{parquet_path}: its pandas metadata, which names the column of its {name} texts (the DataFrame's index "
+            f"LeRobot reads them from), is damaged ({raw!r:.80}: not a JSON object whose 'index_columns' is a "
+            f"list); {_copy_again(parquet_path)}"
+        )
+    if len(index) == 1 and isinstance(index[0], str) and index[0] in table.column_names:
+        kind = table.schema.field(index[0]).type
+        kind = kind.value_type if pa.types.is_dictionary(kind) else kind  # (pandas' CategoricalIndex)
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
+            return index[0], True
+    column = next((c for c in (name, "__index_level_0__") if c in table.column_names), None)
+    if column is not None:
+        warn_once(logger,
+            "%s: its %s texts are column %r, which its pandas metadata does not make the DataFrame's index (as "
+            "LeRobot writes it): LeRobot 0.4 gives each frame the row's number (or the index's value) as its %s, "
+            "not this text; batches here carry the text",
+            parquet_path, name, column, name,
+        )  # fmt: skip
+    return column, False
+
+
+def _tasks_from_jsonl(f: Any, jsonl_path: str) -> tuple[TaskRows, TaskRows]:
+    """A v2.x task list's rows (LeRobot 0.3 reads them by index: none by row position)."""
     tasks: dict[int, str] = {}
     rows: TaskRows = []
     for line_no, line in enumerate(f, start=1):  # (decoded per line: bytes that are not UTF-8 then name their line)
@@ -1072,7 +1114,7 @@ def _tasks_from_jsonl(f: Any, jsonl_path: str) -> TaskRows:
                 rows.append(_add_task(tasks, record["task_index"], record["task"]))
             except (ValueError, KeyError, TypeError) as e:
                 raise DatasetError(f"{jsonl_path}:{line_no}: bad task record ({e}); {_copy_again(jsonl_path)}") from e
-    return rows
+    return rows, []
 
 
 def _add_task(tasks: dict[int, str], index: Any, text: Any, *, name: str = "task") -> tuple[int, str]:

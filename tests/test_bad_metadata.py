@@ -22,6 +22,7 @@ from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.dataset_stats import read_dataset_stats
 from lerobot_dali.decode_route import DecodeRoute
 from lerobot_dali.errors import DataFileError, DatasetError, EpisodeMetadataError, SchemaMismatchError
+from lerobot_dali.generate import text_list_table
 from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
 
@@ -738,8 +739,12 @@ def test_v3_episode_columns_that_are_not_whole_numbers_are_refused(ds: Path, col
         open_dataset(ds)
 
 
-def _write_tasks(root: Path, tasks: list[tuple[object, object]]) -> None:
-    """The task list as (task_index, task) pairs, in the dataset's own format."""
+def _write_tasks(root: Path, tasks: list[tuple[object, object]], *, as_lerobot: bool = False) -> None:
+    """The task list as (task_index, task) pairs, in the dataset's own format (v3.0: a plain ``task`` column;
+    ``as_lerobot``: the texts the pandas index, as LeRobot writes it and reads them by row position)."""
+    if as_lerobot:
+        pq.write_table(text_list_table("task", tasks), root / "meta/tasks.parquet")  # type: ignore[arg-type]
+        return
     if (root / "meta/tasks.jsonl").exists():
         lines = [json.dumps({"task_index": index, "task": task}) for index, task in tasks]
         (root / "meta/tasks.jsonl").write_text("".join(line + "\n" for line in lines))
@@ -797,7 +802,7 @@ def test_a_v3_task_list_out_of_index_order_is_refused_where_lerobot_reads_other_
     (tests/test_lerobot_parity.py), or failed with an IndexError at the first frame past its last row, where this
     read each frame's task by its index, silently. Refused at the open, naming the data file, the task list, what
     LeRobot reads and what the list says; a list whose disorder no row of the data reaches still reads."""
-    _write_tasks(ds, tasks)
+    _write_tasks(ds, tasks, as_lerobot=True)
     if data_indices is not None:
         _rewrite_data(ds, lambda table: table.set_column(
             table.column_names.index("task_index"), "task_index",
@@ -821,6 +826,66 @@ def test_a_v3_task_list_out_of_index_order_is_refused_where_lerobot_reads_other_
     assert problems and all(told in problem.message for problem in problems)
 
 
+def _pandas_indexed(table: pa.Table, index: str) -> pa.Table:
+    """``table`` with pandas metadata making column ``index`` the DataFrame's index, as pandas writes one so named."""
+    columns = [
+        {
+            "name": c,
+            "field_name": c,
+            "pandas_type": "unicode" if c != "task_index" else "int64",
+            "numpy_type": "object" if c != "task_index" else "int64",
+            "metadata": None,
+        }
+        for c in table.column_names
+    ]
+    meta = {"index_columns": [index], "column_indexes": [], "columns": columns}
+    return table.replace_schema_metadata({b"pandas": json.dumps(meta).encode()})
+
+
+@pytest.mark.parametrize(
+    ("table", "index", "read", "warned"),
+    [
+        (pa.table({"task_index": [0, 1], "instruction": ["pick", "place"]}), "instruction", ["pick", "place"], None),
+        (pa.table({"task_index": [0, 1], "task": ["pick", "place"], "other": ["stack", "pour"]}), "other",
+         ["stack", "pour"], None),
+        (pa.table({"task_index": [0, 1], "__index_level_0__": pa.array(["pick", "place"]).dictionary_encode()}),
+         "__index_level_0__", ["pick", "place"], None),
+        (pa.table({"task_index": [1, 0], "task": ["place", "pick"]}), None, ["pick", "place"], "task"),
+        (pa.table({"task_index": [1, 0], "__index_level_0__": ["place", "pick"]}), None, ["pick", "place"],
+         "__index_level_0__"),
+    ],
+    ids=["index-named-instruction", "index-beside-a-task-column", "categorical-index", "plain-task-column",
+         "index-column-no-metadata"],
+)  # fmt: skip
+def test_a_task_list_gives_the_texts_lerobot_reads_or_its_text_column_said_once(
+    ds: Path, table, index, read, warned, caplog
+) -> None:
+    """LeRobot 0.4 takes a frame's task from the DataFrame pandas reads: ``tasks.iloc[task_index].name``, the index
+    the file's pandas metadata names. An index named otherwise than ``task`` ("instruction") was refused ("expected a
+    'task_index' column and the task strings"), where LeRobot reads every frame's text; an index beside a ``task``
+    column gave the column's texts, not LeRobot's (80 of 80 frames). Without a pandas index (another writer: pyarrow,
+    polars) LeRobot gives each frame the row's number, not a text: the ``task`` column's texts are read by index (a
+    list out of index order too: LeRobot reads no text of it to differ from), and that is said once. (A categorical
+    index, dictionary-encoded, is LeRobot's texts too.)"""
+    if index is not None:
+        table = _pandas_indexed(table, index)
+    pq.write_table(table, ds / "meta/tasks.parquet")
+    with caplog.at_level("WARNING", logger="lerobot_dali.dataset_reader"):
+        batches = _first_pass(ds)
+    frames = [(int(i), text) for batch in batches for i, text in zip(batch["task_index"], batch["task"], strict=True)]
+    assert len(frames) == 80 and {i for i, _ in frames} == {0, 1}
+    assert all(text == read[i] for i, text in frames)
+    said = [r.getMessage() for r in caplog.records if "pandas metadata does not make" in r.getMessage()]
+    if warned is None:
+        assert not said
+    else:
+        assert said == [
+            f"{ds / 'meta/tasks.parquet'}: its task texts are column {warned!r}, which its pandas metadata does not "
+            "make the DataFrame's index (as LeRobot writes it): LeRobot 0.4 gives each frame the row's number (or "
+            "the index's value) as its task, not this text; batches here carry the text"
+        ]
+
+
 @pytest.mark.parametrize("key", ["timestamp", "task_index"])
 def test_an_index_feature_info_json_lacks_is_refused_with_the_entry_to_add(ds: Path, key: str) -> None:
     """It said every LeRobot dataset has the feature, not what to write; the entry offered reads the data's column."""
@@ -840,6 +905,18 @@ def test_a_task_list_without_its_index_column_says_to_copy_it_again(ds: Path) ->
     pq.write_table(pa.table({"task": ["pick"]}), ds / "meta/tasks.parquet")
     with pytest.raises(
         DatasetError, match=r"expected a 'task_index' column .*; download or copy .*tasks\.parquet again$"
+    ):
+        open_dataset(ds)
+
+
+@pytest.mark.parametrize("pandas", [b"{not json", b"[1, 2]", b'{"index_columns": 5}', b"\xff\xfe"])
+def test_a_task_list_whose_pandas_metadata_is_damaged_says_to_copy_it_again(ds: Path, pandas: bytes) -> None:
+    """The pandas metadata names the column LeRobot reads the texts from (its DataFrame's index): damaged, pandas
+    (LeRobot) fails to read the file, and this refuses it naming the file, not with a bare JSONDecodeError."""
+    table = pa.table({"task_index": [0, 1], "__index_level_0__": ["pick", "place"]})
+    pq.write_table(table.replace_schema_metadata({b"pandas": pandas}), ds / "meta/tasks.parquet")
+    with pytest.raises(
+        DatasetError, match=r"tasks\.parquet: its pandas metadata, .* is damaged .*; download or copy .* again$"
     ):
         open_dataset(ds)
 

@@ -404,6 +404,75 @@ def test_a_subtask_list_lerobot_reads_by_row_position_is_refused_naming_lerobots
         _ours(root, {})
 
 
+@pytest.mark.skipif(
+    LEROBOT_03 or (_installed_lerobot() or (0, 0)) >= (0, 6), reason="LeRobot 0.4-0.5 give subtask strings"
+)
+def test_subtask_index_minus_one_is_no_subtask_where_lerobot_gives_the_lists_last_text(make_ds, tmp_path) -> None:
+    """Deliberately unlike LeRobot: subtask writers (rosbag2lerobot's DatasetWriter for an episode without subtask
+    spans; lerobot-annotate's export for frames no segment covers) write ``subtask_index`` -1 for "no subtask".
+    LeRobot 0.4 gives those frames ``subtasks.iloc[-1]``, the list's last text, as if annotated with it; batches here
+    carry "" (and ``subtask_index`` -1), every other frame LeRobot's text."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from tests.test_extra_features import SUBTASKS, _with_subtasks
+
+    root = _with_subtasks(make_ds(episodes=4, frames_per_episode=[5, 6, 4, 7], cameras=0), tmp_path / "dataset")
+    for path in sorted((root / "data").rglob("*.parquet")):  # (episodes 1 and 3 not annotated)
+        table = pq.read_table(path)
+        unannotated = pc.is_in(table["episode_index"], pa.array([1, 3]))
+        values = pc.if_else(unannotated, -1, table["subtask_index"])
+        at = table.column_names.index("subtask_index")
+        pq.write_table(table.set_column(at, "subtask_index", values.cast(pa.int64())), path)
+    theirs = _lerobot(root, {})
+    ours = _ours(root, {})
+    assert len(ours) == len(theirs) == 22
+    none = 0
+    for i in range(len(theirs)):
+        sample = theirs[i]
+        mine = ours[_sample_key(sample)]
+        assert int(mine["subtask_index"]) == int(sample["subtask_index"])
+        if int(sample["subtask_index"]) == -1:
+            none += 1
+            assert (mine["subtask"], sample["subtask"]) == ("", SUBTASKS[-1])
+        else:
+            assert mine["subtask"] == sample["subtask"] != ""
+    assert none == 6 + 7
+
+
+@needs_lerobot_04
+@pytest.mark.parametrize("layout", ["plain-columns", "index-named-instruction"])
+def test_a_task_list_without_lerobots_pandas_index(make_ds, copy_ds, layout: str) -> None:
+    """LeRobot 0.4 takes a frame's task from ``tasks.iloc[task_index].name``: the DataFrame's index, whatever the
+    file's pandas metadata names it ("instruction": every frame LeRobot's text here too, which was refused). A file
+    without a pandas index (pyarrow's or polars' writer: columns ``task_index`` and ``task``) deliberately differs:
+    LeRobot gives each frame the row's number as its ``task``, not a text; batches here carry the ``task`` column's
+    text of each row's ``task_index``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lerobot_dali.generate import task_name
+
+    root = copy_ds(make_ds(episodes=4, frames_per_episode=[5, 6, 4, 7], cameras=0, num_tasks=2, episodes_per_file=2))
+    texts = [task_name(0), task_name(1)]
+    if layout == "plain-columns":
+        pq.write_table(pa.table({"task_index": [0, 1], "task": texts}), root / "meta/tasks.parquet")
+    else:
+        import pandas as pd
+
+        frame = pd.DataFrame({"task_index": [0, 1]}, index=pd.Index(texts, name="instruction"))
+        frame.to_parquet(root / "meta/tasks.parquet")
+    theirs = _lerobot(root, {})
+    ours = _ours(root, {})
+    assert len(ours) == len(theirs) == 22
+    for i in range(len(theirs)):
+        sample = theirs[i]
+        index = int(sample["task_index"])
+        assert ours[_sample_key(sample)]["task"] == texts[index]
+        assert sample["task"] == (index if layout == "plain-columns" else texts[index])
+
+
 @pytest.mark.parametrize("late", [False, True], ids=["", "late-rows-own-tolerance"])
 def test_a_union_matches_lerobots_multi_dataset(make_ds, copy_ds, tmp_path: Path, late: bool) -> None:
     """``concat_datasets`` against LeRobot's ``MultiLeRobotDataset`` over two datasets that differ in episodes,
