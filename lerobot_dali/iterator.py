@@ -812,7 +812,8 @@ class DALILeRobotIterator:
         """The texts of ``task_index`` (``name="subtask"``: of ``subtask_index``, from ``meta/subtasks.parquet``).
         ``dataset_index``: a union's rows', which name the dataset of a row whose index the list lacks."""
         tasks = self.reader.tasks if name == "task" else self.reader.subtasks or {}
-        none = NO_SUBTASK_INDEX if name == "subtask" else None  # (a row no subtask annotates: "")
+        # (a row no subtask annotates: "", unless the list gives -1 a text, as LeRobot reads it)
+        none = NO_SUBTASK_INDEX if name == "subtask" and NO_SUBTASK_INDEX not in tasks else None
         indices = task_index.cpu().reshape(-1).tolist()
         try:
             return ["" if i == none else tasks[int(i)] for i in indices]

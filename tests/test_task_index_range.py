@@ -243,6 +243,27 @@ def test_a_subtask_index_of_minus_one_is_no_subtask_and_reads(make_ds, tmp_path)
         _iterator(root)
 
 
+def test_a_subtask_index_of_minus_one_the_subtask_list_names_reads_its_text(make_ds, tmp_path) -> None:
+    """A subtask list whose last row is -1 ("idle") names the rows no other subtask annotates: LeRobot 0.4.4 reads
+    that text for them (its ``iloc[-1]``, the last row), and so does the list; they read "" (9 of 24 frames)."""
+    from lerobot_dali.generate import text_list_table
+
+    root = _with_subtasks(make_ds(**V3), tmp_path / "dataset")
+    listed = pq.read_table(root / "meta/subtasks.parquet")
+    rows = [*zip(listed["subtask_index"].to_pylist(), listed["__index_level_0__"].to_pylist(), strict=True)]
+    pq.write_table(text_list_table("subtask", [*rows, (-1, "idle")]), root / "meta/subtasks.parquet")
+    _set_task_index(root / V3_LAST, -1, name="subtask_index")  # (episodes 4 and 5 not annotated)
+    it = _iterator(root, shuffle=False)
+    try:
+        texts = {i: t for b in it for i, t in zip(b["index"].tolist(), b["subtask"], strict=True)}
+    finally:
+        it.close()
+    unannotated = sum(LENGTHS[:4])
+    assert sorted(texts) == list(range(sum(LENGTHS)))
+    assert {t for i, t in texts.items() if i >= unannotated} == {"idle"}
+    assert all(t and t != "idle" for i, t in texts.items() if i < unannotated)
+
+
 def _without_statistics(root: Path) -> None:
     """Every data file of ``root`` rewritten without column statistics (nothing to refuse it by at the open)."""
     for path in sorted((root / "data").rglob("*.parquet")):
