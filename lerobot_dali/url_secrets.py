@@ -72,11 +72,12 @@ _SIGNED_FIELDS = frozenset(
 #: its own appended) a value ends at '/' too (:data:`_PATH_PARAM`): the rest is the file's path, not the credential.
 _QUERY_PARAM = re.compile(r"(?P<lead>[?&])(?P<name>[^=&#?\s'\"]+)=(?P<value>[^&#\s'\"]+)")
 _PATH_PARAM = re.compile(r"(?P<lead>[?&])(?P<name>[^=&#?/\s'\"]+)=(?P<value>[^&#/\s'\"]+)")
-#: A run of text that may be a URL or a path (no white space or quote), and an http(s) URL's start in it.
-_URL_LIKE = re.compile(r"[^\s'\"]+")
+#: A run of text that may be a URL or a path (no white space, quote or angle bracket: ``<url>``, as a ``Link`` header
+#: names it), and an http(s) URL's start in it.
+_URL_LIKE = re.compile(r"[^\s'\"<>]+")
 _HTTP = re.compile(r"https?://", re.IGNORECASE)
-#: A URL's ``user:password@`` (aiohttp sends it as basic auth).
-_USER_PASSWORD = re.compile(r"(?P<lead>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s'\"]*):[^/@\s'\"]+@")
+#: A URL's ``user:password@`` (aiohttp sends it as basic auth), to its last '@' (a password may hold one).
+_USER_PASSWORD = re.compile(r"(?P<lead>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s'\"]*):[^/?#\s'\"]+@")
 
 
 def is_secret_param(name: str) -> bool:
@@ -168,12 +169,12 @@ def _mask_one(error: BaseException) -> None:
             if masked(str(url)) != str(url):
                 changed[name] = type(url)(masked(str(url)), encoded=True)  # (yarl's URLs, spelled as sent)
         headers = getattr(info, "headers", None)
-        if isinstance(headers, Mapping) and any(_is_secret_header(str(name)) for name in headers):
+        if _masked_headers(headers) is not headers:
             changed["headers"] = _masked_headers(headers)
         if changed:
             error.request_info = info._replace(**changed)  # type: ignore[attr-defined]
-    answered = getattr(error, "headers", None)  # (the response's: a Set-Cookie, a token echoed; its repr names them)
-    if isinstance(answered, Mapping) and any(_is_secret_header(str(name)) for name in answered):
+    answered = getattr(error, "headers", None)  # (the response's: a Set-Cookie, a Location; its repr names them)
+    if _masked_headers(answered) is not answered:
         error.headers = _masked_headers(answered)  # type: ignore[attr-defined]
     history = getattr(error, "history", None)
     if isinstance(history, tuple) and any(_shown(response) != repr(response) for response in history):
@@ -209,18 +210,26 @@ def _shown(response: Any) -> str:
     values of its credential headers (a ``Set-Cookie``) masked."""
     shown = repr(response)
     headers = getattr(response, "headers", None)
-    if isinstance(headers, Mapping) and any(_is_secret_header(str(name)) for name in headers):
+    if _masked_headers(headers) is not headers:
         shown = shown.replace(repr(headers), repr(_masked_headers(headers)))
     return masked(shown)
 
 
-def _masked_headers(headers: Mapping[str, Any]) -> Any:
+def _masked_headers(headers: Any) -> Any:
     """A request's or response's ``headers`` (aiohttp's, in its errors' ``request_info`` and ``headers``: their
     ``repr`` names them) with the values of those that carry a credential (:func:`_is_secret_header`) replaced by
-    :data:`MASK`, the others kept (``Retry-After``, which the retries read)."""
+    :data:`MASK`, and the credentials of the URLs the others name masked (:func:`masked`: a redirect's ``Location``,
+    a ``Link``, signed too), the rest kept (``Retry-After``, which the retries read); ``headers`` itself where that
+    changes none (or it is no mapping)."""
+    if not isinstance(headers, Mapping):
+        return headers
+    said = list(headers.items())
+    shown = [(n, MASK if _is_secret_header(str(n)) else masked(v) if isinstance(v, str) else v) for n, v in said]
+    if shown == said:
+        return headers
     from multidict import CIMultiDict, CIMultiDictProxy  # (aiohttp's: installed wherever its errors are raised)
 
-    return CIMultiDictProxy(CIMultiDict((n, MASK if _is_secret_header(str(n)) else v) for n, v in headers.items()))
+    return CIMultiDictProxy(CIMultiDict(shown))
 
 
 def _is_secret_header(name: str) -> bool:

@@ -223,3 +223,27 @@ def _failed_after_a_redirect(moved: Any, busy: Any, params: dict[str, str] | Non
             await runner.cleanup()
 
     return asyncio.run(failed())
+
+
+def test_mask_error_masks_the_urls_its_other_headers_name_and_a_password_holding_an_at() -> None:
+    """aiohttp's error for a redirect (a 302 it was not to follow) names its response's ``Location`` and ``Link`` in its
+    ``repr``: a signed URL's signature and credential were shown (3 of 3), as was a password's tail after an '@' it
+    holds. Masked now; the headers that name none (``Retry-After``) and the rest of each URL kept."""
+    from multidict import CIMultiDict, CIMultiDictProxy
+    from yarl import URL
+
+    sent = URL("https://h/ds/f.mp4?sig=S3CRsent", encoded=True)
+    asked = CIMultiDictProxy(CIMultiDict({"Referer": "https://h/?token=S3CRref"}))
+    answered = {
+        "Location": "https://cdn/x.mp4?X-Amz-Signature=S3CRloc&X-Amz-Credential=S3CRcred&versionId=3",
+        "Link": "<https://cdn/y?token=S3CRlink>; rel=next",
+        "Retry-After": "2",
+    }
+    info = aiohttp.RequestInfo(sent, "GET", asked, sent)
+    told = CIMultiDictProxy(CIMultiDict(answered))
+    error = mask_error(aiohttp.ClientResponseError(info, (), status=302, message="Found", headers=told))
+    shown = f"{error!r} {error}"
+    assert "S3CR" not in shown
+    assert error.headers["Location"] == "https://cdn/x.mp4?X-Amz-Signature=***&X-Amz-Credential=***&versionId=3"
+    assert error.headers["Retry-After"] == "2" and error.headers["Link"] == "<https://cdn/y?token=***>; rel=next"
+    assert masked("see https://alice:p@ss@host/ds?a=1") == "see https://alice:***@host/ds?a=1"
