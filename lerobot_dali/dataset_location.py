@@ -140,6 +140,15 @@ class DatasetLocation:
             f"meta_root={self.meta_root!r}, description={self.description!r}, hub_snapshot={self.hub_snapshot!r})"
         )
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled (a DALI worker's, a spawned process's): where its paths keep a URL's query, its credentials are
+        masked in this process's records and texts too, as where it was made (:func:`.mask_path_logs`): a worker's
+        DEBUG lines named them (42 of an epoch's, one worker)."""
+        self.__dict__.update(state)
+        for fs, root in ((self.fs, self.root), (self.meta_fs, self.meta_root)):
+            if "?" in root and not isinstance(fs, LocalFileSystem):
+                mask_path_logs(root.partition("?")[2])
+
     def path(self, relative: str) -> str:
         """Path of a bulk file (``data/...``, ``videos/...``) on ``fs``."""
         return f"{self.root.rstrip('/')}/{relative}" if self.root else relative
@@ -537,7 +546,7 @@ def _remote_fs(target: str, options: dict[str, Any]) -> tuple[fsspec.AbstractFil
     and fsspec keeps only the links under the folder's URL as spelled (``/my ds/...`` found none of them)."""
     target, options = _credentials_as_header(target, options)
     if not target.startswith(("http://", "https://")):  # (its query is kept in its paths, which the logs name)
-        mask_path_logs(urlsplit(target).query)
+        mask_path_logs(target.partition("?")[2])
     fs, root = fsspec.core.url_to_fs(_as_sent(target), **_http_timeouts(target, options))
     return _retrying(fs), root
 

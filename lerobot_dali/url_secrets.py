@@ -13,9 +13,11 @@ them after is clean.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
@@ -23,6 +25,7 @@ __all__ = [
     "MASK",
     "is_secret_param",
     "mask_error",
+    "mask_every_record",
     "mask_path_logs",
     "mask_request_logs",
     "masked",
@@ -66,16 +69,21 @@ _SIGNED_FIELDS = frozenset(
         "googleaccessid",
     }
 )  # fmt: skip
-#: A query parameter in text: after '?' or '&', its value up to the next '&', '#', white space or quote (a URL in an
-#: error's text is often quoted: ``url='...'``); a value holding ')' or ',' is masked whole, with what follows it. In
-#: a filesystem's path that keeps a query (``memory://b/ds?token=x/meta/info.json``: a file's path is the root's with
-#: its own appended) a value ends at '/' too (:data:`_PATH_PARAM`): the rest is the file's path, not the credential.
-_QUERY_PARAM = re.compile(r"(?P<lead>[?&])(?P<name>[^=&#?\s'\"]+)=(?P<value>[^&#\s'\"]+)")
-_PATH_PARAM = re.compile(r"(?P<lead>[?&])(?P<name>[^=&#?/\s'\"]+)=(?P<value>[^&#/\s'\"]+)")
+#: A query parameter's name in text, after '?' or '&', and its '=': in an http(s) URL, and in a filesystem's path that
+#: keeps a query (``memory://b/ds?token=x/meta/info.json``: a file's path is the root's with its own appended), where a
+#: name holds no '/'. A credential's value runs from there (:func:`_secret_end`).
+_QUERY_NAME = re.compile(r"[?&](?P<name>[^=&#?\s'\"]+)=")
+_PATH_NAME = re.compile(r"[?&](?P<name>[^=&#?/\s'\"]+)=")
 #: A run of text that may be a URL or a path (no white space, quote or angle bracket: ``<url>``, as a ``Link`` header
 #: names it), and an http(s) URL's start in it.
 _URL_LIKE = re.compile(r"[^\s'\"<>]+")
 _HTTP = re.compile(r"https?://", re.IGNORECASE)
+#: The credentials of the queries of this process's filesystems that keep them in their paths, and of its http(s)
+#: requests' ``params`` (:func:`mask_path_logs`, :func:`mask_request_logs`), as written and unescaped, longest first:
+#: where a value holds a '/', a '&' or a '#' (``?sig=ab/cd``), text alone cannot tell where it ends in a path
+#: (``...?sig=ab/cd/meta/info.json``), so a value known is masked whole.
+_known: tuple[str, ...] = ()
+_known_lock = threading.Lock()
 #: A URL's ``user:password@`` (aiohttp sends it as basic auth), to its last '@' (a password may hold one).
 _USER_PASSWORD = re.compile(r"(?P<lead>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s'\"]*):[^/?#\s'\"]+@")
 
@@ -106,20 +114,21 @@ def without_credentials(target: str) -> str:
         target = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
     if not parts.query:
         return target
-    segments = parts.query.split("&")
-    names = [segment.partition("=")[0] for segment in segments]
+    before, _, after = target.partition("?")  # (spelled as typed: urlunsplit drops the '//' of 'scheme://?a=b')
+    segments = after.split("&")  # (a '#' in a credential's value is its own: fsspec's memory filesystem keeps it)
+    names = [segment.partition("=")[0].partition("#")[0] for segment in segments]
     plain = [unquote(name.replace("+", " ")).strip().lower() for name in names]
     signed = not _SIGNATURES.isdisjoint(plain)
-    kept = [
-        segment
-        for segment, name, lower in zip(segments, names, plain, strict=True)
-        if not (is_secret_param(name) or (signed and lower in _SIGNED_FIELDS))
-    ]
+    kept, dropping = [], False
+    for segment, name, lower in zip(segments, names, plain, strict=True):
+        # (a segment without '=' after a credential is its '&' unescaped: ``?sig=ab&cd``)
+        dropping = (dropping and "=" not in segment) or is_secret_param(name) or (signed and lower in _SIGNED_FIELDS)
+        if not dropping:
+            kept.append(segment)
     if len(kept) == len(segments):
         return target
-    before, _, after = target.partition("?")  # (spelled as typed: urlunsplit drops the '//' of 'scheme://?a=b')
     query = "&".join(kept)
-    return f"{before}{'?' if query else ''}{query}{''.join(after.partition('#')[1:])}"
+    return f"{before}{'?' if query else ''}{query}"
 
 
 def masked(text: str) -> str:
@@ -129,18 +138,39 @@ def masked(text: str) -> str:
 
 
 def _masked_url(run: re.Match[str]) -> str:
-    """A run of text without white space (:data:`_URL_LIKE`) with its credential-like query parameters' values masked:
-    to the next '&' or '#' in an http(s) URL's query, to the next '/' too elsewhere (:data:`_PATH_PARAM`)."""
+    """A run of text without white space (:data:`_URL_LIKE`) with its credential-like query parameters' values masked
+    (:func:`_secret_end`)."""
     text = run[0]
     if "=" not in text:
         return text
     query = text.find("?")
     http = _HTTP.search(text, 0, query if query >= 0 else len(text)) is not None
-    return (_QUERY_PARAM if http else _PATH_PARAM).sub(_masked_param, text)
+    said, done = [], 0
+    for param in (_QUERY_NAME if http else _PATH_NAME).finditer(text):
+        empty = param.end() == len(text) or text[param.end()] in "&#/"[: 2 if http else 3]  # (``token=&a=1``)
+        if param.start() >= done and not empty and is_secret_param(param["name"]):
+            said += [text[done : param.end()], MASK]
+            done = _secret_end(text, param.end(), http=http)
+    return "".join(said) + text[done:] if said else text
 
 
-def _masked_param(match: re.Match[str]) -> str:
-    return f"{match['lead']}{match['name']}={MASK}" if is_secret_param(match["name"]) else match[0]
+def _secret_end(text: str, start: int, *, http: bool) -> int:
+    """Where the value of a credential that starts at ``start`` in ``text`` (a run without white space) ends: after a
+    value :data:`_known`, else at the next '&' (and, in a path, '/': the file's path after the root's query), a '#'
+    and the segments without '=' after it (``?sig=ab&cd``) taken with it: a value that holds either is none
+    the less a credential's, which a path keeps as written (fsspec's memory filesystem keeps '#' and '&')."""
+    stops = "&" if http else "&/"
+    end = next((start + len(v) for v in _known if text.startswith(v, start)), None) or _next_of(text, start, stops)
+    while end < len(text) and text[end] == "&":  # (a segment without '=' after it: the credential's '&' unescaped)
+        after = _next_of(text, end + 1, stops)
+        if after == end + 1 or "=" in text[end + 1 : after]:
+            break
+        end = after
+    return end
+
+
+def _next_of(text: str, start: int, stops: str) -> int:
+    return min((i for i in (text.find(c, start) for c in stops) if i >= 0), default=len(text))
 
 
 def mask_error(error: BaseException) -> BaseException:
@@ -298,24 +328,68 @@ def mask_request_logs(params: Any) -> None:
     if isinstance(params, str):  # (aiohttp takes a query string too)
         params = parse_qsl(params, keep_blank_values=True)
     pairs = params.items() if isinstance(params, Mapping) else params or ()
-    if not any(is_secret_param(str(name)) for name, _ in pairs):
+    secrets = [str(value) for name, value in pairs if is_secret_param(str(name))]
+    if not secrets:
         return
+    _remember(secrets)
     for name in _REQUEST_LOGGERS:
         masking(logging.getLogger(name))
 
 
 def mask_path_logs(query: str) -> None:
-    """Where ``query``, of a URL whose filesystem keeps it in its paths (``memory://b/ds?token=...``: any but
-    http(s), whose query is sent as ``params``), holds a credential, every line naming such a path masked from now on
-    in this process: fsspec's and the object stores' (:func:`mask_request_logs`), and every ``lerobot_dali`` logger
-    made by now (the package's modules, imported with it: the clips' and packet indexes' DEBUG lines name each file's
-    path: 74 of the 98 DEBUG lines of an epoch read over ``memory://``)."""
-    if not any(is_secret_param(name) for name, _ in parse_qsl(query, keep_blank_values=True)):
-        return
-    mask_request_logs(query)
-    for name in list(logging.root.manager.loggerDict):
-        if name.partition(".")[0] == "lerobot_dali":
-            masking(logging.getLogger(name))
+    """Where ``query`` (as written after the '?'), of a URL whose filesystem keeps it in its paths
+    (``memory://b/ds?token=...``: any but http(s), whose query is sent as ``params``), holds a credential, every record
+    of this process masked from now on (:func:`mask_every_record`): any module's, fsspec's, the object stores' and
+    their clients' name such paths (the clips' and packet indexes' DEBUG lines each file's: 74 of the 98 DEBUG lines of
+    an epoch read over ``memory://``), and its values are masked whole wherever a text names them after their
+    parameter's name (:data:`_known`: ``?sig=ab/cd/meta/info.json``). The location calls this where it is made and
+    where a worker unpickles it."""
+    segments = query.split("&")
+    secrets = []
+    for at, segment in enumerate(segments):
+        name, equals, value = segment.partition("=")
+        if equals and is_secret_param(name.partition("#")[0]):
+            bare = list(itertools.takewhile(lambda s: "=" not in s, segments[at + 1 :]))  # (its '&' unescaped)
+            secrets += ["&".join([value, *bare]), value]
+    if secrets:
+        _remember(secrets)
+        mask_every_record()
+
+
+def _remember(values: Iterable[str]) -> None:
+    """Add ``values`` (credentials, as written) and their unescaped spellings to :data:`_known`."""
+    global _known
+    with _known_lock:
+        known = {*_known, *values, *(unquote(value) for value in values)}
+        _known = tuple(sorted((value for value in known if value), key=len, reverse=True))
+
+
+#: The mark of a log record factory that masks (:func:`mask_every_record`).
+_MASKS = "_lerobot_dali_masks"
+_factory_lock = threading.Lock()
+
+
+def mask_every_record() -> None:
+    """Mask the credentials every log record of this process names (:class:`_MaskingFilter`) as it is made, whatever
+    its logger (``logging.setLogRecordFactory``, over the factory in place; once): a logger's filter is asked only of
+    the records made on it, and a handler's only of those it is given, so where paths keep a credential (a DALI
+    worker's, any module's DEBUG line) each logger's missed those of the loggers made after it (a module imported
+    later; fsspec's, aiohttp's, botocore's). DALI's spawned workers call it where they set up their logging
+    (:func:`~lerobot_dali.worker_start.log_like_trainer`). A record is made only at a level its logger logs: none at
+    the default levels."""
+    with _factory_lock:
+        made = logging.getLogRecordFactory()
+        if getattr(made, _MASKS, False):
+            return
+        mask = _MaskingFilter()
+
+        def masked_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+            record = made(*args, **kwargs)
+            mask.filter(record)
+            return record
+
+        setattr(masked_record, _MASKS, True)
+        logging.setLogRecordFactory(masked_record)
 
 
 def masking(logger: logging.Logger) -> logging.Logger:

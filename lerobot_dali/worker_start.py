@@ -30,6 +30,7 @@ from typing import Any
 
 from . import fork_locks
 from .said_once import shared_with_children
+from .url_secrets import mask_every_record
 
 __all__ = ["log_like_trainer", "names_main", "package_log_level", "skipping_main"]
 
@@ -106,7 +107,10 @@ def package_log_level() -> int:
 
 def log_like_trainer(level: int) -> None:
     """In a worker: lerobot-dali's records at the trainer's ``level``, to stderr unless a handler exists (a script
-    the worker imported set one up)."""
+    the worker imported set one up); every record of the worker's, any logger's, with the credentials of the URLs it
+    names masked (:func:`.mask_every_record`): the worker's DEBUG lines name the paths it reads, which keep a URL's
+    query where its filesystem does (``memory://b/ds?token=...``), and only a few modules' loggers masked them."""
+    mask_every_record()
     package = logging.getLogger(_PACKAGE)
     package.setLevel(level)
     if not logging.getLogger().handlers and not package.handlers:

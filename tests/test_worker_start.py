@@ -104,3 +104,28 @@ def test_a_worker_reaches_its_first_batch_without_torch_accelerate_or_pandas(mak
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["[]"]
+
+
+def test_a_worker_masks_the_credentials_every_logger_names(tmp_path: Path) -> None:
+    """A spawned worker set up by log_like_trainer, the dataset's location unpickled there, over a filesystem that keeps
+    the URL's query in its paths (``memory://b/ds?token=...``, its token holding a '/'): its DEBUG lines named it, any
+    module's but the few that masked their own (the clips' and packet indexes': 42 of an epoch's, one worker), and
+    fsspec's and other libraries' where the worker's main module set up the root logger (4 of 4 here); 0 now, the
+    file's path after the token kept."""
+    from lerobot_dali.dataset_location import resolve_location
+
+    location = resolve_location("memory://bucket/ds?a=1&token=S3CRhead/T41Ltail")
+    (tmp_path / "location.pkl").write_bytes(pickle.dumps(location))
+    child = (
+        "import logging, pickle, sys\n"
+        "logging.basicConfig(level=logging.DEBUG, stream=sys.stdout, format='%(name)s: %(message)s')\n"
+        "from lerobot_dali.worker_start import log_like_trainer\n"
+        f"location = pickle.loads(open({str(tmp_path / 'location.pkl')!r}, 'rb').read())\n"
+        "log_like_trainer(logging.DEBUG)\n"
+        "for name in ('lerobot_dali.clips', 'fsspec.memoryfs', 'aiohttp.client', 'botocore.endpoint'):\n"
+        "    logging.getLogger(name).debug('read %s', location.path('videos/f.mp4'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120, check=True)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 4 and "S3CR" not in done.stdout + done.stderr and "T41L" not in done.stdout + done.stderr
+    assert all(line.endswith("read /bucket/ds?a=1&token=***/videos/f.mp4") for line in lines), lines
