@@ -59,6 +59,7 @@ from .cache_dirs import (
 from .file_stamps import FileStamp
 from .remote_retry import is_transient
 from .said_once import warn_once
+from .url_secrets import masked_key
 
 __all__ = ["STORE_FORMAT", "ColumnStore", "default_column_dir"]
 
@@ -158,14 +159,15 @@ class ColumnStore:
         return self._entry(path, stamp, columns).target
 
     def _entry(self, path: str, stamp: FileStamp, columns: list[str]) -> _Entry:
-        key = json.dumps([STORE_FORMAT, path, stamp.size, stamp.version, sorted(columns)])
+        named = masked_key(path)  # (written in the file: a path that keeps a URL's query named its token)
+        key = json.dumps([STORE_FORMAT, named, stamp.size, stamp.version, sorted(columns)])
         if not _run_only(stamp):
             digest = hashlib.sha256(key.encode()).hexdigest()
             return _Entry(path, key, self.directory / digest[:2] / f"{digest}.arrow", columns, superseding=False)
         # One run's copy (its server gives no version): named for the file and columns, then the run, so the next
         # run's copy finds the ones it supersedes (:meth:`_drop_superseded`).
         # (The size goes with the run: a file of another size on the server is the same file in another run.)
-        file = hashlib.sha256(json.dumps([STORE_FORMAT, path, sorted(columns)]).encode()).hexdigest()
+        file = hashlib.sha256(json.dumps([STORE_FORMAT, named, sorted(columns)]).encode()).hexdigest()
         run = hashlib.sha256(json.dumps([stamp.version, stamp.size]).encode()).hexdigest()[:16]
         return _Entry(path, key, self.directory / file[:2] / f"{file}.{run}.arrow", columns, superseding=True)
 

@@ -6,6 +6,7 @@ Every request on the video route needs its file's index; building one costs a de
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections import OrderedDict
@@ -17,6 +18,7 @@ from .concurrent_calls import KeyedLocks
 from .errors import missing_video
 from .file_stamps import stamp_from_stat
 from .packet_index import PacketIndex, build_packet_index, changed_since_listed, check_stored_index
+from .url_secrets import masked, masked_key
 from .video_source import VideoSource, local_video_path, source_cache_key, source_label, source_url
 
 if TYPE_CHECKING:
@@ -75,7 +77,8 @@ class PacketIndexCache:
             raise TypeError(
                 f"a stamp identifies a path; got a {type(source).__name__} source ({source_label(source)})."
             )
-        url = source_url(source, filesystem=filesystem)
+        # (The stored entry's name and header: a filesystem that keeps a URL's query in its paths named its token.)
+        url = masked_key(source_url(source, filesystem=filesystem))
         key = ("stamped", url, stamp)
         cached = self._lookup(key)
         if cached is not None:
@@ -104,6 +107,8 @@ class PacketIndexCache:
     @staticmethod
     def _build(source: VideoSource, filesystem: Any | None, url: str, stamp: FileStamp) -> PacketIndex:
         index = build_packet_index(source, filesystem=filesystem)
+        if masked(index.source_name) != index.source_name:  # (stored with the index, and named in its errors)
+            index = dataclasses.replace(index, source_name=masked(index.source_name))
         if index.file_size_bytes != stamp.size:
             # Byte ranges are cached under the listed stamp and episode times describe the listed file:
             # reading on would mix two versions of it (as RetryingFile refuses to when a reopen finds this).

@@ -51,6 +51,7 @@ from .cache_dirs import (
     try_flock,
     try_flock_where_supported,
 )
+from .url_secrets import masked_key
 
 __all__ = ["ByteRange", "CacheBusyError", "CacheStats", "RangeCache", "entry_dir", "list_entries", "prune_unused_slots"]
 
@@ -84,8 +85,9 @@ class ByteRange:
 
 
 def entry_dir(root: str | os.PathLike[str], path: str, version: str = "") -> Path:
-    """The folder holding the cached ranges of one version of one file (a hash: paths can be long URLs)."""
-    digest = hashlib.sha256(f"{path}\0{version}".encode()).hexdigest()[:32]
+    """The folder holding the cached ranges of one version of one file (a hash: paths can be long URLs), the
+    credentials its path names masked (:func:`.masked_key`), as its label names it."""
+    digest = hashlib.sha256(f"{masked_key(path)}\0{version}".encode()).hexdigest()[:32]
     return Path(root) / digest
 
 
@@ -408,7 +410,7 @@ class RangeCache:
         label = folder / "path"
         if not label.is_file():  # once per folder, whole or not at all (adoption checks it), before any entry
             with atomic_file(label, prefix=".path.") as out:
-                out.write(f"{key.path}\n{key.version}\n".encode())
+                out.write(f"{masked_key(key.path)}\n{key.version}\n".encode())  # (a path that keeps a URL's query)
         final = folder / _entry_name(key.start, key.end, zlib.crc32(data))
         with atomic_file(final, prefix=f".{key.start}-{key.end}.", durable=True) as out:
             out.write(data)

@@ -38,6 +38,7 @@ from .cache_dirs import (
     wait_for_entry_lock,
 )
 from .file_stamps import FileStamp
+from .url_secrets import masked_key
 
 __all__ = ["STORE_FORMAT", "WAIT_S", "Footer", "cached_footers"]
 
@@ -83,22 +84,23 @@ def cached_footers(
         return read(list(paths))
     if not all(stamps[path].versioned for path in paths):
         return read(list(paths))
-    files = [(path, stamps[path].size, stamps[path].version) for path in paths]
+    named = [masked_key(path) for path in paths]  # (a filesystem that keeps a URL's query in its paths named its token)
+    files = [(name, stamps[path].size, stamps[path].version) for name, path in zip(named, paths, strict=True)]
     digest = hashlib.sha256(json.dumps([STORE_FORMAT, files]).encode()).hexdigest()
     folder = directory if directory is not None else cache_root() / "row_counts"
     entry = folder / digest[:2] / f"{digest}.json"
-    found = _load(entry, paths)
+    found = _load(entry, named)
     if found is not None:
         return found
     lock = wait_for_entry_lock(entry, wait_s=WAIT_S, poll_s=_POLL_S)
     try:
-        found = _load(entry, paths)  # (written by the process that held the lock)
+        found = _load(entry, named)  # (written by the process that held the lock)
         if found is not None:
             if lock is not None:  # (made again by this process's wait once that one had deleted it)
                 drop_lock_file(entry)
             return found
         footers = read(list(paths))
-        if _save(entry, paths, footers) and lock is not None:
+        if _save(entry, named, footers) and lock is not None:
             drop_lock_file(entry)
         prune_unused_files(folder, "*/*.json", LOCK_FILES, TEMP_FILES)
         return footers

@@ -29,6 +29,7 @@ __all__ = [
     "mask_path_logs",
     "mask_request_logs",
     "masked",
+    "masked_key",
     "masking",
     "without_credentials",
 ]
@@ -135,6 +136,15 @@ def masked(text: str) -> str:
     """``text`` with the credentials of the URLs it names replaced by :data:`MASK`: the values of their credential-like
     query parameters (:func:`is_secret_param`) and their passwords; the rest as it was."""
     return _USER_PASSWORD.sub(rf"\g<lead>:{MASK}@", _URL_LIKE.sub(_masked_url, text))
+
+
+def masked_key(url: str) -> str:
+    """``url``, a remote file's that a cache on disk keys and writes (a packet index's), with its credentials masked
+    (:func:`masked`): a filesystem that keeps a URL's query in its paths (``memory://b/ds?token=...``) named the token
+    in every entry written. Its other parameters are kept, so two files they tell apart are two keys; two spellings
+    of one file that only its credentials tell apart (a URL signed again) are one. A local file's (``file://``), whose
+    path is no URL's, and one with no credential are as they are: their keys and entries stay valid."""
+    return url if url.startswith("file://") else masked(url)
 
 
 def _masked_url(run: re.Match[str]) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import pickle
@@ -735,3 +736,17 @@ def test_a_copy_of_an_earlier_run_when_the_file_had_another_size_is_deleted(tmp_
     )  # fmt: skip
     assert rows is not None and rows["index"].to_pylist() == _all_episodes(_reader(None))[0]["index"][:5].tolist()
     assert _stored_files(tmp_path) == [remote.column_store.path_for(path, stamp, ["index"])]
+
+
+def test_an_entry_names_no_credential_its_path_keeps_and_keys_a_file_by_its_other_parameters(tmp_path: Path) -> None:
+    """A filesystem that keeps a URL's query in its paths (``fakeremote://ds?token=...``): an entry's key, written in
+    its Arrow file's metadata, named the token. Masked now: a file of another parameter (``a=2``) is another entry,
+    the file signed anew the same one, and a local file's entry is where it was."""
+    store, stamp = ColumnStore(tmp_path), FileStamp(100, "etag:1")
+    signed = [store._entry(f"ds?a={a}&token={token}/data/f.parquet", stamp, ["x"]) for a, token in
+              [(1, "S3CRone"), (2, "S3CRone"), (1, "S3CRtwo")]]  # fmt: skip
+    assert [e for e in signed if "S3CR" in e.key] == []
+    assert signed[0].target != signed[1].target and signed[0].target == signed[2].target
+    local = "/data/ds/data/f.parquet"
+    digest = hashlib.sha256(json.dumps([column_store_module.STORE_FORMAT, local, 100, "etag:1", ["x"]]).encode())
+    assert store.path_for(local, stamp, ["x"]).name == f"{digest.hexdigest()}.arrow"

@@ -33,7 +33,7 @@ from lerobot_dali.file_stamps import FileStamp, FileStamps, stamp_from_stat
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
 from lerobot_dali.packet_index_cache import PacketIndexCache
 from lerobot_dali.packet_index_file import FILE_CHECKS
-from lerobot_dali.packet_index_store import STORE_FORMAT, PacketIndexStore, default_packet_index_dir
+from lerobot_dali.packet_index_store import STORE_FORMAT, SUFFIX, PacketIndexStore, default_packet_index_dir
 from lerobot_dali.remote_retry import RetryingFileSystem
 from lerobot_dali.video_source import source_url
 from tests.fake_remote import FakeRemoteFileSystem
@@ -728,3 +728,34 @@ def test_a_store_folder_that_cannot_be_opened_loads_nothing_without_a_warning(
         found = [store.load(_URL, FileStamp(1, version)) for version in ("a", "b")]
     assert found == [None, None]
     assert [r.getMessage() for r in caplog.records if r.name == "lerobot_dali.packet_index_store"] == []
+
+
+def test_a_stored_index_names_no_credential_its_path_keeps_and_keys_a_file_by_its_other_parameters(
+    marker_video: MarkerVideo, tmp_path: Path
+) -> None:
+    """A filesystem that keeps a URL's query in its paths (``memory://b/ds?token=...``): a stored index's header named
+    the token (its URL and its source's name: 2 of 2 entries here). Named masked now: the file's key is its URL so
+    masked, so a file of another parameter (``a=2``) is another entry, the file signed anew (another token) the same
+    one; a local file's entry is where it was (its key unchanged: an entry stored before is found)."""
+    import hashlib
+
+    from lerobot_dali.dataset_location import resolve_location
+
+    video = marker_video("h264", 30)
+    stamp = FileStamp(video.stat().st_size, "etag:1")
+    store = PacketIndexStore(tmp_path / "store")
+    built = []
+    for query in ("a=1&token=S3CRhead/T41Ltail", "a=2&token=S3CRhead/T41Ltail", "a=1&token=S3CRother"):
+        location = resolve_location(f"memory://bucket/ds-key?{query}")  # (tells this process the token)
+        path = location.path("videos/f.mp4")
+        location.fs.pipe_file(path, video.read_bytes())
+        built.append(PacketIndexCache().get(path, filesystem=location.fs, stamp=stamp, store=store))
+    entries = sorted((tmp_path / "store").rglob(f"*{SUFFIX}"))
+    assert len(entries) == 2  # (a=1 and a=2; the file signed anew found a=1's)
+    assert not [e for e in entries if b"S3CR" in e.read_bytes() or b"T41L" in e.read_bytes()]
+    assert built[0].source_name == "/bucket/ds-key?a=1&token=***/videos/f.mp4"
+    assert_identical(built[2], built[0])
+    local = PacketIndexCache().get(video, stamp=stamp, store=store)
+    digest = hashlib.sha256(json.dumps([f"file://{video}", stamp.size, stamp.version]).encode()).hexdigest()
+    assert store.path_for(f"file://{video}", stamp) == tmp_path / "store" / digest[:2] / f"{digest}{SUFFIX}"
+    assert store.path_for(f"file://{video}", stamp).is_file() and local.source_name == str(video)
