@@ -45,14 +45,16 @@ MASK = "***"
 _SECRET_WORDS = frozenset(
     {
         "token", "sig", "signature", "secret", "password", "passwd", "credential", "credentials", "auth",
-        "authorization", "key", "apikey", "session", "sessionid", "jwt", "cookie",
+        "authorization", "key", "apikey", "session", "sessionid", "jwt", "cookie", "bearer", "hmac",
+        "sign",  # (Tencent's and Qiniu's signed CDN URLs: ``?sign=...``; ``design``, ``signed``, ``signal`` are none)
         # (written as one word)
         "accesstoken", "accesskey", "accesskeyid", "awsaccesskeyid", "secretkey", "sessiontoken", "securitytoken",
         "authtoken", "apitoken", "privatekey", "privatetoken", "clientsecret", "idtoken", "refreshtoken",
     }
 )  # fmt: skip
-#: Names that carry a credential only as the whole name (``pass=...``; ``pass_rate`` is none).
-_SECRET_NAMES = frozenset({"pass", "pwd", "pw"})
+#: Names that carry a credential only as the whole name (``pass=...``; ``pass_rate`` is none): Azure Functions' key
+#: (``code``), a one-time password, a CAS service ticket.
+_SECRET_NAMES = frozenset({"pass", "pwd", "pw", "code", "otp", "ticket"})
 #: Prefixes of names that are all a signed URL's (S3's ``X-Amz-Signature``, ``X-Amz-Security-Token``, ``X-Amz-Date``;
 #: GCS's ``X-Goog-*``): each part of its signature.
 _SECRET_PREFIXES = ("x-amz-", "x-goog-")

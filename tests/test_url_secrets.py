@@ -247,3 +247,17 @@ def test_mask_error_masks_the_urls_its_other_headers_name_and_a_password_holding
     assert error.headers["Location"] == "https://cdn/x.mp4?X-Amz-Signature=***&X-Amz-Credential=***&versionId=3"
     assert error.headers["Retry-After"] == "2" and error.headers["Link"] == "<https://cdn/y?token=***>; rel=next"
     assert masked("see https://alice:p@ss@host/ds?a=1") == "see https://alice:***@host/ds?a=1"
+
+
+def test_is_secret_param_knows_signed_cdn_urls_and_function_keys_and_keeps_names_that_share_their_letters() -> None:
+    """Tencent's and Qiniu's signed CDN URLs (``sign``), an HMAC, a bearer token, Azure Functions' key (``code``), a
+    one-time password and a CAS ticket were kept in descriptions and shown in messages (6 of 6). Names that only share
+    their letters stay shown."""
+    from lerobot_dali.url_secrets import is_secret_param, without_credentials
+
+    secret = ["sign", "hmac", "bearer", "code", "otp", "ticket", "x-oss-signature", "OSSAccessKeyId", "Sign-Key"]
+    plain = ["design", "signed", "signal", "codec", "code_version", "keyframes", "keyframe_interval", "ticket_count"]
+    assert [name for name in secret if not is_secret_param(name)] == []
+    assert [name for name in plain if is_secret_param(name)] == []
+    assert without_credentials("s3://b/ds?codec=h264&sign=S3CR&t=5f&code=S3CR") == "s3://b/ds?codec=h264&t=5f"
+    assert masked("https://cdn/ds/f.mp4?sign=S3CR&t=5f") == "https://cdn/ds/f.mp4?sign=***&t=5f"
