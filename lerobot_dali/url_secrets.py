@@ -167,12 +167,14 @@ def _masked_url(run: re.Match[str]) -> str:
 
 
 def _secret_end(text: str, start: int, *, http: bool) -> int:
-    """Where the value of a credential that starts at ``start`` in ``text`` (a run without white space) ends: after a
-    value :data:`_known`, else at the next '&' (and, in a path, '/': the file's path after the root's query), a '#'
-    and the segments without '=' after it (``?sig=ab&cd``) taken with it: a value that holds either is none
-    the less a credential's, which a path keeps as written (fsspec's memory filesystem keeps '#' and '&')."""
+    """Where the value of a credential that starts at ``start`` in ``text`` (a run without white space) ends: at the
+    next '&' (and, in a path, '/': the file's path after the root's query) after the longest value :data:`_known` it
+    begins with, or after ``start``; a '#' and the segments without '=' after it (``?sig=ab&cd``) taken with it: a
+    value that holds either is none the less a credential's, which a path keeps as written (fsspec's memory
+    filesystem keeps '#' and '&')."""
     stops = "&" if http else "&/"
-    end = next((start + len(v) for v in _known if text.startswith(v, start)), None) or _next_of(text, start, stops)
+    known = next((start + len(value) for value in _known if text.startswith(value, start)), start)
+    end = _next_of(text, known, stops)  # (to the next stop after it too: one known may begin another credential)
     while end < len(text) and text[end] == "&":  # (a segment without '=' after it: the credential's '&' unescaped)
         after = _next_of(text, end + 1, stops)
         if after == end + 1 or "=" in text[end + 1 : after]:

@@ -180,3 +180,11 @@ def test_a_credential_holding_a_delimiter_is_masked_whole_once_its_url_is_opened
             if plain not in text:
                 wrong.setdefault(f"{what} lost {plain}", []).append(f"{url} -> {text}")
     assert {what: urls[:2] for what, urls in wrong.items()} == {}
+
+
+def test_a_credential_known_that_begins_another_masks_the_other_whole(no_credential_known: None) -> None:
+    """A credential known (its location opened) that begins a longer one in a text (``ab`` of ``abXYZ``, another
+    URL's): masked to the credential known, the rest was shown (2 of 2). Now to the next '&' (a path's '/') after it."""
+    mask_path_logs("token=S3CRab")
+    assert masked("memory://b/ds?token=S3CRabXYZ/meta/x.json") == "memory://b/ds?token=***/meta/x.json"
+    assert masked("https://h/ds?token=S3CRabXYZ&a=1") == "https://h/ds?token=***&a=1"
