@@ -13,6 +13,7 @@ creating it can start a process group or a TPU's runtime that the trainer never 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import CudaUnavailableError
-from .said_once import _start_time
+from .said_once import _SHELLS, _is_wrapper, _start_time
 from .value_checks import check_int
 
 __all__ = [
@@ -120,7 +121,9 @@ def launch_key() -> str | None:
     start time (``/proc/<pid>/stat``) under this boot name it apart from every other process, while the rendezvous id
     (``TORCHELASTIC_RUN_ID``, what ``torch.distributed.is_torchelastic_launched`` reads) does not: without
     ``--standalone`` it is "none" in every job. A parent that was started with this run id in its own environment is
-    a wrapper the agent started (``torchrun --no-python bash train.sh``), which may run several programs in turn: None.
+    a wrapper the agent started (``torchrun --no-python bash train.sh``), which may run several programs in turn: None;
+    so is a shell where the agent's variables were set by hand (``export TORCHELASTIC_RUN_ID=...; python train.py``
+    twice), which was started without them.
     """
     run_id, restart = os.environ.get("TORCHELASTIC_RUN_ID"), os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if run_id is None or restart is None:
@@ -133,9 +136,26 @@ def launch_key() -> str | None:
     except OSError:
         return None
     inherited = f"TORCHELASTIC_RUN_ID={run_id}".encode() in environment
-    if started is None or inherited or os.getppid() != parent:  # (or the parent died meanwhile: its pid is reused)
+    if started is None or inherited or _runs_programs(parent) or os.getppid() != parent:  # (or it died: pid reused)
         return None
     return hashlib.sha256("\0".join([boot, str(parent), started, run_id, restart]).encode()).hexdigest()[:32]
+
+
+def _runs_programs(pid: int) -> bool:
+    """Whether process ``pid`` may run one program after another: a shell (interactive too), or a wrapper
+    (:func:`~lerobot_dali.said_once._is_wrapper`: ``timeout``, ``uv run``, Apptainer's starter)."""
+    return bool(_names(pid) & _SHELLS) or _is_wrapper(pid)
+
+
+def _names(pid: int) -> set[str]:
+    """The names of process ``pid``: its ``comm``, and its program's file name where this process may read it."""
+    process = Path(f"/proc/{pid}")
+    names = set()
+    with contextlib.suppress(OSError):
+        names.add((process / "comm").read_text().rstrip("\n"))
+    with contextlib.suppress(OSError):  # (another user's is not readable)
+        names.add(Path(os.readlink(process / "exe")).name)
+    return names
 
 
 def usable_cpus() -> int:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 import torch.distributed as dist
+from conftest import shared_dataset
 
 from lerobot_dali.distributed import cpus_per_local_rank, launch_key, local_cuda_device, resolve_rank
 from lerobot_dali.iterator import DALILeRobotIterator
@@ -162,3 +168,99 @@ def test_no_launch_key_under_a_wrapper_that_runs_on_nor_without_torchrun(monkeyp
     assert [out.strip() for out in wrapped] == ["None", "None"]
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     assert launch_key() is None
+
+
+#: Two programs one after another from a shell (the last not exec'd: ``true`` follows), each printing its key.
+_TWO_PROGRAMS = f'"$PYTHON" -c "{_PRINT_LAUNCH_KEY}"; "$PYTHON" -c "{_PRINT_LAUNCH_KEY}"; true'
+
+
+@pytest.mark.parametrize(
+    ("parent", "commands"),
+    [
+        # A shell where the launcher's variables were set by hand (a rank's environment copied to debug it).
+        ("bash", f"export TORCHELASTIC_RUN_ID=none TORCHELASTIC_RESTART_COUNT=0 RANK=0; {_TWO_PROGRAMS}"),
+    ],
+)
+def test_programs_one_after_another_from_a_shell_share_no_key(parent: str, commands: str, tmp_path: Path) -> None:
+    """A shell runs program after program: one sharing the key of the one before trusted its run's copies of files
+    without versions (test_two_programs_one_after_another_read_a_rewritten_file_each). The shell that exported
+    torchrun's variables was taken for torchrun's agent (it was started without them): both programs had one key."""
+    named = tmp_path / parent
+    named.symlink_to(sys.executable)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "PMIX_"))}
+    env["PYTHON"] = sys.executable
+    script = f"import subprocess; subprocess.run(['bash', '-c', {commands!r}], check=True)"
+    done = subprocess.run([named, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == ["None", "None"], done.stdout
+
+
+#: A run reading the actions of every episode of the dataset ``argv[1]`` from a server that gives no file version
+#: (``run:`` stamps), through a column store in ``argv[2]``; prints their digest.
+_UNVERSIONED_RUN = """
+import hashlib, sys
+from lerobot_dali.column_store import ColumnStore
+from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.file_stamps import _VERSION_FIELDS
+from tests.fake_remote import FakeRemoteFileSystem
+
+real, versions = FakeRemoteFileSystem._public, {name for name, _ in _VERSION_FIELDS}
+FakeRemoteFileSystem._public = lambda self, entry: {k: v for k, v in real(self, entry).items() if k not in versions}
+remote = open_dataset("fakeremote://", storage_options={"root": sys.argv[1]}, keys=["action"])
+remote.column_store = ColumnStore(sys.argv[2], min_group_rows=1000, min_ratio=4)
+digest = hashlib.sha256()
+for pos in range(remote.num_episodes):
+    digest.update(remote.read_episode(pos)["action"].tobytes())
+print(digest.hexdigest())
+"""
+#: Rewrites the data file ``argv[1]`` at the same size (plain encoding, no statistics), its actions negated.
+_REWRITE_SAME_SIZE = """
+import sys
+import pyarrow as pa, pyarrow.compute as pc, pyarrow.parquet as pq
+table = pq.read_table(sys.argv[1])
+action = table.column("action").combine_chunks()
+negated = pa.ListArray.from_arrays(action.offsets, pc.negate(action.flatten()))
+table = table.set_column(table.schema.get_field_index("action"), "action", negated)
+pq.write_table(table, sys.argv[1], compression="NONE", use_dictionary=False, write_statistics=False)
+"""
+
+
+def _actions_digest(data_file: Path) -> str:
+    """The digest :data:`_UNVERSIONED_RUN` prints, read here directly (episodes in order, rows in order)."""
+    table = pq.read_table(data_file, columns=["episode_index", "index", "action"]).sort_by(
+        [("episode_index", "ascending"), ("index", "ascending")]
+    )
+    digest = hashlib.sha256()
+    for episode in sorted(set(table.column("episode_index").to_pylist())):
+        rows = table.filter(pc.equal(table.column("episode_index"), episode)).column("action")
+        digest.update(np.asarray(rows.to_pylist(), dtype=np.float32).tobytes())
+    return digest.hexdigest()
+
+
+def test_two_programs_one_after_another_read_a_rewritten_file_each(tmp_path: Path) -> None:
+    """The harm of a key two launches share: the second takes the first one's run version for files its server gives
+    no version, and reads its copies as this run's. A shell that exported torchrun's variables ran two programs, and
+    a data file was rewritten at the same size between them: the second read the first's Arrow copy (old actions)."""
+    dataset = tmp_path / "dataset"
+    source = shared_dataset("cr5_v30_av1")
+    shutil.copytree(source / "meta", dataset / "meta")
+    shutil.copytree(source / "data", dataset / "data")
+    (dataset / "videos").symlink_to(source / "videos")
+    data_file = dataset / "data" / "chunk-000" / "file-000.parquet"
+    table = pq.read_table(data_file)
+    pq.write_table(table, data_file, compression="NONE", use_dictionary=False, write_statistics=False)
+    before, size = _actions_digest(data_file), data_file.stat().st_size
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "PMIX_"))}
+    env.update(PYTHON=sys.executable, RUN=_UNVERSIONED_RUN, REWRITE=_REWRITE_SAME_SIZE, PYTHONPATH=os.getcwd())
+    commands = (
+        'export TORCHELASTIC_RUN_ID=none TORCHELASTIC_RESTART_COUNT=0; "$PYTHON" -c "$RUN" "$@"; '
+        '"$PYTHON" -c "$REWRITE" "$0"; "$PYTHON" -c "$RUN" "$@"; true'
+    )
+    store = tmp_path / "columns"
+    done = subprocess.run(
+        ["bash", "-c", commands, str(data_file), str(dataset), str(store)], env=env, capture_output=True, text=True,
+        timeout=300, check=True,
+    )  # fmt: skip
+    assert data_file.stat().st_size == size
+    after = _actions_digest(data_file)
+    assert before != after
+    assert done.stdout.split() == [before, after]
