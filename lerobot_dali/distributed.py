@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import CudaUnavailableError
-from .said_once import _SHELLS, _is_wrapper, _start_time
+from .said_once import _SHELLS, _is_launcher, _is_wrapper, _start_time
 from .value_checks import check_int
 
 __all__ = [
@@ -113,32 +113,58 @@ def _trainer_uses_accelerate() -> bool:
 
 
 def launch_key() -> str | None:
-    """A key the worker processes that one ``torchrun`` agent (``accelerate launch`` on several GPUs runs one too)
-    started on this node share with each other and with no other process, or None where this process was not started
-    so or it cannot be told (no ``/proc``: not Linux): then no key is safe to share.
+    """A key the ranks that one launcher process started on this node for one launch share with each other and with
+    no other process, or None where this process was not started so or it cannot be told (no ``/proc``: not Linux):
+    then no key is safe to share.
 
-    The agent is the parent of each rank it starts, once per restart (``TORCHELASTIC_RESTART_COUNT``), and its pid and
-    start time (``/proc/<pid>/stat``) under this boot name it apart from every other process, while the rendezvous id
-    (``TORCHELASTIC_RUN_ID``, what ``torch.distributed.is_torchelastic_launched`` reads) does not: without
-    ``--standalone`` it is "none" in every job. A parent that was started with this run id in its own environment is
-    a wrapper the agent started (``torchrun --no-python bash train.sh``), which may run several programs in turn: None;
-    so is a shell where the agent's variables were set by hand (``export TORCHELASTIC_RUN_ID=...; python train.py``
-    twice), which was started without them.
+    The launcher is this process's parent: a ``torchrun`` agent (``accelerate launch`` on several GPUs runs one too;
+    its ranks are told by ``TORCHELASTIC_RUN_ID``), or one :data:`~lerobot_dali.said_once._LAUNCHERS` names: Slurm's
+    step manager (``srun``'s tasks, or a batch script run as the batch step's), Open MPI's ``mpirun``/``prterun`` and
+    daemons, MPICH's and Intel MPI's hydra proxy, DeepSpeed's ``deepspeed.launcher.launch``. Each starts a rank once
+    per launch: per restart for an agent (``TORCHELASTIC_RESTART_COUNT``), per PMIx namespace for Open MPI's daemons,
+    which a persistent DVM keeps from launch to launch (none given: no key). Its pid and start time
+    (``/proc/<pid>/stat``) under this boot and pid namespace (containers on one host share the boot) name it apart
+    from every other process, while the launch's ids do not: torchrun's rendezvous id is "none" in every job without
+    ``--standalone``, Slurm reuses job ids (its counter wraps, a requeued job keeps its id), an mpirun's namespace
+    names it by host and pid. So the ranks of two nodes get two keys, as do two launches one after another.
+
+    A rank whose parent may run one program after another gets none: a shell or a wrapper started by the launcher
+    (``torchrun --no-python bash train.sh``, ``srun bash -c 'python a.py; python b.py'``), or a shell where the
+    launcher's variables were set by hand (``export TORCHELASTIC_RUN_ID=... ; python train.py`` twice).
     """
-    run_id, restart = os.environ.get("TORCHELASTIC_RUN_ID"), os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if run_id is None or restart is None:
-        return None
     parent = os.getppid()
+    launch = _launch_of(parent)
     started = _start_time(parent)
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        environment = Path(f"/proc/{parent}/environ").read_bytes().split(b"\0")
+        namespace = os.readlink("/proc/self/ns/pid")
     except OSError:
         return None
-    inherited = f"TORCHELASTIC_RUN_ID={run_id}".encode() in environment
-    if started is None or inherited or _runs_programs(parent) or os.getppid() != parent:  # (or it died: pid reused)
+    if launch is None or started is None or os.getppid() != parent:  # (or the parent died: its pid is reused)
         return None
-    return hashlib.sha256("\0".join([boot, str(parent), started, run_id, restart]).encode()).hexdigest()[:32]
+    return hashlib.sha256("\0".join([boot, namespace, str(parent), started, *launch]).encode()).hexdigest()[:32]
+
+
+#: Launchers whose one process may start the ranks of launch after launch (a persistent DVM's daemons): each launch's
+#: ranks are told apart by its PMIx namespace, without which they get no key.
+_DAEMONS = frozenset({"orted", "prted", "prte"})
+
+
+def _launch_of(parent: int) -> list[str] | None:
+    """What names this process's launch among those its parent ``parent`` starts (:func:`launch_key`), None where the
+    parent is no launcher or may start programs one after another that are no ranks of one launch."""
+    run_id, restart = os.environ.get("TORCHELASTIC_RUN_ID"), os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if run_id is not None and restart is not None:
+        try:
+            environment = Path(f"/proc/{parent}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return None
+        inherited = f"TORCHELASTIC_RUN_ID={run_id}".encode() in environment  # (a wrapper the agent started)
+        return None if inherited or _runs_programs(parent) else ["torchelastic", run_id, restart]
+    if not _is_launcher(parent, wrapped=False):
+        return None
+    namespace = os.environ.get("PMIX_NAMESPACE", "")
+    return None if not namespace and _names(parent) & _DAEMONS else ["launcher", namespace]
 
 
 def _runs_programs(pid: int) -> bool:

@@ -402,9 +402,10 @@ _made_lock = fork_locks.lock()
 
 def _run_version(kind: str, roots: list[str]) -> str:
     """The version (``run:``) of the unversioned files of a new :class:`FileStamps` of ``roots`` on a ``kind``
-    filesystem: new for each one, as a new run's, but shared by the ranks that one ``torchrun`` agent started on this
-    node (:func:`~lerobot_dali.distributed.launch_key`), in the order each rank makes them of the same roots: with one
-    per rank, 8 ranks of a node wrote 8 Arrow copies of each data file per run (column store)."""
+    filesystem: new for each one, as a new run's, but shared by the ranks that one launcher (``torchrun``, ``srun``,
+    ``mpirun``, DeepSpeed's) started on this node for one launch (:func:`~lerobot_dali.distributed.launch_key`), in
+    the order each rank makes them of the same roots: with one per rank, 8 ranks of a node wrote 8 Arrow copies of
+    each data file per run (column store)."""
     launch = launch_key()
     if launch is None:
         return f"run:{uuid.uuid4().hex}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -170,6 +171,75 @@ def test_no_launch_key_under_a_wrapper_that_runs_on_nor_without_torchrun(monkeyp
     assert launch_key() is None
 
 
+#: A launcher (named by its program's file name, a link to Python) starting 2 ranks that print their launch key, for
+#: each PMIx namespace of ``argv[1:]`` in turn (a DVM's launches; none given: one launch), and printing their keys.
+_LAUNCHER = """
+import json, os, subprocess, sys
+for namespace in sys.argv[1:] or [None]:
+    env = {**os.environ, **({"PMIX_NAMESPACE": namespace} if namespace else {})}
+    ranks = [subprocess.Popen([sys.executable, "-c", os.environ["RANK_CODE"]], env={**env, "PMIX_RANK": str(r)},
+                              stdout=subprocess.PIPE, text=True) for r in range(2)]
+    print(json.dumps([r.communicate()[0].strip() for r in ranks]))
+"""
+
+
+def _launched_keys(tmp_path: Path, launcher: str, *namespaces: str, env: dict[str, str] | None = None) -> list[list]:
+    """The launch keys of 2 ranks started by a process named ``launcher``, per launch (see :data:`_LAUNCHER`)."""
+    named = tmp_path / launcher
+    named.unlink(missing_ok=True)
+    named.symlink_to(sys.executable)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "PMIX_"))}
+    done = subprocess.run(
+        [named, "-c", _LAUNCHER, *namespaces], env={**base, **(env or {}), "RANK_CODE": _PRINT_LAUNCH_KEY},
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+@pytest.mark.parametrize(
+    ("launcher", "namespace"),
+    [
+        ("slurmstepd", None),  # srun's tasks on a node
+        ("prterun", "prterun-node1-4242@1"),  # Open MPI 5's mpirun
+        ("mpirun", None),  # Open MPI 4
+        ("prted", "prterun-node1-4242@1"),  # Open MPI 5's daemon on another node
+        ("orted", "2581397505"),  # Open MPI 4's
+        ("hydra_pmi_proxy", None),  # MPICH, Intel MPI
+    ],
+)
+def test_the_ranks_an_mpi_or_slurm_launcher_starts_on_a_node_share_a_launch_key(
+    launcher: str, namespace: str | None, tmp_path: Path
+) -> None:
+    """Only torchrun's ranks had a key: under srun, mpirun or hydra each rank took a run version of its own (8 Arrow
+    copies of each unversioned data file on a node of 8). The launcher's process on the node names the launch now:
+    shared by its ranks, another for the next launch (same job id, same namespace: Slurm and Open MPI reuse them)."""
+    first, second = (_launched_keys(tmp_path, launcher, *[namespace] if namespace else [])[0] for _ in range(2))
+    assert first[0] == first[1] and second[0] == second[1], (first, second)
+    assert first[0] not in ("None", second[0]) and len(first[0]) == 32
+
+
+def test_a_dvm_daemon_gives_each_launch_its_own_key_and_none_without_a_namespace(tmp_path: Path) -> None:
+    """A persistent DVM's daemon (``prte``, ``prted``) is the parent of the ranks of launch after launch: each
+    launch's PMIx namespace tells them apart; without one no key is safe."""
+    first, second = _launched_keys(tmp_path, "prte", "prte-node1-4242@1", "prte-node1-4242@2")
+    assert first[0] == first[1] and second[0] == second[1] and first[0] not in ("None", second[0])
+    assert _launched_keys(tmp_path, "prted") == [["None", "None"]]
+
+
+def test_the_ranks_deepspeed_starts_on_a_node_share_a_launch_key(tmp_path: Path) -> None:
+    """DeepSpeed's runner starts ``python -u -m deepspeed.launcher.launch`` on each node, the parent of its ranks."""
+    package = tmp_path / "deepspeed" / "launcher"
+    package.mkdir(parents=True)
+    (package.parent / "__init__.py").touch()
+    (package / "__init__.py").touch()
+    (package / "launch.py").write_text(_LAUNCHER)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}
+    env.update(RANK_CODE=_PRINT_LAUNCH_KEY, PYTHONPATH=os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")]))
+    launch = [sys.executable, "-u", "-m", "deepspeed.launcher.launch"]
+    first, second = (json.loads(subprocess.run(launch, env=env, capture_output=True, check=True).stdout) for _ in "12")
+    assert first[0] == first[1] and second[0] == second[1] and first[0] not in ("None", second[0]), (first, second)
+
+
 #: Two programs one after another from a shell (the last not exec'd: ``true`` follows), each printing its key.
 _TWO_PROGRAMS = f'"$PYTHON" -c "{_PRINT_LAUNCH_KEY}"; "$PYTHON" -c "{_PRINT_LAUNCH_KEY}"; true'
 
@@ -179,6 +249,9 @@ _TWO_PROGRAMS = f'"$PYTHON" -c "{_PRINT_LAUNCH_KEY}"; "$PYTHON" -c "{_PRINT_LAUN
     [
         # A shell where the launcher's variables were set by hand (a rank's environment copied to debug it).
         ("bash", f"export TORCHELASTIC_RUN_ID=none TORCHELASTIC_RESTART_COUNT=0 RANK=0; {_TWO_PROGRAMS}"),
+        ("bash", f"export PMIX_NAMESPACE=prterun-node1-4242@1; {_TWO_PROGRAMS}"),
+        # A batch script (the batch step's slurmstepd starts it), and a shell in a step of tasks.
+        ("slurmstepd", f"bash -c '{_TWO_PROGRAMS}'"),
     ],
 )
 def test_programs_one_after_another_from_a_shell_share_no_key(parent: str, commands: str, tmp_path: Path) -> None:
