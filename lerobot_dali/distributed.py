@@ -130,7 +130,8 @@ def launch_key() -> str | None:
 
     A rank whose parent may run one program after another gets none: a shell or a wrapper started by the launcher
     (``torchrun --no-python bash train.sh``, ``srun bash -c 'python a.py; python b.py'``), or a shell where the
-    launcher's variables were set by hand (``export TORCHELASTIC_RUN_ID=... ; python train.py`` twice).
+    launcher's variables were set by hand (``export TORCHELASTIC_RUN_ID=... ; python train.py`` twice; a notebook's
+    kernel or a sweep script that sets them: an agent is told by its command line, :func:`_is_elastic_agent`).
     """
     parent = os.getppid()
     launch = _launch_of(parent)
@@ -160,11 +161,36 @@ def _launch_of(parent: int) -> list[str] | None:
         except OSError:
             return None
         inherited = f"TORCHELASTIC_RUN_ID={run_id}".encode() in environment  # (a wrapper the agent started)
-        return None if inherited or _runs_programs(parent) else ["torchelastic", run_id, restart]
-    if not _is_launcher(parent, wrapped=False):
+        return ["torchelastic", run_id, restart] if not inherited and _is_elastic_agent(parent) else None
+    if not _is_launcher(parent, wrapped=False) or _runs_programs(parent):  # (a script named mpirun runs on)
         return None
     namespace = os.environ.get("PMIX_NAMESPACE", "")
     return None if not namespace and _names(parent) & _DAEMONS else ["launcher", namespace]
+
+
+#: The programs and modules (``python -m``) that run a torchrun agent: ``torchrun``, ``accelerate launch``, and
+#: DeepSpeed's launcher, whose elastic agent is torch's.
+_AGENT_PROGRAMS = frozenset(
+    {"torchrun", "torch.distributed.run", "torch.distributed.launch", "deepspeed.launcher.launch"}
+)
+_AGENT_SCRIPTS = ("torch/distributed/run.py", "torch/distributed/launch.py")
+
+
+def _is_elastic_agent(pid: int) -> bool:
+    """Whether process ``pid`` runs a torchrun agent, by its command line (:data:`_AGENT_PROGRAMS`): a process that set
+    ``TORCHELASTIC_RUN_ID`` for the programs it runs by hand (a shell, a notebook's kernel) may run one after another.
+    """
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    for at, argument in enumerate(argv[:4]):  # (python [-u] torchrun ...; python -u -m torch.distributed.run ...)
+        name = os.path.basename(argument)
+        if name in _AGENT_PROGRAMS or argument.endswith(_AGENT_SCRIPTS):
+            return True
+        if (name == "accelerate" and argv[at + 1 : at + 2] == ["launch"]) or argument == "accelerate.commands.launch":
+            return True
+    return False
 
 
 def _runs_programs(pid: int) -> bool:

@@ -1,6 +1,6 @@
-"""The ranks of one launch on a node, as ``torchrun`` starts them: a fake agent process that starts each rank as its
-child, with ``TORCHELASTIC_RUN_ID``, ``TORCHELASTIC_RESTART_COUNT``, ``RANK`` and ``LOCAL_RANK`` set (its own
-environment has none of them), and waits for them."""
+"""The ranks of one launch on a node, as ``torchrun`` starts them: a fake agent process (a script named ``torchrun``)
+that starts each rank as its child, with ``TORCHELASTIC_RUN_ID``, ``TORCHELASTIC_RESTART_COUNT``, ``RANK`` and
+``LOCAL_RANK`` set (its own environment has none of them), and waits for them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
+from pathlib import Path
 
 
 def run_ranks(
@@ -35,7 +37,10 @@ def run_ranks(
         sys.exit(1 if failed else 0)
     """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}
-    done = subprocess.run(
-        [sys.executable, "-c", agent], capture_output=True, text=True, timeout=300, check=True, env=env
-    )
+    with tempfile.TemporaryDirectory() as folder:
+        program = Path(folder) / "torchrun"  # (an agent is told by its command line: python .../torchrun ...)
+        program.write_text(agent)
+        done = subprocess.run(
+            [sys.executable, program], capture_output=True, text=True, timeout=300, check=True, env=env
+        )
     return json.loads(done.stdout)

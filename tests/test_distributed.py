@@ -337,3 +337,28 @@ def test_two_programs_one_after_another_read_a_rewritten_file_each(tmp_path: Pat
     after = _actions_digest(data_file)
     assert before != after
     assert done.stdout.split() == [before, after]
+
+
+def test_programs_a_python_process_runs_with_torchruns_variables_share_no_key() -> None:
+    """A process that sets torchrun's variables for the programs it runs one after another (a notebook's kernel, a
+    sweep script) was taken for torchrun's agent, which it is not (its command line says): both had one key."""
+    kernel = (
+        "import os, subprocess, sys\n"
+        "env = {**os.environ, 'TORCHELASTIC_RUN_ID': 'none', 'TORCHELASTIC_RESTART_COUNT': '0', 'RANK': '0'}\n"
+        "for _ in range(2):\n"
+        f"    subprocess.run([sys.executable, '-c', {_PRINT_LAUNCH_KEY!r}], env=env, check=True)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}
+    done = subprocess.run([sys.executable, "-c", kernel], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["None", "None"], done.stdout
+
+
+def test_a_shell_script_named_as_a_launcher_is_none(tmp_path: Path) -> None:
+    """A script named ``mpirun`` (a site's wrapper, a stand-in for one node) is named as Open MPI's launcher is, but is
+    a shell that runs program after program: both its programs had one key."""
+    script = tmp_path / "mpirun"
+    script.write_text(f"#!/bin/sh\n{_TWO_PROGRAMS}\n")
+    script.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "PMIX_"))}
+    done = subprocess.run([script], env={**env, "PYTHON": sys.executable}, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["None", "None"], done.stdout
