@@ -265,7 +265,8 @@ def _progress_bar(
 def _open_cache(cache_dir: Path, name: str, *, rank: int, cache_bytes: int) -> RangeCache:
     """The rank's cache in ``cache_dir``, or where this process may not write there (another user's folder in a shared
     cache, a read-only mount), in a folder of this user's (:func:`~lerobot_dali.cache_dirs.private_cache_roots`), said
-    once: it had no prefetch cache at all, and read every range remotely. Raises the first folder's error where none
+    once: it had no prefetch cache at all, and read every range remotely. That folder's slots no run used for
+    ``$LEROBOT_DALI_CACHE_DAYS`` are deleted first, as the shared root's are. Raises the first folder's error where none
     opens."""
     try:
         return RangeCache.open_free_slot(cache_dir / f"rank-{rank}", max_bytes=cache_bytes)
@@ -278,6 +279,7 @@ def _open_cache(cache_dir: Path, name: str, *, rank: int, cache_bytes: int) -> R
         if private == cache_dir:
             continue
         try:
+            prune_unused_slots(private.parent)  # (as the shared root is: nothing else sweeps this one)
             cache = RangeCache.open_free_slot(private / f"rank-{rank}", max_bytes=cache_bytes)
         except OSError:
             continue

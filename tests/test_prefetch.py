@@ -1243,3 +1243,30 @@ def test_a_cache_that_fails_to_adopt_its_slot_gives_the_slot_up(tmp_path: Path, 
     owner = RangeCache(tmp_path, max_bytes=1000)  # (not CacheBusyError while the failed one lives on in `raised`)
     assert owner.bytes_cached == 100 and raised.value.errno == errno.EACCES
     owner.close()
+
+
+def test_the_private_cache_a_run_falls_back_to_is_swept_of_slots_no_run_used(tmp_path: Path, monkeypatch) -> None:
+    """The private folder a run prefetches into where the shared cache_dir takes no writes was swept by nothing: a slot
+    of a dataset no run had read for months (up to cache_gb each) stayed in the user's home for good (1 of 1 stale
+    slots left). It is swept as the shared root is, and a slot read lately stays."""
+    from lerobot_dali.cache_dirs import cache_days
+    from lerobot_dali.prefetch import _open_cache
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    prefetch = tmp_path / "home" / ".cache" / "lerobot_dali" / "prefetch"
+    stale, recent = prefetch / "another-dataset" / "rank-0", prefetch / "a-third" / "rank-0"
+    long_ago = time.time() - (cache_days() + 1) * 86400
+    for slot in (stale, recent):
+        RangeCache(slot, max_bytes=1000).close()
+        (slot / "entry.bin").write_bytes(b"x" * 100)
+    for path in [stale, *stale.iterdir()]:
+        os.utime(path, (long_ago, long_ago))
+    shared = tmp_path / "shared" / "prefetch" / "this-dataset"
+    shared.mkdir(parents=True)
+    with not_writable(shared):
+        cache = _open_cache(shared, "this-dataset", rank=0, cache_bytes=1000)
+    try:
+        assert cache.directory == prefetch / "this-dataset" / "rank-0"
+        assert not stale.exists() and (recent / "entry.bin").read_bytes() == b"x" * 100
+    finally:
+        cache.close()
