@@ -42,6 +42,7 @@ import contextlib
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -946,9 +947,10 @@ def _read_checkpoint(path: Path, load: Callable[[], Any], errors: tuple[type[Exc
         return load()
     except caught as e:
         first = (str(e).strip() or type(e).__name__).splitlines()[0]
+        step = next((p for p in path.parents if re.fullmatch(r"step_\d{8}", p.name)), path.parent)
         raise RunRefused(
             f"{path} cannot be read ({type(e).__name__}: {first}): the checkpoint is damaged or not this script's; "
-            f"resume from an earlier one (write its folder's name into {path.parent.parent / 'latest'}) or give a "
+            f"resume from an earlier one (write its folder's name into {step.parent / 'latest'}) or give a "
             "new --checkpoint-dir"
         ) from e
 
@@ -972,17 +974,51 @@ def _stream_file(path: Path) -> dict[str, Any]:
     return _read_checkpoint(path, load)
 
 
-def _load_state(accelerator: Any, directory: Path) -> None:
-    """``accelerator.load_state`` of the checkpoint ``directory``, by :func:`_read_checkpoint` (a file missing or cut
-    short: accelerate's OSError or ValueError, safetensors' own error, torch's RuntimeError of a model of other shapes).
-    """
-    from pickle import UnpicklingError
+#: What a file of torch.load raises, cut short or not one (besides OSError and ValueError): an empty file's EOFError,
+#: a pickle's UnpicklingError, a zip archive's RuntimeError.
+_TORCH_LOAD_ERRORS: tuple[type[Exception], ...] = (RuntimeError, pickle.UnpicklingError, EOFError)
 
+#: The random states accelerate's ``save_state`` writes for every rank (Python's, NumPy's, torch's CPU generator).
+_RANDOM_STATES = ("random_state", "numpy_random_seed", "torch_manual_seed")
+
+
+def _load_state(accelerator: Any, directory: Path, *, rank: int, saved_world_size: Any) -> None:
+    """``accelerator.load_state`` of the checkpoint ``directory``, by :func:`_read_checkpoint` (a file missing or cut
+    short: accelerate's OSError or ValueError, safetensors' own error, torch's RuntimeError of a model of other shapes),
+    this rank's random states checked first (:func:`_check_random_states`).
+    """
     from safetensors import SafetensorError
 
     state = directory / "state"
-    errors = (RuntimeError, SafetensorError, UnpicklingError, EOFError)  # (the last two: torch.load's optimizer.bin)
-    _read_checkpoint(state, lambda: accelerator.load_state(str(state)), errors)
+    _check_random_states(state, rank=rank, saved_world_size=saved_world_size)
+    _read_checkpoint(state, lambda: accelerator.load_state(str(state)), (*_TORCH_LOAD_ERRORS, SafetensorError))
+
+
+def _check_random_states(state: Path, *, rank: int, saved_world_size: Any) -> None:
+    """:class:`RunRefused` naming ``random_states_{rank}.pkl`` in accelerate's ``state`` folder where it is cut short,
+    not accelerate's, or missing while the checkpoint was saved on this rank: accelerate's ``load_state`` skipped it
+    with an INFO line, and the run resumed with its random generators as they stood, not as saved (other dropout,
+    other noise), unsaid. A rank the saved run did not have (more ranks now) has none to load: said in a warning."""
+    from accelerate.utils import load
+
+    path = state / f"random_states_{rank}.pkl"
+    saved_here = rank < saved_world_size if is_int(saved_world_size) else rank == 0
+    if not path.is_file():
+        if not saved_here:
+            logger.warning(
+                "rank %d: the checkpoint %s was saved on %s rank(s) and holds no random states for this one: its "
+                "random generators start as a new run's", rank, state.parent, saved_world_size,
+            )  # fmt: skip
+            return
+        if not (state.is_dir() and any(state.iterdir())):
+            return  # (no accelerate state at all: load_state says so)
+
+    def read() -> None:
+        states = load(path)
+        if not (isinstance(states, dict) and all(key in states for key in _RANDOM_STATES)):
+            raise ValueError(f"not accelerate's random states: expected a dict of {', '.join(_RANDOM_STATES)}")
+
+    _read_checkpoint(path, read, _TORCH_LOAD_ERRORS)
 
 
 def _saved_world_size(saved: Mapping[str, Any]) -> Any:
@@ -1062,7 +1098,7 @@ def restore_checkpoint(
     if is_int(world_size) and world_size != iterator.world_size:
         stream = _gathered_stream(directory, saved)
     iterator.load_state_dict(stream)
-    _load_state(accelerator, directory)
+    _load_state(accelerator, directory, rank=iterator.rank, saved_world_size=_saved_world_size(saved))
     logger.info("resumed from %s at step %d (rank %d)", directory, saved["step"], iterator.rank)
     return int(saved["step"])
 

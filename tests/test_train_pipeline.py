@@ -2068,3 +2068,57 @@ def test_more_workers_than_open_files_allow_are_one_line_before_anything_opens()
     with pytest.raises(ValueError, match=r"^num_workers=100000 cannot start: .*`ulimit -n \d+`"):
         TrainOptions(dataset="d", steps=1, num_workers=100_000)
     assert TrainOptions(dataset="d", steps=1, num_workers=2).num_workers == 2
+
+
+def test_a_damaged_or_missing_random_states_file_is_refused_naming_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """accelerate's load_state skips a random_states_N.pkl it cannot load (cut short, another pickle, deleted) with an
+    INFO line, and the run resumed with its generators as they stood, not as saved: 7 of 7 damaged files resumed
+    with other random draws. A RunRefused naming the file now; a rank the saved run did not have is warned of."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+
+    from pipelines.train import RunRefused, restore_checkpoint
+
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 2)
+    accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    step = tmp_path / "step_00000002"
+    torch.manual_seed(3)
+    accelerator.save_state(str(step / "state"))
+    saved_draw = torch.rand(4)
+    (step / "stream_rank0.json").write_text(json.dumps({"step": 2, "world_size": 1, "stream": {}}))
+    iterator = SimpleNamespace(rank=0, world_size=1, load_state_dict=lambda state: None)
+    torch.manual_seed(99)
+    assert restore_checkpoint(accelerator, step, iterator) == 2
+    assert torch.equal(torch.rand(4), saved_draw)  # (the generator as saved)
+    path = step / "state" / "random_states_0.pkl"
+    whole = path.read_bytes()
+    other = tmp_path / "other.pkl"
+    torch.save({"step": 2}, other)
+    for damaged, said in (
+        (b"", "EOFError"),
+        (whole[:1], "UnpicklingError"),
+        (whole[:100], "RuntimeError"),
+        (whole[: len(whole) // 2], "OSError"),
+        (whole[:-1], "OSError"),
+        (other.read_bytes(), "ValueError: not accelerate's random states"),
+        (None, "FileNotFoundError"),
+    ):
+        path.unlink(missing_ok=True)
+        if damaged is not None:
+            path.write_bytes(damaged)
+        with pytest.raises(RunRefused) as refused:
+            restore_checkpoint(accelerator, step, iterator)
+        assert str(refused.value).startswith(f"{path} cannot be read ({said}"), refused.value
+        assert f"write its folder's name into {tmp_path / 'latest'}" in str(refused.value)
+    path.write_bytes(whole)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # (a rank the 1-rank run did not have: no random states of its own)
+        assert restore_checkpoint(accelerator, step, SimpleNamespace(rank=1, world_size=2, load_state_dict=id)) == 2
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        f"rank 1: the checkpoint {step} was saved on 1 rank(s) and holds no random states for this one: its random "
+        "generators start as a new run's"
+    ]
