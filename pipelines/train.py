@@ -874,14 +874,35 @@ def _staging(directory: Path) -> Path:
 
 
 def _replace_folder(staging: Path, directory: Path) -> None:
-    """Rename ``staging`` to ``directory``, an earlier ``directory`` set aside first and removed after."""
-    old = directory.with_name(f".{directory.name}.replaced")
+    """Rename ``staging`` to ``directory``, an earlier ``directory`` set aside first and removed after (put back where
+    the second rename fails or is interrupted: ``directory`` is never left missing)."""
+    old = _set_aside(directory)
+    _put_back(directory)  # (a run killed between the two renames)
     shutil.rmtree(old, ignore_errors=True)
     if directory.exists():
         directory.rename(old)
-    staging.rename(directory)
+    try:
+        staging.rename(directory)
+    except BaseException:
+        _put_back(directory)
+        raise
     _fsync(directory.parent)  # both renames
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _set_aside(directory: Path) -> Path:
+    """Where :func:`_replace_folder` keeps ``directory`` while its new copy is renamed into its place."""
+    return directory.with_name(f".{directory.name}.replaced")
+
+
+def _put_back(directory: Path) -> None:
+    """``directory`` set aside by a :func:`_replace_folder` killed before its new copy took its place (SIGKILL, a
+    power cut between the two renames): renamed back, whole, where ``directory`` is missing. Left there, the next
+    replace deleted it, and a resume found no checkpoint where ``latest`` pointed, nor a policy in ``--output-dir``."""
+    old = _set_aside(directory)
+    if old.is_dir() and not (directory.exists() or directory.is_symlink()):
+        with contextlib.suppress(FileNotFoundError):  # (another rank put it back meanwhile)
+            old.rename(directory)
 
 
 def check_checkpoint_dir(root: Path, *, resume: bool) -> None:
@@ -911,6 +932,8 @@ def latest_checkpoint(root: Path) -> Path | None:
     if not _stands(marker):
         return None
     name = marker.read_text(errors="replace").strip() if marker.is_file() else None
+    if name is not None and re.fullmatch(r"step_\d{8}", name):
+        _put_back(root / name)
     if name is None or not re.fullmatch(r"step_\d{8}", name) or not (root / name / "stream_rank0.json").is_file():
         said = "is not a file" if name is None else f"names {name!r}, no checkpoint there"
         raise RunRefused(

@@ -2122,3 +2122,69 @@ def test_a_damaged_or_missing_random_states_file_is_refused_naming_it(
         f"rank 1: the checkpoint {step} was saved on 1 rank(s) and holds no random states for this one: its random "
         "generators start as a new run's"
     ]
+
+
+_KILLED_BETWEEN_THE_RENAMES = """
+import os, signal, sys
+from pathlib import Path
+from pipelines.train import _replace_folder
+real_rename, renames = Path.rename, []
+def rename(self, target):
+    renames.append(self)
+    if len(renames) == 2:  # (the new copy's, the old one set aside)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_rename(self, target)
+Path.rename = rename
+_replace_folder(Path(sys.argv[1]), Path(sys.argv[2]))
+"""
+
+
+def test_a_folder_replaced_is_never_missing_after_a_failure_or_a_kill_between_its_renames(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """_replace_folder (a checkpoint saved again, lerobot_policy.py's --output-dir) renamed the old folder aside, then
+    the new one into its place: a Ctrl-C or an error between the two left neither at its name (the old one deleted,
+    the new one too), and a SIGKILL there left the old one hidden, deleted by the next save, and 'latest' naming no
+    checkpoint (resume refused). The old one is put back now: 3 of 3 cases whole (was 0)."""
+    from pipelines.lerobot_policy import save_policy
+    from pipelines.train import latest_checkpoint
+
+    out = tmp_path / "policy"
+    first = {"config.json": "c1", "model.safetensors": "w1"}
+    save_policy(out, _SavesFiles(first), _SavesFiles({}))
+    real_rename = Path.rename
+
+    def interrupted(self: Path, target: Any) -> Path:
+        if self.name == ".policy.partial":
+            raise KeyboardInterrupt
+        return real_rename(self, target)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "rename", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            save_policy(out, _SavesFiles({"config.json": "c2", "model.safetensors": "w2"}), _SavesFiles({}))
+    assert _folder_files(out) == first and [p.name for p in tmp_path.iterdir()] == ["policy"]
+
+    root = tmp_path / "ckpt"
+    step = root / "step_00000004"
+    step.mkdir(parents=True)
+    (step / "stream_rank0.json").write_text("old")
+    (root / "latest").write_text(step.name)
+    staging = root / ".step_00000004.partial"
+    staging.mkdir()
+    (staging / "stream_rank0.json").write_text("new")
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_BETWEEN_THE_RENAMES, str(staging), str(step)],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    assert killed.returncode == -signal.SIGKILL
+    assert not step.exists()  # (killed where the old code left it missing)
+    assert latest_checkpoint(root) == step and (step / "stream_rank0.json").read_text() == "old"
+
+    shutil.move(out, tmp_path / ".policy.replaced")  # (the same kill in a save of --output-dir)
+    assert not out.exists()
+    with monkeypatch.context() as patch:  # (the next save fails: the last whole policy is back)
+        patch.setattr(Path, "rename", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            save_policy(out, _SavesFiles({"config.json": "c3", "model.safetensors": "w3"}), _SavesFiles({}))
+    assert _folder_files(out) == first and [p.name for p in tmp_path.iterdir()] == ["ckpt", "policy"]
