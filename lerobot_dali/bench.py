@@ -68,7 +68,7 @@ from .cpu_backends import cpu_decoders
 from .distributed import require_cuda, usable_cpus
 from .errors import DatasetError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
-from .new_folder import refuse_unwritable, remove_dead_run_folders, run_folder
+from .new_folder import refuse_inside_datasets, refuse_unwritable, remove_dead_run_folders, run_folder
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
 from .url_secrets import without_credentials
 from .value_checks import check_choice, check_int_fields, check_seconds, cli_flag
@@ -219,8 +219,10 @@ class BenchConfig:
                 object.__setattr__(self, name, tuple(value))
         # Checked now: the results are written after every loader ran, and the datasets generated before any.
         refuse_unwritable("--out", self.out if self.out is not None else RESULTS_DIR)
+        refuse_inside_datasets("--out", self.out if self.out is not None else RESULTS_DIR)
         if self.dataset is None:
             refuse_unwritable("--cache-dir", self.cache_dir)
+            refuse_inside_datasets("--cache-dir", self.cache_dir)
         if (self.cameras or self.keys) and self.dataset is None:
             raise ValueError("--cameras and --keys select parts of --dataset; the generated datasets are read whole")
         if self.loaders is not None:

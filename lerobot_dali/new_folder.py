@@ -10,14 +10,16 @@ import re
 import secrets
 import shutil
 import socket
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 __all__ = [
+    "dataset_holding",
     "host_name",
     "is_inside",
     "partial_folder",
     "refuse_inside_a_dataset",
+    "refuse_inside_datasets",
     "refuse_resumable_taken",
     "refuse_taken",
     "refuse_unwritable",
@@ -181,17 +183,33 @@ def is_inside(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> b
     return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
 
 
+def dataset_holding(path: str | os.PathLike[str]) -> Path | None:
+    """The local LeRobot dataset ``path`` is or is inside (the nearest folder at or above it, symbolic links followed,
+    that holds ``meta/info.json``), None where there is none: an output written there is copied and uploaded with it."""
+    absolute = Path(os.path.realpath(path))
+    return next((folder for folder in (absolute, *absolute.parents) if (folder / "meta" / "info.json").is_file()), None)
+
+
 def refuse_inside_a_dataset(out: str | os.PathLike[str], *, writer: str) -> None:
-    """ValueError where ``out`` is inside a local LeRobot dataset (a folder above it, symbolic links followed, holds
-    ``meta/info.json``; :func:`is_inside`): a dataset written there would be copied and uploaded with that one, and
-    its files read as that one's where they match its templates."""
-    absolute = Path(os.path.realpath(out))
-    holder = next((folder for folder in absolute.parents if (folder / "meta" / "info.json").is_file()), None)
+    """ValueError where ``out`` is inside a local LeRobot dataset (:func:`dataset_holding`): a dataset written there
+    would be copied and uploaded with that one, and its files read as that one's where they match its templates."""
+    holder = dataset_holding(out)
     if holder is not None:
         raise ValueError(
             f"Refusing to write a dataset into {out}: it is inside the dataset {holder}. Pass a path outside it "
             f"({writer} writes a dataset of its own)."
         )
+
+
+def refuse_inside_datasets(flag: str, folder: str | os.PathLike[str], datasets: Sequence[str] = ()) -> None:
+    """ValueError where ``folder`` (a run's output: ``flag``'s) is a local dataset of ``datasets`` or inside one, or
+    inside any other local dataset (:func:`dataset_holding`): checkpoints, records or results written there are copied
+    and uploaded with the dataset (``pipelines/train.py``'s, ``lerobot_policy.py``'s and the bench's outputs;
+    ``reencode`` and ``make-dataset`` refuse their copy there alike, :func:`refuse_inside_a_dataset`)."""
+    named = next((d for d in datasets if "://" not in d and Path(d).is_dir() and is_inside(folder, d)), None)
+    inside = named if named is not None else dataset_holding(folder)
+    if inside is not None:
+        raise ValueError(f"{flag} {folder} is inside the dataset {inside}: give a folder outside the dataset")
 
 
 def refuse_unwritable(flag: str, folder: str | os.PathLike[str]) -> None:

@@ -47,7 +47,7 @@ from .episode_table import read_episode_records, read_episode_table
 from .errors import DAMAGED_VIDEO_ADVICE, DatasetError, VideoDecodeError, cameras_hint, did_you_mean, listing_hint
 from .frame_checks import damaged_frame_error, is_damaged
 from .hub_cache_files import bulk_files_named, read_bulk_from_cache
-from .new_folder import is_inside, refuse_resumable_taken, write_resumable_folder
+from .new_folder import is_inside, refuse_inside_a_dataset, refuse_resumable_taken, write_resumable_folder
 from .packet_index import PacketIndex, build_packet_index
 from .parent_watch import exit_with_parent
 from .progress_lines import progress_counter
@@ -147,6 +147,7 @@ def reencode_dataset(
     refuse_resumable_taken(out, writer="reencode")  # (before the source is listed and read, which may be remote)
     location = resolve_location(source, revision=revision)
     _refuse_out_inside(location, out)
+    refuse_inside_a_dataset(out, writer="reencode")  # (another local dataset: the copy uploaded with it)
     raw_info = read_info_json(location)
     info = DatasetInfo.from_json(raw_info, source=location.meta_path(INFO_PATH))
     chosen = _chosen_cameras(info, cameras)

@@ -57,7 +57,7 @@ from lerobot_dali.cli_options import ArgumentParser, add_episode_pool_size
 from lerobot_dali.dataset_location import dataset_not_found, is_repo_id
 from lerobot_dali.errors import DatasetNotFoundError
 from lerobot_dali.frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
-from lerobot_dali.new_folder import refuse_unwritable
+from lerobot_dali.new_folder import refuse_inside_datasets, refuse_unwritable
 from lerobot_dali.value_checks import check_choice, check_int_fields, check_seconds, cli_flag
 from pipelines.interrupts import Interrupted, configure_logging, said
 from pipelines.train import (
@@ -77,7 +77,6 @@ from pipelines.train import (
     log_progress,
     make_accelerator,
     read_lerobot_image_transforms,
-    refuse_inside_datasets,
     resume_latest,
     setting_up,
     staged_folder,

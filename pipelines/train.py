@@ -73,7 +73,7 @@ from lerobot_dali.cache_dirs import write_whole
 from lerobot_dali.cli_options import ArgumentParser, add_episode_pool_size, add_image_size, check_image_size
 from lerobot_dali.decode_route import DecodePreference
 from lerobot_dali.errors import CudaUnavailableError, DatasetError, ResumeStateError, ShardingError
-from lerobot_dali.new_folder import is_inside, refuse_unwritable
+from lerobot_dali.new_folder import refuse_inside_datasets, refuse_unwritable
 from lerobot_dali.open_files import refuse_workers_past_open_files
 from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
 from lerobot_dali.stream_state import merge_rank_states
@@ -524,15 +524,6 @@ def check_files(options: TrainOptions) -> None:
     if options.record_dir is not None:
         refuse_unwritable("--record", options.record_dir)
         refuse_inside_datasets("--record", options.record_dir, options.datasets)
-
-
-def refuse_inside_datasets(flag: str, folder: Path, datasets: Sequence[str]) -> None:
-    """ValueError where ``folder`` (a run's output) is a local dataset of ``datasets`` or inside one: the run wrote its
-    checkpoints or records into the dataset, to be copied and uploaded with it (this script's and
-    ``lerobot_policy.py``'s; ``lerobot-dali reencode`` refuses its copy there alike)."""
-    inside = next((d for d in datasets if "://" not in d and Path(d).is_dir() and is_inside(folder, d)), None)
-    if inside is not None:
-        raise ValueError(f"{flag} {folder} is inside the dataset {inside}: give a folder outside the dataset")
 
 
 def open_readers(options: TrainOptions) -> list[Any]:

@@ -1071,3 +1071,22 @@ def test_the_results_name_a_signed_or_password_url_without_its_credentials(make_
         summary = _dataset_summary(dataset, open_dataset(root), load_plan(BenchConfig(quick=True), open_dataset(root)))
         said = json.dumps([config.to_dict(), summary])
         assert "SIGSECRET" not in said and "s3cret" not in said and "https://h/ds?scope=a" in said, said
+
+
+@pytest.mark.parametrize("flag", ["--out", "--cache-dir"])
+def test_an_out_or_cache_folder_inside_a_dataset_is_a_one_line_error(flag: str, tmp_path: Path, capsys) -> None:
+    """``--out`` or ``--cache-dir`` inside a local dataset (its folder, one below, or a link into it) wrote the results
+    or the generated datasets into it, to be copied and uploaded with it: 3 of 3 taken. Refused now before any
+    loader runs, as train.py's outputs are."""
+    dataset = tmp_path / "ds"
+    (dataset / "meta").mkdir(parents=True)
+    (dataset / "meta" / "info.json").write_text("{}")
+    (tmp_path / "link").symlink_to(dataset / "meta")
+    dataset_flag = ["--dataset", str(tmp_path / "missing")] if flag == "--out" else []
+    for folder in (dataset, dataset / "results", tmp_path / "link" / "r"):
+        assert main(["bench", "--device", "cpu", "--quick", *dataset_flag, flag, str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            f"lerobot-dali bench: {flag} {folder} is inside the dataset {dataset}: give a folder outside the dataset\n"
+        )
+    assert sorted(str(p.relative_to(dataset)) for p in dataset.rglob("*")) == ["meta", "meta/info.json"]

@@ -240,6 +240,24 @@ def test_an_out_inside_the_source_is_refused_through_symbolic_links(long_gop_ds:
     assert sorted(p.name for p in long_gop_ds.iterdir()) == ["data", "meta", "videos"]
 
 
+def test_an_out_inside_another_dataset_is_refused(long_gop_ds: Path, tmp_path: Path) -> None:
+    """An out inside another local dataset (one below its root, in its meta/, or a link into it) was written there,
+    the copy uploaded with that dataset: 3 of 3 written. Refused now (as make-dataset refuses), nothing written."""
+    other = tmp_path / "other"
+    (other / "meta").mkdir(parents=True)
+    (other / "meta" / "info.json").write_text("{}")
+    (tmp_path / "link").symlink_to(other / "meta", target_is_directory=True)
+    for out in (other / "copy", other / "meta" / "copy", tmp_path / "link" / "copy"):
+        with pytest.raises(ValueError) as refused:
+            reencode_dataset(long_gop_ds, out)
+        assert str(refused.value) == (
+            f"Refusing to write a dataset into {out}: it is inside the dataset {other}. Pass a path outside it "
+            "(reencode writes a dataset of its own)."
+        )
+    assert sorted(str(p.relative_to(other)) for p in other.rglob("*")) == ["meta", "meta/info.json"]
+    assert not any(p.name.endswith(".partial") for p in tmp_path.rglob("*"))
+
+
 def _corrupt(video: Path) -> None:
     data = bytearray(video.read_bytes())
     mdat = data.index(b"mdat") + 4

@@ -1854,6 +1854,38 @@ def test_an_output_inside_the_dataset_is_refused(
     assert len(started) == 1  # (beside the dataset: taken)
 
 
+def test_an_output_inside_another_dataset_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Outputs inside a local dataset the run does not train on (its root, a folder below, a link into it) wrote
+    checkpoints, records or the policy there, to be uploaded with it: 4 of 4 taken. Refused now, as inside the
+    trained one."""
+    from pipelines import lerobot_policy
+    from pipelines import train as train_module
+
+    started: list[object] = []
+    monkeypatch.setattr(train_module, "train", started.append)
+    monkeypatch.setattr(lerobot_policy, "train", started.append)
+    other = tmp_path / "other"
+    (other / "meta").mkdir(parents=True)
+    (other / "meta" / "info.json").write_text("{}")
+    (tmp_path / "link").symlink_to(other)
+    runs = [
+        (train_module.main, "train.py", ["--steps", "1"], "--checkpoint-dir", other),
+        (train_module.main, "train.py", ["--steps", "1"], "--record", other / "r"),
+        (lerobot_policy.main, "lerobot_policy.py", [], "--checkpoint-dir", tmp_path / "link" / "c"),
+        (lerobot_policy.main, "lerobot_policy.py", [], "--output-dir", other / "meta" / "policy"),
+    ]
+    for main, program, argv, flag, folder in runs:
+        caplog.clear()
+        with caplog.at_level(logging.ERROR):
+            assert main(["--dataset", "d", *argv, "--device", "cpu", flag, str(folder)]) == 2
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+            f"{program}: {flag} {folder} is inside the dataset {other}: give a folder outside the dataset"
+        ]
+    assert not started and sorted(str(p.relative_to(other)) for p in other.rglob("*")) == ["meta", "meta/info.json"]
+
+
 class _SavesFiles:
     """A stand-in for a LeRobot policy or processor: ``save_pretrained`` writes ``files``, then raises ``fails``."""
 
