@@ -28,7 +28,37 @@ from .wording import counted
 if TYPE_CHECKING:
     from .dataset_reader import LeRobotDatasetReader, LocatedDataset
 
-__all__ = ["main"]
+__all__ = ["EXIT_STATUSES", "main"]
+
+#: What each exit status of every verb means, as ``--help`` and the README's "Command line" say it.
+EXIT_STATUSES: tuple[tuple[int, str], ...] = (
+    (0, "done, and nothing wrong found"),
+    (
+        1,
+        "done, and the dataset has problems, each listed (check's problems, info's cameras whose first video does not "
+        "open, diagnose's failed decodes, bench's failed loaders): a file this user may not read is listed as a "
+        "damaged one is, however many there are",
+    ),
+    (
+        2,
+        "not done, said in one line: a bad option, a dataset that is not there or does not open (its metadata or first "
+        "data file missing, damaged or refused; check goes on with the other datasets), an output refused (not new or "
+        "empty, inside a dataset, not writable), the network failing past its retries; reencode also for a source "
+        "file that does not read or decode",
+    ),
+    (130, "interrupted (Ctrl-C)"),
+    (141, "the reader of standard output left (| head)"),
+)
+
+
+def _exit_statuses() -> str:
+    """:data:`EXIT_STATUSES` as ``--help`` ends."""
+    import textwrap
+
+    lines = ["exit status:"]
+    for code, meaning in EXIT_STATUSES:
+        lines += textwrap.wrap(meaning, 100, initial_indent=f"  {code:<5}", subsequent_indent=" " * 7)
+    return "\n".join(lines)
 
 
 class _CommandError(Exception):
@@ -490,7 +520,10 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="lerobot-dali", description=__doc__.splitlines()[0].replace("``", ""))
+    parser = ArgumentParser(
+        prog="lerobot-dali", description=__doc__.splitlines()[0].replace("``", ""), epilog=_exit_statuses(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log INFO (-v) or DEBUG (-vv)")
     verbs = parser.add_subparsers(dest="verb", required=True)
 
@@ -676,6 +709,8 @@ def _parser() -> argparse.ArgumentParser:
         "~/.cache/lerobot_dali/bench where that variable is not set)",
     )
     bench.set_defaults(run=_bench)
+    for verb in verbs.choices.values():  # (each verb's --help says them too)
+        verb.epilog, verb.formatter_class = parser.epilog, argparse.RawDescriptionHelpFormatter
     return parser
 
 

@@ -449,7 +449,12 @@ def _set_references(checker: _EpisodeChecker) -> None:
                 logger.debug("camera %s: no format from episode position %d: %s", camera, pos, e)
         else:
             continue
-        if reader.info.features[camera].is_depth_map or _mixes_codecs(reader, camera, since=surveys_since):
+        try:
+            mixes = _mixes_codecs(reader, camera, since=surveys_since)
+        except PermissionError as e:  # (a file this user may not read: its episodes list it, as a damaged one's)
+            logger.debug("camera %s: its files' codecs not surveyed: %s", camera, e)
+            mixes = False
+        if reader.info.features[camera].is_depth_map or mixes:
             checker.workers_only.add(camera)
         route = DecodeRoute.CPU_FALLBACK if camera in checker.workers_only else route_without_nvdec(index.codec)
         checker.formats[camera] = CameraFormat.of(index, route=route)

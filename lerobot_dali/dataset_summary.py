@@ -51,8 +51,8 @@ def summarize(
         if first_rows is not None:
             try:
                 _, index = load_episode_packet_index(reader, 0, key)
-            except DatasetError as e:  # one damaged or missing video: the rest of the summary still stands
-                entry["probe_error"] = str(e)
+            except (DatasetError, PermissionError) as e:  # one damaged, missing or refused video: the rest stands
+                entry["probe_error"] = str(e) if isinstance(e, DatasetError) else f"{type(e).__name__}: {e}"
                 cameras[key] = entry
                 continue
             found = describe_index(index)
@@ -96,7 +96,7 @@ def _file_codecs(reader: LeRobotDatasetReader, camera: str) -> dict[str, int] | 
         return None
     try:
         return survey_camera(reader, camera, positions).codecs()
-    except DatasetError:
+    except (DatasetError, PermissionError):  # (a file this user may not read, as one damaged)
         return None
 
 

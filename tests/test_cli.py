@@ -214,14 +214,13 @@ def test_make_dataset_inside_a_dataset_is_a_one_line_error(tmp_path: Path, capsy
 _UNREADABLE = ("meta/info.json", "data/*/*.parquet", "videos/*/*/*.mp4")
 
 
-@pytest.mark.parametrize("pattern", _UNREADABLE)
+@pytest.mark.parametrize("pattern", _UNREADABLE[:2])
 def test_a_file_this_user_may_not_read_is_one_line_naming_it(
     make_ds: Callable[..., Path], copy_ds: Callable[[Path], Path], monkeypatch: pytest.MonkeyPatch, capsys, pattern: str
 ) -> None:
-    """A video file the user may not read (its permissions) was a traceback out of fsspec's open, from info's probe
-    and check's survey of the camera's files (2 of 2 verbs); info.json and a data file were one line already. Each is
-    one line now, naming the file and the permission, exit status 2; and the iterator raises PermissionError naming
-    it (builtins', where it opens it)."""
+    """info.json or the first data file the user may not read (its permissions): the dataset does not open, one line
+    naming the file, exit status 2 (the other datasets checked still); the iterator raises PermissionError naming it
+    (builtins', where it opens it). A video file: test_every_verbs_exit_status_for_damaged_and_refused_videos."""
     from lerobot_dali import DALILeRobotIterator
 
     readable = make_ds(episodes=2, frames_per_episode=4, cameras=1, episodes_per_file=1)
@@ -238,6 +237,99 @@ def test_a_file_this_user_may_not_read_is_one_line_naming_it(
     assert said[-1] == "1 of 2 datasets have problems" and f"{readable}: 2 episodes" in said[1], said
     with pytest.raises(PermissionError, match=re.escape(str(refused))):
         DALILeRobotIterator(str(dataset), batch_size=1, device="cpu", num_workers=0)
+
+
+def _damaged(video: Path) -> None:
+    video.write_bytes(video.read_bytes()[:300])  # (its header cut short: the container does not open)
+
+
+@pytest.mark.parametrize("harm", ["damaged", "refused"])
+def test_every_verbs_exit_status_for_damaged_and_refused_videos(
+    harm: str, make_ds: Callable[..., Path], copy_ds: Callable[[Path], Path], monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """A video file this user may not read stopped check at the first one (exit 2, one line naming it: the other
+    files never looked at) and info too (2), where a damaged one was listed (exit 1, every one named): 2 of 2 refused
+    videos left unlisted. Each verb now exits as --help's 'exit status' says, one refused or damaged video or two:
+    listed (1) by info, check (one dataset or several) and diagnose, not done (2) by reencode."""
+    readable = make_ds(episodes=3, frames_per_episode=4, cameras=1, episodes_per_file=1)
+    dataset = copy_ds(readable)
+    for count in (1, 2):  # (the second video harmed on top of the first)
+        videos = sorted(dataset.glob("videos/*/*/*.mp4"))[:count]
+        for video in videos[count - 1 :]:
+            if harm == "damaged":
+                _damaged(video)
+            else:  # (its mode too, as chmod would: the ctime that tells caches of the file it changed)
+                video.chmod(0o200)
+                refuse_opening(monkeypatch, video)
+        for argv, status in (
+            (["check", str(dataset), "--workers", "0"], 1),
+            (["check", str(dataset), str(readable), "--workers", "0"], 1),
+            (["info", str(dataset)], 1),
+            (["diagnose", str(dataset)], 1),
+            # (refused: its encoding processes open the files, which this process's refusal does not reach)
+            *([(["reencode", str(dataset), str(dataset.parent / f"copy{count}")], 2)] if harm == "damaged" else []),
+        ):
+            assert main(argv) == status, (argv, count)
+            said = capsys.readouterr()
+            if argv[0] == "check":
+                assert all(f"{video}" in said.out for video in videos), (argv, said.out)
+                assert said.out.count(f"{dataset}: 3 episodes") == 1
+            elif argv[0] in ("info", "diagnose"):
+                assert str(videos[0]) in said.out and not said.err.strip(), said
+            else:
+                assert said.err.count("\n") == 1 and not (dataset.parent / f"copy{count}").exists(), said.err
+    assert main(["check", str(readable), "--workers", "0"]) == 0
+
+
+def test_every_verbs_exit_status_for_usage_a_missing_dataset_and_a_ctrl_c(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Bad usage (argparse's, or a value's own check) and a dataset that is not there are 2 for every verb, a Ctrl-C
+    130, as --help's 'exit status' and the README's table say (both from EXIT_STATUSES)."""
+    from lerobot_dali import cli
+
+    missing = str(tmp_path / "missing")
+    for verb, args in (
+        ("info", [missing]),
+        ("check", [missing]),
+        ("diagnose", [missing]),
+        ("reencode", [missing, str(tmp_path / "out")]),
+        ("bench", ["--dataset", missing, "--out", str(tmp_path / "results"), "--quick", "--device", "cpu"]),
+    ):
+        assert main([verb, *args]) == 2, verb
+        assert capsys.readouterr().err.startswith(f"lerobot-dali {verb}: DatasetNotFoundError: "), verb
+        with pytest.raises(SystemExit) as usage:
+            main([verb, *args, "--no-such-flag"])
+        assert usage.value.code == 2
+        capsys.readouterr()
+    assert main(["check", missing, "--show", "-1"]) == 2
+    assert main(["make-dataset", str(tmp_path / "ds"), "--episodes", "0"]) == 2
+    assert capsys.readouterr().err.count("\n") == 2
+    for verb in ("info", "check", "diagnose", "reencode", "bench", "make_dataset"):
+        with monkeypatch.context() as patch:
+
+            def interrupted(args: object) -> int:
+                raise KeyboardInterrupt
+
+            patch.setattr(cli, f"_{verb}", interrupted)
+            argv = {"diagnose": [], "bench": [], "reencode": ["a", "b"], "make_dataset": ["x"]}.get(verb, ["d"])
+            assert main([verb.replace("_", "-"), *argv]) == 130, verb
+        assert capsys.readouterr().err == f"lerobot-dali {verb.replace('_', '-')}: interrupted\n"
+    assert not (tmp_path / "results").exists() and not (tmp_path / "out").exists()
+
+
+def test_the_exit_statuses_are_in_help_and_in_the_readme(capsys) -> None:
+    from lerobot_dali.cli import EXIT_STATUSES
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for verb in ([], ["check"], ["reencode"]):
+        with pytest.raises(SystemExit):
+            main([*verb, "--help"])
+        shown = " ".join(capsys.readouterr().out.split())
+        for code, meaning in EXIT_STATUSES:
+            assert f"{code} {meaning}" in shown, (verb, code)
+    for code, meaning in EXIT_STATUSES:
+        assert f"| {code} | {meaning.replace('|', chr(92) + '|')} |" in readme, code
 
 
 def test_datasets_that_cannot_be_opened_are_one_line_errors(tmp_path: Path, monkeypatch, capsys) -> None:
