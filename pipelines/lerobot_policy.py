@@ -421,7 +421,7 @@ def check_output_dir(folder: Path) -> None:
     refuse_unwritable("--output-dir", folder)
     if not folder.is_dir():
         return
-    absolute = Path(os.path.abspath(folder))
+    absolute = Path(os.path.realpath(folder))  # (a link: the folder it leads to is replaced, beside itself)
     if os.path.ismount(absolute) or not os.access(absolute.parent, os.W_OK | os.X_OK):
         why = "is a mount point" if os.path.ismount(absolute) else f"is in {absolute.parent}, which is not writable"
         raise ValueError(

@@ -846,8 +846,10 @@ def staged_folder(directory: Path) -> Iterator[Path]:
     """A new folder to write ``directory``'s files into (``.<name>.partial`` beside it; one a killed run left is
     removed first) that replaces ``directory`` whole once the block ends, every file on disk first (as
     :func:`save_checkpoint` publishes a checkpoint): a crash or a signal mid-write leaves the old folder, never a
-    half-written one that a later run reads as whole. Removed where the block raises. One process writes it."""
-    directory = Path(os.path.abspath(directory))  # ('.' has no name to write beside)
+    half-written one that a later run reads as whole. Removed where the block raises. One process writes it.
+    ``directory`` a symbolic link: the folder it leads to is replaced, the link kept (the link itself was: the next
+    replace failed with NotADirectoryError, on the link set aside)."""
+    directory = Path(os.path.realpath(directory))  # ('.' has no name to write beside; a link's folder is replaced)
     staging = _staging(directory)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)

@@ -1938,6 +1938,26 @@ def test_lerobot_policys_output_dir_holds_one_whole_policy_after_a_save_killed_h
     assert _folder_files(tmp_path / "here") == {"config.json": "c2", "model.safetensors": "w2"}
 
 
+def test_lerobot_policys_output_dir_a_link_keeps_the_link_and_saves_again(tmp_path: Path) -> None:
+    """--output-dir a symbolic link to a folder: the save replaced the link itself with a folder (the policy not where
+    it led, a '.link.replaced' link left beside), and every later save failed with NotADirectoryError once trained
+    (2 of 2 saves after the first: the policy lost). The folder it leads to is replaced now, the link kept."""
+    from pipelines.lerobot_policy import check_output_dir, save_policy
+
+    (tmp_path / "runs" / "real").mkdir(parents=True)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "runs" / "real")
+    for run in range(3):
+        check_output_dir(link)
+        save_policy(link, _SavesFiles({"config.json": f"c{run}", "model.safetensors": f"w{run}"}), _SavesFiles({}))
+        assert link.is_symlink() and _folder_files(tmp_path / "runs" / "real") == {
+            "config.json": f"c{run}",
+            "model.safetensors": f"w{run}",
+        }
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "runs"]
+        assert [p.name for p in (tmp_path / "runs").iterdir()] == ["real"]
+
+
 def test_lerobot_policys_output_dir_of_other_files_is_refused_before_training(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
