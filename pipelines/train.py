@@ -1029,12 +1029,20 @@ def _check_random_states(state: Path, *, rank: int, saved_world_size: Any) -> No
         if not (state.is_dir() and any(state.iterdir())):
             return  # (no accelerate state at all: load_state says so)
 
-    def read() -> None:
+    def read() -> dict[str, Any]:
         states = load(path)
         if not (isinstance(states, dict) and all(key in states for key in _RANDOM_STATES)):
             raise ValueError(f"not accelerate's random states: expected a dict of {', '.join(_RANDOM_STATES)}")
+        return states
 
-    _read_checkpoint(path, read, _TORCH_LOAD_ERRORS)
+    states = _read_checkpoint(path, read, _TORCH_LOAD_ERRORS)
+    saved_gpus = len(states.get("torch_cuda_manual_seed") or ())
+    if torch.cuda.is_available() and saved_gpus != torch.cuda.device_count():  # (accelerate skips them: INFO alone)
+        logger.warning(
+            "%s holds the random states of %d CUDA device(s), this process sees %d: the CUDA generators (dropout, "
+            "noise drawn on the GPU) start as a new run's; resume where the run saved for the same draws",
+            path, saved_gpus, torch.cuda.device_count(),
+        )  # fmt: skip
 
 
 def _saved_world_size(saved: Mapping[str, Any]) -> Any:

@@ -2168,6 +2168,16 @@ def test_a_damaged_or_missing_random_states_file_is_refused_naming_it(
         assert f"write its folder's name into {tmp_path / 'latest'}" in str(refused.value)
     path.write_bytes(whole)
     caplog.clear()
+    with caplog.at_level(logging.WARNING), pytest.MonkeyPatch.context() as patch:  # (saved without CUDA, now on 2 GPUs)
+        patch.setattr(torch.cuda, "is_available", lambda: True)
+        patch.setattr(torch.cuda, "device_count", lambda: 2)
+        patch.setattr(accelerator, "load_state", lambda path: None)  # (accelerate's own would skip them: INFO)
+        assert restore_checkpoint(accelerator, step, iterator) == 2
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        f"{path} holds the random states of 0 CUDA device(s), this process sees 2: the CUDA generators (dropout, noise "
+        "drawn on the GPU) start as a new run's; resume where the run saved for the same draws"
+    ]
+    caplog.clear()
     with caplog.at_level(logging.WARNING):  # (a rank the 1-rank run did not have: no random states of its own)
         assert restore_checkpoint(accelerator, step, SimpleNamespace(rank=1, world_size=2, load_state_dict=id)) == 2
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
