@@ -82,22 +82,31 @@ def write_resumable_folder(
     ``write`` must tell its finished files from unfinished ones, and a folder left by other work from one it can
     resume: by the ``bookkeeping`` files it keeps there (its plan, its lock), which stay until the folder is ``out``
     (an interruption just before the rename left a finished folder the next call could not tell from other work),
-    then are deleted. ``out`` must not be a mount point (:func:`refuse_resumable_taken`)."""
+    then are deleted. ``out`` must not be a mount point (:func:`refuse_resumable_taken`); a symbolic link to an empty
+    folder is written as that folder (:func:`_linked_folder`)."""
     root = refuse_resumable_taken(out, writer=writer)
-    staging = partial_folder(_with_parent(root))
+    target = _linked_folder(root)
+    staging = partial_folder(_with_parent(target))
     staging.mkdir(exist_ok=True)
     write(staging)
-    _rename(staging, root)  # (rename(2) replaces an empty folder)
+    _rename(staging, target)  # (rename(2) replaces an empty folder)
     for name in bookkeeping:
-        (root / name).unlink(missing_ok=True)
+        (target / name).unlink(missing_ok=True)
     return root
+
+
+def _linked_folder(root: Path) -> Path:
+    """The folder a symbolic link ``root`` leads to (an empty one: rename(2) replaces it), else ``root``: a folder
+    renamed onto the link failed with ENOTDIR once all the work was done, said as "it appeared while this one was
+    written", and so did every re-run."""
+    return Path(os.path.realpath(root)) if root.is_symlink() and root.is_dir() else root
 
 
 def refuse_resumable_taken(out: str | os.PathLike[str], *, writer: str) -> Path:
     """:func:`refuse_taken`, and ValueError for an ``out`` that is a mount point (a docker volume, say), which the
     folder written beside it cannot be renamed onto (it failed with EXDEV once all the work was done)."""
     root = refuse_taken(out, writer=writer)
-    if root.is_dir() and os.path.ismount(root):
+    if root.is_dir() and os.path.ismount(_linked_folder(root)):
         raise ValueError(
             f"Cannot write a dataset into {root}: it is a mount point, and {writer} writes the dataset beside it "
             f"first, then renames it into place, which cannot cross filesystems. Pass a new folder inside it "

@@ -258,6 +258,22 @@ def test_an_out_inside_another_dataset_is_refused(long_gop_ds: Path, tmp_path: P
     assert not any(p.name.endswith(".partial") for p in tmp_path.rglob("*"))
 
 
+def test_an_out_that_links_to_an_empty_folder_is_written_there(long_gop_ds: Path, tmp_path: Path) -> None:
+    """An out that is a symbolic link to an empty folder (a scratch disk's): the copy was written beside the link, then
+    renamed onto it, which failed (ENOTDIR) once every file was re-encoded, said as 'it appeared while this one was
+    written (another run?)', and so did every re-run (1 of 1 such out never written). Written into the folder the
+    link leads to now, the link kept."""
+    (tmp_path / "scratch" / "copy").mkdir(parents=True)
+    out = tmp_path / "copy"
+    out.symlink_to(tmp_path / "scratch" / "copy", target_is_directory=True)
+    report = reencode_dataset(long_gop_ds, out, cameras=["observation.images.cam0"])
+    assert report.out == out and out.is_symlink()
+    copied = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert copied == sorted(str(p.relative_to(long_gop_ds)) for p in long_gop_ds.rglob("*") if p.is_file())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy", "scratch"]
+    assert [p.name for p in (tmp_path / "scratch").iterdir()] == ["copy"]
+
+
 def _corrupt(video: Path) -> None:
     data = bytearray(video.read_bytes())
     mdat = data.index(b"mdat") + 4
