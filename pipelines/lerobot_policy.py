@@ -57,7 +57,7 @@ from lerobot_dali.cli_options import ArgumentParser, add_episode_pool_size
 from lerobot_dali.dataset_location import dataset_not_found, is_repo_id
 from lerobot_dali.errors import DatasetNotFoundError
 from lerobot_dali.frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
-from lerobot_dali.new_folder import refuse_inside_datasets, refuse_unwritable
+from lerobot_dali.new_folder import is_inside, refuse_inside_datasets, refuse_unwritable
 from lerobot_dali.value_checks import check_choice, check_int_fields, check_seconds, cli_flag
 from pipelines.interrupts import Interrupted, configure_logging, said
 from pipelines.train import (
@@ -413,12 +413,23 @@ def save_policy(folder: Path, policy: Any, preprocessor: Any) -> None:
         preprocessor.save_pretrained(staging)
 
 
-def check_output_dir(folder: Path) -> None:
+def check_output_dir(folder: Path, kept: Sequence[tuple[str, Path | str | None]] = ()) -> None:
     """``folder`` as ``--output-dir``: one this user can write or make (:func:`refuse_unwritable`) and, where it
     exists, one :func:`save_policy` may replace whole: not a mount point (it cannot be renamed), in a folder this user
     can write (its new copy is written beside it), and empty or holding a policy saved before
-    (:data:`SAVED_POLICY_FILES`): other files there would be deleted with it. ValueError else, before training."""
+    (:data:`SAVED_POLICY_FILES`): other files there would be deleted with it. ``kept``: other flags' local folders
+    (``--checkpoint-dir``, ``--dataset``), none of which may be inside it: replaced whole, it deleted them (the run's
+    checkpoints under ``--output-dir``, LeRobot's own layout, were gone once the policy was saved). ValueError else,
+    before training."""
     refuse_unwritable("--output-dir", folder)
+    for flag, path in kept:
+        if path is None or (isinstance(path, str) and ("://" in path or not Path(path).exists())):
+            continue  # (a dataset named by its Hub id or URL is no folder here: 'user/name' under '.' is not it)
+        if is_inside(path, folder):
+            raise ValueError(
+                f"{flag} {path} is inside --output-dir {folder}, which the trained policy replaces whole, deleting "
+                f"it: give --output-dir a folder of its own (beside it: {Path(folder).parent / 'policy'})"
+            )
     if not folder.is_dir():
         return
     absolute = Path(os.path.realpath(folder))  # (a link: the folder it leads to is replaced, beside itself)
@@ -445,7 +456,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if options.checkpoint_dir is not None:
             check_checkpoint_dir(options.checkpoint_dir, resume=options.resume)
         if options.output_dir is not None:  # (written once trained: a traceback then, the policy lost)
-            check_output_dir(options.output_dir)
+            check_output_dir(
+                options.output_dir, [("--checkpoint-dir", options.checkpoint_dir), ("--dataset", options.dataset)]
+            )
     except (ValueError, OSError) as e:  # flags, --checkpoint-dir, --output-dir: one line, before training
         logger.error("lerobot_policy.py: %s", e)
         return 2

@@ -1938,6 +1938,41 @@ def test_lerobot_policys_output_dir_holds_one_whole_policy_after_a_save_killed_h
     assert _folder_files(tmp_path / "here") == {"config.json": "c2", "model.safetensors": "w2"}
 
 
+def test_lerobot_policys_output_dir_holding_the_checkpoints_or_the_dataset_is_refused_before_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--checkpoint-dir inside --output-dir (LeRobot's own layout: outputs/<run>/checkpoints) or the dataset inside it:
+    the trained policy replaced --output-dir whole, deleting the run's checkpoints (or the dataset) once saved (2 of 2
+    taken, and the first run's checkpoints gone after its save). Refused now, in one line, before training; a Hub id
+    that happens to name no folder here is no folder inside it."""
+    from pipelines import lerobot_policy
+
+    started: list[object] = []
+    monkeypatch.setattr(lerobot_policy, "train", started.append)
+    out = tmp_path / "run"
+    dataset = out / "ds"
+    for argv, flag, folder in (
+        (["--dataset", "d", "--checkpoint-dir", str(out / "checkpoints")], "--checkpoint-dir", out / "checkpoints"),
+        (["--dataset", str(dataset)], "--dataset", dataset),
+    ):
+        if flag == "--dataset":  # (beside a policy saved before, which the next replaces whole)
+            (dataset / "meta").mkdir(parents=True)
+            for name in ("config.json", "model.safetensors"):
+                (out / name).write_text("saved")
+        caplog.clear()
+        with caplog.at_level(logging.ERROR):
+            assert lerobot_policy.main([*argv, "--device", "cpu", "--output-dir", str(out)]) == 2
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+            f"lerobot_policy.py: {flag} {folder} is inside --output-dir {out}, which the trained policy replaces "
+            f"whole, deleting it: give --output-dir a folder of its own (beside it: {tmp_path / 'policy'})"
+        ]
+    assert not started
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    assert lerobot_policy.main(["--dataset", "user/name", "--device", "cpu", "--output-dir", "."]) == 0
+    assert len(started) == 1
+
+
 def test_lerobot_policys_output_dir_a_link_keeps_the_link_and_saves_again(tmp_path: Path) -> None:
     """--output-dir a symbolic link to a folder: the save replaced the link itself with a folder (the policy not where
     it led, a '.link.replaced' link left beside), and every later save failed with NotADirectoryError once trained
