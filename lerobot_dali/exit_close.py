@@ -13,6 +13,8 @@ thread (:func:`park_if_exiting`), as a daemon thread waiting on a queue is. The 
 the exit 202 s), from which the worker processes of a close still running are killed (a worker that outlived its
 SIGTERM held the exit for ever in the pool's close), once it has run ``STUCK_CLOSE_S``; those of the iterators not yet
 closed are closed as usual after it. One warning names the datasets whose pass it left, and the workers it killed.
+``EXIT_WAIT_S`` (10 s; ``$LEROBOT_DALI_EXIT_WAIT_S``) keeps the whole exit inside the 30 s launchers give between their
+SIGTERM and SIGKILL: killed mid-close, the process left its workers' semaphores in ``/dev/shm``.
 
 The handler then waits, up to ``RETURN_WAIT_S``, for the threads holding a pass's batch (:class:`BatchesHeld`, reading
 the next one too) to come back for the next one and park there: on Python 3.11 the interpreter stops a daemon thread
@@ -43,6 +45,7 @@ from __future__ import annotations
 import atexit
 import gc
 import logging
+import math
 import os
 import threading
 import time
@@ -55,10 +58,12 @@ from .inherited_pipeline import abandon_all
 from .wording import counted
 
 __all__ = [
+    "EXIT_WAIT_ENV",
     "EXIT_WAIT_S",
     "RETURN_WAIT_S",
     "STUCK_CLOSE_S",
     "BatchesHeld",
+    "exit_wait_s",
     "exiting",
     "must_park",
     "park_if_exiting",
@@ -74,11 +79,40 @@ _exiting = threading.Event()
 #: How long the exit handler waits for the threads holding a batch to come back for the next (a loop's body between two
 #: batches); a thread that does not (blocked on a full queue of its own) holds the exit up that long.
 RETURN_WAIT_S = 1.0
-#: How long the exit handler's closes wait for passes in all (one deadline for every live iterator): each close() waited
-#: up to ``CLOSE_WAIT_S`` (60 s) for a pass stuck inside DALI's next(), N times that for N such iterators, and a worker
-#: process that outlived its SIGTERM held the exit for ever. From the deadline on, a close's workers are killed
-#: (:data:`STUCK_CLOSE_S`).
-EXIT_WAIT_S = 60.0
+#: Environment variable: :data:`EXIT_WAIT_S` in seconds, for a launcher whose grace between SIGTERM and SIGKILL is
+#: shorter than 30 s (``docker stop``'s 10 s: 2 at most), or a longer wait where nothing kills the process.
+EXIT_WAIT_ENV = "LEROBOT_DALI_EXIT_WAIT_S"
+_DEFAULT_EXIT_WAIT_S = 10.0
+
+
+def exit_wait_s() -> float:
+    """:data:`EXIT_WAIT_ENV`'s seconds, else 10; a ValueError names a value that is no finite number of seconds >= 0."""
+    raw = os.environ.get(EXIT_WAIT_ENV, "").strip()
+    if not raw:
+        return _DEFAULT_EXIT_WAIT_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds < math.inf:
+        raise ValueError(
+            f"{EXIT_WAIT_ENV}={raw!r} is not a number of seconds >= 0: set it to how long the exit may wait for a pass "
+            f"still inside DALI's next() (default {_DEFAULT_EXIT_WAIT_S:g}), or unset it"
+        )
+    return seconds
+
+
+#: How long the exit handler's closes wait for passes in all (one deadline for every live iterator; set by
+#: :data:`EXIT_WAIT_ENV`): each close() waited up to ``CLOSE_WAIT_S`` (60 s) for a pass stuck inside DALI's next(), N
+#: times that for N such iterators, and a worker process that outlived its SIGTERM held the exit for ever. From the
+#: deadline on, a close's workers are killed (:data:`STUCK_CLOSE_S`). The whole handler then ends within about
+#: ``EXIT_WAIT_S + STUCK_CLOSE_S + RETURN_WAIT_S`` (16 s), DALI's own exit 1-2 s later, inside the 30 s a launcher gives
+#: between its SIGTERM and its SIGKILL (torchrun's ``--shutdown-timeout``, Slurm's ``KillWait``, Kubernetes'
+#: ``terminationGracePeriodSeconds``). It was 60 s: a SIGTERM whose handler exits, with a pass stuck, was SIGKILLed
+#: mid-close at 30 s (by torchrun, and by a launcher that kills the process group as it does), the exit handlers after
+#: this one never ran, and with 2 workers the 8 semaphores of their queues were left in ``/dev/shm`` (the resource
+#: tracker was killed too).
+EXIT_WAIT_S = exit_wait_s()
 #: After the deadline, how long the exit handler's close of one iterator runs before its worker processes still running
 #: are killed (its pool's close joins a worker that outlived its SIGTERM for ever); not sooner: killed as the pool's
 #: close begins, a worker DALI is waking (its task queue's notify) never answers, and the close waits for ever.

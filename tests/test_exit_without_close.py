@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -550,3 +551,89 @@ def test_an_exit_names_a_pass_still_building_its_pipeline(make_ds) -> None:
     assert done.returncode == 0
     assert len(lines) == 1 and lines[0].startswith("exit: within 0.5 s, 1 iterator not closed"), done.stderr
     assert ds in lines[0]
+
+
+#: A pass (no workers) is stuck inside DALI's next() in a daemon thread, and another iterator's 2 workers are idle, as
+#: the script gets SIGTERM, whose handler (the script's own) exits; it prints "ready" once both are so.
+STUCK_AT_SIGTERM = """
+import os, signal, sys, threading, time
+from lerobot_dali import DALILeRobotIterator
+from lerobot_dali.batch_source import BatchSource
+
+call, stuck, parent = BatchSource.__call__, threading.Event(), os.getpid()
+
+def hanging_call(self, batch_info):
+    if os.getpid() == parent and threading.current_thread().name == "stuck" and batch_info.iteration >= 4:
+        stuck.set()
+        time.sleep(3600)
+    return call(self, batch_info)
+
+def exits(signum, frame):
+    raise SystemExit(128 + signum)
+
+BatchSource.__call__ = hanging_call
+signal.signal(signal.SIGTERM, exits)
+
+def main():
+    global idle
+    stuck_it = DALILeRobotIterator(sys.argv[1], batch_size=2, device="cpu", num_workers=0)
+    idle_it = DALILeRobotIterator(sys.argv[2], batch_size=2, device="cpu", num_workers=2)
+    idle = iter(idle_it)
+    next(idle)
+    threading.Thread(target=lambda: [None for _ in stuck_it], name="stuck", daemon=True).start()
+    stuck.wait()
+    time.sleep(0.3)  # (the loader thread reaches the batch that hangs)
+    print("ready", flush=True)
+    time.sleep(3600)
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_sigterm_with_a_pass_stuck_exits_within_the_launchers_grace_and_leaves_no_semaphore(
+    make_ds, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A launcher sends SIGTERM to the process group and SIGKILL after a grace (torchrun's 30 s; 20 s here): the exit
+    # waited EXIT_WAIT_S (60 s) for the stuck pass and was killed mid-close, its workers' 8 semaphores left in /dev/shm
+    # (the resource tracker killed with it). The wait is LEROBOT_DALI_EXIT_WAIT_S (1 s here; 10 s by default).
+    import psutil
+
+    datasets = [str(make_ds(episodes=2, frames_per_episode=30)), str(make_ds(episodes=3, frames_per_episode=30))]
+    monkeypatch.setenv("LEROBOT_DALI_EXIT_WAIT_S", "1")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    script = [sys.executable, "-c", textwrap.dedent(STUCK_AT_SIGTERM), *datasets]
+    with subprocess.Popen(
+        script, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True
+    ) as child:
+        try:
+            assert child.stdout is not None and child.stdout.readline() == "ready\n"
+            tree = [psutil.Process(child.pid), *psutil.Process(child.pid).children(recursive=True)]
+            # (multiprocessing's, as the workers open them by name: their creator maps a temporary name, deleted)
+            semaphores = {m.path for p in tree for m in p.memory_maps() if m.path.startswith("/dev/shm/sem.mp-")}
+            os.killpg(child.pid, signal.SIGTERM)
+            try:
+                child.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)  # (as the launcher does once its grace is over)
+                child.wait()
+            stderr = child.stderr.read() if child.stderr is not None else ""
+        finally:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+    lines = stderr.splitlines()
+    assert semaphores and child.returncode == 128 + signal.SIGTERM
+    assert sorted(path for path in semaphores if os.path.exists(path)) == []
+    assert len(lines) == 1 and lines[0].startswith("exit: within 1 s, 1 iterator not closed"), stderr
+    assert datasets[0] in lines[0]
+
+
+def test_the_exit_wait_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(exit_close.EXIT_WAIT_ENV, raising=False)
+    assert exit_close.exit_wait_s() == 10.0
+    monkeypatch.setenv(exit_close.EXIT_WAIT_ENV, " 2.5 ")
+    assert exit_close.exit_wait_s() == 2.5
+    for bad in ("soon", "-1", "inf", "nan"):
+        monkeypatch.setenv(exit_close.EXIT_WAIT_ENV, bad)
+        with pytest.raises(ValueError, match=f"LEROBOT_DALI_EXIT_WAIT_S='{bad}' is not a number of seconds >= 0"):
+            exit_close.exit_wait_s()
