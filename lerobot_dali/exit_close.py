@@ -207,7 +207,13 @@ def _close_all() -> None:
         live = list(_live)
     closes = _Closes(time.monotonic() + EXIT_WAIT_S)
     reaper = threading.Thread(target=_kill_stuck_workers, args=(closes,), daemon=True)
-    reaper.start()
+    try:
+        reaper.start()
+    except RuntimeError:
+        # Python 3.12 starts no thread in an exit handler ("can't create new thread at interpreter shutdown"): it
+        # raised here, no iterator was closed, and the traceback was printed at every exit. Closed without it, a worker
+        # that outlives its SIGTERM holds the exit (as it did before the reaper).
+        logger.debug("no thread to kill stuck workers at exit", exc_info=True)
     left: list[str] = []
     try:
         for iterator in live:
@@ -223,7 +229,8 @@ def _close_all() -> None:
                 left.append(_name(iterator))
     finally:
         closes.done.set()
-        reaper.join()
+        if reaper.ident is not None:  # (started)
+            reaper.join()
     if left or closes.killed:  # (once, for all: each close() said its own, and named no dataset)
         said = [f"worker processes that did not stop, killed: {', '.join(closes.killed)}"] if closes.killed else []
         if left:

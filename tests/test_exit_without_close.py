@@ -637,3 +637,32 @@ def test_the_exit_wait_is_read_from_the_environment(monkeypatch: pytest.MonkeyPa
         monkeypatch.setenv(exit_close.EXIT_WAIT_ENV, bad)
         with pytest.raises(ValueError, match=f"LEROBOT_DALI_EXIT_WAIT_S='{bad}' is not a number of seconds >= 0"):
             exit_close.exit_wait_s()
+
+
+def test_the_exit_handler_closes_every_iterator_where_no_thread_may_start(
+    make_ds, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Python 3.12 starts no thread in an exit handler: starting the one that kills stuck workers raised RuntimeError
+    # ("can't create new thread at interpreter shutdown") before any close, a traceback at every exit and no iterator
+    # closed (DALI's handler shut their pipelines down under their passes).
+    import weakref
+
+    from lerobot_dali import DALILeRobotIterator
+
+    monkeypatch.setattr(exit_close, "_exiting", threading.Event())
+    monkeypatch.setattr(exit_close, "_out", Counter())
+    monkeypatch.setattr(exit_close, "_parked", set())
+    ds = make_ds(episodes=2, frames_per_episode=30)
+    it = DALILeRobotIterator(ds, batch_size=2, device="cpu", num_workers=0)
+    batches = iter(it)
+    next(batches)
+    monkeypatch.setattr(exit_close, "_live", weakref.WeakSet([it]))
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    with monkeypatch.context() as python_3_12:
+        python_3_12.setattr(threading.Thread, "start", no_thread)
+        exit_close._close_all()
+    assert it._pipeline is None  # (closed)
+    batches.close()
