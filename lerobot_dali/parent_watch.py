@@ -135,16 +135,32 @@ def _wrap_spawn() -> None:
 _SEND_WRAPPED = "_lerobot_dali_puts_finish"
 
 
+#: The signals whose Python handler (one that raises ends the put) waits for a task put to end: Ctrl-C's, what launchers
+#: and schedulers send (torchrun passes on SIGTERM, SIGINT, SIGHUP and SIGQUIT; Slurm sends SIGTERM, and SIGUSR1 or
+#: another with ``--signal``) and SIGALRM (``signal.alarm`` timeouts).
+_HELD_OVER_PUTS = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGALRM,
+)
+
+
 @functools.cache
 def task_puts_finish_before_interrupts() -> None:
-    """From now on, a Ctrl-C while the main thread puts tasks to DALI's workers (its pool's ``send``, in DALI's
-    next()) raises its KeyboardInterrupt once the put is done; a second Ctrl-C meanwhile raises at once (a put that
-    never ends, to a worker gone, still yields to it).
+    """From now on, a signal of :data:`_HELD_OVER_PUTS` with a Python handler (Ctrl-C's KeyboardInterrupt, a SIGTERM
+    handler that exits) while the main thread puts tasks to DALI's workers (its pool's ``send``, in DALI's next()) runs
+    that handler once the put is done; a second one of the same signal meanwhile runs it at once (a put that never ends,
+    to a worker gone, still yields to it).
 
     The put notifies the worker through a multiprocessing ``Condition`` shared with it, and waits there for the worker
     to wake: interrupted there, the condition was left a wake over its sleepers, and the next notify (the pool's close,
     in DALI's observer thread; the worker's own close) raised "notify: Bug in sleeping_count": a traceback after
-    train.py's one line (2 of 10 Ctrl-C runs under load). DALI's private pool: nothing is done where it changed."""
+    train.py's one line (2 of 10 Ctrl-C runs under load); the same, 1 of 1, where a SIGTERM handler raised SystemExit
+    there (only Ctrl-C was held). DALI's private pool: nothing is done where it changed."""
     try:
         from nvidia.dali._multiproc.pool import ProcPool
     except ImportError:  # (a DALI without it: puts are interrupted as before)
@@ -156,34 +172,63 @@ def task_puts_finish_before_interrupts() -> None:
 
         @functools.wraps(original)
         def send(self: Any, *args: Any, **kwargs: Any) -> Any:
-            with _interrupt_held_over():
+            with _signals_held_over():
                 return original(self, *args, **kwargs)
 
         setattr(send, _SEND_WRAPPED, True)
         ProcPool.send = send  # type: ignore[method-assign]
 
 
+_HOLDS = "_lerobot_dali_holds"  # (a hold's attribute: the handlers it holds over, by signal)
+
+
 @contextlib.contextmanager
-def _interrupt_held_over() -> Iterator[None]:
-    """Within, in the main thread, SIGINT's Python handler runs as the block ends (a second SIGINT: at once)."""
-    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
-    if not callable(previous):  # (another thread, or SIGINT ignored or left to the default: nothing to hold over)
+def _signals_held_over() -> Iterator[None]:
+    """Within, in the main thread, the Python handler of a signal of :data:`_HELD_OVER_PUTS` runs as the block ends, in
+    the order the signals came (a second one of a signal: at once), with the frame it landed in.
+
+    From the block's end on, a signal's handler runs where it lands, and the handlers are put back before the held ones
+    run (a handler may set its signal's next one). A signal whose handler raises as the handlers are put back
+    (``signal.signal()`` runs those of pending signals before it changes one) leaves the others not put back: each
+    passes every signal on to its handler, and the next block puts that handler back. (Held over SIGINT alone, a second
+    Ctrl-C landing as SIGINT's was put back left it the hold's for good, the put's frame held.)"""
+    if threading.current_thread() is not threading.main_thread():  # (Python runs no handler in another thread)
         yield
         return
-    held: list[Any] = []
+    previous: dict[int, Any] = {}
+    for s in _HELD_OVER_PUTS:
+        handler = signal.getsignal(s)
+        handler = getattr(handler, _HOLDS, {}).get(s, handler)  # (one left by an earlier block: its handler)
+        if callable(handler):
+            previous[s] = handler
+    held: dict[int, Any] = {}  # signal: the frame it landed in, in the order they came
+    ending = False
 
     def hold(signum: int, frame: Any) -> None:
-        if held:
-            previous(signum, frame)
-        held.append(frame)
+        if signum in held or ending:
+            previous[signum](signum, frame)
+        else:
+            held[signum] = frame
 
-    signal.signal(signal.SIGINT, hold)
+    setattr(hold, _HOLDS, previous)
     try:
+        for held_over in previous:
+            signal.signal(held_over, hold)
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if held:  # (also where the put failed: the Ctrl-C is the one to raise)
-            previous(signal.SIGINT, held[0])
+        try:  # (inside it: a held signal's handler still runs where another one's raises as this one is set)
+            ending = True  # (the put is over: from here on a signal's handler runs where it lands)
+            for held_over, handler in previous.items():
+                signal.signal(held_over, handler)
+        finally:
+            error = None
+            for came, frame in held.items():
+                try:
+                    previous[came](came, frame)
+                except BaseException as e:  # (the others' still run, as Python runs those of signals pending)
+                    error = error or e  # (no call here: a signal's exception lands only after one)
+            if error is not None:
+                raise error
 
 
 def _exit_unwinding(signum: int, frame: object) -> None:

@@ -2844,17 +2844,30 @@ def test_set_epoch_of_the_next_epoch_at_the_last_batch_ends_the_pass_there(make_
     assert rest == reference
 
 
-def test_a_ctrl_c_while_a_task_is_put_to_a_worker_ends_the_run_without_a_traceback(make_ds, monkeypatch, capfd) -> None:
+def _exits(signum: int, frame: object) -> None:
+    """A script's own SIGTERM handler: it exits."""
+    raise SystemExit(128 + signum)
+
+
+@pytest.mark.parametrize(
+    ("signum", "handler", "ends"),
+    [(signal.SIGINT, signal.default_int_handler, KeyboardInterrupt), (signal.SIGTERM, _exits, SystemExit)],
+    ids=["ctrl-c", "sigterm-handler-that-exits"],
+)
+def test_a_signal_while_a_task_is_put_to_a_worker_ends_the_run_without_a_traceback(
+    make_ds, monkeypatch, capfd, signum, handler, ends
+) -> None:
     """SIGINT while DALI's next() put a task to the worker, in multiprocessing's Condition.notify waiting for the
     worker to wake: the KeyboardInterrupt left the queue's condition a wake over its sleepers, and the pool's close
     (DALI's observer thread notifying the task queue) raised "notify: Bug in sleeping_count", a traceback after
-    train.py's one line (2 of 10 Ctrl-C runs of test_train_pipeline's under load). The Ctrl-C now waits for the put to
-    end: the pass ends with KeyboardInterrupt, no thread raises, nothing is printed and the worker ends."""
+    train.py's one line (2 of 10 Ctrl-C runs of test_train_pipeline's under load); a SIGTERM whose handler raises
+    SystemExit there, the same (1 of 1, where only Ctrl-C was held). The handler now runs once the put ends: the pass
+    ends with its exception, no thread raises, nothing is printed and the worker ends."""
     import psutil
     from nvidia.dali._multiproc.shared_queue import ShmQueue
 
     class SignalledInTheWait:
-        """The condition's count of woken sleepers, where the notify's wait for the worker gets SIGINT."""
+        """The condition's count of woken sleepers, where the notify's wait for the worker gets the signal."""
 
         def __init__(self, semaphore: Any) -> None:
             self.semaphore = semaphore
@@ -2862,7 +2875,7 @@ def test_a_ctrl_c_while_a_task_is_put_to_a_worker_ends_the_run_without_a_traceba
         def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
             if block and armed and not fired:
                 fired.append(os.getpid())
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signum)
             return self.semaphore.acquire(block, timeout)
 
         def release(self) -> None:
@@ -2887,9 +2900,13 @@ def test_a_ctrl_c_while_a_task_is_put_to_a_worker_ends_the_run_without_a_traceba
     next(batches)
     workers = [psutil.Process(pid) for pid in it._pipeline._py_pool.pids()]
     armed.append(True)  # (from the second batch on: the first ones' puts are in the pipeline's build)
-    with pytest.raises(KeyboardInterrupt):
-        for _ in batches:
-            pass
+    previous = signal.signal(signum, handler)
+    try:
+        with pytest.raises(ends):
+            for _ in batches:
+                pass
+    finally:
+        signal.signal(signum, previous)
     it.close()
     psutil.wait_procs(workers, timeout=30)
     assert fired and raised == []

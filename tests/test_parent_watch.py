@@ -89,20 +89,99 @@ def test_workers_spawned_within_children_start_deaf_to_interrupts_start_with_sig
     assert signal.SIGINT not in _spawned_blocks()
 
 
-def test_a_ctrl_c_in_a_task_put_raises_as_it_ends_and_a_second_one_at_once() -> None:
-    """The hold over DALI's task puts (``task_puts_finish_before_interrupts``): one SIGINT within raises its
-    KeyboardInterrupt as the block ends, its lines all run; a second one raises where it lands (a put that never
-    ends still yields to Ctrl-C); SIGINT's handler is the caller's again after."""
-    from lerobot_dali.parent_watch import _interrupt_held_over
+class Terminated(Exception):
+    """What the SIGTERM handler of these tests raises (a script's own, that exits)."""
 
-    ran = []
-    with pytest.raises(KeyboardInterrupt), _interrupt_held_over():
-        os.kill(os.getpid(), signal.SIGINT)
-        ran.append("after the first")
-    assert ran == ["after the first"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    with pytest.raises(KeyboardInterrupt), _interrupt_held_over():
-        os.kill(os.getpid(), signal.SIGINT)
-        ran.append("after the first")
-        os.kill(os.getpid(), signal.SIGINT)
-        ran.append("after the second")
-    assert ran == ["after the first"] * 2 and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated(signum)
+
+
+@pytest.mark.parametrize(
+    ("signum", "handler", "ends"),
+    [(signal.SIGINT, signal.default_int_handler, KeyboardInterrupt), (signal.SIGTERM, _terminated, Terminated)],
+    ids=["ctrl-c", "sigterm-handler-that-raises"],
+)
+def test_a_signal_in_a_task_put_raises_as_it_ends_and_a_second_one_at_once(signum, handler, ends) -> None:
+    """The hold over DALI's task puts (``task_puts_finish_before_interrupts``): one signal within runs its handler as
+    the block ends, its lines all run; a second one runs it where it lands (a put that never ends still yields to
+    Ctrl-C); the handler is the caller's again after. Only SIGINT was held: a SIGTERM handler raised inside the put."""
+    from lerobot_dali.parent_watch import _signals_held_over
+
+    previous = signal.signal(signum, handler)
+    try:
+        ran = []
+        with pytest.raises(ends), _signals_held_over():
+            os.kill(os.getpid(), signum)
+            ran.append("after the first")
+        assert ran == ["after the first"] and signal.getsignal(signum) is handler
+        with pytest.raises(ends), _signals_held_over():
+            os.kill(os.getpid(), signum)
+            ran.append("after the first")
+            os.kill(os.getpid(), signum)
+            ran.append("after the second")
+        assert ran == ["after the first"] * 2 and signal.getsignal(signum) is handler
+    finally:
+        signal.signal(signum, previous)
+
+
+@pytest.mark.parametrize("second", [False, True], ids=["one-signal", "two-signals"])
+def test_a_signal_at_each_line_of_the_hold_runs_its_handler_once_and_every_handler_is_put_back(second) -> None:
+    """A real SIGINT (and a SIGTERM next, for two), both with handlers that raise, sent at each line the hold runs (the
+    put is ``pass``): each signal's handler ran once, none is lost, the handlers in place run the caller's, and the next
+    put leaves the caller's in place. ``signal.signal()`` runs the handlers of pending signals before it changes one: a
+    SIGINT landing as the handlers were put back, SIGINT's back, raised there and left SIGTERM's the hold's for good,
+    which held every later SIGTERM for a next put's end (held over SIGINT alone: a second Ctrl-C landing there left
+    SIGINT's the hold's)."""
+    import sys
+
+    from lerobot_dali import parent_watch
+
+    codes = (parent_watch._signals_held_over.__wrapped__.__code__,)  # type: ignore[attr-defined]
+    ran: list[int] = []
+
+    def noted(signum: int, frame: Any) -> None:
+        ran.append(signum)
+        raise Terminated(signum)
+
+    previous = {s: signal.signal(s, noted) for s in (signal.SIGINT, signal.SIGTERM)}
+    reached = []
+    try:
+        for k in range(1, 200):
+            lines, sent = [0], []
+
+            def line(
+                frame: Any, event: str, arg: Any, lines: list[int] = lines, sent: list[int] = sent, k: int = k
+            ) -> Any:
+                if event == "line":
+                    lines[0] += 1
+                    if lines[0] == k or (second and lines[0] == k + 1):
+                        sent.append(signal.SIGINT if not sent else signal.SIGTERM)
+                        os.kill(os.getpid(), sent[-1])
+                return line
+
+            ran.clear()
+            previous_trace = sys.gettrace()
+            sys.settrace(lambda frame, event, arg: line if frame.f_code in codes else None)
+            try:
+                with parent_watch._signals_held_over():
+                    pass  # (the put)
+            except Terminated:
+                pass
+            finally:
+                sys.settrace(previous_trace)
+            if not sent:  # (fewer lines ran)
+                break
+            reached.append(k)
+            assert sorted(ran) == sorted(sent), k
+            for s in sent:  # (each handler in place, the hold's left too, runs the caller's once)
+                with pytest.raises(Terminated):
+                    os.kill(os.getpid(), s)
+            assert sorted(ran) == sorted(sent * 2), k
+            with parent_watch._signals_held_over():
+                pass  # (the next put: it puts back a handler left the hold's)
+            assert signal.getsignal(signal.SIGINT) is noted and signal.getsignal(signal.SIGTERM) is noted, k
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    assert len(reached) > 5
