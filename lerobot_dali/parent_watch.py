@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -24,6 +25,7 @@ import multiprocessing.util
 import os
 import signal
 import threading
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -166,8 +168,9 @@ def task_puts_finish_before_interrupts() -> None:
     except ImportError:  # (a DALI without it: puts are interrupted as before)
         return
     with _lock:
-        original: Any = getattr(ProcPool, "send", None)
-        if original is None or getattr(original, _SEND_WRAPPED, False):
+        original: Any = inspect.getattr_static(ProcPool, "send", None)
+        # (a plain method, as DALI's is: a static one, wrapped as a method, was called with the pool as its first task)
+        if not isinstance(original, types.FunctionType) or getattr(original, _SEND_WRAPPED, False):
             return
 
         @functools.wraps(original)

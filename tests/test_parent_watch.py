@@ -185,3 +185,32 @@ def test_a_signal_at_each_line_of_the_hold_runs_its_handler_once_and_every_handl
         for s, handler in previous.items():
             signal.signal(s, handler)
     assert len(reached) > 5
+
+
+@pytest.mark.parametrize("changed", ["static", "none", "gone"])
+def test_the_hold_leaves_a_dali_pool_whose_send_changed_as_it_is(monkeypatch: pytest.MonkeyPatch, changed) -> None:
+    """DALI's private pool: where its ``send`` is no plain method (a static one: wrapped as a method, it was called with
+    the pool as its first argument), or is gone, the puts are left as DALI made them."""
+    import nvidia.dali._multiproc.pool as dali_pool
+
+    from lerobot_dali import parent_watch
+
+    def put(tasks: Any, worker: Any) -> tuple[Any, Any]:
+        return tasks, worker
+
+    class ProcPool:
+        if changed == "static":
+            send = staticmethod(put)
+        elif changed == "none":
+            send = None
+
+    before = ProcPool.__dict__.get("send")
+    monkeypatch.setattr(dali_pool, "ProcPool", ProcPool)
+    parent_watch.task_puts_finish_before_interrupts.cache_clear()
+    try:
+        parent_watch.task_puts_finish_before_interrupts()
+    finally:
+        parent_watch.task_puts_finish_before_interrupts.cache_clear()
+    assert ProcPool.__dict__.get("send") is before
+    if changed == "static":
+        assert ProcPool().send([1], 0) == ([1], 0)
