@@ -294,10 +294,11 @@ def _kill_stuck_workers(closes: _Closes) -> None:
             if time.monotonic() - began < STUCK_CLOSE_S:
                 continue
             for process in _worker_processes(iterator):
-                try:
-                    if process.exitcode is None:
+                said = f"{process.pid} ({_name(iterator)})"
+                try:  # (once each: a worker whose teardown outlasts a poll was killed, and named, again)
+                    if process.exitcode is None and said not in closes.killed:
                         process.kill()
-                        closes.killed.append(f"{process.pid} ({_name(iterator)})")
+                        closes.killed.append(said)
                 except Exception:  # (reaped meanwhile)
                     logger.debug("killing a worker at exit failed", exc_info=True)
 

@@ -666,3 +666,38 @@ def test_the_exit_handler_closes_every_iterator_where_no_thread_may_start(
         exit_close._close_all()
     assert it._pipeline is None  # (closed)
     batches.close()
+
+
+def test_a_stuck_worker_still_dying_at_the_next_look_is_killed_and_named_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A worker SIGKILLed at exit is not reaped until the kernel has torn it down (its memory freed: 127-202 ms for a
+    # process of 400 MB on 2 busy cores): past the reaper's next look (_POLL_S, 100 ms) it was killed again, and named
+    # twice in the warning ("killed: 7 (ds), 7 (ds)").
+    from types import SimpleNamespace
+
+    closes = exit_close._Closes(time.monotonic())
+    kills: list[int] = []
+
+    class Dying:
+        """A worker whose teardown outlasts 3 looks after its SIGKILL (no exit code until then)."""
+
+        pid, exitcode = 7, None
+
+        def kill(self) -> None:
+            kills.append(self.pid)
+
+    looks = []
+
+    def processes(iterator: object) -> list[Dying]:
+        looks.append(iterator)
+        if len(looks) == 4:
+            closes.done.set()
+        return [worker]
+
+    worker = Dying()
+    iterator = SimpleNamespace(reader=SimpleNamespace(location=SimpleNamespace(description="ds")))
+    monkeypatch.setattr(exit_close, "STUCK_CLOSE_S", 0.0)
+    monkeypatch.setattr(exit_close, "_POLL_S", 0.0)
+    monkeypatch.setattr(exit_close, "_worker_processes", processes)
+    closes.begin(iterator)
+    exit_close._kill_stuck_workers(closes)
+    assert len(looks) == 4 and kills == [7] and closes.killed == ["7 (ds)"]
