@@ -276,14 +276,17 @@ class LeRobotDatasetReader:
 
     @property
     def fps(self) -> float:
+        """Frames per second of the rows, info.json's ``fps`` (``delta_timestamps`` offsets are multiples of 1/fps)."""
         return self.info.fps
 
     @property
     def num_episodes(self) -> int:
+        """Episodes read: those ``episodes=`` and ``episode_filter=`` keep, else every episode of the dataset."""
         return len(self.episodes)
 
     @property
     def num_frames(self) -> int:
+        """Rows (frames) of the episodes read, :attr:`num_episodes`' lengths added up."""
         return self.episodes.total_frames
 
     def __repr__(self) -> str:
@@ -540,6 +543,7 @@ class LeRobotDatasetReader:
 
     # -- files ---------------------------------------------------------------------------------------------
     def data_path(self, episode_pos: int) -> str:
+        """The data file that holds episode ``episode_pos`` (a position among the episodes read), as a path or URL."""
         return self.location.path(episode_data_path(self.info, self.episodes, episode_pos))
 
     def data_file_stamp(self, episode_pos: int) -> FileStamp | None:

@@ -346,6 +346,8 @@ class DALILeRobotIterator:
 
     @property
     def epoch(self) -> int:
+        """The epoch the next batch belongs to: 0 at first, the checkpoint's after :meth:`load_state_dict`, and the
+        next one once a pass has read an epoch to its end (so ``range(it.epoch, epochs)`` resumes a loop)."""
         return self._stream.epoch
 
     def set_epoch(self, epoch: int) -> None:
@@ -424,6 +426,9 @@ class DALILeRobotIterator:
 
     # -- iteration ---------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        """A pass over the rest of the current epoch: batches from the last one handed out (a loop left early
+        carries on; a resume, from the state), to the epoch's end, after which :attr:`epoch` is the next one. A new
+        ``iter()`` ends the pass before it, whose generator then raises :class:`~.errors.IteratorClosedError`."""
         # An epoch whose samples are all taken (a checkpoint saved after its last batch) gives an empty pass
         # that ends it, as a drop_last tail does; starting the next epoch here would run it twice in a loop
         # that calls set_epoch.

@@ -290,6 +290,7 @@ class DALILeRobotMixture:
 
     @property
     def epoch(self) -> int:
+        """The mixture's epoch: that of its anchor dataset (:attr:`anchor`, the one whose epoch is the mixture's)."""
         return self.datasets[self.anchor].epoch
 
     def set_epoch(self, epoch: int) -> None:
@@ -339,6 +340,9 @@ class DALILeRobotMixture:
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Continue where ``state_dict`` (a :meth:`state_dict`) left off, each dataset where it stood. A state of
+        other datasets, another order of them or another anchor is refused (:class:`~.errors.ResumeStateError`);
+        one saved at other shares (weights, batch size) warns and continues each dataset where it stood."""
         saved = state_dict.get("mixture") if isinstance(state_dict, Mapping) else None
         parts = state_dict.get("datasets") if isinstance(state_dict, Mapping) else None
         if not isinstance(saved, Mapping) or not isinstance(parts, Sequence):
@@ -408,6 +412,8 @@ class DALILeRobotMixture:
 
     # -- iteration ---------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        """A pass over the rest of the mixture's epoch (its anchor's), each batch holding every dataset's share, in
+        the datasets' order; like the iterator's, it carries on from the last batch handed out."""
         closes = self._closes  # (a close() from here on ends this pass)
         # The anchor at the start of its epoch (a new mixture epoch, however reached, set_epoch back included): the
         # others go where this mixture epoch starts them, which is where they stand after the epoch before (then

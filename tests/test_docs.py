@@ -211,3 +211,19 @@ def test_the_readers_block_runs_on_the_dataset_it_names() -> None:
     namespace: dict[str, Any] = {}
     exec(block.replace(named.group(1), str(shared_dataset("cr5_v30_av1"))), namespace)
     assert set(namespace["rows"]) >= {"index", "episode_index", "frame_index", "timestamp", "action"}
+
+
+def test_the_public_api_documents_each_member_it_shows() -> None:
+    """``help()`` on the iterator, the mixture and the reader gives each public method and property a docstring of its
+    own, ``__iter__`` too (without one, help() showed the source's ``# -- iteration ---`` comment in its place)."""
+    from lerobot_dali import DALILeRobotIterator, DALILeRobotMixture, LeRobotDatasetReader
+
+    bare = []
+    for cls in (DALILeRobotIterator, DALILeRobotMixture, LeRobotDatasetReader):
+        for name, member in vars(cls).items():
+            if name.startswith("_") and name not in ("__iter__", "__len__", "__enter__"):
+                continue
+            function = member.fget if isinstance(member, property) else member
+            if callable(function) and not (getattr(function, "__doc__", None) or "").strip():
+                bare.append(f"{cls.__name__}.{name}")
+    assert not bare, f"no docstring: {bare}"
