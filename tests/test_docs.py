@@ -211,6 +211,8 @@ def test_the_readers_block_runs_on_the_dataset_it_names() -> None:
     namespace: dict[str, Any] = {}
     exec(block.replace(named.group(1), str(shared_dataset("cr5_v30_av1"))), namespace)
     assert set(namespace["rows"]) >= {"index", "episode_index", "frame_index", "timestamp", "action"}
+    stats = namespace["stats"]["action"]  # (a policy's normaliser: LeRobot's meta.stats, from meta/stats.json)
+    assert {"mean", "std", "min", "max", "count"} <= set(stats) and stats["mean"].shape == (7,)
 
 
 def test_the_public_api_documents_each_member_it_shows() -> None:
