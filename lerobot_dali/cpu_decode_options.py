@@ -74,6 +74,20 @@ class ColorConversion(Enum):
     GRAPH = "graph"
 
 
+def _check_member(name: str, value: object, kind: type[Enum]) -> None:
+    """ValueError unless ``value`` is a member of ``kind``, naming its members and where to import it from (a string
+    such as ``"pyav"`` is refused: the message says which member it means)."""
+    if isinstance(value, kind):
+        return
+    members = ", ".join(f"{kind.__name__}.{member.name}" for member in kind)
+    meant = next((member for member in kind if value in (member.value, member.name)), None)
+    hint = f": pass {kind.__name__}.{meant.name}" if meant is not None else ""
+    raise ValueError(
+        f"{name} must be a {kind.__name__} (from lerobot_dali.cpu_decode import {kind.__name__}; {members}), got "
+        f"{value!r}{hint}."
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class CpuDecodeOptions:
     """How the CPU fallback decodes.
@@ -106,10 +120,8 @@ class CpuDecodeOptions:
     image_cache_bytes: int = IMAGE_CACHE_BYTES
 
     def __post_init__(self) -> None:
-        if not isinstance(self.backend, CpuDecoderBackend):
-            raise ValueError(f"backend must be a CpuDecoderBackend, got {self.backend!r}.")
-        if not isinstance(self.color_conversion, ColorConversion):
-            raise ValueError(f"color_conversion must be a ColorConversion, got {self.color_conversion!r}.")
+        _check_member("backend", self.backend, CpuDecoderBackend)
+        _check_member("color_conversion", self.color_conversion, ColorConversion)
         if self.backend is CpuDecoderBackend.TORCHCODEC and self.color_conversion is ColorConversion.GRAPH:
             raise ValueError(
                 "color_conversion=ColorConversion.GRAPH needs the decoder's YUV planes, which torchcodec does not "
