@@ -139,8 +139,8 @@ class MissingDataFileError(DatasetError, FileNotFoundError):
 
 
 class CameraSelectionError(DatasetError):
-    """Datasets read together: ``cameras=`` (by the batches' names) names a camera one of them lacks, or two of its
-    cameras have, under the names its rename_map gives them."""
+    """``cameras=`` names a camera the dataset does not declare; or, datasets read together, (by the batches' names) a
+    camera one of them lacks, or two of its cameras have, under the names its rename_map gives them."""
 
 
 class RenameMapError(ValueError):
