@@ -53,7 +53,10 @@ def checked_arguments(
     preference = DecodePreference.parse(decode)
     if device == "cpu":
         if preference is DecodePreference.GPU:
-            raise ValueError("decode='gpu' decodes on NVDEC, which needs device='cuda'; with device='cpu' use 'auto'")
+            raise ValueError(
+                "decode='gpu' decodes on NVDEC, which needs device='cuda'; with device='cpu' pass decode='auto' or "
+                "'cpu' (both decode on the CPU)"
+            )
         return counts, preference
     visible = require_cuda(f"device={device!r}", instead="device='cpu'")
     if device != "cuda" and int(device.split(":")[1]) >= visible:

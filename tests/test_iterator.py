@@ -601,7 +601,11 @@ def test_the_build_line_names_the_dataset_and_where_its_rank_came_from(
         ({"num_workers": 1.0}, TypeError, "num_workers must be an int, got float"),
         ({"prefetch": 0}, ValueError, "prefetch must be >= 1"),
         ({"device": "cuda:x"}, ValueError, "device must be 'cuda', 'cuda:N' or 'cpu'"),
-        ({"decode": "gpu"}, ValueError, "decode='gpu' decodes on NVDEC, which needs device='cuda'"),
+        (
+            {"decode": "gpu"},
+            ValueError,
+            "decode='gpu' decodes on NVDEC, which needs device='cuda'; with device='cpu' pass decode='auto' or 'cpu'",
+        ),
         ({"decode": "nvdec"}, ValueError, "decode must be one of 'auto', 'gpu', 'cpu', got 'nvdec'"),
     ],
 )
