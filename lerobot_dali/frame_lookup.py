@@ -109,6 +109,10 @@ class FrameRequestContext:
     rows_fps: float | None = None
     #: Rows are looked up by ``frame_index / fps`` (:attr:`TimestampSource.FRAME_INDEX`), not their timestamps.
     by_frame_index: bool = False
+    #: Where meta/episodes says the episode's video ends in the file, in seconds: its ``to_timestamp`` (v3), else
+    #: ``from_timestamp + length / fps``. A row past the last frame of a video whose frames end before it is told the
+    #: file is cut short, not that the video has fewer frames than the rows.
+    episode_end_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.episode_index is not None and (isinstance(self.episode_index, bool) or self.episode_index < 0):
@@ -250,6 +254,7 @@ def _raise_out_of_tolerance(
     worst = int(np.argmax(np.where(failing, error_s, -1.0)))
     past_end = bool(queries[worst] > frame_s[-1])
     hidden_s = _hidden_frame_near(index, float(queries[worst]), tolerance_s)
+    cut_short = _cut_short(index, context) if past_end else ""
     if hidden_s is not None:
         advice = (
             f"The video holds a frame at {hidden_s:.6f} s, but its edit list hides it: FFmpeg decodes it only as a "
@@ -266,6 +271,8 @@ def _raise_out_of_tolerance(
             "meta/episodes to the time its first row's frame has in the file, or write the video again with its "
             "first frame at 0 s."
         )
+    elif cut_short:
+        advice = cut_short
     elif context is not None and context.by_frame_index and past_end:
         advice = (
             "The rows are looked up by frame_index / fps and this one lies past the video's last frame: the video "
@@ -291,8 +298,8 @@ def _raise_out_of_tolerance(
     rows_fps = context.rows_fps if context is not None else None
     video_has_more_frames = bool(rows_fps and half_frame_s and 0.5 / half_frame_s > 1.2 * rows_fps)
     tick_s, tick_name = _frame_time_step(index)
-    if hidden_s is not None:
-        pass  # (no frame rate or rounding explains a frame the edit list hides: the advice above)
+    if hidden_s is not None or cut_short:
+        pass  # (no frame rate or rounding explains a frame the edit list hides, or frames missing: the advice above)
     # e.g. 30 fps on a millisecond clock (an MKV remuxed to MP4, a recorder's clock): frames up to 0.5 ms off
     elif _rounded_frame_times(error_s[failing], tick_s / 2, half_frame_s, tolerance_s):
         advice = (
@@ -319,6 +326,26 @@ def _raise_out_of_tolerance(
         f"tolerance_s={tolerance_s} (nearest frame {int(nearest[worst])} at "
         f"{index.frame_pts_s[nearest[worst]]:.6f} s, off by {error_s[worst]:.6f} s; {int(failing.sum())} of "
         f"{queries.size} queries fail; the video spans {frame_s[0]:.6f}-{frame_s[-1]:.6f} s). {advice}"
+    )
+
+
+def _cut_short(index: PacketIndex, context: FrameRequestContext | None) -> str:
+    """The advice for a row past the video's last frame where the video's frames end more than half a frame before
+    the episode's end in meta/episodes (the file lost its last frames: a cut between two fragments of a fragmented
+    MP4, or between two GOPs, leaves nothing in the file that says it is short); "" where they do not, or the end is
+    not known."""
+    stated_s = context.episode_end_s if context is not None else None
+    frames_end_s = float(index.shown_pts_s[-1]) + index.frame_interval_s
+    if stated_s is None or not frames_end_s < stated_s - 0.5 * index.frame_interval_s:
+        return ""
+    missing = round((stated_s - frames_end_s) / index.frame_interval_s)
+    frames = "1 frame" if missing == 1 else f"{missing} frames"
+    return (
+        f"The video's frames end at {frames_end_s:.6f} s, before the episode's end at {stated_s:.6f} s in "
+        f"meta/episodes (about {frames} missing): the video file is most likely truncated (a partial "
+        "download or copy). Download or copy it again from the dataset's source; if it is whole (as large as the "
+        "source's), the video holds fewer frames than the episode has rows: re-encode it, or leave the episode out "
+        "with episodes=."
     )
 
 
@@ -380,6 +407,7 @@ def row_frame_numbers(
         camera=camera,
         rows_fps=reader.fps,
         by_frame_index=timestamp_source is TimestampSource.FRAME_INDEX,
+        episode_end_s=_episode_end_s(reader, episode_pos, video),
     )
     local_s = _local_times_s(reader, rows, row_indices, timestamp_source, episode_pos)
     return nearest_frame_indices(
@@ -389,6 +417,14 @@ def row_frame_numbers(
         context=context,
         episode_span_s=(video.from_timestamp_s, video.to_timestamp_s),
     )
+
+
+def _episode_end_s(reader: LeRobotDatasetReader, episode_pos: int, video: VideoRef) -> float:
+    """Where meta/episodes says episode ``episode_pos``'s video ends in its file: its ``to_timestamp``, else (v2.x, or
+    a v3 episodes file without it) ``from_timestamp + length / fps``."""
+    if video.to_timestamp_s is not None:
+        return video.to_timestamp_s
+    return video.from_timestamp_s + int(reader.episodes.length[episode_pos]) / reader.fps
 
 
 def _local_times_s(

@@ -1,0 +1,124 @@
+"""Frame lookup of real datasets' rows in videos that lost their last frames, and at the edges of its tolerance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.errors import FrameTimestampError
+from lerobot_dali.frame_lookup import FrameRequestContext, TimestampSource, nearest_frame_indices, row_frame_numbers
+from lerobot_dali.packet_index import build_packet_index
+from tests.conftest import shared_dataset
+from tests.video_fixtures import remux, top_level_boxes
+
+FRAGMENTED = "frag_keyframe+empty_moov+default_base_moof"
+
+
+def _without_last_gops(source: Path, target: Path, gops: int) -> Path:
+    """``source``'s packets before its ``gops``-th last keyframe, remuxed: the file whole, its last GOPs gone."""
+    with av.open(str(source)) as src, av.open(str(target), "w") as dst:
+        packets = [packet for packet in src.demux(src.streams.video[0]) if packet.size]
+        stop = [i for i, packet in enumerate(packets) if packet.is_keyframe][-gops]
+        stream = dst.add_stream_from_template(src.streams.video[0], opaque=True)
+        for packet in packets[:stop]:
+            packet.stream = stream
+            dst.mux(packet)
+    return target
+
+
+def _cut_after_fragment(source: Path, target: Path) -> Path:
+    """``source`` remuxed as a fragmented MP4 and cut before its last fragment (``moof``): nothing in what is left
+    says that the file had more."""
+    raw = remux(source, target, movflags=FRAGMENTED).read_bytes()
+    last = [start for kind, start, _ in top_level_boxes(raw) if kind == b"moof"][-1]
+    target.write_bytes(raw[:last])
+    return target
+
+
+def _frames_end_s(path: Path) -> float:
+    """End of the last frame a full decode of ``path`` shows (its pts plus one frame), in seconds."""
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        last = max(frame.pts for frame in container.decode(stream))
+        return float(last * stream.time_base + 1 / stream.average_rate)
+
+
+@pytest.mark.parametrize(
+    ("dataset", "camera", "episode", "cut", "stated_s"),
+    [
+        # v3: file-002 holds episodes 10 and 11; episode 11's to_timestamp is 45.3 s
+        ("cr5_v30_av1", "observation.images.top", 11, "fragment", 45.3),
+        # v2.1 (no to_timestamp): 198 rows at 10 fps
+        ("cr5_v21_av1", "observation.images.top", 11, "gop", 19.8),
+        # v2.0, H.264 with B-frames: 328 rows at 20 fps
+        ("gr00t_v20_h264", "observation.images.ego_view", 4, "gop", 16.4),
+    ],
+)
+def test_rows_past_a_truncated_video_are_told_to_download_it_again(
+    tmp_path: Path, dataset: str, camera: str, episode: int, cut: str, stated_s: float
+) -> None:
+    """A video that lost its last frames (cut between two fragments of a fragmented MP4, or between two GOPs) reads
+    as a shorter video: its episode's last rows have no frame. The error said to re-encode a video with fewer frames
+    than rows (97 of 97 such cuts of the four real datasets' files); now it names where the frames end, the episode's
+    end in meta/episodes, and says to download the file again (97 of 97)."""
+    reader = open_dataset(shared_dataset(dataset), cameras=[camera])
+    video = reader.video(episode, camera)
+    cut_file = tmp_path / "cut.mp4"
+    if cut == "fragment":
+        _cut_after_fragment(Path(video.path), cut_file)
+    else:
+        _without_last_gops(Path(video.path), cut_file, 1)
+    rows = reader.read_episode(episode, keys=[])
+    with pytest.raises(FrameTimestampError) as info:
+        row_frame_numbers(
+            reader, episode, camera, rows, np.arange(len(rows["frame_index"])), build_packet_index(cut_file),
+            timestamp_source=TimestampSource.FRAME_INDEX, tolerance_s=1e-4, video=video,
+        )  # fmt: skip
+    message = str(info.value)
+    frames_end_s = _frames_end_s(cut_file)
+    assert frames_end_s < stated_s
+    assert f"frames end at {frames_end_s:.6f} s, before the episode's end at {stated_s:.6f} s" in message
+    assert "truncated" in message and "Download or copy it again" in message
+
+
+def test_rows_past_a_whole_video_are_not_told_it_is_truncated() -> None:
+    """GR00T's rows are a frame ahead of its videos by their timestamps: the last row lies past the last frame of a
+    whole file, whose frames end at the episode's length / fps. That is no truncated file (0 of the 29 lookups of the
+    real datasets' whole files by parquet timestamp said so): the advice stays as it was."""
+    camera = "observation.images.ego_view"
+    reader = open_dataset(shared_dataset("gr00t_v20_h264"), cameras=[camera])
+    video = reader.video(4, camera)
+    rows = reader.read_episode(4, keys=[])
+    with pytest.raises(FrameTimestampError) as info:
+        row_frame_numbers(
+            reader, 4, camera, rows, np.arange(len(rows["timestamp"])), build_packet_index(video.path),
+            timestamp_source=TimestampSource.PARQUET_TIMESTAMP, tolerance_s=1e-4, video=video,
+        )  # fmt: skip
+    message = str(info.value)
+    assert "past the video's last frame" in message and "fewer frames than the episode has rows" in message
+    assert "truncated" not in message and "download" not in message.lower()
+
+
+@pytest.mark.parametrize("by_frame_index", [False, True])
+def test_a_video_whose_frames_reach_the_episodes_end_keeps_the_re_encode_advice(
+    marker_video, by_frame_index: bool
+) -> None:
+    """Frames that end at (or within half a frame of) the episode's stated end: the file is whole, only shorter than
+    its rows. One frame short of the end it is judged cut short."""
+    index = build_packet_index(marker_video("h264", 30))
+    interval_s = index.frame_interval_s
+    frames_end_s = float(index.shown_pts_s[-1]) + interval_s
+    past_the_end = [0.0, frames_end_s + interval_s]
+    for stated_s, truncated in ((frames_end_s, False), (frames_end_s + 0.49 * interval_s, False),
+                                (frames_end_s + interval_s, True), (None, False)):  # fmt: skip
+        context = FrameRequestContext(camera="c", by_frame_index=by_frame_index, episode_end_s=stated_s)
+        with pytest.raises(FrameTimestampError) as info:
+            nearest_frame_indices(index, past_the_end, tolerance_s=1e-4, context=context)
+        message = str(info.value)
+        assert ("most likely truncated" in message) is truncated, (stated_s, message)
+        assert ("Download or copy it again" in message) is truncated, (stated_s, message)
+        assert "fewer frames than the episode has rows" in message
