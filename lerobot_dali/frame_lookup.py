@@ -146,6 +146,7 @@ def nearest_frame_indices(
     tolerance_s: float,
     context: FrameRequestContext | None = None,
     episode_span_s: tuple[float, float | None] | None = None,
+    rounding_s: ArrayLike = 0.0,
 ) -> np.ndarray:
     """Display index of the frame nearest each absolute query time (ties go to the earlier frame).
 
@@ -158,8 +159,11 @@ def nearest_frame_indices(
     episode's video would silently read the neighbour's frame within any tolerance; frames more than half an
     interval outside the span raise instead (:func:`episode_frames` says which frames are the episode's).
 
-    Raises FrameTimestampError when any ``|pts - query| > tolerance_s`` (or a query is not finite), or a frame
-    falls outside ``episode_span_s``, naming the request, the worst query and the nearest pts;
+    ``rounding_s``: how far each query may lie from its row's time through the way the time is stored (half a float32
+    step: ``_stored_time_rounding_s``), allowed on top of ``tolerance_s``.
+
+    Raises FrameTimestampError when any ``|pts - query| > tolerance_s + rounding_s`` (or a query is not finite), or
+    a frame falls outside ``episode_span_s``, naming the request, the worst query and the nearest pts;
     FrameRequestError for an empty request.
     """
     check_seconds("tolerance_s", tolerance_s)
@@ -170,7 +174,9 @@ def nearest_frame_indices(
         )
     nearest, error_s = _nearest(index, queries)
     if not (error_s <= tolerance_s).all():  # also catches NaN queries, whose errors compare false
-        _raise_out_of_tolerance(index, context, queries, nearest, error_s, tolerance_s)
+        allowed_s = tolerance_s + np.asarray(rounding_s, dtype=np.float64)
+        if not (error_s <= allowed_s).all():
+            _raise_out_of_tolerance(index, context, queries, nearest, error_s, tolerance_s, allowed_s)
     if episode_span_s is not None:
         _check_within_episode(index, context, queries, nearest, episode_span_s)
     return nearest
@@ -244,13 +250,14 @@ def _raise_out_of_tolerance(
     nearest: np.ndarray,
     error_s: np.ndarray,
     tolerance_s: float,
+    allowed_s: np.ndarray,
 ) -> None:
     where = _where(index, context)
     if not np.isfinite(queries).all():
         bad = float(queries[~np.isfinite(queries)][0])
         raise FrameTimestampError(f"{where}: query timestamp {bad} s is not a finite number.")
     frame_s = index.shown_pts_s
-    failing = error_s > tolerance_s
+    failing = error_s > allowed_s
     worst = int(np.argmax(np.where(failing, error_s, -1.0)))
     past_end = bool(queries[worst] > frame_s[-1])
     hidden_s = _hidden_frame_near(index, float(queries[worst]), tolerance_s)
@@ -410,12 +417,14 @@ def row_frame_numbers(
         episode_end_s=_episode_end_s(reader, episode_pos, video),
     )
     local_s = _local_times_s(reader, rows, row_indices, timestamp_source, episode_pos)
+    by_timestamp = timestamp_source is not TimestampSource.FRAME_INDEX  # (frame_index / fps is float64: exact)
     return nearest_frame_indices(
         index,
         video.from_timestamp_s + local_s,
         tolerance_s=tolerance_s,
         context=context,
         episode_span_s=(video.from_timestamp_s, video.to_timestamp_s),
+        rounding_s=_stored_time_rounding_s(rows["timestamp"][row_indices]) if by_timestamp else 0.0,
     )
 
 
@@ -449,6 +458,17 @@ def _local_times_s(
             "(timestamp_source='frame_index'): fix the data file, or look frames up by the parquet timestamps"
         )
     return frame_index_timestamps_s(frame_index, fps=reader.fps)
+
+
+def _stored_time_rounding_s(stored_s: np.ndarray) -> np.ndarray | float:
+    """How far each of ``stored_s`` (a parquet ``timestamp`` column's values) may lie from the time it stands for:
+    half a float32 step where they are float32, as LeRobot writes them (0 for float64). From 2,048 s on, half a step
+    (122 us) is more than the default ``tolerance_s`` (100 us): 6,208 of the 108,000 rows of a one-hour episode at
+    30 fps, each at its frame's time, missed their frames by it, while LeRobot (which rounds the frame times to float32
+    as well) reads them all. Half a step stays far below half a frame (at 1 h: 122 us), so no row reads another."""
+    if stored_s.dtype != np.float32:
+        return 0.0
+    return np.spacing(np.abs(stored_s)).astype(np.float64) / 2
 
 
 #: One episode's part of a file lookup: ``(episode_pos, rows, row_indices, video)`` as :func:`row_frame_numbers`
@@ -501,7 +521,9 @@ def _lookup_together(
     if not queries or 0 in counts:
         return None
     nearest, error_s = _nearest(index, np.concatenate(queries).astype(np.float64, copy=False))
-    held = error_s <= np.repeat(tolerances, counts)  # (false for a NaN query too)
+    # (false for a NaN query too; and for a float32 time that its rounding alone puts past tolerance_s, from 2,048 s
+    # into an episode on, which its episode's own lookup allows for)
+    held = error_s <= np.repeat(tolerances, counts)
     held &= (nearest >= np.repeat(firsts, counts)) & (nearest < np.repeat(stops, counts))
     if not held.all():
         return None

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import av
 import numpy as np
 import pytest
 
-from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.dataset_reader import VideoRef, open_dataset
 from lerobot_dali.errors import FrameTimestampError
-from lerobot_dali.frame_lookup import FrameRequestContext, TimestampSource, nearest_frame_indices, row_frame_numbers
-from lerobot_dali.packet_index import build_packet_index
+from lerobot_dali.frame_lookup import (
+    ITERATORS_LOOKUP,
+    FrameRequestContext,
+    TimestampSource,
+    file_frame_numbers,
+    nearest_frame_indices,
+    row_frame_numbers,
+)
+from lerobot_dali.packet_index import PacketIndex, build_packet_index
 from tests.conftest import shared_dataset
 from tests.video_fixtures import remux, top_level_boxes
 
@@ -122,3 +133,52 @@ def test_a_video_whose_frames_reach_the_episodes_end_keeps_the_re_encode_advice(
         assert ("most likely truncated" in message) is truncated, (stated_s, message)
         assert ("Download or copy it again" in message) is truncated, (stated_s, message)
         assert "fewer frames than the episode has rows" in message
+
+
+def _constant_rate_index(frame_count: int, fps: int) -> PacketIndex:
+    """A synthetic index of ``frame_count`` frames at ``fps``, in display order (time base 1/15360, as FFmpeg's MP4
+    muxer writes for 30 fps)."""
+    pts = np.arange(frame_count, dtype=np.int64) * (15360 // fps)
+    return PacketIndex(
+        source_name="long.mp4", codec="h264", width=64, height=64, pix_fmt="yuv420p", time_base=Fraction(1, 15360),
+        pts=pts, dts=pts, byte_offset=np.arange(frame_count, dtype=np.int64) * 10,
+        size_bytes=np.full(frame_count, 10, dtype=np.int64), keyframe=np.arange(frame_count) % 30 == 0,
+        file_size_bytes=10 * frame_count, byte_exact=True, template=b"",
+    )  # fmt: skip
+
+
+def _one_episode_reader(length: int, fps: float) -> Any:
+    """What the lookups read of a dataset holding one episode of ``length`` rows at ``fps``, in a file of its own."""
+    episodes = SimpleNamespace(episode_index=np.array([0]), length=np.array([length]))
+    return SimpleNamespace(
+        episodes=episodes, fps=fps, frame_lookup=lambda pos: ITERATORS_LOOKUP, source_of=lambda pos: "long"
+    )
+
+
+def test_float32_timestamps_of_a_long_episode_find_their_frames() -> None:
+    """LeRobot stores timestamps as float32, whose step is 244 us from 2,048 s on: a row at its frame's time is stored
+    up to 122 us off it, more than the default tolerance_s. 6,208 of the 108,000 rows of a one-hour episode at 30 fps
+    missed their frames (FrameTimestampError), which LeRobot (rounding the frame times to float32 too) reads; 0 now,
+    each at its own frame, by the lookup of one episode and of a file's episodes. A row off its frame by more
+    than the tolerance plus its own rounding still fails."""
+    fps, length = 30, 30 * 3600
+    index = _constant_rate_index(length, fps)
+    reader = _one_episode_reader(length, float(fps))
+    video = VideoRef("long.mp4", 0.0, None)
+    rows = {"timestamp": (np.arange(length) / fps).astype(np.float32)}
+    everything = np.arange(length)
+    lookup = partial(row_frame_numbers, timestamp_source=TimestampSource.PARQUET_TIMESTAMP, tolerance_s=1e-4)
+    np.testing.assert_array_equal(lookup(reader, 0, "c", rows, everything, index, video=video), everything)
+    together = file_frame_numbers(
+        reader, "c", index, [(0, rows, everything, video)], timestamp_source=TimestampSource.PARQUET_TIMESTAMP,
+        tolerance_s=1e-4,
+    )  # fmt: skip
+    np.testing.assert_array_equal(together[0], everything)
+    frame, step_s = 3000 * fps, float(np.spacing(np.float32(3000.0)))  # (244 us; 3,000 s itself is a float32)
+    for steps, fails in ((0, False), (1, True), (-1, True)):  # (one step off: 244 us > 100 us + 122 us)
+        late = {"timestamp": np.array([3000.0 + steps * step_s], dtype=np.float32)}
+        if fails:
+            with pytest.raises(FrameTimestampError, match=r"query timestamp (3000|2999)\.\d+ s has no video frame"):
+                lookup(reader, 0, "c", late, np.array([0]), index, video=video)
+        else:
+            assert lookup(reader, 0, "c", late, np.array([0]), index, video=video).tolist() == [frame]
