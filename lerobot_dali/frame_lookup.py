@@ -44,9 +44,11 @@ __all__ = [
 #: How far a frame's pts may be from a row's time, by default: LeRobot's ``tolerance_s`` default.
 DEFAULT_TOLERANCE_S = 1e-4
 
-#: Two frames this close in distance to a query (as a fraction of a frame interval) are a tie, which goes to
-#: the earlier frame: 0.1 % of a 25 fps interval is 40 us, above float32's rounding of timestamps up to
-#: ~10 minutes and far below any real offset between data and video.
+#: Two frames this close in distance to a query (as a fraction of a frame interval, plus a float32 step at the
+#: query's time) are a tie, which goes to the earlier frame: 0.1 % of a 25 fps interval is 40 us, far below any real
+#: offset between data and video. The float32 step covers a timestamp's rounding, which moves a query halfway
+#: between two frames up to half a step to either side (its distances to them differ by up to a step): 40 us alone
+#: covered it up to 512 s only.
 TIE_FRACTION = 1e-3
 
 #: A video whose frame rate is under this fraction of the rows' fps has fewer frames than the rows.
@@ -150,9 +152,10 @@ def nearest_frame_indices(
 ) -> np.ndarray:
     """Display index of the frame nearest each absolute query time (ties go to the earlier frame).
 
-    A tie is two frames whose distances differ by less than :data:`TIE_FRACTION` of a frame interval:
-    parquet timestamps are float32, so a query exactly between two frames (10 fps data over 25 fps video)
-    lands a few microseconds to either side, and a strict comparison would pick frames by rounding noise.
+    A tie is two frames whose distances differ by less than :data:`TIE_FRACTION` of a frame interval plus a float32
+    step at the query's time: parquet timestamps are float32, so a query exactly between two frames (10 fps data
+    over 25 fps video) lands up to half a step (15 us at 10 min, 122 us at 1 h) to either side, and a strict
+    comparison would pick frames by rounding noise.
 
     ``episode_span_s`` ``(from_s, to_s)``: the episode's part of the file (``to_s`` None: to the end). Files
     that hold several episodes put the next one's first frame right after this one's last, so a row past the
@@ -192,7 +195,9 @@ def _nearest(index: PacketIndex, queries: np.ndarray) -> tuple[np.ndarray, np.nd
     lower = np.maximum(upper - 1, 0)
     lower_error_s = np.abs(frame_s[lower] - queries)
     upper_error_s = np.abs(frame_s[upper] - queries)
-    take_lower = lower_error_s <= upper_error_s + TIE_FRACTION * index.frame_interval_s
+    # (the step at the file time: at least the step at the episode's time, which a float32 timestamp was rounded to)
+    tie_s = TIE_FRACTION * index.frame_interval_s + _float32_step_s(queries)
+    take_lower = lower_error_s <= upper_error_s + tie_s
     error_s = np.where(take_lower, lower_error_s, upper_error_s)
     nearest = np.where(take_lower, lower, upper).astype(np.int64)
     return nearest + index.shown.start, error_s
@@ -460,6 +465,12 @@ def _local_times_s(
     return frame_index_timestamps_s(frame_index, fps=reader.fps)
 
 
+def _float32_step_s(seconds: np.ndarray) -> np.ndarray:
+    """The distance between consecutive float32 values at each of ``seconds`` (float64; computed in float64, as
+    float64's step times 2**29, so no value overflows a cast)."""
+    return np.spacing(np.abs(seconds)) * 2.0**29
+
+
 def _stored_time_rounding_s(stored_s: np.ndarray) -> np.ndarray | float:
     """How far each of ``stored_s`` (a parquet ``timestamp`` column's values) may lie from the time it stands for:
     half a float32 step where they are float32, as LeRobot writes them (0 for float64). From 2,048 s on, half a step
@@ -468,7 +479,7 @@ def _stored_time_rounding_s(stored_s: np.ndarray) -> np.ndarray | float:
     as well) reads them all. Half a step stays far below half a frame (at 1 h: 122 us), so no row reads another."""
     if stored_s.dtype != np.float32:
         return 0.0
-    return np.spacing(np.abs(stored_s)).astype(np.float64) / 2
+    return _float32_step_s(stored_s.astype(np.float64)) / 2
 
 
 #: One episode's part of a file lookup: ``(episode_pos, rows, row_indices, video)`` as :func:`row_frame_numbers`

@@ -136,11 +136,11 @@ def test_a_video_whose_frames_reach_the_episodes_end_keeps_the_re_encode_advice(
 
 
 def _constant_rate_index(frame_count: int, fps: int) -> PacketIndex:
-    """A synthetic index of ``frame_count`` frames at ``fps``, in display order (time base 1/15360, as FFmpeg's MP4
-    muxer writes for 30 fps)."""
-    pts = np.arange(frame_count, dtype=np.int64) * (15360 // fps)
+    """A synthetic index of ``frame_count`` frames at ``fps``, in display order (time base ``1 / (512 * fps)``, as
+    FFmpeg's MP4 muxer writes)."""
+    pts = np.arange(frame_count, dtype=np.int64) * 512
     return PacketIndex(
-        source_name="long.mp4", codec="h264", width=64, height=64, pix_fmt="yuv420p", time_base=Fraction(1, 15360),
+        source_name="long.mp4", codec="h264", width=64, height=64, pix_fmt="yuv420p", time_base=Fraction(1, 512 * fps),
         pts=pts, dts=pts, byte_offset=np.arange(frame_count, dtype=np.int64) * 10,
         size_bytes=np.full(frame_count, 10, dtype=np.int64), keyframe=np.arange(frame_count) % 30 == 0,
         file_size_bytes=10 * frame_count, byte_exact=True, template=b"",
@@ -182,3 +182,24 @@ def test_float32_timestamps_of_a_long_episode_find_their_frames() -> None:
                 lookup(reader, 0, "c", late, np.array([0]), index, video=video)
         else:
             assert lookup(reader, 0, "c", late, np.array([0]), index, video=video).tolist() == [frame]
+
+
+def test_rows_halfway_between_frames_read_the_earlier_one_in_a_long_episode() -> None:
+    """10 fps rows over a 25 fps video: every other row lies halfway between two frames, and with tolerance_s at half
+    a frame reads the earlier one. Its float32 timestamp lies up to half a float32 step to either side, more than the
+    tie margin (40 us) from 512 s on: 5,664 of the 18,000 halfway rows of a one-hour episode read the later frame
+    (88 of the 3,000 of its first 10 minutes), so the frames a window shows stepped unevenly. 0 now."""
+    length = 10 * 3600
+    index = _constant_rate_index(25 * 3600, 25)
+    reader = _one_episode_reader(length, 10.0)
+    video = VideoRef("long.mp4", 0.0, None)
+    rows = {"timestamp": (np.arange(length) / 10).astype(np.float32)}
+    everything = np.arange(length)
+    earlier = everything * 5 // 2  # (row k at k / 10 s: frame 2.5 k, the earlier of the two for odd k)
+    options: dict[str, Any] = {"timestamp_source": TimestampSource.PARQUET_TIMESTAMP, "tolerance_s": 0.0201}
+    alone = row_frame_numbers(reader, 0, "c", rows, everything, index, video=video, **options)
+    np.testing.assert_array_equal(alone, earlier)
+    within = everything[everything < 20480]  # (before 2,048 s a halfway row's float32 time is within tolerance_s, so
+    # the file's lookup keeps its own result instead of looking each episode up alone)
+    together = file_frame_numbers(reader, "c", index, [(0, rows, within, video)], **options)
+    np.testing.assert_array_equal(together[0], earlier[within])
