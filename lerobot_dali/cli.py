@@ -147,7 +147,7 @@ def _info(args: argparse.Namespace) -> int:
     for key, cam in summary["cameras"].items():
         depth = " (depth map)" if cam["depth_map"] else ""
         print(
-            f"  camera {key}{depth}: {_probed(cam)}; {cam['video_files']} video file(s), "
+            f"  camera {key}{depth}: {_probed(cam)}; {counted(cam['video_files'], 'video file')}, "
             f"{cam['episodes_per_file']['min']}-{cam['episodes_per_file']['max']} episodes per file"
         )
         if "probe_error" in cam:
@@ -315,11 +315,12 @@ def _check_one(args: argparse.Namespace, reader: LeRobotDatasetReader | None = N
             f" ({f'{files} video files and ' if files else ''}{report.frames_verified_before} frames skipped: "
             "decoded by an earlier check, unchanged since; --redecode decodes them again)"
         )
+    problems = counted(report.problem_count, "problem") if report.problem_count else "no problems"
     print(
         f"{report.source}: {counted(report.episodes, 'episode')}, {counted(report.rows, 'row')}, "
         f"{counted(report.video_files, 'video file')}"
         f"{decoded} checked in {report.seconds:.1f} s (timestamp_source={_said(args.timestamp_source)}, "
-        f"tolerance_s={_said(args.tolerance_s)}): {report.problem_count or 'no'} problem(s)"
+        f"tolerance_s={_said(args.tolerance_s)}): {problems}"
     )
     for kind, count in report.problem_kinds.items():
         print(f"  {count:>6} x {kind}")
@@ -441,15 +442,17 @@ def _reencode(args: argparse.Namespace) -> int:
             for when in ("before", "after")
         ]
         print(
-            f"  {camera}: {len(videos)} video file(s), {frames} frames, {megabytes[0]:.1f} -> {megabytes[1]:.1f} MB; "
+            f"  {camera}: {counted(len(videos), 'video file')}, {frames} frames, "
+            f"{megabytes[0]:.1f} -> {megabytes[1]:.1f} MB; "
             f"random access: about {decoded[0]:.1f} -> {decoded[1]:.1f} frames decoded per frame"
         )
     resumed = sum(video.resumed for video in report.videos)
     if resumed:
-        print(f"  {resumed} video file(s) re-encoded by an earlier run that did not finish (checked again)")
+        print(f"  {counted(resumed, 'video file')} re-encoded by an earlier run that did not finish (checked again)")
     if report.kept_videos:
-        print(f"  kept as they were: {len(report.kept_videos)} video file(s) of {', '.join(report.kept_cameras)}")
-    print(f"  {report.copied_files} other file(s) copied unchanged")
+        kept = counted(len(report.kept_videos), "video file")
+        print(f"  kept as they were: {kept} of {', '.join(report.kept_cameras)}")
+    print(f"  {counted(report.copied_files, 'other file')} copied unchanged")
     return 0
 
 

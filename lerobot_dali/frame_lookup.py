@@ -317,14 +317,16 @@ def _raise_out_of_tolerance(
         advice = (
             f"The video's frame times are whole multiples of {tick_name}, so each frame lies up to "
             f"{tick_s / 2:.4g} s from the exact time of its row. Raise tolerance_s to {tick_s / 2 + 1e-4:.4g} "
-            "(still far below half a frame, so no row reads a neighbouring frame)."
+            f"(on the command line --tolerance-s {tick_s / 2 + 1e-4:.4g}; still far below half a frame, so no row "
+            "reads a neighbouring frame)."
         )
     # e.g. 10 fps rows over 25 fps video: every other row lies exactly halfway (wall-clock rows only near it)
     elif video_has_more_frames and abs(error_s[worst] - half_frame_s) <= max(tolerance_s, 1e-4):
         advice = (
             f"The row lies halfway between two video frames: the video has more frames per second "
             f"({0.5 / half_frame_s:.4g}) than the rows ({rows_fps:g}). Raise tolerance_s to "
-            f"{half_frame_s + 1e-4:.4g} (half a video frame) to read the earlier of the two."
+            f"{half_frame_s + 1e-4:.4g} (half a video frame; on the command line --tolerance-s "
+            f"{half_frame_s + 1e-4:.4g}) to read the earlier of the two."
         )
     elif rows_fps and half_frame_s and 0.5 / half_frame_s < _FEWER_FRAMES * rows_fps:
         # (a higher tolerance_s or frame_index / fps would read some frames for two rows: wrong frames)

@@ -59,7 +59,7 @@ def test_info_says_which_timestamp_source_reads_each_dataset(capsys) -> None:
     assert main(["info", str(shared_dataset("r1_v30_h264"))]) == 0
     printed = capsys.readouterr().out
     assert "parquet_timestamp fails, frame_index fails -> why:" in printed
-    assert "Raise tolerance_s to 0.0201 (half a video frame)" in printed
+    assert "Raise tolerance_s to 0.0201 (half a video frame; on the command line --tolerance-s 0.0201)" in printed
     # r1's keyframes are 250 frames apart (cr5's 2): what a random frame costs, and what re-encoding would.
     assert "random access: about 125.5 frames decoded per frame (from the keyframe before it)" in printed
     assert main(["info", str(shared_dataset("r1_v30_h264")), "--tolerance-s", "0.0201"]) == 0  # checks the advice

@@ -533,11 +533,11 @@ def test_cli_reencode_prints_what_random_access_costs(
     megabytes = [sum((root / v).stat().st_size for v in videos) / 1e6 for root in (long_gop_ds, out_root)]
     assert out == [
         f"{out_root}: h264, keyframes at most 3 frames apart",
-        f"  observation.images.cam1: 2 video file(s), {sum(LENGTHS)} frames, {megabytes[0]:.1f} -> "
+        f"  observation.images.cam1: 2 video files, {sum(LENGTHS)} frames, {megabytes[0]:.1f} -> "
         f"{megabytes[1]:.1f} MB; random access: about {mean(long_gop_ds):.1f} -> {mean(out_root):.1f} frames "
         "decoded per frame",
-        "  kept as they were: 2 video file(s) of observation.images.cam0",
-        f"  {len(_files(long_gop_ds)) - 2 - 1} other file(s) copied unchanged",  # (info.json changed)
+        "  kept as they were: 2 video files of observation.images.cam0",
+        f"  {len(_files(long_gop_ds)) - 2 - 1} other files copied unchanged",  # (info.json changed)
     ]
     assert mean(long_gop_ds) > 5 and mean(out_root) == pytest.approx(2.0, abs=0.2)
     assert main(["reencode", str(long_gop_ds), str(out_root)]) == 2
