@@ -30,6 +30,7 @@ from .fork_locks import cached_property
 from .pickled_columns import PickledColumn, narrowed, shared, widened
 from .said_once import say_once, warn_once
 from .value_checks import required_whole_number
+from .wording import counted
 
 __all__ = [
     "CameraFiles",
@@ -300,9 +301,11 @@ def filter_episodes(
         if keep:
             kept.append(episode)
     if not kept:
+        columns = f" (each row it is given holds {sorted(row)})" if tested else ""
         raise DatasetError(
-            f"{source}: episode_filter kept none of the {tested} episode(s) it was given"
+            f"{source}: episode_filter kept none of the {counted(tested, 'episode')} it was given"
             + ("" if candidates is None else " (those of episodes=)")
+            + f", so there is nothing to read: check its condition against the episodes' values{columns}"
         )
     say_once(logger, logging.INFO, "%s: episode_filter kept %d of %d episode(s)", source, len(kept), tested)
     return sorted(kept)
