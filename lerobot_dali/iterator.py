@@ -387,6 +387,11 @@ class DALILeRobotIterator:
         """Continue where ``state_dict`` (a :meth:`state_dict`) left off: the next pass starts there. Safe from another
         thread: a pass reading meanwhile ends with :class:`~.errors.IteratorClosedError`, the batch it read at the old
         position dropped, so the stream stands where the state says."""
+        self._load(state_dict, "load_state_dict()")
+
+    def _load(self, state_dict: Mapping[str, Any], moved_by: str) -> None:
+        """:meth:`load_state_dict`; a pass it ends names ``moved_by`` as what moved the stream (a mixture's
+        set_epoch() moves its datasets by a load)."""
         _refuse_mixture_state(state_dict)
         if isinstance(state_dict, Mapping):  # (before the episodes: says why)
             if isinstance(self.reader, DatasetUnion):  # (its datasets listed: a union within counted as its own)
@@ -401,7 +406,7 @@ class DALILeRobotIterator:
                 "dataset and episodes= selection"
             )
         version = saved_version(state_dict.get("augment_version") if isinstance(state_dict, Mapping) else None)
-        loads = self._stream.load_state_dict(state_dict)
+        loads = self._stream.load_state_dict(state_dict, moved_by=moved_by)
         # Under the pass's lock, as every other close of the pipeline: another thread's close() keeps the pipeline and
         # its source until they are closed, and this one, run meanwhile (a mixture restoring its datasets' positions as
         # a watchdog closes it), closed the source under that close's running Shutdown() (1 of 1).
@@ -739,10 +744,20 @@ class DALILeRobotIterator:
         )
 
     def _loaded_error(self) -> IteratorClosedError:
+        """The error of a pass the stream was moved under (:attr:`SampleStream.moved`), naming the call and where it
+        came from: called on the pass's own thread (the loop's body, a signal handler), 'from another thread' misled."""
+        (moved_by, thread), stream = self._stream.moved, self._stream
+        moved = f"rank {self.rank}: {moved_by} moved the stream to sample {stream.samples_consumed} of epoch "
+        moved += str(stream.epoch)
+        if thread != threading.get_ident():
+            return IteratorClosedError(
+                f"{moved} (from another thread) while this pass was reading: what it read, at the old position, is "
+                "dropped and the pass ends. Iterating again reads on from the position it moved to."
+            )
         return IteratorClosedError(
-            f"rank {self.rank}: {self._stream.moved_by} moved the stream to sample {self._stream.samples_consumed} "
-            f"of epoch {self._stream.epoch} (from another thread) while this pass was reading: what it read, at the "
-            "old position, is dropped and the pass ends. Iterating again reads on from the position it moved to."
+            f"{moved} during this pass, on its own thread (in the loop's body, or a signal handler): the pass ends, "
+            f"what it read on at the old position dropped. Iterating again reads on from the position it moved to; "
+            f"called between passes, {moved_by} ends none."
         )
 
     def _failed_batch_error(self, e: Exception) -> BaseException:

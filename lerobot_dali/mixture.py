@@ -308,7 +308,7 @@ class DALILeRobotMixture:
                 # taken before it held them where they stood, and resumed there (a mixture set to epoch 2 four batches
                 # into epoch 0, resumed: the other dataset read from its batch 4, not where epoch 2 starts it).
                 for i, schedule in self._schedules.items():
-                    _restart(self.datasets[i], *schedule.start(anchor.epoch))
+                    _restart(self.datasets[i], *schedule.start(anchor.epoch), "the mixture's set_epoch()")
 
     def state_dict(self) -> dict[str, Any]:
         """Each dataset's stream state, and the shares and anchor they were taken at. Taken while a batch is being
@@ -424,7 +424,7 @@ class DALILeRobotMixture:
             anchor = self.datasets[self.anchor].state_dict()
             if anchor["samples_consumed"] == 0 and not anchor["prior_segments"]:
                 for i, schedule in self._schedules.items():
-                    _restart(self.datasets[i], *schedule.start(anchor["epoch"]))
+                    _restart(self.datasets[i], *schedule.start(anchor["epoch"]), "the mixture's iter()")
         self._pass_id += 1
         return self._batches(self._pass_id, closes, self._start(self.datasets, closes))
 
@@ -624,13 +624,14 @@ def _starved(part: DALILeRobotIterator, epoch: int, rank: int, share: int) -> Da
     )
 
 
-def _restart(part: DALILeRobotIterator, epoch: int, sample: int) -> None:
+def _restart(part: DALILeRobotIterator, epoch: int, sample: int, moved_by: str) -> None:
     """``part`` at ``sample`` of ``epoch``, afresh (its ``set_epoch`` keeps the position in the epoch in progress).
-    One already there stays, with what it read of that epoch on other ranks (a resume's)."""
+    One already there stays, with what it read of that epoch on other ranks (a resume's). ``moved_by``: the mixture's
+    call, which a pass of ``part`` this ends names (a load of its own said 'load_state_dict()', never called)."""
     state = part.state_dict()
     if (state["epoch"], state["samples_consumed"]) != (epoch, sample):
         state.pop("walk", None)  # (the pool walk at the old position: the new one's is walked to)
-        part.load_state_dict({**state, "epoch": epoch, "samples_consumed": sample, "prior_segments": []})
+        part._load({**state, "epoch": epoch, "samples_consumed": sample, "prior_segments": []}, moved_by)
 
 
 def _check_options(options: Mapping[str, Any]) -> None:

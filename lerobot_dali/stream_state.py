@@ -36,6 +36,7 @@ import dataclasses
 import enum
 import hashlib
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -369,8 +370,9 @@ class SampleStream:
         #: handler's state_dict() or load on the thread holding it goes on).
         self._lock = fork_locks.lock()
         self._loads = 0
-        #: What made the last of those moves: ``load_state_dict()`` or ``set_epoch()`` (named by the pass it ended).
-        self.moved_by = "load_state_dict()"
+        #: What made the last of those moves (``load_state_dict()``, ``set_epoch()``, or a mixture's call that moved
+        #: its datasets), and the thread that called it: named by the pass it ended.
+        self.moved: tuple[str, int] = ("load_state_dict()", threading.get_ident())
         self._lengths = np.asarray(episode_lengths)
         self._fingerprint = _lengths_fingerprint(self._lengths)
         self._batch_size = batch_size
@@ -417,7 +419,7 @@ class SampleStream:
                 self._position = (int(epoch), 0)
                 if loads is None:
                     self._loads += 1
-                    self.moved_by = "set_epoch()"
+                    self.moved = ("set_epoch()", threading.get_ident())
             return True
 
     def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
@@ -470,14 +472,14 @@ class SampleStream:
     def state_dict(self) -> dict[str, Any]:
         return self.state().to_dict()
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> int:
+    def load_state_dict(self, state_dict: Mapping[str, Any], *, moved_by: str = "load_state_dict()") -> int:
         """Continue where ``state_dict`` left off; see the module docstring for what a world-size change keeps.
         Returns :attr:`loads` as this load left it: a read begun under that count or a later one reads the loaded
-        position (or one further moved)."""
+        position (or one further moved). ``moved_by``: the call a pass this load ends names (:attr:`moved`)."""
         order, position = self._loaded(state_dict)
         with self._lock:
             self._loads += 1
-            self.moved_by = "load_state_dict()"
+            self.moved = (moved_by, threading.get_ident())
             self._order, self._position = order, position
             return self._loads
 

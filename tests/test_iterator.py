@@ -1553,8 +1553,8 @@ def test_a_pass_started_between_a_loads_two_steps_reads_the_loaded_position_with
         pass
     stream_load, passes = it._stream.load_state_dict, []
 
-    def a_pass_starts_between(state_dict):  # (the other thread's pass, begun once the stream has loaded)
-        loads = stream_load(state_dict)
+    def a_pass_starts_between(state_dict, **kwargs):  # (the other thread's pass, begun once the stream has loaded)
+        loads = stream_load(state_dict, **kwargs)
         passes.append(iter(it))
         return loads
 
@@ -2768,11 +2768,11 @@ def test_an_iterator_used_as_a_context_manager_is_closed_as_the_block_ends(make_
     assert seen == reference
 
 
-def _epoch_1_indices(root: Path | Any, kwargs: dict[str, Any]) -> list[Any]:
-    """The samples of epoch 1, in order, read by a fresh iterator over ``root`` (``kwargs``): their indices, or for a
+def _epoch_indices(root: Path | Any, kwargs: dict[str, Any], epoch: int = 1) -> list[Any]:
+    """The samples of ``epoch``, in order, read by a fresh iterator over ``root`` (``kwargs``): their indices, or for a
     union (``root`` a callable making it) their (dataset, index) pairs."""
     fresh = DALILeRobotIterator(root() if callable(root) else root, **kwargs)
-    fresh.set_epoch(1)
+    fresh.set_epoch(epoch)
     indices = [sample for b in fresh for sample in _indices(b)]
     fresh.close()
     return indices
@@ -2803,7 +2803,7 @@ def test_set_epoch_from_another_thread_during_a_read_starts_the_new_epoch(
     other = make_ds(episodes=3, frames_per_episode=[6, 3, 8], cameras=2, codec="vp9", fps=FPS, gop=4, seed=1)
     dataset = (lambda: concat_datasets([root, other])) if source == "union" else root
     kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=num_workers, drop_last=False)
-    reference = _epoch_1_indices(dataset, kwargs)
+    reference = _epoch_indices(dataset, kwargs)
     it = DALILeRobotIterator(dataset() if callable(dataset) else dataset, **kwargs)
     original, calls = DALIGenericIterator.__next__, [0]
 
@@ -2835,7 +2835,7 @@ def test_set_epoch_of_the_next_epoch_at_the_last_batch_ends_the_pass_there(make_
     the stream stands at epoch 1's start: the pass ends quietly there and the next reads epoch 1 whole."""
     root = _dataset(make_ds, "vp9")
     kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
-    reference = _epoch_1_indices(root, kwargs)
+    reference = _epoch_indices(root, kwargs)
     it = DALILeRobotIterator(root, **kwargs)
     batches = len(it)
     for step, _ in enumerate(it, start=1):
@@ -2846,6 +2846,31 @@ def test_set_epoch_of_the_next_epoch_at_the_last_batch_ends_the_pass_there(make_
     assert (it.epoch, it.state_dict()["samples_consumed"]) == (2, 0)
     it.close()
     assert rest == reference
+
+
+@pytest.mark.parametrize("move", ["set_epoch", "load_state_dict"])
+def test_a_move_in_the_loops_body_ends_the_pass_naming_this_thread(make_ds, move) -> None:
+    """set_epoch(1) (or a load_state_dict()) in the loop's body, two batches into epoch 0, ends the pass as a move from
+    another thread does, but its error said '(from another thread) while this pass was reading', where the user called
+    it from the loop itself (1 of 1 each). It names the pass's own thread now, and says that called between passes
+    the move ends none; iterating again reads on from where it moved the stream."""
+    root = _dataset(make_ds, "vp9")
+    kwargs = dict(batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+    it = DALILeRobotIterator(root, **kwargs)
+    state = it.state_dict()  # (epoch 0's start)
+    with pytest.raises(IteratorClosedError) as error:
+        for step, _ in enumerate(it, start=1):
+            if step == 2:
+                it.set_epoch(1) if move == "set_epoch" else it.load_state_dict(state)
+    message = str(error.value)
+    assert f"{move}() moved the stream to sample 0 of epoch {1 if move == 'set_epoch' else 0}" in message
+    assert "another thread" not in message
+    assert "on its own thread (in the loop's body, or a signal handler)" in message
+    assert f"called between passes, {move}() ends none" in message
+    rest = [int(i) for b in it for i in b["index"]]
+    it.close()
+    expected = _epoch_indices(root, kwargs, 1 if move == "set_epoch" else 0)
+    assert rest == expected
 
 
 def _exits(signum: int, frame: object) -> None:

@@ -1476,7 +1476,11 @@ def test_set_epoch_from_another_thread_while_a_batch_is_read_starts_the_new_epoc
     pass read on through epoch 0, counting it on epoch 1 (all 16 batches read, the mixture then at epoch 2, its next
     pass not epoch 1's batches). Now the anchor's pass ends with IteratorClosedError naming set_epoch, the mixture
     restores nothing (which put the anchor back in epoch 0: the next pass read epoch 0's rest), and iterating again
-    reads epoch 1's batches, as a mixture set to epoch 1 between passes does."""
+    reads epoch 1's batches, as a mixture set to epoch 1 between passes does. set_epoch moves the other dataset by a
+    load, so that dataset's own error (the one the mixture's is raised from) said 'load_state_dict() moved the stream',
+    never called (at call 4); it names the mixture's set_epoch() now. The setter is waited for until it has moved every
+    dataset's stream: at call 4 it then waits for the dataset's read (its pass's lock) to close its pipeline, and
+    joined, it held the read off 60 s (the join's timeout), the set_epoch landing after the read."""
     from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
     paths = _datasets(make_ds)
@@ -1493,16 +1497,20 @@ def test_set_epoch_from_another_thread_while_a_batch_is_read_starts_the_new_epoc
     def set_meanwhile(self):
         calls[0] += 1
         if calls[0] == at_call:
+            loads = [part._stream.loads for part in mix.datasets]
             setter = threading.Thread(target=mix.set_epoch, args=(1,))
             setter.start()
-            setter.join(timeout=60)
+            while setter.is_alive() and any(p._stream.loads == n for p, n in zip(mix.datasets, loads, strict=True)):
+                setter.join(timeout=0.01)
         return original(self)
 
     monkeypatch.setattr(DALIGenericIterator, "__next__", set_meanwhile)
     read = []
-    with pytest.raises(IteratorClosedError, match=r"set_epoch\(\) moved the stream to sample 0 of epoch 1"):
+    with pytest.raises(IteratorClosedError, match=r"set_epoch\(\) moved the stream to sample 0 of epoch 1") as error:
         for batch in mix:
             read.append(_keys(batch))
+    said = [str(error.value), str(error.value.__cause__ or "")]
+    assert not any("load_state_dict()" in message for message in said), said
     assert len(read) == 1  # (the batch being read is dropped, also where its anchor part was read before: set_epoch
     # moves the other dataset too, whose read then ends as the anchor's does)
     assert mix.epoch == 1
