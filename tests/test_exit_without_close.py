@@ -467,10 +467,24 @@ def test_the_exit_handler_ends_a_pass_left_in_a_reference_cycle(make_ds, monkeyp
         it.close()
 
 
+#: A script's source that hangs in the 4th batch of the pass of its thread named "stuck" (the parent's, not a worker's),
+#: setting ``stuck`` first.
+STUCK_THREAD_HANGS = """
+call, stuck, parent = BatchSource.__call__, threading.Event(), os.getpid()
+
+def hanging_call(self, batch_info):
+    if os.getpid() == parent and threading.current_thread().name == "stuck" and batch_info.iteration >= 4:
+        stuck.set()
+        time.sleep(3600)
+    return call(self, batch_info)
+"""
+
+
 #: One iterator's pass (no workers) is stuck inside DALI's next() (its source hangs) as the script ends, and is closed
 #: first (the handler's order is the set's, made here the iterators' own); another's (2 workers) read 2 batches and
 #: waits, not stuck. The exit's wait is 1 s here (EXIT_WAIT_S).
-STUCK_AND_IDLE_AT_EXIT = """
+STUCK_AND_IDLE_AT_EXIT = (
+    """
 import os, sys, threading, time
 from lerobot_dali import DALILeRobotIterator, exit_close
 from lerobot_dali.batch_source import BatchSource
@@ -479,14 +493,9 @@ class InOrder(list):
     add = list.append
 
 exit_close.EXIT_WAIT_S, exit_close._live = 1.0, InOrder()
-call, stuck, parent = BatchSource.__call__, threading.Event(), os.getpid()
-
-def hanging_call(self, batch_info):
-    if os.getpid() == parent and threading.current_thread().name == "stuck" and batch_info.iteration >= 4:
-        stuck.set()
-        time.sleep(3600)
-    return call(self, batch_info)
-
+"""
+    + STUCK_THREAD_HANGS
+    + """
 BatchSource.__call__ = hanging_call
 
 def main():
@@ -502,6 +511,7 @@ def main():
 if __name__ == "__main__":
     main()
 """
+)
 
 
 def test_an_exit_closes_the_workers_of_an_iterator_not_stuck_without_killing_them(make_ds) -> None:
@@ -555,19 +565,15 @@ def test_an_exit_names_a_pass_still_building_its_pipeline(make_ds) -> None:
 
 #: A pass (no workers) is stuck inside DALI's next() in a daemon thread, and another iterator's 2 workers are idle, as
 #: the script gets SIGTERM, whose handler (the script's own) exits; it prints "ready" once both are so.
-STUCK_AT_SIGTERM = """
+STUCK_AT_SIGTERM = (
+    """
 import os, signal, sys, threading, time
 from lerobot_dali import DALILeRobotIterator
 from lerobot_dali.batch_source import BatchSource
 
-call, stuck, parent = BatchSource.__call__, threading.Event(), os.getpid()
-
-def hanging_call(self, batch_info):
-    if os.getpid() == parent and threading.current_thread().name == "stuck" and batch_info.iteration >= 4:
-        stuck.set()
-        time.sleep(3600)
-    return call(self, batch_info)
-
+"""
+    + STUCK_THREAD_HANGS
+    + """
 def exits(signum, frame):
     raise SystemExit(128 + signum)
 
@@ -589,6 +595,7 @@ def main():
 if __name__ == "__main__":
     main()
 """
+)
 
 
 def test_a_sigterm_with_a_pass_stuck_exits_within_the_launchers_grace_and_leaves_no_semaphore(

@@ -1702,6 +1702,14 @@ def test_device_cuda_without_a_gpu_is_refused_in_one_line(
         assert re.fullmatch(r"(train|lerobot_policy)\.py: --device cuda but torch .* sees no CUDA GPU: .*", message)
 
 
+def _trains_nothing(monkeypatch, *scripts) -> list[object]:
+    """The training ``scripts`` (pipelines' modules) start no training: their ``train(config)`` calls are listed."""
+    started: list[object] = []
+    for script in scripts:
+        monkeypatch.setattr(script, "train", started.append)
+    return started
+
+
 @pytest.mark.parametrize("latest", ["step_00000009", "../../etc", "", None, "-> nowhere"])
 def test_a_resume_from_a_latest_that_names_no_checkpoint_is_one_line_before_the_dataset_opens(
     latest: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
@@ -1714,9 +1722,7 @@ def test_a_resume_from_a_latest_that_names_no_checkpoint_is_one_line_before_the_
     from pipelines import lerobot_policy
     from pipelines import train as train_module
 
-    started: list[object] = []
-    monkeypatch.setattr(train_module, "train", started.append)
-    monkeypatch.setattr(lerobot_policy, "train", started.append)
+    started = _trains_nothing(monkeypatch, train_module, lerobot_policy)
     ckpt = tmp_path / "ckpt"
     (ckpt / "step_00000001").mkdir(parents=True)
     (ckpt / "step_00000001" / "stream_rank0.json").write_text("{}")
@@ -1816,9 +1822,7 @@ def test_an_output_inside_the_dataset_is_refused(
     from pipelines import lerobot_policy
     from pipelines import train as train_module
 
-    started: list[object] = []
-    monkeypatch.setattr(train_module, "train", started.append)
-    monkeypatch.setattr(lerobot_policy, "train", started.append)
+    started = _trains_nothing(monkeypatch, train_module, lerobot_policy)
     dataset = tmp_path / "ds"
     (dataset / "meta").mkdir(parents=True)
     (tmp_path / "link").symlink_to(dataset)
@@ -1863,9 +1867,7 @@ def test_an_output_inside_another_dataset_is_refused(
     from pipelines import lerobot_policy
     from pipelines import train as train_module
 
-    started: list[object] = []
-    monkeypatch.setattr(train_module, "train", started.append)
-    monkeypatch.setattr(lerobot_policy, "train", started.append)
+    started = _trains_nothing(monkeypatch, train_module, lerobot_policy)
     other = tmp_path / "other"
     (other / "meta").mkdir(parents=True)
     (other / "meta" / "info.json").write_text("{}")
@@ -1947,8 +1949,7 @@ def test_lerobot_policys_output_dir_holding_the_checkpoints_or_the_dataset_is_re
     that happens to name no folder here is no folder inside it."""
     from pipelines import lerobot_policy
 
-    started: list[object] = []
-    monkeypatch.setattr(lerobot_policy, "train", started.append)
+    started = _trains_nothing(monkeypatch, lerobot_policy)
     out = tmp_path / "run"
     dataset = out / "ds"
     for argv, flag, folder in (
@@ -2001,8 +2002,7 @@ def test_lerobot_policys_output_dir_of_other_files_is_refused_before_training(
     are taken."""
     from pipelines import lerobot_policy
 
-    started: list[object] = []
-    monkeypatch.setattr(lerobot_policy, "train", started.append)
+    started = _trains_nothing(monkeypatch, lerobot_policy)
     other = tmp_path / "project"
     other.mkdir()
     (other / "notes.txt").write_text("mine")
