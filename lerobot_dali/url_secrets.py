@@ -16,10 +16,11 @@ from __future__ import annotations
 import itertools
 import logging
 import re
-import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+
+from . import fork_locks
 
 __all__ = [
     "MASK",
@@ -86,7 +87,7 @@ _HTTP = re.compile(r"https?://", re.IGNORECASE)
 #: where a value holds a '/', a '&' or a '#' (``?sig=ab/cd``), text alone cannot tell where it ends in a path
 #: (``...?sig=ab/cd/meta/info.json``), so a value known is masked whole.
 _known: tuple[str, ...] = ()
-_known_lock = threading.Lock()
+_known_lock = fork_locks.lock()
 #: A URL's ``user:password@`` (aiohttp sends it as basic auth), to its last '@' (a password may hold one).
 _USER_PASSWORD = re.compile(r"(?P<lead>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s'\"]*):[^/?#\s'\"]+@")
 
@@ -380,7 +381,7 @@ def _remember(values: Iterable[str]) -> None:
 
 #: The mark of a log record factory that masks (:func:`mask_every_record`).
 _MASKS = "_lerobot_dali_masks"
-_factory_lock = threading.Lock()
+_factory_lock = fork_locks.lock()
 
 
 def mask_every_record() -> None:
