@@ -109,16 +109,17 @@ def cameras_hint(cameras: list[str] | None = None) -> str:
     return f"cameras={listed} (on the command line: --cameras {shown})"
 
 
-class _MaskedMessage(ValueError):
-    """An error whose text names a dataset's paths: where they keep a URL's query (``memory://b/ds?token=...``), its
-    credentials are masked as the error is made (:func:`.url_secrets.masked`), in its message, ``args`` and ``repr``
-    alike, wherever it is raised (6 of 6 errors of a missing video, a cut one and a damaged parquet named the token)."""
+class _MaskedMessage:
+    """For an error whose text names a dataset's paths: where they keep a URL's query (``memory://b/ds?token=...``),
+    its credentials are masked as the error is made (:func:`.url_secrets.masked`), in its message, ``args`` and
+    ``repr`` alike, wherever it is raised (3 of 3 errors, of a missing video, a cut one and a damaged parquet, named
+    the token). A mixin, not an error of its own to catch."""
 
     def __init__(self, *args: object) -> None:
         super().__init__(*(masked(arg) if isinstance(arg, str) else arg for arg in args))
 
 
-class DatasetError(_MaskedMessage):
+class DatasetError(_MaskedMessage, ValueError):
     """Base class: the dataset (or its description) is not what a LeRobot dataset must be."""
 
 
@@ -200,7 +201,7 @@ class ResumeStateError(ValueError):
     """A saved stream state is malformed or does not fit the loader it is loaded into."""
 
 
-class FrameRequestError(_MaskedMessage):
+class FrameRequestError(_MaskedMessage, ValueError):
     """A frame request to a video is malformed: no frames at all, or frame indices outside the file."""
 
 
