@@ -327,6 +327,18 @@ def test_a_tasks_column_lerobot_does_not_read_gives_lerobots_tasks(make_ds, copy
     assert len(ours) == 22
 
 
+def _renumber(root: Path, column: str, data: dict[int, int]) -> None:
+    """Integer ``column`` of every data file of ``root`` with each value ``data`` names replaced by its value there."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for path in sorted((root / "data").rglob("*.parquet")):
+        table = pq.read_table(path)
+        values = [data.get(i, i) for i in table[column].to_pylist()]
+        at = table.column_names.index(column)
+        pq.write_table(table.set_column(at, column, pa.array(values, pa.int64())), path)
+
+
 @needs_lerobot_04
 @pytest.mark.parametrize(("indices", "data"), [([1, 0], {}), ([0, 2], {1: 2})], ids=["rows-swapped", "gap"])
 def test_a_task_list_lerobot_reads_by_row_position_is_refused_naming_lerobots_reading(
@@ -347,11 +359,7 @@ def test_a_task_list_lerobot_reads_by_row_position_is_refused_naming_lerobots_re
     order = [sorted(indices).index(i) for i in indices]
     rows = pa.table({"task_index": pa.array(indices, pa.int64()), "__index_level_0__": texts.take(order)})
     pq.write_table(rows.replace_schema_metadata(tasks.schema.metadata), root / "meta/tasks.parquet")
-    for path in sorted((root / "data").rglob("*.parquet")):
-        table = pq.read_table(path)
-        values = [data.get(i, i) for i in table["task_index"].to_pylist()]
-        at = table.column_names.index("task_index")
-        pq.write_table(table.set_column(at, "task_index", pa.array(values, pa.int64())), path)
+    _renumber(root, "task_index", data)
     theirs = _lerobot(root, {})
     if data:
         with pytest.raises(IndexError):
@@ -375,7 +383,6 @@ def test_a_subtask_list_lerobot_reads_by_row_position_is_refused_naming_lerobots
     """LeRobot takes a frame's subtask from the row of meta/subtasks.parquet at position subtask_index, as its task:
     with the rows rotated it gives every frame another subtask than the list's for its index, and past the last row
     it fails (IndexError). This refuses both at the open, saying what LeRobot reads there."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from lerobot_dali.errors import EpisodeMetadataError
@@ -385,11 +392,7 @@ def test_a_subtask_list_lerobot_reads_by_row_position_is_refused_naming_lerobots
     root = _with_subtasks(make_ds(episodes=4, frames_per_episode=[5, 6, 4, 7], cameras=0), tmp_path / "dataset")
     texts = {**dict(enumerate(SUBTASKS)), 3: "put it down"}
     pq.write_table(text_list_table("subtask", [(i, texts[i]) for i in order]), root / "meta/subtasks.parquet")
-    for path in sorted((root / "data").rglob("*.parquet")):
-        table = pq.read_table(path)
-        values = [data.get(i, i) for i in table["subtask_index"].to_pylist()]
-        at = table.column_names.index("subtask_index")
-        pq.write_table(table.set_column(at, "subtask_index", pa.array(values, pa.int64())), path)
+    _renumber(root, "subtask_index", data)
     theirs = _lerobot(root, {})
     if data:
         with pytest.raises(IndexError):
