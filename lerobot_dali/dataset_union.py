@@ -606,19 +606,20 @@ def _check_layouts(readers: list[LeRobotDatasetReader], renames: list[KeyRename]
     names."""
     named = list(zip(readers, renames, strict=True))
 
-    def differ(what: str, values: list[Any], fix: str) -> SchemaMismatchError:
+    def differ(what: str, fix: str, values: list[Any]) -> SchemaMismatchError:
         found = {r.location.description: v for r, v in zip(readers, values, strict=True)}
         return SchemaMismatchError(f"the datasets differ in {what} ({found}): {fix}")
 
     rates = [r.fps for r in readers]
     if len(set(rates)) > 1:
-        raise differ("fps", rates, "a union reads one fps; read them side by side with DALILeRobotMixture")
+        raise differ("fps", "a union reads one fps; read them side by side with DALILeRobotMixture", rates)
     refuse_dataset_index_feature(readers, renames, "a union's batches")
     first, rename = named[0]
+    union_cameras = set(rename.batch_names(first.all_camera_keys))
     for key in rename.batch_names((*first.all_camera_keys, *first.tabular_keys)):
         kinds = [_kind(r.info.features[n.own_key(key)]) for r, n in named]
-        if len(set(kinds)) > 1:
-            raise differ(repr(key), kinds, "leave it out with cameras=[...] or keys=[...]")
+        if len(set(kinds)) > 1:  # (left out by the selection of the kind it has in the first dataset: the union's)
+            raise differ(*_kind_mismatch(key, is_camera=key in union_cameras), kinds)
     firsts: tuple[tuple[Sequence[str], Callable[[LeRobotDatasetReader, str], Any], str, str], ...] = (
         (first.image_keys, _first_image_shape, "the images (H, W, C)", "a camera's images share one size and channels"),
         (first.camera_keys, _first_format, "the video", "a camera's videos share one size: re-encode"),
@@ -627,7 +628,7 @@ def _check_layouts(readers: list[LeRobotDatasetReader], renames: list[KeyRename]
         for camera in rename.batch_names(cameras):
             found = in_threads(partial(_first_of_member, first_of, camera), named)
             if len({f for f in found if f is not None}) > 1:
-                raise differ(f"{what} of camera {camera!r}", found, f"{fix}, or leave it out with cameras=[...]")
+                raise differ(f"{what} of camera {camera!r}", f"{fix}, or leave it out with cameras=[...]", found)
 
 
 def refuse_dataset_index_feature(
@@ -655,6 +656,23 @@ def _read_cameras(member: LeRobotDatasetReader, rename: KeyRename) -> EpisodeTab
     episodes = member.episodes
     cameras = {rename.batch_name(k): files for k, files in episodes.cameras.items() if k in member.camera_keys}
     return replace(episodes, cameras=cameras)
+
+
+def _kind_mismatch(key: str, *, is_camera: bool) -> tuple[str, str]:
+    """What :func:`_kind` found to differ for ``key`` (a camera of the union's, or a tabular key), and how to leave it
+    out: a camera by ``cameras=``, a tabular key by ``keys=``, which select one kind each."""
+    if is_camera:
+        return (
+            f"{key!r} (a camera's dtype, depth map, depth quantizer and depth unit)",
+            "a camera batches as one tensor, so it must be stored alike in every dataset; leave it out with "
+            "cameras=[...] listing the other cameras to read (keys= selects tabular keys, not cameras)",
+        )
+    return (
+        f"{key!r} (a tabular key's dtype and shape)",
+        f"a key batches as one tensor, so every dataset must declare it with one dtype and shape; leave it out with "
+        f"keys=[...] listing the other tabular keys to read (cameras= selects cameras, not {key!r}), or write "
+        "the datasets' values in one dtype and shape",
+    )
 
 
 def _kind(feature: Feature) -> tuple[Any, ...]:

@@ -1020,6 +1020,29 @@ def test_layouts_that_cannot_share_one_pipeline_are_refused(make_ds, caplog) -> 
         DALILeRobotIterator(paths, device="cpu")
 
 
+def test_a_key_whose_layout_differs_is_told_the_selection_of_its_kind(make_ds) -> None:
+    """A tabular key whose shape differs (observation.state of 6 and of 4 values) was told to "leave it out with
+    cameras=[...] or keys=[...]", as a camera was; cameras= cannot leave out a tabular key, nor keys= a camera. Each
+    is now told its own, and that one reads the rest."""
+    paths = _datasets(make_ds)
+    narrow = _datasets(make_ds, state_dim=4)[1]
+    with pytest.raises(SchemaMismatchError) as info:
+        concat_datasets([paths[0], narrow])
+    message = str(info.value)
+    assert "differ in 'observation.state' (a tabular key's dtype and shape)" in message
+    assert "('float32', (6,))" in message and "('float32', (4,))" in message
+    assert "leave it out with keys=[...]" in message and "cameras=[...]" not in message
+    union = concat_datasets([paths[0], narrow], keys=["action"])
+    assert union.tabular_keys == ["action", "dataset_index"] and union.camera_keys == ["observation.images.cam0"]
+    images = make_ds(episodes=2, frames_per_episode=3, fps=FPS, image_cameras=True, size=(64, 64))
+    with pytest.raises(SchemaMismatchError) as info:  # (a camera stored as video in one, as images in the other)
+        concat_datasets([paths[0], images])
+    message = str(info.value)
+    assert "'observation.images.cam0' (a camera's dtype" in message
+    assert "('video', " in message and "('image', " in message
+    assert "leave it out with cameras=[...]" in message and "keys=[...]" not in message
+
+
 def test_a_camera_only_the_first_dataset_has_is_left_out(make_ds, caplog) -> None:
     """The first dataset's extra camera is left out (warned) as the second's is, not a KeyError while the union's
     episode table is built (it read every camera of the first dataset's table in the others')."""
