@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from .value_checks import check_int_fields
+from .value_checks import check_choice, check_int_fields
 
 __all__ = [
     "DECODER_FRAMES",
@@ -22,6 +22,7 @@ __all__ = [
     "ColorConversion",
     "CpuDecodeOptions",
     "CpuDecoderBackend",
+    "checked_cpu_decode",
     "decoder_bytes",
 ]
 
@@ -74,20 +75,6 @@ class ColorConversion(Enum):
     GRAPH = "graph"
 
 
-def _check_member(name: str, value: object, kind: type[Enum]) -> None:
-    """ValueError unless ``value`` is a member of ``kind``, naming its members and where to import it from (a string
-    such as ``"pyav"`` is refused: the message says which member it means)."""
-    if isinstance(value, kind):
-        return
-    members = ", ".join(f"{kind.__name__}.{member.name}" for member in kind)
-    meant = next((member for member in kind if value in (member.value, member.name)), None)
-    hint = f": pass {kind.__name__}.{meant.name}" if meant is not None else ""
-    raise ValueError(
-        f"{name} must be a {kind.__name__} (from lerobot_dali.cpu_decode import {kind.__name__}; {members}), got "
-        f"{value!r}{hint}."
-    )
-
-
 @dataclass(frozen=True, kw_only=True)
 class CpuDecodeOptions:
     """How the CPU fallback decodes.
@@ -103,6 +90,7 @@ class CpuDecodeOptions:
     H.264 decoder holds ~6 MB (measured RSS), as :data:`DECODER_FRAMES` estimates (a file open as a container, not a
     local MP4, adds its index: :data:`DEMUXER_BYTES_PER_PACKET` a packet): such a pool needs ~1.1 GB per worker, over
     the default budget, which a worker then says once.
+    ``backend`` and ``color_conversion`` take their enum's members or values, in any case (``backend="pyav"``).
     ``color_conversion``: where frames become RGB; converting in the graph makes ``backend=AUTO`` decode with
     PyAV, since torchcodec hands over RGB only.
     ``image_cache_bytes``: image cameras (``dtype: "image"``, always decoded in the workers, by Pillow): the
@@ -120,8 +108,8 @@ class CpuDecodeOptions:
     image_cache_bytes: int = IMAGE_CACHE_BYTES
 
     def __post_init__(self) -> None:
-        _check_member("backend", self.backend, CpuDecoderBackend)
-        _check_member("color_conversion", self.color_conversion, ColorConversion)
+        for name, kind in (("backend", CpuDecoderBackend), ("color_conversion", ColorConversion)):
+            object.__setattr__(self, name, check_choice(kind, name, getattr(self, name)))
         if self.backend is CpuDecoderBackend.TORCHCODEC and self.color_conversion is ColorConversion.GRAPH:
             raise ValueError(
                 "color_conversion=ColorConversion.GRAPH needs the decoder's YUV planes, which torchcodec does not "
@@ -143,3 +131,16 @@ class CpuDecodeOptions:
         if self.color_conversion is ColorConversion.AUTO:
             return on_gpu and self.backend is not CpuDecoderBackend.TORCHCODEC
         return self.color_conversion is ColorConversion.GRAPH
+
+
+def checked_cpu_decode(value: object) -> CpuDecodeOptions:
+    """An iterator's ``cpu_decode``: the options given, or the defaults for None; TypeError for anything else (a
+    string or a dict failed at the first batch with "'str' object has no attribute 'converts_in_graph'")."""
+    if value is None:
+        return CpuDecodeOptions()
+    if not isinstance(value, CpuDecodeOptions):
+        raise TypeError(
+            f"cpu_decode must be a CpuDecodeOptions or None, got {type(value).__name__} {value!r}; e.g. "
+            'cpu_decode=CpuDecodeOptions(backend="pyav") (from lerobot_dali.cpu_decode import CpuDecodeOptions)'
+        )
+    return value

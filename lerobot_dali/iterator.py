@@ -32,7 +32,7 @@ from .augment_semantics import AUGMENT_SEMANTICS_VERSION, saved_version, warn_if
 from .batch_shapes import first_episode_rows, image_shapes, listed_scalars
 from .batch_source import BatchSource, SourceSpec, output_fields
 from .camera_plan import CameraPlanner
-from .cpu_decode_options import CpuDecodeOptions
+from .cpu_decode_options import CpuDecodeOptions, checked_cpu_decode
 from .dali_graph import HOST_SUBTASK_INDEX, HOST_TASK_INDEX, build_pipeline
 from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import NO_SUBTASK_INDEX, LeRobotDatasetReader, warn_undeclared_columns
@@ -194,7 +194,7 @@ class DALILeRobotIterator:
         self._image_size = None if image_size is None else checked_size(type(self).__name__, "image_size", image_size)
         self._return_uint8 = return_uint8
         self._tolerance_s = tolerance_s
-        self._cpu_decode = cpu_decode if cpu_decode is not None else CpuDecodeOptions()
+        self._cpu_decode = checked_cpu_decode(cpu_decode)
         self._timestamp_source = check_choice(TimestampSource, "timestamp_source", timestamp_source)
         self.windows = DeltaWindows(
             delta_timestamps=dict(delta_timestamps or {}),

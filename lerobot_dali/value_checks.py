@@ -83,19 +83,35 @@ def check_int(name: str, value: object, *, minimum: int) -> int:
 
 
 def check_seconds(name: str, value: object) -> float:
-    """``value`` as seconds: ValueError unless a non-negative finite number (a tolerance, a duration)."""
+    """``value`` as a tolerance in seconds: ValueError unless a positive finite number.
+
+    0 is refused: a row's time and its frame's are computed apart in floating point (the episode's
+    ``from_timestamp`` plus ``frame_index / fps``, against the frame's pts times the time base), so they may differ
+    by rounding alone (``0.2 + 5 / 30`` against ``5632 / 15360``: 5.6e-17 s), and a row at its own frame failed, its
+    message saying "off by 0.000000 s"."""
     if not is_number(value) or value < 0:  # type: ignore[operator]
         raise ValueError(f"{name} must be a non-negative finite number of seconds, got {value!r}")
+    if value == 0:
+        raise ValueError(
+            f"{name} must be more than 0 seconds: a row's time and its frame's are computed apart in floating point "
+            f"and may differ by rounding alone, so 0 fails rows at their own frames; give a small tolerance, e.g. "
+            f"{name}=1e-4 (the default, LeRobot's)"
+        )
     return float(value)  # type: ignore[arg-type]
 
 
 def check_choice(kind: type[_Choice], name: str, value: object) -> _Choice:
-    """``value`` as a member of enum ``kind`` (a member or its value): ValueError naming ``name`` and the values."""
-    try:
-        return kind(value)
-    except ValueError:
-        allowed = ", ".join(repr(member.value) for member in kind)
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}") from None
+    """``value`` as a member of enum ``kind``: a member, or its value (a string in any case: ``"PyAV"`` is
+    ``CpuDecoderBackend.PYAV``); ValueError naming ``name`` and the values."""
+    if isinstance(value, kind):
+        return value
+    if isinstance(value, str):
+        folded = value.casefold()
+        for member in kind:
+            if isinstance(member.value, str) and member.value.casefold() == folded:
+                return member
+    allowed = ", ".join(repr(member.value) for member in kind)
+    raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
 
 
 def cli_flag(name: str) -> str:

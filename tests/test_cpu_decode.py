@@ -429,8 +429,8 @@ def test_options_validation() -> None:
         CpuDecodeOptions(threads_per_decoder=-1)
     with pytest.raises(ValueError, match="max_open_decoders"):
         CpuDecodeOptions(max_open_decoders=0)
-    with pytest.raises(ValueError, match="backend"):
-        CpuDecodeOptions(backend="pyav")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="backend must be one of 'auto', 'pyav', 'torchcodec', got 'av'"):
+        CpuDecodeOptions(backend="av")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         CpuDecodeOptions(CpuDecoderBackend.PYAV)  # type: ignore[misc]
 

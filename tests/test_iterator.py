@@ -32,6 +32,7 @@ import torch
 
 from lerobot_dali import camera_plan
 from lerobot_dali import iterator as iterator_module
+from lerobot_dali.cpu_decode import CpuDecodeOptions, CpuDecoderBackend
 from lerobot_dali.errors import (
     CodecUnsupportedError,
     CudaUnavailableError,
@@ -46,6 +47,7 @@ from lerobot_dali.errors import (
     ShardingError,
     VideoDecodeError,
 )
+from lerobot_dali.frame_lookup import TimestampSource
 from lerobot_dali.frame_marker import read_full_marker
 from lerobot_dali.generate import expected_action, expected_state, expected_task_index, task_name
 from lerobot_dali.iterator import DALILeRobotIterator
@@ -1806,6 +1808,25 @@ def test_a_gpu_device_the_process_does_not_see_fails_before_the_dataset_is_opene
     monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
     with pytest.raises(CudaUnavailableError, match=match):
         DALILeRobotIterator(tmp_path / "no-such-dataset", device=device)
+
+
+def test_option_values_in_another_case_are_taken_and_wrong_types_refused_up_front(make_ds) -> None:
+    """timestamp_source="FRAME_INDEX", rank_balance="PAD" and depth_unit="MM" were refused (only decode= took any
+    case); cpu_decode="pyav" or a dict built, then failed at the first batch ("'str' object has no attribute
+    'converts_in_graph'"); tolerance_s=0 built, then failed rows read by frame_index at their own frames."""
+    root = _dataset(make_ds, "vp9")
+    it = DALILeRobotIterator(
+        root, device="cpu", batch_size=4, num_workers=0, drop_last=False, timestamp_source="FRAME_INDEX",
+        rank_balance="PAD", depth_unit="MM", cpu_decode=CpuDecodeOptions(backend="PyAV"),  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert it._timestamp_source is TimestampSource.FRAME_INDEX and it._cpu_decode.backend is CpuDecoderBackend.PYAV
+    assert sum(len(batch["index"]) for batch in it) == it.reader.num_frames
+    it.close()
+    for given in ("pyav", {"backend": "pyav"}):
+        with pytest.raises(TypeError, match=r"cpu_decode must be a CpuDecodeOptions or None, got .*CpuDecodeOptions\("):
+            DALILeRobotIterator(root, device="cpu", cpu_decode=given)
+    with pytest.raises(ValueError, match="tolerance_s must be more than 0 seconds"):
+        DALILeRobotIterator(root, device="cpu", tolerance_s=0, timestamp_source="frame_index")
 
 
 def test_choices_and_counts_from_a_config_are_taken_or_refused_with_the_allowed_values(make_ds) -> None:
