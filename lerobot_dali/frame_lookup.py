@@ -53,6 +53,10 @@ TIE_FRACTION = 1e-3
 
 #: A video whose frame rate is under this fraction of the rows' fps has fewer frames than the rows.
 _FEWER_FRAMES = 0.99
+#: A video whose frame rate is over this multiple of the rows' fps has more frames than the rows: a row may lie
+#: between two of them (10 fps rows over 25 fps video), which a wider tolerance_s reads. Up to it, a rate other than
+#: the rows' is a mismatch (29.97 fps video, 30 fps rows), which it does not.
+_MORE_FRAMES = 1.2
 
 #: How the advice of a wall-clock row names the option: the iterator's, and the command line's (check, bench, train).
 _BY_FRAME_INDEX = "timestamp_source='frame_index'; on the command line --timestamp-source frame_index"
@@ -308,7 +312,7 @@ def _raise_out_of_tolerance(
         )
     half_frame_s = float(np.median(np.diff(frame_s))) / 2 if frame_s.size > 1 else 0.0
     rows_fps = context.rows_fps if context is not None else None
-    video_has_more_frames = bool(rows_fps and half_frame_s and 0.5 / half_frame_s > 1.2 * rows_fps)
+    video_has_more_frames = bool(rows_fps and half_frame_s and 0.5 / half_frame_s > _MORE_FRAMES * rows_fps)
     tick_s, tick_name = _frame_time_step(index)
     if hidden_s is not None or cut_short:
         pass  # (no frame rate or rounding explains a frame the edit list hides, or frames missing: the advice above)
@@ -335,11 +339,47 @@ def _raise_out_of_tolerance(
             "so some rows have no frame of their own: re-encode the video from its source at info.json's fps, or "
             "correct info.json's fps if the rows too are at the video's rate."
         )
+    elif rows_fps and (stream_fps := _other_stream_rate(index, rows_fps, max(tick_s, tolerance_s))) is not None:
+        advice = _rate_mismatch(stream_fps, rows_fps, float(error_s[worst]), half_frame_s)
     raise FrameTimestampError(
         f"{where}: query timestamp {queries[worst]:.6f} s has no video frame within "
         f"tolerance_s={tolerance_s} (nearest frame {int(nearest[worst])} at "
         f"{index.frame_pts_s[nearest[worst]]:.6f} s, off by {error_s[worst]:.6f} s; {int(failing.sum())} of "
         f"{queries.size} queries fail; the video spans {frame_s[0]:.6f}-{frame_s[-1]:.6f} s). {advice}"
+    )
+
+
+def _other_stream_rate(index: PacketIndex, rows_fps: float, drift_s: float) -> float | None:
+    """The frame rate of ``index``'s stream where it is not ``rows_fps`` (the rows' drift from the frames over the
+    file exceeds ``drift_s``: the frame times' rounding, or the tolerance) and is up to :data:`_MORE_FRAMES` times it;
+    None where it is ``rows_fps``, or the frames are not evenly spaced (to within two steps of their times' rounding:
+    frames dropped, or wall-clock times), which have no one rate."""
+    frame_s = index.shown_pts_s
+    if frame_s.size < 2:
+        return None
+    step_s, _ = _frame_time_step(index)
+    intervals_s = np.diff(frame_s)
+    if float(np.ptp(intervals_s)) > 2 * step_s * (1 + 1e-6):
+        return None
+    span_s = float(frame_s[-1] - frame_s[0])
+    stream_fps = (frame_s.size - 1) / span_s
+    if abs(span_s - (frame_s.size - 1) / rows_fps) <= drift_s or stream_fps > _MORE_FRAMES * rows_fps:
+        return None
+    return stream_fps
+
+
+def _rate_mismatch(stream_fps: float, rows_fps: float, off_s: float, half_frame_s: float) -> str:
+    """The advice for rows at ``rows_fps`` (info.json's) over a video stream at another ``stream_fps``: the row that
+    failed is ``off_s`` from its nearest frame."""
+    drift_ms = abs(1 / stream_fps - 1 / rows_fps) * 1e3
+    return (
+        f"The video's stream runs at {stream_fps:.4g} fps (its frames' timestamps), but info.json's fps is "
+        f"{rows_fps:g}: the rows drift from their frames by {drift_ms:.3g} ms a frame ({off_s:.6f} s at this row), so "
+        f"raising tolerance_s only moves the failure later, and from half a frame ({half_frame_s:.4g} s) on each "
+        f"row reads another row's frame. Write the video again at {rows_fps:g} fps, frame k at k / {rows_fps:g} s "
+        f"(e.g. ffmpeg -i <video> -vf 'setpts=N/({rows_fps:g}*TB)' -r {rows_fps:g} <new video>); or, if the "
+        f"episode was recorded at the video's rate, set info.json's fps to {stream_fps:.10g} and look frames up by "
+        f"frame_index / fps ({_BY_FRAME_INDEX})."
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from fractions import Fraction
 from functools import partial
 from pathlib import Path
@@ -22,6 +24,7 @@ from lerobot_dali.frame_lookup import (
     nearest_frame_indices,
     row_frame_numbers,
 )
+from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
 from tests.conftest import shared_dataset
 from tests.video_fixtures import remux, top_level_boxes
@@ -203,3 +206,103 @@ def test_rows_halfway_between_frames_read_the_earlier_one_in_a_long_episode() ->
     # the file's lookup keeps its own result instead of looking each episode up alone)
     together = file_frame_numbers(reader, "c", index, [(0, rows, within, video)], **options)
     np.testing.assert_array_equal(together[0], earlier[within])
+
+
+def _video_at(path: Path, rate: Fraction, frames: int, dropped: tuple[int, ...] = ()) -> Path:
+    """An H.264 MP4 of ``frames`` frames at ``rate`` fps (frame ``i`` at ``i / rate`` s, in a ``1 / rate.numerator``
+    time base: 30000/1001 fps as NTSC video stores it), but for the frames in ``dropped``."""
+    time_base = Fraction(1, rate.numerator)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=rate, options={"g": "8", "bf": "0"})
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        stream.time_base = stream.codec_context.time_base = time_base
+        for i in (i for i in range(frames) if i not in dropped):
+            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), 2 * i, np.uint8), format="rgb24")
+            frame.pts, frame.time_base = i * rate.denominator, time_base
+            container.mux(stream.encode(frame.reformat(format="yuv420p")))
+        container.mux(stream.encode())
+    return path
+
+
+@pytest.mark.parametrize(
+    ("video_fps", "rows_fps", "named"),
+    [
+        (Fraction(30000, 1001), 30.0, "runs at 29.97 fps (its frames' timestamps), but info.json's fps is 30:"),
+        (Fraction(30), 30000 / 1001, "runs at 30 fps (its frames' timestamps), but info.json's fps is 29.97:"),
+        (Fraction(30), 25.0, "runs at 30 fps (its frames' timestamps), but info.json's fps is 25:"),
+        (Fraction(25), 30.0, "fewer frames per second (25) than info.json's fps (30)"),  # (told so before)
+    ],
+)
+def test_a_video_at_another_rate_than_info_json_names_both(
+    tmp_path: Path, video_fps: Fraction, rows_fps: float, named: str
+) -> None:
+    """Rows at 30 fps over a 29.97 fps video drift 33 us a frame off theirs: the fourth failed the default tolerance,
+    and the advice was to raise tolerance_s (or look frames up by frame_index, which fails alike), never the rates;
+    a wider tolerance only moves the failure later, and past half a frame reads the neighbours' frames. 30 fps video
+    under 25 fps rows said the video holds fewer frames than the rows. The advice now names both rates."""
+    index = build_packet_index(_video_at(tmp_path / "v.mp4", video_fps, 90))
+    context = FrameRequestContext(dataset="d", episode_index=0, camera="c", rows_fps=rows_fps)
+    with pytest.raises(FrameTimestampError) as info:
+        nearest_frame_indices(index, np.arange(90) / rows_fps, tolerance_s=1e-4, context=context)
+    message = str(info.value)
+    assert named in message
+    assert "raise tolerance_s" not in message.lower() and "fewer frames than the episode has rows" not in message
+    if "runs at" in message:
+        assert f"Write the video again at {rows_fps:g} fps" in message
+        assert f"set info.json's fps to {float(video_fps):.10g}" in message
+        # (which reads each row's own frame, by frame_index / the video's rate)
+        found = nearest_frame_indices(index, np.arange(90) / float(f"{float(video_fps):.10g}"), tolerance_s=1e-4)
+        np.testing.assert_array_equal(found, np.arange(90))
+
+
+def test_a_video_at_the_rows_rate_is_not_told_of_a_rate(tmp_path: Path) -> None:
+    """A 30 fps video whose rows are off for another cause (the episode's from_timestamp 2 ms late; frames dropped,
+    which leave no one rate) keeps its advice: its rate is the rows'."""
+    context = FrameRequestContext(dataset="d", episode_index=0, camera="c", rows_fps=30.0)
+    steady = build_packet_index(_video_at(tmp_path / "steady.mp4", Fraction(30), 60))
+    dropped = build_packet_index(_video_at(tmp_path / "dropped.mp4", Fraction(30), 60, dropped=(20, 40)))
+    for index, rows_s in ((steady, 0.002 + np.arange(60) / 30), (dropped, np.arange(60) / 30)):
+        with pytest.raises(FrameTimestampError) as info:
+            nearest_frame_indices(index, rows_s, tolerance_s=1e-4, context=context)
+        assert "runs at" not in str(info.value) and "info.json's fps" not in str(info.value), str(info.value)
+
+
+def _retimed(video: Path, rate: Fraction, fps: int) -> None:
+    """``video`` (frame ``k`` at ``k / fps`` s) remuxed in place with frame ``k`` at ``k / rate`` s, its packets
+    unchanged (no B-frames: VP9)."""
+    target = video.with_suffix(".retimed.mp4")
+    time_base = Fraction(1, rate.numerator)
+    with av.open(str(video)) as src, av.open(str(target), "w") as dst:
+        source = src.streams.video[0]
+        stream = dst.add_stream_from_template(source, opaque=True)
+        stream.time_base = time_base
+        for packet in src.demux(source):
+            if packet.size:
+                frame = round(packet.pts * source.time_base * fps)
+                packet.stream, packet.time_base = stream, time_base
+                packet.pts = packet.dts = frame * rate.denominator
+                dst.mux(packet)
+    target.replace(video)
+
+
+def test_a_dataset_whose_videos_are_at_29_97_fps_under_30_in_info_json(make_ds, tmp_path: Path) -> None:
+    """A generated dataset whose videos were remuxed to 30000/1001 fps while info.json says 30: the iterator's lookup
+    names both rates; the second fix it names (info.json's fps set to the video's, frames looked up by frame_index)
+    reads every row."""
+    root = shutil.copytree(
+        make_ds(episodes=2, frames_per_episode=45, codec="vp9", gop=8, episodes_per_file=1), tmp_path / "ntsc"
+    )
+    for video in sorted((root / "videos").rglob("*.mp4")):
+        _retimed(video, Fraction(30000, 1001), 30)
+    with pytest.raises(FrameTimestampError) as info:
+        DALILeRobotIterator(root, device="cpu", batch_size=4, num_workers=0, shuffle=False)
+    message = str(info.value)
+    assert "The video's stream runs at 29.97 fps (its frames' timestamps), but info.json's fps is 30:" in message
+    assert "set info.json's fps to 29.97002997 and look frames up by frame_index / fps" in message
+    info_json = json.loads((root / "meta/info.json").read_text())
+    (root / "meta/info.json").write_text(json.dumps({**info_json, "fps": 29.97002997}))
+    it = DALILeRobotIterator(
+        root, device="cpu", batch_size=4, num_workers=0, shuffle=False, drop_last=False, timestamp_source="frame_index"
+    )
+    assert sum(len(batch["index"]) for batch in it) == 90
+    it.close()
