@@ -366,6 +366,8 @@ def shared_selection(
         ("cameras", cameras, lambda r, n: n.batch_names(r.all_camera_keys)),
         ("keys", keys, lambda r, n: n.batch_names(r.tabular_keys)),
     ):
+        if isinstance(given, str):  # (its letters were read as keys: "unknown key(s) ['a', 'c', 't', ...]")
+            raise TypeError(f"{what}= takes a list of keys, got the string {given!r}: pass [{given!r}]")
         if given is not None:
             chosen[what] = list(given)
             continue

@@ -12,6 +12,7 @@ import logging
 import re
 import shutil
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -1041,6 +1042,17 @@ def test_a_key_whose_layout_differs_is_told_the_selection_of_its_kind(make_ds) -
     assert "'observation.images.cam0' (a camera's dtype" in message
     assert "('video', " in message and "('image', " in message
     assert "leave it out with cameras=[...]" in message and "keys=[...]" not in message
+
+
+def test_a_selection_given_as_one_string_is_refused_naming_the_list(make_ds) -> None:
+    """keys="action" (one key, not a list) was read letter by letter: "unknown key(s) ['a', 'c', 't', 'i', 'o',
+    'n']", by the union and the mixture (the iterator and cameras= said what to pass)."""
+    paths = _datasets(make_ds)
+    mixture = partial(DALILeRobotMixture, batch_size=4, device="cpu", num_workers=0)
+    for read in (concat_datasets, mixture):
+        for option, key in (("keys", "action"), ("cameras", "observation.images.cam0")):
+            with pytest.raises(TypeError, match=rf"^{option}= takes a list of keys, got the string '{key}': pass"):
+                read(paths, **{option: key})
 
 
 def test_a_camera_only_the_first_dataset_has_is_left_out(make_ds, caplog) -> None:
