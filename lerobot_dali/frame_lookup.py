@@ -340,7 +340,8 @@ def _raise_out_of_tolerance(
             "correct info.json's fps if the rows too are at the video's rate."
         )
     elif rows_fps and (stream_fps := _other_stream_rate(index, rows_fps, max(tick_s, tolerance_s))) is not None:
-        advice = _rate_mismatch(stream_fps, rows_fps, float(error_s[worst]), half_frame_s)
+        by_frame_index = context is not None and context.by_frame_index
+        advice = _rate_mismatch(stream_fps, rows_fps, float(error_s[worst]), half_frame_s, by_frame_index)
     raise FrameTimestampError(
         f"{where}: query timestamp {queries[worst]:.6f} s has no video frame within "
         f"tolerance_s={tolerance_s} (nearest frame {int(nearest[worst])} at "
@@ -368,18 +369,18 @@ def _other_stream_rate(index: PacketIndex, rows_fps: float, drift_s: float) -> f
     return stream_fps
 
 
-def _rate_mismatch(stream_fps: float, rows_fps: float, off_s: float, half_frame_s: float) -> str:
+def _rate_mismatch(stream_fps: float, rows_fps: float, off_s: float, half_frame_s: float, by_frame_index: bool) -> str:
     """The advice for rows at ``rows_fps`` (info.json's) over a video stream at another ``stream_fps``: the row that
-    failed is ``off_s`` from its nearest frame."""
+    failed is ``off_s`` from its nearest frame; ``by_frame_index``: rows are looked up by frame_index / fps already."""
     drift_ms = abs(1 / stream_fps - 1 / rows_fps) * 1e3
+    by_index = "" if by_frame_index else f" and look frames up by frame_index / fps ({_BY_FRAME_INDEX})"
     return (
         f"The video's stream runs at {stream_fps:.4g} fps (its frames' timestamps), but info.json's fps is "
         f"{rows_fps:g}: the rows drift from their frames by {drift_ms:.3g} ms a frame ({off_s:.6f} s at this row), so "
         f"raising tolerance_s only moves the failure later, and from half a frame ({half_frame_s:.4g} s) on each "
         f"row reads another row's frame. Write the video again at {rows_fps:g} fps, frame k at k / {rows_fps:g} s "
         f"(e.g. ffmpeg -i <video> -vf 'setpts=N/({rows_fps:g}*TB)' -r {rows_fps:g} <new video>); or, if the "
-        f"episode was recorded at the video's rate, set info.json's fps to {stream_fps:.10g} and look frames up by "
-        f"frame_index / fps ({_BY_FRAME_INDEX})."
+        f"episode was recorded at the video's rate, set info.json's fps to {stream_fps:.10g}{by_index}."
     )
 
 

@@ -241,15 +241,20 @@ def test_a_video_at_another_rate_than_info_json_names_both(
     a wider tolerance only moves the failure later, and past half a frame reads the neighbours' frames. 30 fps video
     under 25 fps rows said the video holds fewer frames than the rows. The advice now names both rates."""
     index = build_packet_index(_video_at(tmp_path / "v.mp4", video_fps, 90))
-    context = FrameRequestContext(dataset="d", episode_index=0, camera="c", rows_fps=rows_fps)
-    with pytest.raises(FrameTimestampError) as info:
-        nearest_frame_indices(index, np.arange(90) / rows_fps, tolerance_s=1e-4, context=context)
-    message = str(info.value)
-    assert named in message
-    assert "raise tolerance_s" not in message.lower() and "fewer frames than the episode has rows" not in message
+    for by_frame_index in (False, True):
+        context = FrameRequestContext(
+            dataset="d", episode_index=0, camera="c", rows_fps=rows_fps, by_frame_index=by_frame_index
+        )
+        with pytest.raises(FrameTimestampError) as info:
+            nearest_frame_indices(index, np.arange(90) / rows_fps, tolerance_s=1e-4, context=context)
+        message = str(info.value)
+        assert named in message
+        assert "raise tolerance_s" not in message.lower() and "fewer frames than the episode has rows" not in message
+        if "runs at" in message:
+            assert f"Write the video again at {rows_fps:g} fps" in message
+            assert f"set info.json's fps to {float(video_fps):.10g}" in message
+            assert ("look frames up by frame_index" in message) is not by_frame_index  # (not where they are already)
     if "runs at" in message:
-        assert f"Write the video again at {rows_fps:g} fps" in message
-        assert f"set info.json's fps to {float(video_fps):.10g}" in message
         # (which reads each row's own frame, by frame_index / the video's rate)
         found = nearest_frame_indices(index, np.arange(90) / float(f"{float(video_fps):.10g}"), tolerance_s=1e-4)
         np.testing.assert_array_equal(found, np.arange(90))
