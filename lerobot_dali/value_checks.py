@@ -90,7 +90,7 @@ def check_seconds(name: str, value: object) -> float:
     by rounding alone (``0.2 + 5 / 30`` against ``5632 / 15360``: 5.6e-17 s), and a row at its own frame failed, its
     message saying "off by 0.000000 s"."""
     if not is_number(value) or value < 0:  # type: ignore[operator]
-        raise ValueError(f"{name} must be a non-negative finite number of seconds, got {value!r}")
+        raise ValueError(f"{name} must be a positive finite number of seconds, got {value!r}")
     if value == 0:
         raise ValueError(
             f"{name} must be more than 0 seconds: a row's time and its frame's are computed apart in floating point "

@@ -384,7 +384,7 @@ def test_wall_clock_timestamps_bench_by_frame_index(tmp_path: Path) -> None:
         PyAVFrameDataset(root)[episode["dataset_from_index"] + 100]
     for bad, pattern in (
         ({"timestamp_source": "wall"}, "--timestamp-source"),
-        ({"tolerance_s": -0.1}, "--tolerance-s must be a non-negative finite number"),
+        ({"tolerance_s": -0.1}, "--tolerance-s must be a positive finite number"),
         ({"tolerance_s": float("inf")}, "--tolerance-s"),
         ({"tolerance_s": True}, "--tolerance-s"),
     ):

@@ -65,7 +65,7 @@ def test_info_says_which_timestamp_source_reads_each_dataset(capsys) -> None:
     assert main(["info", str(shared_dataset("r1_v30_h264")), "--tolerance-s", "0.0201"]) == 0  # checks the advice
     assert "tolerance 0.0201 s: parquet_timestamp ok, frame_index ok" in capsys.readouterr().out
     assert main(["info", str(shared_dataset("r1_v30_h264")), "--tolerance-s", "-1"]) == 2
-    assert "--tolerance-s must be a non-negative finite number of seconds, got -1.0" in capsys.readouterr().err
+    assert "--tolerance-s must be a positive finite number of seconds, got -1.0" in capsys.readouterr().err
 
 
 def test_info_cr5_v21_reports_the_same_dataset(capsys) -> None:

@@ -102,7 +102,7 @@ def test_bench_and_train_word_image_size_alike(size: list[str], tmp_path, monkey
     ("argv", "said"),
     [
         (["--image-size", "-1x5"], f"{SIZE_TAKES}, got -1x5"),
-        (["--tolerance-s", "-1e-3"], "--tolerance-s must be a non-negative finite number of seconds, got -0.001"),
+        (["--tolerance-s", "-1e-3"], "--tolerance-s must be a positive finite number of seconds, got -0.001"),
         # (past NVDEC's largest frame: a square of 16,256 was a VideoDecodeError blaming the video; 2**32 an
         # OverflowError traceback at the first batch)
         (["--image-size", "16256x16256"], f"{SIZE_TAKES}, got 16256x16256"),
@@ -129,7 +129,7 @@ def test_bench_takes_a_value_that_starts_as_a_negative_number_as_its_value(
         (["--image-size", "-1x5"], f"{SIZE_TAKES}, got -1x5"),
         (["--lr", "-1e-3"], "--lr must be a finite number > 0, got -0.001"),
         (["--grad-clip", "-1e-3"], "--grad-clip must be a finite number >= 0 (0: no clipping), got -0.001"),
-        (["--tolerance-s", "-1e-3"], "--tolerance-s must be a non-negative finite number of seconds, got -0.001"),
+        (["--tolerance-s", "-1e-3"], "--tolerance-s must be a positive finite number of seconds, got -0.001"),
         (["--dataset", "d", "e", "--weights", "-1e-3", "1"], "--weights must be finite numbers > 0, got -0.001 1.0"),
     ],
 )
@@ -150,7 +150,7 @@ def test_the_training_scripts_take_a_value_that_starts_as_a_negative_number_as_i
         errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         assert errors == [f"train.py: {said}"], given
     if argv[0] == "--tolerance-s":  # (lerobot_policy.py's parser is the same kind: its check said, not argparse's)
-        with pytest.raises(ValueError, match="--tolerance-s must be a non-negative finite number of seconds"):
+        with pytest.raises(ValueError, match="--tolerance-s must be a positive finite number of seconds"):
             lerobot_policy.parse_args(["--dataset", "d", "--tolerance-s", "-1e-3"])
 
 

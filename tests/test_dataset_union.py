@@ -919,7 +919,7 @@ def test_per_dataset_lookups_take_one_value_or_none_per_dataset(make_ds) -> None
     bad_source = "timestamp_source must be one of 'parquet_timestamp', 'frame_index', got 'wall_clock'"
     with pytest.raises(ValueError, match=bad_source):
         concat_datasets(paths, timestamp_sources=[None, "wall_clock"])
-    with pytest.raises(ValueError, match=r"tolerance_s must be a non-negative finite number of seconds, got -1"):
+    with pytest.raises(ValueError, match=r"tolerance_s must be a positive finite number of seconds, got -1"):
         concat_datasets(paths, tolerances_s=[None, -1])
 
 

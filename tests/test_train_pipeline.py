@@ -1109,8 +1109,8 @@ def test_feature_stats_read_named_and_per_episode_statistics() -> None:
         (["--image-size", "0", "64"], {}, r"--image-size takes a positive height and width up to 8192, .* got 0x64"),
         (["--lr", "inf"], {}, r"--lr must be a finite number > 0, got inf"),
         (["--grad-clip", "nan"], {}, r"--grad-clip must be a finite number >= 0 \(0: no clipping\), got nan"),
-        (["--tolerance-s", "-1"], {}, r"--tolerance-s must be a non-negative finite number of seconds, got -1\.0"),
-        (["--dataset", "a", "b", "--tolerance-s", "0.01", "nan"], {}, r"--tolerance-s must be a non-negative .*nan"),
+        (["--tolerance-s", "-1"], {}, r"--tolerance-s must be a positive finite number of seconds, got -1\.0"),
+        (["--dataset", "a", "b", "--tolerance-s", "0.01", "nan"], {}, r"--tolerance-s must be a positive .*nan"),
         (["--dataset", "a", "b", "--weights", "-1", "2"], {}, r"--weights must be finite numbers > 0, got -1\.0 2\.0"),
         (["--recipe", "pi0"], {}, r"Unknown recipe 'pi0'"),
         (["--recipe", "{tmp}/r.toml"], {"r.toml": 'name = "r"\n[action]\nstep = 4\n'},
@@ -1336,7 +1336,7 @@ def test_lerobot_policy_takes_train_pys_cameras_timestamp_source_and_tolerance()
     assert (options.cameras, options.timestamp_source, options.tolerance_s) == ((EGO_VIEW,), "frame_index", 0.05)
     options = lerobot_policy.parse_args(base)
     assert (options.cameras, options.timestamp_source, options.tolerance_s) == (None, "parquet_timestamp", None)
-    with pytest.raises(ValueError, match=r"--tolerance-s must be a non-negative finite number of seconds, got -1"):
+    with pytest.raises(ValueError, match=r"--tolerance-s must be a positive finite number of seconds, got -1"):
         lerobot_policy.parse_args([*base, "--tolerance-s", "-1"])
     with pytest.raises(ValueError, match=r"--timestamp-source must be one of 'parquet_timestamp', 'frame_index'"):
         lerobot_policy.PolicyTrainOptions(dataset="d", timestamp_source="wall")

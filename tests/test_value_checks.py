@@ -112,5 +112,5 @@ def test_a_tolerance_of_zero_is_refused_with_why() -> None:
         with pytest.raises(ValueError, match="tolerance_s must be more than 0"):
             FrameLookup(tolerance_s=zero)
     for wrong in (-1e-4, float("nan"), float("inf"), "1e-4", True, None):
-        with pytest.raises(ValueError, match=r"^tolerance_s must be a non-negative finite number of seconds"):
+        with pytest.raises(ValueError, match=r"^tolerance_s must be a positive finite number of seconds"):
             check_seconds("tolerance_s", wrong)

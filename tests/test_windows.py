@@ -140,7 +140,7 @@ def test_invalid_specifications() -> None:
     with pytest.raises(TypeError, match=r"delta_timestamps must map keys to lists of seconds, got <class 'list'>"):
         DeltaWindows(delta_timestamps=[("action", [0.0])], fps=10)  # type: ignore[arg-type]
     for tolerance_s in (-1e-4, float("inf"), float("nan")):  # an infinite tolerance would accept any delta
-        with pytest.raises(ValueError, match="tolerance_s must be a non-negative finite number"):
+        with pytest.raises(ValueError, match="tolerance_s must be a positive finite number"):
             DeltaWindows(delta_timestamps={"action": [0.0]}, fps=10, tolerance_s=tolerance_s)
     with pytest.raises(ValueError, match="episode_length must be >= 1"):
         query_indices(0, 0, [0])
