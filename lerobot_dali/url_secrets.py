@@ -39,10 +39,11 @@ __all__ = [
 MASK = "***"
 
 #: Query parameter names that carry a credential (case-insensitive; ``-``, ``_``, ``.``, a space and camelCase split a
-#: name into words, and a name holding one of these words is one too: ``access_token``, ``apiKey``, ``AWSAccessKeyId``,
-#: CloudFront's ``Key-Pair-Id``, Azure SAS's ``sig``): whole words, so ``monkey``, ``passage``, ``author`` or
-#: ``tokenizer`` are none. Other parameters (S3's ``versionId``, a ``revision``) are no secret and say which data is
-#: read, so they are kept.
+#: name into words, and a name holding one of these words is one too: ``access_token``, ``apiKey``, ``X-Amz-Signature``,
+#: ``X-Amz-Credential``, Azure SAS's ``sig``): whole words, so ``monkey``, ``passage``, ``author`` or ``tokenizer`` are
+#: none; nor is one where a word of :data:`_ABOUT_WORDS` follows it. Other parameters (S3's ``versionId``, a
+#: ``revision``, a signed URL's ``X-Amz-Date`` and ``X-Amz-Expires``) are no secret and say which data is read, or
+#: why a signature was refused, so they are kept.
 _SECRET_WORDS = frozenset(
     {
         "token", "sig", "signature", "secret", "password", "passwd", "credential", "credentials", "auth",
@@ -53,24 +54,32 @@ _SECRET_WORDS = frozenset(
         "authtoken", "apitoken", "privatekey", "privatetoken", "clientsecret", "idtoken", "refreshtoken",
     }
 )  # fmt: skip
+#: How the names of an access key's id end, whatever its service (S3's v2 ``AWSAccessKeyId``, OSS's
+#: ``OSSAccessKeyId``), and a session's id: credentials, though ``Id`` is one of :data:`_ABOUT_WORDS`.
+_SECRET_ENDINGS = ("accesskeyid", "sessionid")
 #: Names that carry a credential only as the whole name (``pass=...``; ``pass_rate`` is none): Azure Functions' key
 #: (``code``), a one-time password, a CAS service ticket.
 _SECRET_NAMES = frozenset({"pass", "pwd", "pw", "code", "otp", "ticket"})
-#: Prefixes of names that are all a signed URL's (S3's ``X-Amz-Signature``, ``X-Amz-Security-Token``, ``X-Amz-Date``;
-#: GCS's ``X-Goog-*``): each part of its signature.
-_SECRET_PREFIXES = ("x-amz-", "x-goog-")
+#: Words that, after a credential's word, make a name one that tells of a credential, not one that carries it
+#: (``signature_version``, ``SignatureMethod``, ``key-marker``, ``token_type``, ``key_id``, ``sign_in``).
+_ABOUT_WORDS = frozenset({"version", "method", "type", "marker", "id", "in", "name", "count", "algorithm", "expires"})
+#: Names (their words joined, lower-case) that hold a credential's word but carry none: the pages of a
+#: listing (S3's ``continuation-token``, GCS's ``pageToken``, a ``next_token``) and a sort order's key.
+_PLAIN_NAMES = frozenset({"continuationtoken", "pagetoken", "nextpagetoken", "nexttoken", "sortkey"})
 #: A name's words: an upper-case run (``AWS``), a capitalised or lower-case word, digits.
 _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 #: Parameters that make a query a signed URL's (Azure SAS's ``sig``, CloudFront's and GCS v2's ``Signature``), and the
 #: fields of such signatures that are no secret but change with each one signed (Azure SAS's ``sv``, ``se``, ``sp``,
-#: ``st``, ``sr``, ``skoid``...; CloudFront's ``Expires``, ``Policy``): left out of a description with the signature,
-#: which would otherwise name the dataset anew each time the URL is signed again; kept (and shown) in other queries.
+#: ``st``, ``sr``, ``skoid``...; CloudFront's ``Expires``, ``Policy``, ``Key-Pair-Id``; S3's and GCS's ``X-Amz-Date``,
+#: ``X-Goog-Expires``...): left out of a description with the signature, which would otherwise name the dataset anew
+#: each time the URL is signed again; kept (and shown) in other queries and in messages.
 _SIGNATURES = frozenset({"sig", "signature", "x-amz-signature", "x-goog-signature"})
 _SIGNED_FIELDS = frozenset(
     {
         "sv", "ss", "srt", "sp", "se", "st", "spr", "sip", "sr", "sdd", "si", "ses", "skoid", "sktid", "skt", "ske",
         "sks", "skv", "saoid", "suoid", "scid", "rscc", "rscd", "rsce", "rscl", "rsct", "expires", "policy",
-        "googleaccessid",
+        "googleaccessid", "key-pair-id", "x-amz-date", "x-amz-expires", "x-amz-algorithm", "x-amz-signedheaders",
+        "x-amz-content-sha256", "x-goog-date", "x-goog-expires", "x-goog-algorithm", "x-goog-signedheaders",
     }
 )  # fmt: skip
 #: A query parameter's name in text, after '?' or '&', and its '=': in an http(s) URL, and in a filesystem's path that
@@ -93,15 +102,16 @@ _USER_PASSWORD = re.compile(r"(?P<lead>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s'\"]*)
 
 
 def is_secret_param(name: str) -> bool:
-    """Whether query parameter ``name`` (percent-encoded or not) carries a credential: a name or word of
-    :data:`_SECRET_WORDS`, a name of :data:`_SECRET_NAMES`, or a signed URL's :data:`_SECRET_PREFIXES`."""
+    """Whether query parameter ``name`` (percent-encoded or not) carries a credential: one of :data:`_SECRET_NAMES`, one
+    that ends as an access key's id does (:data:`_SECRET_ENDINGS`), or one holding a word of :data:`_SECRET_WORDS` that
+    no word of :data:`_ABOUT_WORDS` follows (and not one of :data:`_PLAIN_NAMES`)."""
     name = unquote(name.replace("+", " ")).strip()
-    lower = name.lower()
-    return (
-        lower.startswith(_SECRET_PREFIXES)
-        or lower in _SECRET_NAMES
-        or any(word.lower() in _SECRET_WORDS for word in [lower, *_WORDS.findall(name)])
-    )
+    words = [word.lower() for word in _WORDS.findall(name)]
+    joined = "".join(words)
+    if name.lower() in _SECRET_NAMES or joined.endswith(_SECRET_ENDINGS):
+        return True
+    last = max((at for at, word in enumerate(words) if word in _SECRET_WORDS), default=None)
+    return last is not None and joined not in _PLAIN_NAMES and _ABOUT_WORDS.isdisjoint(words[last + 1 :])
 
 
 def without_credentials(target: str) -> str:

@@ -261,3 +261,55 @@ def test_is_secret_param_knows_signed_cdn_urls_and_function_keys_and_keeps_names
     assert [name for name in plain if is_secret_param(name)] == []
     assert without_credentials("s3://b/ds?codec=h264&sign=S3CR&t=5f&code=S3CR") == "s3://b/ds?codec=h264&t=5f"
     assert masked("https://cdn/ds/f.mp4?sign=S3CR&t=5f") == "https://cdn/ds/f.mp4?sign=***&t=5f"
+
+
+#: Query parameters of S3, GCS, Azure, Hugging Face and plain http(s) URLs that are no credential.
+_ORDINARY = (
+    "versionId", "version-id-marker", "prefix", "delimiter", "marker", "max-keys", "list-type", "continuation-token",
+    "start-after", "fetch-owner", "encoding-type", "key-marker", "upload-id-marker", "uploadId", "partNumber",
+    "response-content-type", "response-content-disposition", "response-cache-control", "response-expires", "x-id",
+    "X-Amz-Date", "X-Amz-Expires", "X-Amz-SignedHeaders", "X-Amz-Algorithm", "X-Amz-Content-Sha256",
+    "x-amz-checksum-mode", "X-Goog-Date", "X-Goog-Expires", "X-Goog-SignedHeaders", "X-Goog-Algorithm",
+    "GoogleAccessId", "Expires", "Key-Pair-Id", "alt", "generation", "ifGenerationMatch", "userProject", "pageToken",
+    "maxResults", "projection", "fields", "uploadType", "restype", "comp", "maxresults", "include", "snapshot",
+    "versionid", "timeout", "sv", "se", "sp", "sr", "st", "spr", "skoid", "sktid", "revision", "expand", "recursive",
+    "cursor", "limit", "offset", "page", "per_page", "download", "format", "q", "sort", "SignatureVersion",
+    "SignatureMethod", "x-oss-signature-version", "token_type", "key_id", "sign_in", "sort_key", "nextPageToken",
+)  # fmt: skip
+#: Query parameters (and a few headers) that carry a credential.
+_SECRETS = (
+    "X-Amz-Signature", "X-Amz-Security-Token", "X-Amz-Credential", "X-Goog-Signature", "X-Goog-Credential",
+    "Signature", "sig", "token", "access_token", "key", "api_key", "apikey", "apiKey", "password", "passwd", "pass",
+    "pwd", "AWSAccessKeyId", "OSSAccessKeyId", "x-oss-signature", "sessionToken", "security_token", "client_secret",
+    "hf_token", "auth", "auth_token", "oauth_token", "oauth_signature", "id_token", "refresh_token", "jwt", "sign",
+    "code", "secret", "private_token", "X-Auth-Token", "session", "sessionid", "session_key", "Authorization", "Cookie",
+    "Set-Cookie", "auth_code", "api_key_v2",
+)  # fmt: skip
+
+
+def test_is_secret_param_masks_credentials_and_shows_the_other_parameters_of_storage_urls() -> None:
+    """Every name holding a credential's word was one, and every ``X-Amz-``/``X-Goog-`` name: 22 of 77 ordinary
+    parameters were masked (a presigned URL's ``X-Amz-Date`` and ``X-Amz-Expires``, which say why a signature was
+    refused, ``continuation-token``, ``key-marker``, ``signature_version``, ``token_type``, CloudFront's public
+    ``Key-Pair-Id``...). A credential's word followed by one that tells of it (``_version``, ``_type``, ``-marker``,
+    ``_id``) is none now, nor are listings' page tokens: 0 of 77, and 44 of 44 credentials still masked. A presigned
+    URL's description still drops its dated fields with the signature (it names the dataset alone)."""
+    from lerobot_dali.url_secrets import is_secret_param, without_credentials
+
+    assert [name for name in _ORDINARY if is_secret_param(name)] == []
+    assert [name for name in _SECRETS if not is_secret_param(name)] == []
+    presigned = (
+        "https://b.s3.amazonaws.com/ds?versionId=3&X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIA%2F20260101"
+        "&X-Amz-Date=20260101T000000Z&X-Amz-Expires=3600&X-Amz-SignedHeaders=host&X-Amz-Security-Token=T0K"
+        "&X-Amz-Signature=S1G"
+    )
+    assert masked(presigned) == (
+        "https://b.s3.amazonaws.com/ds?versionId=3&X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=***"
+        "&X-Amz-Date=20260101T000000Z&X-Amz-Expires=3600&X-Amz-SignedHeaders=host&X-Amz-Security-Token=***"
+        "&X-Amz-Signature=***"
+    )
+    assert without_credentials(presigned) == "https://b.s3.amazonaws.com/ds?versionId=3"
+    assert (
+        without_credentials("s3://b/ds?list-type=2&continuation-token=c1")
+        == "s3://b/ds?list-type=2&continuation-token=c1"
+    )

@@ -30,15 +30,16 @@ _SECRET_NAMES = (
     "token", "access_token", "sig", "signature", "Signature", "X-Amz-Signature", "X-Amz-Credential",
     "X-Amz-Security-Token", "x-amz-security-token", "X-Goog-Signature", "key", "api_key", "apikey", "apiKey",
     "password", "passwd", "pass", "auth", "hf_token", "AWSAccessKeyId", "sessionToken", "client_secret", "jwt",
-    "Key-Pair-Id", "auth_token", "private_token",
+    "auth_token", "private_token",
 )  # fmt: skip
 _PLAIN_NAMES = (
     "monkey", "passage", "author", "versionId", "revision", "page", "a", "tokenizer", "keyword", "scope", "signed",
-    "design", "authored_by", "keys_count", "generation", "format", "v", "pass_rate",
+    "design", "authored_by", "keys_count", "generation", "format", "v", "pass_rate", "continuation-token",
+    "signature_version", "key-marker", "token_type",
 )  # fmt: skip
 _PLAIN_VALUES = ("%2F", "a%2Fb", "x/y", "1", "", "a+b", "%20z", "c%3Dd", "e=f", "~u.v-w_", "%E2%82%AC", "b:c", "q(1)")
-#: Azure SAS's fields, no secret, left out of a description only beside a signature.
-_SAS_FIELDS = ("sp", "se", "sv")
+#: Signed URLs' fields (Azure SAS's, S3's, CloudFront's), no secret, left out of a description only beside a signature.
+_SAS_FIELDS = ("sp", "se", "sv", "X-Amz-Date", "Key-Pair-Id")
 _SIGNATURES = ("sig", "signature", "x-amz-signature", "x-goog-signature")
 
 
