@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
+import pkgutil
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -367,8 +369,10 @@ def mask_path_logs(query: str) -> None:
     of this process masked from now on (:func:`mask_every_record`): any module's, fsspec's, the object stores' and
     their clients' name such paths (the clips' and packet indexes' DEBUG lines each file's: 74 of the 98 DEBUG lines of
     an epoch read over ``memory://``), and its values are masked whole wherever a text names them after their
-    parameter's name (:data:`_known`: ``?sig=ab/cd/meta/info.json``). The location calls this where it is made and
-    where a worker unpickles it."""
+    parameter's name (:data:`_known`: ``?sig=ab/cd/meta/info.json``). The package's own records are masked whatever
+    the record factory (:func:`_mask_package_logs`), and so are :data:`_REQUEST_LOGGERS`' (a user's factory set after
+    ours that does not call it drops it for the others). The location calls this where it is made and where a worker
+    unpickles it."""
     segments = query.split("&")
     secrets = []
     for at, segment in enumerate(segments):
@@ -379,6 +383,8 @@ def mask_path_logs(query: str) -> None:
     if secrets:
         _remember(secrets)
         mask_every_record()
+        for logger in _REQUEST_LOGGERS:
+            masking(logging.getLogger(logger))
 
 
 def _remember(values: Iterable[str]) -> None:
@@ -397,9 +403,10 @@ _factory_lock = fork_locks.lock()
 def mask_every_record() -> None:
     """Mask the credentials every log record of this process names (:class:`_MaskingFilter`) as it is made, whatever
     its logger (``logging.setLogRecordFactory``, over the factory in place; once): a logger's filter is asked only of
-    the records made on it, and a handler's only of those it is given, so where paths keep a credential (a DALI
-    worker's, any module's DEBUG line) each logger's missed those of the loggers made after it (a module imported
-    later; fsspec's, aiohttp's, botocore's). DALI's spawned workers call it where they set up their logging
+    the records made on it, and a handler's only of those it is given, so where paths keep a credential the records
+    of loggers no filter was added to named it (fsspec's, aiohttp's, botocore's; the package's own loggers mask by
+    filter, :func:`_mask_package_logs`, which a user's record factory cannot undo). DALI's spawned workers call it
+    where they set up their logging
     (:func:`~lerobot_dali.worker_start.log_like_trainer`). A record is made only at a level its logger logs: none at
     the default levels."""
     with _factory_lock:
@@ -425,3 +432,23 @@ def masking(logger: logging.Logger) -> logging.Logger:
     if not any(isinstance(f, _MaskingFilter) for f in logger.filters):
         logger.addFilter(_MaskingFilter())
     return logger
+
+
+#: The package's loggers that are no module's: its progress lines' (``bench``'s, ``check``'s).
+_PROGRESS_LOGGERS = ("lerobot_dali.bench.progress", "lerobot_dali.check.progress")
+
+
+def _mask_package_logs() -> None:
+    """Every logger of this package masked (:func:`masking`): its modules' (made here, before a module imported later
+    makes its own by the same name, and finds it masking) and its progress lines'. A logger's filter is asked of every
+    record made on it, whatever the process's log record factory and handlers: a user's ``setLogRecordFactory`` after
+    :func:`mask_every_record`'s (one that does not call the factory it replaces) dropped the masking of every module's
+    records but the five whose loggers masked. Called as this module is imported (the package's ``__init__`` imports
+    it, through :mod:`~lerobot_dali.errors`), in DALI's spawned workers too."""
+    package = __name__.rpartition(".")[0]
+    modules = [module.name for module in pkgutil.iter_modules([os.path.dirname(__file__)])]
+    for name in [package, *(f"{package}.{module}" for module in modules), *_PROGRESS_LOGGERS]:
+        masking(logging.getLogger(name))
+
+
+_mask_package_logs()

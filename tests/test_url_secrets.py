@@ -313,3 +313,56 @@ def test_is_secret_param_masks_credentials_and_shows_the_other_parameters_of_sto
         without_credentials("s3://b/ds?list-type=2&continuation-token=c1")
         == "s3://b/ds?list-type=2&continuation-token=c1"
     )
+
+
+def test_the_packages_records_are_masked_whatever_log_record_factory_a_user_sets(monkeypatch: Any) -> None:
+    """Records were masked by a log record factory (``mask_every_record``) and by the filters of five modules'
+    loggers: a user's ``logging.setLogRecordFactory`` set after it, calling none before it, dropped the masking of
+    every other module's records and the progress lines' (3 of the 4 here named the token). Every logger of the package
+    masks by filter now, whatever the factory and the handlers."""
+    import io
+    import logging
+
+    from lerobot_dali import url_secrets
+    from lerobot_dali.cli import _CHECK_LINES
+
+    monkeypatch.setattr(url_secrets, "_known", ())
+    names = ("lerobot_dali.clips", "lerobot_dali.prefetch", _CHECK_LINES, "lerobot_dali.remote_retry")
+    loggers = [logging.getLogger(name) for name in names]
+    out, factory, levels = io.StringIO(), logging.getLogRecordFactory(), [logger.level for logger in loggers]
+    handler = logging.StreamHandler(out)
+    try:
+        url_secrets.mask_path_logs("a=1&token=S3CRab/cd")  # (as opening memory://b/ds?a=1&token=S3CRab/cd does)
+        logging.setLogRecordFactory(logging.LogRecord)  # (a user's)
+        for logger in loggers:
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
+            logger.info("read %s", "memory://b/ds?a=1&token=S3CRab/cd/videos/f.mp4")
+    finally:
+        logging.setLogRecordFactory(factory)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+    assert out.getvalue().splitlines() == ["read memory://b/ds?a=1&token=***/videos/f.mp4"] * 4
+
+
+def test_every_logger_of_the_package_masks_its_records() -> None:
+    """Each module's logger (made as the package is imported, before a module imported later makes its own) and each
+    logger the package names (its progress lines') has the masking filter: 4 of 113 had it (the modules' adding it).
+    """
+    import logging
+    import pkgutil
+    import re
+    from pathlib import Path
+
+    import lerobot_dali
+    from lerobot_dali.cli import _CHECK_LINES
+    from lerobot_dali.url_secrets import _MaskingFilter
+
+    folder = Path(lerobot_dali.__file__).parent
+    named = {name for p in folder.glob("*.py") for name in re.findall(r'getLogger\("([^"]+)"\)', p.read_text())}
+    modules = {f"lerobot_dali.{module.name}" for module in pkgutil.iter_modules([str(folder)])}
+    names = sorted({"lerobot_dali", _CHECK_LINES, *named, *modules})
+    assert "lerobot_dali.bench.progress" in names and len(names) > 100
+    masks = [name for name in names if any(isinstance(f, _MaskingFilter) for f in logging.getLogger(name).filters)]
+    assert masks == names
