@@ -101,6 +101,9 @@ _known: tuple[str, ...] = ()
 _known_lock = fork_locks.lock()
 #: A URL's ``user:password@`` (aiohttp sends it as basic auth), to its last '@' (a password may hold one).
 _USER_PASSWORD = re.compile(r"(?P<lead>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s'\"]*):[^/?#\s'\"]+@")
+#: An http(s) URL's user without a password (``https://TOKEN@host``: aiohttp sends it as basic auth, as a token is
+#: given so); another scheme's (``sftp://alice@host``) names no credential.
+_USER_ALONE = re.compile(r"(?P<lead>\bhttps?://)[^/@:\s'\"]+@", re.IGNORECASE)
 
 
 def is_secret_param(name: str) -> bool:
@@ -149,8 +152,10 @@ def without_credentials(target: str) -> str:
 
 def masked(text: str) -> str:
     """``text`` with the credentials of the URLs it names replaced by :data:`MASK`: the values of their credential-like
-    query parameters (:func:`is_secret_param`) and their passwords; the rest as it was."""
-    return _USER_PASSWORD.sub(rf"\g<lead>:{MASK}@", _URL_LIKE.sub(_masked_url, text))
+    query parameters (:func:`is_secret_param`), their passwords, and an http(s) URL's user where it has no password
+    (:data:`_USER_ALONE`); the rest as it was."""
+    shown = _USER_PASSWORD.sub(rf"\g<lead>:{MASK}@", _URL_LIKE.sub(_masked_url, text))
+    return _USER_ALONE.sub(rf"\g<lead>{MASK}@", shown)
 
 
 def masked_key(url: str) -> str:

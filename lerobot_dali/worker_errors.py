@@ -19,6 +19,7 @@ from typing import Any
 
 from . import errors
 from .literal_parsing import PARSE_LOCK
+from .url_secrets import mask_error
 
 __all__ = ["SMALL_SHM_BYTES", "dead_worker_error", "original_worker_error", "shared_memory_note", "shm_bytes"]
 
@@ -27,13 +28,17 @@ _QUALNAME = re.compile(r"[A-Za-z_][\w.]*\Z")
 
 
 def original_worker_error(error: BaseException) -> BaseException | None:
-    """The worker's original exception if ``error`` (or its causes) carries one we can rebuild, else None."""
+    """The worker's original exception if ``error`` (or its causes) carries one we can rebuild, else None. DALI's error
+    and its cause (the worker's traceback text and its error's) are masked first (:func:`.mask_error`): a builtin
+    error of a worker naming a path that keeps a URL's query was rebuilt and raised with its credentials, from DALI's
+    text naming them in each error of the worker's chain."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         text = str(current)
         if _MARKER in text:
+            text = str(mask_error(current))
             cause = current.__cause__
             message = str(cause) if isinstance(cause, RuntimeError) else None
             rebuilt = _rebuild(text, message)

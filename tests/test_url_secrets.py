@@ -366,3 +366,47 @@ def test_every_logger_of_the_package_masks_its_records() -> None:
     assert "lerobot_dali.bench.progress" in names and len(names) > 100
     masks = [name for name in names if any(isinstance(f, _MaskingFilter) for f in logging.getLogger(name).filters)]
     assert masks == names
+
+
+def test_masked_masks_an_http_urls_user_given_without_a_password() -> None:
+    """``https://TOKEN@host/ds`` (a token given as the user, which aiohttp sends as basic auth) was shown as typed
+    where a text names the URL: ``lerobot-dali check`` printed (and wrote in its JSON report) the dataset that did not
+    open so (1 of 1). Masked now, as a password is; another scheme's user (``sftp://alice@host``) and an e-mail
+    address are no credential and stay."""
+    said = "http://hf_S3CR@127.0.0.1:8000/ds: cannot open; HTTPS://hf_S3CR@h/ds?a=1"
+    assert masked(said) == "http://***@127.0.0.1:8000/ds: cannot open; HTTPS://***@h/ds?a=1"
+    kept = "sftp://alice@host/ds, alice@example.com, https://h/a@b, https://alice:***@h/ds"
+    assert masked(kept) == kept
+
+
+def test_a_workers_error_naming_a_credential_comes_back_masked(monkeypatch: Any) -> None:
+    """DALI brings a worker's error back as an ``Exception`` holding the worker's traceback text (its error and every
+    error it was raised from), raised from a ``RuntimeError`` of its message, and a builtin error of ours or a
+    library's is rebuilt from them (``worker_errors``): one naming a path that keeps a URL's query (a
+    ``FileNotFoundError`` raised from an ``OSError``) came back with the token in its message, and in DALI's text
+    behind it (3 of 3 texts named it). Masked now, the token holding a '/' masked whole (its location opened in this
+    process)."""
+    import logging
+    import traceback
+
+    from lerobot_dali import url_secrets
+    from lerobot_dali.worker_errors import original_worker_error
+    from tests.test_worker_errors import _as_dali_raises
+
+    monkeypatch.setattr(url_secrets, "_known", ())
+    factory = logging.getLogRecordFactory()
+    try:
+        url_secrets.mask_path_logs("a=1&token=S3CRab/cd")  # (as the location does where it is opened)
+    finally:
+        logging.setLogRecordFactory(factory)
+    path = "/b/ds?a=1&token=S3CRab/cd/videos/f.mp4"
+    error = FileNotFoundError(f"{path} is gone")
+    error.__cause__ = OSError(f"reading {path}")
+    raised = _as_dali_raises(error)
+    rebuilt = original_worker_error(raised)
+    assert type(rebuilt) is FileNotFoundError and str(rebuilt) == "/b/ds?a=1&token=***/videos/f.mp4 is gone"
+    try:
+        raise rebuilt from raised  # (as the iterator raises it)
+    except FileNotFoundError as caught:
+        shown = "".join(traceback.format_exception(caught))
+    assert "S3CR" not in shown and "cd/videos" not in shown and "OSError: reading /b/ds?a=1&token=***/videos" in shown
