@@ -738,7 +738,7 @@ class RetryingFile(io.RawIOBase):
         else:
             raise ValueError(f"invalid whence {whence!r}; use io.SEEK_SET, io.SEEK_CUR or io.SEEK_END")
         if target < 0:
-            raise ValueError(f"negative seek position {target} in {self.path}")
+            raise ValueError(masked(f"negative seek position {target} in {self.path}"))  # (a path keeping a query)
         self._pos = target
         return target
 

@@ -410,3 +410,27 @@ def test_a_workers_error_naming_a_credential_comes_back_masked(monkeypatch: Any)
     except FileNotFoundError as caught:
         shown = "".join(traceback.format_exception(caught))
     assert "S3CR" not in shown and "cd/videos" not in shown and "OSError: reading /b/ds?a=1&token=***/videos" in shown
+
+
+def test_a_remote_files_seek_before_its_start_names_its_path_masked() -> None:
+    """A seek before a remote file's start (a reader seeking from the end of a file shorter than it expects) raised a
+    ValueError naming its path, token and all, where the filesystem keeps the URL's query in its paths (1 of 1; an
+    error of ours raised from it, masked itself, named it in its traceback). Masked now, as the prefetch cache's
+    file masks it."""
+    import io
+
+    import fsspec
+
+    from lerobot_dali.remote_retry import RetryingFileSystem, RetryPolicy
+
+    memory = fsspec.filesystem("memory")
+    path = "/h229/ds?a=1&token=S3CR/videos/f.mp4"
+    memory.pipe_file(path, b"x" * 4)
+    file = RetryingFileSystem(memory, policy=RetryPolicy(retries=0)).open(path, "rb")
+    try:
+        with pytest.raises(ValueError) as refused:
+            file.seek(-8, io.SEEK_END)
+    finally:
+        file.close()
+        memory.rm(path)
+    assert str(refused.value) == "negative seek position -4 in /h229/ds?a=1&token=***/videos/f.mp4"
