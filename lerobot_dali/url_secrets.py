@@ -448,7 +448,7 @@ def _mask_package_logs() -> None:
     makes its own by the same name, and finds it masking) and its progress lines'. A logger's filter is asked of every
     record made on it, whatever the process's log record factory and handlers: a user's ``setLogRecordFactory`` after
     :func:`mask_every_record`'s (one that does not call the factory it replaces) dropped the masking of every module's
-    records but the five whose loggers masked. Called as this module is imported (the package's ``__init__`` imports
+    records but the four whose loggers masked. Called as this module is imported (the package's ``__init__`` imports
     it, through :mod:`~lerobot_dali.errors`), in DALI's spawned workers too."""
     package = __name__.rpartition(".")[0]
     modules = [module.name for module in pkgutil.iter_modules([os.path.dirname(__file__)])]
