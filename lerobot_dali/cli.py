@@ -18,6 +18,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .bench_types import LOADERS
 from .cli_options import ArgumentParser, add_episode_pool_size, add_image_size, parse_size
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
@@ -609,15 +610,22 @@ def _parser() -> argparse.ArgumentParser:
     make.add_argument(
         "--episodes", type=int, default=8, metavar="N", help="how many episodes to write: a count (default 8)"
     )
-    make.add_argument("--frames-per-episode", type=int, default=60, metavar="N", help="(default 60)")
-    make.add_argument("--cameras", type=int, default=1, metavar="N", help="(default 1)")
+    make.add_argument(
+        "--frames-per-episode", type=int, default=60, metavar="N", help="rows (and frames) in each episode (default 60)"
+    )
+    make.add_argument(
+        "--cameras", type=int, default=1, metavar="N",
+        help="how many cameras: observation.images.cam0, observation.images.cam1, ... (default 1)",
+    )  # fmt: skip
     make.add_argument(
         "--size", type=parse_size, default=(96, 128), metavar="HxW", help="both even and >= 64 (default 96x128)"
     )
-    make.add_argument("--fps", type=int, default=30, metavar="N", help="(default 30)")
+    make.add_argument(
+        "--fps", type=int, default=30, metavar="N", help="frames per second, rows and videos (default 30)"
+    )
     make.add_argument(
         "--codec", choices=["av1", "h264", "hevc", "vp9"], default="av1",
-        help="(default av1; ignored with --image-cameras)",
+        help="video codec (default av1; ignored with --image-cameras)",
     )  # fmt: skip
     make.add_argument(
         "--gop", type=int, default=2, metavar="N",
@@ -645,7 +653,7 @@ def _parser() -> argparse.ArgumentParser:
     reencode.add_argument("out", help="a new folder, or an empty one")
     reencode.add_argument(
         "--codec", choices=CODECS, default="h264",
-        help="(default h264: NVDEC on every NVIDIA GPU; av1 has none on A100/H100/H200)",
+        help="the copy's video codec (default h264: NVDEC on every NVIDIA GPU; av1 has none on A100/H100/H200)",
     )  # fmt: skip
     reencode.add_argument(
         "--gop", type=int, default=2, metavar="N", help="most frames between keyframes (default 2, LeRobot's)"
@@ -679,7 +687,10 @@ def _parser() -> argparse.ArgumentParser:
         "--tolerance-s", nargs="+", type=float, default=[DEFAULT_TOLERANCE_S],
         help=f"max |frame pts - row time| (default {DEFAULT_TOLERANCE_S:g}); one, or one per --dataset",
     )  # fmt: skip
-    bench.add_argument("--mode", choices=["single", "sarm"], default="single", help="1 frame, or 8 frames 1 s apart")
+    bench.add_argument(
+        "--mode", choices=["single", "sarm"], default="single",
+        help="single: 1 frame per camera; sarm: 8 frames per camera 1 s apart, -7..0 s (default single)",
+    )  # fmt: skip
     bench.add_argument("--recipe", help="act, diffusion, vla or a recipe .toml: windows, image size, augmentation")
     bench.add_argument("--batch-size", type=int, help="samples per batch, every loader (default 32; quick 8)")
     bench.add_argument(
@@ -701,10 +712,21 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--repeats", type=int, default=1, help="runs per loader, in rotating order; the median is reported (default 1)"
     )
-    bench.add_argument("--quick", action="store_true", help="tiny dataset and few steps (CI)")
+    bench.add_argument(
+        "--quick", action="store_true",
+        help="tiny datasets (2 cameras 96x128, 6 episodes of 2 s) and few steps, for CI: not a speed (the default "
+        "run generates 3 cameras 480x640, 12 episodes of 10 s, once: minutes)",
+    )  # fmt: skip
     bench.add_argument("--limits", action="store_true", help="also measure decode ceilings (bench/limits.py)")
-    bench.add_argument("--loaders", nargs="+", help="only these loaders (default: all that apply)")
-    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument(
+        "--loaders", nargs="+", metavar="NAME",
+        help=f"only these loaders, of {', '.join(LOADERS)} (default: all that apply)",
+    )  # fmt: skip
+    bench.add_argument(
+        "--seed", type=int, default=0, metavar="N",
+        help="every loader's shuffle (and lerobot-dali's augmentation), and the 24 samples clip/file and "
+        "decoded/frame are counted on (default 0)",
+    )  # fmt: skip
     bench.add_argument("--out", help="results folder (default bench/results/<timestamp>)")
     bench.add_argument(
         "--cache-dir",

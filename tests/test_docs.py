@@ -163,6 +163,20 @@ def test_the_command_line_table_lists_each_verbs_flags_and_choices(parsers: dict
             assert set(choices.split(",")) == set(action.choices or ()), f"{verb} {flag}"
 
 
+def test_every_option_of_every_verb_says_what_it_does() -> None:
+    """``lerobot-dali VERB --help`` gives each option and argument a help text that says more than its default: ``bench
+    --seed`` had none, and ``make-dataset --cameras``/``--fps``/``--frames-per-episode`` and ``reencode --codec`` only
+    ``(default ...)``."""
+    bare = [
+        f"{verb} {'/'.join(action.option_strings) or action.dest}: {action.help!r}"
+        for verb, parser in _verbs(_parser()).items()
+        for action in parser._actions
+        if not isinstance(action, argparse._HelpAction)
+        and not re.search(r"[a-z]", re.sub(r"\([^()]*\)", "", action.help or ""))
+    ]
+    assert not bare, "options whose --help says nothing but a default:\n" + "\n".join(bare)
+
+
 def test_every_flag_the_docs_name_is_one_of_a_program(parsers: dict[str, argparse.ArgumentParser]) -> None:
     known = set().union(*(_flags(parser) for parser in parsers.values())) | OTHER_TOOLS_FLAGS | {"--help"}
     unknown = {
