@@ -177,6 +177,22 @@ def test_every_option_of_every_verb_says_what_it_does() -> None:
     assert not bare, "options whose --help says nothing but a default:\n" + "\n".join(bare)
 
 
+def test_the_pipelines_readme_names_every_flag_of_its_scripts(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    """pipelines/README.md names each option of train.py and lerobot_policy.py (by its first spelling; aliases are the
+    main README's): train.py's ``--episode-piece-frames``, ``--lr``, ``--decode`` ... were in none of the docs."""
+    text = (ROOT / "pipelines" / "README.md").read_text()
+    unnamed = {
+        script: sorted(
+            flag
+            for action in parsers[f"pipelines/{script}"]._actions
+            for flag in action.option_strings[:1]
+            if flag.startswith("--") and flag != "--help" and not re.search(re.escape(flag) + r"(?![\w-])", text)
+        )
+        for script in ("train.py", "lerobot_policy.py")
+    }
+    assert not any(unnamed.values()), f"flags pipelines/README.md does not name: {unnamed}"
+
+
 def test_every_flag_the_docs_name_is_one_of_a_program(parsers: dict[str, argparse.ArgumentParser]) -> None:
     known = set().union(*(_flags(parser) for parser in parsers.values())) | OTHER_TOOLS_FLAGS | {"--help"}
     unknown = {
