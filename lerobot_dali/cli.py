@@ -727,7 +727,7 @@ def _parser() -> argparse.ArgumentParser:
         help="every loader's shuffle (and lerobot-dali's augmentation), and the 24 samples clip/file and "
         "decoded/frame are counted on (default 0)",
     )  # fmt: skip
-    bench.add_argument("--out", help="results folder (default bench/results/<timestamp>)")
+    bench.add_argument("--out", help="results folder (default bench/results/<timestamp> in the current folder)")
     bench.add_argument(
         "--cache-dir",
         help="where generated datasets are kept (default $LEROBOT_DALI_CACHE/bench, which is "
