@@ -528,7 +528,10 @@ def _parser() -> argparse.ArgumentParser:
         prog="lerobot-dali", description=__doc__.splitlines()[0].replace("``", ""), epilog=_exit_statuses(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="log INFO (-v) or DEBUG (-vv)")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0,
+        help="log INFO (-v) or DEBUG (-vv); before the verb: lerobot-dali -v check ...",
+    )  # fmt: skip
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     info = verbs.add_parser("info", help="describe a dataset: metadata and what its videos really hold")
