@@ -193,6 +193,16 @@ def test_the_pipelines_readme_names_every_flag_of_its_scripts(parsers: dict[str,
     assert not any(unnamed.values()), f"flags pipelines/README.md does not name: {unnamed}"
 
 
+def test_the_docs_name_every_extra_of_the_package() -> None:
+    """Each extra pyproject.toml defines is named as one (``.[name]``, or ``the `name` extra``) in a README, so a user
+    finds how to install it: the ``torchcodec`` extra was in none."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    text = "\n".join(doc.read_text() for doc in DOCS)
+    named = set(re.findall(r"\.\[([\w-]+)\]", text)) | set(re.findall(r"`([\w-]+)` extra", text))
+    assert set(extras) <= named, f"extras no README names: {sorted(set(extras) - named)}"
+
+
 def test_every_flag_the_docs_name_is_one_of_a_program(parsers: dict[str, argparse.ArgumentParser]) -> None:
     known = set().union(*(_flags(parser) for parser in parsers.values())) | OTHER_TOOLS_FLAGS | {"--help"}
     unknown = {
