@@ -177,20 +177,31 @@ def test_every_option_of_every_verb_says_what_it_does() -> None:
     assert not bare, "options whose --help says nothing but a default:\n" + "\n".join(bare)
 
 
+def _unnamed_flags(parser: argparse.ArgumentParser, doc: Path) -> list[str]:
+    """The options of ``parser`` (by their first spelling; aliases are the main README's) that ``doc`` never names."""
+    text = doc.read_text()
+    return sorted(
+        flag
+        for action in parser._actions
+        for flag in action.option_strings[:1]
+        if flag.startswith("--") and flag != "--help" and not re.search(re.escape(flag) + r"(?![\w-])", text)
+    )
+
+
 def test_the_pipelines_readme_names_every_flag_of_its_scripts(parsers: dict[str, argparse.ArgumentParser]) -> None:
-    """pipelines/README.md names each option of train.py and lerobot_policy.py (by its first spelling; aliases are the
-    main README's): train.py's ``--episode-piece-frames``, ``--lr``, ``--decode`` ... were in none of the docs."""
-    text = (ROOT / "pipelines" / "README.md").read_text()
+    """pipelines/README.md names each option of train.py and lerobot_policy.py: train.py's ``--episode-piece-frames``,
+    ``--lr``, ``--decode`` ... were in none of the docs."""
     unnamed = {
-        script: sorted(
-            flag
-            for action in parsers[f"pipelines/{script}"]._actions
-            for flag in action.option_strings[:1]
-            if flag.startswith("--") and flag != "--help" and not re.search(re.escape(flag) + r"(?![\w-])", text)
-        )
+        script: _unnamed_flags(parsers[f"pipelines/{script}"], ROOT / "pipelines" / "README.md")
         for script in ("train.py", "lerobot_policy.py")
     }
     assert not any(unnamed.values()), f"flags pipelines/README.md does not name: {unnamed}"
+
+
+def test_the_bench_readme_names_every_flag_of_the_bench(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    """bench/README.md names each option of ``lerobot-dali bench`` (``--seed`` was in none of the docs)."""
+    unnamed = _unnamed_flags(_verbs(parsers["lerobot-dali"])["bench"], ROOT / "bench" / "README.md")
+    assert not unnamed, f"flags bench/README.md does not name: {unnamed}"
 
 
 def test_the_docs_name_every_extra_of_the_package() -> None:
