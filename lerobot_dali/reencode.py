@@ -167,9 +167,12 @@ def reencode_dataset(
     cpus = usable_cpus()
     workers = min(jobs or cpus, len(encode))
     threads = max(1, cpus // workers)
+    new_info = _with_codec(raw_info, chosen, codec)
+    rewritten = [INFO_PATH] if new_info != raw_info and INFO_PATH in sizes else []
     logger.info(
-        "re-encoding %d video file(s) of %s to %s GOP %d (%d at once); copying %d other file(s)",
-        len(encode), location.description, codec, gop, workers, len(files) - len(encode),
+        "re-encoding %d video file(s) of %s to %s GOP %d (%d at once); copying %d other file(s)%s",
+        len(encode), location.description, codec, gop, workers, len(files) - len(encode) - len(rewritten),
+        f", writing {INFO_PATH} with the new codec" if rewritten else "",
     )  # fmt: skip
     done: list[VideoReencoded] = []
     copied: list[str] = []
@@ -188,9 +191,8 @@ def reencode_dataset(
             for relative in files:
                 (folder / relative).parent.mkdir(parents=True, exist_ok=True)
             done.extend(_run_jobs(job_list, workers, progress=progress))
-            new_info = _with_codec(raw_info, chosen, codec)
             for relative in files:
-                if relative == INFO_PATH and new_info != raw_info:
+                if relative in rewritten:
                     (folder / relative).write_text(json.dumps(new_info, indent=4) + "\n", encoding="utf-8")
                 elif relative not in encoded:  # (kept videos too)
                     location.fs.get_file(location.path(relative), str(folder / relative))

@@ -517,12 +517,16 @@ def test_a_copy_on_a_filesystem_without_locks_is_written_with_a_warning(
 
 
 def test_cli_reencode_prints_what_random_access_costs(
-    long_gop_ds: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    long_gop_ds: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     out_root = tmp_path / "out"
-    assert (
-        main(["reencode", str(long_gop_ds), str(out_root), "--gop", "3", "--cameras", "observation.images.cam1"]) == 0
-    )
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.reencode"):
+        assert (
+            main(["reencode", str(long_gop_ds), str(out_root), "--gop", "3", "--cameras", "observation.images.cam1"])
+            == 0
+        )
+    copied = len(_files(long_gop_ds)) - 2 - 1  # (info.json rewritten with the new codec, not copied)
+    assert f"copying {copied} other file(s), writing meta/info.json with the new codec" in caplog.text
     out = capsys.readouterr().out.splitlines()
     videos = sorted(k for k in _files(long_gop_ds) if k.startswith("videos/observation.images.cam1/"))
     frames = {v: len(_instants(long_gop_ds / v)) for v in videos}
@@ -537,7 +541,7 @@ def test_cli_reencode_prints_what_random_access_costs(
         f"{megabytes[1]:.1f} MB; random access: about {mean(long_gop_ds):.1f} -> {mean(out_root):.1f} frames "
         "decoded per frame",
         "  kept as they were: 2 video files of observation.images.cam0",
-        f"  {len(_files(long_gop_ds)) - 2 - 1} other files copied unchanged",  # (info.json changed)
+        f"  {copied} other files copied unchanged",
     ]
     assert mean(long_gop_ds) > 5 and mean(out_root) == pytest.approx(2.0, abs=0.2)
     assert main(["reencode", str(long_gop_ds), str(out_root)]) == 2
