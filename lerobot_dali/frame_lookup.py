@@ -119,6 +119,11 @@ class FrameRequestContext:
     #: ``from_timestamp + length / fps``. A row past the last frame of a video whose frames end before it is told the
     #: file is cut short, not that the video has fewer frames than the rows.
     episode_end_s: float | None = None
+    #: Where the episode's last row belongs in the file by its length, in seconds: ``from_timestamp + (length - 1) /
+    #: rows_fps``. A row past the video's last frame and past this too (by more than the tolerance) has a time its place
+    #: in the episode does not explain (timestamps that start a frame late, as GR00T's, or wall-clock ones): the video
+    #: is not short.
+    last_row_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.episode_index is not None and (isinstance(self.episode_index, bool) or self.episode_index < 0):
@@ -271,6 +276,8 @@ def _raise_out_of_tolerance(
     past_end = bool(queries[worst] > frame_s[-1])
     hidden_s = _hidden_frame_near(index, float(queries[worst]), tolerance_s)
     cut_short = _cut_short(index, context) if past_end else ""
+    worst_allowed_s = float(np.broadcast_to(allowed_s, queries.shape)[worst])
+    last_row_s = _last_row_passed_s(context, float(queries[worst]), worst_allowed_s) if past_end else None
     if hidden_s is not None:
         advice = (
             f"The video holds a frame at {hidden_s:.6f} s, but its edit list hides it: FFmpeg decodes it only as a "
@@ -298,6 +305,14 @@ def _raise_out_of_tolerance(
         advice = (
             "The rows are looked up by frame_index / fps: check the episode's from_timestamp in meta/episodes, and "
             "that the video's frame rate is info.json's fps."
+        )
+    elif last_row_s is not None:
+        advice = (
+            "The row lies past the video's last frame and past where the episode's last row belongs "
+            f"({last_row_s:.6f} s: length - 1 rows at info.json's fps after its from_timestamp), so its "
+            "timestamp is off, not the video: the parquet timestamps do not count from 0 in steps of 1 / fps (they "
+            f"start late, e.g. a frame late, or are wall-clock time). Look frames up by frame_index / fps "
+            f"({_BY_FRAME_INDEX})."
         )
     elif past_end:  # (a higher tolerance_s would read the last frame again for this row: a wrong frame)
         advice = (
@@ -404,6 +419,14 @@ def _cut_short(index: PacketIndex, context: FrameRequestContext | None) -> str:
     )
 
 
+def _last_row_passed_s(context: FrameRequestContext | None, query_s: float, allowed_s: float) -> float | None:
+    """Where the episode's last row belongs, if ``query_s`` lies more than ``allowed_s`` (the lookup's tolerance) after
+    it (else, or unknown: None)."""
+    if context is None or context.last_row_s is None:
+        return None
+    return context.last_row_s if query_s > context.last_row_s + allowed_s else None
+
+
 def _hidden_frame_near(index: PacketIndex, query_s: float, tolerance_s: float) -> float | None:
     """The time of a frame the edit list hides within ``tolerance_s`` of ``query_s`` (None if there is none)."""
     if index.hidden is None:
@@ -463,6 +486,7 @@ def row_frame_numbers(
         rows_fps=reader.fps,
         by_frame_index=timestamp_source is TimestampSource.FRAME_INDEX,
         episode_end_s=_episode_end_s(reader, episode_pos, video),
+        last_row_s=video.from_timestamp_s + (int(reader.episodes.length[episode_pos]) - 1) / reader.fps,
     )
     local_s = _local_times_s(reader, rows, row_indices, timestamp_source, episode_pos)
     by_timestamp = timestamp_source is not TimestampSource.FRAME_INDEX  # (frame_index / fps is float64: exact)

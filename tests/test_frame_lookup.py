@@ -99,22 +99,52 @@ def test_rows_past_a_truncated_video_are_told_to_download_it_again(
     assert "truncated" in message and "Download or copy it again" in message
 
 
-def test_rows_past_a_whole_video_are_not_told_it_is_truncated() -> None:
-    """GR00T's rows are a frame ahead of its videos by their timestamps: the last row lies past the last frame of a
-    whole file, whose frames end at the episode's length / fps. That is no truncated file (0 of the 29 lookups of the
-    real datasets' whole files by parquet timestamp said so): the advice stays as it was."""
-    camera = "observation.images.ego_view"
-    reader = open_dataset(shared_dataset("gr00t_v20_h264"), cameras=[camera])
-    video = reader.video(4, camera)
-    rows = reader.read_episode(4, keys=[])
+@pytest.mark.parametrize(
+    ("name", "camera", "episode"),
+    [("gr00t_v20_h264", "observation.images.ego_view", 4), ("cr5_v21_av1", "observation.images.top", 0)],
+)
+def test_rows_past_a_whole_video_are_told_their_timestamps_are_off(name: str, camera: str, episode: int) -> None:
+    """GR00T's rows are a frame ahead of its videos by their timestamps (0.05 s to length / fps), cr5's are wall-clock
+    (episode 0's last row at 20.55 s over 197 frames at 10 fps): the last row lies past the last frame of a whole file,
+    whose frames end at the episode's length / fps, and past where the episode's last row belongs ((length - 1) /
+    fps). That is no truncated file, nor a video with fewer frames than the rows (both hold as many frames as rows),
+    which the advice said: the timestamps are off, and frame_index / fps reads them."""
+    reader = open_dataset(shared_dataset(name), cameras=[camera], keys=[])
+    video = reader.video(episode, camera)
+    rows = reader.read_episode(episode, keys=[])
+    length = len(rows["timestamp"])
+    index = build_packet_index(video.path)
+    assert len(index.shown_pts_s) == length  # (one file per episode, as many frames as rows)
+    last_row_s = (length - 1) / reader.fps  # (from_timestamp 0: one file per episode)
     with pytest.raises(FrameTimestampError) as info:
         row_frame_numbers(
-            reader, 4, camera, rows, np.arange(len(rows["timestamp"])), build_packet_index(video.path),
+            reader, episode, camera, rows, np.array([0, length - 1]), index,
             timestamp_source=TimestampSource.PARQUET_TIMESTAMP, tolerance_s=1e-4, video=video,
         )  # fmt: skip
     message = str(info.value)
-    assert "past the video's last frame" in message and "fewer frames than the episode has rows" in message
-    assert "truncated" not in message and "download" not in message.lower()
+    assert f"past the video's last frame and past where the episode's last row belongs ({last_row_s:.6f} s" in message
+    assert "--timestamp-source frame_index" in message
+    assert "fewer frames" not in message and "truncated" not in message and "download" not in message.lower()
+    found = row_frame_numbers(
+        reader, episode, camera, rows, np.array([0, length - 1]), index,
+        timestamp_source=TimestampSource.FRAME_INDEX, tolerance_s=1e-4, video=video,
+    )  # fmt: skip
+    assert found.tolist() == [0, length - 1]
+
+
+def test_a_row_past_the_video_is_told_the_video_is_short_only_within_the_episodes_rows(marker_video) -> None:
+    """One row more than the video's frames (30 fps both): the last row, where it belongs, is past the video's last
+    frame: the video is short. The same row 7.6 ms later (cr5's wall-clock episode 5 ends so over a whole video), or
+    a frame later (GR00T's), is past where the episode's last row belongs by more than tolerance_s: its time is off."""
+    index = build_packet_index(marker_video("h264", 30))
+    last_row_s = index.frame_count / 30  # (rows 0 .. frame_count)
+    context = FrameRequestContext(camera="c", rows_fps=30.0, last_row_s=last_row_s)
+    for late_s, short in ((0.0, True), (5e-5, True), (0.0076, False), (1 / 30, False)):
+        with pytest.raises(FrameTimestampError) as info:
+            nearest_frame_indices(index, [0.0, last_row_s + late_s], tolerance_s=1e-4, context=context)
+        message = str(info.value)
+        assert ("fewer frames than the episode has rows" in message) is short, (late_s, message)
+        assert ("past where the episode's last row belongs" in message) is not short, (late_s, message)
 
 
 @pytest.mark.parametrize("by_frame_index", [False, True])
