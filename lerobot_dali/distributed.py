@@ -3,7 +3,9 @@
 ``torch.distributed`` is asked first because it is the truth once a process group exists: under
 ``torchrun`` on CPU, accelerate's ``PartialState`` can report rank 0 of 1 while the gloo group has two
 ranks, and trusting it would make every rank read the same data. Then the launcher's environment
-(``RANK``/``WORLD_SIZE``/``LOCAL_RANK``), then accelerate, then a single process.
+(``RANK``/``WORLD_SIZE``/``LOCAL_RANK``), then accelerate, then a single process, unless another launcher's variables
+say this process is one of several (``srun``'s, ``mpirun``'s, ``RANK`` without ``WORLD_SIZE``): then
+:class:`~lerobot_dali.errors.ShardingError` (:func:`refuse_unresolved_launch`), as each would read everything.
 
 Accelerate is asked only where the trainer uses it: it imported accelerate, or ``accelerate launch`` started it
 (its settings come as ``ACCELERATE_*`` variables). Elsewhere ``PartialState`` has nothing to tell: importing and
@@ -20,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CudaUnavailableError
+from .errors import CudaUnavailableError, ShardingError
 from .said_once import _SHELLS, _is_launcher, _is_wrapper, _start_time
 from .value_checks import check_int
 
@@ -30,6 +32,7 @@ __all__ = [
     "draws_progress",
     "launch_key",
     "local_cuda_device",
+    "refuse_unresolved_launch",
     "resolve_rank",
     "usable_cpus",
 ]
@@ -77,7 +80,8 @@ def draws_progress() -> bool:
 
 def resolve_rank(rank: int | None = None, world_size: int | None = None) -> RankInfo:
     """Explicit arguments win; otherwise torch.distributed, then the environment, then accelerate (where the trainer
-    uses it), then (0, 1)."""
+    uses it), then (0, 1); ShardingError where a launcher started several processes but none of those says this one's
+    rank (:func:`refuse_unresolved_launch`)."""
     local_rank = _launcher_local_rank()
     if rank is not None or world_size is not None:
         if rank is None or world_size is None:
@@ -95,15 +99,59 @@ def resolve_rank(rank: int | None = None, world_size: int | None = None) -> Rank
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return RankInfo(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), local_rank, "environment")
     if not _trainer_uses_accelerate():
-        return RankInfo(0, 1, 0, "single process")
+        return _one_of_several(RankInfo(0, 1, 0, "single process"))
     try:
         from accelerate import PartialState
 
         state = PartialState()
-        return RankInfo(state.process_index, state.num_processes, state.local_process_index, "accelerate")
+        return _one_of_several(
+            RankInfo(state.process_index, state.num_processes, state.local_process_index, "accelerate")
+        )
     except ImportError:
         pass
-    return RankInfo(0, 1, 0, "single process")
+    return _one_of_several(RankInfo(0, 1, 0, "single process"))
+
+
+def _one_of_several(found: RankInfo) -> RankInfo:
+    """``found``, unless it is one process where a launcher started several (:func:`refuse_unresolved_launch`). (A
+    process group of one is not refused: made on purpose, the launcher's variables may be another process's.)"""
+    if found.world_size == 1:
+        refuse_unresolved_launch("to read everything in every process, pass rank=0 and world_size=1")
+    return found
+
+
+#: The variables in which launchers tell each process they start its rank and how many they started (torchrun's
+#: ``RANK``/``WORLD_SIZE`` also where one of the two is missing; Slurm's ``srun`` step; Open MPI's, PMI's (MPICH, Intel
+#: MPI, ``srun --mpi=pmi2``) and MVAPICH's ``mpirun``), which :func:`resolve_rank` reads no rank from.
+_LAUNCHED = (
+    ("RANK", "WORLD_SIZE"),
+    ("LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+    ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("PMI_RANK", "PMI_SIZE"),
+    ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE"),
+)
+
+
+def refuse_unresolved_launch(instead: str) -> None:
+    """:class:`~lerobot_dali.errors.ShardingError` where a launcher's variables (:data:`_LAUNCHED`) say this process is
+    one of several (a rank above 0, a count above 1) but one process was found (no process group of several, no
+    ``RANK`` and ``WORLD_SIZE`` together): every process read the whole dataset as rank 0 of 1, each the same batches,
+    unsaid (``srun -n 2 python train.py``, ``mpirun -np 2``, ``RANK`` without ``WORLD_SIZE``). Slurm's batch step
+    (``sbatch --ntasks=8``, then ``python train.py`` in its script: one process) sets no ``SLURM_STEP_NUM_TASKS``
+    and its ``SLURM_PROCID`` is 0. ``instead``: the message's last words, how to read everything in each process."""
+    for rank_name, count_name in _LAUNCHED:
+        rank, count = os.environ.get(rank_name, ""), os.environ.get(count_name, "")
+        several = (rank.isdigit() and int(rank) > 0) or (count.isdigit() and int(count) > 1)
+        if several:
+            given = ", ".join(f"{name}={os.environ[name]}" for name in (rank_name, count_name) if name in os.environ)
+            raise ShardingError(
+                f"this process is one of several a launcher started ({given}) but no rank of several was found for "
+                "it: torch.distributed has no process group of several and RANK and WORLD_SIZE are not both set, so "
+                "each process would read the whole dataset, the same batches as the others. Initialise "
+                "torch.distributed first (init_process_group), launch with torchrun or accelerate launch, or set "
+                f"RANK and WORLD_SIZE; {instead}"
+            )
 
 
 def _trainer_uses_accelerate() -> bool:

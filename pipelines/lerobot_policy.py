@@ -308,7 +308,8 @@ def train(options: PolicyTrainOptions) -> list[float]:
             "environment (pip install lerobot: it pins its own torch), or train with pipelines/train.py, which needs "
             "no LeRobot"
         )
-    rank, world_size = data_rank(accelerator)
+    with setting_up():  # (one process where a launcher started several: one line)
+        rank, world_size = data_rank(accelerator)
     set_seed(options.seed)
     with setting_up():  # (lerobot-dali's errors about the data or a checkpoint: main logs them as one line)
         with accelerator.main_process_first():  # a Hub dataset's metadata downloads once, then the others read it

@@ -394,9 +394,13 @@ def data_rank(accelerator: Any) -> tuple[int, int]:
     """``(rank, world_size)`` for the iterator, from torch.distributed when it is initialised.
 
     torch.distributed is the truth about the process group; accelerate's view must agree, or gradients
-    would not be averaged across the ranks that read different data.
+    would not be averaged across the ranks that read different data. One process where a launcher started several
+    (``srun -n 2`` or ``mpirun -np 2`` without torchrun, ``RANK`` without ``WORLD_SIZE``): ShardingError (each would
+    train alone on the whole dataset, saving into one ``--checkpoint-dir``).
     """
     import torch.distributed as dist
+
+    from lerobot_dali.distributed import refuse_unresolved_launch
 
     if dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -406,8 +410,11 @@ def data_rank(accelerator: Any) -> tuple[int, int]:
                 f"({accelerator.distributed_type}); gradients would not be synchronised. On CPU pass --device cpu; "
                 "otherwise launch with `accelerate launch` or `torchrun`"
             )
-        return rank, world
-    return accelerator.process_index, accelerator.num_processes
+    else:
+        rank, world = accelerator.process_index, accelerator.num_processes
+    if world == 1:
+        refuse_unresolved_launch("or run the script as one process, with no launcher")
+    return rank, world
 
 
 def iterator_device(device: torch.device) -> str:
@@ -1445,7 +1452,8 @@ def train(options: TrainOptions) -> int:
     with setting_up():  # (--device cuda where no GPU is seen: one line)
         accelerator = make_accelerator(options.device, options.mixed_precision)
     set_seed(options.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
-    rank, world_size = data_rank(accelerator)
+    with setting_up():  # (one process where a launcher started several: one line)
+        rank, world_size = data_rank(accelerator)
     with setting_up():  # (the library's errors about the data or a checkpoint: main logs them as one line)
         readers = open_readers(options)
         if options.batch_size > sum(reader.num_frames for reader in readers):  # (no rank's epoch fills one: refused

@@ -18,15 +18,21 @@ import torch.distributed as dist
 from conftest import shared_dataset
 
 from lerobot_dali.distributed import cpus_per_local_rank, launch_key, local_cuda_device, resolve_rank
+from lerobot_dali.errors import ShardingError
 from lerobot_dali.iterator import DALILeRobotIterator
 from tests.launched_ranks import run_ranks
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+#: Other launchers' (srun's, mpirun's), which name no rank resolve_rank reads.
+OTHER_LAUNCHER_VARS = (
+    "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+    "PMI_RANK", "PMI_SIZE", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE",
+)  # fmt: skip
 
 
 @pytest.fixture
 def clean_env(monkeypatch) -> pytest.MonkeyPatch:
-    for name in LAUNCHER_VARS:
+    for name in (*LAUNCHER_VARS, *OTHER_LAUNCHER_VARS):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -70,6 +76,41 @@ def test_accelerate_then_single_process(clean_env) -> None:
     pytest.importorskip("accelerate")  # (imported: the trainer uses it)
     info = resolve_rank()
     assert (info.rank, info.world_size, info.source) == (0, 1, "accelerate")
+
+
+@pytest.mark.parametrize(
+    "launched",
+    [
+        "RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1", "SLURM_PROCID=1 SLURM_STEP_NUM_TASKS=2 SLURM_NTASKS=2",
+        "SLURM_PROCID=0 SLURM_STEP_NUM_TASKS=2", "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2",
+        "PMI_RANK=1 PMI_SIZE=4", "MV2_COMM_WORLD_RANK=0 MV2_COMM_WORLD_SIZE=2",
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("accelerate", [False, True])
+def test_one_process_of_several_a_launcher_started_is_refused(clean_env, launched: str, accelerate: bool) -> None:
+    """srun's or mpirun's processes without torchrun (no process group, no RANK and WORLD_SIZE), or RANK without
+    WORLD_SIZE: each was rank 0 of 1 ('single process', or 'accelerate' where the trainer uses it) and read the
+    whole dataset, every process the same batches."""
+    pytest.importorskip("accelerate")  # (imported by the test run; without ACCELERATE_*: the trainer "uses" it)
+    for name_value in launched.split():
+        clean_env.setenv(*name_value.split("="))
+    clean_env.setattr("lerobot_dali.distributed._trainer_uses_accelerate", lambda: accelerate)
+    given = ", ".join(v for v in launched.split() if v.split("=")[0] != "SLURM_NTASKS")
+    with pytest.raises(ShardingError, match=rf"one of several a launcher started \({given}\).* pass rank=0 and"):
+        resolve_rank()
+    assert resolve_rank(0, 1).world_size == 1  # (asked for: every process reads everything)
+
+
+@pytest.mark.parametrize(
+    "alone", ["", "RANK=0", "WORLD_SIZE=1", "LOCAL_RANK=0", "SLURM_PROCID=0 SLURM_NTASKS=8", "PMI_RANK=0 PMI_SIZE=1"]
+)
+def test_one_process_as_launchers_start_one_reads_everything(clean_env, alone: str) -> None:
+    """Slurm's batch step (``sbatch --ntasks=8``: SLURM_NTASKS of the job, no step's count, SLURM_PROCID 0), one
+    process a launcher started, a stray RANK=0: one process, not refused."""
+    for name_value in alone.split():
+        clean_env.setenv(*name_value.split("="))
+    clean_env.setattr("lerobot_dali.distributed._trainer_uses_accelerate", lambda: False)
+    assert (resolve_rank().rank, resolve_rank().world_size, resolve_rank().source) == (0, 1, "single process")
 
 
 _ASK_WITHOUT_ACCELERATE = """
@@ -124,7 +165,8 @@ def test_cpus_are_shared_among_the_ranks_of_a_node(clean_env) -> None:
 def test_iterator_says_how_many_workers_decode_on_how_many_cpus(make_ds, clean_env, caplog) -> None:
     root = make_ds(episodes=2, frames_per_episode=3, cameras=1, codec="h264", size=(64, 64))
     clean_env.setattr("os.sched_getaffinity", lambda pid: set(range(12)), raising=False)
-    clean_env.setenv("LOCAL_WORLD_SIZE", "2")
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_WORLD_SIZE", "2")):  # (a node's two ranks)
+        clean_env.setenv(name, value)
     with caplog.at_level("INFO", logger="lerobot_dali.camera_plan"):
         DALILeRobotIterator(root, batch_size=1, device="cpu", num_workers=3).close()
     (line,) = [r.getMessage() for r in caplog.records if "decoded on the CPU" in r.getMessage()]

@@ -1198,6 +1198,37 @@ def test_dataset_errors_while_setting_up_are_one_line_on_each_rank(
         )
 
 
+def test_one_process_of_several_a_launcher_started_is_one_line_before_the_dataset_opens(
+    monkeypatch, tmp_path: Path
+) -> None:
+    """``srun -n 2 python train.py`` (or ``mpirun -np 2``): accelerate finds no process group in Slurm's variables, so
+    each task trained as rank 0 of 1 on the whole dataset, both saving into one --checkpoint-dir (it trained, exit 0).
+    RANK without WORLD_SIZE too (data_rank, in-process)."""
+    from types import SimpleNamespace
+
+    from lerobot_dali.errors import ShardingError
+    from pipelines.train import data_rank
+
+    command, env = _command([*COMMON, "--dataset", str(tmp_path / "never opened"), "--steps", "1"])
+    env.update(SLURM_PROCID="1", SLURM_STEP_NUM_TASKS="2", SLURM_NTASKS="2")
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-30000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"\d\d:\d\d:\d\d rank0 pipelines\.train: train\.py: ShardingError: this process is one of several a launcher "
+        r"started \(SLURM_PROCID=1, SLURM_STEP_NUM_TASKS=2\) .* launch with torchrun or accelerate launch, or set "
+        r"RANK and WORLD_SIZE; or run the script as one process, with no launcher",
+        last,
+    ), last
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    alone = SimpleNamespace(process_index=0, num_processes=1)
+    assert data_rank(alone) == (0, 1)
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(ShardingError, match=r"\(RANK=1\)"):
+        data_rank(alone)
+
+
 def test_other_errors_while_setting_up_keep_their_traceback(tmp_path: Path, monkeypatch, caplog) -> None:
     """Only the library's own errors about the data are a user's mistake told in one line; anything else raised
     while setting up (a bug) propagates with its traceback."""
