@@ -273,11 +273,14 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     p.add_argument(
         "--grad-clip", type=float, default=10.0, help="max gradient norm (0: no clipping; default %(default)s)"
     )
-    p.add_argument("--seed", type=int, default=0, help="model init and sample order (same on every rank)")
+    p.add_argument(
+        "--seed", type=int, default=0, help="model init and sample order, same on every rank (default %(default)s)"
+    )
     add_episode_pool_size(p, default=64, help="episodes sampled from at once (default %(default)s)")
     p.add_argument(
         "--episode-piece-frames",
         type=int,
+        metavar="N",
         help="deal episodes to ranks in pieces of at most N frames: for more ranks than episodes, or few each",
     )
     p.add_argument(
@@ -312,10 +315,14 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         "frames), not as a mixture; for many datasets",
     )  # fmt: skip
     p.add_argument("--mixed-precision", choices=_PRECISIONS, default="no", help="(default %(default)s)")
-    p.add_argument("--checkpoint-dir", type=Path)
+    p.add_argument(
+        "--checkpoint-dir", type=Path, help="where checkpoints go, one folder a step and latest (default: none saved)"
+    )
     p.add_argument("--save-every", type=int, default=0, help="checkpoint every S steps (0: only at the end)")
     p.add_argument("--resume", action="store_true", help="continue from CHECKPOINT_DIR/latest if there is one")
-    p.add_argument("--log-every", type=int, default=50, help="log loss and throughput every L steps")
+    p.add_argument(
+        "--log-every", type=int, default=50, help="log loss and throughput every L steps (default %(default)s)"
+    )
     p.add_argument(
         "--record",
         dest="record_dir",
