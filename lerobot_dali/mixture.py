@@ -19,6 +19,7 @@ import copy
 import inspect
 import logging
 import math
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
@@ -297,18 +298,30 @@ class DALILeRobotMixture:
         """Start ``epoch`` (no-op for the epoch in progress, so it never undoes a resume): the anchor at its start, the
         others where that epoch starts them (a state_dict() taken next resumes it as read here). From another thread,
         as a load: a batch being read meanwhile ends the pass with :class:`~.errors.IteratorClosedError` and restores
-        nothing (it would undo the new epoch), and the next pass reads ``epoch`` from its start."""
+        nothing (it would undo the new epoch), and the next pass reads ``epoch`` from its start.
+
+        All or nothing: where a dataset's move fails (refused, or interrupted: a Ctrl-C), every dataset is put back
+        where it stood and the error, raised, says so (the anchor alone in the new epoch read on the others' old one).
+        """
         anchor = self.datasets[self.anchor]
-        with self._moving():
+        with self._moving() as before:
             started = anchor.epoch
-            anchor.set_epoch(epoch)
-            if anchor.epoch != started:
-                self._loads += 1
+            try:
+                anchor.set_epoch(epoch)
                 # The others where the new epoch starts them, now, as iter() would: left for iter(), a state_dict()
                 # taken before it held them where they stood, and resumed there (a mixture set to epoch 2 four batches
                 # into epoch 0, resumed: the other dataset read from its batch 4, not where epoch 2 starts it).
-                for i, schedule in self._schedules.items():
-                    _restart(self.datasets[i], *schedule.start(anchor.epoch), "the mixture's set_epoch()")
+                if anchor.epoch != started:
+                    for i, schedule in self._schedules.items():
+                        _restart(self.datasets[i], *schedule.start(anchor.epoch), "the mixture's set_epoch()")
+            except BaseException as e:
+                if anchor.epoch != started:  # (else none moved: a refused epoch)
+                    self._restore(before)
+                    _say_undone(e, f"the mixture's set_epoch({epoch!r}) moved no dataset: each stands where it stood "
+                                f"(epoch {started}); the error above is what stopped it")  # fmt: skip
+                raise
+            if anchor.epoch != started:
+                self._loads += 1
 
     def state_dict(self) -> dict[str, Any]:
         """Each dataset's stream state, and the shares and anchor they were taken at. Taken while a batch is being
@@ -622,6 +635,14 @@ def _starved(part: DALILeRobotIterator, epoch: int, rank: int, share: int) -> Da
         f"samples for rank {rank} than its share of a batch ({share}); lower its weight or the batch size, or run "
         "fewer ranks"
     )
+
+
+def _say_undone(error: BaseException, note: str) -> None:
+    """``note`` on ``error`` (from Python 3.11; before, logged as a warning)."""
+    if sys.version_info >= (3, 11):
+        error.add_note(note)
+    else:
+        logger.warning("%s", note)
 
 
 def _restart(part: DALILeRobotIterator, epoch: int, sample: int, moved_by: str) -> None:

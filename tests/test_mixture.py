@@ -1518,3 +1518,37 @@ def test_set_epoch_from_another_thread_while_a_batch_is_read_starts_the_new_epoc
     assert [_keys(batch) for batch in mix] == epoch_1
     assert mix.epoch == 2
     mix.close()
+
+
+@pytest.mark.parametrize("error", [ResumeStateError, KeyboardInterrupt])
+def test_a_set_epoch_whose_second_datasets_move_fails_moves_no_dataset(make_ds, monkeypatch, error) -> None:
+    """set_epoch(2) three batches into epoch 0 moved the anchor, then failed moving the other dataset (a refusal, a
+    Ctrl-C): the error was raised, yet the anchor stood at the start of epoch 2 and the other at its batch 3 of epoch 0
+    (a state taken then held them so; the next iter() read epoch 2). Now every dataset is put back where it stood, the
+    error says so, and the mixture reads on as if set_epoch had not been called."""
+    paths = _datasets(make_ds)
+    options = dict(batch_size=4, seed=3, device="cpu", num_workers=0)
+    reference = DALILeRobotMixture(paths, **options)
+    whole = [_keys(batch) for batch in reference]
+    reference.close()
+    mix = DALILeRobotMixture(paths, **options)
+    for _ in zip(range(3), mix, strict=False):
+        pass
+    before = mix.state_dict()
+    other = mix.datasets[1 - mix.anchor]
+
+    def fail(*args, **kwargs):
+        raise error("injected")
+
+    monkeypatch.setattr(other, "_load", fail)
+    with pytest.raises(error) as raised:
+        mix.set_epoch(2)
+    assert mix.epoch == 0
+    assert mix.state_dict()["datasets"] == before["datasets"]
+    assert raised.value.__notes__ == [
+        "the mixture's set_epoch(2) moved no dataset: each stands where it stood (epoch 0); the error above is what "
+        "stopped it"
+    ]
+    monkeypatch.undo()
+    assert [_keys(batch) for batch in mix] == whole[3:]
+    mix.close()
