@@ -386,8 +386,13 @@ class DALILeRobotIterator:
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Continue where ``state_dict`` (a :meth:`state_dict`) left off: the next pass starts there. Safe from another
         thread: a pass reading meanwhile ends with :class:`~.errors.IteratorClosedError`, the batch it read at the old
-        position dropped, so the stream stands where the state says."""
+        position dropped, so the stream stands where the state says.
+
+        The state's seed is kept, whatever ``seed=`` this iterator was built with, so the saved run's order and
+        augmentation draws go on (this epoch and later ones); where they differ, a warning names both."""
+        seed = self._stream.order.options.seed
         self._load(state_dict, "load_state_dict()")
+        warn_of_another_seed(seed, self._stream.order.options.seed, "this iterator")
 
     def _load(self, state_dict: Mapping[str, Any], moved_by: str) -> None:
         """:meth:`load_state_dict`; a pass it ends names ``moved_by`` as what moved the stream (a mixture's
@@ -1089,6 +1094,21 @@ def _release_pipeline_frames(error: BaseException, outer: BaseException | None) 
         seen.add(id(current))
         traceback.clear_frames(current.__traceback__)
         current = current.__cause__ or current.__context__
+
+
+def warn_of_another_seed(seed: int | None, saved: int | None, what: str) -> None:
+    """Warn once that a state loaded into ``what`` (built with ``seed``) was ``saved`` with another seed (None: one not
+    known), which the resume keeps: a run resumed with another ``seed=`` said so at INFO alone, though it shuffled and
+    augmented by the saved one, not by the seed it was given."""
+    if saved == seed:
+        return
+    saved_with = "another seed" if saved is None else f"seed={saved}"
+    warn_once(logger,
+        "resuming a state saved with %s in %s built with seed=%s: the saved seed is kept, so the saved run's order and "
+        "augmentation draws go on (this epoch and later ones); build it with %s to say so, or start without the state "
+        "for seed=%s's",
+        saved_with, what, seed, "the saved run's seed" if saved is None else f"seed={saved}", seed,
+    )  # fmt: skip
 
 
 def _refuse_mixture_state(state_dict: object) -> None:

@@ -57,6 +57,7 @@ from .iterator import (
     close_deadline,
     default_dali_threads,
     wait_for_pass,
+    warn_of_another_seed,
 )
 from .key_rename import KeyRename, rename_hint, shared_selection, without_cameras_left_out
 from .part_schedule import PartSchedule
@@ -186,6 +187,9 @@ class DALILeRobotMixture:
         batch_size = check_int("batch_size", batch_size, minimum=1)
         num_workers = check_int("num_workers", num_workers, minimum=0)
         check_int("seed", seed, minimum=0)
+        #: The seed the datasets' seeds derive from: a loaded state's where it says it, None where it does not and
+        #: its datasets' seeds differ from this one's.
+        self._seed: int | None = seed
         rename_maps = [own.pop(RENAME_MAP, None) for own in own_options]
         readers = open_all(datasets, cameras=cameras, rename_maps=rename_maps)  # (each with its own keys for cameras)
         if cameras is not None:  # (entries for declared cameras that cameras= left out rename nothing)
@@ -346,6 +350,7 @@ class DALILeRobotMixture:
             "mixture": {
                 "batch_shares": list(self.batch_shares),
                 "anchor": self.anchor,
+                "seed": self._seed,
                 "dataset_contents": dataset_contents([part.reader for part in self.datasets]),
                 DATASET_IDENTITIES: dataset_identities([part.reader for part in self.datasets]),
             },
@@ -355,7 +360,9 @@ class DALILeRobotMixture:
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Continue where ``state_dict`` (a :meth:`state_dict`) left off, each dataset where it stood. A state of
         other datasets, another order of them or another anchor is refused (:class:`~.errors.ResumeStateError`);
-        one saved at other shares (weights, batch size) warns and continues each dataset where it stood."""
+        one saved at other shares (weights, batch size) warns and continues each dataset where it stood. Each dataset
+        keeps the seed it was saved with, whatever ``seed=`` this mixture was built with: where they differ, a warning
+        names both."""
         saved = state_dict.get("mixture") if isinstance(state_dict, Mapping) else None
         parts = state_dict.get("datasets") if isinstance(state_dict, Mapping) else None
         if not isinstance(saved, Mapping) or not isinstance(parts, Sequence):
@@ -381,8 +388,13 @@ class DALILeRobotMixture:
                 "dataset continues at its own next sample, in other proportions",
                 saved.get("batch_shares"), list(self.batch_shares),
             )  # fmt: skip
+        seeds = [part._stream.order.options.seed for part in self.datasets]
         with self._moving() as before:
             self._load_parts(parts, before)
+        if [part._stream.order.options.seed for part in self.datasets] != seeds:  # (each kept its saved one)
+            saved_seed = saved.get("seed")  # (states saved before it was recorded lack it)
+            warn_of_another_seed(self._seed, saved_seed, "a mixture")
+            self._seed = saved_seed
 
     @contextlib.contextmanager
     def _moving(self) -> Iterator[list[dict[str, Any]]]:
@@ -404,7 +416,7 @@ class DALILeRobotMixture:
         ``_loading`` held."""
         try:
             for part, state in zip(self.datasets, parts, strict=True):
-                part.load_state_dict(state)
+                part._load(state, "load_state_dict()")  # (not its load_state_dict(): the mixture says of the seeds)
         except BaseException:  # all or none: a refused dataset's state leaves the others where they stood
             self._restore(before)
             raise
@@ -513,7 +525,7 @@ class DALILeRobotMixture:
     def _restore(self, states: list[dict[str, Any]]) -> None:
         for part, state in zip(self.datasets, states, strict=True):
             if part.state_dict() != state:
-                part.load_state_dict(state)
+                part._load(state, "load_state_dict()")  # (not its load_state_dict(): a seed put back is no resume's)
 
     def _join(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
         parts = [rename.batch(part) for rename, part in zip(self.renames, parts, strict=True)]

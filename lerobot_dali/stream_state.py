@@ -494,7 +494,8 @@ class SampleStream:
         options = self._order.options
         _check_order(state, options, world_size=self._order.world_size)
         if state.seed != options.seed:
-            say_once(logger, logging.INFO, "resuming with the saved seed %d instead of %d", state.seed, options.seed)
+            # (the callers warn, naming the seeds their users pass: a mixture's datasets' are derived from its own)
+            logger.debug("resuming with the saved seed %d instead of %d", state.seed, options.seed)
             options = dataclasses.replace(options, seed=state.seed)
         if state.batch_size != self._batch_size:
             say_once(logger, logging.INFO,

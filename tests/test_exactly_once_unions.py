@@ -191,6 +191,9 @@ class _Part:
         self._stream.load_state_dict(state)
         self._reading.copies = self._reading.pass_start = None  # (the pipeline: built again at the new position)
 
+    def _load(self, state: dict[str, Any], moved_by: str) -> None:  # (the mixture's loads of its datasets)
+        self.load_state_dict(state)
+
     def _builds_pipeline(self) -> bool:
         return False
 

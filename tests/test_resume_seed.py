@@ -1,0 +1,118 @@
+"""A resume keeps the seed its state was saved with, whatever ``seed=`` the resuming iterator or mixture was built with
+(the saved run's order and augmentation draws go on: exact resume); where they differ, one warning names both seeds.
+
+Before, the stream said so at INFO alone ('resuming with the saved seed 1 instead of 2'), and a mixture's line named its
+datasets' derived seeds (10-digit numbers), never the ``seed=`` its user passed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from lerobot_dali import DALILeRobotIterator, DALILeRobotMixture
+from lerobot_dali.errors import ResumeStateError
+from tests.test_mixture import _datasets, _keys
+
+
+def _seed_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "seed" in r.getMessage()]
+
+
+def _pairs(batch: dict) -> list[tuple[int, int]]:
+    return list(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=True))
+
+
+def test_an_iterator_resumed_with_another_seed_warns_naming_both_and_reads_the_saved_order(make_ds, caplog) -> None:
+    root = make_ds(episodes=3, frames_per_episode=[5, 7, 4], cameras=1, codec="vp9", fps=10, gop=4)
+    options = dict(batch_size=3, shuffle=True, episode_pool_size=2, device="cpu", num_workers=0)
+    saved = DALILeRobotIterator(root, seed=1, **options)
+    batches = iter(saved)
+    next(batches)
+    state = saved.state_dict()
+    rest = [_pairs(batch) for batch in batches]
+    saved.close()
+    assert state["seed"] == 1
+    same = DALILeRobotIterator(root, seed=1, **options)
+    with caplog.at_level(logging.INFO):
+        same.load_state_dict(state)
+    assert _seed_warnings(caplog) == []
+    same.close()
+    resumed = DALILeRobotIterator(root, seed=2, **options)
+    with caplog.at_level(logging.INFO):
+        resumed.load_state_dict(state)
+    assert _seed_warnings(caplog) == [
+        "resuming a state saved with seed=1 in this iterator built with seed=2: the saved seed is kept, so the "
+        "saved run's order and augmentation draws go on (this epoch and later ones); build it with seed=1 to say so, "
+        "or start without the state for seed=2's"
+    ]
+    assert [_pairs(batch) for batch in resumed] == rest
+    resumed.close()
+
+
+def test_a_mixture_resumed_with_another_seed_warns_naming_its_seeds_not_its_datasets(make_ds, caplog) -> None:
+    """The warning names the mixture's seeds (the state now carries it), once, not each dataset's derived one; a state
+    saved after that resume names the seed its datasets run with, so resuming it under that seed says nothing. A
+    refused resume says nothing of seeds."""
+    paths = _datasets(make_ds)
+    options = dict(batch_size=4, device="cpu", num_workers=0)
+    saved = DALILeRobotMixture(paths, seed=3, **options)
+    batches = iter(saved)
+    for _ in range(2):
+        next(batches)
+    state = saved.state_dict()
+    rest = [_keys(batch) for batch in batches]
+    saved.close()
+    assert state["mixture"]["seed"] == 3
+    resumed = DALILeRobotMixture(paths, seed=5, **options)
+    # Refused (the second dataset's episodes differ): the first dataset's state, loaded, is put back, seed and all;
+    # neither that load nor the putting back warns.
+    fresh = resumed.state_dict()
+    refused = {**state, "datasets": [state["datasets"][0], {**state["datasets"][1], "episodes": "0 episodes"}]}
+    with caplog.at_level(logging.INFO), pytest.raises(ResumeStateError, match="saved over other episodes"):
+        resumed.load_state_dict(refused)
+    assert _seed_warnings(caplog) == [] and resumed.state_dict() == fresh
+    with caplog.at_level(logging.INFO):
+        resumed.load_state_dict(state)
+    assert _seed_warnings(caplog) == [
+        "resuming a state saved with seed=3 in a mixture built with seed=5: the saved seed is kept, so the saved run's "
+        "order and augmentation draws go on (this epoch and later ones); build it with seed=3 to say so, or start "
+        "without the state for seed=5's"
+    ]
+    assert resumed.state_dict()["mixture"]["seed"] == 3
+    batches = iter(resumed)
+    next(batches)
+    again = resumed.state_dict()
+    assert [_keys(batch) for batch in batches] == rest[1:]
+    resumed.close()
+    caplog.clear()
+    third = DALILeRobotMixture(paths, seed=3, **options)
+    with caplog.at_level(logging.INFO):
+        third.load_state_dict(again)
+    assert _seed_warnings(caplog) == []
+    third.close()
+
+
+def test_a_mixture_state_saved_without_its_seed_loads_and_warns_of_another_seed(make_ds, caplog) -> None:
+    paths = _datasets(make_ds)
+    options = dict(batch_size=4, device="cpu", num_workers=0)
+    saved = DALILeRobotMixture(paths, seed=3, **options)
+    state = saved.state_dict()
+    saved.close()
+    del state["mixture"]["seed"]  # (as saved before the mixture recorded it)
+    same = DALILeRobotMixture(paths, seed=3, **options)
+    with caplog.at_level(logging.INFO):
+        same.load_state_dict(state)
+    assert _seed_warnings(caplog) == [] and same.state_dict()["mixture"]["seed"] == 3
+    same.close()
+    resumed = DALILeRobotMixture(paths, seed=5, **options)
+    with caplog.at_level(logging.INFO):
+        resumed.load_state_dict(state)
+    assert _seed_warnings(caplog) == [
+        "resuming a state saved with another seed in a mixture built with seed=5: the saved seed is kept, so the saved "
+        "run's order and augmentation draws go on (this epoch and later ones); build it with the saved run's seed to "
+        "say so, or start without the state for seed=5's"
+    ]
+    assert resumed.state_dict()["mixture"]["seed"] is None  # (its datasets' seeds are no seed=5 mixture's)
+    resumed.close()
