@@ -305,7 +305,8 @@ class DALILeRobotMixture:
         nothing (it would undo the new epoch), and the next pass reads ``epoch`` from its start.
 
         All or nothing: where a dataset's move fails (refused, or interrupted: a Ctrl-C), every dataset is put back
-        where it stood and the error, raised, says so (the anchor alone in the new epoch read on the others' old one).
+        where it stood and the error, raised, says so (it left the anchor in the new epoch, the others in the old: the
+        call failed, yet the mixture read the new epoch, and a state taken meanwhile held its datasets in both).
         """
         anchor = self.datasets[self.anchor]
         with self._moving() as before:
