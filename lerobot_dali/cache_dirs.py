@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import glob
 import hashlib
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -24,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from .new_folder import host_name, pid_alive
 from .said_once import warn_once
 
 __all__ = [
@@ -129,9 +132,14 @@ def atomic_file(path: Path, *, prefix: str, durable: bool = False, exclusive: bo
     is removed if it raises: workers and ranks sharing a cache never read half a file. ``durable``: synced to
     disk before it replaces ``path`` (else a crash may leave a zero-filled file of the right size). ``exclusive``:
     it takes ``path``'s name only where none stands (a hard link), else raises :class:`EntryStands` (a filesystem
-    without hard links: it replaces ``path`` as without)."""
+    without hard links: it replaces ``path`` as without). The temporary file's name holds this host and PID
+    (``prefix<host>-<pid>-<random>.tmp``): those a writer killed outright left (SIGKILL, the OOM killer) are deleted
+    by the next write with ``prefix`` beside ``path`` (:func:`_remove_dead_writers_files`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tempfile.NamedTemporaryFile(dir=path.parent, prefix=prefix, suffix=".tmp", delete=False)  # noqa: SIM115
+    _remove_dead_writers_files(path.parent, prefix)
+    tmp = tempfile.NamedTemporaryFile(  # noqa: SIM115
+        dir=path.parent, prefix=f"{prefix}{host_name()}-{os.getpid()}-", suffix=".tmp", delete=False
+    )
     try:
         with tmp:
             yield tmp
@@ -143,6 +151,21 @@ def atomic_file(path: Path, *, prefix: str, durable: bool = False, exclusive: bo
             os.replace(tmp.name, path)
     finally:
         Path(tmp.name).unlink(missing_ok=True)
+
+
+def _remove_dead_writers_files(folder: Path, prefix: str) -> None:
+    """Delete the :func:`atomic_file` temporary files with ``prefix`` in ``folder`` that writers on this host left when
+    killed (a PID no process has): they were never removed (a bench's or a checkpoint's folder is no cache a sweep
+    goes through; a cache's went after its days unused, a whole Arrow copy of a data file each). Another host's, a
+    live writer's and those named otherwise are left."""
+    owned = re.compile(re.escape(host_name()) + r"-(\d+)-\w+\.tmp")
+    for left in folder.glob(glob.escape(prefix) + "*.tmp"):
+        owner = owned.fullmatch(left.name[len(prefix) :])
+        if owner is None or pid_alive(int(owner.group(1))):
+            continue
+        with contextlib.suppress(OSError):  # (removed meanwhile, or not ours to delete)
+            left.unlink()
+            logger.debug("removed %s, left by a writer on this host (PID %s) that was killed", left, owner.group(1))
 
 
 def write_whole(path: Path, data: bytes) -> None:

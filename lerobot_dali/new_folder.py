@@ -18,6 +18,7 @@ __all__ = [
     "host_name",
     "is_inside",
     "partial_folder",
+    "pid_alive",
     "refuse_inside_a_dataset",
     "refuse_inside_datasets",
     "refuse_resumable_taken",
@@ -128,7 +129,7 @@ def remove_dead_run_folders(out: Path, kind: str, *, writer: str) -> None:
     prefix = f".{out.name}.{kind}-{host_name()}-"
     for left in out.parent.glob(glob.escape(prefix) + "*"):
         owner = re.fullmatch(r"(\d+)-[0-9a-f]{8}", left.name[len(prefix) :])
-        if owner is None or _pid_alive(int(owner.group(1))):
+        if owner is None or pid_alive(int(owner.group(1))):
             continue
         shutil.rmtree(left, ignore_errors=True)
         if not left.exists():
@@ -162,7 +163,8 @@ def _pid_namespace() -> int | None:
     return int(found.group(1)) if found else None
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this PID namespace has ``pid`` (another user's too); False for none a system can have."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -6,12 +6,20 @@ import errno
 import logging
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from lerobot_dali.cache_dirs import CACHE_DAYS_ENV, LOCK_FILES, cache_root, prune_unused_files, try_flock
+from lerobot_dali.cache_dirs import (
+    CACHE_DAYS_ENV,
+    LOCK_FILES,
+    atomic_file,
+    cache_root,
+    prune_unused_files,
+    try_flock,
+)
 from lerobot_dali.file_stamps import FileStamp
 from lerobot_dali.packet_index import build_packet_index
 from lerobot_dali.packet_index_store import PacketIndexStore
@@ -441,3 +449,48 @@ def test_a_lock_file_that_may_not_be_made_is_refused_as_such(tmp_path) -> None:
         lock = try_flock(tmp_path / "theirs.lock")  # (an existing one locks read-only, as before)
     assert lock is not None
     lock.close()
+
+
+def _writer_in_a_child(path: Path) -> tuple[int, Path]:
+    """A forked child mid-way through an :func:`atomic_file` write of ``path``: (its PID, its temporary file)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # (the child: writes, says where, and waits to be killed)
+        try:
+            with atomic_file(path, prefix=f".{path.name}.") as tmp:
+                tmp.write(b"half")
+                tmp.flush()
+                os.write(write_end, tmp.name.encode())
+                time.sleep(60)
+        finally:
+            os._exit(1)
+    os.close(write_end)
+    try:
+        return pid, Path(os.read(read_end, 4096).decode())  # (one short write: read whole)
+    finally:
+        os.close(read_end)
+
+
+def test_a_writer_killed_mid_write_leaves_no_temporary_file_past_the_next_write(tmp_path: Path) -> None:
+    """atomic_file's temporary file of a writer killed outright (SIGKILL, the OOM killer) stayed beside its entry: in
+    a bench's or a checkpoint's folder for good (no sweep goes there), in a cache for its days unused (1 of 1 left
+    after the next write). The next write beside it deletes it now; a live writer's stays, and so does a file of
+    another host's writer."""
+    entry = tmp_path / "entry.json"
+    live, writing = _writer_in_a_child(entry)
+    killed, left = _writer_in_a_child(entry)
+    os.kill(killed, signal.SIGKILL)
+    os.waitpid(killed, 0)
+    other_host = tmp_path / f".entry.json.otherhost-{killed}-abcd1234.tmp"
+    other_host.write_bytes(b"another host's")
+    try:
+        assert left.exists() and left.read_bytes() == b"half"
+        with atomic_file(entry, prefix=".entry.json.") as out:
+            out.write(b"whole")
+        assert entry.read_bytes() == b"whole"
+        assert not left.exists()
+        assert writing.exists() and other_host.exists()
+    finally:
+        os.kill(live, signal.SIGKILL)
+        os.waitpid(live, 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["entry.json", writing.name, other_host.name])
