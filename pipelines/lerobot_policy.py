@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fnmatch
 import importlib.util
 import json
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -402,6 +404,10 @@ def train(options: PolicyTrainOptions) -> list[float]:
 
 #: What LeRobot's ``save_pretrained`` writes of a policy: an ``--output-dir`` holding them holds one saved before.
 SAVED_POLICY_FILES = ("config.json", "model.safetensors")
+#: Every name :func:`save_policy` writes (the policy's, then its preprocessor's: ``policy_preprocessor.json`` and a
+#: ``policy_preprocessor_step_<i>[_<step>].safetensors`` per step with a state, LeRobot 0.4's names): what a save
+#: replaces; anything else in ``--output-dir`` is the user's, which no save deletes.
+_SAVED_NAMES = (*SAVED_POLICY_FILES, "policy_preprocessor.json", "policy_preprocessor_step_*.safetensors")
 
 
 def save_policy(folder: Path, policy: Any, preprocessor: Any) -> None:
@@ -412,6 +418,36 @@ def save_policy(folder: Path, policy: Any, preprocessor: Any) -> None:
     with staged_folder(folder) as staging:
         policy.save_pretrained(staging)
         preprocessor.save_pretrained(staging)
+        _keep_others(folder, staging)
+
+
+def _others(folder: Path) -> list[str]:
+    """The names in ``folder`` that no save writes (:data:`_SAVED_NAMES`): the user's, sorted."""
+    return sorted(p.name for p in folder.iterdir() if not any(fnmatch.fnmatchcase(p.name, n) for n in _SAVED_NAMES))
+
+
+def _keep_others(folder: Path, staging: Path) -> None:
+    """The files in ``folder`` that no save wrote, put in ``staging`` too (hard links: no data copied, where the
+    filesystem makes them), so the save that replaces ``folder`` with ``staging`` keeps them: put there while the run
+    trained (:func:`check_output_dir` refuses them before), a user's notes were deleted with the last policy."""
+    if not folder.is_dir():
+        return
+    for name in _others(folder):
+        source, target = folder / name, staging / name
+        if target.exists() or target.is_symlink():  # (a name the save wrote: its own)
+            continue
+        if source.is_dir() and not source.is_symlink():
+            shutil.copytree(source, target, symlinks=True, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(source, target)
+        logger.warning("--output-dir %s: kept %s, which is not the policy's, beside the saved policy", folder, name)
+
+
+def _link_or_copy(source: str | Path, target: str | Path) -> None:
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except OSError:  # (a filesystem without hard links)
+        shutil.copy2(source, target, follow_symlinks=False)
 
 
 def check_output_dir(folder: Path, kept: Sequence[tuple[str, Path | str | None]] = ()) -> None:
@@ -444,6 +480,13 @@ def check_output_dir(folder: Path, kept: Sequence[tuple[str, Path | str | None]]
         raise ValueError(
             f"--output-dir {folder} holds files and no saved policy ({' and '.join(SAVED_POLICY_FILES)}): the "
             "trained policy replaces the folder whole; give a new or empty folder, or one a run saved a policy to"
+        )
+    others = _others(folder)
+    if others:
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        raise ValueError(
+            f"--output-dir {folder} holds {shown} beside a saved policy: the trained policy replaces the folder whole, "
+            "which would delete them; move them out of it, or give another folder"
         )
 
 

@@ -2055,6 +2055,40 @@ def test_lerobot_policys_output_dir_of_other_files_is_refused_before_training(
     assert len(started) == 3
 
 
+def test_lerobot_policys_output_dir_keeps_the_users_files_beside_a_saved_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--output-dir holding a policy saved before and a user's own files (notes, a folder of configs): the check took
+    it, and the trained policy replaced the folder whole, deleting them (2 of 2 entries lost). Refused before training
+    now, naming them; and files put there while the run trained are kept by the save (hard links), while the last
+    policy's files go (a stale step file of its preprocessor: replaced, not kept)."""
+    from pipelines import lerobot_policy
+
+    started = _trains_nothing(monkeypatch, lerobot_policy)
+    out = tmp_path / "policy"
+    old = _SavesFiles({"config.json": "c1", "model.safetensors": "w1"})
+    lerobot_policy.save_policy(out, old, _SavesFiles({"policy_preprocessor_step_3_normalizer.safetensors": "s1"}))
+    (out / "notes.txt").write_text("mine")
+    (out / "configs").mkdir()
+    (out / "configs" / "run.yaml").write_text("lr: 1")
+    caplog.clear()
+    with caplog.at_level(logging.ERROR):
+        assert lerobot_policy.main(["--dataset", "d", "--device", "cpu", "--output-dir", str(out)]) == 2
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+        f"lerobot_policy.py: --output-dir {out} holds configs, notes.txt beside a saved policy: the trained policy "
+        "replaces the folder whole, which would delete them; move them out of it, or give another folder"
+    ]
+    assert not started
+    new = _SavesFiles({"config.json": "c2", "model.safetensors": "w2"})
+    lerobot_policy.save_policy(out, new, _SavesFiles({"policy_preprocessor.json": "p2"}))  # (put there meanwhile)
+    assert _folder_files(out / "configs") == {"run.yaml": "lr: 1"}
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json", "configs", "model.safetensors", "notes.txt", "policy_preprocessor.json"
+    ]  # fmt: skip
+    assert (out / "notes.txt").read_text() == "mine" and (out / "model.safetensors").read_text() == "w2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy"]
+
+
 @pytest.mark.parametrize("pattern", ["data/*/*.parquet", "videos/*/*/*.mp4", "meta/stats.json"])
 def test_a_dataset_file_this_user_may_not_read_is_one_line_naming_it(
     pattern: str,
