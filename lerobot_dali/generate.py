@@ -63,10 +63,63 @@ logger = logging.getLogger(__name__)
 _SHORT_CLIP_FRAMES = 4
 
 
+#: FFmpeg's options are C ints: a larger ``gop`` or ``fps`` failed in avcodec_open2 (OverflowError, "Numerical result
+#: out of range").
+_MAX_C_INT = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class _EncoderLimits:
+    """The largest frames and frame rate a codec's encoder (or the mp4 muxer) takes, as tried with PyAV 18 (FFmpeg
+    8, SVT-AV1 4.1): past them the encoder refused to open (EINVAL) once a dataset's first video was written."""
+
+    height: int
+    width: int
+    pixels: int
+    """height * width: the encoders also refuse a frame whose sides each pass but whose area does not."""
+    fps: int
+
+
+# Each measured at its edge: the largest value taken, the next even one refused (a height at width 16384 for the
+# pixels; 16250x16250 taken and 16256x16256 refused by libx264, 11940x11940 and 11944x11944 by libx265). The sides
+# of hevc and vp9 are the mp4 muxer's (65536 refused). libvpx's pixel count is no product alone (16384x16128 and
+# 65534x3960 at most): the smaller is kept.
+_ENCODER_LIMITS: dict[str, _EncoderLimits] = {
+    "av1": _EncoderLimits(height=8704, width=16384, pixels=8704 * 16384, fps=240),
+    "h264": _EncoderLimits(height=16384, width=16384, pixels=16128 * 16384, fps=_MAX_C_INT),
+    "hevc": _EncoderLimits(height=65534, width=65534, pixels=8704 * 16384, fps=_MAX_C_INT),
+    "vp9": _EncoderLimits(height=65534, width=65534, pixels=3960 * 65534, fps=10**9),
+}
+
+
 def _check_encode_args(codec: str, *, fps: int, gop: int, crf: int | None) -> int:
     check_codec(codec)
     _check_int("fps", fps, 1)
-    return encoder_settings(codec, gop=gop, crf=crf).crf
+    crf = encoder_settings(codec, gop=gop, crf=crf).crf
+    _check_int("gop (maximum keyframe interval in frames)", gop, 1, _MAX_C_INT)
+    return crf
+
+
+def _check_encoder_limits(codec: str, *, height: int, width: int, fps: int) -> None:
+    """ValueError naming the value, the limit and one that works where ``codec``'s encoder would refuse frames of
+    ``height`` x ``width`` at ``fps`` (:data:`_ENCODER_LIMITS`), before anything is encoded."""
+    limits = _ENCODER_LIMITS[codec]
+    encoder = encoder_settings(codec, gop=1).encoder
+    if fps > limits.fps:
+        raise ValueError(
+            f"fps {fps} is more than {encoder} (codec {codec}) encodes: at most {limits.fps}; pass fps {limits.fps} "
+            "or less, or another codec"
+        )
+    height_fits, width_fits = min(height, limits.height), min(width, limits.width)
+    if height_fits * width_fits > limits.pixels:  # (scaled down alike, to even sides)
+        scale = math.sqrt(limits.pixels / (height_fits * width_fits))
+        height_fits, width_fits = int(height_fits * scale) // 2 * 2, int(width_fits * scale) // 2 * 2
+    if (height_fits, width_fits) != (height, width):
+        raise ValueError(
+            f"size {height}x{width} (height x width) is more than {encoder} (codec {codec}) encodes: height at most "
+            f"{limits.height}, width at most {limits.width}, height x width at most {limits.pixels} pixels; "
+            f"{height_fits}x{width_fits} works"
+        )
 
 
 def encode_video(
@@ -109,6 +162,7 @@ def encode_video(
                 if stream is None:
                     if height % 2 or width % 2:
                         raise ValueError(f"yuv420p needs an even frame size, got {height}x{width} for {path}.")
+                    _check_encoder_limits(codec, height=height, width=width, fps=fps)
                     settings = encoder_settings(codec, gop=gop, crf=crf, b_frames=not (short_clip and codec == "hevc"))
                     encoder = settings.encoder
                     stream = container.add_stream(encoder, rate=fps)
@@ -214,7 +268,8 @@ class DatasetSpec:
     """One length for all episodes, or one per episode; stored as an int when all lengths are equal."""
     cameras: int = 1
     size: tuple[int, int] = (96, 128)
-    """(height, width) of every camera, even numbers >= 64 so the marker survives yuv420p."""
+    """(height, width) of every camera, even numbers >= 64 so the marker survives yuv420p, and no more than the codec
+    encodes (AV1: height <= 8704, width <= 16384; ValueError says each codec's limit)."""
     fps: int = 30
     codec: str = "av1"
     gop: int = 2
@@ -262,6 +317,8 @@ class DatasetSpec:
                 raise ValueError(f"{name} must be even for yuv420p video, got {value}.")
         object.__setattr__(self, "size", (int(self.size[0]), int(self.size[1])))
         _check_encode_args(self.codec, fps=self.fps, gop=self.gop, crf=self.crf)
+        if self.cameras and not self.image_cameras:
+            _check_encoder_limits(self.codec, height=self.size[0], width=self.size[1], fps=self.fps)
         _check_int("episodes_per_file", self.episodes_per_file, 1)
         try:
             object.__setattr__(self, "version", DatasetVersion(self.version))

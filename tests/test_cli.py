@@ -164,13 +164,30 @@ def test_bad_size_argument_is_rejected() -> None:
         (("--gop", "0"), "gop (maximum keyframe interval in frames) must be >= 1, got 0"),
         (("--episodes-per-file", "0"), "episodes_per_file must be >= 1, got 0"),
         (("--seed", "-1"), "seed must be >= 0, got -1"),
+        # Past what the codec encodes: a libsvtav1/libx264 error from inside PyAV once writing started, now said first.
+        (
+            ("--size", "20000x20000"),
+            "size 20000x20000 (height x width) is more than libsvtav1 (codec av1) encodes: height at most 8704, width "
+            "at most 16384, height x width at most 142606336 pixels; 8704x16384 works",
+        ),
+        (
+            ("--codec", "h264", "--size", "16384x16384"),
+            "size 16384x16384 (height x width) is more than libx264 (codec h264) encodes: height at most 16384, width "
+            "at most 16384, height x width at most 264241152 pixels; 16254x16254 works",
+        ),
+        (("--codec", "hevc", "--size", "70000x64"), "height at most 65534, width at most 65534, "),
+        (("--fps", "1000"), "fps 1000 is more than libsvtav1 (codec av1) encodes: at most 240; pass fps 240 or less"),
+        (
+            ("--gop", "2147483648"),
+            "gop (maximum keyframe interval in frames) must be in [1, 2147483647], got 2147483648",
+        ),
     ],
 )
 def test_make_dataset_bad_options_are_one_line_errors(
-    tmp_path: Path, capsys, option: tuple[str, str], message: str
+    tmp_path: Path, capsys, option: tuple[str, ...], message: str
 ) -> None:
     out = tmp_path / "out"
-    assert main(["make-dataset", str(out), *option]) == 2
+    assert main(["make-dataset", str(out), "--episodes", "1", "--frames-per-episode", "1", *option]) == 2
     err = capsys.readouterr().err
     assert err.startswith("lerobot-dali make-dataset: ") and message in err and err.count("\n") == 1, err
     assert not out.exists()

@@ -235,6 +235,25 @@ def test_encode_video_rejects_bad_options(tmp_path: Path, kwargs: dict[str, obje
         encode_video(tmp_path / "x.mp4", [draw_marker(0, 0, 64, 64)], **options)
 
 
+@pytest.mark.parametrize(
+    ("codec", "frame_shape", "fps", "message"),
+    [
+        ("av1", (8706, 64), 30, "size 8706x64 (height x width) is more than libsvtav1 (codec av1) encodes: height "
+         "at most 8704, width at most 16384, height x width at most 142606336 pixels; 8704x64 works"),
+        ("av1", (64, 64), 241, "fps 241 is more than libsvtav1 (codec av1) encodes: at most 240"),
+        ("vp9", (64, 65536), 30, "width at most 65534"),
+    ],
+)  # fmt: skip
+def test_encode_video_says_what_the_encoder_refuses_before_it_opens(
+    tmp_path: Path, codec: str, frame_shape: tuple[int, int], fps: int, message: str
+) -> None:
+    """Frames or a frame rate past what the encoder (or the mp4 muxer) takes were an ArgumentError from inside PyAV:
+    'avcodec_open2("libsvtav1", {...}) returned 22', naming neither the value nor the limit."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        encode_video(tmp_path / "a.mp4", [np.zeros((*frame_shape, 3), np.uint8)], fps=fps, codec=codec, gop=2)
+    assert not (tmp_path / "a.mp4").exists()
+
+
 def test_encode_video_rejects_bad_frames(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="No frames"):
         encode_video(tmp_path / "a.mp4", [], fps=30, codec="vp9", gop=2)
