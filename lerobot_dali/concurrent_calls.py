@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TypeVar
 
@@ -54,16 +54,28 @@ def in_threads(
         _counted(len(items), progress, unit, since) as done,
         ThreadPoolExecutor(min(len(items), MAX_THREADS), thread_name_prefix="lerobot-dali-at-once") as pool,
     ):
-        try:
-            futures = [pool.submit(function, items[0])]
-        except RuntimeError:  # (the interpreter is shutting down: its main thread ended, and no pool takes work)
-            # A daemon thread starting a mixture's next pass as the script ended printed this error's traceback (3 of 4
-            # exits): the items are taken here, one by one, as the exit handler expects a pass to start.
-            return [function(item) for item in items]
-        futures += [pool.submit(function, item) for item in items[1:]]
+        futures: list[Future[_R]] = []
+        for item in items:
+            try:
+                futures.append(pool.submit(function, item))
+            except RuntimeError:  # (the interpreter is shutting down: its main thread ended, and no pool takes work)
+                # A daemon thread starting a mixture's next pass as the script ended printed this error's traceback (3
+                # of 4 exits; where the shutdown began between two submits, 3 of 3 scripted): the items left are taken
+                # here, one by one, as the exit handler expects a pass to start.
+                futures.append(_called_here(function, item))
         for _ in as_completed(futures):  # (counted here: the counter is one thread's)
             done(1)
         return [future.result() for future in futures]
+
+
+def _called_here(function: Callable[[_T], _R], item: _T) -> Future[_R]:
+    """``function(item)`` called in this thread, as the done future a pool's thread would have left."""
+    future: Future[_R] = Future()
+    try:
+        future.set_result(function(item))
+    except Exception as e:  # (raised in order with the others', once every call has ended)
+        future.set_exception(e)
+    return future
 
 
 def one_by_one(
