@@ -32,6 +32,7 @@ from typing import Any
 from . import fork_locks
 
 __all__ = [
+    "HELD_PUT_S",
     "children_start_deaf_to_interrupts",
     "exit_with_parent",
     "leave_interrupts_to_parent",
@@ -155,8 +156,8 @@ _HELD_OVER_PUTS = (
 def task_puts_finish_before_interrupts() -> None:
     """From now on, a signal of :data:`_HELD_OVER_PUTS` with a Python handler (Ctrl-C's KeyboardInterrupt, a SIGTERM
     handler that exits) while the main thread puts tasks to DALI's workers (its pool's ``send``, in DALI's next()) runs
-    that handler once the put is done; a second one of the same signal meanwhile runs it at once (a put that never ends,
-    to a worker gone, still yields to it).
+    that handler once the put is done, or where the put is once it has waited :data:`HELD_PUT_S` (a put that never
+    ends, to a worker gone, yields to it); a second one of the same signal meanwhile runs it at once.
 
     The put notifies the worker through a multiprocessing ``Condition`` shared with it, and waits there for the worker
     to wake: interrupted there, the condition was left a wake over its sleepers, and the next notify (the pool's close,
@@ -183,12 +184,21 @@ def task_puts_finish_before_interrupts() -> None:
 
 
 _HOLDS = "_lerobot_dali_holds"  # (a hold's attribute: the handlers it holds over, by signal)
+#: How long a signal held over a task put waits for the put to end before its handler runs where the put is. A put waits
+#: for a worker to wake, and one killed or stopped meanwhile never does: a single SIGTERM (a trainer's handler that
+#: exits) then waited for the launcher's SIGKILL, the exit handlers never run (a worker killed while the put waited for
+#: it: the trainer was still there 60 s after the SIGTERM, 1 of 1 scripted; now it exits 143, its exit handlers begun
+#: 2 s after the SIGTERM). A put to a live worker takes microseconds to milliseconds.
+HELD_PUT_S = 2.0
+_resend_lock = fork_locks.lock()  # (a held signal is sent again, or the hold ends: one at a time)
 
 
 @contextlib.contextmanager
 def _signals_held_over() -> Iterator[None]:
     """Within, in the main thread, the Python handler of a signal of :data:`_HELD_OVER_PUTS` runs as the block ends, in
-    the order the signals came (a second one of a signal: at once), with the frame it landed in.
+    the order the signals came (a second one of a signal: at once), with the frame it landed in; where the block has
+    run :data:`HELD_PUT_S` since the signal came, the signal is sent to the main thread again, its handler run there
+    (once: not again as the block ends).
 
     From the block's end on, a signal's handler runs where it lands, and the handlers are put back before the held ones
     run (a handler may set its signal's next one). A signal whose handler raises as the handlers are put back
@@ -206,12 +216,28 @@ def _signals_held_over() -> Iterator[None]:
             previous[s] = handler
     held: dict[int, Any] = {}  # signal: the frame it landed in, in the order they came
     ending = False
+    overdue: list[threading.Timer] = []  # (one a signal held: it sends the signal again past HELD_PUT_S)
+    resent: set[int] = set()  # (signals sent again: their handler ran where that one landed, not as the block ends)
 
     def hold(signum: int, frame: Any) -> None:
         if signum in held or ending:
             previous[signum](signum, frame)
-        else:
-            held[signum] = frame
+            return
+        held[signum] = frame
+        timer = threading.Timer(HELD_PUT_S, send_again, (signum,))
+        timer.daemon = True
+        try:
+            timer.start()
+        except RuntimeError:  # (no thread starts at interpreter shutdown: the signal waits for the put, as it did)
+            logger.debug("no thread to send signal %d again past a put's %g s", signum, HELD_PUT_S, exc_info=True)
+            return
+        overdue.append(timer)
+
+    def send_again(signum: int) -> None:
+        with _resend_lock:
+            if not ending:  # (the put still on: the signal lands in it as a second one, its handler run at once)
+                resent.add(signum)
+                signal.pthread_kill(threading.main_thread().ident or 0, signum)
 
     setattr(hold, _HOLDS, previous)
     try:
@@ -221,11 +247,18 @@ def _signals_held_over() -> Iterator[None]:
     finally:
         try:  # (inside it: a held signal's handler still runs where another one's raises as this one is set)
             ending = True  # (the put is over: from here on a signal's handler runs where it lands)
+            for timer in overdue:
+                timer.cancel()
+            if overdue:
+                with _resend_lock:  # (a signal being sent again is sent: its handler runs where it lands)
+                    pass
             for held_over, handler in previous.items():
                 signal.signal(held_over, handler)
         finally:
             error = None
             for came, frame in held.items():
+                if came in resent:
+                    continue
                 try:
                     previous[came](came, frame)
                 except BaseException as e:  # (the others' still run, as Python runs those of signals pending)

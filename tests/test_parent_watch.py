@@ -5,7 +5,12 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -214,3 +219,89 @@ def test_the_hold_leaves_a_dali_pool_whose_send_changed_as_it_is(monkeypatch: py
     assert ProcPool.__dict__.get("send") is before
     if changed == "static":
         assert ProcPool().send([1], 0) == ([1], 0)
+
+
+def test_a_signal_held_over_a_put_that_does_not_end_runs_its_handler_there_once(monkeypatch) -> None:
+    """A put waits for a worker to wake: one killed or stopped meanwhile never does, and the signal held over it waited
+    for ever (a second one ran it). Past ``HELD_PUT_S`` it is sent again, and its handler runs where the put is, once:
+    not again as the block ends."""
+    from lerobot_dali import parent_watch
+
+    monkeypatch.setattr(parent_watch, "HELD_PUT_S", 0.2)
+    ran: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: ran.append(signum))
+    try:
+        with parent_watch._signals_held_over():
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert ran == []  # (held)
+            deadline = time.monotonic() + 60
+            while not ran and time.monotonic() < deadline:  # (the put that does not end)
+                time.sleep(0.01)
+            inside = list(ran)
+        assert (inside, ran) == ([signal.SIGTERM], [signal.SIGTERM])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(source: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(source), *args],
+        capture_output=True, text=True, timeout=180, env=env, cwd=ROOT,
+    )  # fmt: skip
+
+
+#: A trainer whose SIGTERM handler exits gets one SIGTERM while its main thread puts a task to a worker that will never
+#: take it: stopped while it slept waiting for tasks, then killed while the put waited for it to wake.
+SIGTERM_IN_A_PUT_TO_A_WORKER_GONE = """
+import atexit, os, signal, sys, threading, time
+from lerobot_dali import DALILeRobotIterator
+from lerobot_dali.exit_close import _worker_processes
+from nvidia.dali._multiproc.shared_queue import ShmQueue
+
+putting = threading.Event()
+put = ShmQueue.put
+
+def noted_put(self, msgs):
+    putting.set()
+    return put(self, msgs)
+
+ShmQueue.put = noted_put
+
+def main():
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    it = DALILeRobotIterator(sys.argv[1], batch_size=2, device="cpu", num_workers=1)
+    batches = iter(it)
+    next(batches)
+    time.sleep(1.0)  # (the worker fills its queue, then sleeps waiting for tasks)
+    pids = [p.pid for p in _worker_processes(it)]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    putting.clear()
+
+    def worker_gone_then_sigterm():
+        putting.wait()
+        time.sleep(0.5)  # (the put waits for the stopped worker to wake)
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=worker_gone_then_sigterm, daemon=True).start()
+    for _ in batches:
+        pass
+    print("the pass ended", flush=True)
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_sigterm_in_a_put_to_a_worker_gone_ends_the_trainer(make_ds) -> None:
+    # Held over the put for it to end, which it never did: the trainer waited for the launcher's SIGKILL (still there
+    # 60 s after the SIGTERM, 1 of 1). It now exits 143 by its handler, past HELD_PUT_S, its exit handlers run.
+    ds = make_ds(episodes=2, frames_per_episode=30)
+    done = _run(SIGTERM_IN_A_PUT_TO_A_WORKER_GONE, str(ds))
+    assert (done.returncode, done.stdout, done.stderr) == (143, "", "")
