@@ -21,6 +21,7 @@ import inspect
 import logging
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.context
 import multiprocessing.util
 import os
 import signal
@@ -104,7 +105,8 @@ def children_start_deaf_to_interrupts() -> Iterator[None]:
     SIGUSR1 blocked, as they keep them: :func:`leave_interrupts_to_parent` ignores them only once a worker runs its
     source, and a Ctrl-C while the workers were still importing DALI printed a KeyboardInterrupt traceback from each
     (2 workers: 2 tracebacks of 10 lines below the trainer's one line). A blocked signal's mask passes through fork and
-    exec; this thread blocks them only while it forks, so the trainer still takes its Ctrl-C."""
+    exec; this thread blocks them only while it forks, so the trainer still takes its Ctrl-C, once each process it
+    starts has what it starts from (:func:`_wrap_start`)."""
     _wrap_spawn()
     previous = getattr(_spawning, "deaf", False)
     _spawning.deaf = True
@@ -117,22 +119,50 @@ def children_start_deaf_to_interrupts() -> Iterator[None]:
 @functools.cache
 def _wrap_spawn() -> None:
     with _lock:  # (functools.cache alone lets two threads that ask first both wrap it)
-        original: Any = getattr(multiprocessing.util, "spawnv_passfds", None)
-        if original is None or getattr(original, _WRAPPED, False):  # (a Python without it: workers start hearing them)
-            return
+        _wrap_spawnv()
+        _wrap_start()
 
-        @functools.wraps(original)
-        def spawnv_passfds(path: Any, args: Any, passfds: Any) -> Any:
-            if not getattr(_spawning, "deaf", False):
-                return original(path, args, passfds)
-            mask = signal.pthread_sigmask(signal.SIG_BLOCK, _LEFT_TO_PARENT)
-            try:
-                return original(path, args, passfds)
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
-        setattr(spawnv_passfds, _WRAPPED, True)
-        multiprocessing.util.spawnv_passfds = spawnv_passfds
+def _wrap_spawnv() -> None:
+    original: Any = getattr(multiprocessing.util, "spawnv_passfds", None)
+    if original is None or getattr(original, _WRAPPED, False):  # (a Python without it: workers start hearing them)
+        return
+
+    @functools.wraps(original)
+    def spawnv_passfds(path: Any, args: Any, passfds: Any) -> Any:
+        if not getattr(_spawning, "deaf", False):
+            return original(path, args, passfds)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _LEFT_TO_PARENT)
+        try:
+            return original(path, args, passfds)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    setattr(spawnv_passfds, _WRAPPED, True)
+    multiprocessing.util.spawnv_passfds = spawnv_passfds
+
+
+def _wrap_start() -> None:
+    """A spawned process's start runs a signal's handler (:func:`_signals_held_over`) once the process has its start-up
+    data: a Ctrl-C after the fork and exec, before the trainer wrote that data to the new worker's pipe, closed the pipe
+    unwritten, and the worker printed ``EOFError: Ran out of input`` below the trainer's one line (1 of 24 Ctrl-C runs
+    at random moments; 1 of 1 where it landed after the exec). Nor did the pool know the worker to end it."""
+    process_class: Any = getattr(multiprocessing.context, "SpawnProcess", None)
+    original: Any = getattr(process_class, "start", None)
+    if not isinstance(inspect.getattr_static(process_class, "start", None), types.FunctionType) or getattr(
+        original, _WRAPPED, False
+    ):  # (another Python: a Ctrl-C may still land there)
+        return
+
+    @functools.wraps(original)
+    def start(self: Any) -> None:
+        if not getattr(_spawning, "deaf", False):
+            return original(self)
+        with _signals_held_over():
+            return original(self)
+
+    setattr(start, _WRAPPED, True)
+    process_class.start = start
 
 
 _SEND_WRAPPED = "_lerobot_dali_puts_finish"

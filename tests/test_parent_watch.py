@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from lerobot_dali.parent_watch import children_start_deaf_to_interrupts, exit_with_parent
@@ -305,3 +306,44 @@ def test_a_sigterm_in_a_put_to_a_worker_gone_ends_the_trainer(make_ds) -> None:
     ds = make_ds(episodes=2, frames_per_episode=30)
     done = _run(SIGTERM_IN_A_PUT_TO_A_WORKER_GONE, str(ds))
     assert (done.returncode, done.stdout, done.stderr) == (143, "", "")
+
+
+#: A Ctrl-C lands just after a worker's fork and exec (its Python handler runs there), before the trainer wrote the
+#: worker's start-up data to its pipe.
+CTRL_C_AS_A_WORKER_IS_SPAWNED = """
+import multiprocessing.util, os, signal, sys
+
+spawnv = multiprocessing.util.spawnv_passfds
+
+def ctrl_c_in_the_spawn(path, args, passfds):
+    pid = spawnv(path, args, passfds)
+    if "spawn_main" in " ".join(map(str, args)):  # (a worker: not the resource tracker)
+        print(pid, flush=True)
+        os.kill(os.getpid(), signal.SIGINT)
+    return pid
+
+multiprocessing.util.spawnv_passfds = ctrl_c_in_the_spawn
+from lerobot_dali import DALILeRobotIterator
+
+def main():
+    try:
+        for _ in DALILeRobotIterator(sys.argv[1], batch_size=2, device="cpu", num_workers=1):
+            pass
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_ctrl_c_as_a_worker_is_spawned_ends_the_trainer_and_the_worker_silently(make_ds) -> None:
+    # The trainer's KeyboardInterrupt came before it wrote the worker's start-up data: the worker read its pipe's end
+    # and printed "EOFError: Ran out of input" below the trainer's exit (1 of 24 Ctrl-C runs at random moments; 1 of 1
+    # here). The Ctrl-C now lands once the worker started: the pool ends it.
+    ds = make_ds(episodes=2, frames_per_episode=30)
+    done = _run(CTRL_C_AS_A_WORKER_IS_SPAWNED, str(ds))
+    assert (done.returncode, done.stderr) == (130, "")
+    workers = [int(pid) for pid in done.stdout.split()]
+    assert len(workers) == 1
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in workers)
