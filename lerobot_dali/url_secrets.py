@@ -99,11 +99,12 @@ _HTTP = re.compile(r"https?://", re.IGNORECASE)
 #: (``...?sig=ab/cd/meta/info.json``), so a value known is masked whole.
 _known: tuple[str, ...] = ()
 _known_lock = fork_locks.lock()
-#: A URL's ``user:password@`` (aiohttp sends it as basic auth), to its last '@' (a password may hold one).
-_USER_PASSWORD = re.compile(r"(?P<lead>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s'\"]*):[^/?#\s'\"]+@")
+#: A URL's ``user:password@`` (aiohttp sends it as basic auth), to its last '@' (a password may hold one). The user
+#: holds no '?' or '#' (RFC 3986's userinfo): in ``https://host?mail=a:b@c`` the '@' is the query's, not a user's.
+_USER_PASSWORD = re.compile(r"(?P<lead>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#@:\s'\"]*):[^/?#\s'\"]+@")
 #: An http(s) URL's user without a password (``https://TOKEN@host``: aiohttp sends it as basic auth, as a token is
 #: given so); another scheme's (``sftp://alice@host``) names no credential.
-_USER_ALONE = re.compile(r"(?P<lead>\bhttps?://)[^/@:\s'\"]+@", re.IGNORECASE)
+_USER_ALONE = re.compile(r"(?P<lead>\bhttps?://)[^/?#@:\s'\"]+@", re.IGNORECASE)
 
 
 def is_secret_param(name: str) -> bool:

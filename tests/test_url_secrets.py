@@ -379,6 +379,15 @@ def test_masked_masks_an_http_urls_user_given_without_a_password() -> None:
     assert masked(kept) == kept
 
 
+def test_masked_keeps_an_at_in_the_query_or_fragment_of_a_url_without_a_path() -> None:
+    """An '@' after a URL's '?' or '#' is its query's or fragment's, not a user's (RFC 3986: a user holds neither):
+    ``https://api.example.com?mail=me@example.org`` was shown as ``https://***@example.org`` (its host hidden, an
+    e-mail address taken for a token: 3 of 3 such texts mangled); kept now, and a user before them still masked."""
+    kept = "https://api.example.com?mail=me@example.org; https://h#me@example.org; https://h?to=a:b@example.org"
+    assert masked(kept) == kept
+    assert masked("https://hf_S3CR@h?mail=me@example.org") == "https://***@h?mail=me@example.org"
+
+
 def test_a_workers_error_naming_a_credential_comes_back_masked(monkeypatch: Any) -> None:
     """DALI brings a worker's error back as an ``Exception`` holding the worker's traceback text (its error and every
     error it was raised from), raised from a ``RuntimeError`` of its message, and a builtin error of ours or a
