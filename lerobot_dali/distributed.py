@@ -139,7 +139,11 @@ def refuse_unresolved_launch(instead: str) -> None:
     ``RANK`` and ``WORLD_SIZE`` together): every process read the whole dataset as rank 0 of 1, each the same batches,
     unsaid (``srun -n 2 python train.py``, ``mpirun -np 2``, ``RANK`` without ``WORLD_SIZE``). Slurm's batch step
     (``sbatch --ntasks=8``, then ``python train.py`` in its script: one process) sets no ``SLURM_STEP_NUM_TASKS``
-    and its ``SLURM_PROCID`` is 0. ``instead``: the message's last words, how to read everything in each process."""
+    and its ``SLURM_PROCID`` is 0. ``RANK=0`` and ``WORLD_SIZE=1`` together say this process is one of one, as the
+    message offers (each of ``srun -n 8``'s runs of a sweep): not refused, as :func:`resolve_rank` reads them.
+    ``instead``: the message's last words, how to read everything in each process."""
+    if os.environ.get("RANK") == "0" and os.environ.get("WORLD_SIZE") == "1":
+        return
     for rank_name, count_name in _LAUNCHED:
         rank, count = os.environ.get(rank_name, ""), os.environ.get(count_name, "")
         several = (rank.isdigit() and int(rank) > 0) or (count.isdigit() and int(count) > 1)

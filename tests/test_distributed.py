@@ -113,6 +113,24 @@ def test_one_process_as_launchers_start_one_reads_everything(clean_env, alone: s
     assert (resolve_rank().rank, resolve_rank().world_size, resolve_rank().source) == (0, 1, "single process")
 
 
+def test_rank_0_of_world_size_1_set_by_hand_is_one_process_where_a_launcher_started_several(clean_env) -> None:
+    """The refusal says to set RANK and WORLD_SIZE; RANK=0 WORLD_SIZE=1 under ``srun -n 2`` (each task a run of its
+    own) resolved to rank 0 of 1 by resolve_rank, but train.py's data_rank, which asks refuse_unresolved_launch
+    itself, refused it naming SLURM_PROCID: 1 of 2 callers refused the escape -> 0 of 2."""
+    from types import SimpleNamespace
+
+    from pipelines.train import data_rank
+
+    for name, value in {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "RANK": "0", "WORLD_SIZE": "1"}.items():
+        clean_env.setenv(name, value)
+    clean_env.setattr("lerobot_dali.distributed._trainer_uses_accelerate", lambda: False)
+    assert (resolve_rank().rank, resolve_rank().world_size, resolve_rank().source) == (0, 1, "environment")
+    assert data_rank(SimpleNamespace(process_index=0, num_processes=1)) == (0, 1)
+    clean_env.setenv("RANK", "1")  # (a rank above 0 of one process: still refused)
+    with pytest.raises(ShardingError, match=r"\(RANK=1, WORLD_SIZE=1\)"):
+        data_rank(SimpleNamespace(process_index=0, num_processes=1))
+
+
 _ASK_WITHOUT_ACCELERATE = """
 import os, sys
 from lerobot_dali.distributed import resolve_rank
