@@ -368,14 +368,16 @@ def _raise_out_of_tolerance(
 def _other_stream_rate(index: PacketIndex, rows_fps: float, drift_s: float) -> float | None:
     """The frame rate of ``index``'s stream where it is not ``rows_fps`` (the rows' drift from the frames over the
     file exceeds ``drift_s``: the frame times' rounding, or the tolerance) and is up to :data:`_MORE_FRAMES` times it;
-    None where it is ``rows_fps``, or the frames are not evenly spaced (to within two steps of their times' rounding:
-    frames dropped, or wall-clock times), which have no one rate."""
+    None where it is ``rows_fps``, or the frames are not evenly spaced (to within two steps of their times' rounding,
+    and less than half a frame: frames dropped, or wall-clock times), which have no one rate. (A time base as coarse
+    as a frame, an AVI's ``1/fps``, rounds a dropped frame's gap to two steps.)"""
     frame_s = index.shown_pts_s
     if frame_s.size < 2:
         return None
     step_s, _ = _frame_time_step(index)
     intervals_s = np.diff(frame_s)
-    if float(np.ptp(intervals_s)) > 2 * step_s * (1 + 1e-6):
+    spread_s = float(np.ptp(intervals_s))
+    if spread_s > 2 * step_s * (1 + 1e-6) or spread_s >= float(np.median(intervals_s)) / 2:
         return None
     span_s = float(frame_s[-1] - frame_s[0])
     stream_fps = (frame_s.size - 1) / span_s

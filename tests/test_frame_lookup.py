@@ -302,6 +302,23 @@ def test_a_video_at_the_rows_rate_is_not_told_of_a_rate(tmp_path: Path) -> None:
         assert "runs at" not in str(info.value) and "info.json's fps" not in str(info.value), str(info.value)
 
 
+def test_a_dropped_frame_under_a_time_base_of_one_frame_is_not_told_of_a_rate() -> None:
+    """A 25 fps stream whose time base is one frame (1/25 s, as an AVI's) with frame 100 of 200 dropped: its
+    intervals (1 or 2 ticks) lay within two ticks of rounding, so it was taken for an even stream at 24.87 fps and
+    told to set info.json's fps to 24.87437186 (1 of 1); it has no one rate, and is told of none now."""
+    pts = np.delete(np.arange(200, dtype=np.int64), 100)
+    index = PacketIndex(
+        source_name="dropped.avi", codec="mjpeg", width=8, height=8, pix_fmt="yuvj420p", time_base=Fraction(1, 25),
+        pts=pts, dts=pts, byte_offset=np.arange(199, dtype=np.int64) * 10, size_bytes=np.full(199, 10, dtype=np.int64),
+        keyframe=np.ones(199, dtype=bool), file_size_bytes=1990, byte_exact=True, template=b"",
+    )  # fmt: skip
+    context = FrameRequestContext(dataset="d", episode_index=0, camera="c", rows_fps=25.0)
+    with pytest.raises(FrameTimestampError) as info:
+        nearest_frame_indices(index, np.arange(199) / 25, tolerance_s=1e-4, context=context)
+    assert "query timestamp 4.000000 s" in str(info.value)
+    assert "runs at" not in str(info.value) and "info.json's fps" not in str(info.value), str(info.value)
+
+
 def _retimed(video: Path, rate: Fraction, fps: int) -> None:
     """``video`` (frame ``k`` at ``k / fps`` s) remuxed in place with frame ``k`` at ``k / rate`` s, its packets
     unchanged (no B-frames: VP9)."""
