@@ -141,10 +141,14 @@ def refuse_unresolved_launch(instead: str) -> None:
     (``sbatch --ntasks=8``, then ``python train.py`` in its script: one process) sets no ``SLURM_STEP_NUM_TASKS``
     and its ``SLURM_PROCID`` is 0. ``RANK=0`` and ``WORLD_SIZE=1`` together say this process is one of one, as the
     message offers (each of ``srun -n 8``'s runs of a sweep): not refused, as :func:`resolve_rank` reads them.
+    Slurm's variables under ``srun --pty`` (``SLURM_PTY_PORT`` set: ``srun -n 8 --pty bash``, then ``python train.py``
+    typed in its shell) are the interactive shell's step, whose other tasks' shells exit at once: not this process's.
     ``instead``: the message's last words, how to read everything in each process."""
     if os.environ.get("RANK") == "0" and os.environ.get("WORLD_SIZE") == "1":
         return
     for rank_name, count_name in _LAUNCHED:
+        if rank_name == "SLURM_PROCID" and "SLURM_PTY_PORT" in os.environ:
+            continue
         rank, count = os.environ.get(rank_name, ""), os.environ.get(count_name, "")
         several = (rank.isdigit() and int(rank) > 0) or (count.isdigit() and int(count) > 1)
         if several:

@@ -26,7 +26,7 @@ LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 #: Other launchers' (srun's, mpirun's), which name no rank resolve_rank reads.
 OTHER_LAUNCHER_VARS = (
     "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-    "PMI_RANK", "PMI_SIZE", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE",
+    "PMI_RANK", "PMI_SIZE", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "SLURM_PTY_PORT",
 )  # fmt: skip
 
 
@@ -129,6 +129,22 @@ def test_rank_0_of_world_size_1_set_by_hand_is_one_process_where_a_launcher_star
     clean_env.setenv("RANK", "1")  # (a rank above 0 of one process: still refused)
     with pytest.raises(ShardingError, match=r"\(RANK=1, WORLD_SIZE=1\)"):
         data_rank(SimpleNamespace(process_index=0, num_processes=1))
+
+
+def test_a_process_typed_in_an_interactive_srun_shell_of_several_tasks_is_one_process(clean_env) -> None:
+    """``srun -n 4 --pty bash``, then ``python train.py`` in its shell: the shell is task 0 of a step of 4 (the other
+    tasks' shells exit at once, their output sent nowhere), and Slurm's variables are the shell's, not of several
+    processes of ours: refused as one of several (1 of 1) -> rank 0 of 1. The same step without --pty is refused."""
+    for name, value in {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "4", "SLURM_NTASKS": "4"}.items():
+        clean_env.setenv(name, value)
+    clean_env.setattr("lerobot_dali.distributed._trainer_uses_accelerate", lambda: False)
+    with pytest.raises(ShardingError, match=r"\(SLURM_PROCID=0, SLURM_STEP_NUM_TASKS=4\)"):
+        resolve_rank()
+    clean_env.setenv("SLURM_PTY_PORT", "34889")
+    assert (resolve_rank().rank, resolve_rank().world_size, resolve_rank().source) == (0, 1, "single process")
+    clean_env.setenv("OMPI_COMM_WORLD_SIZE", "2")  # (another launcher's several, under it: still refused)
+    with pytest.raises(ShardingError, match=r"\(OMPI_COMM_WORLD_SIZE=2\)"):
+        resolve_rank()
 
 
 _ASK_WITHOUT_ACCELERATE = """
