@@ -213,6 +213,9 @@ class DALILeRobotIterator:
             drop_n_first_frames=drop_n_first_frames,
             drop_n_last_frames=drop_n_last_frames,
         )
+        #: The seed= it was built with, which a loaded state's seed is told apart from (not the seed of a state
+        #: loaded before: built with 2, a seed-2 state loaded after a seed-1 one was said to be 'another seed').
+        self._built_seed = options.seed
         self._stream = SampleStream(
             self.reader.episodes.length,
             rank=self.rank,
@@ -390,9 +393,8 @@ class DALILeRobotIterator:
 
         The state's seed is kept, whatever ``seed=`` this iterator was built with, so the saved run's order and
         augmentation draws go on (this epoch and later ones); where they differ, a warning names both."""
-        seed = self._stream.order.options.seed
         self._load(state_dict, "load_state_dict()")
-        warn_of_another_seed(seed, self._stream.order.options.seed, "this iterator")
+        warn_of_another_seed(self._built_seed, self._stream.order.options.seed, "this iterator")
 
     def _load(self, state_dict: Mapping[str, Any], moved_by: str) -> None:
         """:meth:`load_state_dict`; a pass it ends names ``moved_by`` as what moved the stream (a mixture's

@@ -190,6 +190,7 @@ class DALILeRobotMixture:
         #: The seed the datasets' seeds derive from: a loaded state's where it says it, None where it does not and
         #: its datasets' seeds differ from this one's.
         self._seed: int | None = seed
+        self._built_seed = seed
         rename_maps = [own.pop(RENAME_MAP, None) for own in own_options]
         readers = open_all(datasets, cameras=cameras, rename_maps=rename_maps)  # (each with its own keys for cameras)
         if cameras is not None:  # (entries for declared cameras that cameras= left out rename nothing)
@@ -389,13 +390,16 @@ class DALILeRobotMixture:
                 "dataset continues at its own next sample, in other proportions",
                 saved.get("batch_shares"), list(self.batch_shares),
             )  # fmt: skip
-        seeds = [part._stream.order.options.seed for part in self.datasets]
         with self._moving() as before:
             self._load_parts(parts, before)
-        if [part._stream.order.options.seed for part in self.datasets] != seeds:  # (each kept its saved one)
+        # (each kept its saved seed; told apart from those it was built with, not those of a state loaded before)
+        built = [_dataset_seed(self._built_seed, i) for i in range(len(self.datasets))]
+        if [part._stream.order.options.seed for part in self.datasets] != built:
             saved_seed = saved.get("seed")  # (states saved before it was recorded lack it)
-            warn_of_another_seed(self._seed, saved_seed, "a mixture")
+            warn_of_another_seed(self._built_seed, saved_seed, "a mixture")
             self._seed = saved_seed
+        else:
+            self._seed = self._built_seed
 
     @contextlib.contextmanager
     def _moving(self) -> Iterator[list[dict[str, Any]]]:
