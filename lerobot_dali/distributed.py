@@ -153,9 +153,15 @@ def refuse_unresolved_launch(instead: str) -> None:
         several = (rank.isdigit() and int(rank) > 0) or (count.isdigit() and int(count) > 1)
         if several:
             given = ", ".join(f"{name}={os.environ[name]}" for name in (rank_name, count_name) if name in os.environ)
+            # (both set: a trainer that asks accelerate, not the environment, found one process)
+            unread = (
+                "accelerate sees one process"
+                if {"RANK", "WORLD_SIZE"} <= os.environ.keys()
+                else ("RANK and WORLD_SIZE are not both set")
+            )
             raise ShardingError(
                 f"this process is one of several a launcher started ({given}) but no rank of several was found for "
-                "it: torch.distributed has no process group of several and RANK and WORLD_SIZE are not both set, so "
+                f"it: torch.distributed has no process group of several and {unread}, so "
                 "each process would read the whole dataset, the same batches as the others. Initialise "
                 "torch.distributed first (init_process_group), launch with torchrun or accelerate launch, or set "
                 f"RANK and WORLD_SIZE; {instead}"

@@ -36,6 +36,7 @@ OTHER_TOOLS_FLAGS = {
     "--build-arg", "--gpus", "--ipc", "--network", "--shm-size", "--variant", "--repo-type", "--system-site-packages",
     "--cpu", "--multi_gpu", "--num_processes", "--num_machines", "--machine_rank", "--main_process_ip",
     "--main_process_port", "--nproc_per_node", "--standalone", "--signals-to-handle", "--shutdown-timeout", "--signal",
+    "--pty",
 }  # fmt: skip
 
 

@@ -1225,7 +1225,10 @@ def test_one_process_of_several_a_launcher_started_is_one_line_before_the_datase
     alone = SimpleNamespace(process_index=0, num_processes=1)
     assert data_rank(alone) == (0, 1)
     monkeypatch.setenv("RANK", "1")
-    with pytest.raises(ShardingError, match=r"\(RANK=1\)"):
+    with pytest.raises(ShardingError, match=r"\(RANK=1\).*RANK and WORLD_SIZE are not both set"):
+        data_rank(alone)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # (both set, yet accelerate sees one process: it says so, not "not both set")
+    with pytest.raises(ShardingError, match=r"\(RANK=1, WORLD_SIZE=2\).* and accelerate sees one process, so"):
         data_rank(alone)
 
 
