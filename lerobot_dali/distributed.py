@@ -67,9 +67,21 @@ class RankInfo:
         return _SOURCE_SAID.get(self.source, self.source)
 
 
+def _env_count(name: str, *, minimum: int) -> int:
+    """The launcher's variable ``name`` as an int: ShardingError naming it where it is not digits alone or is below
+    ``minimum`` (``RANK=abc``, ``RANK=1.0`` or ``RANK=" 1"`` failed in a bare ``int()`` ValueError)."""
+    value = os.environ[name]
+    if not (value.isascii() and value.isdigit()) or int(value) < minimum:
+        raise ShardingError(
+            f"{name}={value!r} is not a valid {name}: launchers set it to a whole number >= {minimum} in digits alone "
+            f"(e.g. {name}={minimum}); fix or unset it"
+        )
+    return int(value)
+
+
 def _launcher_local_rank() -> int:
     """This process's rank on its node, as torchrun, accelerate and deepspeed launchers set it (0 without one)."""
-    return int(os.environ.get("LOCAL_RANK", "0"))
+    return _env_count("LOCAL_RANK", minimum=0) if "LOCAL_RANK" in os.environ else 0
 
 
 def draws_progress() -> bool:
@@ -97,7 +109,8 @@ def resolve_rank(rank: int | None = None, world_size: int | None = None) -> Rank
     except ImportError:
         pass
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return RankInfo(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), local_rank, "environment")
+        rank, world_size = _env_count("RANK", minimum=0), _env_count("WORLD_SIZE", minimum=1)
+        return RankInfo(rank, world_size, local_rank, "environment")
     if not _trainer_uses_accelerate():
         return _one_of_several(RankInfo(0, 1, 0, "single process"))
     try:

@@ -61,6 +61,20 @@ def test_launcher_environment(clean_env) -> None:
     assert (info.rank, info.world_size, info.local_rank, info.source) == (3, 4, 1, "environment")
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "valid"),
+    [("RANK", "abc", "0"), ("RANK", "1.0", "0"), ("RANK", " 1", "0"), ("WORLD_SIZE", "4.0", "1"),
+     ("WORLD_SIZE", "0", "1"), ("LOCAL_RANK", "x", "0"), ("LOCAL_RANK", "-1", "0")],
+)  # fmt: skip
+def test_a_launcher_variable_that_is_no_whole_number_is_named(clean_env, name: str, value: str, valid: str) -> None:
+    # (each was a bare int() ValueError, or RankInfo's 'rank must be in [0, world_size)', from deep in resolve_rank)
+    clean_env.setenv("RANK", "1")
+    clean_env.setenv("WORLD_SIZE", "4")
+    clean_env.setenv(name, value)
+    with pytest.raises(ShardingError, match=rf"{name}='{value}' is not a valid {name}: .* >= {valid} .*{name}={valid}"):
+        resolve_rank()
+
+
 def test_an_initialised_process_group_wins_over_the_environment(clean_env, tmp_path: Path) -> None:
     clean_env.setenv("RANK", "1")
     clean_env.setenv("WORLD_SIZE", "2")  # stale or foreign values: the process group is the truth
