@@ -45,6 +45,7 @@ from .cpu_decode_options import (
     ColorConversion,
     CpuDecodeOptions,
     CpuDecoderBackend,
+    checked_cpu_decode,
     decoder_bytes,
 )
 from .distributed import usable_cpus
@@ -121,7 +122,8 @@ class CpuFrameDecoder:
     """
 
     def __init__(self, *, options: CpuDecodeOptions | None = None, files_in_use: int = 0) -> None:
-        self.options = options if options is not None else CpuDecodeOptions()
+        # (a string or a dict failed in a bare AttributeError, "'str' object has no attribute 'max_open_decoders'")
+        self.options = checked_cpu_decode(options, name="options")
         #: Files the caller's requests cycle through (a worker: its episode pool's, per camera): kept open when
         #: the options leave the bound to it (``max_open_decoders=None``), memory permitting.
         self.files_in_use = files_in_use

@@ -133,14 +133,15 @@ class CpuDecodeOptions:
         return self.color_conversion is ColorConversion.GRAPH
 
 
-def checked_cpu_decode(value: object) -> CpuDecodeOptions:
-    """An iterator's ``cpu_decode``: the options given, or the defaults for None; TypeError for anything else (a
-    string or a dict failed at the first batch with "'str' object has no attribute 'converts_in_graph'")."""
+def checked_cpu_decode(value: object, *, name: str = "cpu_decode") -> CpuDecodeOptions:
+    """An iterator's ``cpu_decode`` (a decoder's ``options``: ``name``): the options given, or the defaults for None;
+    TypeError for anything else (a string or a dict failed at the first batch with "'str' object has no attribute
+    'converts_in_graph'")."""
     if value is None:
         return CpuDecodeOptions()
     if not isinstance(value, CpuDecodeOptions):
         raise TypeError(
-            f"cpu_decode must be a CpuDecodeOptions or None, got {type(value).__name__} {value!r}; e.g. "
-            'cpu_decode=CpuDecodeOptions(backend="pyav") (from lerobot_dali.cpu_decode import CpuDecodeOptions)'
+            f"{name} must be a CpuDecodeOptions or None, got {type(value).__name__} {value!r}; e.g. "
+            f'{name}=CpuDecodeOptions(backend="pyav") (from lerobot_dali.cpu_decode import CpuDecodeOptions)'
         )
     return value

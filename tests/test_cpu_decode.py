@@ -1106,3 +1106,11 @@ def test_a_worker_shipping_planes_does_not_look_for_torchcodec(make_ds, monkeypa
         assert looked == []
     finally:
         package.setLevel(level)
+
+
+@pytest.mark.parametrize("options", ["pyav", {"backend": "pyav"}])
+def test_options_that_are_no_cpu_decode_options_are_refused_at_construction(options: object) -> None:
+    # (each failed in a bare AttributeError, "'str' object has no attribute 'max_open_decoders'")
+    with pytest.raises(TypeError, match=r"options must be a CpuDecodeOptions or None, got .*=CpuDecodeOptions\("):
+        CpuFrameDecoder(options=options)  # type: ignore[arg-type]
+    assert CpuFrameDecoder(options=None).options == CpuDecodeOptions()
