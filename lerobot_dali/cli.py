@@ -562,7 +562,7 @@ def _parser() -> argparse.ArgumentParser:
         help="check only these episode indices (episode_index values, e.g. 0 5 7; not a count)",
     )  # fmt: skip
     check.add_argument(
-        "--timestamp-source", nargs="+", choices=[s.value for s in TimestampSource],
+        "--timestamp-source", nargs="+", type=str.lower, choices=[s.value for s in TimestampSource],
         default=[TimestampSource.PARQUET_TIMESTAMP.value],
         help="how rows find their frames, as the run will: one for every dataset, or one per dataset",
     )  # fmt: skip
@@ -627,7 +627,7 @@ def _parser() -> argparse.ArgumentParser:
         "--fps", type=int, default=30, metavar="N", help="frames per second, rows and videos (default 30)"
     )
     make.add_argument(
-        "--codec", choices=["av1", "h264", "hevc", "vp9"], default="av1",
+        "--codec", type=str.lower, choices=["av1", "h264", "hevc", "vp9"], default="av1",
         help="video codec (default av1; ignored with --image-cameras)",
     )  # fmt: skip
     make.add_argument(
@@ -642,7 +642,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="per data and video file (default 4; ignored for v2.1)",
     )
-    make.add_argument("--version", choices=["v3.0", "v2.1"], default="v3.0", help="LeRobot layout (default v3.0)")
+    make.add_argument(
+        "--version", type=str.lower, choices=["v3.0", "v2.1"], default="v3.0", help="LeRobot layout (default v3.0)"
+    )
     make.add_argument("--seed", type=int, default=0, metavar="N", help="shifts the task of each episode (default 0)")
     make.add_argument(
         "--image-cameras", action="store_true", help="store cameras as PNG images in the data files, not videos"
@@ -655,7 +657,7 @@ def _parser() -> argparse.ArgumentParser:
     reencode.add_argument("dataset", help="local folder, Hub repo id (user/name) or fsspec URL (hf://datasets/...)")
     reencode.add_argument("out", help="a new folder, or an empty one")
     reencode.add_argument(
-        "--codec", choices=CODECS, default="h264",
+        "--codec", type=str.lower, choices=CODECS, default="h264",
         help="the copy's video codec (default h264: NVDEC on every NVIDIA GPU; av1 has none on A100/H100/H200)",
     )  # fmt: skip
     reencode.add_argument(
@@ -681,7 +683,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--cameras", nargs="+", metavar="KEY", help="with --dataset: read only these cameras")
     bench.add_argument("--keys", nargs="+", metavar="KEY", help="with --dataset: read only these tabular features")
     bench.add_argument(
-        "--timestamp-source", nargs="+", choices=[s.value for s in TimestampSource],
+        "--timestamp-source", nargs="+", type=str.lower, choices=[s.value for s in TimestampSource],
         default=[TimestampSource.PARQUET_TIMESTAMP.value],
         help="how rows find their frames: frame_index / fps for wall-clock parquet timestamps; one for every dataset, "
         "or one per --dataset",
@@ -691,7 +693,7 @@ def _parser() -> argparse.ArgumentParser:
         help=f"max |frame pts - row time| (default {DEFAULT_TOLERANCE_S:g}); one, or one per --dataset",
     )  # fmt: skip
     bench.add_argument(
-        "--mode", choices=["single", "sarm"], default="single",
+        "--mode", type=str.lower, choices=["single", "sarm"], default="single",
         help="single: 1 frame per camera; sarm: 8 frames per camera 1 s apart, -7..0 s (default single)",
     )  # fmt: skip
     bench.add_argument("--recipe", help="act, diffusion, vla or a recipe .toml: windows, image size, augmentation")
@@ -707,7 +709,7 @@ def _parser() -> argparse.ArgumentParser:
     add_image_size(bench)
     bench.add_argument("--augment", action=argparse.BooleanOptionalAction, help="default: the recipe's choice")
     bench.add_argument(
-        "--device", choices=["auto", "cpu", "cuda"], default="auto",
+        "--device", type=str.lower, choices=["auto", "cpu", "cuda"], default="auto",
         help="lerobot-dali's pipeline and every loader's batches (default auto: cuda where torch sees a GPU, else cpu)",
     )  # fmt: skip
     bench.add_argument("--steps", type=int, help="measured batches per loader (default 30; quick 6)")

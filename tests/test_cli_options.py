@@ -170,3 +170,22 @@ def test_an_episode_pool_size_refused_is_named_as_help_names_it_under_either_spe
     with caplog.at_level(logging.ERROR, logger="pipelines.train"):
         assert train_module.main([*TRAIN, flag, "0"]) == 2
     assert [r.getMessage() for r in caplog.records] == ["train.py: --episode-pool-size must be an int >= 1, got 0"]
+
+
+def test_choice_flags_take_any_case_as_the_library_does(capsys: pytest.CaptureFixture[str]) -> None:
+    # (each was "invalid choice: 'SARM' (choose from 'single', 'sarm')" while the library takes any case)
+    bench = _parser().parse_args(
+        [*BENCH, "--mode", "SARM", "--timestamp-source", "Frame_Index", "PARQUET_TIMESTAMP", "--device", "CPU"]
+    )
+    assert (bench.mode, bench.timestamp_source, bench.device) == ("sarm", ["frame_index", "parquet_timestamp"], "cpu")
+    check = _parser().parse_args(["check", "d", "--timestamp-source", "FRAME_INDEX"])
+    assert check.timestamp_source == ["frame_index"]
+    make = _parser().parse_args(["make-dataset", "out", "--codec", "H264", "--version", "V2.1"])
+    assert (make.codec, make.version) == ("h264", "v2.1")
+    assert _parser().parse_args(["reencode", "d", "out", "--codec", "HEVC"]).codec == "hevc"
+    with pytest.raises(SystemExit):
+        _parser().parse_args([*BENCH, "--mode", "pair"])
+    assert "invalid choice: 'pair'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["bench", "--help"])
+    assert "{single,sarm}" in capsys.readouterr().out
