@@ -319,6 +319,11 @@ class DatasetSpec:
         _check_encode_args(self.codec, fps=self.fps, gop=self.gop, crf=self.crf)
         if self.cameras and not self.image_cameras:
             _check_encoder_limits(self.codec, height=self.size[0], width=self.size[1], fps=self.fps)
+        elif self.fps > _MAX_C_INT:  # (10**50 wrote all-zero float32 timestamps, k / fps underflowing)
+            raise ValueError(
+                f"fps must be at most {_MAX_C_INT} (the video codecs' C-int limit; the rows' float32 timestamps "
+                f"k / fps), got {self.fps}."
+            )
         _check_int("episodes_per_file", self.episodes_per_file, 1)
         try:
             object.__setattr__(self, "version", DatasetVersion(self.version))

@@ -254,6 +254,15 @@ def test_encode_video_says_what_the_encoder_refuses_before_it_opens(
     assert not (tmp_path / "a.mp4").exists()
 
 
+@pytest.mark.parametrize(("cameras", "image_cameras"), [(1, True), (0, False)])
+def test_a_dataset_without_videos_refuses_an_fps_past_the_video_codecs_c_int(cameras: int, image_cameras: bool) -> None:
+    """No encoder checked it: fps 10**50 was taken and wrote all-zero float32 timestamps (k / fps underflowing)."""
+    limit = 2**31 - 1
+    assert DatasetSpec(cameras=cameras, image_cameras=image_cameras, fps=limit).fps == limit
+    with pytest.raises(ValueError, match=rf"fps must be at most {limit} .*got {10**50}"):
+        DatasetSpec(cameras=cameras, image_cameras=image_cameras, fps=10**50)
+
+
 def test_encode_video_rejects_bad_frames(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="No frames"):
         encode_video(tmp_path / "a.mp4", [], fps=30, codec="vp9", gop=2)
