@@ -79,7 +79,7 @@ def _written_in_place(folder: Path) -> bool:
     return (
         os.path.ismount(absolute)
         or not os.access(absolute.parent, os.W_OK | os.X_OK)
-        or os.path.samestat(os.stat(absolute), os.stat("."))  # (a working directory since deleted: no name)
+        or os.path.samefile(absolute, os.getcwd())
     )
 
 
