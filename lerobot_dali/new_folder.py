@@ -38,16 +38,15 @@ def write_new_folder(out: str | os.PathLike[str], write: Callable[[Path], None],
 
     ``out`` is written as a hidden sibling (``.<name>.tmp-<host>-<pid>-<random>``, :func:`run_folder`) renamed to
     ``out`` at the end (rename(2) replaces an existing empty folder, whose permissions the dataset takes; a symbolic
-    link to one: the folder it leads to, :func:`_linked_folder`). An empty folder no sibling can replace is written in
-    place and emptied again if writing fails: a mount point, one in a folder this user may not write, the working
-    directory (replaced, a shell in it saw an empty folder). An interrupted or failed run (Ctrl-C, a full disk)
-    leaves nothing that blocks a re-run; the sibling of a run killed outright (SIGKILL, the OOM killer) is deleted by
-    the next run on its host (:func:`remove_dead_run_folders`); written in place, an existing empty ``out`` kept a
-    killed run's half dataset, which refused every re-run. Missing parent folders are created.
+    link to one: the folder it leads to, :func:`_linked_folder`). Only a mount point, which no rename may replace, is
+    written in place and emptied again if writing fails. An interrupted or failed run (Ctrl-C, a full disk) leaves
+    nothing that blocks a re-run; the sibling of a run killed outright (SIGKILL, the OOM killer) is deleted by the
+    next run on its host (:func:`remove_dead_run_folders`); written in place, an existing empty ``out`` kept a killed
+    run's half dataset, which refused every re-run. Missing parent folders are created.
     """
     root = refuse_taken(out, writer=writer)
     target = _linked_folder(root)
-    if root.is_dir() and _written_in_place(target):
+    if root.is_dir() and os.path.ismount(target):
         try:
             write(root)
         except BaseException:
@@ -71,16 +70,6 @@ def write_new_folder(out: str | os.PathLike[str], write: Callable[[Path], None],
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return root
-
-
-def _written_in_place(folder: Path) -> bool:
-    """Whether empty ``folder`` is written in place by :func:`write_new_folder`, no sibling renamed over it."""
-    absolute = Path(os.path.abspath(folder))
-    return (
-        os.path.ismount(absolute)
-        or not os.access(absolute.parent, os.W_OK | os.X_OK)
-        or os.path.samefile(absolute, os.getcwd())
-    )
 
 
 def partial_folder(out: str | os.PathLike[str]) -> Path:

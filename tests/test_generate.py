@@ -762,15 +762,3 @@ def test_a_make_dataset_killed_in_an_existing_empty_folder_leaves_it_empty(tmp_p
     assert json.loads((out / "meta/info.json").read_text())["total_frames"] == 2
     assert (out.stat().st_mode & 0o777) == 0o750
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "started"]
-
-
-def test_make_dataset_into_the_working_directory_writes_it_in_place(tmp_path: Path, monkeypatch) -> None:
-    """An empty working directory as OUT ('make-dataset .') is written in place, not replaced by a folder renamed over
-    it: a shell in it would see an empty folder (its old, deleted inode)."""
-    here = tmp_path / "here"
-    here.mkdir()
-    monkeypatch.chdir(here)
-    inode = os.stat(".").st_ino
-    make_dataset(".", episodes=1, frames_per_episode=2, size=(64, 64), codec="vp9")
-    assert os.stat(".").st_ino == inode == here.stat().st_ino and (Path("meta") / "info.json").is_file()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["here"]
