@@ -36,17 +36,14 @@ logger = logging.getLogger(__name__)
 def write_new_folder(out: str | os.PathLike[str], write: Callable[[Path], None], *, writer: str) -> Path:
     """Run ``write(folder)`` so that ``out`` holds a dataset only once every file of it is written.
 
-    ``out`` is written as a hidden sibling (``.<name>.tmp-<host>-<pid>-<random>``, :func:`run_folder`) renamed to
-    ``out`` at the end (rename(2) replaces an existing empty folder, whose permissions the dataset takes; a symbolic
-    link to one: the folder it leads to, :func:`_linked_folder`). Only a mount point, which no rename may replace, is
-    written in place and emptied again if writing fails. An interrupted or failed run (Ctrl-C, a full disk) leaves
-    nothing that blocks a re-run; the sibling of a run killed outright (SIGKILL, the OOM killer) is deleted by the
-    next run on its host (:func:`remove_dead_run_folders`); written in place, an existing empty ``out`` kept a killed
-    run's half dataset, which refused every re-run. Missing parent folders are created.
+    A new ``out`` is written as a hidden sibling (``.<name>.tmp-<host>-<pid>-<random>``, :func:`run_folder`) renamed
+    to ``out`` at the end; an existing empty folder (a mount point, say) is written in place and emptied again if
+    writing fails. Either way an interrupted or failed run (Ctrl-C, a full disk) leaves nothing that blocks a
+    re-run; the sibling of a run killed outright (SIGKILL, the OOM killer) is deleted by the next run on its host
+    (:func:`remove_dead_run_folders`). Missing parent folders are created.
     """
     root = refuse_taken(out, writer=writer)
-    target = _linked_folder(root)
-    if root.is_dir() and os.path.ismount(target):
+    if root.is_dir():
         try:
             write(root)
         except BaseException:
@@ -57,15 +54,13 @@ def write_new_folder(out: str | os.PathLike[str], write: Callable[[Path], None],
                     entry.unlink()
             raise
         return root
-    absolute = _with_parent(target)
+    absolute = _with_parent(root)
     remove_dead_run_folders(absolute, "tmp", writer=writer)
     staging = run_folder(absolute, "tmp")
     staging.mkdir()  # (not mkdtemp: its 0700 would become the dataset's mode)
     try:
-        if absolute.is_dir():
-            shutil.copymode(absolute, staging)
         write(staging)
-        _rename(staging, absolute)
+        _rename(staging, root)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
