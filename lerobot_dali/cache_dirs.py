@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import glob
+import functools
 import hashlib
 import logging
 import os
@@ -133,12 +133,12 @@ def atomic_file(path: Path, *, prefix: str, durable: bool = False, exclusive: bo
     disk before it replaces ``path`` (else a crash may leave a zero-filled file of the right size). ``exclusive``:
     it takes ``path``'s name only where none stands (a hard link), else raises :class:`EntryStands` (a filesystem
     without hard links: it replaces ``path`` as without). The temporary file's name holds this host and PID
-    (``prefix<host>-<pid>-<random>.tmp``): those a writer killed outright left (SIGKILL, the OOM killer) are deleted
-    by the next write with ``prefix`` beside ``path`` (:func:`_remove_dead_writers_files`)."""
+    (``prefix@<host>-<pid>-<random>.tmp``): those a writer killed outright left (SIGKILL, the OOM killer) are deleted
+    by this process's first write in that folder (:func:`_remove_dead_writers_files`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_dead_writers_files(path.parent, prefix)
+    _remove_dead_writers_files(str(path.parent))
     tmp = tempfile.NamedTemporaryFile(  # noqa: SIM115
-        dir=path.parent, prefix=f"{prefix}{host_name()}-{os.getpid()}-", suffix=".tmp", delete=False
+        dir=path.parent, prefix=f"{prefix}@{host_name()}-{os.getpid()}-", suffix=".tmp", delete=False
     )
     try:
         with tmp:
@@ -153,19 +153,23 @@ def atomic_file(path: Path, *, prefix: str, durable: bool = False, exclusive: bo
         Path(tmp.name).unlink(missing_ok=True)
 
 
-def _remove_dead_writers_files(folder: Path, prefix: str) -> None:
-    """Delete the :func:`atomic_file` temporary files with ``prefix`` in ``folder`` that writers on this host left when
-    killed (a PID no process has): they were never removed (a bench's or a checkpoint's folder is no cache a sweep
-    goes through; a cache's went after its days unused, a whole Arrow copy of a data file each). Another host's, a
-    live writer's and those named otherwise are left."""
-    owned = re.compile(re.escape(host_name()) + r"-(\d+)-\w+\.tmp")
-    for left in folder.glob(glob.escape(prefix) + "*.tmp"):
-        owner = owned.fullmatch(left.name[len(prefix) :])
-        if owner is None or pid_alive(int(owner.group(1))):
-            continue
-        with contextlib.suppress(OSError):  # (removed meanwhile, or not ours to delete)
-            left.unlink()
-            logger.debug("removed %s, left by a writer on this host (PID %s) that was killed", left, owner.group(1))
+@functools.lru_cache(maxsize=4096)
+def _remove_dead_writers_files(folder: str) -> None:
+    """Delete the :func:`atomic_file` temporary files in ``folder`` that writers on this host left when killed (a PID
+    no process has), once per process and folder (each sweep lists the folder: at every write, 29 ms a write in a
+    range cache folder of 10,000 entries, against 0.6 ms): they were never removed (a bench's or a checkpoint's
+    folder is no cache a sweep goes through; a cache's went after its days unused, a whole Arrow copy of a data file
+    each). Another host's (the name after its last ``@``), a live writer's and those named otherwise are left."""
+    owned = re.compile(r"\..*@" + re.escape(host_name()) + r"-(\d+)-\w+\.tmp")  # (no host name holds an "@")
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for left in entries:
+            owner = owned.fullmatch(left.name)
+            if owner is None or pid_alive(int(owner.group(1))):
+                continue
+            with contextlib.suppress(OSError):  # (removed meanwhile, or not ours to delete)
+                os.unlink(left.path)
+                logger.debug("removed %s, left by a writer on this host (PID %s) that was killed", left.path,
+                             owner.group(1))  # fmt: skip
 
 
 def write_whole(path: Path, data: bytes) -> None:

@@ -21,6 +21,7 @@ from lerobot_dali.cache_dirs import (
     try_flock,
 )
 from lerobot_dali.file_stamps import FileStamp
+from lerobot_dali.new_folder import host_name
 from lerobot_dali.packet_index import build_packet_index
 from lerobot_dali.packet_index_store import PacketIndexStore
 from lerobot_dali.range_cache import ByteRange, RangeCache, prune_unused_slots
@@ -494,3 +495,34 @@ def test_a_writer_killed_mid_write_leaves_no_temporary_file_past_the_next_write(
         os.kill(live, signal.SIGKILL)
         os.waitpid(live, 0)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["entry.json", writing.name, other_host.name])
+
+
+def _dead_pid() -> int:
+    """A PID no process has now (a child that has exited and been reaped)."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
+
+
+def test_a_folder_is_swept_of_dead_writers_files_once_per_process_whatever_the_prefix(tmp_path: Path) -> None:
+    """Each atomic_file write listed its folder for dead writers' files of its prefix: 29 ms a write in a range cache
+    folder of 10,000 entries (0.6 ms without), and a range's prefix (``.<start>-<end>.``) never found another range's
+    file. The first write of a process in a folder sweeps every prefix's; later ones list nothing; another host's file
+    whose name ends with this host's name is kept."""
+    dead = _dead_pid()
+    ours = f"@{host_name()}-{dead}-abcd1234.tmp"
+    other_range = tmp_path / f".0-99{ours}"
+    longer_host = tmp_path / f".0-99@x{host_name()}-{dead}-abcd1234.tmp"
+    for left in (other_range, longer_host):
+        left.write_bytes(b"half")
+    with atomic_file(tmp_path / "100-199", prefix=".100-199.") as out:
+        out.write(b"whole")
+    assert not other_range.exists() and longer_host.exists()
+    later = tmp_path / f".200-299{ours}"
+    later.write_bytes(b"half")
+    with atomic_file(tmp_path / "300-399", prefix=".300-399.") as out:
+        out.write(b"whole")
+    assert later.exists()  # (swept at this process's first write only)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["100-199", "300-399", later.name, longer_host.name])
