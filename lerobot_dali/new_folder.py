@@ -3,6 +3,8 @@ would train on missing episodes, and one left behind by a crash would block the 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import glob
 import logging
 import os
@@ -10,7 +12,7 @@ import re
 import secrets
 import shutil
 import socket
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 
 __all__ = [
@@ -44,15 +46,17 @@ def write_new_folder(out: str | os.PathLike[str], write: Callable[[Path], None],
     """
     root = refuse_taken(out, writer=writer)
     if root.is_dir():
-        try:
-            write(root)
-        except BaseException:
-            for entry in list(root.iterdir()):
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
-            raise
+        with _writing_alone(root, writer=writer):
+            refuse_taken(root, writer=writer)  # (again: a run that held it may have finished meanwhile)
+            try:
+                write(root)
+            except BaseException:
+                for entry in list(root.iterdir()):
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.rmtree(entry)
+                    else:
+                        entry.unlink()
+                raise
         return root
     absolute = _with_parent(root)
     remove_dead_run_folders(absolute, "tmp", writer=writer)
@@ -65,6 +69,27 @@ def write_new_folder(out: str | os.PathLike[str], write: Callable[[Path], None],
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return root
+
+
+@contextlib.contextmanager
+def _writing_alone(folder: Path, *, writer: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``folder`` while a run writes in it, else FileExistsError: two runs writing one
+    existing empty folder in place mixed their files (5 of 5 racing runs), and one that failed emptied it, the other's
+    whole dataset too (4 of 5). A filesystem that takes no locks (NFS without its lock daemon) is written without."""
+    handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            raise FileExistsError(
+                f"Refusing to write a dataset into {folder}: another {writer} run is writing one there. Wait for it, "
+                f"or pass another path."
+            ) from e
+        except OSError as e:
+            logger.debug("%s takes no lock (%s): written without one", folder, e)
+        yield
+    finally:
+        os.close(handle)
 
 
 def partial_folder(out: str | os.PathLike[str]) -> Path:
@@ -181,9 +206,20 @@ def refuse_taken(out: str | os.PathLike[str], *, writer: str) -> Path:
     a caller that reads a source first calls this before, so a taken ``out`` costs no reading)."""
     root = Path(out)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        half = (
+            root.is_dir()
+            and not (root / "meta" / "info.json").exists()
+            and any((root / part).exists() for part in ("data", "videos", "images", "meta"))
+        )  # (an existing empty folder is written in place, meta/info.json last: a run killed there leaves this)
         raise FileExistsError(
-            f"Refusing to write a dataset into {root}: it exists and is not an empty directory. "
-            f"Pass a new path ({writer} never overwrites)."
+            f"Refusing to write a dataset into {root}: it exists and is not an empty directory"
+            + (
+                " (it holds a dataset's folders but no meta/info.json, which is written last: what a run killed "
+                "while writing into this folder leaves; if so, delete its contents and run again)"
+                if half
+                else ""
+            )
+            + f". Pass a new path ({writer} never overwrites)."
         )
     return root
 

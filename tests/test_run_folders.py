@@ -7,6 +7,9 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from lerobot_dali import new_folder
 
@@ -44,3 +47,49 @@ def test_outside_a_container_the_host_name_is_the_hosts(monkeypatch) -> None:
         assert new_folder.host_name() == "node_7"
     monkeypatch.setattr(new_folder, "_pid_namespace", lambda: CONTAINER_A)
     assert new_folder.host_name() == f"node_7.pidns{CONTAINER_A}"
+
+
+def test_a_second_run_into_a_folder_written_in_place_is_refused(tmp_path, monkeypatch) -> None:
+    """Two runs writing one empty folder in place (the working directory; a mount point) mixed their files (5 of 5
+    racing runs), and one that failed emptied the folder, the other's whole dataset too (4 of 5). The second is
+    refused now, and the first writes its dataset whole."""
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.chdir(out)
+
+    def second(folder: Path) -> None:
+        (folder / "theirs.parquet").write_text("B")
+        raise RuntimeError("the second run failed")
+
+    def first(folder: Path) -> None:
+        with pytest.raises(FileExistsError, match="another make_dataset run is writing"):
+            new_folder.write_new_folder(out, second, writer="make_dataset")  # (past its check: nothing written yet)
+        (folder / "data.parquet").write_text("A")
+        (folder / "info.json").write_text("A")
+
+    assert new_folder.write_new_folder(out, first, writer="make_dataset") == out
+    assert sorted(p.name for p in out.iterdir()) == ["data.parquet", "info.json"]
+    with pytest.raises(FileExistsError, match="not an empty directory"):
+        new_folder.write_new_folder(out, second, writer="make_dataset")
+
+
+def test_a_killed_runs_half_dataset_is_named_as_such_when_refused(tmp_path) -> None:
+    """An existing empty folder is written in place, meta/info.json last: a run killed there (SIGKILL, the OOM killer)
+    leaves data/ and videos/ without it, which every re-run refused as 'not an empty directory' without saying why."""
+    half = tmp_path / "half"
+    (half / "data" / "chunk-000").mkdir(parents=True)
+    (half / "videos").mkdir()
+    with pytest.raises(FileExistsError, match=r"no meta/info.json, which is written last: .* killed .* delete its"):
+        new_folder.refuse_taken(half, writer="make_dataset")
+    whole = tmp_path / "whole"
+    (whole / "meta").mkdir(parents=True)
+    (whole / "meta" / "info.json").write_text("{}")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    for taken in (whole, other):
+        with pytest.raises(FileExistsError) as refused:
+            new_folder.refuse_taken(taken, writer="make_dataset")
+        assert "info.json" not in str(refused.value) and "is not an empty directory. Pass a new path" in str(
+            refused.value
+        )
