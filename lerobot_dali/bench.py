@@ -686,14 +686,16 @@ def run_bench(config: BenchConfig) -> BenchReport:
             first = repeat % max(1, len(measured))  # every loader takes every place in the order in turn
             for name in measured[first:] + measured[:first]:
                 of = f" (run {repeat + 1} of {config.repeats})" if config.repeats > 1 else ""
-                progress_log.info("measuring %s on %s%s", name, dataset.label, of)
+                load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None  # (other work skews it)
+                at = f" (1-minute load {load:.1f})" if load is not None else ""
+                progress_log.info("measuring %s on %s%s%s", name, dataset.label, of, at)
                 job = LoaderJob(
                     loader=name, dataset=dataset, plan=plan, batch_size=int(config.batch_size or 1),
                     num_workers=int(config.num_workers or 0), pool_size=config.episode_pool_size, device=device,
                     steps=int(config.steps or 1), warmup=int(config.warmup or 0), seed=config.seed,
                     log_level=logging.getLogger().getEffectiveLevel(),
                 )  # fmt: skip
-                row = run_in_child(job)
+                row = dataclasses.replace(run_in_child(job), load_1m=load)
                 if name in unfair and row.status == "ok":
                     row = dataclasses.replace(row, note="; ".join(filter(None, (row.note, unfair[name]))))
                 rows.append(row)

@@ -172,6 +172,9 @@ class LoaderResult:
     frames_per_s_runs: str | None = None
     vs_best_peer_runs: str | None = None
     fraction_of_decode_ceiling: float | None = None
+    #: The machine's 1-minute load average as this run started: other work on the machine (or the default run's
+    #: dataset generation just before) slows every loader, so a run's frames/s reads against its own load.
+    load_1m: float | None = None
 
 
 METRIC_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(LoaderResult))

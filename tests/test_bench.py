@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import logging
 import os
 import re
 import signal
@@ -905,6 +906,38 @@ def test_repeats_rotate_the_order_and_report_the_median_run_and_paired_ratios(
     report = bench.run_bench(dataclasses.replace(config, out=tmp_path / "out2"))
     peer = report.results[1]
     assert peer.status == "zero-frames" and peer.note == "run 2 of 3: no batch" and not report.ok
+
+
+def test_each_run_records_the_load_it_started_at(
+    make_ds, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The JSON's machine load is taken before the default datasets are generated (2.2 there, while the loaders
+    then ran at a 1-minute load of 8-10 on 2 cores): each run now records, and its progress line says, its own."""
+    from lerobot_dali import bench
+    from lerobot_dali.bench_types import LoaderResult
+
+    loads = iter([(2.2, 1.0, 1.0), (8.3, 3.0, 2.0), (9.5, 4.0, 2.0)])
+    monkeypatch.setattr(bench.os, "getloadavg", lambda: next(loads))
+
+    def fake_run(job) -> LoaderResult:
+        return LoaderResult(
+            dataset=job.dataset.label, loader=job.loader, status="ok", batches=2, samples=2, frames=2,
+            window_s=1.0, frames_per_s=2.0, samples_per_s=2.0,
+        )  # fmt: skip
+
+    monkeypatch.setattr(bench, "run_in_child", fake_run)
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, size=(64, 64), codec="vp9")
+    config = BenchConfig(
+        dataset=str(root), device="cpu", loaders=("lerobot-dali", "pyav-dataloader"), out=tmp_path / "out"
+    )
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.bench.progress"):
+        report = bench.run_bench(config)
+    assert report.machine["load_average_1m"] == 2.2
+    assert [r.load_1m for r in report.results] == [8.3, 9.5]
+    saved = json.loads((tmp_path / "out" / "bench.json").read_text())["results"]
+    assert [r["load_1m"] for r in saved] == [8.3, 9.5]
+    started = [r.getMessage() for r in caplog.records if r.getMessage().startswith("measuring")]
+    assert [m.rsplit(" (", 1)[1] for m in started] == ["1-minute load 8.3)", "1-minute load 9.5)"]
 
 
 def test_a_streaming_peer_whose_buffer_holds_the_measured_samples_is_not_divided_by(
