@@ -154,12 +154,19 @@ def _wrap_start() -> None:
     ):  # (another Python: a Ctrl-C may still land there)
         return
 
+    # CPython's SpawnProcess inherits BaseProcess.start: looked up as it is called, not kept from now (a start patched
+    # on BaseProcess later, as a tracer or a test's, was skipped for every spawned process).
+    own = "start" in vars(process_class)
+
+    def started(process: Any) -> None:
+        return original(process) if own else super(process_class, process).start()
+
     @functools.wraps(original)
     def start(self: Any) -> None:
         if not getattr(_spawning, "deaf", False):
-            return original(self)
+            return started(self)
         with _signals_held_over():
-            return original(self)
+            return started(self)
 
     setattr(start, _WRAPPED, True)
     process_class.start = start

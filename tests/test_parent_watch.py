@@ -95,6 +95,28 @@ def test_workers_spawned_within_children_start_deaf_to_interrupts_start_with_sig
     assert signal.SIGINT not in _spawned_blocks()
 
 
+def test_a_start_patched_on_base_process_after_the_wrap_still_runs_for_spawned_processes(monkeypatch) -> None:
+    """The spawned process's start held over signals kept BaseProcess.start as it was when first wrapped: a start
+    patched on BaseProcess later (a tracer's; the process_starts fixture's) was skipped for every spawned process
+    (test_dataset_check's fixture saw 0 of 1 starts once an earlier test had spawned workers)."""
+    import multiprocessing.process
+
+    with children_start_deaf_to_interrupts():  # (wraps SpawnProcess.start, once per process)
+        pass
+    real_start = multiprocessing.process.BaseProcess.start
+    seen: list[str] = []
+
+    def start(process: multiprocessing.process.BaseProcess) -> None:
+        seen.append(process.name)
+        real_start(process)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start)
+    with children_start_deaf_to_interrupts():
+        assert signal.SIGINT in _spawned_blocks()
+    assert signal.SIGINT not in _spawned_blocks()
+    assert len(seen) == 2, seen
+
+
 class Terminated(Exception):
     """What the SIGTERM handler of these tests raises (a script's own, that exits)."""
 
