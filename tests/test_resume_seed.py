@@ -123,30 +123,33 @@ def test_a_state_of_the_seed_built_with_loaded_after_another_does_not_warn(make_
     'another seed' in an iterator (or mixture) 'built with seed=1' (the seed of the state loaded before, not the
     seed= given: 2 of 2 wrong warnings); it is the seed it was built with, and says nothing now."""
     root = make_ds(episodes=3, frames_per_episode=[5, 7, 4], cameras=1, codec="vp9", fps=10, gop=4)
-    options = dict(batch_size=3, shuffle=True, device="cpu", num_workers=0)
+    iterator = _loads_the_built_seed_last(
+        lambda seed: DALILeRobotIterator(root, seed=seed, batch_size=3, shuffle=True, device="cpu", num_workers=0),
+        (1, 2),
+        caplog,
+    )
+    assert iterator["seed"] == 2
+    paths = _datasets(make_ds)
+    mixture = _loads_the_built_seed_last(
+        lambda seed: DALILeRobotMixture(paths, seed=seed, batch_size=4, device="cpu", num_workers=0), (3, 5), caplog
+    )
+    assert mixture["mixture"]["seed"] == 5
+
+
+def _loads_the_built_seed_last(build, seeds: tuple[int, int], caplog) -> dict:
+    """Built with ``seeds[1]``: a state saved with ``seeds[0]`` loaded, then one saved with ``seeds[1]``, which must
+    warn of nothing; the state after it."""
     states = {}
-    for seed in (1, 2):
-        saved = DALILeRobotIterator(root, seed=seed, **options)
+    for seed in seeds:
+        saved = build(seed)
         states[seed] = saved.state_dict()
         saved.close()
-    resumed = DALILeRobotIterator(root, seed=2, **options)
-    resumed.load_state_dict(states[1])
+    resumed = build(seeds[1])
+    resumed.load_state_dict(states[seeds[0]])
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        resumed.load_state_dict(states[2])
-    assert _seed_warnings(caplog) == [] and resumed.state_dict()["seed"] == 2
+        resumed.load_state_dict(states[seeds[1]])
+    assert _seed_warnings(caplog) == []
+    state = resumed.state_dict()
     resumed.close()
-    paths = _datasets(make_ds)
-    mixture_options = dict(batch_size=4, device="cpu", num_workers=0)
-    mixture_states = {}
-    for seed in (3, 5):
-        saved_mixture = DALILeRobotMixture(paths, seed=seed, **mixture_options)
-        mixture_states[seed] = saved_mixture.state_dict()
-        saved_mixture.close()
-    mixture = DALILeRobotMixture(paths, seed=5, **mixture_options)
-    mixture.load_state_dict(mixture_states[3])
-    caplog.clear()
-    with caplog.at_level(logging.INFO):
-        mixture.load_state_dict(mixture_states[5])
-    assert _seed_warnings(caplog) == [] and mixture.state_dict()["mixture"]["seed"] == 5
-    mixture.close()
+    return state
