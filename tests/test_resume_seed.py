@@ -35,14 +35,10 @@ def test_an_iterator_resumed_with_another_seed_warns_naming_both_and_reads_the_s
     saved.close()
     assert state["seed"] == 1
     same = DALILeRobotIterator(root, seed=1, **options)
-    with caplog.at_level(logging.INFO):
-        same.load_state_dict(state)
-    assert _seed_warnings(caplog) == []
+    assert _load_warnings(same, state, caplog) == []
     same.close()
     resumed = DALILeRobotIterator(root, seed=2, **options)
-    with caplog.at_level(logging.INFO):
-        resumed.load_state_dict(state)
-    assert _seed_warnings(caplog) == [
+    assert _load_warnings(resumed, state, caplog) == [
         "resuming a state saved with seed=1 in this iterator built with seed=2: the saved seed is kept, so the "
         "saved run's order and augmentation draws go on (this epoch and later ones); build it with seed=1 to say so, "
         "or start without the state for seed=2's"
@@ -73,9 +69,7 @@ def test_a_mixture_resumed_with_another_seed_warns_naming_its_seeds_not_its_data
     with caplog.at_level(logging.INFO), pytest.raises(ResumeStateError, match="saved over other episodes"):
         resumed.load_state_dict(refused)
     assert _seed_warnings(caplog) == [] and resumed.state_dict() == fresh
-    with caplog.at_level(logging.INFO):
-        resumed.load_state_dict(state)
-    assert _seed_warnings(caplog) == [
+    assert _load_warnings(resumed, state, caplog) == [
         "resuming a state saved with seed=3 in a mixture built with seed=5: the saved seed is kept, so the saved run's "
         "order and augmentation draws go on (this epoch and later ones); build it with seed=3 to say so, or start "
         "without the state for seed=5's"
@@ -88,9 +82,7 @@ def test_a_mixture_resumed_with_another_seed_warns_naming_its_seeds_not_its_data
     resumed.close()
     caplog.clear()
     third = DALILeRobotMixture(paths, seed=3, **options)
-    with caplog.at_level(logging.INFO):
-        third.load_state_dict(again)
-    assert _seed_warnings(caplog) == []
+    assert _load_warnings(third, again, caplog) == []
     third.close()
 
 
@@ -102,14 +94,10 @@ def test_a_mixture_state_saved_without_its_seed_loads_and_warns_of_another_seed(
     saved.close()
     del state["mixture"]["seed"]  # (as saved before the mixture recorded it)
     same = DALILeRobotMixture(paths, seed=3, **options)
-    with caplog.at_level(logging.INFO):
-        same.load_state_dict(state)
-    assert _seed_warnings(caplog) == [] and same.state_dict()["mixture"]["seed"] == 3
+    assert _load_warnings(same, state, caplog) == [] and same.state_dict()["mixture"]["seed"] == 3
     same.close()
     resumed = DALILeRobotMixture(paths, seed=5, **options)
-    with caplog.at_level(logging.INFO):
-        resumed.load_state_dict(state)
-    assert _seed_warnings(caplog) == [
+    assert _load_warnings(resumed, state, caplog) == [
         "resuming a state saved with another seed in a mixture built with seed=5: the saved seed is kept, so the saved "
         "run's order and augmentation draws go on (this epoch and later ones); build it with the saved run's seed to "
         "say so, or start without the state for seed=5's"
@@ -153,3 +141,10 @@ def _loads_the_built_seed_last(build, seeds: tuple[int, int], caplog) -> dict:
     state = resumed.state_dict()
     resumed.close()
     return state
+
+
+def _load_warnings(loader, state, caplog) -> list[str]:
+    """The seed warnings logged so far, once ``loader`` loaded ``state``."""
+    with caplog.at_level(logging.INFO):
+        loader.load_state_dict(state)
+    return _seed_warnings(caplog)
