@@ -60,11 +60,19 @@ _SECRET_WORDS = frozenset(
 #: ``OSSAccessKeyId``), and a session's id: credentials, though ``Id`` is one of :data:`_ABOUT_WORDS`.
 _SECRET_ENDINGS = ("accesskeyid", "sessionid")
 #: Names that carry a credential only as the whole name (``pass=...``; ``pass_rate`` is none): Azure Functions' key
-#: (``code``), a one-time password, a CAS service ticket.
-_SECRET_NAMES = frozenset({"pass", "pwd", "pw", "code", "otp", "ticket"})
+#: (``code``), a one-time password, a CAS service ticket, Akamai's tokens (Auth Token 2.0's ``hdnts``, and ``hdnea``,
+#: ``hdntl``: ``exp=...~acl=...~hmac=...``), and the access key's id of Tencent COS's signature (``q-ak``) and of GCS's
+#: V2 signed URLs (``GoogleAccessId``: the signer's, as V4's ``X-Goog-Credential`` and S3's ``AWSAccessKeyId`` name it).
+_SECRET_NAMES = frozenset(
+    {"pass", "pwd", "pw", "code", "otp", "ticket", "hdnts", "hdnea", "hdntl", "q-ak", "googleaccessid"}
+)
 #: Words that, after a credential's word, make a name one that tells of a credential, not one that carries it
-#: (``signature_version``, ``SignatureMethod``, ``key-marker``, ``token_type``, ``key_id``, ``sign_in``).
-_ABOUT_WORDS = frozenset({"version", "method", "type", "marker", "id", "in", "name", "count", "algorithm", "expires"})
+#: (``signature_version``, ``SignatureMethod``, ``key-marker``, ``token_type``, ``key_id``, ``sign_in``, Tencent COS's
+#: ``q-sign-time`` and ``q-key-time``, a key's name: ``authKeyName=opds``, the path a token is for: Bunny CDN's
+#: ``token_path``).
+_ABOUT_WORDS = frozenset(
+    {"version", "method", "type", "marker", "id", "in", "name", "count", "algorithm", "expires", "time", "path"}
+)
 #: Names (their words joined, lower-case) that hold a credential's word but carry none: the pages of a
 #: listing (S3's ``continuation-token``, GCS's ``pageToken``, a ``next_token``) and a sort order's key.
 _PLAIN_NAMES = frozenset({"continuationtoken", "pagetoken", "nextpagetoken", "nexttoken", "sortkey"})
@@ -72,22 +80,26 @@ _PLAIN_NAMES = frozenset({"continuationtoken", "pagetoken", "nextpagetoken", "ne
 _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 #: Parameters that make a query a signed URL's (Azure SAS's ``sig``, CloudFront's and GCS v2's ``Signature``), and the
 #: fields of such signatures that are no secret but change with each one signed (Azure SAS's ``sv``, ``se``, ``sp``,
-#: ``st``, ``sr``, ``skoid``...; CloudFront's ``Expires``, ``Policy``, ``Key-Pair-Id``; S3's and GCS's ``X-Amz-Date``,
-#: ``X-Goog-Expires``...): left out of a description with the signature, which would otherwise name the dataset anew
-#: each time the URL is signed again; kept (and shown) in other queries and in messages.
-_SIGNATURES = frozenset({"sig", "signature", "x-amz-signature", "x-goog-signature"})
+#: ``st``, ``sr``, ``skoid``...; CloudFront's ``Expires``, ``Policy``, ``Key-Pair-Id``; S3's, GCS's and OSS V4's
+#: ``X-Amz-Date``, ``X-Goog-Expires``, ``x-oss-date``...; Tencent COS's ``q-sign-time``...): left out of a
+#: description with the signature, which would otherwise name the dataset anew each time the URL is signed again; kept
+#: (and shown) in other queries and in messages.
+_SIGNATURES = frozenset({"sig", "signature", "x-amz-signature", "x-goog-signature", "x-oss-signature", "q-signature"})
 _SIGNED_FIELDS = frozenset(
     {
         "sv", "ss", "srt", "sp", "se", "st", "spr", "sip", "sr", "sdd", "si", "ses", "skoid", "sktid", "skt", "ske",
         "sks", "skv", "saoid", "suoid", "scid", "rscc", "rscd", "rsce", "rscl", "rsct", "expires", "policy",
         "googleaccessid", "key-pair-id", "x-amz-date", "x-amz-expires", "x-amz-algorithm", "x-amz-signedheaders",
         "x-amz-content-sha256", "x-goog-date", "x-goog-expires", "x-goog-algorithm", "x-goog-signedheaders",
+        "x-oss-signature-version", "x-oss-date", "x-oss-expires", "x-oss-additional-headers", "q-sign-algorithm",
+        "q-sign-time", "q-key-time", "q-header-list", "q-url-param-list",
     }
 )  # fmt: skip
-#: A query parameter's name in text, after '?' or '&', and its '=': in an http(s) URL, and in a filesystem's path that
-#: keeps a query (``memory://b/ds?token=x/meta/info.json``: a file's path is the root's with its own appended), where a
-#: name holds no '/'. A credential's value runs from there (:func:`_secret_end`).
-_QUERY_NAME = re.compile(r"[?&](?P<name>[^=&#?\s'\"]+)=")
+#: A query parameter's name in text, after '?' or '&', and its '=': in an http(s) URL (or after its '#': a fragment's,
+#: an OAuth implicit grant's ``#access_token=...``), and in a filesystem's path that keeps a query
+#: (``memory://b/ds?token=x/meta/info.json``: a file's path is the root's with its own appended), where a name holds no
+#: '/'. A credential's value runs from there (:func:`_secret_end`).
+_QUERY_NAME = re.compile(r"[?&#](?P<name>[^=&#?\s'\"]+)=")
 _PATH_NAME = re.compile(r"[?&](?P<name>[^=&#?/\s'\"]+)=")
 #: A run of text that may be a URL or a path (no white space, quote or angle bracket: ``<url>``, as a ``Link`` header
 #: names it), and an http(s) URL's start in it.
@@ -102,9 +114,10 @@ _known_lock = fork_locks.lock()
 #: A URL's ``user:password@`` (aiohttp sends it as basic auth), to its last '@' (a password may hold one). The user
 #: holds no '?' or '#' (RFC 3986's userinfo): in ``https://host?mail=a:b@c`` the '@' is the query's, not a user's.
 _USER_PASSWORD = re.compile(r"(?P<lead>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#@:\s'\"]*):[^/?#\s'\"]+@")
-#: An http(s) URL's user without a password (``https://TOKEN@host``: aiohttp sends it as basic auth, as a token is
-#: given so); another scheme's (``sftp://alice@host``) names no credential.
-_USER_ALONE = re.compile(r"(?P<lead>\bhttps?://)[^/?#@:\s'\"]+@", re.IGNORECASE)
+#: An http(s) URL's user without a password (``https://TOKEN@host``, or with an empty one: ``https://TOKEN:@host``,
+#: as curl's ``-u TOKEN:`` gives it: aiohttp sends it as basic auth, as a token is given so); another scheme's
+#: (``sftp://alice@host``) names no credential.
+_USER_ALONE = re.compile(r"(?P<lead>\bhttps?://)[^/?#@:\s'\"]+:?@", re.IGNORECASE)
 
 
 def is_secret_param(name: str) -> bool:
@@ -153,8 +166,8 @@ def without_credentials(target: str) -> str:
 
 def masked(text: str) -> str:
     """``text`` with the credentials of the URLs it names replaced by :data:`MASK`: the values of their credential-like
-    query parameters (:func:`is_secret_param`), their passwords, and an http(s) URL's user where it has no password
-    (:data:`_USER_ALONE`); the rest as it was."""
+    query parameters (:func:`is_secret_param`; an http(s) URL's fragment's too), their passwords, and an http(s) URL's
+    user where it has no password (:data:`_USER_ALONE`); the rest as it was."""
     shown = _USER_PASSWORD.sub(rf"\g<lead>:{MASK}@", _URL_LIKE.sub(_masked_url, text))
     return _USER_ALONE.sub(rf"\g<lead>{MASK}@", shown)
 

@@ -270,7 +270,7 @@ _ORDINARY = (
     "response-content-type", "response-content-disposition", "response-cache-control", "response-expires", "x-id",
     "X-Amz-Date", "X-Amz-Expires", "X-Amz-SignedHeaders", "X-Amz-Algorithm", "X-Amz-Content-Sha256",
     "x-amz-checksum-mode", "X-Goog-Date", "X-Goog-Expires", "X-Goog-SignedHeaders", "X-Goog-Algorithm",
-    "GoogleAccessId", "Expires", "Key-Pair-Id", "alt", "generation", "ifGenerationMatch", "userProject", "pageToken",
+    "Expires", "Key-Pair-Id", "alt", "generation", "ifGenerationMatch", "userProject", "pageToken",
     "maxResults", "projection", "fields", "uploadType", "restype", "comp", "maxresults", "include", "snapshot",
     "versionid", "timeout", "sv", "se", "sp", "sr", "st", "spr", "skoid", "sktid", "revision", "expand", "recursive",
     "cursor", "limit", "offset", "page", "per_page", "download", "format", "q", "sort", "SignatureVersion",
@@ -283,7 +283,7 @@ _SECRETS = (
     "pwd", "AWSAccessKeyId", "OSSAccessKeyId", "x-oss-signature", "sessionToken", "security_token", "client_secret",
     "hf_token", "auth", "auth_token", "oauth_token", "oauth_signature", "id_token", "refresh_token", "jwt", "sign",
     "code", "secret", "private_token", "X-Auth-Token", "session", "sessionid", "session_key", "Authorization", "Cookie",
-    "Set-Cookie", "auth_code", "api_key_v2",
+    "Set-Cookie", "auth_code", "api_key_v2", "GoogleAccessId",
 )  # fmt: skip
 
 
@@ -292,8 +292,10 @@ def test_is_secret_param_masks_credentials_and_shows_the_other_parameters_of_sto
     parameters were masked (a presigned URL's ``X-Amz-Date`` and ``X-Amz-Expires``, which say why a signature was
     refused, ``continuation-token``, ``key-marker``, ``signature_version``, ``token_type``, CloudFront's public
     ``Key-Pair-Id``...). A credential's word followed by one that tells of it (``_version``, ``_type``, ``-marker``,
-    ``_id``) is none now, nor are listings' page tokens: 0 of 77, and 44 of 44 credentials still masked. A presigned
-    URL's description still drops its dated fields with the signature (it names the dataset alone)."""
+    ``_id``) is none now, nor are listings' page tokens: 0 of 77, and 44 of 44 credentials still masked (GCS V2's
+    ``GoogleAccessId``, the signer's id as ``X-Goog-Credential`` and ``AWSAccessKeyId`` name it, is masked as they are
+    now: ``test_url_secrets_formats``). A presigned URL's description still drops its dated fields with the signature
+    (it names the dataset alone)."""
     from lerobot_dali.url_secrets import is_secret_param, without_credentials
 
     assert [name for name in _ORDINARY if is_secret_param(name)] == []
