@@ -59,7 +59,10 @@ class RankInfo:
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank must be in [0, world_size); got rank={self.rank}, world_size={self.world_size}")
+            raise ShardingError(
+                f"rank must be in [0, world_size); got rank={self.rank}, world_size={self.world_size} "
+                f"({self.source_said})"
+            )
 
     @property
     def source_said(self) -> str:
@@ -79,9 +82,23 @@ def _env_count(name: str, *, minimum: int) -> int:
     return int(value)
 
 
+def _env_rank(rank_name: str, count_name: str) -> int:
+    """The launcher's ``rank_name`` (:func:`_env_count`), checked below its ``count_name`` where that is set too:
+    ShardingError naming both where it is not (``RANK=5 WORLD_SIZE=2``, values of another launch or set by hand, failed
+    in RankInfo's bare ValueError or, for ``LOCAL_RANK``, passed unsaid)."""
+    rank = _env_count(rank_name, minimum=0)
+    if count_name in os.environ and rank >= (count := _env_count(count_name, minimum=1)):
+        raise ShardingError(
+            f"{rank_name}={os.environ[rank_name]!r} with {count_name}={os.environ[count_name]!r}: a launcher numbers "
+            f"the processes it starts 0 to {count_name}-1, so {rank_name} must be below {count_name} ({count}); "
+            "fix or unset both (left over from another launch, or set by hand?)"
+        )
+    return rank
+
+
 def _launcher_local_rank() -> int:
     """This process's rank on its node, as torchrun, accelerate and deepspeed launchers set it (0 without one)."""
-    return _env_count("LOCAL_RANK", minimum=0) if "LOCAL_RANK" in os.environ else 0
+    return _env_rank("LOCAL_RANK", "LOCAL_WORLD_SIZE") if "LOCAL_RANK" in os.environ else 0
 
 
 def draws_progress() -> bool:
@@ -109,7 +126,7 @@ def resolve_rank(rank: int | None = None, world_size: int | None = None) -> Rank
     except ImportError:
         pass
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        rank, world_size = _env_count("RANK", minimum=0), _env_count("WORLD_SIZE", minimum=1)
+        rank, world_size = _env_rank("RANK", "WORLD_SIZE"), _env_count("WORLD_SIZE", minimum=1)
         return RankInfo(rank, world_size, local_rank, "environment")
     if not _trainer_uses_accelerate():
         return _one_of_several(RankInfo(0, 1, 0, "single process"))
@@ -295,13 +312,10 @@ def usable_cpus() -> int:
 
 def cpus_per_local_rank() -> int:
     """CPUs this process may run on, shared among the ranks of its node (``LOCAL_WORLD_SIZE``, set by torchrun
-    and accelerate): the budget for this rank's decoding workers."""
-    cpus = usable_cpus()
-    try:
-        local_world = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        local_world = 1
-    return max(1, cpus // local_world)
+    and accelerate): the budget for this rank's decoding workers. ShardingError naming ``LOCAL_WORLD_SIZE`` where it
+    is no whole number >= 1 (:func:`_env_count`: ``two``, ``""`` or ``0`` were taken for 1 rank, all the CPUs each)."""
+    local_world = _env_count("LOCAL_WORLD_SIZE", minimum=1) if "LOCAL_WORLD_SIZE" in os.environ else 1
+    return max(1, usable_cpus() // local_world)
 
 
 def require_cuda(asked: str, *, instead: str) -> int:

@@ -17,7 +17,7 @@ import pytest
 import torch.distributed as dist
 from conftest import shared_dataset
 
-from lerobot_dali.distributed import cpus_per_local_rank, launch_key, local_cuda_device, resolve_rank
+from lerobot_dali.distributed import RankInfo, cpus_per_local_rank, launch_key, local_cuda_device, resolve_rank
 from lerobot_dali.errors import ShardingError
 from lerobot_dali.iterator import DALILeRobotIterator
 from tests.launched_ranks import run_ranks
@@ -73,6 +73,27 @@ def test_a_launcher_variable_that_is_no_whole_number_is_named(clean_env, name: s
     clean_env.setenv(name, value)
     with pytest.raises(ShardingError, match=rf"{name}='{value}' is not a valid {name}: .* >= {valid} .*{name}={valid}"):
         resolve_rank()
+
+
+@pytest.mark.parametrize(
+    ("launched", "named"),
+    [("RANK=5 WORLD_SIZE=2", "RANK='5' with WORLD_SIZE='2'"), ("RANK=1 WORLD_SIZE=1", "RANK='1' with WORLD_SIZE='1'"),
+     ("RANK=1 WORLD_SIZE=2 LOCAL_RANK=2 LOCAL_WORLD_SIZE=2", "LOCAL_RANK='2' with LOCAL_WORLD_SIZE='2'"),
+     ("RANK=1 WORLD_SIZE=4 LOCAL_RANK=5 LOCAL_WORLD_SIZE=1", "LOCAL_RANK='5' with LOCAL_WORLD_SIZE='1'")],
+)  # fmt: skip
+def test_a_launcher_rank_not_below_its_count_is_named(clean_env, launched: str, named: str) -> None:
+    """RANK=5 WORLD_SIZE=2 failed in RankInfo's bare 'rank must be in [0, world_size)' ValueError naming no variable;
+    LOCAL_RANK=2 LOCAL_WORLD_SIZE=2 passed unsaid (this rank took another's GPU, cuda:2)."""
+    for name_value in launched.split():
+        clean_env.setenv(*name_value.split("="))
+    rank_name, count_name = (part.split("=")[0] for part in named.split(" with "))
+    with pytest.raises(ShardingError, match=rf"{named}: .* {rank_name} must be below {count_name} .*fix or unset"):
+        resolve_rank()
+
+
+def test_rank_info_out_of_range_is_a_sharding_error_saying_where_it_came_from() -> None:
+    with pytest.raises(ShardingError, match=r"got rank=2, world_size=2 \(from accelerate\)"):
+        RankInfo(2, 2, 0, "accelerate")
 
 
 def test_an_initialised_process_group_wins_over_the_environment(clean_env, tmp_path: Path) -> None:
@@ -206,8 +227,19 @@ def test_cpus_are_shared_among_the_ranks_of_a_node(clean_env) -> None:
     assert cpus_per_local_rank() == 2
     clean_env.setenv("LOCAL_WORLD_SIZE", "32")  # more ranks than CPUs: still one each
     assert cpus_per_local_rank() == 1
-    clean_env.setenv("LOCAL_WORLD_SIZE", "not a number")
-    assert cpus_per_local_rank() == 16
+
+
+@pytest.mark.parametrize("value", ["two", "", " 2 ", "2.0", "0", "-4"])
+def test_a_local_world_size_that_is_no_whole_number_is_named(clean_env, value: str) -> None:
+    """Each was taken for 1 rank on the node, all its CPUs for each rank's workers (' 2 ' for 2: RANK=' 1' fails)."""
+    clean_env.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    clean_env.setenv("LOCAL_WORLD_SIZE", value)
+    valid = rf"LOCAL_WORLD_SIZE='{value}' is not a valid LOCAL_WORLD_SIZE: .* >= 1 .*LOCAL_WORLD_SIZE=1"
+    with pytest.raises(ShardingError, match=valid):
+        cpus_per_local_rank()
+    clean_env.setenv("LOCAL_RANK", "0")  # (with a LOCAL_RANK: said as the rank is resolved, before any worker starts)
+    with pytest.raises(ShardingError, match=valid):
+        resolve_rank()
 
 
 def test_iterator_says_how_many_workers_decode_on_how_many_cpus(make_ds, clean_env, caplog) -> None:
