@@ -162,6 +162,9 @@ _LAUNCHED = (
     ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE"),
 )
 
+#: Torchrun's variables, which :func:`resolve_rank` reads, and the least each may be.
+_TORCHRUN_MINIMUMS = {"RANK": 0, "WORLD_SIZE": 1, "LOCAL_RANK": 0, "LOCAL_WORLD_SIZE": 1}
+
 
 def refuse_unresolved_launch(instead: str) -> None:
     """:class:`~lerobot_dali.errors.ShardingError` where a launcher's variables (:data:`_LAUNCHED`) say this process is
@@ -173,7 +176,13 @@ def refuse_unresolved_launch(instead: str) -> None:
     message offers (each of ``srun -n 8``'s runs of a sweep): not refused, as :func:`resolve_rank` reads them.
     Slurm's variables under ``srun --pty`` (``SLURM_PTY_PORT`` set: ``srun -n 8 --pty bash``, then ``python train.py``
     typed in its shell) are the interactive shell's step, whose other tasks' shells exit at once: not this process's.
+    Torchrun's variables present are read as :func:`resolve_rank` reads them (:func:`_env_count`): one of them alone
+    that is no whole number (``RANK=" 1"``, ``WORLD_SIZE="2\\r"`` from a CRLF env file, ``WORLD_SIZE=""``) was no rank
+    above 0 nor count above 1 here, and the process read everything as one, unsaid.
     ``instead``: the message's last words, how to read everything in each process."""
+    for name, minimum in _TORCHRUN_MINIMUMS.items():
+        if name in os.environ:
+            _env_count(name, minimum=minimum)
     if os.environ.get("RANK") == "0" and os.environ.get("WORLD_SIZE") == "1":
         return
     for rank_name, count_name in _LAUNCHED:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -163,6 +164,28 @@ def test_rank_0_of_world_size_1_set_by_hand_is_one_process_where_a_launcher_star
     assert data_rank(SimpleNamespace(process_index=0, num_processes=1)) == (0, 1)
     clean_env.setenv("RANK", "1")  # (a rank above 0 of one process: still refused)
     with pytest.raises(ShardingError, match=r"\(RANK=1, WORLD_SIZE=1\)"):
+        data_rank(SimpleNamespace(process_index=0, num_processes=1))
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "valid"),
+    [("RANK", " 1", "0"), ("RANK", "1\r", "0"), ("RANK", "x", "0"), ("WORLD_SIZE", "2\r", "1"), ("WORLD_SIZE", "", "1"),
+     ("WORLD_SIZE", "0", "1"), ("LOCAL_WORLD_SIZE", "2 ", "1")],
+)  # fmt: skip
+def test_a_torchrun_variable_alone_and_no_whole_number_is_named(clean_env, name: str, value: str, valid: str) -> None:
+    """RANK or WORLD_SIZE without the other (or LOCAL_WORLD_SIZE) set by hand or from a CRLF env file: each was no
+    rank above 0 nor count above 1 to refuse_unresolved_launch, and the process read everything as rank 0 of 1 (7 of
+    7, through resolve_rank and train.py's data_rank alike), while RANK=" 1" with WORLD_SIZE=2 was named."""
+    from types import SimpleNamespace
+
+    from pipelines.train import data_rank
+
+    clean_env.setenv(name, value)
+    clean_env.setattr("lerobot_dali.distributed._trainer_uses_accelerate", lambda: False)
+    named = rf"{re.escape(f'{name}={value!r}')} is not a valid {name}: .* >= {valid} .*{name}={valid}"
+    with pytest.raises(ShardingError, match=named):
+        resolve_rank()
+    with pytest.raises(ShardingError, match=named):
         data_rank(SimpleNamespace(process_index=0, num_processes=1))
 
 
