@@ -5,11 +5,29 @@ sampling (``sample_order``) -> windows (``windows``) -> video requests and clips
 ``clips``) -> the DALI graph -> the iterator.
 """
 
+import importlib
 from typing import TYPE_CHECKING
 
-from .augment_config import AugmentConfig
+from .augment_config import (
+    AugmentConfig,
+    ColorJitter,
+    GaussianBlur,
+    Normalize,
+    RandomAffine,
+    RandomResizedCrop,
+    RandomSubset,
+    SharpnessJitter,
+)
+from .cpu_decode_options import (
+    ColorConversion,
+    ColorConversionName,
+    CpuDecodeOptions,
+    CpuDecoderBackend,
+    CpuDecoderBackendName,
+)
 from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
-from .dataset_union import concat_datasets
+from .dataset_union import DatasetUnion, concat_datasets
+from .depth_maps import DepthUnit, DepthUnitName
 from .errors import (
     CameraSelectionError,
     CodecUnsupportedError,
@@ -35,57 +53,80 @@ from .errors import (
     VideoDecodeError,
     WorkerProcessError,
 )
-from .frame_lookup import TimestampSource
-from .sample_order import RankBalance
+from .frame_lookup import TimestampSource, TimestampSourceName
+from .mixture_options import MixtureOptions
+from .sample_order import RankBalance, RankBalanceName
 from .stream_state import merge_rank_states
 
 __version__ = "0.1.0"
 
-if TYPE_CHECKING:  # type checkers see the class; at run time it is imported on first use (below)
+if TYPE_CHECKING:  # type checkers see the names; at run time each is imported on first use (below)
+    from .decode_route import DecodePreference, DecodePreferenceName
     from .iterator import DALILeRobotIterator
     from .mixture import DALILeRobotMixture
+else:  # (hidden from type checkers, to which a module's __getattr__ makes every misspelt name an ``object``)
+    #: The names whose modules load DALI or torch, by module: imported on first use.
+    _LAZY = {
+        "DALILeRobotIterator": "iterator",
+        "DALILeRobotMixture": "mixture",
+        "DecodePreference": "decode_route",
+        "DecodePreferenceName": "decode_route",
+    }
 
-
-def __getattr__(name: str) -> object:
-    """DALI and torch load only when an iterator is used, so the reader, configs and the CLI start fast."""
-    if name == "DALILeRobotIterator":
-        from .iterator import DALILeRobotIterator
-
-        return DALILeRobotIterator
-    if name == "DALILeRobotMixture":
-        from .mixture import DALILeRobotMixture
-
-        return DALILeRobotMixture
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    def __getattr__(name: str) -> object:
+        """DALI and torch load only when an iterator is used, so the reader, configs and the CLI start fast."""
+        if name in _LAZY:
+            return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
     "AugmentConfig",
     "CameraSelectionError",
     "CodecUnsupportedError",
+    "ColorConversion",
+    "ColorConversionName",
+    "ColorJitter",
+    "CpuDecodeOptions",
+    "CpuDecoderBackend",
+    "CpuDecoderBackendName",
     "CudaUnavailableError",
     "DALILeRobotIterator",
     "DALILeRobotMixture",
     "DataFileError",
     "DatasetError",
     "DatasetNotFoundError",
+    "DatasetUnion",
+    "DecodePreference",
+    "DecodePreferenceName",
     "DeltaTimestampsError",
+    "DepthUnit",
+    "DepthUnitName",
     "EpisodeMetadataError",
     "FrameRequestError",
     "FrameTimestampError",
+    "GaussianBlur",
     "InvalidPathTemplateError",
     "IteratorClosedError",
     "IteratorForkedError",
     "LeRobotDatasetReader",
     "MissingDataFileError",
+    "MixtureOptions",
+    "Normalize",
+    "RandomAffine",
+    "RandomResizedCrop",
+    "RandomSubset",
     "RankBalance",
+    "RankBalanceName",
     "RenameMapError",
     "RenamedCameraError",
     "ResumeStateError",
     "SchemaMismatchError",
     "ShardingError",
+    "SharpnessJitter",
     "StatsError",
     "TimestampSource",
+    "TimestampSourceName",
     "UnsupportedVersionError",
     "VideoDecodeError",
     "VideoRef",

@@ -42,9 +42,11 @@ from .bench_types import (
 from .cache_dirs import CACHE_ENV
 from .dataset_union import DATASET_INDEX
 from .episode_pieces import EpisodePieces
+from .frame_lookup import TimestampSource
 from .new_folder import remove_dead_run_folders, run_folder
 from .parent_watch import exit_with_parent
 from .progress_lines import progress_counter
+from .value_checks import check_choice
 
 __all__ = ["LoaderJob", "TreeMemorySampler", "measure_loader", "run_in_child"]
 
@@ -155,7 +157,8 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
             cpu_decode=CpuDecodeOptions(
                 color_conversion=ColorConversion.WORKER if rgb_in_workers else ColorConversion.AUTO
             ),
-            timestamp_source=job.dataset.timestamp_source, tolerance_s=job.dataset.tolerance_s,
+            timestamp_source=check_choice(TimestampSource, "timestamp_source", job.dataset.timestamp_source),
+            tolerance_s=job.dataset.tolerance_s,
             drop_n_last_frames=plan.drop_n_last_frames,
         )  # fmt: skip
         routes = " ".join(f"{k.rsplit('.', 1)[-1]}={r.value}" for k, r in it.routes.items())

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
+from .value_checks import check_choice
 
 __all__ = [
     "DALI_CPU_DECODE_LOADER",
@@ -79,9 +80,10 @@ class BenchDataset:
         if self.members:
             from .dataset_union import concat_datasets
 
+            sources = [check_choice(TimestampSource, "timestamp_sources", s) for s in self.member_timestamp_sources]
             return concat_datasets(
                 self.members, cameras=self.cameras, keys=self.keys,
-                timestamp_sources=self.member_timestamp_sources or None, tolerances_s=self.member_tolerances_s or None,
+                timestamp_sources=sources or None, tolerances_s=self.member_tolerances_s or None,
             )  # fmt: skip
         from .dataset_reader import open_dataset
 

@@ -64,6 +64,7 @@ from .packet_index import PacketIndex
 from .pyav_reader import PyAvReader
 from .said_once import say_once, warn_once
 from .torchcodec_reader import MisplacedFrames, TorchCodecReader
+from .value_checks import check_choice
 from .video_source import VideoSource, local_video_path, source_cache_key, source_label
 
 __all__ = [
@@ -139,8 +140,9 @@ class CpuFrameDecoder:
         _check_max_open(self.options.max_open_decoders)
 
     def _resolve_backend(self) -> CpuDecoderBackend:
-        if self.options.backend is not CpuDecoderBackend.AUTO:
-            return self.options.backend
+        backend = check_choice(CpuDecoderBackend, "backend", self.options.backend)  # (a member once built)
+        if backend is not CpuDecoderBackend.AUTO:
+            return backend
         why_not = torchcodec_unavailable()
         if why_not is None:
             return CpuDecoderBackend.TORCHCODEC

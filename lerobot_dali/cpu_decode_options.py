@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Literal
 
 from .value_checks import check_choice, check_int_fields
 
@@ -20,8 +21,10 @@ __all__ = [
     "IMAGE_CACHE_BYTES",
     "MIN_OPEN_DECODERS",
     "ColorConversion",
+    "ColorConversionName",
     "CpuDecodeOptions",
     "CpuDecoderBackend",
+    "CpuDecoderBackendName",
     "checked_cpu_decode",
     "decoder_bytes",
 ]
@@ -63,6 +66,10 @@ class CpuDecoderBackend(Enum):
     TORCHCODEC = "torchcodec"
 
 
+#: :class:`CpuDecoderBackend`'s values, as a type checker checks a string given for one (``backend="pyav"``).
+CpuDecoderBackendName = Literal["auto", "pyav", "torchcodec"]
+
+
 class ColorConversion(Enum):
     """Where a frame the CPU fallback decodes turns from the decoder's YUV into RGB."""
 
@@ -73,6 +80,10 @@ class ColorConversion(Enum):
     #: In the DALI graph: the worker ships the decoder's planes, half the bytes of RGB (PyAV only; torchcodec
     #: hands over RGB). On a CPU pipeline this moves the cost from the workers to DALI's threads.
     GRAPH = "graph"
+
+
+#: :class:`ColorConversion`'s values, as a type checker checks a string given for one.
+ColorConversionName = Literal["auto", "worker", "graph"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,7 +101,8 @@ class CpuDecodeOptions:
     H.264 decoder holds ~6 MB (measured RSS), as :data:`DECODER_FRAMES` estimates (a file open as a container, not a
     local MP4, adds its index: :data:`DEMUXER_BYTES_PER_PACKET` a packet): such a pool needs ~1.1 GB per worker, over
     the default budget, which a worker then says once.
-    ``backend`` and ``color_conversion`` take their enum's members or values, in any case (``backend="pyav"``).
+    ``backend`` and ``color_conversion`` take their enum's members or values, in any case (``backend="pyav"``; a
+    type checker takes the values as spelt, in lower case); once built they hold the members.
     ``color_conversion``: where frames become RGB; converting in the graph makes ``backend=AUTO`` decode with
     PyAV, since torchcodec hands over RGB only.
     ``image_cache_bytes``: image cameras (``dtype: "image"``, always decoded in the workers, by Pillow): the
@@ -100,11 +112,11 @@ class CpuDecodeOptions:
     bytes that would hold it.
     """
 
-    backend: CpuDecoderBackend = CpuDecoderBackend.AUTO
+    backend: CpuDecoderBackend | CpuDecoderBackendName = CpuDecoderBackend.AUTO
     threads_per_decoder: int = 1
     max_open_decoders: int | None = None
     max_decoder_memory_bytes: int = DECODER_MEMORY_BYTES
-    color_conversion: ColorConversion = ColorConversion.AUTO
+    color_conversion: ColorConversion | ColorConversionName = ColorConversion.AUTO
     image_cache_bytes: int = IMAGE_CACHE_BYTES
 
     def __post_init__(self) -> None:
@@ -142,6 +154,6 @@ def checked_cpu_decode(value: object, *, name: str = "cpu_decode") -> CpuDecodeO
     if not isinstance(value, CpuDecodeOptions):
         raise TypeError(
             f"{name} must be a CpuDecodeOptions or None, got {type(value).__name__} {value!r}; e.g. "
-            f'{name}=CpuDecodeOptions(backend="pyav") (from lerobot_dali.cpu_decode import CpuDecodeOptions)'
+            f'{name}=CpuDecodeOptions(backend="pyav") (from lerobot_dali import CpuDecodeOptions)'
         )
     return value

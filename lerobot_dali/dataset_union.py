@@ -53,7 +53,7 @@ from .episode_rows import DecodedGroups, ParquetCache
 from .episode_table import EpisodeTable
 from .errors import DatasetError, EpisodeMetadataError, ResumeStateError, SchemaMismatchError, StatsError
 from .file_stamps import FileStamp, FileStamps, client_of
-from .frame_lookup import ITERATORS_LOOKUP, FrameLookup, TimestampSource
+from .frame_lookup import ITERATORS_LOOKUP, FrameLookup, TimestampSource, TimestampSourceName
 from .image_frames import first_image_shape
 from .key_rename import KeyRename, check_rename_map, own_cameras, shared_selection, without_cameras_left_out
 from .packet_index_cache import load_episode_packet_index
@@ -550,7 +550,7 @@ def concat_datasets(
     cameras: Sequence[str] | None = None,
     keys: Sequence[str] | None = None,
     rename_maps: Sequence[Mapping[str, str] | None] | None = None,
-    timestamp_sources: Sequence[TimestampSource | str | None] | None = None,
+    timestamp_sources: Sequence[TimestampSource | TimestampSourceName | None] | None = None,
     tolerances_s: Sequence[float | None] | None = None,
 ) -> DatasetUnion:
     """``datasets`` (paths, or readers from :func:`~.dataset_reader.open_dataset` for per-dataset ``episodes=``)

@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -37,6 +37,7 @@ from .worker_start import skipping_main
 
 __all__ = [
     "DecodePreference",
+    "DecodePreferenceName",
     "DecodeRoute",
     "GpuInfo",
     "GpuProbe",
@@ -65,7 +66,12 @@ class DecodePreference(Enum):
 
     @classmethod
     def parse(cls, value: DecodePreference | str) -> DecodePreference:
+        """``value`` (a member, or its value in any case) as a member; ValueError naming the values."""
         return check_choice(cls, "decode", value.lower() if isinstance(value, str) else value)
+
+
+#: :class:`DecodePreference`'s values, as a type checker checks a string given for one (``decode="cpu"``).
+DecodePreferenceName = Literal["auto", "gpu", "cpu"]
 
 
 class DecodeRoute(Enum):

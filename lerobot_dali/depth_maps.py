@@ -14,11 +14,11 @@ import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["DEPTH_CODE_MAX", "DepthQuantizer", "DepthUnit", "in_unit", "is_depth_map"]
+__all__ = ["DEPTH_CODE_MAX", "DepthQuantizer", "DepthUnit", "DepthUnitName", "in_unit", "is_depth_map"]
 
 #: Largest code of LeRobot's 12-bit depth quantiser.
 DEPTH_CODE_MAX = (1 << 12) - 1
@@ -29,6 +29,10 @@ class DepthUnit(str, enum.Enum):
 
     MM = "mm"
     M = "m"
+
+
+#: :class:`DepthUnit`'s values, as a type checker checks a string given for one (``depth_unit="m"``).
+DepthUnitName = Literal["mm", "m"]
 
 
 def is_depth_map(*infos: Mapping[str, Any] | None) -> bool:

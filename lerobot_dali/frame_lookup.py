@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -33,6 +33,7 @@ __all__ = [
     "FrameLookup",
     "FrameRequestContext",
     "TimestampSource",
+    "TimestampSourceName",
     "episode_frames",
     "file_frame_numbers",
     "frame_index_timestamps_s",
@@ -70,6 +71,10 @@ class TimestampSource(Enum):
     #: ``frame_index / fps``: for datasets whose parquet timestamps are wall-clock and irregular (e.g.
     #: ``cr5_*``) while the video is constant-rate; frame ``i`` of an episode is then at ``i / fps``.
     FRAME_INDEX = "frame_index"
+
+
+#: :class:`TimestampSource`'s values, as a type checker checks a string given for one (``"frame_index"``).
+TimestampSourceName = Literal["parquet_timestamp", "frame_index"]
 
 
 @dataclass(frozen=True)

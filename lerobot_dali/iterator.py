@@ -38,7 +38,8 @@ from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import NO_SUBTASK_INDEX, LeRobotDatasetReader, warn_undeclared_columns
 from .dataset_union import DATASET_INDEX, DatasetUnion, datasets_held, refuse_another_order, warn_of_other_contents
 from .decode_errors import locate_clip_failure
-from .depth_maps import DepthUnit
+from .decode_route import DecodePreference, DecodePreferenceName
+from .depth_maps import DepthUnit, DepthUnitName
 from .distributed import cpus_per_local_rank, local_cuda_device, resolve_rank
 from .errors import (
     DatasetError,
@@ -50,7 +51,7 @@ from .errors import (
 )
 from .exit_close import BatchesHeld, exiting, must_park, park_if_exiting, watch
 from .file_format_store import FileFormatStore
-from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
+from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, TimestampSourceName
 from .host_values import decode_host_values
 from .iterator_arguments import batchable_reader, camera_augment, check_windows, checked_arguments
 from .open_files import workers_files_fix
@@ -59,7 +60,7 @@ from .parent_watch import children_start_deaf_to_interrupts, task_puts_finish_be
 from .prefetch import Prefetcher, prefetching_reader, wants_prefetch_cache
 from .progress_lines import said_if_long
 from .said_once import say_once, warn_once
-from .sample_order import DEFAULT_EPISODE_POOL_SIZE, OrderOptions, RankBalance
+from .sample_order import DEFAULT_EPISODE_POOL_SIZE, OrderOptions, RankBalance, RankBalanceName
 from .stream_state import SampleStream
 from .value_checks import check_choice
 from .windows import DeltaWindows
@@ -123,8 +124,8 @@ class DALILeRobotIterator:
         shuffle: bool = True,
         seed: int = 0,
         episode_pool_size: int = DEFAULT_EPISODE_POOL_SIZE,
-        device: str = "cuda",
-        decode: str = "auto",
+        device: str | torch.device = "cuda",
+        decode: DecodePreference | DecodePreferenceName = "auto",
         num_workers: int = 4,
         image_size: tuple[int, int] | None = None,
         augment: AugmentConfig | None = None,
@@ -137,8 +138,8 @@ class DALILeRobotIterator:
         revision: str | None = None,
         cameras: Sequence[str] | None = None,
         keys: Sequence[str] | None = None,
-        timestamp_source: TimestampSource | str = TimestampSource.PARQUET_TIMESTAMP,
-        rank_balance: RankBalance | str = RankBalance.PAD,
+        timestamp_source: TimestampSource | TimestampSourceName = TimestampSource.PARQUET_TIMESTAMP,
+        rank_balance: RankBalance | RankBalanceName = RankBalance.PAD,
         data_files_root: str | os.PathLike[str] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_gb: float = 8.0,
@@ -146,7 +147,7 @@ class DALILeRobotIterator:
         episodes: Sequence[int] | None = None,
         episode_filter: Callable[[dict[str, Any]], bool] | None = None,
         dali_threads: int | None = None,
-        depth_unit: DepthUnit | str = DepthUnit.MM,
+        depth_unit: DepthUnit | DepthUnitName = DepthUnit.MM,
         episode_piece_frames: int | None = None,
         drop_n_first_frames: int = 0,
         drop_n_last_frames: int = 0,

@@ -22,7 +22,7 @@ import math
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -60,10 +60,14 @@ from .iterator import (
     warn_of_another_seed,
 )
 from .key_rename import KeyRename, rename_hint, shared_selection, without_cameras_left_out
+from .mixture_options import MixtureOptions
 from .part_schedule import PartSchedule
 from .said_once import say_once, warn_once
 from .sample_order import RankBalance
 from .value_checks import check_int, is_number
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # (typing's from 3.11)
 
 __all__ = ["PER_DATASET_OPTIONS", "DALILeRobotMixture", "batch_shares", "shared_selection"]
 
@@ -167,7 +171,7 @@ class DALILeRobotMixture:
         cameras: Sequence[str] | None = None,
         keys: Sequence[str] | None = None,
         dataset_options: Sequence[Mapping[str, Any] | None] | None = None,
-        **options: Any,
+        **options: Unpack[MixtureOptions],
     ) -> None:
         #: Held while this thread starts the datasets' passes (builds their pipelines): see :meth:`close`.
         self._starting = fork_locks.rlock()

@@ -42,7 +42,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -59,6 +59,7 @@ __all__ = [
     "ConsumedSegment",
     "OrderOptions",
     "RankBalance",
+    "RankBalanceName",
     "RankPool",
     "ResumedEpoch",
     "SampleOrder",
@@ -111,6 +112,9 @@ class RankBalance(enum.Enum):
     :func:`~.stream_state.merge_rank_states` (ranks finish epochs apart: one rank's state there says nothing of where
     the others stood)."""
 
+
+#: :class:`RankBalance`'s values, as a type checker checks a string given for one (``rank_balance="none"``).
+RankBalanceName = Literal["pad", "drop", "none"]
 
 #: Episodes a rank samples from at once, by default: wide enough to mix a batch across episodes, small enough
 #: that a remote pool's prefetch (its episodes' bytes) fits the cache.

@@ -57,6 +57,7 @@ if __name__ == "__main__":  # as pipelines.lerobot_policy, so that a Ctrl-C in t
 
 from lerobot_dali.cli_options import ArgumentParser, add_episode_pool_size
 from lerobot_dali.dataset_location import dataset_not_found, is_repo_id
+from lerobot_dali.decode_route import DecodePreference
 from lerobot_dali.errors import DatasetNotFoundError
 from lerobot_dali.frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from lerobot_dali.new_folder import is_inside, refuse_inside_datasets, refuse_unwritable
@@ -327,8 +328,9 @@ def train(options: PolicyTrainOptions) -> list[float]:
             options.dataset, revision=options.revision, batch_size=options.batch_size,
             delta_timestamps=delta_timestamps, shuffle=True, seed=options.seed,
             episode_pool_size=options.episode_pool_size, device=iterator_device(accelerator.device),
-            decode=options.decode, num_workers=options.num_workers, rank=rank, world_size=world_size,
-            cameras=options.cameras, timestamp_source=options.timestamp_source,
+            decode=DecodePreference.parse(options.decode), num_workers=options.num_workers, rank=rank,
+            world_size=world_size, cameras=options.cameras,
+            timestamp_source=check_choice(TimestampSource, "--timestamp-source", options.timestamp_source),
             tolerance_s=DEFAULT_TOLERANCE_S if options.tolerance_s is None else options.tolerance_s,
             # (as LeRobot's train script samples for the policies that ask: Diffusion Policy's last 7 frames)
             drop_n_last_frames=getattr(accelerator.unwrap_model(policy).config, "drop_n_last_frames", None) or 0,

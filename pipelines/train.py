@@ -648,7 +648,7 @@ def build_iterator(
         episode_piece_frames=options.episode_piece_frames,
         drop_n_last_frames=plan.drop_n_last_frames,
         device=device,
-        decode=options.decode,
+        decode=DecodePreference.parse(options.decode),
         num_workers=options.num_workers,
         image_size=plan.image_size,
         augment=plan.augment,
