@@ -40,7 +40,7 @@ from .episode_rows import DecodedGroups
 from .errors import DataFileError, EpisodeMetadataError, SchemaMismatchError, VideoDecodeError
 from .file_format_store import FileFormatStore
 from .file_stamps import FileStamp
-from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, row_frame_numbers
+from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, TimestampSourceName, row_frame_numbers
 from .image_frames import decode_depth_images, decode_images, first_image_shape, image_label
 from .packet_index import PacketIndex
 from .packet_index_cache import PacketIndexCache
@@ -345,7 +345,7 @@ def _check_in_worker(positions: list[int]) -> _Tally:
 def check_dataset(
     reader: LeRobotDatasetReader,
     *,
-    timestamp_source: TimestampSource | str = TimestampSource.PARQUET_TIMESTAMP,
+    timestamp_source: TimestampSource | TimestampSourceName = TimestampSource.PARQUET_TIMESTAMP,
     tolerance_s: float = DEFAULT_TOLERANCE_S,
     decode: bool = False,
     redecode: bool = False,
