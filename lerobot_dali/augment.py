@@ -13,8 +13,11 @@ Order of operations (each skipped when not configured):
 
 1. ``resize``: deterministic resize to (H, W) (``fn.resize``, linear, antialiased); skipped with
    ``presized`` when the CPU decoding worker already resized the frames (see :func:`leading_resize`).
-2. ``random_resized_crop``: a random area/aspect window resized to its ``size`` (``fn.resize`` with a
-   per-sample relative ROI; the window is sampled as torchvision does, see :mod:`.augment_draws`).
+2. ``random_resized_crop``: a random area/aspect window resized to its ``size``; the window is sampled as
+   torchvision does (see :mod:`.augment_draws`). After a ``resize`` the window is whole pixels, cut (``fn.slice``)
+   and then resized, as torchvision's ``resized_crop``: within a level of it. Without one it is a per-sample
+   relative ROI of ``fn.resize``, which samples the frame as a continuous picture: output pixels at the window's
+   edge blend in the frame just beyond it (see :class:`RandomResizedCrop`).
 3. ``color_jitter``: one fused ``fn.color_twist``: hue and saturation (a linear transform in RGB), then
    contrast about mid-grey (128), then brightness. torchvision shuffles these four and takes contrast
    about the image mean; the fixed order and centre keep every frame of a window on the same transform.
@@ -185,17 +188,21 @@ def augment_frames(
         size = resize_to
         steps.append(f"resize{resize_to}" + (" (in the worker)" if presized else ""))
     if crop is not None and crop_size is not None:
-        x = cast(
-            DataNode,
-            fn.resize(
-                x,
-                size=list(crop_size),
-                roi_start=d["crop_start"],
-                roi_end=d["crop_end"],
-                roi_relative=True,
-                antialias=True,
-            ),
-        )
+        if cfg.resize is not None:  # a window of whole pixels: cut, then resized, as torchvision's resized_crop
+            window = fn.slice(x, rel_start=d["crop_start"], rel_end=d["crop_end"], axis_names="HW")
+            x = cast(DataNode, fn.resize(window, size=list(crop_size), antialias=True))
+        else:  # a window of the frame as a continuous picture, not on whole pixels (see RandomResizedCrop)
+            x = cast(
+                DataNode,
+                fn.resize(
+                    x,
+                    size=list(crop_size),
+                    roi_start=d["crop_start"],
+                    roi_end=d["crop_end"],
+                    roi_relative=True,
+                    antialias=True,
+                ),
+            )
         size = crop_size
         steps.append(f"random_resized_crop{crop_size}" + ("" if cfg.resize else " (window relative to the frame)"))
     if cfg.color_jitter is not None:

@@ -24,8 +24,9 @@ __all__ = ["AUGMENT_SEMANTICS_VERSION", "LEGACY_VERSION", "saved_version", "warn
 logger = logging.getLogger(__name__)
 
 #: The version of what this lerobot_dali does with a config. 2: RandomAffine turns clockwise for a positive angle
-#: and runs after the colour jitter and the sharpness.
-AUGMENT_SEMANTICS_VERSION = 2
+#: and runs after the colour jitter and the sharpness. 3: a random resized crop after a resize cuts its window, then
+#: resizes it, so its edge pixels no longer blend in the frame beyond the window.
+AUGMENT_SEMANTICS_VERSION = 3
 #: The version of a state saved before states recorded one.
 LEGACY_VERSION = 1
 
@@ -58,7 +59,16 @@ def _affine_turn_and_order(config: AugmentConfig) -> str | None:
     return "; ".join(changes) or None
 
 
-_CHANGES = (_Change(2, _affine_turn_and_order),)
+def _crop_window_edges(config: AugmentConfig) -> str | None:
+    if config.random_resized_crop is None or config.resize is None:
+        return None
+    return (
+        "the random resized crop now cuts its window before resizing it, as torchvision's resized_crop does (it "
+        "resized the frame's region, whose edge pixels blended in the frame just beyond the window)"
+    )
+
+
+_CHANGES = (_Change(2, _affine_turn_and_order), _Change(3, _crop_window_edges))
 
 
 def saved_version(saved: object) -> int:

@@ -359,7 +359,8 @@ def test_random_crop_cuts_the_drawn_window(resize: tuple[int, int] | None) -> No
     config = AugmentConfig(resize=resize, random_resized_crop=RandomResizedCrop(size=(size, size), scale=(0.3, 0.6)))
     out = augment(data, config, seed=2, return_uint8=True).astype(np.float64)
     draws = draw_params(config, seed=2, stream="camera0", keys=draw_keys(B), frame_size=resize)
-    inner = slice(3, size - 3)  # away from the window's border, where the filter clamps
+    # Away from the window's border: the filter clamps there (without a resize, it reads the frame beyond it).
+    inner = slice(3, size - 3)
     centres = (np.arange(size) + 0.5) / size
     for i in range(B):
         (y0, x0), (y1, x1) = draws["crop_start"][i] * (H, W), draws["crop_end"][i] * (H, W)

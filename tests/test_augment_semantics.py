@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from lerobot_dali.augment import AugmentConfig, ColorJitter, RandomAffine, SharpnessJitter
+from lerobot_dali.augment import AugmentConfig, ColorJitter, RandomAffine, RandomResizedCrop, SharpnessJitter
 from lerobot_dali.augment_semantics import AUGMENT_SEMANTICS_VERSION, saved_version, warn_if_changed
 from lerobot_dali.errors import ResumeStateError
 
@@ -39,7 +39,7 @@ def test_a_state_saved_before_the_affine_changed_warns_saying_what_and_how_to_go
     caplog: pytest.LogCaptureFixture, config: AugmentConfig, said: list[str]
 ) -> None:
     text = _warning(caplog, saved_version(None), config)  # (a state without augment_version)
-    assert "augmentation semantics 1, now 2" in text
+    assert f"augmentation semantics 1, now {AUGMENT_SEMANTICS_VERSION}" in text
     assert all(part in text for part in said), text
     assert "results differ" in text and "finish the run with the lerobot_dali that started it" in text
     assert config.affine is not None
@@ -56,6 +56,23 @@ def test_a_state_saved_before_the_affine_changed_warns_saying_what_and_how_to_go
 )
 def test_a_config_the_change_leaves_alone_resumes_silently(caplog: pytest.LogCaptureFixture, config) -> None:
     assert _warning(caplog, saved_version(None), config) == ""
+
+
+CROP = RandomResizedCrop(size=(8, 8))
+
+
+def test_a_state_saved_before_the_crop_cut_its_window_warns_where_a_resize_runs_before_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Version 3: after a resize the crop's window is cut, then resized; without one it is resized as it was.
+    text = _warning(caplog, 2, AugmentConfig(resize=(16, 16), random_resized_crop=CROP, affine=ROTATE))
+    assert "augmentation semantics 2, now 3" in text and "now cuts its window before resizing it" in text, text
+    assert "turns clockwise" not in text  # (version 2's change is not news to a version 2 state)
+    assert _warning(caplog, 2, AugmentConfig(random_resized_crop=CROP, affine=ROTATE)) == ""
+    both = _warning(
+        caplog, saved_version(None), AugmentConfig(resize=(16, 16), random_resized_crop=CROP, affine=ROTATE)
+    )
+    assert "turns clockwise" in both and "cuts its window" in both
 
 
 def test_the_same_version_is_silent_and_a_later_one_warns(caplog: pytest.LogCaptureFixture) -> None:
