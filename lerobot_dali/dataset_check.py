@@ -46,7 +46,7 @@ from .packet_index import PacketIndex
 from .packet_index_cache import PacketIndexCache
 from .packet_index_store import PacketIndexStore
 from .said_once import warn_once
-from .value_checks import check_choice, check_int
+from .value_checks import check_choice, check_int, check_seconds
 from .verified_decode_store import (
     PendingVerdicts,
     Verdict,
@@ -372,7 +372,7 @@ def check_dataset(
     checker = _EpisodeChecker(
         reader=reader.for_workers(),
         timestamp_source=check_choice(TimestampSource, "timestamp_source", timestamp_source),
-        tolerance_s=float(tolerance_s),
+        tolerance_s=check_seconds("tolerance_s", tolerance_s),  # (else every episode listed its ValueError)
         decode=bool(decode),
         formats={},
         image_shapes={},

@@ -74,6 +74,15 @@ def test_a_sound_dataset_is_read_whole(make_ds) -> None:
         check_dataset(root)  # type: ignore[arg-type]
 
 
+def test_a_tolerance_no_lookup_takes_is_refused_not_listed_against_every_episode(make_ds) -> None:
+    # check_dataset(tolerance_s=0) listed a ValueError against each episode and camera (10 of 10 here, the report
+    # saying the dataset failed), as did a negative one; a string failed in a bare float() ValueError.
+    reader = open_dataset(make_ds(**SPEC))
+    for tolerance, said in ((0, "more than 0 seconds"), (-0.1, "positive finite"), ("abc", "positive finite")):
+        with pytest.raises(ValueError, match=f"tolerance_s must be (a )?{said}"):
+            check_dataset(reader, tolerance_s=tolerance, workers=0)  # type: ignore[arg-type]
+
+
 def test_the_episodes_of_a_file_are_read_from_one_decode_of_its_row_group(make_ds, copy_ds, monkeypatch) -> None:
     # Four episodes of 5 rows per data file, each file one row group (too small for the column store), checked
     # in tasks of a file each: each episode read used to decode the whole group again, 16 decodes of rows and
