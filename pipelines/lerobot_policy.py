@@ -172,8 +172,12 @@ def parse_args(argv: Sequence[str] | None = None) -> PolicyTrainOptions:
         "--num-workers", type=int, default=4, help="DALI worker processes per rank (default %(default)s)"
     )
     add_episode_pool_size(parser, default=64, help="episodes sampled from at once (default %(default)s)")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="(default %(default)s)")
-    parser.add_argument("--decode", choices=("auto", "gpu", "cpu"), default="auto", help="(default %(default)s)")
+    parser.add_argument(
+        "--device", type=str.lower, choices=("cuda", "cpu"), default="cuda", help="(default %(default)s)"
+    )
+    parser.add_argument(
+        "--decode", type=str.lower, choices=("auto", "gpu", "cpu"), default="auto", help="(default %(default)s)"
+    )
     add_reading_options(parser, several=False)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-every", type=int, default=50, help="steps between loss logs (default %(default)s)")

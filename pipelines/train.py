@@ -254,7 +254,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         "--episodes", type=int, nargs="+", metavar="E", help="train on these episode indices only (default: all)"
     )
     p.add_argument("--batch-size", type=int, default=64, help="samples per rank per step (default %(default)s)")
-    p.add_argument("--device", choices=_DEVICES, default="cuda", help="(default %(default)s)")
+    p.add_argument("--device", type=str.lower, choices=_DEVICES, default="cuda", help="(default %(default)s)")
     p.add_argument(
         "--num-workers", type=int, default=4, help="DALI worker processes per rank (0: in-process; default %(default)s)"
     )
@@ -314,7 +314,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         help="read the --dataset datasets as one (one layout: one pipeline, samples in proportion to\n"
         "frames), not as a mixture; for many datasets",
     )  # fmt: skip
-    p.add_argument("--mixed-precision", choices=_PRECISIONS, default="no", help="(default %(default)s)")
+    p.add_argument("--mixed-precision", type=str.lower, choices=_PRECISIONS, default="no", help="(default %(default)s)")
     p.add_argument(
         "--checkpoint-dir", type=Path, help="where checkpoints go, one folder a step and latest (default: none saved)"
     )
@@ -358,7 +358,7 @@ def add_reading_options(p: argparse.ArgumentParser, *, several: bool) -> None:
         "--cameras", nargs="+", metavar="KEY", help="read only these cameras (default: all that info.json declares)"
     )
     p.add_argument(
-        "--timestamp-source", choices=("parquet_timestamp", "frame_index"), **each,
+        "--timestamp-source", type=str.lower, choices=("parquet_timestamp", "frame_index"), **each,
         help=f"how rows find their video frames (frame_index: frame_index / fps, for wall-clock timestamps){per}",
     )  # fmt: skip
     p.add_argument(

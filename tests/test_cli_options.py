@@ -189,3 +189,19 @@ def test_choice_flags_take_any_case_as_the_library_does(capsys: pytest.CaptureFi
     with pytest.raises(SystemExit):
         _parser().parse_args(["bench", "--help"])
     assert "{single,sarm}" in capsys.readouterr().out
+
+
+def test_the_training_scripts_choice_flags_take_any_case_as_lerobot_dalis_do(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # (602aabb made lerobot-dali's take any case; train.py's --device, --mixed-precision, --timestamp-source and
+    # lerobot_policy.py's --device, --decode, --timestamp-source still said "invalid choice": 6 of 6)
+    train = parse_args([*TRAIN[:-1], "CPU", "--mixed-precision", "BF16", "--timestamp-source", "FRAME_INDEX"])
+    assert (train.device, train.mixed_precision, train.timestamp_source) == ("cpu", "bf16", "frame_index")
+    policy = lerobot_policy.parse_args(
+        ["--dataset", "d", "--device", "CPU", "--decode", "Cpu", "--timestamp-source", "Frame_Index"]
+    )
+    assert (policy.device, policy.decode, policy.timestamp_source) == ("cpu", "cpu", "frame_index")
+    with pytest.raises(SystemExit):
+        parse_args([*TRAIN[:-1], "tpu"])
+    assert "invalid choice: 'tpu'" in capsys.readouterr().err
