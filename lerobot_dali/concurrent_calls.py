@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from . import fork_locks
 from .distributed import draws_progress
@@ -54,28 +54,42 @@ def in_threads(
         _counted(len(items), progress, unit, since) as done,
         ThreadPoolExecutor(min(len(items), MAX_THREADS), thread_name_prefix="lerobot-dali-at-once") as pool,
     ):
-        futures: list[Future[_R]] = []
-        for item in items:
+        calls = _OnceEach(function, items)
+        for i in range(len(items)):
             try:
-                futures.append(pool.submit(function, item))
+                pool.submit(calls.call, i)
             except RuntimeError:  # (the interpreter is shutting down: its main thread ended, and no pool takes work)
                 # A daemon thread starting a mixture's next pass as the script ended printed this error's traceback (3
                 # of 4 exits; where the shutdown began between two submits, 3 of 3 scripted): the items left are taken
                 # here, one by one, as the exit handler expects a pass to start.
-                futures.append(_called_here(function, item))
-        for _ in as_completed(futures):  # (counted here: the counter is one thread's)
+                calls.call(i)
+        for _ in as_completed(calls.futures):  # (counted here: the counter is one thread's)
             done(1)
-        return [future.result() for future in futures]
+        return [future.result() for future in calls.futures]
 
 
-def _called_here(function: Callable[[_T], _R], item: _T) -> Future[_R]:
-    """``function(item)`` called in this thread, as the done future a pool's thread would have left."""
-    future: Future[_R] = Future()
-    try:
-        future.set_result(function(item))
-    except Exception as e:  # (raised in order with the others', once every call has ended)
-        future.set_exception(e)
-    return future
+class _OnceEach(Generic[_T, _R]):
+    """``function`` of each of ``items``, each called once, by whichever thread asks first: a pool's, or the one that
+    submits where the pool takes no more work. (Python 3.12 starts no thread once the interpreter is finalizing: a
+    submit raises "can't create new thread at interpreter shutdown" after queueing its item, which a busy thread of the
+    pool then ran too: 13 of 30 scripted exits called an item twice.)"""
+
+    def __init__(self, function: Callable[[_T], _R], items: Sequence[_T]) -> None:
+        self._function, self._items = function, items
+        #: Each item's result, or what its call raised (in order with the others', once every call has ended).
+        self.futures: list[Future[_R]] = [Future() for _ in items]
+        self._claimed: set[int] = set()
+        self._claiming = fork_locks.lock()
+
+    def call(self, i: int) -> None:
+        with self._claiming:
+            if i in self._claimed:
+                return
+            self._claimed.add(i)
+        try:
+            self.futures[i].set_result(self._function(self._items[i]))
+        except BaseException as e:  # (as a pool's thread keeps it: raised by result())
+            self.futures[i].set_exception(e)
 
 
 def one_by_one(
