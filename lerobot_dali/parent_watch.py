@@ -165,7 +165,9 @@ def _wrap_start() -> None:
     def start(self: Any) -> None:
         if not getattr(_spawning, "deaf", False):
             return started(self)
-        with _signals_held_over():
+        # (held to the start's end, not sent again past HELD_PUT_S: its write ends once the process reads or dies, and
+        # one slow to read, its imports under way, was written half its data: 'pickle data was truncated', 1 of 1)
+        with _signals_held_over(resend=False):
             return started(self)
 
     setattr(start, _WRAPPED, True)
@@ -231,11 +233,11 @@ _resend_lock = fork_locks.lock()  # (a held signal is sent again, or the hold en
 
 
 @contextlib.contextmanager
-def _signals_held_over() -> Iterator[None]:
+def _signals_held_over(*, resend: bool = True) -> Iterator[None]:
     """Within, in the main thread, the Python handler of a signal of :data:`_HELD_OVER_PUTS` runs as the block ends, in
-    the order the signals came (a second one of a signal: at once), with the frame it landed in; where the block has
-    run :data:`HELD_PUT_S` since the signal came, the signal is sent to the main thread again, its handler run there
-    (once: not again as the block ends).
+    the order the signals came (a second one of a signal: at once), with the frame it landed in; ``resend``: where the
+    block has run :data:`HELD_PUT_S` since the signal came, the signal is sent to the main thread again, its handler
+    run there (once: not again as the block ends).
 
     From the block's end on, a signal's handler runs where it lands, and the handlers are put back before the held ones
     run (a handler may set its signal's next one). A signal whose handler raises as the handlers are put back
@@ -261,6 +263,8 @@ def _signals_held_over() -> Iterator[None]:
             previous[signum](signum, frame)
             return
         held[signum] = frame
+        if not resend:
+            return
         timer = threading.Timer(HELD_PUT_S, send_again, (signum,))
         timer.daemon = True
         try:
