@@ -64,7 +64,7 @@ from .mixture_options import MixtureOptions
 from .part_schedule import PartSchedule
 from .said_once import say_once, warn_once
 from .sample_order import RankBalance
-from .value_checks import check_int, is_number
+from .value_checks import check_choice, check_int, is_number
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # (typing's from 3.11)
@@ -181,7 +181,8 @@ class DALILeRobotMixture:
         self._loading = fork_locks.rlock()
         self._loads = 0
         _check_options(options)
-        if options.get("rank_balance") in (RankBalance.NONE, RankBalance.NONE.value):
+        balance = options.get("rank_balance", RankBalance.PAD)  # (any case, as the iterator takes it: "NONE" too)
+        if check_choice(RankBalance, "rank_balance", balance) is RankBalance.NONE:
             raise ValueError(
                 "rank_balance='none' (ranks of unequal counts, for evaluation) reads one dataset or a union "
                 "(concat_datasets), not a mixture, whose every batch holds a share of each dataset"
