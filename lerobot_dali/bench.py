@@ -191,8 +191,13 @@ class BenchConfig:
         object.__setattr__(self, "mode", check_choice(BenchMode, "--mode", self.mode))
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"--device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
-        for source in _per_dataset(self.timestamp_source):
-            check_choice(TimestampSource, "--timestamp-source", source)
+        # (as their values: taken in any case, and the peers' TimestampSource() takes them in lower case alone)
+        sources = tuple(
+            check_choice(TimestampSource, "--timestamp-source", s).value for s in _per_dataset(self.timestamp_source)
+        )
+        object.__setattr__(
+            self, "timestamp_source", sources if isinstance(self.timestamp_source, (tuple, list)) else sources[0]
+        )
         for tolerance in _per_dataset(self.tolerance_s):
             check_seconds("--tolerance-s", tolerance)
         object.__setattr__(self, "image_size", check_image_size(self.image_size))

@@ -35,7 +35,7 @@ from .episode_rows import image_bytes, read_parquet
 from .errors import FrameTimestampError
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .image_frames import decode_depth_images, decode_images
-from .value_checks import is_int
+from .value_checks import check_choice, is_int
 from .windows import PAD_SUFFIX, DeltaWindows, query_indices
 
 __all__ = [
@@ -143,7 +143,8 @@ class PyAVFrameDataset(Dataset):
     ) -> None:
         reader = open_dataset(dataset, cameras=cameras, keys=keys)
         self._dataset_index = dataset_index
-        self._by_frame_index = TimestampSource(timestamp_source) is TimestampSource.FRAME_INDEX
+        source = check_choice(TimestampSource, "timestamp_source", timestamp_source)  # (any case, as the iterator)
+        self._by_frame_index = source is TimestampSource.FRAME_INDEX
         self.camera_keys = list(reader.camera_keys)
         self.fps = reader.fps
         self._tolerance_s = tolerance_s

@@ -1123,3 +1123,15 @@ def test_an_out_or_cache_folder_inside_a_dataset_is_a_one_line_error(flag: str, 
             f"lerobot-dali bench: {flag} {folder} is inside the dataset {dataset}: give a folder outside the dataset\n"
         )
     assert sorted(str(p.relative_to(dataset)) for p in dataset.rglob("*")) == ["meta", "meta/info.json"]
+
+
+def test_a_timestamp_source_in_another_case_reaches_the_peers_as_its_value(make_ds) -> None:
+    # BenchConfig's check took 'FRAME_INDEX' (any case since b3ee995) but kept it as given, and the peers' PyAV reader
+    # failed on it ("'FRAME_INDEX' is not a valid TimestampSource") once the run reached them: 3 of 3 spellings.
+    from lerobot_dali.bench_peers import PyAVFrameDataset
+
+    assert BenchConfig(timestamp_source="FRAME_INDEX").timestamp_source == "frame_index"
+    both = BenchConfig(dataset=("a", "b"), timestamp_source=("Frame_Index", "PARQUET_TIMESTAMP"))
+    assert both.timestamp_source == ("frame_index", "parquet_timestamp")
+    root = make_ds(episodes=1, frames_per_episode=4, cameras=1, codec="vp9", fps=10, gop=2)
+    assert len(PyAVFrameDataset(root, timestamp_source="FRAME_INDEX")) == 4
