@@ -81,15 +81,36 @@ def _writing_alone(folder: Path, *, writer: str) -> Iterator[None]:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as e:
-            raise FileExistsError(
-                f"Refusing to write a dataset into {folder}: another {writer} run is writing one there. Wait for it, "
-                f"or pass another path."
-            ) from e
+            raise FileExistsError(_WRITING_THERE.format(folder=folder, writer=writer)) from e
         except OSError as e:
             logger.debug("%s takes no lock (%s): written without one", folder, e)
         yield
     finally:
         os.close(handle)
+
+
+#: What a run is told where another writes its dataset in place (:func:`_writing_alone`).
+_WRITING_THERE = (
+    "Refusing to write a dataset into {folder}: another {writer} run is writing one there. Wait for it, or pass "
+    "another path."
+)
+
+
+def _being_written(folder: Path) -> bool:
+    """Whether a run holds ``folder``'s :func:`_writing_alone` lock (False where it cannot be told)."""
+    try:
+        handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)  # (released as it is closed)
+    except BlockingIOError:
+        return True
+    except OSError:  # (a filesystem that takes no locks)
+        return False
+    finally:
+        os.close(handle)
+    return False
 
 
 def partial_folder(out: str | os.PathLike[str]) -> Path:
@@ -206,6 +227,8 @@ def refuse_taken(out: str | os.PathLike[str], *, writer: str) -> Path:
     a caller that reads a source first calls this before, so a taken ``out`` costs no reading)."""
     root = Path(out)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        if root.is_dir() and _being_written(root):  # (not a killed run's half dataset: one whose run writes it now)
+            raise FileExistsError(_WRITING_THERE.format(folder=root, writer=writer))
         half = (
             root.is_dir()
             and not (root / "meta" / "info.json").exists()

@@ -93,3 +93,25 @@ def test_a_killed_runs_half_dataset_is_named_as_such_when_refused(tmp_path) -> N
         assert "info.json" not in str(refused.value) and "is not an empty directory. Pass a new path" in str(
             refused.value
         )
+
+
+def test_a_run_still_writing_in_place_is_not_named_a_killed_ones_half_dataset(tmp_path) -> None:
+    """A second run started once the first had written data/ (its check before reading: make_dataset's refuse_taken)
+    was told the folder held what a killed run leaves, and to delete its contents: the first run's, still writing
+    (1 of 1). It is told another run is writing there."""
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def first(folder: Path) -> None:
+        (folder / "data" / "chunk-000").mkdir(parents=True)
+        for check in (new_folder.refuse_taken, lambda o, writer: new_folder.write_new_folder(o, first, writer=writer)):
+            with pytest.raises(FileExistsError) as refused:
+                check(out, writer="make_dataset")
+            assert "another make_dataset run is writing one there" in str(refused.value)
+            assert "killed" not in str(refused.value)
+        (folder / "meta").mkdir()
+        (folder / "meta" / "info.json").write_text("{}")
+
+    new_folder.write_new_folder(out, first, writer="make_dataset")
+    with pytest.raises(FileExistsError, match="is not an empty directory. Pass a new path"):
+        new_folder.refuse_taken(out, writer="make_dataset")
