@@ -191,7 +191,7 @@ class DALILeRobotMixture:
         own_options = _per_dataset(dataset_options, len(datasets))
         batch_size = check_int("batch_size", batch_size, minimum=1)
         num_workers = check_int("num_workers", num_workers, minimum=0)
-        check_int("seed", seed, minimum=0)
+        seed = check_int("seed", seed, minimum=0)  # (an int: the state says it, and JSON takes no numpy integer)
         #: The seed the datasets' seeds derive from: a loaded state's where it says it, None where it does not and
         #: its datasets' seeds differ from this one's.
         self._seed: int | None = seed

@@ -7,8 +7,10 @@ datasets' derived seeds (10-digit numbers), never the ``seed=`` its user passed.
 
 from __future__ import annotations
 
+import json
 import logging
 
+import numpy as np
 import pytest
 
 from lerobot_dali import DALILeRobotIterator, DALILeRobotMixture
@@ -148,3 +150,12 @@ def _load_warnings(loader, state, caplog) -> list[str]:
     with caplog.at_level(logging.INFO):
         loader.load_state_dict(state)
     return _seed_warnings(caplog)
+
+
+def test_a_mixture_built_with_a_numpy_seed_saves_a_state_json_takes(make_ds) -> None:
+    # The state's new seed was the seed= given as it was: a numpy integer (check_int takes them) left a state
+    # json.dumps refused ("Object of type int64 is not JSON serializable"), as train.py's stream_rank*.json is written.
+    mixture = DALILeRobotMixture(_datasets(make_ds), seed=np.int64(3), batch_size=4, device="cpu", num_workers=0)
+    state = json.loads(json.dumps(mixture.state_dict()))
+    mixture.close()
+    assert state["mixture"]["seed"] == 3 and type(state["mixture"]["seed"]) is int
