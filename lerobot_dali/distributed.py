@@ -175,7 +175,9 @@ def refuse_unresolved_launch(instead: str) -> None:
     and its ``SLURM_PROCID`` is 0. ``RANK=0`` and ``WORLD_SIZE=1`` together say this process is one of one, as the
     message offers (each of ``srun -n 8``'s runs of a sweep): not refused, as :func:`resolve_rank` reads them.
     Slurm's variables under ``srun --pty`` (``SLURM_PTY_PORT`` set: ``srun -n 8 --pty bash``, then ``python train.py``
-    typed in its shell) are the interactive shell's step, whose other tasks' shells exit at once: not this process's.
+    typed in its shell) are the interactive shell's step, whose other tasks' shells exit at once: not this process's
+    (task 0's: a step started from that shell, ``srun -n 2 python train.py``, inherits ``SLURM_PTY_PORT``, and its
+    other tasks are refused).
     Torchrun's variables present are read as :func:`resolve_rank` reads them (:func:`_env_count`): one of them alone
     that is no whole number (``RANK=" 1"``, ``WORLD_SIZE="2\\r"`` from a CRLF env file, ``WORLD_SIZE=""``) was no rank
     above 0 nor count above 1 here, and the process read everything as one, unsaid.
@@ -186,8 +188,8 @@ def refuse_unresolved_launch(instead: str) -> None:
     if os.environ.get("RANK") == "0" and os.environ.get("WORLD_SIZE") == "1":
         return
     for rank_name, count_name in _LAUNCHED:
-        if rank_name == "SLURM_PROCID" and "SLURM_PTY_PORT" in os.environ:
-            continue
+        if rank_name == "SLURM_PROCID" and "SLURM_PTY_PORT" in os.environ and os.environ.get(rank_name) == "0":
+            continue  # (task 0 alone has --pty's terminal: another is a step's started from that shell, inheriting it)
         rank, count = os.environ.get(rank_name, ""), os.environ.get(count_name, "")
         several = (rank.isdigit() and int(rank) > 0) or (count.isdigit() and int(count) > 1)
         if several:

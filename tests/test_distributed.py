@@ -205,6 +205,21 @@ def test_a_process_typed_in_an_interactive_srun_shell_of_several_tasks_is_one_pr
         resolve_rank()
 
 
+def test_a_step_started_from_an_interactive_srun_shell_is_still_refused_in_its_other_tasks(clean_env) -> None:
+    """``salloc`` (an interactive step: SLURM_PTY_PORT set) or ``srun --pty bash``, then ``srun -n 2 python train.py``
+    in its shell: the new step's tasks inherit the shell's SLURM_PTY_PORT, and each read the whole dataset as rank 0
+    of 1, unsaid (2 of 2 tasks). Only task 0 of a --pty step has the terminal: another task under it is one of
+    several, refused; task 0 is let be (it may be the shell's own)."""
+    clean_env.setattr("lerobot_dali.distributed._trainer_uses_accelerate", lambda: False)
+    for name, value in {"SLURM_PTY_PORT": "34889", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "2"}.items():
+        clean_env.setenv(name, value)
+    clean_env.setenv("SLURM_PROCID", "1")
+    with pytest.raises(ShardingError, match=r"\(SLURM_PROCID=1, SLURM_STEP_NUM_TASKS=2\)"):
+        resolve_rank()
+    clean_env.setenv("SLURM_PROCID", "0")
+    assert (resolve_rank().rank, resolve_rank().world_size) == (0, 1)
+
+
 _ASK_WITHOUT_ACCELERATE = """
 import os, sys
 from lerobot_dali.distributed import resolve_rank
