@@ -442,10 +442,13 @@ def _keep_others(folder: Path, staging: Path) -> None:
         source, target = folder / name, staging / name
         if target.exists() or target.is_symlink():  # (a name the save wrote: its own)
             continue
-        if source.is_dir() and not source.is_symlink():
-            shutil.copytree(source, target, symlinks=True, copy_function=_link_or_copy)
-        else:
-            _link_or_copy(source, target)
+        try:
+            if source.is_dir() and not source.is_symlink():
+                shutil.copytree(source, target, symlinks=True, copy_function=_link_or_copy)
+            else:
+                _link_or_copy(source, target)
+        except FileNotFoundError:  # (removed since listed: nothing to keep; raised, it lost the trained policy)
+            continue
         logger.warning("--output-dir %s: kept %s, which is not the policy's, beside the saved policy", folder, name)
 
 

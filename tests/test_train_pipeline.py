@@ -2353,3 +2353,25 @@ def test_a_folder_replaced_is_never_missing_after_a_failure_or_a_kill_between_it
         with pytest.raises(KeyboardInterrupt):
             save_policy(out, _SavesFiles({"config.json": "c3", "model.safetensors": "w3"}), _SavesFiles({}))
     assert _folder_files(out) == first and [p.name for p in tmp_path.iterdir()] == ["ckpt", "policy"]
+
+
+def test_a_users_file_removed_as_the_policy_is_saved_leaves_the_save_whole(tmp_path: Path, monkeypatch) -> None:
+    # A file of the user's in --output-dir removed between the save's listing and its link (an editor's swap file, a
+    # tool's temporary one) failed the save with FileNotFoundError once training had ended: the trained policy lost
+    # (1 of 1). Nothing is left of it to keep: the save goes on.
+    from pipelines import lerobot_policy
+
+    out = tmp_path / "policy"
+    lerobot_policy.save_policy(out, _SavesFiles({"config.json": "c1", "model.safetensors": "w1"}), _SavesFiles({}))
+    (out / ".notes.txt.swp").write_text("gone soon")
+    (out / "notes.txt").write_text("mine")
+    link = os.link
+
+    def removed_first(source, target, **kwargs) -> None:
+        if Path(source).name == ".notes.txt.swp":
+            Path(source).unlink()
+        link(source, target, **kwargs)
+
+    monkeypatch.setattr(lerobot_policy.os, "link", removed_first)
+    lerobot_policy.save_policy(out, _SavesFiles({"config.json": "c2", "model.safetensors": "w2"}), _SavesFiles({}))
+    assert _folder_files(out) == {"config.json": "c2", "model.safetensors": "w2", "notes.txt": "mine"}
