@@ -32,6 +32,7 @@ __all__ = [
     "draws_progress",
     "launch_key",
     "local_cuda_device",
+    "rank_cuda_device",
     "refuse_unresolved_launch",
     "resolve_rank",
     "usable_cpus",
@@ -360,3 +361,24 @@ def local_cuda_device(local_rank: int) -> str:
         f"LOCAL_RANK is {local_rank} but this process sees {visible} GPUs (CUDA_VISIBLE_DEVICES); pass "
         "device='cuda:N' to say which one this rank uses"
     )
+
+
+def rank_cuda_device(ranks: RankInfo) -> str:
+    """The GPU that plain ``"cuda"`` means for the rank ``ranks``: where a launcher numbers the ranks of a node
+    (``LOCAL_RANK``, or accelerate's local process index), :func:`local_cuda_device`; else torch's current device, as
+    torch itself reads ``"cuda"`` (``mp.spawn`` scripts pick theirs with ``torch.cuda.set_device(rank)``), read only
+    where CUDA is initialised already (reading it initialises it). ValueError where that is ``cuda:0`` in a rank other
+    than 0 of a process group that sees several GPUs: unsaid, every such rank decoded and trained on GPU 0."""
+    import torch
+
+    if "LOCAL_RANK" in os.environ or ranks.source == "accelerate":
+        return local_cuda_device(ranks.local_rank)
+    current = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+    if current == 0 and ranks.source == "torch.distributed" and ranks.rank > 0 and torch.cuda.device_count() > 1:
+        raise ValueError(
+            f"rank {ranks.rank} of {ranks.world_size} asked for device='cuda', which is cuda:0 here (no LOCAL_RANK, "
+            f"and torch's current device is 0), as for rank 0, while this process sees {torch.cuda.device_count()} "
+            "GPUs: call torch.cuda.set_device(<this rank's GPU>) before building the iterator, or pass "
+            "device='cuda:N'"
+        )
+    return f"cuda:{current}"

@@ -40,7 +40,7 @@ from .dataset_union import DATASET_INDEX, DatasetUnion, datasets_held, refuse_an
 from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodePreferenceName
 from .depth_maps import DepthUnit, DepthUnitName
-from .distributed import cpus_per_local_rank, local_cuda_device, resolve_rank
+from .distributed import cpus_per_local_rank, rank_cuda_device, resolve_rank
 from .errors import (
     DatasetError,
     EpisodeMetadataError,
@@ -171,7 +171,7 @@ class DALILeRobotIterator:
         self.rank, self.world_size = ranks.rank, ranks.world_size
         self.batch_size = batch_size
         self.drop_last = drop_last
-        self._device = torch.device(device if device != "cuda" else local_cuda_device(ranks.local_rank))
+        self._device = torch.device(device if device != "cuda" else rank_cuda_device(ranks))
         self._shows_progress = ranks.local_rank == 0  # (one bar per node, not one per rank on one terminal)
         #: Whether a pipeline's build says so itself where it takes long (not while :func:`builds_said_together`).
         self._says_build = True

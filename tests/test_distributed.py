@@ -18,7 +18,14 @@ import pytest
 import torch.distributed as dist
 from conftest import shared_dataset
 
-from lerobot_dali.distributed import RankInfo, cpus_per_local_rank, launch_key, local_cuda_device, resolve_rank
+from lerobot_dali.distributed import (
+    RankInfo,
+    cpus_per_local_rank,
+    launch_key,
+    local_cuda_device,
+    rank_cuda_device,
+    resolve_rank,
+)
 from lerobot_dali.errors import ShardingError
 from lerobot_dali.iterator import DALILeRobotIterator
 from tests.launched_ranks import run_ranks
@@ -307,6 +314,49 @@ def test_plain_cuda_picks_the_ranks_gpu(
             local_cuda_device(local_rank)
     else:
         assert local_cuda_device(local_rank) == expected
+
+
+#: (rank, world size, local rank, source, LOCAL_RANK set, GPUs visible, torch's current device or None where CUDA is
+#: not initialised) -> the device plain "cuda" means, or None: refused (ValueError)
+_PLAIN_CUDA_CASES = {
+    # mp.spawn: no LOCAL_RANK; the script called torch.cuda.set_device(rank) before building the iterator
+    "spawn-set-device": ((1, 2, 0, "torch.distributed", False, 2, 1), "cuda:1"),
+    "spawn-set-device-rank-3": ((3, 4, 0, "torch.distributed", False, 4, 3), "cuda:3"),
+    # mp.spawn without set_device: every rank on cuda:0, unsaid (model.to(rank) initialises CUDA, not the device)
+    "spawn-no-set-device": ((1, 2, 0, "torch.distributed", False, 2, None), None),
+    "spawn-cuda-initialised-on-0": ((1, 2, 0, "torch.distributed", False, 2, 0), None),
+    "spawn-rank-0": ((0, 2, 0, "torch.distributed", False, 2, None), "cuda:0"),
+    "spawn-one-gpu-per-rank": ((1, 2, 0, "torch.distributed", False, 1, None), "cuda:0"),  # CUDA_VISIBLE_DEVICES
+    # one process reading rank 1's share by arguments: no process group, torch's "cuda"
+    "arguments-one-process": ((1, 2, 0, "arguments", False, 2, None), "cuda:0"),
+    "single-process-current-device": ((0, 1, 0, "single process", False, 2, 1), "cuda:1"),
+    # a launcher's LOCAL_RANK wins over the current device (CUDA initialised on 0 before set_device)
+    "torchrun": ((3, 8, 3, "torch.distributed", True, 8, 0), "cuda:3"),
+    "torchrun-one-gpu-per-rank": ((3, 8, 3, "environment", True, 1, None), "cuda:0"),
+    "accelerate": ((2, 4, 2, "accelerate", False, 4, None), "cuda:2"),
+}
+
+
+@pytest.mark.parametrize(("case", "expected"), list(_PLAIN_CUDA_CASES.values()), ids=list(_PLAIN_CUDA_CASES))
+def test_plain_cuda_is_the_gpu_the_rank_set_or_refused(
+    clean_env: pytest.MonkeyPatch, case: tuple, expected: str | None
+) -> None:
+    """A rank without LOCAL_RANK (``mp.spawn``) got cuda:0 for plain "cuda", as rank 0 did, whatever torch's current
+    device was: every rank decoded on GPU 0 and handed batches there while its model sat on its own GPU."""
+    import torch
+
+    rank, world_size, local_rank, source, launcher, visible, current = case
+    if launcher:
+        clean_env.setenv("LOCAL_RANK", str(local_rank))
+    clean_env.setattr(torch.cuda, "device_count", lambda: visible)
+    clean_env.setattr(torch.cuda, "is_initialized", lambda: current is not None)
+    clean_env.setattr(torch.cuda, "current_device", lambda: current if current is not None else 0)
+    ranks = RankInfo(rank, world_size, local_rank, source)
+    if expected is None:
+        with pytest.raises(ValueError, match=rf"rank {rank} of {world_size} asked for device='cuda', which is cuda:0"):
+            rank_cuda_device(ranks)
+    else:
+        assert rank_cuda_device(ranks) == expected
 
 
 _PRINT_LAUNCH_KEY = "from lerobot_dali.distributed import launch_key; print(launch_key())"
