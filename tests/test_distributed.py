@@ -359,6 +359,22 @@ def test_plain_cuda_is_the_gpu_the_rank_set_or_refused(
         assert rank_cuda_device(ranks) == expected
 
 
+def test_an_iterator_on_plain_cuda_uses_the_gpu_its_process_set(clean_env: pytest.MonkeyPatch, make_ds) -> None:
+    """Built (not run: no GPU here) in a process that called torch.cuda.set_device(1) without LOCAL_RANK, as an
+    ``mp.spawn`` rank does: its pipeline and its NVDEC probe are on device 1 (they were on 0)."""
+    import torch
+
+    root = make_ds(episodes=2, frames_per_episode=3, cameras=1, codec="h264", size=(64, 64))
+    clean_env.setattr(torch.cuda, "device_count", lambda: 2)
+    clean_env.setattr(torch.cuda, "is_initialized", lambda: True)
+    clean_env.setattr(torch.cuda, "current_device", lambda: 1)
+    it = DALILeRobotIterator(root, batch_size=1, device="cuda", num_workers=0, rank=1, world_size=2)
+    try:
+        assert (it._device, it._device_id) == (torch.device("cuda:1"), 1)
+    finally:
+        it.close()
+
+
 _PRINT_LAUNCH_KEY = "from lerobot_dali.distributed import launch_key; print(launch_key())"
 
 
