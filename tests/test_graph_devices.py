@@ -181,3 +181,62 @@ def test_the_check_catches_an_operator_without_a_kernel_for_its_device() -> None
     pipe._build_graph()
     (problem,) = _device_problems(pipe)
     assert problem.startswith("transforms__Rotation (gpu,") and problem.endswith("DALI has no gpu kernel")
+
+
+class _Defined(Exception):
+    """Raised by the patched ``Pipeline.build`` once the graph is defined: nothing runs."""
+
+
+def test_the_graph_an_iterator_builds_for_a_gpu_set_by_its_process(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pipeline a real iterator builds on ``device="cuda"`` where NVDEC takes its cameras (the probe's answer
+    mocked), in a process whose CUDA device is 1 without LOCAL_RANK (an ``mp.spawn`` rank that called
+    torch.cuda.set_device(1)): its probe and pipeline were on device 0, as rank 0's. The graph decodes on NVDEC and
+    ends on the GPU but for the task strings' host copy; every operator has a kernel for its device."""
+    import torch
+    from nvidia.dali.pipeline import Pipeline
+
+    from lerobot_dali import decode_route
+    from lerobot_dali.decode_route import GpuInfo, GpuProbe
+    from lerobot_dali.iterator import DALILeRobotIterator
+    from tests.test_iterator import DELTAS, _dataset
+
+    root = _dataset(make_ds, "vp9")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(decode_route, "_driver_present", lambda: True)
+    monkeypatch.setattr(decode_route, "_probe_cache", {})
+    probed: list[int] = []
+
+    def probe(samples: dict[str, Any], *, device_id: int, isolate: bool) -> GpuProbe:
+        probed.append(device_id)
+        gpu = GpuInfo(device_id=device_id, name="NVIDIA H200", compute_capability=(9, 0))
+        return GpuProbe(gpu=gpu, nvdec=dict.fromkeys(samples, True), errors={})
+
+    monkeypatch.setattr(decode_route, "probe_gpu", probe)
+    built: list[Any] = []
+
+    def build(pipe: Any) -> None:
+        pipe._build_graph()
+        built.append(pipe)
+        raise _Defined
+
+    monkeypatch.setattr(Pipeline, "build", build)
+    it = DALILeRobotIterator(root, batch_size=2, device="cuda", num_workers=0, delta_timestamps=DELTAS, rank=1,
+                             world_size=2)  # fmt: skip
+    try:
+        with pytest.raises(_Defined):
+            next(iter(it))
+    finally:
+        it.close()
+    assert {route.value for route in it.routes.values()} == {"nvdec"} and set(probed) == {1}
+    (pipe,) = built
+    assert pipe.device_id == 1
+    assert _device_problems(pipe) == []
+    used = {(getattr(i._op, "schema_name", None), i._op.device) for i in pipe._ops}
+    assert {("decoders__Video", "mixed"), ("SequenceRearrange", "gpu")} <= used  # (cam0 is windowed: its order)
+    devices = {node.device for node in pipe._graph_outputs}
+    host = [name for name, node in zip(it._names, pipe._graph_outputs, strict=True) if node.device == "cpu"]
+    assert devices == {"gpu", "cpu"} and host == [HOST_TASK_INDEX]
