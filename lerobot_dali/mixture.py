@@ -231,8 +231,13 @@ class DALILeRobotMixture:
         else:
             dali_threads = (check_int("dali_threads", threads, minimum=1),) * len(readers)
         built: dict[int, DALILeRobotIterator] = {}
+        # This thread's CUDA device, which plain "cuda" means where no LOCAL_RANK says (:func:`.rank_cuda_device`): each
+        # dataset is built in a thread of its own, whose device is 0 (an mp.spawn rank on cuda:1 built them on cuda:0).
+        cuda_device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
 
         def build(i: int) -> DALILeRobotIterator:
+            if cuda_device is not None:
+                torch.cuda.set_device(cuda_device)
             built[i] = DALILeRobotIterator(
                 readers[i],
                 batch_size=self.batch_shares[i],

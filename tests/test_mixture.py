@@ -1555,3 +1555,26 @@ def test_a_set_epoch_whose_second_datasets_move_fails_moves_no_dataset(make_ds, 
     monkeypatch.undo()
     assert [_keys(batch) for batch in mix] == whole[3:]
     mix.close()
+
+
+def test_a_mixture_on_plain_cuda_builds_its_datasets_on_the_gpu_its_thread_set(make_ds, monkeypatch) -> None:
+    """A mixture builds its datasets' iterators in threads, and a new thread's CUDA device is 0: in a process that
+    called torch.cuda.set_device(1) (an ``mp.spawn`` rank, no LOCAL_RANK) each dataset resolved plain "cuda" to
+    cuda:0 while the process (and its model) used cuda:1. Device facts mocked per thread, as CUDA keeps them."""
+    roots = [
+        make_ds(episodes=2, frames_per_episode=[6, 4], cameras=1, codec="h264", fps=10, gop=4, seed=seed)
+        for seed in (0, 1)
+    ]
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    devices = threading.local()  # (CUDA's current device is the calling thread's; a new thread's is 0)
+    devices.current = 1
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: getattr(devices, "current", 0))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: setattr(devices, "current", int(device)))
+    mix = DALILeRobotMixture(roots, batch_size=2, device="cuda", num_workers=0, decode="cpu", rank=1, world_size=2)
+    try:
+        assert [str(part._device) for part in mix.datasets] == ["cuda:1", "cuda:1"]
+    finally:
+        mix.close()
