@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import CudaUnavailableError, ShardingError
-from .said_once import _SHELLS, _is_launcher, _is_wrapper, _start_time
+from .said_once import _SHELLS, _is_launcher, _is_wrapper, _start_time, warn_once
 from .value_checks import check_int
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "RankInfo",
@@ -367,18 +370,24 @@ def rank_cuda_device(ranks: RankInfo) -> str:
     """The GPU that plain ``"cuda"`` means for the rank ``ranks``: where a launcher numbers the ranks of a node
     (``LOCAL_RANK``, or accelerate's local process index), :func:`local_cuda_device`; else torch's current device, as
     torch itself reads ``"cuda"`` (``mp.spawn`` scripts pick theirs with ``torch.cuda.set_device(rank)``), read only
-    where CUDA is initialised already (reading it initialises it). ValueError where that is ``cuda:0`` in a rank other
-    than 0 of a process group that sees several GPUs: unsaid, every such rank decoded and trained on GPU 0."""
+    where CUDA is initialised already (reading it initialises it). A rank above 0 of a process group that sees several
+    GPUs and never chose one gets ``cuda:0`` with a warning: right for the first rank of another node (``srun`` and
+    ``init_process_group`` by hand, one process a node), wrong for an ``mp.spawn`` rank that forgot its
+    ``set_device``, which trained on GPU 0 unsaid. Not refused: ``set_device(0)`` on another node's rank is right."""
     import torch
 
     if "LOCAL_RANK" in os.environ or ranks.source == "accelerate":
         return local_cuda_device(ranks.local_rank)
-    current = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
-    if current == 0 and ranks.source == "torch.distributed" and ranks.rank > 0 and torch.cuda.device_count() > 1:
-        raise ValueError(
-            f"rank {ranks.rank} of {ranks.world_size} asked for device='cuda', which is cuda:0 here (no LOCAL_RANK, "
-            f"and torch's current device is 0), as for rank 0, while this process sees {torch.cuda.device_count()} "
-            "GPUs: call torch.cuda.set_device(<this rank's GPU>) before building the iterator, or pass "
-            "device='cuda:N'"
+    if torch.cuda.is_initialized():
+        return f"cuda:{torch.cuda.current_device()}"
+    if ranks.source == "torch.distributed" and ranks.rank > 0 and torch.cuda.device_count() > 1:
+        warn_once(
+            logger,
+            "rank %d of %d: device='cuda' is cuda:0 here (no LOCAL_RANK, and no torch.cuda.set_device yet), as for "
+            "rank 0, while this process sees %d GPUs; if this rank has another GPU, call "
+            "torch.cuda.set_device(<its GPU>) before building the iterator, or pass device='cuda:N'",
+            ranks.rank,
+            ranks.world_size,
+            torch.cuda.device_count(),
         )
-    return f"cuda:{current}"
+    return "cuda:0"
