@@ -526,17 +526,38 @@ def _local_times_s(
     if source is not TimestampSource.FRAME_INDEX:
         return rows["timestamp"][row_indices].astype(np.float64)
     frame_index = np.asarray(rows["frame_index"][row_indices])
-    if frame_index.size and np.issubdtype(frame_index.dtype, np.integer) and frame_index.min() < 0:
-        # (frame_index_timestamps_s' own ValueError named neither the episode nor the file)
+    fault = _frame_index_fault(frame_index, np.asarray(rows["frame_index"]))
+    if fault:
         episode = FrameRequestContext(
             dataset=reader.source_of(episode_pos), episode_index=int(reader.episodes.episode_index[episode_pos])
         )
         raise DataFileError(
-            f"{episode.describe()}: column 'frame_index' of {reader.data_path(episode_pos)} holds "
-            f"{int(frame_index.min())}, a negative frame number, and the video is looked up by frame_index / fps "
-            "(timestamp_source='frame_index'): fix the data file, or look frames up by the parquet timestamps"
+            f"{episode.describe()}: column 'frame_index' of {reader.data_path(episode_pos)} {fault}, and the video "
+            "is looked up by frame_index / fps (timestamp_source='frame_index'): fix the data file, or look frames "
+            "up by the parquet timestamps"
         )
     return frame_index_timestamps_s(frame_index, fps=reader.fps)
+
+
+def _frame_index_fault(wanted: np.ndarray, frame_index: np.ndarray) -> str:
+    """What is wrong with the frame numbers to look an episode's rows up by: a negative one (the least of those
+    ``wanted``, else of the episode's ``frame_index`` column; frame_index_timestamps_s' own ValueError named neither
+    the episode nor the file), or one of the column not above the row before's: a repeated number reads one frame
+    for two rows, one that goes back reads swapped frames, either in silence (LeRobot numbers an episode's rows 0, 1,
+    2, ...). "" where none."""
+    if not wanted.size or not np.issubdtype(frame_index.dtype, np.integer):
+        return ""
+    for numbers in (wanted, frame_index):
+        if numbers.min() < 0:
+            return f"holds {int(numbers.min())}, a negative frame number"
+    steps = np.diff(frame_index)
+    if (steps > 0).all():
+        return ""
+    row = int(np.flatnonzero(steps <= 0)[0]) + 1
+    before, value = int(frame_index[row - 1]), int(frame_index[row])
+    if value == before:
+        return f"repeats frame {value} at its row {row} (two rows would read one frame)"
+    return f"goes back at its row {row} ({before} then {value}: rows would read each other's frames)"
 
 
 def _float32_step_s(seconds: np.ndarray) -> np.ndarray:

@@ -1078,6 +1078,27 @@ def test_a_negative_frame_index_read_by_frame_index_names_its_episode_and_file(d
         _first_pass(ds, timestamp_source="frame_index")
 
 
+@pytest.mark.parametrize(("row", "value", "said"), [(4, 3, "repeats frame 3 at its row 4"), (3, 5, "goes back")])
+def test_a_frame_index_out_of_order_read_by_frame_index_is_refused(ds: Path, row: int, value: int, said: str) -> None:
+    """A frame_index column repeated or out of order (row 4 given row 3's value), its video looked up by
+    frame_index / fps, read the wrong frames in silence: sample 4 held frame 3's picture, frame 4 was never read,
+    and `check --timestamp-source frame_index` found no problem (parquet timestamps in order: 0 of 2 cases said)."""
+
+    def misnumbered(table: pa.Table) -> pa.Table:
+        values = table["frame_index"].to_pylist()
+        values[row] = value
+        column = table.column_names.index("frame_index")
+        return table.set_column(column, "frame_index", pa.array(values, table["frame_index"].type))
+
+    _rewrite_data(ds, misnumbered)
+    pattern = rf"episode 0: column 'frame_index' of .*data/chunk-000/file-000\.parquet {said}"
+    with pytest.raises(DataFileError, match=pattern):
+        _first_pass(ds, timestamp_source="frame_index")
+    report = check_dataset(open_dataset(ds), timestamp_source="frame_index", workers=0)
+    assert sorted((p.episode_index, p.error) for p in report.problems) == [(0, "DataFileError"), (2, "DataFileError")]
+    assert not check_dataset(open_dataset(ds), workers=0).problems  # (by timestamp each row reads its own frame)
+
+
 CR5_TASK = "put the banana on the plate"
 
 
