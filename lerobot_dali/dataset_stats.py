@@ -25,7 +25,7 @@ import numpy as np
 from .dataset_info import DatasetInfo
 from .dataset_location import DatasetLocation, read_if_present
 from .episode_table import read_episode_records, read_episode_table
-from .errors import DatasetError
+from .errors import DatasetError, StatsError
 from .said_once import say_once
 
 __all__ = ["NORMALIZE_WITHOUT_STATS", "POOLED_STATS", "FeatureStats", "aggregate_episode_stats", "read_dataset_stats"]
@@ -65,7 +65,8 @@ def read_dataset_stats(location: DatasetLocation, info: DatasetInfo | None = Non
         with _advising(episodes_path):  # (decoded per line: bytes that are not UTF-8 name their line)
             per_episode = [_episode_record(line, episodes_path, n) for n, line in enumerate(f, start=1) if line.strip()]
             logger.debug("aggregating the statistics of %d episodes from %s", len(per_episode), episodes_path)
-            return aggregate_episode_stats(per_episode, source=episodes_path, order=order)
+            aggregated = aggregate_episode_stats(per_episode, source=episodes_path, order=order)
+        return _finite(aggregated, episodes_path)
     path = location.meta_path("meta/stats.json")
     f = read_if_present(fs, path)
     if f is None:
@@ -78,7 +79,21 @@ def read_dataset_stats(location: DatasetLocation, info: DatasetInfo | None = Non
         if not isinstance(raw, Mapping):
             raise DatasetError(f"{path}: expected an object of feature statistics, got {type(raw).__name__}")
         stats = {key: _arrays(entry, f"{path}: {key}", order.get(key)) for key, entry in raw.items()}
-    return _counted(stats, location, info, path)
+    return _counted(_finite(stats, path), location, info, path)
+
+
+def _finite(stats: FeatureStats, path: str) -> FeatureStats:
+    """``stats`` (of file ``path``), refused where a mean, std, min or max is NaN or infinite (LeRobot's statistics of
+    data that holds NaN): normalising by one, or pooling datasets' statistics with it, turns every value NaN."""
+    bad = [f"{key} {name}" for key, entry in stats.items() for name in ("mean", "std", "min", "max")
+           if name in entry and not np.isfinite(entry[name]).all()]  # fmt: skip
+    if bad:
+        raise StatsError(
+            f"{path}: the statistics {bad} are not finite (NaN or infinity), and normalising by them turns every "
+            "value NaN: recompute them from the data files (which may hold NaN themselves), or download or copy "
+            f"{path} again"
+        )
+    return stats
 
 
 def _counted(stats: FeatureStats, location: DatasetLocation, info: DatasetInfo | None, path: str) -> FeatureStats:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -173,6 +174,30 @@ def test_malformed_statistics_name_the_file(tmp_path: Path, name: str, content: 
     (tmp_path / "meta" / name).write_text(content)
     advice = rf"; the file is not what LeRobot writes: download or copy {tmp_path}/meta/{name} again$"
     with pytest.raises(DatasetError, match=pattern + ".*" + advice):
+        _stats_of(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("stats.json", '{"x": {"mean": [1, NaN], "std": [1, 1]}, "y": {"mean": [0], "std": [Infinity]}}'),
+        (
+            "episodes_stats.jsonl",
+            '{"stats": {"x": {"mean": [1, 2], "std": [1, 1], "count": [2]}}}\n'
+            '{"stats": {"x": {"mean": [NaN, 2], "std": [1, 1], "count": [2]}}}\n',
+        ),
+    ],
+)
+def test_statistics_that_are_not_finite_name_the_file_and_entries(tmp_path: Path, name: str, content: str) -> None:
+    """A NaN or infinite mean or std (LeRobot's statistics of data that holds NaN) was read in silence: a policy
+    normalising state and action by it, or datasets' statistics pooled with it, made every value NaN (read_stats gave
+    mean [1, nan]; 0 of 2 files said)."""
+    from lerobot_dali.errors import StatsError
+
+    (tmp_path / "meta").mkdir()
+    (tmp_path / "meta" / name).write_text(content)
+    listed = r"\['x mean', 'x std'\]" if name.endswith(".jsonl") else r"\['x mean', 'y std'\]"  # (pooled: both)
+    with pytest.raises(StatsError, match=rf"meta/{re.escape(name)}: the statistics {listed} are not finite"):
         _stats_of(tmp_path)
 
 
