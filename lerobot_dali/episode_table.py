@@ -494,6 +494,12 @@ def _v3_camera(source: str, table: pa.Table, key: str, n: int) -> CameraFiles:
     file = _i64(table, f"{prefix}file_index", source)
     if f"{prefix}from_timestamp" in table.column_names:
         start = np.asarray(table[f"{prefix}from_timestamp"].to_numpy(zero_copy_only=False), dtype=np.float64)
+        unknown = np.flatnonzero(~np.isfinite(start))  # (a null reads as NaN)
+        if unknown.size:  # (else each of its rows' frames failed: "query timestamp nan s is not a finite number")
+            raise EpisodeMetadataError(
+                f"{source}: column '{prefix}from_timestamp' has {unknown.size} missing or not finite value(s) "
+                f"(metadata rows {unknown[:10].tolist()}); {_damaged_advice(source)}"
+            )
         stop_col = table[f"{prefix}to_timestamp"] if f"{prefix}to_timestamp" in table.column_names else None
         stop = (
             np.asarray(stop_col.to_numpy(zero_copy_only=False), dtype=np.float64)

@@ -739,6 +739,22 @@ def test_v3_episode_columns_that_are_not_whole_numbers_are_refused(ds: Path, col
         open_dataset(ds)
 
 
+@pytest.mark.parametrize("value", [None, float("nan"), float("inf")])
+def test_a_v3_episodes_from_timestamp_that_is_no_number_names_its_column(ds: Path, value: float | None) -> None:
+    """A null, NaN or infinite videos/<camera>/from_timestamp failed only as the episode's frames were looked up,
+    with "query timestamp nan s is not a finite number." (check and iterator alike, 0 of 3 named meta/episodes or
+    the column); it is now refused as the metadata is read, as a missing length is."""
+    column = f"videos/{CAM}/from_timestamp"
+    path = _episodes_file(ds)
+    table = pq.read_table(path)
+    values = table[column].to_pylist()
+    values[1] = value
+    pq.write_table(table.set_column(table.column_names.index(column), column, pa.array(values, pa.float64())), path)
+    said = rf"meta/episodes: column '{column}' has 1 missing or not finite value\(s\) \(metadata rows \[1\]\)"
+    with pytest.raises(EpisodeMetadataError, match=said + r"; the episode metadata is damaged: download or copy"):
+        open_dataset(ds)
+
+
 def _write_tasks(root: Path, tasks: list[tuple[object, object]], *, as_lerobot: bool = False) -> None:
     """The task list as (task_index, task) pairs, in the dataset's own format (v3.0: a plain ``task`` column;
     ``as_lerobot``: the texts the pandas index, as LeRobot writes it and reads them by row position)."""
