@@ -67,6 +67,11 @@ def open_video_source(
         raise MissingDataFileError(
             f"Video file {path} does not exist; check the dataset's videos/ folder and its video_path."
         ) from e
+    except IsADirectoryError as e:  # (a download's or copy's leftover: Python's bare error crashed `check`)
+        raise MissingDataFileError(
+            f"{path} is a folder, not a video file: download or copy the file again from the dataset's source, or "
+            "leave out the episodes it holds (episodes=[...] of the others); `lerobot-dali check` lists every such file"
+        ) from e
     with handle:
         yield handle
 

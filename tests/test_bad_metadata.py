@@ -755,6 +755,26 @@ def test_a_v3_episodes_from_timestamp_that_is_no_number_names_its_column(ds: Pat
         open_dataset(ds)
 
 
+def test_a_folder_where_a_video_file_belongs_is_listed_as_a_missing_file(ds: Path) -> None:
+    """A folder at a video file's path (a download tool's or a copy's leftover) crashed `lerobot-dali check` with
+    Python's bare IsADirectoryError and its traceback, listing nothing, and a pass raised it too (0 of 2 named it a
+    problem of the dataset); it is now the missing file it stands for, listed by check and raised by a pass alike."""
+    from lerobot_dali.errors import MissingDataFileError
+
+    video = ds / f"videos/{CAM}/chunk-000/file-001.mp4"
+    video.unlink()
+    video.mkdir()
+    said = rf"{re.escape(str(video))} is a folder, not a video file"
+    report = check_dataset(open_dataset(ds), workers=0)
+    assert [(p.episode_index, p.error) for p in report.problems] == [
+        (2, "MissingDataFileError"),
+        (3, "MissingDataFileError"),
+    ]
+    assert all(re.search(said, p.message) for p in report.problems)
+    with pytest.raises(MissingDataFileError, match=said):
+        _first_pass(ds)
+
+
 def _write_tasks(root: Path, tasks: list[tuple[object, object]], *, as_lerobot: bool = False) -> None:
     """The task list as (task_index, task) pairs, in the dataset's own format (v3.0: a plain ``task`` column;
     ``as_lerobot``: the texts the pandas index, as LeRobot writes it and reads them by row position)."""
