@@ -140,6 +140,11 @@ def open_parquet(open_file: Callable[[str], Any], path: str) -> pq.ParquetFile:
             f"data file {path} is missing (listed in the episode metadata); download the dataset again, or leave "
             "this file's episodes out (episodes=[...])"
         ) from e
+    except IsADirectoryError as e:  # (a download's or copy's leftover: Python's bare error named no fix)
+        raise MissingDataFileError(
+            f"data file {path} is a folder, not a parquet file: download the dataset again, or leave this file's "
+            "episodes out (episodes=[...])"
+        ) from e
     try:
         # Pages written with checksums (pyarrow's write_page_checksum=True) are verified as they are read: a
         # flipped byte inside a page's values otherwise reads as another value. LeRobot's own files carry none.

@@ -775,6 +775,18 @@ def test_a_folder_where_a_video_file_belongs_is_listed_as_a_missing_file(ds: Pat
         _first_pass(ds)
 
 
+def test_a_folder_where_a_data_file_belongs_is_named_as_one(ds: Path) -> None:
+    """A folder at a data file's path raised Python's bare IsADirectoryError from the open (check: "cannot open ...:
+    IsADirectoryError: [Errno 21] Is a directory"); it is now the missing file it stands for, named so."""
+    from lerobot_dali.errors import MissingDataFileError
+
+    data = ds / "data/chunk-000/file-001.parquet"
+    data.unlink()
+    data.mkdir()
+    with pytest.raises(MissingDataFileError, match=rf"data file {re.escape(str(data))} is a folder, not a parquet"):
+        open_dataset(ds)
+
+
 def _write_tasks(root: Path, tasks: list[tuple[object, object]], *, as_lerobot: bool = False) -> None:
     """The task list as (task_index, task) pairs, in the dataset's own format (v3.0: a plain ``task`` column;
     ``as_lerobot``: the texts the pandas index, as LeRobot writes it and reads them by row position)."""
