@@ -79,6 +79,10 @@ else:  # (hidden from type checkers, to which a module's __getattr__ makes every
             return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+    def __dir__() -> list[str]:
+        """The module's names with those :func:`__getattr__` imports on first use (completion, ``help``)."""
+        return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "AugmentConfig",

@@ -183,3 +183,11 @@ def test_a_misspelt_name_is_an_error_to_a_type_checker() -> None:
     imported = {alias.name for node in checking.body if isinstance(node, ast.ImportFrom) for alias in node.names}
     lazy = set(lerobot_dali.__all__) - set(vars(lerobot_dali))  # (the names not imported yet, before their use)
     assert lazy <= imported and imported <= set(lerobot_dali.__all__)
+
+
+def test_dir_lists_the_names_imported_on_first_use() -> None:
+    """``dir(lerobot_dali)`` (an IDE's or a REPL's completion, ``help``) lists the names its ``__getattr__`` imports on
+    first use, as it lists every other exported name, without importing them."""
+    listed = dir(lerobot_dali)
+    assert [name for name in lerobot_dali.__all__ if name not in listed] == []
+    assert listed == sorted(listed)
