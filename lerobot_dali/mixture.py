@@ -22,7 +22,7 @@ import math
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -66,8 +66,11 @@ from .said_once import say_once, warn_once
 from .sample_order import RankBalance
 from .value_checks import check_choice, check_int, is_number
 
-if TYPE_CHECKING:
-    from typing_extensions import Unpack  # (typing's from 3.11)
+# (at run time too: typing.get_type_hints of the constructor, which CLI builders and run-time type checkers read)
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # (typing_extensions: torch's requirement)
+    from typing_extensions import Unpack
 
 __all__ = ["PER_DATASET_OPTIONS", "DALILeRobotMixture", "batch_shares", "shared_selection"]
 

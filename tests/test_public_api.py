@@ -191,3 +191,12 @@ def test_dir_lists_the_names_imported_on_first_use() -> None:
     listed = dir(lerobot_dali)
     assert [name for name in lerobot_dali.__all__ if name not in listed] == []
     assert listed == sorted(listed)
+
+
+def test_the_mixtures_annotations_resolve_at_run_time() -> None:
+    """``typing.get_type_hints`` of the mixture's constructor (which CLI builders and run-time type checkers read, as
+    they read the iterator's) resolves its ``**options: Unpack[MixtureOptions]``: ``Unpack`` was imported for type
+    checkers alone, a NameError at run time."""
+    hints = typing.get_type_hints(lerobot_dali.DALILeRobotMixture.__init__)
+    assert typing_extensions.get_args(hints["options"]) == (lerobot_dali.MixtureOptions,)
+    assert hints["batch_size"] is int
