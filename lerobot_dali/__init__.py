@@ -54,7 +54,6 @@ from .errors import (
     WorkerProcessError,
 )
 from .frame_lookup import TimestampSource, TimestampSourceName
-from .mixture_options import MixtureOptions
 from .sample_order import RankBalance, RankBalanceName
 from .stream_state import merge_rank_states
 
@@ -64,6 +63,7 @@ if TYPE_CHECKING:  # type checkers see the names; at run time each is imported o
     from .decode_route import DecodePreference, DecodePreferenceName
     from .iterator import DALILeRobotIterator
     from .mixture import DALILeRobotMixture
+    from .mixture_options import MixtureOptions
 else:  # (hidden from type checkers, to which a module's __getattr__ makes every misspelt name an ``object``)
     #: The names whose modules load DALI or torch, by module: imported on first use.
     _LAZY = {
@@ -71,6 +71,7 @@ else:  # (hidden from type checkers, to which a module's __getattr__ makes every
         "DALILeRobotMixture": "mixture",
         "DecodePreference": "decode_route",
         "DecodePreferenceName": "decode_route",
+        "MixtureOptions": "mixture_options",
     }
 
     def __getattr__(name: str) -> object:

@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, TypedDict
+from typing import TypedDict
 
-if TYPE_CHECKING:  # (annotations only: DALI and torch load with the iterator, not here)
-    import torch
+# (at run time too, for typing.get_type_hints: this module loads torch and DALI, so the package imports it on first use)
+import torch
 
-    from .augment_config import AugmentConfig
-    from .cpu_decode_options import CpuDecodeOptions
-    from .decode_route import DecodePreference, DecodePreferenceName
-    from .depth_maps import DepthUnit, DepthUnitName
-    from .frame_lookup import TimestampSource, TimestampSourceName
-    from .sample_order import RankBalance, RankBalanceName
+from .augment_config import AugmentConfig
+from .cpu_decode_options import CpuDecodeOptions
+from .decode_route import DecodePreference, DecodePreferenceName
+from .depth_maps import DepthUnit, DepthUnitName
+from .frame_lookup import TimestampSource, TimestampSourceName
+from .sample_order import RankBalance, RankBalanceName
 
 __all__ = ["MixtureOptions"]
 

@@ -195,8 +195,13 @@ def test_dir_lists_the_names_imported_on_first_use() -> None:
 
 def test_the_mixtures_annotations_resolve_at_run_time() -> None:
     """``typing.get_type_hints`` of the mixture's constructor (which CLI builders and run-time type checkers read, as
-    they read the iterator's) resolves its ``**options: Unpack[MixtureOptions]``: ``Unpack`` was imported for type
-    checkers alone, a NameError at run time."""
+    they read the iterator's) resolves its ``**options: Unpack[MixtureOptions]``, and those of ``MixtureOptions``:
+    ``Unpack`` was imported for type checkers alone, a NameError at run time."""
     hints = typing.get_type_hints(lerobot_dali.DALILeRobotMixture.__init__)
     assert typing_extensions.get_args(hints["options"]) == (lerobot_dali.MixtureOptions,)
     assert hints["batch_size"] is int
+    # (the options' own, as pydantic's TypeAdapter or a CLI builder reads them: their types were imported for type
+    # checkers alone, a NameError naming torch)
+    options = typing.get_type_hints(lerobot_dali.MixtureOptions)
+    assert set(options) == set(lerobot_dali.MixtureOptions.__annotations__)
+    assert typing_extensions.get_args(options["decode"])[0] is lerobot_dali.DecodePreference
