@@ -370,17 +370,18 @@ def rank_cuda_device(ranks: RankInfo) -> str:
     """The GPU that plain ``"cuda"`` means for the rank ``ranks``: where a launcher numbers the ranks of a node
     (``LOCAL_RANK``, or accelerate's local process index), :func:`local_cuda_device`; else torch's current device, as
     torch itself reads ``"cuda"`` (``mp.spawn`` scripts pick theirs with ``torch.cuda.set_device(rank)``), read only
-    where CUDA is initialised already (reading it initialises it). A rank above 0 of a process group that sees several
-    GPUs and never chose one gets ``cuda:0`` with a warning: right for the first rank of another node (``srun`` and
-    ``init_process_group`` by hand, one process a node), wrong for an ``mp.spawn`` rank that forgot its
-    ``set_device``, which trained on GPU 0 unsaid. Not refused: ``set_device(0)`` on another node's rank is right."""
+    where CUDA is initialised already (reading it initialises it). A rank above 0 of a process group (or of
+    ``RANK``/``WORLD_SIZE``) that sees several GPUs and never chose one gets ``cuda:0`` with a warning: right for the
+    first rank of another node (``srun`` and ``init_process_group`` by hand, one process a node), wrong for an
+    ``mp.spawn`` rank that forgot its ``set_device``, which trained on GPU 0 unsaid. Not refused: ``set_device(0)`` on
+    another node's rank is right."""
     import torch
 
     if "LOCAL_RANK" in os.environ or ranks.source == "accelerate":
         return local_cuda_device(ranks.local_rank)
     if torch.cuda.is_initialized():
         return f"cuda:{torch.cuda.current_device()}"
-    if ranks.source == "torch.distributed" and ranks.rank > 0 and torch.cuda.device_count() > 1:
+    if ranks.source in ("torch.distributed", "environment") and ranks.rank > 0 and torch.cuda.device_count() > 1:
         warn_once(
             logger,
             "rank %d of %d: device='cuda' is cuda:0 here (no LOCAL_RANK, and no torch.cuda.set_device yet), as for "

@@ -329,6 +329,8 @@ _PLAIN_CUDA_CASES = {
     "another-node-set-device-0": ((1, 2, 0, "torch.distributed", False, 8, 0), ("cuda:0", False)),
     "spawn-rank-0": ((0, 2, 0, "torch.distributed", False, 2, None), ("cuda:0", False)),
     "spawn-one-gpu-per-rank": ((1, 2, 0, "torch.distributed", False, 1, None), ("cuda:0", False)),
+    # RANK and WORLD_SIZE exported by hand from Slurm's, no LOCAL_RANK, no set_device: said as for a process group
+    "environment-no-set-device": ((1, 2, 0, "environment", False, 2, None), ("cuda:0", True)),
     # one process reading rank 1's share by arguments: no process group, torch's "cuda"
     "arguments-one-process": ((1, 2, 0, "arguments", False, 2, None), ("cuda:0", False)),
     "single-process-current-device": ((0, 1, 0, "single process", False, 2, 1), ("cuda:1", False)),
