@@ -54,8 +54,9 @@ logger = masking(logging.getLogger(__name__))  # (paths that keep a URL's query 
 #: Environment variable holding the default retry budget (0 disables retries). A request huggingface_hub retries itself
 #: (a Hub listing's, :func:`_hub_tries`) keeps its own 6 tries instead.
 RETRIES_ENV = "LEROBOT_DALI_REMOTE_RETRIES"
-#: ``0`` sends no ``If-Match`` (:meth:`RetryingFileSystem._pinned`): for servers whose ETag for one file differs
-#: between their machines (behind a load balancer), which would answer reads 412 that re-opening cannot mend.
+#: ``0`` sends no ``If-Match`` (nor ``If-Unmodified-Since``: :meth:`RetryingFileSystem._pinned`): for servers whose ETag
+#: (Last-Modified) for one file differs between their machines (behind a load balancer), which would answer reads 412
+#: that re-opening cannot mend.
 IF_MATCH_ENV = "LEROBOT_DALI_IF_MATCH"
 
 _T = TypeVar("_T")
@@ -329,6 +330,14 @@ def speaks_http(fs: Any) -> bool:
     folders found through HTML index pages (no sizes), reads that can send If-Match."""
     protocol = getattr(fs, "protocol", ())
     return bool({"http", "https"} & set((protocol,) if isinstance(protocol, str) else protocol))
+
+
+def _http_date(text: str) -> bool:
+    """Whether ``text`` is an HTTP date (a ``Last-Modified``), which ``If-Unmodified-Since`` can send back."""
+    try:
+        return email.utils.parsedate_to_datetime(text) is not None
+    except (TypeError, ValueError):
+        return False
 
 
 class StampUntold(ValueError):
@@ -827,18 +836,22 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         return next((s for s in self.pinned if path in s), None)
 
     def _pinned_stamp(self, path: str) -> Any:
-        """The stamp of ``path`` whose ETag reads of it ask for (:meth:`_pinned`), or None: over HTTP(S) only, where
-        a stamp pinned here holds it with a strong ETag (a weak one never matches If-Match), and If-Match is on."""
+        """The stamp of ``path`` whose version reads of it ask for (:meth:`_pinned`), or None: over HTTP(S) only, where
+        a stamp pinned here holds it with a strong ETag (a weak one never matches If-Match) or, from a server that
+        gives no ETag, a Last-Modified date, and If-Match is on."""
         stamped = self._stamps_holding(path) if speaks_http(self.fs) else None
         if stamped is None or self.if_match_refused or not _if_match_on():
             return None
         stamp = stamped[path]
         version = str(getattr(stamp, "version", ""))
-        return stamp if version.startswith("etag:") and not version.startswith("etag:W/") else None
+        if version.startswith("etag:"):
+            return None if version.startswith("etag:W/") else stamp
+        return stamp if version.startswith("mtime:") and _http_date(version.removeprefix("mtime:")) else None
 
     def _pinned(self, path: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """``kwargs`` of a read of ``path``, with ``If-Match`` its stamped ETag where fsspec's HTTP filesystem reads it
-        (its request options' headers kept) and the stamp holds a strong ETag (:meth:`_pinned_stamp`).
+        """``kwargs`` of a read of ``path``, with ``If-Match`` its stamped ETag (``If-Unmodified-Since`` its stamped
+        Last-Modified, where the server gave no ETag) where fsspec's HTTP filesystem reads it (its request options'
+        headers kept) and the stamp holds one (:meth:`_pinned_stamp`).
 
         A file replaced on the server by one of its size was read at the old file's offsets (its cached parquet
         footer, its packet index): new bytes that still parsed were handed out as rows and frames, with no error. A
@@ -847,7 +860,11 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         if stamp is None:
             return kwargs
         given = getattr(self.fs, "kwargs", {}).get("headers") or {}  # (a request's headers replace the options')
-        headers = {**given, **(kwargs.get("headers") or {}), "If-Match": f'"{stamp.version.removeprefix("etag:")}"'}
+        if stamp.version.startswith("mtime:"):
+            condition = {"If-Unmodified-Since": stamp.version.removeprefix("mtime:")}
+        else:
+            condition = {"If-Match": f'"{stamp.version.removeprefix("etag:")}"'}
+        headers = {**given, **(kwargs.get("headers") or {}), **condition}
         return {**kwargs, "headers": headers}
 
     def _precondition_failed(self, path: str) -> DatasetError | None:

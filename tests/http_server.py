@@ -77,7 +77,8 @@ class FolderServer:
     ) -> None:
         self.root = Path(root).resolve()
         self.listings = listings
-        #: Whether a read whose ``If-Match`` names another ETag than the file's is answered 412 (nginx's, Apache's);
+        #: Whether a read whose ``If-Match`` names another ETag than the file's, or whose ``If-Unmodified-Since`` is
+        #: before the file's ``Last-Modified``, is answered 412 (nginx's, Apache's);
         #: ``"refuse"``: every read with one is (a server whose If-Match disagrees with the ETags it gives);
         #: ``"always"``: every read (GET) is, with If-Match or without (a precondition of its own, or of a header sent).
         self.if_match: bool | str = True
@@ -327,6 +328,18 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
                 server.if_match  # file that shrank answers 412, not 416)
                 and wanted is not None
                 and (server.if_match == "refuse" or wanted.strip() not in ("*", headers.get("ETag")))
+            ):
+                self._status_only(412, "precondition failed", kind="precondition")
+                return
+            since = self.headers.get("If-Unmodified-Since")  # (RFC 9110 13.1.4: ignored beside an If-Match)
+            if (
+                server.if_match
+                and since is not None
+                and wanted is None
+                and (
+                    server.if_match == "refuse"
+                    or int(stat.st_mtime) > email.utils.parsedate_to_datetime(since).timestamp()
+                )
             ):
                 self._status_only(412, "precondition failed", kind="precondition")
                 return
