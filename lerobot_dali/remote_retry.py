@@ -310,19 +310,32 @@ def _check_block_fetches(inner: Any, path: str) -> None:
         except ValueError as e:
             if "range requests" not in str(e):
                 raise
-            raise DatasetError(
-                f"{path}: the server ignored an HTTP Range request (it sent the whole file), which reading a part "
-                "of a file needs; serve the dataset from a server that supports Range requests, or copy it locally"
-            ) from e
-        expected = max(0, min(end, size) - start)
-        if len(data) != expected:
-            raise ConnectionError(
-                f"{path}: asked for bytes [{start}, {start + expected}) and received {len(data)} bytes (a response "
-                "cut short, or from another offset)"
-            )
-        return data
+            raise _ignored_range(path) from e
+        return _checked_range(path, start, end, data, size)
 
     cache.fetcher = checked  # type: ignore[union-attr]  # (fetch is not None: neither is cache)
+
+
+def _ignored_range(path: str) -> DatasetError:
+    return _error(
+        f"{path}: the server ignored an HTTP Range request (it sent the whole file), which reading a part "
+        "of a file needs; serve the dataset from a server that supports Range requests, or copy it locally"
+    )
+
+
+def _checked_range(path: str, start: int, end: int, data: bytes, size: int | None) -> bytes:
+    """``data``, the answer to a request for bytes ``[start, end)`` of ``path`` (a file of ``size`` bytes, where
+    known), where it holds exactly those: more is a server that ignored the Range (DatasetError naming the fix);
+    fewer, where the size tells they exist, a response cut short (ConnectionError: transient, retried)."""
+    expected = end - start if size is None else max(0, min(end, size) - start)
+    if len(data) > max(0, expected):
+        raise _ignored_range(path)
+    if size is not None and len(data) != expected:
+        raise ConnectionError(
+            f"{path}: asked for bytes [{start}, {start + expected}) and received {len(data)} bytes (a response "
+            "cut short, or from another offset)"
+        )
+    return data
 
 
 def speaks_http(fs: Any) -> bool:
@@ -979,9 +992,18 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         return io.TextIOWrapper(io.BufferedReader(RetryingFile(self, path, "rb", kwargs)), **text_kwargs)
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> Any:
-        return self._retrier.call(
-            "cat_file", path, lambda: self.fs.cat_file(path, start=start, end=end, **self._pinned(path, kwargs))
-        )
+        """The wrapped filesystem's bytes, retried; a range of bytes (``start`` and ``end`` from the file's start)
+        checked to hold them (:func:`_checked_range`, with the stamped size where ``path`` is stamped): fsspec's HTTP
+        ``cat_file`` returned a short answer short, and a server's whole file for a range it ignored."""
+
+        def fetch() -> Any:
+            data = self.fs.cat_file(path, start=start, end=end, **self._pinned(path, kwargs))
+            if isinstance(start, int) and isinstance(end, int) and 0 <= start <= end and isinstance(data, bytes):
+                stamps = self._stamps_holding(path)
+                return _checked_range(path, start, end, data, None if stamps is None else int(stamps[path].size))
+            return data
+
+        return self._retrier.call("cat_file", path, fetch)
 
     def info(self, path: str, **kwargs: Any) -> Any:
         return self._retrier.call("info", path, lambda: self.fs.info(path, **kwargs))

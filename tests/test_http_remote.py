@@ -604,6 +604,32 @@ def test_short_range_answers_are_retried_not_misplaced(tmp_path: Path, monkeypat
     assert [g == data[o : o + n] for g, (o, n) in zip(got, reads, strict=True)] == [True] * len(reads)
 
 
+def test_a_ranged_cat_file_answered_short_is_retried_and_one_answered_whole_is_named(tmp_path: Path, slept) -> None:
+    """The prefetch cache fetches its ranges with ``cat_file``, which took any answer: a range answered short (206 for
+    half the bytes) was returned short, and the cache refused it with an OSError that stopped that fill's prefetching
+    (2 to 5 fills of an epoch where every 3rd answer was short), rather than a retry; a server that ignored the Range
+    returned the whole file as the range's bytes. A short answer of a file of known size is now retried; a longer one
+    is named with the fix."""
+    import fsspec
+
+    from lerobot_dali.file_stamps import FileStamp
+
+    data = np.random.default_rng(4).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    (tmp_path / "f.bin").write_bytes(data)
+    with serve_folder(tmp_path) as server:
+        url = f"{server.url}/f.bin"
+        fs = RetryingFileSystem(fsspec.filesystem("http"), policy=RetryPolicy(retries=2))
+        fs.pin({url: FileStamp(len(data))})  # (its size known, as the dataset's stamps know it; no version)
+        server.fail_next("short")
+        assert fs.cat_file(url, start=1000, end=51_000) == data[1000:51_000]
+        assert fs.cat_file(url, start=299_000, end=400_000) == data[299_000:]  # (past the end: the file's end)
+        assert [r.status for r in server.records] == [206, 206, 206] and len(slept) == 1
+        server.fail_next("no_range")
+        with pytest.raises(DatasetError, match=r"f\.bin: the server ignored an HTTP Range request.*supports Range"):
+            fs.cat_file(url, start=1000, end=2000)
+        assert fs.cat_file(url) == data  # (a whole file asked: no range to check)
+
+
 def test_a_server_that_ignores_range_is_named_with_a_fix(tmp_path: Path) -> None:
     import fsspec
 
