@@ -1829,6 +1829,32 @@ def test_a_hub_file_block_is_asked_once_per_try(tmp_path: Path, monkeypatch, fau
             assert (handle.read() if whole else handle.read(10)) == (data if whole else data[200_000:200_010])
 
 
+def test_a_hub_file_block_answered_whole_is_named_not_retried(tmp_path: Path, monkeypatch) -> None:
+    """A Hub block answered with the whole file (200: a Range ignored on the way) read as a response cut short: retried
+    with the policy's waits, then "asked for bytes [...] and received N bytes". It is the Range's refusal, named with
+    the fix at once, as over plain HTTP."""
+    from huggingface_hub import HfFileSystem
+
+    commit = "c0ffee" * 6 + "c0ff"
+    data = np.random.default_rng(6).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    served = tmp_path / "datasets" / "user" / "ds" / "resolve" / commit / "f.bin"
+    served.parent.mkdir(parents=True)
+    served.write_bytes(data)
+    waits: list[float] = []
+    monkeypatch.setattr("lerobot_dali.remote_retry.time", _SleepsRecorded(waits))
+    monkeypatch.setattr(HfFileSystem, "_repo_and_revision_exist", lambda self, *args, **kwargs: (True, None))
+    monkeypatch.setattr(HfFileSystem, "info", lambda self, path, **kwargs: {"name": path, "size": len(data),
+                                                                             "type": "file"})  # fmt: skip
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(HfFileSystem(endpoint=server.url, token=False), policy=RetryPolicy(retries=2))
+        with fs.open(f"datasets/user/ds@{commit}/f.bin", "rb", block_size=100_000) as handle:
+            server.set_faults(1, ("no_range",))
+            handle.seek(200_000)
+            with pytest.raises(DatasetError, match=r"f\.bin: the server ignored an HTTP Range request"):
+                handle.read(10)
+            assert waits == [] and len([r for r in server.records if r.method == "GET"]) == 1
+
+
 def _served_hub_dataset(folder: Path, commit: str, files: dict[str, int]) -> None:
     """What the Hub's API answers HfFileSystem for dataset ``user/ds`` at ``commit``: its ``repo_info``, and the
     ``tree`` of its folder ``data`` holding ``files`` (name -> size), served as files under ``folder``."""
