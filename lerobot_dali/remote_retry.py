@@ -944,8 +944,8 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         HEAD too, so it is asked again while retries remain); ``(None, False)`` where it gives the stamped one: the
         404 was a CDN's or an eventually consistent store's passing answer, and the read is retried (a file removed
         answers its retry 404 again). With no answer (a 503) the read is retried only where it asks for the stamped
-        version itself (If-Match, :meth:`_pinned`): else it may read the bytes of a file put in its place, so the
-        server is asked again, as for a 404."""
+        version itself (If-Match, If-Unmodified-Since: :meth:`_pinned`): else it may read the bytes of a file put in
+        its place, so the server is asked again, as for a 404."""
         change = self._change_now(path)
         if isinstance(change, str):
             return (None if self._pinned_stamp(path) is not None else _unanswered(path, change)), False
