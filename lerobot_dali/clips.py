@@ -76,6 +76,10 @@ class ClipPlan:
     def frame_count(self) -> int:
         return len(self.packet_positions)
 
+    def payload_bytes(self, index: PacketIndex) -> int:
+        """Bytes of packet payload the plan copies from ``index``'s file."""
+        return int(index.size_bytes[self.packet_positions].sum())
+
 
 @dataclass(frozen=True, eq=False)
 class Clip:
@@ -394,7 +398,7 @@ def build_clip(
     plan = plan_clip(index, frame_indices)
     payloads = read_packet_payloads(source, index, plan, filesystem=filesystem)
     data = remux_clip(index, plan, payloads)
-    payload_bytes = int(index.size_bytes[plan.packet_positions].sum())
+    payload_bytes = plan.payload_bytes(index)
     if logger.isEnabledFor(logging.DEBUG):  # (its arguments cost ~1 us a clip, of every sample of a clip route)
         logger.debug(
             "Clip of %d frames (%d segments, %d bytes) from %s (%d bytes)",

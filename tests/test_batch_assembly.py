@@ -92,11 +92,16 @@ def test_a_batch_looks_each_video_file_up_once_per_camera(make_ds, monkeypatch: 
             assert numbers.tolist() == (first + own_rows).tolist()
 
 
-def test_a_batchs_clips_are_each_requests_own_clip(make_ds) -> None:
-    """The clip route builds a batch's clips in passes (every plan, then every file's reads, then every remux: 1.4x
-    less CPU than plan, read and remux per clip), over 2 files per camera here: each clip is byte for byte what
-    build_clip cuts for its request alone, with the same frames to take from it."""
+@pytest.mark.parametrize("pass_bytes", [1, 2**20])
+def test_a_batchs_clips_are_each_requests_own_clip(make_ds, monkeypatch: pytest.MonkeyPatch, pass_bytes: int) -> None:
+    """The clip route builds a batch's clips in passes (every plan, then per run of clips every read, then every
+    remux: 1.4x less CPU than plan, read and remux per clip), over 2 files per camera here, in runs of one clip and
+    of a whole file's: each clip is byte for byte what build_clip cuts for its request alone, with the same frames
+    to take from it."""
+    from lerobot_dali import batch_source
     from lerobot_dali.clips import build_clip
+
+    monkeypatch.setattr(batch_source, "CLIP_PASS_BYTES", pass_bytes)
 
     root = make_ds(episodes=6, frames_per_episode=20, cameras=1, episodes_per_file=3, codec="h264", gop=4)
     camera = camera_key(0)
@@ -114,6 +119,17 @@ def test_a_batchs_clips_are_each_requests_own_clip(make_ds) -> None:
         assert relative.dtype == np.int32 and relative.tolist() == alone.relative_indices.tolist()
     # Sample 0 (episode 2's frame 0, its file's frame 40, a keyframe) pads twice; sample 1 (frame 19) once at the end.
     assert indices[0].tolist() == [0, 0, 2] and indices[1][1] == indices[1][2] > indices[1][0]
+
+
+def test_clip_runs_hold_up_to_the_pass_bytes_each_a_larger_clip_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lerobot_dali import batch_source
+
+    monkeypatch.setattr(batch_source, "CLIP_PASS_BYTES", 100)
+    members, sizes = [3, 5, 6, 9, 11, 12], [40, 60, 1, 250, 99, 2]
+    assert batch_source._clip_runs(members, sizes) == [[3, 5], [6], [9], [11], [12]]
+    assert batch_source._clip_runs([4, 7], [100, 0]) == [[4, 7]]
+    assert batch_source._clip_runs([1, 2], [0, 100]) == [[1, 2]]
+    assert batch_source._clip_runs([], []) == []
 
 
 def _groups(episode_pos: np.ndarray) -> list[np.ndarray]:
