@@ -379,6 +379,8 @@ sys.path.insert(0, sys.argv[1])
 import slow_import
 from lerobot_dali import parent_watch
 
+os.environ["SLOW_IMPORT"] = "1"  # (the worker's import of it, as it reads its data, takes 1 s)
+
 parent_watch.HELD_PUT_S = 0.2
 worker = multiprocessing.get_context("spawn").Process(target=slow_import.work, args=(b"x" * 2_000_000,))
 threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
@@ -396,8 +398,8 @@ def test_a_ctrl_c_in_a_start_slow_to_be_read_lands_once_the_worker_has_its_data(
     # A start's hold sent the signal again past HELD_PUT_S (meant for a put to a worker gone), raising in the middle of
     # the write: the worker printed "UnpicklingError: pickle data was truncated" (1 of 1), unknown to its pool.
     (tmp_path / "slow_import.py").write_text(
-        "import multiprocessing, time\n"
-        "if multiprocessing.parent_process() is not None:\n"
+        "import os, time\n"
+        "if os.environ.get('SLOW_IMPORT'):  # (set once the trainer has it: the worker, unpickling its target)\n"
         "    time.sleep(1.0)\n"
         "def work(data):\n"
         "    pass\n"
