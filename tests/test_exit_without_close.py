@@ -575,6 +575,8 @@ from lerobot_dali.batch_source import BatchSource
     + STUCK_THREAD_HANGS
     + """
 def exits(signum, frame):
+    import faulthandler  # (an exit still under way 15 s on shows every thread's stack, in the test's message)
+    faulthandler.dump_traceback_later(15, exit=False)
     raise SystemExit(128 + signum)
 
 BatchSource.__call__ = hanging_call
@@ -629,7 +631,7 @@ def test_a_sigterm_with_a_pass_stuck_exits_within_the_launchers_grace_and_leaves
             if child.poll() is None:
                 os.killpg(child.pid, signal.SIGKILL)
     lines = stderr.splitlines()
-    assert semaphores and child.returncode == 128 + signal.SIGTERM
+    assert semaphores and child.returncode == 128 + signal.SIGTERM, stderr  # (a stuck exit: its threads' stacks)
     assert sorted(path for path in semaphores if os.path.exists(path)) == []
     assert len(lines) == 1 and lines[0].startswith("exit: within 1 s, 1 iterator not closed"), stderr
     assert datasets[0] in lines[0]
