@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -1110,17 +1111,23 @@ def test_data_files_cut_short_found_at_open_send_nobody_to_check(
         assert all(p.message.endswith("; `lerobot-dali check` lists every such file") for p in report.problems)
 
 
+def _frame_index_set(row: int, value: int) -> Callable[[pa.Table], pa.Table]:
+    """A data file rewrite giving ``frame_index`` ``value`` at ``row`` (the rest as it was)."""
+
+    def rewrite(table: pa.Table) -> pa.Table:
+        values = table["frame_index"].to_pylist()
+        values[row] = value
+        column = table.column_names.index("frame_index")
+        return table.set_column(column, "frame_index", pa.array(values, table["frame_index"].type))
+
+    return rewrite
+
+
 def test_a_negative_frame_index_read_by_frame_index_names_its_episode_and_file(ds: Path) -> None:
     """A row's negative frame_index, its video looked up by frame_index / fps, raised a bare ValueError ('frame_indices
     must be non-negative integers, got array([...])') naming neither the dataset, the episode nor the column's file."""
 
-    def negative(table: pa.Table) -> pa.Table:
-        values = table["frame_index"].to_pylist()
-        values[3] = -1
-        column = table.column_names.index("frame_index")
-        return table.set_column(column, "frame_index", pa.array(values, table["frame_index"].type))
-
-    _rewrite_data(ds, negative)
+    _rewrite_data(ds, _frame_index_set(3, -1))
     said = r"episode 0: column 'frame_index' of .*data/chunk-000/file-000\.parquet holds -1, a negative frame number"
     with pytest.raises(DataFileError, match=said):
         _first_pass(ds, timestamp_source="frame_index")
@@ -1132,13 +1139,7 @@ def test_a_frame_index_out_of_order_read_by_frame_index_is_refused(ds: Path, row
     frame_index / fps, read the wrong frames in silence: sample 4 held frame 3's picture, frame 4 was never read,
     and `check --timestamp-source frame_index` found no problem (parquet timestamps in order: 0 of 2 cases said)."""
 
-    def misnumbered(table: pa.Table) -> pa.Table:
-        values = table["frame_index"].to_pylist()
-        values[row] = value
-        column = table.column_names.index("frame_index")
-        return table.set_column(column, "frame_index", pa.array(values, table["frame_index"].type))
-
-    _rewrite_data(ds, misnumbered)
+    _rewrite_data(ds, _frame_index_set(row, value))
     pattern = rf"episode 0: column 'frame_index' of .*data/chunk-000/file-000\.parquet {said}"
     with pytest.raises(DataFileError, match=pattern):
         _first_pass(ds, timestamp_source="frame_index")

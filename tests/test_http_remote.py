@@ -1793,6 +1793,23 @@ class _SleepsRecorded:
         self.waits.append(seconds)
 
 
+def _hub_file_served(tmp_path: Path, monkeypatch, commit: str, *, seed: int, waits: list[float]) -> bytes:
+    """300,000 random bytes served as dataset ``user/ds``'s ``f.bin`` at ``commit`` under ``tmp_path`` (the folder a
+    :func:`serve_folder` serves as HfFileSystem's endpoint), the Hub's repo check and ``info`` answered here, and the
+    loader's retry waits recorded in ``waits``."""
+    from huggingface_hub import HfFileSystem
+
+    data = np.random.default_rng(seed).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    served = tmp_path / "datasets" / "user" / "ds" / "resolve" / commit / "f.bin"
+    served.parent.mkdir(parents=True)
+    served.write_bytes(data)
+    monkeypatch.setattr("lerobot_dali.remote_retry.time", _SleepsRecorded(waits))
+    monkeypatch.setattr(HfFileSystem, "_repo_and_revision_exist", lambda self, *args, **kwargs: (True, None))
+    monkeypatch.setattr(HfFileSystem, "info", lambda self, path, **kwargs: {"name": path, "size": len(data),
+                                                                             "type": "file"})  # fmt: skip
+    return data
+
+
 @pytest.mark.parametrize("fault", ["503", "429", "drop"])
 @pytest.mark.parametrize("whole", [False, True])
 def test_a_hub_file_block_is_asked_once_per_try(tmp_path: Path, monkeypatch, fault: str, whole: bool) -> None:
@@ -1804,16 +1821,9 @@ def test_a_hub_file_block_is_asked_once_per_try(tmp_path: Path, monkeypatch, fau
     from huggingface_hub import HfFileSystem
 
     commit = "c0ffee" * 6 + "c0ff"
-    data = np.random.default_rng(5).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
-    served = tmp_path / "datasets" / "user" / "ds" / "resolve" / commit / "f.bin"
-    served.parent.mkdir(parents=True)
-    served.write_bytes(data)
     waits: list[float] = []
     monkeypatch.setattr(hub_http, "time", _SleepsRecorded(waits))  # (the Hub's own waits, on the old code)
-    monkeypatch.setattr("lerobot_dali.remote_retry.time", _SleepsRecorded(waits))
-    monkeypatch.setattr(HfFileSystem, "_repo_and_revision_exist", lambda self, *args, **kwargs: (True, None))
-    monkeypatch.setattr(HfFileSystem, "info", lambda self, path, **kwargs: {"name": path, "size": len(data),
-                                                                             "type": "file"})  # fmt: skip
+    data = _hub_file_served(tmp_path, monkeypatch, commit, seed=5, waits=waits)
     with serve_folder(tmp_path) as server:
         fs = RetryingFileSystem(HfFileSystem(endpoint=server.url, token=False), policy=RetryPolicy(retries=2))
         with fs.open(f"datasets/user/ds@{commit}/f.bin", "rb", block_size=100_000) as handle:
@@ -1836,15 +1846,8 @@ def test_a_hub_file_block_answered_whole_is_named_not_retried(tmp_path: Path, mo
     from huggingface_hub import HfFileSystem
 
     commit = "c0ffee" * 6 + "c0ff"
-    data = np.random.default_rng(6).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
-    served = tmp_path / "datasets" / "user" / "ds" / "resolve" / commit / "f.bin"
-    served.parent.mkdir(parents=True)
-    served.write_bytes(data)
     waits: list[float] = []
-    monkeypatch.setattr("lerobot_dali.remote_retry.time", _SleepsRecorded(waits))
-    monkeypatch.setattr(HfFileSystem, "_repo_and_revision_exist", lambda self, *args, **kwargs: (True, None))
-    monkeypatch.setattr(HfFileSystem, "info", lambda self, path, **kwargs: {"name": path, "size": len(data),
-                                                                             "type": "file"})  # fmt: skip
+    _hub_file_served(tmp_path, monkeypatch, commit, seed=6, waits=waits)
     with serve_folder(tmp_path) as server:
         fs = RetryingFileSystem(HfFileSystem(endpoint=server.url, token=False), policy=RetryPolicy(retries=2))
         with fs.open(f"datasets/user/ds@{commit}/f.bin", "rb", block_size=100_000) as handle:
