@@ -25,7 +25,7 @@ import numpy as np
 from .dataset_info import DatasetInfo
 from .dataset_location import DatasetLocation, read_if_present
 from .episode_table import read_episode_records, read_episode_table
-from .errors import DatasetError, StatsError
+from .errors import DatasetError
 from .said_once import say_once
 
 __all__ = ["NORMALIZE_WITHOUT_STATS", "POOLED_STATS", "FeatureStats", "aggregate_episode_stats", "read_dataset_stats"]
@@ -83,16 +83,18 @@ def read_dataset_stats(location: DatasetLocation, info: DatasetInfo | None = Non
 
 
 def _finite(stats: FeatureStats, path: str) -> FeatureStats:
-    """``stats`` (of file ``path``), refused where a mean, std, min or max is NaN or infinite (LeRobot's statistics of
-    data that holds NaN): normalising by one, or pooling datasets' statistics with it, turns every value NaN."""
+    """``stats`` (of file ``path``), with a warning naming each mean, std, min or max that is NaN or infinite
+    (LeRobot's statistics of data that holds NaN): normalising by one turns every value NaN, so what normalises by
+    one refuses it (a camera's :class:`~.augment_config.Normalize`, train.py's state and action), while a dataset
+    whose other features' statistics are sound reads on."""
     bad = [f"{key} {name}" for key, entry in stats.items() for name in ("mean", "std", "min", "max")
            if name in entry and not np.isfinite(entry[name]).all()]  # fmt: skip
     if bad:
-        raise StatsError(
-            f"{path}: the statistics {bad} are not finite (NaN or infinity), and normalising by them turns every "
-            "value NaN: recompute them from the data files (which may hold NaN themselves), or download or copy "
-            f"{path} again"
-        )
+        say_once(
+            logger, logging.WARNING,
+            "%s: the statistics %s are not finite (NaN or infinity); normalising by them is refused: recompute them "
+            "from the data files (which may hold NaN themselves), or download or copy %s again", path, bad, path,
+        )  # fmt: skip
     return stats
 
 

@@ -72,7 +72,7 @@ import torch
 from lerobot_dali.cache_dirs import write_whole
 from lerobot_dali.cli_options import ArgumentParser, add_episode_pool_size, add_image_size, check_image_size
 from lerobot_dali.decode_route import DecodePreference
-from lerobot_dali.errors import CudaUnavailableError, DatasetError, ResumeStateError, ShardingError
+from lerobot_dali.errors import CudaUnavailableError, DatasetError, ResumeStateError, ShardingError, StatsError
 from lerobot_dali.new_folder import refuse_inside_datasets, refuse_unwritable
 from lerobot_dali.open_files import refuse_workers_past_open_files
 from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
@@ -666,6 +666,12 @@ def feature_stats(
     stats = reader.read_stats() if stats is None else stats
     entry = stats.get(key, {})
     if "mean" in entry and "std" in entry:
+        if not (np.isfinite(entry["mean"]).all() and np.isfinite(entry["std"]).all()):
+            raise StatsError(
+                f"{reader.location.description}: the statistics of {key!r} are not finite (NaN or infinity), and "
+                "normalising by them turns every value NaN: recompute them from the data files, or download or copy "
+                "meta/stats.json (v2.1: meta/episodes_stats.jsonl) again"
+            )
         return FeatureStats(mean=tuple(entry["mean"].ravel().tolist()), std=tuple(entry["std"].ravel().tolist()))
     positions = np.unique(np.linspace(0, reader.num_episodes - 1, min(max_episodes, reader.num_episodes)).astype(int))
     rows = np.concatenate([reader.read_episode(int(p), [key])[key] for p in positions]).astype(np.float64)

@@ -49,6 +49,22 @@ def test_stats_normalise_each_camera_by_its_own_entry(make_ds) -> None:
         np.testing.assert_allclose(normalised[camera].numpy(), expected, rtol=1e-5, atol=1e-5, err_msg=camera)
 
 
+def test_stats_not_finite_refuse_the_camera_they_normalise_not_the_others_features(make_ds, copy_ds) -> None:
+    """normalize="stats" with a NaN in the statistics of a feature it does not use (the state's) reads on; with one in a
+    camera's, that camera's normalisation is refused (it would turn every pixel NaN)."""
+    root = copy_ds(make_ds(**SPEC))
+    stats = json.loads((root / "meta/stats.json").read_text())
+    stats["observation.state"]["mean"][0] = float("nan")
+    (root / "meta/stats.json").write_text(json.dumps(stats))
+    camera = "observation.images.cam0"
+    normalised = _first_batch(root, augment=AugmentConfig(normalize="stats"))
+    assert np.isfinite(normalised[camera].numpy()).all()
+    stats[camera]["mean"][0] = [[float("nan")]]
+    (root / "meta/stats.json").write_text(json.dumps(stats))
+    with pytest.raises(ValueError, match="finite"):
+        _first_batch(root, augment=AugmentConfig(normalize="stats"))
+
+
 def test_per_camera_mapping_and_missing_camera(make_ds) -> None:
     root = make_ds(**SPEC)
     norms = {

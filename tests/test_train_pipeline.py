@@ -1098,6 +1098,23 @@ def test_feature_stats_read_named_and_per_episode_statistics() -> None:
     assert stats.mean == pytest.approx(v30["mean"], rel=1e-9) and stats.std == pytest.approx(v30["std"], rel=1e-9)
 
 
+def test_feature_stats_refuse_statistics_that_are_not_finite(make_ds, copy_ds) -> None:
+    """A NaN in the statistics of the state a policy normalises by made every normalised state NaN, unsaid; the
+    dataset's other features' statistics (sound) read as before."""
+    from lerobot_dali.dataset_reader import open_dataset
+    from lerobot_dali.errors import StatsError
+    from pipelines.train import feature_stats
+
+    root = copy_ds(make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="vp9"))
+    stats = json.loads((root / "meta/stats.json").read_text())
+    stats["observation.state"]["mean"][0] = float("nan")
+    (root / "meta/stats.json").write_text(json.dumps(stats))
+    reader = open_dataset(root)
+    with pytest.raises(StatsError, match=r"the statistics of 'observation.state' are not finite"):
+        feature_stats(reader, "observation.state")
+    assert feature_stats(reader, "action").mean == tuple(stats["action"]["mean"])
+
+
 @pytest.mark.parametrize(
     ("extra", "files", "message"),
     [
