@@ -69,7 +69,7 @@ from .value_checks import check_choice, check_int, is_number
 # (at run time too: typing.get_type_hints of the constructor, which CLI builders and run-time type checkers read)
 if sys.version_info >= (3, 11):
     from typing import Unpack
-else:  # (typing_extensions: torch's requirement)
+else:  # (typing_extensions: declared for Python 3.10 in pyproject.toml)
     from typing_extensions import Unpack
 
 __all__ = ["PER_DATASET_OPTIONS", "DALILeRobotMixture", "batch_shares", "shared_selection"]
