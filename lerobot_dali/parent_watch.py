@@ -89,6 +89,7 @@ def leave_interrupts_to_parent() -> bool:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_unwinding)
+    task_puts_finish_before_interrupts()  # (its SIGTERM's SystemExit: not within its take of a task, either)
     return True
 
 
@@ -202,7 +203,18 @@ def task_puts_finish_before_interrupts() -> None:
     to wake: interrupted there, the condition was left a wake over its sleepers, and the next notify (the pool's close,
     in DALI's observer thread; the worker's own close) raised "notify: Bug in sleeping_count": a traceback after
     train.py's one line (2 of 10 Ctrl-C runs under load); the same, 1 of 1, where a SIGTERM handler raised SystemExit
-    there (only Ctrl-C was held). DALI's private pool: nothing is done where it changed."""
+    there (only Ctrl-C was held).
+
+    A take from one of DALI's queues (``ShmQueue.get``: the trainer's of the workers' results, a worker's of its next
+    task) is held over the same way, its wait for a message cut in :data:`_TAKE_SLICE_S` slices: a signal held ends
+    the take at the next slice, nothing taken and the lock let go, its handler run there and the take begun again
+    where the handler returns. The wait takes the queue's lock back as it wakes, blocked while the sender holds it:
+    interrupted there, the take ended without the lock, and its ``with`` released the sender's: "semaphore or lock
+    released too many times" (in a worker's result thread, or in the take itself: train.py's exit status 1 in place of
+    130) and "lock is not owned" (the pool's observer thread) after train.py's one line: 1 of 60 exits at random
+    moments (Ctrl-C or SIGTERM to the process group), 0 of 60 now. DALI's private pool: nothing is done where it
+    changed."""
+    _hold_over_takes()
     try:
         from nvidia.dali._multiproc.pool import ProcPool
     except ImportError:  # (a DALI without it: puts are interrupted as before)
@@ -222,6 +234,70 @@ def task_puts_finish_before_interrupts() -> None:
         ProcPool.send = send  # type: ignore[method-assign]
 
 
+#: How long a take from DALI's queue waits for a message at a time, a signal held over it: its handler runs this long
+#: after the signal, at most (the take's lock held by a sender: once it is let go).
+_TAKE_SLICE_S = 0.1
+_TAKE_WRAPPED = "_lerobot_dali_takes_yield"
+#: The held signals of the main thread's takes in progress, innermost last.
+_takes: list[dict[int, Any]] = []
+
+
+class _SignalHeld(Exception):
+    """Ends a take from DALI's queue where nothing was taken, its lock held, so that a signal held over it runs."""
+
+
+def _hold_over_takes() -> None:
+    """Wraps DALI's ``ShmQueue.get`` (see :func:`task_puts_finish_before_interrupts`)."""
+    try:
+        from nvidia.dali._multiproc.shared_queue import ShmQueue
+    except ImportError:  # (a DALI without it: takes are interrupted as before)
+        return
+    with _lock:
+        original: Any = inspect.getattr_static(ShmQueue, "get", None)
+        if not isinstance(original, types.FunctionType) or getattr(original, _TAKE_WRAPPED, False):
+            return
+
+        @functools.wraps(original)
+        def get(self: Any, *args: Any, **kwargs: Any) -> Any:
+            condition = getattr(self, "cv_not_empty", None)
+            if threading.current_thread() is not threading.main_thread() or condition is None:
+                return original(self, *args, **kwargs)
+            _wait_in_slices(condition)
+            while True:
+                with _signals_held_over() as held:
+                    _takes.append(held)
+                    try:
+                        return original(self, *args, **kwargs)
+                    except _SignalHeld:
+                        pass  # (its handler runs as the hold ends; where it returns, the take begins again)
+                    finally:
+                        _takes.pop()
+
+        setattr(get, _TAKE_WRAPPED, True)
+        ShmQueue.get = get  # type: ignore[method-assign]
+
+
+def _wait_in_slices(condition: Any) -> None:
+    """The main thread's untimed ``wait`` on ``condition`` (a queue's, within its take) returns after
+    :data:`_TAKE_SLICE_S` at most (its caller looks at the queue again and waits on), or raises :class:`_SignalHeld`
+    as it returns where a signal is held over the take: the wait has taken the lock back, and the take has taken
+    nothing (raised after the take, the handler's exception lost the messages taken)."""
+    if getattr(condition.wait, _TAKE_WRAPPED, False):
+        return
+    original = condition.wait
+
+    def wait(timeout: float | None = None) -> bool:
+        if timeout is not None or not _takes or threading.current_thread() is not threading.main_thread():
+            return bool(original(timeout))
+        woken = bool(original(_TAKE_SLICE_S))
+        if _takes[-1]:  # (woken or not: the messages are left in the queue, for the next take)
+            raise _SignalHeld
+        return woken
+
+    setattr(wait, _TAKE_WRAPPED, True)
+    condition.wait = wait
+
+
 _HOLDS = "_lerobot_dali_holds"  # (a hold's attribute: the handlers it holds over, by signal)
 #: How long a signal held over a task put waits for the put to end before its handler runs where the put is. A put waits
 #: for a worker to wake, and one killed or stopped meanwhile never does: a single SIGTERM (a trainer's handler that
@@ -233,7 +309,7 @@ _resend_lock = fork_locks.lock()  # (a held signal is sent again, or the hold en
 
 
 @contextlib.contextmanager
-def _signals_held_over(*, resend: bool = True) -> Iterator[None]:
+def _signals_held_over(*, resend: bool = True) -> Iterator[dict[int, Any]]:
     """Within, in the main thread, the Python handler of a signal of :data:`_HELD_OVER_PUTS` runs as the block ends, in
     the order the signals came (a second one of a signal: at once), with the frame it landed in; ``resend``: where the
     block has run :data:`HELD_PUT_S` since the signal came, the signal is sent to the main thread again, its handler
@@ -245,7 +321,7 @@ def _signals_held_over(*, resend: bool = True) -> Iterator[None]:
     passes every signal on to its handler, and the next block puts that handler back. (Held over SIGINT alone, a second
     Ctrl-C landing as SIGINT's was put back left it the hold's for good, the put's frame held.)"""
     if threading.current_thread() is not threading.main_thread():  # (Python runs no handler in another thread)
-        yield
+        yield {}
         return
     previous: dict[int, Any] = {}
     for s in _HELD_OVER_PUTS:
@@ -284,7 +360,7 @@ def _signals_held_over(*, resend: bool = True) -> Iterator[None]:
     try:
         for held_over in previous:
             signal.signal(held_over, hold)
-        yield
+        yield held
     finally:
         try:  # (inside it: a held signal's handler still runs where another one's raises as this one is set)
             ending = True  # (the put is over: from here on a signal's handler runs where it lands)

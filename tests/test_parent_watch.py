@@ -406,3 +406,66 @@ def test_a_ctrl_c_in_a_start_slow_to_be_read_lands_once_the_worker_has_its_data(
     )
     done = _run(CTRL_C_IN_A_SLOW_START, str(tmp_path))
     assert (done.returncode, done.stdout, done.stderr) == (0, "interrupted once started: True\n0\n", "")
+
+
+@pytest.mark.parametrize(
+    ("signum", "handler", "ends"),
+    [(signal.SIGINT, signal.default_int_handler, KeyboardInterrupt), (signal.SIGTERM, _terminated, Terminated)],
+    ids=["ctrl-c", "sigterm-handler-that-raises"],
+)
+def test_a_signal_as_a_take_from_dalis_queue_wakes_leaves_its_lock_as_it_was(signum, handler, ends) -> None:
+    """The main thread's take from DALI's queue (the trainer's of the workers' results), a signal landing as its wait
+    wakes, before it takes the queue's lock back: the handler's exception ended the take without the lock, and its
+    ``with`` released the lock it did not hold: "semaphore or lock released too many times", in the take (train.py's
+    exit status 1, not 130) or in the sender's thread (a worker's result thread). The handler now runs with the take
+    ended and the lock let go: its own exception, the lock free, the queue usable."""
+    from nvidia.dali._multiproc.messages import ShmMessageDesc
+    from nvidia.dali._multiproc.shared_queue import ShmQueue
+
+    from lerobot_dali.parent_watch import task_puts_finish_before_interrupts
+
+    class SignalledAsItWakes:
+        """The condition's count of woken sleepers: the waking take's release of it sends the signal, once."""
+
+        def __init__(self, semaphore: Any) -> None:
+            self.semaphore = semaphore
+
+        def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+            return bool(self.semaphore.acquire(block, timeout))
+
+        def release(self) -> None:
+            self.semaphore.release()
+            if threading.current_thread() is threading.main_thread() and not sent:
+                sent.append(signum)
+                os.kill(os.getpid(), signum)
+
+    task_puts_finish_before_interrupts()
+    queue = ShmQueue(multiprocessing.get_context("spawn"), capacity=4)
+    condition = queue.cv_not_empty
+    condition._woken_count = SignalledAsItWakes(condition._woken_count)
+    sent: list[int] = []
+    raised: list[BaseException] = []
+
+    def put_once_the_take_waits() -> None:
+        try:
+            while condition._sleeping_count._semlock._get_value() == 0:  # (the take is not yet waiting)
+                time.sleep(0.001)
+            queue.put([ShmMessageDesc(0, 1, 0, 0, 0)])
+        except BaseException as e:
+            raised.append(e)
+
+    previous = signal.signal(signum, handler)
+    putter = threading.Thread(target=put_once_the_take_waits)
+    try:
+        putter.start()
+        with pytest.raises(ends):
+            queue.get(None)
+    finally:
+        putter.join()
+        signal.signal(signum, previous)
+    assert (sent, raised) == ([signum], [])
+    assert queue.lock.acquire(False)  # (free: neither held on nor released twice)
+    queue.lock.release()
+    queue.put([ShmMessageDesc(0, 2, 0, 0, 0)])
+    assert [m.shm_chunk_id for m in queue.get(None)][-1] == 2
+    queue.close()
