@@ -27,6 +27,7 @@ import os
 import signal
 import threading
 import types
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -284,12 +285,15 @@ def _wait_in_slices(condition: Any) -> None:
     nothing (raised after the take, the handler's exception lost the messages taken)."""
     if getattr(condition.wait, _TAKE_WRAPPED, False):
         return
-    original = condition.wait
+    # (the class's wait and a weak reference: a closure over the bound method is a cycle through the condition, which
+    # kept its four semaphores past the queue's close until a gc; a forked child ending in os._exit never let them go)
+    unbound, held_condition = type(condition).wait, weakref.ref(condition)
 
     def wait(timeout: float | None = None) -> bool:
+        own = held_condition()
         if timeout is not None or not _takes or threading.current_thread() is not threading.main_thread():
-            return bool(original(timeout))
-        woken = bool(original(_TAKE_SLICE_S))
+            return bool(unbound(own, timeout))
+        woken = bool(unbound(own, _TAKE_SLICE_S))
         if _takes[-1]:  # (woken or not: the messages are left in the queue, for the next take)
             raise _SignalHeld
         return woken

@@ -469,3 +469,32 @@ def test_a_signal_as_a_take_from_dalis_queue_wakes_leaves_its_lock_as_it_was(sig
     queue.put([ShmMessageDesc(0, 2, 0, 0, 0)])
     assert [m.shm_chunk_id for m in queue.get(None)][-1] == 2
     queue.close()
+
+
+def test_a_take_from_dalis_queue_leaves_no_cycle_that_outlives_its_close() -> None:
+    """The wrap of a queue's condition once held the condition's bound wait in a closure set on the condition: a
+    reference cycle, so the queue's four semaphores lived past its close until a gc ran, and a forked child ending in
+    ``os._exit`` left them registered ("resource_tracker: There appear to be 4 leaked semaphore objects"). Without a
+    gc, the queue's condition now goes as the queue does."""
+    import gc
+    import weakref
+
+    from nvidia.dali._multiproc.messages import ShmMessageDesc
+    from nvidia.dali._multiproc.shared_queue import ShmQueue
+
+    from lerobot_dali.parent_watch import task_puts_finish_before_interrupts
+
+    task_puts_finish_before_interrupts()
+    queue = ShmQueue(multiprocessing.get_context("spawn"), capacity=4)
+    queue.put([ShmMessageDesc(0, 3, 0, 0, 0)])
+    assert [m.shm_chunk_id for m in queue.get(None)] == [3]  # (the take wraps the condition's wait)
+    condition = weakref.ref(queue.cv_not_empty)
+    queue.close()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del queue
+        assert condition() is None
+    finally:
+        if was_enabled:
+            gc.enable()
