@@ -60,11 +60,12 @@ _SECRET_WORDS = frozenset(
 #: ``OSSAccessKeyId``), and a session's id: credentials, though ``Id`` is one of :data:`_ABOUT_WORDS`.
 _SECRET_ENDINGS = ("accesskeyid", "sessionid")
 #: Names that carry a credential only as the whole name (``pass=...``; ``pass_rate`` is none): Azure Functions' key
-#: (``code``), a one-time password, a CAS service ticket, Akamai's tokens (Auth Token 2.0's ``hdnts``, and ``hdnea``,
-#: ``hdntl``: ``exp=...~acl=...~hmac=...``), and the access key's id of Tencent COS's signature (``q-ak``) and of GCS's
-#: V2 signed URLs (``GoogleAccessId``: the signer's, as V4's ``X-Goog-Credential`` and S3's ``AWSAccessKeyId`` name it).
+#: (``code``), a one-time password, a CAS service ticket, PHP's session (``PHPSESSID``), Akamai's tokens (Auth Token
+#: 2.0's ``hdnts``, and ``hdnea``, ``hdntl``: ``exp=...~acl=...~hmac=...``), and the access key's id of Tencent COS's
+#: signature (``q-ak``) and of GCS's V2 signed URLs (``GoogleAccessId``: the signer's, as V4's ``X-Goog-Credential``
+#: and S3's ``AWSAccessKeyId`` name it).
 _SECRET_NAMES = frozenset(
-    {"pass", "pwd", "pw", "code", "otp", "ticket", "hdnts", "hdnea", "hdntl", "q-ak", "googleaccessid"}
+    {"pass", "pwd", "pw", "code", "otp", "ticket", "phpsessid", "hdnts", "hdnea", "hdntl", "q-ak", "googleaccessid"}
 )
 #: Words that, after a credential's word, make a name one that tells of a credential, not one that carries it
 #: (``signature_version``, ``SignatureMethod``, ``key-marker``, ``token_type``, ``key_id``, ``sign_in``, Tencent COS's
@@ -118,6 +119,17 @@ _USER_PASSWORD = re.compile(r"(?P<lead>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#@:\s'\"]
 #: as curl's ``-u TOKEN:`` gives it: aiohttp sends it as basic auth, as a token is given so); another scheme's
 #: (``sftp://alice@host``) names no credential.
 _USER_ALONE = re.compile(r"(?P<lead>\bhttps?://)[^/?#@:\s'\"]+:?@", re.IGNORECASE)
+#: Credentials that known formats carry in a URL's path, or in its user where its password is none, each masked after
+#: its ``lead`` (each format's own: no guess at other paths, whose ``name=value`` is a Hive partition's too, which
+#: :func:`masked_key` would make one key): a Telegram bot's token (``https://api.telegram.org/bot<id>:<token>/getMe``,
+#: ``.../file/bot<id>:<token>/<path>``; the bot's id is kept), a Java servlet's session (``/f.mp4;jsessionid=<id>``),
+#: and a GitHub token given as the user (``https://<token>:x-oauth-basic@github.com/o/r.git``, as GitHub's docs spell
+#: it).
+_PATH_SECRETS = (
+    re.compile(r"(?P<lead>\bhttps?://api\.telegram\.org/(?:file/)?bot[0-9]+:)[A-Za-z0-9_-]+", re.IGNORECASE),
+    re.compile(r"(?P<lead>;jsessionid=)[^;/?#&\s'\"]+", re.IGNORECASE),
+    re.compile(r"(?P<lead>\bhttps?://)[^/?#@:\s'\"]+(?=:x-oauth-basic@)", re.IGNORECASE),
+)
 
 
 def is_secret_param(name: str) -> bool:
@@ -167,7 +179,10 @@ def without_credentials(target: str) -> str:
 def masked(text: str) -> str:
     """``text`` with the credentials of the URLs it names replaced by :data:`MASK`: the values of their credential-like
     query parameters (:func:`is_secret_param`; an http(s) URL's fragment's too), their passwords, and an http(s) URL's
-    user where it has no password (:data:`_USER_ALONE`); the rest as it was."""
+    user where it has no password (:data:`_USER_ALONE`), and those of the known formats of :data:`_PATH_SECRETS`; the
+    rest as it was."""
+    for secret in _PATH_SECRETS:
+        text = secret.sub(rf"\g<lead>{MASK}", text)
     shown = _USER_PASSWORD.sub(rf"\g<lead>:{MASK}@", _URL_LIKE.sub(_masked_url, text))
     return _USER_ALONE.sub(rf"\g<lead>{MASK}@", shown)
 
