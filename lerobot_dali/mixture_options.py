@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import TypedDict
+from typing import Literal, TypedDict
 
 # (at run time too, for typing.get_type_hints: this module loads torch and DALI, so the package imports it on first use)
 import torch
@@ -17,14 +17,15 @@ from .cpu_decode_options import CpuDecodeOptions
 from .decode_route import DecodePreference, DecodePreferenceName
 from .depth_maps import DepthUnit, DepthUnitName
 from .frame_lookup import TimestampSource, TimestampSourceName
-from .sample_order import RankBalance, RankBalanceName
+from .sample_order import RankBalance
 
 __all__ = ["MixtureOptions"]
 
 
 class MixtureOptions(TypedDict, total=False):
     """:class:`~lerobot_dali.iterator.DALILeRobotIterator`'s keyword options that a mixture passes on to every
-    dataset's iterator, each typed as the iterator's (a test holds them to its signature)."""
+    dataset's iterator, each typed as the iterator's (a test holds them to its signature), but ``rank_balance``: a
+    mixture refuses ``"none"`` (every batch holds a share of each dataset), which the iterator takes."""
 
     delta_timestamps: Mapping[str, Sequence[float]] | None
     shuffle: bool
@@ -39,7 +40,7 @@ class MixtureOptions(TypedDict, total=False):
     tolerance_s: float
     prefetch: int
     timestamp_source: TimestampSource | TimestampSourceName
-    rank_balance: RankBalance | RankBalanceName
+    rank_balance: Literal[RankBalance.PAD, RankBalance.DROP, "pad", "drop"]
     cache_dir: str | os.PathLike[str] | None
     cache_gb: float
     cpu_decode: CpuDecodeOptions | None

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import pytest
 import typing_extensions
 
 import lerobot_dali
@@ -160,14 +161,15 @@ def test_public_signatures_keep_their_annotations() -> None:
 
 def test_a_mixture_takes_the_iterators_options_as_typed() -> None:
     """:class:`~lerobot_dali.MixtureOptions` (the mixture's ``**options``) holds exactly the iterator's arguments a
-    mixture passes on, each typed as the iterator types it."""
+    mixture passes on, each typed as the iterator types it (but ``rank_balance``, of fewer values: below)."""
     from lerobot_dali import mixture
 
     iterator = inspect.signature(lerobot_dali.DALILeRobotIterator.__init__).parameters
     passed = set(iterator) - mixture._OWN_ARGUMENTS - mixture._OPENING_ARGUMENTS - {"self"}
     typed = {name: ref.__forward_arg__ for name, ref in lerobot_dali.MixtureOptions.__annotations__.items()}
     assert set(typed) == passed
-    assert {name: iterator[name].annotation for name in passed} == typed
+    typed.pop("rank_balance")
+    assert {name: iterator[name].annotation for name in passed - {"rank_balance"}} == typed
     options = inspect.signature(lerobot_dali.DALILeRobotMixture.__init__).parameters["options"]
     assert options.annotation == "Unpack[MixtureOptions]"
 
@@ -205,3 +207,24 @@ def test_the_mixtures_annotations_resolve_at_run_time() -> None:
     options = typing.get_type_hints(lerobot_dali.MixtureOptions)
     assert set(options) == set(lerobot_dali.MixtureOptions.__annotations__)
     assert typing_extensions.get_args(options["decode"])[0] is lerobot_dali.DecodePreference
+
+
+def _values_taken(hint: Any) -> set[Any]:
+    """The values a hint of enums and ``Literal`` strings takes: every member of an enum, every ``Literal``'s value."""
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return set(hint)
+    if typing.get_origin(hint) is Literal:
+        return set(typing.get_args(hint))
+    return {value for arg in typing.get_args(hint) for value in _values_taken(arg)}
+
+
+def test_a_mixtures_rank_balance_is_typed_with_the_values_a_mixture_takes() -> None:
+    """``DALILeRobotMixture(paths, rank_balance="none")`` passed a type checker (``MixtureOptions`` typed it as the
+    iterator does, ``RankBalance | RankBalanceName``) and was refused at run time: a mixture's every batch holds a
+    share of each dataset. Its type now takes the 4 values a mixture takes (2 spellings of 2 policies), of 6."""
+    taken = _values_taken(typing.get_type_hints(lerobot_dali.MixtureOptions)["rank_balance"])
+    balance = lerobot_dali.RankBalance
+    assert taken == {balance.PAD, balance.DROP, "pad", "drop"}
+    for refused in (balance.NONE, "none"):
+        with pytest.raises(ValueError, match="reads one dataset or a union"):
+            lerobot_dali.DALILeRobotMixture([], rank_balance=refused)
