@@ -404,6 +404,8 @@ class AugmentConfig:
             raise _fail(owner, "normalize", norm, allowed)
         if not isinstance(self.shared_across_cameras, bool):
             raise _fail(owner, "shared_across_cameras", self.shared_across_cameras, "true or false")
+        if self.resize is not None and self.random_resized_crop is not None:
+            _refuse_empty_crop(owner, self.resize, self.random_resized_crop.ratio)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> AugmentConfig:
@@ -541,3 +543,20 @@ def _checked_keys(cls: type, raw: Any, where: str) -> dict[str, Any]:
 def range_of(value: float | Pair) -> Pair:
     # Options store pairs after __post_init__; this only narrows the declared input type.
     return value if isinstance(value, tuple) else (value, value)
+
+
+def _refuse_empty_crop(owner: str, resize: tuple[int, int], ratio: tuple[float, float]) -> None:
+    """A ValueError where the random resized crop's centre-crop fallback (torchvision's, whole pixels of the ``resize``
+    frame) is 0 pixels high or wide: its window is cut from the frame, and an empty one made empty frames."""
+    height, width = resize
+    if width / height < ratio[0] and round(width / ratio[0]) == 0:
+        empty = f"{width} x 0 (width / {ratio[0]:g} rounds to 0)"
+    elif width / height > ratio[1] and round(height * ratio[1]) == 0:
+        empty = f"0 x {height} (height * {ratio[1]:g} rounds to 0)"
+    else:
+        return
+    raise ValueError(
+        f"{owner}.random_resized_crop ratio {ratio} finds no window in the {width} x {height} (width x height) frames "
+        f"of {owner}.resize: its fallback centre crop would be {empty} pixels (torchvision's fails on it too); give it "
+        f"a least ratio below {2 * width} and a greatest above {1 / (2 * height):g}, or resize to larger frames"
+    )

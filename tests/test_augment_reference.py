@@ -152,3 +152,22 @@ def test_crop_jitter_and_normalise_chain_as_numpy_and_torch_would() -> None:
         # a level of the crop, one of the YIQ twist, through contrast and brightness up to 1.3 each: 4 levels
         np.testing.assert_allclose(out[i], expected, rtol=0, atol=4 / 255 / min(std), err_msg=f"sample {i}")
         assert float(np.abs(out[i] - expected).mean()) < 1.5 / 255 / min(std), f"sample {i}"
+
+
+@pytest.mark.parametrize(("ratio", "empty"), [((64.0, 100.0), "32 x 0"), ((0.01, 1 / 64), "0 x 32")])
+def test_a_ratio_whose_fallback_window_is_empty_is_refused(ratio: tuple[float, float], empty: str) -> None:
+    # torchvision's centre-crop fallback rounds to 0 pixels; the cut window was empty, and so were the frames: a
+    # (3, 0, 16) output for a crop of size (16, 16), said nowhere.
+    crop = RandomResizedCrop(size=(16, 16), ratio=ratio)
+    with pytest.raises(ValueError, match=f"fallback centre crop would be {empty} .*least ratio below 64"):
+        AugmentConfig(resize=(32, 32), random_resized_crop=crop)
+    assert RandomResizedCrop(size=(16, 16), ratio=ratio) == crop  # (the crop alone, its frames unknown, is valid)
+
+
+def test_a_ratio_whose_fallback_window_is_one_pixel_crops_it() -> None:
+    config = AugmentConfig(resize=(32, 32), random_resized_crop=RandomResizedCrop(size=(16, 16), ratio=(63.0, 63.0)))
+    data = np.zeros((B, 1, 32, 32, 3), dtype=np.uint8)
+    data[:, :, 15] = 200  # no try fits: the fallback, 32 x 1, rows [15, 16)
+    out = augment(data, config, seed=1, return_uint8=True)
+    assert out.shape == (B, 1, 3, 16, 16)
+    assert (out == 200).all()
