@@ -550,7 +550,7 @@ def _frame_index_fault(wanted: np.ndarray, frame_index: np.ndarray) -> str:
     for numbers in (wanted, frame_index):
         if numbers.min() < 0:
             return f"holds {int(numbers.min())}, a negative frame number"
-    steps = np.diff(frame_index)
+    steps = np.diff(frame_index.astype(np.int64, copy=False))  # (unsigned numbers that go back wrap around)
     if (steps > 0).all():
         return ""
     row = int(np.flatnonzero(steps <= 0)[0]) + 1

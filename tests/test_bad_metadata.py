@@ -1148,6 +1148,26 @@ def test_a_frame_index_out_of_order_read_by_frame_index_is_refused(ds: Path, row
     assert not check_dataset(open_dataset(ds), workers=0).problems  # (by timestamp each row reads its own frame)
 
 
+def test_an_unsigned_frame_index_that_goes_back_is_refused(ds: Path) -> None:
+    """A uint32 frame_index (so declared in info.json) going back (row 3 given 5) was let through: its steps,
+    unsigned, wrapped around to 4294967295 > 0, and rows 3 and 5 read each other's frames in silence."""
+
+    def unsigned(table: pa.Table) -> pa.Table:
+        table = _frame_index_set(3, 5)(table)
+        column = table.column_names.index("frame_index")
+        return table.set_column(column, "frame_index", table["frame_index"].cast(pa.uint32()))
+
+    _rewrite_data(ds, unsigned)
+    info = json.loads((ds / "meta/info.json").read_text())
+    info["features"]["frame_index"]["dtype"] = "uint32"
+    (ds / "meta/info.json").write_text(json.dumps(info))
+    pattern = r"episode 0: column 'frame_index' of .*file-000\.parquet goes back at its row 4 \(5 then 4"
+    with pytest.raises(DataFileError, match=pattern):
+        _first_pass(ds, timestamp_source="frame_index")
+    report = check_dataset(open_dataset(ds), timestamp_source="frame_index", workers=0)
+    assert sorted((p.episode_index, p.error) for p in report.problems) == [(0, "DataFileError"), (2, "DataFileError")]
+
+
 CR5_TASK = "put the banana on the plate"
 
 
