@@ -127,11 +127,12 @@ class RandomResizedCrop:
     ``scale`` and ``ratio`` mean what they mean in torchvision's ``RandomResizedCrop`` (same retries and
     centre-crop fallback) when ``AugmentConfig.resize`` gives the frame the crop cuts: the window is whole pixels,
     cut and then resized (antialiased bilinear), within a level of torchvision's inside the output; at its outer
-    pixel a shrinking resize's border filter differs (up to 5 levels of 255 on smooth frames shrunk 2x). Without a
-    resize the crop cuts full frames of a size not known when the window is drawn: ``scale`` is still the area
-    fraction, but ``ratio`` is relative to the frame's own aspect (see :mod:`lerobot_dali.augment_draws`), and the
-    window, not on whole pixels, is resized as a region of the frame: output pixels at its edge blend in the frame
-    just beyond it (30 % of the pixel beyond at a 2.5x enlargement).
+    pixel a shrinking resize's border filter differs, more the more it shrinks (on smooth frames up to 6 levels of
+    255 shrunk up to 2x, 13 up to 4x, 22 at 14x). Without a resize the crop cuts full frames of a size not known
+    when the window is drawn: ``scale`` is still the area fraction, but ``ratio`` is relative to the frame's own
+    aspect (see :mod:`lerobot_dali.augment_draws`), and the window, not on whole pixels, is resized as a region of
+    the frame: output pixels at its edge blend in the frame just beyond it (30 % of the pixel beyond at a 2.5x
+    enlargement).
     """
 
     size: tuple[int, int]
