@@ -674,7 +674,17 @@ def feature_stats(
             )
         return FeatureStats(mean=tuple(entry["mean"].ravel().tolist()), std=tuple(entry["std"].ravel().tolist()))
     positions = np.unique(np.linspace(0, reader.num_episodes - 1, min(max_episodes, reader.num_episodes)).astype(int))
-    rows = np.concatenate([reader.read_episode(int(p), [key])[key] for p in positions]).astype(np.float64)
+    episodes = []
+    for position in positions:
+        read = reader.read_episode(int(position), [key])
+        if not np.isfinite(read[key]).all():  # (their mean and std NaN: every value normalised by them NaN, unsaid)
+            raise StatsError(
+                f"{reader.location.description}: the dataset has no statistics of {key!r} and its rows in episode "
+                f"{int(read['episode_index'][0])} hold NaN or infinity, which a policy cannot train on: mend the data "
+                "files, or train on episodes without them (--episodes)"
+            )
+        episodes.append(read[key].astype(np.float64))
+    rows = np.concatenate(episodes)
     rows = rows.reshape(len(rows), -1)
     return FeatureStats(mean=tuple(rows.mean(0).tolist()), std=tuple(rows.std(0).tolist()))
 

@@ -1115,6 +1115,30 @@ def test_feature_stats_refuse_statistics_that_are_not_finite(make_ds, copy_ds) -
     assert feature_stats(reader, "action").mean == tuple(stats["action"]["mean"])
 
 
+def test_feature_stats_from_rows_refuse_rows_that_are_not_finite(make_ds, copy_ds) -> None:
+    """Without statistics, those computed from rows holding a NaN were NaN: every normalised state NaN, unsaid."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lerobot_dali.dataset_reader import open_dataset
+    from lerobot_dali.errors import StatsError
+    from pipelines.train import feature_stats
+
+    root = copy_ds(make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="vp9"))
+    (root / "meta/stats.json").unlink()
+    [data] = sorted((root / "data").rglob("*.parquet"))
+    table = pq.read_table(data)
+    states = table.column("observation.state").to_pylist()
+    states[5][1] = float("nan")  # (episode 1's second row)
+    column = table.schema.get_field_index("observation.state")
+    field = table.schema.field(column)
+    pq.write_table(table.set_column(column, field, pa.array(states, type=field.type)), data)
+    reader = open_dataset(root)
+    with pytest.raises(StatsError, match=r"no statistics of 'observation.state' and its rows in episode 1 hold NaN"):
+        feature_stats(reader, "observation.state")
+    assert np.isfinite(feature_stats(reader, "action").mean).all()
+
+
 @pytest.mark.parametrize(
     ("extra", "files", "message"),
     [
