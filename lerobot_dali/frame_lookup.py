@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -547,9 +548,34 @@ def _frame_index_fault(wanted: np.ndarray, frame_index: np.ndarray) -> str:
     2, ...). "" where none."""
     if not wanted.size or not np.issubdtype(frame_index.dtype, np.integer):
         return ""
-    for numbers in (wanted, frame_index):
-        if numbers.min() < 0:
-            return f"holds {int(numbers.min())}, a negative frame number"
+    if wanted.min() < 0:
+        return f"holds {int(wanted.min())}, a negative frame number"
+    return _column_fault(frame_index)
+
+
+#: :func:`_column_fault`'s answer per column, by the column's ``id`` while it lives (a finalizer drops it as the
+#: column goes): a batch looks up rows of an episode whose rows it read once, and the column's check, O(episode) at
+#: each lookup, took 33 us of a 20,000-row episode's 63 us per sample.
+_COLUMN_FAULTS: dict[int, str] = {}
+
+
+def _column_fault(frame_index: np.ndarray) -> str:
+    """:func:`_frame_index_fault` of the whole ``frame_index`` column, worked out once per column."""
+    key = id(frame_index)
+    fault = _COLUMN_FAULTS.get(key)
+    if fault is None:
+        fault = _steps_fault(frame_index)
+        try:
+            weakref.finalize(frame_index, _COLUMN_FAULTS.pop, key, None)
+        except TypeError:  # (not weakly referenceable: worked out at each lookup)
+            return fault
+        _COLUMN_FAULTS[key] = fault
+    return fault
+
+
+def _steps_fault(frame_index: np.ndarray) -> str:
+    if frame_index.min() < 0:
+        return f"holds {int(frame_index.min())}, a negative frame number"
     steps = np.diff(frame_index.astype(np.int64, copy=False))  # (unsigned numbers that go back wrap around)
     if (steps > 0).all():
         return ""

@@ -14,8 +14,9 @@ import av
 import numpy as np
 import pytest
 
+from lerobot_dali import frame_lookup
 from lerobot_dali.dataset_reader import VideoRef, open_dataset
-from lerobot_dali.errors import FrameTimestampError
+from lerobot_dali.errors import DataFileError, FrameTimestampError
 from lerobot_dali.frame_lookup import (
     ITERATORS_LOOKUP,
     FrameRequestContext,
@@ -215,6 +216,52 @@ def test_float32_timestamps_of_a_long_episode_find_their_frames() -> None:
                 lookup(reader, 0, "c", late, np.array([0]), index, video=video)
         else:
             assert lookup(reader, 0, "c", late, np.array([0]), index, video=video).tolist() == [frame]
+
+
+class _CountedDiff:
+    """numpy, its ``diff`` calls counted (by the length of the array diffed)."""
+
+    def __init__(self) -> None:
+        self.lengths: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(np, name)
+
+    def diff(self, array: Any, *args: Any, **kwargs: Any) -> np.ndarray:
+        self.lengths.append(len(array))
+        return np.diff(array, *args, **kwargs)
+
+
+def test_an_episodes_frame_index_column_is_checked_once_while_it_lives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows looked up by frame_index / fps: each lookup diffed the episode's whole frame_index column for a repeated
+    number or a step back, 33 us of the 63 us a sample's lookup took in a 20,000-row episode (a batch looks its
+    samples' rows up, each a few, in episodes it read once). 200 lookups of one episode's rows diffed its column 200
+    times; once now. A column read again (a new array, at a freed one's id too) is checked again: a fault in it is
+    found."""
+    length = 20_000
+    index = _constant_rate_index(length, 30)
+    reader = _one_episode_reader(length, 30.0)
+    reader.data_path = lambda pos: "data/file-000.parquet"
+    video = VideoRef("long.mp4", 0.0, None)
+    lookup = partial(row_frame_numbers, timestamp_source=TimestampSource.FRAME_INDEX, tolerance_s=1e-4, video=video)
+    counted = _CountedDiff()
+    monkeypatch.setattr(frame_lookup, "np", counted)
+    rows = {"frame_index": np.arange(length), "timestamp": np.zeros(length, np.float32)}
+    picks = np.random.default_rng(0).integers(0, length, 200)
+    found = [int(lookup(reader, 0, "c", rows, np.array([row]), index)[0]) for row in picks]
+    assert found == picks.tolist()
+    assert counted.lengths.count(length) == 1
+    for value in range(3):  # (each column freed before the next: its id is free for the next to take)
+        column = np.arange(length)
+        column[5] = [5, 4, 5][value]  # (the second repeats frame 4)
+        rows = {"frame_index": column, "timestamp": np.zeros(length, np.float32)}
+        if value == 1:
+            with pytest.raises(DataFileError, match="repeats frame 4 at its row 5"):
+                lookup(reader, 0, "c", rows, np.array([9]), index)
+        else:
+            assert lookup(reader, 0, "c", rows, np.array([9]), index).tolist() == [9]
+        del rows, column
+    assert counted.lengths.count(length) == 4
 
 
 def test_rows_halfway_between_frames_read_the_earlier_one_in_a_long_episode() -> None:
