@@ -34,10 +34,12 @@ from .batch_source import CameraFormat
 from .camera_codecs import survey_camera, surveyed_positions
 from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
 from .dataset_reader import NO_SUBTASK_INDEX, LeRobotDatasetReader, VideoRef, warn_undeclared_columns
+from .dataset_stats import stats_faults
+from .dataset_union import DatasetUnion
 from .decode_route import DecodeRoute, route_without_nvdec
 from .distributed import usable_cpus
 from .episode_rows import DecodedGroups
-from .errors import DataFileError, EpisodeMetadataError, SchemaMismatchError, VideoDecodeError
+from .errors import DataFileError, DatasetError, EpisodeMetadataError, SchemaMismatchError, VideoDecodeError
 from .file_format_store import FileFormatStore
 from .file_stamps import FileStamp
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, TimestampSourceName, row_frame_numbers
@@ -387,6 +389,7 @@ def check_dataset(
         sources = dict.fromkeys(reader.source_of(pos) for pos in range(reader.num_episodes))  # (a union's datasets)
         checker.verified = frozenset(v for source in sources for v in verdicts.store.verdicts(source))
     warn_undeclared_columns(reader)
+    _warn_stats_faults(reader)
     _set_references(checker)
     report = CheckReport(source=reader.location.description)
     files: set[str] = set()
@@ -423,6 +426,29 @@ def check_dataset(
         report.episodes, report.rows, report.video_files, report.source, report.seconds, report.problem_count,
     )  # fmt: skip
     return report
+
+
+def _warn_stats_faults(reader: LeRobotDatasetReader) -> None:
+    """Warn, per dataset (a union's datasets' own), of statistics of the features ``reader`` reads that normalising by
+    them refuses or turns wrong (:func:`~.dataset_stats.stats_faults`), or of statistics that do not read: a run
+    that normalises by them (``normalize="stats"``; ``pipelines/train.py``'s state and action; LeRobot's policies)
+    fails as it starts, or trains on wrong values; one that does not reads on, so they are no episode's problem."""
+    for dataset in reader.members if isinstance(reader, DatasetUnion) else (reader,):
+        keys = [*dataset.camera_keys, *dataset.image_keys, *dataset.tabular_keys]
+        try:
+            faults = stats_faults(dataset.read_stats(), dataset.info, keys)
+        except DatasetError as e:
+            logger.warning(
+                "%s: its statistics do not read, so normalising by them fails: %s", dataset.location.description, e
+            )
+            continue
+        if faults:
+            said = "; ".join(f"{key!r}: {', '.join(what)}" for key, what in faults.items())
+            logger.warning(
+                "%s: statistics (meta/stats.json; v2.1: meta/episodes_stats.jsonl aggregated) that normalising by "
+                "fails or turns values wrong: %s; recompute them from the data files, or download or copy the file "
+                "again", dataset.location.description, said,
+            )  # fmt: skip
 
 
 def default_workers(reader: LeRobotDatasetReader, *, decode: bool) -> int:

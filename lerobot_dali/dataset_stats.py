@@ -22,13 +22,20 @@ from typing import Any
 
 import numpy as np
 
-from .dataset_info import DatasetInfo
+from .dataset_info import DatasetInfo, Feature
 from .dataset_location import DatasetLocation, read_if_present
 from .episode_table import read_episode_records, read_episode_table
 from .errors import DatasetError
 from .said_once import say_once
 
-__all__ = ["NORMALIZE_WITHOUT_STATS", "POOLED_STATS", "FeatureStats", "aggregate_episode_stats", "read_dataset_stats"]
+__all__ = [
+    "NORMALIZE_WITHOUT_STATS",
+    "POOLED_STATS",
+    "FeatureStats",
+    "aggregate_episode_stats",
+    "read_dataset_stats",
+    "stats_faults",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +103,50 @@ def _finite(stats: FeatureStats, path: str) -> FeatureStats:
             "from the data files (which may hold NaN themselves), or download or copy %s again", path, bad, path,
         )  # fmt: skip
     return stats
+
+
+def stats_faults(stats: FeatureStats, info: DatasetInfo, keys: Sequence[str]) -> dict[str, list[str]]:
+    """What is wrong with the statistics of features ``keys`` (declared in ``info``), per feature: an entry (mean,
+    std, min, max, a quantile, count) that is not finite, one whose shape is not the feature's (a camera's: (C, 1, 1)
+    or (C,), C its channels; another's: its shape in info.json, a scalar's (1,) or ()), a negative std, a min above
+    its max. Normalising by such statistics fails or turns values wrong in silence (a negative std flips their sign;
+    LeRobot's min-max mode divides by max - min). A feature without statistics is left out."""
+    faults: dict[str, list[str]] = {}
+    for key in keys:
+        entry, feature = stats.get(key), info.features.get(key)
+        if entry is None or feature is None:
+            continue
+        said = [
+            f"{name} is not finite (NaN or infinity)" for name, value in entry.items() if not np.isfinite(value).all()
+        ]
+        shapes = _stats_shapes(feature)
+        if shapes is not None:
+            said += [
+                f"{name} has shape {value.shape}, but the feature's is {feature.shape} in info.json (its statistics "
+                f"are {' or '.join(map(str, shapes))})"
+                for name, value in entry.items()
+                if name != "count" and value.shape not in shapes
+            ]  # fmt: skip
+        if "std" in entry and (entry["std"] < 0).any():
+            said.append(f"std is negative at components {np.flatnonzero(entry['std'].ravel() < 0)[:10].tolist()}")
+        low, high = entry.get("min"), entry.get("max")
+        if low is not None and high is not None and low.shape == high.shape and (low > high).any():
+            said.append(f"min is above max at components {np.flatnonzero((low > high).ravel())[:10].tolist()}")
+        if said:
+            faults[key] = said
+    return faults
+
+
+def _stats_shapes(feature: Feature) -> list[tuple[int, ...]] | None:
+    """The shapes LeRobot gives ``feature``'s statistics (None: not known, a string's)."""
+    if feature.is_host_value:
+        return None
+    if not feature.is_camera:
+        return [(), (1,)] if feature.is_scalar else [feature.shape]
+    names = [str(n).lower() for n in feature.names] if isinstance(feature.names, list) else []
+    at = next((names.index(n) for n in ("channel", "channels") if n in names and len(names) == len(feature.shape)), -1)
+    channels = feature.shape[at] if feature.shape else 3
+    return [(channels, 1, 1), (channels,)]
 
 
 def _counted(stats: FeatureStats, location: DatasetLocation, info: DatasetInfo | None, path: str) -> FeatureStats:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -612,3 +613,35 @@ def test_the_workers_read_the_checker_from_a_file_not_down_their_starts(make_ds,
     sent = [args[3][0] for args in process_starts]  # (ProcessPoolExecutor's: queues, initializer, its arguments, ...)
     assert len(sent) == 1 and isinstance(sent[0], bytes), sent
     assert os.path.basename(sent[0]).startswith(PREFIX.encode()) and not os.path.exists(sent[0])
+
+
+def test_statistics_a_run_would_normalise_wrong_by_are_warned_of(make_ds, copy_ds, caplog) -> None:
+    """meta/stats.json was never looked at: a NaN mean (train.py refuses it), a mean of 6 values for the 7 of action,
+    a min above its max and a camera's negative std (normalising by them turns values wrong in silence) checked as
+    sound, unsaid (0 of 4). Now one warning names each feature and entry; features the run does not read are left
+    out. A pass that does not normalise reads such a dataset whole, so they are no episode's problem (exit 0)."""
+    root = copy_ds(make_ds(**SPEC))
+    stats = json.loads((root / "meta/stats.json").read_text())
+    stats["observation.state"]["mean"][2] = float("nan")
+    stats["action"]["mean"] = stats["action"]["mean"][:6]
+    stats["timestamp"]["min"] = [stats["timestamp"]["max"][0] + 1.0]
+    stats[CAM0]["std"][1] = [[-0.5]]
+    (root / "meta/stats.json").write_text(json.dumps(stats))
+
+    def warned(dataset: Path, **selection) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="lerobot_dali.dataset_check"):
+            assert check_dataset(open_dataset(dataset, **selection), workers=0).ok
+        return [r.getMessage() for r in caplog.records if r.name == "lerobot_dali.dataset_check"]
+
+    (message,) = warned(root)
+    assert "'observation.state': mean is not finite (NaN or infinity)" in message
+    assert "'action': mean has shape (6,), but the feature's is (7,) in info.json" in message
+    assert "'timestamp': min is above max at components [0]" in message
+    assert f"'{CAM0}': std is negative at components [1]" in message
+    (message,) = warned(root, keys=["action"], cameras=[CAM1])
+    assert "'action'" in message and "observation.state" not in message and CAM0 not in message
+    (root / "meta/stats.json").write_text("{")
+    (message,) = warned(root)
+    assert "its statistics do not read" in message and "is not valid JSON" in message
+    assert warned(make_ds(**SPEC)) == []

@@ -16,8 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from lerobot_dali.dataset_info import DatasetInfo
 from lerobot_dali.dataset_location import resolve_location
-from lerobot_dali.dataset_stats import aggregate_episode_stats, read_dataset_stats
+from lerobot_dali.dataset_stats import aggregate_episode_stats, read_dataset_stats, stats_faults
 from lerobot_dali.errors import DatasetError
 from tests.conftest import shared_dataset
 
@@ -342,3 +343,40 @@ def test_stats_without_count_stay_so_where_the_frame_count_is_not_known(tmp_path
     assert sorted(stats) == sorted(stored) and all("count" not in entry for entry in stats.values())
     np.testing.assert_array_equal(stats["action"]["mean"], np.asarray(stored["action"]["mean"]))
     assert f"{part}: no frame count for its statistics: " in caplog.text and "episodes.jsonl is missing" in caplog.text
+
+
+def test_statistics_faults_hold_each_feature_to_the_shape_lerobot_gives_it() -> None:
+    """What ``lerobot-dali check`` warns of: a scalar's statistics as (1,) or (), a camera's as (C, 1, 1) or (C,) with
+    C its channels (channels first too, by its names), a vector's as its shape; count's shape unchecked. Sound
+    statistics of the real datasets have none."""
+    features = {
+        "state": {"dtype": "float32", "shape": [7]},
+        "reward": {"dtype": "float32", "shape": [1]},
+        "cam": {"dtype": "video", "shape": [480, 640, 3], "names": ["height", "width", "channels"]},
+        "first": {"dtype": "image", "shape": [1, 64, 64], "names": ["channel", "height", "width"]},
+        "text": {"dtype": "string", "shape": [1]},
+    }
+    info = DatasetInfo.from_json(
+        {"codebase_version": "v3.0", "fps": 10, "data_path": "d", "video_path": "v", "features": features},
+        source="info.json",
+    )
+    one = np.ones
+
+    def sound(**shapes: tuple[int, ...]) -> dict[str, dict[str, np.ndarray]]:
+        return {k: {"mean": one(s), "std": one(s), "min": one(s) - 1, "max": one(s) + 1, "count": one(())}
+                for k, s in shapes.items()}  # fmt: skip
+
+    good = sound(state=(7,), reward=(), cam=(3, 1, 1), first=(1,), text=(2,))
+    assert stats_faults(good, info, list(features)) == {}
+    bad = sound(state=(6,), reward=(2,), cam=(64, 1, 1), first=(3, 1, 1))
+    bad["state"]["q01"] = np.full(7, np.inf)
+    faults = stats_faults(bad, info, list(features))
+    assert faults["state"][0] == "q01 is not finite (NaN or infinity)"
+    assert faults["state"][1].startswith("mean has shape (6,), but the feature's is (7,) in info.json (its statistics")
+    assert [len(faults[k]) for k in ("state", "reward", "cam", "first")] == [5, 4, 4, 4]  # (q01 of the right shape)
+    assert "(its statistics are (1, 1, 1) or (1,))" in faults["first"][0]
+    assert stats_faults(bad, info, ["text"]) == {}
+    for name in ("cr5_v30_av1", "cr5_v21_av1", "r1_v30_h264", "gr00t_v20_h264"):
+        location = resolve_location(str(shared_dataset(name)))
+        real = DatasetInfo.from_json(json.loads((shared_dataset(name) / "meta/info.json").read_text()), source=name)
+        assert stats_faults(read_dataset_stats(location, real), real, list(real.features)) == {}, name
