@@ -390,6 +390,7 @@ def check_dataset(
         checker.verified = frozenset(v for source in sources for v in verdicts.store.verdicts(source))
     warn_undeclared_columns(reader)
     _warn_stats_faults(reader)
+    _warn_stale_video_ends(reader)
     _set_references(checker)
     report = CheckReport(source=reader.location.description)
     files: set[str] = set()
@@ -448,6 +449,33 @@ def _warn_stats_faults(reader: LeRobotDatasetReader) -> None:
                 "%s: statistics (meta/stats.json; v2.1: meta/episodes_stats.jsonl aggregated) that normalising by "
                 "fails or turns values wrong: %s; recompute them from the data files, or download or copy the file "
                 "again", dataset.location.description, said,
+            )  # fmt: skip
+
+
+def _warn_stale_video_ends(reader: LeRobotDatasetReader) -> None:
+    """Warn, per dataset and camera, of episodes whose ``to_timestamp`` in meta/episodes (v3) lies more than half a
+    frame from where the episode's length puts its end, ``from_timestamp + length / fps``. LeRobot never reads it (it
+    reads each frame at ``from_timestamp + timestamp``); here it bounds the episode's part of its file: one ending
+    early refuses the episode's last rows (listed as problems: FrameTimestampError), one ending late (its file's last
+    episode; else it overlaps the next, refused as the dataset opens) reads right, unsaid until now."""
+    for dataset in reader.members if isinstance(reader, DatasetUnion) else (reader,):
+        episodes = dataset.episodes
+        for camera in dataset.camera_keys:
+            files = episodes.cameras[camera]
+            off = (files.to_timestamp_s - files.from_timestamp_s) * dataset.fps - episodes.length  # (frames; NaN: none)
+            stale = np.flatnonzero(np.abs(off) > 0.5)
+            if not stale.size:
+                continue
+            said = ", ".join(f"{int(episodes.episode_index[pos])} ({off[pos]:+.3g})" for pos in stale[:10]) + (
+                f" and {stale.size - 10} more" if stale.size > 10 else ""
+            )
+            logger.warning(
+                "%s: camera %s: videos/%s/to_timestamp in meta/episodes of %d episode(s) lies more than half a frame "
+                "from from_timestamp + length / fps, where the episode's rows end (episode (frames off): %s): stale "
+                "metadata (LeRobot never reads it), or a video of more or fewer frames than the rows. Here it bounds "
+                "the episode's part of the video file: ending early, the rows past it are refused; ending late, "
+                "nothing reads it. Correct it in meta/episodes",
+                dataset.location.description, camera, camera, stale.size, said,
             )  # fmt: skip
 
 

@@ -258,8 +258,27 @@ def _check_within_episode(
     raise FrameTimestampError(
         f"{_where(index, context)}: query timestamp {queries[worst]:.6f} s reads video frame {int(nearest[worst])} "
         f"at {pts_s[worst]:.6f} s, outside this episode's part of the file ({from_s:.6f} s to {end}; "
-        f"{int(outside.sum())} of {queries.size} queries): that frame belongs to a neighbouring episode. The "
-        "episode's data rows run past its video, or its from/to_timestamp in meta/episodes is wrong."
+        f"{int(outside.sum())} of {queries.size} queries): {_outside_cause(context, from_s, to_s)}"
+    )
+
+
+def _outside_cause(context: FrameRequestContext | None, from_s: float, to_s: float | None) -> str:
+    """Why a row's frame lies outside its episode's part of the file ``[from_s, to_s)``: a ``to_s`` more than half a
+    frame before the end the episode's length gives (``from_s + length / fps``) is stale (LeRobot never reads it), or
+    the episode's video is short; else the rows run past the video."""
+    if context is not None and context.last_row_s is not None and context.rows_fps and to_s is not None:
+        by_length_s = context.last_row_s + 1 / context.rows_fps
+        frames = (by_length_s - to_s) * context.rows_fps
+        if frames > 0.5:
+            return (
+                f"meta/episodes' to_timestamp ({to_s:.6f} s) ends the episode {frames:.3g} frames before its rows do "
+                f"(from_timestamp + length / fps: {by_length_s:.6f} s): either to_timestamp is stale (LeRobot never "
+                "reads it: it reads each frame at from_timestamp + timestamp; correct it in meta/episodes), or the "
+                "episode's video holds fewer frames than its rows, and that frame is a neighbouring episode's"
+            )
+    return (
+        "that frame belongs to a neighbouring episode. The episode's data rows run past its video, or its "
+        "from/to_timestamp in meta/episodes is wrong."
     )
 
 

@@ -141,6 +141,33 @@ def test_rows_the_metadata_does_not_count_are_refused(ds: Path) -> None:
         _first_pass(ds)
 
 
+def test_a_stale_to_timestamp_reads_no_wrong_frame_and_check_names_it(ds: Path, caplog) -> None:
+    """A v3 to_timestamp that disagrees with from_timestamp + length / fps (LeRobot never reads it): 5 frames early
+    (episode 0) refused the episode's last 5 rows, told only "the rows run past its video, or its from/to_timestamp is
+    wrong"; 10 frames late (episode 1, its file's last) passed unsaid by check. Neither reads a wrong frame (every
+    sample of episodes 1-3 its own: 60 of 60). Now the refusal names the stale to_timestamp and where the rows end,
+    and check warns of both episodes with how many frames off."""
+    from lerobot_dali.frame_marker import read_marker
+
+    _set_episode_column(ds, f"videos/{CAM}/to_timestamp", 0, 1.5)  # (20 rows at 10 fps from 0 s: 2.0)
+    _set_episode_column(ds, f"videos/{CAM}/to_timestamp", 1, 5.0)  # (from 2.0 s: 4.0)
+    with caplog.at_level("WARNING", logger="lerobot_dali.dataset_check"):
+        report = check_dataset(open_dataset(ds), workers=0)
+    assert [(p.episode_index, p.camera, p.error) for p in report.problems] == [(0, CAM, "FrameTimestampError")]
+    said = "to_timestamp (1.500000 s) ends the episode 5 frames before its rows do (from_timestamp + length / fps: 2.0"
+    assert said in report.problems[0].message
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "lerobot_dali.dataset_check"]
+    assert "of 2 episode(s) lies more than half a frame" in warning and "(frames off): 0 (-5), 1 (+10)" in warning
+    with pytest.raises(DatasetError, match=re.escape(said)):
+        _first_pass(ds)
+    samples = [
+        (read_marker(image.numpy()), (int(episode), int(frame)))
+        for batch in _first_pass(ds, episodes=[1, 2, 3])
+        for image, episode, frame in zip(batch[CAM], batch["episode_index"], batch["frame_index"], strict=True)
+    ]
+    assert len(samples) == 60 and all(read == row for read, row in samples)
+
+
 def test_episodes_claiming_the_same_seconds_of_a_video_file_are_refused(ds: Path) -> None:
     """Episode 3 pointed at episode 2's seconds and served episode 2's frames as its own."""
     _set_episode_column(ds, f"videos/{CAM}/from_timestamp", 3, 0.0)
