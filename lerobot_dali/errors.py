@@ -27,6 +27,7 @@ __all__ = [
     "IteratorClosedError",
     "IteratorForkedError",
     "MissingDataFileError",
+    "RemoteFileError",
     "RenameMapError",
     "RenamedCameraError",
     "ResumeStateError",
@@ -137,6 +138,20 @@ class InvalidPathTemplateError(DatasetError):
 
 class MissingDataFileError(DatasetError, FileNotFoundError):
     """A data parquet or video file that the metadata refers to is absent."""
+
+
+class RemoteFileError(DatasetError):
+    """A remote file (``http(s)://``, ``hf://``, an object store's) its server refused (HTTP 401/403), or whose
+    requests kept failing past the retries (5xx, 429, timeouts, resets, answers cut short): the message names its URL
+    (credentials masked) and what to do; ``status`` is the HTTP status last answered, None where there was none. The
+    HTTP client's own error is its ``__cause__``."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message, status)
+        self.status = status
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class CameraSelectionError(DatasetError):

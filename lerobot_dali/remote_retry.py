@@ -6,11 +6,14 @@ requests (and reads on the files it opens, from the same offset, on a freshly op
 exponential backoff. Errors that retrying cannot fix (missing file, no permission, a malformed dataset)
 are raised at once, so a real mistake still fails fast; a 404 for a file the dataset's open found (stamped) is asked
 about again within the retry budget first, since a CDN or an eventually consistent store may answer one for a while
-for a file it serves.
+for a file it serves. A refusal (HTTP 401/403), and a failure the retries gave up on, is raised as
+:class:`~lerobot_dali.errors.RemoteFileError` naming the file and what to do, the client's error as its cause; every
+plain HTTP(S) request has a total deadline (:data:`HTTP_DEADLINE_BASE_S`), which a server trickling its bytes reaches.
 """
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import errno
 import io
@@ -23,16 +26,20 @@ import traceback
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
+from time import monotonic
 from typing import Any, NoReturn, TypeVar
 
 import fsspec
 
 from . import io_stats
-from .errors import DatasetError
+from .errors import DatasetError, RemoteFileError
 from .said_once import warn_once
 from .url_secrets import mask_error, mask_request_logs, masked, masking
 
 __all__ = [
+    "HTTP_DEADLINE_BASE_S",
+    "HTTP_MIN_BYTES_PER_S",
     "IF_MATCH_ENV",
     "REFUSED_HINT",
     "RETRIES_ENV",
@@ -184,6 +191,8 @@ def is_transient(error: BaseException) -> bool:
         # fsspec's HTTP ``info`` answers any failed GET with ``FileNotFoundError(url) from <the HTTP error>``:
         # a 503 behind it is an outage, not a missing file.
         return not isinstance(error.__cause__, FileNotFoundError) and is_transient(error.__cause__)
+    if isinstance(error, RemoteFileError):  # (retries given up on: a network failure still, a refusal not)
+        return error.__cause__ is not None and is_transient(error.__cause__)
     if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, DatasetError)):
         return False
     if type(error).__name__ == "OfflineModeIsEnabled":  # (HF_HUB_OFFLINE set, a ConnectionError: no retry reaches)
@@ -290,6 +299,55 @@ def _one_try_hub_fetch(inner: Any) -> Callable[[int, int], bytes] | None:
     return fetch
 
 
+#: A plain HTTP(S) request for ``n`` bytes must end within ``HTTP_DEADLINE_BASE_S + n / HTTP_MIN_BYTES_PER_S``
+#: seconds (a 4 MiB block: 124 s; a whole file of unknown size counts as :data:`_UNSIZED_BYTES`), else it fails as a
+#: timeout and is retried. aiohttp's read timeout (``sock_read``) restarts at each chunk, so a server trickling a byte
+#: every few seconds held a read for ever. Only where the session's timeout sets no total of its own: one given in
+#: ``storage_options={"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=...)}}`` is kept for every request.
+HTTP_DEADLINE_BASE_S = 60.0
+HTTP_MIN_BYTES_PER_S = 64 * 1024
+#: The size a deadline is reckoned for where a request's is not known (a metadata file read whole): 256 MiB.
+_UNSIZED_BYTES = 256 * 1024 * 1024
+
+
+def _deadline_s(fs: Any, nbytes: int | None) -> float | None:
+    """Seconds a request of HTTP filesystem ``fs`` for ``nbytes`` bytes (None: unknown) may take:
+    :data:`HTTP_DEADLINE_BASE_S` plus the bytes at :data:`HTTP_MIN_BYTES_PER_S`; None where ``fs`` is not HTTP's or
+    its session's timeout sets a total of its own."""
+    timeout = (getattr(fs, "client_kwargs", None) or {}).get("timeout") if speaks_http(fs) else None
+    if timeout is not None and getattr(timeout, "total", None) is not None:
+        return None
+    if not speaks_http(fs):
+        return None
+    return HTTP_DEADLINE_BASE_S + (_UNSIZED_BYTES if nbytes is None else max(0, nbytes)) / HTTP_MIN_BYTES_PER_S
+
+
+def _past_deadline(path: str, start: int | None, end: int | None, seconds: float) -> TimeoutError:
+    """The error for a request for bytes ``[start, end)`` of ``path`` (the whole file: None) that outlasted its
+    deadline (:data:`HTTP_MIN_BYTES_PER_S`): transient, so retried; said with the deadline where the retries end."""
+    what = "the file" if start is None or end is None else f"bytes [{start}, {end})"
+    return TimeoutError(
+        f"{path}: {what} not received within the deadline of {seconds:.1f} s ({HTTP_DEADLINE_BASE_S:g} s plus the "
+        f"bytes at {HTTP_MIN_BYTES_PER_S} bytes/s): the server sends too slowly or stalls mid-answer"
+    )
+
+
+def _fetch_by_deadline(fs: Any, path: str, start: int | None, end: int | None, nbytes: int | None, fetch: Any) -> Any:
+    """``fetch(extra_kwargs)`` (one request of async filesystem ``fs``, through fsspec's ``sync``, for ``nbytes`` bytes
+    of ``path``) given the deadline of :func:`_deadline_s` as fsspec's own ``timeout`` (the request cancelled past it);
+    a timeout past it raised as :func:`_past_deadline`."""
+    seconds = _deadline_s(fs, nbytes)
+    if seconds is None:
+        return fetch({})
+    began = monotonic()
+    try:
+        return fetch({"timeout": seconds})
+    except (TimeoutError, asyncio.TimeoutError) as e:  # (fsspec's FSTimeoutError; aiohttp's, a read's or connect's)
+        if monotonic() - began < seconds:
+            raise
+        raise _past_deadline(path, start, end, seconds) from e
+
+
 def _check_block_fetches(inner: Any, path: str) -> None:
     """Make the block fetches of an fsspec buffered file (HTTP's) return exactly the bytes asked, or fail.
 
@@ -304,9 +362,19 @@ def _check_block_fetches(inner: Any, path: str) -> None:
         return
     fetch = _one_try_hub_fetch(inner) or fetch
 
+    hub_fetch = fetch is not getattr(cache, "fetcher", None)  # (its own client: huggingface_hub's timeouts)
+
+    def fetch_once(start: int, end: int, extra: dict[str, Any]) -> bytes:
+        return bytes(fetch(start, end, **extra))  # (HTTPFile's: fsspec's sync wrapper, which takes a timeout)
+
     def checked(start: int, end: int) -> bytes:
         try:
-            data = fetch(start, end)
+            if hub_fetch:
+                data = fetch(start, end)
+            else:
+                data = _fetch_by_deadline(
+                    getattr(inner, "fs", None), path, start, end, end - start, partial(fetch_once, start, end)
+                )
         except ValueError as e:
             if "range requests" not in str(e):
                 raise
@@ -448,13 +516,32 @@ def _hub_tries(error: BaseException) -> int:
     return 0
 
 
-def _exhausted(error: BaseException, what: str, path: str, attempts: int, *, hub: bool = False) -> BaseException:
+def _exhausted(error: BaseException, what: str, path: str, attempts: int, *, hub: bool = False) -> RemoteFileError:
+    """The error for ``what`` on ``path`` that failed ``attempts`` times, the last with ``error`` (its cause)."""
     retry = "huggingface_hub's own retries spent" if hub else f"set {RETRIES_ENV} to retry more"
     note = f"lerobot_dali: {what} {path!r} failed {attempts} time(s); gave up ({retry})"
     logger.warning("%s (last error %s: %s)", note, type(error).__name__, error)
     if sys.version_info >= (3, 11):
         error.add_note(note)
-    return error
+    return RemoteFileError(
+        masked(
+            f"{path}: {what} failed {attempts} time(s), the last with {type(error).__name__}: "
+            f"{str(error) or '(no message)'}; gave up: check the connection and the server, or {retry}"
+        ),
+        _status_of(error),
+    )
+
+
+def _refused_error(error: BaseException, what: str, path: str) -> RemoteFileError:
+    """The error for ``what`` on ``path`` that the server refused with ``error`` (its cause): HTTP 401/403."""
+    status = _status_of(error)
+    return RemoteFileError(
+        masked(
+            f"{path}: {what} was refused (not retried): {REFUSED_HINT} (the server answered "
+            f"{type(error).__name__}: {str(error) or '(no message)'})"
+        ),
+        status if status is not None else 403,
+    )
 
 
 def _raise_as_itself(error: BaseException) -> NoReturn:
@@ -463,6 +550,14 @@ def _raise_as_itself(error: BaseException) -> NoReturn:
     None`` took it off them. The retry loop's context (the tries before, the FileNotFoundError fsspec wrapped it in)
     stays out of the traceback, as ``from None`` kept it."""
     raise error from error.__cause__
+
+
+def _raise_from(error: RemoteFileError, cause: BaseException) -> NoReturn:
+    """Raise ``error`` from ``cause`` (the HTTP client's error), the retry loop's context kept out of the traceback:
+    the user meets the package's error naming the file, the client's below it (aiohttp's ClientResponseError, say, or
+    fsspec's FileNotFoundError without context, as it reached users before)."""
+    error.__suppress_context__ = True
+    raise error from cause
 
 
 def _given_yet_missing(path: str, missed: int) -> DatasetError:
@@ -584,6 +679,8 @@ class _Retrier:
                 return result
             except Exception as e:
                 mask_error(e)  # (aiohttp's errors name the request's URL with its query: a signed URL's signature)
+                if isinstance(e, RemoteFileError):  # (a request of its own inside, given up on: said already)
+                    raise
                 if not is_transient(e):
                     unmasked = _unmasked(e)
                     if _status_of(unmasked) == _PRECONDITION_FAILED:  # (only reads of a pinned ETag send If-Match)
@@ -619,15 +716,17 @@ class _Retrier:
                     if is_refused(unmasked) or isinstance(unmasked, PermissionError):  # (s3fs's answer to a 403)
                         if unpinned:
                             raise _refused_without_if_match(path, _status_of(unmasked)) from unmasked
-                        _refused(unmasked, what, path)
+                        _raise_from(_refused_error(_refused(unmasked, what, path), what, path), unmasked)
                     if unmasked is not e:  # a 403, say: no missing file
                         _raise_as_itself(unmasked)
                     raise
                 if hub_tries := _hub_tries(e):  # (its policy, not stacked inside this one)
-                    _raise_as_itself(_exhausted(_unmasked(e), what, path, attempt + hub_tries, hub=True))
+                    cause = _unmasked(e)
+                    _raise_from(_exhausted(cause, what, path, attempt + hub_tries, hub=True), cause)
                 attempt += 1
                 if attempt > self.policy.retries:
-                    _raise_as_itself(_exhausted(_unmasked(e), what, path, attempt))
+                    cause = _unmasked(e)
+                    _raise_from(_exhausted(cause, what, path, attempt), cause)
                 delay = self._delay(attempt, what, path, e)
                 logger.log(
                     logging.INFO if attempt == 1 else logging.WARNING,  # a blip, then a trouble worth seeing
@@ -996,11 +1095,18 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         checked to hold them (:func:`_checked_range`, with the stamped size where ``path`` is stamped): fsspec's HTTP
         ``cat_file`` returned a short answer short, and a server's whole file for a range it ignored."""
 
+        stamps = self._stamps_holding(path)
+        size = None if stamps is None else int(stamps[path].size)
+        ranged = isinstance(start, int) and isinstance(end, int) and 0 <= start <= end
+        nbytes = end - start if ranged else (size if start is None and end is None else None)  # type: ignore[operator]
+
+        def fetch_once(extra: dict[str, Any]) -> Any:
+            return self.fs.cat_file(path, start=start, end=end, **self._pinned(path, {**kwargs, **extra}))
+
         def fetch() -> Any:
-            data = self.fs.cat_file(path, start=start, end=end, **self._pinned(path, kwargs))
-            if isinstance(start, int) and isinstance(end, int) and 0 <= start <= end and isinstance(data, bytes):
-                stamps = self._stamps_holding(path)
-                return _checked_range(path, start, end, data, None if stamps is None else int(stamps[path].size))
+            data = _fetch_by_deadline(self.fs, path, start, end, nbytes, fetch_once)
+            if ranged and isinstance(data, bytes):
+                return _checked_range(path, start, end, data, size)  # type: ignore[arg-type]
             return data
 
         return self._retrier.call("cat_file", path, fetch)

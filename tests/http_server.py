@@ -42,7 +42,9 @@ __all__ = ["HTTP_FAULT_KINDS", "FolderServer", "RequestRecord", "serve_folder"]
 #: ``503``/``429``/``403``/``404``/``410``: that status, empty body; ``drop``: half the body, then the connection
 #: closes; ``stall``: the headers, then ``stall_s`` seconds of silence before the body; ``short``: a range answered
 #: (206, honest headers) for half the bytes asked; ``no_range``: the whole file (200), whatever the Range asked.
-HTTP_FAULT_KINDS = ("503", "429", "403", "404", "410", "drop", "stall", "short", "no_range")
+#: ``trickle``: the headers, then the body one byte every ``stall_s`` seconds (a server that never stalls long enough
+#: for a read timeout, yet never finishes).
+HTTP_FAULT_KINDS = ("503", "429", "403", "404", "410", "drop", "stall", "short", "no_range", "trickle")
 _STATUS_FAULTS = ("503", "429", "403", "404", "410")
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
@@ -98,6 +100,8 @@ class FolderServer:
         #: (its files' stamps hold their sizes alone); ``"last_modified"``: ``Last-Modified`` alone (no ETag).
         self.versions: bool | str = True
         self.stall_s = 5.0
+        #: Faults by path: a request whose URL path holds a key suffers its fault (every time), whatever the schedule.
+        self.fault_paths: dict[str, str] = {}
         if not self.root.is_dir():
             raise NotADirectoryError(f"cannot serve {self.root}: not a folder")
         self._lock = threading.Condition()
@@ -287,6 +291,8 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
 
         def _serve(self, *, body: bool) -> None:
             fault = server._begin()
+            path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+            fault = next((f for key, f in server.fault_paths.items() if key in path), fault)
             try:
                 self._answer(fault, body=body)
             finally:
@@ -372,7 +378,9 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
             if fault == "stall":
                 time.sleep(server.stall_s)
             sent = 0
-            if body:
+            if body and fault == "trickle":
+                sent = self._trickle(target, start, stop - start)
+            elif body:
                 limit = (stop - start) // 2 if fault == "drop" else stop - start
                 sent = self._copy(target, start, limit)
             if fault == "drop":
@@ -392,6 +400,20 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
                         sent += len(chunk)
                 self.wfile.flush()
             except (ConnectionError, BrokenPipeError):  # the client released the response unread
+                self.close_connection = True
+            return sent
+
+        def _trickle(self, target: Path, start: int, length: int) -> int:
+            sent = 0
+            try:
+                with open(target, "rb") as f:
+                    f.seek(start)
+                    while sent < length:
+                        self.wfile.write(f.read(1))
+                        self.wfile.flush()
+                        sent += 1
+                        time.sleep(server.stall_s)
+            except (ConnectionError, BrokenPipeError):  # the client gave up
                 self.close_connection = True
             return sent
 

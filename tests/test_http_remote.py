@@ -718,12 +718,80 @@ def test_a_refused_read_says_what_to_pass_and_is_not_retried(root: Path, server,
     server.reset_stats()
     assert main(["info", _url(server, root)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("lerobot-dali info: access refused (ClientResponseError: 403, message='Forbidden', url="), err
-    assert err.endswith(f"); {REFUSED_HINT}\n") and err.count("\n") == 1, err
+    said = f"lerobot-dali info: RemoteFileError: {server.url}/dataset/meta/info.json: cat_file was refused"
+    assert err.startswith(f"{said} (not retried): {REFUSED_HINT} (the server answered ClientResponseError: 403, "), err
+    assert err.count("\n") == 1, err
     # (info.json read whole: one GET; opened, a HEAD and fsspec's GET fallback)
     assert [(r.method, r.status) for r in server.records] == [("GET", 403)]
     assert not slept
     server.set_faults(0)
+
+
+#: Files the dataset's open reads or asks the size of: a path each request for one holds.
+_OPENED = {"info.json": "meta/info.json", "episodes": "meta/episodes/", "data": "data/", "video": "videos/"}
+
+
+@pytest.mark.parametrize("fault", ["403", "503"])
+@pytest.mark.parametrize("part", list(_OPENED))
+def test_a_file_refused_or_failing_at_open_is_a_remote_file_error_naming_it(
+    root: Path, server, monkeypatch, capsys, part: str, fault: str
+) -> None:
+    """A 403, or a 503 past the retries, answered for info.json, the episodes' folder, a data parquet or a video as
+    the iterator opened the dataset reached the user as aiohttp's ClientResponseError (8 of 8), what to do only in a
+    note: now a RemoteFileError (a DatasetError) naming the file's URL and what to do, as ``lerobot-dali check``."""
+    from lerobot_dali.errors import RemoteFileError
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    monkeypatch.setenv(RETRIES_ENV, "1")
+    use_fast_retries(monkeypatch, retries=1)
+    server.fault_paths = {f"/dataset/{_OPENED[part]}": fault}
+    with pytest.raises(RemoteFileError) as info:
+        it = DALILeRobotIterator(_url(server, root), num_workers=0, cache_gb=0.0, **OPTIONS)
+        with contextlib.closing(it):
+            next(iter(it))
+    message = str(info.value)
+    assert message.startswith(f"{server.url}/dataset/{_OPENED[part]}"), message
+    if fault == "403":
+        assert "was refused (not retried): " + REFUSED_HINT in message, message
+    else:
+        gave_up = f"gave up: check the connection and the server, or set {RETRIES_ENV} to retry more"
+        assert re.search(rf": \w+ failed 2 time\(s\), the last with ClientResponseError: 503, .*; {gave_up}$", message)
+    assert info.value.status == int(fault) and isinstance(info.value.__cause__, aiohttp.ClientResponseError)
+    assert main(["check", _url(server, root)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lerobot-dali check: RemoteFileError: {server.url}/dataset/{_OPENED[part]}"), err
+    server.fault_paths = {}
+
+
+@pytest.mark.parametrize("route", ["read", "cat_file"])
+def test_a_server_trickling_a_block_fails_the_read_at_its_deadline(tmp_path: Path, monkeypatch, route: str) -> None:
+    """aiohttp's read timeout restarts at each chunk and the sessions set no total: a server sending a byte every
+    few seconds held a block's read for ever. Each request now has a deadline (60 s plus its bytes at 64 KiB/s; here
+    0.6 s), past which it fails as a timeout (retried), and the error names the file and the deadline."""
+    from lerobot_dali.dataset_location import resolve_location
+    from lerobot_dali.errors import RemoteFileError
+
+    (tmp_path / "blob.bin").write_bytes(bytes(range(256)) * 40)
+    monkeypatch.setenv(RETRIES_ENV, "0")
+    monkeypatch.setattr("lerobot_dali.remote_retry.HTTP_DEADLINE_BASE_S", 0.6)
+    monkeypatch.setattr("lerobot_dali.remote_retry.HTTP_MIN_BYTES_PER_S", 10**9)
+    with serve_folder(tmp_path) as server:
+        fs = resolve_location(server.url).fs
+        server.stall_s = 0.05
+        server.fault_paths = {"/blob.bin": "trickle"}
+        url = f"{server.url}/blob.bin"
+        with pytest.raises(RemoteFileError) as info:
+            if route == "read":
+                with fs.open(url, "rb", size=10240) as f:
+                    f.read(100)
+            else:
+                fs.cat_file(url, start=0, end=100)
+        server.fault_paths = {}
+    assert re.match(
+        rf"{url}: {route} failed 1 time\(s\), the last with TimeoutError: {url}: bytes \[0, \d+\) not received "
+        r"within the deadline of 0.6 s \(0.6 s plus .*\): the server sends too slowly or stalls mid-answer; gave up",
+        str(info.value),
+    ), str(info.value)
 
 
 def test_a_server_that_refuses_connections_is_not_reported_as_a_missing_file(monkeypatch, capsys) -> None:
@@ -740,8 +808,9 @@ def test_a_server_that_refuses_connections_is_not_reported_as_a_missing_file(mon
     assert "Cannot connect to host 127.0.0.1" in str(info.value)
     assert main(["info", url]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("lerobot-dali info: the network failed past its retries (ClientConnectorError: Cannot co")
-    assert err.endswith(f"retry more with {RETRIES_ENV}\n") and err.count("\n") == 1, err
+    assert err.startswith(f"lerobot-dali info: RemoteFileError: {url}/meta/info.json: cat_file failed 2 time(s), the "
+                          "last with ClientConnectorError: Cannot co"), err  # fmt: skip
+    assert err.endswith(f"or set {RETRIES_ENV} to retry more\n") and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize("remote_part", ["dataset", "data_files_root"])
@@ -968,7 +1037,8 @@ def test_a_stalled_read_in_a_batch_names_the_file_it_gave_up_on(root: Path, serv
     it = DALILeRobotIterator(_url(server, root), num_workers=0, cache_gb=0.0, **OPTIONS)
     server.stall_s = 3.0
     server.set_faults(1, ("stall",))
-    with pytest.raises(DatasetError, match=rf"FSTimeoutError: \(no message\); .* '{server.url}/dataset/\S+' failed 1 "):
+    said = r": read failed 1 time\(s\), the last with FSTimeoutError: \(no message\); gave up"
+    with pytest.raises(DatasetError, match=rf"^{server.url}/dataset/\S+{said}"):
         next(iter(it))
     server.set_faults(0)
     it.close()
@@ -1919,7 +1989,8 @@ def test_a_hub_listing_is_retried_by_one_policy(tmp_path: Path, monkeypatch, fau
         with pytest.raises(Exception) as failed:
             listing(fs)
         assert is_transient(failed.value), repr(failed.value)
-        assert type(failed.value.__cause__).__name__ == "HTTPStatusError"  # (httpx's, the Hub's error raised from it)
+        hub_error = failed.value.__cause__  # (RemoteFileError's: the Hub's error, raised from httpx's)
+        assert type(hub_error.__cause__).__name__ == "HTTPStatusError", repr(failed.value)
         assert asked() == [("tree", int(fault))] * 6
         assert (len(hub_waits), waits) == (5, [])
         server.set_faults(0)

@@ -27,7 +27,7 @@ from huggingface_hub.errors import OfflineModeIsEnabled
 
 from lerobot_dali.dataset_location import resolve_location, with_bulk_root
 from lerobot_dali.dataset_reader import open_dataset
-from lerobot_dali.errors import DatasetError, MissingDataFileError
+from lerobot_dali.errors import DatasetError, MissingDataFileError, RemoteFileError
 from lerobot_dali.remote_retry import RETRIES_ENV, RetryingFileSystem, RetryPolicy, fresh_instance, is_transient
 from tests.fake_remote import FakeHTTPError, FakeRemoteFileSystem
 from tests.test_iterator import DELTAS, _check_sample, _dataset, _samples
@@ -154,10 +154,9 @@ def test_retries_zero_fails_fast_on_first_transient_error(blob) -> None:
     root, _ = blob
     fake = FakeRemoteFileSystem(str(root), fault_every=1, faults=("503",))
     fs = RetryingFileSystem(fake, policy=RetryPolicy(retries=0))
-    with pytest.raises(FakeHTTPError) as info:
+    with pytest.raises(RemoteFileError, match=r"^blob.bin: info failed 1 time\(s\), the last with FakeHTTPError: 503"):
         fs.info("blob.bin")
     assert fake.requests == {"info": 1}
-    assert any("failed 1 time(s)" in note for note in info.value.__notes__)
 
 
 def test_budget_spent_raises_last_error_with_attempt_count(blob) -> None:
@@ -166,11 +165,11 @@ def test_budget_spent_raises_last_error_with_attempt_count(blob) -> None:
     fresh = []
     fs = RetryingFileSystem(fake, policy=RetryPolicy(retries=3, base_delay_s=0.0, max_delay_s=0.0),
                             fresh_client=lambda: fresh.append(1))  # fmt: skip
-    with pytest.raises(FakeHTTPError) as info:
+    with pytest.raises(RemoteFileError) as info:
         fs.cat_file("blob.bin")
-    assert info.value.status == 429  # the 4th failure, alternating timeout / 429
+    assert info.value.status == 429 and isinstance(info.value.__cause__, FakeHTTPError)  # (the 4th failure's)
     assert fake.requests == {"cat_file": 4}
-    assert "failed 4 time(s)" in info.value.__notes__[-1]
+    assert "cat_file failed 4 time(s)" in str(info.value) and "failed 4 time(s)" in info.value.__cause__.__notes__[-1]
     assert fresh == [1, 1]  # from the second retry on
 
 
@@ -195,19 +194,21 @@ def test_an_error_given_up_on_keeps_its_own_cause(blob, monkeypatch, fault: str)
     """An error a client raised from the one it translated (huggingface_hub's HfHubHTTPError from httpx's, s3fs's
     OSError from botocore's, which names the request) lost that cause when the retries gave up on it (a 503 after 2
     retries) or refused it (a 403 behind fsspec's FileNotFoundError): raised ``from None`` (2 of 2 without it). It
-    keeps it now, and the retry loop's context stays out of the traceback."""
+    keeps it now, under the RemoteFileError naming the file, and the retry loop's context stays out of the
+    traceback."""
     import tests.fake_remote
 
     monkeypatch.setattr(tests.fake_remote, "fault_exception", _raised_from_the_clients_error)
     root, _ = blob
     fake = FakeRemoteFileSystem(str(root), fault_every=1, faults=(fault,))
     fs = RetryingFileSystem(fake, policy=RetryPolicy(retries=2, base_delay_s=0.0, max_delay_s=0.0))
-    with pytest.raises(FakeHTTPError) as failed:
+    with pytest.raises(RemoteFileError) as given_up:
         fs.cat_file("blob.bin")
-    assert failed.value.status == (503 if fault == "503" else 403)
+    failed = given_up.value.__cause__
+    assert isinstance(failed, FakeHTTPError) and given_up.value.__suppress_context__
+    assert failed.status == given_up.value.status == (503 if fault == "503" else 403)
     assert fake.requests == {"cat_file": 3 if fault == "503" else 1}
-    assert isinstance(failed.value.__cause__, _Translated) and "x-amz-request-id" in str(failed.value.__cause__)
-    assert failed.value.__suppress_context__
+    assert isinstance(failed.__cause__, _Translated) and "x-amz-request-id" in str(failed.__cause__)
 
 
 @pytest.mark.parametrize("retries", [0, 1])
@@ -227,7 +228,7 @@ def test_a_file_that_shrank_after_opening_says_it_changed(blob, retries: int) ->
             with pytest.raises(DatasetError, match=changed):
                 f.read(2000)
         else:
-            with pytest.raises(ConnectionError, match=r"ended at byte 1000 of the 300000 .*the file changed since"):
+            with pytest.raises(RemoteFileError, match=r"ended at byte 1000 of the 300000 .*the file changed since"):
                 f.read(2000)
 
 
@@ -483,11 +484,11 @@ def test_exists_retries_transient_errors_instead_of_answering_false(blob) -> Non
     assert fake.requests == {"exists": 2, "info": 3} and fake.faults_injected == {"503": 2}
     assert fs.exists("absent.bin") is False  # FileNotFoundError is an answer, not a failure
     down = RetryingFileSystem(_SwallowingFake(str(root), fault_every=1, faults=("503",)), policy=FAST)
-    with pytest.raises(FakeHTTPError) as info:  # an outage past the budget is raised, never reported as absent
+    with pytest.raises(RemoteFileError) as info:  # an outage past the budget is raised, never reported as absent
         down.exists("blob.bin")
-    assert info.value.status == 503 and "failed 6 time(s)" in info.value.__notes__[-1]
+    assert info.value.status == 503 and "info failed 6 time(s)" in str(info.value)
     denied = RetryingFileSystem(FakeRemoteFileSystem(str(root), fault_every=1, faults=("denied",)), policy=FAST)
-    with pytest.raises(PermissionError, match="access denied"):  # a 403 is no answer either: "missing" misled
+    with pytest.raises(RemoteFileError, match="access denied"):  # a 403 is no answer either: "missing" misled
         denied.exists("blob.bin")
 
 
@@ -614,7 +615,7 @@ def test_a_filesystem_that_keeps_the_query_in_its_paths_names_no_credential(
     inner = FakeRemoteFileSystem(str(tmp_path), fault_every=1, faults=("503",))
     fs = RetryingFileSystem(inner, policy=RetryPolicy(retries=1))
     caplog.set_level(logging.DEBUG)
-    with pytest.raises(FakeHTTPError) as failed:
+    with pytest.raises(RemoteFileError) as failed:
         fs.cat_file(f"{folder}/f.bin")  # (the traceback shows this line)
     inner.fault_every = 0
     with pytest.raises(MissingDataFileError) as missing:
