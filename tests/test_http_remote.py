@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import logging
 import os
 import re
 import shutil
 import socket
+import threading
 import traceback
 from collections import Counter
 from collections.abc import Iterator
@@ -792,6 +794,57 @@ def test_a_server_trickling_a_block_fails_the_read_at_its_deadline(tmp_path: Pat
         r"within the deadline of 0.6 s \(0.6 s plus .*\): the server sends too slowly or stalls mid-answer; gave up",
         str(info.value),
     ), str(info.value)
+
+
+@contextlib.contextmanager
+def _chunked_server(body: bytes, whole_from: int) -> Iterator[tuple[str, list[int]]]:
+    """A server answering every GET with ``body`` in a chunked answer, cut (the connection closed) after half of it
+    for the requests before the ``whole_from``-th (0-based); its URL and the count of requests answered."""
+    answered: list[int] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                sent = body if len(answered) >= whole_from else body[: len(body) // 2]
+                answered.append(len(sent))
+                head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                end = b"0\r\n\r\n" if sent is body else b""
+                conn.sendall(head + f"{len(sent):x}\r\n".encode() + sent + b"\r\n" + end)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/ds", answered
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("whole_from", [1, 99])
+def test_a_metadata_file_cut_short_in_a_chunked_answer_is_read_again_or_named(monkeypatch, whole_from: int) -> None:
+    """A server sending info.json chunked (no Content-Length) that closed the connection mid-answer: aiohttp tells the
+    cut (its ClientPayloadError), so the file is read again whole; cut every time, the error raised was aiohttp's own
+    (the file named only in a note): now a RemoteFileError naming the file."""
+    from lerobot_dali.dataset_location import read_whole, resolve_location
+    from lerobot_dali.errors import RemoteFileError
+
+    monkeypatch.setenv(RETRIES_ENV, "1")
+    use_fast_retries(monkeypatch, retries=1)
+    body = json.dumps({"codebase_version": "v3.0", "fps": 30, "features": {}, "pad": "x" * 4000}).encode()
+    with _chunked_server(body, whole_from) as (url, answered):
+        location = resolve_location(url)
+        if whole_from == 1:
+            assert read_whole(location.meta_fs, location.meta_path("meta/info.json")).getvalue() == body
+        else:
+            with pytest.raises(RemoteFileError, match=rf"^{url}/meta/info.json: cat_file failed 2 time\(s\), the last "
+                               "with ClientPayloadError: Response payload is not completed"):  # fmt: skip
+                read_whole(location.meta_fs, location.meta_path("meta/info.json"))
+    assert answered == [len(body) // 2, len(body)] if whole_from == 1 else [len(body) // 2] * 2
 
 
 def test_a_server_that_refuses_connections_is_not_reported_as_a_missing_file(monkeypatch, capsys) -> None:
