@@ -450,6 +450,7 @@ def test_a_disk_without_room_for_the_copy_reads_the_parquet(tmp_path, monkeypatc
 def test_a_network_error_while_converting_is_raised_and_the_store_is_tried_again(tmp_path, monkeypatch) -> None:
     """As a direct read raises it: a blip that outlasts the retries is the network's fault, not the store's."""
     import tests.fake_remote  # noqa: F401 (registers the fakeremote:// protocol)
+    from lerobot_dali.errors import RemoteFileError
 
     monkeypatch.setenv("LEROBOT_DALI_REMOTE_RETRIES", "0")
     want = _all_episodes(_reader(None))
@@ -458,7 +459,7 @@ def test_a_network_error_while_converting_is_raised_and_the_store_is_tried_again
     fs = remote.location.fs.fs
     remote._parquet.get(remote.data_path(0))  # the footer read: the file is open
     fs.faults, fs.fault_every = ("timeout",), fs._total + 1  # the next request fails: the conversion's first read
-    with pytest.raises(TimeoutError):
+    with pytest.raises(RemoteFileError, match="the last with TimeoutError: fake remote: request for .* timed out"):
         remote.read_episode(0)
     assert fs.faults_injected["timeout"] == 1 and not store._failed and _stored_files(tmp_path) == []
     fs.fault_every = 0
