@@ -273,6 +273,78 @@ def test_an_episode_subset_matches_lerobot(make_ds) -> None:
     assert np.sum([LENGTHS[e] for e in subset]) == len(theirs)
 
 
+#: Option combinations users train with, each against LeRobot: (dataset options, windows, episodes, tolerance_s).
+#: Episodes of 7-30 frames under 50-step action chunks and 2-step histories pad at both ends.
+OPTION_COMBINATIONS = {
+    # An unsorted, non-contiguous split; a history of 2 on the state and a camera, a camera at one past step
+    # (squeezed to (C, H, W) as a camera without deltas), the state one step ahead (never squeezed: (1, 6)).
+    "unsorted-subset-chunk50-history2": (
+        {"codec": "av1", "gop": 2, "cameras": 2, "episodes_per_file": 2},
+        {
+            "action": [k / FPS for k in range(50)], "observation.state": [-1 / FPS, 0.0],
+            "observation.images.cam0": [-1 / FPS, 0.0], "observation.images.cam1": [-1 / FPS],
+        },
+        [4, 0, 2], None,
+    ),
+    # Offsets off the frame grid by less than the default tolerance_s (1e-4 s): they round to whole frames.
+    "off-grid-deltas-within-default-tolerance": (
+        {"codec": "h264", "gop": 30, "cameras": 1},
+        {
+            "action": [k / FPS + 4e-5 for k in range(-3, 5)], "observation.state": [-1 / FPS - 9e-5, 0.0],
+            "observation.images.cam0": [-2 / FPS + 5e-5, 1 / FPS - 5e-5],
+        },
+        None, None,
+    ),
+    # tolerance_s 0.02 s at 30 fps takes any offset: half frames round to the even step (Python's round), 0.01 s
+    # (0.3 frame) to 0, 0.02 s (0.6 frame) to 1, on the tabular keys and a camera alike.
+    "tolerance-0.02-half-frame-deltas": (
+        {"codec": "av1", "gop": 2, "cameras": 1},
+        {
+            "action": [-1.5 / FPS, -0.5 / FPS, 0.5 / FPS, 1.5 / FPS, 2.5 / FPS, -0.02, -0.01, 0.01, 0.02, 0.05],
+            "observation.images.cam0": [-0.5 / FPS, -0.02, 0.0, 0.02, 1.5 / FPS],
+        },
+        None, 0.02,
+    ),
+    "png-images-unsorted-subset-chunk": (
+        {"image_cameras": True, "cameras": 2},
+        {
+            "action": [k / FPS for k in range(-2, 20)], "observation.images.cam0": [-1 / FPS, 0.0],
+            "observation.images.cam1": [0.0],
+        },
+        [3, 0], None,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(OPTION_COMBINATIONS))
+def test_option_combinations_match_lerobot(make_ds, name: str) -> None:
+    """Every sample, keys, dtypes, ``_is_pad`` masks and frames as LeRobot's, for each of OPTION_COMBINATIONS."""
+    spec, windows, episodes, tolerance_s = OPTION_COMBINATIONS[name]
+    if LEROBOT_03 and episodes is not None:
+        pytest.skip("LeRobot 0.3 reads windows of an episodes= subset wrong (its issue #1783)")
+    root = make_ds(episodes=5, frames_per_episode=LENGTHS, version=DATASET_VERSION, **spec)
+    tolerance = {} if tolerance_s is None else {"tolerance_s": tolerance_s}
+    theirs = _lerobot(root, windows, episodes=episodes, **tolerance)
+    ours = _ours(root, windows, episodes=episodes, **tolerance)
+    assert len(ours) == sum(LENGTHS[e] for e in (episodes or range(len(LENGTHS))))
+    _assert_same_samples(ours, theirs, frame_check=_same_decode)
+
+
+@pytest.mark.parametrize("tolerance_s", [1e-4, 1e-5])
+def test_a_delta_off_the_frame_grid_beyond_tolerance_is_refused_as_by_lerobot(make_ds, tolerance_s: float) -> None:
+    """Half a frame (0.5 / 30 s) is off the grid by 16.7 ms, far past either tolerance: both refuse it when built,
+    with a ValueError (here a DeltaTimestampsError, which is one)."""
+    from lerobot_dali.errors import DeltaTimestampsError
+
+    root = make_ds(codec="h264", gop=30, episodes=5, frames_per_episode=LENGTHS, cameras=1, version=DATASET_VERSION)
+    windows = {"action": [0.0, 0.5 / FPS]}
+    with pytest.raises(ValueError, match="tolerance"):
+        _lerobot(root, windows, tolerance_s=tolerance_s)
+    with pytest.raises(DeltaTimestampsError, match=r"holds 0\.01666.* s, which is not a multiple of 1/fps"):
+        _ours(root, windows, tolerance_s=tolerance_s)
+    assert issubclass(DeltaTimestampsError, ValueError)
+
+
 @pytest.mark.skipif(
     LEROBOT_03 or (_installed_lerobot() or (0, 0)) >= (0, 6), reason="LeRobot 0.4-0.5 give subtask strings"
 )
@@ -584,6 +656,125 @@ def test_datasets_lerobots_v21_converter_writes_match_lerobot(make_ds, copy_ds, 
     subset = [1, 3, 4]
     theirs = _lerobot(root, WINDOWS, episodes=subset)
     _assert_same_samples(_ours(root, WINDOWS, episodes=subset), theirs, frame_check=_same_decode)
+
+
+# -- real datasets (../shared/datasets) ---------------------------------------------------------------------
+#: cr5's camera, a 2-step state history and a 5 s action chunk (10 fps).
+CR5_WINDOWS = {
+    "observation.images.top": [-0.1, 0.0],
+    "observation.state": [-0.2, -0.1, 0.0],
+    "action": [k / 10 for k in range(50)],
+}
+
+
+@needs_lerobot_04
+def test_a_real_dataset_with_wall_clock_timestamps_matches_lerobot_at_a_wide_tolerance() -> None:
+    """cr5_v30_av1 (real data, LeRobot's v2.1 -> v3.0 converter, 5 AV1 episodes per file) has wall-clock parquet
+    timestamps, up to 50 ms off its 10 fps video: at tolerance_s=0.06 both read the frame nearest each row. Episode 5
+    (the first of the second file, every row within its video), samples from frame 150 on, windows reaching back."""
+    from torch.utils.data import Subset
+
+    from tests.conftest import shared_dataset
+
+    root = shared_dataset("cr5_v30_av1")
+    theirs = _lerobot(root, CR5_WINDOWS, episodes=[5], tolerance_s=0.06)
+    assert len(theirs) == 199
+    ours = _ours(root, CR5_WINDOWS, episodes=[5], tolerance_s=0.06, drop_n_first_frames=150)
+    _assert_same_samples(
+        ours, Subset(theirs, range(150, 199)), frame_check=_same_decode, video_keys=theirs.meta.video_keys
+    )
+    assert len(ours) == 49
+
+
+@needs_lerobot_04
+def test_a_real_datasets_rows_and_windows_over_an_unsorted_split_of_several_files_match_lerobot() -> None:
+    """cr5_v30_av1's rows (no camera: LeRobot's video query is left out, its wall-clock rows miss the default
+    tolerance) over episodes [11, 2, 7, 5] of its three data files: every value, ``_is_pad``, task and index."""
+    from tests.conftest import shared_dataset
+
+    root = shared_dataset("cr5_v30_av1")
+    windows = {k: v for k, v in CR5_WINDOWS.items() if k != "observation.images.top"}
+    split = [11, 2, 7, 5]
+    theirs = _lerobot(root, windows, episodes=split)
+    theirs._query_videos = lambda *args: {}
+    ours = _ours(root, windows, episodes=split, cameras=[])
+    assert len(ours) == len(theirs) == 198 + 275 + 297 + 199
+    _assert_same_samples(ours, theirs, frame_check=_same_decode)
+
+
+@needs_lerobot_04
+def test_rows_past_their_episodes_video_read_a_neighbours_frames_in_lerobot_and_are_refused_here() -> None:
+    """Deliberately unlike LeRobot: cr5_v30_av1's episode 0 has 197 frames in its file's first 19.7 s, and rows up to
+    20.55 s. At tolerance_s=0.06 LeRobot 0.4.4 gives its last 9 rows frames 197-205 of the file, episode 1's, without
+    a word; this refuses, naming the neighbouring episode."""
+    import pyarrow.parquet as pq
+
+    from lerobot_dali.errors import FrameTimestampError
+    from tests.conftest import shared_dataset
+
+    root = shared_dataset("cr5_v30_av1")
+    theirs = _lerobot(root, {}, episodes=[0], tolerance_s=0.06)
+    episodes = pq.read_table(root / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    span_s = [episodes[0][f"videos/observation.images.top/{end}_timestamp"] for end in ("from", "to")]
+    assert span_s == [0.0, 19.7]
+    frames = [round(float(t) * 10) for t in theirs.hf_dataset["timestamp"]]
+    past = [i for i, frame in enumerate(frames) if frame >= 197]
+    assert (len(frames), past, frames[-1]) == (197, list(range(188, 197)), 205)
+    assert all(theirs[i]["observation.images.top"].shape == (3, 480, 640) for i in past)  # (read, not refused)
+    with pytest.raises(FrameTimestampError, match=r"episode 0, .* outside this episode's part .*neighbouring episode"):
+        _ours(root, {}, episodes=[0], tolerance_s=0.06)
+
+
+@needs_lerobot_04
+def test_a_real_h264_dataset_with_more_video_frames_than_rows_matches_lerobot_but_for_ties(copy_ds) -> None:
+    """r1_v30_h264 (real data: H.264 with B-frames, 25 fps video under 10 fps rows), read here as published
+    (``keys=["action"]``: its state holds 41 values where info.json declares 17), against LeRobot 0.4.4 on a copy it
+    opens (rows cut to info.json's features, the state left out, the episode's from/to_timestamp filled in). At
+    tolerance_s=0.0201 every value, mask and frame is LeRobot's but at the rows exactly between two frames (odd
+    tenths of a second): this reads the earlier frame, LeRobot the one float32 rounding of the row's time picks (the
+    later one for 197 of the 395 such rows, README "Timestamps"). Samples from frame 750 on, windows reaching back."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from torch.utils.data import Subset
+
+    from tests.conftest import shared_dataset
+
+    camera = "observation.images.rgb"
+    source = shared_dataset("r1_v30_h264")
+    root = copy_ds(source)
+    info = json.loads((root / "meta/info.json").read_text())
+    del info["features"]["observation.state"]
+    (root / "meta/info.json").write_text(json.dumps(info))
+    data = root / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(data).select([k for k in info["features"] if k != camera])
+    at = table.column_names.index("action")
+    pq.write_table(table.set_column(at, "action", table["action"].cast(pa.list_(pa.float32(), 17))), data)
+    episodes_path = root / "meta/episodes/chunk-000/file-000.parquet"
+    episodes = pq.read_table(episodes_path)
+    for end, seconds in (("from", 0.0), ("to", 79.0)):
+        episodes = episodes.append_column(f"videos/{camera}/{end}_timestamp", pa.array([seconds]))
+    pq.write_table(episodes, episodes_path)
+
+    windows = {camera: [-0.1, 0.0], "action": [k / 10 for k in range(50)]}
+    theirs = Subset(_lerobot(root, windows, tolerance_s=0.0201), range(750, 790))
+    ours = _ours(source, windows, tolerance_s=0.0201, keys=["action"], drop_n_first_frames=750)
+    samples = [theirs[i] for i in range(len(theirs))]
+    differs, ties_lerobot_reads_later = set(), set()
+    for sample in samples:
+        frame = int(sample["frame_index"])
+        got = ours[frame][camera]
+        for step, row in enumerate((max(frame - 1, 0), frame)):
+            if (got[step] - sample[camera][step]).abs().max().item() * 255 > 3.01:
+                differs.add((frame, step))
+            row_s = float(np.float32(row / 10))  # (as LeRobot's float32 timestamp column holds it)
+            if round(row_s * 25) != 5 * row // 2:  # LeRobot's frame, not the nearest (of a tie's two, the earlier)
+                ties_lerobot_reads_later.add((frame, step))
+    assert len(ours) == 40 and differs == ties_lerobot_reads_later and len(differs) == 20  # (of 80 frames)
+    # Every other key as LeRobot's, the frames as compared above.
+    _assert_same_samples(
+        ours, samples, frame_check=_same_decode, video_keys=[camera],
+        expected_of=lambda sample: {**sample, camera: ours[int(sample["index"])][camera]},
+    )  # fmt: skip
 
 
 # -- datasets LeRobot writes itself ---------------------------------------------------------------------------
