@@ -273,13 +273,15 @@ def test_an_episode_subset_matches_lerobot(make_ds) -> None:
     assert np.sum([LENGTHS[e] for e in subset]) == len(theirs)
 
 
+#: The generated dataset of OPTION_COMBINATIONS' video cases: two cameras, two episodes per file.
+VIDEO_SPEC = {"codec": "av1", "gop": 2, "cameras": 2, "episodes_per_file": 2}
 #: Option combinations users train with, each against LeRobot: (dataset options, windows, episodes, tolerance_s).
 #: Episodes of 7-30 frames under 50-step action chunks and 2-step histories pad at both ends.
 OPTION_COMBINATIONS = {
     # An unsorted, non-contiguous split; a history of 2 on the state and a camera, a camera at one past step
-    # (squeezed to (C, H, W) as a camera without deltas), the state one step ahead (never squeezed: (1, 6)).
+    # (squeezed to (C, H, W) as a camera without deltas).
     "unsorted-subset-chunk50-history2": (
-        {"codec": "av1", "gop": 2, "cameras": 2, "episodes_per_file": 2},
+        VIDEO_SPEC,
         {
             "action": [k / FPS for k in range(50)], "observation.state": [-1 / FPS, 0.0],
             "observation.images.cam0": [-1 / FPS, 0.0], "observation.images.cam1": [-1 / FPS],
@@ -288,7 +290,7 @@ OPTION_COMBINATIONS = {
     ),
     # Offsets off the frame grid by less than the default tolerance_s (1e-4 s): they round to whole frames.
     "off-grid-deltas-within-default-tolerance": (
-        {"codec": "h264", "gop": 30, "cameras": 1},
+        VIDEO_SPEC,
         {
             "action": [k / FPS + 4e-5 for k in range(-3, 5)], "observation.state": [-1 / FPS - 9e-5, 0.0],
             "observation.images.cam0": [-2 / FPS + 5e-5, 1 / FPS - 5e-5],
@@ -296,12 +298,13 @@ OPTION_COMBINATIONS = {
         None, None,
     ),
     # tolerance_s 0.02 s at 30 fps takes any offset: half frames round to the even step (Python's round), 0.01 s
-    # (0.3 frame) to 0, 0.02 s (0.6 frame) to 1, on the tabular keys and a camera alike.
+    # (0.3 frame) to 0, 0.02 s (0.6 frame) to 1, on the tabular keys and a camera alike; the state at one step ahead
+    # (never squeezed: (1, 6)).
     "tolerance-0.02-half-frame-deltas": (
-        {"codec": "av1", "gop": 2, "cameras": 1},
+        VIDEO_SPEC,
         {
             "action": [-1.5 / FPS, -0.5 / FPS, 0.5 / FPS, 1.5 / FPS, 2.5 / FPS, -0.02, -0.01, 0.01, 0.02, 0.05],
-            "observation.images.cam0": [-0.5 / FPS, -0.02, 0.0, 0.02, 1.5 / FPS],
+            "observation.images.cam0": [-0.5 / FPS, -0.02, 0.0, 0.02, 1.5 / FPS], "observation.state": [2 / FPS],
         },
         None, 0.02,
     ),
@@ -336,7 +339,7 @@ def test_a_delta_off_the_frame_grid_beyond_tolerance_is_refused_as_by_lerobot(ma
     with a ValueError (here a DeltaTimestampsError, which is one)."""
     from lerobot_dali.errors import DeltaTimestampsError
 
-    root = make_ds(codec="h264", gop=30, episodes=5, frames_per_episode=LENGTHS, cameras=1, version=DATASET_VERSION)
+    root = make_ds(episodes=5, frames_per_episode=LENGTHS, version=DATASET_VERSION, **VIDEO_SPEC)
     windows = {"action": [0.0, 0.5 / FPS]}
     with pytest.raises(ValueError, match="tolerance"):
         _lerobot(root, windows, tolerance_s=tolerance_s)
@@ -670,20 +673,25 @@ CR5_WINDOWS = {
 @needs_lerobot_04
 def test_a_real_dataset_with_wall_clock_timestamps_matches_lerobot_at_a_wide_tolerance() -> None:
     """cr5_v30_av1 (real data, LeRobot's v2.1 -> v3.0 converter, 5 AV1 episodes per file) has wall-clock parquet
-    timestamps, up to 50 ms off its 10 fps video: at tolerance_s=0.06 both read the frame nearest each row. Episode 5
-    (the first of the second file, every row within its video), samples from frame 150 on, windows reaching back."""
+    timestamps, up to 50 ms off its 10 fps video: at tolerance_s=0.06 both read the frame nearest each row. An unsorted
+    split [8, 5, 6] (the first of the second file, and two at 19.9 s and 70.7 s into it), sampled past each episode's
+    first 150 frames and before its last 15 (which lie past its video in episodes 6 and 8), windows reaching back."""
     from torch.utils.data import Subset
 
     from tests.conftest import shared_dataset
 
     root = shared_dataset("cr5_v30_av1")
-    theirs = _lerobot(root, CR5_WINDOWS, episodes=[5], tolerance_s=0.06)
-    assert len(theirs) == 199
-    ours = _ours(root, CR5_WINDOWS, episodes=[5], tolerance_s=0.06, drop_n_first_frames=150)
-    _assert_same_samples(
-        ours, Subset(theirs, range(150, 199)), frame_check=_same_decode, video_keys=theirs.meta.video_keys
+    split, first, last = [8, 5, 6], 150, 15
+    theirs = _lerobot(root, CR5_WINDOWS, episodes=split, tolerance_s=0.06)
+    ours = _ours(
+        root, CR5_WINDOWS, episodes=split, tolerance_s=0.06, drop_n_first_frames=first, drop_n_last_frames=last
     )
-    assert len(ours) == 49
+    sampled, start = [], 0
+    for length in (199, 211, 223):  # (episodes 5, 6 and 8, in the data's order)
+        sampled += range(start + first, start + length - last)
+        start += length
+    assert len(theirs) == start and len(ours) == len(sampled) == 138
+    _assert_same_samples(ours, Subset(theirs, sampled), frame_check=_same_decode, video_keys=theirs.meta.video_keys)
 
 
 @needs_lerobot_04
@@ -882,6 +890,52 @@ def test_datasets_lerobot_writes_match_lerobot(lerobot_written, vcodec: str, spl
     ours = _ours(root, MARKED_WINDOWS)
     _assert_same_samples(ours, _lerobot(root, MARKED_WINDOWS), frame_check=_same_decode)
     _assert_marked_frames(ours)
+
+
+@pytest.mark.skipif(LEROBOT_03, reason="LeRobot 0.3 reads windows of an episodes= subset wrong (its issue #1783)")
+@pytest.mark.parametrize(("vcodec", "split"), [("libsvtav1", True), ("images", False)])
+def test_an_unsorted_split_of_a_dataset_lerobot_writes_matches_lerobot(
+    lerobot_written, vcodec: str, split: bool
+) -> None:
+    """Episodes [4, 1, 3] of LeRobot's own AV1 (a file per episode) and PNG datasets, 50-step action chunks, a 2-step
+    history on the state and a camera, the other camera at one past step."""
+    root = lerobot_written(vcodec, split)
+    windows = {
+        MARKED_CAMERAS[0]: [-1 / FPS, 0.0], MARKED_CAMERAS[1]: [-2 / FPS], "observation.state": [-1 / FPS, 0.0],
+        "action": [k / FPS for k in range(50)],
+    }  # fmt: skip
+    split_episodes = [4, 1, 3]
+    ours = _ours(root, windows, episodes=split_episodes)
+    assert len(ours) == sum(LENGTHS[e] for e in split_episodes)
+    _assert_same_samples(ours, _lerobot(root, windows, episodes=split_episodes), frame_check=_same_decode)
+
+
+@needs_lerobot_04
+def test_tasks_changing_within_episodes_match_lerobot(tmp_path: Path) -> None:
+    """LeRobot's writer takes a task per frame: four tasks, each episode's changing every 3 frames; every sample's
+    task and task_index as LeRobot's, over the whole dataset and an unsorted split."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    root = tmp_path / "tasks"
+    features = {
+        "observation.state": {"dtype": "float32", "shape": (2,), "names": None},
+        "action": {"dtype": "float32", "shape": (3,), "names": None},
+    }
+    dataset = LeRobotDataset.create("local/tasks", fps=10, features=features, root=root, use_videos=False)
+    tasks = ["pick", "place", "push", "wipe"]
+    for episode, length in enumerate([6, 9, 4]):
+        for frame in range(length):
+            value = episode * 100 + frame
+            row = {"observation.state": np.full(2, value, np.float32), "action": np.full(3, -value, np.float32)}
+            dataset.add_frame({**row, "task": tasks[(episode + frame // 3) % 4]})
+        dataset.save_episode()
+    dataset.finalize()
+    windows = {"action": [k / 10 for k in range(-1, 5)]}
+    for episodes, count in ((None, 19), ([2, 0], 10)):
+        theirs = _lerobot(root, windows, episodes=episodes)
+        ours = _ours(root, windows, episodes=episodes)
+        assert len(ours) == count and {theirs[i]["task"] for i in range(len(theirs))} == set(tasks)
+        _assert_same_samples(ours, theirs, frame_check=_same_decode)
 
 
 @needs_lerobot_04
