@@ -998,8 +998,12 @@ class DALILeRobotIterator:
         closed, until the next pass starts another)."""
         return self._prefetcher
 
-    def __del__(self) -> None:
-        self.close()  # the prefetcher's thread refers to itself: without this it outlives the iterator
+    def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
+        # As the interpreter ends, the exit handler has closed every live iterator, and the modules this close would
+        # call may be emptied already (an iterator kept alive by a module that keeps __main__, as dill does: "TypeError:
+        # 'NoneType' object is not callable" printed at exit, 1 of 1 with `import dill`, so with LeRobot).
+        if not _finalizing():
+            self.close()  # the prefetcher's thread refers to itself: without this it outlives the iterator
 
 
 #: DALI's worker pool closes are not safe to run in two threads at once (a foreign close() and the pass).

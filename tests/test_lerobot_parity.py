@@ -1250,3 +1250,20 @@ def test_the_lerobot_policy_pipelines_dataset_errors_while_setting_up_are_one_li
         last = result.stderr.strip().splitlines()[-1]
         pattern = r"\d\d:\d\d:\d\d rank0 lerobot_dali\.pipelines\.lerobot_policy: lerobot_policy\.py: " + message
         assert re.fullmatch(pattern, last), last
+
+
+def test_an_iterator_kept_to_the_exit_beside_lerobot_ends_silently(make_ds) -> None:
+    """Beside LeRobot (its ``dill`` holds ``__main__`` past the package's own modules as the interpreter ends), an
+    iterator a script kept, closed or not, ran its ``__del__`` against emptied modules: "Exception ignored in
+    DALILeRobotIterator.__del__ ... TypeError: 'NoneType' object is not callable" at every exit (1 of 1)."""
+    root = make_ds(episodes=2, frames_per_episode=8, cameras=1, codec="vp9")
+    script = (
+        "import lerobot.datasets.lerobot_dataset\n"
+        "from lerobot_dali import DALILeRobotIterator\n"
+        f"it = DALILeRobotIterator({str(root)!r}, batch_size=2, device='cpu')\n"
+        "print(len(next(iter(it))['index']))\n"
+        "it.close()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(POLICY_SCRIPT.parents[1])}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "2\n", "")
