@@ -104,11 +104,13 @@ _fps_warned: set[str] = set()
 
 @dataclass(frozen=True)
 class VideoRef:
-    """Where one episode's frames of one camera are: file path on the reader's fs and the episode's start."""
+    """Where one episode's frames of one camera are: file path on the reader's fs, the episode's start in it
+    (``from_timestamp``) and where its part of the file ends: the next episode of the file's ``from_timestamp``
+    (None: no episode follows it there), not its own ``to_timestamp``, which LeRobot never reads."""
 
     path: str
     from_timestamp_s: float
-    to_timestamp_s: float | None
+    next_from_timestamp_s: float | None
 
 
 #: The most data files a local dataset keeps open, and a remote one: each holds a read-ahead buffer (4 MB), fewer stay.
@@ -564,11 +566,11 @@ class LeRobotDatasetReader:
 
     def video(self, episode_pos: int, camera: str) -> VideoRef:
         """The video file holding camera ``camera`` of the episode at position ``episode_pos`` (see
-        :meth:`read_episode`), and where in it the episode starts and ends."""
+        :meth:`read_episode`), where in it the episode starts, and where the next episode of the file starts."""
         self.check_position(episode_pos)
         files = self.episodes.cameras[camera]
         path = self.location.path(video_file_path(self.info, files, episode_pos, camera))
-        stop = float(files.to_timestamp_s[episode_pos])
+        stop = float(files.next_from_timestamp_s[episode_pos])
         return VideoRef(path, float(files.from_timestamp_s[episode_pos]), None if np.isnan(stop) else stop)
 
     def check_position(self, episode_pos: int) -> None:

@@ -81,7 +81,7 @@ class EpisodeRanges:
         out = []
         for camera in self.reader.camera_keys:
             video, index = self._indexes.of_episode(self.reader, episode_pos, camera, store=self._store)
-            span = episode_span(index, video.from_timestamp_s, video.to_timestamp_s)
+            span = episode_span(index, video.from_timestamp_s, video.next_from_timestamp_s)
             if span is not None:
                 out.append((video.path, *span))
         return out
@@ -116,7 +116,8 @@ class EpisodeRanges:
 
 
 def episode_span(index: PacketIndex, from_s: float, to_s: float | None) -> tuple[int, int] | None:
-    """Bytes ``[start, end)`` of the packets any clip of frames in ``[from_s, to_s)`` reads, or None when
+    """Bytes ``[start, end)`` of the packets any clip of frames in ``[from_s, to_s)`` (``to_s``: where the next
+    episode of the file starts, None: none does) reads, or None when
     the container's packets are not byte-addressable (non-MP4: those are demuxed, not range-read)."""
     if not index.byte_exact:
         return None

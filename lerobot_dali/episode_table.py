@@ -51,7 +51,10 @@ class CameraFiles:
     chunk_index: np.ndarray
     file_index: np.ndarray
     from_timestamp_s: np.ndarray
-    to_timestamp_s: np.ndarray  # NaN where the metadata does not say
+    #: Where the next episode of the same video file starts (its ``from_timestamp``; NaN for a file's last episode,
+    #: and v2.x's one episode a file): the end of this episode's part of the file. Worked out over every episode of
+    #: the dataset, before ``select`` leaves any out.
+    next_from_timestamp_s: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -500,14 +503,8 @@ def _v3_camera(source: str, table: pa.Table, key: str, n: int) -> CameraFiles:
                 f"{source}: column '{prefix}from_timestamp' has {unknown.size} missing or not finite value(s) "
                 f"(metadata rows {unknown[:10].tolist()}); {_damaged_advice(source)}"
             )
-        stop_col = table[f"{prefix}to_timestamp"] if f"{prefix}to_timestamp" in table.column_names else None
-        stop = (
-            np.asarray(stop_col.to_numpy(zero_copy_only=False), dtype=np.float64)
-            if stop_col is not None
-            else np.full(n, np.nan)
-        )
-        _check_no_overlap(source, key, chunk, file, start, stop)
-        return CameraFiles(chunk, file, start, stop)
+        # (not its to_timestamp, which LeRobot never reads: a stale one refused rows LeRobot reads right)
+        return CameraFiles(chunk, file, start, _next_starts(source, key, chunk, file, start))
     # Without from_timestamp the start is only known where a video file holds a single episode (it is 0).
     if (np.bincount(_file_ids(chunk, file)) > 1).any():
         raise EpisodeMetadataError(
@@ -520,22 +517,25 @@ def _v3_camera(source: str, table: pa.Table, key: str, n: int) -> CameraFiles:
     return CameraFiles(chunk, file, np.zeros(n), np.full(n, np.nan))
 
 
-def _check_no_overlap(
-    source: str, key: str, chunk: np.ndarray, file: np.ndarray, start: np.ndarray, stop: np.ndarray
-) -> None:
-    """Episodes sharing a video file must not claim the same seconds of it: one would read the other's frames."""
+def _next_starts(source: str, key: str, chunk: np.ndarray, file: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """Per episode, the ``from_timestamp`` of the next episode of its video file (NaN for a file's last): where its
+    part of the file ends. Not its ``to_timestamp``, which LeRobot never reads (a stale one refused rows LeRobot reads
+    right). Episodes of one file that start at the same time are refused: one would read the other's frames."""
     file_id = _file_ids(chunk, file)
     order = np.lexsort((start, file_id))
     same_file = file_id[order][1:] == file_id[order][:-1]
-    overlap = same_file & (start[order][1:] < stop[order][:-1] - 1e-6)  # NaN ends compare False: unknown
-    if overlap.any():
-        i = int(np.flatnonzero(overlap)[0])
+    same_start = same_file & (start[order][1:] - start[order][:-1] < 1e-6)
+    if same_start.any():
+        i = int(np.flatnonzero(same_start)[0])
         a, b = order[i], order[i + 1]
         raise EpisodeMetadataError(
-            f"{source}: camera {key!r}: episodes at metadata rows {int(a)} and {int(b)} both claim "
-            f"[{start[b]:.3f} s, {min(stop[a], stop[b]):.3f} s) of video file chunk {int(chunk[a])} file "
-            f"{int(file[a])}; regenerate the episode metadata"
+            f"{source}: camera {key!r}: episodes at metadata rows {int(a)} and {int(b)} both start at "
+            f"{start[b]:.3f} s (from_timestamp) of video file chunk {int(chunk[a])} file {int(file[a])}, so one would "
+            "read the other's frames; regenerate the episode metadata"
         )
+    following = np.full(start.size, np.nan)
+    following[order[:-1][same_file]] = start[order[1:][same_file]]
+    return following
 
 
 def _columns(files: CameraFiles) -> tuple[np.ndarray, ...]:

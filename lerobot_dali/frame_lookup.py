@@ -121,9 +121,9 @@ class FrameRequestContext:
     rows_fps: float | None = None
     #: Rows are looked up by ``frame_index / fps`` (:attr:`TimestampSource.FRAME_INDEX`), not their timestamps.
     by_frame_index: bool = False
-    #: Where meta/episodes says the episode's video ends in the file, in seconds: its ``to_timestamp`` (v3), else
-    #: ``from_timestamp + length / fps``. A row past the last frame of a video whose frames end before it is told the
-    #: file is cut short, not that the video has fewer frames than the rows.
+    #: Where meta/episodes puts the end of the episode's video in the file, in seconds: ``from_timestamp + length /
+    #: fps`` (not its ``to_timestamp``, which LeRobot never reads). A row past the last frame of a video whose frames
+    #: end before it is told the file is cut short, not that the video has fewer frames than the rows.
     episode_end_s: float | None = None
     #: Where the episode's last row belongs in the file by its length, in seconds: ``from_timestamp + (length - 1) /
     #: rows_fps``. A row past the video's last frame and past this too (by more than the tolerance) has a time its place
@@ -172,10 +172,11 @@ def nearest_frame_indices(
     over 25 fps video) lands up to half a step (15 us at 10 min, 122 us at 1 h) to either side, and a strict
     comparison would pick frames by rounding noise.
 
-    ``episode_span_s`` ``(from_s, to_s)``: the episode's part of the file (``to_s`` None: to the end). Files
-    that hold several episodes put the next one's first frame right after this one's last, so a row past the
-    episode's video would silently read the neighbour's frame within any tolerance; frames more than half an
-    interval outside the span raise instead (:func:`episode_frames` says which frames are the episode's).
+    ``episode_span_s`` ``(from_s, to_s)``: the episode's part of the file, ``to_s`` where the next episode of the
+    file starts (None: to the end). Files that hold several episodes put the next one's first frame right after this
+    one's last, so a row past the episode's video would silently read the neighbour's frame within any tolerance;
+    frames more than half an interval outside the span raise instead (:func:`episode_frames` says which frames are
+    the episode's).
 
     ``rounding_s``: how far each query may lie from its row's time through the way the time is stored (half a float32
     step: ``_stored_time_rounding_s``), allowed on top of ``tolerance_s``.
@@ -219,24 +220,17 @@ def _nearest(index: PacketIndex, queries: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def episode_frames(index: PacketIndex, from_s: float, to_s: float | None) -> range:
-    """Display indices of the frames of ``index`` that belong to the episode at ``[from_s, to_s)`` of the file.
+    """Display indices of the frames of ``index`` that belong to the episode at ``[from_s, to_s)`` of the file,
+    ``to_s`` where the next episode of the file starts (its ``from_timestamp``; None: no episode follows).
 
-    Frames within half an interval of ``from_s`` count as the episode's; those from half an interval before
-    ``to_s`` on are the next episode's (LeRobot writes ``to_s = from_s +`` the episode video's duration, so the
-    next episode starts at ``to_s``). Except the file's last frame when it sits at ``to_s``: a writer counting
-    ``n - 1`` frames can only be consistent with one episode per file, and no neighbour follows that frame. Frames
-    the file's edit list hides are no episode's (no decoder shows them): only those shown count, the last of them
-    as the file's last.
+    Frames within half an interval of ``from_s`` count as the episode's; those from half an interval before ``to_s``
+    on are the next episode's. Frames the file's edit list hides are no episode's (no decoder shows them).
     The lookup's check and the prefetch's byte span both use this, so what one accepts the other fetches.
     """
     half_interval_s = 0.5 * index.frame_interval_s
     seconds = index.shown_pts_s  # (the frames an edit list hides are no episode's: no decoder shows them)
     first = int(np.searchsorted(seconds, from_s - half_interval_s, side="left"))
-    stop = len(seconds)
-    if to_s is not None:
-        stop = int(np.searchsorted(seconds, to_s - half_interval_s, side="left"))
-        if stop == len(seconds) - 1 and seconds[stop] < to_s + half_interval_s:
-            stop = len(seconds)
+    stop = len(seconds) if to_s is None else int(np.searchsorted(seconds, to_s - half_interval_s, side="left"))
     return range(index.shown.start + first, index.shown.start + stop)
 
 
@@ -254,31 +248,25 @@ def _check_within_episode(
         return
     worst = int(np.argmax(outside))
     pts_s = index.frame_pts_s[nearest]
-    end = "the end of the file" if to_s is None else f"{to_s:.6f} s"
+    end = "the end of the file" if to_s is None else f"{to_s:.6f} s, where the next episode of the file starts"
     raise FrameTimestampError(
         f"{_where(index, context)}: query timestamp {queries[worst]:.6f} s reads video frame {int(nearest[worst])} "
         f"at {pts_s[worst]:.6f} s, outside this episode's part of the file ({from_s:.6f} s to {end}; "
-        f"{int(outside.sum())} of {queries.size} queries): {_outside_cause(context, from_s, to_s)}"
+        f"{int(outside.sum())} of {queries.size} queries): {_outside_cause(bool(nearest[worst] < frames.start))}"
     )
 
 
-def _outside_cause(context: FrameRequestContext | None, from_s: float, to_s: float | None) -> str:
-    """Why a row's frame lies outside its episode's part of the file ``[from_s, to_s)``: a ``to_s`` more than half a
-    frame before the end the episode's length gives (``from_s + length / fps``) is stale (LeRobot never reads it), or
-    the episode's video is short; else the rows run past the video."""
-    if context is not None and context.last_row_s is not None and context.rows_fps and to_s is not None:
-        by_length_s = context.last_row_s + 1 / context.rows_fps
-        frames = (by_length_s - to_s) * context.rows_fps
-        if frames > 0.5:
-            return (
-                f"meta/episodes' to_timestamp ({to_s:.6f} s) ends the episode {frames:.3g} frames before its rows do "
-                f"(from_timestamp + length / fps: {by_length_s:.6f} s): either to_timestamp is stale (LeRobot never "
-                "reads it: it reads each frame at from_timestamp + timestamp; correct it in meta/episodes), or the "
-                "episode's video holds fewer frames than its rows, and that frame is a neighbouring episode's"
-            )
+def _outside_cause(before: bool) -> str:
+    """Why a row's frame lies outside its episode's part of the file: ``before`` its start, or past its end."""
+    if before:
+        return (
+            "that frame belongs to a neighbouring episode, the one before it in the file: the episode's rows' "
+            "timestamps or its from_timestamp in meta/episodes are wrong."
+        )
     return (
-        "that frame belongs to a neighbouring episode. The episode's data rows run past its video, or its "
-        "from/to_timestamp in meta/episodes is wrong."
+        "that frame belongs to a neighbouring episode, the next in the file (from its from_timestamp on). The "
+        "episode's data rows run past its video (the video holds fewer frames than its rows), or the rows' "
+        "timestamps or a from_timestamp in meta/episodes are wrong."
     )
 
 
@@ -506,14 +494,15 @@ def row_frame_numbers(
     if video is None:
         video = reader.video(episode_pos, camera)
     timestamp_source, tolerance_s = reader.frame_lookup(episode_pos).over(timestamp_source, tolerance_s)
+    length = int(reader.episodes.length[episode_pos])
     context = FrameRequestContext(
         dataset=reader.source_of(episode_pos),
         episode_index=int(reader.episodes.episode_index[episode_pos]),
         camera=camera,
         rows_fps=reader.fps,
         by_frame_index=timestamp_source is TimestampSource.FRAME_INDEX,
-        episode_end_s=_episode_end_s(reader, episode_pos, video),
-        last_row_s=video.from_timestamp_s + (int(reader.episodes.length[episode_pos]) - 1) / reader.fps,
+        episode_end_s=video.from_timestamp_s + length / reader.fps,
+        last_row_s=video.from_timestamp_s + (length - 1) / reader.fps,
     )
     local_s = _local_times_s(reader, rows, row_indices, timestamp_source, episode_pos)
     by_timestamp = timestamp_source is not TimestampSource.FRAME_INDEX  # (frame_index / fps is float64: exact)
@@ -522,17 +511,9 @@ def row_frame_numbers(
         video.from_timestamp_s + local_s,
         tolerance_s=tolerance_s,
         context=context,
-        episode_span_s=(video.from_timestamp_s, video.to_timestamp_s),
+        episode_span_s=(video.from_timestamp_s, video.next_from_timestamp_s),
         rounding_s=_stored_time_rounding_s(rows["timestamp"][row_indices]) if by_timestamp else 0.0,
     )
-
-
-def _episode_end_s(reader: LeRobotDatasetReader, episode_pos: int, video: VideoRef) -> float:
-    """Where meta/episodes says episode ``episode_pos``'s video ends in its file: its ``to_timestamp``, else (v2.x, or
-    a v3 episodes file without it) ``from_timestamp + length / fps``."""
-    if video.to_timestamp_s is not None:
-        return video.to_timestamp_s
-    return video.from_timestamp_s + int(reader.episodes.length[episode_pos]) / reader.fps
 
 
 def _local_times_s(
@@ -665,7 +646,7 @@ def _lookup_together(
         source, tolerance = reader.frame_lookup(pos).over(timestamp_source, tolerance_s)
         queries.append(video.from_timestamp_s + _local_times_s(reader, rows, row_indices, source, pos))
         tolerances.append(check_seconds("tolerance_s", tolerance))
-        frames = episode_frames(index, video.from_timestamp_s, video.to_timestamp_s)
+        frames = episode_frames(index, video.from_timestamp_s, video.next_from_timestamp_s)
         firsts.append(frames.start)
         stops.append(frames.stop)
     counts = [len(q) for q in queries]

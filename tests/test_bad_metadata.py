@@ -141,40 +141,71 @@ def test_rows_the_metadata_does_not_count_are_refused(ds: Path) -> None:
         _first_pass(ds)
 
 
-def test_a_stale_to_timestamp_reads_no_wrong_frame_and_check_names_it(ds: Path, caplog) -> None:
-    """A v3 to_timestamp that disagrees with from_timestamp + length / fps (LeRobot never reads it): 5 frames early
-    (episode 0) refused the episode's last 5 rows, told only "the rows run past its video, or its from/to_timestamp is
-    wrong"; 10 frames late (episode 1, its file's last) passed unsaid by check. Neither reads a wrong frame (every
-    sample of episodes 1-3 its own: 60 of 60). Now the refusal names the stale to_timestamp and where the rows end,
-    and check warns of both episodes with how many frames off."""
+def _markers(batches: list[dict]) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """(marker read from each sample's frame, the sample's (episode, frame)) of every sample of ``batches``."""
     from lerobot_dali.frame_marker import read_marker
 
-    _set_episode_column(ds, f"videos/{CAM}/to_timestamp", 0, 1.5)  # (20 rows at 10 fps from 0 s: 2.0)
-    _set_episode_column(ds, f"videos/{CAM}/to_timestamp", 1, 5.0)  # (from 2.0 s: 4.0)
-    with caplog.at_level("WARNING", logger="lerobot_dali.dataset_check"):
-        report = check_dataset(open_dataset(ds), workers=0)
-    assert [(p.episode_index, p.camera, p.error) for p in report.problems] == [(0, CAM, "FrameTimestampError")]
-    said = "to_timestamp (1.500000 s) ends the episode 5 frames before its rows do (from_timestamp + length / fps: 2.0"
-    assert said in report.problems[0].message
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == "lerobot_dali.dataset_check"]
-    assert "of 2 episode(s) lies more than half a frame" in warning and "(frames off): 0 (-5), 1 (+10)" in warning
-    with pytest.raises(DatasetError, match=re.escape(said)):
-        _first_pass(ds)
-    samples = [
+    return [
         (read_marker(image.numpy()), (int(episode), int(frame)))
-        for batch in _first_pass(ds, episodes=[1, 2, 3])
+        for batch in batches
         for image, episode, frame in zip(batch[CAM], batch["episode_index"], batch["frame_index"], strict=True)
     ]
-    assert len(samples) == 60 and all(read == row for read, row in samples)
+
+
+def test_a_stale_to_timestamp_changes_nothing_read_or_refused(ds: Path, caplog) -> None:
+    """A v3 to_timestamp that disagrees with from_timestamp + length / fps, which LeRobot never reads (it reads each
+    frame at from_timestamp + timestamp): 5 frames early (episode 0) refused the episode's last 5 rows (check: a
+    FrameTimestampError; the iterator raised at its first pass), and 10 frames late on a file's first episode
+    (episode 2, reaching into episode 3's seconds) refused the dataset at open, though LeRobot reads both right. The
+    episode's part of its file now ends where the next episode starts: every sample reads its own frame (80 of 80),
+    check finds no problem and notes the three stale values, and prefetch fetches the same bytes as before."""
+    from lerobot_dali.episode_ranges import EpisodeRanges
+
+    sound = EpisodeRanges(open_dataset(ds))
+    fetched = [sound.video_ranges(pos) for pos in range(4)]
+    _set_episode_column(ds, f"videos/{CAM}/to_timestamp", 0, 1.5)  # (20 rows at 10 fps from 0 s: 2.0)
+    _set_episode_column(ds, f"videos/{CAM}/to_timestamp", 1, 5.0)  # (from 2.0 s: 4.0, its file's last)
+    _set_episode_column(ds, f"videos/{CAM}/to_timestamp", 2, 3.0)  # (from 0 s of file 1; episode 3 starts at 2.0)
+    with caplog.at_level("INFO", logger="lerobot_dali.dataset_check"):
+        report = check_dataset(open_dataset(ds), workers=0)
+    assert report.problems == []
+    (note,) = [r for r in caplog.records if f"videos/{CAM}/to_timestamp" in r.getMessage()]
+    assert note.levelname == "INFO" and "of 3 episode(s)" in note.message
+    assert "(frames off): 0 (-5), 1 (+10), 2 (+10)): stale, and not read" in note.message
+    samples = _markers(_first_pass(ds, return_uint8=True))
+    assert len(samples) == 80 and all(read == row for read, row in samples)
+    stale = EpisodeRanges(open_dataset(ds))
+    assert [stale.video_ranges(pos) for pos in range(4)] == fetched
+
+
+@pytest.mark.parametrize("to_timestamp", ["written", "absent"])
+def test_rows_past_a_short_video_into_the_next_episode_are_refused(ds: Path, to_timestamp: str) -> None:
+    """Episode 0's video holding 15 frames for its 20 rows (episode 1 starts at 1.5 s of the file): its last 5 rows
+    would read episode 1's frames. Refused by where the next episode starts, whether meta/episodes writes to_timestamp
+    or not (without it, nothing bounded the episode and its rows read episode 1's first 5 frames in silence), and
+    with episode 1 left out of the selection too."""
+    _set_episode_column(ds, f"videos/{CAM}/from_timestamp", 1, 1.5)
+    if to_timestamp == "written":
+        _set_episode_column(ds, f"videos/{CAM}/to_timestamp", 0, 1.5)
+    else:
+        path = _episodes_file(ds)
+        pq.write_table(pq.read_table(path).drop_columns([f"videos/{CAM}/to_timestamp"]), path)
+    report = check_dataset(open_dataset(ds), workers=0)
+    assert [(p.episode_index, p.error) for p in report.problems] == [(0, "FrameTimestampError")]
+    said = (
+        "outside this episode's part of the file (0.000000 s to 1.500000 s, where the next episode of the file starts; "
+        "5 of 20 queries): that frame belongs to a neighbouring episode, the next in the file"
+    )
+    assert said in report.problems[0].message
+    with pytest.raises(DatasetError, match=re.escape("0.000000 s to 1.500000 s, where the next episode")):
+        _first_pass(ds, episodes=[0])
 
 
 def test_episodes_claiming_the_same_seconds_of_a_video_file_are_refused(ds: Path) -> None:
     """Episode 3 pointed at episode 2's seconds and served episode 2's frames as its own."""
     _set_episode_column(ds, f"videos/{CAM}/from_timestamp", 3, 0.0)
     _set_episode_column(ds, f"videos/{CAM}/to_timestamp", 3, 2.0)
-    with pytest.raises(
-        EpisodeMetadataError, match=r"episodes at metadata rows 2 and 3 both claim \[0\.000 s, 2\.000 s\)"
-    ):
+    with pytest.raises(EpisodeMetadataError, match=r"episodes at metadata rows 2 and 3 both start at 0\.000 s"):
         open_dataset(ds)
 
 

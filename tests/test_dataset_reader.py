@@ -40,9 +40,11 @@ def test_cr5_v30_reads_episodes_files_and_rows() -> None:
     assert r.camera_keys == ["observation.images.top"]
     files = {r.video(p, "observation.images.top").path.rsplit("/", 1)[-1] for p in range(12)}
     assert files == {"file-000.mp4", "file-001.mp4", "file-002.mp4"}
-    # Episode 1 starts where episode 0 (197 frames at 10 fps) ends in the first file.
+    # Episode 1 starts where episode 0 (197 frames at 10 fps) ends in the first file, and ends where episode 2 starts;
+    # episode 4, the first file's last, ends with the file.
     v = r.video(1, "observation.images.top")
-    assert v.from_timestamp_s == pytest.approx(19.7) and v.to_timestamp_s == pytest.approx(41.2)
+    assert v.from_timestamp_s == pytest.approx(19.7) and v.next_from_timestamp_s == pytest.approx(41.2)
+    assert r.video(4, "observation.images.top").next_from_timestamp_s is None
     assert r.video(5, "observation.images.top").from_timestamp_s == 0.0  # first episode of file-001
     rows = r.read_episode(3)
     assert rows["observation.state"].shape == (209, 6) and rows["observation.state"].dtype == np.float32
@@ -547,7 +549,7 @@ def test_v2_episode_videos_have_no_invented_end(make_ds, copy_ds) -> None:
     info["total_frames"] -= drop
     (root / "meta/info.json").write_text(json.dumps(info))
 
-    assert open_dataset(root).video(0, "observation.images.cam0").to_timestamp_s is None
+    assert open_dataset(root).video(0, "observation.images.cam0").next_from_timestamp_s is None
     it = DALILeRobotIterator(root, batch_size=10, shuffle=False, device="cpu", num_workers=0, return_uint8=True)
     frames = next(iter(it))["observation.images.cam0"]
     markers = [tuple(read_full_marker(f.permute(1, 2, 0).numpy()))[:2] for f in frames]

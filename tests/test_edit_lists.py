@@ -317,11 +317,11 @@ def test_an_edit_list_that_shows_nothing_is_refused(marker_video: MarkerVideo, t
 
 def test_an_episode_holds_the_frames_shown_only(marker_video: MarkerVideo, tmp_path: Path) -> None:
     """The frames past a trimmed end are no episode's: an episode to the end of the file holds the 60 shown (90
-    before), and one whose to_timestamp is the last shown frame's time holds it, as the file's last frame."""
+    before), and one whose next episode starts at the last shown frame's time leaves that frame to it."""
     index = build_packet_index(_edited(marker_video, tmp_path, "h264", "trimmed_end"))
     assert describe_index(index).frame_count == 60  # (what lerobot-dali info says the video holds: 90 before)
     assert episode_frames(index, 0.0, None) == range(0, 60)
-    assert episode_frames(index, 1.0, 59 / 30) == range(30, 60)
+    assert episode_frames(index, 1.0, 59 / 30) == range(30, 59)
     start = build_packet_index(_edited(marker_video, tmp_path, "h264", "gap_then_trimmed"))
     assert episode_frames(start, 0.0, 1.0) == range(5, 32)  # (0.1 s to 0.967 s: hidden frames at 0 s to 0.067 s)
 

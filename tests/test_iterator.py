@@ -983,8 +983,9 @@ def _damage(root: Path, how: str) -> None:
         meta = root / "meta/episodes/chunk-000/file-000.parquet"
         episodes = pq.read_table(meta).to_pylist()
         key = "videos/observation.images.cam0"
-        first = next(e for e in episodes if e[f"{key}/file_index"] == 1)
+        first, second = [e for e in episodes if e[f"{key}/file_index"] == 1][:2]
         first[f"{key}/to_timestamp"] -= 2 / FPS
+        second[f"{key}/from_timestamp"] -= 2 / FPS  # (where the first's part of the file ends)
         pq.write_table(pa.Table.from_pylist(episodes, schema=pq.read_schema(meta)), meta)
     elif how == "unknown_task":  # the task list lost task 1, which data rows still name
         import pyarrow.parquet as pq

@@ -497,12 +497,12 @@ def test_frames_outside_the_episode_raise() -> None:
     np.testing.assert_array_equal(inside, np.arange(197))
     with pytest.raises(FrameTimestampError, match="3 of 3 queries"):
         nearest_frame_indices(index, [19.7, 19.8, 19.9], tolerance_s=1e-4, episode_span_s=(from_s, to_s))
-    # A one-episode file (r1: 1,975 frames, the last at 78.96 s) whose to_timestamp counts n - 1 frames: its last
-    # frame is read, not refused; a frame at or beyond to_timestamp that is not the file's last still is.
+    # A file's last episode ends with the file (its to_timestamp, which may count n - 1 frames, is not read): r1's
+    # last frame (1,975 frames, the last at 78.96 s) is read; a frame at or past the next episode's start is not.
     single = build_packet_index(r1_video())
-    span = (0.0, 78.96)
+    span = (0.0, None)
     np.testing.assert_array_equal(nearest_frame_indices(single, [78.96], tolerance_s=1e-4, episode_span_s=span), [1974])
-    with pytest.raises(FrameTimestampError, match="neighbouring episode"):
+    with pytest.raises(FrameTimestampError, match="neighbouring episode, the next in the file"):
         nearest_frame_indices(single, [78.92], tolerance_s=1e-4, episode_span_s=(0.0, 78.92))
     # Episode 1 starts at 19.7 s: its rows before that belong to episode 0.
     with pytest.raises(FrameTimestampError, match="1 of 2 queries"):
@@ -510,13 +510,14 @@ def test_frames_outside_the_episode_raise() -> None:
 
 
 def test_prefetch_span_covers_every_frame_the_lookup_accepts() -> None:
-    """The bytes prefetched for an episode are those of the frames the lookup reads: for the one-episode r1 file
-    whose to_timestamp counts n - 1 frames, that includes the last frame (read, not refused, above)."""
+    """The bytes prefetched for an episode are those of the frames the lookup reads: for a file's last episode (the
+    one-episode r1 file), every frame to the file's end, the last one included (read, not refused, above)."""
     single = build_packet_index(r1_video())
-    assert episode_frames(single, 0.0, 78.96) == range(1975)
-    assert episode_span(single, 0.0, 78.96) == episode_span(single, 0.0, None)
+    assert episode_frames(single, 0.0, None) == range(1975)
     last = plan_clip(single, np.array([1974])).packet_positions
-    assert episode_span(single, 0.0, 78.96)[1] >= int((single.byte_offset[last] + single.size_bytes[last]).max())
+    assert episode_span(single, 0.0, None)[1] >= int((single.byte_offset[last] + single.size_bytes[last]).max())
+    # A next episode that starts at the file's last frame holds it (a span ending there gave it to both before).
+    assert episode_frames(single, 0.0, 78.96) == range(1974)
     # In a file of several episodes the next episode's first frame (cr5 frame 197 at 19.7 s) stays out.
     index = build_packet_index(cr5_video(0))
     assert episode_frames(index, 0.0, 19.7) == range(197)

@@ -31,11 +31,13 @@ def _table(*, aligned: bool) -> EpisodeTable:
     cameras = {}
     for c in range(3):
         shift = 0 if aligned else c  # (cameras whose files roll over at other episodes)
+        file = (pos + shift) // 100
+        following = np.append(start[1:] + shift, np.nan)
         cameras[f"cam{c}"] = CameraFiles(
-            (pos + shift) // 100 // 1000,
-            (pos + shift) // 100 % 1000,
+            file // 1000,
+            file % 1000,
             start + shift,
-            np.where(pos % 7, start + shift + 9, np.nan),
+            np.where(np.append(file[1:], -1) == file, following, np.nan),  # (where the file's next episode starts)
         )
     return EpisodeTable(
         pos.astype(np.int64), length, from_index, to_index, data_file // 1000, data_file % 1000,
@@ -61,11 +63,11 @@ def test_an_episode_table_is_sent_in_a_third_of_its_bytes_and_unpickled_as_it_wa
         _assert_same(getattr(copy, name), getattr(table, name))
     assert copy.tasks.equals(table.tasks)
     for key, files in table.cameras.items():
-        for name in ("chunk_index", "file_index", "from_timestamp_s", "to_timestamp_s"):
+        for name in ("chunk_index", "file_index", "from_timestamp_s", "next_from_timestamp_s"):
             _assert_same(getattr(copy.cameras[key], name), getattr(files, name))
     _assert_same(copy.data_file_ids(), table.data_file_ids())
     # (a column sent once stays one array there)
-    assert (copy.cameras["cam1"].to_timestamp_s is copy.cameras["cam0"].to_timestamp_s) is aligned
+    assert (copy.cameras["cam1"].next_from_timestamp_s is copy.cameras["cam0"].next_from_timestamp_s) is aligned
 
 
 def test_a_sample_order_is_sent_without_its_episodes_positions_and_deals_the_same() -> None:
