@@ -35,7 +35,7 @@ from .batch_source import CameraFormat
 from .camera_codecs import survey_camera, surveyed_positions
 from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
 from .dataset_reader import NO_SUBTASK_INDEX, LeRobotDatasetReader, VideoRef, warn_undeclared_columns
-from .dataset_stats import stats_faults
+from .dataset_stats import read_dataset_stats, stats_faults
 from .dataset_union import DatasetUnion
 from .decode_route import DecodeRoute, route_without_nvdec
 from .distributed import usable_cpus
@@ -439,7 +439,8 @@ def _warn_stats_faults(reader: LeRobotDatasetReader) -> None:
     for dataset in reader.members if isinstance(reader, DatasetUnion) else (reader,):
         keys = [*dataset.camera_keys, *dataset.image_keys, *dataset.tabular_keys]
         try:
-            faults = stats_faults(dataset.read_stats(), dataset.info, keys)
+            stats = read_dataset_stats(dataset.location, dataset.info, warn_not_finite=False)  # (said below)
+            faults = stats_faults(stats, dataset.info, keys)
         except DatasetError as e:
             logger.warning(
                 "%s: its statistics do not read, so normalising by them fails: %s", dataset.location.description, e

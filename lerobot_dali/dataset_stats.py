@@ -51,7 +51,9 @@ POOLED_STATS = ("mean", "std", "count")
 FeatureStats = dict[str, dict[str, np.ndarray]]
 
 
-def read_dataset_stats(location: DatasetLocation, info: DatasetInfo | None = None) -> FeatureStats:
+def read_dataset_stats(
+    location: DatasetLocation, info: DatasetInfo | None = None, *, warn_not_finite: bool = True
+) -> FeatureStats:
     """The dataset's statistics, from where LeRobot reads them: for v2.x the aggregate of
     ``meta/episodes_stats.jsonl`` where it exists (a ``stats.json`` left from v2.0 is ignored), else
     ``meta/stats.json``, which v3.0 always uses (an ``episodes_stats.jsonl`` left from v2.1 is ignored); ``{}``
@@ -62,6 +64,9 @@ def read_dataset_stats(location: DatasetLocation, info: DatasetInfo | None = Non
     Some datasets store a vector's statistics by component name (``{"mean": {"joint_a": 0.1, ...}}``, e.g.
     ``r1_v30_h264``); those become arrays in the order of the feature's ``names`` in ``info`` (stored order
     without ``info``).
+
+    ``warn_not_finite``: warn (once) of a mean, std, min or max that is NaN or infinite; ``check`` warns of those
+    with its own list of faults, so it reads them without.
     """
     order = _component_order(info)
     fs = location.meta_fs
@@ -73,7 +78,7 @@ def read_dataset_stats(location: DatasetLocation, info: DatasetInfo | None = Non
             per_episode = [_episode_record(line, episodes_path, n) for n, line in enumerate(f, start=1) if line.strip()]
             logger.debug("aggregating the statistics of %d episodes from %s", len(per_episode), episodes_path)
             aggregated = aggregate_episode_stats(per_episode, source=episodes_path, order=order)
-        return _finite(aggregated, episodes_path)
+        return _finite(aggregated, episodes_path) if warn_not_finite else aggregated
     path = location.meta_path("meta/stats.json")
     f = read_if_present(fs, path)
     if f is None:
@@ -86,7 +91,7 @@ def read_dataset_stats(location: DatasetLocation, info: DatasetInfo | None = Non
         if not isinstance(raw, Mapping):
             raise DatasetError(f"{path}: expected an object of feature statistics, got {type(raw).__name__}")
         stats = {key: _arrays(entry, f"{path}: {key}", order.get(key)) for key, entry in raw.items()}
-    return _counted(_finite(stats, path), location, info, path)
+    return _counted(_finite(stats, path) if warn_not_finite else stats, location, info, path)
 
 
 def _finite(stats: FeatureStats, path: str) -> FeatureStats:

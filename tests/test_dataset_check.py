@@ -645,3 +645,15 @@ def test_statistics_a_run_would_normalise_wrong_by_are_warned_of(make_ds, copy_d
     (message,) = warned(root)
     assert "its statistics do not read" in message and "is not valid JSON" in message
     assert warned(make_ds(**SPEC)) == []
+
+
+def test_statistics_not_finite_are_warned_of_once(make_ds, copy_ds, caplog) -> None:
+    """A NaN mean was warned of twice by check: the statistics reader's own warning, then check's list of faults."""
+    root = copy_ds(make_ds(**SPEC))
+    stats = json.loads((root / "meta/stats.json").read_text())
+    stats["observation.state"]["mean"][2] = float("nan")
+    (root / "meta/stats.json").write_text(json.dumps(stats))
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali"):
+        assert check_dataset(open_dataset(root), workers=0).ok
+    said = [r for r in caplog.records if "not finite" in r.getMessage()]
+    assert [r.name for r in said] == ["lerobot_dali.dataset_check"]
