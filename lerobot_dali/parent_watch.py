@@ -220,19 +220,27 @@ def task_puts_finish_before_interrupts() -> None:
         from nvidia.dali._multiproc.pool import ProcPool
     except ImportError:  # (a DALI without it: puts are interrupted as before)
         return
-    with _lock:
-        original: Any = inspect.getattr_static(ProcPool, "send", None)
-        # (a plain method, as DALI's is: a static one, wrapped as a method, was called with the pool as its first task)
-        if not isinstance(original, types.FunctionType) or getattr(original, _SEND_WRAPPED, False):
-            return
 
-        @functools.wraps(original)
+    def held_over(original: Any) -> Any:
         def send(self: Any, *args: Any, **kwargs: Any) -> Any:
             with _signals_held_over():
                 return original(self, *args, **kwargs)
 
-        setattr(send, _SEND_WRAPPED, True)
-        ProcPool.send = send  # type: ignore[method-assign]
+        return send
+
+    _wrap_method(ProcPool, "send", _SEND_WRAPPED, held_over)
+
+
+def _wrap_method(cls: type, name: str, marker: str, wrapper: Any) -> None:
+    """Sets method ``name`` of DALI's ``cls`` to ``wrapper(original)``, marked ``marker``, once; left as it is where it
+    is no plain method, as DALI's is (a static one, wrapped as a method, was called with the pool as its first task)."""
+    with _lock:
+        original: Any = inspect.getattr_static(cls, name, None)
+        if not isinstance(original, types.FunctionType) or getattr(original, marker, False):
+            return
+        wrapped = functools.wraps(original)(wrapper(original))
+        setattr(wrapped, marker, True)
+        setattr(cls, name, wrapped)
 
 
 #: How long a take from DALI's queue waits for a message at a time, a signal held over it: its handler runs this long
@@ -253,12 +261,8 @@ def _hold_over_takes() -> None:
         from nvidia.dali._multiproc.shared_queue import ShmQueue
     except ImportError:  # (a DALI without it: takes are interrupted as before)
         return
-    with _lock:
-        original: Any = inspect.getattr_static(ShmQueue, "get", None)
-        if not isinstance(original, types.FunctionType) or getattr(original, _TAKE_WRAPPED, False):
-            return
 
-        @functools.wraps(original)
+    def held_over(original: Any) -> Any:
         def get(self: Any, *args: Any, **kwargs: Any) -> Any:
             condition = getattr(self, "cv_not_empty", None)
             if threading.current_thread() is not threading.main_thread() or condition is None:
@@ -274,8 +278,9 @@ def _hold_over_takes() -> None:
                     finally:
                         _takes.pop()
 
-        setattr(get, _TAKE_WRAPPED, True)
-        ShmQueue.get = get  # type: ignore[method-assign]
+        return get
+
+    _wrap_method(ShmQueue, "get", _TAKE_WRAPPED, held_over)
 
 
 def _wait_in_slices(condition: Any) -> None:
