@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from .batch_source import CameraFormat
 from .camera_codecs import survey_camera, surveyed_positions
@@ -40,7 +39,6 @@ from .dataset_union import DatasetUnion
 from .decode_route import DecodeRoute, route_without_nvdec
 from .distributed import usable_cpus
 from .episode_rows import DecodedGroups
-from .episode_table import read_episode_records
 from .errors import DataFileError, DatasetError, EpisodeMetadataError, SchemaMismatchError, VideoDecodeError
 from .file_format_store import FileFormatStore
 from .file_stamps import FileStamp
@@ -392,7 +390,6 @@ def check_dataset(
         checker.verified = frozenset(v for source in sources for v in verdicts.store.verdicts(source))
     warn_undeclared_columns(reader)
     _warn_stats_faults(reader)
-    _note_stale_video_ends(reader)
     _set_references(checker)
     report = CheckReport(source=reader.location.description)
     files: set[str] = set()
@@ -452,40 +449,6 @@ def _warn_stats_faults(reader: LeRobotDatasetReader) -> None:
                 "%s: statistics (meta/stats.json; v2.1: meta/episodes_stats.jsonl aggregated) that normalising by "
                 "fails or turns values wrong: %s; recompute them from the data files, or download or copy the file "
                 "again", dataset.location.description, said,
-            )  # fmt: skip
-
-
-def _note_stale_video_ends(reader: LeRobotDatasetReader) -> None:
-    """Note (info), per dataset and camera, episodes whose ``to_timestamp`` in meta/episodes (v3) lies more than half a
-    frame from where the episode's length puts its end, ``from_timestamp + length / fps``: stale metadata, harmless.
-    LeRobot never reads it (it reads each frame at ``from_timestamp + timestamp``), nor does a read here (an episode's
-    part of its file ends where the next episode of the file starts); a video with fewer frames than its rows is
-    refused by the rows' own lookups, each a problem."""
-    for dataset in reader.members if isinstance(reader, DatasetUnion) else (reader,):
-        if dataset.info.major_version != "v3":
-            continue
-        episodes = dataset.episodes
-        rows = read_episode_records(dataset.location.meta_fs, dataset.location.meta_root, dataset.info).rows
-        if not isinstance(rows, pa.Table):  # (v3's is: sorted by episode_index, as the episode table)
-            continue
-        at = np.searchsorted(np.asarray(rows["episode_index"]), episodes.episode_index)
-        for camera in dataset.camera_keys:
-            column = f"videos/{camera}/to_timestamp"
-            if column not in rows.column_names:
-                continue
-            stop = np.asarray(rows[column].to_numpy(zero_copy_only=False), dtype=np.float64)[at]
-            off = (stop - episodes.cameras[camera].from_timestamp_s) * dataset.fps - episodes.length  # (NaN: none)
-            stale = np.flatnonzero(np.abs(off) > 0.5)
-            if not stale.size:
-                continue
-            said = ", ".join(f"{int(episodes.episode_index[pos])} ({off[pos]:+.3g})" for pos in stale[:10]) + (
-                f" and {stale.size - 10} more" if stale.size > 10 else ""
-            )
-            logger.info(
-                "%s: camera %s: videos/%s/to_timestamp in meta/episodes of %d episode(s) lies more than half a frame "
-                "from from_timestamp + length / fps (episode (frames off): %s): stale, and not read (LeRobot does not "
-                "read it either: each episode's part of its video file ends where the file's next episode starts)",
-                dataset.location.description, camera, camera, stale.size, said,
             )  # fmt: skip
 
 

@@ -152,13 +152,13 @@ def _markers(batches: list[dict]) -> list[tuple[tuple[int, int], tuple[int, int]
     ]
 
 
-def test_a_stale_to_timestamp_changes_nothing_read_or_refused(ds: Path, caplog) -> None:
+def test_a_stale_to_timestamp_changes_nothing_read_or_refused(ds: Path) -> None:
     """A v3 to_timestamp that disagrees with from_timestamp + length / fps, which LeRobot never reads (it reads each
     frame at from_timestamp + timestamp): 5 frames early (episode 0) refused the episode's last 5 rows (check: a
     FrameTimestampError; the iterator raised at its first pass), and 10 frames late on a file's first episode
     (episode 2, reaching into episode 3's seconds) refused the dataset at open, though LeRobot reads both right. The
     episode's part of its file now ends where the next episode starts: every sample reads its own frame (80 of 80),
-    check finds no problem and notes the three stale values, and prefetch fetches the same bytes as before."""
+    check finds no problem, and prefetch fetches the same bytes as before."""
     from lerobot_dali.episode_ranges import EpisodeRanges
 
     sound = EpisodeRanges(open_dataset(ds))
@@ -166,12 +166,8 @@ def test_a_stale_to_timestamp_changes_nothing_read_or_refused(ds: Path, caplog) 
     _set_episode_column(ds, f"videos/{CAM}/to_timestamp", 0, 1.5)  # (20 rows at 10 fps from 0 s: 2.0)
     _set_episode_column(ds, f"videos/{CAM}/to_timestamp", 1, 5.0)  # (from 2.0 s: 4.0, its file's last)
     _set_episode_column(ds, f"videos/{CAM}/to_timestamp", 2, 3.0)  # (from 0 s of file 1; episode 3 starts at 2.0)
-    with caplog.at_level("INFO", logger="lerobot_dali.dataset_check"):
-        report = check_dataset(open_dataset(ds), workers=0)
+    report = check_dataset(open_dataset(ds), workers=0)
     assert report.problems == []
-    (note,) = [r for r in caplog.records if f"videos/{CAM}/to_timestamp" in r.getMessage()]
-    assert note.levelname == "INFO" and "of 3 episode(s)" in note.message
-    assert "(frames off): 0 (-5), 1 (+10), 2 (+10)): stale, and not read" in note.message
     samples = _markers(_first_pass(ds, return_uint8=True))
     assert len(samples) == 80 and all(read == row for read, row in samples)
     stale = EpisodeRanges(open_dataset(ds))

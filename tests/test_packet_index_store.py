@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from lerobot_dali import packet_index, packet_index_cache
-from lerobot_dali.errors import DatasetError, MissingDataFileError, VideoDecodeError
+from lerobot_dali.errors import DatasetError, MissingDataFileError, RemoteFileError, VideoDecodeError
 from lerobot_dali.file_stamps import FileStamp, FileStamps, stamp_from_stat
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
 from lerobot_dali.packet_index_cache import PacketIndexCache
@@ -504,14 +504,14 @@ class _FailingReads(FakeRemoteFileSystem):
         return super()._request(kind, path) if kind == "read" else None
 
 
-@pytest.mark.parametrize(("fault", "raised"), [("denied", PermissionError), ("missing", MissingDataFileError)])
+@pytest.mark.parametrize(("fault", "raised"), [("denied", RemoteFileError), ("missing", MissingDataFileError)])
 def test_an_older_entry_whose_file_cannot_be_read_is_kept(
     marker_video: MarkerVideo, tmp_path: Path, fault: str, raised: type[Exception]
 ) -> None:
     """A read of the file that fails while an older build's entry is checked (a 403 once a token expired; the file
     removed while read) says nothing of the file: the entry was deleted and the file called damaged (11 of 11 such
-    failures, at every read of the check). Now the failure is raised as it is and the entry kept: once the file reads
-    again, it is checked and served."""
+    failures, at every read of the check). Now the failure is raised (a refusal as RemoteFileError, naming the file)
+    and the entry kept: once the file reads again, it is checked and served."""
     video = marker_video("h264", 30)
     _, fs, path = _remote(tmp_path, video)
     stamp = FileStamps(fs, ["videos"])[path]
