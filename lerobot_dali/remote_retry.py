@@ -314,10 +314,10 @@ def _deadline_s(fs: Any, nbytes: int | None) -> float | None:
     """Seconds a request of HTTP filesystem ``fs`` for ``nbytes`` bytes (None: unknown) may take:
     :data:`HTTP_DEADLINE_BASE_S` plus the bytes at :data:`HTTP_MIN_BYTES_PER_S`; None where ``fs`` is not HTTP's or
     its session's timeout sets a total of its own."""
-    timeout = (getattr(fs, "client_kwargs", None) or {}).get("timeout") if speaks_http(fs) else None
-    if timeout is not None and getattr(timeout, "total", None) is not None:
-        return None
     if not speaks_http(fs):
+        return None
+    timeout = (getattr(fs, "client_kwargs", None) or {}).get("timeout")
+    if timeout is not None and getattr(timeout, "total", None) is not None:
         return None
     return HTTP_DEADLINE_BASE_S + (_UNSIZED_BYTES if nbytes is None else max(0, nbytes)) / HTTP_MIN_BYTES_PER_S
 
