@@ -27,6 +27,7 @@ from .cpu_decode_options import (
 )
 from .dataset_reader import LeRobotDatasetReader, VideoRef, open_dataset
 from .dataset_union import DatasetUnion, concat_datasets
+from .decode_preference import DecodePreference, DecodePreferenceName
 from .depth_maps import DepthUnit, DepthUnitName
 from .errors import (
     CameraSelectionError,
@@ -61,17 +62,15 @@ from .stream_state import merge_rank_states
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # type checkers see the names; at run time each is imported on first use (below)
-    from .decode_route import DecodePreference, DecodePreferenceName
     from .iterator import DALILeRobotIterator
     from .mixture import DALILeRobotMixture
     from .mixture_options import MixtureOptions
 else:  # (hidden from type checkers, to which a module's __getattr__ makes every misspelt name an ``object``)
-    #: The names whose modules load DALI or torch, by module: imported on first use.
+    #: The names whose modules load DALI or torch, by module: imported on first use (``MixtureOptions`` loads torch
+    #: alone, which ``typing.get_type_hints`` needs for its ``device``). Every other exported name loads neither.
     _LAZY = {
         "DALILeRobotIterator": "iterator",
         "DALILeRobotMixture": "mixture",
-        "DecodePreference": "decode_route",
-        "DecodePreferenceName": "decode_route",
         "MixtureOptions": "mixture_options",
     }
 

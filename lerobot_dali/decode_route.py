@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -28,10 +28,10 @@ from .clips import build_clip
 from .concurrent_calls import KeyedLocks
 from .cpu_backends import pyav_can_decode, torchcodec_available
 from .dali_video import DALI_CPU_CODECS, DALI_NVDEC_CODECS, dali_error_reason, decode_clip_batch
+from .decode_preference import DecodePreference, DecodePreferenceName
 from .errors import CodecUnsupportedError
 from .packet_index import PacketIndex
 from .said_once import say_once, warn_once
-from .value_checks import check_choice
 from .video_source import VideoSource
 from .worker_start import skipping_main
 
@@ -51,27 +51,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-class DecodePreference(Enum):
-    """What the user asked for (``decode="auto"|"gpu"|"cpu"``)."""
-
-    #: NVDEC where the GPU decodes the codec; otherwise DALI's CPU decoder (VP8/VP9/MJPEG) or the CPU
-    #: fallback, with one log line saying why.
-    AUTO = "auto"
-    #: NVDEC or an error: for runs that must not silently decode on the CPU.
-    GPU = "gpu"
-    #: Never NVDEC: DALI's CPU decoder for VP8/VP9/MJPEG, the CPU fallback for the rest.
-    CPU = "cpu"
-
-    @classmethod
-    def parse(cls, value: DecodePreference | str) -> DecodePreference:
-        """``value`` (a member, or its value in any case) as a member; ValueError naming the values."""
-        return check_choice(cls, "decode", value.lower() if isinstance(value, str) else value)
-
-
-#: :class:`DecodePreference`'s values, as a type checker checks a string given for one (``decode="cpu"``).
-DecodePreferenceName = Literal["auto", "gpu", "cpu"]
 
 
 class DecodeRoute(Enum):

@@ -9,12 +9,12 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Literal, TypedDict
 
-# (at run time too, for typing.get_type_hints: this module loads torch and DALI, so the package imports it on first use)
+# (at run time too, for typing.get_type_hints: this module loads torch, so the package imports it on first use)
 import torch
 
 from .augment_config import AugmentConfig
 from .cpu_decode_options import CpuDecodeOptions
-from .decode_route import DecodePreference, DecodePreferenceName
+from .decode_preference import DecodePreference, DecodePreferenceName
 from .depth_maps import DepthUnit, DepthUnitName
 from .frame_lookup import TimestampSource, TimestampSourceName
 from .sample_order import RankBalance
