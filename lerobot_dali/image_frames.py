@@ -8,7 +8,9 @@ Episodes' encoded images are kept per worker in a byte-bounded cache, since the 
 admitted episode many times. Images tagged with an EXIF orientation are turned upright, as LeRobot decodes them.
 Grey images stay one channel, as LeRobot's ``ToTensor`` keeps them; 16-bit images are refused rather than clipped
 to 8 bits, unless the camera is flagged a depth map: those are read as depth (:func:`decode_depth_images`), as
-LeRobot reads them.
+LeRobot reads them. Other modes (alpha, palette, CMYK) are refused: LeRobot returns their stored bands as they are
+(RGBA as 4 channels, LA as 2, a palette image's palette numbers as 1 grey channel), which no RGB or grey frame
+matches.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ __all__ = ["EpisodeImageCache", "decode_depth_images", "decode_images", "image_l
 logger = logging.getLogger(__name__)
 
 
-#: Pillow modes of grey images, read as one channel (alpha dropped).
-_GREY_MODES = frozenset({"1", "L", "LA", "La"})
+#: Pillow modes of grey images, read as one channel (values 0 or 255 for 1-bit ones, as LeRobot's ``ToTensor``).
+_GREY_MODES = frozenset({"1", "L"})
 #: Single-band Pillow modes of 8 bits (or fewer) per sample.
 _EIGHT_BIT_MODES = frozenset({"1", "L", "P"})
 #: Pillow modes of more than 8 bits per sample (depth maps), which uint8 frames would clip.
@@ -42,12 +44,13 @@ _WIDE_MODES = ("I", "F")
 
 
 def decode_images(encoded: Sequence[bytes], *, label: str, rows: Sequence[int] | None = None) -> np.ndarray:
-    """(T, H, W, C) uint8 from T encoded images (any format Pillow reads): C = 1 for grey images, else 3 (RGB;
-    alpha is dropped).
+    """(T, H, W, C) uint8 from T encoded images (any format Pillow reads): C = 1 for grey images (Pillow mode
+    ``L`` or ``1``), 3 for RGB ones, the values LeRobot's ``ToTensor`` gives them (times 255).
 
     Raises DataFileError naming ``label`` and the image (its episode row from ``rows``, the images' rows within
-    their episode, else its position) for an undecodable or 16-bit image, or for images that differ in size or
-    channels.
+    their episode, else its position) for an undecodable or 16-bit image, for one of another mode (RGBA, LA,
+    palette, CMYK: LeRobot returns their stored bands, e.g. 4 channels for RGBA), or for images that differ in size
+    or channels.
     """
     return _decode_window(
         encoded,
@@ -55,9 +58,24 @@ def decode_images(encoded: Sequence[bytes], *, label: str, rows: Sequence[int] |
         rows=rows,
         kind="image",
         convert=_colour_frame,
-        refusal="has more than 8 bits per sample (Pillow mode {mode!r}, e.g. a depth map not flagged is_depth_map "
-        "in info.json), which would lose its precision as a colour camera; flag it is_depth_map or leave the "
-        f"camera out with {cameras_hint()}",
+        refusal=_colour_refusal,
+    )
+
+
+def _colour_refusal(image: Any) -> str:
+    """Why ``image`` (open, Pillow), of a mode :func:`_colour_frame` refuses, is not read, and what to do."""
+    mode, bands = image.mode, image.getbands()
+    if mode.startswith(_WIDE_MODES):
+        return (
+            f"has more than 8 bits per sample (Pillow mode {mode!r}, e.g. a depth map not flagged is_depth_map in "
+            "info.json), which would lose its precision as a colour camera; flag it is_depth_map or leave the camera "
+            f"out with {cameras_hint()}"
+        )
+    stored = "palette numbers, not colours" if mode in ("P", "PA") else "as stored"
+    return (
+        f"has Pillow mode {mode!r}: LeRobot returns its {len(bands)} channel(s) {'/'.join(bands)} ({stored}), and "
+        "this loader reads grey (L, 1) and RGB images only; re-encode the camera's images as RGB or L (Pillow's "
+        f"image.convert('RGB') drops alpha and expands a palette), or leave the camera out with {cameras_hint()}"
     )
 
 
@@ -92,25 +110,24 @@ def decode_depth_images(encoded: Sequence[bytes], *, label: str, rows: Sequence[
         rows=rows,
         kind="depth image",
         convert=_depth_frame,
-        refusal="has Pillow mode {mode!r}, not one channel",
+        refusal=lambda image: f"has Pillow mode {image.mode!r}, not one channel",
     )
 
 
 def _colour_frame(image: Any) -> np.ndarray | None:
-    """(H, W, 1) grey or (H, W, 3) RGB uint8; None for more than 8 bits per sample."""
+    """(H, W, 1) grey or (H, W, 3) RGB uint8; None for any other mode (more bits, alpha, a palette, CMYK)."""
     mode = image.mode
     if mode in _GREY_MODES:
         return np.asarray(image if mode == "L" else image.convert("L"))[..., None]
-    if mode.startswith(_WIDE_MODES):
-        return None
-    return np.asarray(image if mode == "RGB" else image.convert("RGB"))
+    return np.asarray(image) if mode == "RGB" else None
 
 
 def _depth_frame(image: Any) -> np.ndarray | None:
     """(H, W, 1) float32 as stored (8-bit divided by 255, as LeRobot's ToTensor); None for several channels."""
     if len(image.getbands()) != 1:
         return None
-    frame = np.array(image, dtype=np.float32)
+    # (a 1-bit image's samples are 0 and 1, which ToTensor multiplies by 255 before dividing: 0 and 1, not 1/255)
+    frame = np.array(image.convert("L") if image.mode == "1" else image, dtype=np.float32)
     if image.mode in _EIGHT_BIT_MODES:
         frame /= np.float32(255)
     return frame[..., None]
@@ -134,10 +151,10 @@ def _decode_window(
     rows: Sequence[int] | None,
     kind: str,
     convert: Callable[[Any], np.ndarray | None],
-    refusal: str,
+    refusal: Callable[[Any], str],
 ) -> np.ndarray:
     """The window's images through ``convert`` (a Pillow image -> a frame, or None for a mode the camera cannot
-    take, said by ``refusal`` with ``{mode}``), stacked; DataFileError naming ``label`` and the image's row in
+    take, said by ``refusal`` of the image), stacked; DataFileError naming ``label`` and the image's row in
     ``rows`` (else its position)."""
     from PIL import Image, UnidentifiedImageError
 
@@ -147,7 +164,8 @@ def _decode_window(
         try:
             with Image.open(io.BytesIO(data)) as opened:
                 image = _upright(opened)
-                mode, frame = image.mode, convert(image)
+                frame = convert(image)
+                refused = refusal(image) if frame is None else ""
         # (SyntaxError: Pillow's "broken PNG file", a chunk header read from inside another chunk)
         except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
             # (Pillow's own message names its BytesIO object: 'cannot identify image file <_io.BytesIO ...>')
@@ -162,7 +180,7 @@ def _decode_window(
                 "`lerobot-dali check --decode` lists every such image"
             ) from e
         if frame is None:
-            raise DataFileError(f"{label}: {image_name} " + refusal.format(mode=mode))
+            raise DataFileError(f"{label}: {image_name} {refused}")
         frames.append(frame)
     shapes = {f.shape for f in frames}
     if len(shapes) > 1:

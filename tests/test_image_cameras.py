@@ -262,9 +262,9 @@ def test_decode_images_rejects_mixed_sizes_and_keeps_rgb() -> None:
         return out.getvalue()
 
     rgb = np.arange(4 * 6 * 3, dtype=np.uint8).reshape(4, 6, 3)
-    frames = decode_images([png(rgb, "RGB"), png(rgb, "RGBA")], label="cam")  # alpha is dropped
+    frames = decode_images([png(rgb, "RGB"), png(rgb, "RGB")], label="cam")
     np.testing.assert_array_equal(frames, np.stack([rgb, rgb]))
-    grey = decode_images([png(rgb[..., 0], "L"), png(rgb[..., 0], "LA")], label="cam")  # one channel, as ToTensor
+    grey = decode_images([png(rgb[..., 0], "L"), png(rgb[..., 0], "L")], label="cam")  # one channel, as ToTensor
     np.testing.assert_array_equal(grey, np.stack([rgb[..., :1], rgb[..., :1]]))
     with pytest.raises(DataFileError, match=r"cam: the window's images differ in size"):
         decode_images([png(rgb, "RGB"), png(rgb[:2], "RGB")], label="cam")
@@ -276,15 +276,95 @@ def test_decode_images_rejects_mixed_sizes_and_keeps_rgb() -> None:
         decode_images([depth.getvalue()], label="cam")
 
 
+#: Pixels of 2 x 3 images of each Pillow mode, as stored (uint8 but a 16-bit image's), encoded in the tests below.
+_PIXELS = {
+    "1": np.array([[0, 1, 1], [1, 0, 0]], bool),
+    "L": np.array([[0, 7, 128], [200, 254, 255]], np.uint8),
+    "RGB": np.array([[[255, 0, 0], [0, 255, 0], [0, 0, 255]], [[1, 2, 3], [100, 150, 200], [255, 255, 255]]], np.uint8),
+    "RGBA": np.array([[[255, 0, 0, 255], [0, 255, 0, 128], [0, 0, 255, 0]], [[1, 2, 3, 4]] * 3], np.uint8),
+    "LA": np.array([[[10, 255], [20, 128], [30, 0]], [[40, 1], [50, 2], [60, 3]]], np.uint8),
+    "P": np.array([[0, 1, 2], [2, 1, 0]], np.uint8),  # palette numbers of red, green, blue
+    "I;16": np.array([[0, 1000, 40000], [65535, 2, 3]], np.uint16),
+}
+
+
+def _encoded(mode: str, fmt: str = "PNG") -> bytes:
+    """A real ``fmt`` file of ``_PIXELS[mode]`` (CMYK: a JPEG of its own four bands), as a writer would store it."""
+    image = Image.fromarray(_PIXELS["RGBA" if mode == "CMYK" else mode], mode="RGBA" if mode == "CMYK" else None)
+    if mode == "P":
+        image = Image.fromarray(_PIXELS["P"], mode="P")
+        image.putpalette([255, 0, 0, 0, 255, 0, 0, 0, 255])
+    elif mode == "CMYK":
+        image = Image.frombytes("CMYK", image.size, image.tobytes())
+    out = BytesIO()
+    image.save(out, format=fmt)
+    assert Image.open(BytesIO(out.getvalue())).mode == mode
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        # LeRobot 0.4.4 (datasets' Image() decode, then hf_transform_to_torch's ToTensor) gives these, times 255:
+        ("1", _PIXELS["1"][..., None] * np.uint8(255)),  # (0/1 samples; ToTensor multiplies them by 255)
+        ("L", _PIXELS["L"][..., None]),
+        ("RGB", _PIXELS["RGB"]),
+    ],
+)
+def test_grey_and_rgb_images_decode_to_lerobots_values(mode: str, expected: np.ndarray) -> None:
+    frames = decode_images([_encoded(mode)], label="cam")
+    assert frames.dtype == np.uint8
+    np.testing.assert_array_equal(frames[0], expected)
+
+
+@pytest.mark.parametrize(
+    ("mode", "fmt", "lerobot"),
+    [
+        # What LeRobot 0.4.4 returns for each (ToTensor of the image as stored), which no grey or RGB frame is; they
+        # were read as RGB or grey (alpha dropped, a palette expanded, CMYK converted), values LeRobot gives none of:
+        ("RGBA", "PNG", "4 channel(s) R/G/B/A (as stored)"),
+        ("LA", "PNG", "2 channel(s) L/A (as stored)"),
+        ("P", "PNG", "1 channel(s) P (palette numbers, not colours)"),
+        ("CMYK", "JPEG", "4 channel(s) C/M/Y/K (as stored)"),
+    ],
+)
+def test_images_of_other_modes_are_refused_naming_the_mode_and_the_fix(mode: str, fmt: str, lerobot: str) -> None:
+    with pytest.raises(DataFileError) as raised:
+        decode_images([_encoded("RGB"), _encoded(mode, fmt)], label="data.parquet (episode 3, camera cam)", rows=[4, 5])
+    message = str(raised.value)
+    assert message.startswith(
+        f"data.parquet (episode 3, camera cam): the image of the episode's row 5 has Pillow mode '{mode}': "
+        f"LeRobot returns its {lerobot}, and this loader reads grey (L, 1) and RGB images only; re-encode the "
+        "camera's images as RGB or L"
+    )
+    assert "cameras=[...]" in message
+
+
+def test_one_bit_and_palette_depth_images_read_as_lerobot() -> None:
+    """A depth map's 8-bit samples divided by 255, as ToTensor: a 1-bit image's 0/1 stayed 0/1 (ToTensor multiplies
+    them by 255 first), where 1/255 was read; a palette image's numbers / 255, its 16-bit samples as stored."""
+    from lerobot_dali.image_frames import decode_depth_images
+
+    read = {mode: decode_depth_images([_encoded(mode)], label="cam")[0, ..., 0] for mode in ("1", "P", "L", "I;16")}
+    np.testing.assert_array_equal(read["1"], _PIXELS["1"].astype(np.float32))
+    np.testing.assert_allclose(read["P"], _PIXELS["P"] / np.float32(255))
+    np.testing.assert_allclose(read["L"], _PIXELS["L"] / np.float32(255))
+    np.testing.assert_array_equal(read["I;16"], _PIXELS["I;16"].astype(np.float32))
+
+
 def _to_mode(root: Path, camera: str, mode: str) -> None:
-    """Rewrite ``camera``'s PNGs in ``mode`` (grey "L", or 16-bit "I;16")."""
+    """Rewrite ``camera``'s PNGs in ``mode`` (grey "L", "RGBA", or 16-bit "I;16")."""
     for path in sorted(root.glob("data/*/*.parquet")):
         table = pq.read_table(path)
         rows = table[camera].to_pylist()
         for row in rows:
-            grey = np.asarray(Image.open(BytesIO(row["bytes"])).convert("L"))
+            opened = Image.open(BytesIO(row["bytes"]))
+            grey = np.asarray(opened.convert("L"))
             out = BytesIO()
-            Image.fromarray(grey if mode == "L" else grey.astype(np.uint16) * 257).save(out, format="PNG")
+            if mode == "RGBA":
+                opened.convert("RGBA").save(out, format="PNG")
+            else:
+                Image.fromarray(grey if mode == "L" else grey.astype(np.uint16) * 257).save(out, format="PNG")
             row["bytes"] = out.getvalue()
         column = pa.array(rows, type=table.schema.field(camera).type)
         pq.write_table(table.set_column(table.schema.get_field_index(camera), camera, column), path)
@@ -345,6 +425,17 @@ def test_a_16_bit_image_camera_fails_at_construction(make_ds, copy_ds) -> None:
         DALILeRobotIterator(root, device="cpu", num_workers=0)
     it = DALILeRobotIterator(root, cameras=[CAM0], batch_size=2, device="cpu", num_workers=0)
     assert CAM1 not in next(iter(it))
+
+
+def test_an_rgba_image_camera_fails_at_construction(make_ds, copy_ds) -> None:
+    """Its alpha was dropped (3 channels) where LeRobot gives 4: refused, naming the camera, the mode and the fix."""
+    root = copy_ds(_images_dataset(make_ds))
+    _to_mode(root, CAM1, "RGBA")
+    pattern = (
+        r"\(episode 0, camera observation\.images\.cam1\): the image of the episode's row 0 has Pillow mode 'RGBA'"
+    )
+    with pytest.raises(DataFileError, match=pattern + ".*re-encode the camera's images as RGB.*cameras="):
+        DALILeRobotIterator(root, device="cpu", num_workers=0)
 
 
 def test_episode_image_cache_is_bounded_by_bytes() -> None:
