@@ -373,15 +373,33 @@ def rank_cuda_device(ranks: RankInfo) -> str:
     where CUDA is initialised already (reading it initialises it). A rank above 0 of a process group (or of
     ``RANK``/``WORLD_SIZE``) that sees several GPUs and never chose one gets ``cuda:0`` with a warning: right for the
     first rank of another node (``srun`` and ``init_process_group`` by hand, one process a node), wrong for an
-    ``mp.spawn`` rank that forgot its ``set_device``, which trained on GPU 0 unsaid. Not refused: ``set_device(0)`` on
-    another node's rank is right."""
+    ``mp.spawn`` rank that forgot its ``set_device``, which trained on GPU 0 unsaid. So is one whose current device
+    is still 0 while it holds tensors on another GPU (an ``mp.spawn`` script's ``model.to(rank)`` without
+    ``set_device`` initialises CUDA but leaves the current device 0). Not refused: ``set_device(0)`` on another
+    node's rank is right."""
     import torch
 
     if "LOCAL_RANK" in os.environ or ranks.source == "accelerate":
         return local_cuda_device(ranks.local_rank)
+    another_gpu = ranks.source in ("torch.distributed", "environment") and ranks.rank > 0
     if torch.cuda.is_initialized():
-        return f"cuda:{torch.cuda.current_device()}"
-    if ranks.source in ("torch.distributed", "environment") and ranks.rank > 0 and torch.cuda.device_count() > 1:
+        current = torch.cuda.current_device()
+        held = []
+        if another_gpu and current == 0:  # (the caching allocator's counts: asking creates no CUDA context)
+            held = [d for d in range(1, torch.cuda.device_count()) if torch.cuda.memory_allocated(d)]
+        if held:
+            warn_once(
+                logger,
+                "rank %d of %d: device='cuda' is cuda:0 here, torch's current device (no LOCAL_RANK, and no "
+                "torch.cuda.set_device yet), while this process holds tensors on cuda:%s (an mp.spawn script's "
+                "model.to(rank)?): its batches and DALI's decoding would be on GPU 0 with rank 0's; call "
+                "torch.cuda.set_device(rank) before building the iterator, or pass device='cuda:N'",
+                ranks.rank,
+                ranks.world_size,
+                ", cuda:".join(map(str, held)),
+            )
+        return f"cuda:{current}"
+    if another_gpu and torch.cuda.device_count() > 1:
         warn_once(
             logger,
             "rank %d of %d: device='cuda' is cuda:0 here (no LOCAL_RANK, and no torch.cuda.set_device yet), as for "

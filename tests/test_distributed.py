@@ -318,15 +318,18 @@ def test_plain_cuda_picks_the_ranks_gpu(
 
 
 #: (rank, world size, local rank, source, LOCAL_RANK set, GPUs visible, torch's current device or None where CUDA is
-#: not initialised) -> the device plain "cuda" means, and whether it warns that another GPU may be meant
+#: not initialised[, the GPUs this process holds tensors on]) -> the device plain "cuda" means, and whether it warns
+#: that another GPU may be meant
 _PLAIN_CUDA_CASES = {
     # mp.spawn: no LOCAL_RANK; the script called torch.cuda.set_device(rank) before building the iterator
     "spawn-set-device": ((1, 2, 0, "torch.distributed", False, 2, 1), ("cuda:1", False)),
     "spawn-set-device-rank-3": ((3, 4, 0, "torch.distributed", False, 4, 3), ("cuda:3", False)),
     # mp.spawn without set_device: cuda:0 as for rank 0, said (it may be meant: another node's first rank)
     "spawn-no-set-device": ((1, 2, 0, "torch.distributed", False, 2, None), ("cuda:0", True)),
+    # mp.spawn, model.to(rank) and no set_device: CUDA initialised with rank 1's tensors on GPU 1, current device 0
+    "spawn-model-to-rank": ((1, 2, 0, "torch.distributed", False, 2, 0, (1,)), ("cuda:0", True)),
     # srun and init_process_group by hand, one process a node: node 2's rank set_device(0), which is its own GPU
-    "another-node-set-device-0": ((1, 2, 0, "torch.distributed", False, 8, 0), ("cuda:0", False)),
+    "another-node-set-device-0": ((1, 2, 0, "torch.distributed", False, 8, 0, (0,)), ("cuda:0", False)),
     "spawn-rank-0": ((0, 2, 0, "torch.distributed", False, 2, None), ("cuda:0", False)),
     "spawn-one-gpu-per-rank": ((1, 2, 0, "torch.distributed", False, 1, None), ("cuda:0", False)),
     # RANK and WORLD_SIZE exported by hand from Slurm's, no LOCAL_RANK, no set_device: said as for a process group
@@ -346,10 +349,13 @@ def test_plain_cuda_is_the_gpu_the_rank_set_or_said(
     clean_env: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, case: tuple, expected: tuple[str, bool]
 ) -> None:
     """A rank without LOCAL_RANK (``mp.spawn``) got cuda:0 for plain "cuda", as rank 0 did, whatever torch's current
-    device was: every rank decoded on GPU 0 and handed batches there while its model sat on its own GPU."""
+    device was: every rank decoded on GPU 0 and handed batches there while its model sat on its own GPU. One whose
+    ``model.to(rank)`` initialised CUDA with the current device left 0 got cuda:0 unsaid: now said."""
     import torch
 
-    rank, world_size, local_rank, source, launcher, visible, current = case
+    rank, world_size, local_rank, source, launcher, visible, current, *held = case
+    held_on = set(held[0]) if held else set()
+    clean_env.setattr(torch.cuda, "memory_allocated", lambda device: 512 if device in held_on else 0)
     if launcher:
         clean_env.setenv("LOCAL_RANK", str(local_rank))
     clean_env.setattr(torch.cuda, "device_count", lambda: visible)
