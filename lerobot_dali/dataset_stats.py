@@ -113,7 +113,8 @@ def _finite(stats: FeatureStats, path: str) -> FeatureStats:
 def stats_faults(stats: FeatureStats, info: DatasetInfo, keys: Sequence[str]) -> dict[str, list[str]]:
     """What is wrong with the statistics of features ``keys`` (declared in ``info``), per feature: an entry (mean,
     std, min, max, a quantile, count) that is not finite, one whose shape is not the feature's (a camera's: (C, 1, 1)
-    or (C,), C its channels; another's: its shape in info.json, a scalar's (1,) or ()), a negative std, a min above
+    or (C,), C its channels, or LeRobot's (3, 1, 1) or (3,), which it writes for every camera; another's: its shape
+    in info.json, a scalar's (1,) or ()), a negative std, a min above
     its max. Normalising by such statistics fails or turns values wrong in silence (a negative std flips their sign;
     LeRobot's min-max mode divides by max - min). A feature without statistics is left out."""
     faults: dict[str, list[str]] = {}
@@ -151,7 +152,8 @@ def _stats_shapes(feature: Feature) -> list[tuple[int, ...]] | None:
     names = [str(n).lower() for n in feature.names] if isinstance(feature.names, list) else []
     at = next((names.index(n) for n in ("channel", "channels") if n in names and len(names) == len(feature.shape)), -1)
     channels = feature.shape[at] if feature.shape else 3
-    return [(channels, 1, 1), (channels,)]
+    # (LeRobot computes every camera's over frames it converts to RGB: (3, 1, 1) for a grey or depth camera too)
+    return [(channels, 1, 1), (channels,)] + ([(3, 1, 1), (3,)] if channels != 3 else [])
 
 
 def _counted(stats: FeatureStats, location: DatasetLocation, info: DatasetInfo | None, path: str) -> FeatureStats:

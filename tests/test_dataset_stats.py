@@ -368,15 +368,41 @@ def test_statistics_faults_hold_each_feature_to_the_shape_lerobot_gives_it() -> 
 
     good = sound(state=(7,), reward=(), cam=(3, 1, 1), first=(1,), text=(2,))
     assert stats_faults(good, info, list(features)) == {}
-    bad = sound(state=(6,), reward=(2,), cam=(64, 1, 1), first=(3, 1, 1))
+    bad = sound(state=(6,), reward=(2,), cam=(64, 1, 1), first=(2, 1, 1))
     bad["state"]["q01"] = np.full(7, np.inf)
     faults = stats_faults(bad, info, list(features))
     assert faults["state"][0] == "q01 is not finite (NaN or infinity)"
     assert faults["state"][1].startswith("mean has shape (6,), but the feature's is (7,) in info.json (its statistics")
     assert [len(faults[k]) for k in ("state", "reward", "cam", "first")] == [5, 4, 4, 4]  # (q01 of the right shape)
-    assert "(its statistics are (1, 1, 1) or (1,))" in faults["first"][0]
+    assert "(its statistics are (1, 1, 1) or (1,) or (3, 1, 1) or (3,))" in faults["first"][0]
     assert stats_faults(bad, info, ["text"]) == {}
     for name in ("cr5_v30_av1", "cr5_v21_av1", "r1_v30_h264", "gr00t_v20_h264"):
         location = resolve_location(str(shared_dataset(name)))
         real = DatasetInfo.from_json(json.loads((shared_dataset(name) / "meta/info.json").read_text()), source=name)
         assert stats_faults(read_dataset_stats(location, real), real, list(real.features)) == {}, name
+
+
+def test_statistics_faults_take_lerobots_three_channels_for_every_camera() -> None:
+    """LeRobot 0.4.4 computes a camera's statistics over frames it converts to RGB: a dataset it recorded with a grey
+    image camera (shape (32, 48, 1), frames given as Pillow 'L' images) holds (3, 1, 1) statistics for it, which
+    check warned of as a shape fault (9 entries: mean, std, min, max, q01-q99), as it did of a channel-first camera
+    declared without names ([3, 480, 640]: 640 channels expected). Both sound now; another shape is still said."""
+    features = {
+        "grey": {"dtype": "image", "shape": [32, 48, 1], "names": ["height", "width", "channel"]},
+        "depth": {"dtype": "video", "shape": [64, 64, 1], "names": ["height", "width", "channels"]},
+        "unnamed": {"dtype": "video", "shape": [3, 480, 640], "names": None},
+    }
+    info = DatasetInfo.from_json(
+        {"codebase_version": "v3.0", "fps": 10, "data_path": "d", "video_path": "v", "features": features},
+        source="info.json",
+    )
+    names = ("mean", "std", "min", "max", "q01", "q10", "q50", "q90", "q99")
+
+    def written(shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+        return {**{name: np.full(shape, 0.5) for name in names}, "count": np.array([24.0])}
+
+    assert stats_faults({key: written((3, 1, 1)) for key in features}, info, list(features)) == {}
+    assert stats_faults({key: written((3,)) for key in features}, info, list(features)) == {}
+    assert stats_faults({"grey": written((1, 1, 1)), "depth": written((1,))}, info, list(features)) == {}
+    faults = stats_faults({"grey": written((2, 1, 1))}, info, list(features))
+    assert len(faults["grey"]) == 9 and faults["grey"][0].startswith("mean has shape (2, 1, 1)")
