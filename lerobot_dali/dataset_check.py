@@ -35,7 +35,7 @@ from .camera_codecs import survey_camera, surveyed_positions
 from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder
 from .dataset_reader import NO_SUBTASK_INDEX, LeRobotDatasetReader, VideoRef, warn_undeclared_columns
 from .dataset_stats import read_dataset_stats, stats_faults
-from .dataset_union import DatasetUnion
+from .dataset_union import datasets_within
 from .decode_route import DecodeRoute, route_without_nvdec
 from .distributed import usable_cpus
 from .episode_rows import DecodedGroups
@@ -433,7 +433,7 @@ def _warn_stats_faults(reader: LeRobotDatasetReader) -> None:
     them refuses or turns wrong (:func:`~.dataset_stats.stats_faults`), or of statistics that do not read: a run
     that normalises by them (``normalize="stats"``; ``pipelines/train.py``'s state and action; LeRobot's policies)
     fails as it starts, or trains on wrong values; one that does not reads on, so they are no episode's problem."""
-    for dataset in reader.members if isinstance(reader, DatasetUnion) else (reader,):
+    for dataset in datasets_within(reader):  # (a nested union's each too: its own location reads its first's files)
         keys = [*dataset.camera_keys, *dataset.image_keys, *dataset.tabular_keys]
         try:
             stats = read_dataset_stats(dataset.location, dataset.info, warn_not_finite=False)  # (said below)

@@ -657,3 +657,25 @@ def test_statistics_not_finite_are_warned_of_once(make_ds, copy_ds, caplog) -> N
         assert check_dataset(open_dataset(root), workers=0).ok
     said = [r for r in caplog.records if "not finite" in r.getMessage()]
     assert [r.name for r in said] == ["lerobot_dali.dataset_check"]
+
+
+def test_statistics_of_each_dataset_in_a_nested_union_are_looked_at(make_ds, tmp_path, caplog) -> None:
+    """A union within a union had its statistics read from its own location, its first dataset's: a NaN mean in its
+    second dataset was never warned of (1 of 2 faulty datasets said), and the first's were said under the inner
+    union's name."""
+    from lerobot_dali.dataset_union import concat_datasets
+
+    roots = []
+    for n in range(3):
+        roots.append(tmp_path / f"d{n}")
+        shutil.copytree(make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="vp9"), roots[-1])
+    for root in roots[1:]:
+        stats = json.loads((root / "meta/stats.json").read_text())
+        stats["observation.state"]["mean"][0] = float("nan")
+        (root / "meta/stats.json").write_text(json.dumps(stats))
+    union = concat_datasets([concat_datasets([roots[0], roots[1]]), roots[2]])
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.dataset_check"):
+        assert check_dataset(union, workers=0).ok
+    said = [r.getMessage() for r in caplog.records if r.name == "lerobot_dali.dataset_check"]
+    assert [m.split(": statistics")[0] for m in said] == [str(roots[1]), str(roots[2])]
+    assert all("'observation.state': mean is not finite" in m for m in said)
