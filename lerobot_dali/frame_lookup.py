@@ -545,9 +545,12 @@ def _frame_index_fault(wanted: np.ndarray, frame_index: np.ndarray) -> str:
     ``wanted``, else of the episode's ``frame_index`` column; frame_index_timestamps_s' own ValueError named neither
     the episode nor the file), or one of the column not above the row before's: a repeated number reads one frame
     for two rows, one that goes back reads swapped frames, either in silence (LeRobot numbers an episode's rows 0, 1,
-    2, ...). "" where none."""
-    if not wanted.size or not np.issubdtype(frame_index.dtype, np.integer):
+    2, ...), or a column not of integers (a float one raised frame_index_timestamps_s' bare ValueError too). "" where
+    none."""
+    if not wanted.size:
         return ""
+    if not np.issubdtype(frame_index.dtype, np.integer):
+        return f"is {frame_index.dtype}, not integer frame numbers"
     if wanted.min() < 0:
         return f"holds {int(wanted.min())}, a negative frame number"
     return _column_fault(frame_index)

@@ -1222,6 +1222,27 @@ def test_an_unsigned_frame_index_that_goes_back_is_refused(ds: Path) -> None:
     assert sorted((p.episode_index, p.error) for p in report.problems) == [(0, "DataFileError"), (2, "DataFileError")]
 
 
+def test_a_float_frame_index_read_by_frame_index_names_its_episode_and_file(ds: Path) -> None:
+    """A float64 frame_index (so declared in info.json), its video looked up by frame_index / fps, raised a bare
+    ValueError ('frame_indices must be non-negative integers, got array([0., 1., ...])') naming neither the dataset,
+    the episode nor the column's file, from the iterator and in each of check's problems (4 of 4 episodes)."""
+
+    def floats(table: pa.Table) -> pa.Table:
+        column = table.column_names.index("frame_index")
+        return table.set_column(column, "frame_index", table["frame_index"].cast(pa.float64()))
+
+    _rewrite_data(ds, floats)
+    info = json.loads((ds / "meta/info.json").read_text())
+    info["features"]["frame_index"]["dtype"] = "float64"
+    (ds / "meta/info.json").write_text(json.dumps(info))
+    pattern = r"episode 0: column 'frame_index' of .*file-000\.parquet is float64, not integer frame numbers"
+    with pytest.raises(DataFileError, match=pattern):
+        _first_pass(ds, timestamp_source="frame_index")
+    report = check_dataset(open_dataset(ds), timestamp_source="frame_index", workers=0)
+    assert sorted((p.episode_index, p.error) for p in report.problems) == [(e, "DataFileError") for e in range(4)]
+    assert not check_dataset(open_dataset(ds), workers=0).problems  # (by timestamp each row reads its own frame)
+
+
 CR5_TASK = "put the banana on the plate"
 
 
