@@ -112,10 +112,10 @@ def _finite(stats: FeatureStats, path: str) -> FeatureStats:
 
 def stats_faults(stats: FeatureStats, info: DatasetInfo, keys: Sequence[str]) -> dict[str, list[str]]:
     """What is wrong with the statistics of features ``keys`` (declared in ``info``), per feature: an entry (mean,
-    std, min, max, a quantile, count) that is not finite, one whose shape is not the feature's (a camera's: (C, 1, 1)
-    or (C,), C its channels, or LeRobot's (3, 1, 1) or (3,), which it writes for every camera; another's: its shape
-    in info.json, a scalar's (1,) or ()), a negative std, a min above
-    its max. Normalising by such statistics fails or turns values wrong in silence (a negative std flips their sign;
+    std, min, max, a quantile, count) that is not finite, a count not of one number, one whose shape is not the
+    feature's (a camera's: (C, 1, 1) or (C,), C its channels, or LeRobot's (3, 1, 1) or (3,), which it writes for
+    every camera; another's: its shape in info.json, a scalar's (1,) or ()), a negative std, a min above its max.
+    Normalising by such statistics fails or turns values wrong in silence (a negative std flips their sign;
     LeRobot's min-max mode divides by max - min). A feature without statistics is left out."""
     faults: dict[str, list[str]] = {}
     for key in keys:
@@ -133,6 +133,8 @@ def stats_faults(stats: FeatureStats, info: DatasetInfo, keys: Sequence[str]) ->
                 for name, value in entry.items()
                 if name != "count" and value.shape not in shapes
             ]  # fmt: skip
+        if "count" in entry and entry["count"].size != 1:  # (a union pools the dataset's by it)
+            said.append(f"count holds {entry['count'].size} numbers, not one frame count")
         if "std" in entry and (entry["std"] < 0).any():
             said.append(f"std is negative at components {np.flatnonzero(entry['std'].ravel() < 0)[:10].tolist()}")
         low, high = entry.get("min"), entry.get("max")
@@ -261,6 +263,9 @@ def _aggregate(entries: list[dict[str, np.ndarray]], where: str) -> dict[str, np
         missing = [name for name in POOLED_STATS if name not in entry]
         if missing:
             raise DatasetError(f"{where}: an episode lacks {missing}; aggregation needs {list(POOLED_STATS)}")
+    odd = next((e["count"].size for e in entries if e["count"].size != 1), None)
+    if odd is not None:  # (count [] pooled at weight 0, unsaid; LeRobot's aggregate_stats refuses it)
+        raise DatasetError(f"{where}: a count holds {odd} numbers, not one frame count")
     counts = np.array([float(np.sum(e["count"])) for e in entries])
     if not np.all(np.isfinite(counts) & (counts >= 0)):
         raise DatasetError(f"{where}: counts {counts.tolist()} are not all frame counts (finite, 0 or more)")

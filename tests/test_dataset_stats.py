@@ -406,3 +406,28 @@ def test_statistics_faults_take_lerobots_three_channels_for_every_camera() -> No
     assert stats_faults({"grey": written((1, 1, 1)), "depth": written((1,))}, info, list(features)) == {}
     faults = stats_faults({"grey": written((2, 1, 1))}, info, list(features))
     assert len(faults["grey"]) == 9 and faults["grey"][0].startswith("mean has shape (2, 1, 1)")
+
+
+def test_a_count_not_of_one_number_is_refused_where_pooled_and_said_by_check(make_ds, tmp_path: Path) -> None:
+    """A count of [] (no number) pooled its dataset's statistics at weight 0, unsaid: a union of two datasets took
+    the state mean of the other alone (LeRobot's aggregate_stats refuses such a count). Now the pooling refuses it
+    (a StatsError naming it) and check's faults say it; r1_v30_h264's count of one number stored bare (790) reads."""
+    from lerobot_dali.dataset_reader import open_dataset
+    from lerobot_dali.dataset_union import concat_datasets
+    from lerobot_dali.errors import StatsError
+
+    roots = [tmp_path / "a", tmp_path / "b"]
+    for root in roots:
+        shutil.copytree(make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="vp9"), root)
+    stats = json.loads((roots[1] / "meta/stats.json").read_text())
+    stats["observation.state"]["count"] = []
+    (roots[1] / "meta/stats.json").write_text(json.dumps(stats))
+    with pytest.raises(StatsError, match=r"observation\.state: a count holds 0 numbers, not one frame count"):
+        concat_datasets(roots).read_stats()
+    reader = open_dataset(roots[1])
+    faults = stats_faults(reader.read_stats(), reader.info, reader.tabular_keys)
+    assert faults == {"observation.state": ["count holds 0 numbers, not one frame count"]}
+    with pytest.raises(DatasetError, match=r"x: a count holds 2 numbers"):
+        aggregate_episode_stats([{"x": {"mean": [1.0], "std": [1.0], "count": [3, 4]}}], source="s")
+    r1 = open_dataset(shared_dataset("r1_v30_h264"))
+    assert float(concat_datasets([r1, r1]).read_stats()["action"]["count"][0]) == 2 * 790
