@@ -864,17 +864,34 @@ def open_located(
     image_keys = [k for k in selected if not info.features[k].is_video]
     tabular_keys = _select(info.tabular_keys, keys, "key", elsewhere=(info.camera_keys, "cameras"))
     records = read_episode_records(location.meta_fs, location.meta_root, info)
-    table = read_episode_table(records, info, video_keys=camera_keys)
     if episode_filter is not None:
-        candidates = (
-            None if episodes is None else table.select(episodes, source=location.description).episode_index.tolist()
-        )
+        candidates = None
+        if episodes is not None:  # (each must be the dataset's: the table's select says which are not)
+            listed = read_episode_table(records, info, video_keys=[]).select(episodes, source=location.description)
+            candidates = listed.episode_index.tolist()
         episodes = filter_episodes(records, episode_filter, candidates=candidates)
+    # (where the selected episodes lie in their video files is checked for them alone: one left out reads nothing)
+    table = read_episode_table(records, info, video_keys=camera_keys, episodes=episodes)
     location = read_bulk_from_cache(location, bulk_files_named(info, table, camera_keys, episodes))
     # Remote: one recursive listing per root stamps every file (no per-file metadata request, here or in
     # any worker); a filesystem that cannot list falls back to one request per file looked up.
     stamps = None if location.is_local else FileStamps(location.fs, [location.path("data"), location.path("videos")])
     table, data_file_footers = locate_episode_rows(location, info, table, stamps=stamps, episodes=episodes)
+    if len(table) == 0:
+        raise DatasetError(
+            f"{location.description}: the episode metadata lists no episodes; nothing to read: the dataset's files "
+            "are incomplete: download or copy its meta/ again"
+        )
+    if info.total_episodes > len(table):
+        # (a file cut at a line's end, or a file of meta/episodes missing, reads as fewer episodes; LeRobot 0.4.4
+        # refuses such a v3 dataset at open, "IndexError: Episode index 3 out of range", and its v2.1 converter an
+        # episodes.jsonl listing fewer episodes than the data files hold)
+        raise EpisodeMetadataError(
+            f"{location.description}: info.json says total_episodes={info.total_episodes} but the episode metadata "
+            f"({records.source}) lists {len(table)}: it may be cut short (a download that ended early): download or "
+            "copy meta/ again; if episodes were removed on purpose, set total_episodes (and total_frames) in "
+            "meta/info.json to what remains"
+        )
     if info.total_episodes and info.total_episodes != len(table):
         warn_once(
             logger,
@@ -890,11 +907,6 @@ def open_located(
             "total_frames in meta/info.json",
             location.description, info.total_frames, table.total_frames,
         )  # fmt: skip
-    if len(table) == 0:
-        raise DatasetError(
-            f"{location.description}: the episode metadata lists no episodes; nothing to read: the dataset's files "
-            "are incomplete: download or copy its meta/ again"
-        )
     if episodes is not None:
         table = table.select(episodes, source=location.description)
     tasks, task_rows = _read_tasks(location, info.codebase_version)

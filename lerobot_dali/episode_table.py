@@ -53,7 +53,8 @@ class CameraFiles:
     from_timestamp_s: np.ndarray
     #: Where the next episode of the same video file starts (its ``from_timestamp``; NaN for a file's last episode,
     #: and v2.x's one episode a file): the end of this episode's part of the file. Worked out over every episode of
-    #: the dataset, before ``select`` leaves any out.
+    #: the dataset, before ``select`` leaves any out. A ``from_timestamp`` missing (NaN) leaves those of its file's
+    #: episodes unknown: such episodes are refused as the dataset opens where selected (``_check_video_starts``).
     next_from_timestamp_s: np.ndarray
 
 
@@ -261,10 +262,15 @@ def read_episode_records(fs: fsspec.AbstractFileSystem, meta_root: str, info: Da
     return EpisodeRecords(f"{root}/meta/episodes.jsonl", _v2_rows(fs, meta_root, info))
 
 
-def read_episode_table(records: EpisodeRecords, info: DatasetInfo, *, video_keys: list[str]) -> EpisodeTable:
-    """The episode index from ``records``, validating what later stages rely on."""
+def read_episode_table(
+    records: EpisodeRecords, info: DatasetInfo, *, video_keys: list[str], episodes: Sequence[int] | None = None
+) -> EpisodeTable:
+    """The episode index from ``records`` (every episode), validating what later stages rely on; where each of
+    ``episodes`` (None: all) lies in its video files too (:func:`_check_video_starts`)."""
     if isinstance(records.rows, pa.Table):
-        return _read_v3(records.rows, records.source, video_keys)
+        table = _read_v3(records.rows, records.source, video_keys)
+        _check_video_starts(table, info, source=records.source, episodes=episodes)
+        return table
     return _read_v2(records.rows, records.source, info, video_keys)
 
 
@@ -496,15 +502,11 @@ def _v3_camera(source: str, table: pa.Table, key: str, n: int) -> CameraFiles:
     chunk = _i64(table, f"{prefix}chunk_index", source)
     file = _i64(table, f"{prefix}file_index", source)
     if f"{prefix}from_timestamp" in table.column_names:
+        # (a missing one reads as NaN: refused by _check_video_starts where a selected episode needs it)
         start = np.asarray(table[f"{prefix}from_timestamp"].to_numpy(zero_copy_only=False), dtype=np.float64)
-        unknown = np.flatnonzero(~np.isfinite(start))  # (a null reads as NaN)
-        if unknown.size:  # (else each of its rows' frames failed: "query timestamp nan s is not a finite number")
-            raise EpisodeMetadataError(
-                f"{source}: column '{prefix}from_timestamp' has {unknown.size} missing or not finite value(s) "
-                f"(metadata rows {unknown[:10].tolist()}); {_damaged_advice(source)}"
-            )
+        start = np.where(np.isfinite(start), start, np.nan)
         # (not its to_timestamp, which LeRobot never reads: a stale one refused rows LeRobot reads right)
-        return CameraFiles(chunk, file, start, _next_starts(source, key, chunk, file, start))
+        return CameraFiles(chunk, file, start, _next_starts(chunk, file, start))
     # Without from_timestamp the start is only known where a video file holds a single episode (it is 0).
     if (np.bincount(_file_ids(chunk, file)) > 1).any():
         raise EpisodeMetadataError(
@@ -517,25 +519,80 @@ def _v3_camera(source: str, table: pa.Table, key: str, n: int) -> CameraFiles:
     return CameraFiles(chunk, file, np.zeros(n), np.full(n, np.nan))
 
 
-def _next_starts(source: str, key: str, chunk: np.ndarray, file: np.ndarray, start: np.ndarray) -> np.ndarray:
+def _next_starts(chunk: np.ndarray, file: np.ndarray, start: np.ndarray) -> np.ndarray:
     """Per episode, the ``from_timestamp`` of the next episode of its video file (NaN for a file's last): where its
     part of the file ends. Not its ``to_timestamp``, which LeRobot never reads (a stale one refused rows LeRobot reads
-    right). Episodes of one file that start at the same time are refused: one would read the other's frames."""
+    right). Starts not known (NaN) sort last: :func:`_check_video_starts` refuses each episode of their file."""
     file_id = _file_ids(chunk, file)
     order = np.lexsort((start, file_id))
     same_file = file_id[order][1:] == file_id[order][:-1]
-    same_start = same_file & (start[order][1:] - start[order][:-1] < 1e-6)
-    if same_start.any():
-        i = int(np.flatnonzero(same_start)[0])
-        a, b = order[i], order[i + 1]
-        raise EpisodeMetadataError(
-            f"{source}: camera {key!r}: episodes at metadata rows {int(a)} and {int(b)} both start at "
-            f"{start[b]:.3f} s (from_timestamp) of video file chunk {int(chunk[a])} file {int(file[a])}, so one would "
-            "read the other's frames; regenerate the episode metadata"
-        )
     following = np.full(start.size, np.nan)
     following[order[:-1][same_file]] = start[order[1:][same_file]]
     return following
+
+
+def _check_video_starts(
+    table: EpisodeTable, info: DatasetInfo, *, source: str, episodes: Sequence[int] | None = None
+) -> None:
+    """Refuse, per camera, each of ``episodes`` (None: all) whose part of its video file is not known: its own
+    ``from_timestamp`` is missing, or its file holds an episode whose is (which may be the next one there, where its
+    part ends); or it and the next episode of its file start less than half a frame apart (at the rows' rate or the
+    camera's declared video rate, the faster), so the earlier holds no frame of its own and one of the two starts is
+    wrong (a row of either would read the other's frame). An episode left out reads nothing, so its metadata is
+    not refused (LeRobot reads no episode's but those selected either)."""
+    selected = np.ones(len(table), dtype=bool)
+    if episodes is not None:
+        selected = np.isin(table.episode_index, np.asarray(episodes, dtype=np.int64))
+    for key, files in table.cameras.items():
+        rates = [info.fps] + [rate for rate in (_declared_video_fps(info, key),) if rate is not None]
+        _check_camera_starts(source, key, table.episode_index, files, selected, 0.5 / max(rates))
+
+
+def _check_camera_starts(
+    source: str, key: str, episode_index: np.ndarray, files: CameraFiles, selected: np.ndarray, min_gap_s: float
+) -> None:
+    """:func:`_check_video_starts` for camera ``key``'s ``files``: starts less than ``min_gap_s`` apart are close."""
+    start, file_id = files.from_timestamp_s, _file_ids(files.chunk_index, files.file_index)
+    unknown = np.isnan(start)
+    needy = selected & np.isin(file_id, file_id[unknown])
+    if needy.any():
+        pos = int(np.flatnonzero(needy)[0])
+        missing = int(np.flatnonzero(unknown & (file_id == file_id[pos]))[0])
+        whose = "it" if missing == pos else f"episode {int(episode_index[missing])} of the same file (where it may end)"
+        raise EpisodeMetadataError(
+            f"{source}: camera {key!r}: where episode {int(episode_index[pos])}'s part of {_video_file(files, pos)} "
+            f"lies is unknown: column 'videos/{key}/from_timestamp' is missing or not finite for {whose} "
+            f"({int(unknown.sum())} episode(s) in all); leave those episodes and the others of their video files out "
+            f"with episodes=[...], or download or copy {source} again"
+        )
+    close = files.next_from_timestamp_s - start < min_gap_s  # (NaN, a file's last episode, compares False)
+    if not close.any():
+        return
+    order = np.lexsort((start, file_id))
+    following = np.zeros(start.size, dtype=np.int64)
+    following[order[:-1]] = order[1:]
+    needy = close & (selected | selected[following])
+    if needy.any():
+        a = int(np.flatnonzero(needy)[0])
+        b = int(following[a])
+        raise EpisodeMetadataError(
+            f"{source}: camera {key!r}: episodes {int(episode_index[a])} and {int(episode_index[b])} start at "
+            f"{start[a]:.6f} s and {start[b]:.6f} s of {_video_file(files, a)} (from_timestamp), less than half a "
+            f"frame apart: episode {int(episode_index[a])} holds no frame of its own, and one of the two starts is "
+            "wrong (a row of either would read the other's frame); leave both out with episodes=[...], or "
+            "regenerate the episode metadata"
+        )
+
+
+def _video_file(files: CameraFiles, pos: int) -> str:
+    return f"video file chunk {int(files.chunk_index[pos])} file {int(files.file_index[pos])}"
+
+
+def _declared_video_fps(info: DatasetInfo, key: str) -> float | None:
+    """The frame rate info.json declares for camera ``key``'s video (``video.fps``), where it is a positive number."""
+    feature = info.features.get(key)
+    rate = feature.video.fps if feature is not None and feature.video is not None else None
+    return rate if rate is not None and np.isfinite(rate) and rate > 0 else None
 
 
 def _columns(files: CameraFiles) -> tuple[np.ndarray, ...]:

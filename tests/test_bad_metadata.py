@@ -198,11 +198,34 @@ def test_rows_past_a_short_video_into_the_next_episode_are_refused(ds: Path, to_
 
 
 def test_episodes_claiming_the_same_seconds_of_a_video_file_are_refused(ds: Path) -> None:
-    """Episode 3 pointed at episode 2's seconds and served episode 2's frames as its own."""
+    """Episode 3 pointed at episode 2's seconds and served episode 2's frames as its own. Refused where either is
+    selected (naming both and the file); the other file's episodes still read."""
     _set_episode_column(ds, f"videos/{CAM}/from_timestamp", 3, 0.0)
     _set_episode_column(ds, f"videos/{CAM}/to_timestamp", 3, 2.0)
-    with pytest.raises(EpisodeMetadataError, match=r"episodes at metadata rows 2 and 3 both start at 0\.000 s"):
+    said = r"episodes 2 and 3 start at 0\.000000 s and 0\.000000 s of video file chunk 0 file 1 \(from_timestamp\)"
+    for episodes in (None, [3], [0, 2]):
+        with pytest.raises(EpisodeMetadataError, match=said):
+            open_dataset(ds, episodes=episodes)
+    samples = _markers(_first_pass(ds, episodes=[0, 1], return_uint8=True))
+    assert len(samples) == 40 and all(read == row for read, row in samples)
+
+
+def test_episodes_starting_less_than_half_a_frame_apart_are_refused_at_open(ds: Path) -> None:
+    """Episode 3 starting 0.04 s after episode 2 in their file (10 fps: half a frame is 0.05 s) opened, and was
+    refused only as episode 2's rows were looked up (its part of the file held no frame), possibly hours into
+    training; episode 3 alone read episode 2's frames from 0.04 s on (nearest 0.0 s: refused by tolerance only).
+    Now refused as the dataset opens, naming both episodes and the file; 0.06 s apart opens (lookup refuses it)."""
+    _set_episode_column(ds, f"videos/{CAM}/from_timestamp", 3, 0.04)
+    said = (
+        r"episodes 2 and 3 start at 0\.000000 s and 0\.040000 s of video file chunk 0 file 1 .*less than half a frame"
+    )
+    with pytest.raises(EpisodeMetadataError, match=said):
         open_dataset(ds)
+    with pytest.raises(EpisodeMetadataError, match=said):
+        open_dataset(ds, episodes=[3])
+    assert open_dataset(ds, episodes=[0, 1]).num_episodes == 2
+    _set_episode_column(ds, f"videos/{CAM}/from_timestamp", 3, 0.06)
+    assert open_dataset(ds).num_episodes == 4
 
 
 def _set_fps(root: Path, fps: int) -> None:
@@ -628,16 +651,36 @@ def test_a_builtin_error_in_a_worker_names_the_samples(ds: Path, monkeypatch: py
 
 def test_info_json_totals_that_disagree_with_the_episode_metadata_are_warned_of(ds: Path, caplog) -> None:
     """LeRobot 0.4.4 takes ``len(dataset)`` from ``total_frames``: a stale one made it sample other frames. Reading
-    keeps the metadata's episodes and lengths; a stale total_frames went unsaid (total_episodes was warned of)."""
+    keeps the metadata's episodes and lengths; a stale total_frames went unsaid. A total_episodes below the episodes
+    listed is warned of (none is lost); above them is refused (see the cut episodes.jsonl test below)."""
     info_path = ds / "meta/info.json"
     info = json.loads(info_path.read_text())
-    info_path.write_text(json.dumps({**info, "total_episodes": 5, "total_frames": 75}))
+    info_path.write_text(json.dumps({**info, "total_episodes": 3, "total_frames": 75}))
     with caplog.at_level("WARNING", logger="lerobot_dali.dataset_reader"):
         reader = open_dataset(ds)
     assert (reader.num_episodes, reader.num_frames) == (4, 80)
     said = caplog.text
-    assert "total_episodes=5 but the episode metadata lists 4" in said
+    assert "total_episodes=3 but the episode metadata lists 4" in said
     assert "total_frames=75 but the episode metadata's lengths add up to 80" in said
+
+
+@pytest.mark.parametrize("version", ["v2.1", "v3.0"])
+def test_episode_metadata_listing_fewer_episodes_than_info_json_is_refused(make_ds, copy_ds, version: str) -> None:
+    """A v2.1 episodes.jsonl cut at a line's end (a server without Content-Length closing early), or a v3 dataset
+    missing one of its meta/episodes files, opened with fewer episodes (3 of 4) and only a warning that blamed
+    info.json's total_episodes: the last episode was never read. LeRobot 0.4.4 refuses it (v3: IndexError 'Episode
+    index 3 out of range' at open; its v2.1 converter: an episodes.jsonl listing fewer episodes than the data holds).
+    Now refused, naming both counts and saying how to fix either."""
+    root = copy_ds(make_ds(**{**SPEC, "episodes_per_file": 1}, version=version, size=(64, 96)))
+    if version == "v2.1":
+        path = root / "meta/episodes.jsonl"
+        path.write_text("".join(path.read_text().splitlines(keepends=True)[:3]))
+    else:
+        path = _episodes_file(root)  # (as if the last of two files were missing: the first 3 rows kept)
+        pq.write_table(pq.read_table(path).slice(0, 3), path)
+    said = r"info\.json says total_episodes=4 but the episode metadata \(.*\) lists 3: it may be cut short"
+    with pytest.raises(EpisodeMetadataError, match=said + r".*set total_episodes \(and total_frames\) in meta/info"):
+        open_dataset(root)
 
 
 def test_a_repeated_episode_index_is_refused(ds: Path) -> None:
@@ -798,16 +841,27 @@ def test_v3_episode_columns_that_are_not_whole_numbers_are_refused(ds: Path, col
 def test_a_v3_episodes_from_timestamp_that_is_no_number_names_its_column(ds: Path, value: float | None) -> None:
     """A null, NaN or infinite videos/<camera>/from_timestamp failed only as the episode's frames were looked up,
     with "query timestamp nan s is not a finite number." (check and iterator alike, 0 of 3 named meta/episodes or
-    the column); it is now refused as the metadata is read, as a missing length is."""
+    the column); it is refused as the metadata is read, as a missing length is: where a selected episode is in its
+    file (its own, or another's of the file, which may be where it ends). Episodes of the other file read (it
+    refused the whole dataset, whatever episodes= selected; LeRobot reads no start but the selected episodes')."""
     column = f"videos/{CAM}/from_timestamp"
     path = _episodes_file(ds)
     table = pq.read_table(path)
     values = table[column].to_pylist()
     values[1] = value
     pq.write_table(table.set_column(table.column_names.index(column), column, pa.array(values, pa.float64())), path)
-    said = rf"meta/episodes: column '{column}' has 1 missing or not finite value\(s\) \(metadata rows \[1\]\)"
-    with pytest.raises(EpisodeMetadataError, match=said + r"; the episode metadata is damaged: download or copy"):
+    said = (
+        rf"meta/episodes: camera '{CAM}': where episode 0's part of video file chunk 0 file 0 lies is unknown: column "
+        rf"'{column}' is missing or not finite for episode 1 of the same file \(where it may end\) \(1 episode\(s\) "
+        r"in all\); leave those episodes and the others of their video files out with episodes=\[\.\.\.\], or "
+        r"download or copy"
+    )
+    with pytest.raises(EpisodeMetadataError, match=said):
         open_dataset(ds)
+    with pytest.raises(EpisodeMetadataError, match=r"where episode 1's part .* missing or not finite for it \("):
+        open_dataset(ds, episodes=[1])
+    samples = _markers(_first_pass(ds, episodes=[2, 3], return_uint8=True))
+    assert len(samples) == 40 and all(read == row for read, row in samples)
 
 
 def test_a_folder_where_a_video_file_belongs_is_listed_as_a_missing_file(ds: Path) -> None:

@@ -126,8 +126,8 @@ def test_a_damaged_file_gives_values_or_an_error_of_ours(
         return
     except Exception as e:
         pytest.fail(f"{damage}: {type(e).__name__} came through: {e}")
-    # Every frame once, as undamaged; or the episodes the metadata still lists (a JSON-lines file cut at a line's end),
-    # which the reader warns of.
+    # Every frame once, as undamaged; or the episodes the metadata lists where they are more than info.json's
+    # total_episodes, which the reader warns of (fewer, as a JSON-lines file cut at a line's end, is refused).
     assert samples == 80 or "but the episode metadata lists" in caplog.text, damage
 
 
