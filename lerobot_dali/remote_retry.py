@@ -273,28 +273,39 @@ def _unmasked(error: Exception) -> Exception:
     return error
 
 
-def _one_try_hub_fetch(inner: Any) -> Callable[[int, int], bytes] | None:
-    """For a huggingface_hub ``HfFileSystemFile``: its block fetch, tried once (None for other files).
+def _one_try_hub_fetch(inner: Any, path: str) -> Callable[[int, int], bytes] | None:
+    """For a huggingface_hub ``HfFileSystemFile`` (of ``path``): its block fetch, tried once, within the deadline of
+    a plain HTTP request (:func:`_hub_deadline_s`); None for other files.
 
     Its own ``_fetch_range`` goes through ``http_backoff``'s 6 tries (1 to 8 s apart, ``Retry-After`` + 1 s after a
     429), inside each of this module's: one block of a Hub dataset that kept answering 503 or 429, or cut its
     response short, was asked 36 times (~150 s of waits without Retry-After, not the ~15 s of the policy's 6 tries),
     and ``LEROBOT_DALI_REMOTE_RETRIES=0`` still waited 23 s. This is the same request (its URL and headers), made once:
-    the retrying, and the waits a 429 asks for, are this module's.
+    the retrying, and the waits a 429 asks for, are this module's. huggingface_hub's timeout
+    (``HF_HUB_DOWNLOAD_TIMEOUT``) is httpx's read timeout, restarted at each chunk, so the answer is streamed and the
+    deadline checked at each chunk: a server trickling its bytes fails the fetch as a timeout (retried) at most one
+    read timeout past it.
     """
     api = getattr(getattr(inner, "fs", None), "_api", None)
     if type(inner).__name__ != "HfFileSystemFile" or not hasattr(inner, "url") or not hasattr(api, "_build_hf_headers"):
         return None  # (another huggingface_hub's file: its own fetch, retries and all, as before)
     from huggingface_hub import constants
-    from huggingface_hub.utils import hf_raise_for_status, http_backoff
+    from huggingface_hub.utils import hf_raise_for_status, http_stream_backoff
 
     def fetch(start: int, end: int) -> bytes:
         headers = {"range": f"bytes={start}-{end - 1}", **inner.fs._api._build_hf_headers()}
-        response = http_backoff(
+        seconds = _hub_deadline_s(end - start)
+        began = monotonic()
+        chunks = []
+        with http_stream_backoff(
             "GET", inner.url(), headers=headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT, max_retries=0
-        )
-        hf_raise_for_status(response)
-        return bytes(response.content)
+        ) as response:
+            hf_raise_for_status(response)
+            for chunk in response.iter_bytes():
+                chunks.append(chunk)
+                if monotonic() - began > seconds:
+                    raise _past_deadline(path, start, end, seconds)
+        return b"".join(chunks)
 
     return fetch
 
@@ -320,6 +331,12 @@ def _deadline_s(fs: Any, nbytes: int | None) -> float | None:
     if timeout is not None and getattr(timeout, "total", None) is not None:
         return None
     return HTTP_DEADLINE_BASE_S + (_UNSIZED_BYTES if nbytes is None else max(0, nbytes)) / HTTP_MIN_BYTES_PER_S
+
+
+def _hub_deadline_s(nbytes: int) -> float:
+    """Seconds a request to the Hub (huggingface_hub's client) for ``nbytes`` bytes may take: as a plain HTTP(S)
+    request's (:func:`_deadline_s`)."""
+    return HTTP_DEADLINE_BASE_S + max(0, nbytes) / HTTP_MIN_BYTES_PER_S
 
 
 def _past_deadline(path: str, start: int | None, end: int | None, seconds: float) -> TimeoutError:
@@ -360,9 +377,9 @@ def _check_block_fetches(inner: Any, path: str) -> None:
     fetch = getattr(cache, "fetcher", None)
     if fetch is None or not isinstance(size, int):
         return
-    fetch = _one_try_hub_fetch(inner) or fetch
+    fetch = _one_try_hub_fetch(inner, path) or fetch
 
-    hub_fetch = fetch is not getattr(cache, "fetcher", None)  # (its own client: huggingface_hub's timeouts)
+    hub_fetch = fetch is not getattr(cache, "fetcher", None)  # (its own client, its own deadline)
 
     def fetch_once(start: int, end: int, extra: dict[str, Any]) -> bytes:
         return bytes(fetch(start, end, **extra))  # (HTTPFile's: fsspec's sync wrapper, which takes a timeout)
@@ -404,6 +421,11 @@ def _checked_range(path: str, start: int, end: int, data: bytes, size: int | Non
             "cut short, or from another offset)"
         )
     return data
+
+
+def _is_hub(fs: Any) -> bool:
+    """Whether ``fs`` is huggingface_hub's ``HfFileSystem`` (matched by name: this module imports no client)."""
+    return type(fs).__name__ == "HfFileSystem"
 
 
 def speaks_http(fs: Any) -> bool:
@@ -1101,6 +1123,8 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         nbytes = end - start if ranged else (size if start is None and end is None else None)  # type: ignore[operator]
 
         def fetch_once(extra: dict[str, Any]) -> Any:
+            if _is_hub(self.fs):
+                return self._hub_cat_file(path, start, end, kwargs)
             return self.fs.cat_file(path, start=start, end=end, **self._pinned(path, {**kwargs, **extra}))
 
         def fetch() -> Any:
@@ -1110,6 +1134,27 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
             return data
 
         return self._retrier.call("cat_file", path, fetch)
+
+    def _hub_cat_file(self, path: str, start: int | None, end: int | None, kwargs: dict[str, Any]) -> bytes:
+        """Bytes ``[start, end)`` of Hub file ``path`` (negative: from its end), asked in one request, tried once
+        (:func:`_one_try_hub_fetch`). HfFileSystem has no ``cat_file`` of its own: fsspec's opened the file with its
+        default read-ahead and read through huggingface_hub's own fetch, so a prefetched range of 10 bytes asked for
+        the 5 MB after it too, in up to 6 tries of huggingface_hub's policy with no deadline."""
+        with self.fs.open(path, "rb", cache_type="none", **kwargs) as inner:
+            _check_block_fetches(inner, path)
+            size = int(inner.size)
+            first, stop = (
+                default if bound is None else (bound if bound >= 0 else max(0, size + bound))
+                for bound, default in ((start, 0), (end, size))
+            )
+            inner.seek(min(first, size))
+            return bytes(inner.read(max(0, min(stop, size) - first)))
+
+    def _listed(self, what: str, path: str, list_: Callable[..., _T]) -> _T:
+        """``list_(**extra)`` (a listing of ``path``), retried, with the deadline of a request of unknown size over
+        plain HTTP(S) (:func:`_fetch_by_deadline`): fsspec reads a folder's whole index page there, which a server
+        trickling its bytes held for ever."""
+        return self._retrier.call(what, path, lambda: _fetch_by_deadline(self.fs, path, None, None, None, list_))
 
     def info(self, path: str, **kwargs: Any) -> Any:
         return self._retrier.call("info", path, lambda: self.fs.info(path, **kwargs))
@@ -1130,14 +1175,14 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         return True
 
     def glob(self, path: str, **kwargs: Any) -> Any:
-        return self._retrier.call("glob", path, lambda: self.fs.glob(path, **kwargs))
+        return self._listed("glob", path, lambda extra: self.fs.glob(path, **kwargs, **extra))
 
     def find(self, path: str, **kwargs: Any) -> Any:
         """The wrapped filesystem's own recursive listing (one paginated request on the Hub, S3, GCS)."""
-        return self._retrier.call("find", path, lambda: self.fs.find(path, **kwargs))
+        return self._listed("find", path, lambda extra: self.fs.find(path, **kwargs, **extra))
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
-        return self._retrier.call("ls", path, lambda: self.fs.ls(path, detail=detail, **kwargs))
+        return self._listed("ls", path, lambda extra: self.fs.ls(path, detail=detail, **kwargs, **extra))
 
     def size(self, path: str) -> Any:
         return self.info(path).get("size")
@@ -1151,7 +1196,7 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
     def isdir(self, path: str) -> bool:
         """The wrapped filesystem's own answer, retried: over HTTP, ``info`` calls every URL a file, and only the
         folder's index page (fsspec's HTTP ``isdir`` lists it) tells a folder."""
-        return bool(self._retrier.call("isdir", path, lambda: self.fs.isdir(path)))
+        return bool(self._listed("isdir", path, lambda extra: self.fs.isdir(path, **extra)))
 
     def ukey(self, path: str) -> Any:
         return self.fs.ukey(path)

@@ -434,7 +434,15 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "text/html; charset=utf-8")
             self.send_header("Content-Length", str(len(page)))
             self.end_headers()
-            if body:
+            if body and fault == "trickle":
+                try:
+                    for byte in page:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(server.stall_s)
+                except (ConnectionError, BrokenPipeError):  # the client gave up
+                    self.close_connection = True
+            elif body:
                 self.wfile.write(page)
             self._record(200, "listing", None, len(page) if body else 0, None)
 

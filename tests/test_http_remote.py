@@ -28,7 +28,7 @@ import pytest
 
 from lerobot_dali.cli import main
 from lerobot_dali.dataset_reader import open_dataset
-from lerobot_dali.errors import DatasetError, EpisodeMetadataError
+from lerobot_dali.errors import DatasetError, EpisodeMetadataError, RemoteFileError
 from lerobot_dali.remote_retry import (
     REFUSED_HINT,
     RETRIES_ENV,
@@ -794,6 +794,39 @@ def test_a_server_trickling_a_block_fails_the_read_at_its_deadline(tmp_path: Pat
         r"within the deadline of 0.6 s \(0.6 s plus .*\): the server sends too slowly or stalls mid-answer; gave up",
         str(info.value),
     ), str(info.value)
+
+
+@pytest.mark.parametrize("call", ["glob", "ls", "isdir"])
+def test_a_server_trickling_a_folder_listing_fails_it_at_its_deadline(tmp_path: Path, monkeypatch, call: str) -> None:
+    """fsspec reads a folder's whole index page (the episodes' folder, listed as a dataset opens): a server trickling
+    it held the listing for ever, since the deadline was given to block fetches and cat_file alone. A listing now has
+    the deadline of a request of unknown size (here 0.6 s), past which it fails as a timeout naming the folder."""
+    from lerobot_dali.dataset_location import resolve_location
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "file-000.parquet").write_bytes(b"x")
+    monkeypatch.setenv(RETRIES_ENV, "0")
+    monkeypatch.setattr("lerobot_dali.remote_retry.HTTP_DEADLINE_BASE_S", 0.6)
+    monkeypatch.setattr("lerobot_dali.remote_retry.HTTP_MIN_BYTES_PER_S", 10**12)
+    with serve_folder(tmp_path) as server:
+        fs = resolve_location(server.url).fs
+        assert fs.glob(f"{server.url}/d/*.parquet") == [f"{server.url}/d/file-000.parquet"]
+        server.stall_s = 0.05  # (the page, ~130 bytes: 6.5 s)
+        server.fault_paths = {"/d": "trickle"}
+        folder = f"{server.url}/d/"
+        with pytest.raises(RemoteFileError) as info:
+            {
+                "glob": lambda: fs.glob(f"{folder}*.parquet"),
+                "ls": lambda: fs.ls(folder),
+                "isdir": lambda: fs.isdir(folder),
+            }[call]()
+        server.fault_paths = {}
+    assert re.match(
+        rf"{re.escape(folder)}\S*: {call} failed 1 time\(s\), the last with TimeoutError: \S+: the file not received "
+        r"within the deadline of 0.6 s",
+        str(info.value),
+    ), str(info.value)
+    assert info.value.status is None and isinstance(info.value.__cause__, TimeoutError)
 
 
 @contextlib.contextmanager
@@ -1960,6 +1993,65 @@ def test_a_hub_file_block_is_asked_once_per_try(tmp_path: Path, monkeypatch, fau
             assert len(waits) == 2
             server.set_faults(0)
             assert (handle.read() if whole else handle.read(10)) == (data if whole else data[200_000:200_010])
+
+
+def test_a_hub_file_block_trickled_fails_at_the_deadline_of_a_plain_http_read(tmp_path: Path, monkeypatch) -> None:
+    """huggingface_hub's timeout (HF_HUB_DOWNLOAD_TIMEOUT) is httpx's read timeout, restarted at each chunk: a Hub
+    endpoint trickling a block held its read for ever, where a plain HTTP(S) server's fails at its deadline. The
+    block is streamed now and fails at the same deadline (here 0.6 s) as a timeout, retried, then named."""
+    from huggingface_hub import HfFileSystem
+
+    commit = "c0ffee" * 6 + "c0ff"
+    waits: list[float] = []
+    data = _hub_file_served(tmp_path, monkeypatch, commit, seed=7, waits=waits)
+    monkeypatch.setattr("lerobot_dali.remote_retry.HTTP_DEADLINE_BASE_S", 0.6)
+    monkeypatch.setattr("lerobot_dali.remote_retry.HTTP_MIN_BYTES_PER_S", 10**12)
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(HfFileSystem(endpoint=server.url, token=False), policy=RetryPolicy(retries=1))
+        path = f"datasets/user/ds@{commit}/f.bin"
+        with fs.open(path, "rb", block_size=1000) as handle:
+            server.stall_s = 0.05
+            server.fault_paths = {"/f.bin": "trickle"}
+            handle.seek(200_000)
+            with pytest.raises(RemoteFileError) as info:
+                handle.read(10)
+            server.fault_paths = {}
+            assert handle.read(10) == data[200_000:200_010]  # (the next read, answered as it is)
+    assert re.match(
+        rf"{re.escape(path)}: read failed 2 time\(s\), the last with TimeoutError: {re.escape(path)}: bytes "
+        r"\[200000, 201010\) not received within the deadline of 0.6 s",
+        str(info.value),
+    ), str(info.value)
+    assert len(waits) == 1
+
+
+def test_a_hub_range_is_asked_alone_and_once_per_try(tmp_path: Path, monkeypatch) -> None:
+    """HfFileSystem has no cat_file of its own: fsspec's opened the file with its read-ahead and read through
+    huggingface_hub's own fetch, so a range the prefetcher asked of a Hub video (10 bytes here) asked for the rest of
+    the file with it (299,000 bytes; 5 MB past it on a larger file), in 6 tries of huggingface_hub's policy whatever
+    LEROBOT_DALI_REMOTE_RETRIES says. Now one request for the range alone per try of the loader's policy."""
+    import huggingface_hub.utils._http as hub_http
+    from huggingface_hub import HfFileSystem
+
+    commit = "c0ffee" * 6 + "c0ff"
+    waits: list[float] = []
+    monkeypatch.setattr(hub_http, "time", _SleepsRecorded(waits))  # (the Hub's own waits, on the old code)
+    data = _hub_file_served(tmp_path, monkeypatch, commit, seed=8, waits=waits)
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(HfFileSystem(endpoint=server.url, token=False), policy=RetryPolicy(retries=2))
+        path = f"datasets/user/ds@{commit}/f.bin"
+        assert fs.cat_file(path, start=1000, end=1010) == data[1000:1010]
+        assert fs.cat_file(path, start=-10) == data[-10:] and fs.cat_file(path) == data
+        assert [(r.range, r.sent_bytes) for r in server.records if r.method == "GET"] == [
+            ("bytes=1000-1009", 10), ("bytes=299990-299999", 10), ("bytes=0-299999", 300_000)
+        ]  # fmt: skip
+        server.reset_stats()
+        server.set_faults(1, ("503",))
+        with pytest.raises(RemoteFileError) as info:
+            fs.cat_file(path, start=1000, end=1010)
+        server.set_faults(0)
+        assert len([r for r in server.records if r.method == "GET"]) == 3 and len(waits) == 2  # 1 try + 2 retries
+    assert str(info.value).startswith(f"{path}: cat_file failed 3 time(s), the last with HfHubHTTPError: "), info.value
 
 
 def test_a_hub_file_block_answered_whole_is_named_not_retried(tmp_path: Path, monkeypatch) -> None:
