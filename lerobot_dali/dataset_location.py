@@ -27,9 +27,9 @@ from fsspec.asyn import AsyncFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from .distributed import draws_progress
-from .errors import DatasetNotFoundError
+from .errors import DatasetNotFoundError, RemoteFileError
 from .file_stamps import client_of
-from .remote_retry import RetryingFileSystem, fresh_instance
+from .remote_retry import REFUSED_HINT, RetryingFileSystem, fresh_instance, is_refused, is_transient
 from .said_once import say_once, warn_once
 from .url_secrets import mask_path_logs, masked, masking, without_credentials
 
@@ -376,9 +376,12 @@ def _hub_location(
         )
     except Exception as e:
         missing = _missing_on_hub(repo_id, revision, e, maybe_path=maybe_path)
-        if missing is None:
+        if missing is not None:
+            raise missing from e
+        failed = _metadata_download_failed(f"hf://datasets/{repo_id}{_at(revision)}/{prefix}meta/", e)
+        if failed is None:
             raise
-        raise missing from e
+        raise failed from e
     commit = _snapshot_commit(repo_id, revision, local_meta)
     fs = _retrying(HfFileSystem(**options))
     root = f"datasets/{repo_id}{_at(commit)}/{prefix}".rstrip("/")
@@ -403,12 +406,48 @@ def _hidden_bars() -> type:
     return HiddenBar
 
 
+def _hub_answer(error: BaseException) -> BaseException | None:
+    """The first error of ``error``'s chain of causes that holds the Hub's HTTP answer (its ``response``'s status):
+    huggingface_hub's ``LocalEntryNotFoundError`` is raised from the answer that made it give up on a file."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(getattr(getattr(current, "response", None), "status_code", None), int):
+            return current
+        current = current.__cause__
+    return None
+
+
+def _metadata_download_failed(meta: str, error: Exception) -> RemoteFileError | None:
+    """The error for downloading a Hub dataset's metadata (``meta``: its folder's URL) that ``error`` ended (not one
+    saying the dataset cannot be found: :func:`_missing_on_hub`): the Hub refused a file (HTTP 401/403), or answered
+    or failed in a way retrying may mend, past huggingface_hub's own retries (5xx, 429; a connection closed); None
+    for other errors, which keep their type."""
+    answer = _hub_answer(error) or error
+    status = getattr(getattr(answer, "response", None), "status_code", None)
+    said = f"{type(answer).__name__}: {(str(answer).strip().splitlines() or ['(no message)'])[0]}"
+    if is_refused(answer):
+        return RemoteFileError(
+            masked(f"{meta}: downloading it was refused (not retried): {REFUSED_HINT} ({said})"), status
+        )
+    if is_transient(answer):
+        return RemoteFileError(
+            masked(
+                f"{meta}: downloading it failed, the last try with {said} (huggingface_hub retries it itself, or not "
+                "at all); gave up: check the connection and the Hub (HF_ENDPOINT), then open the dataset again"
+            ),
+            status if isinstance(status, int) else None,
+        )
+    return None
+
+
 def _missing_on_hub(
     repo_id: str, revision: str | None, error: Exception, *, maybe_path: bool = False
 ) -> DatasetNotFoundError | None:
     """``error`` from ``snapshot_download`` as the package's error when it means the dataset cannot be found
     (no such repo or revision, private or gated without a token, no Hub reachable and nothing cached); ``None``
-    for other errors (a Hub outage mid-download), which keep their type."""
+    for other errors (a Hub outage mid-download, a refused file: :func:`_metadata_download_failed`)."""
     from huggingface_hub import constants, errors
     from huggingface_hub.utils import (
         GatedRepoError,
@@ -456,6 +495,8 @@ def _missing_on_hub(
             f"cannot be opened: HF_HUB_OFFLINE is set and huggingface_hub's cache holds no metadata of revision "
             f"{revision or 'main'} of it; check the repo id's spelling, or unset HF_HUB_OFFLINE to download it"
         )
+    elif isinstance(error, LocalEntryNotFoundError) and _hub_answer(error) is not None:
+        return None  # (the Hub was reached: it refused a file, or answered 5xx past its retries)
     elif isinstance(error, LocalEntryNotFoundError):
         why = (
             f"cannot be opened: the Hub could not be reached and huggingface_hub's cache holds no metadata of "

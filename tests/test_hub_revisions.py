@@ -7,6 +7,7 @@ check stubbed, decides which revision and path a bulk read really asks for.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -14,6 +15,7 @@ import shutil
 import socket
 import sys
 from collections import Counter
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,8 +33,9 @@ from huggingface_hub.utils import tqdm as hub_tqdm
 
 from lerobot_dali.dataset_location import DatasetLocation, resolve_location
 from lerobot_dali.dataset_union import concat_datasets
-from lerobot_dali.errors import DatasetNotFoundError
+from lerobot_dali.errors import DatasetNotFoundError, RemoteFileError
 from lerobot_dali.mixture import DALILeRobotMixture
+from lerobot_dali.remote_retry import REFUSED_HINT
 
 SNAPSHOT_SHA = "c0ffee" * 6 + "c0ff"
 USER_SHA = "0123456789abcdef" * 2 + "01234567"
@@ -315,16 +318,72 @@ def test_a_repo_id_not_cached_while_offline_says_so(monkeypatch) -> None:
         resolve_location("user/ds")
 
 
-def test_other_hub_errors_keep_their_type(monkeypatch) -> None:
-    error = _http_error(HfHubHTTPError, 500, "500 Server Error")
+def test_a_hub_outage_is_a_remote_file_error_and_other_errors_keep_their_type(monkeypatch) -> None:
+    """A 500 past huggingface_hub's retries is the RemoteFileError naming the metadata folder, its error the cause (as
+    a plain HTTP server's); an error that is no network failure keeps its type."""
+    errors = [_http_error(HfHubHTTPError, 500, "500 Server Error"), ValueError("not a network failure")]
 
     def failing_snapshot_download(repo_id: str, **kwargs: Any) -> str:
-        raise error
+        raise errors[0]
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", failing_snapshot_download)
-    with pytest.raises(HfHubHTTPError) as caught:
+    with pytest.raises(RemoteFileError) as caught:
         resolve_location("user/ds")
-    assert caught.value is error
+    assert str(caught.value).startswith(
+        "hf://datasets/user/ds/meta/: downloading it failed, the last try with HfHubHTTPError: 500 Server Error "
+    ), caught.value
+    assert caught.value.status == 500 and caught.value.__cause__ is errors[0]
+    errors.pop(0)
+    with pytest.raises(ValueError) as other:
+        resolve_location("user/ds")
+    assert other.value is errors[0]
+
+
+def _served_hub_metadata(folder: Path, commit: str) -> None:
+    """What the Hub answers snapshot_download for dataset ``user/ds``'s metadata at ``main`` (``commit``): its
+    ``repo_info``, the ``tree`` of its files (``meta/info.json``), and that file, served as files under ``folder``."""
+    api = folder / "api" / "datasets" / "user" / "ds"
+    (api / "revision").mkdir(parents=True)
+    (api / "revision" / "main").write_text(json.dumps({"id": "user/ds", "sha": commit, "siblings": []}))
+    (api / "tree").mkdir()
+    entry = {"type": "file", "path": "meta/info.json", "size": 2, "oid": "a" * 40}
+    (api / "tree" / commit).write_text(json.dumps([entry]))
+    served = folder / "datasets" / "user" / "ds" / "resolve" / commit / "meta" / "info.json"
+    served.parent.mkdir(parents=True)
+    served.write_text("{}")
+
+
+@pytest.mark.parametrize("fault", ["403", "503", "drop"])
+def test_a_metadata_file_the_hub_refuses_or_fails_is_a_remote_file_error(tmp_path: Path, monkeypatch, fault) -> None:
+    """huggingface_hub's own snapshot_download against a server answering as the Hub, its metadata file refused (403),
+    failing past huggingface_hub's retries (503) or its connection closed before an answer: a 403 and a 503 were
+    DatasetNotFoundError "the Hub could not be reached ... check the network" (a refusal blamed on the network), and
+    the closed connection httpx's raw RemoteProtocolError. Each is the RemoteFileError naming the metadata folder now,
+    a refusal with what to pass."""
+    import huggingface_hub.utils._http as hub_http
+
+    from tests.http_server import serve_folder
+    from tests.test_http_remote import _SleepsRecorded
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(hub_http, "time", _SleepsRecorded([]))  # (huggingface_hub's own waits, not slept)
+    commit = "c0ffee" * 6 + "c0ff"
+    _served_hub_metadata(tmp_path / "hub", commit)
+    with serve_folder(tmp_path / "hub") as server:
+        server.fault_paths = {"/resolve/": fault}
+        with pytest.raises(RemoteFileError) as caught:
+            resolve_location("user/ds", storage_options={"endpoint": server.url, "token": False})
+    message = str(caught.value)
+    if fault == "403":
+        assert message.startswith(
+            f"hf://datasets/user/ds/meta/: downloading it was refused (not retried): {REFUSED_HINT} (HfHubHTTPError: "
+            "403 Forbidden"
+        ), message
+    else:
+        said = "HfHubHTTPError: Server error '503" if fault == "503" else "RemoteProtocolError: Server disconnected"
+        assert message.startswith(f"hf://datasets/user/ds/meta/: downloading it failed, the last try with {said}")
+    assert caught.value.status == {"403": 403, "503": 503, "drop": None}[fault]
 
 
 def test_a_hub_nobody_answers_is_dataset_not_found(monkeypatch) -> None:
