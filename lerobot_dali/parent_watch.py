@@ -424,6 +424,14 @@ def _wait_then_exit(parent: multiprocessing.process.BaseProcess) -> None:
 def _forked() -> None:
     global _parent_at_fork
     _parent_at_fork = multiprocessing.parent_process()
+    # A child forked by another thread while the main thread was inside a hold (its take of a batch, a put, a worker's
+    # start) kept the hold's handler for good, its own signals held over a take it never makes: its first Ctrl-C (or a
+    # SIGTERM handler's exit) ran 2 s late, sent again past HELD_PUT_S (1 of 1 scripted), or never, within a start's
+    # hold. The child starts with the handlers the hold holds over.
+    for signum in _HELD_OVER_PUTS:
+        held = getattr(signal.getsignal(signum), _HOLDS, {})
+        if signum in held:
+            signal.signal(signum, held[signum])
 
 
 os.register_at_fork(after_in_child=_forked)

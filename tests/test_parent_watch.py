@@ -498,3 +498,56 @@ def test_a_take_from_dalis_queue_leaves_no_cycle_that_outlives_its_close() -> No
     finally:
         if was_enabled:
             gc.enable()
+
+
+def test_a_child_forked_while_the_main_thread_takes_from_dalis_queue_has_the_handlers_the_take_held() -> None:
+    """Another thread forks as the main thread waits in a take from DALI's queue (a trainer's thread starting a
+    process while the loop waits for its batch): the child kept the take's hold as its SIGINT handler, its own Ctrl-C
+    held over a take it never makes (run 2 s late, sent again past ``HELD_PUT_S``). It now starts with the handler the
+    take held over: its Ctrl-C raises at once."""
+    from nvidia.dali._multiproc.messages import ShmMessageDesc
+    from nvidia.dali._multiproc.shared_queue import ShmQueue
+
+    from lerobot_dali.parent_watch import task_puts_finish_before_interrupts
+
+    task_puts_finish_before_interrupts()
+    queue = ShmQueue(multiprocessing.get_context("spawn"), capacity=4)
+    read, write = os.pipe()
+    said: list[str] = []
+
+    def child_says() -> str:
+        handler = signal.getsignal(signal.SIGINT)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # (a handler that raises does so before the next line)
+            ran = "held"
+        except KeyboardInterrupt:
+            ran = "raised"
+        return f"{getattr(handler, '__name__', handler)} {ran}"
+
+    def fork_then_put() -> None:
+        try:
+            while queue.cv_not_empty._sleeping_count._semlock._get_value() == 0:  # (the take is not yet waiting)
+                time.sleep(0.001)
+            pid = os.fork()
+            if pid == 0:  # (never back into pytest: os._exit)
+                try:
+                    os.write(write, child_says().encode())
+                finally:
+                    os._exit(0)
+            os.waitpid(pid, 0)
+            said.append(os.read(read, 1000).decode())
+        finally:
+            queue.put([ShmMessageDesc(0, 4, 0, 0, 0)])
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    forker = threading.Thread(target=fork_then_put)
+    try:
+        forker.start()
+        assert [m.shm_chunk_id for m in queue.get(None)] == [4]
+    finally:
+        forker.join()
+        signal.signal(signal.SIGINT, previous)
+        os.close(read)
+        os.close(write)
+        queue.close()
+    assert said == ["default_int_handler raised"]
