@@ -864,6 +864,7 @@ def open_located(
     image_keys = [k for k in selected if not info.features[k].is_video]
     tabular_keys = _select(info.tabular_keys, keys, "key", elsewhere=(info.camera_keys, "cameras"))
     records = read_episode_records(location.meta_fs, location.meta_root, info)
+    named = episodes  # (the user's own selection: episode_filter's replaces it below)
     if episode_filter is not None:
         candidates = None
         if episodes is not None:  # (each must be the dataset's: the table's select says which are not)
@@ -882,10 +883,11 @@ def open_located(
             f"{location.description}: the episode metadata lists no episodes; nothing to read: the dataset's files "
             "are incomplete: download or copy its meta/ again"
         )
-    if info.total_episodes > len(table):
+    if info.total_episodes > len(table) and (named is None or not np.isin(named, table.episode_index).all()):
         # (a file cut at a line's end, or a file of meta/episodes missing, reads as fewer episodes; LeRobot 0.4.4
         # refuses such a v3 dataset at open, "IndexError: Episode index 3 out of range", and its v2.1 converter an
-        # episodes.jsonl listing fewer episodes than the data files hold)
+        # episodes.jsonl listing fewer episodes than the data files hold. Episodes named with episodes=, each
+        # listed, lose nothing: warned of below, as LeRobot 0.4.4 opens them, asking for those alone)
         raise EpisodeMetadataError(
             f"{location.description}: info.json says total_episodes={info.total_episodes} but the episode metadata "
             f"({records.source}) lists {len(table)}: it may be cut short (a download that ended early): download or "

@@ -683,6 +683,33 @@ def test_episode_metadata_listing_fewer_episodes_than_info_json_is_refused(make_
         open_dataset(root)
 
 
+@pytest.mark.parametrize("version", ["v2.1", "v3.0"])
+def test_episodes_named_among_those_listed_open_where_info_json_counts_more(
+    make_ds, copy_ds, version: str, caplog
+) -> None:
+    """Episode metadata listing 3 of info.json's 4 episodes is refused where every episode is wanted (and where
+    episodes= names one not listed), but episodes=[0, 1], both listed, lost nothing: it opened with a warning before
+    the refusal came in, and LeRobot 0.4.4 opens it (it asks for the selected episodes alone); the refusal refused it
+    too. It opens again, warned of, and reads each sample's own frame."""
+    root = copy_ds(make_ds(**{**SPEC, "episodes_per_file": 1}, version=version, size=(64, 96)))
+    if version == "v2.1":
+        path = root / "meta/episodes.jsonl"
+        path.write_text("".join(path.read_text().splitlines(keepends=True)[:3]))
+    else:
+        path = _episodes_file(root)
+        pq.write_table(pq.read_table(path).slice(0, 3), path)
+    with caplog.at_level("WARNING", logger="lerobot_dali.dataset_reader"):
+        reader = open_dataset(root, episodes=[0, 1])
+    assert (reader.num_episodes, reader.num_frames) == (2, 40)
+    assert "total_episodes=4 but the episode metadata lists 3" in caplog.text
+    samples = _markers(_first_pass(root, episodes=[0, 1], return_uint8=True))
+    assert len(samples) == 40 and all(read == row for read, row in samples)
+    with pytest.raises(EpisodeMetadataError, match=r"total_episodes=4 but the episode metadata \(.*\) lists 3"):
+        open_dataset(root, episodes=[1, 3])
+    with pytest.raises(EpisodeMetadataError, match=r"total_episodes=4 but the episode metadata \(.*\) lists 3"):
+        open_dataset(root, episode_filter=lambda ep: True)
+
+
 def test_a_repeated_episode_index_is_refused(ds: Path) -> None:
     _set_episode_column(ds, "episode_index", 2, 1)
     with pytest.raises(EpisodeMetadataError, match=r"not unique: episode\(s\) \[1\] are listed more than once"):
