@@ -137,12 +137,22 @@ def stats_faults(stats: FeatureStats, info: DatasetInfo, keys: Sequence[str]) ->
             said.append(f"count holds {entry['count'].size} numbers, not one frame count")
         if "std" in entry and (entry["std"] < 0).any():
             said.append(f"std is negative at components {np.flatnonzero(entry['std'].ravel() < 0)[:10].tolist()}")
+        for first, second, mode in _PAIRS_NORMALISED:
+            if (first in entry) != (second in entry):
+                have, lack = (first, second) if first in entry else (second, first)
+                said.append(f"{have} without {lack}: LeRobot's {mode} normalisation fails on it (a ValueError)")
         low, high = entry.get("min"), entry.get("max")
         if low is not None and high is not None and low.shape == high.shape and (low > high).any():
             said.append(f"min is above max at components {np.flatnonzero((low > high).ravel())[:10].tolist()}")
         if said:
             faults[key] = said
     return faults
+
+
+#: The statistics LeRobot (0.4.4, ``NormalizerProcessorStep``) normalises by in pairs, and its mode that does: the
+#: mode asked for of a feature with one of its pair and not the other raises ValueError.
+_PAIRS_NORMALISED = (("mean", "std", "MEAN_STD"), ("min", "max", "MIN_MAX"), ("q01", "q99", "QUANTILES"),
+                     ("q10", "q90", "QUANTILE10"))  # fmt: skip
 
 
 def _stats_shapes(feature: Feature) -> list[tuple[int, ...]] | None:

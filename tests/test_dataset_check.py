@@ -617,15 +617,17 @@ def test_the_workers_read_the_checker_from_a_file_not_down_their_starts(make_ds,
 
 def test_statistics_a_run_would_normalise_wrong_by_are_warned_of(make_ds, copy_ds, caplog) -> None:
     """meta/stats.json was never looked at: a NaN mean (train.py refuses it), a mean of 6 values for the 7 of action,
-    a min above its max and a camera's negative std (normalising by them turns values wrong in silence) checked as
-    sound, unsaid (0 of 4). Now one warning names each feature and entry; features the run does not read are left
-    out. A pass that does not normalise reads such a dataset whole, so they are no episode's problem (exit 0)."""
+    a min above its max and a camera's negative std (normalising by them turns values wrong in silence), a mean
+    without its std (LeRobot's normalising fails) checked as sound, unsaid (0 of 5). Now one warning names each
+    feature and entry; features the run does not read are left out. A pass that does not normalise reads such a
+    dataset whole, so they are no episode's problem (exit 0)."""
     root = copy_ds(make_ds(**SPEC))
     stats = json.loads((root / "meta/stats.json").read_text())
     stats["observation.state"]["mean"][2] = float("nan")
     stats["action"]["mean"] = stats["action"]["mean"][:6]
     stats["timestamp"]["min"] = [stats["timestamp"]["max"][0] + 1.0]
     stats[CAM0]["std"][1] = [[-0.5]]
+    del stats["frame_index"]["std"]  # (LeRobot's MEAN_STD normalisation of it raises ValueError)
     (root / "meta/stats.json").write_text(json.dumps(stats))
 
     def warned(dataset: Path, **selection) -> list[str]:
@@ -639,6 +641,7 @@ def test_statistics_a_run_would_normalise_wrong_by_are_warned_of(make_ds, copy_d
     assert "'action': mean has shape (6,), but the feature's is (7,) in info.json" in message
     assert "'timestamp': min is above max at components [0]" in message
     assert f"'{CAM0}': std is negative at components [1]" in message
+    assert "'frame_index': mean without std: LeRobot's MEAN_STD normalisation fails on it (a ValueError)" in message
     (message,) = warned(root, keys=["action"], cameras=[CAM1])
     assert "'action'" in message and "observation.state" not in message and CAM0 not in message
     (root / "meta/stats.json").write_text("{")

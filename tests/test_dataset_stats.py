@@ -369,7 +369,7 @@ def test_statistics_faults_hold_each_feature_to_the_shape_lerobot_gives_it() -> 
     good = sound(state=(7,), reward=(), cam=(3, 1, 1), first=(1,), text=(2,))
     assert stats_faults(good, info, list(features)) == {}
     bad = sound(state=(6,), reward=(2,), cam=(64, 1, 1), first=(2, 1, 1))
-    bad["state"]["q01"] = np.full(7, np.inf)
+    bad["state"]["q01"], bad["state"]["q99"] = np.full(7, np.inf), np.ones(7)  # (q01 alone: a half pair, said)
     faults = stats_faults(bad, info, list(features))
     assert faults["state"][0] == "q01 is not finite (NaN or infinity)"
     assert faults["state"][1].startswith("mean has shape (6,), but the feature's is (7,) in info.json (its statistics")
@@ -431,3 +431,31 @@ def test_a_count_not_of_one_number_is_refused_where_pooled_and_said_by_check(mak
         aggregate_episode_stats([{"x": {"mean": [1.0], "std": [1.0], "count": [3, 4]}}], source="s")
     r1 = open_dataset(shared_dataset("r1_v30_h264"))
     assert float(concat_datasets([r1, r1]).read_stats()["action"]["count"][0]) == 2 * 790
+
+
+def test_statistics_faults_say_half_of_a_pair_lerobot_normalises_by() -> None:
+    """A mean without its std (or min without max, q01 without q99, q10 without q90) was sound to check (0 of 4
+    said): LeRobot 0.4.4's NormalizerProcessorStep raises ValueError at the first batch in the mode that normalises
+    by the pair (MEAN_STD, MIN_MAX, QUANTILES, QUANTILE10). Each is said now; both of a pair, or neither, is sound."""
+    info = DatasetInfo.from_json(
+        {"codebase_version": "v3.0", "fps": 10, "data_path": "d", "video_path": "v",
+         "features": {k: {"dtype": "float32", "shape": [2]} for k in ("a", "b", "c")}},
+        source="info.json",
+    )  # fmt: skip
+    one = np.ones(2)
+    stats = {
+        "a": {"mean": one, "min": one, "count": np.array([4.0])},
+        "b": {"std": one, "max": one, "q01": one, "q99": one, "q90": one},
+        "c": {"mean": one, "std": one, "min": one, "max": one},
+    }
+    assert stats_faults(stats, info, ["a", "b", "c"]) == {
+        "a": [
+            "mean without std: LeRobot's MEAN_STD normalisation fails on it (a ValueError)",
+            "min without max: LeRobot's MIN_MAX normalisation fails on it (a ValueError)",
+        ],
+        "b": [
+            "std without mean: LeRobot's MEAN_STD normalisation fails on it (a ValueError)",
+            "max without min: LeRobot's MIN_MAX normalisation fails on it (a ValueError)",
+            "q90 without q10: LeRobot's QUANTILE10 normalisation fails on it (a ValueError)",
+        ],
+    }
