@@ -41,6 +41,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import pickle
 import re
@@ -662,16 +663,13 @@ def feature_stats(
 ) -> FeatureStats:
     """Mean/std of a vector feature: the dataset's statistics when they have them (``meta/stats.json``, or v2.1's
     aggregated per-episode statistics; ``stats`` when the caller read them already), else from up to
-    ``max_episodes`` episodes spread over the dataset. Identical on every rank: no data order involved."""
+    ``max_episodes`` episodes spread over the dataset. Identical on every rank: no data order involved. Rows of those
+    episodes that are not finite are refused (the mean and std would be NaN); the other episodes' reach the batches
+    as stored, as LeRobot reads them, and :func:`log_progress` refuses the loss they make."""
     stats = reader.read_stats() if stats is None else stats
     entry = stats.get(key, {})
     if "mean" in entry and "std" in entry:
-        if not (np.isfinite(entry["mean"]).all() and np.isfinite(entry["std"]).all()):
-            raise StatsError(
-                f"{reader.location.description}: the statistics of {key!r} are not finite (NaN or infinity), and "
-                "normalising by them turns every value NaN: recompute them from the data files, or download or copy "
-                "meta/stats.json (v2.1: meta/episodes_stats.jsonl) again"
-            )
+        _refuse_unusable_stats(reader, key, entry["mean"], entry["std"])
         return FeatureStats(mean=tuple(entry["mean"].ravel().tolist()), std=tuple(entry["std"].ravel().tolist()))
     positions = np.unique(np.linspace(0, reader.num_episodes - 1, min(max_episodes, reader.num_episodes)).astype(int))
     episodes = []
@@ -687,6 +685,29 @@ def feature_stats(
     rows = np.concatenate(episodes)
     rows = rows.reshape(len(rows), -1)
     return FeatureStats(mean=tuple(rows.mean(0).tolist()), std=tuple(rows.std(0).tolist()))
+
+
+def _refuse_unusable_stats(reader: Any, key: str, mean: np.ndarray, std: np.ndarray) -> None:
+    """Refuse (:class:`StatsError`) the statistics of ``key`` that the policy cannot normalise by: a mean or std that
+    is not finite (every value normalised by it NaN), not of the feature's size in info.json (the policy refused
+    to build, a bare ValueError) or a negative std (refused by :class:`FeatureStats`, not naming the dataset)."""
+    shape = list(reader.info.features[key].shape)
+    size = int(np.prod(shape))
+    entries = (("mean", mean), ("std", std))
+    faults = [f"{name} is not finite (NaN or infinity)" for name, v in entries if not np.isfinite(v).all()]
+    faults += [
+        f"{name} holds {v.size} values, but the feature has {size} in info.json (shape {shape})"
+        for name, v in entries
+        if v.size != size
+    ]
+    if (std < 0).any():
+        faults.append(f"std is negative at components {np.flatnonzero(std.ravel() < 0)[:10].tolist()}")
+    if faults:
+        raise StatsError(
+            f"{reader.location.description}: the statistics of {key!r} cannot normalise it: {'; '.join(faults)}: "
+            "recompute them from the data files, or download or copy meta/stats.json (v2.1: "
+            "meta/episodes_stats.jsonl) again; `lerobot-dali check` lists every statistics fault of a dataset"
+        )
 
 
 def build_policy(
@@ -1245,7 +1266,8 @@ class RunRecord:
 class RunRefused(ValueError):
     """What the run reads cannot be trained on as asked (datasets of different fps or of no shared camera, no
     state or action feature), differs from the checkpoint resumed (other windows, image size, cameras or
-    augmentation) or holds no full batch in an epoch; the message says what to change."""
+    augmentation), holds no full batch in an epoch or makes a loss that is not finite; the message says what to
+    change."""
 
 
 SETUP_ERRORS: tuple[type[Exception], ...] = (
@@ -1563,8 +1585,20 @@ def log_preemption(preempted: Preempted) -> None:
 def log_progress(
     accelerator: Any, step: int, epoch: int, loss: torch.Tensor, meter: Throughput, world_size: int
 ) -> None:
-    """Rank 0 logs the loss averaged over ranks (every rank must call: it is a collective) and this rank's rates."""
+    """Rank 0 logs the loss averaged over ranks (every rank must call: it is a collective) and this rank's rates.
+
+    A loss that is not finite (the same on every rank) is refused (:class:`RunRefused`): the iterator, as LeRobot's
+    dataset, hands over the NaN or infinity a data file holds, and the weights stepped by its gradient are NaN from
+    then on. Checked here, where the loss is gathered anyway, not at every step (a wait for the device, and a
+    collective, each step); a checkpoint saved since the last step logged may hold those weights."""
     mean_loss = float(accelerator.reduce(loss.detach(), reduction="mean"))
+    if not math.isfinite(mean_loss):
+        raise RunRefused(
+            f"the loss at step {step} is {mean_loss} (a rank's at least): a batch since the last step logged held NaN "
+            f"or infinity in its {STATE_KEY!r} or {ACTION_KEY!r} (read as the data files hold them, as LeRobot reads "
+            "them), or training diverged, and the weights are NaN from there on: mend the data files or train on "
+            "episodes without such rows (--episodes), or lower --lr; resume only from a checkpoint saved before it"
+        )
     samples_s, frames_s, wait = meter.report()
     if accelerator.is_main_process and samples_s == 0:  # only the warm-up step since the last report
         logger.info("step %d epoch %d loss %.4f | warm-up", step, epoch, mean_loss)

@@ -1110,9 +1110,71 @@ def test_feature_stats_refuse_statistics_that_are_not_finite(make_ds, copy_ds) -
     stats["observation.state"]["mean"][0] = float("nan")
     (root / "meta/stats.json").write_text(json.dumps(stats))
     reader = open_dataset(root)
-    with pytest.raises(StatsError, match=r"the statistics of 'observation.state' are not finite"):
+    with pytest.raises(StatsError, match=r"the statistics of 'observation.state' .*: mean is not finite"):
         feature_stats(reader, "observation.state")
     assert feature_stats(reader, "action").mean == tuple(stats["action"]["mean"])
+
+
+def test_statistics_of_a_negative_std_or_another_length_are_refused_as_training_starts(
+    make_ds, copy_ds, caplog
+) -> None:
+    """A negative std failed the policy's build with FeatureStats' bare ValueError (a traceback naming no dataset or
+    feature), a mean of 8 values for action's 7 with 'mean and std need the same non-zero length'. Now train.py
+    refuses either as it starts: one line (status 2), a StatsError naming the dataset, feature, entry and what to do."""
+    from pipelines import train as train_module
+
+    root = copy_ds(make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="vp9"))
+    stats = json.loads((root / "meta/stats.json").read_text())
+    stats["observation.state"]["std"][3] = -0.5
+    stats["action"]["mean"].append(0.0)
+    (root / "meta/stats.json").write_text(json.dumps(stats))
+    argv = ["--dataset", str(root), "--steps", "1", "--batch-size", "2", "--device", "cpu", "--num-workers", "0"]
+    with caplog.at_level(logging.ERROR, logger="pipelines.train"):
+        assert train_module.main(argv) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [
+        f"train.py: StatsError: {root}: the statistics of 'observation.state' cannot normalise it: std is negative at "
+        "components [3]: recompute them from the data files, or download or copy meta/stats.json (v2.1: "
+        "meta/episodes_stats.jsonl) again; `lerobot-dali check` lists every statistics fault of a dataset"
+    ], errors
+    stats["observation.state"]["std"][3] = 0.5
+    (root / "meta/stats.json").write_text(json.dumps(stats))
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="pipelines.train"):
+        assert train_module.main(argv) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and (
+        f"{root}: the statistics of 'action' cannot normalise it: mean holds 8 values, but the feature has 7 in "
+        "info.json (shape [7]): recompute them" in errors[0]
+    ), errors
+
+
+def test_a_loss_that_is_not_finite_is_refused(make_ds, copy_ds, caplog) -> None:
+    """A NaN in a state row of an episode (read as stored, as LeRobot's dataset reads it) made every loss from the
+    first batch holding it NaN, and the weights NaN: 4 of 4 steps logged 'loss nan' and the run exited 0. Now the
+    first loss logged that is not finite ends the run with one line, status 2."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines import train as train_module
+
+    root = copy_ds(make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="vp9"))  # (its stats.json sound)
+    [data] = sorted((root / "data").rglob("*.parquet"))
+    table = pq.read_table(data)
+    states = table.column("observation.state").to_pylist()
+    states[5][1] = float("nan")  # (episode 1's second row)
+    column = table.schema.get_field_index("observation.state")
+    field = table.schema.field(column)
+    pq.write_table(table.set_column(column, field, pa.array(states, type=field.type)), data)
+    argv = ["--dataset", str(root), "--steps", "4", "--batch-size", "8", "--device", "cpu", "--num-workers", "0"]
+    with caplog.at_level(logging.INFO, logger="pipelines.train"):
+        assert train_module.main([*argv, "--log-every", "1"]) == 2
+    said = [r.getMessage() for r in caplog.records if r.name == "pipelines.train" and r.getMessage().startswith(
+        ("step ", "train.py: "))]  # fmt: skip
+    assert len(said) == 1 and said[0].startswith(
+        "train.py: the loss at step 1 is nan (a rank's at least): a batch since the last step logged held NaN or "
+        "infinity in its 'observation.state' or 'action'"
+    ), said
 
 
 def test_feature_stats_from_rows_refuse_rows_that_are_not_finite(make_ds, copy_ds) -> None:
