@@ -45,6 +45,7 @@ from .parent_watch import exit_with_parent, leave_interrupts_to_parent
 from .sample_order import SampleOrder
 from .video_source import open_video_source
 from .windows import PAD_SUFFIX, query_indices
+from .worker_errors import carry_to_trainer
 from .worker_start import log_like_trainer
 from .yuv_frames import PlaneFrames, stream_color
 
@@ -264,6 +265,7 @@ class BatchSource:
     def __init__(self, spec: SourceSpec) -> None:
         self.spec = spec
         self.fields = output_fields(spec)
+        self._in_worker = False
         self._init_caches()
 
     def _init_caches(self) -> None:
@@ -305,6 +307,7 @@ class BatchSource:
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # in a worker process
         self.__dict__.update(state)
+        self._in_worker = True
         self._init_caches()
         exit_with_parent()
         leave_interrupts_to_parent()
@@ -346,6 +349,8 @@ class BatchSource:
             return self.assemble(episode_pos, frame, epoch=epoch, positions=np.arange(start, stop))
         except Exception as e:
             if type(e).__module__ == errors.__name__:
+                if self._in_worker:
+                    carry_to_trainer(e)
                 raise  # ours name the file; they cross the worker boundary as themselves (worker_errors)
             episodes = sorted({int(self.spec.reader.episodes.episode_index[p]) for p in episode_pos})
             failed_at = f"reading samples [{start}, {stop}) of epoch {epoch} (episodes {episodes})"

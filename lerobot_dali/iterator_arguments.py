@@ -136,7 +136,9 @@ def camera_augment(
         try:
             stats = reader.read_stats()
         except DatasetError as e:  # (said here: other readers of the statistics, a policy's, cannot do without them)
-            raise type(e)(f"{e} (normalize='stats' reads them; without them, {NORMALIZE_WITHOUT_STATS})") from e
+            # Added to its message, not rebuilt from it: a RemoteFileError keeps its status, and each its cause.
+            e.args = (f"{e} (normalize='stats' reads them; without them, {NORMALIZE_WITHOUT_STATS})", *e.args[1:])
+            raise
         augment = augment.with_stats(stats, cameras, source=reader.location.description)
         say_once(logger, logging.INFO, "normalising cameras %s by the dataset's statistics", list(cameras))
     for camera in cameras:

@@ -4,7 +4,9 @@ DALI's parallel external source re-raises a worker's failure in the training pro
 ``Exception`` carrying the worker's traceback text, chained to a ``RuntimeError`` holding ``str()`` of the
 original. A user who catches ``FrameTimestampError`` or ``MissingDataFileError`` should not have to parse
 that, so the original is rebuilt when it is one of ours or a builtin: the message is the ``RuntimeError``'s,
-exactly (several lines, colons and all), and the type is the name the traceback prints right before it.
+exactly (several lines, colons and all), and the type is the name the traceback prints right before it. What the
+text alone would lose, a :class:`~lerobot_dali.errors.RemoteFileError`'s ``status``, the worker writes on its message's
+last line (:func:`carry_to_trainer`), and the rebuild takes it back off.
 """
 
 from __future__ import annotations
@@ -21,10 +23,28 @@ from . import errors
 from .literal_parsing import PARSE_LOCK
 from .url_secrets import mask_error
 
-__all__ = ["SMALL_SHM_BYTES", "dead_worker_error", "original_worker_error", "shared_memory_note", "shm_bytes"]
+__all__ = [
+    "SMALL_SHM_BYTES",
+    "carry_to_trainer",
+    "dead_worker_error",
+    "original_worker_error",
+    "shared_memory_note",
+    "shm_bytes",
+]
 
 _MARKER = "Exception traceback received from worker"
 _QUALNAME = re.compile(r"[A-Za-z_][\w.]*\Z")
+#: The last line of a RemoteFileError's message, in a worker, holding its ``status``.
+_STATUS_LINE = "(lerobot_dali: RemoteFileError.status {})"
+_STATUS = re.compile(r"\n\(lerobot_dali: RemoteFileError\.status (\d+)\)\Z")
+
+
+def carry_to_trainer(error: BaseException) -> None:
+    """Write on ``error``'s message, in a worker process, what DALI's hand-over (the traceback's text and ``str()``
+    alone, ``_multiproc/messages.py``) would lose: a RemoteFileError's ``status`` (None in the trainer for a 403).
+    :func:`original_worker_error` takes it off again as it rebuilds the error. Written once, however often raised."""
+    if isinstance(error, errors.RemoteFileError) and error.status is not None and not _STATUS.search(str(error)):
+        error.args = (f"{error}\n{_STATUS_LINE.format(error.status)}", *error.args[1:])
 
 
 def original_worker_error(error: BaseException) -> BaseException | None:
@@ -77,6 +97,9 @@ def _rebuild(traceback_text: str, message: str | None) -> BaseException | None:
         except (ValueError, SyntaxError, SystemError):  # SystemError: another thread's parse (literal_parsing)
             key = message
         return cls(key)
+    status = _STATUS.search(message) if issubclass(cls, errors.RemoteFileError) else None
+    if status is not None:
+        return cls(message[: status.start()], int(status[1]))
     try:
         return cls(message) if message else cls()
     except TypeError:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -228,6 +229,27 @@ def test_statistics_that_cannot_be_read_say_to_normalize_otherwise_only_where_no
         open_dataset(root).read_stats()
     with pytest.raises(DatasetError, match=copy_again + WITHOUT_STATS):
         DALILeRobotIterator(root, augment=AugmentConfig(normalize="stats"), device="cpu", num_workers=0)
+
+
+def test_statistics_refused_by_the_server_keep_the_remote_file_error_its_status_and_cause() -> None:
+    """normalize='stats' added its advice by rebuilding the error from its message: a RemoteFileError for a stats.json
+    the server refused (403) lost its ``status`` (None) and its cause (the HTTP client's error). Both stay now."""
+    from types import SimpleNamespace
+
+    from lerobot_dali.augment_config import AugmentConfig
+    from lerobot_dali.errors import RemoteFileError
+    from lerobot_dali.iterator_arguments import camera_augment
+
+    said = "http://h/ds/meta/stats.json: read was refused (not retried): log in"
+    client_error = OSError("403 Forbidden")
+
+    def read_stats() -> None:
+        raise RemoteFileError(said, 403) from client_error
+
+    reader = SimpleNamespace(all_camera_keys=["observation.images.top"], read_stats=read_stats)
+    with pytest.raises(RemoteFileError, match="^" + re.escape(said) + WITHOUT_STATS) as info:
+        camera_augment(AugmentConfig(normalize="stats"), reader, {}, [])  # type: ignore[arg-type]
+    assert (info.value.status, info.value.__cause__) == (403, client_error)
 
 
 GR00T = "gr00t_v20_h264"

@@ -765,6 +765,27 @@ def test_a_file_refused_or_failing_at_open_is_a_remote_file_error_naming_it(
     server.fault_paths = {}
 
 
+def test_a_file_refused_in_a_worker_process_is_a_remote_file_error_with_its_status(
+    root: Path, server, monkeypatch
+) -> None:
+    """DALI hands a worker's error to the trainer as its traceback text and message alone: a RemoteFileError a
+    worker raised for a 403 was rebuilt there from its message, its ``status`` None (1 of 1). It is 403 now, the
+    message the worker's, exactly."""
+    from lerobot_dali.iterator import DALILeRobotIterator
+
+    use_fast_retries(monkeypatch)
+    importable_in_workers(monkeypatch)
+    it = DALILeRobotIterator(_url(server, root), num_workers=2, cache_gb=0.0, **OPTIONS)
+    server.fault_paths = {"/videos/": "403"}  # (opened already: the workers' reads are refused)
+    with contextlib.closing(it), pytest.raises(RemoteFileError) as info:
+        next(iter(it))
+    server.fault_paths = {}
+    assert type(info.value) is RemoteFileError and info.value.status == 403, repr(info.value)
+    message = str(info.value)
+    assert message.startswith(f"{server.url}/{root.name}/videos/") and "was refused (not retried): " in message
+    assert message.endswith("403, message='Forbidden', url='" + message.split(": ", 1)[0] + "')"), message
+
+
 @pytest.mark.parametrize("route", ["read", "cat_file"])
 def test_a_server_trickling_a_block_fails_the_read_at_its_deadline(tmp_path: Path, monkeypatch, route: str) -> None:
     """aiohttp's read timeout restarts at each chunk and the sessions set no total: a server sending a byte every

@@ -18,7 +18,7 @@ import lerobot_dali.iterator as iterator_module
 from lerobot_dali import errors
 from lerobot_dali.batch_source import BatchSource
 from lerobot_dali.iterator import DALILeRobotIterator
-from lerobot_dali.worker_errors import original_worker_error
+from lerobot_dali.worker_errors import carry_to_trainer, original_worker_error
 from tests.process_tree import assert_workers_end_with, cmdline, kill_all, spawned_workers
 
 MULTILINE = "x.mp4 (episode 2): cannot decode\nhint: re-encode it: ffmpeg -i x.mp4 y.mp4"
@@ -53,6 +53,18 @@ def test_rebuilt_with_type_and_exact_message(error: Exception) -> None:
     rebuilt = original_worker_error(_as_dali_raises(error))
     assert type(rebuilt) is type(error)
     assert str(rebuilt) == str(error)
+
+
+@pytest.mark.parametrize("status", [403, None])
+def test_a_remote_file_error_keeps_its_status(status: int | None) -> None:
+    """The text DALI hands over has no ``status``: a worker's RemoteFileError for a 403 was rebuilt with None."""
+    said = "http://h/ds/videos/x.mp4: read was refused (not retried): log in\n(the server answered 403: Forbidden)"
+    error = errors.RemoteFileError(said, status)
+    carry_to_trainer(error)  # (in the worker)
+    carry_to_trainer(error)  # (raised again: written once)
+    rebuilt = original_worker_error(_as_dali_raises(error))
+    assert type(rebuilt) is errors.RemoteFileError
+    assert (str(rebuilt), rebuilt.status, rebuilt.args) == (said, status, (said, status))
 
 
 def test_unknown_types_are_not_rebuilt() -> None:
