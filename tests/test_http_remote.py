@@ -2365,7 +2365,9 @@ def test_a_stamp_asked_again_of_a_server_that_gives_no_content_length_uses_what_
                 stamps.change_now(url, vouching=True)
             return
         change = stamps.change_now(url, vouching=True)
-        assert [(r.method, r.range) for r in server.records][-1] == ("GET", "bytes=0-0")
+        # (among the requests, not last: the server records each as its answer ends, and fsspec's plain GET, read
+        # for its headers alone, can end after the ranged GET asked after it)
+        assert ("GET", "bytes=0-0") in [(r.method, r.range) for r in server.records]
         if case == "unchanged":
             assert change is None
             assert fs.cat_file(url, start=5, end=5000) == _DATA[5:5000]
