@@ -5,6 +5,7 @@ files' own episode_index column; what that cannot explain still fails, naming wh
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -97,12 +98,16 @@ def test_an_episode_not_to_read_and_in_no_file_does_not_count_toward_a_real_file
 
 
 def test_rows_no_episode_reads_still_fail_after_locating(merged) -> None:
-    """The metadata leaves episode 2 out; its rows sit in file-001 beside episode 3's: reading episode 3 fails
+    """The metadata leaves episode 2 out (info.json's total_episodes lowered to match, as one removing it on purpose
+    would: else the dataset is refused at open); its rows sit in file-001 beside episode 3's: reading episode 3 fails
     rather than dropping them silently (the files' row counts stay the metadata's)."""
     _, stale = merged
     path = next((stale / "meta/episodes").rglob("*.parquet"))
     table = pq.read_table(path)
     pq.write_table(table.filter(pc.not_equal(table["episode_index"], 2)), path)
+    info_path = stale / "meta/info.json"
+    info = json.loads(info_path.read_text())
+    info_path.write_text(json.dumps({**info, "total_episodes": info["total_episodes"] - 1}))
     from lerobot_dali.dataset_reader import open_dataset
 
     reader = open_dataset(stale)
