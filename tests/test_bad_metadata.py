@@ -1283,19 +1283,25 @@ def test_a_frame_index_out_of_order_read_by_frame_index_is_refused(ds: Path, row
     assert not check_dataset(open_dataset(ds), workers=0).problems  # (by timestamp each row reads its own frame)
 
 
+def _frame_index_as(ds: Path, dtype: str, *, edit: Callable[[pa.Table], pa.Table] | None = None) -> None:
+    """Store ``ds``'s frame_index columns as ``dtype`` (after ``edit`` of each data table), declared so in info.json."""
+
+    def cast(table: pa.Table) -> pa.Table:
+        table = table if edit is None else edit(table)
+        column = table.column_names.index("frame_index")
+        return table.set_column(column, "frame_index", table["frame_index"].cast(pa.type_for_alias(dtype)))
+
+    _rewrite_data(ds, cast)
+    info = json.loads((ds / "meta/info.json").read_text())
+    info["features"]["frame_index"]["dtype"] = dtype
+    (ds / "meta/info.json").write_text(json.dumps(info))
+
+
 def test_an_unsigned_frame_index_that_goes_back_is_refused(ds: Path) -> None:
     """A uint32 frame_index (so declared in info.json) going back (row 3 given 5) was let through: its steps,
     unsigned, wrapped around to 4294967295 > 0, and rows 3 and 5 read each other's frames in silence."""
 
-    def unsigned(table: pa.Table) -> pa.Table:
-        table = _frame_index_set(3, 5)(table)
-        column = table.column_names.index("frame_index")
-        return table.set_column(column, "frame_index", table["frame_index"].cast(pa.uint32()))
-
-    _rewrite_data(ds, unsigned)
-    info = json.loads((ds / "meta/info.json").read_text())
-    info["features"]["frame_index"]["dtype"] = "uint32"
-    (ds / "meta/info.json").write_text(json.dumps(info))
+    _frame_index_as(ds, "uint32", edit=_frame_index_set(3, 5))
     pattern = r"episode 0: column 'frame_index' of .*file-000\.parquet goes back at its row 4 \(5 then 4"
     with pytest.raises(DataFileError, match=pattern):
         _first_pass(ds, timestamp_source="frame_index")
@@ -1308,14 +1314,7 @@ def test_a_float_frame_index_read_by_frame_index_names_its_episode_and_file(ds: 
     ValueError ('frame_indices must be non-negative integers, got array([0., 1., ...])') naming neither the dataset,
     the episode nor the column's file, from the iterator and in each of check's problems (4 of 4 episodes)."""
 
-    def floats(table: pa.Table) -> pa.Table:
-        column = table.column_names.index("frame_index")
-        return table.set_column(column, "frame_index", table["frame_index"].cast(pa.float64()))
-
-    _rewrite_data(ds, floats)
-    info = json.loads((ds / "meta/info.json").read_text())
-    info["features"]["frame_index"]["dtype"] = "float64"
-    (ds / "meta/info.json").write_text(json.dumps(info))
+    _frame_index_as(ds, "float64")
     pattern = r"episode 0: column 'frame_index' of .*file-000\.parquet is float64, not integer frame numbers"
     with pytest.raises(DataFileError, match=pattern):
         _first_pass(ds, timestamp_source="frame_index")

@@ -1153,19 +1153,10 @@ def test_a_loss_that_is_not_finite_is_refused(make_ds, copy_ds, caplog) -> None:
     """A NaN in a state row of an episode (read as stored, as LeRobot's dataset reads it) made every loss from the
     first batch holding it NaN, and the weights NaN: 4 of 4 steps logged 'loss nan' and the run exited 0. Now the
     first loss logged that is not finite ends the run with one line, status 2."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from pipelines import train as train_module
 
     root = copy_ds(make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="vp9"))  # (its stats.json sound)
-    [data] = sorted((root / "data").rglob("*.parquet"))
-    table = pq.read_table(data)
-    states = table.column("observation.state").to_pylist()
-    states[5][1] = float("nan")  # (episode 1's second row)
-    column = table.schema.get_field_index("observation.state")
-    field = table.schema.field(column)
-    pq.write_table(table.set_column(column, field, pa.array(states, type=field.type)), data)
+    _nan_in_episode_1s_second_state(root)
     argv = ["--dataset", str(root), "--steps", "4", "--batch-size", "8", "--device", "cpu", "--num-workers", "0"]
     with caplog.at_level(logging.INFO, logger="pipelines.train"):
         assert train_module.main([*argv, "--log-every", "1"]) == 2
@@ -1177,17 +1168,11 @@ def test_a_loss_that_is_not_finite_is_refused(make_ds, copy_ds, caplog) -> None:
     ), said
 
 
-def test_feature_stats_from_rows_refuse_rows_that_are_not_finite(make_ds, copy_ds) -> None:
-    """Without statistics, those computed from rows holding a NaN were NaN: every normalised state NaN, unsaid."""
+def _nan_in_episode_1s_second_state(root: Path) -> None:
+    """Write NaN into component 1 of row 5's observation.state (episode 1's second row; 2 episodes of 4 rows)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from lerobot_dali.dataset_reader import open_dataset
-    from lerobot_dali.errors import StatsError
-    from pipelines.train import feature_stats
-
-    root = copy_ds(make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="vp9"))
-    (root / "meta/stats.json").unlink()
     [data] = sorted((root / "data").rglob("*.parquet"))
     table = pq.read_table(data)
     states = table.column("observation.state").to_pylist()
@@ -1195,6 +1180,17 @@ def test_feature_stats_from_rows_refuse_rows_that_are_not_finite(make_ds, copy_d
     column = table.schema.get_field_index("observation.state")
     field = table.schema.field(column)
     pq.write_table(table.set_column(column, field, pa.array(states, type=field.type)), data)
+
+
+def test_feature_stats_from_rows_refuse_rows_that_are_not_finite(make_ds, copy_ds) -> None:
+    """Without statistics, those computed from rows holding a NaN were NaN: every normalised state NaN, unsaid."""
+    from lerobot_dali.dataset_reader import open_dataset
+    from lerobot_dali.errors import StatsError
+    from pipelines.train import feature_stats
+
+    root = copy_ds(make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="vp9"))
+    (root / "meta/stats.json").unlink()
+    _nan_in_episode_1s_second_state(root)
     reader = open_dataset(root)
     with pytest.raises(StatsError, match=r"no statistics of 'observation.state' and its rows in episode 1 hold NaN"):
         feature_stats(reader, "observation.state")
