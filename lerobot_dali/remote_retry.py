@@ -275,7 +275,7 @@ def _unmasked(error: Exception) -> Exception:
 
 def _one_try_hub_fetch(inner: Any, path: str) -> Callable[[int, int], bytes] | None:
     """For a huggingface_hub ``HfFileSystemFile`` (of ``path``): its block fetch, tried once, within the deadline of
-    a plain HTTP request (:func:`_hub_deadline_s`); None for other files.
+    a plain HTTP request (:func:`_bytes_deadline_s`); None for other files.
 
     Its own ``_fetch_range`` goes through ``http_backoff``'s 6 tries (1 to 8 s apart, ``Retry-After`` + 1 s after a
     429), inside each of this module's: one block of a Hub dataset that kept answering 503 or 429, or cut its
@@ -294,7 +294,7 @@ def _one_try_hub_fetch(inner: Any, path: str) -> Callable[[int, int], bytes] | N
 
     def fetch(start: int, end: int) -> bytes:
         headers = {"range": f"bytes={start}-{end - 1}", **inner.fs._api._build_hf_headers()}
-        seconds = _hub_deadline_s(end - start)
+        seconds = _bytes_deadline_s(end - start)
         began = monotonic()
         chunks = []
         with http_stream_backoff(
@@ -322,20 +322,19 @@ _UNSIZED_BYTES = 256 * 1024 * 1024
 
 
 def _deadline_s(fs: Any, nbytes: int | None) -> float | None:
-    """Seconds a request of HTTP filesystem ``fs`` for ``nbytes`` bytes (None: unknown) may take:
-    :data:`HTTP_DEADLINE_BASE_S` plus the bytes at :data:`HTTP_MIN_BYTES_PER_S`; None where ``fs`` is not HTTP's or
-    its session's timeout sets a total of its own."""
+    """Seconds a request of HTTP filesystem ``fs`` for ``nbytes`` bytes (None: unknown) may take
+    (:func:`_bytes_deadline_s`); None where ``fs`` is not HTTP's or its session's timeout sets a total of its own."""
     if not speaks_http(fs):
         return None
     timeout = (getattr(fs, "client_kwargs", None) or {}).get("timeout")
     if timeout is not None and getattr(timeout, "total", None) is not None:
         return None
-    return HTTP_DEADLINE_BASE_S + (_UNSIZED_BYTES if nbytes is None else max(0, nbytes)) / HTTP_MIN_BYTES_PER_S
+    return _bytes_deadline_s(_UNSIZED_BYTES if nbytes is None else nbytes)
 
 
-def _hub_deadline_s(nbytes: int) -> float:
-    """Seconds a request to the Hub (huggingface_hub's client) for ``nbytes`` bytes may take: as a plain HTTP(S)
-    request's (:func:`_deadline_s`)."""
+def _bytes_deadline_s(nbytes: int) -> float:
+    """Seconds a request for ``nbytes`` bytes may take, over plain HTTP(S) or to the Hub (huggingface_hub's client):
+    :data:`HTTP_DEADLINE_BASE_S` plus the bytes at :data:`HTTP_MIN_BYTES_PER_S`."""
     return HTTP_DEADLINE_BASE_S + max(0, nbytes) / HTTP_MIN_BYTES_PER_S
 
 
