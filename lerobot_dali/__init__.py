@@ -56,6 +56,7 @@ from .errors import (
     WorkerProcessError,
 )
 from .frame_lookup import TimestampSource, TimestampSourceName
+from .mixture_options import MixtureOptions
 from .sample_order import RankBalance, RankBalanceName
 from .stream_state import merge_rank_states
 
@@ -64,15 +65,10 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:  # type checkers see the names; at run time each is imported on first use (below)
     from .iterator import DALILeRobotIterator
     from .mixture import DALILeRobotMixture
-    from .mixture_options import MixtureOptions
 else:  # (hidden from type checkers, to which a module's __getattr__ makes every misspelt name an ``object``)
-    #: The names whose modules load DALI or torch, by module: imported on first use (``MixtureOptions`` loads torch
-    #: alone, which ``typing.get_type_hints`` needs for its ``device``). Every other exported name loads neither.
-    _LAZY = {
-        "DALILeRobotIterator": "iterator",
-        "DALILeRobotMixture": "mixture",
-        "MixtureOptions": "mixture_options",
-    }
+    #: The names whose modules load DALI or torch, by module: imported on first use. Every other exported name loads
+    #: neither.
+    _LAZY = {"DALILeRobotIterator": "iterator", "DALILeRobotMixture": "mixture"}
 
     def __getattr__(name: str) -> object:
         """DALI and torch load only when an iterator is used, so the reader, configs and the CLI start fast."""

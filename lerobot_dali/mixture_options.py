@@ -5,12 +5,10 @@ mixture checks the names at run time too."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Mapping, Sequence
-from typing import Literal, TypedDict
-
-# (at run time too, for typing.get_type_hints: this module loads torch, so the package imports it on first use)
-import torch
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from .augment_config import AugmentConfig
 from .cpu_decode_options import CpuDecodeOptions
@@ -20,6 +18,19 @@ from .frame_lookup import TimestampSource, TimestampSourceName
 from .sample_order import RankBalance
 
 __all__ = ["MixtureOptions"]
+
+if TYPE_CHECKING:
+    import torch
+else:
+
+    class _Torch:
+        """``torch`` to ``typing.get_type_hints``, which imports it on reading ``device: str | torch.device``:
+        importing the options loads no torch."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(importlib.import_module("torch"), name)
+
+    torch = _Torch()
 
 
 class MixtureOptions(TypedDict, total=False):

@@ -234,19 +234,17 @@ def test_a_mixtures_rank_balance_is_typed_with_the_values_a_mixture_takes() -> N
 
 def test_the_light_names_load_neither_dali_nor_torch() -> None:
     """``from lerobot_dali import DecodePreferenceName`` (a ``Literal``) loaded DALI (its module probes the GPU), as
-    did ``DecodePreference`` and ``MixtureOptions`` (a ``TypedDict``). Each exported name but the iterator and the
-    mixture now loads neither DALI nor torch, but ``MixtureOptions``, which loads torch alone (``typing.get_type_hints``
-    resolves its ``device: str | torch.device``)."""
+    did ``DecodePreference`` and ``MixtureOptions`` (a ``TypedDict``), which then loaded torch alone for its ``device:
+    str | torch.device``. Each exported name but the iterator and the mixture now loads neither DALI nor torch; torch
+    loads when ``typing.get_type_hints`` resolves ``MixtureOptions``'s ``device``."""
     code = (
-        "import sys, lerobot_dali\n"
+        "import sys, typing, lerobot_dali\n"
         "def heavy(): return [m for m in ('torch', 'nvidia.dali') if m in sys.modules]\n"
-        "lazy = {'DALILeRobotIterator', 'DALILeRobotMixture', 'MixtureOptions'}\n"
-        "for name in lerobot_dali.__all__:\n"
-        "    if name not in lazy:\n"
-        "        getattr(lerobot_dali, name)\n"
-        "        if heavy(): sys.exit(f'{name} loaded {heavy()}')\n"
-        "from lerobot_dali import MixtureOptions\n"
-        "print(heavy())\n"
+        "for name in set(lerobot_dali.__all__) - {'DALILeRobotIterator', 'DALILeRobotMixture'}:\n"
+        "    getattr(lerobot_dali, name)\n"
+        "    if heavy(): sys.exit(f'{name} loaded {heavy()}')\n"
+        "device = typing.get_type_hints(lerobot_dali.MixtureOptions)['device']\n"
+        "print(heavy(), device)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert (done.returncode, done.stderr.strip()[-200:], done.stdout) == (0, "", "['torch']\n")
+    assert (done.returncode, done.stderr.strip()[-200:], done.stdout) == (0, "", "['torch'] str | torch.device\n")
