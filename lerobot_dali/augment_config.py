@@ -339,6 +339,21 @@ class Normalize:
         return cls(mean=tuple(values["mean"]), std=tuple(values["std"]))
 
 
+def _grey(norm: Normalize, camera: str, source: str) -> Normalize:
+    """A grey camera's ``norm`` of 3 values (LeRobot 0.4.4 writes every camera's statistics over its frames as RGB:
+    3 equal values for grey ones) as one value. LeRobot's normaliser broadcasts them over the camera's one channel:
+    3 channels, each this one normalised by that value. Values that differ would make 3 different channels, which
+    a 1-channel frame is not: refused."""
+    if len(set(norm.mean)) == 1 and len(set(norm.std)) == 1:
+        return Normalize(mean=norm.mean[:1], std=norm.std[:1])
+    raise StatsError(
+        f"{source}: normalize='stats': camera {camera!r} is grey (1 channel) but its statistics hold 3 different "
+        f"values (mean {list(norm.mean)}, std {list(norm.std)}); LeRobot's normaliser would broadcast them into 3 "
+        "differently normalised copies of the channel. Give the camera one value (normalize={camera: "
+        "Normalize(mean=[m], std=[s])}), or recompute its statistics over its grey frames (3 equal values)"
+    )
+
+
 #: The options that are one table each; ``normalize`` (a table, a table per camera, or ``"stats"``) is read
 #: on its own.
 _SECTIONS: dict[str, type] = {
@@ -438,22 +453,32 @@ class AugmentConfig:
 
         return augment_config_from_lerobot(image_transforms)
 
-    def with_stats(self, stats: Mapping[str, Any], cameras: Sequence[str], *, source: str) -> AugmentConfig:
+    def with_stats(
+        self,
+        stats: Mapping[str, Any],
+        cameras: Sequence[str],
+        *,
+        source: str,
+        channels: Mapping[str, int] | None = None,
+    ) -> AugmentConfig:
         """``normalize="stats"`` made concrete: one :class:`Normalize` per camera from ``stats`` (a dataset's
         ``meta/stats.json`` content, see :func:`~lerobot_dali.dataset_stats.read_dataset_stats`). Any other
-        config is returned as it is. ``source`` names the dataset in errors."""
+        config is returned as it is. ``source`` names the dataset in errors; ``channels`` gives the cameras of
+        other than 3 channels: a grey one (1) takes LeRobot's 3 statistics values as one (:func:`_grey`)."""
         if self.normalize != NORMALIZE_FROM_STATS:
             return self
         per_camera = {}
         for camera in cameras:
             try:
-                per_camera[camera] = Normalize.from_stats(stats, camera)
+                norm = Normalize.from_stats(stats, camera)
             except ValueError as e:
                 raise StatsError(
                     f"{source}: normalize='stats' needs the mean/std of camera {camera!r} from meta/stats.json "
                     f"(or v2.1's meta/episodes_stats.jsonl), but {e}. Give AugmentConfig.normalize a Normalize "
                     "(e.g. ImageNet's), one per camera, or leave it unset."
                 ) from e
+            grey = (channels or {}).get(camera, 3) == 1 and len(norm.mean) == 3
+            per_camera[camera] = _grey(norm, camera, source) if grey else norm
         return replace(self, normalize=per_camera or None)  # no cameras: nothing to normalise
 
     def for_channels(self, channels: int) -> AugmentConfig:

@@ -139,7 +139,7 @@ def camera_augment(
             # Added to its message, not rebuilt from it: a RemoteFileError keeps its status, and each its cause.
             e.args = (f"{e} (normalize='stats' reads them; without them, {NORMALIZE_WITHOUT_STATS})", *e.args[1:])
             raise
-        augment = augment.with_stats(stats, cameras, source=reader.location.description)
+        augment = augment.with_stats(stats, cameras, source=reader.location.description, channels=image_channels)
         say_once(logger, logging.INFO, "normalising cameras %s by the dataset's statistics", list(cameras))
     for camera in cameras:
         normalize = augment.for_camera(camera).normalize  # raises naming a camera without a Normalize

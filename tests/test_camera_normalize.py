@@ -18,6 +18,7 @@ from lerobot_dali.augment import AugmentConfig, Normalize
 from lerobot_dali.errors import StatsError
 from lerobot_dali.iterator import DALILeRobotIterator
 from tests.conftest import shared_dataset
+from tests.test_image_cameras import CAM0, CAM1, _images_dataset, _to_mode
 
 SPEC = {"episodes": 2, "frames_per_episode": [6, 5], "cameras": 2, "codec": "vp9", "fps": 10}
 
@@ -204,3 +205,31 @@ def test_an_augment_that_is_not_an_augment_config_is_refused_naming_it(make_ds, 
     for wrong in ({"resize": [32, 32]}, str(tmp_path / "augment.toml")):
         with pytest.raises(TypeError, match=r"augment must be an AugmentConfig or None, got (dict|str).*from_toml"):
             DALILeRobotIterator(root, device="cpu", num_workers=0, augment=wrong)  # type: ignore[arg-type]
+
+
+def test_a_grey_image_camera_takes_lerobots_three_equal_statistics_as_one_value(make_ds, copy_ds) -> None:
+    """LeRobot 0.4.4 writes every camera's statistics over its frames as RGB: (3, 1, 1), 3 equal values, for a grey
+    (mode L) image camera, which its normaliser broadcasts over the camera's one channel (3 equal channels).
+    normalize="stats" refused such a dataset (1 channel, 3 values); the one channel is normalised by the one value
+    (each of LeRobot's 3 channels), and 3 different values are refused, naming the camera and the fix."""
+    root = copy_ds(_images_dataset(make_ds))
+    _to_mode(root, CAM0, "L")
+    stats = json.loads((root / "meta/stats.json").read_text())
+    stats[CAM0]["mean"], stats[CAM0]["std"] = [[[0.4]]] * 3, [[[0.2]]] * 3  # as LeRobot writes a grey camera's
+    (root / "meta/stats.json").write_text(json.dumps(stats))
+    raw = _first_batch(root, return_uint8=True)
+    normalised = _first_batch(root, augment=AugmentConfig(normalize="stats"))
+    assert normalised[CAM0].shape == raw[CAM0].shape == (8, 1, 64, 96)
+    np.testing.assert_allclose(normalised[CAM0].numpy(), _expected(raw[CAM0], [0.4], [0.2]), rtol=1e-5, atol=1e-5)
+    rgb = stats[CAM1]  # the other camera by its own 3 values, as before
+    np.testing.assert_allclose(
+        normalised[CAM1].numpy(), _expected(raw[CAM1], rgb["mean"], rgb["std"]), rtol=1e-5, atol=1e-5
+    )
+    stats[CAM0]["mean"][1] = [[0.5]]
+    (root / "meta/stats.json").write_text(json.dumps(stats))
+    with pytest.raises(
+        StatsError,
+        match=r"camera 'observation\.images\.cam0' is grey \(1 channel\) but its statistics hold 3 different values "
+        r"\(mean \[0\.4, 0\.5, 0\.4\], std \[0\.2, 0\.2, 0\.2\]\).*Give the camera one value",
+    ):
+        _first_batch(root, augment=AugmentConfig(normalize="stats"))
