@@ -1391,9 +1391,17 @@ class PreemptibleLoop:
     """
 
     def __init__(
-        self, accelerator: Any, iterator: Any, *, step: int, checkpoint_dir: Path | None, data: Mapping[str, Any]
+        self,
+        accelerator: Any,
+        iterator: Any,
+        *,
+        step: int,
+        checkpoint_dir: Path | None,
+        data: Mapping[str, Any],
+        losses: FiniteLoss | None = None,
     ) -> None:
         self.accelerator, self.iterator, self.checkpoint_dir, self.data = accelerator, iterator, checkpoint_dir, data
+        self.losses = losses  # (checked before each save: no checkpoint of weights a loss not finite has stepped)
         self.notice = PreemptionNotice(iterator.world_size)  # (may make a gloo group: a collective)
         self.saved = step if step else None  # (the checkpoint resumed from: a preemption before a step saves none)
         self.stopped_by = 0
@@ -1451,6 +1459,7 @@ class PreemptibleLoop:
         # (trained: a Ctrl-C in the save counts it among the steps trained again, and says it came after it)
         self.step, self.after_step = step, True
         if self.checkpoint_dir is not None and (step == steps or (save_every and step % save_every == 0)):
+            self._check_losses(step)
             save_checkpoint(self.accelerator, self.checkpoint_dir, step, self.iterator, self.data)
             self.saved = step
 
@@ -1460,9 +1469,14 @@ class PreemptibleLoop:
         if self.stopped_by and self.checkpoint_dir is not None:
             self.checkpoint = self.checkpoint_dir / f"step_{step:08d}"
             if self.saved != step:
+                self._check_losses(step)
                 save_checkpoint(
                     self.accelerator, self.checkpoint_dir, step, self.iterator, self.data, stream=self._position
                 )
+
+    def _check_losses(self, step: int) -> None:
+        if self.losses is not None:
+            self.losses.check(step)
 
     @contextlib.contextmanager
     def finishing(self, step: int) -> Iterator[None]:
@@ -1529,7 +1543,10 @@ def train(options: TrainOptions) -> int:
     meter = Throughput()
     model.train()
     batches = epoch_batches(iterator)
-    loop = PreemptibleLoop(accelerator, iterator, step=step, checkpoint_dir=options.checkpoint_dir, data=data)
+    losses = FiniteLoss(accelerator, options.checkpoint_dir)
+    loop = PreemptibleLoop(
+        accelerator, iterator, step=step, checkpoint_dir=options.checkpoint_dir, data=data, losses=losses
+    )
     with contextlib.closing(iterator), loop:  # (a signal before: ends the process as before, no step trained to lose)
         while step < options.steps:
             got = loop.next_batch(batches, step)
@@ -1544,6 +1561,7 @@ def train(options: TrainOptions) -> int:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
+            losses.note(loss, step)
             if step == start_step + 1:
                 meter.report()  # the first step carries pipeline start-up and warm-up: keep it out of the rates
             else:
@@ -1557,9 +1575,11 @@ def train(options: TrainOptions) -> int:
                     record.dataset_indices.append(batch["dataset_index"])
                 record.losses.append(loss.detach())
             if step % options.log_every == 0 or step == options.steps:
+                losses.check(step)
                 log_progress(accelerator, step, iterator.epoch, loss, meter, world_size)
             loop.save_if_due(step, steps=options.steps, save_every=options.save_every)
         loop.stop(step)
+        losses.check(step)  # (the end: checked already at the last step; a preempted run's last step may not be)
         if options.record_dir is not None:
             record.write(options.record_dir, rank=rank, world_size=world_size, model=accelerator.unwrap_model(model))
     with loop.finishing(step):
@@ -1582,6 +1602,68 @@ def log_preemption(preempted: Preempted) -> None:
         )  # fmt: skip
 
 
+#: Why a loss is not finite, and what to do (:func:`log_progress`, :class:`FiniteLoss`).
+_NOT_FINITE_CAUSE = (
+    f"held NaN or infinity in its {STATE_KEY!r} or {ACTION_KEY!r} (read as the data files hold them, as LeRobot reads "
+    "them), or training diverged, and the weights are NaN from there on: mend the data files or train on episodes "
+    "without such rows (--episodes), or lower --lr"
+)
+
+
+class FiniteLoss:
+    """Whether every rank's loss has been finite so far, checked (:meth:`check`) where ``train.py`` logs, before each
+    checkpoint's save and at the end of the run; a loss that was not is refused (:class:`RunRefused`, naming its step
+    and the last checkpoint saved before it): the weights its gradient stepped are NaN from then on, and a checkpoint
+    of them would be resumed from.
+
+    Each step (:meth:`note`) the first step whose loss is not finite is kept on the loss's device (``torch.where``: a
+    few kernels, no wait for the device); only :meth:`check` reads it back, once, after gathering every rank's (a
+    collective: every rank checks at the same steps and reaches the same verdict)."""
+
+    def __init__(self, accelerator: Any, checkpoint_dir: Path | None) -> None:
+        self.accelerator, self.checkpoint_dir = accelerator, checkpoint_dir
+        self.first_step = torch.zeros((), dtype=torch.int64, device=accelerator.device)  # (0: none)
+        self.first_loss = torch.zeros((), dtype=torch.float32, device=accelerator.device)
+        self.checked: int | None = None  # (the step checked last)
+
+    def note(self, loss: torch.Tensor, step: int) -> None:
+        """Note step ``step``'s ``loss`` (a scalar, on the device the accelerator's)."""
+        loss = loss.detach().float()
+        first = ~torch.isfinite(loss) & (self.first_step == 0)
+        self.first_step = torch.where(first, step, self.first_step)
+        self.first_loss = torch.where(first, loss, self.first_loss)
+
+    def check(self, step: int) -> None:
+        """:class:`RunRefused` where a loss noted through step ``step`` on any rank was not finite (every rank must
+        call it at the same steps: a collective; a second call at ``step`` is none)."""
+        if step == self.checked:
+            return
+        none = torch.iinfo(torch.int64).max
+        steps = self.accelerator.gather(self.first_step).reshape(-1)  # (by rank)
+        steps = torch.where(steps > 0, steps, none)
+        earliest = int(steps.min())  # (the one value read back)
+        if earliest != none:
+            losses = self.accelerator.gather(self.first_loss).reshape(-1)
+            raise self._refusal(earliest, float(losses[torch.argmin(steps)]))
+        self.checked = step
+
+    def _refusal(self, step: int, loss: float) -> RunRefused:
+        if self.checkpoint_dir is None:
+            resume = "no checkpoint is saved without --checkpoint-dir"
+        else:
+            saved = latest_saved_step(self.checkpoint_dir)  # (each save checked first: every one before step)
+            resume = (
+                f"no checkpoint is saved from step {step} on, and none was before it: a new run starts from step 0"
+                if saved is None
+                else f"no checkpoint is saved from step {step} on: resume only from one saved before it, the last "
+                f"{self.checkpoint_dir / f'step_{saved:08d}'} (which --resume continues from)"
+            )
+        return RunRefused(
+            f"the loss at step {step} is {loss} (a rank's at least): the batch of step {step} {_NOT_FINITE_CAUSE}; "
+            f"{resume}"
+        )
+
+
 def log_progress(
     accelerator: Any, step: int, epoch: int, loss: torch.Tensor, meter: Throughput, world_size: int
 ) -> None:
@@ -1590,14 +1672,13 @@ def log_progress(
     A loss that is not finite (the same on every rank) is refused (:class:`RunRefused`): the iterator, as LeRobot's
     dataset, hands over the NaN or infinity a data file holds, and the weights stepped by its gradient are NaN from
     then on. Checked here, where the loss is gathered anyway, not at every step (a wait for the device, and a
-    collective, each step); a checkpoint saved since the last step logged may hold those weights."""
+    collective, each step); ``train.py`` checks every step's before (:class:`FiniteLoss`), a loop without it may have
+    saved a checkpoint of those weights since the last step logged."""
     mean_loss = float(accelerator.reduce(loss.detach(), reduction="mean"))
     if not math.isfinite(mean_loss):
         raise RunRefused(
-            f"the loss at step {step} is {mean_loss} (a rank's at least): a batch since the last step logged held NaN "
-            f"or infinity in its {STATE_KEY!r} or {ACTION_KEY!r} (read as the data files hold them, as LeRobot reads "
-            "them), or training diverged, and the weights are NaN from there on: mend the data files or train on "
-            "episodes without such rows (--episodes), or lower --lr; resume only from a checkpoint saved before it"
+            f"the loss at step {step} is {mean_loss} (a rank's at least): a batch since the last step logged "
+            f"{_NOT_FINITE_CAUSE}; resume only from a checkpoint saved before it"
         )
     samples_s, frames_s, wait = meter.report()
     if accelerator.is_main_process and samples_s == 0:  # only the warm-up step since the last report

@@ -1163,9 +1163,92 @@ def test_a_loss_that_is_not_finite_is_refused(make_ds, copy_ds, caplog) -> None:
     said = [r.getMessage() for r in caplog.records if r.name == "pipelines.train" and r.getMessage().startswith(
         ("step ", "train.py: "))]  # fmt: skip
     assert len(said) == 1 and said[0].startswith(
-        "train.py: the loss at step 1 is nan (a rank's at least): a batch since the last step logged held NaN or "
-        "infinity in its 'observation.state' or 'action'"
+        "train.py: the loss at step 1 is nan (a rank's at least): the batch of step 1 held NaN or infinity in its "
+        "'observation.state' or 'action'"
     ), said
+
+
+def test_a_loss_not_finite_between_log_steps_is_refused_before_a_checkpoint_saves_it(
+    make_ds, copy_ds, tmp_path: Path, caplog
+) -> None:
+    """The loss was checked at logged steps only: a run resumed from step 2 on a dataset whose episode 1 now holds a
+    NaN (every batch of 8 holds it: the loss NaN from step 3, not a log step, on) saved step 3 (155,718 of 155,744
+    weights NaN) and made it ``latest`` before step 4's log refused it. Now every step's loss is checked (on the
+    device) before each save: the run ends at step 3's save, naming step 3 and the checkpoint of step 2, ``latest``
+    still."""
+    from pipelines import train as train_module
+
+    root = copy_ds(make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="vp9"))
+    ckpt = tmp_path / "ckpt"
+    argv = ["--dataset", str(root), "--batch-size", "8", "--device", "cpu", "--num-workers", "0", "--log-every", "4"]
+    argv += ["--checkpoint-dir", str(ckpt), "--save-every", "3"]
+    assert train_module.main([*argv, "--steps", "2"]) == 0
+    _nan_in_episode_1s_second_state(root)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pipelines.train"):
+        assert train_module.main([*argv, "--steps", "8", "--resume"]) == 2
+    assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step_00000002"]
+    assert all(torch.isfinite(w).all() for w in _model(ckpt, 2).values())
+    said = [r.getMessage() for r in caplog.records if r.name == "pipelines.train" and r.getMessage().startswith(
+        ("step ", "train.py: "))]  # fmt: skip
+    assert said == [
+        "train.py: the loss at step 3 is nan (a rank's at least): the batch of step 3 held NaN or infinity in its "
+        "'observation.state' or 'action' (read as the data files hold them, as LeRobot reads them), or training "
+        "diverged, and the weights are NaN from there on: mend the data files or train on episodes without such rows "
+        "(--episodes), or lower --lr; no checkpoint is saved from step 3 on: resume only from one saved before it, "
+        f"the last {ckpt / 'step_00000002'} (which --resume continues from)"
+    ], said
+
+
+def test_finite_loss_keeps_the_first_step_not_finite_on_the_device_and_reads_it_back_only_when_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each step's note is device work only (no value read back: on a GPU, no wait for it); a check reads back the
+    first step whose loss was not finite, and names it and the last checkpoint saved."""
+    from types import SimpleNamespace
+
+    from pipelines.train import FiniteLoss, RunRefused
+
+    (tmp_path / "step_00000002").mkdir()
+    (tmp_path / "latest").write_text("step_00000002")
+    losses = FiniteLoss(SimpleNamespace(device=torch.device("cpu"), gather=lambda t: t), tmp_path)
+    with monkeypatch.context() as patched:
+        for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
+            patched.setattr(torch.Tensor, name, lambda *a: pytest.fail("a value read back"), raising=False)
+        for step, loss in enumerate([0.5, 0.25], start=1):
+            losses.note(torch.tensor(loss), step)
+    losses.check(2)
+    for step, loss in enumerate([float("nan"), float("inf"), 0.5], start=3):
+        losses.note(torch.tensor(loss), step)
+    with pytest.raises(
+        RunRefused, match=r"^the loss at step 3 is nan \(a rank's at least\): the batch of step 3 "
+    ) as e:
+        losses.check(5)
+    assert str(e.value).endswith(
+        f"no checkpoint is saved from step 3 on: resume only from one saved before it, the last "
+        f"{tmp_path / 'step_00000002'} (which --resume continues from)"
+    )
+
+
+def test_two_ranks_agree_on_a_loss_not_finite_on_one_of_them_before_the_first_save(make_ds, copy_ds, tmp_path) -> None:
+    """Two ranks, one episode each, episode 1's holding a NaN: its rank's loss is NaN from step 1, the other's from
+    step 2 (the weights NaN after step 1's all-reduce). Steps 1 and 2 were saved (155,718 of 155,744 weights NaN,
+    ``latest`` step 2) before step 3's log refused the run. Now both ranks refuse at step 1's save, naming step 1
+    (the earliest of either rank: a rank that went on alone would wait in the save's barrier); nothing is saved."""
+    root = copy_ds(make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="vp9"))
+    _nan_in_episode_1s_second_state(root)
+    ckpt = tmp_path / "ckpt"
+    args = ["--dataset", str(root), "--batch-size", "4", "--device", "cpu", "--num-workers", "0", "--steps", "3"]
+    result = _failed([*args, "--log-every", "4", "--checkpoint-dir", str(ckpt), "--save-every", "1"], procs=2)
+    assert "exitcode  : 2" in result.stderr, result.stderr[-30000:]  # (torchrun's summary)
+    assert not ckpt.exists() or not any(ckpt.iterdir()), sorted(p.name for p in ckpt.iterdir())
+    lines = [line for line in result.stderr.splitlines() if "train.py: " in line]
+    assert len({line.split()[1] for line in lines}) == len(lines) >= 1, result.stderr[-30000:]
+    for line in lines:
+        assert "train.py: the loss at step 1 is nan (a rank's at least): the batch of step 1 held NaN " in line, line
+        assert line.endswith(
+            "no checkpoint is saved from step 1 on, and none was before it: a new run starts from step 0"
+        ), line
 
 
 def _nan_in_episode_1s_second_state(root: Path) -> None:
