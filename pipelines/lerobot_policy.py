@@ -64,6 +64,7 @@ from lerobot_dali.new_folder import is_inside, refuse_inside_datasets, refuse_un
 from lerobot_dali.value_checks import check_choice, check_int_fields, check_seconds, cli_flag
 from pipelines.interrupts import Interrupted, configure_logging, said
 from pipelines.train import (
+    FiniteLoss,
     PreemptibleLoop,
     SetupError,
     Throughput,
@@ -370,7 +371,10 @@ def train(options: PolicyTrainOptions) -> list[float]:
     meter = Throughput()
     policy.train()
     batches = epoch_batches(iterator)
-    loop = PreemptibleLoop(accelerator, iterator, step=step, checkpoint_dir=options.checkpoint_dir, data=data)
+    finite = FiniteLoss(accelerator, options.checkpoint_dir)
+    loop = PreemptibleLoop(
+        accelerator, iterator, step=step, checkpoint_dir=options.checkpoint_dir, data=data, losses=finite
+    )
     with contextlib.closing(iterator), loop:  # (a signal before: ends the process as before, no step trained to lose)
         while step < options.steps:
             got = loop.next_batch(batches, step)
@@ -389,15 +393,18 @@ def train(options: PolicyTrainOptions) -> list[float]:
             if hasattr(accelerator.unwrap_model(policy), "update"):  # target networks, EMA (TD-MPC)
                 accelerator.unwrap_model(policy).update()
             pending.append(loss.detach())
+            finite.note(loss, step)
             if step == start_step + 1:
                 meter.report()  # the first step carries pipeline start-up and warm-up: keep it out of the rates
             else:
                 meter.add(len(batch["index"]), camera_frames(batch, metadata.camera_keys), wait_s)
             if step % options.log_every == 0 or step == options.steps:
+                finite.check(step)
                 log_progress(accelerator, step, iterator.epoch, loss, meter, world_size)
                 read_back()
             loop.save_if_due(step, steps=options.steps, save_every=options.save_every)
         loop.stop(step)
+        finite.check(step)  # (the end: checked already at the last step; a preempted run's last step may not be)
     with loop.finishing(step):
         read_back()
         # (a preempted run's policy is not the trained one: the resumed run saves that)
