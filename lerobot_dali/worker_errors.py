@@ -34,17 +34,20 @@ __all__ = [
 
 _MARKER = "Exception traceback received from worker"
 _QUALNAME = re.compile(r"[A-Za-z_][\w.]*\Z")
-#: The last line of a RemoteFileError's message, in a worker, holding its ``status``.
+#: The last line of a RemoteFileError's message, in a worker, holding its ``status`` (``None`` too).
 _STATUS_LINE = "(lerobot_dali: RemoteFileError.status {})"
-_STATUS = re.compile(r"\n\(lerobot_dali: RemoteFileError\.status (\d+)\)\Z")
+_STATUS = re.compile(r"\n\(lerobot_dali: RemoteFileError\.status (\d+|None)\)\Z")
 
 
 def carry_to_trainer(error: BaseException) -> None:
     """Write on ``error``'s message, in a worker process, what DALI's hand-over (the traceback's text and ``str()``
     alone, ``_multiproc/messages.py``) would lose: a RemoteFileError's ``status`` (None in the trainer for a 403).
-    :func:`original_worker_error` takes it off again as it rebuilds the error. Written once, however often raised."""
-    if isinstance(error, errors.RemoteFileError) and error.status is not None and not _STATUS.search(str(error)):
-        error.args = (f"{error}\n{_STATUS_LINE.format(error.status)}", *error.args[1:])
+    :func:`original_worker_error` takes it off again as it rebuilds the error. Written once, however often raised, and
+    for a status of None too: a message whose own last line reads as one is rebuilt whole, not as that status."""
+    if isinstance(error, errors.RemoteFileError):
+        line = f"\n{_STATUS_LINE.format(error.status)}"
+        if not str(error).endswith(line):
+            error.args = (f"{error}{line}", *error.args[1:])
 
 
 def original_worker_error(error: BaseException) -> BaseException | None:
@@ -99,7 +102,7 @@ def _rebuild(traceback_text: str, message: str | None) -> BaseException | None:
         return cls(key)
     status = _STATUS.search(message) if issubclass(cls, errors.RemoteFileError) else None
     if status is not None:
-        return cls(message[: status.start()], int(status[1]))
+        return cls(message[: status.start()], None if status[1] == "None" else int(status[1]))
     try:
         return cls(message) if message else cls()
     except TypeError:

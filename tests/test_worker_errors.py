@@ -67,6 +67,19 @@ def test_a_remote_file_error_keeps_its_status(status: int | None) -> None:
     assert (str(rebuilt), rebuilt.status, rebuilt.args) == (said, status, (said, status))
 
 
+@pytest.mark.parametrize("status", [403, None])
+def test_a_remote_file_error_whose_message_ends_like_a_status_line_keeps_it(status: int | None) -> None:
+    """The status rides on the message's last line: a worker's RemoteFileError whose own last line read as one was
+    rebuilt without that line, the number on it as its status (403 -> 404, the line not written; None -> 404)."""
+    said = "http://h/ds/videos/x.mp4: read failed\n(lerobot_dali: RemoteFileError.status 404)"
+    error = errors.RemoteFileError(said, status)
+    carry_to_trainer(error)
+    carry_to_trainer(error)
+    rebuilt = original_worker_error(_as_dali_raises(error))
+    assert type(rebuilt) is errors.RemoteFileError
+    assert (str(rebuilt), rebuilt.status, rebuilt.args) == (said, status, (said, status))
+
+
 def test_unknown_types_are_not_rebuilt() -> None:
     class ThirdPartyError(Exception):
         pass
