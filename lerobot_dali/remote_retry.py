@@ -301,8 +301,12 @@ def _one_try_hub_fetch(inner: Any, path: str) -> Callable[[int, int], bytes] | N
             "GET", inner.url(), headers=headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT, max_retries=0
         ) as response:
             hf_raise_for_status(response)
+            received = 0
             for chunk in response.iter_bytes():
                 chunks.append(chunk)
+                received += len(chunk)
+                if received > end - start:  # (a Range ignored, the whole file sent: :func:`_checked_range` names it)
+                    break
                 if monotonic() - began > seconds:
                     raise _past_deadline(path, start, end, seconds)
         return b"".join(chunks)

@@ -2094,6 +2094,27 @@ def test_a_hub_file_block_answered_whole_is_named_not_retried(tmp_path: Path, mo
             assert waits == [] and len([r for r in server.records if r.method == "GET"]) == 1
 
 
+def test_a_hub_range_answered_whole_is_read_no_further_than_the_bytes_asked(tmp_path: Path, monkeypatch) -> None:
+    """A Hub range answered with the whole file (200: its Range ignored on the way) was read to its end before it was
+    named: 10 bytes asked of a 32 MiB file took all 32 MiB (of a video, its GBs, in memory). The answer is read no
+    further than the bytes asked, as fsspec's plain HTTP reads it, then named."""
+    from huggingface_hub import HfFileSystem
+
+    commit = "c0ffee" * 6 + "c0ff"
+    _hub_file_served(tmp_path, monkeypatch, commit, seed=9, waits=[])
+    size = 32 * 2**20
+    (tmp_path / "datasets" / "user" / "ds" / "resolve" / commit / "f.bin").write_bytes(bytes(size))
+    monkeypatch.setattr(HfFileSystem, "info", lambda self, path, **kwargs: {"name": path, "size": size,
+                                                                             "type": "file"})  # fmt: skip
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(HfFileSystem(endpoint=server.url, token=False), policy=RetryPolicy(retries=2))
+        server.fault_paths = {"/f.bin": "no_range"}
+        with pytest.raises(DatasetError, match=r"f\.bin: the server ignored an HTTP Range request"):
+            fs.cat_file(f"datasets/user/ds@{commit}/f.bin", start=1000, end=1010)
+        [sent] = [r.sent_bytes for r in server.records if r.method == "GET"]
+    assert sent < size // 2, sent  # (what the sockets' buffers took before the client hung up)
+
+
 def _served_hub_dataset(folder: Path, commit: str, files: dict[str, int]) -> None:
     """What the Hub's API answers HfFileSystem for dataset ``user/ds`` at ``commit``: its ``repo_info``, and the
     ``tree`` of its folder ``data`` holding ``files`` (name -> size), served as files under ``folder``."""
