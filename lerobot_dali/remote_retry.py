@@ -33,7 +33,7 @@ from typing import Any, NoReturn, TypeVar
 import fsspec
 
 from . import io_stats
-from .errors import DatasetError, RemoteFileError
+from .errors import DatasetError, MissingDataFileError, RemoteFileError
 from .said_once import warn_once
 from .url_secrets import mask_error, mask_request_logs, masked, masking
 
@@ -627,6 +627,18 @@ def _precondition_without_if_match(path: str) -> DatasetError:
     )
 
 
+def _not_served(path: str, status: int | None) -> MissingDataFileError:
+    """The error for a read of ``path`` (never stamped) the server answered it has no such file, HTTP 404 or 410, with
+    its HTTP client's error (huggingface_hub's HfHubHTTPError of every Hub read; aiohttp's of a plain HTTP(S) read of
+    a file opened with its size), not the FileNotFoundError fsspec raises for one elsewhere: the package's missing
+    file, as a plain HTTP(S) file's absence reaches the user (fsspec's FileNotFoundError, named by the reader)."""
+    return MissingDataFileError(
+        f"{path}: the server has no such file (HTTP {status or 404}): check the revision (branch, tag or commit) or "
+        "URL the dataset is read at, and that the file is there: upload or copy it again where it was removed, or "
+        "leave out the episodes it holds (episodes=[...] of the others)"
+    )
+
+
 #: The requests of :class:`_Retrier` that read a file's bytes (an open's HEAD too), whose 404 may be its removal.
 _READS = frozenset({"open", "read", "cat_file"})
 
@@ -738,6 +750,8 @@ class _Retrier:
                         if before_retry is not None:
                             before_retry(attempt)
                         continue
+                    if what in _READS and not isinstance(unmasked, FileNotFoundError) and is_missing(unmasked):
+                        raise _not_served(path, _status_of(unmasked)) from unmasked  # (never stamped: no removal)
                     if is_refused(unmasked) or isinstance(unmasked, PermissionError):  # (s3fs's answer to a 403)
                         if unpinned:
                             raise _refused_without_if_match(path, _status_of(unmasked)) from unmasked

@@ -23,12 +23,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import fsspec
 import numpy as np
 import pytest
 
 from lerobot_dali.cli import main
 from lerobot_dali.dataset_reader import open_dataset
-from lerobot_dali.errors import DatasetError, EpisodeMetadataError, RemoteFileError
+from lerobot_dali.errors import DatasetError, EpisodeMetadataError, MissingDataFileError, RemoteFileError
 from lerobot_dali.remote_retry import (
     REFUSED_HINT,
     RETRIES_ENV,
@@ -2113,6 +2114,44 @@ def test_a_hub_range_answered_whole_is_read_no_further_than_the_bytes_asked(tmp_
             fs.cat_file(f"datasets/user/ds@{commit}/f.bin", start=1000, end=1010)
         [sent] = [r.sent_bytes for r in server.records if r.method == "GET"]
     assert sent < size // 2, sent  # (what the sockets' buffers took before the client hung up)
+
+
+@pytest.mark.parametrize("route", ["read", "cat_file"])
+def test_a_hub_file_answered_404_is_a_missing_data_file_naming_it(tmp_path: Path, monkeypatch, route: str) -> None:
+    """A Hub file answered 404 (gone from the repo at the commit read, the revision wrong) reached the user as
+    huggingface_hub's raw HfHubHTTPError ("Client error '404 Not Found' for url ..."), neither FileNotFoundError nor
+    the package's, by both routes: a plain HTTP(S) file's absence is FileNotFoundError naming its URL (fsspec's), which
+    the reader names as the missing file. Now it is MissingDataFileError naming the path read, the status and what to
+    do, not retried; a plain HTTP(S) file opened with its size and answered 404 at its read (aiohttp's raw
+    ClientResponseError before) too."""
+    from huggingface_hub import HfFileSystem
+
+    commit = "c0ffee" * 6 + "c0ff"
+    waits: list[float] = []
+    data = _hub_file_served(tmp_path, monkeypatch, commit, seed=9, waits=waits)
+    (tmp_path / "plain.bin").write_bytes(data)
+    with serve_folder(tmp_path) as server:
+        hub = RetryingFileSystem(HfFileSystem(endpoint=server.url, token=False), policy=RetryPolicy(retries=2))
+        plain = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True), policy=RetryPolicy(retries=2))
+        server.fault_paths = {".bin": "404"}
+        for fs, path in ((hub, f"datasets/user/ds@{commit}/f.bin"), (plain, f"{server.url}/plain.bin")):
+            server.reset_stats()
+            with pytest.raises(FileNotFoundError) as info:
+                if route == "read":
+                    with fs.open(path, "rb", block_size=100_000, size=len(data)) as handle:
+                        handle.read(10)
+                else:
+                    fs.cat_file(path, start=10, end=20)
+            assert [r.status for r in server.records if r.method == "GET"] == [404] and waits == []
+            if fs is plain and route == "cat_file":  # (fsspec's own, as before)
+                assert str(info.value) == path and type(info.value) is FileNotFoundError
+                continue
+            assert str(info.value) == (
+                f"{path}: the server has no such file (HTTP 404): check the revision (branch, tag or commit) or URL "
+                "the dataset is read at, and that the file is there: upload or copy it again where it was removed, or "
+                "leave out the episodes it holds (episodes=[...] of the others)"
+            )
+            assert isinstance(info.value, MissingDataFileError) and _status_of(info.value.__cause__) == 404
 
 
 def _served_hub_dataset(folder: Path, commit: str, files: dict[str, int]) -> None:
