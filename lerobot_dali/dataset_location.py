@@ -29,7 +29,7 @@ from fsspec.implementations.local import LocalFileSystem
 from .distributed import draws_progress
 from .errors import DatasetNotFoundError, RemoteFileError
 from .file_stamps import client_of
-from .remote_retry import REFUSED_HINT, RetryingFileSystem, fresh_instance, is_refused, is_transient
+from .remote_retry import REFUSED_HINT, RetryingFileSystem, fresh_instance, is_refused, is_transient, retried
 from .said_once import say_once, warn_once
 from .url_secrets import mask_path_logs, masked, masking, without_credentials
 
@@ -370,18 +370,28 @@ def _hub_location(
     hub = {key: options[key] for key in _HUB_DOWNLOAD_OPTIONS if options.get(key) is not None}
     if not draws_progress() or not sys.stderr.isatty():  # (a log file keeps each redraw: the line above says it)
         hub["tqdm_class"] = _hidden_bars()
-    try:
-        local_meta = snapshot_download(
-            repo_id, repo_type="dataset", revision=revision, allow_patterns=[f"{prefix}meta/**"], **hub
-        )
-    except Exception as e:
-        missing = _missing_on_hub(repo_id, revision, e, maybe_path=maybe_path)
-        if missing is not None:
-            raise missing from e
-        failed = _metadata_download_failed(f"hf://datasets/{repo_id}{_at(revision)}/{prefix}meta/", e)
-        if failed is None:
-            raise
-        raise failed from e
+    meta = f"hf://datasets/{repo_id}{_at(revision)}/{prefix}meta/"
+
+    def download() -> str:
+        """One try of the download; a failure retrying may mend raised as it is, for the retries to see."""
+        try:
+            return str(
+                snapshot_download(
+                    repo_id, repo_type="dataset", revision=revision, allow_patterns=[f"{prefix}meta/**"], **hub
+                )
+            )
+        except Exception as e:
+            missing = _missing_on_hub(repo_id, revision, e, maybe_path=maybe_path)
+            if missing is not None:
+                raise missing from e
+            if is_transient(e) and _hub_answer(e) is None:  # (no answer: a connection dropped; huggingface_hub's
+                raise  # own backoff retried the answers retrying may mend, 429 and 5xx: not stacked on its)
+            failed = _metadata_download_failed(meta, e)
+            if failed is None:
+                raise
+            raise failed from e
+
+    local_meta = retried("download", meta, download)
     commit = _snapshot_commit(repo_id, revision, local_meta)
     fs = _retrying(HfFileSystem(**options))
     root = f"datasets/{repo_id}{_at(commit)}/{prefix}".rstrip("/")
@@ -421,9 +431,9 @@ def _hub_answer(error: BaseException) -> BaseException | None:
 
 def _metadata_download_failed(meta: str, error: Exception) -> RemoteFileError | None:
     """The error for downloading a Hub dataset's metadata (``meta``: its folder's URL) that ``error`` ended (not one
-    saying the dataset cannot be found: :func:`_missing_on_hub`): the Hub refused a file (HTTP 401/403), or answered
-    or failed in a way retrying may mend, past huggingface_hub's own retries (5xx, 429; a connection closed); None
-    for other errors, which keep their type."""
+    saying the dataset cannot be found: :func:`_missing_on_hub`): the Hub refused a file (HTTP 401/403), answered 404
+    (410) for one its listing of the revision holds, or answered in a way retrying may mend past huggingface_hub's own
+    retries (5xx, 429); None for other errors, which keep their type."""
     answer = _hub_answer(error) or error
     status = getattr(getattr(answer, "response", None), "status_code", None)
     said = f"{type(answer).__name__}: {(str(answer).strip().splitlines() or ['(no message)'])[0]}"
@@ -438,6 +448,14 @@ def _metadata_download_failed(meta: str, error: Exception) -> RemoteFileError | 
                 "at all); gave up: check the connection and the Hub (HF_ENDPOINT), then open the dataset again"
             ),
             status if isinstance(status, int) else None,
+        )
+    if status in (404, 410):
+        return RemoteFileError(
+            masked(
+                f"{meta}: the Hub lists a file there that it has not (HTTP {status}; not retried): check the revision "
+                f"(branch, tag or commit), and upload the dataset's meta/ files again ({said})"
+            ),
+            status,
         )
     return None
 

@@ -52,6 +52,7 @@ __all__ = [
     "is_missing",
     "is_refused",
     "is_transient",
+    "retried",
     "speaks_http",
     "told_change",
 ]
@@ -663,6 +664,14 @@ def _is_gone(error: BaseException) -> bool:
     return _GONE in (_status_of(error), _status_of(error.__cause__) if error.__cause__ is not None else None)
 
 
+def retried(what: str, path: str, fn: Callable[[], _T]) -> _T:
+    """``fn()`` (a request named ``what`` of ``path`` not made through a :class:`RetryingFileSystem`: huggingface_hub's
+    download of a Hub dataset's metadata), its transient failures redone under the default :class:`RetryPolicy`
+    (:data:`RETRIES_ENV`) with the waits and log lines of the data reads, and given up on as
+    :class:`~lerobot_dali.errors.RemoteFileError`; another error raised at once (a refusal as RemoteFileError)."""
+    return _Retrier(RetryPolicy(), None).call(what, path, fn)
+
+
 class _Retrier:
     """The loop shared by the filesystem and its files: try, classify, wait, maybe refresh the client."""
 
@@ -716,7 +725,7 @@ class _Retrier:
                 return result
             except Exception as e:
                 mask_error(e)  # (aiohttp's errors name the request's URL with its query: a signed URL's signature)
-                if isinstance(e, RemoteFileError):  # (a request of its own inside, given up on: said already)
+                if isinstance(e, DatasetError):  # (ours, naming the file: a request of its own inside, given up on)
                     raise
                 if not is_transient(e):
                     unmasked = _unmasked(e)

@@ -100,6 +100,9 @@ class FolderServer:
         #: (its files' stamps hold their sizes alone); ``"last_modified"``: ``Last-Modified`` alone (no ETag).
         self.versions: bool | str = True
         self.stall_s = 5.0
+        #: Headers added to every file's answers (``{"X-Repo-Commit": sha}``: what the Hub's resolve answers carry, and
+        #: huggingface_hub's download checks for).
+        self.file_headers: dict[str, str] = {}
         #: Faults by path: a request whose URL path holds a key suffers its fault (every time), whatever the schedule.
         self.fault_paths: dict[str, str] = {}
         if not self.root.is_dir():
@@ -324,6 +327,7 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
                 "Accept-Ranges": "bytes",
                 "ETag": f'"{size:x}-{stat.st_mtime_ns:x}"',
                 "Last-Modified": email.utils.formatdate(stat.st_mtime, usegmt=True),
+                **server.file_headers,
             }
             if not server.versions:
                 del headers["ETag"], headers["Last-Modified"]

@@ -7,6 +7,7 @@ check stubbed, decides which revision and path a bulk read really asks for.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -15,6 +16,7 @@ import shutil
 import socket
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -353,13 +355,10 @@ def _served_hub_metadata(folder: Path, commit: str) -> None:
     served.write_text("{}")
 
 
-@pytest.mark.parametrize("fault", ["403", "503", "drop"])
-def test_a_metadata_file_the_hub_refuses_or_fails_is_a_remote_file_error(tmp_path: Path, monkeypatch, fault) -> None:
-    """huggingface_hub's own snapshot_download against a server answering as the Hub, its metadata file refused (403),
-    failing past huggingface_hub's retries (503) or its connection closed before an answer: a 403 and a 503 were
-    DatasetNotFoundError "the Hub could not be reached ... check the network" (a refusal blamed on the network), and
-    the closed connection httpx's raw RemoteProtocolError. Each is the RemoteFileError naming the metadata folder now,
-    a refusal with what to pass."""
+@contextlib.contextmanager
+def _serving_hub_metadata(tmp_path: Path, monkeypatch, waits: list[float]) -> Iterator[Any]:
+    """A server answering as the Hub for dataset ``user/ds``'s metadata (:func:`_served_hub_metadata`), with
+    huggingface_hub's cache under ``tmp_path``, its own waits not slept and the loader's recorded in ``waits``."""
     import huggingface_hub.utils._http as hub_http
 
     from tests.http_server import serve_folder
@@ -368,22 +367,81 @@ def test_a_metadata_file_the_hub_refuses_or_fails_is_a_remote_file_error(tmp_pat
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(hub_http, "time", _SleepsRecorded([]))  # (huggingface_hub's own waits, not slept)
-    commit = "c0ffee" * 6 + "c0ff"
-    _served_hub_metadata(tmp_path / "hub", commit)
+    monkeypatch.setattr("lerobot_dali.remote_retry.time", _SleepsRecorded(waits))
+    _served_hub_metadata(tmp_path / "hub", SNAPSHOT_SHA)
     with serve_folder(tmp_path / "hub") as server:
+        server.file_headers = {"X-Repo-Commit": SNAPSHOT_SHA}  # (the Hub's resolve answers carry it)
+        yield server
+
+
+@pytest.mark.parametrize("fault", ["403", "404", "503"])
+def test_a_metadata_file_the_hub_refuses_or_fails_is_a_remote_file_error(tmp_path: Path, monkeypatch, fault) -> None:
+    """huggingface_hub's own snapshot_download against a server answering as the Hub, its metadata file refused (403),
+    answered 404 though the Hub's listing holds it, or failing past huggingface_hub's retries (503): a 403 and a 503
+    were DatasetNotFoundError "the Hub could not be reached ... check the network" (a refusal blamed on the network),
+    and the 404 huggingface_hub's raw LocalEntryNotFoundError ("check your connection"). Each is the RemoteFileError
+    naming the metadata folder now, with its status and what to do; none is retried by the loader (huggingface_hub
+    retried the 503 itself: 7 HEADs)."""
+    waits: list[float] = []
+    with _serving_hub_metadata(tmp_path, monkeypatch, waits) as server:
         server.fault_paths = {"/resolve/": fault}
         with pytest.raises(RemoteFileError) as caught:
             resolve_location("user/ds", storage_options={"endpoint": server.url, "token": False})
+        heads = [r.status for r in server.records if r.method == "HEAD"]
     message = str(caught.value)
     if fault == "403":
         assert message.startswith(
             f"hf://datasets/user/ds/meta/: downloading it was refused (not retried): {REFUSED_HINT} (HfHubHTTPError: "
             "403 Forbidden"
         ), message
+    elif fault == "404":
+        assert message.startswith(
+            "hf://datasets/user/ds/meta/: the Hub lists a file there that it has not (HTTP 404; not retried): check "
+            "the revision (branch, tag or commit), and upload the dataset's meta/ files again (HfHubHTTPError: Client "
+            "error '404 Not Found'"
+        ), message
     else:
-        said = "HfHubHTTPError: Server error '503" if fault == "503" else "RemoteProtocolError: Server disconnected"
+        said = "HfHubHTTPError: Server error '503"
         assert message.startswith(f"hf://datasets/user/ds/meta/: downloading it failed, the last try with {said}")
-    assert caught.value.status == {"403": 403, "503": 503, "drop": None}[fault]
+    assert caught.value.status == int(fault)
+    assert (heads, waits) == ([int(fault)] * (7 if fault == "503" else 1), [])
+
+
+@pytest.mark.parametrize("drops", [1, 3])
+def test_a_metadata_download_whose_connection_drops_is_retried_by_the_loaders_policy(
+    tmp_path: Path, monkeypatch, caplog, drops: int
+) -> None:
+    """A connection to the Hub closed before its answer (the metadata file's HEAD) is no answer: huggingface_hub does
+    not retry it, and it failed the open at once (1 HEAD, RemoteFileError), where a data or video read is retried
+    under LEROBOT_DALI_REMOTE_RETRIES. It is retried now with the data reads' policy, waits and log lines: one drop
+    costs a retry and the dataset opens; one more than the retries (2 here) is the RemoteFileError after 3 tries."""
+    monkeypatch.setenv("LEROBOT_DALI_REMOTE_RETRIES", "2")
+    caplog.set_level(logging.INFO, logger="lerobot_dali.remote_retry")
+    waits: list[float] = []
+    with _serving_hub_metadata(tmp_path, monkeypatch, waits) as server:
+        server.fault_paths = {"/resolve/": "drop"}
+        if drops == 1:
+            server.fault_paths = {}
+            server.fail_next(None, None, "drop")  # (its repo_info, its listing, then the file's HEAD)
+            location = resolve_location("user/ds", storage_options={"endpoint": server.url, "token": False})
+            assert Path(location.meta_path("meta/info.json")).read_text() == "{}"
+            assert location.meta_root.endswith(f"snapshots/{SNAPSHOT_SHA}")
+        else:
+            with pytest.raises(RemoteFileError) as caught:
+                resolve_location("user/ds", storage_options={"endpoint": server.url, "token": False})
+            assert str(caught.value).startswith(
+                "hf://datasets/user/ds/meta/: download failed 3 time(s), the last with RemoteProtocolError: Server "
+                "disconnected"
+            ), caught.value
+            assert caught.value.status is None
+        heads = [r.method for r in server.records if "/resolve/" in r.path]
+    assert len(waits) == min(drops, 2) and heads.count("HEAD") == min(drops, 2) + 1
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "download" in r.getMessage()]
+    assert [level for level, _ in said] == ["INFO", "WARNING", "WARNING"][: len(said)] and len(said) == drops, said
+    assert said[0][1].startswith(
+        "download hf://datasets/user/ds/meta/ failed (RemoteProtocolError: Server disconnected without sending a "
+        "response.); retry 1/2 in "
+    ), said
 
 
 def test_a_hub_nobody_answers_is_dataset_not_found(monkeypatch) -> None:
