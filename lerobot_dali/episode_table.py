@@ -542,7 +542,8 @@ def _check_video_starts(
     not refused (LeRobot reads no episode's but those selected either)."""
     selected = np.ones(len(table), dtype=bool)
     if episodes is not None:
-        selected = np.isin(table.episode_index, np.asarray(episodes, dtype=np.int64))
+        # (as given: a list not of indices matches none here, and EpisodeTable.select refuses it by name)
+        selected = np.isin(table.episode_index, np.asarray(episodes))
     for key, files in table.cameras.items():
         rates = [info.fps] + [rate for rate in (_declared_video_fps(info, key),) if rate is not None]
         _check_camera_starts(source, key, table.episode_index, files, selected, 0.5 / max(rates))
