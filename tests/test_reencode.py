@@ -811,6 +811,37 @@ def test_a_hub_dataset_reencodes_at_its_snapshots_commit(
         assert out[relative].read_bytes() == source[relative].read_bytes(), relative
 
 
+def test_a_hub_dataset_whose_episode_starts_are_wrong_still_reencodes(
+    long_gop_ds: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Re-encoding copies whole video files and reads no episode's from_timestamp, so the open's refusal of episodes
+    starting less than half a frame apart (which a loader reading them must refuse) is not its to make: a Hub
+    dataset whose episode 1 starts 0.001 s after episode 0 in their file was refused (EpisodeMetadataError
+    advising episodes=[...], which reencode has no way to pass); its local copy re-encoded."""
+    import huggingface_hub
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from fsspec.implementations.local import LocalFileSystem
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = tmp_path / "snapshots" / commit
+    hub_root = tmp_path / "hub" / "datasets" / "user" / f"tiny@{commit}"
+    shutil.copytree(long_gop_ds, hub_root)
+    column = "videos/observation.images.cam0/from_timestamp"
+    path = next((hub_root / "meta/episodes").rglob("*.parquet"))
+    table = pq.read_table(path)
+    starts = table[column].to_pylist()
+    starts[1] = starts[0] + 0.001
+    pq.write_table(table.set_column(table.column_names.index(column), column, pa.array(starts, pa.float64())), path)
+    shutil.copytree(hub_root / "meta", snapshot / "meta")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *args, **kwargs: str(snapshot))
+    hub = FakeHub(path=str(tmp_path / "hub"), fs=LocalFileSystem())
+    monkeypatch.setattr(huggingface_hub, "HfFileSystem", lambda **options: hub)
+    report = reencode_dataset("user/tiny", tmp_path / "out", revision="main", cameras=["observation.images.cam0"])
+    assert len(report.videos) == 2
+    assert (tmp_path / "out" / path.relative_to(hub_root)).read_bytes() == path.read_bytes()
+
+
 def test_a_long_file_says_how_far_it_got(
     long_gop_ds: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
