@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import errno
+import inspect
 import io
 import logging
 import os
@@ -529,17 +530,27 @@ def _hub_tries(error: BaseException) -> int:
     default 5 retries, ~2.5 minutes of waits without ``Retry-After``; 6 with retries=0). Such a request has had its
     retries (:data:`RETRIES_ENV` does not reach them): retrying it here only stacked its policy inside this one's. Its
     loop is found by its code (a private name: a huggingface_hub that renames it gets 0, the two stacked as before).
+
+    A file's download (``hf_hub_download``: the metadata's) streams its body through ``http_get``, which tries again
+    itself, from the byte it got to, on a connection dropped or timed out (6 tries, 1 s apart, its count restarted by
+    each byte received): one of its frames per try, the last with ``_nb_retries`` spent. A metadata file whose body
+    kept dropping was 6 GETs in each of this module's tries (36, ~43 s, with the default 5 retries; a stalled one 36
+    read timeouts, ~6 minutes).
     """
     hub_http = sys.modules.get("huggingface_hub.utils._http")
     loop = getattr(getattr(hub_http, "_http_backoff_base", None), "__code__", None)
-    if loop is None:
-        return 0
+    get = getattr(sys.modules.get("huggingface_hub.file_download"), "http_get", None)
+    get = getattr(inspect.unwrap(get), "__code__", None) if callable(get) else None  # (under its argument check)
+    gets: list[Any] = []
     for frame, _ in traceback.walk_tb(error.__traceback__):
-        if frame.f_code is loop:
+        if loop is not None and frame.f_code is loop:
             tries, retries = frame.f_locals.get("nb_tries"), frame.f_locals.get("max_retries")
             if isinstance(tries, int) and isinstance(retries, int) and 0 < retries < tries:
                 return tries
-    return 0
+        if get is not None and frame.f_code is get:
+            gets.append(frame)
+    left = gets[-1].f_locals.get("_nb_retries") if gets else None
+    return len(gets) if len(gets) > 1 and isinstance(left, int) and left <= 0 else 0
 
 
 def _exhausted(error: BaseException, what: str, path: str, attempts: int, *, hub: bool = False) -> RemoteFileError:

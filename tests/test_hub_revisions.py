@@ -444,6 +444,33 @@ def test_a_metadata_download_whose_connection_drops_is_retried_by_the_loaders_po
     ), said
 
 
+def test_a_metadata_file_whose_body_keeps_dropping_is_not_retried_past_huggingface_hubs_own_tries(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A metadata file's GET whose body drops is tried again by huggingface_hub itself (``http_get``: 6 tries from the
+    byte it got to, 1 s apart): each of the loader's tries was those 6 GETs (36 with the default policy, a stalled one
+    36 read timeouts, ~6 minutes), where its 503s are not stacked. Its 6 tries spent are the RemoteFileError, with no
+    wait of the loader's."""
+    import huggingface_hub.file_download as file_download
+
+    from tests.test_http_remote import _SleepsRecorded
+
+    monkeypatch.setenv("LEROBOT_DALI_REMOTE_RETRIES", "2")
+    monkeypatch.setattr(file_download, "time", _SleepsRecorded([]))  # (its waits between its tries, not slept)
+    waits: list[float] = []
+    with _serving_hub_metadata(tmp_path, monkeypatch, waits) as server:
+        server.fault_paths = {}
+        server.fail_next(None, None, None, *["drop"] * 6)  # (its repo_info, its listing, the file's HEAD, its GETs)
+        with pytest.raises(RemoteFileError) as caught:
+            resolve_location("user/ds", storage_options={"endpoint": server.url, "token": False})
+        gets = [r.method for r in server.records if "/resolve/" in r.path].count("GET")
+    assert str(caught.value).startswith(
+        "hf://datasets/user/ds/meta/: download failed 6 time(s), the last with RemoteProtocolError: "
+    ), caught.value
+    assert str(caught.value).endswith("huggingface_hub's own retries spent"), caught.value
+    assert (gets, waits, caught.value.status) == (6, [], None)
+
+
 def test_a_hub_nobody_answers_is_dataset_not_found(monkeypatch) -> None:
     """huggingface_hub's own snapshot_download against an endpoint where nothing listens (no network needed)."""
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # (offline: it says so instead)
