@@ -515,6 +515,8 @@ def _missing_on_hub(
         )
     elif isinstance(error, LocalEntryNotFoundError) and _hub_answer(error) is not None:
         return None  # (the Hub was reached: it refused a file, or answered 5xx past its retries)
+    elif isinstance(error, LocalEntryNotFoundError) and _took_no_answer(error.__cause__):
+        return None  # (the Hub took the connection, then gave no answer in time: retried, as a dropped one)
     elif isinstance(error, LocalEntryNotFoundError):
         why = (
             f"cannot be opened: the Hub could not be reached and huggingface_hub's cache holds no metadata of "
@@ -526,6 +528,17 @@ def _missing_on_hub(
         why += f"; nor is it a local folder under {os.getcwd()}"
     cause = (str(error).strip().splitlines() or [""])[0]
     return DatasetNotFoundError(f"dataset {repo_id!r} {why} ({type(error).__name__}: {cause})")
+
+
+def _took_no_answer(error: BaseException | None) -> bool:
+    """Whether ``error`` (huggingface_hub's request's, behind its LocalEntryNotFoundError) is a transient failure
+    after the connection was made (httpx's ReadTimeout, say): the Hub reached, not "could not be reached" (httpx's
+    ConnectError, ConnectTimeout: nothing took the connection)."""
+    return (
+        error is not None
+        and is_transient(error)
+        and not any(cls.__name__ in ("ConnectError", "ConnectTimeout") for cls in type(error).__mro__)
+    )
 
 
 def _cached_commits_starting(repo_id: str, revision: str | None) -> list[str]:

@@ -471,6 +471,46 @@ def test_a_metadata_file_whose_body_keeps_dropping_is_not_retried_past_huggingfa
     assert (gets, waits, caught.value.status) == (6, [], None)
 
 
+@pytest.mark.parametrize("timeouts", [2, 6])
+def test_a_metadata_files_head_that_times_out_is_retried_not_a_hub_that_could_not_be_reached(
+    tmp_path: Path, monkeypatch, timeouts: int
+) -> None:
+    """The Hub answered the repo's revision and listing, then the metadata file's HEAD timed out (huggingface_hub's
+    LocalEntryNotFoundError from httpx's ReadTimeout): the open failed at once as DatasetNotFoundError "the Hub could
+    not be reached ... nor is it a local folder", where a dropped connection is retried. It is retried now: the
+    dataset opens after one wait (2 timeouts: huggingface_hub asks twice a try), or, timing out every try, is the
+    RemoteFileError after the retries (2 here)."""
+    import httpx2
+    import huggingface_hub.file_download as file_download
+
+    monkeypatch.setenv("LEROBOT_DALI_REMOTE_RETRIES", "2")
+    asked = []
+
+    def timing_out(*args: Any, **kwargs: Any) -> Any:
+        asked.append(1)
+        if len(asked) <= timeouts:
+            raise httpx2.ReadTimeout("timed out")
+        return real(*args, **kwargs)
+
+    real = file_download.get_hf_file_metadata
+    monkeypatch.setattr(file_download, "get_hf_file_metadata", timing_out)
+    waits: list[float] = []
+    with _serving_hub_metadata(tmp_path, monkeypatch, waits) as server:
+        server.fault_paths = {}
+        options = {"endpoint": server.url, "token": False}
+        if timeouts == 2:
+            location = resolve_location("user/ds", storage_options=options)
+            assert Path(location.meta_path("meta/info.json")).read_text() == "{}"
+            assert len(waits) == 1
+        else:
+            with pytest.raises(RemoteFileError) as caught:
+                resolve_location("user/ds", storage_options=options)
+            assert str(caught.value).startswith(
+                "hf://datasets/user/ds/meta/: download failed 3 time(s), the last with ReadTimeout: timed out"
+            ), caught.value
+            assert len(waits) == 2
+
+
 def test_a_hub_nobody_answers_is_dataset_not_found(monkeypatch) -> None:
     """huggingface_hub's own snapshot_download against an endpoint where nothing listens (no network needed)."""
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # (offline: it says so instead)
