@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -15,11 +16,13 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from .batch_source import CameraFormat
+from .camera_codecs import survey_camera, surveyed_positions
 from .clips import Clip, build_clip
 from .cpu_decode import CpuFrameDecoder, cpu_decoders
 from .dali_video import DALI_CPU_CODECS, decode_clip_batch
 from .dataset_reader import LeRobotDatasetReader
-from .decode_route import DecodePreference, DecodeRoute, nvcuvid_library, route_for_video
+from .decode_route import DecodePreference, DecodeRoute, nvcuvid_library, route_for_codecs, route_for_video
 from .image_frames import decode_depth_images, decode_images
 from .packet_index_cache import load_episode_packet_index
 
@@ -102,6 +105,20 @@ def _diagnose_image_camera(reader: LeRobotDatasetReader, camera: str) -> CameraR
     return report
 
 
+def _route_for_files(
+    reader: LeRobotDatasetReader, camera: str, route: DecodeRoute, preference: DecodePreference, *, on_gpu: bool
+) -> DecodeRoute:
+    """``route`` (a DALI decoder's, from the first file), or the workers' where the camera's files differ in what that
+    decoder holds them to, as the iterator surveys them (:meth:`~.camera_plan.CameraPlanner._route_for_files`)."""
+    survey = survey_camera(reader, camera, surveyed_positions(reader, camera), skip_unreadable=True)
+    if survey.first is None or not survey.unlike(CameraFormat.of(survey.first, route=route)):
+        return route
+    codecs = survey.codecs()
+    formats = Counter(str(CameraFormat.of(f, route=route)) for f in survey.formats.values())
+    return route_for_codecs(codecs, decode=preference, on_gpu=on_gpu, label=camera,
+                            formats=None if len(codecs) > 1 else formats)  # fmt: skip
+
+
 def _diagnose_camera(reader: LeRobotDatasetReader, camera: str, machine: MachineReport) -> CameraReport:
     fs = reader.location.fs
     depth = camera in reader.info.depth_keys  # 12-bit codes: the workers decode them, as the iterator does
@@ -112,6 +129,8 @@ def _diagnose_camera(reader: LeRobotDatasetReader, camera: str, machine: Machine
         route = DecodeRoute.CPU_FALLBACK if depth else route_for_video(
             path, index, decode=preference, filesystem=fs, label=camera
         )  # fmt: skip
+        if route.dali_device:
+            route = _route_for_files(reader, camera, route, preference, on_gpu=machine.cuda_available)
     except Exception as e:
         return CameraReport(camera, None, None, None, error=_describe(e))
     shown_route = f"{route.value} (depth map)" if depth else route.value

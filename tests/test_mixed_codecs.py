@@ -349,3 +349,15 @@ def test_a_remote_worker_decoded_cameras_files_are_surveyed_through_the_packet_i
     with pytest.raises(SchemaMismatchError, match=r"file-001\.mp4 .*is av1 64x128 \(HxW\), .*is av1 64x96"):
         DALILeRobotIterator(remote, batch_size=5, device="cpu", num_workers=0)
     assert len(list((tmp_path / "cache/packet_index").glob("*/*.pidx"))) == 3
+
+
+def test_diagnose_names_the_route_a_camera_whose_files_mix_codecs_takes(make_ds, copy_ds) -> None:
+    """`lerobot-dali diagnose` routed a camera by its first file alone: a VP9 camera with one AV1 file read "route
+    dali_cpu", though the iterator surveys its files and sends it to the workers (cpu_fallback)."""
+    from lerobot_dali.diagnose import diagnose_dataset, diagnose_machine
+
+    root = _mixed(make_ds, copy_ds, "vp9", "av1")
+    (report,) = diagnose_dataset(open_dataset(root), machine=diagnose_machine())
+    assert (report.codec, report.route, report.error) == ("vp9", DecodeRoute.CPU_FALLBACK.value, None)
+    (uniform,) = diagnose_dataset(open_dataset(make_ds(**SPEC, codec="vp9")), machine=diagnose_machine())
+    assert uniform.route in (DecodeRoute.NVDEC.value, DecodeRoute.DALI_CPU.value)  # (one codec: a DALI decoder)
