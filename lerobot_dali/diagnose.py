@@ -23,8 +23,10 @@ from .cpu_decode import CpuFrameDecoder, cpu_decoders
 from .dali_video import DALI_CPU_CODECS, decode_clip_batch
 from .dataset_reader import LeRobotDatasetReader
 from .decode_route import DecodePreference, DecodeRoute, nvcuvid_library, route_for_codecs, route_for_video
+from .file_format_store import FileFormatStore
 from .image_frames import decode_depth_images, decode_images
 from .packet_index_cache import load_episode_packet_index
+from .packet_index_store import PacketIndexStore
 
 __all__ = ["CameraReport", "MachineReport", "diagnose_dataset", "diagnose_machine"]
 
@@ -110,7 +112,10 @@ def _route_for_files(
 ) -> DecodeRoute:
     """``route`` (a DALI decoder's, from the first file), or the workers' where the camera's files differ in what that
     decoder holds them to, as the iterator surveys them (:meth:`~.camera_plan.CameraPlanner._route_for_files`)."""
-    survey = survey_camera(reader, camera, surveyed_positions(reader, camera), skip_unreadable=True)
+    store = None if reader.location.is_local else PacketIndexStore()  # (the iterator's stores: kept for it)
+    format_store = FileFormatStore() if reader.holds_local_files() else None
+    survey = survey_camera(reader, camera, surveyed_positions(reader, camera), skip_unreadable=True, store=store,
+                           format_store=format_store)  # fmt: skip
     if survey.first is None or not survey.unlike(CameraFormat.of(survey.first, route=route)):
         return route
     codecs = survey.codecs()
