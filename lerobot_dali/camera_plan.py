@@ -19,7 +19,7 @@ import numpy as np
 
 from .augment_config import AugmentConfig
 from .batch_source import CameraFormat
-from .camera_codecs import codec_counts, survey_camera, surveyed_positions
+from .camera_codecs import CameraSurvey, codec_counts, survey_camera, surveyed_positions
 from .concurrent_calls import in_threads
 from .cpu_backends import pyav_can_decode
 from .cpu_decode_options import CpuDecodeOptions
@@ -38,9 +38,25 @@ from .said_once import say_once, warn_once
 from .wording import counted
 from .yuv_frames import has_color_matrix, nvdec_color_fix
 
-__all__ = ["CameraPlanner", "nvdec_color_fixes"]
+__all__ = ["CameraPlanner", "nvdec_color_fixes", "route_for_survey"]
 
 logger = logging.getLogger(__name__)
+
+
+def route_for_survey(
+    survey: CameraSurvey, route: DecodeRoute, preference: DecodePreference, *, on_gpu: bool
+) -> DecodeRoute:
+    """``route`` (the camera's first file's), or the workers' where DALI decodes it (NVDEC or its CPU decoder) and
+    the camera's files (``survey``) differ in what that decoder holds them to: codec (on NVDEC pixel format and colour
+    too), :func:`~.decode_route.route_for_codecs`. The iterator's choice, which ``diagnose`` shows."""
+    if not route.dali_device:  # (the workers give each file a decoder of its own: only the size has to agree)
+        return route
+    if survey.first is None or not survey.unlike(CameraFormat.of(survey.first, route=route)):
+        return route
+    codecs = survey.codecs()
+    formats = Counter(str(CameraFormat.of(f, route=route)) for f in survey.formats.values())
+    return route_for_codecs(codecs, decode=preference, on_gpu=on_gpu, label=survey.camera,
+                            formats=None if len(codecs) > 1 else formats)  # fmt: skip
 
 
 @dataclass(kw_only=True, eq=False)
@@ -140,14 +156,7 @@ class CameraPlanner:
         survey = survey_camera(self.reader, camera, positions, skip_unreadable=True, store=self.remote_index_store,
                                format_store=self.format_store, since=since)  # fmt: skip
         survey.check_sizes()
-        if not route.dali_device:  # (the workers give each file a decoder of its own: only the size has to agree)
-            return route
-        if survey.first is None or not survey.unlike(CameraFormat.of(survey.first, route=route)):
-            return route
-        codecs = survey.codecs()
-        formats = Counter(str(CameraFormat.of(f, route=route)) for f in survey.formats.values())
-        return route_for_codecs(codecs, decode=preference, on_gpu=self.device_id is not None, label=camera,
-                                formats=None if len(codecs) > 1 else formats)  # fmt: skip
+        return route_for_survey(survey, route, preference, on_gpu=self.device_id is not None)
 
     def _packet_index(self, pos: int, camera: str) -> tuple[VideoRef, PacketIndex]:
         """Episode ``pos``'s video of ``camera`` and its packet index."""

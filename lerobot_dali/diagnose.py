@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -16,13 +15,13 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from .batch_source import CameraFormat
 from .camera_codecs import survey_camera, surveyed_positions
+from .camera_plan import route_for_survey
 from .clips import Clip, build_clip
 from .cpu_decode import CpuFrameDecoder, cpu_decoders
 from .dali_video import DALI_CPU_CODECS, decode_clip_batch
 from .dataset_reader import LeRobotDatasetReader
-from .decode_route import DecodePreference, DecodeRoute, nvcuvid_library, route_for_codecs, route_for_video
+from .decode_route import DecodePreference, DecodeRoute, nvcuvid_library, route_for_video
 from .file_format_store import FileFormatStore
 from .image_frames import decode_depth_images, decode_images
 from .packet_index_cache import load_episode_packet_index
@@ -111,17 +110,12 @@ def _route_for_files(
     reader: LeRobotDatasetReader, camera: str, route: DecodeRoute, preference: DecodePreference, *, on_gpu: bool
 ) -> DecodeRoute:
     """``route`` (a DALI decoder's, from the first file), or the workers' where the camera's files differ in what that
-    decoder holds them to, as the iterator surveys them (:meth:`~.camera_plan.CameraPlanner._route_for_files`)."""
+    decoder holds them to, as the iterator surveys them (:func:`~.camera_plan.route_for_survey`)."""
     store = None if reader.location.is_local else PacketIndexStore()  # (the iterator's stores: kept for it)
     format_store = FileFormatStore() if reader.holds_local_files() else None
     survey = survey_camera(reader, camera, surveyed_positions(reader, camera), skip_unreadable=True, store=store,
                            format_store=format_store)  # fmt: skip
-    if survey.first is None or not survey.unlike(CameraFormat.of(survey.first, route=route)):
-        return route
-    codecs = survey.codecs()
-    formats = Counter(str(CameraFormat.of(f, route=route)) for f in survey.formats.values())
-    return route_for_codecs(codecs, decode=preference, on_gpu=on_gpu, label=camera,
-                            formats=None if len(codecs) > 1 else formats)  # fmt: skip
+    return route_for_survey(survey, route, preference, on_gpu=on_gpu)
 
 
 def _diagnose_camera(reader: LeRobotDatasetReader, camera: str, machine: MachineReport) -> CameraReport:
