@@ -461,8 +461,8 @@ def _diagnose(args: argparse.Namespace) -> int:
     from .diagnose import diagnose_dataset, diagnose_machine
 
     if args.dataset is None and (args.cameras or args.revision):
-        taken = f" (--cameras took {' '.join(map(repr, args.cameras))})" if args.cameras else ""
-        raise _CommandError(f"--cameras and --revision need a DATASET; give DATASET before --cameras{taken}")
+        taken = f" before --cameras (--cameras took {' '.join(map(repr, args.cameras))})" if args.cameras else ""
+        raise _CommandError(f"--cameras and --revision need a DATASET; give DATASET{taken}")
     machine = diagnose_machine()
     print(f"DALI {machine.dali_version or 'not installed'}")
     if machine.cuda_available:

@@ -402,7 +402,7 @@ def test_diagnose_dataset_after_cameras_is_refused(tmp_path: Path, capsys) -> No
     dataset = str(tmp_path / "ds")
     cases = (
         (["--cameras", "observation.images.cam0", dataset], f"'observation.images.cam0' '{dataset}'"),
-        (["--revision", "v1"], "give DATASET before --cameras"),
+        (["--revision", "v1"], "give DATASET\n"),  # (no --cameras to give it before)
     )
     for argv, said in cases:
         assert main(["diagnose", *argv]) == 2
