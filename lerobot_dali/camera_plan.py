@@ -21,8 +21,8 @@ from .augment_config import AugmentConfig
 from .batch_source import CameraFormat
 from .camera_codecs import CameraSurvey, codec_counts, survey_camera, surveyed_positions
 from .concurrent_calls import in_threads
-from .cpu_backends import pyav_can_decode
-from .cpu_decode_options import CpuDecodeOptions
+from .cpu_backends import pyav_can_decode, torchcodec_unavailable
+from .cpu_decode_options import CpuDecodeOptions, CpuDecoderBackend
 from .dali_graph import CameraFeed, camera_feed
 from .dataset_reader import LeRobotDatasetReader, VideoRef
 from .decode_route import DecodePreference, DecodeRoute, route_for_codecs, route_for_video
@@ -139,7 +139,22 @@ class CameraPlanner:
 
         in_threads(check_first, self.reader.first_episodes())  # (a union's datasets' at once)
         self.color_fixes = nvdec_color_fixes(self.camera_formats)
+        self._check_backend(routes)
         return routes
+
+    def _check_backend(self, routes: Mapping[str, DecodeRoute]) -> None:
+        """CodecUnsupportedError where ``cpu_decode`` asks for torchcodec, which cannot decode here, and the workers
+        decode a camera: before, the iterator was built and the first batch failed."""
+        workers = [camera for camera, route in routes.items() if route is DecodeRoute.CPU_FALLBACK]
+        if self.cpu_decode.backend is not CpuDecoderBackend.TORCHCODEC or not workers:
+            return
+        why_not = torchcodec_unavailable()
+        if why_not is not None:
+            raise CodecUnsupportedError(
+                f"cpu_decode=CpuDecodeOptions(backend=torchcodec) for cameras {workers}, which the workers decode, but "
+                f"{why_not}: use CpuDecoderBackend.PYAV or AUTO (torchcodec where it decodes, else PyAV), or make "
+                "torchcodec load"
+            )
 
     def _route_for_files(
         self, camera: str, route: DecodeRoute, preference: DecodePreference, *, since: float | None = None

@@ -24,6 +24,7 @@ from lerobot_dali.cpu_decode import (
     pyav_can_decode,
     torchcodec_available,
 )
+from lerobot_dali.decode_route import DecodeRoute
 from lerobot_dali.errors import CodecUnsupportedError, FrameRequestError, MissingDataFileError, VideoDecodeError
 from lerobot_dali.frame_marker import draw_marker
 from lerobot_dali.packet_decoder import PacketDecoder
@@ -449,6 +450,29 @@ def test_torchcodec_backend_where_missing(marker_video: MarkerVideo) -> None:
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.TORCHCODEC))
     with pytest.raises(CodecUnsupportedError, match="torchcodec"):
         decoder.decode(path, build_packet_index(path), [0])
+
+
+def test_the_torchcodec_backend_where_it_cannot_decode_is_refused_when_the_iterator_is_built(
+    make_ds, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``backend=torchcodec`` where torchcodec cannot decode built the iterator and failed at the first batch (a
+    worker's decoder): refused at construction, naming the cameras the workers decode and the fix; a camera DALI
+    decodes (VP9 in CPU mode) needs no torchcodec and builds."""
+    from lerobot_dali import DALILeRobotIterator
+
+    _stand_in_torchcodec(monkeypatch, None)  # (imports, found no FFmpeg: torchcodec_unavailable says why)
+    torchcodec = CpuDecodeOptions(backend=CpuDecoderBackend.TORCHCODEC)
+    root = make_ds(episodes=1, frames_per_episode=4, cameras=1, codec="h264")
+    with pytest.raises(CodecUnsupportedError) as info:
+        DALILeRobotIterator(root, batch_size=2, device="cpu", num_workers=0, cpu_decode=torchcodec)
+    assert str(info.value).startswith(
+        "cpu_decode=CpuDecodeOptions(backend=torchcodec) for cameras ['observation.images.cam0'], which the workers "
+        "decode, but torchcodec 0.17.0 found no FFmpeg shared libraries"
+    ) and str(info.value).endswith("use CpuDecoderBackend.PYAV or AUTO (torchcodec where it decodes, else PyAV), "
+                                   "or make torchcodec load")  # fmt: skip
+    vp9 = make_ds(episodes=1, frames_per_episode=4, cameras=1, codec="vp9")
+    with DALILeRobotIterator(vp9, batch_size=2, device="cpu", num_workers=0, cpu_decode=torchcodec) as it:
+        assert it.routes == {"observation.images.cam0": DecodeRoute.DALI_CPU}
 
 
 def _stand_in_torchcodec(monkeypatch: pytest.MonkeyPatch, ffmpeg_major_version: int | None) -> None:
