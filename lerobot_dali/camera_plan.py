@@ -144,8 +144,13 @@ class CameraPlanner:
 
     def _check_backend(self, routes: Mapping[str, DecodeRoute]) -> None:
         """CodecUnsupportedError where ``cpu_decode`` asks for torchcodec, which cannot decode here, and the workers
-        decode a camera: before, the iterator was built and the first batch failed."""
-        workers = [camera for camera, route in routes.items() if route is DecodeRoute.CPU_FALLBACK]
+        decode a camera: before, the iterator was built and the first batch failed. Depth cameras are left out: PyAV
+        decodes their 12-bit codes whatever the backend."""
+        workers = [
+            camera
+            for camera, route in routes.items()
+            if route is DecodeRoute.CPU_FALLBACK and camera not in self.depth_quantizers
+        ]
         if self.cpu_decode.backend is not CpuDecoderBackend.TORCHCODEC or not workers:
             return
         why_not = torchcodec_unavailable()

@@ -390,3 +390,17 @@ def test_a_union_reads_depth_with_one_set_of_parameters(depth_ds: Path, tmp_path
     (other / "meta/info.json").write_text(json.dumps(info))
     with pytest.raises(SchemaMismatchError, match=r"differ in 'observation\.depth\.front'.*depth_max=5\.0.*4\.0"):
         concat_datasets([depth_ds, other])
+
+
+def test_a_depth_camera_needs_no_torchcodec_where_cpu_decode_asks_for_it(depth_ds, monkeypatch) -> None:
+    """PyAV decodes a depth camera's 12-bit codes whatever ``cpu_decode``'s backend: a depth camera alone among the
+    worker-decoded ones was refused at build where torchcodec cannot decode (96d57ed's check counted it)."""
+    from lerobot_dali.cpu_decode_options import CpuDecodeOptions, CpuDecoderBackend
+    from lerobot_dali.decode_route import DecodeRoute
+    from tests.test_cpu_decode import _stand_in_torchcodec
+
+    _stand_in_torchcodec(monkeypatch, None)
+    torchcodec = CpuDecodeOptions(backend=CpuDecoderBackend.TORCHCODEC)
+    with DALILeRobotIterator(depth_ds, batch_size=2, device="cpu", num_workers=0, cpu_decode=torchcodec) as it:
+        assert it.routes[DEPTH] is DecodeRoute.CPU_FALLBACK
+        assert next(iter(it))[DEPTH].shape == (2, 1, 48, 80)
