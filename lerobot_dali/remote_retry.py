@@ -1162,6 +1162,11 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         def fetch_once(extra: dict[str, Any]) -> Any:
             if _is_hub(self.fs):
                 return self._hub_cat_file(path, start, end, kwargs)
+            if ranged and speaks_http(self.fs):  # (read no further than asked, a 416 named)
+                from .http_ranges import cat_range  # (which names a change as this module does)
+
+                pinned = self._pinned(path, {**kwargs, **extra})
+                return cat_range(self.fs, path, start, end, size=size, **pinned)  # type: ignore[arg-type]
             return self.fs.cat_file(path, start=start, end=end, **self._pinned(path, {**kwargs, **extra}))
 
         def fetch() -> Any:

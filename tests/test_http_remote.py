@@ -633,6 +633,56 @@ def test_a_ranged_cat_file_answered_short_is_retried_and_one_answered_whole_is_n
         assert fs.cat_file(url) == data  # (a whole file asked: no range to check)
 
 
+@pytest.mark.parametrize("stamped", [False, True], ids=["unstamped", "stamped"])
+def test_a_ranged_cat_file_answered_416_names_the_file_the_range_and_its_sizes(tmp_path: Path, slept, stamped) -> None:
+    """A range past a plain HTTP(S) file's end (the file shrank on a server giving no ETag, so no If-Match to answer
+    412) is answered 416, which reached the caller (the prefetch cache's fill) as aiohttp's ClientResponseError: no
+    path of ours, no range, no advice. It is now a DatasetError naming the file, the range, the server's size (its
+    Content-Range) and, where the dataset listed the file with another size, the file's change; not retried."""
+    import fsspec
+
+    from lerobot_dali.file_stamps import FileStamp
+
+    (tmp_path / "f.bin").write_bytes(bytes(102_400))
+    with serve_folder(tmp_path) as server:
+        server.versions = False
+        url = f"{server.url}/f.bin"
+        fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True), policy=RetryPolicy(retries=2))
+        if stamped:
+            fs.pin({url: FileStamp(102_400)})  # (its size as the dataset listed it)
+        (tmp_path / "f.bin").write_bytes(bytes(600))  # (shrank on the server)
+        with pytest.raises(DatasetError) as info:
+            fs.cat_file(url, start=50_000, end=51_000)
+        assert [(r.method, r.status, r.range) for r in server.records] == [("GET", 416, "bytes=50000-50999")]
+    said = "bytes [50000, 51000) asked, answered HTTP 416 Range Not Satisfiable"
+    assert str(info.value) == (
+        f"{url} changed on the server while it was read ({said}: 102400 bytes when opened, 600 bytes now); re-open "
+        "the dataset"
+        if stamped
+        else f"{url}: {said} (the server has 600 bytes of it): the file is shorter than the range was reckoned "
+        "for; if it changed on the server, re-open the dataset to read it as it is now"
+    )
+    assert slept == [] and type(info.value) is DatasetError
+
+
+def test_a_plain_http_range_answered_whole_is_read_no_further_than_the_bytes_asked(tmp_path: Path) -> None:
+    """fsspec's HTTP cat_file reads its answer whole: 10 bytes asked of a 32 MiB file by a server ignoring Range (200,
+    the whole file) read all 33,554,432 bytes (64 MiB at its peak in memory) before the range was found too long. The
+    answer is now read no further than the bytes asked (then named), as a Hub range's is."""
+    import fsspec
+
+    size = 32 * 2**20
+    (tmp_path / "f.bin").write_bytes(bytes(size))
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True), policy=RetryPolicy(retries=2))
+        server.fault_paths = {"/f.bin": "no_range"}
+        for start in (0, 1000):  # (from the file's start, fsspec's block fetch reads a 200's first bytes as its own)
+            with pytest.raises(DatasetError, match=r"f\.bin: the server ignored an HTTP Range request.*supports Range"):
+                fs.cat_file(f"{server.url}/f.bin", start=start, end=start + 10)
+        sent = [r.sent_bytes for r in server.records]
+    assert len(sent) == 2 and max(sent) < size // 2, sent  # (what the sockets' buffers took before the client left)
+
+
 def test_a_server_that_ignores_range_is_named_with_a_fix(tmp_path: Path) -> None:
     import fsspec
 

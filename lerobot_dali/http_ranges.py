@@ -1,0 +1,84 @@
+"""One byte range of a plain HTTP(S) file in one GET, read no further than the bytes asked, a 416 named.
+
+fsspec's HTTP ``cat_file`` reads its answer whole: from a server that ignores Range (200, the whole file) the 10 bytes
+the prefetch cache asked of a 32 MiB file read all 33,554,432 (64 MiB at its peak in memory; of a video, its GBs)
+before :func:`~.remote_retry.RetryingFileSystem.cat_file` found the answer too long; and a range past the file's end
+(answered 416 Range Not Satisfiable: the file shrank on a server giving no ETag) reached the caller as aiohttp's
+``ClientResponseError``, naming neither the range nor what to do. This is the same request, through the
+filesystem's own session and request options, its answer read until it holds more bytes than asked (then left:
+the range check names the server as ignoring Range, as for a Hub range since 690f01e).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fsspec.asyn import sync
+
+from .errors import DatasetError
+from .remote_retry import changed_on_server
+from .url_secrets import masked
+
+__all__ = ["cat_range"]
+
+#: HTTP's answer to a Range that no byte of the file satisfies (it starts at or past the file's end).
+_RANGE_NOT_SATISFIABLE = 416
+#: The most bytes asked of the connection at once.
+_CHUNK = 1024 * 1024
+
+
+def cat_range(
+    fs: Any, url: str, start: int, end: int, *, size: int | None = None, timeout: float | None = None, **kwargs: Any
+) -> bytes:
+    """Bytes ``[start, end)`` of ``url`` (``0 <= start <= end``) from fsspec HTTP filesystem ``fs``, in one GET with
+    ``kwargs`` its request options (headers merged over the filesystem's, as its ``cat_file`` does) and ``timeout``
+    seconds in all (fsspec's ``FSTimeoutError`` past it); ``size``: the file's size as the dataset listed it, where
+    known. The answer is read until it holds more than ``end - start`` bytes: a server that ignored the Range is
+    left after about that many, and what came returned for the caller's check to name. A 404 is fsspec's
+    FileNotFoundError and any other failing status aiohttp's error, as from ``cat_file``; a 416 is a DatasetError
+    naming the file, the range, its sizes and what to do (:func:`_unsatisfiable`)."""
+    if start == end:
+        return b""
+    found = sync(fs.loop, _get, fs, url, start, end, kwargs, timeout=timeout)
+    if isinstance(found, bytes):
+        return found
+    raise _unsatisfiable(url, start, end, size, found)
+
+
+async def _get(fs: Any, url: str, start: int, end: int, kwargs: dict[str, Any]) -> bytes | str:
+    """The bytes of the GET of ``[start, end)`` (at most one more than asked), or a 416's ``Content-Range``."""
+    options = {**fs.kwargs, **kwargs}
+    headers = {**options.pop("headers", {}), "Range": f"bytes={start}-{end - 1}"}
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(url), headers=headers, **options) as response:
+        if response.status == _RANGE_NOT_SATISFIABLE:
+            return str(response.headers.get("Content-Range", ""))
+        fs._raise_not_found_for_status(response, url)
+        chunks, received = [], 0
+        while received <= end - start:  # (more than asked: a Range ignored; not read on)
+            chunk = await response.content.read(min(_CHUNK, end - start + 1 - received))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            received += len(chunk)
+    return b"".join(chunks)
+
+
+def _unsatisfiable(url: str, start: int, end: int, size: int | None, content_range: str) -> DatasetError:
+    """The error for bytes ``[start, end)`` of ``url`` answered 416: where the dataset listed the file with a ``size``
+    other than the server's now (its ``Content-Range: bytes */N``), the file's change (:func:`changed_on_server`);
+    else the range past the file's end, with its sizes where known."""
+    match = re.fullmatch(r"\s*bytes\s+\*/(\d+)\s*", content_range)
+    now = int(match.group(1)) if match else None
+    asked = f"bytes [{start}, {end}) asked, answered HTTP 416 Range Not Satisfiable"
+    if size is not None and now is not None and now != size:
+        return changed_on_server(url, f"{asked}: {size} bytes when opened, {now} bytes now")
+    has = "gives no size for it" if now is None else f"has {now} bytes of it"
+    listed = "" if size is None else f", the dataset listed it with {size}"
+    return DatasetError(
+        masked(
+            f"{url}: {asked} (the server {has}{listed}): the file is shorter than the range was reckoned for; "
+            "if it changed on the server, re-open the dataset to read it as it is now"
+        )
+    )
