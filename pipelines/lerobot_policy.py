@@ -88,6 +88,10 @@ from pipelines.train import (
 
 logger = logging.getLogger("lerobot_dali.pipelines.lerobot_policy")
 
+#: What to do about a loss that is not finite, in this script's flags (``FiniteLoss``' refusal; ``train.py``'s names
+#: its ``--episodes`` and ``--lr``, which this script has not: a LeRobot policy's learning rate is its config's).
+NOT_FINITE_REMEDY = "mend the data files, or lower the policy's learning rate (--policy-arg optimizer_lr=...)"
+
 
 @dataclass(frozen=True, kw_only=True)
 class PolicyTrainOptions:
@@ -371,7 +375,7 @@ def train(options: PolicyTrainOptions) -> list[float]:
     meter = Throughput()
     policy.train()
     batches = epoch_batches(iterator)
-    finite = FiniteLoss(accelerator, options.checkpoint_dir)
+    finite = FiniteLoss(accelerator, options.checkpoint_dir, remedy=NOT_FINITE_REMEDY)
     loop = PreemptibleLoop(
         accelerator, iterator, step=step, checkpoint_dir=options.checkpoint_dir, data=data, losses=finite
     )
@@ -399,8 +403,7 @@ def train(options: PolicyTrainOptions) -> list[float]:
             else:
                 meter.add(len(batch["index"]), camera_frames(batch, metadata.camera_keys), wait_s)
             if step % options.log_every == 0 or step == options.steps:
-                finite.check(step)
-                log_progress(accelerator, step, iterator.epoch, loss, meter, world_size)
+                log_progress(accelerator, step, iterator.epoch, loss, meter, world_size, finite)
                 read_back()
             loop.save_if_due(step, steps=options.steps, save_every=options.save_every)
         loop.stop(step)

@@ -41,7 +41,6 @@ import argparse
 import contextlib
 import json
 import logging
-import math
 import os
 import pickle
 import re
@@ -665,7 +664,7 @@ def feature_stats(
     aggregated per-episode statistics; ``stats`` when the caller read them already), else from up to
     ``max_episodes`` episodes spread over the dataset. Identical on every rank: no data order involved. Rows of those
     episodes that are not finite are refused (the mean and std would be NaN); the other episodes' reach the batches
-    as stored, as LeRobot reads them, and :func:`log_progress` refuses the loss they make."""
+    as stored, as LeRobot reads them, and :class:`FiniteLoss` refuses the loss they make."""
     stats = reader.read_stats() if stats is None else stats
     entry = stats.get(key, {})
     if "mean" in entry and "std" in entry:
@@ -1575,8 +1574,7 @@ def train(options: TrainOptions) -> int:
                     record.dataset_indices.append(batch["dataset_index"])
                 record.losses.append(loss.detach())
             if step % options.log_every == 0 or step == options.steps:
-                losses.check(step)
-                log_progress(accelerator, step, iterator.epoch, loss, meter, world_size)
+                log_progress(accelerator, step, iterator.epoch, loss, meter, world_size, losses)
             loop.save_if_due(step, steps=options.steps, save_every=options.save_every)
         loop.stop(step)
         losses.check(step)  # (the end: checked already at the last step; a preempted run's last step may not be)
@@ -1602,12 +1600,13 @@ def log_preemption(preempted: Preempted) -> None:
         )  # fmt: skip
 
 
-#: Why a loss is not finite, and what to do (:func:`log_progress`, :class:`FiniteLoss`).
+#: Why a loss is not finite (:class:`FiniteLoss`).
 _NOT_FINITE_CAUSE = (
     f"held NaN or infinity in its {STATE_KEY!r} or {ACTION_KEY!r} (read as the data files hold them, as LeRobot reads "
-    "them), or training diverged, and the weights are NaN from there on: mend the data files or train on episodes "
-    "without such rows (--episodes), or lower --lr"
+    "them), or training diverged, and the weights are NaN from there on"
 )
+#: What to do about a loss that is not finite, in ``train.py``'s flags (:class:`FiniteLoss`' ``remedy``).
+NOT_FINITE_REMEDY = "mend the data files or train on episodes without such rows (--episodes), or lower --lr"
 
 
 class FiniteLoss:
@@ -1618,10 +1617,11 @@ class FiniteLoss:
 
     Each step (:meth:`note`) the first step whose loss is not finite is kept on the loss's device (``torch.where``: a
     few kernels, no wait for the device); only :meth:`check` reads it back, once, after gathering every rank's (a
-    collective: every rank checks at the same steps and reaches the same verdict)."""
+    collective: every rank checks at the same steps and reaches the same verdict). ``remedy`` says what to do, in the
+    flags of the script whose loop it checks (:data:`NOT_FINITE_REMEDY`: ``train.py``'s)."""
 
-    def __init__(self, accelerator: Any, checkpoint_dir: Path | None) -> None:
-        self.accelerator, self.checkpoint_dir = accelerator, checkpoint_dir
+    def __init__(self, accelerator: Any, checkpoint_dir: Path | None, *, remedy: str = NOT_FINITE_REMEDY) -> None:
+        self.accelerator, self.checkpoint_dir, self.remedy = accelerator, checkpoint_dir, remedy
         self.first_step = torch.zeros((), dtype=torch.int64, device=accelerator.device)  # (0: none)
         self.first_loss = torch.zeros((), dtype=torch.float32, device=accelerator.device)
         self.checked: int | None = None  # (the step checked last)
@@ -1659,27 +1659,21 @@ class FiniteLoss:
                 f"{self.checkpoint_dir / f'step_{saved:08d}'} (which --resume continues from)"
             )
         return RunRefused(
-            f"the loss at step {step} is {loss} (a rank's at least): the batch of step {step} {_NOT_FINITE_CAUSE}; "
-            f"{resume}"
+            f"the loss at step {step} is {loss} (a rank's at least): the batch of step {step} {_NOT_FINITE_CAUSE}: "
+            f"{self.remedy}; {resume}"
         )
 
 
 def log_progress(
-    accelerator: Any, step: int, epoch: int, loss: torch.Tensor, meter: Throughput, world_size: int
+    accelerator: Any, step: int, epoch: int, loss: torch.Tensor, meter: Throughput, world_size: int, losses: FiniteLoss
 ) -> None:
-    """Rank 0 logs the loss averaged over ranks (every rank must call: it is a collective) and this rank's rates.
+    """Rank 0 logs the loss averaged over ranks (every rank must call: collectives) and this rank's rates.
 
-    A loss that is not finite (the same on every rank) is refused (:class:`RunRefused`): the iterator, as LeRobot's
-    dataset, hands over the NaN or infinity a data file holds, and the weights stepped by its gradient are NaN from
-    then on. Checked here, where the loss is gathered anyway, not at every step (a wait for the device, and a
-    collective, each step); ``train.py`` checks every step's before (:class:`FiniteLoss`), a loop without it may have
-    saved a checkpoint of those weights since the last step logged."""
-    mean_loss = float(accelerator.reduce(loss.detach(), reduction="mean"))
-    if not math.isfinite(mean_loss):
-        raise RunRefused(
-            f"the loss at step {step} is {mean_loss} (a rank's at least): a batch since the last step logged "
-            f"{_NOT_FINITE_CAUSE}; resume only from a checkpoint saved before it"
-        )
+    A loss not finite, this step's or one since the last check, on any rank, is refused first (``losses.check``).
+    The mean then sums each rank's share in float32, which cannot overflow: accelerate's mean sums in the loss's dtype,
+    where two ranks' finite float16 losses of 40,000 made inf (float32 and bfloat16 only past 1.7e38 each)."""
+    losses.check(step)
+    mean_loss = float(accelerator.reduce(loss.detach().float() / world_size, reduction="sum"))
     samples_s, frames_s, wait = meter.report()
     if accelerator.is_main_process and samples_s == 0:  # only the warm-up step since the last report
         logger.info("step %d epoch %d loss %.4f | warm-up", step, epoch, mean_loss)

@@ -1230,6 +1230,62 @@ def test_finite_loss_keeps_the_first_step_not_finite_on_the_device_and_reads_it_
     )
 
 
+def _two_ranks_alike() -> Any:
+    """An accelerator of two ranks whose losses are alike: ``reduce`` sums in the tensor's dtype, then divides for
+    ``mean`` (accelerate's all-reduce)."""
+    from types import SimpleNamespace
+
+    def reduce(t: torch.Tensor, reduction: str) -> torch.Tensor:
+        total = t + t  # (rank 0's plus rank 1's, in t's dtype)
+        return total / 2 if reduction == "mean" else total
+
+    return SimpleNamespace(device=torch.device("cpu"), gather=lambda t: t, reduce=reduce, is_main_process=True)
+
+
+def test_log_progress_checks_the_losses_itself_and_means_finite_losses_without_overflow(caplog) -> None:
+    """Both loops called ``FiniteLoss.check`` before ``log_progress``, whose own refusal of a mean not finite only a
+    mean of finite losses overflowing reached: accelerate's mean sums in the loss's dtype, and two ranks' float16
+    losses of 40,000 (measured with torchrun, gloo: inf) refused a run whose weights were finite. Now log_progress
+    checks the losses itself (a NaN noted at step 1 refused at step 2's log, naming step 1), and the mean of 40,000
+    on two ranks logs 40000."""
+    from pipelines.train import FiniteLoss, RunRefused, Throughput, log_progress
+
+    accelerator = _two_ranks_alike()
+    losses = FiniteLoss(accelerator, None)
+    with caplog.at_level(logging.INFO, logger="pipelines.train"):
+        for step, loss in enumerate([40000.0, 65504.0], start=1):
+            half = torch.tensor(loss, dtype=torch.float16)
+            losses.note(half, step)
+            log_progress(accelerator, step, 0, half, Throughput(), 2, losses)
+    said = [r.getMessage() for r in caplog.records if r.name == "pipelines.train"]
+    assert said == ["step 1 epoch 0 loss 40000.0000 | warm-up", "step 2 epoch 0 loss 65504.0000 | warm-up"], said
+    losses = FiniteLoss(accelerator, None)
+    losses.note(torch.tensor(float("-inf")), 1)
+    losses.note(torch.tensor(float("nan")), 2)
+    with pytest.raises(RunRefused, match=r"^the loss at step 1 is -inf \(a rank's at least\): the batch of step 1 "):
+        log_progress(accelerator, 2, 0, torch.tensor(float("nan")), Throughput(), 2, losses)
+
+
+@pytest.mark.parametrize("script", ["train", "lerobot_policy"])
+def test_a_scripts_refusal_of_a_loss_not_finite_names_only_its_own_flags(script: str, capsys) -> None:
+    """lerobot_policy.py's loop refused a loss not finite with train.py's advice, "train on episodes without such
+    rows (--episodes), or lower --lr": 2 flags lerobot_policy.py has not. Each script's advice names its own."""
+    import importlib
+
+    from pipelines.train import FiniteLoss, RunRefused
+
+    module = importlib.import_module(f"pipelines.{script}")
+    losses = FiniteLoss(_two_ranks_alike(), None, remedy=module.NOT_FINITE_REMEDY)
+    losses.note(torch.tensor(float("nan")), 1)
+    with pytest.raises(RunRefused) as refused:
+        losses.check(1)
+    named = re.findall(r"--[a-z][a-z-]*", str(refused.value))
+    with pytest.raises(SystemExit):
+        module.parse_args(["--help"])
+    usage = capsys.readouterr().out
+    assert named and [flag for flag in named if not re.search(rf"{flag}\b(?!-)", usage)] == [], (named, usage)
+
+
 def test_two_ranks_agree_on_a_loss_not_finite_on_one_of_them_before_the_first_save(make_ds, copy_ds, tmp_path) -> None:
     """Two ranks, one episode each, episode 1's holding a NaN: its rank's loss is NaN from step 1, the other's from
     step 2 (the weights NaN after step 1's all-reduce). Steps 1 and 2 were saved (155,718 of 155,744 weights NaN,
