@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,7 +38,7 @@ from .said_once import say_once, warn_once
 from .wording import counted
 from .yuv_frames import has_color_matrix, nvdec_color_fix
 
-__all__ = ["CameraPlanner", "nvdec_color_fixes", "route_for_survey"]
+__all__ = ["CameraPlanner", "CameraRouter", "nvdec_color_fixes", "route_for_survey"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,18 +60,98 @@ def route_for_survey(
 
 
 @dataclass(kw_only=True, eq=False)
-class CameraPlanner:
-    """What an iterator's cameras are planned from: its reader, device and packet index stores, the depth cameras,
-    the frame lookup's options and what the graph does to frames. :meth:`choose_routes` picks each camera's route
-    (and sets :attr:`camera_formats` and :attr:`color_fixes`), then :meth:`plan_feeds` each camera's feed."""
+class CameraRouter:
+    """Each video camera's route, from its files surveyed through the stores an iterator keeps (built here, from the
+    reader): the part of :class:`CameraPlanner` that ``diagnose`` shares, so the route it shows is the iterator's."""
 
     reader: LeRobotDatasetReader
     device_id: int | None  # None: the CPU
-    index_store: PacketIndexStore
-    remote_index_store: PacketIndexStore | None  # a remote dataset's (the same store), else None
-    format_store: FileFormatStore | None  # a local dataset's
-    depth_quantizers: Collection[str]  # the depth video cameras
-    depth_cameras: Collection[str]  # those and the depth image cameras
+    #: Every video file's packet index, kept on disk (a local one's too, keyed by its stat): a dataset of thousands
+    #: of video files outgrows the workers' bounded caches, and each file dropped was demuxed again (92,000 episodes,
+    #: 3 cameras, 30,000-frame files: ~60 ms each, ~6 a batch of 8), where loading one takes 1-4 ms.
+    index_store: PacketIndexStore = field(init=False)
+    #: A remote dataset's (the same store: its files are surveyed from their indexes), else None (a local dataset's
+    #: files are surveyed from their headers and need no prefetch).
+    remote_index_store: PacketIndexStore | None = field(init=False)
+    format_store: FileFormatStore | None = field(init=False)  # a dataset's local files' headers (a union's local ones)
+    depth_quantizers: Collection[str] = field(init=False)  # the depth video cameras
+
+    def __post_init__(self) -> None:
+        self.remote_index_store = None if self.reader.location.is_local else PacketIndexStore()
+        self.index_store = self.remote_index_store or PacketIndexStore()
+        self.format_store = FileFormatStore() if self.reader.holds_local_files() else None
+        self.depth_quantizers = self.reader.info.depth_quantizers(self.reader.camera_keys)
+
+    def route(
+        self,
+        camera: str,
+        preference: DecodePreference,
+        *,
+        others: Sequence[PacketIndex] | None = None,
+        since: float | None = None,
+    ) -> tuple[VideoRef, PacketIndex, DecodeRoute]:
+        """``camera``'s first episode's file, its packet index and the camera's route: from that file (a union's
+        camera whose datasets' first files, ``others`` where already read, differ in codec: the workers,
+        :func:`~.decode_route.route_for_codecs`); where DALI decodes the camera, the workers too where its other
+        files differ from the first (:meth:`_route_for_files`)."""
+        if self.device_id is None:
+            preference = DecodePreference.CPU
+        video, index = self._packet_index(0, camera)
+        if others is None:
+            others = [self._packet_index(pos, camera)[1] for pos in self._other_firsts()]
+        codecs = codec_counts([index, *others])
+        if camera in self.depth_quantizers:  # 12-bit codes: NVDEC and DALI's decoders give 8-bit RGB only
+            for codec in codecs:
+                if not pyav_can_decode(codec):
+                    raise CodecUnsupportedError(
+                        f"depth camera {camera!r} ({video.path}) is {codec}, which PyAV cannot decode here; "
+                        f"leave the camera out with {cameras_hint()}"
+                    )
+            route = DecodeRoute.CPU_FALLBACK
+        elif len(codecs) > 1:
+            route = route_for_codecs(codecs, decode=preference, on_gpu=self.device_id is not None, label=camera)
+        else:
+            route = route_for_video(
+                video.path, index, decode=preference, device_id=self.device_id or 0,
+                filesystem=self.reader.filesystem_of(video.path), label=camera,
+            )  # fmt: skip
+        return video, index, self._route_for_files(camera, route, preference, since=since)
+
+    def _other_firsts(self) -> list[int]:
+        """A union's other datasets' first episodes, whose files' codecs may differ from the first's (the camera then
+        goes to the workers, a decoder per file: NVDEC and DALI's CPU decoder take one codec per camera)."""
+        return [pos for pos in self.reader.first_episodes() if pos]
+
+    def _route_for_files(
+        self, camera: str, route: DecodeRoute, preference: DecodePreference, *, since: float | None = None
+    ) -> DecodeRoute:
+        """``route`` for ``camera``, its files surveyed (each one's header, up to a bound: :mod:`~.camera_codecs`),
+        whatever decodes it: raises SchemaMismatchError naming the files whose frame size is not the first's (a batch
+        is one tensor; before, a worker-decoded camera's odd file failed when a batch first reached it). Where DALI
+        decodes the camera (NVDEC or its CPU decoder), the workers instead where the files differ in what that
+        decoder holds them to: codec (on NVDEC pixel format and colour too), :func:`~.decode_route.route_for_codecs`.
+        Without this a file cut by LeRobot's delete_episodes (re-encoded as AV1 among H.264 files) failed when a
+        batch first reached it."""
+        # (a missing or damaged file fails as before when a batch reaches it, naming the camera and episodes)
+        positions = surveyed_positions(self.reader, camera)
+        survey = survey_camera(self.reader, camera, positions, skip_unreadable=True, store=self.remote_index_store,
+                               format_store=self.format_store, since=since)  # fmt: skip
+        survey.check_sizes()
+        return route_for_survey(survey, route, preference, on_gpu=self.device_id is not None)
+
+    def _packet_index(self, pos: int, camera: str) -> tuple[VideoRef, PacketIndex]:
+        """Episode ``pos``'s video of ``camera`` and its packet index."""
+        return load_episode_packet_index(self.reader, pos, camera, store=self.index_store)
+
+
+@dataclass(kw_only=True, eq=False)
+class CameraPlanner(CameraRouter):
+    """What an iterator's cameras are planned from: its reader, device and stores (:class:`CameraRouter`'s, which the
+    iterator keeps for its workers), the depth cameras, the frame lookup's options and what the graph does to
+    frames. :meth:`choose_routes` picks each camera's route (and sets :attr:`camera_formats` and :attr:`color_fixes`),
+    then :meth:`plan_feeds` each camera's feed."""
+
+    depth_cameras: Collection[str]  # the depth video cameras and the depth image cameras
     depth_unit: DepthUnit
     timestamp_source: TimestampSource
     tolerance_s: float
@@ -85,40 +165,19 @@ class CameraPlanner:
     def choose_routes(
         self, preference: DecodePreference, first_rows: Mapping[str, np.ndarray] | None
     ) -> dict[str, DecodeRoute]:
-        """A route per video camera, from its first episode's file (a union's camera whose datasets' first files
-        differ in codec: the workers, :func:`~.decode_route.route_for_codecs`; where DALI decodes the camera, the
-        workers too where its other files differ from the first, :meth:`_route_for_files`); that episode's first and
-        last rows (``first_rows``, where already read) are looked up in the file too (:meth:`_check_rows_find_frames`),
-        and its format kept as the camera's (``camera_formats``, which the workers hold every other file to). A
-        union's other datasets' first episodes are held to them now too, rather than when a batch first reaches them."""
+        """A route per video camera (:meth:`~CameraRouter.route`, a union's other datasets' first files read at once
+        for every camera); the first episode's first and last rows (``first_rows``, where already read) are looked up
+        in its file too (:meth:`_check_rows_find_frames`), and that file's format kept as the camera's
+        (``camera_formats``, which the workers hold every other file to). A union's other datasets' first episodes
+        are held to them now too, rather than when a batch first reaches them."""
         routes = {}
         surveys_since = time.monotonic()  # (one wait, however many cameras: its progress shows past 2 s in all)
-        if self.device_id is None:
-            preference = DecodePreference.CPU
         indexes = {}
-        # A union's other datasets' first files, whose codecs may differ from the first's (the camera then goes to
-        # the workers, a decoder per file: NVDEC and DALI's CPU decoder take one codec per camera).
-        firsts = [pos for pos in self.reader.first_episodes() if pos]
+        firsts = self._other_firsts()
         others = in_threads(lambda pos: {c: self._packet_index(pos, c) for c in self.reader.camera_keys}, firsts)
         for camera in self.reader.camera_keys:
-            video, indexes[camera] = self._packet_index(0, camera)
-            codecs = codec_counts([indexes[camera], *(files[camera][1] for files in others)])
-            if camera in self.depth_quantizers:  # 12-bit codes: NVDEC and DALI's decoders give 8-bit RGB only
-                for codec in codecs:
-                    if not pyav_can_decode(codec):
-                        raise CodecUnsupportedError(
-                            f"depth camera {camera!r} ({video.path}) is {codec}, which PyAV cannot decode here; "
-                            f"leave the camera out with {cameras_hint()}"
-                        )
-                route = DecodeRoute.CPU_FALLBACK
-            elif len(codecs) > 1:
-                route = route_for_codecs(codecs, decode=preference, on_gpu=self.device_id is not None, label=camera)
-            else:
-                route = route_for_video(
-                    video.path, indexes[camera], decode=preference, device_id=self.device_id or 0,
-                    filesystem=self.reader.filesystem_of(video.path), label=camera,
-                )  # fmt: skip
-            routes[camera] = self._route_for_files(camera, route, preference, since=surveys_since)
+            theirs = [files[camera][1] for files in others]
+            _, indexes[camera], routes[camera] = self.route(camera, preference, others=theirs, since=surveys_since)
         self.camera_formats = {
             camera: CameraFormat.of(index, route=routes[camera]) for camera, index in indexes.items()
         }
@@ -160,27 +219,6 @@ class CameraPlanner:
                 f"{why_not}: use CpuDecoderBackend.PYAV or AUTO (torchcodec where it decodes, else PyAV), or make "
                 "torchcodec load"
             )
-
-    def _route_for_files(
-        self, camera: str, route: DecodeRoute, preference: DecodePreference, *, since: float | None = None
-    ) -> DecodeRoute:
-        """``route`` for ``camera``, its files surveyed (each one's header, up to a bound: :mod:`~.camera_codecs`),
-        whatever decodes it: raises SchemaMismatchError naming the files whose frame size is not the first's (a batch
-        is one tensor; before, a worker-decoded camera's odd file failed when a batch first reached it). Where DALI
-        decodes the camera (NVDEC or its CPU decoder), the workers instead where the files differ in what that
-        decoder holds them to: codec (on NVDEC pixel format and colour too), :func:`~.decode_route.route_for_codecs`.
-        Without this a file cut by LeRobot's delete_episodes (re-encoded as AV1 among H.264 files) failed when a
-        batch first reached it."""
-        # (a missing or damaged file fails as before when a batch reaches it, naming the camera and episodes)
-        positions = surveyed_positions(self.reader, camera)
-        survey = survey_camera(self.reader, camera, positions, skip_unreadable=True, store=self.remote_index_store,
-                               format_store=self.format_store, since=since)  # fmt: skip
-        survey.check_sizes()
-        return route_for_survey(survey, route, preference, on_gpu=self.device_id is not None)
-
-    def _packet_index(self, pos: int, camera: str) -> tuple[VideoRef, PacketIndex]:
-        """Episode ``pos``'s video of ``camera`` and its packet index."""
-        return load_episode_packet_index(self.reader, pos, camera, store=self.index_store)
 
     def _held_to_formats(self, pos: int, files: Mapping[str, tuple[VideoRef, PacketIndex]]) -> dict[str, PacketIndex]:
         """The packet index of each camera's file of episode ``pos`` (``files``), each held to the camera's format."""

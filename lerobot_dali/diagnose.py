@@ -15,17 +15,13 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from .camera_codecs import survey_camera, surveyed_positions
-from .camera_plan import route_for_survey
+from .camera_plan import CameraRouter
 from .clips import Clip, build_clip
 from .cpu_decode import CpuFrameDecoder, cpu_decoders
 from .dali_video import DALI_CPU_CODECS, decode_clip_batch
 from .dataset_reader import LeRobotDatasetReader
-from .decode_route import DecodePreference, DecodeRoute, nvcuvid_library, route_for_video
-from .file_format_store import FileFormatStore
+from .decode_route import DecodePreference, DecodeRoute, nvcuvid_library
 from .image_frames import decode_depth_images, decode_images
-from .packet_index_cache import load_episode_packet_index
-from .packet_index_store import PacketIndexStore
 
 __all__ = ["CameraReport", "MachineReport", "diagnose_dataset", "diagnose_machine"]
 
@@ -84,7 +80,8 @@ def diagnose_dataset(reader: LeRobotDatasetReader, *, machine: MachineReport) ->
     A diagnosis reports every failure instead of stopping at the first: a camera whose video cannot be read
     gets its ``error`` (or a failed decode) and the next camera is still diagnosed. Image cameras (images in the
     data files) decode their first image as the workers do."""
-    videos = [_diagnose_camera(reader, camera, machine) for camera in reader.camera_keys]
+    router = CameraRouter(reader=reader, device_id=0 if machine.cuda_available else None)  # (the iterator's default)
+    videos = [_diagnose_camera(router, camera) for camera in reader.camera_keys]
     return videos + [_diagnose_image_camera(reader, camera) for camera in reader.image_keys]
 
 
@@ -106,32 +103,15 @@ def _diagnose_image_camera(reader: LeRobotDatasetReader, camera: str) -> CameraR
     return report
 
 
-def _route_for_files(
-    reader: LeRobotDatasetReader, camera: str, route: DecodeRoute, preference: DecodePreference, *, on_gpu: bool
-) -> DecodeRoute:
-    """``route`` (a DALI decoder's, from the first file), or the workers' where the camera's files differ in what that
-    decoder holds them to, as the iterator surveys them (:func:`~.camera_plan.route_for_survey`)."""
-    store = None if reader.location.is_local else PacketIndexStore()  # (the iterator's stores: kept for it)
-    format_store = FileFormatStore() if reader.holds_local_files() else None
-    survey = survey_camera(reader, camera, surveyed_positions(reader, camera), skip_unreadable=True, store=store,
-                           format_store=format_store)  # fmt: skip
-    return route_for_survey(survey, route, preference, on_gpu=on_gpu)
-
-
-def _diagnose_camera(reader: LeRobotDatasetReader, camera: str, machine: MachineReport) -> CameraReport:
-    fs = reader.location.fs
-    depth = camera in reader.info.depth_keys  # 12-bit codes: the workers decode them, as the iterator does
+def _diagnose_camera(router: CameraRouter, camera: str) -> CameraReport:
+    """``camera`` routed as the iterator routes it (the iterator's own :class:`~.camera_plan.CameraRouter`: its files
+    surveyed through the same stores), then frame 0 of its first file decoded by every route available here."""
+    depth = camera in router.depth_quantizers  # 12-bit codes: the workers decode them, as the iterator does
     try:
-        video, index = load_episode_packet_index(reader, 0, camera)
-        path = video.path
-        preference = DecodePreference.AUTO if machine.cuda_available else DecodePreference.CPU
-        route = DecodeRoute.CPU_FALLBACK if depth else route_for_video(
-            path, index, decode=preference, filesystem=fs, label=camera
-        )  # fmt: skip
-        if route.dali_device:
-            route = _route_for_files(reader, camera, route, preference, on_gpu=machine.cuda_available)
+        video, index, route = router.route(camera, DecodePreference.AUTO)
     except Exception as e:
         return CameraReport(camera, None, None, None, error=_describe(e))
+    path, fs = video.path, router.reader.filesystem_of(video.path)
     shown_route = f"{route.value} (depth map)" if depth else route.value
     report = CameraReport(camera, index.codec, (index.height, index.width), shown_route)
     decoder = CpuFrameDecoder()

@@ -50,12 +50,10 @@ from .errors import (
     WorkerProcessError,
 )
 from .exit_close import BatchesHeld, exiting, must_park, park_if_exiting, watch
-from .file_format_store import FileFormatStore
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, TimestampSourceName
 from .host_values import decode_host_values
 from .iterator_arguments import batchable_reader, camera_augment, check_windows, checked_arguments
 from .open_files import workers_files_fix
-from .packet_index_store import PacketIndexStore
 from .parent_watch import children_start_deaf_to_interrupts, task_puts_finish_before_interrupts
 from .prefetch import Prefetcher, prefetching_reader, wants_prefetch_cache
 from .progress_lines import said_if_long
@@ -224,24 +222,9 @@ class DALILeRobotIterator:
             batch_size=batch_size,
             options=options,
         )
-        location = self.reader.location
-        # (a local dataset's files are surveyed from their headers and need no prefetch: :mod:`.camera_plan`)
-        self._remote_index_store = None if location.is_local else PacketIndexStore()
-        # Every video file's index is kept on disk, a local one's too (keyed by its stat): a dataset of thousands of
-        # video files outgrows the workers' bounded caches, and each file dropped was demuxed again (92,000 episodes,
-        # 3 cameras, 30,000-frame files: ~60 ms each, ~6 a batch of 8), where loading one takes 1-4 ms.
-        self._index_store = self._remote_index_store or PacketIndexStore()
-        self._format_store = FileFormatStore() if self.reader.holds_local_files() else None  # (a union's local ones)
-        for store in (self._index_store, self._format_store, self.reader.column_store):
-            if store is not None:  # (a sweep a day at most)
-                store.prune_unused()
         planner = CameraPlanner(
             reader=self.reader,
             device_id=self._device_id,
-            index_store=self._index_store,
-            remote_index_store=self._remote_index_store,
-            format_store=self._format_store,
-            depth_quantizers=self._depth_quantizers,
             depth_cameras=self._depth_cameras,
             depth_unit=self._depth_unit,
             timestamp_source=self._timestamp_source,
@@ -251,6 +234,12 @@ class DALILeRobotIterator:
             augment=self._augment,
             num_workers=self._num_workers,
         )
+        # (the planner's stores, built as diagnose's: the workers read the packet indexes kept there)
+        self._index_store, self._remote_index_store = planner.index_store, planner.remote_index_store
+        self._format_store = planner.format_store
+        for store in (self._index_store, self._format_store, self.reader.column_store):
+            if store is not None:  # (a sweep a day at most)
+                store.prune_unused()
         self.routes = planner.choose_routes(preference, first_rows)
         self._camera_formats = planner.camera_formats
         warn_undeclared_columns(self.reader)

@@ -1,0 +1,119 @@
+"""``lerobot-dali diagnose`` shows each camera's route as the iterator takes it: the same router
+(:class:`~lerobot_dali.camera_plan.CameraRouter`), its files surveyed through the same kind of stores. Checked against
+a CPU iterator's own plan on the real datasets and on generated ones (one codec; files mixing VP9 and AV1; a file of
+another size; a remote dataset; a union)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lerobot_dali import DALILeRobotIterator, camera_plan, concat_datasets, diagnose, open_dataset
+from lerobot_dali.dataset_reader import LeRobotDatasetReader
+from lerobot_dali.diagnose import MachineReport, diagnose_dataset
+from lerobot_dali.errors import DatasetError
+from tests.conftest import shared_dataset
+
+CAM = "observation.images.cam0"
+SPEC = dict(episodes=6, frames_per_episode=8, cameras=1, fps=10, gop=4, episodes_per_file=2, size=(64, 96), seed=3)
+CUT = f"videos/{CAM}/chunk-000/file-001.mp4"  # episodes 2-3
+CPU = MachineReport(cuda_available=False, gpu_name=None, compute_capability=None, nvcuvid_library=None,
+                    dali_version=None, cpu_decoders="PyAV")  # fmt: skip
+#: The iterator's options each real dataset builds with (their timestamps' quirks: datasets/README.md).
+REAL = {
+    "cr5_v30_av1": ({}, {"timestamp_source": "frame_index"}),
+    "cr5_v21_av1": ({}, {"timestamp_source": "frame_index"}),
+    "r1_v30_h264": ({"keys": ["action"]}, {"tolerance_s": 0.0201}),
+    "gr00t_v20_h264": ({"cameras": ["observation.images.ego_view"]}, {"timestamp_source": "frame_index"}),
+}
+
+
+def _opener(name: str, make_ds: Callable[..., Path], copy_ds: Callable[[Path], Path]) -> Callable[[], Any]:
+    """A function opening dataset ``name`` anew (a reader each for the iterator and diagnose)."""
+    from tests import fake_remote  # noqa: F401  (registers the fakeremote:// protocol)
+
+    if name in REAL:
+        root, opening = shared_dataset(name), REAL[name][0]
+        return lambda: open_dataset(root, **opening)
+    vp9 = make_ds(**SPEC, codec="vp9")
+    if name == "vp9":
+        return lambda: open_dataset(vp9)
+    if name == "union vp9 | av1":
+        av1 = make_ds(**SPEC, codec="av1")
+        return lambda: concat_datasets([open_dataset(vp9), open_dataset(av1)])
+    cut = {"vp9+av1": make_ds(**SPEC, codec="av1"), "vp9+av1 remote": make_ds(**SPEC, codec="av1"),
+           "vp9 64x128 file": make_ds(**{**SPEC, "size": (64, 128)}, codec="vp9")}[name]  # fmt: skip
+    root = copy_ds(vp9)
+    shutil.copyfile(cut / CUT, root / CUT)
+    if name.endswith("remote"):
+        return lambda: open_dataset("fakeremote://", storage_options={"root": str(root)})
+    return lambda: open_dataset(root)
+
+
+def _iterator_routes(reader: LeRobotDatasetReader, **options: Any) -> dict[str, str] | str:
+    """The route of each camera of a CPU iterator built on ``reader`` (its own plan), or why it was refused."""
+    try:
+        it = DALILeRobotIterator(reader, batch_size=2, device="cpu", num_workers=0, **options)
+    except DatasetError as e:
+        return f"{type(e).__name__}: {e}"
+    it.close()
+    return {camera: route.value for camera, route in it.routes.items()}
+
+
+CASES = [*REAL, "vp9", "vp9+av1", "vp9+av1 remote", "vp9 64x128 file", "union vp9 | av1"]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_diagnose_shows_the_route_the_iterator_takes(name, make_ds, copy_ds, tmp_path, monkeypatch) -> None:
+    """Per camera, diagnose's route equals the route a CPU iterator took, or both refuse the camera alike (before:
+    a VP9 camera with a 64x128 file among 64x96 ones read "route cpu_fallback" where the iterator refused it)."""
+    monkeypatch.setenv("LEROBOT_DALI_CACHE", str(tmp_path / "cache"))
+    opener = _opener(name, make_ds, copy_ds)
+    routes = _iterator_routes(opener(), **REAL.get(name, ({}, {}))[1])
+    reports = diagnose_dataset(opener(), machine=CPU)
+    shown = {r.camera: r.route for r in reports} if all(r.error is None for r in reports) else reports[0].error
+    assert shown == routes
+    if name == "vp9 64x128 file":
+        assert isinstance(shown, str) and re.match(r"SchemaMismatchError: .*file-001\.mp4 .*is vp9 64x128", shown)
+    else:
+        assert isinstance(shown, dict) and set(shown.values()) == {"dali_cpu" if name == "vp9" else "cpu_fallback"}
+
+
+@pytest.mark.parametrize("name", ["vp9+av1", "vp9+av1 remote", "union vp9 | av1"])
+def test_diagnose_surveys_through_the_stores_the_iterator_does(name, make_ds, copy_ds, tmp_path, monkeypatch) -> None:
+    """Each packet index loaded to route a camera and each survey of its files: the same episodes, through the same
+    kind of stores in the same folders, whether diagnose or the iterator routes it (before: diagnose loaded the first
+    file's index through no store, where the iterator keeps every index in its packet index store)."""
+    monkeypatch.setenv("LEROBOT_DALI_CACHE", str(tmp_path / "cache"))
+    calls: list[tuple[Any, ...]] = []
+
+    def store(kept: Any) -> tuple[str, str] | None:
+        return None if kept is None else (type(kept).__name__, str(kept.directory))
+
+    def load(reader, pos, camera, **kwargs: Any) -> Any:
+        calls.append(("index", pos, camera, store(kwargs.get("store"))))
+        return real_load(reader, pos, camera, **kwargs)
+
+    def survey(reader, camera, positions, **kwargs: Any) -> Any:
+        kept = (store(kwargs.get("store")), store(kwargs.get("format_store")))
+        calls.append(("survey", camera, tuple(positions), kwargs.get("skip_unreadable"), *kept))
+        return real_survey(reader, camera, positions, **kwargs)
+
+    real_load, real_survey = camera_plan.load_episode_packet_index, camera_plan.survey_camera
+    for module in (camera_plan, diagnose):  # (raising=False: diagnose routes through camera_plan, importing neither)
+        monkeypatch.setattr(module, "load_episode_packet_index", load, raising=False)
+        monkeypatch.setattr(module, "survey_camera", survey, raising=False)
+    opener = _opener(name, make_ds, copy_ds)
+    assert _iterator_routes(opener()) == {CAM: "cpu_fallback"}
+    by_iterator, calls[:] = sorted(calls, key=str), []
+    (report,) = diagnose_dataset(opener(), machine=CPU)
+    assert report.route == "cpu_fallback"
+    assert sorted(calls, key=str) == by_iterator
+    remote = name.endswith("remote")  # (a remote dataset's files surveyed from the packet index store)
+    assert [(c[4] is not None, c[5] is not None) for c in by_iterator if c[0] == "survey"] == [(remote, not remote)]
+    assert ("index", 0, CAM, ("PacketIndexStore", str(tmp_path / "cache/packet_index"))) in by_iterator
