@@ -47,7 +47,7 @@ from .episode_rows import (
     read_episode_rows,
     read_parquet,
 )
-from .episode_table import EpisodeTable, filter_episodes, read_episode_records, read_episode_table
+from .episode_table import EpisodeTable, check_video_starts, filter_episodes, read_episode_records, read_episode_table
 from .errors import (
     CameraSelectionError,
     DataFileError,
@@ -865,14 +865,14 @@ def open_located(
     tabular_keys = _select(info.tabular_keys, keys, "key", elsewhere=(info.camera_keys, "cameras"))
     records = read_episode_records(location.meta_fs, location.meta_root, info)
     named = episodes  # (the user's own selection: episode_filter's replaces it below)
+    table = read_episode_table(records, info, video_keys=camera_keys)
     if episode_filter is not None:
         candidates = None
         if episodes is not None:  # (each must be the dataset's: the table's select says which are not)
-            listed = read_episode_table(records, info, video_keys=[]).select(episodes, source=location.description)
-            candidates = listed.episode_index.tolist()
+            candidates = table.select(episodes, source=location.description).episode_index.tolist()
         episodes = filter_episodes(records, episode_filter, candidates=candidates)
     # (where the selected episodes lie in their video files is checked for them alone: one left out reads nothing)
-    table = read_episode_table(records, info, video_keys=camera_keys, episodes=episodes)
+    check_video_starts(table, info, source=records.source, episodes=episodes)
     location = read_bulk_from_cache(location, bulk_files_named(info, table, camera_keys, episodes))
     # Remote: one recursive listing per root stamps every file (no per-file metadata request, here or in
     # any worker); a filesystem that cannot list falls back to one request per file looked up.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import PurePosixPath
 from typing import Any
@@ -36,6 +36,7 @@ __all__ = [
     "CameraFiles",
     "EpisodeRecords",
     "EpisodeTable",
+    "check_video_starts",
     "filter_episodes",
     "read_episode_records",
     "read_episode_table",
@@ -54,7 +55,7 @@ class CameraFiles:
     #: Where the next episode of the same video file starts (its ``from_timestamp``; NaN for a file's last episode,
     #: and v2.x's one episode a file): the end of this episode's part of the file. Worked out over every episode of
     #: the dataset, before ``select`` leaves any out. A ``from_timestamp`` missing (NaN) leaves those of its file's
-    #: episodes unknown: such episodes are refused as the dataset opens where selected (``_check_video_starts``).
+    #: episodes unknown: such episodes are refused as the dataset opens where selected (``check_video_starts``).
     next_from_timestamp_s: np.ndarray
 
 
@@ -245,13 +246,21 @@ class EpisodeRecords:
     source: str
     rows: pa.Table | list[dict[str, Any]]
 
-    def dicts(self) -> Iterator[dict[str, Any]]:
-        """Each episode's row as a dict of its own (a predicate may change it)."""
-        if isinstance(self.rows, list):
-            yield from (dict(record) for record in self.rows)
+    def dicts(self, episodes: Collection[int] | None = None) -> Iterator[dict[str, Any]]:
+        """Each episode's row (of ``episodes``; None: all), in order, as a dict of its own (a predicate may change it).
+        A v3.0 row is pyarrow's ``to_pylist`` row, its values converted a column at a time as that does; the rows are
+        zipped from the columns, not built by its dict comprehension (50,000 episodes: 3x faster), and only for
+        ``episodes``."""
+        rows = self.rows
+        if isinstance(rows, list):
+            yield from (dict(record) for record in rows if episodes is None or record["episode_index"] in episodes)
             return
-        for batch in self.rows.to_batches():
-            yield from batch.to_pylist()
+        if episodes is not None:
+            index = _i64(rows, "episode_index", self.source)
+            rows = rows.filter(pa.array(np.isin(index, np.fromiter(episodes, np.int64, len(episodes)))))
+        columns = rows.to_pydict()
+        names = list(columns)
+        yield from (dict(zip(names, values, strict=True)) for values in zip(*columns.values(), strict=True))
 
 
 def read_episode_records(fs: fsspec.AbstractFileSystem, meta_root: str, info: DatasetInfo) -> EpisodeRecords:
@@ -262,15 +271,11 @@ def read_episode_records(fs: fsspec.AbstractFileSystem, meta_root: str, info: Da
     return EpisodeRecords(f"{root}/meta/episodes.jsonl", _v2_rows(fs, meta_root, info))
 
 
-def read_episode_table(
-    records: EpisodeRecords, info: DatasetInfo, *, video_keys: list[str], episodes: Sequence[int] | None = None
-) -> EpisodeTable:
-    """The episode index from ``records`` (every episode), validating what later stages rely on; where each of
-    ``episodes`` (None: all) lies in its video files too (:func:`_check_video_starts`)."""
+def read_episode_table(records: EpisodeRecords, info: DatasetInfo, *, video_keys: list[str]) -> EpisodeTable:
+    """The episode index from ``records`` (every episode), validating what later stages rely on; where the episodes
+    read lie in their video files is checked by :func:`check_video_starts` once they are chosen."""
     if isinstance(records.rows, pa.Table):
-        table = _read_v3(records.rows, records.source, video_keys)
-        _check_video_starts(table, info, source=records.source, episodes=episodes)
-        return table
+        return _read_v3(records.rows, records.source, video_keys)
     return _read_v2(records.rows, records.source, info, video_keys)
 
 
@@ -291,10 +296,8 @@ def filter_episodes(
     wanted = None if candidates is None else {int(e) for e in candidates}
     kept: list[int] = []
     tested = 0
-    for row in records.dicts():
+    for row in records.dicts(wanted):
         episode = int(row["episode_index"])
-        if wanted is not None and episode not in wanted:
-            continue
         tested += 1
         try:
             keep = predicate(row)
@@ -502,7 +505,7 @@ def _v3_camera(source: str, table: pa.Table, key: str, n: int) -> CameraFiles:
     chunk = _i64(table, f"{prefix}chunk_index", source)
     file = _i64(table, f"{prefix}file_index", source)
     if f"{prefix}from_timestamp" in table.column_names:
-        # (a missing one reads as NaN: refused by _check_video_starts where a selected episode needs it)
+        # (a missing one reads as NaN: refused by check_video_starts where a selected episode needs it)
         start = np.asarray(table[f"{prefix}from_timestamp"].to_numpy(zero_copy_only=False), dtype=np.float64)
         start = np.where(np.isfinite(start), start, np.nan)
         # (not its to_timestamp, which LeRobot never reads: a stale one refused rows LeRobot reads right)
@@ -522,7 +525,7 @@ def _v3_camera(source: str, table: pa.Table, key: str, n: int) -> CameraFiles:
 def _next_starts(chunk: np.ndarray, file: np.ndarray, start: np.ndarray) -> np.ndarray:
     """Per episode, the ``from_timestamp`` of the next episode of its video file (NaN for a file's last): where its
     part of the file ends. Not its ``to_timestamp``, which LeRobot never reads (a stale one refused rows LeRobot reads
-    right). Starts not known (NaN) sort last: :func:`_check_video_starts` refuses each episode of their file."""
+    right). Starts not known (NaN) sort last: :func:`check_video_starts` refuses each episode of their file."""
     file_id = _file_ids(chunk, file)
     order = np.lexsort((start, file_id))
     same_file = file_id[order][1:] == file_id[order][:-1]
@@ -531,7 +534,7 @@ def _next_starts(chunk: np.ndarray, file: np.ndarray, start: np.ndarray) -> np.n
     return following
 
 
-def _check_video_starts(
+def check_video_starts(
     table: EpisodeTable, info: DatasetInfo, *, source: str, episodes: Sequence[int] | None = None
 ) -> None:
     """Refuse, per camera, each of ``episodes`` (None: all) whose part of its video file is not known: its own
@@ -552,7 +555,7 @@ def _check_video_starts(
 def _check_camera_starts(
     source: str, key: str, episode_index: np.ndarray, files: CameraFiles, selected: np.ndarray, min_gap_s: float
 ) -> None:
-    """:func:`_check_video_starts` for camera ``key``'s ``files``: starts less than ``min_gap_s`` apart are close."""
+    """:func:`check_video_starts` for camera ``key``'s ``files``: starts less than ``min_gap_s`` apart are close."""
     start, file_id = files.from_timestamp_s, _file_ids(files.chunk_index, files.file_index)
     unknown = np.isnan(start)
     needy = selected & np.isin(file_id, file_id[unknown])

@@ -217,7 +217,7 @@ def _warn_missing_files(location: DatasetLocation, info: DatasetInfo, cameras: s
     none). Metadata that does not read is left to the loader, which names what is wrong."""
     try:
         records = read_episode_records(location.meta_fs, location.meta_root, info)
-        table = read_episode_table(records, info, video_keys=sorted(cameras), episodes=())  # (no start read)
+        table = read_episode_table(records, info, video_keys=sorted(cameras))  # (no start read: none checked)
     except DatasetError as e:
         logger.debug("%s: episode metadata not read (%s); missing files not looked for", location.description, e)
         return
@@ -271,8 +271,8 @@ def _read_from_hub_cache(location: DatasetLocation, info: DatasetInfo) -> Datase
     if snapshot is None:
         return read_bulk_from_cache(location, ())
     records = read_episode_records(location.meta_fs, location.meta_root, info)
-    # (episodes=(): whole files are copied, no episode's start read, so none is checked)
-    table = read_episode_table(records, info, video_keys=info.video_keys, episodes=())
+    # (whole files are copied, no episode's start read, so none is checked)
+    table = read_episode_table(records, info, video_keys=info.video_keys)
     named = dict.fromkeys(bulk_files_named(info, table, info.video_keys, None))
     others = (relative for relative in _links_without_blob(snapshot.folder) if relative not in named)
     return read_bulk_from_cache(location, itertools.chain(named, others))

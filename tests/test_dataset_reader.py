@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shutil
@@ -179,6 +180,61 @@ def test_episode_filter_on_a_column_the_writer_added_and_its_errors(v3: Path) ->
         open_dataset(v3, episodes=[1, 3], episode_filter=lambda ep: ep["success"])
     with pytest.raises(DatasetError, match=r"episodes \[9\] are not in this dataset"):  # checked before the filter
         open_dataset(v3, episodes=[0, 9], episode_filter=lambda ep: True)
+
+
+def test_episode_filter_with_episodes_builds_the_episode_table_once(v3: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """episodes= was checked against an episode table of its own (no cameras), built again with them after the
+    filter (50,000 episodes: 3-7 ms of the open); one table serves both now."""
+    import lerobot_dali.dataset_reader as dataset_reader
+
+    built = []
+    read_table = dataset_reader.read_episode_table
+
+    def counted(*args, **kwargs):
+        built.append(kwargs["video_keys"])
+        return read_table(*args, **kwargs)
+
+    monkeypatch.setattr(dataset_reader, "read_episode_table", counted)
+    reader = open_dataset(v3, episodes=[4, 1, 2], episode_filter=lambda ep: ep["episode_index"] != 2)
+    assert reader.episodes.episode_index.tolist() == [1, 4]
+    assert built == [reader.camera_keys]
+
+
+def test_episode_filter_rows_are_pyarrows_rows_each_its_own(v3: Path) -> None:
+    """The filter's rows are built a column at a time (50,000 episodes: 170-215 -> 115 ms) and for the episodes of
+    episodes= alone: each is still the dict pyarrow's to_pylist gives for its row of meta/episodes (but the stats),
+    same keys in the same order, same values and types (nulls, lists, floats of 32 bits, structs, times), and a
+    predicate changing its row changes no other."""
+    extra = {
+        "note": pa.array(["a", None, "c", "d", "e"], pa.string()),
+        "score": pa.array([0.5, 1.25, None, 3.0, -1.0], pa.float32()),
+        "flags": pa.array([[True], None, [], [False, None], [True]], pa.list_(pa.bool_())),
+        "where": pa.array([{"x": 1, "y": "p"}, None, {"x": 3, "y": None}, {"x": 4, "y": "q"}, {"x": 5, "y": "r"}]),
+        "at": pa.array([0, 1, None, 3, 4], pa.timestamp("ms")),
+    }
+
+    def add(table: pa.Table) -> pa.Table:
+        for name, values in extra.items():
+            table = table.append_column(name, values)
+        return table
+
+    _edit_episodes(v3, add)
+    table = pq.read_table(next((v3 / "meta/episodes").rglob("*.parquet")))
+    expected = table.select([n for n in table.column_names if not n.startswith("stats/")]).to_pylist()
+    seen: list[dict] = []
+
+    def spoil(row: dict) -> bool:
+        seen.append({key: (copy.deepcopy(value), type(value)) for key, value in row.items()})
+        row["tasks"].append("changed")  # (its own list: the next row's is untouched)
+        row["length"] = -1
+        return True
+
+    assert open_dataset(v3, episode_filter=spoil).num_episodes == 5
+    assert seen == [{key: (value, type(value)) for key, value in row.items()} for row in expected]
+    assert [list(row) for row in seen] == [list(row) for row in expected]  # (the keys' order too)
+    seen.clear()
+    assert open_dataset(v3, episodes=[4, 1], episode_filter=spoil).episodes.episode_index.tolist() == [1, 4]
+    assert seen == [{key: (value, type(value)) for key, value in expected[e].items()} for e in (1, 4)]
 
 
 def test_r1_state_width_drift_is_a_clear_error_and_other_keys_still_read() -> None:
