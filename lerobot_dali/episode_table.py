@@ -542,7 +542,14 @@ def check_video_starts(
     part ends); or it and the next episode of its file start less than half a frame apart (at the rows' rate or the
     camera's declared video rate, the faster), so the earlier holds no frame of its own and one of the two starts is
     wrong (a row of either would read the other's frame). An episode left out reads nothing, so its metadata is
-    not refused (LeRobot reads no episode's but those selected either)."""
+    not refused (LeRobot reads no episode's but those selected either).
+
+    Another episode's unknown start refuses a selected one whose own is known because its part's end is what turns
+    rows running past its video into an error rather than the next episode's frames: cr5_v30_av1's episode 0 (rows'
+    timestamps to 20.55 s, its part 0-19.7 s), read by timestamp with tolerance_s=0.05, has 9 of 197 rows refused
+    where its part ends at episode 1's start; with that start unknown, its part would end at episode 2's (41.2 s)
+    and those 9 rows would read episode 1's frames 197-205 as its own. Where an unknown start lies in its file, and
+    so which episodes it ends, the metadata does not say."""
     selected = np.ones(len(table), dtype=bool)
     if episodes is not None:
         # (as given: a list not of indices matches none here, and EpisodeTable.select refuses it by name)
