@@ -11,11 +11,14 @@ with new data files (and are read from that snapshot folder where it holds them 
 from __future__ import annotations
 
 import glob
+import inspect
 import io
 import logging
 import os
 import re
+import ssl
 import sys
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import partial
@@ -384,8 +387,11 @@ def _hub_location(
             missing = _missing_on_hub(repo_id, revision, e, maybe_path=maybe_path)
             if missing is not None:
                 raise missing from e
-            if is_transient(e) and _hub_answer(e) is None:  # (no answer: a connection dropped; huggingface_hub's
-                raise  # own backoff retried the answers retrying may mend, 429 and 5xx: not stacked on its)
+            answer = _hub_answer(e)
+            if is_transient(e) and answer is None:  # (no answer: a connection dropped)
+                raise
+            if is_transient(e) and answer is not None and _answers_revision(answer):  # (a 5xx, 429 huggingface_hub
+                raise answer from answer.__cause__  # does not retry: the retries see its status and Retry-After)
             failed = _metadata_download_failed(meta, e)
             if failed is None:
                 raise
@@ -429,11 +435,22 @@ def _hub_answer(error: BaseException) -> BaseException | None:
     return None
 
 
+def _answers_revision(answer: BaseException) -> bool:
+    """Whether ``answer`` (an error holding the Hub's HTTP answer) ends the request resolving the revision to a commit
+    (``HfApi.repo_info``: its ``dataset_info`` frame in the traceback), which ``snapshot_download`` makes first and
+    huggingface_hub does not retry; its backoff retried the others (the listing's, a file's 5xx and 429) itself."""
+    from huggingface_hub import HfApi
+
+    code = getattr(inspect.unwrap(HfApi.dataset_info), "__code__", None)  # (under its argument check)
+    return any(frame.f_code is code for frame, _ in traceback.walk_tb(answer.__traceback__))
+
+
 def _metadata_download_failed(meta: str, error: Exception) -> RemoteFileError | None:
     """The error for downloading a Hub dataset's metadata (``meta``: its folder's URL) that ``error`` ended (not one
-    saying the dataset cannot be found: :func:`_missing_on_hub`): the Hub refused a file (HTTP 401/403), answered 404
-    (410) for one its listing of the revision holds, or answered in a way retrying may mend past huggingface_hub's own
-    retries (5xx, 429); None for other errors, which keep their type."""
+    saying the dataset cannot be found: :func:`_missing_on_hub`, nor one the loader retries: :func:`_answers_revision`):
+    the Hub refused a file (HTTP 401/403), answered 404 (410) for one its listing of the revision holds, or answered in
+    a way retrying may mend past huggingface_hub's own retries (5xx, 429); None for other errors, which keep their
+    type."""
     answer = _hub_answer(error) or error
     status = getattr(getattr(answer, "response", None), "status_code", None)
     said = f"{type(answer).__name__}: {(str(answer).strip().splitlines() or ['(no message)'])[0]}"
@@ -444,8 +461,8 @@ def _metadata_download_failed(meta: str, error: Exception) -> RemoteFileError | 
     if is_transient(answer):
         return RemoteFileError(
             masked(
-                f"{meta}: downloading it failed, the last try with {said} (huggingface_hub retries it itself, or not "
-                "at all); gave up: check the connection and the Hub (HF_ENDPOINT), then open the dataset again"
+                f"{meta}: downloading it failed, the last try with {said} (after huggingface_hub's own retries); gave "
+                "up: check the connection and the Hub (HF_ENDPOINT), then open the dataset again"
             ),
             status if isinstance(status, int) else None,
         )
@@ -514,9 +531,9 @@ def _missing_on_hub(
             f"{revision or 'main'} of it; check the repo id's spelling, or unset HF_HUB_OFFLINE to download it"
         )
     elif isinstance(error, LocalEntryNotFoundError) and _hub_answer(error) is not None:
-        return None  # (the Hub was reached: it refused a file, or answered 5xx past its retries)
+        return None  # (the Hub was reached: it refused a file, or answered 5xx: its revision's, or a file's)
     elif isinstance(error, LocalEntryNotFoundError) and _took_no_answer(error.__cause__):
-        return None  # (the Hub took the connection, then gave no answer in time: retried, as a dropped one)
+        return None  # (the Hub took the connection, then dropped it or gave no answer in time: retried)
     elif isinstance(error, LocalEntryNotFoundError):
         why = (
             f"cannot be opened: the Hub could not be reached and huggingface_hub's cache holds no metadata of "
@@ -532,13 +549,26 @@ def _missing_on_hub(
 
 def _took_no_answer(error: BaseException | None) -> bool:
     """Whether ``error`` (huggingface_hub's request's, behind its LocalEntryNotFoundError) is a transient failure
-    after the connection was made (httpx's ReadTimeout, say): the Hub reached, not "could not be reached" (httpx's
-    ConnectError, ConnectTimeout: nothing took the connection)."""
-    return (
-        error is not None
-        and is_transient(error)
-        and not any(cls.__name__ in ("ConnectError", "ConnectTimeout") for cls in type(error).__mro__)
-    )
+    after the connection was taken: after it was made (httpx's ReadTimeout, say), or while it was set up, dropped by
+    the other end (httpx's ConnectError from a reset or an EOF in the TLS handshake: the Hub is HTTPS); the Hub reached,
+    not "could not be reached" (httpx's ConnectError of a refused connection or a name not resolved, ConnectTimeout:
+    nothing took the connection)."""
+    if error is None or not is_transient(error):
+        return False
+    if not any(cls.__name__ in ("ConnectError", "ConnectTimeout") for cls in type(error).__mro__):
+        return True
+    seen: set[int] = set()
+    cause = error.__cause__ or error.__context__  # (httpx's ConnectError from httpcore's, raised handling the OSError)
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, _DROPPED):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+#: The socket's errors of a connection its other end took, then closed (a reset, an EOF in the TLS handshake).
+_DROPPED = (ConnectionResetError, ConnectionAbortedError, ssl.SSLEOFError)
 
 
 def _cached_commits_starting(repo_id: str, revision: str | None) -> list[str]:

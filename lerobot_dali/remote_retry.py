@@ -522,8 +522,8 @@ def _refused(error: Exception, what: str, path: str) -> Exception:
 def _hub_tries(error: BaseException) -> int:
     """How often huggingface_hub's own backoff (``http_backoff``: 6 tries, 1 to 8 s apart, a 429's ``Retry-After`` or
     ``RateLimit`` + 1 s) tried the request ``error`` ends, where it gave up after retrying (its loop's frame in the
-    traceback, past its ``max_retries``); 0 where it did not retry it (it retries no ``repo_info`` or ``paths-info``)
-    or did not make it.
+    traceback, or in its causes' tracebacks: :func:`_traceback_frames`, past its ``max_retries``); 0 where it did not
+    retry it (it retries no ``repo_info`` or ``paths-info``) or did not make it.
 
     Its tree requests (HfFileSystem's ``ls``, ``find``, and ``info``, which lists the parent folder) go through it: each
     of this module's tries of a listing of a Hub dataset that kept answering 503 or 429 was 6 requests (36 with the
@@ -542,7 +542,7 @@ def _hub_tries(error: BaseException) -> int:
     get = getattr(sys.modules.get("huggingface_hub.file_download"), "http_get", None)
     get = getattr(inspect.unwrap(get), "__code__", None) if callable(get) else None  # (under its argument check)
     gets: list[Any] = []
-    for frame, _ in traceback.walk_tb(error.__traceback__):
+    for frame, _ in _traceback_frames(error):
         if loop is not None and frame.f_code is loop:
             tries, retries = frame.f_locals.get("nb_tries"), frame.f_locals.get("max_retries")
             if isinstance(tries, int) and isinstance(retries, int) and 0 < retries < tries:
@@ -553,17 +553,29 @@ def _hub_tries(error: BaseException) -> int:
     return len(gets) if len(gets) > 1 and isinstance(left, int) and left <= 0 else 0
 
 
+def _traceback_frames(error: BaseException) -> list[tuple[Any, int]]:
+    """The frames (with line numbers) ``error`` passed through, those of its causes first: huggingface_hub raises its
+    ``LocalEntryNotFoundError`` from the error its request ended with, whose traceback holds its retry loop's frames."""
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
+        current = current.__cause__
+    return [step for cause in reversed(chain) for step in traceback.walk_tb(cause.__traceback__)]
+
+
 def _exhausted(error: BaseException, what: str, path: str, attempts: int, *, hub: bool = False) -> RemoteFileError:
     """The error for ``what`` on ``path`` that failed ``attempts`` times, the last with ``error`` (its cause)."""
     retry = "huggingface_hub's own retries spent" if hub else f"set {RETRIES_ENV} to retry more"
     note = f"lerobot_dali: {what} {path!r} failed {attempts} time(s); gave up ({retry})"
-    logger.warning("%s (last error %s: %s)", note, type(error).__name__, error)
+    said = (str(error).strip().splitlines() or ["(no message)"])[0]  # (huggingface_hub's go on for lines: its cause)
+    logger.warning("%s (last error %s: %s)", note, type(error).__name__, said)
     if sys.version_info >= (3, 11):
         error.add_note(note)
     return RemoteFileError(
         masked(
-            f"{path}: {what} failed {attempts} time(s), the last with {type(error).__name__}: "
-            f"{str(error) or '(no message)'}; gave up: check the connection and the server, or {retry}"
+            f"{path}: {what} failed {attempts} time(s), the last with {type(error).__name__}: {said}; gave up: check "
+            f"the connection and the server, or {retry}"
         ),
         _status_of(error),
     )

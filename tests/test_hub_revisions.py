@@ -14,13 +14,17 @@ import os
 import re
 import shutil
 import socket
+import ssl
+import struct
 import sys
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx2
 import huggingface_hub
 import pytest
 from huggingface_hub import HfFileSystem
@@ -509,6 +513,187 @@ def test_a_metadata_files_head_that_times_out_is_retried_not_a_hub_that_could_no
                 "hf://datasets/user/ds/meta/: download failed 3 time(s), the last with ReadTimeout: timed out"
             ), caught.value
             assert len(waits) == 2
+
+
+@pytest.mark.parametrize("fault", ["503", "429"])
+@pytest.mark.parametrize("times", [1, 3])
+def test_the_revisions_request_answered_5xx_or_429_is_retried_by_the_loaders_policy(
+    tmp_path: Path, monkeypatch, caplog, fault: str, times: int
+) -> None:
+    """snapshot_download first asks the Hub which commit the revision is (``repo_info``), once: huggingface_hub retries
+    that request not, where its backoff retries the listing's and the files' 5xx and 429. Such an answer failed the
+    open at once (1 request, RemoteFileError 'huggingface_hub retries it itself, or not at all'). It is retried now
+    with the data reads' policy, waits and log lines: answered once, the dataset opens after one wait; answered every
+    try, it is the RemoteFileError naming the metadata folder, the status and what to do after the retries (2 here)."""
+    monkeypatch.setenv("LEROBOT_DALI_REMOTE_RETRIES", "2")
+    caplog.set_level(logging.INFO, logger="lerobot_dali.remote_retry")
+    waits: list[float] = []
+    with _serving_hub_metadata(tmp_path, monkeypatch, waits) as server:
+        server.fault_paths = {}
+        server.fail_next(*[fault] * times)
+        options = {"endpoint": server.url, "token": False}
+        if times == 1:
+            location = resolve_location("user/ds", storage_options=options)
+            assert Path(location.meta_path("meta/info.json")).read_text() == "{}"
+        else:
+            with pytest.raises(RemoteFileError) as caught:
+                resolve_location("user/ds", storage_options=options)
+            message = str(caught.value)
+            url = f"{server.url}/api/datasets/user/ds/revision/main"
+            said = f"Server error '503 Service Unavailable' for url '{url}'" if fault == "503" else None
+            said = said or f"429 Too Many Requests for url: {url}."  # (huggingface_hub's words for each)
+            assert message == (
+                f"hf://datasets/user/ds/meta/: download failed 3 time(s), the last with HfHubHTTPError: {said}; gave "
+                "up: check the connection and the server, or set LEROBOT_DALI_REMOTE_RETRIES to retry more"
+            ), message
+            assert caught.value.status == int(fault)
+        asked = [r.status for r in server.records if "/revision/" in r.path]
+    assert asked == [int(fault)] * times + ([200] if times == 1 else []) and len(waits) == min(times, 2)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("download ")]
+    begins = {"503": "Server error '503 ", "429": "429 "}[fault]  # (huggingface_hub's words for each)
+    assert len(said) == min(times, 2), said
+    assert said[0].startswith(f"download hf://datasets/user/ds/meta/ failed (HfHubHTTPError: {begins}"), said
+
+
+class _ScriptedHub(httpx2.BaseTransport):
+    """huggingface_hub's transport: its requests for the revision (``repo_info``) answered by ``script`` while it
+    lasts (an HTTP answer: ``(status, headers)``; a socket's error: the ConnectError httpx raises for it), every
+    other request, and those after, by ``served`` (a real server)."""
+
+    def __init__(self, script: list[Any]) -> None:
+        self.script = script
+        self.asked = 0
+        self.real = httpx2.HTTPTransport()
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        if "/revision/" in request.url.path:
+            self.asked += 1
+            if self.script:
+                step = self.script.pop(0)
+                if isinstance(step, OSError):
+                    try:
+                        raise step
+                    except OSError as e:  # (as httpcore raises it: handling the socket's error)
+                        raise httpx2.ConnectError(str(e), request=request)  # noqa: B904
+                status, headers = step
+                return httpx2.Response(status, headers=headers, json={"error": "scripted"}, request=request)
+        return self.real.handle_request(request)
+
+
+@contextlib.contextmanager
+def _hub_transport(transport: httpx2.BaseTransport) -> Iterator[None]:
+    """huggingface_hub's requests made through ``transport`` (its public client factory)."""
+    from huggingface_hub.utils import close_session, set_client_factory
+    from huggingface_hub.utils._http import default_client_factory
+
+    set_client_factory(lambda: httpx2.Client(transport=transport, follow_redirects=True))
+    close_session()
+    try:
+        yield
+    finally:
+        set_client_factory(default_client_factory)
+        close_session()
+
+
+@pytest.mark.parametrize(
+    ("script", "outcome"),
+    [
+        ([ConnectionResetError(104, "Connection reset by peer")], "opens"),
+        ([ssl.SSLEOFError(8, "EOF occurred in violation of protocol")], "opens"),
+        ([ConnectionRefusedError(111, "Connection refused")], "could not be reached"),
+        ([socket.gaierror(-2, "Name or service not known")], "could not be reached"),
+        ([(404, {"X-Error-Code": "RepoNotFound"})], "not found on the Hub"),
+        ([(401, {})], "not found on the Hub"),
+        ([(403, {"X-Error-Code": "GatedRepo"})], "gated dataset needs a token"),
+    ],
+    ids=["reset", "tls-eof", "refused", "dns", "404", "401", "gated"],
+)
+def test_a_connection_dropped_as_it_is_made_is_retried_and_a_hub_that_says_no_is_not(
+    tmp_path: Path, monkeypatch, script: list[Any], outcome: str
+) -> None:
+    """The Hub is HTTPS: a connection it took and dropped in the TLS handshake is httpx's ConnectError, as a refused
+    one is, and huggingface_hub's LocalEntryNotFoundError 'Got: ConnectError' for both: the open failed at once as
+    DatasetNotFoundError 'the Hub could not be reached'. A reset or an EOF (the other end took the connection) is
+    retried now, as a connection dropped later is: the dataset opens after one wait. A refused connection, a name not
+    resolved, a repo not found, unreadable (401) or gated are still the DatasetNotFoundError at once: 1 request."""
+    monkeypatch.setenv("LEROBOT_DALI_REMOTE_RETRIES", "2")
+    waits: list[float] = []
+    transport = _ScriptedHub(list(script))
+    with _serving_hub_metadata(tmp_path, monkeypatch, waits) as server, _hub_transport(transport):
+        options = {"endpoint": server.url, "token": False}
+        if outcome == "opens":
+            location = resolve_location("user/ds", storage_options=options)
+            assert Path(location.meta_path("meta/info.json")).read_text() == "{}"
+        else:
+            with pytest.raises(DatasetNotFoundError, match=f"dataset 'user/ds' .*{outcome}"):
+                resolve_location("user/ds", storage_options=options)
+    assert (transport.asked, len(waits)) == ((2, 1) if outcome == "opens" else (1, 0))
+
+
+def test_a_hub_that_drops_every_connection_in_its_tls_handshake_is_a_remote_file_error_after_the_retries(
+    monkeypatch,
+) -> None:
+    """A server that takes each connection and resets it before the TLS handshake ends (one connection a try): 1
+    connection and DatasetNotFoundError 'the Hub could not be reached ... nor is it a local folder' before; now the
+    RemoteFileError after the retries (2 here, 3 connections), naming the metadata folder and what to do."""
+    from tests.test_http_remote import _SleepsRecorded
+
+    monkeypatch.setenv("LEROBOT_DALI_REMOTE_RETRIES", "2")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    waits: list[float] = []
+    monkeypatch.setattr("lerobot_dali.remote_retry.time", _SleepsRecorded(waits))
+    accepted: list[int] = []
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+
+        def drop_each() -> None:
+            while True:
+                try:
+                    connection, _ = listener.accept()
+                except OSError:  # (closed: the test is over)
+                    return
+                accepted.append(1)
+                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # (a reset)
+                connection.recv(16)
+                connection.close()
+
+        threading.Thread(target=drop_each, daemon=True).start()
+        endpoint = f"https://127.0.0.1:{listener.getsockname()[1]}"
+        with pytest.raises(RemoteFileError) as caught:
+            resolve_location("user/ds", storage_options={"endpoint": endpoint, "token": False})
+    assert str(caught.value) == (
+        "hf://datasets/user/ds/meta/: download failed 3 time(s), the last with ConnectError: [Errno 104] Connection "
+        "reset by peer; gave up: check the connection and the server, or set LEROBOT_DALI_REMOTE_RETRIES to retry more"
+    ), caught.value
+    assert (len(accepted), len(waits), caught.value.status) == (3, 2, None)
+
+
+def test_a_request_huggingface_hub_retried_itself_counts_its_tries_behind_its_local_entry_error(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """huggingface_hub raises its LocalEntryNotFoundError from the error its request ended with (the listing of a
+    revision that kept dropping, past its backoff's tries): its tries were not counted (0: its loop's frame is in the
+    cause's traceback), so the loader's retries were stacked on its (6 requests a try). They are counted now."""
+    import huggingface_hub.utils._http as hub_http
+    from huggingface_hub.utils import http_backoff
+
+    from lerobot_dali.remote_retry import _hub_tries
+    from tests.http_server import serve_folder
+    from tests.test_http_remote import _SleepsRecorded
+
+    monkeypatch.setattr(hub_http, "time", _SleepsRecorded([]))
+    (tmp_path / "listing").write_text("[]")
+    with serve_folder(tmp_path) as server:
+        server.fault_paths = {"/listing": "drop"}
+        try:
+            http_backoff("GET", f"{server.url}/listing", max_retries=2)
+        except Exception as e:  # (as snapshot_download raises it for its listing's failure)
+            wrapped = LocalEntryNotFoundError("Got: RemoteProtocolError")
+            wrapped.__cause__ = e
+            tries = (_hub_tries(e), _hub_tries(wrapped))
+        asked = len(server.records)
+    assert (asked, tries) == (3, (3, 3))
 
 
 def test_a_hub_nobody_answers_is_dataset_not_found(monkeypatch) -> None:
