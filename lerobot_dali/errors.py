@@ -137,7 +137,12 @@ class InvalidPathTemplateError(DatasetError):
 
 
 class MissingDataFileError(DatasetError, FileNotFoundError):
-    """A data parquet or video file that the metadata refers to is absent."""
+    """A data parquet or video file that the metadata refers to is absent. ``status`` is the HTTP status its server
+    answered (404, 410), as :class:`RemoteFileError`'s; None where no server was asked (a local file, a listing)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status  # (kept through pickling: an error's __dict__ goes with its args)
 
 
 class RemoteFileError(DatasetError):

@@ -659,7 +659,8 @@ def _not_served(path: str, status: int | None) -> MissingDataFileError:
     return MissingDataFileError(
         f"{path}: the server has no such file (HTTP {status or 404}): check the revision (branch, tag or commit) or "
         "URL the dataset is read at, and that the file is there: upload or copy it again where it was removed, or "
-        "leave out the episodes it holds (episodes=[...] of the others)"
+        "leave out the episodes it holds (episodes=[...] of the others)",
+        status or 404,
     )
 
 

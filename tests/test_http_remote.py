@@ -2171,9 +2171,9 @@ def test_a_hub_file_answered_404_is_a_missing_data_file_naming_it(tmp_path: Path
     """A Hub file answered 404 (gone from the repo at the commit read, the revision wrong) reached the user as
     huggingface_hub's raw HfHubHTTPError ("Client error '404 Not Found' for url ..."), neither FileNotFoundError nor
     the package's, by both routes: a plain HTTP(S) file's absence is FileNotFoundError naming its URL (fsspec's), which
-    the reader names as the missing file. Now it is MissingDataFileError naming the path read, the status and what to
-    do, not retried; a plain HTTP(S) file opened with its size and answered 404 at its read (aiohttp's raw
-    ClientResponseError before) too."""
+    the reader names as the missing file. Now it is MissingDataFileError naming the path read, the status (its
+    ``status`` too) and what to do, not retried; a plain HTTP(S) file opened with its size and answered 404 at its
+    read (aiohttp's raw ClientResponseError before) too."""
     from huggingface_hub import HfFileSystem
 
     commit = "c0ffee" * 6 + "c0ff"
@@ -2202,6 +2202,7 @@ def test_a_hub_file_answered_404_is_a_missing_data_file_naming_it(tmp_path: Path
                 "leave out the episodes it holds (episodes=[...] of the others)"
             )
             assert isinstance(info.value, MissingDataFileError) and _status_of(info.value.__cause__) == 404
+            assert info.value.status == 404  # (as a RemoteFileError's: it had none, the 404 in its message alone)
 
 
 def _served_hub_dataset(folder: Path, commit: str, files: dict[str, int]) -> None:
