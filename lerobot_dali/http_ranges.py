@@ -17,7 +17,7 @@ from typing import Any
 from fsspec.asyn import sync
 
 from .errors import DatasetError
-from .remote_retry import changed_on_server
+from .remote_retry import _ignored_range, changed_on_server
 from .url_secrets import masked
 
 __all__ = ["cat_range"]
@@ -26,18 +26,24 @@ __all__ = ["cat_range"]
 _RANGE_NOT_SATISFIABLE = 416
 #: The most bytes asked of the connection at once.
 _CHUNK = 1024 * 1024
+#: A ``Content-Range`` of bytes sent (``bytes 100-199/5000``, the size ``*`` where unknown): its first byte's offset.
+_SENT_RANGE = re.compile(r"\s*bytes\s+(\d+)-\d+/(?:\d+|\*)\s*", re.IGNORECASE)
+#: HTTP's answer with the whole file (to a Range: one ignored).
+_WHOLE = 200
 
 
 def cat_range(
     fs: Any, url: str, start: int, end: int, *, size: int | None = None, timeout: float | None = None, **kwargs: Any
 ) -> bytes:
     """Bytes ``[start, end)`` of ``url`` (``0 <= start <= end``) from fsspec HTTP filesystem ``fs``, in one GET with
-    ``kwargs`` its request options (headers merged over the filesystem's, as its ``cat_file`` does) and ``timeout``
-    seconds in all (fsspec's ``FSTimeoutError`` past it); ``size``: the file's size as the dataset listed it, where
-    known. The answer is read until it holds more than ``end - start`` bytes: a server that ignored the Range is
-    left after about that many, and what came returned for the caller's check to name. A 404 is fsspec's
-    FileNotFoundError and any other failing status aiohttp's error, as from ``cat_file``; a 416 is a DatasetError
-    naming the file, the range, its sizes and what to do (:func:`_unsatisfiable`)."""
+    ``kwargs`` its request options over the filesystem's (headers given replace its own, as in its ``cat_file``) and
+    ``timeout`` seconds in all (fsspec's ``FSTimeoutError`` past it); ``size``: the file's size as the dataset listed
+    it, where known. An answer that starts elsewhere than ``start`` (its ``Content-Range``, or a whole file's 200 for
+    a range past 0) is refused before its body is read (:func:`_answered_from`); else it is read until it holds more
+    than ``end - start`` bytes: a server that ignored the Range is left after about that many, and what came returned
+    for the caller's check to name. A 404 is fsspec's FileNotFoundError and any other failing status aiohttp's error,
+    as from ``cat_file``; a 416 is a DatasetError naming the file, the range, its sizes and what to do
+    (:func:`_unsatisfiable`)."""
     if start == end:
         return b""
     found = sync(fs.loop, _get, fs, url, start, end, kwargs, timeout=timeout)
@@ -55,6 +61,7 @@ async def _get(fs: Any, url: str, start: int, end: int, kwargs: dict[str, Any]) 
         if response.status == _RANGE_NOT_SATISFIABLE:
             return str(response.headers.get("Content-Range", ""))
         fs._raise_not_found_for_status(response, url)
+        _answered_from(url, start, end, response.status, str(response.headers.get("Content-Range", "")))
         chunks, received = [], 0
         while received <= end - start:  # (more than asked: a Range ignored; not read on)
             chunk = await response.content.read(min(_CHUNK, end - start + 1 - received))
@@ -63,6 +70,26 @@ async def _get(fs: Any, url: str, start: int, end: int, kwargs: dict[str, Any]) 
             chunks.append(chunk)
             received += len(chunk)
     return b"".join(chunks)
+
+
+def _answered_from(url: str, start: int, end: int, status: int, content_range: str) -> None:
+    """Check, before its body is read, that the answer (HTTP ``status``, ``Content-Range``) to a GET of bytes
+    ``[start, end)`` of ``url`` starts at ``start``. A whole file (200 and no Content-Range: from byte 0) answered to
+    a range past 0 is a server that ignored the Range (DatasetError naming the fix); a range from another offset is a
+    response from another offset (ConnectionError: transient, retried). Both were handed out as the bytes asked where
+    no more came than asked: a file shorter than ``end`` not listed with its size, a range from elsewhere as long."""
+    match = _SENT_RANGE.fullmatch(content_range)
+    first = int(match.group(1)) if match else (0 if status == _WHOLE else None)
+    if first is None or first == start:
+        return
+    if match is None:
+        raise _ignored_range(url)
+    raise ConnectionError(
+        masked(
+            f"{url}: asked for bytes [{start}, {end}) and answered HTTP {status} with Content-Range "
+            f"{content_range.strip()!r} (a response from another offset)"
+        )
+    )
 
 
 def _unsatisfiable(url: str, start: int, end: int, size: int | None, content_range: str) -> DatasetError:

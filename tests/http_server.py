@@ -43,8 +43,9 @@ __all__ = ["HTTP_FAULT_KINDS", "FolderServer", "RequestRecord", "serve_folder"]
 #: closes; ``stall``: the headers, then ``stall_s`` seconds of silence before the body; ``short``: a range answered
 #: (206, honest headers) for half the bytes asked; ``no_range``: the whole file (200), whatever the Range asked.
 #: ``trickle``: the headers, then the body one byte every ``stall_s`` seconds (a server that never stalls long enough
-#: for a read timeout, yet never finishes).
-HTTP_FAULT_KINDS = ("503", "429", "403", "404", "410", "drop", "stall", "short", "no_range", "trickle")
+#: for a read timeout, yet never finishes). ``shifted``: a range answered (206, honest headers) from one byte past the
+#: start asked, as long where the file allows (a cache answering another request's range).
+HTTP_FAULT_KINDS = ("503", "429", "403", "404", "410", "drop", "stall", "short", "no_range", "trickle", "shifted")
 _STATUS_FAULTS = ("503", "429", "403", "404", "410")
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
@@ -363,6 +364,8 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
                 start, stop = span
                 if fault == "short":  # an honest answer for fewer bytes than asked
                     stop = start + max(1, (stop - start) // 2)
+                elif fault == "shifted":
+                    start, stop = min(start + 1, size - 1), min(stop + 1, size)
                 status, kind = 206, "range"
                 headers["Content-Range"] = f"bytes {start}-{stop - 1}/{size}"
             else:

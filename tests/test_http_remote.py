@@ -683,6 +683,38 @@ def test_a_plain_http_range_answered_whole_is_read_no_further_than_the_bytes_ask
     assert len(sent) == 2 and max(sent) < size // 2, sent  # (what the sockets' buffers took before the client left)
 
 
+@pytest.mark.parametrize("fault", ["no_range", "shifted"])
+def test_a_plain_http_range_answered_from_another_offset_is_not_handed_out(tmp_path: Path, slept, fault) -> None:
+    """A ranged cat_file checked only its answer's length: bytes [10, 200,000) of a 102,400-byte file (not listed
+    with its size), from a server ignoring Range (200, the whole file), came back as its first 102,400 bytes; bytes
+    [1000, 3000), answered 206 from another offset ('bytes 1001-3000/102400'), as the 2,000 bytes from 1001. Now the
+    whole file past 0 is the DatasetError naming the server as ignoring Range (one GET, not retried), and the range
+    from another offset a response from another offset, retried (3 GETs) then raised."""
+    import fsspec
+
+    data = bytes(range(256)) * 400
+    (tmp_path / "f.bin").write_bytes(data)
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True), policy=RetryPolicy(retries=2))
+        server.fault_paths = {"/f.bin": fault}
+        url = f"{server.url}/f.bin"
+        if fault == "no_range":
+            with pytest.raises(DatasetError, match=r"f\.bin: the server ignored an HTTP Range request.*supports Range"):
+                fs.cat_file(url, start=10, end=200_000)
+        else:
+            with pytest.raises(
+                RemoteFileError,
+                match=r"asked for bytes \[1000, 3000\) and answered HTTP 206 with "
+                r"Content-Range 'bytes 1001-3000/102400' \(a response from another offset\)",
+            ):
+                fs.cat_file(url, start=1000, end=3000)
+        asked = [(r.status, r.range) for r in server.records]
+        server.fault_paths = {}
+        assert fs.cat_file(url, start=1000, end=3000) == data[1000:3000]  # (answered as asked: read as before)
+    assert asked == ([(200, "bytes=10-199999")] if fault == "no_range" else [(206, "bytes=1000-2999")] * 3), asked
+    assert len(slept) == (0 if fault == "no_range" else 2)
+
+
 def test_a_server_that_ignores_range_is_named_with_a_fix(tmp_path: Path) -> None:
     import fsspec
 
