@@ -864,6 +864,19 @@ def test_v3_episode_columns_that_are_not_whole_numbers_are_refused(ds: Path, col
         open_dataset(ds)
 
 
+def test_a_v3_episode_index_missing_is_named_with_an_episode_filter_too(ds: Path) -> None:
+    """With episode_filter, the filter ran before the episode table was read: a null episode_index reached its
+    ``int(row["episode_index"])`` and the open failed with Python's bare TypeError ("int() argument must be ...
+    not 'NoneType'"), naming neither the column nor meta/episodes. The table is read first now, as without a filter."""
+    path = _episodes_file(ds)
+    table = pq.read_table(path)
+    pq.write_table(table.set_column(table.column_names.index("episode_index"), "episode_index",
+                                    pa.array([0, 1, None, 3], pa.int64())), path)  # fmt: skip
+    for opening in ({}, {"episode_filter": lambda ep: True}, {"episodes": [0, 1], "episode_filter": lambda ep: True}):
+        with pytest.raises(EpisodeMetadataError, match=r"meta/episodes: column 'episode_index' has 1 missing value"):
+            open_dataset(ds, **opening)
+
+
 @pytest.mark.parametrize("value", [None, float("nan"), float("inf")])
 def test_a_v3_episodes_from_timestamp_that_is_no_number_names_its_column(ds: Path, value: float | None) -> None:
     """A null, NaN or infinite videos/<camera>/from_timestamp failed only as the episode's frames were looked up,

@@ -237,6 +237,23 @@ def test_episode_filter_rows_are_pyarrows_rows_each_its_own(v3: Path) -> None:
     assert seen == [{key: (value, type(value)) for key, value in expected[e].items()} for e in (1, 4)]
 
 
+def test_a_v2_episode_filter_changing_its_rows_tasks_leaves_the_episodes_tasks() -> None:
+    """A v2.x row is a shallow copy of its episodes.jsonl record: a predicate changing its ``tasks`` list in place
+    changed that record's, and the episode table, built from the records after the filter, read the changed tasks
+    (cr5_v21_av1: 12 of 12 episodes' tasks gained the predicate's text). The table is built before the filter now."""
+    root = shared_dataset("cr5_v21_av1")
+
+    def spoil(row: dict) -> bool:
+        row["tasks"].append("changed")
+        return row["episode_index"] != 3
+
+    reader = open_dataset(root, episode_filter=spoil)
+    assert reader.episodes.episode_index.tolist() == [0, 1, 2, *range(4, 12)]
+    assert reader.episodes.tasks.to_pylist() == [["put the banana on the plate"]] * 11
+    chosen = open_dataset(root, episodes=[5, 0], episode_filter=spoil)
+    assert chosen.episodes.tasks.to_pylist() == [["put the banana on the plate"]] * 2
+
+
 def test_r1_state_width_drift_is_a_clear_error_and_other_keys_still_read() -> None:
     r = open_dataset(shared_dataset("r1_v30_h264"))
     # No from_timestamp column, but one episode per video file: unambiguous start at 0 s.
